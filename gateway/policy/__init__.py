@@ -1,0 +1,69 @@
+"""The policy engine: load policy files, compile them to indexed matchers, decide requests.
+
+Pure except ``loader`` and ``reloader`` (file I/O). Typical use::
+
+    policy_set = load_policy_dir("policies")
+    decision = decide(policy_set.policies["coding-agent"], Request("GET", "https", host, 443, "/"))
+"""
+
+from gateway.policy.hosts import (
+    HostPattern,
+    HostPatternError,
+    compile_host_pattern,
+    host_matches,
+    is_public_suffix,
+    normalize_host,
+)
+from gateway.policy.loader import (
+    PolicyError,
+    load_policy_dir,
+    load_policy_text,
+    load_policy_texts,
+    policy_files,
+)
+from gateway.policy.matcher import Matcher, compile_policy, decide, explain
+from gateway.policy.model import (
+    Credential,
+    Decision,
+    Injection,
+    Policy,
+    PolicySet,
+    Request,
+    Rule,
+)
+from gateway.policy.paths import PathPatternError, PathSet, compile_paths, normalize_path
+from gateway.policy.presets import PRESETS, Preset
+from gateway.policy.reloader import PolicyReloader, fingerprint
+
+__all__ = [
+    "PRESETS",
+    "Credential",
+    "Decision",
+    "HostPattern",
+    "HostPatternError",
+    "Injection",
+    "Matcher",
+    "PathPatternError",
+    "PathSet",
+    "Policy",
+    "PolicyError",
+    "PolicyReloader",
+    "PolicySet",
+    "Preset",
+    "Request",
+    "Rule",
+    "compile_host_pattern",
+    "compile_paths",
+    "compile_policy",
+    "decide",
+    "explain",
+    "fingerprint",
+    "host_matches",
+    "is_public_suffix",
+    "load_policy_dir",
+    "load_policy_text",
+    "load_policy_texts",
+    "normalize_host",
+    "normalize_path",
+    "policy_files",
+]

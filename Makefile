@@ -1,0 +1,43 @@
+# sandbox-gateway: `make run` starts the gateway on its embedded defaults,
+# `make test` runs the whole suite (lint, types, tests). Both set themselves up.
+SHELL := /bin/bash
+VENV  := .venv
+PY    := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+# First Python >= 3.12 found (pyenv shims refuse unselected versions: the check skips them).
+PYTHON ?= $(shell for p in python3.13 python3.12 python3; do \
+	  command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null \
+	  && { echo $$p; break; }; done)
+
+.PHONY: run test lint typecheck unit tools bench clean
+
+$(STAMP): pyproject.toml
+	@test -n "$(PYTHON)" || { echo "need Python 3.12 or newer (python3.12 / python3.13)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+run: $(STAMP)
+	$(VENV)/bin/sandbox-gateway run $(if $(CONFIG),--config $(CONFIG))
+
+tools:
+	@bash scripts/test-tools.sh
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check gateway tests bench
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+unit: $(STAMP)
+	$(VENV)/bin/pytest -q
+
+test: $(STAMP) tools lint typecheck unit
+
+bench: $(STAMP) tools
+	$(PY) -m bench $(ARGS)
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

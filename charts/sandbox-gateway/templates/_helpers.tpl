@@ -1,0 +1,240 @@
+{{/*
+Chart name.
+*/}}
+{{- define "sandbox-gateway.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name: <release>-<chart>, or the release name when it already contains the chart name.
+*/}}
+{{- define "sandbox-gateway.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "sandbox-gateway.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels on every resource.
+*/}}
+{{- define "sandbox-gateway.labels" -}}
+helm.sh/chart: {{ include "sandbox-gateway.chart" . }}
+{{ include "sandbox-gateway.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | trunc 63 | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: sandbox-gateway
+{{- end }}
+
+{{/*
+Selector labels: the gateway pods (Deployment selector, Service, NetworkPolicies, PDB, spread).
+*/}}
+{{- define "sandbox-gateway.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sandbox-gateway.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: gateway
+{{- end }}
+
+{{- define "sandbox-gateway.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "sandbox-gateway.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "sandbox-gateway.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+{{- end }}
+
+{{/* Secret names. */}}
+{{- define "sandbox-gateway.caSecretName" -}}
+{{- .Values.ca.existingSecret | default (printf "%s-ca" (include "sandbox-gateway.fullname" .)) }}
+{{- end }}
+{{- define "sandbox-gateway.signingSecretName" -}}
+{{- .Values.signing.existingSecret | default (printf "%s-signing" (include "sandbox-gateway.fullname" .)) }}
+{{- end }}
+{{- define "sandbox-gateway.adminSecretName" -}}
+{{- .Values.adminToken.existingSecret | default (printf "%s-admin" (include "sandbox-gateway.fullname" .)) }}
+{{- end }}
+{{- define "sandbox-gateway.adminSecretKey" -}}
+{{- if .Values.adminToken.existingSecret }}{{ .Values.adminToken.existingSecretKey }}{{ else }}token{{ end }}
+{{- end }}
+
+{{/* Paths inside the gateway container. */}}
+{{- define "sandbox-gateway.gitRoot" -}}/git{{- end }}
+{{- define "sandbox-gateway.policiesDir" -}}
+{{- if .Values.gitSync.enabled }}
+{{- printf "%s/current/%s" (include "sandbox-gateway.gitRoot" .) (.Values.gitSync.path | trimPrefix "/" | trimSuffix "/") | trimSuffix "/" }}
+{{- else }}
+{{- "/etc/sandbox-gateway/policies" }}
+{{- end }}
+{{- end }}
+
+{{/*
+Policy files from values (every key ending in .yaml/.yml), as a dict file name -> text.
+*/}}
+{{- define "sandbox-gateway.policyFiles" -}}
+{{- $files := dict }}
+{{- range $k, $v := .Values.policies }}
+{{- if or (hasSuffix ".yaml" $k) (hasSuffix ".yml" $k) }}
+{{- $_ := set $files $k $v }}
+{{- end }}
+{{- end }}
+{{- toYaml $files }}
+{{- end }}
+
+{{/*
+Generated key material, computed once per render and shared by the Secret templates and the checksum
+annotations (so the checksum matches what is stored). Reuses what the cluster already holds (lookup), so
+upgrades keep the CA, the signing keys and the admin token. Under `helm template` / `--dry-run` lookup is
+empty and fresh material is generated on every render: use the existingSecret values with GitOps tools.
+Returns YAML: {ca: {tls.crt, tls.key}, signing: {<kid>.pem: ...}, admin: {token: ...}} (base64 values).
+*/}}
+{{- define "sandbox-gateway.generated" -}}
+{{- $cache := .Values }}
+{{- if not (hasKey $cache "__sandboxGatewayGenerated") }}
+{{- $out := dict "ca" (dict) "signing" (dict) "admin" (dict) }}
+{{- $ns := .Release.Namespace }}
+{{- if not .Values.ca.existingSecret }}
+{{- $existing := lookup "v1" "Secret" $ns (include "sandbox-gateway.caSecretName" .) }}
+{{- if and $existing $existing.data (index $existing.data "tls.crt") (index $existing.data "tls.key") }}
+{{- $_ := set $out "ca" (dict "tls.crt" (index $existing.data "tls.crt") "tls.key" (index $existing.data "tls.key")) }}
+{{- else }}
+{{- $ca := genCA .Values.ca.commonName (int .Values.ca.validityDays) }}
+{{- $_ := set $out "ca" (dict "tls.crt" ($ca.Cert | b64enc) "tls.key" ($ca.Key | b64enc)) }}
+{{- end }}
+{{- end }}
+{{- if not .Values.signing.existingSecret }}
+{{- $existing := lookup "v1" "Secret" $ns (include "sandbox-gateway.signingSecretName" .) }}
+{{- $old := dict }}
+{{- if and $existing $existing.data }}{{ $old = $existing.data }}{{ end }}
+{{- $keys := dict }}
+{{- range $kid := .Values.signing.kids }}
+{{- $entry := printf "%s.pem" $kid }}
+{{- if hasKey $old $entry }}
+{{- $_ := set $keys $entry (index $old $entry) }}
+{{- else }}
+{{- $_ := set $keys $entry (genPrivateKey "ed25519" | b64enc) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $out "signing" $keys }}
+{{- end }}
+{{- if not .Values.adminToken.existingSecret }}
+{{- $existing := lookup "v1" "Secret" $ns (include "sandbox-gateway.adminSecretName" .) }}
+{{- if and $existing $existing.data (index $existing.data "token") }}
+{{- $_ := set $out "admin" (dict "token" (index $existing.data "token")) }}
+{{- else }}
+{{- $_ := set $out "admin" (dict "token" (randAlphaNum 48 | b64enc)) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $cache "__sandboxGatewayGenerated" $out }}
+{{- end }}
+{{- toYaml (index $cache "__sandboxGatewayGenerated") }}
+{{- end }}
+
+{{/*
+gateway.yaml as a dict (rendered by configmap-config.yaml, hashed by the Deployment).
+*/}}
+{{- define "sandbox-gateway.config" -}}
+{{- $listen := dict "proxy" (printf "0.0.0.0:%d" (int .Values.ports.proxy)) "admin" (printf "0.0.0.0:%d" (int .Values.ports.admin)) "transparent" nil }}
+{{- if .Values.transparent.enabled }}
+{{- $_ := set $listen "transparent" (printf "0.0.0.0:%d" (int .Values.transparent.port)) }}
+{{- end }}
+{{- $secrets := dict "store" .Values.secretStore.store }}
+{{- if eq .Values.secretStore.store "azure-keyvault" }}
+{{- $_ := set $secrets "vault_url" .Values.secretStore.vaultUrl }}
+{{- $_ := set $secrets "credential" .Values.secretStore.credential }}
+{{- else if eq .Values.secretStore.store "file" }}
+{{- $_ := set $secrets "path" "/etc/sandbox-gateway/secrets/secrets.yaml" }}
+{{- end }}
+{{- $state := dict "store" .Values.state.store }}
+{{- if and (eq .Values.state.store "redis") .Values.state.redis.url (not .Values.state.redis.existingSecret) }}
+{{- $_ := set $state "url" .Values.state.redis.url }}
+{{- end }}
+{{- $cfg := dict
+  "listen" $listen
+  "admin_token" nil
+  "policies" (include "sandbox-gateway.policiesDir" .)
+  "certs" "/etc/sandbox-gateway/certs"
+  "tokens" .Values.config.tokens
+  "secrets" $secrets
+  "network" .Values.config.network
+  "audit" .Values.config.audit
+  "state" $state
+  "runtime_dir" "/var/lib/sandbox-gateway"
+}}
+{{- toYaml (merge (deepCopy $cfg) (deepCopy .Values.config.extra)) }}
+{{- end }}
+
+{{/* The policy name `helm test` mints a token for. */}}
+{{- define "sandbox-gateway.testPolicy" -}}
+{{- if .Values.test.policy }}
+{{- .Values.test.policy }}
+{{- else if not .Values.gitSync.enabled }}
+{{- $files := include "sandbox-gateway.policyFiles" . | fromYaml }}
+{{- if $files }}
+{{- keys $files | sortAlpha | first | trimSuffix ".yaml" | trimSuffix ".yml" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+git-sync container body (shared by the init container and the sidecar). Args: dict root=<top context> oneTime=<bool>.
+*/}}
+{{- define "sandbox-gateway.gitSyncContainer" -}}
+{{- $v := .root.Values.gitSync -}}
+image: {{ printf "%s:%s" $v.image.repository $v.image.tag }}
+imagePullPolicy: {{ $v.image.pullPolicy }}
+env:
+  - name: GITSYNC_REPO
+    value: {{ $v.repo | quote }}
+  - name: GITSYNC_REF
+    value: {{ $v.ref | quote }}
+  - name: GITSYNC_DEPTH
+    value: {{ $v.depth | quote }}
+  - name: GITSYNC_ROOT
+    value: {{ include "sandbox-gateway.gitRoot" .root | quote }}
+  - name: GITSYNC_LINK
+    value: "current"
+  {{- if .oneTime }}
+  - name: GITSYNC_ONE_TIME
+    value: "true"
+  {{- else }}
+  - name: GITSYNC_PERIOD
+    value: {{ $v.period | quote }}
+  {{- end }}
+  - name: HOME
+    value: /tmp
+  {{- with $v.extraEnv }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with $v.credentialsSecret }}
+envFrom:
+  - secretRef:
+      name: {{ . }}
+{{- end }}
+resources:
+  {{- toYaml $v.resources | nindent 2 }}
+securityContext:
+  {{- toYaml $v.securityContext | nindent 2 }}
+volumeMounts:
+  - name: git
+    mountPath: {{ include "sandbox-gateway.gitRoot" .root }}
+  - name: git-tmp
+    mountPath: /tmp
+{{- end }}

@@ -1,0 +1,108 @@
+"""Step 7, record: stream responses through, count their bytes, write the audit line.
+
+Responses are always streamed (`flow.response.stream`): the sandbox gets every chunk
+as soon as the upstream sends it, and memory stays flat for large downloads. The
+callable sees each chunk once, which is where bytes are counted. Passthrough tunnels
+are recorded when they close.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from mitmproxy import connection, http
+
+from gateway import metrics
+from gateway.addons.common import (
+    AUDITED,
+    BYTES_IN,
+    CREDENTIAL,
+    DECISION,
+    IDENTITY,
+    PATH,
+    REFUSAL,
+    Sessions,
+)
+from gateway.audit import Auditor
+from gateway.policy import Decision
+
+ChunkFilter = Callable[[bytes], bytes]
+
+
+class Record:
+    """Audits completed requests and passthrough tunnels."""
+
+    def __init__(self, sessions: Sessions, auditor: Auditor) -> None:
+        self.sessions = sessions
+        self.auditor = auditor
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        if REFUSAL in flow.metadata or flow.response is None:
+            return
+        previous = flow.response.stream
+        counter = _Counter(flow)
+        if callable(previous):
+            inner = previous
+            flow.response.stream = lambda chunk: counter(inner(chunk))
+        else:
+            flow.response.stream = counter
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self._complete(flow)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._complete(flow)
+
+    def _complete(self, flow: http.HTTPFlow) -> None:
+        if REFUSAL in flow.metadata or flow.metadata.get(AUDITED) or flow.request.method == "CONNECT":
+            return
+        decision: Decision | None = flow.metadata.get(DECISION)
+        if decision is None:
+            return
+        flow.metadata[AUDITED] = True
+        session = self.sessions.peek(flow.client_conn)
+        tunnel = session.tunnel if session is not None else None
+        host = tunnel.host if tunnel else flow.request.host
+        port = tunnel.port if tunnel else flow.request.port
+        bytes_in = int(flow.metadata.get(BYTES_IN, 0))
+        metrics.BYTES.labels(direction="in").inc(bytes_in)
+        self.auditor.completed(
+            flow, flow.metadata.get(IDENTITY), decision.result, decision.reason,
+            decision.rule.source if decision.rule else None, host, port, bytes_in,
+            flow.metadata.get(PATH, "intercept"), flow.metadata.get(CREDENTIAL),
+        )
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        session = self.sessions.drop(client)
+        if session is None or session.tunnel is None or not session.tunnel.passthrough:
+            return
+        tunnel, identity = session.tunnel, session.identity
+        decision = tunnel.decision
+        peer = client.peername
+        self.auditor.tunnel({
+            "sandbox": identity.sandbox if identity else None,
+            "policy": identity.policy if identity else None,
+            "jti": identity.jti if identity else None,
+            "client": f"{peer[0]}:{peer[1]}" if peer else None,
+            "method": "CONNECT", "scheme": None, "host": tunnel.host, "port": tunnel.port,
+            "path": None, "decision": decision.result, "reason": decision.reason,
+            "rule": decision.rule.source if decision.rule else None, "status": 200,
+            "bytes_in": None, "bytes_out": None,
+            "duration_ms": round((time.time() - tunnel.started) * 1000, 3),
+            "path_taken": "passthrough",
+        })
+
+
+class _Counter:
+    """Counts streamed body bytes into the flow's metadata."""
+
+    __slots__ = ("flow",)
+
+    def __init__(self, flow: http.HTTPFlow) -> None:
+        self.flow = flow
+        flow.metadata[BYTES_IN] = 0
+
+    def __call__(self, chunk: bytes) -> bytes:
+        self.flow.metadata[BYTES_IN] += len(chunk)
+        return chunk

@@ -1,0 +1,163 @@
+"""The control plane: health, metrics, tokens, policies, explain, JWKS (Starlette).
+
+Everything except `/healthz`, `/readyz`, `/metrics` and the JWKS needs
+`Authorization: Bearer <admin token>`, compared in constant time. Errors use the same
+JSON shape as the proxy's refusals: `{"error": code, "reason": text}`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway import metrics
+from gateway.config import ConfigError, parse_duration
+from gateway.policy import PolicySet, explain
+from gateway.tokens import TokenError, TokenService, parse_scope
+
+
+class Readiness(Protocol):
+    def ready(self) -> tuple[bool, str]: ...
+
+
+@dataclass
+class AdminContext:
+    """What the admin API reads and changes."""
+
+    admin_token: str
+    tokens: TokenService
+    policies: Callable[[], PolicySet]
+    readiness: Readiness
+
+
+def _error(status: int, code: str, reason: str) -> JSONResponse:
+    return JSONResponse({"error": code, "reason": reason}, status_code=status,
+                        headers={"X-Sandbox-Gateway-Error": code})
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def build_admin_app(ctx: AdminContext) -> Starlette:
+    """The Starlette app for the admin listener."""
+    expected = ("Bearer " + ctx.admin_token).encode()
+
+    def protected(handler: Handler) -> Handler:
+        async def wrapper(request: Request) -> Response:
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                return _error(401, "admin_auth_required",
+                              "send Authorization: Bearer <admin token> (certs/admin-token or "
+                              "SANDBOX_GATEWAY_ADMIN_TOKEN)")
+            return await handler(request)
+
+        return wrapper
+
+    async def body(request: Request) -> dict[str, Any]:
+        try:
+            data = json.loads(await request.body() or b"{}")
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"body is not JSON: {exc.msg}") from None
+        if not isinstance(data, dict):
+            raise ValueError("body must be a JSON object")
+        return data
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        ok, why = ctx.readiness.ready()
+        return JSONResponse({"ready": ok, "reason": why}, status_code=200 if ok else 503)
+
+    async def metrics_endpoint(request: Request) -> Response:
+        return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    async def jwks(request: Request) -> Response:
+        return JSONResponse(ctx.tokens.keys.jwks())
+
+    @protected
+    async def mint(request: Request) -> Response:
+        try:
+            data = await body(request)
+            sandbox, policy_name = data.get("sandbox"), data.get("policy")
+            if not isinstance(sandbox, str) or not isinstance(policy_name, str):
+                raise ValueError("sandbox and policy are required strings")
+            policy = ctx.policies().policies.get(policy_name)
+            if policy is None:
+                raise TokenError(f"policy {policy_name!r} does not exist; see GET /v1/policies")
+            raw_scope = data.get("scope")
+            if raw_scope is None:
+                scope = {r.credential: None for r in policy.rules if r.credential}
+            elif isinstance(raw_scope, str | list):
+                scope = parse_scope(raw_scope)
+            else:
+                raise ValueError("scope must be a space-separated string")
+            ttl = parse_duration(data["ttl"], "ttl") if data.get("ttl") is not None else None
+            lifetime = (parse_duration(data["lifetime"], "lifetime")
+                        if data.get("lifetime") is not None else None)
+            minted = ctx.tokens.mint(sandbox, policy_name, scope, ttl=ttl, lifetime=lifetime)
+        except (ValueError, TokenError, ConfigError) as exc:
+            return _error(400, "bad_request", str(exc))
+        metrics.TOKENS_ISSUED.labels(kind="mint").inc()
+        return JSONResponse({"token": minted.token, "jti": minted.jti,
+                             "expires_at": minted.expires_at})
+
+    @protected
+    async def revoke(request: Request) -> Response:
+        try:
+            data = await body(request)
+        except ValueError as exc:
+            return _error(400, "bad_request", str(exc))
+        jti = data.get("jti")
+        if not isinstance(jti, str) or not jti:
+            return _error(400, "bad_request", "jti is required")
+        import time
+
+        await ctx.tokens.state.revoke(jti, time.time() + ctx.tokens.max_lifetime)
+        return JSONResponse({"revoked": jti})
+
+    @protected
+    async def policies(request: Request) -> Response:
+        current = ctx.policies()
+        return JSONResponse({"policies": [
+            {"name": p.name, "mode": p.mode, "source": p.source, "extends": list(p.extends),
+             "rules": len(p.rules),
+             "credentials": sorted({r.credential for r in p.rules if r.credential})}
+            for p in current.policies.values()
+        ]})
+
+    @protected
+    async def explain_endpoint(request: Request) -> Response:
+        try:
+            data = await body(request)
+            policy, method, url = data.get("policy"), data.get("method"), data.get("url")
+            if not all(isinstance(x, str) for x in (policy, method, url)):
+                raise ValueError("policy, method and url are required strings")
+            decision = explain(ctx.policies(), str(policy), str(method), str(url))
+        except ValueError as exc:
+            return _error(400, "bad_request", str(exc))
+        return JSONResponse({
+            "decision": decision.result, "reason": decision.reason,
+            "rule": decision.rule.source if decision.rule else None,
+            "credential": decision.credential, "inspect": decision.inspect,
+        })
+
+    return Starlette(routes=[
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+        Route("/metrics", metrics_endpoint),
+        Route("/.well-known/jwks.json", jwks),
+        Route("/v1/tokens", mint, methods=["POST"]),
+        Route("/v1/tokens/revoke", revoke, methods=["POST"]),
+        Route("/v1/policies", policies),
+        Route("/v1/explain", explain_endpoint, methods=["POST"]),
+    ])

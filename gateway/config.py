@@ -1,0 +1,359 @@
+"""Gateway configuration: `gateway.yaml` plus `SANDBOX_GATEWAY_*` overrides, validated once.
+
+Every key is optional. A wrong key or value stops the gateway with a message that
+names it (`ConfigError("tokens.max_ttl: ...")`). Nested keys are overridden from the
+environment with a double underscore: `SANDBOX_GATEWAY_LISTEN__PROXY=0.0.0.0:3128`.
+Relative paths in a file are relative to that file; defaults are relative to the
+working directory. `SANDBOX_GATEWAY_SECRET_<NAME>` belongs to the `env` secret store,
+not to the configuration, and is ignored here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ENV_PREFIX = "SANDBOX_GATEWAY_"
+_ENV_IGNORED = ("SECRET_", "CONFIG")
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is wrong; the message names the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    """A listen address."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ListenConfig:
+    proxy: HostPort = HostPort("0.0.0.0", 8080)
+    transparent: HostPort | None = None
+    admin: HostPort = HostPort("127.0.0.1", 8090)
+
+
+@dataclass(frozen=True, slots=True)
+class TokensConfig:
+    default_ttl: float = 15 * 60
+    max_ttl: float = 24 * 3600
+    max_lifetime: float = 7 * 24 * 3600
+    leeway: float = 0.0
+    issuer: str = "sandbox-gateway"
+    signing_keys: Path | None = None  # default: <certs>/signing
+    retired_kids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkConfig:
+    allow_cidrs: tuple[str, ...] = ()
+    deny_cidrs: tuple[str, ...] = ()
+    upstream_ca: Path | None = None
+    resolve: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The whole validated configuration."""
+
+    listen: ListenConfig = field(default_factory=ListenConfig)
+    admin_token: str | None = None
+    policies: Path = Path("policies")
+    certs: Path = Path("certs")
+    runtime_dir: Path | None = None
+    tokens: TokensConfig = field(default_factory=TokensConfig)
+    secrets: Mapping[str, Any] = field(
+        default_factory=lambda: {"store": "file", "path": "secrets.local.yaml",
+                                 "create_if_missing": True}
+    )
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    audit_path: Path | None = None
+    state: Mapping[str, Any] = field(default_factory=lambda: {"store": "memory"})
+    workers: int = 1
+    log_level: str = "info"
+    source: str = "<defaults>"
+
+    @property
+    def signing_dir(self) -> Path:
+        return self.tokens.signing_keys or self.certs / "signing"
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: object, key: str = "duration") -> float:
+    """Parse `15m`, `1h30m`, `90s`, `2d` or a number of seconds."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a duration like 15m, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower()
+        if re.fullmatch(r"\d+(\.\d+)?", text):
+            seconds = float(text)
+        else:
+            parts = _DURATION.findall(text)
+            if not parts or "".join(n + u for n, u in parts) != text:
+                raise ConfigError(f"{key}: {value!r} is not a duration; use e.g. 90s, 15m, 1h30m")
+            seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    else:
+        raise ConfigError(f"{key}: expected a duration like 15m, got {type(value).__name__}")
+    if seconds <= 0:
+        raise ConfigError(f"{key}: must be positive, got {value!r}")
+    return seconds
+
+
+def parse_hostport(value: object, key: str) -> HostPort:
+    """Parse `host:port`, `[v6]:port` or `:port` (all interfaces)."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: expected \"host:port\", got {value!r}")
+    m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d+)|([^:\[\]]*):(\d+)", value.strip())
+    if not m:
+        raise ConfigError(f"{key}: expected \"host:port\" (e.g. 0.0.0.0:8080), got {value!r}")
+    host = m.group(1) or m.group(3) or "0.0.0.0"
+    port = int(m.group(2) or m.group(4))
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{key}: port must be between 0 and 65535, got {port}")
+    return HostPort(host, port)
+
+
+# --- schema ---------------------------------------------------------------------------
+
+Parser = Callable[[object, str], Any]
+Schema = Mapping[str, "Parser | Schema"]
+
+
+def _str(value: object, key: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{key}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _opt(parser: Parser) -> Parser:
+    return lambda v, k: None if v is None else parser(v, k)
+
+
+def _str_list(value: object, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise ConfigError(f"{key}: expected a list of strings, got {value!r}")
+    return tuple(value)
+
+
+def _str_map(value: object, key: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ConfigError(f"{key}: expected a map of strings, e.g. {{api.example: \"1.2.3.4:443\"}}")
+    return dict(value)
+
+
+def _any_map(value: object, key: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a map, got {value!r}")
+    return {str(k): v for k, v in value.items()}
+
+
+def _int(value: object, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{key}: expected a non-negative integer, got {value!r}")
+    return value
+
+
+def _leeway(value: object, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ConfigError(f"{key}: expected seconds (a non-negative number), got {value!r}")
+    return float(value)
+
+
+def _level(value: object, key: str) -> str:
+    levels = ("debug", "info", "warning", "error")
+    if value not in levels:
+        raise ConfigError(f"{key}: expected one of {', '.join(levels)}, got {value!r}")
+    return str(value)
+
+
+SCHEMA: Schema = {
+    "listen": {
+        "proxy": parse_hostport,
+        "transparent": _opt(parse_hostport),
+        "admin": parse_hostport,
+    },
+    "admin_token": _opt(_str),
+    "policies": _str,
+    "certs": _str,
+    "runtime_dir": _opt(_str),
+    "tokens": {
+        "default_ttl": parse_duration,
+        "max_ttl": parse_duration,
+        "max_lifetime": parse_duration,
+        "leeway": _leeway,
+        "issuer": _str,
+        "signing_keys": _opt(_str),
+        "retired_kids": _str_list,
+    },
+    "secrets": _any_map,
+    "network": {
+        "allow_cidrs": _str_list,
+        "deny_cidrs": _str_list,
+        "upstream_ca": _opt(_str),
+        "resolve": _str_map,
+    },
+    "audit": {"path": _opt(_str)},
+    "state": _any_map,
+    "workers": _int,
+    "log_level": _level,
+}
+
+_ENV_TYPED = {"workers", "tokens.leeway", "network.allow_cidrs", "network.deny_cidrs",
+              "network.resolve", "tokens.retired_kids", "secrets", "state"}
+
+
+def _validate(raw: Mapping[str, Any], schema: Schema, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = f"{prefix}{key}"
+        if key not in schema:
+            hint = difflib.get_close_matches(str(key), list(schema), n=1)
+            suggestion = f"; did you mean {prefix}{hint[0]}?" if hint else ""
+            raise ConfigError(f"{name}: unknown key{suggestion}")
+        spec = schema[key]
+        if isinstance(spec, Mapping):
+            if value is None:
+                continue
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{name}: expected a map, got {value!r}")
+            out[key] = _validate(value, spec, f"{name}.")
+        else:
+            out[key] = spec(value, name)
+    return out
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for var, text in env.items():
+        if not var.startswith(ENV_PREFIX):
+            continue
+        rest = var[len(ENV_PREFIX):]
+        if rest.startswith(_ENV_IGNORED) or not rest:
+            continue
+        path = [p.lower() for p in rest.split("__")]
+        dotted = ".".join(path)
+        value: Any = text
+        if dotted in _ENV_TYPED or dotted.startswith(("secrets.", "state.")):
+            try:
+                value = yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"{var}: not valid YAML: {exc}") from None
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{var}: conflicts with another override")
+        node[path[-1]] = value
+    return tree
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(dict(merged[key]), value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(path: Path | str | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Load `path` (optional), apply environment overrides, validate, build a Config."""
+    env = os.environ if env is None else env
+    if path is None and env.get(ENV_PREFIX + "CONFIG"):
+        path = env[ENV_PREFIX + "CONFIG"]
+    raw: dict[str, Any] = {}
+    base = Path.cwd()
+    source = "<defaults>"
+    if path is not None:
+        file = Path(path)
+        try:
+            loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"{file}: cannot read: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{file}: not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{file}: expected a map of settings at the top level")
+        raw = loaded or {}
+        base = file.resolve().parent
+        source = str(file)
+    merged = _merge(raw, _env_overrides(env))
+    try:
+        values = _validate(merged, SCHEMA)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    return _build(values, base, source)
+
+
+def _path(base: Path, value: str | None) -> Path | None:
+    if value is None:
+        return None
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else base / p
+
+
+def _build(v: dict[str, Any], base: Path, source: str) -> Config:
+    d = Config()
+    listen = v.get("listen", {})
+    tokens = v.get("tokens", {})
+    network = v.get("network", {})
+    cfg_tokens = TokensConfig(
+        default_ttl=tokens.get("default_ttl", d.tokens.default_ttl),
+        max_ttl=tokens.get("max_ttl", d.tokens.max_ttl),
+        max_lifetime=tokens.get("max_lifetime", d.tokens.max_lifetime),
+        leeway=tokens.get("leeway", d.tokens.leeway),
+        issuer=tokens.get("issuer", d.tokens.issuer),
+        signing_keys=_path(base, tokens.get("signing_keys")),
+        retired_kids=tokens.get("retired_kids", ()),
+    )
+    if cfg_tokens.default_ttl > cfg_tokens.max_ttl:
+        raise ConfigError(f"{source}: tokens.default_ttl is longer than tokens.max_ttl")
+    secrets = dict(v.get("secrets", d.secrets))
+    if isinstance(secrets.get("path"), str):
+        secrets["path"] = str(_path(base, secrets["path"]))
+    upstream_ca = _path(base, network.get("upstream_ca"))
+    return Config(
+        listen=ListenConfig(
+            proxy=listen.get("proxy", d.listen.proxy),
+            transparent=listen.get("transparent"),
+            admin=listen.get("admin", d.listen.admin),
+        ),
+        admin_token=v.get("admin_token"),
+        policies=_path(base, v.get("policies", "policies")) or d.policies,
+        certs=_path(base, v.get("certs", "certs")) or d.certs,
+        runtime_dir=_path(base, v.get("runtime_dir")),
+        tokens=cfg_tokens,
+        secrets=secrets,
+        network=NetworkConfig(
+            allow_cidrs=network.get("allow_cidrs", ()),
+            deny_cidrs=network.get("deny_cidrs", ()),
+            upstream_ca=upstream_ca,
+            resolve=network.get("resolve", {}),
+        ),
+        audit_path=_path(base, v.get("audit", {}).get("path")),
+        state=v.get("state", d.state),
+        workers=v.get("workers", d.workers),
+        log_level=v.get("log_level", d.log_level),
+        source=source,
+    )

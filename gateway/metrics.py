@@ -1,0 +1,98 @@
+"""Every Prometheus metric the gateway exports, declared in one place.
+
+Labels never carry a token, a secret or a free-form path: only names from
+policy files, fixed codes and store names, so cardinality stays bounded.
+"""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+REQUESTS = Counter(
+    "sandbox_gateway_requests_total",
+    "Decisions taken, by policy, decision and path (passthrough or intercept).",
+    ["policy", "decision", "path"],
+    registry=REGISTRY,
+)
+DECISION_SECONDS = Histogram(
+    "sandbox_gateway_decision_seconds",
+    "Time to take one policy decision.",
+    buckets=(1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 5e-4, 1e-3, 1e-2),
+    registry=REGISTRY,
+)
+TOKENS_REFUSED = Counter(
+    "sandbox_gateway_tokens_refused_total",
+    "Tokens refused, by reason code.",
+    ["reason"],
+    registry=REGISTRY,
+)
+TOKENS_ISSUED = Counter(
+    "sandbox_gateway_tokens_issued_total",
+    "Tokens minted or refreshed through the admin API.",
+    ["kind"],
+    registry=REGISTRY,
+)
+OPEN_CONNECTIONS = Gauge(
+    "sandbox_gateway_open_connections",
+    "Client connections currently open.",
+    registry=REGISTRY,
+)
+POLICY_RELOADS = Counter(
+    "sandbox_gateway_policy_reloads_total",
+    "Policy (re)loads, by result (ok or error).",
+    ["result"],
+    registry=REGISTRY,
+)
+POLICY_RULES = Gauge(
+    "sandbox_gateway_policy_rules",
+    "Egress rules in the policy set now serving.",
+    registry=REGISTRY,
+)
+DESTINATIONS_REFUSED = Counter(
+    "sandbox_gateway_destinations_refused_total",
+    "Upstream addresses refused after resolution, by classification code.",
+    ["code"],
+    registry=REGISTRY,
+)
+BYTES = Counter(
+    "sandbox_gateway_bytes_total",
+    "Body bytes relayed for intercepted requests, by direction (in = from upstream).",
+    ["direction"],
+    registry=REGISTRY,
+)
+SECRET_FETCHES = Counter(
+    "sandbox_gateway_secret_fetches_total",
+    "Secret store fetches, by store and result (ok, not_found, error, throttled).",
+    ["store", "result"],
+    registry=REGISTRY,
+)
+SECRET_FETCH_SECONDS = Histogram(
+    "sandbox_gateway_secret_fetch_seconds",
+    "Latency of one secret store fetch.",
+    ["store"],
+    registry=REGISTRY,
+)
+SECRET_CACHE = Counter(
+    "sandbox_gateway_secret_cache_total",
+    "Secret cache lookups, by outcome (hit, miss, stale, unavailable).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+CREDENTIALS_INJECTED = Counter(
+    "sandbox_gateway_credentials_injected_total",
+    "Credentials swapped into requests, by credential name.",
+    ["credential"],
+    registry=REGISTRY,
+)
+EXFILTRATION_BLOCKED = Counter(
+    "sandbox_gateway_exfiltration_blocked_total",
+    "Requests refused for carrying a token or secret to an unbound host, by kind.",
+    ["kind"],
+    registry=REGISTRY,
+)
+USAGE_TOKENS = Counter(
+    "sandbox_gateway_usage_tokens_total",
+    "Inference tokens reported by upstream responses, by credential and kind.",
+    ["credential", "kind"],
+    registry=REGISTRY,
+)

@@ -1,0 +1,705 @@
+"""Load policy files: read, parse with line numbers, validate, resolve ``extends``, compile.
+
+Every problem found is reported as ``"file:line: message"`` (all of them, not only
+the first) in one ``PolicyError``; the message says what to change.
+
+A directory is read non-recursively: ``*.yaml`` / ``*.yml`` at its top level,
+following symlinks, skipping dotfiles and dot-directories. That reads Kubernetes
+ConfigMap mounts (``name.yaml -> ..data/name.yaml``) through their top-level names.
+A file may hold several policies as YAML documents separated by ``---``.
+
+Decisions documented here: ``protocol: tcp`` rules must list ``ports`` (raw TCP
+has no default port); a missing ``egress`` is the same as an empty one (deny all);
+a preset credential may override the preset's ``hosts`` and ``inject``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.constructor import SafeConstructor
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from gateway.policy.hosts import HostPattern, HostPatternError, compile_host_pattern
+from gateway.policy.matcher import compile_policy
+from gateway.policy.model import Credential, Injection, Mode, Policy, PolicySet, Protocol, Rule
+from gateway.policy.paths import PathPatternError, validate_path_pattern
+from gateway.policy.presets import PRESETS
+
+__all__ = [
+    "PolicyError",
+    "load_policy_dir",
+    "load_policy_text",
+    "load_policy_texts",
+    "policy_files",
+]
+
+_POLICY_KEYS = ("version", "name", "description", "mode", "extends", "egress", "credentials")
+_RULE_KEYS = ("host", "ports", "methods", "paths", "credential", "inspect", "protocol")
+_CREDENTIAL_KEYS = ("preset", "secret", "hosts", "inject", "description")
+_INJECT_KEYS = ("header", "bearer", "query", "basic")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_METHOD = re.compile(r"[A-Za-z][A-Za-z_-]{0,31}")
+_HEADER = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
+
+
+class PolicyError(Exception):
+    """One or more problems in the policy files, each ``"file:line: message"``."""
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = list(errors)
+        super().__init__("\n".join(self.errors))
+
+
+def _suggest(word: str, choices: tuple[str, ...] | list[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f' (did you mean "{close[0]}"?)' if close else ""
+
+
+@dataclass
+class _RawRule:
+    fields: dict[str, Any]
+    file: str
+    line: int
+    credential_node: Node | None = None
+    host_pattern: HostPattern | None = None
+
+
+@dataclass
+class _RawPolicy:
+    name: str
+    mode: Mode
+    file: str
+    line: int
+    named: bool = True
+    extends: list[tuple[str, Node]] = field(default_factory=list)
+    rules: list[_RawRule] = field(default_factory=list)
+    extends_line: int = 0
+
+
+@dataclass
+class _CredentialDef:
+    credential: Credential
+    where: str
+
+
+class _Parser:
+    """Walks composed YAML nodes, collecting errors with their file and line."""
+
+    def __init__(self) -> None:
+        self.errors: list[tuple[str, int, str]] = []
+        self.policies: list[_RawPolicy] = []
+        self.credentials: dict[str, _CredentialDef] = {}
+        self._constructor = SafeConstructor()
+
+    # -- helpers -------------------------------------------------------------
+
+    def err(self, file: str, node: Node | None, message: str) -> None:
+        line = node.start_mark.line + 1 if node is not None else 1
+        self.errors.append((file, line, message))
+
+    def scalar(self, node: Node) -> Any:
+        return self._constructor.construct_object(node, deep=True)
+
+    def mapping(
+        self, file: str, node: Node, allowed: tuple[str, ...], what: str
+    ) -> dict[str, tuple[Node, Node]] | None:
+        """Keys of a mapping node with their key/value nodes; unknown keys reported."""
+        if not isinstance(node, MappingNode):
+            self.err(file, node, f"{what} must be a mapping (key: value)")
+            return None
+        out: dict[str, tuple[Node, Node]] = {}
+        for key_node, value_node in node.value:
+            key = self.scalar(key_node) if isinstance(key_node, ScalarNode) else None
+            if not isinstance(key, str):
+                self.err(file, key_node, f"{what} keys must be strings")
+                continue
+            if key in out:
+                first = out[key][0].start_mark.line + 1
+                self.err(file, key_node, f'duplicate key "{key}" (first at line {first})')
+                continue
+            if key not in allowed:
+                self.err(
+                    file,
+                    key_node,
+                    f'unknown key "{key}" in {what}{_suggest(key, allowed)}; '
+                    f"known keys: {', '.join(allowed)}",
+                )
+                continue
+            out[key] = (key_node, value_node)
+        return out
+
+    def string(self, file: str, node: Node, what: str) -> str | None:
+        value = self.scalar(node) if isinstance(node, ScalarNode) else None
+        if not isinstance(value, str) or not value:
+            self.err(file, node, f"{what} must be a non-empty string")
+            return None
+        return value
+
+    def string_list(self, file: str, node: Node, what: str) -> list[tuple[str, Node]] | None:
+        if not isinstance(node, SequenceNode):
+            self.err(file, node, f'{what} must be a list, e.g. {what}: ["..."]')
+            return None
+        items: list[tuple[str, Node]] = []
+        for item in node.value:
+            value = self.string(file, item, f"each entry of {what}")
+            if value is not None:
+                items.append((value, item))
+        return items
+
+    def boolean(self, file: str, node: Node, what: str) -> bool | None:
+        value = self.scalar(node) if isinstance(node, ScalarNode) else None
+        if not isinstance(value, bool):
+            self.err(file, node, f"{what} must be true or false")
+            return None
+        return value
+
+    # -- documents -----------------------------------------------------------
+
+    def parse_file(self, file: str, text: str) -> None:
+        try:
+            documents = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            line = mark.line + 1 if mark is not None else 1
+            problem = exc.problem or exc.context or "syntax error"
+            self.errors.append((file, line, f"invalid YAML: {problem}"))
+            return
+        except yaml.YAMLError as exc:
+            self.errors.append((file, 1, f"invalid YAML: {exc}"))
+            return
+        documents = [d for d in documents if d is not None]
+        if not documents:
+            self.errors.append((file, 1, "empty policy file; add version: v1, name: and egress:"))
+        for document in documents:
+            self.parse_policy(file, document)
+
+    def parse_policy(self, file: str, node: Node) -> None:
+        keys = self.mapping(file, node, _POLICY_KEYS, "a policy")
+        if keys is None:
+            return
+        if "version" not in keys:
+            self.err(file, node, "missing version; add version: v1")
+        else:
+            version_node = keys["version"][1]
+            version = self.scalar(version_node) if isinstance(version_node, ScalarNode) else None
+            if version != "v1":
+                self.err(file, version_node, f"unsupported version {version!r}; use version: v1")
+        name: str | None = None
+        if "name" not in keys:
+            self.err(file, node, "missing name; add name: <policy name>")
+        else:
+            name_node = keys["name"][1]
+            name = self.string(file, name_node, "name")
+            if name is not None and not _NAME.fullmatch(name):
+                self.err(
+                    file,
+                    name_node,
+                    f'invalid policy name "{name[:64]}"; use letters, digits, ".", "_", "-"',
+                )
+                name = None
+        if "description" in keys:
+            self.string(file, keys["description"][1], "description")
+        mode: Mode = "enforce"
+        if "mode" in keys:
+            mode_node = keys["mode"][1]
+            value = self.scalar(mode_node) if isinstance(mode_node, ScalarNode) else None
+            if value == "report":
+                mode = "report"
+            elif value != "enforce":
+                self.err(file, mode_node, f"invalid mode {value!r}; use enforce or report")
+        line = node.start_mark.line + 1
+        policy = _RawPolicy(
+            name=name or f"<unnamed policy at {file}:{line}>",
+            mode=mode,
+            file=file,
+            line=line,
+            named=name is not None,
+        )
+        if "extends" in keys:
+            ext_node = keys["extends"][1]
+            policy.extends_line = ext_node.start_mark.line + 1
+            items = self.string_list(file, ext_node, "extends")
+            policy.extends = items or []
+        if "credentials" in keys:
+            self.parse_credentials(file, keys["credentials"][1], name or "")
+        if "egress" in keys:
+            egress = keys["egress"][1]
+            if isinstance(egress, ScalarNode) and self.scalar(egress) is None:
+                pass  # "egress:" with nothing = deny all
+            elif not isinstance(egress, SequenceNode):
+                self.err(file, egress, "egress must be a list of rules (- host: ...)")
+            else:
+                for rule_node in egress.value:
+                    rule = self.parse_rule(file, rule_node)
+                    if rule is not None:
+                        policy.rules.append(rule)
+        self.policies.append(policy)
+
+    def parse_rule(self, file: str, node: Node) -> _RawRule | None:
+        keys = self.mapping(file, node, _RULE_KEYS, "an egress rule")
+        if keys is None:
+            return None
+        ok = True
+        fields: dict[str, Any] = {}
+        raw = _RawRule(fields=fields, file=file, line=node.start_mark.line + 1)
+        if "host" not in keys:
+            self.err(file, node, "egress rule has no host; add host: <name>")
+            ok = False
+        else:
+            host_node = keys["host"][1]
+            host = self.string(file, host_node, "host")
+            if host is None:
+                ok = False
+            else:
+                try:
+                    raw.host_pattern = compile_host_pattern(host)
+                    fields["host"] = raw.host_pattern.text
+                except HostPatternError as exc:
+                    self.err(file, host_node, str(exc))
+                    ok = False
+        if "ports" in keys:
+            ports = self.parse_ports(file, keys["ports"][1])
+            ok = ok and ports is not None
+            fields["ports"] = ports
+        if "methods" in keys:
+            methods = self.parse_methods(file, keys["methods"][1])
+            ok = ok and methods is not None
+            fields["methods"] = methods
+        if "paths" in keys:
+            paths = self.parse_paths(file, keys["paths"][1])
+            ok = ok and paths is not None
+            fields["paths"] = paths
+        if "credential" in keys:
+            raw.credential_node = keys["credential"][1]
+            credential = self.string(file, raw.credential_node, "credential")
+            ok = ok and credential is not None
+            fields["credential"] = credential
+        if "inspect" in keys:
+            inspect = self.boolean(file, keys["inspect"][1], "inspect")
+            ok = ok and inspect is not None
+            fields["inspect"] = bool(inspect)
+        protocol: Protocol = "http"
+        if "protocol" in keys:
+            protocol_node = keys["protocol"][1]
+            value = self.scalar(protocol_node) if isinstance(protocol_node, ScalarNode) else None
+            if value == "tcp":
+                protocol = "tcp"
+            elif value != "http":
+                self.err(file, protocol_node, f"invalid protocol {value!r}; use http or tcp")
+                ok = False
+        fields["protocol"] = protocol
+        if protocol == "tcp":
+            clashing: list[str] = [k for k in ("methods", "paths", "credential") if k in keys]
+            if fields.get("inspect"):
+                clashing.append("inspect")
+            if clashing:
+                self.err(
+                    file,
+                    keys["protocol"][1],
+                    f"protocol: tcp cannot be combined with {', '.join(clashing)} (raw TCP is "
+                    "not inspected); remove them or use protocol: http",
+                )
+                ok = False
+            if "ports" not in keys:
+                self.err(
+                    file,
+                    keys["protocol"][1],
+                    "protocol: tcp needs explicit ports (e.g. ports: [22])",
+                )
+                ok = False
+        return raw if ok else None
+
+    def parse_ports(self, file: str, node: Node) -> tuple[int, ...] | None:
+        if not isinstance(node, SequenceNode) or not node.value:
+            self.err(file, node, "ports must be a non-empty list of numbers, e.g. ports: [443]")
+            return None
+        ports: list[int] = []
+        ok = True
+        for item in node.value:
+            value = self.scalar(item) if isinstance(item, ScalarNode) else None
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+                self.err(file, item, f"invalid port {value!r}; use a number from 1 to 65535")
+                ok = False
+            elif value not in ports:
+                ports.append(value)
+        return tuple(ports) if ok else None
+
+    def parse_methods(self, file: str, node: Node) -> tuple[str, ...] | None:
+        items = self.string_list(file, node, "methods")
+        if items is None:
+            return None
+        if not items and isinstance(node, SequenceNode) and not node.value:
+            self.err(file, node, "methods is empty; list methods (e.g. [GET]) or omit it for all")
+            return None
+        methods: list[str] = []
+        ok = len(items) == len(node.value) if isinstance(node, SequenceNode) else False
+        for value, item in items:
+            if not _METHOD.fullmatch(value):
+                hint = " (omit methods to allow every method)" if value == "*" else ""
+                self.err(file, item, f'invalid method "{value[:32]}"; use e.g. GET, POST{hint}')
+                ok = False
+            elif value.upper() not in methods:
+                methods.append(value.upper())
+        return tuple(methods) if ok else None
+
+    def parse_paths(self, file: str, node: Node) -> tuple[str, ...] | None:
+        items = self.string_list(file, node, "paths")
+        if items is None:
+            return None
+        if isinstance(node, SequenceNode) and not node.value:
+            self.err(file, node, 'paths is empty; list path patterns (e.g. ["/v1/**"]) or omit it')
+            return None
+        ok = isinstance(node, SequenceNode) and len(items) == len(node.value)
+        paths: list[str] = []
+        for value, item in items:
+            try:
+                validate_path_pattern(value)
+            except PathPatternError as exc:
+                self.err(file, item, str(exc))
+                ok = False
+                continue
+            if value not in paths:
+                paths.append(value)
+        return tuple(paths) if ok else None
+
+    def parse_credentials(self, file: str, node: Node, policy: str) -> None:
+        if isinstance(node, ScalarNode) and self.scalar(node) is None:
+            return
+        if not isinstance(node, MappingNode):
+            self.err(
+                file, node, "credentials must be a mapping of name: {preset: ..., secret: ...}"
+            )
+            return
+        seen_here: set[str] = set()
+        for key_node, value_node in node.value:
+            name = self.scalar(key_node) if isinstance(key_node, ScalarNode) else None
+            if not isinstance(name, str) or not _NAME.fullmatch(name):
+                self.err(
+                    file,
+                    key_node,
+                    f"invalid credential name {name!r}; use letters, digits, '.', '_', '-'",
+                )
+                continue
+            where = f"{file}:{key_node.start_mark.line + 1}"
+            if name in self.credentials or name in seen_here:
+                first = self.credentials[name].where if name in self.credentials else file
+                self.err(
+                    file,
+                    key_node,
+                    f'duplicate credential "{name}" (first defined at {first}); credential names '
+                    "are global across all policy files",
+                )
+                continue
+            seen_here.add(name)
+            credential = self.parse_credential(file, name, value_node, policy, where)
+            if credential is not None:
+                self.credentials[name] = _CredentialDef(credential, where)
+
+    def parse_credential(
+        self, file: str, name: str, node: Node, policy: str, where: str
+    ) -> Credential | None:
+        keys = self.mapping(file, node, _CREDENTIAL_KEYS, f'credential "{name}"')
+        if keys is None:
+            return None
+        ok = True
+        preset_name: str | None = None
+        hosts: tuple[str, ...] | None = None
+        injection: Injection | None = None
+        secret: str | None = None
+        if "preset" in keys:
+            preset_node = keys["preset"][1]
+            preset_name = self.string(file, preset_node, "preset")
+            if preset_name is not None and preset_name not in PRESETS:
+                known = tuple(PRESETS)
+                self.err(
+                    file,
+                    preset_node,
+                    f'unknown preset "{preset_name[:64]}"{_suggest(preset_name, known)}; '
+                    f"presets: {', '.join(known)}",
+                )
+                preset_name = None
+            ok = preset_name is not None
+        if "secret" not in keys:
+            self.err(file, node, f'credential "{name}" has no secret; add secret: <secret name>')
+            ok = False
+        else:
+            secret = self.string(file, keys["secret"][1], "secret")
+            ok = ok and secret is not None
+        if "description" in keys:
+            self.string(file, keys["description"][1], "description")
+        if "hosts" in keys:
+            hosts = self.parse_credential_hosts(file, keys["hosts"][1])
+            ok = ok and hosts is not None
+        if "inject" in keys:
+            injection = self.parse_inject(file, keys["inject"][1])
+            ok = ok and injection is not None
+        if "preset" not in keys and ("hosts" not in keys or "inject" not in keys):
+            self.err(
+                file,
+                node,
+                f'credential "{name}" needs preset: (one of {", ".join(PRESETS)}) '
+                "or both hosts: and inject:",
+            )
+            ok = False
+        if not ok or secret is None:
+            return None
+        if preset_name is not None:
+            preset = PRESETS[preset_name]
+            hosts = hosts or preset.hosts
+            injection = injection or preset.injection
+        assert hosts is not None and injection is not None
+        return Credential(
+            name=name,
+            secret=secret,
+            hosts=hosts,
+            injection=injection,
+            preset=preset_name,
+            source=where,
+            policy=policy,
+        )
+
+    def parse_credential_hosts(self, file: str, node: Node) -> tuple[str, ...] | None:
+        items = self.string_list(file, node, "hosts")
+        if items is None:
+            return None
+        if isinstance(node, SequenceNode) and not node.value:
+            self.err(file, node, "hosts is empty; list the hosts this credential may be sent to")
+            return None
+        ok = isinstance(node, SequenceNode) and len(items) == len(node.value)
+        hosts: list[str] = []
+        for value, item in items:
+            try:
+                hosts.append(compile_host_pattern(value).text)
+            except HostPatternError as exc:
+                self.err(file, item, str(exc))
+                ok = False
+        return tuple(hosts) if ok else None
+
+    def parse_inject(self, file: str, node: Node) -> Injection | None:
+        keys = self.mapping(file, node, _INJECT_KEYS, "inject")
+        if keys is None:
+            return None
+        if len(keys) != 1:
+            self.err(
+                file,
+                node,
+                "inject needs exactly one of {header: NAME}, {bearer: true}, {query: NAME}, "
+                "{basic: USER}",
+            )
+            return None
+        ((kind, (_, value_node)),) = keys.items()
+        if kind == "bearer":
+            value = self.boolean(file, value_node, "bearer")
+            if value is not True:
+                if value is False:
+                    self.err(file, value_node, "bearer: false injects nothing; use bearer: true")
+                return None
+            return Injection("bearer")
+        text = self.string(file, value_node, kind)
+        if text is None:
+            return None
+        if kind in ("header", "query") and not _HEADER.fullmatch(text):
+            self.err(file, value_node, f'invalid {kind} name "{text[:64]}"')
+            return None
+        if kind == "header":
+            return Injection("header", text)
+        if kind == "query":
+            return Injection("query", text)
+        return Injection("basic", text)
+
+
+def _can_reach(rule: HostPattern, credential: tuple[HostPattern, ...]) -> bool:
+    """True if some host could match both the rule pattern and a credential pattern.
+
+    Exact on either side is decided exactly; two wildcards overlap when one literal
+    suffix is a label-suffix of the other (an over-approximation, which is fine:
+    requests are still checked against both at decision time).
+    """
+    for cred in credential:
+        if not rule.is_wildcard:
+            if cred.matches(rule.text):
+                return True
+        elif not cred.is_wildcard:
+            if rule.matches(cred.text):
+                return True
+        else:
+            a, b = rule.suffix, cred.suffix
+            if a == b or a.endswith("." + b) or b.endswith("." + a):
+                return True
+    return False
+
+
+def _build(parser: _Parser) -> PolicySet:
+    """Cross-file checks, extends resolution and compilation (raises PolicyError)."""
+    errors = parser.errors
+    by_name: dict[str, _RawPolicy] = {}
+    for raw in parser.policies:
+        if raw.name in by_name:
+            first = by_name[raw.name]
+            errors.append(
+                (
+                    raw.file,
+                    raw.line,
+                    f'duplicate policy name "{raw.name}" (also in {first.file}:{first.line}); '
+                    "policy names must be unique across files",
+                )
+            )
+            continue
+        by_name[raw.name] = raw
+    credentials = {name: d.credential for name, d in parser.credentials.items()}
+    known_credentials = tuple(credentials)
+
+    own_rules: dict[str, list[Rule]] = {}
+    for raw in by_name.values():
+        rules: list[Rule] = []
+        for raw_rule in raw.rules:
+            cred_name = raw_rule.fields.get("credential")
+            if cred_name is not None:
+                cred = credentials.get(cred_name)
+                node = raw_rule.credential_node
+                line = raw_rule.line if node is None else node.start_mark.line + 1
+                if cred is None:
+                    errors.append(
+                        (
+                            raw.file,
+                            line,
+                            f'unknown credential "{cred_name[:64]}"'
+                            f"{_suggest(cred_name, known_credentials)}; define it under "
+                            "credentials: in any policy file",
+                        )
+                    )
+                    continue
+                assert raw_rule.host_pattern is not None
+                if not _can_reach(raw_rule.host_pattern, cred.host_patterns):
+                    errors.append(
+                        (
+                            raw.file,
+                            line,
+                            f'credential "{cred_name}" is only sent to {", ".join(cred.hosts)}, '
+                            f"which host {raw_rule.host_pattern.text} never reaches; fix the "
+                            "rule's host or use another credential",
+                        )
+                    )
+                    continue
+            source = f"{raw_rule.file}:{raw_rule.line}"
+            rules.append(Rule(source=source, policy=raw.name, **raw_rule.fields))
+        own_rules[raw.name] = rules
+
+    resolved: dict[str, list[Rule]] = {}
+    known_policies = tuple(name for name, raw in by_name.items() if raw.named)
+
+    def resolve(name: str, stack: list[str]) -> list[Rule]:
+        if name in resolved:
+            return resolved[name]
+        raw = by_name[name]
+        out: list[Rule] = list(own_rules[name])
+        seen = {id(r) for r in out}
+        for parent, node in raw.extends:
+            line = node.start_mark.line + 1
+            if parent not in known_policies:
+                errors.append(
+                    (
+                        raw.file,
+                        line,
+                        f'policy "{name}" extends unknown policy "{parent[:64]}"'
+                        f"{_suggest(parent, known_policies)}",
+                    )
+                )
+                continue
+            if parent in stack:
+                cycle = " -> ".join([*stack[stack.index(parent) :], parent])
+                errors.append(
+                    (raw.file, line, f"extends cycle {cycle}; remove one of these extends")
+                )
+                continue
+            for rule in resolve(parent, [*stack, parent]):
+                if id(rule) not in seen:
+                    seen.add(id(rule))
+                    out.append(rule)
+        resolved[name] = out
+        return out
+
+    for name in by_name:
+        resolve(name, [name])
+    if errors:
+        raise PolicyError(_format(errors))
+
+    policies: dict[str, Policy] = {}
+    for name, raw in by_name.items():
+        policies[name] = compile_policy(
+            name,
+            resolved[name],
+            mode=raw.mode,
+            source=raw.file,
+            extends=tuple(p for p, _ in raw.extends),
+            credentials=credentials,
+        )
+    files = tuple(dict.fromkeys(raw.file for raw in parser.policies))
+    return PolicySet(policies=policies, credentials=credentials, files=files)
+
+
+def _format(errors: list[tuple[str, int, str]]) -> list[str]:
+    """``file:line: message`` lines, grouped by file in line order, duplicates dropped."""
+    order = {file: i for i, (file, _, _) in reversed(list(enumerate(errors)))}
+    ranked = sorted(dict.fromkeys(errors), key=lambda e: (order[e[0]], e[1]))
+    return [f"{file}:{line}: {message}" for file, line, message in ranked]
+
+
+def load_policy_texts(files: Mapping[str, str]) -> PolicySet:
+    """Load policies from ``{file name: YAML text}`` (raises PolicyError)."""
+    parser = _Parser()
+    for file, text in files.items():
+        parser.parse_file(file, text)
+    return _build(parser)
+
+
+def load_policy_text(name: str, text: str) -> PolicySet:
+    """Load one YAML text as if it were the file ``name`` (for tests and tools)."""
+    return load_policy_texts({name: text})
+
+
+def policy_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """The policy files of a directory: top-level ``*.yaml``/``*.yml``, no dotfiles, sorted."""
+    base = Path(directory)
+    out: list[Path] = []
+    for name in sorted(os.listdir(base)):
+        if name.startswith(".") or not name.endswith((".yaml", ".yml")):
+            continue
+        path = base / name
+        if path.is_file():
+            out.append(path)
+    return out
+
+
+def load_policy_dir(directory: str | os.PathLike[str]) -> PolicySet:
+    """Load every policy file in ``directory`` (raises PolicyError listing every problem)."""
+    try:
+        paths = policy_files(directory)
+    except OSError as exc:
+        raise PolicyError(
+            [f"{os.fspath(directory)}:0: cannot read policy directory: {exc.strerror or exc}"]
+        ) from None
+    if not paths:
+        raise PolicyError(
+            [f"{os.fspath(directory)}:0: no policy files (*.yaml, *.yml) in this directory"]
+        )
+    texts: dict[str, str] = {}
+    errors: list[tuple[str, int, str]] = []
+    for path in paths:
+        try:
+            texts[str(path)] = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            errors.append((str(path), 1, f"cannot read: {exc}"))
+    parser = _Parser()
+    parser.errors.extend(errors)
+    for file, text in texts.items():
+        parser.parse_file(file, text)
+    return _build(parser)

@@ -1,0 +1,221 @@
+"""The policy data model: frozen, slotted values built once at load and shared read-only.
+
+``Rule`` and ``Credential`` carry their compiled host/path patterns next to the
+text they came from, so the matcher never re-parses anything per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from gateway.policy.hosts import HostPattern, compile_host_pattern
+from gateway.policy.paths import PathSet, compile_paths
+
+if TYPE_CHECKING:
+    from gateway.policy.matcher import Matcher
+
+__all__ = [
+    "DEFAULT_HTTPS_PORT",
+    "DEFAULT_HTTP_PORT",
+    "Credential",
+    "Decision",
+    "Injection",
+    "Mode",
+    "Policy",
+    "PolicySet",
+    "Protocol",
+    "Request",
+    "Rule",
+]
+
+Mode = Literal["enforce", "report"]
+Protocol = Literal["http", "tcp"]
+InjectionKind = Literal["header", "bearer", "query", "basic"]
+DecisionResult = Literal["allow", "deny", "report"]
+
+DEFAULT_HTTPS_PORT = 443
+DEFAULT_HTTP_PORT = 80
+
+
+@dataclass(frozen=True, slots=True)
+class Injection:
+    """Where a credential goes in the upstream request.
+
+    * ``header``: header ``name`` carries the secret as is (``x-api-key``, ``api-key``);
+    * ``bearer``: ``Authorization: Bearer <secret>`` (``name`` is None);
+    * ``query``: query parameter ``name`` (``?key=``);
+    * ``basic``: ``Authorization: Basic`` with user ``name`` and the secret as password.
+
+    ``alternatives`` are other carriers the same provider accepts: the injector
+    replaces the token in whichever carrier the client used, and falls back to
+    this (primary) carrier when the client used none.
+    """
+
+    kind: InjectionKind
+    name: str | None = None
+    alternatives: tuple[Injection, ...] = ()
+
+    @property
+    def carriers(self) -> tuple[Injection, ...]:
+        """The primary carrier followed by the alternatives (without their own alternatives)."""
+        return (Injection(self.kind, self.name), *self.alternatives)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Credential:
+    """A named secret bound to hosts: injected only where a destination matches ``hosts``."""
+
+    name: str
+    secret: str
+    hosts: tuple[str, ...]
+    injection: Injection
+    preset: str | None = None
+    source: str = "<memory>"
+    policy: str = ""
+    host_patterns: tuple[HostPattern, ...] = field(default=(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.host_patterns:
+            compiled = tuple(compile_host_pattern(h) for h in self.hosts)
+            object.__setattr__(self, "host_patterns", compiled)
+
+    def binds(self, host: str) -> bool:
+        """True if this credential may be sent to the normalised ``host``."""
+        return any(p.matches(host) for p in self.host_patterns)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rule:
+    """One egress rule, as written (``host``, ``ports``...) plus its compiled patterns.
+
+    ``ports`` None means the defaults (443, and 80 for plain http). ``methods`` and
+    ``paths`` None mean any. ``source`` is ``file:line``; ``policy`` the name of the
+    policy file the rule was written in (differs from the deciding policy with extends).
+    """
+
+    host: str
+    source: str = "<memory>"
+    policy: str = ""
+    ports: tuple[int, ...] | None = None
+    methods: tuple[str, ...] | None = None
+    paths: tuple[str, ...] | None = None
+    credential: str | None = None
+    inspect: bool = False
+    protocol: Protocol = "http"
+    host_pattern: HostPattern = field(init=False, compare=False, repr=False)
+    path_set: PathSet | None = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """Compile the host and path patterns (raises ValueError if invalid)."""
+        pattern = compile_host_pattern(self.host)
+        object.__setattr__(self, "host_pattern", pattern)
+        object.__setattr__(self, "host", pattern.text)
+        if self.methods is not None:
+            object.__setattr__(self, "methods", tuple(m.upper() for m in self.methods))
+        path_set = compile_paths(self.paths) if self.paths is not None else None
+        object.__setattr__(self, "path_set", path_set)
+
+    @property
+    def needs_inspection(self) -> bool:
+        """True if the rule can only be enforced on decrypted requests."""
+        return bool(self.methods or self.paths or self.credential or self.inspect)
+
+    @property
+    def host_only(self) -> bool:
+        """True for a plain HTTP(S) host rule that can be passed through without interception."""
+        return self.protocol == "http" and not self.needs_inspection
+
+    def describe(self) -> str:
+        """A one-line summary for reasons and explain output."""
+        parts = [f"host: {self.host}"]
+        if self.ports is not None:
+            parts.append("ports: " + ", ".join(str(p) for p in self.ports))
+        if self.methods is not None:
+            parts.append("methods: " + ", ".join(self.methods))
+        if self.paths is not None:
+            parts.append("paths: " + ", ".join(self.paths))
+        if self.credential is not None:
+            parts.append(f"credential: {self.credential}")
+        if self.protocol != "http":
+            parts.append(f"protocol: {self.protocol}")
+        if self.inspect:
+            parts.append("inspect: true")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What is being decided.
+
+    ``method`` None = tunnel-level decision at CONNECT time (no method/path yet).
+    ``scheme`` is ``https``, ``http`` or ``tcp`` (raw bytes of unknown content).
+    ``host`` must already be normalised (``hosts.normalize_host``).
+    ``path`` is the raw request target path, query allowed; None at CONNECT time.
+    """
+
+    method: str | None
+    scheme: str
+    host: str
+    port: int
+    path: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome of one decision.
+
+    ``reason`` is a fixed human sentence. ``rule`` is the allowing rule, or the
+    closest rule that refused. ``inspect`` (tunnel level) says TLS must be
+    intercepted; ``credential`` (request level) names the credential to inject.
+    """
+
+    result: DecisionResult
+    reason: str
+    rule: Rule | None
+    inspect: bool = False
+    credential: str | None = None
+
+    @property
+    def allowed(self) -> bool:
+        """True for allow and report (report = would deny, allowed by ``mode: report``)."""
+        return self.result != "deny"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Policy:
+    """One named policy: its own and inherited rules, in order, and their compiled index.
+
+    Build it with ``matcher.compile_policy``. ``source`` is the file it came from.
+    """
+
+    name: str
+    mode: Mode
+    source: str
+    rules: tuple[Rule, ...]
+    extends: tuple[str, ...]
+    matcher: Matcher = field(repr=False)
+
+    @property
+    def own_rules(self) -> tuple[Rule, ...]:
+        """Rules written in this policy's own file (not inherited)."""
+        return tuple(r for r in self.rules if r.policy == self.name)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PolicySet:
+    """Every loaded policy by name, plus the global credentials they reference."""
+
+    policies: Mapping[str, Policy]
+    credentials: Mapping[str, Credential]
+    files: tuple[str, ...] = ()
+
+    def get(self, name: str) -> Policy | None:
+        """The policy called ``name``, or None."""
+        return self.policies.get(name)
+
+    @property
+    def rule_count(self) -> int:
+        """Rules as written in the files (inherited copies not counted twice)."""
+        return sum(len(p.own_rules) for p in self.policies.values())

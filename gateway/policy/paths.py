@@ -1,0 +1,148 @@
+"""Path patterns and request-path normalisation.
+
+Pattern syntax (validated at load, compiled once to one regex per rule):
+
+* a pattern without ``*`` is exact (``/v1/responses`` matches only that path);
+* ``*`` as a whole segment = exactly one non-empty segment (``/repos/*/issues``);
+* ``*`` inside a segment = any characters within that segment (``/files/*.json``);
+* ``**`` as a whole segment = any number of segments, including zero
+  (``/repos/**`` matches ``/repos``, ``/repos/`` and ``/repos/a/b``).
+
+Request paths are matched after stripping the query string and decoding
+percent-encoded *unreserved* characters (RFC 3986 section 6.2.2.2, so ``%63hat``
+is ``chat``). A path an upstream could interpret as a different path -- ``.``/``..``
+segments (also encoded), encoded separators ``%2f``/``%5c``, backslashes, NUL, or a
+path not starting with ``/`` -- is *suspicious*: it matches no rule at all.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+
+__all__ = [
+    "PathPatternError",
+    "PathSet",
+    "compile_paths",
+    "normalize_path",
+    "validate_path_pattern",
+]
+
+
+class PathPatternError(ValueError):
+    """A path pattern that cannot be used; the message says what to change."""
+
+
+_PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
+def validate_path_pattern(pattern: str) -> str:
+    """Return the pattern unchanged if valid, else raise PathPatternError."""
+    if not pattern.startswith("/"):
+        raise PathPatternError(f"path pattern {pattern!r} must start with '/'")
+    if "?" in pattern or "#" in pattern:
+        raise PathPatternError(
+            f"path pattern {pattern!r} contains '?' or '#'; query strings are not matched, "
+            "remove them"
+        )
+    if "\\" in pattern or "\x00" in pattern or any(c.isspace() for c in pattern):
+        raise PathPatternError(
+            f"path pattern {pattern!r} contains a backslash, NUL or whitespace; remove it"
+        )
+    if "%" in pattern:
+        raise PathPatternError(
+            f"path pattern {pattern!r} contains '%'; write the decoded path instead"
+        )
+    for segment in pattern.split("/")[1:]:
+        if segment in (".", ".."):
+            raise PathPatternError(
+                f"path pattern {pattern!r} contains a '{segment}' segment; write the "
+                "normalised path"
+            )
+        if "**" in segment and segment != "**":
+            raise PathPatternError(
+                f"path pattern {pattern!r}: '**' must be a whole segment (e.g. /repos/**)"
+            )
+    return pattern
+
+
+def _segment_regex(segment: str) -> str:
+    if segment == "**":
+        return r"(?:/[^/]*)*"
+    if segment == "*":
+        return r"/[^/]+"
+    return "/" + re.escape(segment).replace(r"\*", "[^/]*")
+
+
+@dataclass(frozen=True, slots=True)
+class PathSet:
+    """The compiled ``paths:`` of one rule: a set of exact paths plus one combined regex."""
+
+    patterns: tuple[str, ...]
+    exact: frozenset[str] = field(compare=False, repr=False)
+    regex: re.Pattern[str] | None = field(compare=False, repr=False)
+
+    def matches(self, path: str) -> bool:
+        """Match an already normalised path (see ``normalize_path``)."""
+        if path in self.exact:
+            return True
+        regex = self.regex
+        return regex is not None and regex.fullmatch(path) is not None
+
+
+def compile_paths(patterns: tuple[str, ...] | list[str]) -> PathSet:
+    """Validate and compile a rule's path patterns (raises PathPatternError).
+
+    Cached: rules often share the same paths, and a PathSet is immutable.
+    """
+    return _compile_paths(tuple(patterns))
+
+
+@functools.lru_cache(maxsize=4096)
+def _compile_paths(patterns: tuple[str, ...]) -> PathSet:
+    exact: set[str] = set()
+    alternatives: list[str] = []
+    for pattern in patterns:
+        validate_path_pattern(pattern)
+        if "*" not in pattern:
+            exact.add(pattern)
+            continue
+        alternatives.append("".join(_segment_regex(s) for s in pattern.split("/")[1:]))
+    regex = re.compile("|".join(f"(?:{a})" for a in alternatives)) if alternatives else None
+    return PathSet(patterns=patterns, exact=frozenset(exact), regex=regex)
+
+
+def _decode_unreserved(match: re.Match[str]) -> str:
+    byte = int(match.group(1), 16)
+    if byte in _UNRESERVED:
+        return chr(byte)
+    return "%" + match.group(1).upper()
+
+
+def normalize_path(raw: str | None) -> tuple[str, str | None]:
+    """Return ``(path, problem)``: the path to match, or a problem that makes it match nothing.
+
+    ``problem`` is None for a clean path, else a short phrase for the deny reason.
+    """
+    if not raw:
+        return "/", None
+    path = raw.split("?", 1)[0] if "?" in raw else raw
+    if not path.startswith("/"):
+        return path, "does not start with '/'"
+    if "\\" in path:
+        return path, "contains a backslash"
+    if "\x00" in path:
+        return path, "contains a NUL byte"
+    if "%" in path:
+        path = _PERCENT.sub(_decode_unreserved, path)
+        if "%2F" in path or "%5C" in path:
+            return path, "contains an encoded '/' or '\\' (%2f, %5c)"
+        if "%00" in path:
+            return path, "contains an encoded NUL byte (%00)"
+    if "/." in path:
+        for segment in path.split("/"):
+            if segment == "." or segment == "..":
+                return path, "contains a '.' or '..' segment"
+    return path, None

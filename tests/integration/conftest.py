@@ -1,0 +1,82 @@
+"""Fixtures: a local TLS upstream under several names, and a real gateway in front of it.
+
+Names reach the upstream only through the gateway's `network.resolve` (operator-
+trusted overrides to 127.0.0.1): nothing here resolves or dials anything off-box.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.gateway import GatewayThread
+from helpers.tls import TestCA
+from helpers.upstream import Upstream, start_upstream
+
+NAMES = ["allowed.test", "api.allowed.test", "other.test", "report.test", "pypi.org",
+         "api.openai.com", "api.anthropic.com", "api.github.com", "unbound.test"]
+
+BASE_POLICY = """
+version: v1
+name: agent
+egress:
+  - host: allowed.test
+  - host: api.allowed.test
+    methods: [GET]
+    paths: ["/v1/**"]
+  - host: other.test
+    inspect: true
+"""
+
+
+@pytest.fixture(scope="session")
+def test_ca(tmp_path_factory: pytest.TempPathFactory) -> TestCA:
+    return TestCA.create(tmp_path_factory.mktemp("ca"))
+
+
+@pytest.fixture(scope="session")
+def upstream(test_ca: TestCA, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
+    ctx = test_ca.server_context(tmp_path_factory.mktemp("leaf"), NAMES)
+    server = start_upstream(ctx)
+    yield server
+    server.close()
+
+
+GatewayFactory = Callable[..., GatewayThread]
+
+
+@pytest.fixture
+def make_gateway(tmp_path: Path, test_ca: TestCA, upstream: Upstream
+                 ) -> Iterator[GatewayFactory]:
+    started: list[GatewayThread] = []
+
+    def factory(policies: dict[str, str] | None = None, config: dict[str, Any] | None = None,
+                **kw: Any) -> GatewayThread:
+        pdir = tmp_path / "policies"
+        pdir.mkdir(exist_ok=True)
+        for name, text in (policies or {"agent.yaml": BASE_POLICY}).items():
+            (pdir / name).write_text(text)
+        cfg: dict[str, Any] = {
+            "network": {"upstream_ca": str(test_ca.cert_path),
+                        "resolve": {n: f"127.0.0.1:{upstream.port}" for n in NAMES}},
+            "secrets": {"store": "env"},
+        }
+        for key, value in (config or {}).items():
+            if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+                cfg[key] = {**cfg[key], **value}
+            else:
+                cfg[key] = value
+        gw = GatewayThread(tmp_path, cfg, **kw)
+        started.append(gw)
+        return gw
+
+    yield factory
+    for gw in started:
+        gw.stop()
+
+
+@pytest.fixture
+def gateway(make_gateway: GatewayFactory) -> GatewayThread:
+    return make_gateway()

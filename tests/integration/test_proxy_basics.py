@@ -1,0 +1,217 @@
+"""The foundation, end to end: real gateway, real TLS upstream, real clients."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import time
+from typing import Any
+
+import httpx
+import pytest
+import requests
+from helpers.clients import curl as run_curl
+from helpers.clients import raw_connect
+from helpers.gateway import GatewayThread
+from helpers.upstream import Upstream
+
+from conftest import GatewayFactory
+
+
+def curl(gw: GatewayThread, url: str, token: str | None, *args: str
+         ) -> tuple[int, str, dict[str, str]]:
+    return run_curl(gw.proxy_url(token) if token else gw.proxy, url, gw.ca_cert, *args)
+
+
+def connect(gw: GatewayThread, authority: str, token: str | None
+            ) -> tuple[int, dict[str, str], dict[str, Any] | None]:
+    assert gw.gateway.proxy_address
+    return raw_connect(gw.gateway.proxy_address, authority, token)
+
+
+def client(gw: GatewayThread, token: str | None, **kw: Any) -> httpx.Client:
+    proxy = gw.proxy_url(token) if token else gw.proxy
+    return httpx.Client(proxy=proxy, verify=ssl.create_default_context(cafile=gw.ca_cert),
+                        timeout=10, **kw)
+
+
+def test_curl_allowed_passthrough_and_refused_host(gateway: GatewayThread, upstream: Upstream,
+                                                   test_ca: Any) -> None:
+    token = gateway.mint("agent")
+    # allowed.test is host-only: passed through, so curl must trust the *upstream's* CA.
+    out = subprocess.run(
+        ["curl", "-sS", "--max-time", "10", "-x", gateway.proxy_url(token), "--cacert",
+         str(test_ca.cert_path), "https://allowed.test/hello"],
+        capture_output=True, text=True, timeout=20)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["path"] == "/hello"
+
+    status, headers, err = connect(gateway, "evil.test:443", token)
+    assert status == 403 and err is not None
+    assert err["error"] == "policy_denied"
+    assert "evil.test" in err["reason"] and "add" in err["reason"]
+    assert headers["x-sandbox-gateway-error"] == "policy_denied"
+
+
+def test_httpx_intercepted_method_and_path_rules(gateway: GatewayThread, upstream: Upstream) -> None:
+    token = gateway.mint("agent")
+    with client(gateway, token) as c:
+        ok = c.get("https://api.allowed.test/v1/models")
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["path"] == "/v1/models"
+        # no Proxy-Authorization leaks upstream
+        assert "proxy-authorization" not in ok.json()["headers"]
+        bad_method = c.post("https://api.allowed.test/v1/models")
+        assert bad_method.status_code == 403
+        assert bad_method.json()["rule"].endswith("agent.yaml:6")
+        assert "POST" in bad_method.json()["reason"]
+        bad_path = c.get("https://api.allowed.test/admin")
+        assert bad_path.status_code == 403
+        assert bad_path.headers["x-sandbox-gateway-error"] == "policy_denied"
+
+
+def test_requests_library(gateway: GatewayThread, upstream: Upstream) -> None:
+    token = gateway.mint("agent")
+    proxies = {"https": gateway.proxy_url(token), "http": gateway.proxy_url(token)}
+    r = requests.get("https://other.test/x", proxies=proxies, verify=str(gateway.ca_cert),
+                     timeout=10)
+    assert r.status_code == 200 and r.json()["path"] == "/x"
+    with pytest.raises(requests.exceptions.ProxyError):
+        requests.get("https://nope.test/", proxies=proxies, verify=str(gateway.ca_cert),
+                     timeout=10)
+
+
+def test_host_header_must_match_tunnel(gateway: GatewayThread, upstream: Upstream) -> None:
+    token = gateway.mint("agent")
+    before = len(upstream.requests)
+    with client(gateway, token) as c:
+        r = c.get("https://other.test/x", headers={"Host": "allowed.test"})
+    assert r.status_code == 403
+    assert r.json()["error"] == "host_mismatch"
+    assert len(upstream.requests) == before
+
+
+@pytest.mark.parametrize("token", [None, "garbage", "a.b.c"])
+def test_missing_or_garbage_token_is_407(gateway: GatewayThread, token: str | None) -> None:
+    status, headers, body = connect(gateway, "allowed.test:443", token)
+    assert status == 407
+    assert "proxy-authenticate" in headers
+    assert body is not None and body["error"] in {"auth_required", "token_malformed"}
+
+
+def test_expired_and_revoked_tokens(gateway: GatewayThread) -> None:
+    expired = gateway.gateway.tokens
+    minted = expired.mint("sandbox-1", "agent", {}, ttl=1)
+    time.sleep(1.1)
+    status, _, body = connect(gateway, "other.test:443", minted.token)
+    assert status == 407 and body is not None and body["error"] == "token_expired"
+
+    live = expired.mint("sandbox-1", "agent", {})
+    assert curl(gateway, "https://other.test/", live.token)[0] == 200
+    admin = {"Authorization": f"Bearer {gateway.gateway.admin_token}"}
+    r = httpx.post(f"{gateway.admin}/v1/tokens/revoke", json={"jti": live.jti}, headers=admin)
+    assert r.status_code == 200
+    status, _, body = connect(gateway, "other.test:443", live.token)
+    assert status == 407 and body is not None and body["error"] == "token_revoked"
+
+
+def test_revocation_applies_inside_an_open_tunnel(gateway: GatewayThread) -> None:
+    minted = gateway.gateway.tokens.mint("sandbox-1", "agent", {})
+    with client(gateway, minted.token) as c:
+        assert c.get("https://other.test/1").status_code == 200
+        admin = {"Authorization": f"Bearer {gateway.gateway.admin_token}"}
+        httpx.post(f"{gateway.admin}/v1/tokens/revoke", json={"jti": minted.jti}, headers=admin)
+        r = c.get("https://other.test/2")
+        assert r.status_code == 407 and r.json()["error"] == "token_revoked"
+
+
+def test_username_must_be_the_sandbox(gateway: GatewayThread) -> None:
+    token = gateway.mint("agent", sandbox="sandbox-1")
+    assert gateway.gateway.proxy_address
+    status, _, body = raw_connect(gateway.gateway.proxy_address, "other.test:443", token,
+                                  sandbox="someone-else")
+    assert status == 407 and body is not None and body["error"] == "sandbox_mismatch"
+
+
+def test_plain_http_proxy_request(gateway: GatewayThread, make_gateway: GatewayFactory) -> None:
+    token = gateway.mint("agent")
+    status, body, _ = curl(gateway, "http://evil.test/", token)
+    assert status == 403 and json.loads(body)["error"] == "policy_denied"
+    status, body, _ = curl(gateway, "http://other.test/", None)
+    assert status == 407
+
+
+def test_report_mode_allows_and_records_would_deny(make_gateway: GatewayFactory) -> None:
+    gw = make_gateway({"r.yaml": "version: v1\nname: watch\nmode: report\negress:\n"
+                                 "  - host: allowed.test\n"})
+    token = gw.mint("watch")
+    with client(gw, token) as c:
+        r = c.get("https://other.test/anything")
+    assert r.status_code == 200
+    records = [x for x in gw.audit.records() if x["host"] == "other.test"]
+    assert records and records[-1]["decision"] == "report"
+
+
+def test_audit_line_fields_and_no_token(gateway: GatewayThread) -> None:
+    token = gateway.mint("agent")
+    with client(gateway, token) as c:
+        c.get("https://other.test/path?secret=1")
+        with pytest.raises(httpx.ProxyError):
+            c.get("https://evil.test/")
+    records = gateway.audit.records()
+    text = gateway.audit.getvalue()
+    assert token not in text and "secret=1" not in text
+    allow = next(r for r in records if r["host"] == "other.test")
+    for field in ("time", "sandbox", "policy", "jti", "client", "method", "scheme", "host",
+                  "port", "path", "decision", "reason", "rule", "status", "bytes_in",
+                  "bytes_out", "duration_ms", "path_taken"):
+        assert field in allow, field
+    assert allow["decision"] == "allow" and allow["path"] == "/path"
+    assert allow["path_taken"] == "intercept" and allow["status"] == 200
+    deny = next(r for r in records if r["host"] == "evil.test")
+    assert deny["decision"] == "deny" and deny["status"] == 403
+
+
+def test_hot_reload_valid_and_invalid(gateway: GatewayThread) -> None:
+    token = gateway.mint("agent")
+    pdir = gateway.config.policies
+    assert curl(gateway, "https://report.test/", token)[0] == 403
+    (pdir / "agent.yaml").write_text((pdir / "agent.yaml").read_text()
+                                     + "  - host: report.test\n    inspect: true\n")
+    deadline = time.time() + 5
+    while time.time() < deadline and curl(gateway, "https://report.test/", token)[0] != 200:
+        time.sleep(0.3)
+    assert curl(gateway, "https://report.test/", token)[0] == 200
+    # An invalid change is refused: the last good set keeps serving.
+    (pdir / "agent.yaml").write_text("version: v1\nname: agent\negress:\n  - hots: x\n")
+    time.sleep(2.5)
+    assert curl(gateway, "https://report.test/", token)[0] == 200
+    metrics = httpx.get(f"{gateway.admin}/metrics").text
+    assert 'sandbox_gateway_policy_reloads_total{result="error"}' in metrics
+
+
+def test_admin_api(gateway: GatewayThread) -> None:
+    admin = {"Authorization": f"Bearer {gateway.gateway.admin_token}"}
+    assert httpx.get(f"{gateway.admin}/healthz").status_code == 200
+    assert httpx.get(f"{gateway.admin}/readyz").json()["ready"] is True
+    assert httpx.post(f"{gateway.admin}/v1/tokens", json={"sandbox": "s", "policy": "agent"}
+                      ).status_code == 401
+    r = httpx.post(f"{gateway.admin}/v1/tokens", json={"sandbox": "s", "policy": "agent",
+                                                        "ttl": "5m"}, headers=admin)
+    assert r.status_code == 200 and set(r.json()) == {"token", "jti", "expires_at"}
+    assert r.json()["expires_at"] - time.time() < 301
+    r = httpx.post(f"{gateway.admin}/v1/tokens", json={"sandbox": "s", "policy": "nope"},
+                   headers=admin)
+    assert r.status_code == 400 and "nope" in r.json()["reason"]
+    r = httpx.post(f"{gateway.admin}/v1/tokens", json={"sandbox": "s", "policy": "agent",
+                                                        "ttl": "48h"}, headers=admin)
+    assert r.status_code == 400 and "max_ttl" in r.json()["reason"]
+    pols = httpx.get(f"{gateway.admin}/v1/policies", headers=admin).json()["policies"]
+    assert [p["name"] for p in pols] == ["agent"]
+    r = httpx.post(f"{gateway.admin}/v1/explain", headers=admin, json={
+        "policy": "agent", "method": "POST", "url": "https://api.allowed.test/v1/x"})
+    assert r.json()["decision"] == "deny"
+    jwks = httpx.get(f"{gateway.admin}/.well-known/jwks.json").json()
+    assert jwks["keys"][0]["kty"] == "OKP"
+    assert "sandbox_gateway_requests_total" in httpx.get(f"{gateway.admin}/metrics").text

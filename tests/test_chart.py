@@ -1,0 +1,693 @@
+"""Helm chart tests: a real helm 3.19 (scripts/fetch-helm.sh) and kubernetes-validate --strict.
+
+No cluster is needed: everything is `helm lint` / `helm template`. If helm cannot be fetched the
+tests FAIL (CI must have helm), they do not skip.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "charts" / "sandbox-gateway"
+FETCH_HELM = REPO / "scripts" / "fetch-helm.sh"
+K8S_VERSION = "1.30.0"  # kubernetes-validate ships offline schemas for it
+RELEASE = "gw"
+NAMESPACE = "egress"
+CRD_KINDS = {"ServiceMonitor"}  # CRDs have no schema in kubernetes-validate: skipped, and only those
+
+Docs = list[dict[str, Any]]
+
+# Every optional feature switched on at once.
+ALL_ON: dict[str, Any] = {
+    "replicaCount": 3,
+    "image": {"digest": "sha256:" + "a" * 64},
+    "transparent": {"enabled": True, "port": 8081},
+    "gitSync": {
+        "enabled": True,
+        "repo": "https://git.example.test/platform/policies.git",
+        "ref": "main",
+        "path": "gateway/policies",
+        "period": "15s",
+        "credentialsSecret": "git-creds",
+    },
+    "hpa": {"enabled": True, "minReplicas": 2, "maxReplicas": 6},
+    "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+    "workloadIdentity": {
+        "enabled": True,
+        "clientId": "00000000-0000-0000-0000-000000000001",
+        "tenantId": "00000000-0000-0000-0000-000000000002",
+    },
+    "secretStore": {"store": "azure-keyvault", "vaultUrl": "https://kv-agents.vault.azure.net"},
+    "state": {"store": "redis", "redis": {"existingSecret": "redis-url", "existingSecretKey": "url"}},
+    "ca": {"existingSecret": "gateway-ca"},
+    "signing": {"existingSecret": "gateway-signing", "kids": ["k2", "k1"]},
+    "adminToken": {"existingSecret": "gateway-admin", "existingSecretKey": "admin-token"},
+    "networkPolicy": {
+        "sandboxNamespaces": ["sandboxes-a", "sandboxes-b"],
+        "sandboxPodSelector": {"matchLabels": {"role": "sandbox"}},
+        "metrics": {"namespace": "monitoring", "podSelector": {"matchLabels": {"app": "prometheus"}}},
+        "adminFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "orch"}}}],
+        "gateway": {
+            "extraEgress": [
+                {
+                    "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "redis"}}}],
+                    "ports": [{"port": 6379, "protocol": "TCP"}],
+                }
+            ]
+        },
+    },
+    "config": {"tokens": {"retired_kids": ["k1"]}, "network": {"allow_cidrs": ["10.20.0.0/16"]}},
+    "test": {"policy": "coding-agent"},
+    "podAnnotations": {"example.com/team": "platform"},
+    "priorityClassName": "system-cluster-critical",
+}
+
+# Existing secrets everywhere: renders are deterministic (no generated key material).
+DETERMINISTIC: dict[str, Any] = {
+    "ca": {"existingSecret": "gateway-ca"},
+    "signing": {"existingSecret": "gateway-signing"},
+    "adminToken": {"existingSecret": "gateway-admin"},
+}
+
+
+# --------------------------------------------------------------------------- fixtures / helpers
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    proc = subprocess.run(
+        ["bash", str(FETCH_HELM)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, f"scripts/fetch-helm.sh failed (CI needs helm):\n{proc.stderr}"
+    path = proc.stdout.strip().splitlines()[-1]
+    assert Path(path).is_file(), path
+    assert not Path(path).resolve().is_relative_to(REPO), "helm must be cached outside the repo"
+    version = subprocess.run([path, "version", "--short"], capture_output=True, text=True, check=True)
+    assert version.stdout.startswith("v3.19.0"), version.stdout
+    return path
+
+
+def run_helm(helm: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([helm, *args], capture_output=True, text=True, timeout=60, check=False)
+    if check:
+        assert proc.returncode == 0, f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+Render = Callable[..., Docs]
+
+
+@pytest.fixture
+def render(helm: str, tmp_path: Path) -> Render:
+    """helm template with values (dicts, later ones win) and extra args; returns the documents."""
+    counter = iter(range(1000))
+
+    def _render(*values: dict[str, Any], args: tuple[str, ...] = (), chart: Path = CHART) -> Docs:
+        cmd = ["template", RELEASE, str(chart), "--namespace", NAMESPACE, "--kube-version", K8S_VERSION]
+        for v in values:
+            f = tmp_path / f"values-{next(counter)}.yaml"
+            f.write_text(yaml.safe_dump(v))
+            cmd += ["-f", str(f)]
+        out = run_helm(helm, *cmd, *args).stdout
+        return [d for d in yaml.safe_load_all(out) if d]
+
+    return _render
+
+
+def render_fails(helm: str, tmp_path: Path, values: dict[str, Any]) -> str:
+    f = tmp_path / "bad-values.yaml"
+    f.write_text(yaml.safe_dump(values))
+    proc = run_helm(helm, "template", RELEASE, str(CHART), "-f", str(f), check=False)
+    assert proc.returncode != 0, f"helm accepted bad values {values}:\n{proc.stdout[:500]}"
+    return proc.stderr
+
+
+def only(docs: Docs, kind: str, name_suffix: str = "") -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(name_suffix)]
+    assert len(found) == 1, f"want one {kind} *{name_suffix}, got {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def kinds(docs: Docs) -> list[str]:
+    return sorted(d["kind"] for d in docs)
+
+
+def pod_spec(docs: Docs) -> dict[str, Any]:
+    spec: dict[str, Any] = only(docs, "Deployment")["spec"]["template"]["spec"]
+    return spec
+
+
+def container(docs: Docs, name: str = "gateway") -> dict[str, Any]:
+    spec = pod_spec(docs)
+    for c in spec["containers"] + spec.get("initContainers", []):
+        if c["name"] == name:
+            return c  # type: ignore[no-any-return]
+    raise AssertionError(f"no container {name}")
+
+
+def annotations(docs: Docs) -> dict[str, str]:
+    ann: dict[str, str] = only(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    return ann
+
+
+def gateway_config(docs: Docs) -> dict[str, Any]:
+    cfg: dict[str, Any] = yaml.safe_load(only(docs, "ConfigMap", "-config")["data"]["gateway.yaml"])
+    return cfg
+
+
+def validate_all(docs: Docs) -> list[str]:
+    """Validate every manifest with kubernetes-validate (strict); returns the kinds skipped (CRDs)."""
+    skipped = []
+    for d in docs:
+        if d["kind"] in CRD_KINDS:
+            skipped.append(d["kind"])
+            continue
+        try:
+            kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:  # pragma: no cover - failure path
+            pytest.fail(f"{d['kind']}/{d['metadata']['name']}: {e.message} at {list(e.path)}")
+    return skipped
+
+
+def labels_match(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+# --------------------------------------------------------------------------- lint and validity
+
+
+def test_fetch_helm_is_idempotent_and_cached_outside_the_repo(helm: str) -> None:
+    again = subprocess.run(["bash", str(FETCH_HELM)], capture_output=True, text=True, check=True)
+    assert again.stdout.strip() == helm
+    assert "downloading" not in again.stderr  # served from the cache
+
+
+def test_lint_strict_defaults(helm: str) -> None:
+    out = run_helm(helm, "lint", "--strict", str(CHART)).stdout
+    assert "0 chart(s) failed" in out
+    assert "[WARNING]" not in out and "[ERROR]" not in out
+
+
+def test_lint_strict_all_features(helm: str, tmp_path: Path) -> None:
+    f = tmp_path / "all-on.yaml"
+    f.write_text(yaml.safe_dump(ALL_ON))
+    out = run_helm(
+        helm, "lint", "--strict", str(CHART), "-f", str(f)
+    ).stdout
+    assert "0 chart(s) failed" in out
+    assert "[WARNING]" not in out and "[ERROR]" not in out
+
+
+def test_default_render_is_valid(render: Render) -> None:
+    docs = render()
+    assert kinds(docs) == sorted(
+        [
+            "ConfigMap", "ConfigMap", "Deployment", "NetworkPolicy", "Pod", "PodDisruptionBudget",
+            "Secret", "Secret", "Secret", "Service", "ServiceAccount",
+        ]
+    )
+    assert validate_all(docs) == []
+    assert all(d["metadata"].get("namespace") == NAMESPACE for d in docs)
+
+
+def test_all_features_render_is_valid(render: Render) -> None:
+    docs = render(ALL_ON, args=("--api-versions", "monitoring.coreos.com/v1"))
+    # ServiceMonitor is a CRD (no offline schema): the only kind skipped by the validator.
+    assert validate_all(docs) == ["ServiceMonitor"]
+    ks = kinds(docs)
+    for kind in ("HorizontalPodAutoscaler", "ServiceMonitor", "PodDisruptionBudget"):
+        assert kind in ks
+    assert ks.count("NetworkPolicy") == 3  # gateway + one per sandbox namespace
+    assert "Secret" not in ks  # every secret is an existing one
+    assert not [d for d in docs if d["metadata"]["name"].endswith("-policies")]  # git-sync instead
+
+
+def test_kubernetes_validate_cli_strict(render: Render, tmp_path: Path) -> None:
+    """The same check through the CLI (`kubernetes-validate --strict`), on the all-features render."""
+    docs = [d for d in render(ALL_ON) if d["kind"] not in CRD_KINDS]
+    f = tmp_path / "all.yaml"
+    f.write_text(yaml.safe_dump_all(docs))
+    exe = shutil.which("kubernetes-validate", path=str(Path(sys.executable).parent)) or "kubernetes-validate"
+    proc = subprocess.run(
+        [exe, "--strict", "-k", K8S_VERSION, "--quiet", str(f)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --------------------------------------------------------------------------- pod hardening
+
+
+HARDENED = {
+    "runAsNonRoot": True,
+    "readOnlyRootFilesystem": True,
+    "allowPrivilegeEscalation": False,
+}
+
+
+def assert_hardened(c: dict[str, Any], pod_sc: dict[str, Any]) -> None:
+    sc = c["securityContext"]
+    for k, v in HARDENED.items():
+        assert sc.get(k) == v, f"{c['name']}: securityContext.{k} should be {v}"
+    assert sc["capabilities"]["drop"] == ["ALL"], c["name"]
+    assert not sc["capabilities"].get("add"), c["name"]
+    assert sc.get("privileged", False) is False
+    seccomp = sc.get("seccompProfile") or pod_sc.get("seccompProfile")
+    assert seccomp == {"type": "RuntimeDefault"}, c["name"]
+    uid = sc.get("runAsUser", pod_sc.get("runAsUser"))
+    assert isinstance(uid, int) and uid > 0, c["name"]
+
+
+def test_gateway_pod_is_hardened_with_probes(render: Render) -> None:
+    docs = render(ALL_ON)
+    spec = pod_spec(docs)
+    pod_sc = spec["securityContext"]
+    assert pod_sc["runAsNonRoot"] is True and pod_sc["runAsUser"] == 10001
+    assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["automountServiceAccountToken"] is False
+    names = [c["name"] for c in spec["containers"] + spec["initContainers"]]
+    assert names == ["gateway", "git-sync", "git-sync-init"]
+    for c in spec["containers"] + spec["initContainers"]:
+        assert_hardened(c, pod_sc)
+        assert c["resources"].get("limits", {}).get("memory"), c["name"]
+
+    gw = container(docs)
+    assert gw["securityContext"]["runAsUser"] == 10001
+    assert gw["args"] == ["run", "--config", "/etc/sandbox-gateway/gateway.yaml"]
+    assert gw["startupProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+    assert gw["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+    assert gw["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    # Read-only root: the only writable mounts are the scratch emptyDirs.
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    writable = {m["mountPath"] for m in gw["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {"/tmp", "/var/lib/sandbox-gateway"}
+    assert all("emptyDir" in volumes[m["name"]] for m in gw["volumeMounts"] if not m.get("readOnly"))
+
+    strategy = only(docs, "Deployment")["spec"]["strategy"]
+    assert strategy["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_certs_are_projected_with_mode_0440(render: Render) -> None:
+    docs = render(ALL_ON)
+    certs = next(v for v in pod_spec(docs)["volumes"] if v["name"] == "certs")["projected"]
+    assert certs["defaultMode"] == 0o440
+    ca, signing = certs["sources"]
+    assert ca["secret"] == {
+        "name": "gateway-ca",
+        "items": [{"key": "tls.crt", "path": "ca.crt"}, {"key": "tls.key", "path": "ca.key"}],
+    }
+    assert signing["secret"] == {
+        "name": "gateway-signing",
+        "items": [
+            {"key": "k2.pem", "path": "signing/k2.pem"},
+            {"key": "k1.pem", "path": "signing/k1.pem"},
+        ],
+    }
+    mount = next(m for m in container(docs)["volumeMounts"] if m["name"] == "certs")
+    assert mount == {"name": "certs", "mountPath": "/etc/sandbox-gateway/certs", "readOnly": True}
+
+
+def test_test_pod_is_a_hardened_helm_test_hook(render: Render) -> None:
+    docs = render()
+    pod = only(docs, "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert_hardened(pod["spec"]["containers"][0], pod["spec"]["securityContext"])
+    c = pod["spec"]["containers"][0]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": f"{RELEASE}-sandbox-gateway-admin", "key": "token"}
+    assert env["TEST_POLICY"]["value"] == "default"  # first policy file by default
+    assert env["PROXY_HOSTPORT"]["value"] == f"{RELEASE}-sandbox-gateway.{NAMESPACE}.svc:8080"
+    script = c["args"][0]
+    for needle in ("/readyz", "407", "/v1/tokens", "403", "x-sandbox-gateway-error"):
+        assert needle in script
+    # Existing admin secret: the test reads the token from there.
+    pod = only(render(ALL_ON), "Pod")
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    assert env["ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "gateway-admin", "key": "admin-token"}
+    assert env["TEST_POLICY"]["value"] == "coding-agent"
+
+
+# --------------------------------------------------------------------------- network policies
+
+
+def test_network_policies_match_pods_and_ports(render: Render) -> None:
+    docs = render(ALL_ON)
+    pod_labels = only(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    svc = only(docs, "Service")
+    gw = container(docs)
+    container_ports = {p["name"]: p["containerPort"] for p in gw["ports"]}
+    assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {
+        "proxy": "proxy", "admin": "admin", "transparent": "transparent"
+    }
+    assert labels_match(svc["spec"]["selector"], pod_labels)
+
+    nps = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    gw_np = next(n for n in nps if n["metadata"]["namespace"] == NAMESPACE)
+    assert labels_match(gw_np["spec"]["podSelector"]["matchLabels"], pod_labels)
+    assert gw_np["spec"]["podSelector"]["matchLabels"] == svc["spec"]["selector"]
+    proxy_rule, admin_rule = gw_np["spec"]["ingress"]
+    assert {p["port"] for p in proxy_rule["ports"]} == {container_ports["proxy"], container_ports["transparent"]}
+    assert {p["port"] for p in admin_rule["ports"]} == {container_ports["admin"]}
+    sandbox_nss = {
+        peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+        for peer in proxy_rule["from"] if "namespaceSelector" in peer
+    }
+    assert sandbox_nss == {"sandboxes-a", "sandboxes-b"}
+    assert all(
+        peer["podSelector"] == {"matchLabels": {"role": "sandbox"}}
+        for peer in proxy_rule["from"] if "namespaceSelector" in peer
+    )
+    # No rule may be open to everyone (an empty `from` means every source).
+    assert all(rule.get("from") for rule in gw_np["spec"]["ingress"])
+    # The helm test pod is one of the allowed peers of both rules.
+    test_labels = only(docs, "Pod")["metadata"]["labels"]
+    for rule in (proxy_rule, admin_rule):
+        assert any(
+            set(peer) == {"podSelector"} and labels_match(peer["podSelector"]["matchLabels"], test_labels)
+            for peer in rule["from"]
+        )
+    assert not labels_match(
+        next(p for p in proxy_rule["from"] if set(p) == {"podSelector"})["podSelector"]["matchLabels"],
+        pod_labels,
+    )
+
+    sandbox_nps = [n for n in nps if n["metadata"]["namespace"] != NAMESPACE]
+    assert {n["metadata"]["namespace"] for n in sandbox_nps} == {"sandboxes-a", "sandboxes-b"}
+    for n in sandbox_nps:
+        assert n["spec"]["policyTypes"] == ["Egress"]
+        assert n["spec"]["podSelector"] == {"matchLabels": {"role": "sandbox"}}
+        to_gateway = n["spec"]["egress"][0]
+        (peer,) = to_gateway["to"]
+        assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": NAMESPACE}
+        assert labels_match(peer["podSelector"]["matchLabels"], pod_labels)
+        assert {p["port"] for p in to_gateway["ports"]} == {container_ports["proxy"], container_ports["transparent"]}
+        dns = n["spec"]["egress"][1]
+        assert {(p["port"], p["protocol"]) for p in dns["ports"]} == {(53, "UDP"), (53, "TCP")}
+
+
+def test_network_policy_can_be_disabled(render: Render) -> None:
+    docs = render({"networkPolicy": {"enabled": False, "sandboxNamespaces": ["x"]}})
+    assert "NetworkPolicy" not in kinds(docs)
+
+
+# --------------------------------------------------------------------------- checksums / reload
+
+
+def test_checksums_track_what_is_mounted(render: Render) -> None:
+    docs = render()
+    ann = annotations(docs)
+    config_text = only(docs, "ConfigMap", "-config")["data"]["gateway.yaml"]
+    assert ann["checksum/config"] == hashlib.sha256(config_text.rstrip("\n").encode()).hexdigest()
+
+    # Generated secrets are computed once per render: the checksum is of exactly what the Secrets hold.
+    def data(suffix: str) -> str:
+        d = only(docs, "Secret", suffix)["data"]
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+    expected = json.dumps([data("-ca"), data("-signing"), data("-admin")], separators=(",", ":"))
+    assert ann["checksum/secrets"] == hashlib.sha256(expected.encode()).hexdigest()
+    assert "checksum/policies" not in ann
+
+
+def test_config_change_rolls_pods(render: Render) -> None:
+    a = annotations(render(DETERMINISTIC))
+    b = annotations(render(DETERMINISTIC, {"config": {"tokens": {"max_ttl": "1h"}}}))
+    assert a["checksum/config"] != b["checksum/config"]
+    assert a["checksum/secrets"] == b["checksum/secrets"]
+
+
+def test_key_material_change_rolls_pods(render: Render) -> None:
+    a = annotations(render(DETERMINISTIC))
+    b = annotations(render(DETERMINISTIC, {"ca": {"existingSecret": "gateway-ca-2"}}))
+    c = annotations(render(DETERMINISTIC, {"signing": {"kids": ["k1", "k2"]}}))
+    assert len({a["checksum/secrets"], b["checksum/secrets"], c["checksum/secrets"]}) == 3
+    assert a["checksum/config"] == b["checksum/config"]
+
+
+def test_policy_change_is_hot_reloaded_by_default(render: Render) -> None:
+    base = render(DETERMINISTIC)
+    changed = render(DETERMINISTIC, {"policies": {"default.yaml": "version: v1\nname: default\negress: []\n"}})
+    assert only(base, "ConfigMap", "-policies")["data"] != only(changed, "ConfigMap", "-policies")["data"]
+    # The Deployment does not change at all: nothing rolls, the gateway reloads the ConfigMap volume.
+    assert only(base, "Deployment") == only(changed, "Deployment")
+
+
+def test_policy_change_rolls_pods_with_roll_on_change(render: Render) -> None:
+    roll = {"policies": {"rollOnChange": True}}
+    a = annotations(render(DETERMINISTIC, roll))
+    b = annotations(render(DETERMINISTIC, roll, {"policies": {"extra.yaml": "version: v1\nname: extra\n"}}))
+    assert a["checksum/policies"] != b["checksum/policies"]
+    assert a["checksum/config"] == b["checksum/config"]
+
+
+def test_set_file_adds_a_policy(helm: str, tmp_path: Path) -> None:
+    policy = tmp_path / "coding-agent.yaml"
+    policy.write_text("version: v1\nname: coding-agent\negress:\n  - host: api.github.com\n")
+    out = run_helm(
+        helm, "template", RELEASE, str(CHART), "-n", NAMESPACE,
+        "--set-file", f"policies.coding-agent\\.yaml={policy}",
+    ).stdout
+    cm = only([d for d in yaml.safe_load_all(out) if d], "ConfigMap", "-policies")
+    assert set(cm["data"]) == {"default.yaml", "coding-agent.yaml"}
+    assert yaml.safe_load(cm["data"]["coding-agent.yaml"])["name"] == "coding-agent"
+    assert "rollOnChange" not in cm["data"]
+
+
+# --------------------------------------------------------------------------- gateway.yaml
+
+
+def test_gateway_config_defaults(render: Render) -> None:
+    cfg = gateway_config(render())
+    assert cfg["listen"] == {"proxy": "0.0.0.0:8080", "admin": "0.0.0.0:8090", "transparent": None}
+    assert cfg["policies"] == "/etc/sandbox-gateway/policies"
+    assert cfg["certs"] == "/etc/sandbox-gateway/certs"
+    assert cfg["runtime_dir"] == "/var/lib/sandbox-gateway"
+    assert cfg["admin_token"] is None  # comes from the Secret via env
+    assert cfg["state"] == {"store": "memory"}
+    assert cfg["tokens"]["default_ttl"] == "15m"
+    assert cfg["audit"] == {"path": None}
+
+
+def test_gateway_config_all_features(render: Render) -> None:
+    docs = render(ALL_ON)
+    cfg = gateway_config(docs)
+    assert cfg["listen"]["transparent"] == "0.0.0.0:8081"
+    assert cfg["policies"] == "/git/current/gateway/policies"
+    assert cfg["secrets"] == {
+        "store": "azure-keyvault", "vault_url": "https://kv-agents.vault.azure.net", "credential": "workload"
+    }
+    assert cfg["state"] == {"store": "redis"}  # the URL comes from the existing Secret
+    assert cfg["tokens"]["retired_kids"] == ["k1"]
+    assert cfg["network"]["allow_cidrs"] == ["10.20.0.0/16"]
+    env = {e["name"]: e for e in container(docs)["env"]}
+    assert env["SANDBOX_GATEWAY_STATE__URL"]["valueFrom"]["secretKeyRef"] == {"name": "redis-url", "key": "url"}
+    assert env["SANDBOX_GATEWAY_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "gateway-admin", "key": "admin-token"
+    }
+    assert container(docs)["image"] == "ghcr.io/sandbox-gateway/sandbox-gateway@sha256:" + "a" * 64
+
+
+def test_redis_url_in_values(render: Render) -> None:
+    docs = render({"state": {"store": "redis", "redis": {"url": "redis://redis.redis.svc:6379/0"}}})
+    assert gateway_config(docs)["state"] == {"store": "redis", "url": "redis://redis.redis.svc:6379/0"}
+    assert "SANDBOX_GATEWAY_STATE__URL" not in {e["name"] for e in container(docs)["env"]}
+
+
+def test_git_sync(render: Render) -> None:
+    docs = render(ALL_ON)
+    spec = pod_spec(docs)
+    init = container(docs, "git-sync-init")
+    side = container(docs, "git-sync")
+    for c in (init, side):
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["GITSYNC_REPO"] == ALL_ON["gitSync"]["repo"]
+        assert env["GITSYNC_ROOT"] == "/git" and env["GITSYNC_LINK"] == "current"
+        assert c["image"].startswith("registry.k8s.io/git-sync/git-sync:v4.")
+        assert c["envFrom"] == [{"secretRef": {"name": "git-creds"}}]
+    assert {e["name"]: e.get("value") for e in init["env"]}["GITSYNC_ONE_TIME"] == "true"
+    assert {e["name"]: e.get("value") for e in side["env"]}["GITSYNC_PERIOD"] == "15s"
+    gw_git = next(m for m in container(docs)["volumeMounts"] if m["name"] == "git")
+    assert gw_git == {"name": "git", "mountPath": "/git", "readOnly": True}
+    assert "policies" not in {v["name"] for v in spec["volumes"]}
+
+
+def test_transparent_port(render: Render) -> None:
+    docs = render({"transparent": {"enabled": True, "port": 9081}})
+    assert {"name": "transparent", "containerPort": 9081, "protocol": "TCP"} in container(docs)["ports"]
+    assert any(p["name"] == "transparent" and p["port"] == 9081 for p in only(docs, "Service")["spec"]["ports"])
+    assert gateway_config(docs)["listen"]["transparent"] == "0.0.0.0:9081"
+    assert "transparent" not in {p["name"] for p in container(render())["ports"]}
+
+
+# --------------------------------------------------------------------------- generated key material
+
+
+def test_generated_key_material(render: Render) -> None:
+    docs = render({"signing": {"kids": ["k1", "k2"]}})
+    ca = only(docs, "Secret", "-ca")
+    assert ca["type"] == "kubernetes.io/tls"
+    assert ca["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    cert = x509.load_pem_x509_certificate(base64.b64decode(ca["data"]["tls.crt"]))
+    key = serialization.load_pem_private_key(base64.b64decode(ca["data"]["tls.key"]), None)
+    assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
+    assert cert.public_key().public_numbers() == key.public_key().public_numbers()  # type: ignore[union-attr]
+
+    signing = only(docs, "Secret", "-signing")["data"]
+    assert set(signing) == {"k1.pem", "k2.pem"}
+    for pem_b64 in signing.values():
+        pem = base64.b64decode(pem_b64)
+        assert pem.startswith(b"-----BEGIN PRIVATE KEY-----")  # PKCS#8
+        assert isinstance(serialization.load_pem_private_key(pem, None), ed25519.Ed25519PrivateKey)
+    assert signing["k1.pem"] != signing["k2.pem"]
+
+    token = base64.b64decode(only(docs, "Secret", "-admin")["data"]["token"])
+    assert len(token) >= 32
+
+
+def test_existing_secrets_are_used_not_generated(render: Render) -> None:
+    docs = render(DETERMINISTIC)
+    assert "Secret" not in kinds(docs)
+    sources = next(v for v in pod_spec(docs)["volumes"] if v["name"] == "certs")["projected"]["sources"]
+    assert [s["secret"]["name"] for s in sources] == ["gateway-ca", "gateway-signing"]
+
+
+# --------------------------------------------------------------------------- optional resources
+
+
+def test_workload_identity(render: Render) -> None:
+    on = render(ALL_ON)
+    assert only(on, "Deployment")["spec"]["template"]["metadata"]["labels"]["azure.workload.identity/use"] == "true"
+    sa_ann = only(on, "ServiceAccount")["metadata"]["annotations"]
+    assert sa_ann["azure.workload.identity/client-id"] == ALL_ON["workloadIdentity"]["clientId"]
+    assert sa_ann["azure.workload.identity/tenant-id"] == ALL_ON["workloadIdentity"]["tenantId"]
+    assert pod_spec(on)["serviceAccountName"] == only(on, "ServiceAccount")["metadata"]["name"]
+
+    off = render()
+    assert "azure.workload.identity/use" not in only(off, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert not any(
+        k.startswith("azure.workload.identity/")
+        for k in (only(off, "ServiceAccount")["metadata"].get("annotations") or {})
+    )
+
+
+def test_service_monitor_only_when_api_present(render: Render) -> None:
+    values = {"serviceMonitor": {"enabled": True}}
+    assert "ServiceMonitor" not in kinds(render(values))
+    assert "ServiceMonitor" not in kinds(render(args=("--api-versions", "monitoring.coreos.com/v1")))
+    docs = render(values, args=("--api-versions", "monitoring.coreos.com/v1"))
+    sm = only(docs, "ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["port"] == "admin"
+    assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert labels_match(sm["spec"]["selector"]["matchLabels"], only(docs, "Service")["metadata"]["labels"])
+
+
+def test_hpa_replaces_replicas(render: Render) -> None:
+    docs = render({"hpa": {"enabled": True, "minReplicas": 3, "maxReplicas": 9}})
+    assert "replicas" not in only(docs, "Deployment")["spec"]
+    hpa = only(docs, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == only(docs, "Deployment")["metadata"]["name"]
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 9)
+    assert only(render(), "Deployment")["spec"]["replicas"] == 2
+
+
+def test_pdb_only_with_more_than_one_replica(render: Render) -> None:
+    docs = render()
+    pdb = only(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert labels_match(pdb["spec"]["selector"]["matchLabels"], only(docs, "Deployment")["spec"]["template"]["metadata"]["labels"])
+    assert "PodDisruptionBudget" not in kinds(render({"replicaCount": 1}))
+
+
+def test_topology_spread_uses_release_labels(render: Render) -> None:
+    docs = render()
+    pod_labels = only(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    tsc = pod_spec(docs)["topologySpreadConstraints"]
+    assert {t["topologyKey"] for t in tsc} == {"topology.kubernetes.io/zone", "kubernetes.io/hostname"}
+    for t in tsc:
+        assert t["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"] == RELEASE
+        assert labels_match(t["labelSelector"]["matchLabels"], pod_labels)
+
+
+# --------------------------------------------------------------------------- schema
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"replicaCount": "two"}, "replicaCount"),
+        ({"replicaCunt": 2}, "replicaCunt"),
+        ({"ports": {"proxy": 70000, "admin": 8090}}, "proxy"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "pullPolicy"),
+        ({"policies": {"coding-agent.json": "{}"}}, "coding-agent.json"),
+        ({"policies": {"rollOnChange": "yes"}}, "rollOnChange"),
+        ({"networkPolicy": {"sandboxNamespaces": "sandboxes"}}, "sandboxNamespaces"),
+        ({"secretStore": {"store": "azure-keyvault"}}, "vaultUrl"),
+        ({"secretStore": {"store": "vault"}}, "store"),
+        ({"workloadIdentity": {"enabled": True}}, "clientId"),
+        ({"hpa": {"enabled": "true"}}, "enabled"),
+        ({"signing": {"kids": []}}, "kids"),
+        ({"config": {"tokens": {"max_ttl": "one day"}}}, "max_ttl"),
+    ],
+)
+def test_schema_rejects_bad_values(helm: str, tmp_path: Path, values: dict[str, Any], message: str) -> None:
+    err = render_fails(helm, tmp_path, values)
+    assert "schema" in err and message in err, err
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"gitSync": {"enabled": True}}, "gitSync.repo is required"),
+        ({"state": {"store": "redis"}}, "state.redis.url or state.redis.existingSecret is required"),
+        ({"secretStore": {"store": "file"}}, "secretStore.fileSecret.name is required"),
+    ],
+)
+def test_template_rejects_incomplete_features(
+    helm: str, tmp_path: Path, values: dict[str, Any], message: str
+) -> None:
+    assert message in render_fails(helm, tmp_path, values)
+
+
+# --------------------------------------------------------------------------- NOTES.txt
+
+
+@pytest.fixture
+def notes_chart(tmp_path: Path) -> Iterator[Path]:
+    """A copy of the chart with a probe template that renders NOTES.txt into a ConfigMap
+    (`helm template` drops NOTES, and `helm install --dry-run` needs a cluster)."""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    shutil.copy(chart / "templates" / "NOTES.txt", chart / "notes-src.txt")
+    (chart / ".helmignore").write_text("")
+    (chart / "templates" / "zz-notes-probe.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes-probe\n"
+        'data:\n  notes: {{ tpl (.Files.Get "notes-src.txt") . | toJson }}\n'
+    )
+    yield chart
+
+
+def test_notes(render: Render, notes_chart: Path) -> None:
+    notes = only(render(chart=notes_chart), "ConfigMap", "notes-probe")["data"]["notes"]
+    assert f"HTTPS_PROXY=http://<sandbox-id>:<TOKEN>@{RELEASE}-sandbox-gateway.{NAMESPACE}.svc:8080" in notes
+    assert f"get secret {RELEASE}-sandbox-gateway-ca -o jsonpath='{{.data.tls\\.crt}}'" in notes
+    assert "sandbox-gateway token mint" in notes and "/v1/tokens" in notes
+    assert "sandboxNamespaces is empty" in notes
+    notes = only(render(ALL_ON, chart=notes_chart), "ConfigMap", "notes-probe")["data"]["notes"]
+    assert "get secret gateway-ca" in notes and "sandboxNamespaces is empty" not in notes
+    assert "jsonpath='{.data.admin-token}'" in notes
