@@ -18,7 +18,7 @@ from typing import IO, Any
 import certifi
 import uvicorn
 from mitmproxy import options
-from mitmproxy.addons import core, errorcheck, proxyserver, tlsconfig
+from mitmproxy.addons import core, proxyserver, tlsconfig
 from mitmproxy.master import Master
 
 from gateway import ca, metrics
@@ -26,21 +26,24 @@ from gateway.addons.common import Sessions
 from gateway.addons.destination import Destinations
 from gateway.addons.enforce import Enforce
 from gateway.addons.identify import Identify
+from gateway.addons.inject import Inject
 from gateway.addons.layers import SelectLayer
 from gateway.addons.record import Record
 from gateway.api.admin import AdminContext, build_admin_app
 from gateway.audit import Auditor
 from gateway.config import Config, HostPort
 from gateway.destination import AddressPolicy
+from gateway.secrets import SecretCache, SecretError, build_cache, build_store
 from gateway.policy import Policy, PolicyError, PolicyReloader, PolicySet
 from gateway.resolver import (
     DestinationGuard,
     Resolver,
     SystemResolver,
     install_backstop,
+    local_interface_addresses,
     parse_overrides,
 )
-from gateway.state import MemoryState, StateStore
+from gateway.state import StateStore, build_state
 from gateway.tokens import SigningKeys, TokenService
 
 log = logging.getLogger("sandbox_gateway")
@@ -80,7 +83,7 @@ class Gateway:
         self.config = config
         self.resolver = resolver or SystemResolver()
         self.audit_stream = audit_stream
-        self.state: StateStore = state or MemoryState()
+        self._state = state
         self.master: Master | None = None
         self.admin_server: uvicorn.Server | None = None
         self._tasks: list[asyncio.Task[Any]] = []
@@ -96,6 +99,12 @@ class Gateway:
 
     def policy(self, name: str) -> Policy | None:
         return self.policy_set.get(name) if self.policy_set is not None else None
+
+    def policy_credentials(self, name: str) -> list[str] | None:
+        """Credential names policy `name` references; None if there is no such policy."""
+        policy = self.policy(name)
+        return None if policy is None else sorted({r.credential for r in policy.rules
+                                                   if r.credential})
 
     def current_policies(self) -> PolicySet:
         assert self.policy_set is not None
@@ -156,13 +165,17 @@ class Gateway:
             raise StartupError(f"policies in {cfg.policies} are invalid:\n"
                                + "\n".join(exc.errors)) from None
         keys = SigningKeys.load(cfg.signing_dir, retired=cfg.tokens.retired_kids)
+        try:
+            self.state: StateStore = self._state or build_state(cfg.state)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
+        await self.state.start()
         self.tokens = TokenService(
-            keys, self.state, lambda name: self.policy(name) is not None,
+            keys, self.state, self.policy_credentials,
             issuer=cfg.tokens.issuer, default_ttl=cfg.tokens.default_ttl,
             max_ttl=cfg.tokens.max_ttl, max_lifetime=cfg.tokens.max_lifetime,
             leeway=cfg.tokens.leeway,
         )
-        await self.state.start()
 
         proxy_sock = _bind(cfg.listen.proxy)
         admin_sock = _bind(cfg.listen.admin)
@@ -174,6 +187,7 @@ class Gateway:
         self.address_policy = AddressPolicy(
             allow_cidrs=cfg.network.allow_cidrs, deny_cidrs=cfg.network.deny_cidrs,
             own_addresses=[self.proxy_address, self.admin_address],
+            local_addresses=local_interface_addresses(),
         )
         try:
             overrides = parse_overrides(cfg.network.resolve)
@@ -182,6 +196,10 @@ class Gateway:
         self.guard = DestinationGuard(self.address_policy, self.resolver, overrides=overrides)
         install_backstop(self.address_policy, everywhere=False)
         self.auditor = Auditor(cfg.audit_path, self.audit_stream)
+        try:
+            self.secrets: SecretCache = build_cache(build_store(cfg.secrets), cfg.secrets)
+        except (ValueError, SecretError) as exc:
+            raise StartupError(str(exc)) from None
         self.master = self._build_master(confdir, self._upstream_bundle(runtime))
 
         app = build_admin_app(AdminContext(
@@ -205,11 +223,13 @@ class Gateway:
             core.Core(),
             proxyserver.Proxyserver(),
             tlsconfig.TlsConfig(),
-            errorcheck.ErrorCheck(),
+            # No errorcheck.ErrorCheck: the gateway validates its own startup, and
+            # ErrorCheck exits on *any* error logged process-wide during startup.
             # The data flow, in order:
             Identify(self.tokens, self.sessions, self.auditor),
             Enforce(self.policy, self.sessions, self.auditor),
             Destinations(self.guard, self.sessions, self.auditor),
+            Inject(self.tokens, self.secrets, self.current_policies, self.auditor),
             SelectLayer(self.sessions),
             Record(self.sessions, self.auditor),
         )
@@ -258,6 +278,7 @@ class Gateway:
                 await asyncio.wait_for(task, timeout=5)
         self._tasks.clear()
         await self.state.close()
+        await self.secrets.close()
         self.auditor.close()
         if self._tmp is not None:
             self._tmp.cleanup()

@@ -33,6 +33,7 @@ def write_private(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), 0o600)  # os.open's mode applies only when it creates the file
         f.write(data)
 
 

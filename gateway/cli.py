@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gateway import __version__, ca
 from gateway.config import Config, ConfigError, load_config, parse_duration
-from gateway.policy import PolicyError, explain, load_policy_dir
+from gateway.policy import PolicyError, PolicySet, explain, load_policy_dir
 from gateway.state import MemoryState
 from gateway.tokens import SigningKeys, TokenError, TokenService, parse_scope
 
@@ -84,20 +84,16 @@ def _fmt(addr: tuple[str, int]) -> str:
 def cmd_token_mint(args: argparse.Namespace) -> int:
     cfg = _config(args)
     policies = load_policy_dir(cfg.policies)
-    policy = policies.get(args.policy)
-    if policy is None:
+    if policies.get(args.policy) is None:
         raise TokenError(f"policy {args.policy!r} does not exist in {cfg.policies}; "
                          f"known: {', '.join(sorted(policies.policies)) or 'none'}")
     keys = SigningKeys.load(cfg.signing_dir, retired=cfg.tokens.retired_kids)
     service = TokenService(
-        keys, MemoryState(), lambda name: name in policies.policies,
+        keys, MemoryState(), lambda name: _credentials(policies, name),
         issuer=cfg.tokens.issuer, default_ttl=cfg.tokens.default_ttl,
         max_ttl=cfg.tokens.max_ttl, max_lifetime=cfg.tokens.max_lifetime,
     )
-    if args.scope:
-        scope = parse_scope(args.scope)
-    else:
-        scope = {r.credential: None for r in policy.rules if r.credential}
+    scope = parse_scope(args.scope) if args.scope else None
     ttl = parse_duration(args.ttl, "--ttl") if args.ttl else None
     lifetime = parse_duration(args.lifetime, "--lifetime") if args.lifetime else None
     minted = service.mint(args.sandbox, args.policy, scope, ttl=ttl, lifetime=lifetime)
@@ -107,6 +103,12 @@ def cmd_token_mint(args: argparse.Namespace) -> int:
     else:
         print(minted.token)
     return 0
+
+
+def _credentials(policies: PolicySet, name: str) -> list[str] | None:
+    policy = policies.get(name)
+    return None if policy is None else sorted({r.credential for r in policy.rules
+                                               if r.credential})
 
 
 def cmd_token_rotate(args: argparse.Namespace) -> int:

@@ -291,6 +291,8 @@ def load_config(path: Path | str | None = None, env: Mapping[str, str] | None = 
             loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
         except OSError as exc:
             raise ConfigError(f"{file}: cannot read: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{file}: cannot read: not UTF-8 text") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"{file}: not valid YAML: {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):

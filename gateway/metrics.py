@@ -96,3 +96,17 @@ USAGE_TOKENS = Counter(
     ["credential", "kind"],
     registry=REGISTRY,
 )
+STATE_STORE_UP = Gauge(
+    "sandbox_gateway_state_store_up",
+    "1 while the shared state store is reachable and in sync; 0 = serving the last "
+    "known revocations and sandboxes, refusing changes.",
+    ["store"],
+    registry=REGISTRY,
+)
+STATE_STORE_ERRORS = Counter(
+    "sandbox_gateway_state_store_errors_total",
+    "Shared state store failures, by operation (connect, listen, revoke, register, "
+    "unregister, decode).",
+    ["op"],
+    registry=REGISTRY,
+)

@@ -18,6 +18,11 @@ So:
    covers IP literals, which never reach `getaddrinfo`), so a hook that failed to pin
    still cannot reach a forbidden address.
 
+Verified on mitmproxy 12.2.3 (eager task factory on) by
+tests/test_resolver.py::test_real_mitmproxy_pins_through_the_loop: a pin set in an
+async `server_connect` hook is what the loop's `getaddrinfo` answers for that dial and
+is still visible in the `server_connected` hook; the system resolver is never asked.
+
 Backstop scope (`install_backstop(policy, everywhere=...)`):
 - `everywhere=True` (default, fail closed): every connection made through the loop is
   checked, except inside `with unguarded():`, which trusted gateway code (Key Vault

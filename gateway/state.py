@@ -8,8 +8,9 @@ store is the single-process default.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,3 +69,21 @@ class MemoryState:
 
     async def close(self) -> None:
         return None
+
+
+def build_state(config: Mapping[str, Any]) -> StateStore:
+    """The store named by the `state` config section: `memory` (default) or `redis`."""
+    kind = config.get("store", "memory")
+    unknown = set(config) - {"store", "url", "prefix"}
+    if unknown:
+        raise ValueError(f"state.{sorted(unknown)[0]}: unknown key (known: store, url, prefix)")
+    if kind == "memory":
+        return MemoryState()
+    if kind == "redis":
+        url = config.get("url")
+        if not isinstance(url, str) or not url:
+            raise ValueError("state.url: required for store redis, e.g. redis://redis:6379/0")
+        from gateway.state_redis import RedisState
+
+        return RedisState(url, prefix=str(config.get("prefix", "sandbox-gateway")))
+    raise ValueError(f"state.store: {kind!r} is not a store; use memory or redis")

@@ -16,7 +16,7 @@ import base64
 import json
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,12 +36,17 @@ class TokenError(ValueError):
     """A token request is invalid (minting side)."""
 
 
-@dataclass(frozen=True, slots=True)
 class TokenRefused(Exception):
-    """A presented token is not acceptable. `code` is fixed; `reason` tells what to do."""
+    """A presented token is not acceptable. `code` is fixed; `reason` tells what to do.
 
-    code: str
-    reason: str
+    A plain exception, not a frozen dataclass: Python must be able to set
+    `__traceback__` on it (contextlib does when it re-raises through a `with`).
+    """
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(code, reason)
+        self.code = code
+        self.reason = reason
 
     def __str__(self) -> str:
         return f"{self.code}: {self.reason}"
@@ -148,7 +153,11 @@ class SigningKeys:
 
     def add_new(self) -> str:
         """Generate a new key; it becomes the signing key (kids sort by creation time)."""
-        kid = "k" + time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + uuid.uuid4().hex[:6]
+        # Microseconds, not random hex, after the second: keys made within one second
+        # must still sort in creation order, or the older one would keep signing.
+        now_us = time.time_ns() // 1000
+        kid = ("k" + time.strftime("%Y%m%dT%H%M%S", time.gmtime(now_us // 1_000_000))
+               + f"{now_us % 1_000_000:06d}")
         key = Ed25519PrivateKey.generate()
         write_private(self.directory / f"{kid}.pem", key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -178,7 +187,7 @@ class TokenService:
         self,
         keys: SigningKeys,
         state: StateStore,
-        policy_exists: Any,
+        policy_credentials: Callable[[str], Iterable[str] | None],
         *,
         issuer: str = "sandbox-gateway",
         default_ttl: float = 900.0,
@@ -189,7 +198,7 @@ class TokenService:
     ) -> None:
         self.keys = keys
         self.state = state
-        self.policy_exists = policy_exists
+        self.policy_credentials = policy_credentials
         self.issuer = issuer
         self.default_ttl = default_ttl
         self.max_ttl = max_ttl
@@ -208,11 +217,14 @@ class TokenService:
         lifetime: float | None = None,
         lifetime_end: float | None = None,
     ) -> MintedToken:
-        """Sign a token. `scope` None = every credential the policy references (caller fills)."""
+        """Sign a token. `scope` None = every credential the policy references."""
         if not sandbox or not sandbox.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise TokenError("sandbox id must be letters, digits, '-', '_' or '.'")
-        if not self.policy_exists(policy):
+        credentials = self.policy_credentials(policy)
+        if credentials is None:
             raise TokenError(f"policy {policy!r} does not exist; see GET /v1/policies")
+        if scope is None:
+            scope = {name: None for name in credentials}
         ttl = self.default_ttl if ttl is None else ttl
         if ttl <= 0:
             raise TokenError("ttl must be positive")
@@ -226,7 +238,7 @@ class TokenService:
         jti = uuid.uuid4().hex
         claims = {
             "iss": self.issuer, "aud": AUDIENCE, "sub": sandbox, "pol": policy,
-            "scope": format_scope(scope or {}), "iat": int(now), "nbf": int(now),
+            "scope": format_scope(scope), "iat": int(now), "nbf": int(now),
             "exp": int(exp), "jti": jti, "lim": int(lifetime_end),
         }
         kid = self.keys.signing_kid
@@ -251,7 +263,7 @@ class TokenService:
                                "the token is not valid yet (nbf in the future); check clocks")
         if self.state.is_revoked(identity.jti):
             raise TokenRefused("token_revoked", f"token {identity.jti} was revoked; mint a new one")
-        if not self.policy_exists(identity.policy):
+        if self.policy_credentials(identity.policy) is None:
             raise TokenRefused("unknown_policy", f"the token names policy {identity.policy!r}, "
                                "which is not loaded; mint a token for an existing policy")
         return identity
@@ -265,9 +277,12 @@ class TokenService:
         if header.get("alg") != "EdDSA":
             raise TokenRefused("token_bad_algorithm",
                                f"token algorithm {str(header.get('alg'))[:16]!r} is not accepted; "
-                               "gateway tokens are EdDSA")
+                               "gateway tokens are EdDSA: mint one with sandbox-gateway token mint")
         kid = header.get("kid")
         key = self._public.get(kid) if isinstance(kid, str) else None
+        if key is None and kid in self.keys.active_kids():
+            self._public = self.keys.public_keys()  # a key added since (add_new) signs now
+            key = self._public.get(kid)
         if key is None:
             raise TokenRefused("token_unknown_key", "the token's signing key (kid) is unknown or "
                                "retired; mint a new token")
@@ -275,15 +290,17 @@ class TokenService:
             claims = jwt.decode(
                 token, key=key, algorithms=["EdDSA"], audience=AUDIENCE, issuer=self.issuer,
                 leeway=self.leeway,
+                # Time claims are checked in verify() against self.clock, every time.
                 options={"require": ["iss", "aud", "sub", "exp", "nbf", "iat", "jti"],
-                         "verify_exp": False, "verify_nbf": False},
+                         "verify_exp": False, "verify_nbf": False, "verify_iat": False},
             )
         except jwt.InvalidAudienceError:
             raise TokenRefused("token_wrong_audience",
-                               "the token is not for sandbox-gateway (aud)") from None
+                               "the token is not for sandbox-gateway (aud); mint one with "
+                               "sandbox-gateway token mint") from None
         except jwt.InvalidIssuerError:
             raise TokenRefused("token_wrong_issuer", "the token was issued by another "
-                               "issuer (iss)") from None
+                               "issuer (iss); mint one from this gateway") from None
         except jwt.InvalidSignatureError:
             raise TokenRefused("token_bad_signature", "the token signature does not verify; "
                                "mint a new token") from None
@@ -319,6 +336,7 @@ def unverified_claims(token: str) -> dict[str, Any]:
     """Decode claims without verifying (for `explain` output only, never for decisions)."""
     try:
         payload = token.split(".")[1]
-        return dict(json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))))
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
     except (IndexError, ValueError):
         return {}
+    return dict(claims) if isinstance(claims, dict) else {}

@@ -6,6 +6,7 @@ tests FAIL (CI must have helm), they do not skip.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -21,7 +22,13 @@ import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ed25519
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from gateway.ca import mitmproxy_confdir
+from gateway.config import load_config
+from gateway.policy.loader import load_policy_texts
+from gateway.secrets.factory import build_store
+from gateway.tokens import SigningKeys
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "sandbox-gateway"
@@ -29,7 +36,9 @@ FETCH_HELM = REPO / "scripts" / "fetch-helm.sh"
 K8S_VERSION = "1.30.0"  # kubernetes-validate ships offline schemas for it
 RELEASE = "gw"
 NAMESPACE = "egress"
-CRD_KINDS = {"ServiceMonitor"}  # CRDs have no schema in kubernetes-validate: skipped, and only those
+CRD_KINDS = {
+    "ServiceMonitor"
+}  # CRDs have no schema in kubernetes-validate: skipped, and only those
 
 Docs = list[dict[str, Any]]
 
@@ -53,20 +62,38 @@ ALL_ON: dict[str, Any] = {
         "clientId": "00000000-0000-0000-0000-000000000001",
         "tenantId": "00000000-0000-0000-0000-000000000002",
     },
-    "secretStore": {"store": "azure-keyvault", "vaultUrl": "https://kv-agents.vault.azure.net"},
-    "state": {"store": "redis", "redis": {"existingSecret": "redis-url", "existingSecretKey": "url"}},
+    "secretStore": {
+        "store": "azure-keyvault",
+        "vaultUrl": "https://kv-agents.vault.azure.net",
+        "cache": {"ttl": "5m", "stale_for": "1h"},
+    },
+    "state": {
+        "store": "redis",
+        "redis": {"existingSecret": "redis-url", "existingSecretKey": "url"},
+    },
     "ca": {"existingSecret": "gateway-ca"},
     "signing": {"existingSecret": "gateway-signing", "kids": ["k2", "k1"]},
     "adminToken": {"existingSecret": "gateway-admin", "existingSecretKey": "admin-token"},
     "networkPolicy": {
         "sandboxNamespaces": ["sandboxes-a", "sandboxes-b"],
         "sandboxPodSelector": {"matchLabels": {"role": "sandbox"}},
-        "metrics": {"namespace": "monitoring", "podSelector": {"matchLabels": {"app": "prometheus"}}},
-        "adminFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "orch"}}}],
+        "metrics": {
+            "namespace": "monitoring",
+            "podSelector": {"matchLabels": {"app": "prometheus"}},
+        },
+        "adminFrom": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "orch"}}}
+        ],
         "gateway": {
             "extraEgress": [
                 {
-                    "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "redis"}}}],
+                    "to": [
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": "redis"}
+                            }
+                        }
+                    ],
                     "ports": [{"port": 6379, "protocol": "TCP"}],
                 }
             ]
@@ -98,7 +125,9 @@ def helm() -> str:
     path = proc.stdout.strip().splitlines()[-1]
     assert Path(path).is_file(), path
     assert not Path(path).resolve().is_relative_to(REPO), "helm must be cached outside the repo"
-    version = subprocess.run([path, "version", "--short"], capture_output=True, text=True, check=True)
+    version = subprocess.run(
+        [path, "version", "--short"], capture_output=True, text=True, check=True
+    )
     assert version.stdout.startswith("v3.19.0"), version.stdout
     return path
 
@@ -119,7 +148,15 @@ def render(helm: str, tmp_path: Path) -> Render:
     counter = iter(range(1000))
 
     def _render(*values: dict[str, Any], args: tuple[str, ...] = (), chart: Path = CHART) -> Docs:
-        cmd = ["template", RELEASE, str(chart), "--namespace", NAMESPACE, "--kube-version", K8S_VERSION]
+        cmd = [
+            "template",
+            RELEASE,
+            str(chart),
+            "--namespace",
+            NAMESPACE,
+            "--kube-version",
+            K8S_VERSION,
+        ]
         for v in values:
             f = tmp_path / f"values-{next(counter)}.yaml"
             f.write_text(yaml.safe_dump(v))
@@ -140,7 +177,9 @@ def render_fails(helm: str, tmp_path: Path, values: dict[str, Any]) -> str:
 
 def only(docs: Docs, kind: str, name_suffix: str = "") -> dict[str, Any]:
     found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(name_suffix)]
-    assert len(found) == 1, f"want one {kind} *{name_suffix}, got {[d['metadata']['name'] for d in found]}"
+    assert len(found) == 1, (
+        f"want one {kind} *{name_suffix}, got {[d['metadata']['name'] for d in found]}"
+    )
     return found[0]
 
 
@@ -161,7 +200,7 @@ def container(docs: Docs, name: str = "gateway") -> dict[str, Any]:
     raise AssertionError(f"no container {name}")
 
 
-def annotations(docs: Docs) -> dict[str, str]:
+def pod_annotations(docs: Docs) -> dict[str, str]:
     ann: dict[str, str] = only(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
     return ann
 
@@ -172,7 +211,7 @@ def gateway_config(docs: Docs) -> dict[str, Any]:
 
 
 def validate_all(docs: Docs) -> list[str]:
-    """Validate every manifest with kubernetes-validate (strict); returns the kinds skipped (CRDs)."""
+    """Validate every manifest with kubernetes-validate (strict); return the CRD kinds skipped."""
     skipped = []
     for d in docs:
         if d["kind"] in CRD_KINDS:
@@ -207,9 +246,7 @@ def test_lint_strict_defaults(helm: str) -> None:
 def test_lint_strict_all_features(helm: str, tmp_path: Path) -> None:
     f = tmp_path / "all-on.yaml"
     f.write_text(yaml.safe_dump(ALL_ON))
-    out = run_helm(
-        helm, "lint", "--strict", str(CHART), "-f", str(f)
-    ).stdout
+    out = run_helm(helm, "lint", "--strict", str(CHART), "-f", str(f)).stdout
     assert "0 chart(s) failed" in out
     assert "[WARNING]" not in out and "[ERROR]" not in out
 
@@ -218,8 +255,17 @@ def test_default_render_is_valid(render: Render) -> None:
     docs = render()
     assert kinds(docs) == sorted(
         [
-            "ConfigMap", "ConfigMap", "Deployment", "NetworkPolicy", "Pod", "PodDisruptionBudget",
-            "Secret", "Secret", "Secret", "Service", "ServiceAccount",
+            "ConfigMap",
+            "ConfigMap",
+            "Deployment",
+            "NetworkPolicy",
+            "Pod",
+            "PodDisruptionBudget",
+            "Secret",
+            "Secret",
+            "Secret",
+            "Service",
+            "ServiceAccount",
         ]
     )
     assert validate_all(docs) == []
@@ -239,14 +285,20 @@ def test_all_features_render_is_valid(render: Render) -> None:
 
 
 def test_kubernetes_validate_cli_strict(render: Render, tmp_path: Path) -> None:
-    """The same check through the CLI (`kubernetes-validate --strict`), on the all-features render."""
+    """The same check through the CLI (`kubernetes-validate --strict`), all features on."""
     docs = [d for d in render(ALL_ON) if d["kind"] not in CRD_KINDS]
     f = tmp_path / "all.yaml"
     f.write_text(yaml.safe_dump_all(docs))
-    exe = shutil.which("kubernetes-validate", path=str(Path(sys.executable).parent)) or "kubernetes-validate"
+    exe = (
+        shutil.which("kubernetes-validate", path=str(Path(sys.executable).parent))
+        or "kubernetes-validate"
+    )
     proc = subprocess.run(
         [exe, "--strict", "-k", K8S_VERSION, "--quiet", str(f)],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -297,7 +349,9 @@ def test_gateway_pod_is_hardened_with_probes(render: Render) -> None:
     volumes = {v["name"]: v for v in spec["volumes"]}
     writable = {m["mountPath"] for m in gw["volumeMounts"] if not m.get("readOnly")}
     assert writable == {"/tmp", "/var/lib/sandbox-gateway"}
-    assert all("emptyDir" in volumes[m["name"]] for m in gw["volumeMounts"] if not m.get("readOnly"))
+    assert all(
+        "emptyDir" in volumes[m["name"]] for m in gw["volumeMounts"] if not m.get("readOnly")
+    )
 
     strategy = only(docs, "Deployment")["spec"]["strategy"]
     assert strategy["rollingUpdate"]["maxUnavailable"] == 0
@@ -330,7 +384,10 @@ def test_test_pod_is_a_hardened_helm_test_hook(render: Render) -> None:
     assert_hardened(pod["spec"]["containers"][0], pod["spec"]["securityContext"])
     c = pod["spec"]["containers"][0]
     env = {e["name"]: e for e in c["env"]}
-    assert env["ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": f"{RELEASE}-sandbox-gateway-admin", "key": "token"}
+    assert env["ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": f"{RELEASE}-sandbox-gateway-admin",
+        "key": "token",
+    }
     assert env["TEST_POLICY"]["value"] == "default"  # first policy file by default
     assert env["PROXY_HOSTPORT"]["value"] == f"{RELEASE}-sandbox-gateway.{NAMESPACE}.svc:8080"
     script = c["args"][0]
@@ -339,7 +396,10 @@ def test_test_pod_is_a_hardened_helm_test_hook(render: Render) -> None:
     # Existing admin secret: the test reads the token from there.
     pod = only(render(ALL_ON), "Pod")
     env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
-    assert env["ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "gateway-admin", "key": "admin-token"}
+    assert env["ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "gateway-admin",
+        "key": "admin-token",
+    }
     assert env["TEST_POLICY"]["value"] == "coding-agent"
 
 
@@ -353,7 +413,9 @@ def test_network_policies_match_pods_and_ports(render: Render) -> None:
     gw = container(docs)
     container_ports = {p["name"]: p["containerPort"] for p in gw["ports"]}
     assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {
-        "proxy": "proxy", "admin": "admin", "transparent": "transparent"
+        "proxy": "proxy",
+        "admin": "admin",
+        "transparent": "transparent",
     }
     assert labels_match(svc["spec"]["selector"], pod_labels)
 
@@ -362,16 +424,21 @@ def test_network_policies_match_pods_and_ports(render: Render) -> None:
     assert labels_match(gw_np["spec"]["podSelector"]["matchLabels"], pod_labels)
     assert gw_np["spec"]["podSelector"]["matchLabels"] == svc["spec"]["selector"]
     proxy_rule, admin_rule = gw_np["spec"]["ingress"]
-    assert {p["port"] for p in proxy_rule["ports"]} == {container_ports["proxy"], container_ports["transparent"]}
+    assert {p["port"] for p in proxy_rule["ports"]} == {
+        container_ports["proxy"],
+        container_ports["transparent"],
+    }
     assert {p["port"] for p in admin_rule["ports"]} == {container_ports["admin"]}
     sandbox_nss = {
         peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
-        for peer in proxy_rule["from"] if "namespaceSelector" in peer
+        for peer in proxy_rule["from"]
+        if "namespaceSelector" in peer
     }
     assert sandbox_nss == {"sandboxes-a", "sandboxes-b"}
     assert all(
         peer["podSelector"] == {"matchLabels": {"role": "sandbox"}}
-        for peer in proxy_rule["from"] if "namespaceSelector" in peer
+        for peer in proxy_rule["from"]
+        if "namespaceSelector" in peer
     )
     # No rule may be open to everyone (an empty `from` means every source).
     assert all(rule.get("from") for rule in gw_np["spec"]["ingress"])
@@ -379,11 +446,14 @@ def test_network_policies_match_pods_and_ports(render: Render) -> None:
     test_labels = only(docs, "Pod")["metadata"]["labels"]
     for rule in (proxy_rule, admin_rule):
         assert any(
-            set(peer) == {"podSelector"} and labels_match(peer["podSelector"]["matchLabels"], test_labels)
+            set(peer) == {"podSelector"}
+            and labels_match(peer["podSelector"]["matchLabels"], test_labels)
             for peer in rule["from"]
         )
     assert not labels_match(
-        next(p for p in proxy_rule["from"] if set(p) == {"podSelector"})["podSelector"]["matchLabels"],
+        next(p for p in proxy_rule["from"] if set(p) == {"podSelector"})["podSelector"][
+            "matchLabels"
+        ],
         pod_labels,
     )
 
@@ -394,9 +464,14 @@ def test_network_policies_match_pods_and_ports(render: Render) -> None:
         assert n["spec"]["podSelector"] == {"matchLabels": {"role": "sandbox"}}
         to_gateway = n["spec"]["egress"][0]
         (peer,) = to_gateway["to"]
-        assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": NAMESPACE}
+        assert peer["namespaceSelector"]["matchLabels"] == {
+            "kubernetes.io/metadata.name": NAMESPACE
+        }
         assert labels_match(peer["podSelector"]["matchLabels"], pod_labels)
-        assert {p["port"] for p in to_gateway["ports"]} == {container_ports["proxy"], container_ports["transparent"]}
+        assert {p["port"] for p in to_gateway["ports"]} == {
+            container_ports["proxy"],
+            container_ports["transparent"],
+        }
         dns = n["spec"]["egress"][1]
         assert {(p["port"], p["protocol"]) for p in dns["ports"]} == {(53, "UDP"), (53, "TCP")}
 
@@ -411,11 +486,11 @@ def test_network_policy_can_be_disabled(render: Render) -> None:
 
 def test_checksums_track_what_is_mounted(render: Render) -> None:
     docs = render()
-    ann = annotations(docs)
+    ann = pod_annotations(docs)
     config_text = only(docs, "ConfigMap", "-config")["data"]["gateway.yaml"]
     assert ann["checksum/config"] == hashlib.sha256(config_text.rstrip("\n").encode()).hexdigest()
 
-    # Generated secrets are computed once per render: the checksum is of exactly what the Secrets hold.
+    # Generated secrets are computed once per render: the checksum is of what the Secrets hold.
     def data(suffix: str) -> str:
         d = only(docs, "Secret", suffix)["data"]
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
@@ -426,32 +501,39 @@ def test_checksums_track_what_is_mounted(render: Render) -> None:
 
 
 def test_config_change_rolls_pods(render: Render) -> None:
-    a = annotations(render(DETERMINISTIC))
-    b = annotations(render(DETERMINISTIC, {"config": {"tokens": {"max_ttl": "1h"}}}))
+    a = pod_annotations(render(DETERMINISTIC))
+    b = pod_annotations(render(DETERMINISTIC, {"config": {"tokens": {"max_ttl": "1h"}}}))
     assert a["checksum/config"] != b["checksum/config"]
     assert a["checksum/secrets"] == b["checksum/secrets"]
 
 
 def test_key_material_change_rolls_pods(render: Render) -> None:
-    a = annotations(render(DETERMINISTIC))
-    b = annotations(render(DETERMINISTIC, {"ca": {"existingSecret": "gateway-ca-2"}}))
-    c = annotations(render(DETERMINISTIC, {"signing": {"kids": ["k1", "k2"]}}))
+    a = pod_annotations(render(DETERMINISTIC))
+    b = pod_annotations(render(DETERMINISTIC, {"ca": {"existingSecret": "gateway-ca-2"}}))
+    c = pod_annotations(render(DETERMINISTIC, {"signing": {"kids": ["k1", "k2"]}}))
     assert len({a["checksum/secrets"], b["checksum/secrets"], c["checksum/secrets"]}) == 3
     assert a["checksum/config"] == b["checksum/config"]
 
 
 def test_policy_change_is_hot_reloaded_by_default(render: Render) -> None:
     base = render(DETERMINISTIC)
-    changed = render(DETERMINISTIC, {"policies": {"default.yaml": "version: v1\nname: default\negress: []\n"}})
-    assert only(base, "ConfigMap", "-policies")["data"] != only(changed, "ConfigMap", "-policies")["data"]
-    # The Deployment does not change at all: nothing rolls, the gateway reloads the ConfigMap volume.
+    changed = render(
+        DETERMINISTIC, {"policies": {"default.yaml": "version: v1\nname: default\negress: []\n"}}
+    )
+    assert (
+        only(base, "ConfigMap", "-policies")["data"]
+        != only(changed, "ConfigMap", "-policies")["data"]
+    )
+    # The Deployment does not change at all: nothing rolls, the gateway reloads the volume.
     assert only(base, "Deployment") == only(changed, "Deployment")
 
 
 def test_policy_change_rolls_pods_with_roll_on_change(render: Render) -> None:
     roll = {"policies": {"rollOnChange": True}}
-    a = annotations(render(DETERMINISTIC, roll))
-    b = annotations(render(DETERMINISTIC, roll, {"policies": {"extra.yaml": "version: v1\nname: extra\n"}}))
+    a = pod_annotations(render(DETERMINISTIC, roll))
+    b = pod_annotations(
+        render(DETERMINISTIC, roll, {"policies": {"extra.yaml": "version: v1\nname: extra\n"}})
+    )
     assert a["checksum/policies"] != b["checksum/policies"]
     assert a["checksum/config"] == b["checksum/config"]
 
@@ -460,8 +542,14 @@ def test_set_file_adds_a_policy(helm: str, tmp_path: Path) -> None:
     policy = tmp_path / "coding-agent.yaml"
     policy.write_text("version: v1\nname: coding-agent\negress:\n  - host: api.github.com\n")
     out = run_helm(
-        helm, "template", RELEASE, str(CHART), "-n", NAMESPACE,
-        "--set-file", f"policies.coding-agent\\.yaml={policy}",
+        helm,
+        "template",
+        RELEASE,
+        str(CHART),
+        "-n",
+        NAMESPACE,
+        "--set-file",
+        f"policies.coding-agent\\.yaml={policy}",
     ).stdout
     cm = only([d for d in yaml.safe_load_all(out) if d], "ConfigMap", "-policies")
     assert set(cm["data"]) == {"default.yaml", "coding-agent.yaml"}
@@ -490,22 +578,32 @@ def test_gateway_config_all_features(render: Render) -> None:
     assert cfg["listen"]["transparent"] == "0.0.0.0:8081"
     assert cfg["policies"] == "/git/current/gateway/policies"
     assert cfg["secrets"] == {
-        "store": "azure-keyvault", "vault_url": "https://kv-agents.vault.azure.net", "credential": "workload"
+        "store": "azure-keyvault",
+        "vault_url": "https://kv-agents.vault.azure.net",
+        "credential": "workload",
+        "cache": {"ttl": "5m", "stale_for": "1h"},
     }
     assert cfg["state"] == {"store": "redis"}  # the URL comes from the existing Secret
     assert cfg["tokens"]["retired_kids"] == ["k1"]
     assert cfg["network"]["allow_cidrs"] == ["10.20.0.0/16"]
     env = {e["name"]: e for e in container(docs)["env"]}
-    assert env["SANDBOX_GATEWAY_STATE__URL"]["valueFrom"]["secretKeyRef"] == {"name": "redis-url", "key": "url"}
+    assert env["SANDBOX_GATEWAY_STATE__URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "redis-url",
+        "key": "url",
+    }
     assert env["SANDBOX_GATEWAY_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
-        "name": "gateway-admin", "key": "admin-token"
+        "name": "gateway-admin",
+        "key": "admin-token",
     }
     assert container(docs)["image"] == "ghcr.io/sandbox-gateway/sandbox-gateway@sha256:" + "a" * 64
 
 
 def test_redis_url_in_values(render: Render) -> None:
     docs = render({"state": {"store": "redis", "redis": {"url": "redis://redis.redis.svc:6379/0"}}})
-    assert gateway_config(docs)["state"] == {"store": "redis", "url": "redis://redis.redis.svc:6379/0"}
+    assert gateway_config(docs)["state"] == {
+        "store": "redis",
+        "url": "redis://redis.redis.svc:6379/0",
+    }
     assert "SANDBOX_GATEWAY_STATE__URL" not in {e["name"] for e in container(docs)["env"]}
 
 
@@ -529,8 +627,13 @@ def test_git_sync(render: Render) -> None:
 
 def test_transparent_port(render: Render) -> None:
     docs = render({"transparent": {"enabled": True, "port": 9081}})
-    assert {"name": "transparent", "containerPort": 9081, "protocol": "TCP"} in container(docs)["ports"]
-    assert any(p["name"] == "transparent" and p["port"] == 9081 for p in only(docs, "Service")["spec"]["ports"])
+    assert {"name": "transparent", "containerPort": 9081, "protocol": "TCP"} in container(docs)[
+        "ports"
+    ]
+    assert any(
+        p["name"] == "transparent" and p["port"] == 9081
+        for p in only(docs, "Service")["spec"]["ports"]
+    )
     assert gateway_config(docs)["listen"]["transparent"] == "0.0.0.0:9081"
     assert "transparent" not in {p["name"] for p in container(render())["ports"]}
 
@@ -546,7 +649,8 @@ def test_generated_key_material(render: Render) -> None:
     cert = x509.load_pem_x509_certificate(base64.b64decode(ca["data"]["tls.crt"]))
     key = serialization.load_pem_private_key(base64.b64decode(ca["data"]["tls.key"]), None)
     assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
-    assert cert.public_key().public_numbers() == key.public_key().public_numbers()  # type: ignore[union-attr]
+    assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp256r1"
+    assert cert.public_key() == key.public_key()
 
     signing = only(docs, "Secret", "-signing")["data"]
     assert set(signing) == {"k1.pem", "k2.pem"}
@@ -560,10 +664,64 @@ def test_generated_key_material(render: Render) -> None:
     assert len(token) >= 32
 
 
+def test_generated_key_material_loads_in_the_gateway(render: Render, tmp_path: Path) -> None:
+    """What the chart generates is what the gateway reads from the projected certs volume."""
+    docs = render({"signing": {"kids": ["k1", "k2"]}})
+    certs = tmp_path / "certs"
+    (certs / "signing").mkdir(parents=True)
+    ca = only(docs, "Secret", "-ca")["data"]
+    (certs / "ca.crt").write_bytes(base64.b64decode(ca["tls.crt"]))
+    (certs / "ca.key").write_bytes(base64.b64decode(ca["tls.key"]))
+    for entry, pem in only(docs, "Secret", "-signing")["data"].items():
+        (certs / "signing" / entry).write_bytes(base64.b64decode(pem))
+    confdir = mitmproxy_confdir(certs / "ca.crt", certs / "ca.key", tmp_path / "runtime")
+    assert (confdir / "mitmproxy-ca.pem").is_file()
+    keys = SigningKeys.load(certs / "signing", retired=["k1"], create=False)
+    assert keys.signing_kid == "k2" and set(keys.private) == {"k1", "k2"}
+
+
+def test_rendered_config_loads_in_the_gateway(
+    render: Render, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gateway.yaml from the chart passes the gateway's own config and secret-store validation."""
+    f = tmp_path / "gateway.yaml"
+    f.write_text(only(render(), "ConfigMap", "-config")["data"]["gateway.yaml"])
+    cfg = load_config(f, env={"SANDBOX_GATEWAY_ADMIN_TOKEN": "x" * 32})
+    assert str(cfg.listen.admin) == "0.0.0.0:8090" and cfg.listen.transparent is None
+    assert cfg.policies == Path("/etc/sandbox-gateway/policies")
+    assert cfg.signing_dir == Path("/etc/sandbox-gateway/certs/signing")
+    assert cfg.runtime_dir == Path("/var/lib/sandbox-gateway")
+    assert cfg.admin_token == "x" * 32
+    asyncio.run(build_store(cfg.secrets).close())
+
+    f.write_text(only(render(ALL_ON), "ConfigMap", "-config")["data"]["gateway.yaml"])
+    url = "redis://redis-master.redis.svc:6379/0"
+    cfg = load_config(f, env={"SANDBOX_GATEWAY_STATE__URL": url})
+    assert cfg.state == {"store": "redis", "url": url}  # the env name the Deployment sets
+    assert str(cfg.listen.transparent) == "0.0.0.0:8081"
+    assert cfg.tokens.retired_kids == ("k1",)
+    token_file = tmp_path / "azure-token"
+    token_file.write_text("federated-token")
+    monkeypatch.setenv("AZURE_CLIENT_ID", ALL_ON["workloadIdentity"]["clientId"])
+    monkeypatch.setenv("AZURE_TENANT_ID", ALL_ON["workloadIdentity"]["tenantId"])
+    monkeypatch.setenv("AZURE_FEDERATED_TOKEN_FILE", str(token_file))
+    asyncio.run(build_store(cfg.secrets).close())
+
+
+def test_default_policies_load_and_name_the_test_policy(render: Render) -> None:
+    """The example policy in values.yaml is valid; `helm test` mints for a policy that exists."""
+    docs = render()
+    policies = load_policy_texts(only(docs, "ConfigMap", "-policies")["data"])
+    env = {e["name"]: e.get("value") for e in only(docs, "Pod")["spec"]["containers"][0]["env"]}
+    assert policies.get(env["TEST_POLICY"]) is not None
+
+
 def test_existing_secrets_are_used_not_generated(render: Render) -> None:
     docs = render(DETERMINISTIC)
     assert "Secret" not in kinds(docs)
-    sources = next(v for v in pod_spec(docs)["volumes"] if v["name"] == "certs")["projected"]["sources"]
+    sources = next(v for v in pod_spec(docs)["volumes"] if v["name"] == "certs")["projected"][
+        "sources"
+    ]
     assert [s["secret"]["name"] for s in sources] == ["gateway-ca", "gateway-signing"]
 
 
@@ -572,14 +730,22 @@ def test_existing_secrets_are_used_not_generated(render: Render) -> None:
 
 def test_workload_identity(render: Render) -> None:
     on = render(ALL_ON)
-    assert only(on, "Deployment")["spec"]["template"]["metadata"]["labels"]["azure.workload.identity/use"] == "true"
+    assert (
+        only(on, "Deployment")["spec"]["template"]["metadata"]["labels"][
+            "azure.workload.identity/use"
+        ]
+        == "true"
+    )
     sa_ann = only(on, "ServiceAccount")["metadata"]["annotations"]
     assert sa_ann["azure.workload.identity/client-id"] == ALL_ON["workloadIdentity"]["clientId"]
     assert sa_ann["azure.workload.identity/tenant-id"] == ALL_ON["workloadIdentity"]["tenantId"]
     assert pod_spec(on)["serviceAccountName"] == only(on, "ServiceAccount")["metadata"]["name"]
 
     off = render()
-    assert "azure.workload.identity/use" not in only(off, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert (
+        "azure.workload.identity/use"
+        not in only(off, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    )
     assert not any(
         k.startswith("azure.workload.identity/")
         for k in (only(off, "ServiceAccount")["metadata"].get("annotations") or {})
@@ -589,12 +755,16 @@ def test_workload_identity(render: Render) -> None:
 def test_service_monitor_only_when_api_present(render: Render) -> None:
     values = {"serviceMonitor": {"enabled": True}}
     assert "ServiceMonitor" not in kinds(render(values))
-    assert "ServiceMonitor" not in kinds(render(args=("--api-versions", "monitoring.coreos.com/v1")))
+    assert "ServiceMonitor" not in kinds(
+        render(args=("--api-versions", "monitoring.coreos.com/v1"))
+    )
     docs = render(values, args=("--api-versions", "monitoring.coreos.com/v1"))
     sm = only(docs, "ServiceMonitor")
     assert sm["spec"]["endpoints"][0]["port"] == "admin"
     assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
-    assert labels_match(sm["spec"]["selector"]["matchLabels"], only(docs, "Service")["metadata"]["labels"])
+    assert labels_match(
+        sm["spec"]["selector"]["matchLabels"], only(docs, "Service")["metadata"]["labels"]
+    )
 
 
 def test_hpa_replaces_replicas(render: Render) -> None:
@@ -610,7 +780,10 @@ def test_pdb_only_with_more_than_one_replica(render: Render) -> None:
     docs = render()
     pdb = only(docs, "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 1
-    assert labels_match(pdb["spec"]["selector"]["matchLabels"], only(docs, "Deployment")["spec"]["template"]["metadata"]["labels"])
+    assert labels_match(
+        pdb["spec"]["selector"]["matchLabels"],
+        only(docs, "Deployment")["spec"]["template"]["metadata"]["labels"],
+    )
     assert "PodDisruptionBudget" not in kinds(render({"replicaCount": 1}))
 
 
@@ -618,7 +791,10 @@ def test_topology_spread_uses_release_labels(render: Render) -> None:
     docs = render()
     pod_labels = only(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     tsc = pod_spec(docs)["topologySpreadConstraints"]
-    assert {t["topologyKey"] for t in tsc} == {"topology.kubernetes.io/zone", "kubernetes.io/hostname"}
+    assert {t["topologyKey"] for t in tsc} == {
+        "topology.kubernetes.io/zone",
+        "kubernetes.io/hostname",
+    }
     for t in tsc:
         assert t["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"] == RELEASE
         assert labels_match(t["labelSelector"]["matchLabels"], pod_labels)
@@ -645,7 +821,9 @@ def test_topology_spread_uses_release_labels(render: Render) -> None:
         ({"config": {"tokens": {"max_ttl": "one day"}}}, "max_ttl"),
     ],
 )
-def test_schema_rejects_bad_values(helm: str, tmp_path: Path, values: dict[str, Any], message: str) -> None:
+def test_schema_rejects_bad_values(
+    helm: str, tmp_path: Path, values: dict[str, Any], message: str
+) -> None:
     err = render_fails(helm, tmp_path, values)
     assert "schema" in err and message in err, err
 
@@ -654,7 +832,10 @@ def test_schema_rejects_bad_values(helm: str, tmp_path: Path, values: dict[str, 
     ("values", "message"),
     [
         ({"gitSync": {"enabled": True}}, "gitSync.repo is required"),
-        ({"state": {"store": "redis"}}, "state.redis.url or state.redis.existingSecret is required"),
+        (
+            {"state": {"store": "redis"}},
+            "state.redis.url or state.redis.existingSecret is required",
+        ),
         ({"secretStore": {"store": "file"}}, "secretStore.fileSecret.name is required"),
     ],
 )
@@ -684,7 +865,10 @@ def notes_chart(tmp_path: Path) -> Iterator[Path]:
 
 def test_notes(render: Render, notes_chart: Path) -> None:
     notes = only(render(chart=notes_chart), "ConfigMap", "notes-probe")["data"]["notes"]
-    assert f"HTTPS_PROXY=http://<sandbox-id>:<TOKEN>@{RELEASE}-sandbox-gateway.{NAMESPACE}.svc:8080" in notes
+    assert (
+        f"HTTPS_PROXY=http://<sandbox-id>:<TOKEN>@{RELEASE}-sandbox-gateway.{NAMESPACE}.svc:8080"
+        in notes
+    )
     assert f"get secret {RELEASE}-sandbox-gateway-ca -o jsonpath='{{.data.tls\\.crt}}'" in notes
     assert "sandbox-gateway token mint" in notes and "/v1/tokens" in notes
     assert "sandboxNamespaces is empty" in notes

@@ -33,6 +33,9 @@ PATH = "sandbox_gateway.path"
 CREDENTIAL = "sandbox_gateway.credential"
 BYTES_IN = "sandbox_gateway.bytes_in"
 AUDITED = "sandbox_gateway.audited"
+HOST = "sandbox_gateway.host"  # the normalised destination host the policy decided on
+CARRIER = "sandbox_gateway.carrier"
+SECRET = "sandbox_gateway.secret"  # (secret name, value) injected into this flow
 
 
 @dataclass(slots=True)

@@ -17,6 +17,7 @@ from gateway import metrics
 from gateway.addons.common import (
     CREDENTIAL,
     DECISION,
+    HOST,
     IDENTITY,
     PATH,
     Sessions,
@@ -106,6 +107,10 @@ class Enforce:
                 return
             port = req.port
         mismatch = self._authority_mismatch(req, host, port, scheme)
+        sni = flow.client_conn.sni
+        if mismatch is None and tunnel is not None and sni and normalize_host(sni) != host:
+            mismatch = (f"the TLS server name {sni[:100]!r} is not the tunnel's destination "
+                        f"{host}; connect to each host through its own CONNECT")
         if mismatch is not None:
             self._refuse(flow, Refusal("host_mismatch", mismatch), identity, host, port)
             return
@@ -119,6 +124,7 @@ class Enforce:
                          identity, host, port)
             return
         flow.metadata[PATH] = "intercept"
+        flow.metadata[HOST] = host
         flow.metadata[CREDENTIAL] = decision.credential
 
     @staticmethod

@@ -27,7 +27,8 @@ from gateway.addons.common import (
 from gateway.audit import Auditor
 from gateway.policy import Decision
 
-ChunkFilter = Callable[[bytes], bytes]
+Chunks = bytes | list[bytes]
+ChunkFilter = Callable[[bytes], Chunks]
 
 
 class Record:
@@ -43,7 +44,7 @@ class Record:
         previous = flow.response.stream
         counter = _Counter(flow)
         if callable(previous):
-            inner = previous
+            inner: ChunkFilter = previous
             flow.response.stream = lambda chunk: counter(inner(chunk))
         else:
             flow.response.stream = counter
@@ -103,6 +104,9 @@ class _Counter:
         self.flow = flow
         flow.metadata[BYTES_IN] = 0
 
-    def __call__(self, chunk: bytes) -> bytes:
-        self.flow.metadata[BYTES_IN] += len(chunk)
+    def __call__(self, chunk: Chunks) -> Chunks:
+        if isinstance(chunk, bytes):
+            self.flow.metadata[BYTES_IN] += len(chunk)
+        else:
+            self.flow.metadata[BYTES_IN] += sum(len(c) for c in chunk)
         return chunk

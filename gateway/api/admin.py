@@ -91,15 +91,11 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
             sandbox, policy_name = data.get("sandbox"), data.get("policy")
             if not isinstance(sandbox, str) or not isinstance(policy_name, str):
                 raise ValueError("sandbox and policy are required strings")
-            policy = ctx.policies().policies.get(policy_name)
-            if policy is None:
-                raise TokenError(f"policy {policy_name!r} does not exist; see GET /v1/policies")
             raw_scope = data.get("scope")
-            if raw_scope is None:
-                scope = {r.credential: None for r in policy.rules if r.credential}
-            elif isinstance(raw_scope, str | list):
+            scope = None
+            if isinstance(raw_scope, str | list):
                 scope = parse_scope(raw_scope)
-            else:
+            elif raw_scope is not None:
                 raise ValueError("scope must be a space-separated string")
             ttl = parse_duration(data["ttl"], "ttl") if data.get("ttl") is not None else None
             lifetime = (parse_duration(data["lifetime"], "lifetime")

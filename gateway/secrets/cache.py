@@ -166,6 +166,10 @@ class SecretCache:
         """Every value currently cached (fresh or stale), for leak detection."""
         return [e.value for e in self._entries.values() if e.value is not None]
 
+    def known_items(self) -> list[tuple[str, SecretValue]]:
+        """(secret name, value) of every cached value, for leak detection by binding."""
+        return [(n, e.value) for n, e in self._entries.items() if e.value is not None]
+
     async def close(self) -> None:
         """Cancel in-flight fetches and close the store."""
         self._closed = True

@@ -40,7 +40,7 @@ class SecretValue:
             raise ValueError("a secret value must not be empty")
         object.__setattr__(self, "_value", value)
         object.__setattr__(self, "_raw", value.encode("utf-8"))
-        object.__setattr__(self, "_variants", _compute_variants(value))
+        object.__setattr__(self, "_variants", encoding_variants(value))
 
     def reveal(self) -> str:
         """Return the plain secret. Call it only where the value must leave the process."""
@@ -104,7 +104,7 @@ class SecretValue:
         return self
 
 
-def _compute_variants(value: str) -> tuple[bytes, ...]:
+def encoding_variants(value: str) -> tuple[bytes, ...]:
     """Raw, base64 (std/urlsafe, padded or not), URL-encoded, and base64 fragments.
 
     The fragments cover a secret embedded inside a longer base64 blob (for example

@@ -6,6 +6,8 @@ import asyncio
 import io
 import json
 import threading
+import time
+from collections.abc import Callable
 from collections.abc import Coroutine
 from concurrent.futures import Future
 from pathlib import Path
@@ -23,6 +25,17 @@ class AuditCapture(io.StringIO):
 
     def records(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.getvalue().splitlines() if line.strip()]
+
+    def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 3.0
+                 ) -> list[dict[str, Any]]:
+        """Audit lines matching `predicate`, waiting for them (a line is written when
+        the response has been relayed, a moment after the client saw its last byte)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [r for r in self.records() if predicate(r)]
+            if found or time.monotonic() > deadline:
+                return found
+            time.sleep(0.02)
 
 
 class GatewayThread:

@@ -15,13 +15,13 @@ from cryptography.x509.oid import NameOID
 
 
 @dataclass
-class TestCA:
+class LocalCA:
     cert_path: Path
     key: ec.EllipticCurvePrivateKey
     cert: x509.Certificate
 
     @classmethod
-    def create(cls, directory: Path, name: str = "upstream test CA") -> TestCA:
+    def create(cls, directory: Path, name: str = "upstream test CA") -> LocalCA:
         key = ec.generate_private_key(ec.SECP256R1())
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
         now = datetime.datetime.now(datetime.UTC)

@@ -61,6 +61,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.upstream.requests.append(seen)
         url = urlsplit(self.path)
         parts = url.path.strip("/").split("/")
+        if url.path in INFERENCE:
+            return INFERENCE[url.path](self, body)
         if parts[0] == "bytes" and len(parts) > 1:
             return self._bytes(int(parts[1]))
         if parts[0] == "sse":
@@ -121,6 +123,67 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = _handle
+
+
+def _sse_events(handler: _Handler, events: list[bytes], interval: float) -> None:
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.send_header("Transfer-Encoding", "chunked")
+    handler.end_headers()
+    for i, data in enumerate(events):
+        handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        handler.wfile.flush()
+        if i < len(events) - 1:
+            time.sleep(interval)
+    handler.wfile.write(b"0\r\n\r\n")
+    handler.wfile.flush()
+
+
+def _openai_chat(handler: _Handler, body: bytes) -> None:
+    req = json.loads(body or b"{}")
+    model = req.get("model", "gpt-test")
+    if req.get("stream"):
+        events = []
+        for i, word in enumerate(["Hello", " from", " upstream"]):
+            chunk = {"id": "c1", "object": "chat.completion.chunk", "created": int(time.time()),
+                     "model": model, "choices": [{"index": 0, "delta": {"content": word},
+                                                  "finish_reason": None}],
+                     "t": time.time(), "i": i}
+            events.append(f"data: {json.dumps(chunk)}\n\n".encode())
+        events.append(b"data: [DONE]\n\n")
+        return _sse_events(handler, events, 0.2)
+    out = {"id": "c1", "object": "chat.completion", "created": int(time.time()), "model": model,
+           "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello"},
+                        "finish_reason": "stop"}],
+           "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+    handler._send(200, json.dumps(out).encode())
+
+
+def _anthropic_messages(handler: _Handler, body: bytes) -> None:
+    req = json.loads(body or b"{}")
+    model = req.get("model", "claude-test")
+    msg = {"id": "m1", "type": "message", "role": "assistant", "model": model,
+           "content": [{"type": "text", "text": "Hello"}], "stop_reason": "end_turn",
+           "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 1}}
+    if not req.get("stream"):
+        return handler._send(200, json.dumps(msg).encode())
+    start = {**msg, "content": [], "stop_reason": None}
+    seq = [("message_start", {"type": "message_start", "message": start}),
+           ("content_block_start", {"type": "content_block_start", "index": 0,
+                                    "content_block": {"type": "text", "text": ""}})]
+    for word in ["Hello", " from", " upstream"]:
+        seq.append(("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                            "delta": {"type": "text_delta", "text": word},
+                                            "t": time.time()}))
+    seq += [("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn",
+                               "stop_sequence": None}, "usage": {"output_tokens": 3}}),
+            ("message_stop", {"type": "message_stop"})]
+    events = [f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in seq]
+    _sse_events(handler, events, 0.2)
+
+
+INFERENCE = {"/v1/chat/completions": _openai_chat, "/v1/messages": _anthropic_messages}
 
 
 def start_upstream(ssl_context: ssl.SSLContext | None = None, host: str = "127.0.0.1") -> Upstream:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from helpers.gateway import GatewayThread
-from helpers.tls import TestCA
+from helpers.tls import LocalCA
 from helpers.upstream import Upstream, start_upstream
 
 NAMES = ["allowed.test", "api.allowed.test", "other.test", "report.test", "pypi.org",
@@ -32,12 +32,12 @@ egress:
 
 
 @pytest.fixture(scope="session")
-def test_ca(tmp_path_factory: pytest.TempPathFactory) -> TestCA:
-    return TestCA.create(tmp_path_factory.mktemp("ca"))
+def test_ca(tmp_path_factory: pytest.TempPathFactory) -> LocalCA:
+    return LocalCA.create(tmp_path_factory.mktemp("ca"))
 
 
 @pytest.fixture(scope="session")
-def upstream(test_ca: TestCA, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
+def upstream(test_ca: LocalCA, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
     ctx = test_ca.server_context(tmp_path_factory.mktemp("leaf"), NAMES)
     server = start_upstream(ctx)
     yield server
@@ -48,7 +48,7 @@ GatewayFactory = Callable[..., GatewayThread]
 
 
 @pytest.fixture
-def make_gateway(tmp_path: Path, test_ca: TestCA, upstream: Upstream
+def make_gateway(tmp_path: Path, test_ca: LocalCA, upstream: Upstream
                  ) -> Iterator[GatewayFactory]:
     started: list[GatewayThread] = []
 

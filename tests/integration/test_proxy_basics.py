@@ -149,8 +149,8 @@ def test_report_mode_allows_and_records_would_deny(make_gateway: GatewayFactory)
     with client(gw, token) as c:
         r = c.get("https://other.test/anything")
     assert r.status_code == 200
-    records = [x for x in gw.audit.records() if x["host"] == "other.test"]
-    assert records and records[-1]["decision"] == "report"
+    records = gw.audit.wait_for(lambda x: x["host"] == "other.test")
+    assert records and records[-1]["decision"] == "report", gw.audit.getvalue()
 
 
 def test_audit_line_fields_and_no_token(gateway: GatewayThread) -> None:
@@ -159,6 +159,7 @@ def test_audit_line_fields_and_no_token(gateway: GatewayThread) -> None:
         c.get("https://other.test/path?secret=1")
         with pytest.raises(httpx.ProxyError):
             c.get("https://evil.test/")
+    gateway.audit.wait_for(lambda x: x["host"] == "other.test")
     records = gateway.audit.records()
     text = gateway.audit.getvalue()
     assert token not in text and "secret=1" not in text

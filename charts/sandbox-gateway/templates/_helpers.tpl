@@ -115,7 +115,8 @@ Returns YAML: {ca: {tls.crt, tls.key}, signing: {<kid>.pem: ...}, admin: {token:
 {{- if and $existing $existing.data (index $existing.data "tls.crt") (index $existing.data "tls.key") }}
 {{- $_ := set $out "ca" (dict "tls.crt" (index $existing.data "tls.crt") "tls.key" (index $existing.data "tls.key")) }}
 {{- else }}
-{{- $ca := genCA .Values.ca.commonName (int .Values.ca.validityDays) }}
+{{- /* ECDSA P-256, like `sandbox-gateway ca init`: leaf signing is much cheaper than with RSA. */}}
+{{- $ca := genCAWithKey .Values.ca.commonName (int .Values.ca.validityDays) (genPrivateKey "ecdsa") }}
 {{- $_ := set $out "ca" (dict "tls.crt" ($ca.Cert | b64enc) "tls.key" ($ca.Key | b64enc)) }}
 {{- end }}
 {{- end }}
@@ -159,8 +160,14 @@ gateway.yaml as a dict (rendered by configmap-config.yaml, hashed by the Deploym
 {{- if eq .Values.secretStore.store "azure-keyvault" }}
 {{- $_ := set $secrets "vault_url" .Values.secretStore.vaultUrl }}
 {{- $_ := set $secrets "credential" .Values.secretStore.credential }}
+{{- with .Values.secretStore.clientId }}
+{{- $_ := set $secrets "client_id" . }}
+{{- end }}
 {{- else if eq .Values.secretStore.store "file" }}
 {{- $_ := set $secrets "path" "/etc/sandbox-gateway/secrets/secrets.yaml" }}
+{{- end }}
+{{- with .Values.secretStore.cache }}
+{{- $_ := set $secrets "cache" . }}
 {{- end }}
 {{- $state := dict "store" .Values.state.store }}
 {{- if and (eq .Values.state.store "redis") .Values.state.redis.url (not .Values.state.redis.existingSecret) }}
@@ -177,6 +184,7 @@ gateway.yaml as a dict (rendered by configmap-config.yaml, hashed by the Deploym
   "audit" .Values.config.audit
   "state" $state
   "runtime_dir" "/var/lib/sandbox-gateway"
+  "log_level" .Values.config.log_level
 }}
 {{- toYaml (merge (deepCopy $cfg) (deepCopy .Values.config.extra)) }}
 {{- end }}

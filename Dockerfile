@@ -1,0 +1,72 @@
+# syntax=docker/dockerfile:1
+# sandbox-gateway image.
+#   docker build -t sandbox-gateway .
+#   docker run --read-only --tmpfs /tmp --tmpfs /var/lib/sandbox-gateway:uid=10001,gid=10001 \
+#     -p 8080:8080 -p 127.0.0.1:8090:8090 -v "$PWD/policies:/etc/sandbox-gateway/policies:ro" sandbox-gateway
+# In Kubernetes use charts/sandbox-gateway (it mounts gateway.yaml, policies, certs and the scratch dirs).
+# Release builds should pin the base image by digest as well: python:3.12-slim-bookworm@sha256:<digest>.
+
+# ---------------------------------------------------------------------------- builder
+FROM python:3.12-slim-bookworm AS builder
+
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PYTHONUNBUFFERED=1
+
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+
+WORKDIR /src
+# README.md is optional for the build (the glob keeps COPY from failing without it).
+COPY pyproject.toml README.m[d] ./
+COPY gateway ./gateway
+# pip compiles the .pyc files here, so the read-only runtime never needs to write them.
+RUN pip install --no-cache-dir . \
+    && sandbox-gateway --help >/dev/null
+
+# ---------------------------------------------------------------------------- runtime
+FROM python:3.12-slim-bookworm
+
+LABEL org.opencontainers.image.title="sandbox-gateway" \
+      org.opencontainers.image.description="Secrets-and-egress gateway for AI agent sandboxes" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+# Numeric, non-root identity (Kubernetes runAsNonRoot can verify a numeric USER).
+# /etc/sandbox-gateway is read-only configuration (the chart mounts gateway.yaml, policies/ and certs/
+# over it); the only writable paths are /tmp and /var/lib/sandbox-gateway, mounted as volumes
+# (emptyDir / tmpfs) when the root filesystem is read-only.
+RUN groupadd --system --gid 10001 sandbox-gateway \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+       --shell /usr/sbin/nologin sandbox-gateway \
+    && mkdir -p /etc/sandbox-gateway/policies /etc/sandbox-gateway/certs /var/lib/sandbox-gateway \
+    && chown 10001:10001 /var/lib/sandbox-gateway \
+    && chmod 0750 /var/lib/sandbox-gateway \
+    && printf '%s\n' \
+       '# Default for a standalone container; the Helm chart mounts its own gateway.yaml here.' \
+       'listen: {proxy: "0.0.0.0:8080", admin: "0.0.0.0:8090"}' \
+       'policies: /etc/sandbox-gateway/policies' \
+       'certs: /var/lib/sandbox-gateway/certs' \
+       'runtime_dir: /var/lib/sandbox-gateway' \
+       'secrets: {store: env}' \
+       > /etc/sandbox-gateway/gateway.yaml
+
+COPY --from=builder /opt/venv /opt/venv
+
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
+    TMPDIR=/tmp
+
+WORKDIR /var/lib/sandbox-gateway
+USER 10001:10001
+
+# proxy, admin (/healthz, /readyz, /metrics, admin API); the optional transparent listener is 8081.
+EXPOSE 8080 8090
+
+# No curl in slim: ask the admin listener with the venv's python.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8090/healthz', timeout=3).status == 200 else 1)"]
+
+ENTRYPOINT ["sandbox-gateway"]
+CMD ["run", "--config", "/etc/sandbox-gateway/gateway.yaml"]

@@ -1,0 +1,379 @@
+"""``python -m bench [--quick] [--out FILE] [--only ROWS/SECTIONS]``: the benchmark, in one run.
+
+Starts a local TLS upstream (nginx + a Python SSE server), then each proxy under test
+in turn (the gateway, plain ``mitmdump -q`` with a header-injection script, squid),
+pinned to one core, and drives every workload with the load client (``bench.load``)
+pinned to another. Proxy CPU comes from the proxy's own utime+stime (/proc), sampled
+right before and after the measured phase. Then the in-process measurements
+(policy decision time, cold secret). Prints a table and the targets, writes JSON to
+``bench/results/<date>.json`` and a markdown table to ``bench/results/latest.md``.
+Everything listens and connects on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from bench import micro, report, targets
+from bench.proxies import GatewayProxy, MitmdumpProxy, Proxy, SquidProxy
+from bench.upstream import SSEServer, StaticUpstream, TestCA, stop_process
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Durations and sizes of one run (full or ``--quick``)."""
+
+    get_seconds: float
+    big_bytes: int
+    sse_streams: int
+    sse_events: int
+    sse_interval_ms: int
+    idle_tunnels: int
+    policy_sizes: tuple[int, ...]
+    policy_samples: int
+    secret_concurrency: int = 100
+
+
+FULL = Sizes(get_seconds=5.0, big_bytes=100_000_000, sse_streams=20, sse_events=20,
+             sse_interval_ms=10, idle_tunnels=1000, policy_sizes=(10, 1000, 100_000),
+             policy_samples=50_000)
+QUICK = Sizes(get_seconds=0.5, big_bytes=2_000_000, sse_streams=3, sse_events=5,
+              sse_interval_ms=5, idle_tunnels=20, policy_sizes=(10, 100, 1000),
+              policy_samples=2000)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table: a proxy in one path, and the workloads that apply to it."""
+
+    key: str
+    label: str
+    proxy: str | None  # None = direct; else gateway | mitmdump | squid
+    host: str
+    workloads: tuple[str, ...]
+    inject_header: bool = False  # send X-Api-Key: <token> as a sandbox would
+
+
+ROWS = (
+    Row("direct", "direct (no proxy)", None, "pass.bench.test",
+        ("get_c1", "get_c10", "download", "sse")),
+    Row("gateway_passthrough", "gateway passthrough", "gateway", "pass.bench.test",
+        ("get_c1", "get_c10", "download", "idle")),
+    Row("gateway_policy", "gateway intercept + policy", "gateway", "policy.bench.test",
+        ("get_c1", "get_c10", "download", "idle")),
+    Row("gateway_inject", "gateway intercept + inject", "gateway", "inject.bench.test",
+        ("get_c1", "get_c10"), inject_header=True),
+    Row("gateway_sse", "gateway SSE (intercept)", "gateway", "sse.bench.test", ("sse",)),
+    Row("mitmdump", "mitmdump -q + inject script", "mitmdump", "inject.bench.test",
+        ("get_c1", "get_c10", "download", "sse", "idle"), inject_header=True),
+    Row("squid", "squid CONNECT", "squid", "pass.bench.test",
+        ("get_c1", "get_c10", "download", "sse", "idle")),
+)
+SECTIONS = ("policy", "secret")
+
+
+class ClientError(RuntimeError):
+    """The load client failed; the message carries its reason."""
+
+
+class _Lines:
+    """Line reader over a pipe with timeouts (select on the raw fd, own buffer)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        self.fd = proc.stdout.fileno()
+        self.proc = proc
+        self.buf = b""
+
+    def read(self, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ClientError(f"load client gave no answer within {timeout:.0f} s")
+            ready, _, _ = select.select([self.fd], [], [], min(left, 1.0))
+            if ready:
+                chunk = os.read(self.fd, 65536)
+                if not chunk:
+                    err = self.proc.stderr.read().decode(errors="replace") \
+                        if self.proc.stderr else ""
+                    raise ClientError(f"load client exited: {err[-800:]}")
+                self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        obj: dict[str, Any] = json.loads(line)
+        if "error" in obj:
+            raise ClientError(obj["error"])
+        return obj
+
+
+@dataclass
+class Bench:
+    sizes: Sizes
+    workdir: Path
+    proxy_cpu: int | None
+    client_cpu: int | None
+    only: set[str] = field(default_factory=set)
+    results: dict[str, Any] = field(default_factory=dict)
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def client(self, spec: dict[str, Any], proxy: Proxy | None, timeout: float
+               ) -> dict[str, Any]:
+        """Run one workload in the load client; sample the proxy around the measured phase."""
+        spec = {**spec, "cpu": self.client_cpu}
+        proc = subprocess.Popen([sys.executable, "-m", "bench.load", json.dumps(spec)],
+                                cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        try:
+            lines = _Lines(proc)
+            ready = lines.read(120)
+            warm = {int(k): v for k, v in ready.get("warmup_statuses", {}).items()}
+            if warm and set(warm) != {200}:
+                return {"warmup_statuses": warm}
+            cpu0 = proxy.cpu_seconds() if proxy else 0.0
+            rss0 = proxy.rss_kb() if proxy else 0
+            assert proc.stdin is not None
+            proc.stdin.write(b"go\n")
+            proc.stdin.flush()
+            result = lines.read(timeout)
+            if spec["workload"] == "idle":
+                time.sleep(0.5)  # let the proxy settle its buffers
+            if proxy is not None:
+                result["proxy_cpu_s"] = proxy.cpu_seconds() - cpu0
+                result["proxy_rss_kb_before"] = rss0
+                result["proxy_rss_kb_after"] = proxy.rss_kb()
+            proc.stdin.write(b"bye\n")
+            proc.stdin.flush()
+            proc.wait(30)
+            return result
+        finally:
+            stop_process(proc)
+
+    def spec(self, row: Row, workload: str, proxy: Proxy | None) -> dict[str, Any]:
+        s = self.sizes
+        sse = workload == "sse"
+        host = "sse.bench.test" if sse else row.host
+        upstream_port = self.sse.port if sse else self.static.port
+        spec: dict[str, Any] = {"workload": workload.split("_")[0], "host": host, "port": 443}
+        if proxy is None:
+            spec.update(direct=["127.0.0.1", upstream_port], cafile=str(self.ca.cert_path))
+        elif isinstance(proxy, GatewayProxy):
+            intercepted = row.key != "gateway_passthrough"
+            spec.update(proxy=["127.0.0.1", proxy.port], proxy_auth=proxy.auth,
+                        cafile=str(proxy.ca_cert if intercepted else self.ca.cert_path))
+            if row.inject_header:
+                spec["headers"] = {"X-Api-Key": proxy.token}
+        elif isinstance(proxy, MitmdumpProxy):
+            spec.update(proxy=["127.0.0.1", proxy.port], cafile=str(proxy.ca_cert))
+            spec["headers"] = {"X-Api-Key": "sandbox-token-the-script-replaces"}
+        else:  # squid maps names, not ports: the CONNECT authority carries the real port
+            spec.update(proxy=["127.0.0.1", proxy.port], port=upstream_port,
+                        cafile=str(self.ca.cert_path))
+        if workload == "get_c1":
+            spec.update(connections=1, duration=s.get_seconds)
+        elif workload == "get_c10":
+            spec.update(connections=10, duration=s.get_seconds)
+        elif workload == "download":
+            spec.update(path="/big")
+        elif sse:
+            spec.update(streams=s.sse_streams, events=s.sse_events,
+                        interval_ms=s.sse_interval_ms)
+        elif workload == "idle":
+            spec.update(connections=s.idle_tunnels)
+        return spec
+
+    def timeout(self, workload: str) -> float:
+        s = self.sizes
+        return {"get_c1": s.get_seconds + 60, "get_c10": s.get_seconds + 60,
+                "download": 60 + s.big_bytes / 5e6, "sse": 60 + s.sse_streams * s.sse_events
+                * s.sse_interval_ms / 100, "idle": 60 + s.idle_tunnels * 0.2}[workload]
+
+    # -- workloads -----------------------------------------------------------------------
+
+    def run_workload(self, row: Row, workload: str, proxy: Proxy | None) -> dict[str, Any]:
+        label = f"{row.key}/{workload}"
+        print(f"  {label} ...", end="", flush=True, file=sys.stderr)
+        t0 = time.monotonic()
+        try:
+            res = self.client(self.spec(row, workload, proxy), proxy, self.timeout(workload))
+        except ClientError as exc:
+            tail = proxy.log_tail() if proxy is not None else ""
+            res = {"error": str(exc)[:800], "proxy_log_tail": tail[-600:]}
+        if "warmup_statuses" in res and len(res) == 1:
+            if row.key == "gateway_inject" and 401 in res["warmup_statuses"]:
+                res = {"na": "injection not available", **res}
+            else:
+                res = {"error": f"warm-up request answered {res['warmup_statuses']}", **res}
+        report.derive(workload, res)
+        print(f" {report.brief(workload, res)} ({time.monotonic() - t0:.1f} s)",
+              file=sys.stderr)
+        return res
+
+    def run_proxy_rows(self, kind: str | None, stack: contextlib.ExitStack) -> None:
+        rows = [r for r in ROWS if r.proxy == kind and self.wanted(r.key)]
+        if not rows:
+            return
+        proxy = self.make_proxy(kind, "main") if kind else None
+        if proxy is not None:
+            print(f"starting {proxy.name} ...", file=sys.stderr)
+            stack.callback(proxy.stop)
+            proxy.start()
+        try:
+            for row in rows:
+                entry = self.results["rows"].setdefault(row.key, {"label": row.label})
+                for workload in row.workloads:
+                    if workload != "idle":
+                        entry[workload] = self.run_workload(row, workload, proxy)
+        finally:
+            if proxy is not None:
+                proxy.stop()
+        for row in rows:
+            if "idle" in row.workloads:
+                # A fresh process per idle measurement: memory freed by earlier workloads
+                # would otherwise be reused and hide the per-tunnel cost.
+                fresh = self.make_proxy(kind, f"idle-{row.key}")
+                stack.callback(fresh.stop)
+                try:
+                    fresh.start()
+                    self.results["rows"][row.key]["idle"] = self.run_workload(row, "idle", fresh)
+                except RuntimeError as exc:
+                    self.results["rows"][row.key]["idle"] = {"error": str(exc)[:800]}
+                finally:
+                    fresh.stop()
+
+    def make_proxy(self, kind: str | None, tag: str) -> Proxy:
+        d = self.workdir / f"{kind}-{tag}"
+        if kind == "gateway":
+            return GatewayProxy(d, self.ca.cert_path, self.static.port, self.sse.port,
+                                self.proxy_cpu)
+        if kind == "mitmdump":
+            return MitmdumpProxy(d, self.ca.cert_path, self.static.port, self.sse.port,
+                                 self.proxy_cpu)
+        if kind == "squid":
+            return SquidProxy(d, self.static.port, self.sse.port, self.proxy_cpu)
+        raise ValueError(kind)
+
+    def wanted(self, key: str) -> bool:
+        return not self.only or key in self.only
+
+    # -- the run -------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        self.results = {"meta": report.machine_info(), "rows": {}}
+        self.results["meta"].update(
+            quick=self.sizes is QUICK, sizes=self.sizes.__dict__,
+            cores={"proxy": self.proxy_cpu, "client_and_upstream": self.client_cpu})
+        with contextlib.ExitStack() as stack:
+            if any(self.wanted(r.key) for r in ROWS):
+                self.ca = TestCA.create(self.workdir / "ca")
+                print("starting upstreams ...", file=sys.stderr)
+                self.static = StaticUpstream(self.workdir, self.ca, self.sizes.big_bytes,
+                                             self.client_cpu)
+                stack.callback(self.static.stop)
+                self.static.start()
+                self.sse = SSEServer(self.workdir, self.ca)
+                stack.callback(self.sse.stop)
+                self.sse.start()
+                self.results["meta"]["upstream"] = self.static.kind
+                for kind in (None, "gateway", "mitmdump", "squid"):
+                    try:
+                        self.run_proxy_rows(kind, stack)
+                    except RuntimeError as exc:  # a proxy that cannot start: say so, go on
+                        print(f"  {kind}: {exc}", file=sys.stderr)
+                        for row in ROWS:
+                            if row.proxy == kind and self.wanted(row.key):
+                                entry = self.results["rows"].setdefault(
+                                    row.key, {"label": row.label})
+                                for w in row.workloads:
+                                    entry.setdefault(w, {"error": str(exc)[:800]})
+        if self.wanted("policy"):
+            print("policy decisions ...", file=sys.stderr)
+            self.results["policy"] = micro.policy_decisions(list(self.sizes.policy_sizes),
+                                                            self.sizes.policy_samples)
+        if self.wanted("secret"):
+            print("cold secret ...", file=sys.stderr)
+            self.results["cold_secret"] = micro.cold_secret(self.sizes.secret_concurrency)
+        self.results["targets"] = targets.evaluate(self.results)
+        return self.results
+
+
+def _cores() -> tuple[int | None, int | None]:
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= 2:
+        return cores[0], cores[1]
+    return None, None
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM/SIGHUP unwind like Ctrl-C, so every started process is stopped."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes, ~0.5 s per workload (the smoke test uses this)")
+    parser.add_argument("--out", type=Path, help="JSON file (default bench/results/<date>.json)")
+    parser.add_argument("--markdown", type=Path,
+                        help="markdown table (default bench/results/latest.md; "
+                             "--quick: next to --out)")
+    parser.add_argument("--only", default="",
+                        help="comma-separated rows/sections: " + ", ".join(
+                            [r.key for r in ROWS] + list(SECTIONS)))
+    args = parser.parse_args(argv)
+    only = {x.strip() for x in args.only.split(",") if x.strip()}
+    unknown = only - {r.key for r in ROWS} - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown --only entries: {', '.join(sorted(unknown))}")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H%M%SZ")
+    out = args.out or RESULTS / f"{stamp}{'-quick' if args.quick else ''}.json"
+    md = args.markdown or (out.with_suffix(".md") if args.quick else RESULTS / "latest.md")
+    proxy_cpu, client_cpu = _cores()
+    if client_cpu is not None:
+        os.sched_setaffinity(0, {client_cpu})  # the orchestrator + SSE server thread
+    with _signals_raise(), tempfile.TemporaryDirectory(prefix="sandbox-gateway-bench-") as tmp:
+        bench = Bench(QUICK if args.quick else FULL, Path(tmp), proxy_cpu, client_cpu, only)
+        try:
+            results = bench.run()
+        except KeyboardInterrupt:
+            print("interrupted; every started process was stopped", file=sys.stderr)
+            return 130
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2, sort_keys=False, default=str) + "\n")
+    text = report.text_table(results)
+    print(text)
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text(report.markdown(results))
+    print(f"\nJSON: {out}\nmarkdown: {md}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

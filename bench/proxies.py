@@ -1,0 +1,352 @@
+"""The proxies under test, each started by the benchmark on 127.0.0.1 and pinned to one core.
+
+* `GatewayProxy`: ``python -m gateway run`` with a generated config and policy:
+  ``pass.bench.test`` host-only (passthrough), ``policy.bench.test`` with methods/paths
+  (intercepted), ``inject.bench.test`` with a credential (intercepted + injection),
+  ``sse.bench.test`` with methods/paths (intercepted streaming).
+* `MitmdumpProxy`: plain ``mitmdump -q`` with the one-line header-injection script a
+  user would write instead (plus the name mapping the benchmark's fake names need).
+* `SquidProxy`: Debian squid as a CONNECT proxy, names mapped by its ``hosts_file``.
+
+All expose ``pid``, ``cpu_seconds()`` (utime+stime of the process tree from /proc) and
+``rss_kb()`` (VmRSS of the process tree).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from bench.upstream import NAMES, SECRET, free_port, stop_process, wait_port
+
+ROOT = Path(__file__).resolve().parent.parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.extend(int(c) for c in f.read().split())
+    except OSError:
+        pass
+    return out
+
+
+def _tree(pid: int) -> list[int]:
+    todo, seen = [pid], []
+    while todo and len(seen) < 256:
+        p = todo.pop()
+        seen.append(p)
+        todo.extend(_children(p))
+    return seen
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime+stime of ``pid`` and its descendants (all threads), in seconds."""
+    total = 0
+    for p in _tree(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / CLK_TCK
+
+
+def rss_kb(pid: int) -> int:
+    total = 0
+    for p in _tree(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+def _pinned(cmd: list[str], cpu: int | None) -> list[str]:
+    return ["taskset", "-c", str(cpu), *cmd] if cpu is not None else cmd
+
+
+class Proxy:
+    """A started proxy process."""
+
+    name = "proxy"
+    proc: subprocess.Popen[bytes] | None = None
+    port = 0
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def rss_kb(self) -> int:
+        return rss_kb(self.pid)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+            self.proc = None
+
+    def log_tail(self) -> str:
+        return ""
+
+
+def _upstream_map(static_port: int, sse_port: int) -> dict[str, int]:
+    return {n: (sse_port if n.startswith("sse.") else static_port) for n in NAMES}
+
+
+POLICY = """\
+version: v1
+name: bench
+egress:
+  - host: pass.bench.test
+  - host: policy.bench.test
+    methods: [GET]
+    paths: ["/small", "/big"]
+  - host: inject.bench.test
+    credential: bench-key
+  - host: sse.bench.test
+    methods: [GET]
+    paths: ["/events"]
+credentials:
+  bench-key:
+    hosts: [inject.bench.test]
+    secret: bench-key
+    inject: {header: X-Api-Key}
+"""
+
+
+class GatewayProxy(Proxy):
+    name = "gateway"
+
+    def __init__(self, workdir: Path, upstream_ca: Path, static_port: int, sse_port: int,
+                 cpu: int | None) -> None:
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "policies").mkdir(exist_ok=True)
+        (self.dir / "policies" / "bench.yaml").write_text(POLICY)
+        self.port = free_port()
+        self.admin_port = free_port()
+        ports = _upstream_map(static_port, sse_port)
+        cfg = {
+            "listen": {"proxy": f"127.0.0.1:{self.port}", "admin": f"127.0.0.1:{self.admin_port}"},
+            "policies": str(self.dir / "policies"),
+            "certs": str(self.dir / "certs"),
+            "secrets": {"store": "env"},
+            "audit": {"path": str(self.dir / "audit.log")},
+            "log_level": "warning",
+            "network": {"upstream_ca": str(upstream_ca),
+                        "resolve": {n: f"127.0.0.1:{p}" for n, p in ports.items()}},
+        }
+        self.config = self.dir / "gateway.yaml"
+        self.config.write_text(yaml.safe_dump(cfg))
+        self.cpu = cpu
+        self.token = ""
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.upper().startswith(("SANDBOX_GATEWAY_", "HTTP_PROXY", "HTTPS_PROXY",
+                                                 "ALL_PROXY", "NO_PROXY"))}
+        self.env["SANDBOX_GATEWAY_SECRET_BENCH_KEY"] = SECRET
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.dir / "certs" / "ca.crt"
+
+    def start(self) -> None:
+        self._log = (self.dir / "gateway.log").open("wb")
+        self.proc = subprocess.Popen(
+            _pinned([sys.executable, "-m", "gateway", "run", "--config", str(self.config)],
+                    self.cpu),
+            cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=self._log,
+            stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited ({self.proc.returncode}): {self.log_tail()}")
+            try:
+                with urllib.request.urlopen(  # loopback admin API, plain HTTP by design
+                        f"http://127.0.0.1:{self.admin_port}/readyz", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"gateway not ready within 30 s: {self.log_tail()}")
+        if not self.token:
+            out = subprocess.run(
+                [sys.executable, "-m", "gateway", "token", "mint", "--config", str(self.config),
+                 "--sandbox", "bench", "--policy", "bench", "--ttl", "2h"],
+                cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=60, check=False)
+            if out.returncode != 0:
+                raise RuntimeError(f"token mint failed: {out.stderr[-800:]}")
+            self.token = out.stdout.strip()
+
+    @property
+    def auth(self) -> str:
+        return f"bench:{self.token}"
+
+    def stop(self) -> None:
+        super().stop()
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+
+    def log_tail(self) -> str:
+        try:
+            return (self.dir / "gateway.log").read_text(errors="replace")[-1500:]
+        except OSError:
+            return ""
+
+
+MITM_SCRIPT = """\
+# The header injection a user would write instead of the gateway (one line: `request`),
+# plus the name mapping the benchmark's fake hostnames need (what /etc/hosts would do).
+UPSTREAMS = {upstreams!r}
+
+
+def server_connect(data):
+    host = data.server.address[0]
+    if host in UPSTREAMS:
+        data.server.address = ("127.0.0.1", UPSTREAMS[host])
+
+
+def request(flow):
+    flow.request.headers["X-Api-Key"] = {secret!r}
+"""
+
+
+class MitmdumpProxy(Proxy):
+    name = "mitmdump"
+
+    def __init__(self, workdir: Path, upstream_ca: Path, static_port: int, sse_port: int,
+                 cpu: int | None) -> None:
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.script = self.dir / "inject.py"
+        self.script.write_text(MITM_SCRIPT.format(
+            upstreams=_upstream_map(static_port, sse_port), secret=SECRET))
+        self.upstream_ca = upstream_ca
+        self.port = free_port()
+        self.cpu = cpu
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.dir / "conf" / "mitmproxy-ca-cert.pem"
+
+    def start(self) -> None:
+        binary = Path(sys.executable).parent / "mitmdump"
+        if not binary.exists():
+            found = shutil.which("mitmdump")
+            if found is None:
+                raise RuntimeError("mitmdump not found (pip install mitmproxy)")
+            binary = Path(found)
+        self._log = (self.dir / "mitmdump.log").open("wb")
+        self.proc = subprocess.Popen(
+            _pinned([str(binary), "-q", "--listen-host", "127.0.0.1",
+                     "--listen-port", str(self.port),
+                     "--set", f"confdir={self.dir / 'conf'}",
+                     "--set", f"ssl_verify_upstream_trusted_ca={self.upstream_ca}",
+                     "--set", "stream_large_bodies=1m",
+                     "-s", str(self.script)], self.cpu),
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        wait_port(self.port, 30, self.proc, "mitmdump")
+        deadline = time.monotonic() + 10
+        while not self.ca_cert.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        super().stop()
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+
+    def log_tail(self) -> str:
+        try:
+            return (self.dir / "mitmdump.log").read_text(errors="replace")[-1500:]
+        except OSError:
+            return ""
+
+
+SQUID_CONF = """\
+http_port 127.0.0.1:{port}
+visible_hostname bench-squid
+pid_filename {d}/squid.pid
+cache_log {d}/cache.log
+access_log none
+cache_store_log none
+coredump_dir {d}
+netdb_filename none
+pinger_enable off
+cache deny all
+cache_mem 8 MB
+hosts_file {d}/hosts
+dns_nameservers 127.0.0.1
+max_filedescriptors 16384
+shutdown_lifetime 0 seconds
+acl bench_ports port {ports}
+acl CONNECT method CONNECT
+http_access allow CONNECT bench_ports
+http_access deny all
+"""
+
+
+class SquidProxy(Proxy):
+    name = "squid"
+
+    def __init__(self, workdir: Path, static_port: int, sse_port: int, cpu: int | None) -> None:
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o777)  # squid drops to its cache_effective_user (proxy) when root
+        self.port = free_port()
+        (self.dir / "hosts").write_text("".join(f"127.0.0.1 {n}\n" for n in NAMES))
+        (self.dir / "squid.conf").write_text(SQUID_CONF.format(
+            port=self.port, d=self.dir, ports=f"{static_port} {sse_port}"))
+        self.cpu = cpu
+
+    def start(self) -> None:
+        binary = shutil.which("squid") or "/usr/sbin/squid"
+        if not Path(binary).exists():
+            raise RuntimeError("squid is not installed (apt-get install squid)")
+        self._log = (self.dir / "squid.out").open("wb")
+        self.proc = subprocess.Popen(
+            _pinned([binary, "-N", "-f", str(self.dir / "squid.conf")], self.cpu),
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        wait_port(self.port, 30, self.proc, "squid")
+
+    def stop(self) -> None:
+        super().stop()
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+
+    def log_tail(self) -> str:
+        out = ""
+        for name in ("squid.out", "cache.log"):
+            try:
+                out += (self.dir / name).read_text(errors="replace")[-800:]
+            except OSError:
+                pass
+        return out
+
+
+def basic(user_pass: str) -> str:
+    return base64.b64encode(user_pass.encode()).decode()

@@ -1,0 +1,214 @@
+"""Derived metrics, the machine description, and the text / markdown tables."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+import shutil
+import subprocess
+from typing import Any
+
+CLIENT_BOUND_PCT = 90.0  # client CPU above this: the row measures the client, not the proxy
+
+
+def _version(cmd: list[str]) -> str | None:
+    if shutil.which(cmd[0]) is None and not os.path.exists(cmd[0]):
+        return None
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
+    except OSError:
+        return None
+    text = (out.stdout + out.stderr).strip().splitlines()
+    return text[0][:120] if text else None
+
+
+def machine_info() -> dict[str, Any]:
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        from mitmproxy.version import VERSION as mitm_version
+    except ImportError:  # pragma: no cover
+        mitm_version = "missing"
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "nproc": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)),
+        "cpu_model": model,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "mitmproxy": mitm_version,
+        "nginx": _version(["nginx", "-v"]),
+        "squid": _version(["squid", "-v"]),
+    }
+
+
+def derive(workload: str, res: dict[str, Any]) -> None:
+    """Add per-request / per-MB / per-tunnel figures to a workload result, in place."""
+    if "error" in res or "na" in res:
+        return
+    cpu = res.get("proxy_cpu_s")
+    if workload.startswith("get"):
+        if res.get("requests"):
+            if cpu is not None:
+                res["proxy_cpu_us_per_req"] = cpu / res["requests"] * 1e6
+            if res.get("ok", 0) != res["requests"]:
+                res["warning"] = f"non-200 answers: {res.get('statuses')}"
+        res["client_bound"] = res.get("client_cpu_pct", 0) >= CLIENT_BOUND_PCT
+    elif workload == "download":
+        if cpu is not None and res.get("bytes"):
+            res["proxy_cpu_ms_per_mb"] = cpu * 1e3 / (res["bytes"] / 1e6)
+        res["client_bound"] = res.get("client_cpu_pct", 0) >= CLIENT_BOUND_PCT
+    elif workload == "idle" and res.get("tunnels"):
+        delta = res["proxy_rss_kb_after"] - res["proxy_rss_kb_before"]
+        res["kb_per_tunnel"] = delta / res["tunnels"]
+
+
+def brief(workload: str, res: dict[str, Any]) -> str:
+    if "error" in res:
+        return "ERROR " + res["error"][:160]
+    if "na" in res:
+        return "n/a (" + res["na"] + ")"
+    if workload.startswith("get"):
+        return (f"{res['rps']:.0f} req/s p50 {res['p50_ms']:.2f} ms, "
+                f"proxy {res.get('proxy_cpu_us_per_req', math.nan):.0f} µs/req, "
+                f"client {res['client_cpu_pct']:.0f}% CPU")
+    if workload == "download":
+        return (f"{res['mb_per_s']:.0f} MB/s, proxy "
+                f"{res.get('proxy_cpu_ms_per_mb', math.nan):.2f} ms CPU/MB")
+    if workload == "sse":
+        return (f"first event {res['ttfe_p50_ms']:.2f} ms, "
+                f"event delay {res['event_delay_p50_ms']:.2f} ms")
+    if workload == "idle":
+        return f"{res.get('kb_per_tunnel', math.nan):.1f} KB/tunnel ({res['tunnels']} tunnels)"
+    return ""
+
+
+def _get(rows: dict[str, Any], key: str, workload: str, field: str) -> Any:
+    res = rows.get(key, {}).get(workload)
+    if not isinstance(res, dict):
+        return None
+    if "na" in res:
+        return "n/a"
+    if "error" in res:
+        return "ERR"
+    return res.get(field)
+
+
+def _fmt(v: Any, digits: int = 0) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, float) and math.isnan(v):
+        return "—"
+    return f"{v:,.{digits}f}"
+
+
+COLUMNS = ["row", "c1 req/s", "c1 p50 ms", "c1 p99 ms", "c10 req/s", "c10 p50 ms",
+           "c10 p99 ms", "proxy µs CPU/req c1 · c10", "client CPU % c1 · c10", "MB/s",
+           "proxy ms CPU/MB", "SSE 1st event ms", "SSE event delay ms", "KB/idle tunnel"]
+
+
+def table_rows(results: dict[str, Any]) -> list[list[str]]:
+    rows = results.get("rows", {})
+    out = []
+    for key, entry in rows.items():
+        def g(w: str, f: str, d: int = 0, key: str = key) -> str:
+            return _fmt(_get(rows, key, w, f), d)
+
+        def bound(w: str, key: str = key) -> str:
+            v = _get(rows, key, w, "client_cpu_pct")
+            flag = "*" if _get(rows, key, w, "client_bound") is True else ""
+            return _fmt(v) + flag
+
+        out.append([
+            entry.get("label", key),
+            g("get_c1", "rps"), g("get_c1", "p50_ms", 2), g("get_c1", "p99_ms", 2),
+            g("get_c10", "rps"), g("get_c10", "p50_ms", 2), g("get_c10", "p99_ms", 2),
+            f"{g('get_c1', 'proxy_cpu_us_per_req')} · {g('get_c10', 'proxy_cpu_us_per_req')}",
+            f"{bound('get_c1')} · {bound('get_c10')}",
+            g("download", "mb_per_s"), g("download", "proxy_cpu_ms_per_mb", 2),
+            g("sse", "ttfe_p50_ms", 2), g("sse", "event_delay_p50_ms", 2),
+            g("idle", "kb_per_tunnel", 1),
+        ])
+    return out
+
+
+def _policy_lines(results: dict[str, Any]) -> list[str]:
+    pol = results.get("policy")
+    lines = []
+    if pol:
+        lines.append("policy decision µs (p50/p99): " + "; ".join(
+            f"{int(n):,} rules: tunnel {r['tunnel']['p50_us']:.1f}/{r['tunnel']['p99_us']:.1f}, "
+            f"request {r['request']['p50_us']:.1f}/{r['request']['p99_us']:.1f}, "
+            f"same-hosts {r['request_hot']['p50_us']:.1f}/{r['request_hot']['p99_us']:.1f}"
+            for n, r in pol.items()))
+    sec = results.get("cold_secret")
+    if sec:
+        lines.append(f"cold secret, {sec['concurrency']} concurrent gets: {sec['vault_calls']} "
+                     f"vault call(s) ({sec['vault_requests_incl_challenge']} requests incl. "
+                     f"the SDK's auth challenge), {sec['seconds'] * 1e3:.0f} ms")
+    return lines
+
+
+def _meta_line(results: dict[str, Any]) -> str:
+    m = results.get("meta", {})
+    cores = m.get("cores", {})
+    return (f"{m.get('date')} · {m.get('nproc')} vCPU {m.get('cpu_model')} · kernel "
+            f"{m.get('kernel')} · Python {m.get('python')} · mitmproxy {m.get('mitmproxy')} · "
+            f"{m.get('squid') or 'squid missing'} · upstream {m.get('upstream', '?')} "
+            f"({m.get('nginx') or 'no nginx'}) · proxy core {cores.get('proxy')}, client+upstream "
+            f"core {cores.get('client_and_upstream')}" + (" · QUICK" if m.get("quick") else ""))
+
+
+def _target_lines(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    return [(t["status"], t["name"], t["achieved"], t["target"])
+            for t in results.get("targets", [])]
+
+
+def text_table(results: dict[str, Any]) -> str:
+    rows = table_rows(results)
+    widths = [max(len(COLUMNS[i]), *(len(r[i]) for r in rows)) if rows else len(COLUMNS[i])
+              for i in range(len(COLUMNS))]
+    lines = [_meta_line(results), ""]
+    lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
+                           for i, c in enumerate(COLUMNS)))
+    for r in rows:
+        lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
+                               for i, c in enumerate(r)))
+    lines.append("(* = client-bound: the load client used ≥90% of its core)")
+    lines.append("")
+    lines.extend(_policy_lines(results))
+    lines.append("")
+    lines.append("targets (ratios from this run):")
+    for status, name, achieved, target in _target_lines(results):
+        lines.append(f"  {status:<4}  {name}: {achieved}  (target {target})")
+    return "\n".join(lines)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    rows = table_rows(results)
+    lines = [f"_{_meta_line(results)}_", "",
+             "| " + " | ".join(COLUMNS) + " |",
+             "|" + "|".join("---" if i == 0 else "---:" for i in range(len(COLUMNS))) + "|"]
+    lines.extend("| " + " | ".join(r) + " |" for r in rows)
+    lines.append("")
+    lines.append("`*` client-bound (load client ≥90% of its core). "
+                 "`—` not measured for that row.")
+    lines.append("")
+    lines.extend(f"- {line}" for line in _policy_lines(results))
+    lines.append("")
+    lines.append("| target | achieved | goal | |")
+    lines.append("|---|---|---|---|")
+    for status, name, achieved, target in _target_lines(results):
+        lines.append(f"| {name} | {achieved} | {target} | {status} |")
+    return "\n".join(lines) + "\n"

