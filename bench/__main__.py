@@ -31,7 +31,7 @@ from typing import Any
 
 from bench import micro, report, targets
 from bench.proxies import GatewayProxy, MitmdumpProxy, Proxy, SquidProxy
-from bench.upstream import SSEServer, StaticUpstream, TestCA, stop_process
+from bench.upstream import SSEServer, StaticUpstream, LocalCA, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -283,7 +283,7 @@ class Bench:
             cores={"proxy": self.proxy_cpu, "client_and_upstream": self.client_cpu})
         with contextlib.ExitStack() as stack:
             if any(self.wanted(r.key) for r in ROWS):
-                self.ca = TestCA.create(self.workdir / "ca")
+                self.ca = LocalCA.create(self.workdir / "ca")
                 print("starting upstreams ...", file=sys.stderr)
                 self.static = StaticUpstream(self.workdir, self.ca, self.sizes.big_bytes,
                                              self.client_cpu)

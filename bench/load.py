@@ -157,7 +157,7 @@ async def _warm(spec: Spec, ctx: ssl.SSLContext, n: int) -> tuple[list[Conn], di
     conns = [await connect(spec, ctx) for _ in range(n)]
     statuses: dict[int, int] = {}
     warm = request_bytes(spec, "/small" if spec.workload != "sse" else
-                         f"/events?n=1&interval_ms=0")
+                         "/events?n=1&interval_ms=0")
     for reader, writer in conns:
         writer.write(warm)
         status, _ = await read_response(reader)

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT / "tests") not in sys.path:
     sys.path.insert(0, str(ROOT / "tests"))
 
-from helpers.tls import TestCA  # noqa: E402  (the test CA helper, shared with the tests)
+from helpers.tls import LocalCA  # noqa: E402  (the test CA helper, shared with the tests)
 
 NAMES = ["pass.bench.test", "policy.bench.test", "inject.bench.test", "sse.bench.test"]
 SMALL_BODY = b"x" * 99 + b"\n"
@@ -116,7 +116,7 @@ http {{
 class StaticUpstream:
     """nginx (or the Python fallback) serving /small and /big over TLS on 127.0.0.1."""
 
-    def __init__(self, workdir: Path, ca: TestCA, big_size: int, cpu: int | None) -> None:
+    def __init__(self, workdir: Path, ca: LocalCA, big_size: int, cpu: int | None) -> None:
         self.dir = workdir / "nginx"
         (self.dir / "www").mkdir(parents=True, exist_ok=True)
         (self.dir / "www" / "small.txt").write_bytes(SMALL_BODY)
@@ -254,7 +254,7 @@ class _PyStatic:
 class SSEServer:
     """``GET /events?n=N&interval_ms=M``: N events, M ms apart, chunked, keep-alive, TLS."""
 
-    def __init__(self, workdir: Path, ca: TestCA) -> None:
+    def __init__(self, workdir: Path, ca: LocalCA) -> None:
         d = workdir / "sse"
         d.mkdir(parents=True, exist_ok=True)
         self.ctx = ca.server_context(d, NAMES)

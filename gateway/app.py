@@ -33,7 +33,6 @@ from gateway.api.admin import AdminContext, build_admin_app
 from gateway.audit import Auditor
 from gateway.config import Config, HostPort
 from gateway.destination import AddressPolicy
-from gateway.secrets import SecretCache, SecretError, build_cache, build_store
 from gateway.policy import Policy, PolicyError, PolicyReloader, PolicySet
 from gateway.resolver import (
     DestinationGuard,
@@ -43,6 +42,7 @@ from gateway.resolver import (
     local_interface_addresses,
     parse_overrides,
 )
+from gateway.secrets import SecretCache, SecretError, build_cache, build_store
 from gateway.state import StateStore, build_state
 from gateway.tokens import SigningKeys, TokenService
 

@@ -22,7 +22,7 @@ from gateway.tokens import SigningKeys, TokenError, TokenService, parse_scope
 
 
 def _config(args: argparse.Namespace) -> Config:
-    return load_config(args.config)
+    return load_config(getattr(args, "config", None))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -136,10 +136,15 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
 
 def cmd_policy_explain(args: argparse.Namespace) -> int:
     directory = Path(args.dir) if args.dir else _config(args).policies
-    decision = explain(load_policy_dir(directory), args.policy, args.method, args.url)
+    try:
+        decision = explain(load_policy_dir(directory), args.policy, args.method, args.url)
+    except ValueError as exc:  # unknown policy, unusable URL: neither allow (0) nor deny (1)
+        print(f"sandbox-gateway: {exc}", file=sys.stderr)
+        return 2
     print(f"decision: {decision.result}")
     print(f"reason:   {decision.reason}")
-    print(f"rule:     {decision.rule.source + ' (' + decision.rule.describe() + ')' if decision.rule else '-'}")
+    rule = decision.rule
+    print(f"rule:     {f'{rule.source} ({rule.describe()})' if rule else '-'}")
     if decision.credential:
         print(f"inject:   credential {decision.credential}")
     return 0 if decision.allowed else 1
@@ -167,7 +172,9 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", metavar="FILE", help="gateway.yaml (default: built-in)")
+    # SUPPRESS: a subcommand's own --config default must not erase one given before it.
+    common.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
+                        help="gateway.yaml (default: built-in)")
     parser = argparse.ArgumentParser(
         prog="sandbox-gateway", description="Secrets-and-egress gateway for AI sandboxes.",
         parents=[common])

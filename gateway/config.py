@@ -157,7 +157,8 @@ def _str_map(value: object, key: str) -> dict[str, str]:
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
-        raise ConfigError(f"{key}: expected a map of strings, e.g. {{api.example: \"1.2.3.4:443\"}}")
+        raise ConfigError(f"{key}: expected a map of strings, "
+                          "e.g. {api.example: \"1.2.3.4:443\"}")
     return dict(value)
 
 

@@ -6,5 +6,5 @@ import warnings
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    import mitmproxy.addons  # noqa: F401
+    import mitmproxy.addons
     import mitmproxy.flowfilter  # noqa: F401

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from mitmproxy import connection, http, tcp
 from mitmproxy.proxy import layer, server_hooks
@@ -87,9 +87,6 @@ def refuse(flow: http.HTTPFlow, refusal: Refusal) -> None:
     flow.metadata[REFUSAL] = refusal
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
 def _refuse_target(target: object) -> None:
     if isinstance(target, http.HTTPFlow):
         if target.response is None:
@@ -106,7 +103,7 @@ def _refuse_target(target: object) -> None:
         target.kill()
 
 
-def fail_closed(hook: F) -> F:
+def fail_closed[F: Callable[..., Any]](hook: F) -> F:
     """Wrap an addon hook so that an exception refuses what the hook was checking."""
     if inspect.iscoroutinefunction(hook):
         @functools.wraps(hook)

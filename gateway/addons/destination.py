@@ -16,8 +16,8 @@ from gateway import metrics
 from gateway.addons.common import IDENTITY, Sessions, fail_closed, refuse
 from gateway.audit import Auditor
 from gateway.destination import normalize_host
-from gateway.resolver import DestinationGuard, DestinationRefused, pin
 from gateway.errors import Refusal
+from gateway.resolver import DestinationGuard, DestinationRefused, pin
 
 
 class Destinations:

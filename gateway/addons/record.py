@@ -9,7 +9,7 @@ are recorded when they close.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from mitmproxy import connection, http
 
@@ -27,7 +27,7 @@ from gateway.addons.common import (
 from gateway.audit import Auditor
 from gateway.policy import Decision
 
-Chunks = bytes | list[bytes]
+Chunks = bytes | Iterable[bytes]
 ChunkFilter = Callable[[bytes], Chunks]
 
 
@@ -56,7 +56,8 @@ class Record:
         self._complete(flow)
 
     def _complete(self, flow: http.HTTPFlow) -> None:
-        if REFUSAL in flow.metadata or flow.metadata.get(AUDITED) or flow.request.method == "CONNECT":
+        if (REFUSAL in flow.metadata or flow.metadata.get(AUDITED)
+                or flow.request.method == "CONNECT"):
             return
         decision: Decision | None = flow.metadata.get(DECISION)
         if decision is None:
@@ -108,5 +109,6 @@ class _Counter:
         if isinstance(chunk, bytes):
             self.flow.metadata[BYTES_IN] += len(chunk)
         else:
+            chunk = list(chunk)
             self.flow.metadata[BYTES_IN] += sum(len(c) for c in chunk)
         return chunk

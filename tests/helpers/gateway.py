@@ -7,8 +7,7 @@ import io
 import json
 import threading
 import time
-from collections.abc import Callable
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any

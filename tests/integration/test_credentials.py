@@ -16,11 +16,10 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from conftest import GatewayFactory
 from helpers.gateway import GatewayThread
 from helpers.tls import LocalCA
 from helpers.upstream import Upstream
-
-from conftest import GatewayFactory
 
 OPENAI_KEY = "sk-real-openai-key-0123456789abcdef"
 ANTHROPIC_KEY = "sk-ant-real-anthropic-key-0123456789"

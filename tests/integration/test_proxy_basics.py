@@ -11,12 +11,11 @@ from typing import Any
 import httpx
 import pytest
 import requests
+from conftest import GatewayFactory
 from helpers.clients import curl as run_curl
 from helpers.clients import raw_connect
 from helpers.gateway import GatewayThread
 from helpers.upstream import Upstream
-
-from conftest import GatewayFactory
 
 
 def curl(gw: GatewayThread, url: str, token: str | None, *args: str
@@ -54,7 +53,8 @@ def test_curl_allowed_passthrough_and_refused_host(gateway: GatewayThread, upstr
     assert headers["x-sandbox-gateway-error"] == "policy_denied"
 
 
-def test_httpx_intercepted_method_and_path_rules(gateway: GatewayThread, upstream: Upstream) -> None:
+def test_httpx_intercepted_method_and_path_rules(gateway: GatewayThread,
+                                                 upstream: Upstream) -> None:
     token = gateway.mint("agent")
     with client(gateway, token) as c:
         ok = c.get("https://api.allowed.test/v1/models")

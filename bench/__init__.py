@@ -1,0 +1,1 @@
+"""sandbox-gateway benchmark: ``python -m bench`` (see bench/README.md)."""

@@ -1,0 +1,119 @@
+"""The issue's targets, evaluated as ratios between rows of the same run.
+
+Each target yields ``{name, achieved, target, status}`` with status PASS, MISS or n/a
+(a row it needs was not measured, failed, or is not available yet, e.g. credential
+injection). When the injection row is n/a, the intercepted targets are evaluated on
+the intercept+policy row instead and say so in their name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def _val(rows: dict[str, Any], key: str, workload: str, field: str) -> float | None:
+    res = rows.get(key, {}).get(workload)
+    if not isinstance(res, dict) or "error" in res or "na" in res:
+        return None
+    v = res.get(field)
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def _target(name: str, goal: str, a: float | None, b: float | None,
+            combine: Callable[[float, float], float], ok: Callable[[float], bool],
+            fmt: str) -> dict[str, Any]:
+    if a is None or b is None:
+        return {"name": name, "target": goal, "achieved": "n/a", "value": None, "status": "n/a"}
+    try:
+        value = combine(a, b)
+    except ZeroDivisionError:
+        return {"name": name, "target": goal, "achieved": "n/a (zero)", "value": None,
+                "status": "n/a"}
+    return {"name": name, "target": goal, "achieved": fmt.format(value, a=a, b=b),
+            "value": value, "status": "PASS" if ok(value) else "MISS"}
+
+
+def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = results.get("rows", {})
+    out: list[dict[str, Any]] = []
+    ratio = lambda a, b: a / b  # noqa: E731
+    diff = lambda a, b: a - b  # noqa: E731
+
+    icpt = "gateway_inject"
+    icpt_name = "intercepted + injected"
+    if _val(rows, icpt, "get_c10", "rps") is None and _val(
+            rows, "gateway_policy", "get_c10", "rps") is not None:
+        icpt, icpt_name = "gateway_policy", "intercepted + policy (injection n/a)"
+
+    out.append(_target(
+        f"{icpt_name}: proxy CPU/request vs mitmdump -q (c10)", "≤ 0.33×",
+        _val(rows, icpt, "get_c10", "proxy_cpu_us_per_req"),
+        _val(rows, "mitmdump", "get_c10", "proxy_cpu_us_per_req"),
+        ratio, lambda v: v <= 1 / 3, "{:.2f}× ({a:.0f} vs {b:.0f} µs)"))
+    out.append(_target(
+        f"{icpt_name}: req/s at c10 vs mitmdump -q", "≥ 3×",
+        _val(rows, icpt, "get_c10", "rps"), _val(rows, "mitmdump", "get_c10", "rps"),
+        ratio, lambda v: v >= 3, "{:.2f}× ({a:.0f} vs {b:.0f} req/s)"))
+    out.append(_target(
+        f"{icpt_name}: added p50 latency at c1 over direct", "≤ 0.8 ms",
+        _val(rows, icpt, "get_c1", "p50_ms"), _val(rows, "direct", "get_c1", "p50_ms"),
+        diff, lambda v: v <= 0.8, "{:.2f} ms ({a:.2f} vs {b:.2f})"))
+    out.append(_target(
+        "passthrough download: proxy CPU/MB vs squid", "≤ 1.0×",
+        _val(rows, "gateway_passthrough", "download", "proxy_cpu_ms_per_mb"),
+        _val(rows, "squid", "download", "proxy_cpu_ms_per_mb"),
+        ratio, lambda v: v <= 1.0, "{:.2f}× ({a:.2f} vs {b:.2f} ms/MB)"))
+    out.append(_target(
+        "passthrough download: MB/s vs squid", "≥ 1.0×",
+        _val(rows, "gateway_passthrough", "download", "mb_per_s"),
+        _val(rows, "squid", "download", "mb_per_s"),
+        ratio, lambda v: v >= 1.0, "{:.2f}× ({a:.0f} vs {b:.0f} MB/s)"))
+    out.append(_target(
+        "passthrough small requests: proxy CPU/request vs squid (c10)", "≤ 2×",
+        _val(rows, "gateway_passthrough", "get_c10", "proxy_cpu_us_per_req"),
+        _val(rows, "squid", "get_c10", "proxy_cpu_us_per_req"),
+        ratio, lambda v: v <= 2, "{:.2f}× ({a:.0f} vs {b:.0f} µs)"))
+    out.append(_target(
+        "idle intercepted tunnel: proxy RSS", "≤ 100 KB",
+        _val(rows, "gateway_policy", "idle", "kb_per_tunnel"), 0.0,
+        lambda a, b: a, lambda v: v <= 100, "{:.1f} KB"))
+    out.append(_target(
+        "idle passthrough tunnel: RSS vs squid", "≤ 1.0×",
+        _val(rows, "gateway_passthrough", "idle", "kb_per_tunnel"),
+        _val(rows, "squid", "idle", "kb_per_tunnel"),
+        lambda a, b: a / max(b, 0.1), lambda v: v <= 1.0, "{:.2f}× ({a:.1f} vs {b:.1f} KB)"))
+
+    pol = results.get("policy") or {}
+    if pol:
+        sizes = sorted(pol, key=int)
+        worst = max(max(pol[n][k]["p99_us"] for k in ("tunnel", "request")) for n in sizes)
+        out.append(_target(
+            f"policy decision p99, worst of {', '.join(f'{int(n):,}' for n in sizes)} rules",
+            "≤ 20 µs", worst, 0.0, lambda a, b: a, lambda v: v <= 20, "{:.1f} µs"))
+        lo, hi = pol[sizes[0]]["request_hot"]["p50_us"], pol[sizes[-1]]["request_hot"]["p50_us"]
+        spread = pol[sizes[-1]]["request"]["p50_us"] / pol[sizes[0]]["request"]["p50_us"]
+        out.append(_target(
+            f"policy decision flat {int(sizes[0]):,}→{int(sizes[-1]):,} rules "
+            f"(p50, same hosts; hosts spread over all rules: {spread:.1f}×)",
+            "≤ 1.5×", hi, lo, ratio, lambda v: v <= 1.5, "{:.2f}× ({b:.1f}→{a:.1f} µs)"))
+    else:
+        out.append(_target("policy decision p99", "≤ 20 µs", None, None, ratio,
+                           lambda v: True, ""))
+    sec = results.get("cold_secret")
+    out.append(_target(
+        f"cold secret under {sec['concurrency'] if sec else 100} concurrent requests: "
+        "vault calls", "= 1", float(sec["vault_calls"]) if sec else None, 0.0,
+        lambda a, b: a, lambda v: v == 1, "{:.0f}"))
+    out.append(_target(
+        "SSE first event: added delay over direct (p50)", "≤ 2 ms",
+        _val(rows, "gateway_sse", "sse", "ttfe_p50_ms"), _val(rows, "direct", "sse",
+                                                              "ttfe_p50_ms"),
+        diff, lambda v: v <= 2, "{:.2f} ms ({a:.2f} vs {b:.2f})"))
+    out.append(_target(
+        "SSE later events: added delivery delay over direct (p50, informational)", "—",
+        _val(rows, "gateway_sse", "sse", "event_delay_p50_ms"),
+        _val(rows, "direct", "sse", "event_delay_p50_ms"),
+        diff, lambda v: True, "{:.2f} ms ({a:.2f} vs {b:.2f})"))
+    out[-1]["status"] = "info" if out[-1]["status"] != "n/a" else "n/a"
+    return out

@@ -1,0 +1,360 @@
+"""The operator CLI, run in-process (`gateway.cli.main`) in a temporary working directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway import ca
+from gateway.cli import main
+from gateway.state import MemoryState
+from gateway.tokens import SigningKeys, TokenRefused, TokenService
+
+ROOT = Path(__file__).resolve().parent.parent
+
+AGENT = """\
+version: v1
+name: agent
+extends: [base]
+egress:
+  - host: api.openai.com
+    credential: openai
+    paths: ["/v1/chat/completions", "/v1/responses"]
+  - host: api.anthropic.com
+    credential: anthropic
+credentials:
+  openai: {preset: openai, secret: openai-api-key}
+  anthropic: {preset: anthropic, secret: anthropic-api-key}
+"""
+
+BASE = """\
+version: v1
+name: base
+egress:
+  - host: pypi.org
+"""
+
+
+class Cli:
+    def __init__(self, root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        self.root = root
+        self.capsys = capsys
+
+    def __call__(self, *argv: str) -> tuple[int, str, str]:
+        self.capsys.readouterr()
+        code = main(list(argv))
+        out, err = self.capsys.readouterr()
+        return code, out, err
+
+    def service(self, signing: Path | None = None) -> TokenService:
+        keys = SigningKeys.load(signing or self.root / "certs" / "signing", create=False)
+        known = {"agent": ["anthropic", "openai"], "base": []}
+        return TokenService(keys, MemoryState(), known.get)
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+        ) -> Cli:
+    for var in [v for v in os.environ if v.startswith("SANDBOX_GATEWAY_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "agent.yaml").write_text(AGENT)
+    (tmp_path / "policies" / "base.yaml").write_text(BASE)
+    return Cli(tmp_path, capsys)
+
+
+def claims(token: str) -> dict[str, Any]:
+    import base64
+
+    payload = token.split(".")[1]
+    return dict(json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))))
+
+
+# --- policy check / explain ------------------------------------------------------------
+
+
+def test_policy_check_good(cli: Cli) -> None:
+    code, out, err = cli("policy", "check")
+    assert code == 0, err
+    assert "2 policies" in out and "OK" in out
+    code, out, _ = cli("policy", "check", "policies")
+    assert code == 0 and out.startswith("policies: 2 policies")
+
+
+def test_policy_check_bad(cli: Cli, tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "a.yaml").write_text(textwrap.dedent("""\
+        version: v1
+        name: a
+        egress:
+          - host: example.com
+            prots: [443]
+          - host: "*"
+        """))
+    (bad / "b.yaml").write_text("version: v2\nname: b\n")
+    code, out, err = cli("policy", "check", str(bad))
+    assert code == 1
+    assert out == ""
+    lines = err.strip().splitlines()
+    problems = lines[:-1]
+    assert len(problems) >= 3
+    for line in problems:
+        assert re.match(r"^.+/[ab]\.yaml:\d+: \S", line), line
+    assert any(line.startswith(f"{bad}/a.yaml:5: ") and "prots" in line for line in problems)
+    assert re.match(rf"^{len(problems)} error\(s\) in {re.escape(str(bad))}$", lines[-1])
+
+
+def test_policy_check_empty_or_missing_dir(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    for directory in ("empty", "nope"):
+        code, _, err = cli("policy", "check", directory)
+        assert code == 1
+        assert re.match(rf"^{directory}:0: ", err)
+
+
+EXPLAIN = [
+    ("GET", "https://api.openai.com/v1/chat/completions", 0, "allow", "credential openai"),
+    ("POST", "api.anthropic.com/v1/messages", 0, "allow", "credential anthropic"),
+    ("GET", "https://pypi.org/simple/", 0, "allow", None),     # inherited from base
+    ("GET", "https://api.openai.com/v1/files", 1, "deny", None),
+    ("GET", "https://evil.example/", 1, "deny", None),
+    ("GET", "https://pypi.org:8443/", 1, "deny", None),
+]
+
+
+@pytest.mark.parametrize(("method", "url", "code", "decision", "inject"), EXPLAIN)
+def test_policy_explain(cli: Cli, method: str, url: str, code: int, decision: str,
+                        inject: str | None) -> None:
+    rc, out, err = cli("policy", "explain", "--policy", "agent", method, url)
+    assert rc == code, err
+    lines = out.splitlines()
+    assert lines[0] == f"decision: {decision}"
+    assert lines[1].startswith("reason:   ") and len(lines[1]) > 12
+    assert lines[2].startswith("rule:     ")
+    if decision == "allow":
+        assert re.match(r"rule:     .+\.yaml:\d+ \(host: ", lines[2])
+    if inject:
+        assert lines[3] == f"inject:   {inject}"
+    else:
+        assert not any(line.startswith("inject:") for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--policy", "nope", "GET", "https://pypi.org/"], "unknown policy 'nope'"),
+        (["--policy", "agent", "GET", "ftp://pypi.org/"], "unsupported URL scheme"),
+        (["--policy", "agent", "GET", "https://pypi.org:99999/"], "invalid URL"),
+    ],
+)
+def test_policy_explain_bad_input(cli: Cli, argv: list[str], message: str) -> None:
+    code, out, err = cli("policy", "explain", *argv)
+    assert out == ""
+    assert code == 2  # neither allow (0) nor deny (1): the question itself is wrong
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_policy_explain_dir(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x.yaml").write_text("version: v1\nname: x\negress:\n"
+                                               "  - host: x.example\n")
+    code, out, _ = cli("policy", "explain", "--dir", "other", "--policy", "x", "GET",
+                       "https://x.example/")
+    assert code == 0 and out.startswith("decision: allow")
+
+
+# --- token mint / rotate ---------------------------------------------------------------
+
+
+def test_token_mint_default_scope(cli: Cli) -> None:
+    code, out, err = cli("token", "mint", "--sandbox", "sb-1", "--policy", "agent")
+    assert code == 0, err
+    token = out.strip()
+    assert out.count("\n") == 1 and token.count(".") == 2
+    identity = cli.service().verify(token)
+    assert (identity.sandbox, identity.policy) == ("sb-1", "agent")
+    assert identity.scope == {"openai": None, "anthropic": None}
+    assert identity.expires_at - identity.issued_at == 15 * 60
+    assert (cli.root / "certs" / "signing").is_dir()
+
+
+def test_token_mint_scope_repeatable_and_ttl(cli: Cli) -> None:
+    code, out, err = cli("token", "mint", "--sandbox", "sb-2", "--policy", "agent",
+                         "--scope", "openai:/v1/responses", "--scope", "anthropic", "--ttl", "5m")
+    assert code == 0, err
+    identity = cli.service().verify(out.strip())
+    assert identity.scope == {"openai": frozenset({"/v1/responses"}), "anthropic": None}
+    assert identity.expires_at - identity.issued_at == 300
+
+
+def test_token_mint_json(cli: Cli) -> None:
+    code, out, _ = cli("token", "mint", "--sandbox", "sb-1", "--policy", "base", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert set(data) == {"token", "jti", "expires_at"}
+    assert claims(data["token"])["jti"] == data["jti"]
+    assert claims(data["token"])["exp"] == data["expires_at"]
+    assert claims(data["token"])["scope"] == ""
+    cli.service().verify(data["token"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--policy", "agent", "--ttl", "25h"], "longer than tokens.max_ttl"),
+        (["--policy", "agent", "--ttl", "soon"], "--ttl: 'soon' is not a duration"),
+        (["--policy", "nope"], "policy 'nope' does not exist"),
+        (["--policy", "agent", "--scope", "openai:v1"], "must start with /"),
+    ],
+)
+def test_token_mint_refused(cli: Cli, extra: list[str], message: str) -> None:
+    code, out, err = cli("token", "mint", "--sandbox", "sb-1", *extra)
+    assert code == 1
+    assert out == ""
+    assert err.startswith("sandbox-gateway: ") and message in err
+    assert "Traceback" not in err
+
+
+def test_token_mint_unknown_policy_lists_known(cli: Cli) -> None:
+    _, _, err = cli("token", "mint", "--sandbox", "sb-1", "--policy", "nope")
+    assert "known: agent, base" in err
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_config_option_before_or_after_the_subcommand(cli: Cli, tmp_path: Path,
+                                                      where: str) -> None:
+    (tmp_path / "gw.yaml").write_text("tokens: {default_ttl: 10m, max_ttl: 1h}\n"
+                                      "certs: other-certs\n")
+    mint = ["token", "mint", "--sandbox", "sb", "--policy", "agent", "--ttl", "2h"]
+    argv = ["--config", "gw.yaml", *mint] if where == "before" else [*mint, "--config", "gw.yaml"]
+    code, _, err = cli(*argv)
+    assert code == 1 and "longer than tokens.max_ttl (3600s)" in err
+    argv = [a for a in argv if a not in ("--ttl", "2h")]
+    code, out, _ = cli(*argv)
+    assert code == 0
+    service = cli.service(tmp_path / "other-certs" / "signing")
+    identity = service.verify(out.strip())
+    assert identity.expires_at - identity.issued_at == 600
+
+
+def test_token_rotate_key(cli: Cli) -> None:
+    _, first, _ = cli("token", "mint", "--sandbox", "sb", "--policy", "agent")
+    code, out, _ = cli("token", "rotate-key")
+    assert code == 0
+    kid = re.search(r"new signing key (\S+) in ", out)
+    assert kid is not None and "retired_kids" in out
+    signing = cli.root / "certs" / "signing"
+    assert len(list(signing.glob("*.pem"))) == 2
+    _, second, _ = cli("token", "mint", "--sandbox", "sb", "--policy", "agent")
+    import jwt
+
+    assert jwt.get_unverified_header(second.strip())["kid"] == kid.group(1)
+    service = cli.service()
+    service.verify(first.strip())    # old key still verifies
+    service.verify(second.strip())
+
+
+def test_token_retired_kid_from_config(cli: Cli, tmp_path: Path) -> None:
+    _, old, _ = cli("token", "mint", "--sandbox", "sb", "--policy", "agent")
+    import jwt
+
+    old_kid = jwt.get_unverified_header(old.strip())["kid"]
+    cli("token", "rotate-key")
+    (tmp_path / "gw.yaml").write_text(f"tokens: {{retired_kids: [{old_kid}]}}\n")
+    _, new, _ = cli("token", "mint", "--config", "gw.yaml", "--sandbox", "sb", "--policy",
+                    "agent")
+    assert jwt.get_unverified_header(new.strip())["kid"] != old_kid
+    keys = SigningKeys.load(tmp_path / "certs" / "signing", retired=[old_kid])
+    service = TokenService(keys, MemoryState(), {"agent": []}.get)
+    with pytest.raises(TokenRefused) as info:
+        service.verify(old.strip())
+    assert info.value.code == "token_unknown_key"
+
+
+# --- ca init ---------------------------------------------------------------------------
+
+
+def test_ca_init(cli: Cli) -> None:
+    code, out, _ = cli("ca", "init")
+    assert code == 0
+    certs = cli.root / "certs"
+    assert (certs / ca.CA_CERT).is_file() and (certs / ca.CA_KEY).is_file()
+    assert (certs / ca.CA_KEY).stat().st_mode & 0o777 == 0o600
+    assert str(certs / ca.CA_CERT) in out
+    before = (certs / ca.CA_KEY).read_bytes()
+
+    code, out, err = cli("ca", "init")
+    assert code == 1 and out == ""
+    assert "already holds a CA" in err
+    assert (certs / ca.CA_KEY).read_bytes() == before
+
+
+def test_ca_init_dir_and_half_pair(cli: Cli) -> None:
+    assert cli("ca", "init", "--dir", "elsewhere")[0] == 0
+    assert (cli.root / "elsewhere" / ca.CA_CERT).is_file()
+    (cli.root / "elsewhere" / ca.CA_CERT).unlink()
+    code, _, err = cli("ca", "init", "--dir", "elsewhere")
+    assert code == 1 and "already holds a CA" in err  # the key alone is never overwritten
+
+
+# --- env -------------------------------------------------------------------------------
+
+
+def test_env(cli: Cli) -> None:
+    _, out, _ = cli("token", "mint", "--sandbox", "sb-7", "--policy", "agent")
+    token = out.strip()
+    code, out, _ = cli("env", "--token", token, "--proxy", "http://gateway:8080")
+    assert code == 0
+    env = dict(line.split("=", 1) for line in out.splitlines())
+    assert env["HTTPS_PROXY"] == f"http://sb-7:{token}@gateway:8080"
+    assert env["HTTP_PROXY"] == env["HTTPS_PROXY"]
+    for var in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"):
+        assert env[var] == "/etc/sandbox-gateway/ca-bundle.pem"
+    assert env["OPENAI_API_KEY"] == token
+    assert env["ANTHROPIC_API_KEY"] == token
+
+
+def test_env_options(cli: Cli) -> None:
+    code, out, _ = cli("env", "--token", "T", "--proxy", "gateway:3128", "--sandbox", "box",
+                       "--ca-bundle", "/ca.pem")
+    assert code == 0
+    env = dict(line.split("=", 1) for line in out.splitlines())
+    assert env["HTTPS_PROXY"] == "http://box:T@gateway:3128"
+    assert env["SSL_CERT_FILE"] == "/ca.pem"
+    assert env["OPENAI_API_KEY"] == "T"
+
+
+# --- errors and the real entry point ---------------------------------------------------
+
+
+def test_bad_config_is_reported(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "gw.yaml").write_text("tokens: {max_tl: 1h}\n")
+    code, _, err = cli("policy", "check", "--config", "gw.yaml")
+    assert code == 1
+    assert "tokens.max_tl: unknown key; did you mean tokens.max_ttl?" in err
+
+
+def test_usage_errors_exit_2(cli: Cli) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["token", "mint", "--policy", "agent"])
+    assert info.value.code == 2
+
+
+def test_python_dash_m_help() -> None:
+    result = subprocess.run([sys.executable, "-m", "gateway", "--help"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: sandbox-gateway")
+    for command in ("run", "token", "policy", "ca", "env"):
+        assert command in result.stdout
