@@ -29,6 +29,7 @@ from gateway.addons.identify import Identify
 from gateway.addons.inject import Inject
 from gateway.addons.layers import SelectLayer
 from gateway.addons.record import Record
+from gateway.addons.transparent import Transparent
 from gateway.api.admin import AdminContext, build_admin_app
 from gateway.audit import Auditor
 from gateway.config import Config, HostPort
@@ -43,7 +44,7 @@ from gateway.resolver import (
     parse_overrides,
 )
 from gateway.secrets import SecretCache, SecretError, build_cache, build_store
-from gateway.state import StateStore, build_state
+from gateway.state import StateStore, StateUnavailable, build_state
 from gateway.tokens import SigningKeys, TokenService
 
 log = logging.getLogger("sandbox_gateway")
@@ -169,7 +170,10 @@ class Gateway:
             self.state: StateStore = self._state or build_state(cfg.state)
         except ValueError as exc:
             raise StartupError(str(exc)) from None
-        await self.state.start()
+        try:
+            await self.state.start()
+        except StateUnavailable as exc:
+            raise StartupError(f"state store: {exc}") from None
         self.tokens = TokenService(
             keys, self.state, self.policy_credentials,
             issuer=cfg.tokens.issuer, default_ttl=cfg.tokens.default_ttl,
@@ -226,17 +230,21 @@ class Gateway:
             # No errorcheck.ErrorCheck: the gateway validates its own startup, and
             # ErrorCheck exits on *any* error logged process-wide during startup.
             # The data flow, in order:
-            Identify(self.tokens, self.sessions, self.auditor),
+            Identify(self.tokens, self.sessions, self.auditor, self.state),
             Enforce(self.policy, self.sessions, self.auditor),
             Destinations(self.guard, self.sessions, self.auditor),
             Inject(self.tokens, self.secrets, self.current_policies, self.auditor),
+            Transparent(self.policy, self.guard, self.state, self.sessions, self.auditor),
             SelectLayer(self.sessions),
             Record(self.sessions, self.auditor),
         )
         assert self.proxy_address is not None
         host, port = self.proxy_address
+        modes = [f"regular@{host}:{port}"]
+        if self.config.listen.transparent is not None:
+            modes.append(f"transparent@{self.config.listen.transparent}")
         opts.update(
-            mode=[f"regular@{host}:{port}"],
+            mode=modes,
             confdir=str(confdir),
             ssl_verify_upstream_trusted_ca=str(upstream_bundle),
             ssl_insecure=False,
@@ -254,8 +262,10 @@ class Gateway:
         assert self.master is not None
         ps = self.master.addons.get("proxyserver")
         for _ in range(500):
-            if any(s.is_running for s in ps.servers) and self.admin_server is not None \
+            if all(s.is_running for s in ps.servers) and self.admin_server is not None \
                     and self.admin_server.started:
+                for server in ps.servers:
+                    self.address_policy.add_own_addresses(server.listen_addrs)
                 self._listening = True
                 metrics.POLICY_RULES.set(self.current_policies().rule_count)
                 return
@@ -271,6 +281,8 @@ class Gateway:
         if self.admin_server is not None:
             self.admin_server.should_exit = True
         if self.master is not None:
+            # Close the proxy listeners (mitmproxy's Done hook leaves them open).
+            await self.master.addons.get("proxyserver").servers.update([])
             self.master.shutdown()
         await self.reloader.stop()
         for task in self._tasks:

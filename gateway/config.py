@@ -3,9 +3,9 @@
 Every key is optional. A wrong key or value stops the gateway with a message that
 names it (`ConfigError("tokens.max_ttl: ...")`). Nested keys are overridden from the
 environment with a double underscore: `SANDBOX_GATEWAY_LISTEN__PROXY=0.0.0.0:3128`.
-Relative paths in a file are relative to that file; defaults are relative to the
-working directory. `SANDBOX_GATEWAY_SECRET_<NAME>` belongs to the `env` secret store,
-not to the configuration, and is ignored here.
+Relative paths (given or defaulted) are relative to the config file's directory, or
+to the working directory when there is no file. `SANDBOX_GATEWAY_SECRET_<NAME>`
+belongs to the `env` secret store, not to the configuration, and is ignored here.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from typing import Any
 import yaml
 
 ENV_PREFIX = "SANDBOX_GATEWAY_"
-_ENV_IGNORED = ("SECRET_", "CONFIG")
+# SECRET_*: the env secret store. PORT*/SERVICE_*: Kubernetes service links of a
+# Service named sandbox-gateway (SANDBOX_GATEWAY_PORT_8080_TCP, ..._SERVICE_HOST).
+_ENV_IGNORED = ("SECRET_", "CONFIG", "PORT", "SERVICE_")
 
 
 class ConfigError(ValueError):

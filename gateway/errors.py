@@ -9,7 +9,6 @@ policy names, hosts and paths.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from mitmproxy import http
 
@@ -33,13 +32,20 @@ STATUS_BY_CODE: dict[str, int] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
 class Refusal(Exception):
-    """A refused request: `code` picks the status, `reason` says what to change."""
+    """A refused request: `code` picks the status, `reason` says what to change.
 
-    code: str
-    reason: str
-    rule: str | None = None
+    A plain exception class (not a frozen dataclass: Python must be able to set
+    `__traceback__` when it is raised through context managers)."""
+
+    def __init__(self, code: str, reason: str, rule: str | None = None) -> None:
+        super().__init__(code, reason)
+        self.code = code
+        self.reason = reason
+        self.rule = rule
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.reason}"
 
     @property
     def status(self) -> int:

@@ -23,6 +23,7 @@ REDACTED = b"[REDACTED]"
 _TOKEN_HEADER = base64.urlsafe_b64encode(
     json.dumps({"alg": "EdDSA", "kid": ""}, separators=(",", ":")).encode()[:21]
 ).decode()
+TOKEN_PREFIX = _TOKEN_HEADER
 TOKEN_MARKERS: tuple[bytes, ...] = encoding_variants(_TOKEN_HEADER)
 
 

@@ -175,12 +175,14 @@ class Pinned:
         return self.ip, self.port if self.dial_port is None else self.dial_port
 
 
-@dataclass(frozen=True, slots=True)
 class DestinationRefused(Refusal):
     """A refused destination. `code` is `forbidden_destination` (403; `verdict` says
     which address and rule), `unresolvable` (502) or `bad_destination` (invalid host)."""
 
-    verdict: Verdict | None = None
+    def __init__(self, code: str, reason: str, rule: str | None = None,
+                 verdict: Verdict | None = None) -> None:
+        super().__init__(code, reason, rule)
+        self.verdict = verdict
 
 
 def parse_overrides(mapping: Mapping[str, str]) -> dict[str, tuple[str, int]]:

@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 
+class StateUnavailable(RuntimeError):
+    """The shared state store could not be reached; the change was not shared."""
+
+
 @dataclass(frozen=True, slots=True)
 class SandboxAddress:
     """A sandbox registered by source address (transparent mode)."""

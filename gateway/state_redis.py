@@ -48,16 +48,12 @@ from redis.exceptions import RedisError
 
 from gateway import metrics
 from gateway.resolver import unguarded
-from gateway.state import SandboxAddress
+from gateway.state import SandboxAddress, StateUnavailable
 
 log = logging.getLogger("sandbox_gateway.state")
 
 _STORE = "redis"
 _SCAN_BATCH = 1000
-
-
-class StateUnavailable(RuntimeError):
-    """The shared state store could not be reached; the change was not shared."""
 
 
 def redact_url(url: str) -> str:

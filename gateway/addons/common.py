@@ -44,7 +44,7 @@ class Tunnel:
 
     host: str
     port: int
-    decision: Decision
+    decision: Decision | None  # None: transparent, identity (so policy) known per request
     passthrough: bool
     started: float = field(default_factory=time.time)
 

@@ -15,9 +15,13 @@ import binascii
 from mitmproxy import connection, http
 
 from gateway import metrics
-from gateway.addons.common import IDENTITY, Sessions, fail_closed, refuse
+from gateway.addons.common import IDENTITY, ClientSession, Sessions, fail_closed, refuse
+from gateway.addons.transparent import registered_identity
 from gateway.audit import Auditor
+from gateway.destination import normalize_host
 from gateway.errors import Refusal
+from gateway.leaks import TOKEN_PREFIX
+from gateway.state import StateStore
 from gateway.tokens import Identity, TokenRefused, TokenService
 
 MISSING = Refusal(
@@ -46,11 +50,35 @@ def proxy_credentials(value: str) -> tuple[str | None, str] | None:
     return None
 
 
+UNREGISTERED = Refusal(
+    "unknown_sandbox",
+    "this source address is not a registered sandbox and the request carries no gateway "
+    "token; register it (POST /v1/sandboxes) or send the token as the API key",
+)
+
+
+def gateway_token_in(request: http.Request) -> str | None:
+    """A gateway token carried anywhere a provider key goes (headers, Basic, query)."""
+    candidates = list(request.headers.values()) + list(request.query.values())
+    for value in candidates:
+        if TOKEN_PREFIX not in value:
+            decoded = proxy_credentials(value)
+            if decoded is None or TOKEN_PREFIX not in decoded[1]:
+                continue
+            value = decoded[1]
+        for part in value.replace(",", " ").split():
+            if part.startswith(TOKEN_PREFIX):
+                return str(part)
+    return None
+
+
 class Identify:
     """Verifies proxy credentials and attaches the Identity to the connection and flow."""
 
-    def __init__(self, tokens: TokenService, sessions: Sessions, auditor: Auditor) -> None:
+    def __init__(self, tokens: TokenService, sessions: Sessions, auditor: Auditor,
+                 state: StateStore) -> None:
         self.tokens = tokens
+        self.state = state
         self.sessions = sessions
         self.auditor = auditor
 
@@ -86,6 +114,31 @@ class Identify:
         refuse(flow, refusal)
         self.auditor.refused(flow, refusal, identity=None)
 
+    def _tunnel_identity(self, flow: http.HTTPFlow, session: ClientSession) -> Identity | None:
+        """Inside a tunnel: the identity it was opened with, if still live. A transparent
+        connection from an unregistered source identifies by a token in the request."""
+        if session.token is not None:
+            token = session.token
+        elif session.identity is not None:  # registered by source address
+            assert flow.client_conn.peername is not None
+            current = registered_identity(self.state, normalize_host(
+                str(flow.client_conn.peername[0])))
+            if current is None or current.policy != session.identity.policy:
+                self._refuse(flow, UNREGISTERED, "unknown_sandbox")
+                return None
+            return current
+        else:
+            found = gateway_token_in(flow.request)
+            if found is None:
+                self._refuse(flow, UNREGISTERED, "unknown_sandbox")
+                return None
+            token = found
+        try:
+            return self.tokens.verify(token)
+        except TokenRefused as refused:
+            self._refuse(flow, Refusal(refused.code, refused.reason), refused.code)
+            return None
+
     def client_connected(self, client: connection.Client) -> None:
         metrics.OPEN_CONNECTIONS.inc()
 
@@ -105,15 +158,10 @@ class Identify:
         if flow.response is not None:
             return
         session = self.sessions.peek(flow.client_conn)
-        if session is not None and session.tunnel is not None and session.identity is not None:
-            # Inside a tunnel: the CONNECT's identity, still live?
-            try:
-                assert session.token is not None
-                identity = self.tokens.verify(session.token)
-            except TokenRefused as refused:
-                self._refuse(flow, Refusal(refused.code, refused.reason), refused.code)
-                return
-            flow.metadata[IDENTITY] = identity
+        if session is not None and session.tunnel is not None:
+            identity = self._tunnel_identity(flow, session)
+            if identity is not None:
+                flow.metadata[IDENTITY] = identity
             return
         authenticated = self._authenticate(flow)
         if authenticated is not None:

@@ -182,6 +182,24 @@ class Inject:
         flow.response.stream = redactor
 
 
+    @fail_closed
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        """Frames are checked like bodies: no leaks out, no key echoed back."""
+        assert flow.websocket is not None
+        message = flow.websocket.messages[-1]
+        if message.from_client:
+            if self._leak(message.content, _destination(flow)) is not None:
+                metrics.EXFILTRATION_BLOCKED.labels(kind="websocket").inc()
+                message.drop()
+                flow.kill()
+            return
+        injected: tuple[str, SecretValue] | None = flow.metadata.get(SECRET)
+        if injected is not None:
+            redactor = Redactor(injected[1].variants())
+            if contains_any(message.content, redactor.variants):
+                message.content = redactor.redact(message.content)
+
+
 class _BodyScanner:
     """Streams a request body through, refusing it (cut off) if a chunk leaks."""
 

@@ -67,7 +67,7 @@ class SelectLayer(NextLayer):
             if tunnel is None:
                 nextlayer.layer = RefuseLayer(context, "tunnel without a decision")
                 return
-            rule = tunnel.decision.rule
+            rule = tunnel.decision.rule if tunnel.decision is not None else None
             if rule is not None and rule.protocol == "tcp":
                 nextlayer.layer = TCPLayer(context, ignore=True)
                 return
@@ -80,4 +80,8 @@ class SelectLayer(NextLayer):
                         context, f"non-TLS bytes in a tunnel to {tunnel.host}:{tunnel.port}; "
                         "add protocol: tcp to the rule to allow raw TCP")
                 return  # fewer than 3 bytes: wait for more
+        elif len(context.layers) == 1 and isinstance(context.layers[0], modes.TransparentProxy):
+            session = self.sessions.peek(context.client)
+            if session is None or session.tunnel is None:
+                return  # the Transparent addon has not decided yet: wait for more bytes
         super().next_layer(nextlayer)

@@ -75,12 +75,23 @@ class Record:
             flow.metadata.get(PATH, "intercept"), flow.metadata.get(CREDENTIAL),
         )
 
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        """Relay frames, never keep them: mitmproxy stores every message by default."""
+        assert flow.websocket is not None
+        metrics.BYTES.labels(direction="websocket").inc(len(flow.websocket.messages[-1].content))
+        flow.websocket.messages.clear()
+
+    def websocket_end(self, flow: http.HTTPFlow) -> None:
+        self._complete(flow)
+
     def client_disconnected(self, client: connection.Client) -> None:
         session = self.sessions.drop(client)
         if session is None or session.tunnel is None or not session.tunnel.passthrough:
             return
         tunnel, identity = session.tunnel, session.identity
         decision = tunnel.decision
+        if decision is None:
+            return
         peer = client.peername
         self.auditor.tunnel({
             "sandbox": identity.sandbox if identity else None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -22,6 +23,7 @@ from starlette.routing import Route
 from gateway import metrics
 from gateway.config import ConfigError, parse_duration
 from gateway.policy import PolicySet, explain
+from gateway.state import StateUnavailable
 from gateway.tokens import TokenError, TokenService, parse_scope
 
 
@@ -116,9 +118,10 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         jti = data.get("jti")
         if not isinstance(jti, str) or not jti:
             return _error(400, "bad_request", "jti is required")
-        import time
-
-        await ctx.tokens.state.revoke(jti, time.time() + ctx.tokens.max_lifetime)
+        try:
+            await ctx.tokens.state.revoke(jti, time.time() + ctx.tokens.max_lifetime)
+        except StateUnavailable as exc:
+            return _error(503, "state_unavailable", str(exc))
         return JSONResponse({"revoked": jti})
 
     @protected

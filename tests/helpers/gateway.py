@@ -92,8 +92,17 @@ class GatewayThread:
         return str(self.call(_mint()))
 
     def stop(self) -> None:
+        async def drain() -> None:
+            # Like asyncio.run(): cancel what is left (client handlers of open
+            # connections) so nothing is destroyed pending when the loop closes.
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
         try:
             self.call(self.gateway.stop())
+            self.call(drain())
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(5)

@@ -14,12 +14,11 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import GatewayFactory
 from helpers.clients import raw_connect
 from helpers.gateway import GatewayThread
 from helpers.tls import LocalCA
 from helpers.upstream import Upstream
-
-from conftest import GatewayFactory
 
 POLICY = """
 version: v1

@@ -1,0 +1,73 @@
+"""The benchmark cannot rot: ``python -m bench --quick`` runs end to end (tiny sizes).
+
+It drives the real tools (nginx, squid, mitmdump, the gateway) on 127.0.0.1, so a
+missing tool fails here loudly (``make tools`` / ``scripts/test-tools.sh`` installs
+them). The full benchmark is never part of the test command: ``make bench``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import ROWS
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPECTED_ROWS = {"direct", "gateway_passthrough", "gateway_policy", "gateway_inject",
+                 "gateway_sse", "mitmdump", "squid"}
+WORKLOAD_FIELDS = {
+    "get_c1": ("rps", "p50_ms", "p99_ms", "client_cpu_pct"),
+    "get_c10": ("rps", "p50_ms", "p99_ms", "client_cpu_pct"),
+    "download": ("mb_per_s",),
+    "sse": ("ttfe_p50_ms", "event_delay_p50_ms"),
+    "idle": ("kb_per_tunnel",),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_quick_benchmark_produces_every_row_and_workload(tmp_path: Path) -> None:
+    out = tmp_path / "quick.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=280, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(out.read_text())
+
+    meta = results["meta"]
+    assert meta["quick"] is True
+    assert meta["upstream"] == "nginx", "nginx is missing: run scripts/test-tools.sh"
+    assert meta["squid"], "squid is missing: run scripts/test-tools.sh"
+    for key in ("date", "nproc", "cpu_model", "kernel"):
+        assert meta[key]
+
+    assert {r.key for r in ROWS} == EXPECTED_ROWS
+    assert set(results["rows"]) == EXPECTED_ROWS
+    for row in ROWS:
+        entry = results["rows"][row.key]
+        assert set(row.workloads) <= set(entry), row.key
+        for workload in row.workloads:
+            res = entry[workload]
+            assert "error" not in res, f"{row.key}/{workload}: {res['error']}"
+            assert "na" not in res, f"{row.key}/{workload}: {res['na']}"
+            for field in WORKLOAD_FIELDS[workload]:
+                assert isinstance(res[field], int | float), f"{row.key}/{workload}/{field}"
+            if workload.startswith("get"):
+                assert res["ok"] == res["requests"] > 0, f"{row.key}/{workload}: {res}"
+            if row.proxy is not None and workload.startswith("get"):
+                assert "proxy_cpu_us_per_req" in res
+
+    assert set(results["policy"]) == {"10", "100", "1000"}
+    for entry in results["policy"].values():
+        for level in ("tunnel", "request", "request_hot"):
+            assert entry[level]["p99_us"] > 0
+    assert results["cold_secret"]["vault_calls"] == 1
+    statuses = {t["status"] for t in results["targets"]}
+    assert statuses <= {"PASS", "MISS", "info"}, results["targets"]
+
+    assert "targets (ratios from this run)" in proc.stdout
+    assert out.with_suffix(".md").read_text().startswith("_")
