@@ -31,7 +31,7 @@ from typing import Any
 
 from bench import micro, report, targets
 from bench.proxies import GatewayProxy, MitmdumpProxy, Proxy, SquidProxy
-from bench.upstream import SSEServer, StaticUpstream, LocalCA, stop_process
+from bench.upstream import LocalCA, SSEServer, StaticUpstream, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -149,6 +149,7 @@ class Bench:
             if warm and set(warm) != {200}:
                 return {"warmup_statuses": warm}
             cpu0 = proxy.cpu_seconds() if proxy else 0.0
+            ticks0 = proxy.cpu_ticks_seconds() if proxy else 0.0
             rss0 = proxy.rss_kb() if proxy else 0
             assert proc.stdin is not None
             proc.stdin.write(b"go\n")
@@ -158,6 +159,7 @@ class Bench:
                 time.sleep(0.5)  # let the proxy settle its buffers
             if proxy is not None:
                 result["proxy_cpu_s"] = proxy.cpu_seconds() - cpu0
+                result["proxy_cpu_s_ticks"] = proxy.cpu_ticks_seconds() - ticks0
                 result["proxy_rss_kb_before"] = rss0
                 result["proxy_rss_kb_after"] = proxy.rss_kb()
             proc.stdin.write(b"bye\n")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import resource
@@ -147,10 +148,8 @@ async def _close(conns: list[Conn]) -> None:
     for _, writer in conns:
         writer.close()
     for _, writer in conns:
-        try:
+        with contextlib.suppress(OSError, TimeoutError, ssl.SSLError):
             await asyncio.wait_for(writer.wait_closed(), 2)
-        except (OSError, TimeoutError, ssl.SSLError):
-            pass
 
 
 async def _warm(spec: Spec, ctx: ssl.SSLContext, n: int) -> tuple[list[Conn], dict[int, int]]:

@@ -14,7 +14,7 @@ All expose ``pid``, ``cpu_seconds()`` (utime+stime of the process tree from /pro
 
 from __future__ import annotations
 
-import base64
+import contextlib
 import os
 import shutil
 import subprocess
@@ -51,17 +51,56 @@ def _tree(pid: int) -> list[int]:
     return seen
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime+stime of ``pid`` and its descendants (all threads), in seconds."""
-    total = 0
-    for p in _tree(pid):
+def _stat_seconds(pid: int) -> float:
+    """utime+stime of one process (all threads, exited ones too), in 1/CLK_TCK ticks."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15)
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def cpu_ticks_seconds(pid: int) -> float:
+    """utime+stime of ``pid`` and its descendants from /proc/<pid>/stat (10 ms ticks)."""
+    return sum(_stat_seconds(p) for p in _tree(pid))
+
+
+def _sched_seconds(pid: int) -> float | None:
+    """Sum of ``se.sum_exec_runtime`` (ms, µs precision) over the threads of ``pid``."""
+    total = 0.0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tids:
         try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
-        except (OSError, IndexError, ValueError):
-            pass
-    return total / CLK_TCK
+            with open(f"/proc/{pid}/task/{tid}/sched") as f:
+                for line in f:
+                    if line.startswith("se.sum_exec_runtime"):
+                        total += float(line.split(":", 1)[1])
+                        break
+                else:
+                    return None
+        except FileNotFoundError:
+            if tid == str(pid):
+                return None  # no /proc/<pid>/sched on this kernel (CONFIG_SCHED_DEBUG off)
+        except OSError:
+            return None
+    return total / 1e3
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user+system, all threads) of ``pid`` and its descendants, in seconds.
+
+    From the scheduler's ``sum_exec_runtime`` where the kernel exposes it (µs
+    precision, so short ``--quick`` runs still measure); else utime+stime ticks.
+    """
+    total = 0.0
+    for p in _tree(pid):
+        precise = _sched_seconds(p)
+        total += precise if precise is not None else _stat_seconds(p)
+    return total
 
 
 def rss_kb(pid: int) -> int:
@@ -95,6 +134,9 @@ class Proxy:
 
     def cpu_seconds(self) -> float:
         return cpu_seconds(self.pid)
+
+    def cpu_ticks_seconds(self) -> float:
+        return cpu_ticks_seconds(self.pid)
 
     def rss_kb(self) -> int:
         return rss_kb(self.pid)
@@ -315,7 +357,10 @@ class SquidProxy(Proxy):
     def __init__(self, workdir: Path, static_port: int, sse_port: int, cpu: int | None) -> None:
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.dir, 0o777)  # squid drops to its cache_effective_user (proxy) when root
+        # Started as root, squid drops to its cache_effective_user (proxy), which must reach
+        # its config, hosts file and logs: traverse-only on the parent, writable here.
+        os.chmod(self.dir.parent, 0o711)
+        os.chmod(self.dir, 0o777)
         self.port = free_port()
         (self.dir / "hosts").write_text("".join(f"127.0.0.1 {n}\n" for n in NAMES))
         (self.dir / "squid.conf").write_text(SQUID_CONF.format(
@@ -341,12 +386,7 @@ class SquidProxy(Proxy):
     def log_tail(self) -> str:
         out = ""
         for name in ("squid.out", "cache.log"):
-            try:
+            with contextlib.suppress(OSError):
                 out += (self.dir / name).read_text(errors="replace")[-800:]
-            except OSError:
-                pass
         return out
 
-
-def basic(user_pass: str) -> str:
-    return base64.b64encode(user_pass.encode()).decode()

@@ -46,8 +46,8 @@ def machine_info() -> dict[str, Any]:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "mitmproxy": mitm_version,
-        "nginx": _version(["nginx", "-v"]),
-        "squid": _version(["squid", "-v"]),
+        "nginx": _version([shutil.which("nginx") or "/usr/sbin/nginx", "-v"]),
+        "squid": _version([shutil.which("squid") or "/usr/sbin/squid", "-v"]),
     }
 
 
@@ -67,7 +67,10 @@ def derive(workload: str, res: dict[str, Any]) -> None:
         if cpu is not None and res.get("bytes"):
             res["proxy_cpu_ms_per_mb"] = cpu * 1e3 / (res["bytes"] / 1e6)
         res["client_bound"] = res.get("client_cpu_pct", 0) >= CLIENT_BOUND_PCT
-    elif workload == "idle" and res.get("tunnels"):
+    elif workload == "idle":
+        if not res.get("tunnels"):
+            res["error"] = f"no tunnel opened: {res.get('first_error')}"
+            return
         delta = res["proxy_rss_kb_after"] - res["proxy_rss_kb_before"]
         res["kb_per_tunnel"] = delta / res["tunnels"]
 
@@ -78,12 +81,14 @@ def brief(workload: str, res: dict[str, Any]) -> str:
     if "na" in res:
         return "n/a (" + res["na"] + ")"
     if workload.startswith("get"):
-        return (f"{res['rps']:.0f} req/s p50 {res['p50_ms']:.2f} ms, "
-                f"proxy {res.get('proxy_cpu_us_per_req', math.nan):.0f} µs/req, "
+        proxy = (f"proxy {res['proxy_cpu_us_per_req']:.0f} µs CPU/req, "
+                 if "proxy_cpu_us_per_req" in res else "")
+        return (f"{res['rps']:.0f} req/s p50 {res['p50_ms']:.2f} ms, {proxy}"
                 f"client {res['client_cpu_pct']:.0f}% CPU")
     if workload == "download":
-        return (f"{res['mb_per_s']:.0f} MB/s, proxy "
-                f"{res.get('proxy_cpu_ms_per_mb', math.nan):.2f} ms CPU/MB")
+        proxy = (f", proxy {res['proxy_cpu_ms_per_mb']:.2f} ms CPU/MB"
+                 if "proxy_cpu_ms_per_mb" in res else "")
+        return f"{res['mb_per_s']:.0f} MB/s{proxy}"
     if workload == "sse":
         return (f"first event {res['ttfe_p50_ms']:.2f} ms, "
                 f"event delay {res['event_delay_p50_ms']:.2f} ms")

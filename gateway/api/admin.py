@@ -23,7 +23,8 @@ from starlette.routing import Route
 from gateway import metrics
 from gateway.config import ConfigError, parse_duration
 from gateway.policy import PolicySet, explain
-from gateway.state import StateUnavailable
+from gateway.destination import DestinationError, is_ip, normalize_host
+from gateway.state import SandboxAddress, StateUnavailable
 from gateway.tokens import TokenError, TokenService, parse_scope
 
 
@@ -125,6 +126,46 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         return JSONResponse({"revoked": jti})
 
     @protected
+    async def register_sandbox(request: Request) -> Response:
+        """Transparent mode: connections from `ip` are sandbox `id` under `policy`."""
+        try:
+            data = await body(request)
+            sandbox, ip, policy = data.get("id"), data.get("ip"), data.get("policy")
+            if not all(isinstance(x, str) and x for x in (sandbox, ip, policy)):
+                raise ValueError("id, ip and policy are required strings")
+            address = normalize_host(str(ip))
+            if not is_ip(address):
+                raise ValueError(f"ip {ip!r} is not an IP address")
+            if ctx.policies().get(str(policy)) is None:
+                raise ValueError(f"policy {policy!r} does not exist; see GET /v1/policies")
+            entry = SandboxAddress(sandbox=str(sandbox), ip=address, policy=str(policy))
+            await ctx.tokens.state.register_sandbox(entry)
+        except (ValueError, DestinationError) as exc:
+            return _error(400, "bad_request", str(exc))
+        except StateUnavailable as exc:
+            return _error(503, "state_unavailable", str(exc))
+        return JSONResponse({"id": entry.sandbox, "ip": entry.ip, "policy": entry.policy})
+
+    @protected
+    async def unregister_sandbox(request: Request) -> Response:
+        try:
+            address = normalize_host(request.path_params["ip"])
+            removed = await ctx.tokens.state.unregister_sandbox(address)
+        except DestinationError as exc:
+            return _error(400, "bad_request", str(exc))
+        except StateUnavailable as exc:
+            return _error(503, "state_unavailable", str(exc))
+        if not removed:
+            return _error(404, "not_found", f"no sandbox is registered at {address}")
+        return JSONResponse({"removed": address})
+
+    @protected
+    async def list_sandboxes(request: Request) -> Response:
+        return JSONResponse({"sandboxes": [
+            {"id": e.sandbox, "ip": e.ip, "policy": e.policy}
+            for e in ctx.tokens.state.sandboxes()]})
+
+    @protected
     async def policies(request: Request) -> Response:
         current = ctx.policies()
         return JSONResponse({"policies": [
@@ -157,6 +198,9 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         Route("/.well-known/jwks.json", jwks),
         Route("/v1/tokens", mint, methods=["POST"]),
         Route("/v1/tokens/revoke", revoke, methods=["POST"]),
+        Route("/v1/sandboxes", register_sandbox, methods=["POST"]),
+        Route("/v1/sandboxes", list_sandboxes, methods=["GET"]),
+        Route("/v1/sandboxes/{ip}", unregister_sandbox, methods=["DELETE"]),
         Route("/v1/policies", policies),
         Route("/v1/explain", explain_endpoint, methods=["POST"]),
     ])
