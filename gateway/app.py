@@ -28,6 +28,7 @@ from gateway.addons.enforce import Enforce
 from gateway.addons.identify import Identify
 from gateway.addons.inject import Inject
 from gateway.addons.layers import SelectLayer
+from gateway.addons.local_api import LocalApi
 from gateway.addons.record import Record
 from gateway.addons.transparent import Transparent
 from gateway.api.admin import AdminContext, build_admin_app
@@ -232,6 +233,7 @@ class Gateway:
             # The data flow, in order:
             Identify(self.tokens, self.sessions, self.auditor, self.state),
             Enforce(self.policy, self.sessions, self.auditor),
+            LocalApi(self.tokens),
             Destinations(self.guard, self.sessions, self.auditor),
             Inject(self.tokens, self.secrets, self.current_policies, self.auditor),
             Transparent(self.policy, self.guard, self.state, self.sessions, self.auditor),

@@ -29,6 +29,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "unresolvable": 502,
     "secret_unavailable": 503,
     "gateway_error": 500,
+    "bad_request": 400,
 }
 
 

@@ -95,6 +95,7 @@ class Identity:
     issued_at: float
     expires_at: float
     lifetime_end: float
+    family: str = ""  # jti of the first token of a refresh chain (revoking it ends them all)
 
     def allows_credential(self, name: str, path: str) -> bool:
         """Is credential `name` in scope for request `path`? (prefix `**` patterns allowed)."""
@@ -216,8 +217,10 @@ class TokenService:
         ttl: float | None = None,
         lifetime: float | None = None,
         lifetime_end: float | None = None,
+        family: str | None = None,
     ) -> MintedToken:
-        """Sign a token. `scope` None = every credential the policy references."""
+        """Sign a token. `scope` None = every credential the policy references.
+        `family`: the first jti of a refresh chain (a fresh mint starts a new one)."""
         if not sandbox or not sandbox.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise TokenError("sandbox id must be letters, digits, '-', '_' or '.'")
         credentials = self.policy_credentials(policy)
@@ -239,7 +242,7 @@ class TokenService:
         claims = {
             "iss": self.issuer, "aud": AUDIENCE, "sub": sandbox, "pol": policy,
             "scope": format_scope(scope), "iat": int(now), "nbf": int(now),
-            "exp": int(exp), "jti": jti, "lim": int(lifetime_end),
+            "exp": int(exp), "jti": jti, "lim": int(lifetime_end), "fam": family or jti,
         }
         kid = self.keys.signing_kid
         token = jwt.encode(claims, self.keys.private[kid], algorithm="EdDSA",
@@ -261,7 +264,7 @@ class TokenService:
         if now + self.leeway < identity.issued_at:
             raise TokenRefused("token_not_yet_valid",
                                "the token is not valid yet (nbf in the future); check clocks")
-        if self.state.is_revoked(identity.jti):
+        if self.state.is_revoked(identity.jti) or self.state.is_revoked(identity.family):
             raise TokenRefused("token_revoked", f"token {identity.jti} was revoked; mint a new one")
         if self.policy_credentials(identity.policy) is None:
             raise TokenRefused("unknown_policy", f"the token names policy {identity.policy!r}, "
@@ -313,6 +316,7 @@ class TokenService:
                 sandbox=str(claims["sub"]), policy=str(claims["pol"]), jti=str(claims["jti"]),
                 scope=scope, issued_at=float(claims["nbf"]), expires_at=float(claims["exp"]),
                 lifetime_end=float(claims.get("lim", claims["exp"])),
+                family=str(claims.get("fam", claims["jti"])),
             )
         except (KeyError, TypeError, ValueError, TokenError):
             raise TokenRefused("token_invalid", "the token's claims are incomplete; "
@@ -325,7 +329,7 @@ class TokenService:
             raise TokenRefused("token_lifetime_over", "the sandbox's maximum lifetime is over; "
                                "mint a new token")
         return self.mint(identity.sandbox, identity.policy, identity.scope, ttl=ttl,
-                         lifetime_end=identity.lifetime_end)
+                         lifetime_end=identity.lifetime_end, family=identity.family)
 
 
 def _iso(ts: float) -> str:

@@ -14,6 +14,7 @@ from mitmproxy.proxy import server_hooks
 
 from gateway import metrics
 from gateway.addons.common import IDENTITY, Sessions, fail_closed, refuse
+from gateway.addons.local_api import INTERNAL_HOST
 from gateway.audit import Auditor
 from gateway.destination import normalize_host
 from gateway.errors import Refusal
@@ -46,6 +47,8 @@ class Destinations:
             return
         session = self.sessions.get(flow.client_conn)
         assert session.tunnel is not None, "an allowed CONNECT always has a tunnel"
+        if session.tunnel.host == INTERNAL_HOST:
+            return  # served by the gateway itself (LocalApi); never dialled
         await self._check(flow, session.tunnel.host, session.tunnel.port)
         if flow.response is not None:
             session.tunnel = None
