@@ -521,3 +521,37 @@ def test_no_value_in_errors_logs_or_metric_labels(caplog: pytest.LogCaptureFixtu
     blob = "\n".join(texts)
     for variant in SecretValue(VALUE).variants():
         assert variant.decode("latin-1") not in blob
+
+
+def test_refetch_under_an_eager_task_factory() -> None:
+    """mitmproxy runs its loop with asyncio.eager_task_factory: a store that answers
+    without suspending finishes inside create_task. The cache must not keep that
+    finished task as 'in flight' (it would serve its old value forever)."""
+    from gateway.secrets import SecretValue
+
+    class Instant:
+        name = "instant"
+
+        def __init__(self) -> None:
+            self.value = "first-secret-value-0123456789"
+            self.calls = 0
+
+        async def fetch(self, secret_name: str) -> SecretValue:
+            self.calls += 1
+            return SecretValue(self.value)
+
+        async def close(self) -> None:
+            return None
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().set_task_factory(asyncio.eager_task_factory)
+        store = Instant()
+        cache = SecretCache(store)  # type: ignore[arg-type]
+        first = await cache.get("k")
+        store.value = "second-secret-value-0123456789"
+        cache.invalidate("k", rejected=first)
+        assert (await cache.get("k")).reveal() == "second-secret-value-0123456789"
+        assert store.calls == 2
+        await cache.close()
+
+    asyncio.run(scenario())

@@ -120,7 +120,8 @@ class SecretCache:
             self._count("hit")
             return value
 
-        if entry.inflight is None:
+        task = entry.inflight
+        if task is None:
             if now < entry.retry_at:
                 if value is not None:
                     self._count("stale")
@@ -128,10 +129,9 @@ class SecretCache:
                 self._count("unavailable")
                 wait = entry.retry_at - now
                 raise SecretUnavailable(name, f"{entry.last_error} (next attempt in {wait:.1f}s)")
-            self._start_fetch(name, entry)
-        assert entry.inflight is not None
+            task = self._start_fetch(name, entry)
         # shield: a caller that gives up must not cancel the fetch others share.
-        outcome = await asyncio.shield(entry.inflight)
+        outcome = await asyncio.shield(task)
         if isinstance(outcome, SecretValue):
             self._count("miss")
             return outcome
@@ -185,8 +185,12 @@ class SecretCache:
     def _count(self, outcome: str) -> None:
         metrics.SECRET_CACHE.labels(outcome=outcome).inc()
 
-    def _start_fetch(self, name: str, entry: _Entry) -> None:
-        entry.inflight = asyncio.create_task(self._fetch(name, entry), name=f"secret-fetch:{name}")
+    def _start_fetch(self, name: str, entry: _Entry) -> asyncio.Task[_Outcome]:
+        task = asyncio.create_task(self._fetch(name, entry), name=f"secret-fetch:{name}")
+        # Under an eager task factory (mitmproxy installs one) a fetch that never
+        # suspends has already finished, and cleared `inflight`, by now.
+        entry.inflight = None if task.done() else task
+        return task
 
     async def _fetch(self, name: str, entry: _Entry) -> _Outcome:
         """Fetch once and update the entry. Never raises (except on cancel)."""

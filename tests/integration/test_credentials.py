@@ -231,3 +231,42 @@ def test_key_never_reaches_other_hosts(inference_gateway: GatewayThread,
         c.get("https://unbound.test/x", headers={"Authorization": "Bearer not-a-token"})
     assert all(OPENAI_KEY not in json.dumps(r.headers) for r in upstream.requests
                if r.headers.get("host") != "api.openai.com")
+
+
+def test_rotated_key_is_refetched_after_upstream_401(inference_gateway: GatewayThread,
+                                                     upstream: Upstream,
+                                                     tmp_path: Path) -> None:
+    gw = inference_gateway
+    token = gw.mint("agent")
+    _prime(gw, token)
+    rotated = "sk-rotated-openai-key-9876543210fedcba"
+    secrets = tmp_path / "secrets.yaml"
+    secrets.write_text(f"openai-api-key: {rotated}\nanthropic-api-key: {ANTHROPIC_KEY}\n")
+    with _client(gw, token) as c:
+        auth = {"Authorization": f"Bearer {token}"}
+        # Cached: the old key is still used until the upstream rejects it.
+        assert c.get("https://api.openai.com/status/401", headers=auth).status_code == 401
+        assert upstream.requests[-1].headers["authorization"] == f"Bearer {OPENAI_KEY}"
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            assert c.post("https://api.openai.com/v1/chat/completions", json={},
+                          headers=auth).status_code == 200
+            if upstream.requests[-1].headers["authorization"] == f"Bearer {rotated}":
+                break
+            time.sleep(0.1)
+    assert upstream.requests[-1].headers["authorization"] == f"Bearer {rotated}"
+
+
+def test_large_request_bodies_stream_and_are_scanned(inference_gateway: GatewayThread,
+                                                     upstream: Upstream) -> None:
+    gw = inference_gateway
+    token = gw.mint("agent")
+    _prime(gw, token)
+    body = b"a" * (3 * 1024 * 1024)
+    with _client(gw, token) as c:
+        r = c.post("https://unbound.test/upload", content=body)
+    assert r.status_code == 200 and len(upstream.requests[-1].body) == len(body)
+    # A key hidden at the end of a large (streamed) body never reaches the upstream.
+    with _client(gw, token) as c, pytest.raises(httpx.HTTPError):
+        c.post("https://unbound.test/upload2", content=body + OPENAI_KEY.encode())
+    assert all(OPENAI_KEY.encode() not in req.body for req in upstream.requests)
