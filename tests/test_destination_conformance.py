@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from conformance import CASES_FILE
 
 from gateway.destination import AddressPolicy, DestinationError, Verdict, parse_authority
-
-CASES_FILE = Path(__file__).resolve().parents[1].parent / "shared/conformance/egress_cases.yaml"
 
 if not CASES_FILE.exists():  # pragma: no cover - only outside the project checkout
     pytest.skip(f"conformance data not found at {CASES_FILE}", allow_module_level=True)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from conformance import CASES_FILE
 
 from gateway.policy import (
     HostPatternError,
@@ -18,8 +18,6 @@ from gateway.policy import (
     load_policy_text,
     normalize_host,
 )
-
-CASES_FILE = Path(__file__).resolve().parents[1].parent / "shared/conformance/egress_cases.yaml"
 
 
 def _load() -> dict[str, Any]:

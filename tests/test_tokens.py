@@ -107,7 +107,9 @@ def test_mint_verify_round_trip(env: Env) -> None:
     header, claims = header_of(minted.token), claims_of(minted.token)
     assert header["alg"] == "EdDSA"
     assert header["kid"] == env.keys.signing_kid
-    assert set(claims) == {"iss", "aud", "sub", "pol", "scope", "iat", "nbf", "exp", "jti", "lim"}
+    assert set(claims) == {"iss", "aud", "sub", "pol", "scope", "iat", "nbf", "exp", "jti", "lim",
+                           "fam"}
+    assert claims["fam"] == claims["jti"]  # a fresh mint starts its own refresh chain
     assert claims["iss"] == "sandbox-gateway"
     assert claims["aud"] == "sandbox-gateway"
     assert (claims["sub"], claims["pol"]) == ("sb-1", "agent")
@@ -123,6 +125,7 @@ def test_mint_verify_round_trip(env: Env) -> None:
         sandbox="sb-1", policy="agent", jti=minted.jti,
         scope={"openai": None, "anthropic": frozenset({"/v1/messages"})},
         issued_at=T0, expires_at=T0 + 600, lifetime_end=float(claims["lim"]),
+        family=minted.jti,
     )
 
 
