@@ -120,6 +120,7 @@ def _parse_port(text: str, authority: str) -> int:
     return port
 
 
+@functools.lru_cache(maxsize=8192)
 def parse_authority(authority: str, default_port: int | None = None) -> tuple[str, int]:
     """Parse a CONNECT authority (`host:port`, `[v6]:port`) into a normalised (host, port).
 
@@ -256,8 +257,10 @@ def _normalize(host: str, *, strip_dot: bool) -> str:
     return name if strip_dot else ascii_host
 
 
+@functools.lru_cache(maxsize=8192)
 def normalize_host(host: str) -> str:
-    """Canonical form of a host for matching and checking.
+    """Canonical form of a host for matching and checking (memoised: it runs several
+    times per request on the same few names; errors are not cached).
 
     Lowercase, one trailing dot stripped, IDN as punycode, IP literals in any encoding
     as canonical `ipaddress` text (zone ids dropped). Raises DestinationError for

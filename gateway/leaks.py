@@ -12,6 +12,7 @@ chunk (or at the end).
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections.abc import Iterable
 
@@ -45,6 +46,8 @@ class Redactor:
 
     def __init__(self, variants: Iterable[bytes]) -> None:
         self.variants = tuple(sorted(set(variants), key=len, reverse=True))
+        self._prefixes = _prefixes(self.variants)
+        self._longest = len(self.variants[0]) if self.variants else 0
         self._held = b""
         self.redactions = 0
 
@@ -70,10 +73,14 @@ class Redactor:
 
     def _partial_tail(self, data: bytes) -> int:
         """Length of the longest tail of `data` that is a proper prefix of a variant."""
-        best = 0
-        for v in self.variants:
-            for n in range(min(len(v) - 1, len(data)), best, -1):
-                if data.endswith(v[:n]):
-                    best = n
-                    break
-        return best
+        prefixes = self._prefixes
+        for n in range(min(self._longest - 1, len(data)), 0, -1):
+            if data[-n:] in prefixes:
+                return n
+        return 0
+
+
+@functools.lru_cache(maxsize=256)
+def _prefixes(variants: tuple[bytes, ...]) -> frozenset[bytes]:
+    """Every proper prefix of every variant (computed once per secret)."""
+    return frozenset(v[:n] for v in variants for n in range(1, len(v)))

@@ -91,7 +91,7 @@ def _refuse_target(target: object) -> None:
     if isinstance(target, http.HTTPFlow):
         if target.response is None:
             refuse(target, GATEWAY_ERROR)
-        elif REFUSAL not in target.metadata:
+        elif REFUSAL not in target.metadata and target.killable:
             target.kill()  # an upstream response is under way: cut it off
     elif isinstance(target, server_hooks.ServerConnectionHookData):
         target.server.error = "refused: gateway error while checking the destination"

@@ -39,6 +39,7 @@ from gateway.secrets import SecretCache, SecretUnavailable, SecretValue
 from gateway.tokens import Identity, TokenRefused, TokenService
 
 _SCAN_LIMIT = 8 * 1024 * 1024  # buffered bodies up to this size are scanned whole
+POISONED = "sandbox_gateway.poisoned"  # a WebSocket that tried to leak: drop its frames
 
 
 class Inject:
@@ -188,10 +189,14 @@ class Inject:
         assert flow.websocket is not None
         message = flow.websocket.messages[-1]
         if message.from_client:
-            if self._leak(message.content, _destination(flow)) is not None:
+            if flow.metadata.get(POISONED):
+                message.drop()  # mitmproxy cannot close a killed WebSocket: drop the rest
+            elif self._leak(message.content, _destination(flow)) is not None:
                 metrics.EXFILTRATION_BLOCKED.labels(kind="websocket").inc()
                 message.drop()
-                flow.kill()
+                flow.metadata[POISONED] = True
+                if flow.killable:
+                    flow.kill()
             return
         injected: tuple[str, SecretValue] | None = flow.metadata.get(SECRET)
         if injected is not None:
