@@ -105,8 +105,7 @@ class Gateway:
     def policy_credentials(self, name: str) -> list[str] | None:
         """Credential names policy `name` references; None if there is no such policy."""
         policy = self.policy(name)
-        return None if policy is None else sorted({r.credential for r in policy.rules
-                                                   if r.credential})
+        return None if policy is None else policy.credential_names
 
     def current_policies(self) -> PolicySet:
         assert self.policy_set is not None

@@ -107,8 +107,7 @@ def cmd_token_mint(args: argparse.Namespace) -> int:
 
 def _credentials(policies: PolicySet, name: str) -> list[str] | None:
     policy = policies.get(name)
-    return None if policy is None else sorted({r.credential for r in policy.rules
-                                               if r.credential})
+    return None if policy is None else policy.credential_names
 
 
 def cmd_token_rotate(args: argparse.Namespace) -> int:

@@ -171,7 +171,7 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         return JSONResponse({"policies": [
             {"name": p.name, "mode": p.mode, "source": p.source, "extends": list(p.extends),
              "rules": len(p.rules),
-             "credentials": sorted({r.credential for r in p.rules if r.credential})}
+             "credentials": p.credential_names}
             for p in current.policies.values()
         ]})
 

@@ -198,6 +198,11 @@ class Policy:
     matcher: Matcher = field(repr=False)
 
     @property
+    def credential_names(self) -> list[str]:
+        """Credentials this policy's rules inject (a token's default scope)."""
+        return sorted({r.credential for r in self.rules if r.credential})
+
+    @property
     def own_rules(self) -> tuple[Rule, ...]:
         """Rules written in this policy's own file (not inherited)."""
         return tuple(r for r in self.rules if r.policy == self.name)
