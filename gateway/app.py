@@ -35,6 +35,7 @@ from gateway.api.admin import AdminContext, build_admin_app
 from gateway.audit import Auditor
 from gateway.config import Config, HostPort
 from gateway.destination import AddressPolicy
+from gateway.listeners import BACKLOG, share_listeners
 from gateway.policy import Policy, PolicyError, PolicyReloader, PolicySet
 from gateway.resolver import (
     DestinationGuard,
@@ -63,16 +64,18 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
-def _bind(hp: HostPort) -> socket.socket:
+def _bind(hp: HostPort, shared: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in hp.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if shared:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((hp.host, hp.port))
     except OSError as exc:
         sock.close()
         raise StartupError(f"cannot listen on {hp}: {exc.strerror}") from None
-    sock.listen(128)
+    sock.listen(BACKLOG)
     sock.setblocking(False)
     return sock
 
@@ -81,8 +84,10 @@ class Gateway:
     """The running gateway. `start()` binds everything; `stop()` shuts it down cleanly."""
 
     def __init__(self, config: Config, *, resolver: Resolver | None = None,
-                 audit_stream: IO[str] | None = None, state: StateStore | None = None) -> None:
+                 audit_stream: IO[str] | None = None, state: StateStore | None = None,
+                 worker: int | None = None) -> None:
         self.config = config
+        self.worker = worker  # index among worker processes sharing the ports, or None
         self.resolver = resolver or SystemResolver()
         self.audit_stream = audit_stream
         self._state = state
@@ -127,8 +132,11 @@ class Gateway:
 
     def _runtime_dir(self) -> Path:
         if self.config.runtime_dir is not None:
-            self.config.runtime_dir.mkdir(parents=True, exist_ok=True)
-            return self.config.runtime_dir
+            runtime = self.config.runtime_dir
+            if self.worker is not None:
+                runtime = runtime / f"worker-{self.worker}"
+            runtime.mkdir(parents=True, exist_ok=True)
+            return runtime
         self._tmp = tempfile.TemporaryDirectory(prefix="sandbox-gateway-")
         return Path(self._tmp.name)
 
@@ -181,12 +189,18 @@ class Gateway:
             leeway=cfg.tokens.leeway,
         )
 
-        proxy_sock = _bind(cfg.listen.proxy)
-        admin_sock = _bind(cfg.listen.admin)
-        self.proxy_address = proxy_sock.getsockname()[:2]
+        shared = self.worker is not None
+        if shared:
+            # Workers bind the ports the supervisor reserved, with SO_REUSEPORT.
+            share_listeners()
+            self.proxy_address = (cfg.listen.proxy.host, cfg.listen.proxy.port)
+        else:
+            proxy_sock = _bind(cfg.listen.proxy)
+            self.proxy_address = proxy_sock.getsockname()[:2]
+            # mitmproxy binds its own listener: free our reservation right before it does.
+            proxy_sock.close()
+        admin_sock = _bind(cfg.listen.admin, shared=shared)
         self.admin_address = admin_sock.getsockname()[:2]
-        # mitmproxy binds its own listener: free our reservation right before it does.
-        proxy_sock.close()
 
         self.address_policy = AddressPolicy(
             allow_cidrs=cfg.network.allow_cidrs, deny_cidrs=cfg.network.deny_cidrs,
@@ -199,7 +213,7 @@ class Gateway:
             raise StartupError(str(exc)) from None
         self.guard = DestinationGuard(self.address_policy, self.resolver, overrides=overrides)
         install_backstop(self.address_policy, everywhere=False)
-        self.auditor = Auditor(cfg.audit_path, self.audit_stream)
+        self.auditor = Auditor(cfg.audit_path, self.audit_stream, worker=self.worker)
         try:
             self.secrets: SecretCache = build_cache(build_store(cfg.secrets), cfg.secrets)
         except (ValueError, SecretError) as exc:

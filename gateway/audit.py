@@ -32,7 +32,9 @@ def _path_only(path: str) -> str:
 class Auditor:
     """Writes audit lines to stdout or an append-only file."""
 
-    def __init__(self, path: Path | None = None, stream: IO[str] | None = None) -> None:
+    def __init__(self, path: Path | None = None, stream: IO[str] | None = None,
+                 worker: int | None = None) -> None:
+        self._extra = {} if worker is None else {"worker": worker}
         if stream is not None:
             self._out = stream
         elif path is not None:
@@ -44,6 +46,7 @@ class Auditor:
         self._lock = threading.Lock()
 
     def write(self, record: dict[str, Any]) -> None:
+        record.update(self._extra)
         record["time"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + (
             f".{int(time.time() * 1000) % 1000:03d}Z")
         line = json.dumps(record, separators=(",", ":"), default=str)

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -26,18 +27,29 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from gateway.app import Gateway, StartupError
-    from gateway.resolver import new_event_loop
-
     cfg = _config(args)
     logging.basicConfig(
         level=getattr(logging, cfg.log_level.upper()), stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("mitmproxy").setLevel(logging.WARNING)
+    workers = args.workers if args.workers is not None else cfg.workers
+    if workers == 0:
+        workers = len(os.sched_getaffinity(0))
+    if args.worker_index is None and workers > 1:
+        from gateway.workers import run_supervisor
+
+        return run_supervisor(cfg, getattr(args, "config", None), workers)
+    return _run_single(cfg, args.worker_index)
+
+
+def _run_single(cfg: Config, worker: int | None) -> int:
+    """One gateway process (alone, or worker `worker` of a supervisor)."""
+    from gateway.app import Gateway, StartupError
+    from gateway.resolver import new_event_loop
 
     async def main() -> int:
-        gateway = Gateway(cfg)
+        gateway = Gateway(cfg, worker=worker)
         try:
             await gateway.start()
         except StartupError as exc:
@@ -47,9 +59,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        _banner(gateway)
+        if worker is None:
+            _banner(gateway)
+        else:
+            assert cfg.runtime_dir is not None
+            (cfg.runtime_dir / f"ready-{worker}").touch()
         await stop.wait()
-        print("sandbox-gateway: shutting down", file=sys.stderr)
+        if worker is None:
+            print("sandbox-gateway: shutting down", file=sys.stderr)
         await gateway.stop()
         return 0
 
@@ -181,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", parents=[common], help="start the gateway")
+    run.add_argument("--workers", type=int, default=None, metavar="N",
+                     help="worker processes sharing the ports (default: config workers; "
+                          "0 = one per core)")
+    run.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     run.set_defaults(func=cmd_run)
 
     token = sub.add_parser("token", help="mint tokens, rotate signing keys")

@@ -84,7 +84,7 @@ class Config:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     audit_path: Path | None = None
     state: Mapping[str, Any] = field(default_factory=lambda: {"store": "memory"})
-    workers: int = 1
+    workers: int = 0  # 0 = one worker process per core
     log_level: str = "info"
     source: str = "<defaults>"
 

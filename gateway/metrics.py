@@ -4,9 +4,30 @@ Labels never carry a token, a secret or a free-form path: only names from
 policy files, fixed codes and store names, so cardinality stays bounded.
 """
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+"""Worker processes (`run --workers N`) share values through prometheus_client's
+multiprocess files; each worker's /metrics then reports the sum over all workers."""
+
+
+def exposition() -> bytes:
+    """The text exposition of every metric (all workers' when there are several)."""
+    if MULTIPROCESS:
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry)
+    return generate_latest(REGISTRY)
 
 REQUESTS = Counter(
     "sandbox_gateway_requests_total",
@@ -36,6 +57,7 @@ OPEN_CONNECTIONS = Gauge(
     "sandbox_gateway_open_connections",
     "Client connections currently open.",
     registry=REGISTRY,
+    multiprocess_mode="livesum",
 )
 POLICY_RELOADS = Counter(
     "sandbox_gateway_policy_reloads_total",
@@ -47,6 +69,7 @@ POLICY_RULES = Gauge(
     "sandbox_gateway_policy_rules",
     "Egress rules in the policy set now serving.",
     registry=REGISTRY,
+    multiprocess_mode="livemax",
 )
 DESTINATIONS_REFUSED = Counter(
     "sandbox_gateway_destinations_refused_total",
@@ -102,6 +125,7 @@ STATE_STORE_UP = Gauge(
     "known revocations and sandboxes, refusing changes.",
     ["store"],
     registry=REGISTRY,
+    multiprocess_mode="livemin",
 )
 STATE_STORE_ERRORS = Counter(
     "sandbox_gateway_state_store_errors_total",

@@ -7,9 +7,15 @@ store is the single-process default.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 
@@ -75,6 +81,88 @@ class MemoryState:
         return None
 
 
+class JournalState(MemoryState):
+    """State shared by the worker processes of one gateway on one host.
+
+    Every change is appended as a JSON line to a journal file (under `flock`, so lines
+    never interleave); every process applies its own changes at once and the others'
+    within `interval` seconds by reading what was appended since its last look.
+    Lookups stay in memory. Used automatically with `workers > 1` and the memory store.
+    """
+
+    def __init__(self, path: Path, interval: float = 0.2) -> None:
+        super().__init__()
+        self.path = path
+        self.interval = interval
+        self._offset = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.touch(mode=0o600, exist_ok=True)
+        self._catch_up()
+        self._task = asyncio.get_running_loop().create_task(self._follow())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _follow(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                self._catch_up()
+            except OSError as exc:
+                log.warning("state journal %s unreadable: %s", self.path, exc.strerror)
+
+    def _catch_up(self) -> None:
+        with self.path.open("rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        for line in complete.splitlines():
+            try:
+                self._apply(json.loads(line))
+            except (ValueError, KeyError, TypeError):
+                log.warning("state journal %s: skipped a malformed line", self.path)
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        op = event["op"]
+        if op == "revoke":
+            self._revoked[str(event["jti"])] = float(event["exp"])
+        elif op == "register":
+            entry = SandboxAddress(str(event["sandbox"]), str(event["ip"]), str(event["policy"]))
+            self._sandboxes[entry.ip] = entry
+        elif op == "unregister":
+            self._sandboxes.pop(str(event["ip"]), None)
+
+    def _append(self, event: dict[str, Any]) -> None:
+        line = json.dumps(event, separators=(",", ":")).encode() + b"\n"
+        try:
+            with self.path.open("ab") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                f.write(line)
+        except OSError as exc:
+            raise StateUnavailable(f"cannot write the state journal {self.path}: "
+                                   f"{exc.strerror}") from None
+        self._apply(event)
+
+    async def revoke(self, jti: str, expires_at: float) -> None:
+        self._append({"op": "revoke", "jti": jti, "exp": expires_at})
+
+    async def register_sandbox(self, entry: SandboxAddress) -> None:
+        self._append({"op": "register", "sandbox": entry.sandbox, "ip": entry.ip,
+                      "policy": entry.policy})
+
+    async def unregister_sandbox(self, ip: str) -> bool:
+        known = ip in self._sandboxes
+        self._append({"op": "unregister", "ip": ip})
+        return known
+
+
 def build_state(config: Mapping[str, Any]) -> StateStore:
     """The store named by the `state` config section: `memory` (default) or `redis`."""
     kind = config.get("store", "memory")
@@ -83,6 +171,11 @@ def build_state(config: Mapping[str, Any]) -> StateStore:
         raise ValueError(f"state.{sorted(unknown)[0]}: unknown key (known: store, url, prefix)")
     if kind == "memory":
         return MemoryState()
+    if kind == "journal":
+        path = config.get("url")
+        if not isinstance(path, str) or not path:
+            raise ValueError("state.url: the journal file path is required for store journal")
+        return JournalState(Path(path))
     if kind == "redis":
         url = config.get("url")
         if not isinstance(url, str) or not url:
@@ -91,3 +184,6 @@ def build_state(config: Mapping[str, Any]) -> StateStore:
 
         return RedisState(url, prefix=str(config.get("prefix", "sandbox-gateway")))
     raise ValueError(f"state.store: {kind!r} is not a store; use memory or redis")
+
+
+log = logging.getLogger("sandbox_gateway")

@@ -57,7 +57,7 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert cfg.network.upstream_ca is None
     assert dict(cfg.network.resolve) == {}
     assert cfg.audit_path is None
-    assert cfg.workers == 1
+    assert cfg.workers == 0  # one worker per core
     assert cfg.source == "<defaults>"
 
 
@@ -191,7 +191,7 @@ ENV_CASES: list[tuple[dict[str, str], str, Any]] = [
      "state", {"store": "redis", "url": "redis://r:6379"}),
     # Not configuration: the env secret store's variables, and other programs' variables.
     ({"SANDBOX_GATEWAY_SECRET_FOO": "sk-secret", "SANDBOX_GATEWAYX": "1", "OTHER": "x"},
-     "workers", 1),
+     "workers", 0),
 ]
 
 

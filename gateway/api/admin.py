@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -82,7 +82,7 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         return JSONResponse({"ready": ok, "reason": why}, status_code=200 if ok else 503)
 
     async def metrics_endpoint(request: Request) -> Response:
-        return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     async def jwks(request: Request) -> Response:
         return JSONResponse(ctx.tokens.keys.jwks())

@@ -163,7 +163,7 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
         (tmp_path / "gateway.yaml").write_text(yaml.safe_dump({
             "listen": {"proxy": "127.0.0.1:8080", "admin": "127.0.0.1:8090",
                        "transparent": "0.0.0.0:8081"},
-            "admin_token": ADMIN, "policies": "policies", "certs": "certs",
+            "admin_token": ADMIN, "policies": "policies", "certs": "certs", "workers": 1,
             "secrets": {"store": "file", "path": str(secrets)},
             "network": {"allow_cidrs": ["203.0.113.0/24"], "upstream_ca": str(ca.cert_path)},
         }))
