@@ -32,6 +32,7 @@ from gateway import ca
 from gateway.config import Config, HostPort
 from gateway.listeners import reserve
 from gateway.policy import load_policy_dir
+from gateway.secrets import build_store
 from gateway.tokens import SigningKeys
 
 READY_TIMEOUT = 60.0
@@ -64,6 +65,8 @@ class Supervisor:
         cfg = self.config
         load_policy_dir(cfg.policies)  # fail here, once, with file:line errors
         ca.ensure_ca(cfg.certs)
+        if cfg.secrets.get("store", "file") == "file":
+            build_store(cfg.secrets)  # creates the default secrets file once, not N times
         SigningKeys.load(cfg.signing_dir, retired=cfg.tokens.retired_kids)
         if cfg.admin_token:
             admin_token, created = cfg.admin_token, False
