@@ -113,12 +113,6 @@ EXFILTRATION_BLOCKED = Counter(
     ["kind"],
     registry=REGISTRY,
 )
-USAGE_TOKENS = Counter(
-    "sandbox_gateway_usage_tokens_total",
-    "Inference tokens reported by upstream responses, by credential and kind.",
-    ["credential", "kind"],
-    registry=REGISTRY,
-)
 STATE_STORE_UP = Gauge(
     "sandbox_gateway_state_store_up",
     "1 while the shared state store is reachable and in sync; 0 = serving the last "
