@@ -48,6 +48,7 @@ from gateway.resolver import (
 from gateway.secrets import SecretCache, SecretError, build_cache, build_store
 from gateway.state import StateStore, StateUnavailable, build_state
 from gateway.tokens import SigningKeys, TokenService
+from gateway.upstream_errors import install as install_error_pages
 
 log = logging.getLogger("sandbox_gateway")
 
@@ -218,6 +219,7 @@ class Gateway:
             self.secrets: SecretCache = build_cache(build_store(cfg.secrets), cfg.secrets)
         except (ValueError, SecretError) as exc:
             raise StartupError(str(exc)) from None
+        install_error_pages()
         self.master = self._build_master(confdir, self._upstream_bundle(runtime))
 
         app = build_admin_app(AdminContext(

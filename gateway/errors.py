@@ -21,7 +21,6 @@ STATUS_BY_CODE: dict[str, int] = {
     "host_mismatch": 403,
     "forbidden_destination": 403,
     "bad_destination": 403,
-    "protocol_not_allowed": 403,
     "credential_not_in_scope": 403,
     "exfiltration_blocked": 403,
     "unknown_sandbox": 407,

@@ -216,3 +216,18 @@ def test_admin_api(gateway: GatewayThread) -> None:
     jwks = httpx.get(f"{gateway.admin}/.well-known/jwks.json").json()
     assert jwks["keys"][0]["kty"] == "OKP"
     assert "sandbox_gateway_requests_total" in httpx.get(f"{gateway.admin}/metrics").text
+
+
+def test_upstream_failure_is_a_json_502(make_gateway: GatewayFactory) -> None:
+    import socket as _socket
+
+    with _socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    gw = make_gateway(config={"network": {"resolve": {"other.test": f"127.0.0.1:{dead}"}}})
+    token = gw.mint("agent")
+    with client(gw, token) as c:
+        r = c.get("https://other.test/x")
+    assert r.status_code == 502
+    assert r.headers["x-sandbox-gateway-error"] == "upstream_failed"
+    assert r.json()["error"] == "upstream_failed" and "could not be reached" in r.json()["reason"]
