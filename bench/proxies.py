@@ -8,8 +8,9 @@
   user would write instead (plus the name mapping the benchmark's fake names need).
 * `SquidProxy`: Debian squid as a CONNECT proxy, names mapped by its ``hosts_file``.
 
-All expose ``pid``, ``cpu_seconds()`` (utime+stime of the process tree from /proc) and
-``rss_kb()`` (VmRSS of the process tree).
+All expose ``pid``, ``cpu_seconds()`` (utime+stime of the process tree from /proc: with
+``run --workers N`` the supervisor and every worker), ``cpu_by_pid()`` (the same per
+process) and ``rss_kb()`` (VmRSS of the process tree).
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+# /proc/<pid>/task/<tid>/children needs CONFIG_PROC_CHILDREN; without it the tree is
+# found from every process's parent pid (/proc/<pid>/stat), as `pgrep -P` does.
+_HAS_CHILDREN = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
 def _children(pid: int) -> list[int]:
     out: list[int] = []
     try:
@@ -42,12 +48,29 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _children_by_ppid() -> dict[int, list[int]]:
+    """Parent pid -> child pids, over every process in /proc."""
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        kids.setdefault(ppid, []).append(int(name))
+    return kids
+
+
 def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (a supervisor and its workers, taskset's exec'd child)."""
+    by_ppid = None if _HAS_CHILDREN else _children_by_ppid()
     todo, seen = [pid], []
     while todo and len(seen) < 256:
         p = todo.pop()
         seen.append(p)
-        todo.extend(_children(p))
+        todo.extend(_children(p) if by_ppid is None else by_ppid.get(p, []))
     return seen
 
 
@@ -64,6 +87,11 @@ def _stat_seconds(pid: int) -> float:
 def cpu_ticks_seconds(pid: int) -> float:
     """utime+stime of ``pid`` and its descendants from /proc/<pid>/stat (10 ms ticks)."""
     return sum(_stat_seconds(p) for p in _tree(pid))
+
+
+def cpu_ticks_by_pid(pid: int) -> dict[int, float]:
+    """`cpu_ticks_seconds`, per process of the tree."""
+    return {p: _stat_seconds(p) for p in _tree(pid)}
 
 
 def _sched_seconds(pid: int) -> float | None:
@@ -96,11 +124,16 @@ def cpu_seconds(pid: int) -> float:
     From the scheduler's ``sum_exec_runtime`` where the kernel exposes it (µs
     precision, so short ``--quick`` runs still measure); else utime+stime ticks.
     """
-    total = 0.0
+    return sum(cpu_by_pid(pid).values())
+
+
+def cpu_by_pid(pid: int) -> dict[int, float]:
+    """`cpu_seconds`, per process of the tree (the root first)."""
+    out: dict[int, float] = {}
     for p in _tree(pid):
         precise = _sched_seconds(p)
-        total += precise if precise is not None else _stat_seconds(p)
-    return total
+        out[p] = precise if precise is not None else _stat_seconds(p)
+    return out
 
 
 def rss_kb(pid: int) -> int:
@@ -117,6 +150,7 @@ def rss_kb(pid: int) -> int:
 
 
 def _pinned(cmd: list[str], cpu: int | None) -> list[str]:
+    """``taskset -c cpu cmd``; ``cpu`` None: unpinned (the caller's own affinity)."""
     return ["taskset", "-c", str(cpu), *cmd] if cpu is not None else cmd
 
 
@@ -137,6 +171,12 @@ class Proxy:
 
     def cpu_ticks_seconds(self) -> float:
         return cpu_ticks_seconds(self.pid)
+
+    def cpu_by_pid(self) -> dict[int, float]:
+        return cpu_by_pid(self.pid)
+
+    def cpu_ticks_by_pid(self) -> dict[int, float]:
+        return cpu_ticks_by_pid(self.pid)
 
     def rss_kb(self) -> int:
         return rss_kb(self.pid)
@@ -182,8 +222,9 @@ class GatewayProxy(Proxy):
     name = "gateway"
 
     def __init__(self, workdir: Path, upstream_ca: Path, static_port: int, sse_port: int,
-                 cpu: int | None) -> None:
+                 cpu: int | None, workers: int | None = None) -> None:
         self.dir = workdir
+        self.workers = workers  # None: the config default (one per usable core)
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "policies").mkdir(exist_ok=True)
         (self.dir / "policies" / "bench.yaml").write_text(POLICY)
@@ -215,9 +256,11 @@ class GatewayProxy(Proxy):
 
     def start(self) -> None:
         self._log = (self.dir / "gateway.log").open("wb")
+        cmd = [sys.executable, "-m", "gateway", "run", "--config", str(self.config)]
+        if self.workers is not None:
+            cmd += ["--workers", str(self.workers)]
         self.proc = subprocess.Popen(
-            _pinned([sys.executable, "-m", "gateway", "run", "--config", str(self.config)],
-                    self.cpu),
+            _pinned(cmd, self.cpu),
             cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=self._log,
             stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 30
@@ -234,6 +277,13 @@ class GatewayProxy(Proxy):
             time.sleep(0.1)
         else:
             raise RuntimeError(f"gateway not ready within 30 s: {self.log_tail()}")
+        if self.workers is not None and self.workers > 1:
+            # /readyz answers as soon as one worker listens; the supervisor says when all do.
+            banner = f"sandbox-gateway ready: {self.workers} workers"
+            while banner not in self.log_tail(100_000):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"gateway workers not ready: {self.log_tail()}")
+                time.sleep(0.1)
         if not self.token:
             out = subprocess.run(
                 [sys.executable, "-m", "gateway", "token", "mint", "--config", str(self.config),
@@ -252,9 +302,9 @@ class GatewayProxy(Proxy):
         if getattr(self, "_log", None) is not None:
             self._log.close()
 
-    def log_tail(self) -> str:
+    def log_tail(self, chars: int = 1500) -> str:
         try:
-            return (self.dir / "gateway.log").read_text(errors="replace")[-1500:]
+            return (self.dir / "gateway.log").read_text(errors="replace")[-chars:]
         except OSError:
             return ""
 
