@@ -4,8 +4,9 @@ Starts a local TLS upstream (nginx + a Python SSE server), then each proxy under
 in turn (the gateway, plain ``mitmdump -q`` with a header-injection script, squid),
 pinned to one core, and drives every workload with the load client (``bench.load``)
 pinned to another. Proxy CPU comes from the proxy's own utime+stime (/proc), sampled
-right before and after the measured phase. Then the in-process measurements
-(policy decision time, cold secret). Prints a table and the targets, writes JSON to
+right before and after the measured phase. Then worker scaling (``run --workers 1`` and
+``--workers 2``, unpinned), and the in-process measurements (policy decision time,
+cold secret). Prints a table and the targets, writes JSON to
 ``bench/results/<date>.json`` and a markdown table to ``bench/results/latest.md``.
 Everything listens and connects on 127.0.0.1 only.
 """
@@ -49,15 +50,22 @@ class Sizes:
     idle_tunnels: int
     policy_sizes: tuple[int, ...]
     policy_samples: int
+    worker_concurrency: tuple[int, ...]  # the workers section: GET /small at these
     secret_concurrency: int = 100
 
 
 FULL = Sizes(get_seconds=5.0, big_bytes=100_000_000, sse_streams=20, sse_events=20,
              sse_interval_ms=10, idle_tunnels=1000, policy_sizes=(10, 1000, 100_000),
-             policy_samples=50_000)
+             policy_samples=50_000, worker_concurrency=(10, 20))
 QUICK = Sizes(get_seconds=0.5, big_bytes=2_000_000, sse_streams=3, sse_events=5,
               sse_interval_ms=5, idle_tunnels=20, policy_sizes=(10, 100, 1000),
-              policy_samples=2000)
+              policy_samples=2000, worker_concurrency=(10,))
+WORKER_COUNTS = (1, 2)  # `run --workers N` in the workers section
+WORKER_ROW = "gateway_policy"  # its host and workload: intercepted + policy, GET /small
+WORKERS_NOTE = (
+    "unpinned: the gateway processes, the load client and nginx share every core. On a "
+    "2-core machine the ratio is bounded by the client (and nginx) sharing the cores with "
+    "the workers; 0.8 x N can only be shown on a machine with more cores than N + the client.")
 
 
 @dataclass(frozen=True)
@@ -87,7 +95,7 @@ ROWS = (
     Row("squid", "squid CONNECT", "squid", "pass.bench.test",
         ("get_c1", "get_c10", "download", "sse", "idle")),
 )
-SECTIONS = ("policy", "secret")
+SECTIONS = ("workers", "policy", "secret")
 
 
 class ClientError(RuntimeError):
@@ -131,14 +139,18 @@ class Bench:
     proxy_cpu: int | None
     client_cpu: int | None
     only: set[str] = field(default_factory=set)
+    all_cpus: tuple[int, ...] = ()  # the usable cores before the orchestrator pinned itself
     results: dict[str, Any] = field(default_factory=dict)
 
     # -- plumbing ------------------------------------------------------------------------
 
-    def client(self, spec: dict[str, Any], proxy: Proxy | None, timeout: float
-               ) -> dict[str, Any]:
-        """Run one workload in the load client; sample the proxy around the measured phase."""
-        spec = {**spec, "cpu": self.client_cpu}
+    def client(self, spec: dict[str, Any], proxy: Proxy | None, timeout: float,
+               pin: bool = True) -> dict[str, Any]:
+        """Run one workload in the load client; sample the proxy around the measured phase.
+
+        ``pin`` False: the client gets the orchestrator's affinity (see `_unpinned`).
+        """
+        spec = {**spec, "cpu": self.client_cpu if pin else None}
         proc = subprocess.Popen([sys.executable, "-m", "bench.load", json.dumps(spec)],
                                 cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
@@ -148,18 +160,30 @@ class Bench:
             warm = {int(k): v for k, v in ready.get("warmup_statuses", {}).items()}
             if warm and set(warm) != {200}:
                 return {"warmup_statuses": warm}
-            cpu0 = proxy.cpu_seconds() if proxy else 0.0
-            ticks0 = proxy.cpu_ticks_seconds() if proxy else 0.0
+            cpu0 = proxy.cpu_by_pid() if proxy else {}
+            ticks0 = proxy.cpu_ticks_by_pid() if proxy else {}
             rss0 = proxy.rss_kb() if proxy else 0
+            machine0 = _machine_cpu()
             assert proc.stdin is not None
             proc.stdin.write(b"go\n")
             proc.stdin.flush()
             result = lines.read(timeout)
+            machine = _machine_busy(machine0, _machine_cpu())
+            if machine:
+                result.update(machine)
             if spec["workload"] == "idle":
                 time.sleep(0.5)  # let the proxy settle its buffers
             if proxy is not None:
-                result["proxy_cpu_s"] = proxy.cpu_seconds() - cpu0
-                result["proxy_cpu_s_ticks"] = proxy.cpu_ticks_seconds() - ticks0
+                # Per process of the proxy's tree (a supervisor and its workers): a process
+                # that appeared during the window counts from zero.
+                by_pid = {p: c - cpu0.get(p, 0.0) for p, c in proxy.cpu_by_pid().items()}
+                ticks = proxy.cpu_ticks_by_pid()
+                result["proxy_cpu_s"] = sum(by_pid.values())
+                result["proxy_cpu_s_ticks"] = sum(t - ticks0.get(p, 0.0)
+                                                  for p, t in ticks.items())
+                result["proxy_processes"] = len(by_pid)
+                if len(by_pid) > 1:
+                    result["proxy_cpu_s_by_pid"] = {str(p): c for p, c in by_pid.items()}
                 result["proxy_rss_kb_before"] = rss0
                 result["proxy_rss_kb_after"] = proxy.rss_kb()
             proc.stdin.write(b"bye\n")
@@ -189,10 +213,8 @@ class Bench:
         else:  # squid maps names, not ports: the CONNECT authority carries the real port
             spec.update(proxy=["127.0.0.1", proxy.port], port=upstream_port,
                         cafile=str(self.ca.cert_path))
-        if workload == "get_c1":
-            spec.update(connections=1, duration=s.get_seconds)
-        elif workload == "get_c10":
-            spec.update(connections=10, duration=s.get_seconds)
+        if workload.startswith("get_c"):  # get_c<connections>
+            spec.update(connections=int(workload[5:]), duration=s.get_seconds)
         elif workload == "download":
             spec.update(path="/big")
         elif sse:
@@ -204,18 +226,21 @@ class Bench:
 
     def timeout(self, workload: str) -> float:
         s = self.sizes
-        return {"get_c1": s.get_seconds + 60, "get_c10": s.get_seconds + 60,
-                "download": 60 + s.big_bytes / 5e6, "sse": 60 + s.sse_streams * s.sse_events
+        if workload.startswith("get"):
+            return s.get_seconds + 60
+        return {"download": 60 + s.big_bytes / 5e6, "sse": 60 + s.sse_streams * s.sse_events
                 * s.sse_interval_ms / 100, "idle": 60 + s.idle_tunnels * 0.2}[workload]
 
     # -- workloads -----------------------------------------------------------------------
 
-    def run_workload(self, row: Row, workload: str, proxy: Proxy | None) -> dict[str, Any]:
-        label = f"{row.key}/{workload}"
+    def run_workload(self, row: Row, workload: str, proxy: Proxy | None,
+                     label: str | None = None, pin: bool = True) -> dict[str, Any]:
+        label = label or f"{row.key}/{workload}"
         print(f"  {label} ...", end="", flush=True, file=sys.stderr)
         t0 = time.monotonic()
         try:
-            res = self.client(self.spec(row, workload, proxy), proxy, self.timeout(workload))
+            res = self.client(self.spec(row, workload, proxy), proxy, self.timeout(workload),
+                              pin=pin)
         except ClientError as exc:
             tail = proxy.log_tail() if proxy is not None else ""
             res = {"error": str(exc)[:800], "proxy_log_tail": tail[-600:]}
@@ -261,6 +286,61 @@ class Bench:
                 finally:
                     fresh.stop()
 
+    @contextlib.contextmanager
+    def _unpinned(self) -> Iterator[None]:
+        """The orchestrator (so every process it starts) and nginx on every usable core."""
+        every = set(self.all_cpus)
+        nginx = self.static.proc.pid if self.static.proc is not None else None
+        if self.client_cpu is None or len(every) < 2:
+            yield
+            return
+        os.sched_setaffinity(0, every)
+        if nginx is not None:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(nginx, every)
+        try:
+            yield
+        finally:
+            os.sched_setaffinity(0, {self.client_cpu})
+            if nginx is not None:
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(nginx, {self.client_cpu})
+
+    def run_workers(self, stack: contextlib.ExitStack) -> None:
+        """``run --workers 1`` then ``--workers 2``, unpinned: intercepted + policy GETs."""
+        row = next(r for r in ROWS if r.key == WORKER_ROW)
+        workloads = [f"get_c{c}" for c in self.sizes.worker_concurrency]
+        section: dict[str, Any] = {
+            "label": f"{row.label}, GET /small", "host": row.host,
+            "duration_s": self.sizes.get_seconds, "cores": sorted(self.all_cpus),
+            "note": WORKERS_NOTE, "workers": {}, "scaling": {}}
+        self.results["workers"] = section
+        with self._unpinned():
+            for n in WORKER_COUNTS:
+                entry: dict[str, Any] = section["workers"].setdefault(str(n), {})
+                proxy = GatewayProxy(self.workdir / f"gateway-workers{n}", self.ca.cert_path,
+                                     self.static.port, self.sse.port, None, workers=n)
+                print(f"starting gateway --workers {n} (unpinned) ...", file=sys.stderr)
+                stack.callback(proxy.stop)
+                try:
+                    proxy.start()
+                    for w in workloads:
+                        entry[w] = self.run_workload(row, w, proxy, f"workers={n}/{w}",
+                                                     pin=False)
+                except RuntimeError as exc:  # could not start: say so, go on
+                    print(f"  gateway --workers {n}: {exc}", file=sys.stderr)
+                    for w in workloads:
+                        entry.setdefault(w, {"error": str(exc)[:800]})
+                finally:
+                    proxy.stop()
+        runs = section["workers"]
+        for w in workloads:
+            one, two = (runs.get(str(n), {}).get(w, {}) for n in WORKER_COUNTS)
+            if one.get("rps") and two.get("rps") and "error" not in one and "error" not in two:
+                section["scaling"][w] = two["rps"] / one["rps"]
+        print("  scaling " + ", ".join(f"{w}: {v:.2f}x" for w, v in section["scaling"].items())
+              + " (unpinned, cores shared with the client)", file=sys.stderr)
+
     def make_proxy(self, kind: str | None, tag: str) -> Proxy:
         d = self.workdir / f"{kind}-{tag}"
         if kind == "gateway":
@@ -284,7 +364,7 @@ class Bench:
             quick=self.sizes is QUICK, sizes=self.sizes.__dict__,
             cores={"proxy": self.proxy_cpu, "client_and_upstream": self.client_cpu})
         with contextlib.ExitStack() as stack:
-            if any(self.wanted(r.key) for r in ROWS):
+            if any(self.wanted(r.key) for r in ROWS) or self.wanted("workers"):
                 self.ca = LocalCA.create(self.workdir / "ca")
                 print("starting upstreams ...", file=sys.stderr)
                 self.static = StaticUpstream(self.workdir, self.ca, self.sizes.big_bytes,
@@ -306,6 +386,8 @@ class Bench:
                                     row.key, {"label": row.label})
                                 for w in row.workloads:
                                     entry.setdefault(w, {"error": str(exc)[:800]})
+                if self.wanted("workers"):
+                    self.run_workers(stack)
         if self.wanted("policy"):
             print("policy decisions ...", file=sys.stderr)
             self.results["policy"] = micro.policy_decisions(list(self.sizes.policy_sizes),
@@ -315,6 +397,28 @@ class Bench:
             self.results["cold_secret"] = micro.cold_secret(self.sizes.secret_concurrency)
         self.results["targets"] = targets.evaluate(self.results)
         return self.results
+
+
+def _machine_cpu() -> list[int] | None:
+    """The ``cpu`` line of /proc/stat: jiffies of every core, by state."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def _machine_busy(before: list[int] | None, after: list[int] | None) -> dict[str, float]:
+    """Whole-machine CPU use between two samples, % of all cores (busy, and stolen)."""
+    if not before or not after or len(before) < 8 or len(after) < 8:
+        return {}
+    d = [b - a for a, b in zip(before, after, strict=False)][:8]
+    total = sum(d)  # user nice system idle iowait irq softirq steal
+    if total <= 0:
+        return {}
+    idle = d[3] + d[4]
+    return {"machine_busy_pct": 100 * (total - idle - d[7]) / total,
+            "machine_steal_pct": 100 * d[7] / total}
 
 
 def _cores() -> tuple[int | None, int | None]:
@@ -358,10 +462,12 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS / f"{stamp}{'-quick' if args.quick else ''}.json"
     md = args.markdown or (out.with_suffix(".md") if args.quick else RESULTS / "latest.md")
     proxy_cpu, client_cpu = _cores()
+    all_cpus = tuple(sorted(os.sched_getaffinity(0)))
     if client_cpu is not None:
         os.sched_setaffinity(0, {client_cpu})  # the orchestrator + SSE server thread
     with _signals_raise(), tempfile.TemporaryDirectory(prefix="sandbox-gateway-bench-") as tmp:
-        bench = Bench(QUICK if args.quick else FULL, Path(tmp), proxy_cpu, client_cpu, only)
+        bench = Bench(QUICK if args.quick else FULL, Path(tmp), proxy_cpu, client_cpu, only,
+                      all_cpus)
         try:
             results = bench.run()
         except KeyboardInterrupt:

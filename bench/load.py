@@ -1,5 +1,7 @@
 """The load client: a separate process (``python -m bench.load SPEC_JSON``) on its own core.
 
+(Unpinned in the worker-scaling section: ``cpu`` None keeps the affinity it inherits.)
+
 Raw HTTP/1.1 over asyncio + ssl, keep-alive, N connections, through a CONNECT proxy
 or direct. It speaks a tiny line protocol with the orchestrator so that only the
 measured phase falls inside the proxy-CPU window:

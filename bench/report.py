@@ -60,6 +60,12 @@ def derive(workload: str, res: dict[str, Any]) -> None:
         if res.get("requests"):
             if cpu is not None:
                 res["proxy_cpu_us_per_req"] = cpu / res["requests"] * 1e6
+                if res.get("wall_s"):  # % of one core; a supervisor + 2 workers go to 200
+                    res["proxy_cpu_pct"] = 100 * cpu / res["wall_s"]
+                    if "proxy_cpu_s_by_pid" in res:
+                        res["proxy_cpu_pct_by_pid"] = {
+                            p: 100 * c / res["wall_s"]
+                            for p, c in res["proxy_cpu_s_by_pid"].items()}
             if res.get("ok", 0) != res["requests"]:
                 res["warning"] = f"non-200 answers: {res.get('statuses')}"
         res["client_bound"] = res.get("client_cpu_pct", 0) >= CLIENT_BOUND_PCT
@@ -165,6 +171,47 @@ def _policy_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+WORKER_COLUMNS = ["workers", "conc", "req/s", "p50 ms", "p99 ms", "proxy µs CPU/req",
+                  "proxy CPU % (per process)", "client CPU %", "machine busy %"]
+
+
+def worker_rows(results: dict[str, Any]) -> list[list[str]]:
+    """The workers section: one line per (worker count, concurrency)."""
+    runs = (results.get("workers") or {}).get("workers", {})
+    out = []
+    for n, entry in runs.items():
+        for w, res in entry.items():
+            conc = w.removeprefix("get_c")
+            if "error" in res:
+                out.append([n, conc, "ERR"] + ["—"] * (len(WORKER_COLUMNS) - 3))
+                continue
+            split = res.get("proxy_cpu_pct_by_pid")
+            per = (" (" + " + ".join(f"{v:.0f}" for v in split.values()) + ")") if split else ""
+            flag = "*" if res.get("client_bound") else ""
+            out.append([
+                n, conc, _fmt(res.get("rps")), _fmt(res.get("p50_ms"), 2),
+                _fmt(res.get("p99_ms"), 2), _fmt(res.get("proxy_cpu_us_per_req")),
+                _fmt(res.get("proxy_cpu_pct")) + per,
+                _fmt(res.get("client_cpu_pct")) + flag, _fmt(res.get("machine_busy_pct")),
+            ])
+    return out
+
+
+def _worker_lines(results: dict[str, Any]) -> tuple[str, list[str]]:
+    """The workers section's title and its lines under the table."""
+    sec = results.get("workers") or {}
+    title = (f"worker scaling: `run --workers N`, {sec.get('label', '?')}, "
+             f"{sec.get('duration_s', 0):g} s per run, unpinned on cores "
+             f"{','.join(str(c) for c in sec.get('cores', []))}")
+    scaling = sec.get("scaling", {})
+    lines = ["scaling, req/s 2 workers ÷ 1 worker: " + (" · ".join(
+        f"c{w.removeprefix('get_c')} {v:.2f}x" for w, v in scaling.items()) or "n/a"),
+        "proxy CPU % is of one core, summed over the supervisor and every worker "
+        "(per process in brackets, the supervisor first); machine busy % is of all cores",
+        str(sec.get("note", ""))]
+    return title, lines
+
+
 def _meta_line(results: dict[str, Any]) -> str:
     m = results.get("meta", {})
     cores = m.get("cores", {})
@@ -185,13 +232,24 @@ def text_table(results: dict[str, Any]) -> str:
     widths = [max(len(COLUMNS[i]), *(len(r[i]) for r in rows)) if rows else len(COLUMNS[i])
               for i in range(len(COLUMNS))]
     lines = [_meta_line(results), ""]
-    lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
-                           for i, c in enumerate(COLUMNS)))
-    for r in rows:
+    if rows:
         lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
-                               for i, c in enumerate(r)))
-    lines.append("(* = client-bound: the load client used ≥90% of its core)")
-    lines.append("")
+                               for i, c in enumerate(COLUMNS)))
+        for r in rows:
+            lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
+                                   for i, c in enumerate(r)))
+        lines.append("(* = client-bound: the load client used ≥90% of its core)")
+        lines.append("")
+    wrows = worker_rows(results)
+    if wrows:
+        title, notes = _worker_lines(results)
+        ww = [max(len(WORKER_COLUMNS[i]), *(len(r[i]) for r in wrows))
+              for i in range(len(WORKER_COLUMNS))]
+        lines.append(title.replace("`", ""))
+        lines.append("  ".join(c.rjust(ww[i]) for i, c in enumerate(WORKER_COLUMNS)))
+        lines.extend("  ".join(c.rjust(ww[i]) for i, c in enumerate(r)) for r in wrows)
+        lines.extend(notes)
+        lines.append("")
     lines.extend(_policy_lines(results))
     lines.append("")
     lines.append("targets (ratios from this run):")
@@ -202,14 +260,26 @@ def text_table(results: dict[str, Any]) -> str:
 
 def markdown(results: dict[str, Any]) -> str:
     rows = table_rows(results)
-    lines = [f"_{_meta_line(results)}_", "",
-             "| " + " | ".join(COLUMNS) + " |",
-             "|" + "|".join("---" if i == 0 else "---:" for i in range(len(COLUMNS))) + "|"]
-    lines.extend("| " + " | ".join(r) + " |" for r in rows)
-    lines.append("")
-    lines.append("`*` client-bound (load client ≥90% of its core). "
-                 "`—` not measured for that row.")
-    lines.append("")
+    lines = [f"_{_meta_line(results)}_", ""]
+    if rows:
+        lines.extend(["| " + " | ".join(COLUMNS) + " |",
+                      "|" + "|".join("---" if i == 0 else "---:"
+                                     for i in range(len(COLUMNS))) + "|"])
+        lines.extend("| " + " | ".join(r) + " |" for r in rows)
+        lines.append("")
+        lines.append("`*` client-bound (load client ≥90% of its core). "
+                     "`—` not measured for that row.")
+        lines.append("")
+    wrows = worker_rows(results)
+    if wrows:
+        title, notes = _worker_lines(results)
+        lines.extend([f"**{title}**", "",
+                      "| " + " | ".join(WORKER_COLUMNS) + " |",
+                      "|" + "|".join("---:" for _ in WORKER_COLUMNS) + "|"])
+        lines.extend("| " + " | ".join(r) + " |" for r in wrows)
+        lines.append("")
+        lines.extend([notes[0], "", f"{notes[1]}. {notes[2]}"])
+        lines.append("")
     lines.extend(f"- {line}" for line in _policy_lines(results))
     lines.append("")
     lines.append("| target | achieved | goal | |")

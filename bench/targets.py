@@ -59,6 +59,15 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         f"{icpt_name}: added p50 latency at c1 over direct", "≤ 0.8 ms",
         _val(rows, icpt, "get_c1", "p50_ms"), _val(rows, "direct", "get_c1", "p50_ms"),
         diff, lambda v: v <= 0.8, "{:.2f} ms ({a:.2f} vs {b:.2f})"))
+    runs = (results.get("workers") or {}).get("workers", {})
+    two = runs.get("2", {}).get("get_c10", {})
+    busy = (f", machine {two['machine_busy_pct']:.0f}% busy, client {two['client_cpu_pct']:.0f}%"
+            if "machine_busy_pct" in two and "client_cpu_pct" in two else "")
+    out.append(_target(
+        "worker scaling (2 workers vs 1, c10)", "≥ 1.6x",
+        _val(runs, "2", "get_c10", "rps"), _val(runs, "1", "get_c10", "rps"),
+        ratio, lambda v: v >= 1.6,
+        "{:.2f}x ({a:.0f} vs {b:.0f} req/s" + busy + ")"))
     out.append(_target(
         "passthrough download: proxy CPU/MB vs squid", "≤ 1.0x",
         _val(rows, "gateway_passthrough", "download", "proxy_cpu_ms_per_mb"),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.__main__ import ROWS
+from bench.__main__ import ROWS, SECTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTED_ROWS = {"direct", "gateway_passthrough", "gateway_policy", "gateway_inject",
@@ -26,6 +26,9 @@ WORKLOAD_FIELDS = {
     "sse": ("ttfe_p50_ms", "event_delay_p50_ms"),
     "idle": ("kb_per_tunnel",),
 }
+EXPECTED_SECTIONS = {"workers", "policy", "secret"}
+WORKER_FIELDS = ("rps", "p50_ms", "p99_ms", "client_cpu_pct", "proxy_cpu_us_per_req",
+                 "proxy_cpu_pct", "machine_busy_pct")
 
 
 @pytest.mark.slow
@@ -60,6 +63,26 @@ def test_quick_benchmark_produces_every_row_and_workload(tmp_path: Path) -> None
                 assert res["ok"] == res["requests"] > 0, f"{row.key}/{workload}: {res}"
             if row.proxy is not None and workload.startswith("get"):
                 assert "proxy_cpu_us_per_req" in res
+
+    # workers: `run --workers 1` and `--workers 2`, unpinned, c10 (quick: c10 only)
+    assert set(SECTIONS) == EXPECTED_SECTIONS
+    workers = results["workers"]
+    assert set(workers["workers"]) == {"1", "2"}
+    for n, entry in workers["workers"].items():
+        res = entry["get_c10"]
+        assert "error" not in res, f"workers={n}: {res['error']}"
+        for field in WORKER_FIELDS:
+            assert isinstance(res[field], int | float), f"workers={n}/{field}"
+        assert res["ok"] == res["requests"] > 0, f"workers={n}: {res}"
+    # CPU is summed over the supervisor and both workers
+    assert workers["workers"]["1"]["get_c10"]["proxy_processes"] == 1
+    assert workers["workers"]["2"]["get_c10"]["proxy_processes"] == 3
+    assert len(workers["workers"]["2"]["get_c10"]["proxy_cpu_s_by_pid"]) == 3
+    assert workers["scaling"]["get_c10"] > 0
+    assert "0.8 x N" in workers["note"]
+    names = {t["name"] for t in results["targets"]}
+    assert "worker scaling (2 workers vs 1, c10)" in names
+    assert "worker scaling" in proc.stdout
 
     assert set(results["policy"]) == {"10", "100", "1000"}
     for entry in results["policy"].values():
