@@ -35,7 +35,9 @@ from gateway.api.admin import AdminContext, build_admin_app
 from gateway.audit import Auditor
 from gateway.config import Config, HostPort
 from gateway.destination import AddressPolicy
-from gateway.listeners import BACKLOG, share_listeners
+from gateway.fastpath import FastPath
+from gateway.listeners import BACKLOG
+from gateway.listeners import install as install_listeners
 from gateway.policy import Policy, PolicyError, PolicyReloader, PolicySet
 from gateway.resolver import (
     DestinationGuard,
@@ -193,7 +195,6 @@ class Gateway:
         shared = self.worker is not None
         if shared:
             # Workers bind the ports the supervisor reserved, with SO_REUSEPORT.
-            share_listeners()
             self.proxy_address = (cfg.listen.proxy.host, cfg.listen.proxy.port)
         else:
             proxy_sock = _bind(cfg.listen.proxy)
@@ -220,6 +221,8 @@ class Gateway:
         except (ValueError, SecretError) as exc:
             raise StartupError(str(exc)) from None
         install_error_pages()
+        self.fast = FastPath(self.tokens, self.policy, self.guard, self.auditor)
+        install_listeners(self.fast, shared=self.worker is not None)
         self.master = self._build_master(confdir, self._upstream_bundle(runtime))
 
         app = build_admin_app(AdminContext(
@@ -298,8 +301,10 @@ class Gateway:
         if self.admin_server is not None:
             self.admin_server.should_exit = True
         if self.master is not None:
-            # Close the proxy listeners (mitmproxy's Done hook leaves them open).
+            # Close the proxy listeners (mitmproxy's Done hook leaves them open) and the
+            # tunnels the fast path splices.
             await self.master.addons.get("proxyserver").servers.update([])
+            self.fast.close_all()
             self.master.shutdown()
         await self.reloader.stop()
         for task in self._tasks:

@@ -20,17 +20,36 @@ BACKLOG = 1024
 _original_listen = mode_servers.AsyncioServerInstance.listen
 
 
-async def _listen_shared(self: Any, host: str, port: int) -> list[Any]:
+_settings: dict[str, Any] = {"shared": False, "front": None}
+
+
+async def _listen(self: Any, host: str, port: int) -> list[Any]:
+    """mitmproxy's listen, with SO_REUSEPORT for workers and the passthrough fast path
+    (`gateway.fastpath`) in front of the regular (HTTPS_PROXY) listener."""
     if self.mode.transport_protocol != "tcp":
         return list(await _original_listen(self, host, port))
-    server = await asyncio.start_server(self.handle_stream, host or None, port,
-                                        reuse_port=True, backlog=BACKLOG)
-    return [server]
+    shared = bool(_settings["shared"])
+    front = _settings["front"]
+    if front is not None and self.mode.type_name == "regular":
+        from gateway.fastpath import FrontDoor
+
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: FrontDoor(front, self.handle_stream),
+                                          host or None, port, reuse_port=shared or None,
+                                          backlog=BACKLOG)
+        return [server]
+    if not shared:
+        return list(await _original_listen(self, host, port))
+    return [await asyncio.start_server(self.handle_stream, host or None, port,
+                                       reuse_port=True, backlog=BACKLOG)]
 
 
-def share_listeners() -> None:
-    """Make this process's mitmproxy listeners bind with SO_REUSEPORT."""
-    mode_servers.AsyncioServerInstance.listen = _listen_shared  # type: ignore[method-assign]
+def install(front: Any = None, shared: bool = False) -> None:
+    """Route this process's mitmproxy listeners through `_listen` (one Master per
+    process): `front` is the FastPath for the regular listener, `shared` = workers."""
+    _settings["front"] = front
+    _settings["shared"] = shared
+    mode_servers.AsyncioServerInstance.listen = _listen  # type: ignore[method-assign]
 
 
 def reserve(host: str, port: int) -> socket.socket:

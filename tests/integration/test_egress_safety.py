@@ -1083,3 +1083,43 @@ def test_large_download_streams_through_both_paths(gateway: GatewayThread,
     intercepted = gateway.audit.wait_for(lambda r: r.get("host") == "other.test"
                                          and r.get("path") == f"/bytes/{size}")
     assert intercepted and intercepted[0]["bytes_in"] == size
+
+
+def test_raw_tcp_server_speaks_first(make_gateway: GatewayFactory) -> None:
+    """A `protocol: tcp` tunnel to a server that speaks first (SSH-style banner) works:
+    the gateway dials at once instead of waiting for client bytes."""
+    import socket as _socket
+    import threading as _threading
+
+    srv = _socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+
+    def banner() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.sendall(b"SSH-2.0-banner\r\n")
+            conn.recv(100)
+
+    _threading.Thread(target=banner, daemon=True).start()
+    try:
+        policy = f"version: v1\nname: agent\negress:\n  - host: git.test\n    ports: [{port}]\n" \
+                 "    protocol: tcp\n"
+        gw = make_gateway({"agent.yaml": policy},
+                          config={"network": {"resolve": {"git.test": f"127.0.0.1:{port}"}}})
+        token = gw.mint("agent")
+        assert gw.gateway.proxy_address
+        cred = base64.b64encode(f"sandbox-1:{token}".encode()).decode()
+        with _socket.create_connection(gw.gateway.proxy_address, timeout=5) as c:
+            c.sendall(f"CONNECT git.test:{port} HTTP/1.1\r\nHost: git.test:{port}\r\n"
+                      f"Proxy-Authorization: Basic {cred}\r\n\r\n".encode())
+            data = b""
+            while b"SSH-2.0-banner" not in data:
+                chunk = c.recv(4096)
+                assert chunk, data
+                data += chunk
+            assert data.startswith(b"HTTP/1.1 200")
+            c.sendall(b"SSH-2.0-client\r\n")
+    finally:
+        srv.close()

@@ -119,7 +119,8 @@ def test_crash_choosing_the_layer_closes_the_tunnel(gw: GatewayThread, upstream:
                                                     test_ca: LocalCA,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     token = gw.mint("agent")
-    monkeypatch.setattr("gateway.addons.layers.starts_like_tls_record", boom)
+    # Passthrough tunnels are spliced by the fast path, which checks the first bytes.
+    monkeypatch.setattr("gateway.fastpath.starts_like_tls_record", boom)
     before = upstream.connections
     with httpx.Client(proxy=gw.proxy_url(token), timeout=5,
                       verify=ssl.create_default_context(cafile=test_ca.cert_path)) as c, \

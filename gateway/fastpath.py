@@ -1,0 +1,343 @@
+"""The passthrough fast path: host-only CONNECTs spliced without mitmproxy's layer stack.
+
+Every connection to the proxy port is accepted here first. The CONNECT head is read
+and, when it is the common happy case — a valid token, a tunnel the policy allows
+without inspection, a destination that passes the address check — the gateway answers
+`200` itself, dials the checked address and relays bytes between two asyncio
+transports (no per-chunk events, hooks or layers; bytes are counted for the audit
+line). Its first bytes must be a TLS ClientHello unless the rule is `protocol: tcp`.
+
+Everything else — plain HTTP, a missing or bad token, a denial, a tunnel that needs
+interception, a refused destination, any error before the `200` — is handed to
+mitmproxy untouched (the bytes read so far are replayed into its reader), where the
+full addon chain decides and answers. An error after the `200` closes both sides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from mitmproxy.net.tls import starts_like_tls_record
+
+from gateway import metrics
+from gateway.addons.identify import proxy_credentials
+from gateway.audit import Auditor
+from gateway.destination import DestinationError, normalize_host, parse_authority
+from gateway.policy import Decision, Policy, Request, decide
+from gateway.resolver import DestinationGuard, DestinationRefused, Pinned, pin
+from gateway.tokens import Identity, TokenRefused, TokenService
+
+log = logging.getLogger("sandbox_gateway")
+
+MAX_HEAD = 16 * 1024
+HEAD_TIMEOUT = 30.0
+HIGH_WATER = 1024 * 1024
+ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
+
+
+class FastPath:
+    """What the fast path needs from the gateway, and the decision it takes."""
+
+    def __init__(self, tokens: TokenService, policy_lookup: Any, guard: DestinationGuard,
+                 auditor: Auditor) -> None:
+        self.tokens = tokens
+        self.policy_lookup = policy_lookup
+        self.guard = guard
+        self.auditor = auditor
+        self.doors: set[FrontDoor] = set()  # connections the fast path still owns
+
+    def close_all(self) -> None:
+        """Close every connection the fast path owns (shutdown)."""
+        for door in list(self.doors):
+            door.close()
+
+    async def passthrough(self, head: bytes) -> tuple[Identity, Decision, Pinned] | None:
+        """(identity, decision, address) if `head` is a CONNECT to splice; else None."""
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or parts[0] != "CONNECT":
+            return None
+        auth = None
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "proxy-authorization":
+                auth = value.strip()
+        creds = proxy_credentials(auth) if auth else None
+        if creds is None:
+            return None
+        user, token = creds
+        try:
+            identity = self.tokens.verify(token)
+            host, port = parse_authority(parts[1])
+            host = normalize_host(host)
+        except (TokenRefused, DestinationError):
+            return None
+        if user is not None and user != identity.sandbox:
+            return None
+        policy: Policy | None = self.policy_lookup(identity.policy)
+        if policy is None:
+            return None
+        started = time.perf_counter()
+        decision = decide(policy, Request(None, "https", host, port, None))
+        metrics.DECISION_SECONDS.observe(time.perf_counter() - started)
+        if decision.result != "allow" or decision.inspect:
+            return None
+        try:
+            pinned = await self.guard.check(host, port)
+        except DestinationRefused:
+            return None
+        return identity, decision, pinned
+
+
+class FrontDoor(asyncio.Protocol):
+    """One accepted proxy connection: decides, then splices or hands off to mitmproxy."""
+
+    def __init__(self, fast: FastPath, handoff: Any) -> None:
+        self.fast = fast
+        self.handoff_cb = handoff  # mitmproxy's handle_stream(reader, writer)
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.state = "head"
+        self.peer: _Upstream | None = None
+        self.pending = bytearray()  # client bytes before the upstream is connected
+        self.bytes_out = 0
+        self.tunnel: tuple[Identity, Decision, Pinned] | None = None
+        self.started = time.time()
+        self.timer: asyncio.TimerHandle | None = None
+        self.first_checked = False
+
+    # -- accepting and deciding ----------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.fast.doors.add(self)
+        self.timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        if self.state == "relay":
+            self._to_upstream(data)
+            return
+        self.buf += data
+        if self.state != "head":
+            return
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0 and len(self.buf) < MAX_HEAD:
+            return
+        assert self.transport is not None
+        self.transport.pause_reading()
+        self.state = "deciding"
+        head = bytes(self.buf[: end + 4]) if end >= 0 else b""
+        asyncio.get_running_loop().create_task(self._decide(head))
+
+    async def _decide(self, head: bytes) -> None:
+        try:
+            tunnel = await self.fast.passthrough(head) if head else None
+        except Exception:
+            log.exception("fast path decision failed; handing the connection to mitmproxy")
+            tunnel = None
+        if tunnel is None:
+            self._handoff()
+            return
+        try:
+            await self._splice(head, tunnel)
+        except Exception:
+            log.exception("passthrough relay failed; closing (fail closed)")
+            self._close()
+
+    def _handoff(self) -> None:
+        """Give the connection, and every byte read so far, to mitmproxy."""
+        assert self.transport is not None
+        if self.timer is not None:
+            self.timer.cancel()
+        self.fast.doors.discard(self)  # mitmproxy owns it from here
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=2**16, loop=loop)
+        reader.feed_data(bytes(self.buf))
+        protocol = asyncio.StreamReaderProtocol(reader, self.handoff_cb, loop=loop)
+        self.transport.set_protocol(protocol)
+        protocol.connection_made(self.transport)
+        self.state = "handed-off"
+        self.transport.resume_reading()
+
+    async def _splice(self, head: bytes, tunnel: tuple[Identity, Decision, Pinned]) -> None:
+        """Answer 200; the upstream is dialled once the first bytes passed the check."""
+        assert self.transport is not None
+        if self.timer is not None:
+            self.timer.cancel()
+        self.tunnel = tunnel
+        metrics.OPEN_CONNECTIONS.inc()
+        rest = bytes(self.buf[len(head):])
+        self.buf = bytearray()
+        self.state = "relay"
+        self.transport.set_write_buffer_limits(high=HIGH_WATER)
+        self.transport.write(ESTABLISHED)
+        rule = tunnel[1].rule
+        if rule is not None and rule.protocol == "tcp":
+            # Raw TCP (e.g. SSH, where the server speaks first): nothing to check, dial now.
+            self.first_checked = True
+            asyncio.get_running_loop().create_task(self._dial(tunnel[2]))
+        if rest:
+            self._to_upstream(rest)
+        self.transport.resume_reading()
+
+    async def _dial(self, pinned: Pinned) -> None:
+        pin(pinned)  # the address we connect to is the one that was checked
+        ip, port = pinned.address
+        loop = asyncio.get_running_loop()
+        try:
+            _, upstream = await loop.create_connection(lambda: _Upstream(self), ip, port)
+        except OSError as exc:
+            log.info("passthrough to %s:%d (%s) failed: %s", pinned.host, pinned.port, ip, exc)
+            self._close()
+            return
+        except Exception:
+            log.exception("passthrough dial failed; closing (fail closed)")
+            self._close()
+            return
+        self.peer = upstream
+        if self.transport is None or self.transport.is_closing():
+            upstream.transport.close()  # type: ignore[union-attr]
+            return
+        if self.pending:
+            upstream.write(bytes(self.pending))
+            self.pending.clear()
+            self.transport.resume_reading()
+
+    # -- relaying ------------------------------------------------------------------------
+
+    def _to_upstream(self, data: bytes) -> None:
+        if not self.first_checked:
+            self.pending += data
+            if len(self.pending) < 3:
+                return  # a TLS record header is 3 bytes: wait for them
+            data, self.pending = bytes(self.pending), bytearray()
+            self.first_checked = True
+            assert self.tunnel is not None
+            try:
+                tls = starts_like_tls_record(data)
+            except Exception:
+                log.exception("checking the first tunnel bytes failed; closing (fail closed)")
+                tls = False
+            if not tls:
+                log.warning("refused tunnel bytes: non-TLS bytes in a tunnel to %s; add "
+                            "protocol: tcp to the rule to allow raw TCP", self.tunnel[2].host)
+                self._close()
+                return
+            asyncio.get_running_loop().create_task(self._dial(self.tunnel[2]))
+        self.bytes_out += len(data)
+        if self.peer is None or self.peer.transport is None:
+            self.pending += data
+            if len(self.pending) > HIGH_WATER and self.transport is not None:
+                self.transport.pause_reading()  # resumed once the upstream is connected
+            return
+        self.peer.write(data)
+
+    def write(self, data: bytes) -> None:
+        """Bytes from the upstream, to the client (transport water marks pace both ways)."""
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def pause_writing(self) -> None:
+        if self.peer is not None:
+            self.peer.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None:
+            self.peer.resume_reading()
+
+    def eof_received(self) -> bool | None:
+        if self.state == "relay" and self.peer is not None and self.peer.transport is not None \
+                and self.peer.transport.can_write_eof():
+            self.peer.transport.write_eof()
+            return True
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.fast.doors.discard(self)
+        if self.state == "relay":
+            self._finish()
+
+    def close(self) -> None:
+        """Close both sides (shutdown, or fail closed)."""
+        self._close()
+
+    def _close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.close()
+
+    def _finish(self) -> None:
+        if self.tunnel is None:
+            return
+        tunnel, self.tunnel = self.tunnel, None
+        metrics.OPEN_CONNECTIONS.dec()
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.close()
+        identity, decision, pinned = tunnel
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        self.fast.auditor.tunnel({
+            "sandbox": identity.sandbox, "policy": identity.policy, "jti": identity.jti,
+            "client": f"{peer[0]}:{peer[1]}" if peer else None,
+            "method": "CONNECT", "scheme": None, "host": pinned.host, "port": pinned.port,
+            "path": None, "decision": decision.result, "reason": decision.reason,
+            "rule": decision.rule.source if decision.rule else None, "status": 200,
+            "bytes_in": self.peer.bytes_in if self.peer else 0, "bytes_out": self.bytes_out,
+            "duration_ms": round((time.time() - self.started) * 1000, 3),
+            "path_taken": "passthrough",
+        })
+
+
+class _Upstream(asyncio.Protocol):
+    """The upstream side of a spliced tunnel."""
+
+    def __init__(self, front: FrontDoor) -> None:
+        self.front = front
+        self.transport: asyncio.Transport | None = None
+        self.bytes_in = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.set_write_buffer_limits(high=HIGH_WATER)
+        self.transport = transport
+
+    def write(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def pause_reading(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None:
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        self.bytes_in += len(data)
+        self.front.write(data)
+
+    def pause_writing(self) -> None:
+        if self.front.transport is not None:
+            self.front.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.front.transport is not None:
+            self.front.transport.resume_reading()
+
+    def eof_received(self) -> bool | None:
+        transport = self.front.transport
+        if transport is not None and transport.can_write_eof():
+            transport.write_eof()
+            return True
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.front.transport is not None:
+            self.front.transport.close()
