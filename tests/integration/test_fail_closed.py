@@ -137,3 +137,19 @@ def test_crash_in_response_redaction_cuts_the_response(gw: GatewayThread, upstre
         r = c.get("https://api.openai.com/echo-header/Authorization",
                   headers={"Authorization": f"Bearer {token}"})
         assert "sk-fail-closed-key" not in r.text
+
+
+def test_fast_path_crash_hands_off_to_the_enforcing_chain(
+        gw: GatewayThread, upstream: Upstream, test_ca: LocalCA,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The passthrough fast path only ever shortcuts the happy case: if its decision
+    crashes, the connection goes to mitmproxy, whose hooks decide (and fail closed)."""
+    token = gw.mint("agent")
+    monkeypatch.setattr("gateway.fastpath.decide", boom)
+    ctx = ssl.create_default_context(cafile=test_ca.cert_path)
+    with httpx.Client(proxy=gw.proxy_url(token), timeout=5, verify=ctx) as c:
+        assert c.get("https://allowed.test/still-works").status_code == 200
+    monkeypatch.setattr("gateway.addons.enforce.decide", boom)
+    assert gw.gateway.proxy_address
+    status, _, body = raw_connect(gw.gateway.proxy_address, "allowed.test:443", token)
+    assert status == 500 and body is not None and body["error"] == "gateway_error"

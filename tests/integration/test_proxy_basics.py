@@ -231,3 +231,14 @@ def test_upstream_failure_is_a_json_502(make_gateway: GatewayFactory) -> None:
     assert r.status_code == 502
     assert r.headers["x-sandbox-gateway-error"] == "upstream_failed"
     assert r.json()["error"] == "upstream_failed" and "could not be reached" in r.json()["reason"]
+
+
+def test_passthrough_audit_counts_bytes(gateway: GatewayThread, test_ca: Any) -> None:
+    token = gateway.mint("agent")
+    ctx = ssl.create_default_context(cafile=test_ca.cert_path)
+    with httpx.Client(proxy=gateway.proxy_url(token), verify=ctx, timeout=10) as c:
+        assert c.get("https://allowed.test/bytes/100000").status_code == 200
+    lines = gateway.audit.wait_for(lambda r: r["host"] == "allowed.test"
+                                   and r["path_taken"] == "passthrough")
+    assert lines and lines[-1]["bytes_in"] > 100_000 and lines[-1]["bytes_out"] > 0
+    assert lines[-1]["decision"] == "allow" and lines[-1]["rule"].endswith("agent.yaml:5")
