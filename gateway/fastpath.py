@@ -35,6 +35,8 @@ log = logging.getLogger("sandbox_gateway")
 MAX_HEAD = 16 * 1024
 HEAD_TIMEOUT = 30.0
 HIGH_WATER = 1024 * 1024
+READ_SIZE = 256 * 1024
+FIRST_READ_SIZE = 16 * 1024
 ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
 
 
@@ -236,11 +238,6 @@ class FrontDoor(asyncio.Protocol):
             return
         self.peer.write(data)
 
-    def write(self, data: bytes) -> None:
-        """Bytes from the upstream, to the client (transport water marks pace both ways)."""
-        assert self.transport is not None
-        self.transport.write(data)
-
     def pause_writing(self) -> None:
         if self.peer is not None:
             self.peer.pause_reading()
@@ -294,13 +291,17 @@ class FrontDoor(asyncio.Protocol):
         })
 
 
-class _Upstream(asyncio.Protocol):
-    """The upstream side of a spliced tunnel."""
+class _Upstream(asyncio.BufferedProtocol):
+    """The upstream side of a spliced tunnel. Downloads are the bulk of passthrough
+    traffic, so it reads into a reusable buffer (no allocation per read) that starts
+    small (idle tunnels stay cheap) and grows while reads fill it; a buffer the client
+    transport still holds (a write it could not finish) is never reused."""
 
     def __init__(self, front: FrontDoor) -> None:
         self.front = front
         self.transport: asyncio.Transport | None = None
         self.bytes_in = 0
+        self._buffer = bytearray(FIRST_READ_SIZE)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -319,9 +320,20 @@ class _Upstream(asyncio.Protocol):
         if self.transport is not None:
             self.transport.resume_reading()
 
-    def data_received(self, data: bytes) -> None:
-        self.bytes_in += len(data)
-        self.front.write(data)
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return memoryview(self._buffer)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.bytes_in += nbytes
+        client = self.front.transport
+        if client is None:
+            return
+        client.write(memoryview(self._buffer)[:nbytes])
+        size = len(self._buffer)
+        if nbytes == size and size < READ_SIZE:
+            self._buffer = bytearray(min(size * 4, READ_SIZE))  # a bulk transfer: read more
+        elif client.get_write_buffer_size():
+            self._buffer = bytearray(size)  # the old one is queued in the transport
 
     def pause_writing(self) -> None:
         if self.front.transport is not None:
