@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
@@ -35,7 +34,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     logging.getLogger("mitmproxy").setLevel(logging.WARNING)
     workers = args.workers if args.workers is not None else cfg.workers
     if workers == 0:
-        workers = len(os.sched_getaffinity(0))
+        from gateway.workers import available_cpus
+
+        workers = available_cpus()
     if args.worker_index is None and workers > 1:
         from gateway.workers import run_supervisor
 

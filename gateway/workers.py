@@ -39,6 +39,19 @@ READY_TIMEOUT = 60.0
 RESTART_BACKOFF = (1.0, 30.0)
 
 
+def available_cpus(cgroup: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """CPUs this process may use: its affinity, capped by a cgroup v2 CPU quota (a
+    container limited to 2 CPUs on a 64-core node gets 2 workers, not 64)."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        quota, period = cgroup.read_text().split()[:2]
+    except (OSError, ValueError):
+        return cpus
+    if quota != "max" and int(period) > 0:
+        cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    return cpus
+
+
 def _concrete(hp: HostPort, held: list[object]) -> HostPort:
     """Pin port 0 to a real port, holding it reserved (SO_REUSEPORT) for the workers."""
     sock = reserve(hp.host, hp.port)

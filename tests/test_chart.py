@@ -875,3 +875,10 @@ def test_notes(render: Render, notes_chart: Path) -> None:
     notes = only(render(ALL_ON, chart=notes_chart), "ConfigMap", "notes-probe")["data"]["notes"]
     assert "get secret gateway-ca" in notes and "sandboxNamespaces is empty" not in notes
     assert "jsonpath='{.data.admin-token}'" in notes
+
+
+def test_workers_default_to_one_per_pod_and_are_configurable(render: Render) -> None:
+    """A pod without a CPU limit sees every node core: the chart runs one worker per pod
+    unless told otherwise (scale with replicas/HPA)."""
+    assert gateway_config(render())["workers"] == 1
+    assert gateway_config(render(set_values=["config.workers=4"]))["workers"] == 4

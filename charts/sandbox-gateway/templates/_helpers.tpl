@@ -185,6 +185,7 @@ gateway.yaml as a dict (rendered by configmap-config.yaml, hashed by the Deploym
   "state" $state
   "runtime_dir" "/var/lib/sandbox-gateway"
   "log_level" .Values.config.log_level
+  "workers" (int .Values.config.workers)
 }}
 {{- toYaml (merge (deepCopy $cfg) (deepCopy .Values.config.extra)) }}
 {{- end }}
