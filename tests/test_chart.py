@@ -881,4 +881,4 @@ def test_workers_default_to_one_per_pod_and_are_configurable(render: Render) -> 
     """A pod without a CPU limit sees every node core: the chart runs one worker per pod
     unless told otherwise (scale with replicas/HPA)."""
     assert gateway_config(render())["workers"] == 1
-    assert gateway_config(render(set_values=["config.workers=4"]))["workers"] == 4
+    assert gateway_config(render({"config": {"workers": 4}}))["workers"] == 4
