@@ -26,6 +26,7 @@ from gateway.addons.common import Sessions
 from gateway.addons.destination import Destinations
 from gateway.addons.enforce import Enforce
 from gateway.addons.identify import Identify
+from gateway.addons.idle import IdleUpstreams
 from gateway.addons.inject import Inject
 from gateway.addons.layers import SelectLayer
 from gateway.addons.local_api import LocalApi
@@ -257,6 +258,7 @@ class Gateway:
             Transparent(self.policy, self.guard, self.state, self.sessions, self.auditor),
             SelectLayer(self.sessions),
             Record(self.sessions, self.auditor),
+            IdleUpstreams(self.config.network.upstream_idle_timeout),
         )
         assert self.proxy_address is not None
         host, port = self.proxy_address

@@ -65,6 +65,7 @@ class NetworkConfig:
     deny_cidrs: tuple[str, ...] = ()
     upstream_ca: Path | None = None
     resolve: Mapping[str, str] = field(default_factory=dict)
+    upstream_idle_timeout: float = 30.0  # seconds; 0 keeps idle upstream connections open
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +183,12 @@ def _leeway(value: object, key: str) -> float:
     return float(value)
 
 
+def _idle(value: object, key: str) -> float:
+    if value in (0, "0", "off"):
+        return 0.0
+    return parse_duration(value, key)
+
+
 def _level(value: object, key: str) -> str:
     levels = ("debug", "info", "warning", "error")
     if value not in levels:
@@ -214,6 +221,7 @@ SCHEMA: Schema = {
         "deny_cidrs": _str_list,
         "upstream_ca": _opt(_str),
         "resolve": _str_map,
+        "upstream_idle_timeout": _idle,
     },
     "audit": {"path": _opt(_str)},
     "state": _any_map,
@@ -355,6 +363,8 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
             deny_cidrs=network.get("deny_cidrs", ()),
             upstream_ca=upstream_ca,
             resolve=network.get("resolve", {}),
+            upstream_idle_timeout=network.get("upstream_idle_timeout",
+                                              d.network.upstream_idle_timeout),
         ),
         audit_path=_path(base, v.get("audit", {}).get("path")),
         state=v.get("state", d.state),

@@ -90,6 +90,7 @@ network:
   deny_cidrs: [10.1.0.0/16]
   upstream_ca: ca/upstream.pem
   resolve: {api.internal.example: "10.1.2.3:443"}
+  upstream_idle_timeout: 45s
 audit: {path: audit/decisions.jsonl}
 state: {store: memory}
 workers: 4
@@ -138,6 +139,7 @@ def test_full_file(tmp_path: Path) -> None:
     assert cfg.network.deny_cidrs == ("10.1.0.0/16",)
     assert cfg.network.upstream_ca == base / "ca" / "upstream.pem"
     assert dict(cfg.network.resolve) == {"api.internal.example": "10.1.2.3:443"}
+    assert cfg.network.upstream_idle_timeout == 45
     assert cfg.audit_path == base / "audit" / "decisions.jsonl"
     assert dict(cfg.state) == {"store": "memory"}
     assert cfg.workers == 4

@@ -242,3 +242,18 @@ def test_passthrough_audit_counts_bytes(gateway: GatewayThread, test_ca: Any) ->
                                    and r["path_taken"] == "passthrough")
     assert lines and lines[-1]["bytes_in"] > 100_000 and lines[-1]["bytes_out"] > 0
     assert lines[-1]["decision"] == "allow" and lines[-1]["rule"].endswith("agent.yaml:5")
+
+
+def test_idle_upstream_connection_is_closed_and_reopened(make_gateway: GatewayFactory,
+                                                         upstream: Upstream) -> None:
+    gw = make_gateway(config={"network": {"upstream_idle_timeout": 1}})
+    token = gw.mint("agent")
+    with client(gw, token) as c:
+        before = upstream.connections
+        assert c.get("https://other.test/first").status_code == 200
+        assert c.get("https://other.test/second").status_code == 200
+        assert upstream.connections == before + 1  # kept alive while in use
+        time.sleep(2.5)  # idle past the timeout: the gateway drops its upstream connection
+        r = c.get("https://other.test/third")  # same sandbox connection, new upstream one
+        assert r.status_code == 200 and r.json()["path"] == "/third"
+        assert upstream.connections == before + 2
