@@ -20,6 +20,7 @@ from mitmproxy import http
 
 from gateway import metrics
 from gateway.errors import Refusal
+from gateway.policy import Decision
 from gateway.tokens import Identity
 
 MAX_PATH = 512
@@ -112,8 +113,26 @@ class Auditor:
         })
 
     def tunnel(self, flow_like: dict[str, Any]) -> None:
-        """A passthrough tunnel ended (or was opened, for report mode lines)."""
+        """A line for a connection that is not an HTTP flow (a refused transparent one)."""
         self.write(flow_like)
+
+    def passthrough_closed(self, identity: Identity | None, decision: Decision,
+                           client: tuple[str, int] | None, host: str, port: int,
+                           started: float, bytes_in: int | None,
+                           bytes_out: int | None) -> None:
+        """A passthrough tunnel ended: one line for its CONNECT decision and traffic."""
+        self.write({
+            "sandbox": identity.sandbox if identity else None,
+            "policy": identity.policy if identity else None,
+            "jti": identity.jti if identity else None,
+            "client": f"{client[0]}:{client[1]}" if client else None,
+            "method": "CONNECT", "scheme": None, "host": host, "port": port, "path": None,
+            "decision": decision.result, "reason": decision.reason,
+            "rule": decision.rule.source if decision.rule else None, "status": 200,
+            "bytes_in": bytes_in, "bytes_out": bytes_out,
+            "duration_ms": round((time.time() - started) * 1000, 3),
+            "path_taken": "passthrough",
+        })
 
 
 def _ms(start: float | None) -> float | None:

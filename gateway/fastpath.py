@@ -279,16 +279,9 @@ class FrontDoor(asyncio.Protocol):
             self.peer.transport.close()
         identity, decision, pinned = tunnel
         peer = self.transport.get_extra_info("peername") if self.transport else None
-        self.fast.auditor.tunnel({
-            "sandbox": identity.sandbox, "policy": identity.policy, "jti": identity.jti,
-            "client": f"{peer[0]}:{peer[1]}" if peer else None,
-            "method": "CONNECT", "scheme": None, "host": pinned.host, "port": pinned.port,
-            "path": None, "decision": decision.result, "reason": decision.reason,
-            "rule": decision.rule.source if decision.rule else None, "status": 200,
-            "bytes_in": self.peer.bytes_in if self.peer else 0, "bytes_out": self.bytes_out,
-            "duration_ms": round((time.time() - self.started) * 1000, 3),
-            "path_taken": "passthrough",
-        })
+        self.fast.auditor.passthrough_closed(
+            identity, decision, peer, pinned.host, pinned.port, self.started,
+            self.peer.bytes_in if self.peer else 0, self.bytes_out)
 
 
 class _Upstream(asyncio.BufferedProtocol):

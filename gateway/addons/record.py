@@ -8,7 +8,6 @@ are recorded when they close.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 
 from mitmproxy import connection, http
@@ -88,23 +87,11 @@ class Record:
         session = self.sessions.drop(client)
         if session is None or session.tunnel is None or not session.tunnel.passthrough:
             return
-        tunnel, identity = session.tunnel, session.identity
-        decision = tunnel.decision
+        tunnel, decision = session.tunnel, session.tunnel.decision
         if decision is None:
             return
-        peer = client.peername
-        self.auditor.tunnel({
-            "sandbox": identity.sandbox if identity else None,
-            "policy": identity.policy if identity else None,
-            "jti": identity.jti if identity else None,
-            "client": f"{peer[0]}:{peer[1]}" if peer else None,
-            "method": "CONNECT", "scheme": None, "host": tunnel.host, "port": tunnel.port,
-            "path": None, "decision": decision.result, "reason": decision.reason,
-            "rule": decision.rule.source if decision.rule else None, "status": 200,
-            "bytes_in": None, "bytes_out": None,
-            "duration_ms": round((time.time() - tunnel.started) * 1000, 3),
-            "path_taken": "passthrough",
-        })
+        self.auditor.passthrough_closed(session.identity, decision, client.peername,
+                                        tunnel.host, tunnel.port, tunnel.started, None, None)
 
 
 class _Counter:
