@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -61,6 +61,9 @@ QUICK = Sizes(get_seconds=0.5, big_bytes=2_000_000, sse_streams=3, sse_events=5,
               sse_interval_ms=5, idle_tunnels=20, policy_sizes=(10, 100, 1000),
               policy_samples=2000, worker_concurrency=(10,))
 WORKER_COUNTS = (1, 2)  # `run --workers N` in the workers section
+IDLE_TIMEOUT = "2s"  # network.upstream_idle_timeout of the idle_after_timeout gateway
+IDLE_TIMEOUT_WAIT_S = 4.0  # idle_after_timeout: wait at least this long after the tunnels
+IDLE_TIMEOUT_MAX_WAIT_S = 20.0  # ... and until nginx sees no connection left, up to this
 WORKER_ROW = "gateway_policy"  # its host and workload: intercepted + policy, GET /small
 WORKERS_NOTE = (
     "unpinned: the gateway processes, the load client and nginx share every core. On a "
@@ -86,7 +89,7 @@ ROWS = (
     Row("gateway_passthrough", "gateway passthrough", "gateway", "pass.bench.test",
         ("get_c1", "get_c10", "download", "idle")),
     Row("gateway_policy", "gateway intercept + policy", "gateway", "policy.bench.test",
-        ("get_c1", "get_c10", "download", "idle")),
+        ("get_c1", "get_c10", "download", "idle", "idle_after_timeout")),
     Row("gateway_inject", "gateway intercept + inject", "gateway", "inject.bench.test",
         ("get_c1", "get_c10"), inject_header=True),
     Row("gateway_sse", "gateway SSE (intercept)", "gateway", "sse.bench.test", ("sse",)),
@@ -145,10 +148,14 @@ class Bench:
     # -- plumbing ------------------------------------------------------------------------
 
     def client(self, spec: dict[str, Any], proxy: Proxy | None, timeout: float,
-               pin: bool = True) -> dict[str, Any]:
+               pin: bool = True,
+               idle_wait: Callable[[Proxy | None], dict[str, Any]] | None = None,
+               ) -> dict[str, Any]:
         """Run one workload in the load client; sample the proxy around the measured phase.
 
         ``pin`` False: the client gets the orchestrator's affinity (see `_unpinned`).
+        ``idle_wait``: idle only, called once the tunnels are open and before the proxy's
+        RSS is read (the upstream idle timeout); its figures go into the result.
         """
         spec = {**spec, "cpu": self.client_cpu if pin else None}
         proc = subprocess.Popen([sys.executable, "-m", "bench.load", json.dumps(spec)],
@@ -172,6 +179,8 @@ class Bench:
             if machine:
                 result.update(machine)
             if spec["workload"] == "idle":
+                if idle_wait is not None:
+                    result.update(idle_wait(proxy))
                 time.sleep(0.5)  # let the proxy settle its buffers
             if proxy is not None:
                 # Per process of the proxy's tree (a supervisor and its workers): a process
@@ -220,7 +229,7 @@ class Bench:
         elif sse:
             spec.update(streams=s.sse_streams, events=s.sse_events,
                         interval_ms=s.sse_interval_ms)
-        elif workload == "idle":
+        elif workload.startswith("idle"):
             spec.update(connections=s.idle_tunnels)
         return spec
 
@@ -228,8 +237,10 @@ class Bench:
         s = self.sizes
         if workload.startswith("get"):
             return s.get_seconds + 60
+        if workload.startswith("idle"):
+            return 60 + s.idle_tunnels * 0.2
         return {"download": 60 + s.big_bytes / 5e6, "sse": 60 + s.sse_streams * s.sse_events
-                * s.sse_interval_ms / 100, "idle": 60 + s.idle_tunnels * 0.2}[workload]
+                * s.sse_interval_ms / 100}[workload]
 
     # -- workloads -----------------------------------------------------------------------
 
@@ -240,7 +251,8 @@ class Bench:
         t0 = time.monotonic()
         try:
             res = self.client(self.spec(row, workload, proxy), proxy, self.timeout(workload),
-                              pin=pin)
+                              pin=pin, idle_wait=self._wait_upstream_idle
+                              if workload == "idle_after_timeout" else None)
         except ClientError as exc:
             tail = proxy.log_tail() if proxy is not None else ""
             res = {"error": str(exc)[:800], "proxy_log_tail": tail[-600:]}
@@ -267,24 +279,54 @@ class Bench:
             for row in rows:
                 entry = self.results["rows"].setdefault(row.key, {"label": row.label})
                 for workload in row.workloads:
-                    if workload != "idle":
+                    if not workload.startswith("idle"):
                         entry[workload] = self.run_workload(row, workload, proxy)
         finally:
             if proxy is not None:
                 proxy.stop()
         for row in rows:
-            if "idle" in row.workloads:
+            for workload in row.workloads:
+                if not workload.startswith("idle"):
+                    continue
                 # A fresh process per idle measurement: memory freed by earlier workloads
-                # would otherwise be reused and hide the per-tunnel cost.
-                fresh = self.make_proxy(kind, f"idle-{row.key}")
+                # would otherwise be reused and hide the per-tunnel cost. idle_after_timeout:
+                # the gateway with network.upstream_idle_timeout IDLE_TIMEOUT, measured after
+                # it has closed the upstream half of every tunnel.
+                after = workload == "idle_after_timeout"
+                fresh = self.make_proxy(kind, f"{workload}-{row.key}",
+                                        upstream_idle_timeout=IDLE_TIMEOUT if after else None)
                 stack.callback(fresh.stop)
+                entry = self.results["rows"][row.key]
                 try:
                     fresh.start()
-                    self.results["rows"][row.key]["idle"] = self.run_workload(row, "idle", fresh)
+                    entry[workload] = self.run_workload(row, workload, fresh)
                 except RuntimeError as exc:
-                    self.results["rows"][row.key]["idle"] = {"error": str(exc)[:800]}
+                    entry[workload] = {"error": str(exc)[:800]}
                 finally:
                     fresh.stop()
+                if after:
+                    entry[workload]["upstream_idle_timeout"] = IDLE_TIMEOUT
+
+    def _wait_upstream_idle(self, proxy: Proxy | None) -> dict[str, Any]:
+        """Wait IDLE_TIMEOUT_WAIT_S, and on until nginx holds no connection (max 20 s).
+
+        Counts ESTABLISHED TCP connections on nginx's port (the gateway's upstream
+        halves; nothing else talks to nginx meanwhile) and on the proxy's port (the
+        tunnels, which must stay open).
+        """
+        t0 = time.monotonic()
+        port = proxy.port if proxy is not None else 0
+        before = {"upstream_conns_before_wait": _established(self.static.port),
+                  "tunnels_open_before_wait": _established(port)}
+        while True:
+            waited = time.monotonic() - t0
+            left = _established(self.static.port)
+            if waited >= IDLE_TIMEOUT_MAX_WAIT_S or (
+                    waited >= IDLE_TIMEOUT_WAIT_S and left == 0):
+                break
+            time.sleep(0.2)
+        return {**before, "idle_wait_s": waited, "upstream_conns_after_wait": left,
+                "tunnels_open_after_wait": _established(port)}
 
     @contextlib.contextmanager
     def _unpinned(self) -> Iterator[None]:
@@ -341,11 +383,12 @@ class Bench:
         print("  scaling " + ", ".join(f"{w}: {v:.2f}x" for w, v in section["scaling"].items())
               + " (unpinned, cores shared with the client)", file=sys.stderr)
 
-    def make_proxy(self, kind: str | None, tag: str) -> Proxy:
+    def make_proxy(self, kind: str | None, tag: str,
+                   upstream_idle_timeout: str | None = None) -> Proxy:
         d = self.workdir / f"{kind}-{tag}"
         if kind == "gateway":
             return GatewayProxy(d, self.ca.cert_path, self.static.port, self.sse.port,
-                                self.proxy_cpu)
+                                self.proxy_cpu, upstream_idle_timeout=upstream_idle_timeout)
         if kind == "mitmdump":
             return MitmdumpProxy(d, self.ca.cert_path, self.static.port, self.sse.port,
                                  self.proxy_cpu)
@@ -397,6 +440,25 @@ class Bench:
             self.results["cold_secret"] = micro.cold_secret(self.sizes.secret_concurrency)
         self.results["targets"] = targets.evaluate(self.results)
         return self.results
+
+
+def _established(port: int) -> int:
+    """ESTABLISHED TCP connections whose local port is ``port`` (/proc/net/tcp, tcp6)."""
+    if not port:
+        return 0
+    want = f":{port:04X}"
+    n = 0
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                next(f, None)
+                for line in f:
+                    parts = line.split()
+                    if len(parts) > 3 and parts[1].endswith(want) and parts[3] == "01":
+                        n += 1
+        except OSError:
+            pass
+    return n
 
 
 def _machine_cpu() -> list[int] | None:

@@ -222,9 +222,11 @@ class GatewayProxy(Proxy):
     name = "gateway"
 
     def __init__(self, workdir: Path, upstream_ca: Path, static_port: int, sse_port: int,
-                 cpu: int | None, workers: int | None = None) -> None:
+                 cpu: int | None, workers: int | None = None,
+                 upstream_idle_timeout: str | None = None) -> None:
         self.dir = workdir
         self.workers = workers  # None: the config default (one per usable core)
+        self.upstream_idle_timeout = upstream_idle_timeout  # None: the config default (30 s)
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "policies").mkdir(exist_ok=True)
         (self.dir / "policies" / "bench.yaml").write_text(POLICY)
@@ -241,6 +243,8 @@ class GatewayProxy(Proxy):
             "network": {"upstream_ca": str(upstream_ca),
                         "resolve": {n: f"127.0.0.1:{p}" for n, p in ports.items()}},
         }
+        if upstream_idle_timeout is not None:
+            cfg["network"]["upstream_idle_timeout"] = upstream_idle_timeout
         self.config = self.dir / "gateway.yaml"
         self.config.write_text(yaml.safe_dump(cfg))
         self.cpu = cpu

@@ -73,7 +73,7 @@ def derive(workload: str, res: dict[str, Any]) -> None:
         if cpu is not None and res.get("bytes"):
             res["proxy_cpu_ms_per_mb"] = cpu * 1e3 / (res["bytes"] / 1e6)
         res["client_bound"] = res.get("client_cpu_pct", 0) >= CLIENT_BOUND_PCT
-    elif workload == "idle":
+    elif workload.startswith("idle"):  # idle, idle_after_timeout
         if not res.get("tunnels"):
             res["error"] = f"no tunnel opened: {res.get('first_error')}"
             return
@@ -98,8 +98,15 @@ def brief(workload: str, res: dict[str, Any]) -> str:
     if workload == "sse":
         return (f"first event {res['ttfe_p50_ms']:.2f} ms, "
                 f"event delay {res['event_delay_p50_ms']:.2f} ms")
-    if workload == "idle":
-        return f"{res.get('kb_per_tunnel', math.nan):.1f} KB/tunnel ({res['tunnels']} tunnels)"
+    if workload.startswith("idle"):
+        after = ""
+        if "idle_wait_s" in res:
+            after = (f", after {res['idle_wait_s']:.1f} s idle: upstream connections "
+                     f"{res.get('upstream_conns_before_wait')}→"
+                     f"{res.get('upstream_conns_after_wait')}, tunnels open "
+                     f"{res.get('tunnels_open_after_wait')}")
+        return (f"{res.get('kb_per_tunnel', math.nan):.1f} KB/tunnel "
+                f"({res['tunnels']} tunnels{after})")
     return ""
 
 
@@ -126,7 +133,8 @@ def _fmt(v: Any, digits: int = 0) -> str:
 
 COLUMNS = ["row", "c1 req/s", "c1 p50 ms", "c1 p99 ms", "c10 req/s", "c10 p50 ms",
            "c10 p99 ms", "proxy µs CPU/req c1 · c10", "client CPU % c1 · c10", "MB/s",
-           "proxy ms CPU/MB", "SSE 1st event ms", "SSE event delay ms", "KB/idle tunnel"]
+           "proxy ms CPU/MB", "SSE 1st event ms", "SSE event delay ms", "KB/idle tunnel",
+           "KB/idle tunnel (after upstream idle timeout)"]
 
 
 def table_rows(results: dict[str, Any]) -> list[list[str]]:
@@ -149,9 +157,27 @@ def table_rows(results: dict[str, Any]) -> list[list[str]]:
             f"{bound('get_c1')} · {bound('get_c10')}",
             g("download", "mb_per_s"), g("download", "proxy_cpu_ms_per_mb", 2),
             g("sse", "ttfe_p50_ms", 2), g("sse", "event_delay_p50_ms", 2),
-            g("idle", "kb_per_tunnel", 1),
+            g("idle", "kb_per_tunnel", 1), g("idle_after_timeout", "kb_per_tunnel", 1),
         ])
     return out
+
+
+def idle_note(results: dict[str, Any]) -> str | None:
+    """What the two idle columns measured (None when no row has the after-timeout one)."""
+    for entry in results.get("rows", {}).values():
+        res = entry.get("idle_after_timeout")
+        if isinstance(res, dict):
+            timeout = res.get("upstream_idle_timeout", "?")
+            waited = (f", waited {res['idle_wait_s']:.1f} s: upstream connections "
+                      f"{res.get('upstream_conns_before_wait')}→"
+                      f"{res.get('upstream_conns_after_wait')}, tunnels still open "
+                      f"{res.get('tunnels_open_after_wait')}" if "idle_wait_s" in res else "")
+            return ("KB/idle tunnel: right after each tunnel's one request (default "
+                    "upstream_idle_timeout, 30 s, not reached); after upstream idle timeout: "
+                    f"a gateway with network.upstream_idle_timeout: {timeout} in its "
+                    f"gateway.yaml, same tunnels, measured once the upstream halves were "
+                    f"closed{waited}")
+    return None
 
 
 def _policy_lines(results: dict[str, Any]) -> list[str]:
@@ -239,6 +265,9 @@ def text_table(results: dict[str, Any]) -> str:
             lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i])
                                    for i, c in enumerate(r)))
         lines.append("(* = client-bound: the load client used ≥90% of its core)")
+        note = idle_note(results)
+        if note:
+            lines.append(note)
         lines.append("")
     wrows = worker_rows(results)
     if wrows:
@@ -270,6 +299,9 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append("`*` client-bound (load client ≥90% of its core). "
                      "`—` not measured for that row.")
         lines.append("")
+        note = idle_note(results)
+        if note:
+            lines.extend([note + ".", ""])
     wrows = worker_rows(results)
     if wrows:
         title, notes = _worker_lines(results)
