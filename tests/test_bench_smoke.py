@@ -25,6 +25,7 @@ WORKLOAD_FIELDS = {
     "download": ("mb_per_s",),
     "sse": ("ttfe_p50_ms", "event_delay_p50_ms"),
     "idle": ("kb_per_tunnel",),
+    "idle_after_timeout": ("kb_per_tunnel", "idle_wait_s"),
 }
 EXPECTED_SECTIONS = {"workers", "policy", "secret"}
 WORKER_FIELDS = ("rps", "p50_ms", "p99_ms", "client_cpu_pct", "proxy_cpu_us_per_req",
@@ -63,6 +64,23 @@ def test_quick_benchmark_produces_every_row_and_workload(tmp_path: Path) -> None
                 assert res["ok"] == res["requests"] > 0, f"{row.key}/{workload}: {res}"
             if row.proxy is not None and workload.startswith("get"):
                 assert "proxy_cpu_us_per_req" in res
+
+    # the intercepted row's idle tunnels, again after a 2 s upstream idle timeout: every
+    # upstream connection closed, every tunnel still open
+    assert "idle_after_timeout" in next(r for r in ROWS if r.key == "gateway_policy").workloads
+    after = results["rows"]["gateway_policy"]["idle_after_timeout"]
+    assert after["upstream_idle_timeout"] == "2s"
+    assert 0 < after["upstream_conns_before_wait"] <= after["tunnels"], after
+    assert after["upstream_conns_after_wait"] == 0, after
+    assert after["tunnels_open_after_wait"] == after["tunnels"], after
+    assert after["idle_wait_s"] >= 4.0
+    idle_target = next(t for t in results["targets"]
+                       if t["name"].startswith("idle intercepted tunnel"))
+    assert "after upstream idle timeout" in idle_target["name"]
+    assert "immediately after the request" in idle_target["name"]
+    assert idle_target["value"] == after["kb_per_tunnel"]
+    assert "KB/idle tunnel (after upstream idle timeout)" in proc.stdout
+    assert "upstream_idle_timeout: 2s" in proc.stdout
 
     # workers: `run --workers 1` and `--workers 2`, unpinned, c10 (quick: c10 only)
     assert set(SECTIONS) == EXPECTED_SECTIONS
