@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fakes.keyvault import FakeKeyVault, StaticCredential, sdk_transport
+from helpers.clock import Clock, run
 
 from gateway import metrics
 from gateway.secrets import (
@@ -30,17 +31,6 @@ from gateway.secrets import (
 NAME = "openai-api-key"
 VALUE = "sk-kv-value-5e4d3c2b1a"
 
-
-def run[T](coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@ import asyncio
 import logging
 import random
 import traceback
-from collections.abc import Coroutine
 from typing import Any
 
 import pytest
+from helpers.clock import Clock, run
 
 from gateway import metrics
 from gateway.secrets import (
@@ -23,17 +23,6 @@ from gateway.secrets import (
 
 VALUE = "sk-cache-test-value-9d8c7b6a"
 
-
-def run[T](coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FixedRandom(random.Random):

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import traceback
-from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.clock import run
 
 from gateway.secrets import (
     AzureKeyVaultStore,
@@ -28,9 +27,6 @@ from gateway.secrets import (
 
 VALUE = "sk-file-secret-7f3a9c"
 
-
-def run[T](coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
 
 
 def write(path: Path, text: str, mode: int = 0o600) -> Path:

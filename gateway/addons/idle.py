@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from mitmproxy import connection, ctx, http
 from mitmproxy.proxy import server_hooks
 
+from gateway.addons.common import log
+
 
 @dataclass
 class _Use:
@@ -78,12 +80,18 @@ class IdleUpstreams:
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(max(0.5, self.timeout / 4))
-            now = time.monotonic()
-            servers = ctx.master.addons.get("proxyserver").connections
-            for client_id, use in list(self._uses.items()):
-                if use.server is None or use.inflight or now - use.last < self.timeout:
-                    continue
-                handler = servers.get(client_id)
-                server, use.server = use.server, None
-                if handler is not None and server in handler.transports:
-                    handler.close_connection(server)
+            try:
+                self._close_idle()
+            except Exception:  # never let one bad entry stop the sweeping
+                log.exception("closing idle upstream connections failed")
+
+    def _close_idle(self) -> None:
+        now = time.monotonic()
+        servers = ctx.master.addons.get("proxyserver").connections
+        for client_id, use in list(self._uses.items()):
+            if use.server is None or use.inflight or now - use.last < self.timeout:
+                continue
+            handler = servers.get(client_id)
+            server, use.server = use.server, None
+            if handler is not None and server in handler.transports:
+                handler.close_connection(server)

@@ -51,19 +51,30 @@ class Inject:
         self.cache = cache
         self.policies = policies
         self.auditor = auditor
+        self._markers: dict[str, tuple[bytes, ...]] = {}
+        self._markers_version: tuple[object, ...] = ()
 
     def _refuse(self, flow: http.HTTPFlow, refusal: Refusal) -> None:
         refuse(flow, refusal)
         self.auditor.refused(flow, refusal, flow.metadata.get(IDENTITY),
                              flow.request.host, flow.request.port)
 
-    def _unbound_secret_markers(self, host: str) -> list[bytes]:
-        """Variants of every known key that no credential binds to `host`."""
-        credentials = self.policies().credentials.values()
-        markers: list[bytes] = []
-        for name, value in self.cache.known_items():
-            if not any(c.secret == name and c.binds(host) for c in credentials):
-                markers.extend(value.variants())
+    def _unbound_secret_markers(self, host: str) -> tuple[bytes, ...]:
+        """Variants of every known key that no credential binds to `host`; computed once
+        per host until the policy set or the set of fetched keys changes."""
+        policy_set = self.policies()
+        known = self.cache.known_items()
+        version = (id(policy_set), tuple(id(value) for _, value in known))
+        if version != self._markers_version or len(self._markers) > 10_000:
+            self._markers.clear()
+            self._markers_version = version
+        markers = self._markers.get(host)
+        if markers is None:
+            credentials = policy_set.credentials.values()
+            markers = self._markers[host] = tuple(
+                variant for name, value in known
+                if not any(c.secret == name and c.binds(host) for c in credentials)
+                for variant in value.variants())
         return markers
 
     def _leak(self, data: bytes, host: str) -> str | None:
