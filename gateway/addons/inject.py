@@ -224,6 +224,9 @@ class _BodyScanner:
         self.flow = flow
         self.host = host
         self.tail = b""
+        # Keep enough of each chunk that a marker split across two chunks is still seen.
+        markers = (*TOKEN_MARKERS, *inject._unbound_secret_markers(host))
+        self.keep = max(len(m) for m in markers) - 1
 
     def __call__(self, chunk: bytes) -> bytes:
         window = self.tail + chunk
@@ -231,7 +234,7 @@ class _BodyScanner:
             metrics.EXFILTRATION_BLOCKED.labels(kind="body").inc()
             self.flow.kill()
             return b""
-        self.tail = window[-256:]
+        self.tail = window[-self.keep:] if self.keep > 0 else b""
         return chunk
 
 
