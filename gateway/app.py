@@ -37,6 +37,7 @@ from gateway.audit import Auditor
 from gateway.config import Config, HostPort
 from gateway.destination import AddressPolicy
 from gateway.fastpath import FastPath
+from gateway.intercept import Engine, Hooks
 from gateway.listeners import BACKLOG
 from gateway.listeners import install as install_listeners
 from gateway.policy import Policy, PolicyError, PolicyReloader, PolicySet
@@ -50,6 +51,7 @@ from gateway.resolver import (
 )
 from gateway.secrets import SecretCache, SecretError, build_cache, build_store
 from gateway.state import StateStore, StateUnavailable, build_state
+from gateway.tls_memory import LeafContexts, upstream_context
 from gateway.tokens import SigningKeys, TokenService
 from gateway.upstream_errors import install as install_error_pages
 
@@ -224,7 +226,13 @@ class Gateway:
         install_error_pages()
         self.fast = FastPath(self.tokens, self.policy, self.guard, self.auditor)
         install_listeners(self.fast, shared=self.worker is not None)
-        self.master = self._build_master(confdir, self._upstream_bundle(runtime))
+        bundle = self._upstream_bundle(runtime)
+        self.master = self._build_master(confdir, bundle)
+        if cfg.network.intercept == "fast":
+            self.leaves = LeafContexts(self.master.addons.get("tlsconfig").certstore)
+            self.fast.engine = Engine(Hooks(self.master.addons), self.sessions,
+                                      self.leaves, upstream_context(bundle),
+                                      cfg.network.upstream_idle_timeout)
 
         app = build_admin_app(AdminContext(
             admin_token=self.admin_token, tokens=self.tokens,
@@ -316,5 +324,7 @@ class Gateway:
         await self.state.close()
         await self.secrets.close()
         self.auditor.close()
+        if self.fast.engine is not None:
+            self.leaves.close()
         if self._tmp is not None:
             self._tmp.cleanup()

@@ -66,6 +66,7 @@ class NetworkConfig:
     upstream_ca: Path | None = None
     resolve: Mapping[str, str] = field(default_factory=dict)
     upstream_idle_timeout: float = 30.0  # seconds; 0 keeps idle upstream connections open
+    intercept: str = "fast"  # HTTP/1.1 inspected tunnels: gateway.intercept, or "mitmproxy"
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +190,12 @@ def _idle(value: object, key: str) -> float:
     return parse_duration(value, key)
 
 
+def _intercept(value: object, key: str) -> str:
+    if value not in ("fast", "mitmproxy"):
+        raise ConfigError(f"{key}: expected fast or mitmproxy, got {value!r}")
+    return str(value)
+
+
 def _level(value: object, key: str) -> str:
     levels = ("debug", "info", "warning", "error")
     if value not in levels:
@@ -222,6 +229,7 @@ SCHEMA: Schema = {
         "upstream_ca": _opt(_str),
         "resolve": _str_map,
         "upstream_idle_timeout": _idle,
+        "intercept": _intercept,
     },
     "audit": {"path": _opt(_str)},
     "state": _any_map,
@@ -365,6 +373,7 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
             resolve=network.get("resolve", {}),
             upstream_idle_timeout=network.get("upstream_idle_timeout",
                                               d.network.upstream_idle_timeout),
+            intercept=network.get("intercept", d.network.intercept),
         ),
         audit_path=_path(base, v.get("audit", {}).get("path")),
         state=v.get("state", d.state),

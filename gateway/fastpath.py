@@ -1,16 +1,22 @@
-"""The passthrough fast path: host-only CONNECTs spliced without mitmproxy's layer stack.
+"""The front door: CONNECTs served without mitmproxy's layer stack when they can be.
 
 Every connection to the proxy port is accepted here first. The CONNECT head is read
-and, when it is the common happy case — a valid token, a tunnel the policy allows
-without inspection, a destination that passes the address check — the gateway answers
-`200` itself, dials the checked address and relays bytes between two asyncio
-transports (no per-chunk events, hooks or layers; bytes are counted for the audit
-line). Its first bytes must be a TLS ClientHello unless the rule is `protocol: tcp`.
+and, when it is the common happy case — a valid token, a tunnel the policy allows, a
+destination that passes the address check — the gateway answers `200` itself:
 
-Everything else — plain HTTP, a missing or bad token, a denial, a tunnel that needs
-interception, a refused destination, any error before the `200` — is handed to
-mitmproxy untouched (the bytes read so far are replayed into its reader), where the
-full addon chain decides and answers. An error after the `200` closes both sides.
+- a tunnel allowed **without inspection** is spliced: the checked address is dialled
+  and bytes are relayed between two asyncio transports (no per-chunk events, hooks or
+  layers; bytes are counted for the audit line). Its first bytes must be a TLS
+  ClientHello unless the rule is `protocol: tcp`.
+- a tunnel that **needs inspection** waits for the ClientHello: one offering HTTP/1.1
+  (or no ALPN) is served by `gateway.intercept` (the same addon hooks, without the
+  layer machinery); HTTP/2-only or non-TLS traffic goes to mitmproxy, whose own `200`
+  is then dropped because the client already has one.
+
+Everything else — plain HTTP, a missing or bad token, a denial, a refused destination,
+any error before the `200` — is handed to mitmproxy untouched (the bytes read so far
+are replayed into its reader), where the full addon chain decides and answers. An
+error after the `200` closes both sides.
 """
 
 from __future__ import annotations
@@ -18,14 +24,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from mitmproxy.net.tls import starts_like_tls_record
+from mitmproxy.proxy.layers.tls import parse_client_hello
 
 from gateway import metrics
 from gateway.addons.identify import proxy_credentials
 from gateway.audit import Auditor
 from gateway.destination import DestinationError, normalize_host, parse_authority
+from gateway.intercept import Engine, InterceptedTunnel
 from gateway.policy import Decision, Policy, Request, decide
 from gateway.resolver import DestinationGuard, DestinationRefused, Pinned, pin
 from gateway.tokens import Identity, TokenRefused, TokenService
@@ -50,14 +59,18 @@ class FastPath:
         self.guard = guard
         self.auditor = auditor
         self.doors: set[FrontDoor] = set()  # connections the fast path still owns
+        self.engine: Engine | None = None  # the HTTP/1 intercept path, once mitmproxy is up
 
     def close_all(self) -> None:
         """Close every connection the fast path owns (shutdown)."""
         for door in list(self.doors):
             door.close()
+        if self.engine is not None:
+            self.engine.close_all()
 
-    async def passthrough(self, head: bytes) -> tuple[Identity, Decision, Pinned] | None:
-        """(identity, decision, address) if `head` is a CONNECT to splice; else None."""
+    async def decide(self, head: bytes) -> Connect | None:
+        """What to do with the CONNECT `head` when it is the happy case; None hands the
+        connection to mitmproxy (which answers every refusal)."""
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
         if len(parts) != 3 or parts[0] != "CONNECT":
@@ -85,13 +98,28 @@ class FastPath:
         started = time.perf_counter()
         decision = decide(policy, Request(None, "https", host, port, None))
         metrics.DECISION_SECONDS.observe(time.perf_counter() - started)
-        if decision.result != "allow" or decision.inspect:
+        if decision.result != "allow":
+            return None
+        intercept = decision.inspect
+        if intercept and (self.engine is None or (decision.rule is not None
+                                                    and decision.rule.protocol == "tcp")):
             return None
         try:
             pinned = await self.guard.check(host, port)
         except DestinationRefused:
             return None
-        return identity, decision, pinned
+        return Connect(identity, token, decision, pinned, intercept)
+
+
+@dataclass(slots=True)
+class Connect:
+    """A CONNECT the fast path serves: spliced, or intercepted by `gateway.intercept`."""
+
+    identity: Identity
+    token: str
+    decision: Decision
+    pinned: Pinned
+    intercept: bool
 
 
 class FrontDoor(asyncio.Protocol):
@@ -106,8 +134,9 @@ class FrontDoor(asyncio.Protocol):
         self.peer: _Upstream | None = None
         self.pending = bytearray()  # client bytes before the upstream is connected
         self.bytes_out = 0
-        self.tunnel: tuple[Identity, Decision, Pinned] | None = None
+        self.tunnel: Connect | None = None
         self.started = time.time()
+        self.head_len = 0
         self.timer: asyncio.TimerHandle | None = None
         self.first_checked = False
 
@@ -124,6 +153,9 @@ class FrontDoor(asyncio.Protocol):
             self._to_upstream(data)
             return
         self.buf += data
+        if self.state == "hello":
+            self._check_hello()
+            return
         if self.state != "head":
             return
         end = self.buf.find(b"\r\n\r\n")
@@ -137,7 +169,7 @@ class FrontDoor(asyncio.Protocol):
 
     async def _decide(self, head: bytes) -> None:
         try:
-            tunnel = await self.fast.passthrough(head) if head else None
+            tunnel = await self.fast.decide(head) if head else None
         except Exception:
             log.exception("fast path decision failed; handing the connection to mitmproxy")
             tunnel = None
@@ -145,13 +177,60 @@ class FrontDoor(asyncio.Protocol):
             self._handoff()
             return
         try:
-            await self._splice(head, tunnel)
+            if tunnel.intercept:
+                self._await_hello(head, tunnel)
+            else:
+                await self._splice(head, tunnel)
         except Exception:
-            log.exception("passthrough relay failed; closing (fail closed)")
+            log.exception("fast path failed; closing (fail closed)")
             self._close()
 
-    def _handoff(self) -> None:
-        """Give the connection, and every byte read so far, to mitmproxy."""
+    # -- intercepting ----------------------------------------------------------------
+
+    def _await_hello(self, head: bytes, tunnel: Connect) -> None:
+        """Answer 200 and wait for the ClientHello: HTTP/1.1 clients go to the intercept
+        path, anything else (HTTP/2 only, not TLS) to mitmproxy."""
+        assert self.transport is not None
+        self.tunnel = tunnel
+        self.head_len = len(head)
+        self.state = "hello"
+        self.transport.write(ESTABLISHED)
+        self.transport.resume_reading()
+        self._check_hello()
+
+    def _check_hello(self) -> None:
+        rest = bytes(self.buf[self.head_len:])
+        if len(rest) < 3:
+            return  # a TLS record header is 3 bytes
+        hello = None
+        if starts_like_tls_record(rest):
+            try:
+                hello = parse_client_hello(rest)
+            except ValueError:
+                pass
+            else:
+                if hello is None and len(rest) < MAX_HEAD:
+                    return  # the ClientHello is still arriving
+        assert self.transport is not None
+        if hello is None or (hello.alpn_protocols
+                             and b"http/1.1" not in hello.alpn_protocols):
+            self.transport.pause_reading()
+            self._handoff(answered=True)
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+        self.fast.doors.discard(self)
+        self.state = "intercepted"
+        assert self.tunnel is not None and self.fast.engine is not None
+        t = self.tunnel
+        peer = self.transport.get_extra_info("peername")
+        sock = self.transport.get_extra_info("sockname")
+        InterceptedTunnel(self.fast.engine, t.identity, t.token, t.decision, t.pinned,
+                          peer[:2], sock[:2], hello.sni).start(self.transport, rest)
+
+    def _handoff(self, answered: bool = False) -> None:
+        """Give the connection, and every byte read so far, to mitmproxy. `answered`: the
+        fast path already sent its 200, so mitmproxy's own 200 is dropped."""
         assert self.transport is not None
         if self.timer is not None:
             self.timer.cancel()
@@ -161,11 +240,12 @@ class FrontDoor(asyncio.Protocol):
         reader.feed_data(bytes(self.buf))
         protocol = asyncio.StreamReaderProtocol(reader, self.handoff_cb, loop=loop)
         self.transport.set_protocol(protocol)
-        protocol.connection_made(self.transport)
+        protocol.connection_made(
+            _Answered(self.transport) if answered else self.transport)  # type: ignore[arg-type]
         self.state = "handed-off"
         self.transport.resume_reading()
 
-    async def _splice(self, head: bytes, tunnel: tuple[Identity, Decision, Pinned]) -> None:
+    async def _splice(self, head: bytes, tunnel: Connect) -> None:
         """Answer 200; the upstream is dialled once the first bytes passed the check."""
         assert self.transport is not None
         if self.timer is not None:
@@ -177,11 +257,11 @@ class FrontDoor(asyncio.Protocol):
         self.state = "relay"
         self.transport.set_write_buffer_limits(high=HIGH_WATER)
         self.transport.write(ESTABLISHED)
-        rule = tunnel[1].rule
+        rule = tunnel.decision.rule
         if rule is not None and rule.protocol == "tcp":
             # Raw TCP (e.g. SSH, where the server speaks first): nothing to check, dial now.
             self.first_checked = True
-            asyncio.get_running_loop().create_task(self._dial(tunnel[2]))
+            asyncio.get_running_loop().create_task(self._dial(tunnel.pinned))
         if rest:
             self._to_upstream(rest)
         self.transport.resume_reading()
@@ -226,10 +306,10 @@ class FrontDoor(asyncio.Protocol):
                 tls = False
             if not tls:
                 log.warning("refused tunnel bytes: non-TLS bytes in a tunnel to %s; add "
-                            "protocol: tcp to the rule to allow raw TCP", self.tunnel[2].host)
+                            "protocol: tcp to the rule to allow raw TCP", self.tunnel.pinned.host)
                 self._close()
                 return
-            asyncio.get_running_loop().create_task(self._dial(self.tunnel[2]))
+            asyncio.get_running_loop().create_task(self._dial(self.tunnel.pinned))
         self.bytes_out += len(data)
         if self.peer is None or self.peer.transport is None:
             self.pending += data
@@ -277,11 +357,47 @@ class FrontDoor(asyncio.Protocol):
         metrics.OPEN_CONNECTIONS.dec()
         if self.peer is not None and self.peer.transport is not None:
             self.peer.transport.close()
-        identity, decision, pinned = tunnel
+        identity, decision, pinned = tunnel.identity, tunnel.decision, tunnel.pinned
         peer = self.transport.get_extra_info("peername") if self.transport else None
         self.fast.auditor.passthrough_closed(
             identity, decision, peer, pinned.host, pinned.port, self.started,
             self.peer.bytes_in if self.peer else 0, self.bytes_out)
+
+
+class _Answered:
+    """mitmproxy's view of a connection whose CONNECT the fast path already answered:
+    mitmproxy's own `200` is dropped; any other answer closes the connection (the client
+    is past the CONNECT and could not read it). Everything else is the transport."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._head = b""
+        self._skipping = True
+
+    def write(self, data: bytes) -> None:
+        if self._skipping:
+            self._head += data
+            end = self._head.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._head) > MAX_HEAD:
+                    self._transport.close()
+                return
+            head, data = self._head[: end + 4], self._head[end + 4:]
+            self._skipping, self._head = False, b""
+            if not head.startswith(b"HTTP/1.1 200 "):
+                log.info("mitmproxy refused a tunnel the fast path had accepted; closing")
+                self._transport.close()
+                return
+            if not data:
+                return
+        self._transport.write(data)
+
+    def writelines(self, lines: list[bytes]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 class _Upstream(asyncio.BufferedProtocol):

@@ -56,6 +56,7 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert cfg.network.allow_cidrs == ()
     assert cfg.network.upstream_ca is None
     assert dict(cfg.network.resolve) == {}
+    assert cfg.network.intercept == "fast"
     assert cfg.audit_path is None
     assert cfg.workers == 0  # one worker per core
     assert cfg.source == "<defaults>"
@@ -91,6 +92,7 @@ network:
   upstream_ca: ca/upstream.pem
   resolve: {api.internal.example: "10.1.2.3:443"}
   upstream_idle_timeout: 45s
+  intercept: mitmproxy
 audit: {path: audit/decisions.jsonl}
 state: {store: memory}
 workers: 4
@@ -140,6 +142,7 @@ def test_full_file(tmp_path: Path) -> None:
     assert cfg.network.upstream_ca == base / "ca" / "upstream.pem"
     assert dict(cfg.network.resolve) == {"api.internal.example": "10.1.2.3:443"}
     assert cfg.network.upstream_idle_timeout == 45
+    assert cfg.network.intercept == "mitmproxy"
     assert cfg.audit_path == base / "audit" / "decisions.jsonl"
     assert dict(cfg.state) == {"store": "memory"}
     assert cfg.workers == 4
@@ -367,3 +370,10 @@ def test_parse_hostport(text: str, expected: HostPort) -> None:
 def test_parse_hostport_refuses(value: object, message: str) -> None:
     with pytest.raises(ConfigError, match=rf"^listen\.admin: {message}"):
         parse_hostport(value, "listen.admin")
+
+
+def test_intercept_engine_choice(tmp_path: Path) -> None:
+    env = {"SANDBOX_GATEWAY_NETWORK__INTERCEPT": "mitmproxy"}
+    assert load_config(None, env=env).network.intercept == "mitmproxy"
+    message = config_error(env={"SANDBOX_GATEWAY_NETWORK__INTERCEPT": "h11"})
+    assert "network.intercept: expected fast or mitmproxy, got 'h11'" in message

@@ -38,13 +38,16 @@ def boom(*args: Any, **kwargs: Any) -> Any:
     raise RuntimeError("forced failure")
 
 
-@pytest.fixture
-def gw(make_gateway: GatewayFactory, tmp_path: Path) -> GatewayThread:
+@pytest.fixture(params=["fast", "mitmproxy"])
+def gw(make_gateway: GatewayFactory, tmp_path: Path, request: pytest.FixtureRequest
+       ) -> GatewayThread:
+    """Both intercept paths: gateway.intercept (HTTP/1.1) and mitmproxy's layers."""
     secrets = tmp_path / "s.yaml"
     secrets.write_text("openai-api-key: sk-fail-closed-key-0123456789\n")
     secrets.chmod(0o600)
     return make_gateway({"agent.yaml": POLICY},
-                        config={"secrets": {"store": "file", "path": str(secrets)}})
+                        config={"secrets": {"store": "file", "path": str(secrets)},
+                                "network": {"intercept": request.param}})
 
 
 @pytest.fixture(autouse=True)
@@ -57,15 +60,18 @@ def _client(gw: GatewayThread, token: str) -> httpx.Client:
                         verify=ssl.create_default_context(cafile=gw.ca_cert))
 
 
-@pytest.mark.parametrize("target", [
-    "gateway.tokens.TokenService.verify",          # Identify.http_connect
-    "gateway.addons.enforce.decide",                # Enforce.http_connect
-    "gateway.resolver.DestinationGuard.check",      # Destinations.http_connect
+@pytest.mark.parametrize("targets", [
+    # The fast path hands a CONNECT it cannot decide to mitmproxy, whose hook then fails.
+    ["gateway.tokens.TokenService.verify"],                       # Identify.http_connect
+    ["gateway.addons.enforce.decide", "gateway.fastpath.decide"],  # Enforce.http_connect
+    ["gateway.resolver.DestinationGuard.check"],                   # Destinations.http_connect
 ])
 def test_crash_at_connect_refuses_the_tunnel(gw: GatewayThread, upstream: Upstream,
-                                             monkeypatch: pytest.MonkeyPatch, target: str) -> None:
+                                             monkeypatch: pytest.MonkeyPatch,
+                                             targets: list[str]) -> None:
     token = gw.mint("agent")
-    monkeypatch.setattr(target, boom)
+    for target in targets:
+        monkeypatch.setattr(target, boom)
     before = upstream.connections
     assert gw.gateway.proxy_address
     status, headers, body = raw_connect(gw.gateway.proxy_address, "other.test:443", token)
@@ -106,7 +112,8 @@ def test_crash_in_identify_inside_tunnel(gw: GatewayThread, upstream: Upstream,
 def test_crash_in_server_connect_does_not_dial(gw: GatewayThread, upstream: Upstream,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     token = gw.mint("agent")
-    monkeypatch.setattr("gateway.addons.destination.pin", boom)
+    monkeypatch.setattr("gateway.addons.destination.pin", boom)  # mitmproxy's server_connect
+    monkeypatch.setattr("gateway.intercept.pin", boom)  # the HTTP/1 intercept path's dial
     before = upstream.connections
     with _client(gw, token) as c:
         r = c.get("https://other.test/x")
