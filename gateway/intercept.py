@@ -415,18 +415,12 @@ class InterceptedTunnel(_Side):
             chunks = transform(data) if transform is not None else data
             if _killed(f):
                 return False
-            for chunk in [chunks] if isinstance(chunks, bytes) else chunks:
-                if chunk:
-                    await upstream.send(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked
-                                        else chunk)
+            await _send_body(upstream, chunks, chunked)
         if transform is not None:
             tail = transform(b"")
             if _killed(f):
                 return False
-            for chunk in [tail] if isinstance(tail, bytes) else tail:
-                if chunk:
-                    await upstream.send(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked
-                                        else chunk)
+            await _send_body(upstream, tail, chunked)
         if chunked:
             await upstream.send(b"0\r\n\r\n")
         request.timestamp_end = time.time()
@@ -460,8 +454,8 @@ class InterceptedTunnel(_Side):
 
     async def _connect(self, f: http.HTTPFlow) -> _Upstream | None:
         upstream = self.upstream
-        if upstream is not None and not upstream.eof:
-            return upstream
+        if upstream is not None and not upstream.eof and not len(upstream.buf):
+            return upstream  # (bytes nobody asked for mean a confused upstream: redial)
         if upstream is not None:
             upstream.close()
         self.upstream = None
@@ -522,14 +516,14 @@ class InterceptedTunnel(_Side):
         transform = response.stream if callable(response.stream) else None
         try:
             async for data in upstream.body(size):
-                await self._send_body(transform(data) if transform else data, chunked)
+                await _send_body(self, transform(data) if transform else data, chunked)
         except ProtocolError as exc:
             self._drop_upstream()
             f.error = flow.Error(str(exc))
             await hooks("error", f)
             return False
         if transform is not None:
-            await self._send_body(transform(b""), chunked)
+            await _send_body(self, transform(b""), chunked)
         if chunked:
             await self.send(b"0\r\n\r\n")
         response.timestamp_end = time.time()
@@ -539,6 +533,8 @@ class InterceptedTunnel(_Side):
         if close:
             self._drop_upstream()
             return False
+        if len(upstream.buf):
+            self._drop_upstream()  # more than the response framed (a HEAD answered with a body)
         if self.engine.idle_timeout > 0:
             self.idle = asyncio.get_running_loop().call_later(
                 self.engine.idle_timeout, self._drop_idle_upstream)
@@ -565,15 +561,17 @@ class InterceptedTunnel(_Side):
         finally:
             upstream.close()
 
-    async def _send_body(self, chunks: bytes | Iterable[bytes], chunked: bool) -> None:
-        for chunk in [chunks] if isinstance(chunks, bytes) else chunks:
-            if chunk:
-                await self.send(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
-
     def _drop_upstream(self) -> None:
         if self.upstream is not None:
             self.upstream.close()
             self.upstream = None
+
+
+async def _send_body(side: _Side, chunks: bytes | Iterable[bytes], chunked: bool) -> None:
+    """Body chunks (what a stream filter returned) out, chunk-encoded if `chunked`."""
+    for chunk in [chunks] if isinstance(chunks, bytes) else chunks:
+        if chunk:
+            await side.send(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
 
 
 def _killed(f: http.HTTPFlow) -> bool:

@@ -130,8 +130,10 @@ class Inject:
         if leak is not None:
             self._refuse_leak(flow, leak, host)
             return
-        if req.stream:
-            # A large body streams through: scan it chunk by chunk, cut it off on a leak.
+        if req.stream or "content-length" not in req.headers:
+            # A large body, or one of unknown size (chunked, HTTP/2 without a length, which
+            # mitmproxy would start streaming past 1 MiB, after this hook): scan it chunk
+            # by chunk as it streams through, cut it off on a leak.
             req.stream = _BodyScanner(self, flow, host)
         if credential is not None:
             try:

@@ -11,6 +11,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -41,13 +42,16 @@ credentials:
 """
 
 
-@pytest.fixture
-def inference_gateway(make_gateway: GatewayFactory, tmp_path: Path) -> GatewayThread:
+@pytest.fixture(params=["fast", "mitmproxy"])
+def inference_gateway(make_gateway: GatewayFactory, tmp_path: Path,
+                      request: pytest.FixtureRequest) -> GatewayThread:
+    """Both intercept paths: gateway.intercept (HTTP/1.1) and mitmproxy's layers."""
     secrets = tmp_path / "secrets.yaml"
     secrets.write_text(f"openai-api-key: {OPENAI_KEY}\nanthropic-api-key: {ANTHROPIC_KEY}\n")
     secrets.chmod(0o600)
     return make_gateway({"agent.yaml": POLICY},
-                        config={"secrets": {"store": "file", "path": str(secrets)}})
+                        config={"secrets": {"store": "file", "path": str(secrets)},
+                                "network": {"intercept": request.param}})
 
 
 def sandbox_env(gw: GatewayThread, token: str, bundle: Path) -> dict[str, str]:
@@ -270,3 +274,35 @@ def test_large_request_bodies_stream_and_are_scanned(inference_gateway: GatewayT
     with _client(gw, token) as c, pytest.raises(httpx.HTTPError):
         c.post("https://unbound.test/upload2", content=body + OPENAI_KEY.encode())
     assert all(OPENAI_KEY.encode() not in req.body for req in upstream.requests)
+
+
+@pytest.mark.parametrize("size", [200 * 1024, 3 * 1024 * 1024])
+def test_chunked_request_bodies_are_scanned(inference_gateway: GatewayThread,
+                                            upstream: Upstream, size: int) -> None:
+    """A chunked upload (no Content-Length) is scanned whatever its size: small ones
+    whole, large ones chunk by chunk (a key in the last chunk is still caught)."""
+    gw = inference_gateway
+    token = gw.mint("agent")
+    _prime(gw, token)
+
+    def body(tail: bytes) -> Iterator[bytes]:
+        for _ in range(size // 65536):
+            yield b"b" * 65536
+        yield tail
+
+    with _client(gw, token) as c:
+        r = c.post("https://unbound.test/chunked-ok", content=body(b"end"))
+    assert r.status_code == 200, r.text
+    assert upstream.requests[-1].body == b"b" * (size // 65536 * 65536) + b"end"
+    before = len(upstream.requests)
+    with _client(gw, token) as c:
+        try:
+            r = c.post("https://unbound.test/chunked-leak", content=body(OPENAI_KEY.encode()))
+            assert r.status_code == 403 and r.json()["error"] == "exfiltration_blocked"
+        except httpx.HTTPError:
+            pass  # a streamed body is cut off: the connection closes
+    assert all(OPENAI_KEY.encode() not in req.body for req in upstream.requests[before:])
+    if gw.config.network.intercept == "fast":
+        # The intercept path never completes a cut-off request upstream (mitmproxy
+        # cannot kill a request in transit: it ends the message without the bad chunk).
+        assert all(req.path != "/chunked-leak" for req in upstream.requests[before:])

@@ -1016,7 +1016,8 @@ def test_http2_authority_must_match_the_tunnel(gateway: GatewayThread,
                       timeout=10) as c:
         # httpcore offers ALPN ["http/1.1", "h2"] in that order inside a tunnel and
         # mitmproxy honours the client's order, so this ends up HTTP/1.1: h2 is
-        # exercised with a raw h2 client below.
+        # exercised with a raw h2 client below (HTTP/2-only tunnels are the ones the
+        # front door hands to mitmproxy instead of the HTTP/1 intercept path).
         r = c.get("https://other.test/h2-first")
         assert r.status_code == 200 and r.json()["path"] == "/h2-first"
     before = len(upstream.requests)
