@@ -229,7 +229,7 @@ class Gateway:
         bundle = self._upstream_bundle(runtime)
         self.master = self._build_master(confdir, bundle)
         if cfg.network.intercept == "fast":
-            self.leaves = LeafContexts(self.master.addons.get("tlsconfig").certstore)
+            self.leaves = LeafContexts(self.master.addons.get("tlsconfig").certstore, runtime)
             self.fast.engine = Engine(Hooks(self.master.addons), self.sessions,
                                       self.leaves, upstream_context(bundle),
                                       cfg.network.upstream_idle_timeout)

@@ -54,10 +54,8 @@ class Auditor:
         with self._lock:
             self._out.write(line + "\n")
             self._out.flush()
-        metrics.REQUESTS.labels(
-            policy=record.get("policy") or "-", decision=record["decision"],
-            path=record.get("path_taken") or "-",
-        ).inc()
+        metrics.child(metrics.REQUESTS, record.get("policy") or "-", record["decision"],
+                      record.get("path_taken") or "-").inc()
 
     def close(self) -> None:
         if self._own:

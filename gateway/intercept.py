@@ -38,6 +38,7 @@ from h11._receivebuffer import ReceiveBuffer
 from mitmproxy import connection, flow, http
 from mitmproxy.addonmanager import AddonManager, traverse
 from mitmproxy.net.http import http1, url
+from mitmproxy.net.http.http1.read import _read_headers, _read_request_line, _read_response_line
 from mitmproxy.net.http.validate import validate_headers
 from mitmproxy.proxy.layers.http import HTTPMode, validate_request
 from mitmproxy.websocket import WebSocketData
@@ -55,6 +56,7 @@ log = logging.getLogger("sandbox_gateway")
 MAX_HEAD = 64 * 1024
 BUFFER_LIMIT = 1024 * 1024  # request bodies up to this size are buffered (stream_large_bodies)
 HIGH_WATER = 1024 * 1024
+OUT_LIMIT = 64 * 1024  # queued plaintext is encrypted and written at this size at the latest
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 HOOKS = ("client_connected", "client_disconnected", "requestheaders", "request",
          "responseheaders", "response", "error", "websocket_start", "websocket_message",
@@ -115,7 +117,10 @@ class Engine:
 
 class _Side(asyncio.Protocol):
     """One TLS connection (sandbox or upstream): plaintext lands in a receive buffer
-    that the tunnel's coroutine reads; writes honour the transport's flow control."""
+    that the tunnel's coroutine reads. Writes are gathered and encrypted together
+    when the coroutine is about to wait for either side (a small exchange costs one
+    TLS record and one write per direction) or once 64 KiB are pending, and honour
+    the transport's flow control."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -126,6 +131,9 @@ class _Side(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._drain: asyncio.Future[None] | None = None
         self._paused = False
+        self._out: list[bytes | memoryview] = []
+        self._out_size = 0
+        self.partner: _Side | None = None  # the other side of the tunnel
 
     # transport events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -177,7 +185,10 @@ class _Side(asyncio.Protocol):
 
     # for the coroutine
     async def more(self) -> None:
-        """Wait for more plaintext (or the end)."""
+        """Wait for more plaintext (or the end); what both sides gathered goes out first."""
+        self.flush()
+        if self.partner is not None:
+            self.partner.flush()
         if self.eof:
             return
         if self._paused and self.transport is not None:
@@ -187,11 +198,24 @@ class _Side(asyncio.Protocol):
         await self._waiter
 
     async def send(self, data: bytes | memoryview) -> None:
+        """Queue plaintext for this side (see the class docstring for when it goes)."""
         if self.tls is None or self.transport is None or self.transport.is_closing():
             raise ConnectionResetError("connection closed")
-        self.tls.send(data)
-        if self._drain is not None:
-            await self._drain
+        self._out.append(data)
+        self._out_size += len(data)
+        if self._out_size >= OUT_LIMIT:
+            self.flush()
+            if self._drain is not None:
+                await self._drain
+
+    def flush(self) -> None:
+        """Encrypt and write what is queued."""
+        if not self._out:
+            return
+        out, self._out, self._out_size = self._out, [], 0
+        if self.tls is not None and self.transport is not None \
+                and not self.transport.is_closing():
+            self.tls.send(out[0] if len(out) == 1 else b"".join(out))
 
     def write_raw(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -234,6 +258,7 @@ class _Side(asyncio.Protocol):
                 return
 
     def close(self) -> None:
+        self.flush()
         if self.transport is not None and not self.transport.is_closing():
             if self.tls is not None and self.tls.established:
                 self.tls.close()
@@ -315,6 +340,7 @@ class InterceptedTunnel(_Side):
 
     def write_error(self, status: int, message: str) -> None:
         if self.tls is not None and self.tls.established:
+            self.flush()
             with contextlib.suppress(ssl.SSLError):
                 self.tls.send(error_response(status, message))
 
@@ -333,10 +359,6 @@ class InterceptedTunnel(_Side):
             self.task.cancel()
         self._shutdown()
 
-    def _drop_idle_upstream(self) -> None:
-        if self.upstream is not None:
-            self.upstream.close()
-            self.upstream = None
 
     # -- one request/response --------------------------------------------------------
 
@@ -346,7 +368,7 @@ class InterceptedTunnel(_Side):
             self.idle.cancel()
             self.idle = None
         try:
-            request = http1.read_request_head(lines)
+            request = _request_head(lines)
             size = http1.expected_http_body_size(request)
         except ValueError as exc:
             raise ProtocolError(f"the request could not be parsed: {exc}") from None
@@ -382,6 +404,8 @@ class InterceptedTunnel(_Side):
             await self.send(CONTINUE)
 
         body = b""
+        if size == 0:
+            request.stream = False  # nothing to stream: buffered path, one write upstream
         if not request.stream:
             body = b"".join([chunk async for chunk in self.body(size)])
             request.data.content = body
@@ -461,6 +485,7 @@ class InterceptedTunnel(_Side):
         self.upstream = None
         try:
             upstream = self.upstream = await _Upstream.open(self.engine, self.pinned)
+            upstream.partner, self.partner = self, upstream
         except (OSError, ssl.SSLError) as exc:
             reason = getattr(exc, "verify_message", None) or exc.strerror or str(exc)
             await self._upstream_failed(f, f"{self.pinned.host}:{self.pinned.port}: {reason}")
@@ -488,7 +513,7 @@ class InterceptedTunnel(_Side):
                 lines = await upstream.read_head()
                 if lines is None:
                     raise ProtocolError("the upstream closed the connection without a response")
-                response = http1.read_response_head(lines)
+                response = _response_head(lines)
                 if response.status_code == 101 or not 100 <= response.status_code < 200:
                     break  # informational answers (100 Continue, 103) are not forwarded
             size = http1.expected_http_body_size(request, response)
@@ -537,7 +562,7 @@ class InterceptedTunnel(_Side):
             self._drop_upstream()  # more than the response framed (a HEAD answered with a body)
         if self.engine.idle_timeout > 0:
             self.idle = asyncio.get_running_loop().call_later(
-                self.engine.idle_timeout, self._drop_idle_upstream)
+                self.engine.idle_timeout, self._drop_upstream)
         return True
 
     async def _upgrade(self, f: http.HTTPFlow, upstream: _Upstream) -> bool:
@@ -564,7 +589,7 @@ class InterceptedTunnel(_Side):
     def _drop_upstream(self) -> None:
         if self.upstream is not None:
             self.upstream.close()
-            self.upstream = None
+            self.upstream = self.partner = None
 
 
 async def _send_body(side: _Side, chunks: bytes | Iterable[bytes], chunked: bool) -> None:
@@ -572,6 +597,34 @@ async def _send_body(side: _Side, chunks: bytes | Iterable[bytes], chunked: bool
     for chunk in [chunks] if isinstance(chunks, bytes) else chunks:
         if chunk:
             await side.send(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+
+
+def _request_head(lines: list[bytes]) -> http.Request:
+    """`http1.read_request_head` (mitmproxy's own parser and checks) without the
+    per-field type check `MessageData.__post_init__` runs in debug mode, which costs
+    more than the parsing: the parser's return types are the fields' types."""
+    host, port, method, scheme, authority, path, version = _read_request_line(lines[0])
+    data = http.RequestData.__new__(http.RequestData)
+    data.__dict__.update(
+        host=host, port=port, method=method, scheme=scheme, authority=authority, path=path,
+        http_version=version, headers=_read_headers(lines[1:]), content=None,
+        trailers=None, timestamp_start=time.time(), timestamp_end=None)
+    request = http.Request.__new__(http.Request)
+    request.data = data
+    return request
+
+
+def _response_head(lines: list[bytes]) -> http.Response:
+    """`http1.read_response_head`, likewise."""
+    version, status_code, reason = _read_response_line(lines[0])
+    data = http.ResponseData.__new__(http.ResponseData)
+    data.__dict__.update(
+        http_version=version, status_code=status_code, reason=reason,
+        headers=_read_headers(lines[1:]), content=None, trailers=None,
+        timestamp_start=time.time(), timestamp_end=None)
+    response = http.Response.__new__(http.Response)
+    response.data = data
+    return response
 
 
 def _killed(f: http.HTTPFlow) -> bool:

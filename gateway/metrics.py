@@ -5,6 +5,7 @@ policy files, fixed codes and store names, so cardinality stays bounded.
 """
 
 import os
+from functools import lru_cache
 
 from prometheus_client import (
     CollectorRegistry,
@@ -28,6 +29,13 @@ def exposition() -> bytes:
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return generate_latest(registry)
     return generate_latest(REGISTRY)
+
+
+@lru_cache(maxsize=4096)
+def child(metric: Counter, *values: str) -> Counter:
+    """`metric.labels(*values)`, remembered: the per-request call sites skip the label
+    lookup (its lock and validation)."""
+    return metric.labels(*values)
 
 REQUESTS = Counter(
     "sandbox_gateway_requests_total",

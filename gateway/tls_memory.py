@@ -120,11 +120,13 @@ class LeafContexts:
     """Server contexts with a leaf certificate per destination host, signed by the
     gateway CA through mitmproxy's certificate store (bounded, least recent out)."""
 
-    def __init__(self, store: certs.CertStore, limit: int = 1000) -> None:
+    def __init__(self, store: certs.CertStore, runtime: Path, limit: int = 1000) -> None:
         self.store = store
         self.limit = limit
         self._contexts: OrderedDict[str, ssl.SSLContext] = OrderedDict()
-        self._dir = tempfile.TemporaryDirectory(prefix="sandbox-gateway-leaves-")
+        # The leaf key lives (0600, in a private 0700 directory) in the runtime directory,
+        # beside the mitmproxy-ca.pem mitmproxy itself reads: `load_cert_chain` takes paths.
+        self._dir = tempfile.TemporaryDirectory(prefix="leaves-", dir=runtime)
         key = store.default_privatekey.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption())

@@ -60,3 +60,33 @@ def test_hooks_run_in_chain_order_and_survive_a_crash(caplog: pytest.LogCaptureF
         await hooks("response", object())  # no addon has it: nothing happens
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("head", [
+    [b"GET /a?b=c HTTP/1.1", b"Host: x.test", b"X-Multi: 1", b"X-Multi: 2"],
+    [b"POST http://x.test:8080/p HTTP/1.0", b"Content-Length: 3"],
+    [b"OPTIONS * HTTP/1.1", b"Host: x.test"],
+])
+def test_request_head_matches_mitmproxys_parser(head: list[bytes]) -> None:
+    from mitmproxy.net.http import http1
+
+    from gateway.intercept import _request_head
+
+    ours, theirs = _request_head(head).get_state(), http1.read_request_head(head).get_state()
+    for state in (ours, theirs):
+        state.pop("timestamp_start")
+    assert ours == theirs
+
+
+def test_response_head_matches_mitmproxys_parser() -> None:
+    from mitmproxy.net.http import http1
+
+    from gateway.intercept import _response_head
+
+    head = [b"HTTP/1.1 404 Not Found", b"Content-Length: 0", b"Set-Cookie: a", b"Set-Cookie: b"]
+    ours, theirs = _response_head(head).get_state(), http1.read_response_head(head).get_state()
+    for state in (ours, theirs):
+        state.pop("timestamp_start")
+    assert ours == theirs
+    with pytest.raises(ValueError):
+        _response_head([b"HTTP/1.1 abc", b""])

@@ -21,6 +21,11 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[certs.CertStore, Pa
     return certs.CertStore.from_store(str(confdir), "mitmproxy", 2048), cert
 
 
+@pytest.fixture
+def runtime(tmp_path: Path) -> Path:
+    return tmp_path
+
+
 def _pair(leaves: LeafContexts, cafile: Path, host: str) -> tuple[TlsPump, TlsPump,
                                                                   list[bytes], list[bytes]]:
     to_server: list[bytes] = []
@@ -38,8 +43,9 @@ def _pair(leaves: LeafContexts, cafile: Path, host: str) -> tuple[TlsPump, TlsPu
     return client, server, to_server, to_client
 
 
-def test_a_session_carries_bytes_both_ways(store: tuple[certs.CertStore, Path]) -> None:
-    leaves = LeafContexts(store[0])
+def test_a_session_carries_bytes_both_ways(store: tuple[certs.CertStore, Path],
+                                           runtime: Path) -> None:
+    leaves = LeafContexts(store[0], runtime)
     try:
         client, server, to_server, to_client = _pair(leaves, store[1], "api.example.test")
         assert client.alpn == server.alpn == "http/1.1"
@@ -59,8 +65,8 @@ def test_a_session_carries_bytes_both_ways(store: tuple[certs.CertStore, Path]) 
 
 
 def test_the_leaf_names_the_host_and_is_signed_by_the_gateway_ca(
-        store: tuple[certs.CertStore, Path]) -> None:
-    leaves = LeafContexts(store[0])
+        store: tuple[certs.CertStore, Path], runtime: Path) -> None:
+    leaves = LeafContexts(store[0], runtime)
     try:
         _pair(leaves, store[1], "10.1.2.3")  # IP hosts get an IP SAN
         wrong: list[bytes] = []
@@ -77,8 +83,9 @@ def test_the_leaf_names_the_host_and_is_signed_by_the_gateway_ca(
         leaves.close()
 
 
-def test_contexts_are_cached_and_bounded(store: tuple[certs.CertStore, Path]) -> None:
-    leaves = LeafContexts(store[0], limit=2)
+def test_contexts_are_cached_and_bounded(store: tuple[certs.CertStore, Path],
+                                        runtime: Path) -> None:
+    leaves = LeafContexts(store[0], runtime, limit=2)
     try:
         first = leaves.get("one.test")
         assert leaves.get("one.test") is first
@@ -86,7 +93,8 @@ def test_contexts_are_cached_and_bounded(store: tuple[certs.CertStore, Path]) ->
         leaves.get("three.test")  # evicts the least recently used ("one.test")
         assert leaves.get("one.test") is not first
         key = Path(leaves._dir.name) / "leaf.key"
-        assert key.stat().st_mode & 0o777 == 0o600
+        assert key.parent.parent == runtime
+        assert key.stat().st_mode & 0o777 == 0o600 and key.parent.stat().st_mode & 0o777 == 0o700
     finally:
         leaves.close()
     assert not key.exists()

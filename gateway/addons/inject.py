@@ -145,7 +145,7 @@ class Inject:
                 return
             place(req, flow.metadata[CARRIER], secret)
             flow.metadata[SECRET] = (credential.secret, secret)
-            metrics.CREDENTIALS_INJECTED.labels(credential=credential.name).inc()
+            metrics.child(metrics.CREDENTIALS_INJECTED, credential.name).inc()
 
     def _check_token(self, token: str, identity: Identity, credential: Credential,
                      path: str) -> Refusal | None:

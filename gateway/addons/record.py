@@ -67,7 +67,7 @@ class Record:
         host = tunnel.host if tunnel else flow.request.host
         port = tunnel.port if tunnel else flow.request.port
         bytes_in = int(flow.metadata.get(BYTES_IN, 0))
-        metrics.BYTES.labels(direction="in").inc(bytes_in)
+        metrics.child(metrics.BYTES, "in").inc(bytes_in)
         self.auditor.completed(
             flow, flow.metadata.get(IDENTITY), decision.result, decision.reason,
             decision.rule.source if decision.rule else None, host, port, bytes_in,

@@ -183,7 +183,7 @@ class SecretCache:
         await self.store.close()
 
     def _count(self, outcome: str) -> None:
-        metrics.SECRET_CACHE.labels(outcome=outcome).inc()
+        metrics.child(metrics.SECRET_CACHE, outcome).inc()
 
     def _start_fetch(self, name: str, entry: _Entry) -> asyncio.Task[_Outcome]:
         task = asyncio.create_task(self._fetch(name, entry), name=f"secret-fetch:{name}")
