@@ -452,7 +452,12 @@ class InterceptedTunnel(_Side):
         return not _killed(f)
 
     async def _answer_locally(self, f: http.HTTPFlow, size: int | None) -> bool:
-        """A hook answered (a refusal or the local API): drop the request body, reply."""
+        """A hook answered (a refusal or the local API): drop the request body, reply.
+        A client waiting for `100 Continue` never sends its body: answer and close."""
+        if size != 0 and f.request.headers.get("expect", "").lower() == "100-continue":
+            f.response.headers["connection"] = "close"  # type: ignore[union-attr]
+            await self._send_local(f)
+            return False
         received = 0
         async for chunk in self.body(size):
             received += len(chunk)

@@ -187,6 +187,18 @@ def test_expect_continue_and_head(gw: GatewayThread, upstream: Upstream) -> None
     assert status == 200 and json.loads(body)["path"] == "/after-head"
 
 
+def test_refused_upload_waiting_for_continue_is_answered_at_once(gw: GatewayThread) -> None:
+    """A refusal does not wait for a body the client holds back until `100 Continue`."""
+    token = gw.mint("agent")
+    with tunnel(gw, token, "api.openai.com:443") as s:
+        s.settimeout(3)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: api.openai.com\r\n"
+                  b"Content-Length: 100000\r\nExpect: 100-continue\r\n\r\n")
+        status, headers, _ = read_response(s)
+    assert status == 403 and headers["x-sandbox-gateway-error"] == "credential_not_in_scope"
+    assert headers["connection"] == "close"
+
+
 def test_head_with_injected_key_sends_no_body(gw: GatewayThread, upstream: Upstream) -> None:
     """The key swap turns responses chunked (redaction may change lengths); a HEAD
     answer must still carry no body, not even the chunked terminator."""
