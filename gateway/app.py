@@ -230,8 +230,10 @@ class Gateway:
         self.master = self._build_master(confdir, bundle)
         if cfg.network.intercept == "fast":
             self.leaves = LeafContexts(self.master.addons.get("tlsconfig").certstore, runtime)
-            self.fast.engine = Engine(Hooks(self.master.addons), self.sessions,
-                                      self.leaves, upstream_context(bundle),
+            # IdleUpstreams closes mitmproxy's connections; the intercept path its own.
+            hooks = Hooks(self.master.addons, skip=(IdleUpstreams,))
+            self.fast.engine = Engine(hooks, self.sessions, self.leaves,
+                                      upstream_context(bundle),
                                       cfg.network.upstream_idle_timeout)
 
         app = build_admin_app(AdminContext(

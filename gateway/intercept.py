@@ -71,10 +71,12 @@ class Hooks:
     """The addon chain's hooks, called in chain order like mitmproxy's addon manager does
     (an exception is logged and the next addon runs; every enforcing hook is wrapped
     fail-closed, so a crash there refuses the flow). The lookup is redone only when
-    addons are added or removed."""
+    addons are added or removed. `skip`: addons whose job the path does itself (closing
+    idle upstreams of mitmproxy's connections)."""
 
-    def __init__(self, manager: AddonManager) -> None:
+    def __init__(self, manager: AddonManager, skip: tuple[type, ...] = ()) -> None:
         self.manager = manager
+        self.skip = skip
         self._version: tuple[int, int] = (-1, 0)
         self._hooks: dict[str, tuple[Callable[..., Any], ...]] = {}
 
@@ -82,7 +84,7 @@ class Hooks:
         chain = self.manager.chain
         version = (len(chain), id(chain[-1]) if chain else 0)
         if version != self._version:
-            addons = list(traverse(chain))
+            addons = [a for a in traverse(chain) if not isinstance(a, self.skip)]
             self._hooks = {hook: tuple(f for a in addons if callable(f := getattr(a, hook, None)))
                            for hook in HOOKS}
             self._version = version
@@ -109,8 +111,28 @@ class Engine:
         self.upstream_tls = upstream_tls
         self.idle_timeout = idle_timeout
         self.tunnels: set[InterceptedTunnel] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def add(self, tunnel: InterceptedTunnel) -> None:
+        self.tunnels.add(tunnel)
+        if self._sweeper is None and self.idle_timeout > 0:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Close the upstream half of tunnels idle for `idle_timeout` (one timer for all
+        tunnels, not one per request)."""
+        while True:
+            await asyncio.sleep(max(0.25, self.idle_timeout / 4))
+            deadline = time.monotonic() - self.idle_timeout
+            for tunnel in list(self.tunnels):
+                if tunnel.upstream is not None and tunnel.idle_since is not None \
+                        and tunnel.idle_since <= deadline:
+                    tunnel._drop_upstream()
 
     def close_all(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for tunnel in list(self.tunnels):
             tunnel.close()
 
@@ -297,7 +319,7 @@ class InterceptedTunnel(_Side):
         self.engine = engine
         self.pinned = pinned
         self.upstream: _Upstream | None = None
-        self.idle: asyncio.TimerHandle | None = None
+        self.idle_since: float | None = None  # monotonic end of the last exchange
         self.client = connection.Client(peername=peer, sockname=sock,
                                         timestamp_start=time.time())
         self.client.sni = sni
@@ -315,7 +337,7 @@ class InterceptedTunnel(_Side):
         self.tls = TlsPump(self.engine.leaves.get(self.pinned.host), self.write_raw,
                            server_side=True)
         transport.set_protocol(self)
-        self.engine.tunnels.add(self)
+        self.engine.add(self)
         self.task = asyncio.get_running_loop().create_task(self._serve())
         if first:
             self.data_received(first)
@@ -346,8 +368,6 @@ class InterceptedTunnel(_Side):
 
     def _shutdown(self) -> None:
         self.engine.tunnels.discard(self)
-        if self.idle is not None:
-            self.idle.cancel()
         if self.upstream is not None:
             self.upstream.close()
             self.upstream = None
@@ -364,9 +384,7 @@ class InterceptedTunnel(_Side):
 
     async def _exchange(self, lines: list[bytes]) -> bool:
         """Serve one request; True to keep the connection for the next one."""
-        if self.idle is not None:
-            self.idle.cancel()
-            self.idle = None
+        self.idle_since = None
         try:
             request = _request_head(lines)
             size = http1.expected_http_body_size(request)
@@ -565,9 +583,7 @@ class InterceptedTunnel(_Side):
             return False
         if len(upstream.buf):
             self._drop_upstream()  # more than the response framed (a HEAD answered with a body)
-        if self.engine.idle_timeout > 0:
-            self.idle = asyncio.get_running_loop().call_later(
-                self.engine.idle_timeout, self._drop_upstream)
+        self.idle_since = time.monotonic()
         return True
 
     async def _upgrade(self, f: http.HTTPFlow, upstream: _Upstream) -> bool:

@@ -58,6 +58,10 @@ def test_hooks_run_in_chain_order_and_survive_a_crash(caplog: pytest.LogCaptureF
         await hooks("requestheaders", object())
         assert calls[-1] == "late:requestheaders"
         await hooks("response", object())  # no addon has it: nothing happens
+        skipping = Hooks(master.addons, skip=(AsyncRecorder,))
+        calls.clear()
+        await skipping("requestheaders", object())
+        assert "b:async" not in calls and "a:requestheaders" in calls
 
     asyncio.run(run())
 

@@ -60,6 +60,9 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             body = self._read_chunked()
+            if body is None:  # cut off (a refused stream): not a request, nothing to answer
+                self.close_connection = True
+                return None
         seen = Seen(self.command, self.path, {k.lower(): v for k, v in self.headers.items()},
                     body)
         self.upstream.requests.append(seen)
@@ -82,10 +85,13 @@ class _Handler(BaseHTTPRequestHandler):
                               "headers": seen.headers, "body": body.decode("latin-1")})
         self._send(200, payload.encode())
 
-    def _read_chunked(self) -> bytes:
+    def _read_chunked(self) -> bytes | None:
         out = b""
         while True:
-            size = int(self.rfile.readline().split(b";")[0], 16)
+            line = self.rfile.readline()
+            if not line:
+                return None
+            size = int(line.split(b";")[0], 16)
             if size == 0:
                 self.rfile.readline()
                 return out
@@ -99,7 +105,8 @@ class _Handler(BaseHTTPRequestHandler):
         for k, v in (extra or {}).items():
             self.send_header(k, v)
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def _bytes(self, n: int) -> None:
         self.send_response(200)
