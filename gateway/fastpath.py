@@ -225,8 +225,12 @@ class FrontDoor(asyncio.Protocol):
         t = self.tunnel
         peer = self.transport.get_extra_info("peername")
         sock = self.transport.get_extra_info("sockname")
-        InterceptedTunnel(self.fast.engine, t.identity, t.token, t.decision, t.pinned,
-                          peer[:2], sock[:2], hello.sni).start(self.transport, rest)
+        try:
+            InterceptedTunnel(self.fast.engine, t.identity, t.token, t.decision, t.pinned,
+                              peer[:2], sock[:2], hello.sni).start(self.transport, rest)
+        except Exception:
+            log.exception("starting the intercept path failed; closing (fail closed)")
+            self.transport.close()
 
     def _handoff(self, answered: bool = False) -> None:
         """Give the connection, and every byte read so far, to mitmproxy. `answered`: the

@@ -43,7 +43,7 @@ from mitmproxy.net.http.validate import validate_headers
 from mitmproxy.proxy.layers.http import HTTPMode, validate_request
 from mitmproxy.websocket import WebSocketData
 
-from gateway.addons.common import Sessions, Tunnel
+from gateway.addons.common import ClientSession, Sessions, Tunnel
 from gateway.policy import Decision
 from gateway.resolver import Pinned, pin
 from gateway.tls_memory import LeafContexts, TlsClosed, TlsPump
@@ -56,6 +56,7 @@ log = logging.getLogger("sandbox_gateway")
 MAX_HEAD = 64 * 1024
 BUFFER_LIMIT = 1024 * 1024  # request bodies up to this size are buffered (stream_large_bodies)
 HIGH_WATER = 1024 * 1024
+CONNECT_TIMEOUT = 30.0  # seconds for the upstream's TCP connect and TLS handshake
 OUT_LIMIT = 64 * 1024  # queued plaintext is encrypted and written at this size at the latest
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 HOOKS = ("client_connected", "client_disconnected", "requestheaders", "request",
@@ -296,16 +297,20 @@ class _Upstream(_Side):
         pin(pinned)  # the address dialled is the one that was checked
         ip, port = pinned.address
         loop = asyncio.get_running_loop()
-        await loop.create_connection(lambda: side, ip, port)
-        assert side.transport is not None
-        side.tls = TlsPump(engine.upstream_tls, side.write_raw, server_side=False,
-                           server_hostname=pinned.host)
-        side.tls.start()
-        while not side.tls.established:
-            if side.eof:
-                side.close()
-                raise side.error or ConnectionResetError("upstream closed during TLS")
-            await side.more()
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT):  # TimeoutError is an OSError
+                await loop.create_connection(lambda: side, ip, port)
+                assert side.transport is not None
+                side.tls = TlsPump(engine.upstream_tls, side.write_raw, server_side=False,
+                                   server_hostname=pinned.host)
+                side.tls.start()
+                while not side.tls.established:
+                    if side.eof:
+                        raise side.error or ConnectionResetError("upstream closed during TLS")
+                    await side.more()
+        except BaseException:
+            side.close()
+            raise
         return side
 
 
@@ -325,9 +330,8 @@ class InterceptedTunnel(_Side):
         self.client.sni = sni
         self.client.tls = True
         self.client.alpn = b"http/1.1"
-        session = engine.sessions.get(self.client)
-        session.identity, session.token = identity, token
-        session.tunnel = Tunnel(pinned.host, pinned.port, decision, passthrough=False)
+        self.session = ClientSession(identity, token, Tunnel(pinned.host, pinned.port, decision,
+                                                             passthrough=False))
         self.server = connection.Server(address=(pinned.host, pinned.port))
         self.task: asyncio.Task[None] | None = None
 
@@ -344,6 +348,8 @@ class InterceptedTunnel(_Side):
 
     async def _serve(self) -> None:
         hooks = self.engine.hooks
+        # What Identify/Enforce know about this connection (dropped by Record on disconnect).
+        self.engine.sessions.put(self.client, self.session)
         await hooks("client_connected", self.client)
         try:
             while True:
@@ -473,7 +479,8 @@ class InterceptedTunnel(_Side):
         """A hook answered (a refusal or the local API): drop the request body, reply.
         A client waiting for `100 Continue` never sends its body: answer and close."""
         if size != 0 and f.request.headers.get("expect", "").lower() == "100-continue":
-            f.response.headers["connection"] = "close"  # type: ignore[union-attr]
+            assert f.response is not None
+            f.response.headers["connection"] = "close"
             await self._send_local(f)
             return False
         received = 0

@@ -10,12 +10,17 @@ for this process. A connection that the destination check refused in `server_con
 
 from __future__ import annotations
 
+import re
+
 from mitmproxy.net.http import http1, status_codes
 from mitmproxy.proxy.layers.http import _http1
 
 from gateway.errors import Refusal
 
 REFUSED_MARK = "refused: "
+# Parse errors quote what the upstream sent (`b'...'`), which can be anything it
+# knows — an injected key included: those bytes never reach the sandbox.
+_UPSTREAM_BYTES = re.compile(r"""(?<![\w])b(['"]).*?(?<!\\)\1|(?<![\w])b(['"]).*""")
 
 
 def error_response(status_code: int, message: str = "") -> bytes:
@@ -23,8 +28,9 @@ def error_response(status_code: int, message: str = "") -> bytes:
     if REFUSED_MARK in message:
         refusal = Refusal("forbidden_destination", message.split(REFUSED_MARK, 1)[1][:500])
     elif status_code in (502, 504):
+        detail = _UPSTREAM_BYTES.sub("<bytes>", message)[:300] or status_code
         refusal = Refusal("upstream_failed", f"the upstream could not be reached or answered "
-                          f"badly ({message[:300] or status_code}); check that it is up and, for "
+                          f"badly ({detail}); check that it is up and, for "
                           "TLS, that its certificate is valid (network.upstream_ca adds CAs)")
     elif status_code == 400:
         refusal = Refusal("bad_request", f"the request could not be parsed: {message[:300]}")

@@ -59,6 +59,8 @@ class _Relay:
         self.client_ws = Connection(ConnectionType.SERVER, _extensions(f))
         self.server_ws = Connection(ConnectionType.CLIENT, _extensions(f))
         self.closed = False
+        # fragments of the message being received, per direction (from_client)
+        self.frames: dict[bool, list[bytes]] = {True: [b""], False: [b""]}
 
     async def pump(self, from_client: bool) -> None:
         side: _Side = self.tunnel if from_client else self.upstream
@@ -79,7 +81,7 @@ class _Relay:
         src, dst = ((self.client_ws, self.server_ws) if from_client
                     else (self.server_ws, self.client_ws))
         out: _Side = self.upstream if from_client else self.tunnel
-        frames: list[bytes] = getattr(src, "_gw_frames", [b""])
+        frames = self.frames[from_client]
         assert self.flow.websocket is not None
         hooks = self.tunnel.engine.hooks
         for event in src.events():
@@ -89,7 +91,7 @@ class _Relay:
                 if event.message_finished:
                     content = b"".join(frames)
                     fragmentizer = Fragmentizer(frames, is_text)
-                    frames = [b""]
+                    frames = self.frames[from_client] = [b""]
                     message = websocket.WebSocketMessage(
                         Opcode.TEXT if is_text else Opcode.BINARY, from_client, content)
                     self.flow.websocket.messages.append(message)
@@ -116,7 +118,6 @@ class _Relay:
                             await side.send(conn.send(event))
                 self.closed = True
                 return
-        src._gw_frames = frames  # type: ignore[attr-defined]
 
 
 async def relay(tunnel: InterceptedTunnel, upstream: _Upstream, f: http.HTTPFlow) -> None:

@@ -71,6 +71,9 @@ class Sessions:
             session = self._by_client[client.id] = ClientSession()
         return session
 
+    def put(self, client: connection.Client, session: ClientSession) -> None:
+        self._by_client[client.id] = session
+
     def peek(self, client: connection.Client) -> ClientSession | None:
         return self._by_client.get(client.id)
 

@@ -7,13 +7,16 @@ import base64
 import json
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from conftest import GatewayFactory
 from helpers.gateway import GatewayThread
+from helpers.tls import LocalCA
 from helpers.upstream import Upstream
 
 POLICY = """
@@ -31,10 +34,8 @@ KEY = "sk-intercept-path-key-0123456789abcdef"
 
 
 @pytest.fixture
-def gw(make_gateway: GatewayFactory, tmp_path: object) -> GatewayThread:
-    from pathlib import Path
-
-    secrets = Path(str(tmp_path)) / "s.yaml"
+def gw(make_gateway: GatewayFactory, tmp_path: Path) -> GatewayThread:
+    secrets = tmp_path / "s.yaml"
     secrets.write_text(f"openai-api-key: {KEY}\n")
     secrets.chmod(0o600)
     return make_gateway({"agent.yaml": POLICY}, config={
@@ -265,3 +266,62 @@ def test_upstream_with_a_bad_certificate_is_502(make_gateway: GatewayFactory,
         status, headers, body = read_response(s)
     assert status == 502 and headers["x-sandbox-gateway-error"] == "upstream_failed"
     assert "certificate" in json.loads(body)["reason"]
+
+
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
+def test_a_malformed_answer_quoting_the_key_never_reaches_the_sandbox(
+        make_gateway: GatewayFactory, test_ca: LocalCA, tmp_path: Path, engine: str) -> None:
+    """The upstream echoes the injected key inside an unparsable status line: the 502
+    says the answer was bad without quoting it (either path)."""
+    (tmp_path / "leaf").mkdir()
+    ctx = test_ca.server_context(tmp_path / "leaf", ["api.openai.com"])
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with ctx.wrap_socket(conn, server_side=True) as tls:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += tls.recv(65536)
+            auth = [ln for ln in head.split(b"\r\n") if ln.lower().startswith(b"authorization")]
+            tls.sendall(b"HTTP/1.1 abc " + auth[0] + b"\r\n\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    secrets = tmp_path / "s.yaml"
+    secrets.write_text(f"openai-api-key: {KEY}\n")
+    secrets.chmod(0o600)
+    gw = make_gateway({"agent.yaml": POLICY}, config={
+        "secrets": {"store": "file", "path": str(secrets)},
+        "network": {"intercept": engine, "resolve": {"api.openai.com": f"127.0.0.1:{port}"}}})
+    token = gw.mint("agent")
+    with tunnel(gw, token, "api.openai.com:443") as s:
+        s.sendall(f"GET /v1/models HTTP/1.1\r\nHost: api.openai.com\r\n"
+                  f"Authorization: Bearer {token}\r\n\r\n".encode())
+        status, headers, body = read_response(s)
+    thread.join(5)
+    listener.close()
+    assert status == 502 and headers["x-sandbox-gateway-error"] == "upstream_failed"
+    assert KEY.encode() not in body and b"<bytes>" in body
+    assert KEY not in gw.audit.getvalue()
+
+
+def test_an_upstream_that_never_answers_tls_times_out(make_gateway: GatewayFactory,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """TCP accepted, no TLS answer: the request gets a 502 after the connect timeout."""
+    monkeypatch.setattr("gateway.intercept.CONNECT_TIMEOUT", 0.5)
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts (backlog), never speaks
+    port = listener.getsockname()[1]
+    try:
+        gw = make_gateway({"agent.yaml": POLICY}, config={
+            "network": {"resolve": {"other.test": f"127.0.0.1:{port}"}}})
+        token = gw.mint("agent")
+        started = time.monotonic()
+        with tunnel(gw, token) as s:
+            s.sendall(b"GET /x HTTP/1.1\r\nHost: other.test\r\n\r\n")
+            status, headers, _ = read_response(s)
+        assert status == 502 and headers["x-sandbox-gateway-error"] == "upstream_failed"
+        assert time.monotonic() - started < 5
+    finally:
+        listener.close()
