@@ -139,6 +139,8 @@ class FrontDoor(asyncio.Protocol):
         self.head_len = 0
         self.timer: asyncio.TimerHandle | None = None
         self.first_checked = False
+        self.client_ended = False  # the sandbox sent EOF (its write side is done)
+        self.upstream_ended = False  # the upstream sent EOF
 
     # -- accepting and deciding ----------------------------------------------------------
 
@@ -292,6 +294,8 @@ class FrontDoor(asyncio.Protocol):
             upstream.write(bytes(self.pending))
             self.pending.clear()
             self.transport.resume_reading()
+        if self.client_ended:
+            self._half_close_upstream()
 
     # -- relaying ------------------------------------------------------------------------
 
@@ -331,11 +335,36 @@ class FrontDoor(asyncio.Protocol):
             self.peer.resume_reading()
 
     def eof_received(self) -> bool | None:
-        if self.state == "relay" and self.peer is not None and self.peer.transport is not None \
-                and self.peer.transport.can_write_eof():
-            self.peer.transport.write_eof()
+        """The sandbox finished sending: pass the EOF on and keep reading the upstream's
+        answer; once the upstream has ended too, the tunnel is over (closed, audited)."""
+        if self.state != "relay":
+            return None
+        self.client_ended = True
+        if self.upstream_ended:
+            self._close()
             return True
-        return None
+        if self.peer is not None and self.peer.transport is not None:
+            self._half_close_upstream()
+        elif not self.first_checked or not self.pending:
+            return None  # nothing will ever be dialled or sent: close now
+        return True  # the dial is under way; `_dial` forwards the EOF
+
+    def _half_close_upstream(self) -> None:
+        assert self.peer is not None and self.peer.transport is not None
+        if self.peer.transport.can_write_eof():
+            self.peer.transport.write_eof()
+        else:
+            self._close()
+
+    def upstream_eof(self) -> bool:
+        """The upstream finished sending (see `eof_received`)."""
+        self.upstream_ended = True
+        transport = self.transport
+        if self.client_ended or transport is None or not transport.can_write_eof():
+            self._close()
+            return False
+        transport.write_eof()
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.timer is not None:
@@ -457,11 +486,7 @@ class _Upstream(asyncio.BufferedProtocol):
             self.front.transport.resume_reading()
 
     def eof_received(self) -> bool | None:
-        transport = self.front.transport
-        if transport is not None and transport.can_write_eof():
-            transport.write_eof()
-            return True
-        return None
+        return self.front.upstream_eof()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.front.transport is not None:

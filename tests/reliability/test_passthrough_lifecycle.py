@@ -1,0 +1,79 @@
+"""Passthrough tunnels end: closed, audited and counted down when both directions end.
+
+The clients here close the way real ones do against nginx: curl sends close_notify
+and FIN, `requests` closes the socket without close_notify. Before the fix every such
+tunnel kept both sockets open forever (no audit line until shutdown).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+import urllib.request
+
+import requests
+from helpers.gateway import GatewayThread
+from helpers.nginx import Nginx
+from helpers.tls import LocalCA
+
+ROUNDS = 30
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _open_connections(gw: GatewayThread) -> float:
+    text = urllib.request.urlopen(gw.admin + "/metrics", timeout=5).read().decode()
+    match = re.search(r"^sandbox_gateway_open_connections (\S+)$", text, re.M)
+    assert match is not None
+    return float(match.group(1))
+
+
+def _settle(gw: GatewayThread, want_lines: int, fds_before: int, gauge_before: float) -> None:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        lines = gw.audit.records()
+        done = [r for r in lines if r["path_taken"] == "passthrough"]
+        if len(done) >= want_lines and _fds() <= fds_before + 2 \
+                and _open_connections(gw) == gauge_before:
+            return
+        time.sleep(0.05)
+    done = [r for r in gw.audit.records() if r["path_taken"] == "passthrough"]
+    raise AssertionError(f"after {want_lines} tunnels: {len(done)} audit lines, "
+                         f"fds {fds_before} -> {_fds()}, open_connections "
+                         f"{gauge_before} -> {_open_connections(gw)}")
+
+
+def test_curl_tunnels_close_when_both_sides_end(make_gateway, nginx: Nginx,
+                                                test_ca: LocalCA) -> None:
+    gw: GatewayThread = make_gateway(nginx.port)
+    token = gw.mint("agent")
+    gauge, fds = _open_connections(gw), _fds()
+    for _ in range(ROUNDS):
+        out = subprocess.run(
+            ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert",
+             str(test_ca.cert_path), "-x", gw.proxy_url(token), "https://pass.test/small"],
+            capture_output=True, text=True, timeout=20, check=True)
+        assert out.stdout == "200"
+    _settle(gw, ROUNDS, fds, gauge)
+    lines = [r for r in gw.audit.records() if r["path_taken"] == "passthrough"]
+    assert all(r["bytes_in"] > 100 and r["bytes_out"] > 0 and r["status"] == 200
+               for r in lines)
+
+
+def test_requests_without_close_notify_free_their_sockets(make_gateway, nginx: Nginx,
+                                                          test_ca: LocalCA) -> None:
+    gw: GatewayThread = make_gateway(nginx.port)
+    token = gw.mint("agent")
+    proxies = {"https": gw.proxy_url(token)}
+    gauge, fds = _open_connections(gw), _fds()
+    for _ in range(ROUNDS):
+        with requests.Session() as session:
+            status = session.get("https://pass.test/small", proxies=proxies,
+                                 verify=str(test_ca.cert_path), timeout=10).status_code
+            assert status == 200
+    _settle(gw, ROUNDS, fds, gauge)
+
