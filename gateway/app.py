@@ -1,7 +1,15 @@
-"""Wire the gateway: mitmproxy Master with a minimal addon chain + Starlette admin API.
+"""Wire the gateway: the gate, its engines, mitmproxy, and the Starlette admin API.
 
-One process, one event loop: mitmproxy's proxy server and uvicorn's admin server
-run side by side. `ADDON_ORDER` below *is* the data flow of every request.
+One process, one event loop. The data flow:
+
+    proxy port       → front door  ─┬→ splice (passthrough, protocol: tcp)
+    transparent port → transparent ─┼→ HTTP/1 engine (inspected HTTP/1.x)
+                       door         └→ mitmproxy + adapter (HTTP/2; everything with
+                                       network.intercept: mitmproxy)
+    every engine → gate (identify → target → admit → credential → leaks → audit)
+
+The listening sockets are bound here, once, and handed to the listeners: a port
+another process serves is refused at start, never shared by accident.
 """
 
 from __future__ import annotations
@@ -9,8 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import resource
 import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -22,26 +33,20 @@ from mitmproxy.addons import core, proxyserver, tlsconfig
 from mitmproxy.master import Master
 
 from gateway import ca, metrics
-from gateway.addons.common import Sessions
-from gateway.addons.destination import Destinations
-from gateway.addons.enforce import Enforce
-from gateway.addons.identify import Identify
-from gateway.addons.idle import IdleUpstreams
-from gateway.addons.inject import Inject
-from gateway.addons.layers import SelectLayer
-from gateway.addons.local_api import LocalApi
-from gateway.addons.record import Record
-from gateway.addons.transparent import Transparent
 from gateway.api.admin import AdminContext, build_admin_app
 from gateway.audit import Auditor
 from gateway.config import Config, HostPort
-from gateway.destination import AddressPolicy
-from gateway.fastpath import FastPath
-from gateway.intercept import Engine, Hooks
-from gateway.listeners import BACKLOG
-from gateway.listeners import install as install_listeners
-from gateway.policy import Policy, PolicyError, PolicyReloader, PolicySet
-from gateway.resolver import (
+from gateway.core.addresses import AddressPolicy
+from gateway.core.gate import Gate
+from gateway.engines import patches
+from gateway.engines.door import Doors
+from gateway.engines.frontdoor import FrontDoor
+from gateway.engines.h1.server import Engine, Limits, Timeouts
+from gateway.engines.idle import IdleUpstreams
+from gateway.engines.mitm import Adapter, error_body, error_page
+from gateway.engines.splice import Splices
+from gateway.engines.transparent import TransparentDoor
+from gateway.net.resolver import (
     DestinationGuard,
     Resolver,
     SystemResolver,
@@ -49,13 +54,16 @@ from gateway.resolver import (
     local_interface_addresses,
     parse_overrides,
 )
+from gateway.net.tls import LeafContexts, upstream_context
+from gateway.policy import Policy, PolicyError, PolicyReloader, PolicySet
 from gateway.secrets import SecretCache, SecretError, build_cache, build_store
 from gateway.state import StateStore, StateUnavailable, build_state
-from gateway.tls_memory import LeafContexts, upstream_context
 from gateway.tokens import SigningKeys, TokenService
-from gateway.upstream_errors import install as install_error_pages
 
 log = logging.getLogger("sandbox_gateway")
+
+BACKLOG = 1024
+FD_RESERVE = 64  # descriptors kept for files, DNS, the admin API, Redis
 
 
 class StartupError(RuntimeError):
@@ -70,7 +78,10 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
-def _bind(hp: HostPort, shared: bool = False) -> socket.socket:
+def bind(hp: HostPort, *, shared: bool = False) -> socket.socket:
+    """A listening socket on `hp`. Alone, the port is exclusively ours (another instance
+    on it is a start-up error naming the address); `shared` (worker processes of one
+    supervisor, which reserved the port) uses SO_REUSEPORT."""
     family = socket.AF_INET6 if ":" in hp.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -80,14 +91,34 @@ def _bind(hp: HostPort, shared: bool = False) -> socket.socket:
         sock.bind((hp.host, hp.port))
     except OSError as exc:
         sock.close()
-        raise StartupError(f"cannot listen on {hp}: {exc.strerror}") from None
+        raise StartupError(f"cannot listen on {hp}: {exc.strerror} (is another gateway "
+                           "or program serving it?)") from None
     sock.listen(BACKLOG)
     sock.setblocking(False)
     return sock
 
 
+def raise_fd_limit() -> int:
+    """Raise the open-files soft limit to the hard limit; returns the limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    return int(soft)
+
+
+def open_fds() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+
+
 class Gateway:
-    """The running gateway. `start()` binds everything; `stop()` shuts it down cleanly."""
+    """The running gateway. `start()` binds everything; `drain()` then `stop()` shut it
+    down: readiness off, no new connections, in-flight work finished or cut."""
 
     def __init__(self, config: Config, *, resolver: Resolver | None = None,
                  audit_stream: IO[str] | None = None, state: StateStore | None = None,
@@ -103,12 +134,16 @@ class Gateway:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.proxy_address: tuple[str, int] | None = None
         self.admin_address: tuple[str, int] | None = None
+        self.transparent_address: tuple[str, int] | None = None
         self.admin_token = ""
         self.admin_token_created = False
         self.policy_set: PolicySet | None = None
+        self.doors: Doors | None = None
+        self.fd_limit = 0
+        self.draining = False
         self._listening = False
 
-    # -- state the addons read -----------------------------------------------------------
+    # -- state the engines and the admin API read ------------------------------------------
 
     def policy(self, name: str) -> Policy | None:
         return self.policy_set.get(name) if self.policy_set is not None else None
@@ -123,10 +158,15 @@ class Gateway:
         return self.policy_set
 
     def ready(self) -> tuple[bool, str]:
+        if self.draining:
+            return False, "draining: shutting down"
         if self.policy_set is None:
             return False, "policies not loaded"
         if not self._listening:
             return False, "proxy listener not up"
+        if self.fd_limit and open_fds() > self.fd_limit - FD_RESERVE:
+            return False, (f"out of file descriptors ({open_fds()} of {self.fd_limit} open); "
+                           "new connections would fail")
         return True, "ready"
 
     def _on_reload(self, policy_set: PolicySet) -> None:
@@ -163,6 +203,10 @@ class Gateway:
     async def start(self) -> None:
         cfg = self.config
         try:
+            patches.check_versions()
+        except RuntimeError as exc:
+            raise StartupError(str(exc)) from None
+        try:
             cert_path, key_path = ca.ensure_ca(cfg.certs)
             runtime = self._runtime_dir()
             confdir = ca.mitmproxy_confdir(cert_path, key_path, runtime)
@@ -195,21 +239,22 @@ class Gateway:
             leeway=cfg.tokens.leeway,
         )
 
+        self.fd_limit = raise_fd_limit()
         shared = self.worker is not None
-        if shared:
-            # Workers bind the ports the supervisor reserved, with SO_REUSEPORT.
-            self.proxy_address = (cfg.listen.proxy.host, cfg.listen.proxy.port)
-        else:
-            proxy_sock = _bind(cfg.listen.proxy)
-            self.proxy_address = proxy_sock.getsockname()[:2]
-            # mitmproxy binds its own listener: free our reservation right before it does.
-            proxy_sock.close()
-        admin_sock = _bind(cfg.listen.admin, shared=shared)
+        proxy_sock = bind(cfg.listen.proxy, shared=shared)
+        self.proxy_address = proxy_sock.getsockname()[:2]
+        admin_sock = bind(cfg.listen.admin, shared=shared)
         self.admin_address = admin_sock.getsockname()[:2]
+        sockets = {("regular", self.proxy_address[1]): proxy_sock}
+        if cfg.listen.transparent is not None:
+            transparent_sock = bind(cfg.listen.transparent, shared=shared)
+            self.transparent_address = transparent_sock.getsockname()[:2]
+            sockets[("transparent", self.transparent_address[1])] = transparent_sock
 
         self.address_policy = AddressPolicy(
             allow_cidrs=cfg.network.allow_cidrs, deny_cidrs=cfg.network.deny_cidrs,
-            own_addresses=[self.proxy_address, self.admin_address],
+            own_addresses=[a for a in (self.proxy_address, self.admin_address,
+                                       self.transparent_address) if a is not None],
             local_addresses=local_interface_addresses(),
         )
         try:
@@ -223,18 +268,35 @@ class Gateway:
             self.secrets: SecretCache = build_cache(build_store(cfg.secrets), cfg.secrets)
         except (ValueError, SecretError) as exc:
             raise StartupError(str(exc)) from None
-        install_error_pages()
-        self.fast = FastPath(self.tokens, self.policy, self.guard, self.auditor)
-        install_listeners(self.fast, shared=self.worker is not None)
+        self.gate = Gate(
+            tokens=self.tokens, policies=self.current_policies, guard=self.guard,
+            secrets=self.secrets, registry=self.state, audit=self.auditor.write,
+            resolve=self.guard.resolver.resolve,
+            connections_per_sandbox=cfg.limits.connections_per_sandbox,
+            max_connections=max(16, (self.fd_limit - FD_RESERVE) // 2))
+        patches.install_error_pages(error_page, error_body)
+
+        t = cfg.network.timeouts
+        timeouts = Timeouts(connect=t.connect, read=t.read, client_idle=t.client_idle,
+                            handshake=t.handshake)
+        limits = Limits(max_header_bytes=cfg.limits.max_header_bytes,
+                        max_websocket_message=cfg.limits.max_websocket_message)
         bundle = self._upstream_bundle(runtime)
-        self.master = self._build_master(confdir, bundle)
+        self.master = self._build_master(confdir, bundle, sockets)
         if cfg.network.intercept == "fast":
             self.leaves = LeafContexts(self.master.addons.get("tlsconfig").certstore, runtime)
-            # IdleUpstreams closes mitmproxy's connections; the intercept path its own.
-            hooks = Hooks(self.master.addons, skip=(IdleUpstreams,))
-            self.fast.engine = Engine(hooks, self.sessions, self.leaves,
-                                      upstream_context(bundle),
-                                      cfg.network.upstream_idle_timeout)
+            h1 = Engine(self.gate, self.leaves, upstream_context(bundle), timeouts=timeouts,
+                        limits=limits, upstream_idle=cfg.network.upstream_idle_timeout)
+            splices = Splices(self.gate, idle=t.client_idle,
+                              lifetime=cfg.limits.max_tunnel_lifetime, connect=t.connect)
+            self.doors = doors = Doors(self.gate, h1, splices, timeouts, limits,
+                                       handoffs=self.handoffs)
+            patches.install_listeners(
+                sockets=sockets,
+                regular=lambda handoff: FrontDoor(doors, handoff),
+                transparent=lambda handoff: TransparentDoor(doors, handoff))
+        else:
+            patches.install_listeners(sockets=sockets)
 
         app = build_admin_app(AdminContext(
             admin_token=self.admin_token, tokens=self.tokens,
@@ -249,32 +311,27 @@ class Gateway:
         self.reloader.start()
         await self._wait_listening()
 
-    def _build_master(self, confdir: Path, upstream_bundle: Path) -> Master:
+    def _build_master(self, confdir: Path, upstream_bundle: Path,
+                      sockets: dict[tuple[str, int], socket.socket]) -> Master:
         opts = options.Options()
         master = Master(opts, event_loop=asyncio.get_running_loop())
-        self.sessions = Sessions()
+        self.handoffs: dict[tuple[str, int], Any] = {}
+        self.adapter = Adapter(self.gate, self.handoffs)
         master.addons.add(
             core.Core(),
             proxyserver.Proxyserver(),
             tlsconfig.TlsConfig(),
             # No errorcheck.ErrorCheck: the gateway validates its own startup, and
             # ErrorCheck exits on *any* error logged process-wide during startup.
-            # The data flow, in order:
-            Identify(self.tokens, self.sessions, self.auditor, self.state),
-            Enforce(self.policy, self.sessions, self.auditor),
-            LocalApi(self.tokens),
-            Destinations(self.guard, self.sessions, self.auditor),
-            Inject(self.tokens, self.secrets, self.current_policies, self.auditor),
-            Transparent(self.policy, self.guard, self.state, self.sessions, self.auditor),
-            SelectLayer(self.sessions),
-            Record(self.sessions, self.auditor),
+            self.adapter,
             IdleUpstreams(self.config.network.upstream_idle_timeout),
         )
         assert self.proxy_address is not None
         host, port = self.proxy_address
         modes = [f"regular@{host}:{port}"]
-        if self.config.listen.transparent is not None:
-            modes.append(f"transparent@{self.config.listen.transparent}")
+        if self.transparent_address is not None:
+            thost, tport = self.transparent_address
+            modes.append(f"transparent@{thost}:{tport}")
         opts.update(
             mode=modes,
             confdir=str(confdir),
@@ -308,15 +365,47 @@ class Gateway:
             await asyncio.sleep(0.01)
         raise StartupError("listeners did not come up within 5 s")
 
+    async def _close_listeners(self) -> None:
+        if self.master is not None:
+            # mitmproxy's Done hook leaves its listeners open: close them explicitly.
+            await self.master.addons.get("proxyserver").servers.update([])
+
+    def in_flight(self) -> int:
+        """Requests and streams still being served (what a drain waits for)."""
+        count = sum(1 for conn in self.doors.h1.connections if conn.exchange is not None) \
+            if self.doors is not None else 0
+        return count + self.adapter.in_flight()
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Graceful shutdown, first half: readiness goes 503 at once, no new connections
+        are accepted, idle connections close, and in-flight requests and streams run to
+        completion for at most `shutdown.drain` seconds."""
+        self.draining = True
+        self._listening = False
+        await self._close_listeners()
+        limit = self.config.shutdown.drain if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        if self.doors is not None:
+            self.doors.h1.draining = True
+        while time.monotonic() < deadline:
+            if self.doors is not None:
+                self.doors.h1.close_idle()
+            if self.in_flight() == 0:
+                break
+            await asyncio.sleep(0.05)
+        left = self.in_flight()
+        if left:
+            log.warning("drain: %d request(s) still in flight after %gs; cutting them off",
+                        left, limit)
+
     async def stop(self) -> None:
         self._listening = False
         if self.admin_server is not None:
             self.admin_server.should_exit = True
         if self.master is not None:
-            # Close the proxy listeners (mitmproxy's Done hook leaves them open) and the
-            # tunnels the fast path splices.
-            await self.master.addons.get("proxyserver").servers.update([])
-            self.fast.close_all()
+            await self._close_listeners()
+            if self.doors is not None:
+                self.doors.close_all()
             self.master.shutdown()
         await self.reloader.stop()
         for task in self._tasks:
@@ -326,7 +415,7 @@ class Gateway:
         await self.state.close()
         await self.secrets.close()
         self.auditor.close()
-        if self.fast.engine is not None:
+        if self.doors is not None:
             self.leaves.close()
         if self._tmp is not None:
             self._tmp.cleanup()

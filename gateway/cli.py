@@ -47,7 +47,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_single(cfg: Config, worker: int | None) -> int:
     """One gateway process (alone, or worker `worker` of a supervisor)."""
     from gateway.app import Gateway, StartupError
-    from gateway.resolver import new_event_loop
+    from gateway.net.resolver import new_event_loop
 
     async def main() -> int:
         gateway = Gateway(cfg, worker=worker)

@@ -60,13 +60,37 @@ class TokensConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TimeoutsConfig:
+    """`network.timeouts` (seconds): fit for inference, where long answers are normal."""
+
+    connect: float = 10.0  # TCP connect to an upstream
+    read: float = 300.0  # no byte from the upstream for this long: 504 upstream_timeout
+    client_idle: float = 600.0  # a client connection or tunnel carrying nothing
+    handshake: float = 30.0  # TLS handshakes, CONNECT and request heads once begun
+
+
+@dataclass(frozen=True, slots=True)
 class NetworkConfig:
     allow_cidrs: tuple[str, ...] = ()
     deny_cidrs: tuple[str, ...] = ()
     upstream_ca: Path | None = None
     resolve: Mapping[str, str] = field(default_factory=dict)
     upstream_idle_timeout: float = 30.0  # seconds; 0 keeps idle upstream connections open
-    intercept: str = "fast"  # HTTP/1.1 inspected tunnels: gateway.intercept, or "mitmproxy"
+    intercept: str = "fast"  # "fast": the gateway's own engines; "mitmproxy": mitmproxy only
+    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    connections_per_sandbox: int = 256
+    max_header_bytes: int = 64 * 1024
+    max_websocket_message: int = 16 * 1024 * 1024
+    max_tunnel_lifetime: float = 0.0  # seconds; 0 = no cap
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownConfig:
+    drain: float = 30.0  # SIGTERM: finish in-flight requests for at most this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +108,8 @@ class Config:
                                  "create_if_missing": True}
     )
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     audit_path: Path | None = None
     state: Mapping[str, Any] = field(default_factory=lambda: {"store": "memory"})
     workers: int = 0  # 0 = one worker process per core
@@ -190,6 +216,23 @@ def _idle(value: object, key: str) -> float:
     return parse_duration(value, key)
 
 
+def _positive_int(value: object, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{key}: expected a positive integer, got {value!r}")
+    return value
+
+
+def _size(value: object, key: str) -> int:
+    """A byte size: a number or `64k`, `16m`, `1g`."""
+    if isinstance(value, str):
+        m = re.fullmatch(r"(\d+)\s*([kmg]?)i?b?", value.strip().lower())
+        if m is None:
+            raise ConfigError(f"{key}: {value!r} is not a size; use e.g. 65536, 64k, 16m")
+        return _positive_int(int(m.group(1)) * {"": 1, "k": 1024, "m": 1024**2,
+                                                 "g": 1024**3}[m.group(2)], key)
+    return _positive_int(value, key)
+
+
 def _intercept(value: object, key: str) -> str:
     if value not in ("fast", "mitmproxy"):
         raise ConfigError(f"{key}: expected fast or mitmproxy, got {value!r}")
@@ -230,15 +273,29 @@ SCHEMA: Schema = {
         "resolve": _str_map,
         "upstream_idle_timeout": _idle,
         "intercept": _intercept,
+        "timeouts": {
+            "connect": parse_duration,
+            "read": parse_duration,
+            "client_idle": parse_duration,
+            "handshake": parse_duration,
+        },
     },
+    "limits": {
+        "connections_per_sandbox": _positive_int,
+        "max_header_bytes": _size,
+        "max_websocket_message": _size,
+        "max_tunnel_lifetime": _idle,
+    },
+    "shutdown": {"drain": _idle},
     "audit": {"path": _opt(_str)},
     "state": _any_map,
     "workers": _int,
     "log_level": _level,
 }
 
-_ENV_TYPED = {"workers", "tokens.leeway", "network.allow_cidrs", "network.deny_cidrs",
-              "network.resolve", "tokens.retired_kids", "secrets", "state"}
+_ENV_TYPED = {"workers", "tokens.leeway", "limits.connections_per_sandbox",
+              "network.allow_cidrs", "network.deny_cidrs", "network.resolve",
+              "tokens.retired_kids", "secrets", "state"}
 
 
 def _validate(raw: Mapping[str, Any], schema: Schema, prefix: str = "") -> dict[str, Any]:
@@ -354,6 +411,9 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
     if isinstance(secrets.get("path"), str):
         secrets["path"] = str(_path(base, secrets["path"]))
     upstream_ca = _path(base, network.get("upstream_ca"))
+    timeouts = network.get("timeouts", {})
+    limits = v.get("limits", {})
+    d_limits = d.limits
     return Config(
         listen=ListenConfig(
             proxy=listen.get("proxy", d.listen.proxy),
@@ -374,7 +434,14 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
             upstream_idle_timeout=network.get("upstream_idle_timeout",
                                               d.network.upstream_idle_timeout),
             intercept=network.get("intercept", d.network.intercept),
+            timeouts=TimeoutsConfig(**{k: timeouts.get(k, getattr(d.network.timeouts, k))
+                                       for k in ("connect", "read", "client_idle",
+                                                 "handshake")}),
         ),
+        limits=LimitsConfig(**{k: limits.get(k, getattr(d_limits, k)) for k in (
+            "connections_per_sandbox", "max_header_bytes", "max_websocket_message",
+            "max_tunnel_lifetime")}),
+        shutdown=ShutdownConfig(drain=v.get("shutdown", {}).get("drain", d.shutdown.drain)),
         audit_path=_path(base, v.get("audit", {}).get("path")),
         state=v.get("state", d.state),
         workers=v.get("workers", d.workers),

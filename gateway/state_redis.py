@@ -47,7 +47,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway import metrics
-from gateway.resolver import unguarded
+from gateway.net.resolver import unguarded
 from gateway.state import SandboxAddress, StateUnavailable
 
 log = logging.getLogger("sandbox_gateway.state")

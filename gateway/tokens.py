@@ -13,6 +13,7 @@ key rotates and old tokens keep working until they expire or their kid is retire
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 import time
 import uuid
@@ -96,6 +97,19 @@ class Identity:
     expires_at: float
     lifetime_end: float
     family: str = ""  # jti of the first token of a refresh chain (revoking it ends them all)
+    cidr: tuple[str, ...] = ()  # source networks the token is bound to (empty: any)
+
+    def used_from(self, ip: str) -> bool:
+        """Is a connection from `ip` allowed to use this token (its `cidr` binding)?"""
+        if not self.cidr:
+            return True
+        try:
+            addr = ipaddress.ip_address(ip.split("%", 1)[0])
+        except ValueError:
+            return False
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+        return any(addr in ipaddress.ip_network(net) for net in self.cidr)
 
     def allows_credential(self, name: str, path: str) -> bool:
         """Is credential `name` in scope for request `path`? (prefix `**` patterns allowed)."""
@@ -218,9 +232,12 @@ class TokenService:
         lifetime: float | None = None,
         lifetime_end: float | None = None,
         family: str | None = None,
+        cidr: Iterable[str] = (),
     ) -> MintedToken:
         """Sign a token. `scope` None = every credential the policy references.
-        `family`: the first jti of a refresh chain (a fresh mint starts a new one)."""
+        `family`: the first jti of a refresh chain (a fresh mint starts a new one).
+        `cidr`: bind the token to these source networks (a leaked token is then useless
+        from anywhere else)."""
         if not sandbox or not sandbox.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise TokenError("sandbox id must be letters, digits, '-', '_' or '.'")
         credentials = self.policy_credentials(policy)
@@ -239,11 +256,14 @@ class TokenService:
             lifetime_end = now + max(lifetime, ttl)
         exp = min(now + ttl, lifetime_end)
         jti = uuid.uuid4().hex
-        claims = {
+        claims: dict[str, Any] = {
             "iss": self.issuer, "aud": AUDIENCE, "sub": sandbox, "pol": policy,
             "scope": format_scope(scope), "iat": int(now), "nbf": int(now),
             "exp": int(exp), "jti": jti, "lim": int(lifetime_end), "fam": family or jti,
         }
+        networks = parse_cidrs(cidr)
+        if networks:
+            claims["cidr"] = " ".join(networks)
         kid = self.keys.signing_kid
         token = jwt.encode(claims, self.keys.private[kid], algorithm="EdDSA",
                            headers={"kid": kid})
@@ -317,19 +337,37 @@ class TokenService:
                 scope=scope, issued_at=float(claims["nbf"]), expires_at=float(claims["exp"]),
                 lifetime_end=float(claims.get("lim", claims["exp"])),
                 family=str(claims.get("fam", claims["jti"])),
+                cidr=tuple(parse_cidrs(str(claims.get("cidr", "")).split())),
             )
         except (KeyError, TypeError, ValueError, TokenError):
             raise TokenRefused("token_invalid", "the token's claims are incomplete; "
                                "mint a new token") from None
 
     def refresh(self, identity: Identity, ttl: float | None = None) -> MintedToken:
-        """Exchange a verified token for a fresh one, never past its lifetime end."""
+        """Exchange a verified token for a fresh one with the same lifetime as the one
+        presented (`ttl` can only shorten it), never past the chain's lifetime end."""
         now = self.clock()
         if now >= identity.lifetime_end:
             raise TokenRefused("token_lifetime_over", "the sandbox's maximum lifetime is over; "
                                "mint a new token")
-        return self.mint(identity.sandbox, identity.policy, identity.scope, ttl=ttl,
-                         lifetime_end=identity.lifetime_end, family=identity.family)
+        own = max(1.0, identity.expires_at - identity.issued_at)
+        return self.mint(identity.sandbox, identity.policy, identity.scope,
+                         ttl=own if ttl is None else min(ttl, own),
+                         lifetime_end=identity.lifetime_end, family=identity.family,
+                         cidr=identity.cidr)
+
+
+def parse_cidrs(items: Iterable[str]) -> list[str]:
+    """Canonical network texts for a token's `cidr` binding (TokenError if invalid)."""
+    out: list[str] = []
+    for item in items:
+        for text in item.replace(",", " ").split():
+            try:
+                out.append(ipaddress.ip_network(text, strict=False).compressed)
+            except ValueError:
+                raise TokenError(
+                    f"cidr {text!r} is not an IP network (e.g. 10.0.0.5/32)") from None
+    return out
 
 
 def _iso(ts: float) -> str:

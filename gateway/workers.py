@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,6 @@ from pathlib import Path
 
 from gateway import ca
 from gateway.config import Config, HostPort
-from gateway.listeners import reserve
 from gateway.policy import load_policy_dir
 from gateway.secrets import build_store
 from gateway.tokens import SigningKeys
@@ -50,6 +50,32 @@ def available_cpus(cgroup: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
     if quota != "max" and int(period) > 0:
         cpus = min(cpus, max(1, -(-int(quota) // int(period))))
     return cpus
+
+
+def reserve(host: str, port: int) -> socket.socket:
+    """Hold host:port for this supervisor's workers: bind (not listen) with SO_REUSEPORT,
+    after checking that no other process serves the port (SO_REUSEPORT lets any process
+    of the same user join a port, so a second gateway would otherwise share it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind((host, port))
+        port = int(probe.getsockname()[1])
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror} (is "
+                      "another gateway or program serving it?)") from None
+    finally:
+        probe.close()
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _concrete(hp: HostPort, held: list[object]) -> HostPort:

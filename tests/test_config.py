@@ -93,6 +93,10 @@ network:
   resolve: {api.internal.example: "10.1.2.3:443"}
   upstream_idle_timeout: 45s
   intercept: mitmproxy
+  timeouts: {connect: 5s, read: 10m, client_idle: 20m, handshake: 15s}
+limits: {connections_per_sandbox: 64, max_header_bytes: 32k, max_websocket_message: 4m,
+         max_tunnel_lifetime: 12h}
+shutdown: {drain: 45s}
 audit: {path: audit/decisions.jsonl}
 state: {store: memory}
 workers: 4

@@ -9,31 +9,7 @@ from gateway.policy.hosts import (
     compile_host_pattern,
     host_matches,
     is_public_suffix,
-    normalize_host,
 )
-
-
-@pytest.mark.parametrize(
-    ("raw", "want"),
-    [
-        ("Example.COM", "example.com"),
-        ("example.com.", "example.com"),
-        ("тест.example.com", "xn--e1aybc.example.com"),
-        ("🔐.example.com", "xn--jv8h.example.com"),
-        ("10.0.0.1", "10.0.0.1"),
-        ("[2001:DB8::1]", "2001:db8::1"),
-        ("2001:0db8:0000::0001", "2001:db8::1"),
-        ("_dmarc.example.com", "_dmarc.example.com"),
-    ],
-)
-def test_normalize_host(raw: str, want: str) -> None:
-    assert normalize_host(raw) == want
-
-
-@pytest.mark.parametrize("raw", ["", ".", "a..b", "exa mple.com", "x" * 64 + ".com"])
-def test_normalize_host_rejects(raw: str) -> None:
-    with pytest.raises(HostPatternError):
-        normalize_host(raw)
 
 
 @pytest.mark.parametrize(

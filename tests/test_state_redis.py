@@ -27,8 +27,8 @@ from helpers.clients import raw_connect
 from helpers.redis_server import RedisServer, free_port, running_redis
 
 from gateway import metrics
-from gateway.destination import AddressPolicy
-from gateway.resolver import install_backstop, new_event_loop, uninstall_backstop
+from gateway.core.addresses import AddressPolicy
+from gateway.net.resolver import install_backstop, new_event_loop, uninstall_backstop
 from gateway.state import SandboxAddress
 from gateway.state_redis import RedisState, StateUnavailable
 

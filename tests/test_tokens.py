@@ -528,11 +528,30 @@ def test_refresh(env: Env) -> None:
     assert "mint" in info.value.reason
 
 
-def test_refresh_ttl_still_capped(tmp_path: Path) -> None:
-    env = Env(tmp_path / "k", max_ttl=1800)
-    identity = env.service.verify(env.service.mint("sb-1", "agent").token)
-    with pytest.raises(TokenError, match="max_ttl"):
-        env.service.refresh(identity, ttl=3600)
+def test_refresh_never_lengthens_a_token(tmp_path: Path) -> None:
+    """Finding 9 of the enforcement-core issue: `?ttl=24h` on a 1-minute token gave a
+    24-hour token. A refreshed token lives as long as the one presented, or less."""
+    env = Env(tmp_path / "k", max_ttl=86400)
+    identity = env.service.verify(env.service.mint("sb-1", "agent", ttl=60).token)
+    for ask in (None, 3600.0, 86400.0):
+        fresh = env.service.verify(env.service.refresh(identity, ttl=ask).token)
+        assert fresh.expires_at - fresh.issued_at <= 60
+    shorter = env.service.verify(env.service.refresh(identity, ttl=10).token)
+    assert shorter.expires_at - shorter.issued_at <= 10
+
+
+def test_cidr_binding(tmp_path: Path) -> None:
+    env = Env(tmp_path / "k")
+    bound = env.service.verify(env.service.mint("sb-1", "agent",
+                                                 cidr=["10.0.0.5/32", "fd00::/8"]).token)
+    assert bound.cidr == ("10.0.0.5/32", "fd00::/8")
+    assert bound.used_from("10.0.0.5") and bound.used_from("::ffff:10.0.0.5")
+    assert bound.used_from("fd00::1") and not bound.used_from("10.0.0.6")
+    refreshed = env.service.verify(env.service.refresh(bound).token)
+    assert refreshed.cidr == bound.cidr
+    assert env.service.verify(env.service.mint("sb-1", "agent").token).used_from("1.2.3.4")
+    with pytest.raises(TokenError, match="cidr"):
+        env.service.mint("sb-1", "agent", cidr=["not-a-net"])
 
 
 # --- verification cache ----------------------------------------------------------------

@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from gateway import metrics
 from gateway.config import ConfigError, parse_duration
-from gateway.destination import DestinationError, is_ip, normalize_host
+from gateway.core.names import DestinationError, is_ip, normalize_host
 from gateway.policy import PolicySet, explain
 from gateway.state import SandboxAddress, StateUnavailable
 from gateway.tokens import TokenError, TokenService, parse_scope

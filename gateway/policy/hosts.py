@@ -42,6 +42,8 @@ from typing import Literal
 
 import idna
 
+from gateway.core.names import DestinationError, normalize_host
+
 __all__ = [
     "HostPattern",
     "HostPatternError",
@@ -58,7 +60,7 @@ _LABEL_CHARS = re.compile(r"[a-z0-9_-]+")
 _SPACE = re.compile(r"\s")
 
 
-class HostPatternError(ValueError):
+class HostPatternError(DestinationError):
     """A host or host pattern that cannot be used; the message says what to write."""
 
 
@@ -134,33 +136,6 @@ def _to_ascii_label(label: str) -> str:
             return label.encode("idna").decode("ascii").lower()
         except UnicodeError:
             raise HostPatternError(f"invalid internationalised label {label!r}: {exc}") from None
-
-
-def normalize_host(host: str) -> str:
-    """Canonical form of a request host: lowercase, punycode, no trailing dot, canonical IP.
-
-    Raises HostPatternError for an empty or malformed host.
-    """
-    text = host.strip()
-    if text.endswith("."):
-        text = text[:-1]
-    if not text:
-        raise HostPatternError("empty host")
-    ip = _ip_literal(text)
-    if ip is not None:
-        return ip
-    if text.isascii():
-        text = text.lower()
-    else:
-        text = ".".join(
-            part.lower() if part.isascii() else _to_ascii_label(part) for part in text.split(".")
-        )
-    if len(text) > 253:
-        raise HostPatternError("host name is longer than 253 characters")
-    for label in text.split("."):
-        if not _LABEL.fullmatch(label):
-            raise HostPatternError(f"invalid host name label {label!r}")
-    return text
 
 
 @functools.cache
@@ -383,5 +358,5 @@ def host_matches(host: str, pattern: str) -> bool:
     try:
         compiled = compile_host_pattern(pattern, allow_unicode=True)
         return compiled.matches(normalize_host(host))
-    except HostPatternError:
+    except DestinationError:
         return False

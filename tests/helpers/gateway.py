@@ -16,7 +16,7 @@ import yaml
 
 from gateway.app import Gateway
 from gateway.config import load_config
-from gateway.resolver import Resolver, new_event_loop
+from gateway.net.resolver import Resolver, new_event_loop
 
 
 class AuditCapture(io.StringIO):
@@ -107,3 +107,18 @@ class GatewayThread:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(5)
             self.loop.close()
+
+
+BASE_POLICY = """
+version: v1
+name: agent
+egress:
+  - host: allowed.test
+  - host: api.allowed.test
+    methods: [GET]
+    paths: ["/v1/**"]
+  - host: other.test
+    inspect: true
+"""
+
+GatewayFactory = Callable[..., "GatewayThread"]

@@ -6,29 +6,18 @@ trusted overrides to 127.0.0.1): nothing here resolves or dials anything off-box
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.gateway import GatewayThread
+from helpers.gateway import BASE_POLICY, GatewayFactory, GatewayThread
 from helpers.tls import LocalCA
 from helpers.upstream import Upstream, start_upstream
 
 NAMES = ["allowed.test", "api.allowed.test", "other.test", "report.test", "pypi.org",
          "api.openai.com", "api.anthropic.com", "api.github.com", "unbound.test"]
 
-BASE_POLICY = """
-version: v1
-name: agent
-egress:
-  - host: allowed.test
-  - host: api.allowed.test
-    methods: [GET]
-    paths: ["/v1/**"]
-  - host: other.test
-    inspect: true
-"""
 
 
 @pytest.fixture(scope="session")
@@ -42,9 +31,6 @@ def upstream(test_ca: LocalCA, tmp_path_factory: pytest.TempPathFactory) -> Iter
     server = start_upstream(ctx)
     yield server
     server.close()
-
-
-GatewayFactory = Callable[..., GatewayThread]
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from conftest import GatewayFactory
-from helpers.gateway import GatewayThread
+from helpers.errors import code_of, reason_of
+from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.tls import LocalCA
 from helpers.upstream import Upstream
 
@@ -159,7 +159,7 @@ def test_exfiltration_to_unbound_host_is_refused(inference_gateway: GatewayThrea
     with _client(gw, token) as c:
         r = c.post(url, headers=headers, content=content)
     assert r.status_code == 403, r.text
-    assert r.json()["error"] == "exfiltration_blocked"
+    assert code_of(r.json()) == "exfiltration_blocked"
     assert value not in r.text
     assert len(upstream.requests) == before
 
@@ -180,12 +180,12 @@ def test_token_missing_from_carrier_or_out_of_scope(inference_gateway: GatewayTh
     token = gw.mint("agent")
     with _client(gw, token) as c:
         r = c.post("https://api.openai.com/v1/chat/completions", json={})
-        assert r.status_code == 403 and r.json()["error"] == "credential_not_in_scope"
+        assert r.status_code == 403 and code_of(r.json()) == "credential_not_in_scope"
     narrow = gw.mint("agent", scope={"anthropic": None})
     with _client(gw, narrow) as c:
         r = c.post("https://api.openai.com/v1/chat/completions", json={},
                    headers={"Authorization": f"Bearer {narrow}"})
-        assert r.status_code == 403 and "scope" in r.json()["reason"]
+        assert r.status_code == 403 and "scope" in reason_of(r.json())
     path_scoped = gw.mint("agent", scope={"openai": frozenset({"/v1/models"})})
     with _client(gw, path_scoped) as c:
         r = c.post("https://api.openai.com/v1/chat/completions", json={},
@@ -207,7 +207,7 @@ def test_missing_secret_is_503_with_reason(make_gateway: GatewayFactory, tmp_pat
         r = c.post("https://api.openai.com/v1/chat/completions", json={},
                    headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 503
-    assert r.json()["error"] == "secret_unavailable" and "openai-api-key" in r.json()["reason"]
+    assert code_of(r.json()) == "secret_unavailable" and "openai-api-key" in reason_of(r.json())
 
 
 def test_stream_may_finish_after_token_expiry_next_request_refused(
@@ -223,7 +223,7 @@ def test_stream_may_finish_after_token_expiry_next_request_refused(
         time.sleep(max(0.0, minted.expires_at - time.time()) + 0.1)
         r2 = c.post("https://api.openai.com/v1/chat/completions", json={},
                     headers={"Authorization": f"Bearer {token}"})
-        assert r2.status_code == 407 and r2.json()["error"] == "token_expired"
+        assert r2.status_code == 407 and code_of(r2.json()) == "token_expired"
 
 
 def test_key_never_reaches_other_hosts(inference_gateway: GatewayThread,
@@ -270,9 +270,16 @@ def test_large_request_bodies_stream_and_are_scanned(inference_gateway: GatewayT
     with _client(gw, token) as c:
         r = c.post("https://unbound.test/upload", content=body)
     assert r.status_code == 200 and len(upstream.requests[-1].body) == len(body)
-    # A key hidden at the end of a large (streamed) body never reaches the upstream.
-    with _client(gw, token) as c, pytest.raises(httpx.HTTPError):
-        c.post("https://unbound.test/upload2", content=body + OPENAI_KEY.encode())
+    # A key hidden at the end of a large (streamed) body never reaches the upstream: the
+    # client is refused (403 while it can still read an answer, else cut off).
+    with _client(gw, token) as c:
+        try:
+            refused = c.post("https://unbound.test/upload2", content=body + OPENAI_KEY.encode())
+        except httpx.HTTPError:
+            pass
+        else:
+            assert refused.status_code == 403
+            assert code_of(refused.json()) == "exfiltration_blocked"
     assert all(OPENAI_KEY.encode() not in req.body for req in upstream.requests)
 
 
@@ -298,7 +305,7 @@ def test_chunked_request_bodies_are_scanned(inference_gateway: GatewayThread,
     with _client(gw, token) as c:
         try:
             r = c.post("https://unbound.test/chunked-leak", content=body(OPENAI_KEY.encode()))
-            assert r.status_code == 403 and r.json()["error"] == "exfiltration_blocked"
+            assert r.status_code == 403 and code_of(r.json()) == "exfiltration_blocked"
         except httpx.HTTPError:
             pass  # a streamed body is cut off: the connection closes
     assert all(OPENAI_KEY.encode() not in req.body for req in upstream.requests[before:])

@@ -1,8 +1,10 @@
-"""Fail closed: an exception in any enforcing hook refuses; nothing reaches upstream.
+"""Fail closed: an exception anywhere in a decision refuses; nothing reaches upstream.
 
-mitmproxy logs and swallows hook exceptions (a crash in http_connect would answer
-200, in requestheaders forward the request, in server_connect dial anyway), so each
-hook is wrapped; these tests force a crash in each and prove the refusal.
+The gate's entry points turn an unexpected error into `500 gateway_error`; each engine
+has one boundary of its own (the front door and the HTTP/1 engine close the
+connection, the mitmproxy adapter wraps every hook, since mitmproxy logs and swallows
+hook exceptions). These tests force a crash in each step, on both engines, and prove
+the refusal.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import GatewayFactory
 from helpers.clients import raw_connect
-from helpers.gateway import GatewayThread
+from helpers.errors import code_of, reason_of
+from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.tls import LocalCA
 from helpers.upstream import Upstream
 
@@ -41,7 +43,7 @@ def boom(*args: Any, **kwargs: Any) -> Any:
 @pytest.fixture(params=["fast", "mitmproxy"])
 def gw(make_gateway: GatewayFactory, tmp_path: Path, request: pytest.FixtureRequest
        ) -> GatewayThread:
-    """Both intercept paths: gateway.intercept (HTTP/1.1) and mitmproxy's layers."""
+    """Both engines: the gateway's own (front door, HTTP/1 engine) and mitmproxy."""
     secrets = tmp_path / "s.yaml"
     secrets.write_text("openai-api-key: sk-fail-closed-key-0123456789\n")
     secrets.chmod(0o600)
@@ -60,29 +62,32 @@ def _client(gw: GatewayThread, token: str) -> httpx.Client:
                         verify=ssl.create_default_context(cafile=gw.ca_cert))
 
 
-@pytest.mark.parametrize("targets", [
-    # The fast path hands a CONNECT it cannot decide to mitmproxy, whose hook then fails.
-    ["gateway.tokens.TokenService.verify"],                       # Identify.http_connect
-    ["gateway.addons.enforce.decide", "gateway.fastpath.decide"],  # Enforce.http_connect
-    ["gateway.resolver.DestinationGuard.check"],                   # Destinations.http_connect
+@pytest.mark.parametrize("target", [
+    "gateway.tokens.TokenService.verify",            # identify
+    "gateway.core.gate.decide",                       # the policy decision
+    "gateway.net.resolver.DestinationGuard.check",    # the destination check
+    "gateway.core.target.tunnel_authority",           # the target
 ])
 def test_crash_at_connect_refuses_the_tunnel(gw: GatewayThread, upstream: Upstream,
                                              monkeypatch: pytest.MonkeyPatch,
-                                             targets: list[str]) -> None:
+                                             target: str) -> None:
     token = gw.mint("agent")
-    for target in targets:
-        monkeypatch.setattr(target, boom)
+    monkeypatch.setattr(target, boom)
     before = upstream.connections
     assert gw.gateway.proxy_address
     status, headers, body = raw_connect(gw.gateway.proxy_address, "other.test:443", token)
     assert status == 500 and body is not None and body["error"] == "gateway_error"
     assert headers["x-sandbox-gateway-error"] == "gateway_error"
     assert upstream.connections == before
+    [line] = gw.audit.wait_for(lambda r: r["error"] == "gateway_error")
+    assert line["decision"] == "deny" and line["method"] == "CONNECT"
 
 
 @pytest.mark.parametrize("target", [
-    "gateway.addons.enforce.Enforce._authority_mismatch",  # Enforce.requestheaders
-    "gateway.addons.inject.request_blob",                   # Inject.requestheaders
+    "gateway.core.target.request_target",   # the request's target
+    "gateway.core.leaks.LeakScan.head",     # the leak scan of the head
+    "gateway.core.gate.decide",             # the policy decision
+    "gateway.tokens.TokenService.verify",   # identity, re-checked on every request
 ])
 def test_crash_on_a_request_refuses_it(gw: GatewayThread, upstream: Upstream,
                                        monkeypatch: pytest.MonkeyPatch, target: str) -> None:
@@ -92,42 +97,43 @@ def test_crash_on_a_request_refuses_it(gw: GatewayThread, upstream: Upstream,
         before = len(upstream.requests)
         monkeypatch.setattr(target, boom)
         r = c.get("https://other.test/second")
-    assert r.status_code == 500 and r.json()["error"] == "gateway_error"
+    assert r.status_code == 500 and code_of(r.json()) == "gateway_error"
     assert len(upstream.requests) == before
 
 
-def test_crash_in_identify_inside_tunnel(gw: GatewayThread, upstream: Upstream,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_crash_in_a_body_check_refuses_it(gw: GatewayThread, upstream: Upstream,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     token = gw.mint("agent")
+    monkeypatch.setattr("gateway.core.leaks.StreamScan.feed", boom)
+    before = len(upstream.requests)
     with _client(gw, token) as c:
-        assert c.get("https://other.test/first").status_code == 200
-        before = len(upstream.requests)
-        # Identify.requestheaders re-verifies the tunnel's token on every request.
-        monkeypatch.setattr("gateway.tokens.TokenService.verify", boom)
-        r = c.get("https://other.test/second")
-    assert r.status_code == 500
+        try:
+            r = c.post("https://other.test/upload", content=b"x" * 1000)
+        except httpx.HTTPError:
+            pass
+        else:
+            assert r.status_code == 500 and code_of(r.json()) == "gateway_error"
     assert len(upstream.requests) == before
 
 
-def test_crash_in_server_connect_does_not_dial(gw: GatewayThread, upstream: Upstream,
+def test_crash_in_the_dial_check_does_not_dial(gw: GatewayThread, upstream: Upstream,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     token = gw.mint("agent")
-    monkeypatch.setattr("gateway.addons.destination.pin", boom)  # mitmproxy's server_connect
-    monkeypatch.setattr("gateway.intercept.pin", boom)  # the HTTP/1 intercept path's dial
+    monkeypatch.setattr("gateway.engines.mitm.pin", boom)  # mitmproxy's server_connect
+    monkeypatch.setattr("gateway.engines.h1.side.pin", boom)  # the HTTP/1 engine's dial
     before = upstream.connections
     with _client(gw, token) as c:
         r = c.get("https://other.test/x")
-    assert r.status_code == 403 and r.json()["error"] == "forbidden_destination"
-    assert "gateway error" in r.json()["reason"]
+    assert r.status_code == 403 and code_of(r.json()) == "forbidden_destination"
+    assert "gateway error" in reason_of(r.json())
     assert upstream.connections == before
 
 
-def test_crash_choosing_the_layer_closes_the_tunnel(gw: GatewayThread, upstream: Upstream,
-                                                    test_ca: LocalCA,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_crash_checking_the_first_bytes_closes_the_tunnel(
+        gw: GatewayThread, upstream: Upstream, test_ca: LocalCA,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     token = gw.mint("agent")
-    # Passthrough tunnels are spliced by the fast path, which checks the first bytes.
-    monkeypatch.setattr("gateway.fastpath.starts_like_tls_record", boom)
+    monkeypatch.setattr("gateway.core.target.check_server_name", boom)
     before = upstream.connections
     with httpx.Client(proxy=gw.proxy_url(token), timeout=5,
                       verify=ssl.create_default_context(cafile=test_ca.cert_path)) as c, \
@@ -139,24 +145,24 @@ def test_crash_choosing_the_layer_closes_the_tunnel(gw: GatewayThread, upstream:
 def test_crash_in_response_redaction_cuts_the_response(gw: GatewayThread, upstream: Upstream,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     token = gw.mint("agent")
-    monkeypatch.setattr("gateway.addons.inject.Redactor", boom)
+    monkeypatch.setattr("gateway.core.leaks.Redactor.feed", boom)
     with _client(gw, token) as c, pytest.raises(httpx.HTTPError):
         r = c.get("https://api.openai.com/echo-header/Authorization",
                   headers={"Authorization": f"Bearer {token}"})
         assert "sk-fail-closed-key" not in r.text
 
 
-def test_fast_path_crash_hands_off_to_the_enforcing_chain(
-        gw: GatewayThread, upstream: Upstream, test_ca: LocalCA,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The passthrough fast path only ever shortcuts the happy case: if its decision
-    crashes, the connection goes to mitmproxy, whose hooks decide (and fail closed)."""
-    token = gw.mint("agent")
-    monkeypatch.setattr("gateway.fastpath.decide", boom)
-    ctx = ssl.create_default_context(cafile=test_ca.cert_path)
-    with httpx.Client(proxy=gw.proxy_url(token), timeout=5, verify=ctx) as c:
-        assert c.get("https://allowed.test/still-works").status_code == 200
-    monkeypatch.setattr("gateway.addons.enforce.decide", boom)
-    assert gw.gateway.proxy_address
-    status, _, body = raw_connect(gw.gateway.proxy_address, "allowed.test:443", token)
-    assert status == 500 and body is not None and body["error"] == "gateway_error"
+def test_the_mitmproxy_adapter_has_one_guarded_boundary() -> None:
+    """Every hook mitmproxy can call on the adapter goes through the one fail-closed
+    wrapper: no hook can be added without it."""
+    from mitmproxy import hooks
+
+    from gateway.engines import mitm
+
+    known = set(hooks.all_hooks)
+    defined = {name for name in vars(mitm.Adapter) if name in known}
+    assert defined == set(mitm.HOOKS)
+    # (`configure` is mitmproxy's own NextLayer reading its options, not a decision)
+    assert {n for n in dir(mitm.Adapter) if n in known} - defined == {"configure"}
+    for name in defined:
+        assert getattr(mitm.Adapter, name).__wrapped__ is getattr(mitm.Adapter, f"_on_{name}")

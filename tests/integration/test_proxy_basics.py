@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 import requests
-from conftest import GatewayFactory
 from helpers.clients import curl as run_curl
 from helpers.clients import raw_connect
-from helpers.gateway import GatewayThread
+from helpers.errors import code_of, reason_of
+from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.upstream import Upstream
 
 
@@ -65,7 +65,7 @@ def test_httpx_intercepted_method_and_path_rules(gateway: GatewayThread,
         bad_method = c.post("https://api.allowed.test/v1/models")
         assert bad_method.status_code == 403
         assert bad_method.json()["rule"].endswith("agent.yaml:6")
-        assert "POST" in bad_method.json()["reason"]
+        assert "POST" in reason_of(bad_method.json())
         bad_path = c.get("https://api.allowed.test/admin")
         assert bad_path.status_code == 403
         assert bad_path.headers["x-sandbox-gateway-error"] == "policy_denied"
@@ -88,7 +88,7 @@ def test_host_header_must_match_tunnel(gateway: GatewayThread, upstream: Upstrea
     with client(gateway, token) as c:
         r = c.get("https://other.test/x", headers={"Host": "allowed.test"})
     assert r.status_code == 403
-    assert r.json()["error"] == "host_mismatch"
+    assert code_of(r.json()) == "host_mismatch"
     assert len(upstream.requests) == before
 
 
@@ -123,7 +123,7 @@ def test_revocation_applies_inside_an_open_tunnel(gateway: GatewayThread) -> Non
         admin = {"Authorization": f"Bearer {gateway.gateway.admin_token}"}
         httpx.post(f"{gateway.admin}/v1/tokens/revoke", json={"jti": minted.jti}, headers=admin)
         r = c.get("https://other.test/2")
-        assert r.status_code == 407 and r.json()["error"] == "token_revoked"
+        assert r.status_code == 407 and code_of(r.json()) == "token_revoked"
 
 
 def test_username_must_be_the_sandbox(gateway: GatewayThread) -> None:
@@ -204,10 +204,10 @@ def test_admin_api(gateway: GatewayThread) -> None:
     assert r.json()["expires_at"] - time.time() < 301
     r = httpx.post(f"{gateway.admin}/v1/tokens", json={"sandbox": "s", "policy": "nope"},
                    headers=admin)
-    assert r.status_code == 400 and "nope" in r.json()["reason"]
+    assert r.status_code == 400 and "nope" in reason_of(r.json())
     r = httpx.post(f"{gateway.admin}/v1/tokens", json={"sandbox": "s", "policy": "agent",
                                                         "ttl": "48h"}, headers=admin)
-    assert r.status_code == 400 and "max_ttl" in r.json()["reason"]
+    assert r.status_code == 400 and "max_ttl" in reason_of(r.json())
     pols = httpx.get(f"{gateway.admin}/v1/policies", headers=admin).json()["policies"]
     assert [p["name"] for p in pols] == ["agent"]
     r = httpx.post(f"{gateway.admin}/v1/explain", headers=admin, json={
@@ -230,7 +230,7 @@ def test_upstream_failure_is_a_json_502(make_gateway: GatewayFactory) -> None:
         r = c.get("https://other.test/x")
     assert r.status_code == 502
     assert r.headers["x-sandbox-gateway-error"] == "upstream_failed"
-    assert r.json()["error"] == "upstream_failed" and "could not be reached" in r.json()["reason"]
+    assert code_of(r.json()) == "upstream_failed" and "could not be reached" in reason_of(r.json())
 
 
 def test_passthrough_audit_counts_bytes(gateway: GatewayThread, test_ca: Any) -> None:

@@ -6,8 +6,8 @@ import ssl
 import time
 
 import httpx
-from conftest import GatewayFactory
-from helpers.gateway import GatewayThread
+from helpers.errors import code_of, reason_of
+from helpers.gateway import GatewayFactory, GatewayThread
 
 POLICY = """
 version: v1
@@ -58,7 +58,7 @@ def test_revocation_stops_the_whole_chain(make_gateway: GatewayFactory) -> None:
     assert httpx.post(f"{gw.admin}/v1/tokens/revoke", json={"jti": first.jti},
                       headers=admin).status_code == 200
     r = refresh(gw, fresh["token"])
-    assert r.status_code == 407 and r.json()["error"] == "token_revoked"
+    assert r.status_code == 407 and code_of(r.json()) == "token_revoked"
     assert refresh(gw, first.token).status_code == 407
 
 
@@ -66,5 +66,5 @@ def test_policy_must_allow_refresh(make_gateway: GatewayFactory) -> None:
     gw = make_gateway({"locked.yaml": NO_REFRESH})
     token = gw.mint("locked")
     r = refresh(gw, token)
-    assert r.status_code == 403 and r.json()["error"] == "policy_denied"
-    assert "sandbox-gateway.internal" in r.json()["reason"]
+    assert r.status_code == 403 and code_of(r.json()) == "policy_denied"
+    assert "sandbox-gateway.internal" in reason_of(r.json())

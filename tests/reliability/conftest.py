@@ -6,12 +6,12 @@ overrides to 127.0.0.1); nothing here dials anything off-box.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.gateway import GatewayThread
+from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.nginx import Nginx
 from helpers.tls import LocalCA
 
@@ -39,7 +39,7 @@ def nginx(test_ca: LocalCA, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     server.stop()
 
 
-GatewayFactory = Callable[..., GatewayThread]
+
 
 
 @pytest.fixture

@@ -1,0 +1,62 @@
+"""The audit record: one builder, the same fields for every decision on every engine.
+
+Allow, report and deny lines carry the same keys (a value the decision did not reach
+is null), so a query over the audit trail never has to know which engine or which
+step wrote a line. Never a token or a secret: the path loses its query string (it can
+carry keys, e.g. Gemini's `?key=`), and reasons are built from fixed sentences.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gateway.tokens import Identity
+
+__all__ = ["FIELDS", "MAX_PATH", "record"]
+
+MAX_PATH = 512
+FIELDS = ("sandbox", "policy", "jti", "client", "listener", "method", "scheme", "host",
+          "port", "path", "decision", "reason", "rule", "status", "error", "bytes_in",
+          "bytes_out", "duration_ms", "path_taken", "engine", "credential", "policy_rev",
+          "usage")
+
+
+def _path_only(path: str | None) -> str | None:
+    return None if path is None else path.split("?", 1)[0][:MAX_PATH]
+
+
+def record(*, identity: Identity | None, client: tuple[str, int] | None, listener: str,
+           method: str | None, scheme: str | None, host: str | None, port: int | None,
+           path: str | None, decision: str, reason: str, rule: str | None,
+           status: int | None, error: str | None, bytes_in: int | None,
+           bytes_out: int | None, started: float, path_taken: str | None, engine: str,
+           credential: str | None = None, policy_rev: str | None = None,
+           usage: dict[str, Any] | None = None, now: float | None = None) -> dict[str, Any]:
+    """One audit line (a dict with exactly FIELDS, in that order)."""
+    end = time.time() if now is None else now
+    return {
+        "sandbox": identity.sandbox if identity else None,
+        "policy": identity.policy if identity else None,
+        "jti": identity.jti if identity else None,
+        "client": f"{client[0]}:{client[1]}" if client else None,
+        "listener": listener,
+        "method": method,
+        "scheme": scheme,
+        "host": host,
+        "port": port,
+        "path": _path_only(path),
+        "decision": decision,
+        "reason": reason,
+        "rule": rule,
+        "status": status,
+        "error": error,
+        "bytes_in": bytes_in,
+        "bytes_out": bytes_out,
+        "duration_ms": round((end - started) * 1000, 3),
+        "path_taken": path_taken,
+        "engine": engine,
+        "credential": credential,
+        "policy_rev": policy_rev,
+        "usage": usage,
+    }

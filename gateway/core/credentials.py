@@ -1,0 +1,172 @@
+"""The credential swap: the sandbox's token out of its carrier, the real key in.
+
+A carrier is a header (`x-api-key`), `Authorization: Bearer`, `Authorization: Basic`
+(the key as password) or a query parameter (`?key=`). Presets list the carriers a
+provider accepts (Anthropic: `x-api-key` or Bearer); the key goes into the carrier the
+client used. `plan()` finds the token and checks it (this sandbox's, credential and
+path in scope) and that the request travels inside TLS — a key never goes over a
+cleartext connection: a plain `http://` request on a credential rule is refused
+(`credential_requires_tls`), not upgraded. `apply()` places the key. Pure functions
+over engine-neutral heads; the value itself comes from the secret cache.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, urlencode
+
+from gateway.core.messages import Headers
+from gateway.core.refusal import Refusal
+from gateway.core.target import Target
+from gateway.policy import Credential, Injection
+from gateway.tokens import Identity, TokenRefused
+
+__all__ = ["TOKEN_PREFIX", "Swap", "apply", "find_token", "plan", "shape_of"]
+
+# Every gateway token starts with this base64url text: its JOSE header `{"alg":"EdDSA","kid":`.
+TOKEN_PREFIX = base64.urlsafe_b64encode(b'{"alg":"EdDSA","kid":').decode()[:28]
+
+_SHAPES = {"openai": "openai", "azure-openai": "openai", "mistral": "openai",
+           "groq": "openai", "openrouter": "openai", "anthropic": "anthropic",
+           "gemini": "gemini"}
+
+
+def shape_of(preset: str | None) -> str | None:
+    """The error-body family of a provider preset (for refusals on its hosts)."""
+    return _SHAPES.get(preset or "")
+
+
+@dataclass(frozen=True, slots=True)
+class Swap:
+    """A checked swap: which credential, in which carrier."""
+
+    credential: Credential
+    carrier: Injection
+
+
+def _authorization(headers: Headers, scheme: str) -> str | None:
+    auth = headers.get("authorization")
+    if auth is None:
+        return None
+    got, _, param = auth.strip().partition(" ")
+    return param.strip() if got.lower() == scheme and param.strip() else None
+
+
+def _query(path: str) -> tuple[str, list[tuple[str, str]]]:
+    base, sep, query = path.partition("?")
+    return base, parse_qsl(query, keep_blank_values=True) if sep else []
+
+
+def _carried(headers: Headers, path: str, carrier: Injection) -> str | None:
+    if carrier.kind == "header":
+        assert carrier.name is not None
+        return headers.get(carrier.name)
+    if carrier.kind == "bearer":
+        return _authorization(headers, "bearer")
+    if carrier.kind == "query":
+        return next((v for k, v in _query(path)[1] if k == carrier.name), None)
+    param = _authorization(headers, "basic")
+    if param is None:
+        return None
+    try:
+        return base64.b64decode(param, validate=True).decode().partition(":")[2]
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+def _clear(headers: Headers, path: str, credential: Credential) -> str:
+    """Remove every carrier of the credential; returns the path without a query carrier."""
+    for carrier in credential.injection.carriers:
+        if carrier.kind == "header":
+            assert carrier.name is not None
+            headers.remove(carrier.name)
+        elif carrier.kind in ("bearer", "basic"):
+            if _authorization(headers, carrier.kind) is not None:
+                headers.remove("authorization")
+        elif carrier.kind == "query":
+            base, pairs = _query(path)
+            if any(k == carrier.name for k, _ in pairs):
+                kept = [(k, v) for k, v in pairs if k != carrier.name]
+                path = base + ("?" + urlencode(kept) if kept else "")
+    return path
+
+
+def plan(credential: Credential, headers: Headers, target: Target, identity: Identity,
+         verify: Callable[[str], Identity], rule: str | None) -> tuple[Swap, str]:
+    """Check the swap and take the token out: returns the swap and the request path
+    without a query carrier. `verify` is `TokenService.verify`. Raises Refusal."""
+    if target.scheme != "https":
+        raise Refusal("credential_requires_tls", f"rule {rule or '?'} injects credential "
+                      f"{credential.name!r}, and a key never travels in cleartext: send "
+                      f"this request over https:// (it went to {target.host} over http)",
+                      rule)
+    if not credential.binds(target.host):
+        raise Refusal("policy_denied", f"credential {credential.name!r} is not bound to "
+                      f"{target.host}; fix the credential's hosts", rule)
+    for carrier in credential.injection.carriers:
+        value = _carried(headers, target.path, carrier)
+        if value:
+            break
+    else:
+        raise Refusal("credential_not_in_scope", f"rule {rule or '?'} injects credential "
+                      f"{credential.name!r}, but the request carries no gateway token where "
+                      "the provider expects its key; set the API key variable to the "
+                      "sandbox token")
+    token = value.strip()
+    try:
+        carried = verify(token)
+    except TokenRefused as refused:
+        raise Refusal(refused.code, f"the token in the {credential.name} credential "
+                      f"carrier: {refused.reason}") from None
+    if carried.sandbox != identity.sandbox:
+        raise Refusal("credential_not_in_scope", "the token in the credential carrier "
+                      "belongs to another sandbox; use this sandbox's own token")
+    if not carried.allows_credential(credential.name, target.path):
+        raise Refusal("credential_not_in_scope", f"the token's scope does not allow "
+                      f"credential {credential.name!r} for this path; mint it with "
+                      f"--scope {credential.name}")
+    path = _clear(headers, target.path, credential)
+    return Swap(credential, carrier), path
+
+
+def apply(swap: Swap, headers: Headers, path: str, key: str) -> str:
+    """Put the real key into the swap's carrier; returns the (possibly new) path."""
+    carrier = swap.carrier
+    if carrier.kind == "header":
+        assert carrier.name is not None
+        headers.set(carrier.name, key)
+    elif carrier.kind == "bearer":
+        headers.set("Authorization", f"Bearer {key}")
+    elif carrier.kind == "basic":
+        raw = f"{carrier.name or ''}:{key}".encode()
+        headers.set("Authorization", "Basic " + base64.b64encode(raw).decode())
+    elif carrier.kind == "query":
+        base, pairs = _query(path)
+        pairs.append((carrier.name or "key", key))
+        path = base + "?" + urlencode(pairs)
+    return path
+
+
+def find_token(headers: Headers, path: str) -> str | None:
+    """A gateway token carried anywhere a provider key goes (headers, Basic, query):
+    how a transparent connection from an unregistered source identifies itself."""
+    candidates = [v for _, v in headers.items()] + [v for _, v in _query(path)[1]]
+    for value in candidates:
+        if TOKEN_PREFIX not in value:
+            scheme, _, param = value.strip().partition(" ")
+            if scheme.lower() != "basic":
+                continue
+            try:
+                value = base64.b64decode(param.strip(), validate=True).decode()
+            except (binascii.Error, UnicodeDecodeError):
+                continue
+            if TOKEN_PREFIX not in value:
+                continue
+            value = value.partition(":")[2]
+        for part in value.replace(",", " ").split():
+            if part.startswith(TOKEN_PREFIX):
+                return part
+    return None

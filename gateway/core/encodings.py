@@ -1,0 +1,145 @@
+"""Streaming content decoders (gzip, deflate, br), bounded.
+
+The core decodes bodies it must read — request bodies for the leak scan, responses
+it must redact — as they stream, never holding more than a chunk. A body whose
+decoded size passes `limit` (a decompression bomb) or that does not decode raises
+`EncodingError`: the caller refuses it (fail closed), because a body it cannot read
+is a body it cannot check. zstd is not decoded (its frames can expand a few bytes
+into gigabytes before a bounded reader could stop): it counts as unknown.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
+
+import brotli
+
+__all__ = ["Decoder", "EncodingError", "decoder_for", "known_encoding"]
+
+DEFAULT_LIMIT = 256 * 1024 * 1024
+_STEP = 256 * 1024  # decoded bytes produced per call into a decompressor
+
+
+class EncodingError(ValueError):
+    """A body that cannot be decoded (unknown coding, corrupt data, over the limit)."""
+
+
+class _Stage(Protocol):
+    def feed(self, data: bytes) -> Iterator[bytes]: ...
+    def end(self) -> Iterator[bytes]: ...
+
+
+class _Zlib:
+    """gzip (wbits 31), deflate as zlib (15) or, as browsers accept, raw deflate (-15).
+    Output comes in pieces of at most _STEP bytes (a bomb never lands in one buffer)."""
+
+    def __init__(self, gzip: bool) -> None:
+        self._name = "gzip" if gzip else "deflate"
+        self._obj = zlib.decompressobj(31) if gzip else None
+        self._head = b""  # deflate: the first two bytes tell zlib-wrapped from raw
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        if self._obj is None:
+            self._head += data
+            if len(self._head) < 2:
+                return
+            data, self._head = self._head, b""
+            wrapped = data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
+            self._obj = zlib.decompressobj(15 if wrapped else -15)
+        while data:
+            try:
+                out = self._obj.decompress(data, _STEP)
+            except zlib.error:
+                raise EncodingError(f"the body is not valid {self._name}") from None
+            data = self._obj.unconsumed_tail
+            if out:
+                yield out
+
+    def end(self) -> Iterator[bytes]:
+        if self._obj is None:
+            if self._head:
+                raise EncodingError(f"truncated {self._name} body")
+            return  # an empty body
+        try:
+            out = self._obj.flush()
+        except zlib.error:
+            raise EncodingError(f"truncated {self._name} body") from None
+        if out:
+            yield out
+
+
+class _Brotli:
+    def __init__(self) -> None:
+        self._obj = brotli.Decompressor()
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        try:
+            out = self._obj.process(data, output_buffer_limit=_STEP)
+            while True:
+                if out:
+                    yield bytes(out)
+                if self._obj.can_accept_more_data():
+                    return
+                out = self._obj.process(b"", output_buffer_limit=_STEP)
+        except brotli.error:
+            raise EncodingError("the body is not valid brotli") from None
+
+    def end(self) -> Iterator[bytes]:
+        return iter(())
+
+
+_STAGES: dict[str, Callable[[], _Stage]] = {
+    "gzip": lambda: _Zlib(True), "x-gzip": lambda: _Zlib(True),
+    "deflate": lambda: _Zlib(False), "br": _Brotli}
+
+
+def known_encoding(header: str | None) -> bool:
+    """True if every coding in a Content-Encoding value can be decoded here."""
+    return all(c in _STAGES or c == "identity" for c in _codings(header))
+
+
+def _codings(header: str | None) -> list[str]:
+    return [c.strip().lower() for c in (header or "").split(",") if c.strip()]
+
+
+class Decoder:
+    """Decodes a body with the codings of one Content-Encoding header, as it streams."""
+
+    def __init__(self, stages: list[_Stage], limit: int) -> None:
+        self._stages = stages
+        self._limit = limit
+        self.produced = 0
+
+    def _through(self, pieces: Iterable[bytes], start: int) -> Iterator[bytes]:
+        for piece in pieces:
+            if start == len(self._stages):
+                self.produced += len(piece)
+                if self.produced > self._limit:
+                    raise EncodingError(f"the body decodes to more than {self._limit} bytes")
+                yield piece
+            else:
+                yield from self._through(self._stages[start].feed(piece), start + 1)
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        """Decoded pieces of `data` (each at most 256 KiB)."""
+        return self._through([data], 0)
+
+    def end(self) -> Iterator[bytes]:
+        """What the decoders still hold at the end of the body."""
+        for i, stage in enumerate(self._stages):
+            yield from self._through(stage.end(), i + 1)
+
+
+def decoder_for(header: str | None, limit: int = DEFAULT_LIMIT) -> Decoder | None:
+    """A decoder for a Content-Encoding value; None for no coding (identity).
+    Raises EncodingError for a coding this gateway cannot decode."""
+    codings = [c for c in _codings(header) if c != "identity"]
+    if not codings:
+        return None
+    unknown = [c for c in codings if c not in _STAGES]
+    if unknown:
+        raise EncodingError(f"unknown content coding {unknown[0][:40]!r}")
+    # Codings are listed in the order they were applied: undo them last to first.
+    return Decoder([_STAGES[c]() for c in reversed(codings)], limit)

@@ -1,0 +1,216 @@
+"""Leak detection (tokens and keys going where they must not) and echo redaction.
+
+**Detection** looks for byte markers of every sensitive value in every part of a
+request a leak can hide in: the request line, header fields (also all values joined,
+so a value split over two headers is seen whole), body chunks as they stream (a
+window keeps the tail of the previous chunk), trailers and WebSocket messages.
+Markers cover the common encodings: raw, base64 (standard and URL-safe, at each byte
+alignment, so a value inside a longer base64 blob such as Basic auth is found), hex
+and base32. Before matching, the data is put in canonical form — `%XX` (also
+double-encoded) and JSON `\\u00XX` escapes decoded, all lowercased — and so are the
+markers, which covers URL-encoding, JSON escaping and swapped case. Compressed bodies
+are decoded first (`encodings`).
+
+The sensitive values of a gateway token are its constant JOSE header prefix, the
+constant start of its claims (issuer and audience), and the payload and signature of
+the sandbox's own token: the header is public, so a token sent without it
+(`payload.signature`) is still a live credential. Content scanning cannot see a token
+cut into many small pieces or re-encoded in a private way; token binding
+(`tokens: … cidr`) is the defence that holds then.
+
+**Redaction** replaces an injected key an upstream echoes back by `[REDACTED]` in a
+response stream, chunk by chunk, holding back only a tail that could start a key.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import re
+from collections.abc import Iterable
+
+__all__ = [
+    "REDACTED",
+    "LeakScan",
+    "Redactor",
+    "StreamScan",
+    "canonical",
+    "constant_token_markers",
+    "sensitive_markers",
+    "token_markers",
+]
+
+REDACTED = b"[REDACTED]"
+_MIN_FRAGMENT = 12  # bytes of a value a base64/base32 fragment must cover to be a marker
+_PERCENT = re.compile(rb"%([0-9A-Fa-f]{2})")
+_JSON_U = re.compile(rb"\\u00([0-9A-Fa-f]{2})")
+_EXPANSION = 6  # longest canonical-form expansion of one byte (`\u00XX`)
+
+
+def _pct(match: re.Match[bytes]) -> bytes:
+    return bytes([int(match.group(1), 16)])
+
+
+def canonical(data: bytes) -> bytes:
+    """`data` as markers are matched: %XX (twice) and `\\u00XX` decoded, lowercased."""
+    for _ in range(3):
+        if b"%" not in data:
+            break
+        decoded = _PERCENT.sub(_pct, data)
+        if decoded == data:
+            break
+        data = decoded
+    if b"\\" in data:
+        data = _JSON_U.sub(_pct, data).replace(b"\\/", b"/")
+    return data.lower()
+
+
+def sensitive_markers(value: bytes) -> frozenset[bytes]:
+    """Canonical markers of `value` in the encodings a client could use."""
+    found = {value, value.hex().encode()}
+    for encode in (base64.b64encode, base64.urlsafe_b64encode):
+        full = encode(value)
+        found.update((full, full.rstrip(b"=")))
+        for skip in (0, 1, 2):
+            core = value[skip:]
+            core = core[: len(core) - len(core) % 3]
+            if len(core) >= _MIN_FRAGMENT:
+                found.add(encode(core))
+    full32 = base64.b32encode(value)
+    found.update((full32, full32.rstrip(b"=")))
+    for skip in range(5):
+        core = value[skip:]
+        core = core[: len(core) - len(core) % 5]
+        if len(core) >= _MIN_FRAGMENT:
+            found.add(base64.b32encode(core))
+    return frozenset(m.lower() for m in found if m)
+
+
+@functools.lru_cache(maxsize=8)
+def constant_token_markers(issuer: str) -> frozenset[bytes]:
+    """Markers every gateway token of `issuer` carries: the start of its JOSE header
+    (PyJWT sorts header keys: `{"alg":"EdDSA","kid":`) and of its claims
+    (`{"iss":issuer,"aud":"sandbox-gateway",`), each as the base64url text a token
+    holds — so also a token whose header was cut off."""
+    header = b'{"alg":"EdDSA","kid":'
+    claims = json.dumps({"iss": issuer, "aud": "sandbox-gateway"},
+                        separators=(",", ":")).encode()[:-1] + b","
+    out: set[bytes] = set()
+    for start in (header, claims):
+        whole = start[: len(start) - len(start) % 3]  # whole base64 groups only
+        text = base64.urlsafe_b64encode(whole)
+        out |= sensitive_markers(text)
+    return frozenset(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def token_markers(token: str, issuer: str) -> frozenset[bytes]:
+    """Markers of one token: the constant ones plus its own payload and signature."""
+    out = set(constant_token_markers(issuer))
+    for segment in token.split(".")[1:]:
+        if len(segment) >= _MIN_FRAGMENT:
+            out |= sensitive_markers(segment.encode("ascii", "replace"))
+    return frozenset(out)
+
+
+class LeakScan:
+    """One request's markers: `tokens` (never allowed anywhere but the credential
+    carrier, which is emptied before scanning) and `secrets` (keys not bound to the
+    request's destination)."""
+
+    __slots__ = ("keep", "secrets", "tokens")
+
+    def __init__(self, tokens: Iterable[bytes], secrets: Iterable[bytes] = ()) -> None:
+        self.tokens = tuple(sorted(set(tokens), key=len))
+        self.secrets = tuple(sorted(set(secrets), key=len))
+        longest = max((len(m) for m in (*self.tokens, *self.secrets)), default=1)
+        self.keep = longest * _EXPANSION
+
+    def find(self, data: bytes) -> str | None:
+        """`token`, `secret` or None for raw `data` (canonicalised here)."""
+        if not data:
+            return None
+        text = canonical(data)
+        for marker in self.tokens:
+            if marker in text:
+                return "token"
+        for marker in self.secrets:
+            if marker in text:
+                return "secret"
+        return None
+
+    def head(self, method: str, target: str, fields: Iterable[tuple[bytes, bytes]]) -> str | None:
+        """Scan a request head: line, fields, and every value joined (split values)."""
+        fields = list(fields)
+        parts = [method.encode("latin-1"), b" ", target.encode("utf-8", "surrogateescape"),
+                 b"\n"]
+        for name, value in fields:
+            parts += [name, b": ", value, b"\n"]
+        parts.append(b"".join(value for _, value in fields))
+        return self.find(b"".join(parts))
+
+    def stream(self) -> StreamScan:
+        return StreamScan(self)
+
+
+class StreamScan:
+    """Scans a stream of chunks; a marker split across two chunks is still found."""
+
+    __slots__ = ("_scan", "_tail")
+
+    def __init__(self, scan: LeakScan) -> None:
+        self._scan = scan
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> str | None:
+        window = self._tail + chunk if self._tail else chunk
+        found = self._scan.find(window)
+        keep = self._scan.keep
+        self._tail = window[-keep:] if len(window) > keep else window
+        return found
+
+
+class Redactor:
+    """A response-stream filter replacing a secret (all `variants`) by [REDACTED]."""
+
+    def __init__(self, variants: Iterable[bytes]) -> None:
+        self.variants = tuple(sorted(set(variants), key=len, reverse=True))
+        self._prefixes = _prefixes(self.variants)
+        self._longest = len(self.variants[0]) if self.variants else 0
+        self._held = b""
+        self.redactions = 0
+
+    def redact(self, data: bytes) -> bytes:
+        """Replace every occurrence in a complete byte string."""
+        for v in self.variants:
+            if v in data:
+                self.redactions += data.count(v)
+                data = data.replace(v, REDACTED)
+        return data
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Filter one streamed chunk; a tail that could start a secret is held back."""
+        data = self.redact(self._held + chunk)
+        keep = self._partial_tail(data)
+        self._held = data[len(data) - keep:] if keep else b""
+        return data[: len(data) - keep]
+
+    def end(self) -> bytes:
+        """Release what was held back (end of the stream)."""
+        held, self._held = self._held, b""
+        return self.redact(held)
+
+    def _partial_tail(self, data: bytes) -> int:
+        """Length of the longest tail of `data` that is a proper prefix of a variant."""
+        prefixes = self._prefixes
+        for n in range(min(self._longest - 1, len(data)), 0, -1):
+            if data[-n:] in prefixes:
+                return n
+        return 0
+
+
+@functools.lru_cache(maxsize=256)
+def _prefixes(variants: tuple[bytes, ...]) -> frozenset[bytes]:
+    """Every proper prefix of every variant (computed once per secret)."""
+    return frozenset(v[:n] for v in variants for n in range(1, len(v)))

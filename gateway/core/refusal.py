@@ -1,0 +1,188 @@
+"""Refusals: fixed codes, one status each, rendered the same way by every engine.
+
+A `Refusal` says what was refused (`code`), why and what to change (`reason`), and by
+which rule (`file:line`). Reasons are built only from fixed sentences, policy names,
+hosts and paths — never from bytes an upstream sent (an upstream may echo a key) and
+never from a token or secret. `answer()` renders a refusal once into an `Answer`
+(status, reason phrase, headers, body) that the HTTP/1 engine writes as bytes and the
+mitmproxy adapter turns into its own response object, for HTTP/1 and HTTP/2 alike.
+
+What a client shows:
+- the JSON body `{"error": code, "reason": …, "rule": …, "hint": …}` plus
+  `X-Sandbox-Gateway-Error: code`; on hosts of a provider preset the body takes the
+  provider's error shape (OpenAI, Anthropic, Gemini), so the official SDKs surface
+  the reason to the agent instead of a bare status;
+- the reason phrase `<code>: <reason>` (requests and pip print only the status line
+  of a refused CONNECT: "Tunnel connection failed: 403 policy_denied: …");
+- `Proxy-Status` (RFC 9209) naming the gateway, the error type and the details.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from gateway.core.messages import Headers
+
+__all__ = [
+    "ERROR_HEADER",
+    "GATEWAY_ERROR",
+    "Answer",
+    "Refusal",
+    "answer",
+    "status_of",
+    "to_http1",
+]
+
+ERROR_HEADER = "X-Sandbox-Gateway-Error"
+AGENT_HINT = ("refused by the sandbox's egress gateway; retrying the same request another "
+              "way (another host, address, proxy setting or encoding) is refused too")
+
+# code -> (status, RFC 9209 error type)
+_CODES: dict[str, tuple[int, str]] = {
+    "auth_required": (407, "http_request_denied"),
+    "sandbox_mismatch": (407, "http_request_denied"),
+    "unknown_sandbox": (407, "http_request_denied"),
+    "unknown_policy": (403, "http_request_denied"),
+    "policy_denied": (403, "http_request_denied"),
+    "host_mismatch": (403, "http_request_denied"),
+    "forbidden_destination": (403, "destination_ip_prohibited"),
+    "bad_destination": (403, "destination_not_found"),
+    "credential_not_in_scope": (403, "http_request_denied"),
+    "credential_requires_tls": (403, "http_request_denied"),
+    "exfiltration_blocked": (403, "http_request_denied"),
+    "model_not_allowed": (403, "http_request_denied"),
+    "budget_exceeded": (429, "http_request_denied"),
+    "too_many_connections": (429, "http_request_denied"),
+    "bad_request": (400, "http_request_error"),
+    "unsupported": (501, "http_request_error"),
+    "upstream_failed": (502, "destination_unavailable"),
+    "unresolvable": (502, "dns_error"),
+    "upstream_timeout": (504, "connection_read_timeout"),
+    "secret_unavailable": (503, "proxy_internal_error"),
+    "credential_unavailable": (503, "proxy_internal_error"),
+    "shutting_down": (503, "proxy_internal_error"),
+    "at_capacity": (503, "proxy_internal_error"),
+    "gateway_error": (500, "proxy_internal_error"),
+}
+_PHRASES = {400: "Bad Request", 403: "Forbidden", 407: "Proxy Authentication Required",
+            429: "Too Many Requests", 500: "Internal Server Error", 501: "Not Implemented",
+            502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+
+
+def status_of(code: str) -> int:
+    """The HTTP status of a refusal code (token_* codes are 407: a token problem)."""
+    if code.startswith("token_"):
+        return 407
+    return _CODES.get(code, (403, ""))[0]
+
+
+class Refusal(Exception):
+    """A refused request or connection. `retry_after`: seconds, for 429/503 answers.
+
+    A plain exception class (not a frozen dataclass: Python must be able to set
+    `__traceback__` when it is raised through context managers)."""
+
+    def __init__(self, code: str, reason: str, rule: str | None = None,
+                 retry_after: int | None = None) -> None:
+        super().__init__(code, reason)
+        self.code = code
+        self.reason = reason
+        self.rule = rule
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.reason}"
+
+    @property
+    def status(self) -> int:
+        return status_of(self.code)
+
+
+GATEWAY_ERROR = Refusal(
+    "gateway_error",
+    "the gateway failed while checking this request and refused it (fail closed); "
+    "the gateway log has the details",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A response the gateway makes itself (a refusal, or the sandbox-facing API)."""
+
+    status: int
+    reason: str
+    headers: Headers
+    body: bytes
+    close: bool = False
+
+
+def _phrase(text: str) -> str:
+    """A reason phrase: printable ASCII only, no CR/LF, bounded."""
+    clean = "".join(c if " " <= c <= "~" else "?" for c in text)
+    return clean[:300]
+
+
+def _sf_string(text: str) -> str:
+    """An RFC 8941 sf-string (for Proxy-Status details)."""
+    clean = "".join(c if " " <= c <= "~" else "?" for c in text)[:500]
+    return '"' + clean.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _body(refusal: Refusal, status: int, shape: str | None) -> bytes:
+    message = f"{refusal.code}: {refusal.reason} ({AGENT_HINT})"
+    if shape == "openai":
+        kind = ("invalid_request_error" if status == 400 else
+                "authentication_error" if status in (401, 407) else
+                "rate_limit_error" if status == 429 else
+                "api_error" if status >= 500 else "permission_error")
+        doc: object = {"error": {"message": message, "type": kind, "code": refusal.code,
+                                 "param": None, "rule": refusal.rule}}
+    elif shape == "anthropic":
+        kind = ("invalid_request_error" if status == 400 else
+                "authentication_error" if status in (401, 407) else
+                "rate_limit_error" if status == 429 else
+                "api_error" if status >= 500 else "permission_error")
+        doc = {"type": "error", "error": {"type": kind, "message": message,
+                                          "code": refusal.code, "rule": refusal.rule}}
+    elif shape == "gemini":
+        grpc = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 407: "UNAUTHENTICATED",
+                429: "RESOURCE_EXHAUSTED", 504: "DEADLINE_EXCEEDED", 500: "INTERNAL",
+                501: "UNIMPLEMENTED"}.get(status, "UNAVAILABLE" if status >= 500
+                                          else "PERMISSION_DENIED")
+        doc = {"error": {"code": status, "message": message, "status": grpc,
+                         "details": [{"reason": refusal.code, "rule": refusal.rule}]}}
+    else:
+        doc = {"error": refusal.code, "reason": refusal.reason, "rule": refusal.rule,
+               "hint": AGENT_HINT}
+    return json.dumps(doc).encode() + b"\n"
+
+
+def answer(refusal: Refusal, *, shape: str | None = None, close: bool = False) -> Answer:
+    """Render `refusal` (`shape`: the provider preset family of the target, if any)."""
+    status = refusal.status
+    body = _body(refusal, status, shape)
+    error_type = _CODES.get(refusal.code, (0, "http_request_denied"))[1] or \
+        "http_request_denied"
+    headers = Headers.of(
+        ("Content-Type", "application/json"),
+        (ERROR_HEADER, refusal.code),
+        ("Proxy-Status", f"sandbox-gateway; error={error_type}; "
+                         f"details={_sf_string(f'{refusal.code}: {refusal.reason}')}"),
+        ("Cache-Control", "no-store"),
+    )
+    if status == 407:
+        headers.set("Proxy-Authenticate", 'Basic realm="sandbox-gateway"')
+        close = True
+    if refusal.retry_after is not None:
+        headers.set("Retry-After", str(max(0, int(refusal.retry_after))))
+    headers.set("Content-Length", str(len(body)))
+    headers.set("Connection", "close" if close else "keep-alive")
+    return Answer(status, _phrase(f"{refusal.code}: {refusal.reason}"), headers, body, close)
+
+
+def to_http1(ans: Answer, version: str = "HTTP/1.1") -> bytes:
+    """The wire bytes of an answer on HTTP/1."""
+    lines = [f"{version} {ans.status} {ans.reason}".encode("latin-1")]
+    lines += [k + b": " + v for k, v in ans.headers.fields]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + ans.body

@@ -1,0 +1,3 @@
+"""Engines: each translates one way of carrying traffic into calls to the core and applies
+the answers (front door and splice, the HTTP/1 engine, the mitmproxy adapter,
+transparent mode). None of them decides anything."""

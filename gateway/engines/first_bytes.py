@@ -1,0 +1,54 @@
+"""What a connection's first bytes are: a TLS ClientHello (server name, ALPN), an HTTP
+request head (Host), or something else — read once, by the doors, for the gate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mitmproxy.net.tls import starts_like_tls_record
+from mitmproxy.proxy.layers.tls import parse_client_hello
+
+__all__ = ["MAX_FIRST", "FirstBytes", "classify"]
+
+MAX_FIRST = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class FirstBytes:
+    """`kind`: tls, http or tcp. `name`: the SNI (tls) or Host header (http)."""
+
+    kind: str
+    name: str | None = None
+    alpn: tuple[bytes, ...] = ()
+
+    @property
+    def http1(self) -> bool:
+        """TLS that the HTTP/1 engine can serve: HTTP/1.1 offered, or no ALPN at all."""
+        return not self.alpn or b"http/1.1" in self.alpn
+
+
+def classify(data: bytes, *, http: bool = True) -> FirstBytes | None:
+    """Classify a connection's first bytes; None while more are needed. A broken
+    ClientHello is `tls` without a name; bytes that start neither TLS nor (with
+    `http`) an HTTP request line are `tcp`."""
+    if len(data) < 3:
+        return None
+    if starts_like_tls_record(data):
+        try:
+            hello = parse_client_hello(data)
+        except ValueError:
+            return FirstBytes("tls")
+        if hello is None:
+            return None if len(data) < MAX_FIRST else FirstBytes("tls")
+        return FirstBytes("tls", hello.sni, tuple(hello.alpn_protocols))
+    if http and data[:3].isalpha():
+        head, sep, _ = data.partition(b"\r\n\r\n")
+        if not sep:
+            return None if len(data) < MAX_FIRST else FirstBytes("http")
+        for line in head.split(b"\r\n")[1:]:
+            key, _, value = line.partition(b":")
+            if key.strip().lower() == b"host":
+                return FirstBytes("http", value.strip().decode("latin-1"))
+        return FirstBytes("http")
+    return FirstBytes("tcp")

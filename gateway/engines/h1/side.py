@@ -1,0 +1,190 @@
+"""One side of an HTTP/1 exchange: a transport, optionally TLS, and its receive buffer.
+
+The serving coroutine reads plaintext from `buf` (h11's receive buffer) and awaits
+`more()`; the protocol callbacks fill it. Writes are gathered and encrypted together
+when the coroutine is about to wait (a small exchange costs one TLS record and one
+write per direction) or once 64 KiB are pending, and honour the transport's flow
+control. Every wait has a deadline: the engine's sweeper (one timer for all
+connections) fails a wait past its deadline with `TimeoutError`, so no per-wait timer
+is armed on the hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections.abc import Callable
+
+from gateway.core.addresses import Pinned
+from gateway.engines.patches import ReceiveBuffer
+from gateway.net.resolver import pin
+from gateway.net.tls import TlsClosed, TlsPump
+
+HIGH_WATER = 1024 * 1024
+OUT_LIMIT = 64 * 1024
+
+
+class Side(asyncio.Protocol):
+    """See the module docstring."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.tls: TlsPump | None = None
+        self.buf = ReceiveBuffer()
+        self.eof = False
+        self.lost = False
+        self.error: BaseException | None = None
+        self.received = 0  # bytes of plaintext received in all (progress for retries)
+        self._waiter: asyncio.Future[None] | None = None
+        self.deadline = 0.0  # monotonic; the sweeper fails a wait past it
+        self._drain: asyncio.Future[None] | None = None
+        self._paused = False
+        self._out: list[bytes | memoryview] = []
+        self._out_size = 0
+        self.partner: Side | None = None  # the other side (its writes flush with ours)
+        self.on_lost: Callable[[], None] | None = None
+
+    # transport events
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=HIGH_WATER)
+
+    def data_received(self, data: bytes) -> None:
+        if self.tls is not None:
+            try:
+                data = self.tls.feed(data)
+            except (TlsClosed, ssl.SSLError) as exc:
+                self._end(exc)
+                return
+        if data:
+            self.received += len(data)
+            self.buf += data
+            if len(self.buf) > HIGH_WATER and self.transport is not None:
+                self._paused = True
+                self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool | None:
+        self._end(None)
+        return True  # keep the write side: the response may still be going out
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self._end(exc)
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+        if self.on_lost is not None:
+            self.on_lost()
+
+    def pause_writing(self) -> None:
+        self._drain = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+        self._drain = None
+
+    def _end(self, exc: BaseException | None) -> None:
+        self.eof = True
+        if exc is not None and self.error is None and not isinstance(exc, TlsClosed):
+            self.error = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def expire(self, now: float) -> None:
+        """Called by the sweeper: fail a wait whose deadline has passed."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done() and now >= self.deadline:
+            self._waiter = None
+            waiter.set_exception(TimeoutError())
+
+    # for the coroutine
+    async def more(self, timeout: float) -> None:
+        """Wait for more plaintext (or the end), at most `timeout` seconds (TimeoutError);
+        what both sides gathered goes out first."""
+        self.flush()
+        if self.partner is not None:
+            self.partner.flush()
+        if self.eof:
+            return
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        self.deadline = time.monotonic() + timeout
+        self._waiter = asyncio.get_running_loop().create_future()
+        await self._waiter
+
+    async def send(self, data: bytes | memoryview) -> None:
+        """Queue plaintext for this side (see the module docstring for when it goes)."""
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionResetError("connection closed")
+        self._out.append(data)
+        self._out_size += len(data)
+        if self._out_size >= OUT_LIMIT:
+            self.flush()
+            if self._drain is not None:
+                await self._drain
+
+    def flush(self) -> None:
+        """Encrypt (if TLS) and write what is queued."""
+        if not self._out:
+            return
+        out, self._out, self._out_size = self._out, [], 0
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        if self.tls is not None:
+            self.tls.send(data)
+        else:
+            transport.write(data)
+
+    def write_raw(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        if self.transport is not None and not self.transport.is_closing():
+            if self.tls is not None and self.tls.established:
+                self.tls.close()
+            self.transport.close()
+
+
+class Upstream(Side):
+    """The upstream half: dialled to the pinned address; over TLS the server
+    certificate is verified against public roots plus `network.upstream_ca`."""
+
+    reused = False  # set once it has served a request (a failure then may be a stale close)
+    key: tuple[object, ...] = ()  # (address, host, tls): what this connection can serve
+
+    @classmethod
+    async def open(cls, pinned: Pinned, context: ssl.SSLContext | None, *,
+                   timeout: float) -> Upstream:
+        side = cls()
+        pin(pinned)  # the address dialled is the one that was checked
+        ip, port = pinned.address
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout):
+                await loop.create_connection(lambda: side, ip, port)
+                if context is not None:
+                    assert side.transport is not None
+                    side.tls = TlsPump(context, side.write_raw, server_side=False,
+                                       server_hostname=pinned.host)
+                    side.tls.start()
+                    while not side.tls.established:
+                        if side.eof:
+                            raise side.error or ConnectionResetError(
+                                "the upstream closed the connection during the TLS handshake")
+                        await side.more(timeout)
+        except BaseException:
+            side.close()
+            raise
+        return side

@@ -1,0 +1,463 @@
+"""The mitmproxy engine: mitmproxy's flows translated into calls to the gate.
+
+mitmproxy serves what the gateway's own engines do not: HTTP/2 (tunnels whose
+ClientHello offers only h2, handed over by the doors with the client already
+admitted), and everything when `network.intercept: mitmproxy` runs it as the only
+engine (CONNECT, plain proxy requests, passthrough, HTTP/1, HTTP/2, WebSocket,
+transparent mode). This adapter is the one addon that talks to the gate: it turns
+`HTTPFlow`s into `RequestHead`s and answers into responses, and decides nothing.
+
+**Fail closed, at one boundary.** mitmproxy logs and swallows exceptions raised in
+addon hooks (a crash in `http_connect` would answer 200, in `requestheaders` forward
+the request, in `server_connect` dial anyway). Every hook of this adapter is installed
+through `_guarded`, which turns any exception into a refusal of what the hook was
+handling; no hook can be added without it. **Only an admitted destination is
+dialled**: `server_connect` pins the address the gate checked for that client and
+refuses any other.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from mitmproxy import connection, http, tcp
+from mitmproxy.addons.next_layer import NextLayer
+from mitmproxy.proxy import commands, events, layer, server_hooks
+from mitmproxy.proxy.context import Context
+from mitmproxy.proxy.layers import HttpLayer, TCPLayer, modes
+from mitmproxy.proxy.layers.http import HttpStream
+
+from gateway.core.exchange import Exchange, no_body
+from gateway.core.gate import Client, Gate, Refused
+from gateway.core.messages import Headers, RequestHead, ResponseHead
+from gateway.core.names import DestinationError, normalize_host
+from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal, answer, to_http1
+from gateway.engines import patches
+from gateway.engines.first_bytes import FirstBytes, classify
+from gateway.net.resolver import pin
+
+log = logging.getLogger("sandbox_gateway")
+
+EXCHANGE = "sandbox_gateway.exchange"
+BUFFER_LIMIT = 1024 * 1024  # mitmproxy's stream_large_bodies: larger bodies stream
+ANSWERED = "sandbox_gateway.answered"
+
+
+class RefuseLayer(layer.Layer):
+    """Closes the client connection at once (bytes a tunnel may not carry)."""
+
+    def __init__(self, context: Context, reason: str) -> None:
+        super().__init__(context)
+        self.reason = reason
+        self.closed = False
+
+    def _handle_event(self, event: events.Event) -> Any:
+        if not self.closed:
+            self.closed = True
+            yield commands.Log(f"refused tunnel bytes: {self.reason}", logging.INFO)
+            yield commands.CloseConnection(self.context.client)
+
+
+def error_page(status: int, message: str) -> bytes:
+    """mitmproxy's own HTTP/1 error answers (upstream unreachable, bad request), in the
+    gateway's shape. The message can quote what the upstream sent (an echoed key among
+    it): it goes to the log, the answer says only what kind of failure it was."""
+    return to_http1(answer(_page_refusal(status, message), close=True))
+
+
+def error_body(status: int, message: str) -> bytes:
+    """The body of mitmproxy's HTTP/2 error answers, likewise."""
+    return answer(_page_refusal(status, message)).body
+
+
+def _page_refusal(status: int, message: str) -> Refusal:
+    if "refused: " in message:  # the adapter's own server_connect refusal (its own words)
+        return Refusal("forbidden_destination", message.split("refused: ", 1)[1][:300])
+    if "sandbox-gateway refused" in message:  # the loop's backstop (its own words too)
+        return Refusal("forbidden_destination",
+                       "sandbox-gateway refused" + message.split("sandbox-gateway refused",
+                                                                 1)[1][:300])
+    log.info("mitmproxy answered %d: %s", status, message[:300])
+    if status == 400:
+        return Refusal("bad_request", "the request could not be parsed as HTTP")
+    if status == 504:
+        return Refusal("upstream_timeout", "the upstream did not answer in time")
+    if status >= 500:
+        return Refusal("upstream_failed", "the upstream could not be reached or answered "
+                       "with something that is not valid HTTP; check that it is up and, for "
+                       "TLS, that its certificate is valid (network.upstream_ca adds CAs)")
+    return Refusal("gateway_error", "the gateway could not serve this request")
+
+
+def to_response(ans: Answer) -> http.Response:
+    response = http.Response.make(ans.status, ans.body, ans.headers.fields)
+    response.reason = ans.reason
+    return response
+
+
+def _refuse_target(target: object) -> None:
+    """What a failed hook leaves behind: a refusal of the thing it was handling."""
+    if isinstance(target, http.HTTPFlow):
+        if target.response is None:
+            target.response = to_response(answer(GATEWAY_ERROR, close=True))
+            target.metadata[ANSWERED] = True
+        elif target.killable:
+            target.kill()  # an upstream response is under way: cut it off
+    elif isinstance(target, server_hooks.ServerConnectionHookData):
+        target.server.error = "refused: gateway error while checking the destination"
+    elif isinstance(target, layer.NextLayer):
+        target.layer = RefuseLayer(target.context, "gateway error while choosing the layer")
+    elif isinstance(target, tcp.TCPFlow):
+        target.kill()
+
+
+def _guarded(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """The adapter's one fail-closed boundary (see the module docstring)."""
+    if inspect.iscoroutinefunction(hook):
+        @functools.wraps(hook)
+        async def async_wrapper(self: Adapter, target: object) -> None:
+            try:
+                await hook(self, target)
+            except Exception:
+                log.exception("mitmproxy hook %s failed; refusing (fail closed)", hook.__name__)
+                _refuse_target(target)
+
+        return async_wrapper
+
+    @functools.wraps(hook)
+    def wrapper(self: Adapter, target: object) -> None:
+        try:
+            hook(self, target)
+        except Exception:
+            log.exception("mitmproxy hook %s failed; refusing (fail closed)", hook.__name__)
+            _refuse_target(target)
+
+    return wrapper
+
+
+def _tunnel_start(context: Context) -> bool:
+    """The first layer inside a CONNECT tunnel of the regular proxy."""
+    layers = context.layers
+    return (len(layers) == 3 and isinstance(layers[0], modes.HttpProxy)
+            and isinstance(layers[1], HttpLayer) and isinstance(layers[2], HttpStream))
+
+
+def _transparent_start(context: Context) -> bool:
+    return len(context.layers) == 1 and isinstance(context.layers[0], modes.TransparentProxy)
+
+
+class Adapter(NextLayer):
+    """See the module docstring. Also mitmproxy's layer chooser (`nextlayer`): the
+    gate's passthrough decision must come before mitmproxy picks TLS interception."""
+
+    name = "nextlayer"  # proxyserver looks the layer chooser up by this name
+
+    def __init__(self, gate: Gate, handoffs: dict[tuple[str, int], Client]) -> None:
+        super().__init__()
+        self.gate = gate
+        self.handoffs = handoffs
+        self.clients: dict[str, Client] = {}
+        self.exchanges: set[Exchange] = set()  # in flight (what a drain waits for)
+
+    def in_flight(self) -> int:
+        self.exchanges = {ex for ex in self.exchanges if not ex.done}
+        return len(self.exchanges)
+
+    def _client(self, conn: connection.Client) -> Client:
+        client = self.clients.get(conn.id)
+        if client is None:  # not seen connecting (cannot happen): a fresh, unknown client
+            client = self.clients[conn.id] = self._new_client(conn)
+        return client
+
+    def _new_client(self, conn: connection.Client) -> Client:
+        peer = conn.peername or ("?", 0)
+        key = (str(peer[0]), int(peer[1]))
+        handed = self.handoffs.pop(key, None)
+        if handed is not None:
+            return handed
+        transparent = conn.proxy_mode.type_name == "transparent"
+        client = Client(key, "transparent" if transparent else "proxy", "mitmproxy")
+        try:
+            self.gate.opened(client)
+        except Refused as refused:
+            conn.error = refused.refusal.reason  # mitmproxy closes the connection
+        return client
+
+    # -- connections -----------------------------------------------------------------------
+
+    def _on_client_connected(self, conn: connection.Client) -> None:
+        self.clients[conn.id] = self._new_client(conn)
+
+    def _on_client_disconnected(self, conn: connection.Client) -> None:
+        client = self.clients.pop(conn.id, None)
+        if client is not None:
+            try:
+                self.gate.tunnel_closed(client, None, None)
+            finally:
+                self.gate.closed(client)
+
+    async def _on_http_connect(self, flow: http.HTTPFlow) -> None:
+        client = self._client(flow.client_conn)
+        if client.tunnel is not None:
+            return  # admitted by a door before the hand-off; mitmproxy's 200 is dropped
+        auth = flow.request.headers.get("Proxy-Authorization")
+        authority = flow.request.authority or f"{flow.request.host}:{flow.request.port}"
+        try:
+            await self.gate.connect(client, authority, auth)
+        except Refused as refused:
+            flow.response = to_response(refused.answer)
+            flow.metadata[ANSWERED] = True
+
+    async def _on_next_layer(self, nextlayer: layer.NextLayer) -> None:
+        if nextlayer.layer is not None:
+            return
+        context = nextlayer.context
+        if _tunnel_start(context):
+            client = self._client(context.client)
+            tunnel = client.tunnel
+            if tunnel is None:
+                nextlayer.layer = RefuseLayer(context, "tunnel without a decision")
+                return
+            if tunnel.tcp:
+                nextlayer.layer = TCPLayer(context, ignore=True)
+                return
+            first = classify(nextlayer.data_client(), http=False)
+            if first is None:
+                return  # wait for the whole ClientHello
+            try:
+                self.gate.check_hello(client, first.name, tls=first.kind == "tls")
+            except Refused as refused:
+                nextlayer.layer = RefuseLayer(context, refused.refusal.reason)
+                return
+            if tunnel.passthrough:
+                nextlayer.layer = TCPLayer(context, ignore=True)
+                return
+        elif _transparent_start(context):
+            client = self._client(context.client)
+            if client.tunnel is None:
+                first = classify(nextlayer.data_client())
+                if first is None:
+                    return
+                if not await self._admit_transparent(nextlayer, client, first):
+                    return
+            assert client.tunnel is not None
+            if client.tunnel.passthrough:
+                nextlayer.layer = TCPLayer(context, ignore=True)
+                return
+        NextLayer.next_layer(self, nextlayer)  # mitmproxy's own choice (TLS, HTTP)
+
+    async def _admit_transparent(self, nextlayer: layer.NextLayer, client: Client,
+                                 first: FirstBytes) -> bool:
+        context = nextlayer.context
+        assert context.server.address is not None
+        orig = (normalize_host(str(context.server.address[0])),
+                int(context.server.address[1]))
+        try:
+            if client.identity is None:
+                self.gate.identify_registered(client)
+            await self.gate.open_transparent(client, orig, first.kind, first.name)
+        except Refused as refused:
+            nextlayer.layer = RefuseLayer(context, refused.refusal.reason)
+            return False
+        except Refusal as refusal:
+            self.gate.refuse(client, refusal, host=orig[0], port=orig[1])
+            nextlayer.layer = RefuseLayer(context, refusal.reason)
+            return False
+        return True
+
+    # -- requests ------------------------------------------------------------------------
+
+    async def _on_requestheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None:
+            return
+        client = self._client(flow.client_conn)
+        req = flow.request
+        auth = req.headers.get("Proxy-Authorization")
+        h2 = req.is_http2 or req.is_http3
+        if h2:
+            target, authority, scheme = req.path, req.authority or None, req.scheme
+        elif req.data.authority:  # absolute-form
+            target = f"{req.scheme}://{req.authority}{req.path}"
+            authority, scheme = None, None
+        else:
+            target, authority, scheme = req.path, None, None
+        head = RequestHead(req.method, target, Headers(req.headers.fields),
+                           "HTTP/2.0" if h2 else req.http_version, authority, scheme)
+        result = await self.gate.begin(client, head, tls=flow.client_conn.tls_established,
+                                       proxy_authorization=auth)
+        if isinstance(result, Answer):
+            flow.response = to_response(result)
+            flow.metadata[ANSWERED] = True
+            return
+        ex = result
+        flow.metadata[EXCHANGE] = ex
+        self.exchanges.add(ex)
+        req.headers.fields = tuple(ex.head.headers.fields)
+        req.path = ex.head.target
+        if not h2:
+            req.authority = ""  # forwarded origin-form, built from the target
+        length = req.headers.get("content-length")
+        if length is None or not length.isdigit() or int(length) > BUFFER_LIMIT:
+            # Of unknown or large size: scanned chunk by chunk as it streams (mitmproxy
+            # would otherwise switch to streaming past 1 MiB after this hook, unscanned).
+            req.stream = _RequestStream(ex, flow)
+
+    def _on_request(self, flow: http.HTTPFlow) -> None:
+        """A buffered body: checked whole before anything is sent upstream."""
+        ex: Exchange | None = flow.metadata.get(EXCHANGE)
+        if ex is None or flow.response is not None or flow.request.stream:
+            return
+        trailers = flow.request.trailers
+        try:
+            flow.request.raw_content = ex.request_whole(
+                flow.request.raw_content or b"", list(trailers.fields) if trailers else None)
+        except Refusal as refusal:
+            flow.response = to_response(ex.abort(refusal))
+            flow.metadata[ANSWERED] = True
+
+    def _on_responseheaders(self, flow: http.HTTPFlow) -> None:
+        ex: Exchange | None = flow.metadata.get(EXCHANGE)
+        response = flow.response
+        if ex is None or response is None or flow.metadata.get(ANSWERED):
+            return
+        head = ResponseHead(response.status_code, response.reason,
+                            Headers(response.headers.fields), response.http_version)
+        had_length = "content-length" in response.headers
+        try:
+            head = ex.response(head)
+        except Refusal as refusal:
+            _abort(flow, ex.abort(refusal))
+            return
+        response.headers.fields = tuple(head.headers.fields)
+        if had_length and "content-length" not in response.headers and \
+                not no_body(flow.request.method, response.status_code) and \
+                not (response.is_http2 or response.is_http3):
+            response.headers["transfer-encoding"] = "chunked"
+        response.stream = _ResponseStream(ex, flow)
+
+    def _on_response(self, flow: http.HTTPFlow) -> None:
+        ex: Exchange | None = flow.metadata.get(EXCHANGE)
+        if ex is not None and flow.websocket is None and flow.response is not None:
+            ex.finish(flow.response.status_code)
+
+    def _on_error(self, flow: http.HTTPFlow) -> None:
+        ex: Exchange | None = flow.metadata.get(EXCHANGE)
+        if ex is None or ex.done:
+            return
+        message = flow.error.msg if flow.error is not None else "error"
+        if flow.response is None:
+            ex.upstream_failed("closed" if "closed" in message else "connect", message)
+        else:
+            ex.finish(flow.response.status_code, error="upstream_failed")
+
+    def _on_websocket_message(self, flow: http.HTTPFlow) -> None:
+        assert flow.websocket is not None
+        ex: Exchange | None = flow.metadata.get(EXCHANGE)
+        message = flow.websocket.messages[-1]
+        if ex is None or flow.metadata.get(ANSWERED):
+            message.drop()  # refused before: mitmproxy may still deliver queued frames
+            flow.websocket.messages.clear()
+            return
+        try:
+            message.content = ex.ws_message(message.from_client, message.content)
+        except Refusal as refusal:
+            message.drop()
+            ex.abort(refusal)
+            flow.metadata[ANSWERED] = True  # later frames are dropped (see above)
+            if flow.killable:
+                flow.kill()  # mitmproxy closes the WebSocket
+        finally:
+            flow.websocket.messages.clear()  # relayed, never kept
+
+    def _on_websocket_end(self, flow: http.HTTPFlow) -> None:
+        ex: Exchange | None = flow.metadata.get(EXCHANGE)
+        if ex is not None:
+            ex.finish(101)
+
+    def _on_server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+        address = data.server.address
+        client = self.clients.get(data.client.id)
+        if address is None or client is None:
+            data.server.error = "refused: no admitted destination"
+            return
+        try:
+            host = normalize_host(str(address[0]))
+        except DestinationError:
+            data.server.error = "refused: not a valid destination"
+            return
+        pinned = client.pins.get((host, int(address[1])))
+        if pinned is None:
+            data.server.error = (f"refused: {host}:{address[1]} was not admitted for this "
+                                 "connection")
+            return
+        pin(pinned)
+
+
+def _abort(flow: http.HTTPFlow, ans: Answer, *, write: bool = True) -> None:
+    """Cut an exchange off mid-way: the client gets the refusal if it can still read an
+    HTTP/1 answer, then mitmproxy's connections of this client are closed."""
+    flow.metadata[ANSWERED] = True
+    h1 = not (flow.request.is_http2 or flow.request.is_http3)
+    patches.close_mitmproxy_connection(flow.client_conn.id,
+                                       to_http1(ans) if write and h1 else None)
+    if flow.killable:
+        flow.kill()
+
+
+class _RequestStream:
+    """mitmproxy's request stream filter: every body chunk through the exchange; at
+    the end the held-back tail and the trailers."""
+
+    __slots__ = ("ex", "flow")
+
+    def __init__(self, ex: Exchange, flow: http.HTTPFlow) -> None:
+        self.ex = ex
+        self.flow = flow
+
+    def __call__(self, chunk: bytes) -> bytes:
+        if self.flow.metadata.get(ANSWERED):
+            return b""
+        try:
+            if chunk:
+                return self.ex.request_data(chunk)
+            trailers = self.flow.request.trailers
+            return self.ex.request_end(list(trailers.fields) if trailers else None)
+        except Exception as exc:  # called by mitmproxy outside any hook: fail closed here
+            refusal = exc if isinstance(exc, Refusal) else GATEWAY_ERROR
+            if refusal is GATEWAY_ERROR:
+                log.exception("checking a request body failed; refusing (fail closed)")
+            _abort(self.flow, self.ex.abort(refusal))
+            return b""
+
+
+class _ResponseStream:
+    """mitmproxy's response stream filter: redaction and counting by the exchange."""
+
+    __slots__ = ("ex", "flow")
+
+    def __init__(self, ex: Exchange, flow: http.HTTPFlow) -> None:
+        self.ex = ex
+        self.flow = flow
+
+    def __call__(self, chunk: bytes) -> list[bytes]:
+        try:
+            out = self.ex.response_data(chunk) if chunk else self.ex.response_end()
+        except Exception as exc:  # called by mitmproxy outside any hook: fail closed here
+            refusal = exc if isinstance(exc, Refusal) else GATEWAY_ERROR
+            if refusal is GATEWAY_ERROR:
+                log.exception("filtering a response failed; cutting it off (fail closed)")
+            _abort(self.flow, self.ex.abort(refusal), write=False)
+            return []
+        # Never an empty chunk: mitmproxy would send it as the end of a chunked body.
+        return [out] if out else []
+
+
+HOOKS = ("client_connected", "client_disconnected", "http_connect", "next_layer",
+         "requestheaders", "request", "responseheaders", "response", "error",
+         "websocket_message", "websocket_end", "server_connect")
+for _name in HOOKS:
+    setattr(Adapter, _name, _guarded(getattr(Adapter, f"_on_{_name}")))

@@ -1,0 +1,149 @@
+"""Every private API of a dependency the gateway uses, in one place, version-checked.
+
+The engines need a few things their libraries keep private:
+
+- **h11** (framing for the HTTP/1 engine): its strict head parsers and body readers
+  (`h11._readers`: request and response heads validated against RFC 9110/9112 ABNF,
+  chunked / Content-Length / close-delimited bodies with trailers) and its receive
+  buffer. The public `h11.Connection` wraps them in a state machine that costs four
+  times as much per exchange; the engine keeps the state itself.
+- **mitmproxy** (the mitmproxy engine): its listener factory (to put the front door and
+  the transparent door in front of its listeners, and to share ports among worker
+  processes), its HTTP/1 and HTTP/2 error pages (replaced by the gateway's refusals,
+  which never quote upstream bytes), the proxy server's connection handlers (to close
+  a connection the leak scanner cut off mid-stream, and idle upstreams), and the
+  WebSocket fragmentizer.
+
+A version outside the ranges these were checked against stops the gateway at start
+(`check_versions`), rather than failing open at run time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from importlib.metadata import version
+from typing import Any
+
+import h11
+from h11._readers import (
+    ChunkedReader,
+    ContentLengthReader,
+    Http10Reader,
+    maybe_read_from_IDLE_client,
+    maybe_read_from_SEND_RESPONSE_server,
+)
+from h11._receivebuffer import ReceiveBuffer
+from mitmproxy.proxy import mode_servers
+from mitmproxy.proxy.layers.http import _http1, _http2
+from mitmproxy.proxy.layers.websocket import Fragmentizer
+
+__all__ = [
+    "ChunkedReader",
+    "ContentLengthReader",
+    "Fragmentizer",
+    "Http10Reader",
+    "ReceiveBuffer",
+    "check_versions",
+    "close_mitmproxy_connection",
+    "install_error_pages",
+    "install_listeners",
+    "read_request_head",
+    "read_response_head",
+]
+
+CHECKED = {"h11": ("0.16.",), "mitmproxy": ("12.2.",)}
+
+
+def check_versions() -> None:
+    """Refuse to run with a dependency version these patches were not checked with."""
+    for package, prefixes in CHECKED.items():
+        found = version(package)
+        if not found.startswith(prefixes):
+            raise RuntimeError(
+                f"{package} {found} is installed, but gateway/engines/patches.py was checked "
+                f"against {', '.join(p + 'x' for p in prefixes)}; install a supported version "
+                "(pyproject.toml pins it) or re-check the patches")
+
+
+def read_request_head(buf: ReceiveBuffer) -> h11.Request | None:
+    """The next request head in `buf` (h11's strict parser), None if incomplete.
+    Raises h11.LocalProtocolError for a malformed head."""
+    event = maybe_read_from_IDLE_client(buf)
+    assert event is None or isinstance(event, h11.Request)
+    return event
+
+
+def read_response_head(buf: ReceiveBuffer) -> h11.Response | h11.InformationalResponse | None:
+    """The next response head in `buf`, None if incomplete."""
+    event = maybe_read_from_SEND_RESPONSE_server(buf)
+    assert event is None or isinstance(event, (h11.Response, h11.InformationalResponse))
+    return event
+
+
+# -- mitmproxy ---------------------------------------------------------------------------
+
+_original_listen = mode_servers.AsyncioServerInstance.listen
+_listeners: dict[str, Any] = {"sockets": {}, "regular": None, "transparent": None}
+
+
+async def _listen(self: Any, host: str, port: int) -> list[Any]:
+    """mitmproxy's listen, on the socket the gateway bound (no close-and-rebind race, no
+    port shared by accident), with the gateway's doors in front: the front door for the
+    regular listener, the transparent door for the transparent one."""
+    sock = _listeners["sockets"].pop((self.mode.type_name, port), None)
+    if self.mode.transport_protocol != "tcp" or sock is None:
+        return list(await _original_listen(self, host, port))
+    door = _listeners.get(self.mode.type_name)
+    loop = asyncio.get_running_loop()
+    if door is not None:
+        return [await loop.create_server(lambda: door(self.handle_stream), sock=sock)]
+    return [await asyncio.start_server(self.handle_stream, sock=sock)]
+
+
+def install_listeners(*, sockets: dict[tuple[str, int], Any],
+                      regular: Callable[..., Any] | None = None,
+                      transparent: Callable[..., Any] | None = None) -> None:
+    """Route this process's mitmproxy listeners through `_listen` (one Master per
+    process). `sockets`: bound listening sockets by (mode, port). `regular` /
+    `transparent`: protocol factories taking mitmproxy's `handle_stream` (the hand-off
+    for what the door does not serve itself); None lets mitmproxy serve that listener."""
+    _listeners.update(sockets=dict(sockets), regular=regular, transparent=transparent)
+    mode_servers.AsyncioServerInstance.listen = _listen  # type: ignore[method-assign]
+
+
+def install_error_pages(http1: Callable[[int, str], bytes],
+                        body: Callable[[int, str], bytes]) -> None:
+    """Replace mitmproxy's own error answers: `http1(status, message)` gives the whole
+    HTTP/1 response, `body(status, message)` the HTTP/2 error body (mitmproxy writes
+    its headers)."""
+    _http1.make_error_response = http1  # type: ignore[assignment]
+    _http2.format_error = body  # type: ignore[attr-defined,assignment]
+
+
+def close_mitmproxy_connection(client_id: str, write: bytes | None = None) -> bool:
+    """Close mitmproxy's connection of client `client_id` and, through it, everything it
+    opened upstream (after writing `write` to the client, e.g. a refusal). False if
+    the connection is gone."""
+    from mitmproxy import ctx
+
+    handler = ctx.master.addons.get("proxyserver").connections.get(  # type: ignore[no-untyped-call]
+        client_id)
+    if handler is None:
+        return False
+    io = handler.transports.get(handler.client)
+    if write is not None and io is not None and io.writer is not None:
+        io.writer.write(write)
+    # Closing the client ends the handler, which closes every upstream it opened.
+    handler.close_connection(handler.client)
+    return True
+
+
+def close_mitmproxy_server(client_id: str, server: object) -> None:
+    """Close one upstream connection mitmproxy holds for client `client_id`."""
+    from mitmproxy import ctx
+
+    handler = ctx.master.addons.get("proxyserver").connections.get(  # type: ignore[no-untyped-call]
+        client_id)
+    if handler is not None and server in handler.transports:
+        handler.close_connection(server)

@@ -1,0 +1,277 @@
+"""The splice: passthrough tunnels relayed byte for byte, and ended when they are done.
+
+A tunnel the gate admitted without inspection (a host-only rule, or `protocol: tcp`)
+is relayed between two asyncio transports: no per-chunk events, no parsing. The
+upstream side reads into a reusable buffer that starts small (idle tunnels stay cheap)
+and grows while reads fill it. Both directions are counted for the audit line.
+
+A tunnel ends — both sockets closed, one audit line written, the gauge counted down —
+when both directions have sent EOF, when either side fails, when it carries nothing
+for `network.timeouts.client_idle`, when it outlives `limits.max_tunnel_lifetime`, or
+when its token expires or is revoked (the sweeper re-checks the identity, so a revoked
+sandbox loses its open tunnels too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from gateway.core.addresses import Pinned
+from gateway.core.gate import Client, Gate
+from gateway.core.refusal import Refusal
+from gateway.net.resolver import pin
+
+log = logging.getLogger("sandbox_gateway")
+
+HIGH_WATER = 1024 * 1024
+READ_SIZE = 256 * 1024
+FIRST_READ_SIZE = 16 * 1024
+
+
+class Splices:
+    """Every open splice, and the one sweeper that ends idle, expired and overlong ones."""
+
+    def __init__(self, gate: Gate, *, idle: float, lifetime: float, connect: float) -> None:
+        self.gate = gate
+        self.idle = idle
+        self.lifetime = lifetime
+        self.connect = connect
+        self.open: set[Splice] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def start(self, transport: asyncio.Transport, client: Client, first: bytes) -> Splice:
+        """Splice `transport` (already answered) to the client's pinned tunnel address."""
+        splice = Splice(self, client)
+        client.engine = "splice"
+        self.open.add(splice)
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        splice.take(transport, first)
+        return splice
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for splice in list(self.open):
+                try:
+                    reason = splice.overdue(now)
+                    if reason is not None:
+                        log.info("closing tunnel from %s to %s: %s", splice.client.peer,
+                                 splice.where, reason)
+                        splice.close(reason)
+                except Exception:
+                    log.exception("sweeping a tunnel failed; closing it")
+                    splice.close("gateway_error")
+
+    def close_all(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        for splice in list(self.open):
+            splice.close("shutting_down")
+
+
+class Splice(asyncio.Protocol):
+    """The sandbox side of one spliced tunnel (the transport's protocol)."""
+
+    def __init__(self, owner: Splices, client: Client) -> None:
+        self.owner = owner
+        self.client = client
+        tunnel = client.tunnel
+        assert tunnel is not None and tunnel.pinned is not None
+        self.pinned: Pinned = tunnel.pinned
+        self.where = f"{tunnel.host}:{tunnel.port}"
+        self.transport: asyncio.Transport | None = None
+        self.peer: _Upstream | None = None
+        self.pending = bytearray()  # client bytes before the upstream is connected
+        self.bytes_out = 0
+        self.client_ended = False
+        self.upstream_ended = False
+        self.started = time.monotonic()
+        self.last = self.started
+        self.error: str | None = None
+        self.finished = False
+
+    def take(self, transport: asyncio.Transport, first: bytes) -> None:
+        self.transport = transport
+        transport.set_write_buffer_limits(high=HIGH_WATER)
+        transport.set_protocol(self)
+        asyncio.get_running_loop().create_task(self._dial())
+        if first:
+            self.data_received(first)
+        transport.resume_reading()
+
+    def overdue(self, now: float) -> str | None:
+        """Why the sweeper should end this tunnel now, or None."""
+        if self.owner.idle > 0 and now - self.last > self.owner.idle:
+            return "idle_timeout"
+        if self.owner.lifetime > 0 and now - self.started > self.owner.lifetime:
+            return "max_tunnel_lifetime"
+        try:
+            self.owner.gate.recheck(self.client)
+        except Refusal as refused:
+            return refused.code
+        return None
+
+    async def _dial(self) -> None:
+        ip, port = self.pinned.address
+        loop = asyncio.get_running_loop()
+        try:
+            pin(self.pinned)  # the address we connect to is the one that was checked
+            async with asyncio.timeout(self.owner.connect):
+                _, upstream = await loop.create_connection(lambda: _Upstream(self), ip, port)
+        except (OSError, TimeoutError) as exc:
+            log.info("passthrough to %s (%s) failed: %s", self.where, ip,
+                     getattr(exc, "strerror", None) or type(exc).__name__)
+            self.close("upstream_failed")
+            return
+        except Exception:
+            log.exception("passthrough dial failed; closing (fail closed)")
+            self.close("gateway_error")
+            return
+        self.peer = upstream
+        if self.transport is None or self.transport.is_closing():
+            upstream.close()
+            return
+        if self.pending:
+            upstream.write(bytes(self.pending))
+            self.pending.clear()
+            self.transport.resume_reading()
+        if self.client_ended:
+            self._half_close_upstream()
+
+    # -- relaying ------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        self.last = time.monotonic()
+        self.bytes_out += len(data)
+        peer = self.peer
+        if peer is None or peer.transport is None:
+            self.pending += data
+            if len(self.pending) > HIGH_WATER and self.transport is not None:
+                self.transport.pause_reading()  # resumed once the upstream is connected
+            return
+        peer.write(data)
+
+    def pause_writing(self) -> None:
+        if self.peer is not None:
+            self.peer.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None:
+            self.peer.resume_reading()
+
+    def eof_received(self) -> bool | None:
+        """The sandbox finished sending: pass the EOF on and keep reading the upstream's
+        answer; once the upstream has ended too, the tunnel is over."""
+        self.client_ended = True
+        if self.upstream_ended:
+            self.close(None)
+            return True
+        if self.peer is not None and self.peer.transport is not None:
+            self._half_close_upstream()
+        return True  # a dial under way forwards the EOF when it is connected
+
+    def _half_close_upstream(self) -> None:
+        assert self.peer is not None and self.peer.transport is not None
+        if self.peer.transport.can_write_eof():
+            self.peer.transport.write_eof()
+        else:
+            self.close(None)
+
+    def upstream_eof(self) -> bool:
+        self.upstream_ended = True
+        self.last = time.monotonic()
+        transport = self.transport
+        if self.client_ended or transport is None or not transport.can_write_eof():
+            self.close(None)
+            return False
+        transport.write_eof()
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.close(None)
+
+    def close(self, error: str | None) -> None:
+        """End the tunnel: both sockets closed, audited once, counted down."""
+        if self.error is None:
+            self.error = error
+        if self.transport is not None:
+            self.transport.close()
+        if self.peer is not None:
+            self.peer.close()
+        if self.finished:
+            return
+        self.finished = True
+        self.owner.open.discard(self)
+        bytes_in = self.peer.bytes_in if self.peer is not None else 0
+        try:
+            self.owner.gate.tunnel_closed(self.client, bytes_in, self.bytes_out, self.error)
+        finally:
+            self.owner.gate.closed(self.client)
+
+
+class _Upstream(asyncio.BufferedProtocol):
+    """The upstream side: reads into a reusable buffer (no allocation per read) that
+    starts small and grows while reads fill it; a buffer the client transport still
+    holds (a write it could not finish) is never reused."""
+
+    def __init__(self, front: Splice) -> None:
+        self.front = front
+        self.transport: asyncio.Transport | None = None
+        self.bytes_in = 0
+        self._buffer = bytearray(FIRST_READ_SIZE)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.set_write_buffer_limits(high=HIGH_WATER)
+        self.transport = transport
+
+    def write(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def pause_reading(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None:
+            self.transport.resume_reading()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return memoryview(self._buffer)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.bytes_in += nbytes
+        self.front.last = time.monotonic()
+        client = self.front.transport
+        if client is None:
+            return
+        client.write(memoryview(self._buffer)[:nbytes])
+        size = len(self._buffer)
+        if nbytes == size and size < READ_SIZE:
+            self._buffer = bytearray(min(size * 4, READ_SIZE))  # a bulk transfer: read more
+        elif client.get_write_buffer_size():
+            self._buffer = bytearray(size)  # the old one is queued in the transport
+
+    def pause_writing(self) -> None:
+        if self.front.transport is not None:
+            self.front.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.front.transport is not None:
+            self.front.transport.resume_reading()
+
+    def eof_received(self) -> bool | None:
+        return self.front.upstream_eof()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.front.close(None)

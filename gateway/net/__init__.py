@@ -1,0 +1,1 @@
+"""Network plumbing the engines share: checked, pinned resolution and memory-BIO TLS."""

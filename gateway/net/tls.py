@@ -1,0 +1,165 @@
+"""TLS over memory buffers, for the HTTP/1 engine (`gateway.engines.h1`).
+
+The stdlib `ssl.SSLObject` runs OpenSSL on two memory BIOs: ciphertext read from a
+transport is fed in, plaintext comes out, and whatever OpenSSL wants to send is
+drained to the transport. Both sides of an intercepted tunnel use it — the sandbox
+side with a leaf certificate from the gateway CA, the upstream side verifying the
+real server — so no per-connection 256 KiB buffer (asyncio's SSL transport keeps
+one) and no pyOpenSSL call overhead.
+
+`LeafContexts` makes one server `SSLContext` per destination host from mitmproxy's
+certificate store (the same leaves mitmproxy would serve) and keeps it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import ssl
+import tempfile
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from mitmproxy import certs
+
+READ_SIZE = 64 * 1024
+
+
+class TlsClosed(Exception):
+    """The peer ended the TLS session (close_notify) or it failed."""
+
+
+class TlsPump:
+    """One TLS session on memory BIOs. `feed()` takes ciphertext and returns the
+    plaintext it yields; `send()` encrypts; both pass ciphertext to `write`."""
+
+    __slots__ = ("_in", "_out", "established", "obj", "write")
+
+    def __init__(self, context: ssl.SSLContext, write: Callable[[bytes], None], *,
+                 server_side: bool, server_hostname: str | None = None) -> None:
+        self._in = ssl.MemoryBIO()
+        self._out = ssl.MemoryBIO()
+        self.obj = context.wrap_bio(self._in, self._out, server_side=server_side,
+                                    server_hostname=server_hostname)
+        self.write = write
+        self.established = False
+
+    def start(self) -> None:
+        """Client side: send the ClientHello."""
+        self._handshake()
+
+    def _flush(self) -> None:
+        if self._out.pending:
+            self.write(self._out.read())
+
+    def _handshake(self) -> None:
+        try:
+            self.obj.do_handshake()
+        except ssl.SSLWantReadError:
+            pass
+        else:
+            self.established = True
+        finally:
+            self._flush()
+
+    def feed(self, data: bytes) -> bytes:
+        """Ciphertext in, plaintext out (b"" while handshaking). Raises TlsClosed when
+        the session ends and ssl.SSLError when it is broken (bad certificate, …)."""
+        self._in.write(data)
+        if not self.established:
+            self._handshake()
+            if not self.established:
+                return b""
+        chunks = []
+        try:
+            while True:
+                chunk = self.obj.read(READ_SIZE)
+                if not chunk:
+                    raise TlsClosed("TLS session closed")
+                chunks.append(chunk)
+        except ssl.SSLWantReadError:
+            pass
+        except ssl.SSLZeroReturnError:
+            if chunks:
+                self._flush()
+                return b"".join(chunks)  # the close is seen on the next (empty) read
+            raise TlsClosed("TLS session closed") from None
+        finally:
+            self._flush()
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def send(self, data: bytes | memoryview) -> None:
+        """Encrypt `data` and write it out."""
+        if data:
+            self.obj.write(data)
+            self._flush()
+
+    def close(self) -> None:
+        """Send close_notify (best effort)."""
+        with contextlib.suppress(ssl.SSLError, ValueError):
+            self.obj.unwrap()
+        self._flush()
+
+    @property
+    def alpn(self) -> str | None:
+        return self.obj.selected_alpn_protocol()
+
+
+def upstream_context(cafile: Path) -> ssl.SSLContext:
+    """Verifying client context for upstreams: public roots + network.upstream_ca."""
+    context = ssl.create_default_context(cafile=str(cafile))
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+class LeafContexts:
+    """Server contexts with a leaf certificate per destination host, signed by the
+    gateway CA through mitmproxy's certificate store (bounded, least recent out)."""
+
+    def __init__(self, store: certs.CertStore, runtime: Path, limit: int = 1000) -> None:
+        self.store = store
+        self.limit = limit
+        self._contexts: OrderedDict[str, ssl.SSLContext] = OrderedDict()
+        # The leaf key lives (0600, in a private 0700 directory) in the runtime directory,
+        # beside the mitmproxy-ca.pem mitmproxy itself reads: `load_cert_chain` takes paths.
+        self._dir = tempfile.TemporaryDirectory(prefix="leaves-", dir=runtime)
+        key = store.default_privatekey.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption())
+        self._key = Path(self._dir.name) / "leaf.key"
+        fd = os.open(self._key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(key)
+
+    def get(self, host: str) -> ssl.SSLContext:
+        context = self._contexts.get(host)
+        if context is not None:
+            self._contexts.move_to_end(host)
+            return context
+        context = self._contexts[host] = self._make(host)
+        if len(self._contexts) > self.limit:
+            self._contexts.popitem(last=False)
+        return context
+
+    def _make(self, host: str) -> ssl.SSLContext:
+        try:
+            san: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
+        except ValueError:
+            san = x509.DNSName(host)
+        entry = self.store.get_cert(host, [san], None)
+        chain = entry.cert.to_pem() + b"".join(c.to_pem() for c in entry.chain_certs)
+        path = Path(self._dir.name) / f"leaf-{len(self._contexts)}-{os.getpid()}.pem"
+        path.write_bytes(chain)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(path, self._key)
+        path.unlink()
+        context.set_alpn_protocols(["http/1.1"])
+        return context
+
+    def close(self) -> None:
+        self._dir.cleanup()

@@ -1,0 +1,99 @@
+"""The credential swap: carriers, scope, TLS only, and finding a token in a request."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from gateway.core import credentials
+from gateway.core.messages import Headers
+from gateway.core.refusal import Refusal
+from gateway.core.target import Target
+from gateway.policy import Credential, Injection
+from gateway.state import MemoryState
+from gateway.tokens import SigningKeys, TokenService
+
+OPENAI = Credential(name="openai", secret="k", hosts=("api.openai.com",),
+                    injection=Injection("bearer"), preset="openai")
+ANTHROPIC = Credential(name="anthropic", secret="k", hosts=("api.anthropic.com",),
+                       injection=Injection("header", "x-api-key",
+                                           alternatives=(Injection("bearer"),)))
+GEMINI = Credential(name="gemini", secret="k", hosts=("generativelanguage.googleapis.com",),
+                    injection=Injection("header", "x-goog-api-key",
+                                        alternatives=(Injection("query", "key"),)))
+BASIC = Credential(name="git", secret="k", hosts=("git.example.com",),
+                   injection=Injection("basic", "x-access-token"))
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> TokenService:
+    keys = SigningKeys.load(tmp_path_factory.mktemp("keys"))
+    names = {"agent": ["openai", "anthropic", "gemini", "git"], "narrow": ["openai"]}
+    return TokenService(keys, MemoryState(), names.get)
+
+
+def _target(host: str, path: str = "/v1/x", scheme: str = "https") -> Target:
+    return Target(scheme, host, 443 if scheme == "https" else 80, path)
+
+
+@pytest.mark.parametrize(("credential", "host", "carry", "check"), [
+    (OPENAI, "api.openai.com", lambda t: ([("Authorization", f"Bearer {t}")], "/v1/x"),
+     lambda h, p: h.get("authorization") == "Bearer REAL"),
+    (ANTHROPIC, "api.anthropic.com", lambda t: ([("x-api-key", t)], "/v1/x"),
+     lambda h, p: h.get("x-api-key") == "REAL" and h.get("authorization") is None),
+    (ANTHROPIC, "api.anthropic.com", lambda t: ([("Authorization", f"Bearer {t}")], "/v1/x"),
+     lambda h, p: h.get("authorization") == "Bearer REAL" and h.get("x-api-key") is None),
+    (GEMINI, "generativelanguage.googleapis.com", lambda t: ([], f"/v1/m?alt=sse&key={t}"),
+     lambda h, p: p == "/v1/m?alt=sse&key=REAL"),
+    (BASIC, "git.example.com",
+     lambda t: ([("Authorization", "Basic " + base64.b64encode(f"u:{t}".encode()).decode())],
+                "/repo.git/info/refs"),
+     lambda h, p: base64.b64decode(h.get("authorization").split()[1]) == b"x-access-token:REAL"),
+])
+def test_swap_in_the_carrier_the_client_used(service: TokenService, credential: Credential,
+                                             host: str, carry: object, check: object) -> None:
+    token = service.mint("s1", "agent").token
+    fields, path = carry(token)  # type: ignore[operator]
+    headers = Headers.of(*fields)
+    identity = service.verify(token)
+    swap, path = credentials.plan(credential, headers, _target(host, path), identity,
+                                  service.verify, "p.yaml:3")
+    path = credentials.apply(swap, headers, path, "REAL")
+    assert check(headers, path)  # type: ignore[operator]
+    assert token not in repr(headers.fields) and token not in path
+
+
+def test_cleartext_is_refused_before_anything_else(service: TokenService) -> None:
+    """Finding 1: a key never travels over http://."""
+    token = service.mint("s1", "agent").token
+    headers = Headers.of(("Authorization", f"Bearer {token}"))
+    with pytest.raises(Refusal) as info:
+        credentials.plan(OPENAI, headers, _target("api.openai.com", scheme="http"),
+                         service.verify(token), service.verify, "p.yaml:3")
+    assert info.value.code == "credential_requires_tls" and "https://" in info.value.reason
+
+
+@pytest.mark.parametrize(("policy", "sandbox", "headers", "code"), [
+    ("agent", "s1", [], "credential_not_in_scope"),
+    ("narrow", "s1", None, "credential_not_in_scope"),  # scope lacks anthropic
+    ("agent", "other", None, "credential_not_in_scope"),  # another sandbox's token
+])
+def test_refused_swaps(service: TokenService, policy: str, sandbox: str,
+                       headers: list[tuple[str, str]] | None, code: str) -> None:
+    own = service.mint("s1", "agent").token
+    carried = service.mint(sandbox, policy).token
+    fields = headers if headers is not None else [("x-api-key", carried)]
+    with pytest.raises(Refusal) as info:
+        credentials.plan(ANTHROPIC, Headers.of(*fields), _target("api.anthropic.com"),
+                         service.verify(own), service.verify, "p.yaml:3")
+    assert info.value.code == code
+
+
+def test_find_token_in_carriers(service: TokenService) -> None:
+    token = service.mint("s1", "agent").token
+    basic = "Basic " + base64.b64encode(f"x:{token}".encode()).decode()
+    for headers, path in [([("x-api-key", token)], "/"), ([("Authorization", basic)], "/"),
+                          ([], f"/m?key={token}")]:
+        assert credentials.find_token(Headers.of(*headers), path) == token
+    assert credentials.find_token(Headers.of(("Authorization", "Bearer abc")), "/") is None

@@ -1,0 +1,121 @@
+"""Leak detection over every encoding a client could use, and echo redaction."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import math
+from urllib.parse import quote
+
+import pytest
+
+from gateway.core.leaks import (
+    LeakScan,
+    Redactor,
+    canonical,
+    constant_token_markers,
+    sensitive_markers,
+    token_markers,
+)
+from gateway.state import MemoryState
+from gateway.tokens import SigningKeys, TokenService
+
+KEY = "sk-live-0123456789abcdefghijklmnop"
+
+
+@pytest.fixture(scope="module")
+def token(tmp_path_factory: pytest.TempPathFactory) -> str:
+    keys = SigningKeys.load(tmp_path_factory.mktemp("keys"))
+    service = TokenService(keys, MemoryState(), lambda name: [])
+    return service.mint("sandbox-1", "agent").token
+
+
+def _swap_case(text: str) -> str:
+    return text.swapcase()
+
+
+# Every way finding 8 of the enforcement-core issue passed a token to an unbound host.
+TOKEN_FORMS = {
+    "raw": lambda t: t,
+    "without its header": lambda t: t.split(".", 1)[1],
+    "signature only": lambda t: t.rsplit(".", 1)[1],
+    "hex": lambda t: t.encode().hex(),
+    "HEX": lambda t: t.encode().hex().upper(),
+    "base32": lambda t: base64.b32encode(t.encode()).decode(),
+    "base64": lambda t: base64.b64encode(b"x:" + t.encode()).decode(),
+    "swapped case": _swap_case,
+    "%XX per character": lambda t: "".join(f"%{b:02X}" for b in t.encode()),
+    "double %": lambda t: quote(quote(t, safe=""), safe=""),
+    "json \\u escape": lambda t: json.dumps({"t": t}).replace("e", "\\u0065"),
+}
+
+
+@pytest.mark.parametrize("form", TOKEN_FORMS)
+def test_token_found_in_every_form(token: str, form: str) -> None:
+    scan = LeakScan(token_markers(token, "sandbox-gateway"))
+    data = f"prefix {TOKEN_FORMS[form](token)} suffix".encode()
+    assert scan.find(data) == "token"
+
+
+def test_token_split_over_two_headers(token: str) -> None:
+    scan = LeakScan(token_markers(token, "sandbox-gateway"))
+    half = len(token) // 2
+    fields = [(b"X-A", token[:half].encode()), (b"X-B", token[half:].encode())]
+    assert scan.head("GET", "/", fields) == "token"
+
+
+def test_another_tokens_payload_is_found_by_the_constant_claims(token: str) -> None:
+    """A token the gateway never saw this sandbox use still starts its claims with the
+    issuer and audience: payload.signature of any gateway token is caught."""
+    scan = LeakScan(constant_token_markers("sandbox-gateway"))
+    assert scan.find(token.split(".", 1)[1].encode()) == "token"
+
+
+@pytest.mark.parametrize("data", [b"", b"hello world", b'{"model": "gpt-4o"}',
+                                  b"eyJhbGciOiJSUzI1NiJ9.not-ours"])
+def test_clean_data_passes(token: str, data: bytes) -> None:
+    scan = LeakScan(token_markers(token, "sandbox-gateway"), sensitive_markers(KEY.encode()))
+    assert scan.find(data) is None
+
+
+@pytest.mark.parametrize("encode", [
+    lambda k: k, lambda k: base64.b64encode(k.encode()).decode(), lambda k: quote(k),
+    lambda k: k.encode().hex(), lambda k: base64.b64encode(b"user:" + k.encode()).decode(),
+])
+def test_keys_found(encode: object) -> None:
+    scan = LeakScan((), sensitive_markers(KEY.encode()))
+    assert scan.find(f"x={encode(KEY)}".encode()) == "secret"  # type: ignore[operator]
+
+
+def test_stream_scan_finds_a_marker_across_chunks(token: str) -> None:
+    scan = LeakScan(token_markers(token, "sandbox-gateway"))
+    stream = scan.stream()
+    body = b"a" * 5000 + token.encode() + b"b" * 10
+    pieces = [body[i:i + 97] for i in range(0, len(body), 97)]
+    assert any(stream.feed(p) for p in pieces)
+
+
+def test_canonical_form() -> None:
+    assert canonical(b"%41%2541\\u0042\\/Z") == b"aab/z"
+
+
+def test_gzip_is_not_canonicalised_here() -> None:
+    """Compressed bodies are decoded by `encodings` before the scan (the exchange does)."""
+    scan = LeakScan((), sensitive_markers(KEY.encode()))
+    assert scan.find(gzip.compress(KEY.encode())) is None
+
+
+def test_markers_are_few_enough_for_the_hot_path(token: str) -> None:
+    assert len(token_markers(token, "sandbox-gateway")) < 80
+    assert len(sensitive_markers(KEY.encode())) < 30
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 64])
+def test_redactor_streams_without_leaking_a_split_key(size: int) -> None:
+    redactor = Redactor([KEY.encode()])
+    body = (b"echo " + KEY.encode() + b" and ") * 3
+    out = b"".join(redactor.feed(body[i:i + size]) for i in range(0, len(body), size))
+    out += redactor.end()
+    assert KEY.encode() not in out and out.count(b"[REDACTED]") == 3
+    assert math.isclose(len(out), len(body) - 3 * (len(KEY) - 10))

@@ -1,0 +1,60 @@
+"""Refusal rendering: status, reason phrase, Proxy-Status, provider shapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.core.refusal import Refusal, answer, status_of, to_http1
+
+
+@pytest.mark.parametrize(("code", "status"), [
+    ("policy_denied", 403), ("auth_required", 407), ("token_expired", 407),
+    ("too_many_connections", 429), ("budget_exceeded", 429), ("upstream_failed", 502),
+    ("upstream_timeout", 504), ("secret_unavailable", 503), ("bad_request", 400),
+    ("credential_requires_tls", 403), ("model_not_allowed", 403), ("gateway_error", 500),
+])
+def test_status(code: str, status: int) -> None:
+    assert status_of(code) == status
+
+
+def test_generic_body_and_headers() -> None:
+    ans = answer(Refusal("policy_denied", "no rule allows x", "p.yaml:3"))
+    body = json.loads(ans.body)
+    assert body["error"] == "policy_denied" and body["rule"] == "p.yaml:3"
+    assert body["reason"] == "no rule allows x" and "egress gateway" in body["hint"]
+    assert ans.headers.get("X-Sandbox-Gateway-Error") == "policy_denied"
+    assert ans.headers.get("Proxy-Status") == (
+        'sandbox-gateway; error=http_request_denied; details="policy_denied: no rule allows x"')
+    assert ans.reason == "policy_denied: no rule allows x"
+    wire = to_http1(ans)
+    assert wire.startswith(b"HTTP/1.1 403 policy_denied: no rule allows x\r\n")
+    assert wire.endswith(ans.body)
+
+
+@pytest.mark.parametrize(("shape", "path", "kind"), [
+    ("openai", ("error", "code"), ("error", "type")),
+    ("anthropic", ("error", "code"), ("error", "type")),
+    ("gemini", ("error", "details", 0, "reason"), ("error", "status")),
+])
+def test_provider_shapes(shape: str, path: tuple[object, ...], kind: tuple[str, ...]) -> None:
+    body = json.loads(answer(Refusal("model_not_allowed", "gpt-5 is not allowed"),
+                             shape=shape).body)
+    node: object = body
+    for key in path:
+        node = node[key]  # type: ignore[index]
+    assert node == "model_not_allowed"
+    assert "gpt-5 is not allowed" in json.dumps(body)
+
+
+def test_407_asks_for_credentials_and_closes() -> None:
+    ans = answer(Refusal("auth_required", "no token"))
+    assert ans.close and ans.headers.get("Proxy-Authenticate")
+
+
+def test_retry_after_and_unsafe_phrase() -> None:
+    ans = answer(Refusal("budget_exceeded", "limit\r\nInjected: x", retry_after=30))
+    assert ans.headers.get("Retry-After") == "30"
+    assert "\r" not in ans.reason and "\n" not in ans.reason
+    assert "\r\n" not in (ans.headers.get("Proxy-Status") or "")

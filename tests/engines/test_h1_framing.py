@@ -1,0 +1,98 @@
+"""HTTP/1 framing: strict heads, smuggling shapes, body lengths, hop-by-hop fields."""
+
+from __future__ import annotations
+
+import h11
+import pytest
+
+from gateway.core.messages import Headers, RequestHead, ResponseHead
+from gateway.engines.h1 import framing
+from gateway.engines.patches import ReceiveBuffer, read_request_head, read_response_head
+
+
+def parse(raw: bytes) -> RequestHead:
+    buf = ReceiveBuffer()
+    buf += raw
+    event = read_request_head(buf)
+    assert event is not None
+    return framing.request_head(event)
+
+
+@pytest.mark.parametrize(("raw", "size"), [
+    (b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", 0),
+    (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 12\r\n\r\n", 12),
+    (b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n", None),
+    (b"GET / HTTP/1.0\r\n\r\n", 0),
+])
+def test_request_sizes(raw: bytes, size: int | None) -> None:
+    assert framing.request_body_size(parse(raw)) == size
+
+
+@pytest.mark.parametrize(("raw", "words"), [
+    (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n",
+     "smuggling"),
+    (b"GET / HTTP/9.9\r\nHost: a\r\n\r\n", "not supported"),
+])
+def test_refused_heads(raw: bytes, words: str) -> None:
+    with pytest.raises(framing.ProtocolError, match=words):
+        parse(raw)
+
+
+@pytest.mark.parametrize("raw", [
+    b"GET / HTTP/1.1\r\nHost: a\r\nX: a\x00b\r\n\r\n",       # NUL in a value
+    b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",          # two Hosts
+    b"GET / HTTP/1.1\r\n\r\n",                                 # no Host on 1.1
+    b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+    b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+    b"GET /a b HTTP/1.1\r\nHost: a\r\n\r\n",
+])
+def test_h11_refuses(raw: bytes) -> None:
+    buf = ReceiveBuffer()
+    buf += raw
+    with pytest.raises(h11.ProtocolError):
+        read_request_head(buf)
+
+
+@pytest.mark.parametrize(("method", "status", "fields", "size"), [
+    ("GET", 200, [("Content-Length", "5")], 5),
+    ("HEAD", 200, [("Content-Length", "5")], 0),
+    ("GET", 204, [], 0),
+    ("GET", 304, [("Content-Length", "9")], 0),
+    ("GET", 200, [("Transfer-Encoding", "chunked")], None),
+    ("GET", 200, [], -1),
+])
+def test_response_sizes(method: str, status: int, fields: list[tuple[str, str]],
+                        size: int | None) -> None:
+    head = ResponseHead(status, "X", Headers.of(*fields))
+    assert framing.response_body_size(method, head) == size
+
+
+def test_response_head_and_101() -> None:
+    buf = ReceiveBuffer()
+    buf += b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\nrest"
+    event = read_response_head(buf)
+    assert event is not None and event.status_code == 101 and bytes(buf) == b"rest"
+
+
+def test_hop_by_hop_fields_are_not_forwarded() -> None:
+    head = RequestHead("GET", "/x", Headers.of(
+        ("Host", "a"), ("Connection", "keep-alive, X-Secret-Hop"), ("X-Secret-Hop", "1"),
+        ("Keep-Alive", "timeout=5"), ("Proxy-Connection", "keep-alive"), ("TE", "trailers"),
+        ("Content-Length", "3"), ("Accept", "*/*")))
+    wire = framing.serialize_request(head, 3, upgrade=False)
+    assert wire == (b"GET /x HTTP/1.1\r\nHost: a\r\nAccept: */*\r\nContent-Length: 3\r\n\r\n")
+
+
+def test_websocket_upgrade_is_kept() -> None:
+    head = RequestHead("GET", "/ws", Headers.of(("Host", "a"), ("Upgrade", "websocket"),
+                                                ("Connection", "Upgrade")))
+    wire = framing.serialize_request(head, 0, upgrade=True)
+    assert b"Upgrade: websocket\r\n" in wire and b"Connection: Upgrade\r\n" in wire
+
+
+def test_response_framing_choices() -> None:
+    head = ResponseHead(200, "OK", Headers.of(("Content-Length", "3"), ("X", "y")))
+    assert framing.serialize_response(head, chunked=True, length=None, close=False) == (
+        b"HTTP/1.1 200 OK\r\nX: y\r\nTransfer-Encoding: chunked\r\n\r\n")
+    assert framing.serialize_response(head, chunked=False, length=3, close=True) == (
+        b"HTTP/1.1 200 OK\r\nX: y\r\nConnection: close\r\nContent-Length: 3\r\n\r\n")
