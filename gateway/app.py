@@ -43,7 +43,7 @@ from gateway.engines.door import Doors
 from gateway.engines.frontdoor import FrontDoor
 from gateway.engines.h1.server import Engine, Limits, Timeouts
 from gateway.engines.idle import IdleUpstreams
-from gateway.engines.mitm import Adapter, error_body, error_page
+from gateway.engines.mitm import Adapter, error_h2, error_page
 from gateway.engines.splice import Splices
 from gateway.engines.transparent import TransparentDoor
 from gateway.net.resolver import (
@@ -274,7 +274,7 @@ class Gateway:
             resolve=self.guard.resolver.resolve,
             connections_per_sandbox=cfg.limits.connections_per_sandbox,
             max_connections=max(16, (self.fd_limit - FD_RESERVE) // 2))
-        patches.install_error_pages(error_page, error_body)
+        patches.install_error_pages(error_page, error_h2)
 
         t = cfg.network.timeouts
         timeouts = Timeouts(connect=t.connect, read=t.read, client_idle=t.client_idle,

@@ -90,3 +90,25 @@ def test_normalize_path(raw: str | None, path: str, problem: str | None) -> None
         assert got_problem is None
     else:
         assert got_problem is not None and problem in got_problem
+
+
+# Finding 11 of the enforcement-core issue: dot segments hidden behind path parameters
+# or encodings passed `**` rules and were forwarded verbatim (Tomcat, Spring and Jetty
+# resolve them to /admin).
+HIDDEN = ["/api/..;/admin", "/api/%2e%2e;/admin", "/api/..%3b/admin", "/api/%2E%2E%3B/admin",
+          "/api/%c0%ae%c0%ae/admin", "/api/\uff0e\uff0e/admin", "/api/%ef%bc%8e%ef%bc%8e/admin",
+          "/api/%u002e%u002e/admin", "/api/%252e%252e/admin", "/api/.;x=1/admin",
+          "/api/%252f..%252fadmin", "/api/\uff0fadmin"]
+
+
+@pytest.mark.parametrize("path", HIDDEN)
+def test_hidden_dot_segments_match_nothing(path: str) -> None:
+    _, problem = normalize_path(path)
+    assert problem is not None
+    assert not compile_paths(["/api/**"]).matches(normalize_path(path)[0]) or problem
+
+
+@pytest.mark.parametrize("path", ["/api;jsessionid=1/x", "/api/x;v=1", "/caf%C3%A9",
+                                  "/v1/models/gpt-4o:generate", "/a/b.json"])
+def test_ordinary_parameters_and_utf8_stay_clean(path: str) -> None:
+    assert normalize_path(path)[1] is None

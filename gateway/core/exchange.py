@@ -208,6 +208,8 @@ class Exchange:
         if head.status == 401:
             self.gate.secrets.invalidate(name, rejected=value)
         redactor = self._redactor = Redactor(value.variants())
+        head.reason = redactor.redact(head.reason.encode("latin-1", "replace")).decode(
+            "latin-1")
         fields = []
         for k, v in head.headers.fields:
             if any(m in v for m in redactor.variants):

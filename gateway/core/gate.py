@@ -31,7 +31,7 @@ from gateway.core.audit import record
 from gateway.core.exchange import Exchange
 from gateway.core.leaks import LeakScan, sensitive_markers, token_markers
 from gateway.core.messages import Headers, RequestHead
-from gateway.core.names import DestinationError, normalize_host
+from gateway.core.names import DestinationError, is_ip, normalize_host
 from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal, answer
 from gateway.policy import Decision, Policy, PolicySet, Request, decide
 from gateway.secrets.value import SecretValue
@@ -369,6 +369,8 @@ class Gate:
                     raise Refusal("unknown_sandbox", "raw TCP from an unregistered source: "
                                   "register the sandbox with POST /v1/sandboxes")
                 name = orig_ip
+            elif kind == "tls" and not name and is_ip(orig_ip):
+                name = orig_ip  # TLS to an address carries no SNI: the address is the name
             if not name:
                 raise Refusal("bad_destination", "no server name ("
                               f"{'SNI' if kind == 'tls' else 'Host'}) to decide on; clients "
@@ -378,22 +380,24 @@ class Gate:
                                       target.tunnel_authority(_with_port(name, port))[0])
             except (DestinationError, Refusal) as exc:
                 raise Refusal("bad_destination", f"bad server name: {exc}") from None
-            await self._bind(host, orig_ip, port)
             pinned = Pinned(host, port, orig_ip, trusted=True)
             if client.identity is None:
                 # Unregistered: identity comes per request from a token in a key carrier,
                 # which needs the request: intercept, decide per request.
                 if kind != "tls" and kind != "http":
                     raise _UNREGISTERED
+                await self._bind(host, orig_ip, port)
                 tunnel = Tunnel(host, port, Decision("allow", "identified per request",
                                                      None, True), pinned, False, False)
             else:
+                # The policy first: a denied name is never even resolved.
                 decision = _decide(self.policy(client.identity),
                                    Request(None, "tcp" if kind == "tcp" else
                                            "https" if kind == "tls" else "http",
                                            host, port, None))
                 if not decision.allowed:
                     raise Refusal("policy_denied", decision.reason, _rule(decision))
+                await self._bind(host, orig_ip, port)
                 tcp = kind == "tcp" or (decision.rule is not None and
                                         decision.rule.protocol == "tcp")
                 # Plain HTTP is always inspected: every request's Host is checked.

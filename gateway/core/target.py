@@ -32,6 +32,9 @@ __all__ = [
 DEFAULT_PORTS = {"http": 80, "https": 443}
 _METHOD = re.compile(r"[A-Z][A-Z0-9!#$%&'*+.^_`|~-]*")
 _SCHEME_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)(.*)", re.S)
+_TOKEN = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_FIELD_NAMES = re.compile(_TOKEN + rb"(?: " + _TOKEN + rb")*")  # names joined by spaces
+_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # in values joined by tabs
 _MAX_SHOWN = 100
 
 
@@ -103,6 +106,12 @@ def request_target(head: RequestHead, tunnel: tuple[str, int] | None, *, tls: bo
     if method == "CONNECT":
         raise Refusal("bad_request", "CONNECT inside a tunnel or as a plain request is not "
                       "supported; open the tunnel with CONNECT to the proxy itself")
+    fields = head.headers.fields
+    joined = b" ".join(k for k, _ in fields)
+    if fields and (not _FIELD_NAMES.fullmatch(joined) or joined.count(b" ") != len(fields) - 1
+                   or _BAD_VALUE.search(b"\t".join(v for _, v in fields))):
+        raise Refusal("bad_request", "a header field has a name that is not a token or a "
+                      "value with control characters (NUL, CR, LF)")
     scheme = "https" if tls else "http"
     raw = head.target
     names: list[tuple[str, str]] = []  # (what, authority text)

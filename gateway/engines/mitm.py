@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -37,12 +38,15 @@ from gateway.core.messages import Headers, RequestHead, ResponseHead
 from gateway.core.names import DestinationError, normalize_host
 from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal, answer, to_http1
 from gateway.engines import patches
+from gateway.engines.patches import TRAILERS_UNSUPPORTED
 from gateway.engines.first_bytes import FirstBytes, classify
 from gateway.net.resolver import pin
 
 log = logging.getLogger("sandbox_gateway")
 
 EXCHANGE = "sandbox_gateway.exchange"
+REFUSED_MARK = f"refused [{secrets.token_hex(8)}]: "  # our server_connect refusals
+BACKSTOP_MARK = "[Errno 13] sandbox-gateway refused"
 BUFFER_LIMIT = 1024 * 1024  # mitmproxy's stream_large_bodies: larger bodies stream
 ANSWERED = "sandbox_gateway.answered"
 
@@ -69,18 +73,23 @@ def error_page(status: int, message: str) -> bytes:
     return to_http1(answer(_page_refusal(status, message), close=True))
 
 
-def error_body(status: int, message: str) -> bytes:
-    """The body of mitmproxy's HTTP/2 error answers, likewise."""
-    return answer(_page_refusal(status, message)).body
+def error_h2(status: int, message: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """mitmproxy's HTTP/2 error answers, likewise: (status, fields, body)."""
+    ans = answer(_page_refusal(status, message))
+    fields = [(k.lower(), v) for k, v in ans.headers.fields
+              if k.lower() not in (b"connection", b"content-length")]
+    return ans.status, fields, ans.body
 
 
 def _page_refusal(status: int, message: str) -> Refusal:
-    if "refused: " in message:  # the adapter's own server_connect refusal (its own words)
-        return Refusal("forbidden_destination", message.split("refused: ", 1)[1][:300])
-    if "sandbox-gateway refused" in message:  # the loop's backstop (its own words too)
-        return Refusal("forbidden_destination",
-                       "sandbox-gateway refused" + message.split("sandbox-gateway refused",
-                                                                 1)[1][:300])
+    # Only a message that *starts* with the gateway's own words is quoted: mitmproxy puts
+    # upstream bytes in other messages, and those could hold anything after a marker.
+    # server_connect refusals carry a per-process nonce an upstream cannot guess.
+    for prefix in (REFUSED_MARK, f"Connection killed: {REFUSED_MARK}"):
+        if message.startswith(prefix):
+            return Refusal("forbidden_destination", message[len(prefix):][:300])
+    if message.startswith(BACKSTOP_MARK):  # the event loop's backstop (PermissionError)
+        return Refusal("forbidden_destination", message[len("[Errno 13] "):][:300])
     log.info("mitmproxy answered %d: %s", status, message[:300])
     if status == 400:
         return Refusal("bad_request", "the request could not be parsed as HTTP")
@@ -108,7 +117,7 @@ def _refuse_target(target: object) -> None:
         elif target.killable:
             target.kill()  # an upstream response is under way: cut it off
     elif isinstance(target, server_hooks.ServerConnectionHookData):
-        target.server.error = "refused: gateway error while checking the destination"
+        target.server.error = REFUSED_MARK + "gateway error while checking the destination"
     elif isinstance(target, layer.NextLayer):
         target.layer = RefuseLayer(target.context, "gateway error while choosing the layer")
     elif isinstance(target, tcp.TCPFlow):
@@ -280,12 +289,22 @@ class Adapter(NextLayer):
         h2 = req.is_http2 or req.is_http3
         if h2:
             target, authority, scheme = req.path, req.authority or None, req.scheme
-        elif req.data.authority:  # absolute-form
+        elif req.data.authority:  # absolute-form inside a tunnel
             target = f"{req.scheme}://{req.authority}{req.path}"
+            authority, scheme = None, None
+        elif client.tunnel is None and client.listener == "proxy":
+            # A plain proxy request: mitmproxy already cut its absolute URL down to
+            # origin-form (keeping host and port): the gate sees the URL it named.
+            host = f"[{req.host}]" if ":" in req.host else req.host
+            default = 443 if req.scheme == "https" else 80
+            target = (f"{req.scheme}://{host}{'' if req.port == default else f':{req.port}'}"
+                      f"{req.path}")
             authority, scheme = None, None
         else:
             target, authority, scheme = req.path, None, None
-        head = RequestHead(req.method, target, Headers(req.headers.fields),
+        # The method as sent (mitmproxy's `method` upper-cases it: "get" is not "GET").
+        method = req.data.method.decode("latin-1")
+        head = RequestHead(method, target, Headers(req.headers.fields),
                            "HTTP/2.0" if h2 else req.http_version, authority, scheme)
         result = await self.gate.begin(client, head, tls=flow.client_conn.tls_established,
                                        proxy_authorization=auth)
@@ -318,6 +337,8 @@ class Adapter(NextLayer):
         except Refusal as refusal:
             flow.response = to_response(ex.abort(refusal))
             flow.metadata[ANSWERED] = True
+            return
+        _forwardable_trailers(flow)
 
     def _on_responseheaders(self, flow: http.HTTPFlow) -> None:
         ex: Exchange | None = flow.metadata.get(EXCHANGE)
@@ -333,6 +354,7 @@ class Adapter(NextLayer):
             _abort(flow, ex.abort(refusal))
             return
         response.headers.fields = tuple(head.headers.fields)
+        response.reason = head.reason
         if had_length and "content-length" not in response.headers and \
                 not no_body(flow.request.method, response.status_code) and \
                 not (response.is_http2 or response.is_http3):
@@ -349,7 +371,11 @@ class Adapter(NextLayer):
         if ex is None or ex.done:
             return
         message = flow.error.msg if flow.error is not None else "error"
-        if flow.response is None:
+        if TRAILERS_UNSUPPORTED in message:  # our own reader's words (patches)
+            ex.abort(Refusal("unsupported", "HTTP/1 trailers are not relayed by the mitmproxy "
+                             "engine (network.intercept: mitmproxy); the default engine "
+                             "relays them"))
+        elif flow.response is None:
             ex.upstream_failed("closed" if "closed" in message else "connect", message)
         else:
             ex.finish(flow.response.status_code, error="upstream_failed")
@@ -382,17 +408,17 @@ class Adapter(NextLayer):
         address = data.server.address
         client = self.clients.get(data.client.id)
         if address is None or client is None:
-            data.server.error = "refused: no admitted destination"
+            data.server.error = REFUSED_MARK + "no admitted destination"
             return
         try:
             host = normalize_host(str(address[0]))
         except DestinationError:
-            data.server.error = "refused: not a valid destination"
+            data.server.error = REFUSED_MARK + "not a valid destination"
             return
         pinned = client.pins.get((host, int(address[1])))
         if pinned is None:
-            data.server.error = (f"refused: {host}:{address[1]} was not admitted for this "
-                                 "connection")
+            data.server.error = (f"{REFUSED_MARK}{host}:{address[1]} was not admitted for "
+                                 "this connection")
             return
         pin(pinned)
 
@@ -406,6 +432,15 @@ def _abort(flow: http.HTTPFlow, ans: Answer, *, write: bool = True) -> None:
                                        to_http1(ans) if write and h1 else None)
     if flow.killable:
         flow.kill()
+
+
+def _forwardable_trailers(flow: http.HTTPFlow) -> None:
+    """Request trailers (checked) go on only to an HTTP/2 upstream: mitmproxy's HTTP/1
+    client cannot send them (it fails on them and drops the connection)."""
+    if flow.request.trailers and flow.server_conn.alpn != b"h2":
+        log.info("request trailers to %s dropped: the upstream speaks HTTP/1",
+                 flow.request.host)
+        flow.request.trailers = None
 
 
 class _RequestStream:
@@ -425,7 +460,9 @@ class _RequestStream:
             if chunk:
                 return self.ex.request_data(chunk)
             trailers = self.flow.request.trailers
-            return self.ex.request_end(list(trailers.fields) if trailers else None)
+            tail = self.ex.request_end(list(trailers.fields) if trailers else None)
+            _forwardable_trailers(self.flow)
+            return tail
         except Exception as exc:  # called by mitmproxy outside any hook: fail closed here
             refusal = exc if isinstance(exc, Refusal) else GATEWAY_ERROR
             if refusal is GATEWAY_ERROR:

@@ -35,7 +35,9 @@ from h11._readers import (
 )
 from h11._receivebuffer import ReceiveBuffer
 from mitmproxy.proxy import mode_servers
+from mitmproxy.proxy.commands import SendData
 from mitmproxy.proxy.layers.http import _http1, _http2
+from mitmproxy.proxy.layers.http._events import ResponseProtocolError
 from mitmproxy.proxy.layers.websocket import Fragmentizer
 
 __all__ = [
@@ -112,13 +114,52 @@ def install_listeners(*, sockets: dict[tuple[str, int], Any],
     mode_servers.AsyncioServerInstance.listen = _listen  # type: ignore[method-assign]
 
 
-def install_error_pages(http1: Callable[[int, str], bytes],
-                        body: Callable[[int, str], bytes]) -> None:
+_original_h2_handle = _http2.Http2Connection._handle_event
+_h2_answer: dict[str, Callable[[int, str], tuple[int, list[tuple[bytes, bytes]], bytes]]] = {}
+
+
+def _h2_handle_event(self: Any, event: Any) -> Any:
+    """mitmproxy's HTTP/2 event handling, except its error page: an error answered on a
+    stream that has not started its response gets the gateway's answer (headers and
+    body) instead of mitmproxy's HTML."""
+    make = _h2_answer.get("make")
+    if make is not None and isinstance(event, ResponseProtocolError) \
+            and not self.is_closed(event.stream_id) and self.is_open_for_us(event.stream_id):
+        stream = self.h2_conn.streams[event.stream_id]
+        status = event.code.http_status_code()
+        if not stream.state_machine.headers_sent and status is not None:
+            status, fields, body = make(status, event.message)
+            self.h2_conn.send_headers(event.stream_id, [(b":status", b"%d" % status), *fields])
+            self.h2_conn.send_data(event.stream_id, body, end_stream=True)
+            yield SendData(self.conn, self.h2_conn.data_to_send())
+            return
+    yield from _original_h2_handle(self, event)
+
+
+TRAILERS_UNSUPPORTED = "HTTP/1 trailers are not supported by the mitmproxy engine"
+
+
+class _NoTrailersReader(ChunkedReader):
+    """mitmproxy's HTTP/1 layer cannot relay trailers (it raises NotImplementedError,
+    which drops the connection with a traceback): end such a message as an HTTP
+    protocol error instead, which mitmproxy answers (400 / 502) and logs in one line."""
+
+    def __call__(self, buf: ReceiveBuffer) -> Any:
+        event = super().__call__(buf)
+        if isinstance(event, h11.EndOfMessage) and event.headers:
+            raise h11.LocalProtocolError(TRAILERS_UNSUPPORTED)
+        return event
+
+
+def install_error_pages(
+        http1: Callable[[int, str], bytes],
+        http2: Callable[[int, str], tuple[int, list[tuple[bytes, bytes]], bytes]]) -> None:
     """Replace mitmproxy's own error answers: `http1(status, message)` gives the whole
-    HTTP/1 response, `body(status, message)` the HTTP/2 error body (mitmproxy writes
-    its headers)."""
+    HTTP/1 response, `http2(status, message)` the HTTP/2 one (status, fields, body)."""
     _http1.make_error_response = http1  # type: ignore[assignment]
-    _http2.format_error = body  # type: ignore[attr-defined,assignment]
+    _http1.ChunkedReader = _NoTrailersReader  # type: ignore[attr-defined]
+    _h2_answer["make"] = http2
+    _http2.Http2Connection._handle_event = _h2_handle_event  # type: ignore[method-assign]
 
 
 def close_mitmproxy_connection(client_id: str, write: bytes | None = None) -> bool:

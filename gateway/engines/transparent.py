@@ -44,6 +44,7 @@ class TransparentDoor(Door):
     """One redirected connection, until an engine takes it."""
 
     listener = "transparent"
+    engine = "transparent"
     OWNED = ("accepted", "first", "deciding")
 
     def __init__(self, doors: Doors, handoff: Callable[..., Any]) -> None:

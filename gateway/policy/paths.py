@@ -12,13 +12,16 @@ Request paths are matched after stripping the query string and decoding
 percent-encoded *unreserved* characters (RFC 3986 section 6.2.2.2, so ``%63hat``
 is ``chat``). A path an upstream could interpret as a different path -- ``.``/``..``
 segments (also encoded), encoded separators ``%2f``/``%5c``, backslashes, NUL, or a
-path not starting with ``/`` -- is *suspicious*: it matches no rule at all.
+path not starting with ``/`` -- is *suspicious*: it matches no rule at all. So is a
+path hiding a dot segment the way Tomcat, Spring or Jetty would resolve it
+(`/api/..;/admin`, `..%3b`, `%2e%2e;`, `%u002e`, overlong UTF-8 `%c0%ae`, fullwidth dots).
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import unicodedata
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -35,6 +38,8 @@ class PathPatternError(ValueError):
 
 
 _PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
+_PERCENT_BYTES = re.compile(rb"%([0-9A-Fa-f]{2})")
+_PERCENT_U = re.compile(r"%[uU][0-9A-Fa-f]{4}")
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 
 
@@ -145,4 +150,34 @@ def normalize_path(raw: str | None) -> tuple[str, str | None]:
         for segment in path.split("/"):
             if segment == "." or segment == "..":
                 return path, "contains a '.' or '..' segment"
+    if "%" in path or ";" in path or not path.isascii():
+        problem = _hidden_segment(path)
+        if problem is not None:
+            return path, problem
     return path, None
+
+
+def _hidden_segment(path: str) -> str | None:
+    """A dot segment or separator hidden from a plain check, the way servers resolve
+    them: Tomcat, Spring and Jetty drop `;parameters` (`/api/..;/admin` is `/admin`),
+    some decode `%XX` again, `%uXXXX`, overlong UTF-8 (`%c0%ae`) or fullwidth forms
+    (U+FF0E U+FF0E). Such a path is ambiguous: it matches no rule."""
+    if _PERCENT_U.search(path):
+        return "contains a %u escape, which some servers decode"
+    raw = path.encode("utf-8", "surrogateescape")
+    for _ in range(2):
+        decoded = _PERCENT_BYTES.sub(lambda m: bytes([int(m.group(1), 16)]), raw)
+        if decoded == raw:
+            break
+        raw = decoded
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "contains bytes that are not UTF-8 (overlong or broken encodings)"
+    text = unicodedata.normalize("NFKC", text)
+    if "\\" in text or "\x00" in text or text.count("/") != path.count("/"):
+        return "contains an encoded '/', '\\' or NUL (double-encoded or fullwidth)"
+    for segment in text.split("/"):
+        if segment.split(";", 1)[0] in (".", ".."):
+            return "hides a '.' or '..' segment (path parameters or encodings)"
+    return None

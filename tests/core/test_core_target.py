@@ -124,3 +124,17 @@ def test_tunnel_authority_refused(authority: str) -> None:
     with pytest.raises(Refusal) as info:
         tunnel_authority(authority)
     assert info.value.code == "bad_destination"
+
+
+@pytest.mark.parametrize("field", [("X-N", "a\x00b"), ("X-N", "a\rb"), ("X-N", "a\nb"),
+                                   ("Bad Name", "x"), ("X:y", "z"), ("", "z")])
+def test_control_characters_and_bad_names_are_refused(field: tuple[str, str]) -> None:
+    """Finding 12: a NUL in a header value was forwarded (both engines)."""
+    with pytest.raises(Refusal) as info:
+        request_target(head("/", ("Host", "api.example.com"), field), TUNNEL, tls=True)
+    assert info.value.code == "bad_request"
+
+
+def test_tabs_and_utf8_in_values_are_fine() -> None:
+    request_target(head("/", ("Host", "api.example.com"), ("X-V", "a\tb caf\xe9")), TUNNEL,
+                   tls=True)

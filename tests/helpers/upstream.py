@@ -7,6 +7,7 @@ seconds; `/status/N` answers N; `/echo-header/NAME` reflects a request header.
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import ssl
@@ -81,6 +82,21 @@ class _Handler(BaseHTTPRequestHandler):
             value = self.headers.get(parts[1], "")
             return self._send(200, json.dumps({"value": value}).encode(),
                               extra={"X-Echo": value})
+        if parts[0] == "echo-gzip" and len(parts) > 1:  # whatever Accept-Encoding says
+            value = self.headers.get(parts[1], "")
+            return self._send(200, gzip.compress(json.dumps({"value": value}).encode()),
+                              extra={"Content-Encoding": "gzip"})
+        if parts[0] == "echo-reason" and len(parts) > 1:  # the value in the status line
+            value = self.headers.get(parts[1], "")
+            self.wfile.write(f"HTTP/1.1 200 seen {value}\r\nContent-Length: 2\r\n\r\nok"
+                             .encode())
+            return None
+        if parts[0] == "echo-te" and len(parts) > 1:  # a malformed answer quoting it
+            value = self.headers.get(parts[1], "")
+            self.wfile.write(f"HTTP/1.1 200 OK\r\nTransfer-Encoding: {value}\r\n\r\nx"
+                             .encode())
+            self.close_connection = True
+            return None
         payload = json.dumps({"method": seen.method, "path": seen.path,
                               "headers": seen.headers, "body": body.decode("latin-1")})
         self._send(200, payload.encode())
@@ -208,3 +224,36 @@ def start_upstream(ssl_context: ssl.SSLContext | None = None, host: str = "127.0
         server.socket = ssl_context.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return upstream
+
+
+def main() -> None:
+    """`python upstream.py IP PORT CERT KEY LOG`: serve on IP:PORT over TLS (CERT `-`:
+    cleartext) for tests that run it in a network namespace, appending each request
+    seen to LOG as JSON."""
+    import sys
+
+    ip, port, cert, key, log = sys.argv[1:6]
+    handler = type("Handler", (_Handler,), {})
+    server = ThreadingHTTPServer((ip, int(port)), handler)
+    server.daemon_threads = True
+    upstream = Upstream(server)
+
+    class Logged(list[Seen]):
+        def append(self, seen: Seen) -> None:
+            with open(log, "a") as f:
+                f.write(json.dumps({"method": seen.method, "path": seen.path,
+                                    "headers": seen.headers,
+                                    "body": seen.body.decode("latin-1")}) + "\n")
+
+    upstream.requests = Logged()
+    handler.upstream = upstream  # type: ignore[attr-defined]
+    if cert != "-":
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    print("ready", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from gateway.core.addresses import AddressPolicy
+from gateway.engines.mitm import REFUSED_MARK
 from gateway.net.resolver import (
     BackstopRefused,
     DestinationGuard,
@@ -524,7 +525,7 @@ class _MitmThread:
                 try:
                     pinned = await outer.guard.check(host, port)
                 except DestinationRefused as e:
-                    data.server.error = f"refused: {e.code}: {e.reason}"
+                    data.server.error = f"{REFUSED_MARK}{e.code}: {e.reason}"
                     return
                 pin(pinned)
 

@@ -195,8 +195,11 @@ class Connection(Side):
                 if head is None or not await self._exchange(head):
                     break
         except ProtocolError as exc:
-            self.write_answer(self.gate.refuse(self.client, Refusal(
-                "bad_request", f"the request could not be parsed: {exc}"), close=True))
+            tunnel = self.client.tunnel
+            self.write_answer(self.gate.refuse(
+                self.client, Refusal("bad_request", f"the request could not be parsed: {exc}"),
+                host=tunnel.host if tunnel else None, port=tunnel.port if tunnel else None,
+                close=True))
         except TimeoutError:
             log.debug("connection from %s timed out", self.client.peer)
         except (ConnectionError, TlsClosed, ssl.SSLError, asyncio.CancelledError):

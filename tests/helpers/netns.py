@@ -1,0 +1,212 @@
+"""A transparent-mode lab: a sandbox network namespace whose TCP is REDIRECTed by
+iptables into a gateway process running in its own namespace, with a TLS upstream and a
+canary on local addresses there. Nothing leaves this machine: both namespaces are
+private, linked only to each other (scripts/sandbox-netns.sh)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from helpers.tls import LocalCA
+
+ROOT = Path(__file__).resolve().parents[2]
+NETNS = ROOT / "scripts" / "sandbox-netns.sh"
+HELPERS = Path(__file__).resolve().parent
+UPSTREAM_IP, CANARY_IP, SANDBOX_IP = "203.0.113.10", "203.0.113.20", "198.18.0.2"
+ADMIN = "sandbox-gateway-test-admin-token"
+
+CANARY = r"""
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 443)); s.listen(); print("ready", flush=True)
+while True:
+    c, _ = s.accept()
+    with open(sys.argv[2], "a") as f:
+        f.write("CONNECTED\n")
+    c.close()
+"""
+
+
+def unavailable() -> str | None:
+    """Why the lab cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "needs root for network namespaces"
+    for tool in ("ip", "iptables", "curl"):
+        if shutil.which(tool) is None:
+            return f"{tool} is missing: run `make tools`"
+    return None
+
+
+@dataclass
+class Lab:
+    gw_ns: str
+    sbx_ns: str
+    workdir: Path
+    ca: LocalCA
+
+    @property
+    def gateway_ca(self) -> Path:
+        return self.workdir / "certs" / "ca.crt"
+
+    def sandbox_curl(self, url: str, ip: str, *args: str) -> subprocess.CompletedProcess[str]:
+        host = url.split("/")[2]
+        return subprocess.run(
+            ["ip", "netns", "exec", self.sbx_ns, "curl", "-sS", "--max-time", "8",
+             "--resolve", f"{host}:443:{ip}", *args, url],
+            capture_output=True, text=True, timeout=20)
+
+    def sandbox_client(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Run helpers/parity.py inside the sandbox namespace; its JSON result."""
+        out = subprocess.run(
+            ["ip", "netns", "exec", self.sbx_ns, sys.executable, str(HELPERS / "parity.py"),
+             json.dumps(spec)], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        result: dict[str, Any] = json.loads(out.stdout)
+        return result
+
+    def admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> str:
+        cmd = ["ip", "netns", "exec", self.gw_ns, "curl", "-sS", "-X", method,
+               "-H", f"Authorization: Bearer {ADMIN}", f"http://127.0.0.1:8090{path}"]
+        if body is not None:
+            cmd += ["-H", "Content-Type: application/json", "-d", json.dumps(body)]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout
+
+    def mint(self, sandbox: str = "sbx-1", policy: str = "agent", **extra: Any) -> str:
+        return str(json.loads(self.admin("POST", "/v1/tokens", {
+            "sandbox": sandbox, "policy": policy, **extra}))["token"])
+
+    def register(self, sandbox: str = "sbx-1", policy: str = "agent") -> None:
+        assert SANDBOX_IP in self.admin("POST", "/v1/sandboxes",
+                                        {"id": sandbox, "ip": SANDBOX_IP, "policy": policy})
+
+    def audit(self) -> list[dict[str, Any]]:
+        path = self.workdir / "audit.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def upstream_seen(self) -> list[dict[str, Any]]:
+        path = self.workdir / "upstream.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def canary_hits(self) -> int:
+        hits = self.workdir / "canary.log"
+        return hits.read_text().count("CONNECTED") if hits.exists() else 0
+
+
+def _wait_line(proc: subprocess.Popen[str], word: str, timeout: float = 15) -> None:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if word in line:
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited: {proc.returncode}")
+    raise TimeoutError(word)
+
+
+@contextlib.contextmanager
+def transparent_lab(workdir: Path, *, policy: str, names: list[str],
+                    secrets: dict[str, str], resolve: dict[str, str] | None = None
+                    ) -> Iterator[Lab]:
+    """Start the lab (the caller skips or fails when `unavailable()` says why)."""
+    tag = uuid.uuid4().hex[:6]
+    gw_ns, sbx_ns = f"sgw{tag}", f"sbx{tag}"
+    hosts_dir = Path("/etc/netns") / gw_ns
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        out = subprocess.run([str(NETNS), "up", sbx_ns, gw_ns, "8081"], capture_output=True,
+                             text=True, timeout=30)
+        if out.returncode != 0:
+            raise RuntimeError(f"the kernel refused the namespace setup: {out.stderr.strip()}")
+        for ip in (UPSTREAM_IP, CANARY_IP):
+            subprocess.run(["ip", "-n", gw_ns, "addr", "add", f"{ip}/32", "dev", "lo"],
+                           check=True)
+        # Name resolution inside the gateway namespace (ip netns exec bind-mounts it).
+        hosts_dir.mkdir(parents=True, exist_ok=True)
+        (hosts_dir / "hosts").write_text(
+            "127.0.0.1 localhost\n" + f"{UPSTREAM_IP} {' '.join(names)} evil.test\n")
+        ca = LocalCA.create(workdir / "ca")
+        cert, key = ca.issue(workdir, [*names, "evil.test"])
+        up = subprocess.Popen(
+            ["ip", "netns", "exec", gw_ns, sys.executable, str(HELPERS / "upstream.py"),
+             UPSTREAM_IP, "443", str(cert), str(key), str(workdir / "upstream.jsonl")],
+            stdout=subprocess.PIPE, text=True, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": f"{ROOT / 'tests'}:{ROOT}"})
+        procs.append(up)
+        _wait_line(up, "ready")
+        plain = subprocess.Popen(
+            ["ip", "netns", "exec", gw_ns, sys.executable, str(HELPERS / "upstream.py"),
+             UPSTREAM_IP, "80", "-", "-", str(workdir / "upstream.jsonl")],
+            stdout=subprocess.PIPE, text=True, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": f"{ROOT / 'tests'}:{ROOT}"})
+        procs.append(plain)
+        _wait_line(plain, "ready")
+        canary = subprocess.Popen(["ip", "netns", "exec", gw_ns, sys.executable, "-c",
+                                   CANARY, CANARY_IP, str(workdir / "canary.log")],
+                                  stdout=subprocess.PIPE, text=True)
+        procs.append(canary)
+        _wait_line(canary, "ready")
+        (workdir / "policies").mkdir()
+        (workdir / "policies" / "agent.yaml").write_text(policy)
+        secrets_file = workdir / "secrets.yaml"
+        secrets_file.write_text("".join(f"{k}: {v}\n" for k, v in secrets.items()))
+        secrets_file.chmod(0o600)
+        network: dict[str, Any] = {"allow_cidrs": ["203.0.113.0/24"],
+                                   "upstream_ca": str(ca.cert_path)}
+        if resolve:
+            network["resolve"] = resolve
+        (workdir / "gateway.yaml").write_text(yaml.safe_dump({
+            "listen": {"proxy": "127.0.0.1:8080", "admin": "127.0.0.1:8090",
+                       "transparent": "0.0.0.0:8081"},
+            "admin_token": ADMIN, "policies": "policies", "certs": "certs", "workers": 1,
+            "secrets": {"store": "file", "path": str(secrets_file)},
+            "audit": {"path": str(workdir / "audit.jsonl")},
+            "network": network,
+        }))
+        gw = subprocess.Popen(
+            ["ip", "netns", "exec", gw_ns, sys.executable, "-m", "gateway", "run",
+             "--config", str(workdir / "gateway.yaml")],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        procs.append(gw)
+        lab = Lab(gw_ns, sbx_ns, workdir, ca)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if '"ready":true' in lab.admin("GET", "/readyz").replace(" ", ""):
+                break
+            if gw.poll() is not None:
+                raise RuntimeError(gw.stderr.read() if gw.stderr else "gateway exited")
+            time.sleep(0.2)
+        else:
+            raise TimeoutError("gateway not ready")
+        yield lab
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+            for stream in (p.stdout, p.stderr):
+                if stream is not None:
+                    stream.close()
+        subprocess.run([str(NETNS), "down", sbx_ns, gw_ns], capture_output=True, timeout=30)
+        shutil.rmtree(hosts_dir, ignore_errors=True)

@@ -1,0 +1,295 @@
+"""The parity table: every case an engine must answer the same way (see
+tests/integration/test_parity.py and test_parity_transparent.py, which run it)."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from helpers.parity import Result, Spec
+
+KEY = "sk-parity-real-key-0123456789abcdef"
+ENGINES = ("h1", "mitmproxy", "h2")
+
+POLICY = """
+version: v1
+name: agent
+egress:
+  - host: allowed.test
+  - host: other.test
+    methods: [GET, POST, HEAD]
+    paths: ["/ok/**", "/api/**", "/"]
+  - host: unbound.test
+    inspect: true
+  - host: api.openai.com
+    credential: openai
+  - host: 169.254.169.254
+  - host: noname.test
+credentials:
+  openai: {preset: openai, secret: openai-api-key}
+"""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row. `see`: (stage, status, code) for the proxy engines; `audit`: the fields
+    the deciding audit line must have. `spec` may use {TOKEN}, {KEY}, {PAYLOAD}."""
+
+    name: str
+    spec: dict[str, Any]
+    see: tuple[str, int | None, str | None]
+    audit: dict[str, Any]
+    token: str = "valid"  # valid | expired | revoked
+    engines: tuple[str, ...] = ENGINES
+    transparent: tuple[str, int | None, str | None] | None = None  # what a redirected
+    # sandbox sees, when it differs (refused before TLS: no HTTP answer); "skip" = n/a
+    check: Callable[[Result, list[Any]], None] | None = None  # result, upstream requests
+    prime: bool = False  # the key must be fetched before (an earlier swap)
+    # mitmproxy streams a body of unknown size to the upstream as it arrives: a refusal
+    # found in it can only cut the connection (no answer fits mid-stream), where the
+    # HTTP/1 engine, which holds a body until it is checked, still answers 403.
+    streamed: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _no_upstream(result: Result, seen: list[Any]) -> None:
+    assert seen == [], [s.path for s in seen]
+
+
+def _no_upstream_body(result: Result, seen: list[Any]) -> None:
+    """Nothing arrived, or (a streamed body cut off) no complete request."""
+    assert all(s.body == b"" and "eyJ" not in json.dumps(s.headers) for s in seen), seen
+
+
+def _swapped(result: Result, seen: list[Any]) -> None:
+    assert seen and seen[-1].headers.get("authorization") == f"Bearer {KEY}"
+    assert "eyJ" not in json.dumps(seen[-1].headers)  # no gateway token upstream
+    assert KEY not in result.body and KEY not in json.dumps(result.headers)
+    assert "[REDACTED]" in result.body
+
+
+def _no_key(result: Result, seen: list[Any]) -> None:
+    assert KEY not in result.body and KEY not in json.dumps(result.headers)
+
+
+def _gz(text: str) -> str:
+    return base64.b64encode(gzip.compress(text.encode())).decode()
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+DENY = {"decision": "deny"}
+CONNECT_DENY = {"decision": "deny", "method": "CONNECT"}
+
+CASES = [
+    Case("allow inspected", {"host": "other.test", "target": "/ok/a"},
+         ("response", 200, None),
+         {"decision": "allow", "host": "other.test", "port": 443, "path": "/ok/a",
+          "status": 200, "path_taken": "intercept", "error": None}),
+    Case("allow passthrough", {"host": "allowed.test", "target": "/p"},
+         ("response", 200, None),
+         {"decision": "allow", "host": "allowed.test", "port": 443, "method": "CONNECT",
+          "path_taken": "passthrough"}, engines=("h1", "mitmproxy"),
+         extra={"upstream_ca": True}),
+    Case("deny host", {"host": "evil.test"}, ("connect", 403, "policy_denied"),
+         {**CONNECT_DENY, "error": "policy_denied", "host": "evil.test"},
+         transparent=("tls", None, None), check=_no_upstream),
+    Case("deny port", {"host": "other.test", "port": 8443},
+         ("connect", 403, "policy_denied"),
+         {**CONNECT_DENY, "error": "policy_denied", "host": "other.test", "port": 8443},
+         transparent=("skip", None, None)),
+    Case("deny method", {"host": "other.test", "method": "DELETE", "target": "/ok/a"},
+         ("response", 403, "policy_denied"),
+         {**DENY, "error": "policy_denied", "method": "DELETE", "path": "/ok/a"},
+         check=_no_upstream),
+    Case("deny path", {"host": "other.test", "target": "/admin"},
+         ("response", 403, "policy_denied"), {**DENY, "error": "policy_denied"},
+         check=_no_upstream),
+    Case("F11 dot segment behind a path parameter",
+         {"host": "other.test", "target": "/api/..;/admin"},
+         ("response", 403, "policy_denied"), {**DENY, "error": "policy_denied"},
+         check=_no_upstream),
+    Case("F11 fullwidth dots", {"host": "other.test", "target": "/api/%ef%bc%8e%ef%bc%8e/x"},
+         ("response", 403, "policy_denied"), {**DENY, "error": "policy_denied"},
+         check=_no_upstream),
+    Case("Host names another host", {"host": "other.test", "target": "/ok/a",
+                                      "headers": [["Host", "unbound.test"]]},
+         ("response", 403, "host_mismatch"), {**DENY, "error": "host_mismatch"},
+         engines=("h1", "mitmproxy"), check=_no_upstream),
+    Case("F2 absolute-form names another host",
+         {"host": "unbound.test", "target": "https://api.openai.com/x",
+          "headers": [["Host", "unbound.test"]]},
+         ("response", 403, "host_mismatch"), {**DENY, "error": "host_mismatch"},
+         engines=("h1", "mitmproxy"), check=_no_upstream),
+    Case(":authority names another host", {"host": "other.test", "target": "/ok/a",
+                                           "authority": "unbound.test"},
+         ("response", 403, "host_mismatch"), {**DENY, "error": "host_mismatch"},
+         engines=("h2",), check=_no_upstream),
+    Case("SNI names another host", {"host": "other.test", "sni": "unbound.test"},
+         ("tls", None, None), {**CONNECT_DENY, "error": "host_mismatch",
+                               "host": "other.test"},
+         transparent=("skip", None, None), check=_no_upstream),
+    Case("F10 SNI fronting on passthrough", {"host": "allowed.test", "sni": "evil.test"},
+         ("tls", None, None), {**CONNECT_DENY, "error": "host_mismatch", "host": "allowed.test"},
+         engines=("h1", "mitmproxy"), transparent=("skip", None, None), check=_no_upstream),
+    Case("key swap, echo redacted",
+         {"host": "api.openai.com", "target": "/echo-header/Authorization",
+          "headers": [["Authorization", "Bearer {TOKEN}"]]},
+         ("response", 200, None),
+         {"decision": "allow", "credential": "openai", "status": 200}, check=_swapped),
+    Case("token to an unbound host in a header",
+         {"host": "unbound.test", "headers": [["X-Steal", "{TOKEN}"]]},
+         ("response", 403, "exfiltration_blocked"),
+         {**DENY, "error": "exfiltration_blocked", "host": "unbound.test"},
+         check=_no_upstream),
+    Case("token in the query", {"host": "unbound.test", "target": "/q?t={TOKEN}"},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
+    Case("token in the body", {"host": "unbound.test", "method": "POST", "target": "/b",
+                               "body": "{B64:{\"t\": \"{TOKEN}\"}}"},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
+    Case("F4 token in a trailer", {"host": "unbound.test", "method": "POST", "target": "/t",
+                                   "body": "{B64:hello}", "chunked": True,
+                                   "trailers": [["X-Trailer", "{TOKEN}"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         streamed=True, check=_no_upstream_body, engines=("h1", "h2")),
+    Case("HTTP/1 trailers through mitmproxy",  # mitmproxy cannot relay HTTP/1 trailers
+         {"host": "unbound.test", "method": "POST", "target": "/t", "body": "{B64:hello}",
+          "chunked": True, "trailers": [["X-Trailer", "clean"]]},
+         ("closed", None, None), {**DENY, "error": "unsupported"}, engines=("mitmproxy",),
+         check=_no_upstream_body),
+    Case("F8 token without its header", {"host": "unbound.test",
+                                         "headers": [["X-Steal", "{PAYLOAD}"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
+    Case("F8 token split over two headers",
+         {"host": "unbound.test", "headers": [["X-A", "{TOKEN_A}"], ["X-B", "{TOKEN_B}"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
+    Case("F8 token in a gzip body",
+         {"host": "unbound.test", "method": "POST", "target": "/gz", "body": "{GZ:{TOKEN}}",
+          "headers": [["Content-Encoding", "gzip"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
+    Case("F8 token swapped case", {"host": "unbound.test",
+                                   "headers": [["X-Steal", "{TOKEN_SWAPCASE}"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
+    Case("key to an unbound host", {"host": "unbound.test", "headers": [["X-K", "{KEY}"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         prime=True, check=_no_upstream),
+    Case("F7 key echoed in a gzip body",
+         {"host": "api.openai.com", "target": "/echo-gzip/Authorization",
+          "headers": [["Authorization", "Bearer {TOKEN}"], ["Accept-Encoding", "gzip"]]},
+         ("response", 200, None), {"decision": "allow", "credential": "openai"},
+         check=_no_key),
+    Case("F3 key echoed in the status line",
+         {"host": "api.openai.com", "target": "/echo-reason/Authorization",
+          "headers": [["Authorization", "Bearer {TOKEN}"]]},
+         ("response", 200, None), {"decision": "allow", "credential": "openai"},
+         engines=("h1", "mitmproxy"), check=_no_key),
+    Case("F3 key echoed in a malformed answer",
+         {"host": "api.openai.com", "target": "/echo-te/Authorization",
+          "headers": [["Authorization", "Bearer {TOKEN}"]]},
+         ("response", 502, "upstream_failed"), {"error": "upstream_failed"}, check=_no_key),
+    Case("F1 a key never goes over cleartext",
+         {"host": "api.openai.com", "port": 80, "tls": False, "plain_proxy": True,
+          "target": "http://api.openai.com/v1/models",
+          "headers": [["Authorization", "Bearer {TOKEN}"]]},
+         ("response", 403, "credential_requires_tls"),
+         {**DENY, "error": "credential_requires_tls", "scheme": "http"},
+         engines=("h1", "mitmproxy"), check=_no_upstream),
+    Case("forbidden destination", {"host": "169.254.169.254"},
+         ("connect", 403, "forbidden_destination"),
+         {**CONNECT_DENY, "error": "forbidden_destination", "host": "169.254.169.254"},
+         transparent=("tls", None, None), check=_no_upstream),
+    Case("unresolvable", {"host": "noname.test"}, ("connect", 502, "unresolvable"),
+         {**CONNECT_DENY, "error": "unresolvable"}, transparent=("skip", None, None)),
+    Case("expired token", {"host": "other.test"}, ("connect", 407, "token_expired"),
+         {**CONNECT_DENY, "error": "token_expired"}, token="expired",
+         transparent=("skip", None, None)),
+    Case("revoked token", {"host": "other.test"}, ("connect", 407, "token_revoked"),
+         {**CONNECT_DENY, "error": "token_revoked"}, token="revoked",
+         transparent=("skip", None, None)),
+    Case("F12 lower-case method", {"host": "other.test", "method": "get", "target": "/ok/a"},
+         ("response", 400, "bad_request"), {**DENY, "error": "bad_request"},
+         engines=("h1", "mitmproxy"), check=_no_upstream),
+    Case("F12 NUL in a header value", {"host": "other.test", "target": "/ok/a",
+                                       "headers": [["X-N", "a\x00b"]]},
+         ("response", 400, "bad_request"), {**DENY, "error": "bad_request"},
+         engines=("h1", "mitmproxy"), check=_no_upstream),
+    Case("F12 upgrade to h2c", {"host": "other.test", "target": "/ok/a",
+                                "headers": [["Upgrade", "h2c"], ["Connection", "Upgrade"]]},
+         ("response", 501, "unsupported"), {**DENY, "error": "unsupported"},
+         engines=("h1", "mitmproxy"), check=_no_upstream),
+]
+
+
+def _fill(value: Any, subs: dict[str, str]) -> Any:
+    if isinstance(value, str):
+        if value.startswith("{B64:") and value.endswith("}"):
+            return _b64(_fill(value[5:-1], subs))
+        if value.startswith("{GZ:") and value.endswith("}"):
+            return _gz(_fill(value[4:-1], subs))
+        for k, v in subs.items():
+            value = value.replace("{" + k + "}", v)
+        return value
+    if isinstance(value, list):
+        return [_fill(v, subs) for v in value]
+    return value
+
+
+def substitutions(token: str) -> dict[str, str]:
+    half = len(token) // 2
+    return {"TOKEN": token, "KEY": KEY, "PAYLOAD": token.split(".", 1)[1],
+            "TOKEN_A": token[:half], "TOKEN_B": token[half:],
+            "TOKEN_SWAPCASE": token.swapcase()}
+
+
+def build_spec(case: Case, token: str, **where: Any) -> Spec:
+    raw = {k: _fill(v, substitutions(token)) for k, v in case.spec.items()}
+    raw["headers"] = [tuple(h) for h in raw.get("headers", [])]
+    raw["trailers"] = [tuple(h) for h in raw.get("trailers", [])]
+    return Spec(**{**raw, **where})
+
+
+def deciding_line(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """The line that decided the case: a deny if there is one, else the last line."""
+    denies = [r for r in lines if r["decision"] == "deny"]
+    assert lines, "no audit line for the case"
+    return denies[-1] if denies else lines[-1]
+
+
+DECISION_FIELDS = ("decision", "error", "host", "port", "rule", "credential")
+
+
+def decision_fields(line: dict[str, Any]) -> dict[str, Any]:
+    """The fields every engine must agree on (the rule as file name and line)."""
+    out = {k: line[k] for k in DECISION_FIELDS}
+    if out["rule"]:
+        out["rule"] = Path(out["rule"].rsplit(":", 1)[0]).name + ":" + out["rule"].rsplit(":", 1)[1]
+    return out
+
+
+def new_lines(records: Callable[[], list[dict[str, Any]]], before: int
+              ) -> list[dict[str, Any]]:
+    """Audit lines written after `before` (an exchange's line comes once its response
+    was relayed, a passthrough tunnel's when it closes)."""
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        if len(records()) > before:
+            time.sleep(0.05)  # a refusal may be followed by its connection's last line
+            return records()[before:]
+        time.sleep(0.02)
+    return []
+
+

@@ -1,0 +1,120 @@
+"""Parity: one table of cases through every engine, the same answer and audit line each.
+
+Engines: `h1` (the front door and the HTTP/1 engine, the default), `mitmproxy`
+(`network.intercept: mitmproxy`, mitmproxy serves everything), `h2` (the default
+gateway, an HTTP/2-only client: handed to mitmproxy with the admitted client), and
+`transparent` (a sandbox network namespace redirected into a gateway process; see
+test_parity_transparent.py). Every case states what the client sees and the audit
+line's decision fields; the suite asserts both, and that every engine wrote the same
+decision fields for the same case. Findings of the enforcement-core issue carry their
+number (F1 … F12).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.gateway import GatewayFactory, GatewayThread
+from helpers.parity import Spec, run
+from helpers.parity_cases import (
+    CASES,
+    ENGINES,
+    KEY,
+    POLICY,
+    Case,
+    build_spec,
+    deciding_line,
+    decision_fields,
+    new_lines,
+)
+from helpers.tls import LocalCA
+from helpers.upstream import Upstream
+
+from gateway.net.resolver import StaticResolver
+
+# -- the in-process engines ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def parity_secrets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("parity") / "secrets.yaml"
+    path.write_text(f"openai-api-key: {KEY}\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest, make_gateway: GatewayFactory,
+           parity_secrets: Path, upstream: Upstream) -> tuple[str, GatewayThread]:
+    name = request.param
+    names = ["allowed.test", "other.test", "unbound.test", "api.openai.com"]  # (the upstream's
+    # certificate names)
+    gw = make_gateway({"agent.yaml": POLICY}, config={
+        "secrets": {"store": "file", "path": str(parity_secrets)},
+        "network": {"intercept": "mitmproxy" if name == "mitmproxy" else "fast",
+                    "resolve": {n: f"127.0.0.1:{upstream.port}" for n in names}},
+    }, resolver=StaticResolver({}))
+    return name, gw
+
+
+def _token(gw: GatewayThread, kind: str) -> str:
+    if kind == "expired":
+        service = gw.gateway.tokens
+        real = service.clock
+        service.clock = lambda: real() - 3600
+        try:
+            return gw.mint("agent", ttl=60)
+        finally:
+            service.clock = real
+    token = gw.mint("agent")
+    if kind == "revoked":
+        jti = gw.gateway.tokens.verify(token).jti
+        gw.call(gw.gateway.state.revoke(jti, 1e12))
+    return token
+
+
+results: dict[str, dict[str, dict[str, Any]]] = {}  # case -> engine -> decision fields
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_case(engine: tuple[str, GatewayThread], case: Case, upstream: Upstream,
+              test_ca: LocalCA) -> None:
+    name, gw = engine
+    if name not in case.engines:
+        pytest.skip(f"{case.name}: not an {name} shape")
+    token = _token(gw, case.token)
+    if case.prime:  # fetch the key once, through a swap
+        primer = next(c for c in CASES if c.name == "key swap, echo redacted")
+        run(_proxy_spec(primer, gw, token, test_ca, name))
+    before_lines = len(gw.audit.records())
+    before_seen = len(upstream.requests)
+    result = run(_proxy_spec(case, gw, token, test_ca, name))
+    stage, status, code = case.see
+    if case.streamed and name in ("mitmproxy", "h2"):
+        stage, status, code = "closed", None, None
+    assert (result.stage, result.status, result.code) == (stage, status, code), result
+    line = deciding_line(new_lines(gw.audit.records, before_lines))
+    for key, want in case.audit.items():
+        assert line[key] == want, (key, line)
+    assert line["engine"] in ("h1", "mitmproxy", "splice", "frontdoor", "transparent")
+    if case.check is not None:
+        case.check(result, upstream.requests[before_seen:])
+    results.setdefault(case.name, {})[name] = decision_fields(line)
+    # The same decision on every engine that ran the case.
+    assert len({json.dumps(v, sort_keys=True) for v in results[case.name].values()}) == 1, \
+        results[case.name]
+
+
+def _proxy_spec(case: Case, gw: GatewayThread, token: str, test_ca: LocalCA,
+                engine: str) -> Spec:
+    assert gw.gateway.proxy_address is not None
+    cred = base64.b64encode(f"sandbox-1:{token}".encode()).decode()
+    cafile = str(test_ca.cert_path) if case.extra.get("upstream_ca") else str(gw.ca_cert)
+    spec = build_spec(case, token, proxy=gw.gateway.proxy_address,
+                      proxy_auth=f"Basic {cred}", cafile=cafile)
+    return replace(spec, h2=engine == "h2")

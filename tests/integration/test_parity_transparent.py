@@ -1,0 +1,124 @@
+"""Parity, transparent mode: the parity table through a sandbox network namespace
+redirected into a gateway process (iptables REDIRECT, SO_ORIGINAL_DST). The sandbox is
+registered by its address (transparent mode has no proxy credentials); everything else
+is the table's: the same answers, the same audit decisions. What cannot apply here is
+skipped (no CONNECT: no port or token refusals at a proxy; a refusal before TLS reaches
+the client as a failed handshake, not an HTTP answer)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from helpers.netns import UPSTREAM_IP, Lab, transparent_lab, unavailable
+from helpers.parity import Result
+from helpers.parity_cases import CASES, KEY, POLICY, Case, build_spec, deciding_line
+
+pytestmark = pytest.mark.netns
+
+NAMES = ["allowed.test", "other.test", "unbound.test", "api.openai.com"]
+APPLICABLE = [c for c in CASES if "h1" in c.engines and
+              (c.transparent is None or c.transparent[0] != "skip")]
+
+
+@pytest.fixture(scope="module")
+def parity_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    why = unavailable()
+    if why:
+        pytest.fail(why)
+    workdir: Path = tmp_path_factory.mktemp("parity-lab")
+    with transparent_lab(workdir, policy=POLICY, names=NAMES,
+                         secrets={"openai-api-key": KEY},
+                         resolve={n: f"{UPSTREAM_IP}:443" for n in NAMES}) as lab:
+        lab.register("sandbox-1")
+        yield lab
+
+
+def _seen(lab: Lab, before: int) -> list[Any]:
+    return [SimpleNamespace(method=r["method"], path=r["path"], headers=r["headers"],
+                            body=r["body"].encode("latin-1"))
+            for r in lab.upstream_seen()[before:]]
+
+
+@pytest.mark.parametrize("case", APPLICABLE, ids=[c.name for c in APPLICABLE])
+def test_case_transparent(parity_lab: Lab, case: Case) -> None:
+    lab = parity_lab
+    token = lab.mint("sandbox-1")
+    if case.prime:
+        primer = next(c for c in CASES if c.name == "key swap, echo redacted")
+        lab.sandbox_client(_spec(lab, primer, token))
+    before_lines, before_seen = len(lab.audit()), len(lab.upstream_seen())
+    got = Result(**lab.sandbox_client(_spec(lab, case, token)))
+    stage, status, code = case.transparent or case.see
+    if case.streamed:
+        stage, status, code = case.see  # the HTTP/1 engine holds the body: it answers
+    assert (got.stage, got.status, got.code) == (stage, status, code), got
+    from helpers.parity_cases import new_lines
+
+    line = deciding_line(new_lines(lab.audit, before_lines))
+    for key, want in case.audit.items():
+        if key == "method" and want == "CONNECT":
+            continue  # no CONNECT in transparent mode: the connection itself is decided
+        assert line[key] == want, (key, line)
+    assert line["listener"] == "transparent"
+    if case.check is not None:
+        case.check(got, _seen(lab, before_seen))
+    assert lab.canary_hits() == 0
+
+
+def _spec(lab: Lab, case: Case, token: str) -> dict[str, Any]:
+    spec = build_spec(case, token, cafile=str(lab.gateway_ca), proxy=None,
+                      proxy_auth=None, plain_proxy=False)
+    cafile = str(lab.ca.cert_path) if case.extra.get("upstream_ca") else str(lab.gateway_ca)
+    raw = json.loads(json.dumps(spec.__dict__))
+    raw.update(connect_to=[_address(case), spec.port], cafile=cafile)
+    return raw
+
+
+def _address(case: Case) -> str:
+    host = case.spec["host"]
+    return host if host[0].isdigit() else UPSTREAM_IP
+
+
+KEEPALIVE = r"""
+import socket, sys
+s = socket.create_connection((sys.argv[1], 80), timeout=10)
+out = []
+for host in ("allowed.test", "unbound.test"):
+    s.sendall(f"GET /v HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    length = [int(x.split(b":")[1]) for x in head.split(b"\r\n")
+              if x.lower().startswith(b"content-length")]
+    while length and len(rest) < length[0]:
+        rest += s.recv(65536)
+    out.append(head.split(b"\r\n")[0].decode())
+print("|".join(out))
+"""
+
+
+def test_plain_http_keep_alive_cannot_switch_hosts(parity_lab: Lab) -> None:
+    """Finding 5: transparent plain HTTP on a host-only rule went through unchecked, so a
+    later request on the same connection could name another virtual host. Cleartext
+    is always inspected now: every request's Host must be the connection's."""
+    import subprocess
+    import sys
+
+    before = len(parity_lab.audit())
+    out = subprocess.run(["ip", "netns", "exec", parity_lab.sbx_ns, sys.executable, "-c",
+                          KEEPALIVE, UPSTREAM_IP], capture_output=True, text=True, timeout=30)
+    first, second = out.stdout.strip().split("|")
+    assert first.startswith("HTTP/1.1 200"), out
+    assert second.startswith("HTTP/1.1 403 host_mismatch"), out
+    lines = parity_lab.audit()[before:]
+    assert [r["error"] for r in lines] == [None, "host_mismatch"]
+    assert all(r["path_taken"] in ("intercept", None) for r in lines)
