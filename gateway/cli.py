@@ -114,7 +114,8 @@ def cmd_token_mint(args: argparse.Namespace) -> int:
     scope = parse_scope(args.scope) if args.scope else None
     ttl = parse_duration(args.ttl, "--ttl") if args.ttl else None
     lifetime = parse_duration(args.lifetime, "--lifetime") if args.lifetime else None
-    minted = service.mint(args.sandbox, args.policy, scope, ttl=ttl, lifetime=lifetime)
+    minted = service.mint(args.sandbox, args.policy, scope, ttl=ttl, lifetime=lifetime,
+                          cidr=args.bind_cidr or ())
     if args.json:
         print(json.dumps({"token": minted.token, "jti": minted.jti,
                           "expires_at": minted.expires_at}))
@@ -214,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
                       "default: every credential the policy references")
     mint.add_argument("--ttl", help="lifetime of this token, e.g. 15m (max tokens.max_ttl)")
     mint.add_argument("--lifetime", help="max sandbox lifetime across refreshes, e.g. 8h")
+    mint.add_argument("--bind-cidr", action="append", metavar="NET",
+                      help="accept the token only from this source network, e.g. the "
+                           "sandbox's 10.0.3.7/32 (repeatable): a leaked token is useless "
+                           "from anywhere else")
     mint.add_argument("--json", action="store_true", help="print {token, jti, expires_at}")
     mint.set_defaults(func=cmd_token_mint)
     rotate = tsub.add_parser("rotate-key", parents=[common], help="add a new signing key")

@@ -103,7 +103,13 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
             ttl = parse_duration(data["ttl"], "ttl") if data.get("ttl") is not None else None
             lifetime = (parse_duration(data["lifetime"], "lifetime")
                         if data.get("lifetime") is not None else None)
-            minted = ctx.tokens.mint(sandbox, policy_name, scope, ttl=ttl, lifetime=lifetime)
+            cidr = data.get("cidr") or []
+            if isinstance(cidr, str):
+                cidr = [cidr]
+            if not isinstance(cidr, list) or not all(isinstance(c, str) for c in cidr):
+                raise ValueError("cidr must be a network or a list of networks")
+            minted = ctx.tokens.mint(sandbox, policy_name, scope, ttl=ttl, lifetime=lifetime,
+                                     cidr=cidr)
         except (ValueError, TokenError, ConfigError) as exc:
             return _error(400, "bad_request", str(exc))
         metrics.TOKENS_ISSUED.labels(kind="mint").inc()
