@@ -131,8 +131,8 @@ class Gateway:
 
     def _on_reload(self, policy_set: PolicySet) -> None:
         self.policy_set = policy_set
-        log.info("policies loaded: %d policies, %d rules",
-                 len(policy_set.policies), policy_set.rule_count)
+        log.info("policies loaded: %d policies, %d rules, revision %s",
+                 len(policy_set.policies), policy_set.rule_count, policy_set.revision)
 
     # -- lifecycle -----------------------------------------------------------------------
 
