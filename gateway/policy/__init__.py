@@ -21,7 +21,7 @@ from gateway.policy.loader import (
     load_policy_texts,
     policy_files,
 )
-from gateway.policy.matcher import Matcher, compile_policy, decide, explain
+from gateway.policy.matcher import Matcher, compile_policy, decide, explain, request_for
 from gateway.policy.model import (
     Credential,
     Decision,
@@ -66,4 +66,5 @@ __all__ = [
     "normalize_host",
     "normalize_path",
     "policy_files",
+    "request_for",
 ]
