@@ -189,9 +189,10 @@ def diff_text(diff: SetDiff, replay: ReplayReport | None) -> str:
             if not groups:
                 continue
             lines.append(f"{TITLES[category]} ({_HINTS[category]}): "
-                         f"{sum(g.count for g in groups)} request(s) in {len(groups)} group(s)")
+                         f"{sum(g.count for g in groups):,} request(s) in {len(groups)} "
+                         "group(s)")
             for group in groups:
-                lines.append(f"  {group.policy}  {group.host}  {group.count} request(s)")
+                lines.append(f"  {group.policy}  {group.host}  {group.count:,} request(s)")
                 lines.extend("    " + e for e in _example(group))
                 lines.append(f"    now: {group.reason}")
         if not replay.changed:
