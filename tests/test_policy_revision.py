@@ -237,6 +237,17 @@ def test_export_ref(tmp_path: Path) -> None:
     sha, exists = export_ref(root / "p", "HEAD~1", out)
     assert (sha, exists) == (first, True)
     assert (out / "a.yaml").read_text() == policy("a", "one.example.com")
+    # export-ignore (which `git archive` would honour), subdirectories and symlinks do not
+    # change what is read: the top-level policy blobs, as the loader reads a directory
+    (root / ".gitattributes").write_text("*.yaml export-ignore\n")
+    (root / "p" / "tests").mkdir()
+    (root / "p" / "tests" / "t.yaml").write_text("cases: []\n")
+    os.symlink("a.yaml", root / "p" / "link.yaml")
+    third = commit(root)
+    again = tmp_path / "again"
+    again.mkdir()
+    assert export_ref(root / "p", "HEAD", again) == (third, True)
+    assert sorted(p.name for p in again.iterdir()) == ["a.yaml"]
     missing = tmp_path / "missing"
     missing.mkdir()
     (root / "q").mkdir()
@@ -247,3 +258,26 @@ def test_export_ref(tmp_path: Path) -> None:
         export_ref(tmp_path / "missing", "HEAD", out)
     with pytest.raises(GitRefError, match="invalid git ref"):
         export_ref(root / "p", "--output=/tmp/x", out)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the repository away")
+def test_a_repository_owned_by_another_user_is_not_run(tmp_path: Path) -> None:
+    """git refuses another user's repository; the gateway keeps that refusal, so the
+    repository's config (a clean filter here) never runs in the gateway. A git-sync
+    checkout owned by the sidecar's uid is still named, by its directory."""
+    root = repo(tmp_path / "git")
+    (root / "policies").mkdir()
+    (root / "policies" / "a.yaml").write_text(policy("a", "one.example.com"))
+    sha = commit(root)
+    _gitsync(root, sha, "v4")
+    marker = tmp_path / "filter-ran"
+    with (root / ".git" / "config").open("a") as config:
+        config.write(f'[filter "evil"]\n\tclean = touch {marker}; cat\n')
+    (root / ".gitattributes").write_text("*.yaml filter=evil\n")
+    for where in (root, tmp_path / "git" / ".worktrees" / sha):
+        (where / "policies" / "a.yaml").write_text(policy("a", "two.example.com"))
+    subprocess.run(["chown", "-R", "65533:65533", str(tmp_path / "git")], check=True)
+    assert load_policy_dir(root / "current" / "policies").revision == sha
+    plain = load_policy_dir(root / "policies").revision
+    assert plain.startswith("sha256:")  # not the commit: git did not vouch for the files
+    assert not marker.exists()

@@ -6,9 +6,11 @@
    git-sync ``current -> .worktrees/<sha>`` or ``rev-<sha>`` link): ``git rev-parse
    HEAD``, with ``-dirty`` appended when a policy file differs from that commit
    (modified, staged, untracked or ignored ``*.yaml``/``*.yml`` at the top level);
-2. **git-sync without git**: the gateway cannot run git on the checkout (another
-   mount path, no git binary), but the resolved directory is a git-sync worktree
-   named after its commit (``rev-<sha>`` or ``.worktrees/<sha>``): that sha;
+2. **git-sync without git**: git does not answer for the checkout (the sidecar's
+   volume mounted at another path, no git binary, or the files owned by the
+   sidecar's uid: git refuses another user's repository, and the gateway does not
+   override that), but the resolved directory is a git-sync worktree named after
+   its commit (``rev-<sha>`` or ``.worktrees/<sha>``): that sha;
 3. **a ``REVISION`` file** in the directory: a ConfigMap key, or a pod annotation
    projected as a file (downward API), e.g. the commit CI deployed from;
 4. otherwise a **content hash** of the loaded files: ``sha256:`` + 12 hex digits of
@@ -23,12 +25,10 @@ moving with unchanged files) is noticed.
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import os
 import re
 import subprocess
-import tarfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -72,20 +72,22 @@ def _git_command(directory: str | os.PathLike[str], args: tuple[str, ...]
                  ) -> tuple[list[str], dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if k not in _GIT_ENV_DROP}
     env["GIT_TERMINAL_PROMPT"] = "0"
-    argv = ["git", "-c", "safe.directory=*", "--no-optional-locks", "-C",
+    argv = ["git", "-c", "core.fsmonitor=false", "--no-optional-locks", "-C",
             os.fspath(directory), *args]
     return argv, env
 
 
-def run_git(directory: str | os.PathLike[str], *args: str) -> subprocess.CompletedProcess[str]:
+def run_git(directory: str | os.PathLike[str], *args: str, stdin: bytes | None = None
+            ) -> subprocess.CompletedProcess[bytes]:
     """Run ``git -C directory args`` with a clean environment (raises OSError, Timeout).
 
-    ``safe.directory=*``: git-sync's checkout belongs to another uid, and git refuses
-    to read a repository owned by someone else ("dubious ownership") without it. Only
-    read-only commands are run, with ``--no-optional-locks``.
+    Read-only commands only, ``--no-optional-locks``, no fsmonitor. A repository owned
+    by another user is left to git's own refusal ("dubious ownership"): running git on
+    it would run that user's repository config (filters) inside the gateway. git-sync's
+    checkouts, owned by the sidecar's uid, are named by ``gitsync_revision`` instead.
     """
     argv, env = _git_command(directory, args)
-    return subprocess.run(argv, capture_output=True, text=True, env=env,
+    return subprocess.run(argv, input=stdin, capture_output=True, env=env,
                           timeout=_GIT_TIMEOUT, check=False)
 
 
@@ -93,55 +95,80 @@ class GitRefError(ValueError):
     """A git ref cannot be read (not a checkout, unknown ref, git failed)."""
 
 
+def _checked(directory: str | os.PathLike[str], *args: str, stdin: bytes | None = None
+             ) -> bytes:
+    try:
+        done = run_git(directory, *args, stdin=stdin)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise GitRefError(f"cannot run git: {exc}") from None
+    if done.returncode != 0:
+        raise GitRefError(done.stderr.decode(errors="replace").strip()
+                          or f"git {args[0]} failed")
+    return done.stdout
+
+
+def _blobs(directory: str | os.PathLike[str], shas: list[str]) -> list[bytes]:
+    """The contents of ``shas`` in order, in one ``git cat-file --batch``."""
+    out = _checked(directory, "cat-file", "--batch", stdin="".join(s + "\n" for s in shas)
+                   .encode())
+    blobs: list[bytes] = []
+    pos = 0
+    for sha in shas:
+        end = out.index(b"\n", pos)
+        header = out[pos:end].split()
+        if len(header) != 3 or header[0].decode() != sha or header[1] != b"blob":
+            raise GitRefError(f"unexpected git cat-file answer for {sha}")
+        size = int(header[2])
+        blobs.append(out[end + 1:end + 1 + size])
+        pos = end + 1 + size + 1
+    return blobs
+
+
 def export_ref(directory: str | os.PathLike[str], ref: str, into: str | os.PathLike[str]
                ) -> tuple[str, bool]:
-    """Write the policies directory as it is at ``ref`` into ``into`` (``git archive``).
+    """Write the policy files of ``directory`` as they are at ``ref`` into ``into``.
 
-    ``directory`` is the policies directory in the working tree; the same path inside
-    the commit is exported. Returns (commit sha, whether the directory exists at ref).
+    ``directory`` is the policies directory in the working tree; the same path in the
+    commit is read with ``git ls-tree`` and ``git cat-file`` (not ``git archive``, whose
+    export-ignore/export-subst attributes could hide or rewrite files): its top-level
+    ``*.yaml``/``*.yml`` blobs, as the loader reads a directory (symlinks are skipped).
+    Returns (commit sha, whether the directory exists at ``ref``).
     """
-    def checked(*args: str) -> str:
-        try:
-            done = run_git(directory, *args)
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise GitRefError(f"cannot run git: {exc}") from None
-        if done.returncode != 0:
-            raise GitRefError(done.stderr.strip() or f"git {args[0]} failed")
-        return done.stdout
-
     if ref.startswith("-"):
         raise GitRefError(f"invalid git ref {ref!r}")
     try:
-        lines = checked("rev-parse", "--show-toplevel", "--show-prefix").split("\n")
+        lines = _checked(directory, "rev-parse", "--show-toplevel", "--show-prefix"
+                         ).decode().split("\n")
     except GitRefError as exc:
         raise GitRefError(f"{os.fspath(directory)} is not in a git checkout ({exc})") from None
-    top, prefix = lines[0], lines[1] if len(lines) > 1 else ""
+    top, prefix = lines[0], lines[1].strip().rstrip("/") if len(lines) > 1 else ""
     try:
-        sha = checked("rev-parse", "--verify", "-q", f"{ref}^{{commit}}").strip()
+        sha = _checked(directory, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}"
+                       ).decode().strip()
     except GitRefError:
         raise GitRefError(f"unknown git ref {ref!r} in {top} (fetch it first, e.g. "
                           "git fetch origin main; actions/checkout needs fetch-depth: 0)"
                           ) from None
-    prefix = prefix.strip().rstrip("/")
     tree = f"{sha}:{prefix}" if prefix else f"{sha}^{{tree}}"
     try:
-        kind = checked("cat-file", "-t", tree).strip()
+        listing = _checked(directory, "ls-tree", "-z", "--full-tree", tree)
     except GitRefError:
-        return sha, False
-    if kind != "tree":
-        return sha, False
-    argv, env = _git_command(top, ("archive", "--format=tar", tree))
-    try:
-        done = subprocess.run(argv, capture_output=True, env=env, timeout=60, check=False)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise GitRefError(f"git archive failed: {exc}") from None
-    if done.returncode != 0:
-        raise GitRefError(done.stderr.decode(errors="replace").strip() or "git archive failed")
-    try:
-        with tarfile.open(fileobj=io.BytesIO(done.stdout)) as archive:
-            archive.extractall(into, filter="data")
-    except (tarfile.TarError, OSError) as exc:
-        raise GitRefError(f"cannot unpack {tree}: {exc}") from None
+        return sha, False  # no such directory in that commit
+    names: list[str] = []
+    shas: list[str] = []
+    for entry in listing.split(b"\0"):
+        if not entry:
+            continue
+        meta, _, raw_name = entry.partition(b"\t")
+        mode, kind, object_id = meta.decode().split()
+        name = raw_name.decode("utf-8", "surrogateescape")
+        if (kind == "blob" and mode in ("100644", "100755") and not name.startswith(".")
+                and name.endswith((".yaml", ".yml"))):
+            names.append(name)
+            shas.append(object_id)
+    target = Path(into)
+    for name, data in zip(names, _blobs(directory, shas) if shas else [], strict=True):
+        (target / name).write_bytes(data)
     return sha, True
 
 
@@ -151,7 +178,7 @@ def git_revision(directory: str | os.PathLike[str]) -> str | None:
         head = run_git(directory, "rev-parse", "--verify", "-q", "HEAD^{commit}")
         if head.returncode != 0:
             return None
-        sha = head.stdout.strip()
+        sha = head.stdout.decode(errors="replace").strip()
         if not _SHA.fullmatch(sha):
             return None
         status = run_git(directory, "status", "--porcelain", "--untracked-files=all",
