@@ -139,13 +139,14 @@ def test_replay_groups_changes_newly_denied_first(base: PolicySet, head: PolicyS
         req("GET", "evil.test", "/"),  # denied both ways
         req("GET", "old.test", "/", policy="old"),  # policy removed: newly denied
         req("GET", "extra.test", "/", policy="nobody"),  # in neither set: skipped
+        req("GET", "bad host!", "/"), req("GET", "x.test", "/", port="443"),  # malformed
         {"policy": None, "host": "pypi.org"}, {"policy": "agent"},  # skipped
     )
     lines += [b"not json\n", b"\n", b"[1]\n"]
     report = replay(lines, base, head, base_root="p", head_root="q")
-    assert report.lines == 24  # blank lines are not lines
+    assert report.lines == 26  # blank lines are not lines
     assert report.skipped == {"without policy or host": 2, "unreadable (not JSON)": 2,
-                              "policy in neither set": 1}
+                              "policy in neither set": 1, "malformed": 2}
     assert report.requests == 23 and report.distinct == 12
     summary = {c: [(g.policy, g.host, g.count, g.distinct) for g in report.groups(c)]
                for c in ("newly_denied", "newly_allowed", "changed")}

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gateway.policy.hosts import HostPatternError, normalize_host
+from gateway.policy.hosts import normalize_host
 from gateway.policy.matcher import decide
 from gateway.policy.model import (
     DEFAULT_HTTP_PORT,
@@ -482,7 +482,7 @@ def _key_request(key: tuple[Any, ...]) -> tuple[str, Request] | str:
         return "malformed"
     try:
         host = normalize_host(host)
-    except HostPatternError:
+    except (ValueError, UnicodeError):  # HostPatternError is a ValueError
         return "malformed"
     if method is not None and not isinstance(method, str):
         return "malformed"
