@@ -1,9 +1,9 @@
 """``python -m bench.policy_replay [--lines 1000000]``: time ``policy diff --replay``.
 
-Generates an audit file shaped like the gateway's own lines (every field, ~450 bytes a
+Generates an audit file shaped like the gateway's own lines (every field, ~490 bytes a
 line; CONNECT tunnels, intercepted requests with varied paths, denials, lines without a
-policy), a narrowed copy of ``policies/`` (``api.github.com`` loses HEAD, ``pypi.org``
-only port 443 at CONNECT... see ``narrow``), then runs the real CLI, ``sandbox-gateway
+policy), a narrowed copy of ``policies/`` (``narrow``: ``api.github.com`` loses HEAD,
+``registry.npmjs.org`` keeps only port 443), then runs the real CLI, ``sandbox-gateway
 policy diff --base policies <narrowed> --replay <file> --format json``, as a subprocess
 and reports wall time, the CLI's own replay time, lines/s and peak memory.
 

@@ -263,7 +263,8 @@ def _audit_lines(paths: list[str]) -> Iterator[bytes]:
 
 
 def cmd_policy_diff(args: argparse.Namespace) -> int:
-    from gateway.policy.diff import diff_sets, replay
+    from gateway.policy.diff import diff_sets
+    from gateway.policy.replay import replay
     from gateway.policy.report import diff_json, diff_markdown, diff_text
     from gateway.policy.revision import GitRefError, export_ref
 

@@ -1,6 +1,7 @@
 """The policy engine: load policy files, compile them to indexed matchers, decide requests.
 
-Pure except ``loader`` and ``reloader`` (file I/O). Typical use::
+Pure except ``loader``, ``reloader`` and ``revision`` (files, git). ``testing``, ``diff``,
+``replay`` and ``report`` serve ``policy test`` and ``policy diff``. Typical use::
 
     policy_set = load_policy_dir("policies")
     decision = decide(policy_set.policies["coding-agent"], Request("GET", "https", host, 443, "/"))

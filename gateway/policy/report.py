@@ -11,15 +11,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.policy.diff import (
-    CATEGORIES,
-    CredentialChange,
-    PolicyDiff,
-    ReplayGroup,
-    ReplayReport,
-    RuleChange,
-    SetDiff,
-)
+from gateway.policy.diff import CredentialChange, PolicyDiff, RuleChange, SetDiff
+from gateway.policy.replay import CATEGORIES, ReplayGroup, ReplayReport
 from gateway.policy.testing import CaseResult
 
 __all__ = [
