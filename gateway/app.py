@@ -171,8 +171,8 @@ class Gateway:
 
     def _on_reload(self, policy_set: PolicySet) -> None:
         self.policy_set = policy_set
-        log.info("policies loaded: %d policies, %d rules",
-                 len(policy_set.policies), policy_set.rule_count)
+        log.info("policies loaded: %d policies, %d rules, revision %s",
+                 len(policy_set.policies), policy_set.rule_count, policy_set.revision)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -300,7 +300,7 @@ class Gateway:
 
         app = build_admin_app(AdminContext(
             admin_token=self.admin_token, tokens=self.tokens,
-            policies=self.current_policies, readiness=self,
+            policies=self.current_policies, readiness=self, guard=lambda: self.guard,
         ))
         self.admin_server = _QuietServer(uvicorn.Config(
             app, log_level="warning", access_log=False, lifespan="off"))

@@ -79,6 +79,14 @@ POLICY_RULES = Gauge(
     registry=REGISTRY,
     multiprocess_mode="livemax",
 )
+POLICY_INFO = Gauge(
+    "sandbox_gateway_policy_info",
+    "1 for the revision of the policy set now serving (git commit, REVISION file or "
+    "sha256 of the files).",
+    ["revision"],
+    registry=REGISTRY,
+    multiprocess_mode="livemax",
+)
 DESTINATIONS_REFUSED = Counter(
     "sandbox_gateway_destinations_refused_total",
     "Upstream addresses refused after resolution, by classification code.",

@@ -15,6 +15,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from gateway.api.admin import AdminContext, build_admin_app
+from gateway.core.addresses import AddressPolicy
+from gateway.net.resolver import DestinationGuard, StaticResolver
 from gateway.policy import PolicySet, load_policy_texts
 from gateway.state import MemoryState
 from gateway.tokens import SigningKeys, TokenRefused, TokenService
@@ -306,6 +308,8 @@ def test_mint_follows_policy_reloads(client: TestClient, admin: Admin) -> None:
 def test_policies(client: TestClient) -> None:
     response = client.get("/v1/policies", headers=AUTH)
     assert response.status_code == 200
+    assert response.json()["revision"] == load_policy_texts(POLICIES).revision
+    assert response.json()["revision"].startswith("sha256:")
     by_name = {p["name"]: p for p in response.json()["policies"]}
     assert set(by_name) == {"agent", "base"}
     assert by_name["agent"] == {"name": "agent", "mode": "enforce", "source": "agent.yaml",
@@ -334,8 +338,9 @@ def test_explain(client: TestClient, policy: str, method: str, url: str, decisio
                            json={"policy": policy, "method": method, "url": url})
     assert response.status_code == 200, response.text
     data = response.json()
-    assert set(data) == {"decision", "reason", "rule", "credential", "inspect"}
+    assert set(data) == {"decision", "reason", "error", "rule", "credential", "inspect"}
     assert data["decision"] == decision
+    assert data["error"] == ("policy_denied" if decision == "deny" else None)
     assert data["reason"]
     assert data["credential"] == credential
     if rule is not None:
@@ -354,6 +359,79 @@ def test_explain(client: TestClient, policy: str, method: str, url: str, decisio
 def test_explain_errors(client: TestClient, body: dict[str, Any], message: str) -> None:
     assert_error(client.post("/v1/explain", headers=AUTH, json=body), 400, "bad_request",
                  message)
+
+
+class RecordingResolver(StaticResolver):
+    """Names mapped to loopback / documentation addresses; records every lookup."""
+
+    def __init__(self) -> None:
+        super().__init__({"pypi.org": ["203.0.113.80"], "api.openai.com": ["192.0.2.10"],
+                          "api.anthropic.com": ["127.0.0.2"]})
+        self.asked: list[str] = []
+
+    async def resolve(self, host: str, port: int) -> list[str]:
+        self.asked.append(host)
+        return await super().resolve(host, port)
+
+
+def resolving_app(admin: Admin, guard: DestinationGuard | None, readiness: Any = None
+                  ) -> TestClient:
+    return TestClient(build_admin_app(AdminContext(
+        admin_token=ADMIN, tokens=admin.tokens, policies=lambda: admin.policy_set,
+        readiness=readiness or admin.readiness,
+        guard=(lambda: guard) if guard is not None else None)))
+
+
+RESOLVE: list[tuple[str, str, str, str | None, str, str | None]] = [
+    # policy, url -> decision, error, policy decision, address class
+    ("agent", "https://pypi.org/simple/", "deny", "forbidden_destination", "allow",
+     "deny_not_global_unicast"),                                 # TEST-NET-3
+    ("agent", "https://api.openai.com/v1/chat/completions", "allow", None, "allow",
+     "allow_user_configured"),                                   # opened by allow_cidrs
+    ("agent", "https://api.anthropic.com/v1/messages", "deny", "forbidden_destination",
+     "allow", "deny_not_global_unicast"),                        # loopback
+    ("base", "https://nowhere.test/", "deny", "unresolvable", "report", None),
+    ("agent", "https://api.openai.com:8443/", "deny", "policy_denied", "deny", None),
+]
+
+
+@pytest.mark.parametrize(("policy", "url", "decision", "error", "policy_decision", "cls"),
+                         RESOLVE)
+def test_explain_resolve(admin: Admin, policy: str, url: str, decision: str,
+                         error: str | None, policy_decision: str, cls: str | None) -> None:
+    resolver = RecordingResolver()
+    guard = DestinationGuard(AddressPolicy(allow_cidrs=["192.0.2.0/24"]), resolver)
+    with resolving_app(admin, guard) as client:
+        data = client.post("/v1/explain", headers=AUTH, json={
+            "policy": policy, "method": "POST", "url": url, "resolve": True}).json()
+    assert (data["decision"], data["error"], data["policy_decision"]) == (
+        decision, error, policy_decision)
+    if policy_decision == "deny":  # the gateway never resolves a host the policy denies
+        assert data["destination"] is None and resolver.asked == []
+        return
+    destination = data["destination"]
+    assert destination["class"] == cls and destination["error"] == error
+    assert resolver.asked == [url.split("/")[2].split(":")[0]]
+    if decision == "deny":
+        assert data["reason"] == destination["reason"]
+    else:
+        assert destination["address"] == "192.0.2.10 port 443"
+
+
+def test_explain_resolve_with_the_gateways_guard_and_errors(admin: Admin) -> None:
+    guard = DestinationGuard(AddressPolicy(), RecordingResolver(),
+                             overrides={"pypi.org": ("127.0.0.1", 8443)})
+    body = {"policy": "agent", "method": "GET", "url": "https://pypi.org/", "resolve": True}
+    with resolving_app(admin, guard) as client:  # app.py passes the gateway's guard
+        data = client.post("/v1/explain", headers=AUTH, json=body).json()
+        assert data["decision"] == "allow"
+        assert data["destination"]["trusted"] is True
+        assert data["destination"]["address"] == "127.0.0.1 port 8443"
+        assert_error(client.post("/v1/explain", headers=AUTH, json={**body, "resolve": "yes"}),
+                     400, "bad_request", "resolve must be true or false")
+    with resolving_app(admin, None) as client:
+        assert_error(client.post("/v1/explain", headers=AUTH, json=body), 503,
+                     "resolve_unavailable")
 
 
 def test_expires_at_is_in_the_future(client: TestClient) -> None:

@@ -174,6 +174,52 @@ def test_policy_explain_dir(cli: Cli, tmp_path: Path) -> None:
     assert code == 0 and out.startswith("decision: allow")
 
 
+def _resolve_setup(tmp_path: Path, network: str) -> None:
+    (tmp_path / "policies" / "ip.yaml").write_text(
+        "version: v1\nname: ip\negress:\n  - host: 10.0.0.5\n  - host: api.internal.test\n")
+    (tmp_path / "gateway.yaml").write_text(f"network:\n{textwrap.indent(network, '  ')}")
+
+
+@pytest.mark.parametrize(("network", "url", "code", "lines"), [
+    # an IP literal is checked as it is (no DNS): a private range is refused ...
+    ("allow_cidrs: []\n", "https://10.0.0.5/", 1,
+     ["decision: deny", "error:    forbidden_destination", "policy:   allow (",
+      "destination: refused (forbidden_destination) [deny_private_range]; see reason"]),
+    # ... unless network.allow_cidrs opens it
+    ("allow_cidrs: [10.0.0.0/8]\n", "https://10.0.0.5/", 0,
+     ["decision: allow", "destination: allowed: 10.0.0.5 -> 10.0.0.5 port 443: 10.0.0.5 is in "
+      "10.0.0.0/8 (network.allow_cidrs) [allow_user_configured]"]),
+    # network.resolve overrides are operator-trusted, except the hard ranges
+    ("resolve: {api.internal.test: '127.0.0.1:9'}\n", "https://api.internal.test/", 0,
+     ["decision: allow", "destination: allowed: api.internal.test -> 127.0.0.1 port 9: "
+      "127.0.0.1 port 9 is an operator-trusted target (network.resolve) "
+      "[allow_user_configured]"]),
+    ("resolve: {api.internal.test: '169.254.169.254:80'}\n", "https://api.internal.test/", 1,
+     ["decision: deny", "reason:   api.internal.test is mapped by network.resolve to "
+      "169.254.169.254: 169.254.169.254 is a link-local (cloud metadata) address"]),
+    # a policy denial is the answer: the host is not resolved at all
+    ("allow_cidrs: []\n", "https://evil.test/", 1,
+     ["decision: deny", "error:    policy_denied",
+      "destination: not checked (the policy denies; the gateway does not resolve a denied "
+      "host)"]),
+])
+def test_policy_explain_resolve(cli: Cli, tmp_path: Path, network: str, url: str, code: int,
+                                lines: list[str]) -> None:
+    _resolve_setup(tmp_path, network)
+    rc, out, err = cli("policy", "explain", "--config", "gateway.yaml", "--resolve",
+                       "--policy", "ip", "GET", url)
+    assert rc == code, err
+    for line in lines:
+        assert any(got.startswith(line) for got in out.splitlines()), (line, out)
+
+
+def test_policy_explain_without_resolve_ignores_destinations(cli: Cli, tmp_path: Path) -> None:
+    _resolve_setup(tmp_path, "allow_cidrs: []\n")
+    rc, out, _ = cli("policy", "explain", "--config", "gateway.yaml", "--policy", "ip", "GET",
+                     "https://10.0.0.5/")
+    assert rc == 0 and out.startswith("decision: allow") and "destination" not in out
+
+
 # --- token mint / rotate ---------------------------------------------------------------
 
 

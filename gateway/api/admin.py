@@ -1,5 +1,9 @@
 """The control plane: health, metrics, tokens, policies, explain, JWKS (Starlette).
 
+`POST /v1/explain` answers like `policy explain`; with `"resolve": true` it also runs
+the proxy's own destination check (resolution, address class, `allow_cidrs`), so an
+allowed rule to a forbidden address answers `deny` with `forbidden_destination`.
+
 Everything except `/healthz`, `/readyz`, `/metrics` and the JWKS needs
 `Authorization: Bearer <admin token>`, compared in constant time. Errors use the same
 JSON shape as the proxy's refusals: `{"error": code, "reason": text}`.
@@ -23,7 +27,9 @@ from starlette.routing import Route
 from gateway import metrics
 from gateway.config import ConfigError, parse_duration
 from gateway.core.names import DestinationError, is_ip, normalize_host
-from gateway.policy import PolicySet, explain
+from gateway.explanation import explain_request
+from gateway.net.resolver import DestinationGuard
+from gateway.policy import PolicySet
 from gateway.state import SandboxAddress, StateUnavailable
 from gateway.tokens import TokenError, TokenService, parse_scope
 
@@ -40,6 +46,9 @@ class AdminContext:
     tokens: TokenService
     policies: Callable[[], PolicySet]
     readiness: Readiness
+    # The proxy's DestinationGuard, for `POST /v1/explain {"resolve": true}` (None: the
+    # admin API cannot resolve, and says so).
+    guard: Callable[[], DestinationGuard | None] | None = None
 
 
 def _error(status: int, code: str, reason: str) -> JSONResponse:
@@ -174,28 +183,45 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
     @protected
     async def policies(request: Request) -> Response:
         current = ctx.policies()
-        return JSONResponse({"policies": [
+        return JSONResponse({"revision": current.revision, "policies": [
             {"name": p.name, "mode": p.mode, "source": p.source, "extends": list(p.extends),
              "rules": len(p.rules),
              "credentials": p.credential_names}
             for p in current.policies.values()
         ]})
 
+    def current_guard() -> DestinationGuard | None:
+        return ctx.guard() if ctx.guard is not None else None
+
     @protected
     async def explain_endpoint(request: Request) -> Response:
+        """The policy decision; with `"resolve": true` also the destination check."""
         try:
             data = await body(request)
             policy, method, url = data.get("policy"), data.get("method"), data.get("url")
             if not all(isinstance(x, str) for x in (policy, method, url)):
                 raise ValueError("policy, method and url are required strings")
-            decision = explain(ctx.policies(), str(policy), str(method), str(url))
+            resolve = data.get("resolve", False)
+            if not isinstance(resolve, bool):
+                raise ValueError("resolve must be true or false")
+            guard = current_guard() if resolve else None
+            if resolve and guard is None:
+                return _error(503, "resolve_unavailable",
+                              "this admin API has no destination guard to resolve with")
+            answer = await explain_request(ctx.policies(), str(policy), str(method), str(url),
+                                           guard)
         except ValueError as exc:
             return _error(400, "bad_request", str(exc))
-        return JSONResponse({
-            "decision": decision.result, "reason": decision.reason,
+        decision = answer.decision
+        out: dict[str, Any] = {
+            "decision": answer.result, "reason": answer.reason, "error": answer.error,
             "rule": decision.rule.source if decision.rule else None,
             "credential": decision.credential, "inspect": decision.inspect,
-        })
+        }
+        if resolve:
+            out["policy_decision"] = decision.result
+            out["destination"] = (answer.destination.to_dict() if answer.destination else None)
+        return JSONResponse(out)
 
     return Starlette(routes=[
         Route("/healthz", healthz),

@@ -38,8 +38,8 @@ from gateway.core.messages import Headers, RequestHead, ResponseHead
 from gateway.core.names import DestinationError, normalize_host
 from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal, answer, to_http1
 from gateway.engines import patches
-from gateway.engines.patches import TRAILERS_UNSUPPORTED
 from gateway.engines.first_bytes import FirstBytes, classify
+from gateway.engines.patches import TRAILERS_UNSUPPORTED
 from gateway.net.resolver import pin
 
 log = logging.getLogger("sandbox_gateway")

@@ -1,6 +1,7 @@
 """The policy engine: load policy files, compile them to indexed matchers, decide requests.
 
-Pure except ``loader`` and ``reloader`` (file I/O). Typical use::
+Pure except ``loader``, ``reloader`` and ``revision`` (files, git). ``testing``, ``diff``,
+``replay`` and ``report`` serve ``policy test`` and ``policy diff``. Typical use::
 
     policy_set = load_policy_dir("policies")
     decision = decide(policy_set.policies["coding-agent"], Request("GET", "https", host, 443, "/"))
@@ -21,7 +22,7 @@ from gateway.policy.loader import (
     load_policy_texts,
     policy_files,
 )
-from gateway.policy.matcher import Matcher, compile_policy, decide, explain
+from gateway.policy.matcher import Matcher, compile_policy, decide, explain, request_for
 from gateway.policy.model import (
     Credential,
     Decision,
@@ -66,4 +67,5 @@ __all__ = [
     "normalize_host",
     "normalize_path",
     "policy_files",
+    "request_for",
 ]

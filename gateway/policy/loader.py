@@ -19,7 +19,7 @@ import difflib
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from gateway.policy.matcher import compile_policy
 from gateway.policy.model import Credential, Injection, Mode, Policy, PolicySet, Protocol, Rule
 from gateway.policy.paths import PathPatternError, validate_path_pattern
 from gateway.policy.presets import PRESETS
+from gateway.policy.revision import content_hash, policy_revision
 
 __all__ = [
     "PolicyError",
@@ -537,7 +538,7 @@ def _can_reach(rule: HostPattern, credential: tuple[HostPattern, ...]) -> bool:
     return False
 
 
-def _build(parser: _Parser) -> PolicySet:
+def _build(parser: _Parser, revision: str = "") -> PolicySet:
     """Cross-file checks, extends resolution and compilation (raises PolicyError)."""
     errors = parser.errors
     by_name: dict[str, _RawPolicy] = {}
@@ -643,7 +644,7 @@ def _build(parser: _Parser) -> PolicySet:
             credentials=credentials,
         )
     files = tuple(dict.fromkeys(raw.file for raw in parser.policies))
-    return PolicySet(policies=policies, credentials=credentials, files=files)
+    return PolicySet(policies=policies, credentials=credentials, files=files, revision=revision)
 
 
 def _format(errors: list[tuple[str, int, str]]) -> list[str]:
@@ -653,12 +654,17 @@ def _format(errors: list[tuple[str, int, str]]) -> list[str]:
     return [f"{file}:{line}: {message}" for file, line, message in ranked]
 
 
-def load_policy_texts(files: Mapping[str, str]) -> PolicySet:
-    """Load policies from ``{file name: YAML text}`` (raises PolicyError)."""
+def load_policy_texts(files: Mapping[str, str], *, revision: str | None = None) -> PolicySet:
+    """Load policies from ``{file name: YAML text}`` (raises PolicyError).
+
+    ``revision`` defaults to the content hash of the texts (pure, no I/O).
+    """
     parser = _Parser()
     for file, text in files.items():
         parser.parse_file(file, text)
-    return _build(parser)
+    if revision is None:
+        revision = content_hash({name: text.encode("utf-8") for name, text in files.items()})
+    return _build(parser, revision)
 
 
 def load_policy_text(name: str, text: str) -> PolicySet:
@@ -667,7 +673,10 @@ def load_policy_text(name: str, text: str) -> PolicySet:
 
 
 def policy_files(directory: str | os.PathLike[str]) -> list[Path]:
-    """The policy files of a directory: top-level ``*.yaml``/``*.yml``, no dotfiles, sorted."""
+    """The policy files of a directory: top-level ``*.yaml``/``*.yml``, no dotfiles, sorted.
+
+    Subdirectories are never read: ``tests/`` holds ``policy test`` cases, not policies.
+    """
     base = Path(directory)
     out: list[Path] = []
     for name in sorted(os.listdir(base)):
@@ -680,7 +689,11 @@ def policy_files(directory: str | os.PathLike[str]) -> list[Path]:
 
 
 def load_policy_dir(directory: str | os.PathLike[str]) -> PolicySet:
-    """Load every policy file in ``directory`` (raises PolicyError listing every problem)."""
+    """Load every policy file in ``directory`` (raises PolicyError listing every problem).
+
+    The set's ``revision`` comes from git, a ``REVISION`` file or the bytes read here
+    (``revision.policy_revision``), computed once the files are valid.
+    """
     try:
         paths = policy_files(directory)
     except OSError as exc:
@@ -691,15 +704,16 @@ def load_policy_dir(directory: str | os.PathLike[str]) -> PolicySet:
         raise PolicyError(
             [f"{os.fspath(directory)}:0: no policy files (*.yaml, *.yml) in this directory"]
         )
-    texts: dict[str, str] = {}
-    errors: list[tuple[str, int, str]] = []
+    raw: dict[str, bytes] = {}
+    parser = _Parser()
     for path in paths:
         try:
-            texts[str(path)] = path.read_text(encoding="utf-8")
+            data = path.read_bytes()
+            text = data.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            errors.append((str(path), 1, f"cannot read: {exc}"))
-    parser = _Parser()
-    parser.errors.extend(errors)
-    for file, text in texts.items():
-        parser.parse_file(file, text)
-    return _build(parser)
+            parser.errors.append((str(path), 1, f"cannot read: {exc}"))
+            continue
+        raw[path.name] = data
+        parser.parse_file(str(path), text)
+    policy_set = _build(parser)
+    return replace(policy_set, revision=policy_revision(directory, raw))

@@ -43,7 +43,7 @@ from gateway.policy.model import (
 )
 from gateway.policy.paths import normalize_path
 
-__all__ = ["Matcher", "compile_policy", "decide", "explain"]
+__all__ = ["Matcher", "compile_policy", "decide", "explain", "request_for"]
 
 _TUNNEL_DEFAULT_PORTS = frozenset((DEFAULT_HTTPS_PORT, DEFAULT_HTTP_PORT))
 _MAX_SHOWN = 100
@@ -381,30 +381,47 @@ def decide(policy: Policy, request: Request) -> Decision:
     return policy.matcher.decide_request(request)
 
 
-def explain(policy_set: PolicySet, policy_name: str, method: str, url: str) -> Decision:
-    """Decide ``method url`` against a named policy, as the request level would.
+def request_for(method: str, url: str) -> Request:
+    """The Request the gateway would decide for ``method url`` (pure).
 
     The URL's scheme defaults to https and its port to the scheme's default.
-    Raises ValueError for an unknown policy or a URL that cannot be parsed.
+    ``CONNECT`` is a tunnel-level request (``method`` None, no path) for the URL's
+    host and port; with it, ``tcp://host:port`` is a raw TCP tunnel.
+    Raises ValueError for a URL that cannot be parsed.
     """
-    policy = policy_set.get(policy_name)
-    if policy is None:
-        known = ", ".join(sorted(policy_set.policies)) or "none"
-        raise ValueError(f"unknown policy {policy_name!r} (known: {_clip(known, 200)})")
+    method = method.upper()
+    tunnel = method == "CONNECT"
     if "://" not in url:
         url = "https://" + url
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    if scheme not in ("http", "https"):
-        raise ValueError(f"unsupported URL scheme {scheme!r}; use http or https")
+    allowed = ("http", "https", "tcp") if tunnel else ("http", "https")
+    if scheme not in allowed:
+        raise ValueError(f"unsupported URL scheme {scheme!r}; use {' or '.join(allowed)}")
     try:
         port = parts.port
         host = normalize_host(parts.hostname or "")
     except (ValueError, HostPatternError) as exc:
         raise ValueError(f"invalid URL {_clip(url)!r}: {exc}") from None
     if port is None:
+        if scheme == "tcp":
+            raise ValueError(f"tcp URL {_clip(url)!r} needs a port")
         port = DEFAULT_HTTPS_PORT if scheme == "https" else DEFAULT_HTTP_PORT
+    if tunnel:
+        return Request(None, "tcp" if scheme == "tcp" else "https", host, port, None)
     path = parts.path or "/"
     if parts.query:
         path = f"{path}?{parts.query}"
-    return decide(policy, Request(method.upper(), scheme, host, port, path))
+    return Request(method, scheme, host, port, path)
+
+
+def explain(policy_set: PolicySet, policy_name: str, method: str, url: str) -> Decision:
+    """Decide ``method url`` against a named policy, as the gateway would (``request_for``).
+
+    Raises ValueError for an unknown policy or a URL that cannot be parsed.
+    """
+    policy = policy_set.get(policy_name)
+    if policy is None:
+        known = ", ".join(sorted(policy_set.policies)) or "none"
+        raise ValueError(f"unknown policy {policy_name!r} (known: {_clip(known, 200)})")
+    return decide(policy, request_for(method, url))

@@ -210,11 +210,17 @@ class Policy:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class PolicySet:
-    """Every loaded policy by name, plus the global credentials they reference."""
+    """Every loaded policy by name, plus the global credentials they reference.
+
+    ``revision`` says what the set was loaded from: a git commit (``<sha>`` or
+    ``<sha>-dirty``), a ``REVISION`` file's text, or ``sha256:<12 hex>`` of the files
+    (see ``revision.policy_revision``); the same files give the same revision.
+    """
 
     policies: Mapping[str, Policy]
     credentials: Mapping[str, Credential]
     files: tuple[str, ...] = ()
+    revision: str = ""
 
     def get(self, name: str) -> Policy | None:
         """The policy called ``name``, or None."""

@@ -5,7 +5,15 @@ name, the resolved target of symlinks (this catches Kubernetes ConfigMap
 ``..data`` swaps and git-sync swaps of a symlinked directory) and, for policy
 files, inode, mtime_ns and size after resolving symlinks (this catches in-place
 rewrites). Polling works the same on every filesystem and in every container,
-unlike inotify, and costs a few ``stat`` calls per interval.
+unlike inotify, and costs a few ``stat`` calls per interval. It also holds the
+``REVISION`` file's stat and the git checkout's HEAD key (``revision.git_state``):
+a commit that leaves the files as they are still changes the set's revision
+(``<sha>-dirty`` becomes the new ``<sha>``).
+
+Every installed set carries its ``revision``; ``sandbox_gateway_policy_info
+{revision}`` is 1 for the serving one (the previous revision's series is removed;
+with worker processes, where prometheus_client cannot remove a series, it is set
+to 0). A reload of unchanged files and commit keeps the revision.
 
 A change loads the whole set in a worker thread. Success replaces the serving set
 (``on_reload``); failure logs every error, calls ``on_error`` and keeps the last
@@ -21,9 +29,10 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.metrics import POLICY_RELOADS, POLICY_RULES
+from gateway.metrics import MULTIPROCESS, POLICY_INFO, POLICY_RELOADS, POLICY_RULES
 from gateway.policy.loader import PolicyError, load_policy_dir
 from gateway.policy.model import PolicySet
+from gateway.policy.revision import REVISION_FILE, git_state
 
 __all__ = ["Fingerprint", "PolicyReloader", "fingerprint"]
 
@@ -54,6 +63,12 @@ def fingerprint(directory: str | os.PathLike[str]) -> Fingerprint:
             out.append((name, target, "<error>", str(exc.errno)))
             continue
         out.append((name, target, str(st.st_ino), str(st.st_mtime_ns), str(st.st_size)))
+    try:
+        st = os.stat(os.path.join(base, REVISION_FILE))
+        out.append(("<revision>", str(st.st_ino), str(st.st_mtime_ns), str(st.st_size)))
+    except OSError:
+        pass
+    out.append(("<git>", *git_state(base)))
     return tuple(out)
 
 
@@ -139,15 +154,18 @@ class PolicyReloader:
                 await task
 
     def _succeeded(self, policy_set: PolicySet, *, notify: bool) -> None:
+        previous = self._current.revision if self._current is not None else None
         self._current = policy_set
         self.last_errors = []
         POLICY_RELOADS.labels(result="ok").inc()
         POLICY_RULES.set(policy_set.rule_count)
+        _publish_revision(previous, policy_set.revision)
         log.info(
-            "policies loaded from %s: %d policies, %d rules",
+            "policies loaded from %s: %d policies, %d rules, revision %s",
             self.directory,
             len(policy_set.policies),
             policy_set.rule_count,
+            policy_set.revision,
         )
         if notify and self._on_reload is not None:
             self._on_reload(policy_set)
@@ -161,3 +179,13 @@ class PolicyReloader:
             log.error("%s", error)
         if notify and self._on_error is not None:
             self._on_error(list(errors))
+
+
+def _publish_revision(previous: str | None, revision: str) -> None:
+    """``sandbox_gateway_policy_info{revision}`` = 1 for ``revision``, the previous one gone."""
+    if previous is not None and previous != revision:
+        if MULTIPROCESS:
+            POLICY_INFO.labels(revision=previous).set(0)
+        else:
+            POLICY_INFO.remove(previous)
+    POLICY_INFO.labels(revision=revision).set(1)
