@@ -152,7 +152,7 @@ class Gate:
             error=error, bytes_in=bytes_in, bytes_out=bytes_out,
             started=time.time() if started is None else started, path_taken=path_taken,
             engine=client.engine, credential=credential, usage=usage,
-            policy_rev=getattr(self.policies(), "revision", None)))
+            policy_rev=self.policies().revision))
 
     def refuse(self, client: Client, refusal: Refusal, *, method: str | None = None,
                scheme: str | None = None, host: str | None = None, port: int | None = None,

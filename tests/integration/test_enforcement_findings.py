@@ -149,3 +149,29 @@ def _decisions() -> float:
             if sample.name.endswith("_count"):
                 return float(sample.value)
     return 0.0
+
+
+def test_audit_lines_name_the_policy_commit(make_gateway: GatewayFactory,
+                                            tmp_path: object) -> None:
+    """Issue 15: an audit line names the git commit of the policies that decided it."""
+    import subprocess
+    from pathlib import Path
+
+    gw = make_gateway({"agent.yaml": POLICY}, config={"secrets": {"store": "env"}})
+    policies = Path(str(tmp_path)) / "policies"
+    git = ["git", "-C", str(policies), "-c", "user.email=t@example.com", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "policies"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    import time
+
+    deadline = time.monotonic() + 5
+    while gw.gateway.current_policies().revision != commit and time.monotonic() < deadline:
+        time.sleep(0.1)  # the reloader notices the new commit
+    token = gw.mint("agent")
+    assert gw.gateway.proxy_address
+    raw_connect(gw.gateway.proxy_address, "evil.test:443", token)
+    [line] = gw.audit.wait_for(lambda r: r["host"] == "evil.test")
+    assert line["policy_rev"] == commit
