@@ -36,6 +36,7 @@ from gateway.api.admin import AdminContext, build_admin_app
 from gateway.audit import Auditor
 from gateway.config import Config, HostPort
 from gateway.destination import AddressPolicy
+from gateway.dns import DnsServer, start_dns
 from gateway.fastpath import FastPath
 from gateway.intercept import Engine, Hooks
 from gateway.listeners import BACKLOG
@@ -107,6 +108,7 @@ class Gateway:
         self.admin_token_created = False
         self.policy_set: PolicySet | None = None
         self._listening = False
+        self.dns: DnsServer | None = None
 
     # -- state the addons read -----------------------------------------------------------
 
@@ -223,6 +225,7 @@ class Gateway:
             self.secrets: SecretCache = build_cache(build_store(cfg.secrets), cfg.secrets)
         except (ValueError, SecretError) as exc:
             raise StartupError(str(exc)) from None
+        await self._start_dns(shared)
         install_error_pages()
         self.fast = FastPath(self.tokens, self.policy, self.guard, self.auditor)
         install_listeners(self.fast, shared=self.worker is not None)
@@ -248,6 +251,21 @@ class Gateway:
                                             name="admin"))
         self.reloader.start()
         await self._wait_listening()
+
+    # -- the DNS resolver (gateway/dns/), kept apart from the proxy wiring ------------------
+
+    async def _start_dns(self, shared: bool) -> None:
+        """Start the policy-aware DNS resolver when `listen.dns` is set."""
+        try:
+            self.dns = await start_dns(self.config, self.state, self.policy, self.guard,
+                                       self.auditor, shared=shared)
+        except OSError as exc:
+            raise StartupError(f"cannot listen on listen.dns {self.config.listen.dns}: "
+                               f"{exc.strerror or exc}") from None
+
+    async def _stop_dns(self) -> None:
+        if self.dns is not None:
+            await self.dns.close()
 
     def _build_master(self, confdir: Path, upstream_bundle: Path) -> Master:
         opts = options.Options()
@@ -318,6 +336,7 @@ class Gateway:
             await self.master.addons.get("proxyserver").servers.update([])
             self.fast.close_all()
             self.master.shutdown()
+        await self._stop_dns()
         await self.reloader.stop()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
