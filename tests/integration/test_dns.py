@@ -48,6 +48,7 @@ egress:
   - host: private.test
   - host: mapped.test
   - host: "*.cdn.test"
+  - host: boom.test
 """
 OTHER = """
 version: v1
@@ -75,6 +76,8 @@ class RecordingResolver(StaticResolver):
 
     async def resolve(self, host: str, port: int) -> list[str]:
         self.asked.append(host)
+        if host == "boom.test":
+            raise RuntimeError("a resolver bug")  # not an OSError: nothing expects it
         return await super().resolve(host, port)
 
 
@@ -268,6 +271,15 @@ def test_garbage_gets_formerr_or_nothing(resolver_gw: Dns) -> None:
         s.settimeout(0.5)
         with pytest.raises(TimeoutError):
             s.recv(512)
+    assert lab.dig("allowed.test") == ("NOERROR", ["203.0.113.10"])  # still serving
+
+
+def test_an_internal_error_fails_closed(resolver_gw: Dns) -> None:
+    """A crash while answering gives SERVFAIL and an audit line, never an address."""
+    lab = resolver_gw
+    assert lab.dig("boom.test") == ("SERVFAIL", [])
+    line = next(a for a in lab.audit() if a["host"] == "boom.test")
+    assert (line["decision"], line["error"], line["answer"]) == ("deny", "gateway_error", [])
     assert lab.dig("allowed.test") == ("NOERROR", ["203.0.113.10"])  # still serving
 
 
