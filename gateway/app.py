@@ -38,6 +38,7 @@ from gateway.audit import Auditor
 from gateway.config import Config, HostPort
 from gateway.core.addresses import AddressPolicy
 from gateway.core.gate import Gate
+from gateway.dns import DnsServer, start_dns
 from gateway.engines import patches
 from gateway.engines.door import Doors
 from gateway.engines.frontdoor import FrontDoor
@@ -142,6 +143,7 @@ class Gateway:
         self.fd_limit = 0
         self.draining = False
         self._listening = False
+        self.dns: DnsServer | None = None
 
     # -- state the engines and the admin API read ------------------------------------------
 
@@ -275,6 +277,7 @@ class Gateway:
             connections_per_sandbox=cfg.limits.connections_per_sandbox,
             max_connections=max(16, (self.fd_limit - FD_RESERVE) // 2))
         patches.install_error_pages(error_page, error_h2)
+        await self._start_dns(shared)
 
         t = cfg.network.timeouts
         timeouts = Timeouts(connect=t.connect, read=t.read, client_idle=t.client_idle,
@@ -310,6 +313,21 @@ class Gateway:
                                             name="admin"))
         self.reloader.start()
         await self._wait_listening()
+
+    # -- the DNS resolver (gateway/dns/), kept apart from the proxy wiring ------------------
+
+    async def _start_dns(self, shared: bool) -> None:
+        """Start the policy-aware DNS resolver when `listen.dns` is set."""
+        try:
+            self.dns = await start_dns(self.config, self.state, self.policy, self.guard,
+                                       self.auditor, shared=shared)
+        except OSError as exc:
+            raise StartupError(f"cannot listen on listen.dns {self.config.listen.dns}: "
+                               f"{exc.strerror or exc}") from None
+
+    async def _stop_dns(self) -> None:
+        if self.dns is not None:
+            await self.dns.close()
 
     def _build_master(self, confdir: Path, upstream_bundle: Path,
                       sockets: dict[tuple[str, int], socket.socket]) -> Master:
@@ -407,6 +425,7 @@ class Gateway:
             if self.doors is not None:
                 self.doors.close_all()
             self.master.shutdown()
+        await self._stop_dns()
         await self.reloader.stop()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -96,6 +96,9 @@ def _banner(gateway: object) -> None:
         f"  policies {cfg.policies} ({len(gateway.current_policies().policies)} loaded, "
         "hot-reloaded)",
     ]
+    if gateway.dns is not None:
+        lines.insert(3, f"  dns     {_fmt(gateway.dns.addresses[0])}   (udp+tcp; registered "
+                        "sandboxes only)")
     if gateway.admin_token_created:
         lines.append(f"  admin token (generated, saved to {cfg.certs / ca.ADMIN_TOKEN}): "
                      f"{gateway.admin_token}")
@@ -324,11 +327,13 @@ def cmd_ca_init(args: argparse.Namespace) -> int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    from gateway.sandbox_env import sandbox_env
+    from gateway.sandbox_env import dns_note, sandbox_env
 
     for line in sandbox_env(args.token, args.proxy, sandbox=args.sandbox,
                             ca_bundle=args.ca_bundle):
         print(line)
+    # The env file stays KEY=value lines; the DNS advice goes to the operator's terminal.
+    print("\n".join(dns_note(args.proxy)), file=sys.stderr)
     return 0
 
 
@@ -407,7 +412,11 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--dir", help="directory (default: certs from config)")
     init.set_defaults(func=cmd_ca_init)
 
-    env = sub.add_parser("env", parents=[common], help="print a sandbox's environment")
+    env = sub.add_parser(
+        "env", parents=[common], help="print a sandbox's environment",
+        description="Print a sandbox's environment (KEY=value lines, for docker --env-file) "
+                    "on stdout, and on stderr how to run the sandbox without a DNS resolver: "
+                    "a sandbox using the proxy needs none (the gateway resolves names).")
     env.add_argument("--token", required=True)
     env.add_argument("--proxy", required=True, help="gateway URL, e.g. http://gateway:8080")
     env.add_argument("--sandbox", help="sandbox id (default: the token's sub)")

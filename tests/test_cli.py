@@ -360,9 +360,10 @@ def test_ca_init_dir_and_half_pair(cli: Cli) -> None:
 def test_env(cli: Cli) -> None:
     _, out, _ = cli("token", "mint", "--sandbox", "sb-7", "--policy", "agent")
     token = out.strip()
-    code, out, _ = cli("env", "--token", token, "--proxy", "http://gateway:8080")
+    code, out, err = cli("env", "--token", token, "--proxy", "http://gateway:8080")
     assert code == 0
-    env = dict(line.split("=", 1) for line in out.splitlines())
+    env = dict(line.split("=", 1) for line in out.splitlines())  # stdout: the env file only
+    assert "needs no resolver" in err and "hostAliases" in err  # stderr: the DNS advice
     assert env["HTTPS_PROXY"] == f"http://sb-7:{token}@gateway:8080"
     assert env["HTTP_PROXY"] == env["HTTPS_PROXY"]
     for var in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"):

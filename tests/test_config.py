@@ -43,6 +43,8 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert str(cfg.listen.proxy) == "0.0.0.0:8080"
     assert cfg.listen.admin == HostPort("127.0.0.1", 8090)
     assert cfg.listen.transparent is None
+    assert cfg.listen.dns is None  # the DNS resolver is off unless asked for
+    assert (cfg.dns.ttl, cfg.dns.rate, cfg.dns.burst) == (10, 20.0, 50)
     assert cfg.admin_token is None
     assert cfg.policies == tmp_path / "policies"
     assert cfg.certs == tmp_path / "certs"
@@ -72,7 +74,7 @@ def test_empty_file_is_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 # --- a full file -----------------------------------------------------------------------
 
 FULL = """
-listen: {proxy: "127.0.0.1:3128", transparent: ":3129", admin: "[::1]:9000"}
+listen: {proxy: "127.0.0.1:3128", transparent: ":3129", admin: "[::1]:9000", dns: ":5353"}
 admin_token: adm1n-t0ken-0123456789
 policies: pol
 certs: /etc/sg/certs
@@ -97,6 +99,7 @@ network:
 limits: {connections_per_sandbox: 64, max_header_bytes: 32k, max_websocket_message: 4m,
          max_tunnel_lifetime: 12h}
 shutdown: {drain: 45s}
+dns: {ttl: 30s, rate: 2.5, burst: 8}
 audit: {path: audit/decisions.jsonl}
 state: {store: memory}
 workers: 4
@@ -128,6 +131,8 @@ def test_full_file(tmp_path: Path) -> None:
     assert cfg.listen.transparent == HostPort("0.0.0.0", 3129)
     assert cfg.listen.admin == HostPort("::1", 9000)
     assert str(cfg.listen.admin) == "[::1]:9000"
+    assert cfg.listen.dns == HostPort("0.0.0.0", 5353)
+    assert (cfg.dns.ttl, cfg.dns.rate, cfg.dns.burst) == (30, 2.5, 8)
     assert cfg.admin_token == "adm1n-t0ken-0123456789"
     assert cfg.policies == base / "pol"                       # relative: to the file
     assert cfg.certs == Path("/etc/sg/certs")                 # absolute: as is
@@ -193,6 +198,10 @@ ENV_CASES: list[tuple[dict[str, str], str, Any]] = [
     ({"SANDBOX_GATEWAY_NETWORK__RESOLVE": '{"a.example": "127.0.0.1:443"}'},
      "network.resolve", {"a.example": "127.0.0.1:443"}),
     ({"SANDBOX_GATEWAY_WORKERS": "4"}, "workers", 4),
+    ({"SANDBOX_GATEWAY_LISTEN__DNS": "0.0.0.0:53"}, "listen.dns", HostPort("0.0.0.0", 53)),
+    ({"SANDBOX_GATEWAY_DNS__TTL": "5s"}, "dns.ttl", 5),
+    ({"SANDBOX_GATEWAY_DNS__RATE": "7.5"}, "dns.rate", 7.5),
+    ({"SANDBOX_GATEWAY_DNS__BURST": "15"}, "dns.burst", 15),
     ({"SANDBOX_GATEWAY_LOG_LEVEL": "warning"}, "log_level", "warning"),
     ({"SANDBOX_GATEWAY_SECRETS": "{store: env}"}, "secrets", {"store": "env"}),
     ({"SANDBOX_GATEWAY_SECRETS__STORE": "env"}, "secrets.store", "env"),
@@ -274,6 +283,13 @@ FILE_ERRORS = [
     ("secrets: file", "secrets: expected a map"),
     ("log_level: loud", "log_level: expected one of debug, info, warning, error"),
     ("audit: {path: 3}", "audit.path: expected a non-empty string"),
+    ("listen: {dns: 53}", 'listen.dns: expected "host:port"'),
+    ("dns: {ttl: 2h}", "dns.ttl: expected between 1s and 1h"),
+    ("dns: {ttl: 0}", "dns.ttl: must be positive"),
+    ("dns: {rate: 0}", "dns.rate: expected queries per second"),
+    ("dns: {rate: fast}", "dns.rate: expected queries per second"),
+    ("dns: {burst: 0.5}", "dns.burst: expected a positive integer"),
+    ("dns: {brust: 5}", "dns.brust: unknown key; did you mean dns.burst?"),
     ("- a\n- b", "expected a map of settings at the top level"),
     ("just a string", "expected a map of settings at the top level"),
     ("listen: {proxy: [", "not valid YAML"),

@@ -8,7 +8,13 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from gateway.sandbox_env import API_KEY_VARIABLES, CA_VARIABLES, proxy_url, sandbox_env
+from gateway.sandbox_env import (
+    API_KEY_VARIABLES,
+    CA_VARIABLES,
+    dns_note,
+    proxy_url,
+    sandbox_env,
+)
 
 JWT = "eyJhbGciOiJFZERTQSJ9." + base64.urlsafe_b64encode(
     json.dumps({"sub": "sb-42", "pol": "agent"}).encode()).rstrip(b"=").decode() + ".c2ln"
@@ -71,3 +77,17 @@ def test_sandbox_id(token: str, sandbox: str | None, expected: str) -> None:
 def test_ca_bundle_path() -> None:
     env = _env(sandbox_env("T", "gateway:8080", ca_bundle="/opt/ca.pem"))
     assert {env[v] for v in CA_VARIABLES} == {"/opt/ca.pem"}
+
+
+@pytest.mark.parametrize(
+    ("proxy", "name_hint"),
+    [("http://gateway.egress.svc:8080", True), ("http://10.96.0.20:8080", False),
+     ("http://[fd00::20]:8080", False), ("gateway:3128", True)],
+)
+def test_dns_note_says_no_resolver_is_needed(proxy: str, name_hint: bool) -> None:
+    note = "\n".join(dns_note(proxy))
+    assert all(line.startswith("# ") for line in dns_note(proxy))  # comments, if pasted
+    assert "needs no resolver" in note and "dnsPolicy: None" in note
+    assert ("is a name" in note) is name_hint
+    if name_hint:
+        assert "hostAliases" in note

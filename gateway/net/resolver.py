@@ -205,12 +205,44 @@ class DestinationGuard:
 
     async def check(self, host: str, port: int) -> Pinned:
         """The address to dial for host:port, or DestinationRefused."""
+        name = self._name(host)
+        fixed = self._fixed(name, port)
+        if fixed is not None:
+            return fixed
+        return self._choose(name, port, await self._resolve(name, port))
+
+    async def check_all(self, host: str, port: int) -> list[Pinned]:
+        """Every allowed address of host:port, in the resolver's order (the first is the
+        one `check` dials), or DestinationRefused when none is allowed. For the DNS
+        resolver, which hands a sandbox all the addresses the gateway would accept."""
+        name = self._name(host)
+        fixed = self._fixed(name, port)
+        if fixed is not None:
+            return [fixed]
+        ips = await self._resolve(name, port)
+        allowed: dict[str, Pinned] = {}
+        for text in ips:
+            try:
+                verdict = self.policy.classify(text, port)
+            except DestinationError:
+                continue
+            if verdict.allowed:
+                ip = ipaddress.ip_address(text.split("%", 1)[0]).compressed
+                allowed.setdefault(ip, Pinned(name, port, ip))
+        # None allowed: `_choose` raises the refusal `check` would raise.
+        return list(allowed.values()) or [self._choose(name, port, ips)]
+
+    @staticmethod
+    def _name(host: str) -> str:
         try:
-            name = normalize_host(host)
+            return normalize_host(host)
         except DestinationError as e:
             raise DestinationRefused(
                 BAD_DESTINATION, f"{host!r} is not a valid destination host: {e}"
             ) from None
+
+    def _fixed(self, name: str, port: int) -> Pinned | None:
+        """The pin for an override (network.resolve) or an IP literal; None for a name."""
         override = self._overrides.get(f"{name}:{port}") or self._overrides.get(name)
         if override is not None:
             ip, dial_port = override
@@ -226,7 +258,7 @@ class DestinationGuard:
             if not verdict.allowed:
                 raise DestinationRefused(FORBIDDEN, verdict.reason, verdict=verdict)
             return Pinned(name, port, name)
-        return self._choose(name, port, await self._resolve(name, port))
+        return None
 
     async def _resolve(self, name: str, port: int) -> list[str]:
         try:

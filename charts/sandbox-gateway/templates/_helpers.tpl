@@ -152,9 +152,12 @@ Returns YAML: {ca: {tls.crt, tls.key}, signing: {<kid>.pem: ...}, admin: {token:
 gateway.yaml as a dict (rendered by configmap-config.yaml, hashed by the Deployment).
 */}}
 {{- define "sandbox-gateway.config" -}}
-{{- $listen := dict "proxy" (printf "0.0.0.0:%d" (int .Values.ports.proxy)) "admin" (printf "0.0.0.0:%d" (int .Values.ports.admin)) "transparent" nil }}
+{{- $listen := dict "proxy" (printf "0.0.0.0:%d" (int .Values.ports.proxy)) "admin" (printf "0.0.0.0:%d" (int .Values.ports.admin)) "transparent" nil "dns" nil }}
 {{- if .Values.transparent.enabled }}
 {{- $_ := set $listen "transparent" (printf "0.0.0.0:%d" (int .Values.transparent.port)) }}
+{{- end }}
+{{- if include "sandbox-gateway.dnsEnabled" . }}
+{{- $_ := set $listen "dns" (printf "0.0.0.0:%d" (int .Values.transparent.dns.containerPort)) }}
 {{- end }}
 {{- $secrets := dict "store" .Values.secretStore.store }}
 {{- if eq .Values.secretStore.store "azure-keyvault" }}
@@ -187,7 +190,15 @@ gateway.yaml as a dict (rendered by configmap-config.yaml, hashed by the Deploym
   "log_level" .Values.config.log_level
   "workers" (int .Values.config.workers)
 }}
+{{- if include "sandbox-gateway.dnsEnabled" . }}
+{{- $_ := set $cfg "dns" (dict "ttl" .Values.transparent.dns.ttl "rate" .Values.transparent.dns.rate "burst" (int .Values.transparent.dns.burst)) }}
+{{- end }}
 {{- toYaml (merge (deepCopy $cfg) (deepCopy .Values.config.extra)) }}
+{{- end }}
+
+{{/* "true" when the gateway runs its DNS resolver (transparent mode with transparent.dns.enabled), else empty. */}}
+{{- define "sandbox-gateway.dnsEnabled" -}}
+{{- if and .Values.transparent.enabled .Values.transparent.dns.enabled }}true{{ end }}
 {{- end }}
 
 {{/* The policy name `helm test` mints a token for. */}}
