@@ -95,6 +95,7 @@ network:
   intercept: mitmproxy
 audit: {path: audit/decisions.jsonl}
 state: {store: memory}
+metering: {pricing: prices.yaml, retention: 30d, stream_usage: false}
 workers: 4
 log_level: debug
 """
@@ -145,6 +146,9 @@ def test_full_file(tmp_path: Path) -> None:
     assert cfg.network.intercept == "mitmproxy"
     assert cfg.audit_path == base / "audit" / "decisions.jsonl"
     assert dict(cfg.state) == {"store": "memory"}
+    assert cfg.metering.pricing == base / "prices.yaml"
+    assert cfg.metering.retention == 30 * 86400
+    assert cfg.metering.stream_usage is False
     assert cfg.workers == 4
     assert cfg.log_level == "debug"
     assert cfg.source == str(path)
