@@ -104,6 +104,16 @@ class DnsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MeteringConfig:
+    """Inference metering: operator prices, how long hourly usage totals are kept, and
+    whether OpenAI streaming requests get ``stream_options.include_usage`` added."""
+
+    pricing: Path | None = None
+    retention: float = 7 * 86400.0
+    stream_usage: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole validated configuration."""
 
@@ -123,6 +133,7 @@ class Config:
     dns: DnsConfig = field(default_factory=DnsConfig)
     audit_path: Path | None = None
     state: Mapping[str, Any] = field(default_factory=lambda: {"store": "memory"})
+    metering: MeteringConfig = field(default_factory=MeteringConfig)
     workers: int = 0  # 0 = one worker process per core
     log_level: str = "info"
     source: str = "<defaults>"
@@ -271,6 +282,12 @@ def _burst(value: object, key: str) -> int:
     return value
 
 
+def _bool(value: object, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    return value
+
+
 def _level(value: object, key: str) -> str:
     levels = ("debug", "info", "warning", "error")
     if value not in levels:
@@ -323,13 +340,19 @@ SCHEMA: Schema = {
     "dns": {"ttl": _dns_ttl, "rate": _rate, "burst": _burst},
     "audit": {"path": _opt(_str)},
     "state": _any_map,
+    "metering": {
+        "pricing": _opt(_str),
+        "retention": parse_duration,
+        "stream_usage": _bool,
+    },
     "workers": _int,
     "log_level": _level,
 }
 
 _ENV_TYPED = {"workers", "tokens.leeway", "limits.connections_per_sandbox",
               "network.allow_cidrs", "network.deny_cidrs", "network.resolve",
-              "tokens.retired_kids", "secrets", "state", "dns.rate", "dns.burst"}
+              "tokens.retired_kids", "secrets", "state", "dns.rate", "dns.burst",
+              "metering.stream_usage"}
 
 
 def _validate(raw: Mapping[str, Any], schema: Schema, prefix: str = "") -> dict[str, Any]:
@@ -431,6 +454,7 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
     tokens = v.get("tokens", {})
     network = v.get("network", {})
     dns = v.get("dns", {})
+    metering = v.get("metering", {})
     cfg_tokens = TokensConfig(
         default_ttl=tokens.get("default_ttl", d.tokens.default_ttl),
         max_ttl=tokens.get("max_ttl", d.tokens.max_ttl),
@@ -482,6 +506,11 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
                       burst=dns.get("burst", d.dns.burst)),
         audit_path=_path(base, v.get("audit", {}).get("path")),
         state=v.get("state", d.state),
+        metering=MeteringConfig(
+            pricing=_path(base, metering.get("pricing")),
+            retention=metering.get("retention", d.metering.retention),
+            stream_usage=metering.get("stream_usage", d.metering.stream_usage),
+        ),
         workers=v.get("workers", d.workers),
         log_level=v.get("log_level", d.log_level),
         source=source,

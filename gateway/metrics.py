@@ -152,3 +152,30 @@ STATE_STORE_ERRORS = Counter(
     ["op"],
     registry=REGISTRY,
 )
+INFERENCE_TOKENS = Counter(
+    "sandbox_gateway_inference_tokens_total",
+    "Tokens of metered inference exchanges, by policy, credential, model and kind (input, "
+    "output, cached: the cached part of the input). Models beyond a bounded set are "
+    "`other`.",
+    ["policy", "credential", "model", "kind"],
+    registry=REGISTRY,
+)
+INFERENCE_REQUESTS = Counter(
+    "sandbox_gateway_inference_requests_total",
+    "Metered inference exchanges, by policy, credential, model and HTTP status (`error` "
+    "when no response arrived; model `unknown` when neither side named one).",
+    ["policy", "credential", "model", "status"],
+    registry=REGISTRY,
+)
+BUDGET_REFUSALS = Counter(
+    "sandbox_gateway_budget_refusals_total",
+    "Requests refused because a budget was used up, by policy and budget.",
+    ["policy", "budget"],
+    registry=REGISTRY,
+)
+MODEL_REFUSALS = Counter(
+    "sandbox_gateway_model_refusals_total",
+    "Requests refused by a rule's model allowlist, by policy and credential.",
+    ["policy", "credential"],
+    registry=REGISTRY,
+)

@@ -1,8 +1,10 @@
-"""State that every gateway process must agree on: revoked tokens, registered sandboxes.
+"""State that every gateway process must agree on: revoked tokens, registered sandboxes,
+and counters (usage totals, budget consumption; see ``gateway.counters``).
 
 Lookups are synchronous and local (they run on every request); changes are async so
 a shared implementation (Redis) can publish them to the other replicas. The memory
-store is the single-process default.
+store is the single-process default. Counter increments are synchronous too: they are
+batched locally and shared in the background.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import fcntl
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+from gateway.counters import Increment, JournalCounters, MemoryCounters, Table
 
 
 class StateUnavailable(RuntimeError):
@@ -33,8 +37,14 @@ class SandboxAddress:
 
 
 class StateStore(Protocol):
-    """Shared gateway state. `is_revoked` and `sandbox_for` must not do I/O."""
+    """Shared gateway state. `is_revoked`, `sandbox_for`, `count` and `counter` must not
+    do I/O."""
 
+    def count(self, increments: Iterable[Increment]) -> None: ...
+    def counter(self, table: str, field: str) -> int: ...
+    async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]: ...
+    @property
+    def counters_degraded(self) -> bool: ...
     def is_revoked(self, jti: str) -> bool: ...
     async def revoke(self, jti: str, expires_at: float) -> None: ...
     def sandbox_for(self, ip: str) -> SandboxAddress | None: ...
@@ -48,9 +58,23 @@ class StateStore(Protocol):
 class MemoryState:
     """In-process state: correct for one gateway process, lost on restart."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._revoked: dict[str, float] = {}
         self._sandboxes: dict[str, SandboxAddress] = {}
+        self._counters: MemoryCounters | JournalCounters = MemoryCounters(clock)
+
+    def count(self, increments: Iterable[Increment]) -> None:
+        self._counters.count(increments)
+
+    def counter(self, table: str, field: str) -> int:
+        return self._counters.counter(table, field)
+
+    async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
+        return await self._counters.counter_tables(tables)
+
+    @property
+    def counters_degraded(self) -> bool:
+        return self._counters.counters_degraded
 
     def is_revoked(self, jti: str) -> bool:
         return jti in self._revoked
@@ -88,19 +112,30 @@ class JournalState(MemoryState):
     never interleave); every process applies its own changes at once and the others'
     within `interval` seconds by reading what was appended since its last look.
     Lookups stay in memory. Used automatically with `workers > 1` and the memory store.
+    Counters go to a second file next to it (`<path>.counters`, see
+    `gateway.counters.JournalCounters`), synced on the same beat.
     """
 
-    def __init__(self, path: Path, interval: float = 0.2) -> None:
-        super().__init__()
+    def __init__(self, path: Path, interval: float = 0.2,
+                 clock: Callable[[], float] = time.time) -> None:
+        super().__init__(clock)
         self.path = path
         self.interval = interval
         self._offset = 0
         self._task: asyncio.Task[None] | None = None
+        self._journal_counters = JournalCounters(path.with_name(path.name + ".counters"),
+                                                 clock=clock)
+        self._counters = self._journal_counters
 
     async def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.touch(mode=0o600, exist_ok=True)
         self._catch_up()
+        try:
+            self._journal_counters.start()
+        except OSError as exc:
+            raise StateUnavailable(f"cannot open the counters journal "
+                                   f"{self._journal_counters.path}: {exc.strerror}") from None
         self._task = asyncio.get_running_loop().create_task(self._follow())
 
     async def close(self) -> None:
@@ -108,6 +143,7 @@ class JournalState(MemoryState):
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        self._journal_counters.flush()
 
     async def _follow(self) -> None:
         while True:
@@ -116,6 +152,10 @@ class JournalState(MemoryState):
                 self._catch_up()
             except OSError as exc:
                 log.warning("state journal %s unreadable: %s", self.path, exc.strerror)
+            try:
+                self._journal_counters.sync()
+            except Exception:  # a counters bug must not stop revocations from syncing
+                log.exception("counters journal: unexpected error")
 
     def _catch_up(self) -> None:
         with self.path.open("rb") as f:

@@ -13,6 +13,9 @@ Layout in Redis (`prefix` defaults to `sandbox-gateway`):
   `unregister`); each write and its event go in one MULTI/EXEC, so every replica sees
   changes in the order Redis applied them.
 
+Counters (usage, budgets) are hashes `<prefix>:c:<table>` sent in batches by
+`gateway.counters_redis.RedisCounters` on its own beat; see that module.
+
 Trade-offs while Redis is unreachable (`sandbox_gateway_state_store_up{store="redis"}`
 is 0 and the outage is logged once):
 - reads keep answering from the last mirror: a token revoked elsewhere during the outage
@@ -36,7 +39,7 @@ import math
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -47,6 +50,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway import metrics
+from gateway.counters import Increment, Table
+from gateway.counters_redis import RedisCounters
 from gateway.net.resolver import unguarded
 from gateway.state import SandboxAddress, StateUnavailable
 
@@ -83,6 +88,7 @@ class RedisState:
         start_timeout: float = 10.0,
         backoff: tuple[float, float] = (0.1, 5.0),
         clock: Callable[[], float] = time.time,
+        counter_interval: float = 0.25,
     ) -> None:
         self.url = url
         self.prefix = prefix
@@ -103,6 +109,27 @@ class RedisState:
         self._up = False
         self._next_resync = 0.0
         self._next_prune = 0.0
+        self._counters = RedisCounters(prefix, interval=counter_interval, clock=clock,
+                                       url_for_logs=redact_url(url))
+
+    # -- counters (synchronous, local; shared in batches) -------------------------------
+
+    def count(self, increments: Iterable[Increment]) -> None:
+        self._counters.count(increments)
+
+    def counter(self, table: str, field: str) -> int:
+        return self._counters.counter(table, field)
+
+    async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
+        return await self._counters.counter_tables(tables)
+
+    @property
+    def counters_degraded(self) -> bool:
+        return self._counters.counters_degraded
+
+    async def flush_counters(self) -> None:
+        """Send pending counts now (tests, shutdown); normally done every interval."""
+        await self._counters.flush()
 
     # -- lookups (synchronous, local, no I/O) -----------------------------------------
 
@@ -214,9 +241,11 @@ class RedisState:
                 delay = min(delay * 2, self.backoff[1])
         with unguarded():
             self._task = loop.create_task(self._follow(), name="state-redis")
+        self._counters.start(self._redis)
 
     async def close(self) -> None:
-        """Stop following and close both connections."""
+        """Stop following, send pending counts (best effort), close both connections."""
+        await self._counters.close()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -314,7 +314,7 @@ def test_policies(client: TestClient) -> None:
     assert set(by_name) == {"agent", "base"}
     assert by_name["agent"] == {"name": "agent", "mode": "enforce", "source": "agent.yaml",
                                 "extends": ["base"], "rules": 3,
-                                "credentials": ["anthropic", "openai"]}
+                                "credentials": ["anthropic", "openai"], "budgets": []}
     assert by_name["base"]["mode"] == "report"
     assert by_name["base"]["credentials"] == []
 
@@ -338,7 +338,8 @@ def test_explain(client: TestClient, policy: str, method: str, url: str, decisio
                            json={"policy": policy, "method": method, "url": url})
     assert response.status_code == 200, response.text
     data = response.json()
-    assert set(data) == {"decision", "reason", "error", "rule", "credential", "inspect"}
+    assert set(data) == {"decision", "reason", "error", "rule", "credential", "inspect",
+                         "models"}
     assert data["decision"] == decision
     assert data["error"] == ("policy_denied" if decision == "deny" else None)
     assert data["reason"]

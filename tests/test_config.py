@@ -102,6 +102,7 @@ shutdown: {drain: 45s}
 dns: {ttl: 30s, rate: 2.5, burst: 8}
 audit: {path: audit/decisions.jsonl}
 state: {store: memory}
+metering: {pricing: prices.yaml, retention: 30d, stream_usage: false}
 workers: 4
 log_level: debug
 """
@@ -154,6 +155,9 @@ def test_full_file(tmp_path: Path) -> None:
     assert cfg.network.intercept == "mitmproxy"
     assert cfg.audit_path == base / "audit" / "decisions.jsonl"
     assert dict(cfg.state) == {"store": "memory"}
+    assert cfg.metering.pricing == base / "prices.yaml"
+    assert cfg.metering.retention == 30 * 86400
+    assert cfg.metering.stream_usage is False
     assert cfg.workers == 4
     assert cfg.log_level == "debug"
     assert cfg.source == str(path)

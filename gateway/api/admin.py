@@ -1,4 +1,4 @@
-"""The control plane: health, metrics, tokens, policies, explain, JWKS (Starlette).
+"""The control plane: health, metrics, tokens, policies, explain, usage, JWKS (Starlette).
 
 `POST /v1/explain` answers like `policy explain`; with `"resolve": true` it also runs
 the proxy's own destination check (resolution, address class, `allow_cidrs`), so an
@@ -11,12 +11,13 @@ JSON shape as the proxy's refusals: `{"error": code, "reason": text}`.
 
 from __future__ import annotations
 
+import datetime as dt
 import hmac
 import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
@@ -32,6 +33,9 @@ from gateway.net.resolver import DestinationGuard
 from gateway.policy import PolicySet
 from gateway.state import SandboxAddress, StateUnavailable
 from gateway.tokens import TokenError, TokenService, parse_scope
+
+if TYPE_CHECKING:
+    from gateway.metering import Metering
 
 
 class Readiness(Protocol):
@@ -49,6 +53,25 @@ class AdminContext:
     # The proxy's DestinationGuard, for `POST /v1/explain {"resolve": true}` (None: the
     # admin API cannot resolve, and says so).
     guard: Callable[[], DestinationGuard | None] | None = None
+    metering: Metering | None = None
+    clock: Callable[[], float] = time.time
+
+
+def parse_since(value: str, now: float) -> float:
+    """``since`` of ``/v1/usage``: an ISO 8601 time (UTC if no offset) or a duration back
+    from now (``24h``, ``7d``). Raises ValueError."""
+    try:
+        return now - parse_duration(value, "since")
+    except ConfigError:
+        pass
+    try:
+        at = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"since {value[:64]!r} is neither an ISO 8601 time "
+                         "(2026-11-22T00:00:00Z) nor a duration (24h)") from None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=dt.UTC)
+    return at.timestamp()
 
 
 def _error(status: int, code: str, reason: str) -> JSONResponse:
@@ -186,12 +209,34 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         return JSONResponse({"revision": current.revision, "policies": [
             {"name": p.name, "mode": p.mode, "source": p.source, "extends": list(p.extends),
              "rules": len(p.rules),
-             "credentials": p.credential_names}
+             "credentials": p.credential_names,
+             "budgets": [b.describe() for b in p.budgets]}
             for p in current.policies.values()
         ]})
 
     def current_guard() -> DestinationGuard | None:
         return ctx.guard() if ctx.guard is not None else None
+
+    @protected
+    async def usage(request: Request) -> Response:
+        """Usage totals by policy, sandbox, credential and model, plus budget status."""
+        if ctx.metering is None:
+            return _error(503, "metering_unavailable", "metering is not enabled in this "
+                          "gateway process")
+        params = request.query_params
+        unknown = sorted(set(params) - {"sandbox", "policy", "since"})
+        if unknown:
+            return _error(400, "bad_request", f"unknown parameter {unknown[0]!r}; use "
+                          "sandbox, policy, since")
+        now = ctx.clock()
+        try:
+            since = parse_since(params["since"], now) if params.get("since") else None
+        except ValueError as exc:
+            return _error(400, "bad_request", str(exc))
+        report = await ctx.metering.report(
+            ctx.policies(), sandbox=params.get("sandbox") or None,
+            policy=params.get("policy") or None, since=since, now=now)
+        return JSONResponse(report)
 
     @protected
     async def explain_endpoint(request: Request) -> Response:
@@ -217,6 +262,8 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
             "decision": answer.result, "reason": answer.reason, "error": answer.error,
             "rule": decision.rule.source if decision.rule else None,
             "credential": decision.credential, "inspect": decision.inspect,
+            "models": list(decision.rule.models) if decision.rule and decision.rule.models
+            else None,
         }
         if resolve:
             out["policy_decision"] = decision.result
@@ -235,4 +282,5 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         Route("/v1/sandboxes/{ip}", unregister_sandbox, methods=["DELETE"]),
         Route("/v1/policies", policies),
         Route("/v1/explain", explain_endpoint, methods=["POST"]),
+        Route("/v1/usage", usage, methods=["GET"]),
     ])

@@ -10,26 +10,41 @@ A file may hold several policies as YAML documents separated by ``---``.
 
 Decisions documented here: ``protocol: tcp`` rules must list ``ports`` (raw TCP
 has no default port); a missing ``egress`` is the same as an empty one (deny all);
-a preset credential may override the preset's ``hosts`` and ``inject``.
+a preset credential may override the preset's ``hosts`` and ``inject``; ``models`` is
+only valid on a rule with ``credential:`` (it restricts inference calls the gateway
+injects a key into); ``budgets`` are inherited through ``extends`` like rules, an own
+budget replacing an inherited one of the same name, and are counted per deciding policy.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from gateway.config import ConfigError, parse_duration
 from gateway.policy.hosts import HostPattern, HostPatternError, compile_host_pattern
 from gateway.policy.matcher import compile_policy
-from gateway.policy.model import Credential, Injection, Mode, Policy, PolicySet, Protocol, Rule
+from gateway.policy.model import (
+    Budget,
+    BudgetScope,
+    Credential,
+    Injection,
+    Mode,
+    Policy,
+    PolicySet,
+    Protocol,
+    Rule,
+)
 from gateway.policy.paths import PathPatternError, validate_path_pattern
 from gateway.policy.presets import PRESETS
 from gateway.policy.revision import content_hash, policy_revision
@@ -42,8 +57,13 @@ __all__ = [
     "policy_files",
 ]
 
-_POLICY_KEYS = ("version", "name", "description", "mode", "extends", "egress", "credentials")
-_RULE_KEYS = ("host", "ports", "methods", "paths", "credential", "inspect", "protocol")
+_POLICY_KEYS = ("version", "name", "description", "mode", "extends", "egress", "credentials",
+                "budgets")
+_RULE_KEYS = ("host", "ports", "methods", "paths", "credential", "inspect", "protocol", "models")
+_BUDGET_KEYS = ("name", "per", "window", "tokens", "requests", "cost_usd", "credentials",
+                "description")
+_MIN_WINDOW = 60
+_MODEL_GLOB = re.compile(r"[!-~]{1,200}")  # printable ASCII, no spaces
 _CREDENTIAL_KEYS = ("preset", "secret", "hosts", "inject", "description")
 _INJECT_KEYS = ("header", "bearer", "query", "basic")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -74,6 +94,14 @@ class _RawRule:
 
 
 @dataclass
+class _RawBudget:
+    budget: Budget
+    file: str
+    line: int
+    credential_nodes: list[tuple[str, Node]] = field(default_factory=list)
+
+
+@dataclass
 class _RawPolicy:
     name: str
     mode: Mode
@@ -83,6 +111,7 @@ class _RawPolicy:
     extends: list[tuple[str, Node]] = field(default_factory=list)
     rules: list[_RawRule] = field(default_factory=list)
     extends_line: int = 0
+    budgets: list[_RawBudget] = field(default_factory=list)
 
 
 @dataclass
@@ -242,6 +271,8 @@ class _Parser:
                     rule = self.parse_rule(file, rule_node)
                     if rule is not None:
                         policy.rules.append(rule)
+        if "budgets" in keys:
+            self.parse_budgets(file, keys["budgets"][1], policy)
         self.policies.append(policy)
 
     def parse_rule(self, file: str, node: Node) -> _RawRule | None:
@@ -297,8 +328,23 @@ class _Parser:
                 self.err(file, protocol_node, f"invalid protocol {value!r}; use http or tcp")
                 ok = False
         fields["protocol"] = protocol
+        if "models" in keys:
+            models_node = keys["models"][1]
+            models = self.parse_models(file, models_node)
+            ok = ok and models is not None
+            fields["models"] = models
+            if "credential" not in keys:
+                self.err(
+                    file,
+                    models_node,
+                    "models needs credential: on the same rule (the allowlist applies to "
+                    "inference calls the gateway injects a key into); add credential: or "
+                    "remove models",
+                )
+                ok = False
         if protocol == "tcp":
-            clashing: list[str] = [k for k in ("methods", "paths", "credential") if k in keys]
+            clashing: list[str] = [k for k in ("methods", "paths", "credential", "models")
+                                   if k in keys]
             if fields.get("inspect"):
                 clashing.append("inspect")
             if clashing:
@@ -370,6 +416,140 @@ class _Parser:
             if value not in paths:
                 paths.append(value)
         return tuple(paths) if ok else None
+
+    def parse_models(self, file: str, node: Node) -> tuple[str, ...] | None:
+        items = self.string_list(file, node, "models")
+        if items is None:
+            return None
+        if isinstance(node, SequenceNode) and not node.value:
+            self.err(file, node, 'models is empty; list model globs (e.g. ["gpt-4o-mini"]) '
+                     "or omit it to allow every model")
+            return None
+        ok = isinstance(node, SequenceNode) and len(items) == len(node.value)
+        models: list[str] = []
+        for value, item in items:
+            if not _MODEL_GLOB.fullmatch(value):
+                self.err(file, item, f"invalid model pattern {value[:64]!r}; use a model name "
+                         'or a glob such as "claude-sonnet-*" (printable ASCII, no spaces)')
+                ok = False
+            elif value not in models:
+                models.append(value)
+        return tuple(models) if ok else None
+
+    def parse_budgets(self, file: str, node: Node, policy: _RawPolicy) -> None:
+        if isinstance(node, ScalarNode) and self.scalar(node) is None:
+            return
+        if not isinstance(node, SequenceNode):
+            self.err(file, node, "budgets must be a list (- name: ..., per: ..., window: ...)")
+            return
+        seen: dict[str, int] = {}
+        for item in node.value:
+            raw = self.parse_budget(file, item, policy.name if policy.named else "")
+            if raw is None:
+                continue
+            name = raw.budget.name
+            if name in seen:
+                self.err(file, item, f'duplicate budget "{name}" (first at line {seen[name]}); '
+                         "budget names must be unique within a policy")
+                continue
+            seen[name] = raw.line
+            policy.budgets.append(raw)
+
+    def parse_budget(self, file: str, node: Node, policy: str) -> _RawBudget | None:
+        keys = self.mapping(file, node, _BUDGET_KEYS, "a budget")
+        if keys is None:
+            return None
+        ok = True
+        name: str | None = None
+        if "name" not in keys:
+            self.err(file, node, "budget has no name; add name: <budget name>")
+            ok = False
+        else:
+            name = self.string(file, keys["name"][1], "name")
+            if name is not None and not _NAME.fullmatch(name):
+                self.err(file, keys["name"][1], f'invalid budget name "{name[:64]}"; use '
+                         'letters, digits, ".", "_", "-"')
+                name = None
+            ok = ok and name is not None
+        per: BudgetScope = "sandbox"
+        if "per" not in keys:
+            self.err(file, node, "budget has no per; add per: sandbox (each sandbox its own "
+                     "allowance) or per: policy (one allowance for all its sandboxes)")
+            ok = False
+        else:
+            value = self.scalar(keys["per"][1]) if isinstance(keys["per"][1], ScalarNode) else None
+            if value == "policy":
+                per = "policy"
+            elif value != "sandbox":
+                self.err(file, keys["per"][1], f"invalid per {value!r}; use sandbox or policy")
+                ok = False
+        window: int | Literal["month"] | None = None
+        window_text = ""
+        if "window" not in keys:
+            self.err(file, node, "budget has no window; add e.g. window: 24h (or month)")
+            ok = False
+        else:
+            window_node = keys["window"][1]
+            raw_window = self.scalar(window_node) if isinstance(window_node, ScalarNode) else None
+            window_text = str(raw_window)
+            if raw_window == "month":
+                window = "month"
+            else:
+                try:
+                    seconds = parse_duration(raw_window, "window")
+                except ConfigError as exc:
+                    self.err(file, window_node, f"{exc}, or month")
+                    seconds = 0.0
+                if seconds and (seconds < _MIN_WINDOW or seconds != int(seconds)):
+                    self.err(file, window_node, f"window {window_text!r} must be whole seconds, "
+                             "at least 1m")
+                elif seconds:
+                    window = int(seconds)
+            ok = ok and window is not None
+        limits: dict[str, int | float] = {}
+        for key in ("tokens", "requests", "cost_usd"):
+            if key not in keys:
+                continue
+            value_node = keys[key][1]
+            value = self.scalar(value_node) if isinstance(value_node, ScalarNode) else None
+            whole = isinstance(value, int) and not isinstance(value, bool)
+            real = key == "cost_usd" and isinstance(value, float) and math.isfinite(value)
+            number: int | float | None = value if whole or real else None
+            if number is None or number <= 0:
+                kind = "a positive number" if key == "cost_usd" else "a positive whole number"
+                self.err(file, value_node, f"{key} must be {kind}, got {value!r}")
+                ok = False
+            else:
+                limits[key] = number
+        if not any(k in keys for k in ("tokens", "requests", "cost_usd")):
+            self.err(file, node, "budget sets no limit; add tokens:, requests: or cost_usd:")
+            ok = False
+        credential_nodes: list[tuple[str, Node]] = []
+        if "credentials" in keys:
+            items = self.string_list(file, keys["credentials"][1], "credentials")
+            cred_node = keys["credentials"][1]
+            if items is None or (isinstance(cred_node, SequenceNode) and not cred_node.value):
+                if items is not None:
+                    self.err(file, cred_node, "credentials is empty; list credential names or "
+                             "omit it for every credential of the policy")
+                ok = False
+            else:
+                credential_nodes = items
+        if "description" in keys:
+            self.string(file, keys["description"][1], "description")
+        if not ok or name is None or window is None:
+            return None
+        tokens, requests = limits.get("tokens"), limits.get("requests")
+        cost = limits.get("cost_usd")
+        budget = Budget(
+            name=name, per=per, window=window, window_text=window_text,
+            tokens=int(tokens) if tokens is not None else None,
+            requests=int(requests) if requests is not None else None,
+            cost_usd=float(cost) if cost is not None else None,
+            credentials=tuple(dict.fromkeys(c for c, _ in credential_nodes)) or None,
+            source=f"{file}:{node.start_mark.line + 1}", policy=policy,
+        )
+        return _RawBudget(budget, file, node.start_mark.line + 1, credential_nodes)
 
     def parse_credentials(self, file: str, node: Node, policy: str) -> None:
         if isinstance(node, ScalarNode) and self.scalar(node) is None:
@@ -630,6 +810,7 @@ def _build(parser: _Parser, revision: str = "") -> PolicySet:
 
     for name in by_name:
         resolve(name, [name])
+    budgets = _budgets(by_name, resolved, credentials, errors)
     if errors:
         raise PolicyError(_format(errors))
 
@@ -642,9 +823,54 @@ def _build(parser: _Parser, revision: str = "") -> PolicySet:
             source=raw.file,
             extends=tuple(p for p, _ in raw.extends),
             credentials=credentials,
+            budgets=budgets.get(name, ()),
         )
     files = tuple(dict.fromkeys(raw.file for raw in parser.policies))
     return PolicySet(policies=policies, credentials=credentials, files=files, revision=revision)
+
+
+def _budgets(
+    by_name: Mapping[str, _RawPolicy],
+    resolved: Mapping[str, list[Rule]],
+    credentials: Mapping[str, Credential],
+    errors: list[tuple[str, int, str]],
+) -> dict[str, tuple[Budget, ...]]:
+    """Each policy's budgets: its own, then inherited ones it does not redefine.
+
+    An own budget's ``credentials`` must exist and be injected by a rule of the policy
+    (a budget that could never apply is a mistake worth a file:line error).
+    """
+    known = tuple(credentials)
+    for name, raw in by_name.items():
+        injected = {r.credential for r in resolved.get(name, ()) if r.credential}
+        for raw_budget in raw.budgets:
+            for cred, node in raw_budget.credential_nodes:
+                line = node.start_mark.line + 1
+                if cred not in credentials:
+                    errors.append((raw.file, line, f'budget "{raw_budget.budget.name}" names '
+                                   f'unknown credential "{cred[:64]}"{_suggest(cred, known)}'))
+                elif cred not in injected:
+                    errors.append((raw.file, line, f'budget "{raw_budget.budget.name}" limits '
+                                   f'credential "{cred}", which no rule of policy "{name}" '
+                                   "injects; add a rule with credential: "
+                                   f"{cred} or remove it from the budget"))
+    out: dict[str, tuple[Budget, ...]] = {}
+
+    def collect(name: str, stack: tuple[str, ...]) -> tuple[Budget, ...]:
+        if name in out:
+            return out[name]
+        raw = by_name[name]
+        found: dict[str, Budget] = {b.budget.name: b.budget for b in raw.budgets}
+        for parent, _ in raw.extends:
+            if parent in by_name and parent not in stack:
+                for budget in collect(parent, (*stack, parent)):
+                    found.setdefault(budget.name, budget)
+        out[name] = tuple(found.values())
+        return out[name]
+
+    for name in by_name:
+        collect(name, (name,))
+    return out
 
 
 def _format(errors: list[tuple[str, int, str]]) -> list[str]:

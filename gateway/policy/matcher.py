@@ -33,6 +33,7 @@ from gateway.policy.hosts import HostPattern, HostPatternError, normalize_host
 from gateway.policy.model import (
     DEFAULT_HTTP_PORT,
     DEFAULT_HTTPS_PORT,
+    Budget,
     Credential,
     Decision,
     Mode,
@@ -365,12 +366,14 @@ def compile_policy(
     source: str = "<memory>",
     extends: tuple[str, ...] = (),
     credentials: Mapping[str, Credential] | None = None,
+    budgets: tuple[Budget, ...] = (),
 ) -> Policy:
     """Build a Policy with its index. Every credential a rule names must be in ``credentials``."""
     rule_tuple = tuple(rules)
     matcher = Matcher(name, mode, source, rule_tuple, credentials or {})
     return Policy(
-        name=name, mode=mode, source=source, rules=rule_tuple, extends=extends, matcher=matcher
+        name=name, mode=mode, source=source, rules=rule_tuple, extends=extends, matcher=matcher,
+        budgets=budgets,
     )
 
 

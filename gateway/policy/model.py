@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_HTTPS_PORT",
     "DEFAULT_HTTP_PORT",
+    "Budget",
     "Credential",
     "Decision",
     "Injection",
@@ -34,6 +35,7 @@ Mode = Literal["enforce", "report"]
 Protocol = Literal["http", "tcp"]
 InjectionKind = Literal["header", "bearer", "query", "basic"]
 DecisionResult = Literal["allow", "deny", "report"]
+BudgetScope = Literal["sandbox", "policy"]
 
 DEFAULT_HTTPS_PORT = 443
 DEFAULT_HTTP_PORT = 80
@@ -93,6 +95,7 @@ class Rule:
     ``ports`` None means the defaults (443, and 80 for plain http). ``methods`` and
     ``paths`` None mean any. ``source`` is ``file:line``; ``policy`` the name of the
     policy file the rule was written in (differs from the deciding policy with extends).
+    ``models`` (credential rules only) is the allowlist of model globs, None = any.
     """
 
     host: str
@@ -104,6 +107,7 @@ class Rule:
     credential: str | None = None
     inspect: bool = False
     protocol: Protocol = "http"
+    models: tuple[str, ...] | None = None
     host_pattern: HostPattern = field(init=False, compare=False, repr=False)
     path_set: PathSet | None = field(init=False, compare=False, repr=False)
 
@@ -138,11 +142,51 @@ class Rule:
             parts.append("paths: " + ", ".join(self.paths))
         if self.credential is not None:
             parts.append(f"credential: {self.credential}")
+        if self.models is not None:
+            parts.append("models: " + ", ".join(self.models))
         if self.protocol != "http":
             parts.append(f"protocol: {self.protocol}")
         if self.inspect:
             parts.append("inspect: true")
         return "; ".join(parts)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Budget:
+    """A usage limit over fixed time windows (``budgets:`` in a policy file).
+
+    ``per`` sandbox: each sandbox of the policy has its own allowance; ``policy``: all
+    of them share one. ``window`` is a length in seconds (windows aligned to the Unix
+    epoch, so day multiples start at 00:00 UTC) or ``"month"`` (calendar months, UTC).
+    At least one of ``tokens`` (input + output), ``requests``, ``cost_usd`` is set.
+    ``credentials`` None = every credential the policy injects. ``source`` is
+    ``file:line``; ``policy`` the file's policy (differs from the deciding one with extends).
+    """
+
+    name: str
+    per: BudgetScope
+    window: int | Literal["month"]
+    window_text: str
+    tokens: int | None = None
+    requests: int | None = None
+    cost_usd: float | None = None
+    credentials: tuple[str, ...] | None = None
+    source: str = "<memory>"
+    policy: str = ""
+
+    def applies_to(self, credential: str) -> bool:
+        """True if requests on ``credential`` count against this budget."""
+        return self.credentials is None or credential in self.credentials
+
+    def describe(self) -> str:
+        """A one-line summary for explain output and reasons."""
+        limits = [f"{label} {value:,}" if isinstance(value, int) else f"{label} {value:g}"
+                  for label, value in (("tokens", self.tokens), ("requests", self.requests),
+                                       ("cost_usd", self.cost_usd)) if value is not None]
+        scope = "" if self.credentials is None else "; credentials: " + ", ".join(
+            self.credentials)
+        return f"{self.name}: per {self.per}, window {self.window_text}; " + ", ".join(
+            limits) + scope
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +232,8 @@ class Policy:
     """One named policy: its own and inherited rules, in order, and their compiled index.
 
     Build it with ``matcher.compile_policy``. ``source`` is the file it came from.
+    ``budgets`` are its own and inherited budgets (an own budget replaces an inherited
+    one of the same name).
     """
 
     name: str
@@ -196,6 +242,7 @@ class Policy:
     rules: tuple[Rule, ...]
     extends: tuple[str, ...]
     matcher: Matcher = field(repr=False)
+    budgets: tuple[Budget, ...] = ()
 
     @property
     def credential_names(self) -> list[str]:

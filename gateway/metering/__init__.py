@@ -1,0 +1,43 @@
+"""Inference metering: usage read from responses, model allowlists, budgets, totals.
+
+Pure parts (no I/O): ``endpoints`` (which API a request calls, its model, the
+``include_usage`` rewrite), ``scan`` (bounded SSE/JSON scanners), ``usage`` (``Meter``),
+``models`` (allowlist decision), ``budgets`` (windows, checks over counters),
+``pricing``. ``ledger`` keeps hourly totals; ``service.Metering`` is the step the
+enforcement core calls (``admit`` before forwarding, ``complete`` after the response).
+"""
+
+from gateway.metering.budgets import BudgetBook, BudgetExceeded, window_bounds
+from gateway.metering.endpoints import request_model, rewrite_request_body
+from gateway.metering.models import (
+    MODEL_BODY_LIMIT,
+    ModelRefusal,
+    check_model,
+    model_in_body,
+)
+from gateway.metering.pricing import Pricing, PricingError, load_pricing
+from gateway.metering.service import Exchange, Metered, Metering, Refusal, build_metering
+from gateway.metering.usage import Meter, Usage, meter_for
+
+__all__ = [
+    "MODEL_BODY_LIMIT",
+    "BudgetBook",
+    "BudgetExceeded",
+    "Exchange",
+    "Meter",
+    "Metered",
+    "Metering",
+    "ModelRefusal",
+    "Pricing",
+    "PricingError",
+    "Refusal",
+    "Usage",
+    "build_metering",
+    "check_model",
+    "load_pricing",
+    "meter_for",
+    "model_in_body",
+    "request_model",
+    "rewrite_request_body",
+    "window_bounds",
+]

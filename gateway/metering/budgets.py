@@ -1,0 +1,230 @@
+"""Budgets: usage limits per sandbox or per policy over fixed windows (engine-independent).
+
+``BudgetBook.check`` runs before a request is forwarded and refuses it once any budget
+that applies is used up (used >= limit); ``record`` runs after the response, so the
+request that crosses a limit completes and is counted. Both are synchronous and do no
+I/O: they read and add to the state store's local counter view (``gateway.counters``),
+which the store shares with the other workers/replicas in the background.
+
+Windows are fixed: ``floor(now / window) * window`` from the Unix epoch (so a day
+multiple starts at 00:00 UTC), or calendar months in UTC for ``window: month``.
+
+What counts: ``requests`` every recorded exchange (errors included: each one reached the
+provider); ``tokens`` input + output tokens the response reported (unknown = 0);
+``cost_usd`` the price of those tokens from the pricing file (a model without a price
+counts 0 and is logged once). Counters are kept per deciding policy, so an inherited
+budget is a separate allowance in each policy that extends it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gateway.counters import Counters, Increment
+from gateway.metering.pricing import Pricing
+from gateway.metering.usage import Usage
+from gateway.policy.model import Budget, Policy
+
+__all__ = ["BudgetBook", "BudgetExceeded", "budget_problems", "window_bounds"]
+
+log = logging.getLogger("sandbox_gateway.metering")
+
+NANO = 1_000_000_000  # cost is counted in nano-USD (integer counters)
+_GRACE = 3600.0  # counters outlive their window by this much (status of the last window)
+LimitKind = Literal["tokens", "requests", "cost_usd"]
+
+
+def window_bounds(window: int | Literal["month"], now: float) -> tuple[float, float]:
+    """The ``[start, end)`` of the window containing ``now`` (Unix seconds)."""
+    if window == "month":
+        at = dt.datetime.fromtimestamp(now, dt.UTC)
+        first = at.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        nxt = (first.replace(year=first.year + 1, month=1) if first.month == 12
+               else first.replace(month=first.month + 1))
+        return first.timestamp(), nxt.timestamp()
+    start = math.floor(now / window) * window
+    return float(start), float(start + window)
+
+
+def _iso(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _span(seconds: float) -> str:
+    seconds = max(0, math.ceil(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{days}d" if days else "", f"{hours}h" if hours else "",
+             f"{minutes}m" if minutes else "", f"{secs}s" if secs and not days else ""]
+    return "".join(parts) or "0s"
+
+
+def _amount(kind: LimitKind, value: float) -> str:
+    if kind == "cost_usd":
+        return f"${value:,.2f}"
+    return f"{int(value):,} {kind}"
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetExceeded:
+    """``429 budget_exceeded``: which budget, how much was used of what, when it resets."""
+
+    budget: Budget
+    subject: str
+    kind: LimitKind
+    used: float
+    limit: float
+    window_start: float
+    resets_at: float
+    retry_after: int
+    status: int = 429
+    code: str = "budget_exceeded"
+
+    @property
+    def rule(self) -> str:
+        """Where the budget is written (``file:line``)."""
+        return self.budget.source
+
+    @property
+    def reason(self) -> str:
+        """A sentence for the sandbox: budget, usage, limit, reset time."""
+        b = self.budget
+        who = (f'sandbox "{self.subject}"' if b.per == "sandbox"
+               else f'policy "{self.subject}" (all its sandboxes)')
+        return (
+            f'budget "{b.name}" ({b.source}) is used up for {who}: '
+            f"{_amount(self.kind, self.used)} used of {_amount(self.kind, self.limit)} in the "
+            f"{b.window_text} window from {_iso(self.window_start)}; it resets at "
+            f"{_iso(self.resets_at)} (in {_span(self.retry_after)}); retry then, or ask an "
+            "operator to raise the budget")
+
+
+class BudgetBook:
+    """Checks and records budget use in the state store's counters."""
+
+    def __init__(self, counters: Counters, pricing: Pricing | None = None) -> None:
+        self.counters = counters
+        self.pricing = pricing
+        self._unpriced: set[str] = set()
+
+    @staticmethod
+    def applicable(policy: Policy, credential: str) -> list[Budget]:
+        """The budgets of ``policy`` that requests on ``credential`` count against."""
+        return [b for b in policy.budgets if b.applies_to(credential)]
+
+    @staticmethod
+    def _table(policy: str, budget: Budget, start: float) -> str:
+        return f"b:{policy}:{budget.name}:{int(start)}"
+
+    @staticmethod
+    def _subject(budget: Budget, sandbox: str, policy: str) -> str:
+        return sandbox if budget.per == "sandbox" else policy
+
+    def _used(self, table: str, subject: str) -> dict[LimitKind, float]:
+        read = self.counters.counter
+        return {"tokens": read(table, "t:" + subject), "requests": read(table, "r:" + subject),
+                "cost_usd": read(table, "c:" + subject) / NANO}
+
+    def check(self, sandbox: str, policy: Policy, credential: str,
+              now: float) -> BudgetExceeded | None:
+        """None if every applicable budget has room; else the used-up one that resets
+        last (the earliest time this request could be allowed)."""
+        worst: BudgetExceeded | None = None
+        for budget in policy.budgets:
+            if not budget.applies_to(credential):
+                continue
+            start, end = window_bounds(budget.window, now)
+            subject = self._subject(budget, sandbox, policy.name)
+            used = self._used(self._table(policy.name, budget, start), subject)
+            limits: tuple[tuple[LimitKind, float | None], ...] = (
+                ("tokens", budget.tokens), ("requests", budget.requests),
+                ("cost_usd", budget.cost_usd))
+            for kind, limit in limits:
+                if limit is None or used[kind] < limit:
+                    continue
+                if worst is None or end > worst.resets_at:
+                    worst = BudgetExceeded(budget, subject, kind, used[kind], limit, start,
+                                           end, max(1, math.ceil(end - now)))
+                break
+        return worst
+
+    def cost(self, usage: Usage) -> float | None:
+        """The USD cost of ``usage`` (None without pricing or a price for its model)."""
+        if self.pricing is None:
+            return None
+        cost = self.pricing.cost(usage)
+        name = usage.model or ""
+        if cost is None and usage.known and name not in self._unpriced:
+            if len(self._unpriced) < 1000:
+                self._unpriced.add(name)
+            log.warning("metering: model %r has no price in %s; its cost counts as 0",
+                        usage.model, self.pricing.source)
+        return cost
+
+    def record(self, sandbox: str, policy: Policy, credential: str, usage: Usage,
+               now: float) -> None:
+        """Count one completed exchange against every applicable budget."""
+        budgets = self.applicable(policy, credential)
+        if not budgets:
+            return
+        cost = self.cost(usage) if any(b.cost_usd is not None for b in budgets) else None
+        tokens = usage.tokens
+        increments: list[Increment] = []
+        for budget in budgets:
+            start, end = window_bounds(budget.window, now)
+            table = self._table(policy.name, budget, start)
+            subject = self._subject(budget, sandbox, policy.name)
+            expires = end + _GRACE
+            increments.append(Increment(table, "r:" + subject, 1, expires))
+            if tokens:
+                increments.append(Increment(table, "t:" + subject, tokens, expires))
+            if cost:
+                increments.append(Increment(table, "c:" + subject, round(cost * NANO),
+                                            expires))
+        self.counters.count(increments)
+
+    async def status(self, policy: Policy, sandbox: str | None,
+                     now: float) -> list[dict[str, Any]]:
+        """Current use of ``policy``'s budgets (per-sandbox ones only with ``sandbox``),
+        read fresh from the store, for the admin API."""
+        wanted: list[tuple[Budget, str, float, float, str]] = []
+        for budget in policy.budgets:
+            if budget.per == "sandbox" and sandbox is None:
+                continue
+            start, end = window_bounds(budget.window, now)
+            subject = self._subject(budget, sandbox or "", policy.name)
+            wanted.append((budget, self._table(policy.name, budget, start), start, end, subject))
+        tables = await self.counters.counter_tables(sorted({w[1] for w in wanted}))
+        out: list[dict[str, Any]] = []
+        for budget, table, start, end, subject in wanted:
+            fields = tables.get(table, {})
+            used = {"tokens": fields.get("t:" + subject, 0),
+                    "requests": fields.get("r:" + subject, 0),
+                    "cost_usd": fields.get("c:" + subject, 0) / NANO}
+            limits = {"tokens": budget.tokens, "requests": budget.requests,
+                      "cost_usd": budget.cost_usd}
+            exceeded = any(v is not None and used[k] >= v for k, v in limits.items())
+            out.append({
+                "policy": policy.name, "budget": budget.name, "source": budget.source,
+                "per": budget.per, "subject": subject, "window": budget.window_text,
+                "window_start": _iso(start), "resets_at": _iso(end),
+                "used": used, "limits": {k: v for k, v in limits.items() if v is not None},
+                "exceeded": exceeded,
+            })
+        return out
+
+
+def budget_problems(policies: Sequence[Policy], pricing: Pricing | None) -> list[str]:
+    """Budgets that cannot be enforced as written with this configuration."""
+    if pricing is not None:
+        return []
+    return [f'{b.source}: budget "{b.name}" sets cost_usd but metering.pricing is not '
+            "configured, so costs are unknown and the limit never applies; set "
+            "metering.pricing in the gateway config"
+            for p in policies for b in p.budgets if b.cost_usd is not None and b.policy == p.name]

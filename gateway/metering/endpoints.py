@@ -1,0 +1,198 @@
+"""Which inference API a request calls, and which model it names (pure, no I/O).
+
+Classification is by method and path, not by preset: the endpoints of the providers
+are distinct, and a custom credential (no preset) on an OpenAI-compatible host is
+metered the same way. Only POSTs are inference calls; ``GET /v1/responses/{id}``
+(retrieval) and the like are not.
+
+* ``openai`` format: a path ending in ``/chat/completions``, ``/completions``,
+  ``/embeddings`` or ``/responses`` (OpenAI ``/v1/...``, Azure
+  ``/openai/deployments/{d}/...`` and ``/openai/v1/...``, Mistral ``/v1/fim/completions``,
+  Groq ``/openai/v1/...``, OpenRouter ``/api/v1/...``, Hugging Face's router);
+* ``anthropic`` format: ``.../v1/messages``, and Claude on Vertex AI
+  (``.../publishers/anthropic/models/{m}:rawPredict|streamRawPredict``);
+* ``gemini`` format: ``.../models/{m}:generateContent|streamGenerateContent`` (Gemini API
+  and Vertex AI ``publishers/google``), ``tunedModels/{m}:...`` too.
+
+The model a request names is the path's (Gemini/Vertex model, Azure deployment, Bedrock
+model id) when there is one, else the JSON body's ``model``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import unquote
+
+__all__ = [
+    "Endpoint",
+    "Format",
+    "PathModel",
+    "body_json",
+    "classify",
+    "path_model",
+    "request_model",
+    "rewrite_request_body",
+]
+
+Format = Literal["openai", "anthropic", "gemini"]
+
+_OPENAI_SUFFIXES = ("/chat/completions", "/completions", "/embeddings", "/responses")
+_STREAM_USAGE_SUFFIXES = ("/chat/completions", "/completions")
+_ANTHROPIC_VERTEX = re.compile(r"/publishers/anthropic/models/([^/:]+):(?:stream)?[rR]awPredict$")
+_GEMINI = re.compile(
+    r"(?:^|/)(models|tunedModels)/([^/:]+):"
+    r"(generateContent|streamGenerateContent|countTokens|embedContent|batchEmbedContents)$"
+)
+_GEMINI_METERED = ("generateContent", "streamGenerateContent")
+_AZURE_DEPLOYMENT = re.compile(r"^/openai/deployments/([^/]+)/")
+_BEDROCK = re.compile(r"^/model/([^/]+)/(?:invoke|invoke-with-response-stream|converse|"
+                      r"converse-stream)$")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,199}")
+_SAFE_ARN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,299}")
+_API_VERSION = re.compile(r"(?:^|&)api-version=(\d{4}-\d{2}-\d{2})")
+# Azure OpenAI accepts stream_options from these API versions on (older ones refuse it).
+_AZURE_STREAM_OPTIONS_SINCE = "2024-09-01"
+
+
+@dataclass(frozen=True, slots=True)
+class PathModel:
+    """A model named in the request path: ``name`` if it is a plain name, else None
+    (``raw`` is the undecoded segment, for reasons)."""
+
+    name: str | None
+    raw: str
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """An inference endpoint: its response ``format`` and the model in its path, if any."""
+
+    format: Format
+    path_model: PathModel | None
+
+
+def _split(path: str) -> tuple[str, str]:
+    base, _, query = path.partition("?")
+    return base, query
+
+
+def _decode(segment: str, pattern: re.Pattern[str]) -> PathModel:
+    """Percent-decode a path segment once; keep it only if it is a plain name (no
+    escapes left, no separators or dot segments a provider could re-interpret)."""
+    try:
+        name = unquote(segment, errors="strict")
+    except UnicodeDecodeError:
+        return PathModel(None, segment)
+    if not pattern.fullmatch(name) or any(p in (".", "..") for p in name.split("/")):
+        return PathModel(None, segment)
+    return PathModel(name, segment)
+
+
+def path_model(path: str) -> PathModel | None:
+    """The model named by the path (Gemini/Vertex, Azure deployment, Bedrock), or None."""
+    base, _ = _split(path)
+    m = _ANTHROPIC_VERTEX.search(base)
+    if m:
+        return _decode(m.group(1), _SAFE_NAME)
+    m = _GEMINI.search(base)
+    if m:
+        decoded = _decode(m.group(2), _SAFE_NAME)
+        if m.group(1) == "tunedModels" and decoded.name is not None:
+            return PathModel(f"tunedModels/{decoded.name}", decoded.raw)
+        return decoded
+    m = _AZURE_DEPLOYMENT.match(base)
+    if m:
+        return _decode(m.group(1), _SAFE_NAME)
+    m = _BEDROCK.match(base)
+    if m:
+        return _decode(m.group(1), _SAFE_ARN)
+    return None
+
+
+def classify(method: str, path: str) -> Endpoint | None:
+    """The metered endpoint ``method path`` calls, or None (not an inference call)."""
+    if method.upper() != "POST":
+        return None
+    base, _ = _split(path)
+    if _ANTHROPIC_VERTEX.search(base):
+        return Endpoint("anthropic", path_model(path))
+    m = _GEMINI.search(base)
+    if m:
+        if m.group(3) not in _GEMINI_METERED:
+            return None
+        return Endpoint("gemini", path_model(path))
+    if base.endswith("/v1/messages"):
+        return Endpoint("anthropic", None)
+    if base.endswith(_OPENAI_SUFFIXES):
+        return Endpoint("openai", path_model(path))
+    return None
+
+
+def body_json(body: bytes) -> dict[str, Any] | None:
+    """``body`` as a JSON object, or None: strict UTF-8, no duplicate top-level keys
+    (a provider could read the other copy), top level must be an object."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in items:
+            if key in out:
+                raise ValueError(f"duplicate key {key!r}")
+            out[key] = value
+        return out
+
+    try:
+        data = json.loads(body.decode("utf-8"), object_pairs_hook=pairs)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def request_model(preset: str | None, path: str, body: bytes | None) -> str | None:
+    """The model a request names: the path's, else the JSON body's ``model``; None if
+    neither says (or the body is not a JSON object). ``preset`` is accepted for symmetry
+    with the other entry points; classification does not depend on it."""
+    del preset
+    named = path_model(path)
+    if named is not None:
+        return named.name
+    if not body:
+        return None
+    data = body_json(body)
+    model = data.get("model") if data is not None else None
+    return model if isinstance(model, str) else None
+
+
+def _wants_stream_usage(preset: str | None, path: str) -> bool:
+    base, query = _split(path)
+    if not base.endswith(_STREAM_USAGE_SUFFIXES):
+        return False
+    if preset == "openai":
+        return True
+    if preset == "azure-openai":
+        if base.startswith("/openai/v1/"):
+            return True
+        m = _API_VERSION.search(query)
+        return m is not None and m.group(1) >= _AZURE_STREAM_OPTIONS_SINCE
+    return False
+
+
+def rewrite_request_body(preset: str | None, path: str, body: bytes | None) -> bytes | None:
+    """Add ``"stream_options": {"include_usage": true}`` to an OpenAI (or recent Azure
+    OpenAI) streaming chat/completions request that has no ``stream_options``, so the
+    stream ends with a usage chunk the meter can count. None = leave the body as is.
+
+    The key is inserted as text right after the opening brace: every other byte of the
+    body stays as the client sent it. The caller must update Content-Length. The client
+    then receives one more SSE chunk (``"choices": [], "usage": {...}``) before
+    ``[DONE]``; the official SDKs handle it.
+    """
+    if not body or not _wants_stream_usage(preset, path):
+        return None
+    data = body_json(body)
+    if data is None or data.get("stream") is not True or "stream_options" in data:
+        return None
+    start = body.index(b"{")  # the JSON object parsed, so its opening brace exists
+    return body[: start + 1] + b'"stream_options":{"include_usage":true},' + body[start + 1:]

@@ -1,0 +1,227 @@
+"""Token usage read from inference responses as they are relayed (pure, no I/O).
+
+``meter_for`` picks a ``Meter`` for a request (None: not an inference call); the caller
+feeds it the response body chunks exactly as relayed (already decoded: the core removes
+any gzip/br ``Content-Encoding`` before metering, as it does before scanning for leaks)
+and calls ``finish`` once. Nothing is buffered beyond small bounds: an SSE stream is
+scanned event by event, a JSON body is kept up to ``JSON_CAP`` (beyond, the usage is
+salvaged from its last 64 KiB, where every provider puts it).
+
+The body format is sniffed, not taken from the request: ``{`` is one JSON document, ``[``
+a streamed JSON array (Gemini without ``alt=sse``), anything else SSE. So an error
+answered as JSON to a streaming request is read right.
+
+Normalised counts (``Usage``):
+
+* ``input_tokens``: every input token, cached ones included (OpenAI ``prompt_tokens`` /
+  ``input_tokens``; Anthropic ``input_tokens + cache_creation_input_tokens +
+  cache_read_input_tokens``; Gemini ``promptTokenCount + toolUsePromptTokenCount``);
+* ``output_tokens``: generated tokens, reasoning/thinking included (Gemini
+  ``candidatesTokenCount + thoughtsTokenCount``); for embeddings ``total - input`` = 0;
+* ``cached_input_tokens``: the part of the input read from a cache (OpenAI
+  ``*_tokens_details.cached_tokens``, Anthropic ``cache_read_input_tokens``, Gemini
+  ``cachedContentTokenCount``); None when the provider does not say.
+
+Streams report cumulative counts, so for each provider field the last value seen wins
+(Anthropic: ``message_start`` has the input, ``message_delta`` the final output).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.metering.endpoints import Format, classify, request_model
+from gateway.metering.scan import ArrayScanner, Capture, SseScanner, salvage
+
+__all__ = ["JSON_CAP", "Meter", "Usage", "meter_for"]
+
+JSON_CAP = 1 << 20
+"""Largest JSON body (or SSE line, or array element) kept whole for metering."""
+
+log = logging.getLogger("sandbox_gateway.metering")
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What one inference exchange used. None = the response did not say."""
+
+    model: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_input_tokens: int | None = None
+
+    @property
+    def known(self) -> bool:
+        """True if the response reported token counts."""
+        return self.input_tokens is not None or self.output_tokens is not None
+
+    @property
+    def tokens(self) -> int:
+        """Input plus output tokens (unknown counts as 0), what ``tokens:`` budgets count."""
+        return (self.input_tokens or 0) + (self.output_tokens or 0)
+
+    def as_record(self) -> dict[str, Any]:
+        """The ``usage`` object of the audit line."""
+        return {
+            "model": self.model,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cached_input_tokens": self.cached_input_tokens,
+        }
+
+
+def _int(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        return None
+    return int(value)
+
+
+def _model(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _fields(doc: Mapping[str, Any], fmt: Format) -> tuple[str | None, dict[str, int]]:
+    """The model and the raw provider counts one event/document carries."""
+    counts: dict[str, int] = {}
+    if fmt == "gemini":
+        usage = doc.get("usageMetadata")
+        if isinstance(usage, dict):
+            # proto3 JSON leaves out zero counts: a usage object means absent = 0.
+            for key in ("promptTokenCount", "candidatesTokenCount", "cachedContentTokenCount",
+                        "thoughtsTokenCount", "toolUsePromptTokenCount"):
+                counts[key] = _int(usage.get(key, 0)) or 0
+        return _model(doc.get("modelVersion")) or _model(doc.get("model")), counts
+    target: Any = doc
+    if fmt == "anthropic" and isinstance(doc.get("message"), dict):
+        target = doc["message"]  # message_start
+    elif fmt == "openai" and isinstance(doc.get("response"), dict):
+        target = doc["response"]  # Responses API stream events
+    usage = target.get("usage")
+    if not isinstance(usage, dict):
+        groq = doc.get("x_groq")
+        usage = groq.get("usage") if isinstance(groq, dict) else None
+    if isinstance(usage, dict):
+        for key, value in usage.items():
+            number = _int(value)
+            if number is not None:
+                counts[key] = number
+            elif isinstance(value, dict):  # *_tokens_details
+                for sub, inner in value.items():
+                    number = _int(inner)
+                    if number is not None:
+                        counts[f"{key}.{sub}"] = number
+    return _model(target.get("model")), counts
+
+
+def _normalise(fmt: Format, raw: Mapping[str, int], model: str | None) -> Usage:
+    if not raw:
+        return Usage(model)
+    if fmt == "gemini":
+        return Usage(
+            model,
+            raw["promptTokenCount"] + raw["toolUsePromptTokenCount"],
+            raw["candidatesTokenCount"] + raw["thoughtsTokenCount"],
+            raw["cachedContentTokenCount"],
+        )
+    if fmt == "anthropic":
+        base = raw.get("input_tokens")
+        created = raw.get("cache_creation_input_tokens", 0)
+        read = raw.get("cache_read_input_tokens")
+        total_in = None if base is None else base + created + (read or 0)
+        return Usage(model, total_in, raw.get("output_tokens"), read)
+    given_in = raw.get("prompt_tokens", raw.get("input_tokens"))
+    given_out = raw.get("completion_tokens", raw.get("output_tokens"))
+    total = raw.get("total_tokens")
+    if given_out is None and given_in is not None and total is not None and total >= given_in:
+        given_out = total - given_in  # embeddings: no completion, total = prompt
+    cached = raw.get("prompt_tokens_details.cached_tokens",
+                     raw.get("input_tokens_details.cached_tokens"))
+    return Usage(model, given_in, given_out, cached)
+
+
+class Meter:
+    """Reads the usage of one response from its body chunks (see the module docstring).
+
+    ``feed`` and ``finish`` never raise: a body the meter cannot read yields a Usage
+    with unknown (None) counts and the request's model.
+    """
+
+    __slots__ = ("_broken", "_model", "_raw", "_scanner", "cap", "format", "request_model")
+
+    def __init__(self, fmt: Format, request_model: str | None = None, *,
+                 cap: int = JSON_CAP) -> None:
+        self.format: Format = fmt
+        self.request_model = request_model
+        self.cap = cap
+        self._scanner: SseScanner | ArrayScanner | Capture | None = None
+        self._model: str | None = None
+        self._raw: dict[str, int] = {}
+        self._broken = False
+
+    def feed(self, chunk: bytes) -> None:
+        """One response body chunk, as relayed (any split)."""
+        if self._broken or not chunk:
+            return
+        try:
+            scanner = self._scanner
+            if scanner is None:
+                stripped = chunk.lstrip()
+                if not stripped:
+                    return
+                if stripped[:1] == b"{":
+                    scanner = Capture(self.cap)
+                elif stripped[:1] == b"[":
+                    scanner = ArrayScanner(self._take, self.cap)
+                else:
+                    scanner = SseScanner(self._take, self.cap)
+                self._scanner = scanner
+            scanner.feed(chunk)
+        except Exception:  # a metering bug must never break the relay
+            log.exception("metering: cannot read a %s response body", self.format)
+            self._broken = True
+
+    def _take(self, data: bytes, tail: bytes | None) -> None:
+        """One event/element (``tail`` None) or the head and tail of an oversized one."""
+        if tail is not None:
+            doc: Any = salvage(data, tail)
+        else:
+            try:
+                doc = json.loads(data)
+            except ValueError:
+                return
+        if isinstance(doc, dict):
+            model, counts = _fields(doc, self.format)
+            if model is not None and self._model is None:
+                self._model = model
+            self._raw.update(counts)
+
+    def finish(self, status: int) -> Usage:
+        """The usage once the body has ended (or was cut off). ``status`` is the
+        response's HTTP status (0 if none arrived): an error body is read the same way,
+        it just carries no usage."""
+        del status
+        try:
+            scanner = self._scanner
+            if not self._broken and scanner is not None:
+                if isinstance(scanner, Capture):
+                    body, tail = scanner.result()
+                    self._take(body, tail)
+                elif isinstance(scanner, SseScanner):
+                    scanner.finish()
+            return _normalise(self.format, self._raw, self._model or self.request_model)
+        except Exception:
+            log.exception("metering: cannot read a %s response body", self.format)
+            return Usage(self.request_model)
+
+
+def meter_for(preset: str | None, method: str, path: str,
+              request_body: bytes | None) -> Meter | None:
+    """A Meter for this request's response, or None if it is not an inference call."""
+    endpoint = classify(method, path)
+    if endpoint is None:
+        return None
+    return Meter(endpoint.format, request_model(preset, path, request_body))

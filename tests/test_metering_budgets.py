@@ -1,0 +1,237 @@
+"""Budgets over fixed windows (test clock), and operator pricing."""
+
+from __future__ import annotations
+
+import datetime as dt
+import textwrap
+from pathlib import Path
+
+import pytest
+from helpers.clock import Clock, run
+
+from gateway.counters import MemoryCounters
+from gateway.metering.budgets import BudgetBook, budget_problems, window_bounds
+from gateway.metering.pricing import Price, Pricing, PricingError, load_pricing, parse_pricing
+from gateway.metering.usage import Usage
+from gateway.policy import PolicySet, load_policy_text
+
+
+def ts(text: str) -> float:
+    return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC).timestamp()
+
+
+def iso(value: float) -> str:
+    return dt.datetime.fromtimestamp(value, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+@pytest.mark.parametrize(("window", "now", "start", "end"), [
+    (86400, "2026-11-22T10:17:03", "2026-11-22T00:00:00", "2026-11-23T00:00:00"),
+    (86400, "2026-11-22T00:00:00", "2026-11-22T00:00:00", "2026-11-23T00:00:00"),
+    (86400, "2026-11-22T23:59:59", "2026-11-22T00:00:00", "2026-11-23T00:00:00"),
+    (3600, "2026-11-22T10:17:03", "2026-11-22T10:00:00", "2026-11-22T11:00:00"),
+    (2 * 86400, "2026-11-22T10:00:00", "2026-11-21T00:00:00", "2026-11-23T00:00:00"),
+    (5 * 3600, "1970-01-01T07:00:00", "1970-01-01T05:00:00", "1970-01-01T10:00:00"),
+    ("month", "2026-11-22T10:17:03", "2026-11-01T00:00:00", "2026-12-01T00:00:00"),
+    ("month", "2026-12-31T23:59:59", "2026-12-01T00:00:00", "2027-01-01T00:00:00"),
+    ("month", "2028-02-29T12:00:00", "2028-02-01T00:00:00", "2028-03-01T00:00:00"),
+])
+def test_window_bounds(window: int | str, now: str, start: str, end: str) -> None:
+    got = window_bounds(window, ts(now))  # type: ignore[arg-type]
+    assert (iso(got[0]), iso(got[1])) == (start, end)
+
+
+POLICIES = """\
+version: v1
+name: agent
+extends: [base]
+egress:
+  - {host: api.openai.com, credential: openai}
+  - {host: api.anthropic.com, credential: anthropic}
+budgets:
+  - {name: daily, per: sandbox, window: 24h, tokens: 1000, credentials: [openai]}
+  - {name: team, per: policy, window: 1h, requests: 5}
+credentials:
+  openai: {preset: openai, secret: k1}
+  anthropic: {preset: anthropic, secret: k2}
+---
+version: v1
+name: base
+egress:
+  - {host: api.openai.com, credential: openai}
+budgets:
+  - {name: spend, per: sandbox, window: month, cost_usd: 0.01}
+---
+version: v1
+name: other
+extends: [base]
+egress: []
+"""
+
+
+@pytest.fixture
+def policies() -> PolicySet:
+    return load_policy_text("b.yaml", POLICIES)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    c = Clock()
+    c.now = ts("2026-11-22T10:00:00")
+    return c
+
+
+PRICING = Pricing({"gpt-4o-mini*": Price(0.15, 0.60, 0.075), "*": Price(1.0, 2.0, 0.5)})
+
+
+def book(clock: Clock, pricing: Pricing | None = PRICING) -> BudgetBook:
+    return BudgetBook(MemoryCounters(clock), pricing)
+
+
+def test_tokens_budget_per_sandbox_and_reset(policies: PolicySet, clock: Clock) -> None:
+    agent = policies.policies["agent"]
+    b = book(clock)
+    use = Usage("gpt-4o-mini", 600, 300)
+    assert b.check("sb-1", agent, "openai", clock.now) is None
+    b.record("sb-1", agent, "openai", use, clock.now)
+    assert b.check("sb-1", agent, "openai", clock.now) is None  # 900 < 1000
+    b.record("sb-1", agent, "openai", use, clock.now)  # the crossing request completes
+    clock.now += 3 * 3600 + 25
+    refused = b.check("sb-1", agent, "openai", clock.now)
+    assert refused is not None
+    assert (refused.budget.name, refused.kind, refused.used, refused.limit) == (
+        "daily", "tokens", 1800, 1000)
+    assert (refused.status, refused.code, refused.rule) == (429, "budget_exceeded", "b.yaml:8")
+    assert iso(refused.resets_at) == "2026-11-23T00:00:00"
+    assert refused.retry_after == 24 * 3600 - (3 * 3600 + 25) - 10 * 3600
+    assert refused.reason == (
+        'budget "daily" (b.yaml:8) is used up for sandbox "sb-1": 1,800 tokens used of '
+        "1,000 tokens in the 24h window from 2026-11-22T00:00:00Z; it resets at "
+        "2026-11-23T00:00:00Z (in 10h59m35s); retry then, or ask an operator to raise the "
+        "budget")
+    # Another sandbox, and another credential the budget does not cover, are unaffected.
+    assert b.check("sb-2", agent, "openai", clock.now) is None
+    assert b.check("sb-1", agent, "anthropic", clock.now) is None
+    # The next window starts from zero.
+    clock.now = ts("2026-11-23T00:00:00")
+    assert b.check("sb-1", agent, "openai", clock.now) is None
+
+
+def test_requests_budget_per_policy(policies: PolicySet, clock: Clock) -> None:
+    agent = policies.policies["agent"]
+    b = book(clock)
+    for i in range(5):
+        assert b.check(f"sb-{i}", agent, "anthropic", clock.now) is None
+        b.record(f"sb-{i}", agent, "anthropic", Usage(None), clock.now)  # unknown tokens
+    refused = b.check("sb-new", agent, "anthropic", clock.now)
+    assert refused is not None and refused.budget.name == "team"
+    assert refused.subject == "agent" and refused.used == 5
+    assert 'for policy "agent" (all its sandboxes): 5 requests used of 5 requests' in (
+        refused.reason)
+    clock.now += 3600
+    assert b.check("sb-new", agent, "anthropic", clock.now) is None
+
+
+def test_cost_budget_and_inheritance(policies: PolicySet, clock: Clock) -> None:
+    agent, other = policies.policies["agent"], policies.policies["other"]
+    b = book(clock)
+    # gpt-4o-mini: (1000-200) x 0.15 + 200 x 0.075 + 10000 x 0.60 per million = 0.006135
+    use = Usage("gpt-4o-mini-2024-07-18", 1000, 10000, 200)
+    assert b.cost(use) == pytest.approx(0.006135)
+    b.record("sb", other, "openai", use, clock.now)
+    assert b.check("sb", other, "openai", clock.now) is None
+    b.record("sb", other, "openai", use, clock.now)
+    refused = b.check("sb", other, "openai", clock.now)
+    assert refused is not None and refused.budget.name == "spend"
+    assert refused.used == pytest.approx(0.01227)
+    assert "$0.01 used of $0.01" in refused.reason
+    assert iso(refused.resets_at) == "2026-12-01T00:00:00"
+    # The inherited budget is a separate allowance in each policy that has it.
+    assert b.check("sb", agent, "openai", clock.now) is None
+
+
+def test_refusal_names_the_budget_that_resets_last(policies: PolicySet, clock: Clock) -> None:
+    agent = policies.policies["agent"]
+    b = book(clock)
+    for _ in range(5):
+        b.record("sb", agent, "openai", Usage("gpt-4o-mini", 5000, 5000), clock.now)
+    refused = b.check("sb", agent, "openai", clock.now)
+    assert refused is not None
+    # daily (tokens), team (requests) and spend (cost) are all used up: spend resets last.
+    assert refused.budget.name == "spend"
+
+
+def test_no_pricing_counts_no_cost(policies: PolicySet, clock: Clock) -> None:
+    other = policies.policies["other"]
+    b = book(clock, pricing=None)
+    for _ in range(10):
+        b.record("sb", other, "openai", Usage("gpt-4o", 10**6, 10**6), clock.now)
+    assert b.check("sb", other, "openai", clock.now) is None
+    assert budget_problems(list(policies.policies.values()), None) == [
+        'b.yaml:19: budget "spend" sets cost_usd but metering.pricing is not configured, so '
+        "costs are unknown and the limit never applies; set metering.pricing in the gateway "
+        "config"]
+    assert budget_problems(list(policies.policies.values()), PRICING) == []
+
+
+def test_unpriced_model_counts_zero(policies: PolicySet, clock: Clock) -> None:
+    other = policies.policies["other"]
+    b = book(clock, Pricing({"gpt-4o-mini*": Price(1, 1, 1)}))
+    assert b.cost(Usage("claude-x", 10, 10)) is None
+    b.record("sb", other, "openai", Usage("claude-x", 10**9, 10**9), clock.now)
+    assert b.check("sb", other, "openai", clock.now) is None
+
+
+def test_status(policies: PolicySet, clock: Clock) -> None:
+    agent = policies.policies["agent"]
+    b = book(clock)
+    b.record("sb", agent, "openai", Usage("gpt-4o-mini", 700, 400), clock.now)
+    status = {s["budget"]: s for s in run(b.status(agent, "sb", clock.now))}
+    assert status["daily"]["used"] == {"tokens": 1100, "requests": 1,
+                                       "cost_usd": pytest.approx(0.000345)}
+    assert status["daily"]["exceeded"] is True
+    assert status["daily"]["limits"] == {"tokens": 1000}
+    assert status["daily"]["resets_at"] == "2026-11-23T00:00:00Z"
+    assert status["team"]["subject"] == "agent" and status["team"]["exceeded"] is False
+    # Without a sandbox only policy-wide budgets have a subject to report.
+    assert [s["budget"] for s in run(b.status(agent, None, clock.now))] == ["team"]
+
+
+# --- pricing ------------------------------------------------------------------------------
+
+
+def test_pricing_file(tmp_path: Path) -> None:
+    path = tmp_path / "pricing.yaml"
+    path.write_text(textwrap.dedent("""\
+        gpt-4o-mini*: {input: 0.15, output: 0.60, cached_input: 0.075}
+        gpt-4o*: {input: 2.5, output: 10}
+        "*": {input: 1, output: 1}
+    """))
+    pricing = load_pricing(path)
+    assert pricing.price("gpt-4o-mini-2024-07-18") == Price(0.15, 0.6, 0.075)
+    assert pricing.price("gpt-4o-2024-08-06") == Price(2.5, 10.0, 2.5)  # cached = input
+    assert pricing.price("GPT-4O") == Price(1.0, 1.0, 1.0)  # case-sensitive: catch-all
+    assert pricing.price(None) is None
+    assert pricing.cost(Usage("gpt-4o", 1_000_000, 1_000_000, 500_000)) == pytest.approx(12.5)
+    assert pricing.cost(Usage("gpt-4o")) is None  # unknown counts: no cost
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[1, 2]", "expected a map of model glob"),
+    ("gpt: 3", "'gpt': expected {input: N, output: N, cached_input: N}"),
+    ("gpt: {input: 1}", "'gpt': input and output prices are required"),
+    ("gpt: {input: 1, output: -1}", "'gpt'.output: expected a non-negative number"),
+    ("gpt: {input: 1, output: 1, cache: 1}", "'gpt': unknown key 'cache'"),
+    ("gpt: {input: yes, output: 1}", "'gpt'.input: expected a non-negative number"),
+    ("gpt: [", "not valid YAML"),
+])
+def test_pricing_errors(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(PricingError, match=message.replace("[", r"\[").replace("{", r"\{")):
+        load_pricing(path)
+
+
+def test_pricing_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(PricingError, match="cannot read"):
+        load_pricing(tmp_path / "nope.yaml")
+    assert parse_pricing(None).prices == {}
