@@ -35,7 +35,7 @@ from mitmproxy.master import Master
 from gateway import ca, metrics
 from gateway.api.admin import AdminContext, build_admin_app
 from gateway.audit import Auditor
-from gateway.config import Config, HostPort
+from gateway.config import Config, ConfigError, HostPort
 from gateway.core.addresses import AddressPolicy
 from gateway.core.gate import Gate
 from gateway.dns import DnsServer, start_dns
@@ -47,6 +47,7 @@ from gateway.engines.idle import IdleUpstreams
 from gateway.engines.mitm import Adapter, error_h2, error_page
 from gateway.engines.splice import Splices
 from gateway.engines.transparent import TransparentDoor
+from gateway.metering import Metering, build_metering
 from gateway.net.resolver import (
     DestinationGuard,
     Resolver,
@@ -140,6 +141,7 @@ class Gateway:
         self.admin_token_created = False
         self.policy_set: PolicySet | None = None
         self.doors: Doors | None = None
+        self.metering: Metering | None = None
         self.fd_limit = 0
         self.draining = False
         self._listening = False
@@ -171,10 +173,17 @@ class Gateway:
                            "new connections would fail")
         return True, "ready"
 
+    def _metering_problems(self, policy_set: PolicySet) -> None:
+        assert self.metering is not None
+        for problem in self.metering.problems(policy_set):
+            log.warning("metering: %s", problem)
+
     def _on_reload(self, policy_set: PolicySet) -> None:
         self.policy_set = policy_set
         log.info("policies loaded: %d policies, %d rules, revision %s",
                  len(policy_set.policies), policy_set.rule_count, policy_set.revision)
+        if self.metering is not None:
+            self._metering_problems(policy_set)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -270,10 +279,15 @@ class Gateway:
             self.secrets: SecretCache = build_cache(build_store(cfg.secrets), cfg.secrets)
         except (ValueError, SecretError) as exc:
             raise StartupError(str(exc)) from None
+        try:
+            self.metering = build_metering(cfg, self.state)
+        except ConfigError as exc:
+            raise StartupError(str(exc)) from None
+        self._metering_problems(self.current_policies())
         self.gate = Gate(
             tokens=self.tokens, policies=self.current_policies, guard=self.guard,
             secrets=self.secrets, registry=self.state, audit=self.auditor.write,
-            resolve=self.guard.resolver.resolve,
+            resolve=self.guard.resolver.resolve, metering=self.metering,
             connections_per_sandbox=cfg.limits.connections_per_sandbox,
             max_connections=max(16, (self.fd_limit - FD_RESERVE) // 2))
         patches.install_error_pages(error_page, error_h2)
@@ -304,6 +318,7 @@ class Gateway:
         app = build_admin_app(AdminContext(
             admin_token=self.admin_token, tokens=self.tokens,
             policies=self.current_policies, readiness=self, guard=lambda: self.guard,
+            metering=self.metering,
         ))
         self.admin_server = _QuietServer(uvicorn.Config(
             app, log_level="warning", access_log=False, lifespan="off"))

@@ -34,7 +34,9 @@ from gateway.core.leaks import LeakScan, Redactor, StreamScan
 from gateway.core.messages import RequestHead, ResponseHead
 from gateway.core.refusal import Answer, Refusal
 from gateway.core.target import DEFAULT_PORTS, Target
-from gateway.policy import Decision
+from gateway.metering import MODEL_BODY_LIMIT, Metering, model_in_body
+from gateway.metering import Exchange as MeteredExchange
+from gateway.policy import Decision, Policy
 from gateway.secrets.value import SecretValue
 from gateway.tokens import Identity
 
@@ -46,6 +48,7 @@ log = logging.getLogger("sandbox_gateway")
 __all__ = ["ENCODED_LIMIT", "Exchange", "no_body"]
 
 ENCODED_LIMIT = 8 * 1024 * 1024  # a compressed request body is held whole up to this size
+HOLD_LIMIT = 1024 * 1024  # a request body that ends within this is checked whole first
 _UPSTREAM_KINDS = {
     "connect": "the upstream {where} could not be reached ({detail})",
     "tls": "the TLS handshake with the upstream {where} failed ({detail}); if it uses a "
@@ -88,6 +91,46 @@ class Exchange:
         self.bytes_out = 0
         self.bytes_in = 0
         self.done = False
+        self._metering: tuple[Metering, Policy, str | None] | None = None
+        self._metered: MeteredExchange | None = None
+        self._report: str | None = None  # a would-refuse reason under mode: report
+
+    # -- metering (model allowlists, budgets, usage) --------------------------------------
+
+    def meter(self, metering: Metering, policy: Policy, preset: str | None) -> None:
+        """Meter this credential exchange (set up by the gate)."""
+        self._metering = (metering, policy, preset)
+
+    @property
+    def hold_limit(self) -> int:
+        """How much of the request body an engine holds before forwarding: a model
+        allowlist that reads the body needs it whole (up to MODEL_BODY_LIMIT)."""
+        rule = self.decision.rule
+        if self._metering is not None and rule is not None and \
+                model_in_body(rule, self.head.method, self.target.path):
+            return MODEL_BODY_LIMIT
+        return HOLD_LIMIT
+
+    def _admit(self, body: bytes | None) -> bytes | None:
+        """The metering step before forwarding: the model allowlist (403), budgets (429);
+        returns the body to forward instead (usage requested on a stream), or None."""
+        if self._metering is None or self._metered is not None:
+            return None
+        metering, policy, preset = self._metering
+        rule = self.decision.rule
+        assert rule is not None
+        step = metering.admit(sandbox=self.identity.sandbox, policy=policy, rule=rule,
+                              preset=preset, method=self.head.method, path=self.target.path,
+                              body=body, now=time.time())
+        if not isinstance(step, MeteredExchange):
+            refusal = Refusal(step.code, step.reason, step.rule, retry_after=step.retry_after)
+            if self.decision.result != "report":
+                raise refusal
+            self._report = refusal.reason  # mode: report: forward, record the would-deny
+            self._metering = None
+            return None
+        self._metered = step
+        return step.body
 
     # -- set up by the gate ----------------------------------------------------------------
 
@@ -140,6 +183,7 @@ class Exchange:
 
     def request_data(self, chunk: bytes) -> bytes:
         """Scan a request body chunk; returns the bytes that may go upstream now."""
+        self._admit(None)  # streamed: the body is not held (a models check refuses)
         scanner = self._scanner()
         if self._decoder is not None:
             assert self._encoded is not None
@@ -192,8 +236,28 @@ class Exchange:
 
     def request_whole(self, body: bytes, trailers: list[tuple[bytes, bytes]] | None = None
                       ) -> bytes:
-        """A buffered request body, checked whole (engines that read bodies at once)."""
-        return self.request_data(body) + self.request_end(trailers)
+        """A buffered request body, checked whole (engines that read bodies at once);
+        returns the body to forward (metering may add `stream_options.include_usage`:
+        the engine then frames it by this length)."""
+        scanner = self._scanner()
+        if self._decoder is None:
+            self._check(scanner, body)
+        else:
+            self._encoded = [body]
+            try:
+                for piece in self._decoder.feed(body):
+                    self._check(scanner, piece)
+            except EncodingError as exc:
+                raise Refusal("bad_request", f"the request body cannot be checked: "
+                              f"{exc}") from None
+        self._request_scan = scanner
+        end = self.request_end(trailers) if self._decoder is not None or trailers else b""
+        whole = end if self._decoder is not None else body
+        replaced = self._admit(whole if self._decoder is None else None)
+        if replaced is not None:
+            whole = replaced
+        self.bytes_out = len(whole)
+        return whole
 
     # -- response ------------------------------------------------------------------------
 
@@ -241,6 +305,8 @@ class Exchange:
             except EncodingError:
                 raise Refusal("upstream_failed", _UPSTREAM_KINDS["encoding"].format(
                     where=self._where())) from None
+        if self._metered is not None:
+            self._metered.feed(chunk)
         return redactor.feed(chunk)
 
     def response_end(self) -> bytes:
@@ -251,7 +317,10 @@ class Exchange:
         out = b""
         if self._response_decoder is not None:
             try:
-                out = redactor.feed(b"".join(self._response_decoder.end()))
+                tail = b"".join(self._response_decoder.end())
+                if self._metered is not None:
+                    self._metered.feed(tail)
+                out = redactor.feed(tail)
             except EncodingError:
                 raise Refusal("upstream_failed", _UPSTREAM_KINDS["encoding"].format(
                     where=self._where())) from None
@@ -331,10 +400,13 @@ class Exchange:
             return
         self.done = True
         metrics.child(metrics.BYTES, "in").inc(self.bytes_in)
+        if self._metered is not None and self._metering is not None:
+            usage = self._metering[0].complete(self._metered, status or 0,
+                                               time.time()).as_record()
         decision = self.decision
         self.gate.audit(
             self.client, identity=self.identity, decision=decision.result,
-            reason=decision.reason,
+            reason=self._report or decision.reason,
             rule=decision.rule.source if decision.rule is not None else None,
             method=self.head.method, scheme=self.target.scheme, host=self.target.host,
             port=self.target.port, path=self.target.path, status=status, error=error,

@@ -33,6 +33,7 @@ from gateway.core.leaks import LeakScan, sensitive_markers, token_markers
 from gateway.core.messages import Headers, RequestHead
 from gateway.core.names import DestinationError, is_ip, normalize_host
 from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal, answer
+from gateway.metering import Metering
 from gateway.policy import Decision, Policy, PolicySet, Request, decide
 from gateway.secrets.value import SecretValue
 from gateway.state import SandboxAddress
@@ -119,7 +120,9 @@ class Gate:
                  guard: Guard, secrets: Secrets, registry: Registry,
                  audit: Callable[[dict[str, Any]], None],
                  resolve: Callable[[str, int], Awaitable[list[str]]] | None = None,
+                 metering: Metering | None = None,
                  connections_per_sandbox: int = 256, max_connections: int = 1 << 30) -> None:
+        self.metering = metering
         self.resolve = resolve or _no_resolver
         self.max_connections = max_connections
         self.open_connections = 0
@@ -542,6 +545,8 @@ class Gate:
                               "defined any more; fix the policy", _rule(decision))
             swap, path = credentials.plan(credential, head.headers, tgt, ex.identity,
                                           self.tokens.verify, _rule(decision))
+            if self.metering is not None:
+                ex.meter(self.metering, self.policy(ex.identity), credential.preset)
         ex.scan = self.scan_for(tgt.host, ex.client.token)
         found = ex.scan.head(head.method, path, head.headers.fields)
         if found is not None:

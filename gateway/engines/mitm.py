@@ -332,8 +332,12 @@ class Adapter(NextLayer):
             return
         trailers = flow.request.trailers
         try:
-            flow.request.raw_content = ex.request_whole(
-                flow.request.raw_content or b"", list(trailers.fields) if trailers else None)
+            body = ex.request_whole(flow.request.raw_content or b"",
+                                    list(trailers.fields) if trailers else None)
+            if body != (flow.request.raw_content or b""):
+                flow.request.raw_content = body  # metering asked for usage on a stream
+                if "content-length" in flow.request.headers:
+                    flow.request.headers["content-length"] = str(len(body))
         except Refusal as refusal:
             flow.response = to_response(ex.abort(refusal))
             flow.metadata[ANSWERED] = True

@@ -48,7 +48,7 @@ from gateway.net.tls import LeafContexts, TlsClosed, TlsPump
 log = logging.getLogger("sandbox_gateway")
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-BUFFER_LIMIT = 1024 * 1024  # a request body that ends within this is checked whole first
+BUFFER_LIMIT = 1024 * 1024
 IDEMPOTENT = frozenset(("GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"))
 REPLAY_LIMIT = 64 * 1024  # a request is kept for one retry if it is at most this large
 
@@ -275,17 +275,19 @@ class Connection(Side):
             ex.head.headers.remove("expect")
             await self.send(CONTINUE)
         websocket = (ex.head.headers.get("upgrade") or "").strip().lower() == "websocket"
-        # The body is read first, up to BUFFER_LIMIT: one that ends within it is checked
-        # whole before anything is sent (a leak then reaches no upstream at all).
+        # The body is read first, up to the exchange's hold limit (1 MiB; a model
+        # allowlist reading the body: 32 MiB): one that ends within it is checked whole
+        # before anything is sent (a leak then reaches no upstream at all).
         trailers: list[list[tuple[bytes, bytes]]] = []
         body = self._body(self, size, self.engine.timeouts.client_idle, trailers)
         start: list[bytes] = []
         buffered = 0
+        limit = ex.hold_limit
         try:
             async for data in body:
                 start.append(data)
                 buffered += len(data)
-                if buffered > BUFFER_LIMIT:
+                if buffered > limit:
                     break
             else:
                 whole = ex.request_whole(b"".join(start), trailers[0] if trailers else None)
@@ -309,8 +311,8 @@ class Connection(Side):
                           websocket: bool, client_close: bool) -> bool:
         """A request whose body was read and checked whole: one write upstream."""
         fields = trailers[0] if trailers else []
-        if size is None and not fields:
-            size = len(body)  # chunked without trailers: sent with its length
+        if size is not None or not fields:
+            size = len(body)  # (metering may have changed it; chunked without trailers too)
         request = framing.serialize_request(ex.head, size, upgrade=websocket)
         if size is None:
             request += (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n" + \
