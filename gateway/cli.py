@@ -80,7 +80,14 @@ def _run_single(cfg: Config, worker: int | None) -> int:
             (cfg.runtime_dir / f"ready-{worker}").touch()
         await stop.wait()
         if worker is None:
-            print("sandbox-gateway: shutting down", file=sys.stderr)
+            print(f"sandbox-gateway: draining (at most {cfg.shutdown.drain:g}s; a second "
+                  "signal stops at once)", file=sys.stderr)
+        drain = loop.create_task(gateway.drain())
+        stop.clear()
+        waiter = loop.create_task(stop.wait())
+        await asyncio.wait({drain, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        drain.cancel()
         await gateway.stop()
         return 0
 
@@ -100,6 +107,8 @@ def _banner(gateway: object) -> None:
         f"  CA      {cfg.certs / ca.CA_CERT}   (sandboxes must trust it)",
         f"  policies {cfg.policies} ({len(gateway.current_policies().policies)} loaded, "
         "hot-reloaded)",
+        f"  limits  {gateway.fd_limit} open files -> at most {gateway.gate.max_connections} "
+        f"connections, {cfg.limits.connections_per_sandbox} per sandbox",
     ]
     if gateway.dns is not None:
         lines.insert(3, f"  dns     {_fmt(gateway.dns.addresses[0])}   (udp+tcp; registered "

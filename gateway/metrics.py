@@ -179,3 +179,11 @@ MODEL_REFUSALS = Counter(
     ["policy", "credential"],
     registry=REGISTRY,
 )
+SECRET_STALE = Gauge(
+    "sandbox_gateway_secret_stale_seconds",
+    "How long past its freshness a secret is being served because refreshing it fails "
+    "(0 = fresh), by secret name.",
+    ["secret"],
+    registry=REGISTRY,
+    multiprocess_mode="livemax",
+)

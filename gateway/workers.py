@@ -181,7 +181,7 @@ class Supervisor:
                 if not self.stopping:
                     self._spawn(index, self.env)
             time.sleep(0.2)
-        return self.stop()
+        return self.stop(timeout=self.config.shutdown.drain + 10)
 
     def request_stop(self, *_: object) -> None:
         self.stopping = True

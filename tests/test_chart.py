@@ -999,3 +999,21 @@ def test_transparent_mode_without_the_resolver(render: Render) -> None:
     assert egress_ports(np) == {(8080, "TCP"), (8081, "TCP")}
     assert gateway_config(docs)["listen"]["dns"] is None
     assert not {"dns", "dns-tcp"} & {p["name"] for p in container(docs)["ports"]}
+
+
+def test_graceful_shutdown_wiring(render: Render, helm: str, tmp_path: Path) -> None:
+    """A rollout must not cut streams: preStop sleep, then the gateway drains for
+    shutdown.drainSeconds, all inside terminationGracePeriodSeconds."""
+    docs = render()
+    gw = container(docs)
+    assert gw["lifecycle"]["preStop"]["exec"]["command"] == ["/bin/sh", "-c", "sleep 5"]
+    assert pod_spec(docs)["terminationGracePeriodSeconds"] == 60
+    config = yaml.safe_load(only(docs, "ConfigMap", "-config")["data"]["gateway.yaml"])
+    assert config["shutdown"] == {"drain": "30s"}
+    custom = render({"shutdown": {"drainSeconds": 120, "preStopSleep": 10},
+                     "terminationGracePeriodSeconds": 140})
+    config = yaml.safe_load(only(custom, "ConfigMap", "-config")["data"]["gateway.yaml"])
+    assert config["shutdown"] == {"drain": "120s"}
+    err = render_fails(helm, tmp_path, {"shutdown": {"drainSeconds": 60, "preStopSleep": 5},
+                                        "terminationGracePeriodSeconds": 60})
+    assert "must exceed shutdown.preStopSleep + shutdown.drainSeconds" in err

@@ -208,6 +208,10 @@ def test_expired_value_is_refetched_before_answering() -> None:
     run(main())
 
 
+def stale_seconds(name: str) -> float:
+    return float(metrics.SECRET_STALE.labels(secret=name)._value.get())
+
+
 # --------------------------------------------------------------- stale-if-error
 def test_stale_if_error_then_unavailable(caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:
@@ -234,9 +238,12 @@ def test_stale_if_error_then_unavailable(caplog: pytest.LogCaptureFixture) -> No
         clock.now += 0.1
         assert (await cache.get("k")).reveal() == VALUE
         assert store.fetches["k"] == 3
-        # Just before stale_for runs out: still served.
+        # Just before stale_for runs out: still served, and how stale is exported.
         clock.now = 1000 + 300 + 3600 - 1
         assert (await cache.get("k")).reveal() == VALUE
+        assert stale_seconds("k") == pytest.approx(3600 - 1)
+        # The outage was logged once, not once per failed fetch.
+        assert sum("serving the cached value" in r.getMessage() for r in caplog.records) == 1
         # Past stale_for: unavailable, with the store's reason.
         clock.now = 1000 + 300 + 3600 + 1
         unavailable = cache_count("unavailable")

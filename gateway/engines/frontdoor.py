@@ -60,7 +60,7 @@ class FrontDoor(Door):
         assert self.transport is not None
         self.transport.pause_reading()
         self.state = "deciding"
-        if end < 0:
+        if end < 0 or end + 4 > limit:
             self._refuse(Refusal("bad_request", f"the request head is larger than {limit} "
                                  "bytes (limits.max_header_bytes)"))
             return

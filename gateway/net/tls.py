@@ -37,7 +37,7 @@ class TlsPump:
     """One TLS session on memory BIOs. `feed()` takes ciphertext and returns the
     plaintext it yields; `send()` encrypts; both pass ciphertext to `write`."""
 
-    __slots__ = ("_in", "_out", "established", "obj", "write")
+    __slots__ = ("_in", "_out", "established", "obj", "peer_closed", "write")
 
     def __init__(self, context: ssl.SSLContext, write: Callable[[bytes], None], *,
                  server_side: bool, server_hostname: str | None = None) -> None:
@@ -47,6 +47,7 @@ class TlsPump:
                                     server_hostname=server_hostname)
         self.write = write
         self.established = False
+        self.peer_closed = False  # close_notify received (with the data before it)
 
     def start(self) -> None:
         """Client side: send the ClientHello."""
@@ -74,19 +75,23 @@ class TlsPump:
             self._handshake()
             if not self.established:
                 return b""
-        chunks = []
+        chunks: list[bytes] = []
         try:
             while True:
                 chunk = self.obj.read(READ_SIZE)
-                if not chunk:
+                if not chunk:  # close_notify: what came before it is still delivered
+                    if chunks:
+                        self.peer_closed = True
+                        break
                     raise TlsClosed("TLS session closed")
                 chunks.append(chunk)
         except ssl.SSLWantReadError:
             pass
         except ssl.SSLZeroReturnError:
             if chunks:
+                self.peer_closed = True
                 self._flush()
-                return b"".join(chunks)  # the close is seen on the next (empty) read
+                return b"".join(chunks)
             raise TlsClosed("TLS session closed") from None
         finally:
             self._flush()

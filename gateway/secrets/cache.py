@@ -124,7 +124,7 @@ class SecretCache:
         if task is None:
             if now < entry.retry_at:
                 if value is not None:
-                    self._count("stale")
+                    self._stale(name, entry, now)
                     return value
                 self._count("unavailable")
                 wait = entry.retry_at - now
@@ -136,10 +136,16 @@ class SecretCache:
             self._count("miss")
             return outcome
         if entry.value is not None:
-            self._count("stale")
+            self._stale(name, entry, self._clock())
             return entry.value
         self._count("unavailable")
         raise SecretUnavailable(name, str(outcome))
+
+    def _stale(self, name: str, entry: _Entry, now: float) -> None:
+        """A stale value is served: counted, and its age exported (an outage of the
+        store stays visible while the cache hides it from the sandboxes)."""
+        self._count("stale")
+        metrics.SECRET_STALE.labels(secret=name).set(max(0.0, now - entry.expires_at))
 
     def invalidate(self, name: str, rejected: SecretValue | None = None) -> None:
         """Mark ``name`` for refetch on the next get (an upstream rejected it).
@@ -229,6 +235,7 @@ class SecretCache:
         now = self._clock()
         metrics.SECRET_FETCHES.labels(store=self.store.name, result="ok").inc()
         if entry.failures:
+            metrics.SECRET_STALE.labels(secret=name).set(0)
             log.info(
                 "secret %s: %s store answered again after %d failed fetches",
                 name,
@@ -261,10 +268,16 @@ class SecretCache:
         delay = self._backoff(entry.failures, getattr(error, "retry_after", None))
         entry.retry_at = now + delay
         entry.last_error = reason
-        if entry.value is not None and now < entry.stale_until:
+        if entry.failures > 1:
+            # Logged once per outage; the rest is in sandbox_gateway_secret_fetches_total
+            # and sandbox_gateway_secret_stale_seconds.
+            log.debug("secret %s: fetch failed again (%d failures): %s", name,
+                      entry.failures, reason)
+        elif entry.value is not None and now < entry.stale_until:
             log.warning(
                 "secret %s: fetch from the %s store failed (%s); serving the cached value "
-                "for up to %.0fs more; next attempt in %.1fs",
+                "for up to %.0fs more (its age: sandbox_gateway_secret_stale_seconds); next "
+                "attempt in %.1fs",
                 name,
                 self.store.name,
                 reason,

@@ -189,6 +189,7 @@ gateway.yaml as a dict (rendered by configmap-config.yaml, hashed by the Deploym
   "runtime_dir" "/var/lib/sandbox-gateway"
   "log_level" .Values.config.log_level
   "workers" (int .Values.config.workers)
+  "shutdown" (dict "drain" (printf "%ds" (int .Values.shutdown.drainSeconds)))
 }}
 {{- if include "sandbox-gateway.dnsEnabled" . }}
 {{- $_ := set $cfg "dns" (dict "ttl" .Values.transparent.dns.ttl "rate" .Values.transparent.dns.rate "burst" (int .Values.transparent.dns.burst)) }}

@@ -216,11 +216,15 @@ class Connection(Side):
         """The next request head; None at a clean end before one started."""
         limit = self.engine.limits.max_header_bytes
         while True:
+            before = len(self.buf)
             try:
                 event = read_request_head(self.buf)
             except h11.ProtocolError as exc:
                 raise ProtocolError(str(exc)) from None
             if event is not None:
+                if before - len(self.buf) > limit:
+                    raise ProtocolError(f"the request head is larger than {limit} bytes "
+                                        "(limits.max_header_bytes)")
                 return framing.request_head(event)
             if len(self.buf) > limit:
                 raise ProtocolError(f"the request head is larger than {limit} bytes "
@@ -486,8 +490,10 @@ class Connection(Side):
         if head.status == 101:
             return await self._upgrade(ex, upstream, head)
         http10 = request.http_version == "HTTP/1.0"
-        close = client_close or self.engine.draining or _wants_close(
-            head.http_version, head.headers.get_all("connection"))
+        # The client's connection closes when the client or a drain asks; an upstream's
+        # `Connection: close` ends only the upstream connection (redialled next time).
+        upstream_close = _wants_close(head.http_version, head.headers.get_all("connection"))
+        close = client_close or self.engine.draining
         if no_body(method, head.status):
             chunked, length = False, (int(original_length) if original_length else None)
         elif size is not None and size >= 0 and head.headers.get("content-length") is not None:
@@ -522,8 +528,7 @@ class Connection(Side):
                             + b"\r\n")
         self.exchange = None
         ex.finish(head.status)
-        if size == -1 or close or _wants_close(head.http_version,
-                                               head.headers.get_all("connection")):
+        if size == -1 or close or upstream_close:
             self.drop_upstream()
         elif len(upstream.buf):
             self.drop_upstream()  # more than the response framed: a confused upstream

@@ -64,6 +64,8 @@ class Side(asyncio.Protocol):
             if len(self.buf) > HIGH_WATER and self.transport is not None:
                 self._paused = True
                 self.transport.pause_reading()
+        if self.tls is not None and self.tls.peer_closed:
+            self.eof = True  # close_notify came with the data: nothing more will
         self._wake()
 
     def eof_received(self) -> bool | None:
