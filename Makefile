@@ -10,7 +10,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3; do \
 	  command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null \
 	  && { echo $$p; break; }; done)
 
-.PHONY: run test lint typecheck unit tools bench clean
+.PHONY: run test lint typecheck unit tools bench soak clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need Python 3.12 or newer (python3.12 / python3.13)"; exit 1; }
@@ -38,6 +38,10 @@ test: $(STAMP) tools lint typecheck unit
 
 bench: $(STAMP) tools
 	$(PY) -m bench $(ARGS)
+
+# Soak: the mixed-load test for SOAK_SECONDS (default 600) with its figures printed.
+soak: $(STAMP) tools
+	SOAK_SECONDS=$${SOAK_SECONDS:-600} $(VENV)/bin/pytest -q -s tests/reliability/test_soak.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

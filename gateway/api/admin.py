@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -270,7 +270,11 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
             out["destination"] = (answer.destination.to_dict() if answer.destination else None)
         return JSONResponse(out)
 
-    return Starlette(routes=[
+    async def disconnected(request: Request, exc: Exception) -> Response:
+        # A malformed or cut body (uvicorn already answered 400): nothing to log.
+        return Response(status_code=400)
+
+    return Starlette(exception_handlers={ClientDisconnect: disconnected}, routes=[
         Route("/healthz", healthz),
         Route("/readyz", readyz),
         Route("/metrics", metrics_endpoint),

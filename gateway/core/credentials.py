@@ -13,7 +13,6 @@ over engine-neutral heads; the value itself comes from the secret cache.
 from __future__ import annotations
 
 import base64
-import binascii
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode
@@ -73,7 +72,7 @@ def _carried(headers: Headers, path: str, carrier: Injection) -> str | None:
         return None
     try:
         return base64.b64decode(param, validate=True).decode().partition(":")[2]
-    except (binascii.Error, UnicodeDecodeError):
+    except ValueError:  # binascii.Error, UnicodeDecodeError, non-ASCII input
         return None
 
 
@@ -161,7 +160,7 @@ def find_token(headers: Headers, path: str) -> str | None:
                 continue
             try:
                 value = base64.b64decode(param.strip(), validate=True).decode()
-            except (binascii.Error, UnicodeDecodeError):
+            except ValueError:  # binascii.Error, UnicodeDecodeError, non-ASCII input
                 continue
             if TOKEN_PREFIX not in value:
                 continue

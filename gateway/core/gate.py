@@ -16,6 +16,7 @@ secret cache.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import math
@@ -631,9 +632,6 @@ _UNREGISTERED = Refusal(
 
 def proxy_credentials(value: str) -> tuple[str | None, str] | None:
     """Split a Proxy-Authorization value into (username, token); None if unusable."""
-    import base64
-    import binascii
-
     scheme, _, param = value.strip().partition(" ")
     scheme = scheme.lower()
     param = param.strip()
@@ -642,7 +640,7 @@ def proxy_credentials(value: str) -> tuple[str | None, str] | None:
     if scheme == "basic" and param:
         try:
             decoded = base64.b64decode(param, validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:  # binascii.Error, UnicodeDecodeError, non-ASCII input
             return None
         user, sep, password = decoded.partition(":")
         if not sep or not password:

@@ -1,0 +1,122 @@
+"""The gateway as a real `sandbox-gateway run` process (what the fault and soak suites
+measure: its file descriptors, memory, signals and stderr)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from helpers.tls import LocalCA
+
+ROOT = Path(__file__).resolve().parents[2]
+ADMIN = "process-test-admin-token-0123456789"
+POLICY = """
+version: v1
+name: agent
+egress:
+  - host: pass.test
+  - host: inspect.test
+    methods: [GET, HEAD, POST]
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class GatewayProcess:
+    proc: subprocess.Popen[str]
+    proxy: int
+    admin: int
+    workdir: Path
+
+    def stderr(self) -> str:
+        """Waits for the process to end; its whole stderr."""
+        self.proc.wait(15)
+        assert self.proc.stderr is not None
+        return self.proc.stderr.read()
+
+    def token(self, sandbox: str = "sbx-1") -> str:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.admin}/v1/tokens", method="POST",
+            data=json.dumps({"sandbox": sandbox, "policy": "agent", "ttl": "2h"}).encode(),
+            headers={"Authorization": f"Bearer {ADMIN}", "Content-Type": "application/json"})
+        return str(json.loads(urllib.request.urlopen(req, timeout=5).read())["token"])
+
+    def fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+    def rss_kib(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise RuntimeError("no VmRSS")
+
+    def audit_lines(self) -> list[dict[str, Any]]:
+        path = self.workdir / "audit.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+def start_gateway(workdir: Path, names: dict[str, int], ca: LocalCA, *,
+                  proxy: int | None = None, workers: int = 1, policy: str = POLICY,
+                  extra: dict[str, Any] | None = None, wait: bool = True) -> GatewayProcess:
+    """`sandbox-gateway run` with policies in `workdir`, `names` resolved to local ports."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "policies").mkdir(exist_ok=True)
+    (workdir / "policies" / "agent.yaml").write_text(policy)
+    proxy = proxy or free_port()
+    admin = free_port()
+    config: dict[str, Any] = {
+        "listen": {"proxy": f"127.0.0.1:{proxy}", "admin": f"127.0.0.1:{admin}"},
+        "admin_token": ADMIN, "policies": "policies", "certs": "certs", "workers": workers,
+        "secrets": {"store": "env"}, "audit": {"path": str(workdir / "audit.jsonl")},
+        "network": {"upstream_ca": str(ca.cert_path),
+                    "resolve": {n: f"127.0.0.1:{p}" for n, p in names.items()}},
+        "shutdown": {"drain": "10s"},
+    }
+    for key, value in (extra or {}).items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            config[key] = {**config[key], **value}
+        else:
+            config[key] = value
+    (workdir / "gateway.yaml").write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_GATEWAY_")}
+    proc = subprocess.Popen([sys.executable, "-m", "gateway", "run", "--config",
+                             str(workdir / "gateway.yaml")], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    gw = GatewayProcess(proc, proxy, admin, workdir)
+    if wait:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(gw.stderr())
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=1)
+                return gw
+            except OSError:
+                time.sleep(0.1)
+        gw.stop()
+        raise TimeoutError("gateway not ready within 30 s")
+    return gw
