@@ -8,6 +8,8 @@ import signal
 import socket
 import ssl
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,3 +92,56 @@ def test_bad_input_is_a_4xx_never_a_traceback(gateway: GatewayProcess) -> None:
     err = gateway.stderr()
     assert "Traceback" not in err, err[-3000:]
     assert err.count("\n") < 15, err  # the banner, a warning or two: no per-request noise
+
+
+def test_running_out_of_descriptors_refuses_then_recovers(
+        tmp_path: Path, nginx: Nginx, test_ca: LocalCA) -> None:
+    """Under `ulimit -n 1024` the accept loop used to fail with EMFILE after ~500 tunnels,
+    every sandbox got nothing, /readyz stayed 200 and it never recovered. Now the cap
+    derived from the limit answers 503 at_capacity, /readyz says why, and closing the
+    tunnels brings it all back."""
+    gw = start_gateway(tmp_path / "gw", {"pass.test": nginx.port}, test_ca, fd_limit=256)
+    try:
+        token = gw.token()
+        cred = base64.b64encode(f"sbx-1:{token}".encode()).decode()
+        upstream = ssl.create_default_context(cafile=str(test_ca.cert_path))
+
+        def tunnel() -> tuple[socket.socket, bytes]:
+            sock = socket.create_connection(("127.0.0.1", gw.proxy), timeout=10)
+            sock.sendall(f"CONNECT pass.test:443 HTTP/1.1\r\nProxy-Authorization: Basic "
+                         f"{cred}\r\n\r\n".encode())
+            return sock, sock.recv(4096)
+
+        def readyz() -> int:
+            try:
+                return int(urllib.request.urlopen(f"http://127.0.0.1:{gw.admin}/readyz",
+                                                  timeout=5).status)
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        open_tunnels: list[socket.socket] = []
+        capacity = (256 - 64) // 2  # (limit - reserve) / 2 descriptors per tunnel
+        for _ in range(capacity):
+            sock, head = tunnel()
+            assert head.startswith(b"HTTP/1.1 200"), head
+            tls = upstream.wrap_socket(sock, server_hostname="pass.test")  # upstream dialled
+            open_tunnels.append(tls)
+        sock, head = tunnel()
+        sock.close()
+        assert head.startswith(b"HTTP/1.1 503 at_capacity"), head
+        assert b"open-files limit" in head
+        assert readyz() == 503
+        for tls in open_tunnels:
+            tls.close()
+        deadline = time.monotonic() + 10
+        while readyz() != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert readyz() == 200
+        sock, head = tunnel()
+        with upstream.wrap_socket(sock, server_hostname="pass.test") as tls:
+            tls.sendall(b"GET /small HTTP/1.1\r\nHost: pass.test\r\nConnection: close\r\n\r\n")
+            assert tls.recv(4096).startswith(b"HTTP/1.1 200")
+        gw.proc.send_signal(signal.SIGTERM)
+        assert "Traceback" not in gw.stderr()
+    finally:
+        gw.stop()
