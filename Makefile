@@ -10,7 +10,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3; do \
 	  command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null \
 	  && { echo $$p; break; }; done)
 
-.PHONY: run test lint typecheck unit tools bench soak clean
+.PHONY: run demo test lint typecheck unit tools bench soak clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need Python 3.12 or newer (python3.12 / python3.13)"; exit 1; }
@@ -22,11 +22,16 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/sandbox-gateway run $(if $(CONFIG),--config $(CONFIG))
 
+# The gateway, a stand-in OpenAI and an agent configured only by `sandbox-gateway env`,
+# on 127.0.0.1 in a few seconds: the key swap and a refusal, end to end (no Docker).
+demo: $(STAMP)
+	$(PY) examples/demo/demo.py
+
 tools:
 	@bash scripts/test-tools.sh
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check gateway tests bench
+	$(VENV)/bin/ruff check gateway tests bench examples
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

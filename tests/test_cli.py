@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gateway import ca
 from gateway.cli import main
@@ -373,13 +374,76 @@ def test_env(cli: Cli) -> None:
 
 
 def test_env_options(cli: Cli) -> None:
-    code, out, _ = cli("env", "--token", "T", "--proxy", "gateway:3128", "--sandbox", "box",
-                       "--ca-bundle", "/ca.pem")
+    _, out, _ = cli("token", "mint", "--sandbox", "sb-7", "--policy", "agent")
+    token = out.strip()
+    code, out, _ = cli("env", "--token", token, "--proxy", "gateway:3128", "--sandbox", "box",
+                       "--ca-bundle", "/ca.pem", "--node-preload", "/opt/p.mjs")
     assert code == 0
     env = dict(line.split("=", 1) for line in out.splitlines())
-    assert env["HTTPS_PROXY"] == "http://box:T@gateway:3128"
-    assert env["SSL_CERT_FILE"] == "/ca.pem"
-    assert env["OPENAI_API_KEY"] == "T"
+    assert env["HTTPS_PROXY"] == f"http://box:{token}@gateway:3128"
+    assert env["SSL_CERT_FILE"] == env["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] == "/ca.pem"
+    assert env["NODE_OPTIONS"] == "--import=/opt/p.mjs"
+    assert env["OPENAI_API_KEY"] == token
+    code, out, _ = cli("env", "--token", token, "--proxy", "gw:1", "--node-preload", "none")
+    assert code == 0 and "NODE_OPTIONS" not in out and "NODE_USE_ENV_PROXY=1" in out
+
+
+def test_env_formats(cli: Cli) -> None:
+    token = cli("token", "mint", "--sandbox", "sb-7", "--policy", "agent")[1].strip()
+    outputs = {fmt: cli("env", "--token", token, "--proxy", "gw:8080", "--format", fmt)
+               for fmt in ("dotenv", "shell", "k8s")}
+    assert all(code == 0 for code, _, _ in outputs.values())
+    dotenv = dict(line.split("=", 1) for line in outputs["dotenv"][1].splitlines())
+    shell = subprocess.run(["sh", "-c", outputs["shell"][1] + "env"], capture_output=True,
+                           text=True, check=True, env={"PATH": "/usr/bin:/bin"}).stdout
+    for key, value in dotenv.items():
+        assert f"{key}={value}\n" in shell
+    k8s = yaml.safe_load(outputs["k8s"][1])["env"]
+    assert [(e["name"], e["value"]) for e in k8s] == list(dotenv.items())
+
+
+@pytest.mark.parametrize("token", ["garbage", "a.b.c", ""])
+def test_env_refuses_a_token_that_is_no_gateway_token(cli: Cli, token: str) -> None:
+    code, out, err = cli("env", "--token", token, "--proxy", "http://gateway:8080")
+    assert code == 1 and out == ""
+    assert "--token is not a usable gateway token" in err and "token mint" in err
+
+
+def test_env_refuses_an_expired_token(cli: Cli) -> None:
+    keys = SigningKeys.load(cli.root / "certs" / "signing")
+    service = TokenService(keys, MemoryState(), {"agent": []}.get, clock=lambda: 1_000_000.0)
+    token = service.mint("sb", "agent").token
+    code, out, err = cli("env", "--token", token, "--proxy", "gw:8080")
+    assert code == 1 and out == "" and "it expired at 1970-01-12" in err
+
+
+def test_env_checks_the_signature_with_config(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "gw.yaml").write_text("policies: ./policies\ncerts: ./certs\n")
+    good = cli("token", "mint", "--config", "gw.yaml", "--sandbox", "sb", "--policy",
+               "agent")[1].strip()
+    code, out, err = cli("env", "--config", "gw.yaml", "--token", good, "--proxy", "gw:8080")
+    assert code == 0 and "HTTPS_PROXY=" in out and "signature was not checked" not in err
+    # Signed by a key this gateway does not have: the structure is fine, the signature not.
+    other = SigningKeys.load(tmp_path / "elsewhere")
+    forged = TokenService(other, MemoryState(), {"agent": []}.get).mint("sb", "agent").token
+    assert cli("env", "--token", forged, "--proxy", "gw:8080")[0] == 0  # no keys to check
+    code, out, err = cli("env", "--config", "gw.yaml", "--token", forged, "--proxy", "gw:8080")
+    assert code == 1 and out == "" and "token_unknown_key" in err
+    # A policy the gateway does not have.
+    stray = TokenService(SigningKeys.load(tmp_path / "certs" / "signing"), MemoryState(),
+                         {"gone": []}.get).mint("sb", "gone").token
+    code, _, err = cli("env", "--config", "gw.yaml", "--token", stray, "--proxy", "gw:8080")
+    assert code == 1 and "unknown_policy" in err
+
+
+def test_node_preload_verb(cli: Cli, tmp_path: Path) -> None:
+    from gateway.sandbox_env import node_preload_source
+
+    code, out, _ = cli("node-preload")
+    assert code == 0 and out == node_preload_source()
+    code, _, err = cli("node-preload", "-o", "img/node-proxy-preload.mjs")
+    assert code == 0 and "NODE_OPTIONS=--import=img/node-proxy-preload.mjs" in err
+    assert (tmp_path / "img" / "node-proxy-preload.mjs").read_text() == node_preload_source()
 
 
 # --- errors and the real entry point ---------------------------------------------------
@@ -403,5 +467,5 @@ def test_python_dash_m_help() -> None:
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: sandbox-gateway")
-    for command in ("run", "token", "policy", "ca", "env"):
+    for command in ("run", "token", "policy", "ca", "env", "node-preload"):
         assert command in result.stdout

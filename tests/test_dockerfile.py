@@ -318,21 +318,46 @@ CA_VARS = [
     "SSL_CERT_FILE",
     "REQUESTS_CA_BUNDLE",
     "NODE_EXTRA_CA_CERTS",
+    "NPM_CONFIG_CAFILE",
     "GIT_SSL_CAINFO",
     "CURL_CA_BUNDLE",
     "AWS_CA_BUNDLE",
+    "PIP_CERT",
+    "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
 ]
 
 
 def test_sandbox_image_trusts_the_gateway_ca(sandbox: list[Instr]) -> None:
+    """The gateway CA is added to the system store (public roots kept, for passthrough
+    hosts), and every CA variable, `env`'s included, points at that system bundle."""
+    from gateway.sandbox_env import CA_VARIABLES, DEFAULT_CA_BUNDLE
+
     copies = [i.args for i in sandbox if i.cmd == "COPY"]
-    assert any(c.startswith("ca.crt /usr/local/share/ca-certificates/") for c in copies)
+    assert "ca.crt /usr/local/share/ca-certificates/sandbox-gateway.crt" in copies
     runs = " ".join(i.args for i in sandbox if i.cmd == "RUN")
     assert "update-ca-certificates" in runs
-    assert "/etc/sandbox-gateway/ca-bundle.pem" in runs  # the path `sandbox-gateway env` prints
+    # The path `sandbox-gateway env` prints is the system bundle, not a copy of ca.crt.
+    assert f"ln -s /etc/ssl/certs/ca-certificates.crt {DEFAULT_CA_BUNDLE}" in runs
     env = env_of(sandbox)
+    assert set(CA_VARIABLES) <= set(CA_VARS)
     for var in CA_VARS:
         assert env[var] == "/etc/ssl/certs/ca-certificates.crt", var
+
+
+def test_sandbox_image_has_curl_git_and_the_node_preload(sandbox: list[Instr]) -> None:
+    from gateway.sandbox_env import DEFAULT_NODE_PRELOAD, sandbox_variables
+
+    install = next(i.args for i in sandbox if i.cmd == "RUN" and "apt-get install" in i.args)
+    packages = install.split("apt-get install", 1)[1].split("&&")[0].split()
+    assert {"curl", "git", "ca-certificates"} <= set(packages)
+    assert "--no-install-recommends" in packages and "rm -rf /var/lib/apt/lists/*" in install
+    copies = [i.args for i in sandbox if i.cmd == "COPY"]
+    assert f"node-proxy-preload.mjs {DEFAULT_NODE_PRELOAD}" in copies
+    env = env_of(sandbox)
+    # What `env` would print for these, the image sets already (so it works without it).
+    printed = dict(sandbox_variables("T", "gw:8080"))
+    for var in ("NODE_OPTIONS", "NODE_USE_ENV_PROXY", "GIT_HTTP_PROXY_AUTHMETHOD"):
+        assert env[var] == printed[var], var
 
 
 def test_sandbox_image_bakes_no_token_and_runs_non_root(sandbox: list[Instr]) -> None:

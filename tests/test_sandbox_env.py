@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 import base64
+import fnmatch
 import json
+import subprocess
+import tomllib
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
+import yaml
 
 from gateway.sandbox_env import (
     API_KEY_VARIABLES,
     CA_VARIABLES,
+    InvalidToken,
+    check_token,
     dns_note,
+    node_preload_source,
     proxy_url,
+    render,
     sandbox_env,
+    sandbox_variables,
 )
 
+ROOT = Path(__file__).resolve().parent.parent
 JWT = "eyJhbGciOiJFZERTQSJ9." + base64.urlsafe_b64encode(
     json.dumps({"sub": "sb-42", "pol": "agent"}).encode()).rstrip(b"=").decode() + ".c2ln"
 
@@ -58,6 +69,96 @@ def test_sandbox_env_contract() -> None:
     for var in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", *API_KEY_VARIABLES):
         assert env[var] == JWT  # the token, never a key
     assert "localhost" in env["NO_PROXY"]
+    # What particular tools need besides the common variables:
+    for var in ("NPM_CONFIG_CAFILE", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"):
+        assert env[var] == "/etc/sandbox-gateway/ca-bundle.pem"
+    assert env["GIT_HTTP_PROXY_AUTHMETHOD"] == "basic"
+    assert env["NODE_USE_ENV_PROXY"] == "1"
+    assert env["NODE_OPTIONS"] == "--import=/etc/sandbox-gateway/node-proxy-preload.mjs"
+
+
+@pytest.mark.parametrize(("preload", "expected"), [
+    (None, None),
+    ("/opt/p.mjs", "--import=/opt/p.mjs"),
+    ("/opt/my dir/p.mjs", '--import="/opt/my dir/p.mjs"'),
+])
+def test_node_options(preload: str | None, expected: str | None) -> None:
+    env = dict(sandbox_variables("T", "gw:8080", node_preload=preload))
+    assert env.get("NODE_OPTIONS") == expected
+    assert env["NODE_USE_ENV_PROXY"] == "1"
+
+
+VARIABLES = [("HTTPS_PROXY", "http://s:a.b-c@gw:8080"), ("QUOTE", "it's \\ $HOME `x`"),
+             ("NODE_OPTIONS", '--import="/a b/p.mjs"')]
+
+
+def test_render_dotenv_is_literal() -> None:
+    text = render(VARIABLES, "dotenv")
+    assert text.splitlines() == [f"{k}={v}" for k, v in VARIABLES]
+    with pytest.raises(ValueError, match="newline"):
+        render([("K", "a\nb")], "dotenv")
+
+
+def test_render_shell_round_trips_through_a_real_shell(tmp_path: Path) -> None:
+    script = tmp_path / "env.sh"
+    script.write_text(render(VARIABLES, "shell"))
+    assert all(line.startswith("export ") for line in script.read_text().splitlines())
+    code = ". ./env.sh; " + "; ".join(f'printf "%s\\0" "${k}"' for k, _ in VARIABLES)
+    out = subprocess.run(["sh", "-c", code], cwd=tmp_path, capture_output=True, check=True,
+                         env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"})
+    assert out.stdout.decode().split("\0")[:-1] == [v for _, v in VARIABLES]
+
+
+def test_render_k8s_is_a_container_env_list() -> None:
+    doc = yaml.safe_load(render(VARIABLES, "k8s"))
+    assert doc == {"env": [{"name": k, "value": v} for k, v in VARIABLES]}
+    with pytest.raises(ValueError, match="unknown format"):
+        render(VARIABLES, "json")
+
+
+def _jwt(header: dict[str, object], claims: dict[str, object]) -> str:
+    def enc(obj: dict[str, object]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
+    return f"{enc(header)}.{enc(claims)}.c2ln"
+
+
+GOOD_HEADER = {"alg": "EdDSA", "kid": "k1", "typ": "JWT"}
+GOOD = {"aud": "sandbox-gateway", "sub": "sb", "pol": "agent", "exp": 2_000_000_000,
+        "jti": "j"}
+
+
+@pytest.mark.parametrize(("token", "message"), [
+    ("garbage", "not a JWT"),
+    ("a.b", "not a JWT"),
+    ("a..c", "not a JWT"),
+    (_jwt(GOOD_HEADER, GOOD) + "\n", "not a JWT"),
+    (_jwt(GOOD_HEADER, GOOD).replace("c2ln", "c2 ln"), "not a JWT"),
+    ("e3.e30.c2ln", "header is not base64url-encoded JSON"),
+    (_jwt(GOOD_HEADER, GOOD), ""),  # a well-formed, live token passes
+    ("e30.W10.c2ln", "payload is not a JSON object"),
+    (_jwt({"alg": "none"}, GOOD), "expected EdDSA"),
+    (_jwt({"alg": "HS256", "kid": "k1"}, GOOD), "expected EdDSA"),
+    (_jwt(GOOD_HEADER, {**GOOD, "aud": "other"}), "audience"),
+    (_jwt(GOOD_HEADER, {k: v for k, v in GOOD.items() if k != "pol"}), "lacks the claims pol"),
+    (_jwt(GOOD_HEADER, {**GOOD, "exp": "soon"}), "exp claim is not a number"),
+    (_jwt(GOOD_HEADER, {**GOOD, "exp": 1_000}), "expired at 1970-01-01T00:16:40Z"),
+])
+def test_check_token_refuses(token: str, message: str) -> None:
+    if not message:
+        assert check_token(token, now=1_900_000_000)["sub"] == "sb"
+        return
+    with pytest.raises(InvalidToken, match=message):
+        check_token(token, now=1_900_000_000)
+
+
+def test_node_preload_is_package_data() -> None:
+    """The preload ships in the wheel: pyproject's package-data names it."""
+    source = node_preload_source()
+    assert "EnvHttpProxyAgent" in source and "CONNECT" in source
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    globs = data["tool"]["setuptools"]["package-data"]["gateway"]
+    assert any(fnmatch.fnmatch("sandbox/node-proxy-preload.mjs", g) for g in globs)
+    assert (ROOT / "gateway" / "sandbox" / "node-proxy-preload.mjs").read_text() == source
 
 
 @pytest.mark.parametrize(

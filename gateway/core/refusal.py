@@ -12,8 +12,10 @@ What a client shows:
   `X-Sandbox-Gateway-Error: code`; on hosts of a provider preset the body takes the
   provider's error shape (OpenAI, Anthropic, Gemini), so the official SDKs surface
   the reason to the agent instead of a bare status;
-- the reason phrase `<code>: <reason>` (requests and pip print only the status line
-  of a refused CONNECT: "Tunnel connection failed: 403 policy_denied: …");
+- the reason phrase `<code>: <reason> (<hint>)` (requests, pip and the Python SDKs'
+  tracebacks print only the status line of a refused CONNECT: "Tunnel connection
+  failed: 403 policy_denied: … (refused by the sandbox's egress gateway; …)"), so the
+  hint not to retry around the proxy reaches the agent there too;
 - `Proxy-Status` (RFC 9209) naming the gateway, the error type and the details.
 """
 
@@ -117,10 +119,18 @@ class Answer:
     close: bool = False
 
 
-def _phrase(text: str) -> str:
-    """A reason phrase: printable ASCII only, no CR/LF, bounded."""
+_PHRASE_MAX = 1000  # well under every client's status-line limit (Node: 16 KiB head)
+
+
+def _phrase(refusal: Refusal) -> str:
+    """A reason phrase: printable ASCII only, no CR/LF, bounded; the reason is cut
+    before the agent hint is."""
+    hint = f" ({AGENT_HINT})"
+    text = f"{refusal.code}: {refusal.reason}"
     clean = "".join(c if " " <= c <= "~" else "?" for c in text)
-    return clean[:300]
+    if len(clean) + len(hint) > _PHRASE_MAX:
+        clean = clean[:_PHRASE_MAX - len(hint) - 3] + "..."
+    return clean + hint
 
 
 def _sf_string(text: str) -> str:
@@ -178,7 +188,7 @@ def answer(refusal: Refusal, *, shape: str | None = None, close: bool = False) -
         headers.set("Retry-After", str(max(0, int(refusal.retry_after))))
     headers.set("Content-Length", str(len(body)))
     headers.set("Connection", "close" if close else "keep-alive")
-    return Answer(status, _phrase(f"{refusal.code}: {refusal.reason}"), headers, body, close)
+    return Answer(status, _phrase(refusal), headers, body, close)
 
 
 def to_http1(ans: Answer, version: str = "HTTP/1.1") -> bytes:

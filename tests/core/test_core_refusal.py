@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway.core.refusal import Refusal, answer, status_of, to_http1
+from gateway.core.refusal import AGENT_HINT, Refusal, answer, status_of, to_http1
 
 
 @pytest.mark.parametrize(("code", "status"), [
@@ -27,9 +27,9 @@ def test_generic_body_and_headers() -> None:
     assert ans.headers.get("X-Sandbox-Gateway-Error") == "policy_denied"
     assert ans.headers.get("Proxy-Status") == (
         'sandbox-gateway; error=http_request_denied; details="policy_denied: no rule allows x"')
-    assert ans.reason == "policy_denied: no rule allows x"
+    assert ans.reason == f"policy_denied: no rule allows x ({AGENT_HINT})"
     wire = to_http1(ans)
-    assert wire.startswith(b"HTTP/1.1 403 policy_denied: no rule allows x\r\n")
+    assert wire.startswith(b"HTTP/1.1 403 policy_denied: no rule allows x (refused by the")
     assert wire.endswith(ans.body)
 
 
@@ -58,3 +58,10 @@ def test_retry_after_and_unsafe_phrase() -> None:
     assert ans.headers.get("Retry-After") == "30"
     assert "\r" not in ans.reason and "\n" not in ans.reason
     assert "\r\n" not in (ans.headers.get("Proxy-Status") or "")
+
+
+def test_long_reason_is_cut_before_the_hint() -> None:
+    ans = answer(Refusal("budget_exceeded", "x" * 5000))
+    assert len(ans.reason) <= 1000
+    assert ans.reason.startswith("budget_exceeded: xxx") and ans.reason.endswith(f"({AGENT_HINT})")
+    assert "..." in ans.reason

@@ -1,0 +1,495 @@
+"""The client matrix: real clients, configured only by `sandbox-gateway env` output, reach
+real local servers through the real gateway, on a passthrough rule and an intercepted one.
+
+Servers (all on 127.0.0.1, reached by name only through the gateway's `network.resolve`):
+pypiserver (PyPI index), a static npm registry with an `npm pack` tarball, `git
+http-backend`, nginx, the fake OpenAI/Anthropic (SSE), a WebSocket echo, a gRPC server.
+Each client runs as a subprocess of its own sandbox (its own token and sandbox id, so
+the audit lines of one run are told apart) and must succeed; its audit line must name the
+path taken; the token must never reach an upstream; on credential rules the real key
+must. The sandbox's CA bundle holds the gateway CA and the upstreams' CA (passthrough
+hosts present their own certificate).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes.git_server import make_repo, start_git_server
+from fakes.grpc_echo import METHOD, GrpcEcho
+from fakes.inference import FakeInference
+from fakes.npm_registry import npm_pack, start_npm_registry
+from fakes.pypi_index import make_wheel, start_pypi
+from fakes.tls_http import Recorder, TLSServer
+from fakes.ws_echo import WsEcho
+from helpers.gateway import GatewayThread
+from helpers.nginx import Nginx
+from helpers.node_clients import node_clients
+from helpers.sandbox import Sandbox
+from helpers.tls import LocalCA
+
+from gateway.cli import main as cli_main
+
+PROVIDER_KEY = "sk-matrix-provider-key-0123456789"
+LOCAL_KEY = "sk-matrix-local-key-9876543210"
+PKG = "sgw_matrix_pkg"
+NPM_PKG = "sgw-matrix-pkg"
+KINDS = ("web", "pypi", "npm", "git", "ws", "grpc")
+POLICY = """\
+version: v1
+name: matrix
+egress:
+  - host: web.test          # passthrough: host only
+  - host: pypi.test
+  - host: npm.test
+  - host: git.test
+  - host: ws.test
+  - host: grpc.test
+  - host: web-i.test        # intercepted, the key swapped into X-Api-Key
+    credential: local
+  - host: ws-i.test
+    credential: local
+  - host: grpc-i.test
+    credential: local
+  - host: pypi-i.test       # intercepted, no credential
+    inspect: true
+  - host: npm-i.test
+    inspect: true
+  - host: git-i.test
+    inspect: true
+  - host: api.openai.com
+    credential: openai
+  - host: api.anthropic.com
+    credential: anthropic
+credentials:
+  openai: {preset: openai, secret: provider-key}
+  anthropic: {preset: anthropic, secret: provider-key}
+  local:
+    hosts: [web-i.test, ws-i.test, grpc-i.test]
+    inject: {header: X-Api-Key}
+    secret: local-key
+"""
+
+
+@dataclass
+class Matrix:
+    gw: GatewayThread
+    root: Path
+    bundle: Path
+    preload: Path
+    recorders: dict[str, Recorder]
+    nginx: Nginx
+    fake: FakeInference
+
+    def sandbox(self, name: str) -> tuple[Sandbox, str]:
+        """A fresh sandbox (token minted for sandbox id `name`), its env from `env`."""
+        token = self.gw.mint("matrix", sandbox=name)
+        box = Sandbox.from_cli(self.root / "homes" / name, token=token, proxy=self.gw.proxy,
+                               ca_bundle=self.bundle, node_preload=self.preload,
+                               config=self.root / "gateway.yaml")
+        return box, token
+
+    def lines(self, sandbox: str, host: str, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """This sandbox's audit lines for `host` (passthrough lines come at tunnel end)."""
+        return self.gw.audit.wait_for(
+            lambda r: r.get("sandbox") == sandbox and r.get("host") == host, timeout)
+
+    def unauthenticated(self) -> int:
+        return sum(1 for r in self.gw.audit.records() if r.get("error") == "auth_required")
+
+
+def _servers(root: Path, ca: LocalCA) -> tuple[dict[str, TLSServer | WsEcho | GrpcEcho],
+                                               Nginx]:
+    pkgs = root / "pypi"
+    make_wheel(pkgs, PKG, "1.0.0", "from-pypi")
+    npm_dir = root / "npm"
+    npm_dir.mkdir()
+    tarball = npm_pack(npm_dir, NPM_PKG, "1.0.0", "from-npm")
+    git_dir = root / "git"
+    git_dir.mkdir()
+    make_repo(git_dir, "repo", "from-git\n")
+    (root / "ws").mkdir()
+    (root / "grpc").mkdir()
+    servers: dict[str, TLSServer | WsEcho | GrpcEcho] = {
+        "pypi": start_pypi(pkgs, ca, ["pypi.test", "pypi-i.test"]),
+        "npm": start_npm_registry(npm_dir, ca, ["npm.test", "npm-i.test"], [tarball]),
+        "git": start_git_server(git_dir, ca, ["git.test", "git-i.test"]),
+        "ws": WsEcho(root / "ws", ca, ["ws.test", "ws-i.test"]),
+        "grpc": GrpcEcho(root / "grpc", ca, ["grpc.test", "grpc-i.test"]),
+    }
+    nginx = Nginx(root / "nginx", ca, ["web.test", "web-i.test"],
+                  extra="log_format hdrs '$host|$request|$status|$http_authorization|"
+                        "$http_x_api_key|$http_proxy_authorization';",
+                  locations=f"access_log {root / 'nginx'}/hdrs.log hdrs;")
+    return servers, nginx
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
+    root = tmp_path_factory.mktemp("matrix")
+    ca = LocalCA.create(root / "ca", name="matrix upstream CA")
+    fake = FakeInference(root / "fake", api_key=PROVIDER_KEY).start()
+    servers, nginx = _servers(root, ca)
+    try:
+        upstream_ca = root / "upstream-ca.pem"
+        upstream_ca.write_bytes(ca.cert_path.read_bytes() + fake.ca_path.read_bytes())
+        resolve = {f"{kind}{suffix}.test": f"127.0.0.1:{servers[kind].port}"
+                   for kind in KINDS if kind != "web" for suffix in ("", "-i")}
+        resolve |= {"web.test": f"127.0.0.1:{nginx.port}",
+                    "web-i.test": f"127.0.0.1:{nginx.port}",
+                    "api.openai.com": f"127.0.0.1:{fake.port}",
+                    "api.anthropic.com": f"127.0.0.1:{fake.port}"}
+        (root / "policies").mkdir()
+        (root / "policies" / "matrix.yaml").write_text(POLICY)
+        secrets = root / "secrets.yaml"
+        secrets.write_text(f"provider-key: {PROVIDER_KEY}\nlocal-key: {LOCAL_KEY}\n")
+        secrets.chmod(0o600)
+        gw = GatewayThread(root, {"network": {"upstream_ca": str(upstream_ca),
+                                              "resolve": resolve},
+                                  "secrets": {"store": "file", "path": str(secrets)}})
+        try:
+            # The sandbox's bundle: the gateway CA (intercepted hosts) + the upstreams'
+            # CA (passthrough hosts show their own certificate).
+            bundle = root / "sandbox-ca-bundle.pem"
+            bundle.write_bytes(gw.ca_cert.read_bytes() + upstream_ca.read_bytes())
+            preload = root / "node-proxy-preload.mjs"
+            assert cli_main(["node-preload", "-o", str(preload)]) == 0
+            recorders = {k: s.recorder for k, s in servers.items()}
+            yield Matrix(gw, root, bundle, preload, recorders, nginx, fake)
+        finally:
+            gw.stop()
+    finally:
+        for server in servers.values():
+            server.stop()
+        nginx.stop()
+        fake.stop()
+
+
+RULES = [("passthrough", ""), ("intercept", "-i")]
+
+
+def _check(m: Matrix, name: str, host: str, path_taken: str, token: str, upstream: str,
+           before_407: int) -> list[dict[str, Any]]:
+    """The audit says how the run went; the upstream never saw the token."""
+    lines = m.lines(name, host)
+    assert lines, f"no audit line for {name} -> {host}"
+    assert {r["path_taken"] for r in lines} == {path_taken}, lines
+    assert all(r["decision"] == "allow" and r["error"] is None for r in lines), lines
+    assert not [r for r in m.gw.audit.records() if r.get("sandbox") == name and r.get("error")]
+    assert m.unauthenticated() == before_407, "a client's first CONNECT went without the token"
+    assert token not in upstream
+    return lines
+
+
+# --------------------------------------------------------------------------- package managers
+
+
+@pytest.mark.parametrize(("rule", "suffix"), RULES)
+def test_pip_install(matrix: Matrix, rule: str, suffix: str) -> None:
+    name, host = f"pip-{rule}", f"pypi{suffix}.test"
+    box, token = matrix.sandbox(name)
+    before = matrix.unauthenticated()
+    target = box.home / "site"
+    out = box.run([sys.executable, "-m", "pip", "install", "--no-cache-dir", "--retries", "0",
+                   "--timeout", "10", "--disable-pip-version-check", "--target", str(target),
+                   "--index-url", f"https://{host}/simple/", PKG], timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (target / PKG / "__init__.py").read_text() == "VALUE = 'from-pypi'\n"
+    lines = _check(matrix, name, host, rule, token, matrix.recorders["pypi"].text(), before)
+    if rule == "intercept":
+        assert {r["path"] for r in lines} >= {f"/simple/{PKG.replace('_', '-')}/"}
+
+
+@pytest.mark.parametrize(("rule", "suffix"), RULES)
+def test_uv_pip_install(matrix: Matrix, rule: str, suffix: str) -> None:
+    name, host = f"uv-{rule}", f"pypi{suffix}.test"
+    box, token = matrix.sandbox(name)
+    before = matrix.unauthenticated()
+    target = box.home / "site"
+    uv = str(Path(sys.executable).parent / "uv")
+    out = box.run([uv, "pip", "install", "--no-cache", "--python", sys.executable,
+                   "--target", str(target), "--index-url", f"https://{host}/simple/", PKG],
+                  timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (target / PKG / "__init__.py").read_text() == "VALUE = 'from-pypi'\n"
+    _check(matrix, name, host, rule, token, matrix.recorders["pypi"].text(), before)
+
+
+@pytest.mark.parametrize(("rule", "suffix"), RULES)
+def test_npm_install(matrix: Matrix, rule: str, suffix: str) -> None:
+    name, host = f"npm-{rule}", f"npm{suffix}.test"
+    box, token = matrix.sandbox(name)
+    before = matrix.unauthenticated()
+    project = box.home / "project"
+    project.mkdir()
+    (project / "package.json").write_text('{"name": "p", "private": true}')
+    out = box.run(["npm", "install", "--no-audit", "--no-fund", "--no-package-lock",
+                   "--loglevel=error", "--fetch-retries=0", f"--registry=https://{host}/",
+                   NPM_PKG], cwd=project, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = box.run(["node", "-p", f"require({NPM_PKG!r})"], cwd=project)
+    assert got.stdout.strip() == "from-npm", got.stderr
+    lines = _check(matrix, name, host, rule, token, matrix.recorders["npm"].text(), before)
+    if rule == "intercept":
+        assert any(r["path"].endswith(".tgz") for r in lines), lines
+
+
+@pytest.mark.parametrize(("rule", "suffix"), RULES)
+def test_git_clone(matrix: Matrix, rule: str, suffix: str) -> None:
+    name, host = f"git-{rule}", f"git{suffix}.test"
+    box, token = matrix.sandbox(name)
+    before = matrix.unauthenticated()
+    out = box.run(["git", "clone", "-q", f"https://{host}/repo.git", "clone"], timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (box.home / "clone" / "README").read_text() == "from-git\n"
+    lines = _check(matrix, name, host, rule, token, matrix.recorders["git"].text(), before)
+    if rule == "intercept":
+        assert any(r["path"].endswith("/git-upload-pack") for r in lines), lines
+
+
+# --------------------------------------------------------------------------- HTTP clients
+
+HTTP_CLIENTS = {
+    "curl": None,
+    "requests": """
+import os, requests
+r = requests.get(URL, headers=HEADERS, timeout=10)
+print(r.status_code, r.text.strip())
+""",
+    "httpx": """
+import os, httpx
+r = httpx.get(URL, headers=HEADERS, timeout=10)
+print(r.status_code, r.text.strip())
+""",
+    "aiohttp": """
+import asyncio, os, aiohttp
+async def main():
+    async with aiohttp.ClientSession(trust_env=True) as s:  # trust_env: read the proxy vars
+        async with s.get(URL, headers=HEADERS) as r:
+            print(r.status, (await r.text()).strip())
+asyncio.run(main())
+""",
+}
+
+
+@pytest.mark.parametrize(("rule", "suffix"), RULES)
+@pytest.mark.parametrize("client", list(HTTP_CLIENTS))
+def test_http_client(matrix: Matrix, client: str, rule: str, suffix: str) -> None:
+    name, host = f"{client}-{rule}", f"web{suffix}.test"
+    box, token = matrix.sandbox(name)
+    before = matrix.unauthenticated()
+    url = f"https://{host}/small?client={client}"
+    # On the credential rule the client sends its token where the key goes (any
+    # *_API_KEY variable holds it); the gateway puts the real key there.
+    send_key = rule == "intercept"
+    script = HTTP_CLIENTS[client]
+    if script is None:
+        argv = ["curl", "-sS", "--max-time", "10", "-w", "%{http_code}", url]
+        if send_key:
+            argv[1:1] = ["-H", f"X-Api-Key: {box.variables['OPENAI_API_KEY']}"]
+        out = box.run(argv)
+        assert out.returncode == 0 and out.stdout == "s" * 99 + "\n200", out.stderr
+    else:
+        headers = '{"X-Api-Key": os.environ["OPENAI_API_KEY"]}' if send_key else "{}"
+        code = f"URL = {url!r}\nimport os\nHEADERS = {headers}\n{script}"
+        out = box.run([sys.executable, "-c", code])
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.strip() == "200 " + "s" * 99
+    log = [ln for ln in (matrix.nginx.dir / "hdrs.log").read_text().splitlines()
+           if f"client={client} " in ln and ln.startswith(host + "|")]
+    assert log, "nginx saw no request"
+    _check(matrix, name, host, rule, token, "\n".join(log), before)
+    if send_key:
+        assert all(ln.split("|")[4] == LOCAL_KEY for ln in log), log
+
+
+# --------------------------------------------------------------------------- WebSocket, gRPC
+
+WS_SCRIPT = """
+import os, sys
+from websockets.sync.client import connect
+headers = {"X-Api-Key": os.environ["OPENAI_API_KEY"]} if sys.argv[2] == "key" else {}
+with connect(sys.argv[1], additional_headers=headers, open_timeout=10) as ws:
+    ws.send("hello through the gateway")
+    print(ws.recv(timeout=10))
+"""
+
+
+@pytest.mark.parametrize(("rule", "suffix"), RULES)
+def test_websockets(matrix: Matrix, rule: str, suffix: str) -> None:
+    name, host = f"websockets-{rule}", f"ws{suffix}.test"
+    box, token = matrix.sandbox(name)
+    before = matrix.unauthenticated()
+    out = box.run([sys.executable, "-c", WS_SCRIPT, f"wss://{host}/echo?c={name}",
+                   "key" if rule == "intercept" else "none"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "hello through the gateway"
+    heads = [h for h in matrix.recorders["ws"].heads if h.path.endswith(f"c={name}")]
+    assert len(heads) == 1
+    _check(matrix, name, host, rule, token, matrix.recorders["ws"].text(), before)
+    if rule == "intercept":
+        assert heads[0].headers["x-api-key"] == LOCAL_KEY
+
+
+GRPC_SCRIPT = f"""
+import os, sys, grpc
+creds = grpc.ssl_channel_credentials()  # roots: GRPC_DEFAULT_SSL_ROOTS_FILE_PATH
+metadata = [("x-api-key", os.environ["OPENAI_API_KEY"])] if sys.argv[2] == "key" else []
+metadata.append(("x-run", sys.argv[3]))
+with grpc.secure_channel(sys.argv[1], creds) as channel:
+    say = channel.unary_unary({METHOD!r})
+    print(say(b"hello", timeout=10, metadata=metadata).decode())
+"""
+
+
+@pytest.mark.parametrize(("rule", "suffix"), RULES)
+def test_grpcio(matrix: Matrix, rule: str, suffix: str) -> None:
+    name, host = f"grpcio-{rule}", f"grpc{suffix}.test"
+    box, token = matrix.sandbox(name)
+    before = matrix.unauthenticated()
+    out = box.run([sys.executable, "-c", GRPC_SCRIPT, f"{host}:443",
+                   "key" if rule == "intercept" else "none", name])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "echo:hello"
+    calls = [h for h in matrix.recorders["grpc"].heads if h.headers.get("x-run") == name]
+    assert len(calls) == 1
+    _check(matrix, name, host, rule, token, matrix.recorders["grpc"].text(), before)
+    if rule == "intercept":
+        assert calls[0].headers["x-api-key"] == LOCAL_KEY
+
+
+# --------------------------------------------------------------------------- inference SDKs
+
+PY_SDKS = """
+import json, openai, anthropic
+out = {}
+oai = openai.OpenAI(max_retries=0)
+out["openai"] = oai.chat.completions.create(
+    model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}]).choices[0].message.content
+stream = oai.chat.completions.create(model="gpt-4o-mini", stream=True,
+                                     messages=[{"role": "user", "content": "hi"}])
+out["openai_stream"] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+claude = anthropic.Anthropic(max_retries=0)
+out["anthropic"] = claude.messages.create(
+    model="claude-test", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
+).content[0].text
+with claude.messages.stream(model="claude-test", max_tokens=10,
+                            messages=[{"role": "user", "content": "hi"}]) as s:
+    out["anthropic_stream"] = "".join(s.text_stream)
+print(json.dumps(out))
+"""
+
+NODE_SDKS = """
+import OpenAI from 'openai';
+import Anthropic from '@anthropic-ai/sdk';
+const out = {};
+const oai = new OpenAI({ maxRetries: 0 });
+out.openai = (await oai.chat.completions.create({
+  model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hi' }] })).choices[0].message.content;
+const stream = await oai.chat.completions.create({
+  model: 'gpt-4o-mini', stream: true, messages: [{ role: 'user', content: 'hi' }] });
+out.openai_stream = '';
+for await (const c of stream) out.openai_stream += c.choices[0]?.delta?.content ?? '';
+const claude = new Anthropic({ maxRetries: 0 });
+const message = await claude.messages.create({
+  model: 'claude-test', max_tokens: 10, messages: [{ role: 'user', content: 'hi' }] });
+out.anthropic = message.content[0].text;
+out.anthropic_stream = '';
+const s = claude.messages.stream({
+  model: 'claude-test', max_tokens: 10, messages: [{ role: 'user', content: 'hi' }] });
+for await (const e of s) if (e.type === 'content_block_delta') out.anthropic_stream += e.delta.text;
+console.log(JSON.stringify(out));
+"""
+
+REPLY = "The fake provider answers."
+
+
+def _check_sdk_run(m: Matrix, name: str, token: str, stdout: str, before_407: int) -> None:
+    assert json.loads(stdout) == {"openai": REPLY, "openai_stream": REPLY,
+                                  "anthropic": REPLY, "anthropic_stream": REPLY}
+    for host in ("api.openai.com", "api.anthropic.com"):
+        lines = _check(m, name, host, "intercept", token,
+                       json.dumps([r.headers for r in m.fake.requests]), before_407)
+        assert len(lines) == 2 and all(r["credential"] for r in lines), lines
+    # The fake answers only the real key: every request of this run carried it.
+    seen = [r for r in m.fake.requests if r.status == 200]
+    assert seen and all(PROVIDER_KEY in json.dumps(r.headers) for r in seen)
+
+
+def test_python_sdks(matrix: Matrix) -> None:
+    name = "python-sdks"
+    box, token = matrix.sandbox(name)
+    before = matrix.unauthenticated()
+    out = box.run([sys.executable, "-c", PY_SDKS], timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    _check_sdk_run(matrix, name, token, out.stdout, before)
+
+
+@pytest.fixture(scope="module")
+def node_dir() -> Path:
+    return node_clients()
+
+
+@pytest.mark.parametrize("mode", ["builtin", "undici"])
+def test_node_sdks(matrix: Matrix, node_dir: Path, mode: str) -> None:
+    """Node 20's fetch ignores HTTPS_PROXY: the preload in NODE_OPTIONS (from `env`) makes
+    the SDKs use the gateway, with Node's own undici Agent or the undici package's
+    EnvHttpProxyAgent."""
+    name = f"node-sdks-{mode}"
+    box, token = matrix.sandbox(name)
+    before = matrix.unauthenticated()
+    script = node_dir / "matrix-sdks.mjs"
+    script.write_text(NODE_SDKS)
+    out = box.run(["node", str(script)], cwd=node_dir, timeout=60,
+                  SANDBOX_GATEWAY_NODE_PROXY=mode)
+    assert out.returncode == 0, out.stderr[-3000:]
+    _check_sdk_run(matrix, name, token, out.stdout, before)
+
+
+
+# --------------------------------------------------------------------------- why each variable
+
+
+def test_npm_config_cafile_beats_an_npmrc_cafile(matrix: Matrix) -> None:
+    """An npmrc `cafile` (common in images) replaces NODE_EXTRA_CA_CERTS for npm; the env's
+    NPM_CONFIG_CAFILE overrides it."""
+    box, _ = matrix.sandbox("npm-cafile")
+    only_gateway = box.home / "gateway-only.pem"
+    only_gateway.write_bytes(matrix.gw.ca_cert.read_bytes())
+    (box.home / ".npmrc").write_text(f"cafile={only_gateway}\n")
+    argv = ["npm", "view", "--fetch-retries=0", "--registry=https://npm.test/", NPM_PKG,
+            "version"]
+    cafile = box.variables.pop("NPM_CONFIG_CAFILE")
+    out = box.run(argv)  # (first: npm would answer the second run from its cache)
+    assert out.returncode != 0 and "certificate" in out.stderr.lower(), out.stderr
+    box.variables["NPM_CONFIG_CAFILE"] = cafile
+    assert box.run(argv).stdout.strip() == "1.0.0"
+
+
+def test_git_proxy_authmethod_saves_a_refused_connect(matrix: Matrix) -> None:
+    """Without GIT_HTTP_PROXY_AUTHMETHOD=basic git's first CONNECT carries no credentials:
+    the clone still works, after a 407 auth_required on the audit log."""
+    box, _ = matrix.sandbox("git-authmethod")
+    box.variables.pop("GIT_HTTP_PROXY_AUTHMETHOD")
+    before = matrix.unauthenticated()
+    out = box.run(["git", "clone", "-q", "https://git.test/repo.git", "clone"], timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert matrix.gw.audit.wait_for(lambda r: r.get("error") == "auth_required")
+    assert matrix.unauthenticated() > before
+
+
+def test_grpc_needs_its_own_roots_variable(matrix: Matrix) -> None:
+    """gRPC ignores SSL_CERT_FILE: without GRPC_DEFAULT_SSL_ROOTS_FILE_PATH the upstream's
+    certificate is not trusted."""
+    box, _ = matrix.sandbox("grpc-roots")
+    box.variables.pop("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH")
+    assert box.variables["SSL_CERT_FILE"]
+    out = box.run([sys.executable, "-c", GRPC_SCRIPT.replace("timeout=10", "timeout=3"),
+                   "grpc.test:443", "none", "grpc-roots"])
+    assert out.returncode != 0 and "UNAVAILABLE" in out.stderr, out.stderr[-2000:]
