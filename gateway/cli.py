@@ -121,7 +121,7 @@ def cmd_token_mint(args: argparse.Namespace) -> int:
     if policies.get(args.policy) is None:
         raise TokenError(f"policy {args.policy!r} does not exist in {cfg.policies}; "
                          f"known: {', '.join(sorted(policies.policies)) or 'none'}")
-    keys = SigningKeys.load(cfg.signing_dir, retired=cfg.tokens.retired_kids)
+    keys = _signing_keys(cfg, init=args.init)
     service = TokenService(
         keys, MemoryState(), lambda name: _credentials(policies, name),
         issuer=cfg.tokens.issuer, default_ttl=cfg.tokens.default_ttl,
@@ -145,12 +145,43 @@ def _credentials(policies: PolicySet, name: str) -> list[str] | None:
     return None if policy is None else policy.credential_names
 
 
+def _signing_keys(cfg: Config, *, init: bool = False) -> SigningKeys:
+    """The gateway's signing keys, as the config names them. Never creates a key unless
+    `init`: a key made in the wrong directory signs tokens the gateway refuses."""
+    try:
+        return SigningKeys.load(cfg.signing_dir, retired=cfg.tokens.retired_kids,
+                                create=init)
+    except TokenError:
+        if init or any(cfg.signing_dir.glob("*.pem")):
+            raise
+    raise TokenError(
+        f"no signing key in {cfg.signing_dir} (certs: {cfg.certs}, config: {cfg.source}); "
+        "a gateway creates its keys on first start: pass the --config the gateway runs "
+        "with (or run where its certs directory is), or --init to create a new key here "
+        "(only a gateway using this directory accepts its tokens)")
+
+
 def cmd_token_rotate(args: argparse.Namespace) -> int:
+    from gateway.keywatch import PICKUP_SECONDS
+
     cfg = _config(args)
-    keys = SigningKeys.load(cfg.signing_dir, retired=cfg.tokens.retired_kids)
+    keys = _signing_keys(cfg)
     kid = keys.add_new()
-    print(f"new signing key {kid} in {cfg.signing_dir}; it signs after the next restart. "
-          f"Old keys keep verifying until listed in tokens.retired_kids or deleted.")
+    print(f"new signing key {kid} in {cfg.signing_dir}: a running gateway using this "
+          f"directory signs with it within {PICKUP_SECONDS} seconds (no restart), and keeps "
+          "verifying the older keys until they are retired (`token retire-key KID`, or "
+          "tokens.retired_kids at the next start).")
+    return 0
+
+
+def cmd_token_retire(args: argparse.Namespace) -> int:
+    from gateway.keywatch import PICKUP_SECONDS
+
+    cfg = _config(args)
+    keys = _signing_keys(cfg)
+    moved = keys.retire(args.kid)
+    print(f"retired signing key {args.kid} (moved to {moved}): a running gateway using "
+          f"{cfg.signing_dir} refuses the tokens it signed within {PICKUP_SECONDS} seconds.")
     return 0
 
 
@@ -472,9 +503,18 @@ def build_parser() -> argparse.ArgumentParser:
                            "sandbox's 10.0.3.7/32 (repeatable): a leaked token is useless "
                            "from anywhere else")
     mint.add_argument("--json", action="store_true", help="print {token, jti, expires_at}")
+    mint.add_argument("--init", action="store_true",
+                      help="create a first signing key when the certs directory has none "
+                           "(otherwise refused: the gateway would not know that key)")
     mint.set_defaults(func=cmd_token_mint)
-    rotate = tsub.add_parser("rotate-key", parents=[common], help="add a new signing key")
+    rotate = tsub.add_parser("rotate-key", parents=[common],
+                             help="add a new signing key (a running gateway signs with it "
+                                  "within seconds)")
     rotate.set_defaults(func=cmd_token_rotate)
+    retire = tsub.add_parser("retire-key", parents=[common],
+                             help="retire a signing key: tokens it signed stop verifying")
+    retire.add_argument("kid", help="the key id (its file name without .pem)")
+    retire.set_defaults(func=cmd_token_retire)
 
     policy = sub.add_parser("policy", help="check, explain, test and diff policy files")
     psub = policy.add_subparsers(dest="policy_command", required=True)
