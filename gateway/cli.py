@@ -1,4 +1,4 @@
-"""`sandbox-gateway` (also `python -m gateway`): run, token, policy, ca, env, usage.
+"""`sandbox-gateway` (also `python -m gateway`): run, token, config, policy, ca, env, usage.
 
 `policy` has check, explain [--resolve], test [--junit] and diff --base [--replay]; the
 logic lives in gateway/policy/ (testing, diff, report, revision) and
@@ -45,6 +45,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("mitmproxy").setLevel(logging.WARNING)
+    if args.worker_index is None:  # once, not per worker
+        from gateway.config_check import config_warnings
+
+        for warning in config_warnings(cfg):
+            logging.getLogger("sandbox_gateway").warning("%s", warning)
     workers = args.workers if args.workers is not None else cfg.workers
     if workers == 0:
         from gateway.workers import available_cpus
@@ -104,10 +109,18 @@ def _banner(gateway: object) -> None:
     if gateway.dns is not None:
         lines.insert(3, f"  dns     {_fmt(gateway.dns.addresses[0])}   (udp+tcp; registered "
                         "sandboxes only)")
-    if gateway.admin_token_created:
-        lines.append(f"  admin token (generated, saved to {cfg.certs / ca.ADMIN_TOKEN}): "
-                     f"{gateway.admin_token}")
+    lines.append(admin_token_line(cfg, gateway.admin_token_created))
     print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def admin_token_line(cfg: Config, created: bool) -> str:
+    """Where the admin token is: never the token itself (banners end up in logs)."""
+    if cfg.admin_token:
+        return "  admin token: from admin_token / SANDBOX_GATEWAY_ADMIN_TOKEN (not shown)"
+    path = cfg.certs / ca.ADMIN_TOKEN
+    if created:
+        return f"  admin token: generated into {path} (mode 0600; read it from there)"
+    return f"  admin token: in {path}"
 
 
 def _fmt(addr: tuple[str, int]) -> str:
@@ -183,6 +196,41 @@ def cmd_token_retire(args: argparse.Namespace) -> int:
     print(f"retired signing key {args.kid} (moved to {moved}): a running gateway using "
           f"{cfg.signing_dir} refuses the tokens it signed within {PICKUP_SECONDS} seconds.")
     return 0
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    """Validate the config, say where its files are and warn about risky settings."""
+    from gateway.config_check import config_warnings
+
+    cfg = _config(args)
+    warnings = config_warnings(cfg)
+    print(f"config: {cfg.source}")
+    errors = 0
+    try:
+        policy_set = load_policy_dir(cfg.policies)
+        print(f"  policies  {cfg.policies}: {len(policy_set.policies)} policies, "
+              f"{policy_set.rule_count} rules")
+    except PolicyError as exc:
+        errors = len(exc.errors)
+        print(f"  policies  {cfg.policies}: {errors} error(s) (see `policy check`)")
+    has_ca = (cfg.certs / ca.CA_CERT).exists() and (cfg.certs / ca.CA_KEY).exists()
+    print(f"  CA        {cfg.certs / ca.CA_CERT}: "
+          f"{'present' if has_ca else 'missing (created at the first start)'}")
+    try:
+        keys = SigningKeys.load(cfg.signing_dir, retired=cfg.tokens.retired_kids,
+                                create=False)
+        print(f"  signing   {cfg.signing_dir}: {len(keys.active_kids())} key(s), signing "
+              f"with {keys.signing_kid}")
+    except TokenError:
+        print(f"  signing   {cfg.signing_dir}: no key (created at the first start)")
+    token_from = ("admin_token / SANDBOX_GATEWAY_ADMIN_TOKEN" if cfg.admin_token else
+                  f"{cfg.certs / ca.ADMIN_TOKEN}" + ("" if (cfg.certs / ca.ADMIN_TOKEN).exists()
+                                                    else " (generated at the first start)"))
+    print(f"  admin     {cfg.listen.admin}, token from {token_from}")
+    for warning in warnings:
+        print(f"warning: {warning}")
+    print(f"{'FAILED' if errors else 'OK'} ({len(warnings)} warning(s))")
+    return 1 if errors else 0
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
@@ -515,6 +563,13 @@ def build_parser() -> argparse.ArgumentParser:
                              help="retire a signing key: tokens it signed stop verifying")
     retire.add_argument("kid", help="the key id (its file name without .pem)")
     retire.set_defaults(func=cmd_token_retire)
+
+    config = sub.add_parser("config", help="check the configuration")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    config_check = config_sub.add_parser(
+        "check", parents=[common],
+        help="validate the config, show where its files are, warn about risky settings")
+    config_check.set_defaults(func=cmd_config_check)
 
     policy = sub.add_parser("policy", help="check, explain, test and diff policy files")
     psub = policy.add_subparsers(dest="policy_command", required=True)
