@@ -19,11 +19,16 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 
 WORKDIR /src
+# Dependencies from the lock file only: exact versions, every file checked against its sha256
+# (requirements.lock: runtime dependencies + setuptools, the build backend; see CONTRIBUTING.md).
+COPY requirements.lock ./
+RUN pip install --no-cache-dir --require-hashes -r requirements.lock
 # README.md is optional for the build (the glob keeps COPY from failing without it).
 COPY pyproject.toml README.m[d] ./
 COPY gateway ./gateway
+# The package itself, with nothing fetched: no dependency resolution, no build isolation.
 # pip compiles the .pyc files here, so the read-only runtime never needs to write them.
-RUN pip install --no-cache-dir . \
+RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
     && sandbox-gateway --help >/dev/null
 
 # ---------------------------------------------------------------------------- runtime

@@ -193,7 +193,11 @@ def test_multi_stage_with_pinned_slim_bases(gateway: list[Instr]) -> None:
     assert any("--from=builder" in c.args and "/opt/venv" in c.args for c in copies)
     # pip runs only in the builder; the runtime stage has no compilers and no pip install.
     builder_runs = " ".join(i.args for i in gateway if i.cmd == "RUN" and i.stage == 0)
-    assert re.search(r"pip install (--no-cache-dir )?\.", builder_runs)
+    # Dependencies only from the hashed lock file; the package itself without resolving any.
+    assert "pip install --no-cache-dir --require-hashes -r requirements.lock" in builder_runs
+    assert re.search(r"pip install --no-cache-dir --no-deps --no-build-isolation \.",
+                     builder_runs)
+    assert builder_runs.count("pip install") == 2
     assert not any("pip install" in i.args for i in final_stage(gateway) if i.cmd == "RUN")
 
 
@@ -346,7 +350,7 @@ def test_dockerignore_allow_lists_the_build_context() -> None:
     ]
     assert lines[0] == "*", "start from excluding everything"
     reincluded = {ln[1:].rstrip("/") for ln in lines if ln.startswith("!")}
-    assert reincluded == {"pyproject.toml", "README.md", "gateway"}
+    assert reincluded == {"pyproject.toml", "requirements.lock", "README.md", "gateway"}
     # Everything the Dockerfile COPYs from the context is re-included.
     for i in parse(DOCKERFILE):
         if i.cmd == "COPY" and "--from" not in i.args:
