@@ -86,6 +86,7 @@ def _run_single(cfg: Config, worker: int | None) -> int:
         await stop.wait()
         if worker is None:
             print("sandbox-gateway: shutting down", file=sys.stderr)
+        await gateway.drain()  # readyz 503, no new connections, in-flight work finishes
         await gateway.stop()
         return 0
 
