@@ -315,8 +315,8 @@ def cmd_policy_test(args: argparse.Namespace) -> int:
         return 2
     files = _test_files(directory)
     if not files:
-        print(f"{directory / 'tests'}: no test files (*.yaml); see `policy test` in the README",
-              file=sys.stderr)
+        print(f"{directory / 'tests'}: no test files (*.yaml); see `policy test` in "
+              "docs/policies.md", file=sys.stderr)
         return 2
     cases, errors = [], []
     for file in files:
