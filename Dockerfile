@@ -1,8 +1,10 @@
 # syntax=docker/dockerfile:1
 # sandbox-gateway image.
 #   docker build -t sandbox-gateway .
-#   docker run --read-only --tmpfs /tmp --tmpfs /var/lib/sandbox-gateway:uid=10001,gid=10001 \
+#   docker run --read-only --tmpfs /tmp -v sandbox-gateway-state:/var/lib/sandbox-gateway \
 #     -p 8080:8080 -p 127.0.0.1:8090:8090 -v "$PWD/policies:/etc/sandbox-gateway/policies:ro" sandbox-gateway
+# The named volume keeps certs/ (CA, signing keys, admin token) across restarts and upgrades: without
+# it every new container makes a new CA (sandboxes would stop trusting the gateway) and new keys.
 # In Kubernetes use charts/sandbox-gateway (it mounts gateway.yaml, policies, certs and the scratch dirs).
 # Release builds should pin the base image by digest as well: python:3.12-slim-bookworm@sha256:<digest>.
 
@@ -17,11 +19,16 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 
 WORKDIR /src
+# Dependencies from the lock file only: exact versions, every file checked against its sha256
+# (requirements.lock: runtime dependencies + setuptools, the build backend; see CONTRIBUTING.md).
+COPY requirements.lock ./
+RUN pip install --no-cache-dir --require-hashes -r requirements.lock
 # README.md is optional for the build (the glob keeps COPY from failing without it).
 COPY pyproject.toml README.m[d] ./
 COPY gateway ./gateway
+# The package itself, with nothing fetched: no dependency resolution, no build isolation.
 # pip compiles the .pyc files here, so the read-only runtime never needs to write them.
-RUN pip install --no-cache-dir . \
+RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
     && sandbox-gateway --help >/dev/null
 
 # ---------------------------------------------------------------------------- runtime
@@ -33,8 +40,8 @@ LABEL org.opencontainers.image.title="sandbox-gateway" \
 
 # Numeric, non-root identity (Kubernetes runAsNonRoot can verify a numeric USER).
 # /etc/sandbox-gateway is read-only configuration (the chart mounts gateway.yaml, policies/ and certs/
-# over it); the only writable paths are /tmp and /var/lib/sandbox-gateway, mounted as volumes
-# (emptyDir / tmpfs) when the root filesystem is read-only.
+# over it); the only writable paths are /tmp (scratch: runtime_dir, a tmpfs) and /var/lib/sandbox-gateway
+# (state that must persist: certs/, a volume).
 RUN groupadd --system --gid 10001 sandbox-gateway \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin sandbox-gateway \
@@ -46,7 +53,7 @@ RUN groupadd --system --gid 10001 sandbox-gateway \
        'listen: {proxy: "0.0.0.0:8080", admin: "0.0.0.0:8090"}' \
        'policies: /etc/sandbox-gateway/policies' \
        'certs: /var/lib/sandbox-gateway/certs' \
-       'runtime_dir: /var/lib/sandbox-gateway' \
+       'runtime_dir: /tmp/sandbox-gateway' \
        'secrets: {store: env}' \
        > /etc/sandbox-gateway/gateway.yaml
 
@@ -59,6 +66,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     TMPDIR=/tmp
 
 WORKDIR /var/lib/sandbox-gateway
+# CA, signing keys and admin token: generated at the first start, kept by the volume.
+VOLUME ["/var/lib/sandbox-gateway"]
 USER 10001:10001
 
 # proxy, admin (/healthz, /readyz, /metrics, admin API); the optional transparent listener is 8081.

@@ -10,14 +10,33 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3; do \
 	  command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null \
 	  && { echo $$p; break; }; done)
 
-.PHONY: run demo test lint typecheck unit tools bench soak clean
+.PHONY: run demo test needs lint typecheck unit tools bench soak lock diagram clean
 
-$(STAMP): pyproject.toml
+# Dependencies come only from the hashed lock files (exact versions, sha256 of every file):
+# requirements-dev.lock (runtime + dev + setuptools) here, requirements.lock (runtime +
+# setuptools) in the Dockerfile. `make lock` updates them; see CONTRIBUTING.md.
+$(STAMP): pyproject.toml requirements-dev.lock
 	@test -n "$(PYTHON)" || { echo "need Python 3.12 or newer (python3.12 / python3.13)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	@$(PY) -m pip install -q --require-hashes -r requirements-dev.lock || { echo >&2; \
+	  echo "make: installing the locked Python packages failed: setup needs network access to PyPI" >&2; \
+	  echo "      (or an index in PIP_INDEX_URL that serves the same files: hashes are checked)" >&2; exit 1; }
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	@touch $@
+
+UV_VERSION := 0.13.9
+LOCK_FLAGS := --generate-hashes --universal --python-version 3.12 --quiet \
+	--custom-compile-command "make lock"
+
+# Re-resolve the lock files from pyproject.toml (existing pins are kept where they still fit;
+# `make lock ARGS=--upgrade` or `ARGS="--upgrade-package ruff"` moves them on).
+lock:
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	$(PYTHON) -m venv "$$tmp" && "$$tmp/bin/pip" install -q "uv==$(UV_VERSION)" && \
+	printf 'setuptools>=69\n' | "$$tmp/bin/uv" pip compile pyproject.toml - --extra dev \
+	  $(LOCK_FLAGS) $(ARGS) -o requirements-dev.lock && \
+	printf 'setuptools>=69\n' | "$$tmp/bin/uv" pip compile pyproject.toml - \
+	  $(LOCK_FLAGS) -c requirements-dev.lock -o requirements.lock
 
 run: $(STAMP)
 	$(VENV)/bin/sandbox-gateway run $(if $(CONFIG),--config $(CONFIG))
@@ -30,6 +49,10 @@ demo: $(STAMP)
 tools:
 	@bash scripts/test-tools.sh
 
+# What `make test` needs that it cannot install itself (root), said before anything runs.
+needs:
+	@bash scripts/test-needs.sh
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check gateway tests bench examples
 
@@ -39,7 +62,11 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(VENV)/bin/pytest -q
 
-test: $(STAMP) tools lint typecheck unit
+test: needs $(STAMP) tools lint typecheck unit
+
+# docs/deployment.svg is rendered from docs/deployment.dot (Debian graphviz; tests/test_docs.py).
+diagram:
+	dot -Tsvg docs/deployment.dot -o docs/deployment.svg
 
 bench: $(STAMP) tools
 	$(PY) -m bench $(ARGS)

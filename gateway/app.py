@@ -47,6 +47,7 @@ from gateway.engines.idle import IdleUpstreams
 from gateway.engines.mitm import Adapter, error_h2, error_page
 from gateway.engines.splice import Splices
 from gateway.engines.transparent import TransparentDoor
+from gateway.keywatch import SigningKeyWatcher
 from gateway.metering import Metering, build_metering
 from gateway.net.resolver import (
     DestinationGuard,
@@ -60,7 +61,7 @@ from gateway.net.tls import LeafContexts, upstream_context
 from gateway.policy import Policy, PolicyError, PolicyReloader, PolicySet
 from gateway.secrets import SecretCache, SecretError, build_cache, build_store
 from gateway.state import StateStore, StateUnavailable, build_state
-from gateway.tokens import SigningKeys, TokenService
+from gateway.tokens import TokenError, TokenService
 
 log = logging.getLogger("sandbox_gateway")
 
@@ -234,7 +235,11 @@ class Gateway:
         except PolicyError as exc:
             raise StartupError(f"policies in {cfg.policies} are invalid:\n"
                                + "\n".join(exc.errors)) from None
-        keys = SigningKeys.load(cfg.signing_dir, retired=cfg.tokens.retired_kids)
+        self.key_watcher = SigningKeyWatcher(cfg.signing_dir, cfg.tokens.retired_kids)
+        try:
+            keys = self.key_watcher.load_now()
+        except (TokenError, OSError) as exc:
+            raise StartupError(f"signing keys: {exc}") from None
         try:
             self.state: StateStore = self._state or build_state(cfg.state)
         except ValueError as exc:
@@ -327,6 +332,7 @@ class Gateway:
         self._tasks.append(loop.create_task(self.admin_server.serve(sockets=[admin_sock]),
                                             name="admin"))
         self.reloader.start()
+        self.key_watcher.start(self.tokens.use_keys)  # rotated keys sign without a restart
         await self._wait_listening()
 
     # -- the DNS resolver (gateway/dns/), kept apart from the proxy wiring ------------------
@@ -442,6 +448,7 @@ class Gateway:
             self.master.shutdown()
         await self._stop_dns()
         await self.reloader.stop()
+        await self.key_watcher.stop()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(task, timeout=5)

@@ -1,5 +1,5 @@
-"""`sandbox-gateway` (also `python -m gateway`): run, token, policy, ca, env, node-preload,
-usage.
+"""`sandbox-gateway` (also `python -m gateway`): run, token, config, policy, ca, env,
+node-preload, usage.
 
 `policy` has check, explain [--resolve], test [--junit] and diff --base [--replay]; the
 logic lives in gateway/policy/ (testing, diff, report, revision) and
@@ -46,6 +46,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("mitmproxy").setLevel(logging.WARNING)
+    if args.worker_index is None:  # once, not per worker
+        from gateway.config_check import config_warnings
+
+        for warning in config_warnings(cfg):
+            logging.getLogger("sandbox_gateway").warning("%s", warning)
     workers = args.workers if args.workers is not None else cfg.workers
     if workers == 0:
         from gateway.workers import available_cpus
@@ -114,10 +119,18 @@ def _banner(gateway: object) -> None:
     if gateway.dns is not None:
         lines.insert(3, f"  dns     {_fmt(gateway.dns.addresses[0])}   (udp+tcp; registered "
                         "sandboxes only)")
-    if gateway.admin_token_created:
-        lines.append(f"  admin token (generated, saved to {cfg.certs / ca.ADMIN_TOKEN}): "
-                     f"{gateway.admin_token}")
+    lines.append(admin_token_line(cfg, gateway.admin_token_created))
     print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def admin_token_line(cfg: Config, created: bool) -> str:
+    """Where the admin token is: never the token itself (banners end up in logs)."""
+    if cfg.admin_token:
+        return "  admin token: from admin_token / SANDBOX_GATEWAY_ADMIN_TOKEN (not shown)"
+    path = cfg.certs / ca.ADMIN_TOKEN
+    if created:
+        return f"  admin token: generated into {path} (mode 0600; read it from there)"
+    return f"  admin token: in {path}"
 
 
 def _fmt(addr: tuple[str, int]) -> str:
@@ -131,7 +144,7 @@ def cmd_token_mint(args: argparse.Namespace) -> int:
     if policies.get(args.policy) is None:
         raise TokenError(f"policy {args.policy!r} does not exist in {cfg.policies}; "
                          f"known: {', '.join(sorted(policies.policies)) or 'none'}")
-    keys = SigningKeys.load(cfg.signing_dir, retired=cfg.tokens.retired_kids)
+    keys = _signing_keys(cfg, init=args.init)
     service = TokenService(
         keys, MemoryState(), lambda name: _credentials(policies, name),
         issuer=cfg.tokens.issuer, default_ttl=cfg.tokens.default_ttl,
@@ -155,13 +168,79 @@ def _credentials(policies: PolicySet, name: str) -> list[str] | None:
     return None if policy is None else policy.credential_names
 
 
+def _signing_keys(cfg: Config, *, init: bool = False) -> SigningKeys:
+    """The gateway's signing keys, as the config names them. Never creates a key unless
+    `init`: a key made in the wrong directory signs tokens the gateway refuses."""
+    try:
+        return SigningKeys.load(cfg.signing_dir, retired=cfg.tokens.retired_kids,
+                                create=init)
+    except TokenError:
+        if init or any(cfg.signing_dir.glob("*.pem")):
+            raise
+    raise TokenError(
+        f"no signing key in {cfg.signing_dir} (certs: {cfg.certs}, config: {cfg.source}); "
+        "a gateway creates its keys on first start: pass the --config the gateway runs "
+        "with (or run where its certs directory is), or --init to create a new key here "
+        "(only a gateway using this directory accepts its tokens)")
+
+
 def cmd_token_rotate(args: argparse.Namespace) -> int:
+    from gateway.keywatch import PICKUP_SECONDS
+
     cfg = _config(args)
-    keys = SigningKeys.load(cfg.signing_dir, retired=cfg.tokens.retired_kids)
+    keys = _signing_keys(cfg)
     kid = keys.add_new()
-    print(f"new signing key {kid} in {cfg.signing_dir}; it signs after the next restart. "
-          f"Old keys keep verifying until listed in tokens.retired_kids or deleted.")
+    print(f"new signing key {kid} in {cfg.signing_dir}: a running gateway using this "
+          f"directory signs with it within {PICKUP_SECONDS} seconds (no restart), and keeps "
+          "verifying the older keys until they are retired (`token retire-key KID`, or "
+          "tokens.retired_kids at the next start).")
     return 0
+
+
+def cmd_token_retire(args: argparse.Namespace) -> int:
+    from gateway.keywatch import PICKUP_SECONDS
+
+    cfg = _config(args)
+    keys = _signing_keys(cfg)
+    moved = keys.retire(args.kid)
+    print(f"retired signing key {args.kid} (moved to {moved}): a running gateway using "
+          f"{cfg.signing_dir} refuses the tokens it signed within {PICKUP_SECONDS} seconds.")
+    return 0
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    """Validate the config, say where its files are and warn about risky settings."""
+    from gateway.config_check import config_warnings
+
+    cfg = _config(args)
+    warnings = config_warnings(cfg)
+    print(f"config: {cfg.source}")
+    errors = 0
+    try:
+        policy_set = load_policy_dir(cfg.policies)
+        print(f"  policies  {cfg.policies}: {len(policy_set.policies)} policies, "
+              f"{policy_set.rule_count} rules")
+    except PolicyError as exc:
+        errors = len(exc.errors)
+        print(f"  policies  {cfg.policies}: {errors} error(s) (see `policy check`)")
+    has_ca = (cfg.certs / ca.CA_CERT).exists() and (cfg.certs / ca.CA_KEY).exists()
+    print(f"  CA        {cfg.certs / ca.CA_CERT}: "
+          f"{'present' if has_ca else 'missing (created at the first start)'}")
+    try:
+        keys = SigningKeys.load(cfg.signing_dir, retired=cfg.tokens.retired_kids,
+                                create=False)
+        print(f"  signing   {cfg.signing_dir}: {len(keys.active_kids())} key(s), signing "
+              f"with {keys.signing_kid}")
+    except TokenError:
+        print(f"  signing   {cfg.signing_dir}: no key (created at the first start)")
+    token_from = ("admin_token / SANDBOX_GATEWAY_ADMIN_TOKEN" if cfg.admin_token else
+                  f"{cfg.certs / ca.ADMIN_TOKEN}" + ("" if (cfg.certs / ca.ADMIN_TOKEN).exists()
+                                                    else " (generated at the first start)"))
+    print(f"  admin     {cfg.listen.admin}, token from {token_from}")
+    for warning in warnings:
+        print(f"warning: {warning}")
+    print(f"{'FAILED' if errors else 'OK'} ({len(warnings)} warning(s))")
+    return 1 if errors else 0
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
@@ -245,8 +324,8 @@ def cmd_policy_test(args: argparse.Namespace) -> int:
         return 2
     files = _test_files(directory)
     if not files:
-        print(f"{directory / 'tests'}: no test files (*.yaml); see `policy test` in the README",
-              file=sys.stderr)
+        print(f"{directory / 'tests'}: no test files (*.yaml); see `policy test` in "
+              "docs/policies.md", file=sys.stderr)
         return 2
     cases, errors = [], []
     for file in files:
@@ -534,9 +613,25 @@ def build_parser() -> argparse.ArgumentParser:
                            "sandbox's 10.0.3.7/32 (repeatable): a leaked token is useless "
                            "from anywhere else")
     mint.add_argument("--json", action="store_true", help="print {token, jti, expires_at}")
+    mint.add_argument("--init", action="store_true",
+                      help="create a first signing key when the certs directory has none "
+                           "(otherwise refused: the gateway would not know that key)")
     mint.set_defaults(func=cmd_token_mint)
-    rotate = tsub.add_parser("rotate-key", parents=[common], help="add a new signing key")
+    rotate = tsub.add_parser("rotate-key", parents=[common],
+                             help="add a new signing key (a running gateway signs with it "
+                                  "within seconds)")
     rotate.set_defaults(func=cmd_token_rotate)
+    retire = tsub.add_parser("retire-key", parents=[common],
+                             help="retire a signing key: tokens it signed stop verifying")
+    retire.add_argument("kid", help="the key id (its file name without .pem)")
+    retire.set_defaults(func=cmd_token_retire)
+
+    config = sub.add_parser("config", help="check the configuration")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    config_check = config_sub.add_parser(
+        "check", parents=[common],
+        help="validate the config, show where its files are, warn about risky settings")
+    config_check.set_defaults(func=cmd_config_check)
 
     policy = sub.add_parser("policy", help="check, explain, test and diff policy files")
     psub = policy.add_subparsers(dest="policy_command", required=True)

@@ -73,6 +73,12 @@ POLICY_RELOADS = Counter(
     ["result"],
     registry=REGISTRY,
 )
+SIGNING_KEY_RELOADS = Counter(
+    "sandbox_gateway_signing_key_reloads_total",
+    "Signing-key directory reloads after a change, by result (ok or error).",
+    ["result"],
+    registry=REGISTRY,
+)
 POLICY_RULES = Gauge(
     "sandbox_gateway_policy_rules",
     "Egress rules in the policy set now serving.",

@@ -7,7 +7,9 @@ extends a token past it). Header `kid` names the signing key.
 
 Signing keys live in a directory as `<kid>.pem` (PKCS8 Ed25519). The newest kid that is
 not retired signs; every key in the directory that is not retired verifies, so adding a
-key rotates and old tokens keep working until they expire or their kid is retired.
+key rotates and old tokens keep working until they expire or their kid is retired
+(listed in `tokens.retired_kids`, or its file moved to `retired/`). A running gateway
+follows the directory (`gateway/keywatch.py`): `TokenService.use_keys` swaps the set.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import json
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -30,6 +33,7 @@ from gateway.ca import write_private
 from gateway.state import StateStore
 
 AUDIENCE = "sandbox-gateway"
+RETIRED_DIR = "retired"  # <signing dir>/retired/<kid>.pem: kept for the record, never loaded
 _VERIFY_CACHE_MAX = 50_000
 
 
@@ -149,7 +153,10 @@ class SigningKeys:
         keys = cls(directory, retired=frozenset(retired))
         paths = sorted(directory.glob("*.pem")) if directory.is_dir() else []
         for path in paths:
-            key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+            try:
+                key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+            except (OSError, ValueError, TypeError) as exc:
+                raise TokenError(f"{path}: not a readable PEM private key ({exc})") from None
             if not isinstance(key, Ed25519PrivateKey):
                 raise TokenError(f"{path}: not an Ed25519 private key")
             keys.private[path.stem] = key
@@ -174,12 +181,30 @@ class SigningKeys:
         kid = ("k" + time.strftime("%Y%m%dT%H%M%S", time.gmtime(now_us // 1_000_000))
                + f"{now_us % 1_000_000:06d}")
         key = Ed25519PrivateKey.generate()
-        write_private(self.directory / f"{kid}.pem", key.private_bytes(
+        # Written aside, then renamed: a gateway watching the directory never reads half a key.
+        tmp = self.directory / f".{kid}.pem.tmp"
+        write_private(tmp, key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
         ))
+        os.replace(tmp, self.directory / f"{kid}.pem")
         self.private[kid] = key
         return kid
+
+    def retire(self, kid: str) -> Path:
+        """Move `<kid>.pem` to `retired/`: tokens it signed stop verifying (a running
+        gateway notices within seconds). The signing key cannot be retired: rotate first."""
+        if kid not in self.private:
+            raise TokenError(f"no key {kid!r} in {self.directory}; "
+                             f"keys: {', '.join(sorted(self.private)) or 'none'}")
+        if kid == self.signing_kid:
+            raise TokenError(f"{kid} is the signing key; run `token rotate-key` first, then "
+                             "retire it")
+        target = self.directory / RETIRED_DIR / f"{kid}.pem"
+        target.parent.mkdir(mode=0o700, exist_ok=True)
+        os.replace(self.directory / f"{kid}.pem", target)
+        del self.private[kid]
+        return target
 
     def public_keys(self) -> dict[str, Ed25519PublicKey]:
         return {kid: self.private[kid].public_key() for kid in self.active_kids()}
@@ -222,6 +247,13 @@ class TokenService:
         self.clock = clock
         self._public = keys.public_keys()
         self._cache: dict[str, Identity] = {}
+
+    def use_keys(self, keys: SigningKeys) -> None:
+        """Sign with `keys`' newest key from now on and verify with all of its keys; a
+        token whose key is gone (deleted, moved to retired/) is refused from now on."""
+        self.keys = keys
+        self._public = keys.public_keys()
+        self._cache = {}
 
     def mint(
         self,

@@ -235,8 +235,8 @@ def run_supervisor(config: Config, config_path: str | None, workers: int) -> int
         lines.insert(3, f"  transparent {listen.transparent}")
     if listen.dns is not None:
         lines.insert(3, f"  dns     {listen.dns}   (udp+tcp; registered sandboxes only)")
-    if supervisor.admin_token_created:
-        lines.append(f"  admin token (generated, saved to {config.certs / ca.ADMIN_TOKEN}): "
-                     f"{supervisor.admin_token}")
+    from gateway.cli import admin_token_line
+
+    lines.append(admin_token_line(config, supervisor.admin_token_created))
     print("\n".join(lines), file=sys.stderr, flush=True)
     return supervisor.watch()

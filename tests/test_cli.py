@@ -70,6 +70,7 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureF
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "agent.yaml").write_text(AGENT)
     (tmp_path / "policies" / "base.yaml").write_text(BASE)
+    SigningKeys.load(tmp_path / "certs" / "signing")  # what the gateway's first start makes
     return Cli(tmp_path, capsys)
 
 
@@ -285,7 +286,10 @@ def test_config_option_before_or_after_the_subcommand(cli: Cli, tmp_path: Path,
                                       "certs: other-certs\n")
     mint = ["token", "mint", "--sandbox", "sb", "--policy", "agent", "--ttl", "2h"]
     argv = ["--config", "gw.yaml", *mint] if where == "before" else [*mint, "--config", "gw.yaml"]
-    code, _, err = cli(*argv)
+    code, _, err = cli(*argv)  # other-certs holds no key yet: refused, nothing created
+    assert code == 1 and "no signing key in" in err and "config: gw.yaml" in err
+    assert not (tmp_path / "other-certs").exists()
+    code, _, err = cli(*argv, "--init")
     assert code == 1 and "longer than tokens.max_ttl (3600s)" in err
     argv = [a for a in argv if a not in ("--ttl", "2h")]
     code, out, _ = cli(*argv)
@@ -295,12 +299,41 @@ def test_config_option_before_or_after_the_subcommand(cli: Cli, tmp_path: Path,
     assert identity.expires_at - identity.issued_at == 600
 
 
+def test_token_mint_never_creates_a_key_in_an_uninitialised_certs_dir(
+        cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "policies").symlink_to(tmp_path / "policies")
+    monkeypatch.chdir(elsewhere)
+    code, out, err = cli("token", "mint", "--sandbox", "sb", "--policy", "agent")
+    assert code == 1 and out == ""
+    signing = elsewhere / "certs" / "signing"
+    assert f"no signing key in {signing} (certs: {elsewhere / 'certs'}, config: <defaults>)" \
+        in err
+    assert "--config" in err and "--init" in err
+    assert not (elsewhere / "certs").exists()
+    code, _, err = cli("token", "rotate-key")
+    assert code == 1 and "no signing key in" in err and not (elsewhere / "certs").exists()
+    code, out, err = cli("token", "mint", "--sandbox", "sb", "--policy", "agent", "--init")
+    assert code == 0, err
+    assert len(list(signing.glob("*.pem"))) == 1
+    cli.service(signing).verify(out.strip())
+
+
+def test_token_mint_with_a_broken_key_file_says_which(cli: Cli) -> None:
+    (cli.root / "certs" / "signing" / "k0.pem").write_text("not a key\n")
+    code, _, err = cli("token", "mint", "--sandbox", "sb", "--policy", "agent", "--init")
+    assert code == 1 and "k0.pem: not a readable PEM private key" in err
+    assert "Traceback" not in err
+
+
 def test_token_rotate_key(cli: Cli) -> None:
     _, first, _ = cli("token", "mint", "--sandbox", "sb", "--policy", "agent")
     code, out, _ = cli("token", "rotate-key")
     assert code == 0
     kid = re.search(r"new signing key (\S+) in ", out)
-    assert kid is not None and "retired_kids" in out
+    assert kid is not None and "retire-key" in out
+    assert "signs with it within 2 seconds (no restart)" in out
     signing = cli.root / "certs" / "signing"
     assert len(list(signing.glob("*.pem"))) == 2
     _, second, _ = cli("token", "mint", "--sandbox", "sb", "--policy", "agent")
@@ -310,6 +343,26 @@ def test_token_rotate_key(cli: Cli) -> None:
     service = cli.service()
     service.verify(first.strip())    # old key still verifies
     service.verify(second.strip())
+
+
+def test_token_retire_key(cli: Cli) -> None:
+    import jwt
+
+    _, first, _ = cli("token", "mint", "--sandbox", "sb", "--policy", "agent")
+    old_kid = jwt.get_unverified_header(first.strip())["kid"]
+    code, _, err = cli("token", "retire-key", old_kid)
+    assert code == 1 and "is the signing key; run `token rotate-key` first" in err
+    code, _, err = cli("token", "retire-key", "k-nope")
+    assert code == 1 and "no key 'k-nope'" in err and old_kid in err
+    cli("token", "rotate-key")
+    code, out, err = cli("token", "retire-key", old_kid)
+    assert code == 0, err
+    signing = cli.root / "certs" / "signing"
+    assert "within 2 seconds" in out and (signing / "retired" / f"{old_kid}.pem").is_file()
+    assert not (signing / f"{old_kid}.pem").exists()
+    with pytest.raises(TokenRefused) as info:
+        cli.service().verify(first.strip())
+    assert info.value.code == "token_unknown_key"
 
 
 def test_token_retired_kid_from_config(cli: Cli, tmp_path: Path) -> None:

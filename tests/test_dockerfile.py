@@ -193,7 +193,11 @@ def test_multi_stage_with_pinned_slim_bases(gateway: list[Instr]) -> None:
     assert any("--from=builder" in c.args and "/opt/venv" in c.args for c in copies)
     # pip runs only in the builder; the runtime stage has no compilers and no pip install.
     builder_runs = " ".join(i.args for i in gateway if i.cmd == "RUN" and i.stage == 0)
-    assert re.search(r"pip install (--no-cache-dir )?\.", builder_runs)
+    # Dependencies only from the hashed lock file; the package itself without resolving any.
+    assert "pip install --no-cache-dir --require-hashes -r requirements.lock" in builder_runs
+    assert re.search(r"pip install --no-cache-dir --no-deps --no-build-isolation \.",
+                     builder_runs)
+    assert builder_runs.count("pip install") == 2
     assert not any("pip install" in i.args for i in final_stage(gateway) if i.cmd == "RUN")
 
 
@@ -236,16 +240,59 @@ def test_entrypoint_cmd_ports_and_env(gateway: list[Instr]) -> None:
     )  # writable only through the /tmp volume
 
 
-def test_default_config_in_image_is_valid_yaml(gateway: list[Instr]) -> None:
+def image_config_text(gateway: list[Instr]) -> str:
     runs = " ".join(i.args for i in final_stage(gateway) if i.cmd == "RUN")
     m = re.search(r"printf '%s\\n' (.*?) > /etc/sandbox-gateway/gateway\.yaml", runs)
     assert m, "the image ships a default gateway.yaml"
-    cfg = yaml.safe_load("\n".join(shlex.split(m.group(1))))
+    return "\n".join(shlex.split(m.group(1))) + "\n"
+
+
+def volumes(gateway: list[Instr]) -> list[str]:
+    found: list[str] = []
+    for i in final_stage(gateway):
+        if i.cmd == "VOLUME":
+            found += i.json_args() or i.args.split()
+    return found
+
+
+def test_default_config_in_image_is_valid_yaml(gateway: list[Instr]) -> None:
+    cfg = yaml.safe_load(image_config_text(gateway))
     assert cfg["listen"]["admin"].endswith(":8090") and cfg["listen"]["proxy"].endswith(":8080")
-    assert cfg["runtime_dir"] == "/var/lib/sandbox-gateway"
-    assert cfg["certs"].startswith(
-        "/var/lib/sandbox-gateway/"
-    )  # writable: generated on first start
+    assert cfg["runtime_dir"].startswith("/tmp/")  # scratch, on the /tmp tmpfs
+    assert cfg["certs"].startswith("/var/lib/sandbox-gateway/")  # generated on first start
+
+
+def test_certs_persist_on_a_volume(gateway: list[Instr], tmp_path: Path) -> None:
+    """The standalone recipe keeps its CA, signing keys and admin token across container
+    restarts: they live on the declared volume, the scratch dir does not."""
+    from gateway import ca
+    from gateway.config import load_config
+    from gateway.tokens import SigningKeys
+
+    (volume,) = volumes(gateway)
+    text = image_config_text(gateway)
+    cfg = yaml.safe_load(text)
+    assert Path(cfg["certs"]).is_relative_to(volume)
+    assert not Path(cfg["runtime_dir"]).is_relative_to(volume)
+    # The documented run command mounts a named volume there, and no tmpfs over it.
+    header = " ".join(ln.lstrip("# ") for ln in DOCKERFILE.read_text().splitlines()[:8])
+    assert re.search(rf"-v [\w.-]+:{re.escape(volume)} ", header), header
+    assert f"--tmpfs {volume}" not in header and "--read-only --tmpfs /tmp " in header
+    # Two container starts: the volume survives, the scratch dir and the rest do not.
+    state = tmp_path / "volume"
+    seen = []
+    for start in range(2):
+        root = tmp_path / f"container-{start}"
+        rebased = text.replace(": /tmp/", f": {root}/tmp/").replace(volume, str(state))
+        (root / "etc").mkdir(parents=True)
+        (root / "etc" / "gateway.yaml").write_text(rebased)
+        config = load_config(root / "etc" / "gateway.yaml", env={})
+        assert config.certs.is_relative_to(state) and config.signing_dir.is_relative_to(state)
+        cert, _ = ca.ensure_ca(config.certs)
+        keys = SigningKeys.load(config.signing_dir)
+        token, _ = ca.ensure_admin_token(config.certs)
+        seen.append((cert.read_bytes(), keys.signing_kid, token))
+    assert seen[0] == seen[1], "a restarted container must keep its CA, keys and admin token"
 
 
 class _Health(http.server.BaseHTTPRequestHandler):
@@ -303,7 +350,7 @@ def test_dockerignore_allow_lists_the_build_context() -> None:
     ]
     assert lines[0] == "*", "start from excluding everything"
     reincluded = {ln[1:].rstrip("/") for ln in lines if ln.startswith("!")}
-    assert reincluded == {"pyproject.toml", "README.md", "gateway"}
+    assert reincluded == {"pyproject.toml", "requirements.lock", "README.md", "gateway"}
     # Everything the Dockerfile COPYs from the context is re-included.
     for i in parse(DOCKERFILE):
         if i.cmd == "COPY" and "--from" not in i.args:

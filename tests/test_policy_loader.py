@@ -211,7 +211,13 @@ RULE_CASES = [
     ("{host: a.example.com, ports: [true]}", "invalid port True"),
     ("{host: a.example.com, ports: 443}", "ports must be a non-empty list"),
     ("{host: a.example.com, ports: []}", "ports must be a non-empty list"),
-    ("{host: a.example.com, methods: [G E T]}", 'invalid method "G E T"'),
+    ("{host: a.example.com, methods: [G E T]}", 'unknown method "G E T"'),
+    ("{host: a.example.com, methods: [GTE]}", 'unknown method "GTE"; did you mean GET?'),
+    ("{host: a.example.com, methods: [GET, PSOT]}", "did you mean POST?"),
+    ("{host: a.example.com, methods: [FROBNICATE]}", "omit methods to allow every method"),
+    ("{host: a.example.com, methods: [propfind]}",
+     'method "propfind" must be written in uppercase (PROPFIND)'),
+    ("{host: a.example.com, methods: [PRI]}", 'unknown method "PRI"'),
     ("{host: a.example.com, methods: ['*']}", "omit methods to allow every method"),
     ("{host: a.example.com, methods: []}", "methods is empty"),
     ("{host: a.example.com, methods: GET}", "methods must be a list"),
@@ -229,6 +235,17 @@ RULE_CASES = [
     ("{host: api.github.com, credential: openai}", "which host api.github.com never reaches"),
     ("{host: '*.example.com', credential: openai}", "never reaches"),
 ]
+
+
+def test_methods_standard_any_case_registered_uppercase() -> None:
+    text = """\
+    version: v1
+    name: dav
+    egress:
+      - {host: dav.example.com, methods: [get, Options, PROPFIND, MKCOL, REPORT, QUERY]}
+    """
+    policy = load_policy_texts({"dav.yaml": text}).policies["dav"]
+    assert policy.rules[0].methods == ("GET", "OPTIONS", "PROPFIND", "MKCOL", "REPORT", "QUERY")
 
 
 @pytest.mark.parametrize(("rule", "message"), RULE_CASES)

@@ -107,6 +107,23 @@ TUNNEL_CASES = [
         "host: evil.example to policies/agent.yaml",
     ),
     Case(
+        tunnel("169.254.169.254", 80),
+        "deny",
+        None,
+        reason="169.254.169.254 is a link-local (cloud metadata) address (169.254.169.254/32): "
+        "the gateway never connects to it, whatever a policy or network.allow_cidrs says; no "
+        "rule can allow it",
+    ),
+    Case(tunnel("fd00:ec2::254"), "deny", None, reason="no rule can allow it"),
+    Case(
+        tunnel("10.9.9.9"),
+        "deny",
+        None,
+        reason='no rule in policy "agent" allows host "10.9.9.9"; add an egress rule with '
+        "host: 10.9.9.9 to policies/agent.yaml; 10.9.9.9 is not a public address (private "
+        "range, 10.0.0.0/8), so the gateway's network.allow_cidrs must also include it",
+    ),
+    Case(
         tunnel("pypi.org", 8443),
         "deny",
         4,

@@ -334,7 +334,7 @@ def test_two_gateway_processes_share_revocations(tmp_path: Path,
     subprocess.run([*gateway, "ca", "init", "--dir", str(certs)], env=env, check=True,
                    capture_output=True, timeout=30)
     subprocess.run([*gateway, "token", "mint", "--config", str(configs["a"]), "--sandbox",
-                    "s", "--policy", "agent", "--json"], env=env, check=True,
+                    "s", "--policy", "agent", "--json", "--init"], env=env, check=True,
                    capture_output=True, timeout=30)
 
     procs: dict[str, subprocess.Popen[bytes]] = {}

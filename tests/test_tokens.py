@@ -602,3 +602,39 @@ def test_refusals_are_not_cached_as_success(env: Env) -> None:
 )
 def test_unverified_claims(token: str, expected: dict[str, Any]) -> None:
     assert unverified_claims(token) == expected
+
+
+def test_use_keys_swaps_signing_and_drops_cached_verifications(env: Env) -> None:
+    old = env.service.mint("sb-1", "agent")
+    env.service.verify(old.token)  # cached now
+    new_kid = env.keys.add_new()
+    env.keys.retire(env.keys.active_kids()[0])
+    env.service.use_keys(SigningKeys.load(env.directory, create=False))
+    assert header_of(env.service.mint("sb-1", "agent").token)["kid"] == new_kid
+    assert refused(env.service, old.token).code == "token_unknown_key"
+
+
+def test_key_watcher_follows_the_directory(tmp_path: Path) -> None:
+    import asyncio
+
+    from gateway.keywatch import SigningKeyWatcher, key_fingerprint
+
+    directory = tmp_path / "signing"
+    watcher = SigningKeyWatcher(directory)
+    first = watcher.load_now().signing_kid
+    seen: list[SigningKeys] = []
+    watcher._on_change = seen.append
+
+    async def check() -> bool:
+        return await watcher.check()
+
+    assert asyncio.run(check()) is False
+    before = key_fingerprint(directory)
+    second = SigningKeys.load(directory).add_new()
+    assert key_fingerprint(directory) != before
+    assert asyncio.run(check()) is True and seen[-1].signing_kid == second
+    assert seen[-1].active_kids() == [first, second]
+    (directory / f"{first}.pem").unlink()
+    assert asyncio.run(check()) is True and seen[-1].active_kids() == [second]
+    (directory / f"{second}.pem").unlink()  # no key left: refused, the last set stays
+    assert asyncio.run(check()) is False and len(seen) == 2

@@ -50,6 +50,7 @@ __all__ = [
     "embedded_ipv4",
     "parse_address_rule",
     "parse_ip",
+    "special_literal",
 ]
 
 # --------------------------------------------------------------------------------------
@@ -437,6 +438,40 @@ class AddressPolicy:
             DENY_IPV6_EMBEDDING,
             f"{addr} wraps the IPv4 address {inner}, which is refused: {inner_verdict.reason}",
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Special:
+    """A built-in range an IP literal falls in: its label, its CIDR text, and whether
+    nothing (policy, allow_cidrs, resolve override) can ever open it."""
+
+    label: str
+    cidr: str
+    hard: bool
+
+
+@functools.cache
+def _builtin_tables() -> tuple[_PrefixTable, _PrefixTable]:
+    hard, soft = _PrefixTable(), _PrefixTable()
+    for b in _BUILTIN:
+        (hard if b.hard else soft).add(_Rule(b.network, False, b.code, b.label, user=False))
+    return hard, soft
+
+
+def special_literal(host: str) -> Special | None:
+    """The built-in special range of an IP literal `host` (canonical text, brackets
+    allowed), or None for a public address or a name. Pure: for reasons and hints only;
+    the destination check itself is `AddressPolicy.classify`."""
+    try:
+        addr = parse_ip(host)
+    except DestinationError:
+        return None
+    hard, soft = _builtin_tables()
+    for table, is_hard in ((hard, True), (soft, False)):
+        rule = table.lookup(addr.version, int(addr))
+        if rule is not None:
+            return Special(rule.label, rule.text, is_hard)
+    return None
 
 
 def _deny_reason(shown: str, rule: _Rule) -> str:

@@ -7,7 +7,7 @@ resolve it with `DestinationGuard.check_all` (the gateway's own resolver, overri
 destination checks), then call again with the `Lookup`. A name is never resolved before
 the policy allowed it: resolving an attacker's name is itself the leak.
 
-Choices (README "DNS"):
+Choices (docs/transparent-mode.md, "DNS"):
 - unknown source (not a registered sandbox), or its policy is gone -> REFUSED;
 - any type but A/AAAA (TXT, NULL, ANY, CNAME, MX, SRV, HTTPS, ...) -> REFUSED, before the
   name is even looked at; a class other than IN -> REFUSED; an opcode other than QUERY ->

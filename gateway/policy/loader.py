@@ -34,6 +34,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from gateway.config import ConfigError, parse_duration
 from gateway.policy.hosts import HostPattern, HostPatternError, compile_host_pattern
 from gateway.policy.matcher import compile_policy
+from gateway.policy.methods import check_method
 from gateway.policy.model import (
     Budget,
     BudgetScope,
@@ -67,7 +68,6 @@ _MODEL_GLOB = re.compile(r"[!-~]{1,200}")  # printable ASCII, no spaces
 _CREDENTIAL_KEYS = ("preset", "secret", "hosts", "inject", "description")
 _INJECT_KEYS = ("header", "bearer", "query", "basic")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-_METHOD = re.compile(r"[A-Za-z][A-Za-z_-]{0,31}")
 _HEADER = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
 
 
@@ -389,12 +389,12 @@ class _Parser:
         methods: list[str] = []
         ok = len(items) == len(node.value) if isinstance(node, SequenceNode) else False
         for value, item in items:
-            if not _METHOD.fullmatch(value):
-                hint = " (omit methods to allow every method)" if value == "*" else ""
-                self.err(file, item, f'invalid method "{value[:32]}"; use e.g. GET, POST{hint}')
+            method, problem = check_method(value)
+            if method is None:
+                self.err(file, item, problem or f'invalid method "{value[:32]}"')
                 ok = False
-            elif value.upper() not in methods:
-                methods.append(value.upper())
+            elif method not in methods:
+                methods.append(method)
         return tuple(methods) if ok else None
 
     def parse_paths(self, file: str, node: Node) -> tuple[str, ...] | None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit
 
+from gateway.core.addresses import special_literal
 from gateway.policy.hosts import HostPattern, HostPatternError, normalize_host
 from gateway.policy.model import (
     DEFAULT_HTTP_PORT,
@@ -197,9 +198,21 @@ class Matcher:
 
     def _no_host(self, host: str) -> Decision:
         shown = _clip(host)
+        special = special_literal(host)
+        if special is not None and special.hard:
+            # A rule would not help: the destination check refuses these addresses always.
+            return self._deny(
+                f"{shown} is a {special.label} address ({special.cidr}): the gateway never "
+                "connects to it, whatever a policy or network.allow_cidrs says; no rule can "
+                "allow it",
+                None,
+            )
+        also = (f"; {shown} is not a public address ({special.label}, {special.cidr}), so "
+                "the gateway's network.allow_cidrs must also include it"
+                if special is not None else "")
         return self._deny(
             f'no rule in policy "{self.name}" allows host "{shown}"; add an egress rule '
-            f"with host: {shown} to {self.source}",
+            f"with host: {shown} to {self.source}{also}",
             None,
         )
 

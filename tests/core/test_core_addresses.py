@@ -218,3 +218,27 @@ def test_classify_is_fast() -> None:
         p.classify(addrs[i % 3], 443)
     per_call = (time.perf_counter() - start) / n
     assert per_call < 50e-6, f"{per_call * 1e6:.1f} µs per classify"
+
+
+@pytest.mark.parametrize(
+    ("host", "want"),
+    [
+        ("169.254.169.254", ("link-local (cloud metadata)", "169.254.169.254/32", True)),
+        ("[fe80::1]", ("link-local", "fe80::/10", True)),
+        ("::ffff:169.254.169.254", ("link-local (cloud metadata)", "169.254.169.254/32", True)),
+        ("224.0.0.1", ("multicast", "224.0.0.0/4", True)),
+        ("10.1.2.3", ("private range", "10.0.0.0/8", False)),
+        ("127.0.0.1", ("loopback", "127.0.0.0/8", False)),
+        ("8.8.8.8", None),
+        ("metadata.google.internal", None),
+    ],
+)
+def test_special_literal(host: str, want: tuple[str, str, bool] | None) -> None:
+    from gateway.core.addresses import special_literal
+
+    found = special_literal(host)
+    assert (None if found is None else (found.label, found.cidr, found.hard)) == want
+    if found is not None:  # agrees with the destination check
+        verdict = DEFAULT.classify(host.strip("[]"), 80)
+        assert not verdict.allowed
+        assert ("never allowed" in verdict.reason) == found.hard

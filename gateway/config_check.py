@@ -1,0 +1,87 @@
+"""Warnings about a valid but risky configuration (`config check`, and logged at start).
+
+Today: `network.allow_cidrs`. The destination check's precedence (gateway/core/addresses.py)
+makes some entries do less than they seem to and others more than intended:
+
+- a range over the hard-denied ranges (link-local incl. cloud metadata 169.254.0.0/16,
+  multicast, reserved, ...) never opens them;
+- a built-in special range strictly inside an allowed range stays denied (the more specific
+  range wins): `0.0.0.0/0` and `::/0` open nothing at all;
+- a whole private block (10/8, 172.16/12, 192.168/16, fc00::/7, CGNAT 100.64/10), anything
+  wider than a /16 (IPv4) or /48 (IPv6), or loopback opens a lot to every sandbox whose
+  policy names a host that resolves there.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from gateway.config import Config, ConfigError
+
+__all__ = ["allow_cidr_warnings", "config_warnings"]
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+_HARD = {
+    "169.254.0.0/16": "link-local, incl. cloud metadata 169.254.169.254",
+    "0.0.0.0/8": "'this network'", "224.0.0.0/4": "multicast", "240.0.0.0/4": "reserved",
+    "100.100.100.200/32": "cloud metadata", "fe80::/10": "link-local",
+    "fd00:ec2::254/128": "cloud metadata", "ff00::/8": "multicast",
+}
+_BLOCKS = {
+    "10.0.0.0/8": "private", "172.16.0.0/12": "private", "192.168.0.0/16": "private",
+    "fc00::/7": "unique-local", "100.64.0.0/10": "carrier-grade NAT",
+}
+_SOFT = {**_BLOCKS, "127.0.0.0/8": "loopback", "::1/128": "loopback"}
+_WIDE = {4: 16, 6: 48}  # prefix lengths shorter than these are "large"
+
+
+def _nets(table: dict[str, str]) -> list[tuple[Network, str]]:
+    return [(ipaddress.ip_network(cidr), label) for cidr, label in table.items()]
+
+
+def allow_cidr_warnings(allow_cidrs: tuple[str, ...] | list[str]) -> list[str]:
+    """One sentence per risky or ineffective `network.allow_cidrs` entry."""
+    out: list[str] = []
+    for text in allow_cidrs:
+        try:
+            net = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            raise ConfigError(f"network.allow_cidrs: {text!r} is not a CIDR "
+                              "(e.g. 10.20.0.0/16)") from None
+        key = f"network.allow_cidrs: {text}"
+        if net.prefixlen == 0:
+            example = "10.20.0.0/16" if net.version == 4 else "fd12:3456:789a::/48"
+            out.append(f"{key} covers all of IPv{net.version} but opens nothing: every "
+                       "private, loopback and special range inside it is more specific and "
+                       "stays denied, and public addresses are allowed anyway; list the "
+                       f"ranges the sandboxes must reach (e.g. {example})")
+            continue
+        for hard, label in _nets(_HARD):
+            if hard.version != net.version or not net.overlaps(hard):
+                continue
+            if net.subnet_of(hard):  # type: ignore[arg-type]
+                out.append(f"{key} opens nothing: it is inside {hard} ({label}), which is "
+                           "hard-denied; no setting can open it")
+            else:
+                out.append(f"{key} overlaps {hard} ({label}), which stays denied: it is "
+                           "hard-denied and no setting can open it")
+        for soft, label in _nets(_SOFT):
+            if soft.version != net.version or not net.overlaps(soft):
+                continue
+            if net != soft and soft.subnet_of(net):  # type: ignore[arg-type]
+                out.append(f"{key} contains {soft} ({label}), which stays denied: a more "
+                           f"specific built-in range wins; list {soft} itself to open it")
+            elif label == "loopback":
+                out.append(f"{key} opens loopback on the gateway host (its services, "
+                           "except the gateway's own listeners) to the sandboxes")
+            elif net == soft or net.prefixlen < _WIDE[net.version]:
+                out.append(f"{key} opens a large {label} range (a /{net.prefixlen}) to "
+                           "every sandbox whose policy names a host resolving there; narrow it "
+                           "to the subnet the sandboxes need")
+    return out
+
+
+def config_warnings(cfg: Config) -> list[str]:
+    """Every warning for `cfg` (empty when nothing looks risky)."""
+    return allow_cidr_warnings(cfg.network.allow_cidrs)

@@ -1,0 +1,101 @@
+"""`network.allow_cidrs` warnings and `config check`: each warning's claim is checked
+against the destination check itself (`AddressPolicy`), so a warning cannot lie."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from gateway.config import ConfigError
+from gateway.config_check import allow_cidr_warnings
+from gateway.core.addresses import AddressPolicy
+
+# (entry, warning fragment or None, addresses that stay denied, addresses it opens)
+CASES = [
+    ("0.0.0.0/0", "covers all of IPv4 but opens nothing",
+     ["10.0.0.1", "127.0.0.1", "100.64.0.1", "169.254.169.254", "192.168.1.1"], []),
+    ("::/0", "covers all of IPv6 but opens nothing", ["fd00::1", "::1", "fe80::1"], []),
+    ("169.254.0.0/16", "opens nothing: it is inside 169.254.0.0/16 (link-local, incl. cloud "
+     "metadata 169.254.169.254), which is hard-denied", ["169.254.169.254", "169.254.1.1"], []),
+    ("169.254.169.254/32", "is hard-denied", ["169.254.169.254"], []),
+    ("0.0.0.0/1", "contains 10.0.0.0/8 (private), which stays denied",
+     ["10.0.0.1", "0.0.0.1", "100.100.100.200"], []),
+    ("10.0.0.0/8", "opens a large private range (a /8)", [], ["10.1.2.3"]),
+    ("10.0.0.0/12", "opens a large private range (a /12)", [], ["10.1.2.3"]),
+    ("192.168.0.0/16", "opens a large private range (a /16)", [], ["192.168.4.4"]),
+    ("100.64.0.0/10", "opens a large carrier-grade NAT range", [], ["100.64.1.1"]),
+    ("fc00::/7", "opens a large unique-local range (a /7)", [], ["fd12::1"]),
+    ("127.0.0.1/32", "opens loopback on the gateway host", [], ["127.0.0.1"]),
+    ("10.20.0.0/16", None, [], ["10.20.1.1"]),
+    ("fd12:3456:789a::/48", None, [], ["fd12:3456:789a::1"]),
+    ("8.8.8.0/24", None, [], ["8.8.8.8"]),
+]
+
+
+@pytest.mark.parametrize(("entry", "fragment", "denied", "opened"), CASES,
+                         ids=[c[0] for c in CASES])
+def test_allow_cidr_warnings_tell_the_truth(entry: str, fragment: str | None,
+                                            denied: list[str], opened: list[str]) -> None:
+    warnings = allow_cidr_warnings([entry])
+    if fragment is None:
+        assert warnings == []
+    else:
+        assert any(fragment in w for w in warnings), warnings
+        assert all(w.startswith(f"network.allow_cidrs: {entry} ") for w in warnings)
+    policy = AddressPolicy(allow_cidrs=[entry])
+    for ip in denied:
+        assert not policy.classify(ip, 443).allowed, ip
+    for ip in opened:
+        assert policy.classify(ip, 443).allowed, ip
+        assert not AddressPolicy().classify(ip, 443).allowed or ip == "8.8.8.8"
+
+
+def test_invalid_cidr_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"'10\.0\.0\.0/33' is not a CIDR"):
+        allow_cidr_warnings(["10.0.0.0/33"])
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for var in [v for v in os.environ if v.startswith("SANDBOX_GATEWAY_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "a.yaml").write_text("version: v1\nname: a\negress:\n"
+                                                  "  - host: pypi.org\n")
+    return tmp_path
+
+
+def test_config_check(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (workdir / "gw.yaml").write_text("network: {allow_cidrs: [0.0.0.0/0, 10.20.0.0/16]}\n")
+    assert main(["config", "check", "--config", "gw.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("config: gw.yaml\n")
+    assert f"policies  {workdir / 'policies'}: 1 policies, 1 rules" in out
+    assert "signing   " in out and "no key (created at the first start)" in out
+    assert "warning: network.allow_cidrs: 0.0.0.0/0 covers all of IPv4" in out
+    assert out.rstrip().endswith("OK (1 warning(s))")
+    assert not (workdir / "certs").exists(), "config check creates nothing"
+
+
+def test_config_check_fails_on_bad_policies_or_cidrs(
+        workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (workdir / "policies" / "b.yaml").write_text("version: v1\nname: b\negress:\n"
+                                                 "  - {host: x.example.com, methods: [GTE]}\n")
+    assert main(["config", "check"]) == 1
+    assert "1 error(s) (see `policy check`)" in capsys.readouterr().out
+    (workdir / "gw.yaml").write_text("network: {allow_cidrs: [nonsense]}\n")
+    assert main(["config", "check", "--config", "gw.yaml"]) == 1
+    assert "'nonsense' is not a CIDR" in capsys.readouterr().err
+
+
+def test_policy_check_suggests_the_method(workdir: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    (workdir / "policies" / "b.yaml").write_text("version: v1\nname: b\negress:\n"
+                                                 "  - {host: x.example.com, methods: [GTE]}\n")
+    assert main(["policy", "check"]) == 1
+    err = capsys.readouterr().err
+    assert f'{workdir / "policies" / "b.yaml"}:4: unknown method "GTE"; did you mean GET?' in err
