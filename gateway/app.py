@@ -48,6 +48,7 @@ from gateway.engines.mitm import Adapter, error_h2, error_page
 from gateway.engines.splice import Splices
 from gateway.engines.transparent import TransparentDoor
 from gateway.metering import Metering, build_metering
+from gateway.minting import Credentials, build_credentials
 from gateway.net.resolver import (
     DestinationGuard,
     Resolver,
@@ -284,10 +285,12 @@ class Gateway:
         except ConfigError as exc:
             raise StartupError(str(exc)) from None
         self._metering_problems(self.current_policies())
+        self.credentials = self._build_credentials(overrides)
         self.gate = Gate(
             tokens=self.tokens, policies=self.current_policies, guard=self.guard,
-            secrets=self.secrets, registry=self.state, audit=self.auditor.write,
+            secrets=self.credentials, registry=self.state, audit=self.auditor.write,
             resolve=self.guard.resolver.resolve, metering=self.metering,
+            signers=self.credentials,
             connections_per_sandbox=cfg.limits.connections_per_sandbox,
             max_connections=max(16, (self.fd_limit - FD_RESERVE) // 2))
         patches.install_error_pages(error_page, error_h2)
@@ -328,6 +331,17 @@ class Gateway:
                                             name="admin"))
         self.reloader.start()
         await self._wait_listening()
+
+    # -- credentials the gateway mints (gateway/minting/), kept apart from the proxy wiring -
+
+    def _build_credentials(self, overrides: dict[str, tuple[str, int]]) -> Credentials:
+        """The gate's secrets port: the secret cache, plus minted credentials (GitHub
+        App, Entra ID, AWS, Google, OAuth2) whose token endpoints are reached with the
+        public roots + `network.upstream_ca` and `network.resolve`."""
+        upstream_ca = self.config.network.upstream_ca
+        return build_credentials(self.secrets, self.current_policies,
+                                 upstream_ca=upstream_ca, overrides=overrides,
+                                 timeout=self.config.network.timeouts.connect + 5.0)
 
     # -- the DNS resolver (gateway/dns/), kept apart from the proxy wiring ------------------
 
@@ -447,7 +461,7 @@ class Gateway:
                 await asyncio.wait_for(task, timeout=5)
         self._tasks.clear()
         await self.state.close()
-        await self.secrets.close()
+        await self.credentials.close()  # the secret cache and the minted values' cache
         self.auditor.close()
         if self.doors is not None:
             self.leaves.close()

@@ -1,7 +1,12 @@
 """The environment a sandbox needs: proxy URL with its token, CA bundle, API-key vars.
 
 The `*_API_KEY` variables hold the gateway token, never a key: SDKs put it in their
-usual header and the gateway swaps it for the real key on the way out.
+usual header and the gateway swaps it for the real key on the way out. The same goes
+for credentials the gateway mints: `GH_TOKEN`/`GITHUB_TOKEN` (gh, GitHub API clients),
+a git credential helper for the GitHub hosts that answers the token as the password
+(set through `GIT_CONFIG_*` variables, no file, no GIT_ASKPASS), AWS placeholder keys
+with the token as `AWS_SESSION_TOKEN` (the gateway re-signs with real keys), and
+`CLOUDSDK_AUTH_ACCESS_TOKEN` (gcloud) for Google.
 
 A sandbox that uses the proxy needs no DNS resolver: the gateway resolves every name
 (after the policy allowed it). Giving it one opens a side channel around the policy
@@ -28,7 +33,14 @@ CA_VARIABLES = (
 API_KEY_VARIABLES = (
     "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AZURE_OPENAI_API_KEY", "GEMINI_API_KEY",
     "GOOGLE_API_KEY", "MISTRAL_API_KEY", "GROQ_API_KEY", "OPENROUTER_API_KEY", "HF_TOKEN",
+    "GH_TOKEN", "GITHUB_TOKEN", "AWS_SESSION_TOKEN", "CLOUDSDK_AUTH_ACCESS_TOKEN",
 )
+#: AWS SDKs sign with these; the gateway strips that signature and signs with real keys.
+AWS_PLACEHOLDERS = (("AWS_ACCESS_KEY_ID", "SANDBOXGATEWAYPLACEHOLDER"),
+                    ("AWS_SECRET_ACCESS_KEY", "sandbox-gateway-placeholder-not-a-key"))
+#: git asks this helper after a 401: the token (from $GH_TOKEN) as the Basic password.
+GIT_HELPER = ('!f() { test "$1" = get || return 0; echo username=x-access-token; '
+              'echo "password=$GH_TOKEN"; }; f')
 
 
 def proxy_url(proxy: str, sandbox: str, token: str) -> str:
@@ -64,8 +76,19 @@ def dns_note(proxy: str) -> list[str]:
     return lines
 
 
+def git_config(hosts: tuple[str, ...] = ("github.com",)) -> list[str]:
+    """`GIT_CONFIG_*` lines: the credential helper for each of `hosts` only (a helper
+    for every host would hand the token to any server that asks)."""
+    lines = [f"GIT_CONFIG_COUNT={len(hosts)}"]
+    for i, host in enumerate(hosts):
+        lines += [f"GIT_CONFIG_KEY_{i}=credential.https://{host}.helper",
+                  f"GIT_CONFIG_VALUE_{i}={GIT_HELPER}"]
+    return lines
+
+
 def sandbox_env(token: str, proxy: str, sandbox: str | None = None,
-                ca_bundle: str = "/etc/sandbox-gateway/ca-bundle.pem") -> list[str]:
+                ca_bundle: str = "/etc/sandbox-gateway/ca-bundle.pem",
+                git_hosts: tuple[str, ...] = ("github.com",)) -> list[str]:
     """`KEY=value` lines for a sandbox (an env file for `docker run --env-file`)."""
     sandbox = sandbox or str(unverified_claims(token).get("sub") or "sandbox")
     url = proxy_url(proxy, sandbox, token)
@@ -74,4 +97,7 @@ def sandbox_env(token: str, proxy: str, sandbox: str | None = None,
              "no_proxy=localhost,127.0.0.1,::1"]
     lines += [f"{var}={ca_bundle}" for var in CA_VARIABLES]
     lines += [f"{var}={token}" for var in API_KEY_VARIABLES]
+    lines += [f"{var}={value}" for var, value in AWS_PLACEHOLDERS]
+    if git_hosts:
+        lines += git_config(git_hosts)
     return lines
