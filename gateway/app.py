@@ -49,6 +49,7 @@ from gateway.engines.splice import Splices
 from gateway.engines.transparent import TransparentDoor
 from gateway.keywatch import SigningKeyWatcher
 from gateway.metering import Metering, build_metering
+from gateway.minting import Credentials, build_credentials
 from gateway.net.resolver import (
     DestinationGuard,
     Resolver,
@@ -289,10 +290,12 @@ class Gateway:
         except ConfigError as exc:
             raise StartupError(str(exc)) from None
         self._metering_problems(self.current_policies())
+        self.credentials = self._build_credentials(overrides)
         self.gate = Gate(
             tokens=self.tokens, policies=self.current_policies, guard=self.guard,
-            secrets=self.secrets, registry=self.state, audit=self.auditor.write,
+            secrets=self.credentials, registry=self.state, audit=self.auditor.write,
             resolve=self.guard.resolver.resolve, metering=self.metering,
+            signers=self.credentials,
             connections_per_sandbox=cfg.limits.connections_per_sandbox,
             max_connections=max(16, (self.fd_limit - FD_RESERVE) // 2))
         patches.install_error_pages(error_page, error_h2)
@@ -334,6 +337,17 @@ class Gateway:
         self.reloader.start()
         self.key_watcher.start(self.tokens.use_keys)  # rotated keys sign without a restart
         await self._wait_listening()
+
+    # -- credentials the gateway mints (gateway/minting/), kept apart from the proxy wiring -
+
+    def _build_credentials(self, overrides: dict[str, tuple[str, int]]) -> Credentials:
+        """The gate's secrets port: the secret cache, plus minted credentials (GitHub
+        App, Entra ID, AWS, Google, OAuth2) whose token endpoints are reached with the
+        public roots + `network.upstream_ca` and `network.resolve`."""
+        upstream_ca = self.config.network.upstream_ca
+        return build_credentials(self.secrets, self.current_policies,
+                                 upstream_ca=upstream_ca, overrides=overrides,
+                                 timeout=self.config.network.timeouts.connect + 5.0)
 
     # -- the DNS resolver (gateway/dns/), kept apart from the proxy wiring ------------------
 
@@ -454,7 +468,7 @@ class Gateway:
                 await asyncio.wait_for(task, timeout=5)
         self._tasks.clear()
         await self.state.close()
-        await self.secrets.close()
+        await self.credentials.close()  # the secret cache and the minted values' cache
         self.auditor.close()
         if self.doors is not None:
             self.leaves.close()

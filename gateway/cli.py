@@ -252,9 +252,34 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
             print(error, file=sys.stderr)
         print(f"{len(exc.errors)} error(s) in {directory}", file=sys.stderr)
         return 1
+    if args.secrets:
+        problems = _secret_problems(args, policy_set)
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        if problems:
+            print(f"{len(problems)} secret problem(s)", file=sys.stderr)
+            return 1
     print(f"{directory}: {len(policy_set.policies)} policies, {policy_set.rule_count} rules, "
-          f"{len(policy_set.credentials)} credentials: OK")
+          f"{len(policy_set.credentials)} credentials"
+          f"{' (their secrets present)' if args.secrets else ''}: OK")
     return 0
+
+
+def _secret_problems(args: argparse.Namespace, policy_set: PolicySet) -> list[str]:
+    """`policy check --secrets`: the secrets credentials name, read from the store."""
+    from gateway.minting.check import check_secrets
+    from gateway.secrets import build_store
+
+    cfg = _config(args)
+
+    async def run() -> list[str]:
+        store = build_store(cfg.secrets)
+        try:
+            return await check_secrets(policy_set, store)
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
 
 
 def cmd_policy_explain(args: argparse.Namespace) -> int:
@@ -436,7 +461,8 @@ def cmd_env(args: argparse.Namespace) -> int:
         return 1
     preload = None if args.node_preload in ("", "none") else args.node_preload
     variables = sandbox_variables(args.token, args.proxy, sandbox=args.sandbox,
-                                  ca_bundle=args.ca_bundle, node_preload=preload)
+                                  ca_bundle=args.ca_bundle, node_preload=preload,
+                                  git_hosts=tuple(args.git_host or ["github.com"]))
     sys.stdout.write(render(variables, args.format))
     # The env file stays variables only; advice goes to the operator's terminal.
     notes = dns_note(args.proxy)
@@ -637,6 +663,9 @@ def build_parser() -> argparse.ArgumentParser:
     psub = policy.add_subparsers(dest="policy_command", required=True)
     check = psub.add_parser("check", parents=[common], help="validate every policy file")
     check.add_argument("dir", nargs="?", help="policies directory (default: from config)")
+    check.add_argument("--secrets", action="store_true",
+                       help="also read every secret the credentials name from the configured "
+                            "store and check its shape (values are never printed)")
     check.set_defaults(func=cmd_policy_check)
     expl = psub.add_parser("explain", parents=[common], help="the decision for one request")
     expl.add_argument("--policy", required=True)
@@ -682,6 +711,9 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--token", required=True)
     env.add_argument("--proxy", required=True, help="gateway URL, e.g. http://gateway:8080")
     env.add_argument("--sandbox", help="sandbox id (default: the token's sub)")
+    env.add_argument("--git-host", action="append", metavar="HOST",
+                     help="a host whose git credential helper answers the token "
+                          "(repeatable; default github.com; add a GitHub Enterprise host)")
     env.add_argument("--ca-bundle", default="/etc/sandbox-gateway/ca-bundle.pem",
                      help="path of the CA bundle inside the sandbox (the system bundle with "
                           "the gateway CA added)")

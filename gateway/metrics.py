@@ -123,6 +123,13 @@ SECRET_CACHE = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+CREDENTIAL_MINTS = Counter(
+    "sandbox_gateway_credential_mints_total",
+    "Credentials minted by the gateway (GitHub App, Entra ID, AWS, Google, OAuth2), by "
+    "credential type and result (ok, error).",
+    ["type", "result"],
+    registry=REGISTRY,
+)
 CREDENTIALS_INJECTED = Counter(
     "sandbox_gateway_credentials_injected_total",
     "Credentials swapped into requests, by credential name.",

@@ -1,7 +1,12 @@
 """The environment a sandbox needs: proxy URL with its token, CA bundle, API-key vars.
 
 The `*_API_KEY` variables hold the gateway token, never a key: SDKs put it in their
-usual header and the gateway swaps it for the real key on the way out.
+usual header and the gateway swaps it for the real key on the way out. The same goes
+for credentials the gateway mints: `GH_TOKEN`/`GITHUB_TOKEN` (gh, GitHub API clients),
+a git credential helper for the GitHub hosts that answers the token as the password
+(set through `GIT_CONFIG_*` variables, no file, no GIT_ASKPASS), AWS placeholder keys
+with the token as `AWS_SESSION_TOKEN` (the gateway re-signs with real keys), and
+`CLOUDSDK_AUTH_ACCESS_TOKEN` (gcloud) for Google.
 
 Beyond the proxy and CA variables every HTTP stack reads, some tools need their own:
 gRPC ignores `SSL_CERT_FILE` (`GRPC_DEFAULT_SSL_ROOTS_FILE_PATH`), an npmrc `cafile`
@@ -52,9 +57,16 @@ CA_VARIABLES = (
 API_KEY_VARIABLES = (
     "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AZURE_OPENAI_API_KEY", "GEMINI_API_KEY",
     "GOOGLE_API_KEY", "MISTRAL_API_KEY", "GROQ_API_KEY", "OPENROUTER_API_KEY", "HF_TOKEN",
+    "GH_TOKEN", "GITHUB_TOKEN", "AWS_SESSION_TOKEN", "CLOUDSDK_AUTH_ACCESS_TOKEN",
 )
 NO_PROXY = "localhost,127.0.0.1,::1"
 _JWT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
+#: AWS SDKs sign with these; the gateway strips that signature and signs with real keys.
+AWS_PLACEHOLDERS = (("AWS_ACCESS_KEY_ID", "SANDBOXGATEWAYPLACEHOLDER"),
+                    ("AWS_SECRET_ACCESS_KEY", "sandbox-gateway-placeholder-not-a-key"))
+#: git asks this helper after a 401: the token (from $GH_TOKEN) as the Basic password.
+GIT_HELPER = ('!f() { test "$1" = get || return 0; echo username=x-access-token; '
+              'echo "password=$GH_TOKEN"; }; f')
 
 
 class InvalidToken(ValueError):
@@ -130,11 +142,23 @@ def check_token(token: str, now: float | None = None) -> dict[str, Any]:
     return claims
 
 
+def git_config(hosts: tuple[str, ...] = ("github.com",)) -> list[tuple[str, str]]:
+    """`GIT_CONFIG_*` variables: the credential helper for each of `hosts` only (a helper
+    for every host would hand the token to any server that asks)."""
+    out = [("GIT_CONFIG_COUNT", str(len(hosts)))]
+    for i, host in enumerate(hosts):
+        out += [(f"GIT_CONFIG_KEY_{i}", f"credential.https://{host}.helper"),
+                (f"GIT_CONFIG_VALUE_{i}", GIT_HELPER)]
+    return out
+
+
 def sandbox_variables(token: str, proxy: str, sandbox: str | None = None,
                       ca_bundle: str = DEFAULT_CA_BUNDLE,
-                      node_preload: str | None = DEFAULT_NODE_PRELOAD) -> list[tuple[str, str]]:
+                      node_preload: str | None = DEFAULT_NODE_PRELOAD,
+                      git_hosts: tuple[str, ...] = ("github.com",)) -> list[tuple[str, str]]:
     """The sandbox's variables, in output order. `node_preload`: the preload's path
-    inside the sandbox (None: no NODE_OPTIONS)."""
+    inside the sandbox (None: no NODE_OPTIONS); `git_hosts`: hosts whose git credential
+    helper answers the token (empty: none)."""
     sandbox = sandbox or str(unverified_claims(token).get("sub") or "sandbox")
     url = proxy_url(proxy, sandbox, token)
     out = [("HTTPS_PROXY", url), ("HTTP_PROXY", url), ("https_proxy", url),
@@ -145,15 +169,19 @@ def sandbox_variables(token: str, proxy: str, sandbox: str | None = None,
         quoted = f'"{node_preload}"' if any(c in node_preload for c in ' "\\') else node_preload
         out.append(("NODE_OPTIONS", f"--import={quoted}"))
     out += [(var, token) for var in API_KEY_VARIABLES]
+    out += list(AWS_PLACEHOLDERS)
+    if git_hosts:
+        out += git_config(git_hosts)
     return out
 
 
 def sandbox_env(token: str, proxy: str, sandbox: str | None = None,
                 ca_bundle: str = DEFAULT_CA_BUNDLE,
-                node_preload: str | None = DEFAULT_NODE_PRELOAD) -> list[str]:
+                node_preload: str | None = DEFAULT_NODE_PRELOAD,
+                git_hosts: tuple[str, ...] = ("github.com",)) -> list[str]:
     """`KEY=value` lines for a sandbox (an env file for `docker run --env-file`)."""
     return [f"{k}={v}" for k, v in sandbox_variables(token, proxy, sandbox, ca_bundle,
-                                                      node_preload)]
+                                                      node_preload, git_hosts)]
 
 
 def _shell_quote(value: str) -> str:

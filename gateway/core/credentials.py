@@ -1,13 +1,16 @@
 """The credential swap: the sandbox's token out of its carrier, the real key in.
 
 A carrier is a header (`x-api-key`), `Authorization: Bearer`, `Authorization: Basic`
-(the key as password) or a query parameter (`?key=`). Presets list the carriers a
-provider accepts (Anthropic: `x-api-key` or Bearer); the key goes into the carrier the
-client used. `plan()` finds the token and checks it (this sandbox's, credential and
-path in scope) and that the request travels inside TLS — a key never goes over a
-cleartext connection: a plain `http://` request on a credential rule is refused
-(`credential_requires_tls`), not upgraded. `apply()` places the key. Pure functions
-over engine-neutral heads; the value itself comes from the secret cache.
+(the key as password), `Authorization: token` (GitHub) or a query parameter (`?key=`).
+Presets list the carriers a provider accepts (Anthropic: `x-api-key` or Bearer); the
+key goes into the carrier the client used, or where the credential `places` it (an
+Entra ID token always goes as Bearer, whichever carrier held the sandbox's token).
+`plan()` finds the token and checks it (this sandbox's, credential and path in scope)
+and that the request travels inside TLS — a key never goes over a cleartext
+connection: a plain `http://` request on a credential rule is refused
+(`credential_requires_tls`), not upgraded. `apply()` places the key (a signing
+credential, SigV4, signs instead: `exchange.Signer`). Pure functions over
+engine-neutral heads; the value itself comes from the secret cache.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ TOKEN_PREFIX = base64.urlsafe_b64encode(b'{"alg":"EdDSA","kid":').decode()[:28]
 
 _SHAPES = {"openai": "openai", "azure-openai": "openai", "mistral": "openai",
            "groq": "openai", "openrouter": "openai", "anthropic": "anthropic",
-           "gemini": "gemini"}
+           "gemini": "gemini", "azure-entra": "openai"}
 
 
 def shape_of(preset: str | None) -> str | None:
@@ -63,8 +66,8 @@ def _carried(headers: Headers, path: str, carrier: Injection) -> str | None:
     if carrier.kind == "header":
         assert carrier.name is not None
         return headers.get(carrier.name)
-    if carrier.kind == "bearer":
-        return _authorization(headers, "bearer")
+    if carrier.kind in ("bearer", "token"):
+        return _authorization(headers, carrier.kind)
     if carrier.kind == "query":
         return next((v for k, v in _query(path)[1] if k == carrier.name), None)
     param = _authorization(headers, "basic")
@@ -82,7 +85,7 @@ def _clear(headers: Headers, path: str, credential: Credential) -> str:
         if carrier.kind == "header":
             assert carrier.name is not None
             headers.remove(carrier.name)
-        elif carrier.kind in ("bearer", "basic"):
+        elif carrier.kind in ("bearer", "basic", "token"):
             if _authorization(headers, carrier.kind) is not None:
                 headers.remove("authorization")
         elif carrier.kind == "query":
@@ -110,6 +113,10 @@ def plan(credential: Credential, headers: Headers, target: Target, identity: Ide
         if value:
             break
     else:
+        if credential.challenge:  # git asks its credential helper only after a 401
+            raise Refusal("credential_required", f"rule {rule or '?'} injects credential "
+                          f"{credential.name!r}: send the sandbox token as the password "
+                          "(Basic x-access-token:<token>) or as Authorization: Bearer", rule)
         raise Refusal("credential_not_in_scope", f"rule {rule or '?'} injects credential "
                       f"{credential.name!r}, but the request carries no gateway token where "
                       "the provider expects its key; set the API key variable to the "
@@ -128,7 +135,7 @@ def plan(credential: Credential, headers: Headers, target: Target, identity: Ide
                       f"credential {credential.name!r} for this path; mint it with "
                       f"--scope {credential.name}")
     path = _clear(headers, target.path, credential)
-    return Swap(credential, carrier), path
+    return Swap(credential, credential.places or carrier), path
 
 
 def apply(swap: Swap, headers: Headers, path: str, key: str) -> str:
@@ -139,6 +146,8 @@ def apply(swap: Swap, headers: Headers, path: str, key: str) -> str:
         headers.set(carrier.name, key)
     elif carrier.kind == "bearer":
         headers.set("Authorization", f"Bearer {key}")
+    elif carrier.kind == "token":
+        headers.set("Authorization", f"token {key}")
     elif carrier.kind == "basic":
         raw = f"{carrier.name or ''}:{key}".encode()
         headers.set("Authorization", "Basic " + base64.b64encode(raw).decode())

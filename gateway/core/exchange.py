@@ -19,13 +19,19 @@ token or key goes out before the scan sees it whole. A compressed body is decode
 the scan (and forwarded as sent, once whole, up to `ENCODED_LIMIT`). On a credential
 exchange the upstream is asked for `Accept-Encoding: identity`; a response that comes
 encoded anyway is decoded, and every echo of the key is redacted in headers and body.
+
+A credential that signs requests (SigV4) installs a `Signer`: a request whose payload
+is not signed is signed at once; otherwise the body is held whole (up to
+`SIGNED_BODY_LIMIT`) and `request_whole` signs the head before the engine serialises
+it. An engine about to stream a body calls `streaming()` first, which refuses such a
+request: it cannot be signed before its head goes out.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway import metrics
 from gateway.core.addresses import Pinned
@@ -45,10 +51,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sandbox_gateway")
 
-__all__ = ["ENCODED_LIMIT", "Exchange", "no_body"]
+__all__ = ["ENCODED_LIMIT", "SIGNED_BODY_LIMIT", "Exchange", "Signer", "no_body"]
 
 ENCODED_LIMIT = 8 * 1024 * 1024  # a compressed request body is held whole up to this size
 HOLD_LIMIT = 1024 * 1024  # a request body that ends within this is checked whole first
+SIGNED_BODY_LIMIT = MODEL_BODY_LIMIT  # a body signed whole (SigV4) is held up to this
 _UPSTREAM_KINDS = {
     "connect": "the upstream {where} could not be reached ({detail})",
     "tls": "the TLS handshake with the upstream {where} failed ({detail}); if it uses a "
@@ -58,6 +65,19 @@ _UPSTREAM_KINDS = {
     "encoding": "the upstream {where} answered with a content coding the gateway cannot "
                 "decode to check for keys",
 }
+
+
+class Signer(Protocol):
+    """Signs a request with a minted credential (SigV4), replacing the client's
+    signature. Both methods raise `Refusal` for a request it cannot sign."""
+
+    def needs_body(self, head: RequestHead) -> bool:
+        """True if the signature covers the body (then `sign` needs it whole)."""
+        ...
+
+    def sign(self, head: RequestHead, target: Target, body: bytes | None) -> None:
+        """Sign `head` in place (`body`: the whole body as forwarded, or None)."""
+        ...
 
 
 def no_body(method: str, status: int) -> bool:
@@ -94,6 +114,8 @@ class Exchange:
         self._metering: tuple[Metering, Policy, str | None] | None = None
         self._metered: MeteredExchange | None = None
         self._report: str | None = None  # a would-refuse reason under mode: report
+        self._signer: Signer | None = None  # signs the head once the body is whole
+        self.signed = False  # the head was signed after the gate returned (SigV4)
 
     # -- metering (model allowlists, budgets, usage) --------------------------------------
 
@@ -109,7 +131,7 @@ class Exchange:
         if self._metering is not None and rule is not None and \
                 model_in_body(rule, self.head.method, self.target.path):
             return MODEL_BODY_LIMIT
-        return HOLD_LIMIT
+        return SIGNED_BODY_LIMIT if self._signer is not None else HOLD_LIMIT
 
     def _admit(self, body: bytes | None) -> bytes | None:
         """The metering step before forwarding: the model allowlist (403), budgets (429);
@@ -140,6 +162,29 @@ class Exchange:
         metrics.child(metrics.CREDENTIALS_INJECTED, credential).inc()
         # Ask for an uncompressed answer: echoes are redacted on plain bytes.
         self.head.headers.set("Accept-Encoding", "identity")
+
+    def sign_with(self, signer: Signer) -> None:
+        """Sign the request with a minted credential: now if its payload is unsigned,
+        else in `request_whole`, once the body is known (raises Refusal)."""
+        if signer.needs_body(self.head):
+            self._signer = signer
+        else:
+            signer.sign(self.head, self.target, None)
+
+    @property
+    def signing(self) -> bool:
+        """True while the head waits to be signed over the whole body."""
+        return self._signer is not None
+
+    def streaming(self) -> None:
+        """The engine is about to send the head and stream the body after it: refused
+        if the request must be signed over its whole body (raises Refusal)."""
+        if self._signer is not None:
+            raise Refusal("unsupported", f"credential {self.credential!r} signs requests "
+                          "(AWS SigV4) over their whole body, and this body is over "
+                          f"{self.hold_limit} bytes or of unknown length; send it with a "
+                          "Content-Length within that, or sign it with "
+                          "x-amz-content-sha256: UNSIGNED-PAYLOAD")
 
     def forward_path(self, path: str) -> None:
         """The request line goes out origin-form, built from the target; a Host header
@@ -183,6 +228,7 @@ class Exchange:
 
     def request_data(self, chunk: bytes) -> bytes:
         """Scan a request body chunk; returns the bytes that may go upstream now."""
+        self.streaming()
         self._admit(None)  # streamed: the body is not held (a models check refuses)
         scanner = self._scanner()
         if self._decoder is not None:
@@ -256,6 +302,9 @@ class Exchange:
         replaced = self._admit(whole if self._decoder is None else None)
         if replaced is not None:
             whole = replaced
+        if self._signer is not None:
+            self._signer.sign(self.head, self.target, whole)
+            self._signer, self.signed = None, True
         self.bytes_out = len(whole)
         return whole
 

@@ -29,13 +29,13 @@ from gateway import metrics
 from gateway.core import credentials, target
 from gateway.core.addresses import Pinned
 from gateway.core.audit import record
-from gateway.core.exchange import Exchange
+from gateway.core.exchange import Exchange, Signer
 from gateway.core.leaks import LeakScan, sensitive_markers, token_markers
 from gateway.core.messages import Headers, RequestHead
 from gateway.core.names import DestinationError, is_ip, normalize_host
 from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal, answer
 from gateway.metering import Metering
-from gateway.policy import Decision, Policy, PolicySet, Request, decide
+from gateway.policy import Credential, Decision, Policy, PolicySet, Request, decide
 from gateway.secrets.value import SecretValue
 from gateway.state import SandboxAddress
 from gateway.tokens import Identity, TokenRefused, TokenService
@@ -58,6 +58,13 @@ class Secrets(Protocol):
     async def get(self, name: str) -> SecretValue: ...
     def invalidate(self, name: str, rejected: SecretValue | None = None) -> None: ...
     def known_items(self) -> list[tuple[str, SecretValue]]: ...
+
+
+class Signers(Protocol):
+    """Makes the request signer of a credential that signs (AWS SigV4) from its
+    minted value (the minting backends, gateway/minting/)."""
+
+    def signer(self, credential: Credential, value: SecretValue) -> Signer: ...
 
 
 class Registry(Protocol):
@@ -121,9 +128,10 @@ class Gate:
                  guard: Guard, secrets: Secrets, registry: Registry,
                  audit: Callable[[dict[str, Any]], None],
                  resolve: Callable[[str, int], Awaitable[list[str]]] | None = None,
-                 metering: Metering | None = None,
+                 metering: Metering | None = None, signers: Signers | None = None,
                  connections_per_sandbox: int = 256, max_connections: int = 1 << 30) -> None:
         self.metering = metering
+        self.signers = signers
         self.resolve = resolve or _no_resolver
         self.max_connections = max_connections
         self.open_connections = 0
@@ -178,9 +186,9 @@ class Gate:
             return None
         found = self._shapes.get(host, "?")
         if found == "?":
-            found = next((credentials.shape_of(c.preset) for c in
+            found = next((credentials.shape_of(c.preset or c.kind) for c in
                           self.policies().credentials.values()
-                          if c.preset and c.binds(host)), None)
+                          if (c.preset or c.mint) and c.binds(host)), None)
             if len(self._shapes) > 10_000:
                 self._shapes.clear()
             self._shapes[host] = found
@@ -552,17 +560,31 @@ class Gate:
         found = ex.scan.head(head.method, path, head.headers.fields)
         if found is not None:
             raise ex.leak(found)
+        signer: Signer | None = None
         if swap is not None:
-            name = swap.credential.secret
+            credential, name = swap.credential, swap.credential.secret
             try:
                 value = await self.secrets.get(name)
-            except Exception as exc:  # SecretUnavailable, or a store failure
+            except Exception as exc:  # SecretUnavailable, or a store or mint failure
                 reason = getattr(exc, "reason", None) or "the secret store failed"
-                raise Refusal("secret_unavailable", f"credential {swap.credential.name!r} "
+                if credential.mint is not None:
+                    raise Refusal("credential_unavailable", f"credential {credential.name!r}"
+                                  f" ({credential.kind}) could not be minted: {reason}"
+                                  ) from None
+                raise Refusal("secret_unavailable", f"credential {credential.name!r} "
                               f"could not be fetched: {reason}") from None
-            path = credentials.apply(swap, head.headers, path, value.reveal())
-            ex.injected(swap.credential.name, name, value)
+            if credential.signs:  # AWS SigV4: re-signed, now or once the body is whole
+                if self.signers is None:
+                    raise Refusal("credential_unavailable", f"credential {credential.name!r}"
+                                  " signs requests, and this gateway has no signer for it")
+                ex.injected(credential.name, name, value)
+                signer = self.signers.signer(credential, value)
+            else:
+                path = credentials.apply(swap, head.headers, path, value.reveal())
+                ex.injected(credential.name, name, value)
         ex.forward_path(path)
+        if signer is not None:  # the signature covers the request line as forwarded
+            ex.sign_with(signer)
 
     def scan_for(self, host: str, token: str | None) -> LeakScan:
         """The leak markers for a request to `host` from a client holding `token`:
@@ -678,5 +700,6 @@ def _markers_of(value: SecretValue) -> frozenset[bytes]:
     if cached is None or cached[0] is not value:
         if len(_MARKERS) > 1024:
             _MARKERS.clear()
-        cached = _MARKERS[id(value)] = (value, sensitive_markers(value.reveal().encode()))
+        markers = frozenset().union(*(sensitive_markers(p.encode()) for p in value.pieces()))
+        cached = _MARKERS[id(value)] = (value, markers)
     return cached[1]

@@ -51,6 +51,7 @@ _CODES: dict[str, tuple[int, str]] = {
     "forbidden_destination": (403, "destination_ip_prohibited"),
     "bad_destination": (403, "destination_not_found"),
     "credential_not_in_scope": (403, "http_request_denied"),
+    "credential_required": (401, "http_request_denied"),
     "credential_requires_tls": (403, "http_request_denied"),
     "exfiltration_blocked": (403, "http_request_denied"),
     "model_not_allowed": (403, "http_request_denied"),
@@ -67,7 +68,8 @@ _CODES: dict[str, tuple[int, str]] = {
     "at_capacity": (503, "proxy_internal_error"),
     "gateway_error": (500, "proxy_internal_error"),
 }
-_PHRASES = {400: "Bad Request", 403: "Forbidden", 407: "Proxy Authentication Required",
+_PHRASES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+            407: "Proxy Authentication Required",
             429: "Too Many Requests", 500: "Internal Server Error", 501: "Not Implemented",
             502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
 
@@ -184,6 +186,8 @@ def answer(refusal: Refusal, *, shape: str | None = None, close: bool = False) -
     if status == 407:
         headers.set("Proxy-Authenticate", 'Basic realm="sandbox-gateway"')
         close = True
+    if refusal.code == "credential_required":  # git then asks its credential helper
+        headers.set("WWW-Authenticate", 'Basic realm="sandbox-gateway"')
     if refusal.retry_after is not None:
         headers.set("Retry-After", str(max(0, int(refusal.retry_after))))
     headers.set("Content-Length", str(len(body)))

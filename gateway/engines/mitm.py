@@ -321,6 +321,17 @@ class Adapter(NextLayer):
             req.authority = ""  # forwarded origin-form, built from the target
         length = req.headers.get("content-length")
         if length is None or not length.isdigit() or int(length) > BUFFER_LIMIT:
+            # A request signed over its body (SigV4) with none (HTTP/1, no framing) is
+            # held: `request` signs it. One that would stream cannot be signed: refused.
+            if ex.signing and length is None and not h2 and \
+                    "transfer-encoding" not in req.headers:
+                return
+            try:
+                ex.streaming()
+            except Refusal as refusal:
+                flow.response = to_response(ex.abort(refusal))
+                flow.metadata[ANSWERED] = True
+                return
             # Of unknown or large size: scanned chunk by chunk as it streams (mitmproxy
             # would otherwise switch to streaming past 1 MiB after this hook, unscanned).
             req.stream = _RequestStream(ex, flow)
@@ -334,6 +345,8 @@ class Adapter(NextLayer):
         try:
             body = ex.request_whole(flow.request.raw_content or b"",
                                     list(trailers.fields) if trailers else None)
+            if ex.signed:  # signed (SigV4) now that the body is known
+                flow.request.headers.fields = tuple(ex.head.headers.fields)
             if body != (flow.request.raw_content or b""):
                 flow.request.raw_content = body  # metering asked for usage on a stream
                 if "content-length" in flow.request.headers:

@@ -168,6 +168,9 @@ def _injection_text(injection: Injection) -> str:
 
 
 def _credential_fields(c: Credential) -> tuple[tuple[str, str], ...]:
+    if c.mint is not None:  # minted: its type and fields (secret fields are names)
+        return (("type", c.mint.type), *((k, str(v)) for k, v in c.mint.options),
+                ("hosts", ", ".join(c.hosts)))
     return (
         ("preset", c.preset or "none"),
         ("secret", c.secret),

@@ -15,6 +15,7 @@ from gateway.policy.paths import PathSet, compile_paths
 
 if TYPE_CHECKING:
     from gateway.policy.matcher import Matcher
+    from gateway.policy.minted import MintSpec
 
 __all__ = [
     "DEFAULT_HTTPS_PORT",
@@ -33,7 +34,7 @@ __all__ = [
 
 Mode = Literal["enforce", "report"]
 Protocol = Literal["http", "tcp"]
-InjectionKind = Literal["header", "bearer", "query", "basic"]
+InjectionKind = Literal["header", "bearer", "query", "basic", "token"]
 DecisionResult = Literal["allow", "deny", "report"]
 BudgetScope = Literal["sandbox", "policy"]
 
@@ -48,7 +49,8 @@ class Injection:
     * ``header``: header ``name`` carries the secret as is (``x-api-key``, ``api-key``);
     * ``bearer``: ``Authorization: Bearer <secret>`` (``name`` is None);
     * ``query``: query parameter ``name`` (``?key=``);
-    * ``basic``: ``Authorization: Basic`` with user ``name`` and the secret as password.
+    * ``basic``: ``Authorization: Basic`` with user ``name`` and the secret as password;
+    * ``token``: ``Authorization: token <secret>`` (GitHub's own scheme, as ``gh`` sends).
 
     ``alternatives`` are other carriers the same provider accepts: the injector
     replaces the token in whichever carrier the client used, and falls back to
@@ -67,7 +69,14 @@ class Injection:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Credential:
-    """A named secret bound to hosts: injected only where a destination matches ``hosts``."""
+    """A named secret bound to hosts: injected only where a destination matches ``hosts``.
+
+    ``secret`` is the name the value is read by from the secret cache: a store secret,
+    or for a minted credential (``mint`` set, ``type:`` in the policy) the cache name
+    of its minted value. ``places`` is where the value goes whatever carrier the
+    client used (None: that carrier); ``signs``: the value signs the request (SigV4)
+    instead; ``challenge``: a request with no token gets 401 + ``WWW-Authenticate``.
+    """
 
     name: str
     secret: str
@@ -76,6 +85,10 @@ class Credential:
     preset: str | None = None
     source: str = "<memory>"
     policy: str = ""
+    mint: MintSpec | None = None
+    places: Injection | None = None
+    signs: bool = False
+    challenge: bool = False
     host_patterns: tuple[HostPattern, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -86,6 +99,11 @@ class Credential:
     def binds(self, host: str) -> bool:
         """True if this credential may be sent to the normalised ``host``."""
         return any(p.matches(host) for p in self.host_patterns)
+
+    @property
+    def kind(self) -> str:
+        """The credential's type (``key`` for a secret read from the store)."""
+        return self.mint.type if self.mint is not None else "key"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

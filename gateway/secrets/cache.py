@@ -13,6 +13,10 @@ What it adds on top of a `SecretStore`:
   (never sooner than a Retry-After); meanwhile a get that has no value fails
   fast with `SecretUnavailable` instead of hammering the store.
 - **Invalidate**: an upstream 401 calls `invalidate`; the next get refetches.
+- **Minted values** (`MintedValue` with a ``lifetime``: access tokens the gateway
+  mints) are kept until ``expiry_margin`` (at most a tenth of their lifetime) before
+  they expire instead of ``ttl``, refreshed ahead of that, and never served, not even
+  stale, past their own expiry.
 
 Logs and metrics carry secret *names* and store kinds, never values.
 """
@@ -29,7 +33,7 @@ from dataclasses import dataclass
 
 from gateway import metrics
 from gateway.secrets.base import SecretError, SecretNotFound, SecretStore, SecretStoreError
-from gateway.secrets.value import SecretValue
+from gateway.secrets.value import MintedValue, SecretValue
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +86,7 @@ class SecretCache:
         fetch_timeout: float | None = 15.0,
         reconfirm_interval: float = 30.0,
         rng: random.Random | None = None,
+        expiry_margin: float = 60.0,
     ) -> None:
         if ttl <= 0:
             raise ValueError("ttl must be positive")
@@ -97,6 +102,7 @@ class SecretCache:
         self.backoff_max = backoff_max
         self.fetch_timeout = fetch_timeout
         self.reconfirm_interval = reconfirm_interval
+        self.expiry_margin = expiry_margin
         self._clock = clock
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
         self._entries: dict[str, _Entry] = {}
@@ -245,9 +251,17 @@ class SecretCache:
         if entry.invalidated:
             entry.confirmed_at = now if entry.value is not None and entry.value == value else None
         entry.value = value
-        entry.expires_at = now + self.ttl
-        entry.refresh_at = entry.expires_at - self.refresh_ahead
-        entry.stale_until = entry.expires_at + self.stale_for
+        lifetime = value.lifetime if isinstance(value, MintedValue) else None
+        if lifetime is None:
+            entry.expires_at = now + self.ttl
+            entry.refresh_at = entry.expires_at - self.refresh_ahead
+            entry.stale_until = entry.expires_at + self.stale_for
+        else:
+            margin = min(self.expiry_margin, lifetime / 10)
+            usable = max(1.0, lifetime - margin)  # (a skewed clock: no mint per request)
+            entry.expires_at = now + usable
+            entry.refresh_at = entry.expires_at - min(self.refresh_ahead, usable / 2)
+            entry.stale_until = now + max(0.0, lifetime - margin / 2)
         entry.invalidated = False
         entry.failures = 0
         entry.retry_at = 0.0

@@ -50,6 +50,10 @@ class SecretValue:
         """Encodings of the value a leak detector must look for (computed once)."""
         return self._variants
 
+    def pieces(self) -> tuple[str, ...]:
+        """The strings of this value that can travel on the wire (each a leak marker)."""
+        return (self._value,)
+
     def equals(self, other: str | bytes) -> bool:
         """Constant-time comparison with a plain str or bytes."""
         if isinstance(other, str):
@@ -102,6 +106,38 @@ class SecretValue:
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SecretValue:
         return self
+
+
+class MintedValue(SecretValue):
+    """A value the gateway minted (an access token, an AWS key pair).
+
+    ``lifetime``: seconds it stays valid from the moment it was minted (None: no known
+    expiry); the secret cache keeps it until shortly before then. ``parts``: the
+    strings of a composite value (access key id, secret key, session token) — each one
+    is a leak marker and is redacted in responses, not the joined text.
+    """
+
+    __slots__ = ("_lifetime", "_parts")
+
+    _lifetime: float | None
+    _parts: tuple[str, ...]
+
+    def __init__(self, value: str, *, lifetime: float | None = None,
+                 parts: tuple[str, ...] = ()) -> None:
+        super().__init__(value)
+        kept = tuple(p for p in parts if p)
+        object.__setattr__(self, "_lifetime", lifetime)
+        object.__setattr__(self, "_parts", kept)
+        if kept:
+            variants = (v for p in kept for v in encoding_variants(p))
+            object.__setattr__(self, "_variants", tuple(dict.fromkeys(variants)))
+
+    @property
+    def lifetime(self) -> float | None:
+        return self._lifetime
+
+    def pieces(self) -> tuple[str, ...]:
+        return self._parts or (self._value,)
 
 
 def encoding_variants(value: str) -> tuple[bytes, ...]:

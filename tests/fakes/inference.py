@@ -11,7 +11,8 @@ a throwaway CA (``ca_path``) whose SANs are 127.0.0.1 and the providers' host na
   ``/v1/responses`` (JSON; SSE ``response.created`` ... ``response.completed`` with
   ``response.usage``), ``/v1/embeddings``; ``Authorization: Bearer <key>``.
 * Azure OpenAI: ``/openai/deployments/{d}/chat/completions?api-version=...`` with
-  ``api-key: <key>`` (same bodies; ``model`` is the deployment's model).
+  ``api-key: <key>``, or ``Authorization: Bearer <Entra ID token>`` that ``entra``
+  accepts (same bodies; ``model`` is the deployment's model).
 * Anthropic: ``POST /v1/messages`` (JSON; SSE ``message_start`` ... ``message_stop``),
   ``x-api-key`` (or Bearer) and ``anthropic-version`` required.
 * Gemini: ``POST /v1beta/models/{m}:generateContent`` and ``:streamGenerateContent``
@@ -31,6 +32,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -82,6 +84,7 @@ class FakeInference:
     api_key: str = "sk-fake-provider-key"
     cached_tokens: int = 0
     interval: float = 0.0  # seconds between streamed events
+    entra: Callable[[str], bool] | None = None  # Azure: accepts this bearer token?
     requests: list[Recorded] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -156,9 +159,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         for k, v in (headers or {}).items():
             self.send_header(k, v)
+        self.seen.status = status  # before the client can read the answer
         self.end_headers()
         self.wfile.write(body)
-        self.seen.status = status
 
     def _stream(self, parts: list[bytes], content_type: str = "text/event-stream") -> None:
         self.send_response(200)
@@ -195,7 +198,10 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path == "/v1/messages":
             return self._anthropic(request)
         if azure:
-            if self.headers.get("api-key") != self.fake.api_key:
+            auth = self.headers.get("Authorization", "")
+            entra = self.fake.entra is not None and auth.startswith("Bearer ") and \
+                self.fake.entra(auth[7:])
+            if self.headers.get("api-key") != self.fake.api_key and not entra:
                 return self._send(401, {"error": {"code": "401", "message": "Access denied "
                                                   "due to invalid subscription key or wrong "
                                                   "API endpoint."}})

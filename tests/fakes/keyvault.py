@@ -15,7 +15,10 @@ Behaviour copied from the real service:
   return ``{"value", "id", "attributes", "tags"}``; a missing secret is a 404
   ``SecretNotFound`` error body; no ``api-version`` is a 400;
 - ``POST /{tenant}/oauth2/v2.0/token`` accepts a client assertion (what
-  ``WorkloadIdentityCredential`` sends) and issues an access token.
+  ``WorkloadIdentityCredential`` sends) for one of ``scopes`` (Key Vault's by default;
+  add Cognitive Services' for Azure OpenAI) and issues an access token valid for
+  ``token_lifetime`` seconds; `issued(token, scope)` tells a fake API whether to
+  accept a bearer token.
 
 Programmable faults: ``outage`` ("503" or "drop" the connection), ``throttle``
 (429 with Retry-After for the next N secret requests), per-name ``latency``,
@@ -87,6 +90,8 @@ class FakeKeyVault:
     #: Extra bearer tokens accepted as valid (for static test credentials).
     static_tokens: set[str] = field(default_factory=set)
     challenge_resource: str = VAULT_RESOURCE
+    scopes: set[str] = field(default_factory=lambda: {VAULT_RESOURCE + "/.default"})
+    token_lifetime: int = 3599
 
     # Faults.
     outage: str | None = None  # None | "503" | "drop"
@@ -100,7 +105,7 @@ class FakeKeyVault:
 
     def __post_init__(self) -> None:
         self._secrets: dict[str, list[tuple[str, str]]] = {}  # name -> [(version, value)]
-        self._issued: set[str] = set()
+        self._issued: dict[str, tuple[str, float]] = {}  # token -> (scope, expiry)
         self._lock = threading.Lock()
         self.ca_path, cert_path, key_path = _make_certificates(self.workdir)
         self._server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -196,6 +201,16 @@ class FakeKeyVault:
 
     def resolver(self) -> LoopbackResolver:
         return LoopbackResolver(self.port)
+
+    def issued(self, token: str, scope: str) -> bool:
+        """True for a live token this fake issued for ``scope``."""
+        with self._lock:
+            found = self._issued.get(token)
+        return found is not None and found[0] == scope and found[1] > time.time()
+
+    def revoke(self, token: str) -> None:
+        with self._lock:
+            self._issued.pop(token, None)
 
     def issue_static_token(self) -> str:
         token = "static-" + pysecrets.token_hex(8)
@@ -394,18 +409,18 @@ class FakeKeyVault:
                     ),
                 },
             )
-        if form.get("scope") != VAULT_RESOURCE + "/.default":
+        if form.get("scope") not in self.scopes:
             return 400, {}, {"error": "invalid_scope", "error_description": "AADSTS70011"}
         token = "at-" + pysecrets.token_hex(16)
         with self._lock:
-            self._issued.add(token)
+            self._issued[token] = (form["scope"], time.time() + self.token_lifetime)
         return (
             200,
             {},
             {
                 "token_type": "Bearer",
-                "expires_in": 3599,
-                "ext_expires_in": 3599,
+                "expires_in": self.token_lifetime,
+                "ext_expires_in": self.token_lifetime,
                 "access_token": token,
             },
         )

@@ -297,6 +297,7 @@ class Connection(Side):
                 whole = ex.request_whole(b"".join(start), trailers[0] if trailers else None)
                 return await self._send_whole(ex, head, size, whole, trailers, websocket,
                                               client_close)
+            ex.streaming()  # refused if the head must be signed over the whole body
         except Refusal as refusal:
             self.exchange = None
             self.write_answer(ex.abort(refusal))

@@ -1,0 +1,41 @@
+"""Credentials the gateway mints: GitHub App tokens, Entra ID, AWS SigV4, Google, OAuth2.
+
+One small module per type (`github`, `azure`, `aws` + `sigv4`, `google`, `oauth2`),
+a common layer (`base`: the minter contract; `http`: the client for token endpoints;
+`store`: minted values behind the secret cache, and the gate's port). The gate sees
+only the port: `get`/`invalidate`/`known_items` like the secret cache, and `signer`
+for SigV4. Policy syntax: `gateway/policy/minted.py`; docs: docs/credentials.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from gateway.minting.base import MintContext, Minter, MintFailed
+from gateway.minting.http import TokenHttp
+from gateway.minting.store import Credentials, MintingStore, make_minter
+from gateway.policy import PolicySet
+from gateway.secrets.cache import SecretCache
+
+# botocore logs canonical requests (session token included) and STS answers (secret keys)
+# at DEBUG: a gateway run with debug logging must not write them out.
+logging.getLogger("botocore").setLevel(logging.INFO)
+
+__all__ = ["Credentials", "MintContext", "MintFailed", "Minter", "MintingStore", "TokenHttp",
+           "build_credentials", "make_minter"]
+
+
+def build_credentials(stored: SecretCache, policies: Callable[[], PolicySet], *,
+                      upstream_ca: Path | None = None,
+                      overrides: Mapping[str, tuple[str, int]] | None = None,
+                      timeout: float = 15.0) -> Credentials:
+    """The gate's secrets port: ``stored`` for store secrets, and a second cache with
+    the same settings over the minting backends for minted values."""
+    http = TokenHttp(upstream_ca=upstream_ca, overrides=overrides, timeout=timeout)
+    minting = MintingStore(policies, MintContext(http=http, secrets=stored))
+    minted = SecretCache(minting, ttl=stored.ttl, refresh_ahead=stored.refresh_ahead,
+                         stale_for=stored.stale_for, backoff_base=stored.backoff_base,
+                         backoff_max=stored.backoff_max, fetch_timeout=timeout + 15.0)
+    return Credentials(stored, minted, minting, http)
