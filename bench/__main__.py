@@ -30,7 +30,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import micro, report, targets
+from bench import metering, micro, report, targets
 from bench.proxies import GatewayProxy, MitmdumpProxy, Proxy, SquidProxy
 from bench.upstream import LocalCA, SSEServer, StaticUpstream, stop_process
 
@@ -52,6 +52,7 @@ class Sizes:
     policy_samples: int
     worker_concurrency: tuple[int, ...]  # the workers section: GET /small at these
     secret_concurrency: int = 100
+    metering_requests: int = 200  # per row and round (8 rounds): streamed calls, metered vs not
 
 
 FULL = Sizes(get_seconds=5.0, big_bytes=100_000_000, sse_streams=20, sse_events=20,
@@ -59,7 +60,7 @@ FULL = Sizes(get_seconds=5.0, big_bytes=100_000_000, sse_streams=20, sse_events=
              policy_samples=50_000, worker_concurrency=(10, 20))
 QUICK = Sizes(get_seconds=0.5, big_bytes=2_000_000, sse_streams=3, sse_events=5,
               sse_interval_ms=5, idle_tunnels=20, policy_sizes=(10, 100, 1000),
-              policy_samples=2000, worker_concurrency=(10,))
+              policy_samples=2000, worker_concurrency=(10,), metering_requests=20)
 WORKER_COUNTS = (1, 2)  # `run --workers N` in the workers section
 IDLE_TIMEOUT = "2s"  # network.upstream_idle_timeout of the idle_after_timeout gateway
 IDLE_TIMEOUT_WAIT_S = 4.0  # idle_after_timeout: wait at least this long after the tunnels
@@ -98,7 +99,7 @@ ROWS = (
     Row("squid", "squid CONNECT", "squid", "pass.bench.test",
         ("get_c1", "get_c10", "download", "sse", "idle")),
 )
-SECTIONS = ("workers", "policy", "secret")
+SECTIONS = ("workers", "policy", "secret", "metering")
 
 
 class ClientError(RuntimeError):
@@ -431,6 +432,15 @@ class Bench:
                                     entry.setdefault(w, {"error": str(exc)[:800]})
                 if self.wanted("workers"):
                     self.run_workers(stack)
+            if self.wanted("metering"):
+                print("metering overhead ...", file=sys.stderr)
+                ca = getattr(self, "ca", None) or LocalCA.create(self.workdir / "ca-metering")
+                try:
+                    self.results["metering"] = metering.run(
+                        self.workdir, ca, self.proxy_cpu,
+                        requests=self.sizes.metering_requests)
+                except RuntimeError as exc:
+                    self.results["metering"] = {"error": str(exc)[:800]}
         if self.wanted("policy"):
             print("policy decisions ...", file=sys.stderr)
             self.results["policy"] = micro.policy_decisions(list(self.sizes.policy_sizes),

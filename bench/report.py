@@ -194,6 +194,15 @@ def _policy_lines(results: dict[str, Any]) -> list[str]:
         lines.append(f"cold secret, {sec['concurrency']} concurrent gets: {sec['vault_calls']} "
                      f"vault call(s) ({sec['vault_requests_incl_challenge']} requests incl. "
                      f"the SDK's auth challenge), {sec['seconds'] * 1e3:.0f} ms")
+    met = results.get("metering")
+    if met and "metered_us" in met:
+        lines.append(f"metering, {met['requests']:,} streamed chat completions per rule "
+                     f"({met['chunks']} events + usage, c{met['conc']}, median of "
+                     f"{met['rounds']} alternating rounds): metered {met['metered_us']:.0f} µs "
+                     f"vs not {met['plain_us']:.0f} µs proxy CPU per request; "
+                     f"{met['metered_audit_lines_with_usage']:,} audit lines with usage")
+    elif met:
+        lines.append(f"metering: {met.get('error', 'not measured')}")
     return lines
 
 

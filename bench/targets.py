@@ -120,6 +120,14 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         f"cold secret under {sec['concurrency'] if sec else 100} concurrent requests: "
         "vault calls", "= 1", float(sec["vault_calls"]) if sec else None, 0.0,
         lambda a, b: a, lambda v: v == 1, "{:.0f}"))
+    met = results.get("metering") or {}
+    ok = "metered_us" in met
+    out.append(_target(
+        f"metering: proxy CPU per streamed request, metered vs not ({met.get('chunks', 50)} "
+        "events + usage; median of per-round ratios)", "≤ 1.10x",
+        met.get("ratio") if ok else None, 1.0, lambda a, b: a, lambda v: v <= 1.10,
+        "{:.2f}x (medians " + (f"{met['metered_us']:.0f} vs {met['plain_us']:.0f} µs)"
+                               if ok else ")")))
     out.append(_target(
         "SSE first event: added delay over direct (p50)", "≤ 2 ms",
         _val(rows, "gateway_sse", "sse", "ttfe_p50_ms"), _val(rows, "direct", "sse",

@@ -119,3 +119,14 @@ def ensure_admin_token(directory: Path) -> tuple[str, bool]:
     token = secrets.token_urlsafe(32)
     write_private(path, token.encode() + b"\n")
     return token, True
+
+
+def admin_token_line(certs: Path, configured: bool, created: bool) -> str:
+    """Where the admin token is, for a banner: never the token itself (banners end up in
+    logs). `configured`: it came from the config or the environment."""
+    if configured:
+        return "  admin token: from admin_token / SANDBOX_GATEWAY_ADMIN_TOKEN (not shown)"
+    path = certs / ADMIN_TOKEN
+    if created:
+        return f"  admin token: generated into {path} (mode 0600; read it from there)"
+    return f"  admin token: in {path}"

@@ -119,18 +119,9 @@ def _banner(gateway: object) -> None:
     if gateway.dns is not None:
         lines.insert(3, f"  dns     {_fmt(gateway.dns.addresses[0])}   (udp+tcp; registered "
                         "sandboxes only)")
-    lines.append(admin_token_line(cfg, gateway.admin_token_created))
+    lines.append(ca.admin_token_line(cfg.certs, bool(cfg.admin_token),
+                                        gateway.admin_token_created))
     print("\n".join(lines), file=sys.stderr, flush=True)
-
-
-def admin_token_line(cfg: Config, created: bool) -> str:
-    """Where the admin token is: never the token itself (banners end up in logs)."""
-    if cfg.admin_token:
-        return "  admin token: from admin_token / SANDBOX_GATEWAY_ADMIN_TOKEN (not shown)"
-    path = cfg.certs / ca.ADMIN_TOKEN
-    if created:
-        return f"  admin token: generated into {path} (mode 0600; read it from there)"
-    return f"  admin token: in {path}"
 
 
 def _fmt(addr: tuple[str, int]) -> str:

@@ -235,8 +235,8 @@ def run_supervisor(config: Config, config_path: str | None, workers: int) -> int
         lines.insert(3, f"  transparent {listen.transparent}")
     if listen.dns is not None:
         lines.insert(3, f"  dns     {listen.dns}   (udp+tcp; registered sandboxes only)")
-    from gateway.cli import admin_token_line
 
-    lines.append(admin_token_line(config, supervisor.admin_token_created))
+    lines.append(ca.admin_token_line(config.certs, bool(config.admin_token),
+                                    supervisor.admin_token_created))
     print("\n".join(lines), file=sys.stderr, flush=True)
     return supervisor.watch()

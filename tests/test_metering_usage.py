@@ -104,6 +104,27 @@ def test_sse_line_endings(fixture: str, newline: bytes) -> None:
         assert metered(case[1], case[2], case[3], [data[:cut], data[cut:]]) == case[4]
 
 
+@pytest.mark.parametrize("fixture", ["openai_chat_stream_usage.sse", "gemini_stream.sse",
+                                     "anthropic_messages_stream.sse"])
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n", b"\r"])
+def test_sse_one_event_per_chunk(fixture: str, newline: bytes) -> None:
+    """What providers send (a chunk per event, each ending in its blank line) takes the
+    scanner's fast path for the events without usage; the usage is still read."""
+    data = (DATA / fixture).read_bytes().replace(b"\r\n", b"\n").replace(b"\n", newline)
+    end = newline * 2
+    events = [e + end for e in data.split(end) if e]
+    assert b"".join(events).rstrip(newline) == data.rstrip(newline)
+    case = next(c for c in CASES if c[0] == fixture)
+    assert metered(case[1], case[2], case[3], events) == case[4]
+    # Events in pairs, and every event glued to the start of the next one.
+    assert metered(case[1], case[2], case[3], [b"".join(events[i:i + 2])
+                                                for i in range(0, len(events), 2)]) == case[4]
+    glued = [events[i] + events[i + 1][:3] if i + 1 < len(events) else events[i]
+             for i in range(len(events))]
+    glued = [g[3:] if i else g for i, g in enumerate(glued)]
+    assert metered(case[1], case[2], case[3], glued) == case[4]
+
+
 def test_stream_cut_off_keeps_what_arrived() -> None:
     data = (DATA / "anthropic_messages_stream.sse").read_bytes()
     cut = data.index(b"event: message_delta")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway import metrics
@@ -113,6 +114,7 @@ class Exchange:
         self.done = False
         self._metering: tuple[Metering, Policy, str | None] | None = None
         self._metered: MeteredExchange | None = None
+        self._meter_feed: Callable[[bytes], None] | None = None  # the meter's, per chunk
         self._report: str | None = None  # a would-refuse reason under mode: report
         self._signer: Signer | None = None  # signs the head once the body is whole
         self.signed = False  # the head was signed after the gate returned (SigV4)
@@ -152,6 +154,8 @@ class Exchange:
             self._metering = None
             return None
         self._metered = step
+        if step.meter is not None:
+            self._meter_feed = step.meter.feed
         return step.body
 
     # -- set up by the gate ----------------------------------------------------------------
@@ -354,8 +358,8 @@ class Exchange:
             except EncodingError:
                 raise Refusal("upstream_failed", _UPSTREAM_KINDS["encoding"].format(
                     where=self._where())) from None
-        if self._metered is not None:
-            self._metered.feed(chunk)
+        if self._meter_feed is not None:
+            self._meter_feed(chunk)
         return redactor.feed(chunk)
 
     def response_end(self) -> bytes:
@@ -367,8 +371,8 @@ class Exchange:
         if self._response_decoder is not None:
             try:
                 tail = b"".join(self._response_decoder.end())
-                if self._metered is not None:
-                    self._metered.feed(tail)
+                if self._meter_feed is not None:
+                    self._meter_feed(tail)
                 out = redactor.feed(tail)
             except EncodingError:
                 raise Refusal("upstream_failed", _UPSTREAM_KINDS["encoding"].format(

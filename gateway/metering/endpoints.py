@@ -27,12 +27,16 @@ from typing import Any, Literal
 from urllib.parse import unquote
 
 __all__ = [
+    "Body",
     "Endpoint",
     "Format",
     "PathModel",
+    "RequestBody",
     "body_json",
     "classify",
+    "json_body",
     "path_model",
+    "raw_body",
     "request_model",
     "rewrite_request_body",
 ]
@@ -150,7 +154,35 @@ def body_json(body: bytes) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def request_model(preset: str | None, path: str, body: bytes | None) -> str | None:
+class RequestBody:
+    """A held request body whose JSON object is parsed at most once: the allowlist, the
+    meter and the ``include_usage`` rewrite all read it. Treat ``json()`` as read-only."""
+
+    __slots__ = ("_doc", "_parsed", "raw")
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+        self._doc: dict[str, Any] | None = None
+        self._parsed = False
+
+    def json(self) -> dict[str, Any] | None:
+        if not self._parsed:
+            self._doc, self._parsed = body_json(self.raw), True
+        return self._doc
+
+
+Body = bytes | RequestBody
+
+
+def raw_body(body: Body | None) -> bytes | None:
+    return body.raw if isinstance(body, RequestBody) else body
+
+
+def json_body(body: Body) -> dict[str, Any] | None:
+    return body.json() if isinstance(body, RequestBody) else body_json(body)
+
+
+def request_model(preset: str | None, path: str, body: Body | None) -> str | None:
     """The model a request names: the path's, else the JSON body's ``model``; None if
     neither says (or the body is not a JSON object). ``preset`` is accepted for symmetry
     with the other entry points; classification does not depend on it."""
@@ -158,9 +190,10 @@ def request_model(preset: str | None, path: str, body: bytes | None) -> str | No
     named = path_model(path)
     if named is not None:
         return named.name
-    if not body:
+    if not raw_body(body):
         return None
-    data = body_json(body)
+    assert body is not None
+    data = json_body(body)
     model = data.get("model") if data is not None else None
     return model if isinstance(model, str) else None
 
@@ -179,7 +212,7 @@ def _wants_stream_usage(preset: str | None, path: str) -> bool:
     return False
 
 
-def rewrite_request_body(preset: str | None, path: str, body: bytes | None) -> bytes | None:
+def rewrite_request_body(preset: str | None, path: str, body: Body | None) -> bytes | None:
     """Add ``"stream_options": {"include_usage": true}`` to an OpenAI (or recent Azure
     OpenAI) streaming chat/completions request that has no ``stream_options``, so the
     stream ends with a usage chunk the meter can count. None = leave the body as is.
@@ -189,10 +222,13 @@ def rewrite_request_body(preset: str | None, path: str, body: bytes | None) -> b
     then receives one more SSE chunk (``"choices": [], "usage": {...}``) before
     ``[DONE]``; the official SDKs handle it.
     """
-    if not body or not _wants_stream_usage(preset, path):
+    raw = raw_body(body)
+    if not raw or not _wants_stream_usage(preset, path):
         return None
-    data = body_json(body)
+    assert body is not None
+    data = json_body(body)
     if data is None or data.get("stream") is not True or "stream_options" in data:
         return None
+    body = raw
     start = body.index(b"{")  # the JSON object parsed, so its opening brace exists
     return body[: start + 1] + b'"stream_options":{"include_usage":true},' + body[start + 1:]

@@ -43,13 +43,15 @@ class UsageLedger:
         hour = math.floor(now / HOUR) * HOUR
         table = f"u:{hour}"
         expires = hour + HOUR + self.retention
-        base = [policy, sandbox, credential, self.names(usage.model)]
+        # The field is the JSON array [policy, sandbox, credential, model, kind]; the kinds
+        # are plain letters, so the encoded prefix is shared by the exchange's increments.
+        prefix = json.dumps([policy, sandbox, credential, self.names(usage.model)],
+                            separators=(",", ":"))[:-1]
         amounts = {"r": 1, "n": 0 if usage.known else 1, "i": usage.input_tokens or 0,
                    "o": usage.output_tokens or 0, "c": usage.cached_input_tokens or 0,
                    "$": round(cost_usd * NANO) if cost_usd else 0}
-        self.counters.count(
-            Increment(table, json.dumps([*base, kind], separators=(",", ":")), amount, expires)
-            for kind, amount in amounts.items() if amount)
+        self.counters.count(Increment(table, f'{prefix},"{kind}"]', amount, expires)
+                            for kind, amount in amounts.items() if amount)
 
     def tables(self, since: float, now: float) -> list[str]:
         """The buckets from ``since`` (clamped to the retention) to ``now``."""

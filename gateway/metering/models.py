@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from gateway.metering.endpoints import body_json, path_model
+from gateway.metering.endpoints import Body, json_body, path_model, raw_body
 from gateway.policy.model import Rule
 
 __all__ = ["MODEL_BODY_LIMIT", "ModelNames", "ModelRefusal", "check_model", "model_in_body"]
@@ -55,7 +55,7 @@ def model_in_body(rule: Rule, method: str, path: str) -> bool:
 
 
 def check_model(rule: Rule, method: str, path: str,
-                request_body: bytes | None) -> ModelRefusal | None:
+                request_body: Body | None) -> ModelRefusal | None:
     """None if ``rule`` allows the model this request names (or has no ``models``).
 
     ``request_body`` None means the body was not held (streamed or too large): with the
@@ -73,7 +73,7 @@ def check_model(rule: Rule, method: str, path: str,
                 f'the model in the path ("{_clip(named.raw)}") is not a plain model name, so '
                 f"{where} cannot allow it; send the model name unencoded", None, rule.source)
         model = named.name
-    elif method.upper() in _BODYLESS and not request_body:
+    elif method.upper() in _BODYLESS and not raw_body(request_body):
         return None
     elif request_body is None:
         return ModelRefusal(
@@ -81,7 +81,7 @@ def check_model(rule: Rule, method: str, path: str,
             f"streamed or over {MODEL_BODY_LIMIT >> 20} MiB body); send a JSON body with "
             "Content-Length", None, rule.source)
     else:
-        data = body_json(request_body)
+        data = json_body(request_body)
         if data is None:
             return ModelRefusal(
                 f"the request body is not a JSON object (or repeats a key), so its model "

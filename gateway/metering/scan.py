@@ -30,6 +30,9 @@ _QUOTE, _BACKSLASH = 0x22, 0x5C
 _OPEN = frozenset(b"{[")
 _MODEL = re.compile(rb'(?<!\\)"(model|modelVersion)"\s*:\s*"([^"\\]{1,200})"')
 
+# A chunk ending in a blank line ends every event in it (nothing is left pending).
+_EVENTS_END = (b"\n\n", b"\r\n\r\n", b"\r\r")
+
 # (data, None) for a complete event; (head, tail) for one too long to keep.
 Sink = Callable[[bytes, bytes | None], None]
 
@@ -61,6 +64,9 @@ class SseScanner:
         self._long: _Long | None = None
 
     def feed(self, chunk: bytes) -> None:
+        if not (self._rest or self._data or self._cr or self._long is not None) \
+                and chunk.endswith(_EVENTS_END) and USAGE_HINT.search(chunk) is None:
+            return  # whole events, none with usage (a stream's usual chunk): nothing to split
         if self._cr and chunk[:1] == b"\n":
             chunk = chunk[1:]
         self._cr = False

@@ -29,7 +29,7 @@ from gateway import metrics
 from gateway.config import Config, ConfigError
 from gateway.counters import Counters
 from gateway.metering.budgets import BudgetBook, BudgetExceeded, budget_problems
-from gateway.metering.endpoints import rewrite_request_body
+from gateway.metering.endpoints import RequestBody, rewrite_request_body
 from gateway.metering.ledger import UsageLedger, totals
 from gateway.metering.models import ModelNames, ModelRefusal, check_model
 from gateway.metering.pricing import Pricing, PricingError, load_pricing
@@ -97,18 +97,19 @@ class Metering:
         credential = rule.credential
         if credential is None:  # only credential rules are metered
             return Exchange(sandbox, policy, "", None, None)
-        refused = check_model(rule, method, path, body)
+        held = RequestBody(body) if body is not None else None  # parsed once, if at all
+        refused = check_model(rule, method, path, held)
         if refused is not None:
             metrics.child(metrics.MODEL_REFUSALS, policy.name, credential).inc()
             return refused
-        meter = meter_for(preset, method, path, body)
+        meter = meter_for(preset, method, path, held)
         if meter is None:
             return Exchange(sandbox, policy, credential, None, None)
         exceeded = self.budgets.check(sandbox, policy, credential, now)
         if exceeded is not None:
             metrics.child(metrics.BUDGET_REFUSALS, policy.name, exceeded.budget.name).inc()
             return exceeded
-        new_body = rewrite_request_body(preset, path, body) if self.stream_usage else None
+        new_body = rewrite_request_body(preset, path, held) if self.stream_usage else None
         return Exchange(sandbox, policy, credential, new_body, meter)
 
     def complete(self, exchange: Exchange, status: int, now: float) -> Metered:

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.metering.endpoints import Format, classify, request_model
+from gateway.metering.endpoints import Body, Format, classify, request_model
 from gateway.metering.scan import ArrayScanner, Capture, SseScanner, salvage
 
 __all__ = ["JSON_CAP", "Meter", "Usage", "meter_for"]
@@ -219,7 +219,7 @@ class Meter:
 
 
 def meter_for(preset: str | None, method: str, path: str,
-              request_body: bytes | None) -> Meter | None:
+              request_body: Body | None) -> Meter | None:
     """A Meter for this request's response, or None if it is not an inference call."""
     endpoint = classify(method, path)
     if endpoint is None:

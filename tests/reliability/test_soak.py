@@ -1,6 +1,7 @@
-"""Soak: a gateway process under mixed load for SOAK_SECONDS (120 in the suite, 600 with
-`make soak`) must end as it started — file descriptors back to the baseline, memory
-flat, every finished exchange audited (issue 11, item 9).
+"""Soak: a gateway process under mixed load for SOAK_SECONDS after a 15-second warm-up
+(50 s in the suite, which must finish within 10 minutes; 600 with `make soak`) must end
+as it started — file descriptors back to the baseline, memory flat, every finished
+exchange audited (issue 11, item 9).
 
 The mix is what a fleet of agents does: keep-alive intercepted requests, one-shot
 passthrough tunnels, refusals, downloads abandoned halfway, tunnels opened and left idle,
@@ -25,7 +26,8 @@ from helpers.nginx import Nginx
 from helpers.process import GatewayProcess, start_gateway
 from helpers.tls import LocalCA
 
-SECONDS = float(os.environ.get("SOAK_SECONDS", "120"))
+SECONDS = float(os.environ.get("SOAK_SECONDS", "50"))
+WARM = 15.0  # the same mix first, unmeasured: what fills in the first seconds is not a leak
 IDLE = 2.0  # client_idle and handshake: abandoned connections end this fast
 
 
@@ -155,14 +157,16 @@ class Load:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(SECONDS + 120)
+@pytest.mark.timeout(SECONDS + WARM + 120)
 def test_soak_mixed_load_leaves_no_sockets_and_flat_memory(
         gateway: GatewayProcess, test_ca: LocalCA) -> None:
-    load = Load(gateway, test_ca)
-    load.keepalive_intercepted()  # warm: certificates minted, upstream pool, imports done
-    load.passthrough_once()
-    time.sleep(IDLE + 1)
+    warm = Load(gateway, test_ca)  # certificates minted, pools and caches filled
+    warm.run(WARM, lambda: None)
+    assert not [k for k in warm.seen if k.startswith("error")], warm.seen
+    time.sleep(IDLE * 2 + 1)
     fds_before = gateway.fds()
+    audited_before = len(gateway.audit_lines())
+    load = Load(gateway, test_ca)
     samples: list[tuple[int, int]] = []
     load.run(SECONDS, lambda: samples.append((gateway.fds(), gateway.rss_kib())))
 
@@ -186,8 +190,8 @@ def test_soak_mixed_load_leaves_no_sockets_and_flat_memory(
     # Growth between the first and last third: caches fill early, a leak keeps growing.
     assert rss_late - rss_early < max(16 * 1024, rss_early // 5), (rss_early, rss_late)
 
-    audited = Counter(line.get("decision") for line in gateway.audit_lines())
-    # Every exchange and tunnel ends on an audit line (the two warm-up ones included).
-    finished = load.seen["intercepted"] + load.seen["passthrough"] + 21
+    audited = Counter(line.get("decision") for line in gateway.audit_lines()[audited_before:])
+    # Every exchange and tunnel ends on an audit line.
+    finished = load.seen["intercepted"] + load.seen["passthrough"]
     assert audited["allow"] >= finished, (audited, load.seen)
     assert audited["deny"] >= load.seen["refused"], (audited, load.seen)
