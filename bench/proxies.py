@@ -242,6 +242,8 @@ class GatewayProxy(Proxy):
             "log_level": "warning",
             "network": {"upstream_ca": str(upstream_ca),
                         "resolve": {n: f"127.0.0.1:{p}" for n, p in ports.items()}},
+            # One sandbox opens every idle tunnel of the idle workload (1,000).
+            "limits": {"connections_per_sandbox": 100_000},
         }
         if upstream_idle_timeout is not None:
             cfg["network"]["upstream_idle_timeout"] = upstream_idle_timeout
