@@ -66,6 +66,25 @@ class Counters(Protocol):
     def counters_degraded(self) -> bool: ...
 
 
+class CountersOf:
+    """The Counters port answered by a store's `_counters` (the state stores' mixin)."""
+
+    _counters: Counters
+
+    def count(self, increments: Iterable[Increment]) -> None:
+        self._counters.count(increments)
+
+    def counter(self, table: str, field: str) -> int:
+        return self._counters.counter(table, field)
+
+    async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
+        return await self._counters.counter_tables(tables)
+
+    @property
+    def counters_degraded(self) -> bool:
+        return self._counters.counters_degraded
+
+
 class CounterView:
     """The local picture: last known shared values plus the pending (unsent) batch.
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from gateway.counters import Increment, JournalCounters, MemoryCounters, Table
+from gateway.counters import CountersOf, Increment, JournalCounters, MemoryCounters, Table
 
 
 class StateUnavailable(RuntimeError):
@@ -55,26 +55,15 @@ class StateStore(Protocol):
     async def close(self) -> None: ...
 
 
-class MemoryState:
+class MemoryState(CountersOf):
     """In-process state: correct for one gateway process, lost on restart."""
+
+    _counters: MemoryCounters | JournalCounters
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._revoked: dict[str, float] = {}
         self._sandboxes: dict[str, SandboxAddress] = {}
         self._counters: MemoryCounters | JournalCounters = MemoryCounters(clock)
-
-    def count(self, increments: Iterable[Increment]) -> None:
-        self._counters.count(increments)
-
-    def counter(self, table: str, field: str) -> int:
-        return self._counters.counter(table, field)
-
-    async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
-        return await self._counters.counter_tables(tables)
-
-    @property
-    def counters_degraded(self) -> bool:
-        return self._counters.counters_degraded
 
     def is_revoked(self, jti: str) -> bool:
         return jti in self._revoked

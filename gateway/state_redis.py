@@ -39,7 +39,7 @@ import math
 import random
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -50,7 +50,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway import metrics
-from gateway.counters import Increment, Table
+from gateway.counters import CountersOf
 from gateway.counters_redis import RedisCounters
 from gateway.net.resolver import unguarded
 from gateway.state import SandboxAddress, StateUnavailable
@@ -75,8 +75,10 @@ def _glob_escape(text: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
-class RedisState:
+class RedisState(CountersOf):
     """`StateStore` shared by every replica through Redis (see the module docstring)."""
+
+    _counters: RedisCounters
 
     def __init__(
         self,
@@ -113,19 +115,6 @@ class RedisState:
                                        url_for_logs=redact_url(url))
 
     # -- counters (synchronous, local; shared in batches) -------------------------------
-
-    def count(self, increments: Iterable[Increment]) -> None:
-        self._counters.count(increments)
-
-    def counter(self, table: str, field: str) -> int:
-        return self._counters.counter(table, field)
-
-    async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
-        return await self._counters.counter_tables(tables)
-
-    @property
-    def counters_degraded(self) -> bool:
-        return self._counters.counters_degraded
 
     async def flush_counters(self) -> None:
         """Send pending counts now (tests, shutdown); normally done every interval."""

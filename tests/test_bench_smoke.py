@@ -27,7 +27,7 @@ WORKLOAD_FIELDS = {
     "idle": ("kb_per_tunnel",),
     "idle_after_timeout": ("kb_per_tunnel", "idle_wait_s"),
 }
-EXPECTED_SECTIONS = {"workers", "policy", "secret"}
+EXPECTED_SECTIONS = {"workers", "policy", "secret", "metering"}
 WORKER_FIELDS = ("rps", "p50_ms", "p99_ms", "client_cpu_pct", "proxy_cpu_us_per_req",
                  "proxy_cpu_pct", "machine_busy_pct")
 
@@ -107,6 +107,14 @@ def test_quick_benchmark_produces_every_row_and_workload(tmp_path: Path) -> None
         for level in ("tunnel", "request", "request_hot"):
             assert entry[level]["p99_us"] > 0
     assert results["cold_secret"]["vault_calls"] == 1
+
+    # metering: the same streamed call metered and not; every metered call left its usage
+    metered = results["metering"]
+    assert "error" not in metered, metered.get("error")
+    assert metered["requests"] > 0 and metered["ratio"] > 0
+    assert metered["events_per_request"] > metered["chunks"]
+    assert metered["metered_audit_lines_with_usage"] >= metered["requests"]
+    assert any(t["name"].startswith("metering") for t in results["targets"]), names
     statuses = {t["status"] for t in results["targets"]}
     assert statuses <= {"PASS", "MISS", "info"}, results["targets"]
 
