@@ -173,7 +173,8 @@ class Gate:
         """Audit a refusal and render it (in the provider's shape on a preset's host)."""
         self.audit(client, decision="deny", reason=refusal.reason, rule=refusal.rule,
                    method=method, scheme=scheme, host=host, port=port, path=path,
-                   status=refusal.status, error=refusal.code, started=started)
+                   status=refusal.status, error=refusal.code, started=started,
+                   credential=refusal.credential)
         if refusal.code.startswith("token_") or refusal.code in (
                 "auth_required", "sandbox_mismatch", "unknown_sandbox"):
             metrics.child(metrics.TOKENS_REFUSED, refusal.code).inc()
@@ -569,14 +570,16 @@ class Gate:
                 reason = getattr(exc, "reason", None) or "the secret store failed"
                 if credential.mint is not None:
                     raise Refusal("credential_unavailable", f"credential {credential.name!r}"
-                                  f" ({credential.kind}) could not be minted: {reason}"
-                                  ) from None
+                                  f" ({credential.kind}) could not be minted: {reason}",
+                                  _rule(decision), credential=credential.name) from None
                 raise Refusal("secret_unavailable", f"credential {credential.name!r} "
-                              f"could not be fetched: {reason}") from None
+                              f"could not be fetched: {reason}", _rule(decision),
+                              credential=credential.name) from None
             if credential.signs:  # AWS SigV4: re-signed, now or once the body is whole
                 if self.signers is None:
                     raise Refusal("credential_unavailable", f"credential {credential.name!r}"
-                                  " signs requests, and this gateway has no signer for it")
+                                  " signs requests, and this gateway has no signer for it",
+                                  _rule(decision), credential=credential.name)
                 ex.injected(credential.name, name, value)
                 signer = self.signers.signer(credential, value)
             else:

@@ -88,12 +88,13 @@ class Refusal(Exception):
     `__traceback__` when it is raised through context managers)."""
 
     def __init__(self, code: str, reason: str, rule: str | None = None,
-                 retry_after: int | None = None) -> None:
+                 retry_after: int | None = None, credential: str | None = None) -> None:
         super().__init__(code, reason)
         self.code = code
         self.reason = reason
         self.rule = rule
         self.retry_after = retry_after
+        self.credential = credential  # the credential that could not be supplied, if any
 
     def __str__(self) -> str:
         return f"{self.code}: {self.reason}"

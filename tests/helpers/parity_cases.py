@@ -13,11 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from helpers.parity import Result, Spec
+from helpers.upstream import MINT_CLIENT, MINT_SECRET, MINTED
 
 KEY = "sk-parity-real-key-0123456789abcdef"
 ENGINES = ("h1", "mitmproxy", "h2")
+SECRETS = {"openai-api-key": KEY, "parity-client-secret": MINT_SECRET,
+           "wrong-client-secret": "not-the-client-secret"}
 
-POLICY = """
+POLICY = f"""
 version: v1
 name: agent
 egress:
@@ -31,8 +34,24 @@ egress:
     credential: openai
   - host: 169.254.169.254
   - host: noname.test
+  - host: minted.test
+    credential: minted
+  - host: mintfail.test
+    credential: mintfail
 credentials:
-  openai: {preset: openai, secret: openai-api-key}
+  openai: {{preset: openai, secret: openai-api-key}}
+  minted:  # minted by the gateway: an OAuth2 client-credentials grant at the upstream
+    type: oauth2-client-credentials
+    token_url: https://allowed.test/oauth2/token
+    client_id: {MINT_CLIENT}
+    client_secret: parity-client-secret
+    hosts: [minted.test]
+  mintfail:  # the token endpoint refuses this client: the mint fails
+    type: oauth2-client-credentials
+    token_url: https://allowed.test/oauth2/token
+    client_id: {MINT_CLIENT}
+    client_secret: wrong-client-secret
+    hosts: [mintfail.test]
 """
 
 
@@ -50,7 +69,7 @@ class Case:
     transparent: tuple[str, int | None, str | None] | None = None  # what a redirected
     # sandbox sees, when it differs (refused before TLS: no HTTP answer); "skip" = n/a
     check: Callable[[Result, list[Any]], None] | None = None  # result, upstream requests
-    prime: bool = False  # the key must be fetched before (an earlier swap)
+    prime: str = ""  # a case run first (a swap that fetches or mints the value)
     # mitmproxy streams a body of unknown size to the upstream as it arrives: a refusal
     # found in it can only cut the connection (no answer fits mid-stream), where the
     # HTTP/1 engine, which holds a body until it is checked, still answers 403.
@@ -74,6 +93,19 @@ def _swapped(result: Result, seen: list[Any]) -> None:
     assert "[REDACTED]" in result.body
 
 
+def _minted_swapped(result: Result, seen: list[Any]) -> None:
+    assert seen and seen[-1].headers.get("authorization") == f"Bearer {MINTED}"
+    assert "eyJ" not in json.dumps(seen[-1].headers)
+    assert MINTED not in result.body and MINTED not in json.dumps(result.headers)
+    assert "[REDACTED]" in result.body
+
+
+def _only_the_mint(result: Result, seen: list[Any]) -> None:
+    """The failed grant reached the token endpoint; nothing reached the API host."""
+    assert all(s.path == "/oauth2/token" for s in seen), [s.path for s in seen]
+    assert "not-the-client-secret" not in result.body
+
+
 def _no_key(result: Result, seen: list[Any]) -> None:
     assert KEY not in result.body and KEY not in json.dumps(result.headers)
 
@@ -87,6 +119,7 @@ def _b64(text: str) -> str:
 
 
 DENY = {"decision": "deny"}
+SWAP, MINT = "key swap, echo redacted", "minted token swap, echo redacted"
 CONNECT_DENY = {"decision": "deny", "method": "CONNECT"}
 
 CASES = [
@@ -186,7 +219,25 @@ CASES = [
          check=_no_upstream),
     Case("key to an unbound host", {"host": "unbound.test", "headers": [["X-K", "{KEY}"]]},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
-         prime=True, check=_no_upstream),
+         prime=SWAP, check=_no_upstream),
+    Case(MINT, {"host": "minted.test", "target": "/echo-header/Authorization",
+                "headers": [["Authorization", "Bearer {TOKEN}"]]},
+         ("response", 200, None),
+         {"decision": "allow", "credential": "minted", "status": 200}, check=_minted_swapped),
+    Case("minted token to an unbound host",
+         {"host": "unbound.test", "headers": [["X-K", "{MINTED}"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         prime=MINT, check=_no_upstream),
+    Case("mint failure", {"host": "mintfail.test", "target": "/v1/x",
+                          "headers": [["Authorization", "Bearer {TOKEN}"]]},
+         ("response", 503, "credential_unavailable"),
+         {"error": "credential_unavailable", "credential": "mintfail"}, check=_only_the_mint),
+    Case("minted credential over cleartext",
+         {"host": "minted.test", "port": 80, "tls": False, "plain_proxy": True,
+          "target": "http://minted.test/v1/x", "headers": [["Authorization", "Bearer {TOKEN}"]]},
+         ("response", 403, "credential_requires_tls"),
+         {**DENY, "error": "credential_requires_tls", "scheme": "http"},
+         engines=("h1", "mitmproxy"), check=_no_upstream),
     Case("F7 key echoed in a gzip body",
          {"host": "api.openai.com", "target": "/echo-gzip/Authorization",
           "headers": [["Authorization", "Bearer {TOKEN}"], ["Accept-Encoding", "gzip"]]},
@@ -250,7 +301,7 @@ def _fill(value: Any, subs: dict[str, str]) -> Any:
 
 def substitutions(token: str) -> dict[str, str]:
     half = len(token) // 2
-    return {"TOKEN": token, "KEY": KEY, "PAYLOAD": token.split(".", 1)[1],
+    return {"TOKEN": token, "KEY": KEY, "MINTED": MINTED, "PAYLOAD": token.split(".", 1)[1],
             "TOKEN_A": token[:half], "TOKEN_B": token[half:],
             "TOKEN_SWAPCASE": token.swapcase()}
 

@@ -2,11 +2,14 @@
 
 Endpoints: any path echoes the request as JSON (method, path, headers, body);
 `/bytes/N` sends N bytes; `/sse?n=&interval=` sends n events spaced by interval
-seconds; `/status/N` answers N; `/echo-header/NAME` reflects a request header.
+seconds; `/status/N` answers N; `/echo-header/NAME` reflects a request header;
+`POST /oauth2/token` is an OAuth2 client-credentials endpoint for one client (HTTP Basic
+`MINT_CLIENT`/`MINT_SECRET`) that issues `MINTED`, and 401 for any other client.
 """
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import socket
@@ -16,7 +19,11 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote_plus, urlsplit
+
+MINT_CLIENT = "parity-client"
+MINT_SECRET = "parity-client-secret-0123456789"
+MINTED = "mt-parity-minted-token-0123456789abcdef"
 
 
 @dataclass
@@ -71,6 +78,8 @@ class _Handler(BaseHTTPRequestHandler):
         parts = url.path.strip("/").split("/")
         if url.path in INFERENCE:
             return INFERENCE[url.path](self, body)
+        if url.path == "/oauth2/token" and self.command == "POST":
+            return self._token(body)
         if parts[0] == "bytes" and len(parts) > 1:
             return self._bytes(int(parts[1]))
         if parts[0] == "sse":
@@ -100,6 +109,17 @@ class _Handler(BaseHTTPRequestHandler):
         payload = json.dumps({"method": seen.method, "path": seen.path,
                               "headers": seen.headers, "body": body.decode("latin-1")})
         self._send(200, payload.encode())
+
+    def _token(self, body: bytes) -> None:
+        user, _, password = base64.b64decode(
+            self.headers.get("Authorization", "Basic ")[6:] or b"").decode().partition(":")
+        grant = parse_qs(body.decode()).get("grant_type", [""])[0]
+        if (unquote_plus(user), unquote_plus(password)) != (MINT_CLIENT, MINT_SECRET):
+            return self._send(401, b'{"error": "invalid_client"}')
+        if grant != "client_credentials":
+            return self._send(400, b'{"error": "unsupported_grant_type"}')
+        return self._send(200, json.dumps({"access_token": MINTED, "token_type": "Bearer",
+                                           "expires_in": 3600}).encode())
 
     def _read_chunked(self) -> bytes | None:
         out = b""

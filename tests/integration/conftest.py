@@ -16,7 +16,8 @@ from helpers.tls import LocalCA
 from helpers.upstream import Upstream, start_upstream
 
 NAMES = ["allowed.test", "api.allowed.test", "other.test", "report.test", "pypi.org",
-         "api.openai.com", "api.anthropic.com", "api.github.com", "unbound.test"]
+         "api.openai.com", "api.anthropic.com", "api.github.com", "unbound.test",
+         "minted.test", "mintfail.test"]
 
 
 

@@ -24,8 +24,8 @@ from helpers.parity import Spec, run
 from helpers.parity_cases import (
     CASES,
     ENGINES,
-    KEY,
     POLICY,
+    SECRETS,
     Case,
     build_spec,
     deciding_line,
@@ -43,7 +43,7 @@ from gateway.net.resolver import StaticResolver
 @pytest.fixture(scope="module")
 def parity_secrets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("parity") / "secrets.yaml"
-    path.write_text(f"openai-api-key: {KEY}\n")
+    path.write_text("".join(f"{k}: {v}\n" for k, v in SECRETS.items()))
     path.chmod(0o600)
     return path
 
@@ -52,7 +52,8 @@ def parity_secrets(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engine(request: pytest.FixtureRequest, make_gateway: GatewayFactory,
            parity_secrets: Path, upstream: Upstream) -> tuple[str, GatewayThread]:
     name = request.param
-    names = ["allowed.test", "other.test", "unbound.test", "api.openai.com"]  # (the upstream's
+    names = ["allowed.test", "other.test", "unbound.test", "api.openai.com", "minted.test",
+             "mintfail.test"]  # (the upstream's
     # certificate names)
     gw = make_gateway({"agent.yaml": POLICY}, config={
         "secrets": {"store": "file", "path": str(parity_secrets)},
@@ -88,8 +89,8 @@ def test_case(engine: tuple[str, GatewayThread], case: Case, upstream: Upstream,
     if name not in case.engines:
         pytest.skip(f"{case.name}: not an {name} shape")
     token = _token(gw, case.token)
-    if case.prime:  # fetch the key once, through a swap
-        primer = next(c for c in CASES if c.name == "key swap, echo redacted")
+    if case.prime:  # fetch or mint the value once, through a swap
+        primer = next(c for c in CASES if c.name == case.prime)
         run(_proxy_spec(primer, gw, token, test_ca, name))
     before_lines = len(gw.audit.records())
     before_seen = len(upstream.requests)

@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 from helpers.netns import UPSTREAM_IP, Lab, transparent_lab, unavailable
 from helpers.parity import Result
-from helpers.parity_cases import CASES, KEY, POLICY, Case, build_spec, deciding_line
+from helpers.parity_cases import CASES, POLICY, SECRETS, Case, build_spec, deciding_line
 
 pytestmark = pytest.mark.netns
 
-NAMES = ["allowed.test", "other.test", "unbound.test", "api.openai.com"]
+NAMES = ["allowed.test", "other.test", "unbound.test", "api.openai.com", "minted.test",
+         "mintfail.test"]
 APPLICABLE = [c for c in CASES if "h1" in c.engines and
               (c.transparent is None or c.transparent[0] != "skip")]
 
@@ -32,7 +33,7 @@ def parity_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         pytest.fail(why)
     workdir: Path = tmp_path_factory.mktemp("parity-lab")
     with transparent_lab(workdir, policy=POLICY, names=NAMES,
-                         secrets={"openai-api-key": KEY},
+                         secrets=SECRETS,
                          resolve={n: f"{UPSTREAM_IP}:443" for n in NAMES}) as lab:
         lab.register("sandbox-1")
         yield lab
@@ -49,7 +50,7 @@ def test_case_transparent(parity_lab: Lab, case: Case) -> None:
     lab = parity_lab
     token = lab.mint("sandbox-1")
     if case.prime:
-        primer = next(c for c in CASES if c.name == "key swap, echo redacted")
+        primer = next(c for c in CASES if c.name == case.prime)
         lab.sandbox_client(_spec(lab, primer, token))
     before_lines, before_seen = len(lab.audit()), len(lab.upstream_seen())
     got = Result(**lab.sandbox_client(_spec(lab, case, token)))
