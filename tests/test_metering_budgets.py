@@ -121,6 +121,7 @@ def test_requests_budget_per_policy(policies: PolicySet, clock: Clock) -> None:
     b = book(clock)
     for i in range(5):
         assert b.check(f"sb-{i}", agent, "anthropic", clock.now) is None
+        b.admitted(f"sb-{i}", agent, "anthropic", clock.now)
         b.record(f"sb-{i}", agent, "anthropic", Usage(None), clock.now)  # unknown tokens
     refused = b.check("sb-new", agent, "anthropic", clock.now)
     assert refused is not None and refused.budget.name == "team"
@@ -184,6 +185,7 @@ def test_unpriced_model_counts_zero(policies: PolicySet, clock: Clock) -> None:
 def test_status(policies: PolicySet, clock: Clock) -> None:
     agent = policies.policies["agent"]
     b = book(clock)
+    b.admitted("sb", agent, "openai", clock.now)
     b.record("sb", agent, "openai", Usage("gpt-4o-mini", 700, 400), clock.now)
     status = {s["budget"]: s for s in run(b.status(agent, "sb", clock.now))}
     assert status["daily"]["used"] == {"tokens": 1100, "requests": 1,
@@ -235,3 +237,19 @@ def test_pricing_missing_file(tmp_path: Path) -> None:
     with pytest.raises(PricingError, match="cannot read"):
         load_pricing(tmp_path / "nope.yaml")
     assert parse_pricing(None).prices == {}
+
+
+
+def test_requests_count_when_admitted(policies: PolicySet, clock: Clock) -> None:
+    """A burst of parallel calls meets a `requests` limit at admission, before any of
+    them completes; tokens count only on completion."""
+    agent = policies.policies["agent"]
+    b = book(clock)
+    for i in range(5):  # "team": 5 requests per hour for the whole policy, none completed
+        assert b.check(f"sb-{i}", agent, "anthropic", clock.now) is None
+        b.admitted(f"sb-{i}", agent, "anthropic", clock.now)
+    refused = b.check("sb-9", agent, "anthropic", clock.now)
+    assert refused is not None and (refused.budget.name, refused.used) == ("team", 5)
+    b.record("sb-1", agent, "anthropic", Usage("claude", 10, 10), clock.now)
+    refused = b.check("sb-9", agent, "anthropic", clock.now)
+    assert refused is not None and refused.used == 5  # completion does not count it again

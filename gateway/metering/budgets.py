@@ -167,9 +167,23 @@ class BudgetBook:
                         usage.model, self.pricing.source)
         return cost
 
+    def admitted(self, sandbox: str, policy: Policy, credential: str, now: float) -> None:
+        """Count an admitted request against every applicable budget at once, before it
+        is forwarded: a burst of parallel calls meets a `requests` limit without waiting
+        for any of them to complete (token and cost use is known only afterwards)."""
+        increments = []
+        for budget in self.applicable(policy, credential):
+            start, end = window_bounds(budget.window, now)
+            increments.append(Increment(self._table(policy.name, budget, start),
+                                        "r:" + self._subject(budget, sandbox, policy.name),
+                                        1, end + _GRACE))
+        if increments:
+            self.counters.count(increments)
+
     def record(self, sandbox: str, policy: Policy, credential: str, usage: Usage,
                now: float) -> None:
-        """Count one completed exchange against every applicable budget."""
+        """Count one completed exchange's tokens and cost against every applicable
+        budget (its request was counted when it was admitted)."""
         budgets = self.applicable(policy, credential)
         if not budgets:
             return
@@ -181,13 +195,13 @@ class BudgetBook:
             table = self._table(policy.name, budget, start)
             subject = self._subject(budget, sandbox, policy.name)
             expires = end + _GRACE
-            increments.append(Increment(table, "r:" + subject, 1, expires))
             if tokens:
                 increments.append(Increment(table, "t:" + subject, tokens, expires))
             if cost:
                 increments.append(Increment(table, "c:" + subject, round(cost * NANO),
                                             expires))
-        self.counters.count(increments)
+        if increments:
+            self.counters.count(increments)
 
     async def status(self, policy: Policy, sandbox: str | None,
                      now: float) -> list[dict[str, Any]]:

@@ -110,6 +110,7 @@ class Metering:
             metrics.child(metrics.BUDGET_REFUSALS, policy.name, exceeded.budget.name).inc()
             return exceeded
         new_body = rewrite_request_body(preset, path, held) if self.stream_usage else None
+        self.budgets.admitted(sandbox, policy, credential, now)
         return Exchange(sandbox, policy, credential, new_body, meter)
 
     def complete(self, exchange: Exchange, status: int, now: float) -> Metered:

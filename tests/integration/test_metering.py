@@ -195,36 +195,101 @@ def test_budget_exhaustion_is_429_with_retry_after(make_gateway: GatewayFactory,
     assert len(fake.requests) == 2
 
 
-def test_two_gateways_sharing_redis_enforce_one_budget(make_gateway: GatewayFactory,
-                                                       tmp_path: Path,
-                                                       fake: FakeInference) -> None:
-    """Two gateway processes' worth of state (two gateways, one real redis-server)
-    enforce one sandbox budget: within one in-flight request per replica."""
+STREAM = {"model": "gpt-4o-mini", "stream": True,
+          "messages": [{"role": "user", "content": "count slowly"}]}
+
+
+async def _burst(proxy: str, cafile: str, n: int) -> list[int]:
+    """`n` streamed chat completions in parallel; their statuses."""
+    import asyncio
+
+    token = proxy.split(":")[2].split("@")[0]
+    async with httpx.AsyncClient(proxy=proxy, timeout=30, limits=httpx.Limits(
+            max_connections=n), verify=ssl.create_default_context(cafile=cafile)) as http:
+        async def one() -> int:
+            async with http.stream("POST", "https://api.openai.com/v1/chat/completions",
+                                   headers={"Authorization": f"Bearer {token}"},
+                                   json=STREAM) as r:
+                await r.aread()
+                return r.status_code
+        return list(await asyncio.gather(*(one() for _ in range(n))))
+
+
+def test_a_parallel_burst_meets_the_requests_limit(make_gateway: GatewayFactory,
+                                                   tmp_path: Path,
+                                                   fake: FakeInference) -> None:
+    """Requests count when admitted: ten parallel streamed calls (each lasting about a
+    second) against a 4-request budget; four reach the provider, six get 429."""
+    import asyncio
+
+    fake.interval = 0.2
+    gw = _gateway(make_gateway, tmp_path, fake, requests=4)
+    token = gw.mint("agent")
+    statuses = asyncio.run(_burst(gw.proxy_url(token), str(gw.ca_cert), 10))
+    assert sorted(statuses) == [200] * 4 + [429] * 6, statuses
+    assert len([r for r in fake.requests if r.path == "/v1/chat/completions"]) == 4
+
+
+def test_two_gateway_processes_sharing_redis_enforce_one_budget(
+        tmp_path: Path, fake: FakeInference, test_ca: Any) -> None:
+    """Two `sandbox-gateway run` processes (two replicas) and one real redis-server:
+    one sandbox budget of 4 requests, whichever replica serves the calls."""
+    import asyncio
+
+    from helpers.process import start_gateway
     from helpers.redis_server import RedisServer
 
     redis = RedisServer(tmp_path / "redis")
     redis.start()
+    gws = []
     try:
         secrets = tmp_path / "s.yaml"
         secrets.write_text(f"provider-key: {KEY}\n")
         secrets.chmod(0o600)
-        config = {"secrets": {"store": "file", "path": str(secrets)},
-                  "state": {"store": "redis", "url": redis.url},
-                  "network": {"upstream_ca": str(fake.ca_path),
-                              "resolve": {n: f"127.0.0.1:{fake.port}" for n in NAMES}}}
-        gws = [make_gateway({"agent.yaml": POLICY.format(requests=4)}, config=config)
-               for _ in range(2)]
-        token = gws[0].mint("agent")
+        extra = {"secrets": {"store": "file", "path": str(secrets)},
+                 "state": {"store": "redis", "url": redis.url},
+                 "certs": str(tmp_path / "certs"),  # one CA and signing key for both
+                 "network": {"upstream_ca": str(fake.ca_path)}}
+        for i in range(2):
+            gws.append(start_gateway(tmp_path / f"gw{i}", {n: fake.port for n in NAMES},
+                                     test_ca, policy=POLICY.format(requests=4), extra=extra))
+        cafile = str(tmp_path / "certs" / "ca.crt")
+
+        def proxy(gw: Any, sandbox: str, token: str) -> str:
+            return f"http://{sandbox}:{token}@127.0.0.1:{gw.proxy}"
+
+        # Alternating replicas, one call at a time: 4 served, then 429 on both.
+        token = gws[0].token("sbx-a")
         answers = []
         for i in range(8):
-            with _http(gws[i % 2], token) as http:
+            with httpx.Client(proxy=proxy(gws[i % 2], "sbx-a", token), timeout=20,
+                              verify=ssl.create_default_context(cafile=cafile)) as http:
                 r = http.post("https://api.openai.com/v1/chat/completions",
                               headers={"Authorization": f"Bearer {token}"},
                               json={"model": "gpt-4o-mini",
                                     "messages": [{"role": "user", "content": "hi"}]})
             answers.append(r.status_code)
             time.sleep(0.6)  # counters are shared every 0.25 s
-        assert answers.count(200) == 4 and answers.count(429) == 4, answers
-        assert len([r for r in fake.requests if r.path == "/v1/chat/completions"]) == 4
+        assert answers == [200] * 4 + [429] * 4, answers
+        # A parallel burst on one replica meets the limit there. The other replica has
+        # not seen this sandbox: its first request is decided on local counts (a request
+        # never waits for Redis) and passes - the one-request overshoot per replica the
+        # docs state; from then on it reads the shared count and refuses.
+        fake.interval = 0.2
+        token = gws[0].token("sbx-b")
+        burst = asyncio.run(_burst(proxy(gws[0], "sbx-b", token), cafile, 8))
+        assert sorted(burst) == [200] * 4 + [429] * 4, burst
+        time.sleep(0.6)
+        assert asyncio.run(_burst(proxy(gws[1], "sbx-b", token), cafile, 1)) == [200]
+        time.sleep(0.6)
+        assert asyncio.run(_burst(proxy(gws[1], "sbx-b", token), cafile, 2)) == [429, 429]
+        assert len([r for r in fake.requests if r.path == "/v1/chat/completions"]) == 9
+        # Each replica's audit lines name what it served and refused.
+        lines = [line for gw in gws for line in gw.audit_lines()
+                 if line.get("path") == "/v1/chat/completions"]
+        assert sum(1 for line in lines if line["status"] == 200) == 9
+        assert sum(1 for line in lines if line["error"] == "budget_exceeded") == 10
     finally:
+        for gw in gws:
+            gw.stop()
         redis.stop()
