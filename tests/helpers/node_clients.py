@@ -1,17 +1,24 @@
-"""The Node SDKs (`openai`, `@anthropic-ai/sdk`) and `undici`, installed with the real npm
-from the public registry once per machine (setup, not test traffic) and cached outside
-the repo, like hadolint and helm. Without npm or the registry the tests that need them
-FAIL: CI must run them."""
+"""The Node SDKs (`openai`, `@anthropic-ai/sdk`) and `undici`, and a Node recent enough to
+proxy `fetch` itself (NODE_USE_ENV_PROXY), installed with the real npm from the public
+registry once per machine (setup, not test traffic) and cached outside the repo, like
+hadolint and helm. Without npm or the registry the tests that need them FAIL: CI must run
+them."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 from pathlib import Path
 
 PACKAGES = ("openai@6", "@anthropic-ai/sdk@1", "undici@7")
+# The newest 24.x (LTS) on npm, where the Node project's release binaries are published as
+# node-linux-<arch>. Its fetch honours NODE_USE_ENV_PROXY (24.0+ and 22.21+; 22.20 and
+# older lack it, as does Debian's Node 20).
+NODE_VERSION = "24.21.0"
+NODE_ARCHES = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}
 
 
 def _cache_root() -> Path:
@@ -19,12 +26,10 @@ def _cache_root() -> Path:
     return Path(base) / "sandbox-gateway"
 
 
-def node_clients() -> Path:
-    """A directory whose node_modules hold PACKAGES (scripts placed in it import them)."""
+def _npm_install(root: Path, packages: tuple[str, ...]) -> Path:
+    """`root`, whose node_modules hold `packages` (installed once: `.installed` marks it)."""
     assert shutil.which("node") and shutil.which("npm"), (
         "node and npm are needed (scripts/test-tools.sh installs nodejs and npm)")
-    key = hashlib.sha256(" ".join(PACKAGES).encode()).hexdigest()[:12]
-    root = _cache_root() / f"node-clients-{key}"
     if (root / ".installed").is_file():
         return root
     work = root.with_name(root.name + ".tmp")
@@ -32,10 +37,33 @@ def node_clients() -> Path:
     work.mkdir(parents=True)
     (work / "package.json").write_text('{"name": "node-clients", "private": true}\n')
     proc = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--ignore-scripts",
-                           "--loglevel=error", *PACKAGES], cwd=work, capture_output=True,
+                           "--loglevel=error", *packages], cwd=work, capture_output=True,
                           text=True, timeout=300, check=False)
-    assert proc.returncode == 0, f"npm install {' '.join(PACKAGES)} failed:\n{proc.stderr}"
+    assert proc.returncode == 0, f"npm install {' '.join(packages)} failed:\n{proc.stderr}"
     (work / ".installed").touch()
     shutil.rmtree(root, ignore_errors=True)
     work.rename(root)
     return root
+
+
+def node_clients() -> Path:
+    """A directory whose node_modules hold PACKAGES (scripts placed in it import them)."""
+    key = hashlib.sha256(" ".join(PACKAGES).encode()).hexdigest()[:12]
+    return _npm_install(_cache_root() / f"node-clients-{key}", PACKAGES)
+
+
+def env_proxy_node() -> Path:
+    """The `node` binary of Node NODE_VERSION (its `fetch` honours NODE_USE_ENV_PROXY, no
+    preload needed), from the npm package node-linux-<arch>."""
+    arch = NODE_ARCHES.get(platform.machine().lower())
+    assert platform.system() == "Linux" and arch, (
+        f"no node-linux-* package on npm for {platform.system()} {platform.machine()}")
+    package = f"node-linux-{arch}"
+    root = _npm_install(_cache_root() / f"node-{NODE_VERSION}-{arch}",
+                        (f"{package}@{NODE_VERSION}",))
+    node = root / "node_modules" / package / "bin" / "node"
+    version = subprocess.run([str(node), "--version"], capture_output=True, text=True,
+                             timeout=30, check=False)
+    assert version.stdout.strip() == f"v{NODE_VERSION}", (
+        f"{node} does not run: {version.stdout}{version.stderr}")
+    return node

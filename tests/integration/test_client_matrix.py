@@ -14,6 +14,7 @@ hosts present their own certificate).
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from fakes.tls_http import Recorder, TLSServer
 from fakes.ws_echo import WsEcho
 from helpers.gateway import GatewayThread
 from helpers.nginx import Nginx
-from helpers.node_clients import node_clients
+from helpers.node_clients import env_proxy_node, node_clients
 from helpers.sandbox import Sandbox
 from helpers.tls import LocalCA
 
@@ -87,11 +88,13 @@ class Matrix:
     nginx: Nginx
     fake: FakeInference
 
-    def sandbox(self, name: str) -> tuple[Sandbox, str]:
-        """A fresh sandbox (token minted for sandbox id `name`), its env from `env`."""
+    def sandbox(self, name: str, *, preload: bool = True) -> tuple[Sandbox, str]:
+        """A fresh sandbox (token minted for sandbox id `name`), its env from `env`;
+        without `preload`, from `env --node-preload none` (no NODE_OPTIONS)."""
         token = self.gw.mint("matrix", sandbox=name)
         box = Sandbox.from_cli(self.root / "homes" / name, token=token, proxy=self.gw.proxy,
-                               ca_bundle=self.bundle, node_preload=self.preload,
+                               ca_bundle=self.bundle,
+                               node_preload=self.preload if preload else Path("none"),
                                config=self.root / "gateway.yaml")
         return box, token
 
@@ -452,6 +455,45 @@ def test_node_sdks(matrix: Matrix, node_dir: Path, mode: str) -> None:
     _check_sdk_run(matrix, name, token, out.stdout, before)
 
 
+# The sandbox has no resolver (the gateway resolves the upstreams' names): a connection
+# that skips the proxy fails here as it would there, whatever this machine's DNS.
+NO_RESOLVER = """
+import dns from 'node:dns';
+dns.lookup = (host, ...args) => process.nextTick(args.at(-1), Object.assign(
+  new Error(`getaddrinfo ENOTFOUND ${host} (the sandbox has no resolver)`),
+  { code: 'ENOTFOUND', hostname: host }));
+"""
+
+
+@pytest.fixture(scope="module")
+def node24() -> Path:
+    return env_proxy_node()
+
+
+def _node24_sdks(m: Matrix, node_dir: Path, node24: Path, name: str,
+                 use_env_proxy: bool) -> tuple[subprocess.CompletedProcess[str], str]:
+    """The Node SDKs on Node 24 in a sandbox made by `env --node-preload none` (what a
+    Node 24 or 22.21+ image uses: no NODE_OPTIONS), with or without NODE_USE_ENV_PROXY."""
+    box, token = m.sandbox(name, preload=False)
+    assert "NODE_OPTIONS" not in box.variables
+    assert box.variables["NODE_USE_ENV_PROXY"] == "1"
+    assert box.variables["NODE_EXTRA_CA_CERTS"] == str(m.bundle)
+    if not use_env_proxy:
+        del box.variables["NODE_USE_ENV_PROXY"]
+    script = node_dir / "matrix-sdks-no-resolver.mjs"
+    script.write_text(NO_RESOLVER + NODE_SDKS)
+    return box.run([str(node24), str(script)], cwd=node_dir, timeout=60), token
+
+
+def test_node_sdks_env_proxy(matrix: Matrix, node_dir: Path, node24: Path) -> None:
+    """Node 24's fetch proxies itself with NODE_USE_ENV_PROXY=1 (credentials from the proxy
+    URL) and trusts the gateway CA through NODE_EXTRA_CA_CERTS: no preload needed."""
+    name = "node-sdks-env-proxy"
+    before = matrix.unauthenticated()
+    out, token = _node24_sdks(matrix, node_dir, node24, name, use_env_proxy=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    _check_sdk_run(matrix, name, token, out.stdout, before)
+
 
 # --------------------------------------------------------------------------- why each variable
 
@@ -470,6 +512,19 @@ def test_npm_config_cafile_beats_an_npmrc_cafile(matrix: Matrix) -> None:
     assert out.returncode != 0 and "certificate" in out.stderr.lower(), out.stderr
     box.variables["NPM_CONFIG_CAFILE"] = cafile
     assert box.run(argv).stdout.strip() == "1.0.0"
+
+
+def test_node_use_env_proxy_makes_node24_use_the_gateway(matrix: Matrix, node_dir: Path,
+                                                         node24: Path) -> None:
+    """The control for test_node_sdks_env_proxy: without NODE_USE_ENV_PROXY (and no
+    preload) Node 24's fetch ignores HTTPS_PROXY, so the SDKs connect directly and fail."""
+    name = "node-sdks-no-env-proxy"
+    seen = len(matrix.fake.requests)
+    out, _ = _node24_sdks(matrix, node_dir, node24, name, use_env_proxy=False)
+    assert out.returncode != 0 and "Connection error." in out.stderr, out.stderr[-3000:]
+    assert "ENOTFOUND api.openai.com (the sandbox has no resolver)" in out.stderr
+    assert len(matrix.fake.requests) == seen
+    assert not [r for r in matrix.gw.audit.records() if r.get("sandbox") == name]
 
 
 def test_git_proxy_authmethod_saves_a_refused_connect(matrix: Matrix) -> None:
