@@ -52,7 +52,8 @@ class Sizes:
     policy_samples: int
     worker_concurrency: tuple[int, ...]  # the workers section: GET /small at these
     secret_concurrency: int = 100
-    metering_requests: int = 200  # per row and round (8 rounds): streamed calls, metered vs not
+    metering_requests: int = 100  # per row and round: streamed calls, metered vs not
+    metering_rounds: int = 24  # short alternating rounds: many ratios, little drift in each
 
 
 FULL = Sizes(get_seconds=5.0, big_bytes=100_000_000, sse_streams=20, sse_events=20,
@@ -60,7 +61,8 @@ FULL = Sizes(get_seconds=5.0, big_bytes=100_000_000, sse_streams=20, sse_events=
              policy_samples=50_000, worker_concurrency=(10, 20))
 QUICK = Sizes(get_seconds=0.5, big_bytes=2_000_000, sse_streams=3, sse_events=5,
               sse_interval_ms=5, idle_tunnels=20, policy_sizes=(10, 100, 1000),
-              policy_samples=2000, worker_concurrency=(10,), metering_requests=20)
+              policy_samples=2000, worker_concurrency=(10,), metering_requests=20,
+              metering_rounds=4)
 WORKER_COUNTS = (1, 2)  # `run --workers N` in the workers section
 IDLE_TIMEOUT = "2s"  # network.upstream_idle_timeout of the idle_after_timeout gateway
 IDLE_TIMEOUT_WAIT_S = 4.0  # idle_after_timeout: wait at least this long after the tunnels
@@ -438,7 +440,8 @@ class Bench:
                 try:
                     self.results["metering"] = metering.run(
                         self.workdir, ca, self.proxy_cpu,
-                        requests=self.sizes.metering_requests)
+                        requests=self.sizes.metering_requests,
+                        rounds=self.sizes.metering_rounds)
                 except RuntimeError as exc:
                     self.results["metering"] = {"error": str(exc)[:800]}
         if self.wanted("policy"):
