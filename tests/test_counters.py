@@ -320,11 +320,13 @@ def test_two_budget_books_share_one_budget(redis_server: RedisServer) -> None:
             # Sequential: 6 on replica A, then B sees them and stops at exactly 10.
             for _ in range(6):
                 assert books[0].check("sb-1", policy, "openai", time.time()) is None
+                books[0].admitted("sb-1", policy, "openai", time.time())
                 books[0].record("sb-1", policy, "openai", Usage("m", 1, 1), time.time())
             assert books[1].check("sb-2", policy, "openai", time.time()) is None
             await asyncio.sleep(0.2)  # two flush intervals
             admitted_b = 0
             while books[1].check("sb-2", policy, "openai", time.time()) is None:
+                books[1].admitted("sb-2", policy, "openai", time.time())
                 books[1].record("sb-2", policy, "openai", Usage("m", 1, 1), time.time())
                 admitted_b += 1
                 assert admitted_b <= 10
@@ -340,8 +342,9 @@ def test_two_budget_books_share_one_budget(redis_server: RedisServer) -> None:
 
 
 def test_two_replicas_concurrent_overshoot_is_bounded(redis_server: RedisServer) -> None:
-    """Both replicas send requests concurrently, one in flight each (0.2 s): the total
-    admitted is at least the limit and at most the limit plus one per replica."""
+    """Both replicas send requests concurrently, one in flight each (0.2 s; counted when
+    admitted): the total admitted is at least the limit and at most the limit plus one
+    per replica."""
     policy = load_policy_text("p.yaml", BUDGET).policies["agent"]
 
     async def scenario() -> None:
@@ -354,6 +357,7 @@ def test_two_replicas_concurrent_overshoot_is_bounded(redis_server: RedisServer)
             book = BudgetBook(stores[i])
             while book.check(f"sb-{i}", policy, "openai", time.time()) is None:
                 admitted[i] += 1
+                book.admitted(f"sb-{i}", policy, "openai", time.time())
                 await asyncio.sleep(0.2)  # the request is in flight
                 book.record(f"sb-{i}", policy, "openai", Usage("m", 1, 1), time.time())
 
