@@ -118,6 +118,21 @@ CHECKS = [
     ("aoai", "POST", "/openai/deployments/dev-4o/chat/completions?api-version=2024-10-21",
      b'{"model":"prod-4o"}', 'model "dev-4o" is not allowed'),
     ("anthropic", "POST", "/v1/messages", b"not json", None),  # no models: on this rule
+    # Realtime: a WebSocket GET names its model in the query
+    ("openai", "GET", "/v1/realtime?model=gpt-4o-realtime-preview", None,
+     'model "gpt-4o-realtime-preview" is not allowed'),
+    ("openai", "GET", "/v1/realtime?model=gpt-4.1-realtime", None, None),
+    ("openai", "GET", "/v1/realtime?model=gpt-4o-mini&MODEL=gpt-4o", None,
+     'model "gpt-4o" is not allowed'),  # every copy is checked
+    ("openai", "GET", "/v1/realtime?model=gpt-4o-mini%2F..%2Fgpt-4o", None,
+     "not a plain model name"),
+    ("openai", "GET", "/v1/realtime?mod%65l=gpt-4o", None, 'model "gpt-4o" is not allowed'),
+    ("openai", "POST", "/v1/chat/completions?model=gpt-4o", b'{"model":"gpt-4o-mini"}',
+     'model "gpt-4o" is not allowed'),
+    ("aoai", "GET", "/openai/realtime?api-version=2024-10-01-preview&deployment=dev-4o",
+     None, 'model "dev-4o" is not allowed'),
+    ("aoai", "GET", "/openai/realtime?api-version=2024-10-01-preview&deployment=prod-4o",
+     None, None),
 ]
 
 

@@ -181,8 +181,12 @@ class Exchange:
         return self._signer is not None
 
     def streaming(self) -> None:
-        """The engine is about to send the head and stream the body after it: refused
-        if the request must be signed over its whole body (raises Refusal)."""
+        """The engine is about to send the head and stream the body after it (or a head
+        with no body to hold: a WebSocket upgrade, an HTTP/2 GET). The metering step runs
+        now, before anything goes out, with no body held (a model named in the query is
+        checked; a model expected in the body cannot be). Refused, too, if the request
+        must be signed over its whole body (raises Refusal)."""
+        self._admit(None)
         if self._signer is not None:
             raise Refusal("unsupported", f"credential {self.credential!r} signs requests "
                           "(AWS SigV4) over their whole body, and this body is over "

@@ -116,6 +116,24 @@ def path_model(path: str) -> PathModel | None:
     return None
 
 
+_QUERY_MODEL_KEYS = ("model", "deployment")
+
+
+def query_models(path: str) -> list[PathModel]:
+    """Models named in the query string: ``model=`` (OpenAI Realtime) and
+    ``deployment=`` (Azure OpenAI Realtime), each decoded once and kept as a name only
+    if it is a plain one."""
+    _, query = _split(path)
+    if not query:
+        return []
+    found = []
+    for part in query.split("&"):
+        key, sep, value = part.partition("=")
+        if sep and unquote(key, errors="replace").lower() in _QUERY_MODEL_KEYS:
+            found.append(_decode(value.replace("+", " "), _SAFE_NAME))
+    return found
+
+
 def classify(method: str, path: str) -> Endpoint | None:
     """The metered endpoint ``method path`` calls, or None (not an inference call)."""
     if method.upper() != "POST":

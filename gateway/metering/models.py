@@ -7,9 +7,10 @@ through on a provider that happens to treat case differently.
 
 Fail closed: on a rule with ``models``, a request whose model cannot be determined is
 refused (body not available, not a JSON object, duplicate keys, no ``model`` string, a
-path model that is not a plain name). Requests without a body that name no model in
-the path (``GET /v1/models``, ``GET /v1/responses/{id}``) are not inference calls and
-pass.
+path model that is not a plain name). A model named in the query (``model=``, Azure's
+``deployment=``: the Realtime WebSocket APIs) must be allowed too, whatever the method.
+Requests without a body that name no model in the path or query (``GET /v1/models``,
+``GET /v1/responses/{id}``) are not inference calls and pass.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import re
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from gateway.metering.endpoints import Body, json_body, path_model, raw_body
+from gateway.metering.endpoints import Body, json_body, path_model, query_models, raw_body
 from gateway.policy.model import Rule
 
 __all__ = ["MODEL_BODY_LIMIT", "ModelNames", "ModelRefusal", "check_model", "model_in_body"]
@@ -66,6 +67,16 @@ def check_model(rule: Rule, method: str, path: str,
         return None
     listed = ", ".join(allowed)
     where = f"rule {rule.source} (models: {_clip(listed)})"
+    for queried in query_models(path):  # a Realtime session names its model here
+        if queried.name is None:
+            return ModelRefusal(
+                f'the model in the query ("{_clip(queried.raw)}") is not a plain model name, '
+                f"so {where} cannot allow it; send the model name unencoded", None,
+                rule.source)
+        if not any(fnmatchcase(queried.name, pattern) for pattern in allowed):
+            return ModelRefusal(
+                f'model "{_clip(queried.name)}" is not allowed by {where}; use one of these '
+                "models or add it to the rule's models", queried.name, rule.source)
     named = path_model(path)
     if named is not None:
         if named.name is None:

@@ -32,6 +32,7 @@ egress:
     inspect: true
   - host: api.openai.com
     credential: openai
+    models: ["gpt-4o-mini*"]
   - host: 169.254.169.254
   - host: noname.test
   - host: minted.test
@@ -237,6 +238,20 @@ CASES = [
           "target": "http://minted.test/v1/x", "headers": [["Authorization", "Bearer {TOKEN}"]]},
          ("response", 403, "credential_requires_tls"),
          {**DENY, "error": "credential_requires_tls", "scheme": "http"},
+         engines=("h1", "mitmproxy"), check=_no_upstream),
+    Case("model outside the allowlist (body)",
+         {"host": "api.openai.com", "method": "POST", "target": "/v1/chat/completions",
+          "headers": [["Authorization", "Bearer {TOKEN}"], ["Content-Type", "application/json"]],
+          "body": "{B64:{\"model\": \"gpt-4o\", \"messages\": []}}"},
+         ("response", 403, "model_not_allowed"),
+         {**DENY, "error": "model_not_allowed", "credential": None}, check=_no_upstream),
+    Case("model outside the allowlist (Realtime query)",
+         {"host": "api.openai.com", "target": "/v1/realtime?model=gpt-4o-realtime",
+          "headers": [["Authorization", "Bearer {TOKEN}"], ["Upgrade", "websocket"],
+                      ["Connection", "Upgrade"], ["Sec-WebSocket-Version", "13"],
+                      ["Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="]]},
+         ("response", 403, "model_not_allowed"),
+         {**DENY, "error": "model_not_allowed", "path": "/v1/realtime"},
          engines=("h1", "mitmproxy"), check=_no_upstream),
     Case("F7 key echoed in a gzip body",
          {"host": "api.openai.com", "target": "/echo-gzip/Authorization",

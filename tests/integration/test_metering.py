@@ -176,6 +176,29 @@ def test_model_outside_the_allowlist_is_refused_in_the_sdks_shape(
     assert line["decision"] == "deny" and line["status"] == 403
 
 
+def test_a_realtime_session_for_another_model_is_refused(make_gateway: GatewayFactory,
+                                                          tmp_path: Path,
+                                                          fake: FakeInference) -> None:
+    """The Realtime API opens a WebSocket with the model in the query: the allowlist
+    checks it before the upgrade reaches the provider (plain GETs alike)."""
+    gw = _gateway(make_gateway, tmp_path, fake)
+    token = gw.mint("agent")
+    before = len(fake.requests)
+    upgrade = {"Authorization": f"Bearer {token}", "Connection": "Upgrade",
+               "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+               "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+    with _http(gw, token) as http:
+        for headers in (upgrade, {"Authorization": f"Bearer {token}"}):
+            r = http.get("https://api.openai.com/v1/realtime?model=gpt-4o-realtime-preview",
+                         headers=headers)
+            assert r.status_code == 403, r.text
+            assert r.json()["error"]["code"] == "model_not_allowed"
+            assert "gpt-4o-realtime-preview" in r.json()["error"]["message"]
+    assert len(fake.requests) == before  # never reached the provider
+    lines = gw.audit.wait_for(lambda r: r["error"] == "model_not_allowed")
+    assert len(lines) == 2 and all(line["path"] == "/v1/realtime" for line in lines)
+
+
 def test_budget_exhaustion_is_429_with_retry_after(make_gateway: GatewayFactory,
                                                    tmp_path: Path,
                                                    fake: FakeInference) -> None:
