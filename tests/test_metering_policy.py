@@ -113,6 +113,8 @@ CHECKS = [
     ("gemini", "POST", "/v1beta/models/gemini-2.0-flash%2F..%2F..%2Fmodels%2Fgemini-ultra:"
      "generateContent", None, "is not a plain model name"),
     ("gemini", "GET", "/v1beta/models/gemini-ultra", None, None),  # metadata, no model call
+    ("gemini", "POST", "/v1beta/models/gemini-ultra%3AgenerateContent",
+     b'{"model":"gemini-2.0-flash"}', "is not a plain model name"),  # Google decodes %3A
     ("aoai", "POST", "/openai/deployments/prod-4o/chat/completions?api-version=2024-10-21",
      b'{"model":"whatever"}', None),
     ("aoai", "POST", "/openai/deployments/dev-4o/chat/completions?api-version=2024-10-21",

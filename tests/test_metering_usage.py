@@ -238,6 +238,12 @@ CLASSIFY = [
     ("POST", "/v1beta/models/gemini-2.0-flash:countTokens", None),
     ("POST", "/v1beta/models/text-embedding-004:embedContent", None),
     ("POST", "/v1/files", None),
+    # what a provider's router would take for the same endpoint is metered too
+    ("POST", "/v1/chat/completions/", "openai"),
+    ("POST", "//v1//chat/completions", "openai"),
+    ("POST", "/v1/chat/completion%73", "openai"),
+    ("POST", "/v1/messages/", "anthropic"),
+    ("POST", "/v1beta/models/gemini-2.0-flash%3AgenerateContent", "gemini"),
     ("POST", "/model/anthropic.claude-3-5-sonnet-20240620-v1%3A0/converse", None),
 ]
 

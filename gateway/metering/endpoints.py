@@ -96,8 +96,17 @@ def _decode(segment: str, pattern: re.Pattern[str]) -> PathModel:
 
 
 def path_model(path: str) -> PathModel | None:
-    """The model named by the path (Gemini/Vertex, Azure deployment, Bedrock), or None."""
+    """The model named by the path (Gemini/Vertex, Azure deployment, Bedrock), or None.
+    A path that names a model only once decoded (``models/x%3AgenerateContent``) names
+    one that is not a plain name: an allowlist refuses it."""
     base, _ = _split(path)
+    found = _path_model(base)
+    if found is None and "%" in base and _path_model(_route(base)) is not None:
+        return PathModel(None, base)
+    return found
+
+
+def _path_model(base: str) -> PathModel | None:
     m = _ANTHROPIC_VERTEX.search(base)
     if m:
         return _decode(m.group(1), _SAFE_NAME)
@@ -134,11 +143,25 @@ def query_models(path: str) -> list[PathModel]:
     return found
 
 
+_SLASHES = re.compile(r"//+")
+
+
+def _route(base: str) -> str:
+    """The path as a provider's router sees it: escapes decoded, repeated and trailing
+    slashes dropped, so ``/v1/chat/completion%73/`` is not an unmetered way to the same
+    endpoint (counting a path the provider then refuses costs one request, no more)."""
+    if "%" in base:
+        base = unquote(base, errors="replace")
+    if "//" in base:
+        base = _SLASHES.sub("/", base)
+    return base.rstrip("/") if len(base) > 1 else base
+
+
 def classify(method: str, path: str) -> Endpoint | None:
     """The metered endpoint ``method path`` calls, or None (not an inference call)."""
     if method.upper() != "POST":
         return None
-    base, _ = _split(path)
+    base = _route(_split(path)[0])
     if _ANTHROPIC_VERTEX.search(base):
         return Endpoint("anthropic", path_model(path))
     m = _GEMINI.search(base)
