@@ -295,6 +295,10 @@ REWRITE = [
     ("openai", CHAT, b'{"model":"m","stream":false}', None),
     ("openai", CHAT, b'{"model":"m"}', None),
     ("openai", CHAT, b'{"model":"m","stream":true,"stream_options":{"include_usage":false}}',
+     b'{"model": "m", "stream": true, "stream_options": {"include_usage": true}}'),  # set
+    ("openai", CHAT, b'{"model":"m","stream":true,"stream_options":{"x":1}}',
+     b'{"model": "m", "stream": true, "stream_options": {"x": 1, "include_usage": true}}'),
+    ("openai", CHAT, b'{"model":"m","stream":true,"stream_options":{"include_usage":true}}',
      None),
     ("openai", CHAT, b'{"model":"m","stream":true,"stream":true}', None),  # duplicate key
     ("openai", CHAT, b"not json", None),
@@ -319,4 +323,4 @@ def test_rewrite_request_body(preset: str | None, path: str, body: bytes | None,
     out = rewrite_request_body(preset, path, body)
     assert out == expected
     if out is not None:
-        assert json.loads(out)["stream_options"] == {"include_usage": True}
+        assert json.loads(out)["stream_options"]["include_usage"] is True

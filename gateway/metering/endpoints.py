@@ -255,11 +255,13 @@ def _wants_stream_usage(preset: str | None, path: str) -> bool:
 
 def rewrite_request_body(preset: str | None, path: str, body: Body | None) -> bytes | None:
     """Add ``"stream_options": {"include_usage": true}`` to an OpenAI (or recent Azure
-    OpenAI) streaming chat/completions request that has no ``stream_options``, so the
-    stream ends with a usage chunk the meter can count. None = leave the body as is.
+    OpenAI) streaming chat/completions request that has no ``stream_options`` (or set
+    ``include_usage`` in the one it has), so the stream ends with a usage chunk the
+    meter can count. None = leave the body as is.
 
-    The key is inserted as text right after the opening brace: every other byte of the
-    body stays as the client sent it. The caller must update Content-Length. The client
+    Without ``stream_options`` the key is inserted as text right after the opening brace:
+    every other byte of the body stays as the client sent it (with one, the body is
+    re-encoded). The caller must update Content-Length. The client
     then receives one more SSE chunk (``"choices": [], "usage": {...}``) before
     ``[DONE]``; the official SDKs handle it.
     """
@@ -268,8 +270,15 @@ def rewrite_request_body(preset: str | None, path: str, body: Body | None) -> by
         return None
     assert body is not None
     data = json_body(body)
-    if data is None or data.get("stream") is not True or "stream_options" in data:
+    if data is None or data.get("stream") is not True:
         return None
+    options = data.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict) or options.get("include_usage") is True:
+            return None  # (not an object: the provider refuses the request anyway)
+        # `include_usage: false` would stream tokens past every token budget: set it.
+        return json.dumps({**data, "stream_options": {**options, "include_usage": True}},
+                          ensure_ascii=False).encode()
     body = raw
     start = body.index(b"{")  # the JSON object parsed, so its opening brace exists
     return body[: start + 1] + b'"stream_options":{"include_usage":true},' + body[start + 1:]

@@ -199,6 +199,25 @@ def test_a_realtime_session_for_another_model_is_refused(make_gateway: GatewayFa
     assert len(lines) == 2 and all(line["path"] == "/v1/realtime" for line in lines)
 
 
+def test_a_stream_that_declines_usage_is_still_metered(make_gateway: GatewayFactory,
+                                                        tmp_path: Path,
+                                                        fake: FakeInference) -> None:
+    """`include_usage: false` would stream tokens past token budgets: the gateway sets it
+    (the fake sends usage only when asked), and the agent's chunks arrive as before."""
+    gw = _gateway(make_gateway, tmp_path, fake)
+    token = gw.mint("agent")
+    oai = openai.OpenAI(api_key=token, http_client=_http(gw, token), max_retries=0)
+    stream = oai.chat.completions.create(
+        model="gpt-4o-mini", stream=True, stream_options={"include_usage": False},
+        messages=[{"role": "user", "content": "count"}])
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == "The fake provider answers."
+    sent = json.loads(fake.requests[-1].body)
+    assert sent["stream_options"] == {"include_usage": True}
+    [line] = gw.audit.wait_for(lambda r: r.get("usage") is not None)
+    assert line["usage"]["output_tokens"] == 4 and line["usage"]["input_tokens"] > 0
+
+
 def test_budget_exhaustion_is_429_with_retry_after(make_gateway: GatewayFactory,
                                                    tmp_path: Path,
                                                    fake: FakeInference) -> None:
