@@ -39,8 +39,13 @@ egress:
     credential: minted
   - host: mintfail.test
     credential: mintfail
+  - host: budget.test
+    credential: budgeted
+budgets:
+  - {{name: one-call, per: sandbox, window: 24h, requests: 1, credentials: [budgeted]}}
 credentials:
   openai: {{preset: openai, secret: openai-api-key}}
+  budgeted: {{hosts: [budget.test], secret: openai-api-key, inject: {{bearer: true}}}}
   minted:  # minted by the gateway: an OAuth2 client-credentials grant at the upstream
     type: oauth2-client-credentials
     token_url: https://allowed.test/oauth2/token
@@ -121,6 +126,7 @@ def _b64(text: str) -> str:
 
 DENY = {"decision": "deny"}
 SWAP, MINT = "key swap, echo redacted", "minted token swap, echo redacted"
+BUDGETED = "a budgeted call"
 CONNECT_DENY = {"decision": "deny", "method": "CONNECT"}
 
 CASES = [
@@ -253,6 +259,16 @@ CASES = [
          ("response", 403, "model_not_allowed"),
          {**DENY, "error": "model_not_allowed", "path": "/v1/realtime"},
          engines=("h1", "mitmproxy"), check=_no_upstream),
+    Case(BUDGETED, {"host": "budget.test", "method": "POST", "target": "/v1/chat/completions",
+                    "headers": [["Authorization", "Bearer {TOKEN}"]],
+                    "body": "{B64:{\"model\": \"m\", \"messages\": []}}"},
+         ("response", 200, None), {"decision": "allow", "credential": "budgeted"}),
+    Case("budget used up", {"host": "budget.test", "method": "POST",
+                            "target": "/v1/chat/completions",
+                            "headers": [["Authorization", "Bearer {TOKEN}"]],
+                            "body": "{B64:{\"model\": \"m\", \"messages\": []}}"},
+         ("response", 429, "budget_exceeded"), {**DENY, "error": "budget_exceeded"},
+         prime=BUDGETED, check=_no_upstream),
     Case("F7 key echoed in a gzip body",
          {"host": "api.openai.com", "target": "/echo-gzip/Authorization",
           "headers": [["Authorization", "Bearer {TOKEN}"], ["Accept-Encoding", "gzip"]]},
