@@ -41,11 +41,13 @@ class Spec:
     plain_proxy: bool = False  # no CONNECT: an absolute-form request to the proxy
     cafile: str | None = None
     timeout: float = 10.0
+    ws: list[str] = field(default_factory=list)  # WebSocket text messages to send after a 101
 
 
 @dataclass
 class Result:
-    stage: str  # where it ended: connect (refused at CONNECT), tls, response, closed
+    stage: str  # where it ended: connect (refused at CONNECT), tls, response, closed;
+    # after a WebSocket upgrade: ws-echo (the messages came back), ws-nothing (none did)
     status: int | None = None
     code: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
@@ -177,6 +179,8 @@ def run(spec: Spec) -> Result:
             status, headers, rest = _read_head(conn)
         except (OSError, ConnectionError, ssl.SSLError):
             return Result("closed")
+        if spec.ws and status == 101:
+            return _websocket(conn, spec, headers, rest)
         try:
             body = b"" if spec.method == "HEAD" else _read_body(conn, headers, rest)
         except (OSError, ssl.SSLError):
@@ -184,6 +188,50 @@ def run(spec: Spec) -> Result:
         return Result("response", status, _code(headers), headers, body.decode("latin-1"))
     finally:
         conn.close()
+
+
+def _websocket(conn: Any, spec: Spec, headers: dict[str, str], rest: bytes) -> Result:
+    """Send each message as one masked text frame; collect what comes back within 1.5 s
+    (an echo, or nothing: the gateway closed the connection or dropped the frame)."""
+    import os
+    import time
+
+    for text in spec.ws:
+        data, mask = text.encode(), os.urandom(4)
+        size = bytes([0x80 | len(data)]) if len(data) < 126 else \
+            bytes([0x80 | 126]) + len(data).to_bytes(2, "big")
+        conn.sendall(b"\x81" + size + mask +
+                     bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
+    echoed: list[str] = []
+    buf = rest
+    deadline = time.monotonic() + 1.5
+    while len(echoed) < len(spec.ws) and time.monotonic() < deadline:
+        while len(buf) >= 2 and len(buf) >= 2 + (buf[1] & 0x7F if buf[1] & 0x7F < 126 else 0):
+            size, at = buf[1] & 0x7F, 2
+            if size == 126:
+                if len(buf) < 4:
+                    break
+                size, at = int.from_bytes(buf[2:4], "big"), 4
+            if len(buf) < at + size:
+                break
+            opcode, payload, buf = buf[0] & 0x0F, buf[at:at + size], buf[at + size:]
+            if opcode == 8:
+                return Result("ws-nothing", 101, None, headers, "".join(echoed))
+            echoed.append(payload.decode("utf-8", "replace"))
+        if len(echoed) >= len(spec.ws):
+            break
+        try:
+            conn.settimeout(max(0.05, deadline - time.monotonic()))
+            chunk = conn.recv(65536)
+        except TimeoutError:
+            break
+        except (OSError, ssl.SSLError):
+            break
+        if not chunk:
+            break
+        buf += chunk
+    stage = "ws-echo" if echoed and echoed == spec.ws else "ws-nothing"
+    return Result(stage, 101, None, headers, "".join(echoed))
 
 
 def _h2(conn: Any, spec: Spec) -> Result:

@@ -112,6 +112,16 @@ def _only_the_mint(result: Result, seen: list[Any]) -> None:
     assert "not-the-client-secret" not in result.body
 
 
+def _ws_relayed(result: Result, seen: list[Any]) -> None:
+    assert [s.body for s in seen if s.method == "WS"] == [b"hello"]
+    assert result.body == "hello"
+
+
+def _no_ws_message(result: Result, seen: list[Any]) -> None:
+    assert [s.body for s in seen if s.method == "WS"] == [], seen
+    assert result.body == ""
+
+
 def _no_key(result: Result, seen: list[Any]) -> None:
     assert KEY not in result.body and KEY not in json.dumps(result.headers)
 
@@ -125,6 +135,8 @@ def _b64(text: str) -> str:
 
 
 DENY = {"decision": "deny"}
+WS_UPGRADE = [["Upgrade", "websocket"], ["Connection", "Upgrade"],
+              ["Sec-WebSocket-Version", "13"], ["Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="]]
 SWAP, MINT = "key swap, echo redacted", "minted token swap, echo redacted"
 BUDGETED = "a budgeted call"
 CONNECT_DENY = {"decision": "deny", "method": "CONNECT"}
@@ -200,6 +212,14 @@ CASES = [
          "headers": [["Authorization", "Bearer {TOKEN}"], ["X-K", "{KEY}"]]},
          ("response", 200, None), {"decision": "allow", "credential": "openai"},
          prime=SWAP),
+    Case("WebSocket message relayed", {"host": "other.test", "target": "/ok/ws",
+                                       "headers": WS_UPGRADE, "ws": ["hello"]},
+         ("ws-echo", 101, None), {"decision": "allow", "host": "other.test"},
+         engines=("h1", "mitmproxy"), check=_ws_relayed),
+    Case("token in a WebSocket message", {"host": "unbound.test", "target": "/ws",
+                                          "headers": WS_UPGRADE, "ws": ["x {TOKEN} y"]},
+         ("ws-nothing", 101, None), {**DENY, "error": "exfiltration_blocked"},
+         engines=("h1", "mitmproxy"), check=_no_ws_message),
     Case("token in the query", {"host": "unbound.test", "target": "/q?t={TOKEN}"},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
          check=_no_upstream),

@@ -3,6 +3,8 @@
 Endpoints: any path echoes the request as JSON (method, path, headers, body);
 `/bytes/N` sends N bytes; `/sse?n=&interval=` sends n events spaced by interval
 seconds; `/status/N` answers N; `/echo-header/NAME` reflects a request header;
+a request with `Upgrade: websocket` (any path) is a WebSocket echo whose received
+messages are recorded as `Seen("WS", path, {}, payload)`;
 `POST /oauth2/token` is an OAuth2 client-credentials endpoint for one client (HTTP Basic
 `MINT_CLIENT`/`MINT_SECRET`) that issues `MINTED`, and 401 for any other client.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import hashlib
 import json
 import socket
 import ssl
@@ -74,6 +77,8 @@ class _Handler(BaseHTTPRequestHandler):
         seen = Seen(self.command, self.path, {k.lower(): v for k, v in self.headers.items()},
                     body)
         self.upstream.requests.append(seen)
+        if self.headers.get("Upgrade", "").lower() == "websocket":
+            return self._websocket()
         url = urlsplit(self.path)
         parts = url.path.strip("/").split("/")
         if url.path in INFERENCE:
@@ -109,6 +114,38 @@ class _Handler(BaseHTTPRequestHandler):
         payload = json.dumps({"method": seen.method, "path": seen.path,
                               "headers": seen.headers, "body": body.decode("latin-1")})
         self._send(200, payload.encode())
+
+    def _websocket(self) -> None:
+        """RFC 6455 server side: the handshake, then every text/binary message echoed
+        (single-frame messages; a close frame ends it)."""
+        key = self.headers.get("Sec-WebSocket-Key", "")
+        accept = base64.b64encode(hashlib.sha1(
+            (key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
+        self.send_response(101)
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", accept)
+        self.end_headers()
+        self.wfile.flush()
+        self.close_connection = True
+        while True:
+            head = self.rfile.read(2)
+            if len(head) < 2:
+                return
+            opcode, size = head[0] & 0x0F, head[1] & 0x7F
+            if size == 126:
+                size = int.from_bytes(self.rfile.read(2), "big")
+            elif size == 127:
+                size = int.from_bytes(self.rfile.read(8), "big")
+            mask = self.rfile.read(4) if head[1] & 0x80 else b"\0\0\0\0"
+            data = bytes(b ^ mask[i % 4] for i, b in enumerate(self.rfile.read(size)))
+            if opcode == 8:
+                self.wfile.write(b"\x88\x00")
+                return
+            if opcode in (1, 2):
+                self.upstream.requests.append(Seen("WS", self.path, {}, data))
+                self.wfile.write(bytes([0x80 | opcode]) + _ws_length(len(data)) + data)
+                self.wfile.flush()
 
     def _token(self, body: bytes) -> None:
         user, _, password = base64.b64decode(
@@ -231,6 +268,14 @@ def _anthropic_messages(handler: _Handler, body: bytes) -> None:
 
 
 INFERENCE = {"/v1/chat/completions": _openai_chat, "/v1/messages": _anthropic_messages}
+
+
+def _ws_length(n: int) -> bytes:
+    if n < 126:
+        return bytes([n])
+    if n < 1 << 16:
+        return bytes([126]) + n.to_bytes(2, "big")
+    return bytes([127]) + n.to_bytes(8, "big")
 
 
 def start_upstream(ssl_context: ssl.SSLContext | None = None, host: str = "127.0.0.1") -> Upstream:

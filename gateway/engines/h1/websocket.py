@@ -98,7 +98,8 @@ class _Relay:
                 self.size[from_client] = 0
                 try:
                     content = self.ex.ws_message(from_client, b"".join(frames))
-                except Refusal:
+                except Refusal as refusal:
+                    self.ex.abort(refusal)  # the exchange's audit line is the refusal
                     await self._close_both(CloseReason.POLICY_VIOLATION,
                                            "refused by the sandbox gateway")
                     return
