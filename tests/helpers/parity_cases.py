@@ -117,6 +117,11 @@ def _ws_relayed(result: Result, seen: list[Any]) -> None:
     assert result.body == "hello"
 
 
+def _ws_redacted(result: Result, seen: list[Any]) -> None:
+    assert [s.body for s in seen if s.method == "WS"] == [KEY.encode()]  # its own host
+    assert KEY not in result.body and "[REDACTED]" in result.body
+
+
 def _no_ws_message(result: Result, seen: list[Any]) -> None:
     assert [s.body for s in seen if s.method == "WS"] == [], seen
     assert result.body == ""
@@ -216,6 +221,11 @@ CASES = [
                                        "headers": WS_UPGRADE, "ws": ["hello"]},
          ("ws-echo", 101, None), {"decision": "allow", "host": "other.test"},
          engines=("h1", "mitmproxy"), check=_ws_relayed),
+    Case("key echoed in a WebSocket message",
+         {"host": "api.openai.com", "target": "/ws", "ws": ["{KEY}"],
+          "headers": [["Authorization", "Bearer {TOKEN}"], *WS_UPGRADE]},
+         ("ws-echo", 101, None), {"decision": "allow", "credential": "openai"},
+         engines=("h1", "mitmproxy"), prime=SWAP, check=_ws_redacted),
     Case("token in a WebSocket message", {"host": "unbound.test", "target": "/ws",
                                           "headers": WS_UPGRADE, "ws": ["x {TOKEN} y"]},
          ("ws-nothing", 101, None), {**DENY, "error": "exfiltration_blocked"},
