@@ -13,13 +13,13 @@ stay: the gateway is never left unable to sign.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from gateway.metrics import SIGNING_KEY_RELOADS
+from gateway.polling import Poller
 from gateway.tokens import SigningKeys, TokenError
 
 __all__ = ["INTERVAL", "PICKUP_SECONDS", "SigningKeyWatcher", "key_fingerprint"]
@@ -52,8 +52,10 @@ def key_fingerprint(directory: Path) -> Fingerprint:
     return tuple(out)
 
 
-class SigningKeyWatcher:
+class SigningKeyWatcher(Poller):
     """`load_now()` at start (creates a first key), then `start(on_change)` polls."""
+
+    _poll_name = "signing-keys"
 
     def __init__(self, directory: Path, retired: Iterable[str] = (), *,
                  interval: float = INTERVAL) -> None:
@@ -62,7 +64,6 @@ class SigningKeyWatcher:
         self.interval = interval
         self._seen: Fingerprint | None = None
         self._on_change: Callable[[SigningKeys], None] | None = None
-        self._task: asyncio.Task[None] | None = None
 
     def load_now(self) -> SigningKeys:
         """Load (creating a first key if there is none) and remember what was loaded."""
@@ -91,25 +92,7 @@ class SigningKeyWatcher:
             self._on_change(keys)
         return True
 
-    async def run(self) -> None:
-        """Poll forever every `interval` seconds."""
-        while True:
-            await asyncio.sleep(self.interval)
-            try:
-                await self.check()
-            except Exception:  # keep the keys in use whatever happens
-                log.exception("signing key check failed")
-
     def start(self, on_change: Callable[[SigningKeys], None]) -> None:
         """Poll on the running loop; `on_change` gets every newly loaded set."""
         self._on_change = on_change
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self.run(),
-                                                                name="signing-keys")
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        self._poll()

@@ -23,7 +23,6 @@ good set: the gateway is never left without a policy.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from gateway.metrics import MULTIPROCESS, POLICY_INFO, POLICY_RELOADS, POLICY_RU
 from gateway.policy.loader import PolicyError, load_policy_dir
 from gateway.policy.model import PolicySet
 from gateway.policy.revision import REVISION_FILE, git_state
+from gateway.polling import Poller
 
 __all__ = ["Fingerprint", "PolicyReloader", "fingerprint"]
 
@@ -72,8 +72,10 @@ def fingerprint(directory: str | os.PathLike[str]) -> Fingerprint:
     return tuple(out)
 
 
-class PolicyReloader:
+class PolicyReloader(Poller):
     """Keeps a PolicySet in sync with a directory; ``load_now`` at startup, ``start`` after."""
+
+    _poll_name = "policy-reloader"
 
     def __init__(
         self,
@@ -89,7 +91,6 @@ class PolicyReloader:
         self._on_error = on_error
         self._current: PolicySet | None = None
         self._seen: Fingerprint | None = None
-        self._task: asyncio.Task[None] | None = None
         self.last_errors: list[str] = []
 
     @property
@@ -130,28 +131,9 @@ class PolicyReloader:
         self._succeeded(policy_set, notify=True)
         return True
 
-    async def run(self) -> None:
-        """Poll forever every ``interval`` seconds."""
-        while True:
-            await asyncio.sleep(self.interval)
-            try:
-                await self.check()
-            except Exception:  # keep serving the last good set whatever happens
-                log.exception("policy reload check failed")
-
     def start(self) -> asyncio.Task[None]:
         """Start polling as a task on the running loop."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self.run(), name="policy-reloader")
-        return self._task
-
-    async def stop(self) -> None:
-        """Stop polling and wait for the task to end."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        return self._poll()
 
     def _succeeded(self, policy_set: PolicySet, *, notify: bool) -> None:
         previous = self._current.revision if self._current is not None else None
