@@ -324,3 +324,22 @@ def test_rewrite_request_body(preset: str | None, path: str, body: bytes | None,
     assert out == expected
     if out is not None:
         assert json.loads(out)["stream_options"]["include_usage"] is True
+
+
+@pytest.mark.parametrize("fixture", ["openai_chat_stream_usage.sse",
+                                     "anthropic_messages_stream.sse", "gemini_stream.sse"])
+def test_large_chunks_of_whole_events(fixture: str) -> None:
+    """Many whole events in one chunk (an upstream that wrote faster than we read): only
+    the events with usage are split, with the same result as event by event."""
+    data = (DATA / fixture).read_bytes().replace(b"\r\n", b"\n")
+    head, _, rest = data.partition(b"\n\n")
+    filler = b"".join(b'data: {"choices":[{"delta":{"content":"x%d"}}]}\n\n' % i
+                      for i in range(300))
+    big = head + b"\n\n" + filler + rest  # usage events first, middle and last
+    assert len(big) > 4096
+    preset, path = {"openai_chat_stream_usage.sse": ("openai", CHAT),
+                    "anthropic_messages_stream.sse": ("anthropic", "/v1/messages"),
+                    "gemini_stream.sse": ("gemini", GEMINI_STREAM)}[fixture]
+    one = metered(preset, path, None, [big])
+    by_event = metered(preset, path, None, [e + b"\n\n" for e in big.split(b"\n\n") if e])
+    assert one == by_event and one.known

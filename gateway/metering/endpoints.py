@@ -20,6 +20,7 @@ model id) when there is one, else the JSON body's ``model``.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -95,6 +96,7 @@ def _decode(segment: str, pattern: re.Pattern[str]) -> PathModel:
     return PathModel(name, segment)
 
 
+@functools.lru_cache(maxsize=2048)  # agents repeat their paths; PathModel is immutable
 def path_model(path: str) -> PathModel | None:
     """The model named by the path (Gemini/Vertex, Azure deployment, Bedrock), or None.
     A path that names a model only once decoded (``models/x%3AgenerateContent``) names
@@ -157,6 +159,7 @@ def _route(base: str) -> str:
     return base.rstrip("/") if len(base) > 1 else base
 
 
+@functools.lru_cache(maxsize=2048)
 def classify(method: str, path: str) -> Endpoint | None:
     """The metered endpoint ``method path`` calls, or None (not an inference call)."""
     if method.upper() != "POST":
@@ -176,20 +179,23 @@ def classify(method: str, path: str) -> Endpoint | None:
     return None
 
 
+def _unique_pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in items:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique_pairs)
+
+
 def body_json(body: bytes) -> dict[str, Any] | None:
     """``body`` as a JSON object, or None: strict UTF-8, no duplicate top-level keys
     (a provider could read the other copy), top level must be an object."""
-
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in items:
-            if key in out:
-                raise ValueError(f"duplicate key {key!r}")
-            out[key] = value
-        return out
-
     try:
-        data = json.loads(body.decode("utf-8"), object_pairs_hook=pairs)
+        data = _DECODER.decode(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None

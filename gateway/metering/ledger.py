@@ -36,6 +36,7 @@ class UsageLedger:
         self.counters = counters
         self.retention = retention
         self.names = names or ModelNames()
+        self._prefixes: dict[tuple[str, str, str, str], str] = {}  # encoded field prefixes
 
     def record(self, sandbox: str, policy: str, credential: str, usage: Usage,
                cost_usd: float | None, now: float) -> None:
@@ -45,8 +46,12 @@ class UsageLedger:
         expires = hour + HOUR + self.retention
         # The field is the JSON array [policy, sandbox, credential, model, kind]; the kinds
         # are plain letters, so the encoded prefix is shared by the exchange's increments.
-        prefix = json.dumps([policy, sandbox, credential, self.names(usage.model)],
-                            separators=(",", ":"))[:-1]
+        key = (policy, sandbox, credential, self.names(usage.model))
+        prefix = self._prefixes.get(key)
+        if prefix is None:
+            if len(self._prefixes) >= 4096:
+                self._prefixes.clear()
+            prefix = self._prefixes[key] = json.dumps(list(key), separators=(",", ":"))[:-1]
         amounts = {"r": 1, "n": 0 if usage.known else 1, "i": usage.input_tokens or 0,
                    "o": usage.output_tokens or 0, "c": usage.cached_input_tokens or 0,
                    "$": round(cost_usd * NANO) if cost_usd else 0}

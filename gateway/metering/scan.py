@@ -64,9 +64,43 @@ class SseScanner:
         self._long: _Long | None = None
 
     def feed(self, chunk: bytes) -> None:
-        if not (self._rest or self._data or self._cr or self._long is not None) \
-                and chunk.endswith(_EVENTS_END) and USAGE_HINT.search(chunk) is None:
-            return  # whole events, none with usage (a stream's usual chunk): nothing to split
+        if not (self._rest or self._data or self._cr or self._long is not None):
+            # At an event boundary (the stream's usual state): whole events are skipped
+            # unless they carry usage; only those are split into lines.
+            if chunk.endswith(b"\n\n"):  # whole events (a provider's usual chunk)
+                hint = USAGE_HINT.search(chunk)
+                if hint is None:
+                    return
+                if b"\r" not in chunk:
+                    self._usage_events(chunk, hint)
+                    return
+            elif b"\r" not in chunk:  # whole events, then the start of the next one
+                cut = chunk.rfind(b"\n\n") + 2
+                if cut > 1:
+                    hint = USAGE_HINT.search(chunk, 0, cut)
+                    if hint is not None:
+                        self._usage_events(chunk[:cut], hint)
+                    self._split(chunk[cut:])
+                    return
+            elif chunk.endswith(_EVENTS_END) and USAGE_HINT.search(chunk) is None:
+                return
+        self._split(chunk)
+
+    def _usage_events(self, chunk: bytes, hint: re.Match[bytes] | None) -> None:
+        """Split the events of `chunk` (whole, LF-ended) that `hint` and the later
+        matches fall in."""
+        done = -1
+        while hint is not None:
+            start = chunk.rfind(b"\n\n", 0, hint.start()) + 2  # (-1 + 2: from the start)
+            if start < 2:
+                start = 0
+            end = chunk.find(b"\n\n", hint.end()) + 2
+            if start > done:  # (an event with two hints is split once)
+                self._split(chunk[start:end])
+                done = start
+            hint = USAGE_HINT.search(chunk, end)
+
+    def _split(self, chunk: bytes) -> None:
         if self._cr and chunk[:1] == b"\n":
             chunk = chunk[1:]
         self._cr = False

@@ -244,6 +244,7 @@ class Connection(Side):
             return
         reader: Any = (ChunkedReader() if size is None else Http10Reader() if size == -1
                        else ContentLengthReader(size))
+        pieces: list[bytes] = []
         while True:
             try:
                 event = reader(side.buf)
@@ -251,11 +252,17 @@ class Connection(Side):
                     event = reader.read_eof()
             except h11.ProtocolError as exc:
                 raise ProtocolError(f"bad message body: {exc}") from None
+            if isinstance(event, h11.Data):
+                if event.data:  # gathered while the buffer holds more: one piece per read
+                    pieces.append(bytes(event.data))
+                continue
+            if pieces:
+                yield pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                pieces = []
+                if event is None:
+                    continue  # (more may have arrived while the consumer was sending)
             if event is None:
                 await side.more(timeout)
-            elif isinstance(event, h11.Data):
-                if event.data:
-                    yield bytes(event.data)
             else:
                 if trailers is not None and event.headers:
                     trailers.append(list(event.headers.raw_items()))
