@@ -10,19 +10,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from abc import ABC, abstractmethod
 
 log = logging.getLogger("sandbox_gateway.polling")
 
 
-class Poller:
+class Poller(ABC):
     """Subclasses set `interval` and implement `check` (True when something changed)."""
 
     interval: float
     _task: asyncio.Task[None] | None = None
     _poll_name = "poller"  # the task's name, and what a failed check's log line names
 
+    @abstractmethod
     async def check(self) -> bool:
-        raise NotImplementedError
+        """Poll once; True when a change was taken over."""
 
     async def run(self) -> None:
         """Poll forever every `interval` seconds."""

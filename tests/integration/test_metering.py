@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import ssl
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import openai
 import pytest
 from fakes.inference import FakeInference
 from helpers.gateway import GatewayFactory, GatewayThread
+from helpers.metrics import metric
 
 KEY = "sk-fake-provider-key"
 POLICY = """
@@ -74,18 +74,6 @@ def _usage_lines(gw: GatewayThread) -> list[dict[str, Any]]:
     return [r for r in gw.audit.records() if r.get("usage")]
 
 
-def _metric(gw: GatewayThread, name: str, **labels: str) -> float:
-    text = urllib.request.urlopen(gw.admin + "/metrics", timeout=5).read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + "{"):
-            continue
-        got = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-        if all(got.get(k) == v for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 SDK_SCRIPT = r"""
 import json, openai, anthropic, httpx, os
 oai = openai.OpenAI(max_retries=0)
@@ -117,9 +105,9 @@ def test_sdks_streaming_and_not_are_metered(make_gateway: GatewayFactory, tmp_pa
     from gateway.sandbox_env import sandbox_env
 
     # (metrics are per process: other tests in this process counted before)
-    base_out = _metric(gw, "sandbox_gateway_inference_tokens_total", kind="output",
+    base_out = metric(gw, "sandbox_gateway_inference_tokens_total", kind="output",
                        policy="agent")
-    base_in = _metric(gw, "sandbox_gateway_inference_tokens_total", kind="input",
+    base_in = metric(gw, "sandbox_gateway_inference_tokens_total", kind="input",
                       policy="agent")
     env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper()}
     for line in sandbox_env(token, gw.proxy, ca_bundle=str(gw.ca_cert)):
@@ -148,9 +136,9 @@ def test_sdks_streaming_and_not_are_metered(make_gateway: GatewayFactory, tmp_pa
     # Metrics, /v1/usage and audit lines agree.
     out_audit = sum(line["usage"]["output_tokens"] for line in lines)
     in_audit = sum(line["usage"]["input_tokens"] for line in lines)
-    assert _metric(gw, "sandbox_gateway_inference_tokens_total", kind="output",
+    assert metric(gw, "sandbox_gateway_inference_tokens_total", kind="output",
                    policy="agent") - base_out == out_audit
-    assert _metric(gw, "sandbox_gateway_inference_tokens_total", kind="input",
+    assert metric(gw, "sandbox_gateway_inference_tokens_total", kind="input",
                    policy="agent") - base_in == in_audit
     usage = json.loads(urllib.request.urlopen(urllib.request.Request(
         gw.admin + "/v1/usage?sandbox=sandbox-1",
