@@ -147,27 +147,35 @@ def test_slow_heads_are_cut_and_others_still_served(make_gateway, nginx: Nginx) 
     gw: GatewayThread = make_gateway(nginx.port, config={"network": {"timeouts": TIMEOUTS}})
     token = gw.mint("agent")
     assert gw.gateway.proxy_address
-    slow = []
-    for _ in range(100):
-        s = socket.create_connection(gw.gateway.proxy_address, timeout=10)
-        s.sendall(b"CONNECT inspect.test:443 HTTP/1.1\r\nX-Slow: ")
-        slow.append(s)
-    for _ in range(50):  # inside a tunnel: TLS done, then a head that never ends
-        tls = tunnel(gw, token)
-        tls.sendall(b"GET /small HTTP/1.1\r\nHost: inspect.test\r\nX-Slow: ")
-        slow.append(tls)  # type: ignore[arg-type]
-    latencies = []
-    other = gw.mint("agent", sandbox="sandbox-2")
-    for _ in range(20):
-        started = time.monotonic()
-        with tunnel(gw, other, sandbox="sandbox-2") as tls:
-            tls.sendall(b"GET /small HTTP/1.1\r\nHost: inspect.test\r\nConnection: close\r\n\r\n")
-            assert tls.recv(65536).startswith(b"HTTP/1.1 200")
-        latencies.append(time.monotonic() - started)
-    assert sorted(latencies)[-1] < 0.5, latencies
-    time.sleep(2.5)
-    for s in slow:
-        s.settimeout(1)
-        with contextlib.suppress(ConnectionError, ssl.SSLError):
-            assert s.recv(1) == b""  # closed by the gateway
-        s.close()
+    slow: list[socket.socket] = []
+    try:
+        for _ in range(100):
+            s = socket.create_connection(gw.gateway.proxy_address, timeout=10)
+            s.sendall(b"CONNECT inspect.test:443 HTTP/1.1\r\nX-Slow: ")
+            slow.append(s)
+        for _ in range(50):  # inside a tunnel: TLS done, then a head that never ends
+            tls = tunnel(gw, token)
+            tls.sendall(b"GET /small HTTP/1.1\r\nHost: inspect.test\r\nX-Slow: ")
+            slow.append(tls)
+        latencies = []
+        other = gw.mint("agent", sandbox="sandbox-2")
+        for _ in range(40):
+            started = time.monotonic()
+            with tunnel(gw, other, sandbox="sandbox-2") as tls:
+                tls.sendall(b"GET /small HTTP/1.1\r\nHost: inspect.test\r\n"
+                            b"Connection: close\r\n\r\n")
+                assert tls.recv(65536).startswith(b"HTTP/1.1 200")
+            latencies.append(time.monotonic() - started)
+        ranked = sorted(latencies)
+        # The other sandbox's median and p95 (one scheduling hiccup on a shared CI
+        # machine is not starvation; 150 held connections would make every call slow).
+        assert ranked[len(ranked) // 2] < 0.1 and ranked[int(len(ranked) * 0.95) - 1] < 0.5, \
+            latencies
+        time.sleep(2.5)
+        for s in slow:
+            s.settimeout(1)
+            with contextlib.suppress(ConnectionError, ssl.SSLError):
+                assert s.recv(1) == b""  # closed by the gateway
+    finally:
+        for s in slow:
+            s.close()
