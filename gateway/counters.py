@@ -29,7 +29,6 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -46,14 +45,9 @@ log = logging.getLogger("sandbox_gateway.counters")
 Table = dict[str, int]
 
 
-@dataclass(frozen=True, slots=True)
-class Increment:
-    """Add ``amount`` to ``table[field]``; the table expires at ``expires_at`` (Unix)."""
-
-    table: str
-    field: str
-    amount: int
-    expires_at: float
+Increment = tuple[str, str, int, float]
+"""``(table, field, amount, expires_at)``: add ``amount`` to ``table[field]``; the table
+expires at ``expires_at`` (Unix). A plain tuple: every metered exchange makes several."""
 
 
 class Counters(Protocol):
@@ -113,13 +107,13 @@ class CounterView:
 
     def _merge(self, into: dict[str, Table], increments: Iterable[Increment]) -> None:
         expires = self.expires
-        for inc in increments:
-            fields = into.get(inc.table)
+        for table, field, amount, expires_at in increments:
+            fields = into.get(table)
             if fields is None:
-                fields = into[inc.table] = {}
-            fields[inc.field] = fields.get(inc.field, 0) + inc.amount
-            if expires.get(inc.table, 0.0) < inc.expires_at:
-                expires[inc.table] = inc.expires_at
+                fields = into[table] = {}
+            fields[field] = fields.get(field, 0) + amount
+            if expires.get(table, 0.0) < expires_at:
+                expires[table] = expires_at
 
     def value(self, table: str, field: str) -> int:
         """Shared + pending; remembers that this value is read (a flush refreshes it)."""
@@ -323,7 +317,7 @@ class JournalCounters:
 
     def _apply(self, tables: dict[str, Any]) -> None:
         self.view.add_shared(
-            Increment(table, field, int(amount), float(spec[0]))
+            (table, field, int(amount), float(spec[0]))
             for table, spec in tables.items() for field, amount in spec[1].items())
 
     def catch_up(self) -> None:

@@ -31,7 +31,7 @@ FAR = time.time() + 86400
 
 
 def inc(table: str, field: str, amount: int = 1, expires: float = FAR) -> Increment:
-    return Increment(table, field, amount, expires)
+    return (table, field, amount, expires)
 
 
 # --- memory -------------------------------------------------------------------------------
@@ -146,13 +146,13 @@ def test_journal_write_failure_keeps_counting_locally(
 WORKER = textwrap.dedent("""\
     import sys, time
     from pathlib import Path
-    from gateway.counters import Increment, JournalCounters
+    from gateway.counters import JournalCounters
     path, index, rounds = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     c = JournalCounters(path, compact_bytes=3000)
     c.start()
     for i in range(rounds):
-        c.count([Increment("t", "n", 1, time.time() + 600),
-                 Increment("t", f"w{index}", i, time.time() + 600)])
+        c.count([("t", "n", 1, time.time() + 600),
+                 ("t", f"w{index}", i, time.time() + 600)])
         c.sync()
 """)
 

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.metering.endpoints import classify, request_model, rewrite_request_body
 from gateway.metering.scan import SALVAGE, SseScanner
-from gateway.metering.usage import JSON_CAP, Meter, Usage, meter_for
+from gateway.metering.usage import HOLD, JSON_CAP, Meter, Usage, meter_for
 
 DATA = Path(__file__).parent / "data" / "metering"
 
@@ -66,11 +66,17 @@ IDS = [f"{c[0]}:{c[1]}" for c in CASES]
 
 def metered(preset: str | None, path: str, body: bytes | None, chunks: list[bytes],
             status: int = 200) -> Usage:
-    meter = meter_for(preset, "POST", path, body)
-    assert meter is not None
-    for chunk in chunks:
-        meter.feed(chunk)
-    return meter.finish(status)
+    """The usage of a response relayed as `chunks`: scanned as each chunk arrives
+    (hold 0) and in runs of HOLD bytes, which must agree."""
+    results = []
+    for hold in (0, HOLD):
+        meter = meter_for(preset, "POST", path, body, hold=hold)
+        assert meter is not None
+        for chunk in chunks:
+            meter.feed(chunk)
+        results.append(meter.finish(status))
+    assert results[0] == results[1]
+    return results[0]
 
 
 @pytest.mark.parametrize(("fixture", "preset", "path", "body", "expected"), CASES, ids=IDS)
@@ -179,6 +185,7 @@ def test_memory_stays_bounded() -> None:
     meter.feed(b"data: {")
     for _ in range(1000):
         meter.feed(b"a" * 1000)
+    assert meter._held_size < HOLD + 1000
     scanner = meter._scanner
     assert isinstance(scanner, SseScanner)
     assert len(scanner._rest) <= 1000
@@ -343,3 +350,39 @@ def test_large_chunks_of_whole_events(fixture: str) -> None:
     one = metered(preset, path, None, [big])
     by_event = metered(preset, path, None, [e + b"\n\n" for e in big.split(b"\n\n") if e])
     assert one == by_event and one.known
+
+
+@pytest.mark.parametrize("fixture", ["openai_chat_stream_usage.sse",
+                                     "anthropic_messages_stream.sse", "gemini_stream.sse"])
+def test_two_large_chunks_cut_anywhere(fixture: str) -> None:
+    """A run of whole events cut at any byte (a TLS read boundary): the event the cut
+    falls in is finished line by line, the whole events after it take the quick path,
+    and the usage is the same as event by event."""
+    data = (DATA / fixture).read_bytes().replace(b"\r\n", b"\n")
+    head, _, rest = data.partition(b"\n\n")
+    filler = b"".join(b'data: {"choices":[{"delta":{"content":"y%d"}}]}\n\n' % i
+                      for i in range(40))
+    big = head + b"\n\n" + filler + rest
+    preset, path = {"openai_chat_stream_usage.sse": ("openai", CHAT),
+                    "anthropic_messages_stream.sse": ("anthropic", "/v1/messages"),
+                    "gemini_stream.sse": ("gemini", GEMINI_STREAM)}[fixture]
+    expected = metered(preset, path, None, [e + b"\n\n" for e in big.split(b"\n\n") if e])
+    assert expected.known
+    for cut in range(1, len(big)):
+        assert metered(preset, path, None, [big[:cut], big[cut:]]) == expected, cut
+    for cut in range(1, len(big) - 40, 7):  # and in three pieces
+        parts = [big[:cut], big[cut:cut + 40], big[cut + 40:]]
+        assert metered(preset, path, None, parts) == expected, cut
+
+
+def test_held_chunks_are_copied_from_reused_buffers() -> None:
+    """The meter holds chunks until HOLD bytes arrive: a buffer the engine reuses for
+    the next read must not change what it holds."""
+    data = (DATA / "openai_chat_stream_usage.sse").read_bytes()
+    meter = Meter("openai", "m")
+    buffer = bytearray()
+    for i in range(0, len(data), 50):
+        buffer[:] = data[i:i + 50]
+        meter.feed(buffer)  # (what a careless engine might pass)
+    buffer[:] = b"x" * 50
+    assert meter.finish(200) == metered("openai", CHAT, None, [data])

@@ -174,9 +174,9 @@ class BudgetBook:
         increments = []
         for budget in self.applicable(policy, credential):
             start, end = window_bounds(budget.window, now)
-            increments.append(Increment(self._table(policy.name, budget, start),
-                                        "r:" + self._subject(budget, sandbox, policy.name),
-                                        1, end + _GRACE))
+            increments.append((self._table(policy.name, budget, start),
+                               "r:" + self._subject(budget, sandbox, policy.name),
+                               1, end + _GRACE))
         if increments:
             self.counters.count(increments)
 
@@ -196,10 +196,9 @@ class BudgetBook:
             subject = self._subject(budget, sandbox, policy.name)
             expires = end + _GRACE
             if tokens:
-                increments.append(Increment(table, "t:" + subject, tokens, expires))
+                increments.append((table, "t:" + subject, tokens, expires))
             if cost:
-                increments.append(Increment(table, "c:" + subject, round(cost * NANO),
-                                            expires))
+                increments.append((table, "c:" + subject, round(cost * NANO), expires))
         if increments:
             self.counters.count(increments)
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import unquote
 
+from gateway.metering.jsondoc import document
+
 __all__ = [
     "Body",
     "Endpoint",
@@ -195,8 +197,8 @@ def body_json(body: bytes) -> dict[str, Any] | None:
     """``body`` as a JSON object, or None: strict UTF-8, no duplicate top-level keys
     (a provider could read the other copy), top level must be an object."""
     try:
-        data = _DECODER.decode(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        data = document(body, _DECODER)
+    except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
         return None
     return data if isinstance(data, dict) else None
 

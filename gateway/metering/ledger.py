@@ -14,8 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.counters import Counters, Increment
-from gateway.metering.models import ModelNames
+from gateway.counters import Counters
 from gateway.metering.usage import Usage
 
 __all__ = ["HOUR", "UsageLedger"]
@@ -31,32 +30,32 @@ _KEY = ("policy", "sandbox", "credential", "model")
 class UsageLedger:
     """Adds exchanges to hourly buckets and sums them back for the admin API."""
 
-    def __init__(self, counters: Counters, *, retention: float = 7 * 86400,
-                 names: ModelNames | None = None) -> None:
+    def __init__(self, counters: Counters, *, retention: float = 7 * 86400) -> None:
         self.counters = counters
         self.retention = retention
-        self.names = names or ModelNames()
-        self._prefixes: dict[tuple[str, str, str, str], str] = {}  # encoded field prefixes
+        self._fields: dict[tuple[str, str, str, str], tuple[str, ...]] = {}  # encoded
 
-    def record(self, sandbox: str, policy: str, credential: str, usage: Usage,
+    def record(self, sandbox: str, policy: str, credential: str, model: str, usage: Usage,
                cost_usd: float | None, now: float) -> None:
-        """Count one exchange (no I/O)."""
+        """Count one exchange (no I/O); ``model`` is its label (``ModelNames``)."""
         hour = math.floor(now / HOUR) * HOUR
         table = f"u:{hour}"
         expires = hour + HOUR + self.retention
-        # The field is the JSON array [policy, sandbox, credential, model, kind]; the kinds
-        # are plain letters, so the encoded prefix is shared by the exchange's increments.
-        key = (policy, sandbox, credential, self.names(usage.model))
-        prefix = self._prefixes.get(key)
-        if prefix is None:
-            if len(self._prefixes) >= 4096:
-                self._prefixes.clear()
-            prefix = self._prefixes[key] = json.dumps(list(key), separators=(",", ":"))[:-1]
-        amounts = {"r": 1, "n": 0 if usage.known else 1, "i": usage.input_tokens or 0,
-                   "o": usage.output_tokens or 0, "c": usage.cached_input_tokens or 0,
-                   "$": round(cost_usd * NANO) if cost_usd else 0}
-        self.counters.count(Increment(table, f'{prefix},"{kind}"]', amount, expires)
-                            for kind, amount in amounts.items() if amount)
+        # Each field is the JSON array [policy, sandbox, credential, model, kind]; an
+        # exchange's six are encoded once per key and remembered (agents repeat keys).
+        key = (policy, sandbox, credential, model)
+        fields = self._fields.get(key)
+        if fields is None:
+            if len(self._fields) >= 4096:
+                self._fields.clear()
+            prefix = json.dumps(list(key), separators=(",", ":"))[:-1]
+            fields = self._fields[key] = tuple(f'{prefix},"{kind}"]' for kind in _KINDS)
+        amounts = (1, 0 if usage.known else 1, usage.input_tokens or 0,
+                   usage.output_tokens or 0, usage.cached_input_tokens or 0,
+                   round(cost_usd * NANO) if cost_usd else 0)
+        self.counters.count([(table, field, amount, expires)
+                             for field, amount in zip(fields, amounts, strict=True)
+                             if amount])
 
     def tables(self, since: float, now: float) -> list[str]:
         """The buckets from ``since`` (clamped to the retention) to ``now``."""

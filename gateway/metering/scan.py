@@ -24,7 +24,7 @@ from typing import Any
 __all__ = ["SALVAGE", "USAGE_HINT", "ArrayScanner", "Capture", "SseScanner", "salvage"]
 
 SALVAGE = 64 * 1024
-USAGE_HINT = re.compile(rb'"(?:usage|usageMetadata)"\s*:\s*\{')
+USAGE_HINT = re.compile(rb'"usage(?:Metadata)?"\s*:\s*\{')
 _TOKENS = re.compile(rb'["\\{}\[\]]')
 _QUOTE, _BACKSLASH = 0x22, 0x5C
 _OPEN = frozenset(b"{[")
@@ -64,26 +64,40 @@ class SseScanner:
         self._long: _Long | None = None
 
     def feed(self, chunk: bytes) -> None:
-        if not (self._rest or self._data or self._cr or self._long is not None):
-            # At an event boundary (the stream's usual state): whole events are skipped
-            # unless they carry usage; only those are split into lines.
-            if chunk.endswith(b"\n\n"):  # whole events (a provider's usual chunk)
-                hint = USAGE_HINT.search(chunk)
-                if hint is None:
-                    return
-                if b"\r" not in chunk:
-                    self._usage_events(chunk, hint)
-                    return
-            elif b"\r" not in chunk:  # whole events, then the start of the next one
-                cut = chunk.rfind(b"\n\n") + 2
-                if cut > 1:
-                    hint = USAGE_HINT.search(chunk, 0, cut)
-                    if hint is not None:
-                        self._usage_events(chunk[:cut], hint)
-                    self._split(chunk[cut:])
-                    return
-            elif chunk.endswith(_EVENTS_END) and USAGE_HINT.search(chunk) is None:
+        if self._rest or self._data or self._cr or self._long is not None:
+            # Mid-event (the last chunk was cut inside one): only that event is split
+            # into lines; the whole events after it take the quick path below.
+            if self._cr or self._long is not None or b"\r" in chunk:
+                self._split(chunk)
                 return
+            if not self._rest and chunk[:1] == b"\n":  # the blank line ending it
+                end = 1
+            elif (end := chunk.find(b"\n\n") + 2) < 2:  # the event goes on
+                self._split(chunk)
+                return
+            self._split(chunk[:end])  # (leaves the scanner at an event boundary)
+            chunk = chunk[end:]
+            if not chunk:
+                return
+        # At an event boundary (the stream's usual state): whole events are skipped
+        # unless they carry usage; only those are split into lines.
+        if chunk.endswith(b"\n\n"):  # whole events (a provider's usual chunk)
+            hint = USAGE_HINT.search(chunk)
+            if hint is None:
+                return
+            if b"\r" not in chunk:
+                self._usage_events(chunk, hint)
+                return
+        elif b"\r" not in chunk:  # whole events, then the start of the next one
+            cut = chunk.rfind(b"\n\n") + 2
+            if cut > 1:
+                hint = USAGE_HINT.search(chunk, 0, cut)
+                if hint is not None:
+                    self._usage_events(chunk[:cut], hint)
+            self._split(chunk[cut:] if cut > 1 else chunk)
+            return
+        elif chunk.endswith(_EVENTS_END) and USAGE_HINT.search(chunk) is None:
+            return
         self._split(chunk)
 
     def _usage_events(self, chunk: bytes, hint: re.Match[bytes] | None) -> None:
@@ -96,7 +110,13 @@ class SseScanner:
                 start = 0
             end = chunk.find(b"\n\n", hint.end()) + 2
             if start > done:  # (an event with two hints is split once)
-                self._split(chunk[start:end])
+                event = chunk[start:end]
+                # One data line (the usual event): its value goes straight to the sink.
+                if event.startswith(b"data:") and event.find(b"\n") == len(event) - 2 \
+                        and len(event) - 7 <= self.cap:
+                    self.sink(event[6:-2] if event[5:6] == b" " else event[5:-2], None)
+                else:
+                    self._split(event)
                 done = start
             hint = USAGE_HINT.search(chunk, end)
 

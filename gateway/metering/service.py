@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import Counter
+
 from gateway import metrics
 from gateway.config import Config, ConfigError
 from gateway.counters import Counters
@@ -67,9 +69,15 @@ class Metered:
 
     def as_record(self) -> dict[str, Any] | None:
         """The audit line's ``usage`` object (None for a non-inference request)."""
-        if self.usage is None:
+        usage = self.usage
+        if usage is None:
             return None
-        return {**self.usage.as_record(), "cost_usd": self.cost_usd}
+        return {"model": usage.model, "input_tokens": usage.input_tokens,
+                "output_tokens": usage.output_tokens,
+                "cached_input_tokens": usage.cached_input_tokens, "cost_usd": self.cost_usd}
+
+
+_NOT_METERED = Metered(None, None)
 
 
 def _status_label(status: int) -> str:
@@ -86,7 +94,9 @@ class Metering:
         self.stream_usage = stream_usage
         self.names = ModelNames()
         self.budgets = BudgetBook(counters, pricing)
-        self.ledger = UsageLedger(counters, retention=retention, names=self.names)
+        self.ledger = UsageLedger(counters, retention=retention)
+        # (policy, credential, model) -> the input, output and cached token counters
+        self._token_metrics: dict[tuple[str, str, str], tuple[Counter, ...]] = {}
 
     def admit(self, *, sandbox: str, policy: Policy, rule: Rule, preset: str | None,
               method: str, path: str, body: bytes | None, now: float) -> Exchange | Refusal:
@@ -105,32 +115,40 @@ class Metering:
         meter = meter_for(preset, method, path, held)
         if meter is None:
             return Exchange(sandbox, policy, credential, None, None)
-        exceeded = self.budgets.check(sandbox, policy, credential, now)
-        if exceeded is not None:
-            metrics.child(metrics.BUDGET_REFUSALS, policy.name, exceeded.budget.name).inc()
-            return exceeded
+        if policy.budgets:
+            exceeded = self.budgets.check(sandbox, policy, credential, now)
+            if exceeded is not None:
+                metrics.child(metrics.BUDGET_REFUSALS, policy.name, exceeded.budget.name).inc()
+                return exceeded
+            self.budgets.admitted(sandbox, policy, credential, now)
         new_body = rewrite_request_body(preset, path, held) if self.stream_usage else None
-        self.budgets.admitted(sandbox, policy, credential, now)
         return Exchange(sandbox, policy, credential, new_body, meter)
 
     def complete(self, exchange: Exchange, status: int, now: float) -> Metered:
         """After the response (or its failure, ``status`` 0): count it everywhere."""
         meter = exchange.meter
         if meter is None:
-            return Metered(None, None)
+            return _NOT_METERED
         usage = meter.finish(status)
         policy, credential = exchange.policy, exchange.credential
-        cost = self.budgets.cost(usage)
-        self.budgets.record(exchange.sandbox, policy, credential, usage, now)
-        self.ledger.record(exchange.sandbox, policy.name, credential, usage, cost, now)
+        cost = self.budgets.cost(usage) if self.pricing is not None else None
+        if policy.budgets:
+            self.budgets.record(exchange.sandbox, policy, credential, usage, now)
         model = self.names(usage.model)
-        metrics.child(metrics.INFERENCE_REQUESTS, policy.name, credential, model,
-                      _status_label(status)).inc()
-        for kind, value in (("input", usage.input_tokens), ("output", usage.output_tokens),
-                            ("cached", usage.cached_input_tokens)):
+        self.ledger.record(exchange.sandbox, policy.name, credential, model, usage, cost, now)
+        key = (policy.name, credential, model)
+        tokens = self._token_metrics.get(key)
+        if tokens is None:
+            if len(self._token_metrics) >= 4096:
+                self._token_metrics.clear()
+            tokens = self._token_metrics[key] = tuple(
+                metrics.child(metrics.INFERENCE_TOKENS, *key, kind)
+                for kind in ("input", "output", "cached"))
+        metrics.child(metrics.INFERENCE_REQUESTS, *key, _status_label(status)).inc()
+        for counter, value in zip(tokens, (usage.input_tokens, usage.output_tokens,
+                                           usage.cached_input_tokens), strict=True):
             if value:
-                metrics.child(metrics.INFERENCE_TOKENS, policy.name, credential, model,
-                              kind).inc(value)
+                counter.inc(value)
         return Metered(usage, cost)
 
     def problems(self, policy_set: PolicySet) -> list[str]:

@@ -35,14 +35,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.metering.endpoints import Body, Format, classify, request_model
+from gateway.metering.jsondoc import document
 from gateway.metering.scan import ArrayScanner, Capture, SseScanner, salvage
 
-__all__ = ["JSON_CAP", "Meter", "Usage", "meter_for"]
+__all__ = ["HOLD", "JSON_CAP", "Meter", "Usage", "meter_for"]
 
 JSON_CAP = 1 << 20
 """Largest JSON body (or SSE line, or array element) kept whole for metering."""
+HOLD = 16 << 10
+"""Response bytes a meter holds (references to the relayed chunks) before scanning them
+(at most this plus one chunk per metered exchange in flight)."""
 
 log = logging.getLogger("sandbox_gateway.metering")
+_DECODER = json.JSONDecoder()
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,26 +155,42 @@ class Meter:
     with unknown (None) counts and the request's model.
     """
 
-    __slots__ = ("_broken", "_model", "_raw", "_scanner", "cap", "format", "request_model")
+    __slots__ = ("_broken", "_held", "_held_size", "_model", "_raw", "_scanner", "cap",
+                 "format", "hold", "request_model")
 
     def __init__(self, fmt: Format, request_model: str | None = None, *,
-                 cap: int = JSON_CAP) -> None:
+                 cap: int = JSON_CAP, hold: int = HOLD) -> None:
         self.format: Format = fmt
         self.request_model = request_model
         self.cap = cap
+        self.hold = hold
         self._scanner: SseScanner | ArrayScanner | Capture | None = None
         self._model: str | None = None
         self._raw: dict[str, int] = {}
         self._broken = False
+        self._held: list[bytes] = []  # chunks not scanned yet: up to HOLD bytes
+        self._held_size = 0
 
     def feed(self, chunk: bytes) -> None:
-        """One response body chunk, as relayed (any split)."""
-        if self._broken or not chunk:
-            return
+        """One response body chunk, as relayed (any split). Chunks are scanned in runs
+        of HOLD bytes: one scan of a run costs much less than one per chunk (a
+        provider streams an event per chunk)."""
+        if chunk and not self._broken:
+            if type(chunk) is not bytes:  # a buffer the engine may reuse: keep a copy
+                chunk = bytes(chunk)
+            self._held.append(chunk)
+            self._held_size += len(chunk)
+            if self._held_size >= self.hold:
+                self._scan()
+
+    def _scan(self) -> None:
+        held = self._held
+        data = held[0] if len(held) == 1 else b"".join(held)
+        self._held, self._held_size = [], 0
         try:
             scanner = self._scanner
             if scanner is None:
-                stripped = chunk.lstrip()
+                stripped = data.lstrip()
                 if not stripped:
                     return
                 if stripped[:1] == b"{":
@@ -179,7 +200,7 @@ class Meter:
                 else:
                     scanner = SseScanner(self._take, self.cap)
                 self._scanner = scanner
-            scanner.feed(chunk)
+            scanner.feed(data)
         except Exception:  # a metering bug must never break the relay
             log.exception("metering: cannot read a %s response body", self.format)
             self._broken = True
@@ -190,8 +211,8 @@ class Meter:
             doc: Any = salvage(data, tail)
         else:
             try:
-                doc = json.loads(data)
-            except ValueError:
+                doc = document(data, _DECODER)
+            except ValueError:  # (UnicodeDecodeError too)
                 return
         if isinstance(doc, dict):
             model, counts = _fields(doc, self.format)
@@ -204,6 +225,8 @@ class Meter:
         response's HTTP status (0 if none arrived): an error body is read the same way,
         it just carries no usage."""
         del status
+        if self._held and not self._broken:
+            self._scan()
         try:
             scanner = self._scanner
             if not self._broken and scanner is not None:
@@ -219,9 +242,9 @@ class Meter:
 
 
 def meter_for(preset: str | None, method: str, path: str,
-              request_body: Body | None) -> Meter | None:
+              request_body: Body | None, *, hold: int = HOLD) -> Meter | None:
     """A Meter for this request's response, or None if it is not an inference call."""
     endpoint = classify(method, path)
     if endpoint is None:
         return None
-    return Meter(endpoint.format, request_model(preset, path, request_body))
+    return Meter(endpoint.format, request_model(preset, path, request_body), hold=hold)
