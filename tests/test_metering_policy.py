@@ -100,6 +100,12 @@ CHECKS = [
     ("openai", "POST", "/v1/chat/completions", b"", "not a JSON object"),
     ("openai", "POST", "/v1/chat/completions", b'{"model":"gpt-4o-mini","model":"gpt-4o"}',
      "repeats a key"),
+    ("openai", "POST", "/v1/chat/completions",
+     b'{"model":"gpt-4o-mini","mod\\u0065l":"gpt-4o"}', "repeats a key"),  # escaped
+    ("openai", "POST", "/v1/chat/completions",
+     b'{"model":"gpt-4o-mini","messages":[{"role":"user","role":"x"}]}', None),
+    ("openai", "POST", "/v1/chat/completions", b' {"model":"gpt-4o-mini"}\n', None),
+    ("openai", "POST", "/v1/chat/completions", b'{}', 'names no "model"'),
     ("openai", "POST", "/v1/chat/completions", b'\xef\xbb\xbf{"model":"gpt-4o-mini"}',
      "not a JSON object"),
     ("openai", "POST", "/v1/chat/completions", None, "body was not available"),

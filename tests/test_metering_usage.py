@@ -308,6 +308,18 @@ REWRITE = [
     ("openai", CHAT, b'{"model":"m","stream":true,"stream_options":{"include_usage":true}}',
      None),
     ("openai", CHAT, b'{"model":"m","stream":true,"stream":true}', None),  # duplicate key
+    ("openai", CHAT, b'{"model":"m","stream":true,"stream_options":null}',
+     b'{"model": "m", "stream": true, "stream_options": {"include_usage": true}}'),
+    ("openai", CHAT, b'{"model":"m","stream":true,"stream_options":'
+     b'{"include_usage":false,"include_usage":true}}',  # the provider may read the first
+     b'{"model": "m", "stream": true, "stream_options": {"include_usage": true}}'),
+    ("openai", CHAT, b'{"model":"m","stream":true,"stream_options":'
+     b'{"include_usage":false,"include_\\u0075sage":true}}',  # the same key, escaped
+     b'{"model": "m", "stream": true, "stream_options": {"include_usage": true}}'),
+    ("openai", CHAT, b'{"model":"m","stream":true,"stream_options":[]}', None),
+    ("openai", CHAT, b'{"model":"m","stream":true,"messages":[{"role":"a","role":"b"}]}',
+     b'{"stream_options":{"include_usage":true},"model":"m","stream":true,"messages":'
+     b'[{"role":"a","role":"b"}]}'),  # a repeat inside a message: not a field we read
     ("openai", CHAT, b"not json", None),
     ("openai", CHAT, None, None),
     ("openai", "/v1/responses", b'{"model":"m","stream":true}', None),  # always has usage

@@ -181,26 +181,27 @@ def classify(method: str, path: str) -> Endpoint | None:
     return None
 
 
-def _unique_pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in items:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
-_DECODER = json.JSONDecoder(object_pairs_hook=_unique_pairs)
+# The fields the gateway reads are top-level ones, so objects are read as lists of
+# (key, value) pairs and only the top level is made a dict, checked for repeated keys:
+# `list` as the hook keeps the whole parse in C (a Python hook per object costs a third
+# more on an agent's long conversation). A body the gateway re-encodes is read again
+# into plain dicts (a repeated key inside them is gone once re-encoded).
+_PAIRS = json.JSONDecoder(object_pairs_hook=list)
+_DICTS = json.JSONDecoder()
 
 
 def body_json(body: bytes) -> dict[str, Any] | None:
-    """``body`` as a JSON object, or None: strict UTF-8, no duplicate top-level keys
-    (a provider could read the other copy), top level must be an object."""
+    """The top-level fields of ``body``, a JSON object, or None: strict UTF-8, the top
+    level an object, no key repeated there (a provider could read the other copy). A
+    field whose value is an object holds its (key, value) pairs."""
+    if body.lstrip()[:1] != b"{":
+        return None
     try:
-        data = document(body, _DECODER)
+        pairs = document(body, _PAIRS)
     except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
         return None
-    return data if isinstance(data, dict) else None
+    fields = dict(pairs)
+    return fields if len(fields) == len(pairs) else None
 
 
 class RequestBody:
@@ -280,12 +281,19 @@ def rewrite_request_body(preset: str | None, path: str, body: Body | None) -> by
     data = json_body(body)
     if data is None or data.get("stream") is not True:
         return None
-    options = data.get("stream_options")
-    if options is not None:
-        if not isinstance(options, dict) or options.get("include_usage") is True:
-            return None  # (not an object: the provider refuses the request anyway)
+    if "stream_options" in data:
+        whole = document(raw, _DICTS)  # (it parsed as _PAIRS: it parses)
+        options = whole["stream_options"]
+        if options is None:
+            options = {}  # null: as if absent (inserting a second key would repeat it)
+        if not isinstance(options, dict):
+            return None  # (the provider refuses the request anyway)
+        if options.get("include_usage") is True and len(data["stream_options"]) == len(
+                options):  # (its pairs: no key repeated, so true is what is read)
+            return None
         # `include_usage: false` would stream tokens past every token budget: set it.
-        return json.dumps({**data, "stream_options": {**options, "include_usage": True}},
+        # Re-encoded, the body has no repeated key left for the provider to read.
+        return json.dumps({**whole, "stream_options": {**options, "include_usage": True}},
                           ensure_ascii=False).encode()
     body = raw
     start = body.index(b"{")  # the JSON object parsed, so its opening brace exists
