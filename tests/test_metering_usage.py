@@ -12,7 +12,7 @@ import pytest
 
 from gateway.metering.endpoints import classify, request_model, rewrite_request_body
 from gateway.metering.scan import SALVAGE, SseScanner
-from gateway.metering.usage import HOLD, JSON_CAP, Meter, Usage, meter_for
+from gateway.metering.usage import HOLD, JSON_CAP, Meter, RealtimeMeter, Usage, meter_for
 
 DATA = Path(__file__).parent / "data" / "metering"
 
@@ -252,6 +252,14 @@ CLASSIFY = [
     ("POST", "/v1/messages/", "anthropic"),
     ("POST", "/v1beta/models/gemini-2.0-flash%3AgenerateContent", "gemini"),
     ("POST", "/model/anthropic.claude-3-5-sonnet-20240620-v1%3A0/converse", None),
+    # Realtime sessions: the WebSocket upgrade is a GET
+    ("GET", "/v1/realtime?model=gpt-4o-realtime-preview", "realtime"),
+    ("get", "/openai/realtime?api-version=2024-10-01-preview&deployment=rt", "realtime"),
+    ("GET", "/openai/v1/realtime?model=gpt-realtime", "realtime"),
+    ("GET", "/v1/realtime/", "realtime"),
+    ("POST", "/v1/realtime/sessions", None),  # an ephemeral key, not a session
+    ("POST", "/v1/realtime/calls?model=gpt-realtime", None),  # WebRTC SDP (not metered)
+    ("GET", "/v1/realtime/sessions", None),
 ]
 
 
@@ -283,6 +291,12 @@ MODELS = [
     # Encoded separators never become a "model" name.
     ("gemini", "/v1beta/models/gemini-pro%2F..%2Fother:generateContent", None, None),
     ("azure-openai", "/openai/deployments/a%252Fb/chat/completions", None, None),
+    # A Realtime session names its model in the query
+    ("openai", "/v1/realtime?model=gpt-4o-realtime-preview", None, "gpt-4o-realtime-preview"),
+    ("azure-openai", "/openai/realtime?api-version=2024-10-01-preview&deployment=rt-4o",
+     None, "rt-4o"),
+    ("openai", "/v1/realtime?model=a%2F..%2Fb", None, None),
+    ("openai", "/v1/realtime?model=gpt-realtime", b"", "gpt-realtime"),  # (an empty body)
 ]
 
 
@@ -398,3 +412,47 @@ def test_held_chunks_are_copied_from_reused_buffers() -> None:
         meter.feed(buffer)  # (what a careless engine might pass)
     buffer[:] = b"x" * 50
     assert meter.finish(200) == metered("openai", CHAT, None, [data])
+
+
+def _event(kind: str, **fields: object) -> bytes:
+    return json.dumps({"type": kind, "event_id": "ev_1", **fields}).encode()
+
+
+def _done(n_in: int, n_out: int, cached: int) -> bytes:
+    """A ``response.done`` server event as the Realtime API documents it."""
+    return _event("response.done", response={
+        "object": "realtime.response", "id": "resp_1", "status": "completed",
+        "output": [{"type": "message", "role": "assistant",
+                    "content": [{"type": "audio", "transcript": "Hello"}]}],
+        "usage": {"total_tokens": n_in + n_out, "input_tokens": n_in, "output_tokens": n_out,
+                  "input_token_details": {"cached_tokens": cached, "text_tokens": n_in,
+                                          "audio_tokens": 0,
+                                          "cached_tokens_details": {"text_tokens": cached}},
+                  "output_token_details": {"text_tokens": n_out, "audio_tokens": 0}}})
+
+
+def test_realtime_session_usage_adds_up_over_its_responses() -> None:
+    """Each response.done reports its own response; the session's usage is their sum,
+    under the session's model; other events (audio deltas...) are skipped unparsed."""
+    meter = meter_for("openai", "GET", "/v1/realtime?model=gpt-realtime", None)
+    assert isinstance(meter, RealtimeMeter) and meter.request_model == "gpt-realtime"
+    meter.feed(_event("session.created", session={"model": "gpt-realtime-2025-08-28"}))
+    for n in range(3):
+        meter.feed(_event("response.audio.delta", delta="AAAA" * 100))
+        meter.feed(_done(100 + n, 20, 64 * n))
+    meter.feed(_event("response.done", response={"status": "cancelled", "usage": None}))
+    meter.feed(b'{"type": "response.done", "response": {"usage"')  # cut: skipped
+    meter.feed(_done(1, 2, 0))  # ...and the session's later events still count
+    assert meter.finish(101) == Usage("gpt-realtime-2025-08-28", 304, 62, 192)
+
+
+@pytest.mark.parametrize("events", [
+    [],  # the upgrade was refused upstream, or the session ended at once
+    [b"not json", b'{"type": "response.done"', b'["response.done"]', b"\xff\"response.done\""],
+    [_event("response.done", response="x"), _event("session.created", session=[1])],
+])
+def test_realtime_session_without_usage_is_unknown(events: list[bytes]) -> None:
+    meter = RealtimeMeter("gpt-realtime")
+    for event in events:
+        meter.feed(event)
+    assert meter.finish(101) == Usage("gpt-realtime")

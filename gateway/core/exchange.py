@@ -392,8 +392,9 @@ class Exchange:
         return [(k, redactor.redact(v)) for k, v in fields]
 
     def ws_message(self, from_client: bool, data: bytes) -> bytes:
-        """A WebSocket message (or fragment): from the client it must not leak; from the
-        upstream an echoed key is redacted. Raises Refusal."""
+        """A WebSocket message: from the client it must not leak; from the upstream an
+        echoed key is redacted, and a metered session's events are metered. Raises
+        Refusal."""
         if from_client:
             assert self.scan is not None
             found = self.scan.find(data)
@@ -403,6 +404,8 @@ class Exchange:
             self.bytes_out += len(data)
             return data
         self.bytes_in += len(data)
+        if self._meter_feed is not None:  # a Realtime session's server event
+            self._meter_feed(data)
         if self._secret is not None:
             redactor = self._redactor or Redactor(self._secret[1].variants())
             return redactor.redact(data)

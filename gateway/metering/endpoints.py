@@ -12,7 +12,10 @@ metered the same way. Only POSTs are inference calls; ``GET /v1/responses/{id}``
 * ``anthropic`` format: ``.../v1/messages``, and Claude on Vertex AI
   (``.../publishers/anthropic/models/{m}:rawPredict|streamRawPredict``);
 * ``gemini`` format: ``.../models/{m}:generateContent|streamGenerateContent`` (Gemini API
-  and Vertex AI ``publishers/google``), ``tunedModels/{m}:...`` too.
+  and Vertex AI ``publishers/google``), ``tunedModels/{m}:...`` too;
+* ``realtime`` format: ``GET .../realtime`` (OpenAI ``/v1/realtime``, Azure OpenAI
+  ``/openai/realtime`` and ``/openai/v1/realtime``), the WebSocket of a Realtime session,
+  metered from its server events.
 
 The model a request names is the path's (Gemini/Vertex model, Azure deployment, Bedrock
 model id) when there is one, else the JSON body's ``model``.
@@ -44,7 +47,7 @@ __all__ = [
     "rewrite_request_body",
 ]
 
-Format = Literal["openai", "anthropic", "gemini"]
+Format = Literal["openai", "anthropic", "gemini", "realtime"]
 
 _OPENAI_SUFFIXES = ("/chat/completions", "/completions", "/embeddings", "/responses")
 _STREAM_USAGE_SUFFIXES = ("/chat/completions", "/completions")
@@ -161,10 +164,16 @@ def _route(base: str) -> str:
     return base.rstrip("/") if len(base) > 1 else base
 
 
+_REALTIME = Endpoint("realtime", None)
+
+
 @functools.lru_cache(maxsize=2048)
 def classify(method: str, path: str) -> Endpoint | None:
     """The metered endpoint ``method path`` calls, or None (not an inference call)."""
-    if method.upper() != "POST":
+    method = method.upper()
+    if method == "GET":  # a Realtime session: the WebSocket upgrade (its model: the query)
+        return _REALTIME if _route(_split(path)[0]).endswith("/realtime") else None
+    if method != "POST":
         return None
     base = _route(_split(path)[0])
     if _ANTHROPIC_VERTEX.search(base):
@@ -233,16 +242,16 @@ def json_body(body: Body) -> dict[str, Any] | None:
 
 
 def request_model(preset: str | None, path: str, body: Body | None) -> str | None:
-    """The model a request names: the path's, else the JSON body's ``model``; None if
-    neither says (or the body is not a JSON object). ``preset`` is accepted for symmetry
-    with the other entry points; classification does not depend on it."""
+    """The model a request names: the path's, else the JSON body's ``model``, else the
+    query's (a Realtime session); None if none says (or the body is not a JSON object).
+    ``preset`` is accepted for symmetry with the other entry points; classification does
+    not depend on it."""
     del preset
     named = path_model(path)
     if named is not None:
         return named.name
-    if not raw_body(body):
-        return None
-    assert body is not None
+    if body is None or not raw_body(body):
+        return next((q.name for q in query_models(path) if q.name is not None), None)
     data = json_body(body)
     model = data.get("model") if data is not None else None
     return model if isinstance(model, str) else None

@@ -38,7 +38,7 @@ from gateway.metering.endpoints import Body, Format, classify, request_model
 from gateway.metering.jsondoc import document
 from gateway.metering.scan import ArrayScanner, Capture, SseScanner, salvage
 
-__all__ = ["HOLD", "JSON_CAP", "Meter", "Usage", "meter_for"]
+__all__ = ["HOLD", "JSON_CAP", "Meter", "RealtimeMeter", "Usage", "meter_for"]
 
 JSON_CAP = 1 << 20
 """Largest JSON body (or SSE line, or array element) kept whole for metering."""
@@ -241,10 +241,65 @@ class Meter:
             return Usage(self.request_model)
 
 
+class RealtimeMeter(Meter):
+    """Reads the usage of a Realtime session from its server events, one WebSocket
+    message each (``feed`` takes whole messages). Every ``response.done`` carries the
+    usage of that one response, so they add up; the model is the session's
+    (``session.created`` / ``session.updated``), else the one the request named."""
+
+    __slots__ = ("_responses", "_sums")
+
+    def __init__(self, request_model: str | None = None) -> None:
+        super().__init__("realtime", request_model)
+        self._sums = [0, 0, 0]  # input, output, cached input
+        self._responses = 0
+
+    def feed(self, chunk: bytes) -> None:
+        """One server event (a whole WebSocket message)."""
+        if self._broken or not (b'"response.done"' in chunk or b'"session.' in chunk):
+            return
+        try:
+            try:
+                doc = document(chunk, _DECODER)
+            except ValueError:  # not a JSON event: nothing to read in it
+                return
+            kind = doc.get("type") if isinstance(doc, dict) else None
+            if kind in ("session.created", "session.updated"):
+                session = doc.get("session")
+                model = _model(session.get("model")) if isinstance(session, dict) else None
+                if model is not None:
+                    self._model = model
+            elif kind == "response.done":
+                response = doc.get("response")
+                usage = response.get("usage") if isinstance(response, dict) else None
+                if isinstance(usage, dict):
+                    details = usage.get("input_token_details")
+                    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+                    for i, value in enumerate((usage.get("input_tokens"),
+                                               usage.get("output_tokens"), cached)):
+                        self._sums[i] += _int(value) or 0
+                    self._responses += 1
+        except Exception:  # (RecursionError...) a metering bug must never break the relay
+            log.exception("metering: cannot read a Realtime server event")
+            self._broken = True
+
+    def finish(self, status: int) -> Usage:
+        """The session's usage once it has ended: the sum over its responses (unknown
+        if none reported usage)."""
+        del status
+        model = self._model or self.request_model
+        if not self._responses:
+            return Usage(model)
+        return Usage(model, *self._sums)
+
+
 def meter_for(preset: str | None, method: str, path: str,
               request_body: Body | None, *, hold: int = HOLD) -> Meter | None:
     """A Meter for this request's response, or None if it is not an inference call."""
     endpoint = classify(method, path)
     if endpoint is None:
         return None
-    return Meter(endpoint.format, request_model(preset, path, request_body), hold=hold)
+    model = request_model(preset, path, request_body)
+    if endpoint.format == "realtime":
+        return RealtimeMeter(model)
+    return Meter(endpoint.format, model, hold=hold)

@@ -140,6 +140,10 @@ def _b64(text: str) -> str:
 
 
 DENY = {"decision": "deny"}
+# A Realtime `response.done` server event (sent by the client, echoed by the upstream).
+REALTIME_DONE = json.dumps({"type": "response.done", "response": {"status": "completed", "usage": {
+    "total_tokens": 10, "input_tokens": 7, "output_tokens": 3,
+    "input_token_details": {"cached_tokens": 2}}}})
 WS_UPGRADE = [["Upgrade", "websocket"], ["Connection", "Upgrade"],
               ["Sec-WebSocket-Version", "13"], ["Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="]]
 SWAP, MINT = "key swap, echo redacted", "minted token swap, echo redacted"
@@ -299,6 +303,15 @@ CASES = [
          ("response", 403, "model_not_allowed"),
          {**DENY, "error": "model_not_allowed", "path": "/v1/realtime"},
          engines=("h1", "mitmproxy"), check=_no_upstream),
+    Case("a Realtime session is metered (its server events)",
+         {"host": "api.openai.com", "target": "/v1/realtime?model=gpt-4o-mini-realtime",
+          "headers": [["Authorization", "Bearer {TOKEN}"], *WS_UPGRADE],
+          "ws": [REALTIME_DONE]},  # (echoed back: a server event the gateway reads)
+         ("ws-echo", 101, None),
+         {"decision": "allow", "credential": "openai", "path": "/v1/realtime",
+          "usage": {"model": "gpt-4o-mini-realtime", "input_tokens": 7, "output_tokens": 3,
+                    "cached_input_tokens": 2, "cost_usd": None}},
+         engines=("h1", "mitmproxy")),
     Case(BUDGETED, {"host": "budget.test", "method": "POST", "target": "/v1/chat/completions",
                     "headers": [["Authorization", "Bearer {TOKEN}"]],
                     "body": "{B64:{\"model\": \"m\", \"messages\": []}}"},

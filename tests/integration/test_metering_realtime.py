@@ -1,0 +1,146 @@
+"""Realtime sessions through the real gateway, on both intercept engines: a `websockets`
+client opens `wss://api.openai.com/v1/realtime` with its gateway token (the fake sees
+the real key), two responses' usage adds up on the session's audit line, in metrics and
+in `/v1/usage`, and a token budget used up by it refuses the next session before the
+upgrade reaches the provider."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import websockets.exceptions
+import websockets.sync.client
+from fakes.realtime import SNAPSHOT, FakeRealtime
+from helpers.gateway import GatewayFactory, GatewayThread
+from helpers.metrics import metric
+from helpers.tls import LocalCA
+
+KEY = "sk-fake-realtime-key-0123456789"
+POLICY = """
+version: v1
+name: agent
+egress:
+  - host: api.openai.com
+    credential: openai
+    models: ["gpt-realtime*"]
+budgets:
+  - name: sandbox-daily
+    per: sandbox
+    window: 24h
+    tokens: 300
+credentials:
+  openai: {preset: openai, secret: provider-key}
+"""
+URL = "wss://api.openai.com/v1/realtime?model=gpt-realtime"
+
+
+@pytest.fixture
+def realtime(test_ca: LocalCA, tmp_path: Path) -> Iterator[FakeRealtime]:
+    server = FakeRealtime(tmp_path / "realtime", test_ca, ["api.openai.com"])
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["fast", "mitmproxy"])
+def gw(request: pytest.FixtureRequest, make_gateway: GatewayFactory, tmp_path: Path,
+       realtime: FakeRealtime) -> GatewayThread:
+    secrets = tmp_path / "secrets.yaml"
+    secrets.write_text(f"provider-key: {KEY}\n")
+    secrets.chmod(0o600)
+    return make_gateway({"agent.yaml": POLICY}, config={
+        "secrets": {"store": "file", "path": str(secrets)},
+        "network": {"intercept": request.param,
+                    "resolve": {"api.openai.com": f"127.0.0.1:{realtime.port}"}}})
+
+
+def _connect(gw: GatewayThread, token: str, url: str = URL
+             ) -> websockets.sync.client.ClientConnection:
+    return websockets.sync.client.connect(
+        url, proxy=gw.proxy_url(token), open_timeout=10,
+        ssl=ssl.create_default_context(cafile=gw.ca_cert),
+        additional_headers={"Authorization": f"Bearer {token}"})
+
+
+def _events_until(ws: websockets.sync.client.ClientConnection, kind: str) -> list[dict]:
+    events = []
+    while True:
+        event = json.loads(ws.recv(timeout=10))
+        events.append(event)
+        if event["type"] == kind:
+            return events
+
+
+def _session_lines(gw: GatewayThread, count: int) -> list[dict]:
+    deadline = time.monotonic() + 5
+    while True:
+        lines = gw.audit.wait_for(lambda r: r.get("path") == "/v1/realtime")
+        if len(lines) >= count or time.monotonic() > deadline:
+            assert len(lines) == count, lines
+            return lines
+        time.sleep(0.05)
+
+
+def test_a_realtime_session_is_metered_and_budgeted(gw: GatewayThread,
+                                                    realtime: FakeRealtime) -> None:
+    token = gw.mint("agent")
+    model = "gpt-realtime" + SNAPSHOT
+    base_in = metric(gw, "sandbox_gateway_inference_tokens_total", kind="input", model=model)
+    base_requests = metric(gw, "sandbox_gateway_inference_requests_total", status="101",
+                           model=model)  # (metrics are per process: other tests add too)
+    with _connect(gw, token) as ws:
+        _events_until(ws, "session.created")
+        for _ in range(2):
+            ws.send(json.dumps({"type": "response.create"}))
+            _events_until(ws, "response.done")
+    assert realtime.upgrades[0]["authorization"] == f"Bearer {KEY}"  # swapped
+
+    (n_in0, n_out0, c0), (n_in1, n_out1, c1) = realtime.usage(0), realtime.usage(1)
+    expected = {"model": model, "input_tokens": n_in0 + n_in1,
+                "output_tokens": n_out0 + n_out1, "cached_input_tokens": c0 + c1,
+                "cost_usd": None}
+    [line] = _session_lines(gw, 1)
+    assert line["status"] == 101 and line["usage"] == expected
+    assert KEY not in json.dumps(line)
+    assert metric(gw, "sandbox_gateway_inference_tokens_total", kind="input",
+                  model=model) - base_in == expected["input_tokens"]
+    assert metric(gw, "sandbox_gateway_inference_requests_total", status="101",
+                  model=model) - base_requests == 1
+    usage = json.loads(urllib.request.urlopen(urllib.request.Request(
+        gw.admin + "/v1/usage?sandbox=sandbox-1",
+        headers={"Authorization": f"Bearer {gw.gateway.admin_token}"}), timeout=5).read())
+    assert usage["totals"]["input_tokens"] == expected["input_tokens"]
+    assert usage["totals"]["output_tokens"] == expected["output_tokens"]
+    assert usage["totals"]["requests"] == 1
+
+    # 241 tokens of a 300 budget: the next session may open; after it, none.
+    with _connect(gw, token) as ws:
+        _events_until(ws, "session.created")
+        ws.send(json.dumps({"type": "response.create"}))
+        _events_until(ws, "response.done")
+    _session_lines(gw, 2)  # (written once the session has closed)
+    sessions = len(realtime.upgrades)
+    with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+        _connect(gw, token)
+    assert refused.value.response.status_code == 429
+    body = json.loads(refused.value.response.body or b"{}")
+    assert body["error"]["code"] == "budget_exceeded"
+    assert "sandbox-daily" in body["error"]["message"]
+    assert refused.value.response.headers["Retry-After"]
+    assert len(realtime.upgrades) == sessions  # never reached the provider
+
+
+def test_a_realtime_session_for_another_model_is_refused(gw: GatewayThread,
+                                                          realtime: FakeRealtime) -> None:
+    token = gw.mint("agent")
+    with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+        _connect(gw, token, "wss://api.openai.com/v1/realtime?model=gpt-4o-realtime-preview")
+    assert refused.value.response.status_code == 403
+    assert json.loads(refused.value.response.body or b"{}")["error"]["code"] == \
+        "model_not_allowed"
+    assert realtime.upgrades == []
