@@ -253,3 +253,29 @@ def test_requests_count_when_admitted(policies: PolicySet, clock: Clock) -> None
     b.record("sb-1", agent, "anthropic", Usage("claude", 10, 10), clock.now)
     refused = b.check("sb-9", agent, "anthropic", clock.now)
     assert refused is not None and refused.used == 5  # completion does not count it again
+
+
+@pytest.mark.parametrize(("recorded", "session", "refused_kind"), [
+    (0, Usage("m", 400, 100), None),  # 500 of 1,000 tokens
+    (600, Usage("m", 300, 99), None),  # 999
+    (600, Usage("m", 300, 100), "tokens"),  # 1,000: used up
+    (1200, Usage("m"), "tokens"),  # recorded before: still used up
+    (0, Usage("m", 990, 10), "tokens"),  # the session alone
+])
+def test_an_open_session_counts_its_usage_so_far(
+        policies: PolicySet, clock: Clock, recorded: int, session: Usage,
+        refused_kind: str | None) -> None:
+    """A Realtime session still open: its responses so far count on top of what was
+    recorded, and `requests` limits do not apply (the session was counted at admission:
+    the 5th of 5 requests may go on)."""
+    agent = policies.policies["agent"]
+    b = book(clock)
+    for i in range(5):
+        b.admitted(f"sb-{i}", agent, "openai", clock.now)  # the "team" budget: 5 of 5
+    if recorded:
+        b.record("sb-1", agent, "openai", Usage("m", recorded, 0), clock.now)
+    assert b.check("sb-1", agent, "openai", clock.now) is not None  # a new request: no
+    refused = b.check("sb-1", agent, "openai", clock.now, open_session=session)
+    assert (refused.kind if refused else None) == refused_kind
+    if refused is not None:
+        assert refused.budget.name == "daily" and refused.used == recorded + session.tokens

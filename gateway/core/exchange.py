@@ -401,6 +401,11 @@ class Exchange:
             if found is not None:
                 metrics.child(metrics.EXFILTRATION_BLOCKED, "websocket").inc()
                 raise self.leak(found)
+            if self._metered is not None and self._metering is not None:
+                exceeded = self._metering[0].check_open(self._metered, time.time())
+                if exceeded is not None:  # the session's responses used up a budget
+                    raise Refusal(exceeded.code, exceeded.reason, exceeded.rule,
+                                  retry_after=exceeded.retry_after)
             self.bytes_out += len(data)
             return data
         self.bytes_in += len(data)
@@ -448,7 +453,7 @@ class Exchange:
             self.gate.refuse(self.client, refusal, method=self.head.method,
                              scheme=self.target.scheme, host=self.target.host,
                              port=self.target.port, path=self.target.path,
-                             started=self.started)
+                             started=self.started, usage=self._complete(refusal.status))
         from gateway.core.refusal import answer
 
         return answer(refusal, shape=self.gate.shape(self.target.host), close=True)
@@ -460,9 +465,8 @@ class Exchange:
             return
         self.done = True
         metrics.child(metrics.BYTES, "in").inc(self.bytes_in)
-        if self._metered is not None and self._metering is not None:
-            usage = self._metering[0].complete(self._metered, status or 0,
-                                               time.time()).as_record()
+        if self._metered is not None:
+            usage = self._complete(status or 0)
         decision = self.decision
         self.gate.audit(
             self.client, identity=self.identity, decision=decision.result,
@@ -472,6 +476,13 @@ class Exchange:
             port=self.target.port, path=self.target.path, status=status, error=error,
             bytes_in=self.bytes_in, bytes_out=self.bytes_out, started=self.started,
             path_taken="intercept", credential=self.credential, usage=usage)
+
+    def _complete(self, status: int) -> dict[str, Any] | None:
+        """The metering step at the end (`finish` or `abort`, whichever comes first and
+        only once): the audit line's ``usage``."""
+        if self._metered is None or self._metering is None:
+            return None
+        return self._metering[0].complete(self._metered, status, time.time()).as_record()
 
     @property
     def elapsed(self) -> float:

@@ -169,12 +169,13 @@ class Gate:
     def refuse(self, client: Client, refusal: Refusal, *, method: str | None = None,
                scheme: str | None = None, host: str | None = None, port: int | None = None,
                path: str | None = None, started: float | None = None,
-               close: bool = False) -> Answer:
-        """Audit a refusal and render it (in the provider's shape on a preset's host)."""
+               close: bool = False, usage: dict[str, Any] | None = None) -> Answer:
+        """Audit a refusal and render it (in the provider's shape on a preset's host);
+        ``usage``: what a metered exchange refused part-way had used."""
         self.audit(client, decision="deny", reason=refusal.reason, rule=refusal.rule,
                    method=method, scheme=scheme, host=host, port=port, path=path,
                    status=refusal.status, error=refusal.code, started=started,
-                   credential=refusal.credential)
+                   credential=refusal.credential, usage=usage)
         if refusal.code.startswith("token_") or refusal.code in (
                 "auth_required", "sandbox_mismatch", "unknown_sandbox"):
             metrics.child(metrics.TOKENS_REFUSED, refusal.code).inc()

@@ -131,11 +131,20 @@ class BudgetBook:
         return {"tokens": read(table, "t:" + subject), "requests": read(table, "r:" + subject),
                 "cost_usd": read(table, "c:" + subject) / NANO}
 
-    def check(self, sandbox: str, policy: Policy, credential: str,
-              now: float) -> BudgetExceeded | None:
+    def check(self, sandbox: str, policy: Policy, credential: str, now: float, *,
+              open_session: Usage | None = None) -> BudgetExceeded | None:
         """None if every applicable budget has room; else the used-up one that resets
-        last (the earliest time this request could be allowed)."""
+        last (the earliest time this request could be allowed).
+
+        ``open_session``: what a session still open (a Realtime WebSocket) has used so
+        far, not yet recorded: its tokens and cost count on top of the recorded use, and
+        ``requests`` limits do not apply (the session was counted when admitted)."""
         worst: BudgetExceeded | None = None
+        extra_tokens = extra_cost = 0.0
+        if open_session is not None:
+            extra_tokens = open_session.tokens
+            if any(b.cost_usd is not None for b in policy.budgets):
+                extra_cost = self.cost(open_session) or 0.0
         for budget in policy.budgets:
             if not budget.applies_to(credential):
                 continue
@@ -145,6 +154,10 @@ class BudgetBook:
             limits: tuple[tuple[LimitKind, float | None], ...] = (
                 ("tokens", budget.tokens), ("requests", budget.requests),
                 ("cost_usd", budget.cost_usd))
+            if open_session is not None:
+                used["tokens"] += extra_tokens
+                used["cost_usd"] += extra_cost
+                limits = (limits[0], limits[2])
             for kind, limit in limits:
                 if limit is None or used[kind] < limit:
                     continue

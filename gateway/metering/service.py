@@ -35,7 +35,7 @@ from gateway.metering.endpoints import RequestBody, rewrite_request_body
 from gateway.metering.ledger import UsageLedger, totals
 from gateway.metering.models import ModelNames, ModelRefusal, check_model
 from gateway.metering.pricing import Pricing, PricingError, load_pricing
-from gateway.metering.usage import Meter, Usage, meter_for
+from gateway.metering.usage import Meter, RealtimeMeter, Usage, meter_for
 from gateway.policy.model import Policy, PolicySet, Rule
 
 __all__ = ["Exchange", "Metered", "Metering", "Refusal", "build_metering"]
@@ -123,6 +123,20 @@ class Metering:
             self.budgets.admitted(sandbox, policy, credential, now)
         new_body = rewrite_request_body(preset, path, held) if self.stream_usage else None
         return Exchange(sandbox, policy, credential, new_body, meter)
+
+    def check_open(self, exchange: Exchange, now: float) -> BudgetExceeded | None:
+        """While a session is open (a Realtime WebSocket), before relaying the sandbox's
+        next message: a budget its responses so far have used up (with what was recorded
+        before) refuses it; a session is not metered as it goes, only when it ends."""
+        meter = exchange.meter
+        if not isinstance(meter, RealtimeMeter) or not exchange.policy.budgets:
+            return None
+        exceeded = self.budgets.check(exchange.sandbox, exchange.policy, exchange.credential,
+                                      now, open_session=meter.so_far())
+        if exceeded is not None:
+            metrics.child(metrics.BUDGET_REFUSALS, exchange.policy.name,
+                          exceeded.budget.name).inc()
+        return exceeded
 
     def complete(self, exchange: Exchange, status: int, now: float) -> Metered:
         """After the response (or its failure, ``status`` 0): count it everywhere."""

@@ -283,14 +283,17 @@ class RealtimeMeter(Meter):
             log.exception("metering: cannot read a Realtime server event")
             self._broken = True
 
-    def finish(self, status: int) -> Usage:
-        """The session's usage once it has ended: the sum over its responses (unknown
-        if none reported usage)."""
-        del status
+    def so_far(self) -> Usage:
+        """The usage of the responses done so far (unknown if none reported usage)."""
         model = self._model or self.request_model
         if not self._responses:
             return Usage(model)
         return Usage(model, *self._sums)
+
+    def finish(self, status: int) -> Usage:
+        """The session's usage once it has ended: the sum over its responses."""
+        del status
+        return self.so_far()
 
 
 def meter_for(preset: str | None, method: str, path: str,

@@ -20,10 +20,12 @@ SNAPSHOT = "-2025-08-28"
 
 
 class FakeRealtime:
-    """`port`, `upgrades` (headers of each session's upgrade), `stop()`."""
+    """`port`, `upgrades` (headers of each session's upgrade), `received` (the client
+    events of every session), `stop()`."""
 
     def __init__(self, directory: Path, ca: LocalCA, names: list[str]) -> None:
         self.upgrades: list[dict[str, str]] = []
+        self.received: list[dict[str, Any]] = []
         directory.mkdir(parents=True, exist_ok=True)
         ctx = ca.server_context(directory, names)
         ctx.set_alpn_protocols(["http/1.1"])
@@ -47,7 +49,9 @@ class FakeRealtime:
         n = 0
         with contextlib.suppress(websockets.exceptions.ConnectionClosed):
             for message in conn:
-                if json.loads(message).get("type") != "response.create":
+                event = json.loads(message)
+                self.received.append(event)
+                if event.get("type") != "response.create":
                     continue
                 n_in, n_out, cached = self.usage(n)
                 send("response.created", response={"id": f"resp_{n}", "status": "in_progress"})

@@ -1,11 +1,13 @@
 """Realtime sessions through the real gateway, on both intercept engines: a `websockets`
 client opens `wss://api.openai.com/v1/realtime` with its gateway token (the fake sees
 the real key), two responses' usage adds up on the session's audit line, in metrics and
-in `/v1/usage`, and a token budget used up by it refuses the next session before the
-upgrade reaches the provider."""
+in `/v1/usage`; a session whose responses use up a token budget has its next message
+refused and is closed, and the next session is refused before the upgrade reaches the
+provider."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import ssl
 import time
@@ -118,12 +120,31 @@ def test_a_realtime_session_is_metered_and_budgeted(gw: GatewayThread,
     assert usage["totals"]["output_tokens"] == expected["output_tokens"]
     assert usage["totals"]["requests"] == 1
 
-    # 241 tokens of a 300 budget: the next session may open; after it, none.
+    # 241 tokens of a 300 budget: the next session may open. Its first response takes
+    # the sandbox to 361: the session's next message is refused, and the session closed.
     with _connect(gw, token) as ws:
         _events_until(ws, "session.created")
         ws.send(json.dumps({"type": "response.create"}))
         _events_until(ws, "response.done")
-    _session_lines(gw, 2)  # (written once the session has closed)
+        ws.send(json.dumps({"type": "response.create", "note": "over the budget"}))
+        # The HTTP/1 engine closes the session (1008); mitmproxy's WebSocket layer cannot
+        # be closed from its message hook (mitmproxy#4711): there every later message of
+        # the session is dropped.
+        with contextlib.suppress(TimeoutError, websockets.exceptions.ConnectionClosed):
+            ws.recv(timeout=1.5)
+            raise AssertionError("an event arrived after the refused message")
+    assert [e.get("note") for e in realtime.received].count("over the budget") == 0
+    refused_line = _session_lines(gw, 2)[1]
+    assert refused_line["decision"] == "deny" and refused_line["error"] == "budget_exceeded"
+    assert "sandbox-daily" in refused_line["reason"]
+    n_in2, n_out2, c2 = realtime.usage(0)  # (the session's own first response)
+    assert refused_line["usage"] == {**expected, "input_tokens": n_in2,
+                                     "output_tokens": n_out2, "cached_input_tokens": c2}
+    usage = json.loads(urllib.request.urlopen(urllib.request.Request(
+        gw.admin + "/v1/usage?sandbox=sandbox-1",
+        headers={"Authorization": f"Bearer {gw.gateway.admin_token}"}), timeout=5).read())
+    assert usage["totals"]["input_tokens"] == expected["input_tokens"] + n_in2
+    assert usage["totals"]["requests"] == 2
     sessions = len(realtime.upgrades)
     with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
         _connect(gw, token)
