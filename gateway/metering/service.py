@@ -10,7 +10,9 @@ For a request the policy allowed on a rule with ``credential:``::
     else:
         forward(body=step.body if step.body is not None else original_body)
         for chunk in response_body_chunks:  # decoded, as relayed
-            step.feed(chunk)
+            step.feed(chunk)                # (a Realtime session: each server event)
+        # a Realtime session, before relaying each message from the sandbox:
+        #     exceeded = metering.check_open(step, now)   # 429 once its budget is used up
         metered = metering.complete(step, status, now)   # status 0: no response
         audit["usage"] = metered.as_record()
 
@@ -69,12 +71,11 @@ class Metered:
 
     def as_record(self) -> dict[str, Any] | None:
         """The audit line's ``usage`` object (None for a non-inference request)."""
-        usage = self.usage
-        if usage is None:
+        if self.usage is None:
             return None
-        return {"model": usage.model, "input_tokens": usage.input_tokens,
-                "output_tokens": usage.output_tokens,
-                "cached_input_tokens": usage.cached_input_tokens, "cost_usd": self.cost_usd}
+        record = self.usage.as_record()
+        record["cost_usd"] = self.cost_usd
+        return record
 
 
 _NOT_METERED = Metered(None, None)
