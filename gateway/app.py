@@ -44,7 +44,7 @@ from gateway.engines.door import Doors
 from gateway.engines.frontdoor import FrontDoor
 from gateway.engines.h1.server import Engine, Limits, Timeouts
 from gateway.engines.idle import IdleUpstreams
-from gateway.engines.mitm import Adapter, error_h2, error_page
+from gateway.engines.mitm import STREAM_LARGE_BODIES, Adapter, error_h2, error_page
 from gateway.engines.splice import Splices
 from gateway.engines.transparent import TransparentDoor
 from gateway.keywatch import SigningKeyWatcher
@@ -286,7 +286,7 @@ class Gateway:
         except (ValueError, SecretError) as exc:
             raise StartupError(str(exc)) from None
         try:
-            self.metering = build_metering(cfg, self.state)
+            self.metering = build_metering(cfg, self.state, self.state.ephemeral)
         except ConfigError as exc:
             raise StartupError(str(exc)) from None
         self._metering_problems(self.current_policies())
@@ -295,7 +295,7 @@ class Gateway:
             tokens=self.tokens, policies=self.current_policies, guard=self.guard,
             secrets=self.credentials, registry=self.state, audit=self.auditor.write,
             resolve=self.guard.resolver.resolve, metering=self.metering,
-            signers=self.credentials,
+            signers=self.credentials, ephemeral=self.state.ephemeral,
             connections_per_sandbox=cfg.limits.connections_per_sandbox,
             max_connections=max(16, (self.fd_limit - FD_RESERVE) // 2))
         patches.install_error_pages(error_page, error_h2)
@@ -370,14 +370,16 @@ class Gateway:
         master = Master(opts, event_loop=asyncio.get_running_loop())
         self.handoffs: dict[tuple[str, int], Any] = {}
         self.adapter = Adapter(self.gate, self.handoffs)
+        server = proxyserver.Proxyserver()
+        self.adapter.proxyserver = server
         master.addons.add(
             core.Core(),
-            proxyserver.Proxyserver(),
+            server,
             tlsconfig.TlsConfig(),
             # No errorcheck.ErrorCheck: the gateway validates its own startup, and
             # ErrorCheck exits on *any* error logged process-wide during startup.
             self.adapter,
-            IdleUpstreams(self.config.network.upstream_idle_timeout),
+            IdleUpstreams(self.config.network.upstream_idle_timeout, server),
         )
         assert self.proxy_address is not None
         host, port = self.proxy_address
@@ -395,7 +397,7 @@ class Gateway:
             rawtcp=False,
             http2=True,
             websocket=True,
-            stream_large_bodies="1m",
+            stream_large_bodies=str(STREAM_LARGE_BODIES),
             store_streamed_bodies=False,
         )
         return master

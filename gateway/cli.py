@@ -26,13 +26,16 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway import __version__, ca
 from gateway.config import Config, ConfigError, load_config, parse_duration
 from gateway.policy import PolicyError, PolicySet, load_policy_dir, policy_files
 from gateway.state import MemoryState
 from gateway.tokens import SigningKeys, TokenError, TokenService, parse_scope
+
+if TYPE_CHECKING:
+    from gateway.metering import Metering
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -325,6 +328,22 @@ def _test_files(directory: Path) -> list[Path]:
                   if p.suffix in (".yaml", ".yml") and not p.name.startswith(".") and p.is_file())
 
 
+def _static_metering(args: argparse.Namespace) -> Metering:
+    """The metering step `policy test` decides with: the gateway's (its pricing, for
+    cost budgets) over empty counters; without a readable config, no pricing."""
+    from gateway.core.evaluate import static_metering
+    from gateway.metering import load_pricing
+
+    metering = static_metering()
+    try:
+        pricing = _config(args).metering.pricing
+        if pricing is not None:
+            metering.pricing = metering.budgets.pricing = load_pricing(pricing)
+    except Exception as exc:  # (ConfigError, PricingError, OSError): decided without prices
+        print(f"note: no pricing for cost budgets ({exc})", file=sys.stderr)
+    return metering
+
+
 def cmd_policy_test(args: argparse.Namespace) -> int:
     from gateway.policy.report import junit_xml, test_text
     from gateway.policy.testing import parse_cases, run_case
@@ -358,10 +377,11 @@ def cmd_policy_test(args: argparse.Namespace) -> int:
             print(error, file=sys.stderr)
         print(f"{len(errors)} error(s) in test files", file=sys.stderr)
         return 2
+    metering = _static_metering(args)
     results, seconds = [], []
     for case in cases:
         started = time.perf_counter()
-        results.append(run_case(policy_set, case, str(directory)))
+        results.append(run_case(policy_set, case, str(directory), metering))
         seconds.append(time.perf_counter() - started)
     print(f"policies: {directory} (revision {policy_set.revision})")
     print(test_text(results, len(files)))

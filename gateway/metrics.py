@@ -192,6 +192,21 @@ MODEL_REFUSALS = Counter(
     ["policy", "credential"],
     registry=REGISTRY,
 )
+METERING_REFUSALS = Counter(
+    "sandbox_gateway_metering_refusals_total",
+    "Inference calls refused because their usage could not be metered "
+    "(metering_unavailable) or a provider would mint a secret (minted_secret_refused), "
+    "by policy and code.",
+    ["policy", "code"],
+    registry=REGISTRY,
+)
+RESERVATIONS_CHARGED = Counter(
+    "sandbox_gateway_metering_reservations_charged_total",
+    "Metered calls whose usage never arrived (a stream cut off, an answer without usage) "
+    "and were counted at their reservation against budgets, by policy and credential.",
+    ["policy", "credential"],
+    registry=REGISTRY,
+)
 SECRET_STALE = Gauge(
     "sandbox_gateway_secret_stale_seconds",
     "How long past its freshness a secret is being served because refreshing it fails "

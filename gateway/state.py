@@ -1,4 +1,5 @@
 """State that every gateway process must agree on: revoked tokens, registered sandboxes,
+secrets providers minted for sandboxes (``ephemeral``, see ``gateway.secrets.ephemeral``)
 and counters (usage totals, budget consumption; see ``gateway.counters``).
 
 Lookups are synchronous and local (they run on every request); changes are async so
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gateway.counters import CountersOf, Increment, JournalCounters, MemoryCounters, Table
+from gateway.secrets.ephemeral import EphemeralKey, EphemeralKeys
+from gateway.secrets.value import SecretValue
 
 
 class StateUnavailable(RuntimeError):
@@ -38,7 +41,10 @@ class SandboxAddress:
 
 class StateStore(Protocol):
     """Shared gateway state. `is_revoked`, `sandbox_for`, `count` and `counter` must not
-    do I/O."""
+    do I/O. `ephemeral` is the local view of provider-minted secrets; a key added to it
+    is shared with the other processes by the store."""
+
+    ephemeral: EphemeralKeys
 
     def count(self, increments: Iterable[Increment]) -> None: ...
     def counter(self, table: str, field: str) -> int: ...
@@ -64,6 +70,7 @@ class MemoryState(CountersOf):
         self._revoked: dict[str, float] = {}
         self._sandboxes: dict[str, SandboxAddress] = {}
         self._counters: MemoryCounters | JournalCounters = MemoryCounters(clock)
+        self.ephemeral = EphemeralKeys(clock)
 
     def is_revoked(self, jti: str) -> bool:
         return jti in self._revoked
@@ -115,6 +122,7 @@ class JournalState(MemoryState):
         self._journal_counters = JournalCounters(path.with_name(path.name + ".counters"),
                                                  clock=clock)
         self._counters = self._journal_counters
+        self.ephemeral.share = self._share_ephemeral
 
     async def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -167,6 +175,10 @@ class JournalState(MemoryState):
             self._sandboxes[entry.ip] = entry
         elif op == "unregister":
             self._sandboxes.pop(str(event["ip"]), None)
+        elif op == "ephemeral":
+            self.ephemeral.add(EphemeralKey(str(event["credential"]), str(event["sandbox"]),
+                                            SecretValue(str(event["value"])),
+                                            float(event["exp"])), shared=True)
 
     def _append(self, event: dict[str, Any]) -> None:
         line = json.dumps(event, separators=(",", ":")).encode() + b"\n"
@@ -181,6 +193,15 @@ class JournalState(MemoryState):
 
     async def revoke(self, jti: str, expires_at: float) -> None:
         self._append({"op": "revoke", "jti": jti, "exp": expires_at})
+
+    def _share_ephemeral(self, key: EphemeralKey) -> None:
+        """A minted secret for the other workers (the journal is mode 0600)."""
+        try:
+            self._append({"op": "ephemeral", "credential": key.credential,
+                          "sandbox": key.sandbox, "value": key.value.reveal(),
+                          "exp": key.expires_at})
+        except StateUnavailable as exc:
+            log.warning("provider-minted secret known to this worker only: %s", exc)
 
     async def register_sandbox(self, entry: SandboxAddress) -> None:
         self._append({"op": "register", "sandbox": entry.sandbox, "ip": entry.ip,

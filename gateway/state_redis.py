@@ -9,9 +9,11 @@ away, reconnects with backoff and re-syncs fully (events may have been missed).
 Layout in Redis (`prefix` defaults to `sandbox-gateway`):
 - `<prefix>:revoked:<jti>` = `1`, expiring (`EXAT`) when the token would expire anyway;
 - `<prefix>:sandboxes`, a hash ip -> `{"sandbox": ..., "policy": ...}` (JSON);
+- `<prefix>:ephemeral:<sha256 of the value>` = `{"credential", "sandbox", "value",
+  "exp"}` (JSON), a secret a provider minted for a sandbox, expiring with it (`EXAT`);
 - `<prefix>:events`, a pub/sub channel of JSON changes (`revoke`, `register`,
-  `unregister`); each write and its event go in one MULTI/EXEC, so every replica sees
-  changes in the order Redis applied them.
+  `unregister`, `ephemeral`); each write and its event go in one MULTI/EXEC, so every
+  replica sees changes in the order Redis applied them.
 
 Counters (usage, budgets) are hashes `<prefix>:c:<table>` sent in batches by
 `gateway.counters_redis.RedisCounters` on its own beat; see that module.
@@ -53,6 +55,8 @@ from gateway import metrics
 from gateway.counters import CountersOf
 from gateway.counters_redis import RedisCounters
 from gateway.net.resolver import unguarded
+from gateway.secrets.ephemeral import EphemeralKey, EphemeralKeys
+from gateway.secrets.value import SecretValue
 from gateway.state import SandboxAddress, StateUnavailable
 
 log = logging.getLogger("sandbox_gateway.state")
@@ -97,6 +101,10 @@ class RedisState(CountersOf):
         self.channel = f"{prefix}:events"
         self.sandboxes_key = f"{prefix}:sandboxes"
         self._revoked_prefix = f"{prefix}:revoked:"
+        self._ephemeral_prefix = f"{prefix}:ephemeral:"
+        self.ephemeral = EphemeralKeys(clock)
+        self.ephemeral.share = self._share_ephemeral
+        self._writes: set[asyncio.Task[None]] = set()
         self.resync_interval = resync_interval
         self.op_timeout = op_timeout
         self.start_timeout = start_timeout
@@ -180,6 +188,31 @@ class RedisState(CountersOf):
         local = self._sandboxes.pop(ip, None) is not None
         return bool(results[0]) or local
 
+    def _share_ephemeral(self, key: EphemeralKey) -> None:
+        """Write a minted secret for the other replicas, in the background (the caller
+        is synchronous); this replica knows it already."""
+        task = asyncio.get_running_loop().create_task(self._write_ephemeral(key))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _write_ephemeral(self, key: EphemeralKey) -> None:
+        exat = math.ceil(key.expires_at)
+        event = {"op": "ephemeral", "credential": key.credential, "sandbox": key.sandbox,
+                 "value": key.value.reveal(), "exp": exat}
+
+        def write(pipe: Any) -> None:
+            pipe.set(self._ephemeral_prefix + key.digest, json.dumps(event), exat=exat)
+            pipe.publish(self.channel, json.dumps(event))
+
+        with contextlib.suppress(StateUnavailable):  # (logged and counted there)
+            await self._transaction("ephemeral", write,
+                                    "a provider-minted secret is known to this replica only")
+
+    def _apply_ephemeral(self, event: dict[str, Any]) -> None:
+        self.ephemeral.add(EphemeralKey(str(event["credential"]), str(event["sandbox"]),
+                                        SecretValue(str(event["value"])),
+                                        float(event["exp"])), shared=True)
+
     async def _transaction(self, op: str, build: Callable[[Any], None],
                            consequence: str) -> list[Any]:
         if self._redis is None:
@@ -234,6 +267,9 @@ class RedisState(CountersOf):
 
     async def close(self) -> None:
         """Stop following, send pending counts (best effort), close both connections."""
+        for task in list(self._writes):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, self.op_timeout)
         await self._counters.close()
         if self._task is not None:
             self._task.cancel()
@@ -334,6 +370,10 @@ class RedisState(CountersOf):
                     ttls.extend(await pipe.execute())
             raw_sandboxes = {str(k): str(v)
                              for k, v in (await redis.hgetall(self.sandboxes_key)).items()}
+            minted = [k async for k in redis.scan_iter(
+                match=_glob_escape(self._ephemeral_prefix) + "*", count=_SCAN_BATCH)]
+            minted_values = [v for i in range(0, len(minted), _SCAN_BATCH)
+                             for v in await redis.mget(minted[i:i + _SCAN_BATCH])]
             now = self.clock()
             remote: dict[str, float] = {}
             for key, ttl in zip(keys, ttls, strict=True):
@@ -361,6 +401,14 @@ class RedisState(CountersOf):
             if entry is not None:
                 sandboxes[ip] = entry
         self._sandboxes = sandboxes
+        for value in minted_values:
+            if value is None:
+                continue  # expired between SCAN and MGET
+            try:
+                self._apply_ephemeral(json.loads(str(value)))
+            except (ValueError, KeyError, TypeError):
+                metrics.STATE_STORE_ERRORS.labels(op="decode").inc()
+                log.warning("state store: ignoring a malformed minted-secret entry")
         self._next_resync = asyncio.get_running_loop().time() + self.resync_interval
 
     def _parse_sandbox(self, ip: str, text: str) -> SandboxAddress | None:
@@ -391,12 +439,14 @@ class RedisState(CountersOf):
                                                      policy=str(event["policy"]))
             elif op == "unregister":
                 self._sandboxes.pop(str(event["ip"]), None)
+            elif op == "ephemeral":
+                self._apply_ephemeral(event)
             else:
                 raise ValueError(op)
         except (ValueError, KeyError, TypeError):
             metrics.STATE_STORE_ERRORS.labels(op="decode").inc()
-            log.warning("state store: ignoring malformed event on %s: %.200r",
-                        self.channel, data)
+            # (never the event itself: a minted-secret event carries a secret)
+            log.warning("state store: ignoring a malformed event on %s", self.channel)
 
     def _prune(self) -> None:
         """Drop revocations past their expiry (their tokens are refused regardless)."""

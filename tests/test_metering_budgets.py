@@ -10,7 +10,7 @@ import pytest
 from helpers.clock import Clock, run
 
 from gateway.counters import MemoryCounters
-from gateway.metering.budgets import BudgetBook, budget_problems, window_bounds
+from gateway.metering.budgets import BudgetBook, Reservation, budget_problems, window_bounds
 from gateway.metering.pricing import Price, Pricing, PricingError, load_pricing, parse_pricing
 from gateway.metering.usage import Usage
 from gateway.policy import PolicySet, load_policy_text
@@ -169,8 +169,8 @@ def test_no_pricing_counts_no_cost(policies: PolicySet, clock: Clock) -> None:
     assert b.check("sb", other, "openai", clock.now) is None
     assert budget_problems(list(policies.policies.values()), None) == [
         'b.yaml:19: budget "spend" sets cost_usd but metering.pricing is not configured, so '
-        "costs are unknown and the limit never applies; set metering.pricing in the gateway "
-        "config"]
+        "costs are unknown and every inference call it counts is refused "
+        "(metering_unavailable); set metering.pricing in the gateway config"]
     assert budget_problems(list(policies.policies.values()), PRICING) == []
 
 
@@ -279,3 +279,85 @@ def test_an_open_session_counts_its_usage_so_far(
     assert (refused.kind if refused else None) == refused_kind
     if refused is not None:
         assert refused.budget.name == "daily" and refused.used == recorded + session.tokens
+
+
+# --- reservations -----------------------------------------------------------------------
+
+
+def test_a_parallel_burst_cannot_overshoot_a_token_budget(policies: PolicySet,
+                                                          clock: Clock) -> None:
+    """Ten calls admitted at once, each reserving 300 of a 1,000-token budget: three
+    fit (900 held), the fourth is refused while they run, not after they ended."""
+    agent = policies.policies["agent"]
+    b = book(clock)
+    reserve = Reservation(300)
+    holds = []
+    for _ in range(10):
+        refused = b.check("sb-1", agent, "openai", clock.now, reserve=reserve)
+        if refused is None:
+            holds.append(b.admitted("sb-1", agent, "openai", clock.now, reserve))
+    assert len(holds) == 3
+    refused = b.check("sb-1", agent, "openai", clock.now, reserve=reserve)
+    assert refused is not None and (refused.used, refused.held, refused.asked) == (0, 900, 300)
+    assert refused.retry_after == 5  # room again once running calls settle
+    assert refused.reason.startswith('budget "daily" (b.yaml:8) has 100 tokens left for '
+                                     'sandbox "sb-1" (900 tokens more are held by calls '
+                                     "still running), and this call may use up to 300 tokens")
+    # They end: each settles to what it used (two read theirs, one never did).
+    hold0, hold1, hold2 = holds
+    assert hold0 is not None and hold1 is not None and hold2 is not None
+    b.settle(hold0, 120, 0)
+    b.settle(hold1, 80, 0)
+    b.settle(hold2, 300, 0)  # (the engine passes the reservation when usage never came)
+    status = {s["budget"]: s for s in run(b.status(agent, "sb-1", clock.now))}
+    assert status["daily"]["settled"]["tokens"] == 500
+    assert status["daily"]["reserved"] == {"tokens": 0, "cost_usd": 0.0}
+    assert b.check("sb-1", agent, "openai", clock.now, reserve=reserve) is None
+    assert b.check("sb-1", agent, "openai", clock.now, reserve=Reservation(501)) is not None
+
+
+def test_a_call_larger_than_the_budget_is_refused_before_anything_is_used(
+        policies: PolicySet, clock: Clock) -> None:
+    agent = policies.policies["agent"]
+    refused = book(clock).check("sb-1", agent, "openai", clock.now,
+                                reserve=Reservation(1001))
+    assert refused is not None and refused.retry_after == 14 * 3600  # not held: the window
+    assert "has 1,000 tokens left" in refused.reason and "lower max_tokens" in refused.reason
+
+
+def test_reservations_show_in_status_and_hold_the_window_they_started_in(
+        policies: PolicySet, clock: Clock) -> None:
+    agent = policies.policies["agent"]
+    b = book(clock)
+    hold = b.admitted("sb", agent, "openai", clock.now, Reservation(400, 7))
+    status = {s["budget"]: s for s in run(b.status(agent, "sb", clock.now))}
+    assert status["daily"]["reserved"] == {"tokens": 400, "cost_usd": 7e-9}
+    assert status["daily"]["exceeded"] is False
+    clock.now = ts("2026-11-23T00:00:01")  # it ends in the next window: settled in its own
+    assert hold is not None
+    b.settle(hold, 250, 0)
+    assert run(b.status(agent, "sb", clock.now))[0]["used"]["tokens"] == 0
+    assert run(b.status(agent, "sb", clock.now - 2))[0]["used"]["tokens"] == 250
+
+
+def test_cost_reservations_need_prices(policies: PolicySet, clock: Clock) -> None:
+    base = policies.policies["base"]  # spend: cost_usd 0.01
+    assert book(clock).reservation(base, "openai", "gpt-4o-mini", 1000, 1000) == \
+        Reservation(2000, round((1000 * 0.15 + 1000 * 0.60) / 1e6 * 1e9))
+    unpriced = book(clock, Pricing({"gpt-4o*": Price(1, 1, 1)})).reservation(
+        base, "openai", "claude-x", 10, 10)
+    assert isinstance(unpriced, str) and 'model "claude-x" has no price' in unpriced
+    none = book(clock, None).reservation(base, "openai", "gpt-4o-mini", 10, 10)
+    assert isinstance(none, str) and "metering.pricing is not configured" in none
+    # A budget with no cost limit needs no price.
+    tokens_only = load_policy_text("t.yaml", """\
+version: v1
+name: t
+egress:
+  - {host: api.openai.com, credential: openai}
+budgets:
+  - {name: daily, per: sandbox, window: 24h, tokens: 100}
+credentials:
+  openai: {preset: openai, secret: k1}
+""").policies["t"]
+    assert book(clock, None).reservation(tokens_only, "openai", None, 5, 6) == Reservation(11)

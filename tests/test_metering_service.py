@@ -40,8 +40,10 @@ egress:
   - host: api.openai.com
     credential: openai-m
     models: ["gpt-4o-mini*", "gpt-4.1*"]
+    metering: {reserve: 10}
   - host: api.anthropic.com
     credential: anthropic-m
+    metering: {reserve: 10}
 budgets:
   - {name: daily, per: sandbox, window: 24h, tokens: 100}
 credentials:
@@ -106,7 +108,10 @@ def test_admit_and_complete_count_everywhere(tmp_path: Path) -> None:
     assert h.records[-1] == {"sandbox": "sb-1", "credential": "openai-m",
                              "model": "gpt-4o-mini-2024-07-18", "input_tokens": 9,
                              "output_tokens": 12, "cached_input_tokens": 0,
-                             "cost_usd": pytest.approx((9 * 0.15 + 12 * 0.60) / 1e6)}
+                             "cost_usd": pytest.approx((9 * 0.15 + 12 * 0.60) / 1e6),
+                             # reserved: metering.reserve 10 + 52 body bytes / 4
+                             "budget": {"reserved_tokens": 23, "charged_tokens": 21,
+                                        "basis": "usage"}}
     assert counter_value("sandbox_gateway_inference_tokens_total",
                          {**labels, "kind": "input"}) == before_in + 9
     assert counter_value("sandbox_gateway_inference_requests_total",

@@ -12,7 +12,15 @@ import pytest
 
 from gateway.metering.endpoints import classify, request_model, rewrite_request_body
 from gateway.metering.scan import SALVAGE, SseScanner
-from gateway.metering.usage import HOLD, JSON_CAP, Meter, RealtimeMeter, Usage, meter_for
+from gateway.metering.usage import (
+    HOLD,
+    JSON_CAP,
+    Meter,
+    RealtimeMeter,
+    SessionMeter,
+    Usage,
+    meter_for,
+)
 
 DATA = Path(__file__).parent / "data" / "metering"
 
@@ -237,13 +245,38 @@ CLASSIFY = [
              "generateContent", "gemini"),
     ("POST", "/v1beta/tunedModels/my-model:generateContent", "gemini"),
     ("GET", "/v1/models", None),
-    ("GET", "/v1/responses/resp_123", None),
+    ("GET", "/v1/responses/resp_123", "retrieval"),
+    ("GET", "/v1/responses/resp_123/input_items", None),
+    ("GET", "/v1/batches/batch_abc", "retrieval"),
+    ("GET", "/v1/messages/batches/msgbatch_1/results", "retrieval"),
+    ("POST", "/v1/batches", "deferred"),
+    ("POST", "/openai/batches", "deferred"),
+    ("POST", "/v1beta/models/gemini-2.0-flash:batchGenerateContent", "deferred"),
+    ("POST", "/v1/realtime/client_secrets", "minted"),
+    ("POST", "/v1//realtime/client_secret%73/", "minted"),
+    ("POST", "/v1/realtime/transcription_sessions", "minted"),
+    ("POST", "/v1/chatkit/sessions", "minted"),
+    ("POST", "/v1alpha/auth_tokens", "minted"),
+    ("POST", "/v1/images/generations", "unmetered"),
+    ("POST", "/v1/audio/transcriptions", "unmetered"),
+    ("POST", "/v1/threads/t1/runs", "unmetered"),
+    ("POST", "/v1/threads/runs", "unmetered"),
+    ("POST", "/v1/videos", "unmetered"),
+    ("POST", "/v1/complete", "unmetered"),
+    ("POST", "/v1/fine_tuning/jobs", "unmetered"),
+    ("POST", "/model/m/invoke-with-response-stream", "unmetered"),
+    ("POST", "/model/m/invoke", "bedrock"),
+    ("POST", "/v1/responses/compact", "openai"),
+    ("GET", "/v1/responses", "responses_ws"),
+    ("GET", "/v1/responses/", "responses_ws"),
+    ("POST", "/v1/moderations", None),
+    ("POST", "/v1/vector_stores/vs_1/file_batches", None),
     ("POST", "/v1/responses/resp_123/cancel", None),
     ("POST", "/v1/messages/count_tokens", None),
-    ("POST", "/v1/messages/batches", None),
+    ("POST", "/v1/messages/batches", "deferred"),
     ("POST", "/v1/threads/t1/messages", None),
     ("POST", "/v1beta/models/gemini-2.0-flash:countTokens", None),
-    ("POST", "/v1beta/models/text-embedding-004:embedContent", None),
+    ("POST", "/v1beta/models/text-embedding-004:embedContent", "unmetered"),
     ("POST", "/v1/files", None),
     # what a provider's router would take for the same endpoint is metered too
     ("POST", "/v1/chat/completions/", "openai"),
@@ -251,22 +284,25 @@ CLASSIFY = [
     ("POST", "/v1/chat/completion%73", "openai"),
     ("POST", "/v1/messages/", "anthropic"),
     ("POST", "/v1beta/models/gemini-2.0-flash%3AgenerateContent", "gemini"),
-    ("POST", "/model/anthropic.claude-3-5-sonnet-20240620-v1%3A0/converse", None),
+    ("POST", "/model/anthropic.claude-3-5-sonnet-20240620-v1%3A0/converse", "bedrock"),
     # Realtime sessions: the WebSocket upgrade is a GET
     ("GET", "/v1/realtime?model=gpt-4o-realtime-preview", "realtime"),
     ("get", "/openai/realtime?api-version=2024-10-01-preview&deployment=rt", "realtime"),
     ("GET", "/openai/v1/realtime?model=gpt-realtime", "realtime"),
     ("GET", "/v1/realtime/", "realtime"),
-    ("POST", "/v1/realtime/sessions", None),  # an ephemeral key, not a session
-    ("POST", "/v1/realtime/calls?model=gpt-realtime", None),  # WebRTC SDP (not metered)
+    ("POST", "/v1/realtime/sessions", "minted"),  # an ephemeral key, not a session
+    ("POST", "/v1/realtime/calls?model=gpt-realtime", "unmetered"),  # WebRTC SDP
     ("GET", "/v1/realtime/sessions", None),
 ]
 
 
 @pytest.mark.parametrize(("method", "path", "fmt"), CLASSIFY)
 def test_classify(method: str, path: str, fmt: str | None) -> None:
+    """`fmt`: how an inference call's or a session's usage is read, else the kind."""
     endpoint = classify(method, path)
-    assert (endpoint.format if endpoint else None) == fmt
+    got = None if endpoint is None else (
+        endpoint.format if endpoint.kind in ("inference", "session") else endpoint.kind)
+    assert got == fmt
 
 
 MODELS = [
@@ -435,7 +471,8 @@ def test_realtime_session_usage_adds_up_over_its_responses() -> None:
     """Each response.done reports its own response; the session's usage is their sum,
     under the session's model; other events (audio deltas...) are skipped unparsed."""
     meter = meter_for("openai", "GET", "/v1/realtime?model=gpt-realtime", None)
-    assert isinstance(meter, RealtimeMeter) and meter.request_model == "gpt-realtime"
+    assert isinstance(meter, SessionMeter) and meter.request_model == "gpt-realtime"
+    assert meter.format == "realtime"
     meter.feed(_event("session.created", session={"model": "gpt-realtime-2025-08-28"}))
     for n in range(3):
         meter.feed(_event("response.audio.delta", delta="AAAA" * 100))

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from gateway.cli import main
-from gateway.policy import (
-    Decision,
-    Policy,
-    PolicySet,
-    Request,
-    load_policy_dir,
-    load_policy_texts,
-)
+from gateway.policy import PolicySet, Request, load_policy_dir, load_policy_texts, request_for
 from gateway.policy.testing import PolicyCase, parse_cases, run_case, run_cases
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,7 +108,7 @@ def test_connect_cases_are_tunnel_level() -> None:
     ("cases:\n  - {name: a, policy: p, method: GET, url: x.test, expect: deny,\n"
      "     error: forbidden_destination}", "policy explain --resolve"),
     ("cases:\n  - {name: a, policy: p, method: GET, url: x.test, expect: deny, error: nope}",
-     "unknown error code 'nope'; a policy decision answers only policy_denied"),
+     "unknown error code 'nope'; policy test checks policy_denied, credential_requires_tls"),
     ("cases:\n  - {name: a, policy: p, method: GET, url: x.test, expect: allow,\n"
      "     error: policy_denied}", "t.yaml:3: error policy_denied needs expect: deny"),
     ("cases:\n  - {name: a, policy: p, method: GET, url: x.test, expect: deny, rule: agent}",
@@ -168,24 +163,102 @@ def test_rule_may_also_be_the_full_source(policies: PolicySet) -> None:
     assert run_case(policies, case, root="p").passed
 
 
-def test_model_goes_to_the_hook_only_when_there_is_one(policies: PolicySet) -> None:
+METERED = """\
+version: v1
+name: metered
+egress:
+  - host: api.openai.com
+    credential: openai
+    models: ["gpt-4o-mini*"]
+    allow_minted_secrets: true
+  - host: api.anthropic.com
+    credential: anthropic
+    metering: required
+  - host: api.mistral.ai
+    credential: mistral
+budgets:
+  - {name: daily, per: sandbox, window: 24h, tokens: 10000, credentials: [mistral]}
+credentials:
+  openai: {preset: openai, secret: k1}
+  anthropic: {preset: anthropic, secret: k2}
+  mistral: {preset: mistral, secret: k3}
+"""
+WATCHED = """\
+version: v1
+name: watched
+mode: report
+extends: [metered]
+egress: []
+"""
+
+
+@pytest.mark.parametrize(("method", "url", "body", "expect", "error"), [
+    # model allowlists, as the proxy checks them (body, spelling of the path, case)
+    ("POST", "https://api.openai.com/v1/chat/completions", {"model": "gpt-4o-mini"},
+     "allow", None),
+    ("POST", "https://api.openai.com/v1/chat/completions", {"model": "gpt-4o"},
+     "deny", "model_not_allowed"),
+    ("POST", "https://api.openai.com/v1/chat/completion%73/", {"model": "gpt-4o"},
+     "deny", "model_not_allowed"),
+    ("POST", "https://api.openai.com/v1/chat/completions",
+     '{"model": "gpt-4o-mini", "Model": "gpt-4o"}', "deny", "model_not_allowed"),
+    ("POST", "https://api.openai.com/v1/chat/completions", None, "deny",
+     "model_not_allowed"),
+    ("GET", "https://api.openai.com/v1/models", None, "allow", None),
+    # a credential never goes over cleartext
+    ("POST", "http://api.openai.com/v1/chat/completions", {"model": "gpt-4o-mini"},
+     "deny", "credential_requires_tls"),
+    # provider-minted secrets: allowed on the rule that says so, refused elsewhere
+    ("POST", "https://api.openai.com/v1/realtime/client_secrets",
+     {"session": {"type": "realtime", "model": "gpt-4o-mini-realtime"}}, "allow", None),
+    ("POST", "https://api.openai.com/v1/realtime/client_secrets",
+     {"session": {"type": "realtime", "model": "gpt-realtime"}}, "deny", "model_not_allowed"),
+    ("POST", "https://api.anthropic.com/v1/realtime/client_secrets", {}, "deny",
+     "minted_secret_refused"),
+    # metering: required / a token budget: what cannot be metered is refused
+    ("POST", "https://api.anthropic.com/v1/messages", {"model": "claude", "max_tokens": 9},
+     "allow", None),
+    ("POST", "https://api.anthropic.com/v1/messages/batches", {"requests": []}, "deny",
+     "metering_unavailable"),
+    ("POST", "https://api.anthropic.com/v1/messages", "not json", "deny",
+     "metering_unavailable"),
+    ("POST", "https://api.mistral.ai/v1/images/generations", {"prompt": "x"}, "deny",
+     "metering_unavailable"),
+    ("POST", "https://api.openai.com/v1/responses",
+     {"model": "gpt-4o-mini", "background": True}, "allow", None),  # (no budget there)
+    # a call no budget window can hold, even unused
+    ("POST", "https://api.mistral.ai/v1/chat/completions",
+     {"model": "m", "max_tokens": 20000}, "deny", "budget_exceeded"),
+    ("POST", "https://api.mistral.ai/v1/chat/completions", {"model": "m", "max_tokens": 900},
+     "allow", None),
+])
+def test_cases_are_decided_as_the_gateway_decides(method: str, url: str, body: object,
+                                                  expect: str, error: str | None) -> None:
+    policies = load_policy_texts({"metered.yaml": METERED, "watched.yaml": WATCHED})
+    raw = (body.encode() if isinstance(body, str) else
+           None if body is None else json.dumps(body).encode())
+    case = PolicyCase("c", "metered", method, url, expect, "t.yaml:1",  # type: ignore[arg-type]
+                      request_for(method, url), error, body=raw)
+    result = run_case(policies, case)
+    assert result.passed, (result.diff, result.reason)
+    # Under mode: report the same request is forwarded, the would-deny recorded.
+    watched = run_case(policies, replace(case, policy="watched", error=None,
+                                         expect="report" if expect == "deny" else "allow"))
+    if error not in ("credential_requires_tls",):
+        assert watched.passed, (watched.diff, watched.reason)
+
+
+def test_model_goes_into_the_body() -> None:
     (case,) = cases("""\
         cases:
-          - {name: m, policy: agent, method: POST, url: "https://api.openai.com/v1/x",
-             expect: allow, model: gpt-4o}
+          - {name: m, policy: metered, method: POST,
+             url: "https://api.openai.com/v1/chat/completions",
+             body: {messages: []}, model: gpt-4o, expect: deny, error: model_not_allowed}
         """)
-    plain = run_case(policies, case)
-    assert plain.passed and not plain.model_checked
-    seen: list[str] = []
-
-    def deny_models(policy: Policy, request: Request, decision: Decision, model: str
-                    ) -> Decision:
-        seen.append(model)
-        return Decision("deny", f"model {model} is not allowed", decision.rule)
-
-    checked = run_case(policies, case, model_check=deny_models)
-    assert seen == ["gpt-4o"] and checked.model_checked
-    assert checked.diff == (("decision", "allow", "deny"),)
+    assert json.loads(case.body or b"") == {"messages": [], "model": "gpt-4o"}
+    result = run_case(load_policy_texts({"metered.yaml": METERED}), case)
+    assert result.passed and result.model_checked
+    assert 'model "gpt-4o" is not allowed by rule metered.yaml:4' in result.reason
 
 
 # --- CLI ------------------------------------------------------------------------------
@@ -245,7 +318,6 @@ def test_cli_failure_diff_and_junit(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "- decision: allow\n        + decision: deny" in out
     assert "reason: method POST is not allowed for api.github.com" in out
     assert "2 passed, 1 failed (3 cases in 2 file(s))" in out
-    assert "1 case(s) set model: recorded, not checked" in out
 
     root = ET.parse(junit).getroot()
     assert root.tag == "testsuites"
@@ -260,7 +332,7 @@ def test_cli_failure_diff_and_junit(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert failure.get("message") == "decision: expected allow, got deny"
     assert "method POST is not allowed" in (failure.text or "")
     props = {p.get("name"): p.get("value") for p in failed.iter("property")}
-    assert props == {"model": "gpt-4o", "model_checked": "false"}
+    assert props == {"model": "gpt-4o", "model_checked": "true"}
     assert suites[1].findall("testcase")[0].find("failure") is None
 
 

@@ -6,7 +6,9 @@ Presets list the carriers a provider accepts (Anthropic: `x-api-key` or Bearer);
 key goes into the carrier the client used, or where the credential `places` it (an
 Entra ID token always goes as Bearer, whichever carrier held the sandbox's token).
 `plan()` finds the token and checks it (this sandbox's, credential and path in scope)
-and that the request travels inside TLS — a key never goes over a cleartext
+— or, on a rule with `allow_minted_secrets`, a secret the provider minted for this
+sandbox with this credential, which then goes on as it is — and that the request
+travels inside TLS — a key never goes over a cleartext
 connection: a plain `http://` request on a credential rule is refused
 (`credential_requires_tls`), not upgraded. `apply()` places the key (a signing
 credential, SigV4, signs instead: `exchange.Signer`). Pure functions over
@@ -24,9 +26,10 @@ from gateway.core.messages import Headers
 from gateway.core.refusal import Refusal
 from gateway.core.target import Target
 from gateway.policy import Credential, Injection
+from gateway.secrets.value import SecretValue
 from gateway.tokens import Identity, TokenRefused
 
-__all__ = ["TOKEN_PREFIX", "Swap", "apply", "find_token", "plan", "shape_of"]
+__all__ = ["TOKEN_PREFIX", "Swap", "apply", "find_token", "plan", "shape_of", "static_refusal"]
 
 # Every gateway token starts with this base64url text: its JOSE header `{"alg":"EdDSA","kid":`.
 TOKEN_PREFIX = base64.urlsafe_b64encode(b'{"alg":"EdDSA","kid":').decode()[:28]
@@ -43,10 +46,12 @@ def shape_of(preset: str | None) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Swap:
-    """A checked swap: which credential, in which carrier."""
+    """A checked swap: which credential, in which carrier. ``minted``: the carrier holds
+    a secret the provider minted for this sandbox, forwarded as it is (no swap)."""
 
     credential: Credential
     carrier: Injection
+    minted: SecretValue | None = None
 
 
 def _authorization(headers: Headers, scheme: str) -> str | None:
@@ -96,18 +101,30 @@ def _clear(headers: Headers, path: str, credential: Credential) -> str:
     return path
 
 
+def static_refusal(credential: Credential, scheme: str, host: str,
+                   rule: str | None) -> Refusal | None:
+    """What refuses a credential call whatever it carries: a cleartext request (a key
+    never travels in cleartext) or a host the credential is not bound to."""
+    if scheme != "https":
+        return Refusal("credential_requires_tls", f"rule {rule or '?'} injects credential "
+                       f"{credential.name!r}, and a key never travels in cleartext: send "
+                       f"this request over https:// (it went to {host} over http)", rule)
+    if not credential.binds(host):
+        return Refusal("policy_denied", f"credential {credential.name!r} is not bound to "
+                       f"{host}; fix the credential's hosts", rule)
+    return None
+
+
 def plan(credential: Credential, headers: Headers, target: Target, identity: Identity,
-         verify: Callable[[str], Identity], rule: str | None) -> tuple[Swap, str]:
+         verify: Callable[[str], Identity], rule: str | None,
+         minted: Callable[[str], SecretValue | None] | None = None) -> tuple[Swap, str]:
     """Check the swap and take the token out: returns the swap and the request path
-    without a query carrier. `verify` is `TokenService.verify`. Raises Refusal."""
-    if target.scheme != "https":
-        raise Refusal("credential_requires_tls", f"rule {rule or '?'} injects credential "
-                      f"{credential.name!r}, and a key never travels in cleartext: send "
-                      f"this request over https:// (it went to {target.host} over http)",
-                      rule)
-    if not credential.binds(target.host):
-        raise Refusal("policy_denied", f"credential {credential.name!r} is not bound to "
-                      f"{target.host}; fix the credential's hosts", rule)
+    without a query carrier. `verify` is `TokenService.verify`; `minted` (a rule that
+    allows provider-minted secrets) finds such a secret of this credential and sandbox
+    by its value. Raises Refusal."""
+    refusal = static_refusal(credential, target.scheme, target.host, rule)
+    if refusal is not None:
+        raise refusal
     for carrier in credential.injection.carriers:
         value = _carried(headers, target.path, carrier)
         if value:
@@ -122,6 +139,10 @@ def plan(credential: Credential, headers: Headers, target: Target, identity: Ide
                       "the provider expects its key; set the API key variable to the "
                       "sandbox token")
     token = value.strip()
+    if minted is not None and not token.startswith(TOKEN_PREFIX):
+        secret = minted(_bare(token))
+        if secret is not None:
+            return Swap(credential, carrier, secret), target.path
     try:
         carried = verify(token)
     except TokenRefused as refused:
@@ -136,6 +157,12 @@ def plan(credential: Credential, headers: Headers, target: Target, identity: Ide
                       f"--scope {credential.name}")
     path = _clear(headers, target.path, credential)
     return Swap(credential, credential.places or carrier), path
+
+
+def _bare(value: str) -> str:
+    """A carried value without the Bearer/token scheme a header carrier may keep."""
+    scheme, _, rest = value.partition(" ")
+    return rest.strip() if rest and scheme.lower() in ("bearer", "token") else value
 
 
 def apply(swap: Swap, headers: Headers, path: str, key: str) -> str:

@@ -10,13 +10,14 @@ into gigabytes before a bounded reader could stop): it counts as unknown.
 
 from __future__ import annotations
 
+import gzip
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 import brotli
 
-__all__ = ["Decoder", "EncodingError", "decoder_for", "known_encoding"]
+__all__ = ["Decoder", "EncodingError", "decoder_for", "encode", "known_encoding"]
 
 DEFAULT_LIMIT = 256 * 1024 * 1024
 _STEP = 256 * 1024  # decoded bytes produced per call into a decompressor
@@ -143,3 +144,20 @@ def decoder_for(header: str | None, limit: int = DEFAULT_LIMIT) -> Decoder | Non
         raise EncodingError(f"unknown content coding {unknown[0][:40]!r}")
     # Codings are listed in the order they were applied: undo them last to first.
     return Decoder([_STAGES[c]() for c in reversed(codings)], limit)
+
+
+_ENCODERS: dict[str, Callable[[bytes], bytes]] = {
+    "gzip": gzip.compress, "x-gzip": gzip.compress, "deflate": zlib.compress,
+    "br": brotli.compress}
+
+
+def encode(header: str | None, data: bytes) -> bytes:
+    """``data`` encoded with the codings of a Content-Encoding value, in order: a body
+    the gateway rewrote goes out in the coding its head already names."""
+    for coding in _codings(header):
+        if coding != "identity":
+            try:
+                data = _ENCODERS[coding](data)
+            except KeyError:
+                raise EncodingError(f"unknown content coding {coding[:40]!r}") from None
+    return data

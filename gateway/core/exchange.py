@@ -25,6 +25,17 @@ is not signed is signed at once; otherwise the body is held whole (up to
 `SIGNED_BODY_LIMIT`) and `request_whole` signs the head before the engine serialises
 it. An engine about to stream a body calls `streaming()` first, which refuses such a
 request: it cannot be signed before its head goes out.
+
+**One hold limit.** `hold_limit` says how much of a request body every engine holds
+before forwarding: `BODY_HOLD_LIMIT` where a check needs the body whole (an inference
+call on a metered credential, a model allowlist reading the body, a signature over the
+body), else `HOLD_LIMIT`. A body that ends within it goes through `request_whole`,
+decoded first if compressed: the metering step reads it as the provider will, and a
+body it rewrites is sent re-encoded in the coding its head names.
+
+On metered WebSocket sessions each message from the sandbox goes through the metering
+step: a refused one raises `MessageRefused` (audited; the engine drops it and answers the
+provider's error event while the session goes on).
 """
 
 from __future__ import annotations
@@ -36,13 +47,21 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway import metrics
 from gateway.core.addresses import Pinned
-from gateway.core.encodings import Decoder, EncodingError, decoder_for
+from gateway.core.encodings import Decoder, EncodingError, decoder_for, encode
 from gateway.core.leaks import LeakScan, Redactor, StreamScan
 from gateway.core.messages import RequestHead, ResponseHead
-from gateway.core.refusal import Answer, Refusal
+from gateway.core.refusal import Answer, MessageRefused, Refusal, ws_error
 from gateway.core.target import DEFAULT_PORTS, Target
-from gateway.metering import MODEL_BODY_LIMIT, Metering, model_in_body
+from gateway.metering import (
+    MODEL_BODY_LIMIT,
+    RESPONSE_HOLD,
+    Metering,
+    MeteringRefusal,
+    classify,
+    model_in_body,
+)
 from gateway.metering import Exchange as MeteredExchange
+from gateway.metering import Refusal as MeteringStep
 from gateway.policy import Decision, Policy
 from gateway.secrets.value import SecretValue
 from gateway.tokens import Identity
@@ -52,11 +71,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sandbox_gateway")
 
-__all__ = ["ENCODED_LIMIT", "SIGNED_BODY_LIMIT", "Exchange", "Signer", "no_body"]
+__all__ = ["BODY_HOLD_LIMIT", "ENCODED_LIMIT", "HOLD_LIMIT", "SIGNED_BODY_LIMIT", "Exchange",
+           "Signer", "no_body"]
 
 ENCODED_LIMIT = 8 * 1024 * 1024  # a compressed request body is held whole up to this size
 HOLD_LIMIT = 1024 * 1024  # a request body that ends within this is checked whole first
-SIGNED_BODY_LIMIT = MODEL_BODY_LIMIT  # a body signed whole (SigV4) is held up to this
+BODY_HOLD_LIMIT = MODEL_BODY_LIMIT  # held whole where a check needs the body (see above)
+SIGNED_BODY_LIMIT = BODY_HOLD_LIMIT  # a body signed whole (SigV4) is held up to this
 _UPSTREAM_KINDS = {
     "connect": "the upstream {where} could not be reached ({detail})",
     "tls": "the TLS handshake with the upstream {where} failed ({detail}); if it uses a "
@@ -118,6 +139,9 @@ class Exchange:
         self._report: str | None = None  # a would-refuse reason under mode: report
         self._signer: Signer | None = None  # signs the head once the body is whole
         self.signed = False  # the head was signed after the gate returned (SigV4)
+        self.head_changed = False  # request_whole changed the head (signed over the body)
+        self._response_held: list[bytes] | None = None  # an answer read before relaying
+        self._unsent = False  # the request never reached the upstream (connect failed)
 
     # -- metering (model allowlists, budgets, usage) --------------------------------------
 
@@ -127,17 +151,22 @@ class Exchange:
 
     @property
     def hold_limit(self) -> int:
-        """How much of the request body an engine holds before forwarding: a model
-        allowlist that reads the body needs it whole (up to MODEL_BODY_LIMIT)."""
+        """How much of the request body every engine holds before forwarding (see the
+        module docstring): BODY_HOLD_LIMIT for a metered inference call, a model
+        allowlist reading the body, or a signature over it; else HOLD_LIMIT."""
+        if self._signer is not None:
+            return BODY_HOLD_LIMIT
         rule = self.decision.rule
-        if self._metering is not None and rule is not None and \
-                model_in_body(rule, self.head.method, self.target.path):
-            return MODEL_BODY_LIMIT
-        return SIGNED_BODY_LIMIT if self._signer is not None else HOLD_LIMIT
+        if self._metering is not None and rule is not None:
+            method, path = self.head.method, self.target.path
+            if classify(method, path) is not None or model_in_body(rule, method, path):
+                return BODY_HOLD_LIMIT
+        return HOLD_LIMIT
 
     def _admit(self, body: bytes | None) -> bytes | None:
-        """The metering step before forwarding: the model allowlist (403), budgets (429);
-        returns the body to forward instead (usage requested on a stream), or None."""
+        """The metering step before forwarding: the model allowlist and what cannot be
+        metered (403), budgets (429); returns the body to forward instead (usage asked
+        for on a stream), or None."""
         if self._metering is None or self._metered is not None:
             return None
         metering, policy, preset = self._metering
@@ -147,15 +176,19 @@ class Exchange:
                               preset=preset, method=self.head.method, path=self.target.path,
                               body=body, now=time.time())
         if not isinstance(step, MeteredExchange):
-            refusal = Refusal(step.code, step.reason, step.rule, retry_after=step.retry_after)
-            if self.decision.result != "report":
+            refusal = _refusal(step)
+            if policy.mode != "report":
                 raise refusal
             self._report = refusal.reason  # mode: report: forward, record the would-deny
             self._metering = None
             return None
         self._metered = step
-        if step.meter is not None:
+        if step.capture is not None:
+            self._meter_feed = step.feed
+        elif step.meter is not None:
             self._meter_feed = step.meter.feed
+        if step.holds_response:
+            self._response_held = []
         return step.body
 
     # -- set up by the gate ----------------------------------------------------------------
@@ -291,30 +324,51 @@ class Exchange:
     def request_whole(self, body: bytes, trailers: list[tuple[bytes, bytes]] | None = None
                       ) -> bytes:
         """A buffered request body, checked whole (engines that read bodies at once);
-        returns the body to forward (metering may add `stream_options.include_usage`:
-        the engine then frames it by this length)."""
+        returns the body to forward. The metering step reads it decoded; a body it
+        rewrites (`stream_options.include_usage` added) goes out re-encoded, and the
+        engine frames it by this length (`head_changed`: re-read the head, signed)."""
         scanner = self._scanner()
-        if self._decoder is None:
-            self._check(scanner, body)
+        plain: bytes | None = body
+        encoded = self._decoder is not None
+        if encoded:
+            plain = self._decode_whole(scanner, body)
         else:
-            self._encoded = [body]
-            try:
-                for piece in self._decoder.feed(body):
-                    self._check(scanner, piece)
-            except EncodingError as exc:
-                raise Refusal("bad_request", f"the request body cannot be checked: "
-                              f"{exc}") from None
-        self._request_scan = scanner
-        end = self.request_end(trailers) if self._decoder is not None or trailers else b""
-        whole = end if self._decoder is not None else body
-        replaced = self._admit(whole if self._decoder is None else None)
-        if replaced is not None:
-            whole = replaced
+            self._check(scanner, body)
+        if trailers:
+            assert self.scan is not None
+            found = self.scan.head("", "", trailers)
+            if found is not None:
+                raise self.leak(found)
+        whole = body
+        replaced = self._admit(plain)
+        if replaced is not None:  # in the coding the head names (it may be on its way)
+            whole = encode(self.head.headers.get("content-encoding"),
+                           replaced) if encoded else replaced
         if self._signer is not None:
             self._signer.sign(self.head, self.target, whole)
-            self._signer, self.signed = None, True
+            self._signer, self.signed, self.head_changed = None, True, True
         self.bytes_out = len(whole)
         return whole
+
+    def _decode_whole(self, scanner: StreamScan, body: bytes) -> bytes | None:
+        """Scan a whole compressed body decoded; returns it decoded, or None when it
+        decodes to more than the hold limit (then it is not read, only scanned)."""
+        assert self._decoder is not None
+        limit = self.hold_limit
+        pieces: list[bytes] = []
+        size = 0
+        try:
+            for source in (self._decoder.feed(body), self._decoder.end()):
+                for piece in source:
+                    self._check(scanner, piece)
+                    size += len(piece)
+                    if size <= limit:
+                        pieces.append(piece)
+        except EncodingError as exc:
+            raise Refusal("bad_request", f"the request body cannot be checked: "
+                          f"{exc}") from None
+        self._decoder, self._encoded = None, None
+        return b"".join(pieces) if size <= limit else None
 
     # -- response ------------------------------------------------------------------------
 
@@ -323,6 +377,8 @@ class Exchange:
         key are redacted (headers now, body as it streams), an encoded body is decoded,
         and the length is dropped where redaction may change it."""
         self.response_head = head
+        if self._metered is not None and self._metered.meter is not None:
+            self._metered.head(head.headers.get)
         if self._secret is None:
             return head
         name, value = self._secret
@@ -364,7 +420,15 @@ class Exchange:
                     where=self._where())) from None
         if self._meter_feed is not None:
             self._meter_feed(chunk)
-        return redactor.feed(chunk)
+        out = redactor.feed(chunk)
+        held = self._response_held
+        if held is None:
+            return out
+        held.append(out)
+        if sum(map(len, held)) > RESPONSE_HOLD:
+            raise Refusal("upstream_failed", f"the upstream {self._where()} answered a "
+                          f"secret-minting call with more than {RESPONSE_HOLD} bytes")
+        return b""
 
     def response_end(self) -> bytes:
         """What is still held back at the end of the response body."""
@@ -381,7 +445,17 @@ class Exchange:
             except EncodingError:
                 raise Refusal("upstream_failed", _UPSTREAM_KINDS["encoding"].format(
                     where=self._where())) from None
-        return out + redactor.end()
+        out += redactor.end()
+        held = self._response_held
+        if held is not None and self._metered is not None and self._metering is not None:
+            body = b"".join(held) + out
+            self._response_held = None
+            status = self.response_head.status if self.response_head is not None else 0
+            released = self._metering[0].release(self._metered, status, body, time.time())
+            if isinstance(released, str):
+                raise Refusal("minted_secret_refused", released, _rule_of(self.decision))
+            return released
+        return out
 
     def response_trailers(self, fields: list[tuple[bytes, bytes]]
                           ) -> list[tuple[bytes, bytes]]:
@@ -402,20 +476,33 @@ class Exchange:
                 metrics.child(metrics.EXFILTRATION_BLOCKED, "websocket").inc()
                 raise self.leak(found)
             if self._metered is not None and self._metering is not None:
-                exceeded = self._metering[0].check_open(self._metered, time.time())
-                if exceeded is not None:  # the session's responses used up a budget
-                    raise Refusal(exceeded.code, exceeded.reason, exceeded.rule,
-                                  retry_after=exceeded.retry_after)
+                step = self._metering[0].session_message(self._metered, data, time.time())
+                if step is not None:  # a model outside the allowlist, a used-up budget
+                    self._refuse_message(_refusal(step))
             self.bytes_out += len(data)
             return data
         self.bytes_in += len(data)
-        if self._meter_feed is not None:  # a Realtime session's server event
-            self._meter_feed(data)
+        if self._metered is not None and self._metering is not None:  # a session's event
+            self._metering[0].session_event(self._metered, data, time.time())
         if self._secret is not None:
             redactor = self._redactor or Redactor(self._secret[1].variants())
             return redactor.redact(data)
         metrics.child(metrics.BYTES, "websocket").inc(len(data))
         return data
+
+    def _refuse_message(self, refusal: Refusal) -> None:
+        """One message of a session refused: audited (the session goes on, its own line
+        comes when it ends), answered as the provider's error event (raises
+        MessageRefused). Under ``mode: report`` it is only recorded."""
+        if self._metering is not None and self._metering[1].mode == "report":
+            self._report = refusal.reason
+            return
+        self.gate.refuse(self.client, refusal, method=self.head.method,
+                         scheme=self.target.scheme, host=self.target.host,
+                         port=self.target.port, path=self.target.path, started=time.time())
+        meter = self._metered.meter if self._metered is not None else None
+        session = meter.format if meter is not None else "realtime"
+        raise MessageRefused(refusal, ws_error(refusal, session))
 
     # -- ends ----------------------------------------------------------------------------
 
@@ -437,6 +524,7 @@ class Exchange:
                  self.redact_text(detail)[:500])
         reason = _UPSTREAM_KINDS.get(kind, _UPSTREAM_KINDS["connect"]).format(
             where=self._where(), detail=_clean_detail(detail))
+        self._unsent = kind in ("connect", "tls")  # (the request never left)
         code = "upstream_timeout" if kind == "timeout" else "upstream_failed"
         if kind == "timeout":
             reason = f"the upstream {self._where()} sent nothing for too long ({detail})"
@@ -450,10 +538,14 @@ class Exchange:
         """Refuse the exchange part-way (a leak in the body, a bad response)."""
         if not self.done:
             self.done = True
+            # What the upstream answered, if it did (a stream cut off here still used
+            # what it used); else the refusal's status.
+            head = self.response_head
+            status = head.status if head is not None else refusal.status
             self.gate.refuse(self.client, refusal, method=self.head.method,
                              scheme=self.target.scheme, host=self.target.host,
                              port=self.target.port, path=self.target.path,
-                             started=self.started, usage=self._complete(refusal.status))
+                             started=self.started, usage=self._complete(status))
         from gateway.core.refusal import answer
 
         return answer(refusal, shape=self.gate.shape(self.target.host), close=True)
@@ -482,11 +574,21 @@ class Exchange:
         only once): the audit line's ``usage``."""
         if self._metered is None or self._metering is None:
             return None
-        return self._metering[0].complete(self._metered, status, time.time()).as_record()
+        return self._metering[0].complete(self._metered, status, time.time(),
+                                          sent=not self._unsent).as_record()
 
     @property
     def elapsed(self) -> float:
         return time.time() - self.started
+
+
+def _refusal(step: MeteringStep | MeteringRefusal) -> Refusal:
+    """The core's refusal for a metering step's (model, metering, budget)."""
+    return Refusal(step.code, step.reason, step.rule, retry_after=step.retry_after)
+
+
+def _rule_of(decision: Decision) -> str | None:
+    return decision.rule.source if decision.rule is not None else None
 
 
 def _clean_detail(detail: str) -> str:

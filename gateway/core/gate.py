@@ -36,6 +36,7 @@ from gateway.core.names import DestinationError, is_ip, normalize_host
 from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal, answer
 from gateway.metering import Metering
 from gateway.policy import Credential, Decision, Policy, PolicySet, Request, decide
+from gateway.secrets.ephemeral import EphemeralKeys
 from gateway.secrets.value import SecretValue
 from gateway.state import SandboxAddress
 from gateway.tokens import Identity, TokenRefused, TokenService
@@ -129,8 +130,10 @@ class Gate:
                  audit: Callable[[dict[str, Any]], None],
                  resolve: Callable[[str, int], Awaitable[list[str]]] | None = None,
                  metering: Metering | None = None, signers: Signers | None = None,
+                 ephemeral: EphemeralKeys | None = None,
                  connections_per_sandbox: int = 256, max_connections: int = 1 << 30) -> None:
         self.metering = metering
+        self.ephemeral = ephemeral if ephemeral is not None else EphemeralKeys()
         self.signers = signers
         self.resolve = resolve or _no_resolver
         self.max_connections = max_connections
@@ -554,8 +557,11 @@ class Gate:
             if credential is None:
                 raise Refusal("policy_denied", f"credential {decision.credential!r} is not "
                               "defined any more; fix the policy", _rule(decision))
+            minted = None
+            if decision.rule is not None and decision.rule.allow_minted_secrets:
+                minted = self._minted_finder(credential.name, ex.identity.sandbox)
             swap, path = credentials.plan(credential, head.headers, tgt, ex.identity,
-                                          self.tokens.verify, _rule(decision))
+                                          self.tokens.verify, _rule(decision), minted)
             if self.metering is not None:
                 ex.meter(self.metering, self.policy(ex.identity), credential.preset)
         ex.scan = self.scan_for(tgt.host, ex.client.token)
@@ -563,6 +569,9 @@ class Gate:
         if found is not None:
             raise ex.leak(found)
         signer: Signer | None = None
+        if swap is not None and swap.minted is not None:  # the provider's own, as sent
+            ex.injected(swap.credential.name, swap.credential.secret, swap.minted)
+            swap = None
         if swap is not None:
             credential, name = swap.credential, swap.credential.secret
             try:
@@ -590,13 +599,25 @@ class Gate:
         if signer is not None:  # the signature covers the request line as forwarded
             ex.sign_with(signer)
 
+    def _minted_finder(self, credential: str, sandbox: str
+                       ) -> Callable[[str], SecretValue | None]:
+        """Finds a provider-minted secret of `credential` that `sandbox` minted."""
+        def find(value: str) -> SecretValue | None:
+            key = self.ephemeral.find(value)
+            if key is None or key.credential != credential or key.sandbox != sandbox:
+                return None
+            return key.value
+        return find
+
     def scan_for(self, host: str, token: str | None) -> LeakScan:
         """The leak markers for a request to `host` from a client holding `token`:
         every gateway token's constant parts and this token's own, plus every fetched key
-        that no credential binds to `host`. Rebuilt when policies or keys change."""
+        and provider-minted secret that no credential binds to `host`. Rebuilt when
+        policies, keys or minted secrets change."""
         policy_set = self.policies()
         known = self.secrets.known_items()
-        version = (id(policy_set), tuple(id(value) for _, value in known))
+        version = (id(policy_set), self.ephemeral.version,
+                   tuple(id(value) for _, value in known))
         if version != self._scans_version or len(self._scans) > _MARKER_CACHE:
             self._scans.clear()
             self._scans_version = version
@@ -607,6 +628,10 @@ class Gate:
             secrets = [m for name, value in known
                        if not any(c.secret == name and c.binds(host) for c in creds)
                        for m in _markers_of(value)]
+            for minted in self.ephemeral.live():
+                bound = policy_set.credentials.get(minted.credential)
+                if bound is None or not bound.binds(host):
+                    secrets.extend(_markers_of(minted.value))
             tokens = token_markers(token or "", self.tokens.issuer)
             scan = self._scans[key] = LeakScan(tokens, secrets)
         return scan

@@ -30,10 +30,12 @@ __all__ = [
     "ERROR_HEADER",
     "GATEWAY_ERROR",
     "Answer",
+    "MessageRefused",
     "Refusal",
     "answer",
     "status_of",
     "to_http1",
+    "ws_error",
 ]
 
 ERROR_HEADER = "X-Sandbox-Gateway-Error"
@@ -55,6 +57,8 @@ _CODES: dict[str, tuple[int, str]] = {
     "credential_requires_tls": (403, "http_request_denied"),
     "exfiltration_blocked": (403, "http_request_denied"),
     "model_not_allowed": (403, "http_request_denied"),
+    "metering_unavailable": (403, "http_request_denied"),
+    "minted_secret_refused": (403, "http_request_denied"),
     "budget_exceeded": (429, "http_request_denied"),
     "too_many_connections": (429, "http_request_denied"),
     "bad_request": (400, "http_request_error"),
@@ -104,6 +108,16 @@ class Refusal(Exception):
         return status_of(self.code)
 
 
+class MessageRefused(Exception):
+    """One WebSocket message refused (audited) while its session goes on: the engine
+    drops the message and sends ``reply`` (the provider's error event) to the client."""
+
+    def __init__(self, refusal: Refusal, reply: bytes) -> None:
+        super().__init__(refusal.code)
+        self.refusal = refusal
+        self.reply = reply
+
+
 GATEWAY_ERROR = Refusal(
     "gateway_error",
     "the gateway failed while checking this request and refused it (fail closed); "
@@ -145,17 +159,10 @@ def _sf_string(text: str) -> str:
 def _body(refusal: Refusal, status: int, shape: str | None) -> bytes:
     message = f"{refusal.code}: {refusal.reason} ({AGENT_HINT})"
     if shape == "openai":
-        kind = ("invalid_request_error" if status == 400 else
-                "authentication_error" if status in (401, 407) else
-                "rate_limit_error" if status == 429 else
-                "api_error" if status >= 500 else "permission_error")
-        doc: object = {"error": {"message": message, "type": kind, "code": refusal.code,
-                                 "param": None, "rule": refusal.rule}}
+        doc: object = {"error": {"message": message, "type": _error_type(status),
+                                 "code": refusal.code, "param": None, "rule": refusal.rule}}
     elif shape == "anthropic":
-        kind = ("invalid_request_error" if status == 400 else
-                "authentication_error" if status in (401, 407) else
-                "rate_limit_error" if status == 429 else
-                "api_error" if status >= 500 else "permission_error")
+        kind = _error_type(status)
         doc = {"type": "error", "error": {"type": kind, "message": message,
                                           "code": refusal.code, "rule": refusal.rule}}
     elif shape == "gemini":
@@ -169,6 +176,33 @@ def _body(refusal: Refusal, status: int, shape: str | None) -> bytes:
         doc = {"error": refusal.code, "reason": refusal.reason, "rule": refusal.rule,
                "hint": AGENT_HINT}
     return json.dumps(doc).encode() + b"\n"
+
+
+def _error_type(status: int) -> str:
+    return ("invalid_request_error" if status == 400 else
+            "authentication_error" if status in (401, 407) else
+            "rate_limit_error" if status == 429 else
+            "api_error" if status >= 500 else "permission_error")
+
+
+def ws_error(refusal: Refusal, session: str, *, event_id: str = "",
+             stream_id: str | None = None) -> bytes:
+    """A refused WebSocket message answered as the provider's own error event, which the
+    SDKs and agents show: a Realtime session's (``error`` with an ``event_id``) or the
+    Responses API's over WebSocket (``error`` with the HTTP ``status``)."""
+    message = f"{refusal.code}: {refusal.reason} ({AGENT_HINT})"
+    status = refusal.status
+    error: dict[str, object] = {"type": _error_type(status), "code": refusal.code,
+                                "message": message, "param": None}
+    doc: dict[str, object]
+    if session == "responses_ws":
+        doc = {"type": "error", "status": status, "error": error}
+        if stream_id is not None:
+            doc["stream_id"] = stream_id
+    else:
+        doc = {"type": "error", "event_id": event_id or "event_sandbox_gateway",
+               "error": {**error, "event_id": None}}
+    return json.dumps(doc).encode()
 
 
 def answer(refusal: Refusal, *, shape: str | None = None, close: bool = False) -> Answer:

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from mitmproxy import connection, http
 from mitmproxy.proxy import server_hooks
@@ -35,8 +36,9 @@ class _Use:
 class IdleUpstreams:
     """Tracks, per client connection, HTTP flows in flight; closes idle upstreams."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, proxyserver: Any = None) -> None:
         self.timeout = timeout
+        self.proxyserver = proxyserver  # the gateway's own Proxyserver addon
         self._uses: dict[str, _Use] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -94,4 +96,5 @@ class IdleUpstreams:
             if use.server is None or use.inflight or now - use.last < self.timeout:
                 continue
             server, use.server = use.server, None
-            close_mitmproxy_server(client_id, server)
+            if self.proxyserver is not None:
+                close_mitmproxy_server(self.proxyserver, client_id, server)

@@ -32,11 +32,18 @@ from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers import HttpLayer, TCPLayer, modes
 from mitmproxy.proxy.layers.http import HttpStream
 
-from gateway.core.exchange import Exchange, no_body
+from gateway.core.exchange import BODY_HOLD_LIMIT, Exchange, no_body
 from gateway.core.gate import Client, Gate, Refused
 from gateway.core.messages import Headers, RequestHead, ResponseHead
 from gateway.core.names import DestinationError, normalize_host
-from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal, answer, to_http1
+from gateway.core.refusal import (
+    GATEWAY_ERROR,
+    Answer,
+    MessageRefused,
+    Refusal,
+    answer,
+    to_http1,
+)
 from gateway.engines import patches
 from gateway.engines.first_bytes import FirstBytes, classify
 from gateway.engines.patches import TRAILERS_UNSUPPORTED
@@ -47,7 +54,8 @@ log = logging.getLogger("sandbox_gateway")
 EXCHANGE = "sandbox_gateway.exchange"
 REFUSED_MARK = f"refused [{secrets.token_hex(8)}]: "  # our server_connect refusals
 BACKSTOP_MARK = "[Errno 13] sandbox-gateway refused"
-BUFFER_LIMIT = 1024 * 1024  # mitmproxy's stream_large_bodies: larger bodies stream
+STREAM_LARGE_BODIES = BODY_HOLD_LIMIT  # mitmproxy buffers bodies up to this itself;
+# the adapter streams (and scans chunk by chunk) anything over an exchange's hold limit
 ANSWERED = "sandbox_gateway.answered"
 
 
@@ -171,6 +179,7 @@ class Adapter(NextLayer):
         self.handoffs = handoffs
         self.clients: dict[str, Client] = {}
         self.exchanges: set[Exchange] = set()  # in flight (what a drain waits for)
+        self.proxyserver: Any = None  # mitmproxy's Proxyserver addon (injects messages)
 
     def in_flight(self) -> int:
         self.exchanges = {ex for ex in self.exchanges if not ex.done}
@@ -319,33 +328,42 @@ class Adapter(NextLayer):
         req.path = ex.head.target
         if not h2:
             req.authority = ""  # forwarded origin-form, built from the target
+        # The exchange's hold limit (the core's): a body that ends within it is checked
+        # whole before anything goes out; mitmproxy buffers one of known length itself.
         length = req.headers.get("content-length")
-        if length is None or not length.isdigit() or int(length) > BUFFER_LIMIT:
-            # A request signed over its body (SigV4) with none (HTTP/1, no framing) is
-            # held: `request` signs it. One that would stream cannot be signed: refused.
-            if ex.signing and length is None and not h2 and \
-                    "transfer-encoding" not in req.headers:
-                return
-            try:
-                ex.streaming()
-            except Refusal as refusal:
-                flow.response = to_response(ex.abort(refusal))
-                flow.metadata[ANSWERED] = True
-                return
-            # Of unknown or large size: scanned chunk by chunk as it streams (mitmproxy
-            # would otherwise switch to streaming past 1 MiB after this hook, unscanned).
-            req.stream = _RequestStream(ex, flow)
+        limit = ex.hold_limit
+        if length is not None and length.isdigit() and int(length) <= limit:
+            return  # buffered: `request` checks it whole
+        if length is None and not h2 and "transfer-encoding" not in req.headers:
+            return  # HTTP/1 without framing has no body: `request` admits it
+        # Of unknown size (chunked, HTTP/2 without Content-Length) or over the limit: it
+        # streams. mitmproxy sends the head before the body, so what needs the body
+        # whole (a model in it, metering, a signature over it) is refused here, before
+        # anything goes out: this engine cannot hold a body of unknown size.
+        try:
+            ex.streaming()
+        except Refusal as refusal:
+            flow.response = to_response(ex.abort(refusal))
+            flow.metadata[ANSWERED] = True
+            return
+        # Of unknown or large size: scanned chunk by chunk as it streams (mitmproxy
+        # would otherwise switch to streaming past its own limit after this hook,
+        # unscanned).
+        req.stream = _RequestStream(ex, flow, self.proxyserver)
 
     def _on_request(self, flow: http.HTTPFlow) -> None:
         """A buffered body: checked whole before anything is sent upstream."""
         ex: Exchange | None = flow.metadata.get(EXCHANGE)
-        if ex is None or flow.response is not None or flow.request.stream:
+        if ex is None or flow.response is not None:
             return
+        stream = flow.request.stream
+        if isinstance(stream, _RequestStream) and stream.started:
+            return  # checked chunk by chunk as it streamed
         trailers = flow.request.trailers
         try:
             body = ex.request_whole(flow.request.raw_content or b"",
                                     list(trailers.fields) if trailers else None)
-            if ex.signed:  # signed (SigV4) now that the body is known
+            if ex.head_changed:  # signed (SigV4) now that the body is known
                 flow.request.headers.fields = tuple(ex.head.headers.fields)
             if body != (flow.request.raw_content or b""):
                 flow.request.raw_content = body  # metering asked for usage on a stream
@@ -368,7 +386,7 @@ class Adapter(NextLayer):
         try:
             head = ex.response(head)
         except Refusal as refusal:
-            _abort(flow, ex.abort(refusal))
+            _abort(self.proxyserver, flow, ex.abort(refusal))
             return
         response.headers.fields = tuple(head.headers.fields)
         response.reason = head.reason
@@ -376,7 +394,7 @@ class Adapter(NextLayer):
                 not no_body(flow.request.method, response.status_code) and \
                 not (response.is_http2 or response.is_http3):
             response.headers["transfer-encoding"] = "chunked"
-        response.stream = _ResponseStream(ex, flow)
+        response.stream = _ResponseStream(ex, flow, self.proxyserver)
 
     def _on_response(self, flow: http.HTTPFlow) -> None:
         ex: Exchange | None = flow.metadata.get(EXCHANGE)
@@ -401,12 +419,19 @@ class Adapter(NextLayer):
         assert flow.websocket is not None
         ex: Exchange | None = flow.metadata.get(EXCHANGE)
         message = flow.websocket.messages[-1]
+        if message.injected:  # our own answer to a refused message (below)
+            flow.websocket.messages.clear()
+            return
         if ex is None or flow.metadata.get(ANSWERED):
             message.drop()  # refused before: mitmproxy may still deliver queued frames
             flow.websocket.messages.clear()
             return
         try:
             message.content = ex.ws_message(message.from_client, message.content)
+        except MessageRefused as refused:  # dropped; the sandbox reads why, goes on
+            message.drop()
+            if self.proxyserver is not None:
+                self.proxyserver.inject_websocket(flow, True, refused.reply)
         except Refusal as refusal:
             message.drop()
             ex.abort(refusal)
@@ -440,13 +465,14 @@ class Adapter(NextLayer):
         pin(pinned)
 
 
-def _abort(flow: http.HTTPFlow, ans: Answer, *, write: bool = True) -> None:
+def _abort(proxyserver: Any, flow: http.HTTPFlow, ans: Answer, *, write: bool = True) -> None:
     """Cut an exchange off mid-way: the client gets the refusal if it can still read an
     HTTP/1 answer, then mitmproxy's connections of this client are closed."""
     flow.metadata[ANSWERED] = True
     h1 = not (flow.request.is_http2 or flow.request.is_http3)
-    patches.close_mitmproxy_connection(flow.client_conn.id,
-                                       to_http1(ans) if write and h1 else None)
+    if proxyserver is not None:
+        patches.close_mitmproxy_connection(proxyserver, flow.client_conn.id,
+                                           to_http1(ans) if write and h1 else None)
     if flow.killable:
         flow.kill()
 
@@ -464,15 +490,18 @@ class _RequestStream:
     """mitmproxy's request stream filter: every body chunk through the exchange; at
     the end the held-back tail and the trailers."""
 
-    __slots__ = ("ex", "flow")
+    __slots__ = ("ex", "flow", "proxyserver", "started")
 
-    def __init__(self, ex: Exchange, flow: http.HTTPFlow) -> None:
+    def __init__(self, ex: Exchange, flow: http.HTTPFlow, proxyserver: Any) -> None:
         self.ex = ex
         self.flow = flow
+        self.proxyserver = proxyserver
+        self.started = False  # a chunk (or the end) went through
 
     def __call__(self, chunk: bytes) -> bytes:
         if self.flow.metadata.get(ANSWERED):
             return b""
+        self.started = True
         try:
             if chunk:
                 return self.ex.request_data(chunk)
@@ -484,18 +513,19 @@ class _RequestStream:
             refusal = exc if isinstance(exc, Refusal) else GATEWAY_ERROR
             if refusal is GATEWAY_ERROR:
                 log.exception("checking a request body failed; refusing (fail closed)")
-            _abort(self.flow, self.ex.abort(refusal))
+            _abort(self.proxyserver, self.flow, self.ex.abort(refusal))
             return b""
 
 
 class _ResponseStream:
     """mitmproxy's response stream filter: redaction and counting by the exchange."""
 
-    __slots__ = ("ex", "flow")
+    __slots__ = ("ex", "flow", "proxyserver")
 
-    def __init__(self, ex: Exchange, flow: http.HTTPFlow) -> None:
+    def __init__(self, ex: Exchange, flow: http.HTTPFlow, proxyserver: Any) -> None:
         self.ex = ex
         self.flow = flow
+        self.proxyserver = proxyserver
 
     def __call__(self, chunk: bytes) -> list[bytes]:
         try:
@@ -504,7 +534,7 @@ class _ResponseStream:
             refusal = exc if isinstance(exc, Refusal) else GATEWAY_ERROR
             if refusal is GATEWAY_ERROR:
                 log.exception("filtering a response failed; cutting it off (fail closed)")
-            _abort(self.flow, self.ex.abort(refusal), write=False)
+            _abort(self.proxyserver, self.flow, self.ex.abort(refusal), write=False)
             return []
         # Never an empty chunk: mitmproxy would send it as the end of a chunked body.
         return [out] if out else []

@@ -162,14 +162,14 @@ def install_error_pages(
     _http2.Http2Connection._handle_event = _h2_handle_event  # type: ignore[method-assign]
 
 
-def close_mitmproxy_connection(client_id: str, write: bytes | None = None) -> bool:
+def close_mitmproxy_connection(proxyserver: Any, client_id: str,
+                               write: bytes | None = None) -> bool:
     """Close mitmproxy's connection of client `client_id` and, through it, everything it
     opened upstream (after writing `write` to the client, e.g. a refusal). False if
-    the connection is gone."""
-    from mitmproxy import ctx
-
-    handler = ctx.master.addons.get("proxyserver").connections.get(  # type: ignore[no-untyped-call]
-        client_id)
+    the connection is gone. `proxyserver` is the gateway's own Proxyserver addon (not
+    `ctx.master`'s: that is the last master built, another gateway's in a process that
+    runs several)."""
+    handler = proxyserver.connections.get(client_id)
     if handler is None:
         return False
     io = handler.transports.get(handler.client)
@@ -180,11 +180,8 @@ def close_mitmproxy_connection(client_id: str, write: bytes | None = None) -> bo
     return True
 
 
-def close_mitmproxy_server(client_id: str, server: object) -> None:
+def close_mitmproxy_server(proxyserver: Any, client_id: str, server: object) -> None:
     """Close one upstream connection mitmproxy holds for client `client_id`."""
-    from mitmproxy import ctx
-
-    handler = ctx.master.addons.get("proxyserver").connections.get(  # type: ignore[no-untyped-call]
-        client_id)
+    handler = proxyserver.connections.get(client_id)
     if handler is not None and server in handler.transports:
         handler.close_connection(server)

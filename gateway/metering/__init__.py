@@ -2,13 +2,14 @@
 
 Pure parts (no I/O): ``endpoints`` (which API a request calls, its model, the
 ``include_usage`` rewrite), ``scan`` (bounded SSE/JSON scanners), ``usage`` (``Meter``),
-``models`` (allowlist decision), ``budgets`` (windows, checks over counters),
-``pricing``. ``ledger`` keeps hourly totals; ``service.Metering`` is the step the
-enforcement core calls (``admit`` before forwarding, ``complete`` after the response).
+``models`` (allowlist decision), ``estimate`` (a call's worst case, reserved against
+budgets), ``budgets`` (windows, checks and reservations over counters), ``pricing``.
+``ledger`` keeps hourly totals; ``service.Metering`` is the step the enforcement core
+calls (``admit`` before forwarding, ``complete`` after the response).
 """
 
 from gateway.metering.budgets import BudgetBook, BudgetExceeded, window_bounds
-from gateway.metering.endpoints import request_model, rewrite_request_body
+from gateway.metering.endpoints import classify, request_model, rewrite_request_body
 from gateway.metering.models import (
     MODEL_BODY_LIMIT,
     ModelRefusal,
@@ -16,17 +17,27 @@ from gateway.metering.models import (
     model_in_body,
 )
 from gateway.metering.pricing import Pricing, PricingError, load_pricing
-from gateway.metering.service import Exchange, Metered, Metering, Refusal, build_metering
+from gateway.metering.service import (
+    RESPONSE_HOLD,
+    Exchange,
+    Metered,
+    Metering,
+    MeteringRefusal,
+    Refusal,
+    build_metering,
+)
 from gateway.metering.usage import Meter, Usage, meter_for
 
 __all__ = [
     "MODEL_BODY_LIMIT",
+    "RESPONSE_HOLD",
     "BudgetBook",
     "BudgetExceeded",
     "Exchange",
     "Meter",
     "Metered",
     "Metering",
+    "MeteringRefusal",
     "ModelRefusal",
     "Pricing",
     "PricingError",
@@ -34,6 +45,7 @@ __all__ = [
     "Usage",
     "build_metering",
     "check_model",
+    "classify",
     "load_pricing",
     "meter_for",
     "model_in_body",

@@ -36,6 +36,7 @@ log = logging.getLogger("sandbox_gateway.metering")
 
 NANO = 1_000_000_000  # cost is counted in nano-USD (integer counters)
 _GRACE = 3600.0  # counters outlive their window by this much (status of the last window)
+_HELD_RETRY = 5.0  # a budget only held by running calls: retry after this many seconds
 LimitKind = Literal["tokens", "requests", "cost_usd"]
 
 
@@ -73,7 +74,9 @@ def _amount(kind: LimitKind, value: float) -> str:
 
 @dataclass(frozen=True, slots=True)
 class BudgetExceeded:
-    """``429 budget_exceeded``: which budget, how much was used of what, when it resets."""
+    """``429 budget_exceeded``: which budget, how much was used of what, when it resets.
+    ``held``: what calls still running have reserved; ``asked``: what this call would
+    reserve (0: the budget is used up whatever the call)."""
 
     budget: Budget
     subject: str
@@ -83,6 +86,9 @@ class BudgetExceeded:
     window_start: float
     resets_at: float
     retry_after: int
+    held: float = 0
+    asked: float = 0
+    window_left: int = 0  # seconds until the window resets (0: retry_after)
     status: int = 429
     code: str = "budget_exceeded"
 
@@ -97,16 +103,53 @@ class BudgetExceeded:
         b = self.budget
         who = (f'sandbox "{self.subject}"' if b.per == "sandbox"
                else f'policy "{self.subject}" (all its sandboxes)')
-        return (
-            f'budget "{b.name}" ({b.source}) is used up for {who}: '
-            f"{_amount(self.kind, self.used)} used of {_amount(self.kind, self.limit)} in the "
-            f"{b.window_text} window from {_iso(self.window_start)}; it resets at "
-            f"{_iso(self.resets_at)} (in {_span(self.retry_after)}); retry then, or ask an "
-            "operator to raise the budget")
+        window = (f"in the {b.window_text} window from {_iso(self.window_start)}; it resets "
+                  f"at {_iso(self.resets_at)} (in {_span(self.window_left or self.retry_after)})")
+        if self.used + self.held >= self.limit or not self.asked:
+            held = (f" and {_amount(self.kind, self.held)} held by calls still running"
+                    if self.held else "")
+            return (f'budget "{b.name}" ({b.source}) is used up for {who}: '
+                    f"{_amount(self.kind, self.used)} used{held} of "
+                    f"{_amount(self.kind, self.limit)} {window}; retry then, or ask an "
+                    "operator to raise the budget")
+        left = self.limit - self.used - self.held
+        held = (f" ({_amount(self.kind, self.held)} more are held by calls still running)"
+                if self.held else "")
+        lower = ("max_tokens (or max_output_tokens)" if self.kind == "tokens"
+                 else "max_tokens or the input")
+        return (f'budget "{b.name}" ({b.source}) has {_amount(self.kind, left)} left for '
+                f"{who}{held}, and this call may use up to {_amount(self.kind, self.asked)} "
+                f"(its output limit plus an input estimate); lower {lower}, or retry "
+                f"once running calls end, or after the budget resets ({window})")
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What one call may use at most: reserved against ``tokens`` and ``cost_usd``
+    budgets when it is admitted, settled to its real use when it ends."""
+
+    tokens: int = 0
+    nano_usd: int = 0  # cost in nano-USD
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A call's reservation as counted: ``(table, subject, expires_at)`` of every budget
+    it counts against, and what was reserved there."""
+
+    places: tuple[tuple[str, str, float], ...]
+    reserved: Reservation
+
+
+_NO_RESERVATION = Reservation()
 
 
 class BudgetBook:
-    """Checks and records budget use in the state store's counters."""
+    """Checks, reserves and records budget use in the state store's counters.
+
+    Fields of a budget window's table, per subject (a sandbox or the policy): ``r``
+    requests, ``t`` tokens and ``c`` nano-USD settled, ``rt`` and ``rc`` tokens and
+    nano-USD reserved by calls still running."""
 
     def __init__(self, counters: Counters, pricing: Pricing | None = None) -> None:
         self.counters = counters
@@ -119,6 +162,13 @@ class BudgetBook:
         return [b for b in policy.budgets if b.applies_to(credential)]
 
     @staticmethod
+    def limits_usage(policy: Policy, credential: str) -> bool:
+        """True if a ``tokens`` or ``cost_usd`` budget of ``policy`` counts calls on
+        ``credential``: their usage must then be read (or the call refused)."""
+        return any((b.tokens is not None or b.cost_usd is not None) and b.applies_to(credential)
+                   for b in policy.budgets)
+
+    @staticmethod
     def _table(policy: str, budget: Budget, start: float) -> str:
         return f"b:{policy}:{budget.name}:{int(start)}"
 
@@ -126,16 +176,26 @@ class BudgetBook:
     def _subject(budget: Budget, sandbox: str, policy: str) -> str:
         return sandbox if budget.per == "sandbox" else policy
 
-    def _used(self, table: str, subject: str) -> dict[LimitKind, float]:
+    def _used(self, table: str, subject: str) -> tuple[dict[LimitKind, float],
+                                                       dict[LimitKind, float]]:
+        """(settled, held): what was used, and what running calls hold."""
         read = self.counters.counter
-        return {"tokens": read(table, "t:" + subject), "requests": read(table, "r:" + subject),
-                "cost_usd": read(table, "c:" + subject) / NANO}
+        used: dict[LimitKind, float] = {
+            "tokens": read(table, "t:" + subject), "requests": read(table, "r:" + subject),
+            "cost_usd": read(table, "c:" + subject) / NANO}
+        held: dict[LimitKind, float] = {
+            "tokens": max(0, read(table, "rt:" + subject)), "requests": 0,
+            "cost_usd": max(0, read(table, "rc:" + subject)) / NANO}
+        return used, held
 
     def check(self, sandbox: str, policy: Policy, credential: str, now: float, *,
+              reserve: Reservation = _NO_RESERVATION,
               open_session: Usage | None = None) -> BudgetExceeded | None:
-        """None if every applicable budget has room; else the used-up one that resets
-        last (the earliest time this request could be allowed).
+        """None if every applicable budget has room for this call; else the one that
+        refuses it and resets last (the earliest time it could be allowed).
 
+        A budget has room when what was used plus what running calls hold plus this
+        call's ``reserve`` stays within each limit (``requests``: one more request).
         ``open_session``: what a session still open (a Realtime WebSocket) has used so
         far, not yet recorded: its tokens and cost count on top of the recorded use, and
         ``requests`` limits do not apply (the session was counted when admitted)."""
@@ -145,12 +205,14 @@ class BudgetBook:
             extra_tokens = open_session.tokens
             if any(b.cost_usd is not None for b in policy.budgets):
                 extra_cost = self.cost(open_session) or 0.0
+        asked: dict[LimitKind, float] = {"tokens": reserve.tokens, "requests": 1,
+                                         "cost_usd": reserve.nano_usd / NANO}
         for budget in policy.budgets:
             if not budget.applies_to(credential):
                 continue
             start, end = window_bounds(budget.window, now)
             subject = self._subject(budget, sandbox, policy.name)
-            used = self._used(self._table(policy.name, budget, start), subject)
+            used, held = self._used(self._table(policy.name, budget, start), subject)
             limits: tuple[tuple[LimitKind, float | None], ...] = (
                 ("tokens", budget.tokens), ("requests", budget.requests),
                 ("cost_usd", budget.cost_usd))
@@ -159,11 +221,22 @@ class BudgetBook:
                 used["cost_usd"] += extra_cost
                 limits = (limits[0], limits[2])
             for kind, limit in limits:
-                if limit is None or used[kind] < limit:
+                if limit is None:
                     continue
-                if worst is None or end > worst.resets_at:
+                if kind == "requests":
+                    if used[kind] < limit:
+                        continue
+                elif used[kind] + held[kind] + asked[kind] <= limit and \
+                        used[kind] + held[kind] < limit:
+                    continue
+                resets = end
+                if held[kind] and used[kind] + asked[kind] <= limit:
+                    resets = min(end, now + _HELD_RETRY)  # room again once calls settle
+                if worst is None or math.ceil(resets - now) > worst.retry_after:
                     worst = BudgetExceeded(budget, subject, kind, used[kind], limit, start,
-                                           end, max(1, math.ceil(end - now)))
+                                           end, max(1, math.ceil(resets - now)), held[kind],
+                                           asked[kind] if kind != "requests" else 0,
+                                           max(1, math.ceil(end - now)))
                 break
         return worst
 
@@ -180,23 +253,68 @@ class BudgetBook:
                         usage.model, self.pricing.source)
         return cost
 
-    def admitted(self, sandbox: str, policy: Policy, credential: str, now: float) -> None:
-        """Count an admitted request against every applicable budget at once, before it
-        is forwarded: a burst of parallel calls meets a `requests` limit without waiting
-        for any of them to complete (token and cost use is known only afterwards)."""
-        increments = []
+    def reservation(self, policy: Policy, credential: str, model: str | None,
+                    input_tokens: int, output_tokens: int) -> Reservation | str:
+        """The reservation of a call that may use ``input_tokens`` + ``output_tokens``
+        (its cost at the model's prices), or why it cannot be priced (a ``cost_usd``
+        budget and a model without a price: the call cannot be counted)."""
+        nano = 0
+        if any(b.cost_usd is not None and b.applies_to(credential) for b in policy.budgets):
+            if self.pricing is None:
+                return ("metering.pricing is not configured, so a cost_usd budget cannot "
+                        "count this call; set metering.pricing in the gateway config")
+            if self.pricing.price(model) is None:
+                return (f'model "{(model or "unknown")[:100]}" has no price in '
+                        f"{self.pricing.source}, so a cost_usd budget cannot count this "
+                        "call; add the model to the pricing file")
+            cost = self.pricing.cost(Usage(model, input_tokens, output_tokens)) \
+                if self.pricing is not None else None
+            nano = round((cost or 0.0) * NANO)
+        return Reservation(input_tokens + output_tokens, nano)
+
+    def admitted(self, sandbox: str, policy: Policy, credential: str, now: float,
+                 reserve: Reservation = _NO_RESERVATION) -> Hold | None:
+        """Count an admitted call against every applicable budget at once, before it is
+        forwarded: one request, and its reservation held until ``settle``. A burst of
+        parallel calls meets every limit without waiting for any of them to complete."""
+        places: list[tuple[str, str, float]] = []
+        increments: list[Increment] = []
         for budget in self.applicable(policy, credential):
             start, end = window_bounds(budget.window, now)
-            increments.append((self._table(policy.name, budget, start),
-                               "r:" + self._subject(budget, sandbox, policy.name),
-                               1, end + _GRACE))
+            table = self._table(policy.name, budget, start)
+            subject = self._subject(budget, sandbox, policy.name)
+            expires = end + _GRACE
+            places.append((table, subject, expires))
+            increments.append((table, "r:" + subject, 1, expires))
+            if reserve.tokens:
+                increments.append((table, "rt:" + subject, reserve.tokens, expires))
+            if reserve.nano_usd:
+                increments.append((table, "rc:" + subject, reserve.nano_usd, expires))
+        if increments:
+            self.counters.count(increments)
+        return Hold(tuple(places), reserve) if places else None
+
+    def settle(self, hold: Hold, tokens: int, nano_usd: int) -> None:
+        """A held call ended: its reservation is released and what it used counted, in
+        the windows it was admitted in."""
+        increments: list[Increment] = []
+        reserved = hold.reserved
+        for table, subject, expires in hold.places:
+            if tokens:
+                increments.append((table, "t:" + subject, tokens, expires))
+            if nano_usd:
+                increments.append((table, "c:" + subject, nano_usd, expires))
+            if reserved.tokens:
+                increments.append((table, "rt:" + subject, -reserved.tokens, expires))
+            if reserved.nano_usd:
+                increments.append((table, "rc:" + subject, -reserved.nano_usd, expires))
         if increments:
             self.counters.count(increments)
 
     def record(self, sandbox: str, policy: Policy, credential: str, usage: Usage,
                now: float) -> None:
-        """Count one completed exchange's tokens and cost against every applicable
-        budget (its request was counted when it was admitted)."""
+        """Count what a call used that reserved nothing (a response a Realtime session
+        made on its own) against every applicable budget."""
         budgets = self.applicable(policy, credential)
         if not budgets:
             return
@@ -233,14 +351,18 @@ class BudgetBook:
             used = {"tokens": fields.get("t:" + subject, 0),
                     "requests": fields.get("r:" + subject, 0),
                     "cost_usd": fields.get("c:" + subject, 0) / NANO}
+            reserved = {"tokens": max(0, fields.get("rt:" + subject, 0)),
+                        "cost_usd": max(0, fields.get("rc:" + subject, 0)) / NANO}
             limits = {"tokens": budget.tokens, "requests": budget.requests,
                       "cost_usd": budget.cost_usd}
-            exceeded = any(v is not None and used[k] >= v for k, v in limits.items())
+            exceeded = any(v is not None and used[k] + reserved.get(k, 0) >= v
+                           for k, v in limits.items())
             out.append({
                 "policy": policy.name, "budget": budget.name, "source": budget.source,
                 "per": budget.per, "subject": subject, "window": budget.window_text,
                 "window_start": _iso(start), "resets_at": _iso(end),
-                "used": used, "limits": {k: v for k, v in limits.items() if v is not None},
+                "used": used, "settled": used, "reserved": reserved,
+                "limits": {k: v for k, v in limits.items() if v is not None},
                 "exceeded": exceeded,
             })
         return out
@@ -251,6 +373,6 @@ def budget_problems(policies: Sequence[Policy], pricing: Pricing | None) -> list
     if pricing is not None:
         return []
     return [f'{b.source}: budget "{b.name}" sets cost_usd but metering.pricing is not '
-            "configured, so costs are unknown and the limit never applies; set "
-            "metering.pricing in the gateway config"
+            "configured, so costs are unknown and every inference call it counts is "
+            "refused (metering_unavailable); set metering.pricing in the gateway config"
             for p in policies for b in p.budgets if b.cost_usd is not None and b.policy == p.name]

@@ -1,24 +1,36 @@
 """Which inference API a request calls, and which model it names (pure, no I/O).
 
+Every check reads the path once, as the provider's router does (``route``: the policy's
+normalised path, escapes decoded, repeated and trailing slashes dropped), so no other
+spelling of an endpoint is a way around the meter, the usage option or the allowlist.
 Classification is by method and path, not by preset: the endpoints of the providers
 are distinct, and a custom credential (no preset) on an OpenAI-compatible host is
-metered the same way. Only POSTs are inference calls; ``GET /v1/responses/{id}``
-(retrieval) and the like are not.
+metered the same way. ``classify`` sorts a request into one of these kinds:
 
-* ``openai`` format: a path ending in ``/chat/completions``, ``/completions``,
-  ``/embeddings`` or ``/responses`` (OpenAI ``/v1/...``, Azure
-  ``/openai/deployments/{d}/...`` and ``/openai/v1/...``, Mistral ``/v1/fim/completions``,
-  Groq ``/openai/v1/...``, OpenRouter ``/api/v1/...``, Hugging Face's router);
-* ``anthropic`` format: ``.../v1/messages``, and Claude on Vertex AI
-  (``.../publishers/anthropic/models/{m}:rawPredict|streamRawPredict``);
-* ``gemini`` format: ``.../models/{m}:generateContent|streamGenerateContent`` (Gemini API
-  and Vertex AI ``publishers/google``), ``tunedModels/{m}:...`` too;
-* ``realtime`` format: ``GET .../realtime`` (OpenAI ``/v1/realtime``, Azure OpenAI
-  ``/openai/realtime`` and ``/openai/v1/realtime``), the WebSocket of a Realtime session,
-  metered from its server events.
+* ``inference``: usage is read from the response (``format`` says how):
+  ``openai`` (``.../chat/completions``, ``/completions``, ``/embeddings``,
+  ``/responses``, ``/responses/compact``: OpenAI, Azure ``/openai/deployments/{d}/...``
+  and ``/openai/v1/...``, Mistral, Groq, OpenRouter, Hugging Face's router),
+  ``anthropic`` (``.../v1/messages``; Claude on Vertex AI ``:rawPredict``), ``gemini``
+  (``models/{m}:generateContent|streamGenerateContent``, Vertex ``publishers/google``,
+  ``tunedModels``), ``bedrock`` (``/model/{id}/converse`` and ``/invoke``);
+* ``session``: a WebSocket of many calls, metered from its events: ``realtime`` (OpenAI
+  ``GET /v1/realtime``, Azure ``/openai/realtime``, ``/openai/v1/realtime``) and
+  ``responses_ws`` (the Responses API over WebSocket, ``GET /v1/responses``);
+* ``deferred``: work whose usage is known only later (OpenAI Batch, Anthropic Message
+  Batches, Gemini batches; ``POST /v1/responses`` with ``"background": true`` is decided
+  on its body by the metering step);
+* ``retrieval``: where that usage is read (``GET /v1/responses/{id}``, ``GET
+  /v1/batches/{id}``, ``GET /v1/messages/batches/{id}/results``);
+* ``minted``: the provider mints a secret for the sandbox (OpenAI Realtime client
+  secrets and sessions, ChatKit sessions, Gemini ephemeral auth tokens);
+* ``unmetered``: inference the gateway cannot read usage of (images, audio, video,
+  fine-tuning, Assistants runs, WebRTC calls, streamed Bedrock, Gemini embeddings,
+  predict and Live sessions).
 
-The model a request names is the path's (Gemini/Vertex model, Azure deployment, Bedrock
-model id) when there is one, else the JSON body's ``model``.
+Everything else (``GET /v1/models``, ``/v1/files``, ``count_tokens``...) is not
+inference. The model a request names is the path's (Gemini/Vertex model, Azure
+deployment, Bedrock model id) when there is one, else the JSON body's ``model``.
 """
 
 from __future__ import annotations
@@ -31,34 +43,41 @@ from typing import Any, Literal
 from urllib.parse import unquote
 
 from gateway.metering.jsondoc import document
+from gateway.policy.paths import normalize_path
 
 __all__ = [
     "Body",
     "Endpoint",
     "Format",
+    "Kind",
     "PathModel",
     "RequestBody",
     "body_json",
     "classify",
+    "field_of",
     "json_body",
     "path_model",
     "raw_body",
     "request_model",
     "rewrite_request_body",
+    "route",
+    "stream_usage",
 ]
 
-Format = Literal["openai", "anthropic", "gemini", "realtime"]
+Format = Literal["openai", "anthropic", "gemini", "bedrock", "realtime", "responses_ws",
+                 "jsonl"]
+Kind = Literal["inference", "session", "deferred", "retrieval", "minted", "unmetered"]
 
-_OPENAI_SUFFIXES = ("/chat/completions", "/completions", "/embeddings", "/responses")
+_OPENAI_SUFFIXES = ("/chat/completions", "/completions", "/embeddings", "/responses",
+                    "/responses/compact")
 _STREAM_USAGE_SUFFIXES = ("/chat/completions", "/completions")
 _ANTHROPIC_VERTEX = re.compile(r"/publishers/anthropic/models/([^/:]+):(?:stream)?[rR]awPredict$")
-_GEMINI = re.compile(
-    r"(?:^|/)(models|tunedModels)/([^/:]+):"
-    r"(generateContent|streamGenerateContent|countTokens|embedContent|batchEmbedContents)$"
-)
+_GEMINI = re.compile(r"(?:^|/)(models|tunedModels)/([^/:]+):([A-Za-z]+)$")
 _GEMINI_METERED = ("generateContent", "streamGenerateContent")
+_GEMINI_FREE = ("countTokens", "computeTokens", "get")
+_GEMINI_DEFERRED = ("batchGenerateContent", "asyncBatchEmbedContent")
 _AZURE_DEPLOYMENT = re.compile(r"^/openai/deployments/([^/]+)/")
-_BEDROCK = re.compile(r"^/model/([^/]+)/(?:invoke|invoke-with-response-stream|converse|"
+_BEDROCK = re.compile(r"^/model/([^/]+)/(invoke|invoke-with-response-stream|converse|"
                       r"converse-stream)$")
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,199}")
 _SAFE_ARN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+/-]{0,299}")
@@ -78,10 +97,14 @@ class PathModel:
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """An inference endpoint: its response ``format`` and the model in its path, if any."""
+    """What a request calls (see the module docstring): its ``kind``, how its usage is
+    read (``format``, None where it is not read), the model in its path, if any, and
+    ``what`` it is in a reason ("the OpenAI Batch API")."""
 
-    format: Format
+    format: Format | None
     path_model: PathModel | None
+    kind: Kind = "inference"
+    what: str = ""
 
 
 def _split(path: str) -> tuple[str, str]:
@@ -106,9 +129,10 @@ def path_model(path: str) -> PathModel | None:
     """The model named by the path (Gemini/Vertex, Azure deployment, Bedrock), or None.
     A path that names a model only once decoded (``models/x%3AgenerateContent``) names
     one that is not a plain name: an allowlist refuses it."""
-    base, _ = _split(path)
+    base = normalize_path(path)[0]  # (the query stripped, slashes as the router reads them)
     found = _path_model(base)
-    if found is None and "%" in base and _path_model(_route(base)) is not None:
+    if found is None and "%" in base and _path_model(unquote(base, errors="replace")) \
+            is not None:
         return PathModel(None, base)
     return found
 
@@ -150,43 +174,101 @@ def query_models(path: str) -> list[PathModel]:
     return found
 
 
-_SLASHES = re.compile(r"//+")
+@functools.lru_cache(maxsize=4096)
+def route(path: str) -> str:
+    """The path as a provider's router reads it: the policy's normalised path (query
+    stripped, repeated and trailing slashes dropped) with every escape decoded, so
+    ``/v1/chat/completion%73/`` is ``/v1/chat/completions``. The one reading every
+    metering check uses (counting a path the provider then refuses costs one request,
+    no more)."""
+    base = normalize_path(path)[0]
+    return unquote(base, errors="replace") if "%" in base else base
 
 
-def _route(base: str) -> str:
-    """The path as a provider's router sees it: escapes decoded, repeated and trailing
-    slashes dropped, so ``/v1/chat/completion%73/`` is not an unmetered way to the same
-    endpoint (counting a path the provider then refuses costs one request, no more)."""
-    if "%" in base:
-        base = unquote(base, errors="replace")
-    if "//" in base:
-        base = _SLASHES.sub("/", base)
-    return base.rstrip("/") if len(base) > 1 else base
+def _endpoint(kind: Kind, what: str, fmt: Format | None = None,
+              model: PathModel | None = None) -> Endpoint:
+    return Endpoint(fmt, model, kind, what)
 
 
-_REALTIME = Endpoint("realtime", None)
+_REALTIME = _endpoint("session", "a Realtime session", "realtime")
+_RESPONSES_WS = _endpoint("session", "a Responses API WebSocket session", "responses_ws")
+_OPENAI_BATCH = _endpoint("deferred", "the OpenAI Batch API")
+_ANTHROPIC_BATCH = _endpoint("deferred", "Anthropic Message Batches")
+_RESPONSE_GET = _endpoint("retrieval", "a Responses API retrieval", "openai")
+_BATCH_GET = _endpoint("retrieval", "an OpenAI batch retrieval", "openai")
+_ANTHROPIC_RESULTS = _endpoint("retrieval", "Anthropic Message Batch results", "jsonl")
+_MINTED = _endpoint("minted", "a provider-minted secret")
+_ID = r"/[A-Za-z0-9_.:-]+"
+# Inference whose usage the gateway cannot read (no usage in the answer, or not relayed
+# through it): refused on rules that must be metered.
+_UNMETERED = [(re.compile(p + "$"), what) for p, what in (
+    (r"/images/(?:generations|edits|variations)", "image generation"),
+    (r"/audio/(?:speech|transcriptions|translations)", "audio"),
+    (r"/videos(?:/.*)?", "video generation"),
+    (r"/fine_tuning/(?:jobs|alpha/graders/run)", "fine-tuning"),
+    (r"/threads(?:" + _ID + r")?/runs(?:" + _ID + r"/submit_tool_outputs)?",
+     "an Assistants run"),
+    (r"/realtime/calls(?:/.*)?", "a WebRTC Realtime call"),
+    (r"/evals" + _ID + "/runs", "an eval run"),
+    (r"/v1/complete", "Anthropic's legacy Text Completions"),
+)]
+_MINTED_PATHS = re.compile(r"/(?:realtime/(?:client_secrets|sessions|transcription_sessions|"
+                           r"translations/client_secrets)|realtimeapi/sessions|"
+                           r"chatkit/sessions|v1alpha/auth_tokens)$")
 
 
 @functools.lru_cache(maxsize=2048)
 def classify(method: str, path: str) -> Endpoint | None:
-    """The metered endpoint ``method path`` calls, or None (not an inference call)."""
+    """What ``method path`` calls (see the module docstring), or None: not inference."""
     method = method.upper()
-    if method == "GET":  # a Realtime session: the WebSocket upgrade (its model: the query)
-        return _REALTIME if _route(_split(path)[0]).endswith("/realtime") else None
+    base = route(path)
+    if method == "GET":  # WebSocket sessions (their upgrade) and retrievals
+        if base.endswith("/realtime"):
+            return _REALTIME
+        if base.endswith("/responses"):
+            return _RESPONSES_WS
+        if "BidiGenerateContent" in base:
+            return _endpoint("unmetered", "a Gemini Live session")
+        if re.search(r"/responses" + _ID + "$", base):
+            return _RESPONSE_GET
+        if re.search(r"/batches/batch_[A-Za-z0-9_-]+$", base):
+            return _BATCH_GET
+        if re.search(r"/messages/batches" + _ID + "/results$", base):
+            return _ANTHROPIC_RESULTS
+        return None
     if method != "POST":
         return None
-    base = _route(_split(path)[0])
-    if _ANTHROPIC_VERTEX.search(base):
+    m = _ANTHROPIC_VERTEX.search(base)
+    if m:
         return Endpoint("anthropic", path_model(path))
     m = _GEMINI.search(base)
     if m:
-        if m.group(3) not in _GEMINI_METERED:
+        verb = m.group(3)
+        if verb in _GEMINI_METERED:
+            return Endpoint("gemini", path_model(path))
+        if verb in _GEMINI_FREE:
             return None
-        return Endpoint("gemini", path_model(path))
+        if verb in _GEMINI_DEFERRED:
+            return _endpoint("deferred", "the Gemini Batch API", None, path_model(path))
+        return _endpoint("unmetered", f"Gemini's {verb[:40]}", None, path_model(path))
+    m = _BEDROCK.match(base)
+    if m:
+        if m.group(2).endswith("stream"):
+            return _endpoint("unmetered", "a streamed Bedrock call", None, path_model(path))
+        return Endpoint("bedrock", path_model(path))
     if base.endswith("/v1/messages"):
         return Endpoint("anthropic", None)
+    if base.endswith("/messages/batches"):
+        return _ANTHROPIC_BATCH
     if base.endswith(_OPENAI_SUFFIXES):
         return Endpoint("openai", path_model(path))
+    if base.endswith("/batches") and not base.endswith("/file_batches"):
+        return _OPENAI_BATCH
+    if _MINTED_PATHS.search(base):
+        return _MINTED
+    for pattern, what in _UNMETERED:
+        if pattern.search(base):
+            return _endpoint("unmetered", what, None, path_model(path))
     return None
 
 
@@ -201,8 +283,9 @@ _DICTS = json.JSONDecoder()
 
 def body_json(body: bytes) -> dict[str, Any] | None:
     """The top-level fields of ``body``, a JSON object, or None: strict UTF-8, the top
-    level an object, no key repeated there (a provider could read the other copy). A
-    field whose value is an object holds its (key, value) pairs."""
+    level an object, no key repeated there, not even in another case (``"model"`` and
+    ``"Model"``: a provider could read the other copy). A field whose value is an object
+    holds its (key, value) pairs."""
     if body.lstrip()[:1] != b"{":
         return None
     try:
@@ -210,7 +293,21 @@ def body_json(body: bytes) -> dict[str, Any] | None:
     except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
         return None
     fields = dict(pairs)
-    return fields if len(fields) == len(pairs) else None
+    if len(fields) != len(pairs) or len({k.lower() for k in fields}) != len(fields):
+        return None
+    return fields
+
+
+def field_of(value: Any, key: str) -> Any:
+    """``value[key]`` of a JSON object read as a dict or as (key, value) pairs (how
+    ``body_json`` leaves the objects inside the top level); None if absent."""
+    if isinstance(value, dict):
+        return value.get(key)
+    if isinstance(value, list):
+        for pair in value:
+            if isinstance(pair, list | tuple) and len(pair) == 2 and pair[0] == key:
+                return pair[1]
+    return None
 
 
 class RequestBody:
@@ -257,25 +354,57 @@ def request_model(preset: str | None, path: str, body: Body | None) -> str | Non
     return model if isinstance(model, str) else None
 
 
-def _wants_stream_usage(preset: str | None, path: str) -> bool:
-    base, query = _split(path)
-    if not base.endswith(_STREAM_USAGE_SUFFIXES):
-        return False
-    if preset == "openai":
-        return True
-    if preset == "azure-openai":
-        if base.startswith("/openai/v1/"):
-            return True
-        m = _API_VERSION.search(query)
-        return m is not None and m.group(1) >= _AZURE_STREAM_OPTIONS_SINCE
-    return False
+# Providers whose OpenAI-shaped streams end with usage whether or not it is asked for.
+_USAGE_ALWAYS = frozenset(("mistral", "groq", "openrouter"))
+# Providers that take `stream_options` (asked for on every streamed call).
+_USAGE_ASKED = frozenset(("openai", "huggingface"))
+
+
+def stream_usage(preset: str | None, path: str, body: Body | None, *,
+                 required: bool = False) -> tuple[bytes | None, str | None]:
+    """How a streamed OpenAI-shaped chat/completions call will carry its usage:
+    ``(body, problem)``. ``body`` is the request body to send instead (usage asked for:
+    ``rewrite_request_body``), or None to send it unchanged; ``problem`` says why the
+    usage cannot be read (only when ``required``: a rule that must be metered).
+
+    Usage is asked for on OpenAI and Hugging Face's router always, on Azure OpenAI from
+    api-version 2024-09-01 (and its ``/openai/v1`` API); Mistral, Groq and OpenRouter
+    stream it unasked; on other hosts (a custom OpenAI-compatible API) it is asked for
+    only where it is required. Anthropic, Gemini and the Responses API always stream it.
+    """
+    base = route(path)
+    if not base.endswith(_STREAM_USAGE_SUFFIXES) or preset in _USAGE_ALWAYS:
+        return None, None
+    raw = raw_body(body)
+    data = json_body(body) if body is not None and raw else None
+    if data is None or data.get("stream") is not True:
+        return None, None
+    if preset == "azure-openai" and not base.startswith("/openai/v1/"):
+        m = _API_VERSION.search(path.partition("?")[2])
+        if m is None or m.group(1) < _AZURE_STREAM_OPTIONS_SINCE:
+            version = m.group(1) if m else "none"
+            problem = (f"a streamed call with api-version {version} cannot report its usage "
+                       f"(Azure OpenAI takes stream_options from api-version "
+                       f"{_AZURE_STREAM_OPTIONS_SINCE}); use api-version "
+                       f"{_AZURE_STREAM_OPTIONS_SINCE} or later, or call without stream")
+            return None, problem if required else None
+    elif preset not in _USAGE_ASKED and not required and preset != "azure-openai":
+        return None, None
+    assert raw is not None
+    return _ask_usage(raw, data), None
 
 
 def rewrite_request_body(preset: str | None, path: str, body: Body | None) -> bytes | None:
-    """Add ``"stream_options": {"include_usage": true}`` to an OpenAI (or recent Azure
-    OpenAI) streaming chat/completions request that has no ``stream_options`` (or set
-    ``include_usage`` in the one it has), so the stream ends with a usage chunk the
-    meter can count. None = leave the body as is.
+    """The body to send instead of ``body`` (None: unchanged) on a rule that need not be
+    metered: ``stream_usage`` without its problem."""
+    return stream_usage(preset, path, body)[0]
+
+
+def _ask_usage(raw: bytes, data: dict[str, Any]) -> bytes | None:
+    """Add ``"stream_options": {"include_usage": true}`` to a streamed request (``data``
+    its top-level fields) that has no ``stream_options`` (or set ``include_usage`` in the
+    one it has), so the stream ends with a usage chunk the meter can count. None: it
+    already asks.
 
     Without ``stream_options`` the key is inserted as text right after the opening brace:
     every other byte of the body stays as the client sent it (with one, the body is
@@ -283,13 +412,6 @@ def rewrite_request_body(preset: str | None, path: str, body: Body | None) -> by
     then receives one more SSE chunk (``"choices": [], "usage": {...}``) before
     ``[DONE]``; the official SDKs handle it.
     """
-    raw = raw_body(body)
-    if not raw or not _wants_stream_usage(preset, path):
-        return None
-    assert body is not None
-    data = json_body(body)
-    if data is None or data.get("stream") is not True:
-        return None
     if "stream_options" in data:
         whole = document(raw, _DICTS)  # (it parsed as _PAIRS: it parses)
         options = whole["stream_options"]
@@ -304,6 +426,5 @@ def rewrite_request_body(preset: str | None, path: str, body: Body | None) -> by
         # Re-encoded, the body has no repeated key left for the provider to read.
         return json.dumps({**whole, "stream_options": {**options, "include_usage": True}},
                           ensure_ascii=False).encode()
-    body = raw
-    start = body.index(b"{")  # the JSON object parsed, so its opening brace exists
-    return body[: start + 1] + b'"stream_options":{"include_usage":true},' + body[start + 1:]
+    start = raw.index(b"{")  # the JSON object parsed, so its opening brace exists
+    return raw[: start + 1] + b'"stream_options":{"include_usage":true},' + raw[start + 1:]

@@ -19,7 +19,14 @@ import re
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from gateway.metering.endpoints import Body, json_body, path_model, query_models, raw_body
+from gateway.metering.endpoints import (
+    Body,
+    field_of,
+    json_body,
+    path_model,
+    query_models,
+    raw_body,
+)
 from gateway.policy.model import Rule
 
 __all__ = ["MODEL_BODY_LIMIT", "ModelNames", "ModelRefusal", "check_model", "model_in_body"]
@@ -99,6 +106,8 @@ def check_model(rule: Rule, method: str, path: str,
                 f"cannot be checked against {where}; send a JSON body with one \"model\"",
                 None, rule.source)
         value = data.get("model")
+        if value is None:  # a Realtime client secret names the model of its session
+            value = field_of(data.get("session"), "model")
         if not isinstance(value, str):
             return ModelRefusal(
                 f'the request names no "model", which {where} requires; add "model" to '

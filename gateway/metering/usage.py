@@ -30,15 +30,16 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from gateway.metering.endpoints import Body, Format, classify, request_model
 from gateway.metering.jsondoc import document
 from gateway.metering.scan import ArrayScanner, Capture, SseScanner, salvage
 
-__all__ = ["HOLD", "JSON_CAP", "Meter", "RealtimeMeter", "Usage", "meter_for"]
+__all__ = ["HOLD", "JSON_CAP", "JsonlMeter", "Meter", "RealtimeMeter", "SessionMeter", "Usage",
+           "meter_for"]
 
 JSON_CAP = 1 << 20
 """Largest JSON body (or SSE line, or array element) kept whole for metering."""
@@ -48,6 +49,8 @@ HOLD = 16 << 10
 
 log = logging.getLogger("sandbox_gateway.metering")
 _DECODER = json.JSONDecoder()
+_BEDROCK_HEADERS = {"x-amzn-bedrock-input-token-count": "inputTokens",
+                    "x-amzn-bedrock-output-token-count": "outputTokens"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +106,7 @@ def _fields(doc: Mapping[str, Any], fmt: Format) -> tuple[str | None, dict[str, 
     target: Any = doc
     if fmt == "anthropic" and isinstance(doc.get("message"), dict):
         target = doc["message"]  # message_start
-    elif fmt == "openai" and isinstance(doc.get("response"), dict):
+    elif fmt in ("openai", "responses_ws") and isinstance(doc.get("response"), dict):
         target = doc["response"]  # Responses API stream events
     usage = target.get("usage")
     if not isinstance(usage, dict):
@@ -132,6 +135,14 @@ def _normalise(fmt: Format, raw: Mapping[str, int], model: str | None) -> Usage:
             raw["candidatesTokenCount"] + raw["thoughtsTokenCount"],
             raw["cachedContentTokenCount"],
         )
+    if fmt == "bedrock":
+        if "inputTokens" in raw or "outputTokens" in raw:  # Converse
+            read = raw.get("cacheReadInputTokens")
+            given = raw.get("inputTokens")
+            total_in = None if given is None else (
+                given + (read or 0) + raw.get("cacheWriteInputTokens", 0))
+            return Usage(model, total_in, raw.get("outputTokens"), read)
+        fmt = "anthropic"  # Claude through InvokeModel: the Messages API's body
     if fmt == "anthropic":
         base = raw.get("input_tokens")
         created = raw.get("cache_creation_input_tokens", 0)
@@ -170,6 +181,16 @@ class Meter:
         self._broken = False
         self._held: list[bytes] = []  # chunks not scanned yet: up to HOLD bytes
         self._held_size = 0
+
+    def head(self, header: Callable[[str], str | None]) -> None:
+        """The response's headers (``header(name)``: a field's value, or None): Bedrock's
+        InvokeModel reports its token counts there, for every model."""
+        if self.format != "bedrock":
+            return
+        for name, key in _BEDROCK_HEADERS.items():
+            value = (header(name) or "").strip()
+            if value.isdigit():
+                self._raw.setdefault(key, int(value))
 
     def feed(self, chunk: bytes) -> None:
         """One response body chunk, as relayed (any split). Chunks are scanned in runs
@@ -241,47 +262,72 @@ class Meter:
             return Usage(self.request_model)
 
 
-class RealtimeMeter(Meter):
-    """Reads the usage of a Realtime session from its server events, one WebSocket
-    message each (``feed`` takes whole messages). Every ``response.done`` carries the
-    usage of that one response, so they add up; the model is the session's
-    (``session.created`` / ``session.updated``), else the one the request named."""
+class SessionMeter(Meter):
+    """Reads the usage of a WebSocket session from its server events, one message each
+    (``feed`` takes whole messages): a Realtime session (every ``response.done`` carries
+    the usage of that one response) or the Responses API over WebSocket
+    (``response.completed``, ``response.incomplete``, ``response.failed``). The
+    responses add up; ``event`` also returns each one's own usage as it ends. The model
+    is the session's (``session.created`` / ``session.updated``) or the response's,
+    else the one the request named."""
 
     __slots__ = ("_responses", "_sums")
 
-    def __init__(self, request_model: str | None = None) -> None:
-        super().__init__("realtime", request_model)
+    _DONE: ClassVar[dict[str, tuple[bytes, ...]]] = {
+        "realtime": (b'"response.done"',),
+        "responses_ws": (b'"response.completed"', b'"response.incomplete"',
+                         b'"response.failed"')}
+
+    def __init__(self, fmt: Format = "realtime", request_model: str | None = None) -> None:
+        super().__init__(fmt, request_model)
         self._sums = [0, 0, 0]  # input, output, cached input
         self._responses = 0
 
     def feed(self, chunk: bytes) -> None:
         """One server event (a whole WebSocket message)."""
-        if self._broken or not (b'"response.done"' in chunk or b'"session.' in chunk):
-            return
+        self.event(chunk)
+
+    def event(self, chunk: bytes) -> Usage | None:
+        """One server event; the usage of the response it ends, if it ends one."""
+        if self._broken or not (any(m in chunk for m in self._DONE[self.format])
+                                or b'"session.' in chunk):
+            return None
         try:
             try:
                 doc = document(chunk, _DECODER)
             except ValueError:  # not a JSON event: nothing to read in it
-                return
+                return None
             kind = doc.get("type") if isinstance(doc, dict) else None
             if kind in ("session.created", "session.updated"):
                 session = doc.get("session")
                 model = _model(session.get("model")) if isinstance(session, dict) else None
                 if model is not None:
                     self._model = model
-            elif kind == "response.done":
-                response = doc.get("response")
-                usage = response.get("usage") if isinstance(response, dict) else None
-                if isinstance(usage, dict):
-                    details = usage.get("input_token_details")
-                    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
-                    for i, value in enumerate((usage.get("input_tokens"),
-                                               usage.get("output_tokens"), cached)):
-                        self._sums[i] += _int(value) or 0
-                    self._responses += 1
+                return None
+            if not isinstance(kind, str) or kind.encode() not in {
+                    m.strip(b'"') for m in self._DONE[self.format]}:
+                return None
+            response = doc.get("response")
+            if not isinstance(response, dict):
+                return None
+            model = _model(response.get("model")) or self._model or self.request_model
+            usage = response.get("usage")
+            if not isinstance(usage, dict):
+                return Usage(model)
+            details = usage.get("input_token_details", usage.get("input_tokens_details"))
+            cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+            counts = [_int(usage.get("input_tokens")), _int(usage.get("output_tokens")),
+                      _int(cached)]
+            for i, value in enumerate(counts):
+                self._sums[i] += value or 0
+            self._responses += 1
+            if self._model is None and model is not None:
+                self._model = model
+            return Usage(model, counts[0], counts[1], counts[2])
         except Exception:  # (RecursionError...) a metering bug must never break the relay
-            log.exception("metering: cannot read a Realtime server event")
+            log.exception("metering: cannot read a session's server event")
             self._broken = True
+            return None
 
     def so_far(self) -> Usage:
         """The usage of the responses done so far (unknown if none reported usage)."""
@@ -296,13 +342,85 @@ class RealtimeMeter(Meter):
         return self.so_far()
 
 
+class RealtimeMeter(SessionMeter):
+    """A Realtime session's meter (``SessionMeter`` for the ``realtime`` format)."""
+
+    __slots__ = ()
+
+    def __init__(self, request_model: str | None = None) -> None:
+        super().__init__("realtime", request_model)
+
+
+class JsonlMeter(Meter):
+    """Reads Anthropic Message Batch results: one JSON line per request, each a
+    ``result`` whose ``message`` has its usage. Lines add up, per model (``by_model``);
+    a line longer than ``JSON_CAP`` is skipped (no request's answer is that long)."""
+
+    __slots__ = ("_line", "_models", "_skip")
+
+    def __init__(self) -> None:
+        super().__init__("anthropic")
+        self._line = b""
+        self._skip = False  # inside a line longer than the cap: dropped to its end
+        self._models: dict[str, list[int]] = {}
+
+    def feed(self, chunk: bytes) -> None:
+        if not chunk:
+            return
+        lines = (self._line + chunk).split(b"\n")
+        self._line = lines.pop()
+        for line in lines:
+            if not self._skip:
+                self._take_line(line)
+            self._skip = False
+        if len(self._line) > self.cap:
+            self._line, self._skip = b"", True
+
+    def _take_line(self, line: bytes) -> None:
+        if not line.strip():
+            return
+        try:
+            doc = document(line, _DECODER)
+        except ValueError:
+            return
+        result = doc.get("result") if isinstance(doc, dict) else None
+        message = result.get("message") if isinstance(result, dict) else None
+        if not isinstance(message, dict) or not isinstance(message.get("usage"), dict):
+            return
+        model, counts = _fields(message, "anthropic")
+        usage = _normalise("anthropic", counts, model)
+        sums = self._models.setdefault(model or "", [0, 0, 0])
+        for i, value in enumerate((usage.input_tokens, usage.output_tokens,
+                                   usage.cached_input_tokens)):
+            sums[i] += value or 0
+
+    def by_model(self) -> dict[str | None, Usage]:
+        """The usage of every model the results name."""
+        return {m or None: Usage(m or None, *sums) for m, sums in self._models.items()}
+
+    def finish(self, status: int) -> Usage:
+        del status
+        if self._line and not self._skip:
+            self._take_line(self._line)
+            self._line = b""
+        found = self.by_model()
+        if not found:
+            return Usage(None)
+        models = {u.model for u in found.values()}
+        totals = [sum(getattr(u, f) or 0 for u in found.values())
+                  for f in ("input_tokens", "output_tokens", "cached_input_tokens")]
+        return Usage(models.pop() if len(models) == 1 else None, *totals)
+
+
 def meter_for(preset: str | None, method: str, path: str,
               request_body: Body | None, *, hold: int = HOLD) -> Meter | None:
-    """A Meter for this request's response, or None if it is not an inference call."""
+    """A Meter for this request's response, or None if its usage is not read here."""
     endpoint = classify(method, path)
-    if endpoint is None:
+    if endpoint is None or endpoint.format is None:
         return None
     model = request_model(preset, path, request_body)
-    if endpoint.format == "realtime":
-        return RealtimeMeter(model)
+    if endpoint.format in ("realtime", "responses_ws"):
+        return SessionMeter(endpoint.format, model)
+    if endpoint.format == "jsonl":
+        return JsonlMeter()
     return Meter(endpoint.format, model, hold=hold)

@@ -53,6 +53,7 @@ from gateway.policy.model import (
     BudgetScope,
     Credential,
     Injection,
+    MeteringRule,
     Mode,
     Policy,
     PolicySet,
@@ -73,7 +74,9 @@ __all__ = [
 
 _POLICY_KEYS = ("version", "name", "description", "mode", "extends", "egress", "credentials",
                 "budgets")
-_RULE_KEYS = ("host", "ports", "methods", "paths", "credential", "inspect", "protocol", "models")
+_RULE_KEYS = ("host", "ports", "methods", "paths", "credential", "inspect", "protocol", "models",
+              "metering", "allow_minted_secrets")
+_METERING_KEYS = ("required", "reserve")
 _BUDGET_KEYS = ("name", "per", "window", "tokens", "requests", "cost_usd", "credentials",
                 "description")
 _MIN_WINDOW = 60
@@ -358,6 +361,23 @@ class _Parser:
                     "remove models",
                 )
                 ok = False
+        for key in ("metering", "allow_minted_secrets"):
+            if key not in keys:
+                continue
+            value_node = keys[key][1]
+            if key == "metering":
+                metering = self.parse_metering(file, value_node)
+                ok = ok and metering is not None
+                fields["metering"] = metering
+            else:
+                allow = self.boolean(file, value_node, key)
+                ok = ok and allow is not None
+                fields["allow_minted_secrets"] = bool(allow)
+            if "credential" not in keys:
+                self.err(file, value_node, f"{key} needs credential: on the same rule (it "
+                         "applies to inference calls the gateway injects a key into); add "
+                         f"credential: or remove {key}")
+                ok = False
         if protocol == "tcp":
             clashing: list[str] = [k for k in ("methods", "paths", "credential", "models")
                                    if k in keys]
@@ -451,6 +471,34 @@ class _Parser:
             elif value not in models:
                 models.append(value)
         return tuple(models) if ok else None
+
+    def parse_metering(self, file: str, node: Node) -> MeteringRule | None:
+        """``metering: required | optional`` or ``{required: bool, reserve: tokens}``."""
+        if isinstance(node, ScalarNode):
+            value = self.scalar(node)
+            if value in ("required", "optional"):
+                return MeteringRule(required=value == "required")
+            self.err(file, node, f"invalid metering {str(value)[:32]!r}; use required, "
+                     "optional or {required: true, reserve: <output tokens>}")
+            return None
+        keys = self.mapping(file, node, _METERING_KEYS, "metering")
+        if keys is None:
+            return None
+        required: bool | None = True
+        if "required" in keys:
+            required = self.boolean(file, keys["required"][1], "metering.required")
+        reserve: int | None = None
+        if "reserve" in keys:
+            reserve_node = keys["reserve"][1]
+            value = self.scalar(reserve_node) if isinstance(reserve_node, ScalarNode) else None
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                self.err(file, reserve_node, "metering.reserve must be a positive whole number "
+                         "of output tokens (what a call without max_tokens reserves)")
+                return None
+            reserve = value
+        if required is None:
+            return None
+        return MeteringRule(required=required, reserve=reserve)
 
     def parse_budgets(self, file: str, node: Node, policy: _RawPolicy) -> None:
         if isinstance(node, ScalarNode) and self.scalar(node) is None:

@@ -24,6 +24,7 @@ __all__ = [
     "Credential",
     "Decision",
     "Injection",
+    "MeteringRule",
     "Mode",
     "Policy",
     "PolicySet",
@@ -114,6 +115,9 @@ class Rule:
     ``paths`` None mean any. ``source`` is ``file:line``; ``policy`` the name of the
     policy file the rule was written in (differs from the deciding policy with extends).
     ``models`` (credential rules only) is the allowlist of model globs, None = any.
+    ``metering`` (credential rules only, see ``MeteringRule``) and
+    ``allow_minted_secrets``: a provider may mint secrets for the sandbox on this rule
+    (OpenAI Realtime client secrets...), which are then bound like the key.
     """
 
     host: str
@@ -126,6 +130,8 @@ class Rule:
     inspect: bool = False
     protocol: Protocol = "http"
     models: tuple[str, ...] | None = None
+    metering: MeteringRule | None = None
+    allow_minted_secrets: bool = False
     host_pattern: HostPattern = field(init=False, compare=False, repr=False)
     path_set: PathSet | None = field(init=False, compare=False, repr=False)
 
@@ -162,11 +168,28 @@ class Rule:
             parts.append(f"credential: {self.credential}")
         if self.models is not None:
             parts.append("models: " + ", ".join(self.models))
+        if self.metering is not None:
+            parts.append("metering: " + ("required" if self.metering.required else
+                                         "optional") + (f" (reserve {self.metering.reserve})"
+                                                        if self.metering.reserve else ""))
+        if self.allow_minted_secrets:
+            parts.append("allow_minted_secrets: true")
         if self.protocol != "http":
             parts.append(f"protocol: {self.protocol}")
         if self.inspect:
             parts.append("inspect: true")
         return "; ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class MeteringRule:
+    """``metering:`` on a credential rule. ``required``: every inference call on the rule
+    is metered or refused (``metering_unavailable``), as on a rule whose policy has a
+    ``tokens`` or ``cost_usd`` budget. ``reserve``: the output tokens a call that names
+    no maximum (``max_tokens``...) reserves against token budgets while it runs."""
+
+    required: bool = True
+    reserve: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -8,12 +8,16 @@ Pattern syntax (validated at load, compiled once to one regex per rule):
 * ``**`` as a whole segment = any number of segments, including zero
   (``/repos/**`` matches ``/repos``, ``/repos/`` and ``/repos/a/b``).
 
-Request paths are matched after stripping the query string and decoding
-percent-encoded *unreserved* characters (RFC 3986 section 6.2.2.2, so ``%63hat``
-is ``chat``). A path an upstream could interpret as a different path -- ``.``/``..``
-segments (also encoded), encoded separators ``%2f``/``%5c``, backslashes, NUL, or a
-path not starting with ``/`` -- is *suspicious*: it matches no rule at all. So is a
-path hiding a dot segment the way Tomcat, Spring or Jetty would resolve it
+Request paths are matched as a provider's router reads them, one reading for every
+check (``paths`` here, the meter's endpoint classification, the model check): the
+query string stripped, percent-encoded *unreserved* characters decoded (RFC 3986
+section 6.2.2.2, so ``%63hat`` is ``chat``), repeated slashes collapsed and a trailing
+slash dropped (``/v1//chat/completions/`` is ``/v1/chat/completions``). Patterns are
+read the same way (``/simple/`` is ``/simple``). A path an upstream could interpret as
+a different path -- ``.``/``..`` segments (also encoded), encoded separators
+``%2f``/``%5c``, backslashes, NUL, or a path not starting with ``/`` -- is
+*suspicious*: it matches no rule at all. So is a path hiding a dot segment the way
+Tomcat, Spring or Jetty would resolve it
 (`/api/..;/admin`, `..%3b`, `%2e%2e;`, `%u002e`, overlong UTF-8 `%c0%ae`, fullwidth dots).
 """
 
@@ -109,8 +113,9 @@ def compile_paths(patterns: tuple[str, ...] | list[str]) -> PathSet:
 def _compile_paths(patterns: tuple[str, ...]) -> PathSet:
     exact: set[str] = set()
     alternatives: list[str] = []
-    for pattern in patterns:
-        validate_path_pattern(pattern)
+    for written in patterns:
+        validate_path_pattern(written)
+        pattern = _route(written)
         if "*" not in pattern:
             exact.add(pattern)
             continue
@@ -126,11 +131,28 @@ def _decode_unreserved(match: re.Match[str]) -> str:
     return "%" + match.group(1).upper()
 
 
+_SLASHES = re.compile(r"//+")
+
+
+def _route(path: str) -> str:
+    """Repeated slashes collapsed, a trailing slash dropped (the root stays ``/``)."""
+    if "//" in path:
+        path = _SLASHES.sub("/", path)
+    return path[:-1] if len(path) > 1 and path.endswith("/") else path
+
+
+@functools.lru_cache(maxsize=4096)  # agents repeat their paths; the result is immutable
 def normalize_path(raw: str | None) -> tuple[str, str | None]:
-    """Return ``(path, problem)``: the path to match, or a problem that makes it match nothing.
+    """Return ``(path, problem)``: the path as the provider's router reads it (see the
+    module docstring), or a problem that makes it match nothing.
 
     ``problem`` is None for a clean path, else a short phrase for the deny reason.
     """
+    path, problem = _normalize(raw)
+    return (path, problem) if problem is not None else (_route(path), None)
+
+
+def _normalize(raw: str | None) -> tuple[str, str | None]:
     if not raw:
         return "/", None
     path = raw.split("?", 1)[0] if "?" in raw else raw

@@ -67,10 +67,6 @@ def test_text(results: Sequence[CaseResult], files: int) -> str:
             lines.append(file)
         lines.extend(_case_lines(result))
     failed = sum(not r.passed for r in results)
-    unchecked = sum(1 for r in results if r.case.model is not None and not r.model_checked)
-    if unchecked:
-        lines.append(f"note: {unchecked} case(s) set model: recorded, not checked (model "
-                     "allowlists do not exist yet)")
     lines.append(f"{len(results) - failed} passed, {failed} failed "
                  f"({len(results)} cases in {files} file(s))")
     return "\n".join(lines)

@@ -9,39 +9,43 @@ A test file is a mapping with a ``cases`` list::
         url: https://pypi.org/simple/requests/
         expect: allow                   # allow | deny | report
         # optional: error (expected code), rule (expected file:line, or null),
-        #           headers (a map), model (a string)
+        #           headers (a map), model (a string), body (a map: JSON, or a string)
 
-What a case can check is what ``decide`` answers for a method and URL: the result,
-the rule (``file:line``, relative to the policies directory) and the one error
-code a policy decision produces, ``policy_denied``. Codes that come from other
-checks (Host header vs tunnel, resolved address, token scope, key leaks, runtime
-failures) are refused at parse time with the reason, so a test never asserts
+A case is decided by the gateway's own decision code (``gateway.core.evaluate``): the
+policy, the credential's static checks and the metering step over empty counters. So
+it can check the result, the rule (``file:line``, relative to the policies directory)
+and the codes those produce: ``policy_denied``, ``credential_requires_tls``,
+``model_not_allowed``, ``metering_unavailable``, ``minted_secret_refused`` and
+``budget_exceeded`` for a call no budget window can hold even unused. ``model`` is
+added to the JSON ``body`` as its ``"model"``. Codes that come from other checks
+(Host header vs tunnel, resolved address, token scope, key leaks, recorded usage,
+runtime failures) are refused at parse time with the reason, so a test never asserts
 something this runner cannot see. ``policy explain --resolve`` covers destinations.
-
-``headers`` and ``model`` are recorded with the case. ``model`` goes to the
-``ModelCheck`` hook, which model allowlists (rule ``models:``) will fill; until
-then no model is checked, and the results say so.
 
 Pure: parsing takes text, running takes a PolicySet. File discovery is the CLI's.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from gateway.policy.matcher import decide, request_for
-from gateway.policy.model import Decision, Policy, PolicySet, Request
+from gateway.policy.matcher import request_for
+from gateway.policy.model import PolicySet, Request
+
+if TYPE_CHECKING:
+    from gateway.metering import Metering
 
 __all__ = [
+    "CHECKED_CODES",
     "POLICY_DENIED",
     "CaseResult",
-    "ModelCheck",
     "PolicyCase",
     "parse_cases",
     "relative_source",
@@ -65,8 +69,6 @@ UNREACHABLE_CODES: Mapping[str, str] = {
     "credential_not_in_scope": "it depends on the token's scope",
     "auth_required": "it is a token check", "sandbox_mismatch": "it is a token check",
     "unknown_sandbox": "it is a token check",
-    "model_not_allowed": "model allowlists do not exist yet",
-    "budget_exceeded": "it depends on recorded usage",
     "too_many_connections": "it depends on open connections",
     "upstream_failed": "it is a runtime failure", "upstream_timeout": "it is a runtime failure",
     "secret_unavailable": "it is a runtime failure",
@@ -74,17 +76,15 @@ UNREACHABLE_CODES: Mapping[str, str] = {
     "gateway_error": "it is a runtime failure", "bad_request": "it is a runtime failure",
 }
 
+# The codes a case can expect: what the decision code `evaluate` runs can answer.
+CHECKED_CODES = (POLICY_DENIED, "credential_requires_tls", "model_not_allowed",
+                 "metering_unavailable", "minted_secret_refused", "budget_exceeded")
+
 _FILE_KEYS = ("cases", "description")
-_CASE_KEYS = ("name", "policy", "method", "url", "expect", "error", "rule", "headers", "model")
+_CASE_KEYS = ("name", "policy", "method", "url", "expect", "error", "rule", "headers", "model",
+              "body")
 _METHOD = re.compile(r"[A-Za-z][A-Za-z_-]{0,31}")
 _RULE = re.compile(r".+:[0-9]+")
-
-ModelCheck = Callable[[Policy, Request, Decision, str], Decision]
-"""Hook for model allowlists: (policy, request, decision, model) -> decision.
-
-Called for a case that sets ``model`` once model allowlists exist; ``run_cases``
-without one records the model as not checked."""
-
 
 @dataclass(frozen=True, slots=True)
 class PolicyCase:
@@ -102,6 +102,7 @@ class PolicyCase:
     rule: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     model: str | None = None
+    body: bytes | None = None  # the request body the case sends (model added)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +229,8 @@ class _Cases:
             check_rule, rule, ok = self.rule(keys["rule"])
         headers = self.headers(keys["headers"]) if "headers" in keys else {}
         model = self.string(keys["model"], "model") if "model" in keys else None
-        if (error is False or not ok or headers is None
+        body = self.body(keys.get("body"), model)
+        if (error is False or not ok or headers is None or body is False
                 or ("model" in keys and model is None)):
             return None
         return PolicyCase(
@@ -236,8 +238,29 @@ class _Cases:
             expect=expect,
             source=f"{self.file}:{node.start_mark.line + 1}", request=request,
             error=error or None, check_rule=check_rule, rule=rule, headers=headers,
-            model=model,
+            model=model, body=body,
         )
+
+    def body(self, node: Node | None, model: str | None) -> bytes | Literal[False] | None:
+        """The case's request body: a mapping as JSON (``model`` added), a string as is;
+        None for none; False if invalid (reported)."""
+        value: Any = None
+        if node is not None:
+            try:
+                value = yaml.safe_load(yaml.serialize(node))
+            except yaml.YAMLError:
+                value = object()
+            if not isinstance(value, dict | str):
+                self.err(node, "body must be a mapping (sent as JSON) or a string")
+                return False
+        if model is not None:
+            if isinstance(value, str):
+                self.err(node, "model: is added to a JSON body; write it into the body string")
+                return False
+            value = {**(value or {}), "model": model}
+        if value is None:
+            return None
+        return value.encode() if isinstance(value, str) else json.dumps(value).encode()
 
     def error(self, node: Node | None, expect: str) -> str | Literal[False] | None:
         """The expected code, None if not given, False if invalid (reported)."""
@@ -248,12 +271,12 @@ class _Cases:
             return False
         if code in UNREACHABLE_CODES:
             self.err(node, f"error {code} cannot be checked by policy test: "
-                           f"{UNREACHABLE_CODES[code]}; a policy decision answers only "
-                           f"{POLICY_DENIED}")
+                           f"{UNREACHABLE_CODES[code]}; it checks "
+                           f"{', '.join(CHECKED_CODES)}")
             return False
-        if code != POLICY_DENIED:
-            self.err(node, f"unknown error code {code!r}; a policy decision answers only "
-                           f"{POLICY_DENIED}")
+        if code not in CHECKED_CODES:
+            self.err(node, f"unknown error code {code!r}; policy test checks "
+                           f"{', '.join(CHECKED_CODES)}")
             return False
         if expect != "deny":
             self.err(node, f"error {code} needs expect: deny (expect {expect} is answered "
@@ -302,34 +325,32 @@ def relative_source(source: str, root: str) -> str:
 
 
 def run_case(policy_set: PolicySet, case: PolicyCase, root: str = "",
-             model_check: ModelCheck | None = None) -> CaseResult:
-    """Decide one case and compare it with its expectations."""
+             metering: Metering | None = None) -> CaseResult:
+    """Decide one case as the gateway would (``evaluate``) and compare it with its
+    expectations. ``metering``: one with the gateway's pricing (cost budgets)."""
+    from gateway.core.evaluate import evaluate
+
     policy = policy_set.get(case.policy)
     if policy is None:
         known = ", ".join(sorted(policy_set.policies)) or "none"
         reason = f"policy {case.policy!r} does not exist (known: {known})"
         return CaseResult(case, "-", None, None, reason,
                           (("policy", case.policy, "(missing)"),))
-    decision = decide(policy, case.request)
-    checked = False
-    if case.model is not None and model_check is not None:
-        decision = model_check(policy, case.request, decision, case.model)
-        checked = True
-    error = POLICY_DENIED if decision.result == "deny" else None
-    rule = relative_source(decision.rule.source, root) if decision.rule else None
+    verdict = evaluate(policy_set, policy, case.request, body=case.body, metering=metering)
+    error = verdict.error if verdict.result == "deny" else None
+    rule = relative_source(verdict.rule, root) if verdict.rule else None
     diff: list[tuple[str, str, str]] = []
-    if decision.result != case.expect:
-        diff.append(("decision", case.expect, decision.result))
+    if verdict.result != case.expect:
+        diff.append(("decision", case.expect, verdict.result))
     if case.error is not None and case.error != error:
         diff.append(("error", case.error, error or "(none)"))
-    if case.check_rule and case.rule != rule and case.rule != (
-            decision.rule.source if decision.rule else None):
+    if case.check_rule and case.rule != rule and case.rule != verdict.rule:
         diff.append(("rule", case.rule or "(none)", rule or "(none)"))
-    return CaseResult(case, decision.result, error, rule, decision.reason, tuple(diff),
-                      checked)
+    return CaseResult(case, verdict.result, error, rule, verdict.reason, tuple(diff),
+                      case.model is not None)
 
 
 def run_cases(policy_set: PolicySet, cases: Sequence[PolicyCase], root: str = "",
-              model_check: ModelCheck | None = None) -> list[CaseResult]:
+              metering: Metering | None = None) -> list[CaseResult]:
     """Every case's result, in order."""
-    return [run_case(policy_set, case, root, model_check) for case in cases]
+    return [run_case(policy_set, case, root, metering) for case in cases]

@@ -97,3 +97,33 @@ def test_find_token_in_carriers(service: TokenService) -> None:
                           ([], f"/m?key={token}")]:
         assert credentials.find_token(Headers.of(*headers), path) == token
     assert credentials.find_token(Headers.of(("Authorization", "Bearer abc")), "/") is None
+
+
+def test_a_provider_minted_secret_goes_on_as_sent(service: TokenService) -> None:
+    """On a rule with allow_minted_secrets the carrier may hold a secret the provider
+    minted for this sandbox: it is not swapped (the key never replaces it), and any
+    other value that is not a gateway token is still refused."""
+    from gateway.secrets.value import SecretValue
+
+    minted = SecretValue("ek_minted_0123456789")
+    identity = service.verify(service.mint("s1", "agent").token)
+
+    def find(value: str) -> SecretValue | None:
+        return minted if minted.equals(value) else None
+
+    headers = Headers.of(("Authorization", "Bearer ek_minted_0123456789"))
+    swap, path = credentials.plan(OPENAI, headers, _target("api.openai.com"), identity,
+                                  service.verify, "p.yaml:3", find)
+    assert swap.minted is minted and path == "/v1/x"
+    assert headers.get("authorization") == "Bearer ek_minted_0123456789"  # untouched
+    for finder in (find, None):
+        with pytest.raises(Refusal) as refused:
+            credentials.plan(OPENAI, Headers.of(("Authorization", "Bearer ek_other_value")),
+                             _target("api.openai.com"), identity, service.verify, "p.yaml:3",
+                             finder)
+        assert refused.value.code.startswith("token_")
+    # Cleartext and unbound hosts are refused before any carrier is read.
+    with pytest.raises(Refusal) as refused:
+        credentials.plan(OPENAI, headers, _target("api.openai.com", scheme="http"), identity,
+                         service.verify, "p.yaml:3", find)
+    assert refused.value.code == "credential_requires_tls"

@@ -57,3 +57,18 @@ def test_corrupt_data_is_an_error() -> None:
     assert decoder is not None
     with pytest.raises(EncodingError):
         list(decoder.feed(b"not gzip at all"))
+
+
+@pytest.mark.parametrize("header", ["gzip", "x-gzip", "deflate", "br", "gzip, br", "identity"])
+def test_encode_is_undone_by_the_decoder(header: str) -> None:
+    """A body the gateway rewrote goes out in the coding its head names."""
+    from gateway.core.encodings import encode
+
+    data = b'{"stream_options":{"include_usage":true},"model":"m"}' * 50
+    encoded = encode(header, data)
+    decoder = decoder_for(header)
+    decoded = data if decoder is None else b"".join(
+        [*decoder.feed(encoded), *decoder.end()])
+    assert decoded == data
+    with pytest.raises(EncodingError):
+        encode("zstd", data)

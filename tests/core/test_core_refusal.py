@@ -65,3 +65,22 @@ def test_long_reason_is_cut_before_the_hint() -> None:
     assert len(ans.reason) <= 1000
     assert ans.reason.startswith("budget_exceeded: xxx") and ans.reason.endswith(f"({AGENT_HINT})")
     assert "..." in ans.reason
+
+
+def test_websocket_error_events_in_the_providers_shapes() -> None:
+    """A refused WebSocket message is answered as the provider's own error event."""
+    import json
+
+    from gateway.core.refusal import ws_error
+
+    refusal = Refusal("budget_exceeded", "budget used up", "p.yaml:9", retry_after=5)
+    responses = json.loads(ws_error(refusal, "responses_ws", stream_id="lane-2"))
+    assert responses["type"] == "error" and responses["status"] == 429
+    assert responses["stream_id"] == "lane-2"
+    assert responses["error"]["code"] == "budget_exceeded"
+    assert responses["error"]["type"] == "rate_limit_error"
+    assert responses["error"]["message"].startswith("budget_exceeded: budget used up (")
+    realtime = json.loads(ws_error(Refusal("model_not_allowed", "no"), "realtime"))
+    assert realtime["type"] == "error" and realtime["event_id"]
+    assert realtime["error"]["type"] == "permission_error"
+    assert realtime["error"]["code"] == "model_not_allowed"

@@ -70,9 +70,9 @@ class Lab:
 
     def sandbox_client(self, spec: dict[str, Any]) -> dict[str, Any]:
         """Run helpers/parity.py inside the sandbox namespace; its JSON result."""
-        out = subprocess.run(
+        out = subprocess.run(  # (the spec on stdin: a body may pass argv's size limit)
             ["ip", "netns", "exec", self.sbx_ns, sys.executable, str(HELPERS / "parity.py"),
-             json.dumps(spec)], capture_output=True, text=True, timeout=30)
+             "-"], input=json.dumps(spec), capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr
         result: dict[str, Any] = json.loads(out.stdout)
         return result

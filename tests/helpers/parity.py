@@ -6,7 +6,7 @@ SNI of its choosing, trailers, HTTP/2 with any `:authority` — through the prox
 where the sandbox's connection is redirected). Reports what the client saw: the stage
 it stopped at (`connect`, `tls`, `response`), the status, the refusal code and the
 body. Runs in-process, or as a script inside a sandbox network namespace:
-`python parity.py '<json spec>'` prints the JSON result.
+`python parity.py '<json spec>'` (or `-`: the spec on stdin) prints the JSON result.
 """
 
 from __future__ import annotations
@@ -250,10 +250,20 @@ def _h2(conn: Any, spec: Spec) -> Result:
         headers.append(("content-length", str(len(body))))
     end = not body and not spec.trailers
     h2c.send_headers(1, headers, end_stream=end)
-    if body:
-        h2c.send_data(1, body, end_stream=not spec.trailers)
-    if spec.trailers:
-        h2c.send_headers(1, [(k.lower(), v) for k, v in spec.trailers], end_stream=True)
+    pending = [body]  # what the flow-control window has not let out yet
+
+    def send_body() -> None:
+        while pending[0]:
+            room = min(h2c.local_flow_control_window(1), h2c.max_outbound_frame_size)
+            if room <= 0:
+                return  # (wait for a WINDOW_UPDATE)
+            piece, pending[0] = pending[0][:room], pending[0][room:]
+            h2c.send_data(1, piece, end_stream=not pending[0] and not spec.trailers)
+        if spec.trailers:
+            h2c.send_headers(1, [(k.lower(), v) for k, v in spec.trailers], end_stream=True)
+            spec.trailers = []
+
+    send_body()
     conn.sendall(h2c.data_to_send())
     status: int | None = None
     got: dict[str, str] = {}
@@ -273,6 +283,8 @@ def _h2(conn: Any, spec: Spec) -> Result:
             elif isinstance(event, h2.events.DataReceived):
                 data += event.data
                 h2c.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.WindowUpdated) and pending[0]:
+                send_body()
             elif isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset,
                                     h2.events.ConnectionTerminated)):
                 closed = status is None
@@ -286,7 +298,7 @@ def spec_json(spec: Spec) -> str:
 
 
 if __name__ == "__main__":
-    raw = json.loads(sys.argv[1])
+    raw = json.loads(sys.stdin.read() if sys.argv[1] == "-" else sys.argv[1])
     for key in ("proxy", "connect_to"):
         if raw.get(key) is not None:
             raw[key] = tuple(raw[key])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -18,7 +19,10 @@ from helpers.upstream import MINT_CLIENT, MINT_SECRET, MINTED
 KEY = "sk-parity-real-key-0123456789abcdef"
 ENGINES = ("h1", "mitmproxy", "h2")
 SECRETS = {"openai-api-key": KEY, "parity-client-secret": MINT_SECRET,
-           "wrong-client-secret": "not-the-client-secret"}
+           "wrong-client-secret": "not-the-client-secret",
+           "parity-aws-id": "AKIAPARITYEXAMPLE0001",
+           "parity-aws-secret": "parity/aws/secret/0123456789abcdefghijkl"}
+PAD = "x" * (2 << 20)  # a 2 MiB request body: over mitmproxy's own 1 MiB default
 
 POLICY = f"""
 version: v1
@@ -41,11 +45,24 @@ egress:
     credential: mintfail
   - host: budget.test
     credential: budgeted
+  - host: metered.test
+    credential: metered
+    metering: required
+  - host: sigv4.test
+    credential: sigv4
 budgets:
   - {{name: one-call, per: sandbox, window: 24h, requests: 1, credentials: [budgeted]}}
 credentials:
   openai: {{preset: openai, secret: openai-api-key}}
   budgeted: {{hosts: [budget.test], secret: openai-api-key, inject: {{bearer: true}}}}
+  metered: {{hosts: [metered.test], secret: openai-api-key, inject: {{bearer: true}}}}
+  sigv4:
+    type: aws-sigv4
+    service: bedrock
+    region: us-east-1
+    access_key_id: parity-aws-id
+    secret_access_key: parity-aws-secret
+    hosts: [sigv4.test]
   minted:  # minted by the gateway: an OAuth2 client-credentials grant at the upstream
     type: oauth2-client-credentials
     token_url: https://allowed.test/oauth2/token
@@ -129,6 +146,42 @@ def _no_ws_message(result: Result, seen: list[Any]) -> None:
 
 def _no_key(result: Result, seen: list[Any]) -> None:
     assert KEY not in result.body and KEY not in json.dumps(result.headers)
+
+
+def _whole_body(size: int, model: str) -> Callable[[Result, list[Any]], None]:
+    """The upstream got the whole body, once, as sent."""
+    def check(result: Result, seen: list[Any]) -> None:
+        assert len(seen) == 1 and len(seen[0].body) >= size, [len(s.body) for s in seen]
+        assert json.loads(seen[0].body)["model"] == model
+    return check
+
+
+def _usage_asked(result: Result, seen: list[Any]) -> None:
+    """The streamed call reached the upstream asking for its usage (whatever the path's
+    spelling or the body's coding)."""
+    assert len(seen) == 1, seen
+    body = seen[0].body
+    if seen[0].headers.get("content-encoding") == "gzip":
+        body = gzip.decompress(body)
+    assert json.loads(body)["stream_options"] == {"include_usage": True}
+
+
+def _signed_over_the_body(result: Result, seen: list[Any]) -> None:
+    assert len(seen) == 1 and len(seen[0].body) >= len(PAD), seen
+    headers = seen[0].headers
+    assert headers["authorization"].startswith("AWS4-HMAC-SHA256 Credential=AKIAPARITY")
+    assert headers["x-amz-content-sha256"] == hashlib.sha256(seen[0].body).hexdigest()
+    assert "eyJ" not in json.dumps(headers)
+
+
+def _error_event(code: str) -> Callable[[Result, list[Any]], None]:
+    """A refused WebSocket message: the sandbox got the provider's error event, the
+    upstream never got the message."""
+    def check(result: Result, seen: list[Any]) -> None:
+        assert [s.body for s in seen if s.method == "WS"] == [], seen
+        event = json.loads(result.body)
+        assert event["type"] == "error" and event["error"]["code"] == code, event
+    return check
 
 
 def _gz(text: str) -> str:
@@ -322,6 +375,77 @@ CASES = [
                             "body": "{B64:{\"model\": \"m\", \"messages\": []}}"},
          ("response", 429, "budget_exceeded"), {**DENY, "error": "budget_exceeded"},
          prime=BUDGETED, check=_no_upstream),
+    Case("2 MiB body on a models rule",
+         {"host": "api.openai.com", "method": "POST", "target": "/v1/chat/completions",
+          "headers": [["Authorization", "Bearer {TOKEN}"], ["Content-Type", "application/json"]],
+          "body": "{B64:{\"model\": \"gpt-4o-mini\", \"messages\": [], \"pad\": \"{PAD}\"}}"},
+         ("response", 200, None), {"decision": "allow", "credential": "openai"},
+         check=_whole_body(len(PAD), "gpt-4o-mini")),
+    Case("2 MiB body naming a model outside the allowlist",
+         {"host": "api.openai.com", "method": "POST", "target": "/v1/chat/completions",
+          "headers": [["Authorization", "Bearer {TOKEN}"], ["Content-Type", "application/json"]],
+          "body": "{B64:{\"pad\": \"{PAD}\", \"model\": \"gpt-4o\", \"messages\": []}}"},
+         ("response", 403, "model_not_allowed"), {**DENY, "error": "model_not_allowed"},
+         check=_no_upstream),
+    Case("2 MiB body on a SigV4 credential",
+         {"host": "sigv4.test", "method": "POST", "target": "/model/m/converse",
+          "headers": [["x-amz-security-token", "{TOKEN}"],
+                      ["x-amz-content-sha256", "0" * 64],
+                      ["Content-Type", "application/json"]],
+          "body": "{B64:{\"model\": \"m\", \"pad\": \"{PAD}\"}}"},
+         ("response", 200, None), {"decision": "allow", "credential": "sigv4"},
+         check=_signed_over_the_body),
+    Case("a gzip body's model is checked",
+         {"host": "api.openai.com", "method": "POST", "target": "/v1/chat/completions",
+          "headers": [["Authorization", "Bearer {TOKEN}"], ["Content-Encoding", "gzip"],
+                      ["Content-Type", "application/json"]],
+          "body": "{GZ:{\"model\": \"gpt-4o\", \"messages\": []}}"},
+         ("response", 403, "model_not_allowed"), {**DENY, "error": "model_not_allowed"},
+         check=_no_upstream),
+    Case("a gzip streamed call asks for its usage",
+         {"host": "api.openai.com", "method": "POST", "target": "/v1/chat/completions",
+          "headers": [["Authorization", "Bearer {TOKEN}"], ["Content-Encoding", "gzip"],
+                      ["Content-Type", "application/json"]],
+          "body": "{GZ:{\"model\": \"gpt-4o-mini\", \"messages\": [], \"stream\": true}}"},
+         ("response", 200, None), {"decision": "allow", "credential": "openai"},
+         check=_usage_asked),
+    Case("another spelling of the endpoint asks for usage",
+         {"host": "api.openai.com", "method": "POST", "target": "//v1/chat/completion%73/",
+          "headers": [["Authorization", "Bearer {TOKEN}"], ["Content-Type", "application/json"]],
+          "body": "{B64:{\"model\": \"gpt-4o-mini\", \"messages\": [], \"stream\": true}}"},
+         ("response", 200, None), {"decision": "allow", "credential": "openai"},
+         check=_usage_asked),
+    Case("a chunked body's model is checked",
+         {"host": "api.openai.com", "method": "POST", "target": "/v1/chat/completions",
+          "headers": [["Authorization", "Bearer {TOKEN}"], ["Content-Type", "application/json"]],
+          "chunked": True, "body": "{B64:{\"model\": \"gpt-4o\", \"messages\": []}}"},
+         ("response", 403, "model_not_allowed"), {**DENY, "error": "model_not_allowed"},
+         engines=("h1", "mitmproxy"), check=_no_upstream_body),
+    Case("case-variant keys are refused like repeated ones",
+         {"host": "api.openai.com", "method": "POST", "target": "/v1/chat/completions",
+          "headers": [["Authorization", "Bearer {TOKEN}"], ["Content-Type", "application/json"]],
+          "body": "{B64:{\"model\": \"gpt-4o-mini\", \"Model\": \"gpt-4o\"}}"},
+         ("response", 403, "model_not_allowed"), {**DENY, "error": "model_not_allowed"},
+         check=_no_upstream),
+    Case("a provider-minted secret is refused by default",
+         {"host": "api.openai.com", "method": "POST", "target": "/v1/realtime/client_secrets",
+          "headers": [["Authorization", "Bearer {TOKEN}"], ["Content-Type", "application/json"]],
+          "body": "{B64:{\"session\": {\"type\": \"realtime\", "
+                  "\"model\": \"gpt-4o-mini-realtime\"}}}"},
+         ("response", 403, "minted_secret_refused"),
+         {**DENY, "error": "minted_secret_refused"}, check=_no_upstream),
+    Case("a call that cannot be metered on a metered rule",
+         {"host": "metered.test", "method": "POST", "target": "/v1/images/generations",
+          "headers": [["Authorization", "Bearer {TOKEN}"], ["Content-Type", "application/json"]],
+          "body": "{B64:{\"prompt\": \"a cat\"}}"},
+         ("response", 403, "metering_unavailable"),
+         {**DENY, "error": "metering_unavailable"}, check=_no_upstream),
+    Case("a Responses WebSocket event for another model",
+         {"host": "api.openai.com", "target": "/v1/responses",
+          "headers": [["Authorization", "Bearer {TOKEN}"], *WS_UPGRADE],
+          "ws": ["{\"type\": \"response.create\", \"model\": \"gpt-4o\"}"]},
+         ("ws-echo", 101, None), {**DENY, "error": "model_not_allowed", "path": "/v1/responses"},
+         engines=("h1", "mitmproxy"), check=_error_event("model_not_allowed")),
     Case("key in the query to an unbound host",
          {"host": "unbound.test", "target": "/q?k={KEY}"},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
@@ -399,6 +523,7 @@ def _fill(value: Any, subs: dict[str, str]) -> Any:
 def substitutions(token: str) -> dict[str, str]:
     half = len(token) // 2
     return {"TOKEN": token, "KEY": KEY, "MINTED": MINTED, "PAYLOAD": token.split(".", 1)[1],
+            "PAD": PAD,
             "TOKEN_A": token[:half], "TOKEN_B": token[half:],
             "TOKEN_SWAPCASE": token.swapcase()}
 

@@ -81,8 +81,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._websocket()
         url = urlsplit(self.path)
         parts = url.path.strip("/").split("/")
-        if url.path in INFERENCE:
-            return INFERENCE[url.path](self, body)
+        if url.path in INFERENCE:  # (a server reads the body decoded)
+            coded = self.headers.get("Content-Encoding", "").lower() == "gzip"
+            return INFERENCE[url.path](self, gzip.decompress(body) if coded else body)
         if url.path == "/oauth2/token" and self.command == "POST":
             return self._token(body)
         if parts[0] == "bytes" and len(parts) > 1:

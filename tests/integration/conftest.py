@@ -17,7 +17,7 @@ from helpers.upstream import Upstream, start_upstream
 
 NAMES = ["allowed.test", "api.allowed.test", "other.test", "report.test", "pypi.org",
          "api.openai.com", "api.anthropic.com", "api.github.com", "unbound.test",
-         "minted.test", "mintfail.test", "budget.test"]
+         "minted.test", "mintfail.test", "budget.test", "metered.test", "sigv4.test"]
 
 
 

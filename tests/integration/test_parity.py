@@ -53,7 +53,7 @@ def engine(request: pytest.FixtureRequest, make_gateway: GatewayFactory,
            parity_secrets: Path, upstream: Upstream) -> tuple[str, GatewayThread]:
     name = request.param
     names = ["allowed.test", "other.test", "unbound.test", "api.openai.com", "minted.test",
-             "mintfail.test", "budget.test"]  # (the upstream's
+             "mintfail.test", "budget.test", "metered.test", "sigv4.test"]  # (the upstream's
     # certificate names)
     gw = make_gateway({"agent.yaml": POLICY}, config={
         "secrets": {"store": "file", "path": str(parity_secrets)},

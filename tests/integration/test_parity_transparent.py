@@ -21,7 +21,7 @@ from helpers.parity_cases import CASES, POLICY, SECRETS, Case, build_spec, decid
 pytestmark = pytest.mark.netns
 
 NAMES = ["allowed.test", "other.test", "unbound.test", "api.openai.com", "minted.test",
-         "mintfail.test", "budget.test"]
+         "mintfail.test", "budget.test", "metered.test", "sigv4.test"]
 APPLICABLE = [c for c in CASES if "h1" in c.engines and
               (c.transparent is None or c.transparent[0] != "skip")]
 
