@@ -366,4 +366,5 @@ def test_build_metering(tmp_path: Path) -> None:
                                   "per: policy, window: 1h, cost_usd: 5}\n"})
     assert Metering(MemoryState()).problems(policies) == [
         'p.yaml:4: budget "b" sets cost_usd but metering.pricing is not configured, so costs '
-        "are unknown and the limit never applies; set metering.pricing in the gateway config"]
+        "are unknown and every inference call it counts is refused (metering_unavailable); set "
+        "metering.pricing in the gateway config"]

@@ -538,14 +538,10 @@ class Exchange:
         """Refuse the exchange part-way (a leak in the body, a bad response)."""
         if not self.done:
             self.done = True
-            # What the upstream answered, if it did (a stream cut off here still used
-            # what it used); else the refusal's status.
-            head = self.response_head
-            status = head.status if head is not None else refusal.status
             self.gate.refuse(self.client, refusal, method=self.head.method,
                              scheme=self.target.scheme, host=self.target.host,
                              port=self.target.port, path=self.target.path,
-                             started=self.started, usage=self._complete(status))
+                             started=self.started, usage=self._complete())
         from gateway.core.refusal import answer
 
         return answer(refusal, shape=self.gate.shape(self.target.host), close=True)
@@ -558,7 +554,7 @@ class Exchange:
         self.done = True
         metrics.child(metrics.BYTES, "in").inc(self.bytes_in)
         if self._metered is not None:
-            usage = self._complete(status or 0)
+            usage = self._complete()
         decision = self.decision
         self.gate.audit(
             self.client, identity=self.identity, decision=decision.result,
@@ -569,13 +565,16 @@ class Exchange:
             bytes_in=self.bytes_in, bytes_out=self.bytes_out, started=self.started,
             path_taken="intercept", credential=self.credential, usage=usage)
 
-    def _complete(self, status: int) -> dict[str, Any] | None:
+    def _complete(self) -> dict[str, Any] | None:
         """The metering step at the end (`finish` or `abort`, whichever comes first and
-        only once): the audit line's ``usage``."""
+        only once): the audit line's ``usage``. It counts what the upstream answered (0:
+        no answer, a stream that may still have used its reservation), not the status
+        the gateway put on the line."""
         if self._metered is None or self._metering is None:
             return None
-        return self._metering[0].complete(self._metered, status, time.time(),
-                                          sent=not self._unsent).as_record()
+        head = self.response_head
+        return self._metering[0].complete(self._metered, head.status if head else 0,
+                                          time.time(), sent=not self._unsent).as_record()
 
     @property
     def elapsed(self) -> float:
