@@ -576,8 +576,17 @@ def _usage_lines(report: dict[str, Any]) -> list[str]:
         lines.append("budgets:")
     for b in report["budgets"]:
         used, limits = b["used"], b["limits"]
-        parts = [f"{kind} {used[kind]:,.2f} of {limit:,.2f}" if kind == "cost_usd"
-                 else f"{kind} {used[kind]:,} of {limit:,}" for kind, limit in limits.items()]
+        reserved = b.get("reserved") or {}
+        parts = []
+        for kind, limit in limits.items():
+            held = reserved.get(kind) or 0
+            if kind == "cost_usd":
+                part = f"{kind} {used[kind]:,.2f}" + (f" (+{held:,.2f} reserved)" if held
+                                                      else "") + f" of {limit:,.2f}"
+            else:
+                part = f"{kind} {used[kind]:,}" + (f" (+{held:,} reserved)" if held
+                                                   else "") + f" of {limit:,}"
+            parts.append(part)
         state = "USED UP" if b["exceeded"] else "ok"
         lines.append(f"  {b['policy']}/{b['budget']} per {b['per']} {b['subject']!r}, "
                      f"{b['window']} window from {b['window_start']}: {'; '.join(parts)} "

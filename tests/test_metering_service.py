@@ -368,3 +368,19 @@ def test_build_metering(tmp_path: Path) -> None:
         'p.yaml:4: budget "b" sets cost_usd but metering.pricing is not configured, so costs '
         "are unknown and every inference call it counts is refused (metering_unavailable); set "
         "metering.pricing in the gateway config"]
+
+
+def test_cli_usage_shows_what_running_calls_hold() -> None:
+    from gateway.cli import _usage_lines
+
+    report = {"since": "a", "until": "b", "rows": [], "totals": {
+        "requests": 0, "unknown_requests": 0, "input_tokens": 0, "output_tokens": 0,
+        "cached_input_tokens": 0, "cost_usd": None}, "budgets": [{
+            "policy": "p", "budget": "daily", "per": "sandbox", "subject": "sb",
+            "window": "24h", "window_start": "s", "resets_at": "r", "exceeded": False,
+            "used": {"tokens": 1200, "requests": 3, "cost_usd": 0.5},
+            "reserved": {"tokens": 4196, "cost_usd": 0.25},
+            "limits": {"tokens": 10000, "cost_usd": 2}}]}
+    line = [x for x in _usage_lines(report) if "p/daily" in x][0]
+    assert "tokens 1,200 (+4,196 reserved) of 10,000" in line
+    assert "cost_usd 0.50 (+0.25 reserved) of 2.00" in line

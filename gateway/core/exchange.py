@@ -40,6 +40,7 @@ provider's error event while the session goes on).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -478,7 +479,7 @@ class Exchange:
             if self._metered is not None and self._metering is not None:
                 step = self._metering[0].session_message(self._metered, data, time.time())
                 if step is not None:  # a model outside the allowlist, a used-up budget
-                    self._refuse_message(_refusal(step))
+                    self._refuse_message(_refusal(step), data)
             self.bytes_out += len(data)
             return data
         self.bytes_in += len(data)
@@ -490,7 +491,7 @@ class Exchange:
         metrics.child(metrics.BYTES, "websocket").inc(len(data))
         return data
 
-    def _refuse_message(self, refusal: Refusal) -> None:
+    def _refuse_message(self, refusal: Refusal, data: bytes) -> None:
         """One message of a session refused: audited (the session goes on, its own line
         comes when it ends), answered as the provider's error event (raises
         MessageRefused). Under ``mode: report`` it is only recorded."""
@@ -502,7 +503,7 @@ class Exchange:
                          port=self.target.port, path=self.target.path, started=time.time())
         meter = self._metered.meter if self._metered is not None else None
         session = meter.format if meter is not None else "realtime"
-        raise MessageRefused(refusal, ws_error(refusal, session))
+        raise MessageRefused(refusal, ws_error(refusal, session, stream_id=_lane(data)))
 
     # -- ends ----------------------------------------------------------------------------
 
@@ -584,6 +585,17 @@ class Exchange:
 def _refusal(step: MeteringStep | MeteringRefusal) -> Refusal:
     """The core's refusal for a metering step's (model, metering, budget)."""
     return Refusal(step.code, step.reason, step.rule, retry_after=step.retry_after)
+
+
+def _lane(data: bytes) -> str | None:
+    """The ``stream_id`` a refused Responses WebSocket event named (its answer's lane)."""
+    if b'"stream_id"' not in data:
+        return None
+    try:
+        lane = json.loads(data).get("stream_id")
+    except (ValueError, AttributeError):
+        return None
+    return lane if isinstance(lane, str) else None
 
 
 def _rule_of(decision: Decision) -> str | None:
