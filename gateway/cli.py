@@ -31,6 +31,7 @@ from typing import Any
 from gateway import __version__, ca
 from gateway.config import Config, ConfigError, load_config, parse_duration
 from gateway.policy import PolicyError, PolicySet, load_policy_dir, policy_files
+from gateway.policy.loader import outside_error, resolves_outside, source_name
 from gateway.state import MemoryState
 from gateway.tokens import SigningKeys, TokenError, TokenService, parse_scope
 
@@ -345,6 +346,11 @@ def cmd_policy_test(args: argparse.Namespace) -> int:
         return 2
     cases, errors = [], []
     for file in files:
+        outside = resolves_outside(directory, file)
+        if outside is not None:  # test files stay inside the policies directory too
+            errors.append(f"{source_name(directory)}/tests/{file.name}:1: "
+                          + outside_error(f"tests/{file.name}", outside, directory))
+            continue
         try:
             text = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
