@@ -42,11 +42,9 @@ def _config(args: argparse.Namespace) -> Config:
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    logging.basicConfig(
-        level=getattr(logging, cfg.log_level.upper()), stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("mitmproxy").setLevel(logging.WARNING)
+    from gateway.logs import configure
+
+    configure(cfg.log_level)  # every handler redacts secrets and tokens (gateway/logs.py)
     if args.worker_index is None:  # once, not per worker
         from gateway.config_check import config_warnings
 
