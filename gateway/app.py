@@ -32,12 +32,13 @@ from mitmproxy import options
 from mitmproxy.addons import core, proxyserver, tlsconfig
 from mitmproxy.master import Master
 
-from gateway import ca, metrics
+from gateway import ca, logs, metrics
 from gateway.api.admin import AdminContext, build_admin_app
 from gateway.audit import Auditor
 from gateway.config import Config, ConfigError, HostPort
 from gateway.core.addresses import AddressPolicy
 from gateway.core.gate import Gate
+from gateway.core.phrases import error_phrase
 from gateway.dns import DnsServer, start_dns
 from gateway.engines import patches
 from gateway.engines.door import Doors
@@ -61,6 +62,7 @@ from gateway.net.resolver import (
 from gateway.net.tls import LeafContexts, upstream_context
 from gateway.policy import Policy, PolicyError, PolicyReloader, PolicySet
 from gateway.secrets import SecretCache, SecretError, build_cache, build_store
+from gateway.secrets.value import SecretValue
 from gateway.state import StateStore, StateUnavailable, build_state
 from gateway.tokens import TokenError, TokenService
 
@@ -285,6 +287,8 @@ class Gateway:
             self.secrets: SecretCache = build_cache(build_store(cfg.secrets), cfg.secrets)
         except (ValueError, SecretError) as exc:
             raise StartupError(str(exc)) from None
+        self.secrets.on_change = logs.SOURCES.changed  # (and the minted values' cache)
+        self.state.ephemeral.on_change = logs.SOURCES.changed  # (provider-minted secrets)
         try:
             self.metering = build_metering(cfg, self.state, self.state.ephemeral)
         except ConfigError as exc:
@@ -299,6 +303,7 @@ class Gateway:
             connections_per_sandbox=cfg.limits.connections_per_sandbox,
             max_connections=max(16, (self.fd_limit - FD_RESERVE) // 2))
         patches.install_error_pages(error_page, error_h2)
+        patches.install_log_hygiene(error_phrase)
         await self._start_dns(shared)
 
         t = cfg.network.timeouts
@@ -336,7 +341,23 @@ class Gateway:
                                             name="admin"))
         self.reloader.start()
         self.key_watcher.start(self.tokens.use_keys)  # rotated keys sign without a restart
+        logs.SOURCES.add(self._log_source, self._log_secrets)  # what logs must not show
+        logs.protect()  # uvicorn's and mitmproxy's handlers too, now that they exist
         await self._wait_listening()
+
+    # -- what the logs must never show (gateway/logs.py) ------------------------------------
+
+    @property
+    def _log_source(self) -> str:
+        return f"gateway-{id(self)}"
+
+    def _log_secrets(self) -> list[SecretValue | str]:
+        """Every key and minted value fetched so far, every secret a provider minted for a
+        sandbox, and the claims every token starts with (a token whose header was cut
+        off)."""
+        values: list[SecretValue | str] = [v for _, v in self.credentials.known_items()]
+        values += [k.value for k in self.state.ephemeral.live()]
+        return [*values, logs.token_claims(self.config.tokens.issuer)]
 
     # -- credentials the gateway mints (gateway/minting/), kept apart from the proxy wiring -
 
@@ -471,6 +492,7 @@ class Gateway:
         self._tasks.clear()
         await self.state.close()
         await self.credentials.close()  # the secret cache and the minted values' cache
+        logs.SOURCES.remove(self._log_source)
         self.auditor.close()
         if self.doors is not None:
             self.leaves.close()

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from gateway import __version__, ca
 from gateway.config import Config, ConfigError, load_config, parse_duration
 from gateway.policy import PolicyError, PolicySet, load_policy_dir, policy_files
+from gateway.policy.loader import outside_error, resolves_outside, source_name
 from gateway.state import MemoryState
 from gateway.tokens import SigningKeys, TokenError, TokenService, parse_scope
 
@@ -44,11 +45,9 @@ def _config(args: argparse.Namespace) -> Config:
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    logging.basicConfig(
-        level=getattr(logging, cfg.log_level.upper()), stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("mitmproxy").setLevel(logging.WARNING)
+    from gateway.logs import configure
+
+    configure(cfg.log_level)  # every handler redacts secrets and tokens (gateway/logs.py)
     if args.worker_index is None:  # once, not per worker
         from gateway.config_check import config_warnings
 
@@ -364,6 +363,11 @@ def cmd_policy_test(args: argparse.Namespace) -> int:
         return 2
     cases, errors = [], []
     for file in files:
+        outside = resolves_outside(directory, file)
+        if outside is not None:  # test files stay inside the policies directory too
+            errors.append(f"{source_name(directory)}/tests/{file.name}:1: "
+                          + outside_error(f"tests/{file.name}", outside, directory))
+            continue
         try:
             text = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:

@@ -44,14 +44,20 @@ class TokenError(ValueError):
 class TokenRefused(Exception):
     """A presented token is not acceptable. `code` is fixed; `reason` tells what to do.
 
+    `identity`: the claims of a token whose signature verified and that is refused for
+    time (expired, not yet valid), revocation or an unloaded policy, so that the
+    refusal's audit line can name its sandbox, policy and jti. None for every token
+    whose signature did not verify: unverified claims are never used.
+
     A plain exception, not a frozen dataclass: Python must be able to set
     `__traceback__` on it (contextlib does when it re-raises through a `with`).
     """
 
-    def __init__(self, code: str, reason: str) -> None:
+    def __init__(self, code: str, reason: str, identity: Identity | None = None) -> None:
         super().__init__(code, reason)
         self.code = code
         self.reason = reason
+        self.identity = identity
 
     def __str__(self) -> str:
         return f"{self.code}: {self.reason}"
@@ -309,18 +315,23 @@ class TokenService:
             if len(self._cache) >= _VERIFY_CACHE_MAX:
                 self._cache.clear()
             self._cache[token] = identity
+        # From here on the signature has verified: a refusal carries the identity (audit).
         now = self.clock()
         if now >= identity.expires_at + self.leeway:
             raise TokenRefused("token_expired", f"the token expired at {_iso(identity.expires_at)}"
-                               "; mint a new one (sandbox-gateway token mint) or refresh it")
+                               "; mint a new one (sandbox-gateway token mint) or refresh it",
+                               identity)
         if now + self.leeway < identity.issued_at:
             raise TokenRefused("token_not_yet_valid",
-                               "the token is not valid yet (nbf in the future); check clocks")
+                               "the token is not valid yet (nbf in the future); check clocks",
+                               identity)
         if self.state.is_revoked(identity.jti) or self.state.is_revoked(identity.family):
-            raise TokenRefused("token_revoked", f"token {identity.jti} was revoked; mint a new one")
+            raise TokenRefused("token_revoked", f"token {identity.jti} was revoked; mint a new one",
+                               identity)
         if self.policy_credentials(identity.policy) is None:
             raise TokenRefused("unknown_policy", f"the token names policy {identity.policy!r}, "
-                               "which is not loaded; mint a token for an existing policy")
+                               "which is not loaded; mint a token for an existing policy",
+                               identity)
         return identity
 
     def _verify_signature(self, token: str) -> Identity:

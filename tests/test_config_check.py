@@ -98,4 +98,5 @@ def test_policy_check_suggests_the_method(workdir: Path,
                                                  "  - {host: x.example.com, methods: [GTE]}\n")
     assert main(["policy", "check"]) == 1
     err = capsys.readouterr().err
-    assert f'{workdir / "policies" / "b.yaml"}:4: unknown method "GTE"; did you mean GET?' in err
+    assert 'policies/b.yaml:4: unknown method "GTE"; did you mean GET?' in err
+    assert f"1 error(s) in {workdir / 'policies'}" in err

@@ -381,6 +381,6 @@ def test_cli_usage_shows_what_running_calls_hold() -> None:
             "used": {"tokens": 1200, "requests": 3, "cost_usd": 0.5},
             "reserved": {"tokens": 4196, "cost_usd": 0.25},
             "limits": {"tokens": 10000, "cost_usd": 2}}]}
-    line = [x for x in _usage_lines(report) if "p/daily" in x][0]
+    line = next(x for x in _usage_lines(report) if "p/daily" in x)
     assert "tokens 1,200 (+4,196 reserved) of 10,000" in line
     assert "cost_usd 0.50 (+0.25 reserved) of 2.00" in line

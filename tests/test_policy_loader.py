@@ -379,8 +379,9 @@ def test_directory_reads_yaml_and_yml_and_skips_others(tmp_path: Path) -> None:
     write(tmp_path / "sub" / "nested.yaml", "broken: [")
     policy_set = load_policy_dir(tmp_path)
     assert set(policy_set.policies) == {"coding-agent", "base"}
-    assert policy_set.policies["base"].source == str(tmp_path / "base.yml")
-    assert policy_set.files == (str(tmp_path / "base.yml"), str(tmp_path / "coding-agent.yaml"))
+    # Named by the directory's name, never the host's absolute path (they reach agents).
+    assert policy_set.policies["base"].source == f"{tmp_path.name}/base.yml"
+    assert policy_set.files == (f"{tmp_path.name}/base.yml", f"{tmp_path.name}/coding-agent.yaml")
 
 
 def test_directory_configmap_layout(tmp_path: Path) -> None:
@@ -394,7 +395,7 @@ def test_directory_configmap_layout(tmp_path: Path) -> None:
     assert [p.name for p in policy_files(tmp_path)] == ["base.yaml", "coding-agent.yaml"]
     policy_set = load_policy_dir(tmp_path)
     assert policy_set.policies["coding-agent"].rules[0].source == (
-        f"{tmp_path / 'coding-agent.yaml'}:6"
+        f"{tmp_path.name}/coding-agent.yaml:6"
     )
 
 
@@ -409,4 +410,4 @@ def test_directory_errors(tmp_path: Path) -> None:
     write(tmp_path / "bad.yaml", "version: v1\nname: a\negress:\n  - host: '*.com'\n")
     with pytest.raises(PolicyError) as info:
         load_policy_dir(tmp_path)
-    assert info.value.errors[0].startswith(f"{tmp_path / 'bad.yaml'}:4: ")
+    assert info.value.errors[0].startswith(f"{tmp_path.name}/bad.yaml:4: ")

@@ -253,6 +253,22 @@ def test_refused(env: Env, craft: Callable[[Env], str], code: str, hint: str) ->
     assert str(error).startswith(code + ": ")
 
 
+# Refused after the signature verified: the refusal names the token (for the audit line).
+VERIFIED_REFUSALS = {"expired", "expired-now", "not-yet-valid", "unknown-policy"}
+
+
+@pytest.mark.parametrize(("name", "craft"), [r[:2] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
+def test_only_a_verified_token_names_itself_on_refusal(env: Env, name: str,
+                                                      craft: Callable[[Env], str]) -> None:
+    error = refused(env.service, craft(env))
+    if name in VERIFIED_REFUSALS:
+        assert error.identity is not None
+        assert (error.identity.sandbox, error.identity.jti) == ("sb-1", "j1")
+        assert error.identity.policy == ("deleted" if name == "unknown-policy" else "agent")
+    else:  # forged, unsigned, foreign or malformed: its claims are never believed
+        assert error.identity is None
+
+
 def test_revoked(env: Env) -> None:
     minted = env.service.mint("sb-1", "agent")
     env.service.verify(minted.token)
@@ -260,6 +276,7 @@ def test_revoked(env: Env) -> None:
     error = refused(env.service, minted.token)
     assert error.code == "token_revoked"
     assert minted.jti in error.reason and "mint" in error.reason
+    assert error.identity is not None and error.identity.jti == minted.jti
     env.service.verify(env.service.mint("sb-1", "agent").token)  # others unaffected
 
 

@@ -146,8 +146,13 @@ def plan(credential: Credential, headers: Headers, target: Target, identity: Ide
     try:
         carried = verify(token)
     except TokenRefused as refused:
+        # A verified token of this sandbox names itself on the audit line (its jti); the
+        # connection's identity stands for any other.
+        named = refused.identity
         raise Refusal(refused.code, f"the token in the {credential.name} credential "
-                      f"carrier: {refused.reason}") from None
+                      f"carrier: {refused.reason}",
+                      identity=named if named is not None and named.sandbox ==
+                      identity.sandbox else None) from None
     if carried.sandbox != identity.sandbox:
         raise Refusal("credential_not_in_scope", "the token in the credential carrier "
                       "belongs to another sandbox; use this sandbox's own token")

@@ -11,7 +11,8 @@ and WebSocket messages through `ws_message`. Any step may raise `Refusal`; the e
 then sends `abort(refusal)` if the client has no response yet (or closes the
 connection), and the exchange is audited as refused. Upstream failures become
 `upstream_failed(kind, detail)`: the detail (which may quote upstream bytes, an echoed
-key among them) goes to the log with keys redacted, never to the sandbox.
+key among them) goes to the log only up to its first quote (`phrases.error_phrase`),
+never to the sandbox.
 
 Request bodies are scanned as they stream; the tail of each chunk that could start a
 marker is held back until the next chunk shows it is clean, so no part of a leaking
@@ -51,6 +52,7 @@ from gateway.core.addresses import Pinned
 from gateway.core.encodings import Decoder, EncodingError, decoder_for, encode
 from gateway.core.leaks import LeakScan, Redactor, StreamScan
 from gateway.core.messages import RequestHead, ResponseHead
+from gateway.core.phrases import error_phrase
 from gateway.core.refusal import Answer, MessageRefused, Refusal, ws_error
 from gateway.core.target import DEFAULT_PORTS, Target
 from gateway.metering import (
@@ -510,19 +512,11 @@ class Exchange:
     def _where(self) -> str:
         return f"{self.target.host}:{self.target.port}"
 
-    def redact_text(self, text: str) -> str:
-        """`text` (an upstream error detail) with the injected key removed, for logs."""
-        if self._secret is None:
-            return text
-        redactor = Redactor(self._secret[1].variants())
-        return redactor.redact(text.encode("utf-8", "surrogateescape")).decode(
-            "utf-8", "replace")
-
     def upstream_failed(self, kind: str, detail: str = "") -> Answer:
-        """The upstream failed before a response reached the client: log the detail
-        (keys redacted), audit, and answer with a reason from fixed sentences only."""
-        log.info("upstream %s failed (%s): %s", self._where(), kind,
-                 self.redact_text(detail)[:500])
+        """The upstream failed before a response reached the client: log the detail's
+        words (never the bytes it quotes), audit, and answer with a reason from fixed
+        sentences only."""
+        log.info("upstream %s failed (%s): %s", self._where(), kind, error_phrase(detail))
         reason = _UPSTREAM_KINDS.get(kind, _UPSTREAM_KINDS["connect"]).format(
             where=self._where(), detail=_clean_detail(detail))
         self._unsent = kind in ("connect", "tls")  # (the request never left)

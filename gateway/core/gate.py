@@ -178,7 +178,7 @@ class Gate:
         self.audit(client, decision="deny", reason=refusal.reason, rule=refusal.rule,
                    method=method, scheme=scheme, host=host, port=port, path=path,
                    status=refusal.status, error=refusal.code, started=started,
-                   credential=refusal.credential, usage=usage)
+                   credential=refusal.credential, usage=usage, identity=refusal.identity)
         if refusal.code.startswith("token_") or refusal.code in (
                 "auth_required", "sandbox_mismatch", "unknown_sandbox"):
             metrics.child(metrics.TOKENS_REFUSED, refusal.code).inc()
@@ -287,8 +287,8 @@ class Gate:
     def _verify(self, client: Client, token: str) -> Identity:
         try:
             identity = self.tokens.verify(token)
-        except TokenRefused as refused:
-            raise Refusal(refused.code, refused.reason) from None
+        except TokenRefused as refused:  # (identity: only from a verified signature)
+            raise Refusal(refused.code, refused.reason, identity=refused.identity) from None
         if not identity.used_from(_source(client)):
             raise Refusal("token_wrong_source", f"this token is bound to "
                           f"{', '.join(identity.cidr)} and cannot be used from "

@@ -23,8 +23,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gateway.core.messages import Headers
+
+if TYPE_CHECKING:
+    from gateway.tokens import Identity
 
 __all__ = [
     "ERROR_HEADER",
@@ -87,18 +91,22 @@ def status_of(code: str) -> int:
 
 class Refusal(Exception):
     """A refused request or connection. `retry_after`: seconds, for 429/503 answers.
+    `identity`: who a refused token names, when its signature verified (a token refused
+    for time or revocation), for the audit line only: the client is not identified by it.
 
     A plain exception class (not a frozen dataclass: Python must be able to set
     `__traceback__` when it is raised through context managers)."""
 
     def __init__(self, code: str, reason: str, rule: str | None = None,
-                 retry_after: int | None = None, credential: str | None = None) -> None:
+                 retry_after: int | None = None, credential: str | None = None,
+                 identity: Identity | None = None) -> None:
         super().__init__(code, reason)
         self.code = code
         self.reason = reason
         self.rule = rule
         self.retry_after = retry_after
         self.credential = credential  # the credential that could not be supplied, if any
+        self.identity = identity
 
     def __str__(self) -> str:
         return f"{self.code}: {self.reason}"

@@ -36,6 +36,7 @@ from gateway.core.exchange import BODY_HOLD_LIMIT, Exchange, no_body
 from gateway.core.gate import Client, Gate, Refused
 from gateway.core.messages import Headers, RequestHead, ResponseHead
 from gateway.core.names import DestinationError, normalize_host
+from gateway.core.phrases import error_phrase
 from gateway.core.refusal import (
     GATEWAY_ERROR,
     Answer,
@@ -77,7 +78,8 @@ class RefuseLayer(layer.Layer):
 def error_page(status: int, message: str) -> bytes:
     """mitmproxy's own HTTP/1 error answers (upstream unreachable, bad request), in the
     gateway's shape. The message can quote what the upstream sent (an echoed key among
-    it): it goes to the log, the answer says only what kind of failure it was."""
+    it): the log gets its words up to the quote, the answer only what kind of failure
+    it was."""
     return to_http1(answer(_page_refusal(status, message), close=True))
 
 
@@ -98,7 +100,7 @@ def _page_refusal(status: int, message: str) -> Refusal:
             return Refusal("forbidden_destination", message[len(prefix):][:300])
     if message.startswith(BACKSTOP_MARK):  # the event loop's backstop (PermissionError)
         return Refusal("forbidden_destination", message[len("[Errno 13] "):][:300])
-    log.info("mitmproxy answered %d: %s", status, message[:300])
+    log.info("mitmproxy answered %d: %s", status, error_phrase(message))
     if status == 400:
         return Refusal("bad_request", "the request could not be parsed as HTTP")
     if status == 504:

@@ -11,8 +11,10 @@ The engines need a few things their libraries keep private:
   the transparent door in front of its listeners, and to share ports among worker
   processes), its HTTP/1 and HTTP/2 error pages (replaced by the gateway's refusals,
   which never quote upstream bytes), the proxy server's connection handlers (to close
-  a connection the leak scanner cut off mid-stream, and idle upstreams), and the
-  WebSocket fragmentizer.
+  a connection the leak scanner cut off mid-stream, and idle upstreams; and their log
+  method, through which every layer logs — `Unexpected data from server: b'…'`, an
+  HTTP/2 protocol error quoting a header — so that no quoted bytes reach the log), and
+  the WebSocket fragmentizer.
 
 A version outside the ranges these were checked against stops the gateway at start
 (`check_versions`), rather than failing open at run time.
@@ -21,6 +23,7 @@ A version outside the ranges these were checked against stops the gateway at sta
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from importlib.metadata import version
 from typing import Any
@@ -34,7 +37,7 @@ from h11._readers import (
     maybe_read_from_SEND_RESPONSE_server,
 )
 from h11._receivebuffer import ReceiveBuffer
-from mitmproxy.proxy import mode_servers
+from mitmproxy.proxy import mode_servers, server
 from mitmproxy.proxy.commands import SendData
 from mitmproxy.proxy.layers.http import _http1, _http2
 from mitmproxy.proxy.layers.http._events import ResponseProtocolError
@@ -50,6 +53,7 @@ __all__ = [
     "close_mitmproxy_connection",
     "install_error_pages",
     "install_listeners",
+    "install_log_hygiene",
     "read_request_head",
     "read_response_head",
 ]
@@ -160,6 +164,24 @@ def install_error_pages(
     _http1.ChunkedReader = _NoTrailersReader  # type: ignore[attr-defined]
     _h2_answer["make"] = http2
     _http2.Http2Connection._handle_event = _h2_handle_event  # type: ignore[method-assign]
+
+
+_original_log = server.ConnectionHandler.log
+_log_phrase: dict[str, Callable[[str], str]] = {}
+
+
+def _log(self: Any, message: str, level: int = logging.INFO, exc_info: Any = None) -> None:
+    """mitmproxy's connection log, its message cut to the words before quoted bytes."""
+    clean = _log_phrase.get("clean")
+    _original_log(self, clean(message) if clean is not None else message, level, exc_info)
+
+
+def install_log_hygiene(clean: Callable[[str], str]) -> None:
+    """Every message mitmproxy's layers log (through `ConnectionHandler.log`) passes
+    through `clean` first (`core.phrases.error_phrase`): mitmproxy quotes the bytes a
+    peer sent when they do not parse, and a peer may send a key or a token."""
+    _log_phrase["clean"] = clean
+    server.ConnectionHandler.log = _log  # type: ignore[method-assign]
 
 
 def close_mitmproxy_connection(proxyserver: Any, client_id: str,

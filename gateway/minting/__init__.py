@@ -37,5 +37,6 @@ def build_credentials(stored: SecretCache, policies: Callable[[], PolicySet], *,
     minting = MintingStore(policies, MintContext(http=http, secrets=stored))
     minted = SecretCache(minting, ttl=stored.ttl, refresh_ahead=stored.refresh_ahead,
                          stale_for=stored.stale_for, backoff_base=stored.backoff_base,
-                         backoff_max=stored.backoff_max, fetch_timeout=timeout + 15.0)
+                         backoff_max=stored.backoff_max, fetch_timeout=timeout + 15.0,
+                         on_change=stored.on_change)
     return Credentials(stored, minted, minting, http)

@@ -4,9 +4,13 @@ Every problem found is reported as ``"file:line: message"`` (all of them, not on
 the first) in one ``PolicyError``; the message says what to change.
 
 A directory is read non-recursively: ``*.yaml`` / ``*.yml`` at its top level,
-following symlinks, skipping dotfiles and dot-directories. That reads Kubernetes
-ConfigMap mounts (``name.yaml -> ..data/name.yaml``) through their top-level names.
-A file may hold several policies as YAML documents separated by ``---``.
+following symlinks that stay inside it, skipping dotfiles and dot-directories. That
+reads Kubernetes ConfigMap mounts (``name.yaml -> ..data/name.yaml``) through their
+top-level names; a symlink out of the directory is an error naming the link. A file may
+hold several policies as YAML documents separated by ``---``. Files are named
+``<directory name>/<file>`` (``policies/agents.yaml:4``) in rule sources and errors,
+never by the host's absolute path, and errors quote at most a short, clipped piece of a
+file (``_shown``): a file in the directory may be no policy at all.
 
 Decisions documented here: ``protocol: tcp`` rules must list ``ports`` (raw TCP
 has no default port); a missing ``egress`` is the same as an empty one (deny all);
@@ -69,7 +73,10 @@ __all__ = [
     "load_policy_dir",
     "load_policy_text",
     "load_policy_texts",
+    "outside_error",
     "policy_files",
+    "resolves_outside",
+    "source_name",
 ]
 
 _POLICY_KEYS = ("version", "name", "description", "mode", "extends", "egress", "credentials",
@@ -96,6 +103,40 @@ class PolicyError(Exception):
     def __init__(self, errors: list[str]) -> None:
         self.errors = list(errors)
         super().__init__("\n".join(self.errors))
+
+
+_KEY_SHOWN = 40  # characters of a key an error quotes
+_SHOWN = 64  # characters of any other value from a file an error quotes
+_REPR = re.compile(r"'(?:[^'\\\n]|\\.)*'" + r'|"(?:[^"\\\n]|\\.)*"')  # quoted values
+
+
+def _printable(text: str, limit: int) -> str:
+    clean = "".join(c if c.isprintable() else "?" for c in text)  # no controls, no bidi
+    return clean if len(clean) <= limit else clean[: limit - 3] + "..."
+
+
+def _shown(value: object, limit: int = _SHOWN) -> str:
+    """A value from a policy file as an error quotes it: in double quotes, printable
+    characters only, at most ``limit`` of them. Errors never echo more of a file than
+    that: a file in the directory may be no policy at all (or hold a secret)."""
+    text = value if isinstance(value, str) else repr(value)
+    return '"' + _printable(text.replace('"', "'"), limit) + '"'
+
+
+def _repr(value: object, limit: int = _SHOWN) -> str:
+    """``repr(value)`` of a value from a file, clipped like ``_shown``."""
+    text = repr(value)
+    if len(text) <= limit and text.isprintable():
+        return text
+    return _printable(text, limit - 1) + (text[0] if text[0] in "'\"" else "")
+
+
+def _clipped(message: str) -> str:
+    """A library's error about a value (host and path patterns, durations, YAML), its
+    quoted values clipped like ``_repr`` and the whole bounded."""
+    out = _REPR.sub(lambda m: m.group() if len(m.group()) <= _SHOWN else
+                    _printable(m.group(), _SHOWN - 1) + m.group()[0], message)
+    return _printable(out, 300)
 
 
 def _suggest(word: str, choices: tuple[str, ...] | list[str]) -> str:
@@ -172,13 +213,14 @@ class _Parser:
                 continue
             if key in out:
                 first = out[key][0].start_mark.line + 1
-                self.err(file, key_node, f'duplicate key "{key}" (first at line {first})')
+                self.err(file, key_node, f"duplicate key {_shown(key, _KEY_SHOWN)} "
+                         f"(first at line {first})")
                 continue
             if key not in allowed:
                 self.err(
                     file,
                     key_node,
-                    f'unknown key "{key}" in {what}{_suggest(key, allowed)}; '
+                    f"unknown key {_shown(key, _KEY_SHOWN)} in {what}{_suggest(key, allowed)}; "
                     f"known keys: {', '.join(allowed)}",
                 )
                 continue
@@ -219,10 +261,10 @@ class _Parser:
             mark = exc.problem_mark or exc.context_mark
             line = mark.line + 1 if mark is not None else 1
             problem = exc.problem or exc.context or "syntax error"
-            self.errors.append((file, line, f"invalid YAML: {problem}"))
+            self.errors.append((file, line, f"invalid YAML: {_clipped(problem)}"))
             return
         except yaml.YAMLError as exc:
-            self.errors.append((file, 1, f"invalid YAML: {exc}"))
+            self.errors.append((file, 1, f"invalid YAML: {_clipped(str(exc))}"))
             return
         documents = [d for d in documents if d is not None]
         if not documents:
@@ -240,7 +282,8 @@ class _Parser:
             version_node = keys["version"][1]
             version = self.scalar(version_node) if isinstance(version_node, ScalarNode) else None
             if version != "v1":
-                self.err(file, version_node, f"unsupported version {version!r}; use version: v1")
+                self.err(file, version_node,
+                         f"unsupported version {_repr(version)}; use version: v1")
         name: str | None = None
         if "name" not in keys:
             self.err(file, node, "missing name; add name: <policy name>")
@@ -251,7 +294,7 @@ class _Parser:
                 self.err(
                     file,
                     name_node,
-                    f'invalid policy name "{name[:64]}"; use letters, digits, ".", "_", "-"',
+                    f'invalid policy name {_shown(name)}; use letters, digits, ".", "_", "-"',
                 )
                 name = None
         if "description" in keys:
@@ -263,7 +306,7 @@ class _Parser:
             if value == "report":
                 mode = "report"
             elif value != "enforce":
-                self.err(file, mode_node, f"invalid mode {value!r}; use enforce or report")
+                self.err(file, mode_node, f"invalid mode {_repr(value)}; use enforce or report")
         line = node.start_mark.line + 1
         policy = _RawPolicy(
             name=name or f"<unnamed policy at {file}:{line}>",
@@ -314,7 +357,7 @@ class _Parser:
                     raw.host_pattern = compile_host_pattern(host)
                     fields["host"] = raw.host_pattern.text
                 except HostPatternError as exc:
-                    self.err(file, host_node, str(exc))
+                    self.err(file, host_node, _clipped(str(exc)))
                     ok = False
         if "ports" in keys:
             ports = self.parse_ports(file, keys["ports"][1])
@@ -344,7 +387,7 @@ class _Parser:
             if value == "tcp":
                 protocol = "tcp"
             elif value != "http":
-                self.err(file, protocol_node, f"invalid protocol {value!r}; use http or tcp")
+                self.err(file, protocol_node, f"invalid protocol {_repr(value)}; use http or tcp")
                 ok = False
         fields["protocol"] = protocol
         if "models" in keys:
@@ -409,7 +452,7 @@ class _Parser:
         for item in node.value:
             value = self.scalar(item) if isinstance(item, ScalarNode) else None
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-                self.err(file, item, f"invalid port {value!r}; use a number from 1 to 65535")
+                self.err(file, item, f"invalid port {_repr(value)}; use a number from 1 to 65535")
                 ok = False
             elif value not in ports:
                 ports.append(value)
@@ -446,7 +489,7 @@ class _Parser:
             try:
                 validate_path_pattern(value)
             except PathPatternError as exc:
-                self.err(file, item, str(exc))
+                self.err(file, item, _clipped(str(exc)))
                 ok = False
                 continue
             if value not in paths:
@@ -465,7 +508,7 @@ class _Parser:
         models: list[str] = []
         for value, item in items:
             if not _MODEL_GLOB.fullmatch(value):
-                self.err(file, item, f"invalid model pattern {value[:64]!r}; use a model name "
+                self.err(file, item, f"invalid model pattern {_repr(value)}; use a model name "
                          'or a glob such as "claude-sonnet-*" (printable ASCII, no spaces)')
                 ok = False
             elif value not in models:
@@ -531,7 +574,7 @@ class _Parser:
         else:
             name = self.string(file, keys["name"][1], "name")
             if name is not None and not _NAME.fullmatch(name):
-                self.err(file, keys["name"][1], f'invalid budget name "{name[:64]}"; use '
+                self.err(file, keys["name"][1], f"invalid budget name {_shown(name)}; use "
                          'letters, digits, ".", "_", "-"')
                 name = None
             ok = ok and name is not None
@@ -545,7 +588,7 @@ class _Parser:
             if value == "policy":
                 per = "policy"
             elif value != "sandbox":
-                self.err(file, keys["per"][1], f"invalid per {value!r}; use sandbox or policy")
+                self.err(file, keys["per"][1], f"invalid per {_repr(value)}; use sandbox or policy")
                 ok = False
         window: int | Literal["month"] | None = None
         window_text = ""
@@ -562,11 +605,11 @@ class _Parser:
                 try:
                     seconds = parse_duration(raw_window, "window")
                 except ConfigError as exc:
-                    self.err(file, window_node, f"{exc}, or month")
+                    self.err(file, window_node, f"{_clipped(str(exc))}, or month")
                     seconds = 0.0
                 if seconds and (seconds < _MIN_WINDOW or seconds != int(seconds)):
-                    self.err(file, window_node, f"window {window_text!r} must be whole seconds, "
-                             "at least 1m")
+                    self.err(file, window_node, f"window {_repr(window_text)} must be whole "
+                             "seconds, at least 1m")
                 elif seconds:
                     window = int(seconds)
             ok = ok and window is not None
@@ -581,7 +624,7 @@ class _Parser:
             number: int | float | None = value if whole or real else None
             if number is None or number <= 0:
                 kind = "a positive number" if key == "cost_usd" else "a positive whole number"
-                self.err(file, value_node, f"{key} must be {kind}, got {value!r}")
+                self.err(file, value_node, f"{key} must be {kind}, got {_repr(value)}")
                 ok = False
             else:
                 limits[key] = number
@@ -630,7 +673,7 @@ class _Parser:
                 self.err(
                     file,
                     key_node,
-                    f"invalid credential name {name!r}; use letters, digits, '.', '_', '-'",
+                    f"invalid credential name {_repr(name)}; use letters, digits, '.', '_', '-'",
                 )
                 continue
             where = f"{file}:{key_node.start_mark.line + 1}"
@@ -670,7 +713,7 @@ class _Parser:
                 self.err(
                     file,
                     preset_node,
-                    f'unknown preset "{preset_name[:64]}"{_suggest(preset_name, known)}; '
+                    f"unknown preset {_shown(preset_name)}{_suggest(preset_name, known)}; "
                     f"presets: {', '.join(known)}",
                 )
                 preset_name = None
@@ -728,7 +771,7 @@ class _Parser:
         kind = TYPES.get(type_name)
         if kind is None:
             known = tuple(TYPES)
-            self.err(file, type_node, f'unknown credential type "{type_name[:64]}"'
+            self.err(file, type_node, f"unknown credential type {_shown(type_name)}"
                      f"{_suggest(type_name, known)}; types: {', '.join(known)} (or no type: "
                      "and preset:/secret: for a key from the secret store)")
             return None
@@ -787,7 +830,7 @@ class _Parser:
         if spec.kind == "secret":
             text = self.string(file, node, what)
             if text is not None and not _SECRET_NAME.fullmatch(text):
-                self.err(file, node, f'{what}: "{text[:64]}" is not a secret name; name the '
+                self.err(file, node, f"{what}: {_shown(text)} is not a secret name; name the "
                          "secret in the store that holds it (letters, digits, '.', '_', '-')")
                 return None
             return text
@@ -798,7 +841,7 @@ class _Parser:
             parts = urlsplit(text)
             if parts.scheme != "https" or not parts.hostname or parts.query or \
                     parts.fragment or parts.username or parts.password:
-                self.err(file, node, f'{what}: "{text[:100]}" must be an https:// URL without '
+                self.err(file, node, f"{what}: {_shown(text)} must be an https:// URL without "
                          "query or credentials (the gateway's own calls use TLS only)")
                 return None
             return text.rstrip("/")
@@ -813,7 +856,7 @@ class _Parser:
             return self.boolean(file, node, what)
         if spec.kind == "choice":
             if value not in spec.choices:
-                self.err(file, node, f"invalid {what} {value!r}; use one of "
+                self.err(file, node, f"invalid {what} {_repr(value)}; use one of "
                          f"{', '.join(spec.choices)}")
                 return None
             return str(value)
@@ -821,7 +864,7 @@ class _Parser:
             try:
                 seconds = parse_duration(value, what)
             except ConfigError as exc:
-                self.err(file, node, str(exc))
+                self.err(file, node, _clipped(str(exc)))
                 return None
             return int(seconds)
         if spec.kind == "texts":
@@ -863,12 +906,12 @@ class _Parser:
         if type_name == "github-app":
             for perm, level in _pairs(options.get("permissions")):
                 if level not in _GITHUB_LEVELS:
-                    return fail(f"permission {perm}: {level!r} is not one of "
-                                f"{', '.join(_GITHUB_LEVELS)}", "permissions")
+                    return fail(f"permission {_printable(str(perm), _SHOWN)}: {_repr(level)} "
+                                f"is not one of {', '.join(_GITHUB_LEVELS)}", "permissions")
         elif type_name == "aws-sigv4":
             for key in ("service", "region"):
                 if not _AWS_NAME.fullmatch(str(options[key])):
-                    return fail(f"{key} {options[key]!r} is not an AWS {key} name "
+                    return fail(f"{key} {_repr(options[key])} is not an AWS {key} name "
                                 "(e.g. bedrock, us-east-1)", key)
             pair = [k for k in ("access_key_id", "secret_access_key") if k in options]
             if len(pair) == 1:
@@ -885,7 +928,7 @@ class _Parser:
             if web and role is None:
                 return fail("web_identity: true needs role_arn: (the role to assume)")
             if role is not None and not str(role).startswith("arn:"):
-                return fail(f"role_arn {str(role)[:80]!r} must be an ARN "
+                return fail(f"role_arn {_repr(str(role))} must be an ARN "
                             "(arn:aws:iam::<account>:role/<name>)", "role_arn")
             duration = options.get("duration")
             if isinstance(duration, int) and not 900 <= duration <= 43200:
@@ -910,7 +953,7 @@ class _Parser:
             try:
                 hosts.append(compile_host_pattern(value).text)
             except HostPatternError as exc:
-                self.err(file, item, str(exc))
+                self.err(file, item, _clipped(str(exc)))
                 ok = False
         return tuple(hosts) if ok else None
 
@@ -938,7 +981,7 @@ class _Parser:
         if text is None:
             return None
         if kind in ("header", "query") and not _HEADER.fullmatch(text):
-            self.err(file, value_node, f'invalid {kind} name "{text[:64]}"')
+            self.err(file, value_node, f"invalid {kind} name {_shown(text)}")
             return None
         if kind == "header":
             return Injection("header", text)
@@ -1021,7 +1064,7 @@ def _build(parser: _Parser, revision: str = "") -> PolicySet:
                         (
                             raw.file,
                             line,
-                            f'unknown credential "{cred_name[:64]}"'
+                            f"unknown credential {_shown(cred_name)}"
                             f"{_suggest(cred_name, known_credentials)}; define it under "
                             "credentials: in any policy file",
                         )
@@ -1059,7 +1102,7 @@ def _build(parser: _Parser, revision: str = "") -> PolicySet:
                     (
                         raw.file,
                         line,
-                        f'policy "{name}" extends unknown policy "{parent[:64]}"'
+                        f'policy "{name}" extends unknown policy {_shown(parent)}'
                         f"{_suggest(parent, known_policies)}",
                     )
                 )
@@ -1117,7 +1160,7 @@ def _budgets(
                 line = node.start_mark.line + 1
                 if cred not in credentials:
                     errors.append((raw.file, line, f'budget "{raw_budget.budget.name}" names '
-                                   f'unknown credential "{cred[:64]}"{_suggest(cred, known)}'))
+                                   f"unknown credential {_shown(cred)}{_suggest(cred, known)}"))
                 elif cred not in injected:
                     errors.append((raw.file, line, f'budget "{raw_budget.budget.name}" limits '
                                    f'credential "{cred}", which no rule of policy "{name}" '
@@ -1183,9 +1226,42 @@ def policy_files(directory: str | os.PathLike[str]) -> list[Path]:
     return out
 
 
+def source_name(directory: str | os.PathLike[str]) -> str:
+    """How sources name the policies directory: by its own name, never by the host's
+    absolute path (a rule's source reaches refusal bodies, explain output and audit
+    lines): ``policies/agents.yaml:4``."""
+    return os.path.basename(os.path.abspath(os.fspath(directory))) or "policies"
+
+
+def resolves_outside(directory: str | os.PathLike[str], path: str | os.PathLike[str]
+                     ) -> str | None:
+    """Where ``path`` really is if a symlink (of the file or of a directory on its way)
+    takes it out of ``directory``; None when it stays inside (a Kubernetes ConfigMap's
+    ``name.yaml -> ..data/name.yaml -> ..2026_…/name.yaml`` does)."""
+    base = os.path.realpath(directory)
+    real = os.path.realpath(path)
+    return None if Path(real).is_relative_to(base) else real
+
+
+def outside_error(name: str, real: str, directory: str | os.PathLike[str]) -> str:
+    """The message for a file that a symlink takes out of the policies directory."""
+    return (f"{name} is a symbolic link to {real}, outside the policies directory "
+            f"{os.path.realpath(directory)}; the gateway reads policy files only inside "
+            "it: copy the file into the directory, or point the link at a file inside it "
+            "(as a ConfigMap's ..data links do)")
+
+
+def _unreadable(exc: OSError | UnicodeDecodeError) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return f"cannot read: not UTF-8 text (byte {exc.start})"
+    return f"cannot read: {exc.strerror or type(exc).__name__}"
+
+
 def load_policy_dir(directory: str | os.PathLike[str]) -> PolicySet:
     """Load every policy file in ``directory`` (raises PolicyError listing every problem).
 
+    Files are named ``<directory name>/<file>`` in sources and errors (``source_name``).
+    A file that a symlink takes out of the directory is an error, never read.
     The set's ``revision`` comes from git, a ``REVISION`` file or the bytes read here
     (``revision.policy_revision``), computed once the files are valid.
     """
@@ -1199,16 +1275,22 @@ def load_policy_dir(directory: str | os.PathLike[str]) -> PolicySet:
         raise PolicyError(
             [f"{os.fspath(directory)}:0: no policy files (*.yaml, *.yml) in this directory"]
         )
+    shown = source_name(directory)
     raw: dict[str, bytes] = {}
     parser = _Parser()
     for path in paths:
-        try:
-            data = path.read_bytes()
+        name = f"{shown}/{path.name}"
+        real = resolves_outside(directory, path)
+        if real is not None:
+            parser.errors.append((name, 1, outside_error(path.name, real, directory)))
+            continue
+        try:  # the file checked, not the link again (it may be swapped meanwhile)
+            data = Path(os.path.realpath(path)).read_bytes()
             text = data.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            parser.errors.append((str(path), 1, f"cannot read: {exc}"))
+            parser.errors.append((name, 1, _unreadable(exc)))
             continue
         raw[path.name] = data
-        parser.parse_file(str(path), text)
+        parser.parse_file(name, text)
     policy_set = _build(parser)
     return replace(policy_set, revision=policy_revision(directory, raw))

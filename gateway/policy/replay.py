@@ -33,7 +33,7 @@ from gateway.policy.model import (
     PolicySet,
     Request,
 )
-from gateway.policy.testing import relative_source
+from gateway.policy.testing import relative_source, relative_text
 
 __all__ = [
     "CATEGORIES",
@@ -83,7 +83,7 @@ class Outcome:
 def _outcome(decision: Decision, root: str, tunnel: bool) -> Outcome:
     rule = decision.rule
     rule_id = None if rule is None else (rule.policy, rule.host, rule.protocol)
-    reason = decision.reason.replace(root.rstrip("/") + "/", "") if root else decision.reason
+    reason = relative_text(decision.reason, root)
     return Outcome(decision.result, reason,
                    relative_source(rule.source, root) if rule else None, rule_id,
                    decision.credential, decision.inspect if tunnel else False)

@@ -206,8 +206,12 @@ def gitsync_revision(directory: str | os.PathLike[str]) -> str | None:
 def revision_file(directory: str | os.PathLike[str]) -> str | None:
     """The first line of ``directory/REVISION`` if it is a plausible revision string."""
     path = Path(directory) / REVISION_FILE
+    real = Path(os.path.realpath(path))
+    if not real.is_relative_to(os.path.realpath(directory)):
+        log.warning("%s: ignored: a symbolic link out of the policies directory", path)
+        return None
     try:
-        with path.open("rb") as handle:
+        with real.open("rb") as handle:
             head = handle.read(256)
     except OSError:
         return None

@@ -28,6 +28,7 @@ Pure: parsing takes text, running takes a PolicySet. File discovery is the CLI's
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ __all__ = [
     "PolicyCase",
     "parse_cases",
     "relative_source",
+    "relative_text",
     "run_case",
     "run_cases",
 ]
@@ -318,10 +320,28 @@ def parse_cases(file: str, text: str) -> tuple[list[PolicyCase], list[str]]:
     return cases, parser.errors
 
 
+def _prefixes(root: str) -> tuple[str, ...]:
+    """How sources loaded from ``root`` start: the directory's name (``source_name``),
+    or its path (sources of texts loaded under their paths)."""
+    if not root:
+        return ()
+    name = os.path.basename(os.path.abspath(root))
+    return tuple(dict.fromkeys(p + "/" for p in (name, root.rstrip("/")) if p))
+
+
 def relative_source(source: str, root: str) -> str:
     """``file:line`` with the policies directory ``root`` stripped (as tests write it)."""
-    prefix = root.rstrip("/") + "/"
-    return source[len(prefix):] if root and source.startswith(prefix) else source
+    for prefix in _prefixes(root):
+        if source.startswith(prefix):
+            return source[len(prefix):]
+    return source
+
+
+def relative_text(text: str, root: str) -> str:
+    """``text`` (a decision's reason) with every source in it relative to ``root``."""
+    for prefix in _prefixes(root):
+        text = re.sub(r"(?<![\w./-])" + re.escape(prefix), "", text)
+    return text
 
 
 def run_case(policy_set: PolicySet, case: PolicyCase, root: str = "",

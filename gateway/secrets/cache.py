@@ -17,6 +17,8 @@ What it adds on top of a `SecretStore`:
   mints) are kept until ``expiry_margin`` (at most a tenth of their lifetime) before
   they expire instead of ``ttl``, refreshed ahead of that, and never served, not even
   stale, past their own expiry.
+- **on_change**: called when a fetch brings a value the cache did not hold (the log
+  redaction, `gateway/logs.py`, then rebuilds its markers from `known_values`).
 
 Logs and metrics carry secret *names* and store kinds, never values.
 """
@@ -87,6 +89,7 @@ class SecretCache:
         reconfirm_interval: float = 30.0,
         rng: random.Random | None = None,
         expiry_margin: float = 60.0,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         if ttl <= 0:
             raise ValueError("ttl must be positive")
@@ -107,6 +110,7 @@ class SecretCache:
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
         self._entries: dict[str, _Entry] = {}
         self._closed = False
+        self.on_change = on_change
 
     async def get(self, name: str) -> SecretValue:
         """Return the value of ``name`` or raise `SecretUnavailable`."""
@@ -250,7 +254,10 @@ class SecretCache:
             )
         if entry.invalidated:
             entry.confirmed_at = now if entry.value is not None and entry.value == value else None
+        new = entry.value is None or entry.value != value
         entry.value = value
+        if new and self.on_change is not None:
+            self.on_change()
         lifetime = value.lifetime if isinstance(value, MintedValue) else None
         if lifetime is None:
             entry.expires_at = now + self.ttl

@@ -56,6 +56,7 @@ class EphemeralKeys:
         self.version = 0
         self._by_digest: dict[str, EphemeralKey] = {}
         self.share: Callable[[EphemeralKey], None] | None = None  # set by the state store
+        self.on_change: Callable[[], None] | None = None  # (the log redaction's rebuild)
 
     def add(self, key: EphemeralKey, *, shared: bool = False) -> None:
         """Remember ``key``; ``shared``: it came from another process (not shared again)."""
@@ -70,6 +71,8 @@ class EphemeralKeys:
             del self._by_digest[oldest.digest]
         self._by_digest[digest] = key
         self.version += 1
+        if self.on_change is not None:
+            self.on_change()
         if not shared and self.share is not None:
             self.share(key)
 

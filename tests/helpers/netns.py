@@ -68,14 +68,20 @@ class Lab:
              "--resolve", f"{host}:443:{ip}", *args, url],
             capture_output=True, text=True, timeout=20)
 
-    def sandbox_client(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """Run helpers/parity.py inside the sandbox namespace; its JSON result."""
-        out = subprocess.run(  # (the spec on stdin: a body may pass argv's size limit)
+    def sandbox_client(self, spec: dict[str, Any] | list[dict[str, Any]]) -> Any:
+        """Run helpers/parity.py inside the sandbox namespace; its JSON result (a list of
+        them for a list of specs, run one after the other in one process). The spec goes
+        on stdin: a body may pass argv's size limit."""
+        out = subprocess.run(
             ["ip", "netns", "exec", self.sbx_ns, sys.executable, str(HELPERS / "parity.py"),
-             "-"], input=json.dumps(spec), capture_output=True, text=True, timeout=30)
+             "-"], input=json.dumps(spec), capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
-        result: dict[str, Any] = json.loads(out.stdout)
-        return result
+        return json.loads(out.stdout)
+
+    @property
+    def gateway_log(self) -> str:
+        """The gateway process's stderr so far."""
+        return (self.workdir / "gateway.log").read_text(errors="replace")
 
     def admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> str:
         cmd = ["ip", "netns", "exec", self.gw_ns, "curl", "-sS", "-X", method,
@@ -123,9 +129,10 @@ def _wait_line(proc: subprocess.Popen[str], word: str, timeout: float = 15) -> N
 
 @contextlib.contextmanager
 def transparent_lab(workdir: Path, *, policy: str, names: list[str],
-                    secrets: dict[str, str], resolve: dict[str, str] | None = None
-                    ) -> Iterator[Lab]:
-    """Start the lab (the caller skips or fails when `unavailable()` says why)."""
+                    secrets: dict[str, str], resolve: dict[str, str] | None = None,
+                    log_level: str = "info") -> Iterator[Lab]:
+    """Start the lab (the caller skips or fails when `unavailable()` says why); the
+    gateway's stderr goes to `workdir/gateway.log` (`Lab.gateway_log`)."""
     tag = uuid.uuid4().hex[:6]
     gw_ns, sbx_ns = f"sgw{tag}", f"sbx{tag}"
     hosts_dir = Path("/etc/netns") / gw_ns
@@ -178,12 +185,13 @@ def transparent_lab(workdir: Path, *, policy: str, names: list[str],
             "admin_token": ADMIN, "policies": "policies", "certs": "certs", "workers": 1,
             "secrets": {"store": "file", "path": str(secrets_file)},
             "audit": {"path": str(workdir / "audit.jsonl")},
-            "network": network,
+            "network": network, "log_level": log_level,
         }))
-        gw = subprocess.Popen(
-            ["ip", "netns", "exec", gw_ns, sys.executable, "-m", "gateway", "run",
-             "--config", str(workdir / "gateway.yaml")],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        with (workdir / "gateway.log").open("w") as log:
+            gw = subprocess.Popen(
+                ["ip", "netns", "exec", gw_ns, sys.executable, "-m", "gateway", "run",
+                 "--config", str(workdir / "gateway.yaml")],
+                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
         procs.append(gw)
         lab = Lab(gw_ns, sbx_ns, workdir, ca)
         deadline = time.monotonic() + 20
@@ -191,7 +199,7 @@ def transparent_lab(workdir: Path, *, policy: str, names: list[str],
             if '"ready":true' in lab.admin("GET", "/readyz").replace(" ", ""):
                 break
             if gw.poll() is not None:
-                raise RuntimeError(gw.stderr.read() if gw.stderr else "gateway exited")
+                raise RuntimeError(lab.gateway_log or "gateway exited")
             time.sleep(0.2)
         else:
             raise TimeoutError("gateway not ready")

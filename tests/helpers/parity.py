@@ -297,11 +297,18 @@ def spec_json(spec: Spec) -> str:
     return json.dumps(asdict(spec))
 
 
-if __name__ == "__main__":
-    raw = json.loads(sys.stdin.read() if sys.argv[1] == "-" else sys.argv[1])
+def _from_json(raw: dict[str, Any]) -> Spec:
     for key in ("proxy", "connect_to"):
         if raw.get(key) is not None:
             raw[key] = tuple(raw[key])
-    raw["headers"] = [tuple(h) for h in raw["headers"]]
-    raw["trailers"] = [tuple(h) for h in raw["trailers"]]
-    print(json.dumps(asdict(run(Spec(**raw)))))
+    raw["headers"] = [tuple(h) for h in raw.get("headers", [])]
+    raw["trailers"] = [tuple(h) for h in raw.get("trailers", [])]
+    return Spec(**raw)
+
+
+if __name__ == "__main__":
+    given = json.loads(sys.stdin.read() if sys.argv[1] == "-" else sys.argv[1])
+    if isinstance(given, list):  # several requests, one after the other
+        print(json.dumps([asdict(run(_from_json(raw))) for raw in given]))
+    else:
+        print(json.dumps(asdict(run(_from_json(given)))))

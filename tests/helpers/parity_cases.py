@@ -202,6 +202,8 @@ WS_UPGRADE = [["Upgrade", "websocket"], ["Connection", "Upgrade"],
 SWAP, MINT = "key swap, echo redacted", "minted token swap, echo redacted"
 BUDGETED = "a budgeted call"
 CONNECT_DENY = {"decision": "deny", "method": "CONNECT"}
+# A validly signed token refused for time or revocation is named on its audit line.
+NAMED = {"sandbox": "sandbox-1", "policy": "agent"}
 
 CASES = [
     Case("allow inspected", {"host": "other.test", "target": "/ok/a"},
@@ -487,10 +489,10 @@ CASES = [
     Case("unresolvable", {"host": "noname.test"}, ("connect", 502, "unresolvable"),
          {**CONNECT_DENY, "error": "unresolvable"}, transparent=("skip", None, None)),
     Case("expired token", {"host": "other.test"}, ("connect", 407, "token_expired"),
-         {**CONNECT_DENY, "error": "token_expired"}, token="expired",
+         {**CONNECT_DENY, "error": "token_expired", **NAMED}, token="expired",
          transparent=("skip", None, None)),
     Case("revoked token", {"host": "other.test"}, ("connect", 407, "token_revoked"),
-         {**CONNECT_DENY, "error": "token_revoked"}, token="revoked",
+         {**CONNECT_DENY, "error": "token_revoked", **NAMED}, token="revoked",
          transparent=("skip", None, None)),
     Case("F12 lower-case method", {"host": "other.test", "method": "get", "target": "/ok/a"},
          ("response", 400, "bad_request"), {**DENY, "error": "bad_request"},

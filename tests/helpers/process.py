@@ -3,6 +3,7 @@ measure: its file descriptors, memory, signals and stderr)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -43,10 +44,13 @@ class GatewayProcess:
     proxy: int
     admin: int
     workdir: Path
+    log: Path | None = None  # stderr goes to this file (a pipe nobody reads fills up)
 
     def stderr(self) -> str:
         """Waits for the process to end; its whole stderr."""
         self.proc.wait(15)
+        if self.log is not None:
+            return self.log.read_text(errors="replace")
         assert self.proc.stderr is not None
         return self.proc.stderr.read()
 
@@ -83,9 +87,10 @@ class GatewayProcess:
 def start_gateway(workdir: Path, names: dict[str, int], ca: LocalCA, *,
                   proxy: int | None = None, workers: int = 1, policy: str = POLICY,
                   extra: dict[str, Any] | None = None, wait: bool = True,
-                  fd_limit: int | None = None) -> GatewayProcess:
+                  fd_limit: int | None = None, log: Path | None = None) -> GatewayProcess:
     """`sandbox-gateway run` with policies in `workdir`, `names` resolved to local ports;
-    `fd_limit` sets its open-files limit (soft and hard) as a container's ulimit would."""
+    `fd_limit` sets its open-files limit (soft and hard) as a container's ulimit would;
+    `log`: a file for its stderr (for a chatty process: debug logging)."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "policies").mkdir(exist_ok=True)
     (workdir / "policies" / "agent.yaml").write_text(policy)
@@ -106,12 +111,15 @@ def start_gateway(workdir: Path, names: dict[str, int], ca: LocalCA, *,
             config[key] = value
     (workdir / "gateway.yaml").write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_GATEWAY_")}
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "run", "--config",
-                             str(workdir / "gateway.yaml")], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=None if fd_limit is None else lambda: resource.setrlimit(
-                                resource.RLIMIT_NOFILE, (fd_limit, fd_limit)))
-    gw = GatewayProcess(proc, proxy, admin, workdir)
+    with contextlib.ExitStack() as files:
+        stderr: Any = subprocess.PIPE if log is None else files.enter_context(log.open("w"))
+        proc = subprocess.Popen([sys.executable, "-m", "gateway", "run", "--config",
+                                 str(workdir / "gateway.yaml")], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=stderr, text=True,
+                                preexec_fn=None if fd_limit is None else
+                                lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                           (fd_limit, fd_limit)))
+    gw = GatewayProcess(proc, proxy, admin, workdir, log)
     if wait:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

@@ -7,6 +7,9 @@ a request with `Upgrade: websocket` (any path) is a WebSocket echo whose receive
 messages are recorded as `Seen("WS", path, {}, payload)`;
 `POST /oauth2/token` is an OAuth2 client-credentials endpoint for one client (HTTP Basic
 `MINT_CLIENT`/`MINT_SECRET`) that issues `MINTED`, and 401 for any other client.
+`/malformed/SHAPE/NAME?enc=ENC` answers something that is not valid HTTP, quoting the
+request header NAME (the key the gateway injected) encoded as ENC (`MALFORMED`,
+`ENCODINGS`): what an upstream that echoes what it was sent could make a gateway log.
 """
 
 from __future__ import annotations
@@ -22,11 +25,27 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, unquote_plus, urlsplit
+from urllib.parse import parse_qs, quote, unquote_plus, urlsplit
 
 MINT_CLIENT = "parity-client"
 MINT_SECRET = "parity-client-secret-0123456789"
 MINTED = "mt-parity-minted-token-0123456789abcdef"
+# Malformed answers quoting a value: an invalid status line, a header line without a
+# colon, a bad Transfer-Encoding, a bad chunk size mid-body, no HTTP at all.
+MALFORMED = {
+    "status": "HTTP/1.1 OK {v}\r\nContent-Length: 0\r\n\r\n",
+    "line": "HTTP/1.1 200 OK\r\n{v}\r\nContent-Length: 2\r\n\r\nok",
+    "te": "HTTP/1.1 200 OK\r\nTransfer-Encoding: {v}\r\n\r\nx",
+    "chunk": "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n{v}\r\nx\r\n",
+    "garbage": "{v}\r\n\r\n",
+}
+ENCODINGS = {
+    "raw": lambda v: v,
+    "b64": lambda v: base64.b64encode(v.encode()).decode(),
+    "b64url": lambda v: base64.urlsafe_b64encode(v.encode()).decode().rstrip("="),
+    "hex": lambda v: v.encode().hex(),
+    "url": lambda v: quote(v, safe=""),
+}
 
 
 @dataclass
@@ -105,6 +124,12 @@ class _Handler(BaseHTTPRequestHandler):
             value = self.headers.get(parts[1], "")
             self.wfile.write(f"HTTP/1.1 200 seen {value}\r\nContent-Length: 2\r\n\r\nok"
                              .encode())
+            return None
+        if parts[0] == "malformed" and len(parts) > 2:
+            value = ENCODINGS[parse_qs(url.query).get("enc", ["raw"])[0]](
+                self.headers.get(parts[2], ""))
+            self.wfile.write(MALFORMED[parts[1]].format(v=value).encode())
+            self.close_connection = True
             return None
         if parts[0] == "echo-te" and len(parts) > 1:  # a malformed answer quoting it
             value = self.headers.get(parts[1], "")

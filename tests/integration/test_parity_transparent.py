@@ -16,7 +16,10 @@ from typing import Any
 import pytest
 from helpers.netns import UPSTREAM_IP, Lab, transparent_lab, unavailable
 from helpers.parity import Result
-from helpers.parity_cases import CASES, POLICY, SECRETS, Case, build_spec, deciding_line
+from helpers.parity_cases import CASES, KEY, POLICY, SECRETS, Case, build_spec, deciding_line
+from helpers.upstream import ENCODINGS, MALFORMED, MINT_SECRET, MINTED
+
+from gateway.core.leaks import LeakScan, sensitive_markers, token_markers
 
 pytestmark = pytest.mark.netns
 
@@ -33,7 +36,7 @@ def parity_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         pytest.fail(why)
     workdir: Path = tmp_path_factory.mktemp("parity-lab")
     with transparent_lab(workdir, policy=POLICY, names=NAMES,
-                         secrets=SECRETS,
+                         secrets=SECRETS, log_level="debug",
                          resolve={n: f"{UPSTREAM_IP}:443" for n in NAMES}) as lab:
         lab.register("sandbox-1")
         yield lab
@@ -123,3 +126,31 @@ def test_plain_http_keep_alive_cannot_switch_hosts(parity_lab: Lab) -> None:
     lines = parity_lab.audit()[before:]
     assert [r["error"] for r in lines] == [None, "host_mismatch"]
     assert all(r["path_taken"] in ("intercept", None) for r in lines)
+
+
+def test_no_secret_in_the_gateway_log(parity_lab: Lab) -> None:
+    """Log hygiene on the transparent door (the other engines: test_log_secrets.py): an
+    upstream answering malformed HTTP that quotes the key or the minted token it was
+    sent (raw, base64, hex, URL-encoded), and malformed requests quoting the sandbox's
+    token; the gateway's whole stderr (debug level) and audit file hold none of them,
+    in any encoding the leak scanner knows."""
+    lab = parity_lab
+    token = lab.mint("sandbox-1")
+    base = {"port": 443, "connect_to": [UPSTREAM_IP, 443], "cafile": str(lab.gateway_ca),
+            "headers": [["Authorization", f"Bearer {token}"]]}
+    specs = [{**base, "host": host, "target": f"/malformed/{shape}/Authorization?enc={enc}"}
+             for host in ("api.openai.com", "minted.test") for shape in MALFORMED
+             for enc in ENCODINGS]
+    specs += [{**base, "host": "api.openai.com", "target": "/x",
+               "headers": [*base["headers"], [f"X-Bad {token}", "1"]]},
+              {**base, "host": "api.openai.com", "target": f"/x {token}"}]
+    results = lab.sandbox_client(specs)
+    assert [r["status"] for r in results[:5]] == [502] * 5, results[:5]
+    seen = [r["headers"].get("authorization") for r in lab.upstream_seen()]
+    assert f"Bearer {KEY}" in seen and f"Bearer {MINTED}" in seen
+    scan = LeakScan(token_markers(token, "sandbox-gateway"),
+                    [m for v in (KEY, MINTED, MINT_SECRET) for m in sensitive_markers(v.encode())])
+    for text in (lab.gateway_log, json.dumps(lab.audit()), json.dumps(results)):
+        assert scan.find(text.encode("utf-8", "surrogateescape")) is None, text[-5000:]
+        assert KEY not in text and MINTED not in text and token not in text
+    assert "[quoted data withheld]" in lab.gateway_log

@@ -71,6 +71,31 @@ def test_httpx_intercepted_method_and_path_rules(gateway: GatewayThread,
         assert bad_path.headers["x-sandbox-gateway-error"] == "policy_denied"
 
 
+def test_rules_are_named_relative_to_the_policies_directory(gateway: GatewayThread,
+                                                           upstream: Upstream) -> None:
+    """Refusal bodies, audit lines and explain answers name `policies/agent.yaml:6`,
+    never the gateway host's absolute path to it."""
+    host_path = str(gateway.config.policies)
+    token = gateway.mint("agent")
+    with client(gateway, token) as c:
+        refused = c.post("https://api.allowed.test/v1/models")
+    assert refused.status_code == 403
+    assert refused.json()["rule"] == "policies/agent.yaml:6"
+    assert "policies/agent.yaml:6" in reason_of(refused.json())
+    assert host_path not in refused.text and host_path not in json.dumps(dict(refused.headers))
+    status, _, body = connect(gateway, "evil.test:443", token)  # reason names the file
+    assert status == 403 and body is not None and "policies/agent.yaml" in body["reason"]
+    assert host_path not in json.dumps(body)
+    lines = gateway.audit.wait_for(lambda r: r["method"] == "POST")
+    assert lines and lines[-1]["rule"] == "policies/agent.yaml:6"
+    assert host_path not in json.dumps(gateway.audit.records())
+    admin = {"Authorization": f"Bearer {gateway.gateway.admin_token}"}
+    explained = httpx.post(f"{gateway.admin}/v1/explain", headers=admin, json={
+        "policy": "agent", "method": "GET", "url": "https://api.allowed.test/v1/x"}).json()
+    assert explained["rule"] == "policies/agent.yaml:6", explained
+    assert host_path not in json.dumps(explained)
+
+
 def test_requests_library(gateway: GatewayThread, upstream: Upstream) -> None:
     token = gateway.mint("agent")
     proxies = {"https": gateway.proxy_url(token), "http": gateway.proxy_url(token)}

@@ -32,6 +32,7 @@ import h11
 from gateway.core.exchange import Exchange, no_body
 from gateway.core.gate import Client, Gate
 from gateway.core.messages import RequestHead
+from gateway.core.phrases import error_phrase
 from gateway.core.refusal import Answer, Refusal, to_http1
 from gateway.engines.h1 import framing
 from gateway.engines.h1.framing import ProtocolError
@@ -197,7 +198,8 @@ class Connection(Side):
         except ProtocolError as exc:
             tunnel = self.client.tunnel
             self.write_answer(self.gate.refuse(
-                self.client, Refusal("bad_request", f"the request could not be parsed: {exc}"),
+                self.client, Refusal("bad_request", "the request could not be parsed: "
+                                     f"{error_phrase(str(exc))}"),  # (no quoted bytes)
                 host=tunnel.host if tunnel else None, port=tunnel.port if tunnel else None,
                 close=True))
         except TimeoutError:
@@ -521,7 +523,7 @@ class Connection(Side):
         except (ProtocolError, Refusal, TimeoutError) as exc:
             # The response is under way: the client cannot be told; close both sides.
             log.info("response from %s:%d cut off: %s", ex.target.host, ex.target.port,
-                     ex.redact_text(str(exc))[:200])
+                     error_phrase(str(exc)))
             self.exchange = None
             ex.finish(head.status, error="upstream_timeout" if isinstance(exc, TimeoutError)
                       else "upstream_failed")

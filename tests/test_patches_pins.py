@@ -1,0 +1,61 @@
+"""pyproject.toml allows exactly the dependency versions gateway/engines/patches.py was
+checked against: a plain `pip install` must resolve versions the gateway starts with
+(patches.check_versions refuses any other at start)."""
+
+from __future__ import annotations
+
+import tomllib
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from gateway.engines import patches
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _requirements() -> dict[str, Requirement]:
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())
+    reqs = [Requirement(r) for r in data["project"]["dependencies"]]
+    return {canonicalize_name(r.name): r for r in reqs}
+
+
+def _range(prefix: str) -> set[str]:
+    """`12.2.` -> {">=12.2", "<12.3"}: the versions starting with the prefix."""
+    parts = prefix.rstrip(".").split(".")
+    upper = [*parts[:-1], str(int(parts[-1]) + 1)]
+    return {f">={'.'.join(parts)}", f"<{'.'.join(upper)}"}
+
+
+@pytest.mark.parametrize("package", sorted(patches.CHECKED))
+def test_pyproject_range_is_what_patches_accept(package: str) -> None:
+    prefixes = patches.CHECKED[package]
+    assert len(prefixes) == 1, "one contiguous range per package (pyproject cannot say more)"
+    req = _requirements().get(canonicalize_name(package))
+    assert req is not None, f"{package} is patched but not a direct dependency in pyproject"
+    assert {str(s) for s in req.specifier} == _range(prefixes[0]), (
+        f"pyproject.toml has {package}{req.specifier}; patches.CHECKED accepts "
+        f"{prefixes[0]}x: make them equal")
+
+
+@pytest.mark.parametrize(("package", "accepted", "refused"), [
+    ("mitmproxy", ["12.2.0", "12.2.3", "12.2.99"], ["12.1.9", "12.3.0", "12.3.1", "13.0"]),
+    ("h11", ["0.16.0", "0.16.5"], ["0.15.0", "0.17.0", "1.0"]),
+])
+def test_the_range_refuses_what_check_versions_refuses(
+        package: str, accepted: list[str], refused: list[str]) -> None:
+    spec = _requirements()[package].specifier
+    prefixes = patches.CHECKED[package]
+    for text in accepted + refused:
+        assert spec.contains(Version(text)) == text.startswith(prefixes), (package, text)
+    assert all(spec.contains(Version(v)) for v in accepted)
+
+
+def test_the_installed_versions_start() -> None:
+    patches.check_versions()  # raises when the environment holds a refused version
+    for package, prefixes in patches.CHECKED.items():
+        assert version(package).startswith(prefixes)
