@@ -44,7 +44,9 @@ other coding: 415). Token counts are deterministic: input = words of the request
 (+ ``cached_tokens`` reported as the cached part when set), output = words of the reply
 (or ``output_tokens`` when set), at most the request's ``max_tokens`` /
 ``max_completion_tokens`` / ``max_output_tokens`` / ``maxOutputTokens`` (then the reply
-stops for length). Every request is recorded in ``requests``.
+stops for length). Every request is recorded in ``requests``. With ``websocket=True`` a
+WebSocket server (``fakes.realtime.FakeRealtime``: the Realtime API and the Responses
+API over WebSocket) shares the fake's CA, counts, stored responses and minted secrets.
 """
 
 from __future__ import annotations
@@ -65,11 +67,14 @@ from email import policy
 from email.parser import BytesParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 import brotli
 from helpers.tls import LocalCA
+
+if TYPE_CHECKING:
+    from fakes.realtime import FakeRealtime
 
 HOSTS = ["127.0.0.1", "localhost", "api.openai.com", "api.anthropic.com",
          "generativelanguage.googleapis.com", "*.openai.azure.com"]
@@ -327,11 +332,13 @@ class FakeInference:
     # Background responses and batches finish on this retrieval of theirs (GET by id),
     # or (a timedelta) once that long has passed since they were created.
     background_after: int | timedelta = 2
+    websocket: bool = False  # also start the WebSocket fake (``ws``, ``ws_url``)
     minted: list[str] = field(default_factory=list)  # every ek_ value minted, in order
 
     def __post_init__(self) -> None:
         self.ca = LocalCA.create(self.directory, name="fake inference CA")
         self._server: ThreadingHTTPServer | None = None
+        self.ws: FakeRealtime | None = None
         self.lock = threading.RLock()
         self.responses: dict[str, StoredResponse] = {}
         self.files: dict[str, StoredFile] = {}
@@ -352,6 +359,12 @@ class FakeInference:
     def url(self) -> str:
         return f"https://127.0.0.1:{self.port}"
 
+    @property
+    def ws_url(self) -> str:
+        """The WebSocket fake's base (an SDK's ``websocket_base_url``)."""
+        assert self.ws is not None, "start the fake with websocket=True"
+        return f"wss://127.0.0.1:{self.ws.port}/v1"
+
     def client_context(self) -> ssl.SSLContext:
         """A client context trusting only the fake's CA."""
         return ssl.create_default_context(cafile=str(self.ca_path))
@@ -364,9 +377,16 @@ class FakeInference:
             server.socket, server_side=True)
         self._server = server
         threading.Thread(target=server.serve_forever, daemon=True).start()
+        if self.websocket:
+            from fakes.realtime import FakeRealtime
+
+            self.ws = FakeRealtime(self.directory / "ws", self.ca, HOSTS, inference=self)
         return self
 
     def stop(self) -> None:
+        if self.ws is not None:
+            self.ws.stop()
+            self.ws = None
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -378,7 +398,7 @@ class FakeInference:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # -- counts, secrets, stored responses -----------------------------------------------
+    # -- counts, secrets, stored responses (also used by the WebSocket fake) ------------
 
     def counts(self, request: Any, cap: int | None = None) -> Counts:
         return count(request, cached=self.cached_tokens, output=self.output_tokens, cap=cap)
