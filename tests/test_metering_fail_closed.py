@@ -197,8 +197,9 @@ def test_reservation_settles_to_usage_or_to_itself(metering: Metering,
 
 def test_estimates() -> None:
     assert estimate_input(b"x" * 400) == 100
+    assert estimate_input(b"{" + b" \n\t\r" * 1_000_000 + b"}") == 1  # layout is free
     image = b'{"data": "' + b"A" * 500_000 + b'", "text": "' + b"y" * 400 + b'"}'
-    assert estimate_input(image) == INLINE_TOKENS + (len(image) - 500_000 + 3) // 4
+    assert estimate_input(image) == INLINE_TOKENS + (len(image) - 500_000 - 3 + 3) // 4
     openai = Endpoint("openai", None)
     assert output_limit(openai, {"max_completion_tokens": 7, "max_tokens": 9}, "/v1/x", 5) == 7
     assert output_limit(openai, {"max_tokens": 9, "n": 3}, "/v1/chat/completions", 5) == 27

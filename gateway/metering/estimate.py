@@ -10,9 +10,11 @@ call whose usage never arrives (a stream cut off) counts its reservation, not ze
   ``inferenceConfig.maxTokens`` (Bedrock Converse), times the number of choices asked
   for (``n``, ``candidateCount``). Without one: the rule's ``metering.reserve``, else
   ``DEFAULT_OUTPUT``. Embeddings produce no output.
-* **Input**: an estimate from the body: one token per four bytes of text, and a run of
-  1 KiB or more of base64 (an image or a file inlined in the request) counts as
-  ``INLINE_TOKENS``, what a provider charges for one large image, instead of its size.
+* **Input**: an estimate from the body: one token per four bytes that are not
+  whitespace (JSON's own layout costs nothing; padding a body is no way to fill a
+  budget), and a run of 1 KiB or more of base64 (an image or a file inlined in the
+  request) counts as ``INLINE_TOKENS``, what a provider charges for one large image,
+  instead of its size.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ _BYTES_PER_TOKEN = 4
 def estimate_input(raw: bytes) -> int:
     """Input tokens a request body may carry (see the module docstring)."""
     size = len(raw)
-    if size < 1024:
+    size -= raw.count(b" ") + raw.count(b"\n") + raw.count(b"\t") + raw.count(b"\r")
+    if len(raw) < 1024:
         return math.ceil(size / _BYTES_PER_TOKEN)
     inline = 0
     for match in _BASE64_RUN.finditer(raw):

@@ -164,6 +164,13 @@ class LeafContexts:
         context.load_cert_chain(path, self._key)
         path.unlink()
         context.set_alpn_protocols(["http/1.1"])
+        # No TLS 1.3 session tickets: they arrive after the handshake, while a client may
+        # already be writing its request from another thread. The websockets sync client
+        # (the OpenAI SDK's Realtime and Responses WebSocket `connect()`) reads and writes
+        # one SSLSocket from two threads; OpenSSL does not allow that, and about one
+        # session in a few hundred hung before its upgrade was sent. Sandboxes then pay a
+        # full handshake per connection (most clients never resume a session anyway).
+        context.num_tickets = 0
         return context
 
     def close(self) -> None:

@@ -68,7 +68,7 @@ from email.parser import BytesParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import brotli
 from helpers.tls import LocalCA
@@ -115,6 +115,13 @@ def _words(value: Any) -> int:
         return sum(_words(v) for k, v in value.items()
                    if k not in ("role", "type", "model", "mime_type", "mimeType"))
     return 0
+
+
+def _route(path: str) -> str:
+    """The path as the providers' routers read it: escapes decoded, repeated and
+    trailing slashes dropped (so `/v1/chat/completion%73/` is the chat endpoint)."""
+    path = re.sub(r"//+", "/", unquote(path))
+    return path.rstrip("/") or "/"
 
 
 def snapshot(model: str) -> str:
@@ -674,7 +681,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.seen.decoded = _decode(body, headers.get("content-encoding", ""))
         except _BadBody as bad:
             return self._error(bad.status, bad.message, bad.code)
-        path = url.path
+        path = _route(url.path)
         for method, pattern, name in _ANTHROPIC_ROUTES:
             match = pattern.match(path)
             if match and method == self.command:

@@ -98,3 +98,21 @@ def test_contexts_are_cached_and_bounded(store: tuple[certs.CertStore, Path],
     finally:
         leaves.close()
     assert not key.exists()
+
+
+def test_no_session_tickets_after_the_handshake(store: tuple[certs.CertStore, Path],
+                                                runtime: Path) -> None:
+    """TLS 1.3 tickets come after the handshake, while a client may already be writing
+    from another thread (the websockets sync client: 1 session in a few hundred hung):
+    the sandbox-facing side sends none. Nothing reaches the client once it is done."""
+    leaves = LeafContexts(store[0], runtime)
+    try:
+        assert leaves.get("api.example.test").num_tickets == 0
+        client, server, to_server, to_client = _pair(leaves, store[1], "api.example.test")
+        assert client.obj.version() == "TLSv1.3"
+        assert to_client == []  # no post-handshake flight
+        client.send(b"GET / HTTP/1.1\r\n\r\n")
+        assert b"".join(server.feed(b) for b in to_server) == b"GET / HTTP/1.1\r\n\r\n"
+        assert to_client == []
+    finally:
+        leaves.close()

