@@ -493,3 +493,26 @@ def test_realtime_session_without_usage_is_unknown(events: list[bytes]) -> None:
     for event in events:
         meter.feed(event)
     assert meter.finish(101) == Usage("gpt-realtime")
+
+
+def test_bedrock_usage_from_the_body_or_the_headers() -> None:
+    """Converse answers `usage` in camelCase; InvokeModel answers the model's own body
+    (Claude's: Anthropic's usage) and, for every model, the token counts in headers."""
+    converse = meter_for(None, "POST", "/model/anthropic.claude-3-5-sonnet-v2:0/converse",
+                         b'{"messages": []}')
+    assert converse is not None
+    converse.feed(b'{"output": {}, "stopReason": "end_turn", "usage": {"inputTokens": 12, '
+                  b'"outputTokens": 30, "totalTokens": 42, "cacheReadInputTokens": 4, '
+                  b'"cacheWriteInputTokens": 2}}')
+    assert converse.finish(200) == Usage("anthropic.claude-3-5-sonnet-v2:0", 18, 30, 4)
+    invoke = meter_for(None, "POST", "/model/meta.llama3-70b-instruct-v1:0/invoke", b"{}")
+    assert invoke is not None
+    headers = {"x-amzn-bedrock-input-token-count": "17",
+               "x-amzn-bedrock-output-token-count": "5"}
+    invoke.head(headers.get)
+    invoke.feed(b'{"generation": "hi", "prompt_token_count": 17}')
+    assert invoke.finish(200) == Usage("meta.llama3-70b-instruct-v1:0", 17, 5)
+    claude = meter_for(None, "POST", "/model/anthropic.claude-v2/invoke", b"{}")
+    assert claude is not None
+    claude.feed(b'{"type": "message", "usage": {"input_tokens": 9, "output_tokens": 3}}')
+    assert claude.finish(200) == Usage("anthropic.claude-v2", 9, 3, None)

@@ -152,6 +152,7 @@ class Connection(Side):
         self.task: asyncio.Task[None] | None = None
         self.exchange: Exchange | None = None
         self.on_lost = self._client_gone
+        self.on_eof = self._client_ended
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -159,6 +160,13 @@ class Connection(Side):
         """The client's connection is gone: stop whatever it was waiting for."""
         if self.task is not None and not self.task.done() and self.exchange is not None:
             self.task.cancel()
+
+    def _client_ended(self) -> None:
+        """The client closed its side (FIN or TLS close_notify) with a request upstream:
+        it gave up waiting (as nginx does, the upstream call is dropped). A WebSocket
+        relay (`upstream` handed to the upgrade) ends by its own close instead."""
+        if self.upstream is not None:
+            self._client_gone()
 
     def abort(self) -> None:
         """Close both sides now (shutdown, or a failure)."""
@@ -525,8 +533,11 @@ class Connection(Side):
             log.info("response from %s:%d cut off: %s", ex.target.host, ex.target.port,
                      error_phrase(str(exc)))
             self.exchange = None
-            ex.finish(head.status, error="upstream_timeout" if isinstance(exc, TimeoutError)
-                      else "upstream_failed")
+            if isinstance(exc, Refusal):  # (audited as the refusal it is)
+                ex.abort(exc)
+            else:
+                ex.finish(head.status, error="upstream_timeout"
+                          if isinstance(exc, TimeoutError) else "upstream_failed")
             self.drop_upstream()
             return False
         if tail:

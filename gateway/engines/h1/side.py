@@ -44,6 +44,7 @@ class Side(asyncio.Protocol):
         self._out_size = 0
         self.partner: Side | None = None  # the other side (its writes flush with ours)
         self.on_lost: Callable[[], None] | None = None
+        self.on_eof: Callable[[], None] | None = None  # the peer ended (FIN, close_notify)
 
     # transport events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -89,10 +90,13 @@ class Side(asyncio.Protocol):
         self._drain = None
 
     def _end(self, exc: BaseException | None) -> None:
+        first = not self.eof
         self.eof = True
         if exc is not None and self.error is None and not isinstance(exc, TlsClosed):
             self.error = exc
         self._wake()
+        if first and self.on_eof is not None:
+            self.on_eof()
 
     def _wake(self) -> None:
         waiter, self._waiter = self._waiter, None

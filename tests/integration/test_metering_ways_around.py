@@ -8,6 +8,7 @@ results are retrieved."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import os
@@ -25,8 +26,8 @@ import httpx
 import httpx2
 import openai
 import pytest
+import websockets.asyncio.client
 import websockets.exceptions
-import websockets.sync.client
 from fakes.inference import FakeInference
 from fakes.realtime import FakeRealtime
 from helpers.gateway import GatewayFactory, GatewayThread
@@ -286,6 +287,13 @@ def _sdk(gw: GatewayThread, token: str, script: str, *args: str) -> Any:
 
 
 def test_responses_over_websocket(gw: GatewayThread, ws: FakeRealtime) -> None:
+    """(The SDK's connect() is websockets' sync client, which reads and writes one
+    SSLSocket from two threads: a TLS 1.3 session ticket arriving as it writes can hang
+    it. The HTTP/1 engine sends none; mitmproxy's TLS does, and pyOpenSSL cannot turn
+    them off, so through mitmproxy the same session runs from the asyncio client in
+    test_provider_minted_secrets and the parity table.)"""
+    if gw.gateway.config.network.intercept == "mitmproxy":
+        pytest.skip("the SDK's sync WebSocket client races mitmproxy's session tickets")
     token = gw.mint("agent")
     events = _sdk(gw, token, SESSION, "gpt-4o", "gpt-4o-mini", "gpt-4o-mini")
     assert [(e["type"], e["code"]) for e in events] == [
@@ -319,15 +327,19 @@ def test_provider_minted_secrets(gw: GatewayThread, fake: FakeInference,
         secret = client.realtime.client_secrets.create(session=session)  # type: ignore[arg-type]
     assert fake.minted == [secret.value] and secret.value.startswith("ek_")
     # Back to the provider, from the sandbox that minted it: it goes on as sent, metered.
-    with websockets.sync.client.connect(
-            f"wss://{WS_HOST}/v1/realtime?model=gpt-realtime", open_timeout=10,
-            proxy=gw.proxy_url(token, "sandbox-2"),
-            ssl=ssl.create_default_context(cafile=gw.ca_cert),
-            additional_headers={"Authorization": f"Bearer {secret.value}"}) as conn:
-        assert json.loads(conn.recv(timeout=10))["type"] == "session.created"
-        conn.send(json.dumps({"type": "response.create"}))
-        while json.loads(conn.recv(timeout=10))["type"] != "response.done":
-            pass
+    async def session() -> None:  # (the asyncio client: one thread per TLS session)
+        async with websockets.asyncio.client.connect(
+                f"wss://{WS_HOST}/v1/realtime?model=gpt-realtime", open_timeout=10,
+                proxy=gw.proxy_url(token, "sandbox-2"),
+                ssl=ssl.create_default_context(cafile=gw.ca_cert),
+                additional_headers={"Authorization": f"Bearer {secret.value}"}) as conn:
+            assert json.loads(await conn.recv())["type"] == "session.created"
+            await conn.send(json.dumps({"type": "response.create"}))
+            while json.loads(await asyncio.wait_for(conn.recv(), 10))["type"] != \
+                    "response.done":
+                pass
+
+    asyncio.run(session())
     assert ws.upgrades[-1]["authorization"] == f"Bearer {secret.value}"
     [line] = _lines(gw, 1, path="/v1/realtime", decision="allow")
     assert line["credential"] == "openai" and line["usage"]["output_tokens"] == 20
@@ -338,13 +350,18 @@ def test_provider_minted_secrets(gw: GatewayThread, fake: FakeInference,
     assert leaked.status_code == 403 and leaked.json()["error"] == "exfiltration_blocked"
     assert secret.value not in gw.audit.getvalue()
     other = gw.mint("free", sandbox="sandbox-3")
-    with pytest.raises(websockets.exceptions.InvalidStatus) as stranger:
-        websockets.sync.client.connect(
-            f"wss://{WS_HOST}/v1/realtime?model=gpt-realtime", open_timeout=10,
-            proxy=gw.proxy_url(other, "sandbox-3"),
-            ssl=ssl.create_default_context(cafile=gw.ca_cert),
-            additional_headers={"Authorization": f"Bearer {secret.value}"})
-    assert stranger.value.response.status_code == 407
+
+    async def stranger() -> None:
+        async with websockets.asyncio.client.connect(
+                f"wss://{WS_HOST}/v1/realtime?model=gpt-realtime", open_timeout=10,
+                proxy=gw.proxy_url(other, "sandbox-3"),
+                ssl=ssl.create_default_context(cafile=gw.ca_cert),
+                additional_headers={"Authorization": f"Bearer {secret.value}"}):
+            pass
+
+    with pytest.raises(websockets.exceptions.InvalidStatus) as refused_upgrade:
+        asyncio.run(stranger())
+    assert refused_upgrade.value.response.status_code == 407
 
 
 def test_policy_test_decides_like_the_gateway(gw: GatewayThread, tmp_path: Path,
