@@ -173,6 +173,13 @@ class Gateway:
         if self.fd_limit and open_fds() > self.fd_limit - FD_RESERVE:
             return False, (f"out of file descriptors ({open_fds()} of {self.fd_limit} open); "
                            "new connections would fail")
+        problem = self.auditor.problem
+        if problem is not None:
+            if self.auditor.refusing is not None:
+                return False, (f"audit lines cannot be written ({problem}): new exchanges "
+                               "are refused 503 audit_unavailable (audit.on_failure: refuse)")
+            return True, (f"ready; audit lines cannot be written ({problem}): serving on, "
+                          "lines beyond audit.buffer are dropped (audit.on_failure: continue)")
         return True, "ready"
 
     def _metering_problems(self, policy_set: PolicySet) -> None:
@@ -280,7 +287,13 @@ class Gateway:
             raise StartupError(str(exc)) from None
         self.guard = DestinationGuard(self.address_policy, self.resolver, overrides=overrides)
         install_backstop(self.address_policy, everywhere=False)
-        self.auditor = Auditor(cfg.audit_path, self.audit_stream, worker=self.worker)
+        try:
+            self.auditor = Auditor.open(cfg.audit.path, self.audit_stream, worker=self.worker,
+                                        on_failure=cfg.audit.on_failure,
+                                        buffer=cfg.audit.buffer)
+        except OSError as exc:
+            raise StartupError(f"audit.path: cannot open {cfg.audit.path}: "
+                               f"{exc.strerror or exc}") from None
         try:
             self.secrets: SecretCache = build_cache(build_store(cfg.secrets), cfg.secrets)
         except (ValueError, SecretError) as exc:
@@ -296,7 +309,7 @@ class Gateway:
             secrets=self.credentials, registry=self.state, audit=self.auditor.write,
             resolve=self.guard.resolver.resolve, metering=self.metering,
             signers=self.credentials, ephemeral=self.state.ephemeral,
-            connections_per_sandbox=cfg.limits.connections_per_sandbox,
+            audit_health=self.auditor, connections_per_sandbox=cfg.limits.connections_per_sandbox,
             max_connections=max(16, (self.fd_limit - FD_RESERVE) // 2))
         patches.install_error_pages(error_page, error_h2)
         await self._start_dns(shared)
@@ -471,7 +484,7 @@ class Gateway:
         self._tasks.clear()
         await self.state.close()
         await self.credentials.close()  # the secret cache and the minted values' cache
-        self.auditor.close()
+        await self.auditor.aclose()
         if self.doors is not None:
             self.leaves.close()
         if self._tmp is not None:

@@ -114,6 +114,15 @@ class MeteringConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AuditConfig:
+    """Where audit lines go and what happens when they cannot be written (`audit:`)."""
+
+    path: Path | None = None  # None: stdout
+    on_failure: str = "refuse"  # refuse: 503 audit_unavailable; continue: serve, drop lines
+    buffer: int = 4 * 1024 * 1024  # bytes of lines held while the target does not take them
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole validated configuration."""
 
@@ -131,7 +140,7 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     dns: DnsConfig = field(default_factory=DnsConfig)
-    audit_path: Path | None = None
+    audit: AuditConfig = field(default_factory=AuditConfig)
     state: Mapping[str, Any] = field(default_factory=lambda: {"store": "memory"})
     metering: MeteringConfig = field(default_factory=MeteringConfig)
     workers: int = 0  # 0 = one worker process per core
@@ -288,6 +297,21 @@ def _bool(value: object, key: str) -> bool:
     return value
 
 
+def _on_failure(value: object, key: str) -> str:
+    if value not in ("refuse", "continue"):
+        raise ConfigError(f"{key}: expected refuse (503 audit_unavailable while audit lines "
+                          f"cannot be written) or continue, got {value!r}")
+    return str(value)
+
+
+def _audit_buffer(value: object, key: str) -> int:
+    size = _size(value, key)
+    if size < 64 * 1024:
+        raise ConfigError(f"{key}: at least 64k (audit lines held while they cannot be "
+                          f"written), got {value!r}")
+    return size
+
+
 def _level(value: object, key: str) -> str:
     levels = ("debug", "info", "warning", "error")
     if value not in levels:
@@ -338,7 +362,7 @@ SCHEMA: Schema = {
     },
     "shutdown": {"drain": _idle},
     "dns": {"ttl": _dns_ttl, "rate": _rate, "burst": _burst},
-    "audit": {"path": _opt(_str)},
+    "audit": {"path": _opt(_str), "on_failure": _on_failure, "buffer": _audit_buffer},
     "state": _any_map,
     "metering": {
         "pricing": _opt(_str),
@@ -473,6 +497,7 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
     timeouts = network.get("timeouts", {})
     limits = v.get("limits", {})
     d_limits = d.limits
+    audit = v.get("audit", {})
     return Config(
         listen=ListenConfig(
             proxy=listen.get("proxy", d.listen.proxy),
@@ -504,7 +529,9 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
         shutdown=ShutdownConfig(drain=v.get("shutdown", {}).get("drain", d.shutdown.drain)),
         dns=DnsConfig(ttl=dns.get("ttl", d.dns.ttl), rate=dns.get("rate", d.dns.rate),
                       burst=dns.get("burst", d.dns.burst)),
-        audit_path=_path(base, v.get("audit", {}).get("path")),
+        audit=AuditConfig(path=_path(base, audit.get("path")),
+                          on_failure=audit.get("on_failure", d.audit.on_failure),
+                          buffer=audit.get("buffer", d.audit.buffer)),
         state=v.get("state", d.state),
         metering=MeteringConfig(
             pricing=_path(base, metering.get("pricing")),

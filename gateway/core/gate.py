@@ -72,6 +72,14 @@ class Registry(Protocol):
     def sandbox_for(self, ip: str) -> SandboxAddress | None: ...
 
 
+class AuditHealth(Protocol):
+    """The audit sink's health (gateway/audit.py): `refusing` is why new exchanges must
+    be refused now (their audit lines cannot be written), or None."""
+
+    @property
+    def refusing(self) -> str | None: ...
+
+
 @dataclass(slots=True)
 class Tunnel:
     """An admitted tunnel (CONNECT, or a transparent connection): where it goes, how
@@ -130,8 +138,9 @@ class Gate:
                  audit: Callable[[dict[str, Any]], None],
                  resolve: Callable[[str, int], Awaitable[list[str]]] | None = None,
                  metering: Metering | None = None, signers: Signers | None = None,
-                 ephemeral: EphemeralKeys | None = None,
+                 ephemeral: EphemeralKeys | None = None, audit_health: AuditHealth | None = None,
                  connections_per_sandbox: int = 256, max_connections: int = 1 << 30) -> None:
+        self.audit_health = audit_health
         self.metering = metering
         self.ephemeral = ephemeral if ephemeral is not None else EphemeralKeys()
         self.signers = signers
@@ -320,6 +329,13 @@ class Gate:
 
     # -- tunnels -------------------------------------------------------------------------
 
+    def check_audit(self) -> None:
+        """New exchanges are refused while their audit lines cannot be written (the
+        sink's `refusing`, `audit.on_failure: refuse`). Raises Refusal."""
+        health = self.audit_health
+        if health is not None and health.refusing is not None:
+            raise Refusal("audit_unavailable", _AUDIT_UNAVAILABLE, retry_after=5)
+
     def policy(self, identity: Identity) -> Policy:
         found = self.policies().get(identity.policy)
         if found is None:
@@ -337,6 +353,7 @@ class Gate:
         try:
             self.identify(client, proxy_authorization)
             host, port = target.tunnel_authority(authority)
+            self.check_audit()
             return await self._admit_tunnel(client, host, port, "https")
         except Refusal as refusal:
             raise Refused(refusal, self.refuse(client, refusal, method="CONNECT", host=host,
@@ -381,6 +398,7 @@ class Gate:
         orig_ip, port = orig
         host: str | None = None
         try:
+            self.check_audit()
             if kind == "tcp":
                 if not client.registered:
                     raise Refusal("unknown_sandbox", "raw TCP from an unregistered source: "
@@ -521,6 +539,7 @@ class Gate:
             identity = self.recheck(client, head)
             tgt = target.request_target(
                 head, (tunnel.host, tunnel.port) if tunnel is not None else None, tls=tls)
+            self.check_audit()
             upgrade = head.headers.get("upgrade")
             if upgrade is not None and upgrade.strip().lower() != "websocket":
                 raise Refusal("unsupported", f"upgrade to {upgrade[:40]!r} is not supported "
@@ -673,6 +692,9 @@ class Gate:
 async def _no_resolver(host: str, port: int) -> list[str]:
     raise OSError(f"no resolver for {host}")
 
+
+_AUDIT_UNAVAILABLE = ("the gateway cannot write its audit trail now and refuses new "
+                      "requests until it can (audit.on_failure: refuse); retry later")
 
 _UNREGISTERED = Refusal(
     "unknown_sandbox",

@@ -83,9 +83,11 @@ class GatewayProcess:
 def start_gateway(workdir: Path, names: dict[str, int], ca: LocalCA, *,
                   proxy: int | None = None, workers: int = 1, policy: str = POLICY,
                   extra: dict[str, Any] | None = None, wait: bool = True,
-                  fd_limit: int | None = None) -> GatewayProcess:
+                  fd_limit: int | None = None, stdout: int = subprocess.DEVNULL
+                  ) -> GatewayProcess:
     """`sandbox-gateway run` with policies in `workdir`, `names` resolved to local ports;
-    `fd_limit` sets its open-files limit (soft and hard) as a container's ulimit would."""
+    `fd_limit` sets its open-files limit (soft and hard) as a container's ulimit would;
+    `stdout`: where its stdout goes (audit lines, with `audit: {path: null}`)."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "policies").mkdir(exist_ok=True)
     (workdir / "policies" / "agent.yaml").write_text(policy)
@@ -108,7 +110,7 @@ def start_gateway(workdir: Path, names: dict[str, int], ca: LocalCA, *,
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_GATEWAY_")}
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "run", "--config",
                              str(workdir / "gateway.yaml")], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            stdout=stdout, stderr=subprocess.PIPE, text=True,
                             preexec_fn=None if fd_limit is None else lambda: resource.setrlimit(
                                 resource.RLIMIT_NOFILE, (fd_limit, fd_limit)))
     gw = GatewayProcess(proc, proxy, admin, workdir)
