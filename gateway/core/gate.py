@@ -92,6 +92,7 @@ class Tunnel:
     passthrough: bool
     tcp: bool
     started: float = field(default_factory=time.time)
+    audited: bool = False  # a line was written for it (an exchange, a refusal inside it)
 
 
 @dataclass(slots=True, eq=False)
@@ -169,6 +170,8 @@ class Gate:
               credential: str | None = None, identity: Identity | None = None,
               usage: dict[str, Any] | None = None) -> None:
         """Write one audit line (every engine's lines go through here)."""
+        if client.tunnel is not None:
+            client.tunnel.audited = True
         self._audit(record(
             identity=identity or client.identity, client=client.peer,
             listener=client.listener, method=method, scheme=scheme, host=host, port=port,
@@ -226,7 +229,10 @@ class Gate:
             raise Refused(refusal, self.refuse(client, refusal, close=True))
 
     def closed(self, client: Client) -> None:
-        """The client connection ended, whichever engine served it (idempotent)."""
+        """The client connection ended, whichever engine served it (idempotent). A
+        tunnel it still holds is audited now if it has no line yet (`tunnel_closed`)."""
+        if client.tunnel is not None:
+            self.tunnel_closed(client, None, None)
         if client.open:
             client.open = False
             self.open_connections -= 1
@@ -510,16 +516,24 @@ class Gate:
 
     def tunnel_closed(self, client: Client, bytes_in: int | None, bytes_out: int | None,
                       error: str | None = None) -> None:
-        """A passthrough tunnel ended: one line for its decision and traffic."""
+        """A tunnel ended (idempotent): a passthrough tunnel's one line, for its decision
+        and traffic; an inspected tunnel's only if no line was written for it (closed
+        before any request: `error` says how, default `no_request`). So every tunnel
+        answered 200 is on the audit trail, tunnels that never carried a byte included."""
         tunnel = client.tunnel
-        if tunnel is None or not tunnel.passthrough:
+        if tunnel is None:
             return
         client.tunnel = None
+        if not tunnel.passthrough:
+            if tunnel.audited:
+                return
+            error = error or "no_request"
         metrics.child(metrics.BYTES, "in").inc(bytes_in or 0)
         self.audit(client, decision=tunnel.decision.result, reason=tunnel.decision.reason,
                    rule=_rule(tunnel.decision), method="CONNECT", host=tunnel.host,
                    port=tunnel.port, status=200, error=error, bytes_in=bytes_in,
-                   bytes_out=bytes_out, started=tunnel.started, path_taken="passthrough")
+                   bytes_out=bytes_out, started=tunnel.started,
+                   path_taken="passthrough" if tunnel.passthrough else "intercept")
 
     # -- requests ------------------------------------------------------------------------
 

@@ -57,6 +57,7 @@ class Door(asyncio.Protocol):
         self.client: Client | None = None
         self.state = "accepted"
         self.timer: asyncio.TimerHandle | None = None
+        self.ended: str | None = None  # why the door closed the connection, if it did
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -85,16 +86,27 @@ class Door(asyncio.Protocol):
     def _timed_out(self) -> None:
         log.debug("connection from %s sent nothing usable in time",
                   self.client.peer if self.client else "?")
+        self.ended = "handshake_timeout"
         self.abort()
 
     def abort(self) -> None:
+        if self.ended is None:
+            self.ended = "shutting_down"
         if self.transport is not None:
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.release()
         if self.state in self.OWNED and self.client is not None:
-            self.gate.closed(self.client)
+            try:  # an admitted tunnel that ends here: audited (bytes after the 200)
+                self.gate.tunnel_closed(self.client, 0, self.tunnel_bytes(),
+                                        self.ended or "client_closed")
+            finally:
+                self.gate.closed(self.client)
+
+    def tunnel_bytes(self) -> int:
+        """Bytes the client sent into its admitted tunnel while the door held it."""
+        return len(self.buf)
 
     def release(self) -> None:
         """The door no longer owns the connection (an engine has it, or it ended)."""

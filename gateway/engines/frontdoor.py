@@ -67,6 +67,9 @@ class FrontDoor(Door):
         self.head_len = end + 4
         asyncio.get_running_loop().create_task(self._decide(bytes(self.buf[:end])))
 
+    def tunnel_bytes(self) -> int:
+        return max(0, len(self.buf) - self.head_len) if self.head_len else 0
+
     def _refuse(self, refusal: Refusal, **where: Any) -> None:
         assert self.client is not None and self.transport is not None
         answer: Answer = self.gate.refuse(self.client, refusal, close=True, **where)
