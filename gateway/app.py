@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import resource
 import socket
@@ -34,6 +35,7 @@ from mitmproxy.master import Master
 
 from gateway import ca, metrics
 from gateway.api.admin import AdminContext, build_admin_app
+from gateway.api.bounds import MAX_HEAD, Bounds
 from gateway.audit import Auditor
 from gateway.config import Config, ConfigError, HostPort
 from gateway.core.addresses import AddressPolicy
@@ -336,13 +338,16 @@ class Gateway:
         else:
             patches.install_listeners(sockets=sockets)
 
-        app = build_admin_app(AdminContext(
+        bounds = Bounds(cfg.admin)  # every wait of the admin listener bounded too
+        app = bounds.wrap(build_admin_app(AdminContext(
             admin_token=self.admin_token, tokens=self.tokens,
             policies=self.current_policies, readiness=self, guard=lambda: self.guard,
             metering=self.metering,
-        ))
+        )))
         self.admin_server = _QuietServer(uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="off"))
+            app, log_level="warning", access_log=False, lifespan="off", http=bounds.protocol,
+            ws="none", timeout_keep_alive=max(1, math.ceil(cfg.admin.timeouts.idle)),
+            h11_max_incomplete_event_size=MAX_HEAD))
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self.master.run(), name="mitmproxy"))
         self._tasks.append(loop.create_task(self.admin_server.serve(sockets=[admin_sock]),
