@@ -84,10 +84,15 @@ class Door(asyncio.Protocol):
             self.doors.timeouts.handshake, self._timed_out)
 
     def _timed_out(self) -> None:
-        log.debug("connection from %s sent nothing usable in time",
-                  self.client.peer if self.client else "?")
+        log.debug("connection from %s: %s", self.client.peer if self.client else "?",
+                  self.waiting_for())
         self.ended = "handshake_timeout"
         self.abort()
+
+    def waiting_for(self) -> str:
+        """What the door was waiting for, for the timeout's log line."""
+        return (f"no usable first bytes within {self.doors.timeouts.handshake:g}s "
+                "(network.timeouts.handshake)")
 
     def abort(self) -> None:
         if self.ended is None:
