@@ -294,8 +294,9 @@ class Gateway:
                                         on_failure=cfg.audit.on_failure,
                                         buffer=cfg.audit.buffer)
         except OSError as exc:
-            raise StartupError(f"audit.path: cannot open {cfg.audit.path}: "
-                               f"{exc.strerror or exc}") from None
+            where = f"audit.path: cannot open {cfg.audit.path}" if cfg.audit.path else \
+                "audit: cannot write to stdout"
+            raise StartupError(f"{where}: {exc.strerror or exc}") from None
         try:
             self.secrets: SecretCache = build_cache(build_store(cfg.secrets), cfg.secrets)
         except (ValueError, SecretError) as exc:

@@ -71,6 +71,7 @@ class Auditor:
         self._scheduled = False
         self._timer: asyncio.TimerHandle | None = None
         self._watched: asyncio.AbstractEventLoop | None = None  # add_writer on out.fd
+        self.closed = False
         metrics.AUDIT_UP.set(1)
 
     @classmethod
@@ -94,6 +95,10 @@ class Auditor:
         line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
         metrics.child(metrics.REQUESTS, record.get("policy") or "-", record["decision"],
                       record.get("path_taken") or "-").inc()
+        if self.closed:  # a connection cut off by the stop, after the sink closed
+            self.dropped += 1
+            metrics.AUDIT_DROPPED.inc()
+            return
         if self.held_bytes + len(line) > self.buffer:
             if self.error is None and self._blocked_since is None:
                 self._flush()  # healthy, a tick larger than the buffer: write it now
@@ -263,6 +268,8 @@ class Auditor:
         """Write what is held and release the target. A blocked pipe is waited for at
         most `wait` seconds, a failing target is tried once: the stop is never held up.
         What is still held then is logged as lost."""
+        if self.closed:
+            return
         deadline = time.monotonic() + wait
         while True:
             self._flush()
@@ -272,7 +279,11 @@ class Auditor:
         self.close()
 
     def close(self) -> None:
-        """Release the target after one last attempt to write what is held."""
+        """Release the target after one last attempt to write what is held; lines
+        written after this are counted as dropped (the target is never touched again)."""
+        if self.closed:
+            return
+        self.closed = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -95,6 +95,8 @@ def test_the_lines_of_one_tick_are_one_write(tmp_path: Path) -> None:
     assert out.writes == 4
     assert [r["seq"] for r in lines_of(tmp_path / "audit.jsonl")] == list(range(53))
     sink.close()
+    sink.write(record(53))  # a connection cut off by the stop: counted, never written
+    assert sink.dropped == 1 and out.writes == 4 and len(lines_of(tmp_path / "audit.jsonl")) == 53
 
 
 def test_a_full_disk_holds_the_lines_refuses_and_resumes_in_order(tmpfs: Path) -> None:
