@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import resource
 import socket
@@ -34,6 +35,7 @@ from mitmproxy.master import Master
 
 from gateway import ca, logs, metrics
 from gateway.api.admin import AdminContext, build_admin_app
+from gateway.api.bounds import MAX_HEAD, Bounds
 from gateway.audit import Auditor
 from gateway.config import Config, ConfigError, HostPort
 from gateway.core.addresses import AddressPolicy
@@ -175,6 +177,13 @@ class Gateway:
         if self.fd_limit and open_fds() > self.fd_limit - FD_RESERVE:
             return False, (f"out of file descriptors ({open_fds()} of {self.fd_limit} open); "
                            "new connections would fail")
+        problem = self.auditor.problem
+        if problem is not None:
+            if self.auditor.refusing is not None:
+                return False, (f"audit lines cannot be written ({problem}): new exchanges "
+                               "are refused 503 audit_unavailable (audit.on_failure: refuse)")
+            return True, (f"ready; audit lines cannot be written ({problem}): serving on, "
+                          "lines beyond audit.buffer are dropped (audit.on_failure: continue)")
         return True, "ready"
 
     def _metering_problems(self, policy_set: PolicySet) -> None:
@@ -282,7 +291,14 @@ class Gateway:
             raise StartupError(str(exc)) from None
         self.guard = DestinationGuard(self.address_policy, self.resolver, overrides=overrides)
         install_backstop(self.address_policy, everywhere=False)
-        self.auditor = Auditor(cfg.audit_path, self.audit_stream, worker=self.worker)
+        try:
+            self.auditor = Auditor.open(cfg.audit.path, self.audit_stream, worker=self.worker,
+                                        on_failure=cfg.audit.on_failure,
+                                        buffer=cfg.audit.buffer)
+        except OSError as exc:
+            where = f"audit.path: cannot open {cfg.audit.path}" if cfg.audit.path else \
+                "audit: cannot write to stdout"
+            raise StartupError(f"{where}: {exc.strerror or exc}") from None
         try:
             self.secrets: SecretCache = build_cache(build_store(cfg.secrets), cfg.secrets)
         except (ValueError, SecretError) as exc:
@@ -300,7 +316,7 @@ class Gateway:
             secrets=self.credentials, registry=self.state, audit=self.auditor.write,
             resolve=self.guard.resolver.resolve, metering=self.metering,
             signers=self.credentials, ephemeral=self.state.ephemeral,
-            connections_per_sandbox=cfg.limits.connections_per_sandbox,
+            audit_health=self.auditor, connections_per_sandbox=cfg.limits.connections_per_sandbox,
             max_connections=max(16, (self.fd_limit - FD_RESERVE) // 2))
         patches.install_error_pages(error_page, error_h2)
         patches.install_log_hygiene(error_phrase)
@@ -328,13 +344,16 @@ class Gateway:
         else:
             patches.install_listeners(sockets=sockets)
 
-        app = build_admin_app(AdminContext(
+        bounds = Bounds(cfg.admin)  # every wait of the admin listener bounded too
+        app = bounds.wrap(build_admin_app(AdminContext(
             admin_token=self.admin_token, tokens=self.tokens,
             policies=self.current_policies, readiness=self, guard=lambda: self.guard,
             metering=self.metering,
-        ))
+        )))
         self.admin_server = _QuietServer(uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="off"))
+            app, log_level="warning", access_log=False, lifespan="off", http=bounds.protocol,
+            ws="none", timeout_keep_alive=max(1, math.ceil(cfg.admin.timeouts.idle)),
+            h11_max_incomplete_event_size=MAX_HEAD))
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self.master.run(), name="mitmproxy"))
         self._tasks.append(loop.create_task(self.admin_server.serve(sockets=[admin_sock]),
@@ -493,7 +512,7 @@ class Gateway:
         await self.state.close()
         await self.credentials.close()  # the secret cache and the minted values' cache
         logs.SOURCES.remove(self._log_source)
-        self.auditor.close()
+        await self.auditor.aclose()
         if self.doors is not None:
             self.leaves.close()
         if self._tmp is not None:

@@ -114,6 +114,33 @@ class MeteringConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AuditConfig:
+    """Where audit lines go and what happens when they cannot be written (`audit:`)."""
+
+    path: Path | None = None  # None: stdout
+    on_failure: str = "refuse"  # refuse: 503 audit_unavailable; continue: serve, drop lines
+    buffer: int = 4 * 1024 * 1024  # bytes of lines held while the target does not take them
+
+
+@dataclass(frozen=True, slots=True)
+class AdminTimeouts:
+    """`admin.timeouts` (seconds): every wait of the admin listener."""
+
+    head: float = 10.0  # from the connection (or a request's first byte) to its whole head
+    body: float = 30.0  # from the head to the end of the body
+    idle: float = 30.0  # a kept-alive connection with no request; a response not read
+
+
+@dataclass(frozen=True, slots=True)
+class AdminConfig:
+    """The admin listener's bounds (`admin:`; its address is `listen.admin`)."""
+
+    timeouts: AdminTimeouts = field(default_factory=AdminTimeouts)
+    max_body: int = 2 * 1024 * 1024  # a larger request body: 413
+    max_connections: int = 64  # more at once: 503 and closed
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole validated configuration."""
 
@@ -131,7 +158,8 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     dns: DnsConfig = field(default_factory=DnsConfig)
-    audit_path: Path | None = None
+    audit: AuditConfig = field(default_factory=AuditConfig)
+    admin: AdminConfig = field(default_factory=AdminConfig)
     state: Mapping[str, Any] = field(default_factory=lambda: {"store": "memory"})
     metering: MeteringConfig = field(default_factory=MeteringConfig)
     workers: int = 0  # 0 = one worker process per core
@@ -288,6 +316,21 @@ def _bool(value: object, key: str) -> bool:
     return value
 
 
+def _on_failure(value: object, key: str) -> str:
+    if value not in ("refuse", "continue"):
+        raise ConfigError(f"{key}: expected refuse (503 audit_unavailable while audit lines "
+                          f"cannot be written) or continue, got {value!r}")
+    return str(value)
+
+
+def _audit_buffer(value: object, key: str) -> int:
+    size = _size(value, key)
+    if size < 64 * 1024:
+        raise ConfigError(f"{key}: at least 64k (audit lines held while they cannot be "
+                          f"written), got {value!r}")
+    return size
+
+
 def _level(value: object, key: str) -> str:
     levels = ("debug", "info", "warning", "error")
     if value not in levels:
@@ -338,7 +381,12 @@ SCHEMA: Schema = {
     },
     "shutdown": {"drain": _idle},
     "dns": {"ttl": _dns_ttl, "rate": _rate, "burst": _burst},
-    "audit": {"path": _opt(_str)},
+    "audit": {"path": _opt(_str), "on_failure": _on_failure, "buffer": _audit_buffer},
+    "admin": {
+        "timeouts": {"head": parse_duration, "body": parse_duration, "idle": parse_duration},
+        "max_body": _size,
+        "max_connections": _positive_int,
+    },
     "state": _any_map,
     "metering": {
         "pricing": _opt(_str),
@@ -352,7 +400,7 @@ SCHEMA: Schema = {
 _ENV_TYPED = {"workers", "tokens.leeway", "limits.connections_per_sandbox",
               "network.allow_cidrs", "network.deny_cidrs", "network.resolve",
               "tokens.retired_kids", "secrets", "state", "dns.rate", "dns.burst",
-              "metering.stream_usage"}
+              "metering.stream_usage", "admin.max_connections"}
 
 
 def _validate(raw: Mapping[str, Any], schema: Schema, prefix: str = "") -> dict[str, Any]:
@@ -473,6 +521,9 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
     timeouts = network.get("timeouts", {})
     limits = v.get("limits", {})
     d_limits = d.limits
+    audit = v.get("audit", {})
+    admin = v.get("admin", {})
+    admin_timeouts = admin.get("timeouts", {})
     return Config(
         listen=ListenConfig(
             proxy=listen.get("proxy", d.listen.proxy),
@@ -504,7 +555,14 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
         shutdown=ShutdownConfig(drain=v.get("shutdown", {}).get("drain", d.shutdown.drain)),
         dns=DnsConfig(ttl=dns.get("ttl", d.dns.ttl), rate=dns.get("rate", d.dns.rate),
                       burst=dns.get("burst", d.dns.burst)),
-        audit_path=_path(base, v.get("audit", {}).get("path")),
+        audit=AuditConfig(path=_path(base, audit.get("path")),
+                          on_failure=audit.get("on_failure", d.audit.on_failure),
+                          buffer=audit.get("buffer", d.audit.buffer)),
+        admin=AdminConfig(
+            timeouts=AdminTimeouts(**{k: admin_timeouts.get(k, getattr(d.admin.timeouts, k))
+                                      for k in ("head", "body", "idle")}),
+            max_body=admin.get("max_body", d.admin.max_body),
+            max_connections=admin.get("max_connections", d.admin.max_connections)),
         state=v.get("state", d.state),
         metering=MeteringConfig(
             pricing=_path(base, metering.get("pricing")),

@@ -215,3 +215,31 @@ SECRET_STALE = Gauge(
     registry=REGISTRY,
     multiprocess_mode="livemax",
 )
+AUDIT_UP = Gauge(
+    "sandbox_gateway_audit_up",
+    "1 while audit lines are written; 0 while they cannot be (a write error, or a blocked "
+    "output filling audit.buffer): new exchanges are then refused 503 audit_unavailable "
+    "(audit.on_failure: refuse).",
+    registry=REGISTRY,
+    multiprocess_mode="livemin",
+)
+AUDIT_HELD = Gauge(
+    "sandbox_gateway_audit_held_bytes",
+    "Bytes of audit lines held because the output does not take them now (set when writing "
+    "stalls or fails, and when it resumes).",
+    registry=REGISTRY,
+    multiprocess_mode="livesum",
+)
+AUDIT_DROPPED = Counter(
+    "sandbox_gateway_audit_dropped_lines_total",
+    "Audit lines dropped: they did not fit in audit.buffer while the output did not take "
+    "lines, or were still held when the gateway stopped.",
+    registry=REGISTRY,
+)
+AUDIT_WRITE_ERRORS = Counter(
+    "sandbox_gateway_audit_write_errors_total",
+    "Failed attempts to write audit lines (retried every second), by error (ENOSPC, EPIPE, "
+    "EROFS, EIO, ...).",
+    ["error"],
+    registry=REGISTRY,
+)

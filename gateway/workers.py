@@ -29,6 +29,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from prometheus_client import multiprocess
+
 from gateway import ca
 from gateway.config import Config, HostPort
 from gateway.policy import load_policy_dir
@@ -124,7 +126,7 @@ class Supervisor:
         )
         runtime = cfg.runtime_dir or Path(tempfile.mkdtemp(prefix="sandbox-gateway-"))
         self.runtime = runtime
-        metrics_dir = runtime / "metrics"
+        metrics_dir = self.metrics_dir = runtime / "metrics"
         shutil.rmtree(metrics_dir, ignore_errors=True)
         metrics_dir.mkdir(parents=True)
         env = dict(os.environ)
@@ -172,6 +174,7 @@ class Supervisor:
                 code = proc.poll()
                 if code is None or self.stopping:
                     continue
+                self.forget(proc.pid)
                 self.restarts[index] = self.restarts.get(index, 0) + 1
                 wait = min(RESTART_BACKOFF[1],
                            RESTART_BACKOFF[0] * 2 ** (self.restarts[index] - 1))
@@ -182,6 +185,12 @@ class Supervisor:
                     self._spawn(index, self.env)
             time.sleep(0.2)
         return self.stop(timeout=self.config.shutdown.drain + 10)
+
+    def forget(self, pid: int) -> None:
+        """A worker died: its live gauges (open connections, audit and state-store health,
+        ...) leave the sums at once; a killed worker never took its connections off the
+        gauge itself. Its counters stay (they count what happened)."""
+        multiprocess.mark_process_dead(pid, str(self.metrics_dir))  # type: ignore[no-untyped-call]
 
     def request_stop(self, *_: object) -> None:
         self.stopping = True

@@ -59,7 +59,12 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert cfg.network.upstream_ca is None
     assert dict(cfg.network.resolve) == {}
     assert cfg.network.intercept == "fast"
-    assert cfg.audit_path is None
+    assert cfg.audit.path is None
+    assert cfg.audit.on_failure == "refuse"  # audit lines that cannot be written: 503
+    assert cfg.audit.buffer == 4 * 1024 * 1024
+    assert (cfg.admin.timeouts.head, cfg.admin.timeouts.body, cfg.admin.timeouts.idle) == (
+        10, 30, 30)
+    assert cfg.admin.max_body == 2 * 1024 * 1024 and cfg.admin.max_connections == 64
     assert cfg.workers == 0  # one worker per core
     assert cfg.source == "<defaults>"
 
@@ -100,7 +105,8 @@ limits: {connections_per_sandbox: 64, max_header_bytes: 32k, max_websocket_messa
          max_tunnel_lifetime: 12h}
 shutdown: {drain: 45s}
 dns: {ttl: 30s, rate: 2.5, burst: 8}
-audit: {path: audit/decisions.jsonl}
+audit: {path: audit/decisions.jsonl, on_failure: continue, buffer: 1m}
+admin: {timeouts: {head: 5s, body: 20s, idle: 1m}, max_body: 512k, max_connections: 16}
 state: {store: memory}
 metering: {pricing: prices.yaml, retention: 30d, stream_usage: false}
 workers: 4
@@ -153,7 +159,11 @@ def test_full_file(tmp_path: Path) -> None:
     assert dict(cfg.network.resolve) == {"api.internal.example": "10.1.2.3:443"}
     assert cfg.network.upstream_idle_timeout == 45
     assert cfg.network.intercept == "mitmproxy"
-    assert cfg.audit_path == base / "audit" / "decisions.jsonl"
+    assert cfg.audit.path == base / "audit" / "decisions.jsonl"
+    assert cfg.audit.on_failure == "continue" and cfg.audit.buffer == 1024 * 1024
+    assert (cfg.admin.timeouts.head, cfg.admin.timeouts.body, cfg.admin.timeouts.idle) == (
+        5, 20, 60)
+    assert cfg.admin.max_body == 512 * 1024 and cfg.admin.max_connections == 16
     assert dict(cfg.state) == {"store": "memory"}
     assert cfg.metering.pricing == base / "prices.yaml"
     assert cfg.metering.retention == 30 * 86400
@@ -207,6 +217,11 @@ ENV_CASES: list[tuple[dict[str, str], str, Any]] = [
     ({"SANDBOX_GATEWAY_DNS__RATE": "7.5"}, "dns.rate", 7.5),
     ({"SANDBOX_GATEWAY_DNS__BURST": "15"}, "dns.burst", 15),
     ({"SANDBOX_GATEWAY_LOG_LEVEL": "warning"}, "log_level", "warning"),
+    ({"SANDBOX_GATEWAY_AUDIT__ON_FAILURE": "continue"}, "audit.on_failure", "continue"),
+    ({"SANDBOX_GATEWAY_AUDIT__BUFFER": "16m"}, "audit.buffer", 16 * 1024 * 1024),
+    ({"SANDBOX_GATEWAY_ADMIN__TIMEOUTS__HEAD": "3s"}, "admin.timeouts.head", 3.0),
+    ({"SANDBOX_GATEWAY_ADMIN__MAX_BODY": "1m"}, "admin.max_body", 1024 * 1024),
+    ({"SANDBOX_GATEWAY_ADMIN__MAX_CONNECTIONS": "8"}, "admin.max_connections", 8),
     ({"SANDBOX_GATEWAY_SECRETS": "{store: env}"}, "secrets", {"store": "env"}),
     ({"SANDBOX_GATEWAY_SECRETS__STORE": "env"}, "secrets.store", "env"),
     ({"SANDBOX_GATEWAY_STATE__STORE": "redis", "SANDBOX_GATEWAY_STATE__URL": "redis://r:6379"},
@@ -287,6 +302,14 @@ FILE_ERRORS = [
     ("secrets: file", "secrets: expected a map"),
     ("log_level: loud", "log_level: expected one of debug, info, warning, error"),
     ("audit: {path: 3}", "audit.path: expected a non-empty string"),
+    ("audit: {on_failure: ignore}", "audit.on_failure: expected refuse"),
+    ("audit: {buffer: 4k}", "audit.buffer: at least 64k"),
+    ("audit: {buffer: lots}", "audit.buffer: 'lots' is not a size"),
+    ("admin: {timeouts: {head: 0}}", "admin.timeouts.head: must be positive"),
+    ("admin: {timeouts: {header: 5s}}",
+     "admin.timeouts.header: unknown key; did you mean admin.timeouts.head?"),
+    ("admin: {max_body: -1}", "admin.max_body: expected a positive integer"),
+    ("admin: {max_connections: 0}", "admin.max_connections: expected a positive integer"),
     ("listen: {dns: 53}", 'listen.dns: expected "host:port"'),
     ("dns: {ttl: 2h}", "dns.ttl: expected between 1s and 1h"),
     ("dns: {ttl: 0}", "dns.ttl: must be positive"),
@@ -313,6 +336,7 @@ ENV_ERRORS = [
     ({"SANDBOX_GATEWAY_LISTEN__PROXY": "nope"}, 'listen.proxy: expected "host:port"'),
     ({"SANDBOX_GATEWAY_TOKENS__MAX_TTL": "forever"}, "tokens.max_ttl: 'forever' is not"),
     ({"SANDBOX_GATEWAY_NETWORK__ALLOW_CIDRS": "[unclosed"}, "NETWORK__ALLOW_CIDRS: not valid"),
+    ({"SANDBOX_GATEWAY_AUDIT__ON_FAILURE": "drop"}, "audit.on_failure: expected refuse"),
     ({"SANDBOX_GATEWAY_LISTEN__PROXXY": "0.0.0.0:1"},
      "listen.proxxy: unknown key; did you mean listen.proxy?"),
 ]

@@ -85,6 +85,7 @@ _UPSTREAM_KINDS = {
     "connect": "the upstream {where} could not be reached ({detail})",
     "tls": "the TLS handshake with the upstream {where} failed ({detail}); if it uses a "
            "private CA, add it to network.upstream_ca",
+    "tls_handshake": "the upstream {where} did not complete a TLS handshake ({detail})",
     "protocol": "the upstream {where} sent an invalid HTTP response",
     "closed": "the upstream {where} closed the connection without a complete response",
     "encoding": "the upstream {where} answered with a content coding the gateway cannot "
@@ -519,7 +520,7 @@ class Exchange:
         log.info("upstream %s failed (%s): %s", self._where(), kind, error_phrase(detail))
         reason = _UPSTREAM_KINDS.get(kind, _UPSTREAM_KINDS["connect"]).format(
             where=self._where(), detail=_clean_detail(detail))
-        self._unsent = kind in ("connect", "tls")  # (the request never left)
+        self._unsent = kind in ("connect", "tls", "tls_handshake")  # (the request never left)
         code = "upstream_timeout" if kind == "timeout" else "upstream_failed"
         if kind == "timeout":
             reason = f"the upstream {self._where()} sent nothing for too long ({detail})"

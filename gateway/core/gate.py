@@ -72,6 +72,14 @@ class Registry(Protocol):
     def sandbox_for(self, ip: str) -> SandboxAddress | None: ...
 
 
+class AuditHealth(Protocol):
+    """The audit sink's health (gateway/audit.py): `refusing` is why new exchanges must
+    be refused now (their audit lines cannot be written), or None."""
+
+    @property
+    def refusing(self) -> str | None: ...
+
+
 @dataclass(slots=True)
 class Tunnel:
     """An admitted tunnel (CONNECT, or a transparent connection): where it goes, how
@@ -84,6 +92,7 @@ class Tunnel:
     passthrough: bool
     tcp: bool
     started: float = field(default_factory=time.time)
+    audited: bool = False  # a line was written for it (an exchange, a refusal inside it)
 
 
 @dataclass(slots=True, eq=False)
@@ -130,8 +139,9 @@ class Gate:
                  audit: Callable[[dict[str, Any]], None],
                  resolve: Callable[[str, int], Awaitable[list[str]]] | None = None,
                  metering: Metering | None = None, signers: Signers | None = None,
-                 ephemeral: EphemeralKeys | None = None,
+                 ephemeral: EphemeralKeys | None = None, audit_health: AuditHealth | None = None,
                  connections_per_sandbox: int = 256, max_connections: int = 1 << 30) -> None:
+        self.audit_health = audit_health
         self.metering = metering
         self.ephemeral = ephemeral if ephemeral is not None else EphemeralKeys()
         self.signers = signers
@@ -160,6 +170,8 @@ class Gate:
               credential: str | None = None, identity: Identity | None = None,
               usage: dict[str, Any] | None = None) -> None:
         """Write one audit line (every engine's lines go through here)."""
+        if client.tunnel is not None:
+            client.tunnel.audited = True
         self._audit(record(
             identity=identity or client.identity, client=client.peer,
             listener=client.listener, method=method, scheme=scheme, host=host, port=port,
@@ -217,7 +229,10 @@ class Gate:
             raise Refused(refusal, self.refuse(client, refusal, close=True))
 
     def closed(self, client: Client) -> None:
-        """The client connection ended, whichever engine served it (idempotent)."""
+        """The client connection ended, whichever engine served it (idempotent). A
+        tunnel it still holds is audited now if it has no line yet (`tunnel_closed`)."""
+        if client.tunnel is not None:
+            self.tunnel_closed(client, None, None)
         if client.open:
             client.open = False
             self.open_connections -= 1
@@ -320,6 +335,13 @@ class Gate:
 
     # -- tunnels -------------------------------------------------------------------------
 
+    def check_audit(self) -> None:
+        """New exchanges are refused while their audit lines cannot be written (the
+        sink's `refusing`, `audit.on_failure: refuse`). Raises Refusal."""
+        health = self.audit_health
+        if health is not None and health.refusing is not None:
+            raise Refusal("audit_unavailable", _AUDIT_UNAVAILABLE, retry_after=5)
+
     def policy(self, identity: Identity) -> Policy:
         found = self.policies().get(identity.policy)
         if found is None:
@@ -337,6 +359,7 @@ class Gate:
         try:
             self.identify(client, proxy_authorization)
             host, port = target.tunnel_authority(authority)
+            self.check_audit()
             return await self._admit_tunnel(client, host, port, "https")
         except Refusal as refusal:
             raise Refused(refusal, self.refuse(client, refusal, method="CONNECT", host=host,
@@ -381,6 +404,7 @@ class Gate:
         orig_ip, port = orig
         host: str | None = None
         try:
+            self.check_audit()
             if kind == "tcp":
                 if not client.registered:
                     raise Refusal("unknown_sandbox", "raw TCP from an unregistered source: "
@@ -492,16 +516,24 @@ class Gate:
 
     def tunnel_closed(self, client: Client, bytes_in: int | None, bytes_out: int | None,
                       error: str | None = None) -> None:
-        """A passthrough tunnel ended: one line for its decision and traffic."""
+        """A tunnel ended (idempotent): a passthrough tunnel's one line, for its decision
+        and traffic; an inspected tunnel's only if no line was written for it (closed
+        before any request: `error` says how, default `no_request`). So every tunnel
+        answered 200 is on the audit trail, tunnels that never carried a byte included."""
         tunnel = client.tunnel
-        if tunnel is None or not tunnel.passthrough:
+        if tunnel is None:
             return
         client.tunnel = None
+        if not tunnel.passthrough:
+            if tunnel.audited:
+                return
+            error = error or "no_request"
         metrics.child(metrics.BYTES, "in").inc(bytes_in or 0)
         self.audit(client, decision=tunnel.decision.result, reason=tunnel.decision.reason,
                    rule=_rule(tunnel.decision), method="CONNECT", host=tunnel.host,
                    port=tunnel.port, status=200, error=error, bytes_in=bytes_in,
-                   bytes_out=bytes_out, started=tunnel.started, path_taken="passthrough")
+                   bytes_out=bytes_out, started=tunnel.started,
+                   path_taken="passthrough" if tunnel.passthrough else "intercept")
 
     # -- requests ------------------------------------------------------------------------
 
@@ -521,6 +553,7 @@ class Gate:
             identity = self.recheck(client, head)
             tgt = target.request_target(
                 head, (tunnel.host, tunnel.port) if tunnel is not None else None, tls=tls)
+            self.check_audit()
             upgrade = head.headers.get("upgrade")
             if upgrade is not None and upgrade.strip().lower() != "websocket":
                 raise Refusal("unsupported", f"upgrade to {upgrade[:40]!r} is not supported "
@@ -673,6 +706,9 @@ class Gate:
 async def _no_resolver(host: str, port: int) -> list[str]:
     raise OSError(f"no resolver for {host}")
 
+
+_AUDIT_UNAVAILABLE = ("the gateway cannot write its audit trail now and refuses new "
+                      "requests until it can (audit.on_failure: refuse); retry later")
 
 _UNREGISTERED = Refusal(
     "unknown_sandbox",

@@ -74,6 +74,7 @@ _CODES: dict[str, tuple[int, str]] = {
     "credential_unavailable": (503, "proxy_internal_error"),
     "shutting_down": (503, "proxy_internal_error"),
     "at_capacity": (503, "proxy_internal_error"),
+    "audit_unavailable": (503, "proxy_internal_error"),
     "gateway_error": (500, "proxy_internal_error"),
 }
 _PHRASES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",

@@ -57,6 +57,7 @@ class Door(asyncio.Protocol):
         self.client: Client | None = None
         self.state = "accepted"
         self.timer: asyncio.TimerHandle | None = None
+        self.ended: str | None = None  # why the door closed the connection, if it did
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -83,18 +84,34 @@ class Door(asyncio.Protocol):
             self.doors.timeouts.handshake, self._timed_out)
 
     def _timed_out(self) -> None:
-        log.debug("connection from %s sent nothing usable in time",
-                  self.client.peer if self.client else "?")
+        log.debug("connection from %s: %s", self.client.peer if self.client else "?",
+                  self.waiting_for())
+        self.ended = "handshake_timeout"
         self.abort()
 
+    def waiting_for(self) -> str:
+        """What the door was waiting for, for the timeout's log line."""
+        return (f"no usable first bytes within {self.doors.timeouts.handshake:g}s "
+                "(network.timeouts.handshake)")
+
     def abort(self) -> None:
+        if self.ended is None:
+            self.ended = "shutting_down"
         if self.transport is not None:
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.release()
         if self.state in self.OWNED and self.client is not None:
-            self.gate.closed(self.client)
+            try:  # an admitted tunnel that ends here: audited (bytes after the 200)
+                self.gate.tunnel_closed(self.client, 0, self.tunnel_bytes(),
+                                        self.ended or "client_closed")
+            finally:
+                self.gate.closed(self.client)
+
+    def tunnel_bytes(self) -> int:
+        """Bytes the client sent into its admitted tunnel while the door held it."""
+        return len(self.buf)
 
     def release(self) -> None:
         """The door no longer owns the connection (an engine has it, or it ended)."""

@@ -67,6 +67,15 @@ class FrontDoor(Door):
         self.head_len = end + 4
         asyncio.get_running_loop().create_task(self._decide(bytes(self.buf[:end])))
 
+    def waiting_for(self) -> str:
+        what = ("complete CONNECT or request head" if self.state in ("head", "deciding")
+                else "first bytes (TLS ClientHello) in the tunnel after its 200")
+        return (f"no {what} within {self.doors.timeouts.handshake:g}s "
+                "(network.timeouts.handshake)")
+
+    def tunnel_bytes(self) -> int:
+        return max(0, len(self.buf) - self.head_len) if self.head_len else 0
+
     def _refuse(self, refusal: Refusal, **where: Any) -> None:
         assert self.client is not None and self.transport is not None
         answer: Answer = self.gate.refuse(self.client, refusal, close=True, **where)

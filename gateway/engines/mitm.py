@@ -412,6 +412,12 @@ class Adapter(NextLayer):
             ex.abort(Refusal("unsupported", "HTTP/1 trailers are not relayed by the mitmproxy "
                              "engine (network.intercept: mitmproxy); the default engine "
                              "relays them"))
+        elif flow.response is None and flow.request.timestamp_end is None \
+                and message.startswith("HTTP/1 protocol error"):
+            # The client's body is malformed (a bad chunk size...): mitmproxy closes the
+            # connection at once, without an answer (it cannot send one on HTTP/1 then).
+            ex.abort(Refusal("bad_request", "the request body is not valid HTTP/1 "
+                             "(malformed chunked framing); the connection was closed"))
         elif flow.response is None:
             ex.upstream_failed("closed" if "closed" in message else "connect", message)
         else:

@@ -29,8 +29,8 @@ from importlib.metadata import version
 from typing import Any
 
 import h11
+from h11._readers import ChunkedReader as _H11ChunkedReader
 from h11._readers import (
-    ChunkedReader,
     ContentLengthReader,
     Http10Reader,
     maybe_read_from_IDLE_client,
@@ -70,6 +70,23 @@ def check_versions() -> None:
                 f"{package} {found} is installed, but gateway/engines/patches.py was checked "
                 f"against {', '.join(p + 'x' for p in prefixes)}; install a supported version "
                 "(pyproject.toml pins it) or re-check the patches")
+
+
+MAX_CHUNK = (1 << 63) - 1  # the largest chunk size taken (what fits in a signed 64-bit size)
+
+
+class ChunkedReader(_H11ChunkedReader):
+    """h11's chunked body reader, refusing a chunk size no implementation can hold: h11
+    takes up to 20 hex digits (`ffffffffffffffffffff` is 2**80 - 1) and then waits for
+    that many bytes, holding the connection until the idle timeout. Past 63 bits it is a
+    protocol error at once (nginx and curl draw the line there too): the HTTP/1 engine
+    and mitmproxy answer it 400 (a response from an upstream: 502)."""
+
+    def __call__(self, buf: ReceiveBuffer) -> Any:
+        event = super().__call__(buf)
+        if self._bytes_in_chunk > MAX_CHUNK:
+            raise h11.LocalProtocolError("chunk size too large (more than 63 bits)")
+        return event
 
 
 def read_request_head(buf: ReceiveBuffer) -> h11.Request | None:

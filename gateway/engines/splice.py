@@ -125,7 +125,9 @@ class Splice(asyncio.Protocol):
                 _, upstream = await loop.create_connection(lambda: _Upstream(self), ip, port)
         except (OSError, TimeoutError) as exc:
             log.info("passthrough to %s (%s) failed: %s", self.where, ip,
-                     getattr(exc, "strerror", None) or type(exc).__name__)
+                     f"no TCP connection within {self.owner.connect:g}s "
+                     "(network.timeouts.connect)" if isinstance(exc, TimeoutError)
+                     else exc.strerror or type(exc).__name__)
             self.close("upstream_failed")
             return
         except Exception:

@@ -87,10 +87,12 @@ class GatewayProcess:
 def start_gateway(workdir: Path, names: dict[str, int], ca: LocalCA, *,
                   proxy: int | None = None, workers: int = 1, policy: str = POLICY,
                   extra: dict[str, Any] | None = None, wait: bool = True,
-                  fd_limit: int | None = None, log: Path | None = None) -> GatewayProcess:
+                  fd_limit: int | None = None, log: Path | None = None,
+                  stdout: int = subprocess.DEVNULL) -> GatewayProcess:
     """`sandbox-gateway run` with policies in `workdir`, `names` resolved to local ports;
     `fd_limit` sets its open-files limit (soft and hard) as a container's ulimit would;
-    `log`: a file for its stderr (for a chatty process: debug logging)."""
+    `log`: a file for its stderr (for a chatty process: debug logging); `stdout`: where
+    its stdout goes (audit lines, with `audit: {path: null}`)."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "policies").mkdir(exist_ok=True)
     (workdir / "policies" / "agent.yaml").write_text(policy)
@@ -115,7 +117,7 @@ def start_gateway(workdir: Path, names: dict[str, int], ca: LocalCA, *,
         stderr: Any = subprocess.PIPE if log is None else files.enter_context(log.open("w"))
         proc = subprocess.Popen([sys.executable, "-m", "gateway", "run", "--config",
                                  str(workdir / "gateway.yaml")], cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=stderr, text=True,
+                                stdout=stdout, stderr=stderr, text=True,
                                 preexec_fn=None if fd_limit is None else
                                 lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
                                                            (fd_limit, fd_limit)))

@@ -4,6 +4,7 @@ sharing revocations (state journal) and metrics (multiprocess files)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -83,3 +84,67 @@ def test_two_workers_share_ports_state_and_metrics(tmp_path: Path) -> None:
     workers = {json.loads(line).get("worker")
                for line in (tmp_path / "audit.log").read_text().splitlines() if line}
     assert workers == {0, 1}, workers
+
+
+def _open_connections(admin: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{admin}/metrics").text
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+               if ln.startswith("sandbox_gateway_open_connections "))
+
+
+def test_the_open_connections_gauge_is_exact_after_a_worker_is_killed(tmp_path: Path) -> None:
+    """SIGKILL of a worker left its connections on the gauge for good (its multiprocess
+    file kept its last value); the supervisor now drops a dead worker's live gauges."""
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "agent.yaml").write_text(
+        "version: v1\nname: agent\negress:\n  - host: allowed.test\n")
+    proxy, admin = _free_port(), _free_port()
+    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump({
+        "listen": {"proxy": f"127.0.0.1:{proxy}", "admin": f"127.0.0.1:{admin}"},
+        "admin_token": ADMIN, "policies": "policies", "certs": "certs",
+        "secrets": {"store": "env"}, "runtime_dir": "runtime",
+    }))
+    gw = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "run", "--workers", "2", "--config",
+         str(tmp_path / "gateway.yaml")],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    held: list[socket.socket] = []
+    try:
+        assert gw.stderr is not None
+        deadline = time.monotonic() + 60
+        while "ready: 2 workers" not in gw.stderr.readline():
+            assert gw.poll() is None and time.monotonic() < deadline
+        workers = subprocess.run(["pgrep", "-P", str(gw.pid)], capture_output=True,
+                                 text=True).stdout.split()
+        assert len(workers) == 2
+        for _ in range(16):  # accepted and counted; the kernel spreads them over both
+            sock = socket.create_connection(("127.0.0.1", proxy), timeout=5)
+            sock.sendall(b"CONNECT allowed.test:443 HTTP/1.1\r\n")  # a head under way
+            held.append(sock)
+        deadline = time.monotonic() + 5
+        while _open_connections(admin) != 16:
+            assert time.monotonic() < deadline, _open_connections(admin)
+            time.sleep(0.1)
+        os.kill(int(workers[0]), signal.SIGKILL)
+        time.sleep(0.5)
+        alive = 0
+        for sock in held:  # the killed worker's connections are gone (reset or EOF)
+            sock.settimeout(0.2)
+            try:
+                alive += sock.recv(1) != b""
+            except TimeoutError:
+                alive += 1
+            except OSError:
+                pass
+        assert alive < 16, "the killed worker held none of the connections"
+        deadline = time.monotonic() + 5
+        while _open_connections(admin) != alive:
+            assert time.monotonic() < deadline, (_open_connections(admin), alive)
+            time.sleep(0.1)
+    finally:
+        for sock in held:
+            sock.close()
+        gw.send_signal(signal.SIGTERM)
+        gw.wait(20)
+        if gw.stderr is not None:
+            gw.stderr.close()

@@ -179,3 +179,99 @@ def test_slow_heads_are_cut_and_others_still_served(make_gateway, nginx: Nginx) 
     finally:
         for s in slow:
             s.close()
+
+
+# -- issue 21, item 10: malformed chunk sizes at once; timeouts name their phase ----------
+
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
+@pytest.mark.parametrize("size", [b"ffffffffffffffffffff", b"10000000000000000",
+                                  b"fffffffffffffffffffff", b"-1", b"zz"])
+def test_a_malformed_chunk_size_is_a_400_at_once(make_gateway, nginx: Nginx, engine: str,
+                                                 size: bytes) -> None:
+    """h11 reads up to 20 hex digits: `ffffffffffffffffffff` (2**80 - 1) was taken as a
+    size and the connection held until client_idle; a size past 63 bits is now refused
+    like any malformed one, with one audit line. mitmproxy never answers a malformed
+    request body on HTTP/1 (its HTTP/1 server closes the connection before reporting the
+    error, so there is nothing to write the 400 to): there the connection is closed at
+    once, and the audit line says 400 bad_request."""
+    gw: GatewayThread = make_gateway(nginx.port, config={"network": {
+        "intercept": engine, "timeouts": {**TIMEOUTS, "client_idle": "30s"}}})
+    started = time.monotonic()
+    with tunnel(gw, gw.mint("agent")) as tls:
+        tls.settimeout(5)
+        tls.sendall(b"POST /small HTTP/1.1\r\nHost: inspect.test\r\n"
+                    b"Transfer-Encoding: chunked\r\n\r\n" + size + b"\r\nabc")
+        try:
+            answer = tls.recv(65536)
+        except (ConnectionError, ssl.SSLError):
+            answer = b""
+    if engine == "fast":
+        assert answer.startswith(b"HTTP/1.1 400 bad_request"), answer[:100]
+    else:
+        assert answer == b"", answer[:100]
+    assert time.monotonic() - started < 2
+    lines = gw.audit.wait_for(lambda r: r["path"] == "/small")
+    time.sleep(0.2)
+    assert [(r["status"], r["error"]) for r in gw.audit.records()
+            if r["path"] == "/small"] == [(400, "bad_request")], lines
+
+
+class AcceptOnly:
+    """An upstream that accepts TCP connections and never speaks (no TLS handshake)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.sock.getsockname()[1])
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                self.conns.append(self.sock.accept()[0])
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+
+
+class Backlogged:
+    """An upstream whose accept queue is full: a TCP connect to it never completes."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(0)
+        self.port = int(self.sock.getsockname()[1])
+        self.filler = socket.create_connection(("127.0.0.1", self.port))  # fills it
+
+    def close(self) -> None:
+        self.filler.close()
+        self.sock.close()
+
+
+@pytest.mark.parametrize(("server", "phase", "seconds"), [
+    (AcceptOnly, "TCP connected but no TLS handshake within 1s", 1.0),
+    (Backlogged, "no TCP connection within 1s", 1.0),
+])
+def test_a_dial_that_times_out_names_its_phase(make_gateway, server: type, phase: str,
+                                               seconds: float) -> None:
+    """The dial's two waits are bounded each by its own timeout (connect, then
+    handshake) and the answer says which one ran out; a handshake that never started
+    was reported "no connection within <connect>s" after connect + handshake."""
+    upstream = server()
+    try:
+        gw: GatewayThread = make_gateway(upstream.port, config={"network": {"timeouts": {
+            **TIMEOUTS, "connect": "1s", "handshake": "1s"}}})
+        with tunnel(gw, gw.mint("agent")) as tls:
+            tls.settimeout(10)
+            started = time.monotonic()
+            tls.sendall(b"GET /x HTTP/1.1\r\nHost: inspect.test\r\n\r\n")
+            answer = tls.recv(65536)
+            took = time.monotonic() - started
+    finally:
+        upstream.close()
+    assert answer.startswith(b"HTTP/1.1 502 upstream_failed"), answer[:120]
+    assert phase.encode() in answer, answer[:400]
+    assert seconds * 0.9 < took < seconds + 0.7, took

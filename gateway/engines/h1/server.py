@@ -36,7 +36,7 @@ from gateway.core.phrases import error_phrase
 from gateway.core.refusal import Answer, Refusal, to_http1
 from gateway.engines.h1 import framing
 from gateway.engines.h1.framing import ProtocolError
-from gateway.engines.h1.side import Side, Upstream
+from gateway.engines.h1.side import PhaseTimeout, Side, Upstream
 from gateway.engines.patches import (
     ChunkedReader,
     ContentLengthReader,
@@ -198,27 +198,33 @@ class Connection(Side):
 
     async def serve(self) -> None:
         timeouts = self.engine.timeouts
+        ended = "connection_closed"
         try:
             while True:
                 head = await self._read_request(timeouts)
                 if head is None or not await self._exchange(head):
                     break
         except ProtocolError as exc:
-            tunnel = self.client.tunnel
-            self.write_answer(self.gate.refuse(
-                self.client, Refusal("bad_request", "the request could not be parsed: "
-                                     f"{error_phrase(str(exc))}"),  # (no quoted bytes)
-                host=tunnel.host if tunnel else None, port=tunnel.port if tunnel else None,
-                close=True))
-        except TimeoutError:
-            log.debug("connection from %s timed out", self.client.peer)
+            refusal = Refusal("bad_request", "the request could not be parsed: "
+                              f"{error_phrase(str(exc))}")  # (no quoted bytes)
+            ex, self.exchange = self.exchange, None
+            if ex is not None:  # a malformed body: the exchange's one line is the refusal
+                self.write_answer(ex.abort(refusal))
+            else:
+                tunnel = self.client.tunnel
+                self.write_answer(self.gate.refuse(
+                    self.client, refusal, host=tunnel.host if tunnel else None,
+                    port=tunnel.port if tunnel else None, close=True))
+        except TimeoutError as exc:
+            log.debug("connection from %s: %s", self.client.peer, exc or "timed out")
+            ended = "client_timeout"
         except (ConnectionError, TlsClosed, ssl.SSLError, asyncio.CancelledError):
             pass
         except Exception:
             log.exception("HTTP/1 connection failed; closing it (fail closed)")
         finally:
             if self.exchange is not None:  # cut off mid-exchange (client gone, error)
-                self.exchange.finish(None, error="connection_closed")
+                self.exchange.finish(None, error=ended)
                 self.exchange = None
             self._shutdown()
 
@@ -243,11 +249,16 @@ class Connection(Side):
                 if len(self.buf):
                     raise ProtocolError("the connection closed in the middle of a request head")
                 return None
-            waiting = len(self.buf) or (self.tls is not None and not self.tls.established)
-            await self.more(timeouts.handshake if waiting else timeouts.client_idle)
+            if self.tls is not None and not self.tls.established:
+                await self.more(timeouts.handshake, "TLS handshake from the client")
+            elif len(self.buf):
+                await self.more(timeouts.handshake, "complete request head")
+            else:
+                await self.more(timeouts.client_idle, "request (client idle)")
 
     async def _body(self, side: Side, size: int | None, timeout: float,
-                    trailers: list[list[tuple[bytes, bytes]]] | None = None) -> Any:
+                    trailers: list[list[tuple[bytes, bytes]]] | None = None,
+                    phase: str = "request body bytes") -> Any:
         """A message body framed by `size` (Content-Length, None = chunked, -1 = until
         close), de-chunked, as it arrives; chunked trailers are put in `trailers`."""
         if size == 0:
@@ -272,7 +283,7 @@ class Connection(Side):
                 if event is None:
                     continue  # (more may have arrived while the consumer was sending)
             if event is None:
-                await side.more(timeout)
+                await side.more(timeout, phase)
             else:
                 if trailers is not None and event.headers:
                     trailers.append(list(event.headers.raw_items()))
@@ -419,9 +430,9 @@ class Connection(Side):
         try:
             upstream = await Upstream.open(
                 pinned, self.engine.upstream_tls if tls else None,
-                timeout=timeouts.connect + (timeouts.handshake if tls else 0))
-        except TimeoutError:
-            self._fail(ex, "connect", f"no connection within {timeouts.connect:g}s")
+                connect=timeouts.connect, handshake=timeouts.handshake)
+        except PhaseTimeout as exc:
+            self._fail(ex, exc.phase, str(exc))
             return None
         except (OSError, ssl.SSLError) as exc:
             kind = "tls" if isinstance(exc, ssl.SSLError) else "connect"
@@ -464,7 +475,7 @@ class Connection(Side):
                 if len(upstream.buf):
                     raise ProtocolError("the upstream closed in the middle of a response head")
                 return None
-            await upstream.more(timeout)
+            await upstream.more(timeout, "response head")
 
     async def _relay_response(self, ex: Exchange, upstream: Upstream, request: RequestHead,
                               client_close: bool, replay: list[bytes] | None) -> bool:
@@ -523,7 +534,8 @@ class Connection(Side):
                                                    close=close))
         trailers: list[list[tuple[bytes, bytes]]] = []
         try:
-            async for data in self._body(upstream, size, self.engine.timeouts.read, trailers):
+            async for data in self._body(upstream, size, self.engine.timeouts.read, trailers,
+                                         "response body bytes"):
                 out = ex.response_data(data)
                 if out:
                     await self.send(b"%x\r\n%s\r\n" % (len(out), out) if chunked else out)

@@ -5,8 +5,8 @@ The serving coroutine reads plaintext from `buf` (h11's receive buffer) and awai
 when the coroutine is about to wait (a small exchange costs one TLS record and one
 write per direction) or once 64 KiB are pending, and honour the transport's flow
 control. Every wait has a deadline: the engine's sweeper (one timer for all
-connections) fails a wait past its deadline with `TimeoutError`, so no per-wait timer
-is armed on the hot path.
+connections) fails a wait past its deadline with `TimeoutError` naming what was waited
+for (`more(timeout, phase)`), so no per-wait timer is armed on the hot path.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class Side(asyncio.Protocol):
         self.received = 0  # bytes of plaintext received in all (progress for retries)
         self._waiter: asyncio.Future[None] | None = None
         self.deadline = 0.0  # monotonic; the sweeper fails a wait past it
+        self.waiting = ""  # what the current wait is for (named by its TimeoutError)
         self._drain: asyncio.Future[None] | None = None
         self._paused = False
         self._out: list[bytes | memoryview] = []
@@ -108,12 +109,12 @@ class Side(asyncio.Protocol):
         waiter = self._waiter
         if waiter is not None and not waiter.done() and now >= self.deadline:
             self._waiter = None
-            waiter.set_exception(TimeoutError())
+            waiter.set_exception(TimeoutError(self.waiting))
 
     # for the coroutine
-    async def more(self, timeout: float) -> None:
-        """Wait for more plaintext (or the end), at most `timeout` seconds (TimeoutError);
-        what both sides gathered goes out first."""
+    async def more(self, timeout: float, phase: str = "data") -> None:
+        """Wait for more plaintext (or the end), at most `timeout` seconds (TimeoutError:
+        "no <phase> within <timeout>s"); what both sides gathered goes out first."""
         self.flush()
         if self.partner is not None:
             self.partner.flush()
@@ -123,6 +124,7 @@ class Side(asyncio.Protocol):
             self._paused = False
             self.transport.resume_reading()
         self.deadline = time.monotonic() + timeout
+        self.waiting = f"no {phase} within {timeout:g}s"
         self._waiter = asyncio.get_running_loop().create_future()
         await self._waiter
 
@@ -172,25 +174,46 @@ class Upstream(Side):
 
     @classmethod
     async def open(cls, pinned: Pinned, context: ssl.SSLContext | None, *,
-                   timeout: float) -> Upstream:
+                   connect: float, handshake: float) -> Upstream:
+        """Dial, then (with `context`) the TLS handshake: each phase within its own
+        timeout; a timeout raises `PhaseTimeout` naming the phase."""
         side = cls()
         pin(pinned)  # the address dialled is the one that was checked
         ip, port = pinned.address
         loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(timeout):
-                await loop.create_connection(lambda: side, ip, port)
-                if context is not None:
-                    assert side.transport is not None
-                    side.tls = TlsPump(context, side.write_raw, server_side=False,
-                                       server_hostname=pinned.host)
-                    side.tls.start()
-                    while not side.tls.established:
-                        if side.eof:
-                            raise side.error or ConnectionResetError(
-                                "the upstream closed the connection during the TLS handshake")
-                        await side.more(timeout)
+            try:
+                async with asyncio.timeout(connect):
+                    await loop.create_connection(lambda: side, ip, port)
+            except TimeoutError:
+                raise PhaseTimeout("connect", f"no TCP connection within {connect:g}s "
+                                   "(network.timeouts.connect)") from None
+            if context is not None:
+                assert side.transport is not None
+                side.tls = TlsPump(context, side.write_raw, server_side=False,
+                                   server_hostname=pinned.host)
+                side.tls.start()
+                try:
+                    async with asyncio.timeout(handshake):  # (no sweeper sees it yet)
+                        while not side.tls.established:
+                            if side.eof:
+                                raise side.error or ConnectionResetError(
+                                    "the upstream closed the connection during the TLS "
+                                    "handshake")
+                            await side.more(handshake, "TLS handshake")
+                except TimeoutError:
+                    raise PhaseTimeout("tls_handshake", f"TCP connected but no TLS handshake "
+                                       f"within {handshake:g}s (network.timeouts."
+                                       "handshake)") from None
         except BaseException:
             side.close()
             raise
         return side
+
+
+class PhaseTimeout(TimeoutError):
+    """A dial that timed out; `phase`: connect (TCP) or tls_handshake."""
+
+    def __init__(self, phase: str, message: str) -> None:
+        super().__init__(message)
+        self.phase = phase

@@ -66,7 +66,7 @@ class _Relay:
             elif side.eof:
                 src.receive_data(None)
             else:
-                await side.more(self.idle)
+                await side.more(self.idle, "WebSocket frame")
                 continue
             await self._events(from_client)
             if side.eof and not len(side.buf):
