@@ -130,7 +130,7 @@ class Exchange:
     retrieval: str | None = None  # the pending job whose usage this answer may carry
     holds_response: bool = False  # a provider-minted secret: read before it is relayed
     capture: list[bytes] | None = None
-    pending: dict[str | None, list[_Pending]] = field(default_factory=dict)
+    pending: dict[str | None, list[_Pending]] | None = None  # (a Responses session's)
 
     def head(self, header: Callable[[str], str | None]) -> None:
         """The response's headers (``header(name)``: a field's value, or None)."""
@@ -217,10 +217,10 @@ class Metering:
             metrics.child(metrics.MODEL_REFUSALS, policy.name, credential).inc()
             return refused
         endpoint = classify(method, path)
-        plain = Exchange(sandbox, policy, credential, None, None, rule, endpoint)
         if endpoint is None:
-            return plain
-        required = self.required(policy, rule)
+            return Exchange(sandbox, policy, credential, None, None, rule)
+        required = (rule.metering is not None and rule.metering.required) or (
+            bool(policy.budgets) and self.budgets.limits_usage(policy, credential))
         kind = endpoint.kind
         if kind == "minted":
             if not rule.allow_minted_secrets:
@@ -235,16 +235,16 @@ class Metering:
             if required:
                 return self._unavailable(policy, rule, f"{endpoint.what} ({route(path)}) "
                                          "answers without token usage the gateway can read")
-            return plain
+            return Exchange(sandbox, policy, credential, None, None, rule, endpoint)
         data = held.json() if held is not None and held.raw else None
         if kind == "retrieval":
             key = self._retrieved(credential, endpoint, path, now)
-            if key is None:
-                return plain  # not a job started here: not inference
+            if key is None:  # not a job started here: not inference
+                return Exchange(sandbox, policy, credential, None, None, rule, endpoint)
             return Exchange(sandbox, policy, credential, None, meter_for(
                 None, method, path, None), rule, endpoint, retrieval=key)
-        if kind == "inference" and endpoint.format == "openai" and data is not None and \
-                data.get("background") is True and route(path).endswith("/responses"):
+        if data is not None and data.get("background") is True and kind == "inference" \
+                and endpoint.format == "openai" and route(path).endswith("/responses"):
             kind, endpoint = "deferred", Endpoint(None, None, "deferred",
                                                   "a background response")
         if kind == "deferred":
@@ -267,7 +267,8 @@ class Metering:
                     "the request body is not one JSON object (or repeats a top-level key, "
                     'in any case: "model" and "Model"), so the gateway cannot read it as '
                     "the provider would; send one JSON object"))
-            if self.stream_usage or required:
+            if (self.stream_usage or required) and data is not None and \
+                    data.get("stream") is True:
                 new_body, problem = stream_usage(preset, path, held, required=required)
                 if problem is not None:
                     return self._unavailable(policy, rule, problem)
@@ -286,8 +287,12 @@ class Metering:
                 return exceeded
             if endpoint.format != "responses_ws":  # (counted per response.create)
                 hold = self.budgets.admitted(sandbox, policy, credential, now, reserve)
-        return Exchange(sandbox, policy, credential, new_body,
-                        meter_for(preset, method, path, held), rule, endpoint, hold, required)
+        assert endpoint.format is not None
+        meter: Meter = (SessionMeter(endpoint.format, request_model(preset, path, held))
+                        if kind == "session" else
+                        Meter(endpoint.format, request_model(preset, path, held)))
+        return Exchange(sandbox, policy, credential, new_body, meter, rule, endpoint, hold,
+                        required)
 
     def _reservation(self, policy: Policy, rule: Rule, endpoint: Endpoint,
                      preset: str | None, path: str, held: RequestBody | None,
@@ -360,6 +365,8 @@ class Metering:
                                              now, reserve)
                 if hold is not None:
                     lane = _string(fields.get("stream_id"))
+                    if exchange.pending is None:
+                        exchange.pending = {}
                     exchange.pending.setdefault(lane, []).append(_Pending(hold))
         else:
             return None
@@ -408,7 +415,7 @@ class Metering:
         if usage is None and b'"response.created"' not in data and b'"error"' not in data:
             return
         lane = _lane(data)
-        queue = exchange.pending.get(lane)
+        queue = exchange.pending.get(lane) if exchange.pending is not None else None
         if not queue:
             if usage is not None and usage.known:
                 self.budgets.record(exchange.sandbox, policy, exchange.credential, usage, now)
@@ -465,10 +472,11 @@ class Metering:
             self._forget(exchange.retrieval, now)
         cost = self.budgets.cost(usage) if self.pricing is not None else None
         metered = Metered(usage, cost)
-        for queue in exchange.pending.values():  # session calls that never ended
-            for pending in queue:
-                self._settle(exchange, pending.hold, Usage(), sent=sent, status=status)
-        exchange.pending.clear()
+        if exchange.pending is not None:  # session calls that never ended
+            for queue in exchange.pending.values():
+                for pending in queue:
+                    self._settle(exchange, pending.hold, Usage(), sent=sent, status=status)
+            exchange.pending = None
         if exchange.hold is not None and isinstance(meter, SessionMeter):
             self.budgets.settle(exchange.hold, 0, 0)  # (its responses counted as they ended)
         elif exchange.hold is not None:
@@ -476,11 +484,12 @@ class Metering:
                                    cost=cost)
         elif exchange.retrieval is not None and policy.budgets:
             self.budgets.record(exchange.sandbox, policy, credential, usage, now)
-        by_model = meter.by_model() if isinstance(meter, JsonlMeter) else {usage.model: usage}
-        for model_name, part in by_model.items():
-            part_cost = cost if len(by_model) == 1 else (
-                self.budgets.cost(part) if self.pricing is not None else None)
-            self._count(exchange, self.names(model_name), part, part_cost, status, now)
+        if isinstance(meter, JsonlMeter) and len(parts := meter.by_model()) > 1:
+            for model_name, part in parts.items():  # (batch results: per model)
+                part_cost = self.budgets.cost(part) if self.pricing is not None else None
+                self._count(exchange, self.names(model_name), part, part_cost, status, now)
+        else:
+            self._count(exchange, self.names(usage.model), usage, cost, status, now)
         return metered
 
     def _settle(self, exchange: Exchange, hold: Hold, usage: Usage, *, sent: bool,
