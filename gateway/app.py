@@ -66,6 +66,7 @@ from gateway.policy import Policy, PolicyError, PolicyReloader, PolicySet
 from gateway.secrets import SecretCache, SecretError, build_cache, build_store
 from gateway.secrets.value import SecretValue
 from gateway.state import StateStore, StateUnavailable, build_state
+from gateway.sweeper import ConnectionSweeper
 from gateway.tokens import TokenError, TokenService
 
 log = logging.getLogger("sandbox_gateway")
@@ -152,6 +153,7 @@ class Gateway:
         self.draining = False
         self._listening = False
         self.dns: DnsServer | None = None
+        self.sweeper: ConnectionSweeper | None = None
 
     # -- state the engines and the admin API read ------------------------------------------
 
@@ -178,6 +180,9 @@ class Gateway:
             return False, (f"out of file descriptors ({open_fds()} of {self.fd_limit} open); "
                            "new connections would fail")
         problem = self.auditor.problem
+        if problem is None and self.state.problem is not None:  # (started: listening)
+            return True, (f"ready; {self.state.problem}; what could not be written is "
+                          "written when the store is back")
         if problem is not None:
             if self.auditor.refusing is not None:
                 return False, (f"audit lines cannot be written ({problem}): new exchanges "
@@ -359,6 +364,8 @@ class Gateway:
         self._tasks.append(loop.create_task(self.admin_server.serve(sockets=[admin_sock]),
                                             name="admin"))
         self.reloader.start()
+        self.sweeper = ConnectionSweeper(self.gate)  # revoked tokens' connections end
+        self.sweeper.start()
         self.key_watcher.start(self.tokens.use_keys)  # rotated keys sign without a restart
         logs.SOURCES.add(self._log_source, self._log_secrets)  # what logs must not show
         logs.protect()  # uvicorn's and mitmproxy's handlers too, now that they exist
@@ -505,6 +512,8 @@ class Gateway:
         await self._stop_dns()
         await self.reloader.stop()
         await self.key_watcher.stop()
+        if self.sweeper is not None:
+            await self.sweeper.stop()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(task, timeout=5)

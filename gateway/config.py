@@ -160,7 +160,7 @@ class Config:
     dns: DnsConfig = field(default_factory=DnsConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
-    state: Mapping[str, Any] = field(default_factory=lambda: {"store": "memory"})
+    state: Mapping[str, Any] = field(default_factory=lambda: {"store": "sqlite"})
     metering: MeteringConfig = field(default_factory=MeteringConfig)
     workers: int = 0  # 0 = one worker process per core
     log_level: str = "info"
@@ -496,6 +496,16 @@ def _path(base: Path, value: str | None) -> Path | None:
     return p if p.is_absolute() else base / p
 
 
+def _state(state: Mapping[str, Any], base: Path) -> Mapping[str, Any]:
+    """The `state` section with the SQLite file's path made absolute (relative to the
+    config's directory, default `state/gateway.db`)."""
+    out = dict(state)
+    if out.get("store", "sqlite") == "sqlite":
+        raw = out.get("path", "state/gateway.db")
+        out["path"] = str(_path(base, raw if isinstance(raw, str) else str(raw)))
+    return out
+
+
 def _build(v: dict[str, Any], base: Path, source: str) -> Config:
     d = Config()
     listen = v.get("listen", {})
@@ -563,7 +573,7 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
                                       for k in ("head", "body", "idle")}),
             max_body=admin.get("max_body", d.admin.max_body),
             max_connections=admin.get("max_connections", d.admin.max_connections)),
-        state=v.get("state", d.state),
+        state=_state(v.get("state", d.state), base),
         metering=MeteringConfig(
             pricing=_path(base, metering.get("pricing")),
             retention=metering.get("retention", d.metering.retention),

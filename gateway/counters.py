@@ -4,40 +4,37 @@ A counter is ``table`` -> ``field`` -> integer, and a table expires at a given t
 budget window's end, an hourly usage bucket's retention). The state stores implement
 ``Counters``:
 
-* ``count`` and ``counter`` are synchronous and do no I/O: a request never waits on a
-  file or on Redis. ``count`` adds to a local pending batch; ``counter`` answers the
-  last known shared value plus what is pending here.
-* the batch is shared every ``interval`` (0.25 s): appended to the counters journal
-  (worker processes on one host) or sent to Redis (replicas), which also refreshes the
-  shared values this process reads.
+* ``count`` and ``counter`` are synchronous: a request never waits on a network. ``count``
+  adds to a pending batch the store writes at its own pace (SQLite: once per event-loop
+  tick; Redis: every ``interval``); ``counter`` answers the store's value plus what is
+  pending here.
+* ``admit`` is budget admission: every ``Limit`` of an ``Admission`` is checked and, if
+  all hold, its increments are counted, as one step (SQLite: one transaction across the
+  host's processes; memory: one process; Redis: this replica's reading).
 * ``counter_tables`` (admin API) reads whole tables as fresh as the store allows.
-* ``counters_degraded`` is True while the shared store cannot be written: counts go on
-  locally and are sent when it is back.
+* ``counters_degraded`` is True while the store cannot be written: counts go on
+  locally and are written when it is back.
 
-``CounterView`` is that local state; ``MemoryCounters`` (one process) and
-``JournalCounters`` (a compacting append-only file shared by the workers of one host)
-are two stores; ``gateway.counters_redis.RedisCounters`` is the third.
+``CounterView`` is that local state; ``MemoryCounters`` is the one-process store;
+``gateway.state_sqlite`` and ``gateway.counters_redis`` are the shared ones.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
 import logging
-import os
-import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from pathlib import Path
-from typing import IO, Any, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 __all__ = [
+    "Admission",
     "CounterView",
     "Counters",
     "Increment",
-    "JournalCounters",
+    "Limit",
     "MemoryCounters",
+    "first_refused",
 ]
 
 log = logging.getLogger("sandbox_gateway.counters")
@@ -50,11 +47,42 @@ Increment = tuple[str, str, int, float]
 expires at ``expires_at`` (Unix). A plain tuple: every metered exchange makes several."""
 
 
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """One limit of an admission: the sum of ``fields`` plus ``add`` must stay within
+    ``ceiling``, and the sum alone below it (a limit already reached admits nothing)."""
+
+    fields: tuple[tuple[str, str], ...]  # (table, field), summed
+    ceiling: int
+    add: int
+
+    def holds(self, used: int) -> bool:
+        return used < self.ceiling and used + self.add <= self.ceiling
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Limits to check and the increments to count if every one holds (budget
+    admission: one request, and a reservation)."""
+
+    limits: tuple[Limit, ...]
+    increments: tuple[Increment, ...]
+
+
+def first_refused(admission: Admission, read: Callable[[str, str], int]) -> int | None:
+    """The index of the first limit ``read``'s values refuse, or None."""
+    for index, limit in enumerate(admission.limits):
+        if not limit.holds(sum(read(table, field) for table, field in limit.fields)):
+            return index
+    return None
+
+
 class Counters(Protocol):
     """Shared counters (see the module docstring)."""
 
     def count(self, increments: Iterable[Increment]) -> None: ...
     def counter(self, table: str, field: str) -> int: ...
+    def admit(self, admission: Admission) -> int | None: ...
     async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]: ...
     @property
     def counters_degraded(self) -> bool: ...
@@ -70,6 +98,9 @@ class CountersOf:
 
     def counter(self, table: str, field: str) -> int:
         return self._counters.counter(table, field)
+
+    def admit(self, admission: Admission) -> int | None:
+        return self._counters.admit(admission)
 
     async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
         return await self._counters.counter_tables(tables)
@@ -202,167 +233,15 @@ class MemoryCounters:
     def counter(self, table: str, field: str) -> int:
         return self.view.value(table, field) if self.view.live(table) else 0
 
+    def admit(self, admission: Admission) -> int | None:
+        refused = first_refused(admission, self.counter)
+        if refused is None:
+            self.count(admission.increments)
+        return refused
+
     async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
         return {t: self.view.table(t) for t in tables if self.view.live(t)}
 
     @property
     def counters_degraded(self) -> bool:
         return False
-
-
-_HEADER = b'{"journal":'
-
-
-class JournalCounters:
-    """Counters shared by the worker processes of one host through one file.
-
-    Each process appends its batch as one JSON line under ``flock`` (``{"by": <process
-    id>, "t": {table: [expires_at, {field: amount}]}}``) and reads the lines the others
-    appended since its last look; it never re-applies its own lines (they were applied
-    when sent). When the file passes ``compact_bytes``, the process that wrote last
-    rewrites it, under the same lock, as a header with a fresh id plus the live totals,
-    and renames it into place. A reader that finds another header (or a shorter file)
-    starts over from the new file, own lines included. Writers lock, then check the
-    path still names the file they locked, so nothing is appended to a replaced file.
-    """
-
-    def __init__(self, path: Path, *, clock: Callable[[], float] = time.time,
-                 compact_bytes: int = 8 << 20) -> None:
-        self.path = path
-        self.compact_bytes = compact_bytes
-        self.view = CounterView(clock)
-        self.id = secrets.token_hex(8)
-        self._file_id: str | None = None
-        self._offset = 0
-        self._degraded = False
-
-    # -- Counters ------------------------------------------------------------------------
-
-    def count(self, increments: Iterable[Increment]) -> None:
-        self.view.add(increments)
-
-    def counter(self, table: str, field: str) -> int:
-        return self.view.value(table, field) if self.view.live(table) else 0
-
-    async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
-        with contextlib.suppress(OSError):
-            self.catch_up()
-        return {t: self.view.table(t) for t in tables if self.view.live(t)}
-
-    @property
-    def counters_degraded(self) -> bool:
-        return self._degraded
-
-    # -- sharing -------------------------------------------------------------------------
-
-    def start(self) -> None:
-        """Create the file if needed and read what is there."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.touch(mode=0o600, exist_ok=True)
-        self.catch_up()
-
-    def sync(self) -> None:
-        """One round: send the pending batch, read the others'. Never raises."""
-        self.flush()
-        try:
-            self.catch_up()
-        except OSError as exc:
-            log.warning("counters journal %s unreadable: %s", self.path, exc.strerror)
-        self.view.prune()
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[IO[bytes]]:
-        """The journal opened for appending, locked, and still the file at ``path``."""
-        for _ in range(10):
-            f = self.path.open("ab")
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX)
-                if os.fstat(f.fileno()).st_ino == os.stat(self.path).st_ino:
-                    yield f
-                    return
-            finally:
-                f.close()
-        raise OSError(0, "the journal keeps being replaced")
-
-    def flush(self) -> None:
-        """Append the pending batch as one line (kept pending if the write fails)."""
-        batch = self.view.take()
-        if not batch:
-            return
-        tables = {t: [self.view.expires.get(t, 0.0), fields] for t, fields in batch.items()}
-        line = json.dumps({"by": self.id, "t": tables}, separators=(",", ":")).encode() + b"\n"
-        try:
-            with self._locked() as f:
-                f.write(line)
-                f.flush()
-                size = f.tell()
-        except OSError as exc:
-            self.view.restore(batch)
-            if not self._degraded:
-                self._degraded = True
-                log.warning("counters journal %s not writable (%s): counting locally until "
-                            "it is", self.path, exc.strerror or exc)
-            return
-        self._apply(tables)  # own lines are skipped when read back
-        if self._degraded:
-            self._degraded = False
-            log.info("counters journal %s writable again", self.path)
-        if size > self.compact_bytes:
-            try:
-                with self._locked():
-                    self._compact()
-            except OSError as exc:
-                log.warning("counters journal %s: compaction failed: %s", self.path,
-                            exc.strerror or exc)
-
-    def _apply(self, tables: dict[str, Any]) -> None:
-        self.view.add_shared(
-            (table, field, int(amount), float(spec[0]))
-            for table, spec in tables.items() for field, amount in spec[1].items())
-
-    def catch_up(self) -> None:
-        """Apply the lines other processes appended (all of them after a compaction)."""
-        with self.path.open("rb") as f:
-            first = f.readline(200)
-            file_id = None
-            if first.startswith(_HEADER):
-                with contextlib.suppress(ValueError, KeyError, TypeError):
-                    file_id = str(json.loads(first)["journal"])
-            size = os.fstat(f.fileno()).st_size
-            restart = file_id != self._file_id or size < self._offset
-            if restart:
-                self.view.shared = {}
-                self._file_id = file_id
-                self._offset = 0
-            f.seek(self._offset)
-            data = f.read()
-        complete = data[: data.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        for raw in complete.splitlines():
-            if raw.startswith(_HEADER):
-                continue
-            try:
-                event = json.loads(raw)
-                if event["by"] == self.id and not restart:
-                    continue
-                self._apply(event["t"])
-            except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-                log.warning("counters journal %s: skipped a malformed line", self.path)
-
-    def _compact(self) -> None:
-        """Rewrite the journal as its live totals (caller holds the lock)."""
-        self.catch_up()
-        self.view.prune()
-        new_id = secrets.token_hex(8)
-        tmp = self.path.with_name(f"{self.path.name}.{self.id}.tmp")
-        with tmp.open("wb") as out:
-            os.chmod(tmp, 0o600)
-            out.write(_HEADER + json.dumps(new_id).encode() + b"}\n")
-            for table, fields in self.view.shared.items():
-                spec = {table: [self.view.expires.get(table, 0.0), fields]}
-                out.write(json.dumps({"by": "", "t": spec}, separators=(",", ":")).encode()
-                          + b"\n")
-            size = out.tell()
-        os.replace(tmp, self.path)
-        self._file_id = new_id
-        self._offset = size

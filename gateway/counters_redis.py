@@ -33,7 +33,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway import metrics
-from gateway.counters import CounterView, Increment, Table
+from gateway.counters import Admission, CounterView, Increment, Table, first_refused
 from gateway.net.resolver import unguarded
 
 __all__ = ["RedisCounters"]
@@ -62,6 +62,14 @@ class RedisCounters:
 
     def counter(self, table: str, field: str) -> int:
         return self.view.value(table, field)
+
+    def admit(self, admission: Admission) -> int | None:
+        """This replica's reading of the shared counters decides (the counts reach the
+        other replicas within ``interval``: see gateway.counters)."""
+        refused = first_refused(admission, self.counter)
+        if refused is None:
+            self.count(admission.increments)
+        return refused
 
     async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
         """Whole tables from Redis plus what is pending here (the local view if Redis

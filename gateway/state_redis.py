@@ -145,6 +145,14 @@ class RedisState(CountersOf):
         """True while connected to Redis and in sync (False = answering from the mirror)."""
         return self._up
 
+    @property
+    def problem(self) -> str | None:
+        """Why this replica is not in sync with Redis (None: it is)."""
+        if self._up:
+            return None
+        return (f"Redis at {redact_url(self.url)} is unreachable: enforcing from the last "
+                "known revocations, sandboxes and this replica's counts")
+
     # -- changes ----------------------------------------------------------------------
 
     async def revoke(self, jti: str, expires_at: float) -> None:

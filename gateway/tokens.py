@@ -325,7 +325,7 @@ class TokenService:
             raise TokenRefused("token_not_yet_valid",
                                "the token is not valid yet (nbf in the future); check clocks",
                                identity)
-        if self.state.is_revoked(identity.jti) or self.state.is_revoked(identity.family):
+        if self.revoked(identity):
             raise TokenRefused("token_revoked", f"token {identity.jti} was revoked; mint a new one",
                                identity)
         if self.policy_credentials(identity.policy) is None:
@@ -333,6 +333,11 @@ class TokenService:
                                "which is not loaded; mint a token for an existing policy",
                                identity)
         return identity
+
+    def revoked(self, identity: Identity) -> bool:
+        """Was this token, or the family it was refreshed from, revoked? (No I/O: the
+        state store's view.)"""
+        return self.state.is_revoked(identity.jti) or self.state.is_revoked(identity.family)
 
     def _verify_signature(self, token: str) -> Identity:
         try:

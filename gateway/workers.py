@@ -6,9 +6,9 @@ worker must share before any starts (CA, signing keys, admin token, valid polici
 reserves the ports, and starts the workers with:
 
 - the same ports (the kernel spreads connections over them, proxy and admin alike);
-- a shared state journal when the state store is `memory` (revocations and
-  registered sandboxes agree across workers within ~0.2 s; with `redis` they share
-  Redis as separate replicas do);
+- one state: the SQLite file of `state.path` (the default store: every worker opens
+  it, a change one makes is seen by the others' next request), a file in the runtime
+  directory when the store is `memory`, or Redis as separate replicas share it;
 - prometheus_client's multiprocess directory, so any worker's `/metrics` reports the
   sum over all workers.
 
@@ -35,6 +35,7 @@ from gateway import ca
 from gateway.config import Config, HostPort
 from gateway.policy import load_policy_dir
 from gateway.secrets import build_store
+from gateway.state_sqlite import open_file
 from gateway.tokens import SigningKeys
 
 READY_TIMEOUT = 60.0
@@ -141,9 +142,14 @@ class Supervisor:
             env["SANDBOX_GATEWAY_LISTEN__TRANSPARENT"] = str(self.listen.transparent)
         if self.listen.dns is not None:
             env["SANDBOX_GATEWAY_LISTEN__DNS"] = str(self.listen.dns)
-        if cfg.state.get("store", "memory") == "memory":
-            env["SANDBOX_GATEWAY_STATE__STORE"] = "journal"
-            env["SANDBOX_GATEWAY_STATE__URL"] = str(runtime / "state.journal")
+        store = cfg.state.get("store", "sqlite")
+        if store in ("sqlite", "memory"):
+            path = Path(str(cfg.state["path"])) if store == "sqlite" else \
+                runtime / "state" / "gateway.db"  # (memory: one file the workers share)
+            if store == "memory":
+                env["SANDBOX_GATEWAY_STATE__STORE"] = "sqlite"
+                env["SANDBOX_GATEWAY_STATE__PATH"] = str(path)
+            open_file(path).close()  # created and migrated once, before the workers
         return env
 
     def _spawn(self, index: int, env: dict[str, str]) -> None:

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.disk import tiny_tmpfs
 
 from gateway.audit import Auditor
 from gateway.audit_out import FdOut, open_file, open_stdout
@@ -60,16 +60,7 @@ def lines_of(path: Path) -> list[dict[str, Any]]:
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 64 KiB tmpfs (a disk that fills up), unmounted afterwards."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
+    yield from tiny_tmpfs(tmp_path / "disk", "64k")
 
 
 async def ticks(n: int = 3) -> None:

@@ -259,6 +259,7 @@ def test_default_render_is_valid(render: Render) -> None:
             "ConfigMap",
             "Deployment",
             "NetworkPolicy",
+            "PersistentVolumeClaim",
             "Pod",
             "Secret",
             "Secret",
@@ -266,7 +267,7 @@ def test_default_render_is_valid(render: Render) -> None:
             "Service",
             "ServiceAccount",
         ]
-    )  # one replica by default (state.store: memory): no PodDisruptionBudget
+    )  # one replica by default (state.store: sqlite, on a PVC): no PodDisruptionBudget
     assert validate_all(docs) == []
     assert all(d["metadata"].get("namespace") == NAMESPACE for d in docs)
 
@@ -344,10 +345,10 @@ def test_gateway_pod_is_hardened_with_probes(render: Render) -> None:
     assert gw["startupProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
     assert gw["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
     assert gw["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
-    # Read-only root: the only writable mounts are the scratch emptyDirs.
+    # Read-only root: the only writable mounts are the scratch emptyDirs (Redis: no state volume).
     volumes = {v["name"]: v for v in spec["volumes"]}
     writable = {m["mountPath"] for m in gw["volumeMounts"] if not m.get("readOnly")}
-    assert writable == {"/tmp", "/var/lib/sandbox-gateway"}
+    assert writable == {"/tmp", "/run/sandbox-gateway"}
     assert all(
         "emptyDir" in volumes[m["name"]] for m in gw["volumeMounts"] if not m.get("readOnly")
     )
@@ -571,9 +572,9 @@ def test_gateway_config_defaults(render: Render) -> None:
     assert "dns" not in cfg
     assert cfg["policies"] == "/etc/sandbox-gateway/policies"
     assert cfg["certs"] == "/etc/sandbox-gateway/certs"
-    assert cfg["runtime_dir"] == "/var/lib/sandbox-gateway"
+    assert cfg["runtime_dir"] == "/run/sandbox-gateway"  # scratch (emptyDir), not the state volume
     assert cfg["admin_token"] is None  # comes from the Secret via env
-    assert cfg["state"] == {"store": "memory"}
+    assert cfg["state"] == {"store": "sqlite", "path": "/var/lib/sandbox-gateway/gateway.db"}
     assert cfg["tokens"]["default_ttl"] == "15m"
     assert cfg["audit"] == {"path": None}
 
@@ -697,7 +698,8 @@ def test_rendered_config_loads_in_the_gateway(
     assert cfg.listen.dns is None
     assert cfg.policies == Path("/etc/sandbox-gateway/policies")
     assert cfg.signing_dir == Path("/etc/sandbox-gateway/certs/signing")
-    assert cfg.runtime_dir == Path("/var/lib/sandbox-gateway")
+    assert cfg.runtime_dir == Path("/run/sandbox-gateway")
+    assert cfg.state == {"store": "sqlite", "path": "/var/lib/sandbox-gateway/gateway.db"}
     assert cfg.admin_token == "x" * 32
     asyncio.run(build_store(cfg.secrets).close())
 
@@ -799,25 +801,195 @@ def test_pdb_only_with_more_than_one_replica(render: Render) -> None:
     assert "PodDisruptionBudget" not in kinds(render())
 
 
+SQLITE_PER_POD = ("the state.store: sqlite file is per pod (on a volume one pod mounts: two pods "
+                  "must never open it), so every replica would keep its own revocations, "
+                  "registered sandboxes and budgets")
+
+
 @pytest.mark.parametrize(
-    ("values", "what"),
+    ("values", "what", "why"),
     [
-        ({"replicaCount": 2}, "replicaCount: 2"),
-        ({"hpa": {"enabled": True}}, "hpa.maxReplicas: 10"),
-        ({"replicaCount": 3, "state": {"store": "memory"}}, "replicaCount: 3"),
+        ({"replicaCount": 2}, "replicaCount: 2", SQLITE_PER_POD),
+        ({"hpa": {"enabled": True}}, "hpa.maxReplicas: 10", SQLITE_PER_POD),
+        (
+            {"replicaCount": 2, "persistence": {"enabled": False}},
+            "replicaCount: 2",
+            SQLITE_PER_POD,
+        ),
+        (
+            {"replicaCount": 3, "state": {"store": "memory"}},
+            "replicaCount: 3",
+            "with state.store: memory every replica keeps its own revocations",
+        ),
     ],
 )
 def test_more_than_one_replica_needs_redis(helm: str, tmp_path: Path, render: Render,
-                                           values: dict[str, Any], what: str) -> None:
+                                           values: dict[str, Any], what: str, why: str) -> None:
     err = render_fails(helm, tmp_path, values)
     assert (f"{what} needs state.store: redis (with state.redis.url or "
             "state.redis.existingSecret)") in err
+    assert why in err
     assert "a revoked token keeps working on the other replicas" in err
     assert "Set replicaCount: 1, or use Redis" in err
-    # The same values with Redis render, and one replica needs nothing shared.
+    # The same values with Redis render (no state volume, rolling updates), and one replica
+    # needs nothing shared.
     docs = render(values, REDIS)
+    assert validate_all(docs) == []
     assert gateway_config(docs)["state"]["store"] == "redis"
+    assert "PersistentVolumeClaim" not in kinds(docs)
+    assert only(docs, "Deployment")["spec"]["strategy"]["type"] == "RollingUpdate"
     assert only(render({"replicaCount": 1}), "Deployment")["spec"]["replicas"] == 1
+
+
+# --------------------------------------------------------------------------- state volume (sqlite)
+
+STATE_DIR = "/var/lib/sandbox-gateway"  # the image's declared VOLUME
+STATE_CLAIM = f"{RELEASE}-sandbox-gateway-state"
+
+
+def state_volume(docs: Docs) -> dict[str, Any] | None:
+    return next((v for v in pod_spec(docs)["volumes"] if v["name"] == "state"), None)
+
+
+def state_mount(docs: Docs) -> dict[str, Any] | None:
+    return next((m for m in container(docs)["volumeMounts"] if m["name"] == "state"), None)
+
+
+def test_default_state_is_on_a_kept_pvc_with_recreate(render: Render, tmp_path: Path) -> None:
+    docs = render()
+    assert validate_all(docs) == []
+    pvc = only(docs, "PersistentVolumeClaim")
+    assert pvc["metadata"]["name"] == STATE_CLAIM
+    assert pvc["metadata"]["namespace"] == NAMESPACE
+    # `helm uninstall` leaves the claim (and the state) in place.
+    assert pvc["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    # No storageClassName: the cluster's default class.
+    assert pvc["spec"] == {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "1Gi"}},
+    }
+    deployment = only(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    # Two pods must never open the file: no rolling update, no surge.
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert state_volume(docs) == {
+        "name": "state",
+        "persistentVolumeClaim": {"claimName": STATE_CLAIM},
+    }
+    assert state_mount(docs) == {"name": "state", "mountPath": STATE_DIR}
+    cfg = gateway_config(docs)
+    assert cfg["state"] == {"store": "sqlite", "path": f"{STATE_DIR}/gateway.db"}
+    assert Path(cfg["state"]["path"]).parent == Path(STATE_DIR)
+    # Scratch files stay off the state volume.
+    assert not Path(cfg["runtime_dir"]).is_relative_to(STATE_DIR)
+    # A fresh volume is writable by the non-root user (its group), and the kubelet re-owns
+    # it only on the first mount (the 0600 file is not made group-readable on every start).
+    pod_sc = pod_spec(docs)["securityContext"]
+    assert pod_sc["fsGroup"] == pod_sc["runAsGroup"] == 10001
+    assert pod_sc["fsGroupChangePolicy"] == "OnRootMismatch"
+    # The gateway reads the path as rendered (absolute: not relative to the config's directory).
+    f = tmp_path / "gateway.yaml"
+    f.write_text(only(docs, "ConfigMap", "-config")["data"]["gateway.yaml"])
+    assert load_config(f, env={}).state == cfg["state"]
+
+
+@pytest.mark.parametrize(
+    ("storage_class", "expected"),
+    [
+        ("", None),  # the cluster's default class
+        ("fast", "fast"),
+        ("-", ""),  # explicitly no class (helm convention)
+    ],
+)
+def test_state_storage_class(render: Render, storage_class: str, expected: str | None) -> None:
+    docs = render({"persistence": {"storageClass": storage_class}})
+    assert validate_all(docs) == []
+    spec = only(docs, "PersistentVolumeClaim")["spec"]
+    if expected is None:
+        assert "storageClassName" not in spec
+    else:
+        assert spec["storageClassName"] == expected
+
+
+def test_state_claim_settings(render: Render) -> None:
+    docs = render({"persistence": {"size": "5Gi", "accessModes": ["ReadWriteOncePod"],
+                                   "annotations": {"example.com/owner": "platform"}}})
+    assert validate_all(docs) == []
+    pvc = only(docs, "PersistentVolumeClaim")
+    assert pvc["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep",
+                                              "example.com/owner": "platform"}
+    assert pvc["spec"]["accessModes"] == ["ReadWriteOncePod"]
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "5Gi"
+
+
+def test_state_on_an_existing_claim(render: Render) -> None:
+    docs = render({"persistence": {"existingClaim": "gateway-state"}})
+    assert validate_all(docs) == []
+    assert "PersistentVolumeClaim" not in kinds(docs)
+    assert state_volume(docs) == {
+        "name": "state",
+        "persistentVolumeClaim": {"claimName": "gateway-state"},
+    }
+    assert state_mount(docs) == {"name": "state", "mountPath": STATE_DIR}
+    assert only(docs, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_state_without_persistence_is_an_empty_dir(render: Render, notes_chart: Path) -> None:
+    values = {"persistence": {"enabled": False, "existingClaim": "ignored"}}
+    docs = render(values)
+    assert validate_all(docs) == []
+    assert "PersistentVolumeClaim" not in kinds(docs)
+    assert state_volume(docs) == {"name": "state", "emptyDir": {"sizeLimit": "1Gi"}}
+    assert state_mount(docs) == {"name": "state", "mountPath": STATE_DIR}
+    assert gateway_config(docs)["state"]["path"] == f"{STATE_DIR}/gateway.db"
+    assert only(docs, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    notes = only(render(values, chart=notes_chart), "ConfigMap", "notes-probe")["data"]["notes"]
+    assert "WARNING: persistence.enabled=false" in notes and "lost whenever the pod" in notes
+
+
+def test_state_mount_path(render: Render) -> None:
+    docs = render({"persistence": {"mountPath": "/data/"}})
+    assert state_mount(docs) == {"name": "state", "mountPath": "/data"}
+    assert gateway_config(docs)["state"]["path"] == "/data/gateway.db"
+
+
+@pytest.mark.parametrize(
+    ("mount_path", "overlaps"),
+    [
+        ("/tmp", "/tmp"),
+        ("/run/sandbox-gateway", "/run/sandbox-gateway"),
+        ("/run", "/run/sandbox-gateway"),
+        ("/etc/sandbox-gateway/state", "/etc/sandbox-gateway"),
+        ("/git/state", "/git"),
+    ],
+)
+def test_state_mount_path_must_not_overlap_the_charts_mounts(
+    helm: str, tmp_path: Path, mount_path: str, overlaps: str
+) -> None:
+    err = render_fails(helm, tmp_path, {"persistence": {"mountPath": mount_path}})
+    assert f"persistence.mountPath ({mount_path}) overlaps {overlaps}" in err
+
+
+@pytest.mark.parametrize(
+    ("values", "store"),
+    [
+        (REDIS, {"store": "redis", "url": "redis://redis:6379/0"}),
+        ({"state": {"store": "memory"}}, {"store": "memory"}),
+    ],
+)
+def test_no_state_volume_without_sqlite(
+    render: Render, values: dict[str, Any], store: dict[str, Any]
+) -> None:
+    docs = render(values, {"persistence": {"enabled": True}})
+    assert validate_all(docs) == []
+    assert "PersistentVolumeClaim" not in kinds(docs)
+    assert state_volume(docs) is None and state_mount(docs) is None
+    assert gateway_config(docs)["state"] == store
+    # updateStrategy is used as given.
+    assert only(docs, "Deployment")["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
 
 
 def test_topology_spread_uses_release_labels(render: Render) -> None:
@@ -858,6 +1030,12 @@ def test_topology_spread_uses_release_labels(render: Render) -> None:
         ({"transparent": {"dns": {"ttl": "soon"}}}, "ttl"),
         ({"transparent": {"dns": {"recurse": True}}}, "recurse"),
         ({"service": {"clusterIP": "gateway"}}, "clusterIP"),
+        ({"state": {"store": "sqlite3"}}, "store"),
+        ({"persistence": {"enabled": "yes"}}, "enabled"),
+        ({"persistence": {"size": "lots"}}, "size"),
+        ({"persistence": {"accessModes": ["ReadWriteMany"]}}, "accessModes"),
+        ({"persistence": {"mountPath": "state"}}, "mountPath"),
+        ({"persistence": {"storageclass": "fast"}}, "storageclass"),
     ],
 )
 def test_schema_rejects_bad_values(
@@ -916,9 +1094,16 @@ def test_notes(render: Render, notes_chart: Path) -> None:
     assert f"get secret {RELEASE}-sandbox-gateway-ca -o jsonpath='{{.data.tls\\.crt}}'" in notes
     assert "sandbox-gateway token mint" in notes and "/v1/tokens" in notes
     assert "sandboxNamespaces is empty" in notes
+    assert (f"kept in /var/lib/sandbox-gateway/gateway.db on the\nPersistentVolumeClaim "
+            f"{RELEASE}-sandbox-gateway-state (kept by `helm uninstall`)") in notes
+    assert "WARNING: persistence.enabled" not in notes and "state.store=memory" not in notes
     notes = only(render(ALL_ON, chart=notes_chart), "ConfigMap", "notes-probe")["data"]["notes"]
     assert "get secret gateway-ca" in notes and "sandboxNamespaces is empty" not in notes
+    assert "PersistentVolumeClaim" not in notes  # Redis
     assert "jsonpath='{.data.admin-token}'" in notes
+    notes = only(render({"state": {"store": "memory"}}, chart=notes_chart),
+                 "ConfigMap", "notes-probe")["data"]["notes"]
+    assert "WARNING: state.store=memory" in notes
 
 
 def test_workers_default_to_one_per_pod_and_are_configurable(render: Render) -> None:

@@ -1,10 +1,10 @@
-"""Shared counters in every state store: memory, the workers' journal (real files, real
-concurrent processes), and a real redis-server shared by replicas."""
+"""Shared counters in every state store: memory, the SQLite file the workers of one host
+share (real files, real concurrent processes: exact admission across them), and a real
+redis-server shared by replicas."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -18,13 +18,14 @@ import redis.asyncio as aioredis
 from helpers.clock import Clock, run
 from helpers.redis_server import RedisServer, running_redis
 
-from gateway.counters import Increment, JournalCounters, MemoryCounters
+from gateway.counters import Admission, Increment, Limit, MemoryCounters
 from gateway.metering.budgets import BudgetBook
 from gateway.metering.usage import Usage
 from gateway.net.resolver import new_event_loop
 from gateway.policy import load_policy_text
-from gateway.state import JournalState, MemoryState
+from gateway.state import MemoryState
 from gateway.state_redis import RedisState
+from gateway.state_sqlite import SqliteState
 
 ROOT = Path(__file__).resolve().parent.parent
 FAR = time.time() + 86400
@@ -60,141 +61,119 @@ def test_memory_state_counts() -> None:
     assert not state.counters_degraded
 
 
-# --- journal ------------------------------------------------------------------------------
+# --- sqlite -------------------------------------------------------------------------------
 
 
-def test_journal_shared_between_instances(tmp_path: Path) -> None:
-    path = tmp_path / "state.journal.counters"
-    a, b = JournalCounters(path), JournalCounters(path)
-    a.start()
-    b.start()
-    a.count([inc("t", "x", 2)])
-    assert a.counter("t", "x") == 2 and b.counter("t", "x") == 0  # pending, not shared yet
-    a.sync()
-    b.sync()
-    assert a.counter("t", "x") == 2 and b.counter("t", "x") == 2
-    b.count([inc("t", "x", 5), inc("t", "y", 1)])
-    b.sync()
-    a.sync()
-    a.sync()  # reading again never re-applies anything
-    for c in (a, b):
-        assert (c.counter("t", "x"), c.counter("t", "y")) == (7, 1)
-    # A third process starting later reads the whole history.
-    c = JournalCounters(path)
-    c.start()
-    assert c.counter("t", "x") == 7
-    assert run(c.counter_tables(["t"])) == {"t": {"x": 7, "y": 1}}
-    assert oct(path.stat().st_mode & 0o777) == "0o600"
+def sqlite(path: Path) -> SqliteState:
+    """A started store on `path` (outside a loop: its background task is not needed)."""
+    async def start() -> SqliteState:
+        state = SqliteState(path)
+        await state.start()
+        if state._task is not None:
+            state._task.cancel()
+        return state
+    return asyncio.run(start())
 
 
-def test_journal_compaction(tmp_path: Path) -> None:
-    path = tmp_path / "c"
+def test_sqlite_shared_between_instances(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "gateway.db"
+    a, b = sqlite(path), sqlite(path)
+    a.count([inc("t", "x", 3), inc("t", "y", 1)])  # (no loop: written at once)
+    assert b.counter("t", "x") == 3
+    b.count([inc("t", "x", 2)])
+    assert a.counter("t", "x") == 5
+    assert run(a.counter_tables(["t", "none"])) == {"t": {"x": 5, "y": 1}}
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.parent.stat().st_mode & 0o777 == 0o700
+    c = sqlite(path)  # a process started later (a restart): the same counts
+    assert c.counter("t", "x") == 5
+
+
+def test_sqlite_counters_expire(tmp_path: Path) -> None:
     clock = Clock()
-    clock.now = time.time()
-    a = JournalCounters(path, compact_bytes=2000, clock=clock)
-    b = JournalCounters(path, compact_bytes=2000, clock=clock)
-    a.start()
-    b.start()
-    b.count([inc("old", "x", 1, expires=clock.now + 10)])
-    for i in range(200):
-        writer = a if i % 2 else b
-        writer.count([inc("t", f"f{i % 7}", i), inc("t", "all", 1)])
-        writer.sync()
-    a.sync()
-    b.sync()
-    assert path.stat().st_size < 4000  # compacted, repeatedly
-    assert path.read_bytes().startswith(b'{"journal":')
-    expected = {f"f{k}": sum(i for i in range(200) if i % 7 == k) for k in range(7)}
-    expected["all"] = 200
-    for c in (a, b):
-        assert run(c.counter_tables(["t"])) == {"t": expected}
-    # Expired tables are not carried into a compacted file.
-    assert b'"old"' in path.read_bytes()
-    clock.now += 20
-    a.count([inc("t", "all", 1)])
-    a.sync()
-    a.count([inc(f"pad{i}", "x", 1) for i in range(60)])
-    a.sync()
-    assert b'"old"' not in path.read_bytes()
-    d = JournalCounters(path)
-    d.start()
-    assert d.counter("t", "all") == 201
-
-
-def test_journal_write_failure_keeps_counting_locally(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    path = tmp_path / "c"
-    a, b = JournalCounters(path), JournalCounters(path)
-    a.start()
-    b.start()
-    path.unlink()
-    path.mkdir()  # opening it for appending now fails
-    a.count([inc("t", "x", 4)])
-    a.sync()
-    a.count([inc("t", "x", 1)])
-    a.sync()
-    assert a.counters_degraded and a.counter("t", "x") == 5
-    assert sum("not writable" in r.message for r in caplog.records) == 1  # logged once
-    path.rmdir()
-    path.touch()
-    a.sync()
-    assert not a.counters_degraded
-    b.sync()
-    assert b.counter("t", "x") == 5 and a.counter("t", "x") == 5
+    clock.now = 1000.0
+    state = SqliteState(tmp_path / "db", clock=clock)
+    asyncio.run(state.start())
+    state.count([inc("a", "x", 2, 1100), inc("b", "y", 1, 5000)])
+    assert state.counter("a", "x") == 2
+    clock.now = 1100
+    assert state.counter("a", "x") == 0 and run(state.counter_tables(["a"])) == {}
+    state._prune(clock.now)
+    assert state.dump()["counters"] == 1
 
 
 WORKER = textwrap.dedent("""\
-    import sys, time
+    import asyncio, sys, time
     from pathlib import Path
-    from gateway.counters import JournalCounters
+    from gateway.counters import Admission, Limit
+    from gateway.state_sqlite import SqliteState
     path, index, rounds = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    c = JournalCounters(path, compact_bytes=3000)
-    c.start()
-    for i in range(rounds):
-        c.count([("t", "n", 1, time.time() + 600),
-                 ("t", f"w{index}", i, time.time() + 600)])
-        c.sync()
+    async def main():
+        s = SqliteState(path)
+        await s.start()
+        time.sleep(max(0.0, float(sys.argv[4]) - time.time()))  # all start together
+        admitted = 0
+        for i in range(rounds):
+            s.count([("t", "n", 1, time.time() + 600), ("t", f"w{index}", i, time.time() + 600)])
+            s.flush()
+            if s.admit(Admission((Limit((("b", "r"),), 100, 1),),
+                                 (("b", "r", 1, time.time() + 600),))) is None:
+                admitted += 1
+            time.sleep(0.002)  # (requests arrive over time: the others get the lock too)
+        await s.close()
+        print(admitted)
+    asyncio.run(main())
 """)
 
 
-def test_journal_concurrent_processes(tmp_path: Path) -> None:
-    """Four worker processes append and compact concurrently under flock: nothing lost,
-    nothing counted twice."""
-    path = tmp_path / "state.journal.counters"
-    JournalCounters(path).start()
+def test_sqlite_concurrent_processes_lose_nothing_and_never_overshoot(tmp_path: Path) -> None:
+    """Four worker processes count and admit at once: nothing lost or counted twice, and
+    a 100-request limit admits exactly 100 across them (one transaction each)."""
+    path = tmp_path / "gateway.db"
+    sqlite(path)
     rounds = 150
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(path), str(i), str(rounds)],
-                              env=env) for i in range(4)]
-    for p in procs:
-        assert p.wait(60) == 0
-    reader = JournalCounters(path)
-    reader.start()
+    start = str(time.time() + 2)
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(path), str(i), str(rounds),
+                               start], env=env, stdout=subprocess.PIPE, text=True)
+             for i in range(4)]
+    admitted = [int(p.communicate(timeout=120)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert sum(admitted) == 100 and min(admitted) > 0  # every process took part
+    reader = sqlite(path)
     table = run(reader.counter_tables(["t"]))["t"]
     assert table["n"] == 4 * rounds
     for i in range(4):
         assert table[f"w{i}"] == sum(range(rounds))
-    assert path.read_bytes().startswith(b'{"journal":')  # compaction happened
+    assert reader.counter("b", "r") == 100
 
 
-def test_journal_state_counts_across_workers(tmp_path: Path) -> None:
+def test_sqlite_admission_checks_then_counts(tmp_path: Path) -> None:
+    state = sqlite(tmp_path / "db")
+    tokens = Limit((("b", "t"), ("b", "rt")), 1000, 400)
+    admission = Admission((tokens,), (("b", "rt", 400, FAR),))
+    assert state.admit(admission) is None and state.admit(admission) is None
+    assert state.admit(admission) == 0  # 800 held + 400 > 1000
+    assert state.counter("b", "rt") == 800
+    state.count([("b", "rt", -400, FAR), ("b", "t", 50, FAR)])  # one settles: 450 used
+    assert state.admit(admission) is None
+
+
+def test_sqlite_state_revocation_is_seen_at_once(tmp_path: Path) -> None:
     async def scenario() -> None:
-        a = JournalState(tmp_path / "state.journal", interval=0.02)
-        b = JournalState(tmp_path / "state.journal", interval=0.02)
+        a, b = SqliteState(tmp_path / "db"), SqliteState(tmp_path / "db")
         await a.start()
         await b.start()
         try:
-            a.count([inc("t", "x", 3)])
-            deadline = time.monotonic() + 2
-            while b.counter("t", "x") != 3:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.01)
-            await a.revoke("jti-1", time.time() + 60)  # the revocation journal is separate
+            assert not b.is_revoked("jti-1")
+            await a.revoke("jti-1", time.time() + 60)
+            assert b.is_revoked("jti-1")  # the other process's very next lookup
+            a.count([inc("t", "x", 3)])  # counter traffic reloads no view
+            a.flush()
+            assert b.counter("t", "x") == 3 and b.is_revoked("jti-1")
         finally:
             await a.close()
             await b.close()
-        assert (tmp_path / "state.journal.counters").exists()
-        assert b"jti-1" not in (tmp_path / "state.journal.counters").read_bytes()
 
     run(scenario())
 
@@ -320,13 +299,13 @@ def test_two_budget_books_share_one_budget(redis_server: RedisServer) -> None:
             # Sequential: 6 on replica A, then B sees them and stops at exactly 10.
             for _ in range(6):
                 assert books[0].check("sb-1", policy, "openai", time.time()) is None
-                books[0].admitted("sb-1", policy, "openai", time.time())
+                books[0].admit("sb-1", policy, "openai", time.time())
                 books[0].record("sb-1", policy, "openai", Usage("m", 1, 1), time.time())
             assert books[1].check("sb-2", policy, "openai", time.time()) is None
             await asyncio.sleep(0.2)  # two flush intervals
             admitted_b = 0
             while books[1].check("sb-2", policy, "openai", time.time()) is None:
-                books[1].admitted("sb-2", policy, "openai", time.time())
+                books[1].admit("sb-2", policy, "openai", time.time())
                 books[1].record("sb-2", policy, "openai", Usage("m", 1, 1), time.time())
                 admitted_b += 1
                 assert admitted_b <= 10
@@ -357,7 +336,7 @@ def test_two_replicas_concurrent_overshoot_is_bounded(redis_server: RedisServer)
             book = BudgetBook(stores[i])
             while book.check(f"sb-{i}", policy, "openai", time.time()) is None:
                 admitted[i] += 1
-                book.admitted(f"sb-{i}", policy, "openai", time.time())
+                book.admit(f"sb-{i}", policy, "openai", time.time())
                 await asyncio.sleep(0.2)  # the request is in flight
                 book.record(f"sb-{i}", policy, "openai", Usage("m", 1, 1), time.time())
 
@@ -378,13 +357,3 @@ def test_two_replicas_concurrent_overshoot_is_bounded(redis_server: RedisServer)
             await raw.aclose()
 
     run_loop(scenario)
-
-
-def test_journal_file_is_json_lines(tmp_path: Path) -> None:
-    path = tmp_path / "c"
-    a = JournalCounters(path)
-    a.start()
-    a.count([inc("t", "x", 3, 2000000000)])
-    a.sync()
-    line = json.loads(path.read_text().splitlines()[0])
-    assert line == {"by": a.id, "t": {"t": [2000000000, {"x": 3}]}}

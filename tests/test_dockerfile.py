@@ -260,6 +260,9 @@ def test_default_config_in_image_is_valid_yaml(gateway: list[Instr]) -> None:
     assert cfg["listen"]["admin"].endswith(":8090") and cfg["listen"]["proxy"].endswith(":8080")
     assert cfg["runtime_dir"].startswith("/tmp/")  # scratch, on the /tmp tmpfs
     assert cfg["certs"].startswith("/var/lib/sandbox-gateway/")  # generated on first start
+    # Revocations, budgets, usage and minted credentials outlive the container.
+    assert cfg["state"] == {"store": "sqlite",
+                            "path": "/var/lib/sandbox-gateway/state/gateway.db"}
 
 
 def test_certs_persist_on_a_volume(gateway: list[Instr], tmp_path: Path) -> None:

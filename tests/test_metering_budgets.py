@@ -121,7 +121,7 @@ def test_requests_budget_per_policy(policies: PolicySet, clock: Clock) -> None:
     b = book(clock)
     for i in range(5):
         assert b.check(f"sb-{i}", agent, "anthropic", clock.now) is None
-        b.admitted(f"sb-{i}", agent, "anthropic", clock.now)
+        b.admit(f"sb-{i}", agent, "anthropic", clock.now)
         b.record(f"sb-{i}", agent, "anthropic", Usage(None), clock.now)  # unknown tokens
     refused = b.check("sb-new", agent, "anthropic", clock.now)
     assert refused is not None and refused.budget.name == "team"
@@ -185,7 +185,7 @@ def test_unpriced_model_counts_zero(policies: PolicySet, clock: Clock) -> None:
 def test_status(policies: PolicySet, clock: Clock) -> None:
     agent = policies.policies["agent"]
     b = book(clock)
-    b.admitted("sb", agent, "openai", clock.now)
+    b.admit("sb", agent, "openai", clock.now)
     b.record("sb", agent, "openai", Usage("gpt-4o-mini", 700, 400), clock.now)
     status = {s["budget"]: s for s in run(b.status(agent, "sb", clock.now))}
     assert status["daily"]["used"] == {"tokens": 1100, "requests": 1,
@@ -247,7 +247,7 @@ def test_requests_count_when_admitted(policies: PolicySet, clock: Clock) -> None
     b = book(clock)
     for i in range(5):  # "team": 5 requests per hour for the whole policy, none completed
         assert b.check(f"sb-{i}", agent, "anthropic", clock.now) is None
-        b.admitted(f"sb-{i}", agent, "anthropic", clock.now)
+        b.admit(f"sb-{i}", agent, "anthropic", clock.now)
     refused = b.check("sb-9", agent, "anthropic", clock.now)
     assert refused is not None and (refused.budget.name, refused.used) == ("team", 5)
     b.record("sb-1", agent, "anthropic", Usage("claude", 10, 10), clock.now)
@@ -271,7 +271,7 @@ def test_an_open_session_counts_its_usage_so_far(
     agent = policies.policies["agent"]
     b = book(clock)
     for i in range(5):
-        b.admitted(f"sb-{i}", agent, "openai", clock.now)  # the "team" budget: 5 of 5
+        b.admit(f"sb-{i}", agent, "openai", clock.now)  # the "team" budget: 5 of 5
     if recorded:
         b.record("sb-1", agent, "openai", Usage("m", recorded, 0), clock.now)
     assert b.check("sb-1", agent, "openai", clock.now) is not None  # a new request: no
@@ -295,7 +295,7 @@ def test_a_parallel_burst_cannot_overshoot_a_token_budget(policies: PolicySet,
     for _ in range(10):
         refused = b.check("sb-1", agent, "openai", clock.now, reserve=reserve)
         if refused is None:
-            holds.append(b.admitted("sb-1", agent, "openai", clock.now, reserve))
+            holds.append(b.admit("sb-1", agent, "openai", clock.now, reserve))
     assert len(holds) == 3
     refused = b.check("sb-1", agent, "openai", clock.now, reserve=reserve)
     assert refused is not None and (refused.used, refused.held, refused.asked) == (0, 900, 300)
@@ -329,7 +329,7 @@ def test_reservations_show_in_status_and_hold_the_window_they_started_in(
         policies: PolicySet, clock: Clock) -> None:
     agent = policies.policies["agent"]
     b = book(clock)
-    hold = b.admitted("sb", agent, "openai", clock.now, Reservation(400, 7))
+    hold = b.admit("sb", agent, "openai", clock.now, Reservation(400, 7))
     status = {s["budget"]: s for s in run(b.status(agent, "sb", clock.now))}
     assert status["daily"]["reserved"] == {"tokens": 400, "cost_usd": 7e-9}
     assert status["daily"]["exceeded"] is False

@@ -25,7 +25,8 @@ from gateway.metering import BudgetExceeded, Exchange, Metered, Metering, ModelR
 from gateway.metering.pricing import Price, Pricing
 from gateway.metering.service import build_metering
 from gateway.policy import PolicySet, load_policy_texts
-from gateway.state import JournalState, MemoryState
+from gateway.state import MemoryState
+from gateway.state_sqlite import SqliteState
 from gateway.tokens import SigningKeys, TokenService
 
 DATA = Path(__file__).parent / "data" / "metering"
@@ -264,21 +265,27 @@ def test_usage_endpoint_without_metering(usage_harness: Harness, tmp_path: Path)
 
 
 def test_usage_endpoint_says_degraded(tmp_path: Path) -> None:
-    """A journal that cannot be written: counting goes on locally, /v1/usage says so."""
-    journal = tmp_path / "state.journal"
-    state = JournalState(journal, clock=lambda: NOW)
-    journal.touch()
-    state._journal_counters.start()  # the counters journal, without the follow task
+    """A state file that cannot be written: counting goes on locally, /v1/usage says so,
+    and the counts are written once it can be."""
+    import asyncio
+    import sqlite3
+
+    state = SqliteState(tmp_path / "state.db", clock=lambda: NOW)
+    asyncio.run(state.start())
+    writable = state._conn
+    state._conn = sqlite3.connect(f"file:{tmp_path / 'state.db'}?mode=ro", uri=True,
+                                  isolation_level=None)  # (SQLite refuses every write)
     h = Harness(tmp_path, state)
-    counters_file = Path(str(journal) + ".counters")
-    counters_file.unlink()
-    counters_file.mkdir()
     h.exchange("sb-1", "openai-m", "/v1/chat/completions", b'{"model":"gpt-4o-mini"}',
                fixture("openai_chat.json"))
-    state._journal_counters.sync()
     answer = admin_app(h).get("/v1/usage", headers=AUTH).json()
     assert answer["degraded"] is True
     assert answer["totals"]["input_tokens"] == 1117
+    assert state.problem is not None and "readonly" in state.problem
+    state._conn = writable
+    state.flush()
+    assert state.problem is None
+    assert admin_app(h).get("/v1/usage", headers=AUTH).json()["totals"]["input_tokens"] == 1117
 
 
 # --- CLI ------------------------------------------------------------------------------

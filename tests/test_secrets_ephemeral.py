@@ -1,5 +1,5 @@
 """Provider-minted secrets (ephemeral keys): found by value, forgotten at expiry, shared
-between the worker processes of one host (the journal) and between replicas (a real
+between the worker processes of one host (the SQLite state file) and between replicas (a real
 redis-server), and leak markers on every host their credential is not bound to."""
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from gateway.net.resolver import new_event_loop
 from gateway.policy import load_policy_texts
 from gateway.secrets.ephemeral import EphemeralKey, EphemeralKeys
 from gateway.secrets.value import SecretValue
-from gateway.state import JournalState, MemoryState
+from gateway.state import MemoryState
 from gateway.state_redis import RedisState
+from gateway.state_sqlite import SqliteState
 
 VALUE = "ek_68a4b1c2d3e4f5a6b7c8d9e0"
 
@@ -53,9 +54,9 @@ def run(coro: object) -> None:
     asyncio.run(coro, loop_factory=new_event_loop)  # type: ignore[arg-type]
 
 
-def test_workers_share_them_through_the_journal(tmp_path: Path) -> None:
+def test_workers_share_them_through_the_state_file(tmp_path: Path) -> None:
     async def scenario() -> None:
-        one, two = JournalState(tmp_path / "j", 0.05), JournalState(tmp_path / "j", 0.05)
+        one, two = SqliteState(tmp_path / "j"), SqliteState(tmp_path / "j")
         await one.start()
         await two.start()
         try:
@@ -70,7 +71,7 @@ def test_workers_share_them_through_the_journal(tmp_path: Path) -> None:
             await one.close()
             await two.close()
         assert (tmp_path / "j").stat().st_mode & 0o077 == 0  # it holds secrets: 0600
-        later = JournalState(tmp_path / "j", 0.05)  # a worker started later reads it too
+        later = SqliteState(tmp_path / "j")  # a worker started later (a restart) reads it
         await later.start()
         try:
             assert later.ephemeral.find(VALUE) is not None

@@ -1,9 +1,11 @@
-"""The in-process state store and the `state` config section."""
+"""The in-process state store and the `state` config section (every store's contract:
+tests/test_state_contract.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +15,7 @@ from gateway.state_redis import RedisState, redact_url
 
 def test_memory_state_revocations_and_sandboxes() -> None:
     async def scenario() -> None:
-        state = build_state({})
+        state = build_state({"store": "memory"})
         assert isinstance(state, MemoryState)
         await state.start()
         assert not state.is_revoked("j1")
@@ -44,6 +46,16 @@ def test_memory_state_forgets_expired_revocations() -> None:
     asyncio.run(scenario())
 
 
+def test_build_state_sqlite_is_the_default(tmp_path: Path) -> None:
+    from gateway.state_sqlite import SqliteState
+
+    state = build_state({}, base=tmp_path)
+    assert isinstance(state, SqliteState)
+    assert state.path == tmp_path / "state" / "gateway.db"
+    other = build_state({"store": "sqlite", "path": "/var/lib/x.db"})
+    assert isinstance(other, SqliteState) and other.path == Path("/var/lib/x.db")
+
+
 def test_build_state_redis() -> None:
     state = build_state({"store": "redis", "url": "redis://127.0.0.1:1/0", "prefix": "gw1"})
     assert isinstance(state, RedisState)
@@ -53,11 +65,15 @@ def test_build_state_redis() -> None:
 
 
 @pytest.mark.parametrize(("config", "message"), [
-    ({"store": "etcd"}, "state.store: 'etcd' is not a store; use memory or redis"),
+    ({"store": "etcd"}, "state.store: 'etcd' is not a store; use sqlite, redis or memory"),
+    ({"store": "sqlite", "path": ""}, "state.path: the SQLite file's path"),
+    ({"store": "sqlite", "url": "x"}, "state.url: unknown key for store sqlite (known: path, "
+                                      "store)"),
     ({"store": "redis"}, "state.url: required for store redis"),
     ({"store": "redis", "url": ""}, "state.url: required for store redis"),
     ({"store": "redis", "url": 6379}, "state.url: required for store redis"),
-    ({"store": "memory", "urll": "x"}, "state.urll: unknown key (known: store, url, prefix)"),
+    ({"store": "memory", "urll": "x"}, "state.urll: unknown key for store memory (known: "
+                                        "store)"),
 ])
 def test_build_state_errors(config: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -110,6 +110,8 @@ class Client:
     pins: dict[tuple[str, int], Pinned] = field(default_factory=dict)
     open: bool = False  # counted in the open-connections gauge
     counted: str | None = None  # the sandbox whose connection limit this one counts against
+    end: Callable[[], None] | None = None  # ends the connection now, whichever engine has it
+    ended_by: str | None = None  # the gate ended it (`sweep`): the code its lines carry
 
 
 class Refused(Exception):
@@ -151,6 +153,7 @@ class Gate:
         self.tokens = tokens
         self.connections_per_sandbox = connections_per_sandbox
         self._per_sandbox: dict[str, int] = {}
+        self._clients: set[Client] = set()  # open, for `sweep`
         self.policies = policies
         self.guard = guard
         self.secrets = secrets
@@ -169,9 +172,12 @@ class Gate:
               started: float | None = None, path_taken: str | None = None,
               credential: str | None = None, identity: Identity | None = None,
               usage: dict[str, Any] | None = None) -> None:
-        """Write one audit line (every engine's lines go through here)."""
+        """Write one audit line (every engine's lines go through here). A line of a
+        connection the gate ended (`sweep`) names why instead of how it broke."""
         if client.tunnel is not None:
             client.tunnel.audited = True
+        if client.ended_by is not None and (error is not None or method == "CONNECT"):
+            error = client.ended_by
         self._audit(record(
             identity=identity or client.identity, client=client.peer,
             listener=client.listener, method=method, scheme=scheme, host=host, port=port,
@@ -220,6 +226,7 @@ class Gate:
         if client.open:
             return
         client.open = True
+        self._clients.add(client)
         self.open_connections += 1
         metrics.OPEN_CONNECTIONS.inc()
         if self.open_connections > self.max_connections:
@@ -235,6 +242,7 @@ class Gate:
             self.tunnel_closed(client, None, None)
         if client.open:
             client.open = False
+            self._clients.discard(client)
             self.open_connections -= 1
             metrics.OPEN_CONNECTIONS.dec()
         self.closed_count(client)
@@ -267,6 +275,36 @@ class Gate:
 
     def connections_of(self, sandbox: str) -> int:
         return self._per_sandbox.get(sandbox, 0)
+
+    def sweep(self) -> int:
+        """End every open connection whose identity no longer holds (`recheck`): its
+        token expired or revoked (or the family it was refreshed from), its policy gone,
+        its transparent sandbox no longer registered as it was. Requests are checked
+        one by one as they come; this ends what sends no more requests - passthrough
+        tunnels, idle keep-alive tunnels, streams, WebSockets - on every engine. A token
+        that merely expired ends passthrough tunnels only: an intercepted request under
+        way when it expired may finish (its next request is refused), as the token's
+        holder did nothing wrong. Called every half second on every worker (the state
+        store's view). Returns how many were ended; their audit lines carry the code
+        (`ended_by`)."""
+        ended = 0
+        for client in list(self._clients):
+            identity, end = client.identity, client.end
+            if identity is None or end is None or client.ended_by is not None or (
+                    client.token is None and not client.registered):
+                continue
+            try:
+                self.recheck(client)
+                continue
+            except Refusal as refused:
+                if refused.code == "token_expired" and client.engine != "splice":
+                    continue
+                client.ended_by = refused.code
+            log.info("ended the connection from %s:%s of sandbox %s: %s", *client.peer,
+                     identity.sandbox, client.ended_by)
+            end()
+            ended += 1
+        return ended
 
     # -- identify ------------------------------------------------------------------------
 

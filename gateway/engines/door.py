@@ -63,7 +63,8 @@ class Door(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         peer = transport.get_extra_info("peername") or ("?", 0)
-        self.client = Client((str(peer[0]), int(peer[1])), self.listener, self.engine)
+        self.client = Client((str(peer[0]), int(peer[1])), self.listener, self.engine,
+                             end=transport.abort)  # (the splice, h1 and mitmproxy use it)
         try:
             self.gate.opened(self.client)
         except Refused as refused:

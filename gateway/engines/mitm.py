@@ -200,12 +200,17 @@ class Adapter(NextLayer):
         if handed is not None:
             return handed
         transparent = conn.proxy_mode.type_name == "transparent"
-        client = Client(key, "transparent" if transparent else "proxy", "mitmproxy")
+        client = Client(key, "transparent" if transparent else "proxy", "mitmproxy",
+                        end=lambda: self._end(conn.id))
         try:
             self.gate.opened(client)
         except Refused as refused:
             conn.error = refused.refusal.reason  # mitmproxy closes the connection
         return client
+
+    def _end(self, client_id: str) -> None:
+        if self.proxyserver is not None:
+            patches.close_mitmproxy_connection(self.proxyserver, client_id)
 
     # -- connections -----------------------------------------------------------------------
 

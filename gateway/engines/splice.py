@@ -8,8 +8,8 @@ and grows while reads fill it. Both directions are counted for the audit line.
 A tunnel ends — both sockets closed, one audit line written, the gauge counted down —
 when both directions have sent EOF, when either side fails, when it carries nothing
 for `network.timeouts.client_idle`, when it outlives `limits.max_tunnel_lifetime`, or
-when its token expires or is revoked (the sweeper re-checks the identity, so a revoked
-sandbox loses its open tunnels too).
+when its token expires or is revoked (the gate's sweep, gateway/sweeper.py, ends every
+engine's connections whose identity no longer holds).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import time
 
 from gateway.core.addresses import Pinned
 from gateway.core.gate import Client, Gate
-from gateway.core.refusal import Refusal
 from gateway.net.resolver import pin
 
 log = logging.getLogger("sandbox_gateway")
@@ -31,7 +30,7 @@ FIRST_READ_SIZE = 16 * 1024
 
 
 class Splices:
-    """Every open splice, and the one sweeper that ends idle, expired and overlong ones."""
+    """Every open splice, and the one sweeper that ends idle and overlong ones."""
 
     def __init__(self, gate: Gate, *, idle: float, lifetime: float, connect: float) -> None:
         self.gate = gate
@@ -110,10 +109,6 @@ class Splice(asyncio.Protocol):
             return "idle_timeout"
         if self.owner.lifetime > 0 and now - self.started > self.owner.lifetime:
             return "max_tunnel_lifetime"
-        try:
-            self.owner.gate.recheck(self.client)
-        except Refusal as refused:
-            return refused.code
         return None
 
     async def _dial(self) -> None:

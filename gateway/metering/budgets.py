@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gateway.counters import Counters, Increment
+from gateway.counters import Admission, Counters, Increment, Limit
 from gateway.metering.pricing import Pricing
 from gateway.metering.usage import Usage
 from gateway.policy.model import Budget, Policy
@@ -272,13 +272,17 @@ class BudgetBook:
             nano = round((cost or 0.0) * NANO)
         return Reservation(input_tokens + output_tokens, nano)
 
-    def admitted(self, sandbox: str, policy: Policy, credential: str, now: float,
-                 reserve: Reservation = _NO_RESERVATION) -> Hold | None:
-        """Count an admitted call against every applicable budget at once, before it is
-        forwarded: one request, and its reservation held until ``settle``. A burst of
-        parallel calls meets every limit without waiting for any of them to complete."""
+    def admit(self, sandbox: str, policy: Policy, credential: str, now: float,
+              reserve: Reservation = _NO_RESERVATION) -> BudgetExceeded | Hold | None:
+        """Check every applicable budget and count the call against them, as one step
+        of the state store (one transaction across the host's processes with SQLite),
+        before it is forwarded: refused (the budget that refused it, as ``check`` words
+        it), or counted - one request, and its reservation held until ``settle``
+        (None: no budget counts it). A burst of parallel calls meets every limit
+        without waiting for any of them to complete."""
         places: list[tuple[str, str, float]] = []
         increments: list[Increment] = []
+        limits: list[Limit] = []
         for budget in self.applicable(policy, credential):
             start, end = window_bounds(budget.window, now)
             table = self._table(policy.name, budget, start)
@@ -290,9 +294,22 @@ class BudgetBook:
                 increments.append((table, "rt:" + subject, reserve.tokens, expires))
             if reserve.nano_usd:
                 increments.append((table, "rc:" + subject, reserve.nano_usd, expires))
-        if increments:
-            self.counters.count(increments)
-        return Hold(tuple(places), reserve) if places else None
+            if budget.tokens is not None:
+                limits.append(Limit(((table, "t:" + subject), (table, "rt:" + subject)),
+                                    budget.tokens, reserve.tokens))
+            if budget.requests is not None:
+                limits.append(Limit(((table, "r:" + subject),), budget.requests, 1))
+            if budget.cost_usd is not None:
+                limits.append(Limit(((table, "c:" + subject), (table, "rc:" + subject)),
+                                    round(budget.cost_usd * NANO), reserve.nano_usd))
+        if not places:
+            return None
+        if self.counters.admit(Admission(tuple(limits), tuple(increments))) is None:
+            return Hold(tuple(places), reserve)
+        exceeded = self.check(sandbox, policy, credential, now, reserve=reserve)
+        if exceeded is None:  # (what refused it settled meanwhile): once more
+            return self.admit(sandbox, policy, credential, now, reserve)
+        return exceeded
 
     def settle(self, hold: Hold, tokens: int, nano_usd: int) -> None:
         """A held call ended: its reservation is released and what it used counted, in

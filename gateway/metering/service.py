@@ -280,13 +280,16 @@ class Metering:
                 if isinstance(found, str):
                     return self._unavailable(policy, rule, found)
                 reserve = found
-            exceeded = self.budgets.check(sandbox, policy, credential, now, reserve=reserve)
-            if exceeded is not None:
+            if endpoint.format == "responses_ws":  # (counted per response.create)
+                admitted: BudgetExceeded | Hold | None = self.budgets.check(
+                    sandbox, policy, credential, now, reserve=reserve)
+            else:
+                admitted = self.budgets.admit(sandbox, policy, credential, now, reserve)
+            if isinstance(admitted, BudgetExceeded):
                 metrics.child(metrics.BUDGET_REFUSALS, policy.name,
-                              exceeded.budget.name).inc()
-                return exceeded
-            if endpoint.format != "responses_ws":  # (counted per response.create)
-                hold = self.budgets.admitted(sandbox, policy, credential, now, reserve)
+                              admitted.budget.name).inc()
+                return admitted
+            hold = admitted
         assert endpoint.format is not None
         meter: Meter = (SessionMeter(endpoint.format, request_model(preset, path, held))
                         if kind == "session" else
@@ -358,16 +361,14 @@ class Metering:
                                                     DEFAULT_OUTPUT)))
             if isinstance(reserve, str):
                 return self._unavailable(policy, rule, reserve)
-            exceeded = self.budgets.check(exchange.sandbox, policy, exchange.credential, now,
-                                          reserve=reserve)
-            if exceeded is None:
-                hold = self.budgets.admitted(exchange.sandbox, policy, exchange.credential,
-                                             now, reserve)
-                if hold is not None:
-                    lane = _string(fields.get("stream_id"))
-                    if exchange.pending is None:
-                        exchange.pending = {}
-                    exchange.pending.setdefault(lane, []).append(_Pending(hold))
+            admitted = self.budgets.admit(exchange.sandbox, policy, exchange.credential, now,
+                                          reserve)
+            exceeded = admitted if isinstance(admitted, BudgetExceeded) else None
+            if isinstance(admitted, Hold):
+                lane = _string(fields.get("stream_id"))
+                if exchange.pending is None:
+                    exchange.pending = {}
+                exchange.pending.setdefault(lane, []).append(_Pending(hold=admitted))
         else:
             return None
         if exceeded is not None:

@@ -53,10 +53,18 @@ class EphemeralKeys:
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
-        self.version = 0
+        self._version = 0
         self._by_digest: dict[str, EphemeralKey] = {}
         self.share: Callable[[EphemeralKey], None] | None = None  # set by the state store
         self.on_change: Callable[[], None] | None = None  # (the log redaction's rebuild)
+        self.before: Callable[[], None] | None = None  # brings the view up to date (a store)
+
+    @property
+    def version(self) -> int:
+        """Changes whenever the set does (the leak markers are rebuilt then)."""
+        if self.before is not None:
+            self.before()
+        return self._version
 
     def add(self, key: EphemeralKey, *, shared: bool = False) -> None:
         """Remember ``key``; ``shared``: it came from another process (not shared again)."""
@@ -70,7 +78,7 @@ class EphemeralKeys:
             oldest = min(self._by_digest.values(), key=lambda k: k.expires_at)
             del self._by_digest[oldest.digest]
         self._by_digest[digest] = key
-        self.version += 1
+        self._version += 1
         if self.on_change is not None:
             self.on_change()
         if not shared and self.share is not None:
@@ -83,6 +91,8 @@ class EphemeralKeys:
 
     def find(self, value: str) -> EphemeralKey | None:
         """The live key whose value is ``value``, if any."""
+        if self.before is not None:
+            self.before()
         key = self._by_digest.get(_digest(value))
         if key is None or key.expires_at <= self.clock() or not key.value.equals(value):
             return None
@@ -90,6 +100,8 @@ class EphemeralKeys:
 
     def live(self) -> list[EphemeralKey]:
         """Every key not yet expired."""
+        if self.before is not None:
+            self.before()
         self._prune()
         return list(self._by_digest.values())
 
@@ -99,4 +111,4 @@ class EphemeralKeys:
         for digest in expired:
             del self._by_digest[digest]
         if expired:
-            self.version += 1
+            self._version += 1

@@ -39,6 +39,27 @@ def raw_connect(proxy: tuple[str, int], authority: str, token: str | None,
     return status, headers, json.loads(body) if body.strip() else None
 
 
+def open_tunnel(proxy: tuple[str, int], authority: str, token: str,
+                sandbox: str = "sandbox-1", timeout: float = 10) -> socket.socket:
+    """CONNECT authority and return the socket after a 200 answer (its head read byte by byte,
+    so nothing of the tunnel is consumed); any other answer raises ConnectionRefusedError
+    carrying the head."""
+    sock = socket.create_connection(proxy, timeout=timeout)
+    cred = base64.b64encode(f"{sandbox}:{token}".encode()).decode()
+    sock.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n"
+                 f"Proxy-Authorization: Basic {cred}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(1)
+        if not chunk:
+            break
+        head += chunk
+    if not head.startswith(b"HTTP/1.1 200"):
+        sock.close()
+        raise ConnectionRefusedError(f"CONNECT {authority}: {head.decode('latin-1')}")
+    return sock
+
+
 def curl(proxy: str, url: str, cacert: Path, *args: str) -> tuple[int, str, dict[str, str]]:
     """Run curl through `proxy`; (status of the last response, body, its headers)."""
     out = subprocess.run(

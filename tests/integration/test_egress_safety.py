@@ -45,6 +45,7 @@ import websockets.sync.client
 import websockets.sync.server
 from cryptography import x509
 from cryptography.x509.oid import NameOID
+from helpers import clients
 from helpers.clients import raw_connect
 from helpers.gateway import BASE_POLICY, GatewayFactory, GatewayThread
 from helpers.tls import LocalCA
@@ -271,20 +272,7 @@ def connect(gw: GatewayThread, authority: str, token: str
 def open_tunnel(gw: GatewayThread, authority: str, token: str) -> socket.socket:
     """A CONNECT tunnel that must be established (200); the socket after the response."""
     assert gw.gateway.proxy_address
-    sock = socket.create_connection(gw.gateway.proxy_address, timeout=10)
-    sock.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n"
-                 f"Proxy-Authorization: {proxy_auth(token)}\r\n\r\n".encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        chunk = sock.recv(1)
-        if not chunk:
-            break
-        head += chunk
-    status = head.split(b"\r\n", 1)[0].decode()
-    if " 200 " not in f"{status} ":
-        sock.close()
-        raise AssertionError(f"CONNECT {authority}: {head!r}")
-    return sock
+    return clients.open_tunnel(gw.gateway.proxy_address, authority, token)
 
 
 def proxy_http(gw: GatewayThread, url: str, token: str

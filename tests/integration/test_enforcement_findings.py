@@ -10,7 +10,7 @@ import socket
 import ssl
 
 import pytest
-from helpers.clients import raw_connect
+from helpers.clients import open_tunnel, raw_connect
 from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.upstream import Upstream
 
@@ -56,13 +56,7 @@ def test_a_bound_token_is_refused_from_another_address(gw: GatewayThread) -> Non
 
 def _tunnel(gw: GatewayThread, token: str) -> ssl.SSLSocket:
     assert gw.gateway.proxy_address
-    sock = socket.create_connection(gw.gateway.proxy_address, timeout=10)
-    cred = base64.b64encode(f"sandbox-1:{token}".encode()).decode()
-    sock.sendall(f"CONNECT api.openai.com:443 HTTP/1.1\r\nProxy-Authorization: Basic {cred}"
-                 "\r\n\r\n".encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += sock.recv(1)
+    sock = open_tunnel(gw.gateway.proxy_address, "api.openai.com:443", token)
     ctx = ssl.create_default_context(cafile=gw.ca_cert)
     return ctx.wrap_socket(sock, server_hostname="api.openai.com")
 

@@ -1,5 +1,5 @@
 """`run --workers 2`: two real gateway processes behind one port pair (SO_REUSEPORT),
-sharing revocations (state journal) and metrics (multiprocess files)."""
+sharing revocations (the SQLite state file) and metrics (multiprocess files)."""
 
 from __future__ import annotations
 
@@ -44,11 +44,12 @@ def test_two_workers_share_ports_state_and_metrics(tmp_path: Path) -> None:
     try:
         assert gw.stderr is not None
         deadline = time.monotonic() + 60
+        said: list[str] = []
         while time.monotonic() < deadline:
-            line = gw.stderr.readline()
-            if "ready: 2 workers" in line:
+            said.append(gw.stderr.readline())
+            if "ready: 2 workers" in said[-1]:
                 break
-            assert gw.poll() is None, gw.stderr.read()
+            assert gw.poll() is None, "".join(said) + gw.stderr.read()
         children = subprocess.run(["pgrep", "-P", str(gw.pid)], capture_output=True,
                                   text=True).stdout.split()
         assert len(children) == 2

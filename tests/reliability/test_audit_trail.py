@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.disk import tiny_tmpfs
 from helpers.nginx import Nginx
 from helpers.process import GatewayProcess, start_gateway
 from helpers.tls import LocalCA
@@ -36,16 +37,7 @@ from helpers.tls import LocalCA
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 256 KiB tmpfs for the audit file (a disk that fills up), unmounted afterwards."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
+    yield from tiny_tmpfs(tmp_path / "disk", "256k")
 
 
 class Stderr:

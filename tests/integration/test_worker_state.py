@@ -1,0 +1,201 @@
+"""Exact across workers, kept across restarts: `sandbox-gateway run` with two worker
+processes on the default SQLite state file (issue 21), the official OpenAI SDK's
+transport (httpx) against the local fake provider.
+
+Measured on the journal store before: with two workers the call after a budget was used
+up passed (it landed on the other worker), `GET /v1/usage` right after three calls
+showed two, right after `POST /v1/tokens/revoke` 5 of 8 new requests and 5 of 6 open
+keep-alive tunnels still passed; a restart forgot revocations, budgets and registered
+sandboxes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import ssl
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fakes.inference import FakeInference
+from helpers.clients import open_tunnel
+from helpers.process import ADMIN, GatewayProcess, start_gateway
+from helpers.tls import LocalCA
+
+KEY = "sk-fake-provider-key"
+POLICY = """
+version: v1
+name: agent
+egress:
+  - host: api.openai.com
+    credential: openai
+budgets:
+  - {name: per-sandbox, per: sandbox, window: 24h, requests: 4}
+credentials:
+  openai: {preset: openai, secret: provider-key}
+"""
+CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[FakeInference]:
+    with FakeInference(tmp_path / "fake", api_key=KEY) as server:
+        yield server
+
+
+def _start(workdir: Path, fake: FakeInference, test_ca: LocalCA, workers: int = 2
+           ) -> GatewayProcess:
+    secrets = workdir / "secrets.yaml"
+    workdir.mkdir(parents=True, exist_ok=True)
+    secrets.write_text(f"provider-key: {KEY}\n")
+    secrets.chmod(0o600)
+    return start_gateway(workdir, {"api.openai.com": fake.port}, test_ca, policy=POLICY,
+                         workers=workers, extra={
+                             "secrets": {"store": "file", "path": str(secrets)},
+                             "network": {"upstream_ca": str(fake.ca_path)}})
+
+
+def _admin(gw: GatewayProcess, method: str, path: str, body: Any = None
+           ) -> tuple[int, Any]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{gw.admin}{path}", method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {ADMIN}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _mint(gw: GatewayProcess, sandbox: str) -> tuple[str, str]:
+    status, minted = _admin(gw, "POST", "/v1/tokens", {"sandbox": sandbox, "policy": "agent"})
+    assert status == 200, minted
+    return minted["token"], minted["jti"]
+
+
+def _call(gw: GatewayProcess, sandbox: str, token: str) -> int:
+    """One chat completion on a new connection (the kernel picks the worker)."""
+    with httpx.Client(proxy=f"http://{sandbox}:{token}@127.0.0.1:{gw.proxy}", timeout=20,
+                      verify=ssl.create_default_context(
+                          cafile=str(gw.workdir / "certs" / "ca.crt"))) as http:
+        try:
+            return http.post("https://api.openai.com/v1/chat/completions", json=CHAT,
+                             headers={"Authorization": f"Bearer {token}"}).status_code
+        except httpx.ProxyError as exc:
+            return int(str(exc).split()[0]) if str(exc)[:3].isdigit() else 407
+
+
+async def _burst(gw: GatewayProcess, sandbox: str, token: str, n: int) -> list[int]:
+    ctx = ssl.create_default_context(cafile=str(gw.workdir / "certs" / "ca.crt"))
+
+    async def one() -> int:
+        async with httpx.AsyncClient(proxy=f"http://{sandbox}:{token}@127.0.0.1:{gw.proxy}",
+                                     timeout=30, verify=ctx) as http:
+            answer = await http.post("https://api.openai.com/v1/chat/completions",
+                                     json=CHAT, headers={"Authorization": f"Bearer {token}"})
+            return answer.status_code
+
+    return list(await asyncio.gather(*(one() for _ in range(n))))
+
+
+def _workers_that_served(gw: GatewayProcess, sandbox: str) -> set[int]:
+    return {line.get("worker") for line in gw.audit_lines()
+            if line.get("sandbox") == sandbox and line.get("status") == 200}
+
+
+def _tunnel(gw: GatewayProcess, sandbox: str, token: str) -> ssl.SSLSocket:
+    sock = open_tunnel(("127.0.0.1", gw.proxy), "api.openai.com:443", token, sandbox, timeout=5)
+    ctx = ssl.create_default_context(cafile=str(gw.workdir / "certs" / "ca.crt"))
+    return ctx.wrap_socket(sock, server_hostname="api.openai.com")
+
+
+def _ended_within(tls: ssl.SSLSocket, seconds: float) -> bool:
+    tls.settimeout(0.05)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if not tls.recv(4096):
+                return True
+        except (TimeoutError, ssl.SSLWantReadError):
+            continue
+        except OSError:
+            return True
+    return False
+
+
+def test_two_workers_agree_exactly(tmp_path: Path, fake: FakeInference,
+                                   test_ca: LocalCA) -> None:
+    gw = _start(tmp_path / "gw", fake, test_ca)
+    try:
+        # A budget of 4 requests, one call at a time on new connections: exactly 4.
+        token, _ = _mint(gw, "sbx-seq")
+        answers = [_call(gw, "sbx-seq", token) for _ in range(8)]
+        assert answers == [200] * 4 + [429] * 4, answers
+        assert _workers_that_served(gw, "sbx-seq") == {0, 1}  # (both took part)
+        # Ten at once on ten connections: exactly 4 reach the provider.
+        token, _ = _mint(gw, "sbx-burst")
+        burst = asyncio.run(_burst(gw, "sbx-burst", token, 10))
+        assert sorted(burst) == [200] * 4 + [429] * 6, burst
+        # /v1/usage right after three calls shows three, on whichever worker answers.
+        token, _ = _mint(gw, "sbx-usage")
+        assert [_call(gw, "sbx-usage", token) for _ in range(3)] == [200] * 3
+        for _ in range(6):
+            status, usage = _admin(gw, "GET", "/v1/usage?sandbox=sbx-usage")
+            assert status == 200 and usage["totals"]["requests"] == 3, usage
+        # A revocation holds on both workers before the admin API answers: new requests
+        # refused at once, open keep-alive tunnels ended within a second.
+        token, jti = _mint(gw, "sbx-revoke")
+        tunnels = [_tunnel(gw, "sbx-revoke", token) for _ in range(6)]
+        assert _admin(gw, "POST", "/v1/tokens/revoke", {"jti": jti})[0] == 200
+        after = [_call(gw, "sbx-revoke", token) for _ in range(8)]
+        assert after == [407] * 8, after
+        assert all(_ended_within(tls, 1.0) for tls in tunnels)
+        for tls in tunnels:
+            tls.close()
+    finally:
+        gw.proc.send_signal(signal.SIGTERM)
+        gw.proc.wait(30)
+        gw.stop()
+
+
+def test_revocations_budgets_and_sandboxes_survive_a_restart(
+        tmp_path: Path, fake: FakeInference, test_ca: LocalCA) -> None:
+    workdir = tmp_path / "gw"
+    gw = _start(workdir, fake, test_ca)
+    try:
+        revoked, jti = _mint(gw, "sbx-revoked")
+        assert _admin(gw, "POST", "/v1/tokens/revoke", {"jti": jti})[0] == 200
+        spent, _ = _mint(gw, "sbx-spent")
+        assert [_call(gw, "sbx-spent", spent) for _ in range(4)] == [200] * 4
+        status, _ = _admin(gw, "POST", "/v1/sandboxes",
+                           {"id": "sbx-t", "ip": "10.9.8.7", "policy": "agent"})
+        assert status == 200
+    finally:
+        gw.proc.send_signal(signal.SIGTERM)
+        assert gw.proc.wait(30) == 0
+        gw.stop()
+    assert (workdir / "state" / "gateway.db").exists()
+    again = _start(workdir, fake, test_ca)
+    try:
+        assert _call(again, "sbx-revoked", revoked) == 407
+        assert _call(again, "sbx-spent", spent) == 429
+        status, listed = _admin(again, "GET", "/v1/sandboxes")
+        assert {"id": "sbx-t", "ip": "10.9.8.7", "policy": "agent"} in listed["sandboxes"]
+        status, usage = _admin(again, "GET", "/v1/usage?sandbox=sbx-spent")
+        assert usage["totals"]["requests"] == 4
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and len(errors := {
+                line["sandbox"]: line["error"] for line in again.audit_lines()
+                if line.get("sandbox") in ("sbx-revoked", "sbx-spent")}) < 2:
+            time.sleep(0.05)
+        assert errors == {"sbx-revoked": "token_revoked", "sbx-spent": "budget_exceeded"}
+    finally:
+        again.stop()

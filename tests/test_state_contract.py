@@ -1,0 +1,185 @@
+"""One contract, every state store: each operation of `StateStore` (revocations,
+registered sandboxes, provider-minted secrets, counters, budget admission) run against
+the memory store, a real SQLite file and a real redis-server; and what only a shared
+store can do (a second process or replica sees it; a restart keeps it) against the two
+shared ones."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.redis_server import running_redis
+
+from gateway.counters import Admission, Limit
+from gateway.net.resolver import new_event_loop
+from gateway.secrets.ephemeral import EphemeralKey
+from gateway.secrets.value import SecretValue
+from gateway.state import MemoryState, SandboxAddress, StateStore
+from gateway.state_redis import RedisState
+from gateway.state_sqlite import SqliteState
+
+FAR = time.time() + 3600
+Factory = Callable[[], StateStore]
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Factory]]:
+    """(kind, a factory of stores on one backend: two of them are two processes)."""
+    if request.param == "memory":
+        yield "memory", MemoryState
+    elif request.param == "sqlite":
+        yield "sqlite", lambda: SqliteState(tmp_path / "state" / "gateway.db")
+    else:
+        for server in running_redis(tmp_path / "redis"):
+            yield "redis", functools.partial(RedisState, server.url, prefix="c",
+                                             resync_interval=300, counter_interval=0.05)
+
+
+@asynccontextmanager
+async def opened(factory: Factory) -> AsyncIterator[Any]:
+    store = factory()
+    await store.start()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def run(scenario: Callable[[], Any]) -> None:
+    asyncio.run(scenario(), loop_factory=new_event_loop)  # type: ignore[arg-type]
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "not within the store's propagation time"
+        await asyncio.sleep(0.02)
+
+
+def test_revocations(stores: tuple[str, Factory]) -> None:
+    async def scenario() -> None:
+        async with opened(stores[1]) as store:
+            assert not store.is_revoked("j1")
+            await store.revoke("j1", time.time() + 60)
+            await store.revoke("old", time.time() + 0.05)
+            assert store.is_revoked("j1") and not store.is_revoked("j2")
+            # Forgotten once the token has expired anyway (Redis: at the next whole second).
+            await eventually(lambda: not store.is_revoked("old"))
+
+    run(scenario)
+
+
+def test_sandboxes(stores: tuple[str, Factory]) -> None:
+    async def scenario() -> None:
+        async with opened(stores[1]) as store:
+            entry = SandboxAddress(sandbox="s1", ip="10.0.0.5", policy="agent")
+            await store.register_sandbox(entry)
+            assert store.sandbox_for("10.0.0.5") == entry
+            assert store.sandboxes() == [entry]
+            moved = SandboxAddress(sandbox="s2", ip="10.0.0.5", policy="other")
+            await store.register_sandbox(moved)
+            assert store.sandbox_for("10.0.0.5") == moved
+            assert await store.unregister_sandbox("10.0.0.5") is True
+            assert await store.unregister_sandbox("10.0.0.5") is False
+            assert store.sandbox_for("10.0.0.5") is None
+
+    run(scenario)
+
+
+def test_counters_and_admission(stores: tuple[str, Factory]) -> None:
+    async def scenario() -> None:
+        async with opened(stores[1]) as store:
+            store.count([("t", "x", 3, FAR), ("t", "y", 1, FAR)])
+            store.count([("t", "x", 2, FAR)])
+            assert store.counter("t", "x") == 5
+            assert await store.counter_tables(["t", "none"]) == {"t": {"x": 5, "y": 1}}
+            admission = Admission((Limit((("b", "r"),), 3, 1),), (("b", "r", 1, FAR),))
+            results = [store.admit(admission) for _ in range(5)]
+            assert results == [None, None, None, 0, 0]
+            assert store.counter("b", "r") == 3
+            assert not store.counters_degraded
+
+    run(scenario)
+
+
+def test_provider_minted_secrets(stores: tuple[str, Factory]) -> None:
+    async def scenario() -> None:
+        async with opened(stores[1]) as store:
+            key = EphemeralKey("openai", "sb", SecretValue("ek_contract_0123456789"), FAR)
+            store.ephemeral.add(key)
+            found = store.ephemeral.find("ek_contract_0123456789")
+            assert found is not None and found.sandbox == "sb"
+
+    run(scenario)
+
+
+def test_a_second_process_sees_every_change(stores: tuple[str, Factory]) -> None:
+    kind, factory = stores
+    if kind == "memory":
+        pytest.skip("the memory store is one process's")
+
+    async def scenario() -> None:
+        async with opened(factory) as one, opened(factory) as two:
+            await one.revoke("j1", time.time() + 60)
+            entry = SandboxAddress(sandbox="s1", ip="10.0.0.9", policy="agent")
+            await one.register_sandbox(entry)
+            one.ephemeral.add(EphemeralKey("openai", "sb", SecretValue("ek_shared_0123456789"),
+                                           FAR))
+            one.count([("t", "x", 7, FAR)])
+            if kind == "sqlite":  # a change is everywhere before its call returns
+                assert two.is_revoked("j1") and two.sandbox_for("10.0.0.9") == entry
+            await eventually(lambda: two.is_revoked("j1"))
+            await eventually(lambda: two.sandbox_for("10.0.0.9") == entry)
+            await eventually(lambda: two.ephemeral.find("ek_shared_0123456789") is not None)
+            await eventually(lambda: two.counter("t", "x") == 7)
+
+    run(scenario)
+
+
+def test_a_restart_keeps_everything(stores: tuple[str, Factory]) -> None:
+    """Revocations, registrations, counters (budgets, usage) and minted secrets still
+    there when the store is opened again (a gateway restart; Redis: the server kept
+    running)."""
+    kind, factory = stores
+    if kind == "memory":
+        pytest.skip("the memory store is lost on restart by design")
+
+    async def scenario() -> None:
+        async with opened(factory) as before:
+            await before.revoke("j1", time.time() + 60)
+            await before.register_sandbox(SandboxAddress("s1", "10.0.0.7", "agent"))
+            before.count([("b", "t:sb", 9000, FAR)])
+            before.ephemeral.add(EphemeralKey("openai", "sb",
+                                              SecretValue("ek_restart_0123456789"), FAR))
+            await asyncio.sleep(0.2)  # (Redis: the counter batch and the secret's write)
+        async with opened(factory) as after:
+            assert after.is_revoked("j1")
+            assert after.sandbox_for("10.0.0.7") is not None
+            tables = await after.counter_tables(["b"])
+            assert tables["b"]["t:sb"] == 9000
+            await eventually(lambda: after.ephemeral.find("ek_restart_0123456789") is not None)
+
+    run(scenario)
+
+
+def test_sqlite_admission_is_exact_across_processes_in_a_burst(tmp_path: Path) -> None:
+    """Two processes' stores (two connections) admitting in one burst against a
+    4-request limit: exactly four admitted (one transaction each). (Across processes
+    for real: tests/test_counters.py.)"""
+    async def scenario() -> None:
+        factory = lambda: SqliteState(tmp_path / "db")  # noqa: E731
+        async with opened(factory) as one, opened(factory) as two:
+            admission = Admission((Limit((("b", "r"),), 4, 1),), (("b", "r", 1, FAR),))
+            results = [store.admit(admission) for _ in range(5) for store in (one, two)]
+            assert results.count(None) == 4
+            assert one.counter("b", "r") == two.counter("b", "r") == 4
+
+    run(scenario)
+
