@@ -41,7 +41,7 @@ LABEL org.opencontainers.image.title="sandbox-gateway" \
 # Numeric, non-root identity (Kubernetes runAsNonRoot can verify a numeric USER).
 # /etc/sandbox-gateway is read-only configuration (the chart mounts gateway.yaml, policies/ and certs/
 # over it); the only writable paths are /tmp (scratch: runtime_dir, a tmpfs) and /var/lib/sandbox-gateway
-# (state that must persist: certs/, a volume).
+# (state that must persist: certs/ and state/gateway.db, a volume).
 RUN groupadd --system --gid 10001 sandbox-gateway \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin sandbox-gateway \
@@ -53,6 +53,7 @@ RUN groupadd --system --gid 10001 sandbox-gateway \
        'listen: {proxy: "0.0.0.0:8080", admin: "0.0.0.0:8090"}' \
        'policies: /etc/sandbox-gateway/policies' \
        'certs: /var/lib/sandbox-gateway/certs' \
+       'state: {store: sqlite, path: /var/lib/sandbox-gateway/state/gateway.db}' \
        'runtime_dir: /tmp/sandbox-gateway' \
        'secrets: {store: env}' \
        > /etc/sandbox-gateway/gateway.yaml

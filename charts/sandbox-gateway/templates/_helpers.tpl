@@ -77,6 +77,18 @@ app.kubernetes.io/component: gateway
 
 {{/* Paths inside the gateway container. */}}
 {{- define "sandbox-gateway.gitRoot" -}}/git{{- end }}
+{{- /* Scratch files (mitmproxy's confdir, metrics of the worker processes): an emptyDir, never the state volume. */}}
+{{- define "sandbox-gateway.runtimeDir" -}}/run/sandbox-gateway{{- end }}
+{{- /* The state volume (state.store: sqlite) and the file on it. */}}
+{{- define "sandbox-gateway.stateDir" -}}
+{{- .Values.persistence.mountPath | trimSuffix "/" }}
+{{- end }}
+{{- define "sandbox-gateway.statePath" -}}
+{{- printf "%s/gateway.db" (include "sandbox-gateway.stateDir" .) }}
+{{- end }}
+{{- define "sandbox-gateway.stateClaimName" -}}
+{{- .Values.persistence.existingClaim | default (printf "%s-state" (include "sandbox-gateway.fullname" .)) }}
+{{- end }}
 {{- define "sandbox-gateway.policiesDir" -}}
 {{- if .Values.gitSync.enabled }}
 {{- printf "%s/current/%s" (include "sandbox-gateway.gitRoot" .) (.Values.gitSync.path | trimPrefix "/" | trimSuffix "/") | trimSuffix "/" }}
@@ -173,6 +185,9 @@ gateway.yaml as a dict (rendered by configmap-config.yaml, hashed by the Deploym
 {{- $_ := set $secrets "cache" . }}
 {{- end }}
 {{- $state := dict "store" .Values.state.store }}
+{{- if eq .Values.state.store "sqlite" }}
+{{- $_ := set $state "path" (include "sandbox-gateway.statePath" .) }}
+{{- end }}
 {{- if and (eq .Values.state.store "redis") .Values.state.redis.url (not .Values.state.redis.existingSecret) }}
 {{- $_ := set $state "url" .Values.state.redis.url }}
 {{- end }}
@@ -186,7 +201,7 @@ gateway.yaml as a dict (rendered by configmap-config.yaml, hashed by the Deploym
   "network" .Values.config.network
   "audit" .Values.config.audit
   "state" $state
-  "runtime_dir" "/var/lib/sandbox-gateway"
+  "runtime_dir" (include "sandbox-gateway.runtimeDir" .)
   "log_level" .Values.config.log_level
   "workers" (int .Values.config.workers)
   "shutdown" (dict "drain" (printf "%ds" (int .Values.shutdown.drainSeconds)))
