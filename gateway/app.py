@@ -394,7 +394,8 @@ class Gateway:
         upstream_ca = self.config.network.upstream_ca
         return build_credentials(self.secrets, self.current_policies,
                                  upstream_ca=upstream_ca, overrides=overrides,
-                                 timeout=self.config.network.timeouts.connect + 5.0)
+                                 timeout=self.config.network.timeouts.connect + 5.0,
+                                 share=self.state)
 
     # -- the DNS resolver (gateway/dns/), kept apart from the proxy wiring ------------------
 

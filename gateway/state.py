@@ -35,7 +35,68 @@ class SandboxAddress:
     policy: str
 
 
-class StateStore(Protocol):
+@dataclass(frozen=True, slots=True)
+class SharedMint:
+    """A minted credential's value as the processes share it (`gateway.minting.shared`).
+    ``parts``: a composite value's pieces (AWS key id, secret, session token), else ();
+    ``expires_at`` None: no known expiry; from ``due_at`` on, the next fetch mints anew."""
+
+    value: str
+    parts: tuple[str, ...]
+    minted_at: float
+    expires_at: float | None
+    due_at: float
+
+
+class MintShare(Protocol):
+    """Minted credentials and rotated OAuth2 refresh tokens, shared by the processes of a
+    store, so a credential is minted once (a process holds a **lease** on its mint
+    while it mints) and a refresh token a server rotated is the one every process (and
+    the next start) uses. Raise `StateUnavailable` when the store cannot answer."""
+
+    async def read_mint(self, name: str) -> SharedMint | None: ...
+    async def lease_mint(self, name: str, holder: str, until: float) -> bool: ...
+    async def write_mint(self, name: str, mint: SharedMint, holder: str) -> None: ...
+    async def release_mint(self, name: str, holder: str) -> None: ...
+    async def read_refresh(self, key: str) -> tuple[str, str] | None: ...
+    async def write_refresh(self, key: str, origin: str, value: str) -> None: ...
+
+
+class MemoryMints:
+    """`MintShare` for one process (the memory store; a minter given no store)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.mint_clock = clock
+        self._mints: dict[str, SharedMint] = {}
+        self._leases: dict[str, tuple[str, float]] = {}
+        self._refresh: dict[str, tuple[str, str]] = {}
+
+    async def read_mint(self, name: str) -> SharedMint | None:
+        return self._mints.get(name)
+
+    async def lease_mint(self, name: str, holder: str, until: float) -> bool:
+        current = self._leases.get(name)
+        if current is not None and current[0] != holder and current[1] > self.mint_clock():
+            return False
+        self._leases[name] = (holder, until)
+        return True
+
+    async def write_mint(self, name: str, mint: SharedMint, holder: str) -> None:
+        self._mints[name] = mint
+        await self.release_mint(name, holder)
+
+    async def release_mint(self, name: str, holder: str) -> None:
+        if self._leases.get(name, ("", 0.0))[0] == holder:
+            del self._leases[name]
+
+    async def read_refresh(self, key: str) -> tuple[str, str] | None:
+        return self._refresh.get(key)
+
+    async def write_refresh(self, key: str, origin: str, value: str) -> None:
+        self._refresh[key] = (origin, value)
+
+
+class StateStore(MintShare, Protocol):
     """Shared gateway state. `is_revoked`, `sandbox_for`, `count` and `counter` must not
     do I/O. `ephemeral` is the local view of provider-minted secrets; a key added to it
     is shared with the other processes by the store."""
@@ -60,12 +121,13 @@ class StateStore(Protocol):
     async def close(self) -> None: ...
 
 
-class MemoryState(CountersOf):
+class MemoryState(CountersOf, MemoryMints):
     """In-process state: correct for one gateway process, lost on restart."""
 
     _counters: MemoryCounters
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        MemoryMints.__init__(self, clock)
         self._revoked: dict[str, float] = {}
         self._sandboxes: dict[str, SandboxAddress] = {}
         self._counters = MemoryCounters(clock)

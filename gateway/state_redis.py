@@ -11,6 +11,11 @@ Layout in Redis (`prefix` defaults to `sandbox-gateway`):
 - `<prefix>:sandboxes`, a hash ip -> `{"sandbox": ..., "policy": ...}` (JSON);
 - `<prefix>:ephemeral:<sha256 of the value>` = `{"credential", "sandbox", "value",
   "exp"}` (JSON), a secret a provider minted for a sandbox, expiring with it (`EXAT`);
+- `<prefix>:mint:<credential cache name>` = `{"value", "parts", "minted_at",
+  "expires_at", "due_at"}` (JSON), a credential the gateway minted, expiring with it,
+  and `<prefix>:mintlease:<name>` = the process minting it now (`PX`, see
+  `gateway.minting.shared`); `<prefix>:refresh-tokens`, a hash key -> `[origin, value]`
+  of rotated OAuth2 refresh tokens;
 - `<prefix>:events`, a pub/sub channel of JSON changes (`revoke`, `register`,
   `unregister`, `ephemeral`); each write and its event go in one MULTI/EXEC, so every
   replica sees changes in the order Redis applied them.
@@ -41,7 +46,7 @@ import math
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -57,12 +62,19 @@ from gateway.counters_redis import RedisCounters
 from gateway.net.resolver import unguarded
 from gateway.secrets.ephemeral import EphemeralKey, EphemeralKeys
 from gateway.secrets.value import SecretValue
-from gateway.state import SandboxAddress, StateUnavailable
+from gateway.state import SandboxAddress, SharedMint, StateUnavailable
 
 log = logging.getLogger("sandbox_gateway.state")
 
 _STORE = "redis"
 _SCAN_BATCH = 1000
+# A credential's mint lease: taken if free (or held by the same process: extended).
+_LEASE = ("local held = redis.call('get', KEYS[1]) "
+          "if held == false or held == ARGV[1] then "
+          "redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end return 0")
+# Given back only by its holder.
+_RELEASE = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
+            "return redis.call('del', KEYS[1]) end return 0")
 
 
 def redact_url(url: str) -> str:
@@ -102,6 +114,9 @@ class RedisState(CountersOf):
         self.sandboxes_key = f"{prefix}:sandboxes"
         self._revoked_prefix = f"{prefix}:revoked:"
         self._ephemeral_prefix = f"{prefix}:ephemeral:"
+        self._mint_prefix = f"{prefix}:mint:"
+        self._lease_prefix = f"{prefix}:mintlease:"
+        self._refresh_key = f"{prefix}:refresh-tokens"
         self.ephemeral = EphemeralKeys(clock)
         self.ephemeral.share = self._share_ephemeral
         self._writes: set[asyncio.Task[None]] = set()
@@ -236,6 +251,70 @@ class RedisState(CountersOf):
             raise StateUnavailable(
                 f"shared state store (Redis at {redact_url(self.url)}) is unreachable: "
                 f"{exc}; {consequence}; retry when Redis is back") from None
+
+    # -- minted credentials (`MintShare`, see gateway.minting.shared) ------------------
+
+    async def _op(self, op: str, call: Callable[[Any], Awaitable[Any]]) -> Any:
+        """One Redis call for the mint share, bounded by `op_timeout`; StateUnavailable
+        when Redis cannot answer (the caller then mints for itself)."""
+        if self._redis is None:
+            raise StateUnavailable("state store not started")
+        try:
+            with unguarded():
+                return await asyncio.wait_for(call(self._redis), self.op_timeout)
+        except (RedisError, OSError, TimeoutError) as exc:
+            metrics.STATE_STORE_ERRORS.labels(op=op).inc()
+            raise StateUnavailable(f"Redis at {redact_url(self.url)} did not answer: "
+                                   f"{exc or type(exc).__name__}") from None
+
+    async def read_mint(self, name: str) -> SharedMint | None:
+        raw = await self._op("mint", lambda r: r.get(self._mint_prefix + name))
+        if raw is None:
+            return None
+        try:
+            data = json.loads(str(raw))
+            return SharedMint(str(data["value"]), tuple(str(p) for p in data["parts"]),
+                              float(data["minted_at"]), None if data["expires_at"] is None
+                              else float(data["expires_at"]), float(data["due_at"]))
+        except (ValueError, KeyError, TypeError):
+            metrics.STATE_STORE_ERRORS.labels(op="decode").inc()
+            return None  # (minted anew and overwritten)
+
+    async def lease_mint(self, name: str, holder: str, until: float) -> bool:
+        ms = max(1, math.ceil((until - self.clock()) * 1000))
+        held = await self._op("mint", lambda r: r.eval(
+            _LEASE, 1, self._lease_prefix + name, holder, ms))
+        return bool(held)
+
+    async def write_mint(self, name: str, mint: SharedMint, holder: str) -> None:
+        data = json.dumps({"value": mint.value, "parts": list(mint.parts),
+                           "minted_at": mint.minted_at, "expires_at": mint.expires_at,
+                           "due_at": mint.due_at})
+        exat = None if mint.expires_at is None else math.ceil(mint.expires_at)
+
+        async def write(r: Any) -> None:
+            async with r.pipeline(transaction=True) as pipe:
+                pipe.set(self._mint_prefix + name, data, exat=exat)
+                pipe.eval(_RELEASE, 1, self._lease_prefix + name, holder)
+                await pipe.execute()
+
+        await self._op("mint", write)
+
+    async def release_mint(self, name: str, holder: str) -> None:
+        with contextlib.suppress(StateUnavailable):  # (the lease lapses by itself)
+            await self._op("mint", lambda r: r.eval(_RELEASE, 1, self._lease_prefix + name,
+                                                    holder))
+
+    async def read_refresh(self, key: str) -> tuple[str, str] | None:
+        raw = await self._op("refresh", lambda r: r.hget(self._refresh_key, key))
+        if raw is None:
+            return None
+        origin, value = json.loads(str(raw))
+        return str(origin), str(value)
+
+    async def write_refresh(self, key: str, origin: str, value: str) -> None:
+        await self._op("refresh", lambda r: r.hset(self._refresh_key, key,
+                                                   json.dumps([origin, value])))
 
     # -- lifecycle --------------------------------------------------------------------
 

@@ -1,8 +1,10 @@
 """The gateway's state in one SQLite file: shared by its processes on a host, kept across
 restarts.
 
-Revoked tokens, registered sandboxes, secrets providers minted for sandboxes and the
-counters (usage ledger, budgets and their reservations, deferred jobs) live in one
+Revoked tokens, registered sandboxes, secrets providers minted for sandboxes, the
+counters (usage ledger, budgets and their reservations, deferred jobs), the credentials
+the gateway mints (with the lease of the process minting one: `gateway.minting.shared`)
+and rotated OAuth2 refresh tokens live in one
 database in WAL mode (readers never wait for the writer), mode 0600 in a 0700
 directory. Every worker process of one gateway opens the same file: a change one makes
 is committed before its call returns, and the others see it at their next lookup.
@@ -49,7 +51,7 @@ from gateway import metrics
 from gateway.counters import Admission, CounterView, Increment, Table, first_refused
 from gateway.secrets.ephemeral import EphemeralKey, EphemeralKeys
 from gateway.secrets.value import SecretValue
-from gateway.state import SandboxAddress, StateUnavailable
+from gateway.state import SandboxAddress, SharedMint, StateUnavailable
 
 __all__ = ["SCHEMA_VERSION", "SqliteState", "StateFileError", "backup_file", "check_file",
            "open_file", "summary"]
@@ -57,7 +59,7 @@ __all__ = ["SCHEMA_VERSION", "SqliteState", "StateFileError", "backup_file", "ch
 log = logging.getLogger("sandbox_gateway.state")
 
 _STORE = "sqlite"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # Each version's statements, applied in order to bring a file up to SCHEMA_VERSION.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -72,6 +74,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "WITHOUT ROWID",
         "CREATE INDEX IF NOT EXISTS counters_expiry ON counters (expires_at)",
         "INSERT OR IGNORE INTO meta (key, value) VALUES ('epoch', '0')",
+    ),
+    2: (  # minted credentials shared by the processes, rotated OAuth2 refresh tokens
+        "CREATE TABLE IF NOT EXISTS minted (name TEXT PRIMARY KEY, value TEXT, parts TEXT, "
+        "minted_at REAL, expires_at REAL, due_at REAL, lease_holder TEXT, lease_until REAL)",
+        "CREATE TABLE IF NOT EXISTS refresh_tokens (key TEXT PRIMARY KEY, origin TEXT NOT NULL, "
+        "value TEXT NOT NULL, updated_at REAL NOT NULL)",
     ),
 }
 # Add to a counter (its window's expiry kept the latest).
@@ -245,6 +253,7 @@ class SqliteState:
         self._problem: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._last_prune = 0.0
+        self._refresh_tokens: dict[str, tuple[str, str]] = {}  # written (or held) here
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -414,6 +423,82 @@ class SqliteState:
                        (key.digest, key.credential, key.sandbox, key.value.reveal(),
                         key.expires_at))])
 
+    # -- minted credentials (`MintShare`, see gateway.minting.shared) ----------------------
+
+    def _mint_txn(self, op: str, sql: str, args: tuple[Any, ...]) -> int:
+        """One statement in a write transaction: the rows it changed; StateUnavailable
+        when the file cannot be written (the caller then mints for itself)."""
+        try:
+            with _transaction(self._db()) as conn:
+                changed = conn.execute(sql, args).rowcount
+        except sqlite3.Error as exc:
+            self._failed(op, exc)
+            raise StateUnavailable(f"the state file cannot be written ({self._problem})") \
+                from None
+        self._recovered()
+        return int(changed)
+
+    async def read_mint(self, name: str) -> SharedMint | None:
+        try:
+            row = self._db().execute(
+                "SELECT value, parts, minted_at, expires_at, due_at FROM minted WHERE name = ? "
+                "AND value IS NOT NULL", (name,)).fetchone()
+        except sqlite3.Error as exc:
+            self._failed("read", exc)
+            raise StateUnavailable(f"the state file cannot be read ({self._problem})") from None
+        if row is None:
+            return None
+        value, parts, minted_at, expires_at, due_at = row
+        return SharedMint(value, tuple(json.loads(parts or "[]")), minted_at, expires_at, due_at)
+
+    async def lease_mint(self, name: str, holder: str, until: float) -> bool:
+        return self._mint_txn(
+            "mint", "INSERT INTO minted (name, lease_holder, lease_until) VALUES (?, ?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET lease_holder = excluded.lease_holder, "
+            "lease_until = excluded.lease_until WHERE minted.lease_until IS NULL OR "
+            "minted.lease_until <= ? OR minted.lease_holder = excluded.lease_holder",
+            (name, holder, until, self.clock())) == 1
+
+    async def write_mint(self, name: str, mint: SharedMint, holder: str) -> None:
+        # (SET expressions read the row as it was: the lease is dropped only if held)
+        self._mint_txn(
+            "mint", "INSERT INTO minted (name, value, parts, minted_at, expires_at, due_at) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET value = excluded.value, "
+            "parts = excluded.parts, minted_at = excluded.minted_at, expires_at = "
+            "excluded.expires_at, due_at = excluded.due_at, lease_holder = CASE WHEN "
+            "lease_holder = ? THEN NULL ELSE lease_holder END, lease_until = CASE WHEN "
+            "lease_holder = ? THEN NULL ELSE lease_until END",
+            (name, mint.value, _json(list(mint.parts)), mint.minted_at, mint.expires_at,
+             mint.due_at, holder, holder))
+
+    async def release_mint(self, name: str, holder: str) -> None:
+        with contextlib.suppress(StateUnavailable):  # (the lease lapses by itself)
+            self._mint_txn("mint", "UPDATE minted SET lease_holder = NULL, lease_until = NULL "
+                           "WHERE name = ? AND lease_holder = ?", (name, holder))
+
+    async def read_refresh(self, key: str) -> tuple[str, str] | None:
+        local = self._refresh_tokens.get(key)
+        if local is not None and any(args[:1] == (key,) for _, args in self._held):
+            return local  # (written here, not yet to the file)
+        try:
+            row = self._db().execute("SELECT origin, value FROM refresh_tokens WHERE key = ?",
+                                     (key,)).fetchone()
+        except sqlite3.Error as exc:
+            self._failed("read", exc)
+            if local is not None:
+                return local
+            raise StateUnavailable(f"the state file cannot be read ({self._problem})") from None
+        return None if row is None else (row[0], row[1])
+
+    async def write_refresh(self, key: str, origin: str, value: str) -> None:
+        """Keep a rotated refresh token (held and retried if the file cannot be written:
+        the token the server rotated to is never lost while this process runs)."""
+        self._refresh_tokens[key] = (origin, value)
+        self._change([("INSERT INTO refresh_tokens (key, origin, value, updated_at) VALUES "
+                       "(?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET origin = excluded.origin, "
+                       "value = excluded.value, updated_at = excluded.updated_at",
+                       (key, origin, value, self.clock()))])
+
     # -- counters -------------------------------------------------------------------------
 
     def count(self, increments: Iterable[Increment]) -> None:
@@ -515,6 +600,8 @@ class SqliteState:
                 for table in ("counters", "revoked", "ephemeral"):
                     conn.execute(f"DELETE FROM {table} WHERE expires_at <= ?",  # noqa: S608
                                  (now,))
+                conn.execute("DELETE FROM minted WHERE (value IS NULL OR expires_at <= ?) AND "
+                             "(lease_until IS NULL OR lease_until <= ?)", (now, now))
         except sqlite3.Error as exc:
             self._failed("prune", exc)
 
@@ -544,12 +631,14 @@ class SqliteState:
         return _counts(self._db())
 
 
-_TABLES = ("revoked", "sandboxes", "ephemeral", "counters")
+_TABLES = ("revoked", "sandboxes", "ephemeral", "counters", "minted", "refresh_tokens")
 
 
 def _counts(conn: sqlite3.Connection) -> dict[str, int]:
+    """Rows per table (of those the file's schema version has)."""
+    present = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     return {name: int(conn.execute(f"SELECT count(*) FROM {name}").fetchone()[0])  # noqa: S608
-            for name in _TABLES}
+            for name in _TABLES if name in present}
 
 
 def summary(path: Path) -> tuple[int, dict[str, int]]:

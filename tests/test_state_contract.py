@@ -18,10 +18,11 @@ import pytest
 from helpers.redis_server import running_redis
 
 from gateway.counters import Admission, Limit
+from gateway.minting.shared import SharedMinter
 from gateway.net.resolver import new_event_loop
 from gateway.secrets.ephemeral import EphemeralKey
-from gateway.secrets.value import SecretValue
-from gateway.state import MemoryState, SandboxAddress, StateStore
+from gateway.secrets.value import MintedValue, SecretValue
+from gateway.state import MemoryState, SandboxAddress, SharedMint, StateStore
 from gateway.state_redis import RedisState
 from gateway.state_sqlite import SqliteState
 
@@ -183,3 +184,73 @@ def test_sqlite_admission_is_exact_across_processes_in_a_burst(tmp_path: Path) -
 
     run(scenario)
 
+
+
+def test_minted_credentials_and_their_lease(stores: tuple[str, Factory]) -> None:
+    """The mint share: one holder of a credential's lease at a time (extended by the
+    holder, free once it lapses or is given back), a value written and read back
+    whole, a rotated refresh token kept."""
+    async def scenario() -> None:
+        async with opened(stores[1]) as store:
+            assert await store.read_mint("minted:gh:abc") is None
+            now = time.time()
+            assert await store.lease_mint("minted:gh:abc", "p1", now + 5)
+            assert not await store.lease_mint("minted:gh:abc", "p2", now + 5)
+            assert await store.lease_mint("minted:gh:abc", "p1", now + 6)  # (extended)
+            mint = SharedMint("ghs_contract_value", ("AKIA1", "secret/2"), now, now + 3600,
+                              now + 3000)
+            await store.write_mint("minted:gh:abc", mint, "p1")
+            assert await store.read_mint("minted:gh:abc") == mint
+            assert await store.lease_mint("minted:gh:abc", "p2", now + 5)  # (given back)
+            await store.release_mint("minted:gh:abc", "p1")  # (not p1's: kept)
+            assert not await store.lease_mint("minted:gh:abc", "p3", now + 5)
+            await store.release_mint("minted:gh:abc", "p2")
+            assert await store.lease_mint("minted:gh:abc", "p3", time.time() + 0.2)
+            await asyncio.sleep(0.3)
+            assert await store.lease_mint("minted:gh:abc", "p4", time.time() + 5)  # (lapsed)
+            unknown = SharedMint("tok", (), now, None, now + 60)
+            await store.write_mint("minted:x:1", unknown, "nobody")
+            assert await store.read_mint("minted:x:1") == unknown
+            assert await store.read_refresh("k") is None
+            await store.write_refresh("k", "origin1", "rt-rotated-1")
+            await store.write_refresh("k", "origin1", "rt-rotated-2")
+            assert await store.read_refresh("k") == ("origin1", "rt-rotated-2")
+
+    run(scenario)
+
+
+def test_one_mint_for_two_processes(stores: tuple[str, Factory]) -> None:
+    """Two processes' minters asking at once: one mint, the other takes its value; a
+    value due for refresh is minted again (once); a rejected one is never taken."""
+    kind, factory = stores
+    if kind == "memory":
+        pytest.skip("the memory store is one process's")
+
+    async def scenario() -> None:
+        async with opened(factory) as one, opened(factory) as two:
+            mints: list[str] = []
+
+            async def mint() -> MintedValue:
+                mints.append("m")
+                await asyncio.sleep(0.2)  # (a token endpoint's round trip)
+                return MintedValue(f"tok-{len(mints)}-0123456789", lifetime=3600)
+
+            due = {"after": 3000.0}
+            a = SharedMinter(one, lambda lifetime: due["after"])
+            b = SharedMinter(two, lambda lifetime: due["after"])
+            got = await asyncio.gather(a.mint("minted:c:1", mint), b.mint("minted:c:1", mint),
+                                       a.mint("minted:c:1", mint))
+            assert len(mints) == 1 and len({v.reveal() for v in got}) == 1
+            assert all(v.lifetime is not None and 3590 < v.lifetime <= 3600 for v in got)
+            # Rejected upstream: b mints anew; a, rejecting the same value, takes b's.
+            fresh = await b.mint("minted:c:1", mint, rejected=got[0])
+            again = await a.mint("minted:c:1", mint, rejected=got[0])
+            assert len(mints) == 2 and fresh == again and fresh != got[0]
+            # A value past its due time (the cache that minted it refreshes it then) is
+            # minted again by the next asker.
+            due["after"] = 0.0
+            await a.mint("minted:c:2", mint)
+            await b.mint("minted:c:2", mint)
+            assert len(mints) == 4
+
+    run(scenario)

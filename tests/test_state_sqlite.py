@@ -24,7 +24,7 @@ from gateway import metrics
 from gateway.cli import main
 from gateway.counters import Admission, Limit
 from gateway.state import SandboxAddress, StateUnavailable
-from gateway.state_sqlite import SCHEMA_VERSION, SqliteState, check_file, summary
+from gateway.state_sqlite import MIGRATIONS, SCHEMA_VERSION, SqliteState, check_file, summary
 
 ROOT = Path(__file__).resolve().parent.parent
 FAR = time.time() + 3600
@@ -61,6 +61,27 @@ def test_an_empty_database_is_migrated_and_a_current_one_kept(tmp_path: Path) ->
     again = started(path)  # at the current version: nothing re-applied, nothing lost
     assert again.is_revoked("j")
     run(again.close())
+
+
+def test_a_version_1_file_is_migrated_keeping_its_rows(tmp_path: Path) -> None:
+    """The file of the first SQLite release (no minted credentials) gains the tables of
+    version 2 at start; its revocations and counters stay."""
+    path = tmp_path / "gateway.db"
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        for statement in MIGRATIONS[1]:
+            conn.execute(statement)
+        conn.execute("INSERT INTO revoked VALUES ('j1', ?)", (FAR,))
+        conn.execute("INSERT INTO counters VALUES ('b', 't:sb', 9000, ?)", (FAR,))
+        conn.execute("PRAGMA user_version=1")
+    path.chmod(0o600)
+    assert summary(path)[0] == 1 and "minted" not in summary(path)[1]
+    state = started(path)
+    assert state.is_revoked("j1") and state.counter("b", "t:sb") == 9000
+    assert run(state.read_refresh("k")) is None
+    run(state.write_refresh("k", "o", "rt-1"))
+    run(state.close())
+    version, rows = summary(path)
+    assert version == SCHEMA_VERSION == 2 and rows["refresh_tokens"] == 1
 
 
 def test_a_newer_schema_is_refused_with_both_versions(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from gateway.minting.http import TokenHttp
 from gateway.minting.store import Credentials, MintingStore, make_minter
 from gateway.policy import PolicySet
 from gateway.secrets.cache import SecretCache
+from gateway.state import MemoryMints, MintShare
 
 # botocore logs canonical requests (session token included) and STS answers (secret keys)
 # at DEBUG: a gateway run with debug logging must not write them out.
@@ -30,13 +31,17 @@ __all__ = ["Credentials", "MintContext", "MintFailed", "Minter", "MintingStore",
 def build_credentials(stored: SecretCache, policies: Callable[[], PolicySet], *,
                       upstream_ca: Path | None = None,
                       overrides: Mapping[str, tuple[str, int]] | None = None,
-                      timeout: float = 15.0) -> Credentials:
+                      timeout: float = 15.0, share: MintShare | None = None) -> Credentials:
     """The gate's secrets port: ``stored`` for store secrets, and a second cache with
-    the same settings over the minting backends for minted values."""
+    the same settings over the minting backends for minted values, shared through
+    ``share`` (the state store: one mint per credential for all its processes)."""
     http = TokenHttp(upstream_ca=upstream_ca, overrides=overrides, timeout=timeout)
-    minting = MintingStore(policies, MintContext(http=http, secrets=stored))
+    minting = MintingStore(policies, MintContext(http=http, secrets=stored,
+                                                 share=share or MemoryMints()))
     minted = SecretCache(minting, ttl=stored.ttl, refresh_ahead=stored.refresh_ahead,
                          stale_for=stored.stale_for, backoff_base=stored.backoff_base,
                          backoff_max=stored.backoff_max, fetch_timeout=timeout + 15.0,
                          on_change=stored.on_change)
+    minting.shared.due_after = minted.refresh_after
+    minting.shared.lease = timeout + 5.0  # (a token call's timeout, and then some)
     return Credentials(stored, minted, minting, http)

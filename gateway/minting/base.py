@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from gateway.secrets.base import SecretError, SecretStoreError
 from gateway.secrets.value import MintedValue, SecretValue
+from gateway.state import MemoryMints, MintShare
 
 if TYPE_CHECKING:
     from gateway.minting.http import TokenHttp
@@ -48,11 +49,14 @@ class Minter(Protocol):
 
 @dataclass(slots=True)
 class MintContext:
-    """What minters are given: the HTTP client, the secrets, a wall clock."""
+    """What minters are given: the HTTP client, the secrets, a wall clock, and the
+    share of the state store (minted values and rotated refresh tokens every process
+    sees; one process's memory when none is given)."""
 
     http: TokenHttp
     secrets: SecretSource
     clock: Callable[[], float] = field(default=time.time)
+    share: MintShare = field(default_factory=MemoryMints)
 
 
 async def read_secret(source: SecretSource, name: str, what: str) -> SecretValue:

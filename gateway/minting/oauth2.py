@@ -4,18 +4,26 @@ Client credentials (section 4.4) or a refresh token (section 6) are sent to
 ``token_url`` as a form; the client authenticates with HTTP Basic (default,
 ``client_auth: basic``, id and secret form-encoded first as section 2.3.1 says) or in
 the body (``client_auth: body``). The answer's ``access_token`` is the value,
-``expires_in`` its lifetime. A server that rotates refresh tokens returns a new one:
-it is kept in memory (the store is not written) and used for the next mint.
+``expires_in`` its lifetime. A server that rotates refresh tokens returns a new one
+(and retires the old): it is kept in the state store (`MintShare.write_refresh`), so
+every worker process and the next start use it. It is kept with the digest of the
+configured refresh token it descends from: when an operator puts a new refresh token
+in the secret store, that one is used again.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import logging
 from urllib.parse import quote_plus, urlencode
 
 from gateway.minting.base import MintContext, MintFailed, clean, read_secret
 from gateway.policy.minted import MintSpec
-from gateway.secrets.value import MintedValue, SecretValue
+from gateway.secrets.value import MintedValue
+from gateway.state import StateUnavailable
+
+log = logging.getLogger("sandbox_gateway")
 
 __all__ = ["OAuth2Minter"]
 
@@ -29,18 +37,28 @@ class OAuth2Minter:
         self.refresh = spec.type == "oauth2-refresh-token"
         self.token_url = spec.text("token_url") or ""
         self.client_id = spec.text("client_id") or ""
-        self._rotated: SecretValue | None = None  # a refresh token the server rotated to
+        # Where the state store keeps the refresh token this client rotated to.
+        self.refresh_key = f"oauth2:{self.token_url}:{self.client_id}:" \
+            f"{spec.text('refresh_token') or ''}"
+        self._kept: tuple[str, str] | None = None  # this process's copy (store unreachable)
 
     async def mint(self, fresh: bool) -> MintedValue:
         form = {"grant_type": "refresh_token" if self.refresh else "client_credentials"}
         for key in ("scope", "audience"):
             if self.spec.text(key):
                 form[key] = self.spec.text(key) or ""
+        origin = ""
         if self.refresh:
             name = self.spec.text("refresh_token") or ""
-            current = self._rotated or await read_secret(self.context.secrets, name,
-                                                         "refresh token")
-            form["refresh_token"] = current.reveal()
+            configured = await read_secret(self.context.secrets, name, "refresh token")
+            origin = hashlib.sha256(configured.reveal().encode()).hexdigest()
+            try:
+                kept = await self.context.share.read_refresh(self.refresh_key) or self._kept
+            except StateUnavailable:
+                kept = self._kept
+            current = kept[1] if kept is not None and kept[0] == origin else \
+                configured.reveal()
+            form["refresh_token"] = current
         headers = {"Content-Type": "application/x-www-form-urlencoded",
                    "Accept": "application/json", "User-Agent": "sandbox-gateway"}
         secret_name = self.spec.text("client_secret")
@@ -76,7 +94,12 @@ class OAuth2Minter:
         rotated = data.get("refresh_token")
         parts: tuple[str, ...] = ()
         if self.refresh and isinstance(rotated, str) and rotated:
-            self._rotated = SecretValue(rotated)
+            self._kept = (origin, rotated)
+            try:
+                await self.context.share.write_refresh(self.refresh_key, origin, rotated)
+            except StateUnavailable as exc:
+                log.warning("credential for client %r: the refresh token the server rotated "
+                            "to is kept in this process only (%s)", self.client_id, exc)
             parts = (token, rotated)  # both are leak markers and redacted in responses
         return MintedValue(token, lifetime=lifetime, parts=parts)
 

@@ -7,7 +7,9 @@ value gets what store secrets get — single-flight (100 concurrent requests, on
 mint), refresh ahead of expiry, stale-if-error (never past the value's own expiry),
 backoff honouring Retry-After — and appears in `known_items()`, so the gate's leak
 markers and echo redaction cover it. A changed credential spec has another name, so a
-policy edit never serves a value minted for the old one.
+policy edit never serves a value minted for the old one. Mints go through the state
+store (`SharedMinter`): every worker process of a host (every replica, with Redis)
+uses one mint per credential, and a restart reuses a value still valid.
 
 `Credentials` is the gate's `Secrets` and `Signers` port: store secrets from one
 cache, minted values from the other; an upstream 401 invalidates the minted value and
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING
 from gateway import metrics
 from gateway.core.exchange import Signer
 from gateway.minting.base import MintContext, Minter, MintFailed
+from gateway.minting.shared import SharedMinter
 from gateway.policy import Credential, PolicySet
 from gateway.policy.minted import MINTED_PREFIX, MintSpec
 from gateway.secrets.base import SecretError, SecretNotFound
@@ -73,15 +76,20 @@ class MintingStore:
         self.context = context
         self.factory = factory
         self._minters: dict[str, Minter] = {}
-        self._rejected: set[str] = set()
+        self._rejected: dict[str, SecretValue | None] = {}
+        # Shared through the context's store; `due_after` is set by `build_credentials`
+        # to the minted values' cache's refresh time (until then every fetch mints).
+        self.shared = SharedMinter(context.share, due_after=lambda lifetime: 0.0,
+                                   clock=context.clock)
 
     def credential(self, secret_name: str) -> Credential | None:
         return next((c for c in self.policies().credentials.values()
                      if c.secret == secret_name and c.mint is not None), None)
 
-    def rejected(self, secret_name: str) -> None:
-        """The upstream refused the current value: mint the next one fresh."""
-        self._rejected.add(secret_name)
+    def rejected(self, secret_name: str, value: SecretValue | None = None) -> None:
+        """The upstream refused `value` (the current one): the next is minted fresh,
+        or another process's if it differs."""
+        self._rejected[secret_name] = value
 
     async def fetch(self, secret_name: str) -> SecretValue:
         credential = self.credential(secret_name)
@@ -93,9 +101,9 @@ class MintingStore:
             await self._prune()
             minter = self._minters[secret_name] = self.factory(spec, self.context)
         fresh = secret_name in self._rejected
-        self._rejected.discard(secret_name)
+        rejected = self._rejected.pop(secret_name, None)
         try:
-            value = await minter.mint(fresh)
+            value = await self.shared.mint(secret_name, lambda: minter.mint(fresh), rejected)
         except SecretError as exc:
             metrics.child(metrics.CREDENTIAL_MINTS, spec.type, "error").inc()
             log.warning("credential %s (%s): mint failed: %s", credential.name, spec.type, exc)
@@ -141,7 +149,7 @@ class Credentials:
         if name.startswith(MINTED_PREFIX):
             current = {n: v for n, v in self.minted.known_items()}.get(name)
             if current is not None and (rejected is None or current == rejected):
-                self.minting.rejected(name)
+                self.minting.rejected(name, current)
         self._cache(name).invalidate(name, rejected)
 
     def known_items(self) -> list[tuple[str, SecretValue]]:

@@ -259,20 +259,28 @@ class SecretCache:
         if new and self.on_change is not None:
             self.on_change()
         lifetime = value.lifetime if isinstance(value, MintedValue) else None
-        if lifetime is None:
-            entry.expires_at = now + self.ttl
-            entry.refresh_at = entry.expires_at - self.refresh_ahead
-            entry.stale_until = entry.expires_at + self.stale_for
-        else:
-            margin = min(self.expiry_margin, lifetime / 10)
-            usable = max(1.0, lifetime - margin)  # (a skewed clock: no mint per request)
-            entry.expires_at = now + usable
-            entry.refresh_at = entry.expires_at - min(self.refresh_ahead, usable / 2)
-            entry.stale_until = now + max(0.0, lifetime - margin / 2)
+        kept, refresh, stale = self.schedule(lifetime)
+        entry.expires_at, entry.refresh_at, entry.stale_until = now + kept, now + refresh, \
+            now + stale
         entry.invalidated = False
         entry.failures = 0
         entry.retry_at = 0.0
         entry.last_error = None
+
+    def schedule(self, lifetime: float | None) -> tuple[float, float, float]:
+        """Seconds after a fetch at which a value of `lifetime` (None: a store secret, or
+        a minted value of unknown expiry) stops being served fresh, is refreshed ahead,
+        and stops being served even stale (the shared minter's due time is the second)."""
+        if lifetime is None:
+            return self.ttl, self.ttl - self.refresh_ahead, self.ttl + self.stale_for
+        margin = min(self.expiry_margin, lifetime / 10)
+        usable = max(1.0, lifetime - margin)  # (a skewed clock: no mint per request)
+        return usable, usable - min(self.refresh_ahead, usable / 2), \
+            max(0.0, lifetime - margin / 2)
+
+    def refresh_after(self, lifetime: float | None) -> float:
+        """Seconds after a fetch at which a value of `lifetime` is refreshed ahead."""
+        return self.schedule(lifetime)[1]
 
     def _failed(self, name: str, entry: _Entry, error: SecretError) -> None:
         now = self._clock()

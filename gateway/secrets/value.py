@@ -136,6 +136,11 @@ class MintedValue(SecretValue):
     def lifetime(self) -> float | None:
         return self._lifetime
 
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The pieces of a composite value as given (empty for a single token)."""
+        return self._parts
+
     def pieces(self) -> tuple[str, ...]:
         return self._parts or (self._value,)
 
