@@ -11,12 +11,18 @@ While Redis is unreachable the batch stays pending (counted locally, sent when R
 back: at-least-once, a reply lost after ``EXEC`` counts twice), ``counters_degraded`` is
 True and the outage is logged once.
 
-Budgets across replicas: a check reads this replica's pending counts plus the shared
-values as of its last flush. Usage recorded on replica A is in Redis within one
-interval and seen by replica B within two, so the overshoot past a limit is the
-requests in flight when it is crossed, plus, on each replica, what other replicas
-recorded in the last two intervals (0.5 s) and, for a sandbox it has not seen for
-``forget_after`` seconds, its first request.
+**Budget admission is exact across replicas.** `admit` (check every limit, count the
+request and its reservation) is one Lua script run by Redis atomically: it first adds
+this replica's pending batch, then reads the limits' fields, and counts the admission
+only if every limit holds - so no two replicas admit on the same remaining allowance.
+It is a synchronous call (the metering core is synchronous, like SQLite's admission
+transaction) bounded by `admit_timeout` (0.25 s); the answer refreshes the local view of
+every field it touched. While Redis is unreachable (or that call fails) admission
+falls back to this replica's view (the outage is reported: `counters_degraded`, the
+`state_store_up` gauge, one log line), the overshoot then being what other replicas
+admitted meanwhile. Settlements (what a call used, counted after its response) still
+travel in the batches, so a token or cost budget sees another replica's finished call
+within one interval.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import redis as syncredis
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
@@ -37,6 +44,48 @@ from gateway.counters import Admission, CounterView, Increment, Table, first_ref
 from gateway.net.resolver import unguarded
 
 __all__ = ["RedisCounters"]
+
+# ARGV: the pending batch (n, then key index, field, amount, expiry per entry), the
+# limits (n, then per limit: n fields, key index and field per field, ceiling, add),
+# the admission's increments (like the batch), the fields to report (n, key index and
+# field each). Returns {refused limit (1-based) or 0, reported values...}. (Explicit
+# locals: Lua leaves the order of evaluation of a call's arguments unspecified.)
+_ADMIT = """
+local at = 0
+local function take() at = at + 1 return ARGV[at] end
+local function apply(n)
+  for _ = 1, n do
+    local key = KEYS[tonumber(take())]
+    local field = take()
+    local amount = take()
+    local expires = tonumber(take())
+    redis.call('HINCRBY', key, field, amount)
+    if expires > 0 then redis.call('EXPIREAT', key, expires) end
+  end
+end
+apply(tonumber(take()))
+local refused = 0
+for i = 1, tonumber(take()) do
+  local used = 0
+  for _ = 1, tonumber(take()) do
+    local key = KEYS[tonumber(take())]
+    local field = take()
+    used = used + (tonumber(redis.call('HGET', key, field)) or 0)
+  end
+  local ceiling = tonumber(take())
+  local add = tonumber(take())
+  if refused == 0 and not (used < ceiling and used + add <= ceiling) then refused = i end
+end
+local n = tonumber(take())
+if refused == 0 then apply(n) else at = at + 4 * n end
+local out = {refused}
+for _ = 1, tonumber(take()) do
+  local key = KEYS[tonumber(take())]
+  local field = take()
+  out[#out + 1] = tonumber(redis.call('HGET', key, field)) or 0
+end
+return out
+"""
 
 log = logging.getLogger("sandbox_gateway.counters")
 
@@ -52,6 +101,7 @@ class RedisCounters:
         self.view = CounterView(clock, forget_after=forget_after)
         self.url_for_logs = url_for_logs
         self._client: aioredis.Redis | None = None
+        self._sync: syncredis.Redis | None = None  # admission's own connection
         self._task: asyncio.Task[None] | None = None
         self._degraded = False
 
@@ -64,12 +114,56 @@ class RedisCounters:
         return self.view.value(table, field)
 
     def admit(self, admission: Admission) -> int | None:
-        """This replica's reading of the shared counters decides (the counts reach the
-        other replicas within ``interval``: see gateway.counters)."""
+        """Check and count in Redis, atomically (see the module docstring); this
+        replica's view decides while Redis cannot answer."""
+        if self._sync is not None and not self._degraded:
+            batch = self.view.take()
+            try:
+                return self._admit_in_redis(self._sync, admission, batch)
+            except (RedisError, OSError) as exc:
+                self.view.restore(batch)
+                self._down("admit", exc)
         refused = first_refused(admission, self.counter)
         if refused is None:
             self.count(admission.increments)
         return refused
+
+    def _admit_in_redis(self, client: syncredis.Redis, admission: Admission,
+                        batch: dict[str, Table]) -> int | None:
+        keys: dict[str, int] = {}
+
+        def key(table: str) -> int:
+            return keys.setdefault(self.prefix + table, len(keys) + 1)
+
+        def entries(increments: Iterable[Increment]) -> list[Any]:
+            out: list[Any] = []
+            for table, field, amount, expires in increments:
+                out += [key(table), field, amount, math.ceil(expires) if expires else 0]
+            return out
+
+        pending = [(t, f, a, self.view.expires.get(t, 0.0))
+                   for t, fields in batch.items() for f, a in fields.items()]
+        args: list[Any] = [len(pending), *entries(pending), len(admission.limits)]
+        for limit in admission.limits:
+            args.append(len(limit.fields))
+            for table, field in limit.fields:
+                args += [key(table), field]
+            args += [limit.ceiling, limit.add]
+        args += [len(admission.increments), *entries(admission.increments)]
+        report = list(dict.fromkeys([*((t, f) for t, f, _, _ in pending),
+                                     *(tf for limit in admission.limits for tf in limit.fields),
+                                     *((t, f) for t, f, _, _ in admission.increments)]))
+        args.append(len(report))
+        for table, field in report:
+            args += [key(table), field]
+        with unguarded():
+            reply = client.eval(_ADMIT, len(keys), *keys, *args)
+        for (table, field), value in zip(report, reply[1:], strict=True):
+            self.view.set_shared(table, field, int(value))
+        for table, _, _, expires in admission.increments:
+            if self.view.expires.get(table, 0.0) < expires:
+                self.view.expires[table] = expires
+        return None if int(reply[0]) == 0 else int(reply[0]) - 1
 
     async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
         """Whole tables from Redis plus what is pending here (the local view if Redis
@@ -102,9 +196,12 @@ class RedisCounters:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    def start(self, client: aioredis.Redis) -> None:
-        """Begin flushing through ``client`` every ``interval`` seconds."""
+    def start(self, client: aioredis.Redis, admission: syncredis.Redis | None = None) -> None:
+        """Begin flushing through ``client`` every ``interval`` seconds; admit through
+        ``admission`` (a synchronous client with a short timeout; None: this replica's
+        view decides)."""
         self._client = client
+        self._sync = admission
         with unguarded():
             self._task = asyncio.get_running_loop().create_task(self._run(),
                                                                 name="counters-redis")
@@ -120,6 +217,10 @@ class RedisCounters:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.flush(), timeout)
         self._client = None
+        if self._sync is not None:
+            with contextlib.suppress(RedisError, OSError):
+                self._sync.close()
+            self._sync = None
 
     async def _run(self) -> None:
         while True:

@@ -50,11 +50,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import redis as syncredis
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+from redis.retry import Retry as SyncRetry
 
 from gateway import metrics
 from gateway.counters import CountersOf
@@ -107,6 +109,7 @@ class RedisState(CountersOf):
         backoff: tuple[float, float] = (0.1, 5.0),
         clock: Callable[[], float] = time.time,
         counter_interval: float = 0.25,
+        admit_timeout: float = 0.25,
     ) -> None:
         self.url = url
         self.prefix = prefix
@@ -122,6 +125,7 @@ class RedisState(CountersOf):
         self._writes: set[asyncio.Task[None]] = set()
         self.resync_interval = resync_interval
         self.op_timeout = op_timeout
+        self.admit_timeout = admit_timeout
         self.start_timeout = start_timeout
         self.backoff = backoff
         self.clock = clock
@@ -350,7 +354,12 @@ class RedisState(CountersOf):
                 delay = min(delay * 2, self.backoff[1])
         with unguarded():
             self._task = loop.create_task(self._follow(), name="state-redis")
-        self._counters.start(self._redis)
+        # Budget admission's own connection: synchronous (the metering core is), short
+        # timeouts (a request waits at most that long before its replica's view decides).
+        admission = syncredis.Redis.from_url(
+            self.url, decode_responses=True, socket_timeout=self.admit_timeout,
+            socket_connect_timeout=self.admit_timeout, retry=SyncRetry(NoBackoff(), 0))
+        self._counters.start(self._redis, admission)
 
     async def close(self) -> None:
         """Stop following, send pending counts (best effort), close both connections."""
