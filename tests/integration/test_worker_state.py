@@ -106,9 +106,8 @@ async def _burst(gw: GatewayProcess, sandbox: str, token: str, n: int) -> list[i
     return list(await asyncio.gather(*(one() for _ in range(n))))
 
 
-def _workers_that_served(gw: GatewayProcess, sandbox: str) -> set[int]:
-    return {line.get("worker") for line in gw.audit_lines()
-            if line.get("sandbox") == sandbox and line.get("status") == 200}
+def _workers_that_answered(gw: GatewayProcess, sandbox: str) -> set[int]:
+    return {line.get("worker") for line in gw.audit_lines() if line.get("sandbox") == sandbox}
 
 
 def _tunnel(gw: GatewayProcess, sandbox: str, token: str) -> ssl.SSLSocket:
@@ -139,7 +138,14 @@ def test_two_workers_agree_exactly(tmp_path: Path, fake: FakeInference,
         token, _ = _mint(gw, "sbx-seq")
         answers = [_call(gw, "sbx-seq", token) for _ in range(8)]
         assert answers == [200] * 4 + [429] * 4, answers
-        assert _workers_that_served(gw, "sbx-seq") == {0, 1}  # (both took part)
+        # Both workers took part (the kernel spreads connections at random: a few more
+        # calls, all refused, until the audit lines show both).
+        for _ in range(30):
+            if _workers_that_answered(gw, "sbx-seq") == {0, 1}:
+                break
+            assert _call(gw, "sbx-seq", token) == 429
+            time.sleep(0.05)
+        assert _workers_that_answered(gw, "sbx-seq") == {0, 1}
         # Ten at once on ten connections: exactly 4 reach the provider.
         token, _ = _mint(gw, "sbx-burst")
         burst = asyncio.run(_burst(gw, "sbx-burst", token, 10))
