@@ -64,6 +64,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         from gateway.workers import run_supervisor
 
         return run_supervisor(cfg, getattr(args, "config", None), workers)
+    if args.supervisor is not None:
+        from gateway.workers import follow_supervisor
+
+        follow_supervisor(args.supervisor)
     return _run_single(cfg, args.worker_index)
 
 
@@ -709,6 +713,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="worker processes sharing the ports (default: config workers; "
                           "0 = one per core)")
     run.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    run.add_argument("--supervisor", type=int, default=None, help=argparse.SUPPRESS)
     run.set_defaults(func=cmd_run)
 
     token = sub.add_parser("token", help="mint tokens, rotate signing keys")

@@ -18,6 +18,7 @@ when every worker has stopped. Each worker keeps its own secret cache.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -37,6 +38,8 @@ from gateway.policy import load_policy_dir
 from gateway.secrets import build_store
 from gateway.state_sqlite import open_file
 from gateway.tokens import SigningKeys
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 READY_TIMEOUT = 60.0
 RESTART_BACKOFF = (1.0, 30.0)
@@ -153,7 +156,8 @@ class Supervisor:
         return env
 
     def _spawn(self, index: int, env: dict[str, str]) -> None:
-        cmd = [sys.executable, "-m", "gateway", "run", "--worker-index", str(index)]
+        cmd = [sys.executable, "-m", "gateway", "run", "--worker-index", str(index),
+               "--supervisor", str(os.getpid())]
         if self.config_path:
             cmd += ["--config", self.config_path]
         ready = self.runtime / f"ready-{index}"
@@ -220,6 +224,18 @@ class Supervisor:
         if self.config.runtime_dir is None:
             shutil.rmtree(self.runtime, ignore_errors=True)
         return worst
+
+
+def follow_supervisor(supervisor: int) -> None:
+    """End this worker when its supervisor ends, however it ends (SIGKILL, the OOM
+    killer): Linux sends the worker SIGTERM (`PR_SET_PDEATHSIG`), so it drains and
+    exits instead of serving on as an orphan nobody stops. A supervisor gone before
+    this call (the race) is noticed by its pid."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != supervisor:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def run_supervisor(config: Config, config_path: str | None, workers: int) -> int:

@@ -253,8 +253,11 @@ WRITER = textwrap.dedent("""\
         await s.start()
         await s.revoke("before-backup", time.time() + 600)
         print("ready", flush=True)
-        for i in range(100000):
+        i = 0
+        while True:  # a transaction per iteration: writing the whole time
             s.count([("usage", f"f{i % 500}", 1, time.time() + 600)])
+            s.flush()
+            i += 1
             await asyncio.sleep(0)
     asyncio.run(main())
 """)

@@ -3,6 +3,7 @@ sharing revocations (the SQLite state file) and metrics (multiprocess files)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -149,3 +150,55 @@ def test_the_open_connections_gauge_is_exact_after_a_worker_is_killed(tmp_path: 
         gw.wait(20)
         if gw.stderr is not None:
             gw.stderr.close()
+
+
+def test_workers_end_when_their_supervisor_is_killed(tmp_path: Path) -> None:
+    """SIGKILL of the supervisor (the OOM killer, `kill -9`) left both workers serving
+    on as orphans nobody stops; now each gets SIGTERM from the kernel, drains, exits."""
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "agent.yaml").write_text(
+        "version: v1\nname: agent\negress:\n  - host: allowed.test\n")
+    proxy, admin = _free_port(), _free_port()
+    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump({
+        "listen": {"proxy": f"127.0.0.1:{proxy}", "admin": f"127.0.0.1:{admin}"},
+        "admin_token": ADMIN, "policies": "policies", "certs": "certs",
+        "secrets": {"store": "env"}, "runtime_dir": "runtime", "shutdown": {"drain": "2s"},
+    }))
+    gw = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "run", "--workers", "2", "--config",
+         str(tmp_path / "gateway.yaml")],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    workers: list[str] = []
+    try:
+        assert gw.stderr is not None
+        deadline = time.monotonic() + 60
+        while "ready: 2 workers" not in gw.stderr.readline():
+            assert gw.poll() is None and time.monotonic() < deadline
+        workers = subprocess.run(["pgrep", "-P", str(gw.pid)], capture_output=True,
+                                 text=True).stdout.split()
+        assert len(workers) == 2
+        gw.kill()
+        gw.wait(5)
+        deadline = time.monotonic() + 10
+        while any(os.path.exists(f"/proc/{pid}") and "Z" not in _state(pid)
+                  for pid in workers):
+            assert time.monotonic() < deadline, "a worker outlived its supervisor"
+            time.sleep(0.1)
+        with socket.socket() as probe:  # nobody serves the port any more
+            assert probe.connect_ex(("127.0.0.1", proxy)) != 0
+    finally:
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        if gw.poll() is None:
+            gw.kill()
+        gw.wait(5)
+        assert gw.stderr is not None
+        gw.stderr.close()
+
+
+def _state(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1]
+    except (FileNotFoundError, IndexError):
+        return "Z"
