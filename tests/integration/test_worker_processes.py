@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -27,7 +28,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_two_workers_share_ports_state_and_metrics(tmp_path: Path) -> None:
+def _two_workers(tmp_path: Path, stdout: Any = subprocess.DEVNULL, **config: Any
+                 ) -> tuple[subprocess.Popen[str], int, int, list[str]]:
+    """`run --workers 2` on a one-rule policy, once it says both workers are ready:
+    (the supervisor, proxy port, admin port, the workers' pids)."""
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "agent.yaml").write_text(
         "version: v1\nname: agent\negress:\n  - host: allowed.test\n")
@@ -35,25 +39,30 @@ def test_two_workers_share_ports_state_and_metrics(tmp_path: Path) -> None:
     (tmp_path / "gateway.yaml").write_text(yaml.safe_dump({
         "listen": {"proxy": f"127.0.0.1:{proxy}", "admin": f"127.0.0.1:{admin}"},
         "admin_token": ADMIN, "policies": "policies", "certs": "certs",
-        "secrets": {"store": "env"}, "runtime_dir": "runtime",
+        "secrets": {"store": "env"}, "runtime_dir": "runtime", **config,
     }))
-    audit = (tmp_path / "audit.log").open("w")
     gw = subprocess.Popen(
         [sys.executable, "-m", "gateway", "run", "--workers", "2", "--config",
          str(tmp_path / "gateway.yaml")],
-        cwd=ROOT, stdout=audit, stderr=subprocess.PIPE, text=True)
+        cwd=ROOT, stdout=stdout, stderr=subprocess.PIPE, text=True)
+    assert gw.stderr is not None
+    deadline = time.monotonic() + 60
+    said: list[str] = []
+    while time.monotonic() < deadline:
+        said.append(gw.stderr.readline())
+        if "ready: 2 workers" in said[-1]:
+            break
+        assert gw.poll() is None, "".join(said) + gw.stderr.read()
+    workers = subprocess.run(["pgrep", "-P", str(gw.pid)], capture_output=True,
+                             text=True).stdout.split()
+    assert len(workers) == 2
+    return gw, proxy, admin, workers
+
+
+def test_two_workers_share_ports_state_and_metrics(tmp_path: Path) -> None:
+    audit = (tmp_path / "audit.log").open("w")
+    gw, proxy, admin, _ = _two_workers(tmp_path, stdout=audit)
     try:
-        assert gw.stderr is not None
-        deadline = time.monotonic() + 60
-        said: list[str] = []
-        while time.monotonic() < deadline:
-            said.append(gw.stderr.readline())
-            if "ready: 2 workers" in said[-1]:
-                break
-            assert gw.poll() is None, "".join(said) + gw.stderr.read()
-        children = subprocess.run(["pgrep", "-P", str(gw.pid)], capture_output=True,
-                                  text=True).stdout.split()
-        assert len(children) == 2
 
         auth = {"Authorization": f"Bearer {ADMIN}"}
         minted = httpx.post(f"http://127.0.0.1:{admin}/v1/tokens", headers=auth,
@@ -97,28 +106,9 @@ def _open_connections(admin: int) -> float:
 def test_the_open_connections_gauge_is_exact_after_a_worker_is_killed(tmp_path: Path) -> None:
     """SIGKILL of a worker left its connections on the gauge for good (its multiprocess
     file kept its last value); the supervisor now drops a dead worker's live gauges."""
-    (tmp_path / "policies").mkdir()
-    (tmp_path / "policies" / "agent.yaml").write_text(
-        "version: v1\nname: agent\negress:\n  - host: allowed.test\n")
-    proxy, admin = _free_port(), _free_port()
-    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump({
-        "listen": {"proxy": f"127.0.0.1:{proxy}", "admin": f"127.0.0.1:{admin}"},
-        "admin_token": ADMIN, "policies": "policies", "certs": "certs",
-        "secrets": {"store": "env"}, "runtime_dir": "runtime",
-    }))
-    gw = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "run", "--workers", "2", "--config",
-         str(tmp_path / "gateway.yaml")],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    gw, proxy, admin, workers = _two_workers(tmp_path)
     held: list[socket.socket] = []
     try:
-        assert gw.stderr is not None
-        deadline = time.monotonic() + 60
-        while "ready: 2 workers" not in gw.stderr.readline():
-            assert gw.poll() is None and time.monotonic() < deadline
-        workers = subprocess.run(["pgrep", "-P", str(gw.pid)], capture_output=True,
-                                 text=True).stdout.split()
-        assert len(workers) == 2
         for _ in range(16):  # accepted and counted; the kernel spreads them over both
             sock = socket.create_connection(("127.0.0.1", proxy), timeout=5)
             sock.sendall(b"CONNECT allowed.test:443 HTTP/1.1\r\n")  # a head under way
@@ -155,28 +145,8 @@ def test_the_open_connections_gauge_is_exact_after_a_worker_is_killed(tmp_path: 
 def test_workers_end_when_their_supervisor_is_killed(tmp_path: Path) -> None:
     """SIGKILL of the supervisor (the OOM killer, `kill -9`) left both workers serving
     on as orphans nobody stops; now each gets SIGTERM from the kernel, drains, exits."""
-    (tmp_path / "policies").mkdir()
-    (tmp_path / "policies" / "agent.yaml").write_text(
-        "version: v1\nname: agent\negress:\n  - host: allowed.test\n")
-    proxy, admin = _free_port(), _free_port()
-    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump({
-        "listen": {"proxy": f"127.0.0.1:{proxy}", "admin": f"127.0.0.1:{admin}"},
-        "admin_token": ADMIN, "policies": "policies", "certs": "certs",
-        "secrets": {"store": "env"}, "runtime_dir": "runtime", "shutdown": {"drain": "2s"},
-    }))
-    gw = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "run", "--workers", "2", "--config",
-         str(tmp_path / "gateway.yaml")],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    workers: list[str] = []
+    gw, proxy, _, workers = _two_workers(tmp_path, shutdown={"drain": "2s"})
     try:
-        assert gw.stderr is not None
-        deadline = time.monotonic() + 60
-        while "ready: 2 workers" not in gw.stderr.readline():
-            assert gw.poll() is None and time.monotonic() < deadline
-        workers = subprocess.run(["pgrep", "-P", str(gw.pid)], capture_output=True,
-                                 text=True).stdout.split()
-        assert len(workers) == 2
         gw.kill()
         gw.wait(5)
         deadline = time.monotonic() + 10
