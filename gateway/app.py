@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import certifi
 import uvicorn
@@ -41,7 +41,6 @@ from gateway.config import Config, ConfigError, HostPort
 from gateway.core.addresses import AddressPolicy
 from gateway.core.gate import Gate
 from gateway.core.phrases import error_phrase
-from gateway.dns import DnsServer, start_dns
 from gateway.engines import patches
 from gateway.engines.door import Doors
 from gateway.engines.frontdoor import FrontDoor
@@ -68,6 +67,9 @@ from gateway.secrets.value import SecretValue
 from gateway.state import StateStore, StateUnavailable, build_state
 from gateway.sweeper import ConnectionSweeper
 from gateway.tokens import TokenError, TokenService
+
+if TYPE_CHECKING:
+    from gateway.dns import DnsServer
 
 log = logging.getLogger("sandbox_gateway")
 
@@ -400,7 +402,12 @@ class Gateway:
     # -- the DNS resolver (gateway/dns/), kept apart from the proxy wiring ------------------
 
     async def _start_dns(self, shared: bool) -> None:
-        """Start the policy-aware DNS resolver when `listen.dns` is set."""
+        """Start the policy-aware DNS resolver when `listen.dns` is set (dnspython is
+        imported only then)."""
+        if self.config.listen.dns is None:
+            return
+        from gateway.dns import start_dns
+
         try:
             self.dns = await start_dns(self.config, self.state, self.policy, self.guard,
                                        self.auditor, shared=shared)

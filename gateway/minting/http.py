@@ -11,19 +11,19 @@ and time out. Failures become `MintFailed` with a fixed sentence, never reply by
 from __future__ import annotations
 
 import json
-import socket
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import certifi
-from aiohttp.abc import AbstractResolver, ResolveResult
 
 from gateway.minting.base import MintFailed
 from gateway.net.resolver import unguarded
+
+if TYPE_CHECKING:  # (aiohttp is imported on the first mint: 7 MB a process saves otherwise)
+    import aiohttp
 
 __all__ = ["MAX_REPLY", "Reply", "TokenHttp"]
 
@@ -47,28 +47,6 @@ class Reply:
         return float(raw) if raw.isdigit() else None
 
 
-class _OverrideResolver(AbstractResolver):
-    """`network.resolve` first (`host:port`, then `host`), then the system resolver."""
-
-    def __init__(self, overrides: Mapping[str, tuple[str, int]]) -> None:
-        self._overrides = {k.lower(): v for k, v in overrides.items()}
-        self._system = aiohttp.ThreadedResolver()
-
-    async def resolve(self, host: str, port: int = 0,
-                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
-        name = host.lower().rstrip(".")
-        found = self._overrides.get(f"{name}:{port}") or self._overrides.get(name)
-        if found is None:
-            return await self._system.resolve(host, port, family)
-        ip, to_port = found
-        return [{"hostname": host, "host": ip, "port": to_port,
-                 "family": socket.AF_INET6 if ":" in ip else socket.AF_INET, "proto": 0,
-                 "flags": socket.AI_NUMERICHOST}]
-
-    async def close(self) -> None:
-        await self._system.close()
-
-
 class TokenHttp:
     """One connection pool for every token endpoint; the session is made lazily on
     the gateway's event loop."""
@@ -86,9 +64,9 @@ class TokenHttp:
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(resolver=_OverrideResolver(self.overrides),
-                                             ssl=self.context, limit=64)
-            self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
+            from gateway.minting.aio import new_session
+
+            self._session = new_session(self.overrides, self.context)
         return self._session
 
     async def request(self, method: str, url: str, *,
@@ -96,6 +74,8 @@ class TokenHttp:
                       data: bytes | None = None) -> Reply:
         """One request; raises MintFailed (transient) when the endpoint cannot be reached
         or does not answer in time."""
+        import aiohttp
+
         timeout = aiohttp.ClientTimeout(total=self.timeout, sock_connect=self.connect_timeout)
         where = url.split("?", 1)[0]
         try:

@@ -2,9 +2,11 @@
 
 The request path only ever calls `SecretCache.get`; stores just fetch and
 classify failures. Values travel as `SecretValue`, whose repr is masked.
+`AzureKeyVaultStore` is imported on first use (the Azure SDK costs a process 10 MB).
 """
 
-from gateway.secrets.azure import AzureKeyVaultStore
+from typing import TYPE_CHECKING, Any
+
 from gateway.secrets.base import (
     SecretError,
     SecretNotFound,
@@ -23,6 +25,17 @@ from gateway.secrets.factory import (
 )
 from gateway.secrets.file import FileStore
 from gateway.secrets.value import SecretValue
+
+if TYPE_CHECKING:
+    from gateway.secrets.azure import AzureKeyVaultStore
+
+
+def __getattr__(name: str) -> Any:
+    if name == "AzureKeyVaultStore":
+        from gateway.secrets.azure import AzureKeyVaultStore
+
+        return AzureKeyVaultStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "AzureKeyVaultStore",

@@ -33,6 +33,7 @@ from azure.identity.aio import (
 from azure.keyvault.secrets.aio import SecretClient
 
 from gateway.secrets.base import SecretNotFound, SecretStoreConfigError, SecretStoreError
+from gateway.secrets.factory import CREDENTIAL_KINDS
 from gateway.secrets.value import SecretValue
 
 if TYPE_CHECKING:
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
     from azure.core.pipeline.transport import AsyncHttpTransport
 
 CredentialKind = Literal["default", "workload", "managed"]
-CREDENTIAL_KINDS: tuple[str, ...] = ("default", "workload", "managed")
 
 # Key Vault secret names: 1-127 characters from [0-9a-zA-Z-].
 _SECRET_NAME = re.compile(r"[0-9a-zA-Z-]{1,127}")

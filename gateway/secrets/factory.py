@@ -20,11 +20,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from gateway.secrets.azure import CREDENTIAL_KINDS, AzureKeyVaultStore
 from gateway.secrets.base import SecretStore
 from gateway.secrets.cache import SecretCache
 from gateway.secrets.env import PREFIX, EnvStore
 from gateway.secrets.file import FileStore
+
+#: `secrets.credential` of the azure-keyvault store.
+CREDENTIAL_KINDS: tuple[str, ...] = ("default", "workload", "managed")
 
 if TYPE_CHECKING:
     from azure.core.pipeline.transport import AsyncHttpTransport
@@ -99,6 +101,8 @@ def build_store(
         _require_str(client_id, "client_id")
     verify = config.get("verify_challenge_resource", True)
     _require_bool(verify, "verify_challenge_resource")
+    from gateway.secrets.azure import AzureKeyVaultStore  # (the Azure SDK: only when used)
+
     return AzureKeyVaultStore(
         vault_url,
         credential=credential,
