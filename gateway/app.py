@@ -30,8 +30,6 @@ from typing import IO, TYPE_CHECKING, Any
 import certifi
 import uvicorn
 from mitmproxy import options
-from mitmproxy.addons import core, proxyserver, tlsconfig
-from mitmproxy.master import Master
 
 from gateway import ca, logs, metrics
 from gateway.api.admin import AdminContext, build_admin_app
@@ -69,6 +67,8 @@ from gateway.sweeper import ConnectionSweeper
 from gateway.tokens import TokenError, TokenService
 
 if TYPE_CHECKING:
+    from mitmproxy.master import Master
+
     from gateway.dns import DnsServer
 
 log = logging.getLogger("sandbox_gateway")
@@ -421,6 +421,10 @@ class Gateway:
 
     def _build_master(self, confdir: Path, upstream_bundle: Path,
                       sockets: dict[tuple[str, int], socket.socket]) -> Master:
+        # (imported here, after gateway.engines made mitmproxy's addons package lean)
+        from mitmproxy.addons import core, proxyserver, tlsconfig
+        from mitmproxy.master import Master
+
         opts = options.Options()
         master = Master(opts, event_loop=asyncio.get_running_loop())
         self.handoffs: dict[tuple[str, int], Any] = {}

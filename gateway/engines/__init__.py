@@ -1,3 +1,8 @@
 """Engines: each translates one way of carrying traffic into calls to the core and applies
 the answers (front door and splice, the HTTP/1 engine, the mitmproxy adapter,
-transparent mode). None of them decides anything."""
+transparent mode). None of them decides anything.
+
+`patches` is imported first: it keeps mitmproxy's addons package lean before any engine
+imports mitmproxy (see `patches.lean_addons`)."""
+
+from gateway.engines import patches as patches

@@ -14,7 +14,10 @@ The engines need a few things their libraries keep private:
   a connection the leak scanner cut off mid-stream, and idle upstreams; and their log
   method, through which every layer logs — `Unexpected data from server: b'…'`, an
   HTTP/2 protocol error quoting a header — so that no quoted bytes reach the log), and
-  the WebSocket fragmentizer.
+  the WebSocket fragmentizer; and its `mitmproxy.addons` package is registered
+  without running its `__init__` (`lean_addons`), which imports every addon mitmdump
+  ships (QUIC, pyparsing, ldap3, …: 15 MB a process) when the gateway uses four. This
+  module is imported first by `gateway.engines` for that.
 
 A version outside the ranges these were checked against stops the gateway at start
 (`check_versions`), rather than failing open at run time.
@@ -23,7 +26,9 @@ A version outside the ranges these were checked against stops the gateway at sta
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
+import sys
 from collections.abc import Callable
 from importlib.metadata import version
 from typing import Any
@@ -59,6 +64,24 @@ __all__ = [
 ]
 
 CHECKED = {"h11": ("0.16.",), "mitmproxy": ("12.2.",)}
+
+
+def lean_addons() -> None:
+    """Register `mitmproxy.addons` as a bare package (its `__path__`, not its
+    `__init__`): `from mitmproxy.addons import core` then loads `core` alone. Only
+    mitmdump's `default_addons()` lives in that `__init__`, and the gateway never calls
+    it. Must run before anything imports `mitmproxy.master` (which imports an addon)."""
+    if "mitmproxy.addons" in sys.modules:
+        return
+    spec = importlib.util.find_spec("mitmproxy.addons")
+    if spec is None or spec.submodule_search_locations is None:
+        return
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["mitmproxy.addons"] = package
+    vars(sys.modules["mitmproxy"])["addons"] = package  # (as an import would)
+
+
+lean_addons()
 
 
 def check_versions() -> None:

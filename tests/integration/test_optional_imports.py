@@ -1,7 +1,8 @@
 """Optional subsystems are imported only when configured (issue 22, memory): the Azure SDK
 for `secrets.store: azure-keyvault`, aiohttp for minted credentials, dnspython for
-`listen.dns`. Measured before: every gateway process imported all three (22 MB of its
-~100 MB at start). The real `sandbox-gateway run`, under `python -X importtime`."""
+`listen.dns`; and of mitmproxy's addons only those the gateway runs. Measured before:
+every gateway process imported all of them (37 MB of its ~100 MB at start). The real
+`sandbox-gateway run`, under `python -X importtime`."""
 
 from __future__ import annotations
 
@@ -58,20 +59,31 @@ def _imported(tmp_path: Path, policy_extra: str = "", dns: bool = False) -> set[
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(15)
-    return {line.rsplit("|", 1)[1].strip().split(".")[0]
+    return {line.rsplit("|", 1)[1].strip()
             for line in log.read_text().splitlines() if line.startswith("import time:")}
 
 
+def _packages(modules: set[str]) -> set[str]:
+    return {name.split(".")[0] for name in modules}
+
+
 def test_a_plain_gateway_imports_no_optional_subsystem(tmp_path: Path) -> None:
-    imported = _imported(tmp_path)
+    modules = _imported(tmp_path)
+    imported = _packages(modules)
     assert "mitmproxy" in imported  # (the check sees what is imported)
     assert not imported & set(OPTIONAL), sorted(imported & set(OPTIONAL))
+    # mitmproxy's addons: the four the gateway uses, not the thirty mitmdump loads
+    # (`patches.lean_addons`: 15 MB).
+    addons = {m.split(".")[2] for m in modules if m.startswith("mitmproxy.addons.")}
+    assert {"core", "proxyserver", "tlsconfig", "next_layer"} <= addons
+    assert "blocklist" not in addons and "proxyauth" not in addons, sorted(addons)
+    assert "ldap3" not in imported  # (proxyauth's)
 
 
 def test_the_dns_resolver_imports_dnspython(tmp_path: Path) -> None:
-    assert "dns" in _imported(tmp_path, dns=True)
+    assert "dns" in _packages(_imported(tmp_path, dns=True))
 
 
 def test_a_minted_credential_imports_aiohttp_at_its_first_mint_only(tmp_path: Path) -> None:
-    imported = _imported(tmp_path, MINTED)
+    imported = _packages(_imported(tmp_path, MINTED))
     assert "aiohttp" not in imported and "azure" not in imported
