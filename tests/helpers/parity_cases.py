@@ -98,6 +98,9 @@ class Case:
     # HTTP/1 engine, which holds a body until it is checked, still answers 403.
     streamed: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    # Audit lines the case writes: one per exchange or tunnel; two where a refusal sits
+    # inside something that goes on (a tunnel's first bytes, a WebSocket message).
+    lines: int = 1
 
 
 def _no_upstream(result: Result, seen: list[Any]) -> None:
@@ -255,7 +258,8 @@ CASES = [
          transparent=("skip", None, None), check=_no_upstream),
     Case("F10 SNI fronting on passthrough", {"host": "allowed.test", "sni": "evil.test"},
          ("tls", None, None), {**CONNECT_DENY, "error": "host_mismatch", "host": "allowed.test"},
-         engines=("h1", "mitmproxy"), transparent=("skip", None, None), check=_no_upstream),
+         engines=("h1", "mitmproxy"), transparent=("skip", None, None), check=_no_upstream,
+         lines=2),
     Case("key swap, echo redacted",
          {"host": "api.openai.com", "target": "/echo-header/Authorization",
           "headers": [["Authorization", "Bearer {TOKEN}"]]},
@@ -447,7 +451,7 @@ CASES = [
           "headers": [["Authorization", "Bearer {TOKEN}"], *WS_UPGRADE],
           "ws": ["{\"type\": \"response.create\", \"model\": \"gpt-4o\"}"]},
          ("ws-echo", 101, None), {**DENY, "error": "model_not_allowed", "path": "/v1/responses"},
-         engines=("h1", "mitmproxy"), check=_error_event("model_not_allowed")),
+         engines=("h1", "mitmproxy"), check=_error_event("model_not_allowed"), lines=2),
     Case("key in the query to an unbound host",
          {"host": "unbound.test", "target": "/q?k={KEY}"},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
@@ -555,16 +559,17 @@ def decision_fields(line: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def new_lines(records: Callable[[], list[dict[str, Any]]], before: int
+def new_lines(records: Callable[[], list[dict[str, Any]]], before: int, expected: int = 1
               ) -> list[dict[str, Any]]:
     """Audit lines written after `before` (an exchange's line comes once its response
-    was relayed, a passthrough tunnel's when it closes)."""
+    was relayed, a passthrough tunnel's when it closes): waits up to 3 s for `expected`
+    of them, then 0.1 s more for any further line (which a caller counting lines sees)."""
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
-        if len(records()) > before:
-            time.sleep(0.05)  # a refusal may be followed by its connection's last line
+        if len(records()) >= before + expected:
+            time.sleep(0.1)  # a refusal may be followed by its connection's last line
             return records()[before:]
         time.sleep(0.02)
-    return []
+    return records()[before:]
 
 

@@ -99,16 +99,33 @@ def test_case(engine: tuple[str, GatewayThread], case: Case, upstream: Upstream,
     if case.streamed and name in ("mitmproxy", "h2"):
         stage, status, code = "closed", None, None
     assert (result.stage, result.status, result.code) == (stage, status, code), result
-    line = deciding_line(new_lines(gw.audit.records, before_lines))
+    lines = new_lines(gw.audit.records, before_lines, case.lines)
+    assert len(lines) == case.lines, lines  # one line per exchange, never a second
+    line = deciding_line(lines)
     for key, want in case.audit.items():
         assert line[key] == want, (key, line)
-    assert line["engine"] in ("h1", "mitmproxy", "splice", "frontdoor", "transparent")
+    # The engine that was meant to serve it did (a fall-back to another fails the row).
+    assert line["engine"] == expected_engine(name, line), (name, line["engine"], line)
     if case.check is not None:
         case.check(result, upstream.requests[before_seen:])
     results.setdefault(case.name, {})[name] = decision_fields(line)
     # The same decision on every engine that ran the case.
     assert len({json.dumps(v, sort_keys=True) for v in results[case.name].values()}) == 1, \
         results[case.name]
+
+
+def expected_engine(fixture: str, line: dict[str, Any]) -> str:
+    """The engine whose audit line a case must end with: with `network.intercept:
+    mitmproxy`, mitmproxy for everything; otherwise the front door for what is decided
+    at CONNECT, the splice for a passthrough tunnel, and for a request the HTTP/1 engine
+    (or mitmproxy, an HTTP/2 client's)."""
+    if fixture == "mitmproxy":
+        return "mitmproxy"
+    if line["path_taken"] == "passthrough":
+        return "splice"
+    if line["method"] == "CONNECT":
+        return "frontdoor"
+    return "h1" if fixture == "h1" else "mitmproxy"
 
 
 def _proxy_spec(case: Case, gw: GatewayThread, token: str, test_ca: LocalCA,

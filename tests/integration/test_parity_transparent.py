@@ -63,7 +63,17 @@ def test_case_transparent(parity_lab: Lab, case: Case) -> None:
     assert (got.stage, got.status, got.code) == (stage, status, code), got
     from helpers.parity_cases import new_lines
 
-    line = deciding_line(new_lines(lab.audit, before_lines))
+    lines = new_lines(lab.audit, before_lines, case.lines)
+    assert len(lines) == case.lines, lines  # one line per exchange, never a second
+    line = deciding_line(lines)
+    # The engine meant to serve it did: the splice for passthrough, the HTTP/1 engine for
+    # a request, the transparent door (or the engine's head parser) for what has none.
+    if line["path_taken"] == "passthrough":
+        assert line["engine"] == "splice", line
+    elif line["method"] is not None:
+        assert line["engine"] == "h1", line
+    else:
+        assert line["engine"] in ("transparent", "h1"), line
     for key, want in case.audit.items():
         if key == "method" and want == "CONNECT":
             continue  # no CONNECT in transparent mode: the connection itself is decided
