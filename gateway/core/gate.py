@@ -485,6 +485,8 @@ class Gate:
                 tunnel = Tunnel(host, port, decision, pinned, passthrough, tcp)
             client.tunnel = tunnel
             client.pins[(host, port)] = pinned
+            # (the original address too: mitmproxy dials a redirected connection by it)
+            client.pins[(normalize_host(orig_ip), port)] = pinned
             return tunnel
         except Refusal as refusal:
             raise Refused(refusal, self.refuse(client, refusal, host=host or orig_ip,

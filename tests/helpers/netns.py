@@ -130,7 +130,7 @@ def _wait_line(proc: subprocess.Popen[str], word: str, timeout: float = 15) -> N
 @contextlib.contextmanager
 def transparent_lab(workdir: Path, *, policy: str, names: list[str],
                     secrets: dict[str, str], resolve: dict[str, str] | None = None,
-                    log_level: str = "info") -> Iterator[Lab]:
+                    log_level: str = "info", intercept: str = "fast") -> Iterator[Lab]:
     """Start the lab (the caller skips or fails when `unavailable()` says why); the
     gateway's stderr goes to `workdir/gateway.log` (`Lab.gateway_log`)."""
     tag = uuid.uuid4().hex[:6]
@@ -176,7 +176,7 @@ def transparent_lab(workdir: Path, *, policy: str, names: list[str],
         secrets_file.write_text("".join(f"{k}: {v}\n" for k, v in secrets.items()))
         secrets_file.chmod(0o600)
         network: dict[str, Any] = {"allow_cidrs": ["203.0.113.0/24"],
-                                   "upstream_ca": str(ca.cert_path)}
+                                   "upstream_ca": str(ca.cert_path), "intercept": intercept}
         if resolve:
             network["resolve"] = resolve
         (workdir / "gateway.yaml").write_text(yaml.safe_dump({
