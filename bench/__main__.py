@@ -369,6 +369,9 @@ class Bench:
                 stack.callback(proxy.stop)
                 try:
                     proxy.start()
+                    entry["idle_rss"] = idle_rss(proxy.pid)
+                    print(f"  workers={n}/idle ... RSS {_rss_text(entry['idle_rss'])}",
+                          file=sys.stderr)
                     for w in workloads:
                         entry[w] = self.run_workload(row, w, proxy, f"workers={n}/{w}",
                                                      pin=False)
@@ -515,6 +518,31 @@ def _signals_raise() -> Iterator[None]:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def idle_rss(pid: int, settle: float = 2.0) -> dict[str, Any]:
+    """Resident memory (MiB) of a started gateway at idle, `settle` s after start: its
+    process, each worker it runs, and the total (what `make run` holds before any
+    request)."""
+    time.sleep(settle)
+
+    def rss(p: int) -> float:
+        for line in Path(f"/proc/{p}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    workers = [rss(int(c)) for c in children]
+    main = rss(pid)
+    return {"process": main, "workers": workers, "total": main + sum(workers),
+            "per_worker": max(workers) if workers else main}
+
+
+def _rss_text(found: dict[str, Any]) -> str:
+    workers = " + ".join(f"{w:.0f}" for w in found["workers"])
+    return (f"{found['total']:.0f} MiB" + (f" ({found['process']:.0f} supervisor + {workers} "
+                                           "workers)" if workers else " (one process)"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -216,6 +216,8 @@ def worker_rows(results: dict[str, Any]) -> list[list[str]]:
     out = []
     for n, entry in runs.items():
         for w, res in entry.items():
+            if not w.startswith("get_c"):  # (idle_rss: a line under the table)
+                continue
             conc = w.removeprefix("get_c")
             if "error" in res:
                 out.append([n, conc, "ERR"] + ["—"] * (len(WORKER_COLUMNS) - 3))
@@ -232,6 +234,12 @@ def worker_rows(results: dict[str, Any]) -> list[list[str]]:
     return out
 
 
+def _idle_text(found: dict[str, Any]) -> str:
+    workers = " + ".join(f"{w:.0f}" for w in found.get("workers", []))
+    return f"{found['total']:.0f}" + (f" ({found['process']:.0f} + {workers})" if workers
+                                       else "")
+
+
 def _worker_lines(results: dict[str, Any]) -> tuple[str, list[str]]:
     """The workers section's title and its lines under the table."""
     sec = results.get("workers") or {}
@@ -244,6 +252,10 @@ def _worker_lines(results: dict[str, Any]) -> tuple[str, list[str]]:
         "proxy CPU % is of one core, summed over the supervisor and every worker "
         "(per process in brackets, the supervisor first); machine busy % is of all cores",
         str(sec.get("note", ""))]
+    idle = [f"{n} worker{'s' if n != '1' else ''}: {_idle_text(entry['idle_rss'])}"
+            for n, entry in sec.get("workers", {}).items() if "idle_rss" in entry]
+    if idle:
+        lines.append("idle RSS right after start (MiB): " + " · ".join(idle))
     return title, lines
 
 

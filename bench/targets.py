@@ -68,6 +68,14 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         _val(runs, "2", "get_c10", "rps"), _val(runs, "1", "get_c10", "rps"),
         ratio, lambda v: v >= 1.6,
         "{:.2f}x ({a:.0f} vs {b:.0f} req/s" + busy + ")"))
+    per_worker = ((runs.get("1") or {}).get("idle_rss") or {}).get("total")
+    total = ((runs.get("2") or {}).get("idle_rss") or {}).get("total")
+    out.append(_target(
+        "idle RSS of one gateway process", "≤ 60 MiB", per_worker, 1.0,
+        lambda a, b: a, lambda v: v <= 60, "{:.0f} MiB"))
+    out.append(_target(
+        "idle RSS of run --workers 2 (supervisor + workers: make run on 2 cores)", "≤ 150 MiB",
+        total, 1.0, lambda a, b: a, lambda v: v <= 150, "{:.0f} MiB"))
     out.append(_target(
         "passthrough download: proxy CPU/MB vs squid", "≤ 1.0x",
         _val(rows, "gateway_passthrough", "download", "proxy_cpu_ms_per_mb"),
