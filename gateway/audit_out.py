@@ -22,6 +22,7 @@ was not taken and decides what to do about it.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import errno
 import os
@@ -37,7 +38,7 @@ PIPE_BUF = select.PIPE_BUF
 FILE_WRITE = 1 << 20  # the most one write to a file takes (a held backlog goes in slices)
 
 
-class Out:
+class Out(abc.ABC):
     """A target for audit lines (see the module docstring)."""
 
     name = "?"
@@ -45,11 +46,13 @@ class Out:
     max_write = FILE_WRITE
     immediate = False
 
+    @abc.abstractmethod
     def write(self, data: bytes) -> int:
-        raise NotImplementedError
+        """Write what the target takes now; the bytes written (raises OSError)."""
 
     def close(self) -> None:
-        """Release the target (never raises)."""
+        """Release the target (never raises); by default there is nothing to release."""
+        return None
 
 
 class FdOut(Out):

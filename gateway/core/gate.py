@@ -297,8 +297,9 @@ class Gate:
                 self.recheck(client)
                 continue
             except Refusal as refused:
-                if refused.code == "token_expired" and client.engine != "splice":
-                    continue
+                if refused.code == "token_expired" and not (
+                        client.tunnel is not None and client.tunnel.passthrough):
+                    continue  # (an intercepted request under way may finish)
                 client.ended_by = refused.code
             log.info("ended the connection from %s:%s of sandbox %s: %s", *client.peer,
                      identity.sandbox, client.ended_by)

@@ -20,13 +20,7 @@ def raw_connect(proxy: tuple[str, int], authority: str, token: str | None,
         lines.append(f"Proxy-Authorization: Basic {cred}")
     with socket.create_connection(proxy, timeout=10) as sock:
         sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
+        head, _, body = read_head(sock, 65536).partition(b"\r\n\r\n")
         status_line, *header_lines = head.decode("latin-1").split("\r\n")
         headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines)}
         length = int(headers.get("content-length", "0"))
@@ -39,6 +33,18 @@ def raw_connect(proxy: tuple[str, int], authority: str, token: str | None,
     return status, headers, json.loads(body) if body.strip() else None
 
 
+def read_head(sock: socket.socket, size: int) -> bytes:
+    """Bytes read `size` at a time until a blank line (or EOF): `size` 1 leaves what
+    follows the head unread (a tunnel's first bytes)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(size)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 def open_tunnel(proxy: tuple[str, int], authority: str, token: str,
                 sandbox: str = "sandbox-1", timeout: float = 10) -> socket.socket:
     """CONNECT authority and return the socket after a 200 answer (its head read byte by byte,
@@ -48,12 +54,7 @@ def open_tunnel(proxy: tuple[str, int], authority: str, token: str,
     cred = base64.b64encode(f"{sandbox}:{token}".encode()).decode()
     sock.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n"
                  f"Proxy-Authorization: Basic {cred}\r\n\r\n".encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        chunk = sock.recv(1)
-        if not chunk:
-            break
-        head += chunk
+    head = read_head(sock, 1)
     if not head.startswith(b"HTTP/1.1 200"):
         sock.close()
         raise ConnectionRefusedError(f"CONNECT {authority}: {head.decode('latin-1')}")
