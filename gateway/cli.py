@@ -290,7 +290,7 @@ def _secret_problems(args: argparse.Namespace, policy_set: PolicySet) -> list[st
 
 
 def cmd_policy_explain(args: argparse.Namespace) -> int:
-    from gateway.explanation import explain_request, guard_from_config
+    from gateway.explanation import explain_body, explain_request, guard_from_config
 
     cfg = _config(args) if args.resolve or not args.dir else None
     directory = Path(args.dir) if args.dir else _config(args).policies if cfg is None \
@@ -298,8 +298,15 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
     try:
         policy_set = load_policy_dir(directory)
         guard = guard_from_config(cfg) if args.resolve and cfg is not None else None
+        text = args.body
+        if text is not None and text.startswith("@"):
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        body = explain_body(text, args.model)
         answer = asyncio.run(explain_request(policy_set, args.policy, args.method, args.url,
-                                             guard))
+                                             guard, body, _static_metering(args)))
+    except OSError as exc:  # an unreadable --body @FILE
+        print(f"sandbox-gateway: {exc}", file=sys.stderr)
+        return 2
     except ValueError as exc:  # unknown policy, unusable URL: neither allow (0) nor deny (1)
         print(f"sandbox-gateway: {exc}", file=sys.stderr)
         return 2
@@ -312,6 +319,9 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
         print(f"inject:   credential {decision.credential}")
         if rule is not None and rule.models:
             print(f"models:   {', '.join(rule.models)}")
+        if not answer.metered:
+            print("metering: not checked: give the request's --body (or --model) to check "
+                  "its model and what the metering step refuses")
         for budget in policy_set.policies[args.policy].budgets:
             if budget.applies_to(decision.credential):
                 print(f"budget:   {budget.describe()} ({budget.source})")
@@ -347,14 +357,12 @@ def _static_metering(args: argparse.Namespace) -> Metering:
     from gateway.core.evaluate import static_metering
     from gateway.metering import load_pricing
 
-    metering = static_metering()
     try:
         pricing = _config(args).metering.pricing
-        if pricing is not None:
-            metering.pricing = metering.budgets.pricing = load_pricing(pricing)
+        return static_metering(load_pricing(pricing) if pricing is not None else None)
     except Exception as exc:  # (ConfigError, PricingError, OSError): decided without prices
         print(f"note: no pricing for cost budgets ({exc})", file=sys.stderr)
-    return metering
+    return static_metering()
 
 
 def cmd_policy_test(args: argparse.Namespace) -> int:
@@ -764,6 +772,9 @@ def build_parser() -> argparse.ArgumentParser:
     expl.add_argument("--resolve", action="store_true",
                       help="also resolve the host and check the address like the proxy "
                            "(network.* from the config)")
+    expl.add_argument("--body", help="the request body (JSON text, or @FILE): also run the "
+                                     "metering step (model allowlists, metering)")
+    expl.add_argument("--model", help='shorthand for --body \'{"model": MODEL}\'')
     expl.add_argument("method", help="HTTP method, or CONNECT for the tunnel-level decision")
     expl.add_argument("url")
     expl.set_defaults(func=cmd_policy_explain)

@@ -1,21 +1,26 @@
-"""``explain`` with the destination check: the whole answer the gateway would give.
+"""``explain``: the decision pipeline's answer with the destination check between its stages.
 
-The policy decides first (pure). Only when it allows (or reports) does the gateway
-resolve the host and check the address; so does this: a denied host is never
-resolved. The check is ``DestinationGuard.check``, the same call the proxy makes,
-built from the same config keys (``network.allow_cidrs``, ``deny_cidrs``,
-``resolve``, the listen addresses). A refused destination turns the answer into
-``deny`` with its code (``forbidden_destination``, ``unresolvable``,
-``bad_destination``) and reason, even under ``mode: report``.
+The policy and the credential's static checks decide first (``core/evaluate.route``,
+pure). Only when they allow (or report) does the gateway resolve the host and check
+the address; so does this: a denied host is never resolved. The check is
+``DestinationGuard.check``, the same call the proxy makes, built from the same config
+keys (``network.allow_cidrs``, ``deny_cidrs``, ``resolve``, the listen addresses). A
+refused destination turns the answer into ``deny`` with its code
+(``forbidden_destination``, ``unresolvable``, ``bad_destination``) and reason, even
+under ``mode: report``. Given a body (or a model), the metering step runs last, as in
+the proxy once the body is whole: model allowlists, what cannot be metered.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.config import Config, HostPort
 from gateway.core.addresses import AddressPolicy
+from gateway.core.evaluate import UNSEEN, Unseen, Verdict, evaluate, request_for, route
+from gateway.metering import Metering
 from gateway.net.resolver import (
     DestinationGuard,
     DestinationRefused,
@@ -23,11 +28,10 @@ from gateway.net.resolver import (
     local_interface_addresses,
     parse_overrides,
 )
-from gateway.policy import Decision, PolicySet, decide, request_for
+from gateway.policy import Decision, PolicySet
 
-__all__ = ["DestinationResult", "Explanation", "explain_request", "guard_from_config"]
-
-POLICY_DENIED = "policy_denied"
+__all__ = ["DestinationResult", "Explanation", "explain_body", "explain_request",
+           "guard_from_config"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,34 +58,38 @@ class DestinationResult:
 
 @dataclass(frozen=True, slots=True)
 class Explanation:
-    """The policy decision and, when it allows, the destination check."""
+    """The decision pipeline's verdict (``core/evaluate.py``) and, when the policy
+    allows and a guard is given, the destination check between its stages."""
 
-    decision: Decision
+    verdict: Verdict
     destination: DestinationResult | None
-    refused: tuple[str, str] | None = None  # (code, reason): refused after the policy
+
+    @property
+    def decision(self) -> Decision:
+        return self.verdict.decision
+
+    def _refused(self) -> DestinationResult | None:
+        destination = self.destination
+        return destination if destination is not None and not destination.allowed else None
 
     @property
     def result(self) -> str:
-        if self.refused is not None or (self.destination is not None
-                                        and not self.destination.allowed):
-            return "deny"
-        return self.decision.result
+        return "deny" if self._refused() is not None else self.verdict.result
 
     @property
     def error(self) -> str | None:
-        if self.refused is not None:
-            return self.refused[0]
-        if self.destination is not None and not self.destination.allowed:
-            return self.destination.code
-        return POLICY_DENIED if self.decision.result == "deny" else None
+        refused = self._refused()
+        return refused.code if refused is not None else self.verdict.error
 
     @property
     def reason(self) -> str:
-        if self.refused is not None:
-            return self.refused[1]
-        if self.destination is not None and not self.destination.allowed:
-            return self.destination.reason
-        return self.decision.reason
+        refused = self._refused()
+        return refused.reason if refused is not None else self.verdict.reason
+
+    @property
+    def metered(self) -> bool:
+        """Whether the metering step ran (it needs the request's body or model)."""
+        return self.verdict.metered
 
 
 def _pairs(*listeners: HostPort | None) -> list[tuple[str, int]]:
@@ -120,9 +128,25 @@ async def check_destination(guard: DestinationGuard, host: str, port: int) -> De
                              verdict.code, pinned.trusted)
 
 
+def explain_body(body: str | None, model: str | None) -> bytes | Unseen:
+    """The body ``explain`` decides with: ``body`` as given, or ``{"model": model}``;
+    UNSEEN without either (the metering step is then not run)."""
+    if body is not None and model is not None:
+        raise ValueError("give a body or a model, not both")
+    if body is not None:
+        return body.encode()
+    if model is not None:
+        return json.dumps({"model": model}).encode()
+    return UNSEEN
+
+
 async def explain_request(policy_set: PolicySet, policy_name: str, method: str, url: str,
-                          guard: DestinationGuard | None) -> Explanation:
-    """The policy decision for ``method url`` plus, with a guard, the destination check.
+                          guard: DestinationGuard | None,
+                          body: bytes | Unseen | None = UNSEEN,
+                          metering: Metering | None = None) -> Explanation:
+    """The gateway's answer to ``method url`` (``body``: as sent; UNSEEN: not known) by
+    the decision pipeline: stage 1, then with a guard the destination check (only on
+    what the policy allows: a denied host is never resolved), then the metering step.
 
     Raises ValueError for an unknown policy or an unusable URL (like ``explain``).
     """
@@ -131,12 +155,11 @@ async def explain_request(policy_set: PolicySet, policy_name: str, method: str, 
         known = ", ".join(sorted(policy_set.policies)) or "none"
         raise ValueError(f"unknown policy {policy_name!r} (known: {known[:200]})")
     request = request_for(method, url)
-    decision = decide(policy, request)
-    if decision.result != "deny" and decision.credential and request.scheme != "https":
-        # The gateway puts a key only into TLS (gateway/core/credentials.py).
-        return Explanation(decision, None, ("credential_requires_tls", (
-            f"credential {decision.credential!r} is injected only over https: this "
-            "request would be refused")))
-    if guard is None or decision.result == "deny":
-        return Explanation(decision, None)
-    return Explanation(decision, await check_destination(guard, request.host, request.port))
+    routed = route(policy_set.credentials, policy, request)
+    destination = None
+    if guard is not None and routed.refusal is None:
+        destination = await check_destination(guard, request.host, request.port)
+        if not destination.allowed:
+            body = UNSEEN  # refused before the metering step, as the proxy does
+    return Explanation(evaluate(policy_set, policy, request, body=body, metering=metering),
+                       destination)

@@ -1,5 +1,5 @@
 """The DNS resolver's pure parts: `answer()` (query, sandbox, policy, lookup -> response and
-audit facts), `name_decision`, the wire helpers, the rate limiter, and
+audit facts), `name_allowed`, the wire helpers, the rate limiter, and
 `DestinationGuard.check_all` (which gives `answer` its addresses). Table-driven; no
 socket is opened and no name leaves the process (StaticResolver)."""
 
@@ -16,7 +16,8 @@ import dns.rdatatype
 import pytest
 
 from gateway.core.addresses import AddressPolicy
-from gateway.dns.answer import Lookup, Need, answer, failure, formerr, name_decision, parse
+from gateway.core.evaluate import name_allowed
+from gateway.dns.answer import Lookup, Need, answer, failure, formerr, parse
 from gateway.dns.limit import RateLimiter
 from gateway.net.resolver import DestinationGuard, DestinationRefused, StaticResolver
 from gateway.policy import Policy, load_policy_text
@@ -61,7 +62,7 @@ def _query(name: str, rdtype: str = "A", rdclass: str = "IN") -> dns.message.Mes
     return query
 
 
-# ------------------------------------------------------------------------- name_decision
+# ------------------------------------------------------------------------- name_allowed
 
 
 @pytest.mark.parametrize(
@@ -77,9 +78,9 @@ def _query(name: str, rdtype: str = "A", rdclass: str = "IN") -> dns.message.Mes
         ("allowed.test.evil.test", "deny", 443, None),
     ],
 )
-def test_name_decision_any_rule_on_any_port(host: str, result: str, port: int,
+def test_name_allowed_any_rule_on_any_port(host: str, result: str, port: int,
                                             rule_line: int | None) -> None:
-    decision, chosen = name_decision(_policy(), host)
+    decision, chosen = name_allowed(_policy(), host)
     assert (decision.result, chosen) == (result, port)
     if rule_line is None:
         assert decision.rule is None
@@ -87,10 +88,10 @@ def test_name_decision_any_rule_on_any_port(host: str, result: str, port: int,
         assert decision.rule is not None and decision.rule.source == f"agent.yaml:{rule_line}"
 
 
-def test_name_decision_report_mode_allows_with_report() -> None:
-    decision, _ = name_decision(_policy(REPORT, "watch"), "evil.test")
+def test_name_allowed_report_mode_allows_with_report() -> None:
+    decision, _ = name_allowed(_policy(REPORT, "watch"), "evil.test")
     assert decision.result == "report" and decision.allowed
-    decision, _ = name_decision(_policy(REPORT, "watch"), "allowed.test")
+    decision, _ = name_allowed(_policy(REPORT, "watch"), "allowed.test")
     assert decision.result == "allow"
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import time
 from dataclasses import dataclass
 
 import pytest
 
+from gateway.explanation import explain_request
 from gateway.policy import (
     Credential,
     Decision,
@@ -18,7 +20,6 @@ from gateway.policy import (
     Rule,
     compile_policy,
     decide,
-    explain,
     load_policy_text,
 )
 
@@ -292,6 +293,11 @@ def test_empty_policy_denies_everything() -> None:
     decision = decide(policy, tunnel("pypi.org"))
     assert decision.result == "deny"
     assert "add an egress rule with host: pypi.org to policies/empty.yaml" in decision.reason
+
+
+def explain(policy_set: PolicySet, policy_name: str, method: str, url: str) -> Decision:
+    """`policy explain`'s decision (the decision pipeline, no destination check)."""
+    return asyncio.run(explain_request(policy_set, policy_name, method, url, None)).decision
 
 
 @pytest.mark.parametrize(

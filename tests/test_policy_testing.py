@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main
-from gateway.policy import PolicySet, Request, load_policy_dir, load_policy_texts, request_for
+from gateway.core.evaluate import request_for
+from gateway.policy import PolicySet, Request, load_policy_dir, load_policy_texts
 from gateway.policy.testing import PolicyCase, parse_cases, run_case, run_cases
 
 ROOT = Path(__file__).resolve().parent.parent

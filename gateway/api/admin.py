@@ -27,8 +27,9 @@ from starlette.routing import Route
 
 from gateway import metrics
 from gateway.config import ConfigError, parse_duration
+from gateway.core.evaluate import static_metering
 from gateway.core.names import DestinationError, is_ip, normalize_host
-from gateway.explanation import explain_request
+from gateway.explanation import explain_body, explain_request
 from gateway.net.resolver import DestinationGuard
 from gateway.policy import PolicySet
 from gateway.state import SandboxAddress, StateUnavailable
@@ -253,8 +254,15 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
             if resolve and guard is None:
                 return _error(503, "resolve_unavailable",
                               "this admin API has no destination guard to resolve with")
+            text, model = data.get("body"), data.get("model")
+            if not isinstance(text, str | dict | None) or not isinstance(model, str | None):
+                raise ValueError("body must be a string or an object, model a string")
+            if isinstance(text, dict):
+                text = json.dumps(text)
+            pricing = ctx.metering.pricing if ctx.metering is not None else None
             answer = await explain_request(ctx.policies(), str(policy), str(method), str(url),
-                                           guard)
+                                           guard, explain_body(text, model),
+                                           static_metering(pricing))
         except ValueError as exc:
             return _error(400, "bad_request", str(exc))
         decision = answer.decision
@@ -263,7 +271,7 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
             "rule": decision.rule.source if decision.rule else None,
             "credential": decision.credential, "inspect": decision.inspect,
             "models": list(decision.rule.models) if decision.rule and decision.rule.models
-            else None,
+            else None, "metered": answer.metered,
         }
         if resolve:
             out["policy_decision"] = decision.result

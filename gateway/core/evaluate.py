@@ -1,67 +1,190 @@
-"""What the gateway would answer a request, from the decision code the proxy runs (pure).
+"""The decision pipeline: what the gateway answers a request, in one place (pure).
 
-``evaluate`` composes, in the proxy's order, the decisions that do not depend on the
-bytes a sandbox sends or on recorded usage: the policy (``decide``), the credential's
-static checks (``credentials.static_refusal``: TLS, binding) and the metering step
-(``Metering.admit`` over empty counters: model allowlists, what cannot be metered on a
-rule that must be, a call too large for a budget even when nothing is used yet).
-Callers that ask "would this be allowed?" without a connection (``policy test``) call
-it, so they cannot drift from what the gateway enforces.
+Every caller that decides a request runs these stages, in this order, and no copy:
+
+1. ``route`` — the policy (``decide``), then the credential's static checks: a
+   credential the rule names must be defined, bound to the host and used over TLS
+   (``credentials.static_refusal``). The proxy calls it for every tunnel and request
+   (``core/gate.py``); ``policy explain``, ``policy test``, ``policy diff --replay``
+   and the DNS resolver (``name_allowed``) call it too.
+2. (the destination check: I/O, ``DestinationGuard.check``; the proxy and ``explain
+   --resolve`` run it between 1 and 3, on what stage 1 allowed — a denied host is
+   never resolved)
+3. ``meter`` — the metering step's static part (``Metering.admit`` over empty
+   counters in callers without traffic): model allowlists, what cannot be metered on
+   a rule that must be, a provider-minted secret, a call too large for a budget. The
+   proxy runs the same ``admit`` over its live counters once the body is whole.
+
+``evaluate`` is stages 1 and 3 for callers that have no connection. What depends on
+the bytes a sandbox sends (tokens, leaks, heads) or on recorded usage is decided by
+the proxy alone; a request is ``allow`` here when nothing above refuses it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from gateway.core import credentials
+from gateway.core.refusal import Refusal
+from gateway.core.target import url_target
 from gateway.counters import MemoryCounters
-from gateway.metering import Exchange, Metering
-from gateway.policy import Decision, Policy, PolicySet, Request, decide
+from gateway.metering import Exchange, Metering, Pricing
+from gateway.policy import Credential, Decision, Policy, PolicySet, Request, decide
 
-__all__ = ["Verdict", "evaluate", "static_metering"]
+__all__ = ["UNSEEN", "Routed", "Unseen", "Verdict", "evaluate", "meter", "name_allowed",
+           "request_for", "route", "static_metering"]
+
+_TUNNEL_PORTS: Final = (443, 80)
+
+
+class Unseen:
+    """The type of ``UNSEEN``: a caller that has no body (and does not ask)."""
+
+    def __repr__(self) -> str:
+        return "UNSEEN"
+
+
+UNSEEN: Final = Unseen()  # `body=UNSEEN`: the metering step is not run (see `evaluate`)
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """Stage 1: the policy's decision, the credential it injects (defined, bound, over
+    TLS) and the refusal (None: allowed so far)."""
+
+    decision: Decision
+    credential: Credential | None
+    refusal: Refusal | None
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """``result`` allow | deny | report; ``error`` the refusal code a deny carries;
-    ``rule`` the deciding rule's ``file:line`` (None: no rule)."""
+    ``rule`` the deciding rule's ``file:line`` (None: no rule); ``metered`` whether the
+    metering step ran (it needs a body, or ``body=None`` for one not held)."""
 
     result: str
     error: str | None
     rule: str | None
     reason: str
     decision: Decision
+    metered: bool = True
 
 
-def static_metering() -> Metering:
+def static_metering(pricing: Pricing | None = None) -> Metering:
     """A metering step over empty, private counters: its answers depend on the request
-    alone (nothing is used yet)."""
-    return Metering(MemoryCounters(), stream_usage=True)
+    alone (nothing is used yet). ``pricing``: the gateway's, for cost budgets."""
+    return Metering(MemoryCounters(), pricing=pricing, stream_usage=True)
 
 
-def evaluate(policy_set: PolicySet, policy: Policy, request: Request, *,
-             body: bytes | None = None, metering: Metering | None = None,
-             sandbox: str = "policy-test", now: float = 0.0) -> Verdict:
-    """The gateway's answer to ``request`` (``body``: its body, as a sandbox sends it)."""
+def _source(decision: Decision) -> str | None:
+    return decision.rule.source if decision.rule is not None else None
+
+
+def route(credentials_by_name: Mapping[str, Credential], policy: Policy,
+          request: Request) -> Routed:
+    """Stage 1 for ``request`` (``method`` None: a tunnel, decided on host and port)."""
     decision = decide(policy, request)
-    rule = decision.rule
-    source = rule.source if rule is not None else None
     if not decision.allowed:
-        return Verdict("deny", "policy_denied", source, decision.reason, decision)
-    if request.method is None or rule is None or decision.credential is None:
-        return Verdict(decision.result, None, source, decision.reason, decision)
-    credential = policy_set.credentials.get(decision.credential)
+        return Routed(decision, None, Refusal("policy_denied", decision.reason,
+                                              _source(decision)))
+    name = decision.credential
+    if request.method is None or name is None:
+        return Routed(decision, None, None)
+    rule = _source(decision)
+    credential = credentials_by_name.get(name)
     if credential is None:
-        return Verdict("deny", "policy_denied", source, f"credential "
-                       f"{decision.credential!r} is not defined", decision)
-    refusal = credentials.static_refusal(credential, request.scheme, request.host, source)
-    if refusal is not None:
-        return Verdict("deny", refusal.code, refusal.rule, refusal.reason, decision)
+        return Routed(decision, None, Refusal("policy_denied", f"credential {name!r} is not "
+                                              "defined; fix the policy", rule))
+    return Routed(decision, credential, credentials.static_refusal(
+        credential, request.scheme, request.host, rule))
+
+
+def request_for(method: str, url: str) -> Request:
+    """The pipeline's input for ``method url`` as a client would send it (the target
+    read by ``core/target.url_target``); ``CONNECT`` asks the tunnel-level decision for
+    the URL's host and port (``tcp://host:port``: a raw TCP tunnel). Raises ValueError
+    for a URL the gateway would not accept."""
+    method = method.upper()
+    tunnel = method == "CONNECT"
+    try:
+        tgt = url_target(url, tunnel=tunnel)
+    except Refusal as refusal:
+        raise ValueError(refusal.reason) from None
+    if tunnel:
+        return Request(None, "tcp" if tgt.scheme == "tcp" else "https", tgt.host, tgt.port,
+                       None)
+    return Request(method, tgt.scheme, tgt.host, tgt.port, tgt.path)
+
+
+def _refused(routed: Routed) -> Verdict | None:
+    refusal = routed.refusal
+    if refusal is None:
+        return None
+    return Verdict("deny", refusal.code, refusal.rule, refusal.reason, routed.decision)
+
+
+def meter(routed: Routed, policy: Policy, request: Request, body: bytes | None,
+          metering: Metering | None = None, *, sandbox: str = "policy-test",
+          now: float = 0.0) -> Verdict:
+    """Stage 3 on what stage 1 allowed: ``body`` as a sandbox sends it (None: not held,
+    as the proxy sees a streamed or oversized body)."""
+    refused = _refused(routed)
+    if refused is not None:
+        return refused
+    decision, rule = routed.decision, routed.decision.rule
+    source = _source(decision)
+    if routed.credential is None or rule is None or request.method is None:
+        return Verdict(decision.result, None, source, decision.reason, decision)
     step = (metering or static_metering()).admit(
-        sandbox=sandbox, policy=policy, rule=rule, preset=credential.preset,
+        sandbox=sandbox, policy=policy, rule=rule, preset=routed.credential.preset,
         method=request.method, path=request.path or "/", body=body, now=now)
     if isinstance(step, Exchange):
         return Verdict(decision.result, None, source, decision.reason, decision)
     if policy.mode == "report":  # forwarded, the would-deny recorded
         return Verdict("report", None, step.rule, step.reason, decision)
     return Verdict("deny", step.code, step.rule, step.reason, decision)
+
+
+def evaluate(policy_set: PolicySet, policy: Policy, request: Request, *,
+             body: bytes | Unseen | None = UNSEEN, metering: Metering | None = None,
+             sandbox: str = "policy-test", now: float = 0.0) -> Verdict:
+    """The gateway's answer to ``request`` from stages 1 and 3. ``body=UNSEEN`` (a
+    caller that knows no body) stops after stage 1: ``Verdict.metered`` then says
+    whether stage 3 had anything to decide (False: a credential call, unchecked)."""
+    routed = route(policy_set.credentials, policy, request)
+    if not isinstance(body, Unseen):
+        return meter(routed, policy, request, body, metering, sandbox=sandbox, now=now)
+    refused = _refused(routed)
+    if refused is not None:
+        return refused
+    decision = routed.decision
+    return Verdict(decision.result, None, _source(decision), decision.reason, decision,
+                   metered=routed.credential is None)
+
+
+def name_allowed(policy: Policy, host: str) -> tuple[Decision, int]:
+    """Whether any rule of ``policy`` lets ``host`` be reached, and on which port (the
+    DNS resolver's question): tunnel-level decisions for 443, then 80, then every port
+    a rule matching the host lists; the first ``allow`` wins, else the decision for
+    443 (a deny, or ``report`` under ``mode: report``)."""
+    ports: dict[int, None] = dict.fromkeys(_TUNNEL_PORTS)
+    first: Decision | None = None
+    for port in ports:
+        decision = route({}, policy, Request(None, "https", host, port, None)).decision
+        if decision.result == "allow":
+            return decision, port
+        first = first or decision
+    listed: dict[int, None] = {}
+    for entry in policy.matcher.candidates(host):
+        listed.update(dict.fromkeys(sorted(entry.rule.ports or ())))
+    for port in listed:
+        if port in ports:
+            continue
+        decision = route({}, policy, Request(None, "https", host, port, None)).decision
+        if decision.result == "allow":
+            return decision, port
+    assert first is not None
+    return first, 443

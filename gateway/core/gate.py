@@ -29,13 +29,14 @@ from gateway import metrics
 from gateway.core import credentials, target
 from gateway.core.addresses import Pinned
 from gateway.core.audit import record
+from gateway.core.evaluate import Routed, route
 from gateway.core.exchange import Exchange, Signer
 from gateway.core.leaks import LeakScan, sensitive_markers, token_markers
 from gateway.core.messages import Headers, RequestHead
 from gateway.core.names import DestinationError, is_ip, normalize_host
 from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal, answer
 from gateway.metering import Metering
-from gateway.policy import Credential, Decision, Policy, PolicySet, Request, decide
+from gateway.policy import Credential, Decision, Policy, PolicySet, Request
 from gateway.secrets.ephemeral import EphemeralKeys
 from gateway.secrets.value import SecretValue
 from gateway.state import SandboxAddress
@@ -409,10 +410,8 @@ class Gate:
 
     async def _admit_tunnel(self, client: Client, host: str, port: int, scheme: str) -> Tunnel:
         assert client.identity is not None
-        decision = _decide(self.policy(client.identity), Request(None, scheme, host, port,
-                                                                  None))
-        if not decision.allowed:
-            raise Refusal("policy_denied", decision.reason, _rule(decision))
+        decision = self._route(client.identity, Request(None, scheme, host, port, None)
+                               ).decision
         tcp = decision.rule is not None and decision.rule.protocol == "tcp"
         # A would-deny tunnel (report mode) is inspected, so its requests are recorded.
         passthrough = tcp or (decision.result == "allow" and not decision.inspect)
@@ -471,12 +470,9 @@ class Gate:
                                                      None, True), pinned, False, False)
             else:
                 # The policy first: a denied name is never even resolved.
-                decision = _decide(self.policy(client.identity),
-                                   Request(None, "tcp" if kind == "tcp" else
-                                           "https" if kind == "tls" else "http",
-                                           host, port, None))
-                if not decision.allowed:
-                    raise Refusal("policy_denied", decision.reason, _rule(decision))
+                decision = self._route(client.identity, Request(
+                    None, "tcp" if kind == "tcp" else "https" if kind == "tls" else "http",
+                    host, port, None)).decision
                 await self._bind(host, orig_ip, port)
                 tcp = kind == "tcp" or (decision.rule is not None and
                                         decision.rule.protocol == "tcp")
@@ -599,16 +595,15 @@ class Gate:
             if upgrade is not None and upgrade.strip().lower() != "websocket":
                 raise Refusal("unsupported", f"upgrade to {upgrade[:40]!r} is not supported "
                               "through the gateway; only WebSocket upgrades are relayed")
-            decision = _decide(self.policy(identity),
-                               Request(head.method, tgt.scheme, tgt.host, tgt.port, tgt.path))
-            if not decision.allowed:
-                raise Refusal("policy_denied", decision.reason, _rule(decision))
+            routed = self._route(identity, Request(head.method, tgt.scheme, tgt.host,
+                                                   tgt.port, tgt.path))
+            decision = routed.decision
             if tgt.host == INTERNAL_HOST:
                 return self._local(client, head, tgt, decision, started)
             pinned = (tunnel.pinned if tunnel is not None and tunnel.pinned is not None
                       else await self._check(client, tgt.host, tgt.port))
             exchange = Exchange(self, client, identity, head, tgt, decision, pinned, started)
-            await self._prepare(exchange)
+            await self._prepare(exchange, routed.credential)
             return exchange
         except Exception as exc:
             refusal = exc if isinstance(exc, Refusal) else GATEWAY_ERROR
@@ -621,16 +616,22 @@ class Gate:
                                path=tgt.path if tgt else None, started=started,
                                close=refusal.code in ("bad_request", "gateway_error"))
 
-    async def _prepare(self, ex: Exchange) -> None:
+    def _route(self, identity: Identity, request: Request) -> Routed:
+        """Stage 1 of the decision pipeline (`core/evaluate.py`), timed; raises its
+        refusal."""
+        start = time.perf_counter()
+        routed = route(self.policies().credentials, self.policy(identity), request)
+        metrics.DECISION_SECONDS.observe(time.perf_counter() - start)
+        if routed.refusal is not None:
+            raise routed.refusal
+        return routed
+
+    async def _prepare(self, ex: Exchange, credential: Credential | None) -> None:
         """The credential swap and the head's leak scan (raises Refusal)."""
         head, decision, tgt = ex.head, ex.decision, ex.target
         path = tgt.path
         swap = None
-        if decision.credential is not None:
-            credential = self.policies().credentials.get(decision.credential)
-            if credential is None:
-                raise Refusal("policy_denied", f"credential {decision.credential!r} is not "
-                              "defined any more; fix the policy", _rule(decision))
+        if credential is not None:
             minted = None
             if decision.rule is not None and decision.rule.allow_minted_secrets:
                 minted = self._minted_finder(credential.name, ex.identity.sandbox)
@@ -775,13 +776,6 @@ def proxy_credentials(value: str) -> tuple[str | None, str] | None:
             return None
         return (user or None), password
     return None
-
-
-def _decide(policy: Policy, request: Request) -> Decision:
-    start = time.perf_counter()
-    decision = decide(policy, request)
-    metrics.DECISION_SECONDS.observe(time.perf_counter() - start)
-    return decision
 
 
 def _source(client: Client) -> str:

@@ -27,6 +27,7 @@ __all__ = [
     "check_server_name",
     "request_target",
     "tunnel_authority",
+    "url_target",
 ]
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -163,3 +164,33 @@ def request_target(head: RequestHead, tunnel: tuple[str, int] | None, *, tls: bo
                           f"request goes to {host}:{port}; open a separate connection "
                           "(CONNECT) for each host")
     return Target(scheme, host, port, path)
+
+
+def url_target(url: str, *, tunnel: bool = False) -> Target:
+    """The target of a request for ``url`` as a client would send it (what ``policy
+    explain`` and ``policy test`` decide): the authority read as `request_target`
+    reads a request URL, the scheme https when none is given, a fragment dropped (no
+    client sends one). ``tunnel``: a CONNECT, whose URL may be ``tcp://host:port``
+    (path ``""``). Raises Refusal(bad_request)."""
+    if "://" not in url:
+        url = "https://" + url
+    match = _SCHEME_URL.fullmatch(url)
+    scheme = match.group(1).lower() if match is not None else ""
+    allowed = ("http", "https", "tcp") if tunnel else ("http", "https")
+    if match is None or scheme not in allowed:
+        raise Refusal("bad_request", f"unsupported URL scheme {scheme!r} in {_clip(url)!r}; "
+                      f"use {' or '.join(allowed)}")
+    authority = match.group(2)
+    try:
+        if "@" in authority:
+            raise DestinationError("user information in the authority")
+        host, port = parse_authority(authority, default_port=DEFAULT_PORTS.get(scheme))
+        host = normalize_host(host)
+    except DestinationError as exc:
+        raise Refusal("bad_request", f"invalid URL {_clip(url)!r}: {exc}") from None
+    path = match.group(3).partition("#")[0] or "/"
+    if path.startswith("?"):
+        path = "/" + path
+    if not path.startswith("/"):
+        raise Refusal("bad_request", f"invalid URL {_clip(url)!r}")
+    return Target(scheme, host, port, "" if tunnel else path)

@@ -35,8 +35,9 @@ import dns.rdataclass
 import dns.rdatatype
 import dns.rrset
 
+from gateway.core.evaluate import name_allowed
 from gateway.core.names import DestinationError, normalize_host
-from gateway.policy import Decision, Policy, Request, decide
+from gateway.policy import Policy
 from gateway.state import SandboxAddress
 
 __all__ = [
@@ -47,12 +48,10 @@ __all__ = [
     "answer",
     "failure",
     "formerr",
-    "name_decision",
     "parse",
 ]
 
 ANSWERED_TYPES = frozenset((dns.rdatatype.A, dns.rdatatype.AAAA))
-_DEFAULT_PORTS = (443, 80)
 
 Result = Literal["allow", "deny", "report"]
 
@@ -119,26 +118,6 @@ def failure(query: dns.message.Message, rcode: dns.rcode.Rcode, reason: str, err
     return _fail(query, rcode, reason, error)
 
 
-def name_decision(policy: Policy, host: str) -> tuple[Decision, int]:
-    """Whether any rule of `policy` lets `host` be reached, and on which port.
-
-    Tunnel-level decisions (the pure policy engine) for 443, then 80, then every port a
-    rule matching the host lists: the first `allow` wins, else the decision for 443
-    (a deny, or `report` under `mode: report`).
-    """
-    first = decide(policy, Request(None, "https", host, 443, None))
-    if first.result == "allow":
-        return first, 443
-    ports: dict[int, None] = dict.fromkeys(_DEFAULT_PORTS[1:])
-    for entry in policy.matcher.candidates(host):
-        ports.update(dict.fromkeys(sorted(entry.rule.ports or ())))
-    for port in ports:
-        decision = decide(policy, Request(None, "https", host, port, None))
-        if decision.result == "allow":
-            return decision, port
-    return first, 443
-
-
 def answer(query: dns.message.Message, sandbox: SandboxAddress | None,
            policy: Policy | None, lookup: Lookup | None, ttl: int) -> Outcome:
     """The response to `query` from `sandbox` (None: an unknown source) under `policy`."""
@@ -174,7 +153,7 @@ def answer(query: dns.message.Message, sandbox: SandboxAddress | None,
     if _is_ip(host):
         return _fail(query, dns.rcode.NXDOMAIN, "an IP address is not a name to resolve",
                      "bad_name", name, qtype)
-    decision, port = name_decision(policy, host)
+    decision, port = name_allowed(policy, host)
     rule = decision.rule.source if decision.rule is not None else None
     if not decision.allowed:
         return _fail(query, dns.rcode.NXDOMAIN, decision.reason, "policy_denied",

@@ -22,7 +22,7 @@ from gateway.policy.loader import (
     load_policy_texts,
     policy_files,
 )
-from gateway.policy.matcher import Matcher, compile_policy, decide, explain, request_for
+from gateway.policy.matcher import Matcher, compile_policy, decide
 from gateway.policy.model import (
     Credential,
     Decision,
@@ -57,7 +57,6 @@ __all__ = [
     "compile_paths",
     "compile_policy",
     "decide",
-    "explain",
     "fingerprint",
     "host_matches",
     "is_public_suffix",
@@ -67,5 +66,4 @@ __all__ = [
     "normalize_host",
     "normalize_path",
     "policy_files",
-    "request_for",
 ]

@@ -27,10 +27,9 @@ With ``mode: report`` a deny becomes ``report``: allowed, with the would-deny re
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from urllib.parse import urlsplit
 
 from gateway.core.addresses import special_literal
-from gateway.policy.hosts import HostPattern, HostPatternError, normalize_host
+from gateway.policy.hosts import HostPattern
 from gateway.policy.model import (
     DEFAULT_HTTP_PORT,
     DEFAULT_HTTPS_PORT,
@@ -39,13 +38,12 @@ from gateway.policy.model import (
     Decision,
     Mode,
     Policy,
-    PolicySet,
     Request,
     Rule,
 )
 from gateway.policy.paths import normalize_path
 
-__all__ = ["Matcher", "compile_policy", "decide", "explain", "request_for"]
+__all__ = ["Matcher", "compile_policy", "decide"]
 
 _TUNNEL_DEFAULT_PORTS = frozenset((DEFAULT_HTTPS_PORT, DEFAULT_HTTP_PORT))
 _MAX_SHOWN = 100
@@ -395,49 +393,3 @@ def decide(policy: Policy, request: Request) -> Decision:
     if request.method is None:
         return policy.matcher.decide_tunnel(request)
     return policy.matcher.decide_request(request)
-
-
-def request_for(method: str, url: str) -> Request:
-    """The Request the gateway would decide for ``method url`` (pure).
-
-    The URL's scheme defaults to https and its port to the scheme's default.
-    ``CONNECT`` is a tunnel-level request (``method`` None, no path) for the URL's
-    host and port; with it, ``tcp://host:port`` is a raw TCP tunnel.
-    Raises ValueError for a URL that cannot be parsed.
-    """
-    method = method.upper()
-    tunnel = method == "CONNECT"
-    if "://" not in url:
-        url = "https://" + url
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    allowed = ("http", "https", "tcp") if tunnel else ("http", "https")
-    if scheme not in allowed:
-        raise ValueError(f"unsupported URL scheme {scheme!r}; use {' or '.join(allowed)}")
-    try:
-        port = parts.port
-        host = normalize_host(parts.hostname or "")
-    except (ValueError, HostPatternError) as exc:
-        raise ValueError(f"invalid URL {_clip(url)!r}: {exc}") from None
-    if port is None:
-        if scheme == "tcp":
-            raise ValueError(f"tcp URL {_clip(url)!r} needs a port")
-        port = DEFAULT_HTTPS_PORT if scheme == "https" else DEFAULT_HTTP_PORT
-    if tunnel:
-        return Request(None, "tcp" if scheme == "tcp" else "https", host, port, None)
-    path = parts.path or "/"
-    if parts.query:
-        path = f"{path}?{parts.query}"
-    return Request(method, scheme, host, port, path)
-
-
-def explain(policy_set: PolicySet, policy_name: str, method: str, url: str) -> Decision:
-    """Decide ``method url`` against a named policy, as the gateway would (``request_for``).
-
-    Raises ValueError for an unknown policy or a URL that cannot be parsed.
-    """
-    policy = policy_set.get(policy_name)
-    if policy is None:
-        known = ", ".join(sorted(policy_set.policies)) or "none"
-        raise ValueError(f"unknown policy {policy_name!r} (known: {_clip(known, 200)})")
-    return decide(policy, request_for(method, url))

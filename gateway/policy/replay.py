@@ -7,8 +7,10 @@ request is decided once under each set. ``CONNECT`` or null methods are tunnel-l
 decisions (``Request(None, "https", host, port, None)``; ``"tcp"`` when the line's
 scheme says raw TCP). Lines without a policy or host, unreadable or malformed, are
 skipped and counted. A policy missing from one set denies there (the gateway refuses
-tokens naming it). ``model`` is kept for the examples; it joins the key once model
-allowlists exist.
+tokens naming it). Each request is decided by the gateway's decision pipeline
+(``core/evaluate.py``: the policy, the credential's static checks and, for a line that
+names its ``model``, the metering step on a body naming that model, so a model
+allowlist that changes shows); ``model`` joins the deduplication key.
 
 Changes are grouped by (category, policy, host), largest first: newly denied
 (allowed before, denied now), newly allowed, then other changes (allowed both ways
@@ -23,12 +25,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gateway.core.evaluate import UNSEEN, Verdict, evaluate, static_metering
 from gateway.policy.hosts import normalize_host
-from gateway.policy.matcher import decide
 from gateway.policy.model import (
     DEFAULT_HTTP_PORT,
     DEFAULT_HTTPS_PORT,
-    Decision,
     Policy,
     PolicySet,
     Request,
@@ -80,11 +81,12 @@ class Outcome:
                 "credential": self.credential, "inspect": self.inspect}
 
 
-def _outcome(decision: Decision, root: str, tunnel: bool) -> Outcome:
+def _outcome(verdict: Verdict, root: str, tunnel: bool) -> Outcome:
+    decision = verdict.decision
     rule = decision.rule
     rule_id = None if rule is None else (rule.policy, rule.host, rule.protocol)
-    reason = relative_text(decision.reason, root)
-    return Outcome(decision.result, reason,
+    reason = relative_text(verdict.reason, root)
+    return Outcome(verdict.result, reason,
                    relative_source(rule.source, root) if rule else None, rule_id,
                    decision.credential, decision.inspect if tunnel else False)
 
@@ -186,16 +188,21 @@ class _Decider:
     """Decides requests under one set, remembering missing policies."""
 
     def __init__(self, policy_set: PolicySet, root: str, side: str) -> None:
+        self.policy_set = policy_set
         self.policies: Mapping[str, Policy] = policy_set.policies
         self.root = root
         self.side = side
+        self.metering = static_metering()
 
-    def __call__(self, policy_name: str, request: Request) -> Outcome:
+    def __call__(self, policy_name: str, request: Request, model: str | None) -> Outcome:
         policy = self.policies.get(policy_name)
         if policy is None:
             return Outcome("deny", f'policy "{policy_name}" does not exist in the {self.side} '
                                    "set; the gateway refuses tokens naming it", None, None)
-        return _outcome(decide(policy, request), self.root, request.method is None)
+        body = (json.dumps({"model": model}).encode()
+                if model is not None and request.method is not None else UNSEEN)
+        verdict = evaluate(self.policy_set, policy, request, body=body, metering=self.metering)
+        return _outcome(verdict, self.root, request.method is None)
 
 
 def _skip(skipped: dict[str, int], why: str, n: int = 1) -> None:
@@ -209,7 +216,7 @@ def replay(lines: Iterable[bytes | str], base: PolicySet, head: PolicySet, *,
     report = ReplayReport()
     skipped = report.skipped
     counts: dict[tuple[Any, ...], int] = {}
-    first: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+    first: dict[tuple[Any, ...], Any] = {}
     loads = json.loads
     n_lines = 0
     for raw in lines:
@@ -234,14 +241,16 @@ def replay(lines: Iterable[bytes | str], base: PolicySet, head: PolicySet, *,
         n = rec.get("count", 1)
         if method is None or method == "CONNECT":
             key: tuple[Any, ...] = (policy, None, "tcp" if rec.get("scheme") == "tcp"
-                                    else "https", host, rec.get("port"), None)
+                                    else "https", host, rec.get("port"), None, None)
         else:
-            key = (policy, method, rec.get("scheme"), host, rec.get("port"), rec.get("path"))
+            model = rec.get("model")
+            key = (policy, method, rec.get("scheme"), host, rec.get("port"), rec.get("path"),
+                   model if isinstance(model, str) else None)
         try:
             seen = counts.get(key)
             if seen is None:
                 counts[key] = n
-                first[key] = (rec.get("sandbox"), rec.get("model"))
+                first[key] = rec.get("sandbox")
             else:
                 counts[key] = seen + n
         except TypeError:  # a list or object where a value belongs
@@ -255,7 +264,7 @@ def replay(lines: Iterable[bytes | str], base: PolicySet, head: PolicySet, *,
 
 def _key_request(key: tuple[Any, ...]) -> tuple[str, Request] | str:
     """(policy, Request) for a deduplicated key, or why it is skipped."""
-    policy, method, scheme, host, port, path = key
+    policy, method, scheme, host, port, path, _ = key
     if not isinstance(policy, str) or not isinstance(host, str):
         return "malformed"
     try:
@@ -274,7 +283,7 @@ def _key_request(key: tuple[Any, ...]) -> tuple[str, Request] | str:
 
 
 def _decide_all(report: ReplayReport, counts: dict[tuple[Any, ...], int],
-                first: dict[tuple[Any, ...], tuple[Any, Any]], base: _Decider,
+                first: dict[tuple[Any, ...], Any], base: _Decider,
                 head: _Decider) -> None:
     groups: dict[tuple[Category, str, str], ReplayGroup] = {}
     requests = 0
@@ -292,7 +301,8 @@ def _decide_all(report: ReplayReport, counts: dict[tuple[Any, ...], int],
             continue
         requests += n
         report.distinct += 1
-        before, after = base(policy, request), head(policy, request)
+        model = key[-1]
+        before, after = base(policy, request, model), head(policy, request, model)
         category = _category(before, after)
         if category is None:
             continue
@@ -302,11 +312,10 @@ def _decide_all(report: ReplayReport, counts: dict[tuple[Any, ...], int],
                 category, policy, request.host)
         group.count += n
         group.distinct += 1
-        sandbox, model = first[key]
+        sandbox = first[key]
         group.examples.append(ReplayExample(
             request.method, request.scheme, request.host, request.port, request.path, n,
-            sandbox if isinstance(sandbox, str) else None,
-            model if isinstance(model, str) else None, before, after))
+            sandbox if isinstance(sandbox, str) else None, model, before, after))
         if len(group.examples) > MAX_EXAMPLES:
             group.examples.sort(key=lambda e: -e.count)
             del group.examples[MAX_EXAMPLES:]

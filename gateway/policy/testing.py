@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from gateway.policy.matcher import request_for
+from gateway.core.evaluate import request_for
 from gateway.policy.model import PolicySet, Request
 
 if TYPE_CHECKING:

@@ -64,7 +64,7 @@ def _client(gw: GatewayThread, token: str) -> httpx.Client:
 
 @pytest.mark.parametrize("target", [
     "gateway.tokens.TokenService.verify",            # identify
-    "gateway.core.gate.decide",                       # the policy decision
+    "gateway.core.evaluate.decide",                   # the policy decision
     "gateway.net.resolver.DestinationGuard.check",    # the destination check
     "gateway.core.target.tunnel_authority",           # the target
 ])
@@ -86,7 +86,7 @@ def test_crash_at_connect_refuses_the_tunnel(gw: GatewayThread, upstream: Upstre
 @pytest.mark.parametrize("target", [
     "gateway.core.target.request_target",   # the request's target
     "gateway.core.leaks.LeakScan.head",     # the leak scan of the head
-    "gateway.core.gate.decide",             # the policy decision
+    "gateway.core.evaluate.decide",         # the policy decision
     "gateway.tokens.TokenService.verify",   # identity, re-checked on every request
 ])
 def test_crash_on_a_request_refuses_it(gw: GatewayThread, upstream: Upstream,

@@ -1,0 +1,213 @@
+"""The decision pipeline (gateway/core/evaluate.py): every caller gives the proxy's verdict.
+
+The parity table (tests/helpers/parity_cases.py) says what every engine answers each
+case; tests/integration/test_parity.py proves the running proxy does. Here the same
+cases go through the callers that decide without a connection — ``evaluate``,
+``policy explain`` (with the destination check), ``policy test`` (a YAML case file, as
+a user writes it) and ``policy diff --replay`` (an audit line, as the gateway writes it)
+— and each must give the proxy's verdict where that verdict is theirs to give: the
+policy, the credential's static checks, the metering step and (explain) the
+destination. What depends on the bytes of a connection (tokens, leaks, heads, upstream
+answers) or on recorded usage is the proxy's alone: there they must answer allow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import gzip
+import json
+from typing import Any
+
+import pytest
+import yaml
+from helpers.parity_cases import CASES, POLICY, Case, _fill, substitutions
+
+from gateway.core.addresses import AddressPolicy
+from gateway.core.evaluate import UNSEEN, evaluate, name_allowed, request_for, route
+from gateway.core.target import url_target
+from gateway.explanation import explain_request
+from gateway.net.resolver import DestinationGuard, StaticResolver, parse_overrides
+from gateway.policy import PolicySet, Request, load_policy_texts
+from gateway.policy.replay import replay
+from gateway.policy.testing import parse_cases, run_case
+
+# The proxy's refusal codes each caller decides (every other code is the proxy's alone).
+PIPELINE = {"policy_denied", "credential_requires_tls", "model_not_allowed",
+            "metering_unavailable", "minted_secret_refused"}
+DESTINATION = {"forbidden_destination", "unresolvable"}
+# An audit line carries the model, not the body: replay cannot see what only the body
+# says (a call no usage can be read from, a minted secret's session, a second "Model").
+REPLAY_BLIND = {"metering_unavailable", "minted_secret_refused"}
+REPLAY_BLIND_CASES = {"case-variant keys are refused like repeated ones"}
+NAMES = ["allowed.test", "other.test", "unbound.test", "api.openai.com", "minted.test",
+         "mintfail.test", "budget.test", "metered.test", "sigv4.test"]
+TOKEN = "sgw_eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJzYW5kYm94LTEifQ.c2lnbmF0dXJl"  # (shape only)
+
+
+@pytest.fixture(scope="module")
+def policy_set() -> PolicySet:
+    return load_policy_texts({"policies/agent.yaml": POLICY})
+
+
+def _request(case: Case) -> tuple[str, str, bytes]:
+    """(method, URL, body as the provider reads it) of a parity case's request."""
+    spec = {k: _fill(v, substitutions(TOKEN)) for k, v in case.spec.items()}
+    tls = spec.get("tls", True)
+    scheme = "https" if tls else "http"
+    port = spec.get("port", 443 if tls else 80)
+    target = spec.get("target", "/")
+    if spec.get("plain_proxy"):
+        url = target
+    else:
+        path = target if target.startswith("/") else url_target(target).path
+        url = f"{scheme}://{spec['host']}:{port}{path}"
+    body = spec.get("body")
+    raw = base64.b64decode(body) if body is not None else b""
+    if any(k.lower() == "content-encoding" for k, _ in spec.get("headers", [])):
+        raw = gzip.decompress(raw)  # the metering step reads a body decoded
+    return spec.get("method", "GET").upper(), url, raw
+
+
+def _expected(case: Case, codes: set[str]) -> str | None:
+    code = case.see[2]
+    return code if code in codes else None
+
+
+def _got(result: str, error: str | None) -> str | None:
+    return error if result == "deny" else None
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_evaluate_gives_the_proxys_verdict(policy_set: PolicySet, case: Case) -> None:
+    method, url, body = _request(case)
+    policy = policy_set.policies["agent"]
+    verdict = evaluate(policy_set, policy, request_for(method, url), body=body)
+    assert _got(verdict.result, verdict.error) == _expected(case, PIPELINE), verdict.reason
+    # The tunnel: refused at CONNECT exactly where the proxy refuses it there.
+    if not case.spec.get("plain_proxy"):
+        tunnel = request_for("CONNECT", url)
+        connect = evaluate(policy_set, policy, tunnel)
+        want = _expected(case, PIPELINE) if case.see[0] == "connect" else None
+        assert _got(connect.result, connect.error) == want, connect.reason
+
+
+def _guard() -> DestinationGuard:
+    """The gateway's destination check as the parity gateway is configured: the test
+    names resolve by `network.resolve` to loopback, nothing else resolves."""
+    return DestinationGuard(AddressPolicy(), StaticResolver({}),
+                            overrides=parse_overrides({n: "127.0.0.1:9" for n in NAMES}))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_explain_gives_the_proxys_verdict(policy_set: PolicySet, case: Case) -> None:
+    method, url, body = _request(case)
+    answer = asyncio.run(explain_request(policy_set, "agent", method, url, _guard(), body))
+    assert _got(answer.result, answer.error) == _expected(case, PIPELINE | DESTINATION), \
+        answer.reason
+    assert answer.metered
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_policy_test_gives_the_proxys_verdict(policy_set: PolicySet, case: Case) -> None:
+    method, url, body = _request(case)
+    code = _expected(case, PIPELINE)
+    entry: dict[str, Any] = {"name": case.name, "policy": "agent", "method": method,
+                             "url": url, "expect": "deny" if code else "allow",
+                             "body": body.decode()}
+    if code:
+        entry["error"] = code
+    cases, errors = parse_cases("tests/parity.yaml", yaml.safe_dump({"cases": [entry]}))
+    assert errors == []
+    result = run_case(policy_set, cases[0], "policies/")
+    assert result.diff == (), (result.diff, result.reason)
+
+
+def _audit_line(method: str, url: str, body: bytes) -> dict[str, Any]:
+    """The fields of the request's audit line that replay reads (the path without its
+    query, as audit lines carry it; the model the call named)."""
+    request = request_for(method, url)
+    assert request.path is not None
+    path, _, query = request.path.partition("?")
+    model = None
+    try:
+        data = json.loads(body) if body else None
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("model"), str):
+        model = data["model"]
+    elif query.startswith("model="):
+        model = query.partition("=")[2]
+    return {"sandbox": "sandbox-1", "policy": "agent", "method": request.method,
+            "scheme": request.scheme, "host": request.host, "port": request.port,
+            "path": path, "model": model}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_replay_gives_the_proxys_verdict(policy_set: PolicySet, case: Case) -> None:
+    """Replayed from no policy to the parity policy: a request the proxy allows is
+    newly allowed; one it refuses (by what an audit line shows) stays denied."""
+    method, url, body = _request(case)
+    line = json.dumps(_audit_line(method, url, body))
+    empty = load_policy_texts({"policies/other.yaml": "version: v1\nname: other\negress: []\n"})
+    report = replay([line], empty, policy_set)
+    blind = REPLAY_BLIND | (PIPELINE if case.name in REPLAY_BLIND_CASES else set())
+    denied = _expected(case, PIPELINE - blind) is not None
+    assert report.count("newly_allowed") == (0 if denied else 1), report.to_dict()
+
+
+# -- the stages themselves ------------------------------------------------------------
+
+
+def test_route_refuses_an_undefined_credential_before_anything_else() -> None:
+    policies = load_policy_texts({"p/a.yaml": "version: v1\nname: a\negress:\n"
+                                              "  - {host: x.test, credential: c}\n"
+                                              "credentials:\n  c: {preset: openai, secret: s,"
+                                              " hosts: [x.test]}\n"})
+    policy = policies.policies["a"]
+    routed = route({}, policy, Request("GET", "https", "x.test", 443, "/"))
+    assert routed.refusal is not None and routed.refusal.code == "policy_denied"
+    assert "'c' is not defined" in routed.refusal.reason
+    good = route(policies.credentials, policy, Request("GET", "https", "x.test", 443, "/"))
+    assert good.refusal is None and good.credential is not None
+
+
+def test_unseen_body_stops_before_the_metering_step(policy_set: PolicySet) -> None:
+    policy = policy_set.policies["agent"]
+    request = request_for("POST", "https://api.openai.com/v1/chat/completions")
+    unseen = evaluate(policy_set, policy, request)
+    assert (unseen.result, unseen.metered) == ("allow", False)
+    seen = evaluate(policy_set, policy, request, body=b'{"model": "gpt-4o"}')
+    assert (seen.result, seen.error, seen.metered) == ("deny", "model_not_allowed", True)
+    plain = evaluate(policy_set, policy, request_for("GET", "https://other.test/ok/a"),
+                     body=UNSEEN)
+    assert (plain.result, plain.metered) == ("allow", True)  # nothing to meter
+
+
+@pytest.mark.parametrize(("host", "result", "port"), [
+    ("allowed.test", "allow", 443), ("other.test", "allow", 443),
+    ("evil.test", "deny", 443), ("169.254.169.254", "allow", 443)])
+def test_name_allowed_is_the_tunnel_decision(policy_set: PolicySet, host: str, result: str,
+                                             port: int) -> None:
+    decision, chosen = name_allowed(policy_set.policies["agent"], host)
+    assert (decision.result, chosen) == (result, port)
+    tunnel = route({}, policy_set.policies["agent"], Request(None, "https", host, port, None))
+    assert tunnel.decision.result == decision.result
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("ftp://a.test/", "unsupported URL scheme 'ftp'"),
+    ("https://a.test:99999/", "invalid URL"),
+    ("https:///x", "invalid URL"),
+    ("https://user@a.test/", "user information"),
+])
+def test_request_for_reads_urls_like_the_proxy(url: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        request_for("GET", url)
+
+
+def test_request_for_drops_a_fragment_and_keeps_the_query() -> None:
+    assert request_for("get", "API.Test./a?b=1#frag") == Request("GET", "https", "api.test",
+                                                                  443, "/a?b=1")
+    assert request_for("CONNECT", "tcp://db.test:5432") == Request(None, "tcp", "db.test",
+                                                                    5432, None)
