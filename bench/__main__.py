@@ -31,7 +31,7 @@ from types import FrameType
 from typing import Any
 
 from bench import metering, micro, report, targets
-from bench.proxies import GatewayProxy, MitmdumpProxy, Proxy, SquidProxy
+from bench.proxies import GatewayProxy, MitmdumpProxy, NginxProxy, Proxy, SquidProxy
 from bench.upstream import LocalCA, SSEServer, StaticUpstream, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +80,7 @@ class Row:
 
     key: str
     label: str
-    proxy: str | None  # None = direct; else gateway | mitmdump | squid
+    proxy: str | None  # None = direct; else gateway | mitmdump | squid | nginx
     host: str
     workloads: tuple[str, ...]
     inject_header: bool = False  # send X-Api-Key: <token> as a sandbox would
@@ -94,10 +94,12 @@ ROWS = (
     Row("gateway_policy", "gateway intercept + policy", "gateway", "policy.bench.test",
         ("get_c1", "get_c10", "download", "idle", "idle_after_timeout")),
     Row("gateway_inject", "gateway intercept + inject", "gateway", "inject.bench.test",
-        ("get_c1", "get_c10"), inject_header=True),
+        ("get_c1", "get_c10", "new_c10"), inject_header=True),
     Row("gateway_sse", "gateway SSE (intercept)", "gateway", "sse.bench.test", ("sse",)),
+    Row("nginx", "nginx TLS reverse proxy + header", "nginx", "inject.bench.test",
+        ("get_c1", "get_c10", "new_c10")),
     Row("mitmdump", "mitmdump -q + inject script", "mitmdump", "inject.bench.test",
-        ("get_c1", "get_c10", "download", "sse", "idle"), inject_header=True),
+        ("get_c1", "get_c10", "new_c10", "download", "sse", "idle"), inject_header=True),
     Row("squid", "squid CONNECT", "squid", "pass.bench.test",
         ("get_c1", "get_c10", "download", "sse", "idle")),
 )
@@ -219,13 +221,15 @@ class Bench:
                         cafile=str(proxy.ca_cert if intercepted else self.ca.cert_path))
             if row.inject_header:
                 spec["headers"] = {"X-Api-Key": proxy.token}
+        elif isinstance(proxy, NginxProxy):  # a reverse proxy: dialled as the host itself
+            spec.update(direct=["127.0.0.1", proxy.port], cafile=str(self.ca.cert_path))
         elif isinstance(proxy, MitmdumpProxy):
             spec.update(proxy=["127.0.0.1", proxy.port], cafile=str(proxy.ca_cert))
             spec["headers"] = {"X-Api-Key": "sandbox-token-the-script-replaces"}
         else:  # squid maps names, not ports: the CONNECT authority carries the real port
             spec.update(proxy=["127.0.0.1", proxy.port], port=upstream_port,
                         cafile=str(self.ca.cert_path))
-        if workload.startswith("get_c"):  # get_c<connections>
+        if workload.startswith(("get_c", "new_c")):  # get_c<connections>, new_c<…>
             spec.update(connections=int(workload[5:]), duration=s.get_seconds)
         elif workload == "download":
             spec.update(path="/big")
@@ -238,7 +242,7 @@ class Bench:
 
     def timeout(self, workload: str) -> float:
         s = self.sizes
-        if workload.startswith("get"):
+        if workload.startswith(("get", "new")):
             return s.get_seconds + 60
         if workload.startswith("idle"):
             return 60 + s.idle_tunnels * 0.2
@@ -400,6 +404,8 @@ class Bench:
                                  self.proxy_cpu)
         if kind == "squid":
             return SquidProxy(d, self.static.port, self.sse.port, self.proxy_cpu)
+        if kind == "nginx":
+            return NginxProxy(d, self.ca, self.static.port, self.proxy_cpu)
         raise ValueError(kind)
 
     def wanted(self, key: str) -> bool:
@@ -424,7 +430,7 @@ class Bench:
                 stack.callback(self.sse.stop)
                 self.sse.start()
                 self.results["meta"]["upstream"] = self.static.kind
-                for kind in (None, "gateway", "mitmdump", "squid"):
+                for kind in (None, "gateway", "nginx", "mitmdump", "squid"):
                     try:
                         self.run_proxy_rows(kind, stack)
                     except RuntimeError as exc:  # a proxy that cannot start: say so, go on

@@ -12,7 +12,9 @@ measured phase falls inside the proxy-CPU window:
    CPU time included, from ``resource.getrusage``);
 3. waits for another line, then closes every connection and exits.
 
-Workloads: ``get`` (fixed duration, per-request latency), ``download`` (one large
+Workloads: ``get`` (fixed duration, per-request latency), ``new`` (like ``get``, but
+each request on a new connection: CONNECT, TLS handshake, one request, close; its
+latency includes the connection), ``download`` (one large
 body), ``sse`` (time to first event, per-event delivery delay), ``idle`` (open N
 tunnels, one request each, then hold them idle).
 """
@@ -39,7 +41,7 @@ CHUNK = 1 << 20
 class Spec:
     """What to run and through what (the orchestrator builds it as JSON)."""
 
-    workload: str  # get | download | sse | idle
+    workload: str  # get | new | download | sse | idle
     host: str  # the name the client asks for (SNI, Host header, CONNECT authority)
     port: int  # the CONNECT authority port
     cafile: str  # the CA this client trusts (gateway/mitmdump CA, or the upstream CA)
@@ -172,6 +174,9 @@ async def run(spec: Spec, stdin: asyncio.StreamReader) -> None:
     try:
         if spec.workload != "idle":
             conns, warm_statuses = await _warm(spec, ctx, spec.connections)
+            if spec.workload == "new":  # (warmed: the proxy's caches, the CA's leaf)
+                await _close(conns)
+                conns = []
         else:
             warm_statuses = {}
         _emit({"ready": True, "warmup_statuses": warm_statuses})
@@ -179,6 +184,8 @@ async def run(spec: Spec, stdin: asyncio.StreamReader) -> None:
         cpu0, wall0 = _cpu(), time.perf_counter()
         if spec.workload == "get":
             result = await _run_get(spec, conns)
+        elif spec.workload == "new":
+            result = await _run_new(spec, ctx)
         elif spec.workload == "download":
             result = await _run_download(spec, conns[0])
         elif spec.workload == "sse":
@@ -208,6 +215,33 @@ async def _run_get(spec: Spec, conns: list[Conn]) -> dict[str, Any]:
     lat.sort()
     ok = statuses.get(200, 0)
     return {"requests": len(lat), "ok": ok, "statuses": statuses,
+            "rps": len(lat) / elapsed, "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99)}
+
+
+async def _new_loop(spec: Spec, ctx: ssl.SSLContext, req: bytes, end: float,
+                    lat: list[int], statuses: dict[int, int]) -> None:
+    clock = time.perf_counter_ns
+    while time.perf_counter() < end:
+        t0 = clock()
+        reader, writer = await connect(spec, ctx)
+        writer.write(req)
+        status, _ = await read_response(reader)
+        lat.append(clock() - t0)
+        statuses[status] = statuses.get(status, 0) + 1
+        await _close([(reader, writer)])
+
+
+async def _run_new(spec: Spec, ctx: ssl.SSLContext) -> dict[str, Any]:
+    req = request_bytes(spec)
+    lat: list[int] = []
+    statuses: dict[int, int] = {}
+    start = time.perf_counter()
+    end = start + spec.duration
+    await asyncio.gather(*(_new_loop(spec, ctx, req, end, lat, statuses)
+                           for _ in range(spec.connections)))
+    elapsed = time.perf_counter() - start
+    lat.sort()
+    return {"requests": len(lat), "ok": statuses.get(200, 0), "statuses": statuses,
             "rps": len(lat) / elapsed, "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99)}
 
 

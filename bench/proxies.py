@@ -26,7 +26,16 @@ from pathlib import Path
 
 import yaml
 
-from bench.upstream import NAMES, SECRET, free_port, stop_process, wait_port
+from bench.upstream import (
+    NAMES,
+    NGINX_HEAD,
+    SECRET,
+    LocalCA,
+    free_port,
+    nginx_binary,
+    stop_process,
+    wait_port,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -380,6 +389,67 @@ class MitmdumpProxy(Proxy):
     def log_tail(self) -> str:
         try:
             return (self.dir / "mitmdump.log").read_text(errors="replace")[-1500:]
+        except OSError:
+            return ""
+
+
+NGINX_PROXY_CONF = NGINX_HEAD + """\
+  upstream bench_upstream {{ server 127.0.0.1:{upstream_port}; keepalive 64; }}
+  server {{
+    listen 127.0.0.1:{port} ssl;
+    server_name inject.bench.test;
+    ssl_certificate {cert};
+    ssl_certificate_key {key};
+    ssl_protocols TLSv1.2 TLSv1.3;
+    ssl_session_tickets off;  # (as the gateway: no resumption on the client side)
+    location / {{
+      proxy_pass https://bench_upstream;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host inject.bench.test;
+      proxy_set_header X-Api-Key "{secret}";
+      proxy_ssl_server_name on;
+      proxy_ssl_name inject.bench.test;
+      proxy_ssl_verify on;
+      proxy_ssl_trusted_certificate {ca};
+      proxy_ssl_session_reuse on;
+    }}
+  }}
+}}
+"""
+
+
+class NginxProxy(Proxy):
+    """nginx as a TLS-terminating reverse proxy that adds the key header: the floor for
+    what terminating, re-encrypting and forwarding one request costs (no CONNECT, no
+    policy, no scan). Clients connect to it directly, as to inject.bench.test."""
+
+    name = "nginx"
+
+    def __init__(self, workdir: Path, ca: LocalCA, upstream_port: int, cpu: int | None) -> None:
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        cert, key = ca.issue(self.dir, ["inject.bench.test"])
+        self.port = free_port()
+        (self.dir / "nginx.conf").write_text(NGINX_PROXY_CONF.format(
+            d=self.dir, cert=cert, key=key, port=self.port, upstream_port=upstream_port,
+            secret=SECRET, ca=ca.cert_path))
+        self.cpu = cpu
+
+    def start(self) -> None:
+        binary = nginx_binary()
+        if binary is None:
+            raise RuntimeError("nginx is not installed (apt-get install nginx-light)")
+        self.proc = subprocess.Popen(
+            _pinned([binary, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf"),
+                     "-e", str(self.dir / "nginx-error.log")], self.cpu),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        wait_port(self.port, 30, self.proc, "nginx (reverse proxy)")
+
+    def log_tail(self) -> str:
+        try:
+            return (self.dir / "nginx-error.log").read_text(errors="replace")[-1500:]
         except OSError:
             return ""
 

@@ -70,7 +70,9 @@ def nginx_binary() -> str | None:
         (p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
 
 
-NGINX_CONF = """\
+# One process, keep-alive without limits, temp files in the run's directory (`{d}`):
+# the start of every nginx config the benchmark writes.
+NGINX_HEAD = """\
 daemon off;
 master_process off;
 worker_processes 1;
@@ -80,7 +82,6 @@ error_log {d}/nginx-error.log warn;
 events {{ worker_connections 8192; }}
 http {{
   access_log off;
-  sendfile on;
   tcp_nodelay on;
   keepalive_timeout 600s;
   keepalive_requests 100000000;
@@ -89,6 +90,10 @@ http {{
   fastcgi_temp_path {d}/tmp-fastcgi;
   uwsgi_temp_path {d}/tmp-uwsgi;
   scgi_temp_path {d}/tmp-scgi;
+"""
+
+NGINX_CONF = NGINX_HEAD + """\
+  sendfile on;
   default_type application/octet-stream;
   ssl_certificate {cert};
   ssl_certificate_key {key};

@@ -42,6 +42,7 @@ from gateway.core.phrases import error_phrase
 from gateway.engines import patches
 from gateway.engines.door import Doors
 from gateway.engines.frontdoor import FrontDoor
+from gateway.engines.h1.pool import LIMIT as POOL_LIMIT
 from gateway.engines.h1.server import Engine, Limits, Timeouts
 from gateway.engines.idle import IdleUpstreams
 from gateway.engines.mitm import STREAM_LARGE_BODIES, Adapter, error_h2, error_page
@@ -152,6 +153,7 @@ class Gateway:
         self.doors: Doors | None = None
         self.metering: Metering | None = None
         self.fd_limit = 0
+        self.pool_limit = 0  # upstream connections kept for a sandbox's next connection
         self.draining = False
         self._listening = False
         self.dns: DnsServer | None = None
@@ -275,6 +277,10 @@ class Gateway:
         )
 
         self.fd_limit = raise_fd_limit()
+        # The upstream pool's descriptors come out of the connection cap (an eighth of
+        # the budget at most, engines/h1/pool.py LIMIT at most).
+        if cfg.network.intercept == "fast":
+            self.pool_limit = min(POOL_LIMIT, max(0, self.fd_limit - FD_RESERVE) // 8)
         shared = self.worker is not None
         proxy_sock = bind(cfg.listen.proxy, shared=shared)
         self.proxy_address = proxy_sock.getsockname()[:2]
@@ -324,7 +330,7 @@ class Gateway:
             resolve=self.guard.resolver.resolve, metering=self.metering,
             signers=self.credentials, ephemeral=self.state.ephemeral,
             audit_health=self.auditor, connections_per_sandbox=cfg.limits.connections_per_sandbox,
-            max_connections=max(16, (self.fd_limit - FD_RESERVE) // 2))
+            max_connections=max(16, (self.fd_limit - FD_RESERVE - self.pool_limit) // 2))
         patches.install_error_pages(error_page, error_h2)
         patches.install_log_hygiene(error_phrase)
         await self._start_dns(shared)
@@ -339,7 +345,8 @@ class Gateway:
         if cfg.network.intercept == "fast":
             self.leaves = LeafContexts(self.master.addons.get("tlsconfig").certstore, runtime)
             h1 = Engine(self.gate, self.leaves, upstream_context(bundle), timeouts=timeouts,
-                        limits=limits, upstream_idle=cfg.network.upstream_idle_timeout)
+                        limits=limits, upstream_idle=cfg.network.upstream_idle_timeout,
+                        pool_limit=self.pool_limit)
             splices = Splices(self.gate, idle=t.client_idle,
                               lifetime=cfg.limits.max_tunnel_lifetime, connect=t.connect)
             self.doors = doors = Doors(self.gate, h1, splices, timeouts, limits,

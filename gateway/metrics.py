@@ -93,6 +93,14 @@ POLICY_INFO = Gauge(
     registry=REGISTRY,
     multiprocess_mode="livemax",
 )
+UPSTREAM_CONNECTIONS = Counter(
+    "sandbox_gateway_upstream_connections_total",
+    "Upstream connections an intercepted request went out on that its client connection "
+    "did not already hold: dialled (full TLS handshake, or cleartext), resumed (a TLS "
+    "session resumed) or pooled (kept from an earlier connection of the same sandbox).",
+    ["how"],
+    registry=REGISTRY,
+)
 DESTINATIONS_REFUSED = Counter(
     "sandbox_gateway_destinations_refused_total",
     "Upstream addresses refused after resolution, by classification code.",

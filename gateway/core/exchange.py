@@ -391,12 +391,8 @@ class Exchange:
         redactor = self._redactor = Redactor(value.variants())
         head.reason = redactor.redact(head.reason.encode("latin-1", "replace")).decode(
             "latin-1")
-        fields = []
-        for k, v in head.headers.fields:
-            if any(m in v for m in redactor.variants):
-                v = redactor.redact(v)
-            fields.append((k, v))
-        head.headers.fields = fields
+        if redactor.found_in(v for _, v in head.headers.fields):
+            head.headers.fields = [(k, redactor.redact(v)) for k, v in head.headers.fields]
         if no_body(self.head.method, head.status) or head.headers.get("content-length") == "0":
             return head
         coding = head.headers.get("content-encoding")

@@ -29,6 +29,9 @@ import functools
 import json
 import re
 from collections.abc import Iterable
+from typing import Any
+
+import ahocorasick
 
 __all__ = [
     "REDACTED",
@@ -119,26 +122,34 @@ class LeakScan:
     carrier, which is emptied before scanning) and `secrets` (keys not bound to the
     request's destination)."""
 
-    __slots__ = ("keep", "secrets", "tokens")
+    __slots__ = ("_automaton", "keep", "secrets", "tokens")
 
     def __init__(self, tokens: Iterable[bytes], secrets: Iterable[bytes] = ()) -> None:
-        self.tokens = tuple(sorted(set(tokens), key=len))
-        self.secrets = tuple(sorted(set(secrets), key=len))
+        self.tokens = _minimal(tokens, ())
+        self.secrets = _minimal(secrets, self.tokens)
         longest = max((len(m) for m in (*self.tokens, *self.secrets)), default=1)
         self.keep = longest * _EXPANSION
+        # One pass over the text finds every marker (Aho-Corasick), whatever their number.
+        automaton: Any = None
+        if self.tokens or self.secrets:
+            automaton = ahocorasick.Automaton()
+            for kind, markers in (("token", self.tokens), ("secret", self.secrets)):
+                for marker in markers:
+                    automaton.add_word(marker.decode("latin-1"), kind)
+            automaton.make_automaton()
+        self._automaton = automaton
 
     def find(self, data: bytes) -> str | None:
-        """`token`, `secret` or None for raw `data` (canonicalised here)."""
-        if not data:
+        """`token`, `secret` or None for raw `data` (canonicalised here); a token
+        wins over a key found in the same data."""
+        if not data or self._automaton is None:
             return None
-        text = canonical(data)
-        for marker in self.tokens:
-            if marker in text:
+        found: str | None = None
+        for _, kind in self._automaton.iter(canonical(data).decode("latin-1")):
+            if kind == "token":
                 return "token"
-        for marker in self.secrets:
-            if marker in text:
-                return "secret"
-        return None
+            found = "secret"
+        return found
 
     def head(self, method: str, target: str, fields: Iterable[tuple[bytes, bytes]]) -> str | None:
         """Scan a request head: line, fields, and every value joined (split values)."""
@@ -152,6 +163,18 @@ class LeakScan:
 
     def stream(self) -> StreamScan:
         return StreamScan(self)
+
+
+def _minimal(markers: Iterable[bytes], found_first: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    """`markers` without those that hold another marker (or one of `found_first`):
+    text holding such a marker holds the shorter one too, which is found first. A key's
+    base64 holds the base64 of its first bytes, a padded form its unpadded one: about
+    half of all markers are such. Shortest first."""
+    kept: list[bytes] = []
+    for marker in sorted(set(markers), key=len):
+        if not any(m in marker for m in found_first) and not any(m in marker for m in kept):
+            kept.append(marker)
+    return tuple(kept)
 
 
 class StreamScan:
@@ -171,18 +194,54 @@ class StreamScan:
         return found
 
 
+class _Secret:
+    """What redacting one secret needs, computed once per secret (`_secret`): its
+    variants longest first, their proper prefixes and first bytes, and an automaton
+    that tells in one pass whether any variant is in a text."""
+
+    __slots__ = ("automaton", "firsts", "longest", "prefixes", "variants")
+
+    def __init__(self, variants: tuple[bytes, ...]) -> None:
+        self.variants = tuple(sorted(set(variants), key=len, reverse=True))
+        self.prefixes = frozenset(v[:n] for v in self.variants for n in range(1, len(v)))
+        self.firsts = tuple({v[:1] for v in self.variants if v})
+        self.longest = len(self.variants[0]) if self.variants else 0
+        automaton: Any = None
+        if self.variants:
+            automaton = ahocorasick.Automaton()
+            for v in self.variants:
+                automaton.add_word(v.decode("latin-1"), None)
+            automaton.make_automaton()
+        self.automaton = automaton
+
+    def found(self, data: bytes) -> bool:
+        automaton = self.automaton
+        return automaton is not None and next(automaton.iter(data.decode("latin-1")),
+                                              None) is not None
+
+
+@functools.lru_cache(maxsize=256)
+def _secret(variants: tuple[bytes, ...]) -> _Secret:
+    return _Secret(variants)
+
+
 class Redactor:
     """A response-stream filter replacing a secret (all `variants`) by [REDACTED]."""
 
     def __init__(self, variants: Iterable[bytes]) -> None:
-        self.variants = tuple(sorted(set(variants), key=len, reverse=True))
-        self._prefixes = _prefixes(self.variants)
-        self._longest = len(self.variants[0]) if self.variants else 0
+        self._secret = _secret(tuple(variants))
+        self.variants = self._secret.variants
         self._held = b""
         self.redactions = 0
 
+    def found_in(self, pieces: Iterable[bytes]) -> bool:
+        """Whether any variant is in any of `pieces` (one scan over them all)."""
+        return self._secret.found(b"\n".join(pieces))  # (no variant holds a newline)
+
     def redact(self, data: bytes) -> bytes:
         """Replace every occurrence in a complete byte string."""
+        if not self._secret.found(data):
+            return data
         for v in self.variants:
             if v in data:
                 self.redactions += data.count(v)
@@ -202,15 +261,16 @@ class Redactor:
         return self.redact(held)
 
     def _partial_tail(self, data: bytes) -> int:
-        """Length of the longest tail of `data` that is a proper prefix of a variant."""
-        prefixes = self._prefixes
-        for n in range(min(self._longest - 1, len(data)), 0, -1):
-            if data[-n:] in prefixes:
-                return n
-        return 0
-
-
-@functools.lru_cache(maxsize=256)
-def _prefixes(variants: tuple[bytes, ...]) -> frozenset[bytes]:
-    """Every proper prefix of every variant (computed once per secret)."""
-    return frozenset(v[:n] for v in variants for n in range(1, len(v)))
+        """Length of the longest tail of `data` that is a proper prefix of a variant
+        (tried only where a variant's first byte is)."""
+        secret = self._secret
+        start = max(0, len(data) - secret.longest + 1)
+        best = len(data)
+        for first in secret.firsts:
+            at = data.find(first, start)
+            while at != -1 and at < best:
+                if data[at:] in secret.prefixes:
+                    best = at
+                    break
+                at = data.find(first, at + 1)
+        return len(data) - best

@@ -15,13 +15,51 @@ from dataclasses import dataclass
 __all__ = ["Headers", "RequestHead", "ResponseHead"]
 
 
-class Headers:
-    """An ordered multi-map of header fields (case-insensitive names, repeated fields kept)."""
+_KEYS: dict[str, bytes] = {}  # a looked-up name -> its lower-case bytes (names are few)
 
-    __slots__ = ("fields",)
+
+def _key(name: str) -> bytes:
+    key = _KEYS.get(name)
+    if key is None:
+        key = name.lower().encode("latin-1")
+        if len(_KEYS) < 512:
+            _KEYS[name] = key
+    return key
+
+
+class Headers:
+    """An ordered multi-map of header fields (case-insensitive names, repeated fields kept).
+
+    `fields` is replaced, never changed in place: the lower-case name index that
+    lookups use is built on the first lookup after each replacement.
+    """
+
+    __slots__ = ("_fields", "_index")
 
     def __init__(self, fields: Iterable[tuple[bytes, bytes]] = ()) -> None:
-        self.fields: list[tuple[bytes, bytes]] = list(fields)
+        self._fields: list[tuple[bytes, bytes]] = list(fields)
+        self._index: dict[bytes, list[int]] | None = None
+
+    @property
+    def fields(self) -> list[tuple[bytes, bytes]]:
+        return self._fields
+
+    @fields.setter
+    def fields(self, fields: list[tuple[bytes, bytes]]) -> None:
+        self._fields = fields
+        self._index = None
+
+    def _positions(self, name: str) -> list[int] | None:
+        index = self._index
+        if index is None:
+            index = self._index = {}
+            for i, (k, _) in enumerate(self._fields):
+                positions = index.get(k.lower())
+                if positions is None:
+                    index[k.lower()] = [i]
+                else:
+                    positions.append(i)
+        return index.get(_key(name))
 
     @classmethod
     def of(cls, *pairs: tuple[str, str]) -> Headers:
@@ -30,61 +68,52 @@ class Headers:
 
     def get(self, name: str) -> str | None:
         """The first value of `name`, or None."""
-        key = name.lower().encode("latin-1")
-        for k, v in self.fields:
-            if k.lower() == key:
-                return v.decode("latin-1")
-        return None
+        positions = self._positions(name)
+        return self._fields[positions[0]][1].decode("latin-1") if positions else None
 
     def get_all(self, name: str) -> list[str]:
         """Every value of `name`, in order."""
-        key = name.lower().encode("latin-1")
-        return [v.decode("latin-1") for k, v in self.fields if k.lower() == key]
+        fields = self._fields
+        return [fields[i][1].decode("latin-1") for i in self._positions(name) or ()]
 
     def count(self, name: str) -> int:
-        key = name.lower().encode("latin-1")
-        return sum(1 for k, _ in self.fields if k.lower() == key)
+        return len(self._positions(name) or ())
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and self.get(name) is not None
+        return isinstance(name, str) and bool(self._positions(name))
 
     def set(self, name: str, value: str) -> None:
         """Replace every `name` field by one (at the first one's place, else at the end)."""
-        key = name.lower().encode("latin-1")
-        field = (name.encode("latin-1"), value.encode("latin-1"))
-        out: list[tuple[bytes, bytes]] = []
-        placed = False
-        for k, v in self.fields:
-            if k.lower() == key:
-                if not placed:
-                    out.append((k, field[1]))
-                    placed = True
-            else:
-                out.append((k, v))
-        if not placed:
-            out.append(field)
-        self.fields = out
+        positions = self._positions(name)
+        raw = value.encode("latin-1")
+        if not positions:
+            self.fields = [*self._fields, (name.encode("latin-1"), raw)]
+            return
+        first, drop = positions[0], set(positions[1:])
+        self.fields = [(k, raw) if i == first else (k, v)
+                       for i, (k, v) in enumerate(self._fields) if i not in drop]
 
     def remove(self, name: str) -> bool:
         """Drop every `name` field; True if there was one."""
-        key = name.lower().encode("latin-1")
-        kept = [(k, v) for k, v in self.fields if k.lower() != key]
-        removed = len(kept) != len(self.fields)
-        self.fields = kept
-        return removed
+        positions = self._positions(name)
+        if not positions:
+            return False
+        drop = set(positions)
+        self.fields = [f for i, f in enumerate(self._fields) if i not in drop]
+        return True
 
     def items(self) -> Iterator[tuple[str, str]]:
-        for k, v in self.fields:
+        for k, v in self._fields:
             yield k.decode("latin-1"), v.decode("latin-1")
 
     def copy(self) -> Headers:
-        return Headers(self.fields)
+        return Headers(self._fields)
 
     def __len__(self) -> int:
-        return len(self.fields)
+        return len(self._fields)
 
     def __repr__(self) -> str:
-        return f"Headers({[k.decode('latin-1') for k, _ in self.fields]})"  # names only
+        return f"Headers({[k.decode('latin-1') for k, _ in self._fields]})"  # names only
 
 
 @dataclass(slots=True)
@@ -102,6 +131,9 @@ class RequestHead:
     http_version: str = "HTTP/1.1"
     authority: str | None = None
     scheme: str | None = None
+    # The engine's parser checked that every field name is a token (h11 does; it lets
+    # some control characters through in values, which the core checks on every head).
+    names_checked: bool = False
 
 
 @dataclass(slots=True)

@@ -95,6 +95,15 @@ def _authority(text: str, scheme: str, what: str) -> tuple[str, int]:
                       f"the {what} {_clip(text)!r} is not a valid host: {exc}") from None
 
 
+def _bad_fields(fields: list[tuple[bytes, bytes]], names_checked: bool) -> bool:
+    if _BAD_VALUE.search(b"\t".join(v for _, v in fields)) is not None:
+        return True
+    if names_checked:
+        return False
+    joined = b" ".join(k for k, _ in fields)
+    return not _FIELD_NAMES.fullmatch(joined) or joined.count(b" ") != len(fields) - 1
+
+
 def request_target(head: RequestHead, tunnel: tuple[str, int] | None, *, tls: bool) -> Target:
     """The target of `head`, or Refusal. `tunnel`: the (host, port) the connection is
     bound to (CONNECT authority, or the transparent destination); None for a plain
@@ -108,9 +117,7 @@ def request_target(head: RequestHead, tunnel: tuple[str, int] | None, *, tls: bo
         raise Refusal("bad_request", "CONNECT inside a tunnel or as a plain request is not "
                       "supported; open the tunnel with CONNECT to the proxy itself")
     fields = head.headers.fields
-    joined = b" ".join(k for k, _ in fields)
-    if fields and (not _FIELD_NAMES.fullmatch(joined) or joined.count(b" ") != len(fields) - 1
-                   or _BAD_VALUE.search(b"\t".join(v for _, v in fields))):
+    if fields and _bad_fields(fields, head.names_checked):
         raise Refusal("bad_request", "a header field has a name that is not a token or a "
                       "value with control characters (NUL, CR, LF)")
     scheme = "https" if tls else "http"

@@ -6,6 +6,8 @@ import h11
 import pytest
 
 from gateway.core.messages import Headers, RequestHead, ResponseHead
+from gateway.core.refusal import Refusal
+from gateway.core.target import request_target
 from gateway.engines.h1 import framing
 from gateway.engines.patches import ReceiveBuffer, read_request_head, read_response_head
 
@@ -96,3 +98,27 @@ def test_response_framing_choices() -> None:
         b"HTTP/1.1 200 OK\r\nX: y\r\nTransfer-Encoding: chunked\r\n\r\n")
     assert framing.serialize_response(head, chunked=False, length=3, close=True) == (
         b"HTTP/1.1 200 OK\r\nX: y\r\nConnection: close\r\nContent-Length: 3\r\n\r\n")
+
+
+# Every field name the core's own check refuses (target.request_target: names are
+# tokens), h11 refuses first: so a head h11 parsed is marked `names_checked` and the core
+# checks only its values (h11 lets some control characters through in values).
+@pytest.mark.parametrize("field", [
+    b"X N: v", b"X\x00N: v", b"X(N): v", b"X-N : v", b": v", b"X-\xffN: v", b"X/N: v",
+])
+def test_h11_refuses_every_field_name_the_core_would(field: bytes) -> None:
+    name, _, value = field.partition(b":")
+    head = RequestHead("GET", "/", Headers([(name, value.strip())]))
+    if name:
+        with pytest.raises(Refusal):
+            request_target(head, ("a.test", 443), tls=True)
+    with pytest.raises(h11.ProtocolError):
+        parse(b"GET / HTTP/1.1\r\nHost: a\r\n" + field + b"\r\n\r\n")
+
+
+@pytest.mark.parametrize("value", [b"a\x01b", b"a\x7fb", b"a\x1bb"])
+def test_the_core_checks_values_h11_lets_through(value: bytes) -> None:
+    head = parse(b"GET / HTTP/1.1\r\nHost: a\r\nX-N: " + value + b"\r\n\r\n")
+    assert head.names_checked
+    with pytest.raises(Refusal, match="control characters"):
+        request_target(head, ("a.test", 443), tls=True)

@@ -53,7 +53,7 @@ def request_head(event: h11.Request) -> RequestHead:
     headers = Headers(event.headers.raw_items())
     _no_smuggling(headers)
     return RequestHead(event.method.decode("latin-1"), event.target.decode("latin-1"),
-                       headers, _version(event.http_version))
+                       headers, _version(event.http_version), names_checked=True)
 
 
 def response_head(event: h11.Response | h11.InformationalResponse) -> ResponseHead:

@@ -29,6 +29,7 @@ from typing import Any
 
 import h11
 
+from gateway import metrics
 from gateway.core.exchange import Exchange, no_body
 from gateway.core.gate import Client, Gate
 from gateway.core.messages import RequestHead
@@ -36,6 +37,8 @@ from gateway.core.phrases import error_phrase
 from gateway.core.refusal import Answer, Refusal, to_http1
 from gateway.engines.h1 import framing
 from gateway.engines.h1.framing import ProtocolError
+from gateway.engines.h1.pool import LIMIT as POOL_LIMIT
+from gateway.engines.h1.pool import UpstreamPool
 from gateway.engines.h1.side import PhaseTimeout, Side, Upstream
 from gateway.engines.patches import (
     ChunkedReader,
@@ -76,19 +79,21 @@ class Engine:
 
     def __init__(self, gate: Gate, leaves: LeafContexts, upstream_tls: ssl.SSLContext, *,
                  timeouts: Timeouts = Timeouts(), limits: Limits = Limits(),
-                 upstream_idle: float = 30.0) -> None:
+                 upstream_idle: float = 30.0, pool_limit: int = POOL_LIMIT) -> None:
         self.gate = gate
         self.leaves = leaves
         self.upstream_tls = upstream_tls
         self.timeouts = timeouts
         self.limits = limits
         self.upstream_idle = upstream_idle
+        self.pool = UpstreamPool(upstream_idle, pool_limit)
         self.connections: set[Connection] = set()
         self.draining = False  # shutting down: every response closes its connection
         self._sweeper: asyncio.Task[None] | None = None
 
     def close_idle(self) -> None:
         """Close connections with no request in flight (a drain in progress)."""
+        self.pool.close_all()
         for conn in list(self.connections):
             if conn.exchange is None:
                 conn.abort()
@@ -118,6 +123,7 @@ class Engine:
             await asyncio.sleep(tick)
             now = time.monotonic()
             idle_before = now - self.upstream_idle
+            self.pool.expire(now)
             for conn in list(self.connections):
                 try:
                     conn.expire(now)
@@ -135,6 +141,7 @@ class Engine:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        self.pool.close_all()
         for conn in list(self.connections):
             conn.abort()
 
@@ -176,7 +183,7 @@ class Connection(Side):
 
     def _shutdown(self) -> None:
         self.engine.connections.discard(self)
-        self.drop_upstream()
+        self.release_upstream()
         self.close()
         self.gate.closed(self.client)
 
@@ -185,6 +192,17 @@ class Connection(Side):
             self.upstream.close()
             self.upstream = self.partner = None
         self.idle_since = None
+
+    def release_upstream(self) -> None:
+        """Done with the upstream connection: parked for this sandbox's next connection
+        to the same destination if it is idle and clean (`pool.py`), else closed."""
+        upstream = self.upstream
+        if upstream is None or self.exchange is not None or self.engine.draining:
+            self.drop_upstream()
+            return
+        self.upstream = self.partner = None
+        self.idle_since = None
+        self.engine.pool.park(upstream, time.monotonic())
 
     def write_answer(self, answer: Answer) -> None:
         """Send an answer the gateway made (a refusal, the local API) now."""
@@ -417,20 +435,26 @@ class Connection(Side):
 
     async def _connect(self, ex: Exchange) -> Upstream | None:
         """The kept-alive upstream connection if it still serves this destination and
-        is clean, else a new one."""
+        is clean; else one this sandbox parked for it (`pool.py`); else a new one."""
         pinned = ex.pinned
         tls = ex.target.scheme == "https"
+        key = (ex.identity.sandbox, pinned.address, pinned.host, tls)
         upstream = self.upstream
         if upstream is not None:
-            same = upstream.key == (pinned.address, pinned.host, tls)
-            if same and not upstream.eof and not len(upstream.buf):
+            if upstream.key == key and upstream.reusable():
+                upstream.clean = False
                 return upstream
-            self.drop_upstream()
+            self.release_upstream()
+        pool = self.engine.pool
+        upstream = pool.take(key)
+        if upstream is not None:
+            return self._hold(upstream)
         timeouts = self.engine.timeouts
         try:
             upstream = await Upstream.open(
                 pinned, self.engine.upstream_tls if tls else None,
-                connect=timeouts.connect, handshake=timeouts.handshake)
+                connect=timeouts.connect, handshake=timeouts.handshake,
+                session=pool.session(key) if tls else None)
         except PhaseTimeout as exc:
             self._fail(ex, exc.phase, str(exc))
             return None
@@ -447,7 +471,13 @@ class Connection(Side):
                 "forbidden_destination", "gateway error while checking the destination; "
                 "the connection was not made (fail closed)")))
             return None
-        upstream.key = (pinned.address, pinned.host, tls)
+        upstream.key = key
+        resumed = upstream.tls is not None and upstream.tls.obj.session_reused
+        metrics.child(metrics.UPSTREAM_CONNECTIONS, "resumed" if resumed else "dialled").inc()
+        return self._hold(upstream)
+
+    def _hold(self, upstream: Upstream) -> Upstream:
+        upstream.clean = False
         upstream.partner, self.partner = self, upstream
         self.upstream = upstream
         return upstream
@@ -561,12 +591,16 @@ class Connection(Side):
                             + b"\r\n")
         self.exchange = None
         ex.finish(head.status)
-        if size == -1 or close or upstream_close:
+        if size == -1 or upstream_close:
             self.drop_upstream()
         elif len(upstream.buf):
             self.drop_upstream()  # more than the response framed: a confused upstream
-        else:
+        else:  # kept for the next request (a closing client's: parked, `_shutdown`)
+            upstream.clean = True
             self.idle_since = time.monotonic()
+            if upstream.tls is not None and not upstream.session_kept:
+                upstream.session_kept = True
+                self.engine.pool.remember(upstream.key, upstream.tls.obj.session)
         if close:
             self.flush()
         return not close

@@ -170,13 +170,25 @@ class Upstream(Side):
     certificate is verified against public roots plus `network.upstream_ca`."""
 
     reused = False  # set once it has served a request (a failure then may be a stale close)
-    key: tuple[object, ...] = ()  # (address, host, tls): what this connection can serve
+    key: tuple[object, ...] = ()  # (sandbox, address, host, tls): what it can serve
+    clean = False  # its last response ended as framed and it is not in use
+    parked_at = 0.0  # monotonic: when it was parked in the pool (`pool.py`)
+    session_kept = False  # its TLS session was given to the pool to resume
+
+    def reusable(self) -> bool:
+        """Idle, clean, still open: it can carry the next request of its key."""
+        transport = self.transport
+        return (self.clean and not self.eof and not self.lost and not len(self.buf)
+                and transport is not None and not transport.is_closing()
+                and (self.tls is None or self.tls.established))
 
     @classmethod
     async def open(cls, pinned: Pinned, context: ssl.SSLContext | None, *,
-                   connect: float, handshake: float) -> Upstream:
-        """Dial, then (with `context`) the TLS handshake: each phase within its own
-        timeout; a timeout raises `PhaseTimeout` naming the phase."""
+                   connect: float, handshake: float,
+                   session: ssl.SSLSession | None = None) -> Upstream:
+        """Dial, then (with `context`) the TLS handshake, offering `session` to resume:
+        each phase within its own timeout; a timeout raises `PhaseTimeout` naming the
+        phase."""
         side = cls()
         pin(pinned)  # the address dialled is the one that was checked
         ip, port = pinned.address
@@ -191,7 +203,7 @@ class Upstream(Side):
             if context is not None:
                 assert side.transport is not None
                 side.tls = TlsPump(context, side.write_raw, server_side=False,
-                                   server_hostname=pinned.host)
+                                   server_hostname=pinned.host, session=session)
                 side.tls.start()
                 try:
                     async with asyncio.timeout(handshake):  # (no sweeper sees it yet)

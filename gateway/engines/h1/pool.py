@@ -1,0 +1,125 @@
+"""Upstream connections that outlive their client connection, and TLS sessions to resume.
+
+A sandbox that opens a new connection for each request (most CLIs, `pip`, `git`, a
+new SDK client per call) would otherwise pay a full upstream TCP and TLS handshake
+each time. When a client connection ends, its upstream connection, if it is idle and
+clean (the last response ended as framed, nothing more arrived), is parked here; the
+next connection of the **same sandbox** to the **same checked destination** (the
+pinned address, the server name, TLS or not) takes it instead of dialling. A new dial
+offers the last TLS session of that key, so the upstream can resume it (no certificate
+chain to send and verify, no new key exchange for TLS 1.2 tickets).
+
+The key is `(sandbox, address, host, tls)`: a connection is never handed to another
+sandbox, and it goes only where the destination check of the request that takes it
+pinned (the check runs for every request, the connection follows its result). Parked
+connections are closed after `network.upstream_idle_timeout`, when the upstream closes
+them, or past the bounds (`PER_KEY` per key, `LIMIT` in all; fewer when the process
+has few file descriptors: the app takes the pool's share out of the connection cap).
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from gateway import metrics
+
+if TYPE_CHECKING:
+    from gateway.engines.h1.side import Upstream
+
+__all__ = ["LIMIT", "PER_KEY", "UpstreamPool"]
+
+PER_KEY = 8  # parked connections per (sandbox, destination)
+LIMIT = 512  # parked connections in all
+SESSIONS = 1024  # TLS sessions remembered (one per key, least recently used dropped)
+
+Key = tuple[object, ...]
+
+
+class UpstreamPool:
+    """See the module docstring. `idle_timeout` <= 0 keeps nothing parked."""
+
+    def __init__(self, idle_timeout: float, limit: int = LIMIT) -> None:
+        self.idle_timeout = idle_timeout
+        self.limit = limit
+        self._parked: dict[Key, list[Upstream]] = {}
+        self._count = 0
+        self._sessions: OrderedDict[Key, ssl.SSLSession] = OrderedDict()
+        self.closed = False
+
+    def __len__(self) -> int:
+        return self._count
+
+    def park(self, upstream: Upstream, now: float) -> None:
+        """Keep `upstream` (idle since `now`) for its key's next connection, or close it
+        when it cannot serve one or the bounds are reached."""
+        key = upstream.key
+        parked = self._parked.get(key)
+        if (self.closed or self.idle_timeout <= 0 or not upstream.reusable()
+                or self._count >= self.limit or (parked is not None and len(parked) >= PER_KEY)):
+            upstream.close()
+            return
+        upstream.partner = None
+        upstream.parked_at = now
+        if parked is None:
+            parked = self._parked[key] = []
+        parked.append(upstream)
+        self._count += 1
+
+    def take(self, key: Key) -> Upstream | None:
+        """The most recently parked live connection for `key`, or None."""
+        parked = self._parked.get(key)
+        while parked:
+            upstream = parked.pop()
+            self._count -= 1
+            if not parked:
+                del self._parked[key]
+            if upstream.reusable():
+                metrics.child(metrics.UPSTREAM_CONNECTIONS, "pooled").inc()
+                return upstream
+            upstream.close()
+        return None
+
+    def session(self, key: Key) -> ssl.SSLSession | None:
+        """The TLS session to offer when dialling `key` anew."""
+        found = self._sessions.get(key)
+        if found is not None:
+            self._sessions.move_to_end(key)
+        return found
+
+    def remember(self, key: Key, session: ssl.SSLSession | None) -> None:
+        if session is None or self.closed:
+            return
+        self._sessions[key] = session
+        self._sessions.move_to_end(key)
+        if len(self._sessions) > SESSIONS:
+            self._sessions.popitem(last=False)
+
+    def expire(self, now: float) -> None:
+        """Close what was parked longer than the idle timeout or was closed upstream."""
+        before = now - self.idle_timeout
+        for key in list(self._parked):
+            parked = self._parked[key]
+            kept = [u for u in parked if u.parked_at > before and u.reusable()]
+            if len(kept) == len(parked):
+                continue
+            for upstream in parked:
+                if upstream not in kept:
+                    upstream.close()
+            self._count -= len(parked) - len(kept)
+            if kept:
+                self._parked[key] = kept
+            else:
+                del self._parked[key]
+
+    def close_all(self) -> None:
+        """Close everything parked, forget the sessions and park nothing more (shutdown,
+        a drain)."""
+        self.closed = True
+        for parked in self._parked.values():
+            for upstream in parked:
+                upstream.close()
+        self._parked.clear()
+        self._count = 0
+        self._sessions.clear()
