@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 # Requests on new client connections (one request each, c10) through the gateway before
-# upstream connections were pooled and TLS sessions resumed: this machine, same bench.
+# upstream connections were pooled: this machine, same bench.
 NEW_CONN_BASELINE = (669.0, 1486.0, "2026-11-26, 2 vCPU EPYC")
 
 

@@ -183,6 +183,11 @@ class Gateway:
         if self.fd_limit and open_fds() > self.fd_limit - FD_RESERVE:
             return False, (f"out of file descriptors ({open_fds()} of {self.fd_limit} open); "
                            "new connections would fail")
+        gate = self.gate
+        if gate is not None and gate.open_connections >= gate.max_connections:
+            return False, (f"at capacity: {gate.open_connections} open connections, the "
+                           "limit derived from the open-files limit; new connections are "
+                           "refused 503 at_capacity")
         problem = self.auditor.problem
         if problem is None and self.state.problem is not None:  # (started: listening)
             return True, (f"ready; {self.state.problem}; what could not be written is "

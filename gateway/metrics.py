@@ -96,8 +96,8 @@ POLICY_INFO = Gauge(
 UPSTREAM_CONNECTIONS = Counter(
     "sandbox_gateway_upstream_connections_total",
     "Upstream connections an intercepted request went out on that its client connection "
-    "did not already hold: dialled (full TLS handshake, or cleartext), resumed (a TLS "
-    "session resumed) or pooled (kept from an earlier connection of the same sandbox).",
+    "did not already hold: dialled (new) or pooled (kept from an earlier connection of "
+    "the same sandbox to the same destination).",
     ["how"],
     registry=REGISTRY,
 )

@@ -20,7 +20,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from gateway.ca import write_private
+from gateway.core.identity import Identity as Identity
+from gateway.core.identity import Scope as Scope
+from gateway.core.identity import TokenRefused as TokenRefused
 from gateway.state import StateStore
 
 AUDIENCE = "sandbox-gateway"
@@ -39,32 +42,6 @@ _VERIFY_CACHE_MAX = 50_000
 
 class TokenError(ValueError):
     """A token request is invalid (minting side)."""
-
-
-class TokenRefused(Exception):
-    """A presented token is not acceptable. `code` is fixed; `reason` tells what to do.
-
-    `identity`: the claims of a token whose signature verified and that is refused for
-    time (expired, not yet valid), revocation or an unloaded policy, so that the
-    refusal's audit line can name its sandbox, policy and jti. None for every token
-    whose signature did not verify: unverified claims are never used.
-
-    A plain exception, not a frozen dataclass: Python must be able to set
-    `__traceback__` on it (contextlib does when it re-raises through a `with`).
-    """
-
-    def __init__(self, code: str, reason: str, identity: Identity | None = None) -> None:
-        super().__init__(code, reason)
-        self.code = code
-        self.reason = reason
-        self.identity = identity
-
-    def __str__(self) -> str:
-        return f"{self.code}: {self.reason}"
-
-
-Scope = Mapping[str, frozenset[str] | None]
-"""Credential name -> allowed path patterns (None: every path the policy allows)."""
 
 
 def parse_scope(text: str | Iterable[str] | None) -> dict[str, frozenset[str] | None]:
@@ -93,49 +70,6 @@ def format_scope(scope: Scope) -> str:
     for name, paths in sorted(scope.items()):
         parts.extend([name] if paths is None else [f"{name}:{p}" for p in sorted(paths)])
     return " ".join(parts)
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """Who a verified token says the sandbox is."""
-
-    sandbox: str
-    policy: str
-    jti: str
-    scope: Scope
-    issued_at: float
-    expires_at: float
-    lifetime_end: float
-    family: str = ""  # jti of the first token of a refresh chain (revoking it ends them all)
-    cidr: tuple[str, ...] = ()  # source networks the token is bound to (empty: any)
-
-    def used_from(self, ip: str) -> bool:
-        """Is a connection from `ip` allowed to use this token (its `cidr` binding)?"""
-        if not self.cidr:
-            return True
-        try:
-            addr = ipaddress.ip_address(ip.split("%", 1)[0])
-        except ValueError:
-            return False
-        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-            addr = addr.ipv4_mapped
-        return any(addr in ipaddress.ip_network(net) for net in self.cidr)
-
-    def allows_credential(self, name: str, path: str) -> bool:
-        """Is credential `name` in scope for request `path`? (prefix `**` patterns allowed)."""
-        if name not in self.scope:
-            return False
-        paths = self.scope[name]
-        if paths is None:
-            return True
-        bare = path.split("?", 1)[0]
-        for pattern in paths:
-            if pattern.endswith("/**"):
-                if bare == pattern[:-3] or bare.startswith(pattern[:-2]):
-                    return True
-            elif bare == pattern:
-                return True
-        return False
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gateway.tokens import Identity
+from gateway.core.identity import Identity
 
 __all__ = ["FIELDS", "MAX_PATH", "record"]
 

@@ -22,12 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode
 
+from gateway.core.identity import Identity, TokenRefused
 from gateway.core.messages import Headers
 from gateway.core.refusal import Refusal
 from gateway.core.target import Target
 from gateway.policy import Credential, Injection
 from gateway.secrets.value import SecretValue
-from gateway.tokens import Identity, TokenRefused
 
 __all__ = ["TOKEN_PREFIX", "Swap", "apply", "find_token", "plan", "shape_of", "static_refusal"]
 

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gateway import metrics
 from gateway.core.addresses import Pinned
 from gateway.core.encodings import Decoder, EncodingError, decoder_for, encode
+from gateway.core.identity import Identity
 from gateway.core.leaks import LeakScan, Redactor, StreamScan
 from gateway.core.messages import RequestHead, ResponseHead
 from gateway.core.phrases import error_phrase
@@ -67,7 +68,6 @@ from gateway.metering import Exchange as MeteredExchange
 from gateway.metering import Refusal as MeteringStep
 from gateway.policy import Decision, Policy
 from gateway.secrets.value import SecretValue
-from gateway.tokens import Identity
 
 if TYPE_CHECKING:
     from gateway.core.gate import Client, Gate

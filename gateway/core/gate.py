@@ -23,7 +23,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway import metrics
 from gateway.core import credentials, target
@@ -31,6 +31,7 @@ from gateway.core.addresses import Pinned
 from gateway.core.audit import record
 from gateway.core.evaluate import Routed, route
 from gateway.core.exchange import Exchange, Signer
+from gateway.core.identity import Identity, TokenRefused
 from gateway.core.leaks import LeakScan, sensitive_markers, token_markers
 from gateway.core.messages import Headers, RequestHead
 from gateway.core.names import DestinationError, is_ip, normalize_host
@@ -40,7 +41,9 @@ from gateway.policy import Credential, Decision, Policy, PolicySet, Request
 from gateway.secrets.ephemeral import EphemeralKeys
 from gateway.secrets.value import SecretValue
 from gateway.state import SandboxAddress
-from gateway.tokens import Identity, TokenRefused, TokenService
+
+if TYPE_CHECKING:  # (a port: the app hands the gate its token service)
+    from gateway.tokens import TokenService
 
 log = logging.getLogger("sandbox_gateway")
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from gateway.core.messages import Headers
 
 if TYPE_CHECKING:
-    from gateway.tokens import Identity
+    from gateway.core.identity import Identity
 
 __all__ = [
     "ERROR_HEADER",

@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-import yaml
-
 from gateway.metering.usage import Usage
 
 __all__ = ["Price", "Pricing", "PricingError", "load_pricing", "parse_pricing"]
@@ -112,6 +110,8 @@ def parse_pricing(data: object, source: str = "<memory>") -> Pricing:
 
 def load_pricing(path: Path) -> Pricing:
     """Read and validate the pricing file at ``path``; raises PricingError."""
+    import yaml  # (only here: the metering step itself reads no files)
+
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:

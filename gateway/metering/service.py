@@ -42,12 +42,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
 
 from gateway import metrics
-from gateway.config import Config, ConfigError
 from gateway.counters import Counters
 from gateway.metering.budgets import (
     NANO,
@@ -76,6 +75,9 @@ from gateway.metering.usage import JsonlMeter, Meter, SessionMeter, Usage, meter
 from gateway.policy.model import Policy, PolicySet, Rule
 from gateway.secrets.ephemeral import EphemeralKey, EphemeralKeys
 from gateway.secrets.value import SecretValue
+
+if TYPE_CHECKING:
+    from gateway.config import Config
 
 __all__ = ["Exchange", "Metered", "Metering", "MeteringRefusal", "Refusal",
            "build_metering"]
@@ -690,6 +692,8 @@ def _iso(ts: float) -> str:
 def build_metering(config: Config, counters: Counters,
                    ephemeral: EphemeralKeys | None = None) -> Metering:
     """The Metering for a gateway config (raises ConfigError for a bad pricing file)."""
+    from gateway.config import ConfigError  # (the wiring's: the step itself reads no config)
+
     pricing = None
     if config.metering.pricing is not None:
         try:

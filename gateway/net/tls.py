@@ -40,12 +40,11 @@ class TlsPump:
     __slots__ = ("_in", "_out", "established", "obj", "peer_closed", "write")
 
     def __init__(self, context: ssl.SSLContext, write: Callable[[bytes], None], *,
-                 server_side: bool, server_hostname: str | None = None,
-                 session: ssl.SSLSession | None = None) -> None:
+                 server_side: bool, server_hostname: str | None = None) -> None:
         self._in = ssl.MemoryBIO()
         self._out = ssl.MemoryBIO()
         self.obj = context.wrap_bio(self._in, self._out, server_side=server_side,
-                                    server_hostname=server_hostname, session=session)
+                                    server_hostname=server_hostname)
         self.write = write
         self.established = False
         self.peer_closed = False  # close_notify received (with the data before it)

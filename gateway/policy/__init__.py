@@ -1,12 +1,17 @@
 """The policy engine: load policy files, compile them to indexed matchers, decide requests.
 
-Pure except ``loader``, ``reloader`` and ``revision`` (files, git). ``testing``, ``diff``,
-``replay`` and ``report`` serve ``policy test`` and ``policy diff``. Typical use::
+Pure except ``loader``, ``reloader`` and ``revision`` (files, YAML, git): those are
+imported on first use of one of their names, so the enforcement core, which needs only
+the model and the matcher, does not pull them in. ``testing``, ``diff``, ``replay`` and
+``report`` serve ``policy test`` and ``policy diff``. Typical use::
 
     policy_set = load_policy_dir("policies")
     decision = decide(policy_set.policies["coding-agent"], Request("GET", "https", host, 443, "/"))
 """
 
+from typing import TYPE_CHECKING
+
+from gateway.lazy import lazy_names
 from gateway.policy.hosts import (
     HostPattern,
     HostPatternError,
@@ -14,13 +19,6 @@ from gateway.policy.hosts import (
     host_matches,
     is_public_suffix,
     normalize_host,
-)
-from gateway.policy.loader import (
-    PolicyError,
-    load_policy_dir,
-    load_policy_text,
-    load_policy_texts,
-    policy_files,
 )
 from gateway.policy.matcher import Matcher, compile_policy, decide
 from gateway.policy.model import (
@@ -34,7 +32,21 @@ from gateway.policy.model import (
 )
 from gateway.policy.paths import PathPatternError, PathSet, compile_paths, normalize_path
 from gateway.policy.presets import PRESETS, Preset
-from gateway.policy.reloader import PolicyReloader, fingerprint
+
+if TYPE_CHECKING:
+    from gateway.policy.loader import (
+        PolicyError,
+        load_policy_dir,
+        load_policy_text,
+        load_policy_texts,
+        policy_files,
+    )
+    from gateway.policy.reloader import PolicyReloader, fingerprint
+
+__getattr__ = lazy_names(__name__, {
+    "PolicyError": "loader", "load_policy_dir": "loader", "load_policy_text": "loader",
+    "load_policy_texts": "loader", "policy_files": "loader",
+    "PolicyReloader": "reloader", "fingerprint": "reloader"}, globals())
 
 __all__ = [
     "PRESETS",

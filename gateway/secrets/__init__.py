@@ -2,11 +2,14 @@
 
 The request path only ever calls `SecretCache.get`; stores just fetch and
 classify failures. Values travel as `SecretValue`, whose repr is masked.
-`AzureKeyVaultStore` is imported on first use (the Azure SDK costs a process 10 MB).
+The stores, the cache and the factory are imported on first use of one of their names
+(`AzureKeyVaultStore`: the Azure SDK costs a process 10 MB; the cache needs asyncio, the
+file store YAML), so the enforcement core, which needs only `SecretValue`, pulls in none.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from gateway.lazy import lazy_names
 from gateway.secrets.base import (
     SecretError,
     SecretNotFound,
@@ -14,28 +17,26 @@ from gateway.secrets.base import (
     SecretStoreConfigError,
     SecretStoreError,
 )
-from gateway.secrets.cache import SecretCache, SecretUnavailable
-from gateway.secrets.env import EnvStore, env_var_name
-from gateway.secrets.factory import (
-    CacheOptions,
-    build_cache,
-    build_store,
-    cache_options,
-    parse_duration,
-)
-from gateway.secrets.file import FileStore
 from gateway.secrets.value import SecretValue
 
 if TYPE_CHECKING:
     from gateway.secrets.azure import AzureKeyVaultStore
+    from gateway.secrets.cache import SecretCache, SecretUnavailable
+    from gateway.secrets.env import EnvStore, env_var_name
+    from gateway.secrets.factory import (
+        CacheOptions,
+        build_cache,
+        build_store,
+        cache_options,
+        parse_duration,
+    )
+    from gateway.secrets.file import FileStore
 
-
-def __getattr__(name: str) -> Any:
-    if name == "AzureKeyVaultStore":
-        from gateway.secrets.azure import AzureKeyVaultStore
-
-        return AzureKeyVaultStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, {
+    "AzureKeyVaultStore": "azure", "SecretCache": "cache", "SecretUnavailable": "cache",
+    "EnvStore": "env", "env_var_name": "env", "CacheOptions": "factory",
+    "build_cache": "factory", "build_store": "factory", "cache_options": "factory",
+    "parse_duration": "factory", "FileStore": "file"}, globals())
 
 __all__ = [
     "AzureKeyVaultStore",

@@ -84,14 +84,3 @@ def test_no_idle_timeout_keeps_nothing() -> None:
     conn = Conn(A)
     p.park(conn, 0.0)  # type: ignore[arg-type]
     assert conn.closed and len(p) == 0
-
-
-def test_sessions_are_remembered_per_key_and_bounded(monkeypatch: Any) -> None:
-    monkeypatch.setattr(pool, "SESSIONS", 2)
-    p = UpstreamPool(30)
-    s1, s2, s3 = object(), object(), object()
-    p.remember(A, s1)  # type: ignore[arg-type]
-    p.remember(B, s2)  # type: ignore[arg-type]
-    assert p.session(A) is s1  # (now the most recent)
-    p.remember(("c",), s3)  # type: ignore[arg-type]
-    assert p.session(B) is None and p.session(A) is s1

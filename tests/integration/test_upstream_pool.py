@@ -2,7 +2,7 @@
 
 A sandbox's next client connection to the same checked destination takes the upstream
 connection its last one left idle; another sandbox never does; a parked connection is
-closed after network.upstream_idle_timeout; a new dial resumes the last TLS session.
+closed after network.upstream_idle_timeout (the next connection then dials anew).
 Each client connection here is a new CONNECT, TLS handshake and one request (httpx
 Client per request), against the real TLS upstream.
 """
@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import ssl
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.metrics import metric
-from helpers.tls import LocalCA
-from helpers.upstream import Upstream, start_upstream
+from helpers.upstream import Upstream
 
 POLICY = """
 version: v1
@@ -45,7 +42,7 @@ class Hows:
 
     def __init__(self, gw: GatewayThread) -> None:
         self.gw = gw
-        self.start = {h: self._read(h) for h in ("dialled", "resumed", "pooled")}
+        self.start = {h: self._read(h) for h in ("dialled", "pooled")}
 
     def _read(self, how: str) -> float:
         return metric(self.gw, "sandbox_gateway_upstream_connections_total", how=how)
@@ -88,28 +85,13 @@ def test_never_across_sandboxes_or_destinations(gw: GatewayThread, upstream: Ups
     assert upstream.connections - before == 3
 
 
-@pytest.fixture
-def ticketing_upstream(test_ca: LocalCA, tmp_path: Path) -> Iterator[Upstream]:
-    """An upstream that issues TLS 1.3 session tickets (the shared one does not)."""
-    (tmp_path / "leaf").mkdir()
-    ctx = test_ca.server_context(tmp_path / "leaf", ["other.test"])
-    ctx.num_tickets = 2
-    server = start_upstream(ctx)
-    yield server
-    server.close()
-
-
-def test_parked_connections_expire_and_a_new_dial_resumes_tls(
-        make_gateway: GatewayFactory, ticketing_upstream: Upstream) -> None:
-    gw = make_gateway({"agent.yaml": POLICY}, config={"network": {
-        "upstream_idle_timeout": "300ms",
-        "resolve": {"other.test": f"127.0.0.1:{ticketing_upstream.port}"}}})
+def test_parked_connections_expire(make_gateway: GatewayFactory, upstream: Upstream) -> None:
+    gw = make_gateway({"agent.yaml": POLICY},
+                      config={"network": {"upstream_idle_timeout": "300ms"}})
     token, how = gw.mint("agent"), Hows(gw)
     _get(gw, token, "https://other.test/ok/a")
     assert how("dialled") == 1
     time.sleep(1.0)  # past the idle timeout: the sweeper closed the parked connection
     assert len(gw.gateway.doors.h1.pool) == 0
     _get(gw, token, "https://other.test/ok/a")
-    assert (how("pooled"), how("resumed")) == (0, 1)  # the session it issued, taken back
-    time.sleep(0.2)
-    assert ticketing_upstream.connections == 2
+    assert (how("pooled"), how("dialled")) == (0, 2)

@@ -18,6 +18,8 @@ from helpers.nginx import Nginx
 from helpers.process import ADMIN, GatewayProcess, start_gateway
 from helpers.tls import LocalCA
 
+from gateway.engines.h1.pool import LIMIT as POOL_LIMIT
+
 
 @pytest.fixture
 def gateway(tmp_path: Path, nginx: Nginx, test_ca: LocalCA) -> Iterator[GatewayProcess]:
@@ -120,7 +122,8 @@ def test_running_out_of_descriptors_refuses_then_recovers(
                 return exc.code
 
         open_tunnels: list[socket.socket] = []
-        capacity = (256 - 64) // 2  # (limit - reserve) / 2 descriptors per tunnel
+        pool = min(POOL_LIMIT, (256 - 64) // 8)  # kept for upstream connections
+        capacity = (256 - 64 - pool) // 2  # (limit - reserve - pool) / 2 per tunnel
         for _ in range(capacity):
             sock, head = tunnel()
             assert head.startswith(b"HTTP/1.1 200"), head

@@ -453,8 +453,7 @@ class Connection(Side):
         try:
             upstream = await Upstream.open(
                 pinned, self.engine.upstream_tls if tls else None,
-                connect=timeouts.connect, handshake=timeouts.handshake,
-                session=pool.session(key) if tls else None)
+                connect=timeouts.connect, handshake=timeouts.handshake)
         except PhaseTimeout as exc:
             self._fail(ex, exc.phase, str(exc))
             return None
@@ -472,8 +471,7 @@ class Connection(Side):
                 "the connection was not made (fail closed)")))
             return None
         upstream.key = key
-        resumed = upstream.tls is not None and upstream.tls.obj.session_reused
-        metrics.child(metrics.UPSTREAM_CONNECTIONS, "resumed" if resumed else "dialled").inc()
+        metrics.child(metrics.UPSTREAM_CONNECTIONS, "dialled").inc()
         return self._hold(upstream)
 
     def _hold(self, upstream: Upstream) -> Upstream:
@@ -598,9 +596,6 @@ class Connection(Side):
         else:  # kept for the next request (a closing client's: parked, `_shutdown`)
             upstream.clean = True
             self.idle_since = time.monotonic()
-            if upstream.tls is not None and not upstream.session_kept:
-                upstream.session_kept = True
-                self.engine.pool.remember(upstream.key, upstream.tls.obj.session)
         if close:
             self.flush()
         return not close

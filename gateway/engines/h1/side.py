@@ -173,7 +173,6 @@ class Upstream(Side):
     key: tuple[object, ...] = ()  # (sandbox, address, host, tls): what it can serve
     clean = False  # its last response ended as framed and it is not in use
     parked_at = 0.0  # monotonic: when it was parked in the pool (`pool.py`)
-    session_kept = False  # its TLS session was given to the pool to resume
 
     def reusable(self) -> bool:
         """Idle, clean, still open: it can carry the next request of its key."""
@@ -184,11 +183,9 @@ class Upstream(Side):
 
     @classmethod
     async def open(cls, pinned: Pinned, context: ssl.SSLContext | None, *,
-                   connect: float, handshake: float,
-                   session: ssl.SSLSession | None = None) -> Upstream:
-        """Dial, then (with `context`) the TLS handshake, offering `session` to resume:
-        each phase within its own timeout; a timeout raises `PhaseTimeout` naming the
-        phase."""
+                   connect: float, handshake: float) -> Upstream:
+        """Dial, then (with `context`) the TLS handshake: each phase within its own
+        timeout; a timeout raises `PhaseTimeout` naming the phase."""
         side = cls()
         pin(pinned)  # the address dialled is the one that was checked
         ip, port = pinned.address
@@ -203,7 +200,7 @@ class Upstream(Side):
             if context is not None:
                 assert side.transport is not None
                 side.tls = TlsPump(context, side.write_raw, server_side=False,
-                                   server_hostname=pinned.host, session=session)
+                                   server_hostname=pinned.host)
                 side.tls.start()
                 try:
                     async with asyncio.timeout(handshake):  # (no sweeper sees it yet)
