@@ -75,8 +75,9 @@ class Verdict:
 
 def static_metering(pricing: Pricing | None = None) -> Metering:
     """A metering step over empty, private counters: its answers depend on the request
-    alone (nothing is used yet). ``pricing``: the gateway's, for cost budgets."""
-    return Metering(MemoryCounters(), pricing=pricing, stream_usage=True)
+    alone (nothing is used yet) and its refusals are not counted in the gateway's
+    metrics (an explain is not traffic). ``pricing``: the gateway's, for cost budgets."""
+    return Metering(MemoryCounters(), pricing=pricing, stream_usage=True, counted=False)
 
 
 def _source(decision: Decision) -> str | None:

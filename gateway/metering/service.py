@@ -183,8 +183,11 @@ class Metering:
 
     def __init__(self, counters: Counters, *, pricing: Pricing | None = None,
                  retention: float = 7 * 86400, stream_usage: bool = True,
-                 ephemeral: EphemeralKeys | None = None) -> None:
+                 ephemeral: EphemeralKeys | None = None, counted: bool = True) -> None:
         self.counters = counters
+        # False: a step that decides without traffic (explain, policy test) and so must
+        # not count its refusals in the gateway's metrics.
+        self.counted = counted
         self.pricing = pricing
         self.stream_usage = stream_usage
         self.ephemeral = ephemeral if ephemeral is not None else EphemeralKeys()
@@ -216,7 +219,8 @@ class Metering:
         held = RequestBody(body) if body is not None else None  # parsed once, if at all
         refused = check_model(rule, method, path, held)
         if refused is not None:
-            metrics.child(metrics.MODEL_REFUSALS, policy.name, credential).inc()
+            if self.counted:
+                metrics.child(metrics.MODEL_REFUSALS, policy.name, credential).inc()
             return refused
         endpoint = classify(method, path)
         if endpoint is None:
@@ -288,8 +292,9 @@ class Metering:
             else:
                 admitted = self.budgets.admit(sandbox, policy, credential, now, reserve)
             if isinstance(admitted, BudgetExceeded):
-                metrics.child(metrics.BUDGET_REFUSALS, policy.name,
-                              admitted.budget.name).inc()
+                if self.counted:
+                    metrics.child(metrics.BUDGET_REFUSALS, policy.name,
+                                  admitted.budget.name).inc()
                 return admitted
             hold = admitted
         assert endpoint.format is not None
@@ -311,7 +316,8 @@ class Metering:
             output_limit(endpoint, data, path, default))
 
     def _refuse(self, policy: Policy, rule: Rule, code: str, reason: str) -> MeteringRefusal:
-        metrics.child(metrics.METERING_REFUSALS, policy.name, code).inc()
+        if self.counted:
+            metrics.child(metrics.METERING_REFUSALS, policy.name, code).inc()
         return MeteringRefusal(code, reason, rule.source)
 
     def _unavailable(self, policy: Policy, rule: Rule, why: str) -> MeteringRefusal:

@@ -27,6 +27,7 @@ from gateway.core.addresses import AddressPolicy
 from gateway.core.evaluate import UNSEEN, evaluate, name_allowed, request_for, route
 from gateway.core.target import url_target
 from gateway.explanation import explain_request
+from gateway.metrics import REGISTRY
 from gateway.net.resolver import DestinationGuard, StaticResolver, parse_overrides
 from gateway.policy import PolicySet, Request, load_policy_texts
 from gateway.policy.replay import replay
@@ -214,3 +215,17 @@ def test_request_for_drops_a_fragment_and_keeps_the_query() -> None:
                                                                   443, "/a?b=1")
     assert request_for("CONNECT", "tcp://db.test:5432") == Request(None, "tcp", "db.test",
                                                                     5432, None)
+
+
+def test_deciding_without_traffic_counts_nothing_in_the_gateways_metrics(
+        policy_set: PolicySet) -> None:
+    """An explain (POST /v1/explain runs in the gateway) is not a refused request: the
+    static metering step leaves sandbox_gateway_*_refusals_total alone."""
+    name, labels = "sandbox_gateway_model_refusals_total", {"policy": "agent",
+                                                           "credential": "openai"}
+    before = REGISTRY.get_sample_value(name, labels) or 0.0
+    verdict = evaluate(policy_set, policy_set.policies["agent"],
+                       request_for("POST", "https://api.openai.com/v1/chat/completions"),
+                       body=b'{"model": "gpt-4o"}')
+    assert verdict.error == "model_not_allowed"
+    assert (REGISTRY.get_sample_value(name, labels) or 0.0) == before
