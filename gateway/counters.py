@@ -216,6 +216,27 @@ class CounterView:
         return self.expires.get(table, 0.0) > self.clock()
 
 
+class EmptyCounters:
+    """Counters that stay at zero: what a decision without traffic (explain, `policy
+    test`, replay) checks budgets against, however many it makes (nothing is used)."""
+
+    def count(self, increments: Iterable[Increment]) -> None:
+        pass
+
+    def counter(self, table: str, field: str) -> int:
+        return 0
+
+    def admit(self, admission: Admission) -> int | None:
+        return first_refused(admission, self.counter)
+
+    async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
+        return {}
+
+    @property
+    def counters_degraded(self) -> bool:
+        return False
+
+
 class MemoryCounters:
     """Counters of one process (the ``memory`` state store)."""
 

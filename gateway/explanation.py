@@ -19,7 +19,7 @@ from typing import Any
 
 from gateway.config import Config, HostPort
 from gateway.core.addresses import AddressPolicy
-from gateway.core.evaluate import UNSEEN, Unseen, Verdict, evaluate, request_for, route
+from gateway.core.evaluate import UNSEEN, Unseen, Verdict, meter, request_for, route
 from gateway.metering import Metering
 from gateway.net.resolver import (
     DestinationGuard,
@@ -161,5 +161,4 @@ async def explain_request(policy_set: PolicySet, policy_name: str, method: str, 
         destination = await check_destination(guard, request.host, request.port)
         if not destination.allowed:
             body = UNSEEN  # refused before the metering step, as the proxy does
-    return Explanation(evaluate(policy_set, policy, request, body=body, metering=metering),
-                       destination)
+    return Explanation(meter(routed, policy, request, body, metering), destination)

@@ -29,15 +29,12 @@ from typing import Final
 from gateway.core import credentials
 from gateway.core.refusal import Refusal
 from gateway.core.target import url_target
-from gateway.counters import MemoryCounters
+from gateway.counters import EmptyCounters
 from gateway.metering import Exchange, Metering, Pricing
 from gateway.policy import Credential, Decision, Policy, PolicySet, Request, decide
 
 __all__ = ["UNSEEN", "Routed", "Unseen", "Verdict", "evaluate", "meter", "name_allowed",
            "request_for", "route", "static_metering"]
-
-_TUNNEL_PORTS: Final = (443, 80)
-
 
 class Unseen:
     """The type of ``UNSEEN``: a caller that has no body (and does not ask)."""
@@ -74,10 +71,11 @@ class Verdict:
 
 
 def static_metering(pricing: Pricing | None = None) -> Metering:
-    """A metering step over empty, private counters: its answers depend on the request
-    alone (nothing is used yet) and its refusals are not counted in the gateway's
-    metrics (an explain is not traffic). ``pricing``: the gateway's, for cost budgets."""
-    return Metering(MemoryCounters(), pricing=pricing, stream_usage=True, counted=False)
+    """A metering step over counters that stay empty: its answers depend on the request
+    alone, however many it gives (nothing is used, nothing recorded), and its refusals
+    are not counted in the gateway's metrics (an explain is not traffic). ``pricing``:
+    the gateway's, for cost budgets."""
+    return Metering(EmptyCounters(), pricing=pricing, stream_usage=True, counted=False)
 
 
 def _source(decision: Decision) -> str | None:
@@ -120,25 +118,22 @@ def request_for(method: str, url: str) -> Request:
     return Request(method, tgt.scheme, tgt.host, tgt.port, tgt.path)
 
 
-def _refused(routed: Routed) -> Verdict | None:
-    refusal = routed.refusal
-    if refusal is None:
-        return None
-    return Verdict("deny", refusal.code, refusal.rule, refusal.reason, routed.decision)
-
-
-def meter(routed: Routed, policy: Policy, request: Request, body: bytes | None,
-          metering: Metering | None = None, *, sandbox: str = "policy-test",
-          now: float = 0.0) -> Verdict:
+def meter(routed: Routed, policy: Policy, request: Request,
+          body: bytes | Unseen | None = UNSEEN, metering: Metering | None = None, *,
+          sandbox: str = "policy-test", now: float = 0.0) -> Verdict:
     """Stage 3 on what stage 1 allowed: ``body`` as a sandbox sends it (None: not held,
-    as the proxy sees a streamed or oversized body)."""
-    refused = _refused(routed)
-    if refused is not None:
-        return refused
+    as the proxy sees a streamed or oversized body; UNSEEN: a caller that knows no body,
+    so a credential call's verdict says ``metered`` False)."""
     decision, rule = routed.decision, routed.decision.rule
+    refusal = routed.refusal
+    if refusal is not None:
+        return Verdict("deny", refusal.code, refusal.rule, refusal.reason, decision)
     source = _source(decision)
     if routed.credential is None or rule is None or request.method is None:
         return Verdict(decision.result, None, source, decision.reason, decision)
+    if isinstance(body, Unseen):
+        return Verdict(decision.result, None, source, decision.reason, decision,
+                       metered=False)
     step = (metering or static_metering()).admit(
         sandbox=sandbox, policy=policy, rule=rule, preset=routed.credential.preset,
         method=request.method, path=request.path or "/", body=body, now=now)
@@ -152,18 +147,10 @@ def meter(routed: Routed, policy: Policy, request: Request, body: bytes | None,
 def evaluate(policy_set: PolicySet, policy: Policy, request: Request, *,
              body: bytes | Unseen | None = UNSEEN, metering: Metering | None = None,
              sandbox: str = "policy-test", now: float = 0.0) -> Verdict:
-    """The gateway's answer to ``request`` from stages 1 and 3. ``body=UNSEEN`` (a
-    caller that knows no body) stops after stage 1: ``Verdict.metered`` then says
-    whether stage 3 had anything to decide (False: a credential call, unchecked)."""
-    routed = route(policy_set.credentials, policy, request)
-    if not isinstance(body, Unseen):
-        return meter(routed, policy, request, body, metering, sandbox=sandbox, now=now)
-    refused = _refused(routed)
-    if refused is not None:
-        return refused
-    decision = routed.decision
-    return Verdict(decision.result, None, _source(decision), decision.reason, decision,
-                   metered=routed.credential is None)
+    """The gateway's answer to ``request`` from stages 1 and 3 (see `meter` for
+    ``body``)."""
+    return meter(route(policy_set.credentials, policy, request), policy, request, body,
+                 metering, sandbox=sandbox, now=now)
 
 
 def name_allowed(policy: Policy, host: str) -> tuple[Decision, int]:
@@ -171,21 +158,15 @@ def name_allowed(policy: Policy, host: str) -> tuple[Decision, int]:
     DNS resolver's question): tunnel-level decisions for 443, then 80, then every port
     a rule matching the host lists; the first ``allow`` wins, else the decision for
     443 (a deny, or ``report`` under ``mode: report``)."""
-    ports: dict[int, None] = dict.fromkeys(_TUNNEL_PORTS)
-    first: Decision | None = None
+    def tunnel(port: int) -> Decision:  # (no credentials at tunnel level)
+        return route({}, policy, Request(None, "https", host, port, None)).decision
+
+    first = tunnel(443)
+    if first.result == "allow":
+        return first, 443
+    ports = dict.fromkeys((80, *(p for entry in policy.matcher.candidates(host)
+                                 for p in sorted(entry.rule.ports or ()))))
     for port in ports:
-        decision = route({}, policy, Request(None, "https", host, port, None)).decision
-        if decision.result == "allow":
+        if port != 443 and (decision := tunnel(port)).result == "allow":
             return decision, port
-        first = first or decision
-    listed: dict[int, None] = {}
-    for entry in policy.matcher.candidates(host):
-        listed.update(dict.fromkeys(sorted(entry.rule.ports or ())))
-    for port in listed:
-        if port in ports:
-            continue
-        decision = route({}, policy, Request(None, "https", host, port, None)).decision
-        if decision.result == "allow":
-            return decision, port
-    assert first is not None
     return first, 443

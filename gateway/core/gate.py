@@ -32,7 +32,12 @@ from gateway.core.audit import record
 from gateway.core.evaluate import Routed, route
 from gateway.core.exchange import Exchange, Signer
 from gateway.core.identity import Identity, TokenRefused
-from gateway.core.leaks import LeakScan, sensitive_markers, token_markers
+from gateway.core.leaks import (
+    LeakScan,
+    constant_token_markers,
+    own_token_markers,
+    sensitive_markers,
+)
 from gateway.core.messages import Headers, RequestHead
 from gateway.core.names import DestinationError, is_ip, normalize_host
 from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal, answer
@@ -710,8 +715,8 @@ class Gate:
                 bound = policy_set.credentials.get(minted.credential)
                 if bound is None or not bound.binds(host):
                     secrets.extend(_markers_of(minted.value))
-            tokens = token_markers(token or "", self.tokens.issuer)
-            scan = self._scans[key] = LeakScan(tokens, secrets)
+            scan = self._scans[key] = LeakScan(constant_token_markers(self.tokens.issuer),
+                                               secrets, own_token_markers(token or ""))
         return scan
 
     def _local(self, client: Client, head: RequestHead, tgt: target.Target,

@@ -40,6 +40,7 @@ __all__ = [
     "StreamScan",
     "canonical",
     "constant_token_markers",
+    "own_token_markers",
     "sensitive_markers",
     "token_markers",
 ]
@@ -108,47 +109,57 @@ def constant_token_markers(issuer: str) -> frozenset[bytes]:
 
 
 @functools.lru_cache(maxsize=4096)
-def token_markers(token: str, issuer: str) -> frozenset[bytes]:
-    """Markers of one token: the constant ones plus its own payload and signature."""
-    out = set(constant_token_markers(issuer))
+def own_token_markers(token: str) -> frozenset[bytes]:
+    """Markers of one token's own parts: its payload and its signature."""
+    out: set[bytes] = set()
     for segment in token.split(".")[1:]:
         if len(segment) >= _MIN_FRAGMENT:
             out |= sensitive_markers(segment.encode("ascii", "replace"))
     return frozenset(out)
 
 
+def token_markers(token: str, issuer: str) -> frozenset[bytes]:
+    """Markers of one token: the constant ones plus its own payload and signature."""
+    return constant_token_markers(issuer) | own_token_markers(token)
+
+
 class LeakScan:
     """One request's markers: `tokens` (never allowed anywhere but the credential
-    carrier, which is emptied before scanning) and `secrets` (keys not bound to the
-    request's destination)."""
+    carrier, which is emptied before scanning), `secrets` (keys not bound to the
+    request's destination) and `own` (the markers of the client's own token).
 
-    __slots__ = ("_automaton", "keep", "secrets", "tokens")
+    `tokens` and `secrets` are the same for every sandbox sending to one host: they are
+    found in one Aho-Corasick pass by an automaton shared by every scan with the same
+    markers (`_automaton`, about 100 KB each, a bounded number of them). `own` differs
+    per token and is searched marker by marker (some twenty, a few µs per head), so a
+    gateway serving many sandboxes holds no automaton per token."""
 
-    def __init__(self, tokens: Iterable[bytes], secrets: Iterable[bytes] = ()) -> None:
+    __slots__ = ("_automaton", "keep", "own", "secrets", "tokens")
+
+    def __init__(self, tokens: Iterable[bytes], secrets: Iterable[bytes] = (),
+                 own: Iterable[bytes] = ()) -> None:
         self.tokens = _minimal(tokens, ())
         self.secrets = _minimal(secrets, self.tokens)
-        longest = max((len(m) for m in (*self.tokens, *self.secrets)), default=1)
+        self.own = _minimal(own, self.tokens)
+        longest = max((len(m) for m in (*self.tokens, *self.secrets, *self.own)), default=1)
         self.keep = longest * _EXPANSION
-        # One pass over the text finds every marker (Aho-Corasick), whatever their number.
-        automaton: Any = None
-        if self.tokens or self.secrets:
-            automaton = ahocorasick.Automaton()
-            for kind, markers in (("token", self.tokens), ("secret", self.secrets)):
-                for marker in markers:
-                    automaton.add_word(marker.decode("latin-1"), kind)
-            automaton.make_automaton()
-        self._automaton = automaton
+        self._automaton = _automaton(self.tokens, self.secrets)
 
     def find(self, data: bytes) -> str | None:
         """`token`, `secret` or None for raw `data` (canonicalised here); a token
         wins over a key found in the same data."""
-        if not data or self._automaton is None:
+        if not data:
             return None
+        text = canonical(data)
         found: str | None = None
-        for _, kind in self._automaton.iter(canonical(data).decode("latin-1")):
-            if kind == "token":
+        if self._automaton is not None:
+            for _, kind in self._automaton.iter(text.decode("latin-1")):
+                if kind == "token":
+                    return "token"
+                found = "secret"
+        for marker in self.own:
+            if marker in text:
                 return "token"
-            found = "secret"
         return found
 
     def head(self, method: str, target: str, fields: Iterable[tuple[bytes, bytes]]) -> str | None:
@@ -163,6 +174,19 @@ class LeakScan:
 
     def stream(self) -> StreamScan:
         return StreamScan(self)
+
+
+@functools.lru_cache(maxsize=128)
+def _automaton(tokens: tuple[bytes, ...], secrets: tuple[bytes, ...]) -> Any:
+    """One automaton finding every marker, a token's kind winning (None: no markers)."""
+    if not tokens and not secrets:
+        return None
+    automaton = ahocorasick.Automaton()
+    for kind, markers in (("token", tokens), ("secret", secrets)):
+        for marker in markers:
+            automaton.add_word(marker.decode("latin-1"), kind)
+    automaton.make_automaton()
+    return automaton
 
 
 def _minimal(markers: Iterable[bytes], found_first: tuple[bytes, ...]) -> tuple[bytes, ...]:

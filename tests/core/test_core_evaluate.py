@@ -17,6 +17,7 @@ import asyncio
 import base64
 import gzip
 import json
+import time
 from typing import Any
 
 import pytest
@@ -24,7 +25,14 @@ import yaml
 from helpers.parity_cases import CASES, PAD, POLICY, Case, _fill, substitutions
 
 from gateway.core.addresses import AddressPolicy
-from gateway.core.evaluate import UNSEEN, evaluate, name_allowed, request_for, route
+from gateway.core.evaluate import (
+    UNSEEN,
+    evaluate,
+    name_allowed,
+    request_for,
+    route,
+    static_metering,
+)
 from gateway.core.target import url_target
 from gateway.explanation import explain_request
 from gateway.metrics import REGISTRY
@@ -229,3 +237,26 @@ def test_deciding_without_traffic_counts_nothing_in_the_gateways_metrics(
                        body=b'{"model": "gpt-4o"}')
     assert verdict.error == "model_not_allowed"
     assert (REGISTRY.get_sample_value(name, labels) or 0.0) == before
+
+
+def test_a_static_metering_step_records_nothing() -> None:
+    """`policy test` and replay decide many requests with one metering step: a call
+    that fits a token budget when nothing is used fits it every time (a reservation
+    counted would refuse the second)."""
+    policies = load_policy_texts({"p/b.yaml": """
+version: v1
+name: b
+egress:
+  - {host: budget.test, credential: budgeted}
+budgets:
+  - {name: day, per: sandbox, window: 24h, tokens: 6000, credentials: [budgeted]}
+credentials:
+  budgeted: {hosts: [budget.test], secret: k, inject: {bearer: true}}
+"""})
+    metering = static_metering()
+    request = request_for("POST", "https://budget.test/v1/chat/completions")
+    for _ in range(3):
+        verdict = evaluate(policies, policies.policies["b"], request,
+                           body=b'{"model": "m", "messages": [], "max_tokens": 4000}',
+                           metering=metering, now=time.time())
+        assert (verdict.result, verdict.error) == ("allow", None), verdict.reason

@@ -15,6 +15,7 @@ from gateway.core.leaks import (
     Redactor,
     canonical,
     constant_token_markers,
+    own_token_markers,
     sensitive_markers,
     token_markers,
 )
@@ -51,11 +52,27 @@ TOKEN_FORMS = {
 }
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one set", "as the gate builds it"])
 @pytest.mark.parametrize("form", TOKEN_FORMS)
-def test_token_found_in_every_form(token: str, form: str) -> None:
-    scan = LeakScan(token_markers(token, "sandbox-gateway"))
+def test_token_found_in_every_form(token: str, form: str, split: bool) -> None:
+    scan = (LeakScan(constant_token_markers("sandbox-gateway"), sensitive_markers(KEY.encode()),
+                     own_token_markers(token)) if split
+            else LeakScan(token_markers(token, "sandbox-gateway")))
     data = f"prefix {TOKEN_FORMS[form](token)} suffix".encode()
     assert scan.find(data) == "token"
+
+
+def test_scans_of_many_tokens_share_one_automaton(token: str) -> None:
+    """The markers every sandbox shares are compiled once: a gateway with thousands of
+    sandboxes holds no automaton (~100 KB) per token; each token's own markers are a
+    tuple of bytes."""
+    shared = constant_token_markers("sandbox-gateway")
+    keys = sensitive_markers(KEY.encode())
+    scans = [LeakScan(shared, keys, own_token_markers(token[:-4] + f"{i:04d}"))
+             for i in range(50)]
+    assert len({id(s._automaton) for s in scans}) == 1
+    assert scans[7].find(f"x {token[:-4]}0007 y".encode()) == "token"
+    assert scans[7].find(f"x {KEY} y".encode()) == "secret"
 
 
 def test_token_split_over_two_headers(token: str) -> None:

@@ -84,3 +84,19 @@ def test_no_idle_timeout_keeps_nothing() -> None:
     conn = Conn(A)
     p.park(conn, 0.0)  # type: ignore[arg-type]
     assert conn.closed and len(p) == 0
+
+
+def test_one_sandbox_cannot_take_the_whole_pool() -> None:
+    p = UpstreamPool(30)
+    mine = [Conn(("sandbox-1", ("127.0.0.1", 443), f"h{i}.test", True))
+            for i in range(pool.PER_SANDBOX + 3)]
+    for c in mine:
+        p.park(c, 0.0)  # type: ignore[arg-type]
+    assert len(p) == pool.PER_SANDBOX and sum(c.closed for c in mine) == 3
+    other = Conn(B)
+    p.park(other, 0.0)  # type: ignore[arg-type]
+    assert not other.closed and len(p) == pool.PER_SANDBOX + 1
+    assert p.take(mine[0].key) is mine[0]  # (freed: sandbox-1 may park one again)
+    again = Conn(A)
+    p.park(again, 0.0)  # type: ignore[arg-type]
+    assert not again.closed

@@ -16,8 +16,9 @@ The key is `(sandbox, address, host, tls)`: a connection is never handed to anot
 sandbox, and it goes only where the destination check of the request that takes it
 pinned (the check runs for every request, the connection follows its result). Parked
 connections are closed after `network.upstream_idle_timeout`, when the upstream closes
-them, or past the bounds (`PER_KEY` per key, `LIMIT` in all; fewer when the process
-has few file descriptors: the app takes the pool's share out of the connection cap).
+them, or past the bounds (`PER_KEY` per key, `PER_SANDBOX` per sandbox, `LIMIT` in
+all; fewer when the process has few file descriptors: the app takes the pool's share out
+of the connection cap).
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from gateway.engines.patches import ReceiveBuffer
 if TYPE_CHECKING:
     from gateway.engines.h1.side import Upstream
 
-__all__ = ["LIMIT", "PER_KEY", "UpstreamPool"]
+__all__ = ["LIMIT", "PER_KEY", "PER_SANDBOX", "UpstreamPool"]
 
 PER_KEY = 8  # parked connections per (sandbox, destination)
+PER_SANDBOX = 32  # parked connections per sandbox: one cannot take the whole pool
 LIMIT = 512  # parked connections in all
 
-Key = tuple[object, ...]
+Key = tuple[object, ...]  # (sandbox, address, host, tls)
 
 
 class UpstreamPool:
@@ -46,18 +48,28 @@ class UpstreamPool:
         self.limit = limit
         self._parked: dict[Key, list[Upstream]] = {}
         self._count = 0
+        self._per_sandbox: dict[object, int] = {}
         self.closed = False
 
     def __len__(self) -> int:
         return self._count
 
+    def _counted(self, key: Key, delta: int) -> None:
+        self._count += delta
+        held = self._per_sandbox.get(key[0], 0) + delta
+        if held:
+            self._per_sandbox[key[0]] = held
+        else:
+            self._per_sandbox.pop(key[0], None)
+
     def park(self, upstream: Upstream, now: float) -> None:
         """Keep `upstream` (idle since `now`) for its key's next connection, or close it
-        when it cannot serve one or the bounds are reached."""
+        when it cannot serve one or a bound is reached."""
         key = upstream.key
         parked = self._parked.get(key)
         if (self.closed or self.idle_timeout <= 0 or not upstream.reusable()
-                or self._count >= self.limit or (parked is not None and len(parked) >= PER_KEY)):
+                or self._count >= self.limit or (parked is not None and len(parked) >= PER_KEY)
+                or self._per_sandbox.get(key[0], 0) >= PER_SANDBOX):
             upstream.close()
             return
         upstream.partner = None
@@ -66,14 +78,14 @@ class UpstreamPool:
         if parked is None:
             parked = self._parked[key] = []
         parked.append(upstream)
-        self._count += 1
+        self._counted(key, 1)
 
     def take(self, key: Key) -> Upstream | None:
         """The most recently parked live connection for `key`, or None."""
         parked = self._parked.get(key)
         while parked:
             upstream = parked.pop()
-            self._count -= 1
+            self._counted(key, -1)
             if not parked:
                 del self._parked[key]
             if upstream.reusable():
@@ -90,10 +102,11 @@ class UpstreamPool:
             kept = [u for u in parked if u.parked_at > before and u.reusable()]
             if len(kept) == len(parked):
                 continue
+            keep = {id(u) for u in kept}
             for upstream in parked:
-                if upstream not in kept:
+                if id(upstream) not in keep:
                     upstream.close()
-            self._count -= len(parked) - len(kept)
+            self._counted(key, len(kept) - len(parked))
             if kept:
                 self._parked[key] = kept
             else:
@@ -107,3 +120,4 @@ class UpstreamPool:
                 upstream.close()
         self._parked.clear()
         self._count = 0
+        self._per_sandbox.clear()
