@@ -86,12 +86,20 @@ class Headers:
         """Replace every `name` field by one (at the first one's place, else at the end)."""
         positions = self._positions(name)
         raw = value.encode("latin-1")
-        if not positions:
-            self.fields = [*self._fields, (name.encode("latin-1"), raw)]
+        fields = list(self._fields)  # (a new list: a caller may hold the old one)
+        if not positions:  # appended: the index stays right, with one more entry
+            fields.append((name.encode("latin-1"), raw))
+            self._fields = fields
+            if self._index is not None:
+                self._index[_key(name)] = [len(fields) - 1]
             return
-        first, drop = positions[0], set(positions[1:])
-        self.fields = [(k, raw) if i == first else (k, v)
-                       for i, (k, v) in enumerate(self._fields) if i not in drop]
+        first = positions[0]
+        fields[first] = (fields[first][0], raw)
+        if len(positions) == 1:  # replaced in place: no position moved
+            self._fields = fields
+            return
+        drop = set(positions[1:])
+        self.fields = [f for i, f in enumerate(fields) if i not in drop]
 
     def remove(self, name: str) -> bool:
         """Drop every `name` field; True if there was one."""

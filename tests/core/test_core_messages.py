@@ -1,0 +1,36 @@
+"""Headers (gateway/core/messages.py): case-insensitive lookups over an index kept right
+through every change."""
+
+from __future__ import annotations
+
+from gateway.core.messages import Headers
+
+
+def test_lookups_ignore_case_and_keep_order_and_repeats() -> None:
+    h = Headers.of(("Host", "a"), ("X-A", "1"), ("x-a", "2"), ("B", "3"))
+    assert (h.get("HOST"), h.get_all("X-a"), h.count("x-A"), "b" in h) == ("a", ["1", "2"], 2,
+                                                                          True)
+    assert h.get("missing") is None and h.get_all("missing") == [] and "missing" not in h
+
+
+def test_the_index_follows_every_change() -> None:
+    h = Headers.of(("Host", "a"), ("X-A", "1"), ("x-a", "2"), ("B", "3"))
+    assert h.get("b") == "3"  # (index built)
+    h.set("X-New", "n")  # appended
+    assert h.get("x-new") == "n" and h.fields[-1] == (b"X-New", b"n")
+    h.set("host", "z")  # replaced in place, the name's case as sent
+    assert h.get("HOST") == "z" and h.fields[0] == (b"Host", b"z")
+    h.set("x-a", "9")  # repeated: one left, at the first one's place
+    assert h.get_all("X-A") == ["9"] and h.get("b") == "3" and h.get("x-new") == "n"
+    assert h.remove("b") and not h.remove("b")
+    assert h.get("b") is None and h.get("x-new") == "n"
+    h.fields = [(b"Only", b"1")]  # replaced whole
+    assert h.get("only") == "1" and h.get("host") is None
+
+
+def test_a_held_fields_list_is_never_changed_under_its_holder() -> None:
+    h = Headers.of(("A", "1"))
+    held = h.fields
+    h.set("A", "2")
+    h.set("B", "3")
+    assert held == [(b"A", b"1")]
