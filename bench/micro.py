@@ -1,6 +1,6 @@
 """In-process measurements: policy decision time vs rule count, and a cold secret under load.
 
-Policy: `gateway.policy.compile_policy` over N generated rules (exact hosts, ``*.``
+Policy: `gateway.services.policy.compile_policy` over N generated rules (exact hosts, ``*.``
 and ``**.`` wildcards, some with methods/paths), then ``decide`` timed one call at a
 time with ``perf_counter_ns`` for tunnel-level (CONNECT) and request-level decisions
 on hosts spread over the whole rule set, plus misses.
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gateway.policy import Request, Rule, compile_policy, decide
+from gateway.services.policy import Request, Rule, compile_policy, decide
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT / "tests") not in sys.path:
@@ -104,7 +104,7 @@ def cold_secret(concurrency: int = 100, latency: float = 0.05) -> dict[str, Any]
     """Vault calls made for ``concurrency`` simultaneous gets of a never-fetched secret."""
     from fakes.keyvault import FakeKeyVault, StaticCredential, sdk_transport
 
-    from gateway.secrets import AzureKeyVaultStore, SecretCache
+    from gateway.services.secrets import AzureKeyVaultStore, SecretCache
 
     name = "bench-cold-secret"
     with tempfile.TemporaryDirectory(prefix="bench-kv-") as tmp:

@@ -2,8 +2,8 @@
 node-preload, usage, state.
 
 `policy` has check, explain [--resolve], test [--junit] and diff --base [--replay]; the
-logic lives in gateway/policy/ (testing, diff, report, revision) and
-gateway/explanation.py, this module only reads arguments and files.
+logic lives in gateway/services/policy/ (testing, diff, report, revision) and
+gateway/tools/explain.py, this module only reads arguments and files.
 
 Every subcommand takes `--config FILE`; without it the embedded defaults apply
 (policies from ./policies, CA and keys in ./certs, the file secret store).
@@ -30,15 +30,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway import __version__, ca
+from gateway import __version__
 from gateway.config import Config, ConfigError, load_config, parse_duration
-from gateway.policy import PolicyError, PolicySet, load_policy_dir, policy_files
-from gateway.policy.loader import outside_error, resolves_outside, source_name
-from gateway.state import MemoryState
-from gateway.tokens import SigningKeys, TokenError, TokenService, parse_scope
+from gateway.net import ca
+from gateway.services.identity.tokens import SigningKeys, TokenError, TokenService, parse_scope
+from gateway.services.policy import PolicyError, PolicySet, load_policy_dir, policy_files
+from gateway.services.policy.loader import outside_error, resolves_outside, source_name
+from gateway.services.state.base import MemoryState
 
 if TYPE_CHECKING:
-    from gateway.metering import Metering
+    from gateway.services.metering import Metering
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -47,25 +48,25 @@ def _config(args: argparse.Namespace) -> Config:
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    from gateway.logs import configure
+    from gateway.observability.logs import configure
 
-    configure(cfg.log_level)  # every handler redacts secrets and tokens (gateway/logs.py)
+    configure(cfg.log_level)  # every handler redacts secrets and tokens (observability/logs.py)
     if args.worker_index is None:  # once, not per worker
-        from gateway.config_check import config_warnings
+        from gateway.tools.config_check import config_warnings
 
         for warning in config_warnings(cfg):
             logging.getLogger("sandbox_gateway").warning("%s", warning)
     workers = args.workers if args.workers is not None else cfg.workers
     if workers == 0:
-        from gateway.workers import available_cpus
+        from gateway.runtime.workers import available_cpus
 
         workers = available_cpus()
     if args.worker_index is None and workers > 1:
-        from gateway.workers import run_supervisor
+        from gateway.runtime.workers import run_supervisor
 
         return run_supervisor(cfg, getattr(args, "config", None), workers)
     if args.supervisor is not None:
-        from gateway.workers import follow_supervisor
+        from gateway.runtime.workers import follow_supervisor
 
         follow_supervisor(args.supervisor)
     return _run_single(cfg, args.worker_index)
@@ -73,8 +74,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_single(cfg: Config, worker: int | None) -> int:
     """One gateway process (alone, or worker `worker` of a supervisor)."""
-    from gateway.app import Gateway, StartupError
     from gateway.net.resolver import new_event_loop
+    from gateway.runtime.app import Gateway, StartupError
 
     async def main() -> int:
         gateway = Gateway(cfg, worker=worker)
@@ -109,7 +110,7 @@ def _run_single(cfg: Config, worker: int | None) -> int:
 
 
 def _banner(gateway: object) -> None:
-    from gateway.app import Gateway
+    from gateway.runtime.app import Gateway
 
     assert isinstance(gateway, Gateway)
     cfg = gateway.config
@@ -184,7 +185,7 @@ def _signing_keys(cfg: Config, *, init: bool = False) -> SigningKeys:
 
 
 def cmd_token_rotate(args: argparse.Namespace) -> int:
-    from gateway.keywatch import PICKUP_SECONDS
+    from gateway.services.identity.keywatch import PICKUP_SECONDS
 
     cfg = _config(args)
     keys = _signing_keys(cfg)
@@ -197,7 +198,7 @@ def cmd_token_rotate(args: argparse.Namespace) -> int:
 
 
 def cmd_token_retire(args: argparse.Namespace) -> int:
-    from gateway.keywatch import PICKUP_SECONDS
+    from gateway.services.identity.keywatch import PICKUP_SECONDS
 
     cfg = _config(args)
     keys = _signing_keys(cfg)
@@ -209,7 +210,7 @@ def cmd_token_retire(args: argparse.Namespace) -> int:
 
 def cmd_config_check(args: argparse.Namespace) -> int:
     """Validate the config, say where its files are and warn about risky settings."""
-    from gateway.config_check import config_warnings
+    from gateway.tools.config_check import config_warnings
 
     cfg = _config(args)
     warnings = config_warnings(cfg)
@@ -274,8 +275,8 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
 
 def _secret_problems(args: argparse.Namespace, policy_set: PolicySet) -> list[str]:
     """`policy check --secrets`: the secrets credentials name, read from the store."""
-    from gateway.minting.check import check_secrets
-    from gateway.secrets import build_store
+    from gateway.services.minting.check import check_secrets
+    from gateway.services.secrets import build_store
 
     cfg = _config(args)
 
@@ -290,7 +291,7 @@ def _secret_problems(args: argparse.Namespace, policy_set: PolicySet) -> list[st
 
 
 def cmd_policy_explain(args: argparse.Namespace) -> int:
-    from gateway.explanation import explain_body, explain_request, guard_from_config
+    from gateway.tools.explain import explain_body, explain_request, guard_from_config
 
     cfg = _config(args) if args.resolve or not args.dir else None
     directory = Path(args.dir) if args.dir else _config(args).policies if cfg is None \
@@ -355,7 +356,7 @@ def _static_metering(args: argparse.Namespace) -> Metering:
     """The metering step `policy test` decides with: the gateway's (its pricing, for
     cost budgets) over empty counters; without a readable config, no pricing."""
     from gateway.core.evaluate import static_metering
-    from gateway.metering import load_pricing
+    from gateway.services.metering import load_pricing
 
     try:
         pricing = _config(args).metering.pricing
@@ -366,8 +367,8 @@ def _static_metering(args: argparse.Namespace) -> Metering:
 
 
 def cmd_policy_test(args: argparse.Namespace) -> int:
-    from gateway.policy.report import junit_xml, test_text
-    from gateway.policy.testing import parse_cases, run_case
+    from gateway.services.policy.report import junit_xml, test_text
+    from gateway.services.policy.testing import parse_cases, run_case
 
     directory = Path(args.dir) if args.dir else _config(args).policies
     try:
@@ -428,10 +429,10 @@ def _audit_lines(paths: list[str]) -> Iterator[bytes]:
 
 
 def cmd_policy_diff(args: argparse.Namespace) -> int:
-    from gateway.policy.diff import diff_sets
-    from gateway.policy.replay import replay
-    from gateway.policy.report import diff_json, diff_markdown, diff_text
-    from gateway.policy.revision import GitRefError, export_ref
+    from gateway.services.policy.diff import diff_sets
+    from gateway.services.policy.replay import replay
+    from gateway.services.policy.report import diff_json, diff_markdown, diff_text
+    from gateway.services.policy.revision import GitRefError, export_ref
 
     if args.fail_on in ("newly-denied", "newly-allowed") and not args.replay:
         print(f"sandbox-gateway: --fail-on {args.fail_on} needs --replay AUDIT.jsonl "
@@ -488,7 +489,7 @@ def cmd_ca_init(args: argparse.Namespace) -> int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    from gateway.sandbox_env import InvalidToken, dns_note, render, sandbox_variables
+    from gateway.tools.sandbox_env import InvalidToken, dns_note, render, sandbox_variables
 
     try:
         verified = _check_env_token(args)
@@ -517,8 +518,8 @@ def cmd_env(args: argparse.Namespace) -> int:
 def _check_env_token(args: argparse.Namespace) -> bool:
     """Refuse a token that is not a live gateway JWT; with --config also check its
     signature and policy against the gateway's keys. True when the signature was checked."""
-    from gateway.sandbox_env import InvalidToken, check_token
-    from gateway.tokens import TokenRefused
+    from gateway.services.identity.tokens import TokenRefused
+    from gateway.tools.sandbox_env import InvalidToken, check_token
 
     check_token(args.token)
     if getattr(args, "config", None) is None:
@@ -536,7 +537,7 @@ def _check_env_token(args: argparse.Namespace) -> bool:
 
 
 def cmd_node_preload(args: argparse.Namespace) -> int:
-    from gateway.sandbox_env import node_preload_source
+    from gateway.tools.sandbox_env import node_preload_source
 
     source = node_preload_source()
     if args.output in (None, "-"):
@@ -663,7 +664,7 @@ def _state_file(args: argparse.Namespace) -> Path:
 
 def cmd_state_check(args: argparse.Namespace) -> int:
     """Is the state file sound (integrity, schema, mode)? What does it hold?"""
-    from gateway.state_sqlite import check_file, summary
+    from gateway.services.state.sqlite import check_file, summary
 
     path = Path(args.file) if args.file else _state_file(args)
     problems = check_file(path)
@@ -681,7 +682,7 @@ def cmd_state_check(args: argparse.Namespace) -> int:
 
 def cmd_state_backup(args: argparse.Namespace) -> int:
     """An online, consistent copy of the state file (the gateway may keep running)."""
-    from gateway.state_sqlite import backup_file, check_file
+    from gateway.services.state.sqlite import backup_file, check_file
 
     source = _state_file(args)
     if not source.exists():

@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from gateway.core import durations
+
 ENV_PREFIX = "SANDBOX_GATEWAY_"
 # SECRET_*: the env secret store. PORT*/SERVICE_*: Kubernetes service links of a
 # Service named sandbox-gateway (SANDBOX_GATEWAY_PORT_8080_TCP, ..._SERVICE_HOST).
@@ -46,7 +48,7 @@ class ListenConfig:
     proxy: HostPort = HostPort("0.0.0.0", 8080)
     transparent: HostPort | None = None
     admin: HostPort = HostPort("127.0.0.1", 8090)
-    dns: HostPort | None = None  # the policy-aware DNS resolver (gateway/dns/), UDP and TCP
+    dns: HostPort | None = None  # the policy-aware DNS resolver (gateway/engines/dns/), UDP and TCP
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,30 +173,14 @@ class Config:
         return self.tokens.signing_keys or self.certs / "signing"
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_duration(value: object, key: str = "duration") -> float:
-    """Parse `15m`, `1h30m`, `90s`, `2d` or a number of seconds."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{key}: expected a duration like 15m, got {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str):
-        text = value.strip().lower()
-        if re.fullmatch(r"\d+(\.\d+)?", text):
-            seconds = float(text)
-        else:
-            parts = _DURATION.findall(text)
-            if not parts or "".join(n + u for n, u in parts) != text:
-                raise ConfigError(f"{key}: {value!r} is not a duration; use e.g. 90s, 15m, 1h30m")
-            seconds = sum(float(n) * _UNITS[u] for n, u in parts)
-    else:
-        raise ConfigError(f"{key}: expected a duration like 15m, got {type(value).__name__}")
-    if seconds <= 0:
-        raise ConfigError(f"{key}: must be positive, got {value!r}")
-    return seconds
+    """Parse `15m`, `1h30m`, `90s`, `2d` or a number of seconds (ConfigError if not)."""
+    try:
+        return durations.parse_duration(value, key)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def parse_hostport(value: object, key: str) -> HostPort:

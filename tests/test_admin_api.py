@@ -17,9 +17,9 @@ from starlette.testclient import TestClient
 from gateway.api.admin import AdminContext, build_admin_app
 from gateway.core.addresses import AddressPolicy
 from gateway.net.resolver import DestinationGuard, StaticResolver
-from gateway.policy import PolicySet, load_policy_texts
-from gateway.state import MemoryState
-from gateway.tokens import SigningKeys, TokenRefused, TokenService
+from gateway.services.identity.tokens import SigningKeys, TokenRefused, TokenService
+from gateway.services.policy import PolicySet, load_policy_texts
+from gateway.services.state.base import MemoryState
 
 ADMIN = "admin-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}

@@ -1,5 +1,5 @@
-"""The audit sink (gateway/audit.py, audit_out.py) against real targets: a file, a tmpfs
-that fills up, a pipe whose reader stops, a broken pipe, /dev/full (issue 21, item 9).
+"""The audit sink (gateway/observability/audit.py, audit_out.py) against real targets: a
+file, a tmpfs that fills up, a pipe whose reader stops, a broken pipe, /dev/full (issue 21, item 9).
 
 Lines are written once per loop tick; a line that cannot be written is held, in order,
 and written when the target takes lines again; the sink says why it cannot write
@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from helpers.disk import tiny_tmpfs
 
-from gateway.audit import Auditor
-from gateway.audit_out import FdOut, open_file, open_stdout
+from gateway.observability.audit import Auditor
+from gateway.observability.audit_out import FdOut, open_file, open_stdout
 
 
 def record(seq: int, pad: int = 200) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from mitmproxy.certs import CertStore
 
-from gateway import ca
+from gateway.net import ca
 
 
 def mode(path: Path) -> int:

@@ -24,11 +24,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from gateway.ca import mitmproxy_confdir
 from gateway.config import load_config
-from gateway.policy.loader import load_policy_texts
-from gateway.secrets.factory import build_store
-from gateway.tokens import SigningKeys
+from gateway.net.ca import mitmproxy_confdir
+from gateway.services.identity.tokens import SigningKeys
+from gateway.services.policy.loader import load_policy_texts
+from gateway.services.secrets.factory import build_store
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "sandbox-gateway"

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway import ca
 from gateway.cli import main
-from gateway.state import MemoryState
-from gateway.tokens import SigningKeys, TokenRefused, TokenService
+from gateway.net import ca
+from gateway.services.identity.tokens import SigningKeys, TokenRefused, TokenService
+from gateway.services.state.base import MemoryState
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -491,7 +491,7 @@ def test_env_checks_the_signature_with_config(cli: Cli, tmp_path: Path) -> None:
 
 
 def test_node_preload_verb(cli: Cli, tmp_path: Path) -> None:
-    from gateway.sandbox_env import node_preload_source
+    from gateway.tools.sandbox_env import node_preload_source
 
     code, out, _ = cli("node-preload")
     assert code == 0 and out == node_preload_source()

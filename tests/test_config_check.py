@@ -10,8 +10,8 @@ import pytest
 
 from gateway.cli import main
 from gateway.config import ConfigError
-from gateway.config_check import allow_cidr_warnings
 from gateway.core.addresses import AddressPolicy
+from gateway.tools.config_check import allow_cidr_warnings
 
 # (entry, warning fragment or None, addresses that stay denied, addresses it opens)
 CASES = [

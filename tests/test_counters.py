@@ -18,14 +18,14 @@ import redis.asyncio as aioredis
 from helpers.clock import Clock, run
 from helpers.redis_server import RedisServer, running_redis
 
-from gateway.counters import Admission, Increment, Limit, MemoryCounters
-from gateway.metering.budgets import BudgetBook, Hold
-from gateway.metering.usage import Usage
 from gateway.net.resolver import new_event_loop
-from gateway.policy import load_policy_text
-from gateway.state import MemoryState
-from gateway.state_redis import RedisState
-from gateway.state_sqlite import SqliteState
+from gateway.services.metering.budgets import BudgetBook, Hold
+from gateway.services.metering.usage import Usage
+from gateway.services.policy import load_policy_text
+from gateway.services.state.base import MemoryState
+from gateway.services.state.counters import Admission, Increment, Limit, MemoryCounters
+from gateway.services.state.redis import RedisState
+from gateway.services.state.sqlite import SqliteState
 
 ROOT = Path(__file__).resolve().parent.parent
 FAR = time.time() + 86400
@@ -105,8 +105,8 @@ def test_sqlite_counters_expire(tmp_path: Path) -> None:
 WORKER = textwrap.dedent("""\
     import asyncio, sys, time
     from pathlib import Path
-    from gateway.counters import Admission, Limit
-    from gateway.state_sqlite import SqliteState
+    from gateway.services.state.counters import Admission, Limit
+    from gateway.services.state.sqlite import SqliteState
     path, index, rounds = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     async def main():
         s = SqliteState(path)

@@ -17,11 +17,11 @@ import pytest
 
 from gateway.core.addresses import AddressPolicy
 from gateway.core.evaluate import name_allowed
-from gateway.dns.answer import Lookup, Need, answer, failure, formerr, parse
-from gateway.dns.limit import RateLimiter
+from gateway.engines.dns.answer import Lookup, Need, answer, failure, formerr, parse
+from gateway.engines.dns.limit import RateLimiter
 from gateway.net.resolver import DestinationGuard, DestinationRefused, StaticResolver
-from gateway.policy import Policy, load_policy_text
-from gateway.state import SandboxAddress
+from gateway.services.policy import Policy, load_policy_text
+from gateway.services.state.base import SandboxAddress
 
 POLICY = """\
 version: v1

@@ -268,9 +268,9 @@ def test_default_config_in_image_is_valid_yaml(gateway: list[Instr]) -> None:
 def test_certs_persist_on_a_volume(gateway: list[Instr], tmp_path: Path) -> None:
     """The standalone recipe keeps its CA, signing keys and admin token across container
     restarts: they live on the declared volume, the scratch dir does not."""
-    from gateway import ca
     from gateway.config import load_config
-    from gateway.tokens import SigningKeys
+    from gateway.net import ca
+    from gateway.services.identity.tokens import SigningKeys
 
     (volume,) = volumes(gateway)
     text = image_config_text(gateway)
@@ -380,7 +380,7 @@ CA_VARS = [
 def test_sandbox_image_trusts_the_gateway_ca(sandbox: list[Instr]) -> None:
     """The gateway CA is added to the system store (public roots kept, for passthrough
     hosts), and every CA variable, `env`'s included, points at that system bundle."""
-    from gateway.sandbox_env import CA_VARIABLES, DEFAULT_CA_BUNDLE
+    from gateway.tools.sandbox_env import CA_VARIABLES, DEFAULT_CA_BUNDLE
 
     copies = [i.args for i in sandbox if i.cmd == "COPY"]
     assert "ca.crt /usr/local/share/ca-certificates/sandbox-gateway.crt" in copies
@@ -395,7 +395,7 @@ def test_sandbox_image_trusts_the_gateway_ca(sandbox: list[Instr]) -> None:
 
 
 def test_sandbox_image_has_curl_git_and_the_node_preload(sandbox: list[Instr]) -> None:
-    from gateway.sandbox_env import DEFAULT_NODE_PRELOAD, sandbox_variables
+    from gateway.tools.sandbox_env import DEFAULT_NODE_PRELOAD, sandbox_variables
 
     install = next(i.args for i in sandbox if i.cmd == "RUN" and "apt-get install" in i.args)
     packages = install.split("apt-get install", 1)[1].split("&&")[0].split()

@@ -1,4 +1,4 @@
-"""The logging boundary's redaction (gateway/logs.py): every known secret and every
+"""The logging boundary's redaction (gateway/observability/logs.py): every known secret and every
 gateway token, in every encoding the leak scanner knows, in messages and tracebacks;
 markers rebuilt only when a source changes; mitmproxy's own log lines cut before the
 bytes they quote."""
@@ -21,7 +21,7 @@ import pytest
 
 from gateway.core.leaks import LeakScan, sensitive_markers, token_markers
 from gateway.engines import patches
-from gateway.logs import (
+from gateway.observability.logs import (
     REDACTED,
     REDACTION,
     WITHHELD,
@@ -30,11 +30,11 @@ from gateway.logs import (
     protect,
     token_claims,
 )
-from gateway.secrets.base import SecretNotFound
-from gateway.secrets.cache import SecretCache
-from gateway.secrets.value import MintedValue, SecretValue
-from gateway.state import MemoryState
-from gateway.tokens import SigningKeys, TokenService
+from gateway.services.identity.tokens import SigningKeys, TokenService
+from gateway.services.secrets.base import SecretNotFound
+from gateway.services.secrets.cache import SecretCache
+from gateway.services.secrets.value import MintedValue, SecretValue
+from gateway.services.state.base import MemoryState
 
 KEY = "sk-unit-real-key-0123456789abcdef"
 PART = "AKIAUNITTESTKEYID0001"  # a part of a composite minted value (AWS)
@@ -250,7 +250,7 @@ def test_configure_redacts_the_root_handler_and_quiets_hpack(tmp_path: Path) -> 
     """`run`'s set-up, in a fresh interpreter (it configures the root logger)."""
     script = f"""
 import logging
-from gateway.logs import SOURCES, configure
+from gateway.observability.logs import SOURCES, configure
 configure("debug")
 SOURCES.add("t", lambda: [{KEY!r}])
 logging.getLogger("sandbox_gateway").info("key %s", {KEY!r})

@@ -9,11 +9,22 @@ from pathlib import Path
 import pytest
 from helpers.clock import Clock, run
 
-from gateway.counters import MemoryCounters
-from gateway.metering.budgets import BudgetBook, Reservation, budget_problems, window_bounds
-from gateway.metering.pricing import Price, Pricing, PricingError, load_pricing, parse_pricing
-from gateway.metering.usage import Usage
-from gateway.policy import PolicySet, load_policy_text
+from gateway.services.metering.budgets import (
+    BudgetBook,
+    Reservation,
+    budget_problems,
+    window_bounds,
+)
+from gateway.services.metering.pricing import (
+    Price,
+    Pricing,
+    PricingError,
+    load_pricing,
+    parse_pricing,
+)
+from gateway.services.metering.usage import Usage
+from gateway.services.policy import PolicySet, load_policy_text
+from gateway.services.state.counters import MemoryCounters
 
 
 def ts(text: str) -> float:

@@ -13,13 +13,18 @@ from typing import Any
 
 import pytest
 
-from gateway.counters import MemoryCounters
-from gateway.metering import Exchange, Metering, MeteringRefusal, ModelRefusal
-from gateway.metering.budgets import BudgetExceeded
-from gateway.metering.endpoints import Endpoint, classify
-from gateway.metering.estimate import DEFAULT_OUTPUT, INLINE_TOKENS, estimate_input, output_limit
-from gateway.metering.usage import SessionMeter
-from gateway.policy import PolicySet, load_policy_texts
+from gateway.services.metering import Exchange, Metering, MeteringRefusal, ModelRefusal
+from gateway.services.metering.budgets import BudgetExceeded
+from gateway.services.metering.endpoints import Endpoint, classify
+from gateway.services.metering.estimate import (
+    DEFAULT_OUTPUT,
+    INLINE_TOKENS,
+    estimate_input,
+    output_limit,
+)
+from gateway.services.metering.usage import SessionMeter
+from gateway.services.policy import PolicySet, load_policy_texts
+from gateway.services.state.counters import MemoryCounters
 
 NOW = 1_795_000_000.0
 POLICY = """\

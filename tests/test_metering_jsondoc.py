@@ -1,5 +1,5 @@
-"""gateway.metering.jsondoc: json.loads's answers on UTF-8 bytes (a BOM is refused, as RFC 8259
-senders must not add one)."""
+"""gateway.services.metering.jsondoc: json.loads's answers on UTF-8 bytes (a BOM is
+refused, as RFC 8259 senders must not add one)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gateway.metering.jsondoc import document
+from gateway.services.metering.jsondoc import document
 
 DECODER = json.JSONDecoder()
 

@@ -17,17 +17,17 @@ import pytest
 import uvicorn
 from starlette.testclient import TestClient
 
-from gateway import metrics
 from gateway.api.admin import AdminContext, build_admin_app
 from gateway.cli import main
 from gateway.config import Config, ConfigError, MeteringConfig, load_config
-from gateway.metering import BudgetExceeded, Exchange, Metered, Metering, ModelRefusal
-from gateway.metering.pricing import Price, Pricing
-from gateway.metering.service import build_metering
-from gateway.policy import PolicySet, load_policy_texts
-from gateway.state import MemoryState
-from gateway.state_sqlite import SqliteState
-from gateway.tokens import SigningKeys, TokenService
+from gateway.observability import metrics
+from gateway.services.identity.tokens import SigningKeys, TokenService
+from gateway.services.metering import BudgetExceeded, Exchange, Metered, Metering, ModelRefusal
+from gateway.services.metering.pricing import Price, Pricing
+from gateway.services.metering.service import build_metering
+from gateway.services.policy import PolicySet, load_policy_texts
+from gateway.services.state.base import MemoryState
+from gateway.services.state.sqlite import SqliteState
 
 DATA = Path(__file__).parent / "data" / "metering"
 ADMIN = "admin-token-0123456789abcdef"

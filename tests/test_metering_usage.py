@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.metering.endpoints import classify, request_model, rewrite_request_body
-from gateway.metering.scan import SALVAGE, SseScanner
-from gateway.metering.usage import (
+from gateway.services.metering.endpoints import classify, request_model, rewrite_request_body
+from gateway.services.metering.scan import SALVAGE, SseScanner
+from gateway.services.metering.usage import (
     HOLD,
     JSON_CAP,
     Meter,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from fakes.tlsserver import FakeServer, Reply, Request, json_reply
 
-from gateway.minting import MintFailed, TokenHttp
-from gateway.minting.http import MAX_REPLY
+from gateway.services.minting import MintFailed, TokenHttp
+from gateway.services.minting.http import MAX_REPLY
 
 NAME = "tokens.example.test"
 

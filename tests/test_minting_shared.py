@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from gateway.minting.base import MintFailed
-from gateway.minting.shared import SharedMinter
 from gateway.net.resolver import new_event_loop
-from gateway.secrets.value import MintedValue
-from gateway.state import MemoryMints, SharedMint, StateUnavailable
+from gateway.services.minting.base import MintFailed
+from gateway.services.minting.shared import SharedMinter
+from gateway.services.secrets.value import MintedValue
+from gateway.services.state.base import MemoryMints, SharedMint, StateUnavailable
 
 
 def run(scenario: Any) -> None:

@@ -14,9 +14,9 @@ from fakes.tlsserver import Request
 from gateway.core.messages import Headers, RequestHead
 from gateway.core.refusal import Refusal
 from gateway.core.target import Target
-from gateway.minting.aws import key_set
-from gateway.minting.sigv4 import SigV4Signer
-from gateway.policy import load_policy_text
+from gateway.services.minting.aws import key_set
+from gateway.services.minting.sigv4 import SigV4Signer
+from gateway.services.policy import load_policy_text
 
 HOST = "bedrock-runtime.us-east-1.amazonaws.com"
 POLICY = """

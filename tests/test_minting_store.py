@@ -10,15 +10,15 @@ import json
 import pytest
 from helpers.clock import Clock, run
 
-from gateway import metrics
-from gateway.core.gate import _markers_of
+from gateway.core.markers import _markers_of
 from gateway.core.leaks import canonical
-from gateway.minting import Credentials, MintContext, MintFailed, MintingStore
-from gateway.minting.aws import key_set
-from gateway.policy import load_policy_text
-from gateway.policy.minted import MintSpec
-from gateway.secrets import SecretCache, SecretUnavailable, SecretValue
-from gateway.secrets.value import MintedValue
+from gateway.observability import metrics
+from gateway.services.minting import Credentials, MintContext, MintFailed, MintingStore
+from gateway.services.minting.aws import key_set
+from gateway.services.policy import load_policy_text
+from gateway.services.policy.minted import MintSpec
+from gateway.services.secrets import SecretCache, SecretUnavailable, SecretValue
+from gateway.services.secrets.value import MintedValue
 
 POLICY = """
 version: v1

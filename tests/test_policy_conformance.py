@@ -8,7 +8,7 @@ import pytest
 import yaml
 from conformance import CASES_FILE
 
-from gateway.policy import (
+from gateway.services.policy import (
     HostPatternError,
     PolicyError,
     Request,

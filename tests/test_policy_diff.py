@@ -16,10 +16,10 @@ import pytest
 
 from bench.policy_replay import narrow, write_audit
 from gateway.cli import main
-from gateway.policy import PolicySet, load_policy_dir, load_policy_texts
-from gateway.policy.diff import diff_sets
-from gateway.policy.replay import replay
-from gateway.policy.report import diff_json, diff_markdown, diff_text
+from gateway.services.policy import PolicySet, load_policy_dir, load_policy_texts
+from gateway.services.policy.diff import diff_sets
+from gateway.services.policy.replay import replay
+from gateway.services.policy.report import diff_json, diff_markdown, diff_text
 
 ROOT = Path(__file__).resolve().parent.parent
 

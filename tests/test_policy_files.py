@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main
-from gateway.policy import PolicyError, PolicyReloader, load_policy_dir, load_policy_text
-from gateway.policy.revision import policy_revision
+from gateway.services.policy import PolicyError, PolicyReloader, load_policy_dir, load_policy_text
+from gateway.services.policy.revision import policy_revision
 
 POLICY = "version: v1\nname: {name}\negress:\n  - host: {name}.example.com\n"
 # What a symlink out of the directory could reach: a secret file's lines.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy import (
+from gateway.services.policy import (
     PRESETS,
     Injection,
     PolicyError,

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway.explanation import explain_request
-from gateway.policy import (
+from gateway.services.policy import (
     Credential,
     Decision,
     Injection,
@@ -22,6 +21,7 @@ from gateway.policy import (
     decide,
     load_policy_text,
 )
+from gateway.tools.explain import explain_request
 
 POLICY = """\
 version: v1

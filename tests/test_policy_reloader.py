@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.metrics import POLICY_RELOADS, POLICY_RULES
-from gateway.policy import PolicyError, PolicyReloader, PolicySet, fingerprint
+from gateway.observability.metrics import POLICY_RELOADS, POLICY_RULES
+from gateway.services.policy import PolicyError, PolicyReloader, PolicySet, fingerprint
 
 
 def policy(name: str, *hosts: str) -> str:

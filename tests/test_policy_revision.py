@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.metrics import REGISTRY
-from gateway.policy import PolicyReloader, load_policy_dir, load_policy_text
-from gateway.policy.revision import (
+from gateway.observability.metrics import REGISTRY
+from gateway.services.policy import PolicyReloader, load_policy_dir, load_policy_text
+from gateway.services.policy.revision import (
     GitRefError,
     content_hash,
     export_ref,

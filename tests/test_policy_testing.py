@@ -12,8 +12,8 @@ import pytest
 
 from gateway.cli import main
 from gateway.core.evaluate import request_for
-from gateway.policy import PolicySet, Request, load_policy_dir, load_policy_texts
-from gateway.policy.testing import PolicyCase, parse_cases, run_case, run_cases
+from gateway.services.policy import PolicySet, Request, load_policy_dir, load_policy_texts
+from gateway.services.policy.testing import PolicyCase, parse_cases, run_case, run_cases
 
 ROOT = Path(__file__).resolve().parent.parent
 

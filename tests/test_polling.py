@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from gateway.polling import Poller
+from gateway.services.polling import Poller
 
 
 class Counting(Poller):

@@ -13,7 +13,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import yaml
 
-from gateway.sandbox_env import (
+from gateway.tools.sandbox_env import (
     API_KEY_VARIABLES,
     CA_VARIABLES,
     InvalidToken,

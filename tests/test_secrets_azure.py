@@ -19,8 +19,8 @@ import pytest
 from fakes.keyvault import FakeKeyVault, StaticCredential, sdk_transport
 from helpers.clock import Clock, run
 
-from gateway import metrics
-from gateway.secrets import (
+from gateway.observability import metrics
+from gateway.services.secrets import (
     AzureKeyVaultStore,
     SecretCache,
     SecretNotFound,

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from helpers.clock import Clock, run
 
-from gateway import metrics
-from gateway.secrets import (
+from gateway.observability import metrics
+from gateway.services.secrets import (
     SecretCache,
     SecretError,
     SecretNotFound,
@@ -523,7 +523,7 @@ def test_refetch_under_an_eager_task_factory() -> None:
     """mitmproxy runs its loop with asyncio.eager_task_factory: a store that answers
     without suspending finishes inside create_task. The cache must not keep that
     finished task as 'in flight' (it would serve its old value forever)."""
-    from gateway.secrets import SecretValue
+    from gateway.services.secrets import SecretValue
 
     class Instant:
         name = "instant"

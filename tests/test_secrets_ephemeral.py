@@ -13,14 +13,14 @@ import pytest
 from helpers.clock import Clock
 from helpers.redis_server import RedisServer, running_redis
 
-from gateway.core.gate import Gate
+from gateway.core.markers import Markers
 from gateway.net.resolver import new_event_loop
-from gateway.policy import load_policy_texts
-from gateway.secrets.ephemeral import EphemeralKey, EphemeralKeys
-from gateway.secrets.value import SecretValue
-from gateway.state import MemoryState
-from gateway.state_redis import RedisState
-from gateway.state_sqlite import SqliteState
+from gateway.services.policy import load_policy_texts
+from gateway.services.secrets.ephemeral import EphemeralKey, EphemeralKeys
+from gateway.services.secrets.value import SecretValue
+from gateway.services.state.base import MemoryState
+from gateway.services.state.redis import RedisState
+from gateway.services.state.sqlite import SqliteState
 
 VALUE = "ek_68a4b1c2d3e4f5a6b7c8d9e0"
 
@@ -130,12 +130,10 @@ class _Secrets:
 def test_a_minted_secret_is_a_leak_marker_off_its_hosts() -> None:
     policies = load_policy_texts({"agent.yaml": POLICY})
     state = MemoryState()
-    gate = Gate(tokens=None, policies=lambda: policies, guard=None,  # type: ignore[arg-type]
-                secrets=_Secrets(), registry=state,  # type: ignore[arg-type]
-                audit=lambda r: None, ephemeral=state.ephemeral)
-    gate.tokens = type("T", (), {"issuer": "sandbox-gateway"})()  # type: ignore[assignment]
+    markers = Markers(lambda: policies, _Secrets(), state.ephemeral,  # type: ignore[arg-type]
+                      lambda: "sandbox-gateway")
     body = b'{"client_secret": "' + VALUE.encode() + b'"}'
-    assert gate.scan_for("other.test", None).find(body) is None  # not known yet
+    assert markers.scan_for("other.test", None).find(body) is None  # not known yet
     state.ephemeral.add(key())
-    assert gate.scan_for("other.test", None).find(body) == "secret"
-    assert gate.scan_for("api.openai.com", None).find(body) is None  # its own host
+    assert markers.scan_for("other.test", None).find(body) == "secret"
+    assert markers.scan_for("api.openai.com", None).find(body) is None  # its own host

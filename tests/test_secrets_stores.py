@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from helpers.clock import run
 
-from gateway.secrets import (
+from gateway.services.secrets import (
     AzureKeyVaultStore,
     EnvStore,
     FileStore,

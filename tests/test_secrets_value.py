@@ -10,7 +10,7 @@ from urllib.parse import quote, quote_plus
 
 import pytest
 
-from gateway.secrets import SecretValue
+from gateway.services.secrets import SecretValue
 
 RAW = "sk-proj-Ab3/+x=y z&ü-0123456789abcdef"
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.state import MemoryState, SandboxAddress, build_state
-from gateway.state_redis import RedisState, redact_url
+from gateway.services.state.base import MemoryState, SandboxAddress
+from gateway.services.state.factory import build_state
+from gateway.services.state.redis import RedisState, redact_url
 
 
 def test_memory_state_revocations_and_sandboxes() -> None:
@@ -47,7 +48,7 @@ def test_memory_state_forgets_expired_revocations() -> None:
 
 
 def test_build_state_sqlite_is_the_default(tmp_path: Path) -> None:
-    from gateway.state_sqlite import SqliteState
+    from gateway.services.state.sqlite import SqliteState
 
     state = build_state({}, base=tmp_path)
     assert isinstance(state, SqliteState)

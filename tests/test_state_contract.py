@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 from helpers.redis_server import running_redis
 
-from gateway.counters import Admission, Limit
-from gateway.minting.shared import SharedMinter
 from gateway.net.resolver import new_event_loop
-from gateway.secrets.ephemeral import EphemeralKey
-from gateway.secrets.value import MintedValue, SecretValue
-from gateway.state import MemoryState, SandboxAddress, SharedMint, StateStore
-from gateway.state_redis import RedisState
-from gateway.state_sqlite import SqliteState
+from gateway.services.minting.shared import SharedMinter
+from gateway.services.secrets.ephemeral import EphemeralKey
+from gateway.services.secrets.value import MintedValue, SecretValue
+from gateway.services.state.base import MemoryState, SandboxAddress, SharedMint, StateStore
+from gateway.services.state.counters import Admission, Limit
+from gateway.services.state.redis import RedisState
+from gateway.services.state.sqlite import SqliteState
 
 FAR = time.time() + 3600
 Factory = Callable[[], StateStore]

@@ -26,11 +26,11 @@ import yaml
 from helpers.clients import raw_connect
 from helpers.redis_server import RedisServer, free_port, running_redis
 
-from gateway import metrics
 from gateway.core.addresses import AddressPolicy
 from gateway.net.resolver import install_backstop, new_event_loop, uninstall_backstop
-from gateway.state import SandboxAddress
-from gateway.state_redis import RedisState, StateUnavailable
+from gateway.observability import metrics
+from gateway.services.state.base import SandboxAddress
+from gateway.services.state.redis import RedisState, StateUnavailable
 
 PREFIX = "t"
 

@@ -20,11 +20,17 @@ import pytest
 from helpers.clock import run
 from helpers.disk import tiny_tmpfs
 
-from gateway import metrics
 from gateway.cli import main
-from gateway.counters import Admission, Limit
-from gateway.state import SandboxAddress, StateUnavailable
-from gateway.state_sqlite import MIGRATIONS, SCHEMA_VERSION, SqliteState, check_file, summary
+from gateway.observability import metrics
+from gateway.services.state.base import SandboxAddress, StateUnavailable
+from gateway.services.state.counters import Admission, Limit
+from gateway.services.state.sqlite import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    SqliteState,
+    check_file,
+    summary,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 FAR = time.time() + 3600
@@ -204,8 +210,8 @@ def test_a_registration_on_a_full_disk_is_refused_not_half_done(tiny_disk: Path)
 KILLED = textwrap.dedent("""\
     import asyncio, sys, time
     from pathlib import Path
-    from gateway.counters import Admission, Limit
-    from gateway.state_sqlite import SqliteState
+    from gateway.services.state.counters import Admission, Limit
+    from gateway.services.state.sqlite import SqliteState
     async def main():
         s = SqliteState(Path(sys.argv[1]))
         await s.start()
@@ -247,7 +253,7 @@ def test_a_process_killed_mid_transaction_loses_nothing_committed(tmp_path: Path
 WRITER = textwrap.dedent("""\
     import asyncio, sys, time
     from pathlib import Path
-    from gateway.state_sqlite import SqliteState
+    from gateway.services.state.sqlite import SqliteState
     async def main():
         s = SqliteState(Path(sys.argv[1]))
         await s.start()
@@ -313,7 +319,7 @@ def test_state_commands_report_problems(tmp_path: Path,
 OPENER = textwrap.dedent("""\
     import asyncio, sys, time
     from pathlib import Path
-    from gateway.state_sqlite import SqliteState
+    from gateway.services.state.sqlite import SqliteState
     async def main():
         time.sleep(max(0.0, float(sys.argv[2]) - time.time()))  # all at once
         s = SqliteState(Path(sys.argv[1]))

@@ -16,8 +16,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from gateway.state import MemoryState
-from gateway.tokens import (
+from gateway.services.identity.tokens import (
     AUDIENCE,
     Identity,
     SigningKeys,
@@ -28,6 +27,7 @@ from gateway.tokens import (
     parse_scope,
     unverified_claims,
 )
+from gateway.services.state.base import MemoryState
 
 T0 = 1_700_000_000.0  # in the past, so nothing depends on the real clock by accident
 
@@ -634,7 +634,7 @@ def test_use_keys_swaps_signing_and_drops_cached_verifications(env: Env) -> None
 def test_key_watcher_follows_the_directory(tmp_path: Path) -> None:
     import asyncio
 
-    from gateway.keywatch import SigningKeyWatcher, key_fingerprint
+    from gateway.services.identity.keywatch import SigningKeyWatcher, key_fingerprint
 
     directory = tmp_path / "signing"
     watcher = SigningKeyWatcher(directory)

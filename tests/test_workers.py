@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.workers import available_cpus
+from gateway.runtime.workers import available_cpus
 
 
 @pytest.mark.parametrize(("cpu_max", "cap"), [

@@ -25,18 +25,18 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway import metrics
 from gateway.config import ConfigError, parse_duration
 from gateway.core.evaluate import static_metering
 from gateway.core.names import DestinationError, is_ip, normalize_host
-from gateway.explanation import explain_body, explain_request
 from gateway.net.resolver import DestinationGuard
-from gateway.policy import PolicySet
-from gateway.state import SandboxAddress, StateUnavailable
-from gateway.tokens import TokenError, TokenService, parse_scope
+from gateway.observability import metrics
+from gateway.services.identity.tokens import TokenError, TokenService, parse_scope
+from gateway.services.policy import PolicySet
+from gateway.services.state.base import SandboxAddress, StateUnavailable
+from gateway.tools.explain import explain_body, explain_request
 
 if TYPE_CHECKING:
-    from gateway.metering import Metering
+    from gateway.services.metering import Metering
 
 
 class Readiness(Protocol):

@@ -26,8 +26,8 @@ from gateway.core.identity import Identity, TokenRefused
 from gateway.core.messages import Headers
 from gateway.core.refusal import Refusal
 from gateway.core.target import Target
-from gateway.policy import Credential, Injection
-from gateway.secrets.value import SecretValue
+from gateway.services.policy import Credential, Injection
+from gateway.services.secrets.value import SecretValue
 
 __all__ = ["TOKEN_PREFIX", "Swap", "apply", "find_token", "plan", "shape_of", "static_refusal"]
 

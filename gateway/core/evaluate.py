@@ -29,9 +29,9 @@ from typing import Final
 from gateway.core import credentials
 from gateway.core.refusal import Refusal
 from gateway.core.target import url_target
-from gateway.counters import EmptyCounters
-from gateway.metering import Exchange, Metering, Pricing
-from gateway.policy import Credential, Decision, Policy, PolicySet, Request, decide
+from gateway.services.metering import Exchange, Metering, Pricing
+from gateway.services.policy import Credential, Decision, Policy, PolicySet, Request, decide
+from gateway.services.state.counters import EmptyCounters
 
 __all__ = ["UNSEEN", "Routed", "Unseen", "Verdict", "evaluate", "meter", "name_allowed",
            "request_for", "route", "static_metering"]

@@ -45,18 +45,21 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-from gateway import metrics
 from gateway.core.addresses import Pinned
+from gateway.core.client import Client
 from gateway.core.encodings import Decoder, EncodingError, decoder_for, encode
 from gateway.core.identity import Identity
 from gateway.core.leaks import LeakScan, Redactor, StreamScan
 from gateway.core.messages import RequestHead, ResponseHead
 from gateway.core.phrases import error_phrase
+from gateway.core.ports import Secrets, Signer
 from gateway.core.refusal import Answer, MessageRefused, Refusal, ws_error
 from gateway.core.target import DEFAULT_PORTS, Target
-from gateway.metering import (
+from gateway.core.trail import Trail, rule_of
+from gateway.observability import metrics
+from gateway.services.metering import (
     MODEL_BODY_LIMIT,
     RESPONSE_HOLD,
     Metering,
@@ -64,18 +67,15 @@ from gateway.metering import (
     classify,
     model_in_body,
 )
-from gateway.metering import Exchange as MeteredExchange
-from gateway.metering import Refusal as MeteringStep
-from gateway.policy import Decision, Policy
-from gateway.secrets.value import SecretValue
-
-if TYPE_CHECKING:
-    from gateway.core.gate import Client, Gate
+from gateway.services.metering import Exchange as MeteredExchange
+from gateway.services.metering import Refusal as MeteringStep
+from gateway.services.policy import Decision, Policy
+from gateway.services.secrets.value import SecretValue
 
 log = logging.getLogger("sandbox_gateway")
 
 __all__ = ["BODY_HOLD_LIMIT", "ENCODED_LIMIT", "HOLD_LIMIT", "SIGNED_BODY_LIMIT", "Exchange",
-           "Signer", "no_body"]
+           "no_body"]
 
 ENCODED_LIMIT = 8 * 1024 * 1024  # a compressed request body is held whole up to this size
 HOLD_LIMIT = 1024 * 1024  # a request body that ends within this is checked whole first
@@ -93,19 +93,6 @@ _UPSTREAM_KINDS = {
 }
 
 
-class Signer(Protocol):
-    """Signs a request with a minted credential (SigV4), replacing the client's
-    signature. Both methods raise `Refusal` for a request it cannot sign."""
-
-    def needs_body(self, head: RequestHead) -> bool:
-        """True if the signature covers the body (then `sign` needs it whole)."""
-        ...
-
-    def sign(self, head: RequestHead, target: Target, body: bytes | None) -> None:
-        """Sign `head` in place (`body`: the whole body as forwarded, or None)."""
-        ...
-
-
 def no_body(method: str, status: int) -> bool:
     """A response that has no body whatever its headers say."""
     return method == "HEAD" or status in (204, 304) or 100 <= status < 200
@@ -114,9 +101,11 @@ def no_body(method: str, status: int) -> bool:
 class Exchange:
     """See the module docstring."""
 
-    def __init__(self, gate: Gate, client: Client, identity: Identity, head: RequestHead,
-                 target: Target, decision: Decision, pinned: Pinned, started: float) -> None:
-        self.gate = gate
+    def __init__(self, trail: Trail, secrets: Secrets, client: Client, identity: Identity,
+                 head: RequestHead, target: Target, decision: Decision, pinned: Pinned,
+                 started: float) -> None:
+        self.trail = trail
+        self.secrets = secrets
         self.client = client
         self.identity = identity
         self.head = head
@@ -387,7 +376,7 @@ class Exchange:
             return head
         name, value = self._secret
         if head.status == 401:
-            self.gate.secrets.invalidate(name, rejected=value)
+            self.secrets.invalidate(name, rejected=value)
         redactor = self._redactor = Redactor(value.variants())
         head.reason = redactor.redact(head.reason.encode("latin-1", "replace")).decode(
             "latin-1")
@@ -453,7 +442,7 @@ class Exchange:
             status = self.response_head.status if self.response_head is not None else 0
             released = self._metering[0].release(self._metered, status, body, time.time())
             if isinstance(released, str):
-                raise Refusal("minted_secret_refused", released, _rule_of(self.decision))
+                raise Refusal("minted_secret_refused", released, rule_of(self.decision))
             return released
         return out
 
@@ -497,8 +486,8 @@ class Exchange:
         if self._metering is not None and self._metering[1].mode == "report":
             self._report = refusal.reason
             return
-        self.gate.refuse(self.client, refusal, method=self.head.method,
-                         scheme=self.target.scheme, host=self.target.host,
+        self.trail.refuse(self.client, refusal, method=self.head.method,
+                          scheme=self.target.scheme, host=self.target.host,
                          port=self.target.port, path=self.target.path, started=time.time())
         meter = self._metered.meter if self._metered is not None else None
         session = meter.format if meter is not None else "realtime"
@@ -522,21 +511,17 @@ class Exchange:
             reason = f"the upstream {self._where()} sent nothing for too long ({detail})"
         refusal = Refusal(code, reason)
         self.finish(refusal.status, error=code)
-        from gateway.core.refusal import answer
-
-        return answer(refusal, shape=self.gate.shape(self.target.host), close=True)
+        return self.trail.render(refusal, self.target.host)
 
     def abort(self, refusal: Refusal) -> Answer:
         """Refuse the exchange part-way (a leak in the body, a bad response)."""
         if not self.done:
             self.done = True
-            self.gate.refuse(self.client, refusal, method=self.head.method,
-                             scheme=self.target.scheme, host=self.target.host,
-                             port=self.target.port, path=self.target.path,
-                             started=self.started, usage=self._complete())
-        from gateway.core.refusal import answer
-
-        return answer(refusal, shape=self.gate.shape(self.target.host), close=True)
+            self.trail.refuse(self.client, refusal, method=self.head.method,
+                              scheme=self.target.scheme, host=self.target.host,
+                              port=self.target.port, path=self.target.path,
+                              started=self.started, usage=self._complete())
+        return self.trail.render(refusal, self.target.host)
 
     def finish(self, status: int | None, error: str | None = None,
                usage: dict[str, Any] | None = None) -> None:
@@ -548,7 +533,7 @@ class Exchange:
         if self._metered is not None:
             usage = self._complete()
         decision = self.decision
-        self.gate.audit(
+        self.trail.audit(
             self.client, identity=self.identity, decision=decision.result,
             reason=self._report or decision.reason,
             rule=decision.rule.source if decision.rule is not None else None,
@@ -587,10 +572,6 @@ def _lane(data: bytes) -> str | None:
     except (ValueError, AttributeError):
         return None
     return lane if isinstance(lane, str) else None
-
-
-def _rule_of(decision: Decision) -> str | None:
-    return decision.rule.source if decision.rule is not None else None
 
 
 def _clean_detail(detail: str) -> str:

@@ -5,7 +5,7 @@ says ``illegal status line: bytearray(b'HTTP/1.1 OK sk-…')``, mitmproxy ``Bad 
 response line: b'…'`` or ``Invalid transfer encoding header: 'Bearer sk-…'``. An upstream
 that echoes the key it was sent would write it to the gateway's log. `error_phrase`
 keeps the words before the first quote and says that the rest was withheld. (The
-logging boundary, `gateway/logs.py`, also redacts every known secret and token: this
+logging boundary, `gateway/observability/logs.py`, also redacts every known secret and token: this
 keeps unknown ones out, and the log lines short.)
 """
 

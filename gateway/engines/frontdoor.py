@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.core.gate import Refused
-from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal, to_http1
+from gateway.core.refusal import Answer, to_http1
 from gateway.engines.door import Door, Doors
 from gateway.engines.first_bytes import MAX_FIRST, classify
 
@@ -61,8 +61,9 @@ class FrontDoor(Door):
         self.transport.pause_reading()
         self.state = "deciding"
         if end < 0 or end + 4 > limit:
-            self._refuse(Refusal("bad_request", f"the request head is larger than {limit} "
-                                 "bytes (limits.max_header_bytes)"))
+            assert self.client is not None
+            self._send(self.gate.unparsable(self.client, f"the request head is larger than "
+                                            f"{limit} bytes (limits.max_header_bytes)"))
             return
         self.head_len = end + 4
         asyncio.get_running_loop().create_task(self._decide(bytes(self.buf[:end])))
@@ -76,9 +77,9 @@ class FrontDoor(Door):
     def tunnel_bytes(self) -> int:
         return max(0, len(self.buf) - self.head_len) if self.head_len else 0
 
-    def _refuse(self, refusal: Refusal, **where: Any) -> None:
-        assert self.client is not None and self.transport is not None
-        answer: Answer = self.gate.refuse(self.client, refusal, close=True, **where)
+    def _send(self, answer: Answer) -> None:
+        """Answer a refusal the gate audited, and close."""
+        assert self.transport is not None
         self.transport.write(to_http1(answer))
         self.transport.close()
 
@@ -90,8 +91,9 @@ class FrontDoor(Door):
             lines = head.decode("latin-1").split("\r\n")
             parts = lines[0].split(" ")
             if len(parts) != 3 or parts[2] not in ("HTTP/1.1", "HTTP/1.0"):
-                self._refuse(Refusal("bad_request", "not an HTTP/1.x request line; send "
-                                     "CONNECT host:port HTTP/1.1 or an absolute-URL request"))
+                self._send(self.gate.unparsable(self.client, "not an HTTP/1.x request line; "
+                                                "send CONNECT host:port HTTP/1.1 or an "
+                                                "absolute-URL request"))
                 return
             method, authority = parts[0], parts[1]
             if method != "CONNECT":
@@ -118,9 +120,10 @@ class FrontDoor(Door):
             self.transport.resume_reading()
             self._check_hello()
         except Exception:
-            log.exception("the front door failed; closing the connection (fail closed)")
-            if self.state == "deciding":
-                self._refuse(GATEWAY_ERROR)
+            if self.state == "deciding":  # (logged with its traceback by the gate)
+                self._send(self.gate.failed(self.client))
+            else:
+                log.exception("the front door failed; closing the connection (fail closed)")
             self.transport.close()
 
     def _check_hello(self) -> None:

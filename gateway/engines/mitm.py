@@ -283,14 +283,10 @@ class Adapter(NextLayer):
                 int(context.server.address[1]))
         try:
             if client.identity is None:
-                self.gate.identify_registered(client)
+                self.gate.identify_registered(client, orig)
             await self.gate.open_transparent(client, orig, first.kind, first.name)
-        except Refused as refused:
+        except Refused as refused:  # (audited by the gate)
             nextlayer.layer = RefuseLayer(context, refused.refusal.reason)
-            return False
-        except Refusal as refusal:
-            self.gate.refuse(client, refusal, host=orig[0], port=orig[1])
-            nextlayer.layer = RefuseLayer(context, refusal.reason)
             return False
         return True
 

@@ -8,7 +8,7 @@ and grows while reads fill it. Both directions are counted for the audit line.
 A tunnel ends — both sockets closed, one audit line written, the gauge counted down —
 when both directions have sent EOF, when either side fails, when it carries nothing
 for `network.timeouts.client_idle`, when it outlives `limits.max_tunnel_lifetime`, or
-when its token expires or is revoked (the gate's sweep, gateway/sweeper.py, ends every
+when its token expires or is revoked (the gate's sweep, gateway/runtime/sweeper.py, ends every
 engine's connections whose identity no longer holds).
 """
 

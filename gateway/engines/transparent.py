@@ -25,7 +25,7 @@ from typing import Any, cast
 from mitmproxy import platform
 
 from gateway.core.gate import Refused
-from gateway.core.refusal import Refusal, to_http1
+from gateway.core.refusal import to_http1
 from gateway.engines.door import Door, Doors
 from gateway.engines.first_bytes import FirstBytes, classify
 
@@ -65,9 +65,8 @@ class TransparentDoor(Door):
             self.transport.close()
             return
         try:
-            registered = self.gate.identify_registered(self.client)
-        except Refusal as refusal:  # too many connections
-            self.gate.refuse(self.client, refusal, host=self.orig[0], port=self.orig[1])
+            registered = self.gate.identify_registered(self.client, self.orig)
+        except Refused:  # too many connections (audited)
             self.transport.close()
             return
         if registered and self.client.identity is not None:

@@ -10,9 +10,9 @@ from gateway.core import credentials
 from gateway.core.messages import Headers
 from gateway.core.refusal import Refusal
 from gateway.core.target import Target
-from gateway.policy import Credential, Injection
-from gateway.state import MemoryState
-from gateway.tokens import SigningKeys, TokenService
+from gateway.services.identity.tokens import SigningKeys, TokenService
+from gateway.services.policy import Credential, Injection
+from gateway.services.state.base import MemoryState
 
 OPENAI = Credential(name="openai", secret="k", hosts=("api.openai.com",),
                     injection=Injection("bearer"), preset="openai")
@@ -103,7 +103,7 @@ def test_a_provider_minted_secret_goes_on_as_sent(service: TokenService) -> None
     """On a rule with allow_minted_secrets the carrier may hold a secret the provider
     minted for this sandbox: it is not swapped (the key never replaces it), and any
     other value that is not a gateway token is still refused."""
-    from gateway.secrets.value import SecretValue
+    from gateway.services.secrets.value import SecretValue
 
     minted = SecretValue("ek_minted_0123456789")
     identity = service.verify(service.mint("s1", "agent").token)

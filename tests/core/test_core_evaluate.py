@@ -34,12 +34,12 @@ from gateway.core.evaluate import (
     static_metering,
 )
 from gateway.core.target import url_target
-from gateway.explanation import explain_request
-from gateway.metrics import REGISTRY
 from gateway.net.resolver import DestinationGuard, StaticResolver, parse_overrides
-from gateway.policy import PolicySet, Request, load_policy_texts
-from gateway.policy.replay import replay
-from gateway.policy.testing import parse_cases, run_case
+from gateway.observability.metrics import REGISTRY
+from gateway.services.policy import PolicySet, Request, load_policy_texts
+from gateway.services.policy.replay import replay
+from gateway.services.policy.testing import parse_cases, run_case
+from gateway.tools.explain import explain_request
 
 # The proxy's refusal codes each caller decides (every other code is the proxy's alone).
 PIPELINE = {"policy_denied", "credential_requires_tls", "model_not_allowed",

@@ -19,8 +19,8 @@ from gateway.core.leaks import (
     sensitive_markers,
     token_markers,
 )
-from gateway.state import MemoryState
-from gateway.tokens import SigningKeys, TokenService
+from gateway.services.identity.tokens import SigningKeys, TokenService
+from gateway.services.state.base import MemoryState
 
 KEY = "sk-live-0123456789abcdefghijklmnop"
 

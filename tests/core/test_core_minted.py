@@ -15,9 +15,9 @@ from gateway.core.leaks import LeakScan
 from gateway.core.messages import Headers, RequestHead
 from gateway.core.refusal import Refusal, answer
 from gateway.core.target import Target
-from gateway.policy import Credential, Decision, load_policy_text
-from gateway.state import MemoryState
-from gateway.tokens import SigningKeys, TokenService
+from gateway.services.identity.tokens import SigningKeys, TokenService
+from gateway.services.policy import Credential, Decision, load_policy_text
+from gateway.services.state.base import MemoryState
 
 POLICY = """
 version: v1
@@ -110,8 +110,8 @@ class RecordingSigner:
 def _exchange() -> Exchange:
     head = RequestHead("POST", "/model/m/converse", Headers.of(("Host", "h.example")),
                        "HTTP/1.1")
-    ex = Exchange(None, None, None, head, Target("https", "h.example", 443,  # type: ignore[arg-type]
-                                                 "/model/m/converse"),
+    ex = Exchange(None, None, None, None, head,  # type: ignore[arg-type]
+                  Target("https", "h.example", 443, "/model/m/converse"),
                   Decision("allow", "ok", None), Pinned("h.example", 443, "127.0.0.1"), 0.0)
     ex.credential = "bedrock"
     ex.scan = LeakScan([], [])

@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
-from gateway.app import Gateway
 from gateway.config import load_config
 from gateway.net.resolver import Resolver, new_event_loop
+from gateway.runtime.app import Gateway
 
 
 class AuditCapture(io.StringIO):

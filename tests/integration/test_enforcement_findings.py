@@ -14,8 +14,8 @@ from helpers.clients import open_tunnel, raw_connect
 from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.upstream import Upstream
 
-from gateway import metrics
 from gateway.core.audit import FIELDS
+from gateway.observability import metrics
 
 POLICY = """
 version: v1

@@ -63,7 +63,7 @@ def _client(gw: GatewayThread, token: str) -> httpx.Client:
 
 
 @pytest.mark.parametrize("target", [
-    "gateway.tokens.TokenService.verify",            # identify
+    "gateway.services.identity.tokens.TokenService.verify",            # identify
     "gateway.core.evaluate.decide",                   # the policy decision
     "gateway.net.resolver.DestinationGuard.check",    # the destination check
     "gateway.core.target.tunnel_authority",           # the target
@@ -87,7 +87,7 @@ def test_crash_at_connect_refuses_the_tunnel(gw: GatewayThread, upstream: Upstre
     "gateway.core.target.request_target",   # the request's target
     "gateway.core.leaks.LeakScan.head",     # the leak scan of the head
     "gateway.core.evaluate.decide",         # the policy decision
-    "gateway.tokens.TokenService.verify",   # identity, re-checked on every request
+    "gateway.services.identity.tokens.TokenService.verify",  # identity, on every request
 ])
 def test_crash_on_a_request_refuses_it(gw: GatewayThread, upstream: Upstream,
                                        monkeypatch: pytest.MonkeyPatch, target: str) -> None:

@@ -27,7 +27,7 @@ from helpers.tls import LocalCA
 from helpers.upstream import ENCODINGS, MALFORMED, MINT_CLIENT, MINT_SECRET, MINTED, Upstream
 
 from gateway.core.leaks import LeakScan, sensitive_markers, token_markers
-from gateway.logs import REDACTED, REDACTION
+from gateway.observability.logs import REDACTED, REDACTION
 
 KEY = "sk-logtest-real-key-0123456789abcdef"
 POLICY = f"""

@@ -102,7 +102,7 @@ def test_sdks_streaming_and_not_are_metered(make_gateway: GatewayFactory, tmp_pa
                                             fake: FakeInference) -> None:
     gw = _gateway(make_gateway, tmp_path, fake)
     token = gw.mint("agent")
-    from gateway.sandbox_env import sandbox_env
+    from gateway.tools.sandbox_env import sandbox_env
 
     # (metrics are per process: other tests in this process counted before)
     base_out = metric(gw, "sandbox_gateway_inference_tokens_total", kind="output",

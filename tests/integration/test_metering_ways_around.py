@@ -32,7 +32,7 @@ from fakes.inference import FakeInference
 from fakes.realtime import FakeRealtime
 from helpers.gateway import GatewayFactory, GatewayThread
 
-from gateway.sandbox_env import sandbox_env
+from gateway.tools.sandbox_env import sandbox_env
 
 KEY = "sk-fake-provider-key"
 NAMES = ["api.openai.com", "api.anthropic.com", "myaccount.openai.azure.com"]

@@ -23,7 +23,7 @@ from helpers import parity
 from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.metrics import metric
 
-from gateway.sandbox_env import sandbox_env
+from gateway.tools.sandbox_env import sandbox_env
 
 RUNTIME = "bedrock-runtime.us-east-1.amazonaws.com"
 MODEL = "anthropic.claude-3-5-sonnet-20240620-v1:0"

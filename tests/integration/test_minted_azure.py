@@ -20,7 +20,7 @@ from fakes.keyvault import AUTHORITY_HOST, FakeKeyVault
 from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.metrics import metric
 
-from gateway.sandbox_env import sandbox_env
+from gateway.tools.sandbox_env import sandbox_env
 
 SCOPE = "https://cognitiveservices.azure.com/.default"
 RESOURCE = "contoso.openai.azure.com"

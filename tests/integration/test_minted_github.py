@@ -18,7 +18,7 @@ from fakes.github import FakeGitHub
 from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.metrics import metric
 
-from gateway.sandbox_env import sandbox_env
+from gateway.tools.sandbox_env import sandbox_env
 
 POLICY = """
 version: v1

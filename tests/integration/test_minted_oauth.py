@@ -23,7 +23,7 @@ from fakes.oauth import INTERNAL, JWT_BEARER, LOGIN, VERTEX, FakeOAuth
 from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.metrics import metric
 
-from gateway.sandbox_env import sandbox_env
+from gateway.tools.sandbox_env import sandbox_env
 
 POLICY = """
 version: v1

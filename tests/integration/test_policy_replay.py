@@ -20,7 +20,7 @@ from helpers.tls import LocalCA
 from helpers.upstream import Upstream
 
 from gateway.cli import main
-from gateway.policy.revision import content_hash
+from gateway.services.policy.revision import content_hash
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mitmproxy import certs
 
-from gateway import ca
+from gateway.net import ca
 from gateway.net.tls import LeafContexts, TlsClosed, TlsPump, upstream_context
 
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gateway import metrics
 from gateway.engines.patches import ReceiveBuffer
+from gateway.observability import metrics
 
 if TYPE_CHECKING:
     from gateway.engines.h1.side import Upstream

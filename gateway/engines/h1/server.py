@@ -29,7 +29,6 @@ from typing import Any
 
 import h11
 
-from gateway import metrics
 from gateway.core.exchange import Exchange, no_body
 from gateway.core.gate import Client, Gate
 from gateway.core.messages import RequestHead
@@ -40,6 +39,7 @@ from gateway.engines.h1.framing import ProtocolError
 from gateway.engines.h1.pool import LIMIT as POOL_LIMIT
 from gateway.engines.h1.pool import UpstreamPool
 from gateway.engines.h1.side import PhaseTimeout, Side, Upstream
+from gateway.engines.h1.websocket import relay
 from gateway.engines.patches import (
     ChunkedReader,
     ContentLengthReader,
@@ -48,6 +48,7 @@ from gateway.engines.patches import (
     read_response_head,
 )
 from gateway.net.tls import LeafContexts, TlsClosed, TlsPump
+from gateway.observability import metrics
 
 log = logging.getLogger("sandbox_gateway")
 
@@ -223,16 +224,15 @@ class Connection(Side):
                 if head is None or not await self._exchange(head):
                     break
         except ProtocolError as exc:
-            refusal = Refusal("bad_request", "the request could not be parsed: "
-                              f"{error_phrase(str(exc))}")  # (no quoted bytes)
+            why = f"the request could not be parsed: {error_phrase(str(exc))}"  # (no bytes)
             ex, self.exchange = self.exchange, None
             if ex is not None:  # a malformed body: the exchange's one line is the refusal
-                self.write_answer(ex.abort(refusal))
+                self.write_answer(ex.abort(Refusal("bad_request", why)))
             else:
                 tunnel = self.client.tunnel
-                self.write_answer(self.gate.refuse(
-                    self.client, refusal, host=tunnel.host if tunnel else None,
-                    port=tunnel.port if tunnel else None, close=True))
+                self.write_answer(self.gate.unparsable(
+                    self.client, why, host=tunnel.host if tunnel else None,
+                    port=tunnel.port if tunnel else None))
         except TimeoutError as exc:
             log.debug("connection from %s: %s", self.client.peer, exc or "timed out")
             ended = "client_timeout"
@@ -603,8 +603,6 @@ class Connection(Side):
     async def _upgrade(self, ex: Exchange, upstream: Upstream, head: Any) -> bool:
         """A 101 to WebSocket: relay messages through the exchange until either side
         closes; the connection ends with the WebSocket."""
-        from gateway.engines.h1.websocket import relay
-
         self.upstream = None  # the connection now belongs to the upgrade
         try:
             if (head.headers.get("upgrade") or "").strip().lower() != "websocket" or \
@@ -615,7 +613,8 @@ class Connection(Side):
                 return False
             await self.send(framing.serialize_response(head, chunked=False, length=None,
                                                        close=False, upgrade=True))
-            await relay(self, upstream, ex, head)
+            await relay(self, upstream, ex, head, idle=self.engine.timeouts.client_idle,
+                        limit=self.engine.limits.max_websocket_message)
             self.exchange = None
             ex.finish(101)
             return False

@@ -29,7 +29,6 @@ from gateway.core.refusal import MessageRefused, Refusal
 from gateway.engines.patches import Fragmentizer
 
 if TYPE_CHECKING:
-    from gateway.engines.h1.server import Connection as Client
     from gateway.engines.h1.side import Side
 
 
@@ -45,12 +44,13 @@ def _extensions(response_head: Any) -> list[wsproto.extensions.Extension]:
 
 
 class _Relay:
-    def __init__(self, client: Client, upstream: Side, ex: Exchange, head: Any) -> None:
+    def __init__(self, client: Side, upstream: Side, ex: Exchange, head: Any, *,
+                 limit: int, idle: float) -> None:
         self.client = client
         self.upstream = upstream
         self.ex = ex
-        self.limit = client.engine.limits.max_websocket_message
-        self.idle = client.engine.timeouts.client_idle
+        self.limit = limit
+        self.idle = idle
         self.client_ws = Connection(ConnectionType.SERVER, _extensions(head))
         self.server_ws = Connection(ConnectionType.CLIENT, _extensions(head))
         self.closed = False
@@ -122,9 +122,11 @@ class _Relay:
                 return
 
 
-async def relay(client: Client, upstream: Side, ex: Exchange, head: Any) -> None:
-    """Relay messages until either side closes."""
-    r = _Relay(client, upstream, ex, head)
+async def relay(client: Side, upstream: Side, ex: Exchange, head: Any, *,
+                limit: int, idle: float) -> None:
+    """Relay messages until either side closes: a message larger than `limit` bytes
+    closes both; `idle` seconds without a frame from a side ends its pump."""
+    r = _Relay(client, upstream, ex, head, limit=limit, idle=idle)
     tasks = [asyncio.create_task(r.pump(True)), asyncio.create_task(r.pump(False))]
     try:
         _done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

@@ -1,0 +1,87 @@
+"""What the core needs from outside, as protocols: the gateway wires its services in
+(`runtime/app.py`), tests wire fakes. The core imports none of those services."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from gateway.core.addresses import Pinned
+from gateway.core.identity import Identity
+from gateway.core.messages import RequestHead
+from gateway.core.target import Target
+from gateway.services.policy import Credential
+from gateway.services.secrets.value import SecretValue
+from gateway.services.state.base import SandboxAddress
+
+__all__ = ["AuditHealth", "Guard", "Minted", "Registry", "Secrets", "Signer", "Signers",
+           "Tokens"]
+
+
+class Minted(Protocol):
+    """A gateway token just minted: what the sandbox-facing refresh answers."""
+
+    @property
+    def token(self) -> str: ...
+    @property
+    def jti(self) -> str: ...
+    @property
+    def expires_at(self) -> float: ...
+
+
+class Tokens(Protocol):
+    """Gateway tokens (services/identity/tokens.py): `verify` raises TokenRefused;
+    `refresh` raises TokenRefused, or ValueError for a ttl it cannot grant."""
+
+    @property
+    def issuer(self) -> str: ...
+    def verify(self, token: str) -> Identity: ...
+    def refresh(self, identity: Identity, ttl: float | None = None) -> Minted: ...
+
+
+class Guard(Protocol):
+    """The destination check: resolve, classify, choose the address (raises Refusal)."""
+
+    async def check(self, host: str, port: int) -> Pinned: ...
+
+
+class Secrets(Protocol):
+    """The secret cache: a credential's value, forgetting a value the upstream
+    rejected, and every value fetched so far (for the leak scan)."""
+
+    async def get(self, name: str) -> SecretValue: ...
+    def invalidate(self, name: str, rejected: SecretValue | None = None) -> None: ...
+    def known_items(self) -> list[tuple[str, SecretValue]]: ...
+
+
+class Signer(Protocol):
+    """Signs a request with a minted credential (SigV4), replacing the client's
+    signature. Both methods raise `Refusal` for a request it cannot sign."""
+
+    def needs_body(self, head: RequestHead) -> bool:
+        """True if the signature covers the body (then `sign` needs it whole)."""
+        ...
+
+    def sign(self, head: RequestHead, target: Target, body: bytes | None) -> None:
+        """Sign `head` in place (`body`: the whole body as forwarded, or None)."""
+        ...
+
+
+class Signers(Protocol):
+    """Makes the request signer of a credential that signs (AWS SigV4) from its
+    minted value (the minting backends, services/minting/)."""
+
+    def signer(self, credential: Credential, value: SecretValue) -> Signer: ...
+
+
+class Registry(Protocol):
+    """Transparent mode's registered sandboxes, by source address."""
+
+    def sandbox_for(self, ip: str) -> SandboxAddress | None: ...
+
+
+class AuditHealth(Protocol):
+    """The audit sink's health (observability/audit.py): `refusing` is why new
+    exchanges must be refused now (their audit lines cannot be written), or None."""
+
+    @property
+    def refusing(self) -> str | None: ...

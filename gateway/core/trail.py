@@ -1,0 +1,100 @@
+"""The audit trail as the core writes it: one line per decision, every refusal
+rendered once (in the provider's error shape on a preset's host).
+
+The gate, its exchanges and the identity checks write here; nothing else in the core
+builds an audit line or an answer to a refusal.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gateway.core import credentials
+from gateway.core.audit import record
+from gateway.core.client import Client
+from gateway.core.identity import Identity
+from gateway.core.refusal import Answer, Refusal, answer
+from gateway.observability import metrics
+from gateway.services.policy import Decision, PolicySet
+
+__all__ = ["Trail", "rule_of"]
+
+_SHAPES_CACHE = 10_000
+_TOKEN_CODES = ("auth_required", "sandbox_mismatch", "unknown_sandbox")
+
+
+def rule_of(decision: Decision | None) -> str | None:
+    """The rule an audit line names for `decision` (its source), if any."""
+    return decision.rule.source if decision is not None and decision.rule is not None else None
+
+
+class Trail:
+    """Writes audit lines to `sink` (each a dict, see core/audit.py), stamped with the
+    policy revision of `policies()`."""
+
+    def __init__(self, sink: Callable[[dict[str, Any]], None],
+                 policies: Callable[[], PolicySet]) -> None:
+        self._sink = sink
+        self._policies = policies
+        self._shapes: dict[str, str | None] = {}
+        self._shapes_of: PolicySet | None = None  # the set `_shapes` was read from
+
+    def audit(self, client: Client, *, decision: str, reason: str, rule: str | None,
+              method: str | None = None, scheme: str | None = None, host: str | None = None,
+              port: int | None = None, path: str | None = None, status: int | None = None,
+              error: str | None = None, bytes_in: int | None = 0, bytes_out: int | None = 0,
+              started: float | None = None, path_taken: str | None = None,
+              credential: str | None = None, identity: Identity | None = None,
+              usage: dict[str, Any] | None = None) -> None:
+        """Write one audit line (every engine's lines go through here). A line of a
+        connection the gate ended (`sweep`) names why instead of how it broke."""
+        if client.tunnel is not None:
+            client.tunnel.audited = True
+        if client.ended_by is not None and (error is not None or method == "CONNECT"):
+            error = client.ended_by
+        self._sink(record(
+            identity=identity or client.identity, client=client.peer,
+            listener=client.listener, method=method, scheme=scheme, host=host, port=port,
+            path=path, decision=decision, reason=reason, rule=rule, status=status,
+            error=error, bytes_in=bytes_in, bytes_out=bytes_out,
+            started=time.time() if started is None else started, path_taken=path_taken,
+            engine=client.engine, credential=credential, usage=usage,
+            policy_rev=self._policies().revision))
+
+    def refuse(self, client: Client, refusal: Refusal, *, method: str | None = None,
+               scheme: str | None = None, host: str | None = None, port: int | None = None,
+               path: str | None = None, started: float | None = None,
+               close: bool = False, usage: dict[str, Any] | None = None) -> Answer:
+        """Audit a refusal and render it (in the provider's shape on a preset's host,
+        for a request); ``usage``: what a metered exchange refused part-way had used."""
+        self.audit(client, decision="deny", reason=refusal.reason, rule=refusal.rule,
+                   method=method, scheme=scheme, host=host, port=port, path=path,
+                   status=refusal.status, error=refusal.code, started=started,
+                   credential=refusal.credential, usage=usage, identity=refusal.identity)
+        if refusal.code.startswith("token_") or refusal.code in _TOKEN_CODES:
+            metrics.child(metrics.TOKENS_REFUSED, refusal.code).inc()
+        return self.render(refusal, host if method is not None else None, close=close)
+
+    def render(self, refusal: Refusal, host: str | None, *, close: bool = True) -> Answer:
+        """The answer to `refusal` (audited elsewhere) for a request to `host`."""
+        return answer(refusal, shape=self.shape(host), close=close)
+
+    def shape(self, host: str | None) -> str | None:
+        """The error-body family of the provider whose preset binds `host`, if any."""
+        if host is None:
+            return None
+        policy_set = self._policies()
+        if policy_set is not self._shapes_of:  # (a reload may add or drop a preset)
+            self._shapes.clear()
+            self._shapes_of = policy_set
+        found = self._shapes.get(host, "?")
+        if found == "?":
+            found = next((credentials.shape_of(c.preset or c.kind) for c in
+                          policy_set.credentials.values()
+                          if (c.preset or c.mint) and c.binds(host)), None)
+            if len(self._shapes) > _SHAPES_CACHE:
+                self._shapes.clear()
+            self._shapes[host] = found
+        return found

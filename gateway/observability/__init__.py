@@ -1,0 +1,1 @@
+"""What the gateway tells its operators: the audit trail, Prometheus metrics, its logs."""

@@ -1,0 +1,305 @@
+"""The audit sink: where the core's audit records go (one JSON line each), and whether
+they can go there now.
+
+Records are built by `gateway.core.audit.record` (the same fields for every decision
+on every engine); this module adds the worker index and the time, counts them by
+policy, decision and path, and writes them — to stdout by default, or appended to
+`audit.path` (`gateway/observability/audit_out.py` knows the targets).
+
+**Written per loop tick.** Lines are gathered while the event loop runs its callbacks
+and written together when the tick ends: one write for all of them, never a blocking
+write on the loop (a full pipe is waited for with the loop's writer callback).
+
+**Nothing lost silently.** A line the target does not take now is held, in order, up
+to `audit.buffer` bytes, and written when the target takes lines again: retried every
+second after an error (disk full, an unwritable file, a broken pipe), at once when a
+blocked pipe becomes writable. The sink is *unavailable* while writes fail, or while
+the held lines of a blocked target fill the buffer (7/8 of it: the rest is room for
+the exchanges already under way; it is available again at half). Then `refusing` says
+why and the gate refuses new exchanges `503 audit_unavailable` (`audit.on_failure:
+refuse`, the default), or (`continue`) the gateway serves on. A line that does not fit
+in the buffer is dropped and counted (`sandbox_gateway_audit_dropped_lines_total`).
+Each outage is one log line when it begins and one when it ends, `/readyz` reports it,
+`sandbox_gateway_audit_up` is 0 during it. Nothing here raises into the engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import time
+from collections import deque
+from itertools import islice
+from pathlib import Path
+from typing import IO, Any
+
+from gateway.observability import metrics
+from gateway.observability.audit_out import Out, StreamOut, open_file, open_stdout
+
+__all__ = ["BUFFER", "Auditor"]
+
+log = logging.getLogger("sandbox_gateway")
+
+BUFFER = 4 * 1024 * 1024  # audit.buffer default
+RETRY = 1.0  # seconds between attempts while writes fail
+CLOSE_WAIT = 2.0  # at stop: how long a blocked pipe's reader is waited for
+
+
+class Auditor:
+    """Writes audit lines to stdout or an append-only file (see the module docstring)."""
+
+    def __init__(self, out: Out, *, worker: int | None = None, on_failure: str = "refuse",
+                 buffer: int = BUFFER, retry: float = RETRY) -> None:
+        self.out = out
+        self._extra = {} if worker is None else {"worker": worker}
+        self.on_failure = on_failure
+        self.buffer = buffer
+        self._full = buffer - buffer // 8  # held past this while blocked: unavailable
+        self.retry = retry
+        self._held: deque[bytes] = deque()
+        self._offset = 0  # bytes of the first held line already written
+        self.held_bytes = 0
+        self.dropped = 0
+        self.error: str | None = None  # the last write's error, while writes fail
+        self._blocked_since: float | None = None  # the target would block (monotonic)
+        self.problem: str | None = None  # why lines cannot be written now
+        self.refusing: str | None = None  # the problem, when new exchanges are refused
+        self._outage: tuple[float, int] | None = None  # began (monotonic), dropped then
+        self._scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._watched: asyncio.AbstractEventLoop | None = None  # add_writer on out.fd
+        self.closed = False
+        metrics.AUDIT_UP.set(1)
+
+    @classmethod
+    def open(cls, path: Path | None = None, stream: IO[str] | None = None,
+             **options: Any) -> Auditor:
+        """The sink for `stream` (tests, embedding), else `path`, else stdout. Raises
+        OSError when the file cannot be opened."""
+        out = (StreamOut(stream) if stream is not None else
+               open_file(path) if path is not None else open_stdout())
+        return cls(out, **options)
+
+    # -- lines in -------------------------------------------------------------------------
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Add the worker and the time, count the record, and write it (now or with the
+        tick's other lines; held if the target does not take it). Never raises."""
+        record.update(self._extra)
+        now = time.time()
+        record["time"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + (
+            f".{int(now * 1000) % 1000:03d}Z")
+        line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
+        metrics.child(metrics.REQUESTS, record.get("policy") or "-", record["decision"],
+                      record.get("path_taken") or "-").inc()
+        if self.closed:  # a connection cut off by the stop, after the sink closed
+            self.dropped += 1
+            metrics.AUDIT_DROPPED.inc()
+            return
+        if self.held_bytes + len(line) > self.buffer:
+            if self.error is None and self._blocked_since is None:
+                self._flush()  # healthy, a tick larger than the buffer: write it now
+            if self.held_bytes + len(line) > self.buffer:
+                self.dropped += 1
+                metrics.AUDIT_DROPPED.inc()
+                return
+        self._held.append(line)
+        self.held_bytes += len(line)
+        if self.error is not None or self._blocked_since is not None:
+            # The retry timer or the writer callback writes it (without a loop, now).
+            if self._timer is None and self._watched is None:
+                self._flush()
+            elif self.problem is None and self.held_bytes > self._full:
+                self._update()
+            return
+        if self.out.immediate:
+            self._flush()
+        elif not self._scheduled:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (a command, a unit test): write now
+                self._flush()
+                return
+            self._scheduled = True
+            loop.call_soon(self._flush)
+
+    # -- lines out ------------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        """Write what is held, in order, until the target stops taking it."""
+        self._scheduled = False
+        out = self.out
+        while self._held:
+            data = self._slice(out.max_write)
+            try:
+                taken = out.write(data)
+            except Exception as exc:  # OSError; a closed or broken stream (ValueError)
+                self._failed(exc)
+                return
+            if taken <= 0:
+                self._stalled()
+                return
+            self._consume(taken)
+        if self.error is not None or self._blocked_since is not None:
+            self._recovered()
+
+    def _slice(self, limit: int) -> bytes:
+        """The held bytes to write next: whole lines up to `limit` (at least one)."""
+        held = self._held
+        if self._offset == 0 and self.held_bytes <= limit:
+            return held[0] if len(held) == 1 else b"".join(held)
+        first = held[0][self._offset:]
+        parts, size = [first], len(first)
+        for line in islice(held, 1, None):
+            if size + len(line) > limit:
+                break
+            parts.append(line)
+            size += len(line)
+        return first if len(parts) == 1 else b"".join(parts)
+
+    def _consume(self, taken: int) -> None:
+        held = self._held
+        self.held_bytes -= taken
+        if self.held_bytes == 0:
+            held.clear()
+            self._offset = 0
+            return
+        while taken:
+            rest = len(held[0]) - self._offset
+            if taken < rest:
+                self._offset += taken
+                return
+            taken -= rest
+            held.popleft()
+            self._offset = 0
+
+    # -- health ---------------------------------------------------------------------------
+
+    def _failed(self, exc: Exception) -> None:
+        code = getattr(exc, "errno", None)
+        name = errno.errorcode.get(code, type(exc).__name__) if code else type(exc).__name__
+        detail = getattr(exc, "strerror", None) or str(exc) or name
+        self.error = f"{detail} ({name}) writing to {self.out.name}"
+        metrics.child(metrics.AUDIT_WRITE_ERRORS, name).inc()
+        self._unwatch()
+        self._arm_retry()
+        self._update()
+
+    def _arm_retry(self) -> None:
+        """Try again in `retry` seconds (on the running loop; without one, the next
+        line tries)."""
+        if self._timer is None:
+            with contextlib.suppress(RuntimeError):
+                self._timer = asyncio.get_running_loop().call_later(self.retry, self._retry)
+
+    def _retry(self) -> None:
+        self._timer = None
+        self._flush()
+
+    def _stalled(self) -> None:
+        """The target would block (a pipe whose reader is behind): wait until writable."""
+        if self._blocked_since is None:
+            self._blocked_since = time.monotonic()
+        fd = self.out.fd
+        if fd is not None and self._watched is None:
+            with contextlib.suppress(RuntimeError, NotImplementedError):
+                loop = asyncio.get_running_loop()
+                loop.add_writer(fd, self._writable)
+                self._watched = loop
+        if self._watched is None:
+            self._arm_retry()
+        self._update()
+
+    def _writable(self) -> None:
+        self._unwatch()
+        self._flush()
+
+    def _unwatch(self) -> None:
+        if self._watched is not None and self.out.fd is not None:
+            self._watched.remove_writer(self.out.fd)
+        self._watched = None
+
+    def _recovered(self) -> None:
+        self.error = None
+        self._blocked_since = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._unwatch()
+        self._update()
+
+    def _update(self) -> None:
+        """Recompute `problem` and `refusing`; log, and set the metrics, when an outage
+        begins or ends."""
+        problem = self.error
+        if problem is None and self._blocked_since is not None and (
+                self.held_bytes > self._full or
+                (self.problem is not None and self.held_bytes > self.buffer // 2)):
+            problem = (f"{self.out.name} has not taken audit lines for "
+                       f"{time.monotonic() - self._blocked_since:.1f}s and "
+                       f"{self.held_bytes} bytes are held (audit.buffer: {self.buffer})")
+        began, ended = self.problem is None and problem is not None, \
+            self.problem is not None and problem is None
+        self.problem = problem
+        self.refusing = problem if self.on_failure == "refuse" else None
+        metrics.AUDIT_HELD.set(self.held_bytes)
+        if began:
+            self._outage = (time.monotonic(), self.dropped)
+            metrics.AUDIT_UP.set(0)
+            log.error("audit lines cannot be written: %s; %s", problem,
+                      "new exchanges are refused 503 audit_unavailable until they can be "
+                      "(audit.on_failure: refuse)" if self.on_failure == "refuse" else
+                      "serving on, lines beyond audit.buffer are dropped "
+                      "(audit.on_failure: continue)")
+        elif ended:
+            since, dropped = self._outage or (time.monotonic(), self.dropped)
+            self._outage = None
+            metrics.AUDIT_UP.set(1)
+            log.warning("audit lines are written again to %s after %.1fs (held lines "
+                        "written in order; %d dropped)", self.out.name,
+                        time.monotonic() - since, self.dropped - dropped)
+
+    # -- end ------------------------------------------------------------------------------
+
+    async def aclose(self, wait: float = CLOSE_WAIT) -> None:
+        """Write what is held and release the target. A blocked pipe is waited for at
+        most `wait` seconds, a failing target is tried once: the stop is never held up.
+        What is still held then is logged as lost."""
+        if self.closed:
+            return
+        deadline = time.monotonic() + wait
+        while True:
+            self._flush()
+            if not self._held or self.error is not None or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.02)
+        self.close()
+
+    def close(self) -> None:
+        """Release the target after one last attempt to write what is held; lines
+        written after this are counted as dropped (the target is never touched again)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._held and self.error is None:
+            self._flush()
+        self._unwatch()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._held:
+            lost = len(self._held)
+            self.dropped += lost
+            metrics.AUDIT_DROPPED.inc(lost)
+            log.error("%d audit line(s) could not be written to %s before the gateway "
+                      "stopped (%s); they are lost", lost, self.out.name,
+                      self.problem or self.error or "the target did not take them")
+            self._held.clear()
+            self.held_bytes = self._offset = 0
+        self.out.close()

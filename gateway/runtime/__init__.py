@@ -1,0 +1,1 @@
+"""The running gateway: wiring of core, engines and services, worker processes, the sweeper."""

@@ -1,0 +1,554 @@
+"""Wire the gateway: the gate, its engines, mitmproxy, and the Starlette admin API.
+
+One process, one event loop. The data flow:
+
+    proxy port       → front door  ─┬→ splice (passthrough, protocol: tcp)
+    transparent port → transparent ─┼→ HTTP/1 engine (inspected HTTP/1.x)
+                       door         └→ mitmproxy + adapter (HTTP/2; everything with
+                                       network.intercept: mitmproxy)
+    every engine → gate (identify → target → admit → credential → leaks → audit)
+
+The listening sockets are bound here, once, and handed to the listeners: a port
+another process serves is refused at start, never shared by accident.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import resource
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import certifi
+import uvicorn
+from mitmproxy import options
+
+from gateway.api.admin import AdminContext, build_admin_app
+from gateway.api.bounds import MAX_HEAD, Bounds
+from gateway.config import Config, ConfigError, HostPort
+from gateway.core.addresses import AddressPolicy
+from gateway.core.gate import Gate
+from gateway.core.phrases import error_phrase
+from gateway.engines import patches
+from gateway.engines.door import Doors
+from gateway.engines.frontdoor import FrontDoor
+from gateway.engines.h1.pool import LIMIT as POOL_LIMIT
+from gateway.engines.h1.server import Engine, Limits, Timeouts
+from gateway.engines.idle import IdleUpstreams
+from gateway.engines.mitm import STREAM_LARGE_BODIES, Adapter, error_h2, error_page
+from gateway.engines.splice import Splices
+from gateway.engines.transparent import TransparentDoor
+from gateway.net import ca
+from gateway.net.resolver import (
+    DestinationGuard,
+    Resolver,
+    SystemResolver,
+    install_backstop,
+    local_interface_addresses,
+    parse_overrides,
+)
+from gateway.net.tls import LeafContexts, upstream_context
+from gateway.observability import logs, metrics
+from gateway.observability.audit import Auditor
+from gateway.runtime.sweeper import ConnectionSweeper
+from gateway.services.identity.keywatch import SigningKeyWatcher
+from gateway.services.identity.tokens import TokenError, TokenService
+from gateway.services.metering import Metering, build_metering
+from gateway.services.minting import Credentials, build_credentials
+from gateway.services.policy import Policy, PolicyError, PolicyReloader, PolicySet
+from gateway.services.secrets import SecretCache, SecretError, build_cache, build_store
+from gateway.services.secrets.value import SecretValue
+from gateway.services.state.base import StateStore, StateUnavailable
+from gateway.services.state.factory import build_state
+
+if TYPE_CHECKING:
+    from mitmproxy.master import Master
+
+    from gateway.engines.dns import DnsServer
+
+log = logging.getLogger("sandbox_gateway")
+
+BACKLOG = 1024
+FD_RESERVE = 64  # descriptors kept for files, DNS, the admin API, Redis
+
+
+class StartupError(RuntimeError):
+    """The gateway cannot start; the message says what to fix."""
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the gateway owns SIGTERM/SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def bind(hp: HostPort, *, shared: bool = False) -> socket.socket:
+    """A listening socket on `hp`. Alone, the port is exclusively ours (another instance
+    on it is a start-up error naming the address); `shared` (worker processes of one
+    supervisor, which reserved the port) uses SO_REUSEPORT."""
+    family = socket.AF_INET6 if ":" in hp.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if shared:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((hp.host, hp.port))
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {hp}: {exc.strerror} (is another gateway "
+                           "or program serving it?)") from None
+    sock.listen(BACKLOG)
+    sock.setblocking(False)
+    return sock
+
+
+def raise_fd_limit() -> int:
+    """Raise the open-files soft limit to the hard limit; returns the limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    return int(soft)
+
+
+def open_fds() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+
+
+class Gateway:
+    """The running gateway. `start()` binds everything; `drain()` then `stop()` shut it
+    down: readiness off, no new connections, in-flight work finished or cut."""
+
+    def __init__(self, config: Config, *, resolver: Resolver | None = None,
+                 audit_stream: IO[str] | None = None, state: StateStore | None = None,
+                 worker: int | None = None) -> None:
+        self.config = config
+        self.worker = worker  # index among worker processes sharing the ports, or None
+        self.resolver = resolver or SystemResolver()
+        self.audit_stream = audit_stream
+        self._state = state
+        self.master: Master | None = None
+        self.admin_server: uvicorn.Server | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self.proxy_address: tuple[str, int] | None = None
+        self.admin_address: tuple[str, int] | None = None
+        self.transparent_address: tuple[str, int] | None = None
+        self.admin_token = ""
+        self.admin_token_created = False
+        self.policy_set: PolicySet | None = None
+        self.doors: Doors | None = None
+        self.metering: Metering | None = None
+        self.fd_limit = 0
+        self.pool_limit = 0  # upstream connections kept for a sandbox's next connection
+        self.draining = False
+        self._listening = False
+        self.dns: DnsServer | None = None
+        self.sweeper: ConnectionSweeper | None = None
+
+    # -- state the engines and the admin API read ------------------------------------------
+
+    def policy(self, name: str) -> Policy | None:
+        return self.policy_set.get(name) if self.policy_set is not None else None
+
+    def policy_credentials(self, name: str) -> list[str] | None:
+        """Credential names policy `name` references; None if there is no such policy."""
+        policy = self.policy(name)
+        return None if policy is None else policy.credential_names
+
+    def current_policies(self) -> PolicySet:
+        assert self.policy_set is not None
+        return self.policy_set
+
+    def ready(self) -> tuple[bool, str]:
+        if self.draining:
+            return False, "draining: shutting down"
+        if self.policy_set is None:
+            return False, "policies not loaded"
+        if not self._listening:
+            return False, "proxy listener not up"
+        if self.fd_limit and open_fds() > self.fd_limit - FD_RESERVE:
+            return False, (f"out of file descriptors ({open_fds()} of {self.fd_limit} open); "
+                           "new connections would fail")
+        gate = self.gate
+        if gate is not None and gate.open_connections >= gate.max_connections:
+            return False, (f"at capacity: {gate.open_connections} open connections, the "
+                           "limit derived from the open-files limit; new connections are "
+                           "refused 503 at_capacity")
+        problem = self.auditor.problem
+        if problem is None and self.state.problem is not None:  # (started: listening)
+            return True, (f"ready; {self.state.problem}; what could not be written is "
+                          "written when the store is back")
+        if problem is not None:
+            if self.auditor.refusing is not None:
+                return False, (f"audit lines cannot be written ({problem}): new exchanges "
+                               "are refused 503 audit_unavailable (audit.on_failure: refuse)")
+            return True, (f"ready; audit lines cannot be written ({problem}): serving on, "
+                          "lines beyond audit.buffer are dropped (audit.on_failure: continue)")
+        return True, "ready"
+
+    def _metering_problems(self, policy_set: PolicySet) -> None:
+        assert self.metering is not None
+        for problem in self.metering.problems(policy_set):
+            log.warning("metering: %s", problem)
+
+    def _on_reload(self, policy_set: PolicySet) -> None:
+        self.policy_set = policy_set
+        log.info("policies loaded: %d policies, %d rules, revision %s",
+                 len(policy_set.policies), policy_set.rule_count, policy_set.revision)
+        if self.metering is not None:
+            self._metering_problems(policy_set)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def _runtime_dir(self) -> Path:
+        if self.config.runtime_dir is not None:
+            runtime = self.config.runtime_dir
+            if self.worker is not None:
+                runtime = runtime / f"worker-{self.worker}"
+            runtime.mkdir(parents=True, exist_ok=True)
+            return runtime
+        self._tmp = tempfile.TemporaryDirectory(prefix="sandbox-gateway-")
+        return Path(self._tmp.name)
+
+    def _upstream_bundle(self, runtime: Path) -> Path:
+        """Public roots plus `network.upstream_ca` (mitmproxy's option replaces the roots)."""
+        bundle = Path(certifi.where()).read_bytes()
+        extra = self.config.network.upstream_ca
+        if extra is not None:
+            try:
+                bundle += b"\n" + extra.read_bytes()
+            except OSError as exc:
+                raise StartupError(f"network.upstream_ca: cannot read {extra}: "
+                                   f"{exc.strerror}") from None
+        path = runtime / "upstream-ca.pem"
+        path.write_bytes(bundle)
+        return path
+
+    async def start(self) -> None:
+        cfg = self.config
+        try:
+            patches.check_versions()
+        except RuntimeError as exc:
+            raise StartupError(str(exc)) from None
+        try:
+            cert_path, key_path = ca.ensure_ca(cfg.certs)
+            runtime = self._runtime_dir()
+            confdir = ca.mitmproxy_confdir(cert_path, key_path, runtime)
+        except (ca.CAError, OSError) as exc:
+            raise StartupError(f"certificate authority: {exc}") from None
+        if cfg.admin_token:
+            self.admin_token = cfg.admin_token
+        else:
+            self.admin_token, self.admin_token_created = ca.ensure_admin_token(cfg.certs)
+
+        self.reloader = PolicyReloader(cfg.policies, on_reload=self._on_reload)
+        try:
+            self.policy_set = self.reloader.load_now()
+        except PolicyError as exc:
+            raise StartupError(f"policies in {cfg.policies} are invalid:\n"
+                               + "\n".join(exc.errors)) from None
+        self.key_watcher = SigningKeyWatcher(cfg.signing_dir, cfg.tokens.retired_kids)
+        try:
+            keys = self.key_watcher.load_now()
+        except (TokenError, OSError) as exc:
+            raise StartupError(f"signing keys: {exc}") from None
+        try:
+            self.state: StateStore = self._state or build_state(cfg.state)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
+        try:
+            await self.state.start()
+        except StateUnavailable as exc:
+            raise StartupError(f"state store: {exc}") from None
+        self.tokens = TokenService(
+            keys, self.state, self.policy_credentials,
+            issuer=cfg.tokens.issuer, default_ttl=cfg.tokens.default_ttl,
+            max_ttl=cfg.tokens.max_ttl, max_lifetime=cfg.tokens.max_lifetime,
+            leeway=cfg.tokens.leeway,
+        )
+
+        self.fd_limit = raise_fd_limit()
+        # The upstream pool's descriptors come out of the connection cap (an eighth of
+        # the budget at most, engines/h1/pool.py LIMIT at most).
+        if cfg.network.intercept == "fast":
+            self.pool_limit = min(POOL_LIMIT, max(0, self.fd_limit - FD_RESERVE) // 8)
+        shared = self.worker is not None
+        proxy_sock = bind(cfg.listen.proxy, shared=shared)
+        self.proxy_address = proxy_sock.getsockname()[:2]
+        admin_sock = bind(cfg.listen.admin, shared=shared)
+        self.admin_address = admin_sock.getsockname()[:2]
+        sockets = {("regular", self.proxy_address[1]): proxy_sock}
+        if cfg.listen.transparent is not None:
+            transparent_sock = bind(cfg.listen.transparent, shared=shared)
+            self.transparent_address = transparent_sock.getsockname()[:2]
+            sockets[("transparent", self.transparent_address[1])] = transparent_sock
+
+        self.address_policy = AddressPolicy(
+            allow_cidrs=cfg.network.allow_cidrs, deny_cidrs=cfg.network.deny_cidrs,
+            own_addresses=[a for a in (self.proxy_address, self.admin_address,
+                                       self.transparent_address) if a is not None],
+            local_addresses=local_interface_addresses(),
+        )
+        try:
+            overrides = parse_overrides(cfg.network.resolve)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
+        self.guard = DestinationGuard(self.address_policy, self.resolver, overrides=overrides)
+        install_backstop(self.address_policy, everywhere=False)
+        try:
+            self.auditor = Auditor.open(cfg.audit.path, self.audit_stream, worker=self.worker,
+                                        on_failure=cfg.audit.on_failure,
+                                        buffer=cfg.audit.buffer)
+        except OSError as exc:
+            where = f"audit.path: cannot open {cfg.audit.path}" if cfg.audit.path else \
+                "audit: cannot write to stdout"
+            raise StartupError(f"{where}: {exc.strerror or exc}") from None
+        try:
+            self.secrets: SecretCache = build_cache(build_store(cfg.secrets), cfg.secrets)
+        except (ValueError, SecretError) as exc:
+            raise StartupError(str(exc)) from None
+        self.secrets.on_change = logs.SOURCES.changed  # (and the minted values' cache)
+        self.state.ephemeral.on_change = logs.SOURCES.changed  # (provider-minted secrets)
+        try:
+            self.metering = build_metering(cfg, self.state, self.state.ephemeral)
+        except ConfigError as exc:
+            raise StartupError(str(exc)) from None
+        self._metering_problems(self.current_policies())
+        self.credentials = self._build_credentials(overrides)
+        self.gate = Gate(
+            tokens=self.tokens, policies=self.current_policies, guard=self.guard,
+            secrets=self.credentials, registry=self.state, audit=self.auditor.write,
+            resolve=self.guard.resolver.resolve, metering=self.metering,
+            signers=self.credentials, ephemeral=self.state.ephemeral,
+            audit_health=self.auditor, connections_per_sandbox=cfg.limits.connections_per_sandbox,
+            max_connections=max(16, (self.fd_limit - FD_RESERVE - self.pool_limit) // 2))
+        patches.install_error_pages(error_page, error_h2)
+        patches.install_log_hygiene(error_phrase)
+        await self._start_dns(shared)
+
+        t = cfg.network.timeouts
+        timeouts = Timeouts(connect=t.connect, read=t.read, client_idle=t.client_idle,
+                            handshake=t.handshake)
+        limits = Limits(max_header_bytes=cfg.limits.max_header_bytes,
+                        max_websocket_message=cfg.limits.max_websocket_message)
+        bundle = self._upstream_bundle(runtime)
+        self.master = self._build_master(confdir, bundle, sockets)
+        if cfg.network.intercept == "fast":
+            self.leaves = LeafContexts(self.master.addons.get("tlsconfig").certstore, runtime)
+            h1 = Engine(self.gate, self.leaves, upstream_context(bundle), timeouts=timeouts,
+                        limits=limits, upstream_idle=cfg.network.upstream_idle_timeout,
+                        pool_limit=self.pool_limit)
+            splices = Splices(self.gate, idle=t.client_idle,
+                              lifetime=cfg.limits.max_tunnel_lifetime, connect=t.connect)
+            self.doors = doors = Doors(self.gate, h1, splices, timeouts, limits,
+                                       handoffs=self.handoffs)
+            patches.install_listeners(
+                sockets=sockets,
+                regular=lambda handoff: FrontDoor(doors, handoff),
+                transparent=lambda handoff: TransparentDoor(doors, handoff))
+        else:
+            patches.install_listeners(sockets=sockets)
+
+        bounds = Bounds(cfg.admin)  # every wait of the admin listener bounded too
+        app = bounds.wrap(build_admin_app(AdminContext(
+            admin_token=self.admin_token, tokens=self.tokens,
+            policies=self.current_policies, readiness=self, guard=lambda: self.guard,
+            metering=self.metering,
+        )))
+        self.admin_server = _QuietServer(uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="off", http=bounds.protocol,
+            ws="none", timeout_keep_alive=max(1, math.ceil(cfg.admin.timeouts.idle)),
+            h11_max_incomplete_event_size=MAX_HEAD))
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self.master.run(), name="mitmproxy"))
+        self._tasks.append(loop.create_task(self.admin_server.serve(sockets=[admin_sock]),
+                                            name="admin"))
+        self.reloader.start()
+        self.sweeper = ConnectionSweeper(self.gate)  # revoked tokens' connections end
+        self.sweeper.start()
+        self.key_watcher.start(self.tokens.use_keys)  # rotated keys sign without a restart
+        logs.SOURCES.add(self._log_source, self._log_secrets)  # what logs must not show
+        logs.protect()  # uvicorn's and mitmproxy's handlers too, now that they exist
+        await self._wait_listening()
+
+    # -- what the logs must never show (gateway/observability/logs.py) ----------------------------
+
+    @property
+    def _log_source(self) -> str:
+        return f"gateway-{id(self)}"
+
+    def _log_secrets(self) -> list[SecretValue | str]:
+        """Every key and minted value fetched so far, every secret a provider minted for a
+        sandbox, and the claims every token starts with (a token whose header was cut
+        off)."""
+        values: list[SecretValue | str] = [v for _, v in self.credentials.known_items()]
+        values += [k.value for k in self.state.ephemeral.live()]
+        return [*values, logs.token_claims(self.config.tokens.issuer)]
+
+    # -- credentials the gateway mints (services/minting/), kept apart from the proxy wiring ---
+
+    def _build_credentials(self, overrides: dict[str, tuple[str, int]]) -> Credentials:
+        """The gate's secrets port: the secret cache, plus minted credentials (GitHub
+        App, Entra ID, AWS, Google, OAuth2) whose token endpoints are reached with the
+        public roots + `network.upstream_ca` and `network.resolve`."""
+        upstream_ca = self.config.network.upstream_ca
+        return build_credentials(self.secrets, self.current_policies,
+                                 upstream_ca=upstream_ca, overrides=overrides,
+                                 timeout=self.config.network.timeouts.connect + 5.0,
+                                 share=self.state)
+
+    # -- the DNS resolver (gateway/engines/dns/), kept apart from the proxy wiring -------------
+
+    async def _start_dns(self, shared: bool) -> None:
+        """Start the policy-aware DNS resolver when `listen.dns` is set (dnspython is
+        imported only then)."""
+        if self.config.listen.dns is None:
+            return
+        from gateway.engines.dns import start_dns
+
+        try:
+            self.dns = await start_dns(self.config, self.state, self.policy, self.guard,
+                                       self.auditor, shared=shared)
+        except OSError as exc:
+            raise StartupError(f"cannot listen on listen.dns {self.config.listen.dns}: "
+                               f"{exc.strerror or exc}") from None
+
+    async def _stop_dns(self) -> None:
+        if self.dns is not None:
+            await self.dns.close()
+
+    def _build_master(self, confdir: Path, upstream_bundle: Path,
+                      sockets: dict[tuple[str, int], socket.socket]) -> Master:
+        # (imported here, after gateway.engines made mitmproxy's addons package lean)
+        from mitmproxy.addons import core, proxyserver, tlsconfig
+        from mitmproxy.master import Master
+
+        opts = options.Options()
+        master = Master(opts, event_loop=asyncio.get_running_loop())
+        self.handoffs: dict[tuple[str, int], Any] = {}
+        self.adapter = Adapter(self.gate, self.handoffs)
+        server = proxyserver.Proxyserver()
+        self.adapter.proxyserver = server
+        master.addons.add(
+            core.Core(),
+            server,
+            tlsconfig.TlsConfig(),
+            # No errorcheck.ErrorCheck: the gateway validates its own startup, and
+            # ErrorCheck exits on *any* error logged process-wide during startup.
+            self.adapter,
+            IdleUpstreams(self.config.network.upstream_idle_timeout, server),
+        )
+        assert self.proxy_address is not None
+        host, port = self.proxy_address
+        modes = [f"regular@{host}:{port}"]
+        if self.transparent_address is not None:
+            thost, tport = self.transparent_address
+            modes.append(f"transparent@{thost}:{tport}")
+        opts.update(
+            mode=modes,
+            confdir=str(confdir),
+            ssl_verify_upstream_trusted_ca=str(upstream_bundle),
+            ssl_insecure=False,
+            connection_strategy="lazy",
+            upstream_cert=False,
+            rawtcp=False,
+            http2=True,
+            websocket=True,
+            stream_large_bodies=str(STREAM_LARGE_BODIES),
+            store_streamed_bodies=False,
+        )
+        return master
+
+    async def _wait_listening(self) -> None:
+        assert self.master is not None
+        ps = self.master.addons.get("proxyserver")
+        for _ in range(500):
+            if all(s.is_running for s in ps.servers) and self.admin_server is not None \
+                    and self.admin_server.started:
+                for server in ps.servers:
+                    self.address_policy.add_own_addresses(server.listen_addrs)
+                self._listening = True
+                metrics.POLICY_RULES.set(self.current_policies().rule_count)
+                return
+            for task in self._tasks:
+                if task.done():
+                    exc = task.exception()
+                    raise StartupError(f"{task.get_name()} failed to start: {exc}")
+            await asyncio.sleep(0.01)
+        raise StartupError("listeners did not come up within 5 s")
+
+    async def _close_listeners(self) -> None:
+        if self.master is not None:
+            # mitmproxy's Done hook leaves its listeners open: close them explicitly.
+            await self.master.addons.get("proxyserver").servers.update([])
+
+    def in_flight(self) -> int:
+        """Requests and streams still being served (what a drain waits for)."""
+        count = sum(1 for conn in self.doors.h1.connections if conn.exchange is not None) \
+            if self.doors is not None else 0
+        return count + self.adapter.in_flight()
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Graceful shutdown, first half: readiness goes 503 at once, no new connections
+        are accepted, idle connections close, and in-flight requests and streams run to
+        completion for at most `shutdown.drain` seconds."""
+        self.draining = True
+        self._listening = False
+        await self._close_listeners()
+        limit = self.config.shutdown.drain if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        if self.doors is not None:
+            self.doors.h1.draining = True
+        while time.monotonic() < deadline:
+            if self.doors is not None:
+                self.doors.h1.close_idle()
+            if self.in_flight() == 0:
+                break
+            await asyncio.sleep(0.05)
+        left = self.in_flight()
+        if left:
+            log.warning("drain: %d request(s) still in flight after %gs; cutting them off",
+                        left, limit)
+
+    async def stop(self) -> None:
+        self._listening = False
+        if self.admin_server is not None:
+            self.admin_server.should_exit = True
+        if self.master is not None:
+            await self._close_listeners()
+            if self.doors is not None:
+                self.doors.close_all()
+            self.master.shutdown()
+        await self._stop_dns()
+        await self.reloader.stop()
+        await self.key_watcher.stop()
+        if self.sweeper is not None:
+            await self.sweeper.stop()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(task, timeout=5)
+        self._tasks.clear()
+        await self.state.close()
+        await self.credentials.close()  # the secret cache and the minted values' cache
+        logs.SOURCES.remove(self._log_source)
+        await self.auditor.aclose()
+        if self.doors is not None:
+            self.leaves.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()

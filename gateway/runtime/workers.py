@@ -1,0 +1,273 @@
+"""`run --workers N`: N gateway processes sharing the listening ports (SO_REUSEPORT).
+
+One Python process runs one event loop on one core; mitmproxy's per-request work is
+CPU-bound, so the gateway scales by processes. The supervisor prepares what every
+worker must share before any starts (CA, signing keys, admin token, valid policies),
+reserves the ports, and starts the workers with:
+
+- the same ports (the kernel spreads connections over them, proxy and admin alike);
+- one state: the SQLite file of `state.path` (the default store: every worker opens
+  it, a change one makes is seen by the others' next request), a file in the runtime
+  directory when the store is `memory`, or Redis as separate replicas share it;
+- prometheus_client's multiprocess directory, so any worker's `/metrics` reports the
+  sum over all workers.
+
+It forwards SIGTERM/SIGINT, restarts a worker that dies (with backoff), and exits
+when every worker has stopped. Each worker keeps its own secret cache.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from prometheus_client import multiprocess
+
+from gateway.config import Config, HostPort
+from gateway.net import ca
+from gateway.services.identity.tokens import SigningKeys
+from gateway.services.policy import load_policy_dir
+from gateway.services.secrets import build_store
+from gateway.services.state.sqlite import open_file
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+READY_TIMEOUT = 60.0
+RESTART_BACKOFF = (1.0, 30.0)
+
+
+def available_cpus(cgroup: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """CPUs this process may use: its affinity, capped by a cgroup v2 CPU quota (a
+    container limited to 2 CPUs on a 64-core node gets 2 workers, not 64)."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        quota, period = cgroup.read_text().split()[:2]
+    except (OSError, ValueError):
+        return cpus
+    if quota != "max" and int(period) > 0:
+        cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    return cpus
+
+
+def reserve(host: str, port: int) -> socket.socket:
+    """Hold host:port for this supervisor's workers: bind (not listen) with SO_REUSEPORT,
+    after checking that no other process serves the port (SO_REUSEPORT lets any process
+    of the same user join a port, so a second gateway would otherwise share it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind((host, port))
+        port = int(probe.getsockname()[1])
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror} (is "
+                      "another gateway or program serving it?)") from None
+    finally:
+        probe.close()
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _concrete(hp: HostPort, held: list[object]) -> HostPort:
+    """Pin port 0 to a real port, holding it reserved (SO_REUSEPORT) for the workers."""
+    sock = reserve(hp.host, hp.port)
+    held.append(sock)
+    return HostPort(hp.host, int(sock.getsockname()[1]))
+
+
+class Supervisor:
+    """Starts, watches and stops the worker processes."""
+
+    def __init__(self, config: Config, config_path: str | None, workers: int) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.count = workers
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.restarts: dict[int, int] = {}
+        self.stopping = False
+        self._held: list[object] = []
+        self.admin_token = ""
+        self.admin_token_created = False
+
+    def prepare(self) -> dict[str, str]:
+        """Shared files and ports; returns the environment every worker gets."""
+        cfg = self.config
+        load_policy_dir(cfg.policies)  # fail here, once, with file:line errors
+        ca.ensure_ca(cfg.certs)
+        if cfg.secrets.get("store", "file") == "file":
+            build_store(cfg.secrets)  # creates the default secrets file once, not N times
+        SigningKeys.load(cfg.signing_dir, retired=cfg.tokens.retired_kids)
+        if cfg.admin_token:
+            admin_token, created = cfg.admin_token, False
+        else:
+            admin_token, created = ca.ensure_admin_token(cfg.certs)
+        self.admin_token_created = created
+        self.admin_token = admin_token
+        self.listen = replace(
+            cfg.listen,
+            proxy=_concrete(cfg.listen.proxy, self._held),
+            admin=_concrete(cfg.listen.admin, self._held),
+            transparent=(_concrete(cfg.listen.transparent, self._held)
+                         if cfg.listen.transparent else None),
+            # TCP reserved like the others; every worker binds UDP on that port itself.
+            dns=_concrete(cfg.listen.dns, self._held) if cfg.listen.dns else None,
+        )
+        runtime = cfg.runtime_dir or Path(tempfile.mkdtemp(prefix="sandbox-gateway-"))
+        self.runtime = runtime
+        metrics_dir = self.metrics_dir = runtime / "metrics"
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(parents=True)
+        env = dict(os.environ)
+        env.update({
+            "SANDBOX_GATEWAY_LISTEN__PROXY": str(self.listen.proxy),
+            "SANDBOX_GATEWAY_LISTEN__ADMIN": str(self.listen.admin),
+            "SANDBOX_GATEWAY_ADMIN_TOKEN": admin_token,
+            "SANDBOX_GATEWAY_RUNTIME_DIR": str(runtime),
+            "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+        })
+        if self.listen.transparent is not None:
+            env["SANDBOX_GATEWAY_LISTEN__TRANSPARENT"] = str(self.listen.transparent)
+        if self.listen.dns is not None:
+            env["SANDBOX_GATEWAY_LISTEN__DNS"] = str(self.listen.dns)
+        store = cfg.state.get("store", "sqlite")
+        if store in ("sqlite", "memory"):
+            path = Path(str(cfg.state["path"])) if store == "sqlite" else \
+                runtime / "state" / "gateway.db"  # (memory: one file the workers share)
+            if store == "memory":
+                env["SANDBOX_GATEWAY_STATE__STORE"] = "sqlite"
+                env["SANDBOX_GATEWAY_STATE__PATH"] = str(path)
+            open_file(path).close()  # created and migrated once, before the workers
+        return env
+
+    def _spawn(self, index: int, env: dict[str, str]) -> None:
+        cmd = [sys.executable, "-m", "gateway", "run", "--worker-index", str(index),
+               "--supervisor", str(os.getpid())]
+        if self.config_path:
+            cmd += ["--config", self.config_path]
+        ready = self.runtime / f"ready-{index}"
+        ready.unlink(missing_ok=True)
+        self.procs[index] = subprocess.Popen(cmd, env=env)
+
+    def start(self, env: dict[str, str]) -> bool:
+        self.env = env
+        for index in range(self.count):
+            self._spawn(index, env)
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if all((self.runtime / f"ready-{i}").exists() for i in range(self.count)):
+                return True
+            if any(p.poll() is not None for p in self.procs.values()):
+                return False
+            time.sleep(0.05)
+        return False
+
+    def watch(self) -> int:
+        """Until told to stop: restart workers that exit on their own."""
+        while not self.stopping:
+            for index, proc in list(self.procs.items()):
+                code = proc.poll()
+                if code is None or self.stopping:
+                    continue
+                self.forget(proc.pid)
+                self.restarts[index] = self.restarts.get(index, 0) + 1
+                wait = min(RESTART_BACKOFF[1],
+                           RESTART_BACKOFF[0] * 2 ** (self.restarts[index] - 1))
+                print(f"sandbox-gateway: worker {index} exited with {code}; restarting in "
+                      f"{wait:.0f}s", file=sys.stderr, flush=True)
+                time.sleep(wait)
+                if not self.stopping:
+                    self._spawn(index, self.env)
+            time.sleep(0.2)
+        return self.stop(timeout=self.config.shutdown.drain + 10)
+
+    def forget(self, pid: int) -> None:
+        """A worker died: its live gauges (open connections, audit and state-store health,
+        ...) leave the sums at once; a killed worker never took its connections off the
+        gauge itself. Its counters stay (they count what happened)."""
+        multiprocess.mark_process_dead(pid, str(self.metrics_dir))  # type: ignore[no-untyped-call]
+
+    def request_stop(self, *_: object) -> None:
+        self.stopping = True
+
+    def stop(self, timeout: float = 15.0) -> int:
+        self.stopping = True
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        worst = 0
+        for proc in self.procs.values():
+            try:
+                code = proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+            worst = worst or (code if code not in (0, -signal.SIGTERM) else 0)
+        for sock in self._held:
+            sock.close()  # type: ignore[attr-defined]
+        if self.config.runtime_dir is None:
+            shutil.rmtree(self.runtime, ignore_errors=True)
+        return worst
+
+
+def follow_supervisor(supervisor: int) -> None:
+    """End this worker when its supervisor ends, however it ends (SIGKILL, the OOM
+    killer): Linux sends the worker SIGTERM (`PR_SET_PDEATHSIG`), so it drains and
+    exits instead of serving on as an orphan nobody stops. A supervisor gone before
+    this call (the race) is noticed by its pid."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != supervisor:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def run_supervisor(config: Config, config_path: str | None, workers: int) -> int:
+    """Run `workers` gateway processes until SIGTERM/SIGINT; the exit code of `run`."""
+    supervisor = Supervisor(config, config_path, workers)
+    signal.signal(signal.SIGTERM, supervisor.request_stop)
+    signal.signal(signal.SIGINT, supervisor.request_stop)
+    try:
+        env = supervisor.prepare()
+    except Exception as exc:  # startup validation: say what, exit 2
+        errors = getattr(exc, "errors", None)
+        print("\n".join(errors) if errors else f"sandbox-gateway: {exc}", file=sys.stderr)
+        return 2
+    if not supervisor.start(env):
+        supervisor.stop()
+        print("sandbox-gateway: a worker failed to start (see its messages above)",
+              file=sys.stderr)
+        return 2
+    listen = supervisor.listen
+    lines = [
+        f"sandbox-gateway ready: {workers} workers",
+        f"  proxy   http://{listen.proxy}   (HTTPS_PROXY for sandboxes)",
+        f"  admin   http://{listen.admin}   (/healthz /readyz /metrics /v1/...)",
+        f"  CA      {config.certs / ca.CA_CERT}   (sandboxes must trust it)",
+        f"  policies {config.policies} (hot-reloaded)",
+    ]
+    if listen.transparent is not None:
+        lines.insert(3, f"  transparent {listen.transparent}")
+    if listen.dns is not None:
+        lines.insert(3, f"  dns     {listen.dns}   (udp+tcp; registered sandboxes only)")
+
+    lines.append(ca.admin_token_line(config.certs, bool(config.admin_token),
+                                    supervisor.admin_token_created))
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    return supervisor.watch()

@@ -1,0 +1,1 @@
+"""Services the core's decisions rest on: policy, secrets, minting, metering, identity, state."""

@@ -1,0 +1,1 @@
+"""Who a sandbox is: gateway tokens (EdDSA JWTs), their signing keys and revocation."""

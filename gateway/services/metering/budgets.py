@@ -1,0 +1,397 @@
+"""Budgets: usage limits per sandbox or per policy over fixed windows (engine-independent).
+
+``BudgetBook.check`` runs before a request is forwarded and refuses it once any budget
+that applies is used up (used >= limit); ``record`` runs after the response, so the
+request that crosses a limit completes and is counted. Both are synchronous and do no
+I/O: they read and add to the state store's local counter view
+(``gateway.services.state.counters``), which the store shares with the other
+workers/replicas in the background.
+
+Windows are fixed: ``floor(now / window) * window`` from the Unix epoch (so a day
+multiple starts at 00:00 UTC), or calendar months in UTC for ``window: month``.
+
+What counts: ``requests`` every recorded exchange (errors included: each one reached the
+provider); ``tokens`` input + output tokens the response reported (unknown = 0);
+``cost_usd`` the price of those tokens from the pricing file (a model without a price
+counts 0 and is logged once). Counters are kept per deciding policy, so an inherited
+budget is a separate allowance in each policy that extends it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gateway.services.metering.pricing import Pricing
+from gateway.services.metering.usage import Usage
+from gateway.services.policy.compiled import Policy
+from gateway.services.policy.model import Budget
+from gateway.services.state.counters import Admission, Counters, Increment, Limit
+
+__all__ = ["BudgetBook", "BudgetExceeded", "budget_problems", "window_bounds"]
+
+log = logging.getLogger("sandbox_gateway.metering")
+
+NANO = 1_000_000_000  # cost is counted in nano-USD (integer counters)
+_GRACE = 3600.0  # counters outlive their window by this much (status of the last window)
+_HELD_RETRY = 5.0  # a budget only held by running calls: retry after this many seconds
+LimitKind = Literal["tokens", "requests", "cost_usd"]
+
+
+def window_bounds(window: int | Literal["month"], now: float) -> tuple[float, float]:
+    """The ``[start, end)`` of the window containing ``now`` (Unix seconds)."""
+    if window == "month":
+        at = dt.datetime.fromtimestamp(now, dt.UTC)
+        first = at.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        nxt = (first.replace(year=first.year + 1, month=1) if first.month == 12
+               else first.replace(month=first.month + 1))
+        return first.timestamp(), nxt.timestamp()
+    start = math.floor(now / window) * window
+    return float(start), float(start + window)
+
+
+def _iso(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _span(seconds: float) -> str:
+    seconds = max(0, math.ceil(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{days}d" if days else "", f"{hours}h" if hours else "",
+             f"{minutes}m" if minutes else "", f"{secs}s" if secs and not days else ""]
+    return "".join(parts) or "0s"
+
+
+def _amount(kind: LimitKind, value: float) -> str:
+    if kind == "cost_usd":
+        return f"${value:,.2f}"
+    return f"{int(value):,} {kind}"
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetExceeded:
+    """``429 budget_exceeded``: which budget, how much was used of what, when it resets.
+    ``held``: what calls still running have reserved; ``asked``: what this call would
+    reserve (0: the budget is used up whatever the call)."""
+
+    budget: Budget
+    subject: str
+    kind: LimitKind
+    used: float
+    limit: float
+    window_start: float
+    resets_at: float
+    retry_after: int
+    held: float = 0
+    asked: float = 0
+    window_left: int = 0  # seconds until the window resets (0: retry_after)
+    status: int = 429
+    code: str = "budget_exceeded"
+
+    @property
+    def rule(self) -> str:
+        """Where the budget is written (``file:line``)."""
+        return self.budget.source
+
+    @property
+    def reason(self) -> str:
+        """A sentence for the sandbox: budget, usage, limit, reset time."""
+        b = self.budget
+        who = (f'sandbox "{self.subject}"' if b.per == "sandbox"
+               else f'policy "{self.subject}" (all its sandboxes)')
+        window = (f"in the {b.window_text} window from {_iso(self.window_start)}; it resets "
+                  f"at {_iso(self.resets_at)} (in {_span(self.window_left or self.retry_after)})")
+        if self.used + self.held >= self.limit or not self.asked:
+            held = (f" and {_amount(self.kind, self.held)} held by calls still running"
+                    if self.held else "")
+            return (f'budget "{b.name}" ({b.source}) is used up for {who}: '
+                    f"{_amount(self.kind, self.used)} used{held} of "
+                    f"{_amount(self.kind, self.limit)} {window}; retry then, or ask an "
+                    "operator to raise the budget")
+        left = self.limit - self.used - self.held
+        held = (f" ({_amount(self.kind, self.held)} more are held by calls still running)"
+                if self.held else "")
+        lower = ("max_tokens (or max_output_tokens)" if self.kind == "tokens"
+                 else "max_tokens or the input")
+        return (f'budget "{b.name}" ({b.source}) has {_amount(self.kind, left)} left for '
+                f"{who}{held}, and this call may use up to {_amount(self.kind, self.asked)} "
+                f"(its output limit plus an input estimate); lower {lower}, or retry "
+                f"once running calls end, or after the budget resets ({window})")
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What one call may use at most: reserved against ``tokens`` and ``cost_usd``
+    budgets when it is admitted, settled to its real use when it ends."""
+
+    tokens: int = 0
+    nano_usd: int = 0  # cost in nano-USD
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A call's reservation as counted: ``(table, subject, expires_at)`` of every budget
+    it counts against, and what was reserved there."""
+
+    places: tuple[tuple[str, str, float], ...]
+    reserved: Reservation
+
+
+_NO_RESERVATION = Reservation()
+
+
+class BudgetBook:
+    """Checks, reserves and records budget use in the state store's counters.
+
+    Fields of a budget window's table, per subject (a sandbox or the policy): ``r``
+    requests, ``t`` tokens and ``c`` nano-USD settled, ``rt`` and ``rc`` tokens and
+    nano-USD reserved by calls still running."""
+
+    def __init__(self, counters: Counters, pricing: Pricing | None = None) -> None:
+        self.counters = counters
+        self.pricing = pricing
+        self._unpriced: set[str] = set()
+
+    @staticmethod
+    def applicable(policy: Policy, credential: str) -> list[Budget]:
+        """The budgets of ``policy`` that requests on ``credential`` count against."""
+        return [b for b in policy.budgets if b.applies_to(credential)]
+
+    @staticmethod
+    def limits_usage(policy: Policy, credential: str) -> bool:
+        """True if a ``tokens`` or ``cost_usd`` budget of ``policy`` counts calls on
+        ``credential``: their usage must then be read (or the call refused)."""
+        return any((b.tokens is not None or b.cost_usd is not None) and b.applies_to(credential)
+                   for b in policy.budgets)
+
+    @staticmethod
+    def _table(policy: str, budget: Budget, start: float) -> str:
+        return f"b:{policy}:{budget.name}:{int(start)}"
+
+    @staticmethod
+    def _subject(budget: Budget, sandbox: str, policy: str) -> str:
+        return sandbox if budget.per == "sandbox" else policy
+
+    def _used(self, table: str, subject: str) -> tuple[dict[LimitKind, float],
+                                                       dict[LimitKind, float]]:
+        """(settled, held): what was used, and what running calls hold."""
+        read = self.counters.counter
+        used: dict[LimitKind, float] = {
+            "tokens": read(table, "t:" + subject), "requests": read(table, "r:" + subject),
+            "cost_usd": read(table, "c:" + subject) / NANO}
+        held: dict[LimitKind, float] = {
+            "tokens": max(0, read(table, "rt:" + subject)), "requests": 0,
+            "cost_usd": max(0, read(table, "rc:" + subject)) / NANO}
+        return used, held
+
+    def check(self, sandbox: str, policy: Policy, credential: str, now: float, *,
+              reserve: Reservation = _NO_RESERVATION,
+              open_session: Usage | None = None) -> BudgetExceeded | None:
+        """None if every applicable budget has room for this call; else the one that
+        refuses it and resets last (the earliest time it could be allowed).
+
+        A budget has room when what was used plus what running calls hold plus this
+        call's ``reserve`` stays within each limit (``requests``: one more request).
+        ``open_session``: what a session still open (a Realtime WebSocket) has used so
+        far, not yet recorded: its tokens and cost count on top of the recorded use, and
+        ``requests`` limits do not apply (the session was counted when admitted)."""
+        worst: BudgetExceeded | None = None
+        extra_tokens = extra_cost = 0.0
+        if open_session is not None:
+            extra_tokens = open_session.tokens
+            if any(b.cost_usd is not None for b in policy.budgets):
+                extra_cost = self.cost(open_session) or 0.0
+        asked: dict[LimitKind, float] = {"tokens": reserve.tokens, "requests": 1,
+                                         "cost_usd": reserve.nano_usd / NANO}
+        for budget in policy.budgets:
+            if not budget.applies_to(credential):
+                continue
+            start, end = window_bounds(budget.window, now)
+            subject = self._subject(budget, sandbox, policy.name)
+            used, held = self._used(self._table(policy.name, budget, start), subject)
+            limits: tuple[tuple[LimitKind, float | None], ...] = (
+                ("tokens", budget.tokens), ("requests", budget.requests),
+                ("cost_usd", budget.cost_usd))
+            if open_session is not None:
+                used["tokens"] += extra_tokens
+                used["cost_usd"] += extra_cost
+                limits = (limits[0], limits[2])
+            for kind, limit in limits:
+                if limit is None:
+                    continue
+                if kind == "requests":
+                    if used[kind] < limit:
+                        continue
+                elif used[kind] + held[kind] + asked[kind] <= limit and \
+                        used[kind] + held[kind] < limit:
+                    continue
+                resets = end
+                if held[kind] and used[kind] + asked[kind] <= limit:
+                    resets = min(end, now + _HELD_RETRY)  # room again once calls settle
+                if worst is None or math.ceil(resets - now) > worst.retry_after:
+                    worst = BudgetExceeded(budget, subject, kind, used[kind], limit, start,
+                                           end, max(1, math.ceil(resets - now)), held[kind],
+                                           asked[kind] if kind != "requests" else 0,
+                                           max(1, math.ceil(end - now)))
+                break
+        return worst
+
+    def cost(self, usage: Usage) -> float | None:
+        """The USD cost of ``usage`` (None without pricing or a price for its model)."""
+        if self.pricing is None:
+            return None
+        cost = self.pricing.cost(usage)
+        name = usage.model or ""
+        if cost is None and usage.known and name not in self._unpriced:
+            if len(self._unpriced) < 1000:
+                self._unpriced.add(name)
+            log.warning("metering: model %r has no price in %s; its cost counts as 0",
+                        usage.model, self.pricing.source)
+        return cost
+
+    def reservation(self, policy: Policy, credential: str, model: str | None,
+                    input_tokens: int, output_tokens: int) -> Reservation | str:
+        """The reservation of a call that may use ``input_tokens`` + ``output_tokens``
+        (its cost at the model's prices), or why it cannot be priced (a ``cost_usd``
+        budget and a model without a price: the call cannot be counted)."""
+        nano = 0
+        if any(b.cost_usd is not None and b.applies_to(credential) for b in policy.budgets):
+            if self.pricing is None:
+                return ("metering.pricing is not configured, so a cost_usd budget cannot "
+                        "count this call; set metering.pricing in the gateway config")
+            if self.pricing.price(model) is None:
+                return (f'model "{(model or "unknown")[:100]}" has no price in '
+                        f"{self.pricing.source}, so a cost_usd budget cannot count this "
+                        "call; add the model to the pricing file")
+            cost = self.pricing.cost(Usage(model, input_tokens, output_tokens)) \
+                if self.pricing is not None else None
+            nano = round((cost or 0.0) * NANO)
+        return Reservation(input_tokens + output_tokens, nano)
+
+    def admit(self, sandbox: str, policy: Policy, credential: str, now: float,
+              reserve: Reservation = _NO_RESERVATION) -> BudgetExceeded | Hold | None:
+        """Check every applicable budget and count the call against them, as one step
+        of the state store (one transaction across the host's processes with SQLite),
+        before it is forwarded: refused (the budget that refused it, as ``check`` words
+        it), or counted - one request, and its reservation held until ``settle``
+        (None: no budget counts it). A burst of parallel calls meets every limit
+        without waiting for any of them to complete."""
+        places: list[tuple[str, str, float]] = []
+        increments: list[Increment] = []
+        limits: list[Limit] = []
+        for budget in self.applicable(policy, credential):
+            start, end = window_bounds(budget.window, now)
+            table = self._table(policy.name, budget, start)
+            subject = self._subject(budget, sandbox, policy.name)
+            expires = end + _GRACE
+            places.append((table, subject, expires))
+            increments.append((table, "r:" + subject, 1, expires))
+            if reserve.tokens:
+                increments.append((table, "rt:" + subject, reserve.tokens, expires))
+            if reserve.nano_usd:
+                increments.append((table, "rc:" + subject, reserve.nano_usd, expires))
+            if budget.tokens is not None:
+                limits.append(Limit(((table, "t:" + subject), (table, "rt:" + subject)),
+                                    budget.tokens, reserve.tokens))
+            if budget.requests is not None:
+                limits.append(Limit(((table, "r:" + subject),), budget.requests, 1))
+            if budget.cost_usd is not None:
+                limits.append(Limit(((table, "c:" + subject), (table, "rc:" + subject)),
+                                    round(budget.cost_usd * NANO), reserve.nano_usd))
+        if not places:
+            return None
+        if self.counters.admit(Admission(tuple(limits), tuple(increments))) is None:
+            return Hold(tuple(places), reserve)
+        exceeded = self.check(sandbox, policy, credential, now, reserve=reserve)
+        if exceeded is None:  # (what refused it settled meanwhile): once more
+            return self.admit(sandbox, policy, credential, now, reserve)
+        return exceeded
+
+    def settle(self, hold: Hold, tokens: int, nano_usd: int) -> None:
+        """A held call ended: its reservation is released and what it used counted, in
+        the windows it was admitted in."""
+        increments: list[Increment] = []
+        reserved = hold.reserved
+        for table, subject, expires in hold.places:
+            if tokens:
+                increments.append((table, "t:" + subject, tokens, expires))
+            if nano_usd:
+                increments.append((table, "c:" + subject, nano_usd, expires))
+            if reserved.tokens:
+                increments.append((table, "rt:" + subject, -reserved.tokens, expires))
+            if reserved.nano_usd:
+                increments.append((table, "rc:" + subject, -reserved.nano_usd, expires))
+        if increments:
+            self.counters.count(increments)
+
+    def record(self, sandbox: str, policy: Policy, credential: str, usage: Usage,
+               now: float) -> None:
+        """Count what a call used that reserved nothing (a response a Realtime session
+        made on its own) against every applicable budget."""
+        budgets = self.applicable(policy, credential)
+        if not budgets:
+            return
+        cost = self.cost(usage) if any(b.cost_usd is not None for b in budgets) else None
+        tokens = usage.tokens
+        increments: list[Increment] = []
+        for budget in budgets:
+            start, end = window_bounds(budget.window, now)
+            table = self._table(policy.name, budget, start)
+            subject = self._subject(budget, sandbox, policy.name)
+            expires = end + _GRACE
+            if tokens:
+                increments.append((table, "t:" + subject, tokens, expires))
+            if cost:
+                increments.append((table, "c:" + subject, round(cost * NANO), expires))
+        if increments:
+            self.counters.count(increments)
+
+    async def status(self, policy: Policy, sandbox: str | None,
+                     now: float) -> list[dict[str, Any]]:
+        """Current use of ``policy``'s budgets (per-sandbox ones only with ``sandbox``),
+        read fresh from the store, for the admin API."""
+        wanted: list[tuple[Budget, str, float, float, str]] = []
+        for budget in policy.budgets:
+            if budget.per == "sandbox" and sandbox is None:
+                continue
+            start, end = window_bounds(budget.window, now)
+            subject = self._subject(budget, sandbox or "", policy.name)
+            wanted.append((budget, self._table(policy.name, budget, start), start, end, subject))
+        tables = await self.counters.counter_tables(sorted({w[1] for w in wanted}))
+        out: list[dict[str, Any]] = []
+        for budget, table, start, end, subject in wanted:
+            fields = tables.get(table, {})
+            used = {"tokens": fields.get("t:" + subject, 0),
+                    "requests": fields.get("r:" + subject, 0),
+                    "cost_usd": fields.get("c:" + subject, 0) / NANO}
+            reserved = {"tokens": max(0, fields.get("rt:" + subject, 0)),
+                        "cost_usd": max(0, fields.get("rc:" + subject, 0)) / NANO}
+            limits = {"tokens": budget.tokens, "requests": budget.requests,
+                      "cost_usd": budget.cost_usd}
+            exceeded = any(v is not None and used[k] + reserved.get(k, 0) >= v
+                           for k, v in limits.items())
+            out.append({
+                "policy": policy.name, "budget": budget.name, "source": budget.source,
+                "per": budget.per, "subject": subject, "window": budget.window_text,
+                "window_start": _iso(start), "resets_at": _iso(end),
+                "used": used, "settled": used, "reserved": reserved,
+                "limits": {k: v for k, v in limits.items() if v is not None},
+                "exceeded": exceeded,
+            })
+        return out
+
+
+def budget_problems(policies: Sequence[Policy], pricing: Pricing | None) -> list[str]:
+    """Budgets that cannot be enforced as written with this configuration."""
+    if pricing is not None:
+        return []
+    return [f'{b.source}: budget "{b.name}" sets cost_usd but metering.pricing is not '
+            "configured, so costs are unknown and every inference call it counts is "
+            "refused (metering_unavailable); set metering.pricing in the gateway config"
+            for p in policies for b in p.budgets if b.cost_usd is not None and b.policy == p.name]

@@ -1,0 +1,711 @@
+"""The metering step of the enforcement core: an inference call is metered or refused.
+
+For a request the policy allowed on a rule with ``credential:``::
+
+    step = metering.admit(sandbox=..., policy=..., rule=..., preset=..., method=...,
+                          path=..., body=..., now=...)
+    if not isinstance(step, Exchange):      # 403 model_not_allowed, metering_unavailable,
+        refuse(step.status, step.code, ...)  # minted_secret_refused; 429 budget_exceeded
+    else:
+        forward(body=step.body if step.body is not None else original_body)
+        step.head(response_header_fields)
+        for chunk in response_body_chunks:  # decoded, as relayed
+            step.feed(chunk)
+        # a provider-minted secret (step.holds_response): the whole answer is held and
+        #     body = metering.release(step, status, body, now)  # registers its secret
+        # a WebSocket session, each message from the sandbox before it is relayed:
+        #     refusal = metering.session_message(step, data, now)
+        # and each server event:  metering.session_event(step, data, now)
+        metered = metering.complete(step, status, now, sent=...)  # status 0: no response
+        audit["usage"] = metered.as_record()
+
+**Fail closed.** On a rule that must be metered (its policy has a ``tokens`` or
+``cost_usd`` budget for the credential, or the rule says ``metering: required``), a call
+whose usage the gateway cannot guarantee to read is refused ``metering_unavailable``
+with what to change: a body it could not hold or parse, a stream whose usage cannot be
+asked for, inference it cannot read (images, audio, batches...). A call admitted under
+a token or cost budget reserves its worst case (``estimate``) and settles to what it
+used when it ends; one whose usage never arrives counts its reservation, not zero.
+
+``admit``, ``complete`` and the session calls are synchronous, do no I/O and never wait
+on a shared store; ``complete`` must be called once per admitted exchange, also when
+the response failed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import Counter
+
+from gateway.observability import metrics
+from gateway.services.metering.budgets import (
+    NANO,
+    BudgetBook,
+    BudgetExceeded,
+    Hold,
+    Reservation,
+    budget_problems,
+)
+from gateway.services.metering.endpoints import (
+    Endpoint,
+    RequestBody,
+    body_json,
+    classify,
+    field_of,
+    request_model,
+    route,
+    stream_usage,
+)
+from gateway.services.metering.estimate import DEFAULT_OUTPUT, estimate_input, output_limit
+from gateway.services.metering.jsondoc import document
+from gateway.services.metering.ledger import UsageLedger, totals
+from gateway.services.metering.models import ModelNames, ModelRefusal, check_model
+from gateway.services.metering.pricing import Pricing, PricingError, load_pricing
+from gateway.services.metering.usage import JsonlMeter, Meter, SessionMeter, Usage, meter_for
+from gateway.services.policy.compiled import Policy, PolicySet
+from gateway.services.policy.model import Rule
+from gateway.services.secrets.ephemeral import EphemeralKey, EphemeralKeys
+from gateway.services.secrets.value import SecretValue
+from gateway.services.state.counters import Counters
+
+if TYPE_CHECKING:
+    from gateway.config import Config
+
+__all__ = ["Exchange", "Metered", "Metering", "MeteringRefusal", "Refusal",
+           "build_metering"]
+
+log = logging.getLogger("sandbox_gateway.metering")
+
+RESPONSE_HOLD = 256 << 10
+"""Largest answer held whole (a provider-minted secret's, read before it is relayed)."""
+_DEFERRED_DAYS = 8  # a deferred job's usage is metered if retrieved within this many days
+_MINTED_TTL = 600.0  # a minted secret whose expiry the answer does not say lives this long
+_MINTED_MAX = 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class MeteringRefusal:
+    """``403 metering_unavailable`` (the call's usage cannot be metered) or ``403
+    minted_secret_refused`` (the provider would mint a secret for the sandbox)."""
+
+    code: str
+    reason: str
+    rule: str
+    status: int = 403
+    retry_after: int | None = None
+
+
+Refusal = ModelRefusal | BudgetExceeded | MeteringRefusal
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A ``response.create`` of a Responses WebSocket session that holds a reservation."""
+
+    hold: Hold
+    started: bool = False
+
+
+@dataclass(slots=True)
+class Exchange:
+    """An admitted exchange: ``body`` is the request body to forward instead of the
+    original (None = unchanged; update Content-Length), ``feed`` takes response chunks."""
+
+    sandbox: str
+    policy: Policy
+    credential: str
+    body: bytes | None
+    meter: Meter | None
+    rule: Rule | None = None
+    endpoint: Endpoint | None = None
+    hold: Hold | None = None
+    required: bool = False
+    deferred: str | None = None  # the kind of job whose id the answer names
+    retrieval: str | None = None  # the pending job whose usage this answer may carry
+    holds_response: bool = False  # a provider-minted secret: read before it is relayed
+    capture: list[bytes] | None = None
+    pending: dict[str | None, list[_Pending]] | None = None  # (a Responses session's)
+
+    def head(self, header: Callable[[str], str | None]) -> None:
+        """The response's headers (``header(name)``: a field's value, or None)."""
+        if self.meter is not None:
+            self.meter.head(header)
+
+    def feed(self, chunk: bytes) -> None:
+        """One decoded response body chunk, as relayed."""
+        if self.meter is not None:
+            self.meter.feed(chunk)
+        if self.capture is not None and sum(map(len, self.capture)) < RESPONSE_HOLD:
+            self.capture.append(bytes(chunk))
+
+
+@dataclass(frozen=True, slots=True)
+class Metered:
+    """What an exchange used (``usage`` None: not an inference call), its cost, and
+    what budgets counted: ``reserved`` while it ran, ``charged`` (tokens) when it ended,
+    on ``basis`` "usage" or "reservation" (its usage never arrived)."""
+
+    usage: Usage | None
+    cost_usd: float | None
+    reserved: int | None = None
+    charged: int | None = None
+    basis: str | None = None
+
+    def as_record(self) -> dict[str, Any] | None:
+        """The audit line's ``usage`` object (None for a non-inference request)."""
+        if self.usage is None:
+            return None
+        record = self.usage.as_record()
+        record["cost_usd"] = self.cost_usd
+        if self.reserved is not None:
+            record["budget"] = {"reserved_tokens": self.reserved,
+                                "charged_tokens": self.charged, "basis": self.basis}
+        return record
+
+
+_NOT_METERED = Metered(None, None)
+
+
+def _status_label(status: int) -> str:
+    return str(status) if 100 <= status <= 599 else "error"
+
+
+class Metering:
+    """Model allowlists, budgets and usage accounting over the state store's counters."""
+
+    def __init__(self, counters: Counters, *, pricing: Pricing | None = None,
+                 retention: float = 7 * 86400, stream_usage: bool = True,
+                 ephemeral: EphemeralKeys | None = None, counted: bool = True) -> None:
+        self.counters = counters
+        # False: a step that decides without traffic (explain, policy test) and so must
+        # not count its refusals in the gateway's metrics.
+        self.counted = counted
+        self.pricing = pricing
+        self.stream_usage = stream_usage
+        self.ephemeral = ephemeral if ephemeral is not None else EphemeralKeys()
+        self.names = ModelNames()
+        self.budgets = BudgetBook(counters, pricing)
+        self.ledger = UsageLedger(counters, retention=retention)
+        # (policy, credential, model) -> the input, output and cached token counters
+        self._token_metrics: dict[tuple[str, str, str], tuple[Counter, ...]] = {}
+        self._unread_logged: set[tuple[str, str]] = set()
+
+    # -- before forwarding -----------------------------------------------------------------
+
+    def required(self, policy: Policy, rule: Rule) -> bool:
+        """True if every inference call on ``rule`` must be metered (or refused)."""
+        if rule.metering is not None and rule.metering.required:
+            return True
+        return rule.credential is not None and self.budgets.limits_usage(policy,
+                                                                           rule.credential)
+
+    def admit(self, *, sandbox: str, policy: Policy, rule: Rule, preset: str | None,
+              method: str, path: str, body: bytes | None, now: float) -> Exchange | Refusal:
+        """Before forwarding: the allowlist (403), what cannot be metered on a rule that
+        must be (403), the budgets (429); then the request body to send and the meter for
+        the response. ``body`` None: not held (streamed, or over the hold limit).
+        Requests that are not inference calls (``GET /v1/models``...) pass unmetered."""
+        credential = rule.credential
+        if credential is None:  # only credential rules are metered
+            return Exchange(sandbox, policy, "", None, None)
+        held = RequestBody(body) if body is not None else None  # parsed once, if at all
+        refused = check_model(rule, method, path, held)
+        if refused is not None:
+            if self.counted:
+                metrics.child(metrics.MODEL_REFUSALS, policy.name, credential).inc()
+            return refused
+        endpoint = classify(method, path)
+        if endpoint is None:
+            return Exchange(sandbox, policy, credential, None, None, rule)
+        required = (rule.metering is not None and rule.metering.required) or (
+            bool(policy.budgets) and self.budgets.limits_usage(policy, credential))
+        kind = endpoint.kind
+        if kind == "minted":
+            if not rule.allow_minted_secrets:
+                return self._refuse(policy, rule, "minted_secret_refused", (
+                    f"this call has the provider mint a secret for the sandbox ({route(path)}"
+                    "), which would work outside the gateway, its metering and allowlists; "
+                    f"add allow_minted_secrets: true to rule {rule.source} to let it through "
+                    "(the secret is then bound to the credential's hosts like the key)"))
+            return Exchange(sandbox, policy, credential, None, None, rule, endpoint,
+                            holds_response=True)
+        if kind == "unmetered":
+            if required:
+                return self._unavailable(policy, rule, f"{endpoint.what} ({route(path)}) "
+                                         "answers without token usage the gateway can read")
+            return Exchange(sandbox, policy, credential, None, None, rule, endpoint)
+        data = held.json() if held is not None and held.raw else None
+        if kind == "retrieval":
+            key = self._retrieved(credential, endpoint, path, now)
+            if key is None:  # not a job started here: not inference
+                return Exchange(sandbox, policy, credential, None, None, rule, endpoint)
+            return Exchange(sandbox, policy, credential, None, meter_for(
+                None, method, path, None), rule, endpoint, retrieval=key)
+        if data is not None and data.get("background") is True and kind == "inference" \
+                and endpoint.format == "openai" and route(path).endswith("/responses"):
+            kind, endpoint = "deferred", Endpoint(None, None, "deferred",
+                                                  "a background response")
+        if kind == "deferred":
+            if required:
+                return self._unavailable(policy, rule, f"{endpoint.what} ({route(path)}) "
+                                         "is answered before its usage is known")
+            job = "response" if endpoint.what == "a background response" else \
+                "msgbatch" if endpoint.what.startswith("Anthropic") else "batch"
+            return Exchange(sandbox, policy, credential, None, None, rule, endpoint,
+                            deferred=job, capture=[])
+        new_body: bytes | None = None
+        if kind == "inference":
+            if required and held is None:
+                return self._unavailable(policy, rule, (
+                    "the request body was not available to read (streamed without "
+                    "Content-Length, or over the gateway's hold limit), so its usage "
+                    "cannot be asked for or reserved; send a JSON body with Content-Length"))
+            if required and data is None:
+                return self._unavailable(policy, rule, (
+                    "the request body is not one JSON object (or repeats a top-level key, "
+                    'in any case: "model" and "Model"), so the gateway cannot read it as '
+                    "the provider would; send one JSON object"))
+            if (self.stream_usage or required) and data is not None and \
+                    data.get("stream") is True:
+                new_body, problem = stream_usage(preset, path, held, required=required)
+                if problem is not None:
+                    return self._unavailable(policy, rule, problem)
+        hold: Hold | None = None
+        if policy.budgets:
+            reserve = Reservation()
+            if kind == "inference" and self.budgets.limits_usage(policy, credential):
+                found = self._reservation(policy, rule, endpoint, preset, path, held, data)
+                if isinstance(found, str):
+                    return self._unavailable(policy, rule, found)
+                reserve = found
+            if endpoint.format == "responses_ws":  # (counted per response.create)
+                admitted: BudgetExceeded | Hold | None = self.budgets.check(
+                    sandbox, policy, credential, now, reserve=reserve)
+            else:
+                admitted = self.budgets.admit(sandbox, policy, credential, now, reserve)
+            if isinstance(admitted, BudgetExceeded):
+                if self.counted:
+                    metrics.child(metrics.BUDGET_REFUSALS, policy.name,
+                                  admitted.budget.name).inc()
+                return admitted
+            hold = admitted
+        assert endpoint.format is not None
+        meter: Meter = (SessionMeter(endpoint.format, request_model(preset, path, held))
+                        if kind == "session" else
+                        Meter(endpoint.format, request_model(preset, path, held)))
+        return Exchange(sandbox, policy, credential, new_body, meter, rule, endpoint, hold,
+                        required)
+
+    def _reservation(self, policy: Policy, rule: Rule, endpoint: Endpoint,
+                     preset: str | None, path: str, held: RequestBody | None,
+                     data: dict[str, Any] | None) -> Reservation | str:
+        default = rule.metering.reserve if rule.metering is not None and \
+            rule.metering.reserve else DEFAULT_OUTPUT
+        raw = held.raw if held is not None else b""
+        assert rule.credential is not None
+        return self.budgets.reservation(
+            policy, rule.credential, request_model(preset, path, held), estimate_input(raw),
+            output_limit(endpoint, data, path, default))
+
+    def _refuse(self, policy: Policy, rule: Rule, code: str, reason: str) -> MeteringRefusal:
+        if self.counted:
+            metrics.child(metrics.METERING_REFUSALS, policy.name, code).inc()
+        return MeteringRefusal(code, reason, rule.source)
+
+    def _unavailable(self, policy: Policy, rule: Rule, why: str) -> MeteringRefusal:
+        budgeted = rule.credential is not None and self.budgets.limits_usage(
+            policy, rule.credential)
+        because = (f"policy {policy.name!r} has a token or cost budget for credential "
+                   f"{rule.credential!r}" if budgeted else
+                   f"rule {rule.source} sets metering: required")
+        return self._refuse(policy, rule, "metering_unavailable",
+                            f"this call cannot be metered: {why}; every inference call "
+                            f"must be metered here because {because}")
+
+    # -- while a WebSocket session is open -------------------------------------------------
+
+    def session_message(self, exchange: Exchange, data: bytes, now: float) -> Refusal | None:
+        """A message from the sandbox in a metered WebSocket session, before it is
+        relayed: models it names must be allowed (``session.update``,
+        ``response.create``); a used-up budget refuses it; on the Responses API each
+        ``response.create`` is a call that reserves its worst case (refused when the
+        budget has no room for it)."""
+        meter, rule = exchange.meter, exchange.rule
+        if not isinstance(meter, SessionMeter) or rule is None:
+            return None
+        policy = exchange.policy
+        if rule.models is None and not policy.budgets and not exchange.required:
+            return None
+        fields = body_json(data)
+        if fields is None:
+            return self._unavailable(policy, rule, (
+                "a session message that is not one JSON object (or repeats a top-level key) "
+                "cannot be checked; send each event as one JSON object"))
+        kind = fields.get("type")
+        refused = self._session_models(rule, fields, kind, meter.format)
+        if refused is not None:
+            metrics.child(metrics.MODEL_REFUSALS, policy.name, exchange.credential).inc()
+            return refused
+        if not policy.budgets:
+            return None
+        if meter.format == "realtime":  # its responses are counted as each one ends
+            exceeded = self.budgets.check(exchange.sandbox, policy, exchange.credential, now,
+                                          open_session=Usage())
+        elif kind == "response.create":
+            request = Endpoint("responses_ws", None)
+            reserve = self.budgets.reservation(
+                policy, exchange.credential, _string(fields.get("model")) or meter.request_model,
+                estimate_input(data), output_limit(request, fields, "",
+                                                   (rule.metering.reserve if rule.metering
+                                                    and rule.metering.reserve else
+                                                    DEFAULT_OUTPUT)))
+            if isinstance(reserve, str):
+                return self._unavailable(policy, rule, reserve)
+            admitted = self.budgets.admit(exchange.sandbox, policy, exchange.credential, now,
+                                          reserve)
+            exceeded = admitted if isinstance(admitted, BudgetExceeded) else None
+            if isinstance(admitted, Hold):
+                lane = _string(fields.get("stream_id"))
+                if exchange.pending is None:
+                    exchange.pending = {}
+                exchange.pending.setdefault(lane, []).append(_Pending(hold=admitted))
+        else:
+            return None
+        if exceeded is not None:
+            metrics.child(metrics.BUDGET_REFUSALS, policy.name, exceeded.budget.name).inc()
+        return exceeded
+
+    @staticmethod
+    def _session_models(rule: Rule, fields: dict[str, Any], kind: Any,
+                        fmt: str) -> ModelRefusal | None:
+        allowed = rule.models
+        if allowed is None:
+            return None
+        named = [fields.get("model"), field_of(fields.get("session"), "model"),
+                 field_of(fields.get("response"), "model")]
+        where = f"rule {rule.source} (models: {', '.join(allowed)[:100]})"
+        if kind == "response.create" and fmt == "responses_ws" and named[0] is None:
+            return ModelRefusal(f'this response.create names no "model", which {where} '
+                                'requires; add "model" to the event', None, rule.source)
+        for value in named:
+            if value is None:
+                continue
+            if not isinstance(value, str) or not any(fnmatchcase(value, p) for p in allowed):
+                shown = value[:100] if isinstance(value, str) else "(not a string)"
+                return ModelRefusal(f'model "{shown}" is not allowed by {where}; use one of '
+                                    "these models or add it to the rule's models",
+                                    value if isinstance(value, str) else None, rule.source)
+        return None
+
+    def session_event(self, exchange: Exchange, data: bytes, now: float) -> None:
+        """A server event of a metered WebSocket session, as relayed: a response that
+        ends is counted against budgets at once (settling its reservation)."""
+        meter = exchange.meter
+        if not isinstance(meter, SessionMeter):
+            if meter is not None:
+                meter.feed(data)
+            return
+        usage = meter.event(data)
+        policy = exchange.policy
+        if not policy.budgets:
+            return
+        if meter.format == "realtime":
+            if usage is not None and usage.known:
+                self.budgets.record(exchange.sandbox, policy, exchange.credential, usage, now)
+            return
+        if usage is None and b'"response.created"' not in data and b'"error"' not in data:
+            return
+        lane = _lane(data)
+        queue = exchange.pending.get(lane) if exchange.pending is not None else None
+        if not queue:
+            if usage is not None and usage.known:
+                self.budgets.record(exchange.sandbox, policy, exchange.credential, usage, now)
+            return
+        if usage is None:
+            doc = _event(data)
+            kind = doc.get("type") if doc is not None else None
+            waiting = next((p for p in queue if not p.started), None)
+            if waiting is None:
+                return
+            if kind == "response.created":
+                waiting.started = True
+            elif kind == "error":  # the provider refused a response.create it had not begun
+                queue.remove(waiting)
+                self.budgets.settle(waiting.hold, 0, 0)
+            return
+        pending = queue.pop(0)
+        self._settle(exchange, pending.hold, usage, sent=True, status=200)
+
+    # -- after the response ----------------------------------------------------------------
+
+    def release(self, exchange: Exchange, status: int, body: bytes, now: float) -> bytes | str:
+        """A held answer (``holds_response``): a provider-minted secret in it is
+        registered (bound to the credential's hosts and this sandbox) before the
+        answer is relayed; returns the answer, or why it cannot be relayed."""
+        del now
+        if not 200 <= status < 300:
+            return body  # (the provider minted nothing)
+        found = _minted_secrets(body)
+        if not found:
+            return ("the provider's answer to a secret-minting call did not name a secret the "
+                    "gateway can bind, so it was not relayed")
+        for value, expires_at in found:
+            self.ephemeral.add(EphemeralKey(exchange.credential, exchange.sandbox,
+                                            SecretValue(value), expires_at))
+        return body
+
+    def complete(self, exchange: Exchange, status: int, now: float, *,
+                 sent: bool = True) -> Metered:
+        """After the response (or its failure, ``status`` 0; ``sent`` False: the request
+        never reached the provider): count it everywhere."""
+        if exchange.deferred is not None:
+            self._deferred(exchange, status, now)
+        meter = exchange.meter
+        if meter is None:
+            if exchange.hold is not None:
+                self.budgets.settle(exchange.hold, 0, 0)
+            return _NOT_METERED
+        usage = meter.finish(status)
+        policy, credential = exchange.policy, exchange.credential
+        if exchange.retrieval is not None:
+            if not usage.known:
+                return _NOT_METERED  # (not done yet: metered when retrieved done)
+            self._forget(exchange.retrieval, now)
+        cost = self.budgets.cost(usage) if self.pricing is not None else None
+        metered = Metered(usage, cost)
+        if exchange.pending is not None:  # session calls that never ended
+            for queue in exchange.pending.values():
+                for pending in queue:
+                    self._settle(exchange, pending.hold, Usage(), sent=sent, status=status)
+            exchange.pending = None
+        if exchange.hold is not None and isinstance(meter, SessionMeter):
+            self.budgets.settle(exchange.hold, 0, 0)  # (its responses counted as they ended)
+        elif exchange.hold is not None:
+            metered = self._settle(exchange, exchange.hold, usage, sent=sent, status=status,
+                                   cost=cost)
+        elif exchange.retrieval is not None and policy.budgets:
+            self.budgets.record(exchange.sandbox, policy, credential, usage, now)
+        if isinstance(meter, JsonlMeter) and len(parts := meter.by_model()) > 1:
+            for model_name, part in parts.items():  # (batch results: per model)
+                part_cost = self.budgets.cost(part) if self.pricing is not None else None
+                self._count(exchange, self.names(model_name), part, part_cost, status, now)
+        else:
+            self._count(exchange, self.names(usage.model), usage, cost, status, now)
+        return metered
+
+    def _settle(self, exchange: Exchange, hold: Hold, usage: Usage, *, sent: bool,
+                status: int, cost: float | None = None) -> Metered:
+        """Settle ``hold`` to what the call used: its usage, else (a call that reached the
+        provider and got a success or no answer at all) its reservation."""
+        reserved = hold.reserved
+        basis = "usage"
+        if usage.known:
+            if cost is None and any(b.cost_usd is not None for b in exchange.policy.budgets):
+                cost = self.budgets.cost(usage)
+            tokens, nano = usage.tokens, round((cost or 0.0) * NANO)
+        elif sent and (status in (0, 101) or 200 <= status < 300):  # (101: a session)
+            tokens, nano, basis = reserved.tokens, reserved.nano_usd, "reservation"
+            self._unread(exchange)
+        else:
+            tokens = nano = 0  # the provider refused it (4xx/5xx): nothing was used
+        self.budgets.settle(hold, tokens, nano)
+        return Metered(usage, cost, reserved.tokens, tokens, basis)
+
+    def _unread(self, exchange: Exchange) -> None:
+        key = (exchange.policy.name, exchange.credential)
+        metrics.child(metrics.RESERVATIONS_CHARGED, *key).inc()
+        if key not in self._unread_logged and len(self._unread_logged) < 1000:
+            self._unread_logged.add(key)
+            log.warning("metering: a call on credential %r (policy %r) ended without usage "
+                        "the gateway could read; budgets count its reservation (logged once)",
+                        exchange.credential, exchange.policy.name)
+
+    def _count(self, exchange: Exchange, model: str, usage: Usage, cost: float | None,
+               status: int, now: float) -> None:
+        policy, credential = exchange.policy, exchange.credential
+        self.ledger.record(exchange.sandbox, policy.name, credential, model, usage, cost, now)
+        key = (policy.name, credential, model)
+        tokens = self._token_metrics.get(key)
+        if tokens is None:
+            if len(self._token_metrics) >= 4096:
+                self._token_metrics.clear()
+            tokens = self._token_metrics[key] = tuple(
+                metrics.child(metrics.INFERENCE_TOKENS, *key, kind)
+                for kind in ("input", "output", "cached"))
+        metrics.child(metrics.INFERENCE_REQUESTS, *key, _status_label(status)).inc()
+        for counter, value in zip(tokens, (usage.input_tokens, usage.output_tokens,
+                                           usage.cached_input_tokens), strict=True):
+            if value:
+                counter.inc(value)
+
+    # -- deferred jobs (background responses, batches) --------------------------------------
+
+    @staticmethod
+    def _job_key(credential: str, job: str, job_id: str) -> str:
+        return f"{credential}:{job}:{job_id}"
+
+    def _deferred(self, exchange: Exchange, status: int, now: float) -> None:
+        """A deferred job was started: remember its id, so that retrieving its result
+        through the gateway meters it (once)."""
+        parts, exchange.capture = exchange.capture or [], None
+        if not 200 <= status < 300 or exchange.deferred is None:
+            return
+        try:
+            doc = document(b"".join(parts), _JSON)
+        except ValueError:
+            return
+        job_id = doc.get("id") if isinstance(doc, dict) else None
+        if not isinstance(job_id, str) or not 0 < len(job_id) <= 200:
+            return
+        day = math.floor(now / 86400)
+        self.counters.count([(f"jobs:{day}", self._job_key(exchange.credential,
+                                                           exchange.deferred, job_id), 1,
+                              (day + _DEFERRED_DAYS + 1) * 86400.0)])
+
+    def _retrieved(self, credential: str, endpoint: Endpoint, path: str,
+                   now: float) -> str | None:
+        """The key of the job a retrieval reads, if it was started here and not yet
+        metered."""
+        parts = route(path).split("/")
+        if endpoint.format == "jsonl":  # /v1/messages/batches/{id}/results
+            job, job_id = "msgbatch", parts[-2]
+        elif "/batches/" in route(path):
+            job, job_id = "batch", parts[-1]
+        else:
+            job, job_id = "response", parts[-1]
+        key = self._job_key(credential, job, job_id)
+        day = math.floor(now / 86400)
+        for back in range(_DEFERRED_DAYS + 1):
+            if self.counters.counter(f"jobs:{day - back}", key) > 0:
+                return key
+        return None
+
+    def _forget(self, key: str, now: float) -> None:
+        day = math.floor(now / 86400)
+        for back in range(_DEFERRED_DAYS + 1):
+            table = f"jobs:{day - back}"
+            if self.counters.counter(table, key) > 0:
+                self.counters.count([(table, key, -1, (day - back + _DEFERRED_DAYS + 1)
+                                      * 86400.0)])
+                return
+
+    # -- reports ---------------------------------------------------------------------------
+
+    def problems(self, policy_set: PolicySet) -> list[str]:
+        """Budgets this configuration cannot enforce (``cost_usd`` without prices)."""
+        return budget_problems(list(policy_set.policies.values()), self.pricing)
+
+    async def report(self, policy_set: PolicySet, *, sandbox: str | None,
+                     policy: str | None, since: float | None, now: float) -> dict[str, Any]:
+        """The ``GET /v1/usage`` answer: rows, totals, budget status, degraded flag."""
+        start = (math.floor(since / 3600) * 3600 if since is not None
+                 else math.floor((now - self.ledger.retention) / 3600) * 3600)
+        rows = await self.ledger.query(sandbox=sandbox, policy=policy, since=start, now=now)
+        if self.pricing is None:
+            for row in rows:
+                row["cost_usd"] = None
+        names = [policy] if policy is not None else sorted({r["policy"] for r in rows})
+        budgets: list[dict[str, Any]] = []
+        for name in names:
+            found = policy_set.get(name)
+            if found is not None:
+                budgets.extend(await self.budgets.status(found, sandbox, now))
+        summed = totals([{**r, "cost_usd": r["cost_usd"] or 0} for r in rows])
+        if self.pricing is None:
+            summed["cost_usd"] = None
+        return {
+            "since": _iso(start), "until": _iso(now), "sandbox": sandbox, "policy": policy,
+            "degraded": self.counters.counters_degraded,
+            "totals": summed, "rows": rows, "budgets": budgets,
+        }
+
+
+_JSON = json.JSONDecoder()
+
+
+def _string(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _event(data: bytes) -> dict[str, Any] | None:
+    try:
+        doc = document(data, _JSON)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _lane(data: bytes) -> str | None:
+    """The ``stream_id`` of a Responses WebSocket event (None: the default lane)."""
+    if b'"stream_id"' not in data:
+        return None
+    doc = _event(data)
+    return _string(doc.get("stream_id")) if doc is not None else None
+
+
+def _expiry(value: Any, now: float) -> float:
+    """An expiry (Unix seconds, or RFC 3339 text), bounded to a day from now."""
+    when: float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        when = float(value)
+    elif isinstance(value, str):
+        try:
+            when = dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            when = None
+    if when is None or when <= now:
+        when = now + _MINTED_TTL
+    return min(when, now + _MINTED_MAX)
+
+
+def _minted_secrets(body: bytes) -> list[tuple[str, float]]:
+    """The secrets (value, expiry) a provider's minting answer carries: OpenAI client
+    secrets (``value``) and sessions (``client_secret.value``), ChatKit sessions
+    (``client_secret``), Gemini auth tokens (``name``)."""
+    try:
+        doc = document(body, _JSON)
+    except ValueError:
+        return []
+    if not isinstance(doc, dict):
+        return []
+    now = time.time()
+    found: list[tuple[str, float]] = []
+    secret = doc.get("client_secret")
+    if isinstance(secret, dict) and isinstance(secret.get("value"), str):
+        found.append((secret["value"], _expiry(secret.get("expires_at"), now)))
+    elif isinstance(secret, str):
+        found.append((secret, _expiry(doc.get("expires_at"), now)))
+    if isinstance(doc.get("value"), str):
+        found.append((doc["value"], _expiry(doc.get("expires_at"), now)))
+    name = doc.get("name")
+    if isinstance(name, str) and name.startswith("auth_tokens/"):
+        found.append((name, _expiry(doc.get("expireTime"), now)))
+    return [(v, e) for v, e in found if 8 <= len(v) <= 4096]
+
+
+def _iso(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def build_metering(config: Config, counters: Counters,
+                   ephemeral: EphemeralKeys | None = None) -> Metering:
+    """The Metering for a gateway config (raises ConfigError for a bad pricing file)."""
+    from gateway.config import ConfigError  # (the wiring's: the step itself reads no config)
+
+    pricing = None
+    if config.metering.pricing is not None:
+        try:
+            pricing = load_pricing(config.metering.pricing)
+        except PricingError as exc:
+            raise ConfigError(f"metering.pricing: {exc}") from None
+    return Metering(counters, pricing=pricing, retention=config.metering.retention,
+                    stream_usage=config.metering.stream_usage, ephemeral=ephemeral)

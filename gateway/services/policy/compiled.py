@@ -1,0 +1,94 @@
+"""A compiled policy: its rules with their index (the matcher), the set of loaded
+policies, and the two calls every caller uses: ``compile_policy`` and ``decide``.
+
+Apart from the model (rules, credentials, decisions) and the matcher (the index) so
+that neither imports the other's owner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from gateway.services.policy.matcher import Matcher
+from gateway.services.policy.model import Budget, Credential, Decision, Mode, Request, Rule
+
+__all__ = ["Policy", "PolicySet", "compile_policy", "decide"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Policy:
+    """One named policy: its own and inherited rules, in order, and their compiled index.
+
+    Build it with ``matcher.compile_policy``. ``source`` is the file it came from.
+    ``budgets`` are its own and inherited budgets (an own budget replaces an inherited
+    one of the same name).
+    """
+
+    name: str
+    mode: Mode
+    source: str
+    rules: tuple[Rule, ...]
+    extends: tuple[str, ...]
+    matcher: Matcher = field(repr=False)
+    budgets: tuple[Budget, ...] = ()
+
+    @property
+    def credential_names(self) -> list[str]:
+        """Credentials this policy's rules inject (a token's default scope)."""
+        return sorted({r.credential for r in self.rules if r.credential})
+
+    @property
+    def own_rules(self) -> tuple[Rule, ...]:
+        """Rules written in this policy's own file (not inherited)."""
+        return tuple(r for r in self.rules if r.policy == self.name)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PolicySet:
+    """Every loaded policy by name, plus the global credentials they reference.
+
+    ``revision`` says what the set was loaded from: a git commit (``<sha>`` or
+    ``<sha>-dirty``), a ``REVISION`` file's text, or ``sha256:<12 hex>`` of the files
+    (see ``revision.policy_revision``); the same files give the same revision.
+    """
+
+    policies: Mapping[str, Policy]
+    credentials: Mapping[str, Credential]
+    files: tuple[str, ...] = ()
+    revision: str = ""
+
+    def get(self, name: str) -> Policy | None:
+        """The policy called ``name``, or None."""
+        return self.policies.get(name)
+
+    @property
+    def rule_count(self) -> int:
+        """Rules as written in the files (inherited copies not counted twice)."""
+        return sum(len(p.own_rules) for p in self.policies.values())
+
+
+def compile_policy(
+    name: str,
+    rules: Iterable[Rule],
+    *,
+    mode: Mode = "enforce",
+    source: str = "<memory>",
+    extends: tuple[str, ...] = (),
+    credentials: Mapping[str, Credential] | None = None,
+    budgets: tuple[Budget, ...] = (),
+) -> Policy:
+    """Build a Policy with its index. Every credential a rule names must be in ``credentials``."""
+    rule_tuple = tuple(rules)
+    matcher = Matcher(name, mode, source, rule_tuple, credentials or {})
+    return Policy(
+        name=name, mode=mode, source=source, rules=rule_tuple, extends=extends, matcher=matcher,
+        budgets=budgets,
+    )
+
+
+def decide(policy: Policy, request: Request) -> Decision:
+    """The decision for one request (``method`` None = tunnel level). Pure, no I/O."""
+    if request.method is None:
+        return policy.matcher.decide_tunnel(request)
+    return policy.matcher.decide_request(request)

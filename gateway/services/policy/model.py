@@ -1,0 +1,239 @@
+"""The policy data model: frozen, slotted values built once at load and shared read-only.
+
+``Rule`` and ``Credential`` carry their compiled host/path patterns next to the
+text they came from, so the matcher never re-parses anything per request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from gateway.services.policy.hosts import HostPattern, compile_host_pattern
+from gateway.services.policy.injection import Injection
+from gateway.services.policy.paths import PathSet, compile_paths
+
+if TYPE_CHECKING:
+    from gateway.services.policy.minted import MintSpec
+
+__all__ = [
+    "DEFAULT_HTTPS_PORT",
+    "DEFAULT_HTTP_PORT",
+    "Budget",
+    "Credential",
+    "Decision",
+    "Injection",
+    "MeteringRule",
+    "Mode",
+    "Protocol",
+    "Request",
+    "Rule",
+]
+
+Mode = Literal["enforce", "report"]
+Protocol = Literal["http", "tcp"]
+DecisionResult = Literal["allow", "deny", "report"]
+BudgetScope = Literal["sandbox", "policy"]
+
+DEFAULT_HTTPS_PORT = 443
+DEFAULT_HTTP_PORT = 80
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Credential:
+    """A named secret bound to hosts: injected only where a destination matches ``hosts``.
+
+    ``secret`` is the name the value is read by from the secret cache: a store secret,
+    or for a minted credential (``mint`` set, ``type:`` in the policy) the cache name
+    of its minted value. ``places`` is where the value goes whatever carrier the
+    client used (None: that carrier); ``signs``: the value signs the request (SigV4)
+    instead; ``challenge``: a request with no token gets 401 + ``WWW-Authenticate``.
+    """
+
+    name: str
+    secret: str
+    hosts: tuple[str, ...]
+    injection: Injection
+    preset: str | None = None
+    source: str = "<memory>"
+    policy: str = ""
+    mint: MintSpec | None = None
+    places: Injection | None = None
+    signs: bool = False
+    challenge: bool = False
+    host_patterns: tuple[HostPattern, ...] = field(default=(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.host_patterns:
+            compiled = tuple(compile_host_pattern(h) for h in self.hosts)
+            object.__setattr__(self, "host_patterns", compiled)
+
+    def binds(self, host: str) -> bool:
+        """True if this credential may be sent to the normalised ``host``."""
+        return any(p.matches(host) for p in self.host_patterns)
+
+    @property
+    def kind(self) -> str:
+        """The credential's type (``key`` for a secret read from the store)."""
+        return self.mint.type if self.mint is not None else "key"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rule:
+    """One egress rule, as written (``host``, ``ports``...) plus its compiled patterns.
+
+    ``ports`` None means the defaults (443, and 80 for plain http). ``methods`` and
+    ``paths`` None mean any. ``source`` is ``file:line``; ``policy`` the name of the
+    policy file the rule was written in (differs from the deciding policy with extends).
+    ``models`` (credential rules only) is the allowlist of model globs, None = any.
+    ``metering`` (credential rules only, see ``MeteringRule``) and
+    ``allow_minted_secrets``: a provider may mint secrets for the sandbox on this rule
+    (OpenAI Realtime client secrets...), which are then bound like the key.
+    """
+
+    host: str
+    source: str = "<memory>"
+    policy: str = ""
+    ports: tuple[int, ...] | None = None
+    methods: tuple[str, ...] | None = None
+    paths: tuple[str, ...] | None = None
+    credential: str | None = None
+    inspect: bool = False
+    protocol: Protocol = "http"
+    models: tuple[str, ...] | None = None
+    metering: MeteringRule | None = None
+    allow_minted_secrets: bool = False
+    host_pattern: HostPattern = field(init=False, compare=False, repr=False)
+    path_set: PathSet | None = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """Compile the host and path patterns (raises ValueError if invalid)."""
+        pattern = compile_host_pattern(self.host)
+        object.__setattr__(self, "host_pattern", pattern)
+        object.__setattr__(self, "host", pattern.text)
+        if self.methods is not None:
+            object.__setattr__(self, "methods", tuple(m.upper() for m in self.methods))
+        path_set = compile_paths(self.paths) if self.paths is not None else None
+        object.__setattr__(self, "path_set", path_set)
+
+    @property
+    def needs_inspection(self) -> bool:
+        """True if the rule can only be enforced on decrypted requests."""
+        return bool(self.methods or self.paths or self.credential or self.inspect)
+
+    @property
+    def host_only(self) -> bool:
+        """True for a plain HTTP(S) host rule that can be passed through without interception."""
+        return self.protocol == "http" and not self.needs_inspection
+
+    def describe(self) -> str:
+        """A one-line summary for reasons and explain output."""
+        parts = [f"host: {self.host}"]
+        if self.ports is not None:
+            parts.append("ports: " + ", ".join(str(p) for p in self.ports))
+        if self.methods is not None:
+            parts.append("methods: " + ", ".join(self.methods))
+        if self.paths is not None:
+            parts.append("paths: " + ", ".join(self.paths))
+        if self.credential is not None:
+            parts.append(f"credential: {self.credential}")
+        if self.models is not None:
+            parts.append("models: " + ", ".join(self.models))
+        if self.metering is not None:
+            parts.append("metering: " + ("required" if self.metering.required else
+                                         "optional") + (f" (reserve {self.metering.reserve})"
+                                                        if self.metering.reserve else ""))
+        if self.allow_minted_secrets:
+            parts.append("allow_minted_secrets: true")
+        if self.protocol != "http":
+            parts.append(f"protocol: {self.protocol}")
+        if self.inspect:
+            parts.append("inspect: true")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class MeteringRule:
+    """``metering:`` on a credential rule. ``required``: every inference call on the rule
+    is metered or refused (``metering_unavailable``), as on a rule whose policy has a
+    ``tokens`` or ``cost_usd`` budget. ``reserve``: the output tokens a call that names
+    no maximum (``max_tokens``...) reserves against token budgets while it runs."""
+
+    required: bool = True
+    reserve: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Budget:
+    """A usage limit over fixed time windows (``budgets:`` in a policy file).
+
+    ``per`` sandbox: each sandbox of the policy has its own allowance; ``policy``: all
+    of them share one. ``window`` is a length in seconds (windows aligned to the Unix
+    epoch, so day multiples start at 00:00 UTC) or ``"month"`` (calendar months, UTC).
+    At least one of ``tokens`` (input + output), ``requests``, ``cost_usd`` is set.
+    ``credentials`` None = every credential the policy injects. ``source`` is
+    ``file:line``; ``policy`` the file's policy (differs from the deciding one with extends).
+    """
+
+    name: str
+    per: BudgetScope
+    window: int | Literal["month"]
+    window_text: str
+    tokens: int | None = None
+    requests: int | None = None
+    cost_usd: float | None = None
+    credentials: tuple[str, ...] | None = None
+    source: str = "<memory>"
+    policy: str = ""
+
+    def applies_to(self, credential: str) -> bool:
+        """True if requests on ``credential`` count against this budget."""
+        return self.credentials is None or credential in self.credentials
+
+    def describe(self) -> str:
+        """A one-line summary for explain output and reasons."""
+        limits = [f"{label} {value:,}" if isinstance(value, int) else f"{label} {value:g}"
+                  for label, value in (("tokens", self.tokens), ("requests", self.requests),
+                                       ("cost_usd", self.cost_usd)) if value is not None]
+        scope = "" if self.credentials is None else "; credentials: " + ", ".join(
+            self.credentials)
+        return f"{self.name}: per {self.per}, window {self.window_text}; " + ", ".join(
+            limits) + scope
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What is being decided.
+
+    ``method`` None = tunnel-level decision at CONNECT time (no method/path yet).
+    ``scheme`` is ``https``, ``http`` or ``tcp`` (raw bytes of unknown content).
+    ``host`` must already be normalised (``hosts.normalize_host``).
+    ``path`` is the raw request target path, query allowed; None at CONNECT time.
+    """
+
+    method: str | None
+    scheme: str
+    host: str
+    port: int
+    path: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome of one decision.
+
+    ``reason`` is a fixed human sentence. ``rule`` is the allowing rule, or the
+    closest rule that refused. ``inspect`` (tunnel level) says TLS must be
+    intercepted; ``credential`` (request level) names the credential to inject.
+    """
+
+    result: DecisionResult
+    reason: str
+    rule: Rule | None
+    inspect: bool = False
+    credential: str | None = None
+
+    @property
+    def allowed(self) -> bool:
+        """True for allow and report (report = would deny, allowed by ``mode: report``)."""
+        return self.result != "deny"

@@ -1,0 +1,114 @@
+"""Secrets a provider minted for a sandbox through the gateway (ephemeral keys).
+
+OpenAI's Realtime client secrets (``ek_...``), ChatKit sessions and Gemini's ephemeral
+auth tokens are minted with the real key and handed to the client, which then uses them
+in place of the key. On a rule with ``allow_minted_secrets: true`` the gateway lets the
+answer through and keeps what it minted here, bound like the key it was minted with:
+
+* the sandbox that minted it may send it back to the credential's own hosts (its use is
+  metered like the key's, on the same rule);
+* sent anywhere else it is a leak marker: refused like the key (``exfiltration_blocked``);
+* it is forgotten when it expires (the provider refuses it by then).
+
+Pure bookkeeping, no I/O: the state store shares entries between the gateway's worker
+processes and replicas (``add`` takes the share callback's result as is).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from gateway.services.secrets.value import SecretValue
+
+__all__ = ["EphemeralKey", "EphemeralKeys"]
+
+_MAX_KEYS = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class EphemeralKey:
+    """A provider-minted secret: for which credential and sandbox, until when."""
+
+    credential: str
+    sandbox: str
+    value: SecretValue
+    expires_at: float
+
+    @property
+    def digest(self) -> str:
+        """A stable id that does not reveal the value (sha-256, hex)."""
+        return _digest(self.value.reveal())
+
+
+def _digest(value: str) -> str:
+    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+class EphemeralKeys:
+    """The keys every gateway process knows (see the module docstring). ``version``
+    changes whenever the set does (the leak markers are rebuilt then)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._version = 0
+        self._by_digest: dict[str, EphemeralKey] = {}
+        self.share: Callable[[EphemeralKey], None] | None = None  # set by the state store
+        self.on_change: Callable[[], None] | None = None  # (the log redaction's rebuild)
+        self.before: Callable[[], None] | None = None  # brings the view up to date (a store)
+
+    @property
+    def version(self) -> int:
+        """Changes whenever the set does (the leak markers are rebuilt then)."""
+        if self.before is not None:
+            self.before()
+        return self._version
+
+    def add(self, key: EphemeralKey, *, shared: bool = False) -> None:
+        """Remember ``key``; ``shared``: it came from another process (not shared again)."""
+        if key.expires_at <= self.clock():
+            return
+        digest = key.digest
+        if digest in self._by_digest:
+            return
+        self._prune()
+        if len(self._by_digest) >= _MAX_KEYS:  # bounded: the oldest expiry goes first
+            oldest = min(self._by_digest.values(), key=lambda k: k.expires_at)
+            del self._by_digest[oldest.digest]
+        self._by_digest[digest] = key
+        self._version += 1
+        if self.on_change is not None:
+            self.on_change()
+        if not shared and self.share is not None:
+            self.share(key)
+
+    def extend(self, keys: Iterable[EphemeralKey]) -> None:
+        """Keys another process shared (a store's snapshot)."""
+        for key in keys:
+            self.add(key, shared=True)
+
+    def find(self, value: str) -> EphemeralKey | None:
+        """The live key whose value is ``value``, if any."""
+        if self.before is not None:
+            self.before()
+        key = self._by_digest.get(_digest(value))
+        if key is None or key.expires_at <= self.clock() or not key.value.equals(value):
+            return None
+        return key
+
+    def live(self) -> list[EphemeralKey]:
+        """Every key not yet expired."""
+        if self.before is not None:
+            self.before()
+        self._prune()
+        return list(self._by_digest.values())
+
+    def _prune(self) -> None:
+        now = self.clock()
+        expired = [d for d, k in self._by_digest.items() if k.expires_at <= now]
+        for digest in expired:
+            del self._by_digest[digest]
+        if expired:
+            self._version += 1

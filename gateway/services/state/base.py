@@ -1,0 +1,170 @@
+"""State that every gateway process must agree on: revoked tokens, registered sandboxes,
+secrets providers minted for sandboxes (``ephemeral``, see ``gateway.services.secrets.ephemeral``)
+and counters (usage totals, budget consumption; see ``gateway.services.state.counters``).
+
+Lookups are synchronous and local (they run on every request); changes are async so
+a shared implementation (Redis) can publish them to the other replicas. Stores:
+``sqlite`` (the default, ``gateway.services.state.sqlite``: one file shared by the processes of
+one host, kept across restarts), ``redis`` (``gateway.services.state.redis``: replicas) and
+``memory`` (one process, lost on restart: tests and throw-away runs).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.services.secrets.ephemeral import EphemeralKeys
+from gateway.services.state.counters import Admission, CountersOf, Increment, MemoryCounters, Table
+
+
+class StateUnavailable(RuntimeError):
+    """The shared state store could not be reached; the change was not shared."""
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxAddress:
+    """A sandbox registered by source address (transparent mode)."""
+
+    sandbox: str
+    ip: str
+    policy: str
+
+
+@dataclass(frozen=True, slots=True)
+class SharedMint:
+    """A minted credential's value as the processes share it (`gateway.services.minting.shared`).
+    ``parts``: a composite value's pieces (AWS key id, secret, session token), else ();
+    ``expires_at`` None: no known expiry; from ``due_at`` on, the next fetch mints anew."""
+
+    value: str
+    parts: tuple[str, ...]
+    minted_at: float
+    expires_at: float | None
+    due_at: float
+
+
+class MintShare(Protocol):
+    """Minted credentials and rotated OAuth2 refresh tokens, shared by the processes of a
+    store, so a credential is minted once (a process holds a **lease** on its mint
+    while it mints) and a refresh token a server rotated is the one every process (and
+    the next start) uses. Raise `StateUnavailable` when the store cannot answer."""
+
+    async def read_mint(self, name: str) -> SharedMint | None: ...
+    async def lease_mint(self, name: str, holder: str, until: float) -> bool: ...
+    async def write_mint(self, name: str, mint: SharedMint, holder: str) -> None: ...
+    async def release_mint(self, name: str, holder: str) -> None: ...
+    async def read_refresh(self, key: str) -> tuple[str, str] | None: ...
+    async def write_refresh(self, key: str, origin: str, value: str) -> None: ...
+
+
+class MemoryMints:
+    """`MintShare` for one process (the memory store; a minter given no store)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.mint_clock = clock
+        self._mints: dict[str, SharedMint] = {}
+        self._leases: dict[str, tuple[str, float]] = {}
+        self._refresh: dict[str, tuple[str, str]] = {}
+
+    async def read_mint(self, name: str) -> SharedMint | None:
+        return self._mints.get(name)
+
+    async def lease_mint(self, name: str, holder: str, until: float) -> bool:
+        current = self._leases.get(name)
+        if current is not None and current[0] != holder and current[1] > self.mint_clock():
+            return False
+        self._leases[name] = (holder, until)
+        return True
+
+    async def write_mint(self, name: str, mint: SharedMint, holder: str) -> None:
+        self._mints[name] = mint
+        await self.release_mint(name, holder)
+
+    async def release_mint(self, name: str, holder: str) -> None:
+        if self._leases.get(name, ("", 0.0))[0] == holder:
+            del self._leases[name]
+
+    async def read_refresh(self, key: str) -> tuple[str, str] | None:
+        return self._refresh.get(key)
+
+    async def write_refresh(self, key: str, origin: str, value: str) -> None:
+        self._refresh[key] = (origin, value)
+
+
+class StateStore(MintShare, Protocol):
+    """Shared gateway state. `is_revoked`, `sandbox_for`, `count` and `counter` must not
+    do I/O. `ephemeral` is the local view of provider-minted secrets; a key added to it
+    is shared with the other processes by the store."""
+
+    ephemeral: EphemeralKeys
+
+    def count(self, increments: Iterable[Increment]) -> None: ...
+    def counter(self, table: str, field: str) -> int: ...
+    def admit(self, admission: Admission) -> int | None: ...
+    async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]: ...
+    @property
+    def counters_degraded(self) -> bool: ...
+    def is_revoked(self, jti: str) -> bool: ...
+    async def revoke(self, jti: str, expires_at: float) -> None: ...
+    def sandbox_for(self, ip: str) -> SandboxAddress | None: ...
+    async def register_sandbox(self, entry: SandboxAddress) -> None: ...
+    async def unregister_sandbox(self, ip: str) -> bool: ...
+    def sandboxes(self) -> list[SandboxAddress]: ...
+    @property
+    def problem(self) -> str | None: ...
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+
+
+class MemoryState(CountersOf, MemoryMints):
+    """In-process state: correct for one gateway process, lost on restart."""
+
+    _counters: MemoryCounters
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        MemoryMints.__init__(self, clock)
+        self._revoked: dict[str, float] = {}
+        self._sandboxes: dict[str, SandboxAddress] = {}
+        self._counters = MemoryCounters(clock)
+        self.ephemeral = EphemeralKeys(clock)
+
+    @property
+    def problem(self) -> str | None:
+        """Why the store is not shared/written now (None: it is; never, in memory)."""
+        return None
+
+    def is_revoked(self, jti: str) -> bool:
+        expires_at = self._revoked.get(jti)
+        return expires_at is not None and expires_at > time.time()
+
+    async def revoke(self, jti: str, expires_at: float) -> None:
+        now = time.time()
+        # Forget revocations of tokens that have expired anyway: they are refused regardless.
+        for old in [j for j, exp in self._revoked.items() if exp < now]:
+            del self._revoked[old]
+        self._revoked[jti] = expires_at
+
+    def sandbox_for(self, ip: str) -> SandboxAddress | None:
+        return self._sandboxes.get(ip)
+
+    async def register_sandbox(self, entry: SandboxAddress) -> None:
+        self._sandboxes[entry.ip] = entry
+
+    async def unregister_sandbox(self, ip: str) -> bool:
+        return self._sandboxes.pop(ip, None) is not None
+
+    def sandboxes(self) -> list[SandboxAddress]:
+        return list(self._sandboxes.values())
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+log = logging.getLogger("sandbox_gateway")

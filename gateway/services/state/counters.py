@@ -1,0 +1,268 @@
+"""Counters every gateway process adds to: usage totals and budget consumption.
+
+A counter is ``table`` -> ``field`` -> integer, and a table expires at a given time (a
+budget window's end, an hourly usage bucket's retention). The state stores implement
+``Counters``:
+
+* ``count`` and ``counter`` are synchronous: a request never waits on a network. ``count``
+  adds to a pending batch the store writes at its own pace (SQLite: once per event-loop
+  tick; Redis: every ``interval``); ``counter`` answers the store's value plus what is
+  pending here.
+* ``admit`` is budget admission: every ``Limit`` of an ``Admission`` is checked and, if
+  all hold, its increments are counted, as one step (SQLite: one transaction across the
+  host's processes; memory: one process; Redis: this replica's reading).
+* ``counter_tables`` (admin API) reads whole tables as fresh as the store allows.
+* ``counters_degraded`` is True while the store cannot be written: counts go on
+  locally and are written when it is back.
+
+``CounterView`` is that local state; ``MemoryCounters`` is the one-process store;
+``gateway.services.state.sqlite`` and ``gateway.services.state.counters_redis`` are the shared ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = [
+    "Admission",
+    "CounterView",
+    "Counters",
+    "Increment",
+    "Limit",
+    "MemoryCounters",
+    "first_refused",
+]
+
+log = logging.getLogger("sandbox_gateway.counters")
+
+Table = dict[str, int]
+
+
+Increment = tuple[str, str, int, float]
+"""``(table, field, amount, expires_at)``: add ``amount`` to ``table[field]``; the table
+expires at ``expires_at`` (Unix). A plain tuple: every metered exchange makes several."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """One limit of an admission: the sum of ``fields`` plus ``add`` must stay within
+    ``ceiling``, and the sum alone below it (a limit already reached admits nothing)."""
+
+    fields: tuple[tuple[str, str], ...]  # (table, field), summed
+    ceiling: int
+    add: int
+
+    def holds(self, used: int) -> bool:
+        return used < self.ceiling and used + self.add <= self.ceiling
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Limits to check and the increments to count if every one holds (budget
+    admission: one request, and a reservation)."""
+
+    limits: tuple[Limit, ...]
+    increments: tuple[Increment, ...]
+
+
+def first_refused(admission: Admission, read: Callable[[str, str], int]) -> int | None:
+    """The index of the first limit ``read``'s values refuse, or None."""
+    for index, limit in enumerate(admission.limits):
+        if not limit.holds(sum(read(table, field) for table, field in limit.fields)):
+            return index
+    return None
+
+
+class Counters(Protocol):
+    """Shared counters (see the module docstring)."""
+
+    def count(self, increments: Iterable[Increment]) -> None: ...
+    def counter(self, table: str, field: str) -> int: ...
+    def admit(self, admission: Admission) -> int | None: ...
+    async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]: ...
+    @property
+    def counters_degraded(self) -> bool: ...
+
+
+class CountersOf:
+    """The Counters port answered by a store's `_counters` (the state stores' mixin)."""
+
+    _counters: Counters
+
+    def count(self, increments: Iterable[Increment]) -> None:
+        self._counters.count(increments)
+
+    def counter(self, table: str, field: str) -> int:
+        return self._counters.counter(table, field)
+
+    def admit(self, admission: Admission) -> int | None:
+        return self._counters.admit(admission)
+
+    async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
+        return await self._counters.counter_tables(tables)
+
+    @property
+    def counters_degraded(self) -> bool:
+        return self._counters.counters_degraded
+
+
+class CounterView:
+    """The local picture: last known shared values plus the pending (unsent) batch.
+
+    ``forget_after`` (seconds, None = never) drops shared values neither read nor
+    written for that long, for stores that hold the real totals elsewhere (Redis); the
+    values ``counter`` read in that time are the ``watched`` ones a flush refreshes.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time,
+                 forget_after: float | None = None) -> None:
+        self.clock = clock
+        self.forget_after = forget_after
+        self.shared: dict[str, Table] = {}
+        self.pending: dict[str, Table] = {}
+        self.expires: dict[str, float] = {}
+        self.watched: dict[tuple[str, str], float] = {}
+        self._touched: dict[tuple[str, str], float] = {}
+
+    def add(self, increments: Iterable[Increment]) -> None:
+        """Add to the pending batch."""
+        self._merge(self.pending, increments)
+
+    def add_shared(self, increments: Iterable[Increment]) -> None:
+        """Add straight to the shared values (a store without a batch, or others' lines)."""
+        self._merge(self.shared, increments)
+
+    def _merge(self, into: dict[str, Table], increments: Iterable[Increment]) -> None:
+        expires = self.expires
+        for table, field, amount, expires_at in increments:
+            fields = into.get(table)
+            if fields is None:
+                fields = into[table] = {}
+            fields[field] = fields.get(field, 0) + amount
+            if expires.get(table, 0.0) < expires_at:
+                expires[table] = expires_at
+
+    def value(self, table: str, field: str) -> int:
+        """Shared + pending; remembers that this value is read (a flush refreshes it)."""
+        if self.forget_after is not None:
+            self.watched[(table, field)] = self.clock()
+        shared = self.shared.get(table)
+        pending = self.pending.get(table)
+        return ((shared.get(field, 0) if shared else 0)
+                + (pending.get(field, 0) if pending else 0))
+
+    def table(self, table: str, base: Table | None = None) -> Table:
+        """A whole table: ``base`` (fresh from the store) or the shared values, plus
+        the pending batch."""
+        out = dict(self.shared.get(table, {}) if base is None else base)
+        for field, amount in self.pending.get(table, {}).items():
+            out[field] = out.get(field, 0) + amount
+        return out
+
+    def take(self) -> dict[str, Table]:
+        """The pending batch, now being sent (``restore`` it if that fails)."""
+        batch, self.pending = self.pending, {}
+        return batch
+
+    def restore(self, batch: dict[str, Table]) -> None:
+        """Put a batch that could not be sent back in front of the pending one."""
+        for table, fields in batch.items():
+            pending = self.pending.setdefault(table, {})
+            for field, amount in fields.items():
+                pending[field] = pending.get(field, 0) + amount
+
+    def set_shared(self, table: str, field: str, value: int) -> None:
+        """The store's current value of one field."""
+        self.shared.setdefault(table, {})[field] = value
+        if self.forget_after is not None:
+            self._touched[(table, field)] = self.clock()
+
+    def watched_fields(self) -> dict[str, list[str]]:
+        """Fields read lately and not pending, by table: what a flush should re-read."""
+        out: dict[str, list[str]] = {}
+        for table, field in self.watched:
+            if field not in self.pending.get(table, {}):
+                out.setdefault(table, []).append(field)
+        return out
+
+    def prune(self) -> None:
+        """Drop expired tables and (with ``forget_after``) values unused for that long."""
+        now = self.clock()
+        for table in [t for t, exp in self.expires.items() if exp <= now]:
+            del self.expires[table]
+            self.shared.pop(table, None)
+            self.pending.pop(table, None)
+        if self.forget_after is None:
+            return
+        horizon = now - self.forget_after
+        for key in [k for k, at in self.watched.items() if at < horizon]:
+            del self.watched[key]
+        for key in [k for k, at in self._touched.items() if at < horizon]:
+            del self._touched[key]
+        for table in list(self.shared):
+            fields = self.shared[table]
+            for field in [f for f in fields if (table, f) not in self.watched
+                          and (table, f) not in self._touched]:
+                del fields[field]
+            if not fields:
+                del self.shared[table]
+
+    def live(self, table: str) -> bool:
+        """False once ``table`` has expired."""
+        return self.expires.get(table, 0.0) > self.clock()
+
+
+class EmptyCounters:
+    """Counters that stay at zero: what a decision without traffic (explain, `policy
+    test`, replay) checks budgets against, however many it makes (nothing is used)."""
+
+    def count(self, increments: Iterable[Increment]) -> None:
+        pass
+
+    def counter(self, table: str, field: str) -> int:
+        return 0
+
+    def admit(self, admission: Admission) -> int | None:
+        return first_refused(admission, self.counter)
+
+    async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
+        return {}
+
+    @property
+    def counters_degraded(self) -> bool:
+        return False
+
+
+class MemoryCounters:
+    """Counters of one process (the ``memory`` state store)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.view = CounterView(clock)
+        self._last_prune = 0.0
+
+    def count(self, increments: Iterable[Increment]) -> None:
+        self.view.add_shared(increments)
+        now = self.view.clock()
+        if now - self._last_prune > 60:
+            self._last_prune = now
+            self.view.prune()
+
+    def counter(self, table: str, field: str) -> int:
+        return self.view.value(table, field) if self.view.live(table) else 0
+
+    def admit(self, admission: Admission) -> int | None:
+        refused = first_refused(admission, self.counter)
+        if refused is None:
+            self.count(admission.increments)
+        return refused
+
+    async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
+        return {t: self.view.table(t) for t in tables if self.view.live(t)}
+
+    @property
+    def counters_degraded(self) -> bool:
+        return False

@@ -1,0 +1,48 @@
+"""The state store a configuration names (`state:` in gateway.yaml).
+
+Kept apart from the store types so that `base` imports neither SQLite nor Redis: each
+implementation is imported only when configured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gateway.services.state.base import MemoryState, StateStore
+
+__all__ = ["build_state"]
+
+
+def build_state(config: Mapping[str, Any], base: Path | None = None) -> StateStore:
+    """The store named by the `state` config section: `sqlite` (the default; `path`,
+    relative to `base`, default `state/gateway.db`), `redis` (`url`, `prefix`) or
+    `memory`."""
+    kind = config.get("store", "sqlite")
+    known = {"sqlite": {"store", "path"}, "redis": {"store", "url", "prefix"},
+             "memory": {"store"}}
+    if kind not in known:
+        raise ValueError(f"state.store: {kind!r} is not a store; use sqlite, redis or memory")
+    unknown = set(config) - known[kind]
+    if unknown:
+        raise ValueError(f"state.{sorted(unknown)[0]}: unknown key for store {kind} (known: "
+                         f"{', '.join(sorted(known[kind]))})")
+    if kind == "memory":
+        return MemoryState()
+    if kind == "sqlite":
+        raw = config.get("path", "state/gateway.db")
+        if not isinstance(raw, str | Path) or not str(raw):
+            raise ValueError("state.path: the SQLite file's path, e.g. ./state/gateway.db")
+        path = Path(raw).expanduser()
+        if not path.is_absolute():
+            path = (base or Path.cwd()) / path
+        from gateway.services.state.sqlite import SqliteState
+
+        return SqliteState(path)
+    url = config.get("url")
+    if not isinstance(url, str) or not url:
+        raise ValueError("state.url: required for store redis, e.g. redis://redis:6379/0")
+    from gateway.services.state.redis import RedisState
+
+    return RedisState(url, prefix=str(config.get("prefix", "sandbox-gateway")))

@@ -1,0 +1,687 @@
+"""The gateway's state in one SQLite file: shared by its processes on a host, kept across
+restarts.
+
+Revoked tokens, registered sandboxes, secrets providers minted for sandboxes, the
+counters (usage ledger, budgets and their reservations, deferred jobs), the credentials
+the gateway mints (with the lease of the process minting one: `gateway.services.minting.shared`)
+and rotated OAuth2 refresh tokens live in one
+database in WAL mode (readers never wait for the writer), mode 0600 in a 0700
+directory. Every worker process of one gateway opens the same file: a change one makes
+is committed before its call returns, and the others see it at their next lookup.
+
+**The hot path stays in memory.** Lookups (`is_revoked`, `sandbox_for`, the provider
+secrets) read an in-memory view. At most every `CHECK_INTERVAL` (20 ms) a lookup asks
+SQLite whether the file changed (`PRAGMA data_version`: no I/O, the WAL index in shared
+memory; 3 µs, so not on every request) and, when it did and the change counter
+(`meta.epoch`, raised by every change to those tables) moved, reloads the view; counter
+traffic reloads nothing. A change (`revoke`, a registration) returns only
+`CHECK_INTERVAL` after its commit: by then every process's next lookup sees it, so a
+revocation holds on every worker before `POST /v1/tokens/revoke` answers.
+
+**Counters** are added to a pending batch and written within `FLUSH_DELAY` (0.25 s) in
+one transaction (`INSERT … ON CONFLICT DO UPDATE value = value + …`): on a busy worker a
+transaction costs ~130 µs of CPU (3 statements of ~30 µs with cold caches), and one per
+call made a metered call 5-6% dearer (`make bench`). `counter` reads the file (a point
+lookup) plus what is pending here; `counter_tables` (`GET /v1/usage`) waits out
+`FLUSH_DELAY` first, so it includes every call that ended, on any worker. A settlement
+still pending on another worker leaves the call's reservation counted meanwhile.
+`admit` (budget admission) is one `BEGIN IMMEDIATE` transaction: the limits are checked
+against the committed values and the increments written before any other process can
+admit, so workers never overshoot together.
+
+**Faults.** A write that fails (disk full, read-only file) keeps what it could not
+write, in order, and retries every second: counters count on locally, a revocation holds
+in this process at once; `problem` says so (`/readyz`), one log line when it starts and
+one when it ends, `sandbox_gateway_state_store_up{store="sqlite"}` is 0 meanwhile. A file
+that is not a database, or has a newer schema than this gateway knows, stops the start
+with the path and what to do. A process killed in a transaction loses nothing committed
+(SQLite's journal rolls the rest back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from gateway.observability import metrics
+from gateway.services.secrets.ephemeral import EphemeralKey, EphemeralKeys
+from gateway.services.secrets.value import SecretValue
+from gateway.services.state.base import SandboxAddress, SharedMint, StateUnavailable
+from gateway.services.state.counters import Admission, CounterView, Increment, Table, first_refused
+
+__all__ = ["SCHEMA_VERSION", "SqliteState", "StateFileError", "backup_file", "check_file",
+           "open_file", "summary"]
+
+log = logging.getLogger("sandbox_gateway.state")
+
+_STORE = "sqlite"
+SCHEMA_VERSION = 2
+# Each version's statements, applied in order to bring a file up to SCHEMA_VERSION.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS revoked (jti TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS sandboxes (ip TEXT PRIMARY KEY, sandbox TEXT NOT NULL, "
+        "policy TEXT NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS ephemeral (digest TEXT PRIMARY KEY, credential TEXT NOT NULL, "
+        "sandbox TEXT NOT NULL, value TEXT NOT NULL, expires_at REAL NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS counters (tbl TEXT NOT NULL, field TEXT NOT NULL, "
+        "value INTEGER NOT NULL, expires_at REAL NOT NULL, PRIMARY KEY (tbl, field)) "
+        "WITHOUT ROWID",
+        "CREATE INDEX IF NOT EXISTS counters_expiry ON counters (expires_at)",
+        "INSERT OR IGNORE INTO meta (key, value) VALUES ('epoch', '0')",
+    ),
+    2: (  # minted credentials shared by the processes, rotated OAuth2 refresh tokens
+        "CREATE TABLE IF NOT EXISTS minted (name TEXT PRIMARY KEY, value TEXT, parts TEXT, "
+        "minted_at REAL, expires_at REAL, due_at REAL, lease_holder TEXT, lease_until REAL)",
+        "CREATE TABLE IF NOT EXISTS refresh_tokens (key TEXT PRIMARY KEY, origin TEXT NOT NULL, "
+        "value TEXT NOT NULL, updated_at REAL NOT NULL)",
+        # Every counter write rewrote this index's entry (a fifth of a batch's cost); the
+        # once-a-minute prune scans the table instead.
+        "DROP INDEX IF EXISTS counters_expiry",
+    ),
+}
+# Add to a counter (its window's expiry kept the latest).
+_ADD = ("INSERT INTO counters (tbl, field, value, expires_at) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT(tbl, field) DO UPDATE SET value = value + excluded.value, "
+        "expires_at = max(expires_at, excluded.expires_at)")
+CHECK_INTERVAL = 0.02  # seconds: how stale a process's view may be
+FLUSH_DELAY = 0.25  # seconds a counted increment waits to be written with the next ones
+_RETRY = 1.0  # seconds between attempts to write what a failed write held
+_PRUNE = 60.0  # seconds between sweeps of expired rows
+
+
+class StateFileError(Exception):
+    """The state file cannot be used (not a database, a newer schema, unreadable); the
+    message names the path and what to do."""
+
+
+def _connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(path), timeout=busy_timeout, isolation_level=None,
+                           check_same_thread=False)
+    try:
+        # Switching a new file to WAL takes an exclusive lock and does not wait for
+        # it (processes starting together): retry within the busy timeout.
+        deadline = time.monotonic() + busy_timeout
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        conn.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoint, atomic always
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction, taken at once (BEGIN IMMEDIATE: no other process writes
+    between its reads and writes); rolled back if the block raises."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _prepare(path: Path) -> None:
+    """The directory (0700) and the file (0600) before SQLite opens it."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+    os.chmod(path, 0o600)
+
+
+def _migrate(conn: sqlite3.Connection, path: Path) -> int:
+    """Bring the file's schema up to SCHEMA_VERSION; raise for a newer one."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > SCHEMA_VERSION:
+        raise StateFileError(
+            f"the state file {path} has schema version {version}, and this gateway knows "
+            f"versions up to {SCHEMA_VERSION}: run the gateway version that wrote it, or "
+            "restore a backup taken with this version (`sandbox-gateway state backup`)")
+    if version == SCHEMA_VERSION:
+        return version
+    with _transaction(conn):
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])  # (under the lock)
+        for step in range(version + 1, SCHEMA_VERSION + 1):
+            for statement in MIGRATIONS[step]:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version={step}")
+    return SCHEMA_VERSION
+
+
+def open_file(path: Path, busy_timeout: float = 5.0) -> sqlite3.Connection:
+    """Open (create: 0600 in a 0700 directory) the state file in WAL mode with its
+    schema brought up to date; raise StateUnavailable naming the path and what to do.
+    (The worker supervisor calls it once before the workers start.)"""
+    try:
+        _prepare(path)
+        conn = _connect(path, busy_timeout)
+        try:
+            _migrate(conn, path)
+            conn.execute("SELECT count(*) FROM counters").fetchone()
+        except BaseException:
+            conn.close()
+            raise
+    except StateFileError as exc:
+        raise StateUnavailable(str(exc)) from None
+    except sqlite3.OperationalError as exc:
+        if "locked" not in str(exc) and "busy" not in str(exc):
+            raise _unusable(path, exc) from None
+        raise StateUnavailable(
+            f"the state file {path} stayed locked for {busy_timeout:g}s ({exc}): another "
+            "process holds it (a gateway of another host sharing a network file system? "
+            "the file must be local to one host)") from None
+    except sqlite3.DatabaseError as exc:
+        raise _unusable(path, exc) from None
+    except OSError as exc:
+        raise StateUnavailable(f"cannot open the state file {path}: "
+                               f"{exc.strerror or exc}") from None
+    return conn
+
+
+def _unusable(path: Path, exc: sqlite3.Error) -> StateUnavailable:
+    return StateUnavailable(
+        f"the state file {path} cannot be used ({exc}): check it with `sandbox-gateway "
+        "state check`, then restore a backup or move it aside (a new one is made at the "
+        "next start; revocations and budgets in it are lost)")
+
+
+def check_file(path: Path) -> list[str]:
+    """What is wrong with a state file (`state check`): an empty list when it is a
+    sound database of a schema this gateway knows."""
+    if not path.exists():
+        return [f"{path}: no such file"]
+    problems = []
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            if version > SCHEMA_VERSION:
+                problems.append(f"{path}: schema version {version} is newer than this "
+                                f"gateway's ({SCHEMA_VERSION})")
+            result = [r[0] for r in conn.execute("PRAGMA integrity_check").fetchall()]
+            if result != ["ok"]:
+                problems.extend(f"{path}: {line}" for line in result[:20])
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        problems.append(f"{path}: {exc}")
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        problems.append(f"{path}: mode {mode:o} lets others read it (it holds secrets a "
+                        "provider minted and token ids): chmod 600")
+    return problems
+
+
+class _Writes:
+    """What could not be written yet (a failed commit), in order, retried."""
+
+    def __init__(self) -> None:
+        self.statements: list[tuple[str, tuple[Any, ...]]] = []
+
+
+class SqliteState:
+    """`StateStore` in one SQLite file (see the module docstring)."""
+
+    def __init__(self, path: Path, *, clock: Callable[[], float] = time.time,
+                 busy_timeout: float = 5.0) -> None:
+        self.path = path
+        self.clock = clock
+        self.busy_timeout = busy_timeout
+        self.ephemeral = EphemeralKeys(clock)
+        self.ephemeral.share = self._share_ephemeral
+        self.ephemeral.before = self._refresh
+        self._conn: sqlite3.Connection | None = None
+        self._next_check = 0.0  # monotonic: when the view is checked again
+        self._revoked: dict[str, float] = {}
+        self._sandboxes: dict[str, SandboxAddress] = {}
+        self._data_version = -1
+        self._epoch = -1
+        self.view = CounterView(clock)  # the pending counter batch (the file has the rest)
+        self._flush_scheduled = False
+        self._held: list[tuple[str, tuple[Any, ...]]] = []  # change statements not written
+        self._problem: str | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._last_prune = 0.0
+        self._refresh_tokens: dict[str, tuple[str, str]] = {}  # written (or held) here
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open (create) the file, bring its schema up to date, load the view."""
+        self._conn = open_file(self.path, self.busy_timeout)
+        self._refresh(force=True)
+        metrics.STATE_STORE_UP.labels(store=_STORE).set(1)
+        self._task = asyncio.get_running_loop().create_task(self._background(),
+                                                            name="state-sqlite")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.flush()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    async def _background(self) -> None:
+        """Retry held writes; prune expired rows now and then."""
+        while True:
+            await asyncio.sleep(_RETRY)
+            try:
+                if self._held or self.view.pending:
+                    self.flush()
+                now = self.clock()
+                if now - self._last_prune > _PRUNE:
+                    self._last_prune = now
+                    self._prune(now)
+            except Exception:  # a bug must not stop the retries
+                log.exception("state store: background work failed")
+
+    @property
+    def problem(self) -> str | None:
+        """Why the file is not being written (None: it is)."""
+        return self._problem
+
+    @property
+    def healthy(self) -> bool:
+        return self._problem is None
+
+    # -- the view (lookups: no I/O beyond SQLite's shared memory) --------------------------
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StateUnavailable("the state store is not started")
+        return self._conn
+
+    def _refresh(self, force: bool = False) -> None:
+        """Reload the view if another process changed what it holds."""
+        conn = self._conn
+        if conn is None:
+            return
+        now = time.monotonic()
+        if now < self._next_check and not force:
+            return
+        self._next_check = now + CHECK_INTERVAL
+        try:
+            version = conn.execute("PRAGMA data_version").fetchone()[0]
+            if version == self._data_version and not force:
+                return
+            self._data_version = version
+            epoch = int(conn.execute("SELECT value FROM meta WHERE key='epoch'").fetchone()[0])
+            if epoch == self._epoch and not force:
+                return
+            self._epoch = epoch
+            now = self.clock()
+            revoked = dict(conn.execute("SELECT jti, expires_at FROM revoked WHERE "
+                                        "expires_at > ?", (now,)).fetchall())
+            sandboxes = {ip: SandboxAddress(sandbox, ip, policy) for ip, sandbox, policy in
+                         conn.execute("SELECT ip, sandbox, policy FROM sandboxes")}
+            minted = conn.execute("SELECT credential, sandbox, value, expires_at FROM "
+                                  "ephemeral WHERE expires_at > ?", (now,)).fetchall()
+        except sqlite3.Error as exc:
+            self._failed("read", exc)
+            return
+        for jti, expires_at in list(self._revoked.items()):  # (held, not yet written)
+            if any(s for s, args in self._held if args and args[0] == jti):
+                revoked.setdefault(jti, expires_at)
+        self._revoked = revoked
+        self._sandboxes = sandboxes
+        self.ephemeral.extend(EphemeralKey(c, s, SecretValue(v), e) for c, s, v, e in minted)
+
+    def is_revoked(self, jti: str) -> bool:
+        self._refresh()
+        expires_at = self._revoked.get(jti)
+        return expires_at is not None and expires_at > self.clock()
+
+    def sandbox_for(self, ip: str) -> SandboxAddress | None:
+        self._refresh()
+        return self._sandboxes.get(ip)
+
+    def sandboxes(self) -> list[SandboxAddress]:
+        self._refresh()
+        return list(self._sandboxes.values())
+
+    def revoked_ids(self) -> list[str]:
+        """The jtis revoked now (for tests and diagnostics)."""
+        self._refresh()
+        now = self.clock()
+        return [j for j, exp in self._revoked.items() if exp > now]
+
+    # -- changes --------------------------------------------------------------------------
+
+    def _change(self, statements: Sequence[tuple[str, tuple[Any, ...]]]) -> bool:
+        """Write `statements` and raise the change counter in one transaction; on failure
+        hold them (in order) for the retries. True if they are written."""
+        self._held.extend(statements)
+        return self._write_held()
+
+    def _write_held(self) -> bool:
+        if not self._held:
+            return True
+        try:
+            with _transaction(self._db()) as conn:
+                for sql, args in self._held:
+                    conn.execute(sql, args)
+                conn.execute("UPDATE meta SET value = CAST(value AS INTEGER) + 1 "
+                             "WHERE key='epoch'")
+        except sqlite3.Error as exc:
+            self._failed("write", exc)
+            return False
+        self._held = []
+        self._recovered()
+        return True
+
+    async def revoke(self, jti: str, expires_at: float) -> None:
+        """Revoke `jti` for every process (committed before this returns)."""
+        self._revoked[jti] = max(expires_at, self._revoked.get(jti, 0.0))
+        if not self._change([("INSERT INTO revoked (jti, expires_at) VALUES (?, ?) ON CONFLICT"
+                              "(jti) DO UPDATE SET expires_at = max(expires_at, "
+                              "excluded.expires_at)", (jti, expires_at))]):
+            raise StateUnavailable(f"the state file cannot be written ({self._problem}): "
+                                   f"the revocation of {jti} holds in this process only, and "
+                                   "is written when the file is writable again")
+        await asyncio.sleep(CHECK_INTERVAL)  # (every process's view has it now)
+
+    async def register_sandbox(self, entry: SandboxAddress) -> None:
+        if not self._change([("INSERT INTO sandboxes (ip, sandbox, policy) VALUES (?, ?, ?) "
+                              "ON CONFLICT(ip) DO UPDATE SET sandbox = excluded.sandbox, "
+                              "policy = excluded.policy",
+                              (entry.ip, entry.sandbox, entry.policy))]):
+            self._held = [h for h in self._held if h[1][:1] != (entry.ip,)]
+            raise StateUnavailable(f"the state file cannot be written ({self._problem}): "
+                                   f"sandbox {entry.ip} is not registered")
+        self._sandboxes[entry.ip] = entry
+        await asyncio.sleep(CHECK_INTERVAL)
+
+    async def unregister_sandbox(self, ip: str) -> bool:
+        known = self.sandbox_for(ip) is not None
+        if not self._change([("DELETE FROM sandboxes WHERE ip = ?", (ip,))]):
+            self._held = [h for h in self._held if h[1][:1] != (ip,)]
+            raise StateUnavailable(f"the state file cannot be written ({self._problem}): "
+                                   f"sandbox {ip} is still registered")
+        self._sandboxes.pop(ip, None)
+        await asyncio.sleep(CHECK_INTERVAL)
+        return known
+
+    def _share_ephemeral(self, key: EphemeralKey) -> None:
+        """A provider-minted secret for the other processes (the file is 0600)."""
+        self._change([("INSERT OR REPLACE INTO ephemeral (digest, credential, sandbox, value, "
+                       "expires_at) VALUES (?, ?, ?, ?, ?)",
+                       (key.digest, key.credential, key.sandbox, key.value.reveal(),
+                        key.expires_at))])
+
+    # -- minted credentials (`MintShare`, see gateway.services.minting.shared) -----------------
+
+    def _mint_txn(self, op: str, sql: str, args: tuple[Any, ...]) -> int:
+        """One statement in a write transaction: the rows it changed; StateUnavailable
+        when the file cannot be written (the caller then mints for itself)."""
+        try:
+            with _transaction(self._db()) as conn:
+                changed = conn.execute(sql, args).rowcount
+        except sqlite3.Error as exc:
+            self._failed(op, exc)
+            raise StateUnavailable(f"the state file cannot be written ({self._problem})") \
+                from None
+        self._recovered()
+        return int(changed)
+
+    async def read_mint(self, name: str) -> SharedMint | None:
+        try:
+            row = self._db().execute(
+                "SELECT value, parts, minted_at, expires_at, due_at FROM minted WHERE name = ? "
+                "AND value IS NOT NULL", (name,)).fetchone()
+        except sqlite3.Error as exc:
+            self._failed("read", exc)
+            raise StateUnavailable(f"the state file cannot be read ({self._problem})") from None
+        if row is None:
+            return None
+        value, parts, minted_at, expires_at, due_at = row
+        return SharedMint(value, tuple(json.loads(parts or "[]")), minted_at, expires_at, due_at)
+
+    async def lease_mint(self, name: str, holder: str, until: float) -> bool:
+        return self._mint_txn(
+            "mint", "INSERT INTO minted (name, lease_holder, lease_until) VALUES (?, ?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET lease_holder = excluded.lease_holder, "
+            "lease_until = excluded.lease_until WHERE minted.lease_until IS NULL OR "
+            "minted.lease_until <= ? OR minted.lease_holder = excluded.lease_holder",
+            (name, holder, until, self.clock())) == 1
+
+    async def write_mint(self, name: str, mint: SharedMint, holder: str) -> None:
+        # (SET expressions read the row as it was: the lease is dropped only if held)
+        self._mint_txn(
+            "mint", "INSERT INTO minted (name, value, parts, minted_at, expires_at, due_at) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET value = excluded.value, "
+            "parts = excluded.parts, minted_at = excluded.minted_at, expires_at = "
+            "excluded.expires_at, due_at = excluded.due_at, lease_holder = CASE WHEN "
+            "lease_holder = ? THEN NULL ELSE lease_holder END, lease_until = CASE WHEN "
+            "lease_holder = ? THEN NULL ELSE lease_until END",
+            (name, mint.value, _json(list(mint.parts)), mint.minted_at, mint.expires_at,
+             mint.due_at, holder, holder))
+
+    async def release_mint(self, name: str, holder: str) -> None:
+        with contextlib.suppress(StateUnavailable):  # (the lease lapses by itself)
+            self._mint_txn("mint", "UPDATE minted SET lease_holder = NULL, lease_until = NULL "
+                           "WHERE name = ? AND lease_holder = ?", (name, holder))
+
+    async def read_refresh(self, key: str) -> tuple[str, str] | None:
+        local = self._refresh_tokens.get(key)
+        if local is not None and any(args[:1] == (key,) for _, args in self._held):
+            return local  # (written here, not yet to the file)
+        try:
+            row = self._db().execute("SELECT origin, value FROM refresh_tokens WHERE key = ?",
+                                     (key,)).fetchone()
+        except sqlite3.Error as exc:
+            self._failed("read", exc)
+            if local is not None:
+                return local
+            raise StateUnavailable(f"the state file cannot be read ({self._problem})") from None
+        return None if row is None else (row[0], row[1])
+
+    async def write_refresh(self, key: str, origin: str, value: str) -> None:
+        """Keep a rotated refresh token (held and retried if the file cannot be written:
+        the token the server rotated to is never lost while this process runs)."""
+        self._refresh_tokens[key] = (origin, value)
+        self._change([("INSERT INTO refresh_tokens (key, origin, value, updated_at) VALUES "
+                       "(?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET origin = excluded.origin, "
+                       "value = excluded.value, updated_at = excluded.updated_at",
+                       (key, origin, value, self.clock()))])
+
+    # -- counters -------------------------------------------------------------------------
+
+    def count(self, increments: Iterable[Increment]) -> None:
+        """Add to the pending batch; it is written within `FLUSH_DELAY` with whatever
+        else was counted meanwhile (one transaction for a busy worker's many calls)."""
+        self.view.add(increments)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            try:
+                asyncio.get_running_loop().call_later(FLUSH_DELAY, self.flush)
+            except RuntimeError:  # no loop (a tool, a test): now
+                self.flush()
+
+    def counter(self, table: str, field: str) -> int:
+        pending = self.view.pending.get(table, {}).get(field, 0)
+        try:
+            row = self._db().execute(
+                "SELECT value FROM counters WHERE tbl = ? AND field = ? AND expires_at > ?",
+                (table, field, self.clock())).fetchone()
+        except sqlite3.Error as exc:
+            self._failed("read", exc)
+            row = None
+        return (int(row[0]) if row else 0) + pending
+
+    async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
+        """Whole tables as the file has them once every process has written what it
+        counted (they write within `FLUSH_DELAY`): a call that ended anywhere is in."""
+        await asyncio.sleep(FLUSH_DELAY + 0.005)
+        self.flush()
+        now = self.clock()
+        out: dict[str, Table] = {}
+        try:
+            for table in tables:
+                rows = self._db().execute(
+                    "SELECT field, value FROM counters WHERE tbl = ? AND expires_at > ?",
+                    (table, now)).fetchall()
+                if rows:
+                    out[table] = {f: int(v) for f, v in rows}
+        except sqlite3.Error as exc:
+            self._failed("read", exc)
+        for table in tables:  # (what could not be written is still counted)
+            if self.view.pending.get(table):
+                out[table] = self.view.table(table, out.get(table, {}))
+        return out
+
+    @property
+    def counters_degraded(self) -> bool:
+        return self._problem is not None
+
+    def flush(self) -> None:
+        """Write the pending counter batch (and held changes) in one transaction."""
+        self._flush_scheduled = False
+        if self._held:
+            self._write_held()
+        batch = self.view.take()
+        if not batch or self._conn is None:
+            if batch:
+                self.view.restore(batch)
+            return
+        rows = [(table, field, amount, self.view.expires.get(table, 0.0))
+                for table, fields in batch.items() for field, amount in fields.items()]
+        try:
+            self._counters_txn(rows)
+        except sqlite3.Error as exc:
+            self.view.restore(batch)
+            self._failed("counters", exc)
+            return
+        self._recovered()
+
+    def _counters_txn(self, rows: list[tuple[str, str, int, float]]) -> None:
+        with _transaction(self._db()) as conn:
+            conn.executemany(_ADD, rows)
+
+    def admit(self, admission: Admission) -> int | None:
+        """Check `admission`'s limits against the committed counters and, if every one
+        holds, write its increments, in one transaction: None if admitted, else the
+        index of the first limit that refused it."""
+        self.flush()  # (what this process counted so far is in the file first)
+        now = self.clock()
+        try:
+            with _transaction(self._db()) as conn:
+                refused = first_refused(admission, lambda table, field: _value(
+                    conn.execute("SELECT value FROM counters WHERE tbl = ? AND field = ? "
+                                 "AND expires_at > ?", (table, field, now)).fetchone()))
+                if refused is None:
+                    conn.executemany(_ADD, list(admission.increments))
+        except sqlite3.Error as exc:
+            # Cannot decide across processes: decide on this process's reading (the
+            # outage is reported) and keep the increments to write later.
+            self._failed("admit", exc)
+            refused = first_refused(admission, self.counter)
+            if refused is None:
+                self.view.add(admission.increments)
+            return refused
+        self._recovered()
+        return refused
+
+    # -- housekeeping ---------------------------------------------------------------------
+
+    def _prune(self, now: float) -> None:
+        try:
+            with _transaction(self._db()) as conn:
+                for table in ("counters", "revoked", "ephemeral"):
+                    conn.execute(f"DELETE FROM {table} WHERE expires_at <= ?",  # noqa: S608
+                                 (now,))
+                conn.execute("DELETE FROM minted WHERE (value IS NULL OR expires_at <= ?) AND "
+                             "(lease_until IS NULL OR lease_until <= ?)", (now, now))
+        except sqlite3.Error as exc:
+            self._failed("prune", exc)
+
+    def _failed(self, op: str, exc: BaseException) -> None:
+        metrics.STATE_STORE_ERRORS.labels(op=op).inc()
+        reason = f"{type(exc).__name__}: {exc}"
+        if self._problem is None:
+            self._problem = f"the state file {self.path} cannot be used ({reason})"
+            metrics.STATE_STORE_UP.labels(store=_STORE).set(0)
+            log.error("state store: %s; enforcing from this process's view, and writing what "
+                      "it holds when the file is usable again", self._problem)
+
+    def _recovered(self) -> None:
+        if self._problem is not None:
+            self._problem = None
+            metrics.STATE_STORE_UP.labels(store=_STORE).set(1)
+            log.warning("state store: the state file %s is written again", self.path)
+
+    # -- tools ----------------------------------------------------------------------------
+
+    def backup(self, target: Path) -> None:
+        """An online copy of the database (SQLite's backup API), mode 0600."""
+        backup_file(self.path, target)
+
+    def dump(self) -> dict[str, int]:
+        """What the file holds, in rows per table (no values)."""
+        return _counts(self._db())
+
+
+_TABLES = ("revoked", "sandboxes", "ephemeral", "counters", "minted", "refresh_tokens")
+
+
+def _counts(conn: sqlite3.Connection) -> dict[str, int]:
+    """Rows per table (of those the file's schema version has)."""
+    present = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    return {name: int(conn.execute(f"SELECT count(*) FROM {name}").fetchone()[0])  # noqa: S608
+            for name in _TABLES if name in present}
+
+
+def summary(path: Path) -> tuple[int, dict[str, int]]:
+    """The schema version and rows per table of the file at `path`, read-only (`state
+    check`; no values)."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+    try:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0]), _counts(conn)
+    finally:
+        conn.close()
+
+
+def backup_file(source: Path, target: Path) -> None:
+    """Copy the database at `source` to `target` online (SQLite's backup API: a
+    consistent snapshot while the gateway keeps writing), mode 0600."""
+    _prepare(target)
+    src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
+    try:
+        dst = sqlite3.connect(str(target))
+        try:
+            src.backup(dst)
+        finally:
+            dst.close()
+    finally:
+        src.close()
+    os.chmod(target, 0o600)
+
+
+def _value(row: tuple[Any, ...] | None) -> int:
+    return int(row[0]) if row else 0
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))

