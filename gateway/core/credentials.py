@@ -25,9 +25,9 @@ from urllib.parse import parse_qsl, urlencode
 from gateway.core.identity import Identity, TokenRefused
 from gateway.core.messages import Headers
 from gateway.core.refusal import Refusal
+from gateway.core.secret_value import SecretValue
 from gateway.core.target import Target
 from gateway.services.policy import Credential, Injection
-from gateway.services.secrets.value import SecretValue
 
 __all__ = ["TOKEN_PREFIX", "Swap", "apply", "find_token", "plan", "shape_of", "static_refusal"]
 

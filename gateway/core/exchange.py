@@ -56,6 +56,7 @@ from gateway.core.messages import RequestHead, ResponseHead
 from gateway.core.phrases import error_phrase
 from gateway.core.ports import Secrets, Signer
 from gateway.core.refusal import Answer, MessageRefused, Refusal, ws_error
+from gateway.core.secret_value import SecretValue
 from gateway.core.target import DEFAULT_PORTS, Target
 from gateway.core.trail import Trail, rule_of
 from gateway.observability import metrics
@@ -70,7 +71,6 @@ from gateway.services.metering import (
 from gateway.services.metering import Exchange as MeteredExchange
 from gateway.services.metering import Refusal as MeteringStep
 from gateway.services.policy import Decision, Policy
-from gateway.services.secrets.value import SecretValue
 
 log = logging.getLogger("sandbox_gateway")
 

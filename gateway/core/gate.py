@@ -38,12 +38,12 @@ from gateway.core.messages import RequestHead
 from gateway.core.names import DestinationError, is_ip, normalize_host
 from gateway.core.ports import AuditHealth, Guard, Registry, Secrets, Signer, Signers, Tokens
 from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal
+from gateway.core.secret_value import SecretValue
 from gateway.core.trail import Trail, rule_of
 from gateway.observability import metrics
 from gateway.services.metering import Metering
 from gateway.services.policy import Credential, Decision, Policy, PolicySet, Request
 from gateway.services.secrets.ephemeral import EphemeralKeys
-from gateway.services.secrets.value import SecretValue
 
 log = logging.getLogger("sandbox_gateway")
 

@@ -12,9 +12,9 @@ from gateway.core.leaks import (
     sensitive_markers,
 )
 from gateway.core.ports import Secrets
+from gateway.core.secret_value import SecretValue
 from gateway.services.policy import PolicySet
 from gateway.services.secrets.ephemeral import EphemeralKeys
-from gateway.services.secrets.value import SecretValue
 
 __all__ = ["Markers"]
 

@@ -8,9 +8,9 @@ from typing import Protocol
 from gateway.core.addresses import Pinned
 from gateway.core.identity import Identity
 from gateway.core.messages import RequestHead
+from gateway.core.secret_value import SecretValue
 from gateway.core.target import Target
 from gateway.services.policy import Credential
-from gateway.services.secrets.value import SecretValue
 from gateway.services.state.base import SandboxAddress
 
 __all__ = ["AuditHealth", "Guard", "Minted", "Registry", "Secrets", "Signer", "Signers",

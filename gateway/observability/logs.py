@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable
 
 from gateway.core.credentials import TOKEN_PREFIX
 from gateway.core.leaks import canonical, sensitive_markers
-from gateway.services.secrets.value import SecretValue, encoding_variants
+from gateway.core.secret_value import SecretValue, encoding_variants
 
 __all__ = ["MIN_SECRET", "REDACTED", "REDACTION", "SOURCES", "Redaction", "SecretSources",
            "configure", "protect", "token_claims"]

@@ -37,6 +37,7 @@ from gateway.config import Config, ConfigError, HostPort
 from gateway.core.addresses import AddressPolicy
 from gateway.core.gate import Gate
 from gateway.core.phrases import error_phrase
+from gateway.core.secret_value import SecretValue
 from gateway.engines import patches
 from gateway.engines.door import Doors
 from gateway.engines.frontdoor import FrontDoor
@@ -65,7 +66,6 @@ from gateway.services.metering import Metering, build_metering
 from gateway.services.minting import Credentials, build_credentials
 from gateway.services.policy import Policy, PolicyError, PolicyReloader, PolicySet
 from gateway.services.secrets import SecretCache, SecretError, build_cache, build_store
-from gateway.services.secrets.value import SecretValue
 from gateway.services.state.base import StateStore, StateUnavailable
 from gateway.services.state.factory import build_state
 

@@ -103,7 +103,7 @@ def test_a_provider_minted_secret_goes_on_as_sent(service: TokenService) -> None
     """On a rule with allow_minted_secrets the carrier may hold a secret the provider
     minted for this sandbox: it is not swapped (the key never replaces it), and any
     other value that is not a gateway token is still refused."""
-    from gateway.services.secrets.value import SecretValue
+    from gateway.core.secret_value import SecretValue
 
     minted = SecretValue("ek_minted_0123456789")
     identity = service.verify(service.mint("s1", "agent").token)

@@ -1,5 +1,5 @@
 """The answer to one DNS query, as a pure function of the query, who asked, their policy
-and what the gateway's resolver found (no I/O: table-tested in tests/test_dns_answer.py).
+and what the gateway's resolver found (no I/O: table-tested in tests/engines/test_dns_answer.py).
 
 Call `answer(query, sandbox, policy, None, ttl)`. When the name is allowed and the type
 is A or AAAA the outcome carries `need` (a name and port to resolve) and no response:

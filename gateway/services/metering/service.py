@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
 
+from gateway.core.secret_value import SecretValue
 from gateway.observability import metrics
 from gateway.services.metering.budgets import (
     NANO,
@@ -74,7 +75,6 @@ from gateway.services.metering.usage import JsonlMeter, Meter, SessionMeter, Usa
 from gateway.services.policy.compiled import Policy, PolicySet
 from gateway.services.policy.model import Rule
 from gateway.services.secrets.ephemeral import EphemeralKey, EphemeralKeys
-from gateway.services.secrets.value import SecretValue
 from gateway.services.state.counters import Counters
 
 if TYPE_CHECKING:

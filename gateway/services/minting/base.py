@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from gateway.core.secret_value import MintedValue, SecretValue
 from gateway.services.minting.errors import MintFailed
 from gateway.services.secrets.base import SecretError
-from gateway.services.secrets.value import MintedValue, SecretValue
 from gateway.services.state.base import MemoryMints, MintShare
 
 if TYPE_CHECKING:

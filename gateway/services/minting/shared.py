@@ -30,8 +30,8 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 
+from gateway.core.secret_value import MintedValue, SecretValue
 from gateway.services.minting.base import MintFailed
-from gateway.services.secrets.value import MintedValue, SecretValue
 from gateway.services.state.base import MintShare, SharedMint, StateUnavailable
 
 __all__ = ["LEASE", "POLL", "SharedMinter"]

@@ -33,9 +33,9 @@ from botocore.credentials import Credentials
 
 from gateway.core.messages import RequestHead
 from gateway.core.refusal import Refusal
+from gateway.core.secret_value import SecretValue
 from gateway.core.target import DEFAULT_PORTS, Target
 from gateway.services.policy import Credential
-from gateway.services.secrets.value import SecretValue
 
 __all__ = ["SigV4Signer", "signed_field"]
 

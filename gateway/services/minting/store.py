@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gateway.core.ports import Signer
+from gateway.core.secret_value import SecretValue
 from gateway.observability import metrics
 from gateway.services.minting.base import MintContext, Minter, MintFailed
 from gateway.services.minting.shared import SharedMinter
@@ -30,7 +31,6 @@ from gateway.services.policy import Credential, PolicySet
 from gateway.services.policy.minted import MINTED_PREFIX, MintSpec
 from gateway.services.secrets.base import SecretError, SecretNotFound
 from gateway.services.secrets.cache import SecretCache
-from gateway.services.secrets.value import SecretValue
 
 if TYPE_CHECKING:
     from gateway.services.minting.http import TokenHttp

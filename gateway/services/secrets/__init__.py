@@ -9,6 +9,7 @@ file store YAML), so the enforcement core, which needs only `SecretValue`, pulls
 
 from typing import TYPE_CHECKING
 
+from gateway.core.secret_value import SecretValue
 from gateway.lazy import lazy_names
 from gateway.services.secrets.base import (
     SecretError,
@@ -17,7 +18,6 @@ from gateway.services.secrets.base import (
     SecretStoreConfigError,
     SecretStoreError,
 )
-from gateway.services.secrets.value import SecretValue
 
 if TYPE_CHECKING:
     from gateway.services.secrets.azure import AzureKeyVaultStore

@@ -32,13 +32,13 @@ from azure.identity.aio import (
 )
 from azure.keyvault.secrets.aio import SecretClient
 
+from gateway.core.secret_value import SecretValue
 from gateway.services.secrets.base import (
     CREDENTIAL_KINDS,
     SecretNotFound,
     SecretStoreConfigError,
     SecretStoreError,
 )
-from gateway.services.secrets.value import SecretValue
 
 if TYPE_CHECKING:
     from azure.core.credentials_async import AsyncTokenCredential

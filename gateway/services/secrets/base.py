@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from gateway.services.secrets.value import SecretValue
+from gateway.core.secret_value import SecretValue
 
 # How the gateway signs in to Azure Key Vault (`secrets.credential`).
 CREDENTIAL_KINDS: tuple[str, ...] = ("default", "workload", "managed")

@@ -33,9 +33,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gateway.core.secret_value import MintedValue, SecretValue
 from gateway.observability import metrics
 from gateway.services.secrets.base import SecretError, SecretNotFound, SecretStore, SecretStoreError
-from gateway.services.secrets.value import MintedValue, SecretValue
 
 log = logging.getLogger(__name__)
 

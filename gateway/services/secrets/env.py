@@ -12,8 +12,8 @@ import os
 import re
 from collections.abc import Mapping
 
+from gateway.core.secret_value import SecretValue
 from gateway.services.secrets.base import SecretNotFound, SecretStoreError
-from gateway.services.secrets.value import SecretValue
 
 PREFIX = "SANDBOX_GATEWAY_SECRET_"
 _VALID_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gateway.services.secrets.value import SecretValue
+from gateway.core.secret_value import SecretValue
 
 __all__ = ["EphemeralKey", "EphemeralKeys"]
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import yaml
 
+from gateway.core.secret_value import SecretValue
 from gateway.services.secrets.base import (
     SecretNotFound,
     SecretStoreConfigError,
     SecretStoreError,
 )
-from gateway.services.secrets.value import SecretValue
 
 _TEMPLATE = """\
 # sandbox-gateway secrets (store: file). One secret per line:

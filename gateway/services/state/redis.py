@@ -58,10 +58,10 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry as SyncRetry
 
+from gateway.core.secret_value import SecretValue
 from gateway.net.resolver import unguarded
 from gateway.observability import metrics
 from gateway.services.secrets.ephemeral import EphemeralKey, EphemeralKeys
-from gateway.services.secrets.value import SecretValue
 from gateway.services.state.base import SandboxAddress, SharedMint, StateUnavailable
 from gateway.services.state.counters import CountersOf
 from gateway.services.state.counters_redis import RedisCounters

@@ -51,9 +51,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from gateway.core.secret_value import SecretValue
 from gateway.observability import metrics
 from gateway.services.secrets.ephemeral import EphemeralKey, EphemeralKeys
-from gateway.services.secrets.value import SecretValue
 from gateway.services.state.base import SandboxAddress, SharedMint, StateUnavailable
 from gateway.services.state.counters import Admission, CounterView, Increment, Table, first_refused
 

@@ -148,7 +148,7 @@ def test_mistakes_are_reported_with_their_line(spec: str, host: str, message: st
 def test_every_type_is_documented() -> None:
     from pathlib import Path
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "credentials.md").read_text()
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "credentials.md").read_text()
     for name, kind in TYPES.items():
         assert f"`{name}`" in doc, name
         for f in kind.fields:
@@ -173,7 +173,7 @@ def test_the_documented_examples_load() -> None:
     import re
     from pathlib import Path
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "credentials.md").read_text()
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "credentials.md").read_text()
     blocks = re.findall(r"```yaml\n(.*?)```", doc, re.S)
     assert len(blocks) == 5
     for i, block in enumerate(blocks):

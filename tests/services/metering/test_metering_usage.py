@@ -22,7 +22,7 @@ from gateway.services.metering.usage import (
     meter_for,
 )
 
-DATA = Path(__file__).parent / "data" / "metering"
+DATA = Path(__file__).resolve().parents[2] / "data" / "metering"
 
 CHAT = "/v1/chat/completions"
 GEMINI_STREAM = "/v1beta/models/gemini-2.0-flash:streamGenerateContent"

@@ -26,7 +26,7 @@ from gateway.tools.sandbox_env import (
     sandbox_variables,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 JWT = "eyJhbGciOiJFZERTQSJ9." + base64.urlsafe_b64encode(
     json.dumps({"sub": "sb-42", "pol": "agent"}).encode()).rstrip(b"=").decode() + ".c2ln"
 

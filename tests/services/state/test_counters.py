@@ -27,7 +27,7 @@ from gateway.services.state.counters import Admission, Increment, Limit, MemoryC
 from gateway.services.state.redis import RedisState
 from gateway.services.state.sqlite import SqliteState
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 FAR = time.time() + 86400
 
 

@@ -29,7 +29,7 @@ from gateway.services.policy import PolicySet, load_policy_texts
 from gateway.services.state.base import MemoryState
 from gateway.services.state.sqlite import SqliteState
 
-DATA = Path(__file__).parent / "data" / "metering"
+DATA = Path(__file__).resolve().parents[2] / "data" / "metering"
 ADMIN = "admin-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
 NOW = dt.datetime(2026, 11, 22, 10, 30, tzinfo=dt.UTC).timestamp()
@@ -378,7 +378,7 @@ def test_build_metering(tmp_path: Path) -> None:
 
 
 def test_cli_usage_shows_what_running_calls_hold() -> None:
-    from gateway.cli import _usage_lines
+    from gateway.cli.usage import _usage_lines
 
     report = {"since": "a", "until": "b", "rows": [], "totals": {
         "requests": 0, "unknown_requests": 0, "input_tokens": 0, "output_tokens": 0,

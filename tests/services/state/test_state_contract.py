@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from helpers.redis_server import running_redis
 
+from gateway.core.secret_value import MintedValue, SecretValue
 from gateway.net.resolver import new_event_loop
 from gateway.services.minting.shared import SharedMinter
 from gateway.services.secrets.ephemeral import EphemeralKey
-from gateway.services.secrets.value import MintedValue, SecretValue
 from gateway.services.state.base import MemoryState, SandboxAddress, SharedMint, StateStore
 from gateway.services.state.counters import Admission, Limit
 from gateway.services.state.redis import RedisState
@@ -174,7 +174,7 @@ def test_admission_is_exact_across_processes_in_a_burst(stores: tuple[str, Facto
     """Two processes' stores (SQLite: two connections; Redis: two replicas) admitting
     in one burst against a 4-request limit, with counts pending on both: exactly four
     admitted (one transaction / one script each). (Across processes for real:
-    tests/test_counters.py.)"""
+    tests/services/state/test_counters.py.)"""
     kind, factory = stores
     if kind == "memory":
         pytest.skip("the memory store is one process's")

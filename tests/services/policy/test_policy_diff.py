@@ -21,7 +21,7 @@ from gateway.services.policy.diff import diff_sets
 from gateway.services.policy.replay import replay
 from gateway.services.policy.report import diff_json, diff_markdown, diff_text
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 BASE = {
     "p/agent.yaml": """\

@@ -15,7 +15,7 @@ from packaging.version import Version
 
 from gateway.engines import patches
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _requirements() -> dict[str, Requirement]:

@@ -20,6 +20,7 @@ from urllib.parse import quote
 import pytest
 
 from gateway.core.leaks import LeakScan, sensitive_markers, token_markers
+from gateway.core.secret_value import MintedValue, SecretValue
 from gateway.engines import patches
 from gateway.observability.logs import (
     REDACTED,
@@ -33,7 +34,6 @@ from gateway.observability.logs import (
 from gateway.services.identity.tokens import SigningKeys, TokenService
 from gateway.services.secrets.base import SecretNotFound
 from gateway.services.secrets.cache import SecretCache
-from gateway.services.secrets.value import MintedValue, SecretValue
 from gateway.services.state.base import MemoryState
 
 KEY = "sk-unit-real-key-0123456789abcdef"
@@ -260,7 +260,7 @@ print(logging.getLogger("hpack").getEffectiveLevel(),
       logging.getLogger("mitmproxy").getEffectiveLevel())
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parent.parent, timeout=60)
+                         cwd=Path(__file__).resolve().parents[2], timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(logging.INFO), str(logging.WARNING)]
     assert f"key {REDACTED}" in out.stderr and KEY not in out.stderr

@@ -1,6 +1,6 @@
 """`SharedMinter` on its own: what a process does when the mint share cannot answer, when
 the mint fails, when the process holding the lease died, and how long it waits. (Two
-real stores: tests/test_state_contract.py; two worker processes:
+real stores: tests/services/state/test_state_contract.py; two worker processes:
 tests/integration/test_worker_minting.py.)"""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from gateway.core.secret_value import MintedValue
 from gateway.net.resolver import new_event_loop
 from gateway.services.minting.base import MintFailed
 from gateway.services.minting.shared import SharedMinter
-from gateway.services.secrets.value import MintedValue
 from gateway.services.state.base import MemoryMints, SharedMint, StateUnavailable
 
 

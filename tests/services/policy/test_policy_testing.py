@@ -15,7 +15,7 @@ from gateway.core.evaluate import request_for
 from gateway.services.policy import PolicySet, Request, load_policy_dir, load_policy_texts
 from gateway.services.policy.testing import PolicyCase, parse_cases, run_case, run_cases
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 AGENT = """\
 version: v1

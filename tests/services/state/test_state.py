@@ -1,5 +1,5 @@
 """The in-process state store and the `state` config section (every store's contract:
-tests/test_state_contract.py)."""
+tests/services/state/test_state_contract.py)."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from gateway.services.state.sqlite import (
     summary,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 FAR = time.time() + 3600
 
 

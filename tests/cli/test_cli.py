@@ -19,7 +19,7 @@ from gateway.net import ca
 from gateway.services.identity.tokens import SigningKeys, TokenRefused, TokenService
 from gateway.services.state.base import MemoryState
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 AGENT = """\
 version: v1

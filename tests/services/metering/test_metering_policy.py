@@ -289,7 +289,7 @@ def test_policy_without_budgets_loads() -> None:
 
 # --- the example policy and the CLI -----------------------------------------------------
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "policies"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "policies"
 
 
 def test_example_policy_checks_and_explains(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,115 @@
+"""`env` and `node-preload`: what a sandbox needs to use the gateway."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gateway.services.identity.tokens import SigningKeys, TokenService
+from gateway.services.policy import load_policy_dir
+from gateway.services.state.base import MemoryState
+
+if TYPE_CHECKING:
+    pass
+
+from gateway.cli.common import config_of, credentials_of
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from gateway.tools.sandbox_env import InvalidToken, dns_note, render, sandbox_variables
+
+    try:
+        verified = _check_env_token(args)
+    except InvalidToken as exc:
+        print(f"sandbox-gateway: --token is not a usable gateway token: {exc}; mint one "
+              "with `sandbox-gateway token mint` or POST /v1/tokens", file=sys.stderr)
+        return 1
+    preload = None if args.node_preload in ("", "none") else args.node_preload
+    variables = sandbox_variables(args.token, args.proxy, sandbox=args.sandbox,
+                                  ca_bundle=args.ca_bundle, node_preload=preload,
+                                  git_hosts=tuple(args.git_host or ["github.com"]))
+    sys.stdout.write(render(variables, args.format))
+    # The env file stays variables only; advice goes to the operator's terminal.
+    notes = dns_note(args.proxy)
+    if not verified:
+        notes.append("# The token's signature was not checked (pass --config of the gateway "
+                     "to check it against its signing keys).")
+    if preload:
+        notes.append(f"# NODE_OPTIONS loads {preload}: put it there in the image "
+                     "(`sandbox-gateway node-preload -o FILE`).")
+    notes.append("# aiohttp reads the proxy variables only with ClientSession(trust_env=True).")
+    print("\n".join(notes), file=sys.stderr)
+    return 0
+
+def _check_env_token(args: argparse.Namespace) -> bool:
+    """Refuse a token that is not a live gateway JWT; with --config also check its
+    signature and policy against the gateway's keys. True when the signature was checked."""
+    from gateway.services.identity.tokens import TokenRefused
+    from gateway.tools.sandbox_env import InvalidToken, check_token
+
+    check_token(args.token)
+    if getattr(args, "config", None) is None:
+        return False
+    cfg = config_of(args)
+    keys = SigningKeys.load(cfg.signing_dir, retired=cfg.tokens.retired_kids, create=False)
+    policies = load_policy_dir(cfg.policies)
+    service = TokenService(keys, MemoryState(), lambda name: credentials_of(policies, name),
+                           issuer=cfg.tokens.issuer, leeway=cfg.tokens.leeway)
+    try:
+        service.verify(args.token)
+    except TokenRefused as exc:
+        raise InvalidToken(f"{exc.code}: {exc.reason}") from None
+    return True
+
+def cmd_node_preload(args: argparse.Namespace) -> int:
+    from gateway.tools.sandbox_env import node_preload_source
+
+    source = node_preload_source()
+    if args.output in (None, "-"):
+        sys.stdout.write(source)
+        return 0
+    target = Path(args.output)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(source, encoding="utf-8")
+    target.chmod(0o644)
+    print(f"wrote {target}; load it with NODE_OPTIONS=--import={target} "
+          "(`sandbox-gateway env --node-preload PATH` prints that)", file=sys.stderr)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
+             common: argparse.ArgumentParser) -> None:
+    """Add the `env` commands to the parser."""
+    env = sub.add_parser(
+        "env", parents=[common], help="print a sandbox's environment",
+        description="Print a sandbox's environment on stdout (dotenv KEY=value lines for "
+                    "docker --env-file, shell exports, or a Kubernetes env: list), and on "
+                    "stderr how to run the sandbox without a DNS resolver: a sandbox using "
+                    "the proxy needs none (the gateway resolves names). The token must be a "
+                    "live gateway token; with --config its signature is checked too.")
+    env.add_argument("--token", required=True)
+    env.add_argument("--proxy", required=True, help="gateway URL, e.g. http://gateway:8080")
+    env.add_argument("--sandbox", help="sandbox id (default: the token's sub)")
+    env.add_argument("--git-host", action="append", metavar="HOST",
+                     help="a host whose git credential helper answers the token "
+                          "(repeatable; default github.com; add a GitHub Enterprise host)")
+    env.add_argument("--ca-bundle", default="/etc/sandbox-gateway/ca-bundle.pem",
+                     help="path of the CA bundle inside the sandbox (the system bundle with "
+                          "the gateway CA added)")
+    env.add_argument("--node-preload", default="/etc/sandbox-gateway/node-proxy-preload.mjs",
+                     metavar="PATH", help="path of the Node preload inside the sandbox, for "
+                     "NODE_OPTIONS (write it with `node-preload`; 'none' to leave it out)")
+    env.add_argument("--format", choices=("dotenv", "shell", "k8s"), default="dotenv",
+                     help="dotenv (KEY=value, default), shell (export KEY='value') or k8s "
+                          "(a container's env: list)")
+    env.set_defaults(func=cmd_env)
+
+    preload = sub.add_parser(
+        "node-preload", help="write the Node preload that proxies fetch",
+        description="Write the Node preload (node-proxy-preload.mjs) that makes Node's fetch "
+                    "use HTTPS_PROXY (Node 20 ignores it), for a sandbox image; `env` points "
+                    "NODE_OPTIONS at it.")
+    preload.add_argument("-o", "--output", metavar="FILE", help="file to write (default: stdout)")
+    preload.set_defaults(func=cmd_node_preload)

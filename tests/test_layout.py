@@ -1,0 +1,141 @@
+"""The package's layout shows the data flow, and the imports keep to it (issue 22, item 5).
+
+Every import statement counts - module level, `TYPE_CHECKING` blocks, function bodies:
+an import that only runs later still ties the two modules together.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+GATEWAY = Path(__file__).resolve().parents[1] / "gateway"
+
+# gateway/<package>: what each holds, in the order data flows through them.
+PACKAGES = {
+    "cli": "the command line, a module per command group",
+    "runtime": "wiring and processes: app, workers, sweeper",
+    "api": "the admin API",
+    "tools": "operator tools: explain, config check, sandbox env",
+    "engines": "ways traffic arrives (front door, HTTP/1, mitmproxy, transparent, DNS)",
+    "core": "every decision, pure",
+    "services": "what decisions rest on: policy, secrets, minting, metering, identity, state",
+    "net": "resolution, pinning, TLS, the CA",
+    "observability": "audit trail, metrics, logs",
+    "sandbox": "files handed to sandboxes (the Node preload)",
+}
+LOOSE = {"__init__.py", "__main__.py", "config.py", "lazy.py", "py.typed"}
+
+# Which top-level packages a package may import (besides itself, config and lazy).
+MAY_IMPORT = {
+    "cli": {"runtime", "api", "tools", "engines", "core", "services", "net", "observability"},
+    "runtime": {"api", "engines", "core", "services", "net", "observability"},
+    "api": {"tools", "core", "services", "net", "observability"},
+    "tools": {"core", "services", "net", "observability"},
+    "engines": {"core", "services", "net", "observability"},
+    "core": {"services", "observability"},
+    "services": {"core", "net", "observability"},
+    "net": {"core", "observability"},
+    "observability": {"core"},
+}
+
+
+def _name(path: Path) -> str:
+    rel = path.relative_to(GATEWAY.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+@cache
+def _graph() -> dict[str, set[str]]:
+    modules = {_name(p): p for p in GATEWAY.rglob("*.py")}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [f"{node.module}.{a.name}" for a in node.names]
+            for target in targets:
+                found = resolve(target) if target.startswith("gateway") else None
+                if found is not None and found != module:
+                    graph[module].add(found)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_the_top_level_holds_packages_not_loose_modules() -> None:
+    entries = {p.name for p in GATEWAY.iterdir() if p.name != "__pycache__"}
+    packages = {p.name for p in GATEWAY.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert packages == set(PACKAGES)
+    assert entries - packages == LOOSE
+
+
+@pytest.mark.parametrize("package", sorted(MAY_IMPORT))
+def test_a_package_imports_only_what_lies_below_it(package: str) -> None:
+    allowed = {package, "config", "lazy", "__init__"} | MAY_IMPORT[package]
+    wrong = sorted(f"{module} -> {target}" for module, targets in _graph().items()
+                   if module.split(".")[1:2] == [package]
+                   for target in targets
+                   if (target.split(".")[1:2] or ["__init__"])[0] not in allowed)
+    assert wrong == []
