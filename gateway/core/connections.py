@@ -4,8 +4,8 @@ sandbox's own limit, so one sandbox cannot take every descriptor from the others
 from __future__ import annotations
 
 from gateway.core.client import Client
+from gateway.core.ports import SILENT, Telemetry
 from gateway.core.refusal import Refusal
-from gateway.observability import metrics
 
 __all__ = ["Connections"]
 
@@ -13,7 +13,9 @@ __all__ = ["Connections"]
 class Connections:
     """Open client connections, in all and per sandbox."""
 
-    def __init__(self, *, per_sandbox: int = 256, limit: int = 1 << 30) -> None:
+    def __init__(self, *, per_sandbox: int = 256, limit: int = 1 << 30,
+                 telemetry: Telemetry = SILENT) -> None:
+        self.telemetry = telemetry
         self.per_sandbox = per_sandbox
         self.limit = limit
         self.open = 0
@@ -28,7 +30,7 @@ class Connections:
         client.open = True
         self._clients.add(client)
         self.open += 1
-        metrics.OPEN_CONNECTIONS.inc()
+        self.telemetry.gauge("open_connections", 1)
         if self.open > self.limit:
             return Refusal("at_capacity", f"the gateway has {self.limit} open connections, "
                            "its limit (derived from the open-files limit); retry shortly",
@@ -41,7 +43,7 @@ class Connections:
             client.open = False
             self._clients.discard(client)
             self.open -= 1
-            metrics.OPEN_CONNECTIONS.dec()
+            self.telemetry.gauge("open_connections", -1)
         self.uncount(client)
 
     def count(self, client: Client) -> None:

@@ -75,7 +75,7 @@ def static_metering(pricing: Pricing | None = None) -> Metering:
     alone, however many it gives (nothing is used, nothing recorded), and its refusals
     are not counted in the gateway's metrics (an explain is not traffic). ``pricing``:
     the gateway's, for cost budgets."""
-    return Metering(EmptyCounters(), pricing=pricing, stream_usage=True, counted=False)
+    return Metering(EmptyCounters(), pricing=pricing, stream_usage=True)  # (counts nothing)
 
 
 def _source(decision: Decision) -> str | None:

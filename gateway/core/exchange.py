@@ -59,7 +59,6 @@ from gateway.core.refusal import Answer, MessageRefused, Refusal, ws_error
 from gateway.core.secret_value import SecretValue
 from gateway.core.target import DEFAULT_PORTS, Target
 from gateway.core.trail import Trail, rule_of
-from gateway.observability import metrics
 from gateway.services.metering import (
     MODEL_BODY_LIMIT,
     RESPONSE_HOLD,
@@ -189,7 +188,7 @@ class Exchange:
     def injected(self, credential: str, secret: str, value: SecretValue) -> None:
         self.credential = credential
         self._secret = (secret, value)
-        metrics.child(metrics.CREDENTIALS_INJECTED, credential).inc()
+        self.trail.telemetry.count("credentials_injected", credential)
         # Ask for an uncompressed answer: echoes are redacted on plain bytes.
         self.head.headers.set("Accept-Encoding", "identity")
 
@@ -232,7 +231,7 @@ class Exchange:
                                   f"{host}:{tgt.port}")
 
     def leak(self, kind: str) -> Refusal:
-        metrics.child(metrics.EXFILTRATION_BLOCKED, kind).inc()
+        self.trail.telemetry.count("exfiltration_blocked", kind)
         what = "a gateway token" if kind == "token" else "a real API key"
         return Refusal("exfiltration_blocked", f"the request carries {what} to "
                        f"{self.target.host}, which is not bound to it; keys and tokens go "
@@ -462,7 +461,7 @@ class Exchange:
             assert self.scan is not None
             found = self.scan.find(data)
             if found is not None:
-                metrics.child(metrics.EXFILTRATION_BLOCKED, "websocket").inc()
+                self.trail.telemetry.count("exfiltration_blocked", "websocket")
                 raise self.leak(found)
             if self._metered is not None and self._metering is not None:
                 step = self._metering[0].session_message(self._metered, data, time.time())
@@ -476,7 +475,7 @@ class Exchange:
         if self._secret is not None:
             redactor = self._redactor or Redactor(self._secret[1].variants())
             return redactor.redact(data)
-        metrics.child(metrics.BYTES, "websocket").inc(len(data))
+        self.trail.telemetry.count("bytes", "websocket", by=len(data))
         return data
 
     def _refuse_message(self, refusal: Refusal, data: bytes) -> None:
@@ -529,7 +528,7 @@ class Exchange:
         if self.done:
             return
         self.done = True
-        metrics.child(metrics.BYTES, "in").inc(self.bytes_in)
+        self.trail.telemetry.count("bytes", "in", by=self.bytes_in)
         if self._metered is not None:
             usage = self._complete()
         decision = self.decision

@@ -36,11 +36,20 @@ from gateway.core.local_api import INTERNAL_HOST
 from gateway.core.markers import Markers
 from gateway.core.messages import RequestHead
 from gateway.core.names import DestinationError, is_ip, normalize_host
-from gateway.core.ports import AuditHealth, Guard, Registry, Secrets, Signer, Signers, Tokens
+from gateway.core.ports import (
+    SILENT,
+    AuditHealth,
+    Guard,
+    Registry,
+    Secrets,
+    Signer,
+    Signers,
+    Telemetry,
+    Tokens,
+)
 from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal
 from gateway.core.secret_value import SecretValue
 from gateway.core.trail import Trail, rule_of
-from gateway.observability import metrics
 from gateway.services.metering import Metering
 from gateway.services.policy import Credential, Decision, Policy, PolicySet, Request
 from gateway.services.secrets.ephemeral import EphemeralKeys
@@ -61,7 +70,8 @@ class Gate:
                  resolve: Callable[[str, int], Awaitable[list[str]]] | None = None,
                  metering: Metering | None = None, signers: Signers | None = None,
                  ephemeral: EphemeralKeys | None = None, audit_health: AuditHealth | None = None,
-                 connections_per_sandbox: int = 256, max_connections: int = 1 << 30) -> None:
+                 connections_per_sandbox: int = 256, max_connections: int = 1 << 30,
+                 telemetry: Telemetry = SILENT) -> None:
         self.tokens = tokens
         self.policies = policies
         self.guard = guard
@@ -71,9 +81,10 @@ class Gate:
         self.signers = signers
         self.ephemeral = ephemeral if ephemeral is not None else EphemeralKeys()
         self.audit_health = audit_health
-        self.trail = Trail(audit, policies)
+        self.telemetry = telemetry
+        self.trail = Trail(audit, policies, telemetry)
         self.connections = Connections(per_sandbox=connections_per_sandbox,
-                                       limit=max_connections)
+                                       limit=max_connections, telemetry=telemetry)
         self.identities = Identifier(tokens, registry, self.connections)
         self.markers = Markers(policies, secrets, self.ephemeral, lambda: self.tokens.issuer)
 
@@ -210,7 +221,7 @@ class Gate:
             try:
                 pinned = await self.guard.check(host, port)
             except Refusal as refusal:
-                metrics.child(metrics.DESTINATIONS_REFUSED, refusal.code).inc()
+                self.telemetry.count("destinations_refused", refusal.code)
                 raise
             if len(client.pins) > 64:
                 client.pins.clear()
@@ -349,7 +360,7 @@ class Gate:
             if tunnel.audited:
                 return
             error = error or "no_request"
-        metrics.child(metrics.BYTES, "in").inc(bytes_in or 0)
+        self.telemetry.count("bytes", "in", by=bytes_in or 0)
         self.trail.audit(client, decision=tunnel.decision.result, reason=tunnel.decision.reason,
                    rule=_rule(tunnel.decision), method="CONNECT", host=tunnel.host,
                    port=tunnel.port, status=200, error=error, bytes_in=bytes_in,
@@ -383,7 +394,7 @@ class Gate:
                                                    tgt.port, tgt.path))
             decision = routed.decision
             if tgt.host == INTERNAL_HOST:
-                answered = local_api.serve(client, head, tgt, self.tokens)
+                answered = local_api.serve(client, head, tgt, self.tokens, self.telemetry)
                 self.trail.audit(client, decision=decision.result, reason=decision.reason,
                                  rule=_rule(decision), method=head.method, scheme=tgt.scheme,
                                  host=tgt.host, port=tgt.port, path=tgt.path, status=200,
@@ -412,7 +423,7 @@ class Gate:
         refusal."""
         start = time.perf_counter()
         routed = route(self.policies().credentials, self.policy(identity), request)
-        metrics.DECISION_SECONDS.observe(time.perf_counter() - start)
+        self.telemetry.observe("decision_seconds", time.perf_counter() - start)
         if routed.refusal is not None:
             raise routed.refusal
         return routed

@@ -9,17 +9,17 @@ from gateway.core.client import Client
 from gateway.core.durations import parse_duration
 from gateway.core.identity import TokenRefused
 from gateway.core.messages import Headers, RequestHead
-from gateway.core.ports import Tokens
+from gateway.core.ports import Telemetry, Tokens
 from gateway.core.refusal import Answer, Refusal
 from gateway.core.target import Target
-from gateway.observability import metrics
 
 __all__ = ["INTERNAL_HOST", "serve"]
 
 INTERNAL_HOST = "sandbox-gateway.internal"
 
 
-def serve(client: Client, head: RequestHead, tgt: Target, tokens: Tokens) -> Answer:
+def serve(client: Client, head: RequestHead, tgt: Target, tokens: Tokens,
+          telemetry: Telemetry) -> Answer:
     """The answer to a request for INTERNAL_HOST (raises Refusal); the caller audits it."""
     path, _, query = tgt.path.partition("?")
     if head.method != "POST" or path != "/v1/tokens/refresh":
@@ -35,7 +35,7 @@ def serve(client: Client, head: RequestHead, tgt: Target, tokens: Tokens) -> Ans
         raise Refusal(refused.code, refused.reason) from None
     except ValueError as exc:  # a ttl that is no duration, or that the tokens refuse
         raise Refusal("bad_request", str(exc)) from None
-    metrics.TOKENS_ISSUED.labels(kind="refresh").inc()
+    telemetry.count("tokens_issued", "refresh")
     body = json.dumps({"token": minted.token, "jti": minted.jti,
                        "expires_at": minted.expires_at}).encode()
     return Answer(200, "OK", Headers.of(

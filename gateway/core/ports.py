@@ -13,8 +13,35 @@ from gateway.core.target import Target
 from gateway.services.policy import Credential
 from gateway.services.state.base import SandboxAddress
 
-__all__ = ["AuditHealth", "Guard", "Minted", "Registry", "Secrets", "Signer", "Signers",
-           "Tokens"]
+__all__ = ["SILENT", "AuditHealth", "Guard", "Minted", "Registry", "Secrets", "Signer",
+           "Signers", "Telemetry", "Tokens"]
+
+
+class Telemetry(Protocol):
+    """Where the core's counts go (observability/metrics.py: Prometheus). `event` and
+    `name` are the metric's short name (`bytes`, `open_connections`, ...), `labels` its
+    label values in order."""
+
+    def count(self, event: str, *labels: str, by: float = 1) -> None: ...
+    def gauge(self, name: str, delta: float) -> None: ...
+    def observe(self, name: str, value: float) -> None: ...
+
+
+class _Silent:
+    """Telemetry that counts nothing: decisions taken without traffic (explain,
+    `policy test`, replay) and tests that do not look."""
+
+    def count(self, event: str, *labels: str, by: float = 1) -> None:
+        return None
+
+    def gauge(self, name: str, delta: float) -> None:
+        return None
+
+    def observe(self, name: str, value: float) -> None:
+        return None
+
+
+SILENT: Telemetry = _Silent()
 
 
 class Minted(Protocol):

@@ -15,8 +15,8 @@ from gateway.core import credentials
 from gateway.core.audit import record
 from gateway.core.client import Client
 from gateway.core.identity import Identity
+from gateway.core.ports import SILENT, Telemetry
 from gateway.core.refusal import Answer, Refusal, answer
-from gateway.observability import metrics
 from gateway.services.policy import Decision, PolicySet
 
 __all__ = ["Trail", "rule_of"]
@@ -32,12 +32,13 @@ def rule_of(decision: Decision | None) -> str | None:
 
 class Trail:
     """Writes audit lines to `sink` (each a dict, see core/audit.py), stamped with the
-    policy revision of `policies()`."""
+    policy revision of `policies()`; `telemetry` is where the gate's parts count."""
 
     def __init__(self, sink: Callable[[dict[str, Any]], None],
-                 policies: Callable[[], PolicySet]) -> None:
+                 policies: Callable[[], PolicySet], telemetry: Telemetry = SILENT) -> None:
         self._sink = sink
         self._policies = policies
+        self.telemetry = telemetry
         self._shapes: dict[str, str | None] = {}
         self._shapes_of: PolicySet | None = None  # the set `_shapes` was read from
 
@@ -74,7 +75,7 @@ class Trail:
                    status=refusal.status, error=refusal.code, started=started,
                    credential=refusal.credential, usage=usage, identity=refusal.identity)
         if refusal.code.startswith("token_") or refusal.code in _TOKEN_CODES:
-            metrics.child(metrics.TOKENS_REFUSED, refusal.code).inc()
+            self.telemetry.count("tokens_refused", refusal.code)
         return self.render(refusal, host if method is not None else None, close=close)
 
     def render(self, refusal: Refusal, host: str | None, *, close: bool = True) -> Answer:

@@ -5,6 +5,7 @@ policy files, fixed codes and store names, so cardinality stays bounded.
 """
 
 import os
+from collections.abc import Mapping
 from functools import lru_cache
 
 from prometheus_client import (
@@ -251,3 +252,31 @@ AUDIT_WRITE_ERRORS = Counter(
     ["error"],
     registry=REGISTRY,
 )
+
+
+class Prometheus:
+    """The core's telemetry port (core/ports.py `Telemetry`) on these metrics."""
+
+    COUNTS: Mapping[str, Counter] = {
+        "tokens_refused": TOKENS_REFUSED, "tokens_issued": TOKENS_ISSUED,
+        "destinations_refused": DESTINATIONS_REFUSED, "bytes": BYTES,
+        "credentials_injected": CREDENTIALS_INJECTED,
+        "exfiltration_blocked": EXFILTRATION_BLOCKED, "model_refusals": MODEL_REFUSALS,
+        "budget_refusals": BUDGET_REFUSALS, "metering_refusals": METERING_REFUSALS,
+        "reservations_charged": RESERVATIONS_CHARGED, "inference_tokens": INFERENCE_TOKENS,
+        "inference_requests": INFERENCE_REQUESTS,
+    }
+    GAUGES: Mapping[str, Gauge] = {"open_connections": OPEN_CONNECTIONS}
+    HISTOGRAMS: Mapping[str, Histogram] = {"decision_seconds": DECISION_SECONDS}
+
+    def count(self, event: str, *labels: str, by: float = 1) -> None:
+        child(self.COUNTS[event], *labels).inc(by)
+
+    def gauge(self, name: str, delta: float) -> None:
+        self.GAUGES[name].inc(delta)
+
+    def observe(self, name: str, value: float) -> None:
+        self.HISTOGRAMS[name].observe(value)
+
+
+TELEMETRY = Prometheus()

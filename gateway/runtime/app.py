@@ -326,7 +326,8 @@ class Gateway:
         self.secrets.on_change = logs.SOURCES.changed  # (and the minted values' cache)
         self.state.ephemeral.on_change = logs.SOURCES.changed  # (provider-minted secrets)
         try:
-            self.metering = build_metering(cfg, self.state, self.state.ephemeral)
+            self.metering = build_metering(cfg, self.state, self.state.ephemeral,
+                                           metrics.TELEMETRY)
         except ConfigError as exc:
             raise StartupError(str(exc)) from None
         self._metering_problems(self.current_policies())
@@ -336,7 +337,8 @@ class Gateway:
             secrets=self.credentials, registry=self.state, audit=self.auditor.write,
             resolve=self.guard.resolver.resolve, metering=self.metering,
             signers=self.credentials, ephemeral=self.state.ephemeral,
-            audit_health=self.auditor, connections_per_sandbox=cfg.limits.connections_per_sandbox,
+            audit_health=self.auditor, telemetry=metrics.TELEMETRY,
+            connections_per_sandbox=cfg.limits.connections_per_sandbox,
             max_connections=max(16, (self.fd_limit - FD_RESERVE - self.pool_limit) // 2))
         patches.install_error_pages(error_page, error_h2)
         patches.install_log_hygiene(error_phrase)

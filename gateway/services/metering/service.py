@@ -44,10 +44,8 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import Counter
-
+from gateway.core.ports import SILENT, Telemetry
 from gateway.core.secret_value import SecretValue
-from gateway.observability import metrics
 from gateway.services.metering.budgets import (
     NANO,
     BudgetBook,
@@ -184,11 +182,11 @@ class Metering:
 
     def __init__(self, counters: Counters, *, pricing: Pricing | None = None,
                  retention: float = 7 * 86400, stream_usage: bool = True,
-                 ephemeral: EphemeralKeys | None = None, counted: bool = True) -> None:
+                 ephemeral: EphemeralKeys | None = None, telemetry: Telemetry = SILENT) -> None:
         self.counters = counters
-        # False: a step that decides without traffic (explain, policy test) and so must
-        # not count its refusals in the gateway's metrics.
-        self.counted = counted
+        # Where refusals and usage are counted: the gateway's metrics, or nowhere for a
+        # step that decides without traffic (explain, policy test).
+        self.telemetry = telemetry
         self.pricing = pricing
         self.stream_usage = stream_usage
         self.ephemeral = ephemeral if ephemeral is not None else EphemeralKeys()
@@ -196,7 +194,6 @@ class Metering:
         self.budgets = BudgetBook(counters, pricing)
         self.ledger = UsageLedger(counters, retention=retention)
         # (policy, credential, model) -> the input, output and cached token counters
-        self._token_metrics: dict[tuple[str, str, str], tuple[Counter, ...]] = {}
         self._unread_logged: set[tuple[str, str]] = set()
 
     # -- before forwarding -----------------------------------------------------------------
@@ -220,8 +217,7 @@ class Metering:
         held = RequestBody(body) if body is not None else None  # parsed once, if at all
         refused = check_model(rule, method, path, held)
         if refused is not None:
-            if self.counted:
-                metrics.child(metrics.MODEL_REFUSALS, policy.name, credential).inc()
+            self.telemetry.count("model_refusals", policy.name, credential)
             return refused
         endpoint = classify(method, path)
         if endpoint is None:
@@ -293,9 +289,7 @@ class Metering:
             else:
                 admitted = self.budgets.admit(sandbox, policy, credential, now, reserve)
             if isinstance(admitted, BudgetExceeded):
-                if self.counted:
-                    metrics.child(metrics.BUDGET_REFUSALS, policy.name,
-                                  admitted.budget.name).inc()
+                self.telemetry.count("budget_refusals", policy.name, admitted.budget.name)
                 return admitted
             hold = admitted
         assert endpoint.format is not None
@@ -317,8 +311,7 @@ class Metering:
             output_limit(endpoint, data, path, default))
 
     def _refuse(self, policy: Policy, rule: Rule, code: str, reason: str) -> MeteringRefusal:
-        if self.counted:
-            metrics.child(metrics.METERING_REFUSALS, policy.name, code).inc()
+        self.telemetry.count("metering_refusals", policy.name, code)
         return MeteringRefusal(code, reason, rule.source)
 
     def _unavailable(self, policy: Policy, rule: Rule, why: str) -> MeteringRefusal:
@@ -353,7 +346,7 @@ class Metering:
         kind = fields.get("type")
         refused = self._session_models(rule, fields, kind, meter.format)
         if refused is not None:
-            metrics.child(metrics.MODEL_REFUSALS, policy.name, exchange.credential).inc()
+            self.telemetry.count("model_refusals", policy.name, exchange.credential)
             return refused
         if not policy.budgets:
             return None
@@ -381,7 +374,7 @@ class Metering:
         else:
             return None
         if exceeded is not None:
-            metrics.child(metrics.BUDGET_REFUSALS, policy.name, exceeded.budget.name).inc()
+            self.telemetry.count("budget_refusals", policy.name, exceeded.budget.name)
         return exceeded
 
     @staticmethod
@@ -522,7 +515,7 @@ class Metering:
 
     def _unread(self, exchange: Exchange) -> None:
         key = (exchange.policy.name, exchange.credential)
-        metrics.child(metrics.RESERVATIONS_CHARGED, *key).inc()
+        self.telemetry.count("reservations_charged", *key)
         if key not in self._unread_logged and len(self._unread_logged) < 1000:
             self._unread_logged.add(key)
             log.warning("metering: a call on credential %r (policy %r) ended without usage "
@@ -534,18 +527,11 @@ class Metering:
         policy, credential = exchange.policy, exchange.credential
         self.ledger.record(exchange.sandbox, policy.name, credential, model, usage, cost, now)
         key = (policy.name, credential, model)
-        tokens = self._token_metrics.get(key)
-        if tokens is None:
-            if len(self._token_metrics) >= 4096:
-                self._token_metrics.clear()
-            tokens = self._token_metrics[key] = tuple(
-                metrics.child(metrics.INFERENCE_TOKENS, *key, kind)
-                for kind in ("input", "output", "cached"))
-        metrics.child(metrics.INFERENCE_REQUESTS, *key, _status_label(status)).inc()
-        for counter, value in zip(tokens, (usage.input_tokens, usage.output_tokens,
-                                           usage.cached_input_tokens), strict=True):
+        self.telemetry.count("inference_requests", *key, _status_label(status))
+        for kind, value in (("input", usage.input_tokens), ("output", usage.output_tokens),
+                            ("cached", usage.cached_input_tokens)):
             if value:
-                counter.inc(value)
+                self.telemetry.count("inference_tokens", *key, kind, by=value)
 
     # -- deferred jobs (background responses, batches) --------------------------------------
 
@@ -697,7 +683,8 @@ def _iso(ts: float) -> str:
 
 
 def build_metering(config: Config, counters: Counters,
-                   ephemeral: EphemeralKeys | None = None) -> Metering:
+                   ephemeral: EphemeralKeys | None = None,
+                   telemetry: Telemetry = SILENT) -> Metering:
     """The Metering for a gateway config (raises ConfigError for a bad pricing file)."""
     from gateway.config import ConfigError  # (the wiring's: the step itself reads no config)
 
@@ -708,4 +695,5 @@ def build_metering(config: Config, counters: Counters,
         except PricingError as exc:
             raise ConfigError(f"metering.pricing: {exc}") from None
     return Metering(counters, pricing=pricing, retention=config.metering.retention,
-                    stream_usage=config.metering.stream_usage, ephemeral=ephemeral)
+                    stream_usage=config.metering.stream_usage, ephemeral=ephemeral,
+                    telemetry=telemetry)

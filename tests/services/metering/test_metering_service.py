@@ -66,7 +66,7 @@ class Harness:
         self.state_dir = state_dir
         self.policies: PolicySet = load_policy_texts(POLICIES)
         self.state = state or MemoryState(clock=lambda: NOW)
-        self.metering = Metering(self.state, pricing=PRICING)
+        self.metering = Metering(self.state, pricing=PRICING, telemetry=metrics.TELEMETRY)
         self.records: list[dict[str, Any]] = []
 
     def exchange(self, sandbox: str, credential: str, path: str, body: bytes | None,
