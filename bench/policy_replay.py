@@ -7,8 +7,8 @@ policy), a narrowed copy of ``policies/`` (``narrow``: ``api.github.com`` loses 
 policy diff --base policies <narrowed> --replay <file> --format json``, as a subprocess
 and reports wall time, the CLI's own replay time, lines/s and peak memory.
 
-Not a test (it writes ~450 MB at the default size); ``tests/services/policy/test_policy_diff.py`` runs a
-small size with a generous bound.
+Not a test (it writes ~450 MB at the default size);
+``tests/services/policy/test_policy_diff.py`` runs a small size with a generous bound.
 """
 
 from __future__ import annotations
