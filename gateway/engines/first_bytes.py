@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mitmproxy.net.tls import starts_like_tls_record
-from mitmproxy.proxy.layers.tls import parse_client_hello
+from gateway.engines.patches import client_hello, parse_request_head, starts_like_tls
 
 __all__ = ["MAX_FIRST", "FirstBytes", "classify"]
 
@@ -34,21 +33,22 @@ def classify(data: bytes, *, http: bool = True) -> FirstBytes | None:
     `http`) an HTTP request line are `tcp`."""
     if len(data) < 3:
         return None
-    if starts_like_tls_record(data):
+    if starts_like_tls(data):
         try:
-            hello = parse_client_hello(data)
+            hello = client_hello(data)
         except ValueError:
             return FirstBytes("tls")
         if hello is None:
             return None if len(data) < MAX_FIRST else FirstBytes("tls")
-        return FirstBytes("tls", hello.sni, tuple(hello.alpn_protocols))
+        return FirstBytes("tls", *hello)
     if http and data[:3].isalpha():
-        head, sep, _ = data.partition(b"\r\n\r\n")
-        if not sep:
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
             return None if len(data) < MAX_FIRST else FirstBytes("http")
-        for line in head.split(b"\r\n")[1:]:
-            key, _, value = line.partition(b":")
-            if key.strip().lower() == b"host":
-                return FirstBytes("http", value.strip().decode("latin-1"))
-        return FirstBytes("http")
+        try:  # (the HTTP/1 engine's parser: a head it would refuse names no host here)
+            head = parse_request_head(data[:end + 4])
+        except ValueError:
+            return FirstBytes("http")
+        host = next((v for k, v in head.headers if k == b"host"), None)
+        return FirstBytes("http", host.decode("latin-1") if host is not None else None)
     return FirstBytes("tcp")

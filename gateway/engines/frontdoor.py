@@ -25,9 +25,11 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.core.gate import Refused
+from gateway.core.phrases import error_phrase
 from gateway.core.refusal import Answer, to_http1
 from gateway.engines.door import Door, Doors
 from gateway.engines.first_bytes import MAX_FIRST, classify
+from gateway.engines.patches import parse_request_head
 
 log = logging.getLogger("sandbox_gateway")
 
@@ -88,22 +90,28 @@ class FrontDoor(Door):
     async def _decide(self, head: bytes) -> None:
         assert self.client is not None and self.transport is not None
         try:
-            lines = head.decode("latin-1").split("\r\n")
-            parts = lines[0].split(" ")
-            if len(parts) != 3 or parts[2] not in ("HTTP/1.1", "HTTP/1.0"):
-                self._send(self.gate.unparsable(self.client, "not an HTTP/1.x request line; "
-                                                "send CONNECT host:port HTTP/1.1 or an "
-                                                "absolute-URL request"))
+            try:  # (the parser every HTTP/1 head goes through)
+                request = parse_request_head(head + b"\r\n\r\n")
+            except ValueError as exc:
+                self._send(self.gate.unparsable(
+                    self.client, f"the request head could not be parsed ({error_phrase(str(exc))})"
+                    "; send CONNECT host:port HTTP/1.1 or an absolute-URL request"))
                 return
-            method, authority = parts[0], parts[1]
-            if method != "CONNECT":
+            if request.http_version not in (b"1.1", b"1.0"):
+                self._send(self.gate.unparsable(self.client, "not an HTTP/1.x request; send "
+                                                "CONNECT host:port HTTP/1.1 or an absolute-URL "
+                                                "request"))
+                return
+            if request.method != b"CONNECT":
                 self.to_h1(bytes(self.buf), tls_host=None)  # a plain proxy request
                 return
-            auth = None
-            for line in lines[1:]:
-                name, _, value = line.partition(":")
-                if name.strip().lower() == "proxy-authorization":
-                    auth = value.strip()
+            authority = request.target.decode("latin-1")
+            credentials = [v for k, v in request.headers if k == b"proxy-authorization"]
+            if len(credentials) > 1:
+                self._send(self.gate.unparsable(
+                    self.client, "more than one Proxy-Authorization field; send one"))
+                return
+            auth = credentials[0].decode("latin-1") if credentials else None
             try:
                 tunnel = await self.gate.connect(self.client, authority, auth,
                                                  started=self.started)

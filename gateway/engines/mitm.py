@@ -26,7 +26,6 @@ from collections.abc import Callable
 from typing import Any
 
 from mitmproxy import connection, http, tcp
-from mitmproxy.addons.next_layer import NextLayer
 from mitmproxy.proxy import commands, events, layer, server_hooks
 from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers import HttpLayer, TCPLayer, modes
@@ -47,7 +46,12 @@ from gateway.core.refusal import (
 )
 from gateway.engines import patches
 from gateway.engines.first_bytes import FirstBytes, classify
-from gateway.engines.patches import TRAILERS_UNSUPPORTED
+from gateway.engines.patches import (
+    TRAILERS_UNSUPPORTED,
+    NextLayerAddon,
+    raw_authority,
+    raw_method,
+)
 from gateway.net.resolver import pin
 
 log = logging.getLogger("sandbox_gateway")
@@ -169,7 +173,7 @@ def _transparent_start(context: Context) -> bool:
     return len(context.layers) == 1 and isinstance(context.layers[0], modes.TransparentProxy)
 
 
-class Adapter(NextLayer):
+class Adapter(NextLayerAddon):
     """See the module docstring. Also mitmproxy's layer chooser (`nextlayer`): the
     gate's passthrough decision must come before mitmproxy picks TLS interception."""
 
@@ -273,7 +277,7 @@ class Adapter(NextLayer):
             if client.tunnel.passthrough:
                 nextlayer.layer = TCPLayer(context, ignore=True)
                 return
-        NextLayer.next_layer(self, nextlayer)  # mitmproxy's own choice (TLS, HTTP)
+        NextLayerAddon.next_layer(self, nextlayer)  # mitmproxy's own choice (TLS, HTTP)
 
     async def _admit_transparent(self, nextlayer: layer.NextLayer, client: Client,
                                  first: FirstBytes) -> bool:
@@ -301,7 +305,7 @@ class Adapter(NextLayer):
         h2 = req.is_http2 or req.is_http3
         if h2:
             target, authority, scheme = req.path, req.authority or None, req.scheme
-        elif req.data.authority:  # absolute-form inside a tunnel
+        elif raw_authority(req):  # absolute-form inside a tunnel
             target = f"{req.scheme}://{req.authority}{req.path}"
             authority, scheme = None, None
         elif client.tunnel is None and client.listener == "proxy":
@@ -314,8 +318,7 @@ class Adapter(NextLayer):
             authority, scheme = None, None
         else:
             target, authority, scheme = req.path, None, None
-        # The method as sent (mitmproxy's `method` upper-cases it: "get" is not "GET").
-        method = req.data.method.decode("latin-1")
+        method = raw_method(req)  # (as sent: "get" is not "GET")
         head = RequestHead(method, target, Headers(req.headers.fields),
                            "HTTP/2.0" if h2 else req.http_version, authority, scheme)
         result = await self.gate.begin(client, head, tls=flow.client_conn.tls_established,

@@ -14,7 +14,10 @@ The engines need a few things their libraries keep private:
   a connection the leak scanner cut off mid-stream, and idle upstreams; and their log
   method, through which every layer logs — `Unexpected data from server: b'…'`, an
   HTTP/2 protocol error quoting a header — so that no quoted bytes reach the log), and
-  the WebSocket fragmentizer; and its `mitmproxy.addons` package is registered
+  the WebSocket fragmentizer, its ClientHello parser (the doors read a tunnel's first
+  bytes with it), its original-destination lookup (transparent mode), the raw method
+  and authority of a request as sent, and its next-layer addon (the adapter extends
+  it); and its `mitmproxy.addons` package is registered
   without running its `__init__` (`lean_addons`), which imports every addon mitmdump
   ships (QUIC, pyparsing, ldap3, …: 15 MB a process) when the gateway uses four. This
   module is imported first by `gateway.engines` for that.
@@ -42,10 +45,13 @@ from h11._readers import (
     maybe_read_from_SEND_RESPONSE_server,
 )
 from h11._receivebuffer import ReceiveBuffer
+from mitmproxy import http, platform
+from mitmproxy.net.tls import starts_like_tls_record
 from mitmproxy.proxy import mode_servers, server
 from mitmproxy.proxy.commands import SendData
 from mitmproxy.proxy.layers.http import _http1, _http2
 from mitmproxy.proxy.layers.http._events import ResponseProtocolError
+from mitmproxy.proxy.layers.tls import parse_client_hello
 from mitmproxy.proxy.layers.websocket import Fragmentizer
 
 __all__ = [
@@ -53,14 +59,21 @@ __all__ = [
     "ContentLengthReader",
     "Fragmentizer",
     "Http10Reader",
+    "NextLayerAddon",
     "ReceiveBuffer",
     "check_versions",
+    "client_hello",
     "close_mitmproxy_connection",
     "install_error_pages",
     "install_listeners",
     "install_log_hygiene",
+    "original_destination",
+    "parse_request_head",
+    "raw_authority",
+    "raw_method",
     "read_request_head",
     "read_response_head",
+    "starts_like_tls",
 ]
 
 CHECKED = {"h11": ("0.16.",), "mitmproxy": ("12.2.",)}
@@ -82,6 +95,10 @@ def lean_addons() -> None:
 
 
 lean_addons()
+
+# mitmproxy's next-layer addon, which the adapter extends (its choice of TLS and HTTP
+# layers stays mitmproxy's); imported once `mitmproxy.addons` is a bare package.
+from mitmproxy.addons.next_layer import NextLayer as NextLayerAddon  # noqa: E402
 
 
 def check_versions() -> None:
@@ -120,6 +137,21 @@ def read_request_head(buf: ReceiveBuffer) -> h11.Request | None:
     return event
 
 
+def parse_request_head(data: bytes) -> h11.Request:
+    """A whole request head (`data` ends with its blank line) read by the same parser as
+    every other head: the front door's CONNECT and the first bytes of a redirected
+    connection. Raises ValueError, in h11's words, for a malformed or incomplete head."""
+    buf = ReceiveBuffer()
+    buf += data
+    try:
+        event = read_request_head(buf)
+    except h11.LocalProtocolError as exc:
+        raise ValueError(str(exc)) from None
+    if event is None:
+        raise ValueError("the request head is incomplete")
+    return event
+
+
 def read_response_head(buf: ReceiveBuffer) -> h11.Response | h11.InformationalResponse | None:
     """The next response head in `buf`, None if incomplete."""
     event = maybe_read_from_SEND_RESPONSE_server(buf)
@@ -128,6 +160,43 @@ def read_response_head(buf: ReceiveBuffer) -> h11.Response | h11.InformationalRe
 
 
 # -- mitmproxy ---------------------------------------------------------------------------
+
+
+def client_hello(data: bytes) -> tuple[str | None, tuple[bytes, ...]] | None:
+    """The server name and ALPN offers of the TLS ClientHello `data` starts with; None
+    while more bytes are needed. Raises ValueError when `data` does not start a TLS
+    record or its ClientHello is broken."""
+    if not starts_like_tls_record(data):
+        raise ValueError("not a TLS record")
+    hello = parse_client_hello(data)
+    if hello is None:
+        return None
+    return hello.sni, tuple(hello.alpn_protocols)
+
+
+def starts_like_tls(data: bytes) -> bool:
+    """`data` starts like a TLS handshake record."""
+    return bool(starts_like_tls_record(data))
+
+
+def original_destination(sock: Any) -> tuple[str, int]:
+    """The address a redirected connection was bound for (SO_ORIGINAL_DST on Linux)."""
+    if platform.original_addr is None:
+        raise OSError("this platform cannot read a connection's original destination")
+    raw = platform.original_addr(sock)
+    return str(raw[0]), int(raw[1])
+
+
+def raw_method(request: http.Request) -> str:
+    """The method as sent (`Request.method` upper-cases it: "get" is not "GET")."""
+    return request.data.method.decode("latin-1")
+
+
+def raw_authority(request: http.Request) -> str:
+    """The authority of an absolute-form request target as sent ("" for origin-form)."""
+    return request.data.authority.decode("latin-1")
+
+
 
 _original_listen = mode_servers.AsyncioServerInstance.listen
 _listeners: dict[str, Any] = {"sockets": {}, "regular": None, "transparent": None}

@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import Callable
-from typing import Any, cast
-
-from mitmproxy import platform
+from typing import Any
 
 from gateway.core.gate import Refused
 from gateway.core.refusal import to_http1
+from gateway.engines import patches
 from gateway.engines.door import Door, Doors
 from gateway.engines.first_bytes import FirstBytes, classify
 
@@ -35,9 +33,7 @@ log = logging.getLogger("sandbox_gateway")
 def original_destination(transport: asyncio.Transport) -> tuple[str, int]:
     """The address the client connected to before the redirect (SO_ORIGINAL_DST)."""
     sock = transport.get_extra_info("socket")  # asyncio's TransportSocket: getsockopt works
-    assert platform.original_addr is not None
-    raw = platform.original_addr(cast(socket.socket, sock))
-    return str(raw[0]), int(raw[1])
+    return patches.original_destination(sock)
 
 
 class TransparentDoor(Door):

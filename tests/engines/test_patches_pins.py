@@ -4,6 +4,7 @@ checked against: a plain `pip install` must resolve versions the gateway starts 
 
 from __future__ import annotations
 
+import ast
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
@@ -59,3 +60,41 @@ def test_the_installed_versions_start() -> None:
     patches.check_versions()  # raises when the environment holds a refused version
     for package, prefixes in patches.CHECKED.items():
         assert version(package).startswith(prefixes)
+
+
+# What only patches.py may touch: private modules and internals of h11 and mitmproxy.
+PRIVATE = ("h11._", "mitmproxy.proxy.layers.http._", "mitmproxy.proxy.layers.tls",
+           "mitmproxy.net.tls", "mitmproxy.platform", "mitmproxy.addons.next_layer",
+           "mitmproxy.proxy.mode_servers", "mitmproxy.proxy.server")
+PRIVATE_NAMES = ("parse_client_hello", "starts_like_tls_record", "original_addr",
+                 "maybe_read_from_IDLE_client", "ReceiveBuffer")
+
+
+def _private(module: str) -> bool:
+    """`module` is private: under a `_`-prefix of PRIVATE, or one of its modules."""
+    return any(module.startswith(p) if p.endswith("_") else
+               module == p or module.startswith(p + ".") for p in PRIVATE)
+
+
+def test_private_apis_are_used_in_patches_only() -> None:
+    """Every private API of h11 and mitmproxy is reached through patches.py, which checks
+    the versions it was written against; `.data.` of a mitmproxy request (its raw,
+    internal fields) likewise."""
+    found = []
+    for path in sorted((REPO / "gateway").rglob("*.py")):
+        if path.name == "patches.py":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            modules: list[str] = []
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                found += [f"{path.name}: {a.name}" for a in node.names
+                          if a.name in PRIVATE_NAMES and node.module != "gateway.engines.patches"]
+            found += [f"{path.name}: {m}" for m in modules if _private(m)]
+            if (isinstance(node, ast.Attribute) and node.attr in ("method", "authority")
+                    and isinstance(node.value, ast.Attribute) and node.value.attr == "data"):
+                found.append(f"{path.name}: {ast.unparse(node)}")
+    assert found == []

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import socket
 import ssl
 import subprocess
 import time
@@ -282,3 +284,45 @@ def test_idle_upstream_connection_is_closed_and_reopened(make_gateway: GatewayFa
         r = c.get("https://other.test/third")  # same sandbox connection, new upstream one
         assert r.status_code == 200 and r.json()["path"] == "/third"
         assert upstream.connections == before + 2
+
+
+def _send_head(proxy: tuple[str, int], head: bytes) -> tuple[int, dict[str, Any] | None]:
+    with socket.create_connection(proxy, timeout=10) as sock:
+        sock.sendall(head)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    top, _, body = data.partition(b"\r\n\r\n")
+    return int(top.split()[1]), json.loads(body) if body.strip() else None
+
+
+@pytest.mark.parametrize(("name", "head"), [
+    ("a space before the colon", b"CONNECT other.test:443 HTTP/1.1\r\nHost: other.test:443\r\n"
+                                 b"Proxy-Authorization : Basic {cred}\r\n\r\n"),
+    ("two Proxy-Authorization fields", b"CONNECT other.test:443 HTTP/1.1\r\nHost: other.test:443"
+                                       b"\r\nProxy-Authorization: Basic {cred}\r\n"
+                                       b"Proxy-Authorization: Basic {cred}\r\n\r\n"),
+    ("not HTTP/1.x", b"CONNECT other.test:443 HTTP/2.0\r\nHost: other.test:443\r\n"
+                     b"Proxy-Authorization: Basic {cred}\r\n\r\n"),
+    ("a request line of two words", b"CONNECT other.test:443\r\n\r\n"),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_the_front_door_reads_heads_as_the_http1_engine_does(
+        gateway: GatewayThread, name: str, head: bytes) -> None:
+    """The CONNECT head goes through the parser every HTTP/1 head goes through (h11): a
+    head it refuses is refused 400 and audited, whatever a laxer reader would take."""
+    cred = base64.b64encode(f"sandbox-1:{gateway.mint('agent')}".encode())
+    assert gateway.gateway.proxy_address
+    status, body = _send_head(gateway.gateway.proxy_address, head.replace(b"{cred}", cred))
+    assert status == 400 and body is not None and body["error"] == "bad_request", (name, body)
+    line = gateway.audit.wait_for(lambda r: r["error"] == "bad_request")[-1]
+    assert line["decision"] == "deny" and cred.decode() not in json.dumps(line)
+
+
+def test_a_connect_over_http_1_0_without_host_is_read(gateway: GatewayThread) -> None:
+    """Python 3.11's http.client tunnels with `CONNECT h:p HTTP/1.0` and no Host."""
+    cred = base64.b64encode(f"sandbox-1:{gateway.mint('agent')}".encode()).decode()
+    assert gateway.gateway.proxy_address
+    with socket.create_connection(gateway.gateway.proxy_address, timeout=10) as sock:
+        sock.sendall(f"CONNECT other.test:443 HTTP/1.0\r\nProxy-Authorization: Basic {cred}"
+                     "\r\n\r\n".encode())
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
