@@ -1,0 +1,193 @@
+"""From raw policies to a PolicySet: resolve `extends`, check every credential a rule or
+budget names (and that it can reach the rule's hosts), inherit budgets, compile."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gateway.services.policy.compiled import Policy, PolicySet, compile_policy
+from gateway.services.policy.hosts import HostPattern
+from gateway.services.policy.model import (
+    Budget,
+    Credential,
+    Rule,
+)
+from gateway.services.policy.nodes import (
+    NodeReader,
+    RawPolicy,
+)
+from gateway.services.policy.problems import PolicyError, format_errors, shown, suggest
+
+
+def _can_reach(rule: HostPattern, credential: tuple[HostPattern, ...]) -> bool:
+    """True if some host could match both the rule pattern and a credential pattern.
+
+    Exact on either side is decided exactly; two wildcards overlap when one literal
+    suffix is a label-suffix of the other (an over-approximation, which is fine:
+    requests are still checked against both at decision time).
+    """
+    for cred in credential:
+        if not rule.is_wildcard:
+            if cred.matches(rule.text):
+                return True
+        elif not cred.is_wildcard:
+            if rule.matches(cred.text):
+                return True
+        else:
+            a, b = rule.suffix, cred.suffix
+            if a == b or a.endswith("." + b) or b.endswith("." + a):
+                return True
+    return False
+
+def build_policy_set(parser: NodeReader, revision: str = "") -> PolicySet:
+    """Cross-file checks, extends resolution and compilation (raises PolicyError)."""
+    errors = parser.errors
+    by_name: dict[str, RawPolicy] = {}
+    for raw in parser.policies:
+        if raw.name in by_name:
+            first = by_name[raw.name]
+            errors.append(
+                (
+                    raw.file,
+                    raw.line,
+                    f'duplicate policy name "{raw.name}" (also in {first.file}:{first.line}); '
+                    "policy names must be unique across files",
+                )
+            )
+            continue
+        by_name[raw.name] = raw
+    credentials = {name: d.credential for name, d in parser.credentials.items()}
+    known_credentials = tuple(credentials)
+
+    own_rules: dict[str, list[Rule]] = {}
+    for raw in by_name.values():
+        rules: list[Rule] = []
+        for raw_rule in raw.rules:
+            cred_name = raw_rule.fields.get("credential")
+            if cred_name is not None:
+                cred = credentials.get(cred_name)
+                node = raw_rule.credential_node
+                line = raw_rule.line if node is None else node.start_mark.line + 1
+                if cred is None:
+                    errors.append(
+                        (
+                            raw.file,
+                            line,
+                            f"unknown credential {shown(cred_name)}"
+                            f"{suggest(cred_name, known_credentials)}; define it under "
+                            "credentials: in any policy file",
+                        )
+                    )
+                    continue
+                assert raw_rule.host_pattern is not None
+                if not _can_reach(raw_rule.host_pattern, cred.host_patterns):
+                    errors.append(
+                        (
+                            raw.file,
+                            line,
+                            f'credential "{cred_name}" is only sent to {", ".join(cred.hosts)}, '
+                            f"which host {raw_rule.host_pattern.text} never reaches; fix the "
+                            "rule's host or use another credential",
+                        )
+                    )
+                    continue
+            source = f"{raw_rule.file}:{raw_rule.line}"
+            rules.append(Rule(source=source, policy=raw.name, **raw_rule.fields))
+        own_rules[raw.name] = rules
+
+    resolved: dict[str, list[Rule]] = {}
+    known_policies = tuple(name for name, raw in by_name.items() if raw.named)
+
+    def resolve(name: str, stack: list[str]) -> list[Rule]:
+        if name in resolved:
+            return resolved[name]
+        raw = by_name[name]
+        out: list[Rule] = list(own_rules[name])
+        seen = {id(r) for r in out}
+        for parent, node in raw.extends:
+            line = node.start_mark.line + 1
+            if parent not in known_policies:
+                errors.append(
+                    (
+                        raw.file,
+                        line,
+                        f'policy "{name}" extends unknown policy {shown(parent)}'
+                        f"{suggest(parent, known_policies)}",
+                    )
+                )
+                continue
+            if parent in stack:
+                cycle = " -> ".join([*stack[stack.index(parent) :], parent])
+                errors.append(
+                    (raw.file, line, f"extends cycle {cycle}; remove one of these extends")
+                )
+                continue
+            for rule in resolve(parent, [*stack, parent]):
+                if id(rule) not in seen:
+                    seen.add(id(rule))
+                    out.append(rule)
+        resolved[name] = out
+        return out
+
+    for name in by_name:
+        resolve(name, [name])
+    budgets = _budgets(by_name, resolved, credentials, errors)
+    if errors:
+        raise PolicyError(format_errors(errors))
+
+    policies: dict[str, Policy] = {}
+    for name, raw in by_name.items():
+        policies[name] = compile_policy(
+            name,
+            resolved[name],
+            mode=raw.mode,
+            source=raw.file,
+            extends=tuple(p for p, _ in raw.extends),
+            credentials=credentials,
+            budgets=budgets.get(name, ()),
+        )
+    files = tuple(dict.fromkeys(raw.file for raw in parser.policies))
+    return PolicySet(policies=policies, credentials=credentials, files=files, revision=revision)
+
+def _budgets(
+    by_name: Mapping[str, RawPolicy],
+    resolved: Mapping[str, list[Rule]],
+    credentials: Mapping[str, Credential],
+    errors: list[tuple[str, int, str]],
+) -> dict[str, tuple[Budget, ...]]:
+    """Each policy's budgets: its own, then inherited ones it does not redefine.
+
+    An own budget's ``credentials`` must exist and be injected by a rule of the policy
+    (a budget that could never apply is a mistake worth a file:line error).
+    """
+    known = tuple(credentials)
+    for name, raw in by_name.items():
+        injected = {r.credential for r in resolved.get(name, ()) if r.credential}
+        for raw_budget in raw.budgets:
+            for cred, node in raw_budget.credential_nodes:
+                line = node.start_mark.line + 1
+                if cred not in credentials:
+                    errors.append((raw.file, line, f'budget "{raw_budget.budget.name}" names '
+                                   f"unknown credential {shown(cred)}{suggest(cred, known)}"))
+                elif cred not in injected:
+                    errors.append((raw.file, line, f'budget "{raw_budget.budget.name}" limits '
+                                   f'credential "{cred}", which no rule of policy "{name}" '
+                                   "injects; add a rule with credential: "
+                                   f"{cred} or remove it from the budget"))
+    out: dict[str, tuple[Budget, ...]] = {}
+
+    def collect(name: str, stack: tuple[str, ...]) -> tuple[Budget, ...]:
+        if name in out:
+            return out[name]
+        raw = by_name[name]
+        found: dict[str, Budget] = {b.budget.name: b.budget for b in raw.budgets}
+        for parent, _ in raw.extends:
+            if parent in by_name and parent not in stack:
+                for budget in collect(parent, (*stack, parent)):
+                    found.setdefault(budget.name, budget)
+        out[name] = tuple(found.values())
+        return out[name]
+
+    for name in by_name:
+        collect(name, (name,))
+    return out
