@@ -140,7 +140,25 @@ def read_request_head(buf: ReceiveBuffer) -> h11.Request | None:
 def parse_request_head(data: bytes) -> h11.Request:
     """A whole request head (`data` ends with its blank line) read by the same parser as
     every other head: the front door's CONNECT and the first bytes of a redirected
-    connection. Raises ValueError, in h11's words, for a malformed or incomplete head."""
+    connection. Raises ValueError, in h11's words, for a malformed or incomplete head.
+
+    h11 refuses an HTTP/1.1 request without Host, as RFC 9110 asks; a CONNECT names its
+    authority in the request line and clients send it without Host (and proxies take
+    it), so such a CONNECT is read as if it carried `Host: <its request target>`."""
+    try:
+        return _parse_head(data)
+    except ValueError as exc:
+        if not (data.startswith(b"CONNECT ") and str(exc) == _NO_HOST):
+            raise
+    end = data.index(b"\r\n") + 2
+    target = data[:end].split(b" ")[1]
+    return _parse_head(data[:end] + b"Host: " + target + b"\r\n" + data[end:])
+
+
+_NO_HOST = "Missing mandatory Host: header"  # (h11 0.16's words)
+
+
+def _parse_head(data: bytes) -> h11.Request:
     buf = ReceiveBuffer()
     buf += data
     try:

@@ -98,3 +98,25 @@ def test_private_apis_are_used_in_patches_only() -> None:
                     and isinstance(node.value, ast.Attribute) and node.value.attr == "data"):
                 found.append(f"{path.name}: {ast.unparse(node)}")
     assert found == []
+
+
+@pytest.mark.parametrize(("head", "host"), [
+    (b"CONNECT a.test:443 HTTP/1.1\r\nHost: a.test:443\r\n\r\n", b"a.test:443"),
+    (b"CONNECT a.test:443 HTTP/1.1\r\n\r\n", b"a.test:443"),  # (read as Host: the target)
+    (b"CONNECT a.test:443 HTTP/1.0\r\n\r\n", None),
+    (b"GET / HTTP/1.1\r\nHost: b.test\r\n\r\n", b"b.test"),
+])
+def test_parse_request_head(head: bytes, host: bytes | None) -> None:
+    request = patches.parse_request_head(head)
+    assert next((v for k, v in request.headers if k == b"host"), None) == host
+
+
+@pytest.mark.parametrize("head", [
+    b"GET / HTTP/1.1\r\n\r\n",  # Host is only implied for CONNECT
+    b"CONNECT a.test:443 HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+    b"CONNECT a.test:443 HTTP/1.1\r\nX : y\r\n\r\n",
+    b"CONNECT a.test:443 HTTP/1.1\r\n",  # incomplete
+])
+def test_parse_request_head_refuses(head: bytes) -> None:
+    with pytest.raises(ValueError):
+        patches.parse_request_head(head)

@@ -318,11 +318,13 @@ def test_the_front_door_reads_heads_as_the_http1_engine_does(
     assert line["decision"] == "deny" and cred.decode() not in json.dumps(line)
 
 
-def test_a_connect_over_http_1_0_without_host_is_read(gateway: GatewayThread) -> None:
-    """Python 3.11's http.client tunnels with `CONNECT h:p HTTP/1.0` and no Host."""
+@pytest.mark.parametrize("version", ["HTTP/1.0", "HTTP/1.1"])
+def test_a_connect_without_host_is_read(gateway: GatewayThread, version: str) -> None:
+    """Python 3.11's http.client tunnels with `CONNECT h:p HTTP/1.0` and no Host; other
+    clients send HTTP/1.1 without Host (the authority is in the request line)."""
     cred = base64.b64encode(f"sandbox-1:{gateway.mint('agent')}".encode()).decode()
     assert gateway.gateway.proxy_address
     with socket.create_connection(gateway.gateway.proxy_address, timeout=10) as sock:
-        sock.sendall(f"CONNECT other.test:443 HTTP/1.0\r\nProxy-Authorization: Basic {cred}"
+        sock.sendall(f"CONNECT other.test:443 {version}\r\nProxy-Authorization: Basic {cred}"
                      "\r\n\r\n".encode())
         assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
