@@ -27,7 +27,7 @@ class Tunnel:
     pinned: Pinned | None  # None: served by the gateway itself (the local API's host)
     passthrough: bool
     tcp: bool
-    started: float = field(default_factory=time.time)
+    started: float = field(default_factory=time.time)  # (the gate passes its clock's)
     audited: bool = False  # a line was written for it (an exchange, a refusal inside it)
 
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -166,7 +165,7 @@ class Exchange:
         assert rule is not None
         step = metering.admit(sandbox=self.identity.sandbox, policy=policy, rule=rule,
                               preset=preset, method=self.head.method, path=self.target.path,
-                              body=body, now=time.time())
+                              body=body, now=self.trail.clock())
         if not isinstance(step, MeteredExchange):
             refusal = _refusal(step)
             if policy.mode != "report":
@@ -439,7 +438,7 @@ class Exchange:
             body = b"".join(held) + out
             self._response_held = None
             status = self.response_head.status if self.response_head is not None else 0
-            released = self._metering[0].release(self._metered, status, body, time.time())
+            released = self._metering[0].release(self._metered, status, body, self.trail.clock())
             if isinstance(released, str):
                 raise Refusal("minted_secret_refused", released, rule_of(self.decision))
             return released
@@ -464,14 +463,14 @@ class Exchange:
                 self.trail.telemetry.count("exfiltration_blocked", "websocket")
                 raise self.leak(found)
             if self._metered is not None and self._metering is not None:
-                step = self._metering[0].session_message(self._metered, data, time.time())
+                step = self._metering[0].session_message(self._metered, data, self.trail.clock())
                 if step is not None:  # a model outside the allowlist, a used-up budget
                     self._refuse_message(_refusal(step), data)
             self.bytes_out += len(data)
             return data
         self.bytes_in += len(data)
         if self._metered is not None and self._metering is not None:  # a session's event
-            self._metering[0].session_event(self._metered, data, time.time())
+            self._metering[0].session_event(self._metered, data, self.trail.clock())
         if self._secret is not None:
             redactor = self._redactor or Redactor(self._secret[1].variants())
             return redactor.redact(data)
@@ -487,7 +486,7 @@ class Exchange:
             return
         self.trail.refuse(self.client, refusal, method=self.head.method,
                           scheme=self.target.scheme, host=self.target.host,
-                         port=self.target.port, path=self.target.path, started=time.time())
+                         port=self.target.port, path=self.target.path, started=self.trail.clock())
         meter = self._metered.meter if self._metered is not None else None
         session = meter.format if meter is not None else "realtime"
         raise MessageRefused(refusal, ws_error(refusal, session, stream_id=_lane(data)))
@@ -550,11 +549,11 @@ class Exchange:
             return None
         head = self.response_head
         return self._metering[0].complete(self._metered, head.status if head else 0,
-                                          time.time(), sent=not self._unsent).as_record()
+                                          self.trail.clock(), sent=not self._unsent).as_record()
 
     @property
     def elapsed(self) -> float:
-        return time.time() - self.started
+        return self.trail.clock() - self.started
 
 
 def _refusal(step: MeteringStep | MeteringRefusal) -> Refusal:

@@ -71,7 +71,7 @@ class Gate:
                  metering: Metering | None = None, signers: Signers | None = None,
                  ephemeral: EphemeralKeys | None = None, audit_health: AuditHealth | None = None,
                  connections_per_sandbox: int = 256, max_connections: int = 1 << 30,
-                 telemetry: Telemetry = SILENT) -> None:
+                 telemetry: Telemetry = SILENT, clock: Callable[[], float] = time.time) -> None:
         self.tokens = tokens
         self.policies = policies
         self.guard = guard
@@ -82,7 +82,7 @@ class Gate:
         self.ephemeral = ephemeral if ephemeral is not None else EphemeralKeys()
         self.audit_health = audit_health
         self.telemetry = telemetry
-        self.trail = Trail(audit, policies, telemetry)
+        self.trail = Trail(audit, policies, telemetry, clock)
         self.connections = Connections(per_sandbox=connections_per_sandbox,
                                        limit=max_connections, telemetry=telemetry)
         self.identities = Identifier(tokens, registry, self.connections)
@@ -211,7 +211,7 @@ class Gate:
         # A would-deny tunnel (report mode) is inspected, so its requests are recorded.
         passthrough = tcp or (decision.result == "allow" and not decision.inspect)
         pinned = None if host == INTERNAL_HOST else await self._check(client, host, port)
-        tunnel = Tunnel(host, port, decision, pinned, passthrough, tcp)
+        tunnel = Tunnel(host, port, decision, pinned, passthrough, tcp, self.trail.clock())
         client.tunnel = tunnel
         return tunnel
 
@@ -262,7 +262,8 @@ class Gate:
                     raise UNREGISTERED
                 await self._bind(host, orig_ip, port)
                 tunnel = Tunnel(host, port, Decision("allow", "identified per request",
-                                                     None, True), pinned, False, False)
+                                                     None, True), pinned, False, False,
+                                self.trail.clock())
             else:
                 # The policy first: a denied name is never even resolved.
                 decision = self._route(client.identity, Request(
@@ -274,7 +275,8 @@ class Gate:
                 # Plain HTTP is always inspected: every request's Host is checked.
                 passthrough = tcp or (kind == "tls" and decision.result == "allow"
                                       and not decision.inspect)
-                tunnel = Tunnel(host, port, decision, pinned, passthrough, tcp)
+                tunnel = Tunnel(host, port, decision, pinned, passthrough, tcp,
+                                self.trail.clock())
             client.tunnel = tunnel
             client.pins[(host, port)] = pinned
             # (the original address too: mitmproxy dials a redirected connection by it)
@@ -375,7 +377,7 @@ class Gate:
         plain proxy request (no tunnel) identifies with its own `proxy_authorization`.
         Returns the exchange to serve, or the answer to send (a refusal, audited, or
         the sandbox-facing API's)."""
-        started = time.time()
+        started = self.trail.clock()
         tunnel = client.tunnel
         tgt: target.Target | None = None
         try:

@@ -32,13 +32,16 @@ def rule_of(decision: Decision | None) -> str | None:
 
 class Trail:
     """Writes audit lines to `sink` (each a dict, see core/audit.py), stamped with the
-    policy revision of `policies()`; `telemetry` is where the gate's parts count."""
+    policy revision of `policies()`; `telemetry` is where the gate's parts count and
+    `clock` what they read the time from (seconds since the epoch)."""
 
     def __init__(self, sink: Callable[[dict[str, Any]], None],
-                 policies: Callable[[], PolicySet], telemetry: Telemetry = SILENT) -> None:
+                 policies: Callable[[], PolicySet], telemetry: Telemetry = SILENT,
+                 clock: Callable[[], float] = time.time) -> None:
         self._sink = sink
         self._policies = policies
         self.telemetry = telemetry
+        self.clock = clock
         self._shapes: dict[str, str | None] = {}
         self._shapes_of: PolicySet | None = None  # the set `_shapes` was read from
 
@@ -55,14 +58,15 @@ class Trail:
             client.tunnel.audited = True
         if client.ended_by is not None and (error is not None or method == "CONNECT"):
             error = client.ended_by
+        now = self.clock()
         self._sink(record(
             identity=identity or client.identity, client=client.peer,
             listener=client.listener, method=method, scheme=scheme, host=host, port=port,
             path=path, decision=decision, reason=reason, rule=rule, status=status,
             error=error, bytes_in=bytes_in, bytes_out=bytes_out,
-            started=time.time() if started is None else started, path_taken=path_taken,
+            started=now if started is None else started, path_taken=path_taken,
             engine=client.engine, credential=credential, usage=usage,
-            policy_rev=self._policies().revision))
+            policy_rev=self._policies().revision, now=now))
 
     def refuse(self, client: Client, refusal: Refusal, *, method: str | None = None,
                scheme: str | None = None, host: str | None = None, port: int | None = None,

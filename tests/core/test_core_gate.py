@@ -443,3 +443,14 @@ def test_sweep_ends_a_connection_whose_token_was_revoked(policies: PolicySet) ->
     w.gate.closed(client)
     assert w.lines[-1]["error"] == "token_revoked"  # the tunnel's line names why
     assert w.gate.open_connections == 0 and w.gate.connections.of("sandbox-1") == 0
+
+
+def test_the_gate_reads_time_from_its_clock(policies: PolicySet) -> None:
+    """Time is a port too: every start and end the lines carry comes from `clock`."""
+    ticks = iter(range(1000, 2000))
+    w = _world(policies, clock=lambda: float(next(ticks)))
+    asyncio.run(_request(w, "other.test", _head("GET", "/admin", ("Host", "other.test"))))
+    # begin reads the start (one tick), the refusal's line its end (the next)
+    assert [line["duration_ms"] for line in w.lines] == [1000.0]
+    client = asyncio.run(_tunnel(w, "allowed.test"))
+    assert client.tunnel is not None and 1000 < client.tunnel.started < 2000
