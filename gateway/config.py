@@ -92,6 +92,16 @@ class LimitsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class RefusalsConfig:
+    """How refusals reach clients (`refusals:`). `inside_tls`: a refused CONNECT is
+    answered inside TLS with the gateway's leaf for the name (clients show an HTTP answer
+    and its reason, where a CONNECT-level 403 reads as a connection error); False answers
+    it at the CONNECT, as a proxy usually does."""
+
+    inside_tls: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class ShutdownConfig:
     drain: float = 30.0  # SIGTERM: finish in-flight requests for at most this long
 
@@ -158,6 +168,7 @@ class Config:
     )
     network: NetworkConfig = field(default_factory=NetworkConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    refusals: RefusalsConfig = field(default_factory=RefusalsConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     dns: DnsConfig = field(default_factory=DnsConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
@@ -365,6 +376,7 @@ SCHEMA: Schema = {
         "max_websocket_message": _size,
         "max_tunnel_lifetime": _idle,
     },
+    "refusals": {"inside_tls": _bool},
     "shutdown": {"drain": _idle},
     "dns": {"ttl": _dns_ttl, "rate": _rate, "burst": _burst},
     "audit": {"path": _opt(_str), "on_failure": _on_failure, "buffer": _audit_buffer},
@@ -386,7 +398,7 @@ SCHEMA: Schema = {
 _ENV_TYPED = {"workers", "tokens.leeway", "limits.connections_per_sandbox",
               "network.allow_cidrs", "network.deny_cidrs", "network.resolve",
               "tokens.retired_kids", "secrets", "state", "dns.rate", "dns.burst",
-              "metering.stream_usage", "admin.max_connections"}
+              "metering.stream_usage", "admin.max_connections", "refusals.inside_tls"}
 
 
 def _validate(raw: Mapping[str, Any], schema: Schema, prefix: str = "") -> dict[str, Any]:
@@ -548,6 +560,8 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
         limits=LimitsConfig(**{k: limits.get(k, getattr(d_limits, k)) for k in (
             "connections_per_sandbox", "max_header_bytes", "max_websocket_message",
             "max_tunnel_lifetime")}),
+        refusals=RefusalsConfig(inside_tls=v.get("refusals", {}).get(
+            "inside_tls", d.refusals.inside_tls)),
         shutdown=ShutdownConfig(drain=v.get("shutdown", {}).get("drain", d.shutdown.drain)),
         dns=DnsConfig(ttl=dns.get("ttl", d.dns.ttl), rate=dns.get("rate", d.dns.rate),
                       burst=dns.get("burst", d.dns.burst)),

@@ -104,6 +104,7 @@ network:
 limits: {connections_per_sandbox: 64, max_header_bytes: 32k, max_websocket_message: 4m,
          max_tunnel_lifetime: 12h}
 shutdown: {drain: 45s}
+refusals: {inside_tls: false}
 dns: {ttl: 30s, rate: 2.5, burst: 8}
 audit: {path: audit/decisions.jsonl, on_failure: continue, buffer: 1m}
 admin: {timeouts: {head: 5s, body: 20s, idle: 1m}, max_body: 512k, max_connections: 16}
@@ -158,6 +159,7 @@ def test_full_file(tmp_path: Path) -> None:
     assert cfg.network.upstream_ca == base / "ca" / "upstream.pem"
     assert dict(cfg.network.resolve) == {"api.internal.example": "10.1.2.3:443"}
     assert cfg.network.upstream_idle_timeout == 45
+    assert cfg.refusals.inside_tls is False and Config().refusals.inside_tls is True
     assert cfg.network.intercept == "mitmproxy"
     assert cfg.audit.path == base / "audit" / "decisions.jsonl"
     assert cfg.audit.on_failure == "continue" and cfg.audit.buffer == 1024 * 1024

@@ -52,12 +52,15 @@ class Client:
 
 class Refused(Exception):
     """A refusal that has been audited, with its rendered answer (what the engine
-    sends, if the client can still read one)."""
+    sends, if the client can still read one). `inside`: a refused CONNECT to be answered
+    inside TLS with a leaf for this name (the gate's `answer_inside` renders it for the
+    request that comes), rather than at the CONNECT."""
 
-    def __init__(self, refusal: Refusal, answer: Answer) -> None:
+    def __init__(self, refusal: Refusal, answer: Answer, inside: str | None = None) -> None:
         super().__init__(refusal.code)
         self.refusal = refusal
         self.answer = answer
+        self.inside = inside
 
 
 def source_of(client: Client) -> str:

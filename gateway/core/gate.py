@@ -47,7 +47,7 @@ from gateway.core.ports import (
     Telemetry,
     Tokens,
 )
-from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal
+from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal, answered_inside_tls
 from gateway.core.secret_value import SecretValue
 from gateway.core.trail import Trail, rule_of
 from gateway.services.metering import Metering
@@ -71,7 +71,8 @@ class Gate:
                  metering: Metering | None = None, signers: Signers | None = None,
                  ephemeral: EphemeralKeys | None = None, audit_health: AuditHealth | None = None,
                  connections_per_sandbox: int = 256, max_connections: int = 1 << 30,
-                 telemetry: Telemetry = SILENT, clock: Callable[[], float] = time.time) -> None:
+                 telemetry: Telemetry = SILENT, clock: Callable[[], float] = time.time,
+                 refusals_inside_tls: bool = False) -> None:
         self.tokens = tokens
         self.policies = policies
         self.guard = guard
@@ -82,6 +83,7 @@ class Gate:
         self.ephemeral = ephemeral if ephemeral is not None else EphemeralKeys()
         self.audit_health = audit_health
         self.telemetry = telemetry
+        self.refusals_inside_tls = refusals_inside_tls
         self.trail = Trail(audit, policies, telemetry, clock)
         self.connections = Connections(per_sandbox=connections_per_sandbox,
                                        limit=max_connections, telemetry=telemetry)
@@ -186,22 +188,37 @@ class Gate:
 
     async def connect(self, client: Client, authority: str, proxy_authorization: str | None,
                       *, started: float | None = None) -> Tunnel:
-        """Admit a CONNECT: identify the client by its proxy credentials, decide the
-        tunnel (policy at tunnel level), check and pin the destination. Raises Refused
-        (audited, with the answer to send)."""
+        """Admit a CONNECT: read its authority, identify the client by its proxy
+        credentials, decide the tunnel (policy at tunnel level), check and pin the
+        destination. Raises Refused (audited, with the answer to send; `inside` set where
+        the refusal is to be answered inside TLS, `refusals.inside_tls`)."""
         host: str | None = None
         port: int | None = None
         try:
+            unreadable: Refusal | None = None
+            try:  # (read first: a token's refusal names the host, and can go inside TLS)
+                host, port = target.tunnel_authority(authority)
+            except Refusal as refused:
+                unreadable = refused
             self.identities.identify(client, proxy_authorization)
-            host, port = target.tunnel_authority(authority)
+            if unreadable is not None or host is None or port is None:
+                raise unreadable or GATEWAY_ERROR
             self.check_audit()
             return await self._admit_tunnel(client, host, port, "https")
         except Refusal as refusal:
-            raise Refused(refusal, self.trail.refuse(client, refusal, method="CONNECT", host=host,
-                                               port=port, started=started,
-                                               close=True)) from None
+            answer = self.trail.refuse(client, refusal, method="CONNECT", host=host, port=port,
+                                       started=started, close=True)
+            inside = host if (self.refusals_inside_tls and host is not None
+                              and answered_inside_tls(refusal.code)) else None
+            raise Refused(refusal, answer, inside) from None
         except Exception:
             raise self._crashed(client, "CONNECT", host, port) from None
+
+    def answer_inside(self, refused: Refused, head: RequestHead) -> Answer:
+        """The answer to a refused CONNECT for the request that came inside its TLS (the
+        refusal's one audit line was written at the CONNECT): in the provider's error
+        shape on its host, as text for git, and the connection closes."""
+        return self.trail.render(refused.refusal, refused.inside, plain=_plain(head))
 
     async def _admit_tunnel(self, client: Client, host: str, port: int, scheme: str) -> Tunnel:
         assert client.identity is not None
@@ -418,7 +435,8 @@ class Gate:
                                host=tgt.host if tgt else (tunnel.host if tunnel else None),
                                port=tgt.port if tgt else (tunnel.port if tunnel else None),
                                path=tgt.path if tgt else None, started=started,
-                               close=refusal.code in ("bad_request", "gateway_error"))
+                               close=refusal.code in ("bad_request", "gateway_error"),
+                               plain=_plain(head))
 
     def _route(self, identity: Identity, request: Request) -> Routed:
         """Stage 1 of the decision pipeline (`core/evaluate.py`), timed; raises its
@@ -495,6 +513,11 @@ async def _no_resolver(host: str, port: int) -> list[str]:
 
 _AUDIT_UNAVAILABLE = ("the gateway cannot write its audit trail now and refuses new "
                       "requests until it can (audit.on_failure: refuse); retry later")
+
+
+def _plain(head: RequestHead) -> bool:
+    """The client shows only a text/plain body of an error (git: as "remote:" lines)."""
+    return (head.headers.get("user-agent") or "").startswith("git/")
 
 
 def _with_port(name: str, port: int) -> str:

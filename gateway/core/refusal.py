@@ -33,10 +33,12 @@ if TYPE_CHECKING:
 __all__ = [
     "ERROR_HEADER",
     "GATEWAY_ERROR",
+    "TEXT",
     "Answer",
     "MessageRefused",
     "Refusal",
     "answer",
+    "answered_inside_tls",
     "status_of",
     "to_http1",
     "ws_error",
@@ -81,6 +83,21 @@ _PHRASES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
             407: "Proxy Authentication Required",
             429: "Too Many Requests", 500: "Internal Server Error", 501: "Not Implemented",
             502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+
+
+# Refusals of a CONNECT that are answered at the CONNECT even where refusals go inside
+# TLS: a missing token (the 407 challenge is what makes clients send credentials), a
+# gateway too busy or unable to audit (no TLS handshake spent on it), an authority the
+# gateway cannot name a leaf for, and its own failure.
+_AT_CONNECT = frozenset({"auth_required", "at_capacity", "too_many_connections",
+                         "audit_unavailable", "shutting_down", "bad_request",
+                         "bad_destination", "gateway_error"})
+TEXT = "text"  # the shape of a refusal for a client that shows only text/plain (git)
+
+
+def answered_inside_tls(code: str) -> bool:
+    """A refused CONNECT with this code may be answered inside TLS (see _AT_CONNECT)."""
+    return code not in _AT_CONNECT
 
 
 def status_of(code: str) -> int:
@@ -167,6 +184,9 @@ def _sf_string(text: str) -> str:
 
 def _body(refusal: Refusal, status: int, shape: str | None) -> bytes:
     message = f"{refusal.code}: {refusal.reason} ({AGENT_HINT})"
+    if shape == TEXT:  # (git prints a text/plain body as "remote: ..." lines)
+        rule = f"\nrule: {refusal.rule}" if refusal.rule else ""
+        return f"sandbox-gateway refused this request: {message}{rule}\n".encode()
     if shape == "openai":
         doc: object = {"error": {"message": message, "type": _error_type(status),
                                  "code": refusal.code, "param": None, "rule": refusal.rule}}
@@ -221,7 +241,7 @@ def answer(refusal: Refusal, *, shape: str | None = None, close: bool = False) -
     error_type = _CODES.get(refusal.code, (0, "http_request_denied"))[1] or \
         "http_request_denied"
     headers = Headers.of(
-        ("Content-Type", "application/json"),
+        ("Content-Type", "text/plain; charset=utf-8" if shape == TEXT else "application/json"),
         (ERROR_HEADER, refusal.code),
         ("Proxy-Status", f"sandbox-gateway; error={error_type}; "
                          f"details={_sf_string(f'{refusal.code}: {refusal.reason}')}"),

@@ -16,7 +16,7 @@ from gateway.core.audit import record
 from gateway.core.client import Client
 from gateway.core.identity import Identity
 from gateway.core.ports import SILENT, Telemetry
-from gateway.core.refusal import Answer, Refusal, answer
+from gateway.core.refusal import TEXT, Answer, Refusal, answer
 from gateway.services.policy import Decision, PolicySet
 
 __all__ = ["Trail", "rule_of"]
@@ -71,20 +71,26 @@ class Trail:
     def refuse(self, client: Client, refusal: Refusal, *, method: str | None = None,
                scheme: str | None = None, host: str | None = None, port: int | None = None,
                path: str | None = None, started: float | None = None,
-               close: bool = False, usage: dict[str, Any] | None = None) -> Answer:
+               close: bool = False, usage: dict[str, Any] | None = None,
+               plain: bool = False) -> Answer:
         """Audit a refusal and render it (in the provider's shape on a preset's host,
-        for a request); ``usage``: what a metered exchange refused part-way had used."""
+        for a request; as text with `plain`); ``usage``: what a metered exchange refused
+        part-way had used."""
         self.audit(client, decision="deny", reason=refusal.reason, rule=refusal.rule,
                    method=method, scheme=scheme, host=host, port=port, path=path,
                    status=refusal.status, error=refusal.code, started=started,
                    credential=refusal.credential, usage=usage, identity=refusal.identity)
         if refusal.code.startswith("token_") or refusal.code in _TOKEN_CODES:
             self.telemetry.count("tokens_refused", refusal.code)
-        return self.render(refusal, host if method is not None else None, close=close)
+        return self.render(refusal, host if method is not None else None, close=close,
+                           plain=plain)
 
-    def render(self, refusal: Refusal, host: str | None, *, close: bool = True) -> Answer:
-        """The answer to `refusal` (audited elsewhere) for a request to `host`."""
-        return answer(refusal, shape=self.shape(host), close=close)
+    def render(self, refusal: Refusal, host: str | None, *, close: bool = True,
+               plain: bool = False) -> Answer:
+        """The answer to `refusal` (audited elsewhere) for a request to `host`: the
+        provider's error shape on a preset's host, text for a client that shows only
+        text (`plain`: git), else the gateway's JSON."""
+        return answer(refusal, shape=TEXT if plain else self.shape(host), close=close)
 
     def shape(self, host: str | None) -> str | None:
         """The error-body family of the provider whose preset binds `host`, if any."""

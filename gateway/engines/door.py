@@ -129,11 +129,14 @@ class Door(asyncio.Protocol):
         self.state = "splice"
         self.doors.splices.start(self.transport, self.client, first)
 
-    def to_h1(self, first: bytes, *, tls_host: str | None) -> None:
+    def to_h1(self, first: bytes, *, tls_host: str | None, refused: Refused | None = None
+              ) -> None:
+        """To the HTTP/1 engine (`refused`: only to answer that refusal inside TLS)."""
         assert self.client is not None and self.transport is not None
         self.release()
         self.state = "h1"
-        self.doors.h1.serve(self.transport, self.client, first, tls_host=tls_host)
+        self.doors.h1.serve(self.transport, self.client, first, tls_host=tls_host,
+                            refused=refused)
         self.transport.resume_reading()
 
     def to_mitmproxy(self, transport_view: Any = None) -> None:

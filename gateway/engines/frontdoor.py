@@ -116,6 +116,11 @@ class FrontDoor(Door):
                 tunnel = await self.gate.connect(self.client, authority, auth,
                                                  started=self.started)
             except Refused as refused:  # audited by the gate
+                if refused.inside is not None:  # answered inside TLS, to the request
+                    self.transport.write(ESTABLISHED)
+                    self.to_h1(bytes(self.buf[self.head_len:]), tls_host=refused.inside,
+                               refused=refused)
+                    return
                 self.transport.write(to_http1(refused.answer))
                 self.transport.close()
                 return

@@ -338,6 +338,7 @@ class Gateway:
             resolve=self.guard.resolver.resolve, metering=self.metering,
             signers=self.credentials, ephemeral=self.state.ephemeral,
             audit_health=self.auditor, telemetry=metrics.TELEMETRY,
+            refusals_inside_tls=cfg.refusals.inside_tls,
             connections_per_sandbox=cfg.limits.connections_per_sandbox,
             max_connections=max(16, (self.fd_limit - FD_RESERVE - self.pool_limit) // 2))
         patches.install_error_pages(error_page, error_h2)

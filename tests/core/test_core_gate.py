@@ -454,3 +454,30 @@ def test_the_gate_reads_time_from_its_clock(policies: PolicySet) -> None:
     assert [line["duration_ms"] for line in w.lines] == [1000.0]
     client = asyncio.run(_tunnel(w, "allowed.test"))
     assert client.tunnel is not None and 1000 < client.tunnel.started < 2000
+
+
+@pytest.mark.parametrize(("step", "inside"), [
+    (lambda w: _tunnel(w, "denied.test"), "denied.test"),                         # the policy
+    (lambda w: _tunnel(w, "allowed.test", token=f"{TOKEN_PREFIX}token_expired.sig"),
+     "allowed.test"),                                                             # a token
+    (lambda w: w.gate.connect(Client(PEER), "allowed.test:443", None), None),     # 407 challenge
+    (lambda w: w.gate.connect(Client(PEER), "u@allowed.test:443",
+                              _basic("sandbox-1", GOOD)), None),                  # no name
+    (_audit_down, None),                                                          # no TLS spent
+])
+def test_which_refused_connects_are_answered_inside_tls(
+        policies: PolicySet, step: Callable[[World], Any], inside: str | None) -> None:
+    w = _world(policies, refusals_inside_tls=True)
+    with pytest.raises(Refused) as caught:
+        asyncio.run(step(w))
+    assert caught.value.inside == inside
+    if inside is not None:  # rendered again for the request that comes inside
+        head = _head("GET", "/", ("Host", inside), ("User-Agent", "git/2.39.5"))
+        answer = w.gate.answer_inside(caught.value, head)
+        assert (answer.headers.get("content-type") or "").startswith("text/plain")
+        assert caught.value.refusal.code.encode() in answer.body
+    assert len(w.lines) == 1  # (the CONNECT's line is the refusal's only one)
+    off = _world(policies)
+    with pytest.raises(Refused) as caught:
+        asyncio.run(step(off))
+    assert caught.value.inside is None

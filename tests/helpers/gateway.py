@@ -46,6 +46,9 @@ class GatewayThread:
             "listen": {"proxy": "127.0.0.1:0", "admin": "127.0.0.1:0"},
             "policies": str(workdir / "policies"),
             "certs": str(workdir / "certs"),
+            # Refusals at the CONNECT, where these suites read them (raw CONNECTs, the
+            # parity table); refusals inside TLS, the default: test_refusals_inside_tls.py.
+            "refusals": {"inside_tls": False},
         }
         for key, value in (config or {}).items():
             if isinstance(value, dict) and isinstance(cfg.get(key), dict):

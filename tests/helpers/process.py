@@ -105,6 +105,7 @@ def start_gateway(workdir: Path, names: dict[str, int], ca: LocalCA, *,
         "network": {"upstream_ca": str(ca.cert_path),
                     "resolve": {n: f"127.0.0.1:{p}" for n, p in names.items()}},
         "shutdown": {"drain": "10s"},
+        "refusals": {"inside_tls": False},  # (read at the CONNECT; see helpers/gateway.py)
     }
     for key, value in (extra or {}).items():
         if isinstance(value, dict) and isinstance(config.get(key), dict):

@@ -39,7 +39,8 @@ def _two_workers(tmp_path: Path, stdout: Any = subprocess.DEVNULL, **config: Any
     (tmp_path / "gateway.yaml").write_text(yaml.safe_dump({
         "listen": {"proxy": f"127.0.0.1:{proxy}", "admin": f"127.0.0.1:{admin}"},
         "admin_token": ADMIN, "policies": "policies", "certs": "certs",
-        "secrets": {"store": "env"}, "runtime_dir": "runtime", **config,
+        "secrets": {"store": "env"}, "runtime_dir": "runtime",
+        "refusals": {"inside_tls": False}, **config,  # (a refusal read at the CONNECT)
     }))
     gw = subprocess.Popen(
         [sys.executable, "-m", "gateway", "run", "--workers", "2", "--config",

@@ -30,7 +30,7 @@ from typing import Any
 import h11
 
 from gateway.core.exchange import Exchange, no_body
-from gateway.core.gate import Client, Gate
+from gateway.core.gate import Client, Gate, Refused
 from gateway.core.messages import RequestHead
 from gateway.core.phrases import error_phrase
 from gateway.core.refusal import Answer, Refusal, to_http1
@@ -100,10 +100,12 @@ class Engine:
                 conn.abort()
 
     def serve(self, transport: asyncio.Transport, client: Client, first: bytes, *,
-              tls_host: str | None) -> Connection:
+              tls_host: str | None, refused: Refused | None = None) -> Connection:
         """Take over `transport`: TLS with a leaf for `tls_host` (the tunnel's host), or
-        cleartext when None. `first`: bytes already read (the ClientHello, a head)."""
+        cleartext when None. `first`: bytes already read (the ClientHello, a head).
+        `refused`: a refused CONNECT, answered to the first request inside the TLS."""
         conn = Connection(self, client)
+        conn.refused = refused
         client.engine = "h1"
         conn.connection_made(transport)
         if tls_host is not None:
@@ -159,6 +161,7 @@ class Connection(Side):
         self.idle_since: float | None = None  # monotonic end of the last exchange
         self.task: asyncio.Task[None] | None = None
         self.exchange: Exchange | None = None
+        self.refused: Refused | None = None  # serve only this refusal's answer
         self.on_lost = self._client_gone
         self.on_eof = self._client_ended
 
@@ -219,6 +222,9 @@ class Connection(Side):
         timeouts = self.engine.timeouts
         ended = "connection_closed"
         try:
+            if self.refused is not None:
+                await self._answer_refused(self.refused, timeouts)
+                return
             while True:
                 head = await self._read_request(timeouts)
                 if head is None or not await self._exchange(head):
@@ -245,6 +251,18 @@ class Connection(Side):
                 self.exchange.finish(None, error=ended)
                 self.exchange = None
             self._shutdown()
+
+    async def _answer_refused(self, refused: Refused, timeouts: Timeouts) -> None:
+        """A refused CONNECT answered inside TLS: the first request gets the refusal,
+        then the connection closes. Whatever else comes (no TLS, no HTTP/1, nothing in
+        time) just closes it: the refusal's audit line was written at the CONNECT."""
+        try:
+            head = await self._read_request(timeouts)
+        except (ProtocolError, TimeoutError, TlsClosed, ssl.SSLError, ConnectionError):
+            return
+        if head is not None:
+            self.write_answer(self.gate.answer_inside(refused, head))
+            self.flush()
 
     async def _read_request(self, timeouts: Timeouts) -> RequestHead | None:
         """The next request head; None at a clean end before one started."""
