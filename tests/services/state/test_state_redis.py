@@ -332,6 +332,7 @@ def test_two_gateway_processes_share_revocations(tmp_path: Path,
             "state": {"store": "redis", "url": redis_server.url},
             "secrets": {"store": "env"},
             "audit": {"path": str(tmp_path / f"audit-{name}.jsonl")},
+            "refusals": {"inside_tls": False},  # (a revoked token read at the CONNECT)
         }))
     gateway = [sys.executable, "-m", "gateway"]
     # One CA and one signing key for both, created before either starts.
