@@ -53,11 +53,16 @@ CA_VARIABLES = (
     "AWS_CA_BUNDLE",          # AWS SDKs and CLI
     "PIP_CERT",               # pip
     "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",  # gRPC (ignores SSL_CERT_FILE)
+    "CARGO_HTTP_CAINFO",      # cargo's registry client (its libcurl takes no SSL_CERT_FILE)
+    "DENO_CERT",              # Deno
+    "BUNDLE_SSL_CA_CERT",     # Ruby's Bundler
+    "CONDA_SSL_VERIFY",       # conda (a path: verify against this bundle)
 )
 API_KEY_VARIABLES = (
     "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AZURE_OPENAI_API_KEY", "GEMINI_API_KEY",
     "GOOGLE_API_KEY", "MISTRAL_API_KEY", "GROQ_API_KEY", "OPENROUTER_API_KEY", "HF_TOKEN",
     "GH_TOKEN", "GITHUB_TOKEN", "AWS_SESSION_TOKEN", "CLOUDSDK_AUTH_ACCESS_TOKEN",
+    "CODEX_API_KEY",  # Codex CLI reads this, not OPENAI_API_KEY
 )
 NO_PROXY = "localhost,127.0.0.1,::1"
 _JWT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")

@@ -18,8 +18,10 @@ _GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAI
             "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
 
 
-def make_repo(root: Path, name: str, content: str) -> Path:
-    """`root/<name>.git`, a bare repository whose README holds `content`."""
+def make_repo(root: Path, name: str, content: str,
+              files: dict[str, str] | None = None) -> Path:
+    """`root/<name>.git`, a bare repository whose README holds `content` (and `files`,
+    by path: a crate's Cargo.toml and src/lib.rs, say)."""
     work = root / f"{name}-work"
     work.mkdir(parents=True)
     env = {**os.environ, **_GIT_ENV, "HOME": str(root)}
@@ -30,7 +32,10 @@ def make_repo(root: Path, name: str, content: str) -> Path:
 
     git("init", "-q", "-b", "main")
     (work / "README").write_text(content)
-    git("add", "README")
+    for path, text in (files or {}).items():
+        (work / path).parent.mkdir(parents=True, exist_ok=True)
+        (work / path).write_text(text)
+    git("add", ".")
     git("commit", "-q", "-m", "first")
     git("clone", "-q", "--bare", str(work), str(root / f"{name}.git"), cwd=root)
     return root / f"{name}.git"

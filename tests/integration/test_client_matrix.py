@@ -14,6 +14,8 @@ hosts present their own certificate).
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -117,6 +119,7 @@ def _servers(root: Path, ca: LocalCA) -> tuple[dict[str, TLSServer | WsEcho | Gr
     git_dir = root / "git"
     git_dir.mkdir()
     make_repo(git_dir, "repo", "from-git\n")
+    make_repo(git_dir, "crate", "a crate\n", CRATE)
     (root / "ws").mkdir()
     (root / "grpc").mkdir()
     servers: dict[str, TLSServer | WsEcho | GrpcEcho] = {
@@ -254,6 +257,34 @@ def test_git_clone(matrix: Matrix, rule: str, suffix: str) -> None:
     lines = _check(matrix, name, host, rule, token, matrix.recorders["git"].text(), before)
     if rule == "intercept":
         assert any(r["path"].endswith("/git-upload-pack") for r in lines), lines
+
+
+CRATE = {"Cargo.toml": '[package]\nname = "gwcrate"\nversion = "0.1.0"\nedition = "2021"\n',
+         "src/lib.rs": "pub fn value() -> u8 { 7 }\n"}
+CARGO = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
+
+
+@pytest.mark.parametrize(("rule", "suffix"), RULES)
+def test_cargo_fetch_git_dependency(matrix: Matrix, rule: str, suffix: str) -> None:
+    """cargo (its libgit2) with `env` output only: HTTPS_PROXY and SSL_CERT_FILE."""
+    if not Path(CARGO).exists():
+        pytest.skip("cargo is not installed")
+    name, host = f"cargo-{rule}", f"git{suffix}.test"
+    box, token = matrix.sandbox(name)
+    before = matrix.unauthenticated()
+    app = box.home / "app"
+    (app / "src").mkdir(parents=True)
+    (app / "Cargo.toml").write_text(
+        '[package]\nname = "app"\nversion = "0.1.0"\nedition = "2021"\n[dependencies]\n'
+        f'gwcrate = {{ git = "https://{host}/crate.git" }}\n')
+    (app / "src" / "main.rs").write_text("fn main() { println!(\"{}\", gwcrate::value()); }\n")
+    out = box.run([CARGO, "fetch"], cwd=app, timeout=120, CARGO_HOME=str(box.home / "cargo"),
+                  RUSTUP_HOME=os.environ.get("RUSTUP_HOME", str(Path.home() / ".rustup")))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "gwcrate" in (app / "Cargo.lock").read_text()
+    lines = _check(matrix, name, host, rule, token, matrix.recorders["git"].text(), before)
+    if rule == "intercept":
+        assert any(r["path"].endswith("/crate.git/git-upload-pack") for r in lines), lines
 
 
 # --------------------------------------------------------------------------- HTTP clients
