@@ -21,6 +21,7 @@ from fnmatch import fnmatchcase
 
 from gateway.services.metering.endpoints import (
     Body,
+    classify,
     field_of,
     json_body,
     path_model,
@@ -111,13 +112,24 @@ def check_model(rule: Rule, method: str, path: str,
         if not isinstance(value, str):
             return ModelRefusal(
                 f'the request names no "model", which {where} requires; add "model" to '
-                "the JSON body", None, rule.source)
+                f"the JSON body{_not_inference(method, path)}", None, rule.source)
         model = value
     if any(fnmatchcase(model, pattern) for pattern in allowed):
         return None
     return ModelRefusal(
         f'model "{_clip(model)}" is not allowed by {where}; use one of these models or '
         "add it to the rule's models", model, rule.source)
+
+
+def _not_inference(method: str, path: str) -> str:
+    """Advice for a request without a model on a path that is no inference endpoint the
+    gateway knows (an agent's telemetry or settings call, say): the fix is a rule for
+    that path without models, not a model in a body that has none."""
+    if classify(method, path) is not None:
+        return ""
+    return ("; or, if this is no inference call (an agent's telemetry or settings), allow "
+            f"its path ({_clip(path.partition('?')[0])}) in a rule without models, "
+            "listed before this one")
 
 
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,99}")

@@ -111,6 +111,9 @@ CHECKS = [
      b'{"model":"gpt-4o-mini","messages":[{"role":"user","role":"x"}]}', None),
     ("openai", "POST", "/v1/chat/completions", b' {"model":"gpt-4o-mini"}\n', None),
     ("openai", "POST", "/v1/chat/completions", b'{}', 'names no "model"'),
+    # an agent's telemetry call on a provider host: the advice fits it (issue 23)
+    ("openai", "POST", "/api/event_logging/batch", b'{"events":[]}',
+     "allow its path (/api/event_logging/batch) in a rule without models"),
     ("openai", "POST", "/v1/chat/completions", b'\xef\xbb\xbf{"model":"gpt-4o-mini"}',
      "not a JSON object"),
     ("openai", "POST", "/v1/chat/completions", None, "body was not available"),
@@ -160,6 +163,8 @@ def test_check_model(credential: str, method: str, path: str, body: bytes | None
         assert reason in refusal.reason, refusal.reason
         assert (refusal.status, refusal.code) == (403, "model_not_allowed")
         assert refusal.rule == rules()[credential].source
+        # the "rule without models" advice is for paths that are no inference endpoint
+        assert ("rule without models" in refusal.reason) == ("/api/" in path)
 
 
 def test_model_in_body() -> None:
