@@ -5,14 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from gateway.net import ca
-
-if TYPE_CHECKING:
-    pass
 
 from gateway.cli.common import config_of
+from gateway.net import ca
 
 
 def cmd_ca_init(args: argparse.Namespace) -> int:

@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from gateway.cli.common import config_of
 from gateway.net import ca
 from gateway.services.identity.tokens import SigningKeys, TokenError
 from gateway.services.policy import PolicyError, load_policy_dir
-
-if TYPE_CHECKING:
-    pass
-
-from gateway.cli.common import config_of
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:

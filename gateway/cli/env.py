@@ -5,16 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from gateway.cli.common import config_of, credentials_of
 from gateway.services.identity.tokens import SigningKeys, TokenService
 from gateway.services.policy import load_policy_dir
 from gateway.services.state.base import MemoryState
-
-if TYPE_CHECKING:
-    pass
-
-from gateway.cli.common import config_of, credentials_of
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -43,6 +38,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     print("\n".join(notes), file=sys.stderr)
     return 0
 
+
 def _check_env_token(args: argparse.Namespace) -> bool:
     """Refuse a token that is not a live gateway JWT; with --config also check its
     signature and policy against the gateway's keys. True when the signature was checked."""
@@ -62,6 +58,7 @@ def _check_env_token(args: argparse.Namespace) -> bool:
     except TokenRefused as exc:
         raise InvalidToken(f"{exc.code}: {exc.reason}") from None
     return True
+
 
 def cmd_node_preload(args: argparse.Namespace) -> int:
     from gateway.tools.sandbox_env import node_preload_source

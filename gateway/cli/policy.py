@@ -45,6 +45,7 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
           f"{' (their secrets present)' if args.secrets else ''}: OK")
     return 0
 
+
 def _secret_problems(args: argparse.Namespace, policy_set: PolicySet) -> list[str]:
     """`policy check --secrets`: the secrets credentials name, read from the store."""
     from gateway.services.minting.check import check_secrets
@@ -60,6 +61,7 @@ def _secret_problems(args: argparse.Namespace, policy_set: PolicySet) -> list[st
             await store.close()
 
     return asyncio.run(run())
+
 
 def cmd_policy_explain(args: argparse.Namespace) -> int:
     from gateway.tools.explain import explain_body, explain_request, guard_from_config
@@ -114,12 +116,14 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
                 print(f"destination: refused ({destination.code}){cls}; see reason")
     return 0 if answer.result != "deny" else 1
 
+
 def _test_files(directory: Path) -> list[Path]:
     tests = directory / "tests"
     if not tests.is_dir():
         return []
     return sorted(p for p in tests.iterdir()
                   if p.suffix in (".yaml", ".yml") and not p.name.startswith(".") and p.is_file())
+
 
 def _static_metering(args: argparse.Namespace) -> Metering:
     """The metering step `policy test` decides with: the gateway's (its pricing, for
@@ -133,6 +137,7 @@ def _static_metering(args: argparse.Namespace) -> Metering:
     except Exception as exc:  # (ConfigError, PricingError, OSError): decided without prices
         print(f"note: no pricing for cost budgets ({exc})", file=sys.stderr)
     return static_metering()
+
 
 def cmd_policy_test(args: argparse.Namespace) -> int:
     from gateway.services.policy.report import junit_xml, test_text
@@ -184,6 +189,7 @@ def cmd_policy_test(args: argparse.Namespace) -> int:
         Path(args.junit).write_text(junit_xml(results, seconds), encoding="utf-8")
     return 0 if all(r.passed for r in results) else 1
 
+
 def _audit_lines(paths: list[str]) -> Iterator[bytes]:
     """Every line of every audit file (``-`` = stdin, ``.gz`` decompressed), streamed."""
     for name in paths:
@@ -193,6 +199,7 @@ def _audit_lines(paths: list[str]) -> Iterator[bytes]:
         opener = gzip.open if name.endswith(".gz") else open
         with opener(name, "rb") as handle:
             yield from handle
+
 
 def cmd_policy_diff(args: argparse.Namespace) -> int:
     from gateway.services.policy.diff import diff_sets

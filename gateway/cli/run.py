@@ -7,16 +7,11 @@ import asyncio
 import logging
 import signal
 import sys
-from typing import TYPE_CHECKING
 
 from gateway import __version__
+from gateway.cli.common import config_of
 from gateway.config import Config
 from gateway.net import ca
-
-if TYPE_CHECKING:
-    pass
-
-from gateway.cli.common import config_of
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -43,6 +38,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         follow_supervisor(args.supervisor)
     return _run_single(cfg, args.worker_index)
+
 
 def _run_single(cfg: Config, worker: int | None) -> int:
     """One gateway process (alone, or worker `worker` of a supervisor)."""
@@ -80,6 +76,7 @@ def _run_single(cfg: Config, worker: int | None) -> int:
 
     return asyncio.run(main(), loop_factory=new_event_loop)
 
+
 def _banner(gateway: object) -> None:
     from gateway.runtime.app import Gateway
 
@@ -102,6 +99,7 @@ def _banner(gateway: object) -> None:
     lines.append(ca.admin_token_line(cfg.certs, bool(cfg.admin_token),
                                         gateway.admin_token_created))
     print("\n".join(lines), file=sys.stderr, flush=True)
+
 
 def _fmt(addr: tuple[str, int]) -> str:
     host, port = addr

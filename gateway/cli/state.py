@@ -7,14 +7,9 @@ import contextlib
 import sqlite3
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from gateway.config import ConfigError
-
-if TYPE_CHECKING:
-    pass
 
 from gateway.cli.common import config_of
+from gateway.config import ConfigError
 
 
 def _state_file(args: argparse.Namespace) -> Path:
@@ -23,6 +18,7 @@ def _state_file(args: argparse.Namespace) -> Path:
         raise ConfigError(f"state.store is {state.get('store')!r}: `state` works on the "
                           "SQLite file (for redis use its own tools, e.g. redis-cli --rdb)")
     return Path(str(state["path"]))
+
 
 def cmd_state_check(args: argparse.Namespace) -> int:
     """Is the state file sound (integrity, schema, mode)? What does it hold?"""
@@ -40,6 +36,7 @@ def cmd_state_check(args: argparse.Namespace) -> int:
                 f"{count} {table}" for table, count in rows.items()))
     print("FAILED" if problems else "OK")
     return 1 if problems else 0
+
 
 def cmd_state_backup(args: argparse.Namespace) -> int:
     """An online, consistent copy of the state file (the gateway may keep running)."""

@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING
 
+from gateway.cli.common import config_of, credentials_of, signing_keys_of
 from gateway.config import parse_duration
 from gateway.services.identity.tokens import TokenError, TokenService, parse_scope
 from gateway.services.policy import load_policy_dir
 from gateway.services.state.base import MemoryState
-
-if TYPE_CHECKING:
-    pass
-
-from gateway.cli.common import config_of, credentials_of, signing_keys_of
 
 
 def cmd_token_mint(args: argparse.Namespace) -> int:
@@ -41,6 +36,7 @@ def cmd_token_mint(args: argparse.Namespace) -> int:
         print(minted.token)
     return 0
 
+
 def cmd_token_rotate(args: argparse.Namespace) -> int:
     from gateway.services.identity.keywatch import PICKUP_SECONDS
 
@@ -52,6 +48,7 @@ def cmd_token_rotate(args: argparse.Namespace) -> int:
           "verifying the older keys until they are retired (`token retire-key KID`, or "
           "tokens.retired_kids at the next start).")
     return 0
+
 
 def cmd_token_retire(args: argparse.Namespace) -> int:
     from gateway.services.identity.keywatch import PICKUP_SECONDS

@@ -9,15 +9,11 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import TYPE_CHECKING, Any
-
-from gateway.config import ConfigError
-from gateway.net import ca
-
-if TYPE_CHECKING:
-    pass
+from typing import Any
 
 from gateway.cli.common import config_of
+from gateway.config import ConfigError
+from gateway.net import ca
 
 
 def _admin_url(args: argparse.Namespace) -> str:
@@ -26,6 +22,7 @@ def _admin_url(args: argparse.Namespace) -> str:
     admin = config_of(args).listen.admin
     host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(admin.host, admin.host)
     return f"http://[{host}]:{admin.port}" if ":" in host else f"http://{host}:{admin.port}"
+
 
 def _admin_token(args: argparse.Namespace) -> str:
     if args.token:
@@ -42,12 +39,14 @@ def _admin_token(args: argparse.Namespace) -> str:
         raise ConfigError(f"no admin token: pass --token, set SANDBOX_GATEWAY_ADMIN_TOKEN or "
                           f"admin_token, or make {path} readable ({exc.strerror})") from None
 
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     numeric = [i >= 4 for i in range(len(header))]
     return ["  ".join(cell.rjust(w) if num else cell.ljust(w)
                       for cell, w, num in zip(row, widths, numeric, strict=True)).rstrip()
             for row in [header, *rows]]
+
 
 def _usage_lines(report: dict[str, Any]) -> list[str]:
     def cost(value: Any) -> str:
@@ -88,6 +87,7 @@ def _usage_lines(report: dict[str, Any]) -> list[str]:
         lines.append("WARNING: the shared state store is unreachable: these are this "
                      "gateway process's local counts")
     return lines
+
 
 def cmd_usage(args: argparse.Namespace) -> int:
     url = _admin_url(args)

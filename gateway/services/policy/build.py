@@ -39,6 +39,7 @@ def _can_reach(rule: HostPattern, credential: tuple[HostPattern, ...]) -> bool:
                 return True
     return False
 
+
 def build_policy_set(parser: NodeReader, revision: str = "") -> PolicySet:
     """Cross-file checks, extends resolution and compilation (raises PolicyError)."""
     errors = parser.errors
@@ -148,6 +149,7 @@ def build_policy_set(parser: NodeReader, revision: str = "") -> PolicySet:
         )
     files = tuple(dict.fromkeys(raw.file for raw in parser.policies))
     return PolicySet(policies=policies, credentials=credentials, files=files, revision=revision)
+
 
 def _budgets(
     by_name: Mapping[str, RawPolicy],

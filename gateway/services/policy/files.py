@@ -22,11 +22,13 @@ def policy_files(directory: str | os.PathLike[str]) -> list[Path]:
             out.append(path)
     return out
 
+
 def source_name(directory: str | os.PathLike[str]) -> str:
     """How sources name the policies directory: by its own name, never by the host's
     absolute path (a rule's source reaches refusal bodies, explain output and audit
     lines): ``policies/agents.yaml:4``."""
     return os.path.basename(os.path.abspath(os.fspath(directory))) or "policies"
+
 
 def resolves_outside(directory: str | os.PathLike[str], path: str | os.PathLike[str]
                      ) -> str | None:
@@ -37,12 +39,14 @@ def resolves_outside(directory: str | os.PathLike[str], path: str | os.PathLike[
     real = os.path.realpath(path)
     return None if Path(real).is_relative_to(base) else real
 
+
 def outside_error(name: str, real: str, directory: str | os.PathLike[str]) -> str:
     """The message for a file that a symlink takes out of the policies directory."""
     return (f"{name} is a symbolic link to {real}, outside the policies directory "
             f"{os.path.realpath(directory)}; the gateway reads policy files only inside "
             "it: copy the file into the directory, or point the link at a file inside it "
             "(as a ConfigMap's ..data links do)")
+
 
 def unreadable(exc: OSError | UnicodeDecodeError) -> str:
     if isinstance(exc, UnicodeDecodeError):

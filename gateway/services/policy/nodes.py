@@ -30,12 +30,14 @@ class RawRule:
     credential_node: Node | None = None
     host_pattern: HostPattern | None = None
 
+
 @dataclass
 class RawBudget:
     budget: Budget
     file: str
     line: int
     credential_nodes: list[tuple[str, Node]] = field(default_factory=list)
+
 
 @dataclass
 class RawPolicy:
@@ -48,6 +50,7 @@ class RawPolicy:
     rules: list[RawRule] = field(default_factory=list)
     extends_line: int = 0
     budgets: list[RawBudget] = field(default_factory=list)
+
 
 @dataclass
 class CredentialDef:

@@ -14,15 +14,20 @@ class PolicyError(Exception):
         self.errors = list(errors)
         super().__init__("\n".join(self.errors))
 
+
 KEY_SHOWN = 40  # characters of a key an error quotes
+
 
 SHOWN = 64  # characters of any other value from a file an error quotes
 
+
 _REPR = re.compile(r"'(?:[^'\\\n]|\\.)*'" + r'|"(?:[^"\\\n]|\\.)*"')  # quoted values
+
 
 def printable(text: str, limit: int) -> str:
     clean = "".join(c if c.isprintable() else "?" for c in text)  # no controls, no bidi
     return clean if len(clean) <= limit else clean[: limit - 3] + "..."
+
 
 def shown(value: object, limit: int = SHOWN) -> str:
     """A value from a policy file as an error quotes it: in double quotes, printable
@@ -31,12 +36,14 @@ def shown(value: object, limit: int = SHOWN) -> str:
     text = value if isinstance(value, str) else repr(value)
     return '"' + printable(text.replace('"', "'"), limit) + '"'
 
+
 def quoted(value: object, limit: int = SHOWN) -> str:
     """``repr(value)`` of a value from a file, clipped like ``shown``."""
     text = repr(value)
     if len(text) <= limit and text.isprintable():
         return text
     return printable(text, limit - 1) + (text[0] if text[0] in "'\"" else "")
+
 
 def clipped(message: str) -> str:
     """A library's error about a value (host and path patterns, durations, YAML), its
@@ -45,9 +52,11 @@ def clipped(message: str) -> str:
                     printable(m.group(), SHOWN - 1) + m.group()[0], message)
     return printable(out, 300)
 
+
 def suggest(word: str, choices: tuple[str, ...] | list[str]) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f' (did you mean "{close[0]}"?)' if close else ""
+
 
 def format_errors(errors: list[tuple[str, int, str]]) -> list[str]:
     """``file:line: message`` lines, grouped by file in line order, duplicates dropped."""

@@ -25,21 +25,29 @@ from gateway.services.policy.nodes import NAME, CredentialDef, NodeReader
 from gateway.services.policy.presets import PRESETS
 from gateway.services.policy.problems import SHOWN, clipped, printable, quoted, shown, suggest
 
+
 _CREDENTIAL_KEYS = ("preset", "secret", "hosts", "inject", "description", "type")
+
 
 _SECRET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,126}")
 
+
 _AWS_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+
 
 _GITHUB_LEVELS = ("read", "write", "admin")
 
+
 _INJECT_KEYS = ("header", "bearer", "query", "basic")
 
+
 _HEADER = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
+
 
 _FIELD_HINTS = {"text": "value", "secret": "secret name", "url": "https URL",
                 "id": "number", "texts": "list", "mapping": "mapping", "flag": "true|false",
                 "path": "file path", "duration": "duration", "choice": "choice"}
+
 
 def _value_of(node: Node, key: str) -> Node | None:
     """The value node of ``key`` in a mapping node, if present."""
@@ -49,6 +57,7 @@ def _value_of(node: Node, key: str) -> Node | None:
                 found: Node = value_node
                 return found
     return None
+
 
 def _pairs(value: Option | None) -> list[tuple[str, str]]:
     return [p for p in value if isinstance(p, tuple)] if isinstance(value, tuple) else []

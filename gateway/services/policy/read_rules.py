@@ -22,15 +22,20 @@ from gateway.services.policy.nodes import NAME, NodeReader, RawBudget, RawPolicy
 from gateway.services.policy.paths import PathPatternError, validate_path_pattern
 from gateway.services.policy.problems import clipped, quoted, shown
 
+
 _RULE_KEYS = ("host", "ports", "methods", "paths", "credential", "inspect", "protocol", "models",
               "metering", "allow_minted_secrets")
 
+
 _METERING_KEYS = ("required", "reserve")
+
 
 _BUDGET_KEYS = ("name", "per", "window", "tokens", "requests", "cost_usd", "credentials",
                 "description")
 
+
 _MIN_WINDOW = 60
+
 
 _MODEL_GLOB = re.compile(r"[!-~]{1,200}")  # printable ASCII, no spaces
 
