@@ -25,7 +25,6 @@ from gateway.services.policy.nodes import NAME, CredentialDef, NodeReader
 from gateway.services.policy.presets import PRESETS
 from gateway.services.policy.problems import SHOWN, clipped, printable, quoted, shown, suggest
 
-
 _CREDENTIAL_KEYS = ("preset", "secret", "hosts", "inject", "description", "type")
 
 

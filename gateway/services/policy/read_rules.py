@@ -22,7 +22,6 @@ from gateway.services.policy.nodes import NAME, NodeReader, RawBudget, RawPolicy
 from gateway.services.policy.paths import PathPatternError, validate_path_pattern
 from gateway.services.policy.problems import clipped, quoted, shown
 
-
 _RULE_KEYS = ("host", "ports", "methods", "paths", "credential", "inspect", "protocol", "models",
               "metering", "allow_minted_secrets")
 
