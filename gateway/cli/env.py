@@ -21,10 +21,16 @@ def cmd_env(args: argparse.Namespace) -> int:
         print(f"sandbox-gateway: --token is not a usable gateway token: {exc}; mint one "
               "with `sandbox-gateway token mint` or POST /v1/tokens", file=sys.stderr)
         return 1
+    try:
+        placeholders = _placeholders(args) if verified else {}
+    except ValueError as exc:  # two placeholders for one variable
+        print(f"sandbox-gateway: {exc}", file=sys.stderr)
+        return 1
     preload = None if args.node_preload in ("", "none") else args.node_preload
     variables = sandbox_variables(args.token, args.proxy, sandbox=args.sandbox,
                                   ca_bundle=args.ca_bundle, node_preload=preload,
-                                  git_hosts=tuple(args.git_host or ["github.com"]))
+                                  git_hosts=tuple(args.git_host or ["github.com"]),
+                                  placeholders=placeholders)
     sys.stdout.write(render(variables, args.format))
     # The env file stays variables only; advice goes to the operator's terminal.
     notes = dns_note(args.proxy)
@@ -58,6 +64,21 @@ def _check_env_token(args: argparse.Namespace) -> bool:
     except TokenRefused as exc:
         raise InvalidToken(f"{exc.code}: {exc.reason}") from None
     return True
+
+
+def _placeholders(args: argparse.Namespace) -> dict[str, str]:
+    """The key variables' prefixes from the `placeholder` of the credentials the token's
+    policy injects (with --config: the gateway's policies)."""
+    from gateway.services.identity.tokens import unverified_claims
+    from gateway.tools.sandbox_env import placeholders_of
+
+    policies = load_policy_dir(config_of(args).policies)
+    policy = policies.get(str(unverified_claims(args.token).get("pol") or ""))
+    if policy is None:
+        return {}
+    names = {rule.credential for rule in policy.rules if rule.credential}
+    return placeholders_of((c.preset, c.placeholder) for name, c in
+                           sorted(policies.credentials.items()) if name in names)
 
 
 def cmd_node_preload(args: argparse.Namespace) -> int:

@@ -141,6 +141,8 @@ def plan(credential: Credential, headers: Headers, target: Target, identity: Ide
                       "the provider expects its key; set the API key variable to the "
                       "sandbox token")
     token = value.strip()
+    if credential.placeholder and token.startswith(credential.placeholder):
+        token = token[len(credential.placeholder):]  # (a key shape the SDK checks; see env)
     if minted is not None and not token.startswith(TOKEN_PREFIX):
         secret = minted(_bare(token))
         if secret is not None:
@@ -209,6 +211,7 @@ def find_token(headers: Headers, path: str) -> str | None:
                 continue
             value = value.partition(":")[2]
         for part in value.replace(",", " ").split():
-            if part.startswith(TOKEN_PREFIX):
-                return part
+            at = part.find(TOKEN_PREFIX)  # (after a credential's placeholder prefix, if any)
+            if at >= 0:
+                return part[at:]
     return None

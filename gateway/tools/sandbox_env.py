@@ -30,6 +30,7 @@ import ipaddress
 import json
 import re
 import time
+from collections.abc import Iterable, Mapping
 from importlib import resources
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -64,6 +65,14 @@ API_KEY_VARIABLES = (
     "GH_TOKEN", "GITHUB_TOKEN", "AWS_SESSION_TOKEN", "CLOUDSDK_AUTH_ACCESS_TOKEN",
     "CODEX_API_KEY",  # Codex CLI reads this, not OPENAI_API_KEY
 )
+#: The key variables of each provider preset: where `env` puts a credential's
+#: `placeholder` prefix before the token (an SDK or agent that checks the key's shape).
+PRESET_VARIABLES: dict[str, tuple[str, ...]] = {
+    "openai": ("OPENAI_API_KEY", "CODEX_API_KEY"), "anthropic": ("ANTHROPIC_API_KEY",),
+    "azure-openai": ("AZURE_OPENAI_API_KEY",), "gemini": ("GEMINI_API_KEY", "GOOGLE_API_KEY"),
+    "mistral": ("MISTRAL_API_KEY",), "groq": ("GROQ_API_KEY",),
+    "openrouter": ("OPENROUTER_API_KEY",), "huggingface": ("HF_TOKEN",),
+}
 NO_PROXY = "localhost,127.0.0.1,::1"
 _JWT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 #: AWS SDKs sign with these; the gateway strips that signature and signs with real keys.
@@ -160,10 +169,12 @@ def git_config(hosts: tuple[str, ...] = ("github.com",)) -> list[tuple[str, str]
 def sandbox_variables(token: str, proxy: str, sandbox: str | None = None,
                       ca_bundle: str = DEFAULT_CA_BUNDLE,
                       node_preload: str | None = DEFAULT_NODE_PRELOAD,
-                      git_hosts: tuple[str, ...] = ("github.com",)) -> list[tuple[str, str]]:
+                      git_hosts: tuple[str, ...] = ("github.com",),
+                      placeholders: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
     """The sandbox's variables, in output order. `node_preload`: the preload's path
     inside the sandbox (None: no NODE_OPTIONS); `git_hosts`: hosts whose git credential
-    helper answers the token (empty: none)."""
+    helper answers the token (empty: none); `placeholders`: a key variable's prefix before
+    the token (`placeholders_of`)."""
     sandbox = sandbox or str(unverified_claims(token).get("sub") or "sandbox")
     url = proxy_url(proxy, sandbox, token)
     out = [("HTTPS_PROXY", url), ("HTTP_PROXY", url), ("https_proxy", url),
@@ -173,10 +184,26 @@ def sandbox_variables(token: str, proxy: str, sandbox: str | None = None,
     if node_preload:
         quoted = f'"{node_preload}"' if any(c in node_preload for c in ' "\\') else node_preload
         out.append(("NODE_OPTIONS", f"--import={quoted}"))
-    out += [(var, token) for var in API_KEY_VARIABLES]
+    prefix = placeholders or {}
+    out += [(var, prefix.get(var, "") + token) for var in API_KEY_VARIABLES]
     out += list(AWS_PLACEHOLDERS)
     if git_hosts:
         out += git_config(git_hosts)
+    return out
+
+
+def placeholders_of(credentials: Iterable[tuple[str | None, str | None]]
+                    ) -> dict[str, str]:
+    """The prefix of each key variable, from a policy's credentials as (preset,
+    placeholder) pairs: a preset credential's placeholder goes before the token in that
+    preset's variables. Two credentials of one preset with different placeholders are
+    ambiguous: ValueError."""
+    out: dict[str, str] = {}
+    for preset, placeholder in credentials:
+        for var in PRESET_VARIABLES.get(preset or "", ()) if placeholder else ():
+            if out.setdefault(var, placeholder or "") != placeholder:
+                raise ValueError(f"two {preset} credentials give {var} different "
+                                 "placeholders; keep one")
     return out
 
 

@@ -24,6 +24,9 @@ GEMINI = Credential(name="gemini", secret="k", hosts=("generativelanguage.google
                                         alternatives=(Injection("query", "key"),)))
 BASIC = Credential(name="git", secret="k", hosts=("git.example.com",),
                    injection=Injection("basic", "x-access-token"))
+SHAPED = Credential(name="anthropic", secret="k", hosts=("api.anthropic.com",),
+                    injection=Injection("header", "x-api-key"), preset="anthropic",
+                    placeholder="sk-ant-api03-")
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +49,11 @@ def _target(host: str, path: str = "/v1/x", scheme: str = "https") -> Target:
      lambda h, p: h.get("authorization") == "Bearer REAL" and h.get("x-api-key") is None),
     (GEMINI, "generativelanguage.googleapis.com", lambda t: ([], f"/v1/m?alt=sse&key={t}"),
      lambda h, p: p == "/v1/m?alt=sse&key=REAL"),
+    # a key-shaped token (the credential's placeholder before it): stripped, then checked
+    (SHAPED, "api.anthropic.com", lambda t: ([("x-api-key", f"sk-ant-api03-{t}")], "/v1/x"),
+     lambda h, p: h.get("x-api-key") == "REAL"),
+    (SHAPED, "api.anthropic.com", lambda t: ([("x-api-key", t)], "/v1/x"),  # or without it
+     lambda h, p: h.get("x-api-key") == "REAL"),
     (BASIC, "git.example.com",
      lambda t: ([("Authorization", "Basic " + base64.b64encode(f"u:{t}".encode()).decode())],
                 "/repo.git/info/refs"),
@@ -97,6 +105,22 @@ def test_find_token_in_carriers(service: TokenService) -> None:
                           ([], f"/m?key={token}")]:
         assert credentials.find_token(Headers.of(*headers), path) == token
     assert credentials.find_token(Headers.of(("Authorization", "Bearer abc")), "/") is None
+    shaped = Headers.of(("x-api-key", f"sk-ant-api03-{token}"))  # (after a placeholder)
+    assert credentials.find_token(shaped, "/") == token
+
+
+def test_a_placeholder_is_no_token(service: TokenService) -> None:
+    """Only a verified token follows the placeholder: the prefix alone, or another
+    sandbox's token behind it, is refused like any other carrier value."""
+    token = service.mint("s1", "agent").token
+    identity = service.verify(token)
+    for value, code in [("sk-ant-api03-", "token_malformed"),
+                        (f"sk-ant-api03-{service.mint('s2', 'agent').token}",
+                         "credential_not_in_scope")]:
+        with pytest.raises(Refusal) as caught:
+            credentials.plan(SHAPED, Headers.of(("x-api-key", value)),
+                             _target("api.anthropic.com"), identity, service.verify, None)
+        assert caught.value.code == code
 
 
 def test_a_provider_minted_secret_goes_on_as_sent(service: TokenService) -> None:

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from helpers.errors import code_of, reason_of
 from helpers.gateway import GatewayFactory, GatewayThread
+from helpers.sandbox import env_output, parse_dotenv
 from helpers.tls import LocalCA
 from helpers.upstream import Upstream
 
@@ -313,3 +314,48 @@ def test_chunked_request_bodies_are_scanned(inference_gateway: GatewayThread,
         # The intercept path never completes a cut-off request upstream (mitmproxy
         # cannot kill a request in transit: it ends the message without the bad chunk).
         assert all(req.path != "/chunked-leak" for req in upstream.requests[before:])
+
+
+SHAPED_POLICY = POLICY.replace(
+    "anthropic: {preset: anthropic, secret: anthropic-api-key}",
+    "anthropic: {preset: anthropic, secret: anthropic-api-key, placeholder: sk-ant-api03-}")
+
+SHAPED_SCRIPT = r"""
+import json, os, anthropic
+assert os.environ["ANTHROPIC_API_KEY"].startswith("sk-ant-api03-")
+m = anthropic.Anthropic(max_retries=0).messages.create(
+    model="claude-test", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
+print(json.dumps({"anthropic": m.content[0].text}))
+"""
+
+
+def test_a_key_shaped_token_from_env(make_gateway: GatewayFactory, upstream: Upstream,
+                                     tmp_path: Path) -> None:
+    """issue 23, item 4: `env --config` puts the credential's placeholder before the token
+    in ANTHROPIC_API_KEY (for clients that check a key's shape); the gateway strips it,
+    checks the token and swaps in the real key."""
+    secrets = tmp_path / "secrets.yaml"
+    secrets.write_text(f"anthropic-api-key: {ANTHROPIC_KEY}\nopenai-api-key: {OPENAI_KEY}\n")
+    secrets.chmod(0o600)
+    gw = make_gateway({"agent.yaml": SHAPED_POLICY},
+                      config={"secrets": {"store": "file", "path": str(secrets)}})
+    token = gw.mint("agent")
+    assert gw.gateway.proxy_address
+    host, port = gw.gateway.proxy_address[:2]
+    code, out, err = env_output("--token", token, "--proxy", f"http://{host}:{port}",
+                                "--config", str(tmp_path / "gateway.yaml"),
+                                "--ca-bundle", str(gw.ca_cert), "--node-preload", "none")
+    assert code == 0, err
+    env = parse_dotenv(out)
+    assert env["ANTHROPIC_API_KEY"] == f"sk-ant-api03-{token}"
+    assert env["OPENAI_API_KEY"] == token  # (no placeholder on that credential)
+    before = len(upstream.requests)
+    run = subprocess.run([sys.executable, "-c", SHAPED_SCRIPT], capture_output=True, text=True,
+                         timeout=60, env={"PATH": os.environ.get("PATH", ""), **env,
+                                          "SSL_CERT_FILE": str(gw.ca_cert)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout) == {"anthropic": "Hello"}
+    seen = upstream.requests[before:]
+    assert [r.headers.get("x-api-key") or r.headers["authorization"].split()[-1]
+            for r in seen] == [ANTHROPIC_KEY]  # (the SDK's carrier, the real key in it)
+    assert token not in json.dumps([r.headers for r in seen])

@@ -20,6 +20,7 @@ from gateway.tools.sandbox_env import (
     check_token,
     dns_note,
     node_preload_source,
+    placeholders_of,
     proxy_url,
     render,
     sandbox_env,
@@ -192,3 +193,15 @@ def test_dns_note_says_no_resolver_is_needed(proxy: str, name_hint: bool) -> Non
     assert ("is a name" in note) is name_hint
     if name_hint:
         assert "hostAliases" in note
+
+
+def test_placeholders_go_before_the_token_in_their_presets_variables() -> None:
+    prefixes = placeholders_of([("anthropic", "sk-ant-api03-"), ("openai", None),
+                                (None, "xoxb-")])  # (no preset: no variable to put it in)
+    assert prefixes == {"ANTHROPIC_API_KEY": "sk-ant-api03-"}
+    env = _env([f"{k}={v}" for k, v in sandbox_variables(JWT, "http://gateway:8080",
+                                                         placeholders=prefixes)])
+    assert env["ANTHROPIC_API_KEY"] == f"sk-ant-api03-{JWT}"
+    assert env["OPENAI_API_KEY"] == JWT
+    with pytest.raises(ValueError, match="different placeholders"):
+        placeholders_of([("openai", "sk-proj-"), ("openai", "sk-")])

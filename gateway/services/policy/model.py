@@ -61,6 +61,7 @@ class Credential:
     places: Injection | None = None
     signs: bool = False
     challenge: bool = False
+    placeholder: str | None = None  # a key-shaped prefix `env` puts before the token
     host_patterns: tuple[HostPattern, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:

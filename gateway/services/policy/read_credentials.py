@@ -25,7 +25,9 @@ from gateway.services.policy.nodes import NAME, CredentialDef, NodeReader
 from gateway.services.policy.presets import PRESETS
 from gateway.services.policy.problems import SHOWN, clipped, printable, quoted, shown, suggest
 
-_CREDENTIAL_KEYS = ("preset", "secret", "hosts", "inject", "description", "type")
+_CREDENTIAL_KEYS = ("preset", "secret", "hosts", "inject", "description", "type",
+                    "placeholder")
+_PLACEHOLDER = re.compile(r"[A-Za-z0-9_-]{1,32}")
 
 
 _SECRET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,126}")
@@ -137,6 +139,15 @@ class CredentialReader(NodeReader):
             ok = ok and secret is not None
         if "description" in keys:
             self.string(file, keys["description"][1], "description")
+        placeholder: str | None = None
+        if "placeholder" in keys:
+            node_p = keys["placeholder"][1]
+            placeholder = self.string(file, node_p, "placeholder")
+            if placeholder is not None and not _PLACEHOLDER.fullmatch(placeholder):
+                self.err(file, node_p, f"placeholder {quoted(placeholder)}: a key prefix of 1 to "
+                         '32 letters, digits, "_" or "-", e.g. sk-ant-api03-')
+                placeholder = None
+            ok = ok and placeholder is not None
         if "hosts" in keys:
             hosts = self.parse_credential_hosts(file, keys["hosts"][1])
             ok = ok and hosts is not None
@@ -166,6 +177,7 @@ class CredentialReader(NodeReader):
             preset=preset_name,
             source=where,
             policy=policy,
+            placeholder=placeholder,
         )
 
     def parse_minted(

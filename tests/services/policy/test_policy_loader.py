@@ -411,3 +411,23 @@ def test_directory_errors(tmp_path: Path) -> None:
     with pytest.raises(PolicyError) as info:
         load_policy_dir(tmp_path)
     assert info.value.errors[0].startswith(f"{tmp_path.name}/bad.yaml:4: ")
+
+
+SHAPED = """
+version: v1
+name: agent
+egress:
+  - host: api.anthropic.com
+    credential: anthropic
+credentials:
+  anthropic: {preset: anthropic, secret: k, placeholder: %s}
+"""
+
+
+def test_a_credential_placeholder() -> None:
+    """A key-shaped prefix `env` puts before the token; only a short key prefix."""
+    policy_set = load_policy_texts({"p/a.yaml": dedent(SHAPED % "sk-ant-api03-")})
+    assert policy_set.credentials["anthropic"].placeholder == "sk-ant-api03-"
+    for bad in ('"sk ant"', '"a/b"', '"' + "x" * 33 + '"', '""'):
+        found = errors_of({"p/a.yaml": SHAPED % bad})
+        assert any("placeholder" in e for e in found), found
