@@ -105,20 +105,26 @@ def test_an_expired_token_ends_passthrough_tunnels_but_lets_a_stream_finish(
     """Expiry is not revocation: the passthrough tunnel ends (`token_expired`), the
     intercepted stream under way when the token expired is answered to its end."""
     gw = make_gateway({"agent.yaml": POLICY})
-    minted = gw.gateway.tokens.mint("sbx-exp", "agent", {}, ttl=1)
+    # 2 s, not 1: `exp` is whole seconds, so a 1 s token may have a few ms left when it is
+    # used (the request would then be refused before the stream starts).
+    minted = gw.gateway.tokens.mint("sbx-exp", "agent", {}, ttl=2)
     passthrough = _tunnel(gw, minted.token, "sbx-exp", "allowed.test", str(test_ca.cert_path))
     stream = _tunnel(gw, minted.token, "sbx-exp", "other.test", str(gw.ca_cert))
-    # 40 events 0.05 s apart: the token expires (and the sweep runs) during the stream.
-    assert _get(stream, "other.test", "/sse?n=40&interval=0.05").startswith(b"HTTP/1.1 200")
-    took = _ended_within(passthrough, max(0.0, minted.expires_at - time.time()) + 1.0)
-    passthrough.close()
-    assert took is not None
-    stream.settimeout(5)
-    body = b""
-    while b"0\r\n\r\n" not in body:
-        chunk = stream.recv(65536)
-        assert chunk, "the stream was cut"
-        body += chunk
-    stream.close()
+    try:
+        # Events 0.05 s apart until well past the expiry and the sweep after it.
+        events = int((minted.expires_at - time.time() + 1.5) / 0.05) + 1
+        assert _get(stream, "other.test", f"/sse?n={events}&interval=0.05").startswith(
+            b"HTTP/1.1 200")
+        took = _ended_within(passthrough, max(0.0, minted.expires_at - time.time()) + 1.0)
+        assert took is not None
+        stream.settimeout(5)
+        body = b""
+        while b"0\r\n\r\n" not in body:
+            chunk = stream.recv(65536)
+            assert chunk, "the stream was cut"
+            body += chunk
+    finally:
+        passthrough.close()
+        stream.close()
     assert any(r.get("path_taken") == "passthrough" and r.get("error") == "token_expired"
                for r in gw.audit.records() if r.get("sandbox") == "sbx-exp")
