@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gateway.services.policy import PolicyError, PolicySet, load_policy_dir, policy_files
+from gateway.services.policy.agents import preset_lines
 from gateway.services.policy.loader import outside_error, resolves_outside, source_name
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
     print(f"{directory}: {len(policy_set.policies)} policies, {policy_set.rule_count} rules, "
           f"{len(policy_set.credentials)} credentials"
           f"{' (their secrets present)' if args.secrets else ''}: OK")
+    for line in preset_lines(policy_set):
+        print(line)
     return 0
 
 

@@ -46,7 +46,9 @@ other coding: 415). Token counts are deterministic: input = words of the request
 ``max_completion_tokens`` / ``max_output_tokens`` / ``maxOutputTokens`` (then the reply
 stops for length). Every request is recorded in ``requests``. With ``websocket=True`` a
 WebSocket server (``fakes.realtime.FakeRealtime``: the Realtime API and the Responses
-API over WebSocket) shares the fake's CA, counts, stored responses and minted secrets.
+API over WebSocket) shares the fake's CA, counts, stored responses and minted secrets;
+it has its own port (``ws_url``), and a WebSocket upgrade on the HTTP port (one host for
+both, as the real API and the Codex CLI have it) is relayed to it.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ import gzip
 import json
 import re
 import secrets
+import select
 import socket
 import ssl
 import threading
@@ -663,7 +666,36 @@ class _Handler(BaseHTTPRequestHandler):
         return self._send(status, _oai_error(message, param=param, code=code))
 
     def do_GET(self) -> None:
+        if self.fake.ws is not None and self.headers.get("Upgrade", "").lower() == "websocket":
+            return self._relay_upgrade(self.fake.ws.port)
         self._serve()
+
+    def _relay_upgrade(self, port: int) -> None:
+        """A WebSocket upgrade on this port (where the real API takes it, beside the HTTP
+        endpoints) is relayed byte for byte to the WebSocket fake, which answers it."""
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        self.seen = Recorded(self.command, self.path, headers, b"", status=101)
+        self.fake.requests.append(self.seen)
+        head = self.requestline + "\r\n" + "".join(
+            f"{k}: {v}\r\n" for k, v in self.headers.items()) + "\r\n"
+        client = self.connection
+        with self.fake.client_context().wrap_socket(
+                socket.create_connection(("127.0.0.1", port), timeout=60),
+                server_hostname="api.openai.com") as upstream:
+            upstream.sendall(head.encode("latin-1"))
+            peer = {client: upstream, upstream: client}
+            while True:
+                ready = [s for s in peer if s.pending()] or select.select(
+                    list(peer), [], [], 60)[0]
+                if not ready:
+                    break
+                for sock in ready:
+                    data = sock.recv(65536)
+                    if not data:
+                        self.close_connection = True
+                        return
+                    peer[sock].sendall(data)
+        self.close_connection = True
 
     def do_POST(self) -> None:
         self._serve()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gateway.services.policy.agents import PREFIX, known_agents
 from gateway.services.policy.compiled import Policy, PolicySet, compile_policy
 from gateway.services.policy.hosts import HostPattern
 from gateway.services.policy.model import (
@@ -70,14 +71,14 @@ def build_policy_set(parser: NodeReader, revision: str = "") -> PolicySet:
                 node = raw_rule.credential_node
                 line = raw_rule.line if node is None else node.start_mark.line + 1
                 if cred is None:
+                    define = ("define it under credentials: in any policy file"
+                              if not raw.name.startswith(PREFIX) else
+                              f"{raw.name} injects the credential named {shown(cred_name)}: "
+                              f"define it, e.g. credentials: {{{cred_name}: {{preset: "
+                              f"{cred_name}, secret: <secret name>}}}}")
                     errors.append(
-                        (
-                            raw.file,
-                            line,
-                            f"unknown credential {shown(cred_name)}"
-                            f"{suggest(cred_name, known_credentials)}; define it under "
-                            "credentials: in any policy file",
-                        )
+                        (raw.file, line, f"unknown credential {shown(cred_name)}"
+                         f"{suggest(cred_name, known_credentials)}; {define}")
                     )
                     continue
                 assert raw_rule.host_pattern is not None
@@ -108,13 +109,12 @@ def build_policy_set(parser: NodeReader, revision: str = "") -> PolicySet:
         for parent, node in raw.extends:
             line = node.start_mark.line + 1
             if parent not in known_policies:
+                shipped = known_agents()
+                hint = (f"; the shipped agent presets are {', '.join(shipped)}"
+                        if parent.startswith(PREFIX) else suggest(parent, known_policies))
                 errors.append(
-                    (
-                        raw.file,
-                        line,
-                        f'policy "{name}" extends unknown policy {shown(parent)}'
-                        f"{suggest(parent, known_policies)}",
-                    )
+                    (raw.file, line, f'policy "{name}" extends unknown policy {shown(parent)}'
+                     f"{hint}")
                 )
                 continue
             if parent in stack:

@@ -31,8 +31,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import yaml
-from yaml.nodes import Node, ScalarNode, SequenceNode
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from gateway.services.policy.agents import PREFIX, TELEMETRY, add_agent_presets, variant
 from gateway.services.policy.build import build_policy_set
 from gateway.services.policy.compiled import PolicySet
 from gateway.services.policy.files import (
@@ -104,7 +105,8 @@ class _Parser(RuleReader, CredentialReader):
         else:
             name_node = keys["name"][1]
             name = self.string(file, name_node, "name")
-            if name is not None and not NAME.fullmatch(name):
+            if name is not None and not NAME.fullmatch(name) and not (
+                    self.preset and name.startswith(PREFIX)):
                 self.err(
                     file,
                     name_node,
@@ -132,8 +134,7 @@ class _Parser(RuleReader, CredentialReader):
         if "extends" in keys:
             ext_node = keys["extends"][1]
             policy.extends_line = ext_node.start_mark.line + 1
-            items = self.string_list(file, ext_node, "extends")
-            policy.extends = items or []
+            policy.extends = self.parse_extends(file, ext_node)
         if "credentials" in keys:
             self.parse_credentials(file, keys["credentials"][1], name or "")
         if "egress" in keys:
@@ -151,6 +152,44 @@ class _Parser(RuleReader, CredentialReader):
             self.parse_budgets(file, keys["budgets"][1], policy)
         self.policies.append(policy)
 
+    def parse_extends(self, file: str, node: Node) -> list[tuple[str, Node]]:
+        """Policy names, or an agent preset with its switch: ``{agent/codex: {telemetry:
+        allow}}`` (see policy/agents)."""
+        if not isinstance(node, SequenceNode):
+            self.err(file, node, 'extends must be a list, e.g. extends: ["base"]')
+            return []
+        items: list[tuple[str, Node]] = []
+        for item in node.value:
+            if isinstance(item, MappingNode) and len(item.value) == 1:
+                key_node, options = item.value[0]
+                agent = self.scalar(key_node) if isinstance(key_node, ScalarNode) else None
+                if not isinstance(agent, str) or not agent.startswith(PREFIX):
+                    self.err(file, item, "only an agent preset takes options in extends "
+                             "(- agent/codex: {telemetry: allow})")
+                    continue
+                keys = self.mapping(file, options, ("telemetry",), "agent preset options")
+                telemetry = "deny"
+                if keys and "telemetry" in keys:
+                    value_node = keys["telemetry"][1]
+                    value = (self.scalar(value_node) if isinstance(value_node, ScalarNode)
+                             else None)
+                    if value not in TELEMETRY:
+                        self.err(file, value_node,
+                                 f"invalid telemetry {quoted(value)}; use deny or allow")
+                        continue
+                    telemetry = value
+                items.append((variant(agent, telemetry), item))
+                continue
+            name = self.string(file, item, "extends item")
+            if name is not None:
+                items.append((name, item))
+        return items
+
+    def finish(self, revision: str = "") -> PolicySet:
+        """The agent presets the policies extend, then the checked, compiled set."""
+        add_agent_presets(self, self.parse_file)
+        return build_policy_set(self, revision)
+
 
 def load_policy_texts(files: Mapping[str, str], *, revision: str | None = None) -> PolicySet:
     """Load policies from ``{file name: YAML text}`` (raises PolicyError).
@@ -162,7 +201,7 @@ def load_policy_texts(files: Mapping[str, str], *, revision: str | None = None) 
         parser.parse_file(file, text)
     if revision is None:
         revision = content_hash({name: text.encode("utf-8") for name, text in files.items()})
-    return build_policy_set(parser, revision)
+    return parser.finish(revision)
 
 
 def load_policy_text(name: str, text: str) -> PolicySet:
@@ -205,5 +244,5 @@ def load_policy_dir(directory: str | os.PathLike[str]) -> PolicySet:
             continue
         raw[path.name] = data
         parser.parse_file(name, text)
-    policy_set = build_policy_set(parser)
+    policy_set = parser.finish()
     return replace(policy_set, revision=policy_revision(directory, raw))

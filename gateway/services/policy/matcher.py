@@ -5,7 +5,9 @@ literal suffix. A decision walks the request host's label suffixes (O(labels)),
 so its cost does not grow with the number of rules. Walking from the longest
 suffix to the shortest yields candidates already ordered by specificity: exact
 host, then wildcards with longer literal suffixes, then (same suffix) globs before
-``*.`` before ``**.``, then file order.
+``*.`` before ``**.``; for one host pattern, rules that name ``paths`` before rules that
+do not (a telemetry path rule is never judged by the host's inference rule), then file
+order.
 
 Tunnel level (``Request.method is None``, at CONNECT time): allowed if any rule
 matches host and port (no ``ports`` = 443 and 80). ``inspect`` is False (pass
@@ -18,8 +20,15 @@ not to be HTTP/TLS) only matches ``protocol: tcp`` rules; other schemes match bo
 Request level: only ``protocol: http`` rules; port must be listed, or be the
 scheme's default (https 443, http 80) when the rule has no ``ports``. Among the
 rules whose host, port, method and path match, the first (by specificity) that
-binds a credential wins, else the first one. A credential rule only matches hosts
-its credential is bound to. A suspicious path (see ``paths``) matches no rule.
+binds a credential wins, else the first one; but a rule naming ``paths`` is not
+overridden by a later credential rule without them (a keyless call on a listed path
+stays keyless). A credential rule only matches hosts its credential is bound to. A
+suspicious path (see ``paths``) matches no rule.
+
+``action: deny`` rules: a matching deny rule refuses, unless an allow rule before it
+(more specific, or earlier in the file) already matched. At tunnel level a deny rule
+without ``methods``/``paths`` refuses the tunnel the same way; one with them makes the
+tunnel intercepted, so its requests are seen.
 
 With ``mode: report`` a deny becomes ``report``: allowed, with the would-deny reason.
 """
@@ -60,7 +69,9 @@ class _Entry:
         "_tunnel_allow",
         "binds",
         "credential",
+        "deny",
         "forces_inspect",
+        "host_level",
         "methods",
         "passthrough",
         "paths",
@@ -79,6 +90,8 @@ class _Entry:
         self.binds = binds
         self.passthrough = self.tcp or rule.host_only
         self.forces_inspect = rule.credential is not None or rule.inspect
+        self.deny = rule.denies
+        self.host_level = rule.methods is None and rule.paths is None
         self._allow: Decision | None = None
         self._tunnel_allow: Decision | None = None
 
@@ -105,6 +118,13 @@ class _Entry:
             self._tunnel_allow = decision
         return decision
 
+    @property
+    def tunnel_inspect(self) -> Decision:
+        """The tunnel-level allow of a pass-through rule whose host also has a deny rule
+        on paths or methods: intercepted, so that rule can see the requests."""
+        rule = self.rule
+        return Decision("allow", self._reason(), rule, True, None)
+
     def bound(self, host: str) -> bool:
         """False if this rule's credential may not go to ``host``."""
         binds = self.binds
@@ -114,6 +134,11 @@ class _Entry:
             if pattern.matches(host):
                 return True
         return False
+
+
+def _by_paths(entries: list[_Entry]) -> tuple[_Entry, ...]:
+    """One host pattern's entries: rules with ``paths`` first, then file order."""
+    return tuple(sorted(entries, key=lambda e: e.paths is None))
 
 
 class Matcher:
@@ -158,12 +183,12 @@ class Matcher:
                     bucket.append((pattern, [entry]))
             else:
                 exact.setdefault(pattern.text, []).append(entry)
-        self._exact: dict[str, tuple[_Entry, ...]] = {k: tuple(v) for k, v in exact.items()}
+        self._exact: dict[str, tuple[_Entry, ...]] = {k: _by_paths(v) for k, v in exact.items()}
         self._wild: dict[str, tuple[tuple[HostPattern, tuple[_Entry, ...]], ...]] = {}
         for suffix, bucket in wild.items():
             if len(bucket) > 1:
                 bucket.sort(key=lambda pe: pe[0].rank)  # stable: file order within a rank
-            self._wild[suffix] = tuple((p, tuple(entries)) for p, entries in bucket)
+            self._wild[suffix] = tuple((p, _by_paths(entries)) for p, entries in bucket)
 
     def candidates(self, host: str) -> tuple[_Entry, ...] | list[_Entry]:
         """Entries whose host pattern matches ``host``, most specific first."""
@@ -186,6 +211,12 @@ class Matcher:
                 break
             start = dot + 1
         return exact if found is None else found
+
+    def _refused(self, entry: _Entry) -> Decision:
+        """The refusal of a matching ``action: deny`` rule."""
+        rule = entry.rule
+        why = rule.reason or f"{rule.describe()}; remove or narrow that rule to allow this"
+        return self._deny(_clip(f"refused by rule {rule.source}: {why}", 400), rule)
 
     def _deny(self, reason: str, rule: Rule | None) -> Decision:
         if self.mode == "report":
@@ -220,6 +251,7 @@ class Matcher:
         first_pass: _Entry | None = None
         first_inspect: _Entry | None = None
         first_forced: _Entry | None = None
+        first_deny: _Entry | None = None
         closest: _Entry | None = None
         level = -1
         for entry in self.candidates(host):
@@ -236,6 +268,12 @@ class Matcher:
                 if level < 2:
                     closest, level = entry, 2
                 continue
+            if entry.deny:
+                if entry.host_level and first_pass is None and first_inspect is None:
+                    return self._refused(entry)
+                if first_deny is None:
+                    first_deny = entry
+                continue
             if entry.passthrough:
                 if first_pass is None:
                     first_pass = entry
@@ -247,9 +285,13 @@ class Matcher:
         if first_forced is not None:
             return first_forced.tunnel_allow
         if first_pass is not None:
+            if first_deny is not None and not first_deny.host_level:
+                return first_pass.tunnel_inspect  # the deny rule's requests must be seen
             return first_pass.tunnel_allow
         if first_inspect is not None:
             return first_inspect.tunnel_allow
+        if first_deny is not None:
+            return self._refused(first_deny)
         if closest is None:
             return self._no_host(host)
         rule = closest.rule
@@ -328,7 +370,11 @@ class Matcher:
                 if level < 4:
                     closest, level = entry, 4
                 continue
+            if entry.deny:
+                return self._refused(entry) if first is None else first.allow
             if entry.credential is not None:
+                if first is not None and first.paths is not None and entry.paths is None:
+                    return first.allow  # a path rule is not overridden by a host-wide one
                 return entry.allow
             if first is None:
                 first = entry

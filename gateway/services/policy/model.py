@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_HTTPS_PORT",
     "DEFAULT_HTTP_PORT",
+    "Action",
     "Budget",
     "Credential",
     "Decision",
@@ -32,6 +33,7 @@ __all__ = [
 
 Mode = Literal["enforce", "report"]
 Protocol = Literal["http", "tcp"]
+Action = Literal["allow", "deny"]
 DecisionResult = Literal["allow", "deny", "report"]
 BudgetScope = Literal["sandbox", "policy"]
 
@@ -90,6 +92,8 @@ class Rule:
     ``metering`` (credential rules only, see ``MeteringRule``) and
     ``allow_minted_secrets``: a provider may mint secrets for the sandbox on this rule
     (OpenAI Realtime client secrets...), which are then bound like the key.
+    ``action: deny`` refuses what the rule matches (``reason`` says why and what to
+    change); a deny rule has no credential and allows nothing.
     """
 
     host: str
@@ -104,6 +108,8 @@ class Rule:
     models: tuple[str, ...] | None = None
     metering: MeteringRule | None = None
     allow_minted_secrets: bool = False
+    action: Action = "allow"
+    reason: str | None = None
     host_pattern: HostPattern = field(init=False, compare=False, repr=False)
     path_set: PathSet | None = field(init=False, compare=False, repr=False)
 
@@ -126,6 +132,11 @@ class Rule:
     def host_only(self) -> bool:
         """True for a plain HTTP(S) host rule that can be passed through without interception."""
         return self.protocol == "http" and not self.needs_inspection
+
+    @property
+    def denies(self) -> bool:
+        """True for an ``action: deny`` rule."""
+        return self.action == "deny"
 
     def describe(self) -> str:
         """A one-line summary for reasons and explain output."""
@@ -150,6 +161,8 @@ class Rule:
             parts.append(f"protocol: {self.protocol}")
         if self.inspect:
             parts.append("inspect: true")
+        if self.denies:
+            parts.append("action: deny")
         return "; ".join(parts)
 
 

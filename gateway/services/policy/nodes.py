@@ -29,6 +29,7 @@ class RawRule:
     line: int
     credential_node: Node | None = None
     host_pattern: HostPattern | None = None
+    telemetry: bool = False  # a shipped preset's telemetry rule (see policy/agents.py)
 
 
 @dataclass
@@ -65,6 +66,7 @@ class NodeReader:
         self.errors: list[tuple[str, int, str]] = []
         self.policies: list[RawPolicy] = []
         self.credentials: dict[str, CredentialDef] = {}
+        self.preset = False  # reading a shipped agent preset (policy/agents.py)
         self._constructor = SafeConstructor()
 
     def err(self, file: str, node: Node | None, message: str) -> None:

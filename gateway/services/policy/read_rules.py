@@ -23,7 +23,12 @@ from gateway.services.policy.paths import PathPatternError, validate_path_patter
 from gateway.services.policy.problems import clipped, quoted, shown
 
 _RULE_KEYS = ("host", "ports", "methods", "paths", "credential", "inspect", "protocol", "models",
-              "metering", "allow_minted_secrets")
+              "metering", "allow_minted_secrets", "action", "reason")
+# A shipped agent preset's rules may also be marked `telemetry: true` (on or off by the
+# switch of whoever extends the preset: see policy/agents.py).
+_PRESET_RULE_KEYS = (*_RULE_KEYS, "telemetry")
+ALLOW_ONLY = ("credential", "inspect", "models", "metering", "allow_minted_secrets")
+_MAX_REASON = 300
 
 
 _METERING_KEYS = ("required", "reserve")
@@ -43,7 +48,8 @@ class RuleReader(NodeReader):
     """The rules and budgets of a policy document."""
 
     def parse_rule(self, file: str, node: Node) -> RawRule | None:
-        keys = self.mapping(file, node, _RULE_KEYS, "an egress rule")
+        keys = self.mapping(file, node, _PRESET_RULE_KEYS if self.preset else _RULE_KEYS,
+                            "an egress rule")
         if keys is None:
             return None
         ok = True
@@ -146,7 +152,46 @@ class RuleReader(NodeReader):
                     "protocol: tcp needs explicit ports (e.g. ports: [22])",
                 )
                 ok = False
+        ok = self.parse_action(file, keys, raw) and ok
         return raw if ok else None
+
+    def parse_action(self, file: str, keys: dict[str, tuple[Node, Node]], raw: RawRule) -> bool:
+        """``action: allow | deny`` with its ``reason`` (deny only), and a preset's
+        ``telemetry: true``."""
+        ok = True
+        if "action" in keys:
+            node = keys["action"][1]
+            value = self.scalar(node) if isinstance(node, ScalarNode) else None
+            if value not in ("allow", "deny"):
+                self.err(file, node, f"invalid action {quoted(value)}; use allow or deny")
+                return False
+            raw.fields["action"] = value
+            clashing = [k for k in ALLOW_ONLY if k in keys]
+            if value == "deny" and clashing:
+                self.err(file, node, f"action: deny cannot be combined with "
+                         f"{', '.join(clashing)} (a deny rule allows nothing); remove them")
+                ok = False
+        if "reason" in keys:
+            node = keys["reason"][1]
+            reason = self.string(file, node, "reason")
+            if raw.fields.get("action") != "deny":
+                self.err(file, node, "reason is for action: deny rules (it is what a refused "
+                         "request is told); add action: deny or remove reason")
+                ok = False
+            elif reason is not None and not 0 < len(reason) <= _MAX_REASON:
+                self.err(file, node, f"reason must be 1-{_MAX_REASON} characters")
+                ok = False
+            else:
+                raw.fields["reason"] = reason
+        if "telemetry" in keys:
+            node = keys["telemetry"][1]
+            telemetry = self.boolean(file, node, "telemetry")
+            if "action" in keys:
+                self.err(file, node, "a telemetry rule is allowed or denied by the preset's "
+                         "switch: remove action")
+                ok = False
+            raw.telemetry = bool(telemetry)
+        return ok
 
     def parse_ports(self, file: str, node: Node) -> tuple[int, ...] | None:
         if not isinstance(node, SequenceNode) or not node.value:

@@ -1,0 +1,113 @@
+"""Agent presets shipped with the gateway: policies for the agent CLIs people run, used as
+``extends: [agent/codex]``.
+
+Each preset (``<name>.yaml`` here, rules sourced as ``agent/<name>.yaml:<line>``) holds the
+agent's provider rule (its credential, by a conventional name the extending policy
+defines, and ``models: ["*"]`` so only model calls use it) and the agent's other calls
+(settings, plugins, registries) as rules with ``paths``, which the matcher tries before the
+host's provider rule: a settings or telemetry call is never judged as an inference call.
+
+Rules marked ``telemetry: true`` (telemetry, experiments, update checks) follow the
+extending policy's switch: ``agent/codex`` refuses them (403 ``policy_denied`` with a
+reason, which the agents tolerate), ``{agent/codex: {telemetry: allow}}`` allows them.
+Only the presets a policy extends are loaded, once per telemetry setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from importlib import resources
+from typing import TYPE_CHECKING
+
+from gateway.services.policy.nodes import NodeReader, RawPolicy
+from gateway.services.policy.read_rules import ALLOW_ONLY
+
+if TYPE_CHECKING:
+    from gateway.services.policy.compiled import PolicySet
+
+__all__ = ["PREFIX", "TELEMETRY", "add_agent_presets", "known_agents", "preset_lines", "variant"]
+
+PREFIX = "agent/"
+TELEMETRY = ("deny", "allow")
+
+
+def known_agents() -> tuple[str, ...]:
+    """The shipped presets' names (``agent/codex``...), sorted."""
+    files = resources.files(__package__)
+    return tuple(sorted(PREFIX + f.name.removesuffix(".yaml") for f in files.iterdir()
+                        if f.name.endswith(".yaml")))
+
+
+def variant(agent: str, telemetry: str) -> str:
+    """The name a policy extends for ``agent`` with that telemetry setting."""
+    return agent if telemetry == "deny" else f"{agent} (telemetry: {telemetry})"
+
+
+def _split(name: str) -> tuple[str, str]:
+    agent, _, rest = name.partition(" (telemetry: ")
+    return agent, rest.rstrip(")") or "deny"
+
+
+def add_agent_presets(parser: NodeReader, parse: Callable[[str, str], None]) -> None:
+    """Parse the presets the policies extend (with ``parse(file, text)``, as the shipped
+    file ``agent/<name>.yaml``), one raw policy per telemetry setting asked for."""
+    wanted: dict[str, set[str]] = {}
+    for policy in parser.policies:
+        for name, _ in policy.extends:
+            if name.startswith(PREFIX):
+                agent, telemetry = _split(name)
+                wanted.setdefault(agent, set()).add(telemetry)
+    if not wanted:
+        return
+    known = set(known_agents())
+    for agent, settings in sorted(wanted.items()):
+        if agent not in known:
+            continue  # build reports the unknown parent, with the shipped names
+        text = resources.files(__package__).joinpath(
+            agent.removeprefix(PREFIX) + ".yaml").read_text("utf-8")
+        before = len(parser.policies)
+        parser.preset = True
+        try:
+            parse(agent + ".yaml", text)
+        finally:
+            parser.preset = False
+        base = [p for p in parser.policies[before:] if p.name == agent]
+        del parser.policies[before:]
+        if len(base) != 1:  # a broken shipped file: its own errors say why
+            continue
+        parser.policies.extend(_with_telemetry(base[0], telemetry)
+                               for telemetry in sorted(settings))
+
+
+def _with_telemetry(preset: RawPolicy, telemetry: str) -> RawPolicy:
+    """The preset with its telemetry rules allowed or refused (with a reason)."""
+    name = variant(preset.name, telemetry)
+    rules = []
+    for rule in preset.rules:
+        if rule.telemetry and telemetry == "deny":
+            reason = (f"{preset.name} turns the agent's telemetry off; extend "
+                      f"{{{preset.name}: {{telemetry: allow}}}} to send it")
+            fields = {k: v for k, v in rule.fields.items() if k not in ALLOW_ONLY}
+            rule = replace(rule, fields={**fields, "action": "deny", "reason": reason},
+                           credential_node=None)
+        rules.append(rule)
+    return replace(preset, name=name, rules=rules)
+
+
+def preset_lines(policy_set: PolicySet) -> list[str]:
+    """What each extended agent preset brings (for ``policy check``): its rules, in the
+    order they are tried, with the policies that extend it."""
+    lines: list[str] = []
+    for name, policy in sorted(policy_set.policies.items()):
+        if not name.startswith(PREFIX):
+            continue
+        users = sorted(n for n, p in policy_set.policies.items() if name in p.extends)
+        lines.append(f"{name} (extended by {', '.join(users) or 'no policy'}):")
+        for rule in policy.rules:
+            if rule.denies:
+                lines.append(f"  deny  {rule.describe().removesuffix('; action: deny')}  "
+                             f"({rule.source}): {rule.reason}")
+            else:
+                lines.append(f"  allow {rule.describe()}  ({rule.source})")
+    return lines
