@@ -67,3 +67,27 @@ def env_proxy_node() -> Path:
     assert version.stdout.strip() == f"v{NODE_VERSION}", (
         f"{node} does not run: {version.stdout}{version.stderr}")
     return node
+
+
+# Agent CLIs from npm, pinned: the versions whose traffic the shipped presets were written
+# from (gateway/services/policy/agents). Both are native binaries in per-platform packages.
+AGENT_PACKAGES = ("@openai/codex@0.169.0", "@anthropic-ai/claude-code@2.1.332")
+
+
+def agent_clis() -> dict[str, Path]:
+    """`codex` and `claude` (installed once per machine, cached like the SDKs)."""
+    key = hashlib.sha256(" ".join(AGENT_PACKAGES).encode()).hexdigest()[:12]
+    root = _npm_install(_cache_root() / f"agent-clis-{key}", AGENT_PACKAGES)
+    claude = root / "node_modules" / "@anthropic-ai" / "claude-code"
+    if (claude / "bin" / "claude.exe").stat().st_size < 1 << 20:
+        # The package's own postinstall (skipped by --ignore-scripts, no network): it puts
+        # the platform package's native binary over the bin/claude.exe placeholder.
+        proc = subprocess.run(["node", "install.cjs"], cwd=claude, capture_output=True,
+                              text=True, timeout=120, check=False)
+        assert proc.returncode == 0, f"claude-code install.cjs failed:\n{proc.stderr}"
+    tools = {name: root / "node_modules" / ".bin" / name for name in ("codex", "claude")}
+    for name, path in tools.items():
+        version = subprocess.run([str(path), "--version"], capture_output=True, text=True,
+                                 timeout=60, check=False)
+        assert version.returncode == 0, f"{name} does not run: {version.stdout}{version.stderr}"
+    return tools

@@ -1,0 +1,225 @@
+"""The agent CLIs people run, as released on npm (Codex CLI, Claude Code), configured only
+by `sandbox-gateway env` output and the shipped agent presets, against the stand-in
+provider (tests/fakes/inference.py) through the real gateway with its default refusals
+inside TLS.
+
+Each run asserts what a user needs: the agent's answer, the real key upstream and never
+in the sandbox (its environment, output or files), the token never upstream, the model
+call metered on its audit line, telemetry refused by the preset's rule, and a refusal's
+reason printed by the agent itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes.inference import FakeInference
+from helpers.gateway import GatewayThread
+from helpers.node_clients import agent_clis
+from helpers.sandbox import Sandbox
+
+from gateway.cli import main as cli_main
+
+PROVIDER_KEY = "sk-agents-provider-key-0123456789"
+REPLY = "The fake provider answers."
+HOSTS = ("api.openai.com", "api.anthropic.com", "chatgpt.com", "ab.chatgpt.com", "github.com",
+         "api.github.com")
+POLICIES = """\
+version: v1
+name: agents
+extends: [agent/codex, agent/claude-code]
+credentials:
+  openai: {preset: openai, secret: provider-key}
+  anthropic: {preset: anthropic, secret: provider-key}
+---
+version: v1
+name: narrow
+extends: [agent/codex, agent/claude-code]
+egress:
+  - host: api.openai.com
+    credential: openai
+    models: ["gpt-4.1*"]
+  - host: api.anthropic.com
+    credential: anthropic
+    models: ["claude-haiku-*"]
+"""
+# Codex's HTTP transport: a provider entry without WebSockets (a user's config.toml would
+# hold the same); the base URL is the real one, the gateway is still only in the env.
+HTTP_PROVIDER = ["-c", 'model_provider="oai"', "-c",
+                 'model_providers.oai={name="oai",base_url="https://api.openai.com/v1",'
+                 'env_key="CODEX_API_KEY",wire_api="responses",supports_websockets=false}']
+
+
+@dataclass
+class Agents:
+    gw: GatewayThread
+    fake: FakeInference
+    root: Path
+    tools: dict[str, Path]
+
+    def sandbox(self, name: str, policy: str = "agents") -> tuple[Sandbox, str]:
+        token = self.gw.mint(policy, sandbox=name)
+        box = Sandbox.from_cli(self.root / "homes" / name, token=token, proxy=self.gw.proxy,
+                               ca_bundle=self.gw.ca_cert, node_preload=Path("none"),
+                               config=self.root / "gateway.yaml")
+        return box, token
+
+    def lines(self, sandbox: str) -> list[dict[str, Any]]:
+        return [r for r in self.gw.audit.records() if r.get("sandbox") == sandbox]
+
+
+@pytest.fixture(scope="module")
+def agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
+    tools = agent_clis()
+    root = tmp_path_factory.mktemp("agents")
+    fake = FakeInference(root / "fake", api_key=PROVIDER_KEY, websocket=True).start()
+    try:
+        (root / "policies").mkdir()
+        (root / "policies" / "agents.yaml").write_text(POLICIES)
+        secrets = root / "secrets.yaml"
+        secrets.write_text(f"provider-key: {PROVIDER_KEY}\n")
+        secrets.chmod(0o600)
+        gw = GatewayThread(root, {
+            "network": {"upstream_ca": str(fake.ca_path),
+                        "resolve": {host: f"127.0.0.1:{fake.port}" for host in HOSTS}},
+            "secrets": {"store": "file", "path": str(secrets)},
+            "refusals": {"inside_tls": True}})
+        try:
+            yield Agents(gw, fake, root, tools)
+        finally:
+            gw.stop()
+    finally:
+        fake.stop()
+
+
+def _no_key_in_the_sandbox(box: Sandbox, *outputs: str) -> None:
+    """The real key reached neither the agent's environment, its output nor its files."""
+    assert PROVIDER_KEY not in json.dumps(box.variables)
+    for text in outputs:
+        assert PROVIDER_KEY not in text
+    for path in box.home.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert PROVIDER_KEY.encode() not in path.read_bytes(), path
+
+
+def _upstream_saw(fake: FakeInference, seen_before: int, token: str) -> list[Any]:
+    """This run's requests at the stand-in: the model calls carried the real key, no
+    request carried the token."""
+    mine = fake.requests[seen_before:]
+    assert token not in json.dumps([r.headers for r in mine])
+    model_calls = [r for r in mine if r.path.split("?")[0] in ("/v1/responses", "/v1/messages")]
+    assert model_calls
+    for request in model_calls:
+        assert PROVIDER_KEY in (request.headers.get("authorization", "") +
+                                request.headers.get("x-api-key", ""))
+    return model_calls
+
+
+def _tokens(line: dict[str, Any]) -> int:
+    """The input tokens metered on an audit line (0: none)."""
+    return int((line.get("usage") or {}).get("input_tokens") or 0)
+
+
+def _metered(lines: list[dict[str, Any]], host: str) -> dict[str, Any]:
+    calls = [r for r in lines if r["host"] == host and _tokens(r)]
+    assert len(calls) == 1, lines
+    call = calls[0]
+    assert call["decision"] == "allow" and call["credential"] in ("openai", "anthropic")
+    assert call["usage"]["input_tokens"] > 0 and call["usage"]["output_tokens"] == 4
+    return call
+
+
+@pytest.mark.parametrize("transport", ["websocket", "http"])
+def test_codex_exec(agents: Agents, transport: str) -> None:
+    name = f"codex-{transport}"
+    box, token = agents.sandbox(name)
+    seen = len(agents.fake.requests)
+    argv = [str(agents.tools["codex"]), "exec", "--skip-git-repo-check",
+            *(HTTP_PROVIDER if transport == "http" else []), "say hi"]
+    out = box.run(argv, timeout=90)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == REPLY
+    _no_key_in_the_sandbox(box, out.stdout, out.stderr)
+    calls = _upstream_saw(agents.fake, seen, token)
+    assert {c.method for c in calls} == ({"GET"} if transport == "websocket" else {"POST"})
+    lines = agents.lines(name)
+    call = _metered(lines, "api.openai.com")
+    assert call["status"] == (101 if transport == "websocket" else 200)
+    assert call["rule"] == "agent/codex.yaml:13"
+    _preset_refusals(lines, out.stderr, required=False)
+
+
+def _preset_refusals(lines: list[dict[str, Any]], stderr: str, *, required: bool) -> None:
+    """Telemetry is refused by the preset (the tunnel, answered inside TLS), and so is
+    the ChatGPT-account model list, whose reason Codex prints. (Both are sent in the
+    background: a run that ends in a second may end before them; the metrics only
+    leave at a turn's end.)"""
+    telemetry = [r for r in lines if r["host"] == "ab.chatgpt.com"]
+    models = [r for r in lines if r.get("path") == "/backend-api/codex/models"]
+    assert {(r["error"], r["rule"]) for r in telemetry} <= {
+        ("policy_denied", "agent/codex.yaml:38")}, telemetry
+    assert {(r["error"], r["rule"]) for r in models} <= {
+        ("policy_denied", "agent/codex.yaml:21")}, models
+    if required or models:
+        assert models, lines
+        assert "Codex's ChatGPT-account endpoints need a ChatGPT sign-in" in stderr
+
+
+def test_codex_prints_a_model_refusal(agents: Agents) -> None:
+    """A model the policy does not allow: refused on the WebSocket and then on HTTP (Codex
+    falls back, 5 tries each), and Codex's last words are the gateway's reason."""
+    name = "codex-refused"
+    box, _ = agents.sandbox(name, policy="narrow")
+    out = box.run([str(agents.tools["codex"]), "exec", "--skip-git-repo-check", "say hi"],
+                  timeout=120)
+    assert out.returncode != 0
+    assert 'model_not_allowed: model "gpt-6.1-sol" is not allowed by rule ' \
+           "policies/agents.yaml:12 (models: gpt-4.1*)" in out.stderr, out.stderr[-3000:]
+    lines = agents.lines(name)
+    # Each response.create on the WebSocket, then each POST, refused; nothing reached the
+    # stand-in but the WebSocket upgrades (no model call: no usage on any line).
+    refused = [r for r in lines if r["host"] == "api.openai.com" and r["error"]]
+    assert refused and {r["error"] for r in refused} == {"model_not_allowed"}
+    assert {r["method"] for r in refused} == {"GET", "POST"}
+    assert not [r for r in lines if _tokens(r)]
+    _preset_refusals(lines, out.stderr, required=True)
+    _no_key_in_the_sandbox(box, out.stdout, out.stderr)
+
+
+def test_claude_code_print(agents: Agents) -> None:
+    name = "claude-print"
+    box, token = agents.sandbox(name)
+    seen = len(agents.fake.requests)
+    out = box.run([str(agents.tools["claude"]), "-p", "say hi"], timeout=90)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert out.stdout.strip() == REPLY
+    _no_key_in_the_sandbox(box, out.stdout, out.stderr)
+    _upstream_saw(agents.fake, seen, token)
+    lines = agents.lines(name)
+    assert _metered(lines, "api.anthropic.com")["rule"] == "agent/claude-code.yaml:12"
+    by_path = {r["path"]: r for r in lines if r.get("path")}
+    # Settings go with the key on their own rule; telemetry is refused by the preset.
+    assert by_path["/api/claude_code/settings"]["credential"] == "anthropic"
+    assert by_path["/api/claude_code/settings"]["rule"] == "agent/claude-code.yaml:16"
+    logging = by_path["/api/event_logging/v2/batch"]
+    assert (logging["error"], logging["rule"]) == ("policy_denied", "agent/claude-code.yaml:31")
+    assert not [r for r in lines if r.get("error") not in (None, "policy_denied")], lines
+
+
+def test_claude_code_prints_a_model_refusal(agents: Agents) -> None:
+    name = "claude-refused"
+    box, _ = agents.sandbox(name, policy="narrow")
+    out = box.run([str(agents.tools["claude"]), "-p", "say hi"], timeout=90)
+    assert out.returncode != 0
+    assert ("403 model_not_allowed: model \"claude-opus-5-5\" is not allowed by rule "
+            "policies/agents.yaml:15 (models: claude-haiku-*)") in out.stdout, out.stdout
+    _no_key_in_the_sandbox(box, out.stdout, out.stderr)
+
+
+def test_the_presets_say_what_they_bring(agents: Agents) -> None:
+    assert cli_main(["policy", "check", str(agents.root / "policies")]) == 0
