@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from gateway.cli.common import config_of, credentials_of
+from gateway.cli.token import mint_token
 from gateway.services.identity.tokens import SigningKeys, TokenService
 from gateway.services.policy import load_policy_dir
 from gateway.services.state.base import MemoryState
@@ -15,6 +17,24 @@ from gateway.services.state.base import MemoryState
 def cmd_env(args: argparse.Namespace) -> int:
     from gateway.tools.sandbox_env import InvalidToken, dns_note, render, sandbox_variables
 
+    if (args.token is None) == (args.policy is None):
+        print("sandbox-gateway: env needs --token, or --policy and --sandbox to mint one",
+              file=sys.stderr)
+        return 2
+    if args.policy is not None:
+        if not args.sandbox:
+            print("sandbox-gateway: env --policy needs --sandbox (the new token's sandbox id)",
+                  file=sys.stderr)
+            return 2
+        minted = mint_token(args)
+        args.token = minted.token
+        print(f"# minted token {minted.jti} for sandbox {args.sandbox}, policy {args.policy}, "
+              f"expiring {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(minted.expires_at))}",
+              file=sys.stderr)
+    elif args.ttl is not None:
+        print("sandbox-gateway: --ttl is for a token env mints (--policy); a given token "
+              "keeps its own expiry", file=sys.stderr)
+        return 2
     try:
         verified = _check_env_token(args)
     except InvalidToken as exc:
@@ -107,7 +127,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                     "stderr how to run the sandbox without a DNS resolver: a sandbox using "
                     "the proxy needs none (the gateway resolves names). The token must be a "
                     "live gateway token; with --config its signature is checked too.")
-    env.add_argument("--token", required=True)
+    env.add_argument("--token", help="the sandbox's token (or mint one: --policy)")
+    env.add_argument("--policy", help="mint the token here, for this policy (with --sandbox; "
+                     "signed with the keys of --config, as `token mint` does)")
+    env.add_argument("--ttl", help="with --policy: the token's lifetime, e.g. 8h (default: the "
+                     "policy's tokens.ttl, else tokens.default_ttl; max tokens.max_ttl)")
     env.add_argument("--proxy", required=True, help="gateway URL, e.g. http://gateway:8080")
     env.add_argument("--sandbox", help="sandbox id (default: the token's sub)")
     env.add_argument("--git-host", action="append", metavar="HOST",

@@ -7,28 +7,41 @@ import json
 
 from gateway.cli.common import config_of, credentials_of, signing_keys_of
 from gateway.config import parse_duration
-from gateway.services.identity.tokens import TokenError, TokenService, parse_scope
+from gateway.services.identity.tokens import MintedToken, TokenError, TokenService, parse_scope
 from gateway.services.policy import load_policy_dir
 from gateway.services.state.base import MemoryState
 
 
-def cmd_token_mint(args: argparse.Namespace) -> int:
+def mint_token(args: argparse.Namespace, *, init: bool = False) -> MintedToken:
+    """A token for `args.sandbox` and `args.policy` (with `args.ttl`, or the policy's
+    `tokens: {ttl}`, or tokens.default_ttl), signed with the config's keys."""
     cfg = config_of(args)
     policies = load_policy_dir(cfg.policies)
     if policies.get(args.policy) is None:
         raise TokenError(f"policy {args.policy!r} does not exist in {cfg.policies}; "
                          f"known: {', '.join(sorted(policies.policies)) or 'none'}")
-    keys = signing_keys_of(cfg, init=args.init)
+    keys = signing_keys_of(cfg, init=init)
+
+    def policy_ttl(name: str) -> float | None:
+        policy = policies.get(name)
+        return None if policy is None else policy.token_ttl
+
     service = TokenService(
         keys, MemoryState(), lambda name: credentials_of(policies, name),
         issuer=cfg.tokens.issuer, default_ttl=cfg.tokens.default_ttl,
         max_ttl=cfg.tokens.max_ttl, max_lifetime=cfg.tokens.max_lifetime,
+        policy_ttl=policy_ttl,
     )
-    scope = parse_scope(args.scope) if args.scope else None
+    scope = parse_scope(args.scope) if getattr(args, "scope", None) else None
     ttl = parse_duration(args.ttl, "--ttl") if args.ttl else None
-    lifetime = parse_duration(args.lifetime, "--lifetime") if args.lifetime else None
-    minted = service.mint(args.sandbox, args.policy, scope, ttl=ttl, lifetime=lifetime,
-                          cidr=args.bind_cidr or ())
+    lifetime = (parse_duration(args.lifetime, "--lifetime")
+                if getattr(args, "lifetime", None) else None)
+    return service.mint(args.sandbox, args.policy, scope, ttl=ttl, lifetime=lifetime,
+                        cidr=getattr(args, "bind_cidr", None) or ())
+
+
+def cmd_token_mint(args: argparse.Namespace) -> int:
+    minted = mint_token(args, init=args.init)
     if args.json:
         print(json.dumps({"token": minted.token, "jti": minted.jti,
                           "expires_at": minted.expires_at}))
@@ -71,7 +84,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     mint.add_argument("--policy", required=True, help="policy name (the token's pol)")
     mint.add_argument("--scope", action="append", help="credential[:path] (repeatable); "
                       "default: every credential the policy references")
-    mint.add_argument("--ttl", help="lifetime of this token, e.g. 15m (max tokens.max_ttl)")
+    mint.add_argument("--ttl", help="lifetime of this token, e.g. 15m (default: the policy's "
+                      "tokens.ttl, else tokens.default_ttl; max tokens.max_ttl)")
     mint.add_argument("--lifetime", help="max sandbox lifetime across refreshes, e.g. 8h")
     mint.add_argument("--bind-cidr", action="append", metavar="NET",
                       help="accept the token only from this source network, e.g. the "

@@ -171,6 +171,11 @@ class Gateway:
         policy = self.policy(name)
         return None if policy is None else policy.credential_names
 
+    def policy_token_ttl(self, name: str) -> float | None:
+        """Policy `name`'s `tokens: {ttl}` (its tokens' default lifetime), or None."""
+        policy = self.policy(name)
+        return None if policy is None else policy.token_ttl
+
     def current_policies(self) -> PolicySet:
         assert self.policy_set is not None
         return self.policy_set
@@ -280,7 +285,7 @@ class Gateway:
             keys, self.state, self.policy_credentials,
             issuer=cfg.tokens.issuer, default_ttl=cfg.tokens.default_ttl,
             max_ttl=cfg.tokens.max_ttl, max_lifetime=cfg.tokens.max_lifetime,
-            leeway=cfg.tokens.leeway,
+            leeway=cfg.tokens.leeway, policy_ttl=self.policy_token_ttl,
         )
 
         self.fd_limit = raise_fd_limit()

@@ -57,7 +57,7 @@ class Cli:
 
     def service(self, signing: Path | None = None) -> TokenService:
         keys = SigningKeys.load(signing or self.root / "certs" / "signing", create=False)
-        known = {"agent": ["anthropic", "openai"], "base": []}
+        known = {"agent": ["anthropic", "openai"], "base": [], "long": []}
         return TokenService(keys, MemoryState(), known.get)
 
 
@@ -523,3 +523,66 @@ def test_python_dash_m_help() -> None:
     assert result.stdout.startswith("usage: sandbox-gateway")
     for command in ("run", "token", "policy", "ca", "env", "node-preload"):
         assert command in result.stdout
+
+
+# --- token lifetimes for long agent sessions ---------------------------------------------
+
+
+def _long_policy(cli: Cli, ttl: str) -> None:
+    (cli.root / "policies" / "long.yaml").write_text(
+        f"version: v1\nname: long\nextends: [base]\ntokens: {{ttl: {ttl}}}\n")
+
+
+def test_a_policy_chooses_its_tokens_lifetime(cli: Cli) -> None:
+    """`tokens: {ttl: 8h}` on a policy: its tokens live 8 h unless the mint says otherwise;
+    other policies keep tokens.default_ttl."""
+    _long_policy(cli, "8h")
+    for extra, lifetime in (([], 8 * 3600), (["--ttl", "20m"], 1200)):
+        code, out, err = cli("token", "mint", "--sandbox", "sb", "--policy", "long", *extra)
+        assert code == 0, err
+        c = claims(out.strip())
+        assert c["exp"] - c["iat"] == lifetime
+    code, out, _ = cli("token", "mint", "--sandbox", "sb", "--policy", "agent")
+    assert code == 0 and claims(out.strip())["exp"] - claims(out.strip())["iat"] == 900
+
+
+def test_a_policy_lifetime_over_max_ttl_is_refused_at_mint(cli: Cli) -> None:
+    _long_policy(cli, "2d")
+    code, out, err = cli("token", "mint", "--sandbox", "sb", "--policy", "long")
+    assert code == 1 and out == ""
+    assert ("policy 'long' sets tokens: {ttl: 172800s}, which is longer than tokens.max_ttl "
+            "(86400s); shorten it or raise the gateway's tokens.max_ttl") in err
+
+
+def test_env_mints_the_token_with_a_lifetime(cli: Cli) -> None:
+    """`env --policy P --sandbox S [--ttl 8h]`: one command for an agent session that
+    reads its key once."""
+    _long_policy(cli, "8h")
+    for extra, lifetime in (([], 8 * 3600), (["--ttl", "2h"], 7200)):
+        code, out, err = cli("env", "--policy", "long", "--sandbox", "agent-7", *extra,
+                             "--proxy", "http://gw:8080")
+        assert code == 0, err
+        env = dict(line.split("=", 1) for line in out.splitlines())
+        token = env["OPENAI_API_KEY"]
+        assert env["HTTPS_PROXY"] == f"http://agent-7:{token}@gw:8080"
+        c = claims(token)
+        assert (c["sub"], c["pol"], c["exp"] - c["iat"]) == ("agent-7", "long", lifetime)
+        assert f"# minted token {c['jti']} for sandbox agent-7, policy long" in err
+        cli.service().verify(token)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--policy", "agent"], "env --policy needs --sandbox"),
+    (["--policy", "agent", "--sandbox", "s", "--token", "x"], "env needs --token, or --policy"),
+    ([], "env needs --token, or --policy"),
+    (["--policy", "agent", "--sandbox", "s", "--ttl", "30h"], "longer than tokens.max_ttl"),
+])
+def test_env_mint_refusals(cli: Cli, argv: list[str], message: str) -> None:
+    code, out, err = cli("env", *argv, "--proxy", "http://gw:8080")
+    assert code != 0 and out == "" and message in err
+
+
+def test_env_ttl_is_for_a_minted_token(cli: Cli) -> None:
+    _, token, _ = cli("token", "mint", "--sandbox", "sb", "--policy", "agent")
+    code, out, err = cli("env", "--token", token.strip(), "--ttl", "8h", "--proxy", "http://gw:8080")
+    assert code == 2 and out == "" and "a given token keeps its own expiry" in err

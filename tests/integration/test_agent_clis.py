@@ -11,7 +11,9 @@ reason printed by the agent itself.
 
 from __future__ import annotations
 
+import base64
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,3 +225,26 @@ def test_claude_code_prints_a_model_refusal(agents: Agents) -> None:
 
 def test_the_presets_say_what_they_bring(agents: Agents) -> None:
     assert cli_main(["policy", "check", str(agents.root / "policies")]) == 0
+
+
+def test_an_agent_that_outlives_its_token_is_told_so(agents: Agents) -> None:
+    """A session that read its key once and outlived the token: each call is refused
+    with `token_expired` and the agent prints it, at once (never a hang, never upstream)."""
+    name = "claude-expired"
+    token = agents.gw.mint("agents", sandbox=name, ttl=2)
+    box = Sandbox.from_cli(agents.root / "homes" / name, token=token, proxy=agents.gw.proxy,
+                           ca_bundle=agents.gw.ca_cert, node_preload=Path("none"),
+                           config=agents.root / "gateway.yaml")
+    time.sleep(max(0.0, json.loads(_payload(token))["exp"] - time.time() + 0.2))
+    seen = len(agents.fake.requests)
+    started = time.monotonic()
+    out = box.run([str(agents.tools["claude"]), "-p", "say hi"], timeout=60)
+    assert out.returncode != 0 and time.monotonic() - started < 30
+    assert "API Error: 407 token_expired: the token expired at " in out.stdout, out.stdout
+    assert len(agents.fake.requests) == seen
+    assert {r["error"] for r in agents.lines(name)} == {"token_expired"}
+
+
+def _payload(token: str) -> bytes:
+    part = token.split(".")[1]
+    return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))

@@ -176,10 +176,12 @@ class TokenService:
         max_lifetime: float = 7 * 86400.0,
         leeway: float = 0.0,
         clock: Any = time.time,
+        policy_ttl: Callable[[str], float | None] = lambda name: None,
     ) -> None:
         self.keys = keys
         self.state = state
         self.policy_credentials = policy_credentials
+        self.policy_ttl = policy_ttl  # a policy's `tokens: {ttl}`, the default before ours
         self.issuer = issuer
         self.default_ttl = default_ttl
         self.max_ttl = max_ttl
@@ -218,11 +220,18 @@ class TokenService:
             raise TokenError(f"policy {policy!r} does not exist; see GET /v1/policies")
         if scope is None:
             scope = {name: None for name in credentials}
-        ttl = self.default_ttl if ttl is None else ttl
+        chosen = ttl
+        if ttl is None:
+            ttl = self.policy_ttl(policy) or self.default_ttl
         if ttl <= 0:
             raise TokenError("ttl must be positive")
         if ttl > self.max_ttl:
-            raise TokenError(f"ttl {ttl:.0f}s is longer than tokens.max_ttl ({self.max_ttl:.0f}s)")
+            if chosen is not None:
+                raise TokenError(f"ttl {ttl:.0f}s is longer than tokens.max_ttl "
+                                 f"({self.max_ttl:.0f}s)")
+            raise TokenError(f"policy {policy!r} sets tokens: {{ttl: {ttl:.0f}s}}, which is "
+                             f"longer than tokens.max_ttl ({self.max_ttl:.0f}s); shorten it "
+                             "or raise the gateway's tokens.max_ttl")
         now = self.clock()
         if lifetime_end is None:
             lifetime = self.max_lifetime if lifetime is None else min(lifetime, self.max_lifetime)

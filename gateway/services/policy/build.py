@@ -146,6 +146,7 @@ def build_policy_set(parser: NodeReader, revision: str = "") -> PolicySet:
             extends=tuple(p for p, _ in raw.extends),
             credentials=credentials,
             budgets=budgets.get(name, ()),
+            token_ttl=raw.token_ttl,
         )
     files = tuple(dict.fromkeys(raw.file for raw in parser.policies))
     return PolicySet(policies=policies, credentials=credentials, files=files, revision=revision)

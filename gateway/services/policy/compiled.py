@@ -22,7 +22,8 @@ class Policy:
 
     Build it with ``matcher.compile_policy``. ``source`` is the file it came from.
     ``budgets`` are its own and inherited budgets (an own budget replaces an inherited
-    one of the same name).
+    one of the same name). ``token_ttl`` (``tokens: {ttl: 8h}``, not inherited) is the
+    lifetime of a token minted for it without a TTL of its own.
     """
 
     name: str
@@ -32,6 +33,7 @@ class Policy:
     extends: tuple[str, ...]
     matcher: Matcher = field(repr=False)
     budgets: tuple[Budget, ...] = ()
+    token_ttl: float | None = None
 
     @property
     def credential_names(self) -> list[str]:
@@ -77,13 +79,14 @@ def compile_policy(
     extends: tuple[str, ...] = (),
     credentials: Mapping[str, Credential] | None = None,
     budgets: tuple[Budget, ...] = (),
+    token_ttl: float | None = None,
 ) -> Policy:
     """Build a Policy with its index. Every credential a rule names must be in ``credentials``."""
     rule_tuple = tuple(rules)
     matcher = Matcher(name, mode, source, rule_tuple, credentials or {})
     return Policy(
         name=name, mode=mode, source=source, rules=rule_tuple, extends=extends, matcher=matcher,
-        budgets=budgets,
+        budgets=budgets, token_ttl=token_ttl,
     )
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from gateway.config import ConfigError, parse_duration
 from gateway.services.policy.agents import PREFIX, TELEMETRY, add_agent_presets, variant
 from gateway.services.policy.build import build_policy_set
 from gateway.services.policy.compiled import PolicySet
@@ -63,7 +64,7 @@ __all__ = [
 
 
 _POLICY_KEYS = ("version", "name", "description", "mode", "extends", "egress", "credentials",
-                "budgets")
+                "budgets", "tokens")
 
 
 class _Parser(RuleReader, CredentialReader):
@@ -150,7 +151,27 @@ class _Parser(RuleReader, CredentialReader):
                         policy.rules.append(rule)
         if "budgets" in keys:
             self.parse_budgets(file, keys["budgets"][1], policy)
+        if "tokens" in keys:
+            policy.token_ttl = self.parse_tokens(file, keys["tokens"][1])
         self.policies.append(policy)
+
+    def parse_tokens(self, file: str, node: Node) -> float | None:
+        """``tokens: {ttl: 8h}``: the lifetime of this policy's tokens when the mint
+        names none (capped by the gateway's tokens.max_ttl when minted)."""
+        keys = self.mapping(file, node, ("ttl",), "tokens")
+        if not keys or "ttl" not in keys:
+            return None
+        value_node = keys["ttl"][1]
+        value = self.scalar(value_node) if isinstance(value_node, ScalarNode) else None
+        try:
+            ttl = parse_duration(value, "ttl")
+        except ConfigError as exc:
+            self.err(file, value_node, f"tokens.{exc}")
+            return None
+        if not 60 <= ttl <= 30 * 86400:
+            self.err(file, value_node, "tokens.ttl must be from 1m to 30d")
+            return None
+        return ttl
 
     def parse_extends(self, file: str, node: Node) -> list[tuple[str, Node]]:
         """Policy names, or an agent preset with its switch: ``{agent/codex: {telemetry:

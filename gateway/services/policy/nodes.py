@@ -51,6 +51,7 @@ class RawPolicy:
     rules: list[RawRule] = field(default_factory=list)
     extends_line: int = 0
     budgets: list[RawBudget] = field(default_factory=list)
+    token_ttl: float | None = None  # `tokens: {ttl: 8h}`: its tokens' default lifetime
 
 
 @dataclass

@@ -431,3 +431,19 @@ def test_a_credential_placeholder() -> None:
     for bad in ('"sk ant"', '"a/b"', '"' + "x" * 33 + '"', '""'):
         found = errors_of({"p/a.yaml": SHAPED % bad})
         assert any("placeholder" in e for e in found), found
+
+
+@pytest.mark.parametrize(("tokens", "expected"), [
+    ("{ttl: 8h}", 8 * 3600.0),
+    ("{ttl: 90m}", 5400.0),
+    ("{ttl: 30s}", "tokens.ttl must be from 1m to 30d"),
+    ("{ttl: 31d}", "tokens.ttl must be from 1m to 30d"),
+    ("{ttl: soon}", "tokens.ttl: 'soon' is not a duration"),
+    ("{lifetime: 1h}", "unknown key"),
+])
+def test_a_policy_token_ttl(tokens: str, expected: float | str) -> None:
+    text = f"version: v1\nname: p\ntokens: {tokens}\negress:\n  - host: a.example\n"
+    if isinstance(expected, float):
+        assert load_policy_text("policies/p.yaml", text).policies["p"].token_ttl == expected
+        return
+    assert any(expected in e for e in errors_of({"p.yaml": text})), errors_of({"p.yaml": text})
