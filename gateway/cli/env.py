@@ -47,10 +47,11 @@ def cmd_env(args: argparse.Namespace) -> int:
         print(f"sandbox-gateway: {exc}", file=sys.stderr)
         return 1
     preload = None if args.node_preload in ("", "none") else args.node_preload
+    jvm_agent = None if args.jvm_agent in ("", "none") else args.jvm_agent
     variables = sandbox_variables(args.token, args.proxy, sandbox=args.sandbox,
                                   ca_bundle=args.ca_bundle, node_preload=preload,
                                   git_hosts=tuple(args.git_host or ["github.com"]),
-                                  placeholders=placeholders)
+                                  placeholders=placeholders, jvm_agent=jvm_agent)
     sys.stdout.write(render(variables, args.format))
     # The env file stays variables only; advice goes to the operator's terminal.
     notes = dns_note(args.proxy)
@@ -60,6 +61,9 @@ def cmd_env(args: argparse.Namespace) -> int:
     if preload:
         notes.append(f"# NODE_OPTIONS loads {preload}: put it there in the image "
                      "(`sandbox-gateway node-preload -o FILE`).")
+    if jvm_agent:
+        notes.append(f"# JAVA_TOOL_OPTIONS loads {jvm_agent}: put it there in the image "
+                     "(`sandbox-gateway jvm-agent -o FILE`), or pass --jvm-agent none.")
     notes.append("# aiohttp reads the proxy variables only with ClientSession(trust_env=True).")
     print("\n".join(notes), file=sys.stderr)
     return 0
@@ -117,6 +121,18 @@ def cmd_node_preload(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_jvm_agent(args: argparse.Namespace) -> int:
+    from gateway.tools.sandbox_env import jvm_agent_bytes
+
+    target = Path(args.output)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(jvm_agent_bytes())
+    target.chmod(0o644)
+    print(f"wrote {target}; load it with JAVA_TOOL_OPTIONS=-javaagent:{target} "
+          "(`sandbox-gateway env --jvm-agent PATH` prints that)", file=sys.stderr)
+    return 0
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
              common: argparse.ArgumentParser) -> None:
     """Add the `env` commands to the parser."""
@@ -143,6 +159,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     env.add_argument("--node-preload", default="/etc/sandbox-gateway/node-proxy-preload.mjs",
                      metavar="PATH", help="path of the Node preload inside the sandbox, for "
                      "NODE_OPTIONS (write it with `node-preload`; 'none' to leave it out)")
+    env.add_argument("--jvm-agent", default="/etc/sandbox-gateway/jvm-proxy-agent.jar",
+                     metavar="PATH", help="path of the JVM agent inside the sandbox, for "
+                     "JAVA_TOOL_OPTIONS (write it with `jvm-agent`; 'none' to leave it out)")
     env.add_argument("--format", choices=("dotenv", "shell", "k8s"), default="dotenv",
                      help="dotenv (KEY=value, default), shell (export KEY='value') or k8s "
                           "(a container's env: list)")
@@ -155,3 +174,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                     "NODE_OPTIONS at it.")
     preload.add_argument("-o", "--output", metavar="FILE", help="file to write (default: stdout)")
     preload.set_defaults(func=cmd_node_preload)
+
+    agent = sub.add_parser(
+        "jvm-agent", help="write the JVM agent that makes Java clients use the gateway",
+        description="Write the JVM agent jar (jvm-proxy-agent.jar) for a sandbox image; `env` "
+                    "points JAVA_TOOL_OPTIONS at it. It relays the JVM's proxy connections "
+                    "with the proxy credentials of HTTPS_PROXY (the JDK sends none of its "
+                    "own) and trusts SSL_CERT_FILE's bundle.")
+    agent.add_argument("-o", "--output", metavar="FILE", required=True, help="file to write")
+    agent.set_defaults(func=cmd_jvm_agent)

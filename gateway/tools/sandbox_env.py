@@ -42,6 +42,8 @@ from gateway.services.identity.tokens import AUDIENCE, unverified_claims
 DEFAULT_CA_BUNDLE = "/etc/sandbox-gateway/ca-bundle.pem"
 DEFAULT_NODE_PRELOAD = "/etc/sandbox-gateway/node-proxy-preload.mjs"
 NODE_PRELOAD_NAME = "node-proxy-preload.mjs"
+DEFAULT_JVM_AGENT = "/etc/sandbox-gateway/jvm-proxy-agent.jar"
+JVM_AGENT_NAME = "jvm-proxy-agent.jar"
 FORMATS = ("dotenv", "shell", "k8s")
 
 CA_VARIABLES = (
@@ -170,9 +172,11 @@ def sandbox_variables(token: str, proxy: str, sandbox: str | None = None,
                       ca_bundle: str = DEFAULT_CA_BUNDLE,
                       node_preload: str | None = DEFAULT_NODE_PRELOAD,
                       git_hosts: tuple[str, ...] = ("github.com",),
-                      placeholders: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+                      placeholders: Mapping[str, str] | None = None,
+                      jvm_agent: str | None = DEFAULT_JVM_AGENT) -> list[tuple[str, str]]:
     """The sandbox's variables, in output order. `node_preload`: the preload's path
-    inside the sandbox (None: no NODE_OPTIONS); `git_hosts`: hosts whose git credential
+    inside the sandbox (None: no NODE_OPTIONS); `jvm_agent`: the JVM agent's (None: no
+    JAVA_TOOL_OPTIONS); `git_hosts`: hosts whose git credential
     helper answers the token (empty: none); `placeholders`: a key variable's prefix before
     the token (`placeholders_of`)."""
     sandbox = sandbox or str(unverified_claims(token).get("sub") or "sandbox")
@@ -182,14 +186,22 @@ def sandbox_variables(token: str, proxy: str, sandbox: str | None = None,
     out += [(var, ca_bundle) for var in CA_VARIABLES]
     out += [("GIT_HTTP_PROXY_AUTHMETHOD", "basic"), ("NODE_USE_ENV_PROXY", "1")]
     if node_preload:
-        quoted = f'"{node_preload}"' if any(c in node_preload for c in ' "\\') else node_preload
-        out.append(("NODE_OPTIONS", f"--import={quoted}"))
+        out.append(("NODE_OPTIONS", f"--import={_quoted(node_preload)}"))
+    if jvm_agent:
+        # The agent reads HTTPS_PROXY and SSL_CERT_FILE: no token on the JVM's command
+        # line, which the JVM echoes ("Picked up JAVA_TOOL_OPTIONS: ...") to stderr.
+        out.append(("JAVA_TOOL_OPTIONS", f"-javaagent:{_quoted(jvm_agent)}"))
     prefix = placeholders or {}
     out += [(var, prefix.get(var, "") + token) for var in API_KEY_VARIABLES]
     out += list(AWS_PLACEHOLDERS)
     if git_hosts:
         out += git_config(git_hosts)
     return out
+
+
+def _quoted(path: str) -> str:
+    """A path as NODE_OPTIONS and JAVA_TOOL_OPTIONS read it (double quotes if needed)."""
+    return f'"{path}"' if any(c in path for c in ' "\\') else path
 
 
 def placeholders_of(credentials: Iterable[tuple[str | None, str | None]]
@@ -238,3 +250,9 @@ def render(variables: list[tuple[str, str]], fmt: str) -> str:
 def node_preload_source() -> str:
     """The Node preload shipped with this package."""
     return (resources.files("gateway") / "sandbox" / NODE_PRELOAD_NAME).read_text("utf-8")
+
+
+def jvm_agent_bytes() -> bytes:
+    """The JVM agent jar shipped with this package (built from gateway/sandbox/jvm by
+    `make jvm-agent`)."""
+    return (resources.files("gateway") / "sandbox" / JVM_AGENT_NAME).read_bytes()

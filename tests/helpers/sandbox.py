@@ -49,10 +49,11 @@ class Sandbox:
 
     @classmethod
     def from_cli(cls, home: Path, *, token: str, proxy: str, ca_bundle: Path,
-                 node_preload: Path, config: Path) -> Sandbox:
+                 node_preload: Path, config: Path, jvm_agent: Path | None = None) -> Sandbox:
         code, out, err = env_output("--token", token, "--proxy", proxy,
                                     "--ca-bundle", str(ca_bundle),
                                     "--node-preload", str(node_preload),
+                                    "--jvm-agent", str(jvm_agent or "none"),
                                     "--config", str(config), "--format", "dotenv")
         assert code == 0, err
         home.mkdir(parents=True, exist_ok=True)

@@ -13,11 +13,14 @@ hosts present their own certificate).
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +69,9 @@ egress:
     inspect: true
   - host: git-i.test
     inspect: true
+  - host: maven.test        # nginx again, a Maven repository: passthrough and inspected
+  - host: maven-i.test
+    inspect: true
   - host: api.openai.com
     credential: openai
   - host: api.anthropic.com
@@ -89,6 +95,7 @@ class Matrix:
     recorders: dict[str, Recorder]
     nginx: Nginx
     fake: FakeInference
+    jvm_agent: Path
 
     def sandbox(self, name: str, *, preload: bool = True) -> tuple[Sandbox, str]:
         """A fresh sandbox (token minted for sandbox id `name`), its env from `env`;
@@ -97,7 +104,7 @@ class Matrix:
         box = Sandbox.from_cli(self.root / "homes" / name, token=token, proxy=self.gw.proxy,
                                ca_bundle=self.bundle,
                                node_preload=self.preload if preload else Path("none"),
-                               config=self.root / "gateway.yaml")
+                               config=self.root / "gateway.yaml", jvm_agent=self.jvm_agent)
         return box, token
 
     def lines(self, sandbox: str, host: str, timeout: float = 5.0) -> list[dict[str, Any]]:
@@ -129,7 +136,7 @@ def _servers(root: Path, ca: LocalCA) -> tuple[dict[str, TLSServer | WsEcho | Gr
         "ws": WsEcho(root / "ws", ca, ["ws.test", "ws-i.test"]),
         "grpc": GrpcEcho(root / "grpc", ca, ["grpc.test", "grpc-i.test"]),
     }
-    nginx = Nginx(root / "nginx", ca, ["web.test", "web-i.test"],
+    nginx = Nginx(root / "nginx", ca, ["web.test", "web-i.test", "maven.test", "maven-i.test"],
                   extra="log_format hdrs '$host|$request|$status|$http_authorization|"
                         "$http_x_api_key|$http_proxy_authorization';",
                   locations=f"access_log {root / 'nginx'}/hdrs.log hdrs;")
@@ -149,6 +156,8 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
                    for kind in KINDS if kind != "web" for suffix in ("", "-i")}
         resolve |= {"web.test": f"127.0.0.1:{nginx.port}",
                     "web-i.test": f"127.0.0.1:{nginx.port}",
+                    "maven.test": f"127.0.0.1:{nginx.port}",
+                    "maven-i.test": f"127.0.0.1:{nginx.port}",
                     "api.openai.com": f"127.0.0.1:{fake.port}",
                     "api.anthropic.com": f"127.0.0.1:{fake.port}"}
         (root / "policies").mkdir()
@@ -166,8 +175,10 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
             bundle.write_bytes(gw.ca_cert.read_bytes() + upstream_ca.read_bytes())
             preload = root / "node-proxy-preload.mjs"
             assert cli_main(["node-preload", "-o", str(preload)]) == 0
+            jvm_agent = root / "jvm-proxy-agent.jar"
+            assert cli_main(["jvm-agent", "-o", str(jvm_agent)]) == 0
             recorders = {k: s.recorder for k, s in servers.items()}
-            yield Matrix(gw, root, bundle, preload, recorders, nginx, fake)
+            yield Matrix(gw, root, bundle, preload, recorders, nginx, fake, jvm_agent)
         finally:
             gw.stop()
     finally:
@@ -341,6 +352,146 @@ def test_http_client(matrix: Matrix, client: str, rule: str, suffix: str) -> Non
     _check(matrix, name, host, rule, token, "\n".join(log), before)
     if send_key:
         assert all(ln.split("|")[4] == LOCAL_KEY for ln in log), log
+
+
+# --------------------------------------------------------------------------- the JVM
+
+JAVA_CLIENT = """
+import java.io.InputStream;
+import java.net.HttpURLConnection;
+import java.net.URI;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
+
+public class MatrixClient {
+    public static void main(String[] args) throws Exception {
+        URI uri = URI.create(args[1]);
+        String key = args.length > 2 ? System.getenv("OPENAI_API_KEY") : null;
+        if (args[0].equals("urlconnection")) {
+            HttpURLConnection c = (HttpURLConnection) uri.toURL().openConnection();
+            if (key != null) c.setRequestProperty("X-Api-Key", key);
+            int code = c.getResponseCode();
+            InputStream in = code < 400 ? c.getInputStream() : c.getErrorStream();
+            System.out.println(code + " " + new String(in.readAllBytes()).strip());
+        } else {
+            HttpRequest.Builder request = HttpRequest.newBuilder(uri);
+            if (key != null) request.header("X-Api-Key", key);
+            HttpResponse<String> r = HttpClient.newHttpClient().send(request.build(),
+                HttpResponse.BodyHandlers.ofString());
+            System.out.println(r.statusCode() + " " + String.valueOf(r.body()).strip());
+        }
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def java_client(matrix: Matrix) -> Path:
+    """MatrixClient compiled (the JDK's javac; test-tools.sh installs it)."""
+    directory = matrix.root / "java"
+    directory.mkdir()
+    (directory / "MatrixClient.java").write_text(JAVA_CLIENT)
+    out = subprocess.run(["javac", "-d", str(directory), str(directory / "MatrixClient.java")],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    return directory
+
+
+@pytest.mark.parametrize(("rule", "suffix"), RULES)
+@pytest.mark.parametrize("client", ["urlconnection", "httpclient"])
+def test_java_clients(matrix: Matrix, java_client: Path, client: str, rule: str,
+                      suffix: str) -> None:
+    """HttpURLConnection and java.net.http's HttpClient with nothing but `env` output:
+    JAVA_TOOL_OPTIONS loads the JVM agent, which relays the JVM's proxy connections with
+    the credentials of HTTPS_PROXY (the JDK sends none) and trusts SSL_CERT_FILE; on the
+    credential rule HttpClient's own X-Api-Key header (the token) reaches the gateway."""
+    name, host = f"java-{client}-{rule}", f"web{suffix}.test"
+    box, token = matrix.sandbox(name)
+    before = matrix.unauthenticated()
+    url = f"https://{host}/small?client=java-{client}"
+    argv = ["java", "-cp", str(java_client), "MatrixClient", client, url]
+    out = box.run([*argv, "key"] if rule == "intercept" else argv, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "200 " + "s" * 99
+    assert token not in out.stderr  # the JVM echoes JAVA_TOOL_OPTIONS: no token there
+    log = [ln for ln in (matrix.nginx.dir / "hdrs.log").read_text().splitlines()
+           if f"client=java-{client} " in ln and ln.startswith(host + "|")]
+    assert log, "nginx saw no request"
+    _check(matrix, name, host, rule, token, "\n".join(log), before)
+    if rule == "intercept":
+        assert all(ln.split("|")[4] == LOCAL_KEY for ln in log), log
+
+
+MAVEN_SETTINGS = """<settings>
+  <mirrors><mirror><id>team</id><mirrorOf>*</mirrorOf><url>https://{host}/maven</url></mirror>
+  </mirrors>
+</settings>
+"""
+MAVEN_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>{group}</groupId><artifactId>{artifact}</artifactId><version>1.0</version>
+  <packaging>pom</packaging>
+</project>
+"""
+
+
+def _maven_repository(www: Path) -> None:
+    """A Maven repository under nginx's /maven: one artifact (a pom and an empty jar,
+    with their sha1 files), what a project's core extension resolves."""
+    base = www / "maven" / "org" / "example" / "gw-ext" / "1.0"
+    base.mkdir(parents=True, exist_ok=True)
+    jar = io.BytesIO()
+    with zipfile.ZipFile(jar, "w") as archive:
+        archive.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n")
+    pom = MAVEN_POM.format(group="org.example", artifact="gw-ext").replace(
+        "<packaging>pom</packaging>", "<packaging>jar</packaging>")
+    for file, data in (("gw-ext-1.0.pom", pom.encode()), ("gw-ext-1.0.jar", jar.getvalue())):
+        (base / file).write_bytes(data)
+        (base / f"{file}.sha1").write_text(hashlib.sha1(data).hexdigest())
+
+
+@pytest.mark.parametrize(("rule", "suffix"), RULES)
+def test_maven(matrix: Matrix, rule: str, suffix: str) -> None:
+    """Maven (Debian's 3.8, its wagon transport) resolving a project's core extension from
+    a repository behind the gateway, with `env` output only: the JVM agent gives Maven's
+    JVM the proxy (with credentials) and the trust store; settings.xml holds only the
+    user's own mirror, no proxy."""
+    name, host = f"maven-{rule}", f"maven{suffix}.test"
+    _maven_repository(matrix.nginx.dir / "www")
+    box, token = matrix.sandbox(name)
+    before = matrix.unauthenticated()
+    project = box.home / "project"
+    (project / ".mvn").mkdir(parents=True)
+    (project / "pom.xml").write_text(MAVEN_POM.format(group="org.example", artifact="app"))
+    (project / ".mvn" / "extensions.xml").write_text(
+        "<extensions><extension><groupId>org.example</groupId><artifactId>gw-ext</artifactId>"
+        "<version>1.0</version></extension></extensions>\n")
+    (box.home / "settings.xml").write_text(MAVEN_SETTINGS.format(host=host))
+    out = box.run(["mvn", "-B", "-s", str(box.home / "settings.xml"),
+                   f"-Dmaven.repo.local={box.home / 'm2'}", "validate"], cwd=project,
+                  timeout=120)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert (box.home / "m2" / "org" / "example" / "gw-ext" / "1.0" / "gw-ext-1.0.jar").is_file()
+    log = [ln for ln in (matrix.nginx.dir / "hdrs.log").read_text().splitlines()
+           if "/maven/org/example/gw-ext/" in ln and ln.startswith(host + "|")]
+    assert log, "nginx saw no request"
+    _check(matrix, name, host, rule, token, "\n".join(log), before)
+
+
+def test_java_without_the_agent_gets_no_further_than_the_proxy(matrix: Matrix,
+                                                              java_client: Path) -> None:
+    """The control: the JDK's own proxy settings without the agent send no credentials,
+    so HttpClient's CONNECT is refused 407 and nothing reaches the upstream."""
+    name = "java-no-agent"
+    box, _ = matrix.sandbox(name)
+    del box.variables["JAVA_TOOL_OPTIONS"]
+    port = matrix.gw.proxy.rsplit(":", 1)[1]
+    out = box.run(["java", "-Dhttps.proxyHost=127.0.0.1", f"-Dhttps.proxyPort={port}",
+                   "-cp", str(java_client), "MatrixClient", "httpclient",
+                   "https://web.test/small?client=java-no-agent"], timeout=60)
+    assert "407" in out.stdout + out.stderr
+    assert "client=java-no-agent" not in (matrix.nginx.dir / "hdrs.log").read_text()
 
 
 # --------------------------------------------------------------------------- WebSocket, gRPC

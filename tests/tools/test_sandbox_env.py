@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import fnmatch
+import io
 import json
 import subprocess
 import tomllib
+import zipfile
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -19,6 +21,7 @@ from gateway.tools.sandbox_env import (
     InvalidToken,
     check_token,
     dns_note,
+    jvm_agent_bytes,
     node_preload_source,
     placeholders_of,
     proxy_url,
@@ -89,6 +92,20 @@ def test_node_options(preload: str | None, expected: str | None) -> None:
     assert env["NODE_USE_ENV_PROXY"] == "1"
 
 
+@pytest.mark.parametrize(("agent", "expected"), [
+    (None, None),
+    ("/etc/sandbox-gateway/jvm-proxy-agent.jar",
+     "-javaagent:/etc/sandbox-gateway/jvm-proxy-agent.jar"),
+    ("/opt/my dir/a.jar", '-javaagent:"/opt/my dir/a.jar"'),
+])
+def test_java_tool_options(agent: str | None, expected: str | None) -> None:
+    """The JVM agent on JAVA_TOOL_OPTIONS, and nothing else there: the JVM echoes it to
+    stderr, so no token (the agent reads HTTPS_PROXY itself)."""
+    env = dict(sandbox_variables("T0KEN", "gw:8080", jvm_agent=agent))
+    assert env.get("JAVA_TOOL_OPTIONS") == expected
+    assert "T0KEN" not in env.get("JAVA_TOOL_OPTIONS", "")
+
+
 VARIABLES = [("HTTPS_PROXY", "http://s:a.b-c@gw:8080"), ("QUOTE", "it's \\ $HOME `x`"),
              ("NODE_OPTIONS", '--import="/a b/p.mjs"')]
 
@@ -150,6 +167,16 @@ def test_check_token_refuses(token: str, message: str) -> None:
         return
     with pytest.raises(InvalidToken, match=message):
         check_token(token, now=1_900_000_000)
+
+
+def test_jvm_agent_is_package_data() -> None:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    globs = data["tool"]["setuptools"]["package-data"]["gateway"]
+    assert any(fnmatch.fnmatch("sandbox/jvm-proxy-agent.jar", g) for g in globs)
+    assert jvm_agent_bytes() == (ROOT / "gateway" / "sandbox" / "jvm-proxy-agent.jar").read_bytes()
+    with zipfile.ZipFile(io.BytesIO(jvm_agent_bytes())) as jar:
+        manifest = jar.read("META-INF/MANIFEST.MF").decode()
+    assert "Premain-Class: io.sandboxgateway.GatewayProxyAgent" in manifest
 
 
 def test_node_preload_is_package_data() -> None:
