@@ -553,6 +553,20 @@ def _decode(body: bytes, coding: str) -> bytes:
     return body
 
 
+def _instance(schema: dict[str, Any], text: str) -> Any:
+    """A value of a JSON schema (Gemini's or standard spelling of types): the first enum
+    value, else `text` for strings, 1 for numbers, true, one item, every property."""
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = str(schema.get("type", "object")).lower()
+    if kind == "object":
+        return {name: _instance(sub, text)
+                for name, sub in (schema.get("properties") or {}).items()}
+    if kind == "array":
+        return [_instance(schema.get("items") or {"type": "string"}, text)]
+    return {"integer": 1, "number": 1, "boolean": True}.get(kind, text)
+
+
 def _multipart(content_type: str, body: bytes) -> dict[str, tuple[str | None, bytes]]:
     """The parts of a multipart/form-data body: name -> (filename, content)."""
     message = BytesParser(policy=policy.HTTP).parsebytes(
@@ -1334,8 +1348,14 @@ class _Handler(BaseHTTPRequestHandler):
                 cand["finishReason"] = "MAX_TOKENS" if c.truncated else "STOP"
             return cand
 
+        config = req.get("generationConfig") or {}
+        schema = config.get("responseJsonSchema") or config.get("responseSchema")
+        if config.get("responseMimeType") == "application/json" and isinstance(schema, dict):
+            # Structured output (what the Gemini CLI's model router asks for): an instance
+            # of the schema, the reply's words in its strings.
+            words = [json.dumps(_instance(schema, c.text))]
         if method == "generateContent":
-            return self._send(200, {"candidates": [candidate(c.text, True)],
+            return self._send(200, {"candidates": [candidate("".join(words), True)],
                                     "usageMetadata": usage(n_out), "modelVersion": version,
                                     "responseId": "fake-response-1"})
         chunks = [{"candidates": [candidate(w, i == len(words) - 1)],

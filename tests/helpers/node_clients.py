@@ -70,12 +70,14 @@ def env_proxy_node() -> Path:
 
 
 # Agent CLIs from npm, pinned: the versions whose traffic the shipped presets were written
-# from (gateway/services/policy/agents). Both are native binaries in per-platform packages.
-AGENT_PACKAGES = ("@openai/codex@0.169.0", "@anthropic-ai/claude-code@2.1.332")
+# from (gateway/services/policy/agents). Codex and Claude Code are native binaries in
+# per-platform packages; the Gemini CLI is JavaScript (Node 20+).
+AGENT_PACKAGES = ("@openai/codex@0.169.0", "@anthropic-ai/claude-code@2.1.332",
+                  "@google/gemini-cli@0.61.0")
 
 
 def agent_clis() -> dict[str, Path]:
-    """`codex` and `claude` (installed once per machine, cached like the SDKs)."""
+    """`codex`, `claude` and `gemini` (installed once per machine, cached like the SDKs)."""
     key = hashlib.sha256(" ".join(AGENT_PACKAGES).encode()).hexdigest()[:12]
     root = _npm_install(_cache_root() / f"agent-clis-{key}", AGENT_PACKAGES)
     claude = root / "node_modules" / "@anthropic-ai" / "claude-code"
@@ -85,7 +87,8 @@ def agent_clis() -> dict[str, Path]:
         proc = subprocess.run(["node", "install.cjs"], cwd=claude, capture_output=True,
                               text=True, timeout=120, check=False)
         assert proc.returncode == 0, f"claude-code install.cjs failed:\n{proc.stderr}"
-    tools = {name: root / "node_modules" / ".bin" / name for name in ("codex", "claude")}
+    tools = {name: root / "node_modules" / ".bin" / name
+             for name in ("codex", "claude", "gemini")}
     for name, path in tools.items():
         version = subprocess.run([str(path), "--version"], capture_output=True, text=True,
                                  timeout=60, check=False)

@@ -29,19 +29,20 @@ from gateway.cli import main as cli_main
 
 PROVIDER_KEY = "sk-agents-provider-key-0123456789"
 REPLY = "The fake provider answers."
-HOSTS = ("api.openai.com", "api.anthropic.com", "chatgpt.com", "ab.chatgpt.com", "github.com",
-         "api.github.com")
+HOSTS = ("api.openai.com", "api.anthropic.com", "generativelanguage.googleapis.com",
+         "chatgpt.com", "ab.chatgpt.com", "github.com", "api.github.com")
 POLICIES = """\
 version: v1
 name: agents
-extends: [agent/codex, agent/claude-code]
+extends: [agent/codex, agent/claude-code, agent/gemini-cli]
 credentials:
   openai: {preset: openai, secret: provider-key}
   anthropic: {preset: anthropic, secret: provider-key}
+  gemini: {preset: gemini, secret: provider-key}
 ---
 version: v1
 name: narrow
-extends: [agent/codex, agent/claude-code]
+extends: [agent/codex, agent/claude-code, agent/gemini-cli]
 egress:
   - host: api.openai.com
     credential: openai
@@ -49,6 +50,9 @@ egress:
   - host: api.anthropic.com
     credential: anthropic
     models: ["claude-haiku-*"]
+  - host: generativelanguage.googleapis.com
+    credential: gemini
+    models: ["gemini-2.5-*"]
 """
 # Codex's HTTP transport: a provider entry without WebSockets (a user's config.toml would
 # hold the same); the base URL is the real one, the gateway is still only in the env.
@@ -63,11 +67,12 @@ class Agents:
     fake: FakeInference
     root: Path
     tools: dict[str, Path]
+    preload: Path
 
     def sandbox(self, name: str, policy: str = "agents") -> tuple[Sandbox, str]:
         token = self.gw.mint(policy, sandbox=name)
         box = Sandbox.from_cli(self.root / "homes" / name, token=token, proxy=self.gw.proxy,
-                               ca_bundle=self.gw.ca_cert, node_preload=Path("none"),
+                               ca_bundle=self.gw.ca_cert, node_preload=self.preload,
                                config=self.root / "gateway.yaml")
         return box, token
 
@@ -91,8 +96,10 @@ def agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
                         "resolve": {host: f"127.0.0.1:{fake.port}" for host in HOSTS}},
             "secrets": {"store": "file", "path": str(secrets)},
             "refusals": {"inside_tls": True}})
+        preload = root / "node-proxy-preload.mjs"  # the Gemini CLI runs on Node 20
+        assert cli_main(["node-preload", "-o", str(preload)]) == 0
         try:
-            yield Agents(gw, fake, root, tools)
+            yield Agents(gw, fake, root, tools, preload)
         finally:
             gw.stop()
     finally:
@@ -114,11 +121,13 @@ def _upstream_saw(fake: FakeInference, seen_before: int, token: str) -> list[Any
     request carried the token."""
     mine = fake.requests[seen_before:]
     assert token not in json.dumps([r.headers for r in mine])
-    model_calls = [r for r in mine if r.path.split("?")[0] in ("/v1/responses", "/v1/messages")]
+    model_calls = [r for r in mine if r.path.split("?")[0] in ("/v1/responses", "/v1/messages")
+                   or "/models/gemini" in r.path]
     assert model_calls
     for request in model_calls:
         assert PROVIDER_KEY in (request.headers.get("authorization", "") +
-                                request.headers.get("x-api-key", ""))
+                                request.headers.get("x-api-key", "") +
+                                request.headers.get("x-goog-api-key", ""))
     return model_calls
 
 
@@ -127,13 +136,14 @@ def _tokens(line: dict[str, Any]) -> int:
     return int((line.get("usage") or {}).get("input_tokens") or 0)
 
 
-def _metered(lines: list[dict[str, Any]], host: str) -> dict[str, Any]:
-    calls = [r for r in lines if r["host"] == host and _tokens(r)]
-    assert len(calls) == 1, lines
-    call = calls[0]
-    assert call["decision"] == "allow" and call["credential"] in ("openai", "anthropic")
-    assert call["usage"]["input_tokens"] > 0 and call["usage"]["output_tokens"] == 4
-    return call
+def _metered(lines: list[dict[str, Any]], host: str, calls: int = 1) -> dict[str, Any]:
+    metered = [r for r in lines if r["host"] == host and _tokens(r)]
+    assert len(metered) == calls, lines
+    for call in metered:
+        assert call["decision"] == "allow" and call["credential"] in (
+            "openai", "anthropic", "gemini")
+        assert call["usage"]["input_tokens"] > 0 and call["usage"]["output_tokens"] == 4
+    return metered[-1]
 
 
 @pytest.mark.parametrize("transport", ["websocket", "http"])
@@ -181,7 +191,7 @@ def test_codex_prints_a_model_refusal(agents: Agents) -> None:
                   timeout=120)
     assert out.returncode != 0
     assert 'model_not_allowed: model "gpt-6.1-sol" is not allowed by rule ' \
-           "policies/agents.yaml:12 (models: gpt-4.1*)" in out.stderr, out.stderr[-3000:]
+           "policies/agents.yaml:13 (models: gpt-4.1*)" in out.stderr, out.stderr[-3000:]
     lines = agents.lines(name)
     # Each response.create on the WebSocket, then each POST, refused; nothing reached the
     # stand-in but the WebSocket upgrades (no model call: no usage on any line).
@@ -219,7 +229,36 @@ def test_claude_code_prints_a_model_refusal(agents: Agents) -> None:
     out = box.run([str(agents.tools["claude"]), "-p", "say hi"], timeout=90)
     assert out.returncode != 0
     assert ("403 model_not_allowed: model \"claude-opus-5-5\" is not allowed by rule "
-            "policies/agents.yaml:15 (models: claude-haiku-*)") in out.stdout, out.stdout
+            "policies/agents.yaml:16 (models: claude-haiku-*)") in out.stdout, out.stdout
+    _no_key_in_the_sandbox(box, out.stdout, out.stderr)
+
+
+def test_gemini_cli_print(agents: Agents) -> None:
+    """The Gemini CLI (JavaScript, on Node 20 through the env's preload): its model router
+    asks a small model for a JSON score, then the chosen model streams the answer."""
+    name = "gemini-print"
+    box, token = agents.sandbox(name)
+    seen = len(agents.fake.requests)
+    out = box.run([str(agents.tools["gemini"]), "--skip-trust", "-p", "say hi"], timeout=90)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert out.stdout.strip() == REPLY
+    _no_key_in_the_sandbox(box, out.stdout, out.stderr)
+    assert len(_upstream_saw(agents.fake, seen, token)) == 2
+    lines = agents.lines(name)
+    assert _metered(lines, "generativelanguage.googleapis.com", calls=2)["rule"] == \
+        "agent/gemini-cli.yaml:12"
+    assert {(r["error"], r["rule"]) for r in lines if r["host"] == "play.googleapis.com"} <= {
+        ("policy_denied", "agent/gemini-cli.yaml:16")}
+
+
+def test_gemini_cli_prints_a_model_refusal(agents: Agents) -> None:
+    name = "gemini-refused"
+    box, _ = agents.sandbox(name, policy="narrow")
+    out = box.run([str(agents.tools["gemini"]), "--skip-trust", "-p", "say hi"], timeout=90)
+    assert out.returncode != 0
+    assert ('"code":403,"message":"model_not_allowed: model \\"gemini-3.1-pro-preview\\" is '
+            "not allowed by rule policies/agents.yaml:19 (models: gemini-2.5-*)") in out.stderr, \
+        out.stderr[-3000:]
     _no_key_in_the_sandbox(box, out.stdout, out.stderr)
 
 
