@@ -23,7 +23,10 @@ rules whose host, port, method and path match, the first (by specificity) that
 binds a credential wins, else the first one; but a rule naming ``paths`` is not
 overridden by a later credential rule without them (a keyless call on a listed path
 stays keyless). A credential rule only matches hosts its credential is bound to. A
-suspicious path (see ``paths``) matches no rule.
+suspicious path (see ``paths``) matches no rule that names ``paths`` or a credential
+(where its reading would matter: path globs, the model and metering checks); a host-wide
+rule without either allows the host's every path and matches it (npm's scoped packages
+are ``/@scope%2fname``).
 
 ``action: deny`` rules: a matching deny rule refuses, unless an allow rule before it
 (more specific, or earlier in the file) already matched. At tunnel level a deny rule
@@ -366,7 +369,8 @@ class Matcher:
                     closest, level = entry, 3
                 continue
             paths = entry.paths
-            if problem is not None or (paths is not None and not paths.matches(path)):
+            if ((problem is not None and (paths is not None or entry.credential is not None))
+                    or (paths is not None and not paths.matches(path))):
                 if level < 4:
                     closest, level = entry, 4
                 continue

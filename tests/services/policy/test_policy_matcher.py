@@ -172,15 +172,15 @@ REQUEST_CASES = [
     Case(req("POST", "api.openai.com", "/v1/responses?stream=1"), "allow", 10, credential="openai"),
     # elsewhere on the host the host-only rule allows, without the credential
     Case(req("GET", "api.openai.com", "/v1/models"), "allow", 13),
-    # suspicious paths match no rule, not even the host-only one
-    Case(
-        req("POST", "api.openai.com", "/v1/x/../chat/completions"),
-        "deny",
-        10,
-        reason="contains a '.' or '..' segment, so no rule matches it",
-    ),
-    Case(req("GET", "api.openai.com", "/v1/a%2fb"), "deny", 10, reason="encoded '/'"),
-    Case(req("GET", "api.openai.com", "/v1\\x"), "deny", 10, reason="backslash"),
+    # suspicious paths match no rule with paths or a credential: only the host-only one,
+    # which allows every path of the host (without the key)
+    Case(req("POST", "api.openai.com", "/v1/x/../chat/completions"), "allow", 13),
+    Case(req("GET", "api.openai.com", "/v1/a%2fb"), "allow", 13),
+    Case(req("GET", "api.github.com", "/repos/x/../y"), "deny", 6,
+         reason="contains a '.' or '..' segment, so no rule matches it"),
+    Case(req("GET", "api.github.com", "/repos/a%2fb"), "deny", 6, reason="encoded '/'"),
+    Case(req("GET", "api.github.com", "/repos\\x"), "deny", 6, reason="backslash"),
+    Case(req("GET", "registry.npmjs.org", "/@scope%2fname"), "allow", 17),
     Case(req("GET", "github.com", "/", 22), "deny", 14, reason="only for raw TCP"),
     Case(req("GET", "registry.npmjs.org", "/left-pad"), "allow", 17),
     Case(req("GET", "deep.sub.example.com", "/"), "allow", 19),
