@@ -82,7 +82,8 @@ if TYPE_CHECKING:
 HOSTS = ["127.0.0.1", "localhost", "api.openai.com", "api.anthropic.com",
          "generativelanguage.googleapis.com", "*.openai.azure.com",
          # the agent CLIs' other hosts (tests/integration/test_agent_clis.py): 404s
-         "chatgpt.com", "ab.chatgpt.com", "github.com", "api.github.com"]
+         "chatgpt.com", "ab.chatgpt.com", "github.com", "api.github.com",
+         "raw.githubusercontent.com", "models.opencode.ai"]
 REPLY = ["The", " fake", " provider", " answers."]
 _GEMINI = re.compile(r"^/v1(?:beta)?/models/([^/:]+):(generateContent|streamGenerateContent)$")
 _AZURE = re.compile(r"^/openai/deployments/([^/]+)/(chat/completions|completions|embeddings)$")

@@ -21,7 +21,7 @@ NODE_VERSION = "24.21.0"
 NODE_ARCHES = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}
 
 
-def _cache_root() -> Path:
+def cache_root() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "sandbox-gateway"
 
@@ -49,7 +49,7 @@ def _npm_install(root: Path, packages: tuple[str, ...]) -> Path:
 def node_clients() -> Path:
     """A directory whose node_modules hold PACKAGES (scripts placed in it import them)."""
     key = hashlib.sha256(" ".join(PACKAGES).encode()).hexdigest()[:12]
-    return _npm_install(_cache_root() / f"node-clients-{key}", PACKAGES)
+    return _npm_install(cache_root() / f"node-clients-{key}", PACKAGES)
 
 
 def env_proxy_node() -> Path:
@@ -59,7 +59,7 @@ def env_proxy_node() -> Path:
     assert platform.system() == "Linux" and arch, (
         f"no node-linux-* package on npm for {platform.system()} {platform.machine()}")
     package = f"node-linux-{arch}"
-    root = _npm_install(_cache_root() / f"node-{NODE_VERSION}-{arch}",
+    root = _npm_install(cache_root() / f"node-{NODE_VERSION}-{arch}",
                         (f"{package}@{NODE_VERSION}",))
     node = root / "node_modules" / package / "bin" / "node"
     version = subprocess.run([str(node), "--version"], capture_output=True, text=True,
@@ -71,15 +71,16 @@ def env_proxy_node() -> Path:
 
 # Agent CLIs from npm, pinned: the versions whose traffic the shipped presets were written
 # from (gateway/services/policy/agents). Codex and Claude Code are native binaries in
-# per-platform packages; the Gemini CLI is JavaScript (Node 20+).
+# per-platform packages (so is opencode); the Gemini CLI is JavaScript (Node 20+).
 AGENT_PACKAGES = ("@openai/codex@0.169.0", "@anthropic-ai/claude-code@2.1.332",
-                  "@google/gemini-cli@0.61.0")
+                  "@google/gemini-cli@0.61.0", "opencode-ai@1.18.33")
 
 
 def agent_clis() -> dict[str, Path]:
-    """`codex`, `claude` and `gemini` (installed once per machine, cached like the SDKs)."""
+    """`codex`, `claude`, `gemini` and `opencode` (installed once per machine, cached like
+    the SDKs)."""
     key = hashlib.sha256(" ".join(AGENT_PACKAGES).encode()).hexdigest()[:12]
-    root = _npm_install(_cache_root() / f"agent-clis-{key}", AGENT_PACKAGES)
+    root = _npm_install(cache_root() / f"agent-clis-{key}", AGENT_PACKAGES)
     claude = root / "node_modules" / "@anthropic-ai" / "claude-code"
     if (claude / "bin" / "claude.exe").stat().st_size < 1 << 20:
         # The package's own postinstall (skipped by --ignore-scripts, no network): it puts
@@ -87,8 +88,14 @@ def agent_clis() -> dict[str, Path]:
         proc = subprocess.run(["node", "install.cjs"], cwd=claude, capture_output=True,
                               text=True, timeout=120, check=False)
         assert proc.returncode == 0, f"claude-code install.cjs failed:\n{proc.stderr}"
+    opencode = root / "node_modules" / "opencode-ai"
+    if (opencode / "bin" / "opencode.exe").stat().st_size < 1 << 20:
+        # Its postinstall (also skipped, no network) links the platform package's binary.
+        proc = subprocess.run(["node", "postinstall.mjs"], cwd=opencode, capture_output=True,
+                              text=True, timeout=120, check=False)
+        assert proc.returncode == 0, f"opencode postinstall.mjs failed:\n{proc.stderr}"
     tools = {name: root / "node_modules" / ".bin" / name
-             for name in ("codex", "claude", "gemini")}
+             for name in ("codex", "claude", "gemini", "opencode")}
     for name, path in tools.items():
         version = subprocess.run([str(path), "--version"], capture_output=True, text=True,
                                  timeout=60, check=False)

@@ -23,6 +23,7 @@ import pytest
 from fakes.inference import FakeInference
 from helpers.gateway import GatewayThread
 from helpers.node_clients import agent_clis
+from helpers.python_clients import aider_cli
 from helpers.sandbox import Sandbox
 
 from gateway.cli import main as cli_main
@@ -30,7 +31,8 @@ from gateway.cli import main as cli_main
 PROVIDER_KEY = "sk-agents-provider-key-0123456789"
 REPLY = "The fake provider answers."
 HOSTS = ("api.openai.com", "api.anthropic.com", "generativelanguage.googleapis.com",
-         "chatgpt.com", "ab.chatgpt.com", "github.com", "api.github.com")
+         "chatgpt.com", "ab.chatgpt.com", "github.com", "api.github.com",
+         "raw.githubusercontent.com", "models.opencode.ai")
 POLICIES = """\
 version: v1
 name: agents
@@ -53,6 +55,25 @@ egress:
   - host: generativelanguage.googleapis.com
     credential: gemini
     models: ["gemini-2.5-*"]
+---
+version: v1
+name: aider
+extends: [agent/aider]
+egress:
+  - host: api.openai.com
+    credential: openai
+    models: ["gpt-4.1*"]
+---
+version: v1
+name: opencode
+extends: [agent/opencode]
+egress:
+  - host: api.anthropic.com
+    credential: anthropic
+    models: ["claude-*"]
+  - host: api.openai.com
+    credential: openai
+    models: ["gpt-*"]
 """
 # Codex's HTTP transport: a provider entry without WebSockets (a user's config.toml would
 # hold the same); the base URL is the real one, the gateway is still only in the env.
@@ -121,7 +142,8 @@ def _upstream_saw(fake: FakeInference, seen_before: int, token: str) -> list[Any
     request carried the token."""
     mine = fake.requests[seen_before:]
     assert token not in json.dumps([r.headers for r in mine])
-    model_calls = [r for r in mine if r.path.split("?")[0] in ("/v1/responses", "/v1/messages")
+    model_calls = [r for r in mine if r.path.split("?")[0] in (
+                   "/v1/responses", "/v1/messages", "/v1/chat/completions")
                    or "/models/gemini" in r.path]
     assert model_calls
     for request in model_calls:
@@ -260,6 +282,51 @@ def test_gemini_cli_prints_a_model_refusal(agents: Agents) -> None:
             "not allowed by rule policies/agents.yaml:19 (models: gemini-2.5-*)") in out.stderr, \
         out.stderr[-3000:]
     _no_key_in_the_sandbox(box, out.stdout, out.stderr)
+
+
+@pytest.mark.parametrize("provider", ["anthropic/claude-sonnet-4-5", "openai/gpt-4.1"])
+def test_opencode_run(agents: Agents, provider: str) -> None:
+    """opencode with the provider's rule beside agent/opencode (the answer, and a title
+    call in the background: each metered)."""
+    name = f"opencode-{provider.split('/')[0]}"
+    box, token = agents.sandbox(name, policy="opencode")
+    seen = len(agents.fake.requests)
+    out = box.run([str(agents.tools["opencode"]), "run", "-m", provider, "say hi"], timeout=90)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert out.stdout.strip() == REPLY
+    _no_key_in_the_sandbox(box, out.stdout, out.stderr)
+    _upstream_saw(agents.fake, seen, token)
+    host = "api.anthropic.com" if provider.startswith("anthropic") else "api.openai.com"
+    # The answer and the session title (a small model, in the background): both metered.
+    deadline = time.monotonic() + 10
+    while len(calls := [r for r in agents.lines(name) if r["host"] == host]) < 2:
+        assert time.monotonic() < deadline, calls
+        time.sleep(0.05)
+    assert all(r["decision"] == "allow" and _tokens(r) for r in calls), calls
+
+
+def test_aider_message(agents: Agents) -> None:
+    """Aider (from PyPI) with the provider's rule beside agent/aider: the answer, metered;
+    LiteLLM's price map allowed (the stand-in has none: a 404 it falls back from); the
+    update check refused by the preset, which aider shrugs off."""
+    name = "aider"
+    box, token = agents.sandbox(name, policy="aider")
+    seen = len(agents.fake.requests)
+    out = box.run([str(aider_cli()), "--message", "say hi", "--yes-always", "--no-git",
+                   "--model", "gpt-4.1", "--no-show-model-warnings", "--no-pretty"],
+                  timeout=120)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert REPLY in out.stdout
+    _no_key_in_the_sandbox(box, out.stdout, out.stderr)
+    _upstream_saw(agents.fake, seen, token)
+    lines = agents.lines(name)
+    assert _metered(lines, "api.openai.com")["rule"] == "policies/agents.yaml:27"
+    prices = [r for r in lines if r["host"] == "raw.githubusercontent.com"]
+    assert prices and {(r["decision"], r["rule"], r["status"]) for r in prices} == {
+        ("allow", "agent/aider.yaml:11", 404)}
+    update = [r for r in lines if r["host"] == "pypi.org"]
+    assert update and {(r["error"], r["rule"]) for r in update} == {
+        ("policy_denied", "agent/aider.yaml:15")}
 
 
 def test_the_presets_say_what_they_bring(agents: Agents) -> None:
