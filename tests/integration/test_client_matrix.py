@@ -423,6 +423,72 @@ def test_java_clients(matrix: Matrix, java_client: Path, client: str, rule: str,
         assert all(ln.split("|")[4] == LOCAL_KEY for ln in log), log
 
 
+GO_CLIENT = """package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+)
+
+func main() {
+	req, err := http.NewRequest("GET", os.Args[1], nil)
+	if err != nil {
+		panic(err)
+	}
+	if len(os.Args) > 2 {
+		req.Header.Set("X-Api-Key", os.Getenv("OPENAI_API_KEY"))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	fmt.Println(resp.StatusCode, strings.TrimSpace(string(body)))
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def go_client(matrix: Matrix) -> Path:
+    """GO_CLIENT built with the system Go (test-tools.sh installs golang-go)."""
+    directory = matrix.root / "go"
+    directory.mkdir()
+    (directory / "main.go").write_text(GO_CLIENT)
+    go = shutil.which("go")
+    assert go, "go is needed (scripts/test-tools.sh installs golang-go)"
+    out = subprocess.run([go, "build", "-o", str(directory / "client"), "main.go"],
+                         cwd=directory, capture_output=True, text=True, timeout=300,
+                         check=False, env={**os.environ, "GOCACHE": str(directory / "cache"),
+                                           "GOPATH": str(directory / "gopath"),
+                                           "GOFLAGS": "-mod=mod", "GO111MODULE": "off"})
+    assert out.returncode == 0, out.stderr
+    return directory / "client"
+
+
+@pytest.mark.parametrize(("rule", "suffix"), RULES)
+def test_go_net_http(matrix: Matrix, go_client: Path, rule: str, suffix: str) -> None:
+    """Go's net/http with `env` output only: HTTPS_PROXY (its credentials on the CONNECT)
+    and SSL_CERT_FILE."""
+    name, host = f"go-{rule}", f"web{suffix}.test"
+    box, token = matrix.sandbox(name)
+    before = matrix.unauthenticated()
+    argv = [str(go_client), f"https://{host}/small?client=go"]
+    out = box.run([*argv, "key"] if rule == "intercept" else argv)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "200 " + "s" * 99
+    log = [ln for ln in (matrix.nginx.dir / "hdrs.log").read_text().splitlines()
+           if "client=go " in ln and ln.startswith(host + "|")]
+    assert log, "nginx saw no request"
+    _check(matrix, name, host, rule, token, "\n".join(log), before)
+    if rule == "intercept":
+        assert all(ln.split("|")[4] == LOCAL_KEY for ln in log), log
+
+
 MAVEN_SETTINGS = """<settings>
   <mirrors><mirror><id>team</id><mirrorOf>*</mirrorOf><url>https://{host}/maven</url></mirror>
   </mirrors>
