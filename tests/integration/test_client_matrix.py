@@ -72,6 +72,9 @@ egress:
   - host: maven.test        # nginx again, a Maven repository: passthrough and inspected
   - host: maven-i.test
     inspect: true
+  - host: crates.test       # nginx again, a cargo (sparse) registry
+  - host: crates-i.test
+    inspect: true
   - host: api.openai.com
     credential: openai
   - host: api.anthropic.com
@@ -136,7 +139,8 @@ def _servers(root: Path, ca: LocalCA) -> tuple[dict[str, TLSServer | WsEcho | Gr
         "ws": WsEcho(root / "ws", ca, ["ws.test", "ws-i.test"]),
         "grpc": GrpcEcho(root / "grpc", ca, ["grpc.test", "grpc-i.test"]),
     }
-    nginx = Nginx(root / "nginx", ca, ["web.test", "web-i.test", "maven.test", "maven-i.test"],
+    nginx = Nginx(root / "nginx", ca, ["web.test", "web-i.test", "maven.test", "maven-i.test",
+                                       "crates.test", "crates-i.test"],
                   extra="log_format hdrs '$host|$request|$status|$http_authorization|"
                         "$http_x_api_key|$http_proxy_authorization';",
                   locations=f"access_log {root / 'nginx'}/hdrs.log hdrs;")
@@ -158,6 +162,8 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
                     "web-i.test": f"127.0.0.1:{nginx.port}",
                     "maven.test": f"127.0.0.1:{nginx.port}",
                     "maven-i.test": f"127.0.0.1:{nginx.port}",
+                    "crates.test": f"127.0.0.1:{nginx.port}",
+                    "crates-i.test": f"127.0.0.1:{nginx.port}",
                     "api.openai.com": f"127.0.0.1:{fake.port}",
                     "api.anthropic.com": f"127.0.0.1:{fake.port}"}
         (root / "policies").mkdir()
@@ -296,6 +302,57 @@ def test_cargo_fetch_git_dependency(matrix: Matrix, rule: str, suffix: str) -> N
     lines = _check(matrix, name, host, rule, token, matrix.recorders["git"].text(), before)
     if rule == "intercept":
         assert any(r["path"].endswith("/crate.git/git-upload-pack") for r in lines), lines
+
+
+def _cargo_registry(www: Path, work: Path, host: str) -> None:
+    """A sparse cargo registry under nginx's /crates/<host>: config.json, the index file of
+    one crate (CRATE, packaged by `cargo package`) and its download."""
+    crate = work / "gwcrate"
+    for rel, text in CRATE.items():
+        (crate / rel).parent.mkdir(parents=True, exist_ok=True)
+        (crate / rel).write_text(text)
+    out = subprocess.run([CARGO, "package", "--no-verify", "--allow-dirty", "--offline"],
+                         cwd=crate, capture_output=True, text=True, timeout=120, check=False,
+                         env={**os.environ, "CARGO_HOME": str(work / "cargo-home")})
+    assert out.returncode == 0, out.stderr
+    data = (crate / "target" / "package" / "gwcrate-0.1.0.crate").read_bytes()
+    base = www / "crates" / host
+    (base / "index" / "gw" / "cr").mkdir(parents=True, exist_ok=True)
+    (base / "index" / "config.json").write_text(json.dumps({"dl": f"https://{host}/crates/{host}/dl"}))
+    entry = {"name": "gwcrate", "vers": "0.1.0", "deps": [], "features": {}, "yanked": False,
+             "cksum": hashlib.sha256(data).hexdigest()}
+    (base / "index" / "gw" / "cr" / "gwcrate").write_text(json.dumps(entry) + "\n")
+    (base / "dl" / "gwcrate" / "0.1.0").mkdir(parents=True, exist_ok=True)
+    (base / "dl" / "gwcrate" / "0.1.0" / "download").write_bytes(data)
+
+
+@pytest.mark.parametrize(("rule", "suffix"), RULES)
+def test_cargo_fetch_from_a_registry(matrix: Matrix, rule: str, suffix: str) -> None:
+    """cargo's own HTTP client (sparse index and crate download) with `env` output only;
+    the registry is the user's own .cargo/config.toml entry, nothing of the gateway."""
+    if not Path(CARGO).exists():
+        pytest.skip("cargo is not installed")
+    name, host = f"cargo-registry-{rule}", f"crates{suffix}.test"
+    box, token = matrix.sandbox(name)
+    _cargo_registry(matrix.nginx.dir / "www", box.home / "registry-work", host)
+    before = matrix.unauthenticated()
+    app = box.home / "app"
+    (app / "src").mkdir(parents=True)
+    (app / ".cargo").mkdir()
+    (app / ".cargo" / "config.toml").write_text(
+        f'[registries.local]\nindex = "sparse+https://{host}/crates/{host}/index/"\n')
+    (app / "Cargo.toml").write_text(
+        '[package]\nname = "app"\nversion = "0.1.0"\nedition = "2021"\n[dependencies]\n'
+        'gwcrate = { version = "0.1.0", registry = "local" }\n')
+    (app / "src" / "main.rs").write_text("fn main() { println!(\"{}\", gwcrate::value()); }\n")
+    out = box.run([CARGO, "fetch"], cwd=app, timeout=120, CARGO_HOME=str(box.home / "cargo"),
+                  RUSTUP_HOME=os.environ.get("RUSTUP_HOME", str(Path.home() / ".rustup")))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert 'name = "gwcrate"' in (app / "Cargo.lock").read_text()
+    log = [ln for ln in (matrix.nginx.dir / "hdrs.log").read_text().splitlines()
+           if f"/crates/{host}/" in ln and ln.startswith(host + "|")]
+    assert any("/dl/gwcrate/0.1.0/download" in ln for ln in log), log
+    _check(matrix, name, host, rule, token, "\n".join(log), before)
 
 
 # --------------------------------------------------------------------------- HTTP clients
