@@ -188,7 +188,7 @@ def _body(refusal: Refusal, status: int, shape: str | None) -> bytes:
         rule = f"\nrule: {refusal.rule}" if refusal.rule else ""
         return f"sandbox-gateway refused this request: {message}{rule}\n".encode()
     if shape == "openai":
-        doc: object = {"error": {"message": message, "type": _error_type(status),
+        doc: object = {"error": {"message": message, "type": _openai_type(status),
                                  "code": refusal.code, "param": None, "rule": refusal.rule}}
     elif shape == "anthropic":
         kind = _error_type(status)
@@ -207,7 +207,16 @@ def _body(refusal: Refusal, status: int, shape: str | None) -> bytes:
     return json.dumps(doc).encode() + b"\n"
 
 
+def _openai_type(status: int) -> str:
+    """OpenAI's error type for a status: every refusal but 429 and 5xx is an
+    `invalid_request_error` there (a 403 too), which is what clients key on: LiteLLM (and
+    so Aider) retries an OpenAI error of any other type, a refusal included, for a minute."""
+    return ("rate_limit_error" if status == 429 else
+            "server_error" if status >= 500 else "invalid_request_error")
+
+
 def _error_type(status: int) -> str:
+    """Anthropic's error type for a status."""
     return ("invalid_request_error" if status == 400 else
             "authentication_error" if status in (401, 407) else
             "rate_limit_error" if status == 429 else
@@ -221,7 +230,7 @@ def ws_error(refusal: Refusal, session: str, *, event_id: str = "",
     Responses API's over WebSocket (``error`` with the HTTP ``status``)."""
     message = f"{refusal.code}: {refusal.reason} ({AGENT_HINT})"
     status = refusal.status
-    error: dict[str, object] = {"type": _error_type(status), "code": refusal.code,
+    error: dict[str, object] = {"type": _openai_type(status), "code": refusal.code,
                                 "message": message, "param": None}
     doc: dict[str, object]
     if session == "responses_ws":

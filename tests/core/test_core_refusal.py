@@ -82,5 +82,5 @@ def test_websocket_error_events_in_the_providers_shapes() -> None:
     assert responses["error"]["message"].startswith("budget_exceeded: budget used up (")
     realtime = json.loads(ws_error(Refusal("model_not_allowed", "no"), "realtime"))
     assert realtime["type"] == "error" and realtime["event_id"]
-    assert realtime["error"]["type"] == "permission_error"
+    assert realtime["error"]["type"] == "invalid_request_error"
     assert realtime["error"]["code"] == "model_not_allowed"

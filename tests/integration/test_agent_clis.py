@@ -63,6 +63,9 @@ egress:
   - host: api.openai.com
     credential: openai
     models: ["gpt-4.1*"]
+  - host: api.anthropic.com
+    credential: anthropic
+    models: ["claude-2*"]
 ---
 version: v1
 name: opencode
@@ -327,6 +330,35 @@ def test_aider_message(agents: Agents) -> None:
     update = [r for r in lines if r["host"] == "pypi.org"]
     assert update and {(r["error"], r["rule"]) for r in update} == {
         ("policy_denied", "agent/aider.yaml:15")}
+
+
+@pytest.mark.parametrize("agent", ["aider", "opencode"])
+def test_aider_and_opencode_print_a_model_refusal(agents: Agents, agent: str) -> None:
+    """A model the policy does not allow: each prints the gateway's reason and stops
+    (LiteLLM, so Aider, retries an OpenAI error for a minute unless it is an
+    invalid_request_error, which refusals are; an Anthropic 403 it retries whatever the
+    body says: see docs/clients.md)."""
+    name = f"{agent}-refused"
+    if agent == "aider":  # `narrow` allows gpt-4.1* only
+        box, _ = agents.sandbox(name, policy="narrow")
+        argv = [str(aider_cli()), "--message", "say hi", "--yes-always", "--no-git",
+                "--model", "gpt-4o", "--no-show-model-warnings", "--no-pretty"]
+        host, model, rule = "api.openai.com", "gpt-4o", "policies/agents.yaml:13 (models: gpt-4.1*)"
+    else:  # `aider` allows claude-2* only on api.anthropic.com
+        box, _ = agents.sandbox(name, policy="aider")
+        argv = [str(agents.tools["opencode"]), "run", "-m", "anthropic/claude-sonnet-4-5",
+                "say hi"]
+        host, model, rule = ("api.anthropic.com", "claude-sonnet-4-5",
+                             "policies/agents.yaml:30 (models: claude-2*)")
+    started = time.monotonic()
+    out = box.run(argv, timeout=90)
+    assert time.monotonic() - started < 30
+    shown = out.stdout + out.stderr
+    assert f'model_not_allowed: model "{model}" is not allowed by rule {rule}' in \
+        " ".join(shown.split()), shown[-3000:]  # (aider wraps its lines)
+    refused = [r for r in agents.lines(name) if r["host"] == host]
+    assert refused and {r["error"] for r in refused} == {"model_not_allowed"}
+    _no_key_in_the_sandbox(box, out.stdout, out.stderr)
 
 
 def test_the_presets_say_what_they_bring(agents: Agents) -> None:
