@@ -173,7 +173,8 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
         secrets.chmod(0o600)
         gw = GatewayThread(root, {"network": {"upstream_ca": str(upstream_ca),
                                               "resolve": resolve},
-                                  "secrets": {"store": "file", "path": str(secrets)}})
+                                  "secrets": {"store": "file", "path": str(secrets)},
+                                  "refusals": {"inside_tls": True}})  # the default
         try:
             # The sandbox's bundle: the gateway CA (intercepted hosts) + the upstreams'
             # CA (passthrough hosts show their own certificate).
@@ -326,6 +327,21 @@ def _cargo_registry(www: Path, work: Path, host: str) -> None:
     (base / "dl" / "gwcrate" / "0.1.0" / "download").write_bytes(data)
 
 
+def _cargo_fetch(box: Sandbox, app: Path, index: str) -> subprocess.CompletedProcess[str]:
+    """`cargo fetch` of an app that depends on gwcrate from the sparse registry `index`
+    (the user's own .cargo/config.toml entry, nothing of the gateway)."""
+    (app / "src").mkdir(parents=True)
+    (app / ".cargo").mkdir()
+    (app / ".cargo" / "config.toml").write_text(
+        f'[registries.local]\nindex = "sparse+{index}"\n')
+    (app / "Cargo.toml").write_text(
+        '[package]\nname = "app"\nversion = "0.1.0"\nedition = "2021"\n[dependencies]\n'
+        'gwcrate = { version = "0.1.0", registry = "local" }\n')
+    (app / "src" / "main.rs").write_text("fn main() { println!(\"{}\", gwcrate::value()); }\n")
+    return box.run([CARGO, "fetch"], cwd=app, timeout=120, CARGO_HOME=str(box.home / "cargo"),
+                   RUSTUP_HOME=os.environ.get("RUSTUP_HOME", str(Path.home() / ".rustup")))
+
+
 @pytest.mark.parametrize(("rule", "suffix"), RULES)
 def test_cargo_fetch_from_a_registry(matrix: Matrix, rule: str, suffix: str) -> None:
     """cargo's own HTTP client (sparse index and crate download) with `env` output only;
@@ -337,16 +353,7 @@ def test_cargo_fetch_from_a_registry(matrix: Matrix, rule: str, suffix: str) -> 
     _cargo_registry(matrix.nginx.dir / "www", box.home / "registry-work", host)
     before = matrix.unauthenticated()
     app = box.home / "app"
-    (app / "src").mkdir(parents=True)
-    (app / ".cargo").mkdir()
-    (app / ".cargo" / "config.toml").write_text(
-        f'[registries.local]\nindex = "sparse+https://{host}/crates/{host}/index/"\n')
-    (app / "Cargo.toml").write_text(
-        '[package]\nname = "app"\nversion = "0.1.0"\nedition = "2021"\n[dependencies]\n'
-        'gwcrate = { version = "0.1.0", registry = "local" }\n')
-    (app / "src" / "main.rs").write_text("fn main() { println!(\"{}\", gwcrate::value()); }\n")
-    out = box.run([CARGO, "fetch"], cwd=app, timeout=120, CARGO_HOME=str(box.home / "cargo"),
-                  RUSTUP_HOME=os.environ.get("RUSTUP_HOME", str(Path.home() / ".rustup")))
+    out = _cargo_fetch(box, app, f"https://{host}/crates/{host}/index/")
     assert out.returncode == 0, out.stdout + out.stderr
     assert 'name = "gwcrate"' in (app / "Cargo.lock").read_text()
     log = [ln for ln in (matrix.nginx.dir / "hdrs.log").read_text().splitlines()
@@ -574,6 +581,21 @@ def _maven_repository(www: Path) -> None:
         (base / f"{file}.sha1").write_text(hashlib.sha1(data).hexdigest())
 
 
+def _maven_validate(box: Sandbox, host: str) -> subprocess.CompletedProcess[str]:
+    """`mvn validate` of a project whose core extension comes from the repository on
+    `host` (a mirror in the user's settings.xml; no proxy there)."""
+    project = box.home / "project"
+    (project / ".mvn").mkdir(parents=True)
+    (project / "pom.xml").write_text(MAVEN_POM.format(group="org.example", artifact="app"))
+    (project / ".mvn" / "extensions.xml").write_text(
+        "<extensions><extension><groupId>org.example</groupId><artifactId>gw-ext</artifactId>"
+        "<version>1.0</version></extension></extensions>\n")
+    (box.home / "settings.xml").write_text(MAVEN_SETTINGS.format(host=host))
+    return box.run(["mvn", "-B", "-s", str(box.home / "settings.xml"),
+                    f"-Dmaven.repo.local={box.home / 'm2'}", "validate"], cwd=project,
+                   timeout=120)
+
+
 @pytest.mark.parametrize(("rule", "suffix"), RULES)
 def test_maven(matrix: Matrix, rule: str, suffix: str) -> None:
     """Maven (Debian's 3.8, its wagon transport) resolving a project's core extension from
@@ -584,16 +606,7 @@ def test_maven(matrix: Matrix, rule: str, suffix: str) -> None:
     _maven_repository(matrix.nginx.dir / "www")
     box, token = matrix.sandbox(name)
     before = matrix.unauthenticated()
-    project = box.home / "project"
-    (project / ".mvn").mkdir(parents=True)
-    (project / "pom.xml").write_text(MAVEN_POM.format(group="org.example", artifact="app"))
-    (project / ".mvn" / "extensions.xml").write_text(
-        "<extensions><extension><groupId>org.example</groupId><artifactId>gw-ext</artifactId>"
-        "<version>1.0</version></extension></extensions>\n")
-    (box.home / "settings.xml").write_text(MAVEN_SETTINGS.format(host=host))
-    out = box.run(["mvn", "-B", "-s", str(box.home / "settings.xml"),
-                   f"-Dmaven.repo.local={box.home / 'm2'}", "validate"], cwd=project,
-                  timeout=120)
+    out = _maven_validate(box, host)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert (box.home / "m2" / "org" / "example" / "gw-ext" / "1.0" / "gw-ext-1.0.jar").is_file()
     log = [ln for ln in (matrix.nginx.dir / "hdrs.log").read_text().splitlines()
@@ -853,3 +866,39 @@ def test_grpc_needs_its_own_roots_variable(matrix: Matrix) -> None:
     out = box.run([sys.executable, "-c", GRPC_SCRIPT.replace("timeout=10", "timeout=3"),
                    "grpc.test:443", "none", "grpc-roots"])
     assert out.returncode != 0 and "UNAVAILABLE" in out.stderr, out.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------- refusals shown
+
+REFUSED = 'policy_denied: no rule in policy "matrix" allows host "nope.test"'
+
+
+@pytest.mark.parametrize("client", ["pip", "npm", "cargo", "maven"])
+def test_the_client_prints_a_refusal(matrix: Matrix, client: str) -> None:
+    """A host no rule allows, with the default refusals inside TLS: each package manager
+    prints the gateway's reason itself (pip for a direct URL: for an index page it says why
+    only with -vv), nothing is dialled, and the one audit line is the CONNECT's."""
+    name = f"refused-{client}"
+    box, _ = matrix.sandbox(name)
+    if client == "pip":
+        out = box.run([sys.executable, "-m", "pip", "download", "--no-cache-dir", "-d", "dl",
+                       "--disable-pip-version-check",
+                       "https://nope.test/somepkg-1.0-py3-none-any.whl"], timeout=60)
+        shown = REFUSED
+    elif client == "npm":
+        out = box.run(["npm", "view", "--fetch-retries=0", "--registry=https://nope.test/",
+                       "somepkg", "version"], timeout=60)
+        shown = f"npm error 403 403 {REFUSED}"
+    elif client == "cargo":
+        if not Path(CARGO).exists():
+            pytest.skip("cargo is not installed")
+        out = _cargo_fetch(box, box.home / "app", "https://nope.test/index/")
+        shown = 'got 403\n  body:\n  {"error": "policy_denied", "reason": "no rule in policy'
+    else:
+        out = _maven_validate(box, "nope.test")
+        shown = f"status: 403 {REFUSED}"
+    assert out.returncode != 0
+    assert shown in out.stdout + out.stderr, (out.stdout + out.stderr)[-3000:]
+    lines = [r for r in matrix.gw.audit.records() if r.get("sandbox") == name]
+    assert lines and {(r["host"], r["method"], r["error"]) for r in lines} == {
+        ("nope.test", "CONNECT", "policy_denied")}
