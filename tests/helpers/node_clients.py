@@ -101,3 +101,26 @@ def agent_clis() -> dict[str, Path]:
                                  timeout=60, check=False)
         assert version.returncode == 0, f"{name} does not run: {version.stdout}{version.stderr}"
     return tools
+
+
+# JavaScript runtimes besides Node, pinned: their release binaries in npm's per-platform
+# packages (Bun reads HTTPS_PROXY and NODE_EXTRA_CA_CERTS, Deno HTTPS_PROXY and DENO_CERT).
+RUNTIME_PACKAGES = ("bun@1.4.5", "deno@2.9.6")
+RUNTIME_BINARIES = {"bun": ("@oven", "bun-linux-{arch}", "bin/bun"),
+                    "deno": ("@deno", "{arch}-glibc", "deno")}
+RUNTIME_ARCHES = {"bun": {"x86_64": "x64", "aarch64": "aarch64"},
+                  "deno": {"x86_64": "linux-x64", "aarch64": "linux-arm64"}}
+
+
+def js_runtimes() -> dict[str, Path]:
+    """`bun` and `deno` (installed once per machine)."""
+    key = hashlib.sha256(" ".join(RUNTIME_PACKAGES).encode()).hexdigest()[:12]
+    root = _npm_install(cache_root() / f"js-runtimes-{key}", RUNTIME_PACKAGES)
+    machine = platform.machine().lower()
+    tools: dict[str, Path] = {}
+    for name, (scope, package, binary) in RUNTIME_BINARIES.items():
+        arch = RUNTIME_ARCHES[name].get(machine)
+        assert platform.system() == "Linux" and arch, f"no {name} package for {machine}"
+        tools[name] = root / "node_modules" / scope / package.format(arch=arch) / binary
+        assert tools[name].is_file(), tools[name]
+    return tools

@@ -36,7 +36,7 @@ from fakes.tls_http import Recorder, TLSServer
 from fakes.ws_echo import WsEcho
 from helpers.gateway import GatewayThread
 from helpers.nginx import Nginx
-from helpers.node_clients import env_proxy_node, node_clients
+from helpers.node_clients import env_proxy_node, js_runtimes, node_clients
 from helpers.sandbox import Sandbox
 from helpers.tls import LocalCA
 
@@ -410,12 +410,27 @@ def test_http_client(matrix: Matrix, client: str, rule: str, suffix: str) -> Non
         out = box.run([sys.executable, "-c", code])
         assert out.returncode == 0, out.stderr[-3000:]
         assert out.stdout.strip() == "200 " + "s" * 99
-    log = [ln for ln in (matrix.nginx.dir / "hdrs.log").read_text().splitlines()
+    _nginx_saw(matrix, name, host, rule, token, before, client)
+
+
+def _nginx_saw(m: Matrix, name: str, host: str, rule: str, token: str, before: int,
+               client: str) -> None:
+    """nginx served /small?client=CLIENT through the gateway (with the real key on the
+    credential rule), and the audit lines say how."""
+    log = [ln for ln in (m.nginx.dir / "hdrs.log").read_text().splitlines()
            if f"client={client} " in ln and ln.startswith(host + "|")]
     assert log, "nginx saw no request"
-    _check(matrix, name, host, rule, token, "\n".join(log), before)
-    if send_key:
+    _check(m, name, host, rule, token, "\n".join(log), before)
+    if rule == "intercept":
         assert all(ln.split("|")[4] == LOCAL_KEY for ln in log), log
+
+
+def _web_client_ran(m: Matrix, out: subprocess.CompletedProcess[str], name: str, host: str,
+                    rule: str, token: str, before: int, client: str) -> None:
+    """A client printed `200 <body>` of nginx's /small, and nginx saw it (`_nginx_saw`)."""
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "200 " + "s" * 99
+    _nginx_saw(m, name, host, rule, token, before, client)
 
 
 # --------------------------------------------------------------------------- the JVM
@@ -476,15 +491,8 @@ def test_java_clients(matrix: Matrix, java_client: Path, client: str, rule: str,
     url = f"https://{host}/small?client=java-{client}"
     argv = ["java", "-cp", str(java_client), "MatrixClient", client, url]
     out = box.run([*argv, "key"] if rule == "intercept" else argv, timeout=60)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip() == "200 " + "s" * 99
     assert token not in out.stderr  # the JVM echoes JAVA_TOOL_OPTIONS: no token there
-    log = [ln for ln in (matrix.nginx.dir / "hdrs.log").read_text().splitlines()
-           if f"client=java-{client} " in ln and ln.startswith(host + "|")]
-    assert log, "nginx saw no request"
-    _check(matrix, name, host, rule, token, "\n".join(log), before)
-    if rule == "intercept":
-        assert all(ln.split("|")[4] == LOCAL_KEY for ln in log), log
+    _web_client_ran(matrix, out, name, host, rule, token, before, f"java-{client}")
 
 
 GO_CLIENT = """package main
@@ -543,14 +551,58 @@ def test_go_net_http(matrix: Matrix, go_client: Path, rule: str, suffix: str) ->
     before = matrix.unauthenticated()
     argv = [str(go_client), f"https://{host}/small?client=go"]
     out = box.run([*argv, "key"] if rule == "intercept" else argv)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip() == "200 " + "s" * 99
-    log = [ln for ln in (matrix.nginx.dir / "hdrs.log").read_text().splitlines()
-           if "client=go " in ln and ln.startswith(host + "|")]
-    assert log, "nginx saw no request"
-    _check(matrix, name, host, rule, token, "\n".join(log), before)
-    if rule == "intercept":
-        assert all(ln.split("|")[4] == LOCAL_KEY for ln in log), log
+    _web_client_ran(matrix, out, name, host, rule, token, before, "go")
+
+
+JS_FETCH = """
+const deno = typeof Deno !== "undefined";
+const args = deno ? Deno.args : process.argv.slice(2);
+const headers = args[1] ? { "X-Api-Key": deno ? Deno.env.get("OPENAI_API_KEY")
+                                              : process.env.OPENAI_API_KEY } : {};
+const r = await fetch(args[0], { headers });
+console.log(r.status, (await r.text()).trim());
+"""
+
+
+@pytest.mark.parametrize(("rule", "suffix"), RULES)
+@pytest.mark.parametrize("runtime", ["bun", "deno"])
+def test_bun_and_deno_fetch(matrix: Matrix, runtime: str, rule: str, suffix: str) -> None:
+    """fetch() in Bun and Deno with `env` output only (HTTPS_PROXY with its credentials;
+    NODE_EXTRA_CA_CERTS for Bun, DENO_CERT for Deno)."""
+    binary = js_runtimes()[runtime]
+    name, host = f"{runtime}-{rule}", f"web{suffix}.test"
+    box, token = matrix.sandbox(name)
+    before = matrix.unauthenticated()
+    script = box.home / "fetch.mjs"
+    script.write_text(JS_FETCH)
+    argv = [str(binary), "run", *(["-A"] if runtime == "deno" else []), str(script),
+            f"https://{host}/small?client={runtime}"]
+    out = box.run([*argv, "key"] if rule == "intercept" else argv, timeout=60)
+    _web_client_ran(matrix, out, name, host, rule, token, before, runtime)
+
+
+RUBY_CLIENT = """
+require "net/http"
+uri = URI(ARGV[0])
+request = Net::HTTP::Get.new(uri)
+request["X-Api-Key"] = ENV["OPENAI_API_KEY"] if ARGV[1]
+response = Net::HTTP.start(uri.host, uri.port, use_ssl: true) { |http| http.request(request) }
+puts "#{response.code} #{response.body.strip}"
+"""
+
+
+@pytest.mark.parametrize(("rule", "suffix"), RULES)
+def test_ruby_net_http(matrix: Matrix, rule: str, suffix: str) -> None:
+    """Ruby's Net::HTTP with `env` output only: https_proxy (its credentials included)
+    and SSL_CERT_FILE."""
+    ruby = shutil.which("ruby")
+    assert ruby, "ruby is needed (scripts/test-tools.sh installs it)"
+    name, host = f"ruby-{rule}", f"web{suffix}.test"
+    box, token = matrix.sandbox(name)
+    before = matrix.unauthenticated()
+    argv = [ruby, "-e", RUBY_CLIENT, f"https://{host}/small?client=ruby"]
+    out = box.run([*argv, "key"] if rule == "intercept" else argv)
+    _web_client_ran(matrix, out, name, host, rule, token, before, "ruby")
 
 
 MAVEN_SETTINGS = """<settings>
