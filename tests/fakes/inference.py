@@ -76,6 +76,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import brotli
 from helpers.tls import LocalCA
 
+from fakes.http_body import read_body
+
 if TYPE_CHECKING:
     from fakes.realtime import FakeRealtime
 
@@ -624,18 +626,7 @@ class _Handler(BaseHTTPRequestHandler):
     # -- plumbing ------------------------------------------------------------------------
 
     def _body(self) -> bytes:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            out = b""
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
-                if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass
-                    return out
-                out += self.rfile.read(size)
-                self.rfile.readline()
-        length = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(length) if length else b""
+        return read_body(self.headers, self.rfile)
 
     def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
         self._send_bytes(status, json.dumps(payload).encode(), "application/json", headers)

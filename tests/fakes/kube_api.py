@@ -94,6 +94,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from helpers.tls import LocalCA
 from jwt.algorithms import RSAAlgorithm
 
+from fakes.http_body import read_body
+
 JSON = dict[str, Any]
 HOSTS = ["127.0.0.1", "localhost"]
 # What /version reports. Google Cloud SDK's kubectl is a dispatcher that reads it first
@@ -1253,18 +1255,7 @@ class _Handler(BaseHTTPRequestHandler):
     # -- plumbing ------------------------------------------------------------------------
 
     def _body(self) -> bytes:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            out = b""
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
-                if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass
-                    return out
-                out += self.rfile.read(size)
-                self.rfile.readline()
-        length = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(length) if length else b""
+        return read_body(self.headers, self.rfile)
 
     def _param(self, name: str, default: str = "") -> str:
         values = self.seen.query.get(name)

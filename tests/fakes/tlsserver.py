@@ -20,6 +20,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from helpers.tls import LocalCA
 
+from fakes.http_body import read_body
+
 
 @dataclass
 class Request:
@@ -94,18 +96,7 @@ class FakeServer:
                 super().setup()
 
             def _body(self) -> bytes:
-                if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-                    out = b""
-                    while True:
-                        size = int(self.rfile.readline().split(b";")[0].strip(), 16)
-                        if size == 0:
-                            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                                pass
-                            return out
-                        out += self.rfile.read(size)
-                        self.rfile.readline()
-                length = int(self.headers.get("Content-Length") or 0)
-                return self.rfile.read(length) if length else b""
+                return read_body(self.headers, self.rfile)
 
             def _serve(self) -> None:
                 url = urlsplit(self.path)
