@@ -30,6 +30,10 @@ name: agent
 egress:
   - host: allowed.test
   - host: other.test
+    paths: ["/ok/secret/**"]
+    action: deny
+    reason: secrets are not for agents
+  - host: other.test
     methods: [GET, POST, HEAD]
     paths: ["/ok/**", "/api/**", "/"]
   - host: unbound.test
@@ -230,6 +234,13 @@ CASES = [
          {**DENY, "error": "policy_denied", "method": "DELETE", "path": "/ok/a"},
          check=_no_upstream),
     Case("deny path", {"host": "other.test", "target": "/admin"},
+         ("response", 403, "policy_denied"), {**DENY, "error": "policy_denied"},
+         check=_no_upstream),
+    Case("deny rule on a path", {"host": "other.test", "target": "/ok/secret/a"},
+         ("response", 403, "policy_denied"), {**DENY, "error": "policy_denied"},
+         check=_no_upstream),
+    Case("dot segments around a deny rule's path", {"host": "other.test",
+                                                   "target": "/ok/x/../secret/a"},
          ("response", 403, "policy_denied"), {**DENY, "error": "policy_denied"},
          check=_no_upstream),
     Case("F11 dot segment behind a path parameter",

@@ -26,7 +26,8 @@ stays keyless). A credential rule only matches hosts its credential is bound to.
 suspicious path (see ``paths``) matches no rule that names ``paths`` or a credential
 (where its reading would matter: path globs, the model and metering checks); a host-wide
 rule without either allows the host's every path and matches it (npm's scoped packages
-are ``/@scope%2fname``).
+are ``/@scope%2fname``), unless a deny rule on paths comes first: that one refuses it
+(``/x/../admin`` must not slip past a deny of ``/admin/**``).
 
 ``action: deny`` rules: a matching deny rule refuses, unless an allow rule before it
 (more specific, or earlier in the file) already matched. At tunnel level a deny rule
@@ -369,7 +370,9 @@ class Matcher:
                     closest, level = entry, 3
                 continue
             paths = entry.paths
-            if ((problem is not None and (paths is not None or entry.credential is not None))
+            if problem is not None and entry.deny and paths is not None:
+                pass  # a deny rule on paths refuses what it cannot read: fail closed
+            elif ((problem is not None and (paths is not None or entry.credential is not None))
                     or (paths is not None and not paths.matches(path))):
                 if level < 4:
                     closest, level = entry, 4

@@ -46,7 +46,11 @@ REQUESTS = [
     (("api.example.com", "GET", "/public/list"), ("allow", None, 6)),
     (("api.example.com", "POST", "/public/list"), ("allow", "example", 4)),
     (("api.example.com", "GET", "/admin/users"), ("deny", None, 9)),
-    (("api.example.com", "GET", "/admin/../admin/users"), ("deny", None, 6)),  # no rule
+    # a path the deny rule cannot read is refused by it (never allowed past it)
+    (("api.example.com", "GET", "/admin/../admin/users"), ("deny", None, 9)),
+    (("api.example.com", "GET", "/x/../admin/users"), ("deny", None, 9)),
+    (("api.example.com", "GET", "/admin%2fusers"), ("deny", None, 9)),
+    (("files.example.com", "GET", "/x/../private/key"), ("deny", None, 14)),
     (("files.example.com", "GET", "/readme"), ("allow", None, 13)),
     (("files.example.com", "GET", "/private/key"), ("deny", None, 14)),
     (("a.tracker.example", "GET", "/"), ("deny", None, 17)),
