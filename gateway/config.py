@@ -153,6 +153,39 @@ class AdminConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ExchangeConfig:
+    """`identity.kubernetes.exchange`: POST /v1/tokens/exchange takes a pod's projected
+    service-account token (for `audience`), verified by `tokenreview` or `oidc`, and
+    returns a gateway token bound to that pod for `ttl`."""
+
+    enabled: bool = True
+    audience: str = "sandbox-gateway"
+    verify: str = "tokenreview"
+    issuer: str | None = None  # oidc: the expected issuer (default: the discovery's)
+    ttl: float = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesConfig:
+    """`identity.kubernetes`: pods of the watched namespaces are sandboxes, known by
+    their address (no token) or by an exchanged service-account token."""
+
+    enabled: bool = False
+    kubeconfig: Path | None = None  # None: the in-cluster service account
+    namespaces: tuple[str, ...] = ()
+    policy_label: str = "sandbox-gateway.io/policy"
+    default_policies: Mapping[str, str] = field(default_factory=dict)
+    pod_selector: str = ""
+    stale_after: float = 30.0
+    exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityConfig:
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole validated configuration."""
 
@@ -175,6 +208,7 @@ class Config:
     admin: AdminConfig = field(default_factory=AdminConfig)
     state: Mapping[str, Any] = field(default_factory=lambda: {"store": "sqlite"})
     metering: MeteringConfig = field(default_factory=MeteringConfig)
+    identity: IdentityConfig = field(default_factory=IdentityConfig)
     workers: int = 0  # 0 = one worker process per core
     log_level: str = "info"
     source: str = "<defaults>"
@@ -328,6 +362,19 @@ def _audit_buffer(value: object, key: str) -> int:
     return size
 
 
+def _verify(value: object, key: str) -> str:
+    if value not in ("tokenreview", "oidc"):
+        raise ConfigError(f"{key}: expected tokenreview (ask the API server) or oidc "
+                          f"(verify offline against the cluster's JWKS), got {value!r}")
+    return str(value)
+
+
+def _string(value: object, key: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    return value
+
+
 def _level(value: object, key: str) -> str:
     levels = ("debug", "info", "warning", "error")
     if value not in levels:
@@ -391,6 +438,24 @@ SCHEMA: Schema = {
         "retention": parse_duration,
         "stream_usage": _bool,
     },
+    "identity": {
+        "kubernetes": {
+            "enabled": _bool,
+            "kubeconfig": _opt(_str),
+            "namespaces": _str_list,
+            "policy_label": _str,
+            "default_policies": _str_map,
+            "pod_selector": _string,
+            "stale_after": parse_duration,
+            "exchange": {
+                "enabled": _bool,
+                "audience": _str,
+                "verify": _verify,
+                "issuer": _opt(_str),
+                "ttl": parse_duration,
+            },
+        },
+    },
     "workers": _int,
     "log_level": _level,
 }
@@ -398,7 +463,9 @@ SCHEMA: Schema = {
 _ENV_TYPED = {"workers", "tokens.leeway", "limits.connections_per_sandbox",
               "network.allow_cidrs", "network.deny_cidrs", "network.resolve",
               "tokens.retired_kids", "secrets", "state", "dns.rate", "dns.burst",
-              "metering.stream_usage", "admin.max_connections", "refusals.inside_tls"}
+              "metering.stream_usage", "admin.max_connections", "refusals.inside_tls",
+              "identity.kubernetes.enabled", "identity.kubernetes.namespaces",
+              "identity.kubernetes.default_policies", "identity.kubernetes.exchange.enabled"}
 
 
 def _validate(raw: Mapping[str, Any], schema: Schema, prefix: str = "") -> dict[str, Any]:
@@ -579,7 +646,33 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
             retention=metering.get("retention", d.metering.retention),
             stream_usage=metering.get("stream_usage", d.metering.stream_usage),
         ),
+        identity=IdentityConfig(kubernetes=_kubernetes(
+            v.get("identity", {}).get("kubernetes", {}), base, source)),
         workers=v.get("workers", d.workers),
         log_level=v.get("log_level", d.log_level),
         source=source,
     )
+
+
+def _kubernetes(k: dict[str, Any], base: Path, source: str) -> KubernetesConfig:
+    d = KubernetesConfig()
+    x = k.get("exchange", {})
+    cfg = KubernetesConfig(
+        enabled=k.get("enabled", d.enabled),
+        kubeconfig=_path(base, k.get("kubeconfig")),
+        namespaces=k.get("namespaces", d.namespaces),
+        policy_label=k.get("policy_label", d.policy_label),
+        default_policies=k.get("default_policies", {}),
+        pod_selector=k.get("pod_selector", d.pod_selector),
+        stale_after=k.get("stale_after", d.stale_after),
+        exchange=ExchangeConfig(**{key: x.get(key, getattr(d.exchange, key)) for key in (
+            "enabled", "audience", "verify", "issuer", "ttl")}),
+    )
+    if cfg.enabled and not cfg.namespaces:
+        raise ConfigError(f"{source}: identity.kubernetes.namespaces: list the sandbox "
+                          "namespaces whose pods are watched (e.g. [sandboxes])")
+    unwatched = sorted(set(cfg.default_policies) - set(cfg.namespaces))
+    if cfg.enabled and unwatched:
+        raise ConfigError(f"{source}: identity.kubernetes.default_policies: namespace "
+                          f"{unwatched[0]!r} is not in identity.kubernetes.namespaces")
+    return cfg

@@ -1225,3 +1225,300 @@ def test_graceful_shutdown_wiring(render: Render, helm: str, tmp_path: Path) -> 
     err = render_fails(helm, tmp_path, {"shutdown": {"drainSeconds": 60, "preStopSleep": 5},
                                         "terminationGracePeriodSeconds": 60})
     assert "must exceed shutdown.preStopSleep + shutdown.drainSeconds" in err
+
+
+# ------------------------------------------------------------------------ Kubernetes pod identity
+
+FULLNAME = f"{RELEASE}-sandbox-gateway"
+RBAC_KINDS = {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+POD_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+TOKENREVIEW_RULES = [
+    {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}
+]
+DISCOVERY_ROLE = "system:service-account-issuer-discovery"
+
+
+def identity(exchange: dict[str, Any] | None = None, **kube: Any) -> dict[str, Any]:
+    """Values turning pod identity on for two sandbox namespaces (keyword arguments override)."""
+    values: dict[str, Any] = {
+        "enabled": True,
+        "namespaces": ["sandboxes-a", "sandboxes-b"],
+        **kube,
+    }
+    if exchange is not None:
+        values["exchange"] = exchange
+    return {"identity": {"kubernetes": values}}
+
+
+def rbac(docs: Docs, kind: str | None = None) -> Docs:
+    return [d for d in docs if d["kind"] in RBAC_KINDS and kind in (None, d["kind"])]
+
+
+def assert_bound_to_gateway(binding: dict[str, Any], docs: Docs) -> None:
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": pod_spec(docs)["serviceAccountName"],
+         "namespace": NAMESPACE}
+    ]
+    assert binding["roleRef"]["apiGroup"] == "rbac.authorization.k8s.io"
+
+
+def assert_chart_labels(doc: dict[str, Any]) -> None:
+    labels = doc["metadata"]["labels"]
+    assert labels["app.kubernetes.io/instance"] == RELEASE
+    assert labels["app.kubernetes.io/managed-by"] == "Helm"
+    assert labels["helm.sh/chart"].startswith("sandbox-gateway-")
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        ALL_ON,
+        # The values alone, identity off: nothing.
+        {"identity": {"kubernetes": {"enabled": False, "namespaces": ["sandboxes"]}}},
+    ],
+    ids=["defaults", "all-on", "off-with-namespaces"],
+)
+def test_identity_off_renders_no_rbac_and_no_token(render: Render, values: dict[str, Any]) -> None:
+    docs = render(values)
+    assert rbac(docs) == []
+    assert "identity" not in gateway_config(docs)
+    assert pod_spec(docs)["automountServiceAccountToken"] is False
+    assert only(docs, "ServiceAccount")["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize(
+    ("service_account", "subject"),
+    [
+        ({}, FULLNAME),
+        ({"name": "sandbox-gateway-sa"}, "sandbox-gateway-sa"),
+        ({"create": False, "name": "preexisting"}, "preexisting"),
+    ],
+)
+def test_identity_watches_pods_in_each_sandbox_namespace_only(
+    render: Render, service_account: dict[str, Any], subject: str
+) -> None:
+    docs = render(DETERMINISTIC, identity(), {"serviceAccount": service_account})
+    assert pod_spec(docs)["serviceAccountName"] == subject
+    roles, bindings = rbac(docs, "Role"), rbac(docs, "RoleBinding")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["sandboxes-a", "sandboxes-b"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["sandboxes-a", "sandboxes-b"]
+    for role in roles:
+        assert role["metadata"]["name"] == f"{FULLNAME}-pod-identity"
+        assert role["rules"] == POD_RULES  # get, list, watch on pods: nothing more
+        assert_chart_labels(role)
+    for binding in bindings:
+        assert binding["metadata"]["name"] == f"{FULLNAME}-pod-identity"
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+            "name": f"{FULLNAME}-pod-identity"}
+        assert_bound_to_gateway(binding, docs)
+        assert binding["subjects"][0]["name"] == subject
+        assert_chart_labels(binding)
+    # The gateway pod mounts its token; the ServiceAccount does not hand it to anyone else.
+    assert pod_spec(docs)["automountServiceAccountToken"] is True
+    if service_account.get("create", True):
+        assert only(docs, "ServiceAccount")["automountServiceAccountToken"] is False
+    else:
+        assert "ServiceAccount" not in kinds(docs)
+
+
+@pytest.mark.parametrize(
+    ("exchange", "cluster_roles", "cluster_bindings"),
+    [
+        ({}, {f"{FULLNAME}-{NAMESPACE}-tokenreview": TOKENREVIEW_RULES},
+         {f"{FULLNAME}-{NAMESPACE}-tokenreview": ("ClusterRole",
+                                                  f"{FULLNAME}-{NAMESPACE}-tokenreview")}),
+        ({"verify": "tokenreview"}, {f"{FULLNAME}-{NAMESPACE}-tokenreview": TOKENREVIEW_RULES},
+         {f"{FULLNAME}-{NAMESPACE}-tokenreview": ("ClusterRole",
+                                                  f"{FULLNAME}-{NAMESPACE}-tokenreview")}),
+        ({"verify": "oidc", "issuer": "https://oidc.example.test/cluster"}, {},
+         {f"{FULLNAME}-{NAMESPACE}-issuer-discovery": ("ClusterRole", DISCOVERY_ROLE)}),
+        ({"enabled": False}, {}, {}),
+        ({"enabled": False, "verify": "oidc"}, {}, {}),
+    ],
+    ids=["default-tokenreview", "tokenreview", "oidc", "exchange-off", "exchange-off-oidc"],
+)
+def test_identity_cluster_rbac_follows_the_exchange_mode(
+    render: Render,
+    exchange: dict[str, Any],
+    cluster_roles: dict[str, Any],
+    cluster_bindings: dict[str, tuple[str, str]],
+) -> None:
+    docs = render(DETERMINISTIC, identity(exchange=exchange))
+    assert validate_all(docs) == []
+    roles = rbac(docs, "ClusterRole")
+    assert {r["metadata"]["name"]: r["rules"] for r in roles} == cluster_roles
+    bindings = rbac(docs, "ClusterRoleBinding")
+    assert {
+        b["metadata"]["name"]: (b["roleRef"]["kind"], b["roleRef"]["name"]) for b in bindings
+    } == cluster_bindings
+    for doc in roles + bindings:
+        assert "namespace" not in doc["metadata"]  # cluster-scoped
+        assert_chart_labels(doc)
+    for binding in bindings:
+        assert_bound_to_gateway(binding, docs)
+    # Never more than the pods of the sandbox namespaces, whatever the mode.
+    assert len(rbac(docs, "Role")) == len(rbac(docs, "RoleBinding")) == 2
+
+
+def test_identity_config_is_rendered_as_the_gateway_reads_it(render: Render) -> None:
+    values = identity(
+        namespaces=["sandboxes", "batch"],
+        policy_label="example.com/egress-policy",
+        default_policies={"sandboxes": "default", "batch": "coding-agent"},
+        pod_selector="role=sandbox",
+        stale_after="45s",
+        kubeconfig="/etc/kube/config",
+        exchange={"audience": "gw.example.test", "verify": "oidc",
+                  "issuer": "https://oidc.example.test/cluster", "ttl": "30m"},
+    )
+    assert gateway_config(render(DETERMINISTIC, values))["identity"] == {
+        "kubernetes": {
+            "enabled": True,
+            "kubeconfig": "/etc/kube/config",
+            "namespaces": ["sandboxes", "batch"],
+            "policy_label": "example.com/egress-policy",
+            "default_policies": {"sandboxes": "default", "batch": "coding-agent"},
+            "pod_selector": "role=sandbox",
+            "stale_after": "45s",
+            "exchange": {
+                "enabled": True,
+                "audience": "gw.example.test",
+                "verify": "oidc",
+                "issuer": "https://oidc.example.test/cluster",
+                "ttl": "30m",
+            },
+        }
+    }
+    # The defaults: in-cluster config, the API server's own issuer.
+    assert gateway_config(render(DETERMINISTIC, identity(namespaces=["sandboxes"])))[
+        "identity"
+    ] == {
+        "kubernetes": {
+            "enabled": True,
+            "kubeconfig": None,
+            "namespaces": ["sandboxes"],
+            "policy_label": "sandbox-gateway.io/policy",
+            "default_policies": {},
+            "pod_selector": "",
+            "stale_after": "30s",
+            "exchange": {
+                "enabled": True,
+                "audience": "sandbox-gateway",
+                "verify": "tokenreview",
+                "issuer": None,
+                "ttl": "1h",
+            },
+        }
+    }
+
+
+def test_identity_changes_roll_the_pods(render: Render) -> None:
+    before = pod_annotations(render(DETERMINISTIC))["checksum/config"]
+    after = pod_annotations(render(DETERMINISTIC, identity()))["checksum/config"]
+    assert before != after
+
+
+def test_identity_leaves_the_network_policies_alone(render: Render) -> None:
+    sandboxes = {"networkPolicy": {"sandboxNamespaces": ["sandboxes-a", "sandboxes-b"]}}
+
+    def policies(*values: dict[str, Any]) -> Docs:
+        docs = render(DETERMINISTIC, sandboxes, *values)
+        return [d for d in docs if d["kind"] == "NetworkPolicy"]
+
+    assert policies(identity()) == policies()
+    assert policies(identity(exchange={"verify": "oidc"})) == policies()
+
+
+@pytest.mark.parametrize(
+    ("values", "api_versions"),
+    [
+        (identity(), ()),
+        (identity(exchange={"verify": "oidc"}), ()),
+        (identity(exchange={"enabled": False}), ()),
+        ({**ALL_ON, **identity()}, ("--api-versions", "monitoring.coreos.com/v1")),
+    ],
+    ids=["tokenreview", "oidc", "exchange-off", "all-on"],
+)
+def test_identity_render_is_valid(
+    render: Render, values: dict[str, Any], api_versions: tuple[str, ...]
+) -> None:
+    docs = render(values, args=api_versions)
+    assert validate_all(docs) == (["ServiceMonitor"] if api_versions else [])
+    assert all(
+        d["metadata"].get("namespace") in (NAMESPACE, "sandboxes-a", "sandboxes-b")
+        for d in docs if d["kind"] not in ("ClusterRole", "ClusterRoleBinding")
+    )
+
+
+def test_identity_lint_strict(helm: str, tmp_path: Path) -> None:
+    f = tmp_path / "identity.yaml"
+    f.write_text(yaml.safe_dump({**ALL_ON, **identity(exchange={"verify": "oidc"})}))
+    out = run_helm(helm, "lint", "--strict", str(CHART), "-f", str(f)).stdout
+    assert "0 chart(s) failed" in out
+    assert "[WARNING]" not in out and "[ERROR]" not in out
+
+
+@pytest.mark.parametrize(
+    "kube",
+    [
+        {"enabled": True},
+        {"enabled": True, "namespaces": []},
+    ],
+    ids=["unset", "empty"],
+)
+def test_identity_needs_namespaces(helm: str, tmp_path: Path, kube: dict[str, Any]) -> None:
+    values = {"identity": {"kubernetes": kube}}
+    # The schema refuses it ...
+    err = render_fails(helm, tmp_path, values)
+    assert "schema" in err and "namespaces" in err, err
+    # ... and so does the template, for installs that skip the schema.
+    f = tmp_path / "no-namespaces.yaml"
+    f.write_text(yaml.safe_dump(values))
+    proc = run_helm(helm, "template", RELEASE, str(CHART), "-f", str(f),
+                    "--skip-schema-validation", check=False)
+    assert proc.returncode != 0
+    assert "identity.kubernetes.namespaces is required when identity.kubernetes.enabled" in (
+        proc.stderr)
+
+
+@pytest.mark.parametrize(
+    ("kube", "message"),
+    [
+        ({"enabled": "yes"}, "enabled"),
+        ({"namespaces": "sandboxes"}, "namespaces"),
+        ({"namespaces": ["Sandboxes"]}, "namespaces"),
+        ({"namespaces": ["sandboxes", "sandboxes"]}, "namespaces"),
+        ({"policy_label": "not a label"}, "policy_label"),
+        ({"default_policies": {"sandboxes": 3}}, "default_policies"),
+        ({"stale_after": "soon"}, "stale_after"),
+        ({"exchange": {"verify": "jwks"}}, "verify"),
+        ({"exchange": {"audience": ""}}, "audience"),
+        ({"exchange": {"issuer": "http://kubernetes.default.svc"}}, "issuer"),
+        ({"exchange": {"ttl": "a while"}}, "ttl"),
+        ({"namespace": ["sandboxes"]}, "namespace"),
+        ({"exchange": {"verfy": "oidc"}}, "verfy"),
+    ],
+)
+def test_identity_schema_rejects_bad_values(
+    helm: str, tmp_path: Path, kube: dict[str, Any], message: str
+) -> None:
+    err = render_fails(helm, tmp_path, {"identity": {"kubernetes": kube}})
+    assert "schema" in err and message in err, err
+
+
+def test_identity_notes(render: Render, notes_chart: Path) -> None:
+    def notes(*values: dict[str, Any]) -> str:
+        rendered = only(render(*values, chart=notes_chart), "ConfigMap", "notes-probe")
+        return str(rendered["data"]["notes"])
+
+    assert "pod identity" not in notes()
+    text = notes(identity())
+    assert "Kubernetes pod identity is on for the pods of sandboxes-a, sandboxes-b" in text
+    assert "sandbox-gateway.io/policy=<policy>" in text
+    assert "sandbox-gateway token exchange" in text
+    assert "networkPolicy.gateway.extraEgress" in text
+    text = notes(identity(exchange={"enabled": False}), {"networkPolicy": {"enabled": False}})
+    assert "pod identity is on" in text
+    assert "token exchange" not in text and "extraEgress" not in text

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gateway.config import (
     SCHEMA,
@@ -110,6 +112,17 @@ audit: {path: audit/decisions.jsonl, on_failure: continue, buffer: 1m}
 admin: {timeouts: {head: 5s, body: 20s, idle: 1m}, max_body: 512k, max_connections: 16}
 state: {store: memory}
 metering: {pricing: prices.yaml, retention: 30d, stream_usage: false}
+identity:
+  kubernetes:
+    enabled: true
+    kubeconfig: kube/config
+    namespaces: [sandboxes, jobs]
+    policy_label: example.com/policy
+    default_policies: {jobs: batch}
+    pod_selector: "tier=agent"
+    stale_after: 45s
+    exchange: {enabled: true, audience: gw, verify: oidc, ttl: 30m,
+               issuer: "https://kubernetes.default.svc"}
 workers: 4
 log_level: debug
 """
@@ -427,3 +440,28 @@ def test_intercept_engine_choice(tmp_path: Path) -> None:
     assert load_config(None, env=env).network.intercept == "mitmproxy"
     message = config_error(env={"SANDBOX_GATEWAY_NETWORK__INTERCEPT": "h11"})
     assert "network.intercept: expected fast or mitmproxy, got 'h11'" in message
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"enabled": True}, "identity.kubernetes.namespaces: list the sandbox namespaces"),
+    ({"enabled": True, "namespaces": ["a"], "default_policies": {"b": "p"}},
+     "namespace 'b' is not in identity.kubernetes.namespaces"),
+    ({"exchange": {"verify": "magic"}}, "expected tokenreview"),
+    ({"stale_after": "soon"}, "stale_after"),
+    ({"namespace": ["a"]}, "did you mean identity.kubernetes.namespaces"),
+])
+def test_kubernetes_identity_errors(tmp_path: Path, raw: dict[str, Any], message: str) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump({"identity": {"kubernetes": raw}}))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(path, env={})
+
+
+def test_kubernetes_identity_from_env() -> None:
+    cfg = load_config(env={"SANDBOX_GATEWAY_IDENTITY__KUBERNETES__ENABLED": "true",
+                           "SANDBOX_GATEWAY_IDENTITY__KUBERNETES__NAMESPACES": "[sb, jobs]",
+                           "SANDBOX_GATEWAY_IDENTITY__KUBERNETES__EXCHANGE__VERIFY": "oidc"})
+    k8s = cfg.identity.kubernetes
+    assert (k8s.enabled, k8s.namespaces, k8s.exchange.verify) == (True, ("sb", "jobs"), "oidc")
+    assert (k8s.stale_after, k8s.exchange.audience, k8s.exchange.ttl) == (
+        30.0, "sandbox-gateway", 3600.0)

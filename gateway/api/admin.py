@@ -4,8 +4,10 @@
 the proxy's own destination check (resolution, address class, `allow_cidrs`), so an
 allowed rule to a forbidden address answers `deny` with `forbidden_destination`.
 
-Everything except `/healthz`, `/readyz`, `/metrics` and the JWKS needs
-`Authorization: Bearer <admin token>`, compared in constant time. Errors use the same
+Everything except `/healthz`, `/readyz`, `/metrics`, the JWKS and the token exchange
+(`POST /v1/tokens/exchange`: a pod's projected service-account token is its
+credential, identity.kubernetes) needs `Authorization: Bearer <admin token>`, compared
+in constant time. Errors use the same
 JSON shape as the proxy's refusals: `{"error": code, "reason": text}`.
 """
 
@@ -36,6 +38,7 @@ from gateway.services.state.base import SandboxAddress, StateUnavailable
 from gateway.tools.explain import explain_body, explain_request
 
 if TYPE_CHECKING:
+    from gateway.services.identity.kubernetes import PodIdentities
     from gateway.services.metering import Metering
 
 
@@ -56,6 +59,7 @@ class AdminContext:
     guard: Callable[[], DestinationGuard | None] | None = None
     metering: Metering | None = None
     clock: Callable[[], float] = time.time
+    pods: PodIdentities | None = None  # identity.kubernetes (None: off)
 
 
 def parse_since(value: str, now: float) -> float:
@@ -148,6 +152,34 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         metrics.TOKENS_ISSUED.labels(kind="mint").inc()
         return JSONResponse({"token": minted.token, "jti": minted.jti,
                              "expires_at": minted.expires_at})
+
+    async def exchange(request: Request) -> Response:
+        """A pod's projected service-account token (`{"token": ..., "ttl": "30m"}`) for a
+        gateway token bound to that pod (identity.kubernetes.exchange)."""
+        from gateway.services.identity.kubernetes import ExchangeRefused
+
+        if ctx.pods is None:
+            return _error(404, "exchange_disabled", "token exchange needs "
+                          "identity.kubernetes.enabled (and its exchange)")
+        try:
+            data = await body(request)
+            sa_token = data.get("token")
+            if not isinstance(sa_token, str) or not sa_token:
+                raise ValueError("token (the pod's projected service-account token) is "
+                                 "required")
+            ttl = parse_duration(data["ttl"], "ttl") if data.get("ttl") is not None else None
+        except (ValueError, ConfigError) as exc:
+            return _error(400, "bad_request", str(exc))
+        try:
+            minted = await ctx.pods.exchange(sa_token, ttl)
+        except ExchangeRefused as refused:
+            metrics.TOKENS_REFUSED.labels(reason=refused.code).inc()
+            return _error(refused.status, refused.code, refused.reason)
+        metrics.TOKENS_ISSUED.labels(kind="exchange").inc()
+        identity = ctx.tokens.verify(minted.token)
+        return JSONResponse({"token": minted.token, "jti": minted.jti,
+                             "expires_at": minted.expires_at, "sandbox": identity.sandbox,
+                             "policy": identity.policy})
 
     @protected
     async def revoke(request: Request) -> Response:
@@ -289,6 +321,7 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         Route("/.well-known/jwks.json", jwks),
         Route("/v1/tokens", mint, methods=["POST"]),
         Route("/v1/tokens/revoke", revoke, methods=["POST"]),
+        Route("/v1/tokens/exchange", exchange, methods=["POST"]),
         Route("/v1/sandboxes", register_sandbox, methods=["POST"]),
         Route("/v1/sandboxes", list_sandboxes, methods=["GET"]),
         Route("/v1/sandboxes/{ip}", unregister_sandbox, methods=["DELETE"]),

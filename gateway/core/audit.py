@@ -19,7 +19,7 @@ MAX_PATH = 512
 FIELDS = ("sandbox", "policy", "jti", "client", "listener", "method", "scheme", "host",
           "port", "path", "decision", "reason", "rule", "status", "error", "bytes_in",
           "bytes_out", "duration_ms", "path_taken", "engine", "credential", "policy_rev",
-          "usage")
+          "usage", "workload")
 
 
 def _path_only(path: str | None) -> str | None:
@@ -59,4 +59,5 @@ def record(*, identity: Identity | None, client: tuple[str, int] | None, listene
         "credential": credential,
         "policy_rev": policy_rev,
         "usage": usage,
+        "workload": identity.workload.fields() if identity and identity.workload else None,
     }

@@ -5,7 +5,8 @@ A carrier is a header (`x-api-key`), `Authorization: Bearer`, `Authorization: Ba
 Presets list the carriers a provider accepts (Anthropic: `x-api-key` or Bearer); the
 key goes into the carrier the client used, or where the credential `places` it (an
 Entra ID token always goes as Bearer, whichever carrier held the sandbox's token).
-`plan()` finds the token and checks it (this sandbox's, credential and path in scope)
+`plan()` finds the token and checks it (this sandbox's, credential and path in scope;
+a pod identified by its address carries none: its key slot holds a placeholder)
 — or, on a rule with `allow_minted_secrets`, a secret the provider minted for this
 sandbox with this credential, which then goes on as it is — and that the request
 travels inside TLS — a key never goes over a cleartext
@@ -132,6 +133,9 @@ def plan(credential: Credential, headers: Headers, target: Target, identity: Ide
         if value:
             break
     else:
+        if identity.keyless:  # a pod known by its address: no token to carry
+            return Swap(credential, credential.places or credential.injection.carriers[0]), \
+                _clear(headers, target.path, credential)
         if credential.challenge:  # git asks its credential helper only after a 401
             raise Refusal("credential_required", f"rule {rule or '?'} injects credential "
                           f"{credential.name!r}: send the sandbox token as the password "
@@ -147,6 +151,9 @@ def plan(credential: Credential, headers: Headers, target: Target, identity: Ide
         secret = minted(_bare(token))
         if secret is not None:
             return Swap(credential, carrier, secret), target.path
+    if identity.keyless:  # (whatever the key slot holds is a placeholder: replaced)
+        return Swap(credential, credential.places or carrier), \
+            _clear(headers, target.path, credential)
     try:
         carried = verify(token)
     except TokenRefused as refused:

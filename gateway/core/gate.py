@@ -46,6 +46,7 @@ from gateway.core.ports import (
     Signers,
     Telemetry,
     Tokens,
+    Workloads,
 )
 from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal, answered_inside_tls
 from gateway.core.secret_value import SecretValue
@@ -72,7 +73,7 @@ class Gate:
                  ephemeral: EphemeralKeys | None = None, audit_health: AuditHealth | None = None,
                  connections_per_sandbox: int = 256, max_connections: int = 1 << 30,
                  telemetry: Telemetry = SILENT, clock: Callable[[], float] = time.time,
-                 refusals_inside_tls: bool = False) -> None:
+                 refusals_inside_tls: bool = False, workloads: Workloads | None = None) -> None:
         self.tokens = tokens
         self.policies = policies
         self.guard = guard
@@ -87,7 +88,7 @@ class Gate:
         self.trail = Trail(audit, policies, telemetry, clock)
         self.connections = Connections(per_sandbox=connections_per_sandbox,
                                        limit=max_connections, telemetry=telemetry)
-        self.identities = Identifier(tokens, registry, self.connections)
+        self.identities = Identifier(tokens, registry, self.connections, workloads, policies)
         self.markers = Markers(policies, secrets, self.ephemeral, lambda: self.tokens.issuer)
 
     @property
@@ -139,6 +140,8 @@ class Gate:
                 if refused.code == "token_expired" and not (
                         client.tunnel is not None and client.tunnel.passthrough):
                     continue  # (an intercepted request under way may finish)
+                if refused.code == "identity_unavailable":
+                    continue  # (a stale pod watch refuses what is new, ends nothing)
                 client.ended_by = refused.code
             log.info("ended the connection from %s:%s of sandbox %s: %s", *client.peer,
                      identity.sandbox, client.ended_by)

@@ -1,23 +1,27 @@
 """Who a connection is: a gateway token in the proxy credentials (or, in transparent
-mode, in a key carrier of the request), or a registered source address; checked again
-for every request (expiry, revocation, registration) and counted against its sandbox's
-connection limit."""
+mode, in a key carrier of the request), a registered source address, or (with
+identity.kubernetes) the running pod that holds the source address; checked again for
+every request (expiry, revocation, registration, the pod still there as it was) and
+counted against its sandbox's connection limit."""
 
 from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Callable
+from urllib.parse import unquote
 
 from gateway.core import credentials
 from gateway.core.client import Client, source_of
 from gateway.core.connections import Connections
 from gateway.core.identity import Identity, TokenRefused
 from gateway.core.messages import RequestHead
-from gateway.core.ports import Registry, Tokens
+from gateway.core.ports import Registry, Tokens, Workloads
 from gateway.core.refusal import Refusal
+from gateway.services.policy import PolicySet
 from gateway.services.state.base import SandboxAddress
 
-__all__ = ["UNREGISTERED", "Identifier", "proxy_credentials"]
+__all__ = ["UNREGISTERED", "Identifier", "proxy_credentials", "subject_refusal"]
 
 UNREGISTERED = Refusal(
     "unknown_sandbox",
@@ -29,14 +33,22 @@ UNREGISTERED = Refusal(
 class Identifier:
     """Establishes and re-checks client identities (every method raises Refusal)."""
 
-    def __init__(self, tokens: Tokens, registry: Registry, connections: Connections) -> None:
+    def __init__(self, tokens: Tokens, registry: Registry, connections: Connections,
+                 workloads: Workloads | None = None,
+                 policies: Callable[[], PolicySet] | None = None) -> None:
         self.tokens = tokens
         self.registry = registry
         self.connections = connections
+        self.workloads = workloads  # identity.kubernetes: pods by address (None: off)
+        self.policies = policies
 
     def identify(self, client: Client, proxy_authorization: str | None) -> None:
-        """Establish the client's identity from its proxy credentials."""
+        """Establish the client's identity from its proxy credentials (none: with
+        identity.kubernetes, the pod that holds its source address)."""
         if proxy_authorization is None:
+            if self.workloads is not None:
+                self._identify_pod(client)
+                return
             raise Refusal("auth_required", "no gateway token: set HTTPS_PROXY=http://"
                           "<sandbox-id>:<token>@<gateway>:<port> with a token from "
                           "`sandbox-gateway token mint` or POST /v1/tokens")
@@ -47,7 +59,7 @@ class Identifier:
                           "<gateway>:<port>")
         user, token = creds
         identity = self.verify(client, token)
-        if user is not None and user != identity.sandbox:
+        if user is not None and user != identity.sandbox and unquote(user) != identity.sandbox:
             raise Refusal("sandbox_mismatch", f"the proxy username {user[:64]!r} is not the "
                           f"token's sandbox {identity.sandbox!r}; use the sandbox id as the "
                           "proxy username")
@@ -55,17 +67,41 @@ class Identifier:
         self.connections.count(client)
 
     def identify_registered(self, client: Client) -> bool:
-        """Transparent mode: identify a client by its registered source address (False:
-        not registered)."""
+        """Transparent mode: identify a client by its registered source address, or the
+        watched pod that holds it (False: neither; its requests may still carry a
+        token). A pod watch too stale to trust refuses (fail closed)."""
         entry = self.registry.sandbox_for(source_of(client))
         if entry is None:
-            return False
+            if self.workloads is None:
+                return False
+            try:
+                self._identify_pod(client)
+            except Refusal as refused:
+                if refused.code == "identity_unknown":
+                    return False
+                raise
+            return True
         client.identity, client.registered = _registered_identity(entry), True
         self.connections.count(client)
         return True
 
+    def _identify_pod(self, client: Client) -> None:
+        assert self.workloads is not None
+        identity = self.workloads.identity_for(source_of(client))
+        self._check_subject(identity)
+        client.identity, client.registered = identity, True
+        self.connections.count(client)
+
+    def _check_subject(self, identity: Identity) -> None:
+        policy_set = self.policies() if self.policies is not None else None
+        policy = policy_set.get(identity.policy) if policy_set is not None else None
+        refusal = subject_refusal(identity, policy.admits if policy is not None else None)
+        if refusal is not None:
+            raise refusal
+
     def verify(self, client: Client, token: str) -> Identity:
-        """The token's identity, if it verifies and may be used from the client's address."""
+        """The token's identity, if it verifies and may be used from the client's address
+        (and, for a token bound to a pod, while that pod is running as it was)."""
         try:
             identity = self.tokens.verify(token)
         except TokenRefused as refused:  # (identity: only from a verified signature)
@@ -74,12 +110,22 @@ class Identifier:
             raise Refusal("token_wrong_source", f"this token is bound to "
                           f"{', '.join(identity.cidr)} and cannot be used from "
                           f"{source_of(client)}; mint a token for this sandbox's address")
+        if identity.workload is not None:
+            why = (self.workloads.gone(identity.workload) if self.workloads is not None else
+                   "this gateway does not watch pods (identity.kubernetes is off)")
+            if why is not None:
+                raise Refusal("identity_unknown", f"the token is bound to pod "
+                              f"{identity.workload.namespace}/{identity.workload.pod}, and "
+                              f"{why}; exchange the new pod's token", identity=identity)
+            self._check_subject(identity)
         return identity
 
     def recheck(self, client: Client, head: RequestHead | None = None) -> Identity:
         """The client's identity, checked again (expiry, revocation, registration) for
         the next request. A transparent client that is not registered identifies by a
         gateway token where its provider expects a key (`head`)."""
+        if client.identity is not None and client.identity.keyless:
+            return self._recheck_pod(client, client.identity)
         if client.registered:
             entry = self.registry.sandbox_for(source_of(client))
             assert client.identity is not None
@@ -98,6 +144,47 @@ class Identifier:
             client.token = token
         self.connections.count(client)
         return client.identity
+
+
+    def _recheck_pod(self, client: Client, was: Identity) -> Identity:
+        """The pod that held the address when the connection began still holds it, as
+        the same pod (uid) with the same policy; else the connection's identity is gone."""
+        assert self.workloads is not None and was.workload is not None
+        try:
+            now = self.workloads.identity_for(source_of(client))
+        except Refusal as refused:
+            if refused.code != "identity_unknown":
+                raise
+            raise Refusal("identity_unknown", f"pod {was.sandbox} is no longer this "
+                          f"connection's identity: {refused.reason}", identity=was) from None
+        assert now.workload is not None
+        if now.workload.uid != was.workload.uid or now.policy != was.policy:
+            raise Refusal("identity_unknown", f"the address {source_of(client)} belongs to "
+                          f"another pod or policy now ({now.sandbox}, policy "
+                          f"{now.policy!r}) than when this connection began ({was.sandbox}, "
+                          f"policy {was.policy!r}); reconnect", identity=was)
+        self._check_subject(was)
+        return was
+
+
+def subject_refusal(identity: Identity,
+                    admits: Callable[[str, str], bool] | None) -> Refusal | None:
+    """A workload's claim on its policy, refused unless the policy exists and its
+    `subjects` admit the pod's namespace and service account (`admits`: the policy's
+    check; None: no such policy). Tokens without a workload are not concerned."""
+    workload = identity.workload
+    if workload is None:
+        return None
+    if admits is None:
+        return Refusal("identity_unknown", f"pod {workload.namespace}/{workload.pod} names "
+                       f"policy {identity.policy!r}, which is not loaded; fix the pod's "
+                       "policy label or the namespace's default", identity=identity)
+    if not admits(workload.namespace, workload.service_account):
+        return Refusal("identity_unknown", f"policy {identity.policy!r} does not admit pod "
+                       f"{workload.namespace}/{workload.pod} (service account "
+                       f"{workload.service_account!r}) among its subjects; fix the pod's "
+                       "label or the policy's subjects", identity=identity)
+    return None
 
 
 def proxy_credentials(value: str) -> tuple[str | None, str] | None:

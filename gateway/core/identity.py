@@ -11,7 +11,7 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["Identity", "Scope", "TokenRefused"]
+__all__ = ["Identity", "Scope", "TokenRefused", "Workload"]
 
 
 class TokenRefused(Exception):
@@ -41,8 +41,26 @@ Scope = Mapping[str, frozenset[str] | None]
 
 
 @dataclass(frozen=True, slots=True)
+class Workload:
+    """The Kubernetes pod a sandbox is (identity.kubernetes): who it is by its address,
+    or the pod an exchanged token is bound to (refused once that pod is gone)."""
+
+    namespace: str
+    pod: str
+    uid: str
+    service_account: str
+
+    def fields(self) -> dict[str, str]:
+        """The audit line's `workload` field."""
+        return {"namespace": self.namespace, "pod": self.pod, "uid": self.uid,
+                "service_account": self.service_account}
+
+
+@dataclass(frozen=True, slots=True)
 class Identity:
-    """Who a verified token says the sandbox is."""
+    """Who a verified token says the sandbox is (or, `keyless`, who the pod holding the
+    connection's source address is: then no token is carried anywhere, and credentials
+    are injected without one in the provider's key slot)."""
 
     sandbox: str
     policy: str
@@ -53,6 +71,8 @@ class Identity:
     lifetime_end: float
     family: str = ""  # jti of the first token of a refresh chain (revoking it ends them all)
     cidr: tuple[str, ...] = ()  # source networks the token is bound to (empty: any)
+    workload: Workload | None = None  # the pod it is, or its token is bound to
+    keyless: bool = False  # identified by its address alone (a watched pod)
 
     def used_from(self, ip: str) -> bool:
         """Is a connection from `ip` allowed to use this token (its `cidr` binding)?"""

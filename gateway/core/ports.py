@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from gateway.core.addresses import Pinned
-from gateway.core.identity import Identity
+from gateway.core.identity import Identity, Workload
 from gateway.core.messages import RequestHead
 from gateway.core.secret_value import SecretValue
 from gateway.core.target import Target
@@ -14,7 +14,7 @@ from gateway.services.policy import Credential
 from gateway.services.state.base import SandboxAddress
 
 __all__ = ["SILENT", "AuditHealth", "Guard", "Minted", "Registry", "Secrets", "Signer",
-           "Signers", "Telemetry", "Tokens"]
+           "Signers", "Telemetry", "Tokens", "Workloads"]
 
 
 class Telemetry(Protocol):
@@ -104,6 +104,21 @@ class Registry(Protocol):
     """Transparent mode's registered sandboxes, by source address."""
 
     def sandbox_for(self, ip: str) -> SandboxAddress | None: ...
+
+
+class Workloads(Protocol):
+    """Kubernetes pods as identities (identity.kubernetes; services/identity/kubernetes):
+    the watched pods by address, and whether a pod a token is bound to is still there."""
+
+    def identity_for(self, ip: str) -> Identity:
+        """The identity of the running pod that holds `ip` (keyless, its workload set);
+        raises Refusal `identity_unknown` (no such pod, not running, two pods on it) or
+        `identity_unavailable` (the watch is too stale to trust)."""
+        ...
+
+    def gone(self, workload: Workload) -> str | None:
+        """None while the pod is running as the same pod (uid); else why it is not."""
+        ...
 
 
 class AuditHealth(Protocol):

@@ -53,6 +53,8 @@ _CODES: dict[str, tuple[int, str]] = {
     "auth_required": (407, "http_request_denied"),
     "sandbox_mismatch": (407, "http_request_denied"),
     "unknown_sandbox": (407, "http_request_denied"),
+    "identity_unknown": (407, "http_request_denied"),
+    "identity_unavailable": (503, "proxy_internal_error"),
     "unknown_policy": (403, "http_request_denied"),
     "policy_denied": (403, "http_request_denied"),
     "host_mismatch": (403, "http_request_denied"),

@@ -22,7 +22,8 @@ from gateway.services.policy import Decision, PolicySet
 __all__ = ["Trail", "rule_of"]
 
 _SHAPES_CACHE = 10_000
-_TOKEN_CODES = ("auth_required", "sandbox_mismatch", "unknown_sandbox")
+_TOKEN_CODES = ("auth_required", "sandbox_mismatch", "unknown_sandbox", "identity_unknown",
+                "identity_unavailable")
 
 
 def rule_of(decision: Decision | None) -> str | None:

@@ -73,6 +73,7 @@ if TYPE_CHECKING:
     from mitmproxy.master import Master
 
     from gateway.engines.dns import DnsServer
+    from gateway.services.identity.kubernetes import PodIdentities
 
 log = logging.getLogger("sandbox_gateway")
 
@@ -160,6 +161,7 @@ class Gateway:
         self._listening = False
         self.dns: DnsServer | None = None
         self.sweeper: ConnectionSweeper | None = None
+        self.pods: PodIdentities | None = None  # identity.kubernetes
 
     # -- state the engines and the admin API read ------------------------------------------
 
@@ -195,6 +197,10 @@ class Gateway:
             return False, (f"at capacity: {gate.open_connections} open connections, the "
                            "limit derived from the open-files limit; new connections are "
                            "refused 503 at_capacity")
+        stale = self.pods.stale() if self.pods is not None else None
+        if stale is not None:
+            return True, (f"ready for tokens; pods are not identified: {stale} (their "
+                          "connections are refused 503 identity_unavailable)")
         problem = self.auditor.problem
         if problem is None and self.state.problem is not None:  # (started: listening)
             return True, (f"ready; {self.state.problem}; what could not be written is "
@@ -337,6 +343,7 @@ class Gateway:
             raise StartupError(str(exc)) from None
         self._metering_problems(self.current_policies())
         self.credentials = self._build_credentials(overrides)
+        await self._start_pods()
         self.gate = Gate(
             tokens=self.tokens, policies=self.current_policies, guard=self.guard,
             secrets=self.credentials, registry=self.state, audit=self.auditor.write,
@@ -345,7 +352,8 @@ class Gateway:
             audit_health=self.auditor, telemetry=metrics.TELEMETRY,
             refusals_inside_tls=cfg.refusals.inside_tls,
             connections_per_sandbox=cfg.limits.connections_per_sandbox,
-            max_connections=max(16, (self.fd_limit - FD_RESERVE - self.pool_limit) // 2))
+            max_connections=max(16, (self.fd_limit - FD_RESERVE - self.pool_limit) // 2),
+            workloads=self.pods)
         patches.install_error_pages(error_page, error_h2)
         patches.install_log_hygiene(error_phrase)
         await self._start_dns(shared)
@@ -377,7 +385,7 @@ class Gateway:
         app = bounds.wrap(build_admin_app(AdminContext(
             admin_token=self.admin_token, tokens=self.tokens,
             policies=self.current_policies, readiness=self, guard=lambda: self.guard,
-            metering=self.metering,
+            metering=self.metering, pods=self.pods,
         )))
         self.admin_server = _QuietServer(uvicorn.Config(
             app, log_level="warning", access_log=False, lifespan="off", http=bounds.protocol,
@@ -420,6 +428,23 @@ class Gateway:
                                  upstream_ca=upstream_ca, overrides=overrides,
                                  timeout=self.config.network.timeouts.connect + 5.0,
                                  share=self.state)
+
+    # -- Kubernetes pod identity (services/identity/kubernetes/), only when enabled ------------
+
+    async def _start_pods(self) -> None:
+        """Watch the sandbox namespaces' pods (identity.kubernetes); kubernetes_asyncio
+        is imported only then."""
+        if not self.config.identity.kubernetes.enabled:
+            return
+        from gateway.services.identity.kubernetes import PodIdentities
+
+        self.pods = PodIdentities(self.config.identity.kubernetes, self.tokens,
+                                  self.current_policies)
+        try:
+            await self.pods.start()
+        except Exception as exc:  # a kubeconfig or service account that cannot be used
+            raise StartupError(f"identity.kubernetes: cannot use the Kubernetes API: "
+                               f"{type(exc).__name__}: {exc}") from None
 
     # -- the DNS resolver (gateway/engines/dns/), kept apart from the proxy wiring -------------
 
@@ -544,6 +569,8 @@ class Gateway:
                 self.doors.close_all()
             self.master.shutdown()
         await self._stop_dns()
+        if self.pods is not None:
+            await self.pods.close()
         await self.reloader.stop()
         await self.key_watcher.stop()
         if self.sweeper is not None:

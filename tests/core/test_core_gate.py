@@ -26,7 +26,7 @@ from gateway.core.client import Client, Refused
 from gateway.core.credentials import TOKEN_PREFIX
 from gateway.core.exchange import Exchange
 from gateway.core.gate import INTERNAL_HOST, Gate
-from gateway.core.identity import Identity, TokenRefused
+from gateway.core.identity import Identity, TokenRefused, Workload
 from gateway.core.messages import Headers, RequestHead
 from gateway.core.refusal import _CODES, ERROR_HEADER, Answer, Refusal, status_of
 from gateway.core.secret_value import SecretValue
@@ -119,6 +119,38 @@ class Registry:
 
 class Health:
     refusing: str | None = None
+
+
+class Pods:
+    """The Workloads port: pods by address (`stale`: the watch cannot be trusted)."""
+
+    def __init__(self, pods: dict[str, Identity | str], stale: str | None = None) -> None:
+        self.pods = pods
+        self.stale = stale
+
+    def identity_for(self, ip: str) -> Identity:
+        if self.stale is not None:
+            raise Refusal("identity_unavailable", self.stale, retry_after=5)
+        found = self.pods.get(ip, f"no pod in the watched namespaces has address {ip}")
+        if isinstance(found, str):
+            raise Refusal("identity_unknown", found)
+        return found
+
+    def gone(self, workload: Workload) -> str | None:
+        return None
+
+
+def _pod(account: str = "agent", policy: str = "agent") -> Identity:
+    return Identity(sandbox="sb/pod-1", policy=policy, jti="pod:uid-1", scope={},
+                    issued_at=0.0, expires_at=float("inf"), lifetime_end=float("inf"),
+                    workload=Workload("sb", "pod-1", "uid-1", account), keyless=True)
+
+
+def _pod_connect(pods: Pods) -> Callable[[World], Any]:
+    def step(w: World) -> Any:
+        w.gate.identities.workloads = pods
+        return w.gate.connect(Client(PEER), "allowed.test:443", None)
+    return step
 
 
 @dataclass
@@ -289,6 +321,13 @@ ROWS: list[tuple[str, Callable[[World], Any], str, dict[str, Any]]] = [
        (lambda c: lambda w: _tunnel(w, "allowed.test", token=f"{TOKEN_PREFIX}{c}.sig"))(code),
        code, {"method": "CONNECT", "sandbox": None})
       for code in TOKEN_CODES],
+    ("a pod address no running pod holds", _pod_connect(Pods({PEER[0]: "pod sb/p is "
+                                                             "Pending, not Running"})),
+     "identity_unknown", {"method": "CONNECT", "sandbox": None}),
+    ("the pod watch is stale", _pod_connect(Pods({}, stale="the pod watch is broken")),
+     "identity_unavailable", {"method": "CONNECT"}),
+    ("a pod whose policy does not exist", _pod_connect(Pods({PEER[0]: _pod(policy="gone")})),
+     "identity_unknown", {"sandbox": "sb/pod-1"}),
     ("the proxy username is another sandbox",
      lambda w: w.gate.connect(Client(PEER), "allowed.test:443", _basic("sandbox-9", GOOD)),
      "sandbox_mismatch", {}),

@@ -209,6 +209,28 @@ gateway.yaml as a dict (rendered by configmap-config.yaml, hashed by the Deploym
 {{- if include "sandbox-gateway.dnsEnabled" . }}
 {{- $_ := set $cfg "dns" (dict "ttl" .Values.transparent.dns.ttl "rate" .Values.transparent.dns.rate "burst" (int .Values.transparent.dns.burst)) }}
 {{- end }}
+{{- $k8s := .Values.identity.kubernetes }}
+{{- if $k8s.enabled }}
+{{- $ex := $k8s.exchange }}
+{{- $exchange := dict "enabled" $ex.enabled "audience" $ex.audience "verify" $ex.verify "issuer" nil "ttl" $ex.ttl }}
+{{- with $ex.issuer }}
+{{- $_ := set $exchange "issuer" . }}
+{{- end }}
+{{- $kube := dict
+  "enabled" true
+  "kubeconfig" nil
+  "namespaces" $k8s.namespaces
+  "policy_label" $k8s.policy_label
+  "default_policies" ($k8s.default_policies | default dict)
+  "pod_selector" $k8s.pod_selector
+  "stale_after" $k8s.stale_after
+  "exchange" $exchange
+}}
+{{- with $k8s.kubeconfig }}
+{{- $_ := set $kube "kubeconfig" . }}
+{{- end }}
+{{- $_ := set $cfg "identity" (dict "kubernetes" $kube) }}
+{{- end }}
 {{- toYaml (merge (deepCopy $cfg) (deepCopy .Values.config.extra)) }}
 {{- end }}
 

@@ -3,7 +3,9 @@
 Claims: `iss`, `aud` = sandbox-gateway, `sub` (sandbox id), `pol` (policy), `scope`
 (space-separated credential names, optionally narrowed `openai:/v1/chat/completions`),
 `iat`, `nbf`, `exp`, `jti`, and `lim` (the sandbox's maximum lifetime: refresh never
-extends a token past it). Header `kid` names the signing key.
+extends a token past it); `pod` (namespace, name, uid, service account) on a token
+exchanged for a Kubernetes pod's (identity.kubernetes): it is refused once that pod is
+gone. Header `kid` names the signing key.
 
 Signing keys live in a directory as `<kid>.pem` (PKCS8 Ed25519). The newest kid that is
 not retired signs; every key in the directory that is not retired verifies, so adding a
@@ -33,6 +35,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from gateway.core.identity import Identity as Identity
 from gateway.core.identity import Scope as Scope
 from gateway.core.identity import TokenRefused as TokenRefused
+from gateway.core.identity import Workload
 from gateway.net.ca import write_private
 from gateway.services.state.base import StateStore
 
@@ -208,12 +211,18 @@ class TokenService:
         lifetime_end: float | None = None,
         family: str | None = None,
         cidr: Iterable[str] = (),
+        workload: Workload | None = None,
     ) -> MintedToken:
         """Sign a token. `scope` None = every credential the policy references.
         `family`: the first jti of a refresh chain (a fresh mint starts a new one).
         `cidr`: bind the token to these source networks (a leaked token is then useless
-        from anywhere else)."""
-        if not sandbox or not sandbox.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        from anywhere else). `workload`: the pod the token is bound to (its sandbox id
+        is then `<namespace>/<pod>`)."""
+        if workload is not None:
+            if sandbox != f"{workload.namespace}/{workload.pod}":
+                raise TokenError("a pod's token names the pod as its sandbox")
+        elif not sandbox or not sandbox.replace("-", "").replace("_", "").replace(
+                ".", "").isalnum():
             raise TokenError("sandbox id must be letters, digits, '-', '_' or '.'")
         credentials = self.policy_credentials(policy)
         if credentials is None:
@@ -246,6 +255,8 @@ class TokenService:
         networks = parse_cidrs(cidr)
         if networks:
             claims["cidr"] = " ".join(networks)
+        if workload is not None:
+            claims["pod"] = workload.fields()
         kid = self.keys.signing_kid
         token = jwt.encode(claims, self.keys.private[kid], algorithm="EdDSA",
                            headers={"kid": kid})
@@ -330,6 +341,7 @@ class TokenService:
                 lifetime_end=float(claims.get("lim", claims["exp"])),
                 family=str(claims.get("fam", claims["jti"])),
                 cidr=tuple(parse_cidrs(str(claims.get("cidr", "")).split())),
+                workload=_workload(claims.get("pod")),
             )
         except (KeyError, TypeError, ValueError, TokenError):
             raise TokenRefused("token_invalid", "the token's claims are incomplete; "
@@ -346,7 +358,7 @@ class TokenService:
         return self.mint(identity.sandbox, identity.policy, identity.scope,
                          ttl=own if ttl is None else min(ttl, own),
                          lifetime_end=identity.lifetime_end, family=identity.family,
-                         cidr=identity.cidr)
+                         cidr=identity.cidr, workload=identity.workload)
 
 
 def parse_cidrs(items: Iterable[str]) -> list[str]:
@@ -360,6 +372,14 @@ def parse_cidrs(items: Iterable[str]) -> list[str]:
                 raise TokenError(
                     f"cidr {text!r} is not an IP network (e.g. 10.0.0.5/32)") from None
     return out
+
+
+def _workload(claim: Any) -> Workload | None:
+    """The `pod` claim (KeyError/TypeError if present and incomplete)."""
+    if claim is None:
+        return None
+    return Workload(str(claim["namespace"]), str(claim["pod"]), str(claim["uid"]),
+                    str(claim["service_account"]))
 
 
 def _iso(ts: float) -> str:

@@ -11,7 +11,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gateway.services.policy.matcher import Matcher
-from gateway.services.policy.model import Budget, Credential, Decision, Mode, Request, Rule
+from gateway.services.policy.model import (
+    Budget,
+    Credential,
+    Decision,
+    Mode,
+    Request,
+    Rule,
+    Subject,
+)
 
 __all__ = ["Policy", "PolicySet", "compile_policy", "decide"]
 
@@ -23,7 +31,9 @@ class Policy:
     Build it with ``matcher.compile_policy``. ``source`` is the file it came from.
     ``budgets`` are its own and inherited budgets (an own budget replaces an inherited
     one of the same name). ``token_ttl`` (``tokens: {ttl: 8h}``, not inherited) is the
-    lifetime of a token minted for it without a TTL of its own.
+    lifetime of a token minted for it without a TTL of its own. ``subjects`` (not
+    inherited): the Kubernetes workloads that may be this policy's sandboxes (empty:
+    any); a pod labelled with a policy that does not admit it is no identity.
     """
 
     name: str
@@ -34,6 +44,12 @@ class Policy:
     matcher: Matcher = field(repr=False)
     budgets: tuple[Budget, ...] = ()
     token_ttl: float | None = None
+    subjects: tuple[Subject, ...] = ()
+
+    def admits(self, namespace: str, service_account: str) -> bool:
+        """May this workload be one of the policy's sandboxes (its `subjects`)?"""
+        return not self.subjects or any(
+            s.admits(namespace, service_account) for s in self.subjects)
 
     @property
     def credential_names(self) -> list[str]:
@@ -80,13 +96,14 @@ def compile_policy(
     credentials: Mapping[str, Credential] | None = None,
     budgets: tuple[Budget, ...] = (),
     token_ttl: float | None = None,
+    subjects: tuple[Subject, ...] = (),
 ) -> Policy:
     """Build a Policy with its index. Every credential a rule names must be in ``credentials``."""
     rule_tuple = tuple(rules)
     matcher = Matcher(name, mode, source, rule_tuple, credentials or {})
     return Policy(
         name=name, mode=mode, source=source, rules=rule_tuple, extends=extends, matcher=matcher,
-        budgets=budgets, token_ttl=token_ttl,
+        budgets=budgets, token_ttl=token_ttl, subjects=subjects,
     )
 
 

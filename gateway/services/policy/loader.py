@@ -44,7 +44,7 @@ from gateway.services.policy.files import (
     source_name,
     unreadable,
 )
-from gateway.services.policy.model import Mode
+from gateway.services.policy.model import Mode, Subject
 from gateway.services.policy.nodes import NAME, RawPolicy
 from gateway.services.policy.problems import PolicyError, clipped, quoted, shown
 from gateway.services.policy.read_credentials import CredentialReader
@@ -64,7 +64,7 @@ __all__ = [
 
 
 _POLICY_KEYS = ("version", "name", "description", "mode", "extends", "egress", "credentials",
-                "budgets", "tokens")
+                "budgets", "tokens", "subjects")
 
 
 class _Parser(RuleReader, CredentialReader):
@@ -153,7 +153,32 @@ class _Parser(RuleReader, CredentialReader):
             self.parse_budgets(file, keys["budgets"][1], policy)
         if "tokens" in keys:
             policy.token_ttl = self.parse_tokens(file, keys["tokens"][1])
+        if "subjects" in keys:
+            policy.subjects = self.parse_subjects(file, keys["subjects"][1])
         self.policies.append(policy)
+
+    def parse_subjects(self, file: str, node: Node) -> list[Subject]:
+        """``subjects: [{namespace: sandboxes, service_account: "agent-*"}]``: the
+        Kubernetes workloads that may be this policy's sandboxes (globs)."""
+        if not isinstance(node, SequenceNode) or not node.value:
+            self.err(file, node, "subjects must be a non-empty list, e.g. subjects: "
+                     "[{namespace: sandboxes, service_account: agent}]")
+            return []
+        subjects: list[Subject] = []
+        for item in node.value:
+            keys = self.mapping(file, item, ("namespace", "service_account"), "a subject")
+            if keys is None:
+                continue
+            if "namespace" not in keys:
+                self.err(file, item, "a subject needs a namespace (a glob: \"*\" for any)")
+                continue
+            namespace = self.string(file, keys["namespace"][1], "subjects.namespace")
+            account = (self.string(file, keys["service_account"][1],
+                                   "subjects.service_account")
+                       if "service_account" in keys else None)
+            if namespace is not None and ("service_account" not in keys or account):
+                subjects.append(Subject(namespace, account))
+        return subjects
 
     def parse_tokens(self, file: str, node: Node) -> float | None:
         """``tokens: {ttl: 8h}``: the lifetime of this policy's tokens when the mint

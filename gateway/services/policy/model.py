@@ -6,6 +6,7 @@ text they came from, so the matcher never re-parses anything per request.
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -29,6 +30,7 @@ __all__ = [
     "Protocol",
     "Request",
     "Rule",
+    "Subject",
 ]
 
 Mode = Literal["enforce", "report"]
@@ -39,6 +41,23 @@ BudgetScope = Literal["sandbox", "policy"]
 
 DEFAULT_HTTPS_PORT = 443
 DEFAULT_HTTP_PORT = 80
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """A workload a policy admits (`subjects:`): a Kubernetes namespace and service
+    account, each a glob (`*`, `?`, `[...]`; `service_account` None: any)."""
+
+    namespace: str
+    service_account: str | None = None
+
+    def admits(self, namespace: str, service_account: str) -> bool:
+        return fnmatch.fnmatchcase(namespace, self.namespace) and (
+            self.service_account is None
+            or fnmatch.fnmatchcase(service_account, self.service_account))
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.service_account or '*'}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

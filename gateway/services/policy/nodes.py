@@ -15,6 +15,7 @@ from gateway.services.policy.model import (
     Budget,
     Credential,
     Mode,
+    Subject,
 )
 from gateway.services.policy.problems import KEY_SHOWN, shown, suggest
 
@@ -52,6 +53,7 @@ class RawPolicy:
     extends_line: int = 0
     budgets: list[RawBudget] = field(default_factory=list)
     token_ttl: float | None = None  # `tokens: {ttl: 8h}`: its tokens' default lifetime
+    subjects: list[Subject] = field(default_factory=list)  # `subjects:` (Kubernetes)
 
 
 @dataclass

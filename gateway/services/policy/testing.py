@@ -72,6 +72,8 @@ UNREACHABLE_CODES: Mapping[str, str] = {
     "credential_not_in_scope": "it depends on the token's scope",
     "auth_required": "it is a token check", "sandbox_mismatch": "it is a token check",
     "unknown_sandbox": "it is a token check",
+    "identity_unknown": "it is the pod identity check (identity.kubernetes)",
+    "identity_unavailable": "it depends on the pod watch (identity.kubernetes)",
     "too_many_connections": "it depends on open connections",
     "upstream_failed": "it is a runtime failure", "upstream_timeout": "it is a runtime failure",
     "secret_unavailable": "it is a runtime failure",

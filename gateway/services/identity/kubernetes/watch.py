@@ -1,0 +1,221 @@
+"""Keep a `PodIndex` current from the API server: list, then watch from the list's
+resourceVersion, per sandbox namespace (kubernetes_asyncio's API client: config,
+authentication, TLS).
+
+Each namespace loops: list (replaces what the index holds for it), then watch with
+bookmarks (`allowWatchBookmarks`: the resourceVersion advances while nothing changes,
+so a resumed watch is rarely too old), resuming from the last version seen when the
+server ends a stream, and listing again when it answers `410 Gone` (the version was
+compacted away: events were lost, only a list is the truth again). Any other failure
+(connection refused or cut, a 5xx, an unreadable event) marks the namespace broken
+and retries after a backoff (0.5 s doubling to 10 s).
+
+`stale()` says why the index cannot be trusted now, or None: a namespace that was
+never listed, or broken for longer than `stale_after` (its pods may have been deleted
+and their addresses given to others meanwhile). The gate then refuses new connections
+and requests of pods (`identity_unavailable`) and `/readyz` says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from gateway.services.identity.kubernetes.pods import PodIndex, pod_from
+
+__all__ = ["PodWatcher"]
+
+log = logging.getLogger("sandbox_gateway.kubernetes")
+
+WATCH_SECONDS = (240, 300)  # the server ends each watch after this long (randomised)
+READ_TIMEOUT = 330.0  # no byte for this long (bookmarks come every minute): reconnect
+BACKOFF = (0.5, 10.0)
+
+
+class WatchFailed(Exception):
+    """A list or watch answered with an error status (`code`: the HTTP status)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class PodWatcher:
+    """One list+watch loop per namespace feeding `index`. `core` is kubernetes_asyncio's
+    CoreV1Api; `on_change` runs after every change (the gate's sweep ends connections
+    of pods that changed)."""
+
+    def __init__(self, core: Any, namespaces: tuple[str, ...], index: PodIndex, *,
+                 selector: str = "", stale_after: float = 30.0,
+                 on_change: Callable[[], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.core = core
+        self.namespaces = namespaces
+        self.index = index
+        self.selector = selector
+        self.stale_after = stale_after
+        self.on_change = on_change or (lambda: None)
+        self.clock = clock
+        self.listed: dict[str, float] = {}  # namespace -> when it was last listed
+        self.broken: dict[str, tuple[float, str]] = {}  # namespace -> since when, why
+        self.relists = 0
+        self.events = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._first = asyncio.Event()
+
+    # -- what the gate and /readyz ask ---------------------------------------------------
+
+    def stale(self) -> str | None:
+        """Why pod identities cannot be trusted now, or None."""
+        now = self.clock()
+        for namespace in self.namespaces:
+            if namespace not in self.listed:
+                why = self.broken.get(namespace, (0.0, "not listed yet"))[1]
+                return f"the pods of namespace {namespace!r} are not listed yet ({why})"
+            broken = self.broken.get(namespace)
+            if broken is not None and now - broken[0] > self.stale_after:
+                return (f"the pod watch of namespace {namespace!r} has been broken for "
+                        f"{now - broken[0]:.0f}s (more than identity.kubernetes.stale_after, "
+                        f"{self.stale_after:g}s): {broken[1]}")
+        return None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._run(ns), name=f"pod-watch-{ns}")
+                       for ns in self.namespaces]
+
+    async def wait_listed(self, timeout: float) -> bool:
+        """Wait until every namespace was listed once (False: not within `timeout`)."""
+        deadline = self.clock() + timeout
+        while len(self.listed) < len(self.namespaces):
+            if self.clock() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def _run(self, namespace: str) -> None:
+        delay = BACKOFF[0]
+        while True:
+            try:
+                resume: str | None = await self._list(namespace)
+                self.broken.pop(namespace, None)
+                delay = BACKOFF[0]
+                while resume is not None:
+                    resume = await self._watch(namespace, resume)
+                self.relists += 1
+                log.info("pods of %s: resourceVersion too old (410 Gone); listing again",
+                         namespace)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # every failure is retried; staleness fails closed
+                why = _describe(exc)
+                self.broken.setdefault(namespace, (self.clock(), why))
+                self.broken[namespace] = (self.broken[namespace][0], why)
+                log.warning("pod watch of namespace %s: %s; retrying in %.1fs",
+                            namespace, why, delay)
+                await asyncio.sleep(delay * (0.8 + 0.4 * random.random()))  # noqa: S311 (jitter)
+                delay = min(BACKOFF[1], delay * 2)
+
+    async def _list(self, namespace: str) -> str:
+        """List the namespace's pods into the index; returns the list's resourceVersion."""
+        response = await self.core.list_namespaced_pod(
+            namespace, label_selector=self.selector or None, _preload_content=False,
+            _request_timeout=aiohttp.ClientTimeout(total=30))
+        async with response:
+            if response.status != 200:
+                raise WatchFailed(response.status, await _message(response))
+            body = await response.json()
+        pods = [pod_from(item) for item in body.get("items") or ()]
+        self.index.replace(namespace, pods)
+        self.listed[namespace] = self.clock()
+        self.on_change()
+        return str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def _watch(self, namespace: str, version: str) -> str | None:
+        """Apply the events of one watch stream from `version`. Returns the version to
+        resume from, or None when it is too old (410: list again)."""
+        response = await self.core.list_namespaced_pod(
+            namespace, label_selector=self.selector or None, watch=True,
+            allow_watch_bookmarks=True, resource_version=version,
+            timeout_seconds=random.randint(*WATCH_SECONDS),  # noqa: S311 (spread)
+            _preload_content=False,
+            _request_timeout=aiohttp.ClientTimeout(sock_connect=10, sock_read=READ_TIMEOUT))
+        async with response:
+            if response.status == 410:
+                return None
+            if response.status != 200:
+                raise WatchFailed(response.status, await _message(response))
+            self.broken.pop(namespace, None)  # (a stream is open: the index is current)
+            try:
+                return await self._events(response, version)
+            except BaseException:
+                # A stream given up half-read (an error, or stop()): drop the connection
+                # at once; a TLS close would wait for a server that is busy streaming.
+                connection = response.connection
+                if connection is not None and connection.transport is not None:
+                    connection.transport.abort()
+                raise
+
+    async def _events(self, response: Any, version: str) -> str | None:
+        """Apply a watch stream's events; see `_watch`."""
+        async for line in response.content:
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            kind, obj = event.get("type"), event.get("object") or {}
+            if kind == "ERROR":
+                if obj.get("code") == 410:
+                    return None
+                raise WatchFailed(int(obj.get("code") or 500), str(obj.get("message")))
+            version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+            if kind == "BOOKMARK":
+                continue
+            pod = pod_from(obj)
+            if kind == "DELETED":
+                self.index.remove(pod.namespace, pod.name)
+            elif kind in ("ADDED", "MODIFIED"):
+                self.index.put(pod)
+            else:
+                continue
+            self.events += 1
+            self.on_change()
+        return version
+
+
+async def _message(response: Any) -> str:
+    """The `message` of an API error's Status body (short), or its reason phrase."""
+    try:
+        text = await response.text()
+        return str(json.loads(text).get("message") or response.reason)[:200]
+    except (ValueError, aiohttp.ClientError, AttributeError):
+        return str(response.reason)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, WatchFailed):
+        return f"the API server answered {exc}"
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError):
+        return "the API server did not answer in time"
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return f"cannot reach the API server ({type(exc).__name__}: {exc})"[:240]
+    return f"{type(exc).__name__}: {exc}"[:240]

@@ -1,0 +1,425 @@
+"""Kubernetes pod identity (issue 24) against the fake API server (tests/fakes/kube_api.py)
+with kubernetes_asyncio: a pod is known by its address, no token anywhere.
+
+The gateway runs in this process on 127.0.0.1; each "pod" is a client whose connections
+leave from its own loopback address (127.0.0.0/8 is all local on Linux), which the fake
+lists as the pod's IP. Both engines (`network.intercept: fast` and `mitmproxy`) run
+the address cases. Cases: label -> policy, namespace default, no policy, Pending,
+credentials injected without a token, audit fields; a pod deleted mid-tunnel (the tunnel
+ends within a second); its address reused by a new pod; two pods on one address; watch
+cut and resumed, compacted (410, re-list); a stale watch fails closed and /readyz says
+why; the token exchange (TokenReview and OIDC): good, another audience, expired, pod
+gone, subjects; the plain token path beside it. The netns suite runs curl from real
+pod network namespaces (test_kubernetes_netns.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import socket
+import ssl
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes.kube_api import FakeKubeAPI
+from helpers.gateway import GatewayThread
+from helpers.parity_cases import KEY
+from helpers.tls import LocalCA
+from helpers.upstream import Upstream
+
+NS = "sandboxes"
+POLICIES = {
+    "agent.yaml": """
+version: v1
+name: agent
+egress:
+  - host: allowed.test
+  - host: other.test
+    inspect: true
+  - host: api.openai.com
+    credential: openai
+credentials:
+  openai: {preset: openai, secret: openai-api-key}
+""",
+    "narrow.yaml": """
+version: v1
+name: narrow
+egress:
+  - host: other.test
+    inspect: true
+""",
+    "limited.yaml": """
+version: v1
+name: limited
+subjects: [{namespace: sandboxes, service_account: "agent-*"}]
+egress:
+  - host: allowed.test
+""",
+}
+
+
+def _ip(n: int) -> str:
+    return f"127.0.0.{n}"
+
+
+class Pods:
+    """Requests from pod addresses through the gateway (http.client, CONNECT tunnels)."""
+
+    def __init__(self, gw: GatewayThread, ca: LocalCA) -> None:
+        self.gw = gw
+        self.ctx = ssl.create_default_context(cafile=str(gw.ca_cert))
+        self.ctx.load_verify_locations(cafile=str(ca.cert_path))
+
+    def get(self, ip: str, host: str, path: str = "/", *, auth: str | None = None,
+            headers: dict[str, str] | None = None) -> tuple[int, str, dict[str, str]]:
+        """(status, body, headers) of one request; a refused CONNECT gives its status."""
+        assert self.gw.gateway.proxy_address is not None
+        phost, pport = self.gw.gateway.proxy_address
+        conn = http.client.HTTPSConnection(phost, pport, source_address=(ip, 0),
+                                           context=self.ctx, timeout=10)
+        conn.set_tunnel(host, 443, headers={"Proxy-Authorization": auth} if auth else None)
+        try:
+            conn.request("GET", path, headers={"Host": host, **(headers or {})})
+            response = conn.getresponse()
+            return response.status, response.read().decode(), dict(response.getheaders())
+        except OSError as exc:
+            text = str(exc)
+            if "Tunnel connection failed:" in text:
+                return int(text.split(":", 1)[1].split()[0]), text, {}
+            raise
+        finally:
+            conn.close()
+
+    def tunnel(self, ip: str, host: str) -> socket.socket:
+        """An open passthrough tunnel (CONNECT answered 200), TLS not begun."""
+        assert self.gw.gateway.proxy_address is not None
+        sock = socket.create_connection(self.gw.gateway.proxy_address, timeout=5,
+                                        source_address=(ip, 0))
+        sock.sendall(f"CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n\r\n".encode())
+        head = sock.recv(4096)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        return sock
+
+
+@pytest.fixture(scope="module")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeKubeAPI]:
+    with FakeKubeAPI(tmp_path_factory.mktemp("kube"), bookmark_interval=0.5) as fake:
+        yield fake
+
+
+def _gateway(workdir: Path, kube: FakeKubeAPI, ca: LocalCA, upstream: Upstream,
+             intercept: str = "fast", **identity: Any) -> GatewayThread:
+    (workdir / "policies").mkdir(parents=True, exist_ok=True)
+    for name, text in POLICIES.items():
+        (workdir / "policies" / name).write_text(text)
+    secrets = workdir / "secrets.yaml"
+    secrets.write_text(f"openai-api-key: {KEY}\n")
+    secrets.chmod(0o600)
+    names = ["allowed.test", "other.test", "api.openai.com"]
+    return GatewayThread(workdir, {
+        "network": {"upstream_ca": str(ca.cert_path), "intercept": intercept,
+                    "resolve": {n: f"127.0.0.1:{upstream.port}" for n in names}},
+        "secrets": {"store": "file", "path": str(secrets)},
+        "identity": {"kubernetes": {
+            "enabled": True, "namespaces": [NS, "batch"],
+            "kubeconfig": str(kube.write_kubeconfig(workdir / "kubeconfig")),
+            "default_policies": {"batch": "narrow"}, **identity}},
+    })
+
+
+@pytest.fixture(scope="module", params=["fast", "mitmproxy"])
+def lab(request: pytest.FixtureRequest, kube: FakeKubeAPI, test_ca: LocalCA,
+        upstream: Upstream, tmp_path_factory: pytest.TempPathFactory
+        ) -> Iterator[tuple[GatewayThread, Pods]]:
+    gw = _gateway(tmp_path_factory.mktemp("gw"), kube, test_ca, upstream, request.param)
+    try:
+        yield gw, Pods(gw, test_ca)
+    finally:
+        gw.stop()
+
+
+def _until(predicate: Any, timeout: float = 3.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = predicate()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(0.02)
+
+
+def _identified(gw: GatewayThread, ip: str, uid: str) -> bool:
+    assert gw.gateway.pods is not None
+    return _until(lambda: not isinstance(found := gw.gateway.pods.index.at(ip), str)
+                  and found.workload is not None and found.workload.uid == uid)
+
+
+def _last(gw: GatewayThread, ip: str) -> dict[str, Any]:
+    assert gw.audit.wait_for(lambda r: str(r.get("client", "")).startswith(ip + ":"))
+    return [r for r in gw.audit.records() if str(r.get("client", "")).startswith(ip + ":")][-1]
+
+
+def test_a_labelled_pod_is_its_policy_with_no_token(lab: tuple[GatewayThread, Pods],
+                                                    kube: FakeKubeAPI,
+                                                    upstream: Upstream) -> None:
+    gw, pods = lab
+    pod = kube.add_pod(NS, f"agent-{gw.config.network.intercept}", _ip(10),
+                       labels={"sandbox-gateway.io/policy": "agent"},
+                       service_account="agent-sa")
+    uid = pod["metadata"]["uid"]
+    assert _identified(gw, _ip(10), uid)
+    status, body, _ = pods.get(_ip(10), "allowed.test", "/status/200")
+    assert status == 200, body
+    line = _last(gw, _ip(10))
+    assert (line["sandbox"], line["policy"], line["jti"]) == (
+        f"{NS}/agent-{gw.config.network.intercept}", "agent", f"pod:{uid}")
+    assert line["workload"] == {"namespace": NS, "pod": f"agent-{gw.config.network.intercept}",
+                                "uid": uid, "service_account": "agent-sa"}
+    # A credential call: the key is injected, whatever the key slot held, and no token.
+    before = len(upstream.requests)
+    status, body, _ = pods.get(_ip(10), "api.openai.com", "/echo-header/authorization",
+                               headers={"Authorization": "Bearer sandbox-gateway-pod"})
+    assert status == 200, body
+    assert len(upstream.requests) == before + 1
+    assert upstream.requests[-1].headers["authorization"] == f"Bearer {KEY}"
+    assert KEY not in body and KEY not in json.dumps(gw.audit.records())
+    # And what the policy does not allow is refused, naming the rule.
+    status, body, _ = pods.get(_ip(10), "nothere.test", "/")
+    assert status == 403, body
+    assert _last(gw, _ip(10))["error"] == "policy_denied"
+    kube.delete_pod(NS, f"agent-{gw.config.network.intercept}")
+
+
+def test_namespace_default_and_no_policy(lab: tuple[GatewayThread, Pods],
+                                         kube: FakeKubeAPI) -> None:
+    gw, pods = lab
+    tag = gw.config.network.intercept
+    a = kube.add_pod("batch", f"job-{tag}", _ip(11))  # no label: the namespace's default
+    b = kube.add_pod(NS, f"bare-{tag}", _ip(12))  # no label, no default: no identity
+    assert _identified(gw, _ip(11), a["metadata"]["uid"])
+    assert pods.get(_ip(11), "other.test", "/status/200")[0] == 200
+    assert _last(gw, _ip(11))["policy"] == "narrow"
+    assert pods.get(_ip(11), "allowed.test", "/")[0] == 403
+    assert _until(lambda: b["metadata"]["uid"] and gw.gateway.pods is not None
+                  and "no sandbox-gateway.io/policy label" in str(
+                      gw.gateway.pods.index.at(_ip(12))))
+    status, text, _ = pods.get(_ip(12), "allowed.test", "/")
+    assert status == 407, text
+    line = _last(gw, _ip(12))
+    assert line["error"] == "identity_unknown" and "no sandbox-gateway.io/policy label" in \
+        line["reason"]
+    # An address no pod holds.
+    assert pods.get(_ip(13), "allowed.test", "/")[0] == 407
+    assert "no pod in the watched namespaces" in _last(gw, _ip(13))["reason"]
+    kube.delete_pod("batch", f"job-{tag}")
+    kube.delete_pod(NS, f"bare-{tag}")
+
+
+def test_pending_and_two_pods_on_one_address(lab: tuple[GatewayThread, Pods],
+                                             kube: FakeKubeAPI) -> None:
+    gw, pods = lab
+    tag = gw.config.network.intercept
+    labels = {"sandbox-gateway.io/policy": "agent"}
+    kube.add_pod(NS, f"pending-{tag}", _ip(14), labels=labels, phase="Pending")
+    assert _until(lambda: "Pending" in str(gw.gateway.pods.index.at(_ip(14))))  # type: ignore[union-attr]
+    assert pods.get(_ip(14), "allowed.test", "/")[0] == 407
+    assert "Pending, not Running" in _last(gw, _ip(14))["reason"]
+    kube.add_pod(NS, f"twin-a-{tag}", _ip(15), labels=labels)
+    kube.add_pod(NS, f"twin-b-{tag}", _ip(15), labels=labels)
+    assert _until(lambda: "2 pods hold" in str(gw.gateway.pods.index.at(_ip(15))))  # type: ignore[union-attr]
+    assert pods.get(_ip(15), "allowed.test", "/")[0] == 407
+    assert "2 pods hold address 127.0.0.15" in _last(gw, _ip(15))["reason"]
+    # A finished pod keeps its podIP in its status but holds nothing: the other is it.
+    kube.update_pod(NS, f"twin-a-{tag}", phase="Succeeded")
+    twin_b = kube.get_pod(NS, f"twin-b-{tag}")
+    assert twin_b is not None and _identified(gw, _ip(15), twin_b["metadata"]["uid"])
+    assert pods.get(_ip(15), "allowed.test", "/status/200")[0] == 200
+    for name in (f"pending-{tag}", f"twin-a-{tag}", f"twin-b-{tag}"):
+        kube.delete_pod(NS, name)
+
+
+def test_a_deleted_pod_loses_its_tunnel_and_a_new_pod_its_address(
+        lab: tuple[GatewayThread, Pods], kube: FakeKubeAPI) -> None:
+    gw, pods = lab
+    tag = gw.config.network.intercept
+    old = kube.add_pod(NS, f"old-{tag}", _ip(16), labels={"sandbox-gateway.io/policy": "agent"})
+    assert _identified(gw, _ip(16), old["metadata"]["uid"])
+    sock = pods.tunnel(_ip(16), "allowed.test")  # passthrough: no request to re-check
+    kube.delete_pod(NS, f"old-{tag}")
+    deleted = time.monotonic()
+    sock.settimeout(3)
+    assert sock.recv(1) == b""  # closed by the gateway
+    assert time.monotonic() - deleted < 1.5
+    sock.close()
+    lines = gw.audit.wait_for(lambda r: r.get("sandbox") == f"{NS}/old-{tag}"
+                              and r.get("error") == "identity_unknown")
+    assert lines and lines[-1]["method"] == "CONNECT", gw.audit.records()[-3:]
+    # The address goes to a new pod under another policy: it is that pod now.
+    new = kube.add_pod(NS, f"new-{tag}", _ip(16), labels={"sandbox-gateway.io/policy": "narrow"})
+    assert _identified(gw, _ip(16), new["metadata"]["uid"])
+    assert pods.get(_ip(16), "allowed.test", "/")[0] == 403
+    assert pods.get(_ip(16), "other.test", "/status/200")[0] == 200
+    line = _last(gw, _ip(16))
+    assert (line["sandbox"], line["policy"]) == (f"{NS}/new-{tag}", "narrow")
+    # A label changed under an open connection: the connection is not the pod it was.
+    sock = pods.tunnel(_ip(16), "other.test")
+    kube.update_pod(NS, f"new-{tag}", labels={"sandbox-gateway.io/policy": "agent"})
+    sock.settimeout(3)
+    assert sock.recv(1) == b""
+    sock.close()
+    kube.delete_pod(NS, f"new-{tag}")
+
+
+def test_subjects_keep_a_mislabelled_pod_out(lab: tuple[GatewayThread, Pods],
+                                             kube: FakeKubeAPI) -> None:
+    gw, pods = lab
+    tag = gw.config.network.intercept
+    labels = {"sandbox-gateway.io/policy": "limited"}
+    ok = kube.add_pod(NS, f"lim-ok-{tag}", _ip(17), labels=labels, service_account="agent-1")
+    bad = kube.add_pod(NS, f"lim-bad-{tag}", _ip(18), labels=labels, service_account="web")
+    assert _identified(gw, _ip(17), ok["metadata"]["uid"])
+    assert _identified(gw, _ip(18), bad["metadata"]["uid"])
+    assert pods.get(_ip(17), "allowed.test", "/status/200")[0] == 200
+    assert pods.get(_ip(18), "allowed.test", "/")[0] == 407
+    assert "does not admit pod" in _last(gw, _ip(18))["reason"]
+    kube.delete_pod(NS, f"lim-ok-{tag}")
+    kube.delete_pod(NS, f"lim-bad-{tag}")
+
+
+def test_a_token_still_works_beside_pods(lab: tuple[GatewayThread, Pods]) -> None:
+    gw, pods = lab
+    token = gw.mint("agent", "classic-1")
+    auth = "Basic " + base64.b64encode(f"classic-1:{token}".encode()).decode()
+    status, body, _ = pods.get("127.0.0.1", "allowed.test", "/status/200", auth=auth)
+    assert status == 200, body
+    line = _last(gw, "127.0.0.1")
+    assert line["sandbox"] == "classic-1" and line["workload"] is None
+
+
+# -- the watch: cut, compacted, stale ---------------------------------------------------------
+
+def test_watch_cut_and_compacted_are_followed(kube: FakeKubeAPI, test_ca: LocalCA,
+                                              upstream: Upstream, tmp_path: Path) -> None:
+    gw = _gateway(tmp_path, kube, test_ca, upstream)
+    try:
+        pods = Pods(gw, test_ca)
+        assert gw.gateway.pods is not None
+        watcher = gw.gateway.pods.watcher
+        assert watcher is not None
+        assert kube.wait_for_watches(2)
+        lists = len(kube.seen("GET", f"/api/v1/namespaces/{NS}/pods", watch=False))
+        assert kube.cut_watches() >= 2
+        a = kube.add_pod(NS, "after-cut", _ip(20), labels={"sandbox-gateway.io/policy": "agent"})
+        assert _identified(gw, _ip(20), a["metadata"]["uid"])
+        assert pods.get(_ip(20), "allowed.test", "/status/200")[0] == 200
+        # A change while the history is compacted away: the watch gets 410, lists again.
+        kube.cut_watches()
+        kube.delete_pod(NS, "after-cut")
+        kube.compact()
+        assert _until(lambda: isinstance(gw.gateway.pods.index.at(_ip(20)), str))  # type: ignore[union-attr]
+        assert len(kube.seen("GET", f"/api/v1/namespaces/{NS}/pods", watch=False)) > lists
+        watches = kube.seen("GET", f"/api/v1/namespaces/{NS}/pods", watch=True)
+        # (kubernetes_asyncio sends "True": the API server parses it with Go ParseBool)
+        assert all(str(w.param("allowWatchBookmarks")).lower() == "true"
+                   and w.param("resourceVersion") for w in watches)
+        assert gw.gateway.pods.stale() is None
+    finally:
+        gw.stop()
+
+
+def test_a_stale_watch_fails_closed(test_ca: LocalCA, upstream: Upstream,
+                                    tmp_path: Path) -> None:
+    with FakeKubeAPI(tmp_path / "kube") as kube:
+        kube.add_pod(NS, "p", _ip(21), labels={"sandbox-gateway.io/policy": "agent"})
+        gw = _gateway(tmp_path / "gw", kube, test_ca, upstream, stale_after="1s")
+        try:
+            pods = Pods(gw, test_ca)
+            assert pods.get(_ip(21), "allowed.test", "/status/200")[0] == 200
+            kube.stop()  # the API server goes away: nothing more is known of pods
+            assert pods.get(_ip(21), "allowed.test", "/status/200")[0] == 200  # (not yet)
+            time.sleep(1.6)
+            status, text, _ = pods.get(_ip(21), "allowed.test", "/")
+            assert status == 503, text
+            line = _last(gw, _ip(21))
+            assert line["error"] == "identity_unavailable"
+            assert "broken for" in line["reason"] and "stale_after" in line["reason"]
+            with urllib.request.urlopen(gw.admin + "/readyz", timeout=5) as response:
+                ready = json.load(response)
+            assert "pods are not identified" in ready["reason"], ready
+        finally:
+            gw.stop()
+
+
+# -- the token exchange ---------------------------------------------------------------------
+
+def _exchange(gw: GatewayThread, token: str) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(gw.admin + "/v1/tokens/exchange", method="POST",
+                                     data=json.dumps({"token": token}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+@pytest.mark.parametrize("verify", ["tokenreview", "oidc"])
+def test_exchange(verify: str, kube: FakeKubeAPI, test_ca: LocalCA, upstream: Upstream,
+                  tmp_path: Path) -> None:
+    gw = _gateway(tmp_path, kube, test_ca, upstream,
+                  exchange={"verify": verify, "ttl": "10m"})
+    try:
+        pods = Pods(gw, test_ca)
+        # A pod behind NAT: its address (here 10.99.0.5) is not where it connects from.
+        pod = kube.add_pod(NS, f"nat-{verify}", "10.99.0.5", service_account="agent-x",
+                           labels={"sandbox-gateway.io/policy": "limited"})
+        assert _until(lambda: gw.gateway.pods is not None and gw.gateway.pods.index.get(
+            NS, f"nat-{verify}") is not None)
+        status, got = _exchange(gw, kube.issue_token(NS, f"nat-{verify}"))
+        assert status == 200, got
+        assert (got["sandbox"], got["policy"]) == (f"{NS}/nat-{verify}", "limited")
+        assert got["expires_at"] - time.time() <= 600 + 1
+        claims = json.loads(base64.urlsafe_b64decode(got["token"].split(".")[1] + "=="))
+        assert claims["pod"]["uid"] == pod["metadata"]["uid"]
+        user = urllib.parse.quote(got["sandbox"], safe="")
+        auth = "Basic " + base64.b64encode(f"{user}:{got['token']}".encode()).decode()
+        status, body, _ = pods.get("127.0.0.1", "allowed.test", "/status/200", auth=auth)
+        assert status == 200, body
+        assert _last(gw, "127.0.0.1")["workload"]["uid"] == pod["metadata"]["uid"]
+        # Refused: another audience, expired, unbound to a pod's service account.
+        for bad, word in [(kube.issue_token(NS, f"nat-{verify}", audience="other"),
+                           "audience"),
+                          (kube.issue_token(NS, f"nat-{verify}", expires_in=-60), "expire"),
+                          ("not-a-token", "")]:
+            status, err = _exchange(gw, bad)
+            assert status == 401 and err["error"] == "exchange_refused", err
+            assert word in err["reason"], err
+        # A pod whose service account the policy's subjects do not admit.
+        kube.add_pod(NS, f"web-{verify}", "10.99.0.6", service_account="web",
+                     labels={"sandbox-gateway.io/policy": "limited"})
+        assert _until(lambda: gw.gateway.pods.index.get(NS, f"web-{verify}"))  # type: ignore[union-attr]
+        status, err = _exchange(gw, kube.issue_token(NS, f"web-{verify}"))
+        assert status == 403 and "does not admit" in err["reason"], err
+        # The pod goes: its exchanged token stops working, open tunnels end, no new one.
+        stale_token = kube.issue_token(NS, f"nat-{verify}")
+        kube.delete_pod(NS, f"nat-{verify}")
+        assert _until(lambda: gw.gateway.pods.index.get(NS, f"nat-{verify}") is None)  # type: ignore[union-attr]
+        status, text, _ = pods.get("127.0.0.1", "allowed.test", "/", auth=auth)
+        assert status == 407 and "identity_unknown" in text, text
+        status, err = _exchange(gw, stale_token)
+        assert status in (401, 403), err  # TokenReview: not authenticated; OIDC: pod gone
+        assert gw.call(_no_secret_in_audit(gw, got["token"]))
+        kube.delete_pod(NS, f"web-{verify}")
+    finally:
+        gw.stop()
+
+
+async def _no_secret_in_audit(gw: GatewayThread, token: str) -> bool:
+    text = json.dumps(gw.audit.records())
+    return token not in text and token.split(".")[2] not in text
