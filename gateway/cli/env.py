@@ -17,6 +17,8 @@ from gateway.services.state.base import MemoryState
 def cmd_env(args: argparse.Namespace) -> int:
     from gateway.tools.sandbox_env import InvalidToken, dns_note, render, sandbox_variables
 
+    if args.kubernetes:
+        return _pod_env(args)
     if (args.token is None) == (args.policy is None):
         print("sandbox-gateway: env needs --token, or --policy and --sandbox to mint one",
               file=sys.stderr)
@@ -65,6 +67,41 @@ def cmd_env(args: argparse.Namespace) -> int:
         notes.append(f"# JAVA_TOOL_OPTIONS loads {jvm_agent}: put it there in the image "
                      "(`sandbox-gateway jvm-agent -o FILE`), or pass --jvm-agent none.")
     notes.append("# aiohttp reads the proxy variables only with ClientSession(trust_env=True).")
+    print("\n".join(notes), file=sys.stderr)
+    return 0
+
+
+def _pod_env(args: argparse.Namespace) -> int:
+    """`env --kubernetes`: a pod known by its address (identity.kubernetes) carries no
+    token; the key variables hold a placeholder (with --policy and --config: the
+    policy's credentials' placeholders before it)."""
+    from gateway.tools.sandbox_env import dns_note, placeholders_of, render, sandbox_variables
+
+    if args.token is not None or args.ttl is not None or args.sandbox is not None:
+        print("sandbox-gateway: env --kubernetes takes no --token, --ttl or --sandbox: the "
+              "pod is its own identity (its namespace and name)", file=sys.stderr)
+        return 2
+    placeholders: dict[str, str] = {}
+    if args.policy is not None and getattr(args, "config", None) is not None:
+        policies = load_policy_dir(config_of(args).policies)
+        policy = policies.get(args.policy)
+        if policy is None:
+            print(f"sandbox-gateway: no policy {args.policy!r}", file=sys.stderr)
+            return 1
+        names = {rule.credential for rule in policy.rules if rule.credential}
+        placeholders = placeholders_of((c.preset, c.placeholder) for name, c in
+                                       sorted(policies.credentials.items()) if name in names)
+    preload = None if args.node_preload in ("", "none") else args.node_preload
+    jvm_agent = None if args.jvm_agent in ("", "none") else args.jvm_agent
+    variables = sandbox_variables(None, args.proxy, ca_bundle=args.ca_bundle,
+                                  node_preload=preload,
+                                  git_hosts=tuple(args.git_host or ["github.com"]),
+                                  placeholders=placeholders, jvm_agent=jvm_agent)
+    sys.stdout.write(render(variables, args.format))
+    notes = dns_note(args.proxy)
+    notes.append("# No token: the gateway knows the pod by its address (identity.kubernetes); "
+                 "label the pod sandbox-gateway.io/policy=<policy> or set its namespace's "
+                 "default policy.")
     print("\n".join(notes), file=sys.stderr)
     return 0
 
@@ -150,6 +187,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                      "policy's tokens.ttl, else tokens.default_ttl; max tokens.max_ttl)")
     env.add_argument("--proxy", required=True, help="gateway URL, e.g. http://gateway:8080")
     env.add_argument("--sandbox", help="sandbox id (default: the token's sub)")
+    env.add_argument("--kubernetes", action="store_true",
+                     help="a pod the gateway knows by its address (identity.kubernetes): no "
+                          "token in the proxy URL or the key variables")
     env.add_argument("--git-host", action="append", metavar="HOST",
                      help="a host whose git credential helper answers the token "
                           "(repeatable; default github.com; add a GitHub Enterprise host)")

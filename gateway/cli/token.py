@@ -1,9 +1,12 @@
-"""`token`: mint sandbox tokens, rotate and retire signing keys."""
+"""`token`: mint sandbox tokens, exchange a pod's service-account token for one, rotate
+and retire signing keys."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 from gateway.cli.common import config_of, credentials_of, signing_keys_of
 from gateway.config import parse_duration
@@ -47,6 +50,59 @@ def cmd_token_mint(args: argparse.Namespace) -> int:
                           "expires_at": minted.expires_at}))
     else:
         print(minted.token)
+    return 0
+
+
+PROJECTED_TOKEN = "/var/run/secrets/sandbox-gateway/token"
+
+
+def cmd_token_exchange(args: argparse.Namespace) -> int:
+    """From inside a pod: its projected service-account token (audience sandbox-gateway)
+    for a gateway token bound to the pod (POST /v1/tokens/exchange on the admin listener);
+    prints the token, or with --proxy the HTTPS_PROXY that carries it."""
+    import urllib.error
+    import urllib.request
+
+    from gateway.tools.sandbox_env import proxy_url
+
+    try:
+        sa_token = Path(args.token_file).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        print(f"sandbox-gateway: cannot read the service-account token {args.token_file}: "
+              f"{exc.strerror}; mount a projected serviceAccountToken volume there "
+              "(audience sandbox-gateway)", file=sys.stderr)
+        return 1
+    body: dict[str, str] = {"token": sa_token}
+    if args.ttl:
+        body["ttl"] = args.ttl
+    if not args.gateway.startswith(("http://", "https://")):
+        print("sandbox-gateway: --gateway must be an http:// or https:// URL", file=sys.stderr)
+        return 2
+    request = urllib.request.Request(  # noqa: S310 (http(s) only, checked above)
+        args.gateway.rstrip("/") + "/v1/tokens/exchange", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
+            got = json.load(response)
+    except urllib.error.HTTPError as exc:
+        try:
+            error = json.load(exc)
+            why = f"{error.get('error')}: {error.get('reason')}"
+        except ValueError:
+            why = str(exc.reason)
+        print(f"sandbox-gateway: the gateway refused the exchange ({exc.code} {why})",
+              file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"sandbox-gateway: cannot reach {args.gateway}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(got))
+    elif args.proxy:
+        url = proxy_url(args.proxy, str(got["sandbox"]), str(got["token"]))
+        print(f"HTTPS_PROXY={url}\nHTTP_PROXY={url}")
+    else:
+        print(got["token"])
     return 0
 
 
@@ -96,6 +152,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                       help="create a first signing key when the certs directory has none "
                            "(otherwise refused: the gateway would not know that key)")
     mint.set_defaults(func=cmd_token_mint)
+    exchange = tsub.add_parser(
+        "exchange", help="from inside a pod: exchange its projected service-account token "
+                         "for a gateway token bound to the pod (identity.kubernetes)")
+    exchange.add_argument("--gateway", required=True, metavar="URL",
+                          help="the gateway's admin listener, e.g. http://sandbox-gateway:8090")
+    exchange.add_argument("--token-file", default=PROJECTED_TOKEN,
+                          help=f"the projected token (default {PROJECTED_TOKEN})")
+    exchange.add_argument("--ttl", help="a shorter lifetime, e.g. 30m (capped by "
+                                        "identity.kubernetes.exchange.ttl)")
+    exchange.add_argument("--proxy", metavar="URL", help="print HTTPS_PROXY/HTTP_PROXY for "
+                          "this proxy URL with the token, instead of the bare token")
+    exchange.add_argument("--json", action="store_true",
+                          help="print {token, jti, expires_at, sandbox, policy}")
+    exchange.set_defaults(func=cmd_token_exchange)
     rotate = tsub.add_parser("rotate-key", parents=[common],
                              help="add a new signing key (a running gateway signs with it "
                                   "within seconds)")

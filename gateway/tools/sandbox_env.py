@@ -89,9 +89,20 @@ class InvalidToken(ValueError):
     """The token given to `env` is not a usable gateway token."""
 
 
-def proxy_url(proxy: str, sandbox: str, token: str) -> str:
-    """`http://gateway:8080` -> `http://<sandbox>:<token>@gateway:8080`."""
+#: What the key variables hold for a pod known by its address (identity.kubernetes): no
+#: token, a placeholder the gateway replaces (SDKs refuse to start without a key).
+POD_KEY = "sandbox-gateway-pod-identity"
+
+
+def proxy_url(proxy: str, sandbox: str | None, token: str | None) -> str:
+    """`http://gateway:8080` -> `http://<sandbox>:<token>@gateway:8080` (no token: a pod
+    known by its address, the URL carries no credentials)."""
     parts = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    if token is None:
+        host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+        netloc = f"{host}:{parts.port}" if parts.port else str(host)
+        return urlunsplit((parts.scheme or "http", netloc, "", "", ""))
+    sandbox = sandbox or "sandbox"
     netloc = f"{quote(sandbox, safe='')}:{quote(token, safe='')}@{parts.hostname}"
     if ":" in (parts.hostname or ""):
         netloc = f"{quote(sandbox, safe='')}:{quote(token, safe='')}@[{parts.hostname}]"
@@ -168,7 +179,7 @@ def git_config(hosts: tuple[str, ...] = ("github.com",)) -> list[tuple[str, str]
     return out
 
 
-def sandbox_variables(token: str, proxy: str, sandbox: str | None = None,
+def sandbox_variables(token: str | None, proxy: str, sandbox: str | None = None,
                       ca_bundle: str = DEFAULT_CA_BUNDLE,
                       node_preload: str | None = DEFAULT_NODE_PRELOAD,
                       git_hosts: tuple[str, ...] = ("github.com",),
@@ -178,8 +189,10 @@ def sandbox_variables(token: str, proxy: str, sandbox: str | None = None,
     inside the sandbox (None: no NODE_OPTIONS); `jvm_agent`: the JVM agent's (None: no
     JAVA_TOOL_OPTIONS); `git_hosts`: hosts whose git credential
     helper answers the token (empty: none); `placeholders`: a key variable's prefix before
-    the token (`placeholders_of`)."""
-    sandbox = sandbox or str(unverified_claims(token).get("sub") or "sandbox")
+    the token (`placeholders_of`). `token` None: a Kubernetes pod known by its address
+    (no credentials anywhere; the key variables hold `POD_KEY`)."""
+    if token is not None:
+        sandbox = sandbox or str(unverified_claims(token).get("sub") or "sandbox")
     url = proxy_url(proxy, sandbox, token)
     out = [("HTTPS_PROXY", url), ("HTTP_PROXY", url), ("https_proxy", url),
            ("http_proxy", url), ("NO_PROXY", NO_PROXY), ("no_proxy", NO_PROXY)]
@@ -192,7 +205,7 @@ def sandbox_variables(token: str, proxy: str, sandbox: str | None = None,
         # line, which the JVM echoes ("Picked up JAVA_TOOL_OPTIONS: ...") to stderr.
         out.append(("JAVA_TOOL_OPTIONS", f"-javaagent:{_quoted(jvm_agent)}"))
     prefix = placeholders or {}
-    out += [(var, prefix.get(var, "") + token) for var in API_KEY_VARIABLES]
+    out += [(var, prefix.get(var, "") + (token or POD_KEY)) for var in API_KEY_VARIABLES]
     out += list(AWS_PLACEHOLDERS)
     if git_hosts:
         out += git_config(git_hosts)

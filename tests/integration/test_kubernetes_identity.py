@@ -20,6 +20,8 @@ import http.client
 import json
 import socket
 import ssl
+import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -35,6 +37,7 @@ from helpers.tls import LocalCA
 from helpers.upstream import Upstream
 
 NS = "sandboxes"
+ROOT = Path(__file__).resolve().parents[2]
 POLICIES = {
     "agent.yaml": """
 version: v1
@@ -115,7 +118,8 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeKubeAPI]:
 
 
 def _gateway(workdir: Path, kube: FakeKubeAPI, ca: LocalCA, upstream: Upstream,
-             intercept: str = "fast", **identity: Any) -> GatewayThread:
+             intercept: str = "fast", listen_proxy: str = "127.0.0.1",
+             **identity: Any) -> GatewayThread:
     (workdir / "policies").mkdir(parents=True, exist_ok=True)
     for name, text in POLICIES.items():
         (workdir / "policies" / name).write_text(text)
@@ -124,6 +128,7 @@ def _gateway(workdir: Path, kube: FakeKubeAPI, ca: LocalCA, upstream: Upstream,
     secrets.chmod(0o600)
     names = ["allowed.test", "other.test", "api.openai.com"]
     return GatewayThread(workdir, {
+        "listen": {"proxy": f"{listen_proxy}:0", "admin": "127.0.0.1:0"},
         "network": {"upstream_ca": str(ca.cert_path), "intercept": intercept,
                     "resolve": {n: f"127.0.0.1:{upstream.port}" for n in names}},
         "secrets": {"store": "file", "path": str(secrets)},
@@ -416,8 +421,47 @@ def test_exchange(verify: str, kube: FakeKubeAPI, test_ca: LocalCA, upstream: Up
         assert status in (401, 403), err  # TokenReview: not authenticated; OIDC: pod gone
         assert gw.call(_no_secret_in_audit(gw, got["token"]))
         kube.delete_pod(NS, f"web-{verify}")
+        if verify == "tokenreview":
+            _cli_exchange(gw, kube, pods, tmp_path)
     finally:
         gw.stop()
+
+
+def _cli_exchange(gw: GatewayThread, kube: FakeKubeAPI, pods: Pods, tmp_path: Path) -> None:
+    """`sandbox-gateway token exchange` from inside a pod: the projected file in, the
+    proxy URL out, and that URL works."""
+    kube.add_pod(NS, "cli-pod", "10.99.0.7", labels={"sandbox-gateway.io/policy": "agent"})
+    assert _until(lambda: gw.gateway.pods.index.get(NS, "cli-pod"))  # type: ignore[union-attr]
+    projected = tmp_path / "token"
+    projected.write_text(kube.issue_token(NS, "cli-pod"))
+    out = subprocess.run([sys.executable, "-m", "gateway", "token", "exchange", "--gateway",
+                          gw.admin, "--token-file", str(projected), "--proxy", gw.proxy],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    url = out.stdout.splitlines()[0].partition("=")[2]
+    parts = urllib.parse.urlsplit(url)
+    assert urllib.parse.unquote(parts.username or "") == f"{NS}/cli-pod"
+    auth = "Basic " + base64.b64encode(
+        f"{parts.username}:{parts.password}".encode()).decode()
+    assert pods.get("127.0.0.1", "allowed.test", "/status/200", auth=auth)[0] == 200
+    bad = tmp_path / "other-audience"
+    bad.write_text(kube.issue_token(NS, "cli-pod", audience="vault"))
+    out = subprocess.run([sys.executable, "-m", "gateway", "token", "exchange", "--gateway",
+                          gw.admin, "--token-file", str(bad)],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 1 and "401 exchange_refused" in out.stderr, out.stderr
+    kube.delete_pod(NS, "cli-pod")
+
+
+def test_env_kubernetes_prints_no_token() -> None:
+    out = subprocess.run([sys.executable, "-m", "gateway", "env", "--kubernetes", "--proxy",
+                          "http://sandbox-gateway.gw:8080"], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    lines = dict(line.split("=", 1) for line in out.stdout.splitlines())
+    assert lines["HTTPS_PROXY"] == "http://sandbox-gateway.gw:8080"
+    assert lines["OPENAI_API_KEY"] == "sandbox-gateway-pod-identity"
+    assert "eyJ" not in out.stdout
 
 
 async def _no_secret_in_audit(gw: GatewayThread, token: str) -> bool:

@@ -1,0 +1,90 @@
+"""Kubernetes pod identity with a real pod network namespace and the real curl: the pod's
+address is its own (a veth into this host's namespace, 10.244.<n>.10), the gateway runs
+here on the veth's host side, the fake API server lists the pod with that address.
+Nothing leaves the machine: the namespace is linked only to this host."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fakes.kube_api import FakeKubeAPI
+from helpers.netns import unavailable
+from helpers.parity_cases import KEY
+from helpers.tls import LocalCA
+from helpers.upstream import Upstream
+from test_kubernetes_identity import NS, _gateway, _until
+
+pytestmark = pytest.mark.netns
+
+
+@pytest.fixture
+def pod_ns() -> Iterator[tuple[str, str, str]]:
+    """(namespace, pod address, host-side address) of a fresh pod network namespace."""
+    why = unavailable()
+    if why:
+        pytest.fail(why)
+    tag = uuid.uuid4().hex[:6]
+    n = int(tag[:2], 16) % 200 + 20
+    name, host_if, pod_if = f"kpod{tag}", f"kp{tag}h", f"kp{tag}p"
+    host_ip, pod_ip = f"10.244.{n}.1", f"10.244.{n}.10"
+    steps = [["ip", "netns", "add", name],
+             ["ip", "link", "add", host_if, "type", "veth", "peer", "name", pod_if],
+             ["ip", "link", "set", pod_if, "netns", name],
+             ["ip", "addr", "add", f"{host_ip}/24", "dev", host_if],
+             ["ip", "link", "set", host_if, "up"],
+             ["ip", "-n", name, "addr", "add", f"{pod_ip}/24", "dev", pod_if],
+             ["ip", "-n", name, "link", "set", pod_if, "up"],
+             ["ip", "-n", name, "link", "set", "lo", "up"]]
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True, timeout=10)
+        yield name, pod_ip, host_ip
+    finally:
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True, timeout=10)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
+
+
+def test_curl_from_a_pod_namespace(pod_ns: tuple[str, str, str], test_ca: LocalCA,
+                                   upstream: Upstream, tmp_path: Path) -> None:
+    name, pod_ip, host_ip = pod_ns
+    assert shutil.which("curl")
+    with FakeKubeAPI(tmp_path / "kube") as kube:
+        pod = kube.add_pod(NS, "curl-pod", pod_ip, labels={"sandbox-gateway.io/policy": "agent"},
+                           service_account="agent-sa")
+        # The proxy listens on the host side of the pod's veth (in a cluster: the
+        # Service's address).
+        gw = _gateway(tmp_path / "gw", kube, test_ca, upstream, listen_proxy=host_ip)
+        try:
+            bundle = tmp_path / "bundle.pem"
+            bundle.write_text(test_ca.cert_path.read_text() + gw.ca_cert.read_text())
+            assert gw.gateway.proxy_address is not None
+            proxy = f"http://{host_ip}:{gw.gateway.proxy_address[1]}"
+
+            def curl(url: str) -> subprocess.CompletedProcess[str]:
+                return subprocess.run(
+                    ["ip", "netns", "exec", name, "curl", "-sS", "--max-time", "10",
+                     "--proxy", proxy, "--cacert", str(bundle), "-w", "\n%{http_code}", url],
+                    capture_output=True, text=True, timeout=20)
+
+            out = curl("https://allowed.test/status/200")
+            assert out.stdout.endswith("200"), out.stdout + out.stderr
+            line = gw.audit.wait_for(lambda r: str(r.get("client", "")).startswith(pod_ip))
+            assert line and line[-1]["sandbox"] == f"{NS}/curl-pod"
+            assert line[-1]["workload"]["uid"] == pod["metadata"]["uid"]
+            before = len(upstream.requests)
+            out = curl("https://api.openai.com/echo-header/authorization")
+            assert out.stdout.endswith("200"), out.stdout + out.stderr
+            assert upstream.requests[before].headers["authorization"] == f"Bearer {KEY}"
+            assert KEY not in out.stdout
+            kube.delete_pod(NS, "curl-pod")
+            assert _until(lambda: gw.gateway.pods is not None
+                          and isinstance(gw.gateway.pods.index.at(pod_ip), str))
+            out = curl("https://allowed.test/status/200")
+            assert "407" in out.stdout + out.stderr, out.stdout + out.stderr
+        finally:
+            gw.stop()
