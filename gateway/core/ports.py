@@ -117,7 +117,8 @@ class Workloads(Protocol):
         ...
 
     def gone(self, workload: Workload) -> str | None:
-        """None while the pod is running as the same pod (uid); else why it is not."""
+        """None while the pod is running as the same pod (uid); else why it is not.
+        Raises Refusal `identity_unavailable` while the watch is too stale to say."""
         ...
 
 

@@ -130,7 +130,8 @@ class PodIdentities:
     def gone(self, workload: Workload) -> str | None:
         stale = self.stale()
         if stale is not None:
-            return f"its pod cannot be checked: {stale}"
+            raise Refusal("identity_unavailable", f"the token's pod cannot be checked: "
+                          f"{stale}", retry_after=5)
         return self.index.running(workload.namespace, workload.pod, workload.uid)
 
     # -- the exchange ----------------------------------------------------------------------
