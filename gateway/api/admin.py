@@ -171,15 +171,14 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         except (ValueError, ConfigError) as exc:
             return _error(400, "bad_request", str(exc))
         try:
-            minted = await ctx.pods.exchange(sa_token, ttl)
+            got = await ctx.pods.exchange(sa_token, ttl)
         except ExchangeRefused as refused:
             metrics.TOKENS_REFUSED.labels(reason=refused.code).inc()
             return _error(refused.status, refused.code, refused.reason)
         metrics.TOKENS_ISSUED.labels(kind="exchange").inc()
-        identity = ctx.tokens.verify(minted.token)
-        return JSONResponse({"token": minted.token, "jti": minted.jti,
-                             "expires_at": minted.expires_at, "sandbox": identity.sandbox,
-                             "policy": identity.policy})
+        return JSONResponse({"token": got.minted.token, "jti": got.minted.jti,
+                             "expires_at": got.minted.expires_at, "sandbox": got.sandbox,
+                             "policy": got.policy})
 
     @protected
     async def revoke(request: Request) -> Response:

@@ -85,6 +85,20 @@ class Identifier:
         self.connections.count(client)
         return True
 
+    def sandbox_for(self, ip: str) -> SandboxAddress | None:
+        """Who a source address is with no token to say so (the DNS resolver's
+        `Registry`): its registration, else the watched pod that holds it and may claim
+        its policy. None when neither, or when the pod watch cannot say (fail closed)."""
+        entry = self.registry.sandbox_for(ip)
+        if entry is not None or self.workloads is None:
+            return entry
+        try:
+            identity = self.workloads.identity_for(ip)
+            self._check_subject(identity)
+        except Refusal:
+            return None
+        return SandboxAddress(sandbox=identity.sandbox, ip=ip, policy=identity.policy)
+
     def _identify_pod(self, client: Client) -> None:
         assert self.workloads is not None
         identity = self.workloads.identity_for(source_of(client))
@@ -144,7 +158,6 @@ class Identifier:
             client.token = token
         self.connections.count(client)
         return client.identity
-
 
     def _recheck_pod(self, client: Client, was: Identity) -> Identity:
         """The pod that held the address when the connection began still holds it, as

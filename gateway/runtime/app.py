@@ -456,8 +456,9 @@ class Gateway:
         from gateway.engines.dns import start_dns
 
         try:
-            self.dns = await start_dns(self.config, self.state, self.policy, self.guard,
-                                       self.auditor, shared=shared)
+            # (who a query is from: the gate's identifier, registrations and pods alike)
+            self.dns = await start_dns(self.config, self.gate.identities, self.policy,
+                                       self.guard, self.auditor, shared=shared)
         except OSError as exc:
             raise StartupError(f"cannot listen on listen.dns {self.config.listen.dns}: "
                                f"{exc.strerror or exc}") from None

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,9 +130,12 @@ def _wait_line(proc: subprocess.Popen[str], word: str, timeout: float = 15) -> N
 @contextlib.contextmanager
 def transparent_lab(workdir: Path, *, policy: str, names: list[str],
                     secrets: dict[str, str], resolve: dict[str, str] | None = None,
-                    log_level: str = "info", intercept: str = "fast") -> Iterator[Lab]:
+                    log_level: str = "info", intercept: str = "fast",
+                    extra: Callable[[str], dict[str, Any]] | None = None) -> Iterator[Lab]:
     """Start the lab (the caller skips or fails when `unavailable()` says why); the
-    gateway's stderr goes to `workdir/gateway.log` (`Lab.gateway_log`)."""
+    gateway's stderr goes to `workdir/gateway.log` (`Lab.gateway_log`). `extra`: called
+    with the gateway's namespace once it is up, returns more gateway configuration
+    (e.g. `identity` for an API server started in that namespace)."""
     tag = uuid.uuid4().hex[:6]
     gw_ns, sbx_ns = f"sgw{tag}", f"sbx{tag}"
     hosts_dir = Path("/etc/netns") / gw_ns
@@ -186,6 +189,7 @@ def transparent_lab(workdir: Path, *, policy: str, names: list[str],
             "secrets": {"store": "file", "path": str(secrets_file)},
             "audit": {"path": str(workdir / "audit.jsonl")},
             "network": network, "log_level": log_level,
+            **(extra(gw_ns) if extra is not None else {}),
         }))
         with (workdir / "gateway.log").open("w") as log:
             gw = subprocess.Popen(

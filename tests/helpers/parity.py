@@ -38,6 +38,7 @@ class Spec:
     connect_to: tuple[str, int] | None = None  # transparent: dial this address instead
     connect_authority: str | None = None  # CONNECT target (default host:port)
     proxy_auth: str | None = None  # Proxy-Authorization value
+    source: str | None = None  # the client's source address (a pod's, identity.kubernetes)
     plain_proxy: bool = False  # no CONNECT: an absolute-form request to the proxy
     cafile: str | None = None
     timeout: float = 10.0
@@ -135,7 +136,9 @@ def _h1_request(spec: Spec) -> bytes:
 
 def _connect(spec: Spec) -> tuple[socket.socket, Result | None]:
     if spec.proxy is not None:
-        sock = socket.create_connection(spec.proxy, timeout=spec.timeout)
+        sock = socket.create_connection(spec.proxy, timeout=spec.timeout,
+                                        source_address=(spec.source, 0) if spec.source
+                                        else None)
         if spec.plain_proxy:
             return sock, None
         authority = spec.connect_authority or f"{spec.host}:{spec.port}"

@@ -118,7 +118,7 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeKubeAPI]:
 
 
 def _gateway(workdir: Path, kube: FakeKubeAPI, ca: LocalCA, upstream: Upstream,
-             intercept: str = "fast", listen_proxy: str = "127.0.0.1",
+             intercept: str = "fast", listen_proxy: str = "127.0.0.1", dns: bool = False,
              **identity: Any) -> GatewayThread:
     (workdir / "policies").mkdir(parents=True, exist_ok=True)
     for name, text in POLICIES.items():
@@ -128,7 +128,8 @@ def _gateway(workdir: Path, kube: FakeKubeAPI, ca: LocalCA, upstream: Upstream,
     secrets.chmod(0o600)
     names = ["allowed.test", "other.test", "api.openai.com"]
     return GatewayThread(workdir, {
-        "listen": {"proxy": f"{listen_proxy}:0", "admin": "127.0.0.1:0"},
+        "listen": {"proxy": f"{listen_proxy}:0", "admin": "127.0.0.1:0",
+                   **({"dns": "127.0.0.1:0"} if dns else {})},
         "network": {"upstream_ca": str(ca.cert_path), "intercept": intercept,
                     "resolve": {n: f"127.0.0.1:{upstream.port}" for n in names}},
         "secrets": {"store": "file", "path": str(secrets)},
@@ -305,6 +306,39 @@ def test_a_token_still_works_beside_pods(lab: tuple[GatewayThread, Pods]) -> Non
     assert status == 200, body
     line = _last(gw, "127.0.0.1")
     assert line["sandbox"] == "classic-1" and line["workload"] is None
+
+
+def test_the_dns_resolver_knows_pods(kube: FakeKubeAPI, test_ca: LocalCA, upstream: Upstream,
+                                     tmp_path: Path) -> None:
+    """The gateway's DNS resolver (transparent mode's) asks the same identifier: a pod
+    gets answers for its policy's names, an address no pod holds gets none."""
+    import dns.message
+    import dns.query
+    import dns.rcode
+
+    gw = _gateway(tmp_path, kube, test_ca, upstream, dns=True)
+    try:
+        pod = kube.add_pod(NS, "dns-pod", _ip(30), labels={"sandbox-gateway.io/policy": "agent"})
+        assert _identified(gw, _ip(30), pod["metadata"]["uid"])
+        assert gw.gateway.dns is not None
+        port = gw.gateway.dns.addresses[0][1]
+
+        def ask(name: str, source: str) -> dns.message.Message:
+            return dns.query.udp(dns.message.make_query(name, "A"), "127.0.0.1", port=port,
+                                 source=source, timeout=5)
+
+        answer = ask("allowed.test", _ip(30))
+        assert answer.rcode() == dns.rcode.NOERROR and answer.answer, answer
+        assert ask("nothere.test", _ip(30)).rcode() != dns.rcode.NOERROR
+        assert ask("allowed.test", _ip(31)).rcode() == dns.rcode.REFUSED  # no pod there
+        lines = gw.audit.wait_for(lambda r: r.get("listener") == "dns"
+                                  and r.get("sandbox") == f"{NS}/dns-pod")
+        assert lines and lines[0]["policy"] == "agent"
+        kube.delete_pod(NS, "dns-pod")
+        assert _until(lambda: isinstance(gw.gateway.pods.index.at(_ip(30)), str))  # type: ignore[union-attr]
+        assert ask("allowed.test", _ip(30)).rcode() == dns.rcode.REFUSED
+    finally:
+        gw.stop()
 
 
 # -- the watch: cut, compacted, stale ---------------------------------------------------------

@@ -5,15 +5,19 @@ Nothing leaves the machine: the namespace is linked only to this host."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakes.kube_api import FakeKubeAPI
-from helpers.netns import unavailable
+from helpers.netns import SANDBOX_IP, UPSTREAM_IP, transparent_lab, unavailable
 from helpers.parity_cases import KEY
 from helpers.tls import LocalCA
 from helpers.upstream import Upstream
@@ -88,3 +92,83 @@ def test_curl_from_a_pod_namespace(pod_ns: tuple[str, str, str], test_ca: LocalC
             assert "407" in out.stdout + out.stderr, out.stdout + out.stderr
         finally:
             gw.stop()
+
+
+POLICY = """
+version: v1
+name: agent
+egress:
+  - host: allowed.test           # passthrough
+  - host: key.test
+    credential: key
+credentials:
+  key: {hosts: [key.test], secret: key-secret, inject: {header: X-Api-Key}}
+"""
+SECRET = "real-key-for-key-test-0123456789"
+
+
+def _in_netns(ns: str, start: Callable[[], object]) -> None:
+    """Run `start` in a thread that entered network namespace `ns`: a server it binds
+    listens there (the thread ends; the sockets stay in that namespace)."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with open(f"/var/run/netns/{ns}") as handle:
+                os.setns(handle.fileno(), os.CLONE_NEWNET)
+            start()
+        except BaseException as exc:  # (reported in the test's thread)
+            failed.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(10)
+    if failed:
+        raise failed[0]
+
+
+def test_transparent_mode_knows_a_pod_by_its_address(tmp_path: Path) -> None:
+    """Transparent mode with no registration: the sandbox namespace's address is a pod's,
+    and the API server (the fake, listening inside the gateway's namespace) says so."""
+    why = unavailable()
+    if why:
+        pytest.fail(why)
+    kube = FakeKubeAPI(tmp_path / "kube")
+    pod = kube.add_pod(NS, "transparent-pod", SANDBOX_IP,
+                       labels={"sandbox-gateway.io/policy": "agent"})
+
+    def identity(gw_ns: str) -> dict[str, Any]:
+        _in_netns(gw_ns, kube.start)
+        return {"identity": {"kubernetes": {
+            "enabled": True, "namespaces": [NS],
+            "kubeconfig": str(kube.write_kubeconfig(tmp_path / "kubeconfig"))}}}
+
+    try:
+        with transparent_lab(tmp_path / "lab", policy=POLICY,
+                             names=["allowed.test", "key.test"],
+                             secrets={"key-secret": SECRET}, extra=identity) as lab:
+            r = lab.sandbox_curl("https://allowed.test/hello", UPSTREAM_IP,
+                                 "--cacert", str(lab.ca.cert_path))
+            assert r.returncode == 0, r.stderr + lab.gateway_log
+            line = [a for a in lab.audit() if a.get("host") == "allowed.test"][-1]
+            assert line["sandbox"] == f"{NS}/transparent-pod"
+            assert line["workload"]["uid"] == pod["metadata"]["uid"]
+            # A credential with no token anywhere: injected for the pod.
+            r = lab.sandbox_curl("https://key.test/k", UPSTREAM_IP,
+                                 "--cacert", str(lab.gateway_ca))
+            assert r.returncode == 0, r.stderr
+            assert [s for s in lab.upstream_seen() if s.get("path") == "/k"][-1][
+                "headers"]["x-api-key"] == SECRET
+            assert SECRET not in r.stdout
+            kube.delete_pod(NS, "transparent-pod")
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                r = lab.sandbox_curl("https://key.test/k", UPSTREAM_IP,
+                                     "--cacert", str(lab.gateway_ca))
+                if "unknown_sandbox" in r.stdout:
+                    break
+                time.sleep(0.1)
+            assert "unknown_sandbox" in r.stdout, r.stdout + r.stderr
+            assert lab.canary_hits() == 0
+    finally:
+        kube.stop()

@@ -8,7 +8,7 @@ destination checks), then call again with the `Lookup`. A name is never resolved
 the policy allowed it: resolving an attacker's name is itself the leak.
 
 Choices (docs/transparent-mode.md, "DNS"):
-- unknown source (not a registered sandbox), or its policy is gone -> REFUSED;
+- unknown source (not a registered sandbox or a watched pod), or its policy is gone -> REFUSED;
 - any type but A/AAAA (TXT, NULL, ANY, CNAME, MX, SRV, HTTPS, ...) -> REFUSED, before the
   name is even looked at; a class other than IN -> REFUSED; an opcode other than QUERY ->
   NOTIMP; not exactly one question -> FORMERR;
@@ -124,7 +124,8 @@ def answer(query: dns.message.Message, sandbox: SandboxAddress | None,
     if sandbox is None:
         return _fail(query, dns.rcode.REFUSED,
                      "unknown source: only sandboxes registered with POST /v1/sandboxes "
-                     "get answers", "unknown_sandbox")
+                     "(or, with identity.kubernetes, running pods of the watched "
+                     "namespaces) get answers", "unknown_sandbox")
     if query.opcode() != dns.opcode.QUERY:
         return _fail(query, dns.rcode.NOTIMP, "only standard queries are answered",
                      "not_implemented")

@@ -1,8 +1,10 @@
 """The DNS resolver's I/O: UDP and TCP listeners on `listen.dns`, one audit line and one
 metric count per query.
 
-Each query: who sent it (`StateStore.sandbox_for(source ip)`, the transparent-mode
-registry) -> that sandbox's rate limit -> parse -> `answer()` (pure, gateway/engines/dns/answer.py)
+Each query: who sent it (`Registry.sandbox_for(source ip)`: the core's identifier, a
+transparent-mode registration or, with identity.kubernetes, the pod holding the
+address) -> that sandbox's rate limit -> parse -> `answer()` (pure,
+gateway/engines/dns/answer.py)
 -> only if the policy allowed the name: `DestinationGuard.check_all` (the gateway's own
 resolver, `network.resolve` overrides and destination checks) -> `answer()` again with
 what it found. Nothing is ever forwarded to another DNS server.
@@ -23,13 +25,14 @@ import dns.rcode
 from gateway.config import DnsConfig, HostPort
 from gateway.core.audit import record as audit_record
 from gateway.core.names import DestinationError, normalize_host
+from gateway.core.ports import Registry
 from gateway.engines.dns.answer import Lookup, Need, Outcome, answer, failure, formerr, parse
 from gateway.engines.dns.limit import RateLimiter
 from gateway.net.resolver import DestinationGuard, DestinationRefused
 from gateway.observability import metrics
 from gateway.observability.audit import Auditor
 from gateway.services.policy import Policy
-from gateway.services.state.base import SandboxAddress, StateStore
+from gateway.services.state.base import SandboxAddress
 
 __all__ = ["DnsServer"]
 
@@ -45,13 +48,13 @@ MAX_SHOWN = 300
 
 
 class DnsServer:
-    """Answers registered sandboxes' A/AAAA queries for names their policy allows."""
+    """Answers known sandboxes' A/AAAA queries for names their policy allows."""
 
-    def __init__(self, config: DnsConfig, state: StateStore,
+    def __init__(self, config: DnsConfig, registry: Registry,
                  policies: Callable[[str], Policy | None], guard: DestinationGuard,
                  auditor: Auditor) -> None:
         self.config = config
-        self.state = state
+        self.registry = registry
         self.policies = policies
         self.guard = guard
         self.auditor = auditor
@@ -140,7 +143,7 @@ class DnsServer:
 
     def _sandbox(self, ip: str) -> SandboxAddress | None:
         try:
-            return self.state.sandbox_for(normalize_host(ip))
+            return self.registry.sandbox_for(normalize_host(ip))
         except DestinationError:
             return None
 

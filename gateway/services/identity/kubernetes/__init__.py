@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.config import KubernetesConfig
@@ -37,7 +38,7 @@ from gateway.services.identity.kubernetes.watch import PodWatcher
 from gateway.services.identity.tokens import MintedToken, TokenError, TokenService
 from gateway.services.policy import PolicySet
 
-__all__ = ["AccountRefused", "ExchangeRefused", "PodIdentities"]
+__all__ = ["AccountRefused", "ExchangeRefused", "Exchanged", "PodIdentities"]
 
 log = logging.getLogger("sandbox_gateway.kubernetes")
 
@@ -56,17 +57,24 @@ class ExchangeRefused(Exception):
         self.reason = reason
 
 
+@dataclass(frozen=True, slots=True)
+class Exchanged:
+    """A token exchanged for a pod's: the token, and whom it names."""
+
+    minted: MintedToken
+    sandbox: str
+    policy: str
+
+
 class PodIdentities:
     """The watched pods as identities (see the module docstring)."""
 
     def __init__(self, config: KubernetesConfig, tokens: TokenService,
-                 policies: Callable[[], PolicySet],
-                 on_change: Callable[[], None] | None = None) -> None:
+                 policies: Callable[[], PolicySet]) -> None:
         self.config = config
         self.tokens = tokens
         self.policies = policies
         self.index = PodIndex(Policies(config.policy_label, dict(config.default_policies)))
-        self._on_change = on_change
         self._api: Any = None
         self.watcher: PodWatcher | None = None
         self.verifier: TokenReviewVerifier | OidcVerifier | None = None
@@ -86,8 +94,7 @@ class PodIdentities:
         self._api = client.ApiClient(configuration)
         self.watcher = PodWatcher(
             client.CoreV1Api(self._api), self.config.namespaces, self.index,
-            selector=self.config.pod_selector, stale_after=self.config.stale_after,
-            on_change=self._on_change)
+            selector=self.config.pod_selector, stale_after=self.config.stale_after)
         exchange = self.config.exchange
         if exchange.enabled and exchange.verify == "tokenreview":
             self.verifier = TokenReviewVerifier(client.AuthenticationV1Api(self._api),
@@ -136,7 +143,7 @@ class PodIdentities:
 
     # -- the exchange ----------------------------------------------------------------------
 
-    async def exchange(self, sa_token: str, ttl: float | None = None) -> MintedToken:
+    async def exchange(self, sa_token: str, ttl: float | None = None) -> Exchanged:
         """A gateway token for the pod whose projected service-account token this is.
         Raises ExchangeRefused."""
         if self.verifier is None:
@@ -148,11 +155,12 @@ class PodIdentities:
             raise ExchangeRefused(401, "exchange_refused", str(refused)) from None
         workload, policy = self._bound_pod(claims)
         chosen = self.config.exchange.ttl if ttl is None else min(ttl, self.config.exchange.ttl)
+        sandbox = f"{claims.namespace}/{claims.pod}"
         try:
-            return self.tokens.mint(f"{claims.namespace}/{claims.pod}", policy, ttl=chosen,
-                                    workload=workload)
+            minted = self.tokens.mint(sandbox, policy, ttl=chosen, workload=workload)
         except TokenError as exc:
             raise ExchangeRefused(403, "exchange_refused", str(exc)) from None
+        return Exchanged(minted, sandbox, policy)
 
     def _bound_pod(self, claims: Claims) -> tuple[Workload, str]:
         stale = self.stale()

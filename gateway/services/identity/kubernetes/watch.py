@@ -50,26 +50,21 @@ class WatchFailed(Exception):
 
 class PodWatcher:
     """One list+watch loop per namespace feeding `index`. `core` is kubernetes_asyncio's
-    CoreV1Api; `on_change` runs after every change (the gate's sweep ends connections
-    of pods that changed)."""
+    CoreV1Api. (The gate's sweep, every half second, ends connections of pods that
+    changed: nothing here needs to tell it.)"""
 
     def __init__(self, core: Any, namespaces: tuple[str, ...], index: PodIndex, *,
                  selector: str = "", stale_after: float = 30.0,
-                 on_change: Callable[[], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.core = core
         self.namespaces = namespaces
         self.index = index
         self.selector = selector
         self.stale_after = stale_after
-        self.on_change = on_change or (lambda: None)
         self.clock = clock
         self.listed: dict[str, float] = {}  # namespace -> when it was last listed
         self.broken: dict[str, tuple[float, str]] = {}  # namespace -> since when, why
-        self.relists = 0
-        self.events = 0
         self._tasks: list[asyncio.Task[None]] = []
-        self._first = asyncio.Event()
 
     # -- what the gate and /readyz ask ---------------------------------------------------
 
@@ -122,7 +117,6 @@ class PodWatcher:
                 delay = BACKOFF[0]
                 while resume is not None:
                     resume = await self._watch(namespace, resume)
-                self.relists += 1
                 log.info("pods of %s: resourceVersion too old (410 Gone); listing again",
                          namespace)
             except asyncio.CancelledError:
@@ -148,7 +142,6 @@ class PodWatcher:
         pods = [pod_from(item) for item in body.get("items") or ()]
         self.index.replace(namespace, pods)
         self.listed[namespace] = self.clock()
-        self.on_change()
         return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
     async def _watch(self, namespace: str, version: str) -> str | None:
@@ -195,10 +188,6 @@ class PodWatcher:
                 self.index.remove(pod.namespace, pod.name)
             elif kind in ("ADDED", "MODIFIED"):
                 self.index.put(pod)
-            else:
-                continue
-            self.events += 1
-            self.on_change()
         return version
 
 
