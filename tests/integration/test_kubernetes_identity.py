@@ -435,10 +435,22 @@ def test_exchange(verify: str, kube: FakeKubeAPI, test_ca: LocalCA, upstream: Up
         for bad, word in [(kube.issue_token(NS, f"nat-{verify}", audience="other"),
                            "audience"),
                           (kube.issue_token(NS, f"nat-{verify}", expires_in=-60), "expire"),
-                          ("not-a-token", "")]:
+                          ("not-a-token", "not a JWT")]:
             status, err = _exchange(gw, bad)
             assert status == 401 and err["error"] == "exchange_refused", err
             assert word in err["reason"], err
+        # An open endpoint: what cannot be a token costs no API call, and the calls in
+        # flight at once are bounded.
+        reviews = len(kube.seen("POST"))
+        assert _exchange(gw, "x" * 100_000)[0] == 401
+        assert len(kube.seen("POST")) == reviews
+        assert gw.gateway.pods is not None
+        gw.gateway.pods._verifying = 32
+        try:
+            status, err = _exchange(gw, kube.issue_token(NS, f"nat-{verify}"))
+            assert status == 503 and err["error"] == "exchange_busy", err
+        finally:
+            gw.gateway.pods._verifying = 0
         # A pod whose service account the policy's subjects do not admit.
         kube.add_pod(NS, f"web-{verify}", "10.99.0.6", service_account="web",
                      labels={"sandbox-gateway.io/policy": "limited"})

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,8 @@ __all__ = ["AccountRefused", "ExchangeRefused", "Exchanged", "PodIdentities"]
 
 log = logging.getLogger("sandbox_gateway.kubernetes")
 
+MAX_VERIFYING = 32  # exchanges verified at once (each may be an API call), per process
+_JWT = re.compile(r"[A-Za-z0-9_-]{2,4096}\.[A-Za-z0-9_-]{2,16384}\.[A-Za-z0-9_-]{2,4096}")
 _UNKNOWN_HINT = ("; a sandbox pod must be Running in a watched namespace "
                  "(identity.kubernetes.namespaces) and name its policy "
                  "(label or namespace default)")
@@ -78,6 +81,7 @@ class PodIdentities:
         self._api: Any = None
         self.watcher: PodWatcher | None = None
         self.verifier: TokenReviewVerifier | OidcVerifier | None = None
+        self._verifying = 0  # exchanges waiting for their verification now
 
     async def start(self, *, wait: float = 10.0) -> None:
         """Connect to the API server (the kubeconfig, else the in-cluster service
@@ -149,10 +153,19 @@ class PodIdentities:
         if self.verifier is None:
             raise ExchangeRefused(404, "exchange_disabled", "token exchange is off "
                                   "(identity.kubernetes.exchange.enabled)")
+        if _JWT.fullmatch(sa_token) is None:  # (no API call for what cannot be a token)
+            raise ExchangeRefused(401, "exchange_refused", "not a JWT: send the pod's "
+                                  "projected service-account token")
+        if self._verifying >= MAX_VERIFYING:  # an open endpoint: bound the API calls
+            raise ExchangeRefused(503, "exchange_busy", f"{MAX_VERIFYING} exchanges are "
+                                  "being verified; retry in a second")
+        self._verifying += 1
         try:
             claims = await self.verifier.verify(sa_token)
         except AccountRefused as refused:
             raise ExchangeRefused(401, "exchange_refused", str(refused)) from None
+        finally:
+            self._verifying -= 1
         workload, policy = self._bound_pod(claims)
         chosen = self.config.exchange.ttl if ttl is None else min(ttl, self.config.exchange.ttl)
         sandbox = f"{claims.namespace}/{claims.pod}"
