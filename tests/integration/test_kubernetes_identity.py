@@ -513,3 +513,41 @@ def test_env_kubernetes_prints_no_token() -> None:
 async def _no_secret_in_audit(gw: GatewayThread, token: str) -> bool:
     text = json.dumps(gw.audit.records())
     return token not in text and token.split(".")[2] not in text
+
+
+def test_every_worker_process_knows_the_pods(kube: FakeKubeAPI, tmp_path: Path) -> None:
+    """`run --workers 2`: each worker watches the pods itself; a pod's connections,
+    whichever worker the kernel hands them to, are that pod."""
+    from test_worker_processes import _two_workers
+
+    pod = kube.add_pod(NS, "workers-pod", _ip(50), labels={"sandbox-gateway.io/policy": "agent"})
+    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+    (tmp_path / "gw").mkdir()
+    gw, proxy, _, _ = _two_workers(tmp_path / "gw", audit={"path": "audit.jsonl"},
+                                   identity={"kubernetes": {
+                                       "enabled": True, "namespaces": [NS],
+                                       "kubeconfig": str(kubeconfig)}})
+    try:
+        def connect(source: str) -> bytes:
+            with socket.create_connection(("127.0.0.1", proxy), timeout=5,
+                                          source_address=(source, 0)) as sock:
+                sock.sendall(b"CONNECT nothere.test:443 HTTP/1.1\r\nHost: nothere.test\r\n\r\n")
+                return sock.recv(4096)
+
+        deadline = time.monotonic() + 10  # (each worker lists the pods once it runs)
+        while b"403" not in connect(_ip(50)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        answers = [connect(_ip(50)) for _ in range(30)]
+        assert all(a.startswith(b"HTTP/1.1 403") for a in answers), answers[:3]
+        assert connect(_ip(51)).startswith(b"HTTP/1.1 407")
+        audit = tmp_path / "gw" / "audit.jsonl"
+        lines = [json.loads(x) for x in audit.read_text().splitlines() if x.strip()]
+        mine = [x for x in lines if x["sandbox"] == f"{NS}/workers-pod"]
+        assert {x["worker"] for x in mine} == {0, 1}, {x["worker"] for x in mine}
+        assert all(x["workload"]["uid"] == pod["metadata"]["uid"] for x in mine)
+    finally:
+        gw.terminate()
+        gw.wait(30)
+        if gw.stderr is not None:
+            gw.stderr.close()
+        kube.delete_pod(NS, "workers-pod")
