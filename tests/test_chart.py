@@ -1414,6 +1414,19 @@ def test_identity_config_is_rendered_as_the_gateway_reads_it(render: Render) -> 
     }
 
 
+def test_identity_config_loads_in_the_gateway(render: Render, tmp_path: Path) -> None:
+    """The rendered gateway.yaml, read by the gateway's own loader (every key known)."""
+    docs = render(DETERMINISTIC, identity(namespaces=["sandboxes", "batch"],
+                                          default_policies={"batch": "coding-agent"},
+                                          exchange={"verify": "oidc", "ttl": "30m"}))
+    f = tmp_path / "gateway.yaml"
+    f.write_text(only(docs, "ConfigMap", "-config")["data"]["gateway.yaml"])
+    k8s = load_config(f, env={}).identity.kubernetes
+    assert (k8s.enabled, k8s.namespaces, k8s.kubeconfig) == (True, ("sandboxes", "batch"), None)
+    assert dict(k8s.default_policies) == {"batch": "coding-agent"}
+    assert (k8s.exchange.verify, k8s.exchange.ttl, k8s.exchange.issuer) == ("oidc", 1800.0, None)
+
+
 def test_identity_changes_roll_the_pods(render: Render) -> None:
     before = pod_annotations(render(DETERMINISTIC))["checksum/config"]
     after = pod_annotations(render(DETERMINISTIC, identity()))["checksum/config"]

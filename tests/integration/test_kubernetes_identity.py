@@ -282,6 +282,26 @@ def test_a_deleted_pod_loses_its_tunnel_and_a_new_pod_its_address(
     kube.delete_pod(NS, f"new-{tag}")
 
 
+def test_a_pod_whose_address_changed_is_not_its_old_address(
+        lab: tuple[GatewayThread, Pods], kube: FakeKubeAPI) -> None:
+    gw, pods = lab
+    tag = gw.config.network.intercept
+    pod = kube.add_pod(NS, f"moved-{tag}", _ip(22),
+                       labels={"sandbox-gateway.io/policy": "agent"})
+    assert _identified(gw, _ip(22), pod["metadata"]["uid"])
+    sock = pods.tunnel(_ip(22), "allowed.test")
+    kube.update_pod(NS, f"moved-{tag}", ip=_ip(23))
+    sock.settimeout(3)
+    assert sock.recv(1) == b""  # the old address is nobody now: its tunnel ends
+    sock.close()
+    assert _identified(gw, _ip(23), pod["metadata"]["uid"])
+    assert pods.get(_ip(22), "allowed.test", "/")[0] == 407
+    assert "no pod in the watched namespaces has address 127.0.0.22" in \
+        _last(gw, _ip(22))["reason"]
+    assert pods.get(_ip(23), "allowed.test", "/status/200")[0] == 200
+    kube.delete_pod(NS, f"moved-{tag}")
+
+
 def test_subjects_keep_a_mislabelled_pod_out(lab: tuple[GatewayThread, Pods],
                                              kube: FakeKubeAPI) -> None:
     gw, pods = lab

@@ -1,13 +1,18 @@
-"""Kubernetes pod identity with a real pod network namespace and the real curl: the pod's
-address is its own (a veth into this host's namespace, 10.244.<n>.10), the gateway runs
-here on the veth's host side, the fake API server lists the pod with that address.
-Nothing leaves the machine: the namespace is linked only to this host."""
+"""Kubernetes pod identity in namespaces of this machine's kernel: the real curl from a
+pod network namespace (a veth into this host's namespace, 10.244.<n>.10) through the
+explicit proxy; transparent mode with a pod and no registration (the fake API server
+bound inside the lab's gateway namespace); the in-cluster configuration (the service
+account's files under /run, in a private mount namespace). Nothing leaves the machine:
+every namespace is linked only to this host."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -16,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from fakes.kube_api import FakeKubeAPI
 from helpers.netns import SANDBOX_IP, UPSTREAM_IP, transparent_lab, unavailable
 from helpers.parity_cases import KEY
 from helpers.tls import LocalCA
 from helpers.upstream import Upstream
-from test_kubernetes_identity import NS, _gateway, _until
+from test_kubernetes_identity import NS, ROOT, _gateway, _until
 
 pytestmark = pytest.mark.netns
 
@@ -172,3 +178,62 @@ def test_transparent_mode_knows_a_pod_by_its_address(tmp_path: Path) -> None:
             assert lab.canary_hits() == 0
     finally:
         kube.stop()
+
+
+def test_in_cluster_config(tmp_path: Path) -> None:
+    """No kubeconfig: the gateway uses its pod's service account as a cluster gives it
+    (KUBERNETES_SERVICE_HOST/PORT, the token and CA under
+    /var/run/secrets/kubernetes.io/serviceaccount), here in a private mount namespace
+    whose /run is a fresh tmpfs. The API server sees the service account's requests."""
+    if shutil.which("unshare") is None:
+        pytest.fail("unshare (util-linux) is missing")
+    with FakeKubeAPI(tmp_path / "kube") as kube:
+        kube.add_service_account("sandbox-gateway-system", "sandbox-gateway")
+        sa_token = kube.request_token("sandbox-gateway-system", "sandbox-gateway", {})["token"]
+        kube.add_pod(NS, "in-cluster-pod", "127.0.0.60",
+                     labels={"sandbox-gateway.io/policy": "agent"})
+        (tmp_path / "sa").mkdir()
+        (tmp_path / "sa" / "token").write_text(sa_token)
+        (tmp_path / "sa" / "ca.crt").write_text(kube.ca_path.read_text())
+        (tmp_path / "policies").mkdir()
+        (tmp_path / "policies" / "agent.yaml").write_text(POLICY)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            proxy = s.getsockname()[1]
+        (tmp_path / "gateway.yaml").write_text(yaml.safe_dump({
+            "listen": {"proxy": f"127.0.0.1:{proxy}", "admin": "127.0.0.1:0"},
+            "policies": "policies", "certs": "certs", "workers": 1,
+            "secrets": {"store": "env"}, "audit": {"path": "audit.jsonl"},
+            "refusals": {"inside_tls": False},
+            "identity": {"kubernetes": {"enabled": True, "namespaces": [NS]}}}))
+        sa_dir = "/run/secrets/kubernetes.io/serviceaccount"
+        script = (f"mount -t tmpfs tmpfs /run && mkdir -p {sa_dir} && "
+                  f"cp {tmp_path}/sa/token {tmp_path}/sa/ca.crt {sa_dir}/ && "
+                  f"exec {sys.executable} -m gateway run --config {tmp_path}/gateway.yaml")
+        env = {**os.environ, "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+               "KUBERNETES_SERVICE_PORT": str(kube.port)}
+        gw = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                               script], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            answer = b""
+            while time.monotonic() < deadline and not answer.startswith(b"HTTP/1.1 403"):
+                assert gw.poll() is None, gw.stderr.read() if gw.stderr else ""
+                try:
+                    with socket.create_connection(("127.0.0.1", proxy), timeout=5,
+                                                  source_address=("127.0.0.60", 0)) as sock:
+                        sock.sendall(b"CONNECT nothere.test:443 HTTP/1.1\r\n\r\n")
+                        answer = sock.recv(4096)
+                except OSError:
+                    time.sleep(0.2)
+            assert answer.startswith(b"HTTP/1.1 403"), answer  # identified, then refused
+            line = json.loads((tmp_path / "audit.jsonl").read_text().splitlines()[-1])
+            assert line["sandbox"] == f"{NS}/in-cluster-pod", line
+            users = {r.user for r in kube.seen("GET", f"/api/v1/namespaces/{NS}/pods")}
+            assert users == {"system:serviceaccount:sandbox-gateway-system:sandbox-gateway"}
+        finally:
+            gw.terminate()
+            gw.wait(30)
+            if gw.stderr is not None:
+                gw.stderr.close()
