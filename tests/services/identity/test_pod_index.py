@@ -47,6 +47,11 @@ CASES = [
      "batch/a"),
     ("dual stack: the second address", [_obj("a", ips=["10.0.0.5", "fd00::5"])], "fd00::5",
      "sb/a"),
+    ("another spelling of the IPv6 address", [_obj("a", ips=["FD00:0::5"])], "fd00::0:5",
+     "sb/a"),
+    ("an IPv4-mapped peer (a dual-stack listener)", [_obj("a")], "::ffff:a00:5", "sb/a"),
+    ("an IPv4-mapped peer, dotted", [_obj("a")], "::ffff:10.0.0.5", "sb/a"),
+    ("a zone", [_obj("a", ips=["fe80::5"])], "fe80::5%eth0", "sb/a"),
 ]
 
 

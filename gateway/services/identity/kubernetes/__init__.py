@@ -133,7 +133,7 @@ class PodIdentities:
         if stale is not None:
             raise Refusal("identity_unavailable", f"{stale}; pods are not identified by "
                           "address until the watch is current again", retry_after=5)
-        found = self.index.at(_bare(ip))
+        found = self.index.at(ip)
         if isinstance(found, str):
             raise Refusal("identity_unknown", found + _UNKNOWN_HINT)
         return found
@@ -202,8 +202,3 @@ class PodIdentities:
             raise ExchangeRefused(403, refusal.code, refusal.reason)
         return workload, policy
 
-
-def _bare(ip: str) -> str:
-    """An address as the pod lists it: no zone, no IPv4-mapped IPv6 form."""
-    ip = ip.split("%", 1)[0]
-    return ip[7:] if ip.startswith("::ffff:") and "." in ip else ip

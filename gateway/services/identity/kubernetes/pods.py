@@ -15,6 +15,7 @@ it: the race the refusal protects against).
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from typing import Any
 
 from gateway.core.identity import Identity, Workload
 
-__all__ = ["DEFAULT_POLICY_LABEL", "Pod", "PodIndex", "Policies", "pod_from"]
+__all__ = ["DEFAULT_POLICY_LABEL", "Pod", "PodIndex", "Policies", "address", "pod_from"]
 
 DEFAULT_POLICY_LABEL = "sandbox-gateway.io/policy"
 _FINISHED = ("Succeeded", "Failed")
@@ -65,6 +66,19 @@ class Pod:
         return not self.host_network and self.phase not in _FINISHED
 
 
+def address(ip: str) -> str:
+    """One spelling of an address, for pods' and connections' alike: compressed IPv6,
+    an IPv4-mapped IPv6 address (a dual-stack listener's peer) as its IPv4 address, no
+    zone. Text that is no address is kept as it is (it matches nothing)."""
+    try:
+        parsed = ipaddress.ip_address(ip.split("%", 1)[0])
+    except ValueError:
+        return ip
+    if isinstance(parsed, ipaddress.IPv6Address) and parsed.ipv4_mapped is not None:
+        return str(parsed.ipv4_mapped)
+    return str(parsed)
+
+
 def pod_from(obj: Mapping[str, Any]) -> Pod:
     """A pod from its API object (JSON, as listed or watched). ValueError if it has no
     namespace, name or uid."""
@@ -80,7 +94,7 @@ def pod_from(obj: Mapping[str, Any]) -> Pod:
     labels = meta.get("labels") or {}
     return Pod(
         namespace=namespace, name=name, uid=uid,
-        ips=tuple(ip for ip in ips if isinstance(ip, str) and ip),
+        ips=tuple(address(ip) for ip in ips if isinstance(ip, str) and ip),
         phase=str(status.get("phase") or "Pending"),
         deleting=meta.get("deletionTimestamp") is not None,
         service_account=str(spec.get("serviceAccountName") or "default"),
@@ -137,6 +151,7 @@ class PodIndex:
 
     def at(self, ip: str) -> Identity | str:
         """The identity of the pod that holds `ip`, or why there is none."""
+        ip = address(ip)
         keys = self._by_ip.get(ip)
         pods = [self._pods[k] for k in sorted(keys or ())]
         holders = [p for p in pods if p.holds_address]
