@@ -19,7 +19,7 @@ MAX_PATH = 512
 FIELDS = ("sandbox", "policy", "jti", "client", "listener", "method", "scheme", "host",
           "port", "path", "decision", "reason", "rule", "status", "error", "bytes_in",
           "bytes_out", "duration_ms", "path_taken", "engine", "credential", "policy_rev",
-          "usage", "workload")
+          "usage", "workload", "mcp")
 
 
 def _path_only(path: str | None) -> str | None:
@@ -32,7 +32,8 @@ def record(*, identity: Identity | None, client: tuple[str, int] | None, listene
            status: int | None, error: str | None, bytes_in: int | None,
            bytes_out: int | None, started: float, path_taken: str | None, engine: str,
            credential: str | None = None, policy_rev: str | None = None,
-           usage: dict[str, Any] | None = None, now: float | None = None) -> dict[str, Any]:
+           usage: dict[str, Any] | None = None, now: float | None = None,
+           mcp: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """One audit line (a dict with exactly FIELDS, in that order)."""
     end = time.time() if now is None else now
     return {
@@ -60,4 +61,5 @@ def record(*, identity: Identity | None, client: tuple[str, int] | None, listene
         "policy_rev": policy_rev,
         "usage": usage,
         "workload": identity.workload.fields() if identity and identity.workload else None,
+        "mcp": mcp,
     }

@@ -46,6 +46,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from gateway.core import mcp
 from gateway.core.addresses import Pinned
 from gateway.core.client import Client
 from gateway.core.encodings import Decoder, EncodingError, decoder_for, encode
@@ -69,6 +70,7 @@ from gateway.services.metering import (
 from gateway.services.metering import Exchange as MeteredExchange
 from gateway.services.metering import Refusal as MeteringStep
 from gateway.services.policy import Decision, Policy
+from gateway.services.policy.mcp_rule import McpRule
 
 log = logging.getLogger("sandbox_gateway")
 
@@ -133,6 +135,9 @@ class Exchange:
         self.head_changed = False  # request_whole changed the head (signed over the body)
         self._response_held: list[bytes] | None = None  # an answer read before relaying
         self._unsent = False  # the request never reached the upstream (connect failed)
+        self._mcp: McpRule | None = None  # the rule's mcp: (its POST bodies are JSON-RPC)
+        self._mcp_report = False  # its policy's mode is report: refusals only recorded
+        self.mcp_calls: list[dict[str, Any]] | None = None  # the audit line's `mcp`
 
     # -- metering (model allowlists, budgets, usage) --------------------------------------
 
@@ -145,7 +150,7 @@ class Exchange:
         """How much of the request body every engine holds before forwarding (see the
         module docstring): BODY_HOLD_LIMIT for a metered inference call, a model
         allowlist reading the body, or a signature over it; else HOLD_LIMIT."""
-        if self._signer is not None:
+        if self._signer is not None or self._reads_mcp:
             return BODY_HOLD_LIMIT
         rule = self.decision.rule
         if self._metering is not None and rule is not None:
@@ -182,6 +187,48 @@ class Exchange:
             self._response_held = []
         return step.body
 
+    # -- MCP calls (a rule with mcp:) -----------------------------------------------------
+
+    def mcp(self, rule: McpRule, *, report: bool) -> None:
+        """Decide this exchange's JSON-RPC calls by `rule` (set up by the gate)."""
+        self._mcp, self._mcp_report = rule, report
+
+    @property
+    def _reads_mcp(self) -> bool:
+        """A body of JSON-RPC calls to decide (what an MCP client POSTs)."""
+        return self._mcp is not None and self.head.method == "POST"
+
+    def _check_mcp(self, body: bytes | None) -> None:
+        """Every call in the body allowed by the rule's `mcp:`, or the body refused whole
+        (raises Refusal, answered as JSON-RPC errors)."""
+        assert self._mcp is not None
+        rule = self.decision.rule.source if self.decision.rule is not None else None
+        if body is None:
+            raise Refusal("mcp_denied", "the MCP request body decodes to more than the "
+                          f"{BODY_HOLD_LIMIT} bytes the gateway reads", rule, rpc=([], False))
+        try:
+            found, batch = mcp.calls(self._mcp, body)
+        except mcp.Unreadable as exc:
+            refusal = Refusal("mcp_denied", f"not MCP JSON-RPC: {exc}; on a rule with mcp: "
+                              "every POST is a JSON-RPC message or batch", rule,
+                              rpc=([], False))
+            self.trail.telemetry.count("mcp_calls", self.identity.policy, "deny")
+            self.mcp_calls = [{"method": None, "name": None, "decision": "deny"}]
+            raise refusal from None
+        self.mcp_calls = [c.record() for c in found if c.method is not None][:mcp.MAX_AUDITED]
+        reason = mcp.refusal_reason(found)
+        for call in found:
+            if call.method is not None:
+                self.trail.telemetry.count("mcp_calls", self.identity.policy,
+                                           "deny" if call.refused else "allow")
+        if reason is None:
+            return
+        if self._mcp_report:
+            self._report = f"would refuse: {reason}"
+            return
+        raise Refusal("mcp_denied", reason, rule,
+                      rpc=([c.id for c in found if c.is_request], batch))
+
     # -- set up by the gate ----------------------------------------------------------------
 
     def injected(self, credential: str, secret: str, value: SecretValue) -> None:
@@ -211,6 +258,10 @@ class Exchange:
         checked; a model expected in the body cannot be). Refused, too, if the request
         must be signed over its whole body (raises Refusal)."""
         self._admit(None)
+        if self._reads_mcp:
+            raise Refusal("mcp_denied", "an MCP request on a rule with mcp: is decided on "
+                          f"its whole body: send it with a Content-Length of at most "
+                          f"{BODY_HOLD_LIMIT} bytes", _source(self.decision), rpc=([], False))
         if self._signer is not None:
             raise Refusal("unsupported", f"credential {self.credential!r} signs requests "
                           "(AWS SigV4) over their whole body, and this body is over "
@@ -330,6 +381,8 @@ class Exchange:
             found = self.scan.head("", "", trailers)
             if found is not None:
                 raise self.leak(found)
+        if self._reads_mcp:
+            self._check_mcp(plain)
         whole = body
         replaced = self._admit(plain)
         if replaced is not None:  # in the coding the head names (it may be on its way)
@@ -518,7 +571,8 @@ class Exchange:
             self.trail.refuse(self.client, refusal, method=self.head.method,
                               scheme=self.target.scheme, host=self.target.host,
                               port=self.target.port, path=self.target.path,
-                              started=self.started, usage=self._complete())
+                              started=self.started, usage=self._complete(),
+                              mcp=self.mcp_calls)
         return self.trail.render(refusal, self.target.host)
 
     def finish(self, status: int | None, error: str | None = None,
@@ -538,7 +592,8 @@ class Exchange:
             method=self.head.method, scheme=self.target.scheme, host=self.target.host,
             port=self.target.port, path=self.target.path, status=status, error=error,
             bytes_in=self.bytes_in, bytes_out=self.bytes_out, started=self.started,
-            path_taken="intercept", credential=self.credential, usage=usage)
+            path_taken="intercept", credential=self.credential, usage=usage,
+            mcp=self.mcp_calls)
 
     def _complete(self) -> dict[str, Any] | None:
         """The metering step at the end (`finish` or `abort`, whichever comes first and
@@ -554,6 +609,10 @@ class Exchange:
     @property
     def elapsed(self) -> float:
         return self.trail.clock() - self.started
+
+
+def _source(decision: Decision) -> str | None:
+    return decision.rule.source if decision.rule is not None else None
 
 
 def _refusal(step: MeteringStep | MeteringRefusal) -> Refusal:

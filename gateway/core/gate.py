@@ -464,6 +464,8 @@ class Gate:
                                           self.tokens.verify, _rule(decision), minted)
             if self.metering is not None:
                 ex.meter(self.metering, self.policy(ex.identity), credential.preset)
+        if decision.rule is not None and decision.rule.mcp is not None:
+            ex.mcp(decision.rule.mcp, report=self.policy(ex.identity).mode == "report")
         ex.scan = self.markers.scan_for(tgt.host, ex.client.token)
         found = ex.scan.head(head.method, path, head.headers.fields)
         if found is not None:

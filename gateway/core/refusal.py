@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from gateway.core import mcp
 from gateway.core.messages import Headers
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ _CODES: dict[str, tuple[int, str]] = {
     "credential_requires_tls": (403, "http_request_denied"),
     "exfiltration_blocked": (403, "http_request_denied"),
     "model_not_allowed": (403, "http_request_denied"),
+    "mcp_denied": (403, "http_request_denied"),
     "metering_unavailable": (403, "http_request_denied"),
     "minted_secret_refused": (403, "http_request_denied"),
     "budget_exceeded": (429, "http_request_denied"),
@@ -119,7 +121,8 @@ class Refusal(Exception):
 
     def __init__(self, code: str, reason: str, rule: str | None = None,
                  retry_after: int | None = None, credential: str | None = None,
-                 identity: Identity | None = None) -> None:
+                 identity: Identity | None = None,
+                 rpc: tuple[list[Any], bool] | None = None) -> None:
         super().__init__(code, reason)
         self.code = code
         self.reason = reason
@@ -127,12 +130,18 @@ class Refusal(Exception):
         self.retry_after = retry_after
         self.credential = credential  # the credential that could not be supplied, if any
         self.identity = identity
+        self.rpc = rpc  # MCP: (the refused requests' JSON-RPC ids, a batch?): a JSON-RPC answer
 
     def __str__(self) -> str:
         return f"{self.code}: {self.reason}"
 
     @property
     def status(self) -> int:
+        """The HTTP status of the answer: the code's, except for refused MCP requests,
+        which are answered as JSON-RPC errors in a 200 (Streamable HTTP's answer to a
+        request; MCP clients show the error, where a 4xx is a transport failure)."""
+        if self.rpc is not None and self.rpc[0]:
+            return 200
         return status_of(self.code)
 
 
@@ -186,6 +195,10 @@ def _sf_string(text: str) -> str:
 
 def _body(refusal: Refusal, status: int, shape: str | None) -> bytes:
     message = f"{refusal.code}: {refusal.reason} ({AGENT_HINT})"
+    if refusal.rpc is not None:  # an MCP call: answered as JSON-RPC, which its client shows
+        ids, batch = refusal.rpc
+        return mcp.error_body(message, {"code": refusal.code, "rule": refusal.rule},
+                              ids, batch) + b"\n"
     if shape == TEXT:  # (git prints a text/plain body as "remote: ..." lines)
         rule = f"\nrule: {refusal.rule}" if refusal.rule else ""
         return f"sandbox-gateway refused this request: {message}{rule}\n".encode()

@@ -195,6 +195,12 @@ BUDGET_REFUSALS = Counter(
     ["policy", "budget"],
     registry=REGISTRY,
 )
+MCP_CALLS = Counter(
+    "sandbox_gateway_mcp_calls_total",
+    "MCP JSON-RPC calls on rules with mcp:, by policy and decision (allow, deny).",
+    ["policy", "decision"],
+    registry=REGISTRY,
+)
 MODEL_REFUSALS = Counter(
     "sandbox_gateway_model_refusals_total",
     "Requests refused by a rule's model allowlist, by policy and credential.",
@@ -264,7 +270,7 @@ class Prometheus:
         "exfiltration_blocked": EXFILTRATION_BLOCKED, "model_refusals": MODEL_REFUSALS,
         "budget_refusals": BUDGET_REFUSALS, "metering_refusals": METERING_REFUSALS,
         "reservations_charged": RESERVATIONS_CHARGED, "inference_tokens": INFERENCE_TOKENS,
-        "inference_requests": INFERENCE_REQUESTS,
+        "inference_requests": INFERENCE_REQUESTS, "mcp_calls": MCP_CALLS,
     }
     GAUGES: Mapping[str, Gauge] = {"open_connections": OPEN_CONNECTIONS}
     HISTOGRAMS: Mapping[str, Histogram] = {"decision_seconds": DECISION_SECONDS}

@@ -415,6 +415,8 @@ ELSEWHERE = {
     "minted_secret_refused": "tests/services/metering/test_metering_service.py",
     "credential_required": "tests/core/test_core_minted.py (a credential that challenges)",
     "shutting_down": "tests/integration/test_shutdown.py (the doors end connections)",
+    "mcp_denied": "tests/core/test_core_mcp.py (the calls) and the parity rows MCP: ... "
+                  "(the table's unbound.test, which this fake guard breaks on purpose)",
 }
 
 

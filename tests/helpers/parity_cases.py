@@ -37,6 +37,10 @@ egress:
     methods: [GET, POST, HEAD]
     paths: ["/ok/**", "/api/**", "/"]
   - host: unbound.test
+    paths: ["/mcp"]
+    mcp:
+      tools: {{allow: ["search_*"], deny: ["delete_*"]}}
+  - host: unbound.test
     inspect: true
   - host: api.openai.com
     credential: openai
@@ -359,6 +363,36 @@ CASES = [
          ("response", 403, "credential_requires_tls"),
          {**DENY, "error": "credential_requires_tls", "scheme": "http"},
          engines=("h1", "mitmproxy"), check=_no_upstream),
+    Case("MCP: a tool the rule allows",
+         {"host": "unbound.test", "method": "POST", "target": "/mcp",
+          "headers": [["Content-Type", "application/json"]],
+          "body": "{B64:{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": \"tools/call\", "
+                  "\"params\": {\"name\": \"search_issues\", \"arguments\": {}}}}"},
+         ("response", 200, None), {"decision": "allow", "error": None}),
+    Case("MCP: a tool the rule denies",
+         {"host": "unbound.test", "method": "POST", "target": "/mcp",
+          "headers": [["Content-Type", "application/json"]],
+          "body": "{B64:{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": \"tools/call\", "
+                  "\"params\": {\"name\": \"delete_repo\", \"arguments\": {}}}}"},
+         ("response", 200, "mcp_denied"), {**DENY, "error": "mcp_denied", "status": 200},
+         check=_no_upstream),
+    Case("MCP: not JSON-RPC on an mcp rule",
+         {"host": "unbound.test", "method": "POST", "target": "/mcp",
+          "headers": [["Content-Type", "application/json"]], "body": "{B64:[1, 2]}"},
+         ("response", 403, "mcp_denied"), {**DENY, "error": "mcp_denied"}, check=_no_upstream),
+    # A chunked body: the HTTP/1 engine holds it (within the hold limit) and decides it
+    # whole; mitmproxy cannot hold a body of unknown size, so it is refused, never passed.
+    Case("MCP: a chunked call is decided whole",
+         {"host": "unbound.test", "method": "POST", "target": "/mcp", "chunked": True,
+          "headers": [["Content-Type", "application/json"]],
+          "body": "{B64:{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": \"ping\"}}"},
+         ("response", 200, None), {"decision": "allow", "error": None}, engines=("h1",)),
+    Case("MCP: a chunked call mitmproxy cannot hold is refused",
+         {"host": "unbound.test", "method": "POST", "target": "/mcp", "chunked": True,
+          "headers": [["Content-Type", "application/json"]],
+          "body": "{B64:{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": \"ping\"}}"},
+         ("response", 403, "mcp_denied"), {**DENY, "error": "mcp_denied"},
+         engines=("mitmproxy", "h2"), check=_no_upstream),
     Case("model outside the allowlist (body)",
          {"host": "api.openai.com", "method": "POST", "target": "/v1/chat/completions",
           "headers": [["Authorization", "Bearer {TOKEN}"], ["Content-Type", "application/json"]],

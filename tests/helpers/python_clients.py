@@ -1,7 +1,8 @@
-"""Python agent CLIs from PyPI, pinned (the versions whose traffic the shipped presets were
-written from), each in its own virtualenv cached outside the repo like the Node clients:
-installed once per machine (setup, not test traffic). Without PyPI the tests that need
-them FAIL: CI must run them."""
+"""Python programs from PyPI, pinned, each in its own virtualenv cached outside the repo like
+the Node clients: installed once per machine (setup, not test traffic). Without PyPI the
+tests that need them FAIL: CI must run them. Aider (the version whose traffic the shipped
+preset was written from) and the official MCP SDK (both sides of the `mcp:` rule tests:
+the gateway's own dependencies stay out of its resolution)."""
 
 from __future__ import annotations
 
@@ -13,21 +14,37 @@ from pathlib import Path
 from helpers.node_clients import cache_root
 
 AIDER = "aider-chat==0.86.2"
+MCP = "mcp==1.30.0"
 
 
-def aider_cli() -> Path:
-    """The `aider` executable of AIDER."""
-    root = cache_root() / f"aider-{AIDER.split('==')[1]}"
-    aider = root / "bin" / "aider"
+def pypi_venv(spec: str) -> Path:
+    """The root of a virtualenv with `spec` (`name==version`) installed, made once."""
+    name, version = spec.split("==")
+    root = cache_root() / f"{name}-{version}"
     if not (root / ".installed").is_file():
         shutil.rmtree(root, ignore_errors=True)  # a half-made one from an interrupted run
         subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300)
         proc = subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "-q",
-                               "--disable-pip-version-check", AIDER],
+                               "--disable-pip-version-check", spec],
                               capture_output=True, text=True, timeout=900, check=False)
-        assert proc.returncode == 0, f"pip install {AIDER} failed:\n{proc.stderr[-3000:]}"
+        assert proc.returncode == 0, f"pip install {spec} failed:\n{proc.stderr[-3000:]}"
         (root / ".installed").touch()
+    return root
+
+
+def aider_cli() -> Path:
+    """The `aider` executable of AIDER."""
+    aider = pypi_venv(AIDER) / "bin" / "aider"
     version = subprocess.run([str(aider), "--version"], capture_output=True, text=True,
                              timeout=120, check=False)
     assert version.stdout.strip() == f"aider {AIDER.split('==')[1]}", version
     return aider
+
+
+def mcp_python() -> Path:
+    """A Python with the MCP SDK (MCP) importable."""
+    python = pypi_venv(MCP) / "bin" / "python"
+    check = subprocess.run([str(python), "-c", "import mcp.client.streamable_http"],
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert check.returncode == 0, check.stderr
+    return python

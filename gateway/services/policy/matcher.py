@@ -93,7 +93,7 @@ class _Entry:
         self.credential = rule.credential
         self.binds = binds
         self.passthrough = self.tcp or rule.host_only
-        self.forces_inspect = rule.credential is not None or rule.inspect
+        self.forces_inspect = rule.credential is not None or rule.inspect or rule.mcp is not None
         self.deny = rule.denies
         self.host_level = rule.methods is None and rule.paths is None
         self._allow: Decision | None = None

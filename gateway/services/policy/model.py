@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Literal
 
 from gateway.services.policy.hosts import HostPattern, compile_host_pattern
 from gateway.services.policy.injection import Injection
+from gateway.services.policy.mcp_rule import McpRule
 from gateway.services.policy.paths import PathSet, compile_paths
 
 if TYPE_CHECKING:
@@ -112,7 +113,8 @@ class Rule:
     ``allow_minted_secrets``: a provider may mint secrets for the sandbox on this rule
     (OpenAI Realtime client secrets...), which are then bound like the key.
     ``action: deny`` refuses what the rule matches (``reason`` says why and what to
-    change); a deny rule has no credential and allows nothing.
+    change); a deny rule has no credential and allows nothing. ``mcp``: the rule's
+    requests are MCP JSON-RPC, allowed call by call (tools, resources, prompts).
     """
 
     host: str
@@ -129,6 +131,7 @@ class Rule:
     allow_minted_secrets: bool = False
     action: Action = "allow"
     reason: str | None = None
+    mcp: McpRule | None = None
     host_pattern: HostPattern = field(init=False, compare=False, repr=False)
     path_set: PathSet | None = field(init=False, compare=False, repr=False)
 
@@ -145,7 +148,8 @@ class Rule:
     @property
     def needs_inspection(self) -> bool:
         """True if the rule can only be enforced on decrypted requests."""
-        return bool(self.methods or self.paths or self.credential or self.inspect)
+        return bool(self.methods or self.paths or self.credential or self.inspect
+                    or self.mcp)
 
     @property
     def host_only(self) -> bool:
@@ -180,6 +184,8 @@ class Rule:
             parts.append(f"protocol: {self.protocol}")
         if self.inspect:
             parts.append("inspect: true")
+        if self.mcp is not None:
+            parts.append(self.mcp.describe())
         if self.denies:
             parts.append("action: deny")
         return "; ".join(parts)

@@ -18,16 +18,17 @@ from gateway.services.policy.model import (
     MeteringRule,
     Protocol,
 )
-from gateway.services.policy.nodes import NAME, NodeReader, RawBudget, RawPolicy, RawRule
+from gateway.services.policy.nodes import NAME, RawBudget, RawPolicy, RawRule
 from gateway.services.policy.paths import PathPatternError, validate_path_pattern
 from gateway.services.policy.problems import clipped, quoted, shown
+from gateway.services.policy.read_mcp import McpReader
 
 _RULE_KEYS = ("host", "ports", "methods", "paths", "credential", "inspect", "protocol", "models",
-              "metering", "allow_minted_secrets", "action", "reason")
+              "metering", "allow_minted_secrets", "action", "reason", "mcp")
 # A shipped agent preset's rules may also be marked `telemetry: true` (on or off by the
 # switch of whoever extends the preset: see policy/agents.py).
 _PRESET_RULE_KEYS = (*_RULE_KEYS, "telemetry")
-ALLOW_ONLY = ("credential", "inspect", "models", "metering", "allow_minted_secrets")
+ALLOW_ONLY = ("credential", "inspect", "models", "metering", "allow_minted_secrets", "mcp")
 _MAX_REASON = 300
 
 
@@ -44,7 +45,7 @@ _MIN_WINDOW = 60
 _MODEL_GLOB = re.compile(r"[!-~]{1,200}")  # printable ASCII, no spaces
 
 
-class RuleReader(NodeReader):
+class RuleReader(McpReader):
     """The rules and budgets of a policy document."""
 
     def parse_rule(self, file: str, node: Node) -> RawRule | None:
@@ -132,9 +133,13 @@ class RuleReader(NodeReader):
                          "applies to inference calls the gateway injects a key into); add "
                          f"credential: or remove {key}")
                 ok = False
+        if "mcp" in keys:
+            mcp = self.parse_mcp(file, keys["mcp"][1])
+            ok = ok and mcp is not None
+            fields["mcp"] = mcp
         if protocol == "tcp":
-            clashing: list[str] = [k for k in ("methods", "paths", "credential", "models")
-                                   if k in keys]
+            clashing: list[str] = [k for k in ("methods", "paths", "credential", "models",
+                                               "mcp") if k in keys]
             if fields.get("inspect"):
                 clashing.append("inspect")
             if clashing:

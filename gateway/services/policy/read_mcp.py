@@ -1,0 +1,88 @@
+"""`mcp:` on an egress rule as a policy file writes it (see `mcp_rule.py`)."""
+
+from __future__ import annotations
+
+from yaml.nodes import MappingNode, Node, ScalarNode
+
+from gateway.services.policy.mcp_rule import McpRule, Names
+from gateway.services.policy.nodes import NodeReader
+
+__all__ = ["McpReader"]
+
+_MCP_KEYS = ("tools", "resources", "prompts", "arguments", "pin_descriptions")
+_KINDS = ("tools", "resources", "prompts")
+
+
+class McpReader(NodeReader):
+    """Reads `mcp:` (errors collected with file and line, as for every key)."""
+
+    def parse_mcp(self, file: str, node: Node) -> McpRule | None:
+        keys = self.mapping(file, node, _MCP_KEYS, "mcp")
+        if keys is None:
+            return None
+        ok = True
+        kinds: dict[str, Names] = {}
+        for kind in _KINDS:
+            if kind in keys:
+                names = self._names(file, keys[kind][1], f"mcp.{kind}")
+                ok = ok and names is not None
+                kinds[kind] = names or Names()
+        arguments: dict[str, dict[str, str]] = {}
+        if "arguments" in keys:
+            parsed = self._arguments(file, keys["arguments"][1])
+            ok = ok and parsed is not None
+            arguments = parsed or {}
+        pin = False
+        if "pin_descriptions" in keys:
+            value = self.boolean(file, keys["pin_descriptions"][1], "mcp.pin_descriptions")
+            ok = ok and value is not None
+            pin = bool(value)
+        if not ok:
+            return None
+        return McpRule(tools=kinds.get("tools", Names()),
+                       resources=kinds.get("resources", Names()),
+                       prompts=kinds.get("prompts", Names()), arguments=arguments,
+                       pin_descriptions=pin)
+
+    def _names(self, file: str, node: Node, what: str) -> Names | None:
+        keys = self.mapping(file, node, ("allow", "deny"), what)
+        if keys is None:
+            return None
+        lists: dict[str, tuple[str, ...]] = {}
+        for key in ("allow", "deny"):
+            if key not in keys:
+                continue
+            items = self.string_list(file, keys[key][1], f"{what}.{key}")
+            if items is None:
+                return None
+            lists[key] = tuple(dict.fromkeys(value for value, _ in items))
+        return Names(allow=lists.get("allow", ()), deny=lists.get("deny", ()))
+
+    def _arguments(self, file: str, node: Node) -> dict[str, dict[str, str]] | None:
+        """`{tool: {argument: glob}}`."""
+        if not isinstance(node, MappingNode):
+            self.err(file, node, "mcp.arguments must map tool names to {argument: glob}, "
+                     'e.g. {get_issue: {repo: "org/*"}}')
+            return None
+        out: dict[str, dict[str, str]] = {}
+        ok = True
+        for tool_node, spec in node.value:
+            tool = self.scalar(tool_node) if isinstance(tool_node, ScalarNode) else None
+            if not isinstance(tool, str) or not tool:
+                self.err(file, tool_node, "mcp.arguments keys must be tool names")
+                ok = False
+                continue
+            if not isinstance(spec, MappingNode):
+                self.err(file, spec, f"mcp.arguments.{tool} must map argument names to globs")
+                ok = False
+                continue
+            globs: dict[str, str] = {}
+            for arg_node, glob_node in spec.value:
+                arg = self.scalar(arg_node) if isinstance(arg_node, ScalarNode) else None
+                glob = self.string(file, glob_node, f"mcp.arguments.{tool}.{arg}")
+                if not isinstance(arg, str) or glob is None:
+                    ok = False
+                    continue
+                globs[arg] = glob
+            out[tool] = globs
+        return out if ok else None

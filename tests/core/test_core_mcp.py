@@ -1,0 +1,122 @@
+"""MCP calls on a rule with mcp: (gateway/core/mcp.py), table-driven: what each body's calls
+are, which are refused and why, and the JSON-RPC answer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gateway.core import mcp
+from gateway.core.refusal import Refusal, answer
+from gateway.services.policy.mcp_rule import McpRule, Names
+
+RULE = McpRule(tools=Names(allow=("search_*", "get_issue"), deny=("search_secrets",)),
+               resources=Names(allow=("repo://org/*",)), prompts=Names(allow=("review",)),
+               arguments={"get_issue": {"repo": "org/*"}})
+
+
+def _msg(method: str | None, params: dict[str, Any] | None = None, ident: Any = 1
+         ) -> dict[str, Any]:
+    doc: dict[str, Any] = {"jsonrpc": "2.0"}
+    if ident is not None:
+        doc["id"] = ident
+    if method is not None:
+        doc["method"] = method
+    if params is not None:
+        doc["params"] = params
+    return doc
+
+
+# (case, message, None if allowed else a phrase of the refusal)
+CALLS: list[tuple[str, dict[str, Any], str | None]] = [
+    ("initialize", _msg("initialize", {"protocolVersion": "2025-06-18"}), None),
+    ("ping", _msg("ping"), None),
+    ("a notification", _msg("notifications/initialized", ident=None), None),
+    ("tools/list", _msg("tools/list"), None),
+    ("resources/templates/list", _msg("resources/templates/list"), None),
+    ("an allowed tool", _msg("tools/call", {"name": "search_code"}), None),
+    ("deny wins over allow", _msg("tools/call", {"name": "search_secrets"}), "denied by"),
+    ("a tool not listed", _msg("tools/call", {"name": "rm"}), "not in the rule's"),
+    ("an argument that matches", _msg("tools/call", {"name": "get_issue", "arguments":
+                                                     {"repo": "org/a"}}), None),
+    ("an argument that does not", _msg("tools/call", {"name": "get_issue", "arguments":
+                                                      {"repo": "evil/a"}}), "does not match"),
+    ("a constrained argument missing", _msg("tools/call", {"name": "get_issue"}),
+     "needs argument"),
+    ("a constrained argument not a string", _msg("tools/call", {"name": "get_issue",
+                                                                "arguments": {"repo": 7}}),
+     "needs argument"),
+    ("a resource allowed", _msg("resources/read", {"uri": "repo://org/readme"}), None),
+    ("a resource not", _msg("resources/read", {"uri": "file:///etc/passwd"}), "not in"),
+    ("a subscription by its URI", _msg("resources/subscribe", {"uri": "secret://x"}),
+     "not in"),
+    ("a prompt allowed", _msg("prompts/get", {"name": "review"}), None),
+    ("a prompt not", _msg("prompts/get", {"name": "jailbreak"}), "not in"),
+    ("a method no rule lets through", _msg("sampling/createMessage"), "is not one"),
+    ("a response to the server", {"jsonrpc": "2.0", "id": 5, "result": {}}, None),
+]
+
+
+@pytest.mark.parametrize(("case", "message", "refused"), CALLS, ids=[c[0] for c in CALLS])
+def test_each_call(case: str, message: dict[str, Any], refused: str | None) -> None:
+    found, batch = mcp.calls(RULE, json.dumps(message).encode())
+    assert not batch and len(found) == 1
+    if refused is None:
+        assert found[0].refused is None
+    else:
+        assert found[0].refused is not None and refused in found[0].refused
+
+
+UNREADABLE = [
+    ("not JSON", b"{"), ("not UTF-8", b"\xff\xfe"), ("an empty batch", b"[]"),
+    ("no jsonrpc", b'{"id": 1, "method": "ping"}'),
+    ("jsonrpc 1.0", b'{"jsonrpc": "1.0", "id": 1, "method": "ping"}'),
+    ("a number", b"7"), ("a batch with a non-object", b'[{"jsonrpc": "2.0", "method": "ping"}, 1]'),
+    ("no method and no result", b'{"jsonrpc": "2.0", "id": 1}'),
+    ("both result and error", b'{"jsonrpc": "2.0", "id": 1, "result": 1, "error": {}}'),
+    ("a method that is not a string", b'{"jsonrpc": "2.0", "id": 1, "method": 5}'),
+    ("params that are a list", b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": []}'),
+    ("an id that is an object", b'{"jsonrpc": "2.0", "id": {}, "method": "ping"}'),
+    ("an id that is a boolean", b'{"jsonrpc": "2.0", "id": true, "method": "ping"}'),
+    ("tools/call without a name", b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call"}'),
+    ("resources/read without a uri",
+     b'{"jsonrpc": "2.0", "id": 1, "method": "resources/read", "params": {"uri": ""}}'),
+]
+
+
+@pytest.mark.parametrize(("case", "body"), UNREADABLE, ids=[c[0] for c in UNREADABLE])
+def test_what_is_not_mcp_json_rpc(case: str, body: bytes) -> None:
+    with pytest.raises(mcp.Unreadable):
+        mcp.calls(RULE, body)
+
+
+def test_a_batch_is_refused_whole_and_answered_per_request() -> None:
+    body = json.dumps([_msg("tools/call", {"name": "search_x"}, 1),
+                       _msg("notifications/progress", ident=None),
+                       _msg("tools/call", {"name": "rm"}, "b"),
+                       _msg("prompts/get", {"name": "nope"}, 3)]).encode()
+    found, batch = mcp.calls(RULE, body)
+    reason = mcp.refusal_reason(found)
+    assert batch and reason is not None and "(and 1 more call(s) of the batch)" in reason
+    refusal = Refusal("mcp_denied", reason, "p.yaml:3",
+                      rpc=([c.id for c in found if c.is_request], batch))
+    got = answer(refusal)
+    assert got.status == 200 and got.headers.get("x-sandbox-gateway-error") == "mcp_denied"
+    errors = json.loads(got.body)
+    assert [e["id"] for e in errors] == [1, "b", 3]
+    assert all(e["error"]["code"] == mcp.REFUSED_CODE and e["error"]["data"] ==
+               {"code": "mcp_denied", "rule": "p.yaml:3"} for e in errors)
+
+
+def test_an_unreadable_body_is_answered_with_a_null_id_at_403() -> None:
+    got = answer(Refusal("mcp_denied", "not MCP JSON-RPC: the body is not JSON", rpc=([], False)))
+    assert got.status == 403
+    doc = json.loads(got.body)
+    assert doc["id"] is None and "not MCP JSON-RPC" in doc["error"]["message"]
+
+
+def test_audit_records_are_bounded() -> None:
+    call = mcp.Call("tools/call", "x" * 1000, 1, None)
+    assert call.record() == {"method": "tools/call", "name": "x" * 200, "decision": "allow"}

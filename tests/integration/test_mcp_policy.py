@@ -1,0 +1,209 @@
+"""`mcp:` rules (issue 25) with the official MCP SDK on both sides: a real FastMCP server
+behind TLS, and the SDK's client configured only by the environment `sandbox-gateway env`
+gives a sandbox (HTTPS_PROXY with the token, SSL_CERT_FILE), both in their own virtualenv
+(helpers/python_clients.py). Raw JSON-RPC (batches, malformed bodies, a key in a tool
+argument) goes through httpx. Both intercepting engines serve every case."""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from helpers.gateway import GatewayThread
+from helpers.parity_cases import KEY
+from helpers.python_clients import mcp_python
+from helpers.tls import LocalCA
+
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
+POLICY = """
+version: v1
+name: agent
+egress:
+  - host: mcp.test
+    mcp:
+      tools: {allow: ["search_*", get_issue], deny: ["delete_*"]}
+      resources: {allow: ["repo://org/*"]}
+      prompts: {allow: [review]}
+      arguments: {get_issue: {repo: "org/*"}}
+  - host: api.openai.com
+    credential: openai
+credentials:
+  openai: {preset: openai, secret: openai-api-key}
+"""
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen[str], port: int, calls: Path) -> None:
+        self.proc, self.port, self.calls_file = proc, port, calls
+
+    def calls(self) -> list[dict[str, Any]]:
+        if not self.calls_file.exists():
+            return []
+        return [json.loads(x) for x in self.calls_file.read_text().splitlines() if x.strip()]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(test_ca: LocalCA, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    work = tmp_path_factory.mktemp("mcp-server")
+    cert, key = test_ca.issue(work, ["mcp.test"])
+    port = _free_port()
+    proc = subprocess.Popen([str(mcp_python()), str(HELPERS / "mcp_server.py"), "127.0.0.1",
+                             str(port), str(cert), str(key), str(work / "calls.jsonl")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert "ready" in line, (proc.stderr.read() if proc.stderr else "")
+    try:
+        yield Server(proc, port, work / "calls.jsonl")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.fixture(scope="module", params=["fast", "mitmproxy"])
+def gateway(request: pytest.FixtureRequest, server: Server, test_ca: LocalCA,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+    work = tmp_path_factory.mktemp(f"mcp-gw-{request.param}")
+    (work / "policies").mkdir()
+    (work / "policies" / "agent.yaml").write_text(POLICY)
+    secrets = work / "secrets.yaml"
+    secrets.write_text(f"openai-api-key: {KEY}\n")
+    secrets.chmod(0o600)
+    gw = GatewayThread(work, {
+        "network": {"upstream_ca": str(test_ca.cert_path), "intercept": request.param,
+                    "resolve": {"mcp.test": f"127.0.0.1:{server.port}",
+                                "api.openai.com": f"127.0.0.1:{server.port}"}},
+        "secrets": {"store": "file", "path": str(secrets)},
+    })
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+def _client(gw: GatewayThread, steps: list[dict[str, Any]], transport: str = "streamable"
+            ) -> list[dict[str, Any]]:
+    token = gw.mint("agent", "mcp-agent")
+    env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper()}
+    env.update(HTTPS_PROXY=gw.proxy_url(token, "mcp-agent"), SSL_CERT_FILE=str(gw.ca_cert))
+    url = "https://mcp.test/mcp" if transport == "streamable" else "https://mcp.test/sse"
+    out = subprocess.run([str(mcp_python()), str(HELPERS / "mcp_client.py"), url, transport],
+                         input=json.dumps(steps), capture_output=True, text=True, timeout=60,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return list(json.loads(out.stdout))
+
+
+def test_the_sdk_client_calls_what_the_rule_allows(gateway: GatewayThread,
+                                                   server: Server) -> None:
+    before = len(server.calls())
+    results = _client(gateway, [
+        {"list_tools": True},
+        {"call": "search_issues", "arguments": {"query": "flaky"}},
+        {"call": "get_issue", "arguments": {"repo": "org/api", "number": 7}},
+        {"call": "get_issue", "arguments": {"repo": "evil/api", "number": 7}},
+        {"call": "delete_repo", "arguments": {"repo": "org/api"}},
+        {"read": "repo://org/readme"},
+        {"read": "secret://vault/key"},
+        {"prompt": "review", "arguments": {"topic": "the patch"}},
+    ])
+    assert results[0] == {"tools": ["delete_repo", "get_issue", "search_issues"]}
+    assert results[1] == {"is_error": False, "text": "found 2 issues for flaky"}
+    assert results[2]["text"] == "issue org/api#7: it is broken"
+    for refused, word in [(results[3], "does not match 'org/*'"),
+                          (results[4], "denied by the rule's pattern 'delete_*'"),
+                          (results[6], "not in the rule's mcp.resources.allow list")]:
+        assert "mcp_denied" in refused.get("error", ""), refused
+        assert word in refused["error"], refused
+    assert results[5] == {"text": "the org readme"}
+    assert results[7] == {"messages": 1}
+    # Only the allowed calls reached the server.
+    served = server.calls()[before:]
+    assert [c["tool"] for c in served] == ["search_issues", "get_issue"], served
+    # Audit: the MCP method and name on each line, the decision and the rule.
+    lines = [r for r in gateway.audit.records() if r.get("mcp")]
+    denied = [r for r in lines if r["error"] == "mcp_denied"]
+    assert len(denied) == 3 and all(r["decision"] == "deny" and r["rule"] for r in denied)
+    assert {(c["method"], c["name"]) for r in denied for c in r["mcp"]} == {
+        ("tools/call", "get_issue"), ("tools/call", "delete_repo"),
+        ("resources/read", "secret://vault/key")}
+    assert any(c == {"method": "tools/call", "name": "search_issues", "decision": "allow"}
+               for r in lines for c in r["mcp"])
+
+
+def _post(gw: GatewayThread, body: bytes | str, session: str | None = None
+          ) -> httpx.Response:
+    token = gw.mint("agent", "raw-1")
+    headers = {"Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream"}
+    if session:
+        headers["Mcp-Session-Id"] = session
+    verify = ssl.create_default_context(cafile=str(gw.ca_cert))
+    with httpx.Client(proxy=gw.proxy_url(token, "raw-1"), verify=verify, timeout=20) as client:
+        return client.post("https://mcp.test/mcp", content=body, headers=headers)
+
+
+def test_what_is_not_json_rpc_is_refused(gateway: GatewayThread, server: Server) -> None:
+    for body in (b"not json", b"[]", b'{"method": "tools/call"}', b'{"jsonrpc": "2.0"}',
+                 b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {}}',
+                 b'[{"jsonrpc": "2.0", "id": 1, "method": "ping"}, 7]'):
+        answer = _post(gateway, body)
+        assert answer.status_code == 403, (body, answer.text)
+        assert answer.headers["x-sandbox-gateway-error"] == "mcp_denied"
+        error = answer.json()
+        assert error["jsonrpc"] == "2.0" and error["id"] is None
+        assert error["error"]["code"] == -32001 and "not MCP JSON-RPC" in \
+            error["error"]["message"], error
+
+
+def test_a_batch_with_one_refused_call_is_refused_whole(gateway: GatewayThread,
+                                                        server: Server) -> None:
+    before = len(server.calls())
+    batch = [{"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+              "params": {"name": "search_issues", "arguments": {"query": "x"}}},
+             {"jsonrpc": "2.0", "method": "notifications/initialized"},
+             {"jsonrpc": "2.0", "id": "two", "method": "tools/call",
+              "params": {"name": "delete_repo", "arguments": {"repo": "org/a"}}}]
+    answer = _post(gateway, json.dumps(batch))
+    assert answer.status_code == 200, answer.text
+    errors = answer.json()
+    assert [e["id"] for e in errors] == [1, "two"]
+    assert all("delete_repo" in e["error"]["message"] for e in errors)
+    assert server.calls()[before:] == []
+
+
+def test_a_key_in_a_tool_argument_is_refused(gateway: GatewayThread, server: Server) -> None:
+    """The leak scan reads a tool's arguments as any body: a key never goes to a host
+    it is not bound to, whatever the mcp: rule allows."""
+    # (the key is fetched once, through its own credential, so the gateway knows it)
+    token = gateway.mint("agent", "raw-1")
+    with httpx.Client(proxy=gateway.proxy_url(token, "raw-1"), verify=ssl.create_default_context(
+                          cafile=str(gateway.ca_cert)),
+                      timeout=20) as client:
+        client.get("https://api.openai.com/v1/models",
+                   headers={"Authorization": f"Bearer {token}"})
+    before = len(server.calls())
+    call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": {"name": "search_issues", "arguments": {"query": f"see {KEY}"}}}
+    answer = _post(gateway, json.dumps(call))
+    assert answer.status_code == 403 and \
+        answer.headers["x-sandbox-gateway-error"] == "exfiltration_blocked", answer.text
+    assert server.calls()[before:] == []
