@@ -78,7 +78,7 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
         text = args.body
         if text is not None and text.startswith("@"):
             text = Path(text[1:]).read_text(encoding="utf-8")
-        body = explain_body(text, args.model)
+        body = explain_body(text, args.model, args.mcp, args.mcp_arguments)
         answer = asyncio.run(explain_request(policy_set, args.policy, args.method, args.url,
                                              guard, body, _static_metering(args)))
     except OSError as exc:  # an unreadable --body @FILE
@@ -92,6 +92,8 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
     print(f"reason:   {answer.reason}")
     rule = decision.rule
     print(f"rule:     {f'{rule.source} ({rule.describe()})' if rule else '-'}")
+    if rule is not None and rule.mcp is not None and args.mcp is None and args.body is None:
+        print("mcp:      the calls are not checked: give --mcp METHOD[:NAME] (or the --body)")
     if decision.credential:
         print(f"inject:   credential {decision.credential}")
         if rule is not None and rule.models:
@@ -273,6 +275,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     expl.add_argument("--body", help="the request body (JSON text, or @FILE): also run the "
                                      "metering step (model allowlists, metering)")
     expl.add_argument("--model", help='shorthand for --body \'{"model": MODEL}\'')
+    expl.add_argument("--mcp", metavar="METHOD[:NAME]",
+                      help="an MCP call on a rule with mcp: (tools/call:search_issues, "
+                           "resources/read:repo://org/x, prompts/get:review, tools/list)")
+    expl.add_argument("--mcp-arguments", metavar="JSON",
+                      help="with --mcp tools/call: the tool's arguments (a JSON object)")
     expl.add_argument("method", help="HTTP method, or CONNECT for the tunnel-level decision")
     expl.add_argument("url")
     expl.set_defaults(func=cmd_policy_explain)

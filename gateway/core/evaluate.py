@@ -10,7 +10,8 @@ Every caller that decides a request runs these stages, in this order, and no cop
 2. (the destination check: I/O, ``DestinationGuard.check``; the proxy and ``explain
    --resolve`` run it between 1 and 3, on what stage 1 allowed — a denied host is
    never resolved)
-3. ``meter`` — the metering step's static part (``Metering.admit`` over empty
+3. ``meter`` — an ``mcp:`` rule's JSON-RPC calls (``core/mcp.judge``, given a body),
+   then the metering step's static part (``Metering.admit`` over empty
    counters in callers without traffic): model allowlists, what cannot be metered on
    a rule that must be, a provider-minted secret, a call too large for a budget. The
    proxy runs the same ``admit`` over its live counters once the body is whole.
@@ -26,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from gateway.core import credentials
+from gateway.core import credentials, mcp
 from gateway.core.refusal import Refusal
 from gateway.core.target import url_target
 from gateway.services.metering import Exchange, Metering, Pricing
@@ -129,6 +130,13 @@ def meter(routed: Routed, policy: Policy, request: Request,
     if refusal is not None:
         return Verdict("deny", refusal.code, refusal.rule, refusal.reason, decision)
     source = _source(decision)
+    if rule is not None and rule.mcp is not None and request.method == "POST" and \
+            not isinstance(body, Unseen):  # (the proxy's own MCP step: core/mcp.judge)
+        _, refused = mcp.judge(rule.mcp, body, frozenset(), source)
+        if refused is not None:
+            return Verdict("report" if policy.mode == "report" else "deny",
+                           None if policy.mode == "report" else refused.code, refused.rule,
+                           refused.reason, decision)
     if routed.credential is None or rule is None or request.method is None:
         return Verdict(decision.result, None, source, decision.reason, decision)
     if isinstance(body, Unseen):

@@ -137,6 +137,9 @@ class Exchange:
         self._unsent = False  # the request never reached the upstream (connect failed)
         self._mcp: McpRule | None = None  # the rule's mcp: (its POST bodies are JSON-RPC)
         self._mcp_report = False  # its policy's mode is report: refusals only recorded
+        self._mcp_session: mcp.Session | None = None
+        self._mcp_lists: set[Any] = set()  # ids of the tools/list requests it carries
+        self._mcp_filter: mcp.ListFilter | None = None  # rewrites their answers
         self.mcp_calls: list[dict[str, Any]] | None = None  # the audit line's `mcp`
 
     # -- metering (model allowlists, budgets, usage) --------------------------------------
@@ -189,9 +192,10 @@ class Exchange:
 
     # -- MCP calls (a rule with mcp:) -----------------------------------------------------
 
-    def mcp(self, rule: McpRule, *, report: bool) -> None:
-        """Decide this exchange's JSON-RPC calls by `rule` (set up by the gate)."""
-        self._mcp, self._mcp_report = rule, report
+    def mcp(self, rule: McpRule, session: mcp.Session, *, report: bool) -> None:
+        """Decide this exchange's JSON-RPC calls by `rule`, within its MCP `session`
+        (set up by the gate)."""
+        self._mcp, self._mcp_session, self._mcp_report = rule, session, report
 
     @property
     def _reads_mcp(self) -> bool:
@@ -201,33 +205,21 @@ class Exchange:
     def _check_mcp(self, body: bytes | None) -> None:
         """Every call in the body allowed by the rule's `mcp:`, or the body refused whole
         (raises Refusal, answered as JSON-RPC errors)."""
-        assert self._mcp is not None
-        rule = self.decision.rule.source if self.decision.rule is not None else None
-        if body is None:
-            raise Refusal("mcp_denied", "the MCP request body decodes to more than the "
-                          f"{BODY_HOLD_LIMIT} bytes the gateway reads", rule, rpc=([], False))
-        try:
-            found, batch = mcp.calls(self._mcp, body)
-        except mcp.Unreadable as exc:
-            refusal = Refusal("mcp_denied", f"not MCP JSON-RPC: {exc}; on a rule with mcp: "
-                              "every POST is a JSON-RPC message or batch", rule,
-                              rpc=([], False))
-            self.trail.telemetry.count("mcp_calls", self.identity.policy, "deny")
-            self.mcp_calls = [{"method": None, "name": None, "decision": "deny"}]
-            raise refusal from None
-        self.mcp_calls = [c.record() for c in found if c.method is not None][:mcp.MAX_AUDITED]
-        reason = mcp.refusal_reason(found)
-        for call in found:
-            if call.method is not None:
-                self.trail.telemetry.count("mcp_calls", self.identity.policy,
-                                           "deny" if call.refused else "allow")
-        if reason is None:
+        assert self._mcp is not None and self._mcp_session is not None
+        found, refusal = mcp.judge(self._mcp, body, self._mcp_session.changed,
+                                   _source(self.decision))
+        called = [c for c in found if c.method is not None]
+        self.mcp_calls = ([c.record() for c in called][:mcp.MAX_AUDITED] if found else
+                          [{"method": None, "name": None, "decision": "deny"}])
+        self._mcp_lists = {c.id for c in found if c.method == "tools/list" and c.is_request}
+        for decision in [c.record()["decision"] for c in called] if found else ["deny"]:
+            self.trail.telemetry.count("mcp_calls", self.identity.policy, decision)
+        if refusal is None:
             return
         if self._mcp_report:
-            self._report = f"would refuse: {reason}"
+            self._report = f"would refuse: {refusal.reason}"
             return
-        raise Refusal("mcp_denied", reason, rule,
-                      rpc=([c.id for c in found if c.is_request], batch))
+        raise refusal
 
     # -- set up by the gate ----------------------------------------------------------------
 
@@ -259,9 +251,7 @@ class Exchange:
         must be signed over its whole body (raises Refusal)."""
         self._admit(None)
         if self._reads_mcp:
-            raise Refusal("mcp_denied", "an MCP request on a rule with mcp: is decided on "
-                          f"its whole body: send it with a Content-Length of at most "
-                          f"{BODY_HOLD_LIMIT} bytes", _source(self.decision), rpc=([], False))
+            self._check_mcp(None)  # (a body streamed is never held whole: refused)
         if self._signer is not None:
             raise Refusal("unsupported", f"credential {self.credential!r} signs requests "
                           "(AWS SigV4) over their whole body, and this body is over "
@@ -423,7 +413,11 @@ class Exchange:
         self.response_head = head
         if self._metered is not None and self._metered.meter is not None:
             self._metered.head(head.headers.get)
+        if self._mcp_lists and not no_body(self.head.method, head.status):
+            self._filter_lists(head)
         if self._secret is None:
+            if self._mcp_filter is not None:
+                self._decode_response(head)
             return head
         name, value = self._secret
         if head.status == 401:
@@ -435,6 +429,12 @@ class Exchange:
             head.headers.fields = [(k, redactor.redact(v)) for k, v in head.headers.fields]
         if no_body(self.head.method, head.status) or head.headers.get("content-length") == "0":
             return head
+        self._decode_response(head)
+        return head
+
+    def _decode_response(self, head: ResponseHead) -> None:
+        """The body is rewritten (echoes redacted, tool lists filtered): decoded if it
+        is encoded, and its length dropped (raises Refusal)."""
         coding = head.headers.get("content-encoding")
         try:
             self._response_decoder = decoder_for(coding)
@@ -444,13 +444,18 @@ class Exchange:
         if self._response_decoder is not None:
             head.headers.remove("content-encoding")
         head.headers.remove("content-length")  # redaction may change the length
-        return head
+
+    def _filter_lists(self, head: ResponseHead) -> None:
+        """The answer to tools/list requests: only the tools the rule allows."""
+        assert self._mcp is not None and self._mcp_session is not None
+        sse = (head.headers.get("content-type") or "").lower().startswith("text/event-stream")
+        self._mcp_filter = mcp.ListFilter(self._mcp, self._mcp_lists, sse, self._mcp_session)
 
     def response_data(self, chunk: bytes) -> bytes:
         """One response body chunk as it should reach the client."""
         self.bytes_in += len(chunk)
         redactor = self._redactor
-        if redactor is None:
+        if redactor is None and self._mcp_filter is None:
             return chunk
         if self._response_decoder is not None:
             try:
@@ -460,7 +465,9 @@ class Exchange:
                     where=self._where())) from None
         if self._meter_feed is not None:
             self._meter_feed(chunk)
-        out = redactor.feed(chunk)
+        out = redactor.feed(chunk) if redactor is not None else chunk
+        if self._mcp_filter is not None:
+            out = self._filtered(self._mcp_filter.feed, out)
         held = self._response_held
         if held is None:
             return out
@@ -473,7 +480,7 @@ class Exchange:
     def response_end(self) -> bytes:
         """What is still held back at the end of the response body."""
         redactor = self._redactor
-        if redactor is None:
+        if redactor is None and self._mcp_filter is None:
             return b""
         out = b""
         if self._response_decoder is not None:
@@ -481,11 +488,16 @@ class Exchange:
                 tail = b"".join(self._response_decoder.end())
                 if self._meter_feed is not None:
                     self._meter_feed(tail)
-                out = redactor.feed(tail)
+                out = redactor.feed(tail) if redactor is not None else tail
             except EncodingError:
                 raise Refusal("upstream_failed", _UPSTREAM_KINDS["encoding"].format(
                     where=self._where())) from None
-        out += redactor.end()
+        if redactor is not None:
+            out += redactor.end()
+        lists = self._mcp_filter
+        if lists is not None:
+            out = self._filtered(lambda data: lists.feed(data) + lists.end(), out)
+            self._note_changed()
         held = self._response_held
         if held is not None and self._metered is not None and self._metering is not None:
             body = b"".join(held) + out
@@ -496,6 +508,26 @@ class Exchange:
                 raise Refusal("minted_secret_refused", released, rule_of(self.decision))
             return released
         return out
+
+    def _filtered(self, step: Callable[[bytes], bytes], data: bytes) -> bytes:
+        """A step of the tools/list filter; an answer it cannot rewrite is refused (its
+        tools would otherwise reach the agent unfiltered)."""
+        try:
+            return step(data)
+        except mcp.Unfilterable as exc:
+            raise Refusal("upstream_failed", f"the MCP server {self._where()} sent {exc}, "
+                          "which the gateway cannot filter by the rule's mcp.tools",
+                          rule_of(self.decision)) from None
+
+    def _note_changed(self) -> None:
+        """Tools whose description changed in this session: on the audit line."""
+        changed = self._mcp_filter.changed if self._mcp_filter is not None else []
+        if changed and self.mcp_calls is not None:
+            verdict = "hidden" if self._mcp is not None and self._mcp.pin_descriptions \
+                else "changed"
+            self.mcp_calls += [{"method": "tools/list", "name": name[:200],
+                                "decision": f"description_{verdict}"}
+                               for name in changed[:mcp.MAX_AUDITED]]
 
     def response_trailers(self, fields: list[tuple[bytes, bytes]]
                           ) -> list[tuple[bytes, bytes]]:

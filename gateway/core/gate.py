@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gateway.core import credentials, local_api, target
+from gateway.core import credentials, local_api, mcp, target
 from gateway.core.addresses import Pinned
 from gateway.core.client import Client, Refused, Tunnel
 from gateway.core.connections import Connections
@@ -90,6 +90,7 @@ class Gate:
                                        limit=max_connections, telemetry=telemetry)
         self.identities = Identifier(tokens, registry, self.connections, workloads, policies)
         self.markers = Markers(policies, secrets, self.ephemeral, lambda: self.tokens.issuer)
+        self.mcp_sessions = mcp.Sessions()  # tools each MCP session was shown (pinning)
 
     @property
     def open_connections(self) -> int:
@@ -465,7 +466,10 @@ class Gate:
             if self.metering is not None:
                 ex.meter(self.metering, self.policy(ex.identity), credential.preset)
         if decision.rule is not None and decision.rule.mcp is not None:
-            ex.mcp(decision.rule.mcp, report=self.policy(ex.identity).mode == "report")
+            session = self.mcp_sessions.of(ex.identity.sandbox, tgt.host,
+                                           head.headers.get("mcp-session-id") or "")
+            ex.mcp(decision.rule.mcp, session,
+                   report=self.policy(ex.identity).mode == "report")
         ex.scan = self.markers.scan_for(tgt.host, ex.client.token)
         found = ex.scan.head(head.method, path, head.headers.fields)
         if found is not None:

@@ -12,6 +12,10 @@ Per method:
 * `prompts/get`: by `params.name`;
 * any other method: refused (the rule does not say it may).
 
+Answers to `tools/list` list only the tools the rule allows (`ListFilter`, JSON or SSE);
+a tool whose description or input schema changed since the session first saw it is
+flagged, and with `pin_descriptions` hidden and its calls refused.
+
 A batch with one refused call is refused whole (nothing of it reaches the server), each
 request answered with an error. The answer is JSON-RPC: `{"jsonrpc": "2.0", "id": <the
 request's>, "error": {"code": -32001, "message": "<code>: <reason> (...)", "data": {...}}}`
@@ -20,16 +24,21 @@ at the refusal's HTTP status, which the MCP SDK's client surfaces as the call's 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.core.refusal import Refusal
+from gateway.services.metering import MODEL_BODY_LIMIT
 from gateway.services.policy.mcp_rule import McpRule
 
-__all__ = ["MAX_AUDITED", "REFUSED_CODE", "Call", "Unreadable", "calls", "error_body",
-           "refusal_reason"]
+__all__ = ["MAX_AUDITED", "MAX_BODY", "Call", "ListFilter", "Session", "Sessions",
+           "Unfilterable", "Unreadable", "calls", "fingerprint", "judge", "refusal_reason"]
 
-REFUSED_CODE = -32001  # JSON-RPC implementation-defined server error: refused by the gateway
+MAX_BODY = MODEL_BODY_LIMIT  # the exchange's whole-body hold (BODY_HOLD_LIMIT)
 MAX_AUDITED = 20  # calls of a batch named on its audit line
 _PASS = ("initialize", "ping")
 _BY_URI = ("resources/read", "resources/subscribe", "resources/unsubscribe")
@@ -60,9 +69,11 @@ class Call:
                 "decision": "deny" if self.refused else "allow"}
 
 
-def calls(rule: McpRule, body: bytes) -> tuple[list[Call], bool]:
-    """The calls in `body` with their decisions, and whether it was a batch. Raises
-    Unreadable."""
+def calls(rule: McpRule, body: bytes, changed: set[str] | frozenset[str] = frozenset()
+          ) -> tuple[list[Call], bool]:
+    """The calls in `body` with their decisions, and whether it was a batch; `changed`:
+    the session's tools whose description changed (refused with `pin_descriptions`).
+    Raises Unreadable."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -71,10 +82,11 @@ def calls(rule: McpRule, body: bytes) -> tuple[list[Call], bool]:
     messages = doc if batch else [doc]
     if not messages:
         raise Unreadable("an empty batch")
-    return [_call(rule, message) for message in messages], batch
+    pinned = changed if rule.pin_descriptions else frozenset()
+    return [_call(rule, message, pinned) for message in messages], batch
 
 
-def _call(rule: McpRule, message: object) -> Call:
+def _call(rule: McpRule, message: object, pinned: set[str] | frozenset[str]) -> Call:
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
         raise Unreadable('a message is not a JSON-RPC 2.0 object ("jsonrpc": "2.0")')
     ident = message.get("id")
@@ -98,6 +110,9 @@ def _call(rule: McpRule, message: object) -> Call:
         name = _text(params, "name", method)
         refused = rule.tools.refusal("tool", name) or rule.argument_refusal(
             name, params.get("arguments"))
+        if refused is None and name in pinned:
+            refused = (f"tool {name[:200]!r} changed its description or input schema since "
+                       "this session first listed it (mcp.pin_descriptions)")
         return Call(method, name, ident, refused)
     if method in _BY_URI:
         uri = _text(params, "uri", method)
@@ -126,10 +141,149 @@ def refusal_reason(found: list[Call]) -> str | None:
     return f"{first}{more}; change the rule's mcp: to allow it"
 
 
-def error_body(message: str, data: dict[str, Any], ids: list[Any], batch: bool) -> bytes:
-    """The JSON-RPC error answer: one error per request id (`id` null when there is none
-    to answer, e.g. an unreadable body), an array for a batch."""
-    errors = [{"jsonrpc": "2.0", "id": ident,
-               "error": {"code": REFUSED_CODE, "message": message, "data": data}}
-              for ident in (ids or [None])]
-    return json.dumps(errors if batch and ids else errors[0]).encode()
+def judge(rule: McpRule, body: bytes | None, changed: set[str] | frozenset[str],
+          source: str | None) -> tuple[list[Call], Refusal | None]:
+    """The one decision on an MCP body (the proxy's exchanges and `evaluate` call it): its
+    calls, and the refusal (answered as JSON-RPC) or None. `body` None: not held whole."""
+    if body is None:
+        return [], Refusal("mcp_denied", "an MCP request on a rule with mcp: is decided on "
+                           f"its whole body, and this one was not held (send it with a "
+                           f"Content-Length of at most {MAX_BODY} bytes)", source,
+                           rpc=([], False))
+    try:
+        found, batch = calls(rule, body, changed)
+    except Unreadable as exc:
+        return [], Refusal("mcp_denied", f"not MCP JSON-RPC: {exc}; on a rule with mcp: "
+                           "every POST is a JSON-RPC message or batch", source,
+                           rpc=([], False))
+    reason = refusal_reason(found)
+    if reason is None:
+        return found, None
+    return found, Refusal("mcp_denied", reason, source,
+                          rpc=([c.id for c in found if c.is_request], batch))
+
+# -- answers: tools/list filtered, descriptions pinned ----------------------------------------
+
+MAX_HELD = 8 * 1024 * 1024  # a tools/list answer (or one SSE event) is rewritten whole
+SESSIONS = 4096  # MCP sessions whose tools are remembered, per process (oldest forgotten)
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+
+
+class Unfilterable(Exception):
+    """An answer the gateway must rewrite and cannot (too large, not JSON)."""
+
+
+@dataclass(slots=True)
+class Session:
+    """What one MCP session was shown: each tool's first fingerprint (description and
+    input schema), and the tools whose later listing differed."""
+
+    first: dict[str, str]
+    changed: set[str]
+
+
+class Sessions:
+    """MCP sessions by (sandbox, host, `Mcp-Session-Id`): a bounded, per-process memory
+    (the oldest forgotten past `limit`)."""
+
+    def __init__(self, limit: int = SESSIONS) -> None:
+        self.limit = limit
+        self._sessions: OrderedDict[tuple[str, str, str], Session] = OrderedDict()
+
+    def of(self, sandbox: str, host: str, session_id: str) -> Session:
+        key = (sandbox, host, session_id)
+        session = self._sessions.get(key)
+        if session is None:
+            session = self._sessions[key] = Session({}, set())
+            while len(self._sessions) > self.limit:
+                self._sessions.popitem(last=False)
+        else:
+            self._sessions.move_to_end(key)
+        return session
+
+
+def fingerprint(tool: dict[str, Any]) -> str:
+    shown = {"description": tool.get("description"), "inputSchema": tool.get("inputSchema")}
+    return hashlib.sha256(json.dumps(shown, sort_keys=True).encode()).hexdigest()
+
+
+class ListFilter:
+    """Rewrites the answers to tools/list requests (`ids`) in a response body — one JSON
+    message, or a Server-Sent Events stream of them — to list only the tools the rule
+    allows; a tool whose description or schema differs from what the session was first
+    shown is recorded in `changed` (and, with `pin_descriptions`, left out). Everything
+    else passes unchanged. Raises Unfilterable."""
+
+    def __init__(self, rule: McpRule, ids: set[Any], sse: bool, session: Session) -> None:
+        self.rule, self.ids, self.sse, self.session = rule, ids, sse, session
+        self.changed: list[str] = []
+        self.hidden = 0
+        self._held = b""
+
+    def feed(self, data: bytes) -> bytes:
+        self._held += data
+        if len(self._held) > MAX_HELD:
+            raise Unfilterable(f"a tools/list answer over {MAX_HELD} bytes")
+        if not self.sse:
+            return b""
+        out: list[bytes] = []
+        while (found := _EVENT_END.search(self._held)) is not None:
+            event, self._held = self._held[:found.start()], self._held[found.end():]
+            out.append(self._event(event) + found.group())
+        return b"".join(out)
+
+    def end(self) -> bytes:
+        held, self._held = self._held, b""
+        if not held:
+            return b""
+        if self.sse:
+            return self._event(held)
+        rewritten = self._message(held)
+        return held if rewritten is None else rewritten
+
+    def _event(self, event: bytes) -> bytes:
+        lines = event.splitlines()
+        data = [line[5:].removeprefix(b" ") for line in lines if line.startswith(b"data:")]
+        if not data:
+            return event
+        rewritten = self._message(b"\n".join(data))
+        if rewritten is None:
+            return event
+        kept = [line for line in lines if not line.startswith(b"data:")]
+        return b"\n".join([*kept, b"data: " + rewritten])
+
+    def _message(self, body: bytes) -> bytes | None:
+        """The message(s) with their tool lists filtered; None if nothing was rewritten."""
+        try:
+            doc = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            if self.sse:
+                return None  # (an event that is not JSON is no answer to rewrite)
+            raise Unfilterable("a tools/list answer that is not JSON") from None
+        messages = doc if isinstance(doc, list) else [doc]
+        changed = False
+        for message in messages:
+            if isinstance(message, dict) and message.get("id") in self.ids:
+                result = message.get("result")
+                if isinstance(result, dict) and isinstance(result.get("tools"), list):
+                    result["tools"] = self._tools(result["tools"])
+                    changed = True
+        return json.dumps(doc).encode() if changed else None
+
+    def _tools(self, tools: list[Any]) -> list[Any]:
+        kept = []
+        for tool in tools:
+            name = tool.get("name") if isinstance(tool, dict) else None
+            if not isinstance(name, str) or self.rule.tools.refusal("tool", name):
+                self.hidden += 1
+                continue
+            assert isinstance(tool, dict)
+            mark = fingerprint(tool)
+            if self.session.first.setdefault(name, mark) != mark:
+                self.changed.append(name)
+                self.session.changed.add(name)
+                if self.rule.pin_descriptions:
+                    self.hidden += 1
+                    continue
+            kept.append(tool)
+        return kept

@@ -25,7 +25,6 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gateway.core import mcp
 from gateway.core.messages import Headers
 
 if TYPE_CHECKING:
@@ -34,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ERROR_HEADER",
     "GATEWAY_ERROR",
+    "RPC_REFUSED",
     "TEXT",
     "Answer",
     "MessageRefused",
@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 ERROR_HEADER = "X-Sandbox-Gateway-Error"
+RPC_REFUSED = -32001  # a JSON-RPC (MCP) request refused: an implementation-defined server error
 AGENT_HINT = ("refused by the sandbox's egress gateway; retrying the same request another "
               "way (another host, address, proxy setting or encoding) is refused too")
 
@@ -197,8 +198,11 @@ def _body(refusal: Refusal, status: int, shape: str | None) -> bytes:
     message = f"{refusal.code}: {refusal.reason} ({AGENT_HINT})"
     if refusal.rpc is not None:  # an MCP call: answered as JSON-RPC, which its client shows
         ids, batch = refusal.rpc
-        return mcp.error_body(message, {"code": refusal.code, "rule": refusal.rule},
-                              ids, batch) + b"\n"
+        errors = [{"jsonrpc": "2.0", "id": ident,
+                   "error": {"code": RPC_REFUSED, "message": message,
+                             "data": {"code": refusal.code, "rule": refusal.rule}}}
+                  for ident in (ids or [None])]
+        return json.dumps(errors if batch and ids else errors[0]).encode() + b"\n"
     if shape == TEXT:  # (git prints a text/plain body as "remote: ..." lines)
         rule = f"\nrule: {refusal.rule}" if refusal.rule else ""
         return f"sandbox-gateway refused this request: {message}{rule}\n".encode()

@@ -128,15 +128,43 @@ async def check_destination(guard: DestinationGuard, host: str, port: int) -> De
                              verdict.code, pinned.trusted)
 
 
-def explain_body(body: str | None, model: str | None) -> bytes | Unseen:
-    """The body ``explain`` decides with: ``body`` as given, or ``{"model": model}``;
-    UNSEEN without either (the metering step is then not run)."""
-    if body is not None and model is not None:
-        raise ValueError("give a body or a model, not both")
+_MCP_PARAM = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri",
+              "resources/subscribe": "uri", "resources/unsubscribe": "uri"}
+
+
+def mcp_body(call: str, arguments: str | None = None) -> bytes:
+    """The JSON-RPC request an MCP client sends for ``METHOD[:NAME]`` (``tools/call:
+    search``, ``resources/read:repo://org/x``, ``ping``), with a tool's ``arguments``
+    (a JSON object)."""
+    method, _, name = call.partition(":")
+    params: dict[str, object] = {}
+    key = _MCP_PARAM.get(method)
+    if key is not None:
+        if not name:
+            raise ValueError(f"--mcp {method} needs what it names: {method}:NAME")
+        params[key] = name
+    if arguments is not None:
+        try:
+            params["arguments"] = json.loads(arguments)
+        except ValueError:
+            raise ValueError("--mcp-arguments must be a JSON object") from None
+    return json.dumps({"jsonrpc": "2.0", "id": 1, "method": method,
+                       **({"params": params} if params else {})}).encode()
+
+
+def explain_body(body: str | None, model: str | None,
+                 mcp: str | None = None, mcp_arguments: str | None = None) -> bytes | Unseen:
+    """The body ``explain`` decides with: ``body`` as given, ``{"model": model}``, or
+    the JSON-RPC of an MCP call (``mcp_body``); UNSEEN without any (the metering and MCP
+    steps are then not run)."""
+    if sum(x is not None for x in (body, model, mcp)) > 1:
+        raise ValueError("give one of a body, a model or an MCP call")
     if body is not None:
         return body.encode()
     if model is not None:
         return json.dumps({"model": model}).encode()
+    if mcp is not None:
+        return mcp_body(mcp, mcp_arguments)
     return UNSEEN
 
 

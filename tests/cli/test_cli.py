@@ -177,6 +177,38 @@ def test_policy_explain_dir(cli: Cli, tmp_path: Path) -> None:
     assert code == 0 and out.startswith("decision: allow")
 
 
+MCP_POLICY = """version: v1
+name: m
+egress:
+  - host: mcp.example
+    mcp:
+      tools: {allow: ["search_*"], deny: ["delete_*"]}
+      resources: {allow: ["repo://org/*"]}
+      arguments: {search_issues: {repo: "org/*"}}
+"""
+
+
+@pytest.mark.parametrize(("argv", "code", "phrase"), [
+    (["--mcp", "tools/call:search_x"], 0, "decision: allow"),
+    (["--mcp", "tools/call:delete_x"], 1, "denied by the rule's pattern 'delete_*'"),
+    (["--mcp", "tools/call:search_issues", "--mcp-arguments", '{"repo": "evil/x"}'], 1,
+     "does not match 'org/*'"),
+    (["--mcp", "resources/read:secret://k"], 1, "not in the rule's mcp.resources.allow"),
+    (["--mcp", "tools/list"], 0, "decision: allow"),
+    (["--mcp", "sampling/createMessage"], 1, "is not one an mcp rule lets through"),
+    (["--body", "[1]"], 1, "not MCP JSON-RPC"),
+    ([], 0, "mcp:      the calls are not checked"),
+])
+def test_policy_explain_mcp(cli: Cli, tmp_path: Path, argv: list[str], code: int,
+                            phrase: str) -> None:
+    """`explain` decides an MCP call as the proxy does (core/mcp.judge in the pipeline)."""
+    (tmp_path / "mcp").mkdir()
+    (tmp_path / "mcp" / "m.yaml").write_text(MCP_POLICY)
+    got, out, err = cli("policy", "explain", "--dir", "mcp", "--policy", "m", *argv, "POST",
+                        "https://mcp.example/mcp")
+    assert (got, phrase in out) == (code, True), out + err
+
+
 def _resolve_setup(tmp_path: Path, network: str) -> None:
     (tmp_path / "policies" / "ip.yaml").write_text(
         "version: v1\nname: ip\negress:\n  - host: 10.0.0.5\n  - host: api.internal.test\n")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gateway.core import mcp
-from gateway.core.refusal import Refusal, answer
+from gateway.core.refusal import RPC_REFUSED, Refusal, answer
 from gateway.services.policy.mcp_rule import McpRule, Names
 
 RULE = McpRule(tools=Names(allow=("search_*", "get_issue"), deny=("search_secrets",)),
@@ -106,7 +106,7 @@ def test_a_batch_is_refused_whole_and_answered_per_request() -> None:
     assert got.status == 200 and got.headers.get("x-sandbox-gateway-error") == "mcp_denied"
     errors = json.loads(got.body)
     assert [e["id"] for e in errors] == [1, "b", 3]
-    assert all(e["error"]["code"] == mcp.REFUSED_CODE and e["error"]["data"] ==
+    assert all(e["error"]["code"] == RPC_REFUSED and e["error"]["data"] ==
                {"code": "mcp_denied", "rule": "p.yaml:3"} for e in errors)
 
 
@@ -120,3 +120,70 @@ def test_an_unreadable_body_is_answered_with_a_null_id_at_403() -> None:
 def test_audit_records_are_bounded() -> None:
     call = mcp.Call("tools/call", "x" * 1000, 1, None)
     assert call.record() == {"method": "tools/call", "name": "x" * 200, "decision": "allow"}
+
+
+def _tools(*names: str, description: str = "d") -> list[dict[str, Any]]:
+    return [{"name": n, "description": description, "inputSchema": {"type": "object"}}
+            for n in names]
+
+
+def _answer(ident: Any, tools: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": ident, "result": {"tools": tools}}
+
+
+def test_a_json_tools_list_lists_only_allowed_tools() -> None:
+    lists = mcp.ListFilter(RULE, {1}, False, mcp.Session({}, set()))
+    body = json.dumps(_answer(1, _tools("search_a", "rm", "search_secrets", "get_issue")))
+    out = lists.feed(body[:10].encode()) + lists.feed(body[10:].encode()) + lists.end()
+    assert [t["name"] for t in json.loads(out)["result"]["tools"]] == ["search_a", "get_issue"]
+    assert lists.hidden == 2
+
+
+@pytest.mark.parametrize("separator", [b"\n\n", b"\r\n\r\n"])
+def test_an_sse_stream_is_rewritten_event_by_event(separator: bytes) -> None:
+    lists = mcp.ListFilter(RULE, {7}, True, mcp.Session({}, set()))
+    other = b"event: message" + separator.replace(b"\n\n", b"\n")[:len(separator) // 2] + \
+        b'data: {"jsonrpc": "2.0", "method": "notifications/progress"}'
+    answer = b"event: message\ndata: " + json.dumps(_answer(7, _tools("rm", "search_x"))).encode()
+    stream = other + separator + answer + separator
+    out = b"".join(lists.feed(stream[i:i + 5]) for i in range(0, len(stream), 5)) + lists.end()
+    assert out.startswith(other + separator)  # (what is no tools/list answer is untouched)
+    data = out[len(other + separator):].strip().split(b"data: ", 1)[1]
+    assert [t["name"] for t in json.loads(data)["result"]["tools"]] == ["search_x"]
+
+
+def test_a_changed_description_is_flagged_and_with_pinning_hidden() -> None:
+    session = mcp.Session({}, set())
+    pinned = McpRule(tools=Names(allow=("*",)), pin_descriptions=True)
+    for rule, hidden in ((RULE, False), (pinned, True)):
+        session = mcp.Session({}, set())
+        first = mcp.ListFilter(rule, {1}, False, session)
+        first.feed(json.dumps(_answer(1, _tools("search_a"))).encode())
+        first.end()
+        second = mcp.ListFilter(rule, {2}, False, session)
+        second.feed(json.dumps(_answer(2, _tools("search_a", description="new!"))).encode())
+        listed = json.loads(second.end())["result"]["tools"]
+        assert second.changed == ["search_a"] and session.changed == {"search_a"}
+        assert (listed == []) is hidden
+        found, _ = mcp.calls(rule, json.dumps(_msg("tools/call", {"name": "search_a"})).encode(),
+                             session.changed)
+        assert (found[0].refused is not None) is hidden
+
+
+def test_what_cannot_be_filtered_is_refused() -> None:
+    lists = mcp.ListFilter(RULE, {1}, False, mcp.Session({}, set()))
+    lists.feed(b"not json")
+    with pytest.raises(mcp.Unfilterable):
+        lists.end()
+    big = mcp.ListFilter(RULE, {1}, True, mcp.Session({}, set()))
+    with pytest.raises(mcp.Unfilterable):
+        big.feed(b"data: " + b"x" * (mcp.MAX_HELD + 1))
+
+
+def test_sessions_are_bounded() -> None:
+    sessions = mcp.Sessions(limit=2)
+    a = sessions.of("s", "h", "1")
+    sessions.of("s", "h", "2")
+    assert sessions.of("s", "h", "1") is a
+    sessions.of("s", "h", "3")  # "2" was the oldest
+    assert sessions.of("s", "h", "1") is a and sessions.of("s", "h", "2") is not a

@@ -28,10 +28,14 @@ name: agent
 egress:
   - host: mcp.test
     mcp:
-      tools: {allow: ["search_*", get_issue], deny: ["delete_*"]}
+      tools: {allow: ["search_*", get_issue, evolving, flip], deny: ["delete_*"]}
       resources: {allow: ["repo://org/*"]}
       prompts: {allow: [review]}
       arguments: {get_issue: {repo: "org/*"}}
+  - host: pinned.test
+    mcp:
+      tools: {allow: [evolving, flip]}
+      pin_descriptions: true
   - host: api.openai.com
     credential: openai
 credentials:
@@ -60,7 +64,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def server(test_ca: LocalCA, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     work = tmp_path_factory.mktemp("mcp-server")
-    cert, key = test_ca.issue(work, ["mcp.test"])
+    cert, key = test_ca.issue(work, ["mcp.test", "pinned.test"])
     port = _free_port()
     proc = subprocess.Popen([str(mcp_python()), str(HELPERS / "mcp_server.py"), "127.0.0.1",
                              str(port), str(cert), str(key), str(work / "calls.jsonl")],
@@ -90,6 +94,7 @@ def gateway(request: pytest.FixtureRequest, server: Server, test_ca: LocalCA,
     gw = GatewayThread(work, {
         "network": {"upstream_ca": str(test_ca.cert_path), "intercept": request.param,
                     "resolve": {"mcp.test": f"127.0.0.1:{server.port}",
+                                "pinned.test": f"127.0.0.1:{server.port}",
                                 "api.openai.com": f"127.0.0.1:{server.port}"}},
         "secrets": {"store": "file", "path": str(secrets)},
     })
@@ -99,12 +104,12 @@ def gateway(request: pytest.FixtureRequest, server: Server, test_ca: LocalCA,
         gw.stop()
 
 
-def _client(gw: GatewayThread, steps: list[dict[str, Any]], transport: str = "streamable"
-            ) -> list[dict[str, Any]]:
+def _client(gw: GatewayThread, steps: list[dict[str, Any]], transport: str = "streamable",
+            host: str = "mcp.test") -> list[dict[str, Any]]:
     token = gw.mint("agent", "mcp-agent")
     env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper()}
     env.update(HTTPS_PROXY=gw.proxy_url(token, "mcp-agent"), SSL_CERT_FILE=str(gw.ca_cert))
-    url = "https://mcp.test/mcp" if transport == "streamable" else "https://mcp.test/sse"
+    url = f"https://{host}/mcp" if transport == "streamable" else f"https://{host}/sse"
     out = subprocess.run([str(mcp_python()), str(HELPERS / "mcp_client.py"), url, transport],
                          input=json.dumps(steps), capture_output=True, text=True, timeout=60,
                          env=env)
@@ -125,7 +130,8 @@ def test_the_sdk_client_calls_what_the_rule_allows(gateway: GatewayThread,
         {"read": "secret://vault/key"},
         {"prompt": "review", "arguments": {"topic": "the patch"}},
     ])
-    assert results[0] == {"tools": ["delete_repo", "get_issue", "search_issues"]}
+    # tools/list (an SSE answer here) lists only what the rule allows.
+    assert results[0] == {"tools": ["evolving", "flip", "get_issue", "search_issues"]}
     assert results[1] == {"is_error": False, "text": "found 2 issues for flaky"}
     assert results[2]["text"] == "issue org/api#7: it is broken"
     for refused, word in [(results[3], "does not match 'org/*'"),
@@ -207,3 +213,21 @@ def test_a_key_in_a_tool_argument_is_refused(gateway: GatewayThread, server: Ser
     assert answer.status_code == 403 and \
         answer.headers["x-sandbox-gateway-error"] == "exfiltration_blocked", answer.text
     assert server.calls()[before:] == []
+
+
+def test_a_tool_that_changes_its_description_is_flagged_or_pinned(
+        gateway: GatewayThread, server: Server) -> None:
+    steps: list[dict[str, Any]] = [{"list_tools": True}, {"call": "flip"},
+                                   {"list_tools": True}, {"call": "evolving"}]
+    results = _client(gateway, steps)
+    assert results[2] == {"tools": ["evolving", "flip", "get_issue", "search_issues"]}
+    assert results[3] == {"is_error": False, "text": "sunny"}  # flagged, not refused
+    flagged = [c for r in gateway.audit.records() if r.get("mcp") for c in r["mcp"]
+               if c["decision"] == "description_changed"]
+    assert {"method": "tools/list", "name": "evolving",
+            "decision": "description_changed"} in flagged
+    # mcp.pin_descriptions: hidden from the list from then on, and its calls refused.
+    results = _client(gateway, steps, host="pinned.test")
+    assert results[0] == {"tools": ["evolving", "flip"]}
+    assert results[2] == {"tools": ["flip"]}
+    assert "mcp_denied" in results[3]["error"] and "pin_descriptions" in results[3]["error"]
