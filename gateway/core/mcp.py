@@ -36,7 +36,8 @@ from gateway.services.metering import MODEL_BODY_LIMIT
 from gateway.services.policy.mcp_rule import McpRule
 
 __all__ = ["MAX_AUDITED", "MAX_BODY", "Call", "ListFilter", "Session", "Sessions",
-           "Unfilterable", "Unreadable", "calls", "fingerprint", "judge", "refusal_reason"]
+           "Unfilterable", "Unreadable", "calls", "fingerprint", "judge", "refusal_reason",
+           "request_body"]
 
 MAX_BODY = MODEL_BODY_LIMIT  # the exchange's whole-body hold (BODY_HOLD_LIMIT)
 MAX_AUDITED = 20  # calls of a batch named on its audit line
@@ -161,6 +162,29 @@ def judge(rule: McpRule, body: bytes | None, changed: set[str] | frozenset[str],
         return found, None
     return found, Refusal("mcp_denied", reason, source,
                           rpc=([c.id for c in found if c.is_request], batch))
+
+_NAMED_BY = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri",
+             "resources/subscribe": "uri", "resources/unsubscribe": "uri"}
+
+
+def request_body(call: str, arguments: object = None) -> bytes:
+    """The JSON-RPC request an MCP client sends for ``METHOD[:NAME]`` (``tools/call:
+    search``, ``resources/read:repo://org/x``, ``ping``), with a tool's ``arguments``:
+    what `policy explain --mcp` and a policy test's ``mcp:`` decide. Raises ValueError."""
+    method, _, name = call.partition(":")
+    if not method:
+        raise ValueError("an MCP call is METHOD[:NAME], e.g. tools/call:search_issues")
+    params: dict[str, object] = {}
+    key = _NAMED_BY.get(method)
+    if key is not None:
+        if not name:
+            raise ValueError(f"{method} needs what it names: {method}:NAME")
+        params[key] = name
+    if arguments is not None:
+        params["arguments"] = arguments
+    return json.dumps({"jsonrpc": "2.0", "id": 1, "method": method,
+                       **({"params": params} if params else {})}).encode()
+
 
 # -- answers: tools/list filtered, descriptions pinned ----------------------------------------
 

@@ -20,6 +20,7 @@ from typing import Any
 from gateway.config import Config, HostPort
 from gateway.core.addresses import AddressPolicy
 from gateway.core.evaluate import UNSEEN, Unseen, Verdict, meter, request_for, route
+from gateway.core.mcp import request_body
 from gateway.net.resolver import (
     DestinationGuard,
     DestinationRefused,
@@ -128,35 +129,11 @@ async def check_destination(guard: DestinationGuard, host: str, port: int) -> De
                              verdict.code, pinned.trusted)
 
 
-_MCP_PARAM = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri",
-              "resources/subscribe": "uri", "resources/unsubscribe": "uri"}
-
-
-def mcp_body(call: str, arguments: str | None = None) -> bytes:
-    """The JSON-RPC request an MCP client sends for ``METHOD[:NAME]`` (``tools/call:
-    search``, ``resources/read:repo://org/x``, ``ping``), with a tool's ``arguments``
-    (a JSON object)."""
-    method, _, name = call.partition(":")
-    params: dict[str, object] = {}
-    key = _MCP_PARAM.get(method)
-    if key is not None:
-        if not name:
-            raise ValueError(f"--mcp {method} needs what it names: {method}:NAME")
-        params[key] = name
-    if arguments is not None:
-        try:
-            params["arguments"] = json.loads(arguments)
-        except ValueError:
-            raise ValueError("--mcp-arguments must be a JSON object") from None
-    return json.dumps({"jsonrpc": "2.0", "id": 1, "method": method,
-                       **({"params": params} if params else {})}).encode()
-
-
 def explain_body(body: str | None, model: str | None,
                  mcp: str | None = None, mcp_arguments: str | None = None) -> bytes | Unseen:
     """The body ``explain`` decides with: ``body`` as given, ``{"model": model}``, or
-    the JSON-RPC of an MCP call (``mcp_body``); UNSEEN without any (the metering and MCP
-    steps are then not run)."""
+    the JSON-RPC of an MCP call (``core/mcp.request_body``); UNSEEN without any (the
+    metering and MCP steps are then not run)."""
     if sum(x is not None for x in (body, model, mcp)) > 1:
         raise ValueError("give one of a body, a model or an MCP call")
     if body is not None:
@@ -164,7 +141,13 @@ def explain_body(body: str | None, model: str | None,
     if model is not None:
         return json.dumps({"model": model}).encode()
     if mcp is not None:
-        return mcp_body(mcp, mcp_arguments)
+        arguments = None
+        if mcp_arguments is not None:
+            try:
+                arguments = json.loads(mcp_arguments)
+            except ValueError:
+                raise ValueError("--mcp-arguments must be a JSON object") from None
+        return request_body(mcp, arguments)
     return UNSEEN
 
 

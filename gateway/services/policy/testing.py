@@ -9,14 +9,16 @@ A test file is a mapping with a ``cases`` list::
         url: https://pypi.org/simple/requests/
         expect: allow                   # allow | deny | report
         # optional: error (expected code), rule (expected file:line, or null),
-        #           headers (a map), model (a string), body (a map: JSON, or a string)
+        #           headers (a map), model (a string), body (a map: JSON, or a string),
+        #           mcp (an MCP call on a rule with mcp:, METHOD[:NAME]: its JSON-RPC)
 
 A case is decided by the gateway's own decision code (``gateway.core.evaluate``): the
 policy, the credential's static checks and the metering step over empty counters. So
 it can check the result, the rule (``file:line``, relative to the policies directory)
 and the codes those produce: ``policy_denied``, ``credential_requires_tls``,
-``model_not_allowed``, ``metering_unavailable``, ``minted_secret_refused`` and
-``budget_exceeded`` for a call no budget window can hold even unused. ``model`` is
+``model_not_allowed``, ``metering_unavailable``, ``minted_secret_refused``,
+``budget_exceeded`` for a call no budget window can hold even unused, and
+``mcp_denied`` (an ``mcp:`` rule's calls). ``model`` is
 added to the JSON ``body`` as its ``"model"``. Codes that come from other checks
 (Host header vs tunnel, resolved address, token scope, key leaks, recorded usage,
 runtime failures) are refused at parse time with the reason, so a test never asserts
@@ -38,6 +40,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from gateway.core.evaluate import request_for
+from gateway.core.mcp import request_body
 from gateway.services.policy.compiled import PolicySet
 from gateway.services.policy.model import Request
 
@@ -83,11 +86,12 @@ UNREACHABLE_CODES: Mapping[str, str] = {
 
 # The codes a case can expect: what the decision code `evaluate` runs can answer.
 CHECKED_CODES = (POLICY_DENIED, "credential_requires_tls", "model_not_allowed",
-                 "metering_unavailable", "minted_secret_refused", "budget_exceeded")
+                 "metering_unavailable", "minted_secret_refused", "budget_exceeded",
+                 "mcp_denied")
 
 _FILE_KEYS = ("cases", "description")
 _CASE_KEYS = ("name", "policy", "method", "url", "expect", "error", "rule", "headers", "model",
-              "body")
+              "body", "mcp")
 _METHOD = re.compile(r"[A-Za-z][A-Za-z_-]{0,31}")
 _RULE = re.compile(r".+:[0-9]+")
 
@@ -235,6 +239,17 @@ class _Cases:
         headers = self.headers(keys["headers"]) if "headers" in keys else {}
         model = self.string(keys["model"], "model") if "model" in keys else None
         body = self.body(keys.get("body"), model)
+        if "mcp" in keys:  # an MCP call on a rule with mcp: (`METHOD[:NAME]`)
+            call = self.string(keys["mcp"], "mcp")
+            if body is not None or call is None:
+                self.err(keys["mcp"], "mcp: is the call (METHOD[:NAME]) and the case's "
+                         "body; give one of mcp: and body:/model:")
+                return None
+            try:
+                body = request_body(call)
+            except ValueError as exc:
+                self.err(keys["mcp"], str(exc))
+                return None
         if (error is False or not ok or headers is None or body is False
                 or ("model" in keys and model is None)):
             return None

@@ -379,3 +379,30 @@ def test_shipped_policies_pass_and_cover_every_rule(directory: str,
     assert written - allowed_by == set(), "rules no allow case exercises"
     denied = [r for r in run_cases(policy_set, found, str(pdir)) if r.result == "deny"]
     assert denied, "each shipped test file set checks refusals too"
+
+
+def test_mcp_cases_are_decided_as_the_proxy_decides_them() -> None:
+    """`mcp: METHOD[:NAME]` sends that call's JSON-RPC through the pipeline
+    (core/mcp.judge), so a case can expect mcp_denied."""
+    policies = load_policy_texts({"p/m.yaml": """version: v1
+name: m
+egress:
+  - host: mcp.example
+    mcp: {tools: {allow: ["search_*"]}}
+"""})
+    found = cases("""\
+        cases:
+          - {name: allowed tool, policy: m, method: POST, url: "https://mcp.example/mcp",
+             mcp: "tools/call:search_issues", expect: allow}
+          - {name: other tool, policy: m, method: POST, url: "https://mcp.example/mcp",
+             mcp: "tools/call:delete_repo", expect: deny, error: mcp_denied}
+          - {name: the list, policy: m, method: POST, url: "https://mcp.example/mcp",
+             mcp: tools/list, expect: allow}
+        """)
+    assert [r.passed for r in run_cases(policies, found, root="p")] == [True, True, True]
+    (problem,) = errors("""\
+        cases:
+          - {name: x, policy: m, method: POST, url: "https://mcp.example/mcp",
+             mcp: "tools/call", expect: allow}
+        """)
+    assert "tools/call needs what it names" in problem
