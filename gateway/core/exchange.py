@@ -413,7 +413,7 @@ class Exchange:
         self.response_head = head
         if self._metered is not None and self._metered.meter is not None:
             self._metered.head(head.headers.get)
-        if self._mcp_lists and not no_body(self.head.method, head.status):
+        if self._mcp is not None and not no_body(self.head.method, head.status):
             self._filter_lists(head)
         if self._secret is None:
             if self._mcp_filter is not None:
@@ -446,10 +446,19 @@ class Exchange:
         head.headers.remove("content-length")  # redaction may change the length
 
     def _filter_lists(self, head: ResponseHead) -> None:
-        """The answer to tools/list requests: only the tools the rule allows."""
+        """Answers to tools/list list only the tools the rule allows: the answer to the
+        tools/list requests a POST carried, or any on an event stream the client opened
+        with GET (the older HTTP+SSE transport answers there)."""
         assert self._mcp is not None and self._mcp_session is not None
-        sse = (head.headers.get("content-type") or "").lower().startswith("text/event-stream")
-        self._mcp_filter = mcp.ListFilter(self._mcp, self._mcp_lists, sse, self._mcp_session)
+        kind = (head.headers.get("content-type") or "").lower()
+        sse = kind.startswith("text/event-stream")
+        if self._mcp_lists and (sse or kind.startswith("application/json")):
+            ids: set[Any] | None = self._mcp_lists  # (a 202 "Accepted" carries no answer)
+        elif sse and self.head.method == "GET":
+            ids = None
+        else:
+            return
+        self._mcp_filter = mcp.ListFilter(self._mcp, ids, sse, self._mcp_session)
 
     def response_data(self, chunk: bytes) -> bytes:
         """One response body chunk as it should reach the client."""

@@ -232,13 +232,16 @@ def fingerprint(tool: dict[str, Any]) -> str:
 
 
 class ListFilter:
-    """Rewrites the answers to tools/list requests (`ids`) in a response body — one JSON
+    """Rewrites the answers to tools/list requests (`ids`; None: every answer that lists
+    tools, on a stream the server sends on its own — the older HTTP+SSE transport's GET
+    stream, where answers to POSTed requests arrive) in a response body — one JSON
     message, or a Server-Sent Events stream of them — to list only the tools the rule
     allows; a tool whose description or schema differs from what the session was first
     shown is recorded in `changed` (and, with `pin_descriptions`, left out). Everything
     else passes unchanged. Raises Unfilterable."""
 
-    def __init__(self, rule: McpRule, ids: set[Any], sse: bool, session: Session) -> None:
+    def __init__(self, rule: McpRule, ids: set[Any] | None, sse: bool,
+                 session: Session) -> None:
         self.rule, self.ids, self.sse, self.session = rule, ids, sse, session
         self.changed: list[str] = []
         self.hidden = 0
@@ -287,7 +290,7 @@ class ListFilter:
         messages = doc if isinstance(doc, list) else [doc]
         changed = False
         for message in messages:
-            if isinstance(message, dict) and message.get("id") in self.ids:
+            if isinstance(message, dict) and (self.ids is None or message.get("id") in self.ids):
                 result = message.get("result")
                 if isinstance(result, dict) and isinstance(result.get("tools"), list):
                     result["tools"] = self._tools(result["tools"])

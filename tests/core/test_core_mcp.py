@@ -187,3 +187,17 @@ def test_sessions_are_bounded() -> None:
     assert sessions.of("s", "h", "1") is a
     sessions.of("s", "h", "3")  # "2" was the oldest
     assert sessions.of("s", "h", "1") is a and sessions.of("s", "h", "2") is not a
+
+
+def test_a_server_stream_has_every_tools_answer_filtered() -> None:
+    """ids None (the older transport's GET stream): any answer that lists tools, whatever
+    its id; other events (the endpoint, pings, notifications) pass as they are."""
+    lists = mcp.ListFilter(RULE, None, True, mcp.Session({}, set()))
+    stream = (b"event: endpoint\r\ndata: /messages/?session_id=abc\r\n\r\n"
+              b": ping\r\n\r\n"
+              b"event: message\r\ndata: " + json.dumps(_answer(42, _tools("rm", "search_y")))
+              .encode() + b"\r\n\r\n")
+    out = lists.feed(stream) + lists.end()
+    assert out.startswith(b"event: endpoint\r\ndata: /messages/?session_id=abc\r\n\r\n"
+                          b": ping\r\n\r\n")
+    assert b'"rm"' not in out and b'"search_y"' in out

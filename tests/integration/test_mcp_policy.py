@@ -32,6 +32,9 @@ egress:
       resources: {allow: ["repo://org/*"]}
       prompts: {allow: [review]}
       arguments: {get_issue: {repo: "org/*"}}
+  - host: legacy.test
+    mcp:
+      tools: {allow: ["search_*"]}
   - host: pinned.test
     mcp:
       tools: {allow: [evolving, flip]}
@@ -61,30 +64,51 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def server(test_ca: LocalCA, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    work = tmp_path_factory.mktemp("mcp-server")
-    cert, key = test_ca.issue(work, ["mcp.test", "pinned.test"])
+def _serve(test_ca: LocalCA, work: Path, transport: str) -> Server:
+    cert, key = test_ca.issue(work, ["mcp.test", "pinned.test", "legacy.test"])
     port = _free_port()
     proc = subprocess.Popen([str(mcp_python()), str(HELPERS / "mcp_server.py"), "127.0.0.1",
-                             str(port), str(cert), str(key), str(work / "calls.jsonl")],
+                             str(port), str(cert), str(key), str(work / "calls.jsonl"),
+                             transport],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert "ready" in line, (proc.stderr.read() if proc.stderr else "")
+    return Server(proc, port, work / "calls.jsonl")
+
+
+def _stop(server: Server) -> None:
+    server.proc.terminate()
+    server.proc.wait(10)
+    for stream in (server.proc.stdout, server.proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+@pytest.fixture(scope="module")
+def sse_server(test_ca: LocalCA, tmp_path_factory: pytest.TempPathFactory
+               ) -> Iterator[Server]:
+    """The same server on the older HTTP+SSE transport (GET /sse, POST /messages/)."""
+    server = _serve(test_ca, tmp_path_factory.mktemp("mcp-sse-server"), "sse")
     try:
-        yield Server(proc, port, work / "calls.jsonl")
+        yield server
     finally:
-        proc.terminate()
-        proc.wait(10)
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+        _stop(server)
+
+
+@pytest.fixture(scope="module")
+def server(test_ca: LocalCA, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = _serve(test_ca, tmp_path_factory.mktemp("mcp-server"), "streamable")
+    try:
+        yield server
+    finally:
+        _stop(server)
 
 
 @pytest.fixture(scope="module", params=["fast", "mitmproxy"])
-def gateway(request: pytest.FixtureRequest, server: Server, test_ca: LocalCA,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+def gateway(request: pytest.FixtureRequest, server: Server, sse_server: Server,
+            test_ca: LocalCA, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[GatewayThread]:
     work = tmp_path_factory.mktemp(f"mcp-gw-{request.param}")
     (work / "policies").mkdir()
     (work / "policies" / "agent.yaml").write_text(POLICY)
@@ -95,6 +119,7 @@ def gateway(request: pytest.FixtureRequest, server: Server, test_ca: LocalCA,
         "network": {"upstream_ca": str(test_ca.cert_path), "intercept": request.param,
                     "resolve": {"mcp.test": f"127.0.0.1:{server.port}",
                                 "pinned.test": f"127.0.0.1:{server.port}",
+                                "legacy.test": f"127.0.0.1:{sse_server.port}",
                                 "api.openai.com": f"127.0.0.1:{server.port}"}},
         "secrets": {"store": "file", "path": str(secrets)},
     })
@@ -231,3 +256,26 @@ def test_a_tool_that_changes_its_description_is_flagged_or_pinned(
     assert results[0] == {"tools": ["evolving", "flip"]}
     assert results[2] == {"tools": ["flip"]}
     assert "mcp_denied" in results[3]["error"] and "pin_descriptions" in results[3]["error"]
+
+
+def test_the_older_sse_transport(gateway: GatewayThread, sse_server: Server) -> None:
+    """HTTP+SSE (GET /sse, POST /messages/): the calls are decided on the POSTs, and the
+    tools/list answer, which arrives on the GET stream, lists only what the rule allows."""
+    before = len(sse_server.calls())
+    results = _client(gateway, [{"list_tools": True},
+                                {"call": "search_issues", "arguments": {"query": "q"}}],
+                      transport="sse", host="legacy.test")
+    assert results == [{"tools": ["search_issues"]},
+                       {"is_error": False, "text": "found 2 issues for q"}]
+    assert [c["tool"] for c in sse_server.calls()[before:]] == ["search_issues"]
+    # A refused call on this transport: decided and answered on the POST (its client
+    # waits for answers on the stream, so it does not show the reason: see the docs).
+    token = gateway.mint("agent", "raw-1")
+    verify = ssl.create_default_context(cafile=str(gateway.ca_cert))
+    with httpx.Client(proxy=gateway.proxy_url(token, "raw-1"), verify=verify,
+                      timeout=20) as client:
+        answer = client.post("https://legacy.test/messages/?session_id=0123456789abcdef",
+                             json={"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+                                   "params": {"name": "delete_repo"}})
+    assert answer.status_code == 200 and answer.json()["error"]["data"]["code"] == "mcp_denied"
+    assert [c["tool"] for c in sse_server.calls()[before:]] == ["search_issues"]
