@@ -141,6 +141,7 @@ class Exchange:
         self._mcp_lists: set[Any] = set()  # ids of the tools/list requests it carries
         self._mcp_filter: mcp.ListFilter | None = None  # rewrites their answers
         self.mcp_calls: list[dict[str, Any]] | None = None  # the audit line's `mcp`
+        self._relayed: Refusal | None = None  # refused, answered through the server (mcp.relay)
 
     # -- metering (model allowlists, budgets, usage) --------------------------------------
 
@@ -202,9 +203,11 @@ class Exchange:
         """A body of JSON-RPC calls to decide (what an MCP client POSTs)."""
         return self._mcp is not None and self.head.method == "POST"
 
-    def _check_mcp(self, body: bytes | None) -> None:
+    def _check_mcp(self, body: bytes | None) -> bytes | None:
         """Every call in the body allowed by the rule's `mcp:`, or the body refused whole
-        (raises Refusal, answered as JSON-RPC errors)."""
+        (raises Refusal, answered as JSON-RPC errors); for a client of the older HTTP+SSE
+        transport (one that does not accept an event stream in answer to its POST) the
+        refused requests are relayed as pings instead, and the body to send returned."""
         assert self._mcp is not None and self._mcp_session is not None
         found, refusal = mcp.judge(self._mcp, body, self._mcp_session.changed,
                                    _source(self.decision))
@@ -215,11 +218,15 @@ class Exchange:
         for decision in [c.record()["decision"] for c in called] if found else ["deny"]:
             self.trail.telemetry.count("mcp_calls", self.identity.policy, decision)
         if refusal is None:
-            return
+            return None
         if self._mcp_report:
             self._report = f"would refuse: {refusal.reason}"
-            return
-        raise refusal
+            return None
+        accept = (self.head.headers.get("accept") or "").lower()
+        if refusal.rpc is None or not refusal.rpc[0] or "text/event-stream" in accept:
+            raise refusal
+        self._relayed = refusal
+        return mcp.relay(self._mcp_session, refusal)
 
     # -- set up by the gate ----------------------------------------------------------------
 
@@ -371,10 +378,9 @@ class Exchange:
             found = self.scan.head("", "", trailers)
             if found is not None:
                 raise self.leak(found)
-        if self._reads_mcp:
-            self._check_mcp(plain)
+        relayed = self._check_mcp(plain) if self._reads_mcp else None
         whole = body
-        replaced = self._admit(plain)
+        replaced = self._admit(plain) if relayed is None else relayed
         if replaced is not None:  # in the coding the head names (it may be on its way)
             whole = encode(self.head.headers.get("content-encoding"),
                            replaced) if encoded else replaced
@@ -452,7 +458,7 @@ class Exchange:
         assert self._mcp is not None and self._mcp_session is not None
         kind = (head.headers.get("content-type") or "").lower()
         sse = kind.startswith("text/event-stream")
-        if self._mcp_lists and (sse or kind.startswith("application/json")):
+        if (self._mcp_lists or self._relayed) and (sse or kind.startswith("application/json")):
             ids: set[Any] | None = self._mcp_lists  # (a 202 "Accepted" carries no answer)
         elif sse and self.head.method == "GET":
             ids = None
@@ -625,13 +631,15 @@ class Exchange:
         self.trail.telemetry.count("bytes", "in", by=self.bytes_in)
         if self._metered is not None:
             usage = self._complete()
-        decision = self.decision
+        decision, relayed = self.decision, self._relayed
         self.trail.audit(
-            self.client, identity=self.identity, decision=decision.result,
-            reason=self._report or decision.reason,
+            self.client, identity=self.identity,
+            decision="deny" if relayed else decision.result,
+            reason=relayed.reason if relayed else self._report or decision.reason,
             rule=decision.rule.source if decision.rule is not None else None,
             method=self.head.method, scheme=self.target.scheme, host=self.target.host,
-            port=self.target.port, path=self.target.path, status=status, error=error,
+            port=self.target.port, path=self.target.path, status=status,
+            error=relayed.code if relayed and error is None else error,
             bytes_in=self.bytes_in, bytes_out=self.bytes_out, started=self.started,
             path_taken="intercept", credential=self.credential, usage=usage,
             mcp=self.mcp_calls)

@@ -16,6 +16,12 @@ Answers to `tools/list` list only the tools the rule allows (`ListFilter`, JSON 
 a tool whose description or input schema changed since the session first saw it is
 flagged, and with `pin_descriptions` hidden and its calls refused.
 
+The older HTTP+SSE transport's client reads every answer on its GET event stream and only
+checks that a POST was accepted, so an error answered on the POST never reaches it. There
+a refused request goes on as a `ping` under an id that names it (`relay`): nothing of the
+call reaches the server, whose answer arrives where the client looks and is rewritten
+into the refusal on the way (`ListFilter`, the same for any answer carrying such an id).
+
 A batch with one refused call is refused whole (nothing of it reaches the server), each
 request answered with an error. The answer is JSON-RPC: `{"jsonrpc": "2.0", "id": <the
 request's>, "error": {"code": -32001, "message": "<code>: <reason> (...)", "data": {...}}}`
@@ -27,17 +33,18 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import secrets
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.core.refusal import Refusal
+from gateway.core.refusal import Refusal, rpc_error
 from gateway.services.metering import MODEL_BODY_LIMIT
 from gateway.services.policy.mcp_rule import McpRule
 
-__all__ = ["MAX_AUDITED", "MAX_BODY", "Call", "ListFilter", "Session", "Sessions",
+__all__ = ["MAX_AUDITED", "MAX_BODY", "RELAYED", "Call", "ListFilter", "Session", "Sessions",
            "Unfilterable", "Unreadable", "calls", "fingerprint", "judge", "refusal_reason",
-           "request_body"]
+           "relay", "request_body"]
 
 MAX_BODY = MODEL_BODY_LIMIT  # the exchange's whole-body hold (BODY_HOLD_LIMIT)
 MAX_AUDITED = 20  # calls of a batch named on its audit line
@@ -200,10 +207,12 @@ class Unfilterable(Exception):
 @dataclass(slots=True)
 class Session:
     """What one MCP session was shown: each tool's first fingerprint (description and
-    input schema), and the tools whose later listing differed."""
+    input schema), and the tools whose later listing differed; `refused`: the errors of
+    requests relayed as pings whose answers have not come back, by nonce."""
 
     first: dict[str, str]
     changed: set[str]
+    refused: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class Sessions:
@@ -226,6 +235,45 @@ class Sessions:
         return session
 
 
+RELAYED = "sandbox-gateway-refused:"  # the id prefix of a refused request relayed as a ping
+RELAYS = 256  # relayed refusals a session remembers until their answers come back
+
+
+def relay(session: Session, refusal: Refusal) -> bytes:
+    """The body to send instead of a request body `refusal` refused (one with requests),
+    for a client that reads answers only on its event stream: a ping for each refused
+    request, under the id ``RELAYED<nonce>:<the request's id as JSON>``; the session
+    keeps each one's error until `ListFilter` puts it in place of the ping's answer."""
+    assert refusal.rpc is not None and refusal.rpc[0]
+    ids, batch = refusal.rpc
+    pings = []
+    for ident in ids:
+        nonce = secrets.token_hex(8)
+        session.refused[nonce] = rpc_error(refusal, ident)
+        pings.append({"jsonrpc": "2.0", "id": f"{RELAYED}{nonce}:{json.dumps(ident)}",
+                      "method": "ping"})
+    while len(session.refused) > RELAYS:
+        del session.refused[next(iter(session.refused))]
+    return json.dumps(pings if batch else pings[0]).encode()
+
+
+def _relayed_answer(session: Session, marked: str) -> dict[str, Any]:
+    """The refusal in place of the answer to a relayed ping: the session's, or (answered
+    to another process, or forgotten) one that names no reason, for the request's id."""
+    nonce, _, original = marked[len(RELAYED):].partition(":")
+    error = session.refused.pop(nonce, None)
+    if error is not None:
+        return error
+    try:
+        ident = json.loads(original)
+    except ValueError:
+        ident = None
+    if isinstance(ident, bool) or not isinstance(ident, str | int):
+        ident = None
+    return rpc_error(Refusal("mcp_denied", "the gateway refused this request by the rule's "
+                             "mcp: (its audit line says which call and why)", None), ident)
+
+
 def fingerprint(tool: dict[str, Any]) -> str:
     shown = {"description": tool.get("description"), "inputSchema": tool.get("inputSchema")}
     return hashlib.sha256(json.dumps(shown, sort_keys=True).encode()).hexdigest()
@@ -237,8 +285,9 @@ class ListFilter:
     stream, where answers to POSTed requests arrive) in a response body — one JSON
     message, or a Server-Sent Events stream of them — to list only the tools the rule
     allows; a tool whose description or schema differs from what the session was first
-    shown is recorded in `changed` (and, with `pin_descriptions`, left out). Everything
-    else passes unchanged. Raises Unfilterable."""
+    shown is recorded in `changed` (and, with `pin_descriptions`, left out). An answer to
+    a relayed refusal (`relay`) becomes that refusal. Everything else passes unchanged.
+    Raises Unfilterable."""
 
     def __init__(self, rule: McpRule, ids: set[Any] | None, sse: bool,
                  session: Session) -> None:
@@ -289,13 +338,21 @@ class ListFilter:
             raise Unfilterable("a tools/list answer that is not JSON") from None
         messages = doc if isinstance(doc, list) else [doc]
         changed = False
-        for message in messages:
-            if isinstance(message, dict) and (self.ids is None or message.get("id") in self.ids):
+        for at, message in enumerate(messages):
+            if not isinstance(message, dict):
+                continue
+            ident = message.get("id")
+            if isinstance(ident, str) and ident.startswith(RELAYED):
+                messages[at] = _relayed_answer(self.session, ident)
+                changed = True
+            elif self.ids is None or (isinstance(ident, str | int) and ident in self.ids):
                 result = message.get("result")
                 if isinstance(result, dict) and isinstance(result.get("tools"), list):
                     result["tools"] = self._tools(result["tools"])
                     changed = True
-        return json.dumps(doc).encode() if changed else None
+        if not changed:
+            return None
+        return json.dumps(messages if isinstance(doc, list) else messages[0]).encode()
 
     def _tools(self, tools: list[Any]) -> list[Any]:
         kept = []

@@ -40,6 +40,7 @@ __all__ = [
     "Refusal",
     "answer",
     "answered_inside_tls",
+    "rpc_error",
     "status_of",
     "to_http1",
     "ws_error",
@@ -194,14 +195,20 @@ def _sf_string(text: str) -> str:
     return '"' + clean.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def rpc_error(refusal: Refusal, ident: Any) -> dict[str, Any]:
+    """The JSON-RPC error answering request `ident` (None: what was not a request) that
+    `refusal` refused: what an MCP client shows as the call's error."""
+    return {"jsonrpc": "2.0", "id": ident,
+            "error": {"code": RPC_REFUSED,
+                      "message": f"{refusal.code}: {refusal.reason} ({AGENT_HINT})",
+                      "data": {"code": refusal.code, "rule": refusal.rule}}}
+
+
 def _body(refusal: Refusal, status: int, shape: str | None) -> bytes:
     message = f"{refusal.code}: {refusal.reason} ({AGENT_HINT})"
     if refusal.rpc is not None:  # an MCP call: answered as JSON-RPC, which its client shows
         ids, batch = refusal.rpc
-        errors = [{"jsonrpc": "2.0", "id": ident,
-                   "error": {"code": RPC_REFUSED, "message": message,
-                             "data": {"code": refusal.code, "rule": refusal.rule}}}
-                  for ident in (ids or [None])]
+        errors = [rpc_error(refusal, ident) for ident in (ids or [None])]
         return json.dumps(errors if batch and ids else errors[0]).encode() + b"\n"
     if shape == TEXT:  # (git prints a text/plain body as "remote: ..." lines)
         rule = f"\nrule: {refusal.rule}" if refusal.rule else ""

@@ -372,7 +372,7 @@ class Adapter(NextLayerAddon):
             if ex.head_changed:  # signed (SigV4) now that the body is known
                 flow.request.headers.fields = tuple(ex.head.headers.fields)
             if body != (flow.request.raw_content or b""):
-                flow.request.raw_content = body  # metering asked for usage on a stream
+                flow.request.raw_content = body  # usage asked for on a stream; an MCP relay
                 if "content-length" in flow.request.headers:
                     flow.request.headers["content-length"] = str(len(body))
         except Refusal as refusal:

@@ -201,3 +201,68 @@ def test_a_server_stream_has_every_tools_answer_filtered() -> None:
     assert out.startswith(b"event: endpoint\r\ndata: /messages/?session_id=abc\r\n\r\n"
                           b": ping\r\n\r\n")
     assert b'"rm"' not in out and b'"search_y"' in out
+
+
+def _relayed(batch: bool) -> tuple[mcp.Session, Refusal, Any]:
+    session = mcp.Session({}, set())
+    refusal = Refusal("mcp_denied", "tool 'rm' is not allowed", "p.yaml:3",
+                      rpc=([7, "b"] if batch else [7], batch))
+    return session, refusal, json.loads(mcp.relay(session, refusal))
+
+
+def test_a_relayed_refusal_sends_only_pings_under_ids_that_name_the_request() -> None:
+    """What the server receives names no tool, no argument, no reason: a ping per
+    refused request, its id the prefix, a nonce and the request's own id."""
+    _, _, single = _relayed(False)
+    assert single["method"] == "ping" and "params" not in single
+    assert single["id"].startswith(mcp.RELAYED) and single["id"].endswith(":7")
+    session, _, batch = _relayed(True)
+    assert [p["method"] for p in batch] == ["ping", "ping"]
+    assert batch[1]["id"].endswith(':"b"') and len(session.refused) == 2
+    assert "rm" not in json.dumps(batch)
+
+
+@pytest.mark.parametrize("sse", [False, True])
+def test_the_answer_to_a_relayed_ping_becomes_the_refusal(sse: bool) -> None:
+    session, refusal, sent = _relayed(True)
+    answers = [{"jsonrpc": "2.0", "id": p["id"], "result": {}} for p in sent]
+    lists = mcp.ListFilter(RULE, None if sse else set(), sse, session)
+    if sse:
+        body = b"".join(b"event: message\r\ndata: " + json.dumps(a).encode() + b"\r\n\r\n"
+                        for a in answers)
+        out = lists.feed(body) + lists.end()
+        got = [json.loads(line[6:]) for line in out.splitlines() if line.startswith(b"data:")]
+    else:
+        got = json.loads(lists.feed(json.dumps(answers).encode()) + lists.end())
+    assert [g["id"] for g in got] == [7, "b"]
+    assert got == [json.loads(answer(Refusal("mcp_denied", refusal.reason, "p.yaml:3",
+                                             rpc=([i], False))).body) for i in (7, "b")]
+    assert session.refused == {}  # each forgotten once answered
+
+
+@pytest.mark.parametrize(("marked", "ident"), [
+    (mcp.RELAYED + "0000:12", 12),  # another process relayed it, or it was forgotten
+    (mcp.RELAYED + '0000:"x"', "x"),
+    (mcp.RELAYED + "0000:{not json", None),
+    (mcp.RELAYED + "0000:[1]", None),  # not an id a request can have
+    (mcp.RELAYED + "0000:true", None),
+])
+def test_an_answer_to_an_unknown_relay_is_still_a_refusal(marked: str, ident: Any) -> None:
+    lists = mcp.ListFilter(RULE, set(), False, mcp.Session({}, set()))
+    got = json.loads(lists.feed(json.dumps({"jsonrpc": "2.0", "id": marked,
+                                            "result": {}}).encode()) + lists.end())
+    assert got["id"] == ident and got["error"]["data"]["code"] == "mcp_denied"
+    assert "audit line" in got["error"]["message"]
+
+
+def test_relays_are_bounded_per_session() -> None:
+    session = mcp.Session({}, set())
+    for n in range(mcp.RELAYS + 5):
+        mcp.relay(session, Refusal("mcp_denied", "r", None, rpc=([n], False)))
+    assert len(session.refused) == mcp.RELAYS
+
+
+def test_an_id_a_set_cannot_hold_is_passed_by_the_list_filter() -> None:
+    lists = mcp.ListFilter(RULE, {1}, False, mcp.Session({}, set()))
+    body = json.dumps({"jsonrpc": "2.0", "id": {"x": 1}, "result": {"tools": []}}).encode()
+    assert lists.feed(body) + lists.end() == body

@@ -120,6 +120,16 @@ def _no_upstream_body(result: Result, seen: list[Any]) -> None:
     assert all(s.body == b"" and "eyJ" not in json.dumps(s.headers) for s in seen), seen
 
 
+STREAMABLE = ["Accept", "application/json, text/event-stream"]  # a streamable-HTTP client
+
+
+def _relayed_ping(result: Result, seen: list[Any]) -> None:
+    """The server saw a ping under a marked id, nothing of the refused call."""
+    assert len(seen) == 1 and b"delete_repo" not in seen[0].body, seen
+    ping = json.loads(seen[0].body)
+    assert ping["method"] == "ping" and ping["id"].startswith("sandbox-gateway-refused:")
+
+
 def _swapped(result: Result, seen: list[Any]) -> None:
     assert seen and seen[-1].headers.get("authorization") == f"Bearer {KEY}"
     assert "eyJ" not in json.dumps(seen[-1].headers)  # no gateway token upstream
@@ -371,11 +381,20 @@ CASES = [
          ("response", 200, None), {"decision": "allow", "error": None}),
     Case("MCP: a tool the rule denies",
          {"host": "unbound.test", "method": "POST", "target": "/mcp",
-          "headers": [["Content-Type", "application/json"]],
+          "headers": [["Content-Type", "application/json"], STREAMABLE],
           "body": "{B64:{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": \"tools/call\", "
                   "\"params\": {\"name\": \"delete_repo\", \"arguments\": {}}}}"},
          ("response", 200, "mcp_denied"), {**DENY, "error": "mcp_denied", "status": 200},
          check=_no_upstream),
+    # The older HTTP+SSE transport (a POST that does not accept an event stream): the
+    # refused call goes on as a ping, and its answer becomes the refusal.
+    Case("MCP: a refused call of the older SSE transport goes as a ping",
+         {"host": "unbound.test", "method": "POST", "target": "/mcp",
+          "headers": [["Content-Type", "application/json"]],
+          "body": "{B64:{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": \"tools/call\", "
+                  "\"params\": {\"name\": \"delete_repo\", \"arguments\": {}}}}"},
+         ("response", 200, None), {**DENY, "error": "mcp_denied", "status": 200},
+         check=_relayed_ping),
     Case("MCP: not JSON-RPC on an mcp rule",
          {"host": "unbound.test", "method": "POST", "target": "/mcp",
           "headers": [["Content-Type", "application/json"]], "body": "{B64:[1, 2]}"},

@@ -10,6 +10,7 @@ import json
 import os
 import ssl
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -259,23 +260,27 @@ def test_a_tool_that_changes_its_description_is_flagged_or_pinned(
 
 
 def test_the_older_sse_transport(gateway: GatewayThread, sse_server: Server) -> None:
-    """HTTP+SSE (GET /sse, POST /messages/): the calls are decided on the POSTs, and the
-    tools/list answer, which arrives on the GET stream, lists only what the rule allows."""
+    """HTTP+SSE (GET /sse, POST /messages/): the calls are decided on the POSTs, the
+    tools/list answer, which arrives on the GET stream, lists only what the rule allows,
+    and a refused call's error arrives on that stream too, where the client reads it:
+    the server sees a ping in its place, never the call."""
     before = len(sse_server.calls())
+    started = time.monotonic()
     results = _client(gateway, [{"list_tools": True},
-                                {"call": "search_issues", "arguments": {"query": "q"}}],
+                                {"call": "search_issues", "arguments": {"query": "q"}},
+                                {"call": "delete_repo", "arguments": {"repo": "org/api"}},
+                                {"call": "search_issues", "arguments": {"query": "again"}}],
                       transport="sse", host="legacy.test")
-    assert results == [{"tools": ["search_issues"]},
-                       {"is_error": False, "text": "found 2 issues for q"}]
-    assert [c["tool"] for c in sse_server.calls()[before:]] == ["search_issues"]
-    # A refused call on this transport: decided and answered on the POST (its client
-    # waits for answers on the stream, so it does not show the reason: see the docs).
-    token = gateway.mint("agent", "raw-1")
-    verify = ssl.create_default_context(cafile=str(gateway.ca_cert))
-    with httpx.Client(proxy=gateway.proxy_url(token, "raw-1"), verify=verify,
-                      timeout=20) as client:
-        answer = client.post("https://legacy.test/messages/?session_id=0123456789abcdef",
-                             json={"jsonrpc": "2.0", "id": 9, "method": "tools/call",
-                                   "params": {"name": "delete_repo"}})
-    assert answer.status_code == 200 and answer.json()["error"]["data"]["code"] == "mcp_denied"
-    assert [c["tool"] for c in sse_server.calls()[before:]] == ["search_issues"]
+    assert time.monotonic() - started < 20  # (the refusal does not wait for a timeout)
+    assert results[:2] == [{"tools": ["search_issues"]},
+                           {"is_error": False, "text": "found 2 issues for q"}]
+    assert "mcp_denied" in results[2]["error"] and "delete_repo" in results[2]["error"]
+    assert results[3] == {"is_error": False, "text": "found 2 issues for again"}
+    assert [c["tool"] for c in sse_server.calls()[before:]] == ["search_issues"] * 2
+    denied = gateway.audit.wait_for(lambda r: r.get("host") == "legacy.test"
+                                    and r.get("decision") == "deny")
+    assert len(denied) == 1 and denied[0]["error"] == "mcp_denied", denied
+    assert denied[0]["status"] == 202 and denied[0]["mcp"] == [
+        {"method": "tools/call", "name": "delete_repo", "decision": "deny"}]
+    assert "delete_repo" in denied[0]["reason"]
+

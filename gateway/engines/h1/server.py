@@ -381,7 +381,8 @@ class Connection(Side):
         """A request whose body was read and checked whole: one write upstream."""
         fields = trailers[0] if trailers else []
         if size is not None or not fields:
-            size = len(body)  # (metering may have changed it; chunked without trailers too)
+            size = len(body)  # (metering or an MCP relay may have changed it; chunked
+            #  without trailers too)
         request = framing.serialize_request(ex.head, size, upgrade=websocket)
         if size is None:
             request += (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n" + \
