@@ -181,6 +181,28 @@ class KubernetesConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Notifier:
+    """Where ask mode tells people what is asked: a webhook (`format` slack: a
+    Slack-compatible incoming webhook's `{"text": ...}`; json: the approval as JSON),
+    each POST signed with HMAC-SHA256 by the value of `secret` (a name in the secret
+    store) when one is named."""
+
+    url: str
+    format: str = "json"
+    secret: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalsConfig:
+    """Ask mode: the notifiers policies' `ask.notify` name, and how long answered
+    approvals stay listed."""
+
+    notify: Mapping[str, Notifier] = field(default_factory=dict)
+    retention: float = 86400.0
+    proposals: Path = Path("proposals")  # where `always` grants' policy changes are written
+
+
+@dataclass(frozen=True, slots=True)
 class IdentityConfig:
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
 
@@ -209,6 +231,7 @@ class Config:
     state: Mapping[str, Any] = field(default_factory=lambda: {"store": "sqlite"})
     metering: MeteringConfig = field(default_factory=MeteringConfig)
     identity: IdentityConfig = field(default_factory=IdentityConfig)
+    approvals: ApprovalsConfig = field(default_factory=ApprovalsConfig)
     workers: int = 0  # 0 = one worker process per core
     log_level: str = "info"
     source: str = "<defaults>"
@@ -375,6 +398,32 @@ def _string(value: object, key: str) -> str:
     return value
 
 
+def _notifiers(value: object, key: str) -> dict[str, Notifier]:
+    """`approvals.notify`: {name: {url, format: json | slack, secret: <secret name>}}."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a map of notifiers, e.g. {{ops: {{url: "
+                          "https://hooks.example/T/B, format: slack, secret: hook-key}}")
+    out: dict[str, Notifier] = {}
+    for name, spec in value.items():
+        where = f"{key}.{name}"
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}",
+                                                         name):
+            raise ConfigError(f"{key}: {name!r} is not a notifier name (letters, digits, "
+                              "'.', '_', '-')")
+        if not isinstance(spec, dict) or set(spec) - {"url", "format", "secret"}:
+            raise ConfigError(f"{where}: expected {{url, format, secret}}, got {spec!r}")
+        url = _str(spec.get("url"), f"{where}.url")
+        if not re.match(r"https?://[^/\s]+", url):
+            raise ConfigError(f"{where}.url: expected an http(s) URL, got {url!r}")
+        kind = spec.get("format", "json")
+        if kind not in ("json", "slack"):
+            raise ConfigError(f"{where}.format: expected json or slack, got {kind!r}")
+        secret = spec.get("secret")
+        out[name] = Notifier(url=url, format=kind,
+                             secret=None if secret is None else _str(secret, f"{where}.secret"))
+    return out
+
+
 def _level(value: object, key: str) -> str:
     levels = ("debug", "info", "warning", "error")
     if value not in levels:
@@ -456,6 +505,7 @@ SCHEMA: Schema = {
             },
         },
     },
+    "approvals": {"notify": _notifiers, "retention": parse_duration, "proposals": _str},
     "workers": _int,
     "log_level": _level,
 }
@@ -648,6 +698,11 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
         ),
         identity=IdentityConfig(kubernetes=_kubernetes(
             v.get("identity", {}).get("kubernetes", {}), base, source)),
+        approvals=ApprovalsConfig(
+            notify=v.get("approvals", {}).get("notify", {}),
+            retention=v.get("approvals", {}).get("retention", d.approvals.retention),
+            proposals=_path(base, v.get("approvals", {}).get("proposals", "proposals"))
+            or d.approvals.proposals),
         workers=v.get("workers", d.workers),
         log_level=v.get("log_level", d.log_level),
         source=source,

@@ -17,6 +17,7 @@ from gateway.config import (
     Config,
     ConfigError,
     HostPort,
+    Notifier,
     load_config,
     parse_duration,
     parse_hostport,
@@ -123,6 +124,12 @@ identity:
     stale_after: 45s
     exchange: {enabled: true, audience: gw, verify: oidc, ttl: 30m,
                issuer: "https://kubernetes.default.svc"}
+approvals:
+  notify:
+    ops: {url: "https://hooks.example/T/B", format: slack}
+    pager: {url: "https://pager.example/ask", secret: pager-key}
+  retention: 2d
+  proposals: props
 workers: 4
 log_level: debug
 """
@@ -183,6 +190,11 @@ def test_full_file(tmp_path: Path) -> None:
     assert cfg.metering.pricing == base / "prices.yaml"
     assert cfg.metering.retention == 30 * 86400
     assert cfg.metering.stream_usage is False
+    assert dict(cfg.approvals.notify) == {
+        "ops": Notifier("https://hooks.example/T/B", "slack", None),
+        "pager": Notifier("https://pager.example/ask", "json", "pager-key")}
+    assert cfg.approvals.retention == 2 * 86400
+    assert cfg.approvals.proposals == base / "props"
     assert cfg.workers == 4
     assert cfg.log_level == "debug"
     assert cfg.source == str(path)
@@ -290,6 +302,14 @@ def test_process_environment_is_the_default(monkeypatch: pytest.MonkeyPatch) -> 
 # --- errors name the key ---------------------------------------------------------------
 
 FILE_ERRORS = [
+    ("approvals: {notify: [ops]}", "approvals.notify: expected a map of notifiers"),
+    ("approvals: {notify: {ops: {url: 'ftp://x'}}}",
+     "approvals.notify.ops.url: expected an http(s) URL"),
+    ("approvals: {notify: {ops: {url: 'https://x', format: xml}}}",
+     "approvals.notify.ops.format: expected json or slack"),
+    ("approvals: {notify: {ops: {url: 'https://x', token: y}}}",
+     "approvals.notify.ops: expected {url, format, secret}"),
+    ("approvals: {notify: {'a b': {url: 'https://x'}}}", "is not a notifier name"),
     ("listne: {proxy: ':1'}", "listne: unknown key; did you mean listen?"),
     ("tokens: {max_tl: 1h}", "tokens.max_tl: unknown key; did you mean tokens.max_ttl?"),
     ("zzz: 1", "zzz: unknown key"),

@@ -1,4 +1,5 @@
-"""The control plane: health, metrics, tokens, policies, explain, usage, JWKS (Starlette).
+"""The control plane: health, metrics, tokens, policies, explain, usage, JWKS, and ask
+mode's approvals and grants (`api/approvals.py`) (Starlette).
 
 `POST /v1/explain` answers like `policy explain`; with `"resolve": true` it also runs
 the proxy's own destination check (resolution, address class, `allow_cidrs`), so an
@@ -27,6 +28,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.api.approvals import routes as approval_routes
 from gateway.config import ConfigError, parse_duration
 from gateway.core.evaluate import static_metering
 from gateway.core.names import DestinationError, is_ip, normalize_host
@@ -38,6 +40,7 @@ from gateway.services.state.base import SandboxAddress, StateUnavailable
 from gateway.tools.explain import explain_body, explain_request
 
 if TYPE_CHECKING:
+    from gateway.services.approvals import ApprovalService
     from gateway.services.identity.kubernetes import PodIdentities
     from gateway.services.metering import Metering
 
@@ -60,6 +63,7 @@ class AdminContext:
     metering: Metering | None = None
     clock: Callable[[], float] = time.time
     pods: PodIdentities | None = None  # identity.kubernetes (None: off)
+    approvals: ApprovalService | None = None  # ask mode (None: no approvals here)
 
 
 def parse_since(value: str, now: float) -> float:
@@ -327,4 +331,5 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         Route("/v1/policies", policies),
         Route("/v1/explain", explain_endpoint, methods=["POST"]),
         Route("/v1/usage", usage, methods=["GET"]),
+        *approval_routes(ctx.approvals, protected, body),
     ])

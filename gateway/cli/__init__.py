@@ -1,7 +1,8 @@
 """`sandbox-gateway` (also `python -m gateway`): run, token, config, policy, ca, env,
-node-preload, usage, state.
+node-preload, usage, state, approvals.
 
-A module per command group (run, token, config, policy, ca, env, usage, state), each
+A module per command group (run, token, config, policy, ca, env, usage, state,
+approvals), each
 with its `register`; this module builds the parser from them and runs a command.
 
 Every subcommand takes `--config FILE`; without it the embedded defaults apply
@@ -14,9 +15,9 @@ import argparse
 import sys
 
 from gateway import __version__
+from gateway.cli import approvals, env, policy, run, state, token, usage
 from gateway.cli import ca as ca_cmd
 from gateway.cli import config as config_cmd
-from gateway.cli import env, policy, run, state, token, usage
 from gateway.config import ConfigError
 from gateway.net import ca
 from gateway.services.identity.tokens import TokenError
@@ -36,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    for group in (run, token, config_cmd, policy, ca_cmd, env, usage, state):
+    for group in (run, token, config_cmd, policy, ca_cmd, env, usage, state, approvals):
         group.register(sub, common)
     return parser
 

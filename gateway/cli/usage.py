@@ -4,40 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
 
-from gateway.cli.common import config_of
-from gateway.config import ConfigError
-from gateway.net import ca
-
-
-def _admin_url(args: argparse.Namespace) -> str:
-    if args.admin:
-        return str(args.admin).rstrip("/")
-    admin = config_of(args).listen.admin
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(admin.host, admin.host)
-    return f"http://[{host}]:{admin.port}" if ":" in host else f"http://{host}:{admin.port}"
-
-
-def _admin_token(args: argparse.Namespace) -> str:
-    if args.token:
-        return str(args.token)
-    if os.environ.get("SANDBOX_GATEWAY_ADMIN_TOKEN"):
-        return os.environ["SANDBOX_GATEWAY_ADMIN_TOKEN"]
-    cfg = config_of(args)
-    if cfg.admin_token:
-        return cfg.admin_token
-    path = cfg.certs / ca.ADMIN_TOKEN
-    try:
-        return path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(f"no admin token: pass --token, set SANDBOX_GATEWAY_ADMIN_TOKEN or "
-                          f"admin_token, or make {path} readable ({exc.strerror})") from None
+from gateway.cli.admin_client import AdminError, add_arguments, call
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -90,26 +61,13 @@ def _usage_lines(report: dict[str, Any]) -> list[str]:
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
-    url = _admin_url(args)
     query = {k: v for k, v in (("sandbox", args.sandbox), ("policy", args.policy),
                                ("since", args.since)) if v}
-    target = f"{url}/v1/usage" + (f"?{urllib.parse.urlencode(query)}" if query else "")
-    request = urllib.request.Request(target, headers={  # noqa: S310 - operator-given URL
-        "Authorization": f"Bearer {_admin_token(args)}", "Accept": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=args.timeout) as response:  # noqa: S310
-            report = json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            detail = json.loads(exc.read()).get("reason", "")
-        except (ValueError, AttributeError):
-            detail = ""
-        print(f"sandbox-gateway: {target}: HTTP {exc.code} {detail}".rstrip(), file=sys.stderr)
-        return 1
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        print(f"sandbox-gateway: cannot reach the admin API at {url}: {reason}",
-              file=sys.stderr)
+        report = call(args, "GET", "/v1/usage" + (f"?{urllib.parse.urlencode(query)}"
+                                                   if query else ""))
+    except AdminError as exc:
+        print(f"sandbox-gateway: {exc}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(report, indent=2))
@@ -127,10 +85,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     usage.add_argument("--policy", help="only this policy (also shows its budgets)")
     usage.add_argument("--since", help="ISO 8601 time or duration back from now, e.g. 24h "
                        "(default: everything kept, metering.retention)")
-    usage.add_argument("--admin", metavar="URL",
-                       help="admin API URL (default: http://<listen.admin> from the config)")
-    usage.add_argument("--token", help="admin token (default: SANDBOX_GATEWAY_ADMIN_TOKEN, "
-                       "admin_token, or certs/admin-token)")
-    usage.add_argument("--timeout", type=float, default=10.0, help=argparse.SUPPRESS)
+    add_arguments(usage)
     usage.add_argument("--json", action="store_true", help="print the JSON answer")
     usage.set_defaults(func=cmd_usage)

@@ -22,9 +22,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
-from gateway.core import credentials, local_api, mcp, target
+from gateway.core import approvals, credentials, local_api, mcp, target
 from gateway.core.addresses import Pinned
 from gateway.core.client import Client, Refused, Tunnel
 from gateway.core.connections import Connections
@@ -38,6 +39,7 @@ from gateway.core.messages import RequestHead
 from gateway.core.names import DestinationError, is_ip, normalize_host
 from gateway.core.ports import (
     SILENT,
+    Approvals,
     AuditHealth,
     Guard,
     Registry,
@@ -52,7 +54,8 @@ from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal, answered_inside
 from gateway.core.secret_value import SecretValue
 from gateway.core.trail import Trail, rule_of
 from gateway.services.metering import Metering
-from gateway.services.policy import Credential, Decision, Policy, PolicySet, Request
+from gateway.services.policy import Credential, Decision, Policy, PolicySet, Request, Rule
+from gateway.services.policy.ask_rule import Ask
 from gateway.services.secrets.ephemeral import EphemeralKeys
 
 log = logging.getLogger("sandbox_gateway")
@@ -73,7 +76,8 @@ class Gate:
                  ephemeral: EphemeralKeys | None = None, audit_health: AuditHealth | None = None,
                  connections_per_sandbox: int = 256, max_connections: int = 1 << 30,
                  telemetry: Telemetry = SILENT, clock: Callable[[], float] = time.time,
-                 refusals_inside_tls: bool = False, workloads: Workloads | None = None) -> None:
+                 refusals_inside_tls: bool = False, workloads: Workloads | None = None,
+                 approvals: Approvals | None = None) -> None:
         self.tokens = tokens
         self.policies = policies
         self.guard = guard
@@ -91,6 +95,7 @@ class Gate:
         self.identities = Identifier(tokens, registry, self.connections, workloads, policies)
         self.markers = Markers(policies, secrets, self.ephemeral, lambda: self.tokens.issuer)
         self.mcp_sessions = mcp.Sessions()  # tools each MCP session was shown (pinning)
+        self.approvals = approvals  # ask mode: grants, and asking a person (None: off)
 
     @property
     def open_connections(self) -> int:
@@ -131,8 +136,16 @@ class Gate:
         ended = 0
         for client in self.connections.clients():
             identity, end = client.identity, client.end
-            if identity is None or end is None or client.ended_by is not None or (
-                    client.token is None and not client.registered):
+            if identity is None or end is None or client.ended_by is not None:
+                continue
+            if self._grant_gone(client):
+                client.ended_by = "grant_revoked"
+                log.info("ended the connection from %s:%s of sandbox %s: its grant ended",
+                         *client.peer, identity.sandbox)
+                end()
+                ended += 1
+                continue
+            if client.token is None and not client.registered:
                 continue
             try:
                 self.identities.recheck(client)
@@ -149,6 +162,14 @@ class Gate:
             end()
             ended += 1
         return ended
+
+    def _grant_gone(self, client: Client) -> bool:
+        """The client's tunnel was opened by a grant that has been revoked or expired."""
+        tunnel = client.tunnel
+        if tunnel is None or self.approvals is None or tunnel.decision.rule is None:
+            return False
+        source = tunnel.decision.rule.source
+        return source.startswith("grant:gr_") and not self.approvals.active(source[6:])
 
     def identify_registered(self, client: Client, orig: tuple[str, int]) -> bool:
         """Transparent mode: identify a redirected connection (to `orig`) by its
@@ -226,8 +247,8 @@ class Gate:
 
     async def _admit_tunnel(self, client: Client, host: str, port: int, scheme: str) -> Tunnel:
         assert client.identity is not None
-        decision = self._route(client.identity, Request(None, scheme, host, port, None)
-                               ).decision
+        decision = (await self._decide(client, client.identity,
+                                       Request(None, scheme, host, port, None))).decision
         tcp = decision.rule is not None and decision.rule.protocol == "tcp"
         # A would-deny tunnel (report mode) is inspected, so its requests are recorded.
         passthrough = tcp or (decision.result == "allow" and not decision.inspect)
@@ -287,9 +308,9 @@ class Gate:
                                 self.trail.clock())
             else:
                 # The policy first: a denied name is never even resolved.
-                decision = self._route(client.identity, Request(
+                decision = (await self._decide(client, client.identity, Request(
                     None, "tcp" if kind == "tcp" else "https" if kind == "tls" else "http",
-                    host, port, None)).decision
+                    host, port, None))).decision
                 await self._bind(host, orig_ip, port)
                 tcp = kind == "tcp" or (decision.rule is not None and
                                         decision.rule.protocol == "tcp")
@@ -413,8 +434,8 @@ class Gate:
             if upgrade is not None and upgrade.strip().lower() != "websocket":
                 raise Refusal("unsupported", f"upgrade to {upgrade[:40]!r} is not supported "
                               "through the gateway; only WebSocket upgrades are relayed")
-            routed = self._route(identity, Request(head.method, tgt.scheme, tgt.host,
-                                                   tgt.port, tgt.path))
+            routed = await self._decide(client, identity, Request(
+                head.method, tgt.scheme, tgt.host, tgt.port, tgt.path))
             decision = routed.decision
             if tgt.host == INTERNAL_HOST:
                 answered = local_api.serve(client, head, tgt, self.tokens, self.telemetry)
@@ -442,15 +463,47 @@ class Gate:
                                close=refusal.code in ("bad_request", "gateway_error"),
                                plain=_plain(head))
 
-    def _route(self, identity: Identity, request: Request) -> Routed:
-        """Stage 1 of the decision pipeline (`core/evaluate.py`), timed; raises its
-        refusal."""
+    async def _decide(self, client: Client, identity: Identity, request: Request) -> Routed:
+        """Stage 1, and ask mode where the policy lets a person decide: a grant that
+        covers the request allows it; else an askable refusal (the policy's `ask:`, never
+        a deny rule, a credential's binding or a destination the guard refuses) or a
+        rule with `ask:` is held until a person answers (raises the refusal)."""
+        policy = self.policy(identity)
         start = time.perf_counter()
-        routed = route(self.policies().credentials, self.policy(identity), request)
+        routed = route(self.policies().credentials, policy, request)
         self.telemetry.observe("decision_seconds", time.perf_counter() - start)
-        if routed.refusal is not None:
-            raise routed.refusal
-        return routed
+        if self.approvals is None:
+            if routed.refusal is not None:
+                raise routed.refusal
+            return routed
+        rule = routed.decision.rule
+        spec = _askable(policy, routed, request)
+        if spec is None:
+            if routed.refusal is not None:
+                raise routed.refusal
+            return routed
+        grant = self.approvals.grant_for(identity.sandbox, identity.policy, request)
+        if grant is not None:
+            return _granted(routed, grant.source, grant.describe(), request)
+        assert routed.refusal is None or routed.refusal.code == "policy_denied"
+        await self._check(client, request.host, request.port)  # (never asked: refused)
+        asked = approvals.asked_for(request, host_known=rule is not None and (
+            routed.refusal is not None or rule.methods is not None or rule.paths is not None))
+        reason = routed.refusal.reason if routed.refusal is not None else \
+            f"rule {rule.source if rule else ''} asks before it allows"
+        ended = await self.approvals.ask(identity, asked, reason, spec)
+        if ended.state == "approved":
+            return _granted(routed, f"grant:{ended.grant or ended.id}",
+                            f"approved by {ended.by} ({ended.scope})", request)
+        source = f"approval:{ended.id}"
+        if ended.state == "denied":
+            note = f": {ended.note}" if ended.note else ""
+            raise Refusal("approval_denied", f"a person ({ended.by}) declined "
+                          f"{asked.describe()} in approval {ended.id}{note}; do not retry "
+                          "it - ask them, or change the policy", source)
+        raise Refusal("approval_timeout", f"no one answered approval {ended.id} for "
+                      f"{asked.describe()} within {spec.timeout:g}s; it may be asked again "
+                      "later, or allowed by a policy change", source)
 
     async def _prepare(self, ex: Exchange, credential: Credential | None) -> None:
         """The credential swap and the head's leak scan (raises Refusal)."""
@@ -514,6 +567,38 @@ class Gate:
                 return None
             return key.value
         return find
+
+
+def _askable(policy: Policy, routed: Routed, request: Request) -> Ask | None:
+    """The `ask:` that lets a person decide this request, or None: a rule's own `ask`
+    (what it allows waits for a person), or the policy's for a refusal of its rules -
+    `hosts` for a host no rule names, `requests` for a method or path on one that
+    does. Never a deny rule's refusal or a credential's (those are not the policy
+    failing to foresee something)."""
+    decision, rule = routed.decision, routed.decision.rule
+    if routed.refusal is None:  # (a rule that decides per request asks per request)
+        if rule is None or rule.ask is None or (request.method is None and decision.inspect):
+            return None
+        return rule.ask
+    if decision.allowed or routed.refusal.code != "policy_denied" or policy.ask is None:
+        return None
+    if rule is not None and rule.denies:
+        return None
+    if rule is None:
+        return policy.ask if policy.ask.hosts else None
+    return policy.ask if policy.ask.requests and request.method is not None else None
+
+
+def _granted(routed: Routed, source: str, reason: str, request: Request) -> Routed:
+    """The decision a grant (or an approval) makes: the matching rule's where one asked
+    (its credential and inspection kept), else a rule standing for the grant alone."""
+    rule = routed.decision.rule
+    if routed.refusal is None and rule is not None:
+        return Routed(Decision("allow", reason, replace(rule, source=source, ask=None),
+                               routed.decision.inspect, routed.decision.credential),
+                      routed.credential, None)
+    stand_in = Rule(host=request.host, source=source, ports=(request.port,))
+    return Routed(Decision("allow", reason, stand_in), None, None)
 
 
 async def _no_resolver(host: str, port: int) -> list[str]:

@@ -6,15 +6,17 @@ from __future__ import annotations
 from typing import Protocol
 
 from gateway.core.addresses import Pinned
+from gateway.core.approvals import Approval, Asked, Grant
 from gateway.core.identity import Identity, Workload
 from gateway.core.messages import RequestHead
 from gateway.core.secret_value import SecretValue
 from gateway.core.target import Target
-from gateway.services.policy import Credential
+from gateway.services.policy import Credential, Request
+from gateway.services.policy.ask_rule import Ask
 from gateway.services.state.base import SandboxAddress
 
-__all__ = ["SILENT", "AuditHealth", "Guard", "Minted", "Registry", "Secrets", "Signer",
-           "Signers", "Telemetry", "Tokens", "Workloads"]
+__all__ = ["SILENT", "Approvals", "AuditHealth", "Guard", "Minted", "Registry", "Secrets",
+           "Signer", "Signers", "Telemetry", "Tokens", "Workloads"]
 
 
 class Telemetry(Protocol):
@@ -128,3 +130,15 @@ class AuditHealth(Protocol):
 
     @property
     def refusing(self) -> str | None: ...
+
+
+class Approvals(Protocol):
+    """Ask mode (gateway/services/approvals): the grants people made, and asking them.
+    `grant_for` and `active` read a local view (no I/O); `ask` holds until the answer or
+    the ask's timeout and returns the approval as it ended (approved, denied, timeout);
+    raises StateUnavailable when the store cannot hold the ask."""
+
+    def grant_for(self, sandbox: str, policy: str, request: Request) -> Grant | None: ...
+    def active(self, grant: str) -> bool: ...
+    async def ask(self, identity: Identity, asked: Asked, reason: str, spec: Ask
+                  ) -> Approval: ...

@@ -84,6 +84,13 @@ class Door(asyncio.Protocol):
         self.timer = asyncio.get_running_loop().call_later(
             self.doors.timeouts.handshake, self._timed_out)
 
+    def hold(self) -> None:
+        """The gate is deciding, and may hold the connection while a person answers (ask
+        mode, bounded by the ask's own timeout): the handshake deadline pauses."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
     def _timed_out(self) -> None:
         log.debug("connection from %s: %s", self.client.peer if self.client else "?",
                   self.waiting_for())

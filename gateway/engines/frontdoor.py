@@ -112,6 +112,7 @@ class FrontDoor(Door):
                     self.client, "more than one Proxy-Authorization field; send one"))
                 return
             auth = credentials[0].decode("latin-1") if credentials else None
+            self.hold()
             try:
                 tunnel = await self.gate.connect(self.client, authority, auth,
                                                  started=self.started)

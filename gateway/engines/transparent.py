@@ -92,6 +92,7 @@ class TransparentDoor(Door):
 
     async def _decide(self, first: FirstBytes) -> None:
         assert self.client is not None and self.transport is not None and self.orig
+        self.hold()
         try:
             try:
                 tunnel = await self.gate.open_transparent(self.client, self.orig, first.kind,

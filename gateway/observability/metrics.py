@@ -195,6 +195,31 @@ BUDGET_REFUSALS = Counter(
     ["policy", "budget"],
     registry=REGISTRY,
 )
+APPROVALS = Counter(
+    "sandbox_gateway_approvals_total",
+    "Ask mode: approvals by result (asked, approved, denied, timeout, revoked: a grant).",
+    ["result"],
+    registry=REGISTRY,
+)
+APPROVALS_PENDING = Gauge(
+    "sandbox_gateway_approvals_pending",
+    "Ask mode: requests held now, waiting for a person's answer.",
+    registry=REGISTRY,
+    multiprocess_mode="livesum",
+)
+APPROVAL_WAIT = Histogram(
+    "sandbox_gateway_approval_wait_seconds",
+    "Ask mode: how long a held request waited for its answer (or its timeout).",
+    buckets=(0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600),
+    registry=REGISTRY,
+)
+APPROVAL_NOTIFICATIONS = Counter(
+    "sandbox_gateway_approval_notifications_total",
+    "Ask mode: notifications by notifier and result (sent, failed, unknown: no such "
+    "notifier in approvals.notify).",
+    ["notifier", "result"],
+    registry=REGISTRY,
+)
 MCP_CALLS = Counter(
     "sandbox_gateway_mcp_calls_total",
     "MCP JSON-RPC calls on rules with mcp:, by policy and decision (allow, deny).",
@@ -271,9 +296,12 @@ class Prometheus:
         "budget_refusals": BUDGET_REFUSALS, "metering_refusals": METERING_REFUSALS,
         "reservations_charged": RESERVATIONS_CHARGED, "inference_tokens": INFERENCE_TOKENS,
         "inference_requests": INFERENCE_REQUESTS, "mcp_calls": MCP_CALLS,
+        "approvals": APPROVALS, "approval_notifications": APPROVAL_NOTIFICATIONS,
     }
-    GAUGES: Mapping[str, Gauge] = {"open_connections": OPEN_CONNECTIONS}
-    HISTOGRAMS: Mapping[str, Histogram] = {"decision_seconds": DECISION_SECONDS}
+    GAUGES: Mapping[str, Gauge] = {"open_connections": OPEN_CONNECTIONS,
+                                   "approvals_pending": APPROVALS_PENDING}
+    HISTOGRAMS: Mapping[str, Histogram] = {"decision_seconds": DECISION_SECONDS,
+                                           "approval_wait_seconds": APPROVAL_WAIT}
 
     def count(self, event: str, *labels: str, by: float = 1) -> None:
         child(self.COUNTS[event], *labels).inc(by)

@@ -21,6 +21,7 @@ import math
 import os
 import resource
 import socket
+import ssl
 import tempfile
 import time
 from collections.abc import Iterator
@@ -60,6 +61,8 @@ from gateway.net.tls import LeafContexts, upstream_context
 from gateway.observability import logs, metrics
 from gateway.observability.audit import Auditor
 from gateway.runtime.sweeper import ConnectionSweeper
+from gateway.services.approvals import ApprovalService
+from gateway.services.approvals.notify import Webhooks
 from gateway.services.identity.keywatch import SigningKeyWatcher
 from gateway.services.identity.tokens import TokenError, TokenService
 from gateway.services.metering import Metering, build_metering
@@ -162,6 +165,7 @@ class Gateway:
         self.dns: DnsServer | None = None
         self.sweeper: ConnectionSweeper | None = None
         self.pods: PodIdentities | None = None  # identity.kubernetes
+        self.approvals: ApprovalService | None = None  # ask mode
 
     # -- state the engines and the admin API read ------------------------------------------
 
@@ -236,6 +240,23 @@ class Gateway:
             return runtime
         self._tmp = tempfile.TemporaryDirectory(prefix="sandbox-gateway-")
         return Path(self._tmp.name)
+
+    def _build_approvals(self, runtime: Path) -> ApprovalService:
+        """Ask mode, on the state store every process shares (webhooks verified against
+        the same roots as upstreams)."""
+        cfg = self.config
+        verify = ssl.create_default_context(cafile=str(self._upstream_bundle(runtime)))
+        self.approvals = ApprovalService(
+            self.state, audit=self.auditor.write, telemetry=metrics.TELEMETRY,
+            webhooks=Webhooks(cfg.approvals.notify, self.secrets, verify,
+                              metrics.TELEMETRY),
+            retention=cfg.approvals.retention, policies=self.current_policies,
+            directory=cfg.policies, proposals=cfg.approvals.proposals)
+        return self.approvals
+
+    def _approvals(self) -> ApprovalService:
+        assert self.approvals is not None
+        return self.approvals
 
     def _upstream_bundle(self, runtime: Path) -> Path:
         """Public roots plus `network.upstream_ca` (mitmproxy's option replaces the roots)."""
@@ -353,7 +374,8 @@ class Gateway:
             refusals_inside_tls=cfg.refusals.inside_tls,
             connections_per_sandbox=cfg.limits.connections_per_sandbox,
             max_connections=max(16, (self.fd_limit - FD_RESERVE - self.pool_limit) // 2),
-            workloads=self.pods)
+            workloads=self.pods, approvals=self._build_approvals(runtime))
+        await self._approvals().refresh()  # (the grants that outlived a restart)
         patches.install_error_pages(error_page, error_h2)
         patches.install_log_hygiene(error_phrase)
         await self._start_dns(shared)
@@ -385,7 +407,7 @@ class Gateway:
         app = bounds.wrap(build_admin_app(AdminContext(
             admin_token=self.admin_token, tokens=self.tokens,
             policies=self.current_policies, readiness=self, guard=lambda: self.guard,
-            metering=self.metering, pods=self.pods,
+            metering=self.metering, pods=self.pods, approvals=self.approvals,
         )))
         self.admin_server = _QuietServer(uvicorn.Config(
             app, log_level="warning", access_log=False, lifespan="off", http=bounds.protocol,
@@ -396,7 +418,8 @@ class Gateway:
         self._tasks.append(loop.create_task(self.admin_server.serve(sockets=[admin_sock]),
                                             name="admin"))
         self.reloader.start()
-        self.sweeper = ConnectionSweeper(self.gate)  # revoked tokens' connections end
+        # revoked tokens' and grants' connections end
+        self.sweeper = ConnectionSweeper(self.gate, self.approvals)
         self.sweeper.start()
         self.key_watcher.start(self.tokens.use_keys)  # rotated keys sign without a restart
         logs.SOURCES.add(self._log_source, self._log_secrets)  # what logs must not show

@@ -877,8 +877,12 @@ def _held_by_relays() -> int:
     """Message bytes the HTTP/1 engine's WebSocket relays hold right now."""
     from gateway.engines.h1.websocket import _Relay
 
-    return sum(len(b) for r in gc.get_objects() if isinstance(r, _Relay)
-               for frames in r.frames.values() for b in frames)
+    relays = []
+    for found in gc.get_objects():
+        with contextlib.suppress(ReferenceError):  # (a dead weakref.proxy among them)
+            if isinstance(found, _Relay):
+                relays.append(found)
+    return sum(len(b) for r in relays for frames in r.frames.values() for b in frames)
 
 
 def ws_connect(gw: GatewayThread, token: str) -> websockets.sync.client.ClientConnection:

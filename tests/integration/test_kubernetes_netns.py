@@ -228,7 +228,10 @@ def test_in_cluster_config(tmp_path: Path) -> None:
                 except OSError:
                     time.sleep(0.2)
             assert answer.startswith(b"HTTP/1.1 403"), answer  # identified, then refused
-            line = json.loads((tmp_path / "audit.jsonl").read_text().splitlines()[-1])
+            audit = tmp_path / "audit.jsonl"
+            while time.monotonic() < deadline and not audit.read_text().strip():
+                time.sleep(0.05)  # (the line is written as the answer goes, not before)
+            line = json.loads(audit.read_text().splitlines()[-1])
             assert line["sandbox"] == f"{NS}/in-cluster-pod", line
             users = {r.user for r in kube.seen("GET", f"/api/v1/namespaces/{NS}/pods")}
             assert users == {"system:serviceaccount:sandbox-gateway-system:sandbox-gateway"}

@@ -148,6 +148,7 @@ def build_policy_set(parser: NodeReader, revision: str = "") -> PolicySet:
             budgets=budgets.get(name, ()),
             token_ttl=raw.token_ttl,
             subjects=tuple(raw.subjects),
+            ask=raw.ask,
         )
     files = tuple(dict.fromkeys(raw.file for raw in parser.policies))
     return PolicySet(policies=policies, credentials=credentials, files=files, revision=revision)

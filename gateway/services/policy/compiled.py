@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from gateway.services.policy.ask_rule import Ask
 from gateway.services.policy.matcher import Matcher
 from gateway.services.policy.model import (
     Budget,
@@ -33,7 +34,8 @@ class Policy:
     one of the same name). ``token_ttl`` (``tokens: {ttl: 8h}``, not inherited) is the
     lifetime of a token minted for it without a TTL of its own. ``subjects`` (not
     inherited): the Kubernetes workloads that may be this policy's sandboxes (empty:
-    any); a pod labelled with a policy that does not admit it is no identity.
+    any); a pod labelled with a policy that does not admit it is no identity. ``ask``
+    (not inherited): what a person may approve that no rule allows (ask mode).
     """
 
     name: str
@@ -45,6 +47,7 @@ class Policy:
     budgets: tuple[Budget, ...] = ()
     token_ttl: float | None = None
     subjects: tuple[Subject, ...] = ()
+    ask: Ask | None = None
 
     def admits(self, namespace: str, service_account: str) -> bool:
         """May this workload be one of the policy's sandboxes (its `subjects`)?"""
@@ -97,13 +100,14 @@ def compile_policy(
     budgets: tuple[Budget, ...] = (),
     token_ttl: float | None = None,
     subjects: tuple[Subject, ...] = (),
+    ask: Ask | None = None,
 ) -> Policy:
     """Build a Policy with its index. Every credential a rule names must be in ``credentials``."""
     rule_tuple = tuple(rules)
     matcher = Matcher(name, mode, source, rule_tuple, credentials or {})
     return Policy(
         name=name, mode=mode, source=source, rules=rule_tuple, extends=extends, matcher=matcher,
-        budgets=budgets, token_ttl=token_ttl, subjects=subjects,
+        budgets=budgets, token_ttl=token_ttl, subjects=subjects, ask=ask,
     )
 
 

@@ -64,7 +64,7 @@ __all__ = [
 
 
 _POLICY_KEYS = ("version", "name", "description", "mode", "extends", "egress", "credentials",
-                "budgets", "tokens", "subjects")
+                "budgets", "tokens", "subjects", "ask")
 
 
 class _Parser(RuleReader, CredentialReader):
@@ -155,6 +155,8 @@ class _Parser(RuleReader, CredentialReader):
             policy.token_ttl = self.parse_tokens(file, keys["tokens"][1])
         if "subjects" in keys:
             policy.subjects = self.parse_subjects(file, keys["subjects"][1])
+        if "ask" in keys:
+            policy.ask = self.parse_ask(file, keys["ask"][1], rule=False)
         self.policies.append(policy)
 
     def parse_subjects(self, file: str, node: Node) -> list[Subject]:

@@ -10,6 +10,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from gateway.services.policy.ask_rule import Ask
 from gateway.services.policy.hosts import HostPattern, compile_host_pattern
 from gateway.services.policy.injection import Injection
 from gateway.services.policy.mcp_rule import McpRule
@@ -115,6 +116,7 @@ class Rule:
     ``action: deny`` refuses what the rule matches (``reason`` says why and what to
     change); a deny rule has no credential and allows nothing. ``mcp``: the rule's
     requests are MCP JSON-RPC, allowed call by call (tools, resources, prompts).
+    ``ask``: what the rule matches goes only once a person approves it (ask mode).
     """
 
     host: str
@@ -132,6 +134,7 @@ class Rule:
     action: Action = "allow"
     reason: str | None = None
     mcp: McpRule | None = None
+    ask: Ask | None = None
     host_pattern: HostPattern = field(init=False, compare=False, repr=False)
     path_set: PathSet | None = field(init=False, compare=False, repr=False)
 
@@ -186,6 +189,8 @@ class Rule:
             parts.append("inspect: true")
         if self.mcp is not None:
             parts.append(self.mcp.describe())
+        if self.ask is not None:
+            parts.append(self.ask.describe())
         if self.denies:
             parts.append("action: deny")
         return "; ".join(parts)

@@ -10,6 +10,7 @@ from typing import Any
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from gateway.services.policy.ask_rule import Ask
 from gateway.services.policy.hosts import HostPattern
 from gateway.services.policy.model import (
     Budget,
@@ -54,6 +55,7 @@ class RawPolicy:
     budgets: list[RawBudget] = field(default_factory=list)
     token_ttl: float | None = None  # `tokens: {ttl: 8h}`: its tokens' default lifetime
     subjects: list[Subject] = field(default_factory=list)  # `subjects:` (Kubernetes)
+    ask: Ask | None = None  # `ask:` (what a person may approve)
 
 
 @dataclass

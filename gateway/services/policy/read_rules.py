@@ -21,14 +21,16 @@ from gateway.services.policy.model import (
 from gateway.services.policy.nodes import NAME, RawBudget, RawPolicy, RawRule
 from gateway.services.policy.paths import PathPatternError, validate_path_pattern
 from gateway.services.policy.problems import clipped, quoted, shown
+from gateway.services.policy.read_ask import AskReader
 from gateway.services.policy.read_mcp import McpReader
 
 _RULE_KEYS = ("host", "ports", "methods", "paths", "credential", "inspect", "protocol", "models",
-              "metering", "allow_minted_secrets", "action", "reason", "mcp")
+              "metering", "allow_minted_secrets", "action", "reason", "mcp", "ask")
 # A shipped agent preset's rules may also be marked `telemetry: true` (on or off by the
 # switch of whoever extends the preset: see policy/agents.py).
 _PRESET_RULE_KEYS = (*_RULE_KEYS, "telemetry")
-ALLOW_ONLY = ("credential", "inspect", "models", "metering", "allow_minted_secrets", "mcp")
+ALLOW_ONLY = ("credential", "inspect", "models", "metering", "allow_minted_secrets", "mcp",
+              "ask")
 _MAX_REASON = 300
 
 
@@ -45,7 +47,7 @@ _MIN_WINDOW = 60
 _MODEL_GLOB = re.compile(r"[!-~]{1,200}")  # printable ASCII, no spaces
 
 
-class RuleReader(McpReader):
+class RuleReader(McpReader, AskReader):
     """The rules and budgets of a policy document."""
 
     def parse_rule(self, file: str, node: Node) -> RawRule | None:
@@ -137,6 +139,11 @@ class RuleReader(McpReader):
             mcp = self.parse_mcp(file, keys["mcp"][1])
             ok = ok and mcp is not None
             fields["mcp"] = mcp
+        if "ask" in keys:
+            ask_node = keys["ask"][1]
+            ask = self.parse_ask(file, ask_node, rule=True)
+            ok = ok and (ask is not None or self.scalar(ask_node) is False)
+            fields["ask"] = ask
         if protocol == "tcp":
             clashing: list[str] = [k for k in ("methods", "paths", "credential", "models",
                                                "mcp") if k in keys]

@@ -11,11 +11,12 @@ one host, kept across restarts), ``redis`` (``gateway.services.state.redis``: re
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from gateway.services.secrets.ephemeral import EphemeralKeys
 from gateway.services.state.counters import Admission, CountersOf, Increment, MemoryCounters, Table
@@ -95,7 +96,52 @@ class MemoryMints:
         self._refresh[key] = (origin, value)
 
 
-class StateStore(MintShare, Protocol):
+class Records(Protocol):
+    """Small JSON documents every process of a store shares (ask mode's approvals and
+    grants), by kind and key, each with a revision for compare-and-set and an expiry
+    (an expired record is gone). Raise `StateUnavailable` when the store cannot answer."""
+
+    async def record_get(self, kind: str, key: str) -> tuple[dict[str, Any], int] | None:
+        """The record and its revision, or None."""
+    async def record_list(self, kind: str) -> list[dict[str, Any]]: ...
+    async def record_put(self, kind: str, key: str, doc: dict[str, Any], expires_at: float,
+                         rev: int | None) -> bool:
+        """Write it if `rev` is None and there is no record (an expired one is none), or
+        if the record's revision is `rev`; True if written."""
+
+
+class MemoryRecords:
+    """`Records` for one process."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.record_clock = clock
+        self._records: dict[tuple[str, str], tuple[dict[str, Any], int, float]] = {}
+
+    def _live(self, kind: str, key: str) -> tuple[dict[str, Any], int, float] | None:
+        found = self._records.get((kind, key))
+        if found is not None and found[2] <= self.record_clock():
+            del self._records[(kind, key)]
+            return None
+        return found
+
+    async def record_get(self, kind: str, key: str) -> tuple[dict[str, Any], int] | None:
+        found = self._live(kind, key)
+        return None if found is None else (json.loads(json.dumps(found[0])), found[1])
+
+    async def record_list(self, kind: str) -> list[dict[str, Any]]:
+        return [json.loads(json.dumps(found[0])) for k, key in list(self._records)
+                if k == kind and (found := self._live(k, key)) is not None]
+
+    async def record_put(self, kind: str, key: str, doc: dict[str, Any], expires_at: float,
+                         rev: int | None) -> bool:
+        found = self._live(kind, key)
+        if (found is None) != (rev is None) or (found is not None and found[1] != rev):
+            return False
+        self._records[(kind, key)] = (json.loads(json.dumps(doc)), (rev or 0) + 1, expires_at)
+        return True
+
+
+class StateStore(MintShare, Records, Protocol):
     """Shared gateway state. `is_revoked`, `sandbox_for`, `count` and `counter` must not
     do I/O. `ephemeral` is the local view of provider-minted secrets; a key added to it
     is shared with the other processes by the store."""
@@ -120,13 +166,14 @@ class StateStore(MintShare, Protocol):
     async def close(self) -> None: ...
 
 
-class MemoryState(CountersOf, MemoryMints):
+class MemoryState(CountersOf, MemoryMints, MemoryRecords):
     """In-process state: correct for one gateway process, lost on restart."""
 
     _counters: MemoryCounters
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         MemoryMints.__init__(self, clock)
+        MemoryRecords.__init__(self, clock)
         self._revoked: dict[str, float] = {}
         self._sandboxes: dict[str, SandboxAddress] = {}
         self._counters = MemoryCounters(clock)

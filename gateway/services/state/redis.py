@@ -77,6 +77,16 @@ _LEASE = ("local held = redis.call('get', KEYS[1]) "
 # Given back only by its holder.
 _RELEASE = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
             "return redis.call('del', KEYS[1]) end return 0")
+# A shared record ("<rev>|<json>") written if new (ARGV[1] -1) or at revision ARGV[1];
+# KEYS[2] indexes a kind's keys (ARGV[4]); ARGV[3]: its lifetime in milliseconds.
+_RECORD_PUT = ("local cur = redis.call('get', KEYS[1]) local want = tonumber(ARGV[1]) "
+               "if want < 0 then if cur then return 0 end else "
+               "if not cur then return 0 end "
+               "local bar = string.find(cur, '|', 1, true) "
+               "if tonumber(string.sub(cur, 1, bar - 1)) ~= want then return 0 end end "
+               "local rev = 1 if want >= 0 then rev = want + 1 end "
+               "redis.call('set', KEYS[1], rev .. '|' .. ARGV[2], 'PX', ARGV[3]) "
+               "redis.call('sadd', KEYS[2], ARGV[4]) return 1")
 
 
 def redact_url(url: str) -> str:
@@ -308,6 +318,46 @@ class RedisState(CountersOf):
         with contextlib.suppress(StateUnavailable):  # (the lease lapses by itself)
             await self._op("mint", lambda r: r.eval(_RELEASE, 1, self._lease_prefix + name,
                                                     holder))
+
+    # -- shared records (`Records`: approvals, grants) ------------------------------------
+
+    def _record_key(self, kind: str, key: str) -> str:
+        return f"{self.prefix}:record:{kind}:{key}"
+
+    @staticmethod
+    def _parse_record(raw: object) -> tuple[dict[str, Any], int] | None:
+        rev, _, doc = str(raw).partition("|")
+        try:
+            return json.loads(doc), int(rev)
+        except ValueError:
+            metrics.STATE_STORE_ERRORS.labels(op="decode").inc()
+            return None
+
+    async def record_get(self, kind: str, key: str) -> tuple[dict[str, Any], int] | None:
+        raw = await self._op("record", lambda r: r.get(self._record_key(kind, key)))
+        return None if raw is None else self._parse_record(raw)
+
+    async def record_list(self, kind: str) -> list[dict[str, Any]]:
+        index = f"{self.prefix}:records:{kind}"
+
+        async def read(r: Any) -> list[dict[str, Any]]:
+            keys = sorted(await r.smembers(index))
+            values = await r.mget([self._record_key(kind, k) for k in keys]) if keys else []
+            gone = [k for k, v in zip(keys, values, strict=True) if v is None]
+            if gone:
+                await r.srem(index, *gone)  # (expired: forgotten by the index too)
+            return [p[0] for v in values if v is not None
+                    and (p := self._parse_record(v)) is not None]
+
+        return list(await self._op("record", read))
+
+    async def record_put(self, kind: str, key: str, doc: dict[str, Any], expires_at: float,
+                         rev: int | None) -> bool:
+        ms = max(1, math.ceil((expires_at - self.clock()) * 1000))
+        written = await self._op("record", lambda r: r.eval(
+            _RECORD_PUT, 2, self._record_key(kind, key), f"{self.prefix}:records:{kind}",
+            -1 if rev is None else rev, json.dumps(doc, separators=(",", ":")), ms, key))
+        return bool(written)
 
     async def read_refresh(self, key: str) -> tuple[str, str] | None:
         raw = await self._op("refresh", lambda r: r.hget(self._refresh_key, key))

@@ -63,7 +63,7 @@ __all__ = ["SCHEMA_VERSION", "SqliteState", "StateFileError", "backup_file", "ch
 log = logging.getLogger("sandbox_gateway.state")
 
 _STORE = "sqlite"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Each version's statements, applied in order to bring a file up to SCHEMA_VERSION.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -87,6 +87,11 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         # Every counter write rewrote this index's entry (a fifth of a batch's cost); the
         # once-a-minute prune scans the table instead.
         "DROP INDEX IF EXISTS counters_expiry",
+    ),
+    3: (  # shared JSON records: ask mode's approvals and grants
+        "CREATE TABLE IF NOT EXISTS records (kind TEXT NOT NULL, key TEXT NOT NULL, "
+        "doc TEXT NOT NULL, rev INTEGER NOT NULL, expires_at REAL NOT NULL, "
+        "PRIMARY KEY (kind, key)) WITHOUT ROWID",
     ),
 }
 # Add to a counter (its window's expiry kept the latest).
@@ -507,6 +512,38 @@ class SqliteState:
                        "value = excluded.value, updated_at = excluded.updated_at",
                        (key, origin, value, self.clock()))])
 
+    # -- shared records (`Records`: approvals, grants) ------------------------------------
+
+    def _read(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
+        try:
+            return self._db().execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            self._failed("read", exc)
+            raise StateUnavailable(f"the state file cannot be read ({self._problem})") from None
+
+    async def record_get(self, kind: str, key: str) -> tuple[dict[str, Any], int] | None:
+        rows = self._read("SELECT doc, rev FROM records WHERE kind = ? AND key = ? AND "
+                          "expires_at > ?", (kind, key, self.clock()))
+        return (json.loads(rows[0][0]), int(rows[0][1])) if rows else None
+
+    async def record_list(self, kind: str) -> list[dict[str, Any]]:
+        return [json.loads(doc) for (doc,) in self._read(
+            "SELECT doc FROM records WHERE kind = ? AND expires_at > ?", (kind, self.clock()))]
+
+    async def record_put(self, kind: str, key: str, doc: dict[str, Any], expires_at: float,
+                         rev: int | None) -> bool:
+        text = _json(doc)
+        if rev is None:  # (an expired record is none: replaced)
+            return self._mint_txn(
+                "record", "INSERT INTO records (kind, key, doc, rev, expires_at) VALUES "
+                "(?, ?, ?, 1, ?) ON CONFLICT(kind, key) DO UPDATE SET doc = excluded.doc, "
+                "rev = 1, expires_at = excluded.expires_at WHERE records.expires_at <= ?",
+                (kind, key, text, expires_at, self.clock())) == 1
+        return self._mint_txn(
+            "record", "UPDATE records SET doc = ?, rev = rev + 1, expires_at = ? WHERE "
+            "kind = ? AND key = ? AND rev = ? AND expires_at > ?",
+            (text, expires_at, kind, key, rev, self.clock())) == 1
+
     # -- counters -------------------------------------------------------------------------
 
     def count(self, increments: Iterable[Increment]) -> None:
@@ -609,7 +646,7 @@ class SqliteState:
     def _prune(self, now: float) -> None:
         try:
             with _transaction(self._db()) as conn:
-                for table in ("counters", "revoked", "ephemeral"):
+                for table in ("counters", "revoked", "ephemeral", "records"):
                     conn.execute(f"DELETE FROM {table} WHERE expires_at <= ?",  # noqa: S608
                                  (now,))
                 conn.execute("DELETE FROM minted WHERE (value IS NULL OR expires_at <= ?) AND "
@@ -643,7 +680,8 @@ class SqliteState:
         return _counts(self._db())
 
 
-_TABLES = ("revoked", "sandboxes", "ephemeral", "counters", "minted", "refresh_tokens")
+_TABLES = ("revoked", "sandboxes", "ephemeral", "counters", "minted", "refresh_tokens",
+           "records")
 
 
 def _counts(conn: sqlite3.Connection) -> dict[str, int]:

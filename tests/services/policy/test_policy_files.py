@@ -212,6 +212,9 @@ FIELDS = [
     ("budget name", f"version: v1\nname: a\nbudgets:\n  - {{name: '{LONG} x', per: sandbox, "
                     f"window: 1h, tokens: 1}}\n"),
     ("yaml", f"version: v1\nname: a\negress: [{LONG}\n"),
+    ("ask timeout", f"version: v1\nname: a\nask: {{hosts: true, timeout: {LONG}}}\n"),
+    ("ask notify", f"version: v1\nname: a\nask: {{hosts: true, notify: ['{LONG} x']}}\n"),
+    ("rule ask", f"version: v1\nname: a\negress:\n  - {{host: a.example.com, ask: {LONG}}}\n"),
 ]
 
 

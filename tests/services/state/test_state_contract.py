@@ -260,3 +260,35 @@ def test_one_mint_for_two_processes(stores: tuple[str, Factory]) -> None:
             assert len(mints) == 4
 
     run(scenario)
+
+
+def test_records_are_shared_and_written_by_compare_and_set(
+        stores: tuple[str, Factory]) -> None:
+    """Ask mode's approvals and grants: a record another process sees, written once when
+    new (the first of two racers wins), then only at the revision read; an expired record
+    is gone (and may be written anew)."""
+    kind, factory = stores
+
+    async def scenario() -> None:
+        async with opened(factory) as one, opened(factory) as two:
+            now = time.time()
+            assert await one.record_put("ask", "k", {"id": "a", "n": [1]}, now + 60, None)
+            assert not await two.record_put("ask", "k", {"id": "b"}, now + 60, None)
+            got = await two.record_get("ask", "k")
+            assert got == ({"id": "a", "n": [1]}, 1)
+            assert await two.record_put("ask", "k", {"id": "a", "state": "x"}, now + 60, 1)
+            assert not await one.record_put("ask", "k", {"id": "a", "state": "y"}, now + 60, 1)
+            assert await one.record_get("ask", "k") == ({"id": "a", "state": "x"}, 2)
+            assert not await one.record_put("ask", "nothing", {}, now + 60, 1)
+            assert await one.record_put("ask", "short", {"id": "s"}, now + 0.3, None)
+            assert sorted(d["id"] for d in await two.record_list("ask")) == ["a", "s"]
+            await asyncio.sleep(0.5)
+            assert await two.record_get("ask", "short") is None
+            assert [d["id"] for d in await one.record_list("ask")] == ["a"]
+            assert await two.record_put("ask", "short", {"id": "s2"}, now + 60, None)
+            assert await one.record_list("other") == []
+
+    if kind == "memory":  # (one process: the same store twice)
+        store = factory()
+        factory = lambda: store  # noqa: E731
+    run(scenario)

@@ -1,0 +1,290 @@
+"""Ask mode's shared state: approvals waiting for a person, the answers, and the grants
+they leave (the core's `Approvals` port; what is asked and what an answer means is
+`gateway/core/approvals.py`).
+
+Everything lives in the state store's shared records, so every worker and replica sees
+the same asks and grants: a request held on one process is released by an answer given
+on another (each waiting process reads its approval every `POLL` seconds, and at once
+when the answer is given in the same process), grants survive restarts and lapse on
+time. The same thing asked twice by a sandbox waits on one approval (a claim record per
+sandbox and thing asked). An answer writes its grant before the approval says
+`approved`, so a released request never finds its grant missing; a timeout and an
+answer race on the approval's revision, and exactly one of them wins.
+
+Audit lines (no connection: `engine: approvals`): `ask` when an approval is opened,
+`approve` / `deny` / `timeout` when it ends, `revoke` when a grant is revoked; the held
+requests' own lines are the gate's (`rule: grant:<id>`, or `approval_denied` /
+`approval_timeout`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from gateway.core import approvals as core
+from gateway.core.approvals import Approval, Asked, Grant
+from gateway.core.audit import record
+from gateway.core.identity import Identity
+from gateway.core.ports import SILENT, Telemetry
+from gateway.services.approvals.notify import Webhooks
+from gateway.services.approvals.proposal import Proposal, propose
+from gateway.services.policy import PolicySet, Request
+from gateway.services.policy.ask_rule import Ask
+from gateway.services.state.base import Records, StateUnavailable
+
+__all__ = ["POLL", "ApprovalService", "NotFound"]
+
+log = logging.getLogger("sandbox_gateway.approvals")
+
+POLL = 0.2  # seconds between a waiting process's reads of its approval
+FOREVER = 100 * 365 * 86400.0  # a grant without expiry, as the store keeps it
+_APPROVAL, _CLAIM, _GRANT = "approval", "asking", "grant"
+
+
+class NotFound(KeyError):
+    """No such approval or grant (or it has expired)."""
+
+
+class ApprovalService:
+    """See the module docstring. `audit` takes audit lines; `policies` the live policy
+    set and `directory` its files (for `always` proposals, written under `proposals`)."""
+
+    def __init__(self, store: Records, *, audit: Callable[[dict[str, Any]], None],
+                 webhooks: Webhooks | None = None, telemetry: Telemetry = SILENT,
+                 clock: Callable[[], float] = time.time, retention: float = 86400.0,
+                 policies: Callable[[], PolicySet] | None = None,
+                 directory: Path | None = None, proposals: Path | None = None) -> None:
+        self.store = store
+        self.audit = audit
+        self.webhooks = webhooks
+        self.telemetry = telemetry
+        self.clock = clock
+        self.retention = retention
+        self.policies = policies
+        self.directory = directory
+        self.proposals = proposals
+        self._grants: dict[str, Grant] = {}
+        self._answered: dict[str, asyncio.Event] = {}
+
+    # -- the gate's port (local view, no I/O) ----------------------------------------------
+
+    def grant_for(self, sandbox: str, policy: str, request: Request) -> Grant | None:
+        now = self.clock()
+        for grant in self._grants.values():
+            if grant.covers(sandbox, policy, request, now):
+                return grant
+        return None
+
+    def active(self, grant: str) -> bool:
+        found = self._grants.get(grant)
+        return found is not None and (found.expires is None or found.expires > self.clock())
+
+    async def refresh(self) -> bool:
+        """Reload the grants every process shares (the sweeper's cadence); True if they
+        changed. A store that cannot answer keeps the last view."""
+        try:
+            docs = await self.store.record_list(_GRANT)
+        except StateUnavailable as exc:
+            log.warning("approvals: grants not refreshed: %s", exc)
+            return False
+        grants = {g.id: g for g in map(Grant.from_doc, docs) if g.expires is None
+                  or g.expires > self.clock()}
+        changed = grants.keys() != self._grants.keys()
+        self._grants = grants
+        return changed
+
+    # -- asking ----------------------------------------------------------------------------
+
+    async def ask(self, identity: Identity, asked: Asked, reason: str, spec: Ask) -> Approval:
+        approval, opened = await self._open(identity, asked, reason, spec)
+        if opened and self.webhooks is not None and spec.notify:
+            self.webhooks.notify(spec.notify, approval)
+        self.telemetry.gauge("approvals_pending", 1)
+        started = self.clock()
+        try:
+            ended = await self._wait(approval)
+        finally:
+            self.telemetry.gauge("approvals_pending", -1)
+        self.telemetry.observe("approval_wait_seconds", self.clock() - started)
+        return ended
+
+    async def _open(self, identity: Identity, asked: Asked, reason: str, spec: Ask
+                    ) -> tuple[Approval, bool]:
+        """The pending approval for this sandbox and thing (joined), or a new one."""
+        claim = f"{identity.sandbox}|{asked.key}"
+        for _ in range(20):
+            now = self.clock()
+            held = await self.store.record_get(_CLAIM, claim)
+            if held is not None:
+                current = await self._read(str(held[0]["id"]))
+                if current is not None and current[0].state == "pending":
+                    return current[0], False
+            approval = Approval(id=core.new_id("ap"), sandbox=identity.sandbox,
+                                policy=identity.policy, asked=asked, reason=reason[:500],
+                                created=now, expires=now + spec.timeout)
+            await self.store.record_put(_APPROVAL, approval.id, approval.to_doc(),
+                                        approval.expires + self.retention, None)
+            if await self.store.record_put(_CLAIM, claim, {"id": approval.id},
+                                           approval.expires, None if held is None
+                                           else held[1]):
+                self.telemetry.count("approvals", "asked")
+                self._line(approval, "ask", f"held for a person's answer: {reason}",
+                           identity=identity)
+                return approval, True
+            # another process claimed it first: forget this one, join theirs
+            await self.store.record_put(_APPROVAL, approval.id, approval.to_doc(), now, 1)
+            await asyncio.sleep(0.01)
+        raise StateUnavailable("approvals: the ask could not be recorded (contended)")
+
+    async def _read(self, ident: str) -> tuple[Approval, int] | None:
+        found = await self.store.record_get(_APPROVAL, ident)
+        return None if found is None else (Approval.from_doc(found[0]), found[1])
+
+    async def _wait(self, approval: Approval) -> Approval:
+        event = self._answered.setdefault(approval.id, asyncio.Event())
+        try:
+            while True:
+                found = await self._read(approval.id)
+                if found is None:
+                    raise StateUnavailable(f"approval {approval.id} is no longer in the "
+                                           "state store")
+                current, rev = found
+                if current.state != "pending":
+                    return current
+                now = self.clock()
+                if now >= current.expires:
+                    timed = replace(current, state="timeout", answered=now)
+                    if await self.store.record_put(_APPROVAL, current.id, timed.to_doc(),
+                                                   now + self.retention, rev):
+                        self.telemetry.count("approvals", "timeout")
+                        self._line(timed, "timeout", "no one answered within "
+                                   f"{current.expires - current.created:g}s")
+                        return timed
+                    continue  # answered meanwhile: read it
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), min(POLL, current.expires - now))
+        finally:
+            if self._answered.get(approval.id) is event:
+                del self._answered[approval.id]
+
+    # -- answering (the admin API and the CLI) ---------------------------------------------
+
+    async def answer(self, ident: str, decision: str, *, scope: str | None = None,
+                     duration: object = None, by: str, note: str | None = None
+                     ) -> tuple[Approval, Grant | None, Proposal | None]:
+        """Answer approval `ident`; raises NotFound, or ValueError saying why the answer
+        cannot be given (already answered, timed out, a bad scope or duration)."""
+        found = await self._read(ident)
+        if found is None:
+            raise NotFound(ident)
+        approval, rev = found
+        now = self.clock()
+        answered, grant = core.answer(approval, decision, scope=scope, duration=duration,
+                                      by=by, note=note, now=now)
+        proposal = None
+        if grant is not None:  # (live before anyone is told "approved")
+            await self.store.record_put(_GRANT, grant.id, grant.to_doc(),
+                                        grant.expires or now + FOREVER, None)
+        if not await self.store.record_put(_APPROVAL, ident, answered.to_doc(),
+                                           now + self.retention, rev):
+            if grant is not None:
+                await self._expire(grant)
+            raise ValueError(f"approval {ident} was answered or timed out meanwhile")
+        if grant is not None:
+            self._grants[grant.id] = grant
+            if grant.scope == "always":
+                proposal = self._propose(grant)
+        event = self._answered.get(ident)
+        if event is not None:
+            event.set()
+        self.telemetry.count("approvals", answered.state)
+        what = f"scope {answered.scope}" + (f", grant {grant.id}" if grant else "") \
+            if answered.state == "approved" else "declined"
+        self._line(answered, "approve" if answered.state == "approved" else "deny",
+                   f"answered by {by}: {what}" + (f" ({note})" if note else ""),
+                   rule=grant.source if grant else None)
+        return answered, grant, proposal
+
+    def _propose(self, grant: Grant) -> Proposal | None:
+        """The policy change an `always` grant proposes (None: no directory to write it
+        from); a failure is logged, the grant stands."""
+        if self.policies is None or self.directory is None or self.proposals is None:
+            return None
+        policy = self.policies().get(grant.policy)
+        if policy is None:
+            return None
+        try:
+            return propose(self.directory, policy.source, grant, self.proposals)
+        except OSError as exc:
+            log.warning("approvals: no policy change written for grant %s: %s", grant.id, exc)
+            return None
+
+    async def revoke(self, ident: str, by: str) -> Grant:
+        """End grant `ident` now, on every process (the sweeper closes what it opened)."""
+        found = await self.store.record_get(_GRANT, ident)
+        if found is None:
+            raise NotFound(ident)
+        grant = Grant.from_doc(found[0])
+        await self._expire(grant)
+        self._grants.pop(ident, None)
+        self.telemetry.count("approvals", "revoked")
+        self._line_grant(grant, by)
+        return grant
+
+    async def _expire(self, grant: Grant) -> None:
+        for _ in range(5):
+            found = await self.store.record_get(_GRANT, grant.id)
+            if found is None or await self.store.record_put(
+                    _GRANT, grant.id, found[0], self.clock(), found[1]):
+                return
+        raise StateUnavailable(f"grant {grant.id} could not be revoked (contended)")
+
+    async def approvals(self) -> list[Approval]:
+        """Pending first, then the most recent."""
+        found = [Approval.from_doc(d) for d in await self.store.record_list(_APPROVAL)]
+        return sorted(found, key=lambda a: (a.state != "pending", -a.created))
+
+    async def grants(self) -> list[Grant]:
+        now = self.clock()
+        found = [Grant.from_doc(d) for d in await self.store.record_list(_GRANT)]
+        return sorted((g for g in found if g.expires is None or g.expires > now),
+                      key=lambda g: -g.created)
+
+    async def approval(self, ident: str) -> Approval:
+        found = await self._read(ident)
+        if found is None:
+            raise NotFound(ident)
+        return found[0]
+
+    # -- audit -----------------------------------------------------------------------------
+
+    def _line(self, approval: Approval, decision: str, reason: str, *,
+              identity: Identity | None = None, rule: str | None = None) -> None:
+        asked = approval.asked
+        line = record(identity=identity, client=None, listener="admin",
+                      method=asked.method or ("CONNECT" if asked.kind == "host" else None),
+                      scheme=None, host=asked.host, port=asked.port, path=asked.path,
+                      decision=decision, reason=f"approval {approval.id}: {reason}",
+                      rule=rule or f"approval:{approval.id}", status=None, error=None,
+                      bytes_in=None, bytes_out=None, started=self.clock(), path_taken=None,
+                      engine="approvals")
+        line["sandbox"], line["policy"] = approval.sandbox, approval.policy
+        self.audit(line)
+
+    def _line_grant(self, grant: Grant, by: str) -> None:
+        asked = grant.asked
+        line = record(identity=None, client=None, listener="admin", method=asked.method,
+                      scheme=None, host=asked.host, port=asked.port, path=asked.path,
+                      decision="revoke", reason=f"grant {grant.id} ({grant.scope}) revoked "
+                      f"by {by}", rule=grant.source, status=None, error=None, bytes_in=None,
+                      bytes_out=None, started=self.clock(), path_taken=None,
+                      engine="approvals")
+        line["sandbox"], line["policy"] = grant.sandbox, grant.policy
+        self.audit(line)

@@ -1,0 +1,233 @@
+"""Ask mode in the gate, from fakes: what is askable (and what never is), what a grant
+or an answer makes of the decision, the codes of a person's no and of silence, and the
+sweep that ends a revoked grant's tunnels. The policy is real; the approvals port is a
+fake that answers as each row says."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+
+from gateway.core.approvals import Approval, Asked, Grant
+from gateway.core.client import Client, Refused, Tunnel
+from gateway.core.exchange import Exchange
+from gateway.core.gate import Gate
+from gateway.core.identity import Identity
+from gateway.core.messages import Headers, RequestHead
+from gateway.core.refusal import Answer
+from gateway.services.policy import PolicySet, Request, load_policy_texts
+from gateway.services.policy.ask_rule import Ask
+from tests.core.test_core_gate import GOOD, PEER, Guard, Health, Registry, Secrets, Tokens, _basic
+
+POLICY = """\
+version: v1
+name: agent
+ask: {hosts: true, requests: true, timeout: 30s}
+egress:
+  - host: allowed.test
+    methods: [GET]
+    paths: ["/ok"]
+  - host: denied.test
+    action: deny
+    reason: not this one
+  - host: api.openai.com
+    credential: openai
+  - host: asks.test
+    ask: true
+  - host: asks-per-request.test
+    methods: [GET]
+    ask: {timeout: 5s}
+credentials:
+  openai: {preset: openai, secret: openai-api-key, hosts: [api.openai.com]}
+"""
+NARROW = POLICY.replace("ask: {hosts: true, requests: true, timeout: 30s}",
+                        "ask: {requests: true}")
+
+
+@dataclass
+class Approvals:
+    """The port: answers every ask with `state` (and remembers what was asked)."""
+
+    state: str = "approved"
+    scope: str = "once"
+    grants: list[Grant] = field(default_factory=list)
+    asked: list[tuple[Asked, str, Ask]] = field(default_factory=list)
+
+    def grant_for(self, sandbox: str, policy: str, request: Request) -> Grant | None:
+        return next((g for g in self.grants
+                     if g.covers(sandbox, policy, request, time.time())), None)
+
+    def active(self, grant: str) -> bool:
+        return any(g.id == grant for g in self.grants)
+
+    async def ask(self, identity: Identity, asked: Asked, reason: str, spec: Ask) -> Approval:
+        self.asked.append((asked, reason, spec))
+        now = time.time()
+        return Approval(id=f"ap_{len(self.asked)}", sandbox=identity.sandbox,
+                        policy=identity.policy, asked=asked, reason=reason, created=now,
+                        expires=now + spec.timeout, state=self.state,  # type: ignore[arg-type]
+                        scope=self.scope if self.state == "approved" else None, by="alice",
+                        note="not now" if self.state == "denied" else None)
+
+
+def _gate(text: str, approvals: Approvals) -> tuple[Gate, list[dict[str, Any]]]:
+    policies: PolicySet = load_policy_texts({"policies/agent.yaml": text})
+    lines: list[dict[str, Any]] = []
+
+    async def resolve(host: str, port: int) -> list[str]:
+        return ["203.0.113.7"]
+
+    gate = Gate(tokens=Tokens(), policies=lambda: policies, guard=Guard(), secrets=Secrets(),
+                registry=Registry(), audit=lines.append, resolve=resolve,
+                audit_health=Health(), approvals=approvals)
+    return gate, lines
+
+
+async def _connect(gate: Gate, host: str) -> tuple[Client, Tunnel]:
+    client = Client(PEER)
+    tunnel = await gate.connect(client, f"{host}:443", _basic("sandbox-1", GOOD))
+    return client, tunnel
+
+
+async def _get(gate: Gate, host: str, path: str, *headers: tuple[str, str]
+               ) -> Exchange | Answer:
+    client, _ = await _connect(gate, host)
+    return await gate.begin(client, RequestHead("GET", path, Headers.of(("Host", host),
+                                                                        *headers)), tls=True)
+
+
+HOST = Asked("host", "new.test", 443)
+# (name, policy, the port's answer, CONNECT or GET, host, path,
+#  what is asked (None: nothing), the outcome: "allow <rule>" or the refusal's code)
+ROWS: list[tuple[str, str, str, str, str, str, Asked | None, str]] = [
+    ("a host no rule names, approved", POLICY, "approved", "CONNECT", "new.test", "",
+     HOST, "allow grant:ap_1"),
+    ("a host no rule names, declined", POLICY, "denied", "CONNECT", "new.test", "",
+     HOST, "approval_denied"),
+    ("a host no rule names, unanswered", POLICY, "timeout", "CONNECT", "new.test", "",
+     HOST, "approval_timeout"),
+    ("hosts not askable in this policy", NARROW, "approved", "CONNECT", "new.test", "",
+     None, "policy_denied"),
+    ("a deny rule is never asked", POLICY, "approved", "CONNECT", "denied.test", "",
+     None, "policy_denied"),
+    ("a forbidden destination is never asked", POLICY, "approved", "CONNECT",
+     "169.254.169.254", "", None, "forbidden_destination"),
+    ("an unresolvable name is never asked", POLICY, "approved", "CONNECT", "noname.test",
+     "", None, "unresolvable"),
+    ("a path the host's rule does not allow", POLICY, "approved", "GET", "allowed.test",
+     "/other?q=1", Asked("request", "allowed.test", 443, "GET", "/other"),
+     "allow grant:ap_1"),
+    ("the same, declined", POLICY, "denied", "GET", "allowed.test", "/other", Asked(
+        "request", "allowed.test", 443, "GET", "/other"), "approval_denied"),
+    ("what a rule allows is not asked", POLICY, "denied", "GET", "allowed.test", "/ok",
+     None, "allow policies/agent.yaml:5"),
+    ("a rule with ask: asked at the CONNECT", POLICY, "approved", "CONNECT", "asks.test",
+     "", Asked("host", "asks.test", 443), "allow grant:ap_1"),
+    ("a rule with ask: declined", POLICY, "denied", "CONNECT", "asks.test", "",
+     Asked("host", "asks.test", 443), "approval_denied"),
+    ("a per-request rule with ask: asked per request", POLICY, "approved", "GET",
+     "asks-per-request.test", "/x", Asked("request", "asks-per-request.test", 443, "GET",
+                                          "/x"), "allow grant:ap_1"),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "state", "method", "host", "path", "asked",
+                          "outcome"), ROWS, ids=[r[0] for r in ROWS])
+def test_what_is_asked_and_what_the_answer_makes(name: str, text: str, state: str,
+                                                 method: str, host: str, path: str,
+                                                 asked: Asked | None, outcome: str) -> None:
+    approvals = Approvals(state=state)
+    gate, lines = _gate(text, approvals)
+    if method == "CONNECT":
+        try:
+            _, tunnel = asyncio.run(_connect(gate, host))
+            got = f"allow {tunnel.decision.rule.source if tunnel.decision.rule else None}"
+        except Refused as refused:
+            got = refused.refusal.code
+            assert lines[-1]["error"] == got and lines[-1]["decision"] == "deny"
+    else:
+        answer = asyncio.run(_get(gate, host, path))
+        if isinstance(answer, Exchange):
+            rule = answer.decision.rule
+            got = f"allow {rule.source if rule else None}"
+        else:
+            got = answer.headers.get("x-sandbox-gateway-error") or str(answer.status)
+    assert got == outcome
+    assert [a for a, _, _ in approvals.asked] == ([asked] if asked else [])
+    if outcome.startswith("approval_"):
+        reason = lines[-1]["reason"]
+        assert lines[-1]["rule"] == "approval:ap_1" and "ap_1" in reason
+        assert ("alice" in reason and "not now" in reason and "do not retry" in reason) \
+            if outcome == "approval_denied" else "within 30s" in reason
+
+
+def _grant(asked: Asked, sandbox: str | None = "sandbox-1", expires: float = 3600) -> Grant:
+    now = time.time()
+    return Grant(id="gr_1", approval="ap_0", scope="sandbox" if sandbox else "policy",
+                 policy="agent", sandbox=sandbox, asked=asked, by="bob", note=None,
+                 created=now, expires=now + expires)
+
+
+@pytest.mark.parametrize(("grant", "host", "path", "asks"), [
+    (_grant(HOST), "new.test", "", False),
+    (_grant(HOST, sandbox=None), "new.test", "", False),  # every sandbox of the policy
+    (_grant(HOST, sandbox="sandbox-2"), "new.test", "", True),  # another sandbox's
+    (_grant(HOST, expires=-1), "new.test", "", True),  # lapsed
+    (_grant(Asked("host", "new.test", 8443)), "new.test", "", True),  # another port
+    (_grant(Asked("request", "allowed.test", 443, "GET", "/other")), "allowed.test",
+     "/other?page=2", False),
+    (_grant(Asked("request", "allowed.test", 443, "GET", "/other")), "allowed.test",
+     "/other/deeper", True),
+], ids=["host", "policy-wide", "other sandbox", "expired", "other port", "request",
+        "another path"])
+def test_a_grant_stands_in_for_a_rule(grant: Grant, host: str, path: str,
+                                      asks: bool) -> None:
+    approvals = Approvals(state="denied", grants=[grant])
+    gate, _ = _gate(POLICY, approvals)
+    if path:
+        got = asyncio.run(_get(gate, host, path))
+        allowed = isinstance(got, Exchange) and got.decision.rule is not None and \
+            got.decision.rule.source == "grant:gr_1"
+    else:
+        try:
+            _, tunnel = asyncio.run(_connect(gate, host))
+            assert tunnel.passthrough and tunnel.decision.rule is not None
+            allowed = tunnel.decision.rule.source == "grant:gr_1"
+        except Refused:
+            allowed = False
+    assert allowed is not asks and bool(approvals.asked) is asks
+
+
+def test_a_granted_rule_keeps_its_credential_and_inspection() -> None:
+    """A rule with ask and a credential: approved, its key is still injected."""
+    text = POLICY.replace("  - host: api.openai.com\n    credential: openai\n",
+                          "  - host: api.openai.com\n    credential: openai\n    ask: true\n")
+    approvals = Approvals()
+    gate, _ = _gate(text, approvals)
+    got = asyncio.run(_get(gate, "api.openai.com", "/v1/models",
+                           ("Authorization", f"Bearer {GOOD}")))
+    assert isinstance(got, Exchange) and got.credential == "openai"
+    assert got.decision.rule is not None and got.decision.rule.source == "grant:ap_1"
+    assert [a.kind for a, _, _ in approvals.asked] == ["host"]  # (the rule names no path)
+
+
+def test_the_sweep_ends_tunnels_of_a_revoked_grant() -> None:
+    grant = _grant(HOST)
+    approvals = Approvals(grants=[grant])
+    gate, _ = _gate(POLICY, approvals)
+    ended: list[str] = []
+
+    async def scenario() -> None:
+        client, _ = await _connect(gate, "new.test")
+        client.end = lambda: ended.append("ended")
+        gate.connections.opened(client)
+        assert gate.sweep() == 0
+        approvals.grants = [replace(grant, id="gr_2")]
+        assert gate.sweep() == 1 and client.ended_by == "grant_revoked"
+
+    asyncio.run(scenario())
+    assert ended == ["ended"]

@@ -1,0 +1,437 @@
+"""Ask mode with real gateways: a request the policy did not foresee is held while a
+person answers through the admin API, the CLI or a signed webhook's round trip; denied
+and timed-out asks refuse with their own codes; grants carry scope and time, survive a
+restart, reach every replica through redis, and revoking one closes what it opened;
+what is never askable is refused at once; an `always` grant proposes a policy change
+that `policy check` accepts and that decides the same once merged."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx
+import pytest
+from helpers.gateway import GatewayThread
+from helpers.redis_server import running_redis
+from helpers.tls import LocalCA
+from helpers.upstream import Upstream
+from integration.conftest import NAMES
+
+POLICY = """\
+version: v1
+name: agent
+ask: {hosts: true, requests: true, timeout: TIMEOUT, notify: [hook, slack]}
+egress:
+  - host: allowed.test
+    methods: [GET]
+    paths: ["/ok"]
+  - host: api.openai.com
+    credential: openai
+  - host: other.test
+    action: deny
+    reason: never this one
+  - host: api.github.com
+    methods: [GET]
+    ask: {timeout: 5s}
+credentials:
+  openai: {preset: openai, secret: openai-key}
+"""
+
+Factory = Callable[..., GatewayThread]
+
+
+@pytest.fixture
+def start(tmp_path: Path, test_ca: LocalCA, upstream: Upstream) -> Iterator[Factory]:
+    """Gateways on one work directory (its policies, certs and SQLite state shared)."""
+    started: list[GatewayThread] = []
+
+    def factory(timeout: str = "20s", config: dict[str, Any] | None = None,
+                workdir: Path = tmp_path) -> GatewayThread:
+        policies = workdir / "policies"
+        policies.mkdir(parents=True, exist_ok=True)
+        (policies / "agent.yaml").write_text(POLICY.replace("TIMEOUT", timeout))
+        extra = dict(config or {})
+        cfg: dict[str, Any] = {
+            "network": {"upstream_ca": str(test_ca.cert_path),
+                        "resolve": {**{n: f"127.0.0.1:{upstream.port}" for n in NAMES},
+                                    "metadata.test": "169.254.169.254:443"},
+                        **extra.pop("network", {})},
+            "secrets": {"store": "env"}, **extra}
+        gw = GatewayThread(workdir, cfg)
+        started.append(gw)
+        return gw
+
+    yield factory
+    for gw in started:
+        if not gw.loop.is_closed():
+            gw.stop()
+
+
+def _admin(gw: GatewayThread, method: str, path: str, body: Any = None) -> Any:
+    token = (gw.config.certs / "admin-token").read_text().strip()
+    answer = httpx.request(method, gw.admin + path, json=body, timeout=10,
+                           headers={"Authorization": f"Bearer {token}"})
+    assert answer.status_code < 300, answer.text
+    return answer.json()
+
+
+def _pending(gw: GatewayThread, count: int = 1, timeout: float = 10) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [a for a in _admin(gw, "GET", "/v1/approvals")["approvals"]
+                 if a["state"] == "pending"]
+        if len(found) >= count:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"no {count} pending approval(s)")
+
+
+class Call(threading.Thread):
+    """A sandbox's request through the gateway, run while the test answers."""
+
+    def __init__(self, gw: GatewayThread, url: str, sandbox: str = "sbx-1",
+                 method: str = "GET") -> None:
+        super().__init__(daemon=True)
+        self.proxy = gw.proxy_url(gw.mint("agent", sandbox), sandbox)
+        # (a host grant is passed through: the upstream's own certificate arrives)
+        self.verify = ssl.create_default_context(cafile=str(gw.ca_cert))
+        self.verify.load_verify_locations(cafile=str(gw.config.network.upstream_ca))
+        self.url, self.method = url, method
+        self.answer: httpx.Response | None = None
+        self.error: Exception | None = None
+        self.took = 0.0
+        self.start()
+
+    def run(self) -> None:
+        started = time.monotonic()
+        try:
+            with httpx.Client(proxy=self.proxy, verify=self.verify, timeout=60) as client:
+                self.answer = client.request(self.method, self.url)
+        except Exception as exc:  # (the test reads it)
+            self.error = exc
+        self.took = time.monotonic() - started
+
+    def result(self) -> httpx.Response:
+        self.join(60)
+        assert self.answer is not None, self.error
+        return self.answer
+
+
+def test_a_held_request_is_approved_once_through_the_api(start: Factory) -> None:
+    gw = start()
+    first, second = Call(gw, "https://unbound.test/a"), Call(gw, "https://unbound.test/b")
+    [pending] = _pending(gw)  # (the same host from one sandbox: one approval)
+    time.sleep(0.3)
+    assert len(_pending(gw)) == 1 and first.answer is None and second.answer is None
+    assert pending["what"] == "unbound.test:443 (any request)"
+    assert pending["sandbox"] == "sbx-1" and "no rule" in pending["reason"]
+    got = _admin(gw, "POST", f"/v1/approvals/{pending['id']}",
+                 {"decision": "approve", "by": "alice"})
+    assert got["approval"]["state"] == "approved" and got["grant"] is None
+    assert first.result().status_code == 200 and second.result().status_code == 200
+    lines = gw.audit.wait_for(lambda r: r["host"] == "unbound.test" and r["method"] ==
+                              "CONNECT" and r["engine"] != "approvals", timeout=5)
+    assert lines and all(r["rule"] == f"grant:{pending['id']}" for r in lines), lines
+    kinds = [r["decision"] for r in gw.audit.records() if r["engine"] == "approvals"]
+    assert kinds == ["ask", "approve"]
+    # once: the next connection asks again
+    third = Call(gw, "https://unbound.test/c")
+    [again] = _pending(gw)
+    assert again["id"] != pending["id"]
+    _admin(gw, "POST", f"/v1/approvals/{again['id']}", {"decision": "deny", "by": "bob"})
+    third.join(30)
+    assert third.answer is None or third.answer.status_code == 403
+
+
+def test_a_hold_outlasts_the_handshake_deadline(start: Factory) -> None:
+    """The engines' deadline for a CONNECT's answer pauses while a person decides (the
+    ask's own timeout bounds the wait)."""
+    gw = start(config={"network": {"timeouts": {"handshake": "1s"}}})
+    held = Call(gw, "https://unbound.test/a")
+    [pending] = _pending(gw)
+    time.sleep(1.6)
+    _admin(gw, "POST", f"/v1/approvals/{pending['id']}", {"decision": "approve"})
+    assert held.result().status_code == 200
+
+
+def test_denied_and_timed_out_asks_refuse_with_their_own_codes(start: Factory) -> None:
+    gw = start(timeout="1s")
+    held = Call(gw, "https://allowed.test/not-ok")  # a path the host's rule does not allow
+    [pending] = _pending(gw)
+    assert pending["what"] == "GET allowed.test:443/not-ok"
+    _admin(gw, "POST", f"/v1/approvals/{pending['id']}",
+           {"decision": "deny", "by": "alice", "note": "not for this task"})
+    denied = held.result()
+    assert denied.status_code == 403 and denied.json()["error"] == "approval_denied"
+    reason = denied.json()["reason"]
+    assert "alice" in reason and "not for this task" in reason and "do not retry" in reason
+    timed = Call(gw, "https://allowed.test/slow").result()
+    assert timed.status_code == 403 and timed.json()["error"] == "approval_timeout"
+    assert 0.9 < Call(gw, "https://allowed.test/slow").result().elapsed.total_seconds() < 5
+    states = {a["state"] for a in _admin(gw, "GET", "/v1/approvals")["approvals"]}
+    assert states == {"denied", "timeout"}
+    # A late answer is refused: the timeout won.
+    late = next(a for a in _admin(gw, "GET", "/v1/approvals")["approvals"]
+                if a["state"] == "timeout")
+    token = (gw.config.certs / "admin-token").read_text().strip()
+    answer = httpx.post(f"{gw.admin}/v1/approvals/{late['id']}", json={"decision": "approve"},
+                        headers={"Authorization": f"Bearer {token}"})
+    assert answer.status_code == 400 and "already answered (timeout)" in answer.text
+
+
+def test_what_is_never_askable_is_refused_at_once(start: Factory) -> None:
+    gw = start()
+    token = gw.mint("agent", "sbx-1")
+    verify = ssl.create_default_context(cafile=str(gw.ca_cert))
+    with httpx.Client(proxy=gw.proxy_url(token, "sbx-1"), verify=verify, timeout=10) as c:
+        for url, code in (("https://metadata.test/", "forbidden_destination"),
+                          ("https://other.test/", "policy_denied")):  # a deny rule
+            with pytest.raises(httpx.ProxyError) as refused:
+                c.get(url)
+            assert "403" in str(refused.value), (url, refused.value)
+            assert any(r["error"] == code for r in gw.audit.records()), code
+    assert _admin(gw, "GET", "/v1/approvals")["approvals"] == []
+
+
+def test_a_rule_with_ask_waits_for_a_person_and_a_sandbox_grant_lasts(start: Factory
+                                                                      ) -> None:
+    gw = start()
+    held = Call(gw, "https://api.github.com/repos/x")
+    [pending] = _pending(gw)  # (a rule that decides per request asks per request)
+    assert pending["what"] == "GET api.github.com:443/repos/x" and \
+        "asks before it allows" in pending["reason"]
+    got = _admin(gw, "POST", f"/v1/approvals/{pending['id']}",
+                 {"decision": "approve", "scope": "sandbox", "duration": "10m", "by": "al"})
+    grant = got["grant"]
+    assert grant["sandbox"] == "sbx-1" and 590 < grant["expires"] - time.time() < 601
+    assert held.result().status_code == 200
+    again = Call(gw, "https://api.github.com/repos/x?page=2")  # (any query)
+    assert again.result().status_code == 200 and again.took < 2  # (no ask)
+    assert not [a for a in _admin(gw, "GET", "/v1/approvals")["approvals"]
+                if a["state"] == "pending"]
+    lines = [r for r in gw.audit.records() if r.get("path") == "/repos/x"]
+    assert lines[-1]["rule"] == f"grant:{grant['id']}"
+    assert lines[-1]["reason"].startswith("granted by al (sandbox: sandbox sbx-1, until 20")
+    other = Call(gw, "https://api.github.com/repos/x", sandbox="sbx-2")  # another sandbox
+    [asked] = _pending(gw)
+    assert asked["sandbox"] == "sbx-2"
+    _admin(gw, "POST", f"/v1/approvals/{asked['id']}", {"decision": "deny"})
+    assert other.result().status_code == 403
+
+
+def _connect(gw: GatewayThread, host: str, sandbox: str) -> socket.socket:
+    token = gw.mint("agent", sandbox)
+    proxy_host, proxy_port = gw.gateway.proxy_address  # type: ignore[misc]
+    sock = socket.create_connection((proxy_host, proxy_port), timeout=30)
+    import base64
+    auth = base64.b64encode(f"{sandbox}:{token}".encode()).decode()
+    sock.sendall(f"CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n"
+                 f"Proxy-Authorization: Basic {auth}\r\n\r\n".encode())
+    return sock
+
+
+def test_revoking_a_grant_closes_the_tunnels_it_opened(start: Factory) -> None:
+    gw = start()
+    sock = _connect(gw, "unbound.test", "sbx-1")
+    [pending] = _pending(gw)
+    got = _admin(gw, "POST", f"/v1/approvals/{pending['id']}",
+                 {"decision": "approve", "scope": "policy", "duration": "1h"})
+    assert sock.recv(200).startswith(b"HTTP/1.1 200")
+    listed = _admin(gw, "GET", "/v1/grants")["grants"]
+    assert [g["id"] for g in listed] == [got["grant"]["id"]] and listed[0]["sandbox"] is None
+    revoked_at = time.monotonic()
+    _admin(gw, "DELETE", f"/v1/grants/{got['grant']['id']}", {"by": "carol"})
+    sock.settimeout(5)
+    assert sock.recv(100) == b""  # the tunnel was ended
+    assert time.monotonic() - revoked_at < 1.5
+    sock.close()
+    assert _admin(gw, "GET", "/v1/grants")["grants"] == []
+    assert any(r["decision"] == "revoke" and "carol" in r["reason"]
+               for r in gw.audit.records())
+    line = gw.audit.wait_for(lambda r: r["method"] == "CONNECT" and r["engine"] != "approvals"
+                             and r.get("error") == "grant_revoked")
+    assert line, [r for r in gw.audit.records() if r["method"] == "CONNECT"]
+
+
+def test_a_grant_survives_a_restart(start: Factory, tmp_path: Path) -> None:
+    gw = start()
+    held = Call(gw, "https://unbound.test/a")
+    [pending] = _pending(gw)
+    _admin(gw, "POST", f"/v1/approvals/{pending['id']}",
+           {"decision": "approve", "scope": "sandbox", "duration": "1h"})
+    assert held.result().status_code == 200
+    gw.stop()
+    again = start()
+    call = Call(again, "https://unbound.test/b")
+    assert call.result().status_code == 200 and call.took < 3
+    assert not [a for a in _admin(again, "GET", "/v1/approvals")["approvals"]
+                if a["state"] == "pending"]
+
+
+def test_two_replicas_on_redis_share_asks_and_grants(start: Factory, tmp_path: Path) -> None:
+    for server in running_redis(tmp_path / "redis"):
+        state = {"state": {"store": "redis", "url": server.url, "prefix": "ask"}}
+        one = start(config=state, workdir=tmp_path / "one")
+        two = start(config=state, workdir=tmp_path / "two")
+        held = Call(one, "https://unbound.test/a")
+        [pending] = _pending(two)  # asked on one, seen on two
+        _admin(two, "POST", f"/v1/approvals/{pending['id']}",
+               {"decision": "approve", "scope": "sandbox", "duration": "1h"})
+        assert held.result().status_code == 200 and held.took < 5
+        time.sleep(0.7)  # (the sweeper's refresh: the grant reaches both views)
+        assert Call(two, "https://unbound.test/b").result().status_code == 200
+        assert Call(one, "https://unbound.test/c").result().status_code == 200
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    got: ClassVar[list[tuple[dict[str, str], bytes]]] = []
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).got.append(({k.lower(): v for k, v in self.headers.items()}, body))
+        self.send_response(204)
+        self.end_headers()
+
+
+def test_webhooks_are_signed_and_answering_from_them_works(
+        start: Factory, test_ca: LocalCA, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    """A local HTTPS receiver checks the signature; the person answers with the CLI the
+    notification names."""
+    (tmp_path / "hook").mkdir()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    server.socket = test_ca.server_context(tmp_path / "hook", ["localhost"]
+                                           ).wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Receiver.got = []
+    monkeypatch.setenv("SANDBOX_GATEWAY_SECRET_HOOK_KEY", "whsec-0123456789abcdef")
+    base = f"https://localhost:{server.server_address[1]}"
+    gw = start(config={"approvals": {"notify": {
+        "hook": {"url": f"{base}/json", "secret": "hook-key"},
+        "slack": {"url": f"{base}/slack", "format": "slack"}}}})
+    try:
+        held = Call(gw, "https://unbound.test/x")
+        [pending] = _pending(gw)
+        deadline = time.monotonic() + 10
+        while len(_Receiver.got) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        by_path = {json.loads(body).get("type", "slack"): (headers, body)
+                   for headers, body in _Receiver.got}
+        headers, body = by_path["approval.requested"]
+        stamp = headers["x-sandbox-gateway-timestamp"]
+        want = "v1=" + hmac.new(b"whsec-0123456789abcdef", stamp.encode() + b"." + body,
+                                hashlib.sha256).hexdigest()
+        assert hmac.compare_digest(headers["x-sandbox-gateway-signature"], want)
+        assert abs(int(stamp) - time.time()) < 30
+        doc = json.loads(body)
+        assert doc["approval"]["id"] == pending["id"] and "approve" in doc["answer"]["cli"]
+        slack = json.loads(by_path["slack"][1])["text"]
+        assert pending["id"] in slack and "unbound.test" in slack
+        assert "x-sandbox-gateway-signature" not in by_path["slack"][0]
+        token = (gw.config.certs / "admin-token").read_text()
+        assert token.strip() not in json.dumps(by_path, default=str)
+        out = _cli(gw, "approvals", "approve", pending["id"], "--by", "hook-reader")
+        assert out.returncode == 0, out.stderr
+        assert held.result().status_code == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _cli(gw: GatewayThread, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gateway", *args, "--admin", gw.admin,
+                           "--config", str(gw.config.source)], input=stdin,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_cli_lists_answers_watches_and_revokes(start: Factory) -> None:
+    gw = start()
+    held = Call(gw, "https://unbound.test/x")
+    [pending] = _pending(gw)
+    listed = _cli(gw, "approvals", "list")
+    assert pending["id"] in listed.stdout and "unbound.test:443" in listed.stdout
+    watched = _cli(gw, "approvals", "list", "--watch", "--once", "--by", "dana", stdin="p\n")
+    assert watched.returncode == 0, watched.stderr
+    assert "approved by dana (policy)" in watched.stdout
+    assert held.result().status_code == 200
+    grants = _cli(gw, "approvals", "grants")
+    grant = grants.stdout.split()[0]
+    assert grant.startswith("gr_") and "policy agent" in grants.stdout
+    assert _cli(gw, "approvals", "revoke", grant).returncode == 0
+    assert "no grants" in _cli(gw, "approvals", "grants").stdout
+    denied = Call(gw, "https://unbound.test/y")
+    [pending] = _pending(gw)
+    out = _cli(gw, "approvals", "deny", pending["id"], "--note", "no")
+    assert out.returncode == 0 and "denied" in out.stdout
+    assert denied.answer is None or denied.result().status_code == 403
+    missing = _cli(gw, "approvals", "approve", "ap_nothing")
+    assert missing.returncode == 1 and "HTTP 404" in missing.stderr
+
+
+def test_an_always_grant_proposes_a_change_that_decides_the_same(start: Factory,
+                                                                 tmp_path: Path) -> None:
+    subprocess.run(["git", "init", "-q", str(tmp_path / "policies")], check=True)
+    gw = start()
+    pdir = tmp_path / "policies"
+    subprocess.run(["git", "-C", str(pdir), "add", "."], check=True)
+    subprocess.run(["git", "-C", str(pdir), "-c", "user.name=t", "-c", "user.email=t@t",
+                    "commit", "-qm", "policies"], check=True)
+    before = (pdir / "agent.yaml").read_text()
+    held = Call(gw, "https://allowed.test/v2/items")
+    [pending] = _pending(gw)
+    got = _admin(gw, "POST", f"/v1/approvals/{pending['id']}",
+                 {"decision": "approve", "scope": "always", "by": "erin", "note": "CI"})
+    assert held.result().status_code == 200
+    proposal = got["proposal"]
+    assert proposal["branch"] == f"sandbox-gateway/grant-{got['grant']['id']}"
+    assert '"/v2/items"' in proposal["snippet"] and "GET" in proposal["snippet"]
+    assert (pdir / "agent.yaml").read_text() == before  # live files untouched
+    status = subprocess.run(["git", "-C", str(pdir), "status", "--porcelain"],
+                            capture_output=True, text=True, check=True).stdout
+    assert status == ""
+    merged = tmp_path / "merged" / "policies"
+    subprocess.run(["git", "clone", "-q", "-b", proposal["branch"], str(pdir), str(merged)],
+                   check=True)
+    check = subprocess.run([sys.executable, "-m", "gateway", "policy", "check", str(merged)],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    patched = tmp_path / "patched"
+    shutil.copytree(pdir, patched, ignore=shutil.ignore_patterns(".git"))
+    subprocess.run(["patch", "-s", "-p1", "-d", str(patched), "-i", proposal["patch"]],
+                   check=True)
+    assert (patched / "agent.yaml").read_text() == (merged / "agent.yaml").read_text()
+    explain = subprocess.run([sys.executable, "-m", "gateway", "policy", "explain",
+                              "--dir", str(merged), "--policy", "agent", "GET",
+                              "https://allowed.test/v2/items"],
+                             capture_output=True, text=True, timeout=60)
+    assert explain.returncode == 0 and "allow" in explain.stdout, explain.stdout + \
+        explain.stderr
+
+
+@pytest.mark.parametrize("intercept", ["mitmproxy"])
+def test_the_mitmproxy_engine_holds_and_releases_too(start: Factory, intercept: str) -> None:
+    gw = start(config={"network": {"intercept": intercept}})
+    held = Call(gw, "https://allowed.test/elsewhere")
+    [pending] = _pending(gw)
+    _admin(gw, "POST", f"/v1/approvals/{pending['id']}", {"decision": "approve"})
+    assert held.result().status_code == 200
+    denied = Call(gw, "https://allowed.test/elsewhere")
+    [pending] = _pending(gw)
+    _admin(gw, "POST", f"/v1/approvals/{pending['id']}", {"decision": "deny"})
+    assert denied.result().json()["error"] == "approval_denied"

@@ -1,0 +1,119 @@
+"""The approvals service on real stores: two services on one SQLite file are two gateway
+processes. One approval for the same thing asked twice (here or there), an answer given
+on either releases both, a grant is live before anyone hears "approved", a timeout and
+an answer race and exactly one wins."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.core.approvals import Asked
+from gateway.core.identity import Identity
+from gateway.net.resolver import new_event_loop
+from gateway.services.approvals import ApprovalService, NotFound
+from gateway.services.policy import Request
+from gateway.services.policy.ask_rule import Ask
+from gateway.services.state.sqlite import SqliteState
+
+ASKED = Asked("host", "new.test", 443)
+
+
+def _identity(sandbox: str = "s1") -> Identity:
+    return Identity(sandbox=sandbox, policy="agent", jti="j", scope={}, issued_at=0,
+                    expires_at=time.time() + 600, lifetime_end=time.time() + 600)
+
+
+def _run(scenario: Callable[[list[ApprovalService], list[dict[str, Any]]], Awaitable[None]],
+         path: Path) -> list[dict[str, Any]]:
+    lines: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        stores = [SqliteState(path), SqliteState(path)]
+        for store in stores:
+            await store.start()
+        try:
+            await scenario([ApprovalService(s, audit=lines.append) for s in stores], lines)
+        finally:
+            for store in stores:
+                await store.close()
+
+    asyncio.run(main(), loop_factory=new_event_loop)  # type: ignore[arg-type]
+    return lines
+
+
+async def _pending(service: ApprovalService, count: int = 1) -> list[Any]:
+    for _ in range(200):
+        found = [a for a in await service.approvals() if a.state == "pending"]
+        if len(found) >= count:
+            return found
+        await asyncio.sleep(0.01)
+    raise AssertionError("nothing pending")
+
+
+def test_one_approval_for_the_same_thing_answered_on_the_other_process(
+        tmp_path: Path) -> None:
+    async def scenario(services: list[ApprovalService], lines: list[Any]) -> None:
+        one, two = services
+        spec = Ask(hosts=True, timeout=10)
+        waits = [asyncio.create_task(s.ask(_identity(), ASKED, "no rule", spec))
+                 for s in (one, one, two)]
+        other = asyncio.create_task(one.ask(_identity("s2"), ASKED, "no rule", spec))
+        pending = await _pending(two, 2)
+        mine = next(a for a in pending if a.sandbox == "s1")
+        started = time.monotonic()
+        answered, grant, _ = await two.answer(mine.id, "approve", scope="sandbox",
+                                              duration="1h", by="alice")
+        ended = await asyncio.gather(*waits)
+        assert time.monotonic() - started < 1  # (polled every POLL seconds at most)
+        assert {e.id for e in ended} == {mine.id} and {e.state for e in ended} == {"approved"}
+        assert grant is not None and answered.grant == grant.id
+        assert not other.done()  # another sandbox's ask is its own
+        request = Request("GET", "https", "new.test", 443, "/x")
+        assert one.grant_for("s1", "agent", request) is None  # (until the refresh)
+        assert await one.refresh() and one.grant_for("s1", "agent", request) == grant
+        assert one.grant_for("s2", "agent", request) is None
+        await one.answer(next(a for a in await one.approvals() if a.sandbox == "s2").id,
+                         "deny", by="bob", note="no")
+        assert (await other).state == "denied"
+        await one.revoke(grant.id, "carol")
+        await two.refresh()
+        assert not two.active(grant.id) and await two.grants() == []
+        with pytest.raises(NotFound):
+            await one.revoke(grant.id, "carol")
+
+    lines = _run(scenario, tmp_path / "state.db")
+    assert [line["decision"] for line in lines] == ["ask", "ask", "approve", "deny", "revoke"]
+    assert all(line["engine"] == "approvals" for line in lines)
+
+
+def test_a_timeout_and_a_late_answer_race_and_one_wins(tmp_path: Path) -> None:
+    async def scenario(services: list[ApprovalService], lines: list[Any]) -> None:
+        one, two = services
+        ended = await one.ask(_identity(), ASKED, "no rule", Ask(hosts=True, timeout=0.3))
+        assert ended.state == "timeout"
+        with pytest.raises(ValueError, match="already answered"):
+            await two.answer(ended.id, "approve", by="late")
+        assert await two.grants() == []
+        # The same thing asked again after a timeout: a new approval.
+        again = asyncio.create_task(one.ask(_identity(), ASKED, "no rule",
+                                            Ask(hosts=True, timeout=5)))
+        [pending] = await _pending(two)
+        assert pending.id != ended.id
+        await two.answer(pending.id, "deny", by="x")
+        assert (await again).state == "denied"
+
+    _run(scenario, tmp_path / "state.db")
+
+
+def test_an_answer_for_nothing_is_not_found(tmp_path: Path) -> None:
+    async def scenario(services: list[ApprovalService], lines: list[Any]) -> None:
+        with pytest.raises(NotFound):
+            await services[0].answer("ap_nothing", "approve", by="a")
+
+    _run(scenario, tmp_path / "state.db")
