@@ -21,11 +21,13 @@ import math
 import os
 import resource
 import socket
+import ssl
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import certifi
 import uvicorn
@@ -57,13 +59,14 @@ from gateway.net.resolver import (
     parse_overrides,
 )
 from gateway.net.tls import LeafContexts, upstream_context
+from gateway.net.upstream_proxy import UpstreamProxy
 from gateway.observability import logs, metrics
 from gateway.observability.audit import Auditor
 from gateway.runtime.sweeper import ConnectionSweeper
 from gateway.services.identity.keywatch import SigningKeyWatcher
 from gateway.services.identity.tokens import TokenError, TokenService
 from gateway.services.metering import Metering, build_metering
-from gateway.services.minting import Credentials, build_credentials
+from gateway.services.minting import Credentials, TokenHttp, build_credentials
 from gateway.services.policy import Policy, PolicyError, PolicyReloader, PolicySet
 from gateway.services.secrets import SecretCache, SecretError, build_cache, build_store
 from gateway.services.state.base import StateStore, StateUnavailable
@@ -162,6 +165,8 @@ class Gateway:
         self.dns: DnsServer | None = None
         self.sweeper: ConnectionSweeper | None = None
         self.pods: PodIdentities | None = None  # identity.kubernetes
+        self.proxy: UpstreamProxy | None = None  # network.upstream_proxy
+        self._vault_http: TokenHttp | None = None  # Key Vault's client (secrets.store)
 
     # -- state the engines and the admin API read ------------------------------------------
 
@@ -197,6 +202,9 @@ class Gateway:
             return False, (f"at capacity: {gate.open_connections} open connections, the "
                            "limit derived from the open-files limit; new connections are "
                            "refused 503 at_capacity")
+        if self.proxy is not None and self.proxy.problem is not None:
+            return False, (f"{self.proxy.problem}: every upstream dial goes through it "
+                           "(network.upstream_proxy.check_ready)")
         stale = self.pods.stale() if self.pods is not None else None
         if stale is not None:
             return True, (f"ready for tokens; pods are not identified: {stale} (their "
@@ -330,8 +338,11 @@ class Gateway:
             where = f"audit.path: cannot open {cfg.audit.path}" if cfg.audit.path else \
                 "audit: cannot write to stdout"
             raise StartupError(f"{where}: {exc.strerror or exc}") from None
+        self.proxy = self._build_proxy()
         try:
-            self.secrets: SecretCache = build_cache(build_store(cfg.secrets), cfg.secrets)
+            self.secrets: SecretCache = build_cache(
+                build_store(cfg.secrets, transport=self._vault_transport(overrides)),
+                cfg.secrets)
         except (ValueError, SecretError) as exc:
             raise StartupError(str(exc)) from None
         self.secrets.on_change = logs.SOURCES.changed  # (and the minted values' cache)
@@ -369,9 +380,10 @@ class Gateway:
             self.leaves = LeafContexts(self.master.addons.get("tlsconfig").certstore, runtime)
             h1 = Engine(self.gate, self.leaves, upstream_context(bundle), timeouts=timeouts,
                         limits=limits, upstream_idle=cfg.network.upstream_idle_timeout,
-                        pool_limit=self.pool_limit)
+                        pool_limit=self.pool_limit, proxy=self.proxy)
             splices = Splices(self.gate, idle=t.client_idle,
-                              lifetime=cfg.limits.max_tunnel_lifetime, connect=t.connect)
+                              lifetime=cfg.limits.max_tunnel_lifetime, connect=t.connect,
+                              proxy=self.proxy)
             self.doors = doors = Doors(self.gate, h1, splices, timeouts, limits,
                                        handoffs=self.handoffs)
             patches.install_listeners(
@@ -396,6 +408,9 @@ class Gateway:
         self._tasks.append(loop.create_task(self.admin_server.serve(sockets=[admin_sock]),
                                             name="admin"))
         self.reloader.start()
+        if self.proxy is not None and self.proxy.settings.check_ready:
+            self._tasks.append(loop.create_task(self.proxy.watch(t.connect),
+                                                name="upstream-proxy-probe"))
         self.sweeper = ConnectionSweeper(self.gate)  # revoked tokens' connections end
         self.sweeper.start()
         self.key_watcher.start(self.tokens.use_keys)  # rotated keys sign without a restart
@@ -427,7 +442,53 @@ class Gateway:
         return build_credentials(self.secrets, self.current_policies,
                                  upstream_ca=upstream_ca, overrides=overrides,
                                  timeout=self.config.network.timeouts.connect + 5.0,
-                                 share=self.state)
+                                 share=self.state, proxy=self.proxy)
+
+    # -- the upstream (corporate) proxy (net/upstream_proxy.py), kept apart from the wiring ----
+
+    def _build_proxy(self) -> UpstreamProxy | None:
+        """`network.upstream_proxy`: every upstream dial (each engine's, the token
+        endpoints', Key Vault's) goes through it, to the address the gateway checked."""
+        settings = self.config.network.upstream_proxy
+        if settings is None:
+            return None
+        try:
+            patches.check_aiohttp()
+        except RuntimeError as exc:
+            raise StartupError(str(exc)) from None
+        tls = None
+        if settings.scheme == "https":
+            tls = ssl.create_default_context(cafile=certifi.where())
+            if self.config.network.upstream_ca is not None:
+                tls.load_verify_locations(cafile=str(self.config.network.upstream_ca))
+        log.info("upstream proxy: %s (connect_to: %s%s%s)", settings.where,
+                 settings.connect_to, f", no_proxy: {', '.join(settings.no_proxy.entries)}"
+                 if settings.no_proxy.entries else "",
+                 ", credentials from the environment" if settings.userinfo is not None
+                 else f", credentials: secret {settings.credentials}"
+                 if settings.credentials else "")
+        return UpstreamProxy(settings, secret=lambda name: self.secrets.get(name), tls=tls)
+
+    def _vault_transport(self, overrides: dict[str, tuple[str, int]]) -> Any:
+        """Key Vault's transport (`secrets.store: azure-keyvault`): the gateway's own
+        client (public roots + network.upstream_ca, network.resolve, the upstream proxy,
+        never the process's HTTPS_PROXY); None for the other stores."""
+        if self.config.secrets.get("store") != "azure-keyvault":
+            return None
+        proxy = self.proxy
+        vault = str(self.config.secrets.get("vault_url") or "")
+        host = (urlsplit(vault).hostname or "").lower()
+        if proxy is not None and proxy.settings.credentials is not None \
+                and proxy.applies(host, None, 443):
+            raise StartupError(
+                "network.upstream_proxy.credentials: Key Vault is reached through the "
+                "upstream proxy, so the proxy's credentials cannot be read from it; list "
+                f"{host or 'the vault'} in network.upstream_proxy.no_proxy or use "
+                "network.upstream_proxy: env (credentials in the proxy URL)")
+        self._vault_http = TokenHttp(upstream_ca=self.config.network.upstream_ca,
+                                     overrides=overrides, proxy=proxy,
+                                     timeout=self.config.network.timeouts.connect + 5.0)
+        return self._vault_http.azure_transport()
 
     # -- Kubernetes pod identity (services/identity/kubernetes/), only when enabled ------------
 
@@ -476,7 +537,8 @@ class Gateway:
         opts = options.Options()
         master = Master(opts, event_loop=asyncio.get_running_loop())
         self.handoffs: dict[tuple[str, int], Any] = {}
-        self.adapter = Adapter(self.gate, self.handoffs)
+        self.adapter = Adapter(self.gate, self.handoffs, proxy=self.proxy,
+                               connect_timeout=self.config.network.timeouts.connect)
         server = proxyserver.Proxyserver()
         self.adapter.proxyserver = server
         master.addons.add(
@@ -582,6 +644,8 @@ class Gateway:
         self._tasks.clear()
         await self.state.close()
         await self.credentials.close()  # the secret cache and the minted values' cache
+        if self._vault_http is not None:
+            await self._vault_http.close()
         logs.SOURCES.remove(self._log_source)
         await self.auditor.aclose()
         if self.doors is not None:

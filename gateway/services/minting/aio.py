@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import ssl
 from collections.abc import Mapping
+from typing import Any
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
@@ -36,8 +37,16 @@ class _OverrideResolver(AbstractResolver):
 
 
 def new_session(overrides: Mapping[str, tuple[str, int]],
-                context: ssl.SSLContext) -> aiohttp.ClientSession:
-    """A pooled session that verifies with `context` and resolves through `overrides`."""
-    connector = aiohttp.TCPConnector(resolver=_OverrideResolver(overrides), ssl=context,
-                                     limit=64)
+                context: ssl.SSLContext, proxy: Any = None) -> aiohttp.ClientSession:
+    """A pooled session that verifies with `context` and resolves through `overrides`;
+    with `proxy` (network.upstream_proxy), connecting through it to the resolved
+    address. The gateway's own HTTPS_PROXY environment is never read (trust_env)."""
+    options: dict[str, Any] = {"resolver": _OverrideResolver(overrides), "ssl": context,
+                               "limit": 64}
+    if proxy is not None:
+        from gateway.engines.patches import proxied_connector
+
+        connector: aiohttp.TCPConnector = proxied_connector(proxy, **options)
+    else:
+        connector = aiohttp.TCPConnector(**options)
     return aiohttp.ClientSession(connector=connector, trust_env=False)
