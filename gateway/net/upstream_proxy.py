@@ -216,12 +216,12 @@ class UpstreamProxy:
         loop = asyncio.get_running_loop()
         ips = await self._resolve(settings.host, settings.port)
         last: OSError = OSError("no addresses")
+        first = machine or HttpConnect("", 0, None)
         for ip in ips:
-            handshake = _Handshake(machine or HttpConnect("", 0, None))
             try:
                 with proxy_hop(ip, settings.port):
-                    transport, _ = await loop.create_connection(
-                        lambda h=handshake: h, ip, settings.port,  # type: ignore[misc] ssl=self._tls,
+                    transport, handshake = await loop.create_connection(
+                        lambda: _Handshake(first), ip, settings.port, ssl=self._tls,
                         server_hostname=settings.host if self._tls is not None else None)
             except OSError as exc:
                 last = exc
