@@ -189,6 +189,7 @@ class Adapter(NextLayerAddon):
         self.gate = gate
         self.proxy = proxy  # network.upstream_proxy: mitmproxy's dials go through it
         self.connect_timeout = connect_timeout
+        self.tunnel_errors: dict[str, str] = {}  # client id -> why its tunnel's dial failed
         self.handoffs = handoffs
         self.clients: dict[str, Client] = {}
         self.exchanges: set[Exchange] = set()  # in flight (what a drain waits for)
@@ -230,9 +231,10 @@ class Adapter(NextLayerAddon):
 
     def _on_client_disconnected(self, conn: connection.Client) -> None:
         client = self.clients.pop(conn.id, None)
+        error = self.tunnel_errors.pop(conn.id, None)
         if client is not None:
             try:
-                self.gate.tunnel_closed(client, None, None)
+                self.gate.tunnel_closed(client, None, None, error)
             finally:
                 self.gate.closed(client)
 
@@ -467,6 +469,9 @@ class Adapter(NextLayerAddon):
         if ex is not None:
             ex.finish(101)
 
+    def _on_server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
+        _dial_failed(self, data)
+
     def _on_server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         address = data.server.address
         client = self.clients.get(data.client.id)
@@ -489,6 +494,16 @@ class Adapter(NextLayerAddon):
             # mitmproxy dials with asyncio.open_connection: the loop routes that one
             # dial (this task's, to this pin) through the proxy (net/resolver.py).
             route_pinned_dial(dialer(proxy, pinned, self.connect_timeout))
+
+
+def _dial_failed(adapter: Adapter, data: server_hooks.ServerConnectionHookData) -> None:
+    """A passthrough tunnel whose dial through the upstream proxy failed: its audit line
+    says so (an intercepted one's exchange does already)."""
+    client = adapter.clients.get(data.client.id)
+    error = data.server.error or ""
+    if client is not None and client.tunnel is not None and client.tunnel.passthrough \
+            and error.startswith(PROXY_MARK):
+        adapter.tunnel_errors[data.client.id] = "upstream_proxy_failed"
 
 
 def _abort(proxyserver: Any, flow: http.HTTPFlow, ans: Answer, *, write: bool = True) -> None:
@@ -568,6 +583,6 @@ class _ResponseStream:
 
 HOOKS = ("client_connected", "client_disconnected", "http_connect", "next_layer",
          "requestheaders", "request", "responseheaders", "response", "error",
-         "websocket_message", "websocket_end", "server_connect")
+         "websocket_message", "websocket_end", "server_connect", "server_connect_error")
 for _name in HOOKS:
     setattr(Adapter, _name, _guarded(getattr(Adapter, f"_on_{_name}")))
