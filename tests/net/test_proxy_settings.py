@@ -110,3 +110,14 @@ def test_the_process_environment_is_read_only_when_asked() -> None:
     with pytest.raises(ConfigError, match="HTTPS_PROXY"):
         load_config(None, env={"HTTPS_PROXY": "ftp://x",
                                "SANDBOX_GATEWAY_NETWORK__UPSTREAM_PROXY": "env"})
+
+
+def test_config_check_warns_about_connect_to_name() -> None:
+    from gateway.tools.config_check import config_warnings
+
+    base = {"SANDBOX_GATEWAY_NETWORK__UPSTREAM_PROXY__URL": "http://proxy.corp:3128"}
+    assert config_warnings(load_config(None, env=base)) == []
+    named = load_config(None, env={
+        **base, "SANDBOX_GATEWAY_NETWORK__UPSTREAM_PROXY__CONNECT_TO": "name"})
+    (warning,) = config_warnings(named)
+    assert warning.startswith("network.upstream_proxy.connect_to: name")
