@@ -26,7 +26,7 @@ def test_proxy_urls(url: str, want: tuple[str, str, int, str | None]) -> None:
 
 @pytest.mark.parametrize("url", BAD_URLS)
 def test_bad_proxy_urls(url: str) -> None:
-    with pytest.raises(ValueError, match="^k"):
+    with pytest.raises(ValueError, match=r"^k"):
         parse_proxy_url(url, "k")
 
 
