@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
-import ssl
 import sys
 from collections.abc import Callable
 from importlib.metadata import version
@@ -335,58 +334,3 @@ def close_mitmproxy_server(proxyserver: Any, client_id: str, server: object) -> 
     handler = proxyserver.connections.get(client_id)
     if handler is not None and server in handler.transports:
         handler.close_connection(server)
-
-
-# -- aiohttp (the gateway's own calls: token endpoints, Key Vault) ------------------------
-
-AIOHTTP_CHECKED = ("3.14.",)
-
-
-def check_aiohttp() -> None:
-    """Refuse to route the gateway's own calls through an upstream proxy with an aiohttp
-    `proxied_connector` was not checked against (called at start when one is set)."""
-    found = version("aiohttp")
-    if not found.startswith(AIOHTTP_CHECKED):
-        raise RuntimeError(
-            f"aiohttp {found} is installed, but gateway/engines/patches.py's proxied "
-            f"connector was checked against {', '.join(p + 'x' for p in AIOHTTP_CHECKED)}; "
-            "install a supported version (pyproject.toml pins it) or re-check the patches")
-
-
-def proxied_connector(proxy: Any, **kwargs: Any) -> Any:
-    """An `aiohttp.TCPConnector` whose connections go through `proxy` (an
-    `UpstreamProxy`), to the address aiohttp resolved (its resolver: `network.resolve`,
-    then DNS) with the request's name for TLS, unless the proxy's no_proxy says direct.
-    aiohttp has no public hook between resolving and connecting: this overrides its
-    `_wrap_create_connection` (aiohttp 3.14), keeping its error translation."""
-    import aiohttp
-
-    from gateway.core.addresses import Pinned
-    from gateway.core.names import normalize_host
-
-    class ProxiedConnector(aiohttp.TCPConnector):
-        async def _wrap_create_connection(self, *args: Any, addr_infos: list[Any], req: Any,
-                                          timeout: Any, client_error: Any = None,
-                                          **kw: Any) -> Any:
-            error = client_error or aiohttp.ClientConnectorError
-            sockaddr = addr_infos[0][4]
-            pinned = Pinned(normalize_host(str(req.url.raw_host)), int(req.url.port),
-                            str(sockaddr[0]), trusted=True, dial_port=int(sockaddr[1]))
-            if not proxy.applies(pinned.host, pinned.ip, pinned.port):
-                return await super()._wrap_create_connection(
-                    *args, addr_infos=addr_infos, req=req, timeout=timeout,
-                    client_error=error, **kw)
-            tls = kw.get("ssl")
-            try:
-                return await proxy.open(
-                    pinned, args[0], timeout=timeout.sock_connect or timeout.total or 30.0,
-                    tls=tls if isinstance(tls, ssl.SSLContext) else None,
-                    server_hostname=kw.get("server_hostname") or pinned.host)
-            except ssl.SSLCertVerificationError as exc:
-                raise aiohttp.ClientConnectorCertificateError(req.connection_key, exc) from exc
-            except ssl.SSLError as exc:
-                raise aiohttp.ClientConnectorSSLError(req.connection_key, exc) from exc
-            except OSError as exc:
-                raise error(req.connection_key, exc) from exc
-
-    return ProxiedConnector(**kwargs)

@@ -452,8 +452,10 @@ class Gateway:
         settings = self.config.network.upstream_proxy
         if settings is None:
             return None
+        from gateway.services.minting.aio import check_aiohttp
+
         try:
-            patches.check_aiohttp()
+            check_aiohttp()
         except RuntimeError as exc:
             raise StartupError(str(exc)) from None
         tls = None
