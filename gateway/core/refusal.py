@@ -78,6 +78,7 @@ _CODES: dict[str, tuple[int, str]] = {
     "bad_request": (400, "http_request_error"),
     "unsupported": (501, "http_request_error"),
     "upstream_failed": (502, "destination_unavailable"),
+    "upstream_proxy_failed": (502, "destination_unavailable"),
     "unresolvable": (502, "dns_error"),
     "upstream_timeout": (504, "connection_read_timeout"),
     "secret_unavailable": (503, "proxy_internal_error"),

@@ -52,7 +52,9 @@ from gateway.engines.patches import (
     raw_authority,
     raw_method,
 )
-from gateway.net.resolver import pin
+from gateway.net.resolver import pin, route_pinned_dial
+from gateway.net.upstream_proxy import MARK as PROXY_MARK
+from gateway.net.upstream_proxy import UpstreamProxy, dialer
 
 log = logging.getLogger("sandbox_gateway")
 
@@ -102,6 +104,8 @@ def _page_refusal(status: int, message: str) -> Refusal:
     for prefix in (REFUSED_MARK, f"Connection killed: {REFUSED_MARK}"):
         if message.startswith(prefix):
             return Refusal("forbidden_destination", message[len(prefix):][:300])
+    if message.startswith(PROXY_MARK):  # the upstream proxy's dial (fixed sentences)
+        return Refusal("upstream_proxy_failed", message[len(PROXY_MARK):][:300])
     if message.startswith(BACKSTOP_MARK):  # the event loop's backstop (PermissionError)
         return Refusal("forbidden_destination", message[len("[Errno 13] "):][:300])
     log.info("mitmproxy answered %d: %s", status, error_phrase(message))
@@ -179,9 +183,13 @@ class Adapter(NextLayerAddon):
 
     name = "nextlayer"  # proxyserver looks the layer chooser up by this name
 
-    def __init__(self, gate: Gate, handoffs: dict[tuple[str, int], Client]) -> None:
+    def __init__(self, gate: Gate, handoffs: dict[tuple[str, int], Client], *,
+                 proxy: UpstreamProxy | None = None, connect_timeout: float = 10.0) -> None:
         super().__init__()
         self.gate = gate
+        self.proxy = proxy  # network.upstream_proxy: mitmproxy's dials go through it
+        self.connect_timeout = connect_timeout
+        self.tunnel_errors: dict[str, str] = {}  # client id -> why its tunnel's dial failed
         self.handoffs = handoffs
         self.clients: dict[str, Client] = {}
         self.exchanges: set[Exchange] = set()  # in flight (what a drain waits for)
@@ -223,9 +231,10 @@ class Adapter(NextLayerAddon):
 
     def _on_client_disconnected(self, conn: connection.Client) -> None:
         client = self.clients.pop(conn.id, None)
+        error = self.tunnel_errors.pop(conn.id, None)
         if client is not None:
             try:
-                self.gate.tunnel_closed(client, None, None)
+                self.gate.tunnel_closed(client, None, None, error)
             finally:
                 self.gate.closed(client)
 
@@ -422,6 +431,8 @@ class Adapter(NextLayerAddon):
             # connection at once, without an answer (it cannot send one on HTTP/1 then).
             ex.abort(Refusal("bad_request", "the request body is not valid HTTP/1 "
                              "(malformed chunked framing); the connection was closed"))
+        elif flow.response is None and message.startswith(PROXY_MARK):
+            ex.upstream_proxy_failed(message[len(PROXY_MARK):][:300])
         elif flow.response is None:
             ex.upstream_failed("closed" if "closed" in message else "connect", message)
         else:
@@ -458,6 +469,9 @@ class Adapter(NextLayerAddon):
         if ex is not None:
             ex.finish(101)
 
+    def _on_server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
+        _dial_failed(self, data)
+
     def _on_server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         address = data.server.address
         client = self.clients.get(data.client.id)
@@ -475,6 +489,21 @@ class Adapter(NextLayerAddon):
                                  "this connection")
             return
         pin(pinned)
+        proxy = self.proxy
+        if proxy is not None and proxy.applies(pinned.host, pinned.ip, pinned.port):
+            # mitmproxy dials with asyncio.open_connection: the loop routes that one
+            # dial (this task's, to this pin) through the proxy (net/resolver.py).
+            route_pinned_dial(dialer(proxy, pinned, self.connect_timeout))
+
+
+def _dial_failed(adapter: Adapter, data: server_hooks.ServerConnectionHookData) -> None:
+    """A passthrough tunnel whose dial through the upstream proxy failed: its audit line
+    says so (an intercepted one's exchange does already)."""
+    client = adapter.clients.get(data.client.id)
+    error = data.server.error or ""
+    if client is not None and client.tunnel is not None and client.tunnel.passthrough \
+            and error.startswith(PROXY_MARK):
+        adapter.tunnel_errors[data.client.id] = "upstream_proxy_failed"
 
 
 def _abort(proxyserver: Any, flow: http.HTTPFlow, ans: Answer, *, write: bool = True) -> None:
@@ -554,6 +583,6 @@ class _ResponseStream:
 
 HOOKS = ("client_connected", "client_disconnected", "http_connect", "next_layer",
          "requestheaders", "request", "responseheaders", "response", "error",
-         "websocket_message", "websocket_end", "server_connect")
+         "websocket_message", "websocket_end", "server_connect", "server_connect_error")
 for _name in HOOKS:
     setattr(Adapter, _name, _guarded(getattr(Adapter, f"_on_{_name}")))

@@ -21,6 +21,11 @@ The engines need a few things their libraries keep private:
   without running its `__init__` (`lean_addons`), which imports every addon mitmdump
   ships (QUIC, pyparsing, ldap3, …: 15 MB a process) when the gateway uses four. This
   module is imported first by `gateway.engines` for that.
+- **aiohttp** (the gateway's own HTTP client, `services/minting/http.py`): with
+  `network.upstream_proxy` its connections go through the proxy to the address aiohttp
+  resolved; aiohttp has no public hook between resolving a name and connecting, so
+  `proxied_connector` overrides `TCPConnector._wrap_create_connection` (aiohttp itself
+  is imported at the first such session only).
 
 A version outside the ranges these were checked against stops the gateway at start
 (`check_versions`), rather than failing open at run time.
@@ -29,6 +34,7 @@ A version outside the ranges these were checked against stops the gateway at sta
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import logging
 import sys
@@ -69,6 +75,7 @@ __all__ = [
     "install_log_hygiene",
     "original_destination",
     "parse_request_head",
+    "proxied_connector",
     "raw_authority",
     "raw_method",
     "read_request_head",
@@ -76,7 +83,7 @@ __all__ = [
     "starts_like_tls",
 ]
 
-CHECKED = {"h11": ("0.16.",), "mitmproxy": ("12.2.",)}
+CHECKED = {"aiohttp": ("3.14.",), "h11": ("0.16.",), "mitmproxy": ("12.2.",)}
 
 
 def lean_addons() -> None:
@@ -334,3 +341,58 @@ def close_mitmproxy_server(proxyserver: Any, client_id: str, server: object) -> 
     handler = proxyserver.connections.get(client_id)
     if handler is not None and server in handler.transports:
         handler.close_connection(server)
+
+
+# -- aiohttp: the gateway's own client through the upstream proxy ------------------------
+
+def proxied_connector(proxy: Any) -> Callable[..., Any]:
+    """A factory of aiohttp connectors whose connections go through `proxy` (an
+    `UpstreamProxy`) to the address aiohttp resolved (`network.resolve`, then DNS), the
+    request's name kept for TLS, unless the proxy's no_proxy says direct; aiohttp's
+    error translation kept. (aiohttp is imported here, at the first session.)"""
+
+    def make(**options: Any) -> Any:
+        return _connector_class()(proxy, **options)
+
+    return make
+
+
+@functools.cache
+def _connector_class() -> type:
+    import ssl
+
+    import aiohttp
+
+    from gateway.core.addresses import Pinned
+    from gateway.core.names import normalize_host
+
+    class ProxiedConnector(aiohttp.TCPConnector):
+        def __init__(self, proxy: Any, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self._proxy = proxy
+
+        async def _wrap_create_connection(self, *args: Any, addr_infos: list[Any], req: Any,
+                                          timeout: Any, client_error: Any = None,
+                                          **kw: Any) -> Any:
+            error = client_error or aiohttp.ClientConnectorError
+            sockaddr = addr_infos[0][4]
+            pinned = Pinned(normalize_host(str(req.url.raw_host)), int(req.url.port),
+                            str(sockaddr[0]), trusted=True, dial_port=int(sockaddr[1]))
+            if not self._proxy.applies(pinned.host, pinned.ip, pinned.port):
+                return await super()._wrap_create_connection(
+                    *args, addr_infos=addr_infos, req=req, timeout=timeout, client_error=error,
+                    **kw)
+            tls = kw.get("ssl")
+            try:
+                return await self._proxy.open(
+                    pinned, args[0], timeout=timeout.sock_connect or timeout.total or 30.0,
+                    tls=tls if isinstance(tls, ssl.SSLContext) else None,
+                    server_hostname=kw.get("server_hostname") or pinned.host)
+            except ssl.SSLCertVerificationError as exc:
+                raise aiohttp.ClientConnectorCertificateError(req.connection_key, exc) from exc
+            except ssl.SSLError as exc:
+                raise aiohttp.ClientConnectorSSLError(req.connection_key, exc) from exc
+            except OSError as exc:
+                raise error(req.connection_key, exc) from exc
+
+    return ProxiedConnector

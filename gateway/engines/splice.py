@@ -21,6 +21,7 @@ import time
 from gateway.core.addresses import Pinned
 from gateway.core.gate import Client, Gate
 from gateway.net.resolver import pin
+from gateway.net.upstream_proxy import ProxyDialFailed, UpstreamProxy
 
 log = logging.getLogger("sandbox_gateway")
 
@@ -32,8 +33,10 @@ FIRST_READ_SIZE = 16 * 1024
 class Splices:
     """Every open splice, and the one sweeper that ends idle and overlong ones."""
 
-    def __init__(self, gate: Gate, *, idle: float, lifetime: float, connect: float) -> None:
+    def __init__(self, gate: Gate, *, idle: float, lifetime: float, connect: float,
+                 proxy: UpstreamProxy | None = None) -> None:
         self.gate = gate
+        self.proxy = proxy  # network.upstream_proxy: dial through it
         self.idle = idle
         self.lifetime = lifetime
         self.connect = connect
@@ -116,8 +119,18 @@ class Splice(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         try:
             pin(self.pinned)  # the address we connect to is the one that was checked
-            async with asyncio.timeout(self.owner.connect):
-                _, upstream = await loop.create_connection(lambda: _Upstream(self), ip, port)
+            proxy = self.owner.proxy
+            if proxy is not None and proxy.applies(self.pinned.host, ip, self.pinned.port):
+                _, upstream = await proxy.open(self.pinned, lambda: _Upstream(self),
+                                               timeout=self.owner.connect)
+            else:
+                async with asyncio.timeout(self.owner.connect):
+                    _, upstream = await loop.create_connection(lambda: _Upstream(self), ip,
+                                                               port)
+        except ProxyDialFailed as exc:  # (logged by the proxy's dial)
+            log.info("passthrough to %s: %s", self.where, exc.failure.reason)
+            self.close("upstream_proxy_failed")
+            return
         except (OSError, TimeoutError) as exc:
             log.info("passthrough to %s (%s) failed: %s", self.where, ip,
                      f"no TCP connection within {self.owner.connect:g}s "

@@ -51,7 +51,7 @@ import errno
 import functools
 import ipaddress
 import socket
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +79,8 @@ __all__ = [
     "new_event_loop",
     "parse_overrides",
     "pin",
+    "proxy_hop",
+    "route_pinned_dial",
     "unguarded",
     "uninstall_backstop",
     "unpin",
@@ -311,6 +313,11 @@ _UPSTREAM: ContextVar[asyncio.Task[Any] | None] = ContextVar(
     "sandbox_gateway_upstream_task", default=None
 )
 _EXEMPT: ContextVar[bool] = ContextVar("sandbox_gateway_unguarded", default=False)
+_HOP: ContextVar[tuple[str, int] | None] = ContextVar("sandbox_gateway_proxy_hop",
+                                                      default=None)
+Dialer = Callable[[Any, Callable[[], Any]], Awaitable[tuple[asyncio.Transport, Any]]]
+_ROUTE: ContextVar[tuple[asyncio.Task[Any], Dialer] | None] = ContextVar(
+    "sandbox_gateway_pinned_route", default=None)
 
 
 @dataclass(slots=True)
@@ -364,6 +371,25 @@ def unpin() -> None:
     _PIN.set(None)
 
 
+@contextlib.contextmanager
+def proxy_hop(ip: str, port: int) -> Iterator[None]:
+    """The upstream proxy's own address (operator configuration): the backstop lets
+    exactly `ip`:`port` be dialled from an upstream-marked task while this holds, and
+    the pinned-dial route is not taken for it (`gateway/net/upstream_proxy.py`)."""
+    token = _HOP.set((parse_ip(ip).compressed, port))
+    try:
+        yield
+    finally:
+        _HOP.reset(token)
+
+
+def route_pinned_dial(dial: Dialer) -> None:
+    """Make this task's dial of its pinned destination (`loop.create_connection` to the
+    pinned name or address) go through `dial(loop, protocol_factory)` instead: how
+    mitmproxy's dials, which have no hook of their own, go through the upstream proxy."""
+    _ROUTE.set((_task(), dial))
+
+
 def current_pin() -> Pinned | None:
     """The pin set by the current task, if any (inherited pins do not count)."""
     value = _PIN.get()
@@ -406,6 +432,13 @@ def _matches(pinned: Pinned, host: object, port: object) -> bool:
         port_no = int(port.decode() if isinstance(port, bytes) else port)  # type: ignore[call-overload]
         return port_no == pinned.port and normalize_host(text) == pinned.host
     except (DestinationError, ValueError, TypeError, UnicodeError):
+        return False
+
+
+def _dials_address(pinned: Pinned, host: object, port: object) -> bool:
+    try:
+        return (str(host), int(port)) == pinned.address  # type: ignore[call-overload]
+    except (TypeError, ValueError):
         return False
 
 
@@ -463,6 +496,20 @@ class GuardedEventLoop(asyncio.SelectorEventLoop):
             )
         return kept
 
+    async def create_connection(
+        self, protocol_factory: Callable[[], Any], host: Any = None, port: Any = None,
+        **kwargs: Any,
+    ) -> tuple[asyncio.Transport, Any]:
+        route = _ROUTE.get()
+        if route is not None and route[0] is asyncio.current_task() and _HOP.get() is None \
+                and host is not None and kwargs.get("sock") is None:
+            pinned = current_pin()
+            if pinned is not None and (_matches(pinned, host, port)
+                                       or _dials_address(pinned, host, port)):
+                return await route[1](self, protocol_factory)
+        return await super().create_connection(
+            protocol_factory, host, port, **kwargs)
+
     async def sock_connect(self, sock: socket.socket, address: Any) -> None:
         policy = _active_policy()
         if policy is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -474,6 +521,9 @@ class GuardedEventLoop(asyncio.SelectorEventLoop):
                 and port == pinned.address[1]
                 and parse_ip(ip) == parse_ip(pinned.ip)
             )
+            hop = _HOP.get()
+            if hop is not None and port == hop[1] and parse_ip(ip).compressed == hop[0]:
+                trusted = True  # the upstream proxy itself (proxy_hop)
             if not trusted:
                 verdict = policy.classify(ip, port)
                 if not verdict.allowed:

@@ -94,6 +94,14 @@ POLICY_INFO = Gauge(
     registry=REGISTRY,
     multiprocess_mode="livemax",
 )
+UPSTREAM_PROXY_CONNECTS = Counter(
+    "sandbox_gateway_upstream_proxy_connects_total",
+    "Dials through network.upstream_proxy, by outcome: ok, denied (the proxy's 403, "
+    "SOCKS not allowed), auth_failed (407, SOCKS authentication), refused (another "
+    "answer), unreachable, timeout, protocol_error, credentials_unavailable, error.",
+    ["outcome"],
+    registry=REGISTRY,
+)
 UPSTREAM_CONNECTIONS = Counter(
     "sandbox_gateway_upstream_connections_total",
     "Upstream connections an intercepted request went out on that its client connection "

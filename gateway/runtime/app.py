@@ -24,9 +24,10 @@ import socket
 import ssl
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import certifi
 import uvicorn
@@ -58,15 +59,17 @@ from gateway.net.resolver import (
     parse_overrides,
 )
 from gateway.net.tls import LeafContexts, upstream_context
+from gateway.net.upstream_proxy import UpstreamProxy
 from gateway.observability import logs, metrics
 from gateway.observability.audit import Auditor
 from gateway.runtime.sweeper import ConnectionSweeper
 from gateway.services.approvals import ApprovalService
+from gateway.services.approvals.notify import TIMEOUT as NOTIFY_TIMEOUT
 from gateway.services.approvals.notify import Webhooks
 from gateway.services.identity.keywatch import SigningKeyWatcher
 from gateway.services.identity.tokens import TokenError, TokenService
 from gateway.services.metering import Metering, build_metering
-from gateway.services.minting import Credentials, build_credentials
+from gateway.services.minting import Credentials, TokenHttp, build_credentials
 from gateway.services.policy import Policy, PolicyError, PolicyReloader, PolicySet
 from gateway.services.secrets import SecretCache, SecretError, build_cache, build_store
 from gateway.services.state.base import StateStore, StateUnavailable
@@ -166,6 +169,8 @@ class Gateway:
         self.sweeper: ConnectionSweeper | None = None
         self.pods: PodIdentities | None = None  # identity.kubernetes
         self.approvals: ApprovalService | None = None  # ask mode
+        self.proxy: UpstreamProxy | None = None  # network.upstream_proxy
+        self._vault_http: TokenHttp | None = None  # Key Vault's client (secrets.store)
 
     # -- state the engines and the admin API read ------------------------------------------
 
@@ -201,6 +206,9 @@ class Gateway:
             return False, (f"at capacity: {gate.open_connections} open connections, the "
                            "limit derived from the open-files limit; new connections are "
                            "refused 503 at_capacity")
+        if self.proxy is not None and self.proxy.problem is not None:
+            return False, (f"{self.proxy.problem}: every upstream dial goes through it "
+                           "(network.upstream_proxy.check_ready)")
         stale = self.pods.stale() if self.pods is not None else None
         if stale is not None:
             return True, (f"ready for tokens; pods are not identified: {stale} (their "
@@ -241,15 +249,16 @@ class Gateway:
         self._tmp = tempfile.TemporaryDirectory(prefix="sandbox-gateway-")
         return Path(self._tmp.name)
 
-    def _build_approvals(self, runtime: Path) -> ApprovalService:
-        """Ask mode, on the state store every process shares (webhooks verified against
-        the same roots as upstreams)."""
+    def _build_approvals(self, overrides: dict[str, tuple[str, int]]) -> ApprovalService:
+        """Ask mode, on the state store every process shares; webhooks sent with the
+        gateway's own HTTP client (upstream CA, `network.resolve`, the upstream proxy)."""
         cfg = self.config
-        verify = ssl.create_default_context(cafile=str(self._upstream_bundle(runtime)))
+        http = TokenHttp(upstream_ca=cfg.network.upstream_ca, overrides=overrides,
+                         connector=self._connector(), timeout=NOTIFY_TIMEOUT,
+                         connect_timeout=cfg.network.timeouts.connect)
         self.approvals = ApprovalService(
             self.state, audit=self.auditor.write, telemetry=metrics.TELEMETRY,
-            webhooks=Webhooks(cfg.approvals.notify, self.secrets, verify,
-                              metrics.TELEMETRY),
+            webhooks=Webhooks(cfg.approvals.notify, self.secrets, http, metrics.TELEMETRY),
             retention=cfg.approvals.retention, policies=self.current_policies,
             directory=cfg.policies, proposals=cfg.approvals.proposals)
         return self.approvals
@@ -351,8 +360,11 @@ class Gateway:
             where = f"audit.path: cannot open {cfg.audit.path}" if cfg.audit.path else \
                 "audit: cannot write to stdout"
             raise StartupError(f"{where}: {exc.strerror or exc}") from None
+        self.proxy = self._build_proxy()
         try:
-            self.secrets: SecretCache = build_cache(build_store(cfg.secrets), cfg.secrets)
+            self.secrets: SecretCache = build_cache(
+                build_store(cfg.secrets, transport=self._vault_transport(overrides)),
+                cfg.secrets)
         except (ValueError, SecretError) as exc:
             raise StartupError(str(exc)) from None
         self.secrets.on_change = logs.SOURCES.changed  # (and the minted values' cache)
@@ -374,7 +386,7 @@ class Gateway:
             refusals_inside_tls=cfg.refusals.inside_tls,
             connections_per_sandbox=cfg.limits.connections_per_sandbox,
             max_connections=max(16, (self.fd_limit - FD_RESERVE - self.pool_limit) // 2),
-            workloads=self.pods, approvals=self._build_approvals(runtime))
+            workloads=self.pods, approvals=self._build_approvals(overrides))
         await self._approvals().refresh()  # (the grants that outlived a restart)
         patches.install_error_pages(error_page, error_h2)
         patches.install_log_hygiene(error_phrase)
@@ -391,9 +403,10 @@ class Gateway:
             self.leaves = LeafContexts(self.master.addons.get("tlsconfig").certstore, runtime)
             h1 = Engine(self.gate, self.leaves, upstream_context(bundle), timeouts=timeouts,
                         limits=limits, upstream_idle=cfg.network.upstream_idle_timeout,
-                        pool_limit=self.pool_limit)
+                        pool_limit=self.pool_limit, proxy=self.proxy)
             splices = Splices(self.gate, idle=t.client_idle,
-                              lifetime=cfg.limits.max_tunnel_lifetime, connect=t.connect)
+                              lifetime=cfg.limits.max_tunnel_lifetime, connect=t.connect,
+                              proxy=self.proxy)
             self.doors = doors = Doors(self.gate, h1, splices, timeouts, limits,
                                        handoffs=self.handoffs)
             patches.install_listeners(
@@ -418,6 +431,9 @@ class Gateway:
         self._tasks.append(loop.create_task(self.admin_server.serve(sockets=[admin_sock]),
                                             name="admin"))
         self.reloader.start()
+        if self.proxy is not None and self.proxy.settings.check_ready:
+            self._tasks.append(loop.create_task(self.proxy.watch(t.connect),
+                                                name="upstream-proxy-probe"))
         # revoked tokens' and grants' connections end
         self.sweeper = ConnectionSweeper(self.gate, self.approvals)
         self.sweeper.start()
@@ -450,7 +466,54 @@ class Gateway:
         return build_credentials(self.secrets, self.current_policies,
                                  upstream_ca=upstream_ca, overrides=overrides,
                                  timeout=self.config.network.timeouts.connect + 5.0,
-                                 share=self.state)
+                                 share=self.state, connector=self._connector())
+
+    # -- the upstream (corporate) proxy (net/upstream_proxy.py), kept apart from the wiring ----
+
+    def _build_proxy(self) -> UpstreamProxy | None:
+        """`network.upstream_proxy`: every upstream dial (each engine's, the token
+        endpoints', Key Vault's) goes through it, to the address the gateway checked."""
+        settings = self.config.network.upstream_proxy
+        if settings is None:
+            return None
+        tls = None
+        if settings.scheme == "https":
+            tls = ssl.create_default_context(cafile=certifi.where())
+            if self.config.network.upstream_ca is not None:
+                tls.load_verify_locations(cafile=str(self.config.network.upstream_ca))
+        log.info("upstream proxy: %s (connect_to: %s%s%s)", settings.where,
+                 settings.connect_to, f", no_proxy: {', '.join(settings.no_proxy.entries)}"
+                 if settings.no_proxy.entries else "",
+                 ", credentials from the environment" if settings.userinfo is not None
+                 else f", credentials: secret {settings.credentials}"
+                 if settings.credentials else "")
+        return UpstreamProxy(settings, secret=lambda name: self.secrets.get(name), tls=tls)
+
+    def _connector(self) -> Callable[..., Any] | None:
+        """How the gateway's own HTTP client connects: through the upstream proxy (the
+        aiohttp hook is a private one: engines/patches.py), else aiohttp's own way."""
+        return None if self.proxy is None else patches.proxied_connector(self.proxy)
+
+    def _vault_transport(self, overrides: dict[str, tuple[str, int]]) -> Any:
+        """Key Vault's transport (`secrets.store: azure-keyvault`): the gateway's own
+        client (public roots + network.upstream_ca, network.resolve, the upstream proxy,
+        never the process's HTTPS_PROXY); None for the other stores."""
+        if self.config.secrets.get("store") != "azure-keyvault":
+            return None
+        proxy = self.proxy
+        vault = str(self.config.secrets.get("vault_url") or "")
+        host = (urlsplit(vault).hostname or "").lower()
+        if proxy is not None and proxy.settings.credentials is not None \
+                and proxy.applies(host, None, 443):
+            raise StartupError(
+                "network.upstream_proxy.credentials: Key Vault is reached through the "
+                "upstream proxy, so the proxy's credentials cannot be read from it; list "
+                f"{host or 'the vault'} in network.upstream_proxy.no_proxy or use "
+                "network.upstream_proxy: env (credentials in the proxy URL)")
+        self._vault_http = TokenHttp(upstream_ca=self.config.network.upstream_ca,
+                                     overrides=overrides, connector=self._connector(),
+                                     timeout=self.config.network.timeouts.connect + 5.0)
+        return self._vault_http.azure_transport()
 
     # -- Kubernetes pod identity (services/identity/kubernetes/), only when enabled ------------
 
@@ -499,7 +562,8 @@ class Gateway:
         opts = options.Options()
         master = Master(opts, event_loop=asyncio.get_running_loop())
         self.handoffs: dict[tuple[str, int], Any] = {}
-        self.adapter = Adapter(self.gate, self.handoffs)
+        self.adapter = Adapter(self.gate, self.handoffs, proxy=self.proxy,
+                               connect_timeout=self.config.network.timeouts.connect)
         server = proxyserver.Proxyserver()
         self.adapter.proxyserver = server
         master.addons.add(
@@ -603,8 +667,12 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(task, timeout=5)
         self._tasks.clear()
+        if self.approvals is not None:
+            await self.approvals.close()  # (notifications still being sent: cancelled)
         await self.state.close()
         await self.credentials.close()  # the secret cache and the minted values' cache
+        if self._vault_http is not None:
+            await self._vault_http.close()
         logs.SOURCES.remove(self._log_source)
         await self.auditor.aclose()
         if self.doors is not None:

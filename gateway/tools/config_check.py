@@ -18,7 +18,7 @@ import ipaddress
 
 from gateway.config import Config, ConfigError
 
-__all__ = ["allow_cidr_warnings", "config_warnings"]
+__all__ = ["allow_cidr_warnings", "config_warnings", "upstream_proxy_warnings"]
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -82,6 +82,19 @@ def allow_cidr_warnings(allow_cidrs: tuple[str, ...] | list[str]) -> list[str]:
     return out
 
 
+def upstream_proxy_warnings(cfg: Config) -> list[str]:
+    """`network.upstream_proxy.connect_to: name` lets the proxy's own DNS choose the
+    address the gateway checked: a name it resolves elsewhere (a private address, a
+    rebinding answer) moves the connection past every destination check."""
+    proxy = cfg.network.upstream_proxy
+    if proxy is None or proxy.connect_to != "name":
+        return []
+    return ["network.upstream_proxy.connect_to: name: the proxy is asked for the name and "
+            "resolves it itself, so the address the gateway checked is not the one "
+            "connected to (a name the proxy resolves to a private address reaches it); "
+            "use connect_to: address unless the proxy accepts only names"]
+
+
 def config_warnings(cfg: Config) -> list[str]:
     """Every warning for `cfg` (empty when nothing looks risky)."""
-    return allow_cidr_warnings(cfg.network.allow_cidrs)
+    return allow_cidr_warnings(cfg.network.allow_cidrs) + upstream_proxy_warnings(cfg)

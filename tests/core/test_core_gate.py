@@ -281,6 +281,9 @@ async def _key_in_body(w: World) -> Answer:
 
 async def _upstream(w: World, kind: str) -> Answer:
     ex = await _exchange(w, "allowed.test", _head("GET", "/", ("Host", "allowed.test")))
+    if kind == "proxy":
+        return ex.upstream_proxy_failed("the upstream proxy answered 403 to CONNECT "
+                                        "203.0.113.7:443 (forbidden by the proxy's rules)")
     return ex.upstream_failed(kind, "timed out" if kind == "timeout" else "Connection refused")
 
 
@@ -400,6 +403,8 @@ ROWS: list[tuple[str, Callable[[World], Any], str, dict[str, Any]]] = [
      {"decision": "allow"}),
     ("the upstream says nothing", lambda w: _upstream(w, "timeout"), "upstream_timeout",
      {"decision": "allow"}),
+    ("the upstream proxy refuses the CONNECT", lambda w: _upstream(w, "proxy"),
+     "upstream_proxy_failed", {"decision": "allow", "error": "upstream_proxy_failed"}),
     ("the local API serves only the refresh",
      lambda w: _request(w, INTERNAL_HOST, _head("GET", "/", ("Host", INTERNAL_HOST))),
      "policy_denied", {"host": INTERNAL_HOST}),

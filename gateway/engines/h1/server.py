@@ -48,6 +48,7 @@ from gateway.engines.patches import (
     read_response_head,
 )
 from gateway.net.tls import LeafContexts, TlsClosed, TlsPump
+from gateway.net.upstream_proxy import ProxyDialFailed, UpstreamProxy
 from gateway.observability import metrics
 
 log = logging.getLogger("sandbox_gateway")
@@ -80,8 +81,10 @@ class Engine:
 
     def __init__(self, gate: Gate, leaves: LeafContexts, upstream_tls: ssl.SSLContext, *,
                  timeouts: Timeouts = Timeouts(), limits: Limits = Limits(),
-                 upstream_idle: float = 30.0, pool_limit: int = POOL_LIMIT) -> None:
+                 upstream_idle: float = 30.0, pool_limit: int = POOL_LIMIT,
+                 proxy: UpstreamProxy | None = None) -> None:
         self.gate = gate
+        self.proxy = proxy  # network.upstream_proxy
         self.leaves = leaves
         self.upstream_tls = upstream_tls
         self.timeouts = timeouts
@@ -472,9 +475,14 @@ class Connection(Side):
         try:
             upstream = await Upstream.open(
                 pinned, self.engine.upstream_tls if tls else None,
-                connect=timeouts.connect, handshake=timeouts.handshake)
+                connect=timeouts.connect, handshake=timeouts.handshake, proxy=self.engine.proxy)
         except PhaseTimeout as exc:
             self._fail(ex, exc.phase, str(exc))
+            return None
+        except ProxyDialFailed as exc:
+            self.exchange = None
+            self.drop_upstream()
+            self.write_answer(ex.upstream_proxy_failed(exc.failure.reason))
             return None
         except (OSError, ssl.SSLError) as exc:
             kind = "tls" if isinstance(exc, ssl.SSLError) else "connect"

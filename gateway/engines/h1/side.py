@@ -20,6 +20,7 @@ from gateway.core.addresses import Pinned
 from gateway.engines.patches import ReceiveBuffer
 from gateway.net.resolver import pin
 from gateway.net.tls import TlsClosed, TlsPump
+from gateway.net.upstream_proxy import UpstreamProxy
 
 HIGH_WATER = 1024 * 1024
 OUT_LIMIT = 64 * 1024
@@ -183,17 +184,22 @@ class Upstream(Side):
 
     @classmethod
     async def open(cls, pinned: Pinned, context: ssl.SSLContext | None, *,
-                   connect: float, handshake: float) -> Upstream:
-        """Dial, then (with `context`) the TLS handshake: each phase within its own
-        timeout; a timeout raises `PhaseTimeout` naming the phase."""
+                   connect: float, handshake: float,
+                   proxy: UpstreamProxy | None = None) -> Upstream:
+        """Dial (through `proxy` unless its no_proxy says direct: `ProxyDialFailed`),
+        then (with `context`) the TLS handshake: each phase within its own timeout; a
+        timeout raises `PhaseTimeout` naming the phase."""
         side = cls()
         pin(pinned)  # the address dialled is the one that was checked
         ip, port = pinned.address
         loop = asyncio.get_running_loop()
         try:
             try:
-                async with asyncio.timeout(connect):
-                    await loop.create_connection(lambda: side, ip, port)
+                if proxy is not None and proxy.applies(pinned.host, ip, pinned.port):
+                    await proxy.open(pinned, lambda: side, timeout=connect)
+                else:
+                    async with asyncio.timeout(connect):
+                        await loop.create_connection(lambda: side, ip, port)
             except TimeoutError:
                 raise PhaseTimeout("connect", f"no TCP connection within {connect:g}s "
                                    "(network.timeouts.connect)") from None

@@ -263,6 +263,10 @@ class ApprovalService:
             raise NotFound(ident)
         return found[0]
 
+    async def close(self) -> None:
+        if self.webhooks is not None:
+            await self.webhooks.close()
+
     # -- audit -----------------------------------------------------------------------------
 
     def _line(self, approval: Approval, decision: str, reason: str, *,

@@ -6,7 +6,8 @@ Signature: ``X-Sandbox-Gateway-Timestamp: <unix seconds>`` and
 the value of the notifier's `secret` (a name in the gateway's secret store); a receiver
 recomputes it and refuses a timestamp older than a few minutes. No token or key is ever
 in a notification: what is asked, by which sandbox and policy, why the policy refused,
-and how to answer.
+and how to answer. Sent with the gateway's own HTTP client (`TokenHttp`: the public roots
+plus `network.upstream_ca`, `network.resolve`, and `network.upstream_proxy` when set).
 """
 
 from __future__ import annotations
@@ -16,15 +17,14 @@ import hashlib
 import hmac
 import json
 import logging
-import ssl
 import time
 from collections.abc import Callable, Mapping
-
-import httpx
 
 from gateway.config import Notifier
 from gateway.core.approvals import Approval
 from gateway.core.ports import SILENT, Secrets, Telemetry
+from gateway.services.minting.errors import MintFailed
+from gateway.services.minting.http import TokenHttp
 
 __all__ = ["SIGNATURE", "TIMESTAMP", "Webhooks", "body_for", "sign"]
 
@@ -60,11 +60,11 @@ class Webhooks:
     longer: the ask waits for a person, not for the webhook)."""
 
     def __init__(self, notifiers: Mapping[str, Notifier], secrets: Secrets | None,
-                 verify: ssl.SSLContext | None = None, telemetry: Telemetry = SILENT,
+                 http: TokenHttp, telemetry: Telemetry = SILENT,
                  clock: Callable[[], float] = time.time) -> None:
         self.notifiers = notifiers
         self.secrets = secrets
-        self.verify = verify or ssl.create_default_context()
+        self.http = http
         self.telemetry = telemetry
         self.clock = clock
         self._tasks: set[asyncio.Task[None]] = set()
@@ -102,15 +102,14 @@ class Webhooks:
                 stamp = str(int(self.clock()))
                 headers[TIMESTAMP], headers[SIGNATURE] = stamp, sign(key, stamp, body)
             try:
-                async with httpx.AsyncClient(verify=self.verify, timeout=TIMEOUT,
-                                             trust_env=False) as client:
-                    answer = await client.post(notifier.url, content=body, headers=headers)
-                if answer.status_code < 300:
+                reply = await self.http.request("POST", notifier.url, headers=headers,
+                                                data=body)
+                if reply.status < 300:
                     self.telemetry.count("approval_notifications", name, "sent")
                     return
-                problem = f"HTTP {answer.status_code}"
-            except (httpx.HTTPError, OSError) as exc:
-                problem = type(exc).__name__
+                problem = f"HTTP {reply.status}"
+            except MintFailed as exc:  # (the client's fixed sentences)
+                problem = str(exc)
             log.warning("approval %s: notifier %r failed (%s), attempt %d of %d",
                         approval.id, name, problem, attempt + 1, ATTEMPTS)
             await asyncio.sleep(0.5 * 2 ** attempt)
@@ -120,3 +119,4 @@ class Webhooks:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.http.close()

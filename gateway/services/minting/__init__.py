@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from gateway.services.minting.base import MintContext, Minter, MintFailed
 from gateway.services.minting.http import TokenHttp
@@ -31,11 +32,13 @@ __all__ = ["Credentials", "MintContext", "MintFailed", "Minter", "MintingStore",
 def build_credentials(stored: SecretCache, policies: Callable[[], PolicySet], *,
                       upstream_ca: Path | None = None,
                       overrides: Mapping[str, tuple[str, int]] | None = None,
-                      timeout: float = 15.0, share: MintShare | None = None) -> Credentials:
+                      timeout: float = 15.0, share: MintShare | None = None,
+                      connector: Callable[..., Any] | None = None) -> Credentials:
     """The gate's secrets port: ``stored`` for store secrets, and a second cache with
     the same settings over the minting backends for minted values, shared through
     ``share`` (the state store: one mint per credential for all its processes)."""
-    http = TokenHttp(upstream_ca=upstream_ca, overrides=overrides, timeout=timeout)
+    http = TokenHttp(upstream_ca=upstream_ca, overrides=overrides, timeout=timeout,
+                     connector=connector)
     minting = MintingStore(policies, MintContext(http=http, secrets=stored,
                                                  share=share or MemoryMints()))
     minted = SecretCache(minting, ttl=stored.ttl, refresh_ahead=stored.refresh_ahead,

@@ -1,11 +1,15 @@
 """The aiohttp session of `TokenHttp`, in its own module so aiohttp is imported on the
-first mint only (a gateway that mints nothing never loads it)."""
+first mint only (a gateway that mints nothing never loads it).
+
+With `network.upstream_proxy` its connector (made by the factory the runtime passes:
+`engines/patches.proxied_connector`, where the private aiohttp hook it needs lives,
+version-checked) dials through the proxy."""
 
 from __future__ import annotations
 
 import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
@@ -35,9 +39,12 @@ class _OverrideResolver(AbstractResolver):
         await self._system.close()
 
 
-def new_session(overrides: Mapping[str, tuple[str, int]],
-                context: ssl.SSLContext) -> aiohttp.ClientSession:
-    """A pooled session that verifies with `context` and resolves through `overrides`."""
-    connector = aiohttp.TCPConnector(resolver=_OverrideResolver(overrides), ssl=context,
-                                     limit=64)
-    return aiohttp.ClientSession(connector=connector, trust_env=False)
+def new_session(overrides: Mapping[str, tuple[str, int]], context: ssl.SSLContext,
+                connector: Callable[..., aiohttp.TCPConnector] | None = None
+                ) -> aiohttp.ClientSession:
+    """A pooled session that verifies with `context` and resolves through `overrides`;
+    its connector made by `connector` (network.upstream_proxy: through the proxy to the
+    resolved address). The gateway's own HTTPS_PROXY environment is never read."""
+    make = connector or aiohttp.TCPConnector
+    return aiohttp.ClientSession(connector=make(resolver=_OverrideResolver(overrides),
+                                                ssl=context, limit=64), trust_env=False)

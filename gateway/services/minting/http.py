@@ -4,15 +4,17 @@ These endpoints are configured by the operator (policy fields `api_url`, `token_
 `authority`, `sts_url`), not chosen by a sandbox, so the calls run under
 `resolver.unguarded()`. They verify TLS against the public roots plus
 `network.upstream_ca`, honour `network.resolve` (the operator's name overrides, the
-same the gateway dials upstreams by), never follow redirects, bound the reply size
-and time out. Failures become `MintFailed` with a fixed sentence, never reply bytes.
+same the gateway dials upstreams by), go through `network.upstream_proxy` when one is
+set (to the address resolved here, as every upstream dial), never follow redirects,
+bound the reply size and time out. Failures become `MintFailed` with a fixed
+sentence, never reply bytes.
 """
 
 from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,20 +55,23 @@ class TokenHttp:
 
     def __init__(self, *, upstream_ca: Path | None = None,
                  overrides: Mapping[str, tuple[str, int]] | None = None,
-                 timeout: float = 15.0, connect_timeout: float = 10.0) -> None:
+                 timeout: float = 15.0, connect_timeout: float = 10.0,
+                 connector: Callable[..., Any] | None = None) -> None:
         self.context = ssl.create_default_context(cafile=certifi.where())
         if upstream_ca is not None:
             self.context.load_verify_locations(cafile=str(upstream_ca))
         self.overrides = dict(overrides or {})
         self.timeout = timeout
         self.connect_timeout = connect_timeout
+        # network.upstream_proxy: makes the session's connector (patches.proxied_connector)
+        self.connector = connector
         self._session: aiohttp.ClientSession | None = None
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             from gateway.services.minting.aio import new_session
 
-            self._session = new_session(self.overrides, self.context)
+            self._session = new_session(self.overrides, self.context, self.connector)
         return self._session
 
     async def request(self, method: str, url: str, *,
