@@ -38,8 +38,11 @@ class NoProxy:
     entries: tuple[str, ...] = ()  # as written (for messages)
 
     def matches(self, host: str, ip: str | None, port: int) -> bool:
-        """`host` (a normalised name or literal) dialled at `ip`:`port` goes direct."""
-        if self.everything:
+        """`host` (a normalised name or literal) dialled at `ip`:`port` goes direct. So
+        does a link-local address whatever the list says (the node's own: the cloud
+        metadata service a managed-identity credential asks; a proxy cannot reach it,
+        and sandboxes can never dial one)."""
+        if self.everything or _link_local(ip) or _link_local(host):
             return True
         if host in self.names or any(_under(host, s) for s in self.suffixes):
             return True
@@ -56,6 +59,13 @@ class NoProxy:
                     continue
                 if any(addr.version == n.version and addr in n for n in self.networks):
                     return True
+        return False
+
+
+def _link_local(text: str | None) -> bool:
+    try:
+        return text is not None and ipaddress.ip_address(text).is_link_local
+    except ValueError:
         return False
 
 

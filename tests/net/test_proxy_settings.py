@@ -47,6 +47,10 @@ MATCHES = [
     ("192.168.1.7", None, 80, True),
     ("git.corp", None, 22, True),
     ("git.corp", None, 443, False),  # a ported entry: that port only
+    ("169.254.169.254", None, 80, True),  # link-local (the metadata service): direct
+    ("metadata.test", "169.254.169.254", 80, True),
+    ("v6ll.test", "fe80::1", 443, True),
+    ("api.test", "169.255.0.1", 443, False),
 ]
 
 
