@@ -42,6 +42,7 @@ from helpers.gateway import GatewayThread
 from helpers.metrics import metric
 from helpers.nginx import Nginx
 from helpers.parity import Result, Spec, run
+from helpers.process import start_gateway
 from helpers.tls import LocalCA
 from helpers.upstream import MINT_CLIENT, MINT_SECRET, MINTED, Upstream, start_upstream
 
@@ -537,3 +538,52 @@ def test_key_vault_fetch_through_squid(env: dict[str, Any]) -> None:
     assert squid.wait_access(f"CONNECT 127.0.0.1:{vault.port} {USER}"), squid.access_lines()
     assert not [r for r in vault.requests if any(f in repr(r) for f in SECRET_FORMS)]
 
+
+
+def test_a_gateway_on_key_vault_fetches_it_through_the_proxy(
+        tmp_path: Path, env: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`secrets.store: azure-keyvault` in a running gateway, its proxy from its own
+    environment (`upstream_proxy: env`, the only way its credentials need not come from
+    the vault itself): the workload-identity exchange and the secret fetch go through
+    squid to the checked address, and the key reaches only its upstream."""
+    squid: Squid = env["squid"]
+    vault: FakeKeyVault = env["vault"]
+    upstream: Upstream = env["upstream"]
+    vault.set_secret("api-key", API_KEY)
+    monkeypatch.setenv("HTTPS_PROXY", f"http://{USER}:{PASSWORD}@127.0.0.1:{squid.port}")
+    monkeypatch.setenv("AZURE_TENANT_ID", vault.tenant_id)
+    monkeypatch.setenv("AZURE_CLIENT_ID", vault.client_id)
+    monkeypatch.setenv("AZURE_FEDERATED_TOKEN_FILE", str(vault.token_file))
+    monkeypatch.setenv("AZURE_AUTHORITY_HOST", "https://login.microsoftonline.com")
+    vault_url = vault.vault_url()  # (a new vault name each call)
+    vault_host = vault_url.removeprefix("https://").split("/")[0]
+    policy = POLICY.format(tcp_port=env["tcp"].port, client=MINT_CLIENT,
+                           port=upstream.port)
+    lines = len(squid.access_lines())
+    gw = start_gateway(tmp_path, {}, env["ca"], policy=policy, extra={
+        "secrets": {"store": "azure-keyvault", "vault_url": vault_url,
+                    "credential": "workload"},
+        "network": {"upstream_ca": str(env["bundle"]), "upstream_proxy": "env",
+                    "allow_cidrs": ["127.0.0.1/32"], "resolve": {
+                        vault_host: f"127.0.0.1:{vault.port}",
+                        "login.microsoftonline.com": f"127.0.0.1:{vault.port}",
+                        "api.corp.test": f"127.0.0.1:{upstream.port}"}}})
+    try:
+        token = gw.token("sbx-1")
+        auth = "Basic " + base64.b64encode(f"sbx-1:{token}".encode()).decode()
+        result = run(Spec(host="api.corp.test", target="/v1/from-vault",
+                          proxy=("127.0.0.1", gw.proxy), proxy_auth=auth,
+                          cafile=str(tmp_path / "certs" / "ca.crt"),
+                          headers=[("Authorization", f"Bearer {token}")]))
+        assert body(result)["path"] == "/v1/from-vault"
+        assert seen_headers(upstream, "/v1/from-vault")["authorization"] == f"Bearer {API_KEY}"
+        assert vault.count("api-key", authorized=True) >= 1
+        assert_no_proxy_secret(json.dumps(gw.audit_lines()), result.body)
+    finally:
+        gw.stop()
+    # (squid logs a CONNECT when its tunnel closes: the vault's, kept alive, at the stop)
+    squid.wait_access(f"CONNECT 127.0.0.1:{vault.port}")
+    connects = [line for line in squid.access_lines()[lines:] if "CONNECT" in line]
+    assert sum(f"CONNECT 127.0.0.1:{vault.port}" in line for line in connects) >= 1, connects
+    assert any(f"CONNECT 127.0.0.1:{upstream.port}" in line for line in connects), connects
+    assert not any(".net" in line or "microsoftonline" in line for line in connects)
