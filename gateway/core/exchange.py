@@ -279,11 +279,7 @@ class Exchange:
 
     def leak(self, kind: str) -> Refusal:
         self.trail.telemetry.count("exfiltration_blocked", kind)
-        what = "a gateway token" if kind == "token" else "a real API key"
-        return Refusal("exfiltration_blocked", f"the request carries {what} to "
-                       f"{self.target.host}, which is not bound to it; keys and tokens go "
-                       "only to the hosts of their credential (send the token only in the "
-                       "credential's own header, on a rule with credential:)")
+        return leak_refusal(kind, self.target.host)
 
     # -- request body ------------------------------------------------------------------------
 
@@ -666,6 +662,15 @@ class Exchange:
     @property
     def elapsed(self) -> float:
         return self.trail.clock() - self.started
+
+
+def leak_refusal(kind: str, host: str) -> Refusal:
+    """The refusal of a request carrying a key or token (`kind`) to `host`."""
+    what = "a gateway token" if kind == "token" else "a real API key"
+    return Refusal("exfiltration_blocked", f"the request carries {what} to {host}, which "
+                   "is not bound to it; keys and tokens go only to the hosts of their "
+                   "credential (send the token only in the credential's own header, on a "
+                   "rule with credential:)")
 
 
 def _source(decision: Decision) -> str | None:

@@ -30,7 +30,7 @@ from gateway.core.addresses import Pinned
 from gateway.core.client import Client, Refused, Tunnel
 from gateway.core.connections import Connections
 from gateway.core.evaluate import Routed, route
-from gateway.core.exchange import Exchange
+from gateway.core.exchange import Exchange, leak_refusal
 from gateway.core.identify import UNREGISTERED, Identifier
 from gateway.core.identity import Identity
 from gateway.core.local_api import INTERNAL_HOST
@@ -435,7 +435,7 @@ class Gate:
                 raise Refusal("unsupported", f"upgrade to {upgrade[:40]!r} is not supported "
                               "through the gateway; only WebSocket upgrades are relayed")
             routed = await self._decide(client, identity, Request(
-                head.method, tgt.scheme, tgt.host, tgt.port, tgt.path))
+                head.method, tgt.scheme, tgt.host, tgt.port, tgt.path), head)
             decision = routed.decision
             if tgt.host == INTERNAL_HOST:
                 answered = local_api.serve(client, head, tgt, self.tokens, self.telemetry)
@@ -463,11 +463,13 @@ class Gate:
                                close=refusal.code in ("bad_request", "gateway_error"),
                                plain=_plain(head))
 
-    async def _decide(self, client: Client, identity: Identity, request: Request) -> Routed:
+    async def _decide(self, client: Client, identity: Identity, request: Request,
+                      head: RequestHead | None = None) -> Routed:
         """Stage 1, and ask mode where the policy lets a person decide: a grant that
         covers the request allows it; else an askable refusal (the policy's `ask:`, never
-        a deny rule, a credential's binding or a destination the guard refuses) or a
-        rule with `ask:` is held until a person answers (raises the refusal)."""
+        a deny rule, a credential's binding, a destination the guard refuses or a `head`
+        carrying a key or token to the host) or a rule with `ask:` is held until a person
+        answers (raises the refusal)."""
         policy = self.policy(identity)
         start = time.perf_counter()
         routed = route(self.policies().credentials, policy, request)
@@ -487,6 +489,14 @@ class Gate:
             return _granted(routed, grant.source, grant.describe(), request)
         assert routed.refusal is None or routed.refusal.code == "policy_denied"
         await self._check(client, request.host, request.port)  # (never asked: refused)
+        if head is not None and routed.credential is None:
+            # (nor what the leak checks would refuse once approved; a rule's own
+            # credential is swapped, and its head scanned, once it is)
+            found = self.markers.scan_for(request.host, client.token).head(
+                head.method, request.path or "/", head.headers.fields)
+            if found is not None:
+                self.telemetry.count("exfiltration_blocked", found)
+                raise leak_refusal(found, request.host)
         asked = approvals.asked_for(request, host_known=rule is not None and (
             routed.refusal is not None or rule.methods is not None or rule.paths is not None))
         reason = routed.refusal.reason if routed.refusal is not None else \

@@ -202,6 +202,17 @@ def test_a_grant_stands_in_for_a_rule(grant: Grant, host: str, path: str,
     assert allowed is not asks and bool(approvals.asked) is asks
 
 
+def test_a_key_or_token_to_the_host_is_refused_before_asking() -> None:
+    """What the leak checks would refuse once approved is refused now: nobody is asked
+    to approve something that could never be let through."""
+    approvals = Approvals()
+    gate, lines = _gate(POLICY, approvals)
+    got = asyncio.run(_get(gate, "allowed.test", "/other", ("Authorization", f"Bearer {GOOD}")))
+    assert isinstance(got, Answer) and got.headers.get("x-sandbox-gateway-error") == \
+        "exfiltration_blocked"
+    assert approvals.asked == [] and lines[-1]["error"] == "exfiltration_blocked"
+
+
 def test_a_granted_rule_keeps_its_credential_and_inspection() -> None:
     """A rule with ask and a credential: approved, its key is still injected."""
     text = POLICY.replace("  - host: api.openai.com\n    credential: openai\n",

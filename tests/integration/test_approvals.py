@@ -203,6 +203,11 @@ def test_what_is_never_askable_is_refused_at_once(start: Factory) -> None:
                 c.get(url)
             assert "403" in str(refused.value), (url, refused.value)
             assert any(r["error"] == code for r in gw.audit.records()), code
+        # a request carrying the sandbox's own token to a host it is not bound to
+        answer = c.get("https://allowed.test/not-ok",
+                       headers={"Authorization": f"Bearer {token}"})
+        assert answer.status_code == 403 and \
+            answer.json()["error"] == "exfiltration_blocked"
     assert _admin(gw, "GET", "/v1/approvals")["approvals"] == []
 
 
