@@ -544,7 +544,8 @@ class Gateway:
         try:
             # (who a query is from: the gate's identifier, registrations and pods alike)
             self.dns = await start_dns(self.config, self.gate.identities, self.policy,
-                                       self.guard, self.auditor, shared=shared)
+                                       self.guard, self.auditor, shared=shared,
+                                       approvals=self.approvals)
         except OSError as exc:
             raise StartupError(f"cannot listen on listen.dns {self.config.listen.dns}: "
                                f"{exc.strerror or exc}") from None

@@ -61,6 +61,9 @@ class Approvals:
         return next((g for g in self.grants
                      if g.covers(sandbox, policy, request, time.time())), None)
 
+    def host_grant(self, sandbox: str, policy: str, host: str) -> Grant | None:
+        return next((g for g in self.grants if g.asked.host == host), None)
+
     def active(self, grant: str) -> bool:
         return any(g.id == grant for g in self.grants)
 

@@ -331,3 +331,17 @@ def test_check_all_honours_overrides() -> None:
     with pytest.raises(DestinationRefused) as info:
         asyncio.run(guard.check_all("missing.test", 443))
     assert info.value.code == "unresolvable"
+
+
+def test_a_name_a_person_granted_the_sandbox_resolves() -> None:
+    """Ask mode: a host grant (this sandbox, or its policy) makes the name resolve, on
+    the grant's port, the grant named as the rule; other names stay refused."""
+    def granted(host: str) -> tuple[str, int] | None:
+        return ("grant:gr_1", 8443) if host == "new.test" else None
+
+    outcome = answer(_query("new.test"), SANDBOX, _policy(), None, TTL, granted)
+    assert outcome.need == Need("new.test", 8443) and outcome.rule == "grant:gr_1"
+    assert answer(_query("evil.test"), SANDBOX, _policy(), None, TTL, granted).need is None
+    # (what the policy allows is the policy's, granted or not)
+    assert answer(_query("allowed.test"), SANDBOX, _policy(), None, TTL,
+                  granted).rule == "agent.yaml:4"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gateway.config import Config
-from gateway.core.ports import Registry
+from gateway.core.ports import Approvals, Registry
 from gateway.engines.dns.server import DnsServer
 from gateway.net.resolver import DestinationGuard
 from gateway.observability.audit import Auditor
@@ -22,13 +22,13 @@ __all__ = ["DnsServer", "start_dns"]
 
 
 async def start_dns(config: Config, registry: Registry, policies: Callable[[str], Policy | None],
-                    guard: DestinationGuard, auditor: Auditor, *, shared: bool = False
-                    ) -> DnsServer | None:
+                    guard: DestinationGuard, auditor: Auditor, *, shared: bool = False,
+                    approvals: Approvals | None = None) -> DnsServer | None:
     """Start the resolver on `listen.dns` (None when it is not set). Its port joins the
     gateway's own addresses, which no sandbox may be proxied to. Raises OSError."""
     if config.listen.dns is None:
         return None
-    server = DnsServer(config.dns, registry, policies, guard, auditor)
+    server = DnsServer(config.dns, registry, policies, guard, auditor, approvals)
     await server.start(config.listen.dns, shared=shared)
     guard.policy.add_own_addresses(server.addresses)
     return server

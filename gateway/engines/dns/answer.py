@@ -23,6 +23,7 @@ Choices (docs/transparent-mode.md, "DNS"):
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -37,7 +38,7 @@ import dns.rrset
 
 from gateway.core.evaluate import name_allowed
 from gateway.core.names import DestinationError, normalize_host
-from gateway.services.policy import Policy
+from gateway.services.policy import Decision, Policy, Rule
 from gateway.services.state.base import SandboxAddress
 
 __all__ = [
@@ -119,8 +120,10 @@ def failure(query: dns.message.Message, rcode: dns.rcode.Rcode, reason: str, err
 
 
 def answer(query: dns.message.Message, sandbox: SandboxAddress | None,
-           policy: Policy | None, lookup: Lookup | None, ttl: int) -> Outcome:
-    """The response to `query` from `sandbox` (None: an unknown source) under `policy`."""
+           policy: Policy | None, lookup: Lookup | None, ttl: int,
+           granted: Callable[[str], tuple[str, int] | None] | None = None) -> Outcome:
+    """The response to `query` from `sandbox` (None: an unknown source) under `policy`;
+    `granted`: a grant of the name to the sandbox (ask mode), as (its rule, its port)."""
     if sandbox is None:
         return _fail(query, dns.rcode.REFUSED,
                      "unknown source: only sandboxes registered with POST /v1/sandboxes "
@@ -155,6 +158,10 @@ def answer(query: dns.message.Message, sandbox: SandboxAddress | None,
         return _fail(query, dns.rcode.NXDOMAIN, "an IP address is not a name to resolve",
                      "bad_name", name, qtype)
     decision, port = name_allowed(policy, host)
+    grant = granted(host) if granted is not None and not decision.allowed else None
+    if grant is not None:  # (what a person approved for this sandbox resolves too)
+        decision, port = Decision("allow", "granted (ask mode)", Rule(
+            host=host, source=grant[0], ports=(grant[1],))), grant[1]
     rule = decision.rule.source if decision.rule is not None else None
     if not decision.allowed:
         return _fail(query, dns.rcode.NXDOMAIN, decision.reason, "policy_denied",

@@ -25,7 +25,7 @@ import dns.rcode
 from gateway.config import DnsConfig, HostPort
 from gateway.core.audit import record as audit_record
 from gateway.core.names import DestinationError, normalize_host
-from gateway.core.ports import Registry
+from gateway.core.ports import Approvals, Registry
 from gateway.engines.dns.answer import Lookup, Need, Outcome, answer, failure, formerr, parse
 from gateway.engines.dns.limit import RateLimiter
 from gateway.net.resolver import DestinationGuard, DestinationRefused
@@ -52,8 +52,9 @@ class DnsServer:
 
     def __init__(self, config: DnsConfig, registry: Registry,
                  policies: Callable[[str], Policy | None], guard: DestinationGuard,
-                 auditor: Auditor) -> None:
+                 auditor: Auditor, approvals: Approvals | None = None) -> None:
         self.config = config
+        self.approvals = approvals  # ask mode: names a person granted the sandbox
         self.registry = registry
         self.policies = policies
         self.guard = guard
@@ -64,6 +65,17 @@ class DnsServer:
         self._tcp: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+
+    def _granted(self, sandbox: SandboxAddress | None
+                 ) -> Callable[[str], tuple[str, int] | None] | None:
+        approvals = self.approvals
+        if approvals is None or sandbox is None:
+            return None
+
+        def granted(host: str) -> tuple[str, int] | None:
+            grant = approvals.host_grant(sandbox.sandbox, sandbox.policy, host)
+            return None if grant is None else (grant.source, grant.asked.port)
+        return granted
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -129,11 +141,12 @@ class DnsServer:
             self._record(outcome, sandbox, client, transport, started)
             return formerr(wire)
         policy = self.policies(sandbox.policy) if sandbox is not None else None
+        granted = self._granted(sandbox)
         try:
-            outcome = answer(query, sandbox, policy, None, self.config.ttl)
+            outcome = answer(query, sandbox, policy, None, self.config.ttl, granted)
             if outcome.need is not None:
                 lookup = await self._lookup(outcome.need)
-                outcome = answer(query, sandbox, policy, lookup, self.config.ttl)
+                outcome = answer(query, sandbox, policy, lookup, self.config.ttl, granted)
         except Exception:  # fail closed: never an address after an error
             log.exception("DNS query from %s failed", client[0])
             outcome = failure(query, dns.rcode.SERVFAIL,

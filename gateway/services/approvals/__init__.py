@@ -82,6 +82,14 @@ class ApprovalService:
                 return grant
         return None
 
+    def host_grant(self, sandbox: str, policy: str, host: str) -> Grant | None:
+        now = self.clock()
+        for grant in self._grants.values():
+            if grant.asked.kind == "host" and grant.asked.host == host and grant.covers(
+                    sandbox, policy, Request(None, "https", host, grant.asked.port, None), now):
+                return grant
+        return None
+
     def active(self, grant: str) -> bool:
         found = self._grants.get(grant)
         return found is not None and (found.expires is None or found.expires > self.clock())

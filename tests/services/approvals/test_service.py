@@ -78,6 +78,9 @@ def test_one_approval_for_the_same_thing_answered_on_the_other_process(
         assert one.grant_for("s1", "agent", request) is None  # (until the refresh)
         assert await one.refresh() and one.grant_for("s1", "agent", request) == grant
         assert one.grant_for("s2", "agent", request) is None
+        assert one.host_grant("s1", "agent", "new.test") == grant  # (the DNS resolver's)
+        assert one.host_grant("s2", "agent", "new.test") is None
+        assert one.host_grant("s1", "agent", "other.test") is None
         await one.answer(next(a for a in await one.approvals() if a.sandbox == "s2").id,
                          "deny", by="bob", note="no")
         assert (await other).state == "denied"
