@@ -307,6 +307,7 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
             "credential": decision.credential, "inspect": decision.inspect,
             "models": list(decision.rule.models) if decision.rule and decision.rule.models
             else None, "metered": answer.metered,
+            "ask": answer.ask.describe() if answer.ask is not None else None,
         }
         if resolve:
             out["policy_decision"] = decision.result

@@ -106,6 +106,11 @@ def cmd_policy_explain(args: argparse.Namespace) -> int:
                 print(f"budget:   {budget.describe()} ({budget.source})")
     if answer.error:
         print(f"error:    {answer.error}")
+    if answer.ask is not None:
+        held = "a person is asked first" if answer.result != "deny" else \
+            "the proxy asks a person instead of refusing"
+        print(f"ask:      {held}: {answer.ask.describe()}, unless its destination, a key "
+              "in it or a grant decides first")
     if args.resolve:
         destination = answer.destination
         if destination is None:

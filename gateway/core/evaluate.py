@@ -6,7 +6,8 @@ Every caller that decides a request runs these stages, in this order, and no cop
    credential the rule names must be defined, bound to the host and used over TLS
    (``credentials.static_refusal``). The proxy calls it for every tunnel and request
    (``core/gate.py``); ``policy explain``, ``policy test``, ``policy diff --replay``
-   and the DNS resolver (``name_allowed``) call it too.
+   and the DNS resolver (``name_allowed``) call it too. ``askable`` says whether a
+   person may decide what it refuses (ask mode), for the proxy and ``explain`` alike.
 2. (the destination check: I/O, ``DestinationGuard.check``; the proxy and ``explain
    --resolve`` run it between 1 and 3, on what stage 1 allowed — a denied host is
    never resolved)
@@ -32,10 +33,11 @@ from gateway.core.refusal import Refusal
 from gateway.core.target import url_target
 from gateway.services.metering import Exchange, Metering, Pricing
 from gateway.services.policy import Credential, Decision, Policy, PolicySet, Request, decide
+from gateway.services.policy.ask_rule import Ask
 from gateway.services.state.counters import EmptyCounters
 
-__all__ = ["UNSEEN", "Routed", "Unseen", "Verdict", "evaluate", "meter", "name_allowed",
-           "request_for", "route", "static_metering"]
+__all__ = ["UNSEEN", "Routed", "Unseen", "Verdict", "askable", "evaluate", "meter",
+           "name_allowed", "request_for", "route", "static_metering"]
 
 class Unseen:
     """The type of ``UNSEEN``: a caller that has no body (and does not ask)."""
@@ -100,6 +102,26 @@ def route(credentials_by_name: Mapping[str, Credential], policy: Policy,
                                               "defined; fix the policy", rule))
     return Routed(decision, credential, credentials.static_refusal(
         credential, request.scheme, request.host, rule))
+
+
+def askable(policy: Policy, routed: Routed, request: Request) -> Ask | None:
+    """The `ask:` that lets a person decide this request, or None: a rule's own `ask`
+    (what it allows waits for a person), or the policy's for a refusal of its rules -
+    `hosts` for a host no rule names, `requests` for a method or path on one that
+    does. Never a deny rule's refusal or a credential's (those are not the policy
+    failing to foresee something)."""
+    decision, rule = routed.decision, routed.decision.rule
+    if routed.refusal is None:  # (a rule that decides per request asks per request)
+        if rule is None or rule.ask is None or (request.method is None and decision.inspect):
+            return None
+        return rule.ask
+    if decision.allowed or routed.refusal.code != "policy_denied" or policy.ask is None:
+        return None
+    if rule is not None and rule.denies:
+        return None
+    if rule is None:
+        return policy.ask if policy.ask.hosts else None
+    return policy.ask if policy.ask.requests and request.method is not None else None
 
 
 def request_for(method: str, url: str) -> Request:

@@ -29,7 +29,7 @@ from gateway.core import approvals, credentials, local_api, mcp, target
 from gateway.core.addresses import Pinned
 from gateway.core.client import Client, Refused, Tunnel
 from gateway.core.connections import Connections
-from gateway.core.evaluate import Routed, route
+from gateway.core.evaluate import Routed, askable, route
 from gateway.core.exchange import Exchange, leak_refusal
 from gateway.core.identify import UNREGISTERED, Identifier
 from gateway.core.identity import Identity
@@ -55,7 +55,6 @@ from gateway.core.secret_value import SecretValue
 from gateway.core.trail import Trail, rule_of
 from gateway.services.metering import Metering
 from gateway.services.policy import Credential, Decision, Policy, PolicySet, Request, Rule
-from gateway.services.policy.ask_rule import Ask
 from gateway.services.secrets.ephemeral import EphemeralKeys
 
 log = logging.getLogger("sandbox_gateway")
@@ -479,7 +478,7 @@ class Gate:
                 raise routed.refusal
             return routed
         rule = routed.decision.rule
-        spec = _askable(policy, routed, request)
+        spec = askable(policy, routed, request)
         if spec is None:
             if routed.refusal is not None:
                 raise routed.refusal
@@ -577,26 +576,6 @@ class Gate:
                 return None
             return key.value
         return find
-
-
-def _askable(policy: Policy, routed: Routed, request: Request) -> Ask | None:
-    """The `ask:` that lets a person decide this request, or None: a rule's own `ask`
-    (what it allows waits for a person), or the policy's for a refusal of its rules -
-    `hosts` for a host no rule names, `requests` for a method or path on one that
-    does. Never a deny rule's refusal or a credential's (those are not the policy
-    failing to foresee something)."""
-    decision, rule = routed.decision, routed.decision.rule
-    if routed.refusal is None:  # (a rule that decides per request asks per request)
-        if rule is None or rule.ask is None or (request.method is None and decision.inspect):
-            return None
-        return rule.ask
-    if decision.allowed or routed.refusal.code != "policy_denied" or policy.ask is None:
-        return None
-    if rule is not None and rule.denies:
-        return None
-    if rule is None:
-        return policy.ask if policy.ask.hosts else None
-    return policy.ask if policy.ask.requests and request.method is not None else None
 
 
 def _granted(routed: Routed, source: str, reason: str, request: Request) -> Routed:

@@ -19,7 +19,7 @@ from typing import Any
 
 from gateway.config import Config, HostPort
 from gateway.core.addresses import AddressPolicy
-from gateway.core.evaluate import UNSEEN, Unseen, Verdict, meter, request_for, route
+from gateway.core.evaluate import UNSEEN, Unseen, Verdict, askable, meter, request_for, route
 from gateway.core.mcp import request_body
 from gateway.net.resolver import (
     DestinationGuard,
@@ -30,6 +30,7 @@ from gateway.net.resolver import (
 )
 from gateway.services.metering import Metering
 from gateway.services.policy import Decision, PolicySet
+from gateway.services.policy.ask_rule import Ask
 
 __all__ = ["DestinationResult", "Explanation", "explain_body", "explain_request",
            "guard_from_config"]
@@ -64,6 +65,7 @@ class Explanation:
 
     verdict: Verdict
     destination: DestinationResult | None
+    ask: Ask | None = None  # ask mode: a person may decide (the proxy asks, not explain)
 
     @property
     def decision(self) -> Decision:
@@ -172,4 +174,5 @@ async def explain_request(policy_set: PolicySet, policy_name: str, method: str, 
         destination = await check_destination(guard, request.host, request.port)
         if not destination.allowed:
             body = UNSEEN  # refused before the metering step, as the proxy does
-    return Explanation(meter(routed, policy, request, body, metering), destination)
+    return Explanation(meter(routed, policy, request, body, metering), destination,
+                       askable(policy, routed, request))

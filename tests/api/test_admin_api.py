@@ -339,7 +339,8 @@ def test_explain(client: TestClient, policy: str, method: str, url: str, decisio
     assert response.status_code == 200, response.text
     data = response.json()
     assert set(data) == {"decision", "reason", "error", "rule", "credential", "inspect",
-                         "models", "metered"}
+                         "models", "metered", "ask"}
+    assert data["ask"] is None  # (no ask: in these policies)
     assert data["decision"] == decision
     assert data["error"] == ("policy_denied" if decision == "deny" else None)
     assert data["reason"]

@@ -209,6 +209,40 @@ def test_policy_explain_mcp(cli: Cli, tmp_path: Path, argv: list[str], code: int
     assert (got, phrase in out) == (code, True), out + err
 
 
+ASK_POLICY = """version: v1
+name: a
+ask: {hosts: true, timeout: 30s}
+egress:
+  - host: allowed.example
+    methods: [GET]
+  - host: asks.example
+    ask: true
+  - host: never.example
+    action: deny
+"""
+
+
+@pytest.mark.parametrize(("method", "url", "code", "ask"), [
+    ("GET", "https://new.example/", 1, "ask:      the proxy asks a person instead of refusing"
+     ": ask (hosts; timeout 30s)"),
+    ("GET", "https://asks.example/x", 0, "ask:      a person is asked first: ask (this rule"),
+    ("POST", "https://allowed.example/", 1, None),  # (requests: not askable here)
+    ("GET", "https://never.example/", 1, None),  # a deny rule is never asked
+    ("GET", "https://allowed.example/", 0, None),
+])
+def test_policy_explain_says_what_a_person_may_decide(cli: Cli, tmp_path: Path, method: str,
+                                                      url: str, code: int,
+                                                      ask: str | None) -> None:
+    """`explain` says where the proxy would ask a person (ask mode), as the gate decides
+    it (core/evaluate.askable)."""
+    (tmp_path / "ask").mkdir()
+    (tmp_path / "ask" / "a.yaml").write_text(ASK_POLICY)
+    got, out, err = cli("policy", "explain", "--dir", "ask", "--policy", "a", method, url)
+    assert got == code, out + err
+    asked = [line for line in out.splitlines() if line.startswith("ask:")]
+    assert (asked[0].startswith(ask) if ask else asked == []), out
+
+
 def _resolve_setup(tmp_path: Path, network: str) -> None:
     (tmp_path / "policies" / "ip.yaml").write_text(
         "version: v1\nname: ip\negress:\n  - host: 10.0.0.5\n  - host: api.internal.test\n")
