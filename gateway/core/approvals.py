@@ -29,7 +29,7 @@ from gateway.services.policy import Request
 __all__ = ["DEFAULT_DURATION", "SCOPES", "Approval", "Asked", "Grant", "answer",
            "asked_for", "new_id"]
 
-Kind = Literal["host", "request"]
+Kind = Literal["host", "request", "model"]
 State = Literal["pending", "approved", "denied", "timeout"]
 SCOPES = ("once", "sandbox", "policy", "always")
 DEFAULT_DURATION = 3600.0  # a sandbox or policy grant with no duration given: an hour
@@ -45,41 +45,48 @@ def new_id(prefix: str) -> str:
 @dataclass(frozen=True, slots=True)
 class Asked:
     """What a held request asks for: `host` on `port` (kind ``host``: the host, any
-    request), or one `method` and `path` (no query) on it (kind ``request``)."""
+    request), one `method` and `path` (no query) on it (kind ``request``), or a `model`
+    its rule's allowlist refuses, on that host (kind ``model``)."""
 
     kind: Kind
     host: str
     port: int
     method: str | None = None
     path: str | None = None
+    model: str | None = None
 
     @property
     def key(self) -> str:
         """The same thing asked twice has the same key (one approval for both)."""
         return "|".join([self.kind, self.host, str(self.port), self.method or "",
-                         self.path or ""])
+                         self.path or "", self.model or ""])
 
     def describe(self) -> str:
-        """One line for people: ``api.example.com:443 (any request)`` or ``GET
-        api.example.com:443/v1/x``."""
+        """One line for people: ``api.example.com:443 (any request)``, ``GET
+        api.example.com:443/v1/x`` or ``model gpt-5 on api.openai.com:443``."""
         if self.kind == "host":
             return f"{self.host}:{self.port} (any request)"
+        if self.kind == "model":
+            return f"model {self.model} on {self.host}:{self.port}"
         return f"{self.method} {self.host}:{self.port}{self.path}"
 
-    def covers(self, request: Request) -> bool:
-        """Does approving this let `request` through? A host: a tunnel or any request to
-        it; a request: that method and path (any query)."""
+    def covers(self, request: Request, model: str | None = None) -> bool:
+        """Does approving this let `request` (naming `model`) through? A host: a tunnel
+        or any request to it; a request: that method and path (any query); a model:
+        requests on the host naming that model (only: the rest of the allowlist stands)."""
         if request.host != self.host or request.port != self.port:
             return False
         if self.kind == "host":
             return True
+        if self.kind == "model":
+            return model is not None and model == self.model
         return (request.method == self.method and request.path is not None
                 and request.path.split("?", 1)[0] == self.path)
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> Asked:
         return cls(kind=doc["kind"], host=doc["host"], port=int(doc["port"]),
-                   method=doc.get("method"), path=doc.get("path"))
+                   method=doc.get("method"), path=doc.get("path"), model=doc.get("model"))
 
 
 def asked_for(request: Request, host_known: bool) -> Asked:
@@ -143,12 +150,13 @@ class Grant(_Stored):
     created: float
     expires: float | None
 
-    def covers(self, sandbox: str, policy: str, request: Request, now: float) -> bool:
+    def covers(self, sandbox: str, policy: str, request: Request, now: float,
+               model: str | None = None) -> bool:
         if self.expires is not None and now >= self.expires:
             return False
         if self.policy != policy or (self.sandbox is not None and self.sandbox != sandbox):
             return False
-        return self.asked.covers(request)
+        return self.asked.covers(request, model)
 
     def describe(self) -> str:
         """Who let it through, for whom and until when (an allowed line's reason)."""

@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from gateway.core import mcp
@@ -64,6 +65,7 @@ from gateway.services.metering import (
     RESPONSE_HOLD,
     Metering,
     MeteringRefusal,
+    ModelRefusal,
     classify,
     model_in_body,
 )
@@ -142,6 +144,8 @@ class Exchange:
         self._mcp_filter: mcp.ListFilter | None = None  # rewrites their answers
         self.mcp_calls: list[dict[str, Any]] | None = None  # the audit line's `mcp`
         self._relayed: Refusal | None = None  # refused, answered through the server (mcp.relay)
+        # ask mode: asks a person about a model the allowlist refuses (raises the refusal)
+        self.asks: Callable[[str, Refusal], Awaitable[None]] | None = None
 
     # -- metering (model allowlists, budgets, usage) --------------------------------------
 
@@ -163,21 +167,28 @@ class Exchange:
                 return BODY_HOLD_LIMIT
         return HOLD_LIMIT
 
-    def _admit(self, body: bytes | None) -> bytes | None:
+    def _admit(self, body: bytes | None, granted: str | None = None) -> bytes | None:
         """The metering step before forwarding: the model allowlist and what cannot be
         metered (403), budgets (429); returns the body to forward instead (usage asked
-        for on a stream), or None."""
+        for on a stream), or None. `granted`: a model a person allowed besides the
+        rule's (ask mode); a model the allowlist refuses that a person may allow raises
+        `Held` (a Refusal) when the gate gave the exchange someone to ask (`asks`)."""
         if self._metering is None or self._metered is not None:
             return None
         metering, policy, preset = self._metering
         rule = self.decision.rule
         assert rule is not None
+        if granted is not None and rule.models is not None:
+            rule = replace(rule, models=(*rule.models, granted))
         step = metering.admit(sandbox=self.identity.sandbox, policy=policy, rule=rule,
                               preset=preset, method=self.head.method, path=self.target.path,
                               body=body, now=self.trail.clock())
         if not isinstance(step, MeteredExchange):
             refusal = _refusal(step)
             if policy.mode != "report":
+                if self.asks is not None and granted is None and \
+                        isinstance(step, ModelRefusal) and _askable_model(step.model):
+                    raise Held(refusal, str(step.model))
                 raise refusal
             self._report = refusal.reason  # mode: report: forward, record the would-deny
             self._metering = None
@@ -362,6 +373,33 @@ class Exchange:
         returns the body to forward. The metering step reads it decoded; a body it
         rewrites (`stream_options.include_usage` added) goes out re-encoded, and the
         engine frames it by this length (`head_changed`: re-read the head, signed)."""
+        return self._whole_out(body, *self._whole_checked(body, trailers))
+
+    async def request_decided(self, body: bytes,
+                              trailers: list[tuple[bytes, bytes]] | None = None) -> bytes:
+        """`request_whole`, where a model the rule's allowlist refuses waits for a
+        person's answer (ask mode, `asks` set by the gate) instead: allowed, it goes on
+        as if the rule listed it; else the person's refusal is raised."""
+        checked = self._whole_checked(body, trailers)
+        try:
+            return self._whole_out(body, *checked)
+        except Held as held:
+            assert self.asks is not None
+            await self.asks(held.model, held)
+            return self._whole_out(body, *checked, granted=held.model)
+
+    def granted(self, source: str, reason: str) -> None:
+        """A person's grant let this exchange through (ask mode): its audit line names
+        the grant as the rule."""
+        rule = self.decision.rule
+        assert rule is not None
+        self.decision = replace(self.decision, reason=reason,
+                                rule=replace(rule, source=source, ask=None))
+
+    def _whole_checked(self, body: bytes, trailers: list[tuple[bytes, bytes]] | None
+                       ) -> tuple[bytes | None, bool, bytes | None]:
+        """The leak and MCP checks of a whole body: (it decoded, whether it was encoded,
+        the body an MCP relay sends instead)."""
         scanner = self._scanner()
         plain: bytes | None = body
         encoded = self._decoder is not None
@@ -375,8 +413,13 @@ class Exchange:
             if found is not None:
                 raise self.leak(found)
         relayed = self._check_mcp(plain) if self._reads_mcp else None
+        return plain, encoded, relayed
+
+    def _whole_out(self, body: bytes, plain: bytes | None, encoded: bool,
+                   relayed: bytes | None, granted: str | None = None) -> bytes:
+        """The metering step and the signature over a checked whole body: what goes."""
         whole = body
-        replaced = self._admit(plain) if relayed is None else relayed
+        replaced = self._admit(plain, granted) if relayed is None else relayed
         if replaced is not None:  # in the coding the head names (it may be on its way)
             whole = encode(self.head.headers.get("content-encoding"),
                            replaced) if encoded else replaced
@@ -662,6 +705,22 @@ class Exchange:
     @property
     def elapsed(self) -> float:
         return self.trail.clock() - self.started
+
+
+class Held(Refusal):
+    """A model the rule's allowlist refuses that a person may allow (ask mode); a
+    Refusal, so what cannot wait for the answer refuses it."""
+
+    def __init__(self, refusal: Refusal, model: str) -> None:
+        super().__init__(refusal.code, refusal.reason, refusal.rule,
+                         retry_after=refusal.retry_after)
+        self.model = model
+
+
+def _askable_model(model: str | None) -> bool:
+    """A model name a person may be asked about: named, and no glob (a grant adds it to
+    the allowlist, where `*` would allow more than was asked)."""
+    return bool(model) and not any(c in str(model) for c in "*?[]")
 
 
 def leak_refusal(kind: str, host: str) -> Refusal:

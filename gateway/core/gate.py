@@ -19,6 +19,7 @@ classify, pin), the secret cache, the registry and the request signers.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -55,6 +56,7 @@ from gateway.core.secret_value import SecretValue
 from gateway.core.trail import Trail, rule_of
 from gateway.services.metering import Metering
 from gateway.services.policy import Credential, Decision, Policy, PolicySet, Request, Rule
+from gateway.services.policy.ask_rule import Ask
 from gateway.services.secrets.ephemeral import EphemeralKeys
 
 log = logging.getLogger("sandbox_gateway")
@@ -504,15 +506,24 @@ class Gate:
         if ended.state == "approved":
             return _granted(routed, f"grant:{ended.grant or ended.id}",
                             f"approved by {ended.by} ({ended.scope})", request)
-        source = f"approval:{ended.id}"
-        if ended.state == "denied":
-            note = f": {ended.note}" if ended.note else ""
-            raise Refusal("approval_denied", f"a person ({ended.by}) declined "
-                          f"{asked.describe()} in approval {ended.id}{note}; do not retry "
-                          "it - ask them, or change the policy", source)
-        raise Refusal("approval_timeout", f"no one answered approval {ended.id} for "
-                      f"{asked.describe()} within {spec.timeout:g}s; it may be asked again "
-                      "later, or allowed by a policy change", source)
+        raise _unapproved(ended, spec)
+
+    async def _ask_model(self, ex: Exchange, spec: Ask, model: str, refusal: Refusal) -> None:
+        """Ask mode for a model the rule's allowlist refuses (`Exchange.request_decided`):
+        a grant of it, or a person's yes, lets the exchange go on; else raises."""
+        assert self.approvals is not None
+        tgt, identity = ex.target, ex.identity
+        request = Request(ex.head.method, tgt.scheme, tgt.host, tgt.port, tgt.path)
+        grant = self.approvals.grant_for(identity.sandbox, identity.policy, request, model)
+        if grant is not None:
+            ex.granted(grant.source, grant.describe())
+            return
+        asked = approvals.Asked("model", tgt.host, tgt.port, model=model)
+        ended = await self.approvals.ask(identity, asked, refusal.reason, spec)
+        if ended.state != "approved":
+            raise _unapproved(ended, spec)
+        ex.granted(f"grant:{ended.grant or ended.id}", f"approved by {ended.by} "
+                   f"({ended.scope})")
 
     async def _prepare(self, ex: Exchange, credential: Credential | None) -> None:
         """The credential swap and the head's leak scan (raises Refusal)."""
@@ -526,7 +537,11 @@ class Gate:
             swap, path = credentials.plan(credential, head.headers, tgt, ex.identity,
                                           self.tokens.verify, _rule(decision), minted)
             if self.metering is not None:
-                ex.meter(self.metering, self.policy(ex.identity), credential.preset)
+                policy = self.policy(ex.identity)
+                ex.meter(self.metering, policy, credential.preset)
+                if self.approvals is not None and policy.ask is not None and \
+                        policy.ask.models and policy.mode != "report":
+                    ex.asks = functools.partial(self._ask_model, ex, policy.ask)
         if decision.rule is not None and decision.rule.mcp is not None:
             session = self.mcp_sessions.of(ex.identity.sandbox, tgt.host,
                                            head.headers.get("mcp-session-id") or "")
@@ -576,6 +591,19 @@ class Gate:
                 return None
             return key.value
         return find
+
+
+def _unapproved(ended: approvals.Approval, spec: Ask) -> Refusal:
+    """The refusal of a request a person declined, or no one answered."""
+    source, asked = f"approval:{ended.id}", ended.asked.describe()
+    if ended.state == "denied":
+        note = f": {ended.note}" if ended.note else ""
+        return Refusal("approval_denied", f"a person ({ended.by}) declined {asked} in "
+                       f"approval {ended.id}{note}; do not retry it - ask them, or change "
+                       "the policy", source)
+    return Refusal("approval_timeout", f"no one answered approval {ended.id} for {asked} "
+                   f"within {spec.timeout:g}s; it may be asked again later, or allowed by "
+                   "a policy change", source)
 
 
 def _granted(routed: Routed, source: str, reason: str, request: Request) -> Routed:

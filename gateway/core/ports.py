@@ -138,7 +138,8 @@ class Approvals(Protocol):
     the ask's timeout and returns the approval as it ended (approved, denied, timeout);
     raises StateUnavailable when the store cannot hold the ask."""
 
-    def grant_for(self, sandbox: str, policy: str, request: Request) -> Grant | None: ...
+    def grant_for(self, sandbox: str, policy: str, request: Request,
+                  model: str | None = None) -> Grant | None: ...
     def host_grant(self, sandbox: str, policy: str, host: str) -> Grant | None:
         """A grant of `host` itself (any port) to the sandbox: the DNS resolver's
         question."""

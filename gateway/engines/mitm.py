@@ -366,8 +366,9 @@ class Adapter(NextLayerAddon):
         # unscanned).
         req.stream = _RequestStream(ex, flow, self.proxyserver)
 
-    def _on_request(self, flow: http.HTTPFlow) -> None:
-        """A buffered body: checked whole before anything is sent upstream."""
+    async def _on_request(self, flow: http.HTTPFlow) -> None:
+        """A buffered body: checked whole before anything is sent upstream (held, in
+        ask mode, while a person decides about a model the allowlist refuses)."""
         ex: Exchange | None = flow.metadata.get(EXCHANGE)
         if ex is None or flow.response is not None:
             return
@@ -376,8 +377,8 @@ class Adapter(NextLayerAddon):
             return  # checked chunk by chunk as it streamed
         trailers = flow.request.trailers
         try:
-            body = ex.request_whole(flow.request.raw_content or b"",
-                                    list(trailers.fields) if trailers else None)
+            body = await ex.request_decided(flow.request.raw_content or b"",
+                                            list(trailers.fields) if trailers else None)
             if ex.head_changed:  # signed (SigV4) now that the body is known
                 flow.request.headers.fields = tuple(ex.head.headers.fields)
             if body != (flow.request.raw_content or b""):

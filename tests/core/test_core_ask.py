@@ -6,6 +6,7 @@ fake that answers as each row says."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -18,7 +19,7 @@ from gateway.core.exchange import Exchange
 from gateway.core.gate import Gate
 from gateway.core.identity import Identity
 from gateway.core.messages import Headers, RequestHead
-from gateway.core.refusal import Answer
+from gateway.core.refusal import Answer, Refusal
 from gateway.services.policy import PolicySet, Request, load_policy_texts
 from gateway.services.policy.ask_rule import Ask
 from tests.core.test_core_gate import GOOD, PEER, Guard, Health, Registry, Secrets, Tokens, _basic
@@ -36,6 +37,7 @@ egress:
     reason: not this one
   - host: api.openai.com
     credential: openai
+    models: ["gpt-4o-mini", "gpt-4.1-*"]
   - host: asks.test
     ask: true
   - host: asks-per-request.test
@@ -57,9 +59,10 @@ class Approvals:
     grants: list[Grant] = field(default_factory=list)
     asked: list[tuple[Asked, str, Ask]] = field(default_factory=list)
 
-    def grant_for(self, sandbox: str, policy: str, request: Request) -> Grant | None:
+    def grant_for(self, sandbox: str, policy: str, request: Request,
+                  model: str | None = None) -> Grant | None:
         return next((g for g in self.grants
-                     if g.covers(sandbox, policy, request, time.time())), None)
+                     if g.covers(sandbox, policy, request, time.time(), model)), None)
 
     def host_grant(self, sandbox: str, policy: str, host: str) -> Grant | None:
         return next((g for g in self.grants if g.asked.host == host), None)
@@ -96,11 +99,11 @@ async def _connect(gate: Gate, host: str) -> tuple[Client, Tunnel]:
     return client, tunnel
 
 
-async def _get(gate: Gate, host: str, path: str, *headers: tuple[str, str]
-               ) -> Exchange | Answer:
+async def _get(gate: Gate, host: str, path: str, *headers: tuple[str, str],
+               method: str = "GET") -> Exchange | Answer:
     client, _ = await _connect(gate, host)
-    return await gate.begin(client, RequestHead("GET", path, Headers.of(("Host", host),
-                                                                        *headers)), tls=True)
+    return await gate.begin(client, RequestHead(method, path, Headers.of(("Host", host),
+                                                                         *headers)), tls=True)
 
 
 HOST = Asked("host", "new.test", 443)
@@ -245,3 +248,55 @@ def test_the_sweep_ends_tunnels_of_a_revoked_grant() -> None:
 
     asyncio.run(scenario())
     assert ended == ["ended"]
+
+
+MODELS = POLICY.replace("ask: {hosts: true, requests: true, timeout: 30s}",
+                        "ask: {models: true, timeout: 30s}")
+CHAT = ("POST", "/v1/chat/completions")
+
+
+async def _chat(gate: Gate, model: str) -> tuple[Exchange, bytes | Refusal]:
+    from gateway.core.evaluate import static_metering
+
+    gate.metering = static_metering()
+    got = await _get(gate, "api.openai.com", "/v1/chat/completions",
+                     ("Authorization", f"Bearer {GOOD}"), ("Content-Type", "application/json"),
+                     method="POST")
+    assert isinstance(got, Exchange), got
+    try:
+        return got, await got.request_decided(
+            b'{"model": "%s", "messages": []}' % model.encode())
+    except Refusal as refusal:
+        return got, refusal
+
+
+@pytest.mark.parametrize(("text", "state", "model", "asked", "outcome"), [
+    (MODELS, "approved", "gpt-5", "model gpt-5 on api.openai.com:443", "grant:ap_1"),
+    (MODELS, "denied", "gpt-5", "model gpt-5 on api.openai.com:443", "approval_denied"),
+    (MODELS, "timeout", "gpt-5", "model gpt-5 on api.openai.com:443", "approval_timeout"),
+    (MODELS, "approved", "gpt-4o-mini", None, "policies/agent.yaml:11"),  # (listed)
+    (MODELS, "approved", "gpt-*", None, "model_not_allowed"),  # a glob is never granted
+    (POLICY, "approved", "gpt-5", None, "model_not_allowed"),  # models: not askable here
+])
+def test_a_model_the_allowlist_refuses_may_be_asked_for(
+        text: str, state: str, model: str, asked: str | None, outcome: str) -> None:
+    approvals = Approvals(state=state)
+    gate, _ = _gate(text, approvals)
+    ex, got = asyncio.run(_chat(gate, model))
+    assert [a.describe() for a, _, _ in approvals.asked] == ([asked] if asked else [])
+    if isinstance(got, Refusal):
+        assert got.code == outcome
+    else:
+        assert json.loads(got)["model"] == model
+        assert ex.decision.rule is not None and ex.decision.rule.source == outcome
+
+
+def test_a_model_grant_lets_only_that_model_through() -> None:
+    grant = _grant(Asked("model", "api.openai.com", 443, model="gpt-5"))
+    approvals = Approvals(state="denied", grants=[grant])
+    gate, _ = _gate(MODELS, approvals)
+    ex, got = asyncio.run(_chat(gate, "gpt-5"))
+    assert isinstance(got, bytes) and ex.decision.rule is not None
+    assert ex.decision.rule.source == "grant:gr_1" and approvals.asked == []
+    _, other = asyncio.run(_chat(gate, "gpt-5-pro"))
+    assert isinstance(other, Refusal) and other.code == "approval_denied"  # (asked: no)

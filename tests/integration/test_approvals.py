@@ -59,10 +59,10 @@ def start(tmp_path: Path, test_ca: LocalCA, upstream: Upstream) -> Iterator[Fact
     started: list[GatewayThread] = []
 
     def factory(timeout: str = "20s", config: dict[str, Any] | None = None,
-                workdir: Path = tmp_path) -> GatewayThread:
+                workdir: Path = tmp_path, policy: str = POLICY) -> GatewayThread:
         policies = workdir / "policies"
         policies.mkdir(parents=True, exist_ok=True)
-        (policies / "agent.yaml").write_text(POLICY.replace("TIMEOUT", timeout))
+        (policies / "agent.yaml").write_text(policy.replace("TIMEOUT", timeout))
         extra = dict(config or {})
         cfg: dict[str, Any] = {
             "network": {"upstream_ca": str(test_ca.cert_path),
@@ -440,3 +440,67 @@ def test_the_mitmproxy_engine_holds_and_releases_too(start: Factory, intercept: 
     [pending] = _pending(gw)
     _admin(gw, "POST", f"/v1/approvals/{pending['id']}", {"decision": "deny"})
     assert denied.result().json()["error"] == "approval_denied"
+
+
+MODELS = """\
+version: v1
+name: agent
+ask: {models: true, timeout: TIMEOUT}
+egress:
+  - host: api.openai.com
+    credential: openai
+    models: ["gpt-4o-mini"]
+credentials:
+  openai: {preset: openai, secret: openai-key}
+"""
+
+
+@pytest.mark.parametrize("intercept", ["fast", "mitmproxy"])
+def test_the_openai_sdk_waits_for_a_model_a_person_allows(
+        start: Factory, monkeypatch: pytest.MonkeyPatch, intercept: str) -> None:
+    """A model outside the rule's allowlist, with ask: {models: true}: the SDK's call is
+    held, approved for the sandbox it goes on (the key swapped in) and the next call
+    needs no ask; declined, the SDK shows a person said no."""
+    import openai
+
+    monkeypatch.setenv("SANDBOX_GATEWAY_SECRET_OPENAI_KEY", "sk-real-0123456789abcdef")
+    gw = start(policy=MODELS, config={"network": {"intercept": intercept}})
+    token = gw.mint("agent", "sbx-1")
+    verify = ssl.create_default_context(cafile=str(gw.ca_cert))
+    http = httpx.Client(proxy=gw.proxy_url(token, "sbx-1"), verify=verify, timeout=60)
+    client = openai.OpenAI(api_key=token, http_client=http, max_retries=0)
+    results: list[Any] = []
+
+    def call(model: str) -> None:
+        try:
+            results.append(client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "hi"}]).model)
+        except openai.APIError as exc:
+            results.append(exc)
+
+    held = threading.Thread(target=call, args=("gpt-5",))
+    held.start()
+    [pending] = _pending(gw)
+    assert pending["what"] == "model gpt-5 on api.openai.com:443"
+    assert "not allowed by rule" in pending["reason"]
+    got = _admin(gw, "POST", f"/v1/approvals/{pending['id']}",
+                 {"decision": "approve", "scope": "sandbox", "duration": "1h"})
+    held.join(30)
+    assert results == ["gpt-5"]
+    call("gpt-5")  # (the grant: no ask)
+    assert results[-1] == "gpt-5"
+    line = gw.audit.wait_for(lambda r: r["host"] == "api.openai.com" and r["engine"] !=
+                             "approvals" and r["status"] == 200)[-1]
+    assert line["rule"] == f"grant:{got['grant']['id']}" and line["credential"] == "openai"
+    call("gpt-4o-mini")  # (listed: as ever)
+    assert results[-1] == "gpt-4o-mini"
+    other = threading.Thread(target=call, args=("o3",))
+    other.start()
+    [pending] = _pending(gw)
+    _admin(gw, "POST", f"/v1/approvals/{pending['id']}",
+           {"decision": "deny", "note": "too expensive"})
+    other.join(30)
+    refused = results[-1]
+    assert isinstance(refused, openai.PermissionDeniedError), refused
+    assert "approval_denied" in str(refused) and "too expensive" in str(refused)
+    http.close()

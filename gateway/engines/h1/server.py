@@ -361,7 +361,8 @@ class Connection(Side):
                 if buffered > limit:
                     break
             else:
-                whole = ex.request_whole(b"".join(start), trailers[0] if trailers else None)
+                whole = await ex.request_decided(b"".join(start),
+                                                 trailers[0] if trailers else None)
                 return await self._send_whole(ex, head, size, whole, trailers, websocket,
                                               client_close)
             ex.streaming()  # refused if the head must be signed over the whole body

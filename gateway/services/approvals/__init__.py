@@ -75,10 +75,11 @@ class ApprovalService:
 
     # -- the gate's port (local view, no I/O) ----------------------------------------------
 
-    def grant_for(self, sandbox: str, policy: str, request: Request) -> Grant | None:
+    def grant_for(self, sandbox: str, policy: str, request: Request,
+                  model: str | None = None) -> Grant | None:
         now = self.clock()
         for grant in self._grants.values():
-            if grant.covers(sandbox, policy, request, now):
+            if grant.covers(sandbox, policy, request, now, model):
                 return grant
         return None
 

@@ -14,16 +14,19 @@ MAX_TIMEOUT = 600.0
 @dataclass(frozen=True, slots=True)
 class Ask:
     """``hosts``: ask for a host no rule names; ``requests``: for a method or path no
-    rule allows on a host some rule names (policy level; a rule's ``ask`` asks for what
-    the rule matches). ``timeout``: how long a request is held; ``notify``: the names of
-    the gateway's notifiers (``approvals.notify`` in its config) told of each ask."""
+    rule allows on a host some rule names; ``models``: for a model a rule's `models:`
+    allowlist refuses (policy level; a rule's ``ask`` asks for what the rule matches).
+    ``timeout``: how long a request is held; ``notify``: the names of the gateway's
+    notifiers (``approvals.notify`` in its config) told of each ask."""
 
     hosts: bool = False
     requests: bool = False
+    models: bool = False
     timeout: float = DEFAULT_TIMEOUT
     notify: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        what = [w for w, on in (("hosts", self.hosts), ("requests", self.requests)) if on]
+        what = [w for w, on in (("hosts", self.hosts), ("requests", self.requests),
+                                ("models", self.models)) if on]
         notify = f", notify {', '.join(self.notify)}" if self.notify else ""
         return f"ask ({'/'.join(what) or 'this rule'}; timeout {self.timeout:g}s{notify})"

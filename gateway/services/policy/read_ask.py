@@ -11,7 +11,7 @@ from gateway.services.policy.problems import clipped
 
 __all__ = ["AskReader"]
 
-_POLICY_KEYS = ("hosts", "requests", "timeout", "notify")
+_POLICY_KEYS = ("hosts", "requests", "models", "timeout", "notify")
 _RULE_KEYS = ("timeout", "notify")
 
 
@@ -33,7 +33,7 @@ class AskReader(NodeReader):
             return None
         ok = True
         flags: dict[str, bool] = {}
-        for key in ("hosts", "requests"):
+        for key in ("hosts", "requests", "models"):
             if key in keys:
                 value = self.boolean(file, keys[key][1], f"ask.{key}")
                 ok = ok and value is not None
@@ -59,10 +59,11 @@ class AskReader(NodeReader):
                              "name (letters, digits, '.', '_', '-')")
                     ok = False
             notify = tuple(dict.fromkeys(v for v, _ in items or []))
-        if ok and not rule and not flags.get("hosts") and not flags.get("requests"):
-            self.err(file, node, "ask asks for nothing; add hosts: true and/or requests: true")
+        if ok and not rule and not any(flags.values()):
+            self.err(file, node, "ask asks for nothing; add hosts, requests and/or models: "
+                     "true")
             ok = False
         if not ok:
             return None
         return Ask(hosts=flags.get("hosts", False), requests=flags.get("requests", False),
-                   timeout=timeout, notify=notify)
+                   models=flags.get("models", False), timeout=timeout, notify=notify)

@@ -13,6 +13,7 @@ HEAD = "version: v1\nname: a\n"
 
 @pytest.mark.parametrize(("text", "policy_ask", "rule_ask"), [
     ("ask: {hosts: true}\negress: []\n", Ask(hosts=True), None),
+    ("ask: {models: true}\negress: []\n", Ask(models=True), None),
     ("ask: {requests: true, timeout: 2m, notify: [ops, slack-1]}\negress: []\n",
      Ask(requests=True, timeout=120, notify=("ops", "slack-1")), None),
     ("egress:\n  - {host: a.test, ask: true}\n", None, Ask()),
@@ -27,7 +28,7 @@ def test_what_loads(text: str, policy_ask: Ask | None, rule_ask: Ask | None) -> 
 
 
 @pytest.mark.parametrize(("text", "error"), [
-    ("ask: {}\n", "a.yaml:3: ask asks for nothing; add hosts: true and/or requests: true"),
+    ("ask: {}\n", "a.yaml:3: ask asks for nothing; add hosts, requests and/or models: true"),
     ("ask: true\n", "a.yaml:3: ask must be a mapping"),
     ("ask: {hosts: yes please}\n", "a.yaml:3: ask.hosts must be true or false"),
     ("ask: {hosts: true, timeout: 11m}\n", "a.yaml:3: ask.timeout: at most 600s"),
