@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.api.approvals import routes as approval_routes
+from gateway.api.console import routes as console_routes
 from gateway.config import ConfigError, parse_duration
 from gateway.core.evaluate import static_metering
 from gateway.core.names import DestinationError, is_ip, normalize_host
@@ -333,4 +334,5 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         Route("/v1/explain", explain_endpoint, methods=["POST"]),
         Route("/v1/usage", usage, methods=["GET"]),
         *approval_routes(ctx.approvals, protected, body),
+        *console_routes(ctx.admin_token, ctx.approvals, ctx.clock),
     ])

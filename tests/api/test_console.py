@@ -1,0 +1,155 @@
+"""The console's first part over Starlette's TestClient, with a real approval service on
+the memory store: sign-in and its cookie, CSRF on every form, the approvals inbox
+answering a held ask, grants revoked from the page, no token in any page."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
+
+from gateway.api.console import routes
+from gateway.api.console.session import COOKIE, LIFETIME, Sessions
+from gateway.core.approvals import Asked
+from gateway.core.identity import Identity
+from gateway.services.approvals import ApprovalService
+from gateway.services.policy.ask_rule import Ask
+from gateway.services.state.base import MemoryState
+
+ADMIN = "console-admin-token-0123456789abcdef"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def world() -> Iterator[tuple[TestClient, ApprovalService, Clock, list[dict[str, Any]]]]:
+    clock = Clock()
+    lines: list[dict[str, Any]] = []
+    service = ApprovalService(MemoryState(), audit=lines.append)
+    app = Starlette(routes=routes(ADMIN, service, clock))
+    with TestClient(app, base_url="http://127.0.0.1:8090", follow_redirects=False) as client:
+        yield client, service, clock, lines
+
+
+def _identity() -> Identity:
+    return Identity(sandbox="sbx-1", policy="agent", jti="j", scope={}, issued_at=0,
+                    expires_at=time.time() + 600, lifetime_end=time.time() + 600)
+
+
+def _sign_in(client: TestClient) -> str:
+    answer = client.post("/console/login", data={"token": ADMIN})
+    assert answer.status_code == 303 and answer.headers["location"] == "/console/approvals"
+    return str(answer.headers["set-cookie"])
+
+
+def _csrf(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found, html
+    return found.group(1)
+
+
+def test_sign_in_exchanges_the_token_for_a_session_cookie(world: Any) -> None:
+    client, _, _, _ = world
+    assert client.get("/console/approvals").headers["location"] == "/console/login"
+    page = client.get("/console/login")
+    assert page.status_code == 200 and 'type="password"' in page.text
+    assert page.headers["content-security-policy"].startswith("default-src 'none'")
+    assert page.headers["x-frame-options"] == "DENY"
+    wrong = client.post("/console/login", data={"token": "not-it"})
+    assert wrong.status_code == 401 and "set-cookie" not in wrong.headers
+    foreign = client.post("/console/login", data={"token": ADMIN},
+                          headers={"Origin": "https://evil.example"})
+    assert foreign.status_code == 403 and "set-cookie" not in foreign.headers
+    cookie = _sign_in(client)
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/console" in cookie
+    assert ADMIN not in cookie
+    inbox = client.get("/console/approvals")
+    assert inbox.status_code == 200 and "Nothing is waiting" in inbox.text
+    assert ADMIN not in inbox.text
+    out = client.post("/console/logout", data={"csrf": _csrf(inbox.text)})
+    assert out.status_code == 303 and 'sgw_console=""' in out.headers["set-cookie"]
+
+
+def test_a_held_ask_is_answered_from_the_inbox(world: Any) -> None:
+    client, service, _, lines = world
+    held = client.portal.start_task_soon(
+        service.ask, _identity(), Asked("host", "new.test", 443),
+        'no rule in policy "agent" allows host "new.test"', Ask(hosts=True, timeout=30))
+    _sign_in(client)
+    deadline = time.monotonic() + 5
+    while "new.test:443 (any request)" not in (page := client.get("/console/approvals")).text:
+        assert time.monotonic() < deadline, page.text
+        time.sleep(0.02)
+    assert "sbx-1" in page.text and "no rule in policy" in page.text
+    ident = re.search(r'action="/console/approvals/(ap_[0-9a-f]+)"', page.text)
+    assert ident is not None
+    refused = client.post(f"/console/approvals/{ident.group(1)}",
+                          data={"decision": "approve", "scope": "once"})
+    assert refused.status_code == 403 and not held.done()  # (no CSRF token: refused)
+    stale = client.post(f"/console/approvals/{ident.group(1)}",
+                        data={"decision": "approve", "csrf": "x" * 43})
+    assert stale.status_code == 403 and not held.done()
+    done = client.post(f"/console/approvals/{ident.group(1)}", data={
+        "decision": "approve", "scope": "sandbox", "duration": "2h", "note": "for the demo",
+        "csrf": _csrf(page.text)})
+    assert done.status_code == 303 and "approved" in done.headers["location"]
+    ended = held.result(5)
+    assert (ended.state, ended.scope, ended.by, ended.note) == (
+        "approved", "sandbox", "console", "for the demo")
+    shown = client.get(done.headers["location"])
+    assert "approved" in shown.text and "for the demo" in shown.text
+    grants = client.get("/console/grants")
+    assert "new.test:443 (any request)" in grants.text and "sandbox sbx-1" in grants.text
+    grant = re.search(r'action="/console/grants/(gr_[0-9a-f]+)/revoke"', grants.text)
+    assert grant is not None
+    revoked = client.post(f"/console/grants/{grant.group(1)}/revoke",
+                          data={"csrf": _csrf(grants.text)})
+    assert revoked.status_code == 303 and "revoked" in revoked.headers["location"]
+    assert "No grants are in force" in client.get("/console/grants").text
+    assert [line["decision"] for line in lines] == ["ask", "approve", "revoke"]
+
+
+def test_a_denial_from_the_inbox_reaches_the_held_request(world: Any) -> None:
+    client, service, _, _ = world
+    held = client.portal.start_task_soon(
+        service.ask, _identity(), Asked("request", "api.test", 443, "POST", "/v1/x"),
+        "method POST is not allowed", Ask(requests=True, timeout=30))
+    _sign_in(client)
+    deadline = time.monotonic() + 5
+    while "POST api.test:443/v1/x" not in (page := client.get("/console/approvals")).text:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    ident = re.search(r'action="/console/approvals/(ap_[0-9a-f]+)"', page.text)
+    assert ident is not None
+    client.post(f"/console/approvals/{ident.group(1)}", data={
+        "decision": "deny", "note": "<script>alert(1)</script>", "csrf": _csrf(page.text)})
+    assert held.result(5).state == "denied"
+    answered = client.get("/console/approvals").text
+    assert "<script>alert(1)</script>" not in answered  # (escaped)
+    assert "&lt;script&gt;" in answered
+
+
+def test_a_forged_or_expired_session_signs_in_again(world: Any) -> None:
+    client, _, clock, _ = world
+    sessions = Sessions(ADMIN, clock)
+    forged = Sessions("another-admin-token-0000000000", clock).new()
+    client.cookies.set(COOKIE, forged, path="/console")
+    assert client.get("/console/grants").headers["location"] == "/console/login"
+    client.cookies.clear()
+    client.cookies.set(COOKIE, sessions.new(), path="/console")
+    assert client.get("/console/grants").status_code == 200
+    clock.now += LIFETIME + 1
+    assert client.get("/console/grants").headers["location"] == "/console/login"
+    payload, mac = sessions.new().split(".")
+    assert sessions.check(f"{payload}x.{mac}") is None and sessions.check("junk") is None
