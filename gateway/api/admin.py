@@ -30,6 +30,7 @@ from starlette.routing import Route
 
 from gateway.api.approvals import routes as approval_routes
 from gateway.api.console import routes as console_routes
+from gateway.api.errors import error
 from gateway.config import ConfigError, parse_duration
 from gateway.core.evaluate import static_metering
 from gateway.core.names import DestinationError, is_ip, normalize_host
@@ -84,9 +85,7 @@ def parse_since(value: str, now: float) -> float:
     return at.timestamp()
 
 
-def _error(status: int, code: str, reason: str) -> JSONResponse:
-    return JSONResponse({"error": code, "reason": reason}, status_code=status,
-                        headers={"X-Sandbox-Gateway-Error": code})
+_error = error
 
 
 Handler = Callable[[Request], Awaitable[Response]]

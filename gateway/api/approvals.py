@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.api.errors import error
 from gateway.core.approvals import Approval, Grant
 from gateway.services.approvals import ApprovalService, NotFound
 from gateway.services.state.base import StateUnavailable
@@ -40,9 +41,7 @@ def grant_doc(grant: Grant) -> dict[str, Any]:
     return {**grant.to_doc(), "what": grant.asked.describe()}
 
 
-def _error(status: int, code: str, reason: str) -> JSONResponse:
-    return JSONResponse({"error": code, "reason": reason}, status_code=status,
-                        headers={"X-Sandbox-Gateway-Error": code})
+_error = error
 
 
 def _text(data: dict[str, Any], key: str) -> str | None:

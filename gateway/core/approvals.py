@@ -26,8 +26,8 @@ from typing import Any, Literal, Self
 from gateway.core.durations import parse_duration
 from gateway.services.policy import Request
 
-__all__ = ["DEFAULT_DURATION", "SCOPES", "Approval", "Asked", "Grant", "answer",
-           "asked_for", "new_id"]
+__all__ = ["DEFAULT_DURATION", "MAX_PENDING", "SCOPES", "Approval", "AskLimit", "Asked",
+           "Grant", "answer", "asked_for", "new_id"]
 
 Kind = Literal["host", "request", "model"]
 State = Literal["pending", "approved", "denied", "timeout"]
@@ -35,6 +35,11 @@ SCOPES = ("once", "sandbox", "policy", "always")
 DEFAULT_DURATION = 3600.0  # a sandbox or policy grant with no duration given: an hour
 MAX_DURATION = 90 * 86400.0  # longer than this is what `always` (reviewed) is for
 _NOTE_MAX = 500
+MAX_PENDING = 16  # asks one sandbox may have waiting at once (more are refused, not asked)
+
+
+class AskLimit(Exception):
+    """The sandbox already has `MAX_PENDING` asks waiting: this one is not asked."""
 
 
 def new_id(prefix: str) -> str:

@@ -56,7 +56,7 @@ from gateway.core.leaks import LeakScan, Redactor, StreamScan
 from gateway.core.messages import RequestHead, ResponseHead
 from gateway.core.phrases import error_phrase
 from gateway.core.ports import Secrets, Signer
-from gateway.core.refusal import Answer, MessageRefused, Refusal, ws_error
+from gateway.core.refusal import GATEWAY_ERROR, Answer, MessageRefused, Refusal, ws_error
 from gateway.core.secret_value import SecretValue
 from gateway.core.target import DEFAULT_PORTS, Target
 from gateway.core.trail import Trail, rule_of
@@ -385,7 +385,14 @@ class Exchange:
             return self._whole_out(body, *checked)
         except Held as held:
             assert self.asks is not None
-            await self.asks(held.model, held)
+            try:
+                await self.asks(held.model, held)
+            except Refusal:
+                raise
+            except Exception:  # (the state store, a bug): fail closed, as a refusal
+                log.exception("asking about model %r failed; refusing", held.model[:100])
+                raise Refusal(GATEWAY_ERROR.code, "the gateway could not ask a person about "
+                              f"model {held.model[:100]!r} (see its log)", held.rule) from None
             return self._whole_out(body, *checked, granted=held.model)
 
     def granted(self, source: str, reason: str) -> None:

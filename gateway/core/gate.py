@@ -502,7 +502,11 @@ class Gate:
             routed.refusal is not None or rule.methods is not None or rule.paths is not None))
         reason = routed.refusal.reason if routed.refusal is not None else \
             f"rule {rule.source if rule else ''} asks before it allows"
-        ended = await self.approvals.ask(identity, asked, reason, spec)
+        try:
+            ended = await self.approvals.ask(identity, asked, reason, spec)
+        except approvals.AskLimit as limit:
+            raise _not_asked(routed.refusal or Refusal("policy_denied", reason, rule.source
+                                                       if rule else None), limit) from None
         if ended.state == "approved":
             return _granted(routed, f"grant:{ended.grant or ended.id}",
                             f"approved by {ended.by} ({ended.scope})", request)
@@ -519,7 +523,10 @@ class Gate:
             ex.granted(grant.source, grant.describe())
             return
         asked = approvals.Asked("model", tgt.host, tgt.port, model=model)
-        ended = await self.approvals.ask(identity, asked, refusal.reason, spec)
+        try:
+            ended = await self.approvals.ask(identity, asked, refusal.reason, spec)
+        except approvals.AskLimit as limit:
+            raise _not_asked(refusal, limit) from None
         if ended.state != "approved":
             raise _unapproved(ended, spec)
         ex.granted(f"grant:{ended.grant or ended.id}", f"approved by {ended.by} "
@@ -591,6 +598,11 @@ class Gate:
                 return None
             return key.value
         return find
+
+
+def _not_asked(refusal: Refusal, limit: approvals.AskLimit) -> Refusal:
+    """`refusal`, as it stands when the sandbox has too many asks waiting."""
+    return Refusal(refusal.code, f"{refusal.reason}; not asked: {limit}", refusal.rule)
 
 
 def _unapproved(ended: approvals.Approval, spec: Ask) -> Refusal:

@@ -206,7 +206,8 @@ BUDGET_REFUSALS = Counter(
 )
 APPROVALS = Counter(
     "sandbox_gateway_approvals_total",
-    "Ask mode: approvals by result (asked, approved, denied, timeout, revoked: a grant).",
+    "Ask mode: approvals by result (asked, approved, denied, timeout, revoked: a grant, "
+    "limited: not asked, the sandbox had too many asks waiting).",
     ["result"],
     registry=REGISTRY,
 )

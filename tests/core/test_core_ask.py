@@ -300,3 +300,22 @@ def test_a_model_grant_lets_only_that_model_through() -> None:
     assert ex.decision.rule.source == "grant:gr_1" and approvals.asked == []
     _, other = asyncio.run(_chat(gate, "gpt-5-pro"))
     assert isinstance(other, Refusal) and other.code == "approval_denied"  # (asked: no)
+
+
+def test_past_the_ask_limit_the_policys_refusal_stands() -> None:
+    """A sandbox with too many asks waiting is refused as without ask mode, and told why."""
+    from gateway.core.approvals import AskLimit
+
+    class Full(Approvals):
+        async def ask(self, identity: Identity, asked: Asked, reason: str,
+                      spec: Ask) -> Approval:
+            raise AskLimit("sandbox sandbox-1 already has 16 asks waiting for an answer")
+
+    gate, lines = _gate(POLICY, Full())
+    try:
+        asyncio.run(_connect(gate, "new.test"))
+        raise AssertionError("not refused")
+    except Refused as refused:
+        assert refused.refusal.code == "policy_denied"
+        assert "not asked: sandbox sandbox-1 already has 16 asks" in refused.refusal.reason
+    assert lines[-1]["error"] == "policy_denied"

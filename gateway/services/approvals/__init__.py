@@ -135,6 +135,13 @@ class ApprovalService:
                 current = await self._read(str(held[0]["id"]))
                 if current is not None and current[0].state == "pending":
                     return current[0], False
+            waiting = sum(1 for d in await self.store.record_list(_APPROVAL)
+                          if d.get("sandbox") == identity.sandbox
+                          and d.get("state") == "pending" and d.get("expires", 0) > now)
+            if waiting >= core.MAX_PENDING:
+                self.telemetry.count("approvals", "limited")
+                raise core.AskLimit(f"sandbox {identity.sandbox} already has {waiting} asks "
+                                    "waiting for an answer")
             approval = Approval(id=core.new_id("ap"), sandbox=identity.sandbox,
                                 policy=identity.policy, asked=asked, reason=reason[:500],
                                 created=now, expires=now + spec.timeout)

@@ -120,3 +120,28 @@ def test_an_answer_for_nothing_is_not_found(tmp_path: Path) -> None:
             await services[0].answer("ap_nothing", "approve", by="a")
 
     _run(scenario, tmp_path / "state.db")
+
+
+def test_a_sandbox_has_a_bounded_number_of_asks_waiting(tmp_path: Path) -> None:
+    """One sandbox cannot flood the people answering (or the store): past MAX_PENDING
+    asks waiting, a new one is not asked; the same thing asked again still joins, and
+    another sandbox is asked as ever."""
+    from gateway.core.approvals import MAX_PENDING, AskLimit
+
+    async def scenario(services: list[ApprovalService], lines: list[Any]) -> None:
+        one, two = services
+        spec = Ask(hosts=True, timeout=10)
+        held = [asyncio.create_task(one.ask(_identity(), Asked("host", f"h{n}.test", 443),
+                                            "no rule", spec)) for n in range(MAX_PENDING)]
+        await _pending(one, MAX_PENDING)
+        with pytest.raises(AskLimit, match=f"already has {MAX_PENDING} asks waiting"):
+            await two.ask(_identity(), Asked("host", "more.test", 443), "no rule", spec)
+        joined = asyncio.create_task(two.ask(_identity(), Asked("host", "h0.test", 443),
+                                             "no rule", spec))
+        other = asyncio.create_task(two.ask(_identity("s2"), ASKED, "no rule", spec))
+        await _pending(one, MAX_PENDING + 1)
+        for approval in await one.approvals():
+            await one.answer(approval.id, "deny", by="x")
+        assert {a.state for a in await asyncio.gather(*held, joined, other)} == {"denied"}
+
+    _run(scenario, tmp_path / "state.db")
