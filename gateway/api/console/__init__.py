@@ -9,13 +9,13 @@ through the same `ApprovalService` as the admin API and the CLI (by: `console`).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote
 
-from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
@@ -28,8 +28,6 @@ from gateway.services.state.base import StateUnavailable
 __all__ = ["routes"]
 
 _HERE = Path(__file__).parent / "templates"
-_ENV = Environment(loader=FileSystemLoader(_HERE), autoescape=select_autoescape(["html"]))
-_CSS = (_HERE / "console.css").read_bytes()
 _HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'self'; form-action 'self'; "
                                "frame-ancestors 'none'; base-uri 'none'",
@@ -37,6 +35,15 @@ _HEADERS = {
     "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
 }
 Handler = Callable[[Request], Awaitable[Response]]
+
+
+@functools.cache
+def _env() -> Any:
+    """The templates (Jinja2 loaded at the first page: a gateway whose console is never
+    opened does not carry it)."""
+    from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+    return Environment(loader=FileSystemLoader(_HERE), autoescape=select_autoescape(["html"]))
 
 
 def _when(at: float | None) -> str:
@@ -77,7 +84,7 @@ def routes(admin_token: str, approvals: ApprovalService | None,
 
     def page(request: Request, template: str, nonce: str | None, status: int = 200,
              **values: Any) -> HTMLResponse:
-        html = _ENV.get_template(template).render(
+        html = _env().get_template(template).render(
             signed_in=nonce is not None, csrf=sessions.csrf(nonce) if nonce else "",
             message=request.query_params.get("message"), **values)
         return HTMLResponse(html, status_code=status, headers=_HEADERS)
@@ -123,7 +130,7 @@ def routes(admin_token: str, approvals: ApprovalService | None,
         return RedirectResponse("/console/approvals", status_code=303)
 
     async def css(request: Request) -> Response:
-        return Response(_CSS, media_type="text/css",
+        return Response((_HERE / "console.css").read_bytes(), media_type="text/css",
                         headers={"Cache-Control": "max-age=300"})
 
     def service() -> ApprovalService:
