@@ -19,8 +19,7 @@ import hmac
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
@@ -30,42 +29,16 @@ from starlette.routing import Route
 
 from gateway.api.approvals import routes as approval_routes
 from gateway.api.console import routes as console_routes
+from gateway.api.context import AdminContext
 from gateway.api.errors import error
 from gateway.config import ConfigError, parse_duration
 from gateway.core.evaluate import static_metering
 from gateway.core.names import DestinationError, is_ip, normalize_host
 from gateway.net.resolver import DestinationGuard
 from gateway.observability import metrics
-from gateway.services.identity.tokens import TokenError, TokenService, parse_scope
-from gateway.services.policy import PolicySet
+from gateway.services.identity.tokens import TokenError, parse_scope
 from gateway.services.state.base import SandboxAddress, StateUnavailable
 from gateway.tools.explain import explain_body, explain_request
-
-if TYPE_CHECKING:
-    from gateway.services.approvals import ApprovalService
-    from gateway.services.identity.kubernetes import PodIdentities
-    from gateway.services.metering import Metering
-
-
-class Readiness(Protocol):
-    def ready(self) -> tuple[bool, str]: ...
-
-
-@dataclass
-class AdminContext:
-    """What the admin API reads and changes."""
-
-    admin_token: str
-    tokens: TokenService
-    policies: Callable[[], PolicySet]
-    readiness: Readiness
-    # The proxy's DestinationGuard, for `POST /v1/explain {"resolve": true}` (None: the
-    # admin API cannot resolve, and says so).
-    guard: Callable[[], DestinationGuard | None] | None = None
-    metering: Metering | None = None
-    clock: Callable[[], float] = time.time
-    pods: PodIdentities | None = None  # identity.kubernetes (None: off)
-    approvals: ApprovalService | None = None  # ask mode (None: no approvals here)
 
 
 def parse_since(value: str, now: float) -> float:
@@ -84,6 +57,8 @@ def parse_since(value: str, now: float) -> float:
         at = at.replace(tzinfo=dt.UTC)
     return at.timestamp()
 
+
+__all__ = ["AdminContext", "build_admin_app", "parse_since"]
 
 _error = error
 
@@ -333,5 +308,5 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         Route("/v1/explain", explain_endpoint, methods=["POST"]),
         Route("/v1/usage", usage, methods=["GET"]),
         *approval_routes(ctx.approvals, protected, body),
-        *console_routes(ctx.admin_token, ctx.approvals, ctx.clock),
+        *console_routes(ctx),
     ])

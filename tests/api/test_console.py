@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,9 +16,12 @@ from starlette.testclient import TestClient
 
 from gateway.api.console import routes
 from gateway.api.console.session import COOKIE, LIFETIME, Sessions
+from gateway.api.context import AdminContext
 from gateway.core.approvals import Asked
 from gateway.core.identity import Identity
 from gateway.services.approvals import ApprovalService
+from gateway.services.identity.tokens import SigningKeys, TokenService
+from gateway.services.policy import load_policy_texts
 from gateway.services.policy.ask_rule import Ask
 from gateway.services.state.base import MemoryState
 
@@ -32,14 +36,31 @@ class Clock:
         return self.now
 
 
+World = tuple[TestClient, ApprovalService, Clock, list[dict[str, Any]]]
+
+
 @pytest.fixture
-def world() -> Iterator[tuple[TestClient, ApprovalService, Clock, list[dict[str, Any]]]]:
+def world(tmp_path: Path) -> Iterator[World]:
     clock = Clock()
     lines: list[dict[str, Any]] = []
-    service = ApprovalService(MemoryState(), audit=lines.append)
-    app = Starlette(routes=routes(ADMIN, service, clock))
+    state = MemoryState()
+    service = ApprovalService(state, audit=lines.append)
+    app = Starlette(routes=routes(context(state, clock, tmp_path / "keys", approvals=service)))
     with TestClient(app, base_url="http://127.0.0.1:8090", follow_redirects=False) as client:
         yield client, service, clock, lines
+
+
+def context(state: MemoryState, clock: Clock, keys: Path, **more: Any) -> AdminContext:
+    """The admin listener's context as the runtime builds it, on `state`."""
+    policies = load_policy_texts({"agent.yaml": "version: v1\nname: agent\negress: []\n"})
+    tokens = TokenService(SigningKeys.load(keys), state, lambda name: [], max_ttl=3600)
+    return AdminContext(admin_token=ADMIN, tokens=tokens, policies=lambda: policies,
+                        readiness=Ready(), clock=clock, **more)
+
+
+class Ready:
+    def ready(self) -> tuple[bool, str]:
+        return True, "ready"
 
 
 def _identity() -> Identity:

@@ -1,0 +1,40 @@
+"""What the admin listener (the admin API and the console) reads and changes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from gateway.services.identity.tokens import TokenService
+from gateway.services.policy import PolicySet
+
+if TYPE_CHECKING:
+    from gateway.net.resolver import DestinationGuard
+    from gateway.services.approvals import ApprovalService
+    from gateway.services.identity.kubernetes import PodIdentities
+    from gateway.services.metering import Metering
+
+__all__ = ["AdminContext", "Readiness"]
+
+
+class Readiness(Protocol):
+    def ready(self) -> tuple[bool, str]: ...
+
+
+@dataclass
+class AdminContext:
+    """What the admin API reads and changes."""
+
+    admin_token: str
+    tokens: TokenService
+    policies: Callable[[], PolicySet]
+    readiness: Readiness
+    # The proxy's DestinationGuard, for `POST /v1/explain {"resolve": true}` (None: the
+    # admin API cannot resolve, and says so).
+    guard: Callable[[], DestinationGuard | None] | None = None
+    metering: Metering | None = None
+    clock: Callable[[], float] = time.time
+    pods: PodIdentities | None = None  # identity.kubernetes (None: off)
+    approvals: ApprovalService | None = None  # ask mode (None: no approvals here)
