@@ -207,6 +207,14 @@ class ApprovalsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ConsoleConfig:
+    """The console (`/console` on the admin listener): how many of the newest audit lines
+    its request log keeps in the state store (0: none, the log page is off)."""
+
+    retain: int = 100_000
+
+
+@dataclass(frozen=True, slots=True)
 class IdentityConfig:
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
 
@@ -236,6 +244,7 @@ class Config:
     metering: MeteringConfig = field(default_factory=MeteringConfig)
     identity: IdentityConfig = field(default_factory=IdentityConfig)
     approvals: ApprovalsConfig = field(default_factory=ApprovalsConfig)
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
     workers: int = 0  # 0 = one worker process per core
     log_level: str = "info"
     source: str = "<defaults>"
@@ -310,6 +319,13 @@ def _int(value: object, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"{key}: expected a non-negative integer, got {value!r}")
     return value
+
+
+def _retain(value: object, key: str) -> int:
+    number = _int(value, key)
+    if number > 10_000_000:
+        raise ConfigError(f"{key}: at most 10000000 lines (about 4 GB in the state store)")
+    return number
 
 
 def _leeway(value: object, key: str) -> float:
@@ -522,6 +538,7 @@ SCHEMA: Schema = {
         },
     },
     "approvals": {"notify": _notifiers, "retention": parse_duration, "proposals": _str},
+    "console": {"retain": _retain},
     "workers": _int,
     "log_level": _level,
 }
@@ -532,7 +549,7 @@ _ENV_TYPED = {"workers", "tokens.leeway", "limits.connections_per_sandbox",
               "metering.stream_usage", "admin.max_connections", "refusals.inside_tls",
               "identity.kubernetes.enabled", "identity.kubernetes.namespaces",
               "identity.kubernetes.default_policies", "identity.kubernetes.exchange.enabled",
-              "network.upstream_proxy.check_ready"}
+              "network.upstream_proxy.check_ready", "console.retain"}
 
 
 def _validate(raw: Mapping[str, Any], schema: Schema, prefix: str = "") -> dict[str, Any]:
@@ -724,6 +741,7 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
             retention=v.get("approvals", {}).get("retention", d.approvals.retention),
             proposals=_path(base, v.get("approvals", {}).get("proposals", "proposals"))
             or d.approvals.proposals),
+        console=ConsoleConfig(retain=v.get("console", {}).get("retain", d.console.retain)),
         workers=v.get("workers", d.workers),
         log_level=v.get("log_level", d.log_level),
         source=source,

@@ -132,6 +132,7 @@ approvals:
     pager: {url: "https://pager.example/ask", secret: pager-key}
   retention: 2d
   proposals: props
+console: {retain: 5000}
 workers: 4
 log_level: debug
 """
@@ -197,6 +198,7 @@ def test_full_file(tmp_path: Path) -> None:
         "pager": Notifier("https://pager.example/ask", "json", "pager-key")}
     assert cfg.approvals.retention == 2 * 86400
     assert cfg.approvals.proposals == base / "props"
+    assert cfg.console.retain == 5000
     assert cfg.workers == 4
     assert cfg.log_level == "debug"
     assert cfg.source == str(path)
@@ -305,6 +307,8 @@ def test_process_environment_is_the_default(monkeypatch: pytest.MonkeyPatch) -> 
 
 FILE_ERRORS = [
     ("approvals: {notify: [ops]}", "approvals.notify: expected a map of notifiers"),
+    ("console: {retain: -1}", "console.retain: expected a non-negative integer"),
+    ("console: {retain: 20000000}", "console.retain: at most 10000000 lines"),
     ("approvals: {notify: {ops: {url: 'ftp://x'}}}",
      "approvals.notify.ops.url: expected an http(s) URL"),
     ("approvals: {notify: {ops: {url: 'https://x', format: xml}}}",

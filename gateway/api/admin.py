@@ -14,7 +14,6 @@ JSON shape as the proxy's refusals: `{"error": code, "reason": text}`.
 
 from __future__ import annotations
 
-import datetime as dt
 import hmac
 import json
 import time
@@ -31,6 +30,7 @@ from gateway.api.approvals import routes as approval_routes
 from gateway.api.console import routes as console_routes
 from gateway.api.context import AdminContext
 from gateway.api.errors import error
+from gateway.api.times import parse_since
 from gateway.config import ConfigError, parse_duration
 from gateway.core.evaluate import static_metering
 from gateway.core.names import DestinationError, is_ip, normalize_host
@@ -39,24 +39,6 @@ from gateway.observability import metrics
 from gateway.services.identity.tokens import TokenError, parse_scope
 from gateway.services.state.base import SandboxAddress, StateUnavailable
 from gateway.tools.explain import explain_body, explain_request
-
-
-def parse_since(value: str, now: float) -> float:
-    """``since`` of ``/v1/usage``: an ISO 8601 time (UTC if no offset) or a duration back
-    from now (``24h``, ``7d``). Raises ValueError."""
-    try:
-        return now - parse_duration(value, "since")
-    except ConfigError:
-        pass
-    try:
-        at = dt.datetime.fromisoformat(value)
-    except ValueError:
-        raise ValueError(f"since {value[:64]!r} is neither an ISO 8601 time "
-                         "(2026-11-22T00:00:00Z) nor a duration (24h)") from None
-    if at.tzinfo is None:
-        at = at.replace(tzinfo=dt.UTC)
-    return at.timestamp()
-
 
 __all__ = ["AdminContext", "build_admin_app", "parse_since"]
 

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from gateway.services.approvals import ApprovalService
     from gateway.services.identity.kubernetes import PodIdentities
     from gateway.services.metering import Metering
+    from gateway.services.state.log import LogLines
 
 __all__ = ["AdminContext", "Readiness"]
 
@@ -38,3 +39,5 @@ class AdminContext:
     clock: Callable[[], float] = time.time
     pods: PodIdentities | None = None  # identity.kubernetes (None: off)
     approvals: ApprovalService | None = None  # ask mode (None: no approvals here)
+    request_log: LogLines | None = None  # the console's request log (None: console.retain 0)
+    stopping: Callable[[], bool] = lambda: False  # the gateway stops: long answers end

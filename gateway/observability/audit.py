@@ -32,6 +32,7 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
 from typing import IO, Any
@@ -72,6 +73,8 @@ class Auditor:
         self._timer: asyncio.TimerHandle | None = None
         self._watched: asyncio.AbstractEventLoop | None = None  # add_writer on out.fd
         self.closed = False
+        # Each line written also goes here (the console's request log), never raising.
+        self.tap: Callable[[dict[str, Any], float, bytes], None] | None = None
         metrics.AUDIT_UP.set(1)
 
     @classmethod
@@ -95,6 +98,8 @@ class Auditor:
         line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
         metrics.child(metrics.REQUESTS, record.get("policy") or "-", record["decision"],
                       record.get("path_taken") or "-").inc()
+        if self.tap is not None:
+            self.tap(record, now, line)
         if self.closed:  # a connection cut off by the stop, after the sink closed
             self.dropped += 1
             metrics.AUDIT_DROPPED.inc()

@@ -280,6 +280,12 @@ AUDIT_HELD = Gauge(
     registry=REGISTRY,
     multiprocess_mode="livesum",
 )
+REQUEST_LOG_DROPPED = Counter(
+    "sandbox_gateway_request_log_dropped_lines_total",
+    "Audit lines left out of the console's request log: more than its hold waited while "
+    "the state store did not take them (the audit trail itself is complete).",
+    registry=REGISTRY,
+)
 AUDIT_DROPPED = Counter(
     "sandbox_gateway_audit_dropped_lines_total",
     "Audit lines dropped: they did not fit in audit.buffer while the output did not take "

@@ -74,6 +74,7 @@ from gateway.services.policy import Policy, PolicyError, PolicyReloader, PolicyS
 from gateway.services.secrets import SecretCache, SecretError, build_cache, build_store
 from gateway.services.state.base import StateStore, StateUnavailable
 from gateway.services.state.factory import build_state
+from gateway.services.state.log_feed import RequestLog
 
 if TYPE_CHECKING:
     from mitmproxy.master import Master
@@ -169,6 +170,7 @@ class Gateway:
         self.sweeper: ConnectionSweeper | None = None
         self.pods: PodIdentities | None = None  # identity.kubernetes
         self.approvals: ApprovalService | None = None  # ask mode
+        self.request_log: RequestLog | None = None  # the console's (console.retain)
         self.proxy: UpstreamProxy | None = None  # network.upstream_proxy
         self._vault_http: TokenHttp | None = None  # Key Vault's client (secrets.store)
 
@@ -360,6 +362,10 @@ class Gateway:
             where = f"audit.path: cannot open {cfg.audit.path}" if cfg.audit.path else \
                 "audit: cannot write to stdout"
             raise StartupError(f"{where}: {exc.strerror or exc}") from None
+        if cfg.console.retain:  # every audit line also to the console's request log
+            self.state.log_retain = cfg.console.retain
+            self.request_log = RequestLog(self.state)
+            self.auditor.tap = self.request_log.add
         self.proxy = self._build_proxy()
         try:
             self.secrets: SecretCache = build_cache(
@@ -421,6 +427,8 @@ class Gateway:
             admin_token=self.admin_token, tokens=self.tokens,
             policies=self.current_policies, readiness=self, guard=lambda: self.guard,
             metering=self.metering, pods=self.pods, approvals=self.approvals,
+            request_log=self.state if self.request_log is not None else None,
+            stopping=lambda: self.draining,
         )))
         self.admin_server = _QuietServer(uvicorn.Config(
             app, log_level="warning", access_log=False, lifespan="off", http=bounds.protocol,
@@ -650,6 +658,7 @@ class Gateway:
 
     async def stop(self) -> None:
         self._listening = False
+        self.draining = True  # (also without a drain first: long admin answers end)
         if self.admin_server is not None:
             self.admin_server.should_exit = True
         if self.master is not None:
@@ -670,6 +679,8 @@ class Gateway:
         self._tasks.clear()
         if self.approvals is not None:
             await self.approvals.close()  # (notifications still being sent: cancelled)
+        if self.request_log is not None:
+            await self.request_log.aclose()  # (its last lines, before the store closes)
         await self.state.close()
         await self.credentials.close()  # the secret cache and the minted values' cache
         if self._vault_http is not None:

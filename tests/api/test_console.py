@@ -11,30 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.console_app import ADMIN, Clock, context, csrf, sign_in
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from gateway.api.console import routes
 from gateway.api.console.session import COOKIE, LIFETIME, Sessions
-from gateway.api.context import AdminContext
 from gateway.core.approvals import Asked
 from gateway.core.identity import Identity
 from gateway.services.approvals import ApprovalService
-from gateway.services.identity.tokens import SigningKeys, TokenService
-from gateway.services.policy import load_policy_texts
 from gateway.services.policy.ask_rule import Ask
 from gateway.services.state.base import MemoryState
-
-ADMIN = "console-admin-token-0123456789abcdef"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
 
 World = tuple[TestClient, ApprovalService, Clock, list[dict[str, Any]]]
 
@@ -50,34 +37,9 @@ def world(tmp_path: Path) -> Iterator[World]:
         yield client, service, clock, lines
 
 
-def context(state: MemoryState, clock: Clock, keys: Path, **more: Any) -> AdminContext:
-    """The admin listener's context as the runtime builds it, on `state`."""
-    policies = load_policy_texts({"agent.yaml": "version: v1\nname: agent\negress: []\n"})
-    tokens = TokenService(SigningKeys.load(keys), state, lambda name: [], max_ttl=3600)
-    return AdminContext(admin_token=ADMIN, tokens=tokens, policies=lambda: policies,
-                        readiness=Ready(), clock=clock, **more)
-
-
-class Ready:
-    def ready(self) -> tuple[bool, str]:
-        return True, "ready"
-
-
 def _identity() -> Identity:
     return Identity(sandbox="sbx-1", policy="agent", jti="j", scope={}, issued_at=0,
                     expires_at=time.time() + 600, lifetime_end=time.time() + 600)
-
-
-def _sign_in(client: TestClient) -> str:
-    answer = client.post("/console/login", data={"token": ADMIN})
-    assert answer.status_code == 303 and answer.headers["location"] == "/console/approvals"
-    return str(answer.headers["set-cookie"])
-
-
-def _csrf(html: str) -> str:
-    found = re.search(r'name="csrf" value="([^"]+)"', html)
-    assert found, html
-    return found.group(1)
 
 
 def test_sign_in_exchanges_the_token_for_a_session_cookie(world: Any) -> None:
@@ -92,13 +54,13 @@ def test_sign_in_exchanges_the_token_for_a_session_cookie(world: Any) -> None:
     foreign = client.post("/console/login", data={"token": ADMIN},
                           headers={"Origin": "https://evil.example"})
     assert foreign.status_code == 403 and "set-cookie" not in foreign.headers
-    cookie = _sign_in(client)
+    cookie = sign_in(client)
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/console" in cookie
     assert ADMIN not in cookie
     inbox = client.get("/console/approvals")
     assert inbox.status_code == 200 and "Nothing is waiting" in inbox.text
     assert ADMIN not in inbox.text
-    out = client.post("/console/logout", data={"csrf": _csrf(inbox.text)})
+    out = client.post("/console/logout", data={"csrf": csrf(inbox.text)})
     assert out.status_code == 303 and 'sgw_console=""' in out.headers["set-cookie"]
 
 
@@ -107,7 +69,7 @@ def test_a_held_ask_is_answered_from_the_inbox(world: Any) -> None:
     held = client.portal.start_task_soon(
         service.ask, _identity(), Asked("host", "new.test", 443),
         'no rule in policy "agent" allows host "new.test"', Ask(hosts=True, timeout=30))
-    _sign_in(client)
+    sign_in(client)
     deadline = time.monotonic() + 5
     while "new.test:443 (any request)" not in (page := client.get("/console/approvals")).text:
         assert time.monotonic() < deadline, page.text
@@ -123,7 +85,7 @@ def test_a_held_ask_is_answered_from_the_inbox(world: Any) -> None:
     assert stale.status_code == 403 and not held.done()
     done = client.post(f"/console/approvals/{ident.group(1)}", data={
         "decision": "approve", "scope": "sandbox", "duration": "2h", "note": "for the demo",
-        "csrf": _csrf(page.text)})
+        "csrf": csrf(page.text)})
     assert done.status_code == 303 and "approved" in done.headers["location"]
     ended = held.result(5)
     assert (ended.state, ended.scope, ended.by, ended.note) == (
@@ -135,7 +97,7 @@ def test_a_held_ask_is_answered_from_the_inbox(world: Any) -> None:
     grant = re.search(r'action="/console/grants/(gr_[0-9a-f]+)/revoke"', grants.text)
     assert grant is not None
     revoked = client.post(f"/console/grants/{grant.group(1)}/revoke",
-                          data={"csrf": _csrf(grants.text)})
+                          data={"csrf": csrf(grants.text)})
     assert revoked.status_code == 303 and "revoked" in revoked.headers["location"]
     assert "No grants are in force" in client.get("/console/grants").text
     assert [line["decision"] for line in lines] == ["ask", "approve", "revoke"]
@@ -146,7 +108,7 @@ def test_a_denial_from_the_inbox_reaches_the_held_request(world: Any) -> None:
     held = client.portal.start_task_soon(
         service.ask, _identity(), Asked("request", "api.test", 443, "POST", "/v1/x"),
         "method POST is not allowed", Ask(requests=True, timeout=30))
-    _sign_in(client)
+    sign_in(client)
     deadline = time.monotonic() + 5
     while "POST api.test:443/v1/x" not in (page := client.get("/console/approvals")).text:
         assert time.monotonic() < deadline
@@ -154,7 +116,7 @@ def test_a_denial_from_the_inbox_reaches_the_held_request(world: Any) -> None:
     ident = re.search(r'action="/console/approvals/(ap_[0-9a-f]+)"', page.text)
     assert ident is not None
     client.post(f"/console/approvals/{ident.group(1)}", data={
-        "decision": "deny", "note": "<script>alert(1)</script>", "csrf": _csrf(page.text)})
+        "decision": "deny", "note": "<script>alert(1)</script>", "csrf": csrf(page.text)})
     assert held.result(5).state == "denied"
     answered = client.get("/console/approvals").text
     assert "<script>alert(1)</script>" not in answered  # (escaped)

@@ -136,3 +136,17 @@ def start_gateway(workdir: Path, names: dict[str, int], ca: LocalCA, *,
         gw.stop()
         raise TimeoutError("gateway not ready within 30 s")
     return gw
+
+
+def start_with_provider(workdir: Path, fake: Any, ca: LocalCA, *, key: str, policy: str,
+                        workers: int = 2) -> GatewayProcess:
+    """`start_gateway` with `api.openai.com` at the fake provider `fake`
+    (`fakes.inference.FakeInference`), its key in a secrets file as `provider-key`."""
+    secrets = workdir / "secrets.yaml"
+    workdir.mkdir(parents=True, exist_ok=True)
+    secrets.write_text(f"provider-key: {key}\n")
+    secrets.chmod(0o600)
+    return start_gateway(workdir, {"api.openai.com": fake.port}, ca, policy=policy,
+                         workers=workers, extra={
+                             "secrets": {"store": "file", "path": str(secrets)},
+                             "network": {"upstream_ca": str(fake.ca_path)}})

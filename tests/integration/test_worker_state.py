@@ -26,7 +26,7 @@ import httpx
 import pytest
 from fakes.inference import FakeInference
 from helpers.clients import open_tunnel
-from helpers.process import ADMIN, GatewayProcess, start_gateway
+from helpers.process import ADMIN, GatewayProcess, start_with_provider
 from helpers.tls import LocalCA
 
 KEY = "sk-fake-provider-key"
@@ -52,14 +52,8 @@ def fake(tmp_path: Path) -> Iterator[FakeInference]:
 
 def _start(workdir: Path, fake: FakeInference, test_ca: LocalCA, workers: int = 2
            ) -> GatewayProcess:
-    secrets = workdir / "secrets.yaml"
-    workdir.mkdir(parents=True, exist_ok=True)
-    secrets.write_text(f"provider-key: {KEY}\n")
-    secrets.chmod(0o600)
-    return start_gateway(workdir, {"api.openai.com": fake.port}, test_ca, policy=POLICY,
-                         workers=workers, extra={
-                             "secrets": {"store": "file", "path": str(secrets)},
-                             "network": {"upstream_ca": str(fake.ca_path)}})
+    return start_with_provider(workdir, fake, test_ca, key=KEY, policy=POLICY,
+                               workers=workers)
 
 
 def _admin(gw: GatewayProcess, method: str, path: str, body: Any = None

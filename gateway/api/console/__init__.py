@@ -5,6 +5,8 @@ is a module with its routes, sharing `site.py` (session check, CSRF on every POS
 renderer with a strict CSP). Pages work without JavaScript; a page never shows a token
 or a key.
 
+- `requests.py`: the request log (every process's audit lines, filtered, refused
+  first, a line's decision with today's explain and what to change; live over SSE);
 - `approvals.py`: the approvals inbox and the grants in force.
 """
 
@@ -14,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from gateway.api.console import approvals
+from gateway.api.console import approvals, requests
 from gateway.api.console.session import COOKIE, LIFETIME
 from gateway.api.console.site import HEADERS, TEMPLATES, Site, form
 from gateway.api.context import AdminContext
@@ -71,5 +73,6 @@ def routes(ctx: AdminContext) -> list[Route]:
         Route("/console/login", login_form, methods=["GET"]),
         Route("/console/login", login, methods=["POST"]),
         Route("/console/logout", logout, methods=["POST"]),
+        *requests.routes(site, ctx),
         *approvals.routes(site, ctx.approvals),
     ]

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from gateway.services.secrets.ephemeral import EphemeralKeys
 from gateway.services.state.counters import Admission, CountersOf, Increment, MemoryCounters, Table
+from gateway.services.state.log import LogLines, MemoryLog
 
 
 class StateUnavailable(RuntimeError):
@@ -141,12 +142,13 @@ class MemoryRecords:
         return True
 
 
-class StateStore(MintShare, Records, Protocol):
+class StateStore(MintShare, Records, LogLines, Protocol):
     """Shared gateway state. `is_revoked`, `sandbox_for`, `count` and `counter` must not
     do I/O. `ephemeral` is the local view of provider-minted secrets; a key added to it
     is shared with the other processes by the store."""
 
     ephemeral: EphemeralKeys
+    log_retain: int  # the request log's bound (console.retain)
 
     def count(self, increments: Iterable[Increment]) -> None: ...
     def counter(self, table: str, field: str) -> int: ...
@@ -166,7 +168,7 @@ class StateStore(MintShare, Records, Protocol):
     async def close(self) -> None: ...
 
 
-class MemoryState(CountersOf, MemoryMints, MemoryRecords):
+class MemoryState(CountersOf, MemoryMints, MemoryRecords, MemoryLog):
     """In-process state: correct for one gateway process, lost on restart."""
 
     _counters: MemoryCounters
@@ -174,6 +176,7 @@ class MemoryState(CountersOf, MemoryMints, MemoryRecords):
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         MemoryMints.__init__(self, clock)
         MemoryRecords.__init__(self, clock)
+        MemoryLog.__init__(self)
         self._revoked: dict[str, float] = {}
         self._sandboxes: dict[str, SandboxAddress] = {}
         self._counters = MemoryCounters(clock)

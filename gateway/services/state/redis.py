@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -65,12 +66,27 @@ from gateway.services.secrets.ephemeral import EphemeralKey, EphemeralKeys
 from gateway.services.state.base import SandboxAddress, SharedMint, StateUnavailable
 from gateway.services.state.counters import CountersOf
 from gateway.services.state.counters_redis import RedisCounters
+from gateway.services.state.log import RETAIN, LogEntry, LogQuery
 
 log = logging.getLogger("sandbox_gateway.state")
 
 _STORE = "redis"
 _SCAN_BATCH = 1000
 # A credential's mint lease: taken if free (or held by the same process: extended).
+_LOG_FIELDS = ("a", "s", "p", "h", "d", "c", "e", "l")
+_LOG_CHUNK = 1000
+_STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+
+
+def _log_entry(values: dict[Any, Any]) -> LogEntry | None:
+    try:
+        at, *rest = (values[k] for k in _LOG_FIELDS)
+        return LogEntry(float(at), *(str(v) for v in rest))
+    except (KeyError, ValueError, TypeError):
+        metrics.STATE_STORE_ERRORS.labels(op="decode").inc()
+        return None
+
+
 _LEASE = ("local held = redis.call('get', KEYS[1]) "
           "if held == false or held == ARGV[1] then "
           "redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end return 0")
@@ -129,6 +145,8 @@ class RedisState(CountersOf):
         self._ephemeral_prefix = f"{prefix}:ephemeral:"
         self._mint_prefix = f"{prefix}:mint:"
         self._lease_prefix = f"{prefix}:mintlease:"
+        self._log_key = f"{prefix}:log"
+        self.log_retain = RETAIN
         self._refresh_key = f"{prefix}:refresh-tokens"
         self.ephemeral = EphemeralKeys(clock)
         self.ephemeral.share = self._share_ephemeral
@@ -369,6 +387,54 @@ class RedisState(CountersOf):
     async def write_refresh(self, key: str, origin: str, value: str) -> None:
         await self._op("refresh", lambda r: r.hset(self._refresh_key, key,
                                                    json.dumps([origin, value])))
+
+    # -- the request log (`state/log.py`): a stream capped near `log_retain` -------------
+
+    async def log_append(self, entries: Sequence[LogEntry]) -> None:
+        async def add(r: Any) -> None:
+            pipe = r.pipeline(transaction=False)
+            for e in entries:
+                pipe.xadd(self._log_key, dict(zip(_LOG_FIELDS, e.row(), strict=True)),
+                          maxlen=self.log_retain, approximate=True)
+            await pipe.execute()
+
+        await self._op("log", add)
+
+    async def log_read(self, query: LogQuery, limit: int, *, before: str | None = None,
+                       after: str | None = None) -> list[tuple[str, LogEntry]]:
+        """Read in chunks, filtered here (a stream has no query language), at most the
+        retained entries."""
+        out: list[tuple[str, LogEntry]] = []
+        edge = f"({after}" if after is not None else f"({before}" if before else None
+        for _ in range(max(1, self.log_retain // _LOG_CHUNK + 1)):
+            chunk = await self._op("log", functools.partial(self._log_chunk, edge,
+                                                            after is not None))
+            for ident, values in chunk:
+                entry = _log_entry(values)
+                if entry is not None and query.matches(entry):
+                    out.append((str(ident), entry))
+                    if len(out) >= limit:
+                        return out
+            if len(chunk) < _LOG_CHUNK:
+                break
+            edge = f"({chunk[-1][0]}"
+        return out
+
+    async def _log_chunk(self, edge: str | None, forward: bool, r: Any) -> Any:
+        if forward:
+            return await r.xrange(self._log_key, min=edge, max="+", count=_LOG_CHUNK)
+        return await r.xrevrange(self._log_key, max=edge or "+", min="-", count=_LOG_CHUNK)
+
+    async def log_get(self, cursor: str) -> LogEntry | None:
+        if not _STREAM_ID.fullmatch(cursor):
+            return None
+        found = await self._op("log", lambda r: r.xrange(self._log_key, min=cursor,
+                                                         max=cursor, count=1))
+        return _log_entry(found[0][1]) if found else None
+
+    async def log_last(self) -> str:
+        found = await self._op("log", lambda r: r.xrevrange(self._log_key, count=1))
+        return str(found[0][0]) if found else "0"
 
     # -- lifecycle --------------------------------------------------------------------
 

@@ -56,6 +56,7 @@ from gateway.observability import metrics
 from gateway.services.secrets.ephemeral import EphemeralKey, EphemeralKeys
 from gateway.services.state.base import SandboxAddress, SharedMint, StateUnavailable
 from gateway.services.state.counters import Admission, CounterView, Increment, Table, first_refused
+from gateway.services.state.log import COLUMNS, RETAIN, LogEntry, LogQuery
 
 __all__ = ["SCHEMA_VERSION", "SqliteState", "StateFileError", "backup_file", "check_file",
            "open_file", "summary"]
@@ -63,7 +64,7 @@ __all__ = ["SCHEMA_VERSION", "SqliteState", "StateFileError", "backup_file", "ch
 log = logging.getLogger("sandbox_gateway.state")
 
 _STORE = "sqlite"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Each version's statements, applied in order to bring a file up to SCHEMA_VERSION.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -93,7 +94,13 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "doc TEXT NOT NULL, rev INTEGER NOT NULL, expires_at REAL NOT NULL, "
         "PRIMARY KEY (kind, key)) WITHOUT ROWID",
     ),
+    4: (  # the console's request log: the newest audit lines (`state/log.py`)
+        "CREATE TABLE IF NOT EXISTS log (id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, "
+        "sandbox TEXT NOT NULL, policy TEXT NOT NULL, host TEXT NOT NULL, "
+        "decision TEXT NOT NULL, code TEXT NOT NULL, engine TEXT NOT NULL, line TEXT NOT NULL)",
+    ),
 }
+_LOG_COLUMNS = ", ".join(COLUMNS)
 # Add to a counter (its window's expiry kept the latest).
 _ADD = ("INSERT INTO counters (tbl, field, value, expires_at) VALUES (?, ?, ?, ?) "
         "ON CONFLICT(tbl, field) DO UPDATE SET value = value + excluded.value, "
@@ -267,6 +274,7 @@ class SqliteState:
         self._task: asyncio.Task[None] | None = None
         self._last_prune = 0.0
         self._refresh_tokens: dict[str, tuple[str, str]] = {}  # written (or held) here
+        self.log_retain = RETAIN
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -544,6 +552,45 @@ class SqliteState:
             "kind = ? AND key = ? AND rev = ? AND expires_at > ?",
             (text, expires_at, kind, key, rev, self.clock())) == 1
 
+    # -- the request log (`state/log.py`) --------------------------------------------------
+
+    async def log_append(self, entries: Sequence[LogEntry]) -> None:
+        """One transaction: the entries in, the oldest beyond `log_retain` out."""
+        try:
+            with _transaction(self._db()) as conn:
+                conn.executemany(f"INSERT INTO log ({_LOG_COLUMNS}) VALUES "  # noqa: S608
+                                 "(?, ?, ?, ?, ?, ?, ?, ?)", [e.row() for e in entries])
+                conn.execute("DELETE FROM log WHERE id <= last_insert_rowid() - ?",
+                             (self.log_retain,))
+        except sqlite3.Error as exc:
+            self._failed("log", exc)
+            raise StateUnavailable(f"the state file cannot be written ({self._problem})"
+                                   ) from None
+
+    async def log_read(self, query: LogQuery, limit: int, *, before: str | None = None,
+                       after: str | None = None) -> list[tuple[str, LogEntry]]:
+        where, args = query.where()
+        if after is not None:
+            where, order = f"{where} AND id > ?", "ASC"
+            args.append(int(after))
+        else:
+            order = "DESC"
+            if before is not None:
+                where += " AND id < ?"
+                args.append(int(before))
+        rows = self._read(f"SELECT id, {_LOG_COLUMNS} FROM log WHERE {where} "  # noqa: S608
+                          f"ORDER BY id {order} LIMIT ?", (*args, limit))
+        return [(str(row[0]), LogEntry(*row[1:])) for row in rows]
+
+    async def log_get(self, cursor: str) -> LogEntry | None:
+        rows = self._read(f"SELECT {_LOG_COLUMNS} FROM log WHERE id = ?",  # noqa: S608
+                          (int(cursor),)) if cursor.isdigit() else []
+        return LogEntry(*rows[0]) if rows else None
+
+    async def log_last(self) -> str:
+        rows = self._read("SELECT max(id) FROM log", ())
+        return str(rows[0][0] or 0)
+
     # -- counters -------------------------------------------------------------------------
 
     def count(self, increments: Iterable[Increment]) -> None:
@@ -681,7 +728,7 @@ class SqliteState:
 
 
 _TABLES = ("revoked", "sandboxes", "ephemeral", "counters", "minted", "refresh_tokens",
-           "records")
+           "records", "log")
 
 
 def _counts(conn: sqlite3.Connection) -> dict[str, int]:

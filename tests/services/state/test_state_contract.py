@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -23,6 +24,7 @@ from gateway.services.minting.shared import SharedMinter
 from gateway.services.secrets.ephemeral import EphemeralKey
 from gateway.services.state.base import MemoryState, SandboxAddress, SharedMint, StateStore
 from gateway.services.state.counters import Admission, Limit
+from gateway.services.state.log import LogEntry, LogQuery
 from gateway.services.state.redis import RedisState
 from gateway.services.state.sqlite import SqliteState
 
@@ -291,4 +293,60 @@ def test_records_are_shared_and_written_by_compare_and_set(
     if kind == "memory":  # (one process: the same store twice)
         store = factory()
         factory = lambda: store  # noqa: E731
+    run(scenario)
+
+
+def _entry(n: int, **fields: Any) -> LogEntry:
+    values: dict[str, Any] = {"sandbox": f"sbx-{n % 3}", "policy": "agent",
+                              "host": "api.openai.com" if n % 2 else "pypi.org",
+                              "decision": "deny" if n % 5 == 0 else "allow",
+                              "error": "policy_denied" if n % 5 == 0 else None,
+                              "engine": "h1", **fields}
+    values["n"] = n
+    return LogEntry.of(values, 1_000_000.0 + n, json.dumps(values))
+
+
+def test_request_log_is_shared_filtered_paged_and_bounded(
+        stores: tuple[str, Factory]) -> None:
+    """Every process's lines in one log, newest first, filtered by each field, paged by
+    cursor, followed live (`after`), and bounded to `log_retain` lines."""
+    kind, factory = stores
+
+    async def scenario() -> None:
+        async with opened(factory) as one, opened(factory) as two:
+            if kind == "memory":
+                two = one  # (one process: nothing to share)
+            one.log_retain = two.log_retain = 40
+            assert await one.log_last() == "0"
+            await one.log_append([_entry(n) for n in range(1, 21)])
+            await two.log_append([_entry(n) for n in range(21, 31)])
+            newest = await one.log_read(LogQuery(), 5)
+            assert [json.loads(e.line)["n"] for _, e in newest] == [30, 29, 28, 27, 26]
+            assert await one.log_last() == newest[0][0]
+            older = await two.log_read(LogQuery(), 3, before=newest[-1][0])
+            assert [json.loads(e.line)["n"] for _, e in older] == [25, 24, 23]
+            for query, wanted in [
+                (LogQuery(decision="deny"), [30, 25, 20, 15, 10, 5]),
+                (LogQuery(sandbox="sbx-1", decision="deny"), [25, 10]),
+                (LogQuery(host="OPENAI"), [n for n in range(30, 0, -1) if n % 2]),
+                (LogQuery(code="policy_denied", host="pypi"), [30, 20, 10]),
+                (LogQuery(engine="mitmproxy"), []),
+                (LogQuery(since=1_000_028.0), [30, 29, 28]),
+                (LogQuery(until=1_000_002.0), [2, 1]),
+            ]:
+                found = await two.log_read(query, 100)
+                assert [json.loads(e.line)["n"] for _, e in found] == wanted, query
+            mark = await two.log_last()
+            await one.log_append([_entry(31), _entry(35)])
+            live = await two.log_read(LogQuery(), 10, after=mark)
+            assert [json.loads(e.line)["n"] for _, e in live] == [31, 35]
+            got = await two.log_get(live[0][0])
+            assert got is not None and json.loads(got.line)["n"] == 31
+            assert await two.log_get("999999") is None and await two.log_get("x") is None
+            await one.log_append([_entry(n) for n in range(100, 160)])
+            everything = await two.log_read(LogQuery(), 1000)
+            assert json.loads(everything[0][1].line)["n"] == 159
+            # Bounded: exactly for memory and SQLite; Redis trims near the bound.
+            assert 40 <= len(everything) <= (40 if kind != "redis" else 160)
+
     run(scenario)

@@ -87,7 +87,8 @@ def test_a_version_1_file_is_migrated_keeping_its_rows(tmp_path: Path) -> None:
     run(state.write_refresh("k", "o", "rt-1"))
     run(state.close())
     version, rows = summary(path)
-    assert version == SCHEMA_VERSION == 3 and rows["refresh_tokens"] == 1 and rows["records"] == 0
+    assert version == SCHEMA_VERSION == 4 and rows["refresh_tokens"] == 1 and rows["records"] == 0 \
+        and rows["log"] == 0
 
 
 def test_a_newer_schema_is_refused_with_both_versions(tmp_path: Path) -> None:

@@ -1,0 +1,179 @@
+"""The console's request log over Starlette's TestClient, on a real state store: the
+table, each filter, "refused first", paging, a line's decision with today's explain and
+what to change, the live stream, and the request log fed by the real audit sink."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.console_app import Clock, context, sign_in
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
+
+from gateway.api.console import requests as page
+from gateway.api.console import routes
+from gateway.api.console.advice import ADVICE, advice
+from gateway.core import refusal
+from gateway.core.audit import record
+from gateway.core.identity import Identity
+from gateway.observability.audit import Auditor
+from gateway.services.policy import load_policy_texts
+from gateway.services.state.base import MemoryState
+from gateway.services.state.log_feed import RequestLog
+from gateway.services.state.sqlite import SqliteState
+
+POLICY = """version: v1
+name: agent
+egress:
+  - host: pypi.org
+  - host: api.openai.com
+    methods: [POST]
+    paths: [/v1/*]
+"""
+
+
+def _line(n: int, *, host: str = "pypi.org", decision: str = "allow",
+          error: str | None = None, sandbox: str = "sbx-1", at: float | None = None,
+          method: str | None = "GET", path: str | None = "/simple/") -> dict[str, Any]:
+    identity = Identity(sandbox=sandbox, policy="agent", jti=f"j{n}", scope={}, issued_at=0,
+                        expires_at=time.time() + 600, lifetime_end=time.time() + 600)
+    return record(identity=identity, client=("10.0.0.5", 40000 + n), listener="proxy",
+                  method=method, scheme="https", host=host, port=443, path=path,
+                  decision=decision, reason="no rule allows it" if error else "rule 1",
+                  rule=None if error else "agent.yaml:4", status=403 if error else 200,
+                  error=error, bytes_in=1, bytes_out=2, started=time.time(),
+                  path_taken="intercept", engine="h1", policy_rev="rev-1")
+
+
+def _feed(state: MemoryState, lines: list[dict[str, Any]], start: float) -> None:
+    """Lines through the real audit sink and request log, as the runtime wires them."""
+    async def go() -> None:
+        auditor = Auditor.open(stream=io.StringIO())
+        spool = RequestLog(state, interval=0.01)
+        auditor.tap = spool.add
+        for n, line in enumerate(lines):
+            auditor.write(line)
+            spool._pending[-1] = (spool._pending[-1][0], start + n, spool._pending[-1][2])
+        await spool.aclose()
+
+    asyncio.run(go())
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[tuple[TestClient, MemoryState, Clock]]:
+    state, clock = MemoryState(), Clock()
+    policies = load_policy_texts({"agent.yaml": POLICY})
+    app = Starlette(routes=routes(context(state, clock, tmp_path / "keys", policies,
+                                          request_log=state)))
+    with TestClient(app, base_url="http://127.0.0.1:8090", follow_redirects=False) as c:
+        yield c, state, clock
+
+
+def _shown(html: str) -> list[str]:
+    """The hosts of the table rows, in order."""
+    import re
+    return re.findall(r'<td class="target">([^<:]+):', html)
+
+
+def test_the_log_filters_pages_and_puts_refusals_first(client: Any) -> None:
+    c, state, clock = client
+    start = clock.now - 3600
+    lines = [_line(n, host=f"h{n}.test") for n in range(250)]
+    lines += [_line(300, host="evil.test", decision="deny", error="policy_denied",
+                    sandbox="sbx-2")]
+    lines += [_line(301, host="api.openai.com", path="/v1/chat/completions", method="POST")]
+    _feed(state, lines, start)
+    assert c.get("/console/requests").headers["location"] == "/console/login"
+    sign_in(c)
+    html = c.get("/console/requests").text
+    hosts = _shown(html)
+    assert len(hosts) == page.PAGE and hosts[:3] == ["api.openai.com", "evil.test", "h249.test"]
+    assert 'data-stream="/console/requests/stream?after=' in html
+    older = c.get("/console/requests?before=" + html.split("before=")[1].split('"')[0]).text
+    assert _shown(older)[0] == "h51.test" and "data-stream" not in older
+    for query, wanted in [
+        ("sandbox=sbx-2", ["evil.test"]),
+        ("decision=deny", ["evil.test"]),
+        ("code=policy_denied", ["evil.test"]),
+        ("host=OPENAI", ["api.openai.com"]),
+        ("engine=mitmproxy", []),
+        ("since=" + time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(start + 249)), [
+            "api.openai.com", "evil.test", "h249.test"]),
+    ]:
+        assert _shown(c.get(f"/console/requests?{query}").text) == wanted, query
+    first = c.get("/console/requests?view=refused").text
+    refused, rest = first.split("Everything else")
+    assert _shown(refused) == ["evil.test"] and "evil.test" not in rest
+    assert _shown(rest)[:2] == ["api.openai.com", "h249.test"]
+    bad = c.get("/console/requests?since=yesterday")
+    assert bad.status_code == 400 and "neither an ISO 8601 time" in bad.text
+
+
+def test_a_line_opens_its_decision_with_todays_explain(client: Any) -> None:
+    c, state, clock = client
+    _feed(state, [_line(1, host="evil.test", decision="deny", error="policy_denied"),
+                  _line(2, host="api.openai.com", method="POST",
+                        path="/v1/chat/completions"),
+                  _line(3, host="pypi.org", method=None, path=None)], clock.now)
+    sign_in(c)
+    refused = c.get("/console/requests/1").text
+    assert "no rule allows it" in refused and "policy_denied" in refused
+    assert ADVICE["policy_denied"].split(" (")[0] in refused.replace("&#39;", "'")
+    assert "sandbox-gateway policy explain agent GET https://evil.test:443/simple/" in refused
+    allowed = c.get("/console/requests/2").text
+    assert "What to change" not in allowed and "agent.yaml:" in allowed
+    assert "policy explain agent POST https://api.openai.com:443/v1/chat/completions" in allowed
+    tunnel = c.get("/console/requests/3").text
+    assert "policy explain agent CONNECT https://pypi.org:443" in tunnel
+    gone = c.get("/console/requests/999")
+    assert gone.status_code == 404 and "no longer in the request log" in gone.text
+
+
+def test_the_live_stream_sends_new_lines_after_its_cursor(
+        client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    c, state, clock = client
+    monkeypatch.setattr(page, "STREAM_LIFETIME", 1.5)
+    monkeypatch.setattr(page, "POLL", 0.05)
+    _feed(state, [_line(1)], clock.now)
+    sign_in(c)
+    _feed(state, [_line(2, host="new.test"), _line(3, host="evil.test", decision="deny",
+                                                   error="policy_denied")], clock.now)
+    with c.stream("GET", "/console/requests/stream?after=1&decision=deny") as events:
+        assert events.headers["content-type"].startswith("text/event-stream")
+        text = b"".join(events.iter_bytes()).decode()
+    data = [json.loads(part.split("data: ", 1)[1]) for part in text.split("\n\n")
+            if "data: " in part]
+    assert [(d["id"], d["host"], d["error"]) for d in data] == [
+        ("3", "evil.test", "policy_denied")]
+    assert "id: 3" in text and text.startswith("retry: ")
+    resumed = c.get("/console/requests/stream", headers={"Last-Event-ID": "3"})
+    assert "data: " not in resumed.text
+
+
+def test_a_store_that_fails_holds_the_lines_and_the_log_catches_up(tmp_path: Path) -> None:
+    async def go() -> None:
+        store = SqliteState(tmp_path / "state.db")
+        spool = RequestLog(store, interval=0.01, hold=3)
+        for n in range(5):  # not started: the store refuses; the newest three are held
+            spool.add(_line(n), time.time(), (json.dumps({"n": n}) + "\n").encode())
+        await spool.flush()
+        await store.start()
+        await spool.aclose()
+        found = await store.log_read(page.LogQuery(), 10)
+        assert [json.loads(e.line)["n"] for _, e in found] == [4, 3, 2]
+        await store.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("code", [*sorted(refusal._CODES), "token_expired"])
+def test_every_refusal_code_says_what_to_change(code: str) -> None:
+    said = advice(code)
+    assert said and "docs/errors.md for this code" not in said
