@@ -177,3 +177,21 @@ def test_a_store_that_fails_holds_the_lines_and_the_log_catches_up(tmp_path: Pat
 def test_every_refusal_code_says_what_to_change(code: str) -> None:
     said = advice(code)
     assert said and "docs/errors.md for this code" not in said
+
+
+def test_a_lines_text_is_never_markup(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A path or reason is shown as text on every page (escaped; the live stream's JSON
+    keeps each event on its lines)."""
+    c, state, clock = client
+    monkeypatch.setattr(page, "STREAM_LIFETIME", 0.5)
+    evil = '/x"><script>alert(1)</script>\n\ndata: {"forged": 1}'
+    _feed(state, [_line(1, path=evil, decision="deny", error="policy_denied")], clock.now)
+    sign_in(c)
+    for url in ("/console/requests", "/console/requests/1"):
+        html = c.get(url).text
+        assert "<script>alert" not in html and "&lt;script&gt;alert(1)" in html
+    with c.stream("GET", "/console/requests/stream?after=0") as events:
+        first = next(part for part in b"".join(events.iter_bytes()).decode().split("\n\n")
+                     if part.startswith("id: "))
+    assert first.count("\n") == 1 and json.loads(first.split("data: ", 1)[1])["path"] == \
+        evil.split("?")[0][:512]
