@@ -230,15 +230,19 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
 
     @protected
     async def usage(request: Request) -> Response:
-        """Usage totals by policy, sandbox, credential and model, plus budget status."""
+        """Usage totals by policy, sandbox, credential and model, plus budget status; with
+        `by=hour` or `by=day` also the sums over time (`series`)."""
         if ctx.metering is None:
             return _error(503, "metering_unavailable", "metering is not enabled in this "
                           "gateway process")
         params = request.query_params
-        unknown = sorted(set(params) - {"sandbox", "policy", "since"})
+        unknown = sorted(set(params) - {"sandbox", "policy", "since", "by"})
         if unknown:
             return _error(400, "bad_request", f"unknown parameter {unknown[0]!r}; use "
-                          "sandbox, policy, since")
+                          "sandbox, policy, since, by")
+        by = params.get("by") or None
+        if by not in (None, "hour", "day"):
+            return _error(400, "bad_request", f"by {str(by)[:16]!r} is not hour or day")
         now = ctx.clock()
         try:
             since = parse_since(params["since"], now) if params.get("since") else None
@@ -246,7 +250,7 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
             return _error(400, "bad_request", str(exc))
         report = await ctx.metering.report(
             ctx.policies(), sandbox=params.get("sandbox") or None,
-            policy=params.get("policy") or None, since=since, now=now)
+            policy=params.get("policy") or None, since=since, now=now, by=by)
         return JSONResponse(report)
 
     @protected
