@@ -36,6 +36,7 @@ from gateway.core.evaluate import static_metering
 from gateway.core.names import DestinationError, is_ip, normalize_host
 from gateway.net.resolver import DestinationGuard
 from gateway.observability import metrics
+from gateway.services.identity.issued import IssuedTokens
 from gateway.services.identity.tokens import TokenError, parse_scope
 from gateway.services.state.base import SandboxAddress, StateUnavailable
 from gateway.tools.explain import explain_body, explain_request
@@ -69,6 +70,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 def build_admin_app(ctx: AdminContext) -> Starlette:
     """The Starlette app for the admin listener."""
     expected = ("Bearer " + ctx.admin_token).encode()
+    issued = IssuedTokens(ctx.tokens.state)  # every token issued here is recorded
 
     def protected(handler: Handler) -> Handler:
         async def wrapper(request: Request) -> Response:
@@ -129,6 +131,7 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         except (ValueError, TokenError, ConfigError) as exc:
             return _error(400, "bad_request", str(exc))
         metrics.TOKENS_ISSUED.labels(kind="mint").inc()
+        await issued.record(minted, "mint")
         return JSONResponse({"token": minted.token, "jti": minted.jti,
                              "expires_at": minted.expires_at})
 
@@ -155,9 +158,20 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
             metrics.TOKENS_REFUSED.labels(reason=refused.code).inc()
             return _error(refused.status, refused.code, refused.reason)
         metrics.TOKENS_ISSUED.labels(kind="exchange").inc()
+        await issued.record(got.minted, "exchange")
         return JSONResponse({"token": got.minted.token, "jti": got.minted.jti,
                              "expires_at": got.minted.expires_at, "sandbox": got.sandbox,
                              "policy": got.policy})
+
+    @protected
+    async def list_tokens(request: Request) -> Response:
+        """The live tokens issued through this listener (`identity/issued.py`)."""
+        try:
+            live = await issued.live()
+        except StateUnavailable as exc:
+            return _error(503, "state_unavailable", str(exc))
+        return JSONResponse({"tokens": [
+            {**t.to_doc(), "revoked": issued.revoked(t)} for t in live]})
 
     @protected
     async def revoke(request: Request) -> Response:
@@ -303,6 +317,7 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         Route("/metrics", metrics_endpoint),
         Route("/.well-known/jwks.json", jwks),
         Route("/v1/tokens", mint, methods=["POST"]),
+        Route("/v1/tokens", list_tokens, methods=["GET"]),
         Route("/v1/tokens/revoke", revoke, methods=["POST"]),
         Route("/v1/tokens/exchange", exchange, methods=["POST"]),
         Route("/v1/sandboxes", register_sandbox, methods=["POST"]),
