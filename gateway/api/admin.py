@@ -31,6 +31,7 @@ from gateway.api.approvals import routes as approval_routes
 from gateway.api.console import routes as console_routes
 from gateway.api.context import AdminContext
 from gateway.api.errors import error
+from gateway.api.policies import describe_policies
 from gateway.config import ConfigError, parse_duration
 from gateway.core.evaluate import static_metering
 from gateway.core.names import DestinationError, is_ip, normalize_host
@@ -230,14 +231,7 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
 
     @protected
     async def policies(request: Request) -> Response:
-        current = ctx.policies()
-        return JSONResponse({"revision": current.revision, "policies": [
-            {"name": p.name, "mode": p.mode, "source": p.source, "extends": list(p.extends),
-             "rules": len(p.rules),
-             "credentials": p.credential_names,
-             "budgets": [b.describe() for b in p.budgets]}
-            for p in current.policies.values()
-        ]})
+        return JSONResponse(describe_policies(ctx.policies()))
 
     def current_guard() -> DestinationGuard | None:
         return ctx.guard() if ctx.guard is not None else None

@@ -6,6 +6,8 @@ renderer with a strict CSP). Pages work without JavaScript; a page never shows a
 or a key.
 
 - `approvals.py`: the approvals inbox and the grants in force.
+- `usage.py`: usage over time (an SVG chart, `chart.py`), totals, rows and budgets.
+- `sandboxes.py`: live tokens (revoke), registered sandboxes (unregister), policies.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from gateway.api.console import approvals
+from gateway.api.console import approvals, sandboxes, usage
 from gateway.api.console.session import COOKIE, LIFETIME
 from gateway.api.console.site import HEADERS, TEMPLATES, Site, form
 from gateway.api.context import AdminContext
@@ -72,4 +74,6 @@ def routes(ctx: AdminContext) -> list[Route]:
         Route("/console/login", login, methods=["POST"]),
         Route("/console/logout", logout, methods=["POST"]),
         *approvals.routes(site, ctx.approvals),
+        *usage.routes(site, ctx.metering, ctx.policies),
+        *sandboxes.routes(site, ctx.tokens, ctx.policies),
     ]
