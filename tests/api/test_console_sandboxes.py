@@ -69,7 +69,7 @@ def test_live_tokens_are_listed_and_revoked(world: World) -> None:
     one, two = mint(client, "sb-1"), mint(client, "sb-2")
     page = client.get("/console/sandboxes")
     assert page.status_code == 200 and 'aria-current="page">Sandboxes<' in page.text
-    assert_no_secrets(page.text, one["token"], two["token"], "k1")
+    assert_no_secrets(page.text, one["token"], two["token"])
     for minted, sandbox in ((one, "sb-1"), (two, "sb-2")):
         row = re.search(rf'<td class="id">{minted["jti"]}</td><td>{sandbox}</td>'
                         r"<td>agent.*?</tr>", page.text, re.S)
