@@ -30,12 +30,14 @@ from gateway.api.approvals import routes as approval_routes
 from gateway.api.console import routes as console_routes
 from gateway.api.context import AdminContext
 from gateway.api.errors import error
+from gateway.api.policies import describe_policies
 from gateway.api.times import parse_since
 from gateway.config import ConfigError, parse_duration
 from gateway.core.evaluate import static_metering
 from gateway.core.names import DestinationError, is_ip, normalize_host
 from gateway.net.resolver import DestinationGuard
 from gateway.observability import metrics
+from gateway.services.identity.issued import IssuedTokens
 from gateway.services.identity.tokens import TokenError, parse_scope
 from gateway.services.state.base import SandboxAddress, StateUnavailable
 from gateway.tools.explain import explain_body, explain_request
@@ -51,6 +53,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 def build_admin_app(ctx: AdminContext) -> Starlette:
     """The Starlette app for the admin listener."""
     expected = ("Bearer " + ctx.admin_token).encode()
+    issued = IssuedTokens(ctx.tokens.state)  # every token issued here is recorded
 
     def protected(handler: Handler) -> Handler:
         async def wrapper(request: Request) -> Response:
@@ -111,6 +114,7 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         except (ValueError, TokenError, ConfigError) as exc:
             return _error(400, "bad_request", str(exc))
         metrics.TOKENS_ISSUED.labels(kind="mint").inc()
+        await issued.record(minted, "mint")
         return JSONResponse({"token": minted.token, "jti": minted.jti,
                              "expires_at": minted.expires_at})
 
@@ -137,9 +141,20 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
             metrics.TOKENS_REFUSED.labels(reason=refused.code).inc()
             return _error(refused.status, refused.code, refused.reason)
         metrics.TOKENS_ISSUED.labels(kind="exchange").inc()
+        await issued.record(got.minted, "exchange")
         return JSONResponse({"token": got.minted.token, "jti": got.minted.jti,
                              "expires_at": got.minted.expires_at, "sandbox": got.sandbox,
                              "policy": got.policy})
+
+    @protected
+    async def list_tokens(request: Request) -> Response:
+        """The live tokens issued through this listener (`identity/issued.py`)."""
+        try:
+            live = await issued.live()
+        except StateUnavailable as exc:
+            return _error(503, "state_unavailable", str(exc))
+        return JSONResponse({"tokens": [
+            {**t.to_doc(), "revoked": issued.revoked(t)} for t in live]})
 
     @protected
     async def revoke(request: Request) -> Response:
@@ -198,29 +213,26 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
 
     @protected
     async def policies(request: Request) -> Response:
-        current = ctx.policies()
-        return JSONResponse({"revision": current.revision, "policies": [
-            {"name": p.name, "mode": p.mode, "source": p.source, "extends": list(p.extends),
-             "rules": len(p.rules),
-             "credentials": p.credential_names,
-             "budgets": [b.describe() for b in p.budgets]}
-            for p in current.policies.values()
-        ]})
+        return JSONResponse(describe_policies(ctx.policies()))
 
     def current_guard() -> DestinationGuard | None:
         return ctx.guard() if ctx.guard is not None else None
 
     @protected
     async def usage(request: Request) -> Response:
-        """Usage totals by policy, sandbox, credential and model, plus budget status."""
+        """Usage totals by policy, sandbox, credential and model, plus budget status; with
+        `by=hour` or `by=day` also the sums over time (`series`)."""
         if ctx.metering is None:
             return _error(503, "metering_unavailable", "metering is not enabled in this "
                           "gateway process")
         params = request.query_params
-        unknown = sorted(set(params) - {"sandbox", "policy", "since"})
+        unknown = sorted(set(params) - {"sandbox", "policy", "since", "by"})
         if unknown:
             return _error(400, "bad_request", f"unknown parameter {unknown[0]!r}; use "
-                          "sandbox, policy, since")
+                          "sandbox, policy, since, by")
+        by = params.get("by") or None
+        if by not in (None, "hour", "day"):
+            return _error(400, "bad_request", f"by {str(by)[:16]!r} is not hour or day")
         now = ctx.clock()
         try:
             since = parse_since(params["since"], now) if params.get("since") else None
@@ -228,7 +240,7 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
             return _error(400, "bad_request", str(exc))
         report = await ctx.metering.report(
             ctx.policies(), sandbox=params.get("sandbox") or None,
-            policy=params.get("policy") or None, since=since, now=now)
+            policy=params.get("policy") or None, since=since, now=now, by=by)
         return JSONResponse(report)
 
     @protected
@@ -281,6 +293,7 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         Route("/metrics", metrics_endpoint),
         Route("/.well-known/jwks.json", jwks),
         Route("/v1/tokens", mint, methods=["POST"]),
+        Route("/v1/tokens", list_tokens, methods=["GET"]),
         Route("/v1/tokens/revoke", revoke, methods=["POST"]),
         Route("/v1/tokens/exchange", exchange, methods=["POST"]),
         Route("/v1/sandboxes", register_sandbox, methods=["POST"]),

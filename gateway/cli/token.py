@@ -4,15 +4,19 @@ and retire signing keys."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import sqlite3
 import sys
 from pathlib import Path
 
 from gateway.cli.common import config_of, credentials_of, signing_keys_of
-from gateway.config import parse_duration
+from gateway.config import Config, parse_duration
 from gateway.services.identity.tokens import MintedToken, TokenError, TokenService, parse_scope
 from gateway.services.policy import load_policy_dir
-from gateway.services.state.base import MemoryState
+from gateway.services.state.base import MemoryState, StateUnavailable
+
+RECORD_TIMEOUT = 10.0  # seconds to reach the state store to record a token
 
 
 def mint_token(args: argparse.Namespace, *, init: bool = False) -> MintedToken:
@@ -39,8 +43,38 @@ def mint_token(args: argparse.Namespace, *, init: bool = False) -> MintedToken:
     ttl = parse_duration(args.ttl, "--ttl") if args.ttl else None
     lifetime = (parse_duration(args.lifetime, "--lifetime")
                 if getattr(args, "lifetime", None) else None)
-    return service.mint(args.sandbox, args.policy, scope, ttl=ttl, lifetime=lifetime,
-                        cidr=getattr(args, "bind_cidr", None) or ())
+    minted = service.mint(args.sandbox, args.policy, scope, ttl=ttl, lifetime=lifetime,
+                          cidr=getattr(args, "bind_cidr", None) or ())
+    problem = record_minted(cfg, minted)
+    if problem is not None:
+        print(f"sandbox-gateway: token {minted.jti} is valid but not listed in the console "
+              f"or GET /v1/tokens: {problem}", file=sys.stderr)
+    return minted
+
+
+def record_minted(cfg: Config, minted: MintedToken) -> str | None:
+    """Record a token signed here in the gateway's state store (`identity/issued.py`),
+    as the admin API records its own, so it is listed; why not, or None once recorded.
+    A `memory` store lives in the gateway process only: nothing to record into."""
+    from gateway.services.identity.issued import IssuedTokens
+    from gateway.services.state.factory import build_state
+
+    if cfg.state.get("store", "sqlite") == "memory":
+        return None
+
+    async def record() -> bool:
+        state = build_state(cfg.state)
+        try:
+            await asyncio.wait_for(state.start(), RECORD_TIMEOUT)
+            return await IssuedTokens(state).record(minted, "mint")
+        finally:
+            await state.close()
+
+    try:
+        recorded = asyncio.run(record())
+    except (StateUnavailable, OSError, ValueError, sqlite3.Error) as exc:  # (TimeoutError too)
+        return f"the state store cannot be reached ({exc or type(exc).__name__})"
+    return None if recorded else "the state store cannot be written"
 
 
 def cmd_token_mint(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.console_app import ADMIN, Clock, context, csrf, sign_in
+from helpers.console import ADMIN, Clock, context, csrf_of, sign_in
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
@@ -60,7 +60,7 @@ def test_sign_in_exchanges_the_token_for_a_session_cookie(world: Any) -> None:
     inbox = client.get("/console/approvals")
     assert inbox.status_code == 200 and "Nothing is waiting" in inbox.text
     assert ADMIN not in inbox.text
-    out = client.post("/console/logout", data={"csrf": csrf(inbox.text)})
+    out = client.post("/console/logout", data={"csrf": csrf_of(inbox.text)})
     assert out.status_code == 303 and 'sgw_console=""' in out.headers["set-cookie"]
 
 
@@ -85,7 +85,7 @@ def test_a_held_ask_is_answered_from_the_inbox(world: Any) -> None:
     assert stale.status_code == 403 and not held.done()
     done = client.post(f"/console/approvals/{ident.group(1)}", data={
         "decision": "approve", "scope": "sandbox", "duration": "2h", "note": "for the demo",
-        "csrf": csrf(page.text)})
+        "csrf": csrf_of(page.text)})
     assert done.status_code == 303 and "approved" in done.headers["location"]
     ended = held.result(5)
     assert (ended.state, ended.scope, ended.by, ended.note) == (
@@ -97,7 +97,7 @@ def test_a_held_ask_is_answered_from_the_inbox(world: Any) -> None:
     grant = re.search(r'action="/console/grants/(gr_[0-9a-f]+)/revoke"', grants.text)
     assert grant is not None
     revoked = client.post(f"/console/grants/{grant.group(1)}/revoke",
-                          data={"csrf": csrf(grants.text)})
+                          data={"csrf": csrf_of(grants.text)})
     assert revoked.status_code == 303 and "revoked" in revoked.headers["location"]
     assert "No grants are in force" in client.get("/console/grants").text
     assert [line["decision"] for line in lines] == ["ask", "approve", "revoke"]
@@ -116,7 +116,7 @@ def test_a_denial_from_the_inbox_reaches_the_held_request(world: Any) -> None:
     ident = re.search(r'action="/console/approvals/(ap_[0-9a-f]+)"', page.text)
     assert ident is not None
     client.post(f"/console/approvals/{ident.group(1)}", data={
-        "decision": "deny", "note": "<script>alert(1)</script>", "csrf": csrf(page.text)})
+        "decision": "deny", "note": "<script>alert(1)</script>", "csrf": csrf_of(page.text)})
     assert held.result(5).state == "denied"
     answered = client.get("/console/approvals").text
     assert "<script>alert(1)</script>" not in answered  # (escaped)

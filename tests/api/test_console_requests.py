@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.console_app import Clock, context, sign_in
+from helpers.console import Clock, context, sign_in
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 

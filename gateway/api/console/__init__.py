@@ -7,7 +7,9 @@ or a key.
 
 - `requests.py`: the request log (every process's audit lines, filtered, refused
   first, a line's decision with today's explain and what to change; live over SSE);
-- `approvals.py`: the approvals inbox and the grants in force.
+- `approvals.py`: the approvals inbox and the grants in force;
+- `usage.py`: usage over time (an SVG chart, `chart.py`), totals, rows and budgets.
+- `sandboxes.py`: live tokens (revoke), registered sandboxes (unregister), policies.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from gateway.api.console import approvals, requests
+from gateway.api.console import approvals, requests, sandboxes, usage
 from gateway.api.console.session import COOKIE, LIFETIME
 from gateway.api.console.site import HEADERS, TEMPLATES, Site, form
 from gateway.api.context import AdminContext
@@ -75,4 +77,6 @@ def routes(ctx: AdminContext) -> list[Route]:
         Route("/console/logout", logout, methods=["POST"]),
         *requests.routes(site, ctx),
         *approvals.routes(site, ctx.approvals),
+        *usage.routes(site, ctx.metering, ctx.policies),
+        *sandboxes.routes(site, ctx.tokens, ctx.policies),
     ]

@@ -78,9 +78,17 @@ def format_scope(scope: Scope) -> str:
 
 @dataclass(frozen=True, slots=True)
 class MintedToken:
+    """A token just signed, and what it says (for the record of issued tokens,
+    `identity/issued.py`: everything but the token itself)."""
+
     token: str
     jti: str
     expires_at: float
+    sandbox: str = ""
+    policy: str = ""
+    scope: str = ""  # space-separated, as the `scope` claim
+    issued_at: float = 0.0
+    family: str = ""  # the first jti of its refresh chain (revoking it ends them all)
 
 
 @dataclass
@@ -260,7 +268,9 @@ class TokenService:
         kid = self.keys.signing_kid
         token = jwt.encode(claims, self.keys.private[kid], algorithm="EdDSA",
                            headers={"kid": kid})
-        return MintedToken(token=token, jti=jti, expires_at=float(int(exp)))
+        return MintedToken(token=token, jti=jti, expires_at=float(int(exp)), sandbox=sandbox,
+                           policy=policy, scope=claims["scope"], issued_at=float(int(now)),
+                           family=claims["fam"])
 
     def verify(self, token: str) -> Identity:
         """Return the token's identity or raise TokenRefused (never returns a bad token)."""

@@ -17,9 +17,10 @@ from typing import Any
 from gateway.services.metering.usage import Usage
 from gateway.services.state.counters import Counters
 
-__all__ = ["HOUR", "UsageLedger"]
+__all__ = ["DAY", "HOUR", "UsageLedger", "totals"]
 
 HOUR = 3600
+DAY = 86400
 NANO = 1_000_000_000
 # kind code -> output column
 _KINDS = {"r": "requests", "n": "unknown_requests", "i": "input_tokens",
@@ -67,27 +68,78 @@ class UsageLedger:
                     now: float) -> list[dict[str, Any]]:
         """Rows summed over the buckets since ``since``, one per policy, sandbox,
         credential and model, filtered by ``sandbox`` / ``policy`` when given."""
-        found = await self.counters.counter_tables(self.tables(since, now))
+        rows, _ = await self.summary(sandbox=sandbox, policy=policy, since=since, now=now)
+        return rows
+
+    async def series(self, *, sandbox: str | None, policy: str | None, since: float,
+                     now: float, step: int = HOUR) -> list[dict[str, Any]]:
+        """Sums per ``step`` (an hour or a day) from ``since`` to ``now``, empty buckets
+        included, filtered like ``query``."""
+        _, found = await self.summary(sandbox=sandbox, policy=policy, since=since, now=now,
+                                      step=step)
+        return found
+
+    async def summary(self, *, sandbox: str | None, policy: str | None, since: float,
+                      now: float, step: int | None = None
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """``query``'s rows and, with ``step`` (``HOUR`` or ``DAY``), ``series``'s
+        buckets, from one read of the store: each bucket has its ``start`` (Unix
+        seconds), the rows' counts and ``tokens`` (input + output, what ``tokens``
+        budgets count). A day bucket starts at 00:00 UTC; the first may be partial."""
+        if step is not None and step not in (HOUR, DAY):
+            raise ValueError(f"step must be {HOUR} or {DAY} seconds")
+        names = self.tables(since, now)
+        found = await self.counters.counter_tables(names)
         rows: dict[tuple[str, ...], dict[str, Any]] = {}
-        for fields in found.values():
+        buckets: dict[int, dict[str, Any]] = {}
+        if step is not None:  # every bucket of the span, empty ones too (a chart's x axis)
+            for name in names:
+                start = int(name[2:]) // step * step
+                buckets.setdefault(start, {"start": start, **_zeros()})
+        decoded: dict[str, tuple[tuple[str, str, str, str], str] | None] = {}
+        for name, fields in found.items():
+            bucket = buckets.get(int(name[2:]) // step * step) if step is not None else None
             for field, amount in fields.items():
-                try:
-                    pol, sbx, cred, model, kind = json.loads(field)
-                except (ValueError, TypeError):
+                if field not in decoded:  # (the same fields repeat in every hour)
+                    decoded[field] = _decode(field)
+                parsed = decoded[field]
+                if parsed is None:
                     continue
-                if kind not in _KINDS or (sandbox is not None and sbx != sandbox) or (
-                        policy is not None and pol != policy):
+                key, kind = parsed
+                if (sandbox is not None and key[1] != sandbox) or (
+                        policy is not None and key[0] != policy):
                     continue
-                key = (str(pol), str(sbx), str(cred), str(model))
                 row = rows.get(key)
                 if row is None:
-                    row = rows[key] = dict(zip(_KEY, key, strict=True))
-                    row.update(dict.fromkeys(_KINDS.values(), 0))
-                row[_KINDS[kind]] += amount
+                    row = rows[key] = {**dict(zip(_KEY, key, strict=True)), **_zeros()}
+                column = _KINDS[kind]
+                row[column] += amount
+                if bucket is not None:
+                    bucket[column] += amount
         out = sorted(rows.values(), key=lambda r: tuple(r[k] for k in _KEY))
         for row in out:
             row["cost_usd"] = row["cost_usd"] / NANO
-        return out
+        series = [buckets[start] for start in sorted(buckets)]
+        for bucket in series:
+            bucket["cost_usd"] = bucket["cost_usd"] / NANO
+            bucket["tokens"] = bucket["input_tokens"] + bucket["output_tokens"]
+        return out, series
+
+
+def _zeros() -> dict[str, Any]:
+    return dict.fromkeys(_KINDS.values(), 0)
+
+
+def _decode(field: str) -> tuple[tuple[str, str, str, str], str] | None:
+    """A counter field's (policy, sandbox, credential, model) and kind code, or None
+    for a field that is not the ledger's."""
+    try:
+        pol, sbx, cred, model, kind = json.loads(field)
+    except (ValueError, TypeError):
+        return None
+    if kind not in _KINDS:
+        return None
+    return (str(pol), str(sbx), str(cred), str(model)), kind
 
 
 def totals(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -66,7 +66,7 @@ from gateway.services.metering.endpoints import (
 )
 from gateway.services.metering.estimate import DEFAULT_OUTPUT, estimate_input, output_limit
 from gateway.services.metering.jsondoc import document
-from gateway.services.metering.ledger import UsageLedger, totals
+from gateway.services.metering.ledger import DAY, HOUR, UsageLedger, totals
 from gateway.services.metering.models import ModelNames, ModelRefusal, check_model
 from gateway.services.metering.pricing import Pricing, PricingError, load_pricing
 from gateway.services.metering.usage import JsonlMeter, Meter, SessionMeter, Usage, meter_for
@@ -591,13 +591,20 @@ class Metering:
         return budget_problems(list(policy_set.policies.values()), self.pricing)
 
     async def report(self, policy_set: PolicySet, *, sandbox: str | None,
-                     policy: str | None, since: float | None, now: float) -> dict[str, Any]:
-        """The ``GET /v1/usage`` answer: rows, totals, budget status, degraded flag."""
+                     policy: str | None, since: float | None, now: float,
+                     by: str | None = None) -> dict[str, Any]:
+        """The ``GET /v1/usage`` answer: rows, totals, budget status, degraded flag;
+        with ``by`` (``hour`` or ``day``) also ``series``, the sums per bucket over time
+        (``start`` an ISO time; ``cost_usd`` None without pricing)."""
+        step = _STEPS.get(by) if by is not None else None
+        if by is not None and step is None:
+            raise ValueError(f"by {by[:16]!r} is not hour or day")
         start = (math.floor(since / 3600) * 3600 if since is not None
                  else math.floor((now - self.ledger.retention) / 3600) * 3600)
-        rows = await self.ledger.query(sandbox=sandbox, policy=policy, since=start, now=now)
+        rows, series = await self.ledger.summary(sandbox=sandbox, policy=policy, since=start,
+                                                 now=now, step=step)
         if self.pricing is None:
-            for row in rows:
+            for row in (*rows, *series):
                 row["cost_usd"] = None
         names = [policy] if policy is not None else sorted({r["policy"] for r in rows})
         budgets: list[dict[str, Any]] = []
@@ -608,13 +615,18 @@ class Metering:
         summed = totals([{**r, "cost_usd": r["cost_usd"] or 0} for r in rows])
         if self.pricing is None:
             summed["cost_usd"] = None
-        return {
+        out = {
             "since": _iso(start), "until": _iso(now), "sandbox": sandbox, "policy": policy,
             "degraded": self.counters.counters_degraded,
             "totals": summed, "rows": rows, "budgets": budgets,
         }
+        if step is not None:
+            out["by"] = by
+            out["series"] = [{**b, "start": _iso(b["start"])} for b in series]
+        return out
 
 
+_STEPS = {"hour": HOUR, "day": DAY}
 _JSON = json.JSONDecoder()
 
 
