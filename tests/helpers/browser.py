@@ -95,8 +95,12 @@ def start_browser() -> WebDriver:
     options.binary_location = chromium
     for flag in (*FLAGS, f"--user-data-dir={profile}"):
         options.add_argument(flag)
+    # (Chromium's crash handler, which leaves the process tree, keeps its database under
+    # the XDG config folder: in the profile too, so it is found and removed with it)
+    env = {**os.environ, "XDG_CONFIG_HOME": str(profile / "config"),
+           "XDG_CACHE_HOME": str(profile / "cache")}
     try:
-        driver = webdriver.Chrome(options=options, service=Service(chromedriver))
+        driver = webdriver.Chrome(options=options, service=Service(chromedriver, env=env))
     except Exception:
         shutil.rmtree(profile, ignore_errors=True)
         raise
@@ -131,6 +135,20 @@ def _tree(pid: int) -> set[int]:
     return found
 
 
+def _using(path: Path) -> set[int]:
+    """Live processes whose command line names `path` (a browser's profile)."""
+    needle = str(path).encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "cmdline").read_bytes():
+                    found.add(int(entry.name))
+            except OSError:
+                continue
+    return _alive(found)
+
+
 def _alive(pids: Iterable[int]) -> set[int]:
     alive = set()
     for pid in pids:
@@ -147,7 +165,9 @@ def stop_browser(driver: WebDriver, timeout: float = 10.0) -> None:
     """Quit the driver and check that chromedriver and every Chromium process it started
     have ended (any left is killed, by its pid, and the test fails)."""
     process = driver.service.process
-    started = _tree(process.pid) if process is not None else set()
+    profile = _PROFILES.pop(driver, None)
+    started = (_tree(process.pid) if process is not None else set()) | \
+        (_using(profile) if profile is not None else set())
     try:
         driver.quit()
     finally:
@@ -158,7 +178,6 @@ def stop_browser(driver: WebDriver, timeout: float = 10.0) -> None:
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        profile = _PROFILES.pop(driver, None)
         if profile is not None:
             shutil.rmtree(profile, ignore_errors=True)
     assert not left, f"Chromium processes still running after quit: {sorted(left)}"
