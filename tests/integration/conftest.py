@@ -1,4 +1,6 @@
-"""Fixtures: a local TLS upstream under several names, and a real gateway in front of it.
+"""Fixtures: a local TLS upstream under several names, a real gateway in front of it, and
+a headless Chromium (`browser`; tests/helpers/browser.py) whose screenshot and page are
+saved when its test fails.
 
 Names reach the upstream only through the gateway's `network.resolve` (operator-
 trusted overrides to 127.0.0.1): nothing here resolves or dials anything off-box.
@@ -8,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from helpers.gateway import BASE_POLICY, GatewayFactory, GatewayThread
@@ -18,7 +20,10 @@ from helpers.upstream import Upstream, start_upstream
 NAMES = ["allowed.test", "api.allowed.test", "other.test", "report.test", "pypi.org",
          "api.openai.com", "api.anthropic.com", "api.github.com", "unbound.test",
          "minted.test", "mintfail.test", "budget.test", "metered.test", "sigv4.test"]
+if TYPE_CHECKING:
+    from helpers.browser import WebDriver
 
+REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
 
 
 @pytest.fixture(scope="session")
@@ -67,3 +72,34 @@ def make_gateway(tmp_path: Path, test_ca: LocalCA, upstream: Upstream
 @pytest.fixture
 def gateway(make_gateway: GatewayFactory) -> GatewayThread:
     return make_gateway()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Iterator[pytest.TestReport]:
+    """Each phase's report kept on the item, for fixtures' teardown (`browser`)."""
+    report: pytest.TestReport = yield
+    item.stash.setdefault(REPORTS, {})[report.when] = report
+    return report
+
+
+@pytest.fixture
+def browser(request: pytest.FixtureRequest) -> Iterator[WebDriver]:
+    """A headless Chromium (fresh profile) for one test; when the test fails, a
+    screenshot and the page's HTML are saved (helpers.browser.artifacts_dir()) and named
+    in the failure's report. Every Chromium process is checked gone afterwards."""
+    from helpers.browser import save_artifacts, start_browser, stop_browser
+
+    driver = start_browser()
+    try:
+        yield driver
+    finally:
+        try:
+            failed = [r for r in request.node.stash.get(REPORTS, {}).values() if r.failed]
+            if failed:
+                saved = save_artifacts(driver, request.node.nodeid)
+                for report in failed:
+                    report.sections.append(("browser artifacts",
+                                            "\n".join(str(p) for p in saved)))
+        finally:
+            stop_browser(driver)

@@ -11,7 +11,6 @@ import hashlib
 import hmac
 import json
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -24,6 +23,9 @@ from typing import Any, ClassVar
 
 import httpx
 import pytest
+from helpers.approvals import Call, ask_gateway, connect
+from helpers.approvals import admin_api as _admin
+from helpers.approvals import pending as _pending
 from helpers.gateway import GatewayThread
 from helpers.redis_server import running_redis
 from helpers.tls import LocalCA
@@ -60,17 +62,8 @@ def start(tmp_path: Path, test_ca: LocalCA, upstream: Upstream) -> Iterator[Fact
 
     def factory(timeout: str = "20s", config: dict[str, Any] | None = None,
                 workdir: Path = tmp_path, policy: str = POLICY) -> GatewayThread:
-        policies = workdir / "policies"
-        policies.mkdir(parents=True, exist_ok=True)
-        (policies / "agent.yaml").write_text(policy.replace("TIMEOUT", timeout))
-        extra = dict(config or {})
-        cfg: dict[str, Any] = {
-            "network": {"upstream_ca": str(test_ca.cert_path),
-                        "resolve": {**{n: f"127.0.0.1:{upstream.port}" for n in NAMES},
-                                    "metadata.test": "169.254.169.254:443"},
-                        **extra.pop("network", {})},
-            "secrets": {"store": "env"}, **extra}
-        gw = GatewayThread(workdir, cfg)
+        gw = ask_gateway(workdir, test_ca, upstream, NAMES,
+                         policy.replace("TIMEOUT", timeout), config)
         started.append(gw)
         return gw
 
@@ -78,56 +71,6 @@ def start(tmp_path: Path, test_ca: LocalCA, upstream: Upstream) -> Iterator[Fact
     for gw in started:
         if not gw.loop.is_closed():
             gw.stop()
-
-
-def _admin(gw: GatewayThread, method: str, path: str, body: Any = None) -> Any:
-    token = (gw.config.certs / "admin-token").read_text().strip()
-    answer = httpx.request(method, gw.admin + path, json=body, timeout=10,
-                           headers={"Authorization": f"Bearer {token}"})
-    assert answer.status_code < 300, answer.text
-    return answer.json()
-
-
-def _pending(gw: GatewayThread, count: int = 1, timeout: float = 10) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = [a for a in _admin(gw, "GET", "/v1/approvals")["approvals"]
-                 if a["state"] == "pending"]
-        if len(found) >= count:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"no {count} pending approval(s)")
-
-
-class Call(threading.Thread):
-    """A sandbox's request through the gateway, run while the test answers."""
-
-    def __init__(self, gw: GatewayThread, url: str, sandbox: str = "sbx-1",
-                 method: str = "GET") -> None:
-        super().__init__(daemon=True)
-        self.proxy = gw.proxy_url(gw.mint("agent", sandbox), sandbox)
-        # (a host grant is passed through: the upstream's own certificate arrives)
-        self.verify = ssl.create_default_context(cafile=str(gw.ca_cert))
-        self.verify.load_verify_locations(cafile=str(gw.config.network.upstream_ca))
-        self.url, self.method = url, method
-        self.answer: httpx.Response | None = None
-        self.error: Exception | None = None
-        self.took = 0.0
-        self.start()
-
-    def run(self) -> None:
-        started = time.monotonic()
-        try:
-            with httpx.Client(proxy=self.proxy, verify=self.verify, timeout=60) as client:
-                self.answer = client.request(self.method, self.url)
-        except Exception as exc:  # (the test reads it)
-            self.error = exc
-        self.took = time.monotonic() - started
-
-    def result(self) -> httpx.Response:
-        self.join(60)
-        assert self.answer is not None, self.error
-        return self.answer
 
 
 def test_a_held_request_is_approved_once_through_the_api(start: Factory) -> None:
@@ -237,20 +180,9 @@ def test_a_rule_with_ask_waits_for_a_person_and_a_sandbox_grant_lasts(start: Fac
     assert other.result().status_code == 403
 
 
-def _connect(gw: GatewayThread, host: str, sandbox: str) -> socket.socket:
-    token = gw.mint("agent", sandbox)
-    proxy_host, proxy_port = gw.gateway.proxy_address  # type: ignore[misc]
-    sock = socket.create_connection((proxy_host, proxy_port), timeout=30)
-    import base64
-    auth = base64.b64encode(f"{sandbox}:{token}".encode()).decode()
-    sock.sendall(f"CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n"
-                 f"Proxy-Authorization: Basic {auth}\r\n\r\n".encode())
-    return sock
-
-
 def test_revoking_a_grant_closes_the_tunnels_it_opened(start: Factory) -> None:
     gw = start()
-    sock = _connect(gw, "unbound.test", "sbx-1")
+    sock = connect(gw, "unbound.test", "sbx-1")
     [pending] = _pending(gw)
     got = _admin(gw, "POST", f"/v1/approvals/{pending['id']}",
                  {"decision": "approve", "scope": "policy", "duration": "1h"})

@@ -22,7 +22,9 @@ HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'self'; script-src 'self'; "
                                "connect-src 'self'; img-src 'self'; form-action 'self'; "
                                "frame-ancestors 'none'; base-uri 'none'",
-    "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
+    # same-origin, not no-referrer: under no-referrer a browser sends `Origin: null` with
+    # the sign-in form's POST, which the sign-in's origin check refuses
+    "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
 }
 Handler = Callable[[Request], Awaitable[Response]]

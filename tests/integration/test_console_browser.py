@@ -1,0 +1,232 @@
+"""The console in a real headless Chromium against a real gateway (issue 27): sign in
+with the admin token, a request held by ask mode shows in the inbox and is approved or
+denied from the page while the sandbox's client waits, a grant is revoked from the grants
+page and its tunnel closes, a form without its CSRF token is refused and answers nothing,
+the session cookie is HttpOnly and SameSite=Strict, and no key or token is in any page.
+
+One gateway for the module (distinct sandboxes and paths per test); a fresh browser per
+test (tests/integration/conftest.py: `browser`, screenshots of failures).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import pytest
+from helpers.approvals import Call, admin_api, admin_token, ask_gateway, connect
+from helpers.browser import (
+    WebDriver,
+    answer_approval,
+    approval_card,
+    assert_no_secrets,
+    click,
+    navigation_status,
+    open_page,
+    page_html,
+    pages_seen,
+    sign_in,
+    table_row,
+    wait_for_approval,
+    wait_for_text,
+)
+from helpers.gateway import GatewayThread
+from helpers.tls import LocalCA
+from helpers.upstream import Upstream
+from integration.conftest import NAMES
+from selenium.webdriver.common.by import By
+
+POLICY = """\
+version: v1
+name: agent
+ask: {hosts: true, requests: true, timeout: 30s}
+egress:
+  - host: allowed.test
+    methods: [GET]
+    paths: ["/ok"]
+  - host: api.openai.com
+    methods: [POST]
+    paths: ["/v1/chat/completions"]
+    credential: openai
+    ask: {timeout: 30s}
+credentials:
+  openai: {preset: openai, secret: openai-key}
+"""
+KEY = "sk-real-console-0123456789abcdef"  # the upstream credential
+CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory, test_ca: LocalCA, upstream: Upstream
+       ) -> Iterator[GatewayThread]:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SANDBOX_GATEWAY_SECRET_OPENAI_KEY", KEY)
+        gateway = ask_gateway(tmp_path_factory.mktemp("console"), test_ca, upstream, NAMES,
+                              POLICY)
+        try:
+            yield gateway
+        finally:
+            gateway.stop()
+
+
+@pytest.fixture(scope="module")
+def secrets(gw: GatewayThread) -> list[str]:
+    """What no page may show: the admin token, the upstream key, and every sandbox token
+    the tests mint (appended as they go)."""
+    return [admin_token(gw), KEY]
+
+
+@pytest.fixture(autouse=True)
+def no_secret_in_any_page(browser: WebDriver, secrets: list[str]) -> Iterator[None]:
+    """Every page a test read is checked for every secret, once the test is done."""
+    yield
+    for url, html in pages_seen(browser):
+        assert_no_secrets(html, secrets, where=url)
+
+
+def _held(gw: GatewayThread, browser: WebDriver, secrets: list[str], url: str, sandbox: str,
+          chat: bool = False) -> tuple[Call, str]:
+    """Signed in, a sandbox's request held by ask mode until its card is in the inbox
+    (`chat`: an OpenAI chat call with the sandbox's token as its API key): the call and
+    what the card says. The sandbox's token joins the secrets."""
+    sign_in(browser, gw.admin, admin_token(gw))
+    method = "POST" if chat else "GET"
+    call = Call(gw, url, sandbox=sandbox, method=method, json=CHAT if chat else None,
+                send_token=chat)
+    secrets.append(call.token)
+    parts = urlsplit(url)
+    what = f"{method} {parts.hostname}:443{parts.path}"
+    wait_for_approval(browser, what)
+    return call, what
+
+
+def test_sign_in_with_the_admin_token_and_the_session_cookie(gw: GatewayThread,
+                                                             browser: WebDriver) -> None:
+    open_page(browser, f"{gw.admin}/console/approvals")
+    assert browser.current_url == f"{gw.admin}/console/login"  # signed out: to sign-in
+    browser.find_element(By.ID, "token").send_keys("not-the-admin-token")
+    click(browser, "Sign in")
+    assert navigation_status(browser) == 401
+    wait_for_text(browser, "That is not the admin token.")
+    page_html(browser)
+    assert browser.get_cookies() == []
+
+    sign_in(browser, gw.admin, admin_token(gw))
+    assert browser.current_url == f"{gw.admin}/console/approvals"
+    assert browser.title == "Approvals · sandbox-gateway"
+    wait_for_text(browser, "Nothing is waiting.")
+    [cookie] = browser.get_cookies()
+    assert cookie["name"] == "sgw_console" and cookie["path"] == "/console"
+    assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict"
+    assert browser.execute_script("return document.cookie") == ""  # not for scripts
+
+    click(browser, "Sign out")
+    assert browser.current_url == f"{gw.admin}/console/login"
+    assert browser.get_cookies() == []
+    open_page(browser, f"{gw.admin}/console/grants")
+    assert browser.current_url == f"{gw.admin}/console/login"
+
+
+def test_a_held_request_approved_in_the_browser_completes(
+        gw: GatewayThread, browser: WebDriver, upstream: Upstream, secrets: list[str]
+        ) -> None:
+    """The OpenAI call of a sandbox (its gateway token as the API key), on a rule that
+    asks before it allows, waits in the inbox; approved once, it reaches the upstream with
+    the real key swapped in and the client gets the upstream's answer."""
+    call, what = _held(gw, browser, secrets, "https://api.openai.com/v1/chat/completions",
+                       "sbx-approve", chat=True)
+    assert what == "POST api.openai.com:443/v1/chat/completions"
+    card = approval_card(browser, what)
+    assert "Sandbox sbx-approve, policy agent" in card.text
+    page_html(browser)
+    assert call.answer is None and call.error is None  # still held
+    answer_approval(browser, what, "approve", scope="once", note="fine for the demo")
+    wait_for_text(browser, f"{what}: approved")
+    answer = call.result()
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["content"] == "Hello"
+    seen = [r for r in upstream.requests if r.path == "/v1/chat/completions"]
+    assert seen and seen[-1].headers.get("authorization") == f"Bearer {KEY}"
+    answered = table_row(browser, what)
+    assert "approved (once)" in answered.text and "console" in answered.text
+    assert "fine for the demo" in answered.text
+
+
+def test_a_held_request_denied_in_the_browser_is_refused(
+        gw: GatewayThread, browser: WebDriver, secrets: list[str]) -> None:
+    call, what = _held(gw, browser, secrets, "https://allowed.test/console-deny", "sbx-deny")
+    answer_approval(browser, what, "deny", note="not for this task")
+    wait_for_text(browser, f"{what}: denied")
+    refused = call.result()
+    assert refused.status_code == 403 and refused.json()["error"] == "approval_denied"
+    assert "not for this task" in refused.json()["reason"]
+
+
+def test_a_grant_revoked_in_the_browser_closes_its_tunnel(gw: GatewayThread,
+                                                          browser: WebDriver) -> None:
+    sign_in(browser, gw.admin, admin_token(gw))
+    sock = connect(gw, "unbound.test", "sbx-revoke")
+    try:
+        what = "unbound.test:443 (any request)"
+        wait_for_approval(browser, what)
+        answer_approval(browser, what, "approve", scope="policy", duration="1h")
+        assert sock.recv(200).startswith(b"HTTP/1.1 200")
+        click(browser, "Grants")
+        page_html(browser)
+        row = table_row(browser, what)
+        assert "policy agent" in row.text and "console" in row.text
+        revoked_at = time.monotonic()
+        click(browser, "Revoke", within=row)
+        wait_for_text(browser, "revoked: its tunnels close within a second")
+        wait_for_text(browser, "No grants are in force.", reload=True)
+        page_html(browser)
+        sock.settimeout(5)
+        assert sock.recv(100) == b""  # the tunnel was ended
+        assert time.monotonic() - revoked_at < 2
+    finally:
+        sock.close()
+    assert admin_api(gw, "GET", "/v1/grants")["grants"] == []
+
+
+def test_a_form_without_its_csrf_token_is_refused_and_answers_nothing(
+        gw: GatewayThread, browser: WebDriver, secrets: list[str]) -> None:
+    call, what = _held(gw, browser, secrets, "https://allowed.test/console-csrf", "sbx-csrf")
+    for tamper in ("arguments[0].querySelector('input[name=csrf]').remove()",
+                   "arguments[0].querySelector('input[name=csrf]').value = 'forged'"):
+        card = approval_card(browser, what)
+        browser.execute_script(tamper, card)
+        click(browser, "Approve", within=card)
+        assert navigation_status(browser) == 403
+        assert browser.title == "Refused · sandbox-gateway"
+        wait_for_text(browser, "This form's CSRF token is missing or stale")
+        page_html(browser)
+        [still] = [a for a in admin_api(gw, "GET", "/v1/approvals")["approvals"]
+                   if a["sandbox"] == "sbx-csrf"]
+        assert still["state"] == "pending"
+        assert call.answer is None and call.error is None
+        open_page(browser, f"{gw.admin}/console/approvals")
+    answer_approval(browser, what, "deny")  # (the page's own form still works)
+    assert call.result().status_code == 403
+
+
+def test_no_key_or_token_in_any_page(gw: GatewayThread, browser: WebDriver,
+                                     secrets: list[str]) -> None:
+    """Every page, with an ask from a sandbox that sent its token and a grant in force:
+    neither the admin token, the sandbox's gateway JWT nor the upstream key is in it."""
+    open_page(browser, f"{gw.admin}/console/login")
+    call, what = _held(gw, browser, secrets, "https://api.openai.com/v1/chat/completions",
+                       "sbx-secrets", chat=True)
+    page_html(browser)
+    answer_approval(browser, what, "approve", scope="sandbox", duration="10m")
+    assert call.result().status_code == 200
+    open_page(browser, f"{gw.admin}/console/grants")
+    assert "sandbox sbx-secrets" in browser.find_element(By.TAG_NAME, "table").text
+    open_page(browser, f"{gw.admin}/console/static/console.css")
+    assert what in open_page(browser, f"{gw.admin}/console/approvals")  # (answered)
+    click(browser, "Sign out")
+    page_html(browser)
+    pages = pages_seen(browser)
+    assert len(pages) >= 7
+    for url, html in pages:
+        assert_no_secrets(html, [admin_token(gw), KEY, call.token], where=url)
