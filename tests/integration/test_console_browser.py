@@ -4,6 +4,9 @@ denied from the page while the sandbox's client waits, a grant is revoked from t
 page and its tunnel closes, a form without its CSRF token is refused and answers nothing,
 the session cookie is HttpOnly and SameSite=Strict, and no key or token is in any page.
 
+The request log shows a refused request live, and a token revoked on the sandboxes page
+ends its open tunnel.
+
 One gateway for the module (distinct sandboxes and paths per test); a fresh browser per
 test (tests/integration/conftest.py: `browser`, screenshots of failures).
 """
@@ -31,6 +34,7 @@ from helpers.browser import (
     wait_for_approval,
     wait_for_text,
 )
+from helpers.clients import open_tunnel
 from helpers.gateway import GatewayThread
 from helpers.tls import LocalCA
 from helpers.upstream import Upstream
@@ -50,6 +54,9 @@ egress:
     paths: ["/v1/chat/completions"]
     credential: openai
     ask: {timeout: 30s}
+  - host: blocked.test
+    action: deny
+    reason: not for agents
 credentials:
   openai: {preset: openai, secret: openai-key}
 """
@@ -230,3 +237,57 @@ def test_no_key_or_token_in_any_page(gw: GatewayThread, browser: WebDriver,
     assert len(pages) >= 7
     for url, html in pages:
         assert_no_secrets(html, [admin_token(gw), KEY, call.token], where=url)
+
+
+def test_a_refused_request_appears_live_in_the_request_log(
+        gw: GatewayThread, browser: WebDriver) -> None:
+    """The request log open (its script following the live stream): a sandbox's refused
+    CONNECT shows at the top without a reload; its line opens the decision, today's
+    explain and what to change."""
+    sign_in(browser, gw.admin, admin_token(gw))
+    open_page(browser, f"{gw.admin}/console/requests?view=refused")
+    wait_for_text(browser, "Live: new lines appear at the top.")
+    sock = connect(gw, "blocked.test", "sbx-live")
+    try:
+        assert b" 403 " in sock.recv(500)
+    finally:
+        sock.close()
+    wait_for_text(browser, "blocked.test:443")  # (no reload: the stream brought it)
+    row = browser.find_element(By.CSS_SELECTOR, "#refused tbody tr.new")
+    assert "sbx-live" in row.text and "policy_denied" in row.text
+    page_html(browser)
+    row.find_element(By.TAG_NAME, "a").click()
+    wait_for_text(browser, "What to change")
+    wait_for_text(browser, "not for agents")
+    text = browser.find_element(By.TAG_NAME, "main").text
+    assert "sandbox-gateway policy explain agent CONNECT https://blocked.test:443" in text
+    page_html(browser)
+
+
+def test_a_token_revoked_in_the_browser_ends_its_tunnel(
+        gw: GatewayThread, browser: WebDriver, secrets: list[str]) -> None:
+    """A token issued through the admin API is listed on the sandboxes page; revoked
+    there, its open tunnel ends within a second or two and it is refused after."""
+    minted = admin_api(gw, "POST", "/v1/tokens", {"sandbox": "sbx-token", "policy": "agent"})
+    secrets.append(minted["token"])
+    proxy_host, proxy_port = gw.gateway.proxy_address  # type: ignore[misc]
+    sock = open_tunnel((proxy_host, proxy_port), "allowed.test:443", minted["token"],
+                       "sbx-token", timeout=10)
+    try:
+        sign_in(browser, gw.admin, admin_token(gw))
+        open_page(browser, f"{gw.admin}/console/sandboxes")
+        row = table_row(browser, minted["jti"])
+        assert "sbx-token" in row.text and "agent" in row.text
+        revoked_at = time.monotonic()
+        click(browser, "Revoke", within=row)
+        wait_for_text(browser, f"token {minted['jti']} revoked")
+        page_html(browser)
+        sock.settimeout(5)
+        assert sock.recv(100) == b""  # the tunnel was ended
+        assert time.monotonic() - revoked_at < 2.5
+    finally:
+        sock.close()
+    assert "revoked" in table_row(browser, minted["jti"]).text
+    with pytest.raises(ConnectionRefusedError, match="407"):
+        open_tunnel((proxy_host, proxy_port), "allowed.test:443", minted["token"],
+                    "sbx-token", timeout=10)
