@@ -17,9 +17,11 @@
     const tr = document.createElement("tr");
     tr.className = (r.refused ? "refused " : "") + "new";
     const when = tr.insertCell();
+    when.className = "when";
     const link = document.createElement("a");
     link.href = "/console/requests/" + encodeURIComponent(r.id);
-    link.textContent = r.time;
+    link.title = r.time;
+    link.textContent = String(r.time).slice(5, 10) + " " + String(r.time).slice(11, 19);
     when.appendChild(link);
     cell(tr, r.sandbox);
     cell(tr, r.policy);
