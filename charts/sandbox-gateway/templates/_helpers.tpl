@@ -200,6 +200,7 @@ gateway.yaml as a dict (rendered by configmap-config.yaml, hashed by the Deploym
   "secrets" $secrets
   "network" .Values.config.network
   "audit" .Values.config.audit
+  "console" .Values.config.console
   "state" $state
   "runtime_dir" (include "sandbox-gateway.runtimeDir" .)
   "log_level" .Values.config.log_level
