@@ -139,9 +139,11 @@ def start_gateway(workdir: Path, names: dict[str, int], ca: LocalCA, *,
 
 
 def start_with_provider(workdir: Path, fake: Any, ca: LocalCA, *, key: str, policy: str,
-                        workers: int = 2) -> GatewayProcess:
+                        workers: int = 2, extra: dict[str, Any] | None = None
+                        ) -> GatewayProcess:
     """`start_gateway` with `api.openai.com` at the fake provider `fake`
-    (`fakes.inference.FakeInference`), its key in a secrets file as `provider-key`."""
+    (`fakes.inference.FakeInference`), its key in a secrets file as `provider-key`;
+    `extra`: more top-level config."""
     secrets = workdir / "secrets.yaml"
     workdir.mkdir(parents=True, exist_ok=True)
     secrets.write_text(f"provider-key: {key}\n")
@@ -149,4 +151,4 @@ def start_with_provider(workdir: Path, fake: Any, ca: LocalCA, *, key: str, poli
     return start_gateway(workdir, {"api.openai.com": fake.port}, ca, policy=policy,
                          workers=workers, extra={
                              "secrets": {"store": "file", "path": str(secrets)},
-                             "network": {"upstream_ca": str(fake.ca_path)}})
+                             "network": {"upstream_ca": str(fake.ca_path)}, **(extra or {})})

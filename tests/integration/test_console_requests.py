@@ -13,12 +13,14 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from fakes.inference import FakeInference
 from helpers.clients import open_tunnel
 from helpers.process import ADMIN, GatewayProcess, start_with_provider
+from helpers.redis_server import running_redis
 from helpers.tls import LocalCA
 
 KEY = "sk-fake-provider-key-console"
@@ -40,10 +42,10 @@ def fake(tmp_path: Path) -> Iterator[FakeInference]:
         yield server
 
 
-def _start(workdir: Path, fake: FakeInference, test_ca: LocalCA, workers: int = 2
-           ) -> GatewayProcess:
+def _start(workdir: Path, fake: FakeInference, test_ca: LocalCA, workers: int = 2,
+           **extra: Any) -> GatewayProcess:
     return start_with_provider(workdir, fake, test_ca, key=KEY, policy=POLICY,
-                               workers=workers)
+                               workers=workers, extra=extra)
 
 
 def _console(gw: GatewayProcess) -> httpx.Client:
@@ -51,6 +53,28 @@ def _console(gw: GatewayProcess) -> httpx.Client:
     signed = browser.post("/console/login", data={"token": ADMIN})
     assert signed.status_code == 303, signed.text
     return browser
+
+
+def _watch(browser: httpx.Client, path: str, count: int) -> tuple[threading.Thread,
+                                                                  list[dict[str, Any]]]:
+    """A live stream read in a thread until `count` events came: the thread (started, the
+    stream open) and the events as they arrive."""
+    events: list[dict[str, Any]] = []
+    opened = threading.Event()
+
+    def watch() -> None:
+        with browser.stream("GET", path, timeout=httpx.Timeout(10, read=30)) as stream:
+            opened.set()
+            for line in stream.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+                if len(events) >= count:
+                    return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    assert opened.wait(10)
+    return watcher, events
 
 
 def _call(gw: GatewayProcess, token: str) -> int:
@@ -77,22 +101,7 @@ def test_every_workers_lines_in_one_log_and_one_live_stream(
     try:
         token = gw.token()
         browser = _console(gw)
-        events: list[dict[str, object]] = []
-        opened = threading.Event()
-
-        def watch() -> None:
-            with browser.stream("GET", "/console/requests/stream?decision=deny",
-                                timeout=httpx.Timeout(10, read=30)) as stream:
-                opened.set()
-                for line in stream.iter_lines():
-                    if line.startswith("data: "):
-                        events.append(json.loads(line[6:]))
-                    if len(events) >= 6:
-                        return
-
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        assert opened.wait(10)
+        watcher, events = _watch(browser, "/console/requests/stream?decision=deny", 6)
         for _ in range(8):
             assert _call(gw, token) == 200
         for n in range(6):
@@ -113,7 +122,7 @@ def test_every_workers_lines_in_one_log_and_one_live_stream(
         assert sum(r.startswith("api.openai.com:443/v1/chat") for r in shown) == 8
         assert KEY not in page.text and token not in page.text and ADMIN not in page.text
         # A refusal opens its decision, today's explain and what to change.
-        ident = re.search(r'href="/console/requests/(\d+)">[^<]*</a></td>\s*<td>sbx-1</td>'
+        ident = re.search(r'href="/console/requests/(\d+)"[^>]*>[^<]*</a></td>\s*<td>sbx-1</td>'
                           r'<td>agent</td><td>CONNECT</td>\s*<td class="target">evil-5', page.text)
         assert ident is not None, page.text
         detail = browser.get(f"/console/requests/{ident.group(1)}").text
@@ -165,3 +174,27 @@ def test_a_watched_stream_does_not_hold_up_the_stop(
         browser.close()
     finally:
         gw.stop()
+
+
+def test_replicas_on_redis_share_one_log(tmp_path: Path, fake: FakeInference,
+                                          test_ca: LocalCA) -> None:
+    """Two replicas on one redis-server (`state.store: redis`): a refusal on either is in
+    the other's page, and in a stream opened on the other."""
+    for server in running_redis(tmp_path / "redis"):
+        state = {"store": "redis", "url": server.url}
+        one = _start(tmp_path / "one", fake, test_ca, workers=1, state=state)
+        two = _start(tmp_path / "two", fake, test_ca, workers=1, state=state)
+        try:
+            browser, other = _console(two), _console(one)
+            watcher, events = _watch(browser, "/console/requests/stream", 2)
+            _refused(one, one.token(), "via-one.test")
+            _refused(two, two.token(), "via-two.test")
+            watcher.join(15)
+            assert sorted(str(e["host"]) for e in events) == ["via-one.test", "via-two.test"]
+            shown = _rows(other.get("/console/requests").text)
+            assert sorted(shown) == ["via-one.test:443", "via-two.test:443"]
+            browser.close()
+            other.close()
+        finally:
+            one.stop()
+            two.stop()

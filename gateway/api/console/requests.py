@@ -61,6 +61,8 @@ def summary(cursor: str, entry: LogEntry) -> dict[str, Any]:
     except ValueError:
         doc = {}
     row = {k: doc.get(k) for k in _SHOWN}
+    if not isinstance(row["time"], str) or len(row["time"]) < 19:  # (not the sink's line)
+        row["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry.at))
     row["id"] = cursor
     row["refused"] = entry.decision == "deny"
     return row
