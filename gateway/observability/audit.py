@@ -47,6 +47,7 @@ log = logging.getLogger("sandbox_gateway")
 BUFFER = 4 * 1024 * 1024  # audit.buffer default
 RETRY = 1.0  # seconds between attempts while writes fail
 CLOSE_WAIT = 2.0  # at stop: how long a blocked pipe's reader is waited for
+_ENCODE = json.JSONEncoder(separators=(",", ":"), default=str).encode  # (built once)
 
 
 class Auditor:
@@ -73,6 +74,7 @@ class Auditor:
         self._timer: asyncio.TimerHandle | None = None
         self._watched: asyncio.AbstractEventLoop | None = None  # add_writer on out.fd
         self.closed = False
+        self._second, self._stamp = -1, ""
         # Each line written also goes here (the console's request log), never raising.
         self.tap: Callable[[dict[str, Any], float, bytes], None] | None = None
         metrics.AUDIT_UP.set(1)
@@ -93,9 +95,12 @@ class Auditor:
         tick's other lines; held if the target does not take it). Never raises."""
         record.update(self._extra)
         now = time.time()
-        record["time"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + (
-            f".{int(now * 1000) % 1000:03d}Z")
-        line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
+        second = int(now)
+        if second != self._second:  # (the formatted second, once a second)
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
+        record["time"] = f"{self._stamp}.{int(now * 1000) % 1000:03d}Z"
+        line = (_ENCODE(record) + "\n").encode()
         metrics.child(metrics.REQUESTS, record.get("policy") or "-", record["decision"],
                       record.get("path_taken") or "-").inc()
         if self.tap is not None:

@@ -60,7 +60,7 @@ def _feed(state: MemoryState, lines: list[dict[str, Any]], start: float) -> None
         auditor.tap = spool.add
         for n, line in enumerate(lines):
             auditor.write(line)
-            spool._pending[-1] = (spool._pending[-1][0], start + n, spool._pending[-1][2])
+            spool._pending[-1] = spool._pending[-1]._replace(at=start + n)
         await spool.aclose()
 
     asyncio.run(go())

@@ -16,17 +16,16 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
 
 __all__ = ["RETAIN", "LogEntry", "LogLines", "LogQuery", "MemoryLog"]
 
 RETAIN = 100_000  # console.retain default
 
 
-@dataclass(frozen=True, slots=True)
-class LogEntry:
-    """One audit line and the fields it is filtered by."""
+class LogEntry(NamedTuple):
+    """One audit line and the fields it is filtered by (a tuple: a row as stored)."""
 
     at: float
     sandbox: str
@@ -44,12 +43,9 @@ class LogEntry:
                    record.get("host") or "", record.get("decision") or "",
                    record.get("error") or "", record.get("engine") or "", line)
 
-    def row(self) -> tuple[Any, ...]:
-        return (self.at, self.sandbox, self.policy, self.host, self.decision, self.code,
-                self.engine, self.line)
 
 
-COLUMNS = tuple(f.name for f in fields(LogEntry))
+COLUMNS = LogEntry._fields
 _EXACT = ("sandbox", "policy", "decision", "code", "engine")
 
 

@@ -37,7 +37,7 @@ class RequestLog:
         self.store = store
         self.interval = interval
         self.hold = hold
-        self._pending: deque[tuple[dict[str, Any], float, bytes]] = deque(maxlen=hold)
+        self._pending: deque[LogEntry] = deque(maxlen=hold)
         self._timer: asyncio.TimerHandle | None = None
         self._writing: asyncio.Task[None] | None = None
         self._failing = False
@@ -49,7 +49,10 @@ class RequestLog:
             return
         if len(self._pending) == self.hold:
             metrics.REQUEST_LOG_DROPPED.inc()  # (the oldest goes)
-        self._pending.append((record, at, line))
+        # The fields now, not the record: a tuple of strings is soon untracked by the
+        # garbage collector; a quarter second of held records was traced at every
+        # collection (measured in `make bench`: 5 µs of a request's CPU).
+        self._pending.append(LogEntry.of(record, at, line[:-1].decode("utf-8", "replace")))
         if self._timer is None:
             with contextlib.suppress(RuntimeError):  # (no loop: a command, a unit test)
                 self._timer = asyncio.get_running_loop().call_later(self.interval,
@@ -68,10 +71,8 @@ class RequestLog:
         batch, self._pending = self._pending, deque(maxlen=self.hold)
         if not batch:
             return
-        entries = [LogEntry.of(record, at, line[:-1].decode("utf-8", "replace"))
-                   for record, at, line in batch]
         try:
-            await self.store.log_append(entries)
+            await self.store.log_append(batch)
         except (StateUnavailable, OSError) as exc:
             if not self._failing:
                 self._failing = True

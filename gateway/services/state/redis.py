@@ -394,7 +394,7 @@ class RedisState(CountersOf):
         async def add(r: Any) -> None:
             pipe = r.pipeline(transaction=False)
             for e in entries:
-                pipe.xadd(self._log_key, dict(zip(_LOG_FIELDS, e.row(), strict=True)),
+                pipe.xadd(self._log_key, dict(zip(_LOG_FIELDS, e, strict=True)),
                           maxlen=self.log_retain, approximate=True)
             await pipe.execute()
 

@@ -95,7 +95,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "PRIMARY KEY (kind, key)) WITHOUT ROWID",
     ),
     4: (  # the console's request log: the newest audit lines (`state/log.py`)
-        "CREATE TABLE IF NOT EXISTS log (id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, "
+        # (ids only grow: the newest row is never the one trimmed)
+        "CREATE TABLE IF NOT EXISTS log (id INTEGER PRIMARY KEY, at REAL NOT NULL, "
         "sandbox TEXT NOT NULL, policy TEXT NOT NULL, host TEXT NOT NULL, "
         "decision TEXT NOT NULL, code TEXT NOT NULL, engine TEXT NOT NULL, line TEXT NOT NULL)",
     ),
@@ -559,7 +560,7 @@ class SqliteState:
         try:
             with _transaction(self._db()) as conn:
                 conn.executemany(f"INSERT INTO log ({_LOG_COLUMNS}) VALUES "  # noqa: S608
-                                 "(?, ?, ?, ?, ?, ?, ?, ?)", [e.row() for e in entries])
+                                 "(?, ?, ?, ?, ?, ?, ?, ?)", entries)
                 conn.execute("DELETE FROM log WHERE id <= last_insert_rowid() - ?",
                              (self.log_retain,))
         except sqlite3.Error as exc:
