@@ -16,6 +16,7 @@ Console helpers, so a page's browser test is a few lines:
 - `click(driver, label, within=None)`: a button or link by its text, then the next page;
 - `navigation_status(driver)`: the HTTP status of the page shown;
 - `table_row(driver, first_cell)`;
+- `accessibility_violations(driver)`: what axe-core finds against WCAG 2.1 AA;
 - `wait_for_approval(driver, what)`, `approval_card(driver, what)`,
   `answer_approval(driver, what, "approve", scope="once")`: the approvals inbox.
 """
@@ -43,11 +44,10 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-__all__ = ["WebDriver", "answer_approval", "approval_card", "artifacts_dir", "assert_no_secrets",
-           "click",
-           "navigation_status", "open_page", "page_html", "pages_seen", "save_artifacts",
-           "sign_in", "start_browser", "stop_browser", "table_row", "wait_for", "wait_for_approval",
-           "wait_for_text"]
+__all__ = ["WebDriver", "accessibility_violations", "answer_approval", "approval_card",
+           "artifacts_dir", "assert_no_secrets", "click", "navigation_status", "open_page",
+           "page_html", "pages_seen", "save_artifacts", "sign_in", "start_browser",
+           "stop_browser", "table_row", "wait_for", "wait_for_approval", "wait_for_text"]
 
 TIMEOUT = 10.0
 REPO = Path(__file__).resolve().parents[2]
@@ -340,3 +340,20 @@ def answer_approval(driver: WebDriver, what: str, decision: str, scope: str = "o
         card.find_element(By.NAME, "note").send_keys(note)
     click(driver, {"approve": "Approve", "deny": "Deny"}[decision], within=card)
     page_html(driver)
+
+
+def accessibility_violations(driver: WebDriver) -> list[str]:
+    """The WCAG 2.1 A and AA violations axe-core finds on the page shown (each as `rule:
+    what, where`); axe is injected through WebDriver, which the page's CSP does not
+    govern."""
+    from helpers.node_clients import axe_core
+
+    driver.execute_script(axe_core().read_text())
+    found = driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "axe.run(document, {runOnly: {type: 'tag', values: "
+        "['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa']}})"
+        ".then(r => done(r.violations.map(v => v.id + ': ' + v.help + ', at ' + "
+        "v.nodes.map(n => n.target.join(' ')).slice(0, 3).join('; '))))"
+        ".catch(e => done(['axe failed: ' + e]));")
+    return [str(v) for v in found]

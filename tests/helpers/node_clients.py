@@ -124,3 +124,13 @@ def js_runtimes() -> dict[str, Path]:
         tools[name] = root / "node_modules" / scope / package.format(arch=arch) / binary
         assert tools[name].is_file(), tools[name]
     return tools
+
+
+AXE_VERSION = "4.11.0"
+
+
+def axe_core() -> Path:
+    """`axe.min.js` of axe-core (Deque's accessibility engine, pinned), from npm once per
+    machine: the console's pages are checked with it in the real browser."""
+    root = _npm_install(cache_root() / f"axe-core-{AXE_VERSION}", (f"axe-core@{AXE_VERSION}",))
+    return root / "node_modules" / "axe-core" / "axe.min.js"

@@ -21,6 +21,7 @@ import pytest
 from helpers.approvals import Call, admin_api, admin_token, ask_gateway, connect
 from helpers.browser import (
     WebDriver,
+    accessibility_violations,
     answer_approval,
     approval_card,
     assert_no_secrets,
@@ -291,3 +292,31 @@ def test_a_token_revoked_in_the_browser_ends_its_tunnel(
     with pytest.raises(ConnectionRefusedError, match="407"):
         open_tunnel((proxy_host, proxy_port), "allowed.test:443", minted["token"],
                     "sbx-token", timeout=10)
+
+
+def test_every_page_meets_wcag_21_aa(gw: GatewayThread, browser: WebDriver,
+                                     secrets: list[str]) -> None:
+    """axe-core in the browser finds no WCAG 2.1 A/AA violation on any console page: the
+    sign-in page (and its error), the request log and a line, the inbox with an ask
+    waiting, grants, usage, sandboxes."""
+    open_page(browser, f"{gw.admin}/console/login")
+    pages = {"sign-in": accessibility_violations(browser)}
+    call, what = _held(gw, browser, secrets, "https://allowed.test/console-a11y", "sbx-a11y")
+    pages["approvals"] = accessibility_violations(browser)
+    for name, path in (("requests", "/console/requests"),
+                       ("refused first", "/console/requests?view=refused"),
+                       ("grants", "/console/grants"), ("usage", "/console/usage"),
+                       ("sandboxes", "/console/sandboxes")):
+        open_page(browser, gw.admin + path)
+        pages[name] = accessibility_violations(browser)
+    open_page(browser, f"{gw.admin}/console/requests")
+    browser.find_element(By.CSS_SELECTOR, "#lines tbody tr a").click()
+    wait_for_text(browser, "The policy today")
+    pages["a line"] = accessibility_violations(browser)
+    browser.execute_script("document.querySelector('main').insertAdjacentHTML('beforeend', "
+                           "'<input name=unlabelled>')")  # (the check can fail)
+    assert any(v.startswith("label:") for v in accessibility_violations(browser))
+    open_page(browser, f"{gw.admin}/console/approvals")
+    answer_approval(browser, what, "deny")
+    assert call.result().status_code == 403
+    assert {name: found for name, found in pages.items() if found} == {}
