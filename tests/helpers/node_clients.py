@@ -13,6 +13,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from helpers.cache_lock import installing
+
 PACKAGES = ("openai@6", "@anthropic-ai/sdk@1", "undici@7")
 # The newest 24.x (LTS) on npm, where the Node project's release binaries are published as
 # node-linux-<arch>. Its fetch honours NODE_USE_ENV_PROXY (24.0+ and 22.21+; 22.20 and
@@ -30,20 +32,21 @@ def _npm_install(root: Path, packages: tuple[str, ...]) -> Path:
     """`root`, whose node_modules hold `packages` (installed once: `.installed` marks it)."""
     assert shutil.which("node") and shutil.which("npm"), (
         "node and npm are needed (scripts/test-tools.sh installs nodejs and npm)")
-    if (root / ".installed").is_file():
+    with installing(root):
+        if (root / ".installed").is_file():
+            return root
+        work = root.with_name(root.name + ".tmp")
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        (work / "package.json").write_text('{"name": "node-clients", "private": true}\n')
+        proc = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--ignore-scripts",
+                               "--loglevel=error", *packages], cwd=work, capture_output=True,
+                              text=True, timeout=300, check=False)
+        assert proc.returncode == 0, f"npm install {' '.join(packages)} failed:\n{proc.stderr}"
+        (work / ".installed").touch()
+        shutil.rmtree(root, ignore_errors=True)
+        work.rename(root)
         return root
-    work = root.with_name(root.name + ".tmp")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    (work / "package.json").write_text('{"name": "node-clients", "private": true}\n')
-    proc = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--ignore-scripts",
-                           "--loglevel=error", *packages], cwd=work, capture_output=True,
-                          text=True, timeout=300, check=False)
-    assert proc.returncode == 0, f"npm install {' '.join(packages)} failed:\n{proc.stderr}"
-    (work / ".installed").touch()
-    shutil.rmtree(root, ignore_errors=True)
-    work.rename(root)
-    return root
 
 
 def node_clients() -> Path:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers.cache_lock import installing
 from helpers.node_clients import cache_root
 
 AIDER = "aider-chat==0.86.2"
@@ -21,14 +22,15 @@ def pypi_venv(spec: str) -> Path:
     """The root of a virtualenv with `spec` (`name==version`) installed, made once."""
     name, version = spec.split("==")
     root = cache_root() / f"{name}-{version}"
-    if not (root / ".installed").is_file():
-        shutil.rmtree(root, ignore_errors=True)  # a half-made one from an interrupted run
-        subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300)
-        proc = subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "-q",
-                               "--disable-pip-version-check", spec],
-                              capture_output=True, text=True, timeout=900, check=False)
-        assert proc.returncode == 0, f"pip install {spec} failed:\n{proc.stderr[-3000:]}"
-        (root / ".installed").touch()
+    with installing(root):
+        if not (root / ".installed").is_file():
+            shutil.rmtree(root, ignore_errors=True)  # a half-made one from an interrupted run
+            subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300)
+            proc = subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "-q",
+                                   "--disable-pip-version-check", spec],
+                                  capture_output=True, text=True, timeout=900, check=False)
+            assert proc.returncode == 0, f"pip install {spec} failed:\n{proc.stderr[-3000:]}"
+            (root / ".installed").touch()
     return root
 
 
