@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -166,7 +165,7 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         if not isinstance(jti, str) or not jti:
             return _error(400, "bad_request", "jti is required")
         try:
-            await ctx.tokens.state.revoke(jti, time.time() + ctx.tokens.max_lifetime)
+            await ctx.tokens.revoke(jti)
         except StateUnavailable as exc:
             return _error(503, "state_unavailable", str(exc))
         return JSONResponse({"revoked": jti})

@@ -75,6 +75,7 @@ class Auditor:
         self._watched: asyncio.AbstractEventLoop | None = None  # add_writer on out.fd
         self.closed = False
         self._second, self._stamp = -1, ""
+        self._tap_failed = False
         # Each line written also goes here (the console's request log), never raising.
         self.tap: Callable[[dict[str, Any], float, bytes], None] | None = None
         metrics.AUDIT_UP.set(1)
@@ -104,7 +105,13 @@ class Auditor:
         metrics.child(metrics.REQUESTS, record.get("policy") or "-", record["decision"],
                       record.get("path_taken") or "-").inc()
         if self.tap is not None:
-            self.tap(record, now, line)
+            try:
+                self.tap(record, now, line)
+            except Exception:  # (the console's copy never costs the trail its line)
+                if not self._tap_failed:
+                    self._tap_failed = True
+                    log.exception("audit: the request log's copy of a line failed; the "
+                                  "audit trail goes on")
         if self.closed:  # a connection cut off by the stop, after the sink closed
             self.dropped += 1
             metrics.AUDIT_DROPPED.inc()

@@ -230,3 +230,28 @@ def test_pages_render_in_under_100_ms_with_100k_lines(tmp_path: Path) -> None:
                 took.append(time.perf_counter() - started)
             assert min(took) < 0.1, (view, took)
         c.portal.call(state.close)
+
+
+def test_a_malformed_cursor_is_refused_not_crashed(client: Any) -> None:
+    c, state, clock = client
+    _feed(state, [_line(1)], clock.now)
+    sign_in(c)
+    for url, headers in [("/console/requests?before=abc", {}),
+                         ("/console/requests/stream?after=1;DROP", {}),
+                         ("/console/requests/stream", {"Last-Event-ID": "x" * 500})]:
+        answer = c.get(url, headers=headers)
+        assert answer.status_code == 400 and "is not a line id" in answer.text, url
+    assert c.get("/console/requests?before=2-0").status_code == 200  # (a stream id's form)
+
+
+def test_a_failing_request_log_never_costs_the_audit_trail_a_line() -> None:
+    out = io.StringIO()
+    auditor = Auditor.open(stream=out)
+
+    def broken(record: dict[str, Any], at: float, line: bytes) -> None:
+        raise RuntimeError("the console's copy failed")
+
+    auditor.tap = broken
+    auditor.write(_line(1))
+    auditor.write(_line(2))
+    assert [json.loads(x)["jti"] for x in out.getvalue().splitlines()] == ["j1", "j2"]

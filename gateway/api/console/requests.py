@@ -10,10 +10,13 @@ the script only adds lines as they happen.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -34,6 +37,7 @@ PAGE = 200  # lines per page
 POLL = 0.5  # seconds between the live stream's reads of the store
 HEARTBEAT = 15.0  # seconds between keep-alive comments on a quiet stream
 STREAM_LIFETIME = 300.0  # a stream ends then; the browser reconnects where it was
+_CURSOR = re.compile(r"[0-9]{1,19}(-[0-9]{1,19})?")
 _FILTERS = ("sandbox", "policy", "host", "decision", "code", "engine", "since", "until")
 _SHOWN = ("time", "sandbox", "policy", "method", "scheme", "host", "port", "path",
           "decision", "error", "status", "engine", "rule", "reason", "duration_ms")
@@ -41,6 +45,14 @@ _SHOWN = ("time", "sandbox", "policy", "method", "scheme", "host", "port", "path
 
 class BadFilter(ValueError):
     """A filter people typed that cannot be used (said on the page)."""
+
+
+def cursor_of(value: str | None) -> str | None:
+    """A cursor given by the page (`before`, `after`, `Last-Event-ID`): a store id (digits,
+    or a Redis stream id). Raises BadFilter."""
+    if value is not None and not _CURSOR.fullmatch(value):
+        raise BadFilter(f"{value[:40]!r} is not a line id")
+    return value
 
 
 def query_of(params: dict[str, str], now: float) -> LogQuery:
@@ -102,9 +114,9 @@ def routes(site: Site, ctx: AdminContext) -> list[Route]:
                                   "refused": [], "stream": "", "older": ""}
         try:
             query = query_of(params, site.clock())
-            before = params.get("before") or None
+            before = cursor_of(params.get("before") or None)
             if view == "refused":
-                refused = LogQuery(**{**_fields(query), "decision": "deny"})
+                refused = dataclasses.replace(query, decision="deny")
                 values["refused"] = [summary(c, e) for c, e in
                                      await store.log_read(refused, PAGE, before=before)]
             found = await store.log_read(query, PAGE, before=before)
@@ -156,9 +168,10 @@ def routes(site: Site, ctx: AdminContext) -> list[Route]:
         params = dict(request.query_params)
         try:
             query = query_of(params, site.clock())
+            after = cursor_of(request.headers.get("last-event-id") or params.get("after")
+                              or None)
         except BadFilter as exc:
             return Response(str(exc), status_code=400, headers=HEADERS)
-        after = request.headers.get("last-event-id") or params.get("after") or None
         if after is None:
             try:
                 after = await store.log_last()
@@ -175,13 +188,7 @@ def routes(site: Site, ctx: AdminContext) -> list[Route]:
     ]
 
 
-def _fields(query: LogQuery) -> dict[str, Any]:
-    return {name: getattr(query, name) for name in query.__slots__}
-
-
 def _link(path: str, params: dict[str, str]) -> str:
-    from urllib.parse import urlencode
-
     return f"{path}?{urlencode(params)}"
 
 

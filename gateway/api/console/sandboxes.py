@@ -6,7 +6,6 @@ admin API (`POST /v1/tokens/revoke`, `DELETE /v1/sandboxes/{ip}`, `GET /v1/polic
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable
 
 from starlette.requests import Request
@@ -54,7 +53,7 @@ def routes(site: Site, tokens: TokenService,
         if _JTI.fullmatch(jti) is None:
             return site.back(_PAGE, "not revoked: that is not a token id")
         try:  # (as POST /v1/tokens/revoke)
-            await tokens.state.revoke(jti, time.time() + tokens.max_lifetime)
+            await tokens.revoke(jti)
         except StateUnavailable as exc:
             return site.back(_PAGE, f"token {jti}: not revoked: {exc}")
         return site.back(_PAGE, f"token {jti} revoked: every worker refuses it, and every "

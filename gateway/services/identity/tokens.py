@@ -299,6 +299,12 @@ class TokenService:
                                identity)
         return identity
 
+    async def revoke(self, jti: str) -> None:
+        """Revoke the token `jti` (and every token refreshed from it) on every process of
+        the state store, kept until no token of it can still be valid (raises
+        StateUnavailable)."""
+        await self.state.revoke(jti, time.time() + self.max_lifetime)
+
     def revoked(self, identity: Identity) -> bool:
         """Was this token, or the family it was refreshed from, revoked? (No I/O: the
         state store's view.)"""

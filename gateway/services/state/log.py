@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-__all__ = ["RETAIN", "LogEntry", "LogLines", "LogQuery", "MemoryLog"]
+__all__ = ["RETAIN", "LogEntry", "LogLines", "LogQuery", "MemoryLog", "cursor_number"]
 
 RETAIN = 100_000  # console.retain default
 
@@ -92,6 +92,12 @@ class LogQuery:
         return " AND ".join(terms), args
 
 
+def cursor_number(cursor: str) -> int:
+    """A cursor as the id of the memory and SQLite logs (the page checks its form: digits,
+    or a Redis stream id, whose first part is taken)."""
+    return int(cursor.partition("-")[0])
+
+
 class LogLines(Protocol):
     """The request log of a state store. Raise `StateUnavailable` when it cannot answer."""
 
@@ -128,14 +134,14 @@ class MemoryLog:
                        after: str | None = None) -> list[tuple[str, LogEntry]]:
         out: list[tuple[str, LogEntry]] = []
         if after is not None:
-            start = int(after)
+            start = cursor_number(after)
             for ident, entry in self._ring:
                 if ident > start and query.matches(entry):
                     out.append((str(ident), entry))
                     if len(out) >= limit:
                         break
             return out
-        end = int(before) if before is not None else None
+        end = cursor_number(before) if before is not None else None
         for ident, entry in reversed(self._ring):
             if (end is None or ident < end) and query.matches(entry):
                 out.append((str(ident), entry))

@@ -56,7 +56,7 @@ from gateway.observability import metrics
 from gateway.services.secrets.ephemeral import EphemeralKey, EphemeralKeys
 from gateway.services.state.base import SandboxAddress, SharedMint, StateUnavailable
 from gateway.services.state.counters import Admission, CounterView, Increment, Table, first_refused
-from gateway.services.state.log import COLUMNS, RETAIN, LogEntry, LogQuery
+from gateway.services.state.log import COLUMNS, RETAIN, LogEntry, LogQuery, cursor_number
 
 __all__ = ["SCHEMA_VERSION", "SqliteState", "StateFileError", "backup_file", "check_file",
            "open_file", "summary"]
@@ -573,12 +573,12 @@ class SqliteState:
         where, args = query.where()
         if after is not None:
             where, order = f"{where} AND id > ?", "ASC"
-            args.append(int(after))
+            args.append(cursor_number(after))
         else:
             order = "DESC"
             if before is not None:
                 where += " AND id < ?"
-                args.append(int(before))
+                args.append(cursor_number(before))
         rows = self._read(f"SELECT id, {_LOG_COLUMNS} FROM log WHERE {where} "  # noqa: S608
                           f"ORDER BY id {order} LIMIT ?", (*args, limit))
         return [(str(row[0]), LogEntry(*row[1:])) for row in rows]
