@@ -49,6 +49,6 @@ def classify(data: bytes, *, http: bool = True) -> FirstBytes | None:
             head = parse_request_head(data[:end + 4])
         except ValueError:
             return FirstBytes("http")
-        host = next((v for k, v in head.headers if k == b"host"), None)
+        host = next((v for k, v in head.fields if k.lower() == b"host"), None)
         return FirstBytes("http", host.decode("latin-1") if host is not None else None)
     return FirstBytes("tcp")

@@ -106,7 +106,7 @@ class FrontDoor(Door):
                 self.to_h1(bytes(self.buf), tls_host=None)  # a plain proxy request
                 return
             authority = request.target.decode("latin-1")
-            credentials = [v for k, v in request.headers if k == b"proxy-authorization"]
+            credentials = [v for k, v in request.fields if k.lower() == b"proxy-authorization"]
             if len(credentials) > 1:
                 self._send(self.gate.unparsable(
                     self.client, "more than one Proxy-Authorization field; send one"))

@@ -37,12 +37,14 @@ import asyncio
 import functools
 import importlib.util
 import logging
+import re
 import sys
 from collections.abc import Callable
 from importlib.metadata import version
-from typing import Any
+from typing import Any, NamedTuple
 
 import h11
+from h11 import _abnf
 from h11._readers import ChunkedReader as _H11ChunkedReader
 from h11._readers import (
     ContentLengthReader,
@@ -50,7 +52,7 @@ from h11._readers import (
     maybe_read_from_IDLE_client,
     maybe_read_from_SEND_RESPONSE_server,
 )
-from h11._receivebuffer import ReceiveBuffer
+from h11._receivebuffer import ReceiveBuffer, blank_line_regex
 from mitmproxy import http, platform
 from mitmproxy.net.tls import starts_like_tls_record
 from mitmproxy.proxy import mode_servers, server
@@ -66,6 +68,8 @@ __all__ = [
     "Fragmentizer",
     "Http10Reader",
     "NextLayerAddon",
+    "RawRequest",
+    "RawResponse",
     "ReceiveBuffer",
     "check_versions",
     "client_hello",
@@ -136,15 +140,103 @@ class ChunkedReader(_H11ChunkedReader):
         return event
 
 
-def read_request_head(buf: ReceiveBuffer) -> h11.Request | None:
-    """The next request head in `buf` (h11's strict parser), None if incomplete.
+class RawRequest(NamedTuple):
+    """A request head as h11's grammar reads it: fields as sent (name case kept), with
+    h11's normalisation of Content-Length and Transfer-Encoding applied."""
+
+    method: bytes
+    target: bytes
+    http_version: bytes
+    fields: list[tuple[bytes, bytes]]
+
+
+class RawResponse(NamedTuple):
+    """A response head as h11's grammar reads it (see `RawRequest`)."""
+
+    status_code: int
+    reason: bytes
+    http_version: bytes
+    fields: list[tuple[bytes, bytes]]
+
+
+# h11's grammar (`h11._abnf`), compiled once for a whole head: the start line, every
+# field line and the blank line in one match. A head this reads is one h11 reads the
+# same; anything else (obsolete line folding, bare LF line ends, a malformed line, a
+# field h11 would rewrite) goes through h11's own reader, which reads or refuses it.
+_FIELD = f"{_abnf.field_name}:{_abnf.OWS}(?:{_abnf.field_content})?{_abnf.OWS}\r\n"
+_REQUEST_HEAD = re.compile(
+    f"{_abnf.request_line}\r\n(?P<fields>(?:{_FIELD})*)\r\n".encode("ascii"))
+_RESPONSE_HEAD = re.compile(
+    f"{_abnf.status_line}\r\n(?P<fields>(?:{_FIELD})*)\r\n".encode("ascii"))
+_FIELDS = re.compile(
+    f"({_abnf.field_name}):{_abnf.OWS}((?:{_abnf.field_content})?){_abnf.OWS}\r\n"
+    .encode("ascii"))
+_CONTENT_LENGTH = re.compile(rb"\ncontent-length:[ \t]*([0-9]{1,20})[ \t]*\r")
+
+
+def _fields(data: bytearray, match: re.Match[bytes], request: bool
+            ) -> list[tuple[bytes, bytes]] | None:
+    """The field lines of a head `match` read, if h11's normalisation leaves them as
+    they are: at most one Content-Length, of digits only; no Transfer-Encoding; for a
+    request, at most one Host (the caller checks HTTP/1.1 has one). None: let h11 read
+    the head."""
+    start, end = match.span("fields")
+    lower = b"\n" + data[start:end].lower()
+    if b"\ntransfer-encoding:" in lower:
+        return None
+    lengths = lower.count(b"\ncontent-length:")
+    if lengths > 1 or (lengths == 1 and _CONTENT_LENGTH.search(lower) is None):
+        return None
+    if request:
+        hosts = lower.count(b"\nhost:")
+        if hosts > 1 or (hosts == 0 and match.group("http_version") == b"1.1"):
+            return None
+    return _FIELDS.findall(data, start, end)
+
+
+def read_request_head(buf: ReceiveBuffer) -> RawRequest | None:
+    """The next request head in `buf` (h11's strict grammar), None if incomplete.
     Raises h11.LocalProtocolError for a malformed head."""
+    data = buf._data
+    blank = blank_line_regex.search(data, buf._multiple_lines_search)
+    if blank is not None:
+        match = _REQUEST_HEAD.fullmatch(data, 0, blank.end())
+        if match is not None:
+            fields = _fields(data, match, request=True)
+            if fields is not None:
+                method, target, version = match.group("method", "target", "http_version")
+                buf._extract(blank.end())
+                return RawRequest(method, target, version, fields)
     event = maybe_read_from_IDLE_client(buf)
-    assert event is None or isinstance(event, h11.Request)
-    return event
+    if event is None:
+        return None
+    assert isinstance(event, h11.Request)
+    return RawRequest(event.method, event.target, event.http_version,
+                      event.headers.raw_items())
 
 
-def parse_request_head(data: bytes) -> h11.Request:
+def read_response_head(buf: ReceiveBuffer) -> RawResponse | None:
+    """The next response head in `buf` (an informational one too), None if incomplete.
+    Raises h11.LocalProtocolError for a malformed head."""
+    data = buf._data
+    blank = blank_line_regex.search(data, buf._multiple_lines_search)
+    if blank is not None:
+        match = _RESPONSE_HEAD.fullmatch(data, 0, blank.end())
+        if match is not None:
+            fields = _fields(data, match, request=False)
+            if fields is not None:
+                status, reason, version = match.group("status_code", "reason", "http_version")
+                buf._extract(blank.end())
+                return RawResponse(int(status), reason or b"", version, fields)
+    event = maybe_read_from_SEND_RESPONSE_server(buf)
+    if event is None:
+        return None
+    assert isinstance(event, (h11.Response, h11.InformationalResponse))
+    return RawResponse(event.status_code, event.reason, event.http_version,
+                       event.headers.raw_items())
+
+
+def parse_request_head(data: bytes) -> RawRequest:
     """A whole request head (`data` ends with its blank line) read by the same parser as
     every other head: the front door's CONNECT and the first bytes of a redirected
     connection. Raises ValueError, in h11's words, for a malformed or incomplete head.
@@ -165,7 +257,7 @@ def parse_request_head(data: bytes) -> h11.Request:
 _NO_HOST = "Missing mandatory Host: header"  # (h11 0.16's words)
 
 
-def _parse_head(data: bytes) -> h11.Request:
+def _parse_head(data: bytes) -> RawRequest:
     buf = ReceiveBuffer()
     buf += data
     try:
@@ -174,13 +266,6 @@ def _parse_head(data: bytes) -> h11.Request:
         raise ValueError(str(exc)) from None
     if event is None:
         raise ValueError("the request head is incomplete")
-    return event
-
-
-def read_response_head(buf: ReceiveBuffer) -> h11.Response | h11.InformationalResponse | None:
-    """The next response head in `buf`, None if incomplete."""
-    event = maybe_read_from_SEND_RESPONSE_server(buf)
-    assert event is None or isinstance(event, (h11.Response, h11.InformationalResponse))
     return event
 
 

@@ -9,9 +9,8 @@ one connection and are not forwarded; the engine frames each side itself.
 
 from __future__ import annotations
 
-import h11
-
 from gateway.core.messages import Headers, RequestHead, ResponseHead
+from gateway.engines.patches import RawRequest, RawResponse
 
 __all__ = [
     "HOP_BY_HOP",
@@ -49,15 +48,15 @@ def _no_smuggling(headers: Headers) -> None:
                             "(a request smuggling shape); send one of them")
 
 
-def request_head(event: h11.Request) -> RequestHead:
-    headers = Headers(event.headers.raw_items())
+def request_head(event: RawRequest) -> RequestHead:
+    headers = Headers(event.fields)
     _no_smuggling(headers)
     return RequestHead(event.method.decode("latin-1"), event.target.decode("latin-1"),
                        headers, _version(event.http_version), names_checked=True)
 
 
-def response_head(event: h11.Response | h11.InformationalResponse) -> ResponseHead:
-    headers = Headers(event.headers.raw_items())
+def response_head(event: RawResponse) -> ResponseHead:
+    headers = Headers(event.fields)
     _no_smuggling(headers)
     return ResponseHead(event.status_code, event.reason.decode("latin-1"), headers,
                         _version(event.http_version))

@@ -44,6 +44,7 @@ from gateway.engines.patches import (
     ChunkedReader,
     ContentLengthReader,
     Http10Reader,
+    RawResponse,
     read_request_head,
     read_response_head,
 )
@@ -514,7 +515,7 @@ class Connection(Side):
         self.write_answer(ex.upstream_failed(kind, detail))
 
     async def _response_head(self, ex: Exchange, upstream: Upstream
-                             ) -> h11.Response | h11.InformationalResponse | None:
+                             ) -> RawResponse | None:
         """The final response head (informational ones are not forwarded), or None
         when the upstream closed before sending any byte of one."""
         timeout = self.engine.timeouts.read
@@ -524,7 +525,7 @@ class Connection(Side):
             except h11.ProtocolError as exc:
                 raise ProtocolError(str(exc)) from None
             if event is not None:
-                if isinstance(event, h11.InformationalResponse) and event.status_code != 101:
+                if event.status_code < 200 and event.status_code != 101:
                     continue  # 100 Continue, 103 Early Hints: not forwarded
                 return event
             if upstream.eof:
