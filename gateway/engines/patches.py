@@ -194,19 +194,34 @@ def _fields(data: bytearray, match: re.Match[bytes], request: bool
     return _FIELDS.findall(data, start, end)
 
 
+def _one_pass(buf: ReceiveBuffer, head: re.Pattern[bytes], request: bool, *names: str
+              ) -> tuple[list[Any], list[tuple[bytes, bytes]]] | None:
+    """The start line's `names` and the fields of the head at the start of `buf`,
+    taken out of `buf`, if the one pass reads it; None: h11's reader is to read it (or
+    say it is incomplete). (A match's groups are read from the buffer when asked for:
+    before it is cut.)"""
+    data = buf._data
+    blank = blank_line_regex.search(data, buf._multiple_lines_search)
+    if blank is None:
+        return None
+    match = head.fullmatch(data, 0, blank.end())
+    if match is None:
+        return None
+    fields = _fields(data, match, request)
+    if fields is None:
+        return None
+    line = list(match.group(*names))
+    buf._extract(blank.end())
+    return line, fields
+
+
 def read_request_head(buf: ReceiveBuffer) -> RawRequest | None:
     """The next request head in `buf` (h11's strict grammar), None if incomplete.
     Raises h11.LocalProtocolError for a malformed head."""
-    data = buf._data
-    blank = blank_line_regex.search(data, buf._multiple_lines_search)
-    if blank is not None:
-        match = _REQUEST_HEAD.fullmatch(data, 0, blank.end())
-        if match is not None:
-            fields = _fields(data, match, request=True)
-            if fields is not None:
-                method, target, version = match.group("method", "target", "http_version")
-                buf._extract(blank.end())
-                return RawRequest(method, target, version, fields)
+    read = _one_pass(buf, _REQUEST_HEAD, True, "method", "target", "http_version")
+    if read is not None:
+        (method, target, version), fields = read
+        return RawRequest(method, target, version, fields)
     event = maybe_read_from_IDLE_client(buf)
     if event is None:
         return None
@@ -218,16 +233,10 @@ def read_request_head(buf: ReceiveBuffer) -> RawRequest | None:
 def read_response_head(buf: ReceiveBuffer) -> RawResponse | None:
     """The next response head in `buf` (an informational one too), None if incomplete.
     Raises h11.LocalProtocolError for a malformed head."""
-    data = buf._data
-    blank = blank_line_regex.search(data, buf._multiple_lines_search)
-    if blank is not None:
-        match = _RESPONSE_HEAD.fullmatch(data, 0, blank.end())
-        if match is not None:
-            fields = _fields(data, match, request=False)
-            if fields is not None:
-                status, reason, version = match.group("status_code", "reason", "http_version")
-                buf._extract(blank.end())
-                return RawResponse(int(status), reason or b"", version, fields)
+    read = _one_pass(buf, _RESPONSE_HEAD, False, "status_code", "reason", "http_version")
+    if read is not None:
+        (status, reason, version), fields = read
+        return RawResponse(int(status), reason or b"", version, fields)
     event = maybe_read_from_SEND_RESPONSE_server(buf)
     if event is None:
         return None
