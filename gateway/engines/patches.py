@@ -218,6 +218,8 @@ def _one_pass(buf: ReceiveBuffer, head: re.Pattern[bytes], request: bool, *names
 def read_request_head(buf: ReceiveBuffer) -> RawRequest | None:
     """The next request head in `buf` (h11's strict grammar), None if incomplete.
     Raises h11.LocalProtocolError for a malformed head."""
+    if not buf:
+        return None  # (what h11 says of an empty buffer)
     read = _one_pass(buf, _REQUEST_HEAD, True, "method", "target", "http_version")
     if read is not None:
         (method, target, version), fields = read
@@ -233,6 +235,8 @@ def read_request_head(buf: ReceiveBuffer) -> RawRequest | None:
 def read_response_head(buf: ReceiveBuffer) -> RawResponse | None:
     """The next response head in `buf` (an informational one too), None if incomplete.
     Raises h11.LocalProtocolError for a malformed head."""
+    if not buf:
+        return None
     read = _one_pass(buf, _RESPONSE_HEAD, False, "status_code", "reason", "http_version")
     if read is not None:
         (status, reason, version), fields = read

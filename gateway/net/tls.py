@@ -85,6 +85,8 @@ class TlsPump:
                         break
                     raise TlsClosed("TLS session closed")
                 chunks.append(chunk)
+                if not self._in.pending and not self.obj.pending():
+                    break  # all fed bytes read: another read would only say "want read"
         except ssl.SSLWantReadError:
             pass
         except ssl.SSLZeroReturnError:
