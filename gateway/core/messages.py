@@ -49,17 +49,22 @@ class Headers:
         self._fields = fields
         self._index = None
 
-    def _positions(self, name: str) -> list[int] | None:
+    def _built(self) -> dict[bytes, list[int]]:
+        """The lower-case name index (built on the first lookup after `fields` changed)."""
         index = self._index
         if index is None:
             index = self._index = {}
             for i, (k, _) in enumerate(self._fields):
-                positions = index.get(k.lower())
+                key = k.lower()
+                positions = index.get(key)
                 if positions is None:
-                    index[k.lower()] = [i]
+                    index[key] = [i]
                 else:
                     positions.append(i)
-        return index.get(_key(name))
+        return index
+
+    def _positions(self, name: str) -> list[int] | None:
+        return self._built().get(_key(name))
 
     @classmethod
     def of(cls, *pairs: tuple[str, str]) -> Headers:
@@ -109,6 +114,14 @@ class Headers:
         drop = set(positions)
         self.fields = [f for i, f in enumerate(self._fields) if i not in drop]
         return True
+
+    def without(self, names: Iterable[bytes]) -> list[tuple[bytes, bytes]]:
+        """The fields but those named by `names` (lower-case bytes), in order."""
+        index = self._built()
+        drop = {i for name in names for i in index.get(name, ())}
+        if not drop:
+            return list(self._fields)
+        return [f for i, f in enumerate(self._fields) if i not in drop]
 
     def items(self) -> Iterator[tuple[str, str]]:
         for k, v in self._fields:

@@ -34,3 +34,12 @@ def test_a_held_fields_list_is_never_changed_under_its_holder() -> None:
     h.set("A", "2")
     h.set("B", "3")
     assert held == [(b"A", b"1")]
+
+
+def test_without_drops_every_named_field_whatever_its_case() -> None:
+    h = Headers([(b"Host", b"a"), (b"Connection", b"x-a"), (b"X-A", b"1"), (b"x-a", b"2"),
+                 (b"Keep", b"k")])
+    assert h.without({b"connection", b"x-a"}) == [(b"Host", b"a"), (b"Keep", b"k")]
+    assert h.without({b"nothing"}) == h.fields and h.without(()) is not h.fields
+    h.remove("host")  # (the index follows)
+    assert h.without({b"keep"}) == [(b"Connection", b"x-a"), (b"X-A", b"1"), (b"x-a", b"2")]

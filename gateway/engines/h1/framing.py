@@ -88,7 +88,7 @@ def forward_fields(headers: Headers, *, keep_upgrade: bool = False) -> list[tupl
     drop = HOP_BY_HOP | named
     if keep_upgrade:
         drop = drop - {b"upgrade"}
-    return [(k, v) for k, v in headers.fields if k.lower() not in drop]
+    return headers.without(drop)
 
 
 def _fields(fields: list[tuple[bytes, bytes]]) -> bytes:
