@@ -141,7 +141,8 @@ _NAMES = [b"Host", b"host", b"HOST", b"Content-Length", b"content-length", b"Tra
 _VALUES = [b"a", b"5", b"007", b"5, 5", b"5,6", b"chunked", b"Chunked", b"gzip", b"", b" ",
            b"a b", b"a\tb", b"a  ", b"\ta", b"\xff\x80", b"a\x00b", b"a\rb", b"a\x7fb",
            b"close", b"keep-alive, Upgrade", b"websocket", b"12345678901234567890",
-           b"123456789012345678901", b"-3", b"\x0cq"]
+           b"123456789012345678901", b"-3", b"\x0cq", b"a\x1cb", b"\x85", b"\xa0", b"a\x0bb",
+           b"a\x1f"]
 _STARTS = [b"GET / HTTP/1.1", b"POST /v1/chat HTTP/1.1", b"GET http://a/ HTTP/1.0",
            b"CONNECT a:443 HTTP/1.1", b"GET  / HTTP/1.1", b"GET / HTTP/1.1 ", b"get /\x7f HTTP/1.1",
            b"GET / HTTP/3.0"]
