@@ -12,25 +12,23 @@ reserves the ports, and starts the workers with:
 - prometheus_client's multiprocess directory, so any worker's `/metrics` reports the
   sum over all workers.
 
-It forwards SIGTERM/SIGINT, restarts a worker that dies (with backoff), and exits
-when every worker has stopped. Each worker keeps its own secret cache.
+Then it becomes a lean process of the standard library only (`watch.py`): it forwards
+SIGTERM/SIGINT, restarts a worker that dies (with backoff), and exits when every worker
+has stopped. Each worker keeps its own secret cache.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
-
-from prometheus_client import multiprocess
 
 from gateway.config import Config, HostPort
 from gateway.net import ca
@@ -40,9 +38,6 @@ from gateway.services.secrets import build_store
 from gateway.services.state.sqlite import open_file
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-READY_TIMEOUT = 60.0
-RESTART_BACKOFF = (1.0, 30.0)
 
 
 def available_cpus(cgroup: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
@@ -84,7 +79,7 @@ def reserve(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _concrete(hp: HostPort, held: list[object]) -> HostPort:
+def _concrete(hp: HostPort, held: list[socket.socket]) -> HostPort:
     """Pin port 0 to a real port, holding it reserved (SO_REUSEPORT) for the workers."""
     sock = reserve(hp.host, hp.port)
     held.append(sock)
@@ -92,16 +87,13 @@ def _concrete(hp: HostPort, held: list[object]) -> HostPort:
 
 
 class Supervisor:
-    """Starts, watches and stops the worker processes."""
+    """Prepares what the workers share; `watch.Watcher` runs them."""
 
     def __init__(self, config: Config, config_path: str | None, workers: int) -> None:
         self.config = config
         self.config_path = config_path
         self.count = workers
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        self.restarts: dict[int, int] = {}
-        self.stopping = False
-        self._held: list[object] = []
+        self._held: list[socket.socket] = []
         self.admin_token = ""
         self.admin_token_created = False
 
@@ -155,76 +147,6 @@ class Supervisor:
             open_file(path).close()  # created and migrated once, before the workers
         return env
 
-    def _spawn(self, index: int, env: dict[str, str]) -> None:
-        cmd = [sys.executable, "-m", "gateway", "run", "--worker-index", str(index),
-               "--supervisor", str(os.getpid())]
-        if self.config_path:
-            cmd += ["--config", self.config_path]
-        ready = self.runtime / f"ready-{index}"
-        ready.unlink(missing_ok=True)
-        self.procs[index] = subprocess.Popen(cmd, env=env)
-
-    def start(self, env: dict[str, str]) -> bool:
-        self.env = env
-        for index in range(self.count):
-            self._spawn(index, env)
-        deadline = time.monotonic() + READY_TIMEOUT
-        while time.monotonic() < deadline:
-            if all((self.runtime / f"ready-{i}").exists() for i in range(self.count)):
-                return True
-            if any(p.poll() is not None for p in self.procs.values()):
-                return False
-            time.sleep(0.05)
-        return False
-
-    def watch(self) -> int:
-        """Until told to stop: restart workers that exit on their own."""
-        while not self.stopping:
-            for index, proc in list(self.procs.items()):
-                code = proc.poll()
-                if code is None or self.stopping:
-                    continue
-                self.forget(proc.pid)
-                self.restarts[index] = self.restarts.get(index, 0) + 1
-                wait = min(RESTART_BACKOFF[1],
-                           RESTART_BACKOFF[0] * 2 ** (self.restarts[index] - 1))
-                print(f"sandbox-gateway: worker {index} exited with {code}; restarting in "
-                      f"{wait:.0f}s", file=sys.stderr, flush=True)
-                time.sleep(wait)
-                if not self.stopping:
-                    self._spawn(index, self.env)
-            time.sleep(0.2)
-        return self.stop(timeout=self.config.shutdown.drain + 10)
-
-    def forget(self, pid: int) -> None:
-        """A worker died: its live gauges (open connections, audit and state-store health,
-        ...) leave the sums at once; a killed worker never took its connections off the
-        gauge itself. Its counters stay (they count what happened)."""
-        multiprocess.mark_process_dead(pid, str(self.metrics_dir))  # type: ignore[no-untyped-call]
-
-    def request_stop(self, *_: object) -> None:
-        self.stopping = True
-
-    def stop(self, timeout: float = 15.0) -> int:
-        self.stopping = True
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        worst = 0
-        for proc in self.procs.values():
-            try:
-                code = proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait()
-            worst = worst or (code if code not in (0, -signal.SIGTERM) else 0)
-        for sock in self._held:
-            sock.close()  # type: ignore[attr-defined]
-        if self.config.runtime_dir is None:
-            shutil.rmtree(self.runtime, ignore_errors=True)
-        return worst
-
 
 def follow_supervisor(supervisor: int) -> None:
     """End this worker when its supervisor ends, however it ends (SIGKILL, the OOM
@@ -239,20 +161,15 @@ def follow_supervisor(supervisor: int) -> None:
 
 
 def run_supervisor(config: Config, config_path: str | None, workers: int) -> int:
-    """Run `workers` gateway processes until SIGTERM/SIGINT; the exit code of `run`."""
+    """Prepare, then become the lean supervisor (`watch.py`, by exec: same pid) that runs
+    `workers` gateway processes until SIGTERM/SIGINT; the exit code of `run`. Returns
+    only when preparing fails (2)."""
     supervisor = Supervisor(config, config_path, workers)
-    signal.signal(signal.SIGTERM, supervisor.request_stop)
-    signal.signal(signal.SIGINT, supervisor.request_stop)
     try:
         env = supervisor.prepare()
     except Exception as exc:  # startup validation: say what, exit 2
         errors = getattr(exc, "errors", None)
         print("\n".join(errors) if errors else f"sandbox-gateway: {exc}", file=sys.stderr)
-        return 2
-    if not supervisor.start(env):
-        supervisor.stop()
-        print("sandbox-gateway: a worker failed to start (see its messages above)",
-              file=sys.stderr)
         return 2
     listen = supervisor.listen
     lines = [
@@ -266,8 +183,23 @@ def run_supervisor(config: Config, config_path: str | None, workers: int) -> int
         lines.insert(3, f"  transparent {listen.transparent}")
     if listen.dns is not None:
         lines.insert(3, f"  dns     {listen.dns}   (udp+tcp; registered sandboxes only)")
-
     lines.append(ca.admin_token_line(config.certs, bool(config.admin_token),
                                     supervisor.admin_token_created))
-    print("\n".join(lines), file=sys.stderr, flush=True)
-    return supervisor.watch()
+    held = [sock.fileno() for sock in supervisor._held]
+    plan = {
+        "workers": workers, "config_path": config_path,
+        "env": {k: v for k, v in env.items() if os.environ.get(k) != v},  # (what it adds)
+        "runtime": str(supervisor.runtime), "remove_runtime": config.runtime_dir is None,
+        "metrics_dir": str(supervisor.metrics_dir),
+        "stop_timeout": config.shutdown.drain + 10, "held": held,
+        "banner": "\n".join(lines),
+    }
+    read, write = os.pipe()  # (a few KB: the write never waits for the reader)
+    with os.fdopen(write, "w", encoding="utf-8") as pipe:
+        json.dump(plan, pipe)
+    for fd in (read, *held):
+        os.set_inheritable(fd, True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable,  # noqa: S606 (this interpreter, a fixed argv)
+             [sys.executable, "-m", "gateway.runtime.watch", str(read)])

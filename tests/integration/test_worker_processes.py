@@ -173,3 +173,41 @@ def _state(pid: str) -> str:
         return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1]
     except (FileNotFoundError, IndexError):
         return "Z"
+
+
+def test_the_supervisor_holds_only_the_standard_library(tmp_path: Path) -> None:
+    """Once the workers run, the supervisor is `runtime/watch.py` in a fresh interpreter
+    (exec, same pid): none of the crypto, policy or engine code it prepared with stays
+    mapped (it held ~46 MiB; ~14 MiB now). Its reserved ports and the restart of a dead
+    worker still work."""
+    gw, proxy, _, workers = _two_workers(tmp_path, shutdown={"drain": "2s"})
+    try:
+        cmdline = Path(f"/proc/{gw.pid}/cmdline").read_bytes().split(b"\0")
+        assert b"gateway.runtime.watch" in cmdline, cmdline
+        maps = Path(f"/proc/{gw.pid}/maps").read_text()
+        for library in ("cryptography", "_cffi_backend", "mitmproxy", "_yaml", "_sqlite3"):
+            assert library not in maps, library
+        rss = next(int(line.split()[1]) for line in
+                   Path(f"/proc/{gw.pid}/status").read_text().splitlines()
+                   if line.startswith("VmRSS:"))
+        assert rss < 30 * 1024, rss  # (KiB; a full gateway process holds twice that)
+        assert sum(1 for fd in Path(f"/proc/{gw.pid}/fd").iterdir()
+                   if os.readlink(fd).startswith("socket:")) == 2  # proxy and admin, held
+        os.kill(int(workers[0]), signal.SIGKILL)  # restarted by the lean supervisor
+        deadline = time.monotonic() + 15
+        while True:
+            now = subprocess.run(["pgrep", "-P", str(gw.pid)], capture_output=True,
+                                 text=True).stdout.split()
+            if len(now) == 2 and workers[0] not in now:
+                break
+            assert time.monotonic() < deadline, now
+            time.sleep(0.2)
+    finally:
+        gw.send_signal(signal.SIGTERM)
+        code = gw.wait(20)
+        assert gw.stderr is not None
+        gw.stderr.close()
+    assert code == 0
+    assert subprocess.run(["pgrep", "-P", str(gw.pid)], capture_output=True).stdout == b""
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", proxy)) != 0

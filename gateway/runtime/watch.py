@@ -1,0 +1,139 @@
+"""The supervisor of `run --workers N` once everything is prepared: it starts the workers,
+restarts one that exits on its own (with backoff), forwards SIGTERM/SIGINT and exits when
+every worker has stopped.
+
+`workers.run_supervisor` prepares what the workers share (in the full gateway: config,
+policies, CA, keys, state file, reserved ports) and then replaces itself with this
+module (`exec`, same pid, so the workers' parent-death signal still points at it). A
+fresh interpreter that imports only the standard library holds about 15 MiB for the
+life of the gateway instead of the ~45 MiB the preparing process had loaded (crypto,
+policy compiler, YAML, the CLI). The plan comes on an inherited pipe (never in argv,
+which every user can read); the reserved ports are inherited descriptors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+READY_TIMEOUT = 60.0
+RESTART_BACKOFF = (1.0, 30.0)
+
+
+class Watcher:
+    """Starts, watches and stops the worker processes of one plan (see `plan` in
+    `workers.run_supervisor`)."""
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        self.count = int(plan["workers"])
+        self.config_path: str | None = plan["config_path"]
+        self.env = {**os.environ, **plan["env"]}
+        self.runtime = Path(plan["runtime"])
+        self.remove_runtime = bool(plan["remove_runtime"])
+        self.metrics_dir = Path(plan["metrics_dir"])
+        self.stop_timeout = float(plan["stop_timeout"])
+        self.held: list[int] = [int(fd) for fd in plan["held"]]
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.restarts: dict[int, int] = {}
+        self.stopping = False
+
+    def _spawn(self, index: int) -> None:
+        cmd = [sys.executable, "-m", "gateway", "run", "--worker-index", str(index),
+               "--supervisor", str(os.getpid())]
+        if self.config_path:
+            cmd += ["--config", self.config_path]
+        (self.runtime / f"ready-{index}").unlink(missing_ok=True)
+        self.procs[index] = subprocess.Popen(cmd, env=self.env)
+
+    def start(self) -> bool:
+        for index in range(self.count):
+            self._spawn(index)
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline and not self.stopping:
+            if all((self.runtime / f"ready-{i}").exists() for i in range(self.count)):
+                return True
+            if any(p.poll() is not None for p in self.procs.values()):
+                return False
+            time.sleep(0.05)
+        return False
+
+    def watch(self) -> int:
+        """Until told to stop: restart workers that exit on their own."""
+        while not self.stopping:
+            for index, proc in list(self.procs.items()):
+                code = proc.poll()
+                if code is None or self.stopping:
+                    continue
+                self.forget(proc.pid)
+                self.restarts[index] = self.restarts.get(index, 0) + 1
+                wait = min(RESTART_BACKOFF[1],
+                           RESTART_BACKOFF[0] * 2 ** (self.restarts[index] - 1))
+                print(f"sandbox-gateway: worker {index} exited with {code}; restarting in "
+                      f"{wait:.0f}s", file=sys.stderr, flush=True)
+                time.sleep(wait)
+                if not self.stopping:
+                    self._spawn(index)
+            time.sleep(0.2)
+        return self.stop(self.stop_timeout)
+
+    def forget(self, pid: int) -> None:
+        """A worker died: its live gauges (open connections, audit and state-store health,
+        ...) leave the sums at once; a killed worker never took its connections off the
+        gauge itself. Its counters stay (they count what happened)."""
+        from prometheus_client import multiprocess  # (only when a worker dies)
+
+        multiprocess.mark_process_dead(pid, str(self.metrics_dir))  # type: ignore[no-untyped-call]
+
+    def request_stop(self, *_: object) -> None:
+        self.stopping = True
+
+    def stop(self, timeout: float = 15.0) -> int:
+        self.stopping = True
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        worst = 0
+        for proc in self.procs.values():
+            try:
+                code = proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+            worst = worst or (code if code not in (0, -signal.SIGTERM) else 0)
+        for fd in self.held:
+            os.close(fd)
+        self.held = []
+        if self.remove_runtime:
+            shutil.rmtree(self.runtime, ignore_errors=True)
+        return worst
+
+
+def main(argv: list[str]) -> int:
+    """`python -m gateway.runtime.watch <fd>`: the plan is JSON on pipe `fd`."""
+    with os.fdopen(int(argv[1]), encoding="utf-8") as pipe:
+        plan = json.load(pipe)
+    watcher = Watcher(plan)
+    signal.signal(signal.SIGTERM, watcher.request_stop)
+    signal.signal(signal.SIGINT, watcher.request_stop)
+    if not watcher.start():
+        stopping = watcher.stopping
+        watcher.stop()
+        if stopping:
+            return 0
+        print("sandbox-gateway: a worker failed to start (see its messages above)",
+              file=sys.stderr)
+        return 2
+    print(plan["banner"], file=sys.stderr, flush=True)
+    return watcher.watch()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
