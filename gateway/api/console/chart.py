@@ -10,7 +10,6 @@ maximum, a few x labels, a `<title>` per bar (hover text) and `role="img"` with 
 from __future__ import annotations
 
 import math
-import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -51,6 +50,8 @@ def bar_chart(bars: Sequence[Bar], *, label: str, series: Sequence[str],
     """The SVG of `bars` (`series`: the name of each stacked part, also its CSS class
     `s0`, `s1`...; `fmt`: a y value as text; `label`: what the chart shows, for screen
     readers)."""
+    import xml.etree.ElementTree as ET  # (the console usage page only: ~0.5 MiB)
+
     svg = ET.Element("svg", {"xmlns": "http://www.w3.org/2000/svg", "class": "chart",
                              "viewBox": f"0 0 {width} {height}", "role": "img",
                              "aria-label": label, "width": "100%"})

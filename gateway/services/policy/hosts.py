@@ -40,8 +40,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-import idna
-
 from gateway.core.names import DestinationError, normalize_host
 
 __all__ = [
@@ -127,8 +125,11 @@ def _to_ascii_label(label: str) -> str:
 
     IDNA 2008 with UTS #46 mapping first; names it refuses but browsers and Go's
     resolver still send (emoji, IDNA 2003 symbols) fall back to IDNA 2003, so the
-    same name always compares equal to its ``xn--`` form.
+    same name always compares equal to its ``xn--`` form. (idna: imported at the first
+    non-ASCII label.)
     """
+    import idna
+
     try:
         return idna.encode(label, uts46=True).decode("ascii")
     except idna.IDNAError as exc:
