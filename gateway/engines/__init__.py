@@ -2,7 +2,7 @@
 the answers (front door and splice, the HTTP/1 engine, the mitmproxy adapter,
 transparent mode). None of them decides anything.
 
-`patches` is imported first: it keeps mitmproxy's addons package lean before any engine
-imports mitmproxy (see `patches.lean_addons`)."""
+`patches` is imported first: it keeps mitmproxy's addons and layers packages lean before
+any engine imports mitmproxy (see `patches.lean_packages`)."""
 
 from gateway.engines import patches as patches

@@ -28,8 +28,9 @@ from typing import Any
 from mitmproxy import connection, http, tcp
 from mitmproxy.proxy import commands, events, layer, server_hooks
 from mitmproxy.proxy.context import Context
-from mitmproxy.proxy.layers import HttpLayer, TCPLayer, modes
-from mitmproxy.proxy.layers.http import HttpStream
+from mitmproxy.proxy.layers import modes
+from mitmproxy.proxy.layers.http import HttpLayer, HttpStream
+from mitmproxy.proxy.layers.tcp import TCPLayer
 
 from gateway.core.exchange import BODY_HOLD_LIMIT, Exchange, no_body
 from gateway.core.gate import Client, Gate, Refused

@@ -17,10 +17,13 @@ The engines need a few things their libraries keep private:
   the WebSocket fragmentizer, its ClientHello parser (the doors read a tunnel's first
   bytes with it), its original-destination lookup (transparent mode), the raw method
   and authority of a request as sent, and its next-layer addon (the adapter extends
-  it); and its `mitmproxy.addons` package is registered
-  without running its `__init__` (`lean_addons`), which imports every addon mitmdump
-  ships (QUIC, pyparsing, ldap3, …: 15 MB a process) when the gateway uses four. This
-  module is imported first by `gateway.engines` for that.
+  it). Its `mitmproxy.addons` package is registered without running its `__init__`,
+  which imports every addon mitmdump ships (QUIC, pyparsing, ldap3, …: 15 MB a process)
+  when the gateway uses four, and its `mitmproxy.proxy.layers` package likewise until
+  the engine is loaded (`lean_packages`, `load_engine`): the doors read ClientHellos
+  with the TLS layer alone, and mitmproxy's engine (~20 MB more) is imported when it
+  is first started (`runtime/mitmproxy_engine.py`). This module is imported first by
+  `gateway.engines` for that.
 - **aiohttp** (the gateway's own HTTP client, `services/minting/http.py`): with
   `network.upstream_proxy` its connections go through the proxy to the address aiohttp
   resolved; aiohttp has no public hook between resolving a name and connecting, so
@@ -41,7 +44,7 @@ import re
 import sys
 from collections.abc import Callable
 from importlib.metadata import version
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import h11
 from h11 import _abnf
@@ -53,14 +56,13 @@ from h11._readers import (
     maybe_read_from_SEND_RESPONSE_server,
 )
 from h11._receivebuffer import ReceiveBuffer, blank_line_regex
-from mitmproxy import http, platform
+from mitmproxy import platform
 from mitmproxy.net.tls import starts_like_tls_record
-from mitmproxy.proxy import mode_servers, server
-from mitmproxy.proxy.commands import SendData
-from mitmproxy.proxy.layers.http import _http1, _http2
-from mitmproxy.proxy.layers.http._events import ResponseProtocolError
-from mitmproxy.proxy.layers.tls import parse_client_hello
-from mitmproxy.proxy.layers.websocket import Fragmentizer
+
+if TYPE_CHECKING:
+    from mitmproxy import http
+    from mitmproxy.addons.next_layer import NextLayer as NextLayerAddon
+    from mitmproxy.proxy.layers.websocket import Fragmentizer
 
 __all__ = [
     "ChunkedReader",
@@ -77,6 +79,7 @@ __all__ = [
     "install_error_pages",
     "install_listeners",
     "install_log_hygiene",
+    "load_engine",
     "original_destination",
     "parse_request_head",
     "proxied_connector",
@@ -90,26 +93,61 @@ __all__ = [
 CHECKED = {"aiohttp": ("3.14.",), "h11": ("0.16.",), "mitmproxy": ("12.2.",)}
 
 
-def lean_addons() -> None:
-    """Register `mitmproxy.addons` as a bare package (its `__path__`, not its
-    `__init__`): `from mitmproxy.addons import core` then loads `core` alone. Only
-    mitmdump's `default_addons()` lives in that `__init__`, and the gateway never calls
-    it. Must run before anything imports `mitmproxy.master` (which imports an addon)."""
-    if "mitmproxy.addons" in sys.modules:
-        return
-    spec = importlib.util.find_spec("mitmproxy.addons")
-    if spec is None or spec.submodule_search_locations is None:
-        return
-    package = importlib.util.module_from_spec(spec)
-    sys.modules["mitmproxy.addons"] = package
-    vars(sys.modules["mitmproxy"])["addons"] = package  # (as an import would)
+_BARE = ("mitmproxy.addons", "mitmproxy.proxy.layers")
 
 
-lean_addons()
+def lean_packages() -> None:
+    """Register mitmproxy's `addons` and `proxy.layers` packages bare (their `__path__`,
+    not their `__init__`): `from mitmproxy.addons import core` then loads `core` alone,
+    and the doors read a ClientHello with `layers.tls` without loading every layer
+    (HTTP/1, HTTP/2, QUIC with aioquic, DNS, ...). `addons/__init__` only holds
+    mitmdump's `default_addons()`, which the gateway never calls; `layers/__init__`
+    runs when the mitmproxy engine is loaded (`load_engine`). Must run before anything
+    imports from either package."""
+    for name in _BARE:
+        if name in sys.modules:
+            continue
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.submodule_search_locations is None:
+            continue
+        package = importlib.util.module_from_spec(spec)
+        sys.modules[name] = package
+        parent, _, child = name.rpartition(".")
+        vars(sys.modules[parent])[child] = package  # (as an import would)
 
-# mitmproxy's next-layer addon, which the adapter extends (its choice of TLS and HTTP
-# layers stays mitmproxy's); imported once `mitmproxy.addons` is a bare package.
-from mitmproxy.addons.next_layer import NextLayer as NextLayerAddon  # noqa: E402
+
+lean_packages()
+
+from mitmproxy.proxy.layers.tls import parse_client_hello  # noqa: E402 (after the above)
+
+
+@functools.cache
+def load_engine() -> None:
+    """Complete `mitmproxy.proxy.layers` (its `__init__` run on the bare package: the
+    proxy server and the next-layer addon name the layers through it). Runs before any
+    other part of mitmproxy's engine is imported: in the installers below and at the
+    first use of `NextLayerAddon` or `Fragmentizer`."""
+    package = sys.modules["mitmproxy.proxy.layers"]
+    spec = package.__spec__
+    if spec is not None and spec.loader is not None and not hasattr(package, "HttpLayer"):
+        spec.loader.exec_module(package)
+
+
+def __getattr__(name: str) -> Any:
+    """`NextLayerAddon` (the addon the mitmproxy adapter extends: its choice of TLS and
+    HTTP layers stays mitmproxy's) and `Fragmentizer` (the HTTP/1 engine's WebSocket
+    relay frames messages with it), imported at their first use."""
+    if name == "NextLayerAddon":
+        load_engine()
+        from mitmproxy.addons.next_layer import NextLayer
+        globals()[name] = NextLayer
+        return NextLayer
+    if name == "Fragmentizer":
+        load_engine()
+        from mitmproxy.proxy.layers.websocket import Fragmentizer as fragmentizer
+        globals()[name] = fragmentizer
+        return fragmentizer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_versions() -> None:
@@ -327,43 +365,49 @@ def raw_authority(request: http.Request) -> str:
 
 
 
-_original_listen = mode_servers.AsyncioServerInstance.listen
-_listeners: dict[str, Any] = {"sockets": {}, "regular": None, "transparent": None}
+_listeners: dict[str, Any] = {"sockets": {}, "servers": {}, "listen": None}
 
 
 async def _listen(self: Any, host: str, port: int) -> list[Any]:
-    """mitmproxy's listen, on the socket the gateway bound (no close-and-rebind race, no
-    port shared by accident), with the gateway's doors in front: the front door for the
-    regular listener, the transparent door for the transparent one."""
+    """mitmproxy's listen, on what the gateway bound (no close-and-rebind race, no port
+    shared by accident): a listener the gateway already serves with its door in front
+    (taken as mitmproxy's own, to report and to close), or a bound socket mitmproxy
+    serves itself."""
+    served = _listeners["servers"].pop((self.mode.type_name, port), None)
+    if served is not None and self.mode.transport_protocol == "tcp":
+        return [served]
     sock = _listeners["sockets"].pop((self.mode.type_name, port), None)
     if self.mode.transport_protocol != "tcp" or sock is None:
-        return list(await _original_listen(self, host, port))
-    door = _listeners.get(self.mode.type_name)
-    loop = asyncio.get_running_loop()
-    if door is not None:
-        return [await loop.create_server(lambda: door(self.handle_stream), sock=sock)]
+        return list(await _listeners["listen"](self, host, port))
     return [await asyncio.start_server(self.handle_stream, sock=sock)]
 
 
-def install_listeners(*, sockets: dict[tuple[str, int], Any],
-                      regular: Callable[..., Any] | None = None,
-                      transparent: Callable[..., Any] | None = None) -> None:
+def install_listeners(*, sockets: dict[tuple[str, int], Any] | None = None,
+                      servers: dict[tuple[str, int], Any] | None = None) -> None:
     """Route this process's mitmproxy listeners through `_listen` (one Master per
-    process). `sockets`: bound listening sockets by (mode, port). `regular` /
-    `transparent`: protocol factories taking mitmproxy's `handle_stream` (the hand-off
-    for what the door does not serve itself); None lets mitmproxy serve that listener."""
-    _listeners.update(sockets=dict(sockets), regular=regular, transparent=transparent)
+    process), by (mode, port): `sockets`, bound listening sockets mitmproxy serves
+    (`network.intercept: mitmproxy`); `servers`, listeners the gateway's doors serve,
+    which hand mitmproxy what they do not serve themselves (mitmproxy started on
+    demand)."""
+    load_engine()
+    from mitmproxy.proxy import mode_servers
+
+    if _listeners["listen"] is None:
+        _listeners["listen"] = mode_servers.AsyncioServerInstance.listen
+    _listeners.update(sockets=dict(sockets or {}), servers=dict(servers or {}))
     mode_servers.AsyncioServerInstance.listen = _listen  # type: ignore[method-assign]
 
 
-_original_h2_handle = _http2.Http2Connection._handle_event
-_h2_answer: dict[str, Callable[[int, str], tuple[int, list[tuple[bytes, bytes]], bytes]]] = {}
+_h2_answer: dict[str, Any] = {}
 
 
 def _h2_handle_event(self: Any, event: Any) -> Any:
     """mitmproxy's HTTP/2 event handling, except its error page: an error answered on a
     stream that has not started its response gets the gateway's answer (headers and
     body) instead of mitmproxy's HTML."""
+    from mitmproxy.proxy.commands import SendData
+    from mitmproxy.proxy.layers.http._events import ResponseProtocolError
+
     make = _h2_answer.get("make")
     if make is not None and isinstance(event, ResponseProtocolError) \
             and not self.is_closed(event.stream_id) and self.is_open_for_us(event.stream_id):
@@ -375,7 +419,7 @@ def _h2_handle_event(self: Any, event: Any) -> Any:
             self.h2_conn.send_data(event.stream_id, body, end_stream=True)
             yield SendData(self.conn, self.h2_conn.data_to_send())
             return
-    yield from _original_h2_handle(self, event)
+    yield from _h2_answer["original"](self, event)
 
 
 TRAILERS_UNSUPPORTED = "HTTP/1 trailers are not supported by the mitmproxy engine"
@@ -398,26 +442,34 @@ def install_error_pages(
         http2: Callable[[int, str], tuple[int, list[tuple[bytes, bytes]], bytes]]) -> None:
     """Replace mitmproxy's own error answers: `http1(status, message)` gives the whole
     HTTP/1 response, `http2(status, message)` the HTTP/2 one (status, fields, body)."""
+    load_engine()
+    from mitmproxy.proxy.layers.http import _http1, _http2
+
+    _h2_answer.setdefault("original", _http2.Http2Connection._handle_event)
     _http1.make_error_response = http1  # type: ignore[assignment]
     _http1.ChunkedReader = _NoTrailersReader  # type: ignore[attr-defined]
     _h2_answer["make"] = http2
     _http2.Http2Connection._handle_event = _h2_handle_event  # type: ignore[method-assign]
 
 
-_original_log = server.ConnectionHandler.log
-_log_phrase: dict[str, Callable[[str], str]] = {}
+_log_phrase: dict[str, Any] = {}
 
 
 def _log(self: Any, message: str, level: int = logging.INFO, exc_info: Any = None) -> None:
     """mitmproxy's connection log, its message cut to the words before quoted bytes."""
     clean = _log_phrase.get("clean")
-    _original_log(self, clean(message) if clean is not None else message, level, exc_info)
+    _log_phrase["original"](self, clean(message) if clean is not None else message, level,
+                            exc_info)
 
 
 def install_log_hygiene(clean: Callable[[str], str]) -> None:
     """Every message mitmproxy's layers log (through `ConnectionHandler.log`) passes
     through `clean` first (`core.phrases.error_phrase`): mitmproxy quotes the bytes a
     peer sent when they do not parse, and a peer may send a key or a token."""
+    load_engine()
+    from mitmproxy.proxy import server
+
+    _log_phrase.setdefault("original", server.ConnectionHandler.log)
     _log_phrase["clean"] = clean
     server.ConnectionHandler.log = _log  # type: ignore[method-assign]
 

@@ -26,6 +26,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from mitmproxy import certs
 
+from gateway.net.ca import MITMPROXY_BASENAME
+
 READ_SIZE = 64 * 1024
 
 
@@ -141,6 +143,15 @@ class LeafContexts:
         fd = os.open(self._key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(key)
+
+    @classmethod
+    def from_confdir(cls, confdir: Path, runtime: Path) -> LeafContexts:
+        """Leaves signed by the CA in mitmproxy's `confdir` (`ca.mitmproxy_confdir`),
+        from a certificate store of the HTTP/1 engine's own (mitmproxy, started only
+        when needed, reads the same CA into its own). The key size is what mitmproxy
+        would make a missing CA with; the CA is never missing here."""
+        return cls(certs.CertStore.from_store(confdir, MITMPROXY_BASENAME, key_size=2048),
+                   runtime)
 
     def get(self, host: str) -> ssl.SSLContext:
         context = self._contexts.get(host)

@@ -4,7 +4,8 @@ One process, one event loop. The data flow:
 
     proxy port       → front door  ─┬→ splice (passthrough, protocol: tcp)
     transparent port → transparent ─┼→ HTTP/1 engine (inspected HTTP/1.x)
-                       door         └→ mitmproxy + adapter (HTTP/2; everything with
+                       door         └→ mitmproxy + adapter (HTTP/2, started at the
+                                       first such client; everything with
                                        network.intercept: mitmproxy)
     every engine → gate (identify → target → admit → credential → leaks → audit)
 
@@ -31,7 +32,6 @@ from urllib.parse import urlsplit
 
 import certifi
 import uvicorn
-from mitmproxy import options
 
 from gateway.api.admin import AdminContext, build_admin_app
 from gateway.api.bounds import MAX_HEAD, Bounds
@@ -45,8 +45,6 @@ from gateway.engines.door import Doors
 from gateway.engines.frontdoor import FrontDoor
 from gateway.engines.h1.pool import LIMIT as POOL_LIMIT
 from gateway.engines.h1.server import Engine, Limits, Timeouts
-from gateway.engines.idle import IdleUpstreams
-from gateway.engines.mitm import STREAM_LARGE_BODIES, Adapter, error_h2, error_page
 from gateway.engines.splice import Splices
 from gateway.engines.transparent import TransparentDoor
 from gateway.net import ca
@@ -62,6 +60,7 @@ from gateway.net.tls import LeafContexts, upstream_context
 from gateway.net.upstream_proxy import UpstreamProxy
 from gateway.observability import logs, metrics
 from gateway.observability.audit import Auditor
+from gateway.runtime.mitmproxy_engine import MitmproxyEngine
 from gateway.runtime.sweeper import ConnectionSweeper
 from gateway.services.approvals import ApprovalService
 from gateway.services.approvals.notify import TIMEOUT as NOTIFY_TIMEOUT
@@ -80,6 +79,7 @@ if TYPE_CHECKING:
     from mitmproxy.master import Master
 
     from gateway.engines.dns import DnsServer
+    from gateway.engines.mitm import Adapter
     from gateway.services.identity.kubernetes import PodIdentities
 
 log = logging.getLogger("sandbox_gateway")
@@ -150,7 +150,9 @@ class Gateway:
         self.resolver = resolver or SystemResolver()
         self.audit_stream = audit_stream
         self._state = state
-        self.master: Master | None = None
+        self.mitmproxy: MitmproxyEngine | None = None
+        self.adapter: Adapter | None = None
+        self.listeners: list[asyncio.Server] = []  # the ports the doors serve (fast mode)
         self.admin_server: uvicorn.Server | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -394,8 +396,6 @@ class Gateway:
             max_connections=max(16, (self.fd_limit - FD_RESERVE - self.pool_limit) // 2),
             workloads=self.pods, approvals=self._build_approvals(overrides))
         await self._approvals().refresh()  # (the grants that outlived a restart)
-        patches.install_error_pages(error_page, error_h2)
-        patches.install_log_hygiene(error_phrase)
         await self._start_dns(shared)
 
         t = cfg.network.timeouts
@@ -404,9 +404,10 @@ class Gateway:
         limits = Limits(max_header_bytes=cfg.limits.max_header_bytes,
                         max_websocket_message=cfg.limits.max_websocket_message)
         bundle = self._upstream_bundle(runtime)
-        self.master = self._build_master(confdir, bundle, sockets)
+        self.handoffs: dict[tuple[str, int], Any] = {}
+        loop = asyncio.get_running_loop()
         if cfg.network.intercept == "fast":
-            self.leaves = LeafContexts(self.master.addons.get("tlsconfig").certstore, runtime)
+            self.leaves = LeafContexts.from_confdir(confdir, runtime)
             h1 = Engine(self.gate, self.leaves, upstream_context(bundle), timeouts=timeouts,
                         limits=limits, upstream_idle=cfg.network.upstream_idle_timeout,
                         pool_limit=self.pool_limit, proxy=self.proxy)
@@ -415,12 +416,21 @@ class Gateway:
                               proxy=self.proxy)
             self.doors = doors = Doors(self.gate, h1, splices, timeouts, limits,
                                        handoffs=self.handoffs)
-            patches.install_listeners(
-                sockets=sockets,
-                regular=lambda handoff: FrontDoor(doors, handoff),
-                transparent=lambda handoff: TransparentDoor(doors, handoff))
+            servers: dict[tuple[str, int], asyncio.Server] = {}
+            self.mitmproxy = MitmproxyEngine(
+                lambda: self._build_master(confdir, bundle, servers=servers),
+                abandoned=self._abandoned)
+            for (mode, port), sock in sockets.items():
+                door = FrontDoor if mode == "regular" else TransparentDoor
+                handoff = self.mitmproxy.handoff(mode)
+                servers[(mode, port)] = await loop.create_server(
+                    lambda door=door, handoff=handoff: door(doors, handoff),  # type: ignore[misc]
+                    sock=sock)
+            self.listeners = list(servers.values())
         else:
-            patches.install_listeners(sockets=sockets)
+            self.mitmproxy = MitmproxyEngine(
+                lambda: self._build_master(confdir, bundle, sockets=sockets),
+                abandoned=self._abandoned)
 
         bounds = Bounds(cfg.admin)  # every wait of the admin listener bounded too
         app = bounds.wrap(build_admin_app(AdminContext(
@@ -434,8 +444,11 @@ class Gateway:
             app, log_level="warning", access_log=False, lifespan="off", http=bounds.protocol,
             ws="none", timeout_keep_alive=max(1, math.ceil(cfg.admin.timeouts.idle)),
             h11_max_incomplete_event_size=MAX_HEAD))
-        loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self.master.run(), name="mitmproxy"))
+        if not self.listeners:  # network.intercept: mitmproxy serves the ports
+            try:
+                await self.mitmproxy.start()
+            except RuntimeError as exc:
+                raise StartupError(str(exc)) from None
         self._tasks.append(loop.create_task(self.admin_server.serve(sockets=[admin_sock]),
                                             name="admin"))
         self.reloader.start()
@@ -562,15 +575,23 @@ class Gateway:
         if self.dns is not None:
             await self.dns.close()
 
-    def _build_master(self, confdir: Path, upstream_bundle: Path,
-                      sockets: dict[tuple[str, int], socket.socket]) -> Master:
-        # (imported here, after gateway.engines made mitmproxy's addons package lean)
+    def _build_master(self, confdir: Path, upstream_bundle: Path, *,
+                      sockets: dict[tuple[str, int], socket.socket] | None = None,
+                      servers: dict[tuple[str, int], asyncio.Server] | None = None) -> Master:
+        """mitmproxy with the gateway's adapter, on the ports' `sockets` (it serves them)
+        or taking the `servers` the doors serve (started on demand)."""
+        patches.install_error_pages(*self._error_pages())
+        patches.install_log_hygiene(error_phrase)
+        patches.install_listeners(sockets=sockets, servers=servers)
+        from mitmproxy import options
         from mitmproxy.addons import core, proxyserver, tlsconfig
         from mitmproxy.master import Master
 
+        from gateway.engines.idle import IdleUpstreams
+        from gateway.engines.mitm import STREAM_LARGE_BODIES, Adapter
+
         opts = options.Options()
         master = Master(opts, event_loop=asyncio.get_running_loop())
-        self.handoffs: dict[tuple[str, int], Any] = {}
         self.adapter = Adapter(self.gate, self.handoffs, proxy=self.proxy,
                                connect_timeout=self.config.network.timeouts.connect)
         server = proxyserver.Proxyserver()
@@ -584,6 +605,7 @@ class Gateway:
             self.adapter,
             IdleUpstreams(self.config.network.upstream_idle_timeout, server),
         )
+        logs.protect()  # (mitmproxy's handlers too)
         assert self.proxy_address is not None
         host, port = self.proxy_address
         modes = [f"regular@{host}:{port}"]
@@ -605,14 +627,33 @@ class Gateway:
         )
         return master
 
+    @staticmethod
+    def _error_pages() -> tuple[Callable[..., Any], Callable[..., Any]]:
+        from gateway.engines.mitm import error_h2, error_page
+
+        return error_page, error_h2
+
+    def _abandoned(self, peer: tuple[str, int]) -> None:
+        """A client handed to mitmproxy, which did not start: its tunnel ends, audited."""
+        client = self.handoffs.pop(peer, None)
+        if client is not None:
+            try:
+                self.gate.tunnel_closed(client, None, None, "engine_failed")
+            finally:
+                self.gate.closed(client)
+
+    def _listen_addrs(self) -> list[tuple[str, int]]:
+        if self.listeners:
+            return [sock.getsockname()[:2] for server in self.listeners
+                    for sock in server.sockets]
+        assert self.mitmproxy is not None and self.mitmproxy.master is not None
+        ps = self.mitmproxy.master.addons.get("proxyserver")
+        return [addr for server in ps.servers for addr in server.listen_addrs]
+
     async def _wait_listening(self) -> None:
-        assert self.master is not None
-        ps = self.master.addons.get("proxyserver")
         for _ in range(500):
-            if all(s.is_running for s in ps.servers) and self.admin_server is not None \
-                    and self.admin_server.started:
-                for server in ps.servers:
-                    self.address_policy.add_own_addresses(server.listen_addrs)
+            if self.admin_server is not None and self.admin_server.started:
+                self.address_policy.add_own_addresses(self._listen_addrs())
                 self._listening = True
                 metrics.POLICY_RULES.set(self.current_policies().rule_count)
                 return
@@ -624,15 +665,17 @@ class Gateway:
         raise StartupError("listeners did not come up within 5 s")
 
     async def _close_listeners(self) -> None:
-        if self.master is not None:
+        for server in self.listeners:
+            server.close()
+        if self.mitmproxy is not None and self.mitmproxy.master is not None:
             # mitmproxy's Done hook leaves its listeners open: close them explicitly.
-            await self.master.addons.get("proxyserver").servers.update([])
+            await self.mitmproxy.master.addons.get("proxyserver").servers.update([])
 
     def in_flight(self) -> int:
         """Requests and streams still being served (what a drain waits for)."""
         count = sum(1 for conn in self.doors.h1.connections if conn.exchange is not None) \
             if self.doors is not None else 0
-        return count + self.adapter.in_flight()
+        return count + (self.adapter.in_flight() if self.adapter is not None else 0)
 
     async def drain(self, timeout: float | None = None) -> None:
         """Graceful shutdown, first half: readiness goes 503 at once, no new connections
@@ -661,11 +704,13 @@ class Gateway:
         self.draining = True  # (also without a drain first: long admin answers end)
         if self.admin_server is not None:
             self.admin_server.should_exit = True
-        if self.master is not None:
+        if self.mitmproxy is not None:
             await self._close_listeners()
             if self.doors is not None:
                 self.doors.close_all()
-            self.master.shutdown()
+            self.mitmproxy.shutdown()
+            if self.mitmproxy.task is not None:
+                self._tasks.append(self.mitmproxy.task)
         await self._stop_dns()
         if self.pods is not None:
             await self.pods.close()

@@ -901,8 +901,9 @@ def test_websocket_credential_relay_and_no_retention(
     mitm = gw.config.network.intercept == "mitmproxy"
 
     async def add_observer() -> None:
-        assert gw.gateway.master is not None
-        gw.gateway.master.addons.add(observer)
+        assert gw.gateway.mitmproxy is not None  # (started here if on demand)
+        master = await gw.gateway.mitmproxy.start()
+        master.addons.add(observer)
 
     gw.call(add_observer())
     token = gw.mint("agent")

@@ -1,16 +1,21 @@
-"""Optional subsystems are imported only when configured (issue 22, memory): the Azure SDK
-for `secrets.store: azure-keyvault`, aiohttp for minted credentials, dnspython for
-`listen.dns`; and of mitmproxy's addons only those the gateway runs. Measured before:
-every gateway process imported all of them (37 MB of its ~100 MB at start). The real
-`sandbox-gateway run`, under `python -X importtime`."""
+"""Optional subsystems are imported only when configured or first needed (issue 22,
+memory): the Azure SDK for `secrets.store: azure-keyvault`, aiohttp for minted
+credentials, dnspython for `listen.dns`, and mitmproxy's engine (its proxy server and
+layers, h2, aioquic, its command parser; with `network.intercept: fast`) at the first
+HTTP/2-only client, then with only the addons the gateway runs. Measured before: every
+gateway process imported all of them (37 MB of its ~100 MB at start, then ~20 MB of
+mitmproxy's engine). The real `sandbox-gateway run`, under `python -X importtime`."""
 
 from __future__ import annotations
 
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -29,18 +34,22 @@ credentials:
 """
 
 
-def _imported(tmp_path: Path, policy_extra: str = "", dns: bool = False) -> set[str]:
-    """The top-level packages a gateway process imported by the time it was ready."""
+def _imported(tmp_path: Path, policy_extra: str = "", dns: bool = False,
+              then: Callable[[int], None] | None = None) -> set[str]:
+    """The modules a gateway process imported by the time it was ready (and `then(proxy
+    port)` had run)."""
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "agent.yaml").write_text(
         "version: v1\nname: agent\negress:\n  - host: allowed.test\n" + policy_extra)
     admin = free_port()
-    listen = {"proxy": f"127.0.0.1:{free_port()}", "admin": f"127.0.0.1:{admin}"}
+    proxy = free_port()
+    listen = {"proxy": f"127.0.0.1:{proxy}", "admin": f"127.0.0.1:{admin}"}
     if dns:
         listen["dns"] = f"127.0.0.1:{free_port()}"
     (tmp_path / "gateway.yaml").write_text(yaml.safe_dump({
         "listen": listen, "policies": "policies", "certs": "certs", "workers": 1,
-        "secrets": {"store": "env"}, "audit": {"path": str(tmp_path / "audit.log")}}))
+        "secrets": {"store": "env"}, "audit": {"path": str(tmp_path / "audit.log")},
+        "network": {"resolve": {"allowed.test": f"127.0.0.1:{free_port()}"}}}))
     log = tmp_path / "stderr.txt"
     with log.open("w") as err:
         proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "gateway", "run",
@@ -56,6 +65,8 @@ def _imported(tmp_path: Path, policy_extra: str = "", dns: bool = False) -> set[
                 except OSError:
                     assert time.monotonic() < deadline, "not ready in 30 s"
                     time.sleep(0.1)
+            if then is not None:
+                then(proxy)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(15)
@@ -67,17 +78,61 @@ def _packages(modules: set[str]) -> set[str]:
     return {name.split(".")[0] for name in modules}
 
 
+ENGINE = ("mitmproxy.master", "mitmproxy.proxy.server", "mitmproxy.proxy.layers.http",
+          "mitmproxy.proxy.layers.quic", "h2.connection", "aioquic", "pyparsing")
+
+
 def test_a_plain_gateway_imports_no_optional_subsystem(tmp_path: Path) -> None:
     modules = _imported(tmp_path)
     imported = _packages(modules)
-    assert "mitmproxy" in imported  # (the check sees what is imported)
+    assert "mitmproxy" in imported  # (the check sees what is imported: certs, ClientHello)
     assert not imported & set(OPTIONAL), sorted(imported & set(OPTIONAL))
-    # mitmproxy's addons: the four the gateway uses, not the thirty mitmdump loads
-    # (`patches.lean_addons`: 15 MB).
+    assert not modules & set(ENGINE), sorted(modules & set(ENGINE))
+    assert not any(m.startswith("mitmproxy.addons.") for m in modules)
+
+
+def _http2_client(proxy: int) -> None:
+    """A tunnel whose ClientHello offers only h2: the front door hands it to mitmproxy."""
+    with socket.create_connection(("127.0.0.1", proxy), timeout=10) as sock:
+        sock.sendall(b"CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n"
+                     b"Proxy-Authorization: Basic " + _basic_token() + b"\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE  # (the hand-off, not the certificate, is tested)
+        context.set_alpn_protocols(["h2"])
+        try:
+            with context.wrap_socket(sock, server_hostname="allowed.test") as tls:
+                tls.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+                tls.recv(1)
+        except (OSError, ssl.SSLError):
+            pass  # (allowed.test resolves nowhere: mitmproxy may end the tunnel; loaded)
+
+
+def _basic_token() -> bytes:
+    import base64
+
+    token = subprocess.run(
+        [sys.executable, "-m", "gateway", "token", "mint", "--config", str(_CONFIG[0]),
+         "--sandbox", "s", "--policy", "agent"], cwd=ROOT, capture_output=True, text=True,
+        check=True, timeout=60).stdout.strip()
+    return base64.b64encode(f"s:{token}".encode())
+
+
+_CONFIG: list[Path] = []
+
+
+def test_mitmproxy_is_loaded_at_the_first_http2_client(tmp_path: Path) -> None:
+    """mitmproxy's engine comes with the first connection handed to it, with the four
+    addons the gateway runs, not the thirty mitmdump loads (`patches.lean_packages`)."""
+    _CONFIG[:] = [tmp_path / "gateway.yaml"]
+    modules = _imported(tmp_path, "    methods: [GET]\n", then=_http2_client)  # (inspected)
+    assert set(ENGINE[:4]) <= modules, sorted(set(ENGINE) - modules)
     addons = {m.split(".")[2] for m in modules if m.startswith("mitmproxy.addons.")}
     assert {"core", "proxyserver", "tlsconfig", "next_layer"} <= addons
     assert "blocklist" not in addons and "proxyauth" not in addons, sorted(addons)
-    assert "ldap3" not in imported  # (proxyauth's)
+    assert "ldap3" not in _packages(modules)  # (proxyauth's)
+    assert "mitmproxy engine started" in (tmp_path / "stderr.txt").read_text()
 
 
 def test_the_dns_resolver_imports_dnspython(tmp_path: Path) -> None:

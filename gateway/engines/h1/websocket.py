@@ -26,7 +26,7 @@ from wsproto.utilities import LocalProtocolError
 
 from gateway.core.exchange import Exchange
 from gateway.core.refusal import MessageRefused, Refusal
-from gateway.engines.patches import Fragmentizer
+from gateway.engines import patches
 
 if TYPE_CHECKING:
     from gateway.engines.h1.side import Side
@@ -108,7 +108,7 @@ class _Relay:
                     await self._close_both(CloseReason.POLICY_VIOLATION,
                                            "refused by the sandbox gateway")
                     return
-                for part in Fragmentizer(frames, is_text)(content):
+                for part in patches.Fragmentizer(frames, is_text)(content):
                     await out.send(dst.send(part))
             elif isinstance(event, (wsproto.events.Ping, wsproto.events.Pong)):
                 await out.send(dst.send(event))
