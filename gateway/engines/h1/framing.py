@@ -92,7 +92,7 @@ def forward_fields(headers: Headers, *, keep_upgrade: bool = False) -> list[tupl
 
 
 def _fields(fields: list[tuple[bytes, bytes]]) -> bytes:
-    return b"".join(k + b": " + v + b"\r\n" for k, v in fields)
+    return b"".join([b"%s: %s\r\n" % field for field in fields])
 
 
 def serialize_request(head: RequestHead, size: int | None, *, upgrade: bool) -> bytes:
