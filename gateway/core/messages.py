@@ -64,7 +64,11 @@ class Headers:
         return index
 
     def _positions(self, name: str) -> list[int] | None:
-        return self._built().get(_key(name))
+        index = self._index
+        if index is None:
+            index = self._built()
+        key = _KEYS.get(name)  # (the usual case, without a call: ~25 lookups a request)
+        return index.get(key if key is not None else _key(name))
 
     @classmethod
     def of(cls, *pairs: tuple[str, str]) -> Headers:
