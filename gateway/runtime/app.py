@@ -287,6 +287,9 @@ class Gateway:
 
     async def start(self) -> None:
         cfg = self.config
+        # mitmproxy runs the loop with asyncio's eager task factory; set here, the loop
+        # behaves the same before mitmproxy starts (on demand) as after.
+        asyncio.get_running_loop().set_task_factory(asyncio.eager_task_factory)
         try:
             patches.check_versions()
         except RuntimeError as exc:
