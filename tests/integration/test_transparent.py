@@ -64,6 +64,14 @@ def test_transparent_mode_end_to_end(lab: Lab) -> None:
     r = lab.sandbox_curl("https://inspect.test/in", UPSTREAM_IP, "--cacert", gw_ca)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["path"] == "/in"
+    # An HTTP/2-only client, redirected: handed to mitmproxy, started for it on demand
+    # (network.intercept: fast), and decided there.
+    got = lab.sandbox_client({"host": "inspect.test", "target": "/h2", "h2": True,
+                              "cafile": gw_ca, "connect_to": [UPSTREAM_IP, 443]})
+    assert (got["stage"], got["status"]) == ("response", 200), got
+    assert json.loads(got["body"])["path"] == "/h2"
+    line = next(a for a in reversed(lab.audit()) if a.get("path") == "/h2")
+    assert line["engine"] == "mitmproxy" and line["decision"] == "allow", line
     # A name the policy does not allow: refused.
     r = lab.sandbox_curl("https://evil.test/", UPSTREAM_IP, "--cacert", str(lab.ca.cert_path))
     assert r.returncode != 0
