@@ -96,6 +96,9 @@ RESPONSES = [
     b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
     b"HTTP/1.1 2000 OK\r\n\r\n",
+    b"HTTP/1.1 099 Odd\r\n\r\n",                         # (h11: read, then refused)
+    b"HTTP/1.1 000\r\n\r\n",
+    b"HTTP/1.1 999 Odd\r\n\r\n",
     b"HTTP/1.0 200 a reason\twith tab \xff\r\nX: y\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nHost: a\r\nHost: b\r\n\r\n",      # (no Host rule for responses)
     b"HTTP/1.1 200 OK\r\nX: y\r\n z\r\n\r\n",
@@ -147,7 +150,8 @@ _STARTS = [b"GET / HTTP/1.1", b"POST /v1/chat HTTP/1.1", b"GET http://a/ HTTP/1.
            b"CONNECT a:443 HTTP/1.1", b"GET  / HTTP/1.1", b"GET / HTTP/1.1 ", b"get /\x7f HTTP/1.1",
            b"GET / HTTP/3.0"]
 _STATUS = [b"HTTP/1.1 200 OK", b"HTTP/1.1 101 Switching", b"HTTP/1.0 404", b"HTTP/1.1 100 ",
-           b"HTTP/1.1 20 OK", b"HTTP/1.1 200 O\x00K", b"HTTP/1.1 199 x"]
+           b"HTTP/1.1 20 OK", b"HTTP/1.1 200 O\x00K", b"HTTP/1.1 199 x", b"HTTP/1.1 099 x",
+           b"HTTP/1.1 000", b"HTTP/1.1 999 x"]
 _ENDS = [b"\r\n", b"\r\n", b"\r\n", b"\n", b"\r\n "]
 
 

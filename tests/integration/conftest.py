@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from fakes.inference import FakeInference
 from helpers.gateway import BASE_POLICY, GatewayFactory, GatewayThread
 from helpers.tls import LocalCA
 from helpers.upstream import Upstream, start_upstream
@@ -24,6 +25,14 @@ if TYPE_CHECKING:
     from helpers.browser import WebDriver
 
 REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+@pytest.fixture
+def fake(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[FakeInference]:
+    """A fake OpenAI-shaped provider that takes its test module's `KEY` (the key the
+    module checks never leaks). A module that needs other options defines its own."""
+    with FakeInference(tmp_path / "fake", api_key=request.module.KEY) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ import re
 import ssl
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +33,6 @@ credentials:
   openai: {preset: openai, secret: provider-key}
 """
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
-
-
-@pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeInference]:
-    with FakeInference(tmp_path / "fake", api_key=KEY) as server:
-        yield server
 
 
 def _start(workdir: Path, fake: FakeInference, test_ca: LocalCA, workers: int = 2,

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +45,6 @@ credentials:
   gemini: {{preset: gemini, secret: provider-key}}
 """
 NAMES = ["api.openai.com", "api.anthropic.com", "generativelanguage.googleapis.com"]
-
-
-@pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeInference]:
-    with FakeInference(tmp_path / "fake", api_key=KEY) as server:
-        yield server
 
 
 def _gateway(make_gateway: GatewayFactory, tmp_path: Path, fake: FakeInference,

@@ -18,12 +18,10 @@ import ssl
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from fakes.inference import FakeInference
 from helpers.clients import open_tunnel
 from helpers.process import ADMIN, GatewayProcess, start_with_provider
@@ -42,12 +40,6 @@ credentials:
   openai: {preset: openai, secret: provider-key}
 """
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
-
-
-@pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeInference]:
-    with FakeInference(tmp_path / "fake", api_key=KEY) as server:
-        yield server
 
 
 def _start(workdir: Path, fake: FakeInference, test_ca: LocalCA, workers: int = 2
