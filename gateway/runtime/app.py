@@ -583,15 +583,16 @@ class Gateway:
                       servers: dict[tuple[str, int], asyncio.Server] | None = None) -> Master:
         """mitmproxy with the gateway's adapter, on the ports' `sockets` (it serves them)
         or taking the `servers` the doors serve (started on demand)."""
-        patches.install_error_pages(*self._error_pages())
-        patches.install_log_hygiene(error_phrase)
-        patches.install_listeners(sockets=sockets, servers=servers)
         from mitmproxy import options
         from mitmproxy.addons import core, proxyserver, tlsconfig
         from mitmproxy.master import Master
 
         from gateway.engines.idle import IdleUpstreams
-        from gateway.engines.mitm import STREAM_LARGE_BODIES, Adapter
+        from gateway.engines.mitm import STREAM_LARGE_BODIES, Adapter, error_h2, error_page
+
+        patches.install_error_pages(error_page, error_h2)
+        patches.install_log_hygiene(error_phrase)
+        patches.install_listeners(sockets=sockets, servers=servers)
 
         opts = options.Options()
         master = Master(opts, event_loop=asyncio.get_running_loop())
@@ -629,12 +630,6 @@ class Gateway:
             store_streamed_bodies=False,
         )
         return master
-
-    @staticmethod
-    def _error_pages() -> tuple[Callable[..., Any], Callable[..., Any]]:
-        from gateway.engines.mitm import error_h2, error_page
-
-        return error_page, error_h2
 
     def _abandoned(self, peer: tuple[str, int]) -> None:
         """A client handed to mitmproxy, which did not start: its tunnel ends, audited."""

@@ -76,18 +76,18 @@ class MitmproxyEngine:
                                 writer: asyncio.StreamWriter) -> None:
             try:
                 master = await self.start()
+                server = next((s for s in master.addons.get("proxyserver").servers
+                               if s.mode.type_name == mode), None)
+                if server is None:  # (cannot happen: the modes are the gateway's)
+                    raise EngineFailed(f"mitmproxy has no {mode} listener")
             except Exception as exc:  # (fail closed: the connection ends, audited)
                 log.error("mitmproxy engine: %s; closing the connection handed to it", exc)
+                writer.close()
                 peer = writer.get_extra_info("peername")
                 if peer is not None:
                     self._abandoned((str(peer[0]), int(peer[1])))
-                writer.close()
                 return
-            for server in master.addons.get("proxyserver").servers:
-                if server.mode.type_name == mode:
-                    await server.handle_stream(reader, writer)
-                    return
-            writer.close()  # (no such listener: cannot happen, the modes are ours)
+            await server.handle_stream(reader, writer)
 
         return handle_stream
 
