@@ -269,13 +269,14 @@ class BudgetBook:
                 return (f'model "{(model or "unknown")[:100]}" has no price in '
                         f"{self.pricing.source}, so a cost_usd budget cannot count this "
                         "call; add the model to the pricing file")
-            cost = self.pricing.cost(Usage(model, input_tokens, output_tokens)) \
-                if self.pricing is not None else None
-            nano = round((cost or 0.0) * NANO)
+            price = self.pricing.price(model)
+            assert price is not None
+            nano = math.ceil(price.bound(input_tokens, output_tokens) * NANO)
         return Reservation(input_tokens + output_tokens, nano)
 
     def admit(self, sandbox: str, policy: Policy, credential: str, now: float,
-              reserve: Reservation = _NO_RESERVATION) -> BudgetExceeded | Hold | None:
+              reserve: Reservation = _NO_RESERVATION, *,
+              requests: int = 1) -> BudgetExceeded | Hold | None:
         """Check every applicable budget and count the call against them, as one step
         of the state store (one transaction across the host's processes with SQLite),
         before it is forwarded: refused (the budget that refused it, as ``check`` words
@@ -291,7 +292,8 @@ class BudgetBook:
             subject = self._subject(budget, sandbox, policy.name)
             expires = end + _GRACE
             places.append((table, subject, expires))
-            increments.append((table, "r:" + subject, 1, expires))
+            if requests:
+                increments.append((table, "r:" + subject, requests, expires))
             if reserve.tokens:
                 increments.append((table, "rt:" + subject, reserve.tokens, expires))
             if reserve.nano_usd:
@@ -299,8 +301,8 @@ class BudgetBook:
             if budget.tokens is not None:
                 limits.append(Limit(((table, "t:" + subject), (table, "rt:" + subject)),
                                     budget.tokens, reserve.tokens))
-            if budget.requests is not None:
-                limits.append(Limit(((table, "r:" + subject),), budget.requests, 1))
+            if budget.requests is not None and requests:
+                limits.append(Limit(((table, "r:" + subject),), budget.requests, requests))
             if budget.cost_usd is not None:
                 limits.append(Limit(((table, "c:" + subject), (table, "rc:" + subject)),
                                     round(budget.cost_usd * NANO), reserve.nano_usd))
@@ -310,7 +312,7 @@ class BudgetBook:
             return Hold(tuple(places), reserve)
         exceeded = self.check(sandbox, policy, credential, now, reserve=reserve)
         if exceeded is None:  # (what refused it settled meanwhile): once more
-            return self.admit(sandbox, policy, credential, now, reserve)
+            return self.admit(sandbox, policy, credential, now, reserve, requests=requests)
         return exceeded
 
     def settle(self, hold: Hold, tokens: int, nano_usd: int) -> None:

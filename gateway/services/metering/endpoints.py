@@ -54,8 +54,10 @@ __all__ = [
     "RequestBody",
     "body_json",
     "classify",
+    "endpoint_text",
     "field_of",
     "json_body",
+    "not_inference",
     "path_model",
     "raw_body",
     "request_model",
@@ -72,7 +74,7 @@ _OPENAI_SUFFIXES = ("/chat/completions", "/completions", "/embeddings", "/respon
                     "/responses/compact")
 _STREAM_USAGE_SUFFIXES = ("/chat/completions", "/completions")
 _ANTHROPIC_VERTEX = re.compile(r"/publishers/anthropic/models/([^/:]+):(?:stream)?[rR]awPredict$")
-_GEMINI = re.compile(r"(?:^|/)(models|tunedModels)/([^/:]+):([A-Za-z]+)$")
+_GEMINI = re.compile(r"(?:^|/)(models|tunedModels|endpoints)/([^/:]+):([A-Za-z]+)$")
 _GEMINI_METERED = ("generateContent", "streamGenerateContent")
 _GEMINI_FREE = ("countTokens", "computeTokens", "get")
 _GEMINI_DEFERRED = ("batchGenerateContent", "asyncBatchEmbedContent")
@@ -144,8 +146,8 @@ def _path_model(base: str) -> PathModel | None:
     m = _GEMINI.search(base)
     if m:
         decoded = _decode(m.group(2), _SAFE_NAME)
-        if m.group(1) == "tunedModels" and decoded.name is not None:
-            return PathModel(f"tunedModels/{decoded.name}", decoded.raw)
+        if m.group(1) != "models" and decoded.name is not None:  # (a tuned model's or a
+            return PathModel(f"{m.group(1)}/{decoded.name}", decoded.raw)  # Vertex endpoint's)
         return decoded
     m = _AZURE_DEPLOYMENT.match(base)
     if m:
@@ -211,10 +213,72 @@ _UNMETERED = [(re.compile(p + "$"), what) for p, what in (
     (r"/realtime/calls(?:/.*)?", "a WebRTC Realtime call"),
     (r"/evals" + _ID + "/runs", "an eval run"),
     (r"/v1/complete", "Anthropic's legacy Text Completions"),
+    (r"/async-invoke(?:/.*)?", "a Bedrock asynchronous invocation"),
+    (r"/cachedContents(?:/.*)?", "Gemini context caching"),
+    (r"/interactions(?:/.*)?", "Gemini's Interactions API"),
+    (r"/conversations(?:/.*)?", "a Conversations API call (Mistral runs models there)"),
+    (r"/ocr", "OCR"),
+    (r"/containers(?:/.*)?", "code-interpreter containers"),
+    (r"/(?:chat/)?moderations", "moderation (billed by some providers)"),
+)]
+# Requests to a provider that are explicitly not inference: nothing is generated or
+# billed by the token (listing and reading models, files and jobs, counting tokens,
+# cancelling). On a rule that must be metered every other request the gateway does not
+# classify is refused (default deny): a new endpoint, method or spelling is never let
+# through unread. (method, pattern on the routed path.)
+_ID_PART = r"[A-Za-z0-9_.:@+-]+"
+_NOT_INFERENCE = [(frozenset(methods.split()), re.compile(pattern + "$")) for methods, pattern in (
+    ("GET HEAD", r"(?:^|/)models(?:/" + _ID_PART + r")?"),
+    ("GET HEAD", r"(?:^|/)(?:models|tunedModels)/" + _ID_PART + r"/operations(?:/" + _ID_PART
+     + ")?"),
+    ("POST", r"(?:^|/)(?:models|tunedModels|endpoints)/" + _ID_PART
+     + r":(?:countTokens|computeTokens)"),
+    ("POST", r"^/model/" + _ID_PART + r"/count-tokens"),
+    ("POST", r"/v1/messages/count_tokens"),
+    ("POST", r"/responses/input_tokens"),
+    ("GET HEAD DELETE", r"/files(?:/" + _ID_PART + r"(?:/content)?)?"),
+    ("POST", r"/files"),
+    ("POST", r"/uploads(?:/" + _ID_PART + r"(?:/parts|/complete|/cancel)?)?"),
+    ("GET HEAD DELETE", r"/responses/" + _ID_PART),
+    ("POST", r"/responses/" + _ID_PART + r"/cancel"),
+    ("GET HEAD", r"/responses/" + _ID_PART + r"/input_items"),
+    ("GET HEAD", r"/batches(?:/" + _ID_PART + r")?"),
+    ("POST", r"/batches/" + _ID_PART + r"/cancel"),
+    ("GET HEAD", r"/messages/batches(?:/" + _ID_PART + r")?"),
+    ("POST", r"/messages/batches/" + _ID_PART + r"/cancel"),
+    ("DELETE", r"/messages/batches/" + _ID_PART),
+    ("GET HEAD", r"/chat/completions(?:/" + _ID_PART + r"(?:/messages)?)?"),
+    ("DELETE", r"/chat/completions/" + _ID_PART),
+    ("GET HEAD", r"/fine_tuning/jobs(?:/" + _ID_PART + r"(?:/events|/checkpoints)?)?"),
+    ("POST", r"/fine_tuning/jobs/" + _ID_PART + r"/cancel"),
+    ("GET HEAD", r"/operations(?:/" + _ID_PART + r")?"),
+    ("GET HEAD", r"/cachedContents(?:/" + _ID_PART + r")?"),
+    ("DELETE", r"/cachedContents/" + _ID_PART),
+    ("GET HEAD", r"/conversations/" + _ID_PART + r"(?:/items(?:/" + _ID_PART + r")?)?"),
+    ("DELETE", r"/conversations/" + _ID_PART),
 )]
 _MINTED_PATHS = re.compile(r"/(?:realtime/(?:client_secrets|sessions|transcription_sessions|"
                            r"translations/client_secrets)|realtimeapi/sessions|"
                            r"chatkit/sessions|v1alpha/auth_tokens)$")
+
+
+@functools.lru_cache(maxsize=2048)
+def not_inference(method: str, path: str) -> str | None:
+    """The pattern that says ``method path`` is explicitly not inference (see
+    ``_NOT_INFERENCE``: read with the provider's router's reading of the path, method
+    and path exactly as listed), or None."""
+    method = method.upper()
+    base = route(path)
+    for methods, pattern in _NOT_INFERENCE:
+        if method in methods and pattern.search(base):
+            return pattern.pattern
+    return None
+
+
+def endpoint_text(method: str, path: str) -> str:
+    """``METHOD /path`` as a reason shows it (the query left out, clipped)."""
+    base = path.partition("?")[0]
+    return f"{method.upper()[:16]} {base[:120]}{'...' if len(base) > 120 else ''}"
 
 
 @functools.lru_cache(maxsize=2048)
@@ -250,6 +314,9 @@ def classify(method: str, path: str) -> Endpoint | None:
             return None
         if verb in _GEMINI_DEFERRED:
             return _endpoint("deferred", "the Gemini Batch API", None, path_model(path))
+        if m.group(1) == "endpoints":
+            return _endpoint("unmetered", f"a Vertex AI endpoint's {verb[:40]}", None,
+                             path_model(path))
         return _endpoint("unmetered", f"Gemini's {verb[:40]}", None, path_model(path))
     m = _BEDROCK.match(base)
     if m:

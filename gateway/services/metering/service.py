@@ -54,17 +54,25 @@ from gateway.services.metering.budgets import (
     Reservation,
     budget_problems,
 )
+from gateway.services.metering.catalogue import catalogue
 from gateway.services.metering.endpoints import (
     Endpoint,
     RequestBody,
     body_json,
     classify,
+    endpoint_text,
     field_of,
+    not_inference,
     request_model,
     route,
     stream_usage,
 )
-from gateway.services.metering.estimate import DEFAULT_OUTPUT, estimate_input, output_limit
+from gateway.services.metering.estimate import (
+    Unreadable,
+    choices,
+    input_bound,
+    output_bound,
+)
 from gateway.services.metering.jsondoc import document
 from gateway.services.metering.ledger import DAY, HOUR, UsageLedger, totals
 from gateway.services.metering.models import ModelNames, ModelRefusal, check_model
@@ -111,6 +119,7 @@ class _Pending:
 
     hold: Hold
     started: bool = False
+    event_id: str | None = None  # the client's event_id (a Realtime error names it)
 
 
 @dataclass(slots=True)
@@ -188,6 +197,7 @@ class Metering:
         # step that decides without traffic (explain, policy test).
         self.telemetry = telemetry
         self.pricing = pricing
+        self._limits: Pricing | None = None
         self.stream_usage = stream_usage
         self.ephemeral = ephemeral if ephemeral is not None else EphemeralKeys()
         self.names = ModelNames()
@@ -220,10 +230,17 @@ class Metering:
             self.telemetry.count("model_refusals", policy.name, credential)
             return refused
         endpoint = classify(method, path)
-        if endpoint is None:
-            return Exchange(sandbox, policy, credential, None, None, rule)
         required = (rule.metering is not None and rule.metering.required) or (
             bool(policy.budgets) and self.budgets.limits_usage(policy, credential))
+        if endpoint is None:
+            if required and not_inference(method, path) is None and \
+                    not self._listed_unmetered(rule, path):
+                return self._unavailable(policy, rule, (
+                    f"{endpoint_text(method, path)} is no endpoint the gateway meters or "
+                    "knows to be free of inference (a method, path or spelling it cannot "
+                    f"model); if it is no inference call, list its path under unmetered: on "
+                    f"rule {rule.source} to let it through unmetered"))
+            return Exchange(sandbox, policy, credential, None, None, rule)
         kind = endpoint.kind
         if kind == "minted":
             if not rule.allow_minted_secrets:
@@ -235,9 +252,11 @@ class Metering:
             return Exchange(sandbox, policy, credential, None, None, rule, endpoint,
                             holds_response=True)
         if kind == "unmetered":
-            if required:
+            if required and not self._listed_unmetered(rule, path):
                 return self._unavailable(policy, rule, f"{endpoint.what} ({route(path)}) "
-                                         "answers without token usage the gateway can read")
+                                         "answers without token usage the gateway can read "
+                                         f"(list its path under unmetered: on rule "
+                                         f"{rule.source} to let it through unmetered)")
             return Exchange(sandbox, policy, credential, None, None, rule, endpoint)
         data = held.json() if held is not None and held.raw else None
         if kind == "retrieval":
@@ -251,7 +270,7 @@ class Metering:
             kind, endpoint = "deferred", Endpoint(None, None, "deferred",
                                                   "a background response")
         if kind == "deferred":
-            if required:
+            if required and not self._listed_unmetered(rule, path):
                 return self._unavailable(policy, rule, f"{endpoint.what} ({route(path)}) "
                                          "is answered before its usage is known")
             job = "response" if endpoint.what == "a background response" else \
@@ -299,16 +318,65 @@ class Metering:
         return Exchange(sandbox, policy, credential, new_body, meter, rule, endpoint, hold,
                         required)
 
+    @staticmethod
+    def _listed_unmetered(rule: Rule, path: str) -> bool:
+        """True if the operator lets ``path`` through unmetered (the rule's
+        ``unmetered:`` paths, read as the policy's ``paths`` are)."""
+        return rule.unmetered_set is not None and rule.unmetered_set.matches(path)
+
+    @property
+    def limits(self) -> Pricing:
+        """Where models' context windows and output limits are read: the operator's
+        pricing file over the catalogue (loaded at the first call that needs it)."""
+        if self._limits is None:
+            self._limits = self.pricing if self.pricing is not None and \
+                self.pricing.fallback is not None else Pricing(
+                    self.pricing.entries if self.pricing is not None else {},
+                    self.pricing.source if self.pricing is not None else "<none>",
+                    catalogue())
+        return self._limits
+
+    def bound(self, rule: Rule, endpoint: Endpoint, model: str | None, path: str,
+              raw: bytes, data: dict[str, Any] | None) -> tuple[int, int] | str:
+        """The most ``(input, output)`` tokens a call may be billed (``estimate``), or
+        why it has no bound: what to change."""
+        limits = self.limits.limits(model)
+        metering = rule.metering
+        context = limits.context if limits is not None and limits.context else (
+            metering.max_input_tokens if metering is not None else None)
+        where = self.limits.fallback.source if self.limits.fallback else "the catalogue"
+        known = (f'model "{(model or "unknown")[:100]}"' +
+                 (f" ({limits.source})" if limits is not None else f" (not in {where})"))
+        try:
+            out = output_bound(endpoint, data, path, limits.max_output if limits else None)
+            fed = input_bound(raw, data, context)
+        except Unreadable as exc:
+            return (f"{exc}, so the call's worst case cannot be read; send it as a whole "
+                    "number")
+        if out is None:
+            reserve = metering.reserve if metering is not None else None
+            if reserve is None:
+                return (f"the call names no output limit and the maximum output of {known} "
+                        f"is unknown; send max_tokens (or max_output_tokens), or set "
+                        f"metering.reserve on rule {rule.source}, or max_output_tokens for "
+                        "the model in metering.pricing")
+            out = reserve * choices(data)
+        if fed.tokens is None:
+            return (f"{fed.why}, and the context window of {known} is unknown, so its "
+                    f"input has no bound; set metering.max_input_tokens on rule "
+                    f"{rule.source}, or context_window for the model in metering.pricing")
+        return fed.tokens, out
+
     def _reservation(self, policy: Policy, rule: Rule, endpoint: Endpoint,
                      preset: str | None, path: str, held: RequestBody | None,
                      data: dict[str, Any] | None) -> Reservation | str:
-        default = rule.metering.reserve if rule.metering is not None and \
-            rule.metering.reserve else DEFAULT_OUTPUT
         raw = held.raw if held is not None else b""
+        model = request_model(preset, path, held)
+        found = self.bound(rule, endpoint, model, path, raw, data)
+        if isinstance(found, str):
+            return found
         assert rule.credential is not None
-        return self.budgets.reservation(
-            policy, rule.credential, request_model(preset, path, held), estimate_input(raw),
-            output_limit(endpoint, data, path, default))
+        return self.budgets.reservation(policy, rule.credential, model, *found)
 
     def _refuse(self, policy: Policy, rule: Rule, code: str, reason: str) -> MeteringRefusal:
         self.telemetry.count("metering_refusals", policy.name, code)
@@ -329,9 +397,13 @@ class Metering:
     def session_message(self, exchange: Exchange, data: bytes, now: float) -> Refusal | None:
         """A message from the sandbox in a metered WebSocket session, before it is
         relayed: models it names must be allowed (``session.update``,
-        ``response.create``); a used-up budget refuses it; on the Responses API each
-        ``response.create`` is a call that reserves its worst case (refused when the
-        budget has no room for it)."""
+        ``response.create``); a used-up budget refuses it; each ``response.create``, in
+        or out of band, is a call that reserves its bound before it is relayed (refused
+        when the budget has no room for it) and settles on the response's end. A
+        Codex warm-up (``generate: false``) is no request: it reserves only its input.
+        A Realtime session that may start responses on its own (turn detection) cannot
+        be reserved for: its audio is refused on a budgeted rule until the provider says
+        automatic responses are off."""
         meter, rule = exchange.meter, exchange.rule
         if not isinstance(meter, SessionMeter) or rule is None:
             return None
@@ -348,34 +420,81 @@ class Metering:
         if refused is not None:
             self.telemetry.count("model_refusals", policy.name, exchange.credential)
             return refused
-        if not policy.budgets:
+        if not policy.budgets or not self.budgets.limits_usage(policy, exchange.credential):
+            if policy.budgets and kind == "response.create" and meter.format == "realtime":
+                return self._session_request(exchange, now)
             return None
-        if meter.format == "realtime":  # its responses are counted as each one ends
-            exceeded = self.budgets.check(exchange.sandbox, policy, exchange.credential, now,
-                                          open_session=Usage())
-        elif kind == "response.create":
-            request = Endpoint("responses_ws", None)
-            reserve = self.budgets.reservation(
-                policy, exchange.credential, _string(fields.get("model")) or meter.request_model,
-                estimate_input(data), output_limit(request, fields, "",
-                                                   (rule.metering.reserve if rule.metering
-                                                    and rule.metering.reserve else
-                                                    DEFAULT_OUTPUT)))
-            if isinstance(reserve, str):
-                return self._unavailable(policy, rule, reserve)
-            admitted = self.budgets.admit(exchange.sandbox, policy, exchange.credential, now,
-                                          reserve)
-            exceeded = admitted if isinstance(admitted, BudgetExceeded) else None
-            if isinstance(admitted, Hold):
-                lane = _string(fields.get("stream_id"))
-                if exchange.pending is None:
-                    exchange.pending = {}
-                exchange.pending.setdefault(lane, []).append(_Pending(hold=admitted))
-        else:
-            return None
+        if kind == "response.create":
+            return self._reserve_response(exchange, rule, fields, data, now)
+        if meter.format == "responses_ws" and kind != "response.cancel":
+            return self._unavailable(policy, rule, (
+                f"a {str(kind)[:40]!r} message is none the gateway can meter on a Responses "
+                "API session (only response.create and response.cancel)"))
+        if meter.format == "realtime" and meter.auto_responses and kind in (
+                "input_audio_buffer.append", "input_audio_buffer.commit"):
+            return self._unavailable(policy, rule, (
+                "this Realtime session may start responses on its own (turn detection with "
+                "create_response), which cannot be reserved against the budget before they "
+                "start; send session.update with turn_detection.create_response: false (or "
+                "turn_detection: null) and a response.create for each response"))
+        exceeded = self.budgets.check(exchange.sandbox, policy, exchange.credential, now,
+                                      open_session=Usage())
         if exceeded is not None:
             self.telemetry.count("budget_refusals", policy.name, exceeded.budget.name)
         return exceeded
+
+    def _session_request(self, exchange: Exchange, now: float) -> Refusal | None:
+        """A Realtime ``response.create`` on a rule with a requests budget only: one
+        more request (no tokens to reserve)."""
+        admitted = self.budgets.admit(exchange.sandbox, exchange.policy, exchange.credential,
+                                      now, Reservation())
+        if isinstance(admitted, BudgetExceeded):
+            self.telemetry.count("budget_refusals", exchange.policy.name,
+                                 admitted.budget.name)
+            return admitted
+        if admitted is not None:
+            self.budgets.settle(admitted, 0, 0)
+        return None
+
+    def _reserve_response(self, exchange: Exchange, rule: Rule, fields: dict[str, Any],
+                          data: bytes, now: float) -> Refusal | None:
+        """Reserve the bound of one ``response.create`` (see ``session_message``)."""
+        meter = exchange.meter
+        assert isinstance(meter, SessionMeter)
+        policy = exchange.policy
+        response = field_of(fields, "response")
+        model = (_string(fields.get("model")) or _string(field_of(response, "model"))
+                 or meter.model or meter.request_model)
+        request = Endpoint(meter.format, None)
+        # The response's own settings (Realtime puts them in "response") over the event's.
+        own = dict(response) if isinstance(response, list) else {}
+        own.update({k: v for k, v in fields.items() if k != "response"})
+        warm_up = fields.get("generate") is False or own.get("generate") is False
+        # A session's response reads the conversation the provider keeps: its input is
+        # bounded by the context window, whatever the event carries.
+        found = self.bound(rule, request, model, "", data,
+                           {**own, "previous_response_id": "(the session's state)"}
+                           if meter.format == "realtime" or own.get("previous_response_id")
+                           else own)
+        if isinstance(found, str):
+            return self._unavailable(policy, rule, found)
+        input_tokens, output_tokens = found
+        reserve = self.budgets.reservation(policy, exchange.credential, model, input_tokens,
+                                           0 if warm_up else output_tokens)
+        if isinstance(reserve, str):
+            return self._unavailable(policy, rule, reserve)
+        admitted = self.budgets.admit(exchange.sandbox, policy, exchange.credential, now,
+                                      reserve, requests=0 if warm_up else 1)
+        if isinstance(admitted, BudgetExceeded):
+            self.telemetry.count("budget_refusals", policy.name, admitted.budget.name)
+            return admitted
+        if isinstance(admitted, Hold):
+            lane = _string(fields.get("stream_id"))
+            if exchange.pending is None:
+                exchange.pending = {}
+            exchange.pending.setdefault(lane, []).append(
+                _Pending(hold=admitted, event_id=_string(fields.get("event_id"))))
+        return None
 
     @staticmethod
     def _session_models(rule: Rule, fields: dict[str, Any], kind: Any,
@@ -411,10 +530,6 @@ class Metering:
         policy = exchange.policy
         if not policy.budgets:
             return
-        if meter.format == "realtime":
-            if usage is not None and usage.known:
-                self.budgets.record(exchange.sandbox, policy, exchange.credential, usage, now)
-            return
         if usage is None and b'"response.created"' not in data and b'"error"' not in data:
             return
         lane = _lane(data)
@@ -431,7 +546,13 @@ class Metering:
                 return
             if kind == "response.created":
                 waiting.started = True
-            elif kind == "error":  # the provider refused a response.create it had not begun
+            elif kind == "error" and doc is not None:  # a response.create refused unbegun
+                if meter.format == "realtime":  # (its error names the client's event)
+                    named = _string(field_of(doc.get("error"), "event_id"))
+                    waiting = next((p for p in queue if not p.started and p.event_id
+                                    and p.event_id == named), None)
+                    if waiting is None:
+                        return
                 queue.remove(waiting)
                 self.budgets.settle(waiting.hold, 0, 0)
             return
@@ -700,10 +821,10 @@ def build_metering(config: Config, counters: Counters,
     """The Metering for a gateway config (raises ConfigError for a bad pricing file)."""
     from gateway.config import ConfigError  # (the wiring's: the step itself reads no config)
 
-    pricing = None
+    pricing = Pricing({}, "the model catalogue", catalogue())
     if config.metering.pricing is not None:
         try:
-            pricing = load_pricing(config.metering.pricing)
+            pricing = load_pricing(config.metering.pricing, catalogue())
         except PricingError as exc:
             raise ConfigError(f"metering.pricing: {exc}") from None
     return Metering(counters, pricing=pricing, retention=config.metering.retention,

@@ -271,7 +271,7 @@ class SessionMeter(Meter):
     is the session's (``session.created`` / ``session.updated``) or the response's,
     else the one the request named."""
 
-    __slots__ = ("_responses", "_sums")
+    __slots__ = ("_responses", "_sums", "auto_responses")
 
     _DONE: ClassVar[dict[str, tuple[bytes, ...]]] = {
         "realtime": (b'"response.done"',),
@@ -282,6 +282,9 @@ class SessionMeter(Meter):
         super().__init__(fmt, request_model)
         self._sums = [0, 0, 0]  # input, output, cached input
         self._responses = 0
+        # Whether the provider may start responses on its own (a Realtime session's
+        # turn detection with create_response): True until the provider says otherwise.
+        self.auto_responses = fmt == "realtime"
 
     def feed(self, chunk: bytes) -> None:
         """One server event (a whole WebSocket message)."""
@@ -303,6 +306,8 @@ class SessionMeter(Meter):
                 model = _model(session.get("model")) if isinstance(session, dict) else None
                 if model is not None:
                     self._model = model
+                if isinstance(session, dict) and self.format == "realtime":
+                    self.auto_responses = _auto_responses(session, self.auto_responses)
                 return None
             if not isinstance(kind, str) or kind.encode() not in {
                     m.strip(b'"') for m in self._DONE[self.format]}:
@@ -329,6 +334,11 @@ class SessionMeter(Meter):
             self._broken = True
             return None
 
+    @property
+    def model(self) -> str | None:
+        """The session's model as the provider named it (None: not yet)."""
+        return self._model
+
     def so_far(self) -> Usage:
         """The usage of the responses done so far (unknown if none reported usage)."""
         model = self._model or self.request_model
@@ -340,6 +350,22 @@ class SessionMeter(Meter):
         """The session's usage once it has ended: the sum over its responses."""
         del status
         return self.so_far()
+
+
+def _auto_responses(session: dict[str, Any], before: bool) -> bool:
+    """Whether a Realtime session (as the provider describes it) starts responses on its
+    own: turn detection on (``session.turn_detection`` or, in the GA shape,
+    ``session.audio.input.turn_detection``) without ``create_response: false``."""
+    found: Any = before
+    audio = session.get("audio")
+    sources = [session]
+    if isinstance(audio, dict) and isinstance(audio.get("input"), dict):
+        sources.append(audio["input"])
+    for source in sources:
+        if "turn_detection" in source:
+            detection = source["turn_detection"]
+            found = isinstance(detection, dict) and detection.get("create_response") is not False
+    return bool(found)
 
 
 class RealtimeMeter(SessionMeter):

@@ -117,6 +117,8 @@ class Rule:
     change); a deny rule has no credential and allows nothing. ``mcp``: the rule's
     requests are MCP JSON-RPC, allowed call by call (tools, resources, prompts).
     ``ask``: what the rule matches goes only once a person approves it (ask mode).
+    ``unmetered`` (credential rules only): path patterns of calls the meter cannot model
+    that the operator lets through knowingly on a rule that must be metered.
     """
 
     host: str
@@ -135,8 +137,10 @@ class Rule:
     reason: str | None = None
     mcp: McpRule | None = None
     ask: Ask | None = None
+    unmetered: tuple[str, ...] | None = None
     host_pattern: HostPattern = field(init=False, compare=False, repr=False)
     path_set: PathSet | None = field(init=False, compare=False, repr=False)
+    unmetered_set: PathSet | None = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         """Compile the host and path patterns (raises ValueError if invalid)."""
@@ -147,6 +151,8 @@ class Rule:
             object.__setattr__(self, "methods", tuple(m.upper() for m in self.methods))
         path_set = compile_paths(self.paths) if self.paths is not None else None
         object.__setattr__(self, "path_set", path_set)
+        unmetered = compile_paths(self.unmetered) if self.unmetered else None
+        object.__setattr__(self, "unmetered_set", unmetered)
 
     @property
     def needs_inspection(self) -> bool:
@@ -181,6 +187,8 @@ class Rule:
             parts.append("metering: " + ("required" if self.metering.required else
                                          "optional") + (f" (reserve {self.metering.reserve})"
                                                         if self.metering.reserve else ""))
+        if self.unmetered:
+            parts.append("unmetered: " + ", ".join(self.unmetered))
         if self.allow_minted_secrets:
             parts.append("allow_minted_secrets: true")
         if self.protocol != "http":
@@ -201,10 +209,13 @@ class MeteringRule:
     """``metering:`` on a credential rule. ``required``: every inference call on the rule
     is metered or refused (``metering_unavailable``), as on a rule whose policy has a
     ``tokens`` or ``cost_usd`` budget. ``reserve``: the output tokens a call that names
-    no maximum (``max_tokens``...) reserves against token budgets while it runs."""
+    no maximum (``max_tokens``...) reserves against token budgets while it runs, for a
+    model whose maximum output the catalogue does not know. ``max_input_tokens``: the
+    context window of such a model (bounds a call that refers to provider-held state)."""
 
     required: bool = True
     reserve: int | None = None
+    max_input_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

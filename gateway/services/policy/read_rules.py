@@ -25,16 +25,17 @@ from gateway.services.policy.read_ask import AskReader
 from gateway.services.policy.read_mcp import McpReader
 
 _RULE_KEYS = ("host", "ports", "methods", "paths", "credential", "inspect", "protocol", "models",
-              "metering", "allow_minted_secrets", "action", "reason", "mcp", "ask")
+              "metering", "allow_minted_secrets", "action", "reason", "mcp", "ask",
+              "unmetered")
 # A shipped agent preset's rules may also be marked `telemetry: true` (on or off by the
 # switch of whoever extends the preset: see policy/agents.py).
 _PRESET_RULE_KEYS = (*_RULE_KEYS, "telemetry")
 ALLOW_ONLY = ("credential", "inspect", "models", "metering", "allow_minted_secrets", "mcp",
-              "ask")
+              "ask", "unmetered")
 _MAX_REASON = 300
 
 
-_METERING_KEYS = ("required", "reserve")
+_METERING_KEYS = ("required", "reserve", "max_input_tokens")
 
 
 _BUDGET_KEYS = ("name", "per", "window", "tokens", "requests", "cost_usd", "credentials",
@@ -118,7 +119,7 @@ class RuleReader(McpReader, AskReader):
                     "remove models",
                 )
                 ok = False
-        for key in ("metering", "allow_minted_secrets"):
+        for key in ("metering", "allow_minted_secrets", "unmetered"):
             if key not in keys:
                 continue
             value_node = keys[key][1]
@@ -126,6 +127,10 @@ class RuleReader(McpReader, AskReader):
                 metering = self.parse_metering(file, value_node)
                 ok = ok and metering is not None
                 fields["metering"] = metering
+            elif key == "unmetered":
+                unmetered = self.parse_paths(file, value_node, "unmetered")
+                ok = ok and unmetered is not None
+                fields["unmetered"] = unmetered
             else:
                 allow = self.boolean(file, value_node, key)
                 ok = ok and allow is not None
@@ -238,12 +243,13 @@ class RuleReader(McpReader, AskReader):
                 methods.append(method)
         return tuple(methods) if ok else None
 
-    def parse_paths(self, file: str, node: Node) -> tuple[str, ...] | None:
-        items = self.string_list(file, node, "paths")
+    def parse_paths(self, file: str, node: Node, what: str = "paths") -> tuple[str, ...] | None:
+        items = self.string_list(file, node, what)
         if items is None:
             return None
         if isinstance(node, SequenceNode) and not node.value:
-            self.err(file, node, 'paths is empty; list path patterns (e.g. ["/v1/**"]) or omit it')
+            self.err(file, node, f'{what} is empty; list path patterns (e.g. ["/v1/**"]) or '
+                     "omit it")
             return None
         ok = isinstance(node, SequenceNode) and len(items) == len(node.value)
         paths: list[str] = []
@@ -292,18 +298,24 @@ class RuleReader(McpReader, AskReader):
         required: bool | None = True
         if "required" in keys:
             required = self.boolean(file, keys["required"][1], "metering.required")
-        reserve: int | None = None
-        if "reserve" in keys:
-            reserve_node = keys["reserve"][1]
-            value = self.scalar(reserve_node) if isinstance(reserve_node, ScalarNode) else None
+        counts: dict[str, int | None] = {"reserve": None, "max_input_tokens": None}
+        what = {"reserve": "output tokens (what a call without max_tokens reserves)",
+                "max_input_tokens": "input tokens (the context window of a model the "
+                                    "catalogue does not know)"}
+        for name in counts:
+            if name not in keys:
+                continue
+            count_node = keys[name][1]
+            value = self.scalar(count_node) if isinstance(count_node, ScalarNode) else None
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                self.err(file, reserve_node, "metering.reserve must be a positive whole number "
-                         "of output tokens (what a call without max_tokens reserves)")
+                self.err(file, count_node, f"metering.{name} must be a positive whole number "
+                         f"of {what[name]}")
                 return None
-            reserve = value
+            counts[name] = value
         if required is None:
             return None
-        return MeteringRule(required=required, reserve=reserve)
+        return MeteringRule(required=required, reserve=counts["reserve"],
+                            max_input_tokens=counts["max_input_tokens"])
 
     def parse_budgets(self, file: str, node: Node, policy: RawPolicy) -> None:
         if isinstance(node, ScalarNode) and self.scalar(node) is None:

@@ -15,15 +15,15 @@ import pytest
 
 from gateway.services.metering import Exchange, Metering, MeteringRefusal, ModelRefusal
 from gateway.services.metering.budgets import BudgetExceeded
-from gateway.services.metering.endpoints import Endpoint, classify
+from gateway.services.metering.endpoints import classify
 from gateway.services.metering.estimate import (
-    DEFAULT_OUTPUT,
     INLINE_TOKENS,
     estimate_input,
-    output_limit,
 )
+from gateway.services.metering.catalogue import catalogue
 from gateway.services.metering.usage import SessionMeter
 from gateway.services.policy import PolicySet, load_policy_texts
+from gateway.services.policy.compiled import Policy
 from gateway.services.state.counters import MemoryCounters
 
 NOW = 1_795_000_000.0
@@ -174,7 +174,7 @@ def test_reservation_settles_to_usage_or_to_itself(metering: Metering,
     """3. A burst cannot overshoot; a stream cut before its usage counts its
     reservation; a provider error counts nothing; a request never sent counts nothing."""
     body = {"model": "m", "messages": [], "max_tokens": 2000}
-    reserved = 2000 + estimate_input(json.dumps(body).encode())
+    reserved = 2000 + len(json.dumps(body).encode())  # (its output limit and its bytes)
     steps = []
     for _ in range(6):
         steps.append(admit(metering, policies, AZURE, "POST", "/openai/v1/chat/completions",
@@ -200,22 +200,12 @@ def test_reservation_settles_to_usage_or_to_itself(metering: Metering,
     assert (used["tokens"], held["tokens"]) == (100 + reserved, 0)
 
 
-def test_estimates() -> None:
+def test_typical_input_estimate() -> None:
+    """What reports show as a call's likely input (never a budget's bound)."""
     assert estimate_input(b"x" * 400) == 100
     assert estimate_input(b"{" + b" \n\t\r" * 1_000_000 + b"}") == 1  # layout is free
     image = b'{"data": "' + b"A" * 500_000 + b'", "text": "' + b"y" * 400 + b'"}'
     assert estimate_input(image) == INLINE_TOKENS + (len(image) - 500_000 - 3 + 3) // 4
-    openai = Endpoint("openai", None)
-    assert output_limit(openai, {"max_completion_tokens": 7, "max_tokens": 9}, "/v1/x", 5) == 7
-    assert output_limit(openai, {"max_tokens": 9, "n": 3}, "/v1/chat/completions", 5) == 27
-    assert output_limit(openai, {}, "/v1/chat/completions", DEFAULT_OUTPUT) == DEFAULT_OUTPUT
-    assert output_limit(openai, {"max_tokens": 9}, "/v1/embeddings/", 5) == 0
-    assert output_limit(openai, {"max_tokens": True}, "/v1/x", 5) == 5
-    gemini = Endpoint("gemini", None)
-    fields = {"generationConfig": [("maxOutputTokens", 64), ("candidateCount", 2)]}
-    assert output_limit(gemini, fields, "/v1beta/models/m:generateContent", 5) == 128
-    bedrock = Endpoint("bedrock", None)
-    assert output_limit(bedrock, {"inferenceConfig": [("maxTokens", 33)]}, "/x", 5) == 33
 
 
 def test_background_jobs_are_metered_once_when_retrieved(metering: Metering,
@@ -289,7 +279,7 @@ def test_responses_websocket_session(metering: Metering, policies: PolicySet) ->
     policy = policies.policies["agent"]
     book = metering.budgets
     used, held = book._used(book._table("agent", policy.budgets[0], 1794960000.0), "sb")
-    assert used["tokens"] == 12 + 3000 + estimate_input(create) and held["tokens"] == 0
+    assert used["tokens"] == 12 + 3000 + len(create) and held["tokens"] == 0
     assert used["requests"] == 3  # one per response.create that went out
 
 
@@ -321,3 +311,193 @@ def test_classification_reads_the_route_once() -> None:
         assert endpoint is not None and endpoint.format == "openai", spelling
 
 
+
+
+# -- issue 39: a budget is a ceiling --------------------------------------------------------
+
+UNMETERED_POLICY = """\
+version: v1
+name: agent
+egress:
+  - host: api.openai.com
+    credential: openai
+    unmetered: ["/v1/assistants/**", "/v1/images/generations"]
+    metering: {max_input_tokens: 5000}
+budgets:
+  - {name: daily, per: sandbox, window: 24h, tokens: 200000}
+credentials:
+  openai: {preset: openai, secret: k1}
+"""
+
+
+@pytest.mark.parametrize(("method", "path", "allowed"), [
+    # explicitly not inference: passes
+    ("GET", "/v1/models", True), ("GET", "/v1/models/gpt-4o", True),
+    ("POST", "/v1/messages/count_tokens", True), ("POST", "/v1/files", True),
+    ("DELETE", "/v1/responses/resp_1", True), ("GET", "/v1/responses/resp_1/input_items", True),
+    ("POST", "/v1beta/models/gemini-2.5-pro:countTokens", True),
+    # unknown endpoints, methods and spellings: refused naming the endpoint
+    ("PUT", "/v1/chat/completions", False), ("PATCH", "/v1/chat/completions", False),
+    ("POST", "/V1/CHAT/COMPLETIONS", False), ("POST", "/v1/chat/completions;x=1", False),
+    ("POST", "/openai/deployments/d/Chat/Completions", False),
+    ("POST", "/v1/models", False), ("POST", "/v1/brand-new-endpoint", False),
+    ("POST", "/v1/projects/p/locations/l/endpoints/1:predict", False),
+    ("POST", "/v1/projects/p/locations/l/endpoints/openapi:chatCompletions", False),
+    ("POST", "/model/m/async-invoke", False), ("POST", "/v1/conversations", False),
+    ("POST", "/v1/ocr", False), ("POST", "/v1beta/cachedContents", False),
+    ("POST", "/v1beta/interactions", False), ("POST", "/v1/containers", False),
+])
+def test_default_deny_for_the_unmodelled(metering: Metering, policies: PolicySet,
+                                         method: str, path: str, allowed: bool) -> None:
+    """2. On a budgeted rule a request is metered inference or explicitly not inference;
+    anything else is refused metering_unavailable naming it."""
+    body = {"model": "gpt-4o-mini", "max_tokens": 10} if method != "GET" else None
+    step = admit(metering, policies, AZURE, method, path, body)
+    if allowed:
+        assert isinstance(step, Exchange), getattr(step, "reason", step)
+    else:
+        assert isinstance(step, MeteringRefusal) and step.code == "metering_unavailable"
+        assert "unmetered:" in step.reason and path.split(";")[0][:20] in step.reason
+    # the same request on a rule that need not be metered passes unmetered
+    assert isinstance(admit(metering, policies, "api.groq.com", method, path, body), Exchange)
+
+
+def test_unmetered_paths_let_the_operator_through_knowingly(metering: Metering) -> None:
+    policies = load_policy_texts({"agent.yaml": UNMETERED_POLICY})
+    policy = policies.policies["agent"]
+    rule = policy.rules[0]
+    assert rule.unmetered_set is not None and "unmetered: " in rule.describe()
+
+    def go(method: str, path: str, body: Any = None) -> Any:
+        raw = json.dumps(body).encode() if body is not None else None
+        return metering.admit(sandbox="sb", policy=policy, rule=rule, preset="openai",
+                              method=method, path=path, body=raw, now=NOW)
+
+    assert isinstance(go("POST", "/v1/assistants/asst_1", {}), Exchange)
+    assert isinstance(go("POST", "/v1/images/generations", {"prompt": "x"}), Exchange)
+    assert isinstance(go("POST", "/v1/audio/speech", {}), MeteringRefusal)
+    # a chained call on a model the catalogue does not know: the rule's max_input_tokens
+    chained = go("POST", "/v1/responses", {"model": "in-house-1", "max_output_tokens": 100,
+                                           "previous_response_id": "resp_1"})
+    assert isinstance(chained, Exchange) and chained.hold is not None
+    assert chained.hold.reserved.tokens == 5000 + 100
+
+
+@pytest.mark.parametrize(("body", "reserved"), [
+    # two output limits: the larger one, as the provider may honour it
+    ({"model": "gpt-4o-mini", "max_completion_tokens": 1, "max_tokens": 1600}, 1600),
+    # numbers in other forms
+    ({"model": "gpt-4o-mini", "max_tokens": 1e3}, 1000),
+    ({"model": "gpt-4o-mini", "max_tokens": 100, "n": "8"}, 800),
+    # no limit: the model's maximum output from the catalogue
+    ({"model": "gpt-4o-mini"}, 16384),
+])
+def test_reservations_are_bounds(metering: Metering, body: dict[str, Any],
+                                 reserved: int) -> None:
+    policies = load_policy_texts({"agent.yaml": UNMETERED_POLICY})
+    policy = policies.policies["agent"]
+    raw = json.dumps(body).encode()
+    step = metering.admit(sandbox="sb", policy=policy, rule=policy.rules[0], preset="openai",
+                          method="POST", path="/v1/chat/completions", body=raw, now=NOW)
+    assert isinstance(step, Exchange) and step.hold is not None
+    assert step.hold.reserved.tokens == reserved + len(raw)
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ({"model": "gpt-4o-mini", "max_tokens": True}, "max_tokens is true"),
+    ({"model": "gpt-4o-mini", "max_tokens": "lots"}, 'max_tokens is "lots"'),
+    ({"model": "gpt-4o-mini", "max_tokens": 5, "n": -1}, "n is negative"),
+    ({"model": "m", "messages": []}, "names no output limit"),
+    ({"model": "m", "max_tokens": 5, "previous_response_id": "r"}, "context window"),
+    ({"model": "gpt-4o-mini", "max_tokens": 5, "tools": [{"type": "web_search"}]},
+     "max_tool_calls"),
+])
+def test_calls_without_a_bound_are_refused(metering: Metering, policies: PolicySet,
+                                           body: dict[str, Any], words: str) -> None:
+    step = admit(metering, policies, AZURE, "POST", "/openai/v1/responses", body)
+    assert isinstance(step, MeteringRefusal) and step.code == "metering_unavailable"
+    assert words in step.reason
+
+
+REALTIME_POLICY = """\
+version: v1
+name: agent
+egress:
+  - host: api.openai.com
+    credential: openai
+budgets:
+  - {name: daily, per: sandbox, window: 24h, tokens: 100000}
+credentials:
+  openai: {preset: openai, secret: k1}
+"""
+
+
+def realtime(metering: Metering) -> tuple[Exchange, Policy]:
+    policies = load_policy_texts({"agent.yaml": REALTIME_POLICY})
+    policy = policies.policies["agent"]
+    step = metering.admit(sandbox="sb", policy=policy, rule=policy.rules[0], preset="openai",
+                          method="GET", path="/v1/realtime?model=gpt-realtime",
+                          body=None, now=NOW)
+    assert isinstance(step, Exchange) and isinstance(step.meter, SessionMeter)
+    return step, policy
+
+
+def test_realtime_responses_reserve_each_its_bound(metering: Metering) -> None:
+    """4. Each response.create, in or out of band, reserves its bound (the context window
+    plus its output limit) before it is relayed; a parallel burst cannot overshoot."""
+    step, policy = realtime(metering)
+    info = catalogue().get("gpt-realtime")
+    assert info is not None and info.context is not None
+    create = json.dumps({"type": "response.create", "event_id": "e1", "response": {
+        "conversation": "none", "max_output_tokens": 1000}}).encode()
+    per = info.context + 1000
+    admitted = 0
+    for _ in range(100_000 // per + 2):
+        if metering.session_message(step, create, NOW) is None:
+            admitted += 1
+    assert admitted == 100_000 // per
+    book = metering.budgets
+    used, held = book._used(book._table("agent", policy.budgets[0], 1794960000.0), "sb")
+    assert held["tokens"] == admitted * per
+    # a response that ends settles to its usage; an error naming the event frees one
+    metering.session_event(step, b'{"type": "response.created", "response": {}}', NOW)
+    metering.session_event(step, json.dumps({"type": "response.done", "response": {
+        "usage": {"input_tokens": 50, "output_tokens": 70}}}).encode(), NOW)
+    metering.session_event(step, b'{"type": "error", "error": {"event_id": "other"}}', NOW)
+    metering.session_event(step, b'{"type": "error", "error": {"event_id": "e1"}}', NOW)
+    used, held = book._used(book._table("agent", policy.budgets[0], 1794960000.0), "sb")
+    assert used["tokens"] == 120 and held["tokens"] == (admitted - 2) * per
+    metering.complete(step, 101, NOW)  # the rest never ended: charged their reservation
+    used, held = book._used(book._table("agent", policy.budgets[0], 1794960000.0), "sb")
+    assert used["tokens"] == 120 + (admitted - 2) * per and held["tokens"] == 0
+
+
+def test_realtime_automatic_responses_are_refused_until_turned_off(metering: Metering) -> None:
+    step, _ = realtime(metering)
+    audio = b'{"type": "input_audio_buffer.append", "audio": "AAAA"}'
+    refused = metering.session_message(step, audio, NOW)
+    assert isinstance(refused, MeteringRefusal) and "create_response" in refused.reason
+    metering.session_event(step, json.dumps({"type": "session.updated", "session": {
+        "turn_detection": {"type": "server_vad", "create_response": False}}}).encode(), NOW)
+    assert metering.session_message(step, audio, NOW) is None
+
+
+def test_codex_warm_up_is_no_request(metering: Metering, policies: PolicySet) -> None:
+    """8. A generate: false response.create is no request and reserves no output."""
+    step = session(metering, policies, "/openai/v1/responses")
+    warm = json.dumps({"type": "response.create", "model": "m", "generate": False,
+                       "max_output_tokens": 3000, "input": "hi"}).encode()
+    assert metering.session_message(step, warm, NOW) is None
+    assert step.pending is not None
+    (pending,) = step.pending[None]
+    assert pending.hold.reserved.tokens == len(warm)
+    metering.session_event(step, b'{"type": "response.created", "response": {}}', NOW)
+    metering.session_event(step, json.dumps({"type": "response.completed", "response": {
+        "usage": {"input_tokens": 2, "output_tokens": 0}}}).encode(), NOW)
+    metering.complete(step, 101, NOW)
+    book = metering.budgets
+    policy = policies.policies["agent"]
+    used, _ = book._used(book._table("agent", policy.budgets[0], 1794960000.0), "sb")
+    assert (used["requests"], used["tokens"]) == (0, 2)
+    odd = metering.session_message(step, b'{"type": "session.update"}', NOW)
+    assert isinstance(odd, MeteringRefusal)

@@ -23,7 +23,7 @@ from gateway.config import Config, ConfigError, MeteringConfig, load_config
 from gateway.observability import metrics
 from gateway.services.identity.tokens import SigningKeys, TokenService
 from gateway.services.metering import BudgetExceeded, Exchange, Metered, Metering, ModelRefusal
-from gateway.services.metering.pricing import Price, Pricing
+from gateway.services.metering.pricing import parse_pricing
 from gateway.services.metering.service import build_metering
 from gateway.services.policy import PolicySet, load_policy_texts
 from gateway.services.state.base import MemoryState
@@ -52,7 +52,13 @@ credentials:
   anthropic-m: {preset: anthropic, secret: k2}
 """}
 
-PRICING = Pricing({"gpt-4o-mini*": Price(0.15, 0.60, 0.075), "claude-*": Price(3, 15, 0.3)})
+# Prices, and output limits small enough for the 100-token budget (a real model's from the
+# catalogue would be thousands: no call without max_tokens could fit).
+PRICING = parse_pricing({
+    "gpt-4o-mini*": {"input": 0.15, "output": 0.60, "cached_input": 0.075,
+                     "max_output_tokens": 10},
+    "claude-*": {"input": 3, "output": 15, "cached_input": 0.3, "max_output_tokens": 10},
+    "gpt-4.1*": {"max_output_tokens": 10}})
 
 
 def counter_value(metric: str, labels: dict[str, str]) -> float:
@@ -110,8 +116,8 @@ def test_admit_and_complete_count_everywhere(tmp_path: Path) -> None:
                              "model": "gpt-4o-mini-2024-07-18", "input_tokens": 9,
                              "output_tokens": 12, "cached_input_tokens": 0,
                              "cost_usd": pytest.approx((9 * 0.15 + 12 * 0.60) / 1e6),
-                             # reserved: metering.reserve 10 + 52 body bytes / 4
-                             "budget": {"reserved_tokens": 23, "charged_tokens": 21,
+                             # reserved: the model's output limit 10 + 51 body bytes
+                             "budget": {"reserved_tokens": 61, "charged_tokens": 21,
                                         "basis": "usage"}}
     assert counter_value("sandbox_gateway_inference_tokens_total",
                          {**labels, "kind": "input"}) == before_in + 9
@@ -141,8 +147,9 @@ def test_refusals(tmp_path: Path) -> None:
                                                             "agent.yaml:4")
     assert counter_value("sandbox_gateway_model_refusals_total",
                          {"policy": "metered-agent", "credential": "openai-m"}) == before + 1
-    # 9 + 12 tokens per exchange: the 5th crosses 100 and completes; the 6th is refused.
-    for _ in range(5):
+    # 9 + 12 tokens per exchange, each reserving 33 (10 output + 23 body bytes): four fit
+    # in 100, the 5th could cross it and is refused.
+    for _ in range(4):
         assert isinstance(h.exchange("sb-1", "openai-m", "/v1/chat/completions",
                                      b'{"model":"gpt-4o-mini"}',
                                      fixture("openai_chat_stream_usage.sse")), Exchange)
@@ -150,7 +157,8 @@ def test_refusals(tmp_path: Path) -> None:
                                 b'{"model":"gpt-4o-mini"}', None, now=NOW + 60)
     assert isinstance(refused_budget, BudgetExceeded)
     assert refused_budget.retry_after == 13 * 3600 + 29 * 60
-    assert "105 tokens used of 100 tokens" in refused_budget.reason
+    assert "has 16 tokens left" in refused_budget.reason
+    assert "may use up to 33 tokens" in refused_budget.reason
     # Other sandboxes have their own allowance; GET /v1/models is never limited.
     assert isinstance(h.exchange("sb-2", "openai-m", "/v1/chat/completions",
                                  b'{"model":"gpt-4o-mini"}', b"{}"), Exchange)
