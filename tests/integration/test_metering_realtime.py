@@ -22,6 +22,10 @@ from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.metrics import metric
 from helpers.tls import LocalCA
 
+from gateway.services.metering.catalogue import catalogue
+from gateway.services.metering.pricing import Pricing
+from gateway.services.metering.usage import Usage
+
 KEY = "sk-fake-realtime-key-0123456789"
 POLICY = """
 version: v1
@@ -34,7 +38,7 @@ budgets:
   - name: sandbox-daily
     per: sandbox
     window: 24h
-    tokens: 300
+    tokens: 500
 credentials:
   openai: {preset: openai, secret: provider-key}
 """
@@ -54,7 +58,12 @@ def gw(request: pytest.FixtureRequest, make_gateway: GatewayFactory, tmp_path: P
     secrets = tmp_path / "secrets.yaml"
     secrets.write_text(f"provider-key: {KEY}\n")
     secrets.chmod(0o600)
+    # Each response.create reserves its bound: the model's context window and output
+    # limit (from metering.pricing here: small, so a few responses fit the budget).
+    pricing = tmp_path / "pricing.yaml"
+    pricing.write_text('"gpt-realtime*": {context_window: 100, max_output_tokens: 100}\n')
     return make_gateway({"agent.yaml": POLICY}, config={
+        "metering": {"pricing": str(pricing)},
         "secrets": {"store": "file", "path": str(secrets)},
         "network": {"intercept": request.param,
                     "resolve": {"api.openai.com": f"127.0.0.1:{realtime.port}"}}})
@@ -102,9 +111,12 @@ def test_a_realtime_session_is_metered_and_budgeted(gw: GatewayThread,
     assert realtime.upgrades[0]["authorization"] == f"Bearer {KEY}"  # swapped
 
     (n_in0, n_out0, c0), (n_in1, n_out1, c1) = realtime.usage(0), realtime.usage(1)
+    # priced from the model catalogue (the pricing file above sets only limits)
+    prices = Pricing({}, "catalogue", catalogue())
     expected = {"model": model, "input_tokens": n_in0 + n_in1,
                 "output_tokens": n_out0 + n_out1, "cached_input_tokens": c0 + c1,
-                "cost_usd": None}
+                "cost_usd": pytest.approx(prices.cost(Usage(
+                    model, n_in0 + n_in1, n_out0 + n_out1, c0 + c1)))}
     [line] = _session_lines(gw, 1)
     assert line["status"] == 101 and line["usage"] == expected
     assert KEY not in json.dumps(line)
@@ -119,8 +131,9 @@ def test_a_realtime_session_is_metered_and_budgeted(gw: GatewayThread,
     assert usage["totals"]["output_tokens"] == expected["output_tokens"]
     assert usage["totals"]["requests"] == 1
 
-    # 241 tokens of a 300 budget: the next session may open. Its first response takes
-    # the sandbox to 361: the session's next message is refused, and the session closed.
+    # 241 tokens of a 500 budget: the next session may open. Its first response (which
+    # reserved 200: its context window and output limit) takes the sandbox to 361: the
+    # session's next response.create, which would reserve 200 more, is refused.
     with _connect(gw, token) as ws:
         _events_until(ws, "session.created")
         ws.send(json.dumps({"type": "response.create"}))
@@ -141,21 +154,21 @@ def test_a_realtime_session_is_metered_and_budgeted(gw: GatewayThread,
     n_in2, n_out2, c2 = realtime.usage(0)  # (the session's own first response)
     assert lines[-1]["decision"] == "allow" and lines[-1]["status"] == 101
     assert lines[-1]["usage"] == {**expected, "input_tokens": n_in2,
-                                  "output_tokens": n_out2, "cached_input_tokens": c2}
+                                  "output_tokens": n_out2, "cached_input_tokens": c2,
+                                  "cost_usd": pytest.approx(prices.cost(Usage(
+                                      model, n_in2, n_out2, c2)))}
     usage = json.loads(urllib.request.urlopen(urllib.request.Request(
         gw.admin + "/v1/usage?sandbox=sandbox-1",
         headers={"Authorization": f"Bearer {gw.gateway.admin_token}"}), timeout=5).read())
     assert usage["totals"]["input_tokens"] == expected["input_tokens"] + n_in2
     assert usage["totals"]["requests"] == 2
-    sessions = len(realtime.upgrades)
-    with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
-        _connect(gw, token)
-    assert refused.value.response.status_code == 429
-    body = json.loads(refused.value.response.body or b"{}")
-    assert body["error"]["code"] == "budget_exceeded"
-    assert "sandbox-daily" in body["error"]["message"]
-    assert refused.value.response.headers["Retry-After"]
-    assert len(realtime.upgrades) == sessions  # never reached the provider
+    # 361 of 500: a session may open (it is no response), but no response fits in it.
+    with _connect(gw, token) as ws:
+        _events_until(ws, "session.created")
+        ws.send(json.dumps({"type": "response.create", "note": "no room"}))
+        error = json.loads(ws.recv(timeout=5))
+        assert error["type"] == "error" and error["error"]["code"] == "budget_exceeded"
+    assert [e.get("note") for e in realtime.received if e.get("note")] == []
 
 
 def test_a_realtime_session_for_another_model_is_refused(gw: GatewayThread,

@@ -176,7 +176,7 @@ def test_padded_and_compressed_bodies_are_read(gw: GatewayThread, fake: FakeInfe
     raw = json.dumps(doc).encode()
     headers = {"Authorization": f"Bearer {token}"}
     if shape == "padded":
-        raw = raw[:-1] + b" " * (3 << 20) + b"}"  # 3 MiB of whitespace
+        raw = raw[:-1] + b"\n" + b" " * (3 << 20) + b"}"  # 3 MiB of layout whitespace
     else:
         raw, headers["Content-Encoding"] = gzip.compress(raw), "gzip"
     with _http(gw, token) as http:

@@ -12,9 +12,10 @@ may bill for the request, so it is read as the most generous provider would read
   ``max_response_output_tokens``), capped by the model's maximum output; without one,
   the model's maximum output. Times the number of choices (the largest of ``n``,
   ``best_of``, ``candidateCount``). Embeddings produce no output.
-* **Input**: the body's size in bytes (a byte-level BPE tokenizer makes at most one
-  token of each byte, so no text in the body can be billed as more tokens than it has
-  bytes), capped by the model's context window. A call that makes the provider read
+* **Input**: the body's size in bytes less its JSON layout (newlines, tabs and the
+  indentation after them, which no string holds: JSON escapes them there); a byte-level
+  BPE tokenizer makes at most one token of each byte, so no text in the body can be
+  billed as more tokens than it has bytes. Capped by the model's context window. A call that makes the provider read
   more than its body - state the provider keeps (response chains, conversations, cached
   content, files, stored prompts, containers), content it fetches (image, file or
   document URLs), inlined media (a base64 run of 1 KiB or more: images, audio, PDFs),
@@ -51,6 +52,7 @@ __all__ = [
     "output_bound",
     "output_limit",
     "provider_state",
+    "text_bytes",
 ]
 
 DEFAULT_OUTPUT = 4096
@@ -61,6 +63,9 @@ INLINE_TOKENS = 1600
 """Input tokens an inlined base64 object counts in ``estimate_input`` (a report)."""
 
 _BASE64_RUN = re.compile(rb"[A-Za-z0-9+/=]{1024,}")
+# JSON layout: a raw newline, tab or carriage return is never inside a string (JSON
+# escapes them there), and nor is whitespace after one (a string cannot span it).
+_LAYOUT = re.compile(rb"[\n\r\t][ \n\r\t]*")
 _BYTES_PER_TOKEN = 4
 
 
@@ -366,8 +371,16 @@ def input_bound(raw: bytes, fields: dict[str, Any] | None, context: int | None) 
                      "model turns")
     if state is not None:
         return Bound(context, f"it makes the provider read {state}")
-    size = len(raw)
+    size = text_bytes(raw)
     return Bound(size if context is None else min(size, context))
+
+
+def text_bytes(raw: bytes) -> int:
+    """The body's bytes less its JSON layout (see ``_LAYOUT``): no more tokens than this
+    can be read from it."""
+    if b"\n" not in raw and b"\t" not in raw and b"\r" not in raw:
+        return len(raw)
+    return len(raw) - sum(m.end() - m.start() for m in _LAYOUT.finditer(raw))
 
 
 def estimate_input(raw: bytes) -> int:

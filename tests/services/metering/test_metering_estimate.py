@@ -134,6 +134,9 @@ def test_input_bound() -> None:
     body = raw.encode()
     assert input_bound(body, body_json(body), None).tokens == len(body)  # a token a byte
     assert input_bound(body, body_json(body), 10).tokens == 10  # capped by the context
+    pretty = json.dumps(json.loads(raw), indent=4).encode()  # layout is no text
+    assert input_bound(pretty, body_json(pretty), None).tokens < len(pretty)
+    assert input_bound(pretty, body_json(pretty), None).tokens >= len(body) - 10
     chained = json.dumps({"model": "m", "previous_response_id": "r", "input": "x"}).encode()
     bound = input_bound(chained, body_json(chained), 128000)
     assert bound.tokens == 128000 and bound.why is not None
