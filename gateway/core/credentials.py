@@ -7,9 +7,11 @@ key goes into the carrier the client used, or where the credential `places` it (
 Entra ID token always goes as Bearer, whichever carrier held the sandbox's token).
 `plan()` finds the token and checks it (this sandbox's, credential and path in scope;
 a pod identified by its address carries none: its key slot holds a placeholder)
-— or, on a rule with `allow_minted_secrets`, a secret the provider minted for this
-sandbox with this credential, which then goes on as it is — and that the request
-travels inside TLS — a key never goes over a cleartext
+— or, on a rule with `allow_minted_secrets`, the alias of a secret the provider minted
+for this sandbox with this credential (in a carrier of the key, in `Authorization:
+Bearer`, in Gemini's `?access_token=` or in a WebSocket subprotocol
+`openai-insecure-api-key.<alias>`), which the secret then replaces in the same
+carrier — and that the request travels inside TLS — a key never goes over a cleartext
 connection: a plain `http://` request on a credential rule is refused
 (`credential_requires_tls`), not upgraded. `apply()` places the key (a signing
 credential, SigV4, signs instead: `exchange.Signer`). Pure functions over
@@ -30,7 +32,8 @@ from gateway.core.secret_value import SecretValue
 from gateway.core.target import Target
 from gateway.services.policy import Credential, Injection
 
-__all__ = ["TOKEN_PREFIX", "Swap", "apply", "find_token", "plan", "shape_of", "static_refusal"]
+__all__ = ["SUBPROTOCOL_KEY", "TOKEN_PREFIX", "Swap", "apply", "find_token", "plan", "shape_of",
+           "static_refusal"]
 
 # Every gateway token starts with this base64url text: its JOSE header `{"alg":"EdDSA","kid":`.
 TOKEN_PREFIX = base64.urlsafe_b64encode(b'{"alg":"EdDSA","kid":').decode()[:28]
@@ -45,10 +48,20 @@ def shape_of(preset: str | None) -> str | None:
     return _SHAPES.get(preset or "")
 
 
+# Where a provider-minted secret travels besides the key's own carriers: as a bearer
+# token (OpenAI, Azure OpenAI), Gemini Live's `access_token`, and a browser's WebSocket
+# subprotocol (OpenAI Realtime: `Sec-WebSocket-Protocol: realtime,
+# openai-insecure-api-key.<secret>`).
+SUBPROTOCOL_KEY = "openai-insecure-api-key."
+_SUBPROTOCOL = Injection("header", "sec-websocket-protocol")
+_MINTED_CARRIERS = (Injection("bearer"), Injection("query", "access_token"), _SUBPROTOCOL)
+
+
 @dataclass(frozen=True, slots=True)
 class Swap:
-    """A checked swap: which credential, in which carrier. ``minted``: the carrier holds
-    a secret the provider minted for this sandbox, forwarded as it is (no swap)."""
+    """A checked swap: which credential, in which carrier. ``minted``: the carrier held
+    the alias of a secret the provider minted for this sandbox; this secret goes in its
+    place (instead of the key)."""
 
     credential: Credential
     carrier: Injection
@@ -68,7 +81,16 @@ def _query(path: str) -> tuple[str, list[tuple[str, str]]]:
     return base, parse_qsl(query, keep_blank_values=True) if sep else []
 
 
+def _subprotocols(headers: Headers) -> list[str]:
+    """The WebSocket subprotocols a request offers (every field line's)."""
+    return [p.strip() for value in headers.get_all("sec-websocket-protocol")
+            for p in value.split(",") if p.strip()]
+
+
 def _carried(headers: Headers, path: str, carrier: Injection) -> str | None:
+    if carrier == _SUBPROTOCOL:
+        return next((p[len(SUBPROTOCOL_KEY):] for p in _subprotocols(headers)
+                     if p.startswith(SUBPROTOCOL_KEY)), None)
     if carrier.kind == "header":
         assert carrier.name is not None
         return headers.get(carrier.name)
@@ -85,10 +107,19 @@ def _carried(headers: Headers, path: str, carrier: Injection) -> str | None:
         return None
 
 
-def _clear(headers: Headers, path: str, credential: Credential) -> str:
-    """Remove every carrier of the credential; returns the path without a query carrier."""
-    for carrier in credential.injection.carriers:
-        if carrier.kind == "header":
+def _clear(headers: Headers, path: str, credential: Credential,
+           carriers: tuple[Injection, ...] = ()) -> str:
+    """Remove every carrier of the credential (and `carriers`); returns the path without
+    a query carrier."""
+    for carrier in (*credential.injection.carriers, *carriers):
+        if carrier == _SUBPROTOCOL:
+            offered = _subprotocols(headers)
+            others = [p for p in offered if not p.startswith(SUBPROTOCOL_KEY)]
+            if len(others) < len(offered):
+                headers.remove("sec-websocket-protocol")
+                if others:
+                    headers.set("Sec-WebSocket-Protocol", ", ".join(others))
+        elif carrier.kind == "header":
             assert carrier.name is not None
             headers.remove(carrier.name)
         elif carrier.kind in ("bearer", "basic", "token"):
@@ -121,13 +152,18 @@ def plan(credential: Credential, headers: Headers, target: Target, identity: Ide
          minted: Callable[[str], SecretValue | None] | None = None) -> tuple[Swap, str]:
     """Check the swap and take the token out: returns the swap and the request path
     without a query carrier. `verify` is `TokenService.verify`; `minted` (a rule that
-    allows provider-minted secrets) finds such a secret of this credential and sandbox
-    by its value. Raises Refusal. (The decision pipeline's `route` has refused a
-    cleartext or unbound call already; the check is repeated here, where a key is
-    about to be placed, so no caller can skip it: ~0.3 µs.)"""
+    allows provider-minted secrets) finds the secret whose alias a carrier holds, minted
+    by this sandbox with this credential (it raises the refusal of another's alias).
+    Raises Refusal. (The decision pipeline's `route` has refused a cleartext or unbound
+    call already; the check is repeated here, where a key is about to be placed, so no
+    caller can skip it: ~0.3 µs.)"""
     refusal = static_refusal(credential, target.scheme, target.host, rule)
     if refusal is not None:
         raise refusal
+    if minted is not None:
+        found = _minted(credential, headers, target.path, minted)
+        if found is not None:
+            return found
     for carrier in credential.injection.carriers:
         value = _carried(headers, target.path, carrier)
         if value:
@@ -147,10 +183,6 @@ def plan(credential: Credential, headers: Headers, target: Target, identity: Ide
     token = value.strip()
     if credential.placeholder and token.startswith(credential.placeholder):
         token = token[len(credential.placeholder):]  # (a key shape the SDK checks; see env)
-    if minted is not None and not token.startswith(TOKEN_PREFIX):
-        secret = minted(_bare(token))
-        if secret is not None:
-            return Swap(credential, carrier, secret), target.path
     if identity.keyless:  # (whatever the key slot holds is a placeholder: replaced)
         return Swap(credential, credential.places or carrier), \
             _clear(headers, target.path, credential)
@@ -175,6 +207,21 @@ def plan(credential: Credential, headers: Headers, target: Target, identity: Ide
     return Swap(credential, credential.places or carrier), path
 
 
+def _minted(credential: Credential, headers: Headers, path: str,
+            minted: Callable[[str], SecretValue | None]) -> tuple[Swap, str] | None:
+    """The swap of a provider-minted secret's alias found in a carrier, every carrier
+    emptied (the secret goes where the alias was, `apply`); None: no alias."""
+    for carrier in (*credential.injection.carriers, *_MINTED_CARRIERS):
+        value = _carried(headers, path, carrier)
+        if not value or value.strip().startswith(TOKEN_PREFIX):
+            continue
+        secret = minted(_bare(value.strip()))
+        if secret is not None:
+            return Swap(credential, carrier, secret), _clear(headers, path, credential,
+                                                             _MINTED_CARRIERS)
+    return None
+
+
 def _bare(value: str) -> str:
     """A carried value without the Bearer/token scheme a header carrier may keep."""
     scheme, _, rest = value.partition(" ")
@@ -184,7 +231,10 @@ def _bare(value: str) -> str:
 def apply(swap: Swap, headers: Headers, path: str, key: str) -> str:
     """Put the real key into the swap's carrier; returns the (possibly new) path."""
     carrier = swap.carrier
-    if carrier.kind == "header":
+    if carrier == _SUBPROTOCOL:
+        headers.set("Sec-WebSocket-Protocol", ", ".join([*_subprotocols(headers),
+                                                         SUBPROTOCOL_KEY + key]))
+    elif carrier.kind == "header":
         assert carrier.name is not None
         headers.set(carrier.name, key)
     elif carrier.kind == "bearer":

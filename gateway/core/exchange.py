@@ -732,7 +732,8 @@ def _askable_model(model: str | None) -> bool:
 
 def leak_refusal(kind: str, host: str) -> Refusal:
     """The refusal of a request carrying a key or token (`kind`) to `host`."""
-    what = "a gateway token" if kind == "token" else "a real API key"
+    what = "a gateway token" if kind == "token" else \
+        "a real API key (or a provider-minted secret, or its alias)"
     return Refusal("exfiltration_blocked", f"the request carries {what} to {host}, which "
                    "is not bound to it; keys and tokens go only to the hosts of their "
                    "credential (send the token only in the credential's own header, on a "

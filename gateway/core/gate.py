@@ -540,7 +540,7 @@ class Gate:
         if credential is not None:
             minted = None
             if decision.rule is not None and decision.rule.allow_minted_secrets:
-                minted = self._minted_finder(credential.name, ex.identity.sandbox)
+                minted = self._minted_finder(credential.name, ex)
             swap, path = credentials.plan(credential, head.headers, tgt, ex.identity,
                                           self.tokens.verify, _rule(decision), minted)
             if self.metering is not None:
@@ -559,7 +559,8 @@ class Gate:
         if found is not None:
             raise ex.leak(found)
         signer: Signer | None = None
-        if swap is not None and swap.minted is not None:  # the provider's own, as sent
+        if swap is not None and swap.minted is not None:  # the provider's secret for its alias
+            path = credentials.apply(swap, head.headers, path, swap.minted.reveal())
             ex.injected(swap.credential.name, swap.credential.secret, swap.minted)
             swap = None
         if swap is not None:
@@ -589,13 +590,23 @@ class Gate:
         if signer is not None:  # the signature covers the request line as forwarded
             ex.sign_with(signer)
 
-    def _minted_finder(self, credential: str, sandbox: str
+    def _minted_finder(self, credential: str, ex: Exchange
                        ) -> Callable[[str], SecretValue | None]:
-        """Finds a provider-minted secret of `credential` that `sandbox` minted."""
+        """Finds the provider-minted secret whose alias a carrier holds: minted with
+        `credential` by the exchange's sandbox; the alias of another sandbox's or
+        credential's secret is refused like a key sent where it is not bound."""
+        sandbox = ex.identity.sandbox
+
         def find(value: str) -> SecretValue | None:
-            key = self.ephemeral.find(value)
-            if key is None or key.credential != credential or key.sandbox != sandbox:
+            key = self.ephemeral.by_alias(value)
+            if key is None:
                 return None
+            if key.credential != credential or key.sandbox != sandbox:
+                self.telemetry.count("exfiltration_blocked", "secret")
+                raise Refusal("exfiltration_blocked", "the request carries the alias of a "
+                              "secret the provider minted for another sandbox or credential;"
+                              " an alias works only for the sandbox it was given to, to its "
+                              "credential's hosts", _rule(ex.decision))
             return key.value
         return find
 

@@ -24,7 +24,9 @@ _CACHE = 10_000
 class Markers:
     """The leak scans of requests: every gateway token's constant parts and the
     client's own token, plus every fetched key and provider-minted secret that no
-    credential binds to the request's host."""
+    credential binds to the request's host, and every alias of a provider-minted secret
+    on every host (like a token: its one place is the carrier of a request to its
+    credential's host, swapped before the scan)."""
 
     def __init__(self, policies: Callable[[], PolicySet], secrets: Secrets,
                  ephemeral: EphemeralKeys, issuer: Callable[[], str]) -> None:
@@ -55,6 +57,8 @@ class Markers:
                 bound = policy_set.credentials.get(minted.credential)
                 if bound is None or not bound.binds(host):
                     secrets.extend(_markers_of(minted.value))
+                if minted.alias is not None:
+                    secrets.extend(_markers_of(minted.alias))
             scan = self._scans[key] = LeakScan(constant_token_markers(self._issuer()),
                                                secrets, own_token_markers(token or ""))
         return scan

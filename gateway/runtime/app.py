@@ -474,10 +474,11 @@ class Gateway:
 
     def _log_secrets(self) -> list[SecretValue | str]:
         """Every key and minted value fetched so far, every secret a provider minted for a
-        sandbox, and the claims every token starts with (a token whose header was cut
-        off)."""
+        sandbox and its alias, and the claims every token starts with (a token whose
+        header was cut off)."""
         values: list[SecretValue | str] = [v for _, v in self.credentials.known_items()]
-        values += [k.value for k in self.state.ephemeral.live()]
+        for minted in self.state.ephemeral.live():
+            values += [minted.value] if minted.alias is None else [minted.value, minted.alias]
         return [*values, logs.token_claims(self.config.tokens.issuer)]
 
     # -- credentials the gateway mints (services/minting/), kept apart from the proxy wiring ---

@@ -9,6 +9,7 @@ import pytest
 from gateway.core import credentials
 from gateway.core.messages import Headers
 from gateway.core.refusal import Refusal
+from gateway.core.secret_value import SecretValue
 from gateway.core.target import Target
 from gateway.services.identity.tokens import SigningKeys, TokenService
 from gateway.services.policy import Credential, Injection
@@ -123,31 +124,89 @@ def test_a_placeholder_is_no_token(service: TokenService) -> None:
         assert caught.value.code == code
 
 
-def test_a_provider_minted_secret_goes_on_as_sent(service: TokenService) -> None:
-    """On a rule with allow_minted_secrets the carrier may hold a secret the provider
-    minted for this sandbox: it is not swapped (the key never replaces it), and any
-    other value that is not a gateway token is still refused."""
-    from gateway.core.secret_value import SecretValue
+AZURE = Credential(name="azure", secret="k", hosts=("res.openai.azure.com",),
+                   injection=Injection("header", "api-key"), preset="azure-openai")
+ALIAS, SECRET = "ek_0123456789abcdef0123456789abcdef", "ek_the_provider_minted_this_00"
+WS = [("Upgrade", "websocket"), ("Connection", "Upgrade")]
 
-    minted = SecretValue("ek_minted_0123456789")
+
+@pytest.mark.parametrize(("credential", "host", "fields", "path", "check"), [
+    (OPENAI, "api.openai.com", [("Authorization", f"Bearer {ALIAS}")], "/v1/realtime",
+     lambda h, p: h.get("authorization") == f"Bearer {SECRET}"),
+    (AZURE, "res.openai.azure.com", [("api-key", ALIAS)], "/openai/realtime",
+     lambda h, p: h.get("api-key") == SECRET and h.get("authorization") is None),
+    (AZURE, "res.openai.azure.com", [("Authorization", f"Bearer {ALIAS}")],
+     "/openai/realtime", lambda h, p: h.get("authorization") == f"Bearer {SECRET}"),
+    (GEMINI, "generativelanguage.googleapis.com", [("x-goog-api-key", ALIAS)], "/v1/m",
+     lambda h, p: h.get("x-goog-api-key") == SECRET and p == "/v1/m"),
+    (GEMINI, "generativelanguage.googleapis.com", [], f"/v1/m?alt=sse&key={ALIAS}",
+     lambda h, p: p == f"/v1/m?alt=sse&key={SECRET}"),
+    (GEMINI, "generativelanguage.googleapis.com", [], f"/ws/Live?access_token={ALIAS}",
+     lambda h, p: p == f"/ws/Live?access_token={SECRET}"),
+    # a browser's WebSocket: the key as a subprotocol; the others offered are kept
+    (OPENAI, "api.openai.com", [*WS, ("Sec-WebSocket-Protocol",
+                                      f"realtime, openai-insecure-api-key.{ALIAS}, "
+                                      "openai-beta.realtime-v1")], "/v1/realtime",
+     lambda h, p: h.get("sec-websocket-protocol") == "realtime, openai-beta.realtime-v1, "
+     f"openai-insecure-api-key.{SECRET}" and h.get("authorization") is None),
+])
+def test_a_minted_secret_replaces_its_alias_in_the_carrier_it_came_in(
+        service: TokenService, credential: Credential, host: str,
+        fields: list[tuple[str, str]], path: str, check: object) -> None:
+    """On a rule with allow_minted_secrets a carrier may hold the alias of a secret the
+    provider minted for this sandbox with this credential: the alias is taken out of
+    the head (every carrier emptied before the leak scan) and the secret goes where it
+    was, as a key would."""
     identity = service.verify(service.mint("s1", "agent").token)
+    secret = SecretValue(SECRET)
+    asked: list[str] = []
 
     def find(value: str) -> SecretValue | None:
-        return minted if minted.equals(value) else None
+        asked.append(value)
+        return secret if value == ALIAS else None
 
-    headers = Headers.of(("Authorization", "Bearer ek_minted_0123456789"))
-    swap, path = credentials.plan(OPENAI, headers, _target("api.openai.com"), identity,
-                                  service.verify, "p.yaml:3", find)
-    assert swap.minted is minted and path == "/v1/x"
-    assert headers.get("authorization") == "Bearer ek_minted_0123456789"  # untouched
+    headers = Headers.of(*fields)
+    swap, planned = credentials.plan(credential, headers, _target(host, path), identity,
+                                     service.verify, "p.yaml:3", find)
+    assert swap.minted is secret and asked[-1] == ALIAS
+    assert ALIAS not in repr(headers.fields) and ALIAS not in planned  # (then scanned)
+    placed = credentials.apply(swap, headers, planned, secret.reveal())
+    assert check(headers, placed)  # type: ignore[operator]
+    assert ALIAS not in repr(headers.fields) and ALIAS not in placed
+
+
+def test_what_is_no_alias_is_checked_as_a_token(service: TokenService) -> None:
+    """A value that is no alias of this sandbox's goes on to the token check (refused);
+    a finder's own refusal (another sandbox's alias) stands; a gateway token is never
+    looked up as an alias; cleartext is refused before any carrier is read."""
+    token = service.mint("s1", "agent").token
+    identity = service.verify(token)
+    asked: list[str] = []
+    foreign = "ek_of_another_sandbox_000"
+
+    def find(value: str) -> SecretValue | None:
+        asked.append(value)
+        if value == foreign:
+            raise Refusal("exfiltration_blocked", "another sandbox's alias")
+        return None
+
     for finder in (find, None):
         with pytest.raises(Refusal) as refused:
             credentials.plan(OPENAI, Headers.of(("Authorization", "Bearer ek_other_value")),
                              _target("api.openai.com"), identity, service.verify, "p.yaml:3",
                              finder)
         assert refused.value.code.startswith("token_")
-    # Cleartext and unbound hosts are refused before any carrier is read.
     with pytest.raises(Refusal) as refused:
-        credentials.plan(OPENAI, headers, _target("api.openai.com", scheme="http"), identity,
-                         service.verify, "p.yaml:3", find)
+        credentials.plan(OPENAI, Headers.of(("Authorization", f"Bearer {foreign}")),
+                         _target("api.openai.com"), identity, service.verify, "p.yaml:3", find)
+    assert refused.value.code == "exfiltration_blocked"
+    asked.clear()
+    swap, _ = credentials.plan(OPENAI, Headers.of(("Authorization", f"Bearer {token}")),
+                               _target("api.openai.com"), identity, service.verify,
+                               "p.yaml:3", find)
+    assert swap.minted is None and token not in asked
+    with pytest.raises(Refusal) as refused:
+        credentials.plan(OPENAI, Headers.of(("Authorization", f"Bearer {ALIAS}")),
+                         _target("api.openai.com", scheme="http"), identity, service.verify,
+                         "p.yaml:3", lambda v: SecretValue(SECRET))
     assert refused.value.code == "credential_requires_tls"

@@ -22,7 +22,9 @@ Responses tokens as the HTTP fake does with its defaults. Started by
 (``cached_tokens``, ``output_tokens``), its stored responses (a response made here is
 retrievable by ``GET /v1/responses/{id}`` unless ``store: false``) and its keys: an
 upgrade needs ``Authorization: Bearer`` with the API key or a live minted ``ek_``
-secret, else it is refused 401 (recorded in ``rejected``).
+secret — or, as a browser sends it, the subprotocol ``openai-insecure-api-key.<key>``
+(the ``realtime`` subprotocol is then chosen, if offered) — else it is refused 401
+(recorded in ``rejected``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -43,6 +45,7 @@ from helpers.tls import LocalCA
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 from websockets.sync.server import Server, ServerConnection, serve
+from websockets.typing import Subprotocol
 
 from fakes.inference import (
     FakeInference,
@@ -81,6 +84,14 @@ def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+BROWSER_KEY = "openai-insecure-api-key."  # a browser's key: a WebSocket subprotocol
+
+
+def _realtime_subprotocol(conn: ServerConnection, offered: Sequence[Subprotocol]
+                          ) -> Subprotocol | None:
+    return Subprotocol("realtime") if "realtime" in offered else None
+
+
 class FakeRealtime:
     """`port`, `upgrades` (headers of each session's upgrade), `received` (the client
     events of every session), `connections` (path, headers, received and sent events of
@@ -99,7 +110,8 @@ class FakeRealtime:
         ctx = ca.server_context(directory, names)
         ctx.set_alpn_protocols(["http/1.1"])
         self.server: Server = serve(self._session, "127.0.0.1", 0, ssl=ctx,
-                                    process_request=self._authorize)
+                                    process_request=self._authorize,
+                                    select_subprotocol=_realtime_subprotocol)
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
 
@@ -113,6 +125,11 @@ class FakeRealtime:
             return None
         auth = request.headers.get("Authorization", "")
         if auth.startswith("Bearer ") and self.inference.openai_token_ok(auth[7:]):
+            return None
+        offered = [p.strip() for value in request.headers.get_all("Sec-WebSocket-Protocol")
+                   for p in value.split(",")]
+        if any(p.startswith(BROWSER_KEY) and self.inference.openai_token_ok(
+                p[len(BROWSER_KEY):]) for p in offered):
             return None
         self.rejected.append({k.lower(): v for k, v in request.headers.raw_items()})
         body = json.dumps({"error": {

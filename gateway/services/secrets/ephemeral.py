@@ -1,17 +1,22 @@
-"""Secrets a provider minted for a sandbox through the gateway (ephemeral keys).
+"""Secrets a provider minted for a sandbox through the gateway, and their aliases.
 
-OpenAI's Realtime client secrets (``ek_...``), ChatKit sessions and Gemini's ephemeral
-auth tokens are minted with the real key and handed to the client, which then uses them
-in place of the key. On a rule with ``allow_minted_secrets: true`` the gateway lets the
-answer through and keeps what it minted here, bound like the key it was minted with:
+OpenAI's Realtime client secrets (``ek_...``), ChatKit sessions, Gemini's ephemeral
+auth tokens and Azure OpenAI's Realtime sessions are minted with the real key and work
+without it. On a rule with ``allow_minted_secrets: true`` the gateway relays the
+provider's answer with an **alias** in place of each secret
+(``gateway.services.metering.minted``) and keeps ``alias -> (secret, credential,
+sandbox, expiry)`` here:
 
-* the sandbox that minted it may send it back to the credential's own hosts (its use is
-  metered like the key's, on the same rule);
-* sent anywhere else it is a leak marker: refused like the key (``exfiltration_blocked``);
-* it is forgotten when it expires (the provider refuses it by then).
+* the sandbox that minted it sends the alias back to the credential's own hosts, in a
+  carrier of the key, and the gateway puts the secret in its place (metered like the
+  key's call, on the same rule) — the secret itself never reaches the sandbox;
+* the alias anywhere else is a leak marker, like a gateway token
+  (``exfiltration_blocked``), and so is the secret off its credential's hosts;
+* both are forgotten when the secret expires (the provider refuses it by then).
 
 Pure bookkeeping, no I/O: the state store shares entries between the gateway's worker
-processes and replicas (``add`` takes the share callback's result as is).
+processes and replicas (``add`` takes the share callback's result as is). An entry
+without an alias (written by a gateway before aliases) is a leak marker only.
 """
 
 from __future__ import annotations
@@ -30,17 +35,20 @@ _MAX_KEYS = 100_000
 
 @dataclass(frozen=True, slots=True)
 class EphemeralKey:
-    """A provider-minted secret: for which credential and sandbox, until when."""
+    """A provider-minted secret: for which credential and sandbox, until when, and the
+    alias the sandbox holds in its place (None: an entry from before aliases)."""
 
     credential: str
     sandbox: str
     value: SecretValue
     expires_at: float
+    alias: SecretValue | None = None
 
     @property
     def digest(self) -> str:
-        """A stable id that does not reveal the value (sha-256, hex)."""
-        return _digest(self.value.reveal())
+        """A stable id that reveals neither value (sha-256 of the alias, hex; of the
+        secret for an entry without one): the store's key, the alias's lookup."""
+        return _digest((self.alias or self.value).reveal())
 
 
 def _digest(value: str) -> str:
@@ -89,12 +97,14 @@ class EphemeralKeys:
         for key in keys:
             self.add(key, shared=True)
 
-    def find(self, value: str) -> EphemeralKey | None:
-        """The live key whose value is ``value``, if any."""
+    def by_alias(self, alias: str) -> EphemeralKey | None:
+        """The live key whose alias is ``alias``, if any (the secret itself finds
+        nothing: the sandbox never holds it)."""
         if self.before is not None:
             self.before()
-        key = self._by_digest.get(_digest(value))
-        if key is None or key.expires_at <= self.clock() or not key.value.equals(value):
+        key = self._by_digest.get(_digest(alias))
+        if key is None or key.alias is None or key.expires_at <= self.clock() or \
+                not key.alias.equals(alias):
             return None
         return key
 

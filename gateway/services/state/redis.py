@@ -9,8 +9,9 @@ away, reconnects with backoff and re-syncs fully (events may have been missed).
 Layout in Redis (`prefix` defaults to `sandbox-gateway`):
 - `<prefix>:revoked:<jti>` = `1`, expiring (`EXAT`) when the token would expire anyway;
 - `<prefix>:sandboxes`, a hash ip -> `{"sandbox": ..., "policy": ...}` (JSON);
-- `<prefix>:ephemeral:<sha256 of the value>` = `{"credential", "sandbox", "value",
-  "exp"}` (JSON), a secret a provider minted for a sandbox, expiring with it (`EXAT`);
+- `<prefix>:ephemeral:<sha256 of the alias>` = `{"credential", "sandbox", "value",
+  "alias", "exp"}` (JSON), a secret a provider minted for a sandbox and the alias the
+  sandbox holds in its place, expiring with it (`EXAT`);
 - `<prefix>:mint:<credential cache name>` = `{"value", "parts", "minted_at",
   "expires_at", "due_at"}` (JSON), a credential the gateway minted, expiring with it,
   and `<prefix>:mintlease:<name>` = the process minting it now (`PX`, see
@@ -253,7 +254,8 @@ class RedisState(CountersOf):
     async def _write_ephemeral(self, key: EphemeralKey) -> None:
         exat = math.ceil(key.expires_at)
         event = {"op": "ephemeral", "credential": key.credential, "sandbox": key.sandbox,
-                 "value": key.value.reveal(), "exp": exat}
+                 "value": key.value.reveal(),
+                 "alias": key.alias.reveal() if key.alias is not None else None, "exp": exat}
 
         def write(pipe: Any) -> None:
             pipe.set(self._ephemeral_prefix + key.digest, json.dumps(event), exat=exat)
@@ -264,9 +266,12 @@ class RedisState(CountersOf):
                                     "a provider-minted secret is known to this replica only")
 
     def _apply_ephemeral(self, event: dict[str, Any]) -> None:
+        alias = event.get("alias")
         self.ephemeral.add(EphemeralKey(str(event["credential"]), str(event["sandbox"]),
                                         SecretValue(str(event["value"])),
-                                        float(event["exp"])), shared=True)
+                                        float(event["exp"]),
+                                        SecretValue(alias) if isinstance(alias, str) and alias
+                                        else None), shared=True)
 
     async def _transaction(self, op: str, build: Callable[[Any], None],
                            consequence: str) -> list[Any]:

@@ -64,7 +64,7 @@ __all__ = ["SCHEMA_VERSION", "SqliteState", "StateFileError", "backup_file", "ch
 log = logging.getLogger("sandbox_gateway.state")
 
 _STORE = "sqlite"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Each version's statements, applied in order to bring a file up to SCHEMA_VERSION.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -99,6 +99,9 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE TABLE IF NOT EXISTS log (id INTEGER PRIMARY KEY, at REAL NOT NULL, "
         "sandbox TEXT NOT NULL, policy TEXT NOT NULL, host TEXT NOT NULL, "
         "decision TEXT NOT NULL, code TEXT NOT NULL, engine TEXT NOT NULL, line TEXT NOT NULL)",
+    ),
+    5: (  # the alias a sandbox holds for a provider-minted secret (NULL: a marker only)
+        "ALTER TABLE ephemeral ADD COLUMN alias TEXT",
     ),
 }
 _LOG_COLUMNS = ", ".join(COLUMNS)
@@ -351,7 +354,7 @@ class SqliteState:
                                         "expires_at > ?", (now,)).fetchall())
             sandboxes = {ip: SandboxAddress(sandbox, ip, policy) for ip, sandbox, policy in
                          conn.execute("SELECT ip, sandbox, policy FROM sandboxes")}
-            minted = conn.execute("SELECT credential, sandbox, value, expires_at FROM "
+            minted = conn.execute("SELECT credential, sandbox, value, expires_at, alias FROM "
                                   "ephemeral WHERE expires_at > ?", (now,)).fetchall()
         except sqlite3.Error as exc:
             self._failed("read", exc)
@@ -361,7 +364,8 @@ class SqliteState:
                 revoked.setdefault(jti, expires_at)
         self._revoked = revoked
         self._sandboxes = sandboxes
-        self.ephemeral.extend(EphemeralKey(c, s, SecretValue(v), e) for c, s, v, e in minted)
+        self.ephemeral.extend(EphemeralKey(c, s, SecretValue(v), e, SecretValue(a) if a else None)
+                              for c, s, v, e, a in minted)
 
     def is_revoked(self, jti: str) -> bool:
         self._refresh()
@@ -439,11 +443,12 @@ class SqliteState:
         return known
 
     def _share_ephemeral(self, key: EphemeralKey) -> None:
-        """A provider-minted secret for the other processes (the file is 0600)."""
+        """A provider-minted secret and its alias for the other processes (the file is
+        0600)."""
         self._change([("INSERT OR REPLACE INTO ephemeral (digest, credential, sandbox, value, "
-                       "expires_at) VALUES (?, ?, ?, ?, ?)",
+                       "expires_at, alias) VALUES (?, ?, ?, ?, ?, ?)",
                        (key.digest, key.credential, key.sandbox, key.value.reveal(),
-                        key.expires_at))])
+                        key.expires_at, key.alias.reveal() if key.alias else None))])
 
     # -- minted credentials (`MintShare`, see gateway.services.minting.shared) -----------------
 

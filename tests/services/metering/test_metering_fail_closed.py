@@ -241,9 +241,11 @@ def test_minted_secret_is_bound_when_allowed(metering: Metering) -> None:
                  {"session": {"type": "realtime", "model": "gpt-4o-mini-realtime"}})
     assert isinstance(step, Exchange) and step.holds_response
     body = b'{"value": "ek_0123456789abcdef", "expires_at": ' + str(NOW + 60).encode() + b"}"
-    assert metering.release(step, 200, body, NOW) == body
-    key = metering.ephemeral.find("ek_0123456789abcdef")
+    released = metering.release(step, 200, body, NOW)  # the secret replaced by an alias
+    assert isinstance(released, bytes) and b"ek_0123456789abcdef" not in released
+    key = metering.ephemeral.by_alias(json.loads(released)["value"])
     assert key is not None and (key.credential, key.sandbox) == ("openai", "sb")
+    assert key.value.equals("ek_0123456789abcdef")
     # An answer that names no secret is not relayed (it could not be bound).
     step = admit(metering, policies, "api.openai.com", "POST", "/v1/realtime/sessions",
                  {"model": "gpt-4o-mini-realtime"})

@@ -115,10 +115,13 @@ def test_counters_and_admission(stores: tuple[str, Factory]) -> None:
 def test_provider_minted_secrets(stores: tuple[str, Factory]) -> None:
     async def scenario() -> None:
         async with opened(stores[1]) as store:
-            key = EphemeralKey("openai", "sb", SecretValue("ek_contract_0123456789"), FAR)
+            key = EphemeralKey("openai", "sb", SecretValue("ek_contract_0123456789"), FAR,
+                               SecretValue("ek_alias_contract_0123"))
             store.ephemeral.add(key)
-            found = store.ephemeral.find("ek_contract_0123456789")
+            found = store.ephemeral.by_alias("ek_alias_contract_0123")
             assert found is not None and found.sandbox == "sb"
+            assert found.value.equals("ek_contract_0123456789")
+            assert store.ephemeral.by_alias("ek_contract_0123456789") is None
 
     run(scenario)
 
@@ -134,13 +137,13 @@ def test_a_second_process_sees_every_change(stores: tuple[str, Factory]) -> None
             entry = SandboxAddress(sandbox="s1", ip="10.0.0.9", policy="agent")
             await one.register_sandbox(entry)
             one.ephemeral.add(EphemeralKey("openai", "sb", SecretValue("ek_shared_0123456789"),
-                                           FAR))
+                                           FAR, SecretValue("ek_alias_shared_0123")))
             one.count([("t", "x", 7, FAR)])
             if kind == "sqlite":  # a change is everywhere before its call returns
                 assert two.is_revoked("j1") and two.sandbox_for("10.0.0.9") == entry
             await eventually(lambda: two.is_revoked("j1"))
             await eventually(lambda: two.sandbox_for("10.0.0.9") == entry)
-            await eventually(lambda: two.ephemeral.find("ek_shared_0123456789") is not None)
+            await eventually(lambda: two.ephemeral.by_alias("ek_alias_shared_0123") is not None)
             await eventually(lambda: two.counter("t", "x") == 7)
 
     run(scenario)
@@ -160,14 +163,16 @@ def test_a_restart_keeps_everything(stores: tuple[str, Factory]) -> None:
             await before.register_sandbox(SandboxAddress("s1", "10.0.0.7", "agent"))
             before.count([("b", "t:sb", 9000, FAR)])
             before.ephemeral.add(EphemeralKey("openai", "sb",
-                                              SecretValue("ek_restart_0123456789"), FAR))
+                                              SecretValue("ek_restart_0123456789"), FAR,
+                                              SecretValue("ek_alias_restart_0123")))
             await asyncio.sleep(0.2)  # (Redis: the counter batch and the secret's write)
         async with opened(factory) as after:
             assert after.is_revoked("j1")
             assert after.sandbox_for("10.0.0.7") is not None
             tables = await after.counter_tables(["b"])
             assert tables["b"]["t:sb"] == 9000
-            await eventually(lambda: after.ephemeral.find("ek_restart_0123456789") is not None)
+            await eventually(
+                lambda: after.ephemeral.by_alias("ek_alias_restart_0123") is not None)
 
     run(scenario)
 

@@ -21,7 +21,9 @@ from helpers.clock import run
 from helpers.disk import tiny_tmpfs
 
 from gateway.cli import main
+from gateway.core.secret_value import SecretValue
 from gateway.observability import metrics
+from gateway.services.secrets.ephemeral import EphemeralKey
 from gateway.services.state.base import SandboxAddress, StateUnavailable
 from gateway.services.state.counters import Admission, Limit
 from gateway.services.state.sqlite import (
@@ -87,8 +89,35 @@ def test_a_version_1_file_is_migrated_keeping_its_rows(tmp_path: Path) -> None:
     run(state.write_refresh("k", "o", "rt-1"))
     run(state.close())
     version, rows = summary(path)
-    assert version == SCHEMA_VERSION == 4 and rows["refresh_tokens"] == 1 and rows["records"] == 0 \
+    assert version == SCHEMA_VERSION == 5 and rows["refresh_tokens"] == 1 and rows["records"] == 0 \
         and rows["log"] == 0
+
+
+def test_minted_secrets_from_before_aliases_stay_markers(tmp_path: Path) -> None:
+    """A version 4 file's provider-minted secrets (relayed in clear then, no alias) are
+    kept as leak markers until they expire, never found by an alias; secrets minted
+    after the upgrade are written with their alias and read back by it."""
+    path = tmp_path / "gateway.db"
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        for version in range(1, 5):
+            for statement in MIGRATIONS[version]:
+                conn.execute(statement)
+        conn.execute("INSERT INTO ephemeral VALUES ('d', 'openai', 'sb', 'ek_old_0123456789', "
+                     "?)", (FAR,))
+        conn.execute("PRAGMA user_version=4")
+    path.chmod(0o600)
+    state = started(path)
+    [old] = state.ephemeral.live()
+    assert old.value.equals("ek_old_0123456789") and old.alias is None
+    assert state.ephemeral.by_alias("ek_old_0123456789") is None
+    state.ephemeral.add(EphemeralKey("openai", "sb", SecretValue("ek_new_0123456789"), FAR,
+                                     SecretValue("ek_alias_0123456789")))
+    run(state.close())
+    again = started(path)
+    found = again.ephemeral.by_alias("ek_alias_0123456789")
+    assert found is not None and found.value.equals("ek_new_0123456789")
+    assert len(again.ephemeral.live()) == 2
+    run(again.close())
 
 
 def test_a_newer_schema_is_refused_with_both_versions(tmp_path: Path) -> None:
