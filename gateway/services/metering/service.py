@@ -245,7 +245,8 @@ class Metering:
                     f"this call has the provider mint a secret for the sandbox ({route(path)}"
                     "), which would work outside the gateway, its metering and allowlists; "
                     f"add allow_minted_secrets: true to rule {rule.source} to let it through "
-                    "(the sandbox then receives an alias the gateway swaps back for the secret on the credential.s hosts only)"))
+                    "(the sandbox then receives an alias the gateway swaps back for the "
+                    "secret on the credential's hosts only)"))
             return Exchange(sandbox, policy, credential, None, None, rule, endpoint,
                             holds_response=True)
         if kind == "unmetered":

@@ -15,12 +15,12 @@ import pytest
 
 from gateway.services.metering import Exchange, Metering, MeteringRefusal, ModelRefusal
 from gateway.services.metering.budgets import BudgetExceeded
+from gateway.services.metering.catalogue import catalogue
 from gateway.services.metering.endpoints import classify
 from gateway.services.metering.estimate import (
     INLINE_TOKENS,
     estimate_input,
 )
-from gateway.services.metering.catalogue import catalogue
 from gateway.services.metering.usage import SessionMeter
 from gateway.services.policy import PolicySet, load_policy_texts
 from gateway.services.policy.compiled import Policy
