@@ -16,9 +16,9 @@ may bill for the request, so it is read as the most generous provider would read
   indentation after them, which no string holds: JSON escapes them there); a byte-level
   BPE tokenizer makes at most one token of each byte, so no text in the body can be
   billed as more tokens than it has bytes. Capped by the model's context window. A call
-  that makes the provider read more than its body - state the provider keeps (response chains, conversations, cached
-  content, files, stored prompts, containers), content it fetches (image, file or
-  document URLs), inlined media (a base64 run of 1 KiB or more: images, audio, PDFs),
+  that makes the provider read more than its body - state the provider keeps (response
+  chains, conversations, cached content, files, stored prompts, containers), content it
+  fetches (image, file or document URLs), inlined media (a base64 run of 1 KiB or more: images, audio, PDFs),
   or hosted tools that run more model turns (web search, file search, code
   interpreter, remote MCP) - is bounded by the context window alone (times the turns
   its tools may take: ``max_tool_calls``, ``max_uses``).
