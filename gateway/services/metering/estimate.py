@@ -18,9 +18,9 @@ may bill for the request, so it is read as the most generous provider would read
   billed as more tokens than it has bytes. Capped by the model's context window. A call
   that makes the provider read more than its body - state the provider keeps (response
   chains, conversations, cached content, files, stored prompts, containers), content it
-  fetches (image, file or document URLs), inlined media (a base64 run of 1 KiB or more: images, audio, PDFs),
-  or hosted tools that run more model turns (web search, file search, code
-  interpreter, remote MCP) - is bounded by the context window alone (times the turns
+  fetches (image, file or document URLs), inlined media (a base64 run of 1 KiB or
+  more: images, audio, PDFs), or hosted tools that run more model turns (web search,
+  file search, code interpreter, remote MCP) - is bounded by the context window alone (times the turns
   its tools may take: ``max_tool_calls``, ``max_uses``).
 
 Numbers are read in every form a provider may coerce: integers, exponents (``1e6``),
