@@ -20,8 +20,8 @@ may bill for the request, so it is read as the most generous provider would read
   chains, conversations, cached content, files, stored prompts, containers), content it
   fetches (image, file or document URLs), inlined media (a base64 run of 1 KiB or
   more: images, audio, PDFs), or hosted tools that run more model turns (web search,
-  file search, code interpreter, remote MCP) - is bounded by the context window alone (times the turns
-  its tools may take: ``max_tool_calls``, ``max_uses``).
+  file search, code interpreter, remote MCP) - is bounded by the context window alone
+  (times the turns its tools may take: ``max_tool_calls``, ``max_uses``).
 
 Numbers are read in every form a provider may coerce: integers, exponents (``1e6``),
 integral decimals and numeric strings (``"8"``); a fractional value counts rounded up.
