@@ -117,6 +117,7 @@ class _Pending:
     hold: Hold
     started: bool = False
     event_id: str | None = None  # the client's event_id (a Realtime error names it)
+    response_id: str | None = None  # the provider's, from its response.created
 
 
 @dataclass(slots=True)
@@ -296,7 +297,8 @@ class Metering:
         if policy.budgets:
             reserve = Reservation()
             if kind == "inference" and self.budgets.limits_usage(policy, credential):
-                found = self._reservation(policy, rule, endpoint, preset, path, held, data)
+                found = self._reservation(policy, rule, endpoint, preset, path, held, data,
+                                          new_body)
                 if isinstance(found, str):
                     return self._unavailable(policy, rule, found)
                 reserve = found
@@ -367,8 +369,10 @@ class Metering:
 
     def _reservation(self, policy: Policy, rule: Rule, endpoint: Endpoint,
                      preset: str | None, path: str, held: RequestBody | None,
-                     data: dict[str, Any] | None) -> Reservation | str:
-        raw = held.raw if held is not None else b""
+                     data: dict[str, Any] | None, sent: bytes | None) -> Reservation | str:
+        """The call's bound as a reservation; ``sent``: the body the provider gets
+        instead of the held one (the usage option added), which it bills."""
+        raw = sent if sent is not None else held.raw if held is not None else b""
         model = request_model(preset, path, held)
         found = self.bound(rule, endpoint, model, path, raw, data)
         if isinstance(found, str):
@@ -542,19 +546,25 @@ class Metering:
             waiting = next((p for p in queue if not p.started), None)
             if waiting is None:
                 return
-            if kind == "response.created":
-                waiting.started = True
+            if kind == "response.created" and doc is not None:
+                waiting.started = True  # (responses are created in the order asked for)
+                waiting.response_id = _string(field_of(doc.get("response"), "id"))
             elif kind == "error" and doc is not None:  # a response.create refused unbegun
                 if meter.format == "realtime":  # (its error names the client's event)
                     named = _string(field_of(doc.get("error"), "event_id"))
                     waiting = next((p for p in queue if not p.started and p.event_id
                                     and p.event_id == named), None)
-                    if waiting is None:
-                        return
+                elif any(p.started for p in queue):
+                    return  # (it may be a running response's: which one, none can say)
+                if waiting is None:
+                    return
                 queue.remove(waiting)
                 self.budgets.settle(waiting.hold, 0, 0)
             return
-        pending = queue.pop(0)
+        ended = meter.last_id
+        pending = next((p for p in queue if ended is not None and p.response_id == ended),
+                       None) or next((p for p in queue if p.started), None) or queue[0]
+        queue.remove(pending)
         self._settle(exchange, pending.hold, usage, sent=True, status=200)
 
     # -- after the response ----------------------------------------------------------------

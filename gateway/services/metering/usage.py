@@ -271,7 +271,7 @@ class SessionMeter(Meter):
     is the session's (``session.created`` / ``session.updated``) or the response's,
     else the one the request named."""
 
-    __slots__ = ("_responses", "_sums", "auto_responses")
+    __slots__ = ("_responses", "_sums", "auto_responses", "last_id")
 
     _DONE: ClassVar[dict[str, tuple[bytes, ...]]] = {
         "realtime": (b'"response.done"',),
@@ -285,6 +285,7 @@ class SessionMeter(Meter):
         # Whether the provider may start responses on its own (a Realtime session's
         # turn detection with create_response): True until the provider says otherwise.
         self.auto_responses = fmt == "realtime"
+        self.last_id: str | None = None  # the id of the response the last event ended
 
     def feed(self, chunk: bytes) -> None:
         """One server event (a whole WebSocket message)."""
@@ -315,6 +316,8 @@ class SessionMeter(Meter):
             response = doc.get("response")
             if not isinstance(response, dict):
                 return None
+            found_id = response.get("id")
+            self.last_id = found_id if isinstance(found_id, str) else None
             model = _model(response.get("model")) or self._model or self.request_model
             usage = response.get("usage")
             if not isinstance(usage, dict):

@@ -56,7 +56,7 @@ credentials:
 # catalogue would be thousands: no call without max_tokens could fit).
 PRICING = parse_pricing({
     "gpt-4o-mini*": {"input": 0.15, "output": 0.60, "cached_input": 0.075,
-                     "max_output_tokens": 10},
+                     "max_output_tokens": 9},
     "claude-*": {"input": 3, "output": 15, "cached_input": 0.3, "max_output_tokens": 10},
     "gpt-4.1*": {"max_output_tokens": 10}})
 
@@ -116,8 +116,8 @@ def test_admit_and_complete_count_everywhere(tmp_path: Path) -> None:
                              "model": "gpt-4o-mini-2024-07-18", "input_tokens": 9,
                              "output_tokens": 12, "cached_input_tokens": 0,
                              "cost_usd": pytest.approx((9 * 0.15 + 12 * 0.60) / 1e6),
-                             # reserved: the model's output limit 10 + 51 body bytes
-                             "budget": {"reserved_tokens": 61, "charged_tokens": 21,
+                             # reserved: the model's output limit 9 + the 91 bytes sent
+                             "budget": {"reserved_tokens": 100, "charged_tokens": 21,
                                         "basis": "usage"}}
     assert counter_value("sandbox_gateway_inference_tokens_total",
                          {**labels, "kind": "input"}) == before_in + 9
@@ -147,7 +147,7 @@ def test_refusals(tmp_path: Path) -> None:
                                                             "agent.yaml:4")
     assert counter_value("sandbox_gateway_model_refusals_total",
                          {"policy": "metered-agent", "credential": "openai-m"}) == before + 1
-    # 9 + 12 tokens per exchange, each reserving 33 (10 output + 23 body bytes): four fit
+    # 9 + 12 tokens per exchange, each reserving 32 (9 output + 23 body bytes): four fit
     # in 100, the 5th could cross it and is refused.
     for _ in range(4):
         assert isinstance(h.exchange("sb-1", "openai-m", "/v1/chat/completions",
@@ -158,7 +158,7 @@ def test_refusals(tmp_path: Path) -> None:
     assert isinstance(refused_budget, BudgetExceeded)
     assert refused_budget.retry_after == 13 * 3600 + 29 * 60
     assert "has 16 tokens left" in refused_budget.reason
-    assert "may use up to 33 tokens" in refused_budget.reason
+    assert "may use up to 32 tokens" in refused_budget.reason
     # Other sandboxes have their own allowance; GET /v1/models is never limited.
     assert isinstance(h.exchange("sb-2", "openai-m", "/v1/chat/completions",
                                  b'{"model":"gpt-4o-mini"}', b"{}"), Exchange)
