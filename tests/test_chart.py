@@ -24,6 +24,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
+from gateway.api.probes import PATHS as PROBE_PATHS
 from gateway.config import load_config
 from gateway.net.ca import mitmproxy_confdir
 from gateway.services.identity.tokens import SigningKeys
@@ -355,6 +356,25 @@ def test_gateway_pod_is_hardened_with_probes(render: Render) -> None:
 
     strategy = only(docs, "Deployment")["spec"]["strategy"]
     assert strategy["rollingUpdate"]["maxUnavailable"] == 0
+
+
+@pytest.mark.parametrize("admin_port", [8090, 9191])
+def test_probes_reach_the_admin_listener_the_gateway_serves(render: Render,
+                                                            admin_port: int) -> None:
+    """Issue 46, item 4: the kubelet's probes go to the port the gateway's config puts the
+    admin listener on (`listen.admin`), on the paths it answers past the listener's
+    connection cap (gateway/api/probes.py), so a full admin listener never fails them."""
+    docs = render({"ports": {"admin": admin_port}})
+    gw = container(docs)
+    ports = {p["name"]: p["containerPort"] for p in gw["ports"]}
+    listen = gateway_config(docs)["listen"]["admin"]
+    assert listen == f"0.0.0.0:{admin_port}" and ports["admin"] == admin_port
+    probes = {kind: gw[kind]["httpGet"] for kind in
+              ("startupProbe", "readinessProbe", "livenessProbe")}
+    assert {p["port"] for p in probes.values()} == {"admin"}
+    assert probes["startupProbe"]["path"] == probes["readinessProbe"]["path"] == "/readyz"
+    assert probes["livenessProbe"]["path"] == "/healthz"
+    assert {p["path"] for p in probes.values()} <= set(PROBE_PATHS)
 
 
 def test_certs_are_projected_with_mode_0440(render: Render) -> None:

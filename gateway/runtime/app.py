@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import certifi
 import uvicorn
 
+from gateway.api import probes
 from gateway.api.admin import AdminContext, build_admin_app
 from gateway.api.bounds import MAX_HEAD, Bounds
 from gateway.config import Config, ConfigError, HostPort
@@ -154,6 +155,7 @@ class Gateway:
         self.adapter: Adapter | None = None
         self.listeners: list[asyncio.Server] = []  # the ports the doors serve (fast mode)
         self.admin_server: uvicorn.Server | None = None
+        self.admin_bounds: Bounds | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.proxy_address: tuple[str, int] | None = None
@@ -435,7 +437,10 @@ class Gateway:
                 lambda: self._build_master(confdir, bundle, sockets=sockets),
                 abandoned=self._abandoned)
 
-        bounds = Bounds(cfg.admin)  # every wait of the admin listener bounded too
+        # every wait of the admin listener bounded too; probes answered past its cap
+        self.admin_bounds = bounds = Bounds(
+            cfg.admin, probe=lambda path: probes.answer(path, self),
+            chunk_left=patches.chunk_left, max_chunk=patches.MAX_CHUNK)
         app = bounds.wrap(build_admin_app(AdminContext(
             admin_token=self.admin_token, tokens=self.tokens,
             policies=self.current_policies, readiness=self, guard=lambda: self.guard,
@@ -720,6 +725,8 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(task, timeout=5)
         self._tasks.clear()
+        if self.admin_bounds is not None:  # (uvicorn closed its own and the listener)
+            self.admin_bounds.close()  # connections past its cap waiting for a probe
         if self.approvals is not None:
             await self.approvals.close()  # (notifications still being sent: cancelled)
         if self.request_log is not None:
