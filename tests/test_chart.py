@@ -739,6 +739,26 @@ def test_rendered_config_loads_in_the_gateway(
     asyncio.run(build_store(cfg.secrets).close())
 
 
+@pytest.mark.parametrize(("values", "where"), [
+    ({}, "/var/lib/sandbox-gateway/audit-spill"),  # the state PVC (sqlite)
+    (ALL_ON, "/run/sandbox-gateway/audit-spill"),  # redis: no state volume, the runtime dir
+    ({"config": {"audit": {"spill": {"path": "/var/lib/sandbox-gateway/spool", "max": "1g"}}}},
+     "/var/lib/sandbox-gateway/spool"),
+])
+def test_the_audit_spill_journal_is_on_a_writable_volume(
+        render: Render, tmp_path: Path, values: dict[str, Any], where: str) -> None:
+    """Issue 46, item 5: the gateway's default journal path (audit.spill.path) lands on a
+    volume the chart mounts writable (the root file system is read-only)."""
+    docs = render(values)
+    f = tmp_path / "gateway.yaml"
+    f.write_text(only(docs, "ConfigMap", "-config")["data"]["gateway.yaml"])
+    cfg = load_config(f, env={"SANDBOX_GATEWAY_STATE__URL": "redis://r:6379/0"})
+    assert cfg.audit.spill.path == Path(where) and cfg.audit.spill.max > 0
+    writable = [Path(m["mountPath"]) for m in container(docs)["volumeMounts"]
+                if not m.get("readOnly")]
+    assert any(Path(where).is_relative_to(m) for m in writable), writable
+
+
 def test_default_policies_load_and_name_the_test_policy(render: Render) -> None:
     """The example policy in values.yaml is valid; `helm test` mints for a policy that exists."""
     docs = render()

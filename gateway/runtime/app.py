@@ -61,6 +61,7 @@ from gateway.net.tls import LeafContexts, upstream_context
 from gateway.net.upstream_proxy import UpstreamProxy
 from gateway.observability import logs, metrics
 from gateway.observability.audit import Auditor
+from gateway.observability.audit_spill import Spill
 from gateway.runtime.mitmproxy_engine import MitmproxyEngine
 from gateway.runtime.sweeper import ConnectionSweeper
 from gateway.services.approvals import ApprovalService
@@ -364,11 +365,12 @@ class Gateway:
         try:
             self.auditor = Auditor.open(cfg.audit.path, self.audit_stream, worker=self.worker,
                                         on_failure=cfg.audit.on_failure,
-                                        buffer=cfg.audit.buffer)
+                                        buffer=cfg.audit.buffer, spill=self._audit_spill())
         except OSError as exc:
             where = f"audit.path: cannot open {cfg.audit.path}" if cfg.audit.path else \
                 "audit: cannot write to stdout"
             raise StartupError(f"{where}: {exc.strerror or exc}") from None
+        self.auditor.start()  # (a previous run's spilled lines first)
         if cfg.console.retain:  # every audit line also to the console's request log
             self.state.log_retain = cfg.console.retain
             self.request_log = RequestLog(self.state)
@@ -470,6 +472,21 @@ class Gateway:
         logs.SOURCES.add(self._log_source, self._log_secrets)  # what logs must not show
         logs.protect()  # uvicorn's and mitmproxy's handlers too, now that they exist
         await self._wait_listening()
+
+    def _audit_spill(self) -> Spill | None:
+        """The audit spill journal (`audit.spill`; None with `max: 0`). A worker keeps its
+        own segments; a single process takes every worker's a previous run left."""
+        spill = self.config.audit.spill
+        if not spill.max or spill.path is None:
+            return None
+        try:
+            return Spill(spill.path, spill.max, owner=self.worker or 0,
+                         adopt_all=self.worker is None)
+        except OSError as exc:
+            raise StartupError(
+                f"audit.spill.path: cannot use {spill.path}: {exc.strerror or exc} (a "
+                "writable directory, on another volume than audit.path; audit.spill.max: 0 "
+                "runs without a spill journal)") from None
 
     # -- what the logs must never show (gateway/observability/logs.py) ----------------------------
 
