@@ -124,6 +124,8 @@ def test_requests_past_the_cap_are_refused_at_once(gw: GatewayThread) -> None:
         assert got.startswith(b"HTTP/1.1 503") and b"too_many_connections" in got, got
         assert b"admin.max_connections" in got
         assert took < 0.5
+        got, took = exchange(gw, b"\x16\x03\x01\xfe\xff junk\r\n\r\n")  # unreadable
+        assert got.startswith(b"HTTP/1.1 400") and b"bad_request" in got and took < 0.5
         # A connection past the cap that sends nothing is closed after the probe wait.
         got, took = exchange(gw, b"")
         assert got.startswith(b"HTTP/1.1 503") and b"too_many_connections" in got, got
@@ -167,8 +169,11 @@ def test_probes_are_answered_while_the_admin_listener_is_full(
                 assert text == b""
             else:
                 assert json.loads(text) == body
-        # The connections within the cap are still the admin API's (still open).
+        # The connections within the cap are still the admin API's (still open); those
+        # past it beyond the reserve's 8 were answered 503 and closed to make room.
         assert len(gw.gateway.admin_bounds.open) == 8
+        evicted = held[8].recv(65536)
+        assert evicted.startswith(b"HTTP/1.1 503") and b"to make room" in evicted
     finally:
         for sock in held:
             sock.close()
