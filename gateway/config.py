@@ -130,12 +130,23 @@ class MeteringConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AuditSpillConfig:
+    """`audit.spill`: the journal of audit lines the output did not take that did not fit
+    in `audit.buffer` (and of those held at the stop), written first when it takes lines
+    again or at the next start (gateway/observability/audit_spill.py)."""
+
+    path: Path | None = None  # None: audit-spill/ next to the SQLite state file (below)
+    max: int = 64 * 1024 * 1024  # bytes; 0: no journal (lines past the buffer dropped)
+
+
+@dataclass(frozen=True, slots=True)
 class AuditConfig:
     """Where audit lines go and what happens when they cannot be written (`audit:`)."""
 
     path: Path | None = None  # None: stdout
     on_failure: str = "refuse"  # refuse: 503 audit_unavailable; continue: serve, drop lines
     buffer: int = 4 * 1024 * 1024  # bytes of lines held while the target does not take them
+    spill: AuditSpillConfig = field(default_factory=AuditSpillConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,6 +416,15 @@ def _audit_buffer(value: object, key: str) -> int:
     return size
 
 
+def _spill_max(value: object, key: str) -> int:
+    if value == 0 or value == "0":
+        return 0
+    size = _size(value, key)
+    if size < 64 * 1024:
+        raise ConfigError(f"{key}: 0 (no spill journal) or at least 64k, got {value!r}")
+    return size
+
+
 def _verify(value: object, key: str) -> str:
     if value not in ("tokenreview", "oidc"):
         raise ConfigError(f"{key}: expected tokenreview (ask the API server) or oidc "
@@ -507,7 +527,8 @@ SCHEMA: Schema = {
     "refusals": {"inside_tls": _bool},
     "shutdown": {"drain": _idle},
     "dns": {"ttl": _dns_ttl, "rate": _rate, "burst": _burst},
-    "audit": {"path": _opt(_str), "on_failure": _on_failure, "buffer": _audit_buffer},
+    "audit": {"path": _opt(_str), "on_failure": _on_failure, "buffer": _audit_buffer,
+              "spill": {"path": _opt(_str), "max": _spill_max}},
     "admin": {
         "timeouts": {"head": parse_duration, "body": parse_duration, "idle": parse_duration},
         "max_body": _size,
@@ -674,6 +695,12 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
         signing_keys=_path(base, tokens.get("signing_keys")),
         retired_kids=tokens.get("retired_kids", ()),
     )
+    audit_cfg = v.get("audit", {})
+    spill_max = audit_cfg.get("spill", {}).get("max", AuditSpillConfig().max)
+    if spill_max and spill_max < audit_cfg.get("buffer", d.audit.buffer):
+        raise ConfigError(f"{source}: audit.spill.max is smaller than audit.buffer (the "
+                          "journal takes the buffer's lines at the stop): raise it, or 0 "
+                          "for no journal")
     if cfg_tokens.default_ttl > cfg_tokens.max_ttl:
         raise ConfigError(f"{source}: tokens.default_ttl is longer than tokens.max_ttl")
     secrets = dict(v.get("secrets", d.secrets))
@@ -722,7 +749,8 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
                       burst=dns.get("burst", d.dns.burst)),
         audit=AuditConfig(path=_path(base, audit.get("path")),
                           on_failure=audit.get("on_failure", d.audit.on_failure),
-                          buffer=audit.get("buffer", d.audit.buffer)),
+                          buffer=audit.get("buffer", d.audit.buffer),
+                          spill=_audit_spill(audit.get("spill", {}), v, base)),
         admin=AdminConfig(
             timeouts=AdminTimeouts(**{k: admin_timeouts.get(k, getattr(d.admin.timeouts, k))
                                       for k in ("head", "body", "idle")}),
@@ -746,6 +774,20 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
         log_level=v.get("log_level", d.log_level),
         source=source,
     )
+
+
+def _audit_spill(spill: dict[str, Any], v: dict[str, Any], base: Path) -> AuditSpillConfig:
+    """`audit.spill`, its path made absolute: by default `audit-spill/` in the SQLite
+    state file's directory (a volume kept across restarts, apart from the audit file's),
+    else in `runtime_dir`, else `state/audit-spill` next to the config."""
+    path = _path(base, spill.get("path"))
+    if path is None:
+        state = _state(v.get("state", Config().state), base)
+        if state.get("store", "sqlite") == "sqlite":
+            path = Path(str(state["path"])).parent / "audit-spill"
+        else:
+            path = (_path(base, v.get("runtime_dir")) or base / "state") / "audit-spill"
+    return AuditSpillConfig(path=path, max=spill.get("max", AuditSpillConfig().max))
 
 
 def _kubernetes(k: dict[str, Any], base: Path, source: str) -> KubernetesConfig:

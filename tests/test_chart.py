@@ -24,6 +24,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
+from gateway.api.probes import PATHS as PROBE_PATHS
 from gateway.config import load_config
 from gateway.net.ca import mitmproxy_confdir
 from gateway.services.identity.tokens import SigningKeys
@@ -355,6 +356,25 @@ def test_gateway_pod_is_hardened_with_probes(render: Render) -> None:
 
     strategy = only(docs, "Deployment")["spec"]["strategy"]
     assert strategy["rollingUpdate"]["maxUnavailable"] == 0
+
+
+@pytest.mark.parametrize("admin_port", [8090, 9191])
+def test_probes_reach_the_admin_listener_the_gateway_serves(render: Render,
+                                                            admin_port: int) -> None:
+    """Issue 46, item 4: the kubelet's probes go to the port the gateway's config puts the
+    admin listener on (`listen.admin`), on the paths it answers past the listener's
+    connection cap (gateway/api/probes.py), so a full admin listener never fails them."""
+    docs = render({"ports": {"admin": admin_port}})
+    gw = container(docs)
+    ports = {p["name"]: p["containerPort"] for p in gw["ports"]}
+    listen = gateway_config(docs)["listen"]["admin"]
+    assert listen == f"0.0.0.0:{admin_port}" and ports["admin"] == admin_port
+    probes = {kind: gw[kind]["httpGet"] for kind in
+              ("startupProbe", "readinessProbe", "livenessProbe")}
+    assert {p["port"] for p in probes.values()} == {"admin"}
+    assert probes["startupProbe"]["path"] == probes["readinessProbe"]["path"] == "/readyz"
+    assert probes["livenessProbe"]["path"] == "/healthz"
+    assert {p["path"] for p in probes.values()} <= set(PROBE_PATHS)
 
 
 def test_certs_are_projected_with_mode_0440(render: Render) -> None:
@@ -717,6 +737,26 @@ def test_rendered_config_loads_in_the_gateway(
     monkeypatch.setenv("AZURE_TENANT_ID", ALL_ON["workloadIdentity"]["tenantId"])
     monkeypatch.setenv("AZURE_FEDERATED_TOKEN_FILE", str(token_file))
     asyncio.run(build_store(cfg.secrets).close())
+
+
+@pytest.mark.parametrize(("values", "where"), [
+    ({}, "/var/lib/sandbox-gateway/audit-spill"),  # the state PVC (sqlite)
+    (ALL_ON, "/run/sandbox-gateway/audit-spill"),  # redis: no state volume, the runtime dir
+    ({"config": {"audit": {"spill": {"path": "/var/lib/sandbox-gateway/spool", "max": "1g"}}}},
+     "/var/lib/sandbox-gateway/spool"),
+])
+def test_the_audit_spill_journal_is_on_a_writable_volume(
+        render: Render, tmp_path: Path, values: dict[str, Any], where: str) -> None:
+    """Issue 46, item 5: the gateway's default journal path (audit.spill.path) lands on a
+    volume the chart mounts writable (the root file system is read-only)."""
+    docs = render(values)
+    f = tmp_path / "gateway.yaml"
+    f.write_text(only(docs, "ConfigMap", "-config")["data"]["gateway.yaml"])
+    cfg = load_config(f, env={"SANDBOX_GATEWAY_STATE__URL": "redis://r:6379/0"})
+    assert cfg.audit.spill.path == Path(where) and cfg.audit.spill.max > 0
+    writable = [Path(m["mountPath"]) for m in container(docs)["volumeMounts"]
+                if not m.get("readOnly")]
+    assert any(Path(where).is_relative_to(m) for m in writable), writable
 
 
 def test_default_policies_load_and_name_the_test_policy(render: Render) -> None:

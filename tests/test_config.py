@@ -65,6 +65,9 @@ def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert cfg.audit.path is None
     assert cfg.audit.on_failure == "refuse"  # audit lines that cannot be written: 503
     assert cfg.audit.buffer == 4 * 1024 * 1024
+    # the spill journal: next to the SQLite state file (its volume), 64 MiB at most
+    assert cfg.audit.spill.path == tmp_path / "state" / "audit-spill"
+    assert cfg.audit.spill.max == 64 * 1024 * 1024
     assert (cfg.admin.timeouts.head, cfg.admin.timeouts.body, cfg.admin.timeouts.idle) == (
         10, 30, 30)
     assert cfg.admin.max_body == 2 * 1024 * 1024 and cfg.admin.max_connections == 64
@@ -77,6 +80,18 @@ def test_empty_file_is_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     cfg = load_config(write(tmp_path / "gateway.yaml", "# nothing\n"), env={})
     assert cfg.listen == Config().listen
     assert cfg.tokens == Config().tokens
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ("state: {store: sqlite, path: /data/db/gw.db}", "/data/db/audit-spill"),
+    ("state: {store: redis, url: 'redis://r:6379'}\nruntime_dir: /run/sg",
+     "/run/sg/audit-spill"),
+    ("state: {store: redis, url: 'redis://r:6379'}", "{base}/state/audit-spill"),
+])
+def test_the_audit_spill_journal_defaults_to_the_state_volume(tmp_path: Path, text: str,
+                                                              where: str) -> None:
+    cfg = load_config(write(tmp_path / "gateway.yaml", text + "\n"), env={})
+    assert cfg.audit.spill.path == Path(where.format(base=tmp_path))
 
 
 # --- a full file -----------------------------------------------------------------------
@@ -111,7 +126,8 @@ limits: {connections_per_sandbox: 64, max_header_bytes: 32k, max_websocket_messa
 shutdown: {drain: 45s}
 refusals: {inside_tls: false}
 dns: {ttl: 30s, rate: 2.5, burst: 8}
-audit: {path: audit/decisions.jsonl, on_failure: continue, buffer: 1m}
+audit: {path: audit/decisions.jsonl, on_failure: continue, buffer: 1m,
+        spill: {path: /var/spool/sg, max: 256m}}
 admin: {timeouts: {head: 5s, body: 20s, idle: 1m}, max_body: 512k, max_connections: 16}
 state: {store: memory}
 metering: {pricing: prices.yaml, retention: 30d, stream_usage: false}
@@ -186,6 +202,8 @@ def test_full_file(tmp_path: Path) -> None:
     assert cfg.network.intercept == "mitmproxy"
     assert cfg.audit.path == base / "audit" / "decisions.jsonl"
     assert cfg.audit.on_failure == "continue" and cfg.audit.buffer == 1024 * 1024
+    assert cfg.audit.spill.path == Path("/var/spool/sg")
+    assert cfg.audit.spill.max == 256 * 1024 * 1024
     assert (cfg.admin.timeouts.head, cfg.admin.timeouts.body, cfg.admin.timeouts.idle) == (
         5, 20, 60)
     assert cfg.admin.max_body == 512 * 1024 and cfg.admin.max_connections == 16
@@ -250,6 +268,8 @@ ENV_CASES: list[tuple[dict[str, str], str, Any]] = [
     ({"SANDBOX_GATEWAY_LOG_LEVEL": "warning"}, "log_level", "warning"),
     ({"SANDBOX_GATEWAY_AUDIT__ON_FAILURE": "continue"}, "audit.on_failure", "continue"),
     ({"SANDBOX_GATEWAY_AUDIT__BUFFER": "16m"}, "audit.buffer", 16 * 1024 * 1024),
+    ({"SANDBOX_GATEWAY_AUDIT__SPILL__MAX": "0"}, "audit.spill.max", 0),
+    ({"SANDBOX_GATEWAY_AUDIT__SPILL__PATH": "/spool"}, "audit.spill.path", Path("/spool")),
     ({"SANDBOX_GATEWAY_ADMIN__TIMEOUTS__HEAD": "3s"}, "admin.timeouts.head", 3.0),
     ({"SANDBOX_GATEWAY_ADMIN__MAX_BODY": "1m"}, "admin.max_body", 1024 * 1024),
     ({"SANDBOX_GATEWAY_ADMIN__MAX_CONNECTIONS": "8"}, "admin.max_connections", 8),
@@ -346,6 +366,9 @@ FILE_ERRORS = [
     ("audit: {on_failure: ignore}", "audit.on_failure: expected refuse"),
     ("audit: {buffer: 4k}", "audit.buffer: at least 64k"),
     ("audit: {buffer: lots}", "audit.buffer: 'lots' is not a size"),
+    ("audit: {spill: {max: 4k}}", "audit.spill.max: 0 (no spill journal) or at least 64k"),
+    ("audit: {buffer: 8m, spill: {max: 4m}}", "audit.spill.max is smaller than audit.buffer"),
+    ("audit: {spill: /var/spool}", "audit.spill: expected a map"),
     ("admin: {timeouts: {head: 0}}", "admin.timeouts.head: must be positive"),
     ("admin: {timeouts: {header: 5s}}",
      "admin.timeouts.header: unknown key; did you mean admin.timeouts.head?"),

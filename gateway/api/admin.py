@@ -25,6 +25,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.api import probes
 from gateway.api.approvals import routes as approval_routes
 from gateway.api.console import routes as console_routes
 from gateway.api.context import AdminContext
@@ -74,12 +75,11 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
             raise ValueError("body must be a JSON object")
         return data
 
-    async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    async def readyz(request: Request) -> Response:
-        ok, why = ctx.readiness.ready()
-        return JSONResponse({"ready": ok, "reason": why}, status_code=200 if ok else 503)
+    async def probe(request: Request) -> Response:  # /healthz, /readyz (api/probes.py)
+        found = probes.answer(request.url.path, ctx.readiness)
+        assert found is not None
+        status, answer = found
+        return JSONResponse(answer, status_code=status)
 
     async def metrics_endpoint(request: Request) -> Response:
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
@@ -287,8 +287,7 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         return Response(status_code=400)
 
     return Starlette(exception_handlers={ClientDisconnect: disconnected}, routes=[
-        Route("/healthz", healthz),
-        Route("/readyz", readyz),
+        *(Route(path, probe) for path in probes.PATHS),
         Route("/metrics", metrics_endpoint),
         Route("/.well-known/jwks.json", jwks),
         Route("/v1/tokens", mint, methods=["POST"]),

@@ -12,7 +12,13 @@ held the connection (and a descriptor of the proxy's budget) for good. Here:
   `admin.timeouts.idle`, then closed;
 - a body larger than `admin.max_body` (announced, or counted as it arrives): `413
   body_too_large`, closed; a head larger than 16 KiB: `400` (uvicorn's h11);
-- connections past `admin.max_connections`: `503 too_many_connections`, closed.
+- a chunk size past 63 bits (`400 bad_request`, as on the proxy port) or past
+  `admin.max_body` (`413`): refused as soon as the size is read, not after the body
+  timeout (h11 takes up to 20 hex digits and waits for that many bytes); a chunk size
+  that is not hex, or longer than 20 digits, is h11's `400` at once;
+- connections past `admin.max_connections`: read only for a probe (`api/probes.py`:
+  `/healthz` and `/readyz` are answered; anything else `503 too_many_connections`),
+  closed.
 
 Answers take the admin API's error shape and name the phase that timed out.
 `Bounds.protocol` is the protocol class uvicorn runs (`uvicorn.Config(http=...)`): it
@@ -27,11 +33,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from gateway.api.errors import raw_error
+from gateway.api.probes import Answer, ProbeReader, Reserve
 from gateway.config import AdminConfig
 
 __all__ = ["MAX_HEAD", "Bounds"]
@@ -48,19 +57,18 @@ def _error(status: int, code: str, reason: str) -> tuple[list[tuple[bytes, bytes
             (b"content-length", str(len(body)).encode()), (b"connection", b"close")], body
 
 
-def _raw(status: int, phrase: str, code: str, reason: str) -> bytes:
-    """An error answer as bytes, for the protocol to write itself (no request cycle)."""
-    headers, body = _error(status, code, reason)
-    head = b"".join(k + b": " + v + b"\r\n" for k, v in headers)
-    return f"HTTP/1.1 {status} {phrase}\r\n".encode() + head + b"\r\n" + body
-
-
 class Bounds:
     """The admin listener's bounds (see the module docstring)."""
 
-    def __init__(self, config: AdminConfig) -> None:
+    def __init__(self, config: AdminConfig, *, probe: Callable[[str], Answer | None],
+                 chunk_left: Callable[[Any], int], max_chunk: int) -> None:
         self.config = config
+        # The chunk uvicorn's h11.Connection is reading, and the largest chunk size any
+        # HTTP/1 body may announce (engines/patches.py: the proxy port's rule).
+        self.chunk_left, self.max_chunk = chunk_left, max_chunk
         self.open: dict[tuple[str, int], _Guard] = {}
+        # past the cap: probes answered (`probe`: a path's answer, None for another)
+        self.reserve = Reserve(probe, config.max_connections)
         self.protocol: type[asyncio.Protocol] = type("AdminProtocol", (_Guard,),
                                                      {"bounds": self})
 
@@ -81,6 +89,11 @@ class Bounds:
 
         return bounded
 
+    def close(self) -> None:
+        """Close the connections past the cap still waiting for a probe request (the
+        gateway stops; uvicorn closes its own)."""
+        self.reserve.close()
+
 
 class _Guard(asyncio.Protocol):
     """One admin connection: uvicorn's protocol inside, the deadlines around it."""
@@ -95,18 +108,15 @@ class _Guard(asyncio.Protocol):
         self.responding = False  # a response has started: no 408 then
         self.timer: asyncio.TimerHandle | None = None
         self.write_timer: asyncio.TimerHandle | None = None
+        self.probe: ProbeReader | None = None  # past the cap: the reserve's reader (api/probes.py)
 
     # -- the transport's protocol -----------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        limit = self.bounds.config.max_connections
-        if len(self.bounds.open) >= limit:
-            transport.write(_raw(503, "Service Unavailable", "too_many_connections",
-                                 f"the admin listener has {limit} connections open "
-                                 "(admin.max_connections); retry shortly"))
-            transport.close()
+        if len(self.bounds.open) >= self.bounds.config.max_connections:
+            self.probe = self.bounds.reserve.admit(transport)
             return
         peer = transport.get_extra_info("peername") or ("?", 0)
         self.peer = (str(peer[0]), int(peer[1]))
@@ -116,18 +126,27 @@ class _Guard(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.peer is None:
+            if self.probe is not None:
+                self.probe.data_received(data)
             return
         if self.phase == "idle":
             self._arm("head")  # the next request's first byte: its head is timed now
         self.inner.data_received(data)
+        left = self.bounds.chunk_left(self.inner.conn)
+        if left > self.bounds.config.max_body and not self.responding:
+            self._bad_chunk(left)
 
     def eof_received(self) -> bool | None:
         if self.peer is None:
+            if self.probe is not None:
+                self.probe.eof_received()
             return None
         self.inner.eof_received()
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.probe is not None:
+            self.probe.close()
         self._cancel()
         if self.write_timer is not None:
             self.write_timer.cancel()
@@ -175,7 +194,24 @@ class _Guard(asyncio.Protocol):
                             "(admin.timeouts.idle)"}[phase]
         log.debug("admin connection from %s closed: %s", self.peer, what)
         if phase in ("head", "body") and not self.responding:
-            transport.write(_raw(408, "Request Timeout", "request_timeout", what))
+            transport.write(raw_error(408, "Request Timeout", "request_timeout", what))
+        transport.close()
+
+    def _bad_chunk(self, size: int) -> None:
+        """A chunk size no body here may have, refused now rather than waited for."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        self._cancel()
+        if size > self.bounds.max_chunk:  # (the proxy port's rule, engines/patches.py)
+            transport.write(raw_error(400, "Bad Request", "bad_request",
+                                      "chunk size too large (more than 63 bits): the "
+                                      "chunked request body is malformed"))
+        else:
+            limit = self.bounds.config.max_body
+            transport.write(raw_error(413, "Content Too Large", "body_too_large",
+                                      f"a chunk of the request body is larger than "
+                                      f"{limit} bytes (admin.max_body)"))
         transport.close()
 
     # -- one request (called by the wrapped app) ----------------------------------------------

@@ -6,7 +6,9 @@ The engines need a few things their libraries keep private:
   (`h11._readers`: request and response heads validated against RFC 9110/9112 ABNF,
   chunked / Content-Length / close-delimited bodies with trailers) and its receive
   buffer. The public `h11.Connection` wraps them in a state machine that costs four
-  times as much per exchange; the engine keeps the state itself.
+  times as much per exchange; the engine keeps the state itself. On the admin
+  listener (uvicorn's `h11.Connection`), the size of the chunk being read
+  (`chunk_left`), so that a chunk size no body may have is refused once it is read.
 - **mitmproxy** (the mitmproxy engine): its listener factory (to put the front door and
   the transparent door in front of its listeners, and to share ports among worker
   processes), its HTTP/1 and HTTP/2 error pages (replaced by the gateway's refusals,
@@ -74,6 +76,7 @@ __all__ = [
     "RawResponse",
     "ReceiveBuffer",
     "check_versions",
+    "chunk_left",
     "client_hello",
     "close_mitmproxy_connection",
     "install_error_pages",
@@ -175,6 +178,15 @@ class ChunkedReader(_H11ChunkedReader):
         if self._bytes_in_chunk > MAX_CHUNK:
             raise h11.LocalProtocolError("chunk size too large (more than 63 bits)")
         return event
+
+
+def chunk_left(conn: h11.Connection) -> int:
+    """The bytes still to come of the chunk an `h11.Connection` is reading (0 when it is
+    reading no chunked body): uvicorn's connection on the admin listener, whose bounds
+    (`api/bounds.py`) refuse a chunk size past 63 bits or past `admin.max_body` as soon
+    as the size is read, where h11 would wait for that many bytes."""
+    reader = getattr(conn, "_reader", None)
+    return int(reader._bytes_in_chunk) if isinstance(reader, _H11ChunkedReader) else 0
 
 
 class RawRequest(NamedTuple):

@@ -280,6 +280,14 @@ AUDIT_HELD = Gauge(
     registry=REGISTRY,
     multiprocess_mode="livesum",
 )
+AUDIT_SPILLED = Gauge(
+    "sandbox_gateway_audit_spilled_bytes",
+    "Bytes of audit lines in the spill journal (audit.spill.path): lines the output did "
+    "not take that did not fit in audit.buffer, or were held at the stop; written to the "
+    "output before newer lines.",
+    registry=REGISTRY,
+    multiprocess_mode="livesum",
+)
 REQUEST_LOG_DROPPED = Counter(
     "sandbox_gateway_request_log_dropped_lines_total",
     "Audit lines left out of the console's request log: more than its hold waited while "
@@ -288,8 +296,8 @@ REQUEST_LOG_DROPPED = Counter(
 )
 AUDIT_DROPPED = Counter(
     "sandbox_gateway_audit_dropped_lines_total",
-    "Audit lines dropped: they did not fit in audit.buffer while the output did not take "
-    "lines, or were still held when the gateway stopped.",
+    "Audit lines dropped: they fitted neither in audit.buffer nor in the spill journal "
+    "(audit.spill.max) while the output did not take lines, or at the stop.",
     registry=REGISTRY,
 )
 AUDIT_WRITE_ERRORS = Counter(

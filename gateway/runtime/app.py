@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import certifi
 import uvicorn
 
+from gateway.api import probes
 from gateway.api.admin import AdminContext, build_admin_app
 from gateway.api.bounds import MAX_HEAD, Bounds
 from gateway.config import Config, ConfigError, HostPort
@@ -60,6 +61,7 @@ from gateway.net.tls import LeafContexts, upstream_context
 from gateway.net.upstream_proxy import UpstreamProxy
 from gateway.observability import logs, metrics
 from gateway.observability.audit import Auditor
+from gateway.observability.audit_spill import Spill
 from gateway.runtime.mitmproxy_engine import MitmproxyEngine
 from gateway.runtime.sweeper import ConnectionSweeper
 from gateway.services.approvals import ApprovalService
@@ -154,6 +156,7 @@ class Gateway:
         self.adapter: Adapter | None = None
         self.listeners: list[asyncio.Server] = []  # the ports the doors serve (fast mode)
         self.admin_server: uvicorn.Server | None = None
+        self.admin_bounds: Bounds | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.proxy_address: tuple[str, int] | None = None
@@ -362,11 +365,12 @@ class Gateway:
         try:
             self.auditor = Auditor.open(cfg.audit.path, self.audit_stream, worker=self.worker,
                                         on_failure=cfg.audit.on_failure,
-                                        buffer=cfg.audit.buffer)
+                                        buffer=cfg.audit.buffer, spill=self._audit_spill())
         except OSError as exc:
             where = f"audit.path: cannot open {cfg.audit.path}" if cfg.audit.path else \
                 "audit: cannot write to stdout"
             raise StartupError(f"{where}: {exc.strerror or exc}") from None
+        self.auditor.start()  # (a previous run's spilled lines first)
         if cfg.console.retain:  # every audit line also to the console's request log
             self.state.log_retain = cfg.console.retain
             self.request_log = RequestLog(self.state)
@@ -435,7 +439,10 @@ class Gateway:
                 lambda: self._build_master(confdir, bundle, sockets=sockets),
                 abandoned=self._abandoned)
 
-        bounds = Bounds(cfg.admin)  # every wait of the admin listener bounded too
+        # every wait of the admin listener bounded too; probes answered past its cap
+        self.admin_bounds = bounds = Bounds(
+            cfg.admin, probe=lambda path: probes.answer(path, self),
+            chunk_left=patches.chunk_left, max_chunk=patches.MAX_CHUNK)
         app = bounds.wrap(build_admin_app(AdminContext(
             admin_token=self.admin_token, tokens=self.tokens,
             policies=self.current_policies, readiness=self, guard=lambda: self.guard,
@@ -465,6 +472,21 @@ class Gateway:
         logs.SOURCES.add(self._log_source, self._log_secrets)  # what logs must not show
         logs.protect()  # uvicorn's and mitmproxy's handlers too, now that they exist
         await self._wait_listening()
+
+    def _audit_spill(self) -> Spill | None:
+        """The audit spill journal (`audit.spill`; None with `max: 0`). A worker keeps its
+        own segments; a single process takes every worker's a previous run left."""
+        spill = self.config.audit.spill
+        if not spill.max or spill.path is None:
+            return None
+        try:
+            return Spill(spill.path, spill.max, owner=self.worker or 0,
+                         adopt_all=self.worker is None)
+        except OSError as exc:
+            raise StartupError(
+                f"audit.spill.path: cannot use {spill.path}: {exc.strerror or exc} (a "
+                "writable directory, on another volume than audit.path; audit.spill.max: 0 "
+                "runs without a spill journal)") from None
 
     # -- what the logs must never show (gateway/observability/logs.py) ----------------------------
 
@@ -721,6 +743,8 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(task, timeout=5)
         self._tasks.clear()
+        if self.admin_bounds is not None:  # (uvicorn closed its own and the listener)
+            self.admin_bounds.close()  # connections past its cap waiting for a probe
         if self.approvals is not None:
             await self.approvals.close()  # (notifications still being sent: cancelled)
         if self.request_log is not None:

@@ -10,7 +10,9 @@ reserves the ports, and starts the workers with:
   it, a change one makes is seen by the others' next request), a file in the runtime
   directory when the store is `memory`, or Redis as separate replicas share it;
 - prometheus_client's multiprocess directory, so any worker's `/metrics` reports the
-  sum over all workers.
+  sum over all workers;
+- the audit spill journal (`audit.spill.path`): each worker keeps its own files, and
+  those of workers a previous run had and this one has not go to worker 0 (`adopt`).
 
 Then it becomes a lean process of the standard library only (`watch.py`): it forwards
 SIGTERM/SIGINT, restarts a worker that dies (with backoff), and exits when every worker
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from gateway.config import Config, HostPort
 from gateway.net import ca
+from gateway.observability.audit_spill import adopt
 from gateway.services.identity.tokens import SigningKeys
 from gateway.services.policy import load_policy_dir
 from gateway.services.secrets import build_store
@@ -120,6 +123,9 @@ class Supervisor:
             # TCP reserved like the others; every worker binds UDP on that port itself.
             dns=_concrete(cfg.listen.dns, self._held) if cfg.listen.dns else None,
         )
+        spill = cfg.audit.spill
+        if spill.max and spill.path is not None:  # a previous run's workers this one lacks
+            adopt(spill.path, self.count)
         runtime = cfg.runtime_dir or Path(tempfile.mkdtemp(prefix="sandbox-gateway-"))
         self.runtime = runtime
         metrics_dir = self.metrics_dir = runtime / "metrics"

@@ -1,7 +1,9 @@
 """Warnings about a valid but risky configuration (`config check`, and logged at start).
 
-Today: `network.allow_cidrs`. The destination check's precedence (gateway/core/addresses.py)
-makes some entries do less than they seem to and others more than intended:
+`network.upstream_proxy.connect_to: name`; `audit.spill.path` on the file system of
+`audit.path` (the journal takes nothing when that disk fills); and `network.allow_cidrs`.
+The destination check's precedence (gateway/core/addresses.py) makes some of its entries
+do less than they seem to and others more than intended:
 
 - a range over the hard-denied ranges (link-local incl. cloud metadata 169.254.0.0/16,
   multicast, reserved, ...) never opens them;
@@ -15,10 +17,13 @@ makes some entries do less than they seem to and others more than intended:
 from __future__ import annotations
 
 import ipaddress
+import os
+from pathlib import Path
 
 from gateway.config import Config, ConfigError
 
-__all__ = ["allow_cidr_warnings", "config_warnings", "upstream_proxy_warnings"]
+__all__ = ["allow_cidr_warnings", "audit_spill_warnings", "config_warnings",
+           "upstream_proxy_warnings"]
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -95,6 +100,31 @@ def upstream_proxy_warnings(cfg: Config) -> list[str]:
             "use connect_to: address unless the proxy accepts only names"]
 
 
+def _device(path: Path) -> int | None:
+    """The file system `path` is on (that of its nearest existing parent), if known."""
+    for where in (path, *path.parents):
+        try:
+            return os.stat(where).st_dev
+        except OSError:
+            continue
+    return None
+
+
+def audit_spill_warnings(cfg: Config) -> list[str]:
+    """The spill journal holds audit lines while the audit file's disk is full: on that
+    same disk it cannot take any either."""
+    audit, spill = cfg.audit.path, cfg.audit.spill
+    if audit is None or not spill.max or spill.path is None:
+        return []
+    device = _device(audit.parent)
+    if device is None or device != _device(spill.path):
+        return []
+    return [f"audit.spill.path ({spill.path}) is on the file system of audit.path ({audit}): "
+            "when that disk fills the spill journal takes no line either, and the lines "
+            "past audit.buffer are dropped; put it on another volume"]
+
+
 def config_warnings(cfg: Config) -> list[str]:
     """Every warning for `cfg` (empty when nothing looks risky)."""
-    return allow_cidr_warnings(cfg.network.allow_cidrs) + upstream_proxy_warnings(cfg)
+    return (allow_cidr_warnings(cfg.network.allow_cidrs) + upstream_proxy_warnings(cfg)
+            + audit_spill_warnings(cfg))

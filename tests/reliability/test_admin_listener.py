@@ -21,6 +21,7 @@ ADMIN = {"admin": {"timeouts": {"head": "1s", "body": "1s", "idle": "1s"},
 TOKEN = "admin-listener-test-token-0123456789"
 JSON_HEAD = (f"POST /v1/tokens HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
              "Content-Type: application/json\r\n")
+CHUNKED = JSON_HEAD.encode() + b"Transfer-Encoding: chunked\r\n\r\n"
 # Random printable bytes, no line end (fixed: h11 rejects one random 400-byte run in eight
 # at once as an illegal request line, a 400 instead of the wait this case is about).
 NO_NEWLINE = bytes(random.Random(400).randrange(0x21, 0x7F) for _ in range(400))
@@ -41,6 +42,13 @@ CASES = {
         b"HTTP/1.1 413", 0, 0.5),
     "a head larger than 16 KiB": (b"GET /healthz HTTP/1.1\r\nX: " + b"a" * 20000,
                                   b"HTTP/1.1 400", 0, 0.5),
+    # Malformed chunk sizes (issue 46, item 4): refused at once, as on the proxy port,
+    # not held for admin.timeouts.body. Before: past 63 bits and past admin.max_body
+    # were each held for the whole body timeout (30 s by default).
+    "a chunk size past 63 bits": (CHUNKED + b"ffffffffffffffffff\r\n", b"HTTP/1.1 400", 0, 0.5),
+    "a chunk size past admin.max_body": (CHUNKED + b"100000\r\n", b"HTTP/1.1 413", 0, 0.5),
+    "a chunk size that is not hex": (CHUNKED + b"zz\r\n", b"HTTP/1.1 400", 0, 0.5),
+    "an overlong chunk size": (CHUNKED + b"0" * 30 + b"1\r\n", b"HTTP/1.1 400", 0, 0.5),
 }
 
 
@@ -107,16 +115,65 @@ def test_requests_within_the_bounds_are_served(gw: GatewayThread) -> None:
             assert answer.startswith(b"HTTP/1.1 200") and b'"token"' in answer, answer
 
 
-def test_connections_past_the_cap_are_refused_at_once(gw: GatewayThread) -> None:
+def test_requests_past_the_cap_are_refused_at_once(gw: GatewayThread) -> None:
     held = [socket.create_connection(admin_address(gw), timeout=5) for _ in range(8)]
     try:
         time.sleep(0.2)
-        got, took = exchange(gw, b"")
-        assert got.startswith(b"HTTP/1.1 503") and b"too_many_connections" in got
+        got, took = exchange(gw, f"GET /v1/policies HTTP/1.1\r\nHost: x\r\n"
+                                 f"Authorization: Bearer {TOKEN}\r\n\r\n".encode())
+        assert got.startswith(b"HTTP/1.1 503") and b"too_many_connections" in got, got
+        assert b"admin.max_connections" in got
         assert took < 0.5
+        got, took = exchange(gw, b"\x16\x03\x01\xfe\xff junk\r\n\r\n")  # unreadable
+        assert got.startswith(b"HTTP/1.1 400") and b"bad_request" in got and took < 0.5
+        # A connection past the cap that sends nothing is closed after the probe wait.
+        got, took = exchange(gw, b"")
+        assert got.startswith(b"HTTP/1.1 503") and b"too_many_connections" in got, got
+        assert 1.5 <= took <= 3, took
     finally:
         for sock in held:
             sock.close()
     time.sleep(0.2)
     got, _ = exchange(gw, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert got.startswith(b"HTTP/1.1 200")
+
+
+PROBES = {  # (request, the answer's start, what its body says)
+    "readiness": (b"GET /readyz HTTP/1.1\r\nHost: x\r\nUser-Agent: kube-probe/1.31\r\n"
+                  b"Accept: */*\r\nConnection: close\r\n\r\n", b"HTTP/1.1 200",
+                  {"ready": True, "reason": "ready"}),
+    "liveness": (b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1 200",
+                 {"status": "ok"}),
+    "readiness, HEAD": (b"HEAD /readyz HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1 200", None),
+}
+
+
+@pytest.mark.parametrize("probe", list(PROBES))
+def test_probes_are_answered_while_the_admin_listener_is_full(
+        gw: GatewayThread, probe: str) -> None:
+    """Issue 46, item 4. Before: with the admin listener's connections all held (here
+    200 idle connections against a cap of 8) /readyz answered 503 too_many_connections
+    until the idle ones timed out (admin.timeouts.head, 10 s by default), and the
+    kubelet would take a healthy pod out of service."""
+    request, answer, body = PROBES[probe]
+    held = [socket.create_connection(admin_address(gw), timeout=5) for _ in range(200)]
+    try:
+        time.sleep(0.3)
+        for _ in range(3):  # again and again, as the kubelet asks
+            got, took = exchange(gw, request)
+            assert got.startswith(answer), got[:300]
+            assert took < 1, took
+            head, _, text = got.partition(b"\r\n\r\n")
+            assert b"connection: close" in head.lower()
+            if body is None:
+                assert text == b""
+            else:
+                assert json.loads(text) == body
+        # The connections within the cap are still the admin API's (still open); those
+        # past it beyond the reserve's 8 were answered 503 and closed to make room.
+        assert len(gw.gateway.admin_bounds.open) == 8
+        evicted = held[8].recv(65536)
+        assert evicted.startswith(b"HTTP/1.1 503") and b"to make room" in evicted
+    finally:
+        for sock in held:
+            sock.close()

@@ -158,7 +158,8 @@ def test_a_full_audit_disk_refuses_then_recovers_by_itself(
         assert [r["status"] for r in small] == statuses
         assert [r["time"] for r in small] == sorted(r["time"] for r in small)
 
-        # Full again, and stopped: the stop is not held up, the loss is reported.
+        # Full again, and stopped: the stop is not held up, the held lines are kept in the
+        # spill journal (test_lines_held_at_a_stop_are_written_first_at_the_next_start).
         fill(tmpfs, "filler2")
         session = Session(gw, gw.token())
         while session.get() != 503:
@@ -174,7 +175,72 @@ def test_a_full_audit_disk_refuses_then_recovers_by_itself(
     assert "Traceback" not in log, log[-3000:]
     assert log.count("audit lines cannot be written") == 2, log
     assert log.count("audit lines are written again") == 1, log
-    assert "could not be written to" in log and "they are lost" in log
+    assert "could not be written to" in log and "they are kept in the spill journal" in log
+    assert "they are lost" not in log and "were dropped" not in log
+
+
+def test_lines_held_at_a_stop_are_written_first_at_the_next_start(
+        tmpfs: Path, tmp_path: Path, nginx: Nginx, test_ca: LocalCA) -> None:
+    """Issue 46, item 5. The audit disk fills, requests go on (refused 503, each audited:
+    the lines fill audit.buffer and go on into the spill journal), SIGTERM, space is
+    freed, the gateway starts again: every line is in the audit file, in order, none
+    twice, the journal's before the new ones. Before: the lines held at the stop were
+    dropped (4,413 in one run), and those past audit.buffer while it ran."""
+    (tmpfs / "filler").write_bytes(b"f" * 200 * 1024)
+    audit = tmpfs / "audit.jsonl"
+    config = {"audit": {"path": str(audit), "buffer": "64k"}}
+    gw = start_gateway(tmp_path / "gw", {"inspect.test": nginx.port}, test_ca, extra=config)
+    err = Stderr(gw)
+    statuses: list[int] = []
+    try:
+        session = Session(gw, gw.token())
+        try:
+            while statuses[-1:] != [503]:
+                assert len(statuses) < 3000, "the audit disk never filled"
+                statuses.append(session.get())
+            while sum(s == 503 for s in statuses) < 250:  # ~150 KB of lines: past the buffer
+                statuses.append(session.get())
+            # (the buffer is full: lines go on into the journal)
+            assert metric(gw, "sandbox_gateway_audit_spilled_bytes") > 0
+            gw.proc.send_signal(signal.SIGTERM)
+            assert gw.proc.wait(15) == 0
+        finally:
+            session.close()
+    finally:
+        gw.stop()
+    first_log = err.all()
+    assert "they are kept in the spill journal" in first_log, first_log[-2000:]
+    assert "they are lost" not in first_log and "dropped" not in first_log.replace(
+        "0 dropped", ""), first_log[-2000:]
+    journal = tmp_path / "gw" / "state" / "audit-spill"
+    assert sum(p.stat().st_size for p in journal.iterdir()) > 100 * 1024
+    on_disk = audit.read_bytes().count(b"\n")
+    assert on_disk < len(statuses)
+
+    (tmpfs / "filler").unlink()  # space returns; the gateway starts again
+    gw = start_gateway(tmp_path / "gw", {"inspect.test": nginx.port}, test_ca, extra=config)
+    err = Stderr(gw)
+    try:
+        assert readyz(gw)[0] == 200
+        session = Session(gw, gw.token())
+        try:
+            after = [session.get() for _ in range(5)]
+        finally:
+            session.close()
+        assert after == [200] * 5
+        assert metric(gw, "sandbox_gateway_audit_spilled_bytes") == 0
+        gw.proc.send_signal(signal.SIGTERM)
+        assert gw.proc.wait(15) == 0
+    finally:
+        gw.stop()
+    second_log = err.all()
+    assert "kept in the spill journal" in second_log and "written to" in second_log
+    assert list(journal.iterdir()) == []
+    lines = [json.loads(line) for line in audit.read_bytes().splitlines()]
+    small = [r for r in lines if r.get("path") == "/small"]
+    assert [r["status"] for r in small] == statuses + after  # all, in order, none twice
+    assert [r["time"] for r in small] == sorted(r["time"] for r in small)
+    assert "Traceback" not in first_log + second_log
 
 
 def test_a_stdout_pipe_whose_reader_stops(tmp_path: Path, nginx: Nginx,
@@ -238,3 +304,63 @@ def test_an_audit_file_that_cannot_be_opened_stops_the_start(
         assert "audit.path: cannot open" in err and "Traceback" not in err, err
     finally:
         gw.stop()
+
+
+def test_worker_processes_spill_their_own_lines_and_one_process_takes_them_all(
+        tmpfs: Path, tmp_path: Path, nginx: Nginx, test_ca: LocalCA) -> None:
+    """`run --workers 2`: each worker spills its own lines (its own journal files); the
+    next start, a single process, writes both workers' lines first. Every connection's
+    lines are in the file in its order, none twice."""
+    audit = tmpfs / "audit.jsonl"
+    config = {"audit": {"path": str(audit), "buffer": "64k"}}
+    gw = start_gateway(tmp_path / "gw", {"inspect.test": nginx.port}, test_ca, workers=2,
+                       extra=config)
+    err = Stderr(gw)
+    sessions: list[Session] = []
+    statuses: dict[str, list[int]] = {}  # by the connection's client address
+    try:
+        token = gw.token()
+        workers: set[int] = set()
+        while workers != {0, 1}:  # connections on both workers (the kernel spreads them)
+            assert len(sessions) < 40, "every connection went to one worker"
+            session = Session(gw, token)
+            sessions.append(session)
+            host, port = session.tls.getsockname()[:2]
+            client = f"{host}:{port}"
+            statuses[client] = [session.get()]
+            time.sleep(0.05)
+            workers = {r["worker"] for r in map(json.loads, audit.read_bytes().splitlines())
+                       if r.get("client") in statuses}
+        fill(tmpfs, "filler")
+        clients = list(statuses)
+        while sum(s.count(503) for s in statuses.values()) < 300:
+            for client, session in zip(clients, sessions, strict=True):
+                statuses[client].append(session.get())
+        gw.proc.send_signal(signal.SIGTERM)
+        assert gw.proc.wait(20) == 0
+    finally:
+        for session in sessions:
+            session.close()
+        gw.stop()
+    first_log = err.all()
+    assert first_log.count("they are kept in the spill journal") == 2, first_log[-3000:]
+    assert "they are lost" not in first_log and "were dropped" not in first_log
+    journal = tmp_path / "gw" / "state" / "audit-spill"
+    assert {p.name.split("-")[0] for p in journal.iterdir()} == {"0", "1"}
+
+    (tmpfs / "filler").unlink()
+    gw = start_gateway(tmp_path / "gw", {"inspect.test": nginx.port}, test_ca, workers=1,
+                       extra=config)
+    err = Stderr(gw)
+    try:
+        assert readyz(gw)[0] == 200
+        gw.proc.send_signal(signal.SIGTERM)
+        assert gw.proc.wait(15) == 0
+    finally:
+        gw.stop()
+    assert "Traceback" not in first_log + err.all()
+    assert list(journal.iterdir()) == []
+    lines = [json.loads(line) for line in audit.read_bytes().splitlines()]
+    for client, expected in statuses.items():
+        assert [r["status"] for r in lines if r.get("client") == client
+                and r.get("path") == "/small"] == expected, client

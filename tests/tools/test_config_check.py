@@ -100,3 +100,23 @@ def test_policy_check_suggests_the_method(workdir: Path,
     err = capsys.readouterr().err
     assert 'policies/b.yaml:4: unknown method "GTE"; did you mean GET?' in err
     assert f"1 error(s) in {workdir / 'policies'}" in err
+
+
+def test_a_spill_journal_on_the_audit_files_disk_is_a_warning(
+        workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 46, item 5: the journal on the audit file's own disk takes nothing when that
+    disk fills. The default (next to the state file) on the same disk is warned about;
+    on another file system (/dev/shm, a tmpfs), or with audit lines on stdout, it is not."""
+    (workdir / "gw.yaml").write_text("audit: {path: audit/audit.jsonl}\n")
+    assert main(["config", "check", "--config", "gw.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert f"warning: audit.spill.path ({workdir / 'state' / 'audit-spill'}) is on the " \
+        f"file system of audit.path ({workdir / 'audit' / 'audit.jsonl'})" in out
+    if os.stat("/dev/shm").st_dev != os.stat(workdir).st_dev:
+        (workdir / "gw.yaml").write_text("audit: {path: audit/audit.jsonl, spill: "
+                                         "{path: /dev/shm/sg-spill-test}}\n")
+        assert main(["config", "check", "--config", "gw.yaml"]) == 0
+        assert "audit.spill.path" not in capsys.readouterr().out
+    (workdir / "gw.yaml").write_text("audit: {path: null}\n")
+    assert main(["config", "check", "--config", "gw.yaml"]) == 0
+    assert "audit.spill.path" not in capsys.readouterr().out
