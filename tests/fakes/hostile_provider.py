@@ -244,6 +244,7 @@ class HostileProvider:
         self.ca = LocalCA.create(directory, name="hostile provider CA")
         self.lock = threading.Lock()
         self.keys: dict[str, Faults] = {}
+        self.parallel: dict[str, int] = {}  # keys whose sessions run another ws_parallel
         self.bills: list[Bill] = []
         self.responses: dict[str, int] = {}  # id -> context tokens
         self.conversations: dict[str, int] = {}
@@ -274,10 +275,13 @@ class HostileProvider:
         names = {h: f"127.0.0.1:{self.port}" for h in HOSTS if h != "127.0.0.1"}
         return {**names, WS_HOST: f"127.0.0.1:{self.ws_port}"}
 
-    def new_key(self, faults: Faults | None = None) -> str:
+    def new_key(self, faults: Faults | None = None, ws_parallel: int | None = None) -> str:
+        """A key the provider bills (its calls get ``faults``; its Responses WebSocket
+        sessions run ``ws_parallel`` responses at a time, else the provider's number)."""
         key = "sk-hostile-" + secrets.token_hex(12)
         with self.lock:
             self.keys[key] = faults or Faults()
+            self.parallel[key] = ws_parallel or self.ws_parallel
         return key
 
     def billed(self, key: str) -> int:
@@ -425,7 +429,7 @@ class HostileProvider:
         path = _normal(url.path).lower()
         model = parse_qs(url.query).get("model", [""])[0]
         session = _Session(conn, key, model)
-        session.slots = threading.Semaphore(self.ws_parallel)
+        session.slots = threading.Semaphore(self.parallel.get(key, self.ws_parallel))
         workers: list[threading.Thread] = []
         with contextlib.suppress(websockets.exceptions.ConnectionClosed):
             if path.endswith("/realtime"):

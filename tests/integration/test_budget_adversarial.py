@@ -12,14 +12,16 @@ After every row and every randomised run this suite checks, through the real gat
 
 and that every refusal is the one the class calls for (``budget_exceeded`` where the
 call's worst case does not fit, ``metering_unavailable`` where the gateway cannot meter
-the endpoint). The rows are one per way around a budget (numbered as the issue's list):
+the endpoint). The rows go by the ways around a budget (numbered as the issue's list):
 1 input the request does not carry, 2 several output limits (or none), 3 WebSocket
-responses out of band and in parallel, 4 endpoints the meter does not know, 7 SIGKILL
-after a call, 8 numbers in other forms; and the body's own bytes, and faults (answers
-without usage, streams ended by an error or cut off). The randomised mixes send bursts of
-mixed calls from four sandboxes at once, seeded (``BUDGET_SEED=<n>`` replays a run; the
-seed is in every failure): in this process (one worker), under ``sandbox-gateway run
---workers 2``, and on two processes sharing a real redis-server.
+responses out of band, in parallel, or failing while others wait, 4 endpoints the meter
+does not know, 7 SIGKILL after a call, 8 numbers in other forms; and the body's own
+bytes, and faults (answers without usage, streams ended by an error or cut off). The
+randomised mixes send bursts of mixed calls from four sandboxes at once, seeded
+(``BUDGET_SEED=<n>`` replays the calls drawn, not their timing; the seed is in every
+failure): in this process (one worker), under ``sandbox-gateway run --workers 2``, and on
+two processes sharing a real redis-server. A row that fails names both totals, the factor
+over the budget, what the provider billed by endpoint and how each call ended.
 
 The models' limits are set once, in ``LIMITS`` (the gateway's model catalogue overrides
 them when it is there: ``model_limits``), and the provider serves exactly those.
@@ -409,19 +411,20 @@ class Row:
     refusals: frozenset[str] = BUDGET
     faults: Faults = field(default_factory=Faults)
     provider_errors: bool = False  # the row's faults answer 5xx or cut answers off
+    ws_parallel: int | None = None  # responses a WebSocket session runs at once
 
 
 ROWS: list[Row] = []
 
 
 def row(klass: str, budget: int, refusals: frozenset[str] = BUDGET,
-        faults: Faults | None = None
+        faults: Faults | None = None, ws_parallel: int | None = None
         ) -> Callable[[Callable[[Sandbox, HostileProvider], list[Outcome]]],
                       Callable[[Sandbox, HostileProvider], list[Outcome]]]:
     def register(pattern: Callable[[Sandbox, HostileProvider], list[Outcome]]
                  ) -> Callable[[Sandbox, HostileProvider], list[Outcome]]:
         ROWS.append(Row(pattern.__name__, klass, budget, pattern, refusals,
-                        faults or Faults(), faults is not None))
+                        faults or Faults(), faults is not None, ws_parallel))
         return pattern
     return register
 
@@ -545,6 +548,25 @@ def ws_responses_parallel(sbx: Sandbox, provider: HostileProvider) -> list[Outco
     return sbx.session("responses in parallel", "/v1/responses", [big, small], then=then)
 
 
+@row(WEBSOCKET, 20_000, faults=Faults(error_after_tokens=1.0), ws_parallel=1)
+def ws_responses_error_mid_response(sbx: Sandbox, provider: HostileProvider
+                                    ) -> list[Outcome]:
+    """Responses over WebSocket, one running at a time and the others queued: each fails
+    with an error event after some of its tokens (billed), and the sandbox sends another
+    create after each error."""
+    del provider
+    create = {"type": "response.create", "model": GPT, "input": "go",
+              "max_output_tokens": 4000, "store": False}
+    sent = {"n": 4}
+
+    def then(event: dict[str, Any], send: Callable[[dict[str, Any]], None]) -> None:
+        if event.get("type") == "error" and event.get("status") == 500 and sent["n"] < 20:
+            sent["n"] += 1
+            send(create)
+
+    return sbx.session("responses, each failing", "/v1/responses", [create] * 4, then=then)
+
+
 @dataclass(frozen=True)
 class Call:
     """One HTTP call a sandbox makes: ``what`` names it in failures."""
@@ -660,7 +682,7 @@ def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostileProvid
 @pytest.mark.parametrize("case", ROWS, ids=lambda r: r.name)
 def test_budget_holds(case: Row, provider: HostileProvider, make_gateway: GatewayFactory,
                       tmp_path: Path) -> None:
-    key = provider.new_key(case.faults)
+    key = provider.new_key(case.faults, case.ws_parallel)
     door = start_thread(make_gateway, tmp_path, provider, key, policy(case.budget))
     sbx = Sandbox([door], "sbx-" + case.name.replace("_", "-")[:40])
     outcomes = case.pattern(sbx, provider)
