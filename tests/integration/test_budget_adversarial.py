@@ -52,14 +52,15 @@ from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.process import ADMIN, GatewayProcess, start_gateway
 from helpers.redis_server import RedisServer
 
+from gateway.services.metering.catalogue import catalogue
+
 ROOT = Path(__file__).resolve().parents[2]
-CATALOGUE = ROOT / "gateway" / "services" / "metering" / "catalogue.json"
 
 # -- the models, in one place ----------------------------------------------------------------
 
 GPT = "gpt-4o-mini"
 REALTIME = "gpt-realtime"
-GEMINI = "gemini-2.0-flash"
+GEMINI = "gemini-2.5-flash"
 CLAUDE = "claude-sonnet-4-5"
 BEDROCK = "anthropic.claude-3-5-haiku-20241022-v1:0"
 MISTRAL = "mistral-large-latest"
@@ -67,7 +68,7 @@ OCR = "mistral-ocr-latest"
 LIMITS: dict[str, ModelLimits] = {  # (context window, max output): the providers' figures
     GPT: ModelLimits(128_000, 16_384),
     REALTIME: ModelLimits(32_000, 4_096),
-    GEMINI: ModelLimits(1_048_576, 8_192),
+    GEMINI: ModelLimits(1_048_576, 65_536),
     CLAUDE: ModelLimits(200_000, 64_000),
     BEDROCK: ModelLimits(200_000, 8_192),
     MISTRAL: ModelLimits(131_072, 16_384),
@@ -76,36 +77,22 @@ LIMITS: dict[str, ModelLimits] = {  # (context window, max output): the provider
 DEPLOYMENTS = {"hostile-deploy": GPT, "4711": GEMINI}  # Azure deployment, Vertex endpoint
 # The seed of the provider's faults and of the mixes' draws (BUDGET_SEED=<n> replays one).
 SEED = int(os.environ.get("BUDGET_SEED") or random.SystemRandom().randrange(1 << 31))
-_CONTEXT_KEYS = ("context_window", "max_context_tokens", "max_input_tokens", "context")
-_OUTPUT_KEYS = ("max_output_tokens", "max_output", "output")
 
 
 def model_limits() -> tuple[dict[str, ModelLimits], str]:
-    """``LIMITS``, each model's taken from the gateway's catalogue when the catalogue has
-    it (so the provider bills what the gateway reserves against), and where they came
-    from. A catalogue none of whose entries can be read here fails: align this reader."""
-    if not CATALOGUE.exists():
-        return dict(LIMITS), "LIMITS (no model catalogue yet)"
-    doc = json.loads(CATALOGUE.read_text())
-    entries: Any = doc.get("models", doc) if isinstance(doc, dict) else doc
-    if isinstance(entries, list):
-        entries = {str(e.get("name") or e.get("id") or e.get("model")): e
-                   for e in entries if isinstance(e, dict)}
+    """``LIMITS``, each model's taken from the gateway's model catalogue as the gateway
+    reads it (so the provider bills what the gateway reserves against), and where they
+    came from. A catalogue that knows none of them fails: align the models."""
+    known = catalogue()
     limits, read = dict(LIMITS), []
     for name in LIMITS:
-        entry = entries.get(name) if isinstance(entries, dict) else None
-        if not isinstance(entry, dict):
-            continue
-        context = next((entry[k] for k in _CONTEXT_KEYS if isinstance(entry.get(k), int)),
-                       None)
-        output = next((entry[k] for k in _OUTPUT_KEYS if isinstance(entry.get(k), int)), None)
-        if context and output:
-            limits[name] = ModelLimits(context, output)
+        info = known.get(name)
+        if info is not None and info.context and info.max_output:
+            limits[name] = ModelLimits(info.context, info.max_output)
             read.append(name)
     if not read:
-        raise AssertionError(f"{CATALOGUE} names none of {sorted(LIMITS)} in a form "
-                             "model_limits() reads: align it with the catalogue's format")
-    return limits, f"{CATALOGUE.name} for {', '.join(read)}, LIMITS for the rest"
+        raise AssertionError(f"the model catalogue knows none of {sorted(LIMITS)}")
+    return limits, f"the catalogue for {', '.join(read)}, LIMITS for the rest"
 
 
 # -- the gateway under test --------------------------------------------------------------------
