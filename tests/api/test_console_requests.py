@@ -182,6 +182,42 @@ def test_the_explain_command_is_one_quoted_argument_each(
     assert (args.policy, args.method, args.url) == ("agent", method, url)
 
 
+@pytest.mark.parametrize(("value", "ok"), [
+    ("1", True), ("9223372036854775807", True), ("1700000000000-5", True),
+    ("9223372036854775808", False), ("18446744073709551616", False),
+    ("1-9223372036854775808", False), ("-1", False), ("1e9", False), ("\u0663", False)])
+def test_a_cursor_is_a_store_id(value: str, ok: bool) -> None:
+    if ok:
+        assert page.cursor_of(value) == value
+    else:
+        with pytest.raises(page.BadFilter, match="is not a line id"):
+            page.cursor_of(value)
+
+
+def test_ids_past_the_store_s_integers_are_refused_not_crashed(tmp_path: Path) -> None:
+    """On SQLite: a line id, `before`, `after` past 2^63 answered 500 (an overflow)."""
+    state, clock = SqliteState(tmp_path / "state.db"), Clock()
+    asyncio.run(state.start())
+    try:
+        app = Starlette(routes=routes(context(state, clock, tmp_path / "keys",
+                                              request_log=state)))
+        with TestClient(app, base_url="http://127.0.0.1:8090",
+                        follow_redirects=False) as c:
+            sign_in(c)
+            line = c.get("/console/requests/9223372036854775808")
+            assert line.status_code == 404 and "is not a line id" in line.text
+            assert c.get("/console/requests?before=9223372036854775808").status_code == 400
+            assert c.get("/console/requests/stream?after=9223372036854775808"
+                         ).status_code == 400
+            assert c.get("/console/requests/stream",
+                         headers={"Last-Event-ID": "99999999999999999999"}).status_code == 400
+            # a HEAD of the live stream answers at once (no stream left running unread)
+            head = c.head("/console/requests/stream")
+            assert head.status_code == 200 and head.content == b""
+    finally:
+        asyncio.run(state.close())
+
+
 def test_the_live_stream_sends_new_lines_after_its_cursor(
         client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     c, state, clock = client
