@@ -11,6 +11,7 @@ belongs to the `env` secret store, not to the configuration, and is ignored here
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -220,9 +221,12 @@ class ApprovalsConfig:
 @dataclass(frozen=True, slots=True)
 class ConsoleConfig:
     """The console (`/console` on the admin listener): how many of the newest audit lines
-    its request log keeps in the state store (0: none, the log page is off)."""
+    its request log keeps in the state store (0: none, the log page is off), and the
+    reverse proxies (addresses or networks) whose `X-Forwarded-Proto`/`-Host`/`-For` it
+    believes."""
 
     retain: int = 100_000
+    trusted_proxies: tuple[str, ...] = ("127.0.0.1", "::1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +341,18 @@ def _retain(value: object, key: str) -> int:
     if number > 10_000_000:
         raise ConfigError(f"{key}: at most 10000000 lines (about 4 GB in the state store)")
     return number
+
+
+def _networks(value: object, key: str) -> tuple[str, ...]:
+    """A list of addresses or networks (`10.0.0.5`, `10.0.0.0/8`, `::1`)."""
+    items = _str_list(value, key)
+    for item in items:
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            raise ConfigError(f"{key}: {item!r} is not an address or network "
+                              "(e.g. 10.0.0.5 or 10.0.0.0/8)") from None
+    return items
 
 
 def _leeway(value: object, key: str) -> float:
@@ -559,7 +575,7 @@ SCHEMA: Schema = {
         },
     },
     "approvals": {"notify": _notifiers, "retention": parse_duration, "proposals": _str},
-    "console": {"retain": _retain},
+    "console": {"retain": _retain, "trusted_proxies": _networks},
     "workers": _int,
     "log_level": _level,
 }
@@ -570,7 +586,8 @@ _ENV_TYPED = {"workers", "tokens.leeway", "limits.connections_per_sandbox",
               "metering.stream_usage", "admin.max_connections", "refusals.inside_tls",
               "identity.kubernetes.enabled", "identity.kubernetes.namespaces",
               "identity.kubernetes.default_policies", "identity.kubernetes.exchange.enabled",
-              "network.upstream_proxy.check_ready", "console.retain"}
+              "network.upstream_proxy.check_ready", "console.retain",
+              "console.trusted_proxies"}
 
 
 def _validate(raw: Mapping[str, Any], schema: Schema, prefix: str = "") -> dict[str, Any]:
@@ -769,7 +786,10 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
             retention=v.get("approvals", {}).get("retention", d.approvals.retention),
             proposals=_path(base, v.get("approvals", {}).get("proposals", "proposals"))
             or d.approvals.proposals),
-        console=ConsoleConfig(retain=v.get("console", {}).get("retain", d.console.retain)),
+        console=ConsoleConfig(
+            retain=v.get("console", {}).get("retain", d.console.retain),
+            trusted_proxies=v.get("console", {}).get("trusted_proxies",
+                                                     d.console.trusted_proxies)),
         workers=v.get("workers", d.workers),
         log_level=v.get("log_level", d.log_level),
         source=source,

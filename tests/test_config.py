@@ -148,7 +148,7 @@ approvals:
     pager: {url: "https://pager.example/ask", secret: pager-key}
   retention: 2d
   proposals: props
-console: {retain: 5000}
+console: {retain: 5000, trusted_proxies: [10.1.0.0/16, "fd00::7"]}
 workers: 4
 log_level: debug
 """
@@ -217,6 +217,7 @@ def test_full_file(tmp_path: Path) -> None:
     assert cfg.approvals.retention == 2 * 86400
     assert cfg.approvals.proposals == base / "props"
     assert cfg.console.retain == 5000
+    assert cfg.console.trusted_proxies == ("10.1.0.0/16", "fd00::7")
     assert cfg.workers == 4
     assert cfg.log_level == "debug"
     assert cfg.source == str(path)
@@ -261,6 +262,9 @@ ENV_CASES: list[tuple[dict[str, str], str, Any]] = [
     ({"SANDBOX_GATEWAY_NETWORK__RESOLVE": '{"a.example": "127.0.0.1:443"}'},
      "network.resolve", {"a.example": "127.0.0.1:443"}),
     ({"SANDBOX_GATEWAY_WORKERS": "4"}, "workers", 4),
+    ({"SANDBOX_GATEWAY_CONSOLE__TRUSTED_PROXIES": '["10.0.0.5"]'}, "console.trusted_proxies",
+     ("10.0.0.5",)),
+    ({"OTHER": "x"}, "console.trusted_proxies", ("127.0.0.1", "::1")),
     ({"SANDBOX_GATEWAY_LISTEN__DNS": "0.0.0.0:53"}, "listen.dns", HostPort("0.0.0.0", 53)),
     ({"SANDBOX_GATEWAY_DNS__TTL": "5s"}, "dns.ttl", 5),
     ({"SANDBOX_GATEWAY_DNS__RATE": "7.5"}, "dns.rate", 7.5),
@@ -329,6 +333,9 @@ FILE_ERRORS = [
     ("approvals: {notify: [ops]}", "approvals.notify: expected a map of notifiers"),
     ("console: {retain: -1}", "console.retain: expected a non-negative integer"),
     ("console: {retain: 20000000}", "console.retain: at most 10000000 lines"),
+    ("console: {trusted_proxies: [nginx.internal]}",
+     "console.trusted_proxies: 'nginx.internal' is not an address or network"),
+    ("console: {trusted_proxies: 10.0.0.1}", "console.trusted_proxies: expected a list"),
     ("approvals: {notify: {ops: {url: 'ftp://x'}}}",
      "approvals.notify.ops.url: expected an http(s) URL"),
     ("approvals: {notify: {ops: {url: 'https://x', format: xml}}}",

@@ -41,3 +41,5 @@ class AdminContext:
     approvals: ApprovalService | None = None  # ask mode (None: no approvals here)
     request_log: LogLines | None = None  # the console's request log (None: console.retain 0)
     stopping: Callable[[], bool] = lambda: False  # the gateway stops: long answers end
+    # console.trusted_proxies: peers whose X-Forwarded-* headers the console believes
+    trusted_proxies: tuple[str, ...] = ("127.0.0.1", "::1")

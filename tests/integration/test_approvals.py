@@ -1,5 +1,5 @@
 """Ask mode with real gateways: a request the policy did not foresee is held while a
-person answers through the admin API, the CLI or a signed webhook's round trip; denied
+person answers through the admin API or the CLI (told by a signed webhook); denied
 and timed-out asks refuse with their own codes; grants carry scope and time, survive a
 restart, reach every replica through redis, and revoking one closes what it opened;
 what is never askable is refused at once; an `always` grant proposes a policy change

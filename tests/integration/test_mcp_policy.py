@@ -222,6 +222,38 @@ def test_a_batch_with_one_refused_call_is_refused_whole(gateway: GatewayThread,
     assert server.calls()[before:] == []
 
 
+def test_globs_match_by_segment_on_values_read_as_the_server_reads_them(
+        gateway: GatewayThread, server: Server) -> None:
+    """`*` stays within one segment: an argument or resource URI that climbs out of its
+    glob (`..`, encoded dots or slashes) is refused before the server sees it; one that
+    resolves inside is sent as the sandbox wrote it."""
+    before = len(server.calls())
+    results = _client(gateway, [
+        {"call": "get_issue", "arguments": {"repo": "org/../evil/secret", "number": 1}},
+        {"call": "get_issue", "arguments": {"repo": "org/api/extra", "number": 1}},
+        {"call": "get_issue", "arguments": {"repo": "org%2f..%2fevil", "number": 1}},
+        {"call": "get_issue", "arguments": {"repo": "org/./api", "number": 2}},
+    ])
+    for refused, word in [(results[0], "(read as 'evil/secret') does not match 'org/*'"),
+                          (results[1], "does not match 'org/*'"),
+                          (results[2], "argument 'repo' = 'org%2f..%2fevil' is refused")]:
+        assert "mcp_denied" in refused.get("error", ""), refused
+        assert word in refused["error"], refused
+    assert results[3]["text"] == "issue org/./api#2: it is broken"
+    assert [(c["tool"], c["arguments"]["repo"]) for c in server.calls()[before:]] == [
+        ("get_issue", "org/./api")]
+    # (raw JSON-RPC: the SDK's URL type would resolve the dots before sending)
+    for uri in ("repo://org/../../vault/key", "repo://org/%2e%2e/%2e%2e/vault/key",
+                "repo://org/readme/../../secret"):
+        answer = _post(gateway, json.dumps({"jsonrpc": "2.0", "id": 9,
+                                            "method": "resources/read",
+                                            "params": {"uri": uri}}))
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-sandbox-gateway-error"] == "mcp_denied"
+        message = answer.json()["error"]["message"]
+        assert "goes above its root" in message, message
+
+
 def test_a_key_in_a_tool_argument_is_refused(gateway: GatewayThread, server: Server) -> None:
     """The leak scan reads a tool's arguments as any body: a key never goes to a host
     it is not bound to, whatever the mcp: rule allows."""

@@ -23,6 +23,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.api.console.advice import advice
+from gateway.api.console.commands import explain_command
 from gateway.api.console.site import HEADERS, Site
 from gateway.api.context import AdminContext
 from gateway.api.times import parse_since
@@ -38,6 +39,7 @@ POLL = 0.5  # seconds between the live stream's reads of the store
 HEARTBEAT = 15.0  # seconds between keep-alive comments on a quiet stream
 STREAM_LIFETIME = 300.0  # a stream ends then; the browser reconnects where it was
 _CURSOR = re.compile(r"[0-9]{1,19}(-[0-9]{1,19})?")
+_MAX_ID = 2**63 - 1  # (SQLite's integers, and far past any Redis stream id's parts)
 _FILTERS = ("sandbox", "policy", "host", "decision", "code", "engine", "since", "until")
 _SHOWN = ("time", "sandbox", "policy", "method", "scheme", "host", "port", "path",
           "decision", "error", "status", "engine", "rule", "reason", "duration_ms")
@@ -48,9 +50,10 @@ class BadFilter(ValueError):
 
 
 def cursor_of(value: str | None) -> str | None:
-    """A cursor given by the page (`before`, `after`, `Last-Event-ID`): a store id (digits,
-    or a Redis stream id). Raises BadFilter."""
-    if value is not None and not _CURSOR.fullmatch(value):
+    """A cursor given by the page (`before`, `after`, `Last-Event-ID`, a line's id): a
+    store id (digits, or a Redis stream id), each number below 2^63. Raises BadFilter."""
+    if value is not None and (not _CURSOR.fullmatch(value) or any(
+            int(part) > _MAX_ID for part in value.split("-"))):
         raise BadFilter(f"{value[:40]!r} is not a line id")
     return value
 
@@ -143,7 +146,10 @@ def routes(site: Site, ctx: AdminContext) -> list[Route]:
             return off(request, nonce)
         cursor = request.path_params["id"]
         try:
-            entry = await store.log_get(cursor)
+            entry = await store.log_get(cursor_of(cursor) or "")
+        except BadFilter as exc:
+            return site.page(request, "request.html", nonce, 404, title="Request",
+                             page="requests", problem=str(exc), line=None)
         except StateUnavailable as exc:
             return site.page(request, "request.html", nonce, 503, title="Request",
                              page="requests", problem=str(exc), line=None)
@@ -172,6 +178,9 @@ def routes(site: Site, ctx: AdminContext) -> list[Route]:
                               or None)
         except BadFilter as exc:
             return Response(str(exc), status_code=400, headers=HEADERS)
+        if request.method == "HEAD":  # (no stream: it would run on, unread, for minutes)
+            return Response(status_code=200, media_type="text/event-stream",
+                            headers={**HEADERS, "X-Accel-Buffering": "no"})
         if after is None:
             try:
                 after = await store.log_last()
@@ -207,7 +216,7 @@ async def _explain(ctx: AdminContext, doc: dict[str, Any]) -> tuple[dict[str, An
     except ValueError as exc:
         return None, str(exc)
     rule = answer.decision.rule
-    return {"command": f"sandbox-gateway policy explain {policy} {method} {url}",
+    return {"command": explain_command(policy, method, url),
             "decision": answer.result, "reason": answer.reason, "error": answer.error,
             "rule": f"{rule.source} ({rule.describe()})" if rule else None,
             "credential": answer.decision.credential,

@@ -1,5 +1,7 @@
-"""What every console page shares: the session check, CSRF on every POST, the page
-renderer (Jinja2 templates, strict security headers) and form parsing."""
+"""What every console page shares: the session check (sessions in the state store,
+`session.py`), CSRF and origin checks on every POST (the origin as a trusted proxy says
+the browser sees it, `forwarded.py`), the page renderer (Jinja2 templates, strict
+security headers) and form parsing."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from urllib.parse import parse_qs, quote
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
+from gateway.api.console.forwarded import DEFAULT_TRUSTED, TrustedProxies
 from gateway.api.console.session import COOKIE, Sessions
+from gateway.services.state.base import Records, StateUnavailable
 
 __all__ = ["HEADERS", "TEMPLATES", "Handler", "Page", "Site", "when"]
 
@@ -53,8 +57,11 @@ def when(at: float | None) -> str:
 class Site:
     """The console's sessions and page helpers (one per admin app)."""
 
-    def __init__(self, admin_token: str, clock: Callable[[], float] = time.time) -> None:
-        self.sessions = Sessions(admin_token, clock)
+    def __init__(self, admin_token: str, records: Records,
+                 clock: Callable[[], float] = time.time,
+                 trusted_proxies: tuple[str, ...] = DEFAULT_TRUSTED) -> None:
+        self.sessions = Sessions(admin_token, records, clock)
+        self.proxies = TrustedProxies(trusted_proxies)
         self.clock = clock
 
     def page(self, request: Request, template: str, nonce: str | None, status: int = 200,
@@ -72,18 +79,35 @@ class Site:
         return RedirectResponse(f"{path}?message={quote(message[:300])}", status_code=303,
                                 headers=HEADERS)
 
+    def unavailable(self, request: Request, problem: StateUnavailable) -> HTMLResponse:
+        """Sessions live in the state store: while it cannot answer, nobody is let in."""
+        return self.page(request, "login.html", None, 503, title="Unavailable",
+                         problem=f"Console sessions are kept in the state store, which "
+                                 f"cannot answer now ({problem}); try again shortly.")
+
+    def foreign(self, request: Request) -> bool:
+        """Does the request carry an `Origin` other than the console's own (as the
+        browser sees it, through a trusted proxy)?"""
+        origin = request.headers.get("origin")
+        return origin is not None and origin != self.proxies.seen(request).origin
+
     def signed_in(self, handler: Page) -> Handler:
         """`handler` for a signed-in session only (else to the sign-in page); a POST must
-        carry the session's CSRF token."""
+        come from the console's own origin and carry the session's CSRF token."""
         async def wrapper(request: Request) -> Response:
-            nonce = self.sessions.check(request.cookies.get(COOKIE))
+            try:
+                nonce = await self.sessions.check(request.cookies.get(COOKIE))
+            except StateUnavailable as exc:
+                return self.unavailable(request, exc)
             if nonce is None:
                 return RedirectResponse("/console/login", status_code=303, headers=HEADERS)
-            if request.method == "POST" and \
-                    not self.sessions.csrf_ok(nonce, (await form(request)).get("csrf")):
+            if request.method == "POST" and (
+                    self.foreign(request)
+                    or not self.sessions.csrf_ok(nonce, (await form(request)).get("csrf"))):
                 return self.page(request, "login.html", None, 403, title="Refused",
-                                 problem="This form's CSRF token is missing or stale; reload "
-                                         "the page and try again.")
+                                 problem="This form's CSRF token is missing or stale, or it "
+                                         "was posted from another origin; reload the page "
+                                         "and try again.")
             return await handler(request, nonce)
         return wrapper
 

@@ -6,7 +6,10 @@ Signature: ``X-Sandbox-Gateway-Timestamp: <unix seconds>`` and
 the value of the notifier's `secret` (a name in the gateway's secret store); a receiver
 recomputes it and refuses a timestamp older than a few minutes. No token or key is ever
 in a notification: what is asked, by which sandbox and policy, why the policy refused,
-and how to answer. Sent with the gateway's own HTTP client (`TokenHttp`: the public roots
+and how to answer. A Slack message shows what a sandbox could have chosen (its request's
+host and path, the reason naming them) only inside inline code spans, escaped for Slack's
+mrkdwn (`code`), so a hostile path can neither link, mention nor break out. Sent with
+the gateway's own HTTP client (`TokenHttp`: the public roots
 plus `network.upstream_ca`, `network.resolve`, and `network.upstream_proxy` when set).
 """
 
@@ -18,6 +21,7 @@ import hmac
 import json
 import logging
 import time
+import unicodedata
 from collections.abc import Callable, Mapping
 
 from gateway.config import Notifier
@@ -26,7 +30,7 @@ from gateway.core.ports import SILENT, Secrets, Telemetry
 from gateway.services.minting.errors import MintFailed
 from gateway.services.minting.http import TokenHttp
 
-__all__ = ["SIGNATURE", "TIMESTAMP", "Webhooks", "body_for", "sign"]
+__all__ = ["SIGNATURE", "TIMESTAMP", "Webhooks", "body_for", "code", "sign", "slack_text"]
 
 log = logging.getLogger("sandbox_gateway.approvals")
 
@@ -41,15 +45,49 @@ def sign(key: bytes, timestamp: str, body: bytes) -> str:
     return "v1=" + hmac.new(key, timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
 
 
+def code(text: str, limit: int = 300) -> str:
+    """`text` as one Slack mrkdwn inline code span that forms nothing: no link, no
+    ``<!channel>`` or ``<@U…>`` mention, no way out of the span. ``&``, ``<`` and ``>``
+    are escaped as Slack requires, a backtick is shown as U+02CB (modifier letter
+    grave), control and format characters (newlines, bidi overrides) as
+    ``\\xNN``/``\\uNNNN``; cut at `limit` characters."""
+    cut = text[:limit] + ("…" if len(text) > limit else "")
+    shown = "".join(_char(c) for c in cut) or "(none)"
+    return f"`{shown}`"
+
+
+def _char(c: str) -> str:
+    if c == "`":
+        return "\u02cb"
+    if c in _SLACK_ESCAPES:
+        return _SLACK_ESCAPES[c]
+    category = unicodedata.category(c)
+    if category in ("Cc", "Cf", "Zl", "Zp"):
+        return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+    return c
+
+
+_SLACK_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+
+
+def slack_text(approval: Approval) -> str:
+    """The Slack message of `approval`: every value a sandbox could have chosen (what it
+    asks, the policy's reason naming it, its id and policy) in an inline code span
+    (`code`); no mention, no link."""
+    answer = f"sandbox-gateway approvals approve {approval.id} (or deny)"
+    return (f":raised_hand: sandbox {code(approval.sandbox)} (policy {code(approval.policy)}) "
+            f"asks for {code(approval.asked.describe())}\n"
+            f"Why the policy refused it: {code(approval.reason, 500)}\n"
+            f"Waiting {round(approval.expires - approval.created)}s. Answer: {code(answer)} "
+            f"or {code(f'POST /v1/approvals/{approval.id}')}")
+
+
 def body_for(notifier: Notifier, approval: Approval) -> bytes:
     """What `notifier` is sent about `approval`."""
     answer = f"sandbox-gateway approvals approve {approval.id} (or deny)"
     if notifier.format == "slack":
-        text = (f":raised_hand: sandbox *{approval.sandbox}* (policy *{approval.policy}*) "
-                f"asks for `{approval.asked.describe()}`: {approval.reason}\n"
-                f"Waiting {round(approval.expires - approval.created)}s. Answer: `{answer}` "
-                f"or POST /v1/approvals/{approval.id}")
-        return json.dumps({"text": text}).encode()
+        return json.dumps({"text": slack_text(approval), "unfurl_links": False,
+                           "unfurl_media": False}).encode()
     return json.dumps({"type": "approval.requested", "approval": approval.to_doc(),
                        "answer": {"api": f"POST /v1/approvals/{approval.id}",
                                   "cli": answer}}).encode()

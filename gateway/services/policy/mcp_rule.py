@@ -1,17 +1,24 @@
 """`mcp:` on a rule: which MCP tools, resources and prompts a server's JSON-RPC calls may
 name (pure). The core reads the calls (`gateway/core/mcp.py`); this says yes or no.
 
-Each kind has `allow` and `deny` globs (`*`, `?`, `[...]`): a deny match wins, and a name
-no allow glob matches is refused — so a kind the rule does not list allows nothing.
-`arguments` constrains a tool's string arguments by glob (a constrained argument that is
-missing or not a string is refused).
+Each kind has `allow` and `deny` globs (`*`, `**`, `?`, `[...]`: the policy files' one
+glob matcher, `globs.py`): a deny match wins, and a name no allow glob matches is refused
+— so a kind the rule does not list allows nothing. Tool and prompt names are names (`*`
+matches any characters); resource URIs are matched by `/`-separated segment (`*` within
+one, `**` across), as the server reads them (`mcp_values.py`: escapes decoded once, dot
+segments resolved; a URI that cannot be read one way only is refused), and a deny glob
+also refuses what lies beneath its match. `arguments` constrains a tool's string
+arguments by the same segment globs, read the same way (a constrained argument that is
+missing, not a string or not readable one way only is refused).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
+
+from gateway.services.policy.globs import compile_glob
+from gateway.services.policy.mcp_values import normalize_value
 
 __all__ = ["McpRule", "Names"]
 
@@ -23,14 +30,22 @@ class Names:
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
 
-    def refusal(self, kind: str, name: str) -> str | None:
-        """Why `name` is refused, or None if allowed."""
+    def refusal(self, kind: str, name: str, segments: bool = False) -> str | None:
+        """Why `name` is refused, or None if allowed; `segments`: `name` is a URI,
+        matched by segment once read (`normalize_value`)."""
+        read = name
+        if segments:
+            read, problem = normalize_value(name)
+            if problem is not None:
+                return (f"{kind} {name[:200]!r} is refused: it {problem}, so it cannot be "
+                        f"matched against mcp.{kind}s")
         for pattern in self.deny:
-            if fnmatchcase(name, pattern):
+            if compile_glob(pattern, segments, True).fullmatch(read):
                 return f"{kind} {name[:200]!r} is denied by the rule's pattern {pattern!r}"
-        if any(fnmatchcase(name, pattern) for pattern in self.allow):
+        if any(compile_glob(p, segments).fullmatch(read) for p in self.allow):
             return None
-        return f"{kind} {name[:200]!r} is not in the rule's mcp.{kind}s.allow list"
+        shown = "" if read == name else f" (read as {read[:200]!r})"
+        return f"{kind} {name[:200]!r}{shown} is not in the rule's mcp.{kind}s.allow list"
 
     def describe(self) -> str:
         parts = [f"allow {', '.join(self.allow) or 'nothing'}"]
@@ -50,6 +65,10 @@ class McpRule:
     arguments: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     pin_descriptions: bool = False
 
+    def resource_refusal(self, uri: str) -> str | None:
+        """Why reading (subscribing to) resource `uri` is refused, or None."""
+        return self.resources.refusal("resource", uri, segments=True)
+
     def argument_refusal(self, tool: str, arguments: object) -> str | None:
         """Why a call of `tool` with these arguments is refused, or None."""
         wanted = self.arguments.get(tool)
@@ -61,9 +80,16 @@ class McpRule:
             if not isinstance(value, str):
                 return (f"tool {tool!r} needs argument {key!r} as a string matching "
                         f"{pattern!r} (mcp.arguments)")
-            if not fnmatchcase(value, pattern):
-                return (f"tool {tool!r}: argument {key!r} = {value[:200]!r} does not match "
-                        f"{pattern!r} (mcp.arguments)")
+            read, problem = normalize_value(value)
+            if problem is not None:
+                return (f"tool {tool!r}: argument {key!r} = {value[:200]!r} is refused: it "
+                        f"{problem}, so it cannot be matched against {pattern!r} "
+                        "(mcp.arguments)")
+            if not compile_glob(pattern).fullmatch(read):
+                shown = "" if read == value else f" (read as {read[:200]!r})"
+                return (f"tool {tool!r}: argument {key!r} = {value[:200]!r}{shown} does not "
+                        f"match {pattern!r} (mcp.arguments; '*' matches within one "
+                        "'/'-separated segment, '**' across)")
         return None
 
     def describe(self) -> str:

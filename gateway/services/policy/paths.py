@@ -1,6 +1,7 @@
 """Path patterns and request-path normalisation.
 
-Pattern syntax (validated at load, compiled once to one regex per rule):
+Pattern syntax (validated at load, compiled once to one regex per rule; the policy files'
+one glob matcher, `globs.py`, which `mcp:` resource and argument globs use too):
 
 * a pattern without ``*`` is exact (``/v1/responses`` matches only that path);
 * ``*`` as a whole segment = exactly one non-empty segment (``/repos/*/issues``);
@@ -27,6 +28,8 @@ import functools
 import re
 import unicodedata
 from dataclasses import dataclass, field
+
+from gateway.services.policy.globs import glob_regex
 
 __all__ = [
     "PathPatternError",
@@ -77,14 +80,6 @@ def validate_path_pattern(pattern: str) -> str:
     return pattern
 
 
-def _segment_regex(segment: str) -> str:
-    if segment == "**":
-        return r"(?:/[^/]*)*"
-    if segment == "*":
-        return r"/[^/]+"
-    return "/" + re.escape(segment).replace(r"\*", "[^/]*")
-
-
 @dataclass(frozen=True, slots=True)
 class PathSet:
     """The compiled ``paths:`` of one rule: a set of exact paths plus one combined regex."""
@@ -119,7 +114,7 @@ def _compile_paths(patterns: tuple[str, ...]) -> PathSet:
         if "*" not in pattern:
             exact.add(pattern)
             continue
-        alternatives.append("".join(_segment_regex(s) for s in pattern.split("/")[1:]))
+        alternatives.append(glob_regex(pattern, classes=False))
     regex = re.compile("|".join(f"(?:{a})" for a in alternatives)) if alternatives else None
     return PathSet(patterns=patterns, exact=frozenset(exact), regex=regex)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from yaml.nodes import MappingNode, Node, ScalarNode
 
+from gateway.services.policy.globs import GlobError, validate_glob
 from gateway.services.policy.mcp_rule import McpRule, Names
 from gateway.services.policy.nodes import NodeReader
 
@@ -24,7 +25,8 @@ class McpReader(NodeReader):
         kinds: dict[str, Names] = {}
         for kind in _KINDS:
             if kind in keys:
-                names = self._names(file, keys[kind][1], f"mcp.{kind}")
+                names = self._names(file, keys[kind][1], f"mcp.{kind}",
+                                    segments=kind == "resources")
                 ok = ok and names is not None
                 kinds[kind] = names or Names()
         arguments: dict[str, dict[str, str]] = {}
@@ -44,7 +46,16 @@ class McpReader(NodeReader):
                        prompts=kinds.get("prompts", Names()), arguments=arguments,
                        pin_descriptions=pin)
 
-    def _names(self, file: str, node: Node, what: str) -> Names | None:
+    def _glob(self, file: str, node: Node, glob: str) -> bool:
+        """Is `glob` a usable segment glob (else the error is recorded)?"""
+        try:
+            validate_glob(glob)
+        except GlobError as exc:
+            self.err(file, node, str(exc))
+            return False
+        return True
+
+    def _names(self, file: str, node: Node, what: str, segments: bool) -> Names | None:
         keys = self.mapping(file, node, ("allow", "deny"), what)
         if keys is None:
             return None
@@ -53,7 +64,8 @@ class McpReader(NodeReader):
             if key not in keys:
                 continue
             items = self.string_list(file, keys[key][1], f"{what}.{key}")
-            if items is None:
+            if items is None or (segments and not all(
+                    [self._glob(file, item, value) for value, item in items])):
                 return None
             lists[key] = tuple(dict.fromkeys(value for value, _ in items))
         return Names(allow=lists.get("allow", ()), deny=lists.get("deny", ()))
@@ -80,7 +92,8 @@ class McpReader(NodeReader):
             for arg_node, glob_node in spec.value:
                 arg = self.scalar(arg_node) if isinstance(arg_node, ScalarNode) else None
                 glob = self.string(file, glob_node, f"mcp.arguments.{tool}.{arg}")
-                if not isinstance(arg, str) or glob is None:
+                if not isinstance(arg, str) or glob is None or \
+                        not self._glob(file, glob_node, glob):
                     ok = False
                     continue
                 globs[arg] = glob

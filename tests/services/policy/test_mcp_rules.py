@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.services.policy import PolicyError, Request, decide, load_policy_text
-from gateway.services.policy.mcp_rule import Names
+from gateway.services.policy.mcp_rule import McpRule, Names
 
 
 def _load(rule: str) -> object:
@@ -53,6 +53,10 @@ ERRORS = [
     ("on a tcp rule", "    protocol: tcp\n    ports: [22]\n    mcp: {tools: {allow: [a]}}",
      "protocol: tcp cannot be combined with mcp"),
     ("on a deny rule", "    action: deny\n    mcp: {tools: {allow: [a]}}", "mcp"),
+    ("** inside a resource segment", "    mcp: {resources: {allow: ['repo://org/x**']}}",
+     "'**' must be a whole segment"),
+    ("** inside an argument segment", "    mcp: {arguments: {t: {repo: 'org**'}}}",
+     "'**' must be a whole segment"),
 ]
 
 
@@ -61,3 +65,81 @@ def test_mistakes_are_named(case: str, extra: str, message: str) -> None:
     with pytest.raises(PolicyError) as exc:
         _load(f"  - host: mcp.example.com\n{extra}\n")
     assert message in str(exc.value), str(exc.value)
+
+
+# The docs' own rule (docs/policies.md, MCP section).
+DOCS_RULE = McpRule(tools=Names(allow=("search_*", "get_issue"), deny=("delete_*",)),
+                    resources=Names(allow=("repo://org/*", "repo://org/docs/**"),
+                                    deny=("repo://org/secret*",)),
+                    arguments={"get_issue": {"repo": "org/*"},
+                               "read_file": {"path": "docs/**"}})
+
+# (tool, argument, value, None if allowed else a phrase of the refusal)
+ARGUMENTS = [
+    ("get_issue", "repo", "org/api", None),
+    ("get_issue", "repo", "org/./api", None),
+    ("get_issue", "repo", "org//api", None),
+    ("get_issue", "repo", "org/../evil/secret", "(read as 'evil/secret') does not match"),
+    ("get_issue", "repo", "org/api/../../evil", "(read as 'evil') does not match"),
+    ("get_issue", "repo", "org/a/b", "does not match 'org/*'"),
+    ("get_issue", "repo", "org/%2e%2e/evil", "(read as 'evil') does not match"),
+    ("get_issue", "repo", "../org/api", "argument 'repo' = '../org/api' is refused: it goes "
+     "above its root"),
+    ("get_issue", "repo", "org%2f..%2fevil", "argument 'repo' = 'org%2f..%2fevil' is "
+     "refused: it has an escape that decodes to '/'"),
+    ("get_issue", "repo", "org/%2561", "argument 'repo' = 'org/%2561' is refused"),
+    ("get_issue", "repo", "org/%ff", "argument 'repo' = 'org/%ff' is refused"),
+    ("get_issue", "repo", "org/a\x00", "is refused: it contains a NUL byte"),
+    ("get_issue", "repo", 7, "needs argument 'repo' as a string"),
+    ("read_file", "path", "docs", None),
+    ("read_file", "path", "docs/a/b/c.md", None),
+    ("read_file", "path", "docs/a/../../etc/passwd", "(read as 'etc/passwd') does not match"),
+    ("search_code", "query", "anything/at/all", None),  # (an unconstrained tool)
+]
+
+
+@pytest.mark.parametrize(("tool", "key", "value", "refused"), ARGUMENTS)
+def test_argument_globs_match_by_segment(tool: str, key: str, value: object,
+                                         refused: str | None) -> None:
+    found = DOCS_RULE.argument_refusal(tool, {key: value})
+    if refused is None:
+        assert found is None
+    else:
+        assert found is not None and refused in found, found
+        assert f"argument {key!r}" in found
+
+
+# (uri, None if allowed else a phrase of the refusal)
+RESOURCES = [
+    ("repo://org/readme", None),
+    ("repo://org/a/../readme", None),
+    ("repo://org/readme?ref=main/x", None),
+    ("repo://org/docs/a/b", None),
+    ("repo://org/../../vault/key", "is refused: it goes above its root"),
+    ("repo://org/x/../../../vault/key", "is refused: it goes above its root"),
+    ("repo://org/a/b", "not in the rule's mcp.resources.allow list"),
+    ("repo://org/%2e%2e/vault", "is refused: it goes above its root"),
+    ("repo://org/x%2f..%2f..%2fvault", "has an escape that decodes to '/'"),
+    ("repo://org/secret", "denied by the rule's pattern 'repo://org/secret*'"),
+    ("repo://org/secrets/key", "denied by the rule's pattern 'repo://org/secret*'"),
+    ("repo://org/docs/../secret", "denied by the rule's pattern"),
+    ("repo://org/secret?/../allowed", "denied by the rule's pattern"),
+    ("repo://vault/key", "not in the rule's mcp.resources.allow list"),
+]
+
+
+@pytest.mark.parametrize(("uri", "refused"), RESOURCES)
+def test_resource_globs_match_by_segment(uri: str, refused: str | None) -> None:
+    found = DOCS_RULE.resource_refusal(uri)
+    if refused is None:
+        assert found is None
+    else:
+        assert found is not None and refused in found, found
+
+
+@pytest.mark.parametrize(("name", "refused"), [
+    ("search_code", None), ("search_a/b", None), ("delete_repo", "denied by"),
+    ("get_issues", "not in the rule's mcp.tools.allow list")])
+def test_tool_names_are_names(name: str, refused: str | None) -> None:
+    found = DOCS_RULE.tools.refusal("tool", name)
+    assert (found is None) if refused is None else (found is not None and refused in found)
