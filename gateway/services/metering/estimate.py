@@ -247,11 +247,16 @@ _STATE_KEYS_L = frozenset(k.lower() for k in _STATE_KEYS)
 _URL_KEYS_L = frozenset(k.lower() for k in _URL_KEYS)
 _GEMINI_TOOL_KEYS_L = frozenset(k.lower() for k in _GEMINI_TOOL_KEYS)
 # A body none of whose strings is one of these (escapes aside) cannot refer to state:
-# the walk over its objects is skipped (most chat bodies).
+# the walk over its objects is skipped (most chat bodies). Searched in the body made
+# lower-case (one C pass; a case-insensitive regex costs twice as much).
 _CANDIDATE = re.compile(
-    rb'"(?:' + b"|".join(re.escape(k.encode()) for k in sorted(
-        _STATE_KEYS | _STATE_TYPES | _URL_KEYS | {"prompt", "source"})) + rb')"',
-    re.IGNORECASE)
+    rb'"(?=[a-z0-9_]{3,24}")(?:' + b"|".join(re.escape(k.lower().encode()) for k in sorted(
+        _STATE_KEYS | _STATE_TYPES | _URL_KEYS | {"prompt", "source"})) + rb')"')
+# Base64 runs found by mapping every base64 byte to "A" and every other to " " (one C
+# pass) and searching for 1,024 "A"s: a regex of the run costs ~30 times as much.
+_B64_TABLE = bytes(65 if chr(c).isascii() and (chr(c).isalnum() or chr(c) in "+/=")
+                   else 32 for c in range(256))
+_B64_RUN = b"A" * 1024
 
 
 def _objects(value: Any, depth: int = 0) -> Iterator[list[Any] | dict[str, Any]]:
@@ -286,7 +291,7 @@ def provider_state(fields: dict[str, Any] | None, raw: bytes) -> str | None:
     field), or None: provider-kept state, fetched content, inlined media."""
     if fields is None:
         return None
-    if b"\\u" in raw or _CANDIDATE.search(raw):  # (an escaped key could spell anything)
+    if b"\\u" in raw or _CANDIDATE.search(raw.lower()):  # (an escaped key: anything)
         for obj in _objects(fields):
             for key, value in _items(obj):
                 if value is None or value == "" or value == [] or value is False:
@@ -305,7 +310,7 @@ def provider_state(fields: dict[str, Any] | None, raw: bytes) -> str | None:
                         return f'a fetched "{key[:40]}"'
                 if name == "source" and _field(value, "type") in ("url", "file"):
                     return f'a "{_field(value, "type")}" source'
-    if len(raw) >= 1024 and _BASE64_RUN.search(raw):
+    if len(raw) >= 1024 and _B64_RUN in raw.translate(_B64_TABLE):
         return "inlined media (a base64 run)"
     return None
 

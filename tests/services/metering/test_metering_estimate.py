@@ -97,6 +97,9 @@ def test_output_bound_embeddings_and_unreadable_limits() -> None:
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "item_reference"),
     ({"model": "m", "Previous_Response_Id": "resp_1"}, "Previous_Response_Id"),
     ({"model": "m", "container": "cntr_1"}, "container"),
+    ({"messages": [{"content": [{"document": {"source": {"s3Location": {"uri": "s3://b/k"}}}}]}]},
+     "s3Location"),
+    ({"contents": [{"parts": [{"FILE_DATA": {"FILE_URI": "gs://b/f"}}]}]}, "FILE_DATA"),
 ])
 def test_provider_state_is_seen(doc: dict[str, Any], why: str) -> None:
     raw = json.dumps(doc).encode()
