@@ -267,7 +267,8 @@ def test_a_refused_request_appears_live_in_the_request_log(
     wait_for_text(browser, "What to change")
     wait_for_text(browser, "not for agents")
     text = browser.find_element(By.TAG_NAME, "main").text
-    assert "sandbox-gateway policy explain agent CONNECT https://blocked.test:443" in text
+    assert ("sandbox-gateway policy explain --policy=agent -- CONNECT "
+            "https://blocked.test:443") in text
     page_html(browser)
 
 
