@@ -149,7 +149,8 @@ def test_refusals(tmp_path: Path) -> None:
     refused_budget = h.exchange("sb-1", "openai-m", "/v1/chat/completions",
                                 b'{"model":"gpt-4o-mini"}', None, now=NOW + 60)
     assert isinstance(refused_budget, BudgetExceeded)
-    assert refused_budget.retry_after == 13 * 3600 + 29 * 60
+    assert refused_budget.frees_in == 13 * 3600 + 29 * 60
+    assert refused_budget.retry_after is None  # (hours away: no Retry-After)
     assert "105 tokens used of 100 tokens" in refused_budget.reason
     # Other sandboxes have their own allowance; GET /v1/models is never limited.
     assert isinstance(h.exchange("sb-2", "openai-m", "/v1/chat/completions",
