@@ -63,6 +63,7 @@ from gateway.core.trail import Trail, rule_of
 from gateway.services.metering import (
     MODEL_BODY_LIMIT,
     RESPONSE_HOLD,
+    BudgetExceeded,
     Metering,
     MeteringRefusal,
     ModelRefusal,
@@ -746,7 +747,8 @@ def _source(decision: Decision) -> str | None:
 
 def _refusal(step: MeteringStep | MeteringRefusal) -> Refusal:
     """The core's refusal for a metering step's (model, metering, budget)."""
-    return Refusal(step.code, step.reason, step.rule, retry_after=step.retry_after)
+    return Refusal(step.code, step.reason, step.rule, retry_after=step.retry_after,
+                   resets_in=step.frees_in if isinstance(step, BudgetExceeded) else None)
 
 
 def _lane(data: bytes) -> str | None:

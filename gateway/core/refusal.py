@@ -17,6 +17,15 @@ What a client shows:
   failed: 403 policy_denied: … (refused by the sandbox's egress gateway; …)"), so the
   hint not to retry around the proxy reaches the agent there too;
 - `Proxy-Status` (RFC 9209) naming the gateway, the error type and the details.
+
+A used-up budget (`budget_exceeded`) that has no room again within minutes is final for
+now, and is answered as the provider's own quota refusal, which SDKs and agents stop on
+instead of waiting out a `Retry-After` of hours: OpenAI's `429 insufficient_quota`,
+Anthropic's `400 invalid_request_error` (its answer to a spent credit balance), Gemini's
+`429 RESOURCE_EXHAUSTED` with a `QuotaFailure` and the `RetryInfo` of the reset; with
+`x-should-retry: false`, which the official OpenAI and Anthropic SDKs obey over the
+status. One that frees room soon keeps the rate-limit shape and its `Retry-After`. The
+gateway's code stays in the message, `X-Sandbox-Gateway-Error` and `Proxy-Status`.
 """
 
 from __future__ import annotations
@@ -33,7 +42,9 @@ if TYPE_CHECKING:
 __all__ = [
     "ERROR_HEADER",
     "GATEWAY_ERROR",
+    "QUOTA",
     "RPC_REFUSED",
+    "SHOULD_RETRY",
     "TEXT",
     "Answer",
     "MessageRefused",
@@ -47,6 +58,8 @@ __all__ = [
 ]
 
 ERROR_HEADER = "X-Sandbox-Gateway-Error"
+QUOTA = "budget_exceeded"  # the refusal answered in a provider's quota shape when final
+SHOULD_RETRY = "x-should-retry"  # the OpenAI and Anthropic SDKs obey it over the status
 RPC_REFUSED = -32001  # a JSON-RPC (MCP) request refused: an implementation-defined server error
 AGENT_HINT = ("refused by the sandbox's egress gateway; retrying the same request another "
               "way (another host, address, proxy setting or encoding) is refused too")
@@ -118,6 +131,8 @@ def status_of(code: str) -> int:
 
 class Refusal(Exception):
     """A refused request or connection. `retry_after`: seconds, for 429/503 answers.
+    `resets_in`: for a used-up budget, the seconds until it has room again (the Gemini
+    shape's `RetryInfo`); with no `retry_after` such a refusal is final (`final_quota`).
     `identity`: who a refused token names, when its signature verified (a token refused
     for time or revocation), for the audit line only: the client is not identified by it.
 
@@ -127,7 +142,8 @@ class Refusal(Exception):
     def __init__(self, code: str, reason: str, rule: str | None = None,
                  retry_after: int | None = None, credential: str | None = None,
                  identity: Identity | None = None,
-                 rpc: tuple[list[Any], bool] | None = None) -> None:
+                 rpc: tuple[list[Any], bool] | None = None,
+                 resets_in: int | None = None) -> None:
         super().__init__(code, reason)
         self.code = code
         self.reason = reason
@@ -136,6 +152,7 @@ class Refusal(Exception):
         self.credential = credential  # the credential that could not be supplied, if any
         self.identity = identity
         self.rpc = rpc  # MCP: (the refused requests' JSON-RPC ids, a batch?): a JSON-RPC answer
+        self.resets_in = resets_in
 
     def __str__(self) -> str:
         return f"{self.code}: {self.reason}"
@@ -148,6 +165,12 @@ class Refusal(Exception):
         if self.rpc is not None and self.rpc[0]:
             return 200
         return status_of(self.code)
+
+    @property
+    def final_quota(self) -> bool:
+        """A used-up budget with no room again soon: answered in the provider's quota
+        shape, without `Retry-After` (waiting would not help)."""
+        return self.code == QUOTA and self.retry_after is None
 
 
 class MessageRefused(Exception):
@@ -217,8 +240,10 @@ def _body(refusal: Refusal, status: int, shape: str | None) -> bytes:
         rule = f"\nrule: {refusal.rule}" if refusal.rule else ""
         return f"sandbox-gateway refused this request: {message}{rule}\n".encode()
     if shape == "openai":
-        doc: object = {"error": {"message": message, "type": _openai_type(status),
-                                 "code": refusal.code, "param": None, "rule": refusal.rule}}
+        kind, code = ((_INSUFFICIENT_QUOTA, _INSUFFICIENT_QUOTA) if refusal.final_quota
+                      else (_openai_type(status), refusal.code))
+        doc: object = {"error": {"message": message, "type": kind, "code": code,
+                                 "param": None, "rule": refusal.rule}}
     elif shape == "anthropic":
         kind = _error_type(status)
         doc = {"type": "error", "error": {"type": kind, "message": message,
@@ -228,12 +253,47 @@ def _body(refusal: Refusal, status: int, shape: str | None) -> bytes:
                 429: "RESOURCE_EXHAUSTED", 504: "DEADLINE_EXCEEDED", 500: "INTERNAL",
                 501: "UNIMPLEMENTED"}.get(status, "UNAVAILABLE" if status >= 500
                                           else "PERMISSION_DENIED")
+        details = (_quota_details(refusal) if refusal.code == QUOTA else
+                   [{"reason": refusal.code, "rule": refusal.rule}])
         doc = {"error": {"code": status, "message": message, "status": grpc,
-                         "details": [{"reason": refusal.code, "rule": refusal.rule}]}}
+                         "details": details}}
     else:
         doc = {"error": refusal.code, "reason": refusal.reason, "rule": refusal.rule,
                "hint": AGENT_HINT}
     return json.dumps(doc).encode() + b"\n"
+
+
+_INSUFFICIENT_QUOTA = "insufficient_quota"  # OpenAI's type and code for a spent quota
+_GOOGLE_RPC = "type.googleapis.com/google.rpc."
+
+
+def _quota_details(refusal: Refusal) -> list[dict[str, Any]]:
+    """The `details` of a used-up budget on Gemini: a `QuotaFailure`, the `RetryInfo`
+    of when it has room again and an `ErrorInfo` with the gateway's code. The Gemini
+    CLI retries a 429 whose `RetryInfo` is at most 300 s away and stops on a longer one,
+    showing the message (`classifyGoogleError`); without `RetryInfo` it would retry."""
+    details: list[dict[str, Any]] = [
+        {"@type": _GOOGLE_RPC + "QuotaFailure", "violations": [{
+            "subject": f"sandbox-gateway budget ({refusal.rule})",
+            "description": refusal.reason[:500], "quotaId": "SandboxGatewayBudget"}]}]
+    delay = refusal.retry_after if refusal.retry_after is not None else refusal.resets_in
+    if delay is not None:
+        details.append({"@type": _GOOGLE_RPC + "RetryInfo", "retryDelay": f"{max(0, delay)}s"})
+    details.append({"@type": _GOOGLE_RPC + "ErrorInfo", "reason": refusal.code.upper(),
+                    "domain": "sandbox-gateway",
+                    "metadata": {"code": refusal.code, "rule": refusal.rule or ""}})
+    return details
+
+
+def _status(refusal: Refusal, shape: str | None) -> int:
+    """The answer's status. A final used-up budget on Anthropic is its `400
+    invalid_request_error`, what Anthropic answers for a spent credit balance or a
+    reached spend limit: its SDKs retry every 429 (with their backoff, or for as long as
+    `Retry-After` says) and Claude Code retries 429s up to ten times, but neither
+    retries a 400, so the agent stops at once and shows the message."""
+    if shape == "anthropic" and refusal.final_quota:
+        return 400
+    return refusal.status
 
 
 def _openai_type(status: int) -> str:
@@ -259,8 +319,10 @@ def ws_error(refusal: Refusal, session: str, *, event_id: str = "",
     Responses API's over WebSocket (``error`` with the HTTP ``status``)."""
     message = f"{refusal.code}: {refusal.reason} ({AGENT_HINT})"
     status = refusal.status
-    error: dict[str, object] = {"type": _openai_type(status), "code": refusal.code,
-                                "message": message, "param": None}
+    kind, code = ((_INSUFFICIENT_QUOTA, _INSUFFICIENT_QUOTA) if refusal.final_quota
+                  else (_openai_type(status), refusal.code))
+    error: dict[str, object] = {"type": kind, "code": code, "message": message,
+                                "param": None}
     doc: dict[str, object]
     if session == "responses_ws":
         doc = {"type": "error", "status": status, "error": error}
@@ -274,7 +336,7 @@ def ws_error(refusal: Refusal, session: str, *, event_id: str = "",
 
 def answer(refusal: Refusal, *, shape: str | None = None, close: bool = False) -> Answer:
     """Render `refusal` (`shape`: the provider preset family of the target, if any)."""
-    status = refusal.status
+    status = _status(refusal, shape)
     body = _body(refusal, status, shape)
     error_type = _CODES.get(refusal.code, (0, "http_request_denied"))[1] or \
         "http_request_denied"
@@ -292,6 +354,8 @@ def answer(refusal: Refusal, *, shape: str | None = None, close: bool = False) -
         headers.set("WWW-Authenticate", 'Basic realm="sandbox-gateway"')
     if refusal.retry_after is not None:
         headers.set("Retry-After", str(max(0, int(refusal.retry_after))))
+    elif refusal.final_quota:
+        headers.set(SHOULD_RETRY, "false")
     headers.set("Content-Length", str(len(body)))
     headers.set("Connection", "close" if close else "keep-alive")
     return Answer(status, _phrase(refusal), headers, body, close)

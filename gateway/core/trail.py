@@ -78,15 +78,16 @@ class Trail:
         """Audit a refusal and render it (in the provider's shape on a preset's host,
         for a request; as text with `plain`); ``usage``: what a metered exchange refused
         part-way had used."""
+        answered = self.render(refusal, host if method is not None else None, close=close,
+                               plain=plain)  # (its status: a provider's shape may differ)
         self.audit(client, decision="deny", reason=refusal.reason, rule=refusal.rule,
                    method=method, scheme=scheme, host=host, port=port, path=path,
-                   status=refusal.status, error=refusal.code, started=started,
+                   status=answered.status, error=refusal.code, started=started,
                    credential=refusal.credential, usage=usage, identity=refusal.identity,
                    mcp=mcp)
         if refusal.code.startswith("token_") or refusal.code in _TOKEN_CODES:
             self.telemetry.count("tokens_refused", refusal.code)
-        return self.render(refusal, host if method is not None else None, close=close,
-                           plain=plain)
+        return answered
 
     def render(self, refusal: Refusal, host: str | None, *, close: bool = True,
                plain: bool = False) -> Answer:

@@ -49,7 +49,9 @@ DESTINATION = {"forbidden_destination", "unresolvable"}
 # says (a call no usage can be read from, a minted secret's session, a second "Model",
 # an MCP call's arguments).
 REPLAY_BLIND = {"metering_unavailable", "minted_secret_refused", "mcp_denied"}
-REPLAY_BLIND_CASES = {"case-variant keys are refused like repeated ones"}
+# (an audit line names the call's model, not the models it could fall back to)
+REPLAY_BLIND_CASES = {"case-variant keys are refused like repeated ones",
+                      "a fallback model outside the allowlist (OpenRouter's models list)"}
 NAMES = ["allowed.test", "other.test", "unbound.test", "api.openai.com", "minted.test",
          "mintfail.test", "budget.test", "metered.test", "sigv4.test"]
 TOKEN = "sgw_eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJzYW5kYm94LTEifQ.c2lnbmF0dXJl"  # (shape only)

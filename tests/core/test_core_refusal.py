@@ -84,3 +84,80 @@ def test_websocket_error_events_in_the_providers_shapes() -> None:
     assert realtime["type"] == "error" and realtime["event_id"]
     assert realtime["error"]["type"] == "invalid_request_error"
     assert realtime["error"]["code"] == "model_not_allowed"
+
+
+# A used-up budget: (shape, retry_after) -> status, the body's type and code, and headers.
+# Final (no room soon: retry_after None) is the provider's own quota answer, which SDKs
+# and agents stop on; room again soon keeps the rate-limit shape and its Retry-After.
+QUOTA_ROWS = [
+    ("openai", None, 429, ("error", "type"), "insufficient_quota",
+     ("error", "code"), "insufficient_quota"),
+    ("openai", 5, 429, ("error", "type"), "rate_limit_error", ("error", "code"),
+     "budget_exceeded"),
+    ("anthropic", None, 400, ("error", "type"), "invalid_request_error", ("error", "code"),
+     "budget_exceeded"),
+    ("anthropic", 120, 429, ("error", "type"), "rate_limit_error", ("error", "code"),
+     "budget_exceeded"),
+    ("gemini", None, 429, ("error", "status"), "RESOURCE_EXHAUSTED",
+     ("error", "details", 1, "retryDelay"), "7200s"),
+    ("gemini", 5, 429, ("error", "status"), "RESOURCE_EXHAUSTED",
+     ("error", "details", 1, "retryDelay"), "5s"),
+    (None, None, 429, ("error",), "budget_exceeded", ("rule",), "b.yaml:8"),
+    (None, 5, 429, ("error",), "budget_exceeded", ("rule",), "b.yaml:8"),
+]
+
+
+def _at(doc: object, path: tuple[object, ...]) -> object:
+    for key in path:
+        doc = doc[key]  # type: ignore[index]
+    return doc
+
+
+@pytest.mark.parametrize(("shape", "retry_after", "status", "kind_at", "kind", "code_at",
+                          "code"), QUOTA_ROWS)
+def test_a_used_up_budget_in_each_shape(shape: str | None, retry_after: int | None,
+                                        status: int, kind_at: tuple[object, ...], kind: str,
+                                        code_at: tuple[object, ...], code: str) -> None:
+    refusal = Refusal("budget_exceeded", 'budget "daily" (b.yaml:8) is used up', "b.yaml:8",
+                      retry_after=retry_after, resets_in=7200 if retry_after is None else 5)
+    assert refusal.final_quota is (retry_after is None)
+    ans = answer(refusal, shape=shape)
+    body = json.loads(ans.body)
+    assert ans.status == status and _at(body, kind_at) == kind and _at(body, code_at) == code
+    # The gateway's own code stays visible to people, whatever the shape.
+    assert ans.headers.get("X-Sandbox-Gateway-Error") == "budget_exceeded"
+    assert 'details="budget_exceeded: budget \\"daily\\"' in (ans.headers.get("Proxy-Status")
+                                                             or "")
+    assert ans.reason.startswith("budget_exceeded: budget")
+    assert "budget_exceeded: budget" in json.dumps(body) or shape is None
+    if retry_after is None:  # waiting would not help: no Retry-After, and the SDKs told so
+        assert ans.headers.get("Retry-After") is None
+        assert ans.headers.get("x-should-retry") == "false"
+    else:
+        assert ans.headers.get("Retry-After") == str(retry_after)
+        assert ans.headers.get("x-should-retry") is None
+
+
+def test_gemini_quota_details_are_typed() -> None:
+    """What the Gemini CLI reads (`classifyGoogleError`): a QuotaFailure, a RetryInfo
+    past 300 s (terminal: it stops and shows the message), and an ErrorInfo."""
+    body = json.loads(answer(Refusal("budget_exceeded", "used up", "b.yaml:8",
+                                     resets_in=7200), shape="gemini").body)
+    details = body["error"]["details"]
+    assert [d["@type"].rsplit(".", 1)[1] for d in details] == [
+        "QuotaFailure", "RetryInfo", "ErrorInfo"]
+    assert "PerDay" not in json.dumps(details) and "PerMinute" not in json.dumps(details)
+    assert details[2]["reason"] == "BUDGET_EXCEEDED"
+    assert details[2]["metadata"] == {"code": "budget_exceeded", "rule": "b.yaml:8"}
+    other = json.loads(answer(Refusal("model_not_allowed", "no"), shape="gemini").body)
+    assert other["error"]["details"] == [{"reason": "model_not_allowed", "rule": None}]
+
+
+def test_a_final_budget_refusal_on_a_websocket() -> None:
+    from gateway.core.refusal import ws_error
+
+    refusal = Refusal("budget_exceeded", "budget used up", "p.yaml:9", resets_in=7200)
+    for session in ("responses_ws", "realtime"):
+        event = json.loads(ws_error(refusal, session))
+        assert event["error"]["type"] == event["error"]["code"] == "insufficient_quota"
+        assert event["error"]["message"].startswith("budget_exceeded: budget used up (")

@@ -418,6 +418,13 @@ CASES = [
           "body": "{B64:{\"model\": \"gpt-4o\", \"messages\": []}}"},
          ("response", 403, "model_not_allowed"),
          {**DENY, "error": "model_not_allowed", "credential": None}, check=_no_upstream),
+    Case("a fallback model outside the allowlist (OpenRouter's models list)",
+         {"host": "api.openai.com", "method": "POST", "target": "/v1/chat/completions",
+          "headers": [["Authorization", "Bearer {TOKEN}"], ["Content-Type", "application/json"]],
+          "body": "{B64:{\"model\": \"gpt-4o-mini\", \"models\": [\"gpt-4o-mini\", "
+                  "\"gpt-4o\"], \"route\": \"fallback\", \"messages\": []}}"},
+         ("response", 403, "model_not_allowed"),
+         {**DENY, "error": "model_not_allowed", "credential": None}, check=_no_upstream),
     Case("model outside the allowlist (Realtime query)",
          {"host": "api.openai.com", "target": "/v1/realtime?model=gpt-4o-realtime",
           "headers": [["Authorization", "Bearer {TOKEN}"], ["Upgrade", "websocket"],

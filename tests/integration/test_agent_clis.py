@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from fakes.inference import FakeInference
+from helpers.clock import far_window
 from helpers.gateway import GatewayThread
 from helpers.node_clients import agent_clis
 from helpers.python_clients import aider_cli
@@ -78,6 +79,15 @@ egress:
     credential: openai
     models: ["gpt-*"]
 """
+# Budgets used up by any model call (one token): final until the window ends, far away.
+SPENT = """\
+---
+version: v1
+name: spent
+extends: [agent/codex, agent/claude-code]
+budgets:
+  - {{name: spent, per: sandbox, window: {window}, tokens: 1}}
+"""
 # Codex's HTTP transport: a provider entry without WebSockets (a user's config.toml would
 # hold the same); the base URL is the real one, the gateway is still only in the env.
 HTTP_PROVIDER = ["-c", 'model_provider="oai"', "-c",
@@ -111,7 +121,8 @@ def agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
     fake = FakeInference(root / "fake", api_key=PROVIDER_KEY, websocket=True).start()
     try:
         (root / "policies").mkdir()
-        (root / "policies" / "agents.yaml").write_text(POLICIES)
+        (root / "policies" / "agents.yaml").write_text(
+            POLICIES + SPENT.format(window=far_window()))
         secrets = root / "secrets.yaml"
         secrets.write_text(f"provider-key: {PROVIDER_KEY}\n")
         secrets.chmod(0o600)
@@ -225,6 +236,48 @@ def test_codex_prints_a_model_refusal(agents: Agents) -> None:
     assert {r["method"] for r in refused} == {"GET", "POST"}
     assert not [r for r in lines if _tokens(r)]
     _preset_refusals(lines, out.stderr, required=True)
+    _no_key_in_the_sandbox(box, out.stdout, out.stderr)
+
+
+@pytest.mark.parametrize("transport", ["websocket", "http"])
+def test_codex_stops_at_once_on_a_used_up_budget(agents: Agents, transport: str) -> None:
+    """A budget used up until its window ends: Codex stops at once on the provider's
+    quota answer (429 insufficient_quota), where a rate limit with a Retry-After of hours
+    had its HTTP transport wait it out silently (past this test's two minutes). Codex
+    prints its own words for a spent quota, not the message; the audit line has it."""
+    name = f"codex-spent-{transport}"
+    box, _ = agents.sandbox(name, policy="spent")
+    seen = len(agents.fake.requests)
+    started = time.monotonic()
+    out = box.run([str(agents.tools["codex"]), "exec", "--skip-git-repo-check",
+                   *(HTTP_PROVIDER if transport == "http" else []), "say hi"], timeout=120)
+    assert out.returncode != 0 and time.monotonic() - started < 30
+    assert "Quota exceeded. Check your plan and billing details." in out.stderr, \
+        out.stderr[-3000:]
+    refused = [r for r in agents.lines(name) if r.get("error") == "budget_exceeded"]
+    method = "GET" if transport == "websocket" else "POST"  # (the upgrade, or the call)
+    assert refused and {(r["method"], r["path"], r["status"]) for r in refused} == {
+        (method, "/v1/responses", 429)}
+    assert len(refused) <= 2  # (no retry loop: one try per transport Codex opens)
+    assert 'budget "spent" (policies/agents.yaml:' in refused[0]["reason"]
+    assert not [r for r in agents.fake.requests[seen:] if r.method == "POST"]
+    assert not [r for r in agents.lines(name) if _tokens(r)]  # no model call was made
+    _no_key_in_the_sandbox(box, out.stdout, out.stderr)
+
+
+def test_claude_code_stops_at_once_on_a_used_up_budget(agents: Agents) -> None:
+    """Claude Code retries a 429 up to ten times; a used-up budget is Anthropic's answer
+    to a spent credit balance (400 invalid_request_error), which it shows and stops on."""
+    name = "claude-spent"
+    box, _ = agents.sandbox(name, policy="spent")
+    started = time.monotonic()
+    out = box.run([str(agents.tools["claude"]), "-p", "say hi"], timeout=90)
+    assert out.returncode != 0 and time.monotonic() - started < 30
+    assert 'API Error: 400 budget_exceeded: budget "spent" (policies/agents.yaml:' in \
+        out.stdout, out.stdout[-3000:]
+    refused = [r for r in agents.lines(name) if r.get("error") == "budget_exceeded"]
+    assert refused and {(r["path"], r["status"]) for r in refused} == {("/v1/messages", 400)}
+    assert len(refused) <= 2
     _no_key_in_the_sandbox(box, out.stdout, out.stderr)
 
 

@@ -19,6 +19,7 @@ import httpx
 import openai
 import pytest
 from fakes.inference import FakeInference
+from helpers.clock import far_window
 from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.metrics import metric
 
@@ -37,7 +38,7 @@ egress:
 budgets:
   - name: sandbox-daily
     per: sandbox
-    window: 24h
+    window: {window}
     requests: {requests}
 credentials:
   openai: {{preset: openai, secret: provider-key}}
@@ -52,7 +53,8 @@ def _gateway(make_gateway: GatewayFactory, tmp_path: Path, fake: FakeInference,
     secrets = tmp_path / "s.yaml"
     secrets.write_text(f"provider-key: {KEY}\n")
     secrets.chmod(0o600)
-    return make_gateway({"agent.yaml": POLICY.format(requests=requests)}, config={
+    policy = POLICY.format(requests=requests, window=far_window())
+    return make_gateway({"agent.yaml": policy}, config={
         "secrets": {"store": "file", "path": str(secrets)},
         "network": {"upstream_ca": str(fake.ca_path),
                     "resolve": {n: f"127.0.0.1:{fake.port}" for n in NAMES}}})
@@ -199,22 +201,45 @@ def test_a_stream_that_declines_usage_is_still_metered(make_gateway: GatewayFact
     assert line["usage"]["output_tokens"] == 4 and line["usage"]["input_tokens"] > 0
 
 
-def test_budget_exhaustion_is_429_with_retry_after(make_gateway: GatewayFactory,
-                                                   tmp_path: Path,
-                                                   fake: FakeInference) -> None:
+def test_a_used_up_budget_stops_the_sdks_at_once(make_gateway: GatewayFactory,
+                                                 tmp_path: Path, fake: FakeInference) -> None:
+    """A budget used up until its window ends (hours away) is final: the official SDKs,
+    with their default retries (2), raise on the first answer instead of waiting out a
+    Retry-After: OpenAI's quota error (429 insufficient_quota), Anthropic's spent-credit
+    answer (400 invalid_request_error). One refused request each reaches the gateway;
+    the gateway's own code is in the message, the header and the audit line."""
+    import anthropic
+    import httpx2
+
     gw = _gateway(make_gateway, tmp_path, fake, requests=2)
     token = gw.mint("agent")
-    oai = openai.OpenAI(api_key=token, http_client=_http(gw, token), max_retries=0)
+    oai = openai.OpenAI(api_key=token, http_client=_http(gw, token))  # max_retries=2
     for _ in range(2):  # the request that reaches the limit completes
         oai.chat.completions.create(model="gpt-4o-mini",
                                     messages=[{"role": "user", "content": "hi"}])
+    started = time.monotonic()
     with pytest.raises(openai.RateLimitError) as info:
         oai.chat.completions.create(model="gpt-4o-mini",
                                     messages=[{"role": "user", "content": "hi"}])
-    assert info.value.code == "budget_exceeded"
-    assert "sandbox-daily" in info.value.message
-    retry = int(info.value.response.headers["retry-after"])
-    assert 0 < retry <= 86400
+    assert (info.value.code, info.value.type) == ("insufficient_quota", "insufficient_quota")
+    assert 'budget_exceeded: budget "sandbox-daily"' in info.value.message
+    headers = info.value.response.headers
+    assert "retry-after" not in headers and headers["x-should-retry"] == "false"
+    assert headers["x-sandbox-gateway-error"] == "budget_exceeded"
+    with anthropic.Anthropic(api_key=token, http_client=httpx2.Client(
+            proxy=gw.proxy_url(token), timeout=20,
+            verify=ssl.create_default_context(cafile=gw.ca_cert))) as claude, \
+            pytest.raises(anthropic.BadRequestError) as refused:
+        claude.messages.create(model="claude-haiku-5", max_tokens=20,
+                               messages=[{"role": "user", "content": "hi"}])
+    error = refused.value.body["error"]  # type: ignore[index]
+    assert error["type"] == "invalid_request_error" and error["code"] == "budget_exceeded"
+    assert 'budget_exceeded: budget "sandbox-daily"' in error["message"]
+    assert time.monotonic() - started < 5  # (no backoff, no Retry-After waited out)
+    lines = gw.audit.wait_for(lambda r: r.get("error") == "budget_exceeded")
+    assert [(r["host"], r["status"]) for r in lines] == [("api.openai.com", 429),
+                                                         ("api.anthropic.com", 400)]
+    assert 'budget "sandbox-daily"' in lines[0]["reason"]
     assert len(fake.requests) == 2
 
 
@@ -276,7 +301,8 @@ def test_two_gateway_processes_sharing_redis_enforce_one_budget(
                  "network": {"upstream_ca": str(fake.ca_path)}}
         for i in range(2):
             gws.append(start_gateway(tmp_path / f"gw{i}", {n: fake.port for n in NAMES},
-                                     test_ca, policy=POLICY.format(requests=4), extra=extra))
+                                     test_ca, policy=POLICY.format(requests=4, window="24h"),
+                                     extra=extra))
         cafile = str(tmp_path / "certs" / "ca.crt")
 
         def proxy(gw: Any, sandbox: str, token: str) -> str:

@@ -144,7 +144,7 @@ def test_a_realtime_session_is_metered_and_budgeted(gw: GatewayThread,
             ws.send(json.dumps({"type": "response.create", "note": note}))
             error = json.loads(ws.recv(timeout=5))
             assert error["type"] == "error", error
-            assert error["error"]["code"] == "budget_exceeded"
+            assert error["error"]["message"].startswith("budget_exceeded: "), error
             assert "sandbox-daily" in error["error"]["message"]
     assert [e.get("note") for e in realtime.received if e.get("note")] == []
     lines = _session_lines(gw, 4)

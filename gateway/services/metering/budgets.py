@@ -32,13 +32,19 @@ from gateway.services.policy.compiled import Policy
 from gateway.services.policy.model import Budget
 from gateway.services.state.counters import Admission, Counters, Increment, Limit
 
-__all__ = ["BudgetBook", "BudgetExceeded", "budget_problems", "window_bounds"]
+__all__ = ["RETRY_AFTER_MAX", "BudgetBook", "BudgetExceeded", "budget_problems",
+           "window_bounds"]
 
 log = logging.getLogger("sandbox_gateway.metering")
 
 NANO = 1_000_000_000  # cost is counted in nano-USD (integer counters)
 _GRACE = 3600.0  # counters outlive their window by this much (status of the last window)
 _HELD_RETRY = 5.0  # a budget only held by running calls: retry after this many seconds
+RETRY_AFTER_MAX = 300
+"""A refused call is told to retry (``Retry-After``) only if the budget has room again
+within this many seconds (running calls settle, or its window ends): agents and SDKs
+wait a ``Retry-After`` out silently, so a longer one would stall them for hours. Past
+it the refusal is final for now (the provider's quota answer, which they stop on)."""
 LimitKind = Literal["tokens", "requests", "cost_usd"]
 
 
@@ -77,8 +83,10 @@ def _amount(kind: LimitKind, value: float) -> str:
 @dataclass(frozen=True, slots=True)
 class BudgetExceeded:
     """``429 budget_exceeded``: which budget, how much was used of what, when it resets.
-    ``held``: what calls still running have reserved; ``asked``: what this call would
-    reserve (0: the budget is used up whatever the call)."""
+    ``frees_in``: seconds until the budget has room for the call again (running calls
+    settle, or the window ends); ``held``: what calls still running have reserved;
+    ``asked``: what this call would reserve (0: the budget is used up whatever the
+    call)."""
 
     budget: Budget
     subject: str
@@ -87,10 +95,10 @@ class BudgetExceeded:
     limit: float
     window_start: float
     resets_at: float
-    retry_after: int
+    frees_in: int
     held: float = 0
     asked: float = 0
-    window_left: int = 0  # seconds until the window resets (0: retry_after)
+    window_left: int = 0  # seconds until the window resets (0: frees_in)
     status: int = 429
     code: str = "budget_exceeded"
 
@@ -100,13 +108,19 @@ class BudgetExceeded:
         return self.budget.source
 
     @property
+    def retry_after(self) -> int | None:
+        """Seconds to wait before retrying, where waiting helps (room again within
+        ``RETRY_AFTER_MAX``); None: final for now, answered without ``Retry-After``."""
+        return self.frees_in if self.frees_in <= RETRY_AFTER_MAX else None
+
+    @property
     def reason(self) -> str:
         """A sentence for the sandbox: budget, usage, limit, reset time."""
         b = self.budget
         who = (f'sandbox "{self.subject}"' if b.per == "sandbox"
                else f'policy "{self.subject}" (all its sandboxes)')
         window = (f"in the {b.window_text} window from {_iso(self.window_start)}; it resets "
-                  f"at {_iso(self.resets_at)} (in {_span(self.window_left or self.retry_after)})")
+                  f"at {_iso(self.resets_at)} (in {_span(self.window_left or self.frees_in)})")
         if self.used + self.held >= self.limit or not self.asked:
             held = (f" and {_amount(self.kind, self.held)} held by calls still running"
                     if self.held else "")
@@ -234,7 +248,7 @@ class BudgetBook:
                 resets = end
                 if held[kind] and used[kind] + asked[kind] <= limit:
                     resets = min(end, now + _HELD_RETRY)  # room again once calls settle
-                if worst is None or math.ceil(resets - now) > worst.retry_after:
+                if worst is None or math.ceil(resets - now) > worst.frees_in:
                     worst = BudgetExceeded(budget, subject, kind, used[kind], limit, start,
                                            end, max(1, math.ceil(resets - now)), held[kind],
                                            asked[kind] if kind != "requests" else 0,

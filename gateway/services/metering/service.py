@@ -40,7 +40,6 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
 from gateway.core.ports import SILENT, Telemetry
@@ -74,7 +73,12 @@ from gateway.services.metering.estimate import (
 )
 from gateway.services.metering.jsondoc import document
 from gateway.services.metering.ledger import DAY, HOUR, UsageLedger, totals
-from gateway.services.metering.models import ModelNames, ModelRefusal, check_model
+from gateway.services.metering.models import (
+    ModelNames,
+    ModelRefusal,
+    check_event_models,
+    check_model,
+)
 from gateway.services.metering.pricing import Pricing, PricingError, load_pricing
 from gateway.services.metering.usage import JsonlMeter, Meter, SessionMeter, Usage, meter_for
 from gateway.services.policy.compiled import Policy, PolicySet
@@ -418,7 +422,7 @@ class Metering:
                 "a session message that is not one JSON object (or repeats a top-level key) "
                 "cannot be checked; send each event as one JSON object"))
         kind = fields.get("type")
-        refused = self._session_models(rule, fields, kind, meter.format)
+        refused = check_event_models(rule, fields, kind, meter.format)
         if refused is not None:
             self.telemetry.count("model_refusals", policy.name, exchange.credential)
             return refused
@@ -496,28 +500,6 @@ class Metering:
                 exchange.pending = {}
             exchange.pending.setdefault(lane, []).append(
                 _Pending(hold=admitted, event_id=_string(fields.get("event_id"))))
-        return None
-
-    @staticmethod
-    def _session_models(rule: Rule, fields: dict[str, Any], kind: Any,
-                        fmt: str) -> ModelRefusal | None:
-        allowed = rule.models
-        if allowed is None:
-            return None
-        named = [fields.get("model"), field_of(fields.get("session"), "model"),
-                 field_of(fields.get("response"), "model")]
-        where = f"rule {rule.source} (models: {', '.join(allowed)[:100]})"
-        if kind == "response.create" and fmt == "responses_ws" and named[0] is None:
-            return ModelRefusal(f'this response.create names no "model", which {where} '
-                                'requires; add "model" to the event', None, rule.source)
-        for value in named:
-            if value is None:
-                continue
-            if not isinstance(value, str) or not any(fnmatchcase(value, p) for p in allowed):
-                shown = value[:100] if isinstance(value, str) else "(not a string)"
-                return ModelRefusal(f'model "{shown}" is not allowed by {where}; use one of '
-                                    "these models or add it to the rule's models",
-                                    value if isinstance(value, str) else None, rule.source)
         return None
 
     def session_event(self, exchange: Exchange, data: bytes, now: float) -> None:

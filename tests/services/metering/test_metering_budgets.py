@@ -10,6 +10,7 @@ import pytest
 from helpers.clock import Clock, run
 
 from gateway.services.metering.budgets import (
+    RETRY_AFTER_MAX,
     BudgetBook,
     Reservation,
     budget_problems,
@@ -113,7 +114,8 @@ def test_tokens_budget_per_sandbox_and_reset(policies: PolicySet, clock: Clock) 
         "daily", "tokens", 1800, 1000)
     assert (refused.status, refused.code, refused.rule) == (429, "budget_exceeded", "b.yaml:8")
     assert iso(refused.resets_at) == "2026-11-23T00:00:00"
-    assert refused.retry_after == 24 * 3600 - (3 * 3600 + 25) - 10 * 3600
+    assert refused.frees_in == 24 * 3600 - (3 * 3600 + 25) - 10 * 3600
+    assert refused.retry_after is None  # hours away: final for now, no Retry-After
     assert refused.reason == (
         'budget "daily" (b.yaml:8) is used up for sandbox "sb-1": 1,800 tokens used of '
         "1,000 tokens in the 24h window from 2026-11-22T00:00:00Z; it resets at "
@@ -292,6 +294,24 @@ def test_an_open_session_counts_its_usage_so_far(
         assert refused.budget.name == "daily" and refused.used == recorded + session.tokens
 
 
+@pytest.mark.parametrize(("at", "frees_in", "retry_after"), [
+    ("10:55:00", 300, 300),  # the 1h window ends within RETRY_AFTER_MAX: worth waiting
+    ("10:59:59", 1, 1),
+    ("10:54:59", 301, None),  # past it: final for now (the provider's quota answer)
+    ("10:00:01", 3599, None),
+])
+def test_retry_after_only_where_waiting_helps(policies: PolicySet, clock: Clock, at: str,
+                                              frees_in: int, retry_after: int | None) -> None:
+    agent = policies.policies["agent"]
+    b = book(clock)
+    for _ in range(5):  # the team's 5 requests an hour
+        assert b.admit("sb-1", agent, "anthropic", clock.now) is not None
+    refused = b.check("sb-1", agent, "anthropic", ts(f"2026-11-22T{at}"))
+    assert refused is not None and (refused.budget.name, refused.kind) == ("team", "requests")
+    assert (refused.frees_in, refused.retry_after) == (frees_in, retry_after)
+    assert RETRY_AFTER_MAX == 300
+
+
 # --- reservations -----------------------------------------------------------------------
 
 
@@ -310,7 +330,7 @@ def test_a_parallel_burst_cannot_overshoot_a_token_budget(policies: PolicySet,
     assert len(holds) == 3
     refused = b.check("sb-1", agent, "openai", clock.now, reserve=reserve)
     assert refused is not None and (refused.used, refused.held, refused.asked) == (0, 900, 300)
-    assert refused.retry_after == 5  # room again once running calls settle
+    assert refused.retry_after == refused.frees_in == 5  # room again once calls settle
     assert refused.reason.startswith('budget "daily" (b.yaml:8) has 100 tokens left for '
                                      'sandbox "sb-1" (900 tokens more are held by calls '
                                      "still running), and this call may use up to 300 tokens")
@@ -332,7 +352,8 @@ def test_a_call_larger_than_the_budget_is_refused_before_anything_is_used(
     agent = policies.policies["agent"]
     refused = book(clock).check("sb-1", agent, "openai", clock.now,
                                 reserve=Reservation(1001))
-    assert refused is not None and refused.retry_after == 14 * 3600  # not held: the window
+    assert refused is not None and refused.frees_in == 14 * 3600  # not held: the window
+    assert refused.retry_after is None
     assert "has 1,000 tokens left" in refused.reason and "lower max_tokens" in refused.reason
 
 

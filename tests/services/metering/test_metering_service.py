@@ -156,7 +156,8 @@ def test_refusals(tmp_path: Path) -> None:
     refused_budget = h.exchange("sb-1", "openai-m", "/v1/chat/completions",
                                 b'{"model":"gpt-4o-mini"}', None, now=NOW + 60)
     assert isinstance(refused_budget, BudgetExceeded)
-    assert refused_budget.retry_after == 13 * 3600 + 29 * 60
+    assert refused_budget.frees_in == 13 * 3600 + 29 * 60
+    assert refused_budget.retry_after is None  # (hours away: no Retry-After)
     assert "has 16 tokens left" in refused_budget.reason
     assert "may use up to 32 tokens" in refused_budget.reason
     # Other sandboxes have their own allowance; GET /v1/models is never limited.
