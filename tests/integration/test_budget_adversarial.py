@@ -336,6 +336,9 @@ def _ended(what: str, event: dict[str, Any]) -> Outcome | None:
         return Outcome(what, 200 if status == "completed" else 500)
     if kind == "error":
         code = (event.get("error") or {}).get("code")
+        message = str((event.get("error") or {}).get("message") or "")
+        if code == "insufficient_quota" and message.startswith("budget_exceeded"):
+            code = "budget_exceeded"  # (the provider's quota shape: final for now)
         if code in GATEWAY_CODES:
             return Outcome(what, int(event.get("status") or 429), code)
         if "status" in event:  # the Responses API's error ends its response
