@@ -7,22 +7,24 @@ first, relayed by the proxy in the same segment) for the connection's own protoc
 A refusal raises `ProxyFailed` whose reason is built from fixed sentences and the
 proxy's status or reply code only: the proxy's body or headers are never quoted (they
 reach the sandbox in a refusal). HTTP CONNECT: RFC 9110 9.3.6 with Basic
-`Proxy-Authorization`; SOCKS5: RFC 1928 with username/password (RFC 1929).
+`Proxy-Authorization`, the request written and the answer read by h11 (its public
+API), the parser every other HTTP/1 head goes through; SOCKS5: RFC 1928 with
+username/password (RFC 1929).
 """
 
 from __future__ import annotations
 
 import base64
 import ipaddress
-import re
 import struct
+
+import h11
 
 from gateway.core.secret_value import SecretValue
 
 __all__ = ["MAX_HEAD", "HttpConnect", "ProxyFailed", "Socks5Connect", "authority"]
 
 MAX_HEAD = 16 * 1024  # a CONNECT answer's head larger than this is not a proxy's
-_STATUS = re.compile(rb"HTTP/1\.[01] (\d{3})(?: [^\r\n]*)?\r\n")
 
 SOCKS_REPLIES = {
     1: "general SOCKS server failure",
@@ -62,29 +64,33 @@ class HttpConnect:
         self.credentials = credentials
         self.done = False
         self.leftover = b""
-        self._buf = bytearray()
+        self._conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
 
     def start(self) -> bytes:
-        lines = [f"CONNECT {self.target} HTTP/1.1", f"Host: {self.target}"]
-        out = ("\r\n".join(lines) + "\r\n").encode("ascii")
+        headers = [(b"Host", self.target.encode("ascii"))]
         if self.credentials is not None:
             token = base64.b64encode(self.credentials.reveal().encode("utf-8"))
-            out += b"Proxy-Authorization: Basic " + token + b"\r\n"
-        return out + b"\r\n"
+            headers.append((b"Proxy-Authorization", b"Basic " + token))
+        out = self._conn.send(h11.Request(method=b"CONNECT", target=self.target.encode(
+            "ascii"), headers=headers))
+        assert out is not None
+        return out
 
     def feed(self, data: bytes) -> bytes:
-        self._buf += data
-        end = self._buf.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self._buf) > MAX_HEAD:
+        self._conn.receive_data(data)
+        while True:
+            try:
+                event = self._conn.next_event()
+            except h11.RemoteProtocolError:
                 raise ProxyFailed("protocol_error", "the upstream proxy's answer to CONNECT "
-                                  "is not HTTP (no end of head within 16 KiB)")
-            return b""
-        match = _STATUS.match(self._buf)
-        if match is None:
-            raise ProxyFailed("protocol_error", "the upstream proxy's answer to CONNECT is "
-                              "not an HTTP/1 status line")
-        status = int(match.group(1))
+                                  "is not an HTTP/1 head (within 16 KiB)") from None
+            if event is h11.NEED_DATA:
+                return b""
+            if isinstance(event, h11.InformationalResponse):
+                continue  # (a 1xx before the answer)
+            assert isinstance(event, h11.Response)
+            break
+        status = event.status_code
         if status // 100 != 2:
             outcome = {403: "denied", 407: "auth_failed"}.get(status, "refused")
             why = {403: " (forbidden by the proxy's rules)",
@@ -95,9 +101,10 @@ class HttpConnect:
                          "network.upstream_proxy.credentials)")}.get(status, "")
             raise ProxyFailed(outcome, f"the upstream proxy answered {status} to CONNECT "
                               f"{self.target}{why}", status)
+        # A 2xx to CONNECT switches the connection to the tunnel: what h11 has not read
+        # is the tunnel's first bytes.
         self.done = True
-        self.leftover = bytes(self._buf[end + 4:])
-        self._buf.clear()
+        self.leftover, _closed = self._conn.trailing_data
         return b""
 
 

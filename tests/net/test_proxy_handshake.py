@@ -36,6 +36,13 @@ HTTP_ANSWERS = [
     ([b"HTTP/1.1 502 Bad Gateway\r\n\r\n"], ("refused", 502), b""),
     ([b"SSH-2.0-not-a-proxy\r\n\r\n"], ("protocol_error", None), b""),
     ([b"x" * 17000], ("protocol_error", None), b""),
+    # read by h11, as every other head: informational answers first, a 2xx's body
+    # headers ignored (the tunnel starts after the head), bare LF line ends
+    ([b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n\r\nhi"], None, b"hi"),
+    ([b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nabcde"], None, b"abcde"),
+    ([b"HTTP/1.1 200 OK\n\nx"], None, b"x"),
+    ([b"HTTP/1.1 200 OK\r\nBad Header\r\n\r\n"], ("protocol_error", None), b""),
+    ([b"HTTP/2 200\r\n\r\n"], ("protocol_error", None), b""),
 ]
 
 
