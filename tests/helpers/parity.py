@@ -12,11 +12,13 @@ body. Runs in-process, or as a script inside a sandbox network namespace:
 from __future__ import annotations
 
 import base64
+import glob
 import json
 import socket
 import ssl
 import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -315,3 +317,34 @@ if __name__ == "__main__":
         print(json.dumps([asdict(run(_from_json(raw))) for raw in given]))
     else:
         print(json.dumps(asdict(run(_from_json(given)))))
+
+
+class SharedDecisions:
+    """Each engine's decision fields per parity case, kept in files every test process
+    of the run shares (pytest-xdist spreads one case's engines over processes), so each
+    case is compared across all the engines that ran it, wherever they ran: the engine
+    that finishes a case last sees every other engine's answer (each writes before it
+    reads; a file appears whole, by rename)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def record(self, case: str, engine: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """Keep `engine`'s `fields` for `case`; every engine's so far, by engine."""
+        safe = case.replace("/", "_")
+        tmp = self.root / f".{safe}.{engine}.tmp"
+        tmp.write_text(json.dumps(fields, sort_keys=True))
+        tmp.rename(self.root / f"{safe}.{engine}.json")
+        return {p.name[len(safe) + 1:-len(".json")]: json.loads(p.read_text())
+                for p in self.root.glob(f"{glob.escape(safe)}.*.json")
+                if p.name.count(".") == safe.count(".") + 2}
+
+
+def shared_decisions(config: Any, basetemp: Path, name: str) -> SharedDecisions:
+    """The run's `SharedDecisions` for suite `name`: under the base temp directory all
+    the run's processes share (its parent, per run, under xdist)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:  # (an xdist worker: basetemp is per worker, its parent per run)
+        return SharedDecisions(basetemp.parent / f"parity-{workerinput['testrunuid']}" / name)
+    return SharedDecisions(basetemp / "parity" / name)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from helpers.gateway import GatewayFactory, GatewayThread
-from helpers.parity import Spec, run
+from helpers.parity import SharedDecisions, Spec, run, shared_decisions
 from helpers.parity_cases import (
     CASES,
     ENGINES,
@@ -79,12 +79,18 @@ def _token(gw: GatewayThread, kind: str) -> str:
     return token
 
 
-results: dict[str, dict[str, dict[str, Any]]] = {}  # case -> engine -> decision fields
+
+
+@pytest.fixture(scope="session")
+def decisions(request: pytest.FixtureRequest,
+              tmp_path_factory: pytest.TempPathFactory) -> SharedDecisions:
+    """Each case's decision fields on every engine, across the run's processes."""
+    return shared_decisions(request.config, tmp_path_factory.getbasetemp(), "parity")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_case(engine: tuple[str, GatewayThread], case: Case, upstream: Upstream,
-              test_ca: LocalCA) -> None:
+def test_case(engine: tuple[str, GatewayThread], case: Case, decisions: SharedDecisions,
+              upstream: Upstream, test_ca: LocalCA) -> None:
     name, gw = engine
     if name not in case.engines:
         pytest.skip(f"{case.name}: not an {name} shape")
@@ -108,10 +114,9 @@ def test_case(engine: tuple[str, GatewayThread], case: Case, upstream: Upstream,
     assert line["engine"] == expected_engine(name, line), (name, line["engine"], line)
     if case.check is not None:
         case.check(result, upstream.requests[before_seen:])
-    results.setdefault(case.name, {})[name] = decision_fields(line)
-    # The same decision on every engine that ran the case.
-    assert len({json.dumps(v, sort_keys=True) for v in results[case.name].values()}) == 1, \
-        results[case.name]
+    seen = decisions.record(case.name, name, decision_fields(line))
+    # The same decision on every engine that ran the case (in whichever process).
+    assert len({json.dumps(v, sort_keys=True) for v in seen.values()}) == 1, seen
 
 
 def expected_engine(fixture: str, line: dict[str, Any]) -> str:

@@ -14,12 +14,11 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
 
 import pytest
 from fakes.kube_api import FakeKubeAPI
 from helpers.gateway import GatewayThread
-from helpers.parity import Spec, run
+from helpers.parity import SharedDecisions, Spec, run, shared_decisions
 from helpers.parity_cases import (
     CASES,
     ENGINES,
@@ -95,7 +94,13 @@ def _pod(kube: FakeKubeAPI, gw: GatewayThread, engine: str, row: str) -> str:
     return ip
 
 
-results: dict[str, dict[str, dict[str, Any]]] = {}  # row -> engine -> decision fields
+
+
+@pytest.fixture(scope="session")
+def decisions(request: pytest.FixtureRequest,
+              tmp_path_factory: pytest.TempPathFactory) -> SharedDecisions:
+    """Each row's decision fields on every engine, across the run's processes."""
+    return shared_decisions(request.config, tmp_path_factory.getbasetemp(), "parity-pods")
 
 
 def _spec(case: Case, gw: GatewayThread, test_ca: LocalCA, engine: str, ip: str) -> Spec:
@@ -110,8 +115,8 @@ def _spec(case: Case, gw: GatewayThread, test_ca: LocalCA, engine: str, ip: str)
 
 
 @pytest.mark.parametrize("case", ROWS, ids=[c.name for c in ROWS])
-def test_row(engine: tuple[str, GatewayThread], case: Case, kube: FakeKubeAPI,
-             upstream: Upstream, test_ca: LocalCA) -> None:
+def test_row(engine: tuple[str, GatewayThread], case: Case, decisions: SharedDecisions,
+             kube: FakeKubeAPI, upstream: Upstream, test_ca: LocalCA) -> None:
     name, gw = engine
     if name not in case.engines:
         pytest.skip(f"{case.name}: not an {name} shape")
@@ -137,6 +142,6 @@ def test_row(engine: tuple[str, GatewayThread], case: Case, kube: FakeKubeAPI,
     assert line["engine"] == expected_engine(name, line), (name, line["engine"], line)
     if case.check is not None:
         case.check(result, upstream.requests[before_seen:])
-    results.setdefault(case.name, {})[name] = decision_fields(line)
-    assert len({json.dumps(v, sort_keys=True) for v in results[case.name].values()}) == 1, \
-        results[case.name]
+    seen = decisions.record(case.name, name, decision_fields(line))
+    # The same decision on every engine that ran the row (in whichever process).
+    assert len({json.dumps(v, sort_keys=True) for v in seen.values()}) == 1, seen
