@@ -14,12 +14,11 @@ from urllib.parse import unquote
 from gateway.core import credentials
 from gateway.core.client import Client, source_of
 from gateway.core.connections import Connections
-from gateway.core.identity import Identity, TokenRefused
+from gateway.core.identity import Identity, SandboxAddress, TokenRefused
 from gateway.core.messages import RequestHead
 from gateway.core.ports import Registry, Tokens, Workloads
 from gateway.core.refusal import Refusal
 from gateway.services.policy import PolicySet
-from gateway.services.state.base import SandboxAddress
 
 __all__ = ["UNREGISTERED", "Identifier", "proxy_credentials", "subject_refusal"]
 

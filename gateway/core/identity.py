@@ -11,7 +11,7 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["Identity", "Scope", "TokenRefused", "Workload"]
+__all__ = ["Identity", "SandboxAddress", "Scope", "TokenRefused", "Workload"]
 
 
 class TokenRefused(Exception):
@@ -38,6 +38,15 @@ class TokenRefused(Exception):
 
 Scope = Mapping[str, frozenset[str] | None]
 """Credential name -> allowed path patterns (None: every path the policy allows)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxAddress:
+    """A sandbox registered by source address (transparent mode)."""
+
+    sandbox: str
+    ip: str
+    policy: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,13 +7,12 @@ from typing import Protocol
 
 from gateway.core.addresses import Pinned
 from gateway.core.approvals import Approval, Asked, Grant
-from gateway.core.identity import Identity, Workload
+from gateway.core.identity import Identity, SandboxAddress, Workload
 from gateway.core.messages import RequestHead
 from gateway.core.secret_value import SecretValue
 from gateway.core.target import Target
 from gateway.services.policy import Credential, Request
 from gateway.services.policy.ask_rule import Ask
-from gateway.services.state.base import SandboxAddress
 
 __all__ = ["SILENT", "Approvals", "AuditHealth", "Guard", "Minted", "Registry", "Secrets",
            "Signer", "Signers", "Telemetry", "Tokens", "Workloads"]

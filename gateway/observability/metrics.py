@@ -257,6 +257,13 @@ RESERVATIONS_CHARGED = Counter(
     ["policy", "credential"],
     registry=REGISTRY,
 )
+RESERVATIONS_ORPHANED = Counter(
+    "sandbox_gateway_budget_orphaned_reservations_total",
+    "Reservations of calls whose gateway process ended without settling them (killed, "
+    "or its lease expired) that this process charged in full as used: one per budget "
+    "window and subject of the dead process.",
+    registry=REGISTRY,
+)
 SECRET_STALE = Gauge(
     "sandbox_gateway_secret_stale_seconds",
     "How long past its freshness a secret is being served because refreshing it fails "

@@ -75,6 +75,7 @@ from gateway.services.policy import Policy, PolicyError, PolicyReloader, PolicyS
 from gateway.services.secrets import SecretCache, SecretError, build_cache, build_store
 from gateway.services.state.base import StateStore, StateUnavailable
 from gateway.services.state.factory import build_state
+from gateway.services.state.lease_keeper import slot_of
 from gateway.services.state.log_feed import RequestLog
 
 if TYPE_CHECKING:
@@ -325,6 +326,10 @@ class Gateway:
             raise StartupError(str(exc)) from None
         try:
             await self.state.start()
+            # The holder of this process's budget reservations (state/leases.py): taken
+            # before any call is admitted; a process that ran in this slot before and
+            # died has its unsettled reservations charged now.
+            await self.state.take_lease(slot_of(self.worker, str(cfg.listen.proxy)))
         except StateUnavailable as exc:
             raise StartupError(f"state store: {exc}") from None
         self.tokens = TokenService(

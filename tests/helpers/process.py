@@ -139,16 +139,16 @@ def start_gateway(workdir: Path, names: dict[str, int], ca: LocalCA, *,
 
 
 def start_with_provider(workdir: Path, fake: Any, ca: LocalCA, *, key: str, policy: str,
-                        workers: int = 2, extra: dict[str, Any] | None = None
-                        ) -> GatewayProcess:
+                        workers: int = 2, extra: dict[str, Any] | None = None,
+                        proxy: int | None = None) -> GatewayProcess:
     """`start_gateway` with `api.openai.com` at the fake provider `fake`
     (`fakes.inference.FakeInference`), its key in a secrets file as `provider-key`;
-    `extra`: more top-level config."""
+    `extra`: more top-level config; `proxy`: the proxy port (a restart on the same one)."""
     secrets = workdir / "secrets.yaml"
     workdir.mkdir(parents=True, exist_ok=True)
     secrets.write_text(f"provider-key: {key}\n")
     secrets.chmod(0o600)
     return start_gateway(workdir, {"api.openai.com": fake.port}, ca, policy=policy,
-                         workers=workers, extra={
+                         workers=workers, proxy=proxy, extra={
                              "secrets": {"store": "file", "path": str(secrets)},
                              "network": {"upstream_ca": str(fake.ca_path)}, **(extra or {})})

@@ -31,6 +31,7 @@ from gateway.services.metering.usage import Usage
 from gateway.services.policy.compiled import Policy
 from gateway.services.policy.model import Budget
 from gateway.services.state.counters import Admission, Counters, Increment, Limit
+from gateway.services.state.leases import ORPHANS, held_field
 
 __all__ = ["RETRY_AFTER_MAX", "BudgetBook", "BudgetExceeded", "budget_problems",
            "window_bounds"]
@@ -151,10 +152,13 @@ class Reservation:
 @dataclass(frozen=True, slots=True)
 class Hold:
     """A call's reservation as counted: ``(table, subject, expires_at)`` of every budget
-    it counts against, and what was reserved there."""
+    it counts against, what was reserved there, and the ``holder`` (the admitting
+    process's lease, ``gateway.services.state.leases``) it is recorded under (None: no
+    lease, a process without one)."""
 
     places: tuple[tuple[str, str, float], ...]
     reserved: Reservation
+    holder: str | None = None
 
 
 _NO_RESERVATION = Reservation()
@@ -296,10 +300,15 @@ class BudgetBook:
         before it is forwarded: refused (the budget that refused it, as ``check`` words
         it), or counted - one request, and its reservation held until ``settle``
         (None: no budget counts it). A burst of parallel calls meets every limit
-        without waiting for any of them to complete."""
+        without waiting for any of them to complete.
+
+        The reservation is also recorded under this process's lease (the counters'
+        ``holder``), in the same step: if the process dies before the call settles,
+        a live one charges the reservation in full as used."""
         places: list[tuple[str, str, float]] = []
         increments: list[Increment] = []
         limits: list[Limit] = []
+        holder = self.counters.holder
         for budget in self.applicable(policy, credential):
             start, end = window_bounds(budget.window, now)
             table = self._table(policy.name, budget, start)
@@ -308,10 +317,13 @@ class BudgetBook:
             places.append((table, subject, expires))
             if requests:
                 increments.append((table, "r:" + subject, requests, expires))
-            if reserve.tokens:
-                increments.append((table, "rt:" + subject, reserve.tokens, expires))
-            if reserve.nano_usd:
-                increments.append((table, "rc:" + subject, reserve.nano_usd, expires))
+            for field, amount in (("rt:" + subject, reserve.tokens),
+                                  ("rc:" + subject, reserve.nano_usd)):
+                if amount:
+                    increments.append((table, field, amount, expires))
+                    if holder is not None:
+                        increments.append((ORPHANS, held_field(holder, table, field),
+                                           amount, expires))
             if budget.tokens is not None:
                 limits.append(Limit(((table, "t:" + subject), (table, "rt:" + subject)),
                                     budget.tokens, reserve.tokens))
@@ -323,7 +335,7 @@ class BudgetBook:
         if not places:
             return None
         if self.counters.admit(Admission(tuple(limits), tuple(increments))) is None:
-            return Hold(tuple(places), reserve)
+            return Hold(tuple(places), reserve, holder)
         exceeded = self.check(sandbox, policy, credential, now, reserve=reserve)
         if exceeded is None:  # (what refused it settled meanwhile): once more
             return self.admit(sandbox, policy, credential, now, reserve, requests=requests)
@@ -331,19 +343,30 @@ class BudgetBook:
 
     def settle(self, hold: Hold, tokens: int, nano_usd: int) -> None:
         """A held call ended: its reservation is released and what it used counted, in
-        the windows it was admitted in."""
+        the windows it was admitted in. Both, and the reservation's record under its
+        holder, are written together (one transaction or script), and only while the
+        holder's lease stands: a call is charged what it used or, if its process was
+        found dead first, its reservation - never both, never neither."""
         increments: list[Increment] = []
         reserved = hold.reserved
+        holder = hold.holder
         for table, subject, expires in hold.places:
             if tokens:
                 increments.append((table, "t:" + subject, tokens, expires))
             if nano_usd:
                 increments.append((table, "c:" + subject, nano_usd, expires))
-            if reserved.tokens:
-                increments.append((table, "rt:" + subject, -reserved.tokens, expires))
-            if reserved.nano_usd:
-                increments.append((table, "rc:" + subject, -reserved.nano_usd, expires))
-        if increments:
+            for field, amount in (("rt:" + subject, reserved.tokens),
+                                  ("rc:" + subject, reserved.nano_usd)):
+                if amount:
+                    increments.append((table, field, -amount, expires))
+                    if holder is not None:
+                        increments.append((ORPHANS, held_field(holder, table, field),
+                                           -amount, expires))
+        if not increments:
+            return
+        if holder is not None and (reserved.tokens or reserved.nano_usd):
+            self.counters.settle(holder, increments)
+        else:
             self.counters.count(increments)
 
     def record(self, sandbox: str, policy: Policy, credential: str, usage: Usage,

@@ -18,22 +18,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gateway.core.identity import SandboxAddress as SandboxAddress  # (re-exported)
 from gateway.services.secrets.ephemeral import EphemeralKeys
-from gateway.services.state.counters import Admission, CountersOf, Increment, MemoryCounters, Table
+from gateway.services.state.counters import Admission, CountersOf, Increment, Table
 from gateway.services.state.log import LogLines, MemoryLog
+from gateway.services.state.memory_counters import MemoryCounters
 
 
 class StateUnavailable(RuntimeError):
     """The shared state store could not be reached; the change was not shared."""
-
-
-@dataclass(frozen=True, slots=True)
-class SandboxAddress:
-    """A sandbox registered by source address (transparent mode)."""
-
-    sandbox: str
-    ip: str
-    policy: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,9 +146,16 @@ class StateStore(MintShare, Records, LogLines, Protocol):
     def count(self, increments: Iterable[Increment]) -> None: ...
     def counter(self, table: str, field: str) -> int: ...
     def admit(self, admission: Admission) -> int | None: ...
+    def settle(self, holder: str, increments: Iterable[Increment]) -> None: ...
     async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]: ...
     @property
     def counters_degraded(self) -> bool: ...
+    @property
+    def holder(self) -> str | None: ...
+    async def take_lease(self, slot: str, *, ttl: float = ..., beat: float = ...) -> None:
+        """Take this process's lease (the holder of its calls' reservations, see
+        ``gateway.services.state.leases``), renew it and charge dead holders' until
+        ``close``; raise ``StateUnavailable`` if it cannot be written."""
     def is_revoked(self, jti: str) -> bool: ...
     async def revoke(self, jti: str, expires_at: float) -> None: ...
     def sandbox_for(self, ip: str) -> SandboxAddress | None: ...
@@ -214,7 +214,7 @@ class MemoryState(CountersOf, MemoryMints, MemoryRecords, MemoryLog):
         return None
 
     async def close(self) -> None:
-        return None
+        await self._counters.close()
 
 
 log = logging.getLogger("sandbox_gateway")

@@ -9,13 +9,19 @@ budget window's end, an hourly usage bucket's retention). The state stores imple
   tick; Redis: every ``interval``); ``counter`` answers the store's value plus what is
   pending here.
 * ``admit`` is budget admission: every ``Limit`` of an ``Admission`` is checked and, if
-  all hold, its increments are counted, as one step (SQLite: one transaction across the
-  host's processes; memory: one process; Redis: this replica's reading).
+  all hold, its increments are counted, as one step written to the store before it
+  returns (SQLite: one transaction across the host's processes; Redis: one script;
+  memory: one process). While the store cannot be written, this process's view
+  decides and the increments wait in the pending batch.
+* ``settle`` counts a call's settlement like ``count``, in the same batch, but only
+  while its ``holder``'s lease stands when the batch is written (``leases``: the
+  reservation of a dead holder is charged in full instead, and its settlement dropped).
+  ``holder`` is this process's lease once ``take_lease`` took one (None before).
 * ``counter_tables`` (admin API) reads whole tables as fresh as the store allows.
 * ``counters_degraded`` is True while the store cannot be written: counts go on
   locally and are written when it is back.
 
-``CounterView`` is that local state; ``MemoryCounters`` is the one-process store;
+``CounterView`` is that local state; ``memory_counters.MemoryCounters`` is the one-process store;
 ``gateway.services.state.sqlite`` and ``gateway.services.state.counters_redis`` are the shared ones.
 """
 
@@ -27,13 +33,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.services.state.leases import BEAT, LEASE_TTL
+
 __all__ = [
     "Admission",
     "CounterView",
     "Counters",
     "Increment",
     "Limit",
-    "MemoryCounters",
     "first_refused",
 ]
 
@@ -83,9 +90,14 @@ class Counters(Protocol):
     def count(self, increments: Iterable[Increment]) -> None: ...
     def counter(self, table: str, field: str) -> int: ...
     def admit(self, admission: Admission) -> int | None: ...
+    def settle(self, holder: str, increments: Iterable[Increment]) -> None: ...
     async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]: ...
     @property
     def counters_degraded(self) -> bool: ...
+    @property
+    def holder(self) -> str | None: ...
+    async def take_lease(self, slot: str, *, ttl: float = LEASE_TTL,
+                         beat: float = BEAT) -> None: ...
 
 
 class CountersOf:
@@ -102,6 +114,9 @@ class CountersOf:
     def admit(self, admission: Admission) -> int | None:
         return self._counters.admit(admission)
 
+    def settle(self, holder: str, increments: Iterable[Increment]) -> None:
+        self._counters.settle(holder, increments)
+
     async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
         return await self._counters.counter_tables(tables)
 
@@ -109,9 +124,19 @@ class CountersOf:
     def counters_degraded(self) -> bool:
         return self._counters.counters_degraded
 
+    @property
+    def holder(self) -> str | None:
+        return self._counters.holder
+
+    async def take_lease(self, slot: str, *, ttl: float = LEASE_TTL,
+                         beat: float = BEAT) -> None:
+        await self._counters.take_lease(slot, ttl=ttl, beat=beat)
+
 
 class CounterView:
-    """The local picture: last known shared values plus the pending (unsent) batch.
+    """The local picture: last known shared values plus the pending (unsent) batch
+    and the pending settlements (``settling``, by holder: written only while the
+    holder's lease stands).
 
     ``forget_after`` (seconds, None = never) drops shared values neither read nor
     written for that long, for stores that hold the real totals elsewhere (Redis); the
@@ -124,6 +149,7 @@ class CounterView:
         self.forget_after = forget_after
         self.shared: dict[str, Table] = {}
         self.pending: dict[str, Table] = {}
+        self.settling: dict[str, dict[str, Table]] = {}
         self.expires: dict[str, float] = {}
         self.watched: dict[tuple[str, str], float] = {}
         self._touched: dict[tuple[str, str], float] = {}
@@ -131,6 +157,10 @@ class CounterView:
     def add(self, increments: Iterable[Increment]) -> None:
         """Add to the pending batch."""
         self._merge(self.pending, increments)
+
+    def add_settling(self, holder: str, increments: Iterable[Increment]) -> None:
+        """Add to ``holder``'s pending settlements."""
+        self._merge(self.settling.setdefault(holder, {}), increments)
 
     def add_shared(self, increments: Iterable[Increment]) -> None:
         """Add straight to the shared values (a store without a batch, or others' lines)."""
@@ -151,16 +181,31 @@ class CounterView:
         if self.forget_after is not None:
             self.watched[(table, field)] = self.clock()
         shared = self.shared.get(table)
+        return (shared.get(field, 0) if shared else 0) + self.unwritten(table, field)
+
+    def unwritten(self, table: str, field: str) -> int:
+        """What is pending here for one field (the batch and the settlements)."""
         pending = self.pending.get(table)
-        return ((shared.get(field, 0) if shared else 0)
-                + (pending.get(field, 0) if pending else 0))
+        value = pending.get(field, 0) if pending else 0
+        for tables in self.settling.values():
+            settled = tables.get(table)
+            if settled:
+                value += settled.get(field, 0)
+        return value
+
+    def has_unwritten(self, table: str) -> bool:
+        """True if anything of ``table`` is pending here."""
+        return bool(self.pending.get(table)) or any(
+            tables.get(table) for tables in self.settling.values())
 
     def table(self, table: str, base: Table | None = None) -> Table:
         """A whole table: ``base`` (fresh from the store) or the shared values, plus
         the pending batch."""
         out = dict(self.shared.get(table, {}) if base is None else base)
-        for field, amount in self.pending.get(table, {}).items():
-            out[field] = out.get(field, 0) + amount
+        for fields in (self.pending.get(table, {}),
+                       *(tables.get(table, {}) for tables in self.settling.values())):
+            for field, amount in fields.items():
+                out[field] = out.get(field, 0) + amount
         return out
 
     def take(self) -> dict[str, Table]:
@@ -170,10 +215,17 @@ class CounterView:
 
     def restore(self, batch: dict[str, Table]) -> None:
         """Put a batch that could not be sent back in front of the pending one."""
-        for table, fields in batch.items():
-            pending = self.pending.setdefault(table, {})
-            for field, amount in fields.items():
-                pending[field] = pending.get(field, 0) + amount
+        _add_tables(self.pending, batch)
+
+    def take_settling(self) -> dict[str, dict[str, Table]]:
+        """The pending settlements, by holder, now being sent (``restore_settling``)."""
+        batch, self.settling = self.settling, {}
+        return batch
+
+    def restore_settling(self, batch: dict[str, dict[str, Table]]) -> None:
+        """Put settlements that could not be sent back."""
+        for holder, tables in batch.items():
+            _add_tables(self.settling.setdefault(holder, {}), tables)
 
     def set_shared(self, table: str, field: str, value: int) -> None:
         """The store's current value of one field."""
@@ -185,7 +237,8 @@ class CounterView:
         """Fields read lately and not pending, by table: what a flush should re-read."""
         out: dict[str, list[str]] = {}
         for table, field in self.watched:
-            if field not in self.pending.get(table, {}):
+            if field not in self.pending.get(table, {}) and not any(
+                    field in tables.get(table, ()) for tables in self.settling.values()):
                 out.setdefault(table, []).append(field)
         return out
 
@@ -196,6 +249,8 @@ class CounterView:
             del self.expires[table]
             self.shared.pop(table, None)
             self.pending.pop(table, None)
+            for tables in self.settling.values():
+                tables.pop(table, None)
         if self.forget_after is None:
             return
         horizon = now - self.forget_after
@@ -216,6 +271,13 @@ class CounterView:
         return self.expires.get(table, 0.0) > self.clock()
 
 
+def _add_tables(into: dict[str, Table], tables: dict[str, Table]) -> None:
+    for table, fields in tables.items():
+        target = into.setdefault(table, {})
+        for field, amount in fields.items():
+            target[field] = target.get(field, 0) + amount
+
+
 class EmptyCounters:
     """Counters that stay at zero: what a decision without traffic (explain, `policy
     test`, replay) checks budgets against, however many it makes (nothing is used)."""
@@ -229,6 +291,9 @@ class EmptyCounters:
     def admit(self, admission: Admission) -> int | None:
         return first_refused(admission, self.counter)
 
+    def settle(self, holder: str, increments: Iterable[Increment]) -> None:
+        pass
+
     async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
         return {}
 
@@ -236,33 +301,10 @@ class EmptyCounters:
     def counters_degraded(self) -> bool:
         return False
 
-
-class MemoryCounters:
-    """Counters of one process (the ``memory`` state store)."""
-
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self.view = CounterView(clock)
-        self._last_prune = 0.0
-
-    def count(self, increments: Iterable[Increment]) -> None:
-        self.view.add_shared(increments)
-        now = self.view.clock()
-        if now - self._last_prune > 60:
-            self._last_prune = now
-            self.view.prune()
-
-    def counter(self, table: str, field: str) -> int:
-        return self.view.value(table, field) if self.view.live(table) else 0
-
-    def admit(self, admission: Admission) -> int | None:
-        refused = first_refused(admission, self.counter)
-        if refused is None:
-            self.count(admission.increments)
-        return refused
-
-    async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
-        return {t: self.view.table(t) for t in tables if self.view.live(t)}
-
     @property
-    def counters_degraded(self) -> bool:
-        return False
+    def holder(self) -> str | None:
+        return None
+
+    async def take_lease(self, slot: str, *, ttl: float = LEASE_TTL,
+                         beat: float = BEAT) -> None:
+        pass

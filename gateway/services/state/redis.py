@@ -23,6 +23,9 @@ Layout in Redis (`prefix` defaults to `sandbox-gateway`):
 
 Counters (usage, budgets) are hashes `<prefix>:c:<table>` sent in batches by
 `gateway.services.state.counters_redis.RedisCounters` on its own beat; see that module.
+It also keeps each process's lease (`<prefix>:lease:<holder>`, listed in the hash
+`<prefix>:leases`): the holder budget reservations are recorded under
+(`gateway.services.state.leases`).
 
 Trade-offs while Redis is unreachable (`sandbox_gateway_state_store_up{store="redis"}`
 is 0 and the outage is logged once):

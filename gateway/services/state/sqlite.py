@@ -29,6 +29,15 @@ still pending on another worker leaves the call's reservation counted meanwhile.
 against the committed values and the increments written before any other process can
 admit, so workers never overshoot together.
 
+**Reservations outlive their process** (`gateway.services.state.leases`): admission
+commits a call's reservation and its record under this process's lease (table
+`leases`: holder, slot, expiry; renewed every `leases.BEAT`); a settlement waits in the
+batch with the rest and is written only if the lease still stands, in the flush's one
+transaction (the usage, the release and the record's removal: all or nothing). A
+process killed before its batch was written leaves its reservations committed: the
+next process to start in its slot, or any live one once the lease expires, charges
+them as used (`lease_reap`, one transaction: exactly once).
+
 **Faults.** A write that fails (disk full, read-only file) keeps what it could not
 write, in order, and retries every second: counters count on locally, a revocation holds
 in this process at once; `problem` says so (`/readyz`), one log line when it starts and
@@ -56,6 +65,8 @@ from gateway.observability import metrics
 from gateway.services.secrets.ephemeral import EphemeralKey, EphemeralKeys
 from gateway.services.state.base import SandboxAddress, SharedMint, StateUnavailable
 from gateway.services.state.counters import Admission, CounterView, Increment, Table, first_refused
+from gateway.services.state.lease_keeper import Lease
+from gateway.services.state.leases import BEAT, LEASE_TTL, ORPHANS, Charged, charge_of, parse_held
 from gateway.services.state.log import COLUMNS, RETAIN, LogEntry, LogQuery, cursor_number
 
 __all__ = ["SCHEMA_VERSION", "SqliteState", "StateFileError", "backup_file", "check_file",
@@ -64,7 +75,7 @@ __all__ = ["SCHEMA_VERSION", "SqliteState", "StateFileError", "backup_file", "ch
 log = logging.getLogger("sandbox_gateway.state")
 
 _STORE = "sqlite"
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Each version's statements, applied in order to bring a file up to SCHEMA_VERSION.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -102,6 +113,10 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
     5: (  # the alias a sandbox holds for a provider-minted secret (NULL: a marker only)
         "ALTER TABLE ephemeral ADD COLUMN alias TEXT",
+    ),
+    6: (  # the leases reservations are recorded under (`state/leases.py`)
+        "CREATE TABLE IF NOT EXISTS leases (holder TEXT PRIMARY KEY, slot TEXT NOT NULL, "
+        "expires_at REAL NOT NULL) WITHOUT ROWID",
     ),
 }
 _LOG_COLUMNS = ", ".join(COLUMNS)
@@ -279,6 +294,8 @@ class SqliteState:
         self._last_prune = 0.0
         self._refresh_tokens: dict[str, tuple[str, str]] = {}  # written (or held) here
         self.log_retain = RETAIN
+        self.lease: Lease | None = None
+        self._dropped: set[str] = set()  # holders whose settlements were dropped (logged)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -297,6 +314,9 @@ class SqliteState:
                 await self._task
             self._task = None
         self.flush()
+        if self.lease is not None and self._conn is not None:
+            await self.lease.stop()  # (after the flush: what settled is not charged)
+            self.lease = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -306,7 +326,7 @@ class SqliteState:
         while True:
             await asyncio.sleep(_RETRY)
             try:
-                if self._held or self.view.pending:
+                if self._held or self.view.pending or self.view.settling:
                     self.flush()
                 now = self.clock()
                 if now - self._last_prune > _PRUNE:
@@ -603,6 +623,15 @@ class SqliteState:
         """Add to the pending batch; it is written within `FLUSH_DELAY` with whatever
         else was counted meanwhile (one transaction for a busy worker's many calls)."""
         self.view.add(increments)
+        self._schedule_flush()
+
+    def settle(self, holder: str, increments: Iterable[Increment]) -> None:
+        """A settlement: written with the next batch, in its transaction, if `holder`'s
+        lease is still in the file then (else dropped: its reservations were charged)."""
+        self.view.add_settling(holder, increments)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             try:
@@ -611,7 +640,7 @@ class SqliteState:
                 self.flush()
 
     def counter(self, table: str, field: str) -> int:
-        pending = self.view.pending.get(table, {}).get(field, 0)
+        pending = self.view.unwritten(table, field)
         try:
             row = self._db().execute(
                 "SELECT value FROM counters WHERE tbl = ? AND field = ? AND expires_at > ?",
@@ -638,7 +667,7 @@ class SqliteState:
         except sqlite3.Error as exc:
             self._failed("read", exc)
         for table in tables:  # (what could not be written is still counted)
-            if self.view.pending.get(table):
+            if self.view.has_unwritten(table):
                 out[table] = self.view.table(table, out.get(table, {}))
         return out
 
@@ -652,23 +681,131 @@ class SqliteState:
         if self._held:
             self._write_held()
         batch = self.view.take()
-        if not batch or self._conn is None:
-            if batch:
-                self.view.restore(batch)
+        settling = self.view.take_settling()
+        if (not batch and not settling) or self._conn is None:
+            self.view.restore(batch)
+            self.view.restore_settling(settling)
             return
-        rows = [(table, field, amount, self.view.expires.get(table, 0.0))
-                for table, fields in batch.items() for field, amount in fields.items()]
         try:
-            self._counters_txn(rows)
+            dropped = self._counters_txn(self._rows(batch), {
+                holder: self._rows(tables) for holder, tables in settling.items()})
         except sqlite3.Error as exc:
             self.view.restore(batch)
+            self.view.restore_settling(settling)
             self._failed("counters", exc)
             return
         self._recovered()
+        for holder in dropped:
+            self._settlements_dropped(holder)
 
-    def _counters_txn(self, rows: list[tuple[str, str, int, float]]) -> None:
+    def _rows(self, batch: dict[str, Table]) -> list[tuple[str, str, int, float]]:
+        return [(table, field, amount, self.view.expires.get(table, 0.0))
+                for table, fields in batch.items() for field, amount in fields.items()]
+
+    def _counters_txn(self, rows: list[tuple[str, str, int, float]],
+                      settling: dict[str, list[tuple[str, str, int, float]]]) -> list[str]:
+        """The batch, and each holder's settlements if its lease stands; the holders
+        whose settlements were dropped."""
+        dropped = []
         with _transaction(self._db()) as conn:
             conn.executemany(_ADD, rows)
+            for holder, settled in settling.items():
+                if conn.execute("SELECT 1 FROM leases WHERE holder = ?",
+                                (holder,)).fetchone() is None:
+                    dropped.append(holder)
+                else:
+                    conn.executemany(_ADD, settled)
+        return dropped
+
+    def _settlements_dropped(self, holder: str) -> None:
+        if holder not in self._dropped:
+            self._dropped.add(holder)
+            log.warning("state store: settlements of calls admitted under lease %s were "
+                        "not written: the lease was found dead and their reservations "
+                        "charged in full", holder)
+
+    # -- leases (`leases.LeaseStore`) -----------------------------------------------------
+
+    @property
+    def holder(self) -> str | None:
+        return self.lease.holder if self.lease is not None else None
+
+    async def take_lease(self, slot: str, *, ttl: float = LEASE_TTL,
+                         beat: float = BEAT) -> None:
+        lease = Lease(self, slot, ttl=ttl, beat=beat)
+        if not await lease.start():
+            raise StateUnavailable(f"this process's lease cannot be written ({self._problem})")
+        self.lease = lease
+
+    async def lease_claim(self, holder: str, slot: str, ttl: float, takeover: bool) -> bool:
+        try:
+            with _transaction(self._db()) as conn:
+                if takeover:
+                    conn.execute("UPDATE leases SET expires_at = 0 WHERE slot = ? AND "
+                                 "holder != ?", (slot, holder))
+                conn.execute("INSERT INTO leases (holder, slot, expires_at) VALUES (?, ?, ?) "
+                             "ON CONFLICT(holder) DO UPDATE SET expires_at = "
+                             "excluded.expires_at", (holder, slot, self.clock() + ttl))
+        except sqlite3.Error as exc:
+            self._failed("lease", exc)
+            return False
+        self._recovered()
+        return True
+
+    async def lease_renew(self, holder: str, ttl: float) -> bool | None:
+        try:
+            with _transaction(self._db()) as conn:
+                kept = conn.execute("UPDATE leases SET expires_at = ? WHERE holder = ?",
+                                    (self.clock() + ttl, holder)).rowcount == 1
+        except sqlite3.Error as exc:
+            self._failed("lease", exc)
+            return None
+        self._recovered()
+        return kept
+
+    async def lease_reap(self, release: str | None) -> list[Charged] | None:
+        """One transaction: every record of a holder without a live lease charged as
+        used and deleted, with the dead leases (and `release`'s)."""
+        now = self.clock()
+        try:
+            with _transaction(self._db()) as conn:
+                if release is not None:
+                    conn.execute("DELETE FROM leases WHERE holder = ?", (release,))
+                live = {h for (h,) in conn.execute(
+                    "SELECT holder FROM leases WHERE expires_at > ?", (now,))}
+                charged = self._charge(conn, live, now)
+                conn.execute("DELETE FROM leases WHERE expires_at <= ?", (now,))
+        except sqlite3.Error as exc:
+            self._failed("lease", exc)
+            return None
+        self._recovered()
+        return charged
+
+    @staticmethod
+    def _charge(conn: sqlite3.Connection, live: set[str], now: float) -> list[Charged]:
+        charged: list[Charged] = []
+        gone: list[tuple[str, str]] = []
+        for name, value in conn.execute("SELECT field, value FROM counters WHERE tbl = ?",
+                                        (ORPHANS,)).fetchall():
+            held = parse_held(name)
+            if held is not None and held[0] in live:
+                if value == 0:  # (settled: nothing to keep)
+                    gone.append((ORPHANS, name))
+                continue
+            gone.append((ORPHANS, name))
+            target = charge_of(held[2]) if held is not None else None
+            if held is None or target is None or value <= 0:
+                continue
+            holder, table, field = held
+            row = conn.execute("SELECT expires_at FROM counters WHERE tbl = ? AND field = ? "
+                               "AND expires_at > ?", (table, field, now)).fetchone()
+            if row is None:
+                continue  # (its window is over)
+            conn.executemany(_ADD, [(table, target, value, row[0]),
+                                    (table, field, -value, row[0])])
+            charged.append(Charged(holder, table, field, int(value)))
+        conn.executemany("DELETE FROM counters WHERE tbl = ? AND field = ?", gone)
+        return charged
 
     def admit(self, admission: Admission) -> int | None:
         """Check `admission`'s limits against the committed counters and, if every one
@@ -734,7 +871,7 @@ class SqliteState:
 
 
 _TABLES = ("revoked", "sandboxes", "ephemeral", "counters", "minted", "refresh_tokens",
-           "records", "log")
+           "records", "log", "leases")
 
 
 def _counts(conn: sqlite3.Connection) -> dict[str, int]:

@@ -12,6 +12,7 @@ from helpers.clock import Clock, run
 from gateway.services.metering.budgets import (
     RETRY_AFTER_MAX,
     BudgetBook,
+    Hold,
     Reservation,
     budget_problems,
     window_bounds,
@@ -25,7 +26,8 @@ from gateway.services.metering.pricing import (
 )
 from gateway.services.metering.usage import Usage
 from gateway.services.policy import PolicySet, load_policy_text
-from gateway.services.state.counters import MemoryCounters
+from gateway.services.state.leases import ORPHANS, parse_held
+from gateway.services.state.memory_counters import MemoryCounters
 
 
 def ts(text: str) -> float:
@@ -393,3 +395,36 @@ credentials:
   openai: {preset: openai, secret: k1}
 """).policies["t"]
     assert book(clock, None).reservation(tokens_only, "openai", None, 5, 6) == Reservation(11)
+
+
+def test_a_reservation_is_recorded_under_the_lease_and_released_with_its_settlement(
+        policies: PolicySet, clock: Clock) -> None:
+    """Admission records the reservation under the process's lease, in every window it
+    counts in; the settlement takes the record back with the reservation (one write);
+    with no lease (a tool, `policy test`) nothing is recorded."""
+    async def scenario() -> None:
+        agent = policies.policies["agent"]
+        counters = MemoryCounters(clock)
+        unleased = BudgetBook(counters, PRICING).admit("sb", agent, "openai", clock.now,
+                                                       Reservation(400))
+        assert isinstance(unleased, Hold) and unleased.holder is None
+        assert ORPHANS not in counters.view.shared
+        BudgetBook(counters, PRICING).settle(unleased, 0, 0)
+        await counters.take_lease("host|proxy|0", beat=3600)
+        holder = counters.holder
+        b = BudgetBook(counters, PRICING)
+        hold = b.admit("sb", agent, "openai", clock.now, Reservation(400, 9))
+        assert isinstance(hold, Hold) and hold.holder == holder is not None
+        records = counters.view.shared[ORPHANS]
+        assert sorted((parse_held(k), v) for k, v in records.items()) == sorted(
+            [((holder, table, "rt:" + subject), 400) for table, subject, _ in hold.places]
+            + [((holder, table, "rc:" + subject), 9) for table, subject, _ in hold.places])
+        b.settle(hold, 250, 0)
+        assert set(records.values()) == {0}
+        status = {s["budget"]: s for s in await b.status(agent, "sb", clock.now)}
+        assert status["daily"]["used"]["tokens"] == 250
+        assert status["daily"]["reserved"] == {"tokens": 0, "cost_usd": 0.0}
+        await counters.close()
+        assert counters.leases == {}  # (given back)
+
+    run(scenario())

@@ -24,7 +24,7 @@ from gateway.services.metering.estimate import (
 from gateway.services.metering.usage import SessionMeter
 from gateway.services.policy import PolicySet, load_policy_texts
 from gateway.services.policy.compiled import Policy
-from gateway.services.state.counters import MemoryCounters
+from gateway.services.state.memory_counters import MemoryCounters
 
 NOW = 1_795_000_000.0
 POLICY = """\

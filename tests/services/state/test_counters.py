@@ -23,7 +23,8 @@ from gateway.services.metering.budgets import BudgetBook, Hold
 from gateway.services.metering.usage import Usage
 from gateway.services.policy import load_policy_text
 from gateway.services.state.base import MemoryState
-from gateway.services.state.counters import Admission, Increment, Limit, MemoryCounters
+from gateway.services.state.counters import Admission, Increment, Limit
+from gateway.services.state.memory_counters import MemoryCounters
 from gateway.services.state.redis import RedisState
 from gateway.services.state.sqlite import SqliteState
 
