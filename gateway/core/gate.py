@@ -23,14 +23,13 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import Any
 
 from gateway.core import approvals, credentials, local_api, mcp, target
 from gateway.core.addresses import Pinned
 from gateway.core.client import Client, Refused, Tunnel
 from gateway.core.connections import Connections
-from gateway.core.evaluate import Routed, askable, route
+from gateway.core.evaluate import Routed, granted, route, with_grants
 from gateway.core.exchange import Exchange, leak_refusal
 from gateway.core.identify import UNREGISTERED, Identifier
 from gateway.core.identity import Identity
@@ -55,7 +54,7 @@ from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal, answered_inside
 from gateway.core.secret_value import SecretValue
 from gateway.core.trail import Trail, rule_of
 from gateway.services.metering import Metering
-from gateway.services.policy import Credential, Decision, Policy, PolicySet, Request, Rule
+from gateway.services.policy import Credential, Decision, Policy, PolicySet, Request
 from gateway.services.policy.ask_rule import Ask
 from gateway.services.secrets.ephemeral import EphemeralKeys
 
@@ -480,14 +479,13 @@ class Gate:
                 raise routed.refusal
             return routed
         rule = routed.decision.rule
-        spec = askable(policy, routed, request)
+        approvals_ = self.approvals
+        routed, spec = with_grants(policy, routed, request, lambda asked: approvals_.grant_for(
+            identity.sandbox, identity.policy, asked))
         if spec is None:
             if routed.refusal is not None:
                 raise routed.refusal
             return routed
-        grant = self.approvals.grant_for(identity.sandbox, identity.policy, request)
-        if grant is not None:
-            return _granted(routed, grant.source, grant.describe(), request)
         assert routed.refusal is None or routed.refusal.code == "policy_denied"
         await self._check(client, request.host, request.port)  # (never asked: refused)
         if head is not None and routed.credential is None:
@@ -503,13 +501,15 @@ class Gate:
         reason = routed.refusal.reason if routed.refusal is not None else \
             f"rule {rule.source if rule else ''} asks before it allows"
         try:
-            ended = await self.approvals.ask(identity, asked, reason, spec)
+            ended = await self.approvals.ask(identity, asked, reason, spec, request=request)
         except approvals.AskLimit as limit:
             raise _not_asked(routed.refusal or Refusal("policy_denied", reason, rule.source
                                                        if rule else None), limit) from None
+        if isinstance(ended, approvals.Grant):  # (written meanwhile, for something else)
+            return granted(routed, ended.source, ended.describe(), request)
         if ended.state == "approved":
-            return _granted(routed, f"grant:{ended.grant or ended.id}",
-                            f"approved by {ended.by} ({ended.scope})", request)
+            return granted(routed, f"grant:{ended.grant or ended.id}",
+                           f"approved by {ended.by} ({ended.scope})", request)
         raise _unapproved(ended, spec)
 
     async def _ask_model(self, ex: Exchange, spec: Ask, model: str, refusal: Refusal) -> None:
@@ -524,9 +524,13 @@ class Gate:
             return
         asked = approvals.Asked("model", tgt.host, tgt.port, model=model)
         try:
-            ended = await self.approvals.ask(identity, asked, refusal.reason, spec)
+            ended = await self.approvals.ask(identity, asked, refusal.reason, spec,
+                                             request=request, model=model)
         except approvals.AskLimit as limit:
             raise _not_asked(refusal, limit) from None
+        if isinstance(ended, approvals.Grant):
+            ex.granted(ended.source, ended.describe())
+            return
         if ended.state != "approved":
             raise _unapproved(ended, spec)
         ex.granted(f"grant:{ended.grant or ended.id}", f"approved by {ended.by} "
@@ -627,18 +631,6 @@ def _unapproved(ended: approvals.Approval, spec: Ask) -> Refusal:
     return Refusal("approval_timeout", f"no one answered approval {ended.id} for {asked} "
                    f"within {spec.timeout:g}s; it may be asked again later, or allowed by "
                    "a policy change", source)
-
-
-def _granted(routed: Routed, source: str, reason: str, request: Request) -> Routed:
-    """The decision a grant (or an approval) makes: the matching rule's where one asked
-    (its credential and inspection kept), else a rule standing for the grant alone."""
-    rule = routed.decision.rule
-    if routed.refusal is None and rule is not None:
-        return Routed(Decision("allow", reason, replace(rule, source=source, ask=None),
-                               routed.decision.inspect, routed.decision.credential),
-                      routed.credential, None)
-    stand_in = Rule(host=request.host, source=source, ports=(request.port,))
-    return Routed(Decision("allow", reason, stand_in), None, None)
 
 
 async def _no_resolver(host: str, port: int) -> list[str]:

@@ -403,6 +403,7 @@ class Gateway:
             max_connections=max(16, (self.fd_limit - FD_RESERVE - self.pool_limit) // 2),
             workloads=self.pods, approvals=self._build_approvals(overrides))
         await self._approvals().refresh()  # (the grants that outlived a restart)
+        self._approvals().start()  # (grants and answers written anywhere, followed)
         await self._start_dns(shared)
 
         t = cfg.network.timeouts

@@ -4,6 +4,7 @@ answering a held ask, grants revoked from the page, no token in any page."""
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from gateway.api.console.session import COOKIE, KIND, LIFETIME, Sessions
 from gateway.core.approvals import Asked
 from gateway.core.identity import Identity
 from gateway.services.approvals import ApprovalService
+from gateway.services.policy import Request
 from gateway.services.policy.ask_rule import Ask
 from gateway.services.state.base import MemoryState, StateUnavailable
 
@@ -66,9 +68,10 @@ def test_sign_in_exchanges_the_token_for_a_session_cookie(world: Any) -> None:
 
 def test_a_held_ask_is_answered_from_the_inbox(world: Any) -> None:
     client, service, _, lines = world
-    held = client.portal.start_task_soon(
+    held = client.portal.start_task_soon(functools.partial(
         service.ask, _identity(), Asked("host", "new.test", 443),
-        'no rule in policy "agent" allows host "new.test"', Ask(hosts=True, timeout=30))
+        'no rule in policy "agent" allows host "new.test"', Ask(hosts=True, timeout=30),
+        request=Request(None, "https", "new.test", 443, None)))
     sign_in(client)
     deadline = time.monotonic() + 5
     while "new.test:443 (any request)" not in (page := client.get("/console/approvals")).text:
@@ -105,9 +108,10 @@ def test_a_held_ask_is_answered_from_the_inbox(world: Any) -> None:
 
 def test_a_denial_from_the_inbox_reaches_the_held_request(world: Any) -> None:
     client, service, _, _ = world
-    held = client.portal.start_task_soon(
+    held = client.portal.start_task_soon(functools.partial(
         service.ask, _identity(), Asked("request", "api.test", 443, "POST", "/v1/x"),
-        "method POST is not allowed", Ask(requests=True, timeout=30))
+        "method POST is not allowed", Ask(requests=True, timeout=30),
+        request=Request("POST", "https", "api.test", 443, "/v1/x")))
     sign_in(client)
     deadline = time.monotonic() + 5
     while "POST api.test:443/v1/x" not in (page := client.get("/console/approvals")).text:
