@@ -35,6 +35,7 @@ from gateway.core.identify import UNREGISTERED, Identifier
 from gateway.core.identity import Identity
 from gateway.core.local_api import INTERNAL_HOST
 from gateway.core.markers import Markers
+from gateway.core.mcp_pins import Server, ServerPins, ToolPins
 from gateway.core.messages import RequestHead
 from gateway.core.names import DestinationError, is_ip, normalize_host
 from gateway.core.ports import (
@@ -77,7 +78,7 @@ class Gate:
                  connections_per_sandbox: int = 256, max_connections: int = 1 << 30,
                  telemetry: Telemetry = SILENT, clock: Callable[[], float] = time.time,
                  refusals_inside_tls: bool = False, workloads: Workloads | None = None,
-                 approvals: Approvals | None = None) -> None:
+                 approvals: Approvals | None = None, pins: ToolPins | None = None) -> None:
         self.tokens = tokens
         self.policies = policies
         self.guard = guard
@@ -94,7 +95,8 @@ class Gate:
                                        limit=max_connections, telemetry=telemetry)
         self.identities = Identifier(tokens, registry, self.connections, workloads, policies)
         self.markers = Markers(policies, secrets, self.ephemeral, lambda: self.tokens.issuer)
-        self.mcp_sessions = mcp.Sessions()  # tools each MCP session was shown (pinning)
+        self.mcp_sessions = mcp.Sessions()  # tools each MCP session was shown (flagging)
+        self.pins = pins  # MCP tool descriptions pinned in the state store (None: per session)
         self.approvals = approvals  # ask mode: grants, and asking a person (None: off)
 
     @property
@@ -556,8 +558,12 @@ class Gate:
         if decision.rule is not None and decision.rule.mcp is not None:
             session = self.mcp_sessions.of(ex.identity.sandbox, tgt.host,
                                            head.headers.get("mcp-session-id") or "")
+            pins = None
+            if decision.rule.mcp.pin_descriptions and self.pins is not None:
+                pins = ServerPins(self.pins, ex.identity, Server(
+                    tgt.host, tgt.port, tgt.path.split("?", 1)[0]))
             ex.mcp(decision.rule.mcp, session,
-                   report=self.policy(ex.identity).mode == "report")
+                   report=self.policy(ex.identity).mode == "report", pins=pins)
         ex.scan = self.markers.scan_for(tgt.host, ex.client.token)
         found = ex.scan.head(head.method, path, head.headers.fields)
         if found is not None:

@@ -42,8 +42,10 @@ from gateway.core import approvals as core
 from gateway.core.approvals import Approval, Asked, Grant
 from gateway.core.audit import record
 from gateway.core.identity import Identity
+from gateway.core.mcp_pins import KIND as PIN_KIND
 from gateway.core.ports import SILENT, Telemetry
 from gateway.services.approvals.notify import Webhooks
+from gateway.services.approvals.pins import ToolPinStore
 from gateway.services.approvals.proposal import Proposal, propose
 from gateway.services.approvals.watch import WATCH, RecordWatcher
 from gateway.services.policy import PolicySet, Request
@@ -61,6 +63,13 @@ _APPROVAL, _CLAIM, _GRANT = "approval", "asking", "grant"
 
 class NotFound(KeyError):
     """No such approval or grant (or it has expired)."""
+
+
+def _timed(approval: Approval, now: float) -> Approval:
+    """`approval` as it stands at `now`: pending past its expiry is timed out."""
+    if approval.state == "pending" and now >= approval.expires:
+        return replace(approval, state="timeout")
+    return approval
 
 
 class ApprovalService:
@@ -83,12 +92,17 @@ class ApprovalService:
         self.proposals = proposals
         self._grants: dict[str, Grant] = {}
         self._answered: dict[str, asyncio.Event] = {}  # a held ask's wake-up, by approval
+        self.pins = ToolPinStore(self)  # MCP tool descriptions pinned per server
         # what the watcher follows: record kind -> what to run when one was written
         self.watcher = RecordWatcher(store, {_GRANT: self._grants_written,
-                                             _APPROVAL: self._wake})
+                                             _APPROVAL: self._wake,
+                                             PIN_KIND: self.pins.refresh})
 
-    def start(self) -> None:
-        """Follow the grants and approvals written anywhere (on the running loop)."""
+    async def start(self) -> None:
+        """Load the grants and pins (they outlive restarts), then follow what is written
+        anywhere (on the running loop)."""
+        await self.refresh()
+        await self.pins.refresh()
         self.watcher.start()
 
     # -- the gate's port (local view, no I/O) ----------------------------------------------
@@ -257,6 +271,9 @@ class ApprovalService:
         now = self.clock()
         answered, grant = core.answer(approval, decision, scope=scope, duration=duration,
                                       by=by, note=note, now=now)
+        tool = approval.asked.kind == "tool"
+        if tool:  # (superseded by a later change, or answered: refused before it is recorded)
+            await self.pins.check_open(approval)
         proposal = None
         if grant is not None:  # (live before anyone is told "approved")
             await self.store.record_put(_GRANT, grant.id, grant.to_doc(),
@@ -266,6 +283,8 @@ class ApprovalService:
             if grant is not None:
                 await self._expire(grant)
             raise ValueError(f"approval {ident} was answered or timed out meanwhile")
+        if tool:  # the pin follows (a failure here keeps the quarantine: fail closed)
+            await self.pins.answered(answered)
         if grant is not None:
             self._grants[grant.id] = grant
             if grant.scope == "always":
@@ -316,8 +335,11 @@ class ApprovalService:
         raise StateUnavailable(f"grant {grant.id} could not be revoked (contended)")
 
     async def approvals(self) -> list[Approval]:
-        """Pending first, then the most recent."""
-        found = [Approval.from_doc(d) for d in await self.store.record_list(_APPROVAL)]
+        """Pending first, then the most recent (one no one answered in time: `timeout`,
+        whether or not a held request wrote it)."""
+        now = self.clock()
+        found = [_timed(Approval.from_doc(d), now)
+                 for d in await self.store.record_list(_APPROVAL)]
         return sorted(found, key=lambda a: (a.state != "pending", -a.created))
 
     async def grants(self) -> list[Grant]:
@@ -330,10 +352,36 @@ class ApprovalService:
         found = await self._read(ident)
         if found is None:
             raise NotFound(ident)
-        return found[0]
+        return _timed(found[0], self.clock())
+
+    # -- asks without a held request (an MCP tool's change: `pins.py`) -----------------
+
+    def opened(self, approval: Approval, identity: Identity) -> None:
+        """An approval recorded without a request waiting on it: audited, counted, and
+        told to the notifiers of the sandbox's policy's `ask:`."""
+        self.telemetry.count("approvals", "asked")
+        self._line(approval, "ask", f"held for a person's answer: {approval.reason}",
+                   identity=identity)
+        policy = self.policies().get(approval.policy) if self.policies else None
+        notify = policy.ask.notify if policy is not None and policy.ask is not None else ()
+        if self.webhooks is not None and notify:
+            self.webhooks.notify(notify, approval)
+
+    async def superseded(self, ident: str, by: str) -> None:
+        """Close pending approval `ident`: what it asks about was replaced by `by`."""
+        found = await self._read(ident)
+        if found is None or found[0].state != "pending":
+            return
+        now = self.clock()
+        closed = replace(found[0], state="denied", by="sandbox-gateway", answered=now,
+                         note=f"superseded by {by}: the tool changed again")
+        if await self.store.record_put(_APPROVAL, ident, closed.to_doc(),
+                                       now + self.retention, found[1]):
+            self._line(closed, "deny", f"superseded by approval {by}")
 
     async def close(self) -> None:
         await self.watcher.stop()
+        await self.pins.close()
         if self.webhooks is not None:
             await self.webhooks.close()
 

@@ -167,7 +167,7 @@ def test_a_grant_written_anywhere_releases_every_held_request_it_covers(
     async def scenario(services: list[ApprovalService], lines: list[Any]) -> None:
         one, two = services
         for service in services:
-            service.start()
+            await service.start()
         spec = Ask(hosts=True, timeout=10)
         first = asyncio.create_task(two.ask(_identity("s1"), ASKED, "no rule", spec,
                                             request=_request()))
