@@ -241,8 +241,9 @@ def test_a_grant_resolves_a_name_only_where_the_proxy_lets_it_decide(
     the watcher's tenth of a second of the grant being written), a deny rule with a
     grant for its host (made before the rule) does not, and the proxy refuses it too,
     without asking."""
-    from gateway.core.approvals import Asked, Grant
     from helpers.clients import raw_connect
+
+    from gateway.core.approvals import Asked, Grant
 
     resolver = RecordingResolver({**NAMES, "new.test": ["203.0.113.13"],
                                   "blocked.test": ["203.0.113.14"]})
