@@ -18,21 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gateway.core import approvals as core
 from gateway.core import mcp_pins
 from gateway.core.approvals import Approval, Asked
 from gateway.core.identity import Identity
 from gateway.core.mcp_pins import KIND, Pin, Server, Shown
-from gateway.services.state.base import StateUnavailable
+from gateway.services.state.base import Records, StateUnavailable
 
-if TYPE_CHECKING:
-    from gateway.services.approvals import ApprovalService
-
-__all__ = ["FIRST", "ToolPinStore"]
+__all__ = ["FIRST", "Owner", "ToolPinStore"]
 
 log = logging.getLogger("sandbox_gateway.approvals")
 
@@ -41,10 +38,24 @@ KEEP = 100 * 365 * 86400.0  # how long a pin is kept: until deleted
 _TRIES = 10  # compare-and-set attempts under contention
 
 
+class Owner(Protocol):
+    """What the pins use of the approvals service that owns them."""
+
+    store: Records
+    clock: Callable[[], float]
+    retention: float
+
+    def opened(self, approval: Approval, identity: Identity) -> None:
+        """An approval recorded with no request waiting: audit, count, notify."""
+
+    async def superseded(self, ident: str, by: str) -> None:
+        """Close pending approval `ident`, replaced by approval `by`."""
+
+
 class ToolPinStore:
     """See the module docstring; `approvals` owns it (its store, clock, audit, webhooks)."""
 
-    def __init__(self, approvals: ApprovalService) -> None:
+    def __init__(self, approvals: Owner) -> None:
         self.approvals = approvals
         self.store = approvals.store
         self._view: dict[str, Pin] = {}  # as the store has them
