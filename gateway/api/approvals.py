@@ -10,7 +10,9 @@
 
 Answers and revocations are audit lines naming `by` (default `admin`: whoever holds the
 admin token). An `always` grant's answer carries the proposed policy change (`proposal`:
-the rule's YAML, the patch file, the git branch).
+the rule's YAML, the patch file, the git branch). An MCP tool's change (`asked.kind`
+``tool``, `pin_descriptions`) carries the pinned and the new text in `change`, as JSON;
+its answer takes no scope (approving pins the new text).
 """
 
 from __future__ import annotations

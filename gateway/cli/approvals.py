@@ -11,6 +11,12 @@
 `watch` prints each new pending approval and asks for an answer on the terminal
 (o once, s sandbox, p policy, a always, d deny, Enter skip); with no terminal (stdin at
 its end) it only prints. `--by` defaults to the login name.
+
+An MCP tool's change (`what`: ``tool NAME changed on HOST:PORT/PATH``) is shown with its
+old and new description and input schema, printed as data (JSON strings: a control
+character, an escape sequence or a bidi override in a server's text is shown escaped,
+never sent to the terminal); approving pins the new text (no scope), denying keeps the
+tool quarantined.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import getpass
 import json
 import sys
 import time
+import unicodedata
 from typing import Any
 
 from gateway.cli.admin_client import AdminError, add_arguments, call
@@ -46,17 +53,38 @@ def _when(at: float | None) -> str:
     return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+def _safe(text: object) -> str:
+    """`text` with control and format characters (escape sequences, bidi overrides)
+    shown escaped: what a sandbox or a server chose never drives the terminal."""
+    return "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) in ("Cc", "Cf") else c
+                   for c in str(text))
+
+
+def _change(change: dict[str, Any]) -> str:
+    """A tool's old and new text, as data (JSON strings)."""
+    old, new = change.get("old") or {}, change.get("new") or {}
+    out = []
+    for key in ("description", "inputSchema"):
+        if key == "inputSchema" and old.get(key) == new.get(key):
+            continue
+        out.append(f"\n    old {key}: {json.dumps(old.get(key))}"
+                   f"\n    new {key}: {json.dumps(new.get(key))}")
+    return "".join(out)
+
+
 def _line(approval: dict[str, Any]) -> str:
     state = approval["state"]
     if state == "pending":
         left = max(0, round(approval["expires"] - time.time()))
         status = f"pending ({left}s left)"
     else:
-        status = f"{state} by {approval['by']}" if approval.get("by") else state
+        status = f"{state} by {_safe(approval['by'])}" if approval.get("by") else state
         if approval.get("scope"):
             status += f" ({approval['scope']})"
-    return (f"{approval['id']}  {approval['sandbox']} ({approval['policy']})  "
-            f"{approval['what']}  {status}\n    why: {approval['reason']}")
+    change = approval.get("change")
+    return (f"{approval['id']}  {_safe(approval['sandbox'])} ({_safe(approval['policy'])})  "
+            f"{_safe(approval['what'])}  {status}\n    why: {_safe(approval['reason'])}"
+            + (_change(change) if isinstance(change, dict) else ""))
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -75,7 +103,7 @@ def _answer(args: argparse.Namespace, ident: str, decision: str, scope: str | No
     for key in ("note", "duration"):
         if getattr(args, key, None):
             body[key] = getattr(args, key)
-    if scope:
+    if scope and scope != "once":  # (once: the default; a tool's change takes no scope)
         body["scope"] = scope
     got = call(args, "POST", f"/v1/approvals/{ident}", body)
     print(_line(got["approval"]))
@@ -130,7 +158,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
             print(_line(approval), flush=True)
             if not prompting:
                 continue
-            print("    answer? [o]nce [s]andbox [p]olicy [a]lways [d]eny, Enter skips: ",
+            print("    answer? [o] approve the new text, [d]eny, Enter skips: "
+                  if approval.get("change") else
+                  "    answer? [o]nce [s]andbox [p]olicy [a]lways [d]eny, Enter skips: ",
                   end="", flush=True)
             reply = sys.stdin.readline()
             if not reply:

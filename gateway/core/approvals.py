@@ -29,7 +29,7 @@ from gateway.services.policy import Request
 __all__ = ["DEFAULT_DURATION", "MAX_PENDING", "SCOPES", "Approval", "AskLimit", "Asked",
            "Grant", "answer", "asked_for", "new_id"]
 
-Kind = Literal["host", "request", "model"]
+Kind = Literal["host", "request", "model", "tool"]
 State = Literal["pending", "approved", "denied", "timeout"]
 SCOPES = ("once", "sandbox", "policy", "always")
 DEFAULT_DURATION = 3600.0  # a sandbox or policy grant with no duration given: an hour
@@ -51,7 +51,9 @@ def new_id(prefix: str) -> str:
 class Asked:
     """What a held request asks for: `host` on `port` (kind ``host``: the host, any
     request), one `method` and `path` (no query) on it (kind ``request``), or a `model`
-    its rule's allowlist refuses, on that host (kind ``model``)."""
+    its rule's allowlist refuses, on that host (kind ``model``). Kind ``tool``: an MCP
+    server's (`host`, `port`, `path`) `tool` changed its description or input schema
+    (its approval carries the texts; approving pins the new one, `core/mcp_pins.py`)."""
 
     kind: Kind
     host: str
@@ -59,27 +61,32 @@ class Asked:
     method: str | None = None
     path: str | None = None
     model: str | None = None
+    tool: str | None = None
 
     @property
     def key(self) -> str:
         """The same thing asked twice has the same key (one approval for both)."""
         return "|".join([self.kind, self.host, str(self.port), self.method or "",
-                         self.path or "", self.model or ""])
+                         self.path or "", self.model or "", self.tool or ""])
 
     def describe(self) -> str:
         """One line for people: ``api.example.com:443 (any request)``, ``GET
-        api.example.com:443/v1/x`` or ``model gpt-5 on api.openai.com:443``."""
+        api.example.com:443/v1/x``, ``model gpt-5 on api.openai.com:443`` or ``tool
+        search changed on mcp.example.com:443/mcp``."""
         if self.kind == "host":
             return f"{self.host}:{self.port} (any request)"
         if self.kind == "model":
             return f"model {self.model} on {self.host}:{self.port}"
+        if self.kind == "tool":
+            return f"tool {self.tool} changed on {self.host}:{self.port}{self.path}"
         return f"{self.method} {self.host}:{self.port}{self.path}"
 
     def covers(self, request: Request, model: str | None = None) -> bool:
         """Does approving this let `request` (naming `model`) through? A host: a tunnel
         or any request to it; a request: that method and path (any query); a model:
-        requests on the host naming that model (only: the rest of the allowlist stands)."""
-        if request.host != self.host or request.port != self.port:
+        requests on the host naming that model (only: the rest of the allowlist stands);
+        a tool's change: no request (it updates the tool's pin)."""
+        if request.host != self.host or request.port != self.port or self.kind == "tool":
             return False
         if self.kind == "host":
             return True
@@ -88,10 +95,21 @@ class Asked:
         return (request.method == self.method and request.path is not None
                 and request.path.split("?", 1)[0] == self.path)
 
+    def includes(self, other: Asked) -> bool:
+        """Does approving this let through every request approving `other` would?"""
+        if other.kind == "tool" or self.kind == "tool" or \
+                (other.host, other.port) != (self.host, self.port):
+            return False
+        if self.kind == "host":
+            return True
+        return self.kind == other.kind and (self.method, self.path, self.model) == \
+            (other.method, other.path, other.model)
+
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> Asked:
         return cls(kind=doc["kind"], host=doc["host"], port=int(doc["port"]),
-                   method=doc.get("method"), path=doc.get("path"), model=doc.get("model"))
+                   method=doc.get("method"), path=doc.get("path"), model=doc.get("model"),
+                   tool=doc.get("tool"))
 
 
 def asked_for(request: Request, host_known: bool) -> Asked:
@@ -136,6 +154,7 @@ class Approval(_Stored):
     note: str | None = None
     answered: float | None = None
     grant: str | None = None
+    change: dict[str, Any] | None = None  # kind tool: {"old": …, "new": …} (`mcp_pins`)
 
 
 
@@ -196,6 +215,10 @@ def answer(approval: Approval, decision: str, *, scope: str | None = None,
         raise ValueError(f"a note is at most {_NOTE_MAX} characters")
     if decision == "deny":
         return replace(approval, state="denied", by=by, note=note, answered=now), None
+    if approval.asked.kind == "tool" and (scope not in (None, "once") or
+                                          duration is not None):
+        raise ValueError("a tool's change is approved for its server (the new text is "
+                         "pinned): it takes no scope or duration")
     scope = scope or "once"
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}")

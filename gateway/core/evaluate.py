@@ -7,7 +7,8 @@ Every caller that decides a request runs these stages, in this order, and no cop
    (``credentials.static_refusal``). The proxy calls it for every tunnel and request
    (``core/gate.py``); ``policy explain``, ``policy test``, ``policy diff --replay``
    and the DNS resolver (``name_allowed``) call it too. ``askable`` says whether a
-   person may decide what it refuses (ask mode), for the proxy and ``explain`` alike.
+   person may decide what it refuses (ask mode), for the proxy and ``explain`` alike;
+   ``with_grants`` lets a grant decide there, for the proxy and the DNS resolver alike.
 2. (the destination check: I/O, ``DestinationGuard.check``; the proxy and ``explain
    --resolve`` run it between 1 and 3, on what stage 1 allowed — a denied host is
    never resolved)
@@ -24,20 +25,30 @@ the proxy alone; a request is ``allow`` here when nothing above refuses it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Final
 
 from gateway.core import credentials, mcp
+from gateway.core.approvals import Grant
 from gateway.core.refusal import Refusal
 from gateway.core.target import url_target
 from gateway.services.metering import Exchange, Metering, Pricing
-from gateway.services.policy import Credential, Decision, Policy, PolicySet, Request, decide
+from gateway.services.policy import (
+    Credential,
+    Decision,
+    Policy,
+    PolicySet,
+    Request,
+    Rule,
+    decide,
+)
 from gateway.services.policy.ask_rule import Ask
 from gateway.services.state.counters import EmptyCounters
 
-__all__ = ["UNSEEN", "Routed", "Unseen", "Verdict", "askable", "evaluate", "meter",
-           "name_allowed", "request_for", "route", "static_metering"]
+__all__ = ["UNSEEN", "Grants", "Routed", "Unseen", "Verdict", "askable", "evaluate",
+           "granted", "meter", "name_allowed", "request_for", "route", "static_metering",
+           "with_grants"]
 
 class Unseen:
     """The type of ``UNSEEN``: a caller that has no body (and does not ask)."""
@@ -124,6 +135,37 @@ def askable(policy: Policy, routed: Routed, request: Request) -> Ask | None:
     return policy.ask if policy.ask.requests and request.method is not None else None
 
 
+Grants = Callable[[Request], Grant | None]  # the grant covering a request (ask mode's view)
+
+
+def with_grants(policy: Policy, routed: Routed, request: Request,
+                grants: Grants | None) -> tuple[Routed, Ask | None]:
+    """Ask mode on stage 1: where a person may decide (`askable`), a grant covering the
+    request decides as a rule would (`granted`); otherwise the `ask:` that would hold it
+    for a person, or None where `routed` stands as the policy decided it. The proxy asks
+    what is left to ask; the DNS resolver never asks (a name is answered only where
+    the decision allows)."""
+    spec = askable(policy, routed, request)
+    if spec is None:
+        return routed, None
+    grant = grants(request) if grants is not None else None
+    if grant is not None:
+        return granted(routed, grant.source, grant.describe(), request), None
+    return routed, spec
+
+
+def granted(routed: Routed, source: str, reason: str, request: Request) -> Routed:
+    """The decision a grant (or an approval) makes: the matching rule's where one asked
+    (its credential and inspection kept), else a rule standing for the grant alone."""
+    rule = routed.decision.rule
+    if routed.refusal is None and rule is not None:
+        return Routed(Decision("allow", reason, replace(rule, source=source, ask=None),
+                               routed.decision.inspect, routed.decision.credential),
+                      routed.credential, None)
+    stand_in = Rule(host=request.host, source=source, ports=(request.port,))
+    return Routed(Decision("allow", reason, stand_in), None, None)
+
+
 def request_for(method: str, url: str) -> Request:
     """The pipeline's input for ``method url`` as a client would send it (the target
     read by ``core/target.url_target``); ``CONNECT`` asks the tunnel-level decision for
@@ -183,13 +225,17 @@ def evaluate(policy_set: PolicySet, policy: Policy, request: Request, *,
                  metering, sandbox=sandbox, now=now)
 
 
-def name_allowed(policy: Policy, host: str) -> tuple[Decision, int]:
-    """Whether any rule of ``policy`` lets ``host`` be reached, and on which port (the
-    DNS resolver's question): tunnel-level decisions for 443, then 80, then every port
-    a rule matching the host lists; the first ``allow`` wins, else the decision for
-    443 (a deny, or ``report`` under ``mode: report``)."""
+def name_allowed(policy: Policy, host: str, grants: Grants | None = None
+                 ) -> tuple[Decision, int]:
+    """Whether ``policy`` lets ``host`` be reached, and on which port (the DNS
+    resolver's question): tunnel-level decisions for 443, then 80, then every port a
+    rule matching the host lists, each as the proxy takes it at a CONNECT, ask mode's
+    ``grants`` included (`with_grants`: only where a person may decide, never over a
+    deny rule); the first ``allow`` wins, else the decision for 443 (a deny, or
+    ``report`` under ``mode: report``)."""
     def tunnel(port: int) -> Decision:  # (no credentials at tunnel level)
-        return route({}, policy, Request(None, "https", host, port, None)).decision
+        request = Request(None, "https", host, port, None)
+        return with_grants(policy, route({}, policy, request), request, grants)[0].decision
 
     first = tunnel(443)
     if first.result == "allow":

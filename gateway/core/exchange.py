@@ -141,6 +141,7 @@ class Exchange:
         self._mcp: McpRule | None = None  # the rule's mcp: (its POST bodies are JSON-RPC)
         self._mcp_report = False  # its policy's mode is report: refusals only recorded
         self._mcp_session: mcp.Session | None = None
+        self._mcp_pins: mcp.Pinned | None = None  # pin_descriptions: the server's pins
         self._mcp_lists: set[Any] = set()  # ids of the tools/list requests it carries
         self._mcp_filter: mcp.ListFilter | None = None  # rewrites their answers
         self.mcp_calls: list[dict[str, Any]] | None = None  # the audit line's `mcp`
@@ -205,10 +206,12 @@ class Exchange:
 
     # -- MCP calls (a rule with mcp:) -----------------------------------------------------
 
-    def mcp(self, rule: McpRule, session: mcp.Session, *, report: bool) -> None:
+    def mcp(self, rule: McpRule, session: mcp.Session, *, report: bool,
+            pins: mcp.Pinned | None = None) -> None:
         """Decide this exchange's JSON-RPC calls by `rule`, within its MCP `session`
-        (set up by the gate)."""
+        (set up by the gate); `pins`: its server's tool pins (`pin_descriptions`)."""
         self._mcp, self._mcp_session, self._mcp_report = rule, session, report
+        self._mcp_pins = pins
 
     @property
     def _reads_mcp(self) -> bool:
@@ -221,7 +224,8 @@ class Exchange:
         transport (one that does not accept an event stream in answer to its POST) the
         refused requests are relayed as pings instead, and the body to send returned."""
         assert self._mcp is not None and self._mcp_session is not None
-        found, refusal = mcp.judge(self._mcp, body, self._mcp_session.changed,
+        found, refusal = mcp.judge(self._mcp, body, self._mcp_session.changed
+                                   if self._mcp_pins is None else self._mcp_pins,
                                    _source(self.decision))
         called = [c for c in found if c.method is not None]
         self.mcp_calls = ([c.record() for c in called][:mcp.MAX_AUDITED] if found else
@@ -511,7 +515,8 @@ class Exchange:
             ids = None
         else:
             return
-        self._mcp_filter = mcp.ListFilter(self._mcp, ids, sse, self._mcp_session)
+        self._mcp_filter = mcp.ListFilter(self._mcp, ids, sse, self._mcp_session,
+                                          self._mcp_pins)
 
     def response_data(self, chunk: bytes) -> bytes:
         """One response body chunk as it should reach the client."""

@@ -23,19 +23,19 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import Any
 
 from gateway.core import approvals, credentials, local_api, mcp, target
 from gateway.core.addresses import Pinned
 from gateway.core.client import Client, Refused, Tunnel
 from gateway.core.connections import Connections
-from gateway.core.evaluate import Routed, askable, route
+from gateway.core.evaluate import Routed, granted, route, with_grants
 from gateway.core.exchange import Exchange, leak_refusal
 from gateway.core.identify import UNREGISTERED, Identifier
 from gateway.core.identity import Identity
 from gateway.core.local_api import INTERNAL_HOST
 from gateway.core.markers import Markers
+from gateway.core.mcp_pins import Server, ServerPins, ToolPins
 from gateway.core.messages import RequestHead
 from gateway.core.names import DestinationError, is_ip, normalize_host
 from gateway.core.ports import (
@@ -55,7 +55,7 @@ from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal, answered_inside
 from gateway.core.secret_value import SecretValue
 from gateway.core.trail import Trail, rule_of
 from gateway.services.metering import Metering
-from gateway.services.policy import Credential, Decision, Policy, PolicySet, Request, Rule
+from gateway.services.policy import Credential, Decision, Policy, PolicySet, Request
 from gateway.services.policy.ask_rule import Ask
 from gateway.services.secrets.ephemeral import EphemeralKeys
 
@@ -78,7 +78,7 @@ class Gate:
                  connections_per_sandbox: int = 256, max_connections: int = 1 << 30,
                  telemetry: Telemetry = SILENT, clock: Callable[[], float] = time.time,
                  refusals_inside_tls: bool = False, workloads: Workloads | None = None,
-                 approvals: Approvals | None = None) -> None:
+                 approvals: Approvals | None = None, pins: ToolPins | None = None) -> None:
         self.tokens = tokens
         self.policies = policies
         self.guard = guard
@@ -95,7 +95,8 @@ class Gate:
                                        limit=max_connections, telemetry=telemetry)
         self.identities = Identifier(tokens, registry, self.connections, workloads, policies)
         self.markers = Markers(policies, secrets, self.ephemeral, lambda: self.tokens.issuer)
-        self.mcp_sessions = mcp.Sessions()  # tools each MCP session was shown (pinning)
+        self.mcp_sessions = mcp.Sessions()  # tools each MCP session was shown (flagging)
+        self.pins = pins  # MCP tool descriptions pinned in the state store (None: per session)
         self.approvals = approvals  # ask mode: grants, and asking a person (None: off)
 
     @property
@@ -480,14 +481,13 @@ class Gate:
                 raise routed.refusal
             return routed
         rule = routed.decision.rule
-        spec = askable(policy, routed, request)
+        approvals_ = self.approvals
+        routed, spec = with_grants(policy, routed, request, lambda asked: approvals_.grant_for(
+            identity.sandbox, identity.policy, asked))
         if spec is None:
             if routed.refusal is not None:
                 raise routed.refusal
             return routed
-        grant = self.approvals.grant_for(identity.sandbox, identity.policy, request)
-        if grant is not None:
-            return _granted(routed, grant.source, grant.describe(), request)
         assert routed.refusal is None or routed.refusal.code == "policy_denied"
         await self._check(client, request.host, request.port)  # (never asked: refused)
         if head is not None and routed.credential is None:
@@ -503,13 +503,15 @@ class Gate:
         reason = routed.refusal.reason if routed.refusal is not None else \
             f"rule {rule.source if rule else ''} asks before it allows"
         try:
-            ended = await self.approvals.ask(identity, asked, reason, spec)
+            ended = await self.approvals.ask(identity, asked, reason, spec, request=request)
         except approvals.AskLimit as limit:
             raise _not_asked(routed.refusal or Refusal("policy_denied", reason, rule.source
                                                        if rule else None), limit) from None
+        if isinstance(ended, approvals.Grant):  # (written meanwhile, for something else)
+            return granted(routed, ended.source, ended.describe(), request)
         if ended.state == "approved":
-            return _granted(routed, f"grant:{ended.grant or ended.id}",
-                            f"approved by {ended.by} ({ended.scope})", request)
+            return granted(routed, f"grant:{ended.grant or ended.id}",
+                           f"approved by {ended.by} ({ended.scope})", request)
         raise _unapproved(ended, spec)
 
     async def _ask_model(self, ex: Exchange, spec: Ask, model: str, refusal: Refusal) -> None:
@@ -524,9 +526,13 @@ class Gate:
             return
         asked = approvals.Asked("model", tgt.host, tgt.port, model=model)
         try:
-            ended = await self.approvals.ask(identity, asked, refusal.reason, spec)
+            ended = await self.approvals.ask(identity, asked, refusal.reason, spec,
+                                             request=request, model=model)
         except approvals.AskLimit as limit:
             raise _not_asked(refusal, limit) from None
+        if isinstance(ended, approvals.Grant):
+            ex.granted(ended.source, ended.describe())
+            return
         if ended.state != "approved":
             raise _unapproved(ended, spec)
         ex.granted(f"grant:{ended.grant or ended.id}", f"approved by {ended.by} "
@@ -552,8 +558,12 @@ class Gate:
         if decision.rule is not None and decision.rule.mcp is not None:
             session = self.mcp_sessions.of(ex.identity.sandbox, tgt.host,
                                            head.headers.get("mcp-session-id") or "")
+            pins = None
+            if decision.rule.mcp.pin_descriptions and self.pins is not None:
+                pins = ServerPins(self.pins, ex.identity, Server(
+                    tgt.host, tgt.port, tgt.path.split("?", 1)[0]))
             ex.mcp(decision.rule.mcp, session,
-                   report=self.policy(ex.identity).mode == "report")
+                   report=self.policy(ex.identity).mode == "report", pins=pins)
         ex.scan = self.markers.scan_for(tgt.host, ex.client.token)
         found = ex.scan.head(head.method, path, head.headers.fields)
         if found is not None:
@@ -627,18 +637,6 @@ def _unapproved(ended: approvals.Approval, spec: Ask) -> Refusal:
     return Refusal("approval_timeout", f"no one answered approval {ended.id} for {asked} "
                    f"within {spec.timeout:g}s; it may be asked again later, or allowed by "
                    "a policy change", source)
-
-
-def _granted(routed: Routed, source: str, reason: str, request: Request) -> Routed:
-    """The decision a grant (or an approval) makes: the matching rule's where one asked
-    (its credential and inspection kept), else a rule standing for the grant alone."""
-    rule = routed.decision.rule
-    if routed.refusal is None and rule is not None:
-        return Routed(Decision("allow", reason, replace(rule, source=source, ask=None),
-                               routed.decision.inspect, routed.decision.credential),
-                      routed.credential, None)
-    stand_in = Rule(host=request.host, source=source, ports=(request.port,))
-    return Routed(Decision("allow", reason, stand_in), None, None)
 
 
 async def _no_resolver(host: str, port: int) -> list[str]:

@@ -15,7 +15,9 @@ Per method:
 
 Answers to `tools/list` list only the tools the rule allows (`ListFilter`, JSON or SSE);
 a tool whose description or input schema changed since the session first saw it is
-flagged, and with `pin_descriptions` hidden and its calls refused.
+flagged. With `pin_descriptions` every listing is checked against the tools' pins in the
+state store instead (`Pinned`, `core/mcp_pins.py`): a changed tool is quarantined, left
+out of the list and its calls refused (`mcp_tool_changed`) until a person approves.
 
 The older HTTP+SSE transport's client reads every answer on its GET event stream and only
 checks that a POST was accepted, so an error answered on the POST never reaches it. There
@@ -36,16 +38,17 @@ import json
 import re
 import secrets
 from collections import OrderedDict
+from collections.abc import Container
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.core.refusal import Refusal, rpc_error
 from gateway.services.metering import MODEL_BODY_LIMIT
 from gateway.services.policy.mcp_rule import McpRule
 
-__all__ = ["MAX_AUDITED", "MAX_BODY", "RELAYED", "Call", "ListFilter", "Session", "Sessions",
-           "Unfilterable", "Unreadable", "calls", "fingerprint", "judge", "refusal_reason",
-           "relay", "request_body"]
+__all__ = ["MAX_AUDITED", "MAX_BODY", "RELAYED", "Call", "ListFilter", "Pinned", "Session",
+           "Sessions", "Unfilterable", "Unreadable", "calls", "fingerprint", "judge",
+           "refusal_reason", "relay", "request_body"]
 
 MAX_BODY = MODEL_BODY_LIMIT  # the exchange's whole-body hold (BODY_HOLD_LIMIT)
 MAX_AUDITED = 20  # calls of a batch named on its audit line
@@ -61,12 +64,13 @@ class Unreadable(Exception):
 class Call:
     """One message of the body: `method` None for a response to the server; `name` the
     tool, resource URI or prompt it names; `id` the request's (None: a notification or
-    a response); `refused` why it may not go, or None."""
+    a response); `refused` why it may not go, or None, and with which `code`."""
 
     method: str | None
     name: str | None
     id: Any
     refused: str | None
+    code: str = "mcp_denied"
 
     @property
     def is_request(self) -> bool:
@@ -78,10 +82,10 @@ class Call:
                 "decision": "deny" if self.refused else "allow"}
 
 
-def calls(rule: McpRule, body: bytes, changed: set[str] | frozenset[str] = frozenset()
+def calls(rule: McpRule, body: bytes, changed: Container[str] = frozenset()
           ) -> tuple[list[Call], bool]:
     """The calls in `body` with their decisions, and whether it was a batch; `changed`:
-    the session's tools whose description changed (refused with `pin_descriptions`).
+    the tools quarantined (their description changed: refused with `pin_descriptions`).
     Raises Unreadable."""
     try:
         doc = json.loads(body)
@@ -95,7 +99,7 @@ def calls(rule: McpRule, body: bytes, changed: set[str] | frozenset[str] = froze
     return [_call(rule, message, pinned) for message in messages], batch
 
 
-def _call(rule: McpRule, message: object, pinned: set[str] | frozenset[str]) -> Call:
+def _call(rule: McpRule, message: object, pinned: Container[str]) -> Call:
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
         raise Unreadable('a message is not a JSON-RPC 2.0 object ("jsonrpc": "2.0")')
     ident = message.get("id")
@@ -120,8 +124,10 @@ def _call(rule: McpRule, message: object, pinned: set[str] | frozenset[str]) -> 
         refused = rule.tools.refusal("tool", name) or rule.argument_refusal(
             name, params.get("arguments"))
         if refused is None and name in pinned:
-            refused = (f"tool {name[:200]!r} changed its description or input schema since "
-                       "this session first listed it (mcp.pin_descriptions)")
+            return Call(method, name, ident, f"tool {name[:200]!r} changed its description "
+                        "or input schema since it was pinned and is quarantined until a "
+                        "person approves the change (mcp.pin_descriptions)",
+                        "mcp_tool_changed")
         return Call(method, name, ident, refused)
     if method in _BY_URI:
         uri = _text(params, "uri", method)
@@ -147,10 +153,12 @@ def refusal_reason(found: list[Call]) -> str | None:
         return None
     first = refused[0].refused
     more = f" (and {len(refused) - 1} more call(s) of the batch)" if len(refused) > 1 else ""
-    return f"{first}{more}; change the rule's mcp: to allow it"
+    fix = ("see `sandbox-gateway approvals list`" if refused[0].code == "mcp_tool_changed"
+           else "change the rule's mcp: to allow it")
+    return f"{first}{more}; {fix}"
 
 
-def judge(rule: McpRule, body: bytes | None, changed: set[str] | frozenset[str],
+def judge(rule: McpRule, body: bytes | None, changed: Container[str],
           source: str | None) -> tuple[list[Call], Refusal | None]:
     """The one decision on an MCP body (the proxy's exchanges and `evaluate` call it): its
     calls, and the refusal (answered as JSON-RPC) or None. `body` None: not held whole."""
@@ -168,7 +176,8 @@ def judge(rule: McpRule, body: bytes | None, changed: set[str] | frozenset[str],
     reason = refusal_reason(found)
     if reason is None:
         return found, None
-    return found, Refusal("mcp_denied", reason, source,
+    code = next(c.code for c in found if c.refused)
+    return found, Refusal(code, reason, source,
                           rpc=([c.id for c in found if c.is_request], batch))
 
 _NAMED_BY = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri",
@@ -203,6 +212,14 @@ _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
 class Unfilterable(Exception):
     """An answer the gateway must rewrite and cannot (too large, not JSON)."""
+
+
+class Pinned(Container[str], Protocol):
+    """The server's tool pins (`core/mcp_pins.ServerPins`): a tool `in` it is quarantined;
+    `shown` decides a listed tool; `endpoint` takes the older transport's POST path."""
+
+    def shown(self, tool: str, listing: dict[str, Any]) -> bool: ...
+    def endpoint(self, uri: str) -> None: ...
 
 
 @dataclass(slots=True)
@@ -286,13 +303,15 @@ class ListFilter:
     stream, where answers to POSTed requests arrive) in a response body — one JSON
     message, or a Server-Sent Events stream of them — to list only the tools the rule
     allows; a tool whose description or schema differs from what the session was first
-    shown is recorded in `changed` (and, with `pin_descriptions`, left out). An answer to
-    a relayed refusal (`relay`) becomes that refusal. Everything else passes unchanged.
-    Raises Unfilterable."""
+    shown is recorded in `changed` (and, with `pin_descriptions`, left out); with `pins`,
+    each tool is checked against its pin instead (left out while quarantined). An answer
+    to a relayed refusal (`relay`) becomes that refusal. Everything else passes
+    unchanged. Raises Unfilterable."""
 
     def __init__(self, rule: McpRule, ids: set[Any] | None, sse: bool,
-                 session: Session) -> None:
+                 session: Session, pins: Pinned | None = None) -> None:
         self.rule, self.ids, self.sse, self.session = rule, ids, sse, session
+        self.pins = pins
         self.changed: list[str] = []
         self.hidden = 0
         self._held = b""
@@ -323,6 +342,10 @@ class ListFilter:
         data = [line[5:].removeprefix(b" ") for line in lines if line.startswith(b"data:")]
         if not data:
             return event
+        if self.pins is not None and (b"event: endpoint" in lines or
+                                      b"event:endpoint" in lines):
+            self.pins.endpoint(b"".join(data).decode("utf-8", "replace"))  # (where the
+            return event  # older transport's calls are POSTed: their pins' server)
         rewritten = self._message(b"\n".join(data))
         if rewritten is None:
             return event
@@ -363,6 +386,13 @@ class ListFilter:
                 self.hidden += 1
                 continue
             assert isinstance(tool, dict)
+            if self.pins is not None:  # (checked against its pin in the state store)
+                if not self.pins.shown(name, tool):
+                    self.changed.append(name)
+                    self.hidden += 1
+                    continue
+                kept.append(tool)
+                continue
             mark = fingerprint(tool)
             if self.session.first.setdefault(name, mark) != mark:
                 self.changed.append(name)

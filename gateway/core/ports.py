@@ -133,16 +133,14 @@ class AuditHealth(Protocol):
 
 class Approvals(Protocol):
     """Ask mode (gateway/services/approvals): the grants people made, and asking them.
-    `grant_for` and `active` read a local view (no I/O); `ask` holds until the answer or
-    the ask's timeout and returns the approval as it ended (approved, denied, timeout);
-    raises StateUnavailable when the store cannot hold the ask."""
+    `grant_for` and `active` read a local view (no I/O); `ask` holds `request` (naming
+    `model`) until the answer or the ask's timeout and returns the approval as it ended
+    (approved, denied, timeout), or the grant that covers the request, written
+    meanwhile on any process; raises StateUnavailable when the store cannot hold the
+    ask."""
 
     def grant_for(self, sandbox: str, policy: str, request: Request,
                   model: str | None = None) -> Grant | None: ...
-    def host_grant(self, sandbox: str, policy: str, host: str) -> Grant | None:
-        """A grant of `host` itself (any port) to the sandbox: the DNS resolver's
-        question."""
-        ...
     def active(self, grant: str) -> bool: ...
-    async def ask(self, identity: Identity, asked: Asked, reason: str, spec: Ask
-                  ) -> Approval: ...
+    async def ask(self, identity: Identity, asked: Asked, reason: str, spec: Ask, *,
+                  request: Request, model: str | None = None) -> Approval | Grant: ...

@@ -82,6 +82,7 @@ _CODES: dict[str, tuple[int, str]] = {
     "exfiltration_blocked": (403, "http_request_denied"),
     "model_not_allowed": (403, "http_request_denied"),
     "mcp_denied": (403, "http_request_denied"),
+    "mcp_tool_changed": (403, "http_request_denied"),
     "approval_denied": (403, "http_request_denied"),
     "approval_timeout": (403, "http_request_denied"),
     "metering_unavailable": (403, "http_request_denied"),

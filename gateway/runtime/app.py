@@ -406,8 +406,10 @@ class Gateway:
             refusals_inside_tls=cfg.refusals.inside_tls,
             connections_per_sandbox=cfg.limits.connections_per_sandbox,
             max_connections=max(16, (self.fd_limit - FD_RESERVE - self.pool_limit) // 2),
-            workloads=self.pods, approvals=self._build_approvals(overrides))
-        await self._approvals().refresh()  # (the grants that outlived a restart)
+            workloads=self.pods, approvals=self._build_approvals(overrides),
+            pins=self._approvals().pins)
+        # (the grants and tool pins that outlived a restart; then what is written anywhere)
+        await self._approvals().start()
         await self._start_dns(shared)
 
         t = cfg.network.timeouts

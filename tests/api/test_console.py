@@ -4,6 +4,8 @@ answering a held ask, grants revoked from the page, no token in any page."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import re
 import time
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ from gateway.api.console.session import COOKIE, KIND, LIFETIME, Sessions
 from gateway.core.approvals import Asked
 from gateway.core.identity import Identity
 from gateway.services.approvals import ApprovalService
+from gateway.services.policy import Request
 from gateway.services.policy.ask_rule import Ask
 from gateway.services.state.base import MemoryState, StateUnavailable
 
@@ -66,9 +69,10 @@ def test_sign_in_exchanges_the_token_for_a_session_cookie(world: Any) -> None:
 
 def test_a_held_ask_is_answered_from_the_inbox(world: Any) -> None:
     client, service, _, lines = world
-    held = client.portal.start_task_soon(
+    held = client.portal.start_task_soon(functools.partial(
         service.ask, _identity(), Asked("host", "new.test", 443),
-        'no rule in policy "agent" allows host "new.test"', Ask(hosts=True, timeout=30))
+        'no rule in policy "agent" allows host "new.test"', Ask(hosts=True, timeout=30),
+        request=Request(None, "https", "new.test", 443, None)))
     sign_in(client)
     deadline = time.monotonic() + 5
     while "new.test:443 (any request)" not in (page := client.get("/console/approvals")).text:
@@ -105,9 +109,10 @@ def test_a_held_ask_is_answered_from_the_inbox(world: Any) -> None:
 
 def test_a_denial_from_the_inbox_reaches_the_held_request(world: Any) -> None:
     client, service, _, _ = world
-    held = client.portal.start_task_soon(
+    held = client.portal.start_task_soon(functools.partial(
         service.ask, _identity(), Asked("request", "api.test", 443, "POST", "/v1/x"),
-        "method POST is not allowed", Ask(requests=True, timeout=30))
+        "method POST is not allowed", Ask(requests=True, timeout=30),
+        request=Request("POST", "https", "api.test", 443, "/v1/x")))
     sign_in(client)
     deadline = time.monotonic() + 5
     while "POST api.test:443/v1/x" not in (page := client.get("/console/approvals")).text:
@@ -217,3 +222,47 @@ def test_sessions_fail_closed_when_the_store_cannot_answer(tmp_path: Path) -> No
         client.cookies.set(COOKIE, valid, path="/console")
         down = client.get("/console/grants")
         assert down.status_code == 503 and "state store" in down.text
+
+
+def test_a_tools_change_shows_both_texts_escaped_and_is_approved_from_the_inbox(
+        world: Any) -> None:
+    """An MCP tool's change (pin_descriptions): the inbox shows the pinned and the new
+    text, escaped as every value (a server's `<script>` is text); no scope to choose;
+    approving pins the new text."""
+    from gateway.core.mcp_pins import Server, Shown
+
+    client, service, _, _ = world
+    server = Server("mcp.test", 443, "/mcp")
+    old = {"name": "search", "description": "Search <b>issues</b>.", "inputSchema": {}}
+    new = {**old, "description": "Search.</pre><script>alert(1)</script>",
+           "inputSchema": {"type": "object"}}
+
+    async def listings() -> None:
+        service.pins.listed(_identity(), server, "search", Shown.of(old))
+        await asyncio.sleep(0.05)
+        service.pins.listed(_identity(), server, "search", Shown.of(new))
+        await asyncio.sleep(0.05)
+
+    client.portal.call(listings)
+    sign_in(client)
+    page = client.get("/console/approvals")
+    assert "tool search changed on mcp.test:443/mcp" in page.text
+    assert "<script>alert(1)</script>" not in page.text and "<b>issues" not in page.text
+    assert "Search.&lt;/pre&gt;&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
+    assert "Search &lt;b&gt;issues&lt;/b&gt;." in page.text
+    assert "Input schema" in page.text  # (it changed too)
+    card = page.text.split("tool search changed", 1)[1].split("</section>", 1)[0]
+    assert 'name="scope"' not in card
+    ident = re.search(r'action="/console/approvals/(ap_[0-9a-f]+)"', page.text)
+    assert ident is not None and service.pins.quarantined(server, "search")
+    done = client.post(f"/console/approvals/{ident.group(1)}", data={
+        "decision": "approve", "csrf": csrf_of(page.text)})
+    assert done.status_code == 303 and "approved" in done.headers["location"]
+    assert not service.pins.quarantined(server, "search")
+    assert client.portal.call(lambda: _listed(service, server, new))
+
+
+async def _listed(service: ApprovalService, server: Any, tool: dict[str, Any]) -> bool:
+    from gateway.core.mcp_pins import Shown
+
+    return service.pins.listed(_identity(), server, "search", Shown.of(tool))

@@ -58,20 +58,22 @@ class Approvals:
     scope: str = "once"
     grants: list[Grant] = field(default_factory=list)
     asked: list[tuple[Asked, str, Ask]] = field(default_factory=list)
+    written: Grant | None = None
 
     def grant_for(self, sandbox: str, policy: str, request: Request,
                   model: str | None = None) -> Grant | None:
         return next((g for g in self.grants
                      if g.covers(sandbox, policy, request, time.time(), model)), None)
 
-    def host_grant(self, sandbox: str, policy: str, host: str) -> Grant | None:
-        return next((g for g in self.grants if g.asked.host == host), None)
-
     def active(self, grant: str) -> bool:
         return any(g.id == grant for g in self.grants)
 
-    async def ask(self, identity: Identity, asked: Asked, reason: str, spec: Ask) -> Approval:
+    async def ask(self, identity: Identity, asked: Asked, reason: str, spec: Ask, *,
+                  request: Request, model: str | None = None) -> Approval | Grant:
         self.asked.append((asked, reason, spec))
+        assert asked.covers(request, model)  # (what is asked covers the held request)
+        if self.written is not None:  # a grant written meanwhile, for something else
+            return self.written
         now = time.time()
         return Approval(id=f"ap_{len(self.asked)}", sandbox=identity.sandbox,
                         policy=identity.policy, asked=asked, reason=reason, created=now,
@@ -307,8 +309,8 @@ def test_past_the_ask_limit_the_policys_refusal_stands() -> None:
     from gateway.core.approvals import AskLimit
 
     class Full(Approvals):
-        async def ask(self, identity: Identity, asked: Asked, reason: str,
-                      spec: Ask) -> Approval:
+        async def ask(self, identity: Identity, asked: Asked, reason: str, spec: Ask, *,
+                      request: Request, model: str | None = None) -> Approval | Grant:
             raise AskLimit("sandbox sandbox-1 already has 16 asks waiting for an answer")
 
     gate, lines = _gate(POLICY, Full())
@@ -319,3 +321,56 @@ def test_past_the_ask_limit_the_policys_refusal_stands() -> None:
         assert refused.refusal.code == "policy_denied"
         assert "not asked: sandbox sandbox-1 already has 16 asks" in refused.refusal.reason
     assert lines[-1]["error"] == "policy_denied"
+
+
+def test_a_grant_written_while_the_request_is_held_lets_it_through() -> None:
+    """The port may answer with a grant another ask made meanwhile (on any process): the
+    held request goes as that grant decides."""
+    approvals = Approvals(state="timeout", written=_grant(HOST))
+    gate, _ = _gate(POLICY, approvals)
+    _, tunnel = asyncio.run(_connect(gate, "new.test"))
+    assert tunnel.decision.rule is not None and tunnel.decision.rule.source == "grant:gr_1"
+    assert [a for a, _, _ in approvals.asked] == [HOST]
+
+
+# (policy, host, the grant the sandbox holds): the DNS resolver answers the name exactly
+# when the proxy lets a CONNECT to it through (the same decision, grants included).
+DNS_ROWS = [
+    (POLICY, "new.test", _grant(HOST)),
+    (POLICY, "new.test", None),
+    (POLICY, "new.test", _grant(HOST, sandbox="sandbox-2")),
+    (NARROW, "new.test", _grant(HOST)),  # (hosts not askable: a grant does not decide)
+    (POLICY, "denied.test", _grant(Asked("host", "denied.test", 443))),  # a deny rule
+    (POLICY, "denied.test", None),
+    (POLICY, "allowed.test", None),
+    (POLICY, "asks.test", None),  # a rule with ask: answered, the CONNECT is held
+]
+
+
+@pytest.mark.parametrize(("text", "host", "grant"), DNS_ROWS,
+                         ids=["granted", "not granted", "another sandbox's", "not askable",
+                              "a deny rule with a grant", "a deny rule", "a rule",
+                              "a rule that asks"])
+def test_the_dns_resolver_decides_as_the_proxy_does(text: str, host: str,
+                                                    grant: Grant | None) -> None:
+    from gateway.core.evaluate import name_allowed
+
+    approvals = Approvals(state="denied", grants=[grant] if grant else [])
+    gate, _ = _gate(text, approvals)
+    policy = load_policy_texts({"policies/agent.yaml": text}).get("agent")
+    assert policy is not None
+    decision, port = name_allowed(policy, host, lambda request: approvals.grant_for(
+        "sandbox-1", "agent", request))
+    try:
+        _, tunnel = asyncio.run(_connect(gate, host))
+        proxy = "allow"
+        rule = tunnel.decision.rule
+    except Refused as refused:
+        proxy, rule = refused.refusal.code, None
+    resolver = "allow" if decision.allowed else "policy_denied"
+    if host == "asks.test":  # (asked, and here declined: the name still resolves)
+        assert (resolver, proxy) == ("allow", "approval_denied")
+        return
+    assert resolver == ("allow" if proxy == "allow" else "policy_denied"), (resolver, proxy)
+    if rule is not None and decision.rule is not None:
+        assert decision.rule.source == rule.source and port == 443

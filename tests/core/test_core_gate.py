@@ -422,6 +422,8 @@ ELSEWHERE = {
     "shutting_down": "tests/integration/test_shutdown.py (the doors end connections)",
     "mcp_denied": "tests/core/test_core_mcp.py (the calls) and the parity rows MCP: ... "
                   "(the table's unbound.test, which this fake guard breaks on purpose)",
+    "mcp_tool_changed": "tests/core/test_core_mcp_pins.py (the calls) and the parity rows "
+                        "MCP: ... pinned ... (the table's unbound.test)",
     "approval_denied": "tests/core/test_core_ask.py (the gate with a fake approvals port)",
     "approval_timeout": "tests/core/test_core_ask.py (the gate with a fake approvals port)",
 }

@@ -6,6 +6,7 @@ socket is opened and no name leaves the process (StaticResolver)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import dns.flags
 import dns.message
@@ -16,11 +17,12 @@ import dns.rdatatype
 import pytest
 
 from gateway.core.addresses import AddressPolicy
+from gateway.core.approvals import Asked, Grant
 from gateway.core.evaluate import name_allowed
 from gateway.engines.dns.answer import Lookup, Need, answer, failure, formerr, parse
 from gateway.engines.dns.limit import RateLimiter
 from gateway.net.resolver import DestinationGuard, DestinationRefused, StaticResolver
-from gateway.services.policy import Policy, load_policy_text
+from gateway.services.policy import Policy, Request, load_policy_text
 from gateway.services.state.base import SandboxAddress
 
 POLICY = """\
@@ -334,14 +336,28 @@ def test_check_all_honours_overrides() -> None:
 
 
 def test_a_name_a_person_granted_the_sandbox_resolves() -> None:
-    """Ask mode: a host grant (this sandbox, or its policy) makes the name resolve, on
-    the grant's port, the grant named as the rule; other names stay refused."""
-    def granted(host: str) -> tuple[str, int] | None:
-        return ("grant:gr_1", 8443) if host == "new.test" else None
+    """Ask mode: a grant covering a CONNECT to the name (this sandbox's, or its
+    policy's) makes it resolve, the grant named as the rule, where the proxy would let
+    the grant decide: not over a deny rule, nor in a policy whose `ask:` does not let a
+    person decide hosts; other names stay refused."""
+    asking = POLICY.replace("egress:\n", "ask: {hosts: true}\negress:\n  - host: denied.test\n"
+                            "    action: deny\n")
+    now = time.time()
 
-    outcome = answer(_query("new.test"), SANDBOX, _policy(), None, TTL, granted)
-    assert outcome.need == Need("new.test", 8443) and outcome.rule == "grant:gr_1"
-    assert answer(_query("evil.test"), SANDBOX, _policy(), None, TTL, granted).need is None
-    # (what the policy allows is the policy's, granted or not)
-    assert answer(_query("allowed.test"), SANDBOX, _policy(), None, TTL,
-                  granted).rule == "agent.yaml:4"
+    def grants(request: Request) -> Grant | None:
+        if request.host not in ("new.test", "denied.test") or request.port != 443:
+            return None
+        return Grant(id="gr_1", approval="ap_1", scope="sandbox", policy="agent",
+                     sandbox="sbx-1", asked=Asked("host", request.host, 443), by="alice",
+                     note=None, created=now, expires=now + 60)
+
+    policy = _policy(asking)
+    outcome = answer(_query("new.test"), SANDBOX, policy, None, TTL, grants)
+    assert outcome.need == Need("new.test", 443) and outcome.rule == "grant:gr_1"
+    assert answer(_query("evil.test"), SANDBOX, policy, None, TTL, grants).need is None
+    refused = answer(_query("denied.test"), SANDBOX, policy, None, TTL, grants)
+    assert (refused.need, refused.rcode, refused.error) == (None, "NXDOMAIN", "policy_denied")
+    # (without ask: hosts, a grant decides nothing; what the policy allows is its own)
+    assert answer(_query("new.test"), SANDBOX, _policy(), None, TTL, grants).need is None
+    assert answer(_query("allowed.test"), SANDBOX, policy, None, TTL,
+                  grants).rule == "agent.yaml:7"

@@ -6,20 +6,25 @@ console's browser tests."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import socket
 import ssl
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 
+from helpers.clients import raw_connect
 from helpers.gateway import GatewayThread
+from helpers.process import ADMIN, GatewayProcess, start_gateway
 from helpers.tls import LocalCA
 from helpers.upstream import Upstream
 
-__all__ = ["Call", "admin_api", "admin_token", "ask_gateway", "connect", "pending"]
+__all__ = ["Call", "Workers", "admin_api", "admin_token", "ask_gateway", "connect",
+           "pending", "workers_gateway"]
 
 
 def ask_gateway(workdir: Path, test_ca: LocalCA, upstream: Upstream, names: list[str],
@@ -39,12 +44,47 @@ def ask_gateway(workdir: Path, test_ca: LocalCA, upstream: Upstream, names: list
     return GatewayThread(workdir, cfg)
 
 
-def admin_token(gw: GatewayThread) -> str:
-    """The gateway's admin token (certs/admin-token)."""
+class Workers:
+    """`run --workers N` (helpers/process.py) as `Call` and the admin helpers use a
+    gateway: the same methods as `GatewayThread` where they apply."""
+
+    def __init__(self, process: GatewayProcess, ca: LocalCA) -> None:
+        self.process = process
+        self.admin = f"http://127.0.0.1:{process.admin}"
+        self.ca_cert = process.workdir / "certs" / "ca.crt"
+        self.config = SimpleNamespace(network=SimpleNamespace(upstream_ca=ca.cert_path))
+
+    def mint(self, policy: str, sandbox: str = "sandbox-1") -> str:
+        assert policy == "agent"
+        return self.process.token(sandbox)
+
+    def proxy_url(self, token: str, sandbox: str = "sandbox-1") -> str:
+        return f"http://{sandbox}:{token}@127.0.0.1:{self.process.proxy}"
+
+
+def workers_gateway(workdir: Path, test_ca: LocalCA, upstream: Upstream, names: list[str],
+                    policy: str, workers: int = 2) -> Workers:
+    """`run --workers N` on `workdir` with `policy`, once every worker answers."""
+    process = start_gateway(workdir, dict.fromkeys(names, upstream.port), test_ca,
+                            workers=workers, policy=policy)
+    gw = Workers(process, test_ca)
+    deadline = time.monotonic() + 30
+    while {line.get("worker") for line in process.audit_lines()} != set(range(workers)):
+        assert time.monotonic() < deadline, "not every worker answered"
+        with contextlib.suppress(OSError):  # (refused, audited by whichever worker)
+            raw_connect(("127.0.0.1", process.proxy), "nowhere.invalid:443", None)
+        time.sleep(0.05)
+    return gw
+
+
+def admin_token(gw: GatewayThread | Workers) -> str:
+    """The gateway's admin token (certs/admin-token, or a process's config)."""
+    if isinstance(gw, Workers):
+        return ADMIN
     return (gw.config.certs / "admin-token").read_text().strip()
 
 
-def admin_api(gw: GatewayThread, method: str, path: str, body: Any = None) -> Any:
+def admin_api(gw: GatewayThread | Workers, method: str, path: str, body: Any = None) -> Any:
     """An admin API call that must succeed; its JSON."""
     answer = httpx.request(method, gw.admin + path, json=body, timeout=10,
                            headers={"Authorization": f"Bearer {admin_token(gw)}"})
@@ -52,7 +92,8 @@ def admin_api(gw: GatewayThread, method: str, path: str, body: Any = None) -> An
     return answer.json()
 
 
-def pending(gw: GatewayThread, count: int = 1, timeout: float = 10) -> list[dict[str, Any]]:
+def pending(gw: GatewayThread | Workers, count: int = 1, timeout: float = 10
+            ) -> list[dict[str, Any]]:
     """The pending approvals, once there are at least `count`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -67,7 +108,7 @@ def pending(gw: GatewayThread, count: int = 1, timeout: float = 10) -> list[dict
 class Call(threading.Thread):
     """A sandbox's request through the gateway, run while the test answers."""
 
-    def __init__(self, gw: GatewayThread, url: str, sandbox: str = "sbx-1",
+    def __init__(self, gw: GatewayThread | Workers, url: str, sandbox: str = "sbx-1",
                  method: str = "GET", headers: dict[str, str] | None = None,
                  json: Any = None, send_token: bool = False) -> None:
         super().__init__(daemon=True)

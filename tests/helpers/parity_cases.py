@@ -41,6 +41,11 @@ egress:
     mcp:
       tools: {{allow: ["search_*"], deny: ["delete_*"]}}
   - host: unbound.test
+    paths: ["/pinned/mcp"]
+    mcp:
+      tools: {{allow: ["search_*"]}}
+      pin_descriptions: true
+  - host: unbound.test
     inspect: true
   - host: api.openai.com
     credential: openai
@@ -100,7 +105,8 @@ class Case:
     transparent: tuple[str, int | None, str | None] | None = None  # what a redirected
     # sandbox sees, when it differs (refused before TLS: no HTTP answer); "skip" = n/a
     check: Callable[[Result, list[Any]], None] | None = None  # result, upstream requests
-    prime: str = ""  # a case run first (a swap that fetches or mints the value)
+    prime: str = ""  # a case run first (a swap that fetches or mints the value), after
+    # its own prime (`primes`)
     # mitmproxy streams a body of unknown size to the upstream as it arrives: a refusal
     # found in it can only cut the connection (no answer fits mid-stream), where the
     # HTTP/1 engine, which holds a body until it is checked, still answers 403.
@@ -109,6 +115,15 @@ class Case:
     # Audit lines the case writes: one per exchange or tunnel; two where a refusal sits
     # inside something that goes on (a tunnel's first bytes, a WebSocket message).
     lines: int = 1
+
+
+def primes(case: Case) -> list[Case]:
+    """The cases to run before `case`, first first (its prime, after that one's own)."""
+    chain: list[Case] = []
+    while case.prime:
+        case = next(c for c in CASES if c.name == case.prime)
+        chain.insert(0, case)
+    return chain
 
 
 def _no_upstream(result: Result, seen: list[Any]) -> None:
@@ -121,6 +136,15 @@ def _no_upstream_body(result: Result, seen: list[Any]) -> None:
 
 
 STREAMABLE = ["Accept", "application/json, text/event-stream"]  # a streamable-HTTP client
+PINNED = "MCP: a pinned tool's first listing"
+CHANGED = "MCP: a pinned tool listed with another description is left out"
+LIST_TOOLS = '{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}'
+
+
+def _no_tools_listed(result: Result, seen: list[Any]) -> None:
+    """The server listed its tool (changed): the client got an empty list."""
+    assert len(seen) == 1 and b"tools/list" in seen[0].body, seen
+    assert json.loads(result.body)["result"]["tools"] == [], result.body
 
 
 def _relayed_ping(result: Result, seen: list[Any]) -> None:
@@ -395,6 +419,25 @@ CASES = [
                   "\"params\": {\"name\": \"delete_repo\", \"arguments\": {}}}}"},
          ("response", 200, None), {**DENY, "error": "mcp_denied", "status": 200},
          check=_relayed_ping),
+    # mcp.pin_descriptions: the tool is pinned at its first listing (the state store's
+    # pins); a listing of another description leaves it out, and its calls are refused.
+    Case(PINNED, {"host": "unbound.test", "method": "POST", "target": "/pinned/mcp?d=one",
+                  "headers": [["Content-Type", "application/json"], STREAMABLE],
+                  "body": "{B64:" + LIST_TOOLS + "}"},
+         ("response", 200, None), {"decision": "allow", "error": None}),
+    Case(CHANGED, {"host": "unbound.test", "method": "POST", "target": "/pinned/mcp?d=two",
+                   "headers": [["Content-Type", "application/json"], STREAMABLE],
+                   "body": "{B64:" + LIST_TOOLS + "}"},
+         ("response", 200, None), {"decision": "allow", "error": None}, prime=PINNED,
+         check=_no_tools_listed),
+    Case("MCP: a call of a pinned tool whose description changed is refused",
+         {"host": "unbound.test", "method": "POST", "target": "/pinned/mcp",
+          "headers": [["Content-Type", "application/json"], STREAMABLE],
+          "body": "{B64:{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": \"tools/call\", "
+                  "\"params\": {\"name\": \"search_issues\", \"arguments\": {}}}}"},
+         ("response", 200, "mcp_tool_changed"),
+         {**DENY, "error": "mcp_tool_changed", "status": 200}, prime=CHANGED,
+         check=_no_upstream),
     Case("MCP: not JSON-RPC on an mcp rule",
          {"host": "unbound.test", "method": "POST", "target": "/mcp",
           "headers": [["Content-Type", "application/json"]], "body": "{B64:[1, 2]}"},
@@ -634,13 +677,18 @@ def new_lines(records: Callable[[], list[dict[str, Any]]], before: int, expected
               ) -> list[dict[str, Any]]:
     """Audit lines written after `before` (an exchange's line comes once its response
     was relayed, a passthrough tunnel's when it closes): waits up to 3 s for `expected`
-    of them, then 0.1 s more for any further line (which a caller counting lines sees)."""
+    of them, then 0.1 s more for any further line (which a caller counting lines sees).
+    Ask mode's own lines (`engine: approvals`: an ask a changed MCP tool opened, written
+    in the background) are not the exchange's and are left out."""
+    def written() -> list[dict[str, Any]]:
+        return [r for r in records()[before:] if r.get("engine") != "approvals"]
+
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
-        if len(records()) >= before + expected:
+        if len(written()) >= expected:
             time.sleep(0.1)  # a refusal may be followed by its connection's last line
-            return records()[before:]
+            return written()
         time.sleep(0.02)
-    return records()[before:]
+    return written()
 
 

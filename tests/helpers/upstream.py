@@ -105,6 +105,8 @@ class _Handler(BaseHTTPRequestHandler):
             return INFERENCE[url.path](self, gzip.decompress(body) if coded else body)
         if url.path == "/oauth2/token" and self.command == "POST":
             return self._token(body)
+        if url.path == "/pinned/mcp" and self.command == "POST":
+            return self._mcp(body, parse_qs(url.query).get("d", ["one"])[0])
         if parts[0] == "bytes" and len(parts) > 1:
             return self._bytes(int(parts[1]))
         if parts[0] == "sse":
@@ -183,6 +185,19 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(400, b'{"error": "unsupported_grant_type"}')
         return self._send(200, json.dumps({"access_token": MINTED, "token_type": "Bearer",
                                            "expires_in": 3600}).encode())
+
+    def _mcp(self, body: bytes, text: str) -> None:
+        """An MCP server whose one tool's description is `text` (the query's `d`): its
+        tools/list, and any call answered."""
+        message = json.loads(body)
+        if message.get("method") == "tools/list":
+            result: dict[str, Any] = {"tools": [{
+                "name": "search_issues", "description": f"Search the issues ({text}).",
+                "inputSchema": {"type": "object"}}]}
+        else:
+            result = {"content": [{"type": "text", "text": "ok"}]}
+        self._send(200, json.dumps({"jsonrpc": "2.0", "id": message.get("id"),
+                                    "result": result}).encode())
 
     def _read_chunked(self) -> bytes | None:
         out = b""

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import httpx
 import pytest
-from helpers.approvals import Call, ask_gateway, connect
+from helpers.approvals import Call, Workers, ask_gateway, connect, workers_gateway
 from helpers.approvals import admin_api as _admin
 from helpers.approvals import pending as _pending
 from helpers.gateway import GatewayThread
@@ -231,6 +231,73 @@ def test_two_replicas_on_redis_share_asks_and_grants(start: Factory, tmp_path: P
         time.sleep(0.7)  # (the sweeper's refresh: the grant reaches both views)
         assert Call(two, "https://unbound.test/b").result().status_code == 200
         assert Call(one, "https://unbound.test/c").result().status_code == 200
+
+
+WORKERS_POLICY = """\
+version: v1
+name: agent
+ask: {requests: true, timeout: 30s}
+egress:
+  - host: allowed.test
+    methods: [GET]
+    paths: ["/ok"]
+"""
+
+
+def test_a_grant_takes_effect_on_every_worker_at_once(
+        tmp_path: Path, test_ca: LocalCA, upstream: Upstream) -> None:
+    """`run --workers 2`, 20 times over: (a) the request right after a `sandbox` grant,
+    on a new connection (either worker), goes at once and is not asked again; (b) a
+    request another sandbox holds on either worker, asked separately, is released within
+    half a second of a `policy` grant that covers it being written (pushed by the state
+    file's change counter, not the held request's poll), its approval closed by it."""
+    gw = workers_gateway(tmp_path, test_ca, upstream, NAMES, WORKERS_POLICY)
+    after_grant: list[float] = []
+    released: list[float] = []
+    try:
+        for n in range(20):
+            first = Call(gw, f"https://allowed.test/a{n}", sandbox="sbx-1")
+            [asked] = _pending(gw)
+            _admin(gw, "POST", f"/v1/approvals/{asked['id']}",
+                   {"decision": "approve", "scope": "sandbox", "duration": "1h"})
+            assert first.result().status_code == 200
+            again = Call(gw, f"https://allowed.test/a{n}", sandbox="sbx-1")
+            assert again.result().status_code == 200
+            after_grant.append(again.took)
+
+            one = Call(gw, f"https://allowed.test/b{n}", sandbox="sbx-2")
+            other = Call(gw, f"https://allowed.test/b{n}", sandbox="sbx-3")
+            two = _pending(gw, 2)
+            time.sleep(0.3)  # (held past their own approvals' first polls)
+            mine = next(a for a in two if a["sandbox"] == "sbx-2")
+            _admin(gw, "POST", f"/v1/approvals/{mine['id']}",
+                   {"decision": "approve", "scope": "policy", "duration": "1h"})
+            answered = time.monotonic()
+            assert other.result().status_code == 200
+            released.append(time.monotonic() - answered)
+            assert one.result().status_code == 200
+            assert not _pending_now(gw)  # (sbx-3's approval closed by the grant)
+        approvals = _admin(gw, "GET", "/v1/approvals")["approvals"]
+        assert len(approvals) == 60  # (a, and b twice: nothing asked a second time)
+        closed = [a for a in approvals if a["sandbox"] == "sbx-3"]
+        assert all(a["state"] == "approved" and a["note"].startswith("covered by grant")
+                   for a in closed)
+        lines = gw.process.audit_lines()
+        served = {(line["path"][:2], line["worker"]) for line in lines
+                  if line.get("host") == "allowed.test" and line.get("method") == "GET"}
+        assert {w for _, w in served} == {0, 1}, served  # (both workers held and released)
+    finally:
+        gw.process.stop()
+    print(f"\nright after a grant: max {max(after_grant):.3f}s, median "
+          f"{sorted(after_grant)[10]:.3f}s; held, released after the grant: max "
+          f"{max(released):.3f}s, median {sorted(released)[10]:.3f}s")
+    assert max(after_grant) < 0.5, after_grant
+    assert max(released) < 0.5, released
+
+
+def _pending_now(gw: Workers) -> list[dict[str, Any]]:
+    return [a for a in _admin(gw, "GET", "/v1/approvals")["approvals"]
+            if a["state"] == "pending"]
 
 
 class _Receiver(BaseHTTPRequestHandler):

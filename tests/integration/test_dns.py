@@ -222,6 +222,67 @@ def test_refusals(resolver_gw: Dns) -> None:
     assert after[("agent", "type_refused")] - before[("agent", "type_refused")] == 7
 
 
+ASKING = """
+version: v1
+name: agent
+ask: {hosts: true}
+egress:
+  - host: allowed.test
+  - host: blocked.test
+    action: deny
+    reason: never this one
+"""
+
+
+def test_a_grant_resolves_a_name_only_where_the_proxy_lets_it_decide(
+        make_gateway: GatewayFactory) -> None:
+    """Ask mode's grants decide the resolver's answer as they decide the proxy's CONNECT
+    (one decision, `name_allowed` over `with_grants`): a granted name resolves (within
+    the watcher's tenth of a second of the grant being written), a deny rule with a
+    grant for its host (made before the rule) does not, and the proxy refuses it too,
+    without asking."""
+    from helpers.clients import raw_connect
+
+    from gateway.core.approvals import Asked, Grant
+
+    resolver = RecordingResolver({**NAMES, "new.test": ["203.0.113.13"],
+                                  "blocked.test": ["203.0.113.14"]})
+    gw = make_gateway({"agent.yaml": ASKING}, {
+        "listen": {"dns": "127.0.0.1:0"},
+        "network": {"allow_cidrs": ["203.0.113.0/24"]}}, resolver=resolver)
+    assert gw.gateway.dns is not None and gw.gateway.approvals is not None
+    lab = Dns(gw, gw.gateway.dns.addresses[0][1], resolver)
+    lab.register("sbx-a", SBX_A)
+    assert lab.dig("new.test") == ("NXDOMAIN", [])
+    assert lab.dig("blocked.test") == ("NXDOMAIN", [])
+    now = time.time()
+    store = gw.gateway.approvals.store
+    for n, host in enumerate(["new.test", "blocked.test"]):
+        grant = Grant(id=f"gr_{n}", approval=f"ap_{n}", scope="policy", policy="agent",
+                      sandbox=None, asked=Asked("host", host, 443), by="alice", note=None,
+                      created=now, expires=now + 600)
+        assert gw.call(store.record_put("grant", grant.id, grant.to_doc(), now + 600, None))
+    deadline = time.monotonic() + 2
+    while lab.dig("new.test")[0] != "NOERROR":
+        assert time.monotonic() < deadline, "the grant never reached the resolver"
+        time.sleep(0.02)
+    assert lab.dig("new.test") == ("NOERROR", ["203.0.113.13"])
+    assert lab.dig("blocked.test") == ("NXDOMAIN", [])
+    lines = lab.audit()
+    granted = [a for a in lines if a["host"] == "new.test" and a["decision"] == "allow"]
+    assert granted and all(a["rule"] == "grant:gr_0" for a in granted)
+    blocked = [a for a in lines if a["host"] == "blocked.test"]
+    assert blocked and all(a["error"] == "policy_denied" and "never this one" in a["reason"]
+                           for a in blocked)
+    assert "blocked.test" not in resolver.asked  # (never resolved: refused first)
+    # The proxy decides the same: refused at once, nobody asked.
+    token = gw.mint("agent", "sbx-proxy")
+    status, _, body = raw_connect(gw.gateway.proxy_address, "blocked.test:443", token,
+                                  sandbox="sbx-proxy")
+    assert status == 403 and body is not None and body["error"] == "policy_denied"
+    assert not [r for r in gw.audit.records() if r.get("engine") == "approvals"]
+
+
 def test_random_label_flood_is_rate_limited_per_sandbox(tight_gw: Dns) -> None:
     """A DNS tunnel's query stream (long random labels under an attacker's domain) from
     one sandbox is refused past its bucket (rate 5/s, burst 10) while another sandbox is

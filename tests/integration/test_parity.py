@@ -31,6 +31,7 @@ from helpers.parity_cases import (
     deciding_line,
     decision_fields,
     new_lines,
+    primes,
 )
 from helpers.tls import LocalCA
 from helpers.upstream import Upstream
@@ -95,8 +96,7 @@ def test_case(engine: tuple[str, GatewayThread], case: Case, decisions: SharedDe
     if name not in case.engines:
         pytest.skip(f"{case.name}: not an {name} shape")
     token = _token(gw, case.token)
-    if case.prime:  # fetch or mint the value once, through a swap
-        primer = next(c for c in CASES if c.name == case.prime)
+    for primer in primes(case):  # fetch or mint the value once, through a swap
         run(_proxy_spec(primer, gw, token, test_ca, name))
     before_lines = len(gw.audit.records())
     before_seen = len(upstream.requests)

@@ -29,6 +29,7 @@ from helpers.parity_cases import (
     deciding_line,
     decision_fields,
     new_lines,
+    primes,
 )
 from helpers.tls import LocalCA
 from helpers.upstream import Upstream
@@ -121,8 +122,7 @@ def test_row(engine: tuple[str, GatewayThread], case: Case, decisions: SharedDec
     if name not in case.engines:
         pytest.skip(f"{case.name}: not an {name} shape")
     ip = _pod(kube, gw, name, case.name)
-    if case.prime:
-        primer = next(c for c in CASES if c.name == case.prime)
+    for primer in primes(case):
         run(_spec(primer, gw, test_ca, name, ip))
     before_lines = len(gw.audit.records())
     before_seen = len(upstream.requests)

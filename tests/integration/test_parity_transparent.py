@@ -19,7 +19,16 @@ from typing import Any
 import pytest
 from helpers.netns import UPSTREAM_IP, Lab, transparent_lab, unavailable
 from helpers.parity import Result
-from helpers.parity_cases import CASES, KEY, POLICY, SECRETS, Case, build_spec, deciding_line
+from helpers.parity_cases import (
+    CASES,
+    KEY,
+    POLICY,
+    SECRETS,
+    Case,
+    build_spec,
+    deciding_line,
+    primes,
+)
 from helpers.upstream import ENCODINGS, MALFORMED, MINT_SECRET, MINTED
 
 from gateway.core.leaks import LeakScan, sensitive_markers, token_markers
@@ -60,8 +69,7 @@ def test_case_transparent(parity_lab: Lab, case: Case) -> None:
     if engine not in case.engines:
         pytest.skip(f"{case.name}: not an {engine} shape")
     token = lab.mint("sandbox-1")
-    if case.prime:
-        primer = next(c for c in CASES if c.name == case.prime)
+    for primer in primes(case):
         lab.sandbox_client(_spec(lab, primer, token))
     before_lines, before_seen = len(lab.audit()), len(lab.upstream_seen())
     got = Result(**lab.sandbox_client(_spec(lab, case, token)))

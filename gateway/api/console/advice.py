@@ -42,6 +42,9 @@ ADVICE: dict[str, str] = {
                          "allowed one.",
     "mcp_denied": "Allow the tool, resource or prompt in the rule's `mcp:` (or leave it "
                   "refused).",
+    "mcp_tool_changed": "The MCP server changed the tool's description or input schema "
+                        "since it was pinned: compare the texts in the Approvals page and "
+                        "approve the change (or leave it quarantined).",
     "approval_denied": "A person declined it; ask them, or change the policy if it should "
                        "be allowed.",
     "approval_timeout": "No one answered in time: answer in the Approvals page, or "

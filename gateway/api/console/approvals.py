@@ -22,7 +22,19 @@ def _approval(a: Approval, now: float) -> dict[str, Any]:
     return {"id": a.id, "what": a.asked.describe(), "sandbox": a.sandbox, "policy": a.policy,
             "reason": a.reason, "state": a.state, "scope": a.scope, "by": a.by,
             "note": a.note, "left": max(0, round(a.expires - now)),
-            "when": when(a.answered or a.created)}
+            "when": when(a.answered or a.created), "texts": _texts(a)}
+
+
+def _texts(a: Approval) -> list[dict[str, Any]]:
+    """An MCP tool's change: its old and new description (and input schema, where it
+    changed), as the page shows them (escaped by the template, as every value)."""
+    change = a.change if a.asked.kind == "tool" else None
+    if not isinstance(change, dict):
+        return []
+    old, new = change.get("old") or {}, change.get("new") or {}
+    return [{"label": label, "old": old.get(key), "new": new.get(key)}
+            for key, label in (("description", "Description"), ("inputSchema", "Input schema"))
+            if key == "description" or old.get(key) != new.get(key)]
 
 
 def _grant(g: Grant) -> dict[str, Any]:

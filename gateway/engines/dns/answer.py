@@ -23,7 +23,6 @@ Choices (docs/transparent-mode.md, "DNS"):
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -36,9 +35,9 @@ import dns.rdataclass
 import dns.rdatatype
 import dns.rrset
 
-from gateway.core.evaluate import name_allowed
+from gateway.core.evaluate import Grants, name_allowed
 from gateway.core.names import DestinationError, normalize_host
-from gateway.services.policy import Decision, Policy, Rule
+from gateway.services.policy import Policy
 from gateway.services.state.base import SandboxAddress
 
 __all__ = [
@@ -121,9 +120,10 @@ def failure(query: dns.message.Message, rcode: dns.rcode.Rcode, reason: str, err
 
 def answer(query: dns.message.Message, sandbox: SandboxAddress | None,
            policy: Policy | None, lookup: Lookup | None, ttl: int,
-           granted: Callable[[str], tuple[str, int] | None] | None = None) -> Outcome:
+           grants: Grants | None = None) -> Outcome:
     """The response to `query` from `sandbox` (None: an unknown source) under `policy`;
-    `granted`: a grant of the name to the sandbox (ask mode), as (its rule, its port)."""
+    `grants`: ask mode's grants to the sandbox, which decide where the proxy lets them
+    (`name_allowed`, the proxy's own decision at a CONNECT)."""
     if sandbox is None:
         return _fail(query, dns.rcode.REFUSED,
                      "unknown source: only sandboxes registered with POST /v1/sandboxes "
@@ -157,11 +157,7 @@ def answer(query: dns.message.Message, sandbox: SandboxAddress | None,
     if _is_ip(host):
         return _fail(query, dns.rcode.NXDOMAIN, "an IP address is not a name to resolve",
                      "bad_name", name, qtype)
-    decision, port = name_allowed(policy, host)
-    grant = granted(host) if granted is not None and not decision.allowed else None
-    if grant is not None:  # (what a person approved for this sandbox resolves too)
-        decision, port = Decision("allow", "granted (ask mode)", Rule(
-            host=host, source=grant[0], ports=(grant[1],))), grant[1]
+    decision, port = name_allowed(policy, host, grants)
     rule = decision.rule.source if decision.rule is not None else None
     if not decision.allowed:
         return _fail(query, dns.rcode.NXDOMAIN, decision.reason, "policy_denied",

@@ -24,6 +24,7 @@ import dns.rcode
 
 from gateway.config import DnsConfig, HostPort
 from gateway.core.audit import record as audit_record
+from gateway.core.evaluate import Grants
 from gateway.core.names import DestinationError, normalize_host
 from gateway.core.ports import Approvals, Registry
 from gateway.engines.dns.answer import Lookup, Need, Outcome, answer, failure, formerr, parse
@@ -54,7 +55,7 @@ class DnsServer:
                  policies: Callable[[str], Policy | None], guard: DestinationGuard,
                  auditor: Auditor, approvals: Approvals | None = None) -> None:
         self.config = config
-        self.approvals = approvals  # ask mode: names a person granted the sandbox
+        self.approvals = approvals  # ask mode: the grants, as the proxy decides with them
         self.registry = registry
         self.policies = policies
         self.guard = guard
@@ -66,16 +67,12 @@ class DnsServer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
 
-    def _granted(self, sandbox: SandboxAddress | None
-                 ) -> Callable[[str], tuple[str, int] | None] | None:
+    def _grants(self, sandbox: SandboxAddress | None) -> Grants | None:
+        """The sandbox's grants, as the proxy's decision reads them (ask mode)."""
         approvals = self.approvals
         if approvals is None or sandbox is None:
             return None
-
-        def granted(host: str) -> tuple[str, int] | None:
-            grant = approvals.host_grant(sandbox.sandbox, sandbox.policy, host)
-            return None if grant is None else (grant.source, grant.asked.port)
-        return granted
+        return lambda request: approvals.grant_for(sandbox.sandbox, sandbox.policy, request)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -141,12 +138,12 @@ class DnsServer:
             self._record(outcome, sandbox, client, transport, started)
             return formerr(wire)
         policy = self.policies(sandbox.policy) if sandbox is not None else None
-        granted = self._granted(sandbox)
+        grants = self._grants(sandbox)
         try:
-            outcome = answer(query, sandbox, policy, None, self.config.ttl, granted)
+            outcome = answer(query, sandbox, policy, None, self.config.ttl, grants)
             if outcome.need is not None:
                 lookup = await self._lookup(outcome.need)
-                outcome = answer(query, sandbox, policy, lookup, self.config.ttl, granted)
+                outcome = answer(query, sandbox, policy, lookup, self.config.ttl, grants)
         except Exception:  # fail closed: never an address after an error
             log.exception("DNS query from %s failed", client[0])
             outcome = failure(query, dns.rcode.SERVFAIL,

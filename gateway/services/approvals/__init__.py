@@ -4,12 +4,22 @@ they leave (the core's `Approvals` port; what is asked and what an answer means 
 
 Everything lives in the state store's shared records, so every worker and replica sees
 the same asks and grants: a request held on one process is released by an answer given
-on another (each waiting process reads its approval every `POLL` seconds, and at once
-when the answer is given in the same process), grants survive restarts and lapse on
-time. The same thing asked twice by a sandbox waits on one approval (a claim record per
-sandbox and thing asked). An answer writes its grant before the approval says
-`approved`, so a released request never finds its grant missing; a timeout and an
-answer race on the approval's revision, and exactly one of them wins.
+on another, grants survive restarts and lapse on time. The same thing asked twice by a
+sandbox waits on one approval (a claim record per sandbox and thing asked). An answer
+writes its grant before the approval says `approved`, so a released request never finds
+its grant missing; a timeout and an answer race on the approval's revision, and exactly
+one of them wins.
+
+**Pushed, not only polled.** Every `WATCH` seconds (`RecordWatcher`) a process asks the
+store whether a grant, an approval or a tool pin was written anywhere (`record_version`:
+SQLite's change counter, read only when the file changed; Redis's `record` events on its
+pub/sub channel): a new grant is loaded at once and every held request re-checks, so one
+a grant covers is let through within a tenth of a second on every worker and replica,
+whichever approval it waits on (its own approval is then closed as approved, when the
+grant covers all it asks). Before opening an ask a process re-reads the grants, so the
+request right after a grant, on a process that had not loaded it yet, is not asked
+again. Each waiting process still reads its approval every `POLL` seconds (a lost
+pub/sub message delays nothing longer).
 
 Audit lines (no connection: `engine: approvals`): `ask` when an approval is opened,
 `approve` / `deny` / `timeout` when it ends, `revoke` when a grant is revoked; the held
@@ -32,14 +42,17 @@ from gateway.core import approvals as core
 from gateway.core.approvals import Approval, Asked, Grant
 from gateway.core.audit import record
 from gateway.core.identity import Identity
+from gateway.core.mcp_pins import KIND as PIN_KIND
 from gateway.core.ports import SILENT, Telemetry
 from gateway.services.approvals.notify import Webhooks
+from gateway.services.approvals.pins import ToolPinStore
 from gateway.services.approvals.proposal import Proposal, propose
+from gateway.services.approvals.watch import WATCH, RecordWatcher
 from gateway.services.policy import PolicySet, Request
 from gateway.services.policy.ask_rule import Ask
 from gateway.services.state.base import Records, StateUnavailable
 
-__all__ = ["POLL", "ApprovalService", "NotFound"]
+__all__ = ["POLL", "WATCH", "ApprovalService", "NotFound"]
 
 log = logging.getLogger("sandbox_gateway.approvals")
 
@@ -50,6 +63,13 @@ _APPROVAL, _CLAIM, _GRANT = "approval", "asking", "grant"
 
 class NotFound(KeyError):
     """No such approval or grant (or it has expired)."""
+
+
+def _timed(approval: Approval, now: float) -> Approval:
+    """`approval` as it stands at `now`: pending past its expiry is timed out."""
+    if approval.state == "pending" and now >= approval.expires:
+        return replace(approval, state="timeout")
+    return approval
 
 
 class ApprovalService:
@@ -71,7 +91,19 @@ class ApprovalService:
         self.directory = directory
         self.proposals = proposals
         self._grants: dict[str, Grant] = {}
-        self._answered: dict[str, asyncio.Event] = {}
+        self._answered: dict[str, asyncio.Event] = {}  # a held ask's wake-up, by approval
+        self.pins = ToolPinStore(self)  # MCP tool descriptions pinned per server
+        # what the watcher follows: record kind -> what to run when one was written
+        self.watcher = RecordWatcher(store, {_GRANT: self._grants_written,
+                                             _APPROVAL: self._wake,
+                                             PIN_KIND: self.pins.refresh})
+
+    async def start(self) -> None:
+        """Load the grants and pins (they outlive restarts), then follow what is written
+        anywhere (on the running loop)."""
+        await self.refresh()
+        await self.pins.refresh()
+        self.watcher.start()
 
     # -- the gate's port (local view, no I/O) ----------------------------------------------
 
@@ -80,14 +112,6 @@ class ApprovalService:
         now = self.clock()
         for grant in self._grants.values():
             if grant.covers(sandbox, policy, request, now, model):
-                return grant
-        return None
-
-    def host_grant(self, sandbox: str, policy: str, host: str) -> Grant | None:
-        now = self.clock()
-        for grant in self._grants.values():
-            if grant.asked.kind == "host" and grant.asked.host == host and grant.covers(
-                    sandbox, policy, Request(None, "https", host, grant.asked.port, None), now):
                 return grant
         return None
 
@@ -109,16 +133,36 @@ class ApprovalService:
         self._grants = grants
         return changed
 
+    async def _grants_written(self) -> None:
+        """A grant was written somewhere: load them, then let every held ask re-check."""
+        await self.refresh()
+        self._wake()
+
+    def _wake(self) -> None:
+        """Every ask held here reads its approval (and the grants) now."""
+        for event in self._answered.values():
+            event.set()
+
     # -- asking ----------------------------------------------------------------------------
 
-    async def ask(self, identity: Identity, asked: Asked, reason: str, spec: Ask) -> Approval:
+    async def ask(self, identity: Identity, asked: Asked, reason: str, spec: Ask, *,
+                  request: Request, model: str | None = None) -> Approval | Grant:
+        """Hold `request` (naming `model`) until a person answers `asked`, or a grant
+        written meanwhile, anywhere, covers it (returned)."""
+        def covered() -> Grant | None:
+            return self.grant_for(identity.sandbox, identity.policy, request, model)
+
+        await self.refresh()  # (a grant another process wrote a moment ago: not asked)
+        grant = covered()
+        if grant is not None:
+            return grant
         approval, opened = await self._open(identity, asked, reason, spec)
         if opened and self.webhooks is not None and spec.notify:
             self.webhooks.notify(spec.notify, approval)
         self.telemetry.gauge("approvals_pending", 1)
         started = self.clock()
         try:
-            ended = await self._wait(approval)
+            ended = await self._wait(approval, covered)
         finally:
             self.telemetry.gauge("approvals_pending", -1)
         self.telemetry.observe("approval_wait_seconds", self.clock() - started)
@@ -163,10 +207,12 @@ class ApprovalService:
         found = await self.store.record_get(_APPROVAL, ident)
         return None if found is None else (Approval.from_doc(found[0]), found[1])
 
-    async def _wait(self, approval: Approval) -> Approval:
+    async def _wait(self, approval: Approval, covered: Callable[[], Grant | None] | None = None
+                    ) -> Approval | Grant:
         event = self._answered.setdefault(approval.id, asyncio.Event())
         try:
             while True:
+                event.clear()  # (a wake-up from here on is not lost: it sets it again)
                 found = await self._read(approval.id)
                 if found is None:
                     raise StateUnavailable(f"approval {approval.id} is no longer in the "
@@ -174,6 +220,10 @@ class ApprovalService:
                 current, rev = found
                 if current.state != "pending":
                     return current
+                grant = covered() if covered is not None else None
+                if grant is not None:
+                    await self._covered(current, rev, grant)
+                    return grant
                 now = self.clock()
                 if now >= current.expires:
                     timed = replace(current, state="timeout", answered=now)
@@ -190,6 +240,23 @@ class ApprovalService:
             if self._answered.get(approval.id) is event:
                 del self._answered[approval.id]
 
+    async def _covered(self, approval: Approval, rev: int, grant: Grant) -> None:
+        """A grant made for something else covers a held request: its approval is
+        closed as approved by that grant when the grant covers all it asks (else it
+        stays for its other requests, or a person)."""
+        if not grant.asked.includes(approval.asked) or (
+                grant.sandbox is not None and grant.sandbox != approval.sandbox) or \
+                grant.policy != approval.policy:
+            return
+        now = self.clock()
+        closed = replace(approval, state="approved", scope=grant.scope, by=grant.by,
+                         note=f"covered by grant {grant.id}", answered=now, grant=grant.id)
+        if await self.store.record_put(_APPROVAL, approval.id, closed.to_doc(),
+                                       now + self.retention, rev):
+            self.telemetry.count("approvals", "approved")
+            self._line(closed, "approve", f"covered by grant {grant.id} ({grant.scope}, "
+                       f"by {grant.by})", rule=grant.source)
+
     # -- answering (the admin API and the CLI) ---------------------------------------------
 
     async def answer(self, ident: str, decision: str, *, scope: str | None = None,
@@ -204,6 +271,9 @@ class ApprovalService:
         now = self.clock()
         answered, grant = core.answer(approval, decision, scope=scope, duration=duration,
                                       by=by, note=note, now=now)
+        tool = approval.asked.kind == "tool"
+        if tool:  # (superseded by a later change, or answered: refused before it is recorded)
+            await self.pins.check_open(approval)
         proposal = None
         if grant is not None:  # (live before anyone is told "approved")
             await self.store.record_put(_GRANT, grant.id, grant.to_doc(),
@@ -213,6 +283,8 @@ class ApprovalService:
             if grant is not None:
                 await self._expire(grant)
             raise ValueError(f"approval {ident} was answered or timed out meanwhile")
+        if tool:  # the pin follows (a failure here keeps the quarantine: fail closed)
+            await self.pins.answered(answered)
         if grant is not None:
             self._grants[grant.id] = grant
             if grant.scope == "always":
@@ -263,8 +335,11 @@ class ApprovalService:
         raise StateUnavailable(f"grant {grant.id} could not be revoked (contended)")
 
     async def approvals(self) -> list[Approval]:
-        """Pending first, then the most recent."""
-        found = [Approval.from_doc(d) for d in await self.store.record_list(_APPROVAL)]
+        """Pending first, then the most recent (one no one answered in time: `timeout`,
+        whether or not a held request wrote it)."""
+        now = self.clock()
+        found = [_timed(Approval.from_doc(d), now)
+                 for d in await self.store.record_list(_APPROVAL)]
         return sorted(found, key=lambda a: (a.state != "pending", -a.created))
 
     async def grants(self) -> list[Grant]:
@@ -277,9 +352,36 @@ class ApprovalService:
         found = await self._read(ident)
         if found is None:
             raise NotFound(ident)
-        return found[0]
+        return _timed(found[0], self.clock())
+
+    # -- asks without a held request (an MCP tool's change: `pins.py`) -----------------
+
+    def opened(self, approval: Approval, identity: Identity) -> None:
+        """An approval recorded without a request waiting on it: audited, counted, and
+        told to the notifiers of the sandbox's policy's `ask:`."""
+        self.telemetry.count("approvals", "asked")
+        self._line(approval, "ask", f"held for a person's answer: {approval.reason}",
+                   identity=identity)
+        policy = self.policies().get(approval.policy) if self.policies else None
+        notify = policy.ask.notify if policy is not None and policy.ask is not None else ()
+        if self.webhooks is not None and notify:
+            self.webhooks.notify(notify, approval)
+
+    async def superseded(self, ident: str, by: str) -> None:
+        """Close pending approval `ident`: what it asks about was replaced by `by`."""
+        found = await self._read(ident)
+        if found is None or found[0].state != "pending":
+            return
+        now = self.clock()
+        closed = replace(found[0], state="denied", by="sandbox-gateway", answered=now,
+                         note=f"superseded by {by}: the tool changed again")
+        if await self.store.record_put(_APPROVAL, ident, closed.to_doc(),
+                                       now + self.retention, found[1]):
+            self._line(closed, "deny", f"superseded by approval {by}")
 
     async def close(self) -> None:
+        await self.watcher.stop()
+        await self.pins.close()
         if self.webhooks is not None:
             await self.webhooks.close()
 

@@ -18,7 +18,9 @@ Layout in Redis (`prefix` defaults to `sandbox-gateway`):
   `gateway.services.minting.shared`); `<prefix>:refresh-tokens`, a hash key -> `[origin, value]`
   of rotated OAuth2 refresh tokens;
 - `<prefix>:events`, a pub/sub channel of JSON changes (`revoke`, `register`,
-  `unregister`, `ephemeral`); each write and its event go in one MULTI/EXEC, so every
+  `unregister`, `ephemeral`, and `record` with the kind of a shared record written:
+  ask mode's grants, approvals and tool pins, which their watchers then re-read); each
+  write and its event go in one MULTI/EXEC (a record's, in its script), so every
   replica sees changes in the order Redis applied them.
 
 Counters (usage, budgets) are hashes `<prefix>:c:<table>` sent in batches by
@@ -106,7 +108,8 @@ _RECORD_PUT = ("local cur = redis.call('get', KEYS[1]) local want = tonumber(ARG
                "if tonumber(string.sub(cur, 1, bar - 1)) ~= want then return 0 end end "
                "local rev = 1 if want >= 0 then rev = want + 1 end "
                "redis.call('set', KEYS[1], rev .. '|' .. ARGV[2], 'PX', ARGV[3]) "
-               "redis.call('sadd', KEYS[2], ARGV[4]) return 1")
+               "redis.call('sadd', KEYS[2], ARGV[4]) "
+               "redis.call('publish', ARGV[5], ARGV[6]) return 1")
 
 
 def redact_url(url: str) -> str:
@@ -163,6 +166,8 @@ class RedisState(CountersOf):
         self.clock = clock
         self._revoked: dict[str, float] = {}
         self._sandboxes: dict[str, SandboxAddress] = {}
+        self._record_versions: dict[str, int] = {}  # record writes heard of, by kind
+        self._records_synced = 0  # full re-syncs (each may follow missed events)
         self._redis: aioredis.Redis | None = None
         self._sub_client: aioredis.Redis | None = None
         self._pubsub: PubSub | None = None
@@ -380,10 +385,23 @@ class RedisState(CountersOf):
     async def record_put(self, kind: str, key: str, doc: dict[str, Any], expires_at: float,
                          rev: int | None) -> bool:
         ms = max(1, math.ceil((expires_at - self.clock()) * 1000))
+        event = json.dumps({"op": "record", "kind": kind})
         written = await self._op("record", lambda r: r.eval(
             _RECORD_PUT, 2, self._record_key(kind, key), f"{self.prefix}:records:{kind}",
-            -1 if rev is None else rev, json.dumps(doc, separators=(",", ":")), ms, key))
+            -1 if rev is None else rev, json.dumps(doc, separators=(",", ":")), ms, key,
+            self.channel, event))
+        if written:
+            self._record_changed(kind)
         return bool(written)
+
+    def record_version(self, kind: str) -> int:
+        """Raised by every record of `kind` written (the `record` events on the channel,
+        and this replica's own writes) and by every full re-sync (events may have been
+        missed meanwhile)."""
+        return self._records_synced + self._record_versions.get(kind, 0)
+
+    def _record_changed(self, kind: str) -> None:
+        self._record_versions[kind] = self._record_versions.get(kind, 0) + 1
 
     async def read_refresh(self, key: str) -> tuple[str, str] | None:
         raw = await self._op("refresh", lambda r: r.hget(self._refresh_key, key))
@@ -629,6 +647,7 @@ class RedisState(CountersOf):
             except (ValueError, KeyError, TypeError):
                 metrics.STATE_STORE_ERRORS.labels(op="decode").inc()
                 log.warning("state store: ignoring a malformed minted-secret entry")
+        self._records_synced += 1
         self._next_resync = asyncio.get_running_loop().time() + self.resync_interval
 
     def _parse_sandbox(self, ip: str, text: str) -> SandboxAddress | None:
@@ -661,6 +680,8 @@ class RedisState(CountersOf):
                 self._sandboxes.pop(str(event["ip"]), None)
             elif op == "ephemeral":
                 self._apply_ephemeral(event)
+            elif op == "record":
+                self._record_changed(str(event["kind"]))
             else:
                 raise ValueError(op)
         except (ValueError, KeyError, TypeError):

@@ -124,6 +124,10 @@ _LOG_COLUMNS = ", ".join(COLUMNS)
 _ADD = ("INSERT INTO counters (tbl, field, value, expires_at) VALUES (?, ?, ?, ?) "
         "ON CONFLICT(tbl, field) DO UPDATE SET value = value + excluded.value, "
         "expires_at = max(expires_at, excluded.expires_at)")
+# A record kind's change counter, raised with every write of a record of that kind.
+_RECORDS = "records:"
+_BUMP = ("INSERT INTO meta (key, value) VALUES (?, '1') ON CONFLICT(key) DO UPDATE SET "
+         "value = CAST(value AS INTEGER) + 1")
 CHECK_INTERVAL = 0.02  # seconds: how stale a process's view may be
 FLUSH_DELAY = 0.25  # seconds a counted increment waits to be written with the next ones
 _RETRY = 1.0  # seconds between attempts to write what a failed write held
@@ -293,6 +297,8 @@ class SqliteState:
         self._task: asyncio.Task[None] | None = None
         self._last_prune = 0.0
         self._refresh_tokens: dict[str, tuple[str, str]] = {}  # written (or held) here
+        self._record_versions: dict[str, int] = {}  # kind -> its change counter (`meta`)
+        self._records_seen = -1  # the data_version they were read at
         self.log_retain = RETAIN
         self.lease: Lease | None = None
         self._dropped: set[str] = set()  # holders whose settlements were dropped (logged)
@@ -568,15 +574,51 @@ class SqliteState:
                          rev: int | None) -> bool:
         text = _json(doc)
         if rev is None:  # (an expired record is none: replaced)
-            return self._mint_txn(
-                "record", "INSERT INTO records (kind, key, doc, rev, expires_at) VALUES "
+            return self._record_txn(
+                kind, "INSERT INTO records (kind, key, doc, rev, expires_at) VALUES "
                 "(?, ?, ?, 1, ?) ON CONFLICT(kind, key) DO UPDATE SET doc = excluded.doc, "
                 "rev = 1, expires_at = excluded.expires_at WHERE records.expires_at <= ?",
-                (kind, key, text, expires_at, self.clock())) == 1
-        return self._mint_txn(
-            "record", "UPDATE records SET doc = ?, rev = rev + 1, expires_at = ? WHERE "
+                (kind, key, text, expires_at, self.clock()))
+        return self._record_txn(
+            kind, "UPDATE records SET doc = ?, rev = rev + 1, expires_at = ? WHERE "
             "kind = ? AND key = ? AND rev = ? AND expires_at > ?",
-            (text, expires_at, kind, key, rev, self.clock())) == 1
+            (text, expires_at, kind, key, rev, self.clock()))
+
+    def _record_txn(self, kind: str, sql: str, args: tuple[Any, ...]) -> bool:
+        """Write one record and, in the same transaction, raise its kind's change
+        counter (`meta` row ``records:<kind>``) if it was written."""
+        try:
+            with _transaction(self._db()) as conn:
+                written = conn.execute(sql, args).rowcount == 1
+                if written:
+                    conn.execute(_BUMP, (_RECORDS + kind,))
+        except sqlite3.Error as exc:
+            self._failed("record", exc)
+            raise StateUnavailable(f"the state file cannot be written ({self._problem})") \
+                from None
+        self._recovered()
+        if written:
+            self._record_versions[kind] = self._record_versions.get(kind, 0) + 1
+        return written
+
+    def record_version(self, kind: str) -> int:
+        """Raised whenever a record of `kind` is written, by any process of the file: its
+        change counter, re-read only when SQLite says the file changed (`PRAGMA
+        data_version`, the WAL index in shared memory: a few µs)."""
+        conn = self._conn
+        if conn is None:
+            return self._record_versions.get(kind, 0)
+        try:
+            version = conn.execute("PRAGMA data_version").fetchone()[0]
+            if version != self._records_seen:
+                self._records_seen = version
+                self._record_versions = {
+                    key[len(_RECORDS):]: int(value) for key, value in conn.execute(
+                        "SELECT key, value FROM meta WHERE key >= ? AND key < ?",
+                        (_RECORDS, _RECORDS[:-1] + chr(ord(_RECORDS[-1]) + 1)))}
+        except sqlite3.Error as exc:
+            self._failed("read", exc)
+        return self._record_versions.get(kind, 0)
 
     # -- the request log (`state/log.py`) --------------------------------------------------
 

@@ -301,6 +301,39 @@ def test_records_are_shared_and_written_by_compare_and_set(
     run(scenario)
 
 
+def test_a_record_written_anywhere_changes_its_kinds_version(
+        stores: tuple[str, Factory]) -> None:
+    """What the approvals' watcher asks every 50 ms: a write of a record of one kind, by
+    this process or another, changes that kind's version (seen by the other within a
+    tenth of a second), and no other kind's; a write refused by compare-and-set changes
+    nothing."""
+    kind, factory = stores
+
+    async def scenario() -> None:
+        async with opened(factory) as one, opened(factory) as two:
+            now = time.time()
+            grants, others = two.record_version("grant"), two.record_version("other")
+            mine = one.record_version("grant")
+            started = time.monotonic()
+            assert await one.record_put("grant", "g", {"id": "g"}, now + 60, None)
+            assert one.record_version("grant") != mine
+            await eventually(lambda: two.record_version("grant") != grants, timeout=0.1)
+            took = time.monotonic() - started
+            assert took < 0.1, took
+            assert two.record_version("other") == others
+            seen = (one.record_version("grant"), two.record_version("grant"))
+            assert not await two.record_put("grant", "g", {"id": "x"}, now + 60, None)
+            await asyncio.sleep(0.05)
+            assert (one.record_version("grant"), two.record_version("grant")) == seen
+            assert await two.record_put("grant", "g", {"id": "y"}, now + 60, 1)
+            await eventually(lambda: one.record_version("grant") != seen[0], timeout=0.1)
+
+    if kind == "memory":  # (one process: the same store twice)
+        store = factory()
+        factory = lambda: store  # noqa: E731
+    run(scenario)
+
+
 def _entry(n: int, **fields: Any) -> LogEntry:
     values: dict[str, Any] = {"sandbox": f"sbx-{n % 3}", "policy": "agent",
                               "host": "api.openai.com" if n % 2 else "pypi.org",
