@@ -121,7 +121,8 @@ def test_every_workers_lines_in_one_log_and_one_live_stream(
         detail = browser.get(f"/console/requests/{ident.group(1)}").text
         assert "evil-5.test" in detail and "policy_denied" in detail
         assert "What to change" in detail
-        assert "sandbox-gateway policy explain agent CONNECT https://evil-5.test:443" in detail
+        assert ("sandbox-gateway policy explain --policy=agent -- CONNECT "
+                "https://evil-5.test:443") in detail
         assert "no rule" in detail
         allowed = browser.get("/console/requests?host=openai").text
         assert len(_rows(allowed)) == 8
