@@ -256,8 +256,13 @@ def test_redis_killed_never_lets_a_revoked_token_through(
     gw = start_gateway(tmp_path / "gw", {"pass.test": nginx.port}, test_ca, workers=2,
                        extra={"state": {"store": "redis", "url": server.url}})
     try:
-        # (no persistence: Redis comes back empty, the gateway writes what it holds)
-        jti, meanwhile, kept = _outage(gw, server.stop, server.start, restart=False)
+        def kill() -> None:  # (SIGKILL; no persistence: it comes back empty)
+            assert server.process is not None
+            server.process.kill()
+            server.process.wait(5)
+            server.process = None
+
+        jti, meanwhile, kept = _outage(gw, kill, server.start, restart=False)
     finally:
         _stop(gw)
 
