@@ -37,7 +37,6 @@ from gateway.core.evaluate import static_metering
 from gateway.core.names import DestinationError, is_ip, normalize_host
 from gateway.net.resolver import DestinationGuard
 from gateway.observability import metrics
-from gateway.services.identity.issued import IssuedTokens
 from gateway.services.identity.tokens import TokenError, parse_scope
 from gateway.services.state.base import SandboxAddress, StateUnavailable
 from gateway.tools.explain import explain_body, explain_request
@@ -53,7 +52,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 def build_admin_app(ctx: AdminContext) -> Starlette:
     """The Starlette app for the admin listener."""
     expected = ("Bearer " + ctx.admin_token).encode()
-    issued = IssuedTokens(ctx.tokens.state)  # every token issued here is recorded
+    issued = ctx.issued  # every token issued here is recorded
 
     def protected(handler: Handler) -> Handler:
         async def wrapper(request: Request) -> Response:
@@ -164,11 +163,15 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         jti = data.get("jti")
         if not isinstance(jti, str) or not jti:
             return _error(400, "bad_request", "jti is required")
-        try:
-            await ctx.tokens.revoke(jti)
-        except StateUnavailable as exc:
-            return _error(503, "state_unavailable", str(exc))
-        return JSONResponse({"revoked": jti})
+        done = await ctx.tokens.revoke(jti)  # (never waits for the state store)
+        if not done.everywhere:
+            return _error(503, "revocation_incomplete", done.incomplete())
+        answer: dict[str, Any] = {"revoked": jti, "workers": done.workers,
+                                  "stored": done.stored}
+        if done.pending is not None:
+            answer["pending"] = (f"{done.pending}; every worker process refuses the token "
+                                 "meanwhile, other replicas once it is written")
+        return JSONResponse(answer)
 
     @protected
     async def register_sandbox(request: Request) -> Response:

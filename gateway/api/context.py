@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from gateway.services.identity.issued import IssuedTokens
 from gateway.services.identity.tokens import TokenService
 from gateway.services.policy import PolicySet
 
@@ -22,6 +23,9 @@ __all__ = ["AdminContext", "Readiness"]
 
 class Readiness(Protocol):
     def ready(self) -> tuple[bool, str]: ...
+
+    def degraded(self) -> list[str]:
+        """What serves on in a degraded way now (`/readyz` lists it), e.g. "state store"."""
 
 
 @dataclass
@@ -43,3 +47,13 @@ class AdminContext:
     stopping: Callable[[], bool] = lambda: False  # the gateway stops: long answers end
     # console.trusted_proxies: peers whose X-Forwarded-* headers the console believes
     trusted_proxies: tuple[str, ...] = ("127.0.0.1", "::1")
+    # The record of issued tokens (`identity/issued.py`), one per process: it holds what
+    # the store could not take yet. None: one is made here (tests; no retries).
+    issued_tokens: IssuedTokens | None = field(default=None)
+
+    @property
+    def issued(self) -> IssuedTokens:
+        if self.issued_tokens is None:
+            self.issued_tokens = IssuedTokens(self.tokens.state,
+                                              self.tokens.revocations.is_revoked)
+        return self.issued_tokens

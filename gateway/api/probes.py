@@ -37,13 +37,19 @@ Answer = tuple[int, dict[str, Any]]
 
 def answer(path: str, readiness: Readiness) -> Answer | None:
     """The probe answer for `path` (status, JSON body), None if it is no probe path.
-    `/healthz`: the process answers; `/readyz`: `readiness.ready()`, 503 when not ready.
-    The admin API's routes and the reserve past the cap both answer with it."""
+    `/healthz`: the process answers; `/readyz`: `readiness.ready()`, 503 when not ready,
+    and `degraded`, what serves on in a degraded way (e.g. `["state store"]`), when
+    something does. The admin API's routes and the reserve past the cap both answer
+    with it."""
     if path == "/healthz":
         return 200, {"status": "ok"}
     if path == "/readyz":
         ok, why = readiness.ready()
-        return (200 if ok else 503), {"ready": ok, "reason": why}
+        body: dict[str, Any] = {"ready": ok, "reason": why}
+        degraded = readiness.degraded()
+        if degraded:
+            body["degraded"] = degraded
+        return (200 if ok else 503), body
     return None
 
 

@@ -37,16 +37,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         from gateway.runtime.workers import follow_supervisor
 
         follow_supervisor(args.supervisor)
-    return _run_single(cfg, args.worker_index)
+    return _run_single(cfg, args.worker_index, args.relay_fd)
 
 
-def _run_single(cfg: Config, worker: int | None) -> int:
-    """One gateway process (alone, or worker `worker` of a supervisor)."""
+def _run_single(cfg: Config, worker: int | None, relay_fd: int | None = None) -> int:
+    """One gateway process (alone, or worker `worker` of a supervisor, whose revocation
+    relay is on descriptor `relay_fd`)."""
     from gateway.net.resolver import new_event_loop
     from gateway.runtime.app import Gateway, StartupError
 
     async def main() -> int:
-        gateway = Gateway(cfg, worker=worker)
+        gateway = Gateway(cfg, worker=worker, relay_fd=relay_fd)
         try:
             await gateway.start()
         except StartupError as exc:
@@ -115,4 +116,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                           "0 = one per core)")
     run.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     run.add_argument("--supervisor", type=int, default=None, help=argparse.SUPPRESS)
+    run.add_argument("--relay-fd", type=int, default=None, help=argparse.SUPPRESS)
     run.set_defaults(func=cmd_run)

@@ -66,7 +66,7 @@ def record_minted(cfg: Config, minted: MintedToken) -> str | None:
         state = build_state(cfg.state)
         try:
             await asyncio.wait_for(state.start(), RECORD_TIMEOUT)
-            return await IssuedTokens(state).record(minted, "mint")
+            return await IssuedTokens(state).record(minted, "mint", hold=False)
         finally:
             await state.close()
 

@@ -47,6 +47,7 @@ from gateway.core.ports import (
     Secrets,
     Signer,
     Signers,
+    StateHealth,
     Telemetry,
     Tokens,
     Workloads,
@@ -78,7 +79,8 @@ class Gate:
                  connections_per_sandbox: int = 256, max_connections: int = 1 << 30,
                  telemetry: Telemetry = SILENT, clock: Callable[[], float] = time.time,
                  refusals_inside_tls: bool = False, workloads: Workloads | None = None,
-                 approvals: Approvals | None = None, pins: ToolPins | None = None) -> None:
+                 approvals: Approvals | None = None, pins: ToolPins | None = None,
+                 state_health: StateHealth | None = None) -> None:
         self.tokens = tokens
         self.policies = policies
         self.guard = guard
@@ -88,6 +90,7 @@ class Gate:
         self.signers = signers
         self.ephemeral = ephemeral if ephemeral is not None else EphemeralKeys()
         self.audit_health = audit_health
+        self.state_health = state_health
         self.telemetry = telemetry
         self.refusals_inside_tls = refusals_inside_tls
         self.trail = Trail(audit, policies, telemetry, clock)
@@ -199,12 +202,16 @@ class Gate:
 
     # -- tunnels -------------------------------------------------------------------------
 
-    def check_audit(self) -> None:
+    def check_health(self) -> None:
         """New exchanges are refused while their audit lines cannot be written (the
-        sink's `refusing`, `audit.on_failure: refuse`). Raises Refusal."""
+        sink's `refusing`, `audit.on_failure: refuse`), and while the state store is
+        away if the operator chose so (`state.unavailable: refuse`). Raises Refusal."""
         health = self.audit_health
         if health is not None and health.refusing is not None:
             raise Refusal("audit_unavailable", _AUDIT_UNAVAILABLE, retry_after=5)
+        state = self.state_health
+        if state is not None and state.refusing is not None:
+            raise Refusal("state_unavailable", _STATE_UNAVAILABLE, retry_after=5)
 
     def policy(self, identity: Identity) -> Policy:
         found = self.policies().get(identity.policy)
@@ -230,7 +237,7 @@ class Gate:
             self.identities.identify(client, proxy_authorization)
             if unreadable is not None or host is None or port is None:
                 raise unreadable or GATEWAY_ERROR
-            self.check_audit()
+            self.check_health()
             return await self._admit_tunnel(client, host, port, "https")
         except Refusal as refusal:
             answer = self.trail.refuse(client, refusal, method="CONNECT", host=host, port=port,
@@ -281,7 +288,7 @@ class Gate:
         orig_ip, port = orig
         host: str | None = None
         try:
-            self.check_audit()
+            self.check_health()
             if kind == "tcp":
                 if not client.registered:
                     raise Refusal("unknown_sandbox", "raw TCP from an unregistered source: "
@@ -431,7 +438,7 @@ class Gate:
             identity = self.identities.recheck(client, head)
             tgt = target.request_target(
                 head, (tunnel.host, tunnel.port) if tunnel is not None else None, tls=tls)
-            self.check_audit()
+            self.check_health()
             upgrade = head.headers.get("upgrade")
             if upgrade is not None and upgrade.strip().lower() != "websocket":
                 raise Refusal("unsupported", f"upgrade to {upgrade[:40]!r} is not supported "
@@ -645,6 +652,9 @@ async def _no_resolver(host: str, port: int) -> list[str]:
 
 _AUDIT_UNAVAILABLE = ("the gateway cannot write its audit trail now and refuses new "
                       "requests until it can (audit.on_failure: refuse); retry later")
+_STATE_UNAVAILABLE = ("the gateway cannot reach its state store now (revocations, budgets) "
+                      "and refuses new requests until it can (state.unavailable: refuse); "
+                      "retry later")
 
 
 def _plain(head: RequestHead) -> bool:

@@ -15,7 +15,7 @@ from gateway.services.policy import Credential, Request
 from gateway.services.policy.ask_rule import Ask
 
 __all__ = ["SILENT", "Approvals", "AuditHealth", "Guard", "Minted", "Registry", "Secrets",
-           "Signer", "Signers", "Telemetry", "Tokens", "Workloads"]
+           "Signer", "Signers", "StateHealth", "Telemetry", "Tokens", "Workloads"]
 
 
 class Telemetry(Protocol):
@@ -126,6 +126,15 @@ class Workloads(Protocol):
 class AuditHealth(Protocol):
     """The audit sink's health (observability/audit.py): `refusing` is why new
     exchanges must be refused now (their audit lines cannot be written), or None."""
+
+    @property
+    def refusing(self) -> str | None: ...
+
+
+class StateHealth(Protocol):
+    """The state store's health as the gateway serves it (services/state/health.py):
+    `refusing` is why new exchanges must be refused now (the store is away and
+    `state.unavailable: refuse`), or None."""
 
     @property
     def refusing(self) -> str | None: ...

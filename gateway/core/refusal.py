@@ -100,6 +100,7 @@ _CODES: dict[str, tuple[int, str]] = {
     "shutting_down": (503, "proxy_internal_error"),
     "at_capacity": (503, "proxy_internal_error"),
     "audit_unavailable": (503, "proxy_internal_error"),
+    "state_unavailable": (503, "proxy_internal_error"),
     "gateway_error": (500, "proxy_internal_error"),
 }
 _PHRASES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
@@ -110,10 +111,11 @@ _PHRASES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
 
 # Refusals of a CONNECT that are answered at the CONNECT even where refusals go inside
 # TLS: a missing token (the 407 challenge is what makes clients send credentials), a
-# gateway too busy or unable to audit (no TLS handshake spent on it), an authority the
-# gateway cannot name a leaf for, and its own failure.
+# gateway too busy, unable to audit or without its state store (no TLS handshake spent on
+# it), an authority the gateway cannot name a leaf for, and its own failure.
 _AT_CONNECT = frozenset({"auth_required", "at_capacity", "too_many_connections",
-                         "audit_unavailable", "shutting_down", "bad_request",
+                         "audit_unavailable", "state_unavailable", "shutting_down",
+                         "bad_request",
                          "bad_destination", "gateway_error"})
 TEXT = "text"  # the shape of a refusal for a client that shows only text/plain (git)
 

@@ -63,10 +63,12 @@ from gateway.observability import logs, metrics
 from gateway.observability.audit import Auditor
 from gateway.observability.audit_spill import Spill
 from gateway.runtime.mitmproxy_engine import MitmproxyEngine
+from gateway.runtime.relay_link import RelayLink
 from gateway.runtime.sweeper import ConnectionSweeper
 from gateway.services.approvals import ApprovalService
 from gateway.services.approvals.notify import TIMEOUT as NOTIFY_TIMEOUT
 from gateway.services.approvals.notify import Webhooks
+from gateway.services.identity.issued import IssuedTokens
 from gateway.services.identity.keywatch import SigningKeyWatcher
 from gateway.services.identity.tokens import TokenError, TokenService
 from gateway.services.metering import Metering, build_metering
@@ -75,6 +77,7 @@ from gateway.services.policy import Policy, PolicyError, PolicyReloader, PolicyS
 from gateway.services.secrets import SecretCache, SecretError, build_cache, build_store
 from gateway.services.state.base import StateStore, StateUnavailable
 from gateway.services.state.factory import build_state
+from gateway.services.state.health import StoreHealth, unavailable_mode
 from gateway.services.state.lease_keeper import slot_of
 from gateway.services.state.log_feed import RequestLog
 
@@ -147,9 +150,12 @@ class Gateway:
 
     def __init__(self, config: Config, *, resolver: Resolver | None = None,
                  audit_stream: IO[str] | None = None, state: StateStore | None = None,
-                 worker: int | None = None) -> None:
+                 worker: int | None = None, relay_fd: int | None = None) -> None:
         self.config = config
         self.worker = worker  # index among worker processes sharing the ports, or None
+        self.relay_fd = relay_fd  # this worker's end of the supervisor's revocation relay
+        self.relay: RelayLink | None = None
+        self.issued: IssuedTokens | None = None  # the record of issued tokens (held writes)
         self.resolver = resolver or SystemResolver()
         self.audit_stream = audit_stream
         self._state = state
@@ -222,9 +228,14 @@ class Gateway:
             return True, (f"ready for tokens; pods are not identified: {stale} (their "
                           "connections are refused 503 identity_unavailable)")
         problem = self.auditor.problem
-        if problem is None and self.state.problem is not None:  # (started: listening)
-            return True, (f"ready; {self.state.problem}; what could not be written is "
-                          "written when the store is back")
+        store = self.state_health.problem
+        if store is not None and self.state_health.refusing is not None:
+            return False, (f"state store unavailable ({store}): new tunnels and requests are "
+                           "refused 503 state_unavailable (state.unavailable: refuse)")
+        if problem is None and store is not None:  # (started: listening)
+            return True, (f"degraded: state store: {store}; revocations hold on every worker "
+                          "of this gateway, what could not be written is written when the "
+                          "store is back (state.unavailable: serve)")
         if problem is not None:
             if self.auditor.refusing is not None:
                 return False, (f"audit lines cannot be written ({problem}): new exchanges "
@@ -232,6 +243,19 @@ class Gateway:
             return True, (f"ready; audit lines cannot be written ({problem}): serving on, "
                           "lines beyond audit.buffer are dropped (audit.on_failure: continue)")
         return True, "ready"
+
+    def degraded(self) -> list[str]:
+        """What serves on in a degraded way now (`/readyz`'s `degraded`)."""
+        if self.draining or self.policy_set is None or not self._listening:
+            return []
+        out = []
+        if self.state_health.problem is not None:
+            out.append("state store")
+        if self.auditor.problem is not None and self.auditor.refusing is None:
+            out.append("audit")
+        if self.pods is not None and self.pods.stale() is not None:
+            out.append("pod identities")
+        return out
 
     def _metering_problems(self, policy_set: PolicySet) -> None:
         assert self.metering is not None
@@ -322,6 +346,7 @@ class Gateway:
             raise StartupError(f"signing keys: {exc}") from None
         try:
             self.state: StateStore = self._state or build_state(cfg.state)
+            self.state_health = StoreHealth(self.state, unavailable_mode(cfg.state))
         except ValueError as exc:
             raise StartupError(str(exc)) from None
         try:
@@ -338,6 +363,9 @@ class Gateway:
             max_ttl=cfg.tokens.max_ttl, max_lifetime=cfg.tokens.max_lifetime,
             leeway=cfg.tokens.leeway, policy_ttl=self.policy_token_ttl,
         )
+        await self._open_relay()
+        self.issued = IssuedTokens(self.state, self.tokens.revocations.is_revoked)
+        self.issued.start()  # (records the store could not take: retried)
 
         self.fd_limit = raise_fd_limit()
         # The upstream pool's descriptors come out of the connection cap (an eighth of
@@ -407,7 +435,7 @@ class Gateway:
             connections_per_sandbox=cfg.limits.connections_per_sandbox,
             max_connections=max(16, (self.fd_limit - FD_RESERVE - self.pool_limit) // 2),
             workloads=self.pods, approvals=self._build_approvals(overrides),
-            pins=self._approvals().pins)
+            pins=self._approvals().pins, state_health=self.state_health)
         # (the grants and tool pins that outlived a restart; then what is written anywhere)
         await self._approvals().start()
         await self._start_dns(shared)
@@ -456,6 +484,7 @@ class Gateway:
             metering=self.metering, pods=self.pods, approvals=self.approvals,
             request_log=self.state if self.request_log is not None else None,
             stopping=lambda: self.draining, trusted_proxies=cfg.console.trusted_proxies,
+            issued_tokens=self.issued,
         )))
         self.admin_server = _QuietServer(uvicorn.Config(
             # (no forwarded header is read by uvicorn: console.trusted_proxies decides)
@@ -481,6 +510,23 @@ class Gateway:
         logs.SOURCES.add(self._log_source, self._log_secrets)  # what logs must not show
         logs.protect()  # uvicorn's and mitmproxy's handlers too, now that they exist
         await self._wait_listening()
+
+    async def _open_relay(self) -> None:
+        """A worker: its end of the supervisor's revocation relay, opened before it serves
+        (the revocations the store does not have yet come first); then revocations hold
+        here as other workers take them. Owed store writes are retried either way."""
+        revocations = self.tokens.revocations
+        if self.relay_fd is not None:
+            try:
+                self.relay = await RelayLink.open(self.relay_fd)
+            except (OSError, ValueError, TimeoutError) as exc:
+                raise StartupError(f"the supervisor's revocation relay: {exc}") from None
+            revocations.relay = self.relay
+            revocations.adopt(self.relay.snapshot)
+            for jti, expires_at in self.relay.early:
+                revocations.learn(jti, expires_at)
+            self.relay.start(revocations.learn)
+        revocations.start()
 
     def _audit_spill(self) -> Spill | None:
         """The audit spill journal (`audit.spill`; None with `max: 0`). A worker keeps its
@@ -758,6 +804,11 @@ class Gateway:
             await self.approvals.close()  # (notifications still being sent: cancelled)
         if self.request_log is not None:
             await self.request_log.aclose()  # (its last lines, before the store closes)
+        if self.issued is not None:
+            await self.issued.stop()
+        await self.tokens.revocations.stop()  # (a last try at what the store has not got)
+        if self.relay is not None:
+            await self.relay.close()
         await self.state.close()
         await self.credentials.close()  # the secret cache and the minted values' cache
         if self._vault_http is not None:

@@ -1,6 +1,7 @@
 """The supervisor of `run --workers N` once everything is prepared: it starts the workers,
-restarts one that exits on its own (with backoff), forwards SIGTERM/SIGINT and exits when
-every worker has stopped.
+restarts one that exits on its own (with backoff), relays token revocations between them
+(`relay.py`: every worker holds one before the admin API answers, whatever the state
+store does), forwards SIGTERM/SIGINT and exits when every worker has stopped.
 
 `workers.run_supervisor` prepares what the workers share (in the full gateway: config,
 policies, CA, keys, state file, reserved ports) and then replaces itself with this
@@ -23,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gateway.runtime.relay import Relay
+
 READY_TIMEOUT = 60.0
 RESTART_BACKOFF = (1.0, 30.0)
 
@@ -43,14 +46,25 @@ class Watcher:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.restarts: dict[int, int] = {}
         self.stopping = False
+        self.relay = Relay()
 
     def _spawn(self, index: int) -> None:
+        link = self.relay.attach(index)  # (a new link; the snapshot waits on it)
         cmd = [sys.executable, "-m", "gateway", "run", "--worker-index", str(index),
-               "--supervisor", str(os.getpid())]
+               "--supervisor", str(os.getpid()), "--relay-fd", str(link.fileno())]
         if self.config_path:
             cmd += ["--config", self.config_path]
         (self.runtime / f"ready-{index}").unlink(missing_ok=True)
-        self.procs[index] = subprocess.Popen(cmd, env=self.env)
+        try:
+            self.procs[index] = subprocess.Popen(cmd, env=self.env, pass_fds=(link.fileno(),))
+        finally:
+            link.close()
+
+    def pause(self, seconds: float) -> None:
+        """Wait `seconds` (or until told to stop), relaying revocations meanwhile."""
+        deadline = time.monotonic() + seconds
+        while not self.stopping and (left := deadline - time.monotonic()) > 0:
+            self.relay.pump(min(left, 0.2))
 
     def start(self) -> bool:
         for index in range(self.count):
@@ -61,7 +75,7 @@ class Watcher:
                 return True
             if any(p.poll() is not None for p in self.procs.values()):
                 return False
-            time.sleep(0.05)
+            self.relay.pump(0.05)
         return False
 
     def watch(self) -> int:
@@ -77,10 +91,11 @@ class Watcher:
                            RESTART_BACKOFF[0] * 2 ** (self.restarts[index] - 1))
                 print(f"sandbox-gateway: worker {index} exited with {code}; restarting in "
                       f"{wait:.0f}s", file=sys.stderr, flush=True)
-                time.sleep(wait)
+                self.relay.detach(index)  # (not waited for; its successor reads a snapshot)
+                self.pause(wait)
                 if not self.stopping:
                     self._spawn(index)
-            time.sleep(0.2)
+            self.relay.pump(0.2)
         return self.stop(self.stop_timeout)
 
     def forget(self, pid: int) -> None:
@@ -100,6 +115,9 @@ class Watcher:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
+        while (time.monotonic() < deadline
+               and any(proc.poll() is None for proc in self.procs.values())):
+            self.relay.pump(0.05)  # (draining workers may still revoke)
         worst = 0
         for proc in self.procs.values():
             try:
@@ -108,6 +126,7 @@ class Watcher:
                 proc.kill()
                 code = proc.wait()
             worst = worst or (code if code not in (0, -signal.SIGTERM) else 0)
+        self.relay.close()
         for fd in self.held:
             os.close(fd)
         self.held = []

@@ -15,8 +15,10 @@ reserves the ports, and starts the workers with:
   those of workers a previous run had and this one has not go to worker 0 (`adopt`).
 
 Then it becomes a lean process of the standard library only (`watch.py`): it forwards
-SIGTERM/SIGINT, restarts a worker that dies (with backoff), and exits when every worker
-has stopped. Each worker keeps its own secret cache.
+SIGTERM/SIGINT, restarts a worker that dies (with backoff), relays token revocations
+between the workers (`relay.py`: one socketpair each, so a revocation never waits for
+the state store), and exits when every worker has stopped. Each worker keeps its own
+secret cache.
 """
 
 from __future__ import annotations

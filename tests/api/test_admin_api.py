@@ -52,9 +52,13 @@ egress:
 class Ready:
     def __init__(self) -> None:
         self.ok, self.why = True, "ready"
+        self.degrades: list[str] = []
 
     def ready(self) -> tuple[bool, str]:
         return self.ok, self.why
+
+    def degraded(self) -> list[str]:
+        return self.degrades
 
 
 class Admin:
@@ -114,6 +118,13 @@ def test_readyz(client: TestClient, admin: Admin) -> None:
     response = client.get("/readyz")
     assert response.status_code == 503
     assert response.json() == {"ready": False, "reason": "policies not loaded"}
+    # Serving on without something (the state store away): 200, and it says what.
+    admin.readiness.ok, admin.readiness.why = True, "degraded: state store: disk full"
+    admin.readiness.degrades = ["state store"]
+    response = client.get("/readyz")
+    assert response.status_code == 200
+    assert response.json() == {"ready": True, "reason": "degraded: state store: disk full",
+                               "degraded": ["state store"]}
 
 
 def test_metrics(client: TestClient) -> None:
@@ -277,7 +288,7 @@ def test_revoke(client: TestClient, admin: Admin) -> None:
 
     response = client.post("/v1/tokens/revoke", headers=AUTH, json={"jti": minted["jti"]})
     assert response.status_code == 200
-    assert response.json() == {"revoked": minted["jti"]}
+    assert response.json() == {"revoked": minted["jti"], "workers": 1, "stored": True}
     with pytest.raises(TokenRefused) as info:
         admin.tokens.verify(minted["token"])
     assert info.value.code == "token_revoked"

@@ -261,6 +261,14 @@ def _audit_down(w: World) -> Any:
     return _tunnel(w, "allowed.test")
 
 
+def _state_down(w: World) -> Any:
+    """`state.unavailable: refuse` while the state store is away (the port says why)."""
+    down = Health()
+    down.refusing = "the state file's disk is full"
+    w.gate.state_health = down
+    return _tunnel(w, "allowed.test")
+
+
 def _at_capacity(w: World) -> None:
     w.gate.connections.limit = 0
     w.gate.opened(Client(PEER))
@@ -346,6 +354,8 @@ ROWS: list[tuple[str, Callable[[World], Any], str, dict[str, Any]]] = [
      "forbidden_destination", {"host": "169.254.169.254"}),
     ("the name does not resolve", lambda w: _tunnel(w, "noname.test"), "unresolvable", {}),
     ("the audit trail cannot be written", _audit_down, "audit_unavailable", {}),
+    ("the state store is away (state.unavailable: refuse)", _state_down,
+     "state_unavailable", {}),
     ("the gate fails while deciding", lambda w: _tunnel(w, "unbound.test"), "gateway_error",
      {"method": "CONNECT", "host": "unbound.test"}),
     ("non-TLS bytes in a passthrough tunnel", _hello(None, tls=False), "policy_denied", {}),

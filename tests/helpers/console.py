@@ -34,6 +34,9 @@ class Ready:
     def ready(self) -> tuple[bool, str]:
         return True, "ready"
 
+    def degraded(self) -> list[str]:
+        return []
+
 
 def context(state: StateStore, clock: Callable[[], float], keys: Path,
             policies: PolicySet | None = None, **more: Any) -> AdminContext:

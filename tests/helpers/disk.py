@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,3 +23,19 @@ def tiny_tmpfs(directory: Path, size: str) -> Iterator[Path]:
         yield directory
     finally:
         subprocess.run(["umount", "-l", str(directory)], check=True)
+
+
+def fill(directory: Path) -> Path:
+    """Fill the file system `directory` is on to its last block with one file (returned:
+    unlink it to free the space). Unbuffered writes, smaller and smaller: no slack is left
+    for a small write (a SQLite page) to slip into."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for size in (1 << 20, 65536, 4096, 512, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, b"\0" * size)
+    finally:
+        os.close(fd)
+    return filler

@@ -191,8 +191,9 @@ def test_the_supervisor_holds_only_the_standard_library(tmp_path: Path) -> None:
                    Path(f"/proc/{gw.pid}/status").read_text().splitlines()
                    if line.startswith("VmRSS:"))
         assert rss < 30 * 1024, rss  # (KiB; a full gateway process holds twice that)
+        # proxy and admin, held; the revocation relay's link to each worker
         assert sum(1 for fd in Path(f"/proc/{gw.pid}/fd").iterdir()
-                   if os.readlink(fd).startswith("socket:")) == 2  # proxy and admin, held
+                   if os.readlink(fd).startswith("socket:")) == 2 + 2
         os.kill(int(workers[0]), signal.SIGKILL)  # restarted by the lean supervisor
         deadline = time.monotonic() + 15
         while True:

@@ -101,5 +101,5 @@ def routes(ctx: AdminContext) -> list[Route]:
         *requests.routes(site, ctx),
         *approvals.routes(site, ctx.approvals),
         *usage.routes(site, ctx.metering, ctx.policies),
-        *sandboxes.routes(site, ctx.tokens, ctx.policies),
+        *sandboxes.routes(site, ctx.tokens, ctx.policies, ctx.issued),
     ]

@@ -77,6 +77,9 @@ ADVICE: dict[str, str] = {
     "at_capacity": "The gateway is at its connection cap: add workers or replicas.",
     "audit_unavailable": "The gateway cannot write audit lines: see `/readyz` and free "
                          "the disk or the log pipe.",
+    "state_unavailable": "The gateway's state store is away and `state.unavailable: "
+                         "refuse` is set: see `/readyz`, free the state file's disk or "
+                         "bring Redis back.",
     "gateway_error": "A check failed inside the gateway and refused (fail closed): see the "
                      "gateway's log at this time.",
 }

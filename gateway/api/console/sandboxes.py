@@ -27,10 +27,9 @@ _JTI = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _PAGE = "/console/sandboxes"
 
 
-def routes(site: Site, tokens: TokenService,
-           policies: Callable[[], PolicySet]) -> list[Route]:
+def routes(site: Site, tokens: TokenService, policies: Callable[[], PolicySet],
+           issued: IssuedTokens) -> list[Route]:
     """The sandboxes page and its two forms."""
-    issued = IssuedTokens(tokens.state)
 
     @site.signed_in
     async def page(request: Request, nonce: str) -> Response:
@@ -52,13 +51,16 @@ def routes(site: Site, tokens: TokenService,
         jti = request.path_params["jti"]
         if _JTI.fullmatch(jti) is None:
             return site.back(_PAGE, "not revoked: that is not a token id")
-        try:  # (as POST /v1/tokens/revoke)
-            await tokens.revoke(jti)
-        except StateUnavailable as exc:
-            return site.back(_PAGE, f"token {jti}: not revoked: {exc}")
+        done = await tokens.revoke(jti)  # (as POST /v1/tokens/revoke)
+        if not done.everywhere:
+            return site.back(_PAGE, done.incomplete())
+        pending = "" if done.pending is None else (
+            f" (the state store could not be written: {done.pending}; it is written when "
+            "the store is back, and other replicas refuse it from then on)")
         return site.back(_PAGE, f"token {jti} revoked: every worker refuses it, and every "
                                 "token refreshed from it, from now on, and ends its open "
-                                "connections (tunnels, streams, WebSockets) within a second")
+                                "connections (tunnels, streams, WebSockets) within a second"
+                                + pending)
 
     @site.signed_in
     async def unregister(request: Request, nonce: str) -> Response:

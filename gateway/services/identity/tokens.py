@@ -37,6 +37,7 @@ from gateway.core.identity import Scope as Scope
 from gateway.core.identity import TokenRefused as TokenRefused
 from gateway.core.identity import Workload
 from gateway.net.ca import write_private
+from gateway.services.identity.revocations import Revocation, Revocations
 from gateway.services.state.base import StateStore
 
 AUDIENCE = "sandbox-gateway"
@@ -201,6 +202,7 @@ class TokenService:
         self.clock = clock
         self._public = keys.public_keys()
         self._cache: dict[str, Identity] = {}
+        self.revocations = Revocations(state)  # held here first, then in the store
 
     def use_keys(self, keys: SigningKeys) -> None:
         """Sign with `keys`' newest key from now on and verify with all of its keys; a
@@ -299,16 +301,18 @@ class TokenService:
                                identity)
         return identity
 
-    async def revoke(self, jti: str) -> None:
-        """Revoke the token `jti` (and every token refreshed from it) on every process of
-        the state store, kept until no token of it can still be valid (raises
-        StateUnavailable)."""
-        await self.state.revoke(jti, time.time() + self.max_lifetime)
+    async def revoke(self, jti: str) -> Revocation:
+        """Revoke the token `jti` (and every token refreshed from it), kept until no token
+        of it can still be valid: in this process at once, on every worker through the
+        supervisor's relay, in the state store when it can be written
+        (`identity/revocations.py`; the outcome says where it holds)."""
+        return await self.revocations.revoke(jti, time.time() + self.max_lifetime)
 
     def revoked(self, identity: Identity) -> bool:
-        """Was this token, or the family it was refreshed from, revoked? (No I/O: the
-        state store's view.)"""
-        return self.state.is_revoked(identity.jti) or self.state.is_revoked(identity.family)
+        """Was this token, or the family it was refreshed from, revoked? (No I/O: this
+        process's revocations and the state store's view.)"""
+        return (self.revocations.is_revoked(identity.jti)
+                or self.revocations.is_revoked(identity.family))
 
     def _verify_signature(self, token: str) -> Identity:
         try:

@@ -51,7 +51,6 @@ from redis.exceptions import RedisError
 
 from gateway.net.resolver import unguarded
 from gateway.observability import metrics
-from gateway.services.state.base import StateUnavailable
 from gateway.services.state.counters import Admission, CounterView, Increment, Table, first_refused
 from gateway.services.state.lease_keeper import Lease
 from gateway.services.state.leases import BEAT, LEASE_TTL, ORPHANS, Charged, charge_of, parse_held
@@ -427,10 +426,11 @@ class RedisCounters:
     async def take_lease(self, slot: str, *, ttl: float = LEASE_TTL,
                          beat: float = BEAT) -> None:
         lease = Lease(self, slot, ttl=ttl, beat=beat)
-        if not await lease.start():
-            raise StateUnavailable(f"Redis at {self.url_for_logs}: this process's lease "
-                                   "cannot be written")
         self.lease = lease
+        if not await lease.start():  # (it serves, and the lease is claimed once it can be)
+            log.warning("state store: this process's lease cannot be written yet; budget "
+                        "reservations are counted but not recorded under a lease until it "
+                        "is (a crash meanwhile loses them, as every count held in memory)")
 
     async def lease_claim(self, holder: str, slot: str, ttl: float, takeover: bool) -> bool:
         client = self._client

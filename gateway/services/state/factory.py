@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.services.state.base import MemoryState, StateStore
+from gateway.services.state.health import unavailable_mode
 
 __all__ = ["build_state"]
 
@@ -18,16 +19,18 @@ __all__ = ["build_state"]
 def build_state(config: Mapping[str, Any], base: Path | None = None) -> StateStore:
     """The store named by the `state` config section: `sqlite` (the default; `path`,
     relative to `base`, default `state/gateway.db`), `redis` (`url`, `prefix`) or
-    `memory`."""
+    `memory`; `unavailable` (every store: `serve` or `refuse`, services/state/health.py)."""
     kind = config.get("store", "sqlite")
-    known = {"sqlite": {"store", "path"}, "redis": {"store", "url", "prefix"},
-             "memory": {"store"}}
+    known = {"sqlite": {"store", "path", "unavailable"},
+             "redis": {"store", "url", "prefix", "unavailable"},
+             "memory": {"store", "unavailable"}}
     if kind not in known:
         raise ValueError(f"state.store: {kind!r} is not a store; use sqlite, redis or memory")
     unknown = set(config) - known[kind]
     if unknown:
         raise ValueError(f"state.{sorted(unknown)[0]}: unknown key for store {kind} (known: "
                          f"{', '.join(sorted(known[kind]))})")
+    unavailable_mode(config)
     if kind == "memory":
         return MemoryState()
     if kind == "sqlite":

@@ -43,18 +43,25 @@ class Lease:
         self.beat = beat
         self.holder: str | None = None
         self._lost = False
+        self._unclaimed = False  # not yet taken: the store could not be written at start
         self._unsure = False  # the last renewal could not reach the store
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> bool:
-        """Claim the lease (False: the store could not be written), charge the dead,
-        beat."""
+        """Claim the lease, charge the dead, beat. False: the store could not be
+        written (a full disk): the process serves without a lease, its reservations
+        not recorded under one (like every count while the store is away), and each
+        beat claims it again until the store takes it."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="lease")
+        return await self._claim()
+
+    async def _claim(self) -> bool:
         holder = new_holder(self.slot)
         if not await self.store.lease_claim(holder, self.slot, self.ttl, True):
+            self._unclaimed = True
             return False
-        self.holder = holder
+        self.holder, self._unclaimed = holder, False
         await self._reap()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="lease")
         return True
 
     async def _run(self) -> None:
@@ -69,6 +76,9 @@ class Lease:
         """One beat: renew (or replace a lease found gone), then charge the dead."""
         holder = self.holder
         if holder is None:
+            if self._unclaimed and await self._claim():
+                log.info("state store: this process's lease is taken (the store is writable "
+                         "again); budget reservations are recorded under it from now on")
             return
         if not self._lost:
             kept = await self.store.lease_renew(holder, self.ttl)

@@ -36,10 +36,11 @@ is 0 and the outage is logged once):
   sandboxes keep their last known registration. Refusing every request instead would
   turn a Redis outage into a full gateway outage.
 - writes fail closed: they raise `StateUnavailable` (the admin API answers 503). A
-  revocation still takes effect on this replica at once and is written to Redis when it
-  is back: revocations only ever grow, so each full re-sync re-seeds the ones Redis lost
-  (a restart without persistence). Registrations are not applied locally on failure:
-  Redis is their source of truth.
+  revocation still takes effect on this replica at once (on each of its worker processes
+  through the supervisor's relay, `identity/revocations.py`, which also retries the write
+  every second) and is written to Redis when it is back: revocations only ever grow, so
+  each full re-sync re-seeds the ones Redis lost (a restart without persistence).
+  Registrations are not applied locally on failure: Redis is their source of truth.
 """
 
 from __future__ import annotations

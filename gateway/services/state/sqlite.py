@@ -40,8 +40,12 @@ them as used (`lease_reap`, one transaction: exactly once).
 
 **Faults.** A write that fails (disk full, read-only file) keeps what it could not
 write, in order, and retries every second: counters count on locally, a revocation holds
-in this process at once; `problem` says so (`/readyz`), one log line when it starts and
-one when it ends, `sandbox_gateway_state_store_up{store="sqlite"}` is 0 meanwhile. A file
+in this process at once (and on the other workers through the supervisor's relay,
+`identity/revocations.py`); `problem` says so (`/readyz`), one log line when it starts and
+one when it ends, `sandbox_gateway_state_store_up{store="sqlite"}` is 0 meanwhile. A
+process that has written nothing for `_PROBE` seconds probes the file with a write nothing
+reads, so every worker notices an outage (and its end), not only the one whose write
+failed. A file
 that is not a database, or has a newer schema than this gateway knows, stops the start
 with the path and what to do. A process killed in a transaction loses nothing committed
 (SQLite's journal rolls the rest back).
@@ -131,6 +135,9 @@ _BUMP = ("INSERT INTO meta (key, value) VALUES (?, '1') ON CONFLICT(key) DO UPDA
 CHECK_INTERVAL = 0.02  # seconds: how stale a process's view may be
 FLUSH_DELAY = 0.25  # seconds a counted increment waits to be written with the next ones
 _RETRY = 1.0  # seconds between attempts to write what a failed write held
+_PROBE = 2.0  # seconds without a write after which a probe checks the file takes writes
+_REVOKE = ("INSERT INTO revoked (jti, expires_at) VALUES (?, ?) ON CONFLICT(jti) DO UPDATE "
+           "SET expires_at = max(expires_at, excluded.expires_at)")
 _PRUNE = 60.0  # seconds between sweeps of expired rows
 
 
@@ -294,6 +301,7 @@ class SqliteState:
         self._flush_scheduled = False
         self._held: list[tuple[str, tuple[Any, ...]]] = []  # change statements not written
         self._problem: str | None = None
+        self._last_write = time.monotonic()  # the last write that committed
         self._task: asyncio.Task[None] | None = None
         self._last_prune = 0.0
         self._refresh_tokens: dict[str, tuple[str, str]] = {}  # written (or held) here
@@ -328,12 +336,16 @@ class SqliteState:
             self._conn = None
 
     async def _background(self) -> None:
-        """Retry held writes; prune expired rows now and then."""
+        """Retry held writes (else probe the file now and then); prune expired rows now
+        and then."""
         while True:
             await asyncio.sleep(_RETRY)
             try:
                 if self._held or self.view.pending or self.view.settling:
                     self.flush()
+                elif (self._problem is not None
+                      or time.monotonic() - self._last_write >= _PROBE):
+                    self._probe()
                 now = self.clock()
                 if now - self._last_prune > _PRUNE:
                     self._last_prune = now
@@ -437,14 +449,16 @@ class SqliteState:
         return True
 
     async def revoke(self, jti: str, expires_at: float) -> None:
-        """Revoke `jti` for every process (committed before this returns)."""
+        """Revoke `jti` for every process (committed before this returns). When the file
+        cannot be written the revocation holds in this process's view and is written
+        with the held changes (raises StateUnavailable); revoking it again meanwhile
+        holds one change, not two."""
         self._revoked[jti] = max(expires_at, self._revoked.get(jti, 0.0))
-        if not self._change([("INSERT INTO revoked (jti, expires_at) VALUES (?, ?) ON CONFLICT"
-                              "(jti) DO UPDATE SET expires_at = max(expires_at, "
-                              "excluded.expires_at)", (jti, expires_at))]):
+        self._held = [h for h in self._held if h[0] != _REVOKE or h[1][:1] != (jti,)]
+        if not self._change([(_REVOKE, (jti, self._revoked[jti]))]):
             raise StateUnavailable(f"the state file cannot be written ({self._problem}): "
-                                   f"the revocation of {jti} holds in this process only, and "
-                                   "is written when the file is writable again")
+                                   f"the revocation of {jti} is held in this process and "
+                                   "written when the file is writable again")
         await asyncio.sleep(CHECK_INTERVAL)  # (every process's view has it now)
 
     async def register_sandbox(self, entry: SandboxAddress) -> None:
@@ -775,9 +789,11 @@ class SqliteState:
     async def take_lease(self, slot: str, *, ttl: float = LEASE_TTL,
                          beat: float = BEAT) -> None:
         lease = Lease(self, slot, ttl=ttl, beat=beat)
-        if not await lease.start():
-            raise StateUnavailable(f"this process's lease cannot be written ({self._problem})")
         self.lease = lease
+        if not await lease.start():  # (it serves, and the lease is claimed once it can be)
+            log.warning("state store: this process's lease cannot be written yet; budget "
+                        "reservations are counted but not recorded under a lease until it "
+                        "is (a crash meanwhile loses them, as every count held in memory)")
 
     async def lease_claim(self, holder: str, slot: str, ttl: float, takeover: bool) -> bool:
         try:
@@ -886,6 +902,19 @@ class SqliteState:
         except sqlite3.Error as exc:
             self._failed("prune", exc)
 
+    def _probe(self) -> None:
+        """A write nothing reads (`meta` row `probe`): does the file take writes now? So
+        every process notices an outage within a few seconds, and its end within one,
+        not only the process whose write failed (`problem`, `/readyz`)."""
+        try:
+            with _transaction(self._db()) as conn:
+                conn.execute("INSERT INTO meta (key, value) VALUES ('probe', ?) ON CONFLICT"
+                             "(key) DO UPDATE SET value = excluded.value", (str(time.time()),))
+        except sqlite3.Error as exc:
+            self._failed("probe", exc)
+            return
+        self._recovered()
+
     def _failed(self, op: str, exc: BaseException) -> None:
         metrics.STATE_STORE_ERRORS.labels(op=op).inc()
         reason = f"{type(exc).__name__}: {exc}"
@@ -896,6 +925,7 @@ class SqliteState:
                       "it holds when the file is usable again", self._problem)
 
     def _recovered(self) -> None:
+        self._last_write = time.monotonic()
         if self._problem is not None:
             self._problem = None
             metrics.STATE_STORE_UP.labels(store=_STORE).set(1)

@@ -31,6 +31,9 @@ class _Ready:
     def ready(self) -> tuple[bool, str]:
         return True, "ready"
 
+    def degraded(self) -> list[str]:
+        return []
+
 
 class Broken(MemoryState):
     """A store whose records cannot be written (an outage)."""
@@ -94,6 +97,64 @@ def test_a_store_outage_does_not_fail_the_mint(tmp_path: Path,
     assert metrics.REGISTRY.get_sample_value(
         "sandbox_gateway_state_store_errors_total", labels) == before + 1
     assert "not recorded" in caplog.text and minted.json()["token"] not in caplog.text
+
+
+class Away(MemoryState):
+    """A store whose records cannot be written while `down`."""
+
+    down = True
+
+    async def record_put(self, kind: str, key: str, doc: dict[str, Any], expires_at: float,
+                         rev: int | None) -> bool:
+        if self.down:
+            raise StateUnavailable("the state file cannot be written (disk full)")
+        return await super().record_put(kind, key, doc, expires_at, rev)
+
+
+def test_a_token_minted_while_the_store_is_away_is_recorded_when_it_is_back(
+        tmp_path: Path) -> None:
+    """Held in the process that minted it (listed by it meanwhile), written by the retry
+    once the store takes writes: then every process lists it."""
+    state = Away()
+    policies = load_policy_texts({"agent.yaml": POLICY})
+    tokens = TokenService(SigningKeys.load(tmp_path / "keys"), state,
+                          lambda name: [] if name == "agent" else None)
+    issued = IssuedTokens(state, tokens.revocations.is_revoked)
+    client = TestClient(build_admin_app(AdminContext(
+        admin_token=ADMIN, tokens=tokens, policies=lambda: policies, readiness=_Ready(),
+        issued_tokens=issued)))
+    minted = client.post("/v1/tokens", headers=AUTH, json={"sandbox": "sb", "policy": "agent"})
+    assert minted.status_code == 200
+    jti = minted.json()["jti"]
+    assert issued.held == 1
+    listed = client.get("/v1/tokens", headers=AUTH).json()["tokens"]
+    assert [(t["jti"], t["revoked"]) for t in listed] == [(jti, False)]
+    assert asyncio.run(IssuedTokens(state).live()) == []  # (another process: not yet)
+    assert asyncio.run(issued.write_held()) == 1  # still away
+    state.down = False
+    assert asyncio.run(issued.write_held()) == 0
+    assert [t.jti for t in asyncio.run(IssuedTokens(state).live())] == [jti]
+
+
+def test_the_held_records_are_retried_every_second(tmp_path: Path) -> None:
+    state = Away()
+    tokens = TokenService(SigningKeys.load(tmp_path / "keys"), state,
+                          lambda name: [] if name == "agent" else None)
+    issued = IssuedTokens(state)
+
+    async def scenario() -> None:
+        await issued.record(tokens.mint("sb", "agent"), "mint")
+        issued.start()
+        try:
+            state.down = False
+            deadline = time.monotonic() + 3
+            while issued.held and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert issued.held == 0 and len(await IssuedTokens(state).live()) == 1
+        finally:
+            await issued.stop()
+
+    asyncio.run(scenario())
 
 
 def test_cli_mint_records_in_the_state_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -111,6 +111,9 @@ class _Ready:
     def ready(self) -> tuple[bool, str]:
         return True, "ready"
 
+    def degraded(self) -> list[str]:
+        return []
+
 
 def test_usage_endpoint_by_hour(tmp_path: Path) -> None:
     client = _client(tmp_path, Pricing({"*": Price(1, 1, 1)}))

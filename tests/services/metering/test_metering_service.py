@@ -193,6 +193,9 @@ class _Ready:
     def ready(self) -> tuple[bool, str]:
         return True, "ready"
 
+    def degraded(self) -> list[str]:
+        return []
+
 
 @pytest.fixture
 def usage_harness(tmp_path: Path) -> Harness:

@@ -69,12 +69,13 @@ def test_build_state_redis() -> None:
     ({"store": "etcd"}, "state.store: 'etcd' is not a store; use sqlite, redis or memory"),
     ({"store": "sqlite", "path": ""}, "state.path: the SQLite file's path"),
     ({"store": "sqlite", "url": "x"}, "state.url: unknown key for store sqlite (known: path, "
-                                      "store)"),
+                                      "store, unavailable)"),
     ({"store": "redis"}, "state.url: required for store redis"),
     ({"store": "redis", "url": ""}, "state.url: required for store redis"),
     ({"store": "redis", "url": 6379}, "state.url: required for store redis"),
     ({"store": "memory", "urll": "x"}, "state.urll: unknown key for store memory (known: "
-                                        "store)"),
+                                        "store, unavailable)"),
+    ({"store": "sqlite", "unavailable": "open"}, "state.unavailable: 'open' is not serve"),
 ])
 def test_build_state_errors(config: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):

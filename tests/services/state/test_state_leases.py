@@ -338,3 +338,35 @@ def test_an_outage_longer_than_the_lease_finds_no_live_process_dead(tiny_disk: P
         await two.close()
 
     run(scenario)
+
+
+def test_a_process_started_on_a_full_disk_serves_and_takes_its_lease_later(
+        tiny_disk: Path) -> None:
+    """A worker (re)started while the state file cannot be written starts all the same
+    (revocations and the rest hold without the store: issue 46); it has no lease, so its
+    reservations are counted but not recorded under one, and it claims the lease at the
+    first beat after the disk has room, charging its slot's dead predecessor then."""
+    path = tiny_disk / "state" / "gateway.db"
+
+    async def scenario() -> None:
+        before = SqliteState(path)
+        await before.start()
+        await before.take_lease("host|proxy|0", ttl=30, beat=LONG)
+        admit(before)  # a call of the process that then dies in slot 0
+        before.flush()
+        filler = tiny_disk / "filler"
+        with open(filler, "wb") as out, contextlib.suppress(OSError):
+            while True:
+                out.write(b"\0" * 65536)
+                out.flush()
+        after = SqliteState(path)
+        await after.start()
+        await after.take_lease("host|proxy|0", ttl=30, beat=LONG)  # does not raise
+        assert after.holder is None
+        filler.unlink()
+        await lease_of(after).renew()  # claimed now, the predecessor's call charged
+        assert after.holder is not None
+        assert await budget(after) == CHARGED  # (the dead call's reservation, as used)
+        await after.close()
+
+    run(scenario)

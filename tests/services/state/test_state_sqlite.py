@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from helpers.clock import run
+from helpers.disk import fill as fill_up
 from helpers.disk import tiny_tmpfs
 
 from gateway.cli import main
@@ -183,7 +184,7 @@ def test_a_full_disk_keeps_enforcing_and_writes_what_it_held_later(tiny_disk: Pa
             state.flush()
             filler = fill(tiny_disk)
             # A revocation: holds here at once, the caller is told it is not shared yet.
-            with pytest.raises(StateUnavailable, match="holds in this process only"):
+            with pytest.raises(StateUnavailable, match="is held in this process"):
                 await state.revoke("j-full", FAR)
             assert state.is_revoked("j-full")
             # Counting goes on locally (many rows: more than the WAL's free pages).
@@ -213,6 +214,39 @@ def test_a_full_disk_keeps_enforcing_and_writes_what_it_held_later(tiny_disk: Pa
                 await other.close()
         finally:
             await state.close()
+
+    run(scenario())
+
+
+def test_every_process_notices_a_full_disk_and_its_end(tiny_disk: Path) -> None:
+    """Not only the process whose write failed: one that writes nothing probes the file
+    (`problem`, `/readyz`), and sees the disk come back within seconds."""
+    path = tiny_disk / "state" / "gateway.db"
+
+    async def scenario() -> None:
+        writer, idle = SqliteState(path), SqliteState(path)
+        await writer.start()
+        await idle.start()
+        try:
+            filler = fill_up(tiny_disk)
+            # Revoked twice while full: one change held, written once.
+            for _ in range(2):
+                with pytest.raises(StateUnavailable, match="is held in this process"):
+                    await writer.revoke("j-full", FAR)
+            assert len(writer._held) == 1
+            deadline = time.monotonic() + 6
+            while idle.problem is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert idle.problem is not None and "full" in idle.problem
+            filler.unlink()
+            deadline = time.monotonic() + 4
+            while (idle.problem or writer.problem) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert idle.problem is None and writer.problem is None
+            assert idle.is_revoked("j-full")
+        finally:
+            await writer.close()
+            await idle.close()
 
     run(scenario())
 
