@@ -155,7 +155,9 @@ def meter(routed: Routed, policy: Policy, request: Request,
     source = _source(decision)
     if rule is not None and rule.mcp is not None and request.method is not None:
         refused = None  # (the proxy's own MCP steps: core/mcp.method_refusal, judge)
-        if (why := mcp.method_refusal(request.method)) is not None:
+        if (why := mcp.method_refusal(request.method)) is not None or (
+                isinstance(body, bytes) and
+                (why := mcp.body_refusal(request.method, body)) is not None):
             refused = Refusal("mcp_denied", why, source)
         elif request.method == "POST" and not isinstance(body, Unseen):
             _, refused = mcp.judge(rule.mcp, body, frozenset(), source)

@@ -232,6 +232,16 @@ class Exchange:
                 return
             raise Refusal("mcp_denied", refused, _source(self.decision), rpc=([], False))
 
+    def _no_unread_body(self, body: bytes) -> None:
+        """On a rule with mcp: a GET or DELETE carrying a body is refused
+        (`mcp.body_refusal`; raises Refusal)."""
+        if self._mcp is None or self._mcp_report:
+            return
+        refused = mcp.body_refusal(self.head.method, body)
+        if refused is not None:
+            self.mcp_calls = [{"method": None, "name": None, "decision": "deny"}]
+            raise Refusal("mcp_denied", refused, _source(self.decision), rpc=([], False))
+
     @property
     def _reads_mcp(self) -> bool:
         """A body of JSON-RPC calls to decide (what an MCP client POSTs)."""
@@ -357,6 +367,8 @@ class Exchange:
         """Scan a request body chunk; returns the bytes that may go upstream now."""
         self.streaming()
         self._admit(None)  # streamed: the body is not held (a models check refuses)
+        if chunk:
+            self._no_unread_body(chunk)
         scanner = self._scanner()
         if self._decoder is not None:
             assert self._encoded is not None
@@ -447,6 +459,8 @@ class Exchange:
                        ) -> tuple[bytes | None, bool, bytes | None]:
         """The leak and MCP checks of a whole body: (it decoded, whether it was encoded,
         the body an MCP relay sends instead)."""
+        if body:
+            self._no_unread_body(body)
         scanner = self._scanner()
         plain: bytes | None = body
         encoded = self._decoder is not None

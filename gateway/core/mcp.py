@@ -58,9 +58,9 @@ from gateway.services.metering import MODEL_BODY_LIMIT
 from gateway.services.policy.mcp_rule import McpRule
 
 __all__ = ["MAX_AUDITED", "MAX_BODY", "METHODS", "RELAYED", "Call", "Key", "ListFilter",
-           "Session", "Sessions", "Unreadable", "answer_asks", "calls", "exact", "fingerprint",
-           "judge", "key", "method_refusal", "read", "refusal_reason", "relay",
-           "relayed_answer", "request_body", "valid_id"]
+           "Session", "Sessions", "Unreadable", "answer_asks", "body_refusal", "calls",
+           "exact", "fingerprint", "judge", "key", "method_refusal", "read",
+           "refusal_reason", "relay", "relayed_answer", "request_body", "valid_id"]
 
 MAX_BODY = MODEL_BODY_LIMIT  # the exchange's whole-body hold (BODY_HOLD_LIMIT)
 MAX_AUDITED = 20  # calls of a batch named on its audit line
@@ -114,6 +114,16 @@ def exact(obj: dict[str, Any]) -> None:
         if member is not None and member != name:
             raise Unreadable(f"a member {member!r} spelled in another case (a server "
                              "matching names without regard to case would read it)")
+
+
+def body_refusal(method: str, body: bytes | None) -> str | None:
+    """Why a request that is no POST is refused for its body, or None: only a POST's body
+    is read (as calls), and a server reading another's would act on what the gateway
+    never decided."""
+    if method == "POST" or not body:
+        return None
+    return (f"a {method[:16]} with a body on a rule with mcp: (only a POST's body is read "
+            "as JSON-RPC calls; send calls as a POST)")
 
 
 def method_refusal(method: str) -> str | None:

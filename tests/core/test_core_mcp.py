@@ -180,6 +180,17 @@ def test_only_the_transports_methods(method: str, refused: bool) -> None:
         assert "is not one of an MCP transport" in why
 
 
+@pytest.mark.parametrize(("method", "body", "refused"), [
+    ("POST", b"{}", False), ("GET", b"", False), ("DELETE", None, False),
+    ("GET", b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call"}', True),
+    ("DELETE", b"x", True)])
+def test_only_a_posts_body_is_read(method: str, body: bytes | None, refused: bool) -> None:
+    why = mcp.body_refusal(method, body)
+    assert (why is not None) is refused
+    if why:
+        assert "only a POST's body is read" in why
+
+
 def test_a_clients_answer_to_a_refused_server_request_becomes_the_refusal() -> None:
     error = {"jsonrpc": "2.0", "id": 4, "error": {"code": -32001, "message": "no"}}
     asks = {mcp.key(4): error}

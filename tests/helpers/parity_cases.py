@@ -312,6 +312,10 @@ MCP_WIRE = [
          _mcp_post(MCP_CALL.format(name='"delete_repo"'), method="PUT"),
          ("response", 403, "mcp_denied"), {**DENY, "error": "mcp_denied", "method": "PUT"},
          check=_no_upstream),
+    Case("MCP: a GET carrying a call is refused",
+         _mcp_post(MCP_CALL.format(name='"delete_repo"'), method="GET"),
+         ("response", 403, "mcp_denied"), {**DENY, "error": "mcp_denied", "method": "GET"},
+         check=_no_upstream),
     # 2. Answers the gateway cannot read are not passed on.
     _mcp_answer_case("MCP: a tools/list answer lists only the allowed tools", "json",
                      ("response", 200, None), refused=False),
