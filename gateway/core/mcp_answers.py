@@ -207,13 +207,16 @@ class Answers:
             raise mcp.Unreadable("an empty batch")
         waiting = dict(self.pending) if self.pending is not None else None
         try:
-            out = [self._message(m) for m in messages]
+            try:
+                out = [self._message(m) for m in messages]
+                return strictjson.dumps(out if batch else out[0])
+            except (RecursionError, ValueError):  # (nested too deep to write back)
+                raise mcp.Unreadable("a message nested too deep to write back") from None
         except mcp.Unreadable:
             if self.pending is not None and waiting is not None:  # (none of it answered)
                 self.pending.clear()
                 self.pending.update(waiting)
             raise
-        return strictjson.dumps(out if batch else out[0])
 
     def _event(self, event: Event) -> bytes:
         if event.id is not None and not _printable(event.id):
