@@ -12,11 +12,12 @@ Every caller that decides a request runs these stages, in this order, and no cop
 2. (the destination check: I/O, ``DestinationGuard.check``; the proxy and ``explain
    --resolve`` run it between 1 and 3, on what stage 1 allowed — a denied host is
    never resolved)
-3. ``meter`` — an ``mcp:`` rule's JSON-RPC calls (``core/mcp.judge``, given a body),
-   then the metering step's static part (``Metering.admit`` over empty
-   counters in callers without traffic): model allowlists, what cannot be metered on
-   a rule that must be, a provider-minted secret, a call too large for a budget. The
-   proxy runs the same ``admit`` over its live counters once the body is whole.
+3. ``meter`` — an ``mcp:`` rule's method (``core/mcp.method_refusal``) and JSON-RPC
+   calls (``core/mcp.judge``, given a body), then the metering step's static part
+   (``Metering.admit`` over empty counters in callers without traffic): model
+   allowlists, what cannot be metered on a rule that must be, a provider-minted secret,
+   a call too large for a budget. The proxy runs the same ``admit`` over its live
+   counters once the body is whole.
 
 ``evaluate`` is stages 1 and 3 for callers that have no connection. What depends on
 the bytes a sandbox sends (tokens, leaks, heads) or on recorded usage is decided by
@@ -194,9 +195,14 @@ def meter(routed: Routed, policy: Policy, request: Request,
     if refusal is not None:
         return Verdict("deny", refusal.code, refusal.rule, refusal.reason, decision)
     source = _source(decision)
-    if rule is not None and rule.mcp is not None and request.method == "POST" and \
-            not isinstance(body, Unseen):  # (the proxy's own MCP step: core/mcp.judge)
-        _, refused = mcp.judge(rule.mcp, body, frozenset(), source)
+    if rule is not None and rule.mcp is not None and request.method is not None:
+        refused = None  # (the proxy's own MCP steps: core/mcp.method_refusal, judge)
+        if (why := mcp.method_refusal(request.method)) is not None or (
+                isinstance(body, bytes) and
+                (why := mcp.body_refusal(request.method, body)) is not None):
+            refused = Refusal("mcp_denied", why, source)
+        elif request.method == "POST" and not isinstance(body, Unseen):
+            _, refused = mcp.judge(rule.mcp, body, frozenset(), source)
         if refused is not None:
             return Verdict("report" if policy.mode == "report" else "deny",
                            None if policy.mode == "report" else refused.code, refused.rule,

@@ -36,7 +36,10 @@ body it rewrites is sent re-encoded in the coding its head names.
 
 On metered WebSocket sessions each message from the sandbox goes through the metering
 step: a refused one raises `MessageRefused` (audited; the engine drops it and answers the
-provider's error event while the session goes on).
+provider's error event while the session goes on). On a rule with `mcp:` each message
+from the sandbox is judged as a POST's body would be (`core/mcp.py`; refused the same
+way, answered with JSON-RPC errors), and every answer of the server, on HTTP or a
+WebSocket, is read before the client sees it (`core/mcp_answers.py`).
 """
 
 from __future__ import annotations
@@ -47,16 +50,26 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
-from gateway.core import mcp
+from gateway.core import mcp, strictjson
 from gateway.core.addresses import Pinned
 from gateway.core.client import Client
 from gateway.core.encodings import Decoder, EncodingError, decoder_for, encode
 from gateway.core.identity import Identity
 from gateway.core.leaks import LeakScan, Redactor, StreamScan
+from gateway.core.mcp import Call
+from gateway.core.mcp_answers import JSON, SSE, Answers, media_type
 from gateway.core.messages import RequestHead, ResponseHead
 from gateway.core.phrases import error_phrase
 from gateway.core.ports import Secrets, Signer
-from gateway.core.refusal import GATEWAY_ERROR, Answer, MessageRefused, Refusal, ws_error
+from gateway.core.refusal import (
+    ERROR_HEADER,
+    GATEWAY_ERROR,
+    Answer,
+    MessageRefused,
+    Refusal,
+    rpc_error,
+    ws_error,
+)
 from gateway.core.secret_value import SecretValue
 from gateway.core.target import DEFAULT_PORTS, Target
 from gateway.core.trail import Trail, rule_of
@@ -142,8 +155,10 @@ class Exchange:
         self._mcp_report = False  # its policy's mode is report: refusals only recorded
         self._mcp_session: mcp.Session | None = None
         self._mcp_pins: mcp.Pinned | None = None  # pin_descriptions: the server's pins
-        self._mcp_lists: set[Any] = set()  # ids of the tools/list requests it carries
-        self._mcp_filter: mcp.ListFilter | None = None  # rewrites their answers
+        self._mcp_pending: dict[mcp.Key, Any] = {}  # requests sent, waiting for answers
+        self._mcp_batch = False  # they went as a batch
+        self._mcp_asks: dict[mcp.Key, dict[str, Any]] = {}  # a WebSocket's refused asks
+        self._answers: Answers | None = None  # reads the server's answers
         self.mcp_calls: list[dict[str, Any]] | None = None  # the audit line's `mcp`
         self._relayed: Refusal | None = None  # refused, answered through the server (mcp.relay)
         # ask mode: asks a person about a model the allowlist refuses (raises the refusal)
@@ -209,9 +224,27 @@ class Exchange:
     def mcp(self, rule: McpRule, session: mcp.Session, *, report: bool,
             pins: mcp.Pinned | None = None) -> None:
         """Decide this exchange's JSON-RPC calls by `rule`, within its MCP `session`
-        (set up by the gate); `pins`: its server's tool pins (`pin_descriptions`)."""
+        (set up by the gate); `pins`: its server's tool pins (`pin_descriptions`); a
+        method no MCP transport uses is refused (raises Refusal)."""
         self._mcp, self._mcp_session, self._mcp_report = rule, session, report
         self._mcp_pins = pins
+        refused = mcp.method_refusal(self.head.method)
+        if refused is not None:
+            self.mcp_calls = [{"method": None, "name": None, "decision": "deny"}]
+            if report:
+                self._report = f"would refuse: {refused}"
+                return
+            raise Refusal("mcp_denied", refused, _source(self.decision), rpc=([], False))
+
+    def _no_unread_body(self, body: bytes) -> None:
+        """On a rule with mcp: a GET or DELETE carrying a body is refused
+        (`mcp.body_refusal`; raises Refusal)."""
+        if self._mcp is None or self._mcp_report:
+            return
+        refused = mcp.body_refusal(self.head.method, body)
+        if refused is not None:
+            self.mcp_calls = [{"method": None, "name": None, "decision": "deny"}]
+            raise Refusal("mcp_denied", refused, _source(self.decision), rpc=([], False))
 
     @property
     def _reads_mcp(self) -> bool:
@@ -222,27 +255,44 @@ class Exchange:
         """Every call in the body allowed by the rule's `mcp:`, or the body refused whole
         (raises Refusal, answered as JSON-RPC errors); for a client of the older HTTP+SSE
         transport (one that does not accept an event stream in answer to its POST) the
-        refused requests are relayed as pings instead, and the body to send returned."""
+        refused requests are relayed as pings instead, and the body to send returned.
+        The client's answers to server requests the gateway refused are rewritten into
+        those refusals (`mcp.answer_asks`): the body to send is returned then too."""
+        assert self._mcp is not None and self._mcp_session is not None
+        found, refusal = self._judge(body)
+        self._mcp_pending = {mcp.key(c.id): c.id for c in found if c.is_request}
+        self._mcp_batch = bool(found) and (body or b"").lstrip(b" \t\r\n")[:1] == b"["
+        if refusal is None or self._mcp_report:
+            asks = self._mcp_session.asks
+            return mcp.answer_asks(body, asks) if asks and body is not None else None
+        accept = (self.head.headers.get("accept") or "").lower()
+        if refusal.rpc is None or not refusal.rpc[0] or "text/event-stream" in accept:
+            raise refusal
+        self._relayed = refusal
+        relayed = mcp.relay(self._mcp_session, refusal)
+        self._mcp_pending = {mcp.key(ping["id"]): ident  # (the pings' answers are awaited)
+                             for ping, ident in zip(mcp.read(relayed)[0], refusal.rpc[0],
+                                                    strict=True)}
+        return relayed
+
+    def _judge(self, body: bytes | None) -> tuple[list[Call], Refusal | None]:
+        """`mcp.judge` on a body (or WebSocket message), its calls on the audit line and
+        counted; under `mode: report` a refusal is only recorded (returned, not to be
+        raised)."""
         assert self._mcp is not None and self._mcp_session is not None
         found, refusal = mcp.judge(self._mcp, body, self._mcp_session.changed
                                    if self._mcp_pins is None else self._mcp_pins,
                                    _source(self.decision))
         called = [c for c in found if c.method is not None]
-        self.mcp_calls = ([c.record() for c in called][:mcp.MAX_AUDITED] if found else
-                          [{"method": None, "name": None, "decision": "deny"}])
-        self._mcp_lists = {c.id for c in found if c.method == "tools/list" and c.is_request}
-        for decision in [c.record()["decision"] for c in called] if found else ["deny"]:
-            self.trail.telemetry.count("mcp_calls", self.identity.policy, decision)
-        if refusal is None:
-            return None
-        if self._mcp_report:
+        records = ([c.record() for c in called] if found else
+                   [{"method": None, "name": None, "decision": "deny"}])
+        self.mcp_calls = ((self.mcp_calls or []) + records)[:mcp.MAX_AUDITED]
+        for record in records:
+            self.trail.telemetry.count("mcp_calls", self.identity.policy,
+                                       str(record["decision"]))
+        if refusal is not None and self._mcp_report:
             self._report = f"would refuse: {refusal.reason}"
-            return None
-        accept = (self.head.headers.get("accept") or "").lower()
-        if refusal.rpc is None or not refusal.rpc[0] or "text/event-stream" in accept:
-            raise refusal
-        self._relayed = refusal
-        return mcp.relay(self._mcp_session, refusal)
+        return found, refusal
 
     # -- set up by the gate ----------------------------------------------------------------
 
@@ -322,6 +372,8 @@ class Exchange:
         """Scan a request body chunk; returns the bytes that may go upstream now."""
         self.streaming()
         self._admit(None)  # streamed: the body is not held (a models check refuses)
+        if chunk:
+            self._no_unread_body(chunk)
         scanner = self._scanner()
         if self._decoder is not None:
             assert self._encoded is not None
@@ -412,6 +464,8 @@ class Exchange:
                        ) -> tuple[bytes | None, bool, bytes | None]:
         """The leak and MCP checks of a whole body: (it decoded, whether it was encoded,
         the body an MCP relay sends instead)."""
+        if body:
+            self._no_unread_body(body)
         scanner = self._scanner()
         plain: bytes | None = body
         encoded = self._decoder is not None
@@ -471,9 +525,9 @@ class Exchange:
         if self._metered is not None and self._metered.meter is not None:
             self._metered.head(head.headers.get)
         if self._mcp is not None and not no_body(self.head.method, head.status):
-            self._filter_lists(head)
+            self._read_answers(head)
         if self._secret is None:
-            if self._mcp_filter is not None:
+            if self._answers is not None:
                 self._decode_response(head)
             return head
         name, value = self._secret
@@ -502,27 +556,43 @@ class Exchange:
             head.headers.remove("content-encoding")
         head.headers.remove("content-length")  # redaction may change the length
 
-    def _filter_lists(self, head: ResponseHead) -> None:
-        """Answers to tools/list list only the tools the rule allows: the answer to the
-        tools/list requests a POST carried, or any on an event stream the client opened
-        with GET (the older HTTP+SSE transport answers there)."""
+    def _read_answers(self, head: ResponseHead) -> None:
+        """The server's answers are read before the client sees them (`core/mcp_answers`):
+        a POST's, which must be JSON or an event stream answering its requests, and the
+        event stream a GET opens. A status other than 2xx is an HTTP error, no answer
+        (clients do not read its body as JSON-RPC): it passes, as does a DELETE's answer
+        and a GET's that no event stream was asked for. An answer of another content
+        type is replaced whole: by the JSON-RPC errors of the requests waiting (an empty
+        event stream on a GET), its head saying why (`X-Sandbox-Gateway-Error`)."""
         assert self._mcp is not None and self._mcp_session is not None
-        kind = (head.headers.get("content-type") or "").lower()
-        sse = kind.startswith("text/event-stream")
-        if (self._mcp_lists or self._relayed) and (sse or kind.startswith("application/json")):
-            ids: set[Any] | None = self._mcp_lists  # (a 202 "Accepted" carries no answer)
-        elif sse and self.head.method == "GET":
-            ids = None
-        else:
+        method = self.head.method
+        if not 200 <= head.status < 300 or method not in ("POST", "GET"):
             return
-        self._mcp_filter = mcp.ListFilter(self._mcp, ids, sse, self._mcp_session,
-                                          self._mcp_pins)
+        kind = media_type(head.headers.get_all("content-type"))
+        asked = "text/event-stream" in (self.head.headers.get("accept") or "").lower()
+        if method == "GET" and kind != SSE and not asked:
+            return
+        pending: dict[mcp.Key, Any] | None = None if method == "GET" else self._mcp_pending
+        drop = method == "POST" and (head.status == 202 or (  # (no answer: 202 Accepted,
+            kind not in (JSON, SSE) and not pending))  # or one to notifications only)
+        answers = self._answers = Answers(
+            self._mcp, self._mcp_session, sse=kind == SSE, pending=pending,
+            batch=self._mcp_batch, source=_source(self.decision), where=self._where(),
+            drop=drop, pins=self._mcp_pins)
+        if drop:
+            return
+        if kind not in (JSON, SSE):
+            answers.refuse_whole("a content type other than application/json or "
+                                 "text/event-stream")
+            kind = SSE if method == "GET" else JSON
+            head.headers.set(ERROR_HEADER, "upstream_failed")
+        head.headers.set("Content-Type", kind)  # (as read: no parameter goes on)
 
     def response_data(self, chunk: bytes) -> bytes:
         """One response body chunk as it should reach the client."""
         self.bytes_in += len(chunk)
         redactor = self._redactor
-        if redactor is None and self._mcp_filter is None:
+        if redactor is None and self._answers is None:
             return chunk
         if self._response_decoder is not None:
             try:
@@ -533,8 +603,8 @@ class Exchange:
         if self._meter_feed is not None:
             self._meter_feed(chunk)
         out = redactor.feed(chunk) if redactor is not None else chunk
-        if self._mcp_filter is not None:
-            out = self._filtered(self._mcp_filter.feed, out)
+        if self._answers is not None:
+            out = self._answers.feed(out)
         held = self._response_held
         if held is None:
             return out
@@ -547,7 +617,7 @@ class Exchange:
     def response_end(self) -> bytes:
         """What is still held back at the end of the response body."""
         redactor = self._redactor
-        if redactor is None and self._mcp_filter is None:
+        if redactor is None and self._answers is None:
             return b""
         out = b""
         if self._response_decoder is not None:
@@ -561,10 +631,10 @@ class Exchange:
                     where=self._where())) from None
         if redactor is not None:
             out += redactor.end()
-        lists = self._mcp_filter
-        if lists is not None:
-            out = self._filtered(lambda data: lists.feed(data) + lists.end(), out)
-            self._note_changed()
+        answers = self._answers
+        if answers is not None:
+            out = answers.feed(out) + answers.end()
+            self._note_answers(answers)
         held = self._response_held
         if held is not None and self._metered is not None and self._metering is not None:
             body = b"".join(held) + out
@@ -576,25 +646,21 @@ class Exchange:
             return released
         return out
 
-    def _filtered(self, step: Callable[[bytes], bytes], data: bytes) -> bytes:
-        """A step of the tools/list filter; an answer it cannot rewrite is refused (its
-        tools would otherwise reach the agent unfiltered)."""
-        try:
-            return step(data)
-        except mcp.Unfilterable as exc:
-            raise Refusal("upstream_failed", f"the MCP server {self._where()} sent {exc}, "
-                          "which the gateway cannot filter by the rule's mcp.tools",
-                          rule_of(self.decision)) from None
-
-    def _note_changed(self) -> None:
-        """Tools whose description changed in this session: on the audit line."""
-        changed = self._mcp_filter.changed if self._mcp_filter is not None else []
-        if changed and self.mcp_calls is not None:
-            verdict = "hidden" if self._mcp is not None and self._mcp.pin_descriptions \
-                else "changed"
-            self.mcp_calls += [{"method": "tools/list", "name": name[:200],
-                                "decision": f"description_{verdict}"}
-                               for name in changed[:mcp.MAX_AUDITED]]
+    def _note_answers(self, answers: Answers) -> None:
+        """What the answers showed, on the audit line: tools whose description changed
+        in this session, the server's own requests and their decisions."""
+        changed = answers.lists.changed
+        verdict = "hidden" if self._mcp is not None and self._mcp.pin_descriptions \
+            else "changed"
+        records = [*answers.calls, *({"method": "tools/list", "name": name[:200],
+                                      "decision": f"description_{verdict}"}
+                                     for name in changed)]
+        for record in answers.calls:
+            self.trail.telemetry.count("mcp_calls", self.identity.policy,
+                                       str(record["decision"]))
+        answers.calls, answers.lists.changed = [], []
+        if records:
+            self.mcp_calls = ((self.mcp_calls or []) + records)[:mcp.MAX_AUDITED]
 
     def response_trailers(self, fields: list[tuple[bytes, bytes]]
                           ) -> list[tuple[bytes, bytes]]:
@@ -605,15 +671,18 @@ class Exchange:
         return [(k, redactor.redact(v)) for k, v in fields]
 
     def ws_message(self, from_client: bool, data: bytes) -> bytes:
-        """A WebSocket message: from the client it must not leak; from the upstream an
-        echoed key is redacted, and a metered session's events are metered. Raises
-        Refusal."""
+        """A WebSocket message: from the client it must not leak, and on a rule with
+        mcp: it is judged like a POST's body; from the upstream an echoed key is
+        redacted, a metered session's events are metered and an MCP server's message is
+        read like an answer. Raises Refusal, or MessageRefused for one message."""
         if from_client:
             assert self.scan is not None
             found = self.scan.find(data)
             if found is not None:
                 self.trail.telemetry.count("exfiltration_blocked", "websocket")
                 raise self.leak(found)
+            if self._mcp is not None:
+                data = self._mcp_sent(data)
             if self._metered is not None and self._metering is not None:
                 step = self._metering[0].session_message(self._metered, data, self.trail.clock())
                 if step is not None:  # a model outside the allowlist, a used-up budget
@@ -625,9 +694,62 @@ class Exchange:
             self._metering[0].session_event(self._metered, data, self.trail.clock())
         if self._secret is not None:
             redactor = self._redactor or Redactor(self._secret[1].variants())
-            return redactor.redact(data)
-        self.trail.telemetry.count("bytes", "websocket", by=len(data))
+            data = redactor.redact(data)
+        else:
+            self.trail.telemetry.count("bytes", "websocket", by=len(data))
+        return self._mcp_received(data) if self._mcp is not None else data
+
+    def _mcp_sent(self, data: bytes) -> bytes:
+        """A client's WebSocket message on a rule with mcp:, judged as a POST's body: a
+        refused one is answered with its JSON-RPC errors while the session goes on
+        (raises MessageRefused); its requests then wait for their answers."""
+        found, refusal = self._judge(data)
+        if refusal is not None and not self._mcp_report:
+            ids, batch = refusal.rpc or ([], False)
+            errors = [rpc_error(refusal, i) for i in ids] or \
+                ([] if found else [rpc_error(refusal, None)])  # (notifications: no answer)
+            reply = strictjson.dumps(errors if batch else errors[0]) if errors else b""
+            self._refuse_mcp(refusal, reply, [c.record() for c in found if c.method] or
+                             [{"method": None, "name": None, "decision": "deny"}])
+        for call in found:
+            if call.is_request:
+                self._mcp_pending[mcp.key(call.id)] = call.id
+        while len(self._mcp_pending) > mcp.RELAYS * 16:  # (a client that never hears back)
+            del self._mcp_pending[next(iter(self._mcp_pending))]
+        if self._mcp_asks:
+            return mcp.answer_asks(data, self._mcp_asks) or data
         return data
+
+    def _mcp_received(self, data: bytes) -> bytes:
+        """A server's WebSocket message on a rule with mcp:, read as an answer: what the
+        client may read, or (unreadable) dropped while every request waiting gets its
+        JSON-RPC error (raises MessageRefused)."""
+        assert self._mcp is not None and self._mcp_session is not None
+        if self._answers is None:
+            self._answers = Answers(self._mcp, self._mcp_session, sse=False,
+                                    pending=self._mcp_pending, asks=self._mcp_asks,
+                                    source=_source(self.decision), where=self._where(),
+                                    pins=self._mcp_pins)
+        try:
+            out = self._answers.message(data)
+        except mcp.Unreadable as exc:
+            refusal = self._answers.refused(str(exc))
+            errors = self._answers.errors(refusal)
+            self._refuse_mcp(refusal, strictjson.dumps(errors[0] if len(errors) == 1
+                                                        else errors) if errors else b"", None)
+        self._note_answers(self._answers)
+        return out
+
+    def _refuse_mcp(self, refusal: Refusal, reply: bytes,
+                    calls: list[dict[str, Any]] | None) -> None:
+        """One MCP message of a WebSocket refused: audited with its `calls` (the session
+        goes on, its own line comes when it ends), `reply` sent to the client (raises
+        MessageRefused)."""
+        self.trail.refuse(self.client, refusal, method=self.head.method,
+                          scheme=self.target.scheme, host=self.target.host,
+                          port=self.target.port, path=self.target.path,
+                          started=self.trail.clock(), mcp=calls)
+        raise MessageRefused(refusal, reply)
 
     def _refuse_message(self, refusal: Refusal, data: bytes) -> None:
         """One message of a session refused: audited (the session goes on, its own line
@@ -675,6 +797,8 @@ class Exchange:
         """Refuse the exchange part-way (a leak in the body, a bad response)."""
         if not self.done:
             self.done = True
+            if self._answers is not None:
+                self._note_answers(self._answers)
             self.trail.refuse(self.client, refusal, method=self.head.method,
                               scheme=self.target.scheme, host=self.target.host,
                               port=self.target.port, path=self.target.path,
@@ -692,6 +816,9 @@ class Exchange:
         if self._metered is not None:
             usage = self._complete()
         decision, relayed = self.decision, self._relayed
+        if self._answers is not None:
+            self._note_answers(self._answers)
+            relayed = relayed or self._answers.refusal  # (an answer not passed on)
         self.trail.audit(
             self.client, identity=self.identity,
             decision="deny" if relayed else decision.result,

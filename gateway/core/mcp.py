@@ -1,9 +1,18 @@
 """MCP calls on a rule with `mcp:`: read the JSON-RPC a sandbox sends, decide each call, and
 answer a refusal in the protocol's own shape (pure, no I/O).
 
-A POST body on such a rule must be one JSON-RPC 2.0 message or a non-empty batch of them:
-requests and notifications (`method`), or responses to the server's own requests
-(`result`/`error`, no `method`: sampling, elicitation, roots). Anything else is refused.
+Every request on such a rule is decided, whatever its transport: a POST's body, each
+message of a WebSocket (`Exchange.ws_message`), a GET (the server's event stream) and a
+DELETE (the session's end) pass; any other method is refused (`method_refusal`).
+
+A body (or a WebSocket message) must be one JSON-RPC 2.0 message or a non-empty batch
+of them: requests and notifications (`method`), or responses to the server's own
+requests (`result`/`error`, no `method`: sampling, elicitation, roots). It is read by the
+one strict reader (`core/strictjson.py`): a key repeated at any depth, two keys that
+differ only in case, a member the gateway reads spelled in another case (`"METHOD"`,
+`"Name"`), bytes that are not UTF-8, a lone surrogate, NaN, an integer past 2^53 or data
+after the document is refused, so a server reading keys its own way (the first copy, or
+without regard to case) reads what the gateway decided. Anything else is refused.
 Per method:
 
 * `initialize`, `ping`, `notifications/*` and every `*/list`: allowed;
@@ -13,9 +22,14 @@ Per method:
 * `prompts/get`: by `params.name`;
 * any other method: refused (the rule does not say it may).
 
-Answers to `tools/list` list only the tools the rule allows (`ListFilter`, JSON or SSE);
-a tool whose description or input schema changed since the session first saw it is
-flagged. With `pin_descriptions` every listing is checked against the tools' pins in the
+Answers are read as strictly (`core/mcp_answers.py`): every answer listing tools lists
+only the tools the rule allows (`ListFilter`); a tool whose description or input schema
+changed since the session first saw it is flagged, and with `pin_descriptions` hidden
+and its calls refused. The server's own requests (sampling, elicitation, roots) reach
+the client only under `mcp.server_requests: allow`; refused, the client sees a ping in
+their place, and its answer to it becomes the refusal on the way to the server
+(`answer_asks`).
+With `pin_descriptions` every listing is checked against the tools' pins in the
 state store instead (`Pinned`, `core/mcp_pins.py`): a changed tool is quarantined, left
 out of the list and its calls refused (`mcp_tool_changed`) until a person approves.
 
@@ -23,7 +37,8 @@ The older HTTP+SSE transport's client reads every answer on its GET event stream
 checks that a POST was accepted, so an error answered on the POST never reaches it. There
 a refused request goes on as a `ping` under an id that names it (`relay`): nothing of the
 call reaches the server, whose answer arrives where the client looks and is rewritten
-into the refusal on the way (`ListFilter`, the same for any answer carrying such an id).
+into the refusal on the way (`relayed_answer`, the same for any answer carrying such an
+id).
 
 A batch with one refused call is refused whole (nothing of it reaches the server), each
 request answered with an error. The answer is JSON-RPC: `{"jsonrpc": "2.0", "id": <the
@@ -35,29 +50,94 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import secrets
 from collections import OrderedDict
 from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gateway.core import strictjson
 from gateway.core.refusal import Refusal, rpc_error
 from gateway.services.metering import MODEL_BODY_LIMIT
 from gateway.services.policy.mcp_rule import McpRule
 
-__all__ = ["MAX_AUDITED", "MAX_BODY", "RELAYED", "Call", "ListFilter", "Pinned", "Session",
-           "Sessions", "Unfilterable", "Unreadable", "calls", "fingerprint", "judge",
-           "refusal_reason", "relay", "request_body"]
+__all__ = ["MAX_AUDITED", "MAX_BODY", "METHODS", "RELAYED", "Call", "Key", "ListFilter",
+           "Pinned", "Session", "Sessions", "Unreadable", "answer_asks", "body_refusal",
+           "calls", "exact", "fingerprint", "judge", "key", "method_refusal", "read",
+           "refusal_reason", "relay", "relayed_answer", "request_body", "valid_id"]
 
 MAX_BODY = MODEL_BODY_LIMIT  # the exchange's whole-body hold (BODY_HOLD_LIMIT)
 MAX_AUDITED = 20  # calls of a batch named on its audit line
+METHODS = ("POST", "GET", "DELETE")  # the transports': calls, the event stream, the end
 _PASS = ("initialize", "ping")
 _BY_URI = ("resources/read", "resources/subscribe", "resources/unsubscribe")
+# Members the gateway reads: in the objects it reads them from (a message, its params,
+# a result, a listed tool) they must be spelled exactly so.
+_MEMBERS = frozenset(("jsonrpc", "id", "method", "params", "result", "error", "name",
+                      "arguments", "uri", "tools", "description", "inputSchema"))
+_FOLDED = {member.casefold(): member for member in _MEMBERS}
+
+Key = tuple[str, Any]  # a JSON-RPC id compared by type and value ("102" is not 102)
 
 
 class Unreadable(Exception):
     """The body is not JSON-RPC as MCP sends it; the message says what is wrong."""
+
+
+def key(ident: Any) -> Key:
+    """`ident` as JSON-RPC compares ids: by type and value (1 is neither "1" nor 1.0)."""
+    return type(ident).__name__, ident
+
+
+def valid_id(ident: Any) -> bool:
+    """A request's id as MCP sends it: a string or an integer."""
+    return isinstance(ident, str | int) and not isinstance(ident, bool)
+
+
+def read(body: bytes) -> tuple[list[Any], bool]:
+    """The messages of a body (or WebSocket message) read strictly (`core/strictjson.py`,
+    keys also refused when they differ only in case), and whether it was a batch.
+    Raises Unreadable."""
+    try:
+        doc = strictjson.loads(body, fold=True)
+    except strictjson.StrictJsonError as exc:
+        raise Unreadable(f"the body is not strict JSON: {exc}") from None
+    batch = isinstance(doc, list)
+    messages = doc if batch else [doc]
+    if not messages:
+        raise Unreadable("an empty batch")
+    return messages, batch
+
+
+def exact(obj: dict[str, Any]) -> None:
+    """A member the gateway reads, in an object it reads it from, spelled only exactly:
+    `"Method"` or `"NAME"` is refused (a server matching names without regard to case
+    would read it where the gateway reads nothing). Raises Unreadable."""
+    for name in obj:
+        member = _FOLDED.get(name.casefold())
+        if member is not None and member != name:
+            raise Unreadable(f"a member {member!r} spelled in another case (a server "
+                             "matching names without regard to case would read it)")
+
+
+def body_refusal(method: str, body: bytes | None) -> str | None:
+    """Why a request that is no POST is refused for its body, or None: only a POST's body
+    is read (as calls), and a server reading another's would act on what the gateway
+    never decided."""
+    if method == "POST" or not body:
+        return None
+    return (f"a {method[:16]} with a body on a rule with mcp: (only a POST's body is read "
+            "as JSON-RPC calls; send calls as a POST)")
+
+
+def method_refusal(method: str) -> str | None:
+    """Why an HTTP method is refused on a rule with mcp:, or None (`METHODS`)."""
+    if method in METHODS:
+        return None
+    return (f"method {method[:16]!r} is not one of an MCP transport (POST for calls, GET "
+            "for the server's event stream or a WebSocket, DELETE to end a session), so "
+            "the rule's mcp: cannot decide it; give what is not MCP on this host its own "
+            "rule (paths:)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,14 +167,7 @@ def calls(rule: McpRule, body: bytes, changed: Container[str] = frozenset()
     """The calls in `body` with their decisions, and whether it was a batch; `changed`:
     the tools quarantined (their description changed: refused with `pin_descriptions`).
     Raises Unreadable."""
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise Unreadable("the body is not JSON") from None
-    batch = isinstance(doc, list)
-    messages = doc if batch else [doc]
-    if not messages:
-        raise Unreadable("an empty batch")
+    messages, batch = read(body)
     pinned = changed if rule.pin_descriptions else frozenset()
     return [_call(rule, message, pinned) for message in messages], batch
 
@@ -102,21 +175,25 @@ def calls(rule: McpRule, body: bytes, changed: Container[str] = frozenset()
 def _call(rule: McpRule, message: object, pinned: Container[str]) -> Call:
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
         raise Unreadable('a message is not a JSON-RPC 2.0 object ("jsonrpc": "2.0")')
+    exact(message)
     ident = message.get("id")
-    if ident is not None and (isinstance(ident, bool) or not isinstance(ident, str | int)):
-        raise Unreadable("a JSON-RPC id must be a string or a number")
-    method = message.get("method")
-    if method is None:
+    if ident is not None and not valid_id(ident):
+        raise Unreadable("a JSON-RPC id must be a string or an integer")
+    if "method" not in message:
         if ident is None or ("result" in message) == ("error" in message):
             raise Unreadable("a message has no method and is not a response (id with "
                              "result or error)")
         return Call(None, None, None, None)  # a response to the server's request
+    method = message["method"]
     if not isinstance(method, str):
         raise Unreadable("a JSON-RPC method must be a string")
+    if "result" in message or "error" in message:
+        raise Unreadable("a message with a method and a result or error")
     params = message.get("params")
     if params is not None and not isinstance(params, dict):
         raise Unreadable(f"the params of {method[:64]!r} are not an object")
     params = params or {}
+    exact(params)
     if method in _PASS or method.startswith("notifications/") or method.endswith("/list"):
         return Call(method, None, ident, None)
     if method == "tools/call":
@@ -158,6 +235,27 @@ def refusal_reason(found: list[Call]) -> str | None:
     return f"{first}{more}; {fix}"
 
 
+def answer_asks(body: bytes, asks: dict[Key, dict[str, Any]]) -> bytes | None:
+    """The client's answers to server requests the gateway refused (`asks`: the error
+    for each, by id; sent on to the client as pings, `core/mcp_answers.py`) become those
+    errors, so the server reads a refusal where it asked; None: nothing to rewrite (or
+    a body the judge refuses anyway)."""
+    try:
+        messages, batch = read(body)
+    except Unreadable:
+        return None
+    changed = False
+    for at, message in enumerate(messages):
+        if isinstance(message, dict) and "method" not in message and \
+                valid_id(message.get("id")):
+            error = asks.pop(key(message["id"]), None)
+            if error is not None:
+                messages[at], changed = error, True
+    if not changed:
+        return None
+    return strictjson.dumps(messages if batch else messages[0])
+
+
 def judge(rule: McpRule, body: bytes | None, changed: Container[str],
           source: str | None) -> tuple[list[Call], Refusal | None]:
     """The one decision on an MCP body (the proxy's exchanges and `evaluate` call it): its
@@ -171,8 +269,8 @@ def judge(rule: McpRule, body: bytes | None, changed: Container[str],
         found, batch = calls(rule, body, changed)
     except Unreadable as exc:
         return [], Refusal("mcp_denied", f"not MCP JSON-RPC: {exc}; on a rule with mcp: "
-                           "every POST is a JSON-RPC message or batch", source,
-                           rpc=([], False))
+                           "every POST (and WebSocket message) is a JSON-RPC message or "
+                           "batch, read one way only", source, rpc=([], False))
     reason = refusal_reason(found)
     if reason is None:
         return found, None
@@ -205,13 +303,7 @@ def request_body(call: str, arguments: object = None) -> bytes:
 
 # -- answers: tools/list filtered, descriptions pinned ----------------------------------------
 
-MAX_HELD = 8 * 1024 * 1024  # a tools/list answer (or one SSE event) is rewritten whole
 SESSIONS = 4096  # MCP sessions whose tools are remembered, per process (oldest forgotten)
-_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
-
-
-class Unfilterable(Exception):
-    """An answer the gateway must rewrite and cannot (too large, not JSON)."""
 
 
 class Pinned(Container[str], Protocol):
@@ -226,11 +318,13 @@ class Pinned(Container[str], Protocol):
 class Session:
     """What one MCP session was shown: each tool's first fingerprint (description and
     input schema), and the tools whose later listing differed; `refused`: the errors of
-    requests relayed as pings whose answers have not come back, by nonce."""
+    requests relayed as pings whose answers have not come back, by nonce; `asks`: the
+    errors for the server's requests the gateway refused (sent on as pings), by id."""
 
     first: dict[str, str]
     changed: set[str]
     refused: dict[str, dict[str, Any]] = field(default_factory=dict)
+    asks: dict[Key, dict[str, Any]] = field(default_factory=dict)
 
 
 class Sessions:
@@ -261,7 +355,8 @@ def relay(session: Session, refusal: Refusal) -> bytes:
     """The body to send instead of a request body `refusal` refused (one with requests),
     for a client that reads answers only on its event stream: a ping for each refused
     request, under the id ``RELAYED<nonce>:<the request's id as JSON>``; the session
-    keeps each one's error until `ListFilter` puts it in place of the ping's answer."""
+    keeps each one's error until `relayed_answer` puts it in place of the ping's answer
+    (`core/mcp_answers.py`)."""
     assert refusal.rpc is not None and refusal.rpc[0]
     ids, batch = refusal.rpc
     pings = []
@@ -275,7 +370,7 @@ def relay(session: Session, refusal: Refusal) -> bytes:
     return json.dumps(pings if batch else pings[0]).encode()
 
 
-def _relayed_answer(session: Session, marked: str) -> dict[str, Any]:
+def relayed_answer(session: Session, marked: str) -> dict[str, Any]:
     """The refusal in place of the answer to a relayed ping: the session's, or (answered
     to another process, or forgotten) one that names no reason, for the request's id."""
     nonce, _, original = marked[len(RELAYED):].partition(":")
@@ -283,10 +378,10 @@ def _relayed_answer(session: Session, marked: str) -> dict[str, Any]:
     if error is not None:
         return error
     try:
-        ident = json.loads(original)
+        ident = strictjson.loads(original.encode())
     except ValueError:
         ident = None
-    if isinstance(ident, bool) or not isinstance(ident, str | int):
+    if not valid_id(ident):
         ident = None
     return rpc_error(Refusal("mcp_denied", "the gateway refused this request by the rule's "
                              "mcp: (its audit line says which call and why)", None), ident)
@@ -298,85 +393,20 @@ def fingerprint(tool: dict[str, Any]) -> str:
 
 
 class ListFilter:
-    """Rewrites the answers to tools/list requests (`ids`; None: every answer that lists
-    tools, on a stream the server sends on its own — the older HTTP+SSE transport's GET
-    stream, where answers to POSTed requests arrive) in a response body — one JSON
-    message, or a Server-Sent Events stream of them — to list only the tools the rule
-    allows; a tool whose description or schema differs from what the session was first
-    shown is recorded in `changed` (and, with `pin_descriptions`, left out); with `pins`,
-    each tool is checked against its pin instead (left out while quarantined). An answer
-    to a relayed refusal (`relay`) becomes that refusal. Everything else passes
-    unchanged. Raises Unfilterable."""
+    """Lists only the tools the rule allows in a `tools/list` answer (`core/mcp_answers`
+    finds the answers); a tool whose description or schema differs from what the session
+    was first shown is recorded in `changed` (and, with `pin_descriptions`, left out);
+    with `pins`, each tool is checked against its pin in the state store instead (left
+    out while quarantined)."""
 
-    def __init__(self, rule: McpRule, ids: set[Any] | None, sse: bool,
-                 session: Session, pins: Pinned | None = None) -> None:
-        self.rule, self.ids, self.sse, self.session = rule, ids, sse, session
-        self.pins = pins
+    def __init__(self, rule: McpRule, session: Session, pins: Pinned | None = None) -> None:
+        self.rule, self.session, self.pins = rule, session, pins
         self.changed: list[str] = []
         self.hidden = 0
-        self._held = b""
 
-    def feed(self, data: bytes) -> bytes:
-        self._held += data
-        if len(self._held) > MAX_HELD:
-            raise Unfilterable(f"a tools/list answer over {MAX_HELD} bytes")
-        if not self.sse:
-            return b""
-        out: list[bytes] = []
-        while (found := _EVENT_END.search(self._held)) is not None:
-            event, self._held = self._held[:found.start()], self._held[found.end():]
-            out.append(self._event(event) + found.group())
-        return b"".join(out)
-
-    def end(self) -> bytes:
-        held, self._held = self._held, b""
-        if not held:
-            return b""
-        if self.sse:
-            return self._event(held)
-        rewritten = self._message(held)
-        return held if rewritten is None else rewritten
-
-    def _event(self, event: bytes) -> bytes:
-        lines = event.splitlines()
-        data = [line[5:].removeprefix(b" ") for line in lines if line.startswith(b"data:")]
-        if not data:
-            return event
-        if self.pins is not None and (b"event: endpoint" in lines or
-                                      b"event:endpoint" in lines):
-            self.pins.endpoint(b"".join(data).decode("utf-8", "replace"))  # (where the
-            return event  # older transport's calls are POSTed: their pins' server)
-        rewritten = self._message(b"\n".join(data))
-        if rewritten is None:
-            return event
-        kept = [line for line in lines if not line.startswith(b"data:")]
-        return b"\n".join([*kept, b"data: " + rewritten])
-
-    def _message(self, body: bytes) -> bytes | None:
-        """The message(s) with their tool lists filtered; None if nothing was rewritten."""
-        try:
-            doc = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            if self.sse:
-                return None  # (an event that is not JSON is no answer to rewrite)
-            raise Unfilterable("a tools/list answer that is not JSON") from None
-        messages = doc if isinstance(doc, list) else [doc]
-        changed = False
-        for at, message in enumerate(messages):
-            if not isinstance(message, dict):
-                continue
-            ident = message.get("id")
-            if isinstance(ident, str) and ident.startswith(RELAYED):
-                messages[at] = _relayed_answer(self.session, ident)
-                changed = True
-            elif self.ids is None or (isinstance(ident, str | int) and ident in self.ids):
-                result = message.get("result")
-                if isinstance(result, dict) and isinstance(result.get("tools"), list):
-                    result["tools"] = self._tools(result["tools"])
-                    changed = True
-        if not changed:
-            return None
-        return json.dumps(messages if isinstance(doc, list) else messages[0]).encode()
+    def tools(self, tools: list[Any]) -> list[Any]:
+        """The tools of one answer the client may see."""
+        return self._tools(tools)
 
     def _tools(self, tools: list[Any]) -> list[Any]:
         kept = []

@@ -178,7 +178,8 @@ class Refusal(Exception):
 
 class MessageRefused(Exception):
     """One WebSocket message refused (audited) while its session goes on: the engine
-    drops the message and sends ``reply`` (the provider's error event) to the client."""
+    drops the message and sends ``reply`` to the client (the provider's error event, the
+    JSON-RPC errors of an MCP session; empty: nothing to send)."""
 
     def __init__(self, refusal: Refusal, reply: bytes) -> None:
         super().__init__(refusal.code)

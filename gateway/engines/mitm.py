@@ -455,7 +455,7 @@ class Adapter(NextLayerAddon):
             message.content = ex.ws_message(message.from_client, message.content)
         except MessageRefused as refused:  # dropped; the sandbox reads why, goes on
             message.drop()
-            if self.proxyserver is not None:
+            if self.proxyserver is not None and refused.reply:
                 self.proxyserver.inject_websocket(flow, True, refused.reply)
         except Refusal as refusal:
             message.drop()

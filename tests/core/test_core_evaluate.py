@@ -52,6 +52,8 @@ REPLAY_BLIND = {"metering_unavailable", "minted_secret_refused", "mcp_denied"}
 # (an audit line names the call's model, not the models it could fall back to)
 REPLAY_BLIND_CASES = {"case-variant keys are refused like repeated ones",
                       "a fallback model outside the allowlist (OpenRouter's models list)"}
+# ...but a refusal by the method alone (no MCP transport's, on an mcp: rule) it sees.
+REPLAY_SEES_CASES = {"MCP: a PUT carrying a denied call is refused"}
 NAMES = ["allowed.test", "other.test", "unbound.test", "api.openai.com", "minted.test",
          "mintfail.test", "budget.test", "metered.test", "sigv4.test"]
 TOKEN = "sgw_eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJzYW5kYm94LTEifQ.c2lnbmF0dXJl"  # (shape only)
@@ -176,7 +178,8 @@ def test_replay_gives_the_proxys_verdict(policy_set: PolicySet, case: Case) -> N
     line = json.dumps(_audit_line(method, url, body))
     empty = load_policy_texts({"policies/other.yaml": "version: v1\nname: other\negress: []\n"})
     report = replay([line], empty, policy_set)
-    blind = REPLAY_BLIND | (PIPELINE if case.name in REPLAY_BLIND_CASES else set())
+    blind = (set() if case.name in REPLAY_SEES_CASES else REPLAY_BLIND) | \
+        (PIPELINE if case.name in REPLAY_BLIND_CASES else set())
     denied = _expected(case, PIPELINE - blind) is not None
     assert report.count("newly_allowed") == (0 if denied else 1), report.to_dict()
 

@@ -98,10 +98,116 @@ UNREADABLE = [
 ]
 
 
-@pytest.mark.parametrize(("case", "body"), UNREADABLE, ids=[c[0] for c in UNREADABLE])
+# Issue 40, item 3: a body the gateway and a server could read differently (a server
+# keeping the first copy of a key, or matching keys without regard to case as Go's
+# encoding/json does, would run the call the gateway read as another) is refused.
+_CALL = '"jsonrpc": "2.0", "id": 1, "method": "tools/call"'
+AMBIGUOUS = [
+    ("a repeated method", f'{{{_CALL}, "method": "ping"}}'.encode()),
+    ("a method hidden under a repeated key",
+     b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "method": "tools/call", '
+     b'"params": {"name": "delete_repo"}}'),
+    ("method then METHOD", b'{"jsonrpc": "2.0", "id": 1, "method": "ping", '
+                           b'"METHOD": "tools/call", "params": {"name": "delete_repo"}}'),
+    ("a method only in another case", b'{"jsonrpc": "2.0", "id": 1, "Method": "tools/call",'
+                                      b' "params": {"name": "delete_repo"}, "result": {}}'),
+    ("a null method then a real one",
+     b'{"jsonrpc": "2.0", "id": 1, "method": null, "method": "tools/call", '
+     b'"params": {"name": "delete_repo"}}'),
+    ("a null method", b'{"jsonrpc": "2.0", "id": 1, "method": null, "result": {}}'),
+    ("a repeated name", f'{{{_CALL}, "params": {{"name": "search_a", "name": "rm"}}}}'
+     .encode()),
+    ("name plus NAME", f'{{{_CALL}, "params": {{"name": "search_a", "NAME": "rm"}}}}'
+     .encode()),
+    ("a name folded with a long s", f'{{{_CALL}, "params": {{"name": "search_a", '
+                                    f'"argument\u017f": {{}}, "arguments": {{}}}}}}'.encode()),
+    ("params in another case", f'{{{_CALL}, "params": {{"name": "search_a"}}, '
+                               f'"Params": {{"name": "rm"}}}}'.encode()),
+    ("a repeated argument", f'{{{_CALL}, "params": {{"name": "get_issue", "arguments": '
+                            f'{{"repo": "org/a", "repo": "evil/a"}}}}}}'.encode()),
+    ("an argument in two cases", f'{{{_CALL}, "params": {{"name": "get_issue", '
+                                 f'"arguments": {{"repo": "org/a", "REPO": "evil/a"}}}}}}'
+     .encode()),
+    ("a key repeated deep in the arguments",
+     f'{{{_CALL}, "params": {{"name": "search_a", "arguments": {{"q": {{"a": 1, "a": 2}}}}}}}}'
+     .encode()),
+    ("a repeated id", b'{"jsonrpc": "2.0", "id": 1, "id": 2, "method": "ping"}'),
+    ("a repeated jsonrpc", b'{"jsonrpc": "1.0", "jsonrpc": "2.0", "id": 1, "method": "ping"}'),
+    ("a method and a result", b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "result": {}}'),
+    ("NaN in the arguments", f'{{{_CALL}, "params": {{"name": "search_a", "arguments": '
+                             f'{{"n": NaN}}}}}}'.encode()),
+    ("Infinity", f'{{{_CALL}, "params": {{"name": "search_a", "arguments": '
+                 f'{{"n": -Infinity}}}}}}'.encode()),
+    ("a lone surrogate in the name",
+     f'{{{_CALL}, "params": {{"name": "search_\\ud800"}}}}'.encode()),
+    ("an id past 2^53", b'{"jsonrpc": "2.0", "id": 9007199254740993, "method": "ping"}'),
+    ("data after the message", b'{"jsonrpc": "2.0", "id": 1, "method": "ping"} {"x": 1}'),
+    ("invalid UTF-8 in a string",
+     f'{{{_CALL}, "params": {{"name": "search_'.encode() + b"\xc3(" + b'"}}'),
+    ("an encoded surrogate", f'{{{_CALL}, "params": {{"name": "search_'.encode() +
+     b"\xed\xa0\x80" + b'"}}'),
+    ("a BOM", b"\xef\xbb\xbf" + b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}'),
+]
+
+
+@pytest.mark.parametrize(("case", "body"), UNREADABLE + AMBIGUOUS,
+                         ids=[c[0] for c in UNREADABLE + AMBIGUOUS])
 def test_what_is_not_mcp_json_rpc(case: str, body: bytes) -> None:
     with pytest.raises(mcp.Unreadable):
         mcp.calls(RULE, body)
+    _, refusal = mcp.judge(RULE, body, frozenset(), "p.yaml:3")
+    assert refusal is not None and refusal.code == "mcp_denied" and \
+        refusal.reason.startswith("not MCP JSON-RPC")
+
+
+def test_the_same_calls_read_unambiguously_pass() -> None:
+    """(the rows above differ from these only by what makes them ambiguous)"""
+    for body in (f'{{{_CALL}, "params": {{"name": "search_a", "arguments": '
+                 f'{{"n": 1.5, "q": {{"a": 1, "b": 2}}}}}}}}'.encode(),
+                 f'{{{_CALL}, "params": {{"name": "search_\\ud83d\\ude00"}}}}'.encode(),
+                 b'{"jsonrpc": "2.0", "id": 9007199254740991, "method": "ping"}\r\n'):
+        found, _ = mcp.calls(RULE, body)
+        assert [c.refused for c in found] == [None], body
+
+
+@pytest.mark.parametrize(("method", "refused"), [
+    ("POST", False), ("GET", False), ("DELETE", False), ("PUT", True), ("PATCH", True),
+    ("HEAD", True), ("OPTIONS", True), ("CONNECT", True), ("post", True)])
+def test_only_the_transports_methods(method: str, refused: bool) -> None:
+    why = mcp.method_refusal(method)
+    assert (why is not None) is refused
+    if why:
+        assert "is not one of an MCP transport" in why
+
+
+@pytest.mark.parametrize(("method", "body", "refused"), [
+    ("POST", b"{}", False), ("GET", b"", False), ("DELETE", None, False),
+    ("GET", b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call"}', True),
+    ("DELETE", b"x", True)])
+def test_only_a_posts_body_is_read(method: str, body: bytes | None, refused: bool) -> None:
+    why = mcp.body_refusal(method, body)
+    assert (why is not None) is refused
+    if why:
+        assert "only a POST's body is read" in why
+
+
+def test_a_clients_answer_to_a_refused_server_request_becomes_the_refusal() -> None:
+    error = {"jsonrpc": "2.0", "id": 4, "error": {"code": -32001, "message": "no"}}
+    asks = {mcp.key(4): error}
+    body = json.dumps([{"jsonrpc": "2.0", "id": 4, "result": {}},
+                       {"jsonrpc": "2.0", "id": "4", "result": {}}]).encode()
+    out = mcp.answer_asks(body, asks)
+    assert out is not None and json.loads(out) == [error, {"jsonrpc": "2.0", "id": "4",
+                                                           "result": {}}]
+    assert asks == {}  # (answered once)
+    assert mcp.answer_asks(body, asks) is None
+
+
+@pytest.mark.parametrize(("a", "b", "same"), [
+    (102, 102, True), (102, "102", False), ("a", "a", True), (1, True, False),
+    (1, 1.0, False), (0, False, False)])
+def test_ids_compare_by_type_and_value(a: Any, b: Any, same: bool) -> None:
+    assert (mcp.key(a) == mcp.key(b)) is same
 
 
 def test_a_batch_is_refused_whole_and_answered_per_request() -> None:
@@ -134,64 +240,6 @@ def test_audit_records_are_bounded() -> None:
     assert call.record() == {"method": "tools/call", "name": "x" * 200, "decision": "allow"}
 
 
-def _tools(*names: str, description: str = "d") -> list[dict[str, Any]]:
-    return [{"name": n, "description": description, "inputSchema": {"type": "object"}}
-            for n in names]
-
-
-def _answer(ident: Any, tools: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": ident, "result": {"tools": tools}}
-
-
-def test_a_json_tools_list_lists_only_allowed_tools() -> None:
-    lists = mcp.ListFilter(RULE, {1}, False, mcp.Session({}, set()))
-    body = json.dumps(_answer(1, _tools("search_a", "rm", "search_secrets", "get_issue")))
-    out = lists.feed(body[:10].encode()) + lists.feed(body[10:].encode()) + lists.end()
-    assert [t["name"] for t in json.loads(out)["result"]["tools"]] == ["search_a", "get_issue"]
-    assert lists.hidden == 2
-
-
-@pytest.mark.parametrize("separator", [b"\n\n", b"\r\n\r\n"])
-def test_an_sse_stream_is_rewritten_event_by_event(separator: bytes) -> None:
-    lists = mcp.ListFilter(RULE, {7}, True, mcp.Session({}, set()))
-    other = b"event: message" + separator.replace(b"\n\n", b"\n")[:len(separator) // 2] + \
-        b'data: {"jsonrpc": "2.0", "method": "notifications/progress"}'
-    answer = b"event: message\ndata: " + json.dumps(_answer(7, _tools("rm", "search_x"))).encode()
-    stream = other + separator + answer + separator
-    out = b"".join(lists.feed(stream[i:i + 5]) for i in range(0, len(stream), 5)) + lists.end()
-    assert out.startswith(other + separator)  # (what is no tools/list answer is untouched)
-    data = out[len(other + separator):].strip().split(b"data: ", 1)[1]
-    assert [t["name"] for t in json.loads(data)["result"]["tools"]] == ["search_x"]
-
-
-def test_a_changed_description_is_flagged_and_with_pinning_hidden() -> None:
-    session = mcp.Session({}, set())
-    pinned = McpRule(tools=Names(allow=("*",)), pin_descriptions=True)
-    for rule, hidden in ((RULE, False), (pinned, True)):
-        session = mcp.Session({}, set())
-        first = mcp.ListFilter(rule, {1}, False, session)
-        first.feed(json.dumps(_answer(1, _tools("search_a"))).encode())
-        first.end()
-        second = mcp.ListFilter(rule, {2}, False, session)
-        second.feed(json.dumps(_answer(2, _tools("search_a", description="new!"))).encode())
-        listed = json.loads(second.end())["result"]["tools"]
-        assert second.changed == ["search_a"] and session.changed == {"search_a"}
-        assert (listed == []) is hidden
-        found, _ = mcp.calls(rule, json.dumps(_msg("tools/call", {"name": "search_a"})).encode(),
-                             session.changed)
-        assert (found[0].refused is not None) is hidden
-
-
-def test_what_cannot_be_filtered_is_refused() -> None:
-    lists = mcp.ListFilter(RULE, {1}, False, mcp.Session({}, set()))
-    lists.feed(b"not json")
-    with pytest.raises(mcp.Unfilterable):
-        lists.end()
-    big = mcp.ListFilter(RULE, {1}, True, mcp.Session({}, set()))
-    with pytest.raises(mcp.Unfilterable):
-        big.feed(b"data: " + b"x" * (mcp.MAX_HELD + 1))
-
-
 def test_sessions_are_bounded() -> None:
     sessions = mcp.Sessions(limit=2)
     a = sessions.of("s", "h", "1")
@@ -199,20 +247,6 @@ def test_sessions_are_bounded() -> None:
     assert sessions.of("s", "h", "1") is a
     sessions.of("s", "h", "3")  # "2" was the oldest
     assert sessions.of("s", "h", "1") is a and sessions.of("s", "h", "2") is not a
-
-
-def test_a_server_stream_has_every_tools_answer_filtered() -> None:
-    """ids None (the older transport's GET stream): any answer that lists tools, whatever
-    its id; other events (the endpoint, pings, notifications) pass as they are."""
-    lists = mcp.ListFilter(RULE, None, True, mcp.Session({}, set()))
-    stream = (b"event: endpoint\r\ndata: /messages/?session_id=abc\r\n\r\n"
-              b": ping\r\n\r\n"
-              b"event: message\r\ndata: " + json.dumps(_answer(42, _tools("rm", "search_y")))
-              .encode() + b"\r\n\r\n")
-    out = lists.feed(stream) + lists.end()
-    assert out.startswith(b"event: endpoint\r\ndata: /messages/?session_id=abc\r\n\r\n"
-                          b": ping\r\n\r\n")
-    assert b'"rm"' not in out and b'"search_y"' in out
 
 
 def _relayed(batch: bool) -> tuple[mcp.Session, Refusal, Any]:
@@ -234,47 +268,8 @@ def test_a_relayed_refusal_sends_only_pings_under_ids_that_name_the_request() ->
     assert "rm" not in json.dumps(batch)
 
 
-@pytest.mark.parametrize("sse", [False, True])
-def test_the_answer_to_a_relayed_ping_becomes_the_refusal(sse: bool) -> None:
-    session, refusal, sent = _relayed(True)
-    answers = [{"jsonrpc": "2.0", "id": p["id"], "result": {}} for p in sent]
-    lists = mcp.ListFilter(RULE, None if sse else set(), sse, session)
-    if sse:
-        body = b"".join(b"event: message\r\ndata: " + json.dumps(a).encode() + b"\r\n\r\n"
-                        for a in answers)
-        out = lists.feed(body) + lists.end()
-        got = [json.loads(line[6:]) for line in out.splitlines() if line.startswith(b"data:")]
-    else:
-        got = json.loads(lists.feed(json.dumps(answers).encode()) + lists.end())
-    assert [g["id"] for g in got] == [7, "b"]
-    assert got == [json.loads(answer(Refusal("mcp_denied", refusal.reason, "p.yaml:3",
-                                             rpc=([i], False))).body) for i in (7, "b")]
-    assert session.refused == {}  # each forgotten once answered
-
-
-@pytest.mark.parametrize(("marked", "ident"), [
-    (mcp.RELAYED + "0000:12", 12),  # another process relayed it, or it was forgotten
-    (mcp.RELAYED + '0000:"x"', "x"),
-    (mcp.RELAYED + "0000:{not json", None),
-    (mcp.RELAYED + "0000:[1]", None),  # not an id a request can have
-    (mcp.RELAYED + "0000:true", None),
-])
-def test_an_answer_to_an_unknown_relay_is_still_a_refusal(marked: str, ident: Any) -> None:
-    lists = mcp.ListFilter(RULE, set(), False, mcp.Session({}, set()))
-    got = json.loads(lists.feed(json.dumps({"jsonrpc": "2.0", "id": marked,
-                                            "result": {}}).encode()) + lists.end())
-    assert got["id"] == ident and got["error"]["data"]["code"] == "mcp_denied"
-    assert "audit line" in got["error"]["message"]
-
-
 def test_relays_are_bounded_per_session() -> None:
     session = mcp.Session({}, set())
     for n in range(mcp.RELAYS + 5):
         mcp.relay(session, Refusal("mcp_denied", "r", None, rpc=([n], False)))
     assert len(session.refused) == mcp.RELAYS
-
-
-def test_an_id_a_set_cannot_hold_is_passed_by_the_list_filter() -> None:
-    lists = mcp.ListFilter(RULE, {1}, False, mcp.Session({}, set()))
-    body = json.dumps({"jsonrpc": "2.0", "id": {"x": 1}, "result": {"tools": []}}).encode()
-    assert lists.feed(body) + lists.end() == body

@@ -15,6 +15,7 @@ import pytest
 
 from gateway.core import mcp, mcp_pins
 from gateway.core.identity import Identity
+from gateway.core.mcp_answers import Answers
 from gateway.core.mcp_pins import Change, Pin, Server, ServerPins, Shown
 from gateway.core.refusal import answer
 from gateway.services.policy.mcp_rule import McpRule, Names
@@ -134,17 +135,23 @@ def _listing(ident: Any, *tools: tuple[str, str]) -> bytes:
         for name, text in tools]}}).encode()
 
 
+def _answers(rule: McpRule, session: mcp.Session, ident: Any, *, sse: bool = False,
+             pins: ServerPins | None = None) -> Answers:
+    """The reader of one answer to request `ident` (None: a GET stream's, any request)."""
+    pending = None if ident is None else {mcp.key(ident): ident}
+    return Answers(rule, session, sse=sse, pending=pending, pins=pins)
+
+
 def _listed(pins: ServerPins, ident: int, *tools: tuple[str, str], sse: bool = False
             ) -> tuple[list[str], mcp.ListFilter]:
-    lists = mcp.ListFilter(RULE, {ident}, sse, mcp.Session({}, set()), pins)
+    answers = _answers(RULE, mcp.Session({}, set()), ident, sse=sse, pins=pins)
     body = _listing(ident, *tools)
     if sse:
-        out = lists.feed(b"event: message\ndata: " + body + b"\n\n") + lists.end()
+        out = answers.feed(b"event: message\ndata: " + body + b"\n\n") + answers.end()
         body = out.split(b"data: ", 1)[1].strip()
     else:
-        lists.feed(body)
-        body = lists.end()
-    return [t["name"] for t in json.loads(body)["result"]["tools"]], lists
+        body = answers.feed(body) + answers.end()
+    return [t["name"] for t in json.loads(body)["result"]["tools"]], answers.lists
 
 
 def _call(ident: Any, name: str) -> dict[str, Any]:
@@ -189,10 +196,10 @@ def test_without_pinning_a_change_is_only_flagged() -> None:
     rule = replace(RULE, pin_descriptions=False)
     session = mcp.Session({}, set())
     for ident, text in ((1, "Search."), (2, "Search, changed.")):
-        lists = mcp.ListFilter(rule, {ident}, False, session)
-        lists.feed(_listing(ident, ("search", text)))
-        assert [t["name"] for t in json.loads(lists.end())["result"]["tools"]] == ["search"]
-    assert lists.changed == ["search"]
+        answers = _answers(rule, session, ident)
+        body = answers.feed(_listing(ident, ("search", text))) + answers.end()
+        assert [t["name"] for t in json.loads(body)["result"]["tools"]] == ["search"]
+    assert answers.lists.changed == ["search"]
     assert mcp.judge(rule, json.dumps(_call(3, "search")).encode(), session.changed,
                      None)[1] is None
 
@@ -202,10 +209,10 @@ def test_the_older_transports_stream_is_pinned_under_its_post_path() -> None:
     are pinned under that path (its query left out), where the calls are checked."""
     port = _Pins()
     stream = ServerPins(port, IDENTITY, Server("legacy.test", 443, "/sse"))
-    lists = mcp.ListFilter(RULE, None, True, mcp.Session({}, set()), stream)
+    answers = _answers(RULE, mcp.Session({}, set()), None, sse=True, pins=stream)
     data = (b"event: endpoint\r\ndata: /messages/?session_id=abc\r\n\r\n"
             b"event: message\r\ndata: " + _listing(9, ("search", "Search.")) + b"\r\n\r\n")
-    out = lists.feed(data) + lists.end()
-    assert out.startswith(b"event: endpoint\r\ndata: /messages/?session_id=abc\r\n\r\n")
+    out = answers.feed(data) + answers.end()
+    assert out.startswith(b"event: endpoint\ndata: /messages/?session_id=abc\n\n")
     assert port.seen == [("sbx-1", "legacy.test:443/messages/", "search")]
     assert stream.server == Server("legacy.test", 443, "/messages/")

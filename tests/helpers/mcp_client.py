@@ -3,7 +3,8 @@ SSL_CERT_FILE from `sandbox-gateway env`): runs a list of steps and prints one J
 
     python mcp_client.py URL [streamable|sse]   (the steps as JSON on stdin)
 
-Steps: {"list_tools": true}, {"call": NAME, "arguments": {...}}, {"read": URI},
+Steps: {"list_tools": true} (or "descriptions": each tool's too), {"call": NAME,
+"arguments": {...}}, {"read": URI},
 {"prompt": NAME, "arguments": {...}}. A step's result is what the session returned, or
 {"error": <the error's text>} (a refusal the gateway answered as JSON-RPC arrives so).
 """
@@ -26,7 +27,10 @@ async def _steps(session: ClientSession, steps: list[dict[str, Any]]) -> list[An
         try:
             if "list_tools" in step:
                 tools = await session.list_tools()
-                out.append({"tools": sorted(t.name for t in tools.tools)})
+                listed: dict[str, Any] = {"tools": sorted(t.name for t in tools.tools)}
+                if step["list_tools"] == "descriptions":
+                    listed["descriptions"] = {t.name: t.description for t in tools.tools}
+                out.append(listed)
             elif "call" in step:
                 result = await session.call_tool(step["call"], step.get("arguments") or {})
                 out.append({"is_error": result.isError,

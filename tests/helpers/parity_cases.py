@@ -37,7 +37,7 @@ egress:
     methods: [GET, POST, HEAD]
     paths: ["/ok/**", "/api/**", "/"]
   - host: unbound.test
-    paths: ["/mcp"]
+    paths: ["/mcp", "/mcp/**"]
     mcp:
       tools: {{allow: ["search_*"], deny: ["delete_*"]}}
   - host: unbound.test
@@ -154,6 +154,50 @@ def _relayed_ping(result: Result, seen: list[Any]) -> None:
     assert ping["method"] == "ping" and ping["id"].startswith("sandbox-gateway-refused:")
 
 
+def _sse_data(body: str) -> list[Any]:
+    """The JSON-RPC messages of an event stream as the gateway writes it (LF only)."""
+    assert "\r" not in body, body
+    return [json.loads(line[6:]) for line in body.split("\n") if line.startswith("data: ")]
+
+
+def _messages(body: str) -> list[Any]:
+    """The messages of an answer, JSON or an event stream."""
+    if body.lstrip().startswith(("{", "[")):
+        doc = json.loads(body)
+        return doc if isinstance(doc, list) else [doc]
+    return _sse_data(body)
+
+
+def _listed_only_allowed(result: Result, seen: list[Any]) -> None:
+    """The server listed search_issues and delete_repo; the client read only the first."""
+    answers = [m for m in _messages(result.body) if "result" in m]
+    assert [[t["name"] for t in m["result"]["tools"]] for m in answers] == \
+        [["search_issues"]], result.body
+    assert answers[0]["id"] in (102, 1)
+
+
+def _answer_refused(result: Result, seen: list[Any]) -> None:
+    """The server's answer did not reach the client: a JSON-RPC error for request 102
+    (by its own id, 102 the integer) in its place, nothing of the tools."""
+    errors = _messages(result.body)
+    assert [(e["id"], e["error"]["data"]["code"]) for e in errors] == \
+        [(102, "upstream_failed")], result.body
+    assert "delete_repo" not in result.body and "ssh" not in result.body
+
+
+def _ws_refused_call(result: Result, seen: list[Any]) -> None:
+    """The call never reached the server; the client read its JSON-RPC error."""
+    assert [s.body for s in seen if s.method == "WS"] == [], seen
+    error = json.loads(result.body)
+    assert error["id"] == 1 and error["error"]["data"]["code"] == "mcp_denied", error
+    assert "delete_repo" in error["error"]["message"]
+
+
+def _ws_listed(result: Result, seen: list[Any]) -> None:
+    assert len([s for s in seen if s.method == "WS"]) == 1, seen
+    _listed_only_allowed(result, seen)
+
+
 def _swapped(result: Result, seen: list[Any]) -> None:
     assert seen and seen[-1].headers.get("authorization") == f"Bearer {KEY}"
     assert "eyJ" not in json.dumps(seen[-1].headers)  # no gateway token upstream
@@ -249,6 +293,80 @@ BUDGETED = "a budgeted call"
 CONNECT_DENY = {"decision": "deny", "method": "CONNECT"}
 # A validly signed token refused for time or revocation is named on its audit line.
 NAMED = {"sandbox": "sandbox-1", "policy": "agent"}
+
+MCP_CALL = '{{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {{"name": {name}}}}}'
+MCP_LIST = "{B64:{\"jsonrpc\": \"2.0\", \"id\": 102, \"method\": \"tools/list\"}}"
+
+
+def _mcp_post(body: str, target: str = "/mcp", method: str = "POST") -> dict[str, Any]:
+    return {"host": "unbound.test", "method": method, "target": target,
+            "headers": [["Content-Type", "application/json"], STREAMABLE],
+            "body": "{B64:" + body + "}"}
+
+
+def _mcp_answer_case(name: str, shape: str, see: tuple[str, int | None, str | None],
+                     refused: bool) -> Case:
+    """A tools/list answered by the upstream in `shape` (tests/helpers/upstream.py)."""
+    spec = {**_mcp_post("", f"/mcp/answer/{shape}"), "body": MCP_LIST}
+    return Case(name, spec, see, {**DENY, "error": "upstream_failed", "status": 200}
+                if refused else {"decision": "allow", "error": None},
+                check=_answer_refused if refused else _listed_only_allowed)
+
+
+def _mcp_ambiguous(name: str, body: str) -> Case:
+    """A body the gateway and a server could read differently: refused unread."""
+    return Case(f"MCP: {name}", _mcp_post(body), ("response", 403, "mcp_denied"),
+                {**DENY, "error": "mcp_denied"}, check=_no_upstream)
+
+
+# Issue 40: an MCP policy a hostile server (or sandbox) cannot talk around.
+MCP_WIRE = [
+    # 1. Every request to an mcp: host is decided, whatever its transport.
+    Case("MCP: a WebSocket call the rule denies",
+         {"host": "unbound.test", "target": "/mcp", "headers": WS_UPGRADE,
+          "ws": [MCP_CALL.format(name='"delete_repo"')]},
+         ("ws-echo", 101, None), {**DENY, "error": "mcp_denied"},
+         engines=("h1", "mitmproxy"), check=_ws_refused_call, lines=2),
+    Case("MCP: a WebSocket tools/list is filtered",
+         {"host": "unbound.test", "target": "/mcp/ws", "headers": WS_UPGRADE,
+          "ws": ['{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}']},
+         ("ws-echo", 101, None), {"decision": "allow", "error": None},
+         engines=("h1", "mitmproxy"), check=_ws_listed),
+    Case("MCP: a PUT carrying a denied call is refused",
+         _mcp_post(MCP_CALL.format(name='"delete_repo"'), method="PUT"),
+         ("response", 403, "mcp_denied"), {**DENY, "error": "mcp_denied", "method": "PUT"},
+         check=_no_upstream),
+    Case("MCP: a GET carrying a call is refused",
+         _mcp_post(MCP_CALL.format(name='"delete_repo"'), method="GET"),
+         ("response", 403, "mcp_denied"), {**DENY, "error": "mcp_denied", "method": "GET"},
+         check=_no_upstream),
+    # 2. Answers the gateway cannot read are not passed on.
+    _mcp_answer_case("MCP: a tools/list answer lists only the allowed tools", "json",
+                     ("response", 200, None), refused=False),
+    _mcp_answer_case("MCP: a tools/list event lists only the allowed tools", "sse",
+                     ("response", 200, None), refused=False),
+    _mcp_answer_case("MCP: events ended by LF CR are each read", "sse-lfcr",
+                     ("response", 200, None), refused=False),
+    _mcp_answer_case("MCP: an event that is not UTF-8 is not passed on", "sse-utf8",
+                     ("response", 200, None), refused=True),
+    _mcp_answer_case("MCP: an answer under the id's string is not passed on", "json-strid",
+                     ("response", 200, None), refused=True),
+    _mcp_answer_case("MCP: an answer that is not JSON by its media type is not passed on",
+                     "json-plain", ("response", 200, "upstream_failed"), refused=True),
+    # 3. What the gateway and a server could read differently is refused.
+    _mcp_ambiguous("a repeated method", '{"jsonrpc": "2.0", "id": 1, "method": "ping", '
+                   '"method": "tools/call", "params": {"name": "delete_repo"}}'),
+    _mcp_ambiguous("METHOD beside method", '{"jsonrpc": "2.0", "id": 1, "method": "ping", '
+                   '"METHOD": "tools/call", "params": {"name": "delete_repo"}}'),
+    _mcp_ambiguous("a repeated name", MCP_CALL.format(
+        name='"search_issues", "name": "delete_repo"')),
+    _mcp_ambiguous("NAME beside name", MCP_CALL.format(
+        name='"search_issues", "NAME": "delete_repo"')),
+    _mcp_ambiguous("a null method then a real one", '{"jsonrpc": "2.0", "id": 1, '
+                   '"method": null, "method": "tools/call", "params": {"name": "delete_repo"}}'),
+    _mcp_ambiguous("a repeated argument", MCP_CALL.format(
+        name='"search_issues", "arguments": {"q": "a", "q": "b"}')),
+]
 
 CASES = [
     Case("allow inspected", {"host": "other.test", "target": "/ok/a"},
@@ -398,7 +516,7 @@ CASES = [
          {**DENY, "error": "credential_requires_tls", "scheme": "http"},
          engines=("h1", "mitmproxy"), check=_no_upstream),
     Case("MCP: a tool the rule allows",
-         {"host": "unbound.test", "method": "POST", "target": "/mcp",
+         {"host": "unbound.test", "method": "POST", "target": "/mcp/answer/json",
           "headers": [["Content-Type", "application/json"]],
           "body": "{B64:{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": \"tools/call\", "
                   "\"params\": {\"name\": \"search_issues\", \"arguments\": {}}}}"},
@@ -445,7 +563,8 @@ CASES = [
     # A chunked body: the HTTP/1 engine holds it (within the hold limit) and decides it
     # whole; mitmproxy cannot hold a body of unknown size, so it is refused, never passed.
     Case("MCP: a chunked call is decided whole",
-         {"host": "unbound.test", "method": "POST", "target": "/mcp", "chunked": True,
+         {"host": "unbound.test", "method": "POST", "target": "/mcp/answer/json",
+          "chunked": True,
           "headers": [["Content-Type", "application/json"]],
           "body": "{B64:{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": \"ping\"}}"},
          ("response", 200, None), {"decision": "allow", "error": None}, engines=("h1",)),
@@ -623,6 +742,7 @@ CASES = [
                                 "headers": [["Upgrade", "h2c"], ["Connection", "Upgrade"]]},
          ("response", 501, "unsupported"), {**DENY, "error": "unsupported"},
          engines=("h1", "mitmproxy"), check=_no_upstream),
+    *MCP_WIRE,
 ]
 
 

@@ -2,7 +2,9 @@
 behind TLS, and the SDK's client configured only by the environment `sandbox-gateway env`
 gives a sandbox (HTTPS_PROXY with the token, SSL_CERT_FILE), both in their own virtualenv
 (helpers/python_clients.py). Raw JSON-RPC (batches, malformed bodies, a key in a tool
-argument) goes through httpx. Both intercepting engines serve every case."""
+argument) goes through httpx. A hostile server (fakes/hostile_mcp.py, issue 40) answers
+the SDK's client in the shapes that got a changed tool past the gateway. Both
+intercepting engines serve every case."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fakes.hostile_mcp import CHANGED, SHAPES, HostileMcp
 from helpers.approvals import admin_api
 from helpers.gateway import GatewayThread
 from helpers.parity_cases import KEY
@@ -31,7 +34,7 @@ name: agent
 egress:
   - host: mcp.test
     mcp:
-      tools: {allow: ["search_*", get_issue, evolving, flip], deny: ["delete_*"]}
+      tools: {allow: ["search_*", get_issue, evolving, flip, ask], deny: ["delete_*"]}
       resources: {allow: ["repo://org/*"]}
       prompts: {allow: [review]}
       arguments: {get_issue: {repo: "org/*"}}
@@ -45,6 +48,14 @@ egress:
   - host: legacy-pinned.test
     mcp:
       tools: {allow: [evolving, flip]}
+      pin_descriptions: true
+  - host: asks.test
+    mcp:
+      tools: {allow: [ask]}
+      server_requests: allow
+  - host: hostile.test
+    mcp:
+      tools: {allow: [evolving, "search_*"]}
       pin_descriptions: true
   - host: api.openai.com
     credential: openai
@@ -73,7 +84,7 @@ def _free_port() -> int:
 
 def _serve(test_ca: LocalCA, work: Path, transport: str) -> Server:
     cert, key = test_ca.issue(work, ["mcp.test", "pinned.test", "legacy.test",
-                                     "legacy-pinned.test"])
+                                     "legacy-pinned.test", "asks.test"])
     port = _free_port()
     proc = subprocess.Popen([str(mcp_python()), str(HELPERS / "mcp_server.py"), "127.0.0.1",
                              str(port), str(cert), str(key), str(work / "calls.jsonl"),
@@ -113,9 +124,17 @@ def server(test_ca: LocalCA, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         _stop(server)
 
 
+@pytest.fixture(scope="module")
+def hostile(test_ca: LocalCA, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[HostileMcp]:
+    with HostileMcp(tmp_path_factory.mktemp("hostile-mcp"), ["hostile.test", "localhost"],
+                    test_ca) as fake:
+        yield fake
+
+
 @pytest.fixture(scope="module", params=["fast", "mitmproxy"])
 def gateway(request: pytest.FixtureRequest, server: Server, sse_server: Server,
-            test_ca: LocalCA, tmp_path_factory: pytest.TempPathFactory
+            hostile: HostileMcp, test_ca: LocalCA, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[GatewayThread]:
     work = tmp_path_factory.mktemp(f"mcp-gw-{request.param}")
     (work / "policies").mkdir()
@@ -127,6 +146,8 @@ def gateway(request: pytest.FixtureRequest, server: Server, sse_server: Server,
         "network": {"upstream_ca": str(test_ca.cert_path), "intercept": request.param,
                     "resolve": {"mcp.test": f"127.0.0.1:{server.port}",
                                 "pinned.test": f"127.0.0.1:{server.port}",
+                                "asks.test": f"127.0.0.1:{server.port}",
+                                "hostile.test": f"127.0.0.1:{hostile.port}",
                                 "legacy.test": f"127.0.0.1:{sse_server.port}",
                                 "legacy-pinned.test": f"127.0.0.1:{sse_server.port}",
                                 "api.openai.com": f"127.0.0.1:{server.port}"}},
@@ -138,12 +159,21 @@ def gateway(request: pytest.FixtureRequest, server: Server, sse_server: Server,
         gw.stop()
 
 
-def _client(gw: GatewayThread, steps: list[dict[str, Any]], transport: str = "streamable",
-            host: str = "mcp.test") -> list[dict[str, Any]]:
-    token = gw.mint("agent", "mcp-agent")
+def _client(gw: GatewayThread | None, steps: list[dict[str, Any]],
+            transport: str = "streamable", host: str = "mcp.test", path: str = "/mcp",
+            direct: tuple[LocalCA, int] | None = None) -> list[dict[str, Any]]:
+    """The SDK's client through the gateway `gw` (or, `direct`: straight to a server on
+    that port, trusting that CA: what the client reads without the gateway)."""
     env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper()}
-    env.update(HTTPS_PROXY=gw.proxy_url(token, "mcp-agent"), SSL_CERT_FILE=str(gw.ca_cert))
-    url = f"https://{host}/mcp" if transport == "streamable" else f"https://{host}/sse"
+    if gw is not None:
+        token = gw.mint("agent", "mcp-agent")
+        env.update(HTTPS_PROXY=gw.proxy_url(token, "mcp-agent"), SSL_CERT_FILE=str(gw.ca_cert))
+        base = f"https://{host}"
+    else:
+        assert direct is not None
+        env.update(SSL_CERT_FILE=str(direct[0].cert_path))
+        base = f"https://localhost:{direct[1]}"
+    url = f"{base}{path}" if transport == "streamable" else f"{base}/sse"
     out = subprocess.run([str(mcp_python()), str(HELPERS / "mcp_client.py"), url, transport],
                          input=json.dumps(steps), capture_output=True, text=True, timeout=60,
                          env=env)
@@ -165,7 +195,7 @@ def test_the_sdk_client_calls_what_the_rule_allows(gateway: GatewayThread,
         {"prompt": "review", "arguments": {"topic": "the patch"}},
     ])
     # tools/list (an SSE answer here) lists only what the rule allows.
-    assert results[0] == {"tools": ["evolving", "flip", "get_issue", "search_issues"]}
+    assert results[0] == {"tools": ["ask", "evolving", "flip", "get_issue", "search_issues"]}
     assert results[1] == {"is_error": False, "text": "found 2 issues for flaky"}
     assert results[2]["text"] == "issue org/api#7: it is broken"
     for refused, word in [(results[3], "does not match 'org/*'"),
@@ -286,7 +316,7 @@ def test_a_tool_that_changes_its_description_is_flagged_or_pinned(
     steps: list[dict[str, Any]] = [{"list_tools": True}, {"call": "flip"},
                                    {"list_tools": True}, {"call": "evolving"}]
     results = _client(gateway, steps)
-    assert results[2] == {"tools": ["evolving", "flip", "get_issue", "search_issues"]}
+    assert results[2] == {"tools": ["ask", "evolving", "flip", "get_issue", "search_issues"]}
     assert results[3] == {"is_error": False, "text": "sunny"}  # flagged, not refused
     flagged = [c for r in gateway.audit.records() if r.get("mcp") for c in r["mcp"]
                if c["decision"] == "description_changed"]
@@ -387,3 +417,77 @@ def test_the_older_sse_transport_pins_under_the_path_its_calls_go_to(
     assert "evolving" not in [c["tool"] for c in sse_server.calls()[before:]]
     [asked] = _pending_tool(gateway, "tool evolving changed on legacy-pinned.test:443/messages/")
     admin_api(gateway, "POST", f"/v1/approvals/{asked['id']}", {"decision": "deny"})
+
+
+# -- issue 40: a hostile server cannot talk around the filter and the pins ----------------
+
+HOSTILE_STEPS: list[dict[str, Any]] = [{"list_tools": "descriptions"},
+                                       {"list_tools": "descriptions"}, {"call": "evolving"}]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_hostile_server_cannot_get_a_changed_tool_past_the_gateway(
+        gateway: GatewayThread, hostile: HostileMcp, test_ca: LocalCA, shape: str) -> None:
+    """The server answers its second tools/list in a shape the gateway once passed on
+    unread: the SDK's client, straight to the server, reads the changed description
+    (and the denied tool); through the gateway it never does. An answer the gateway
+    cannot read is refused (the client gets an error for its request, the audit line
+    says why); one it can read (LF CR framing) is filtered and pinned."""
+    if shape != "plain":  # (the Python SDK reads JSON only by the media type's start)
+        direct = _client(None, HOSTILE_STEPS, path=f"/mcp/{shape}",
+                         direct=(test_ca, hostile.port))
+        assert direct[1]["descriptions"]["evolving"].startswith(CHANGED), direct
+        assert "delete_repo" in direct[1]["tools"]
+    before = len(gateway.audit.records())
+    got = _client(gateway, HOSTILE_STEPS, host="hostile.test", path=f"/mcp/{shape}")
+    assert got[0] == {"tools": ["evolving", "search_issues"], "descriptions": {
+        "evolving": "Read the weather.", "search_issues": "Search the issues."}}
+    assert "ssh" not in json.dumps(got) and "delete_repo" not in json.dumps(got), got
+    lines = [r for r in gateway.audit.records()[before:] if r.get("host") == "hostile.test"]
+    if shape == "lfcr":  # read: filtered, the changed tool hidden and refused
+        assert got[1] == {"tools": ["search_issues"],
+                          "descriptions": {"search_issues": "Search the issues."}}
+        assert "mcp_tool_changed" in got[2]["error"], got  # (quarantined: its pin)
+        assert {"method": "tools/list", "name": "evolving",
+                "decision": "description_hidden"} in [c for r in lines for c in r.get("mcp") or []]
+        return
+    assert "upstream_failed" in got[1]["error"], got
+    assert "cannot read by the rule's mcp:" in got[1]["error"]
+    refused = [r for r in lines if r["error"] == "upstream_failed"]
+    assert len(refused) == 1 and refused[0]["decision"] == "deny", lines
+    assert "cannot read by the rule's mcp:" in refused[0]["reason"]
+    assert got[2] == {"is_error": False, "text": "called evolving"}  # (never seen changed)
+
+
+@pytest.mark.parametrize(("host", "word"), [("mcp.test", "mcp_denied"),
+                                            ("asks.test", "Sampling not supported")])
+def test_a_server_request_reaches_the_client_only_if_the_rule_allows(
+        gateway: GatewayThread, server: Server, host: str, word: str) -> None:
+    """A tool that asks the client's model (sampling): under the default
+    `server_requests: deny` the request reaches the client as a ping and the server
+    reads the gateway's refusal; under `allow` the client gets it (this client has no
+    sampling handler, and says so)."""
+    before = len(gateway.audit.records())
+    got = _client(gateway, [{"call": "ask"}], host=host)
+    assert got[0]["is_error"] is False and got[0]["text"].startswith("refused:"), got
+    assert word in got[0]["text"], got
+    calls = [c for r in gateway.audit.records()[before:] if r.get("mcp") for c in r["mcp"]]
+    decision = "deny" if host == "mcp.test" else "allow"
+    assert {"method": "sampling/createMessage", "name": None, "decision": decision} in calls
+
+
+def test_a_put_and_a_websocket_are_decided_too(gateway: GatewayThread, server: Server) -> None:
+    """Only the transports' methods pass on a rule with mcp:; a PUT carrying a call the
+    rule denies never reaches the server."""
+    before = len(server.calls())
+    token = gateway.mint("agent", "raw-1")
+    verify = ssl.create_default_context(cafile=str(gateway.ca_cert))
+    call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": {"name": "delete_repo", "arguments": {"repo": "org/a"}}}
+    with httpx.Client(proxy=gateway.proxy_url(token, "raw-1"), verify=verify,
+                      timeout=20) as client:
+        answer = client.put("https://mcp.test/mcp", json=call)
+    assert answer.status_code == 403 and \
+        answer.headers["x-sandbox-gateway-error"] == "mcp_denied", answer.text
+    assert "is not one of an MCP transport" in answer.json()["error"]["message"]
+    assert server.calls()[before:] == []

@@ -3,9 +3,10 @@
 After a `101` to WebSocket, messages are parsed on both sides (wsproto, with
 permessage-deflate as the server negotiated), each complete message goes through
 `Exchange.ws_message` (from the sandbox: refused if it leaks a token or key, which
-closes the connection, or refused alone by the metering step, which answers the
-provider's error event and goes on; from the upstream: an echoed key redacted) and is
-re-framed to the other side with its original fragmentation. A message larger than
+closes the connection, or refused alone by the metering step or an `mcp:` rule, which
+answer the provider's error event or JSON-RPC errors and go on; from the upstream: an
+echoed key redacted, an MCP server's message read as the rule says) and is re-framed to
+the other side with its original fragmentation. A message larger than
 `limits.max_websocket_message` closes the connection with 1009 (message too big):
 messages are held whole for the check, so the cap bounds memory.
 """
@@ -100,8 +101,9 @@ class _Relay:
                 try:
                     content = self.ex.ws_message(from_client, b"".join(frames))
                 except MessageRefused as refused:  # dropped; the sandbox reads why
-                    await self.client.send(self.client_ws.send(
-                        wsproto.events.TextMessage(refused.reply.decode())))
+                    if refused.reply:  # (none for what no answer is owed)
+                        await self.client.send(self.client_ws.send(
+                            wsproto.events.TextMessage(refused.reply.decode())))
                     continue
                 except Refusal as refusal:
                     self.ex.abort(refusal)  # the exchange's audit line is the refusal

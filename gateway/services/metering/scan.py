@@ -1,9 +1,12 @@
 """Incremental, bounded byte scanners for response bodies (pure, no I/O).
 
-* ``SseScanner``: splits a Server-Sent Events stream (``\\n``, ``\\r\\n`` or ``\\r`` line
-  ends, any chunking) into the ``data`` of each event and hands the ones that can carry
-  usage to a callback. Memory: one partial line, at most ``cap`` bytes; a longer line
-  keeps only its first and last ``SALVAGE`` bytes (see ``salvage``).
+* ``SseScanner``: splits a Server-Sent Events stream into the ``data`` of each event and
+  hands the ones that can carry usage to a callback. Its line ends and BOM are the
+  WHATWG rules every SSE reader of the gateway shares (``gateway/core/sse.py``:
+  ``\\n``, ``\\r\\n`` or ``\\r``, split by ``split_lines``, any chunking; a BOM first is
+  dropped); unlike a client, it still reads an event the stream ended without its
+  empty line (usage the provider counted). Memory: one partial line, at most ``cap``
+  bytes; a longer line keeps only its first and last ``SALVAGE`` bytes (``salvage``).
 * ``ArrayScanner``: splits a streamed top-level JSON array (Gemini's
   ``streamGenerateContent`` without ``alt=sse``) into its elements, same bounds.
 * ``Capture``: a whole JSON document up to ``cap`` bytes, else its head and tail.
@@ -20,6 +23,8 @@ import json
 import re
 from collections.abc import Callable
 from typing import Any
+
+from gateway.core.sse import BOM, split_lines
 
 __all__ = ["SALVAGE", "USAGE_HINT", "ArrayScanner", "Capture", "SseScanner", "salvage"]
 
@@ -53,7 +58,7 @@ class _Long:
 class SseScanner:
     """Feeds the ``data`` of each SSE event that matches ``USAGE_HINT`` to ``sink``."""
 
-    __slots__ = ("_cr", "_data", "_long", "_rest", "cap", "sink")
+    __slots__ = ("_cr", "_data", "_fresh", "_long", "_rest", "cap", "sink")
 
     def __init__(self, sink: Sink, cap: int) -> None:
         self.sink = sink
@@ -62,8 +67,18 @@ class SseScanner:
         self._data: list[bytes] = []
         self._cr = False  # the last chunk ended in \r: a leading \n is its CRLF's half
         self._long: _Long | None = None
+        self._fresh = True  # nothing read yet: a BOM first is dropped
 
     def feed(self, chunk: bytes) -> None:
+        if self._fresh:
+            chunk = self._rest + chunk
+            if len(chunk) < len(BOM) and BOM.startswith(chunk):
+                self._rest = chunk  # (the BOM may still be coming)
+                return
+            self._fresh, self._rest = False, b""
+            chunk = chunk.removeprefix(BOM)
+            if not chunk:
+                return
         if self._rest or self._data or self._cr or self._long is not None:
             # Mid-event (the last chunk was cut inside one): only that event is split
             # into lines; the whole events after it take the quick path below.
@@ -143,14 +158,9 @@ class SseScanner:
                 chunk = chunk[1:]
             if not chunk:
                 return
-        buf = self._rest + chunk if self._rest else chunk
-        last = max(buf.rfind(b"\n"), buf.rfind(b"\r"))
-        if last < 0:
-            self._keep(buf)
-            return
-        self._keep(buf[last + 1:])
-        self._cr = last == len(buf) - 1 and buf[last] == 0x0D
-        for line in buf[: last + 1].splitlines():
+        lines, rest, self._cr = split_lines(self._rest + chunk if self._rest else chunk)
+        self._keep(rest)
+        for line in lines:
             self._line(line)
 
     def _keep(self, rest: bytes) -> None:

@@ -57,13 +57,17 @@ class Names:
 @dataclass(frozen=True, slots=True)
 class McpRule:
     """`mcp:` as written (see the module docstring). `pin_descriptions`: a tool whose
-    description or input schema changes within a session is refused, not only flagged."""
+    description or input schema changes within a session is refused, not only flagged.
+    `server_requests`: whether the server's own requests to the client (sampling,
+    elicitation, roots; a ping always passes) reach it ("allow") or are answered by the
+    gateway with an error ("deny", the default)."""
 
     tools: Names = Names()
     resources: Names = Names()
     prompts: Names = Names()
     arguments: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     pin_descriptions: bool = False
+    server_requests: str = "deny"
 
     def resource_refusal(self, uri: str) -> str | None:
         """Why reading (subscribing to) resource `uri` is refused, or None."""
@@ -99,4 +103,6 @@ class McpRule:
             parts.append("arguments of " + ", ".join(sorted(self.arguments)))
         if self.pin_descriptions:
             parts.append("pin_descriptions")
+        if self.server_requests == "allow":
+            parts.append("server_requests allow")
         return "mcp: " + "; ".join(parts)

@@ -10,7 +10,8 @@ from gateway.services.policy.nodes import NodeReader
 
 __all__ = ["McpReader"]
 
-_MCP_KEYS = ("tools", "resources", "prompts", "arguments", "pin_descriptions")
+_MCP_KEYS = ("tools", "resources", "prompts", "arguments", "pin_descriptions",
+             "server_requests")
 _KINDS = ("tools", "resources", "prompts")
 
 
@@ -39,12 +40,21 @@ class McpReader(NodeReader):
             value = self.boolean(file, keys["pin_descriptions"][1], "mcp.pin_descriptions")
             ok = ok and value is not None
             pin = bool(value)
+        server_requests = "deny"
+        if "server_requests" in keys:
+            node = keys["server_requests"][1]
+            value = self.scalar(node) if isinstance(node, ScalarNode) else None
+            if value not in ("allow", "deny"):
+                self.err(file, node, "mcp.server_requests must be allow or deny")
+                ok = False
+            else:
+                server_requests = str(value)
         if not ok:
             return None
         return McpRule(tools=kinds.get("tools", Names()),
                        resources=kinds.get("resources", Names()),
                        prompts=kinds.get("prompts", Names()), arguments=arguments,
-                       pin_descriptions=pin)
+                       pin_descriptions=pin, server_requests=server_requests)
 
     def _glob(self, file: str, node: Node, glob: str) -> bool:
         """Is `glob` a usable segment glob (else the error is recorded)?"""

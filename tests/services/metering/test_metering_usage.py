@@ -187,6 +187,23 @@ def test_long_sse_line_salvaged() -> None:
         assert metered("openai", "/v1/responses", None, chunks) == expected, size
 
 
+@pytest.mark.parametrize("stream", [
+    b"data: {\"x\": 1}\n\rdata: {\"usage\": {\"n\": 2}}\n\r",  # LF CR: an event's end
+    b"\xef\xbb\xbfdata: {\"usage\": {\"n\": 2}}\r\n\r\n",  # a BOM first is dropped
+    b"data: {\"usage\": {\"n\": 2}}\r\r",
+])
+def test_the_sse_scanner_reads_events_as_every_sse_reader_does(stream: bytes) -> None:
+    """The WHATWG line ends and BOM that gateway/core/sse.py's reader (the MCP answers')
+    follows too: split the same way, cut anywhere."""
+    for step in (1, 2, 3, len(stream)):
+        got: list[bytes] = []
+        scanner = SseScanner(lambda data, tail, got=got: got.append(data), 1 << 16)
+        for i in range(0, len(stream), step):
+            scanner.feed(stream[i:i + step])
+        scanner.finish()
+        assert got == [b'{"usage": {"n": 2}}'], step
+
+
 def test_memory_stays_bounded() -> None:
     """A never-ending line is not accumulated beyond the cap."""
     meter = Meter("openai", "m", cap=1000)

@@ -24,6 +24,7 @@ egress:
       prompts: {allow: []}
       arguments: {get_issue: {repo: "org/*"}}
       pin_descriptions: true
+      server_requests: allow
 credentials:
   example: {hosts: [mcp.example.com], secret: example-key, inject: {bearer: true}}
 """).get("p")
@@ -32,7 +33,8 @@ credentials:
     assert mcp is not None
     assert mcp.tools == Names(allow=("search_*", "get_issue"), deny=("delete_*",))
     assert mcp.prompts == Names() and dict(mcp.arguments) == {"get_issue": {"repo": "org/*"}}
-    assert mcp.pin_descriptions
+    assert mcp.pin_descriptions and mcp.server_requests == "allow"
+    assert McpRule().server_requests == "deny"  # (the default: servers do not ask)
     # An mcp rule is always inspected: its calls are read.
     decision = decide(policy, Request(None, "https", "mcp.example.com", 443, None))
     assert decision.result == "allow" and decision.inspect
@@ -50,6 +52,8 @@ ERRORS = [
      "mcp.arguments.t.a must be a non-empty string"),
     ("pin not a boolean", "    mcp: {pin_descriptions: yes please}",
      "mcp.pin_descriptions must be true or false"),
+    ("server_requests neither allow nor deny", "    mcp: {server_requests: true}",
+     "mcp.server_requests must be allow or deny"),
     ("on a tcp rule", "    protocol: tcp\n    ports: [22]\n    mcp: {tools: {allow: [a]}}",
      "protocol: tcp cannot be combined with mcp"),
     ("on a deny rule", "    action: deny\n    mcp: {tools: {allow: [a]}}", "mcp"),
