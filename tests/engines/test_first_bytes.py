@@ -1,0 +1,96 @@
+"""What a connection's first bytes are (`classify`, read by the doors for the gate), on
+real ClientHellos from Python's TLS stack and on HTTP heads (pure, table-driven). How the
+doors act on the answer: the parity and transparent-mode suites, on a real gateway."""
+
+from __future__ import annotations
+
+import ssl
+
+import pytest
+
+from gateway.engines.first_bytes import MAX_FIRST, FirstBytes, classify
+
+
+def client_hello(server_name: str | None, alpn: list[str] | None = None) -> bytes:
+    """The ClientHello a real TLS client sends first."""
+    context = ssl.create_default_context()
+    if server_name is None:
+        context.check_hostname = False
+    if alpn is not None:
+        context.set_alpn_protocols(alpn)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname=server_name)
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+HELLO = client_hello("api.example.test", ["h2", "http/1.1"])
+
+TLS = [
+    (HELLO, FirstBytes("tls", "api.example.test", (b"h2", b"http/1.1"))),
+    (client_hello("api.example.test", ["h2"]), FirstBytes("tls", "api.example.test", (b"h2",))),
+    (client_hello("API.Example.TEST"), FirstBytes("tls", "API.Example.TEST", ())),  # as sent
+    (client_hello("10.0.0.1"), FirstBytes("tls", None, ())),  # no SNI for an address
+    (client_hello(None), FirstBytes("tls", None, ())),
+    (HELLO[:9] + b"\xff" * (len(HELLO) - 9), FirstBytes("tls")),  # a broken ClientHello
+    (b"\x16\x03\x01" + b"\x00" * 10, FirstBytes("tls")),
+    (HELLO[:5] + b"\x00" * MAX_FIRST, FirstBytes("tls")),  # never complete: no name
+]
+
+
+@pytest.mark.parametrize(("data", "first"), TLS)
+def test_tls_gives_its_server_name_and_alpn(data: bytes, first: FirstBytes) -> None:
+    assert classify(data) == first
+    assert classify(data, http=False) == first
+
+
+@pytest.mark.parametrize("cut", [0, 2, 3, 5, 50, len(HELLO) - 1])
+def test_a_partial_client_hello_needs_more(cut: int) -> None:
+    assert classify(HELLO[:cut]) is None
+
+
+HTTP = [
+    (b"GET / HTTP/1.1\r\nHost: a.example.test\r\n\r\n", FirstBytes("http", "a.example.test")),
+    (b"get / HTTP/1.1\r\nhost: A.test:8080\r\n\r\n", FirstBytes("http", "A.test:8080")),
+    (b"POST /x HTTP/1.1\r\nContent-Length: 5\r\nHost: b.test\r\n\r\nhello",
+     FirstBytes("http", "b.test")),
+    (b"GET / HTTP/1.0\r\n\r\n", FirstBytes("http")),  # HTTP/1.0 without Host: no name
+    (b"GET / HTTP/1.1\r\n\r\n", FirstBytes("http")),  # a head the engine refuses
+    (b"GET / HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n", FirstBytes("http")),
+    (b"GET / HTTP/1.1\r\nbad header\r\n\r\n", FirstBytes("http")),
+    (b"GET /" + b"a" * MAX_FIRST, FirstBytes("http")),  # no end of head within the bound
+]
+
+
+@pytest.mark.parametrize(("data", "first"), HTTP)
+def test_an_http_head_gives_its_host(data: bytes, first: FirstBytes) -> None:
+    assert classify(data) == first
+
+
+@pytest.mark.parametrize("data", [b"GE", b"GET / HTTP/1.1\r\n",
+                                  b"GET / HTTP/1.1\r\nHost: a.test\r\n"])
+def test_a_partial_http_head_needs_more(data: bytes) -> None:
+    assert classify(data) is None
+
+
+@pytest.mark.parametrize("data", [
+    b"\x00\x01\x02", b"*1\r\n$4\r\nPING\r\n", b"\x80\x01\x00", b"1 GET / HTTP/1.1\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n",  # with http=False (a tunnel's first bytes)
+])
+def test_anything_else_is_tcp(data: bytes) -> None:
+    assert classify(data, http=False) == FirstBytes("tcp")
+    if not data[:3].isalpha():
+        assert classify(data) == FirstBytes("tcp")
+
+
+@pytest.mark.parametrize(("first", "http1"), [
+    (FirstBytes("tls", "a.test", ()), True),
+    (FirstBytes("tls", "a.test", (b"http/1.1",)), True),
+    (FirstBytes("tls", "a.test", (b"h2", b"http/1.1")), True),
+    (FirstBytes("tls", "a.test", (b"h2",)), False),  # only mitmproxy serves it
+    (FirstBytes("tls", "a.test", (b"h3",)), False),
+])
+def test_the_http1_engine_serves_tls_offering_http11_or_nothing(first: FirstBytes,
+                                                                  http1: bool) -> None:
+    assert first.http1 is http1
