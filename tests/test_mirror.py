@@ -331,6 +331,20 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
     "gateway/runtime/sweeper.py": (
         "tests/integration/test_revocation_ends_connections.py",
         "a revoked token's open connections end within a second, on every engine"),
+    "gateway/runtime/relay_link.py": (
+        "tests/runtime/test_relay.py",
+        "the worker's end of the revocation relay: the relay's tests import it and run "
+        "both ends over real socketpairs"),
+    "gateway/services/approvals/watch.py": (
+        "tests/integration/test_approvals.py",
+        "the record watcher that pushes grants to every worker: "
+        "test_a_grant_takes_effect_on_every_worker_at_once runs `run --workers 2` 20 "
+        "times and fails without it (released after the held request's poll)"),
+    "gateway/services/state/health.py": (
+        "tests/services/state/test_state.py, tests/reliability/test_state_outage.py",
+        "state.unavailable read and validated (the config table), and the degraded "
+        "readiness and refuse mode of real `run --workers 2` processes on a full disk "
+        "and a killed redis-server"),
     "gateway/runtime/watch.py": (
         "tests/integration/test_worker_processes.py",
         "the supervisor of `run --workers 2` as real processes: a killed worker, a killed "
