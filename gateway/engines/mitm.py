@@ -26,11 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mitmproxy import connection, http, tcp
-from mitmproxy.proxy import commands, events, layer, server_hooks
-from mitmproxy.proxy.context import Context
-from mitmproxy.proxy.layers import modes
-from mitmproxy.proxy.layers.http import HttpLayer, HttpStream
-from mitmproxy.proxy.layers.tcp import TCPLayer
+from mitmproxy.proxy import server_hooks
 
 from gateway.core.exchange import BODY_HOLD_LIMIT, Exchange, no_body
 from gateway.core.gate import Client, Gate, Refused
@@ -48,7 +44,6 @@ from gateway.core.refusal import (
 from gateway.engines import patches
 from gateway.engines.first_bytes import FirstBytes, classify
 from gateway.engines.patches import (
-    TRAILERS_UNSUPPORTED,
     NextLayerAddon,
     raw_authority,
     raw_method,
@@ -65,21 +60,6 @@ BACKSTOP_MARK = "[Errno 13] sandbox-gateway refused"
 STREAM_LARGE_BODIES = BODY_HOLD_LIMIT  # mitmproxy buffers bodies up to this itself;
 # the adapter streams (and scans chunk by chunk) anything over an exchange's hold limit
 ANSWERED = "sandbox_gateway.answered"
-
-
-class RefuseLayer(layer.Layer):
-    """Closes the client connection at once (bytes a tunnel may not carry)."""
-
-    def __init__(self, context: Context, reason: str) -> None:
-        super().__init__(context)
-        self.reason = reason
-        self.closed = False
-
-    def _handle_event(self, event: events.Event) -> Any:
-        if not self.closed:
-            self.closed = True
-            yield commands.Log(f"refused tunnel bytes: {self.reason}", logging.INFO)
-            yield commands.CloseConnection(self.context.client)
 
 
 def error_page(status: int, message: str) -> bytes:
@@ -137,8 +117,9 @@ def _refuse_target(target: object) -> None:
             target.kill()  # an upstream response is under way: cut it off
     elif isinstance(target, server_hooks.ServerConnectionHookData):
         target.server.error = REFUSED_MARK + "gateway error while checking the destination"
-    elif isinstance(target, layer.NextLayer):
-        target.layer = RefuseLayer(target.context, "gateway error while choosing the layer")
+    elif patches.is_next_layer(target):
+        target.layer = patches.refuse_layer(target.context,  # type: ignore[attr-defined]
+                                            "gateway error while choosing the layer")
     elif isinstance(target, tcp.TCPFlow):
         target.kill()
 
@@ -165,17 +146,6 @@ def _guarded(hook: Callable[..., Any]) -> Callable[..., Any]:
             _refuse_target(target)
 
     return wrapper
-
-
-def _tunnel_start(context: Context) -> bool:
-    """The first layer inside a CONNECT tunnel of the regular proxy."""
-    layers = context.layers
-    return (len(layers) == 3 and isinstance(layers[0], modes.HttpProxy)
-            and isinstance(layers[1], HttpLayer) and isinstance(layers[2], HttpStream))
-
-
-def _transparent_start(context: Context) -> bool:
-    return len(context.layers) == 1 and isinstance(context.layers[0], modes.TransparentProxy)
 
 
 class Adapter(NextLayerAddon):
@@ -251,18 +221,18 @@ class Adapter(NextLayerAddon):
             flow.response = to_response(refused.answer)
             flow.metadata[ANSWERED] = True
 
-    async def _on_next_layer(self, nextlayer: layer.NextLayer) -> None:
+    async def _on_next_layer(self, nextlayer: Any) -> None:
         if nextlayer.layer is not None:
             return
         context = nextlayer.context
-        if _tunnel_start(context):
+        if patches.tunnel_start(context):
             client = self._client(context.client)
             tunnel = client.tunnel
             if tunnel is None:
-                nextlayer.layer = RefuseLayer(context, "tunnel without a decision")
+                nextlayer.layer = patches.refuse_layer(context, "tunnel without a decision")
                 return
             if tunnel.tcp:
-                nextlayer.layer = TCPLayer(context, ignore=True)
+                nextlayer.layer = patches.passthrough_layer(context)
                 return
             first = classify(nextlayer.data_client(), http=False)
             if first is None:
@@ -270,12 +240,12 @@ class Adapter(NextLayerAddon):
             try:
                 self.gate.check_hello(client, first.name, tls=first.kind == "tls")
             except Refused as refused:
-                nextlayer.layer = RefuseLayer(context, refused.refusal.reason)
+                nextlayer.layer = patches.refuse_layer(context, refused.refusal.reason)
                 return
             if tunnel.passthrough:
-                nextlayer.layer = TCPLayer(context, ignore=True)
+                nextlayer.layer = patches.passthrough_layer(context)
                 return
-        elif _transparent_start(context):
+        elif patches.transparent_start(context):
             client = self._client(context.client)
             if client.tunnel is None:
                 first = classify(nextlayer.data_client())
@@ -285,11 +255,11 @@ class Adapter(NextLayerAddon):
                     return
             assert client.tunnel is not None
             if client.tunnel.passthrough:
-                nextlayer.layer = TCPLayer(context, ignore=True)
+                nextlayer.layer = patches.passthrough_layer(context)
                 return
         NextLayerAddon.next_layer(self, nextlayer)  # mitmproxy's own choice (TLS, HTTP)
 
-    async def _admit_transparent(self, nextlayer: layer.NextLayer, client: Client,
+    async def _admit_transparent(self, nextlayer: Any, client: Client,
                                  first: FirstBytes) -> bool:
         context = nextlayer.context
         assert context.server.address is not None
@@ -300,7 +270,7 @@ class Adapter(NextLayerAddon):
                 self.gate.identify_registered(client, orig)
             await self.gate.open_transparent(client, orig, first.kind, first.name)
         except Refused as refused:  # (audited by the gate)
-            nextlayer.layer = RefuseLayer(context, refused.refusal.reason)
+            nextlayer.layer = patches.refuse_layer(context, refused.refusal.reason)
             return False
         return True
 
@@ -423,21 +393,24 @@ class Adapter(NextLayerAddon):
         if ex is None or ex.done:
             return
         message = flow.error.msg if flow.error is not None else "error"
-        if TRAILERS_UNSUPPORTED in message:  # our own reader's words (patches)
+        error = patches.flow_error(message, responded=flow.response is not None,
+                                   request_ended=flow.request.timestamp_end is not None,
+                                   proxy_mark=PROXY_MARK)
+        if error.kind == "trailers":
             ex.abort(Refusal("unsupported", "HTTP/1 trailers are not relayed by the mitmproxy "
                              "engine (network.intercept: mitmproxy); the default engine "
                              "relays them"))
-        elif flow.response is None and flow.request.timestamp_end is None \
-                and message.startswith("HTTP/1 protocol error"):
+        elif error.kind == "bad_request":
             # The client's body is malformed (a bad chunk size...): mitmproxy closes the
             # connection at once, without an answer (it cannot send one on HTTP/1 then).
             ex.abort(Refusal("bad_request", "the request body is not valid HTTP/1 "
                              "(malformed chunked framing); the connection was closed"))
-        elif flow.response is None and message.startswith(PROXY_MARK):
-            ex.upstream_proxy_failed(message[len(PROXY_MARK):][:300])
-        elif flow.response is None:
-            ex.upstream_failed("closed" if "closed" in message else "connect", message)
+        elif error.kind == "upstream_proxy":
+            ex.upstream_proxy_failed(error.detail)
+        elif error.kind in ("closed", "connect"):
+            ex.upstream_failed(error.kind, error.detail)
         else:
+            assert flow.response is not None
             ex.finish(flow.response.status_code, error="upstream_failed")
 
     def _on_websocket_message(self, flow: http.HTTPFlow) -> None:

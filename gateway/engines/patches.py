@@ -16,7 +16,10 @@ The engines need a few things their libraries keep private:
   a connection the leak scanner cut off mid-stream, and idle upstreams; and their log
   method, through which every layer logs — `Unexpected data from server: b'…'`, an
   HTTP/2 protocol error quoting a header — so that no quoted bytes reach the log), and
-  the WebSocket fragmentizer, its ClientHello parser (the doors read a tunnel's first
+  its layers (a layer that closes a refused tunnel, the TCP passthrough layer, the
+  layer stack a tunnel or a redirected connection starts with, and the one reading of a
+  failed flow's error text into a typed outcome: `flow_error`), the WebSocket
+  fragmentizer, its ClientHello parser (the doors read a tunnel's first
   bytes with it), its original-destination lookup (transparent mode), the raw method
   and authority of a request as sent, and its next-layer addon (the adapter extends
   it). Its `mitmproxy.addons` package is registered without running its `__init__`,
@@ -150,6 +153,105 @@ def __getattr__(name: str) -> Any:
         globals()[name] = fragmentizer
         return fragmentizer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# -- mitmproxy's layers: what the adapter (engines/mitm.py) places in a connection --------
+# `mitmproxy.proxy.layer.Layer`, its commands and events, and the layer classes are the
+# proxy core's, not the addon API's: subclassed and matched here, checked with CHECKED.
+
+
+@functools.cache
+def _layers() -> Any:
+    """The layer classes, once the engine is loaded (`load_engine`)."""
+    load_engine()
+    from mitmproxy.proxy import commands, events, layer
+    from mitmproxy.proxy.layers import modes
+    from mitmproxy.proxy.layers.http import HttpLayer, HttpStream
+    from mitmproxy.proxy.layers.tcp import TCPLayer
+
+    class RefuseLayer(layer.Layer):
+        """Closes the client connection at once (bytes a tunnel may not carry)."""
+
+        def __init__(self, context: Any, reason: str) -> None:
+            super().__init__(context)
+            self.reason = reason
+            self.closed = False
+
+        def _handle_event(self, event: events.Event) -> Any:
+            if not self.closed:
+                self.closed = True
+                yield commands.Log(f"refused tunnel bytes: {self.reason}", logging.INFO)
+                yield commands.CloseConnection(self.context.client)
+
+    class Layers(NamedTuple):
+        refuse: Any
+        tcp: Any
+        next_layer: Any
+        http_proxy: Any
+        transparent: Any
+        http: Any
+        stream: Any
+
+    return Layers(RefuseLayer, TCPLayer, layer.NextLayer, modes.HttpProxy,
+                  modes.TransparentProxy, HttpLayer, HttpStream)
+
+
+def refuse_layer(context: Any, reason: str) -> Any:
+    """A layer that closes the client's connection at once (`reason` logged)."""
+    return _layers().refuse(context, reason)
+
+
+def passthrough_layer(context: Any) -> Any:
+    """mitmproxy's TCP layer relaying bytes unread (a passthrough tunnel)."""
+    return _layers().tcp(context, ignore=True)
+
+
+def is_next_layer(target: object) -> bool:
+    """True for mitmproxy's next-layer hook data (whose `layer` the adapter sets)."""
+    return isinstance(target, _layers().next_layer)
+
+
+def tunnel_start(context: Any) -> bool:
+    """The first layer inside a CONNECT tunnel of the regular proxy."""
+    found = _layers()
+    stack = context.layers
+    return (len(stack) == 3 and isinstance(stack[0], found.http_proxy)
+            and isinstance(stack[1], found.http) and isinstance(stack[2], found.stream))
+
+
+def transparent_start(context: Any) -> bool:
+    """The first layer of a transparently redirected connection."""
+    stack = context.layers
+    return len(stack) == 1 and isinstance(stack[0], _layers().transparent)
+
+
+class FlowError(NamedTuple):
+    """What ended a flow without an answer, read from mitmproxy's error (`kind`:
+    `trailers` our reader's refusal of HTTP/1 trailers, `bad_request` a malformed body
+    from the client, `upstream_proxy` the upstream proxy's dial (`detail`: its fixed
+    sentences), `closed` / `connect` the upstream; `answered`: after the response began)."""
+
+    kind: str
+    detail: str = ""
+
+
+# mitmproxy 12.2's words for an HTTP/1 framing error of the client's request body.
+_H1_PROTOCOL_ERROR = "HTTP/1 protocol error"
+
+
+def flow_error(message: str, *, responded: bool, request_ended: bool,
+               proxy_mark: str) -> FlowError:
+    """The one reading of a failed flow's error text (mitmproxy reports it as text only):
+    the typed outcome the adapter answers by."""
+    if TRAILERS_UNSUPPORTED in message:  # our own reader's words (below)
+        return FlowError("trailers")
+    if responded:
+        return FlowError("answered")
+    if not request_ended and message.startswith(_H1_PROTOCOL_ERROR):
+        return FlowError("bad_request")
+    if message.startswith(proxy_mark):
+        return FlowError("upstream_proxy", message[len(proxy_mark):][:300])
+    return FlowError("closed" if "closed" in message else "connect", message)
 
 
 def check_versions() -> None:

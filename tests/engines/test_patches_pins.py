@@ -120,3 +120,44 @@ def test_parse_request_head(head: bytes, host: bytes | None) -> None:
 def test_parse_request_head_refuses(head: bytes) -> None:
     with pytest.raises(ValueError):
         patches.parse_request_head(head)
+
+
+# -- mitmproxy's internals stay in patches.py (issue 41 item 4) --------------------------
+
+_MITMPROXY_CORE = ("mitmproxy.proxy.layer", "mitmproxy.proxy.layers", "mitmproxy.proxy.commands",
+                   "mitmproxy.proxy.events", "mitmproxy.proxy.context",
+                   "mitmproxy.proxy.server", "mitmproxy.proxy.tunnel")
+
+
+def test_only_patches_imports_mitmproxys_proxy_core() -> None:
+    """The adapter uses mitmproxy's addon API (flows, hook data); its layers, commands
+    and events, which it subclasses or matches, are read in patches.py alone."""
+    root = Path(__file__).resolve().parents[2] / "gateway"
+    offenders = []
+    for module in root.rglob("*.py"):
+        if module.name == "patches.py":
+            continue
+        for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{module.relative_to(root)}: {n}" for n in names
+                          if n.startswith(_MITMPROXY_CORE)]
+    assert offenders == []
+
+
+@pytest.mark.parametrize(("message", "responded", "ended", "kind", "detail"), [
+    (patches.TRAILERS_UNSUPPORTED, False, True, "trailers", ""),
+    ("HTTP/1 protocol error: bad chunk size", False, False, "bad_request", ""),
+    ("HTTP/1 protocol error: bad chunk size", False, True, "connect",
+     "HTTP/1 protocol error: bad chunk size"),  # (the request was whole: the upstream's)
+    ("MARK the proxy answered 407", False, True, "upstream_proxy", " the proxy answered 407"),
+    ("Connection closed by peer", False, True, "closed", "Connection closed by peer"),
+    ("[Errno 111] Connect call failed", False, True, "connect",
+     "[Errno 111] Connect call failed"),
+    ("Connection closed by peer", True, True, "answered", ""),
+])
+def test_a_flows_error_is_read_once_into_a_typed_outcome(
+        message: str, responded: bool, ended: bool, kind: str, detail: str) -> None:
+    found = patches.flow_error(message, responded=responded, request_ended=ended,
+                               proxy_mark="MARK")
+    assert (found.kind, found.detail) == (kind, detail)
