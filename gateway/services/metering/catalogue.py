@@ -64,45 +64,56 @@ def _merge(name: str, rows: list[dict[str, Any]]) -> ModelInfo:
 
 
 class Catalogue:
-    """Model names to ``ModelInfo`` (see the module docstring)."""
+    """Model names to ``ModelInfo`` (see the module docstring). The rows are merged into
+    one ``ModelInfo`` per name when they are read (about 2 MiB for the vendored file),
+    the raw rows dropped; ``catalogue()``'s is read at its first lookup, so a process
+    that never meters holds none of it."""
 
-    def __init__(self, models: dict[str, dict[str, Any]], version: str = "",
+    def __init__(self, models: dict[str, dict[str, Any]] | None = None, version: str = "",
                  updated: str = "") -> None:
         self.version = version
         self.updated = updated
-        index: dict[str, list[dict[str, Any]]] = {}
+        self._index: dict[str, ModelInfo] | None = None
+        if models is not None:
+            self._index = self._merged(models)
+
+    @staticmethod
+    def _merged(models: dict[str, dict[str, Any]]) -> dict[str, ModelInfo]:
+        rows: dict[str, list[dict[str, Any]]] = {}
         for key, row in models.items():
-            index.setdefault(key, []).append(row)
+            rows.setdefault(key, []).append(row)
             prefix, sep, rest = key.partition("/")
             if sep and rest and (prefix == row.get("provider") or
                                  str(row.get("provider", "")).startswith(prefix)):
-                index.setdefault(rest, []).append(row)
-        self._index = index
-        self._cache: dict[str, ModelInfo | None] = {}
+                rows.setdefault(rest, []).append(row)
+        return {name: _merge(name, found) for name, found in rows.items()}
+
+    def _load(self) -> dict[str, ModelInfo]:
+        """The vendored file, read once (a catalogue made without rows)."""
+        if self._index is None:
+            text = resources.files(__package__).joinpath("catalogue.json").read_text("utf-8")
+            doc = json.loads(text)
+            self.version = str(doc.get("version", ""))
+            self.updated = str(doc.get("updated", ""))
+            self._index = self._merged(doc["models"])
+        return self._index
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._load())
 
     @property
     def source(self) -> str:
+        self._load()
         return f"the model catalogue (LiteLLM {self.version}, {self.updated})"
 
     def get(self, model: str | None) -> ModelInfo | None:
         """What the catalogue knows of ``model``, or None."""
         if model is None:
             return None
-        if model in self._cache:
-            return self._cache[model]
-        rows = self._index.get(model)
-        found = _merge(model, rows) if rows else None
-        if len(self._cache) < 8192:
-            self._cache[model] = found
-        return found
+        return self._load().get(model)
 
 
 @functools.cache
 def catalogue() -> Catalogue:
-    """The vendored catalogue (read once per process)."""
-    text = resources.files(__package__).joinpath("catalogue.json").read_text("utf-8")
-    doc = json.loads(text)
-    return Catalogue(doc["models"], str(doc.get("version", "")), str(doc.get("updated", "")))
+    """The vendored catalogue (read at its first lookup, once per process)."""
+    return Catalogue()
