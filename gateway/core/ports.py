@@ -132,6 +132,15 @@ class AuditHealth(Protocol):
     def refusing(self) -> str | None: ...
 
 
+class Capacity(Protocol):
+    """The process's room for more connections beyond the descriptor cap (the memory
+    ceiling, runtime/memory.py): `refusing` is why a new connection must be refused
+    now, or None. Read on every accepted connection: no I/O beyond a cached reading."""
+
+    @property
+    def refusing(self) -> str | None: ...
+
+
 class Approvals(Protocol):
     """Ask mode (gateway/services/approvals): the grants people made, and asking them.
     `grant_for` and `active` read a local view (no I/O); `ask` holds until the answer or
