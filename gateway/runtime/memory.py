@@ -1,28 +1,30 @@
 """A worker's memory: giving back what a burst of connections left, and the ceiling
 (`limits.memory`) past which it refuses new connections.
 
-**Where a burst's memory stays.** Measured on a real gateway (5,000 intercepted tunnels
-open at once, then closed; `tests/reliability/test_memory_burst.py`, docs/operations.md):
-the Python objects of the closed connections are freed (tracemalloc: 33 MiB traced
-before, 35 MiB after), but the process kept 410 MiB of its 70 MiB idle RSS. Most of it
-(~290 MiB) is glibc's heap: OpenSSL's per-connection buffers and the larger Python
-buffers are `malloc`ed, and the freed chunks sit between chunks still in use, so glibc
-cannot shrink the heap by itself; `malloc_trim(0)` returns those free pages to the
-kernel (`MADV_DONTNEED`). The rest is pymalloc's: a 1 MiB arena is returned only when
-every object in it is gone, and a few hundred long-lived objects allocated during the
-burst (asyncio's FutureIter free list, contexts of timers, ...) keep most of the
-burst's arenas (~9 KB of small objects per connection at the peak). That part is not
-returned by any call; it is bounded by the peak, and counted in the ratio the memory
-test asserts.
+**Where a burst's memory stayed.** Measured on a real gateway (5,000 intercepted tunnels
+open at once, then closed; docs/operations.md): 69 MiB idle, 410 MiB kept after they
+closed. First, the closed connections themselves: each sat in reference cycles (its TLS
+sessions pointed back at it) and waited for a full garbage collection, which a burst
+may not trigger for minutes; those cycles are broken where the connections end
+(`engines/h1/side.py`, `net/tls.py`, `net/resolver.py`). Then glibc's heap: OpenSSL's
+per-connection buffers and the larger Python buffers are `malloc`ed, and freed chunks
+between chunks still in use are not returned by themselves; `malloc_trim(0)` returns
+those pages to the kernel (`MADV_DONTNEED`). What stays is pymalloc's: a 1 MiB arena is
+returned only when every object in it is gone, and a few hundred long-lived objects
+allocated during the burst (asyncio's FutureIter free list, ...) keep most of the
+burst's arenas (~9 KB of small objects per connection at the peak): 116-120 MiB after
+5,000 tunnels, 90-96 MiB after 2,000 (tests/reliability/test_memory_burst.py).
 
 So this module, on the worker's event loop:
 
 - every second reads the RSS (`/proc/self/statm`) and the open connections; once a
-  burst has closed (the open connections fell by `BURST` and a quarter from their peak),
-  or the RSS grew `GROWTH` past what the last release left (at most once a minute), or
-  the RSS is above the ceiling, it **releases**: the core's bookkeeping drops the tables a
-  burst grew (`compact`), then `malloc_trim(0)` (glibc; a no-op elsewhere). One release
-  of a 400 MiB heap takes a few milliseconds of the loop (measured: logged at debug);
+  burst has closed (the open connections fell by `BURST` and a quarter from their peak,
+  and stopped falling), or the RSS grew `GROWTH` past what the last release left (at
+  most once a minute), or the RSS is above the ceiling, it **releases**: a full garbage
+  collection (what other code still leaves in cycles), the core's and engines'
+  bookkeeping drops the tables a burst grew (`compact`), then `malloc_trim(0)` (glibc; a
+  no-op elsewhere). One release after 5,000 tunnels takes 40-90 ms of the loop (logged
+  at debug);
 - **the ceiling**: while the RSS is above `limits.memory`, new connections are refused
   `503 at_capacity` (the core's `Capacity` port: read on every accepted connection, the
   RSS re-read at most every `READ_EVERY`), `/readyz` answers 503, one WARNING line when it

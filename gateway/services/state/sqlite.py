@@ -29,6 +29,13 @@ still pending on another worker leaves the call's reservation counted meanwhile.
 against the committed values and the increments written before any other process can
 admit, so workers never overshoot together.
 
+**The console's request log** is not in this file: it has its own beside it
+(`sqlite_log.py`, `gateway-requests.db`), bounded in bytes, so the part that grows with
+traffic never holds the write lock nor fills the file of what must survive. Every
+`_VOLUME` seconds the volume's free space and the files' sizes are read (metrics); below
+`FREE_SHARE` of the volume or `FREE_FLOOR` bytes free, `warning` says so (`/readyz`,
+still ready) and the request log stops growing.
+
 **Faults.** A write that fails (disk full, read-only file) keeps what it could not
 write, in order, and retries every second: counters count on locally, a revocation holds
 in this process at once; `problem` says so (`/readyz`), one log line when it starts and
