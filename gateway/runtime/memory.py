@@ -13,7 +13,7 @@ those pages to the kernel (`MADV_DONTNEED`). What stays is pymalloc's: a 1 MiB a
 returned only when every object in it is gone, and a few hundred long-lived objects
 allocated during the burst (asyncio's FutureIter free list, ...) keep most of the
 burst's arenas (~9 KB of small objects per connection at the peak): 116-120 MiB after
-5,000 tunnels, 90-96 MiB after 2,000 (tests/reliability/test_memory_burst.py).
+5,000 tunnels, 90-94 MiB after 2,000 (tests/reliability/test_memory_burst.py).
 
 So this module, on the worker's event loop:
 
