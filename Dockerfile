@@ -60,11 +60,15 @@ RUN groupadd --system --gid 10001 sandbox-gateway \
 
 COPY --from=builder /opt/venv /opt/venv
 
+# MALLOC_ARENA_MAX: glibc's malloc arenas for the resolver's and executor's threads are
+# not multiplied by the node's cores (memory a worker gives back after a burst:
+# docs/operations.md "Memory after a burst, and the memory ceiling").
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
-    TMPDIR=/tmp
+    TMPDIR=/tmp \
+    MALLOC_ARENA_MAX=2
 
 WORKDIR /var/lib/sandbox-gateway
 # CA, signing keys and admin token: generated at the first start, kept by the volume.

@@ -92,9 +92,11 @@ diagram:
 bench: $(STAMP) tools
 	$(PY) -m bench $(ARGS)
 
-# Soak: the mixed-load test for SOAK_SECONDS (default 600) with its figures printed.
+# Soak: the mixed-load test for SOAK_SECONDS (default 600), then the memory burst for
+# MEMORY_ROUNDS rounds (default 3) of MEMORY_BURST tunnels (2000), figures printed.
 soak: $(STAMP) tools
-	SOAK_SECONDS=$${SOAK_SECONDS:-600} $(VENV)/bin/pytest -q -s tests/reliability/test_soak.py
+	SOAK_SECONDS=$${SOAK_SECONDS:-600} MEMORY_ROUNDS=$${MEMORY_ROUNDS:-3} $(VENV)/bin/pytest -q -s \
+	  tests/reliability/test_soak.py tests/reliability/test_memory_burst.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -94,6 +94,10 @@ class LimitsConfig:
     max_header_bytes: int = 64 * 1024
     max_websocket_message: int = 16 * 1024 * 1024
     max_tunnel_lifetime: float = 0.0  # seconds; 0 = no cap
+    # Each worker's memory ceiling (runtime/memory.py): bytes, or a percentage of the
+    # container's memory limit shared by the workers; 0 and 0.0: none.
+    memory: int = 0
+    memory_percent: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,12 +224,14 @@ class ApprovalsConfig:
 
 @dataclass(frozen=True, slots=True)
 class ConsoleConfig:
-    """The console (`/console` on the admin listener): how many of the newest audit lines
-    its request log keeps in the state store (0: none, the log page is off), and the
-    reverse proxies (addresses or networks) whose `X-Forwarded-Proto`/`-Host`/`-For` it
-    believes."""
+    """The console (`/console` on the admin listener): how much of the newest audit lines
+    its request log keeps — `retain` lines (which also bound its size at 1 KiB a line:
+    `services/state/log.py`) or `retain_bytes` bytes; both 0: none, the log page is off —
+    and the reverse proxies (addresses or networks) whose `X-Forwarded-Proto`/`-Host`/
+    `-For` it believes."""
 
     retain: int = 100_000
+    retain_bytes: int = 0
     trusted_proxies: tuple[str, ...] = ("127.0.0.1", "::1")
 
 
@@ -336,11 +342,23 @@ def _int(value: object, key: str) -> int:
     return value
 
 
-def _retain(value: object, key: str) -> int:
+def _retain(value: object, key: str) -> tuple[int, int]:
+    """`console.retain`: lines (`100000`) or bytes (`50MiB`): (lines, bytes), one 0."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, str):
+        try:
+            size = _size(value, key)
+        except ConfigError:
+            raise ConfigError(f"{key}: {value!r} is neither a number of lines (100000) nor "
+                              "a size (50MiB)") from None
+        if not 1024 * 1024 <= size <= 16 * 1024**3:
+            raise ConfigError(f"{key}: a size between 1MiB and 16GiB, got {value!r}")
+        return 0, size
     number = _int(value, key)
     if number > 10_000_000:
-        raise ConfigError(f"{key}: at most 10000000 lines (about 4 GB in the state store)")
-    return number
+        raise ConfigError(f"{key}: at most 10000000 lines (up to 10 GB: 1 KiB a line)")
+    return number, 0
 
 
 def _networks(value: object, key: str) -> tuple[str, ...]:
@@ -382,6 +400,27 @@ def _size(value: object, key: str) -> int:
         return _positive_int(int(m.group(1)) * {"": 1, "k": 1024, "m": 1024**2,
                                                  "g": 1024**3}[m.group(2)], key)
     return _positive_int(value, key)
+
+
+def _memory(value: object, key: str) -> tuple[int, float]:
+    """`limits.memory`: a size (`512MiB`: each worker's ceiling), a percentage (`85%`: of
+    the container's memory limit, shared by the workers), or 0 / null for none."""
+    if value is None or value == 0 or value == "0":
+        return 0, 0.0
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            percent = float(value.strip()[:-1])
+        except ValueError:
+            percent = -1.0
+        if not 1 <= percent <= 100:
+            raise ConfigError(f"{key}: {value!r}: a percentage of the container's memory "
+                              "limit between 1% and 100% (e.g. 85%), or a size (512MiB)")
+        return 0, percent
+    size = _size(value, key)
+    if size < 64 * 1024 * 1024:
+        raise ConfigError(f"{key}: at least 64MiB (a worker idles at about 70 MiB), or a "
+                          f"percentage such as 85%, got {value!r}")
+    return size, 0.0
 
 
 def _intercept(value: object, key: str) -> str:
@@ -539,6 +578,7 @@ SCHEMA: Schema = {
         "max_header_bytes": _size,
         "max_websocket_message": _size,
         "max_tunnel_lifetime": _idle,
+        "memory": _memory,
     },
     "refusals": {"inside_tls": _bool},
     "shutdown": {"drain": _idle},
@@ -727,6 +767,7 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
     timeouts = network.get("timeouts", {})
     limits = v.get("limits", {})
     d_limits = d.limits
+    memory: tuple[int, float] = limits.get("memory", (0, 0.0))
     audit = v.get("audit", {})
     admin = v.get("admin", {})
     admin_timeouts = admin.get("timeouts", {})
@@ -758,7 +799,7 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
         ),
         limits=LimitsConfig(**{k: limits.get(k, getattr(d_limits, k)) for k in (
             "connections_per_sandbox", "max_header_bytes", "max_websocket_message",
-            "max_tunnel_lifetime")}),
+            "max_tunnel_lifetime")}, memory=memory[0], memory_percent=memory[1]),
         refusals=RefusalsConfig(inside_tls=v.get("refusals", {}).get(
             "inside_tls", d.refusals.inside_tls)),
         shutdown=ShutdownConfig(drain=v.get("shutdown", {}).get("drain", d.shutdown.drain)),
@@ -787,7 +828,8 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
             proposals=_path(base, v.get("approvals", {}).get("proposals", "proposals"))
             or d.approvals.proposals),
         console=ConsoleConfig(
-            retain=v.get("console", {}).get("retain", d.console.retain),
+            retain=v.get("console", {}).get("retain", (d.console.retain, 0))[0],
+            retain_bytes=v.get("console", {}).get("retain", (0, d.console.retain_bytes))[1],
             trusted_proxies=v.get("console", {}).get("trusted_proxies",
                                                      d.console.trusted_proxies)),
         workers=v.get("workers", d.workers),

@@ -739,6 +739,31 @@ def test_rendered_config_loads_in_the_gateway(
     asyncio.run(build_store(cfg.secrets).close())
 
 
+@pytest.mark.parametrize(("values", "memory", "percent"), [
+    ({}, 0, 85.0),  # 85 % of resources.limits.memory (1Gi), shared by the workers
+    ({"config": {"limits": {"memory": "600Mi"}}}, 600 * 1024 * 1024, 0.0),
+    ({"resources": {"limits": {"memory": None}}}, 0, 0.0),  # no container limit: none
+    ({"config": {"limits": {"memory": 0}}}, 0, 0.0),
+])
+def test_the_memory_ceiling_follows_the_container_limit(
+        render: Render, tmp_path: Path, values: dict[str, Any], memory: int,
+        percent: float) -> None:
+    """Issue 46, item 3: a worker refuses new connections before the pod's memory limit
+    has it killed: `limits.memory` is 85 % of the container's limit by default."""
+    f = tmp_path / "gateway.yaml"
+    f.write_text(only(render(values), "ConfigMap", "-config")["data"]["gateway.yaml"])
+    cfg = load_config(f, env={})
+    assert (cfg.limits.memory, cfg.limits.memory_percent) == (memory, percent)
+
+
+def test_console_retain_in_lines_or_a_size(render: Render, tmp_path: Path) -> None:
+    f = tmp_path / "gateway.yaml"
+    f.write_text(only(render({"config": {"console": {"retain": "50Mi"}}}), "ConfigMap",
+                      "-config")["data"]["gateway.yaml"])
+    cfg = load_config(f, env={})
+    assert (cfg.console.retain, cfg.console.retain_bytes) == (0, 50 * 1024 * 1024)
+
+
 @pytest.mark.parametrize(("values", "where"), [
     ({}, "/var/lib/sandbox-gateway/audit-spill"),  # the state PVC (sqlite)
     (ALL_ON, "/run/sandbox-gateway/audit-spill"),  # redis: no state volume, the runtime dir
@@ -1076,6 +1101,9 @@ def test_topology_spread_uses_release_labels(render: Render) -> None:
         ({"persistence": {"accessModes": ["ReadWriteMany"]}}, "accessModes"),
         ({"persistence": {"mountPath": "state"}}, "mountPath"),
         ({"persistence": {"storageclass": "fast"}}, "storageclass"),
+        ({"config": {"limits": {"memory": "lots"}}}, "memory"),
+        ({"config": {"limits": {"cpu": 2}}}, "cpu"),
+        ({"config": {"console": {"retain": "many"}}}, "retain"),
     ],
 )
 def test_schema_rejects_bad_values(

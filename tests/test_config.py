@@ -122,7 +122,7 @@ network:
                    connect_to: address, check_ready: true}
   timeouts: {connect: 5s, read: 10m, client_idle: 20m, handshake: 15s}
 limits: {connections_per_sandbox: 64, max_header_bytes: 32k, max_websocket_message: 4m,
-         max_tunnel_lifetime: 12h}
+         max_tunnel_lifetime: 12h, memory: 768MiB}
 shutdown: {drain: 45s}
 refusals: {inside_tls: false}
 dns: {ttl: 30s, rate: 2.5, burst: 8}
@@ -216,7 +216,8 @@ def test_full_file(tmp_path: Path) -> None:
         "pager": Notifier("https://pager.example/ask", "json", "pager-key")}
     assert cfg.approvals.retention == 2 * 86400
     assert cfg.approvals.proposals == base / "props"
-    assert cfg.console.retain == 5000
+    assert cfg.console.retain == 5000 and cfg.console.retain_bytes == 0
+    assert cfg.limits.memory == 768 * 1024 * 1024 and cfg.limits.memory_percent == 0
     assert cfg.console.trusted_proxies == ("10.1.0.0/16", "fd00::7")
     assert cfg.workers == 4
     assert cfg.log_level == "debug"
@@ -333,6 +334,11 @@ FILE_ERRORS = [
     ("approvals: {notify: [ops]}", "approvals.notify: expected a map of notifiers"),
     ("console: {retain: -1}", "console.retain: expected a non-negative integer"),
     ("console: {retain: 20000000}", "console.retain: at most 10000000 lines"),
+    ("console: {retain: 512k}", "console.retain: a size between 1MiB and 16GiB"),
+    ("console: {retain: lots}", "console.retain: 'lots' is neither a number of lines"),
+    ("limits: {memory: 32MiB}", "limits.memory: at least 64MiB"),
+    ("limits: {memory: 120%}", "limits.memory: '120%': a percentage"),
+    ("limits: {memory: lots}", "limits.memory: 'lots' is not a size"),
     ("console: {trusted_proxies: [nginx.internal]}",
      "console.trusted_proxies: 'nginx.internal' is not an address or network"),
     ("console: {trusted_proxies: 10.0.0.1}", "console.trusted_proxies: expected a list"),
@@ -521,3 +527,28 @@ def test_kubernetes_identity_from_env() -> None:
     assert (k8s.enabled, k8s.namespaces, k8s.exchange.verify) == (True, ("sb", "jobs"), "oidc")
     assert (k8s.stale_after, k8s.exchange.audience, k8s.exchange.ttl) == (
         30.0, "sandbox-gateway", 3600.0)
+
+
+@pytest.mark.parametrize(("text", "lines", "size"), [
+    ("console: {retain: 100000}", 100_000, 0),
+    ("console: {retain: 50MiB}", 0, 50 * 1024 * 1024),
+    ("console: {retain: 2g}", 0, 2 * 1024**3),
+    ("console: {retain: 0}", 0, 0),
+    ("", 100_000, 0),
+])
+def test_console_retain_in_lines_or_bytes(tmp_path: Path, text: str, lines: int,
+                                          size: int) -> None:
+    cfg = load_config(write(tmp_path / "gateway.yaml", text or "{}"), env={})
+    assert (cfg.console.retain, cfg.console.retain_bytes) == (lines, size)
+
+
+@pytest.mark.parametrize(("text", "size", "percent"), [
+    ("limits: {memory: 512MiB}", 512 * 1024 * 1024, 0.0),
+    ("limits: {memory: 85%}", 0, 85.0),
+    ("limits: {memory: 0}", 0, 0.0),
+    ("", 0, 0.0),
+])
+def test_limits_memory_in_bytes_or_a_share(tmp_path: Path, text: str, size: int,
+                                           percent: float) -> None:
+    cfg = load_config(write(tmp_path / "gateway.yaml", text or "{}"), env={})
+    assert (cfg.limits.memory, cfg.limits.memory_percent) == (size, percent)

@@ -237,6 +237,7 @@ def test_entrypoint_cmd_ports_and_env(gateway: list[Instr]) -> None:
     env = env_of(final)
     assert env["PATH"].startswith("/opt/venv/bin:")
     assert env["PYTHONDONTWRITEBYTECODE"] == "1"  # read-only root filesystem
+    assert env["MALLOC_ARENA_MAX"] == "2"  # (memory given back after bursts, issue 46)
     assert (
         env["HOME"] == "/tmp" and env["TMPDIR"] == "/tmp"
     )  # writable only through the /tmp volume

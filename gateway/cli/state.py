@@ -20,9 +20,21 @@ def _state_file(args: argparse.Namespace) -> Path:
     return Path(str(state["path"]))
 
 
+def _mib(size: int) -> str:
+    return f"{size / (1024 * 1024):.1f} MiB"
+
+
 def cmd_state_check(args: argparse.Namespace) -> int:
-    """Is the state file sound (integrity, schema, mode)? What does it hold?"""
-    from gateway.services.state.sqlite import check_file, summary
+    """Is the state file sound (integrity, schema, mode)? What does it hold, how big are
+    the store's files, how much room is left on its volume?"""
+    from gateway.services.state.sqlite import (
+        check_file,
+        file_sizes,
+        log_summary,
+        summary,
+        volume,
+        volume_warning,
+    )
 
     path = Path(args.file) if args.file else _state_file(args)
     problems = check_file(path)
@@ -34,6 +46,17 @@ def cmd_state_check(args: argparse.Namespace) -> int:
             version, rows = summary(path)
             print(f"{path}: schema {version}, " + ", ".join(
                 f"{count} {table}" for table, count in rows.items()))
+    sizes = file_sizes(path)
+    if sizes:
+        print("sizes: " + ", ".join(f"{name} {_mib(size)}" for name, size in sizes.items()))
+    lines = log_summary(path)
+    if lines is not None:
+        print(f"request log: {lines[0]} lines in {_mib(lines[1])} of pages in use")
+    with contextlib.suppress(OSError):
+        free, total = volume(path)
+        warning = volume_warning(free, total)
+        print(f"volume: {_mib(free)} free of {_mib(total)}" + (
+            f"; warning: {warning}" if warning else ""))
     print("FAILED" if problems else "OK")
     return 1 if problems else 0
 
@@ -71,7 +94,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     ssub = state.add_subparsers(dest="state_command", required=True)
     scheck = ssub.add_parser("check", parents=[common],
                              help="integrity, schema version and mode of the state file, "
-                                  "and what it holds (row counts, no values)")
+                                  "what it holds (row counts, no values), the sizes of the "
+                                  "store's files and the room left on its volume")
     scheck.add_argument("file", nargs="?", help="a state file or backup (default: "
                                                 "state.path from the config)")
     scheck.set_defaults(func=cmd_state_check)

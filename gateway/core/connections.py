@@ -1,10 +1,11 @@
-"""Connection counting: the process-wide cap (from the open-files limit) and each
-sandbox's own limit, so one sandbox cannot take every descriptor from the others."""
+"""Connection counting: the process-wide cap (from the open-files limit), the process's
+other capacity (its memory ceiling, a port) and each sandbox's own limit, so one sandbox
+cannot take every descriptor from the others."""
 
 from __future__ import annotations
 
 from gateway.core.client import Client
-from gateway.core.ports import SILENT, Telemetry
+from gateway.core.ports import SILENT, Capacity, Telemetry
 from gateway.core.refusal import Refusal
 
 __all__ = ["Connections"]
@@ -14,8 +15,9 @@ class Connections:
     """Open client connections, in all and per sandbox."""
 
     def __init__(self, *, per_sandbox: int = 256, limit: int = 1 << 30,
-                 telemetry: Telemetry = SILENT) -> None:
+                 telemetry: Telemetry = SILENT, capacity: Capacity | None = None) -> None:
         self.telemetry = telemetry
+        self.capacity = capacity
         self.per_sandbox = per_sandbox
         self.limit = limit
         self.open = 0
@@ -35,7 +37,16 @@ class Connections:
             return Refusal("at_capacity", f"the gateway has {self.limit} open connections, "
                            "its limit (derived from the open-files limit); retry shortly",
                            retry_after=1)
+        full = self.capacity.refusing if self.capacity is not None else None
+        if full is not None:
+            return Refusal("at_capacity", f"{full}; retry shortly", retry_after=1)
         return None
+
+    def compact(self) -> None:
+        """Give back the room a burst of connections left in the bookkeeping (a set keeps
+        its largest table after its members go): called once a burst has closed."""
+        self._clients = set(self._clients)
+        self._of = dict(self._of)
 
     def closed(self, client: Client) -> None:
         """The connection ended (idempotent): uncounted everywhere."""

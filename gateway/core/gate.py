@@ -42,6 +42,7 @@ from gateway.core.ports import (
     SILENT,
     Approvals,
     AuditHealth,
+    Capacity,
     Guard,
     Registry,
     Secrets,
@@ -80,7 +81,8 @@ class Gate:
                  telemetry: Telemetry = SILENT, clock: Callable[[], float] = time.time,
                  refusals_inside_tls: bool = False, workloads: Workloads | None = None,
                  approvals: Approvals | None = None, pins: ToolPins | None = None,
-                 state_health: StateHealth | None = None) -> None:
+                 state_health: StateHealth | None = None,
+                 capacity: Capacity | None = None) -> None:
         self.tokens = tokens
         self.policies = policies
         self.guard = guard
@@ -95,7 +97,8 @@ class Gate:
         self.refusals_inside_tls = refusals_inside_tls
         self.trail = Trail(audit, policies, telemetry, clock)
         self.connections = Connections(per_sandbox=connections_per_sandbox,
-                                       limit=max_connections, telemetry=telemetry)
+                                       limit=max_connections, telemetry=telemetry,
+                                       capacity=capacity)
         self.identities = Identifier(tokens, registry, self.connections, workloads, policies)
         self.markers = Markers(policies, secrets, self.ephemeral, lambda: self.tokens.issuer)
         self.mcp_sessions = mcp.Sessions()  # tools each MCP session was shown (flagging)
@@ -114,8 +117,10 @@ class Gate:
 
     def opened(self, client: Client) -> None:
         """A client connection was accepted (counted until `closed`). Past the global cap
-        (derived from the open-files limit) raises Refused: the engine answers 503 and
-        closes, before the process runs out of descriptors for everyone."""
+        (derived from the open-files limit), or while the process's `capacity` port says
+        it has no room (its memory ceiling), raises Refused: the engine answers 503
+        at_capacity and closes, before the process runs out of descriptors or memory for
+        everyone."""
         refusal = self.connections.opened(client)
         if refusal is not None:
             raise Refused(refusal, self.trail.refuse(client, refusal, close=True))

@@ -14,8 +14,22 @@ from gateway.core.target import Target
 from gateway.services.policy import Credential, Request
 from gateway.services.policy.ask_rule import Ask
 
-__all__ = ["SILENT", "Approvals", "AuditHealth", "Guard", "Minted", "Registry", "Secrets",
-           "Signer", "Signers", "StateHealth", "Telemetry", "Tokens", "Workloads"]
+__all__ = [
+    "SILENT",
+    "Approvals",
+    "AuditHealth",
+    "Capacity",
+    "Guard",
+    "Minted",
+    "Registry",
+    "Secrets",
+    "Signer",
+    "Signers",
+    "StateHealth",
+    "Telemetry",
+    "Tokens",
+    "Workloads",
+]
 
 
 class Telemetry(Protocol):
@@ -135,6 +149,15 @@ class StateHealth(Protocol):
     """The state store's health as the gateway serves it (services/state/health.py):
     `refusing` is why new exchanges must be refused now (the store is away and
     `state.unavailable: refuse`), or None."""
+
+    @property
+    def refusing(self) -> str | None: ...
+
+
+class Capacity(Protocol):
+    """The process's room for more connections beyond the descriptor cap (the memory
+    ceiling, runtime/memory.py): `refusing` is why a new connection must be refused
+    now, or None. Read on every accepted connection: no I/O beyond a cached reading."""
 
     @property
     def refusing(self) -> str | None: ...

@@ -34,6 +34,12 @@ class Doors:
     handoffs: dict[tuple[str, int], Client] = field(default_factory=dict)
     deciding: set[Door] = field(default_factory=set)  # doors that still own a connection
 
+    def compact(self) -> None:
+        """Give back the room a burst of connections left in the doors' and the HTTP/1
+        engine's bookkeeping (sets keep their largest table): after a burst closed."""
+        self.deciding = set(self.deciding)
+        self.h1.compact()
+
     def close_all(self) -> None:
         for door in list(self.deciding):
             door.abort()

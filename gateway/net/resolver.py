@@ -51,6 +51,7 @@ import errno
 import functools
 import ipaddress
 import socket
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -306,17 +307,21 @@ class DestinationGuard:
 # Pinning and the backstop
 # --------------------------------------------------------------------------------------
 
-_PIN: ContextVar[tuple[asyncio.Task[Any], Pinned] | None] = ContextVar(
+# The task a value was set in, by weak reference: a context belongs to its task, so a
+# strong one is a cycle (task -> context -> value -> task) that keeps every finished
+# connection task, and what it reaches, until a full garbage collection.
+TaskRef = weakref.ReferenceType[asyncio.Task[Any]]
+_PIN: ContextVar[tuple[TaskRef, Pinned] | None] = ContextVar(
     "sandbox_gateway_pin", default=None
 )
-_UPSTREAM: ContextVar[asyncio.Task[Any] | None] = ContextVar(
+_UPSTREAM: ContextVar[TaskRef | None] = ContextVar(
     "sandbox_gateway_upstream_task", default=None
 )
 _EXEMPT: ContextVar[bool] = ContextVar("sandbox_gateway_unguarded", default=False)
 _HOP: ContextVar[tuple[str, int] | None] = ContextVar("sandbox_gateway_proxy_hop",
                                                       default=None)
 Dialer = Callable[[Any, Callable[[], Any]], Awaitable[tuple[asyncio.Transport, Any]]]
-_ROUTE: ContextVar[tuple[asyncio.Task[Any], Dialer] | None] = ContextVar(
+_ROUTE: ContextVar[tuple[TaskRef, Dialer] | None] = ContextVar(
     "sandbox_gateway_pinned_route", default=None)
 
 
@@ -346,11 +351,17 @@ def installed_backstop() -> AddressPolicy | None:
     return _BACKSTOP.policy
 
 
-def _task() -> asyncio.Task[Any]:
+def _task() -> TaskRef:
     task = asyncio.current_task()
     if task is None:
         raise RuntimeError("pinning needs a running asyncio task")
-    return task
+    return weakref.ref(task)
+
+
+def _is_current(ref: TaskRef | None) -> bool:
+    """`ref` is the running task's (set in this task, not inherited from its parent)."""
+    task = asyncio.current_task()
+    return task is not None and ref is not None and ref() is task
 
 
 def mark_upstream() -> None:
@@ -393,7 +404,7 @@ def route_pinned_dial(dial: Dialer) -> None:
 def current_pin() -> Pinned | None:
     """The pin set by the current task, if any (inherited pins do not count)."""
     value = _PIN.get()
-    if value is None or value[0] is not asyncio.current_task():
+    if value is None or not _is_current(value[0]):
         return None
     return value[1]
 
@@ -414,8 +425,7 @@ def _active_policy() -> AddressPolicy | None:
     policy = _BACKSTOP.policy
     if policy is None:
         return None
-    task = asyncio.current_task()
-    if task is not None and _UPSTREAM.get() is task:
+    if _is_current(_UPSTREAM.get()):
         return policy
     if _BACKSTOP.everywhere and not _EXEMPT.get():
         return policy
@@ -501,7 +511,7 @@ class GuardedEventLoop(asyncio.SelectorEventLoop):
         **kwargs: Any,
     ) -> tuple[asyncio.Transport, Any]:
         route = _ROUTE.get()
-        if route is not None and route[0] is asyncio.current_task() and _HOP.get() is None \
+        if route is not None and _is_current(route[0]) and _HOP.get() is None \
                 and host is not None and kwargs.get("sock") is None:
             pinned = current_pin()
             if pinned is not None and (_matches(pinned, host, port)

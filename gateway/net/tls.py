@@ -35,6 +35,10 @@ class TlsClosed(Exception):
     """The peer ended the TLS session (close_notify) or it failed."""
 
 
+def _nowhere(data: bytes) -> None:
+    """Where a detached session's ciphertext goes."""
+
+
 class TlsPump:
     """One TLS session on memory BIOs. `feed()` takes ciphertext and returns the
     plaintext it yields; `send()` encrypts; both pass ciphertext to `write`."""
@@ -100,6 +104,11 @@ class TlsPump:
         finally:
             self._flush()
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def detach(self) -> None:
+        """The transport is gone: ciphertext goes nowhere from now on (and the session
+        holds no reference back to its owner, whose `write` it was)."""
+        self.write = _nowhere
 
     def send(self, data: bytes | memoryview) -> None:
         """Encrypt `data` and write it out."""

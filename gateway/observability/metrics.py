@@ -295,6 +295,46 @@ AUDIT_SPILLED = Gauge(
     registry=REGISTRY,
     multiprocess_mode="livesum",
 )
+MEMORY_RSS = Gauge(
+    "sandbox_gateway_memory_rss_bytes",
+    "Resident memory of each gateway process (a series per worker pid), read every second.",
+    registry=REGISTRY,
+    multiprocess_mode="liveall",
+)
+MEMORY_CEILING = Gauge(
+    "sandbox_gateway_memory_ceiling_bytes",
+    "Each worker's memory ceiling (limits.memory; 0: none): above it new connections are "
+    "refused 503 at_capacity.",
+    registry=REGISTRY,
+    multiprocess_mode="liveall",
+)
+MEMORY_RELEASES = Counter(
+    "sandbox_gateway_memory_releases_total",
+    "Times a worker returned freed memory to the system (malloc_trim), by reason: burst (a "
+    "burst of connections closed), growth, ceiling (above limits.memory).",
+    ["reason"],
+    registry=REGISTRY,
+)
+MEMORY_RELEASED = Counter(
+    "sandbox_gateway_memory_released_bytes_total",
+    "Resident memory the releases gave back to the system.",
+    registry=REGISTRY,
+)
+STATE_VOLUME_FREE = Gauge(
+    "sandbox_gateway_state_volume_free_bytes",
+    "Free bytes (for the gateway's user) on the volume of the SQLite state file, read every "
+    "10 seconds; /readyz warns below the threshold (docs/operations.md).",
+    registry=REGISTRY,
+    multiprocess_mode="livemin",
+)
+STATE_FILE_BYTES = Gauge(
+    "sandbox_gateway_state_file_bytes",
+    "Size of the SQLite store's files, by file: state (the state file), state_wal, log (the "
+    "console's request log), log_wal.",
+    ["file"],
+    registry=REGISTRY,
+    multiprocess_mode="livemax",
+)
 REQUEST_LOG_DROPPED = Counter(
     "sandbox_gateway_request_log_dropped_lines_total",
     "Audit lines left out of the console's request log: more than its hold waited while "

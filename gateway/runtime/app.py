@@ -62,6 +62,7 @@ from gateway.net.upstream_proxy import UpstreamProxy
 from gateway.observability import logs, metrics
 from gateway.observability.audit import Auditor
 from gateway.observability.audit_spill import Spill
+from gateway.runtime.memory import MemoryGuard, ceiling_for
 from gateway.runtime.mitmproxy_engine import MitmproxyEngine
 from gateway.runtime.relay_link import RelayLink
 from gateway.runtime.sweeper import ConnectionSweeper
@@ -79,6 +80,7 @@ from gateway.services.state.base import StateStore, StateUnavailable
 from gateway.services.state.factory import build_state
 from gateway.services.state.health import StoreHealth, unavailable_mode
 from gateway.services.state.lease_keeper import slot_of
+from gateway.services.state.log import BYTES_PER_LINE
 from gateway.services.state.log_feed import RequestLog
 
 if TYPE_CHECKING:
@@ -183,6 +185,8 @@ class Gateway:
         self.pods: PodIdentities | None = None  # identity.kubernetes
         self.approvals: ApprovalService | None = None  # ask mode
         self.request_log: RequestLog | None = None  # the console's (console.retain)
+        self.memory: MemoryGuard | None = None  # releases after bursts; limits.memory
+        self._memory_task: asyncio.Task[None] | None = None
         self.proxy: UpstreamProxy | None = None  # network.upstream_proxy
         self._vault_http: TokenHttp | None = None  # Key Vault's client (secrets.store)
 
@@ -216,6 +220,9 @@ class Gateway:
             return False, (f"out of file descriptors ({open_fds()} of {self.fd_limit} open); "
                            "new connections would fail")
         gate = self.gate
+        full = self.memory.refusing if self.memory is not None else None
+        if full is not None:
+            return False, f"at capacity: {full}; new connections are refused 503 at_capacity"
         if gate is not None and gate.open_connections >= gate.max_connections:
             return False, (f"at capacity: {gate.open_connections} open connections, the "
                            "limit derived from the open-files limit; new connections are "
@@ -236,6 +243,8 @@ class Gateway:
             return True, (f"degraded: state store: {store}; revocations hold on every worker "
                           "of this gateway, what could not be written is written when the "
                           "store is back (state.unavailable: serve)")
+        if problem is None and self.state.warning is not None:
+            return True, f"ready; {self.state.warning}"
         if problem is not None:
             if self.auditor.refusing is not None:
                 return False, (f"audit lines cannot be written ({problem}): new exchanges "
@@ -404,10 +413,17 @@ class Gateway:
                 "audit: cannot write to stdout"
             raise StartupError(f"{where}: {exc.strerror or exc}") from None
         self.auditor.start()  # (a previous run's spilled lines first)
-        if cfg.console.retain:  # every audit line also to the console's request log
+        if cfg.console.retain or cfg.console.retain_bytes:  # audit lines also to the console
             self.state.log_retain = cfg.console.retain
+            self.state.log_retain_bytes = cfg.console.retain_bytes or \
+                cfg.console.retain * BYTES_PER_LINE
             self.request_log = RequestLog(self.state)
             self.auditor.tap = self.request_log.add
+            try:  # (its file opened now: one that cannot be used is said at once)
+                await self.state.log_last()
+            except StateUnavailable as exc:
+                log.warning("request log: %s; the console's request log is held and "
+                            "retried (the audit trail is not affected)", exc)
         self.proxy = self._build_proxy()
         try:
             self.secrets: SecretCache = build_cache(
@@ -425,6 +441,7 @@ class Gateway:
         self._metering_problems(self.current_policies())
         self.credentials = self._build_credentials(overrides)
         await self._start_pods()
+        self.memory = self._memory_guard()
         self.gate = Gate(
             tokens=self.tokens, policies=self.current_policies, guard=self.guard,
             secrets=self.credentials, registry=self.state, audit=self.auditor.write,
@@ -435,7 +452,8 @@ class Gateway:
             connections_per_sandbox=cfg.limits.connections_per_sandbox,
             max_connections=max(16, (self.fd_limit - FD_RESERVE - self.pool_limit) // 2),
             workloads=self.pods, approvals=self._build_approvals(overrides),
-            pins=self._approvals().pins, state_health=self.state_health)
+            pins=self._approvals().pins, state_health=self.state_health,
+            capacity=self.memory)
         # (the grants and tool pins that outlived a restart; then what is written anywhere)
         await self._approvals().start()
         await self._start_dns(shared)
@@ -503,6 +521,7 @@ class Gateway:
         if self.proxy is not None and self.proxy.settings.check_ready:
             self._tasks.append(loop.create_task(self.proxy.watch(t.connect),
                                                 name="upstream-proxy-probe"))
+        self._memory_task = loop.create_task(self.memory.run(), name="memory")
         # revoked tokens' and grants' connections end
         self.sweeper = ConnectionSweeper(self.gate, self.approvals)
         self.sweeper.start()
@@ -527,6 +546,23 @@ class Gateway:
                 revocations.learn(jti, expires_at)
             self.relay.start(revocations.learn)
         revocations.start()
+
+    def _memory_guard(self) -> MemoryGuard:
+        """Memory given back after bursts, and the ceiling `limits.memory` (a share of
+        the container's limit is split between the workers: runtime/memory.py)."""
+        limits = self.config.limits
+        workers = max(1, self.config.workers) if self.worker is not None else 1
+        ceiling, warning = ceiling_for(limits.memory, limits.memory_percent, workers)
+        if warning is not None:
+            log.warning("%s", warning)
+
+        def compact() -> None:
+            self.gate.connections.compact()
+            if self.doors is not None:
+                self.doors.compact()
+
+        return MemoryGuard(ceiling, open_connections=lambda: self.gate.open_connections,
+                           compact=compact)
 
     def _audit_spill(self) -> Spill | None:
         """The audit spill journal (`audit.spill`; None with `max: 0`). A worker keeps its
@@ -794,6 +830,10 @@ class Gateway:
         await self.key_watcher.stop()
         if self.sweeper is not None:
             await self.sweeper.stop()
+        if self._memory_task is not None:
+            self._memory_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._memory_task
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(task, timeout=5)

@@ -140,6 +140,8 @@ class Supervisor:
             "SANDBOX_GATEWAY_ADMIN_TOKEN": admin_token,
             "SANDBOX_GATEWAY_RUNTIME_DIR": str(runtime),
             "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+            # how many share the container's memory (limits.memory as a percentage)
+            "SANDBOX_GATEWAY_WORKERS": str(self.count),
         })
         if self.listen.transparent is not None:
             env["SANDBOX_GATEWAY_LISTEN__TRANSPARENT"] = str(self.listen.transparent)

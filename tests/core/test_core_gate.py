@@ -274,6 +274,15 @@ def _at_capacity(w: World) -> None:
     w.gate.opened(Client(PEER))
 
 
+class _Full:
+    refusing = "this worker holds 600 MiB of memory, above its ceiling limits.memory (512 MiB)"
+
+
+def _memory_ceiling(w: World) -> None:
+    w.gate.connections.capacity = _Full()
+    w.gate.opened(Client(PEER))
+
+
 async def _key_in_body(w: World) -> Answer:
     await _exchange(w, "api.openai.com", _head(  # the key is fetched: a marker off its hosts
         "POST", "/v1/chat/completions", ("Host", "api.openai.com"),
@@ -319,6 +328,7 @@ def _crash_in_engine(w: World) -> Answer:
 # (name, step, code, fields the audit line must have besides decision/error/status)
 ROWS: list[tuple[str, Callable[[World], Any], str, dict[str, Any]]] = [
     ("past the process's connection cap", _at_capacity, "at_capacity", {}),
+    ("above the process's memory ceiling", _memory_ceiling, "at_capacity", {}),
     ("CONNECT without proxy credentials",
      lambda w: w.gate.connect(Client(PEER), "allowed.test:443", None), "auth_required",
      {"method": "CONNECT", "sandbox": None}),

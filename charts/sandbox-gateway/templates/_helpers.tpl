@@ -207,6 +207,10 @@ gateway.yaml as a dict (rendered by configmap-config.yaml, hashed by the Deploym
   "workers" (int .Values.config.workers)
   "shutdown" (dict "drain" (printf "%ds" (int .Values.shutdown.drainSeconds)))
 }}
+{{- /* The memory ceiling: a share of the container's memory limit, so only with one. */}}
+{{- if and .Values.config.limits.memory (.Values.resources.limits | default dict).memory }}
+{{- $_ := set $cfg "limits" (dict "memory" .Values.config.limits.memory) }}
+{{- end }}
 {{- if include "sandbox-gateway.dnsEnabled" . }}
 {{- $_ := set $cfg "dns" (dict "ttl" .Values.transparent.dns.ttl "rate" .Values.transparent.dns.rate "burst" (int .Values.transparent.dns.burst)) }}
 {{- end }}

@@ -96,6 +96,10 @@ class Engine:
         self.draining = False  # shutting down: every response closes its connection
         self._sweeper: asyncio.Task[None] | None = None
 
+    def compact(self) -> None:
+        """Drop the table a burst of connections grew (see `Doors.compact`)."""
+        self.connections = set(self.connections)
+
     def close_idle(self) -> None:
         """Close connections with no request in flight (a drain in progress)."""
         self.pool.close_all()
@@ -166,22 +170,20 @@ class Connection(Side):
         self.task: asyncio.Task[None] | None = None
         self.exchange: Exchange | None = None
         self.refused: Refused | None = None  # serve only this refusal's answer
-        self.on_lost = self._client_gone
-        self.on_eof = self._client_ended
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def _client_gone(self) -> None:
+    def on_lost(self) -> None:
         """The client's connection is gone: stop whatever it was waiting for."""
         if self.task is not None and not self.task.done() and self.exchange is not None:
             self.task.cancel()
 
-    def _client_ended(self) -> None:
+    def on_eof(self) -> None:
         """The client closed its side (FIN or TLS close_notify) with a request upstream:
         it gave up waiting (as nginx does, the upstream call is dropped). A WebSocket
         relay (`upstream` handed to the upgrade) ends by its own close instead."""
         if self.upstream is not None:
-            self._client_gone()
+            self.on_lost()
 
     def abort(self) -> None:
         """Close both sides now (shutdown, or a failure)."""

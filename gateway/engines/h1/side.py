@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import Callable
 
 from gateway.core.addresses import Pinned
 from gateway.engines.patches import ReceiveBuffer
@@ -45,8 +44,6 @@ class Side(asyncio.Protocol):
         self._out: list[bytes | memoryview] = []
         self._out_size = 0
         self.partner: Side | None = None  # the other side (its writes flush with ours)
-        self.on_lost: Callable[[], None] | None = None
-        self.on_eof: Callable[[], None] | None = None  # the peer ended (FIN, close_notify)
 
     # transport events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -80,8 +77,19 @@ class Side(asyncio.Protocol):
         self._end(exc)
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
-        if self.on_lost is not None:
-            self.on_lost()
+        self.on_lost()
+        if self.tls is not None:
+            # Nothing more can be written, and the session no longer points back here:
+            # a closed connection is freed as its last reference goes, not at the next
+            # full garbage collection, which a burst of closed connections (their
+            # OpenSSL buffers and all) may wait minutes for.
+            self.tls.detach()
+
+    def on_lost(self) -> None:
+        """The connection is gone (the client side stops what waited on it)."""
+
+    def on_eof(self) -> None:
+        """The peer ended its side (FIN or TLS close_notify)."""
 
     def pause_writing(self) -> None:
         self._drain = asyncio.get_running_loop().create_future()
@@ -97,7 +105,7 @@ class Side(asyncio.Protocol):
         if exc is not None and self.error is None and not isinstance(exc, TlsClosed):
             self.error = exc
         self._wake()
-        if first and self.on_eof is not None:
+        if first:
             self.on_eof()
 
     def _wake(self) -> None:

@@ -151,7 +151,8 @@ class StateStore(MintShare, Records, LogLines, Protocol):
     is shared with the other processes by the store."""
 
     ephemeral: EphemeralKeys
-    log_retain: int  # the request log's bound (console.retain)
+    log_retain: int  # the request log's bound in lines (console.retain; 0: none)
+    log_retain_bytes: int  # ... and in bytes (0: none)
 
     def count(self, increments: Iterable[Increment]) -> None: ...
     def counter(self, table: str, field: str) -> int: ...
@@ -174,6 +175,9 @@ class StateStore(MintShare, Records, LogLines, Protocol):
     def sandboxes(self) -> list[SandboxAddress]: ...
     @property
     def problem(self) -> str | None: ...
+    @property
+    def warning(self) -> str | None:
+        """Why the store may soon not be written (its volume is short of space), or None."""
     async def start(self) -> None: ...
     async def close(self) -> None: ...
 
@@ -195,6 +199,10 @@ class MemoryState(CountersOf, MemoryMints, MemoryRecords, MemoryLog):
     @property
     def problem(self) -> str | None:
         """Why the store is not shared/written now (None: it is; never, in memory)."""
+        return None
+
+    @property
+    def warning(self) -> str | None:
         return None
 
     def is_revoked(self, jti: str) -> bool:

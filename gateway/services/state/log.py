@@ -1,11 +1,13 @@
 """The request log the console reads: recent audit lines, shared by every process of a
-store and bounded (`console.retain` lines), filtered by the fields people look for.
+store and bounded (`console.retain`: lines, bytes, or both), filtered by the fields
+people look for.
 
 Not the audit trail: that is `audit.path` / stdout, complete and in order
 (`gateway/observability/audit.py`). This is a copy of its newest lines, kept where every
-worker and replica can read them — a ring in memory (`memory`: one process), a table in
-the state file (`sqlite`: the processes of a host) or a capped stream (`redis`:
-replicas) — so a console page served by any process shows them all.
+worker and replica can read them — a ring in memory (`memory`: one process), its own
+SQLite file next to the state file (`sqlite`: the processes of a host;
+`sqlite_log.py`) or a capped stream (`redis`: replicas) — so a console page served by
+any process shows them all.
 
 Cursors are the store's own ids as text, increasing: the page after `before` is older,
 `after` gives newer lines, oldest first (the live stream's poll).
@@ -19,9 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-__all__ = ["RETAIN", "LogEntry", "LogLines", "LogQuery", "MemoryLog", "cursor_number"]
+__all__ = ["BYTES_PER_LINE", "RETAIN", "LogEntry", "LogLines", "LogQuery", "MemoryLog",
+           "cursor_number", "entry_bytes"]
 
-RETAIN = 100_000  # console.retain default
+RETAIN = 100_000  # console.retain default (lines)
+# A bound in lines also bounds the log's size: at most this many bytes a line on average
+# (measured: 750 bytes a line in the SQLite file with the gateway's usual audit lines).
+BYTES_PER_LINE = 1024
+_OVERHEAD = 64  # bytes a row costs besides its text (ids, time, SQLite's cell and page)
 
 
 class LogEntry(NamedTuple):
@@ -46,6 +53,12 @@ class LogEntry(NamedTuple):
 
 
 COLUMNS = LogEntry._fields
+
+
+def entry_bytes(entry: LogEntry) -> int:
+    """What an entry costs in the log, about (its text and fields plus a row's overhead)."""
+    return (len(entry.line) + len(entry.sandbox) + len(entry.policy) + len(entry.host)
+            + len(entry.decision) + len(entry.code) + len(entry.engine) + _OVERHEAD)
 _EXACT = ("sandbox", "policy", "decision", "code", "engine")
 
 
@@ -99,7 +112,9 @@ def cursor_number(cursor: str) -> int:
 
 
 class LogLines(Protocol):
-    """The request log of a state store. Raise `StateUnavailable` when it cannot answer."""
+    """The request log of a state store, bounded by `log_retain` lines and
+    `log_retain_bytes` bytes (0: no bound of that kind). Raise `StateUnavailable` when it
+    cannot answer."""
 
     async def log_append(self, entries: Sequence[LogEntry]) -> None:
         """Add `entries` (oldest first); the oldest beyond the store's bound go."""
@@ -113,36 +128,60 @@ class LogLines(Protocol):
 
 
 class MemoryLog:
-    """`LogLines` for one process: a ring of `retain` entries."""
+    """`LogLines` for one process: a ring of at most `log_retain` entries and
+    `log_retain_bytes` bytes (`entry_bytes`)."""
 
     def __init__(self, retain: int = RETAIN) -> None:
-        self._ring: deque[tuple[int, LogEntry]] = deque(maxlen=retain)
+        self._ring: deque[tuple[int, LogEntry, int]] = deque()
         self._ids = itertools.count(1)
+        self._bytes = 0
+        self._lines = retain
+        self._max_bytes = 0
 
     @property
     def log_retain(self) -> int:
-        return self._ring.maxlen or 0
+        return self._lines
 
     @log_retain.setter
     def log_retain(self, retain: int) -> None:
-        self._ring = deque(self._ring, maxlen=retain)
+        self._lines = retain
+        self._trim()
+
+    @property
+    def log_retain_bytes(self) -> int:
+        return self._max_bytes
+
+    @log_retain_bytes.setter
+    def log_retain_bytes(self, size: int) -> None:
+        self._max_bytes = size
+        self._trim()
+
+    def _trim(self) -> None:
+        ring = self._ring
+        while ring and ((self._lines and len(ring) > self._lines)
+                        or (self._max_bytes and self._bytes > self._max_bytes)):
+            self._bytes -= ring.popleft()[2]
 
     async def log_append(self, entries: Sequence[LogEntry]) -> None:
-        self._ring.extend((next(self._ids), entry) for entry in entries)
+        for entry in entries:
+            size = entry_bytes(entry)
+            self._ring.append((next(self._ids), entry, size))
+            self._bytes += size
+        self._trim()
 
     async def log_read(self, query: LogQuery, limit: int, *, before: str | None = None,
                        after: str | None = None) -> list[tuple[str, LogEntry]]:
         out: list[tuple[str, LogEntry]] = []
         if after is not None:
             start = cursor_number(after)
-            for ident, entry in self._ring:
+            for ident, entry, _ in self._ring:
                 if ident > start and query.matches(entry):
                     out.append((str(ident), entry))
                     if len(out) >= limit:
                         break
             return out
         end = cursor_number(before) if before is not None else None
-        for ident, entry in reversed(self._ring):
+        for ident, entry, _ in reversed(self._ring):
             if (end is None or ident < end) and query.matches(entry):
                 out.append((str(ident), entry))
                 if len(out) >= limit:

@@ -73,7 +73,7 @@ from gateway.services.secrets.ephemeral import EphemeralKey, EphemeralKeys
 from gateway.services.state.base import SandboxAddress, SharedMint, StateUnavailable
 from gateway.services.state.counters import CountersOf
 from gateway.services.state.counters_redis import RedisCounters
-from gateway.services.state.log import RETAIN, LogEntry, LogQuery
+from gateway.services.state.log import RETAIN, LogEntry, LogQuery, entry_bytes
 
 log = logging.getLogger("sandbox_gateway.state")
 
@@ -155,6 +155,8 @@ class RedisState(CountersOf):
         self._lease_prefix = f"{prefix}:mintlease:"
         self._log_key = f"{prefix}:log"
         self.log_retain = RETAIN
+        self.log_retain_bytes = 0
+        self._entry_bytes = 0.0  # the entries' mean size so far (a bound in bytes)
         self._refresh_key = f"{prefix}:refresh-tokens"
         self.ephemeral = EphemeralKeys(clock)
         self.ephemeral.share = self._share_ephemeral
@@ -201,6 +203,11 @@ class RedisState(CountersOf):
     def healthy(self) -> bool:
         """True while connected to Redis and in sync (False = answering from the mirror)."""
         return self._up
+
+    @property
+    def warning(self) -> str | None:
+        """(Redis's own memory and disk are watched by Redis's operators.)"""
+        return None
 
     @property
     def problem(self) -> str | None:
@@ -415,14 +422,28 @@ class RedisState(CountersOf):
         await self._op("refresh", lambda r: r.hset(self._refresh_key, key,
                                                    json.dumps([origin, value])))
 
-    # -- the request log (`state/log.py`): a stream capped near `log_retain` -------------
+    # -- the request log (`state/log.py`): a stream capped near its bound ----------------
+
+    def _log_cap(self) -> int:
+        """The stream's length bound: `log_retain` entries and, for `log_retain_bytes`,
+        as many entries as fit at the mean size seen so far (so near, not exact)."""
+        caps = [self.log_retain] if self.log_retain else []
+        if self.log_retain_bytes:
+            caps.append(max(1, int(self.log_retain_bytes / (self._entry_bytes or 1024))))
+        return min(caps) if caps else RETAIN
 
     async def log_append(self, entries: Sequence[LogEntry]) -> None:
+        if entries:
+            mean = sum(map(entry_bytes, entries)) / len(entries)
+            self._entry_bytes = mean if not self._entry_bytes else \
+                0.9 * self._entry_bytes + 0.1 * mean
+        cap = self._log_cap()
+
         async def add(r: Any) -> None:
             pipe = r.pipeline(transaction=False)
             for e in entries:
                 pipe.xadd(self._log_key, dict(zip(_LOG_FIELDS, e, strict=True)),
-                          maxlen=self.log_retain, approximate=True)
+                          maxlen=cap, approximate=True)
             await pipe.execute()
 
         await self._op("log", add)
@@ -433,7 +454,7 @@ class RedisState(CountersOf):
         retained entries."""
         out: list[tuple[str, LogEntry]] = []
         edge = f"({after}" if after is not None else f"({before}" if before else None
-        for _ in range(max(1, self.log_retain // _LOG_CHUNK + 1)):
+        for _ in range(max(1, self._log_cap() // _LOG_CHUNK + 1)):
             chunk = await self._op("log", functools.partial(self._log_chunk, edge,
                                                             after is not None))
             for ident, values in chunk:

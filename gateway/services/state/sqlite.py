@@ -38,6 +38,13 @@ process killed before its batch was written leaves its reservations committed: t
 next process to start in its slot, or any live one once the lease expires, charges
 them as used (`lease_reap`, one transaction: exactly once).
 
+**The console's request log** is not in this file: it has its own beside it
+(`sqlite_log.py`, `gateway-requests.db`), bounded in bytes, so the part that grows with
+traffic never holds the write lock nor fills the file of what must survive. Every
+`_VOLUME` seconds the volume's free space and the files' sizes are read (metrics); below
+`FREE_SHARE` of the volume or `FREE_FLOOR` bytes free, `warning` says so (`/readyz`,
+still ready) and the request log stops growing.
+
 **Faults.** A write that fails (disk full, read-only file) keeps what it could not
 write, in order, and retries every second: counters count on locally, a revocation holds
 in this process at once (and on the other workers through the supervisor's relay,
@@ -57,6 +64,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import sqlite3
 import time
@@ -71,15 +79,17 @@ from gateway.services.state.base import SandboxAddress, SharedMint, StateUnavail
 from gateway.services.state.counters import Admission, CounterView, Increment, Table, first_refused
 from gateway.services.state.lease_keeper import Lease
 from gateway.services.state.leases import BEAT, LEASE_TTL, ORPHANS, Charged, charge_of, parse_held
-from gateway.services.state.log import COLUMNS, RETAIN, LogEntry, LogQuery, cursor_number
+from gateway.services.state.log import LogEntry, LogQuery
+from gateway.services.state.sqlite_log import SqliteLog, log_path
 
-__all__ = ["SCHEMA_VERSION", "SqliteState", "StateFileError", "backup_file", "check_file",
-           "open_file", "summary"]
+__all__ = ["FREE_FLOOR", "FREE_SHARE", "SCHEMA_VERSION", "SqliteState", "StateFileError",
+           "backup_file", "check_file", "file_sizes", "log_summary", "open_file", "summary",
+           "volume", "volume_warning"]
 
 log = logging.getLogger("sandbox_gateway.state")
 
 _STORE = "sqlite"
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Each version's statements, applied in order to bring a file up to SCHEMA_VERSION.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -122,8 +132,11 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE TABLE IF NOT EXISTS leases (holder TEXT PRIMARY KEY, slot TEXT NOT NULL, "
         "expires_at REAL NOT NULL) WITHOUT ROWID",
     ),
+    7: (  # the request log moved to its own file (`sqlite_log.py`): its lines are dropped
+        # (the audit trail has them); the space is given back after the migration
+        "DROP TABLE IF EXISTS log",
+    ),
 }
-_LOG_COLUMNS = ", ".join(COLUMNS)
 # Add to a counter (its window's expiry kept the latest).
 _ADD = ("INSERT INTO counters (tbl, field, value, expires_at) VALUES (?, ?, ?, ?) "
         "ON CONFLICT(tbl, field) DO UPDATE SET value = value + excluded.value, "
@@ -139,6 +152,11 @@ _PROBE = 2.0  # seconds without a write after which a probe checks the file take
 _REVOKE = ("INSERT INTO revoked (jti, expires_at) VALUES (?, ?) ON CONFLICT(jti) DO UPDATE "
            "SET expires_at = max(expires_at, excluded.expires_at)")
 _PRUNE = 60.0  # seconds between sweeps of expired rows
+_VOLUME = 10.0  # seconds between readings of the state volume's free space
+# /readyz warns (and the request log stops growing) when the state volume has less free
+# than FREE_SHARE of its size or FREE_FLOOR bytes, whichever is more.
+FREE_SHARE = 0.10
+FREE_FLOOR = 64 * 1024 * 1024
 
 
 class StateFileError(Exception):
@@ -146,10 +164,13 @@ class StateFileError(Exception):
     message names the path and what to do."""
 
 
-def _connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
+def _connect(path: Path, busy_timeout: float, *,
+             incremental: bool = False) -> sqlite3.Connection:
     conn = sqlite3.connect(str(path), timeout=busy_timeout, isolation_level=None,
                            check_same_thread=False)
     try:
+        if incremental:  # (a new file only, and before WAL: freed pages can be given back)
+            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
         # Switching a new file to WAL takes an exclusive lock and does not wait for
         # it (processes starting together): retry within the busy timeout.
         deadline = time.monotonic() + busy_timeout
@@ -206,7 +227,29 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> int:
             for statement in MIGRATIONS[step]:
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version={step}")
+    if version < 7:
+        _give_back(conn, path)
     return SCHEMA_VERSION
+
+
+def _give_back(conn: sqlite3.Connection, path: Path) -> None:
+    """After the request log left the file (version 7), give its pages back to the
+    volume (VACUUM: a copy of what is left, small). Best effort: another process
+    reading, or no room for the copy, leaves the pages free for the state to reuse."""
+    free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+    page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    if free * page < 1024 * 1024:
+        return
+    try:
+        conn.execute("VACUUM")
+    except sqlite3.Error as exc:
+        log.warning("state store: %s: the request log's %d MiB could not be given back "
+                    "(%s); they are reused as the state grows", path,
+                    free * page // (1024 * 1024), exc)
+        return
+    log.warning("state store: %s: the console's request log moved to %s (its lines are in "
+                "the audit trail); %d MiB given back", path, log_path(path).name,
+                free * page // (1024 * 1024))
 
 
 def open_file(path: Path, busy_timeout: float = 5.0) -> sqlite3.Connection:
@@ -244,6 +287,41 @@ def _unusable(path: Path, exc: sqlite3.Error) -> StateUnavailable:
         f"the state file {path} cannot be used ({exc}): check it with `sandbox-gateway "
         "state check`, then restore a backup or move it aside (a new one is made at the "
         "next start; revocations and budgets in it are lost)")
+
+
+def _open_log(path: Path, busy_timeout: float) -> sqlite3.Connection:
+    """A connection to the request log's file (made 0600 in a 0700 directory)."""
+    _prepare(path)
+    return _connect(path, busy_timeout, incremental=True)
+
+
+def volume_warning(free: int, total: int) -> str | None:
+    """Why the state volume is short of space (below `FREE_SHARE` of its size or
+    `FREE_FLOOR` bytes, whichever is more), or None."""
+    floor = max(FREE_FLOOR, int(total * FREE_SHARE))
+    if total <= 0 or free >= floor:
+        return None
+    return (f"the state volume has {free // (1024 * 1024)} MiB free of "
+            f"{total // (1024 * 1024)} MiB (below {floor // (1024 * 1024)} MiB: "
+            f"{FREE_SHARE:.0%} or {FREE_FLOOR // (1024 * 1024)} MiB): the request log no "
+            "longer grows; free space or grow the volume before the state cannot be written")
+
+
+def volume(path: Path) -> tuple[int, int]:
+    """Free bytes (for an unprivileged user) and size of the volume holding `path`."""
+    st = os.statvfs(path.parent if not path.is_dir() else path)
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+def file_sizes(path: Path) -> dict[str, int]:
+    """Bytes of the store's files that exist: state, state_wal, log, log_wal."""
+    out = {}
+    for name, file in (("state", path), ("state_wal", path.with_name(path.name + "-wal")),
+                       ("log", log_path(path)),
+                       ("log_wal", log_path(path).with_name(log_path(path).name + "-wal"))):
+        with contextlib.suppress(OSError):
+            out[name] = file.stat().st_size
+    return out
 
 
 def check_file(path: Path) -> list[str]:
@@ -307,9 +385,11 @@ class SqliteState:
         self._refresh_tokens: dict[str, tuple[str, str]] = {}  # written (or held) here
         self._record_versions: dict[str, int] = {}  # kind -> its change counter (`meta`)
         self._records_seen = -1  # the data_version they were read at
-        self.log_retain = RETAIN
         self.lease: Lease | None = None
         self._dropped: set[str] = set()  # holders whose settlements were dropped (logged)
+        self.requests = SqliteLog(log_path(path), _open_log, busy_timeout)
+        self._warning: str | None = None  # the state volume is short of space
+        self._last_volume = -math.inf
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -317,6 +397,7 @@ class SqliteState:
         """Open (create) the file, bring its schema up to date, load the view."""
         self._conn = open_file(self.path, self.busy_timeout)
         self._refresh(force=True)
+        self.watch_volume()
         metrics.STATE_STORE_UP.labels(store=_STORE).set(1)
         self._task = asyncio.get_running_loop().create_task(self._background(),
                                                             name="state-sqlite")
@@ -331,13 +412,14 @@ class SqliteState:
         if self.lease is not None and self._conn is not None:
             await self.lease.stop()  # (after the flush: what settled is not charged)
             self.lease = None
+        self.requests.close()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
 
     async def _background(self) -> None:
         """Retry held writes (else probe the file now and then); prune expired rows now
-        and then."""
+        and then; watch the volume."""
         while True:
             await asyncio.sleep(_RETRY)
             try:
@@ -350,13 +432,43 @@ class SqliteState:
                 if now - self._last_prune > _PRUNE:
                     self._last_prune = now
                     self._prune(now)
+                if time.monotonic() - self._last_volume >= _VOLUME:
+                    self.watch_volume()
             except Exception:  # a bug must not stop the retries
                 log.exception("state store: background work failed")
+
+    def watch_volume(self) -> str | None:
+        """Read the state volume's free space and the files' sizes (metrics); below the
+        threshold (`volume_warning`) say so (`warning`, /readyz, one log line when it
+        begins and one when it ends) and hold the request log at its size."""
+        self._last_volume = time.monotonic()
+        try:
+            free, total = volume(self.path)
+        except OSError:
+            return self._warning
+        metrics.STATE_VOLUME_FREE.set(free)
+        for name, size in file_sizes(self.path).items():
+            metrics.STATE_FILE_BYTES.labels(file=name).set(size)
+        warning = volume_warning(free, total)
+        if (warning is None) != (self._warning is None):
+            if warning is not None:
+                log.warning("state store: %s", warning)
+            else:
+                log.warning("state store: the state volume has %d MiB free again: the "
+                            "request log grows to its bound again", free // (1024 * 1024))
+        self._warning = warning
+        self.requests.hold(warning is not None)
+        return warning
 
     @property
     def problem(self) -> str | None:
         """Why the file is not being written (None: it is)."""
         return self._problem
+
+    @property
+    def warning(self) -> str | None:
+        """Why the state may soon not be written (the volume is short of space), or None."""
+        return self._warning
 
     @property
     def healthy(self) -> bool:
@@ -634,44 +746,38 @@ class SqliteState:
             self._failed("read", exc)
         return self._record_versions.get(kind, 0)
 
-    # -- the request log (`state/log.py`) --------------------------------------------------
+    # -- the request log (`state/log.py`): its own file (`sqlite_log.py`) ----------------
+
+    @property
+    def log_retain(self) -> int:
+        return self.requests.lines
+
+    @log_retain.setter
+    def log_retain(self, lines: int) -> None:
+        self.requests.lines = lines
+
+    @property
+    def log_retain_bytes(self) -> int:
+        return self.requests.max_bytes
+
+    @log_retain_bytes.setter
+    def log_retain_bytes(self, size: int) -> None:
+        self.requests.max_bytes = size
 
     async def log_append(self, entries: Sequence[LogEntry]) -> None:
-        """One transaction: the entries in, the oldest beyond `log_retain` out."""
-        try:
-            with _transaction(self._db()) as conn:
-                conn.executemany(f"INSERT INTO log ({_LOG_COLUMNS}) VALUES "  # noqa: S608
-                                 "(?, ?, ?, ?, ?, ?, ?, ?)", entries)
-                conn.execute("DELETE FROM log WHERE id <= last_insert_rowid() - ?",
-                             (self.log_retain,))
-        except sqlite3.Error as exc:
-            self._failed("log", exc)
-            raise StateUnavailable(f"the state file cannot be written ({self._problem})"
-                                   ) from None
+        """One transaction in the request log's file: the entries in, the oldest beyond
+        its bounds out (a failure is the log's: StateUnavailable, the state is not)."""
+        self.requests.append(entries)
 
     async def log_read(self, query: LogQuery, limit: int, *, before: str | None = None,
                        after: str | None = None) -> list[tuple[str, LogEntry]]:
-        where, args = query.where()
-        if after is not None:
-            where, order = f"{where} AND id > ?", "ASC"
-            args.append(cursor_number(after))
-        else:
-            order = "DESC"
-            if before is not None:
-                where += " AND id < ?"
-                args.append(cursor_number(before))
-        rows = self._read(f"SELECT id, {_LOG_COLUMNS} FROM log WHERE {where} "  # noqa: S608
-                          f"ORDER BY id {order} LIMIT ?", (*args, limit))
-        return [(str(row[0]), LogEntry(*row[1:])) for row in rows]
+        return self.requests.read(query, limit, before=before, after=after)
 
     async def log_get(self, cursor: str) -> LogEntry | None:
-        rows = self._read(f"SELECT {_LOG_COLUMNS} FROM log WHERE id = ?",  # noqa: S608
-                          (int(cursor),)) if cursor.isdigit() else []
-        return LogEntry(*rows[0]) if rows else None
+        return self.requests.get(cursor)
 
     async def log_last(self) -> str:
-        rows = self._read("SELECT max(id) FROM log", ())
-        return str(rows[0][0] or 0)
+        return self.requests.last()
 
     # -- counters -------------------------------------------------------------------------
 
@@ -943,7 +1049,7 @@ class SqliteState:
 
 
 _TABLES = ("revoked", "sandboxes", "ephemeral", "counters", "minted", "refresh_tokens",
-           "records", "log", "leases")
+           "records", "log", "leases")  # (log: in files of schema 4 to 6)
 
 
 def _counts(conn: sqlite3.Connection) -> dict[str, int]:
@@ -959,6 +1065,24 @@ def summary(path: Path) -> tuple[int, dict[str, int]]:
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
     try:
         return int(conn.execute("PRAGMA user_version").fetchone()[0]), _counts(conn)
+    finally:
+        conn.close()
+
+
+def log_summary(path: Path) -> tuple[int, int] | None:
+    """Lines in the request log of the state file `path` and the bytes of its pages in
+    use, read-only; None when it has none (yet)."""
+    file = log_path(path)
+    if not file.exists():
+        return None
+    conn = sqlite3.connect(f"file:{file}?mode=ro", uri=True, timeout=5)
+    try:
+        lines = int(conn.execute("SELECT count(*) FROM log").fetchone()[0])
+        pages, free, page = (int(conn.execute(f"PRAGMA {name}").fetchone()[0])
+                             for name in ("page_count", "freelist_count", "page_size"))
+        return lines, (pages - free) * page
+    except sqlite3.Error:
+        return None
     finally:
         conn.close()
 

@@ -388,3 +388,23 @@ def test_request_log_is_shared_filtered_paged_and_bounded(
             assert 40 <= len(everything) <= (40 if kind != "redis" else 160)
 
     run(scenario)
+
+
+def test_request_log_bounded_in_bytes(stores: tuple[str, Factory]) -> None:
+    """`console.retain: 50KiB`-like: a bound in bytes and none in lines keeps the newest
+    lines that fit (SQLite by its pages, Redis by the entries' mean size, near)."""
+    kind, factory = stores
+
+    async def scenario() -> None:
+        async with opened(factory) as store:
+            store.log_retain, store.log_retain_bytes = 0, 50 * 1024
+            for start in range(0, 400, 50):
+                await store.log_append([_entry(n, path="/" + "x" * 900)
+                                        for n in range(start, start + 50)])
+            kept = await store.log_read(LogQuery(), 1000)
+            assert json.loads(kept[0][1].line)["n"] == 399
+            numbers = [json.loads(e.line)["n"] for _, e in kept]
+            assert numbers == list(range(399, 399 - len(numbers), -1))
+            assert 10 <= len(kept) <= (60 if kind != "redis" else 200), len(kept)
+
+    run(scenario)
