@@ -333,8 +333,8 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "a revoked token's open connections end within a second, on every engine"),
     "gateway/runtime/memory.py": (
         "tests/runtime/test_memory_guard.py, tests/reliability/test_memory_burst.py",
-        "the memory guard's release rules (imports it), and a real gateway's RSS after "
-        "2,000 closed tunnels and its memory ceiling's refusals"),
+        "the memory guard's release rules (its own table test), and a real gateway's RSS "
+        "after 2,000 closed tunnels and its memory ceiling's refusals"),
     "gateway/runtime/relay_link.py": (
         "tests/runtime/test_relay.py",
         "the worker's end of the revocation relay: the relay's tests import it and run "
