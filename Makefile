@@ -65,8 +65,8 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-# The suite on every core, at most 4 (pytest-xdist): 7.4 min instead of 13.7 on 2 vCPUs.
-# `make unit JOBS=0` runs it in this one process.
+# The suite on every core, at most 4 (pytest-xdist): 13 min on 2 vCPUs (2026-11-29; four
+# processes on 2 cores took 8 min but timing tests failed). `make unit JOBS=0`: one process.
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ "$$n" -gt 4 ] && n=4; echo $$n)
 
 unit: $(STAMP)
