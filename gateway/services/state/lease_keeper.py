@@ -53,7 +53,12 @@ class Lease:
         not recorded under one (like every count while the store is away), and each
         beat claims it again until the store takes it."""
         self._task = asyncio.get_running_loop().create_task(self._run(), name="lease")
-        return await self._claim()
+        if await self._claim():
+            return True
+        log.warning("state store: this process's lease cannot be written yet; budget "
+                    "reservations are counted but not recorded under a lease until it is "
+                    "(a crash meanwhile loses them, as every count held in memory)")
+        return False
 
     async def _claim(self) -> bool:
         holder = new_holder(self.slot)

@@ -894,12 +894,8 @@ class SqliteState:
 
     async def take_lease(self, slot: str, *, ttl: float = LEASE_TTL,
                          beat: float = BEAT) -> None:
-        lease = Lease(self, slot, ttl=ttl, beat=beat)
-        self.lease = lease
-        if not await lease.start():  # (it serves, and the lease is claimed once it can be)
-            log.warning("state store: this process's lease cannot be written yet; budget "
-                        "reservations are counted but not recorded under a lease until it "
-                        "is (a crash meanwhile loses them, as every count held in memory)")
+        self.lease = Lease(self, slot, ttl=ttl, beat=beat)
+        await self.lease.start()  # (False: it serves; the lease is claimed once it can be)
 
     async def lease_claim(self, holder: str, slot: str, ttl: float, takeover: bool) -> bool:
         try:
