@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gateway.services.policy import Request, Rule, compile_policy, decide
+from gateway.core.policy import Request, Rule, compile_policy, decide
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT / "tests") not in sys.path:

@@ -24,8 +24,8 @@ from fakes.inference import REPLY, FakeInference
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 from openai.types.responses import Response
 
-from gateway.services.metering.endpoints import rewrite_request_body
-from gateway.services.metering.usage import Usage, meter_for
+from gateway.core.metering.endpoints import rewrite_request_body
+from gateway.core.metering.usage import Usage, meter_for
 
 KEY = "sk-fake-provider-key"
 

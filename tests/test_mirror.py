@@ -378,20 +378,26 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "list and watch against the fake API: a cut or compacted watch followed, a stale "
         "one failing closed"),
     # --- services: metering ---
-    "gateway/services/metering/endpoints.py": (
-        "tests/services/metering/test_metering_usage.py, "
-        "tests/services/metering/test_metering_models.py, "
-        "tests/services/metering/test_metering_estimate.py",
+    "gateway/core/metering/endpoints.py": (
+        "tests/core/test_metering_usage.py, "
+        "tests/core/test_metering_models.py, "
+        "tests/core/test_metering_estimate.py",
         "imported: which API a request calls, its model, the include_usage rewrite"),
     "gateway/services/metering/ledger.py": (
         "tests/services/metering/test_metering_series.py",
         "imported: the hourly and daily buckets against the rows the same data gives"),
-    "gateway/services/metering/pricing.py": (
-        "tests/services/metering/test_metering_catalogue.py, "
+    "gateway/core/metering/pricing.py": (
+        "tests/core/test_metering_catalogue.py, "
         "tests/services/metering/test_metering_budgets.py",
-        "imported: the operator's pricing file over the catalogue, and budgets priced by it"),
-    "gateway/services/metering/scan.py": (
-        "tests/services/metering/test_metering_usage.py",
+        "imported: prices and limits over the catalogue, and budgets priced by them"),
+    "gateway/services/metering/pricing.py": (
+        "tests/services/metering/test_metering_budgets.py",
+        "imported: the operator's pricing file read (load_pricing), errors named"),
+    "gateway/services/metering/catalogue.py": (
+        "tests/core/test_metering_catalogue.py",
+        "imported: the vendored file read once, the models the bounds rest on"),
+    "gateway/core/metering/scan.py": (
+        "tests/core/test_metering_usage.py",
         "imported: the SSE scanner over real-shaped responses split at every byte"),
     # --- services: minting ---
     "gateway/services/minting/__init__.py": (
@@ -437,7 +443,7 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "client-credentials and refresh-token grants: one mint for 100 requests, refresh "
         "ahead, rotation, a failed mint"),
     # --- services: policy ---
-    "gateway/services/policy/ask_rule.py": (
+    "gateway/core/policy/ask_rule.py": (
         "tests/services/policy/test_policy_ask.py, tests/core/test_core_ask.py",
         "imported: `ask:` as loaded, and what the gate asks with it"),
     "gateway/services/policy/build.py": (
@@ -445,29 +451,26 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/services/metering/test_metering_policy.py",
         "every loaded policy set is built by it: extends, credentials a rule names, "
         "inherited budgets, with file:line errors"),
-    "gateway/services/policy/compiled.py": (
-        "tests/services/policy/test_policy_matcher.py, tests/services/policy/test_policy_loader.py",
+    "gateway/core/policy/compiled.py": (
+        "tests/core/test_policy_matcher.py, tests/services/policy/test_policy_loader.py",
         "`compile_policy` and `decide`, behind every decision these tables assert"),
-    "gateway/services/policy/injection.py": (
+    "gateway/core/policy/injection.py": (
         "tests/core/test_core_credentials.py, tests/services/minting/test_minting_policy.py",
         "a value type: each carrier's injection and alternatives, and minted types' "
         "carriers"),
-    "gateway/services/policy/mcp_rule.py": (
-        "tests/services/policy/test_mcp_rules.py, tests/core/test_core_mcp.py",
-        "imported: `mcp:` globs decided (allow, deny, each kind)"),
-    "gateway/services/policy/minted.py": (
+    "gateway/core/policy/minted.py": (
         "tests/services/minting/test_minting_policy.py, "
         "tests/services/minting/test_minting_store.py",
         "imported: every minted type's fields, defaults, hosts and carriers"),
-    "gateway/services/policy/model.py": (
+    "gateway/core/policy/model.py": (
         "tests/services/metering/test_metering_policy.py, "
-        "tests/services/metering/test_metering_models.py",
+        "tests/core/test_metering_models.py",
         "imported: the frozen rule, credential and decision values the matcher and "
         "loader tests build"),
     "gateway/services/policy/nodes.py": (
         "tests/services/policy/test_policy_loader.py, tests/services/policy/test_policy_files.py",
         "every policy file is read through it: the line numbers of every load error"),
-    "gateway/services/policy/presets.py": (
+    "gateway/core/policy/presets.py": (
         "tests/services/policy/test_policy_loader.py, tests/integration/test_credentials.py",
         "pure data: every preset loads as a credential, carriers checked (test_presets); "
         "the official openai and anthropic SDKs use theirs through a real gateway"),
@@ -482,7 +485,7 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "presets, stored secrets and minted types as files write them, errors at their "
         "line"),
     "gateway/services/policy/read_mcp.py": (
-        "tests/services/policy/test_mcp_rules.py",
+        "tests/core/test_policy_mcp_rule.py",
         "`mcp:` as files write it: what loads, what is refused and how"),
     "gateway/services/policy/read_rules.py": (
         "tests/services/policy/test_policy_loader.py, "
@@ -537,7 +540,7 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "imported: the one-process counters and leases, beside the shared ones"),
     # --- tools ---
     "gateway/tools/explain.py": (
-        "tests/core/test_core_evaluate.py, tests/services/policy/test_policy_matcher.py",
+        "tests/core/test_core_evaluate.py, tests/core/test_policy_matcher.py",
         "imported: `explain` gives the proxy's verdict for every parity case; the CLI and "
         "the API answer through it"),
 }
@@ -620,12 +623,12 @@ MIRRORED = [
     ("gateway/core/names.py", "tests/core/test_core_names_more.py", False),
     ("gateway/core/names.py", "tests/core/core_names.py", False),
     ("gateway/lazy.py", "tests/test_lazy.py", True),
-    ("gateway/services/metering/estimate.py",
-     "tests/services/metering/test_metering_estimate.py", True),
-    ("gateway/services/metering/estimate.py", "tests/services/test_metering_estimate.py",
+    ("gateway/core/metering/estimate.py",
+     "tests/core/metering/test_metering_estimate.py", True),
+    ("gateway/core/metering/estimate.py", "tests/core/test_metering_estimate.py",
      True),  # a subpackage's module, one level up, named with the subpackage
-    ("gateway/services/metering/estimate.py", "tests/services/test_estimate.py", False),
-    ("gateway/services/metering/estimate.py", "tests/services/test_billing_estimate.py",
+    ("gateway/core/metering/estimate.py", "tests/core/test_estimate.py", False),
+    ("gateway/core/metering/estimate.py", "tests/core/test_billing_estimate.py",
      False),
     ("gateway/engines/h1/pool.py", "tests/engines/test_h1_pool.py", True),
     ("gateway/engines/door.py", "tests/test_engines_door.py", False),  # not from gateway/

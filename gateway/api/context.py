@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from gateway.core.policy import PolicySet
 from gateway.services.identity.issued import IssuedTokens
 from gateway.services.identity.tokens import TokenService
-from gateway.services.policy import PolicySet
 
 if TYPE_CHECKING:
     from gateway.net.resolver import DestinationGuard

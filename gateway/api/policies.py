@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.services.policy import PolicySet
+from gateway.core.policy import PolicySet
 
 __all__ = ["describe_policies"]
 

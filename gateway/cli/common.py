@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from gateway.config import Config, load_config
+from gateway.core.policy import PolicySet
 from gateway.services.identity.tokens import SigningKeys, TokenError
-from gateway.services.policy import PolicySet
 
 
 def config_of(args: argparse.Namespace) -> Config:

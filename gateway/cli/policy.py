@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway.services.policy import PolicyError, PolicySet, load_policy_dir, policy_files
+from gateway.core.policy import PolicySet
+from gateway.services.policy import PolicyError, load_policy_dir, policy_files
 from gateway.services.policy.agents import preset_lines
 from gateway.services.policy.loader import outside_error, resolves_outside, source_name
 

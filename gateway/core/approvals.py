@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, Self
 
 from gateway.core.durations import parse_duration
-from gateway.services.policy import Request
+from gateway.core.policy import Request
 
 __all__ = ["DEFAULT_DURATION", "MAX_PENDING", "SCOPES", "Approval", "AskLimit", "Asked",
            "Grant", "answer", "asked_for", "new_id"]

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from gateway.core.addresses import Pinned
 from gateway.core.identity import Identity
 from gateway.core.names import DestinationError, normalize_host
+from gateway.core.policy import Decision
 from gateway.core.refusal import Answer, Refusal
-from gateway.services.policy import Decision
 
 __all__ = ["Client", "Refused", "Tunnel", "source_of"]
 

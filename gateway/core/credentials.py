@@ -27,10 +27,10 @@ from urllib.parse import parse_qsl, urlencode
 
 from gateway.core.identity import Identity, TokenRefused
 from gateway.core.messages import Headers
+from gateway.core.policy import Credential, Injection
 from gateway.core.refusal import Refusal
 from gateway.core.secret_value import SecretValue
 from gateway.core.target import Target
-from gateway.services.policy import Credential, Injection
 
 __all__ = ["SUBPROTOCOL_KEY", "TOKEN_PREFIX", "Swap", "apply", "find_token", "plan", "shape_of",
            "static_refusal"]

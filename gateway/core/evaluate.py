@@ -32,19 +32,12 @@ from typing import Final
 
 from gateway.core import credentials, mcp
 from gateway.core.approvals import Grant
+from gateway.core.metering import Pricing
+from gateway.core.policy import Credential, Decision, Policy, PolicySet, Request, Rule, decide
+from gateway.core.policy.ask_rule import Ask
 from gateway.core.refusal import Refusal
 from gateway.core.target import url_target
-from gateway.services.metering import Exchange, Metering, Pricing
-from gateway.services.policy import (
-    Credential,
-    Decision,
-    Policy,
-    PolicySet,
-    Request,
-    Rule,
-    decide,
-)
-from gateway.services.policy.ask_rule import Ask
+from gateway.services.metering import Exchange, Metering
 from gateway.services.state.counters import EmptyCounters
 
 __all__ = ["UNSEEN", "Grants", "Routed", "Unseen", "Verdict", "askable", "evaluate",

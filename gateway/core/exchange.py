@@ -59,7 +59,10 @@ from gateway.core.leaks import LeakScan, Redactor, StreamScan
 from gateway.core.mcp import Call
 from gateway.core.mcp_answers import JSON, SSE, Answers, media_type
 from gateway.core.messages import RequestHead, ResponseHead
+from gateway.core.metering import MODEL_BODY_LIMIT, ModelRefusal, classify, model_in_body
 from gateway.core.phrases import error_phrase
+from gateway.core.policy import Decision, Policy
+from gateway.core.policy.mcp_rule import McpRule
 from gateway.core.ports import Secrets, Signer
 from gateway.core.refusal import (
     ERROR_HEADER,
@@ -73,20 +76,9 @@ from gateway.core.refusal import (
 from gateway.core.secret_value import SecretValue
 from gateway.core.target import DEFAULT_PORTS, Target
 from gateway.core.trail import Trail, rule_of
-from gateway.services.metering import (
-    MODEL_BODY_LIMIT,
-    RESPONSE_HOLD,
-    BudgetExceeded,
-    Metering,
-    MeteringRefusal,
-    ModelRefusal,
-    classify,
-    model_in_body,
-)
+from gateway.services.metering import RESPONSE_HOLD, BudgetExceeded, Metering, MeteringRefusal
 from gateway.services.metering import Exchange as MeteredExchange
 from gateway.services.metering import Refusal as MeteringStep
-from gateway.services.policy import Decision, Policy
-from gateway.services.policy.mcp_rule import McpRule
 
 log = logging.getLogger("sandbox_gateway")
 

@@ -38,6 +38,8 @@ from gateway.core.markers import Markers
 from gateway.core.mcp_pins import Server, ServerPins, ToolPins
 from gateway.core.messages import RequestHead
 from gateway.core.names import DestinationError, is_ip, normalize_host
+from gateway.core.policy import Credential, Decision, Policy, PolicySet, Request
+from gateway.core.policy.ask_rule import Ask
 from gateway.core.ports import (
     SILENT,
     Approvals,
@@ -57,8 +59,6 @@ from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal, answered_inside
 from gateway.core.secret_value import SecretValue
 from gateway.core.trail import Trail, rule_of
 from gateway.services.metering import Metering
-from gateway.services.policy import Credential, Decision, Policy, PolicySet, Request
-from gateway.services.policy.ask_rule import Ask
 from gateway.services.secrets.ephemeral import EphemeralKeys
 
 log = logging.getLogger("sandbox_gateway")

@@ -16,9 +16,9 @@ from gateway.core.client import Client, source_of
 from gateway.core.connections import Connections
 from gateway.core.identity import Identity, SandboxAddress, TokenRefused
 from gateway.core.messages import RequestHead
+from gateway.core.policy import PolicySet
 from gateway.core.ports import Registry, Tokens, Workloads
 from gateway.core.refusal import Refusal
-from gateway.services.policy import PolicySet
 
 __all__ = ["UNREGISTERED", "Identifier", "proxy_credentials", "subject_refusal"]
 

@@ -11,9 +11,9 @@ from gateway.core.leaks import (
     own_token_markers,
     sensitive_markers,
 )
+from gateway.core.policy import PolicySet
 from gateway.core.ports import Secrets
 from gateway.core.secret_value import SecretValue
-from gateway.services.policy import PolicySet
 from gateway.services.secrets.ephemeral import EphemeralKeys
 
 __all__ = ["Markers"]

@@ -57,9 +57,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.core import strictjson
+from gateway.core.metering import MODEL_BODY_LIMIT
+from gateway.core.policy.mcp_rule import McpRule
 from gateway.core.refusal import Refusal, rpc_error
-from gateway.services.metering import MODEL_BODY_LIMIT
-from gateway.services.policy.mcp_rule import McpRule
 
 __all__ = ["MAX_AUDITED", "MAX_BODY", "METHODS", "RELAYED", "Call", "Key", "ListFilter",
            "Pinned", "Session", "Sessions", "Unreadable", "answer_asks", "body_refusal",

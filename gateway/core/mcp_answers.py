@@ -39,9 +39,9 @@ import re
 from typing import Any
 
 from gateway.core import mcp, strictjson
+from gateway.core.policy.mcp_rule import McpRule
 from gateway.core.refusal import Refusal, rpc_error
 from gateway.core.sse import Comment, Event, EventStream, SseError, frame
-from gateway.services.policy.mcp_rule import McpRule
 
 __all__ = ["JSON", "MAX_ANSWER", "SSE", "Answers", "media_type"]
 

@@ -9,10 +9,10 @@ from gateway.core.addresses import Pinned
 from gateway.core.approvals import Approval, Asked, Grant
 from gateway.core.identity import Identity, SandboxAddress, Workload
 from gateway.core.messages import RequestHead
+from gateway.core.policy import Credential, Request
+from gateway.core.policy.ask_rule import Ask
 from gateway.core.secret_value import SecretValue
 from gateway.core.target import Target
-from gateway.services.policy import Credential, Request
-from gateway.services.policy.ask_rule import Ask
 
 __all__ = [
     "SILENT",

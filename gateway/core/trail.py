@@ -15,9 +15,9 @@ from gateway.core import credentials
 from gateway.core.audit import record
 from gateway.core.client import Client
 from gateway.core.identity import Identity
+from gateway.core.policy import Decision, PolicySet
 from gateway.core.ports import SILENT, Telemetry
 from gateway.core.refusal import TEXT, Answer, Refusal, answer
-from gateway.services.policy import Decision, PolicySet
 
 __all__ = ["Trail", "rule_of"]
 

@@ -40,6 +40,7 @@ from gateway.config import Config, ConfigError, HostPort
 from gateway.core.addresses import AddressPolicy
 from gateway.core.gate import Gate
 from gateway.core.phrases import error_phrase
+from gateway.core.policy import Policy, PolicySet
 from gateway.core.secret_value import SecretValue
 from gateway.engines import patches
 from gateway.engines.door import Doors
@@ -74,7 +75,7 @@ from gateway.services.identity.keywatch import SigningKeyWatcher
 from gateway.services.identity.tokens import TokenError, TokenService
 from gateway.services.metering import Metering, build_metering
 from gateway.services.minting import Credentials, TokenHttp, build_credentials
-from gateway.services.policy import Policy, PolicyError, PolicyReloader, PolicySet
+from gateway.services.policy import PolicyError, PolicyReloader
 from gateway.services.secrets import SecretCache, SecretError, build_cache, build_store
 from gateway.services.state.base import StateStore, StateUnavailable
 from gateway.services.state.factory import build_state

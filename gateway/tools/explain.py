@@ -21,6 +21,8 @@ from gateway.config import Config, HostPort
 from gateway.core.addresses import AddressPolicy
 from gateway.core.evaluate import UNSEEN, Unseen, Verdict, askable, meter, request_for, route
 from gateway.core.mcp import request_body
+from gateway.core.policy import Decision, PolicySet
+from gateway.core.policy.ask_rule import Ask
 from gateway.net.resolver import (
     DestinationGuard,
     DestinationRefused,
@@ -29,8 +31,6 @@ from gateway.net.resolver import (
     parse_overrides,
 )
 from gateway.services.metering import Metering
-from gateway.services.policy import Decision, PolicySet
-from gateway.services.policy.ask_rule import Ask
 
 __all__ = ["DestinationResult", "Explanation", "explain_body", "explain_request",
            "guard_from_config"]

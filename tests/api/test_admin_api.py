@@ -16,9 +16,10 @@ from starlette.testclient import TestClient
 
 from gateway.api.admin import AdminContext, build_admin_app
 from gateway.core.addresses import AddressPolicy
+from gateway.core.policy import PolicySet
 from gateway.net.resolver import DestinationGuard, StaticResolver
 from gateway.services.identity.tokens import SigningKeys, TokenRefused, TokenService
-from gateway.services.policy import PolicySet, load_policy_texts
+from gateway.services.policy import load_policy_texts
 from gateway.services.state.base import MemoryState
 
 ADMIN = "admin-token-0123456789abcdef"

@@ -21,9 +21,9 @@ from gateway.api.console import routes
 from gateway.api.console.session import COOKIE, KIND, LIFETIME, Sessions
 from gateway.core.approvals import Asked
 from gateway.core.identity import Identity
+from gateway.core.policy import Request
+from gateway.core.policy.ask_rule import Ask
 from gateway.services.approvals import ApprovalService
-from gateway.services.policy import Request
-from gateway.services.policy.ask_rule import Ask
 from gateway.services.state.base import MemoryState, StateUnavailable
 
 World = tuple[TestClient, ApprovalService, Clock, list[dict[str, Any]]]

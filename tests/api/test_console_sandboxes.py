@@ -17,7 +17,8 @@ from starlette.testclient import TestClient
 
 from gateway.api.context import AdminContext
 from gateway.core.identity import TokenRefused
-from gateway.services.policy import PolicySet, load_policy_texts
+from gateway.core.policy import PolicySet
+from gateway.services.policy import load_policy_texts
 from gateway.services.state.base import MemoryState, SandboxAddress, StateUnavailable
 from gateway.services.state.sqlite import SqliteState
 

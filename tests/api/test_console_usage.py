@@ -14,10 +14,12 @@ import pytest
 from helpers.console import assert_no_secrets, console, sign_in
 from starlette.testclient import TestClient
 
-from gateway.services.metering import Metering, Usage
+from gateway.core.metering import Usage
+from gateway.core.metering.pricing import Price, Pricing
+from gateway.core.policy import PolicySet
+from gateway.services.metering import Metering
 from gateway.services.metering.budgets import NANO, Hold
-from gateway.services.metering.pricing import Price, Pricing
-from gateway.services.policy import PolicySet, load_policy_texts
+from gateway.services.policy import load_policy_texts
 from gateway.services.state.base import MemoryState
 
 NOW = dt.datetime(2026, 11, 22, 10, 30, tzinfo=dt.UTC).timestamp()

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.core import approvals
 from gateway.core.approvals import Approval, Asked, Grant
-from gateway.services.policy import Request
+from gateway.core.policy import Request
 
 NOW = 1_800_000_000.0
 

@@ -19,9 +19,10 @@ from gateway.core.exchange import Exchange
 from gateway.core.gate import Gate
 from gateway.core.identity import Identity
 from gateway.core.messages import Headers, RequestHead
+from gateway.core.policy import PolicySet, Request
+from gateway.core.policy.ask_rule import Ask
 from gateway.core.refusal import Answer, Refusal
-from gateway.services.policy import PolicySet, Request, load_policy_texts
-from gateway.services.policy.ask_rule import Ask
+from gateway.services.policy import load_policy_texts
 from tests.core.test_core_gate import GOOD, PEER, Guard, Health, Registry, Secrets, Tokens, _basic
 
 POLICY = """\

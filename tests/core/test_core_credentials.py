@@ -8,11 +8,11 @@ import pytest
 
 from gateway.core import credentials
 from gateway.core.messages import Headers
+from gateway.core.policy import Credential, Injection
 from gateway.core.refusal import Refusal
 from gateway.core.secret_value import SecretValue
 from gateway.core.target import Target
 from gateway.services.identity.tokens import SigningKeys, TokenService
-from gateway.services.policy import Credential, Injection
 from gateway.services.state.base import MemoryState
 
 OPENAI = Credential(name="openai", secret="k", hosts=("api.openai.com",),

@@ -33,10 +33,11 @@ from gateway.core.evaluate import (
     route,
     static_metering,
 )
+from gateway.core.policy import PolicySet, Request
 from gateway.core.target import url_target
 from gateway.net.resolver import DestinationGuard, StaticResolver, parse_overrides
 from gateway.observability.metrics import REGISTRY
-from gateway.services.policy import PolicySet, Request, load_policy_texts
+from gateway.services.policy import load_policy_texts
 from gateway.services.policy.replay import replay
 from gateway.services.policy.testing import parse_cases, run_case
 from gateway.tools.explain import explain_request

@@ -28,9 +28,10 @@ from gateway.core.exchange import Exchange
 from gateway.core.gate import INTERNAL_HOST, Gate
 from gateway.core.identity import Identity, TokenRefused, Workload
 from gateway.core.messages import Headers, RequestHead
+from gateway.core.policy import PolicySet
 from gateway.core.refusal import _CODES, ERROR_HEADER, Answer, Refusal, status_of
 from gateway.core.secret_value import SecretValue
-from gateway.services.policy import PolicySet, load_policy_texts
+from gateway.services.policy import load_policy_texts
 from gateway.services.state.base import SandboxAddress
 
 GOOD = f"{TOKEN_PREFIX}good.sig"

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from gateway.core import mcp
+from gateway.core.policy.mcp_rule import McpRule, Names
 from gateway.core.refusal import RPC_REFUSED, Refusal, answer
-from gateway.services.policy.mcp_rule import McpRule, Names
 
 RULE = McpRule(tools=Names(allow=("search_*", "get_issue"), deny=("search_secrets",)),
                resources=Names(allow=("repo://org/*",)), prompts=Names(allow=("review",)),

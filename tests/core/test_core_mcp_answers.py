@@ -11,8 +11,8 @@ import pytest
 
 from gateway.core import mcp
 from gateway.core.mcp_answers import MAX_ANSWER, Answers, media_type
+from gateway.core.policy.mcp_rule import McpRule, Names
 from gateway.core.refusal import Refusal, answer
-from gateway.services.policy.mcp_rule import McpRule, Names
 
 RULE = McpRule(tools=Names(allow=("search_*", "get_issue"), deny=("search_secrets",)))
 PINNED = McpRule(tools=Names(allow=("*",)), pin_descriptions=True)

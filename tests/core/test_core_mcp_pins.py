@@ -17,8 +17,8 @@ from gateway.core import mcp, mcp_pins
 from gateway.core.identity import Identity
 from gateway.core.mcp_answers import Answers
 from gateway.core.mcp_pins import Change, Pin, Server, ServerPins, Shown
+from gateway.core.policy.mcp_rule import McpRule, Names
 from gateway.core.refusal import answer
-from gateway.services.policy.mcp_rule import McpRule, Names
 
 SERVER = Server("mcp.test", 443, "/mcp")
 OLD = Shown.of({"name": "search", "description": "Search the issues.",

@@ -13,10 +13,11 @@ from gateway.core.addresses import Pinned
 from gateway.core.exchange import Exchange
 from gateway.core.leaks import LeakScan
 from gateway.core.messages import Headers, RequestHead
+from gateway.core.policy import Credential, Decision
 from gateway.core.refusal import Refusal, answer
 from gateway.core.target import Target
 from gateway.services.identity.tokens import SigningKeys, TokenService
-from gateway.services.policy import Credential, Decision, load_policy_text
+from gateway.services.policy import load_policy_text
 from gateway.services.state.base import MemoryState
 
 POLICY = """

@@ -14,7 +14,7 @@ from gateway.core.names import (
     parse_authority,
     parse_host_ip,
 )
-from gateway.services.policy import hosts
+from gateway.core.policy import hosts
 
 # ----------------------------------------------------------------------------- hosts
 

@@ -19,10 +19,11 @@ import pytest
 from gateway.core.addresses import AddressPolicy
 from gateway.core.approvals import Asked, Grant
 from gateway.core.evaluate import name_allowed
+from gateway.core.policy import Policy, Request
 from gateway.engines.dns.answer import Lookup, Need, answer, failure, formerr, parse
 from gateway.engines.dns.limit import RateLimiter
 from gateway.net.resolver import DestinationGuard, DestinationRefused, StaticResolver
-from gateway.services.policy import Policy, Request, load_policy_text
+from gateway.services.policy import load_policy_text
 from gateway.services.state.base import SandboxAddress
 
 POLICY = """\

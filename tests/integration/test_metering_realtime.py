@@ -23,9 +23,9 @@ from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.metrics import metric
 from helpers.tls import LocalCA
 
+from gateway.core.metering.pricing import Pricing
+from gateway.core.metering.usage import Usage
 from gateway.services.metering.catalogue import catalogue
-from gateway.services.metering.pricing import Pricing
-from gateway.services.metering.usage import Usage
 
 KEY = "sk-fake-realtime-key-0123456789"
 POLICY = """

@@ -15,9 +15,9 @@ from starlette.routing import Route
 from gateway.api.console.site import Site
 from gateway.api.policies import describe_policies
 from gateway.core.names import DestinationError, normalize_host
+from gateway.core.policy import PolicySet
 from gateway.services.identity.issued import IssuedTokens
 from gateway.services.identity.tokens import TokenService
-from gateway.services.policy import PolicySet
 from gateway.services.state.base import StateUnavailable
 
 __all__ = ["SHOWN", "routes"]

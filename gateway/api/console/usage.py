@@ -16,7 +16,7 @@ from starlette.routing import Route
 from gateway.api.console.chart import Bar, bar_chart
 from gateway.api.console.site import Site
 from gateway.config import ConfigError, parse_duration
-from gateway.services.policy import PolicySet
+from gateway.core.policy import PolicySet
 
 if TYPE_CHECKING:
     from gateway.services.metering import Metering

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gateway.config import Config
+from gateway.core.policy import Policy
 from gateway.core.ports import Approvals, Registry
 from gateway.engines.dns.server import DnsServer
 from gateway.net.resolver import DestinationGuard
 from gateway.observability.audit import Auditor
-from gateway.services.policy import Policy
 
 __all__ = ["DnsServer", "start_dns"]
 

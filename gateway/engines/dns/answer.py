@@ -37,7 +37,7 @@ import dns.rrset
 
 from gateway.core.evaluate import Grants, name_allowed
 from gateway.core.names import DestinationError, normalize_host
-from gateway.services.policy import Policy
+from gateway.core.policy import Policy
 from gateway.services.state.base import SandboxAddress
 
 __all__ = [

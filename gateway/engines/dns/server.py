@@ -26,13 +26,13 @@ from gateway.config import DnsConfig, HostPort
 from gateway.core.audit import record as audit_record
 from gateway.core.evaluate import Grants
 from gateway.core.names import DestinationError, normalize_host
+from gateway.core.policy import Policy
 from gateway.core.ports import Approvals, Registry
 from gateway.engines.dns.answer import Lookup, Need, Outcome, answer, failure, formerr, parse
 from gateway.engines.dns.limit import RateLimiter
 from gateway.net.resolver import DestinationGuard, DestinationRefused
 from gateway.observability import metrics
 from gateway.observability.audit import Auditor
-from gateway.services.policy import Policy
 from gateway.services.state.base import SandboxAddress
 
 __all__ = ["DnsServer"]

@@ -43,13 +43,13 @@ from gateway.core.approvals import Approval, Asked, Grant
 from gateway.core.audit import record
 from gateway.core.identity import Identity
 from gateway.core.mcp_pins import KIND as PIN_KIND
+from gateway.core.policy import PolicySet, Request
+from gateway.core.policy.ask_rule import Ask
 from gateway.core.ports import SILENT, Telemetry
 from gateway.services.approvals.notify import Webhooks
 from gateway.services.approvals.pins import ToolPinStore
 from gateway.services.approvals.proposal import Proposal, propose
 from gateway.services.approvals.watch import WATCH, RecordWatcher
-from gateway.services.policy import PolicySet, Request
-from gateway.services.policy.ask_rule import Ask
 from gateway.services.state.base import Records, StateUnavailable
 
 __all__ = ["POLL", "WATCH", "ApprovalService", "NotFound"]

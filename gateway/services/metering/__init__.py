@@ -1,22 +1,16 @@
-"""Inference metering: usage read from responses, model allowlists, budgets, totals.
+"""Inference metering over the state store: budgets, the usage ledger, the step the
+pipeline calls.
 
-Pure parts (no I/O): ``endpoints`` (which API a request calls, its model, the
-``include_usage`` rewrite), ``scan`` (bounded SSE/JSON scanners), ``usage`` (``Meter``),
-``models`` (allowlist decision), ``estimate`` (a call's worst case, reserved against
-budgets), ``budgets`` (windows, checks and reservations over counters), ``pricing``.
-``ledger`` keeps hourly totals; ``service.Metering`` is the step the enforcement core
-calls (``admit`` before forwarding, ``complete`` after the response).
+What is decided from a request alone (its endpoint, model, worst case, the usage its
+answer reports) is the core's (``gateway.core.metering``). Here: ``budgets`` (windows,
+checks and reservations over counters), ``ledger`` (hourly totals), ``minted`` (aliases
+for provider-minted secrets), ``pricing`` and ``catalogue`` (reading the files), and
+``service.Metering``, the step the pipeline calls (``admit`` before forwarding,
+``complete`` after the response).
 """
 
 from gateway.services.metering.budgets import BudgetBook, BudgetExceeded, window_bounds
-from gateway.services.metering.endpoints import classify, request_model, rewrite_request_body
-from gateway.services.metering.models import (
-    MODEL_BODY_LIMIT,
-    ModelRefusal,
-    check_model,
-    model_in_body,
-)
-from gateway.services.metering.pricing import Pricing, PricingError, load_pricing
+from gateway.services.metering.pricing import load_pricing
 from gateway.services.metering.service import (
     RESPONSE_HOLD,
     Exchange,
@@ -26,30 +20,17 @@ from gateway.services.metering.service import (
     Refusal,
     build_metering,
 )
-from gateway.services.metering.usage import Meter, Usage, meter_for
 
 __all__ = [
-    "MODEL_BODY_LIMIT",
     "RESPONSE_HOLD",
     "BudgetBook",
     "BudgetExceeded",
     "Exchange",
-    "Meter",
     "Metered",
     "Metering",
     "MeteringRefusal",
-    "ModelRefusal",
-    "Pricing",
-    "PricingError",
     "Refusal",
-    "Usage",
     "build_metering",
-    "check_model",
-    "classify",
     "load_pricing",
-    "meter_for",
-    "model_in_body",
-    "request_model",
-    "rewrite_request_body",
     "window_bounds",
 ]

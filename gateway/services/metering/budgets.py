@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gateway.services.metering.pricing import Pricing
-from gateway.services.metering.usage import Usage
-from gateway.services.policy.compiled import Policy
-from gateway.services.policy.model import Budget
+from gateway.core.metering.pricing import Pricing
+from gateway.core.metering.usage import Usage
+from gateway.core.policy.compiled import Policy
+from gateway.core.policy.model import Budget
 from gateway.services.state.counters import Admission, Counters, Increment, Limit
 from gateway.services.state.leases import ORPHANS, held_field
 

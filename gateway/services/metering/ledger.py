@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.services.metering.usage import Usage
+from gateway.core.metering.usage import Usage
 from gateway.services.state.counters import Counters
 
 __all__ = ["DAY", "HOUR", "UsageLedger", "totals"]

@@ -33,8 +33,8 @@ import string
 from typing import Any
 
 from gateway.core.leaks import canonical, sensitive_markers
+from gateway.core.metering.jsondoc import document
 from gateway.core.secret_value import SecretValue
-from gateway.services.metering.jsondoc import document
 from gateway.services.secrets.ephemeral import EphemeralKey, EphemeralKeys
 
 __all__ = ["NOT_FOUND", "alias_for", "expiry", "minted_secrets", "release", "rewrite"]

@@ -42,18 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gateway.core.ports import SILENT, Telemetry
-from gateway.services.metering import minted
-from gateway.services.metering.budgets import (
-    NANO,
-    BudgetBook,
-    BudgetExceeded,
-    Hold,
-    Reservation,
-    budget_problems,
-)
-from gateway.services.metering.catalogue import catalogue
-from gateway.services.metering.endpoints import (
+from gateway.core.metering.endpoints import (
     Endpoint,
     RequestBody,
     body_json,
@@ -65,24 +54,36 @@ from gateway.services.metering.endpoints import (
     route,
     stream_usage,
 )
-from gateway.services.metering.estimate import (
+from gateway.core.metering.estimate import (
     Unreadable,
     choices,
     input_bound,
     output_bound,
 )
-from gateway.services.metering.jsondoc import document
-from gateway.services.metering.ledger import DAY, HOUR, UsageLedger, totals
-from gateway.services.metering.models import (
+from gateway.core.metering.jsondoc import document
+from gateway.core.metering.models import (
     ModelNames,
     ModelRefusal,
     check_event_models,
     check_model,
 )
-from gateway.services.metering.pricing import Pricing, PricingError, load_pricing
-from gateway.services.metering.usage import JsonlMeter, Meter, SessionMeter, Usage, meter_for
-from gateway.services.policy.compiled import Policy, PolicySet
-from gateway.services.policy.model import Rule
+from gateway.core.metering.pricing import Pricing, PricingError
+from gateway.core.metering.usage import JsonlMeter, Meter, SessionMeter, Usage, meter_for
+from gateway.core.policy.compiled import Policy, PolicySet
+from gateway.core.policy.model import Rule
+from gateway.core.ports import SILENT, Telemetry
+from gateway.services.metering import minted
+from gateway.services.metering.budgets import (
+    NANO,
+    BudgetBook,
+    BudgetExceeded,
+    Hold,
+    Reservation,
+    budget_problems,
+)
+from gateway.services.metering.catalogue import catalogue
+from gateway.services.metering.ledger import DAY, HOUR, UsageLedger, totals
+from gateway.services.metering.pricing import load_pricing
 from gateway.services.secrets.ephemeral import EphemeralKeys
 from gateway.services.state.counters import Counters
 

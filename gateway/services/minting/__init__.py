@@ -4,7 +4,7 @@ One small module per type (`github`, `azure`, `aws` + `sigv4`, `google`, `oauth2
 a common layer (`base`: the minter contract; `http`: the client for token endpoints;
 `store`: minted values behind the secret cache, and the gate's port). The gate sees
 only the port: `get`/`invalidate`/`known_items` like the secret cache, and `signer`
-for SigV4. Policy syntax: `gateway/services/policy/minted.py`; docs: docs/credentials.md.
+for SigV4. Policy syntax: `gateway/core/policy/minted.py`; docs: docs/credentials.md.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gateway.core.policy import PolicySet
 from gateway.services.minting.base import MintContext, Minter, MintFailed
 from gateway.services.minting.http import TokenHttp
 from gateway.services.minting.store import Credentials, MintingStore, make_minter
-from gateway.services.policy import PolicySet
 from gateway.services.secrets.cache import SecretCache
 from gateway.services.state.base import MemoryMints, MintShare
 

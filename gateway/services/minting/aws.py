@@ -27,9 +27,9 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.exceptions import ParamValidationError
 
+from gateway.core.policy.minted import MintSpec
 from gateway.core.secret_value import MintedValue
 from gateway.services.minting.base import MintContext, MintFailed, clean, read_secret
-from gateway.services.policy.minted import MintSpec
 
 __all__ = ["AwsMinter", "key_set"]
 

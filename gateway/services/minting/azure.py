@@ -20,10 +20,10 @@ from azure.identity.aio import (
     WorkloadIdentityCredential,
 )
 
+from gateway.core.policy.minted import MintSpec
 from gateway.core.secret_value import MintedValue
 from gateway.net.resolver import unguarded
 from gateway.services.minting.base import MintContext, MintFailed, clean
-from gateway.services.policy.minted import MintSpec
 
 if TYPE_CHECKING:
     from azure.core.credentials_async import AsyncTokenCredential

@@ -13,7 +13,7 @@ import json
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-from gateway.services.policy import PolicySet
+from gateway.core.policy import PolicySet
 from gateway.services.secrets.base import SecretError, SecretStore
 
 __all__ = ["check_secrets"]

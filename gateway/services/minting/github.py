@@ -14,9 +14,9 @@ import json
 
 import jwt
 
+from gateway.core.policy.minted import MintSpec
 from gateway.core.secret_value import MintedValue
 from gateway.services.minting.base import MintContext, MintFailed, clean, read_secret
-from gateway.services.policy.minted import MintSpec
 
 __all__ = ["GitHubAppMinter", "app_jwt"]
 

@@ -22,10 +22,10 @@ import google.auth.exceptions
 import google.auth.transport
 from google.oauth2 import service_account
 
+from gateway.core.policy.minted import MintSpec
 from gateway.core.secret_value import MintedValue
 from gateway.services.minting.base import MintContext, MintFailed, clean, read_secret
 from gateway.services.minting.http import TokenHttp
-from gateway.services.policy.minted import MintSpec
 
 __all__ = ["GcpMinter", "LoopRequest"]
 

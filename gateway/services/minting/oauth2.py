@@ -18,9 +18,9 @@ import hashlib
 import logging
 from urllib.parse import quote_plus, urlencode
 
+from gateway.core.policy.minted import MintSpec
 from gateway.core.secret_value import MintedValue
 from gateway.services.minting.base import MintContext, MintFailed, clean, read_secret
-from gateway.services.policy.minted import MintSpec
 from gateway.services.state.base import StateUnavailable
 
 log = logging.getLogger("sandbox_gateway")

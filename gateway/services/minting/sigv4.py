@@ -32,10 +32,10 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
 from gateway.core.messages import RequestHead
+from gateway.core.policy import Credential
 from gateway.core.refusal import Refusal
 from gateway.core.secret_value import SecretValue
 from gateway.core.target import DEFAULT_PORTS, Target
-from gateway.services.policy import Credential
 
 __all__ = ["SigV4Signer", "signed_field"]
 

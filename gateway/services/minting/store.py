@@ -22,13 +22,13 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from gateway.core.policy import Credential, PolicySet
+from gateway.core.policy.minted import MINTED_PREFIX, MintSpec
 from gateway.core.ports import Signer
 from gateway.core.secret_value import SecretValue
 from gateway.observability import metrics
 from gateway.services.minting.base import MintContext, Minter, MintFailed
 from gateway.services.minting.shared import SharedMinter
-from gateway.services.policy import Credential, PolicySet
-from gateway.services.policy.minted import MINTED_PREFIX, MintSpec
 from gateway.services.secrets.base import SecretError, SecretNotFound
 from gateway.services.secrets.cache import SecretCache
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gateway.services.policy.agents import PREFIX, known_agents
-from gateway.services.policy.compiled import Policy, PolicySet, compile_policy
-from gateway.services.policy.hosts import HostPattern
-from gateway.services.policy.model import (
+from gateway.core.policy.compiled import Policy, PolicySet, compile_policy
+from gateway.core.policy.hosts import HostPattern
+from gateway.core.policy.model import (
     Budget,
     Credential,
     Rule,
 )
+from gateway.services.policy.agents import PREFIX, known_agents
 from gateway.services.policy.nodes import (
     NodeReader,
     RawPolicy,

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gateway.services.policy.compiled import PolicySet
-from gateway.services.policy.injection import Injection
-from gateway.services.policy.model import Credential, Rule
+from gateway.core.policy.compiled import PolicySet
+from gateway.core.policy.injection import Injection
+from gateway.core.policy.model import Credential, Rule
 from gateway.services.policy.testing import relative_source
 
 __all__ = [

@@ -34,9 +34,10 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from gateway.config import ConfigError, parse_duration
+from gateway.core.policy.compiled import PolicySet
+from gateway.core.policy.model import Mode, Subject
 from gateway.services.policy.agents import PREFIX, TELEMETRY, add_agent_presets, variant
 from gateway.services.policy.build import build_policy_set
-from gateway.services.policy.compiled import PolicySet
 from gateway.services.policy.files import (
     outside_error,
     policy_files,
@@ -44,7 +45,6 @@ from gateway.services.policy.files import (
     source_name,
     unreadable,
 )
-from gateway.services.policy.model import Mode, Subject
 from gateway.services.policy.nodes import NAME, RawPolicy
 from gateway.services.policy.problems import PolicyError, clipped, quoted, shown
 from gateway.services.policy.read_credentials import CredentialReader

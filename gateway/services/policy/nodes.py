@@ -10,9 +10,9 @@ from typing import Any
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from gateway.services.policy.ask_rule import Ask
-from gateway.services.policy.hosts import HostPattern
-from gateway.services.policy.model import (
+from gateway.core.policy.ask_rule import Ask
+from gateway.core.policy.hosts import HostPattern
+from gateway.core.policy.model import (
     Budget,
     Credential,
     Mode,

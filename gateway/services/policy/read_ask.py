@@ -5,7 +5,7 @@ from __future__ import annotations
 from yaml.nodes import MappingNode, Node, ScalarNode
 
 from gateway.core.durations import parse_duration
-from gateway.services.policy.ask_rule import DEFAULT_TIMEOUT, MAX_TIMEOUT, Ask
+from gateway.core.policy.ask_rule import DEFAULT_TIMEOUT, MAX_TIMEOUT, Ask
 from gateway.services.policy.nodes import NAME, NodeReader
 from gateway.services.policy.problems import clipped
 

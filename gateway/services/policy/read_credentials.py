@@ -9,9 +9,9 @@ from urllib.parse import urlsplit
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from gateway.config import ConfigError, parse_duration
-from gateway.services.policy.hosts import HostPatternError, compile_host_pattern
-from gateway.services.policy.injection import Injection
-from gateway.services.policy.minted import (
+from gateway.core.policy.hosts import HostPatternError, compile_host_pattern
+from gateway.core.policy.injection import Injection
+from gateway.core.policy.minted import (
     MINTED_PREFIX,
     TYPES,
     Field,
@@ -20,9 +20,9 @@ from gateway.services.policy.minted import (
     aws_hosts,
     cache_key,
 )
-from gateway.services.policy.model import Credential
+from gateway.core.policy.model import Credential
+from gateway.core.policy.presets import PRESETS
 from gateway.services.policy.nodes import NAME, CredentialDef, NodeReader
-from gateway.services.policy.presets import PRESETS
 from gateway.services.policy.problems import SHOWN, clipped, printable, quoted, shown, suggest
 
 _CREDENTIAL_KEYS = ("preset", "secret", "hosts", "inject", "description", "type",

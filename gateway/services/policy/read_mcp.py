@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from yaml.nodes import MappingNode, Node, ScalarNode
 
-from gateway.services.policy.globs import GlobError, validate_glob
-from gateway.services.policy.mcp_rule import McpRule, Names
+from gateway.core.policy.globs import GlobError, validate_glob
+from gateway.core.policy.mcp_rule import McpRule, Names
 from gateway.services.policy.nodes import NodeReader
 
 __all__ = ["McpReader"]

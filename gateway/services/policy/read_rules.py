@@ -10,16 +10,16 @@ from typing import Any, Literal
 from yaml.nodes import Node, ScalarNode, SequenceNode
 
 from gateway.config import ConfigError, parse_duration
-from gateway.services.policy.hosts import HostPatternError, compile_host_pattern
-from gateway.services.policy.methods import check_method
-from gateway.services.policy.model import (
+from gateway.core.policy.hosts import HostPatternError, compile_host_pattern
+from gateway.core.policy.methods import check_method
+from gateway.core.policy.model import (
     Budget,
     BudgetScope,
     MeteringRule,
     Protocol,
 )
+from gateway.core.policy.paths import PathPatternError, validate_path_pattern
 from gateway.services.policy.nodes import NAME, RawBudget, RawPolicy, RawRule
-from gateway.services.policy.paths import PathPatternError, validate_path_pattern
 from gateway.services.policy.problems import clipped, quoted, shown
 from gateway.services.policy.read_ask import AskReader
 from gateway.services.policy.read_mcp import McpReader

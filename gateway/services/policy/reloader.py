@@ -28,8 +28,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from gateway.core.policy.compiled import PolicySet
 from gateway.observability.metrics import MULTIPROCESS, POLICY_INFO, POLICY_RELOADS, POLICY_RULES
-from gateway.services.policy.compiled import PolicySet
 from gateway.services.policy.loader import PolicyError, load_policy_dir
 from gateway.services.policy.revision import REVISION_FILE, git_state
 from gateway.services.polling import Poller

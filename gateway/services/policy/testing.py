@@ -41,8 +41,8 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from gateway.core.evaluate import request_for
 from gateway.core.mcp import request_body
-from gateway.services.policy.compiled import PolicySet
-from gateway.services.policy.model import Request
+from gateway.core.policy.compiled import PolicySet
+from gateway.core.policy.model import Request
 
 if TYPE_CHECKING:
     from gateway.services.metering import Metering

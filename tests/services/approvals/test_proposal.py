@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from gateway.core.approvals import Asked, Grant
+from gateway.core.policy import Request, decide
 from gateway.services.approvals.proposal import propose, rule_snippet, with_rule
-from gateway.services.policy import Request, decide, load_policy_texts
+from gateway.services.policy import load_policy_texts
 
 HOST = Asked("host", "new.test", 443)
 REQUEST = Asked("request", "api.test", 8443, "POST", "/v1/things")

@@ -15,10 +15,10 @@ import pytest
 
 from gateway.core.approvals import Approval, Asked, Grant
 from gateway.core.identity import Identity
+from gateway.core.policy import Request
+from gateway.core.policy.ask_rule import Ask
 from gateway.net.resolver import new_event_loop
 from gateway.services.approvals import ApprovalService, NotFound
-from gateway.services.policy import Request
-from gateway.services.policy.ask_rule import Ask
 from gateway.services.state.sqlite import SqliteState
 
 ASKED = Asked("host", "new.test", 443)

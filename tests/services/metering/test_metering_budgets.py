@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 from helpers.clock import Clock, run
 
+from gateway.core.metering.pricing import Price, Pricing, PricingError, parse_pricing
+from gateway.core.metering.usage import Usage
+from gateway.core.policy import PolicySet
 from gateway.services.metering.budgets import (
     RETRY_AFTER_MAX,
     BudgetBook,
@@ -17,15 +20,8 @@ from gateway.services.metering.budgets import (
     budget_problems,
     window_bounds,
 )
-from gateway.services.metering.pricing import (
-    Price,
-    Pricing,
-    PricingError,
-    load_pricing,
-    parse_pricing,
-)
-from gateway.services.metering.usage import Usage
-from gateway.services.policy import PolicySet, load_policy_text
+from gateway.services.metering.pricing import load_pricing
+from gateway.services.policy import load_policy_text
 from gateway.services.state.leases import ORPHANS, parse_held
 from gateway.services.state.memory_counters import MemoryCounters
 

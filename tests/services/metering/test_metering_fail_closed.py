@@ -13,17 +13,19 @@ from typing import Any
 
 import pytest
 
-from gateway.services.metering import Exchange, Metering, MeteringRefusal, ModelRefusal
-from gateway.services.metering.budgets import BudgetExceeded
-from gateway.services.metering.catalogue import catalogue
-from gateway.services.metering.endpoints import classify
-from gateway.services.metering.estimate import (
+from gateway.core.metering import ModelRefusal
+from gateway.core.metering.endpoints import classify
+from gateway.core.metering.estimate import (
     INLINE_TOKENS,
     estimate_input,
 )
-from gateway.services.metering.usage import SessionMeter
-from gateway.services.policy import PolicySet, load_policy_texts
-from gateway.services.policy.compiled import Policy
+from gateway.core.metering.usage import SessionMeter
+from gateway.core.policy import PolicySet
+from gateway.core.policy.compiled import Policy
+from gateway.services.metering import Exchange, Metering, MeteringRefusal
+from gateway.services.metering.budgets import BudgetExceeded
+from gateway.services.metering.catalogue import catalogue
+from gateway.services.policy import load_policy_texts
 from gateway.services.state.memory_counters import MemoryCounters
 
 NOW = 1_795_000_000.0

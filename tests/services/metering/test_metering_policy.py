@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main
-from gateway.services.metering.models import ModelNames, check_model, model_in_body
+from gateway.core.metering.models import ModelNames, check_model, model_in_body
+from gateway.core.policy.model import Rule
 from gateway.services.policy import (
     PolicyError,
     load_policy_dir,
     load_policy_text,
     load_policy_texts,
 )
-from gateway.services.policy.model import Rule
 
 HEAD = """\
 version: v1

@@ -12,10 +12,11 @@ import pytest
 from starlette.testclient import TestClient
 
 from gateway.api.admin import AdminContext, build_admin_app
+from gateway.core.metering import Usage
+from gateway.core.metering.pricing import Price, Pricing
 from gateway.services.identity.tokens import SigningKeys, TokenService
-from gateway.services.metering import Metering, Usage
+from gateway.services.metering import Metering
 from gateway.services.metering.ledger import DAY, HOUR, UsageLedger
-from gateway.services.metering.pricing import Price, Pricing
 from gateway.services.policy import load_policy_texts
 from gateway.services.state.base import MemoryState
 

@@ -20,12 +20,14 @@ from starlette.testclient import TestClient
 from gateway.api.admin import AdminContext, build_admin_app
 from gateway.cli import main
 from gateway.config import Config, ConfigError, MeteringConfig, load_config
+from gateway.core.metering import ModelRefusal
+from gateway.core.metering.pricing import parse_pricing
+from gateway.core.policy import PolicySet
 from gateway.observability import metrics
 from gateway.services.identity.tokens import SigningKeys, TokenService
-from gateway.services.metering import BudgetExceeded, Exchange, Metered, Metering, ModelRefusal
-from gateway.services.metering.pricing import parse_pricing
+from gateway.services.metering import BudgetExceeded, Exchange, Metered, Metering
 from gateway.services.metering.service import build_metering
-from gateway.services.policy import PolicySet, load_policy_texts
+from gateway.services.policy import load_policy_texts
 from gateway.services.state.base import MemoryState
 from gateway.services.state.sqlite import SqliteState
 

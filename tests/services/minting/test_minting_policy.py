@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.core.policy.minted import MINTED_PREFIX, TYPES
 from gateway.services.policy import PolicyError, load_policy_text
 from gateway.services.policy.diff import diff_sets
-from gateway.services.policy.minted import MINTED_PREFIX, TYPES
 
 HEAD = """
 version: v1

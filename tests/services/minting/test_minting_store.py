@@ -12,12 +12,12 @@ from helpers.clock import Clock, run
 
 from gateway.core.leaks import canonical
 from gateway.core.markers import _markers_of
+from gateway.core.policy.minted import MintSpec
 from gateway.core.secret_value import MintedValue
 from gateway.observability import metrics
 from gateway.services.minting import Credentials, MintContext, MintFailed, MintingStore
 from gateway.services.minting.aws import key_set
 from gateway.services.policy import load_policy_text
-from gateway.services.policy.minted import MintSpec
 from gateway.services.secrets import SecretCache, SecretUnavailable, SecretValue
 
 POLICY = """

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main as cli_main
-from gateway.services.policy import PolicyError, Request, decide, load_policy_text
+from gateway.core.policy import Request, decide
+from gateway.services.policy import PolicyError, load_policy_text
 from gateway.services.policy.agents import known_agents
 
 CREDENTIALS = """\

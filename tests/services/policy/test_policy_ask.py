@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.core.policy.ask_rule import Ask
 from gateway.services.policy import PolicyError, load_policy_text
-from gateway.services.policy.ask_rule import Ask
 
 HEAD = "version: v1\nname: a\n"
 

@@ -8,16 +8,15 @@ import pytest
 import yaml
 from conformance import CASES_FILE
 
-from gateway.services.policy import (
+from gateway.core.policy import (
     HostPatternError,
-    PolicyError,
     Request,
     compile_host_pattern,
     decide,
     host_matches,
-    load_policy_text,
     normalize_host,
 )
+from gateway.services.policy import PolicyError, load_policy_text
 
 
 def _load() -> dict[str, Any]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.services.policy import PolicyError, Request, decide, load_policy_text
+from gateway.core.policy import Request, decide
+from gateway.services.policy import PolicyError, load_policy_text
 
 POLICY = """\
 version: v1

@@ -16,7 +16,8 @@ import pytest
 
 from bench.policy_replay import narrow, write_audit
 from gateway.cli import main
-from gateway.services.policy import PolicySet, load_policy_dir, load_policy_texts
+from gateway.core.policy import PolicySet
+from gateway.services.policy import load_policy_dir, load_policy_texts
 from gateway.services.policy.diff import diff_sets
 from gateway.services.policy.replay import replay
 from gateway.services.policy.report import diff_json, diff_markdown, diff_text

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.core.policy import PRESETS, Injection
 from gateway.services.policy import (
-    PRESETS,
-    Injection,
     PolicyError,
     load_policy_dir,
     load_policy_text,

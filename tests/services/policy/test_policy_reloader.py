@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from gateway.core.policy import PolicySet
 from gateway.observability.metrics import POLICY_RELOADS, POLICY_RULES
-from gateway.services.policy import PolicyError, PolicyReloader, PolicySet, fingerprint
+from gateway.services.policy import PolicyError, PolicyReloader, fingerprint
 
 
 def policy(name: str, *hosts: str) -> str:

@@ -12,7 +12,8 @@ import pytest
 
 from gateway.cli import main
 from gateway.core.evaluate import request_for
-from gateway.services.policy import PolicySet, Request, load_policy_dir, load_policy_texts
+from gateway.core.policy import PolicySet, Request
+from gateway.services.policy import load_policy_dir, load_policy_texts
 from gateway.services.policy.testing import PolicyCase, parse_cases, run_case, run_cases
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -18,9 +18,9 @@ import redis.asyncio as aioredis
 from helpers.clock import Clock, run
 from helpers.redis_server import RedisServer, running_redis
 
+from gateway.core.metering.usage import Usage
 from gateway.net.resolver import new_event_loop
 from gateway.services.metering.budgets import BudgetBook, Hold
-from gateway.services.metering.usage import Usage
 from gateway.services.policy import load_policy_text
 from gateway.services.state.base import MemoryState
 from gateway.services.state.counters import Admission, Increment, Limit

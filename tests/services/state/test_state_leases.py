@@ -23,11 +23,11 @@ import pytest
 from helpers.disk import tiny_tmpfs
 from helpers.redis_server import running_redis
 
+from gateway.core.metering.pricing import Price, Pricing
+from gateway.core.policy.compiled import Policy
 from gateway.net.resolver import new_event_loop
 from gateway.services.metering.budgets import BudgetBook, Hold, Reservation
-from gateway.services.metering.pricing import Price, Pricing
 from gateway.services.policy import load_policy_text
-from gateway.services.policy.compiled import Policy
 from gateway.services.state.base import MemoryState, StateStore
 from gateway.services.state.lease_keeper import Lease
 from gateway.services.state.leases import ORPHANS, Charged, held_field, parse_held

@@ -27,6 +27,7 @@ from typing import Any
 from gateway.config import KubernetesConfig
 from gateway.core.identify import subject_refusal
 from gateway.core.identity import Identity, Workload
+from gateway.core.policy import PolicySet
 from gateway.core.refusal import Refusal
 from gateway.services.identity.kubernetes.accounts import (
     AccountRefused,
@@ -37,7 +38,6 @@ from gateway.services.identity.kubernetes.accounts import (
 from gateway.services.identity.kubernetes.pods import PodIndex, Policies
 from gateway.services.identity.kubernetes.watch import PodWatcher
 from gateway.services.identity.tokens import MintedToken, TokenError, TokenService
-from gateway.services.policy import PolicySet
 
 __all__ = ["AccountRefused", "ExchangeRefused", "Exchanged", "PodIdentities"]
 

@@ -24,7 +24,7 @@ from gateway.services.policy.nodes import NodeReader, RawPolicy
 from gateway.services.policy.read_rules import ALLOW_ONLY
 
 if TYPE_CHECKING:
-    from gateway.services.policy.compiled import PolicySet
+    from gateway.core.policy.compiled import PolicySet
 
 __all__ = ["PREFIX", "TELEMETRY", "add_agent_presets", "known_agents", "preset_lines", "variant"]
 

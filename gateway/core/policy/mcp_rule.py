@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.services.policy.globs import compile_glob
-from gateway.services.policy.mcp_values import normalize_value
+from gateway.core.policy.globs import compile_glob
+from gateway.core.policy.mcp_values import normalize_value
 
 __all__ = ["McpRule", "Names"]
 

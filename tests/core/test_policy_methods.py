@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.services.policy.methods import EXTENSION_METHODS, STANDARD_METHODS, check_method
+from gateway.core.policy.methods import EXTENSION_METHODS, STANDARD_METHODS, check_method
 
 ACCEPTED = [
     ("GET", "GET"),

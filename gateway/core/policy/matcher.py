@@ -42,8 +42,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from gateway.core.addresses import special_literal
-from gateway.services.policy.hosts import HostPattern
-from gateway.services.policy.model import (
+from gateway.core.policy.hosts import HostPattern
+from gateway.core.policy.model import (
     DEFAULT_HTTP_PORT,
     DEFAULT_HTTPS_PORT,
     Credential,
@@ -52,7 +52,7 @@ from gateway.services.policy.model import (
     Request,
     Rule,
 )
-from gateway.services.policy.paths import normalize_path
+from gateway.core.policy.paths import normalize_path
 
 __all__ = ["Matcher"]
 

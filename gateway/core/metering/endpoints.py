@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import unquote
 
-from gateway.services.metering.jsondoc import document
-from gateway.services.policy.paths import normalize_path
+from gateway.core.metering.jsondoc import document
+from gateway.core.policy.paths import normalize_path
 
 __all__ = [
     "Body",

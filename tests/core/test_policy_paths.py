@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.services.policy.paths import PathPatternError, compile_paths, normalize_path
+from gateway.core.policy.paths import PathPatternError, compile_paths, normalize_path
 
 
 @pytest.mark.parametrize(

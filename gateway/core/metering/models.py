@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
-from gateway.services.metering.endpoints import (
+from gateway.core.metering.endpoints import (
     Body,
     classify,
     field_of,
@@ -42,7 +42,7 @@ from gateway.services.metering.endpoints import (
     raw_body,
     route,
 )
-from gateway.services.policy.model import Rule
+from gateway.core.policy.model import Rule
 
 __all__ = ["MODEL_BODY_LIMIT", "ModelNames", "ModelRefusal", "Reached", "check_event_models",
            "check_model", "model_in_body", "reached"]

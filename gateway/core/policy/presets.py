@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.services.policy.injection import Injection
+from gateway.core.policy.injection import Injection
 
 __all__ = ["PRESETS", "Preset"]
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway.services.policy import (
+from gateway.core.policy import (
     Credential,
     Decision,
     Injection,
@@ -19,8 +19,8 @@ from gateway.services.policy import (
     Rule,
     compile_policy,
     decide,
-    load_policy_text,
 )
+from gateway.services.policy import load_policy_text
 from gateway.tools.explain import explain_request
 
 POLICY = """\

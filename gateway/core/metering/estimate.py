@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.services.metering.endpoints import Endpoint, route
+from gateway.core.metering.endpoints import Endpoint, route
 
 __all__ = [
     "DEFAULT_OUTPUT",

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.services.metering.catalogue import Catalogue, catalogue
-from gateway.services.metering.pricing import PricingError, parse_pricing
-from gateway.services.metering.usage import Usage
+from gateway.core.metering.catalogue import Catalogue
+from gateway.core.metering.pricing import PricingError, parse_pricing
+from gateway.core.metering.usage import Usage
+from gateway.services.metering.catalogue import catalogue
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_vendored_catalogue_names_its_version_and_knows_the_usual_models() -> None:

@@ -1,4 +1,4 @@
-"""A call's bound (gateway/services/metering/estimate.py): what a provider may bill for a
+"""A call's bound (gateway/core/metering/estimate.py): what a provider may bill for a
 request, read as the most generous provider would read it (issue 39: reservations that
 are upper bounds, JSON numbers in every form)."""
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gateway.services.metering.endpoints import Endpoint, body_json
-from gateway.services.metering.estimate import (
+from gateway.core.metering.endpoints import Endpoint, body_json
+from gateway.core.metering.estimate import (
     Unreadable,
     choices,
     hosted_tools,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.services.policy.hosts import (
+from gateway.core.policy.hosts import (
     HostPatternError,
     compile_host_pattern,
     host_matches,
@@ -128,7 +128,7 @@ def test_public_suffix_list_is_read_offline(monkeypatch: pytest.MonkeyPatch) -> 
     """The PSL comes from the file vendored with publicsuffix2, never from the network."""
     import socket
 
-    from gateway.services.policy import hosts
+    from gateway.core.policy import hosts
 
     def no_network(*args: object, **kwargs: object) -> None:
         raise AssertionError("network access attempted")

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from gateway.services.policy.injection import Injection
+from gateway.core.policy.injection import Injection
 
 __all__ = ["MINTED_PREFIX", "TYPES", "Field", "MintSpec", "MintType", "Option", "cache_key"]
 

@@ -1,4 +1,4 @@
-"""The policy files' one glob matcher (gateway/services/policy/globs.py), table-driven:
+"""The policy files' one glob matcher (gateway/core/policy/globs.py), table-driven:
 `*` within a segment, `**` across, `?` and `[...]` never `/`, names read whole, deny globs
 also refusing what lies beneath; `paths:` compiled by it decide as before."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.services.policy.globs import GlobError, compile_glob, validate_glob
-from gateway.services.policy.paths import compile_paths
+from gateway.core.policy.globs import GlobError, compile_glob, validate_glob
+from gateway.core.policy.paths import compile_paths
 
 # (glob, value, matches by segment)
 SEGMENTS = [

@@ -34,9 +34,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from gateway.services.metering.endpoints import Body, Format, classify, request_model
-from gateway.services.metering.jsondoc import document
-from gateway.services.metering.scan import ArrayScanner, Capture, SseScanner, salvage
+from gateway.core.metering.endpoints import Body, Format, classify, request_model
+from gateway.core.metering.jsondoc import document
+from gateway.core.metering.scan import ArrayScanner, Capture, SseScanner, salvage
 
 __all__ = ["HOLD", "JSON_CAP", "JsonlMeter", "Meter", "RealtimeMeter", "SessionMeter", "Usage",
            "meter_for"]

@@ -1,4 +1,4 @@
-"""gateway.services.metering.jsondoc: json.loads's answers on UTF-8 bytes (a BOM is
+"""gateway.core.metering.jsondoc: json.loads's answers on UTF-8 bytes (a BOM is
 refused, as RFC 8259 senders must not add one)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gateway.services.metering.jsondoc import document
+from gateway.core.metering.jsondoc import document
 
 DECODER = json.JSONDecoder()
 

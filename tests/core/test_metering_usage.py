@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.services.metering.endpoints import classify, request_model, rewrite_request_body
-from gateway.services.metering.scan import SALVAGE, SseScanner
-from gateway.services.metering.usage import (
+from gateway.core.metering.endpoints import classify, request_model, rewrite_request_body
+from gateway.core.metering.scan import SALVAGE, SseScanner
+from gateway.core.metering.usage import (
     HOLD,
     JSON_CAP,
     Meter,
@@ -22,7 +22,7 @@ from gateway.services.metering.usage import (
     meter_for,
 )
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "metering"
+DATA = Path(__file__).resolve().parents[1] / "data" / "metering"
 
 CHAT = "/v1/chat/completions"
 GEMINI_STREAM = "/v1beta/models/gemini-2.0-flash:streamGenerateContent"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.services.policy import PolicyError, Request, decide, load_policy_text
-from gateway.services.policy.mcp_rule import McpRule, Names
+from gateway.core.policy import Request, decide
+from gateway.core.policy.mcp_rule import McpRule, Names
+from gateway.services.policy import PolicyError, load_policy_text
 
 
 def _load(rule: str) -> object:

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from gateway.services.metering.endpoints import body_json
-from gateway.services.metering.models import check_event_models, check_model, model_in_body
-from gateway.services.policy.model import Rule
+from gateway.core.metering.endpoints import body_json
+from gateway.core.metering.models import check_event_models, check_model, model_in_body
+from gateway.core.policy.model import Rule
 
 RULE = Rule(host="api.openai.com", source="p.yaml:9", credential="openai",
             models=("gpt-4o-mini", "gpt-4.1-*", "omni-moderation-*", "gpt-image-1",

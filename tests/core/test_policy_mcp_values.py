@@ -1,12 +1,12 @@
 """MCP resource URIs and tool arguments as `mcp:` globs read them
-(gateway/services/policy/mcp_values.py), table-driven: what each value is read as, and
+(gateway/core/policy/mcp_values.py), table-driven: what each value is read as, and
 what cannot be read one way only and is refused."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.services.policy.mcp_values import normalize_value
+from gateway.core.policy.mcp_values import normalize_value
 
 # (value, read as)
 READ = [

@@ -10,14 +10,14 @@ import fnmatch
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from gateway.services.policy.ask_rule import Ask
-from gateway.services.policy.hosts import HostPattern, compile_host_pattern
-from gateway.services.policy.injection import Injection
-from gateway.services.policy.mcp_rule import McpRule
-from gateway.services.policy.paths import PathSet, compile_paths
+from gateway.core.policy.ask_rule import Ask
+from gateway.core.policy.hosts import HostPattern, compile_host_pattern
+from gateway.core.policy.injection import Injection
+from gateway.core.policy.mcp_rule import McpRule
+from gateway.core.policy.paths import PathSet, compile_paths
 
 if TYPE_CHECKING:
-    from gateway.services.policy.minted import MintSpec
+    from gateway.core.policy.minted import MintSpec
 
 __all__ = [
     "DEFAULT_HTTPS_PORT",

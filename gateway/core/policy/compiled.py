@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gateway.services.policy.ask_rule import Ask
-from gateway.services.policy.matcher import Matcher
-from gateway.services.policy.model import (
+from gateway.core.policy.ask_rule import Ask
+from gateway.core.policy.matcher import Matcher
+from gateway.core.policy.model import (
     Budget,
     Credential,
     Decision,

@@ -29,7 +29,7 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 
-from gateway.services.policy.globs import glob_regex
+from gateway.core.policy.globs import glob_regex
 
 __all__ = [
     "PathPatternError",
