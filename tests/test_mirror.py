@@ -222,43 +222,43 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "checking the upstream proxy"),
     # --- the core ---
     "gateway/core/audit.py": (
-        "tests/core/test_core_gate.py, tests/integration/test_enforcement_findings.py",
+        "tests/pipeline/test_pipeline_gate.py, tests/integration/test_enforcement_findings.py",
         "every refusal's one audit line from the gate; the same keys on every decision "
         "and engine"),
     "gateway/core/client.py": (
-        "tests/core/test_core_gate.py, tests/core/test_core_ask.py",
+        "tests/pipeline/test_pipeline_gate.py, tests/core/test_core_ask.py",
         "imported: the client, its tunnel and `Refused`, as the gate's tests build them"),
-    "gateway/core/connections.py": (
-        "tests/core/test_core_gate.py, tests/reliability/test_process.py",
+    "gateway/pipeline/connections.py": (
+        "tests/pipeline/test_pipeline_gate.py, tests/reliability/test_process.py",
         "per-sandbox and process-wide connection limits in the gate; running out of "
         "descriptors on a real process"),
-    "gateway/core/exchange.py": (
-        "tests/core/test_core_gate.py, tests/core/test_core_minted.py, "
+    "gateway/pipeline/exchange.py": (
+        "tests/pipeline/test_pipeline_gate.py, tests/core/test_core_minted.py, "
         "tests/core/test_core_ask.py",
         "imported: every exchange refusal from fakes; its streaming, MCP and WebSocket "
         "paths run on every engine in tests/integration/test_parity.py"),
-    "gateway/core/identify.py": (
-        "tests/core/test_core_gate.py, tests/integration/test_kubernetes_identity.py",
+    "gateway/pipeline/identify.py": (
+        "tests/pipeline/test_pipeline_gate.py, tests/integration/test_kubernetes_identity.py",
         "token, registered and pod identities and their per-request recheck, from fakes "
         "and with the fake Kubernetes API"),
     "gateway/core/identity.py": (
-        "tests/core/test_core_gate.py, tests/services/identity/test_pod_index.py",
+        "tests/pipeline/test_pipeline_gate.py, tests/services/identity/test_pod_index.py",
         "imported: the core's view of a verified token, built and checked in both"),
     "gateway/core/local_api.py": (
-        "tests/integration/test_refresh.py, tests/core/test_core_gate.py",
+        "tests/integration/test_refresh.py, tests/pipeline/test_pipeline_gate.py",
         "`POST /v1/tokens/refresh` at sandbox-gateway.internal on a real gateway: lifetime "
         "bound, revocation, the policy opt-in"),
-    "gateway/core/markers.py": (
+    "gateway/pipeline/markers.py": (
         "tests/services/secrets/test_secrets_ephemeral.py, "
         "tests/services/minting/test_minting_store.py",
         "imported: the leak markers a request is scanned for, rebuilt when minted and "
         "provider-minted secrets change"),
     "gateway/core/ports.py": (
-        "tests/core/test_core_gate.py, tests/observability/test_telemetry.py",
+        "tests/pipeline/test_pipeline_gate.py, tests/observability/test_telemetry.py",
         "protocols: the fakes of the gate's tests implement them; the telemetry test "
         "counts on SILENT"),
     "gateway/core/trail.py": (
-        "tests/core/test_core_gate.py, tests/core/test_core_ask.py",
+        "tests/pipeline/test_pipeline_gate.py, tests/core/test_core_ask.py",
         "each refusal rendered and audited once, asserted per code from fakes"),
     # --- the engines ---
     "gateway/engines/dns/__init__.py": (
@@ -378,6 +378,9 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "list and watch against the fake API: a cut or compacted watch followed, a stale "
         "one failing closed"),
     # --- services: metering ---
+    "gateway/core/ephemeral.py": (
+        "tests/services/secrets/test_secrets_ephemeral.py, tests/core/test_core_minted.py",
+        "a value type: kept, looked up by alias and expired through EphemeralKeys"),
     "gateway/core/metering/endpoints.py": (
         "tests/core/test_metering_usage.py, "
         "tests/core/test_metering_models.py, "

@@ -33,11 +33,11 @@ from gateway.api.errors import error
 from gateway.api.policies import describe_policies
 from gateway.api.times import parse_since
 from gateway.config import ConfigError, parse_duration
-from gateway.core.evaluate import static_metering
 from gateway.core.names import DestinationError, is_ip, normalize_host
 from gateway.net.resolver import DestinationGuard
 from gateway.observability import metrics
 from gateway.services.identity.tokens import TokenError, parse_scope
+from gateway.services.metering import static_metering
 from gateway.services.state.base import SandboxAddress, StateUnavailable
 from gateway.tools.explain import explain_body, explain_request
 

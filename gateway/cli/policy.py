@@ -139,8 +139,7 @@ def _test_files(directory: Path) -> list[Path]:
 def _static_metering(args: argparse.Namespace) -> Metering:
     """The metering step `policy test` decides with: the gateway's (its pricing, for
     cost budgets) over empty counters; without a readable config, no pricing."""
-    from gateway.core.evaluate import static_metering
-    from gateway.services.metering import load_pricing
+    from gateway.services.metering import load_pricing, static_metering
 
     try:
         pricing = config_of(args).metering.pricing

@@ -5,7 +5,7 @@ Every caller that decides a request runs these stages, in this order, and no cop
 1. ``route`` — the policy (``decide``), then the credential's static checks: a
    credential the rule names must be defined, bound to the host and used over TLS
    (``credentials.static_refusal``). The proxy calls it for every tunnel and request
-   (``core/gate.py``); ``policy explain``, ``policy test``, ``policy diff --replay``
+   (``pipeline/gate.py``); ``policy explain``, ``policy test``, ``policy diff --replay``
    and the DNS resolver (``name_allowed``) call it too. ``askable`` says whether a
    person may decide what it refuses (ask mode), for the proxy and ``explain`` alike;
    ``with_grants`` lets a grant decide there, for the proxy and the DNS resolver alike.
@@ -13,8 +13,9 @@ Every caller that decides a request runs these stages, in this order, and no cop
    --resolve`` run it between 1 and 3, on what stage 1 allowed — a denied host is
    never resolved)
 3. ``meter`` — an ``mcp:`` rule's method (``core/mcp.method_refusal``) and JSON-RPC
-   calls (``core/mcp.judge``, given a body), then the metering step's static part
-   (``Metering.admit`` over empty counters in callers without traffic): model
+   calls (``core/mcp.judge``, given a body), then the metering step (the ``Metering``
+   port of ``core/ports.py``; callers without traffic give ``services/metering``'s
+   ``static_metering``, over counters that stay empty): model
    allowlists, what cannot be metered on a rule that must be, a provider-minted secret,
    a call too large for a budget. The proxy runs the same ``admit`` over its live
    counters once the body is whole.
@@ -32,17 +33,16 @@ from typing import Final
 
 from gateway.core import credentials, mcp
 from gateway.core.approvals import Grant
-from gateway.core.metering import Pricing
+from gateway.core.metering.refusals import STEP_REFUSALS
 from gateway.core.policy import Credential, Decision, Policy, PolicySet, Request, Rule, decide
 from gateway.core.policy.ask_rule import Ask
+from gateway.core.ports import Metering
 from gateway.core.refusal import Refusal
 from gateway.core.target import url_target
-from gateway.services.metering import Exchange, Metering
-from gateway.services.state.counters import EmptyCounters
 
 __all__ = ["UNSEEN", "Grants", "Routed", "Unseen", "Verdict", "askable", "evaluate",
-           "granted", "meter", "name_allowed", "request_for", "route", "static_metering",
-           "with_grants"]
+           "granted", "meter", "name_allowed", "request_for", "route", "with_grants"]
+
 
 class Unseen:
     """The type of ``UNSEEN``: a caller that has no body (and does not ask)."""
@@ -76,14 +76,6 @@ class Verdict:
     reason: str
     decision: Decision
     metered: bool = True
-
-
-def static_metering(pricing: Pricing | None = None) -> Metering:
-    """A metering step over counters that stay empty: its answers depend on the request
-    alone, however many it gives (nothing is used, nothing recorded), and its refusals
-    are not counted in the gateway's metrics (an explain is not traffic). ``pricing``:
-    the gateway's, for cost budgets."""
-    return Metering(EmptyCounters(), pricing=pricing, stream_usage=True)  # (counts nothing)
 
 
 def _source(decision: Decision) -> str | None:
@@ -182,7 +174,8 @@ def meter(routed: Routed, policy: Policy, request: Request,
           sandbox: str = "policy-test", now: float = 0.0) -> Verdict:
     """Stage 3 on what stage 1 allowed: ``body`` as a sandbox sends it (None: not held,
     as the proxy sees a streamed or oversized body; UNSEEN: a caller that knows no body,
-    so a credential call's verdict says ``metered`` False)."""
+    so a credential call's verdict says ``metered`` False, as it does without a
+    ``metering`` step to ask)."""
     decision, rule = routed.decision, routed.decision.rule
     refusal = routed.refusal
     if refusal is not None:
@@ -202,13 +195,13 @@ def meter(routed: Routed, policy: Policy, request: Request,
                            refused.reason, decision)
     if routed.credential is None or rule is None or request.method is None:
         return Verdict(decision.result, None, source, decision.reason, decision)
-    if isinstance(body, Unseen):
+    if isinstance(body, Unseen) or metering is None:
         return Verdict(decision.result, None, source, decision.reason, decision,
                        metered=False)
-    step = (metering or static_metering()).admit(
+    step = metering.admit(
         sandbox=sandbox, policy=policy, rule=rule, preset=routed.credential.preset,
         method=request.method, path=request.path or "/", body=body, now=now)
-    if isinstance(step, Exchange):
+    if not isinstance(step, STEP_REFUSALS):
         return Verdict(decision.result, None, source, decision.reason, decision)
     if policy.mode == "report":  # forwarded, the would-deny recorded
         return Verdict("report", None, step.rule, step.reason, decision)

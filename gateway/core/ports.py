@@ -3,24 +3,33 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from gateway.core.addresses import Pinned
 from gateway.core.approvals import Approval, Asked, Grant
+from gateway.core.ephemeral import EphemeralKey
 from gateway.core.identity import Identity, SandboxAddress, Workload
 from gateway.core.messages import RequestHead
-from gateway.core.policy import Credential, Request
+from gateway.core.metering.refusals import StepRefusal
+from gateway.core.metering.usage import Meter
+from gateway.core.policy import Credential, Policy, Request, Rule
 from gateway.core.policy.ask_rule import Ask
 from gateway.core.secret_value import SecretValue
 from gateway.core.target import Target
 
 __all__ = [
+    "NO_MINTED_SECRETS",
     "SILENT",
     "Approvals",
     "AuditHealth",
     "Capacity",
     "Guard",
+    "MeteredCall",
+    "MeteredUse",
+    "Metering",
     "Minted",
+    "MintedSecrets",
     "Registry",
     "Secrets",
     "Signer",
@@ -57,6 +66,70 @@ class _Silent:
 
 
 SILENT: Telemetry = _Silent()
+
+
+class MeteredCall(Protocol):
+    """An exchange the metering step admitted (``services/metering.Exchange``): ``body``
+    the request body to forward instead (None: unchanged), ``meter`` what reads the
+    answer's usage, ``capture`` an answer kept whole (a deferred job's id),
+    ``holds_response`` an answer held until its minted secrets are swapped."""
+
+    body: bytes | None
+    meter: Meter | None
+    capture: list[bytes] | None
+    holds_response: bool
+
+    def head(self, header: Callable[[str], str | None]) -> None: ...
+    def feed(self, chunk: bytes) -> None: ...
+
+
+class MeteredUse(Protocol):
+    """What an exchange used, as its audit line's ``usage`` says it."""
+
+    def as_record(self) -> dict[str, Any] | None: ...
+
+
+class Metering(Protocol):
+    """The metering step (``services/metering.Metering``): model allowlists, what cannot
+    be metered, budgets, usage. ``admit`` answers a refusal of ``core/metering/refusals``
+    (``STEP_REFUSALS``) or a ``MeteredCall``; over counters that stay empty it decides
+    from the request alone (explain, test). The later calls take what ``admit`` gave
+    (typed ``Any`` here: each implementation takes its own admission type)."""
+
+    def admit(self, *, sandbox: str, policy: Policy, rule: Rule, preset: str | None,
+              method: str, path: str, body: bytes | None, now: float
+              ) -> MeteredCall | StepRefusal: ...
+    def session_message(self, exchange: Any, data: bytes, now: float
+                        ) -> StepRefusal | None: ...
+    def session_event(self, exchange: Any, data: bytes, now: float) -> None: ...
+    def release(self, exchange: Any, status: int, body: bytes, now: float) -> bytes | str: ...
+    def complete(self, exchange: Any, status: int, now: float, *,
+                 sent: bool = True) -> MeteredUse: ...
+
+
+class MintedSecrets(Protocol):
+    """Provider-minted secrets and their aliases (``services/secrets/ephemeral``):
+    ``version`` changes whenever the set does."""
+
+    @property
+    def version(self) -> int: ...
+    def live(self) -> list[EphemeralKey]: ...
+    def by_alias(self, alias: str) -> EphemeralKey | None: ...
+
+
+class _NoMintedSecrets:
+    """A gateway that meters no minted secrets (tests, tools): none, ever."""
+
+    version = 0
+
+    def live(self) -> list[EphemeralKey]:
+        return []
+
+    def by_alias(self, alias: str) -> EphemeralKey | None:
+        return None
+
+
+NO_MINTED_SECRETS: MintedSecrets = _NoMintedSecrets()
 
 
 class Minted(Protocol):

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.core.gate import Client, Gate, Refused
 from gateway.core.refusal import to_http1
 from gateway.engines.h1.server import Engine, Limits, Timeouts
 from gateway.engines.splice import Splices
+from gateway.pipeline.gate import Client, Gate, Refused
 
 log = logging.getLogger("sandbox_gateway")
 

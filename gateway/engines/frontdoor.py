@@ -24,12 +24,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gateway.core.gate import Refused
 from gateway.core.phrases import error_phrase
 from gateway.core.refusal import Answer, to_http1
 from gateway.engines.door import Door, Doors
 from gateway.engines.first_bytes import MAX_FIRST, classify
 from gateway.engines.patches import parse_request_head
+from gateway.pipeline.gate import Refused
 
 log = logging.getLogger("sandbox_gateway")
 

@@ -28,8 +28,6 @@ from typing import Any
 from mitmproxy import connection, http, tcp
 from mitmproxy.proxy import server_hooks
 
-from gateway.core.exchange import BODY_HOLD_LIMIT, Exchange, no_body
-from gateway.core.gate import Client, Gate, Refused
 from gateway.core.messages import Headers, RequestHead, ResponseHead
 from gateway.core.names import DestinationError, normalize_host
 from gateway.core.phrases import error_phrase
@@ -51,6 +49,8 @@ from gateway.engines.patches import (
 from gateway.net.resolver import pin, route_pinned_dial
 from gateway.net.upstream_proxy import MARK as PROXY_MARK
 from gateway.net.upstream_proxy import UpstreamProxy, dialer
+from gateway.pipeline.exchange import BODY_HOLD_LIMIT, Exchange, no_body
+from gateway.pipeline.gate import Client, Gate, Refused
 
 log = logging.getLogger("sandbox_gateway")
 

@@ -19,9 +19,9 @@ import logging
 import time
 
 from gateway.core.addresses import Pinned
-from gateway.core.gate import Client, Gate
 from gateway.net.resolver import pin
 from gateway.net.upstream_proxy import ProxyDialFailed, UpstreamProxy
+from gateway.pipeline.gate import Client, Gate
 
 log = logging.getLogger("sandbox_gateway")
 

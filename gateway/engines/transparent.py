@@ -21,11 +21,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from gateway.core.gate import Refused
 from gateway.core.refusal import to_http1
 from gateway.engines import patches
 from gateway.engines.door import Door, Doors
 from gateway.engines.first_bytes import FirstBytes, classify
+from gateway.pipeline.gate import Refused
 
 log = logging.getLogger("sandbox_gateway")
 

@@ -38,7 +38,6 @@ from gateway.api.admin import AdminContext, build_admin_app
 from gateway.api.bounds import MAX_HEAD, Bounds
 from gateway.config import Config, ConfigError, HostPort
 from gateway.core.addresses import AddressPolicy
-from gateway.core.gate import Gate
 from gateway.core.phrases import error_phrase
 from gateway.core.policy import Policy, PolicySet
 from gateway.core.secret_value import SecretValue
@@ -63,6 +62,7 @@ from gateway.net.upstream_proxy import UpstreamProxy
 from gateway.observability import logs, metrics
 from gateway.observability.audit import Auditor
 from gateway.observability.audit_spill import Spill
+from gateway.pipeline.gate import Gate
 from gateway.runtime.memory import MemoryGuard, ceiling_for
 from gateway.runtime.mitmproxy_engine import MitmproxyEngine
 from gateway.runtime.relay_link import RelayLink

@@ -11,7 +11,7 @@ store first, so a tunnel a revoked or expired grant opened ends the same way.
 
 from __future__ import annotations
 
-from gateway.core.gate import Gate
+from gateway.pipeline.gate import Gate
 from gateway.services.approvals import ApprovalService
 from gateway.services.polling import Poller
 

@@ -30,7 +30,7 @@ from gateway.net.resolver import (
     local_interface_addresses,
     parse_overrides,
 )
-from gateway.services.metering import Metering
+from gateway.services.metering import Metering, static_metering
 
 __all__ = ["DestinationResult", "Explanation", "explain_body", "explain_request",
            "guard_from_config"]
@@ -174,5 +174,6 @@ async def explain_request(policy_set: PolicySet, policy_name: str, method: str, 
         destination = await check_destination(guard, request.host, request.port)
         if not destination.allowed:
             body = UNSEEN  # refused before the metering step, as the proxy does
-    return Explanation(meter(routed, policy, request, body, metering), destination,
+    return Explanation(meter(routed, policy, request, body, metering or static_metering()),
+                       destination,
                        askable(policy, routed, request))

@@ -12,18 +12,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
+from tests.pipeline.test_pipeline_gate import GOOD, PEER, Guard, Health, Registry, Secrets, Tokens, _basic
 
 from gateway.core.approvals import Approval, Asked, Grant
 from gateway.core.client import Client, Refused, Tunnel
-from gateway.core.exchange import Exchange
-from gateway.core.gate import Gate
 from gateway.core.identity import Identity
 from gateway.core.messages import Headers, RequestHead
 from gateway.core.policy import PolicySet, Request
 from gateway.core.policy.ask_rule import Ask
 from gateway.core.refusal import Answer, Refusal
+from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.gate import Gate
 from gateway.services.policy import load_policy_texts
-from tests.core.test_core_gate import GOOD, PEER, Guard, Health, Registry, Secrets, Tokens, _basic
 
 POLICY = """\
 version: v1
@@ -259,7 +259,7 @@ CHAT = ("POST", "/v1/chat/completions")
 
 
 async def _chat(gate: Gate, model: str) -> tuple[Exchange, bytes | Refusal]:
-    from gateway.core.evaluate import static_metering
+    from gateway.services.metering import static_metering
 
     gate.metering = static_metering()
     got = await _get(gate, "api.openai.com", "/v1/chat/completions",

@@ -31,12 +31,12 @@ from gateway.core.evaluate import (
     name_allowed,
     request_for,
     route,
-    static_metering,
 )
 from gateway.core.policy import PolicySet, Request
 from gateway.core.target import url_target
 from gateway.net.resolver import DestinationGuard, StaticResolver, parse_overrides
 from gateway.observability.metrics import REGISTRY
+from gateway.services.metering import static_metering
 from gateway.services.policy import load_policy_texts
 from gateway.services.policy.replay import replay
 from gateway.services.policy.testing import parse_cases, run_case
@@ -107,7 +107,8 @@ def _got(result: str, error: str | None) -> str | None:
 def test_evaluate_gives_the_proxys_verdict(policy_set: PolicySet, case: Case) -> None:
     method, url, body = _request(case)
     policy = policy_set.policies["agent"]
-    verdict = evaluate(policy_set, policy, request_for(method, url), body=body)
+    verdict = evaluate(policy_set, policy, request_for(method, url), body=body,
+                       metering=static_metering())
     assert _got(verdict.result, verdict.error) == _expected(case, PIPELINE), verdict.reason
     # The tunnel: refused at CONNECT exactly where the proxy refuses it there.
     if not case.spec.get("plain_proxy"):
@@ -206,7 +207,8 @@ def test_unseen_body_stops_before_the_metering_step(policy_set: PolicySet) -> No
     request = request_for("POST", "https://api.openai.com/v1/chat/completions")
     unseen = evaluate(policy_set, policy, request)
     assert (unseen.result, unseen.metered) == ("allow", False)
-    seen = evaluate(policy_set, policy, request, body=b'{"model": "gpt-4o"}')
+    seen = evaluate(policy_set, policy, request, body=b'{"model": "gpt-4o"}',
+                    metering=static_metering())
     assert (seen.result, seen.error, seen.metered) == ("deny", "model_not_allowed", True)
     plain = evaluate(policy_set, policy, request_for("GET", "https://other.test/ok/a"),
                      body=UNSEEN)
@@ -251,7 +253,7 @@ def test_deciding_without_traffic_counts_nothing_in_the_gateways_metrics(
     before = REGISTRY.get_sample_value(name, labels) or 0.0
     verdict = evaluate(policy_set, policy_set.policies["agent"],
                        request_for("POST", "https://api.openai.com/v1/chat/completions"),
-                       body=b'{"model": "gpt-4o"}')
+                       body=b'{"model": "gpt-4o"}', metering=static_metering())
     assert verdict.error == "model_not_allowed"
     assert (REGISTRY.get_sample_value(name, labels) or 0.0) == before
 

@@ -10,12 +10,12 @@ import pytest
 
 from gateway.core import credentials
 from gateway.core.addresses import Pinned
-from gateway.core.exchange import Exchange
 from gateway.core.leaks import LeakScan
 from gateway.core.messages import Headers, RequestHead
 from gateway.core.policy import Credential, Decision
 from gateway.core.refusal import Refusal, answer
 from gateway.core.target import Target
+from gateway.pipeline.exchange import Exchange
 from gateway.services.identity.tokens import SigningKeys, TokenService
 from gateway.services.policy import load_policy_text
 from gateway.services.state.base import MemoryState

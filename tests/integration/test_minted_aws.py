@@ -218,7 +218,7 @@ def test_payload_modes(make_gateway: GatewayFactory, tmp_path: Path, aws: FakeAw
 
 def test_a_body_over_the_limit_is_refused_unless_unsigned(
         make_gateway: GatewayFactory, tmp_path: Path, aws: FakeAws) -> None:
-    from gateway.core.exchange import SIGNED_BODY_LIMIT
+    from gateway.pipeline.exchange import SIGNED_BODY_LIMIT
 
     gw = _gateway(make_gateway, tmp_path, aws, "static")
     token = gw.mint("agent")

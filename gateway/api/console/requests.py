@@ -27,7 +27,7 @@ from gateway.api.console.commands import explain_command
 from gateway.api.console.site import HEADERS, Site
 from gateway.api.context import AdminContext
 from gateway.api.times import parse_since
-from gateway.core.evaluate import static_metering
+from gateway.services.metering import static_metering
 from gateway.services.state.base import StateUnavailable
 from gateway.services.state.log import LogEntry, LogLines, LogQuery
 from gateway.tools.explain import explain_request

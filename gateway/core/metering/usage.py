@@ -38,14 +38,17 @@ from gateway.core.metering.endpoints import Body, Format, classify, request_mode
 from gateway.core.metering.jsondoc import document
 from gateway.core.metering.scan import ArrayScanner, Capture, SseScanner, salvage
 
-__all__ = ["HOLD", "JSON_CAP", "JsonlMeter", "Meter", "RealtimeMeter", "SessionMeter", "Usage",
-           "meter_for"]
+__all__ = ["HOLD", "JSON_CAP", "RESPONSE_HOLD", "JsonlMeter", "Meter", "RealtimeMeter",
+           "SessionMeter", "Usage", "meter_for"]
 
 JSON_CAP = 1 << 20
 """Largest JSON body (or SSE line, or array element) kept whole for metering."""
 HOLD = 16 << 10
 """Response bytes a meter holds (references to the relayed chunks) before scanning them
 (at most this plus one chunk per metered exchange in flight)."""
+
+RESPONSE_HOLD = 256 << 10
+"""Largest answer held whole (a provider-minted secret's, read before it is relayed)."""
 
 log = logging.getLogger("sandbox_gateway.metering")
 _DECODER = json.JSONDecoder()

@@ -29,8 +29,6 @@ from typing import Any
 
 import h11
 
-from gateway.core.exchange import Exchange, no_body
-from gateway.core.gate import Client, Gate, Refused
 from gateway.core.messages import RequestHead
 from gateway.core.phrases import error_phrase
 from gateway.core.refusal import Answer, Refusal, to_http1
@@ -51,6 +49,8 @@ from gateway.engines.patches import (
 from gateway.net.tls import LeafContexts, TlsClosed, TlsPump
 from gateway.net.upstream_proxy import ProxyDialFailed, UpstreamProxy
 from gateway.observability import metrics
+from gateway.pipeline.exchange import Exchange, no_body
+from gateway.pipeline.gate import Client, Gate, Refused
 
 log = logging.getLogger("sandbox_gateway")
 

@@ -25,9 +25,9 @@ from wsproto.connection import Connection, ConnectionState, ConnectionType
 from wsproto.frame_protocol import CloseReason
 from wsproto.utilities import LocalProtocolError
 
-from gateway.core.exchange import Exchange
 from gateway.core.refusal import MessageRefused, Refusal
 from gateway.engines import patches
+from gateway.pipeline.exchange import Exchange
 
 if TYPE_CHECKING:
     from gateway.engines.h1.side import Side

@@ -12,17 +12,16 @@ for provider-minted secrets), ``pricing`` and ``catalogue`` (reading the files),
 from gateway.services.metering.budgets import BudgetBook, BudgetExceeded, window_bounds
 from gateway.services.metering.pricing import load_pricing
 from gateway.services.metering.service import (
-    RESPONSE_HOLD,
     Exchange,
     Metered,
     Metering,
     MeteringRefusal,
     Refusal,
     build_metering,
+    static_metering,
 )
 
 __all__ = [
-    "RESPONSE_HOLD",
     "BudgetBook",
     "BudgetExceeded",
     "Exchange",
@@ -32,5 +31,6 @@ __all__ = [
     "Refusal",
     "build_metering",
     "load_pricing",
+    "static_metering",
     "window_bounds",
 ]

@@ -63,12 +63,19 @@ from gateway.core.metering.estimate import (
 from gateway.core.metering.jsondoc import document
 from gateway.core.metering.models import (
     ModelNames,
-    ModelRefusal,
     check_event_models,
     check_model,
 )
 from gateway.core.metering.pricing import Pricing, PricingError
-from gateway.core.metering.usage import JsonlMeter, Meter, SessionMeter, Usage, meter_for
+from gateway.core.metering.refusals import BudgetExceeded, MeteringRefusal, StepRefusal
+from gateway.core.metering.usage import (
+    RESPONSE_HOLD,
+    JsonlMeter,
+    Meter,
+    SessionMeter,
+    Usage,
+    meter_for,
+)
 from gateway.core.policy.compiled import Policy, PolicySet
 from gateway.core.policy.model import Rule
 from gateway.core.ports import SILENT, Telemetry
@@ -76,7 +83,6 @@ from gateway.services.metering import minted
 from gateway.services.metering.budgets import (
     NANO,
     BudgetBook,
-    BudgetExceeded,
     Hold,
     Reservation,
     budget_problems,
@@ -85,7 +91,7 @@ from gateway.services.metering.catalogue import catalogue
 from gateway.services.metering.ledger import DAY, HOUR, UsageLedger, totals
 from gateway.services.metering.pricing import load_pricing
 from gateway.services.secrets.ephemeral import EphemeralKeys
-from gateway.services.state.counters import Counters
+from gateway.services.state.counters import Counters, EmptyCounters
 
 if TYPE_CHECKING:
     from gateway.config import Config
@@ -95,24 +101,10 @@ __all__ = ["Exchange", "Metered", "Metering", "MeteringRefusal", "Refusal",
 
 log = logging.getLogger("sandbox_gateway.metering")
 
-RESPONSE_HOLD = 256 << 10
-"""Largest answer held whole (a provider-minted secret's, read before it is relayed)."""
 _DEFERRED_DAYS = 8  # a deferred job's usage is metered if retrieved within this many days
 
 
-@dataclass(frozen=True, slots=True)
-class MeteringRefusal:
-    """``403 metering_unavailable`` (the call's usage cannot be metered) or ``403
-    minted_secret_refused`` (the provider would mint a secret for the sandbox)."""
-
-    code: str
-    reason: str
-    rule: str
-    status: int = 403
-    retry_after: int | None = None
-
-
-Refusal = ModelRefusal | BudgetExceeded | MeteringRefusal
+Refusal = StepRefusal
 
 
 @dataclass(slots=True)
@@ -773,3 +765,12 @@ def build_metering(config: Config, counters: Counters,
     return Metering(counters, pricing=pricing, retention=config.metering.retention,
                     stream_usage=config.metering.stream_usage, ephemeral=ephemeral,
                     telemetry=telemetry)
+
+
+def static_metering(pricing: Pricing | None = None) -> Metering:
+    """A metering step over counters that stay empty: its answers depend on the request
+    alone, however many it gives (nothing is used, nothing recorded), and its refusals
+    are not counted in the gateway's metrics (an explain is not traffic). ``pricing``:
+    the gateway's, for cost budgets. What ``policy explain``, ``policy test``, replay
+    and the console give ``core/evaluate`` as its ``Metering`` port."""
+    return Metering(EmptyCounters(), pricing=pricing, stream_usage=True)

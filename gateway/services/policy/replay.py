@@ -25,10 +25,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gateway.core.evaluate import UNSEEN, Verdict, evaluate, static_metering
+from gateway.core.evaluate import UNSEEN, Verdict, evaluate
 from gateway.core.policy.compiled import Policy, PolicySet
 from gateway.core.policy.hosts import normalize_host
 from gateway.core.policy.model import DEFAULT_HTTP_PORT, DEFAULT_HTTPS_PORT, Request
+from gateway.services.metering import static_metering
 from gateway.services.policy.testing import relative_source, relative_text
 
 __all__ = [

@@ -367,6 +367,7 @@ def run_case(policy_set: PolicySet, case: PolicyCase, root: str = "",
     """Decide one case as the gateway would (``evaluate``) and compare it with its
     expectations. ``metering``: one with the gateway's pricing (cost budgets)."""
     from gateway.core.evaluate import evaluate
+    from gateway.services.metering import static_metering
 
     policy = policy_set.get(case.policy)
     if policy is None:
@@ -374,7 +375,8 @@ def run_case(policy_set: PolicySet, case: PolicyCase, root: str = "",
         reason = f"policy {case.policy!r} does not exist (known: {known})"
         return CaseResult(case, "-", None, None, reason,
                           (("policy", case.policy, "(missing)"),))
-    verdict = evaluate(policy_set, policy, case.request, body=case.body, metering=metering)
+    verdict = evaluate(policy_set, policy, case.request, body=case.body,
+                       metering=metering or static_metering())
     error = verdict.error if verdict.result == "deny" else None
     rule = relative_source(verdict.rule, root) if verdict.rule else None
     diff: list[tuple[str, str, str]] = []

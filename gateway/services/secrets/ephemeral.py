@@ -21,38 +21,14 @@ without an alias (written by a gateway before aliases) is a leak marker only.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
-from gateway.core.secret_value import SecretValue
+from gateway.core.ephemeral import EphemeralKey, digest_of
 
 __all__ = ["EphemeralKey", "EphemeralKeys"]
 
 _MAX_KEYS = 100_000
-
-
-@dataclass(frozen=True, slots=True)
-class EphemeralKey:
-    """A provider-minted secret: for which credential and sandbox, until when, and the
-    alias the sandbox holds in its place (None: an entry from before aliases)."""
-
-    credential: str
-    sandbox: str
-    value: SecretValue
-    expires_at: float
-    alias: SecretValue | None = None
-
-    @property
-    def digest(self) -> str:
-        """A stable id that reveals neither value (sha-256 of the alias, hex; of the
-        secret for an entry without one): the store's key, the alias's lookup."""
-        return _digest((self.alias or self.value).reveal())
-
-
-def _digest(value: str) -> str:
-    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 class EphemeralKeys:
@@ -102,7 +78,7 @@ class EphemeralKeys:
         nothing: the sandbox never holds it)."""
         if self.before is not None:
             self.before()
-        key = self._by_digest.get(_digest(alias))
+        key = self._by_digest.get(digest_of(alias))
         if key is None or key.alias is None or key.expires_at <= self.clock() or \
                 not key.alias.equals(alias):
             return None

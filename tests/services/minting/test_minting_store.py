@@ -11,10 +11,10 @@ import pytest
 from helpers.clock import Clock, run
 
 from gateway.core.leaks import canonical
-from gateway.core.markers import _markers_of
 from gateway.core.policy.minted import MintSpec
 from gateway.core.secret_value import MintedValue
 from gateway.observability import metrics
+from gateway.pipeline.markers import _markers_of
 from gateway.services.minting import Credentials, MintContext, MintFailed, MintingStore
 from gateway.services.minting.aws import key_set
 from gateway.services.policy import load_policy_text

@@ -16,9 +16,9 @@ import pytest
 from helpers.clock import Clock
 from helpers.redis_server import RedisServer, running_redis
 
-from gateway.core.markers import Markers
 from gateway.core.secret_value import SecretValue
 from gateway.net.resolver import new_event_loop
+from gateway.pipeline.markers import Markers
 from gateway.services.policy import load_policy_texts
 from gateway.services.secrets.ephemeral import EphemeralKey, EphemeralKeys
 from gateway.services.state.base import MemoryState

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.config import KubernetesConfig
-from gateway.core.identify import subject_refusal
+from gateway.core.claims import subject_refusal
 from gateway.core.identity import Identity, Workload
 from gateway.core.policy import PolicySet
 from gateway.core.refusal import Refusal

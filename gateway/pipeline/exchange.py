@@ -60,10 +60,13 @@ from gateway.core.mcp import Call
 from gateway.core.mcp_answers import JSON, SSE, Answers, media_type
 from gateway.core.messages import RequestHead, ResponseHead
 from gateway.core.metering import MODEL_BODY_LIMIT, ModelRefusal, classify, model_in_body
+from gateway.core.metering.refusals import STEP_REFUSALS
+from gateway.core.metering.refusals import refusal as step_refusal
+from gateway.core.metering.usage import RESPONSE_HOLD
 from gateway.core.phrases import error_phrase
 from gateway.core.policy import Decision, Policy
 from gateway.core.policy.mcp_rule import McpRule
-from gateway.core.ports import Secrets, Signer
+from gateway.core.ports import MeteredCall, Metering, Secrets, Signer
 from gateway.core.refusal import (
     ERROR_HEADER,
     GATEWAY_ERROR,
@@ -76,9 +79,6 @@ from gateway.core.refusal import (
 from gateway.core.secret_value import SecretValue
 from gateway.core.target import DEFAULT_PORTS, Target
 from gateway.core.trail import Trail, rule_of
-from gateway.services.metering import RESPONSE_HOLD, BudgetExceeded, Metering, MeteringRefusal
-from gateway.services.metering import Exchange as MeteredExchange
-from gateway.services.metering import Refusal as MeteringStep
 
 log = logging.getLogger("sandbox_gateway")
 
@@ -135,7 +135,7 @@ class Exchange:
         self.bytes_in = 0
         self.done = False
         self._metering: tuple[Metering, Policy, str | None] | None = None
-        self._metered: MeteredExchange | None = None
+        self._metered: MeteredCall | None = None
         self._meter_feed: Callable[[bytes], None] | None = None  # the meter's, per chunk
         self._report: str | None = None  # a would-refuse reason under mode: report
         self._signer: Signer | None = None  # signs the head once the body is whole
@@ -192,8 +192,8 @@ class Exchange:
         step = metering.admit(sandbox=self.identity.sandbox, policy=policy, rule=rule,
                               preset=preset, method=self.head.method, path=self.target.path,
                               body=body, now=self.trail.clock())
-        if not isinstance(step, MeteredExchange):
-            refusal = _refusal(step)
+        if isinstance(step, STEP_REFUSALS):
+            refusal = step_refusal(step)
             if policy.mode != "report":
                 if self.asks is not None and granted is None and \
                         isinstance(step, ModelRefusal) and _askable_model(step.model):
@@ -678,7 +678,7 @@ class Exchange:
             if self._metered is not None and self._metering is not None:
                 step = self._metering[0].session_message(self._metered, data, self.trail.clock())
                 if step is not None:  # a model outside the allowlist, a used-up budget
-                    self._refuse_message(_refusal(step), data)
+                    self._refuse_message(step_refusal(step), data)
             self.bytes_out += len(data)
             return data
         self.bytes_in += len(data)
@@ -867,12 +867,6 @@ def leak_refusal(kind: str, host: str) -> Refusal:
 
 def _source(decision: Decision) -> str | None:
     return decision.rule.source if decision.rule is not None else None
-
-
-def _refusal(step: MeteringStep | MeteringRefusal) -> Refusal:
-    """The core's refusal for a metering step's (model, metering, budget)."""
-    return Refusal(step.code, step.reason, step.rule, retry_after=step.retry_after,
-                   resets_in=step.frees_in if isinstance(step, BudgetExceeded) else None)
 
 
 def _lane(data: bytes) -> str | None:

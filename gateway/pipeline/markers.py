@@ -12,9 +12,8 @@ from gateway.core.leaks import (
     sensitive_markers,
 )
 from gateway.core.policy import PolicySet
-from gateway.core.ports import Secrets
+from gateway.core.ports import MintedSecrets, Secrets
 from gateway.core.secret_value import SecretValue
-from gateway.services.secrets.ephemeral import EphemeralKeys
 
 __all__ = ["Markers"]
 
@@ -29,7 +28,7 @@ class Markers:
     credential's host, swapped before the scan)."""
 
     def __init__(self, policies: Callable[[], PolicySet], secrets: Secrets,
-                 ephemeral: EphemeralKeys, issuer: Callable[[], str]) -> None:
+                 ephemeral: MintedSecrets, issuer: Callable[[], str]) -> None:
         self._policies = policies
         self._secrets = secrets
         self._ephemeral = ephemeral

@@ -24,13 +24,13 @@ from helpers.parity_cases import KEY, POLICY
 from gateway.core.addresses import Pinned
 from gateway.core.client import Client, Refused
 from gateway.core.credentials import TOKEN_PREFIX
-from gateway.core.exchange import Exchange
-from gateway.core.gate import INTERNAL_HOST, Gate
 from gateway.core.identity import Identity, TokenRefused, Workload
 from gateway.core.messages import Headers, RequestHead
 from gateway.core.policy import PolicySet
 from gateway.core.refusal import _CODES, ERROR_HEADER, Answer, Refusal, status_of
 from gateway.core.secret_value import SecretValue
+from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.gate import INTERNAL_HOST, Gate
 from gateway.services.policy import load_policy_texts
 from gateway.services.state.base import SandboxAddress
 
@@ -306,7 +306,7 @@ async def _upstream(w: World, kind: str) -> Answer:
 
 
 async def _model(w: World) -> Answer:
-    from gateway.core.evaluate import static_metering
+    from gateway.services.metering import static_metering
 
     w.gate.metering = static_metering({})
     ex = await _exchange(w, "api.openai.com", _head(

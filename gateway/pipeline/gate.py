@@ -28,24 +28,23 @@ from typing import Any
 from gateway.core import approvals, credentials, local_api, mcp, target
 from gateway.core.addresses import Pinned
 from gateway.core.client import Client, Refused, Tunnel
-from gateway.core.connections import Connections
 from gateway.core.evaluate import Routed, granted, route, with_grants
-from gateway.core.exchange import Exchange, leak_refusal
-from gateway.core.identify import UNREGISTERED, Identifier
 from gateway.core.identity import Identity
 from gateway.core.local_api import INTERNAL_HOST
-from gateway.core.markers import Markers
 from gateway.core.mcp_pins import Server, ServerPins, ToolPins
 from gateway.core.messages import RequestHead
 from gateway.core.names import DestinationError, is_ip, normalize_host
 from gateway.core.policy import Credential, Decision, Policy, PolicySet, Request
 from gateway.core.policy.ask_rule import Ask
 from gateway.core.ports import (
+    NO_MINTED_SECRETS,
     SILENT,
     Approvals,
     AuditHealth,
     Capacity,
     Guard,
+    Metering,
+    MintedSecrets,
     Registry,
     Secrets,
     Signer,
@@ -58,8 +57,10 @@ from gateway.core.ports import (
 from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal, answered_inside_tls
 from gateway.core.secret_value import SecretValue
 from gateway.core.trail import Trail, rule_of
-from gateway.services.metering import Metering
-from gateway.services.secrets.ephemeral import EphemeralKeys
+from gateway.pipeline.connections import Connections
+from gateway.pipeline.exchange import Exchange, leak_refusal
+from gateway.pipeline.identify import UNREGISTERED, Identifier
+from gateway.pipeline.markers import Markers
 
 log = logging.getLogger("sandbox_gateway")
 
@@ -76,7 +77,7 @@ class Gate:
                  audit: Callable[[dict[str, Any]], None],
                  resolve: Callable[[str, int], Awaitable[list[str]]] | None = None,
                  metering: Metering | None = None, signers: Signers | None = None,
-                 ephemeral: EphemeralKeys | None = None, audit_health: AuditHealth | None = None,
+                 ephemeral: MintedSecrets | None = None, audit_health: AuditHealth | None = None,
                  connections_per_sandbox: int = 256, max_connections: int = 1 << 30,
                  telemetry: Telemetry = SILENT, clock: Callable[[], float] = time.time,
                  refusals_inside_tls: bool = False, workloads: Workloads | None = None,
@@ -90,7 +91,7 @@ class Gate:
         self.resolve = resolve or _no_resolver
         self.metering = metering
         self.signers = signers
-        self.ephemeral = ephemeral if ephemeral is not None else EphemeralKeys()
+        self.ephemeral = ephemeral if ephemeral is not None else NO_MINTED_SECRETS
         self.audit_health = audit_health
         self.state_health = state_health
         self.telemetry = telemetry

@@ -1,0 +1,129 @@
+"""What the metering step refuses, as the sandbox reads it: a model the allowlist refuses
+(``models.ModelRefusal``), a call that cannot be metered or would mint a secret
+(``MeteringRefusal``, 403), a budget used up (``BudgetExceeded``, 429 with its usage,
+limit and reset). Pure data and sentences; ``refusal`` renders any of them as the one
+``Refusal`` every engine answers (``core/refusal.py``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from gateway.core.metering.models import ModelRefusal
+from gateway.core.policy.model import Budget
+from gateway.core.refusal import Refusal
+
+__all__ = ["RETRY_AFTER_MAX", "STEP_REFUSALS", "BudgetExceeded", "LimitKind",
+           "MeteringRefusal", "StepRefusal", "iso_time", "refusal"]
+
+RETRY_AFTER_MAX = 300
+"""A refused call is told to retry (``Retry-After``) only if the budget has room again
+within this many seconds (running calls settle, or its window ends): agents and SDKs
+wait a ``Retry-After`` out silently, so a longer one would stall them for hours. Past
+it the refusal is final for now (the provider's quota answer, which they stop on)."""
+LimitKind = Literal["tokens", "requests", "cost_usd"]
+
+
+def iso_time(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _span(seconds: float) -> str:
+    seconds = max(0, math.ceil(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{days}d" if days else "", f"{hours}h" if hours else "",
+             f"{minutes}m" if minutes else "", f"{secs}s" if secs and not days else ""]
+    return "".join(parts) or "0s"
+
+
+def _amount(kind: LimitKind, value: float) -> str:
+    if kind == "cost_usd":
+        return f"${value:,.2f}"
+    return f"{int(value):,} {kind}"
+
+
+@dataclass(frozen=True, slots=True)
+class MeteringRefusal:
+    """``403 metering_unavailable`` (the call's usage cannot be metered) or ``403
+    minted_secret_refused`` (the provider would mint a secret for the sandbox)."""
+
+    code: str
+    reason: str
+    rule: str
+    status: int = 403
+    retry_after: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetExceeded:
+    """``429 budget_exceeded``: which budget, how much was used of what, when it resets.
+    ``frees_in``: seconds until the budget has room for the call again (running calls
+    settle, or the window ends); ``held``: what calls still running have reserved;
+    ``asked``: what this call would reserve (0: the budget is used up whatever the
+    call)."""
+
+    budget: Budget
+    subject: str
+    kind: LimitKind
+    used: float
+    limit: float
+    window_start: float
+    resets_at: float
+    frees_in: int
+    held: float = 0
+    asked: float = 0
+    window_left: int = 0  # seconds until the window resets (0: frees_in)
+    status: int = 429
+    code: str = "budget_exceeded"
+
+    @property
+    def rule(self) -> str:
+        """Where the budget is written (``file:line``)."""
+        return self.budget.source
+
+    @property
+    def retry_after(self) -> int | None:
+        """Seconds to wait before retrying, where waiting helps (room again within
+        ``RETRY_AFTER_MAX``); None: final for now, answered without ``Retry-After``."""
+        return self.frees_in if self.frees_in <= RETRY_AFTER_MAX else None
+
+    @property
+    def reason(self) -> str:
+        """A sentence for the sandbox: budget, usage, limit, reset time."""
+        b = self.budget
+        who = (f'sandbox "{self.subject}"' if b.per == "sandbox"
+               else f'policy "{self.subject}" (all its sandboxes)')
+        window = (f"in the {b.window_text} window from {iso_time(self.window_start)}; it resets "
+                  f"at {iso_time(self.resets_at)} (in {_span(self.window_left or self.frees_in)})")
+        if self.used + self.held >= self.limit or not self.asked:
+            held = (f" and {_amount(self.kind, self.held)} held by calls still running"
+                    if self.held else "")
+            return (f'budget "{b.name}" ({b.source}) is used up for {who}: '
+                    f"{_amount(self.kind, self.used)} used{held} of "
+                    f"{_amount(self.kind, self.limit)} {window}; retry then, or ask an "
+                    "operator to raise the budget")
+        left = self.limit - self.used - self.held
+        held = (f" ({_amount(self.kind, self.held)} more are held by calls still running)"
+                if self.held else "")
+        lower = ("max_tokens (or max_output_tokens)" if self.kind == "tokens"
+                 else "max_tokens or the input")
+        return (f'budget "{b.name}" ({b.source}) has {_amount(self.kind, left)} left for '
+                f"{who}{held}, and this call may use up to {_amount(self.kind, self.asked)} "
+                f"(its output limit plus an input estimate); lower {lower}, or retry "
+                f"once running calls end, or after the budget resets ({window})")
+
+
+StepRefusal = ModelRefusal | BudgetExceeded | MeteringRefusal
+STEP_REFUSALS = (ModelRefusal, BudgetExceeded, MeteringRefusal)
+"""What the metering step refuses (``isinstance(step, STEP_REFUSALS)``)."""
+
+
+def refusal(step: StepRefusal) -> Refusal:
+    """The refusal every engine answers for a metering step's."""
+    return Refusal(step.code, step.reason, step.rule, retry_after=step.retry_after,
+                   resets_in=step.frees_in if isinstance(step, BudgetExceeded) else None)
