@@ -226,15 +226,36 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "every refusal's one audit line from the gate; the same keys on every decision "
         "and engine"),
     "gateway/core/client.py": (
-        "tests/pipeline/test_pipeline_gate.py, tests/core/test_core_ask.py",
+        "tests/pipeline/test_pipeline_gate.py, tests/pipeline/test_pipeline_asking.py",
         "imported: the client, its tunnel and `Refused`, as the gate's tests build them"),
     "gateway/pipeline/connections.py": (
         "tests/pipeline/test_pipeline_gate.py, tests/reliability/test_process.py",
         "per-sandbox and process-wide connection limits in the gate; running out of "
         "descriptors on a real process"),
+    "gateway/pipeline/parts.py": (
+        "tests/pipeline/test_pipeline_gate.py, tests/pipeline/test_pipeline_asking.py",
+        "the parts the units share, through the gate: health refusals, a policy gone, "
+        "destinations pinned once, the fail-closed boundary (the gate's refusal table)"),
+    "gateway/pipeline/tunnels.py": (
+        "tests/pipeline/test_pipeline_gate.py, tests/integration/test_transparent.py, "
+        "tests/integration/test_refusals_inside_tls.py",
+        "CONNECT and redirected connections through the gate's refusal table, then on "
+        "real gateways (transparent mode in a network namespace, refusals inside TLS)"),
+    "gateway/pipeline/requests.py": (
+        "tests/pipeline/test_pipeline_gate.py, tests/integration/test_parity.py",
+        "every request refusal of the gate's table; every engine's requests in parity"),
+    "gateway/pipeline/signing.py": (
+        "tests/pipeline/test_pipeline_gate.py, tests/integration/test_minted_aws.py, "
+        "tests/core/test_core_minted.py",
+        "the swap and a secret that cannot be had in the gate's table; SigV4 re-signing "
+        "and provider-minted aliases end to end"),
+    "gateway/pipeline/sweep.py": (
+        "tests/pipeline/test_pipeline_gate.py, "
+        "tests/integration/test_revocation_ends_connections.py",
+        "a revoked token's connection ended from fakes, then on every engine"),
     "gateway/pipeline/exchange.py": (
         "tests/pipeline/test_pipeline_gate.py, tests/core/test_core_minted.py, "
-        "tests/core/test_core_ask.py",
+        "tests/pipeline/test_pipeline_asking.py",
         "imported: every exchange refusal from fakes; its streaming, MCP and WebSocket "
         "paths run on every engine in tests/integration/test_parity.py"),
     "gateway/pipeline/identify.py": (
@@ -258,7 +279,7 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "protocols: the fakes of the gate's tests implement them; the telemetry test "
         "counts on SILENT"),
     "gateway/core/trail.py": (
-        "tests/pipeline/test_pipeline_gate.py, tests/core/test_core_ask.py",
+        "tests/pipeline/test_pipeline_gate.py, tests/pipeline/test_pipeline_asking.py",
         "each refusal rendered and audited once, asserted per code from fakes"),
     # --- the engines ---
     "gateway/engines/dns/__init__.py": (
@@ -447,7 +468,7 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "ahead, rotation, a failed mint"),
     # --- services: policy ---
     "gateway/core/policy/ask_rule.py": (
-        "tests/services/policy/test_policy_ask.py, tests/core/test_core_ask.py",
+        "tests/services/policy/test_policy_ask.py, tests/pipeline/test_pipeline_asking.py",
         "imported: `ask:` as loaded, and what the gate asks with it"),
     "gateway/services/policy/build.py": (
         "tests/services/policy/test_policy_loader.py, "

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
-from tests.pipeline.test_pipeline_gate import GOOD, PEER, Guard, Health, Registry, Secrets, Tokens, _basic
 
 from gateway.core.approvals import Approval, Asked, Grant
 from gateway.core.client import Client, Refused, Tunnel
@@ -24,6 +23,16 @@ from gateway.core.refusal import Answer, Refusal
 from gateway.pipeline.exchange import Exchange
 from gateway.pipeline.gate import Gate
 from gateway.services.policy import load_policy_texts
+from tests.pipeline.test_pipeline_gate import (
+    GOOD,
+    PEER,
+    Guard,
+    Health,
+    Registry,
+    Secrets,
+    Tokens,
+    _basic,
+)
 
 POLICY = """\
 version: v1

@@ -1,0 +1,140 @@
+"""Request admission: one request, in a tunnel or as a plain proxy request, from its head
+to the `Exchange` that serves it (or the answer that refuses it).
+
+    identify (again) → target → health → upgrade → stage 1 (`Asking.decide`)
+      → destination (pinned once per connection) → the exchange's steps: metering,
+        MCP, the head's leak scan → the credential (`Signing`)
+
+The body stage - metering, MCP calls, the leak scan of the body - runs in the exchange
+(`pipeline/exchange.py`) as the body arrives.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from gateway.core import credentials, local_api, target
+from gateway.core.client import Client
+from gateway.core.evaluate import Routed
+from gateway.core.local_api import INTERNAL_HOST
+from gateway.core.mcp_pins import Server, ServerPins
+from gateway.core.messages import RequestHead
+from gateway.core.policy import Credential, Request
+from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal
+from gateway.core.trail import rule_of
+from gateway.pipeline.asking import Asking
+from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.parts import Parts
+from gateway.pipeline.signing import Signing
+from gateway.pipeline.tunnels import plain_client
+
+log = logging.getLogger("sandbox_gateway")
+
+__all__ = ["Requests"]
+
+
+class Requests:
+    """Admits requests (see the module docstring)."""
+
+    def __init__(self, parts: Parts, asking: Asking, signing: Signing) -> None:
+        self.parts = parts
+        self.asking = asking
+        self.signing = signing
+
+    async def begin(self, client: Client, head: RequestHead, *, tls: bool,
+                    proxy_authorization: str | None = None) -> Exchange | Answer:
+        """Admit one request. In a tunnel the connection's identity is checked again; a
+        plain proxy request (no tunnel) identifies with its own `proxy_authorization`.
+        Returns the exchange to serve, or the answer to send (a refusal, audited, or
+        the sandbox-facing API's)."""
+        parts = self.parts
+        started = parts.trail.clock()
+        tunnel = client.tunnel
+        tgt: target.Target | None = None
+        try:
+            head.headers.remove("proxy-authorization")
+            if tunnel is None:
+                parts.identities.identify(client, proxy_authorization)
+            identity = parts.identities.recheck(client, head)
+            tgt = target.request_target(
+                head, (tunnel.host, tunnel.port) if tunnel is not None else None, tls=tls)
+            parts.check_health()
+            upgrade = head.headers.get("upgrade")
+            if upgrade is not None and upgrade.strip().lower() != "websocket":
+                raise Refusal("unsupported", f"upgrade to {upgrade[:40]!r} is not supported "
+                              "through the gateway; only WebSocket upgrades are relayed")
+            routed = await self.asking.decide(client, identity, Request(
+                head.method, tgt.scheme, tgt.host, tgt.port, tgt.path), head)
+            if tgt.host == INTERNAL_HOST:
+                return self._local(client, head, tgt, routed, started)
+            pinned = (tunnel.pinned if tunnel is not None and tunnel.pinned is not None
+                      else await parts.destination(client, tgt.host, tgt.port))
+            exchange = Exchange(parts.trail, parts.secrets, client, identity, head, tgt,
+                                routed.decision, pinned, started)
+            await self._prepare(exchange, routed.credential)
+            return exchange
+        except Exception as exc:
+            refusal = exc if isinstance(exc, Refusal) else GATEWAY_ERROR
+            if refusal is GATEWAY_ERROR:
+                log.exception("the gate failed while deciding; refusing (fail closed)")
+            return parts.trail.refuse(
+                client, refusal, method=head.method,
+                scheme=tgt.scheme if tgt else ("https" if tls else "http"),
+                host=tgt.host if tgt else (tunnel.host if tunnel else None),
+                port=tgt.port if tgt else (tunnel.port if tunnel else None),
+                path=tgt.path if tgt else None, started=started,
+                close=refusal.code in ("bad_request", "gateway_error"),
+                plain=plain_client(head))
+
+    def _local(self, client: Client, head: RequestHead, tgt: target.Target, routed: Routed,
+               started: float) -> Answer:
+        """The sandbox-facing API's answer (token refresh...), audited."""
+        parts, decision = self.parts, routed.decision
+        answered = local_api.serve(client, head, tgt, parts.tokens, parts.telemetry)
+        parts.trail.audit(client, decision=decision.result, reason=decision.reason,
+                          rule=rule_of(decision), method=head.method, scheme=tgt.scheme,
+                          host=tgt.host, port=tgt.port, path=tgt.path, status=200,
+                          bytes_in=len(answered.body), started=started, path_taken="local")
+        return answered
+
+    async def _prepare(self, ex: Exchange, credential: Credential | None) -> None:
+        """The exchange's steps (metering, MCP), the head's leak scan, then the
+        credential swap (raises Refusal)."""
+        parts = self.parts
+        head, decision, tgt = ex.head, ex.decision, ex.target
+        path = tgt.path
+        swap = None
+        if credential is not None:
+            minted = None
+            if decision.rule is not None and decision.rule.allow_minted_secrets:
+                minted = self.signing.minted_finder(credential.name, ex)
+            swap, path = credentials.plan(credential, head.headers, tgt, ex.identity,
+                                          parts.tokens.verify, rule_of(decision), minted)
+            self._meter(ex, credential)
+        if decision.rule is not None and decision.rule.mcp is not None:
+            session = parts.mcp_sessions.of(ex.identity.sandbox, tgt.host,
+                                            head.headers.get("mcp-session-id") or "")
+            pins = None
+            if decision.rule.mcp.pin_descriptions and parts.pins is not None:
+                pins = ServerPins(parts.pins, ex.identity, Server(
+                    tgt.host, tgt.port, tgt.path.split("?", 1)[0]))
+            ex.mcp(decision.rule.mcp, session,
+                   report=parts.policy(ex.identity).mode == "report", pins=pins)
+        ex.scan = parts.markers.scan_for(tgt.host, ex.client.token)
+        found = ex.scan.head(head.method, path, head.headers.fields)
+        if found is not None:
+            raise ex.leak(found)
+        await self.signing.apply(ex, swap, path)
+
+    def _meter(self, ex: Exchange, credential: Credential) -> None:
+        """The metering step for a credential exchange, and ask mode for the models its
+        allowlist refuses where the policy lets a person allow them."""
+        parts = self.parts
+        if parts.metering is None:
+            return
+        policy = parts.policy(ex.identity)
+        ex.meter(parts.metering, policy, credential.preset)
+        if parts.approvals is not None and policy.ask is not None and \
+                policy.ask.models and policy.mode != "report":
+            ex.asks = functools.partial(self.asking.ask_model, ex, policy.ask)
