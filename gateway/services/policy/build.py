@@ -58,25 +58,27 @@ def _credential_problem(rule: Rule, credentials: Mapping[str, Credential], polic
     return None
 
 
+def _by_name(read: list[RawPolicy], errors: list[tuple[str, int, str]]
+             ) -> dict[str, RawPolicy]:
+    """The policies by name: a name is unique across files (a second one is an error)."""
+    by_name: dict[str, RawPolicy] = {}
+    for raw in read:
+        if raw.name in by_name:
+            first = by_name[raw.name]
+            errors.append((raw.file, raw.line, f'duplicate policy name "{raw.name}" (also in '
+                           f"{first.file}:{first.line}); policy names must be unique across "
+                           "files"))
+            continue
+        by_name[raw.name] = raw
+    return by_name
+
+
 def build_policy_set(read: list[RawPolicy], defined: Mapping[str, CredentialDef],
                      problems: Problems, revision: str = "") -> PolicySet:
     """Cross-file checks, extends resolution and compilation of the policies ``read``
     and the credentials ``defined`` (raises PolicyError with every problem)."""
     errors = problems.errors
-    by_name: dict[str, RawPolicy] = {}
-    for raw in read:
-        if raw.name in by_name:
-            first = by_name[raw.name]
-            errors.append(
-                (
-                    raw.file,
-                    raw.line,
-                    f'duplicate policy name "{raw.name}" (also in {first.file}:{first.line}); '
-                    "policy names must be unique across files",
-                )
-            )
-            continue
-        by_name[raw.name] = raw
+    by_name = _by_name(read, errors)
     credentials = {name: d.credential for name, d in defined.items()}
     known_credentials = tuple(credentials)
 

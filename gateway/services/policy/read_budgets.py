@@ -11,7 +11,7 @@ from yaml.nodes import Node, ScalarNode, SequenceNode
 
 from gateway.core.durations import parse_duration
 from gateway.services.policy.model import Budget, BudgetScope
-from gateway.services.policy.nodes import Nodes
+from gateway.services.policy.nodes import Keys, Nodes
 from gateway.services.policy.problems import clipped, quoted, shown
 from gateway.services.policy.raw import NAME, RawBudget
 
@@ -63,19 +63,8 @@ def read_budget(nodes: Nodes, node: Node, policy: str) -> RawBudget | None:
                       'digits, ".", "_", "-"')
             name = None
         ok = ok and name is not None
-    per: BudgetScope = "sandbox"
-    if "per" not in keys:
-        nodes.err(node, "budget has no per; add per: sandbox (each sandbox its own "
-                  "allowance) or per: policy (one allowance for all its sandboxes)")
-        ok = False
-    else:
-        per_node = keys["per"][1]
-        value = nodes.scalar(per_node) if isinstance(per_node, ScalarNode) else None
-        if value == "policy":
-            per = "policy"
-        elif value != "sandbox":
-            nodes.err(per_node, f"invalid per {quoted(value)}; use sandbox or policy")
-            ok = False
+    per = _per(nodes, node, keys)
+    ok = ok and per is not None
     window: int | Literal["month"] | None = None
     window_text = ""
     if "window" not in keys:
@@ -115,7 +104,7 @@ def read_budget(nodes: Nodes, node: Node, policy: str) -> RawBudget | None:
             credentials = items
     if "description" in keys:
         nodes.string(keys["description"][1], "description")
-    if not ok or name is None or window is None:
+    if not ok or name is None or per is None or window is None:
         return None
     tokens, requests, cost = (limits.get(k) for k in _LIMITS)
     budget = Budget(
@@ -128,6 +117,20 @@ def read_budget(nodes: Nodes, node: Node, policy: str) -> RawBudget | None:
     )
     return RawBudget(budget, nodes.line(node),
                      tuple((c, nodes.line(item)) for c, item in credentials))
+
+
+def _per(nodes: Nodes, node: Node, keys: Keys) -> BudgetScope | None:
+    """``per: sandbox`` (each sandbox its own allowance) or ``per: policy``."""
+    if "per" not in keys:
+        nodes.err(node, "budget has no per; add per: sandbox (each sandbox its own "
+                  "allowance) or per: policy (one allowance for all its sandboxes)")
+        return None
+    per_node = keys["per"][1]
+    value = nodes.scalar(per_node) if isinstance(per_node, ScalarNode) else None
+    if value not in ("sandbox", "policy"):
+        nodes.err(per_node, f"invalid per {quoted(value)}; use sandbox or policy")
+        return None
+    return "policy" if value == "policy" else "sandbox"
 
 
 def _window(nodes: Nodes, node: Node) -> tuple[int | Literal["month"] | None, str]:

@@ -31,23 +31,11 @@ from gateway.services.policy.raw import NAME, CredentialDef
 _CREDENTIAL_KEYS = ("preset", "secret", "hosts", "inject", "description", "type",
                     "placeholder")
 _PLACEHOLDER = re.compile(r"[A-Za-z0-9_-]{1,32}")
-
-
 _SECRET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,126}")
-
-
 _AWS_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
-
-
 _GITHUB_LEVELS = ("read", "write", "admin")
-
-
 _INJECT_KEYS = ("header", "bearer", "query", "basic")
-
-
 _HEADER = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
-
-
 _FIELD_HINTS = {"text": "value", "secret": "secret name", "url": "https URL",
                 "id": "number", "texts": "list", "mapping": "mapping", "flag": "true|false",
                 "path": "file path", "duration": "duration", "choice": "choice"}

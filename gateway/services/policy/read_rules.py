@@ -52,24 +52,17 @@ def read_egress(nodes: Nodes, node: Node, policy: str) -> list[RawRule]:
 
 
 def read_rule(nodes: Nodes, node: Node, policy: str) -> RawRule | None:
-    """One rule of ``policy`` (None: reported)."""
+    """One rule of ``policy`` (None: reported).
+
+    Longer than most functions here, on purpose: each key of a rule in turn (the order
+    in which problems on one line are told), then the ``Rule`` with every field named.
+    """
     keys = nodes.mapping(node, _PRESET_RULE_KEYS if nodes.preset else _RULE_KEYS,
                          "an egress rule")
     if keys is None:
         return None
-    ok = True
-    host: str | None = None
-    if "host" not in keys:
-        nodes.err(node, "egress rule has no host; add host: <name>")
-        ok = False
-    else:
-        host_node = keys["host"][1]
-        text = nodes.string(host_node, "host")
-        try:
-            host = compile_host_pattern(text).text if text is not None else None
-        except HostPatternError as exc:
-            nodes.err(host_node, clipped(str(exc)))
-        ok = host is not None
+    host = _host(nodes, node, keys)
+    ok = host is not None
     ports: tuple[int, ...] | None = None
     if "ports" in keys:
         ports = _ports(nodes, keys["ports"][1])
@@ -153,6 +146,20 @@ def read_rule(nodes: Nodes, node: Node, policy: str) -> RawRule | None:
                 allow_minted_secrets=allow_minted, action=action, reason=reason, mcp=mcp,
                 ask=ask, unmetered=unmetered)
     return RawRule(rule, nodes.line(credential_node), telemetry)
+
+
+def _host(nodes: Nodes, node: Node, keys: Keys) -> str | None:
+    """``host:``, normalised (None: reported)."""
+    if "host" not in keys:
+        nodes.err(node, "egress rule has no host; add host: <name>")
+        return None
+    host_node = keys["host"][1]
+    text = nodes.string(host_node, "host")
+    try:
+        return compile_host_pattern(text).text if text is not None else None
+    except HostPatternError as exc:
+        nodes.err(host_node, clipped(str(exc)))
+        return None
 
 
 def _tcp(nodes: Nodes, keys: Keys, inspect: bool) -> bool:
