@@ -473,8 +473,8 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
     "gateway/services/policy/build.py": (
         "tests/services/policy/test_policy_loader.py, "
         "tests/services/metering/test_metering_policy.py",
-        "every loaded policy set is built by it: extends, credentials a rule names, "
-        "inherited budgets, with file:line errors"),
+        "every loaded policy set is built by it from what the readers return: extends, "
+        "credentials a rule names, inherited budgets, with file:line errors"),
     "gateway/core/policy/compiled.py": (
         "tests/core/test_policy_matcher.py, tests/services/policy/test_policy_loader.py",
         "`compile_policy` and `decide`, behind every decision these tables assert"),
@@ -491,31 +491,20 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/core/test_metering_models.py",
         "imported: the frozen rule, credential and decision values the matcher and "
         "loader tests build"),
-    "gateway/services/policy/nodes.py": (
-        "tests/services/policy/test_policy_loader.py, tests/services/policy/test_policy_files.py",
-        "every policy file is read through it: the line numbers of every load error"),
     "gateway/core/policy/presets.py": (
         "tests/services/policy/test_policy_loader.py, tests/integration/test_credentials.py",
         "pure data: every preset loads as a credential, carriers checked (test_presets); "
         "the official openai and anthropic SDKs use theirs through a real gateway"),
     "gateway/services/policy/problems.py": (
-        "tests/services/policy/test_policy_loader.py, tests/services/policy/test_policy_files.py",
-        "every `file:line: message` the loader's tables expect, and files never echoed"),
-    "gateway/services/policy/read_ask.py": (
-        "tests/services/policy/test_policy_ask.py",
-        "`ask:` as files write it: what loads and what is refused at which line"),
-    "gateway/services/policy/read_credentials.py": (
-        "tests/services/minting/test_minting_policy.py, tests/core/test_core_credentials.py",
-        "presets, stored secrets and minted types as files write them, errors at their "
-        "line"),
-    "gateway/services/policy/read_mcp.py": (
-        "tests/core/test_policy_mcp_rule.py",
-        "`mcp:` as files write it: what loads, what is refused and how"),
-    "gateway/services/policy/read_rules.py": (
-        "tests/services/policy/test_policy_loader.py, "
-        "tests/services/metering/test_metering_policy.py",
-        "egress rules and budgets as files write them (ports, methods, paths, models, "
-        "windows), errors at their line"),
+        "tests/services/policy/test_policy_nodes.py, tests/services/policy/test_policy_loader.py, "
+        "tests/services/policy/test_policy_files.py",
+        "the shared collector saying every problem at once (test_policy_nodes); every "
+        "`file:line: message` the loader's tables expect, and files never echoed"),
+    "gateway/services/policy/raw.py": (
+        "tests/services/policy/test_read_rules.py, tests/services/policy/test_read_budgets.py, "
+        "tests/services/policy/test_read_credentials.py, tests/services/policy/test_read_policy.py",
+        "imported: what the section readers return (model objects with their positions), "
+        "asserted in each reader's table"),
     "gateway/services/policy/replay.py": (
         "tests/services/policy/test_policy_diff.py, tests/integration/test_policy_replay.py",
         "replay's grouping and speed in the diff tests; audit lines recorded from a real "

@@ -13,11 +13,8 @@ from gateway.core.policy.model import (
     Rule,
 )
 from gateway.services.policy.agents import PREFIX, known_agents
-from gateway.services.policy.nodes import (
-    NodeReader,
-    RawPolicy,
-)
-from gateway.services.policy.problems import PolicyError, format_errors, shown, suggest
+from gateway.services.policy.problems import Problems, shown, suggest
+from gateway.services.policy.raw import CredentialDef, RawPolicy
 
 
 def _can_reach(rule: HostPattern, credential: tuple[HostPattern, ...]) -> bool:
@@ -41,60 +38,61 @@ def _can_reach(rule: HostPattern, credential: tuple[HostPattern, ...]) -> bool:
     return False
 
 
-def build_policy_set(parser: NodeReader, revision: str = "") -> PolicySet:
-    """Cross-file checks, extends resolution and compilation (raises PolicyError)."""
-    errors = parser.errors
+def _credential_problem(rule: Rule, credentials: Mapping[str, Credential], policy: str,
+                        known: tuple[str, ...]) -> str | None:
+    """What is wrong with the credential ``rule`` names, if anything: undefined, or
+    bound to hosts the rule's host never reaches."""
+    name = rule.credential
+    assert name is not None
+    cred = credentials.get(name)
+    if cred is None:
+        define = ("define it under credentials: in any policy file"
+                  if not policy.startswith(PREFIX) else
+                  f"{policy} injects the credential named {shown(name)}: define it, e.g. "
+                  f"credentials: {{{name}: {{preset: {name}, secret: <secret name>}}}}")
+        return f"unknown credential {shown(name)}{suggest(name, known)}; {define}"
+    if not _can_reach(rule.host_pattern, cred.host_patterns):
+        return (f'credential "{name}" is only sent to {", ".join(cred.hosts)}, which host '
+                f"{rule.host_pattern.text} never reaches; fix the rule's host or use another "
+                "credential")
+    return None
+
+
+def _by_name(read: list[RawPolicy], errors: list[tuple[str, int, str]]
+             ) -> dict[str, RawPolicy]:
+    """The policies by name: a name is unique across files (a second one is an error)."""
     by_name: dict[str, RawPolicy] = {}
-    for raw in parser.policies:
+    for raw in read:
         if raw.name in by_name:
             first = by_name[raw.name]
-            errors.append(
-                (
-                    raw.file,
-                    raw.line,
-                    f'duplicate policy name "{raw.name}" (also in {first.file}:{first.line}); '
-                    "policy names must be unique across files",
-                )
-            )
+            errors.append((raw.file, raw.line, f'duplicate policy name "{raw.name}" (also in '
+                           f"{first.file}:{first.line}); policy names must be unique across "
+                           "files"))
             continue
         by_name[raw.name] = raw
-    credentials = {name: d.credential for name, d in parser.credentials.items()}
+    return by_name
+
+
+def build_policy_set(read: list[RawPolicy], defined: Mapping[str, CredentialDef],
+                     problems: Problems, revision: str = "") -> PolicySet:
+    """Cross-file checks, extends resolution and compilation of the policies ``read``
+    and the credentials ``defined`` (raises PolicyError with every problem)."""
+    errors = problems.errors
+    by_name = _by_name(read, errors)
+    credentials = {name: d.credential for name, d in defined.items()}
     known_credentials = tuple(credentials)
 
     own_rules: dict[str, list[Rule]] = {}
     for raw in by_name.values():
         rules: list[Rule] = []
         for raw_rule in raw.rules:
-            cred_name = raw_rule.fields.get("credential")
-            if cred_name is not None:
-                cred = credentials.get(cred_name)
-                node = raw_rule.credential_node
-                line = raw_rule.line if node is None else node.start_mark.line + 1
-                if cred is None:
-                    define = ("define it under credentials: in any policy file"
-                              if not raw.name.startswith(PREFIX) else
-                              f"{raw.name} injects the credential named {shown(cred_name)}: "
-                              f"define it, e.g. credentials: {{{cred_name}: {{preset: "
-                              f"{cred_name}, secret: <secret name>}}}}")
-                    errors.append(
-                        (raw.file, line, f"unknown credential {shown(cred_name)}"
-                         f"{suggest(cred_name, known_credentials)}; {define}")
-                    )
+            rule = raw_rule.rule
+            if rule.credential is not None:
+                problem = _credential_problem(rule, credentials, raw.name, known_credentials)
+                if problem is not None:
+                    errors.append((raw.file, raw_rule.credential_line, problem))
                     continue
-                assert raw_rule.host_pattern is not None
-                if not _can_reach(raw_rule.host_pattern, cred.host_patterns):
-                    errors.append(
-                        (
-                            raw.file,
-                            line,
-                            f'credential "{cred_name}" is only sent to {", ".join(cred.hosts)}, '
-                            f"which host {raw_rule.host_pattern.text} never reaches; fix the "
-                            "rule's host or use another credential",
-                        )
-                    )
-                    continue
-            source = f"{raw_rule.file}:{raw_rule.line}"
-            rules.append(Rule(source=source, policy=raw.name, **raw_rule.fields))
+            rules.append(rule)
         own_rules[raw.name] = rules
 
     resolved: dict[str, list[Rule]] = {}
@@ -106,8 +104,7 @@ def build_policy_set(parser: NodeReader, revision: str = "") -> PolicySet:
         raw = by_name[name]
         out: list[Rule] = list(own_rules[name])
         seen = {id(r) for r in out}
-        for parent, node in raw.extends:
-            line = node.start_mark.line + 1
+        for parent, line in raw.extends:
             if parent not in known_policies:
                 shipped = known_agents()
                 hint = (f"; the shipped agent presets are {', '.join(shipped)}"
@@ -133,8 +130,7 @@ def build_policy_set(parser: NodeReader, revision: str = "") -> PolicySet:
     for name in by_name:
         resolve(name, [name])
     budgets = _budgets(by_name, resolved, credentials, errors)
-    if errors:
-        raise PolicyError(format_errors(errors))
+    problems.raise_any()
 
     policies: dict[str, Policy] = {}
     for name, raw in by_name.items():
@@ -150,7 +146,7 @@ def build_policy_set(parser: NodeReader, revision: str = "") -> PolicySet:
             subjects=tuple(raw.subjects),
             ask=raw.ask,
         )
-    files = tuple(dict.fromkeys(raw.file for raw in parser.policies))
+    files = tuple(dict.fromkeys(raw.file for raw in read))
     return PolicySet(policies=policies, credentials=credentials, files=files, revision=revision)
 
 
@@ -169,8 +165,7 @@ def _budgets(
     for name, raw in by_name.items():
         injected = {r.credential for r in resolved.get(name, ()) if r.credential}
         for raw_budget in raw.budgets:
-            for cred, node in raw_budget.credential_nodes:
-                line = node.start_mark.line + 1
+            for cred, line in raw_budget.credentials:
                 if cred not in credentials:
                     errors.append((raw.file, line, f'budget "{raw_budget.budget.name}" names '
                                    f"unknown credential {shown(cred)}{suggest(cred, known)}"))

@@ -21,6 +21,14 @@ budget replacing an inherited one of the same name, and are counted per deciding
 A credential with ``type:`` is minted by the gateway (``policy/minted.py`` lists the
 types and their fields); it takes no ``preset``/``secret``/``inject``, its ``hosts``
 default to the type's, and fields that hold secrets name them in the store.
+
+How a file is read: ``read_document`` composes one reader per section, each a function
+taking the section's YAML node and the file's ``Nodes`` (positions, and the load's shared
+``Problems``) and returning model objects: ``read_policy`` (its own keys, extends, tokens,
+subjects), ``read_credentials``, ``read_rules`` (``Rule`` objects, with ``read_mcp`` and
+``read_ask`` for a rule's ``mcp:`` and ``ask:``), ``read_budgets``, ``read_ask``. Then
+``build.py`` checks what the files define against each other and compiles the rules
+(``compile_policy``: the matcher).
 """
 
 from __future__ import annotations
@@ -28,15 +36,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import yaml
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.nodes import Node
 
-from gateway.config import ConfigError, parse_duration
 from gateway.core.policy.compiled import PolicySet
-from gateway.core.policy.model import Mode, Subject
-from gateway.services.policy.agents import PREFIX, TELEMETRY, add_agent_presets, variant
+from gateway.services.policy.agents import add_agent_presets
 from gateway.services.policy.build import build_policy_set
 from gateway.services.policy.files import (
     outside_error,
@@ -45,10 +52,20 @@ from gateway.services.policy.files import (
     source_name,
     unreadable,
 )
-from gateway.services.policy.nodes import NAME, RawPolicy
-from gateway.services.policy.problems import PolicyError, clipped, quoted, shown
-from gateway.services.policy.read_credentials import CredentialReader
-from gateway.services.policy.read_rules import RuleReader
+from gateway.services.policy.nodes import Nodes
+from gateway.services.policy.problems import PolicyError, Problems, clipped
+from gateway.services.policy.raw import CredentialDef, RawPolicy
+from gateway.services.policy.read_ask import read_ask
+from gateway.services.policy.read_budgets import read_budgets
+from gateway.services.policy.read_credentials import read_credentials
+from gateway.services.policy.read_policy import (
+    POLICY_KEYS,
+    read_extends,
+    read_policy,
+    read_subjects,
+    read_tokens,
+)
+from gateway.services.policy.read_rules import read_egress
 from gateway.services.policy.revision import content_hash, policy_revision
 
 __all__ = [
@@ -63,180 +80,67 @@ __all__ = [
 ]
 
 
-_POLICY_KEYS = ("version", "name", "description", "mode", "extends", "egress", "credentials",
-                "budgets", "tokens", "subjects", "ask")
+def read_document(nodes: Nodes, node: Node,
+                  credentials: dict[str, CredentialDef]) -> RawPolicy | None:
+    """One policy document: its own keys, then each section by its reader (the order in
+    which a line's problems are told). Credentials go to ``credentials``, the load's."""
+    keys = nodes.mapping(node, POLICY_KEYS, "a policy")
+    if keys is None:
+        return None
+    policy = read_policy(nodes, node, keys)
+    if "extends" in keys:
+        policy.extends = read_extends(nodes, keys["extends"][1])
+    if "credentials" in keys:
+        read_credentials(nodes, keys["credentials"][1], policy.given_name, credentials)
+    if "egress" in keys:
+        policy.rules = read_egress(nodes, keys["egress"][1], policy.name)
+    if "budgets" in keys:
+        policy.budgets = read_budgets(nodes, keys["budgets"][1], policy.given_name)
+    if "tokens" in keys:
+        policy.token_ttl = read_tokens(nodes, keys["tokens"][1])
+    if "subjects" in keys:
+        policy.subjects = read_subjects(nodes, keys["subjects"][1])
+    if "ask" in keys:
+        policy.ask = read_ask(nodes, keys["ask"][1], rule=False)
+    return policy
 
 
-class _Parser(RuleReader, CredentialReader):
-    """A policy file: its documents, each a policy of rules, budgets and credentials."""
+class _Load:
+    """One load: the policies every file read holds, the credentials they define (names
+    are global across files) and every problem found, said together by ``finish``."""
 
-    def parse_file(self, file: str, text: str) -> None:
+    def __init__(self) -> None:
+        self.problems = Problems()
+        self.policies: list[RawPolicy] = []
+        self.credentials: dict[str, CredentialDef] = {}
+
+    def add(self, file: str, text: str) -> None:
+        self.policies.extend(self.read(file, text))
+
+    def read(self, file: str, text: str, *, preset: bool = False) -> list[RawPolicy]:
+        """The policies of a file's YAML documents (``preset``: a shipped agent preset)."""
+        nodes = Nodes(file, self.problems, preset=preset)
         try:
             documents = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
             line = mark.line + 1 if mark is not None else 1
             problem = exc.problem or exc.context or "syntax error"
-            self.errors.append((file, line, f"invalid YAML: {clipped(problem)}"))
-            return
+            self.problems.add(file, line, f"invalid YAML: {clipped(problem)}")
+            return []
         except yaml.YAMLError as exc:
-            self.errors.append((file, 1, f"invalid YAML: {clipped(str(exc))}"))
-            return
+            self.problems.add(file, 1, f"invalid YAML: {clipped(str(exc))}")
+            return []
         documents = [d for d in documents if d is not None]
         if not documents:
-            self.errors.append((file, 1, "empty policy file; add version: v1, name: and egress:"))
-        for document in documents:
-            self.parse_policy(file, document)
-
-    def parse_policy(self, file: str, node: Node) -> None:
-        keys = self.mapping(file, node, _POLICY_KEYS, "a policy")
-        if keys is None:
-            return
-        if "version" not in keys:
-            self.err(file, node, "missing version; add version: v1")
-        else:
-            version_node = keys["version"][1]
-            version = self.scalar(version_node) if isinstance(version_node, ScalarNode) else None
-            if version != "v1":
-                self.err(file, version_node,
-                         f"unsupported version {quoted(version)}; use version: v1")
-        name: str | None = None
-        if "name" not in keys:
-            self.err(file, node, "missing name; add name: <policy name>")
-        else:
-            name_node = keys["name"][1]
-            name = self.string(file, name_node, "name")
-            if name is not None and not NAME.fullmatch(name) and not (
-                    self.preset and name.startswith(PREFIX)):
-                self.err(
-                    file,
-                    name_node,
-                    f'invalid policy name {shown(name)}; use letters, digits, ".", "_", "-"',
-                )
-                name = None
-        if "description" in keys:
-            self.string(file, keys["description"][1], "description")
-        mode: Mode = "enforce"
-        if "mode" in keys:
-            mode_node = keys["mode"][1]
-            value = self.scalar(mode_node) if isinstance(mode_node, ScalarNode) else None
-            if value == "report":
-                mode = "report"
-            elif value != "enforce":
-                self.err(file, mode_node, f"invalid mode {quoted(value)}; use enforce or report")
-        line = node.start_mark.line + 1
-        policy = RawPolicy(
-            name=name or f"<unnamed policy at {file}:{line}>",
-            mode=mode,
-            file=file,
-            line=line,
-            named=name is not None,
-        )
-        if "extends" in keys:
-            ext_node = keys["extends"][1]
-            policy.extends_line = ext_node.start_mark.line + 1
-            policy.extends = self.parse_extends(file, ext_node)
-        if "credentials" in keys:
-            self.parse_credentials(file, keys["credentials"][1], name or "")
-        if "egress" in keys:
-            egress = keys["egress"][1]
-            if isinstance(egress, ScalarNode) and self.scalar(egress) is None:
-                pass  # "egress:" with nothing = deny all
-            elif not isinstance(egress, SequenceNode):
-                self.err(file, egress, "egress must be a list of rules (- host: ...)")
-            else:
-                for rule_node in egress.value:
-                    rule = self.parse_rule(file, rule_node)
-                    if rule is not None:
-                        policy.rules.append(rule)
-        if "budgets" in keys:
-            self.parse_budgets(file, keys["budgets"][1], policy)
-        if "tokens" in keys:
-            policy.token_ttl = self.parse_tokens(file, keys["tokens"][1])
-        if "subjects" in keys:
-            policy.subjects = self.parse_subjects(file, keys["subjects"][1])
-        if "ask" in keys:
-            policy.ask = self.parse_ask(file, keys["ask"][1], rule=False)
-        self.policies.append(policy)
-
-    def parse_subjects(self, file: str, node: Node) -> list[Subject]:
-        """``subjects: [{namespace: sandboxes, service_account: "agent-*"}]``: the
-        Kubernetes workloads that may be this policy's sandboxes (globs)."""
-        if not isinstance(node, SequenceNode) or not node.value:
-            self.err(file, node, "subjects must be a non-empty list, e.g. subjects: "
-                     "[{namespace: sandboxes, service_account: agent}]")
-            return []
-        subjects: list[Subject] = []
-        for item in node.value:
-            keys = self.mapping(file, item, ("namespace", "service_account"), "a subject")
-            if keys is None:
-                continue
-            if "namespace" not in keys:
-                self.err(file, item, "a subject needs a namespace (a glob: \"*\" for any)")
-                continue
-            namespace = self.string(file, keys["namespace"][1], "subjects.namespace")
-            account = (self.string(file, keys["service_account"][1],
-                                   "subjects.service_account")
-                       if "service_account" in keys else None)
-            if namespace is not None and ("service_account" not in keys or account):
-                subjects.append(Subject(namespace, account))
-        return subjects
-
-    def parse_tokens(self, file: str, node: Node) -> float | None:
-        """``tokens: {ttl: 8h}``: the lifetime of this policy's tokens when the mint
-        names none (capped by the gateway's tokens.max_ttl when minted)."""
-        keys = self.mapping(file, node, ("ttl",), "tokens")
-        if not keys or "ttl" not in keys:
-            return None
-        value_node = keys["ttl"][1]
-        value = self.scalar(value_node) if isinstance(value_node, ScalarNode) else None
-        try:
-            ttl = parse_duration(value, "ttl")
-        except ConfigError as exc:
-            self.err(file, value_node, f"tokens.{exc}")
-            return None
-        if not 60 <= ttl <= 30 * 86400:
-            self.err(file, value_node, "tokens.ttl must be from 1m to 30d")
-            return None
-        return ttl
-
-    def parse_extends(self, file: str, node: Node) -> list[tuple[str, Node]]:
-        """Policy names, or an agent preset with its switch: ``{agent/codex: {telemetry:
-        allow}}`` (see policy/agents)."""
-        if not isinstance(node, SequenceNode):
-            self.err(file, node, 'extends must be a list, e.g. extends: ["base"]')
-            return []
-        items: list[tuple[str, Node]] = []
-        for item in node.value:
-            if isinstance(item, MappingNode) and len(item.value) == 1:
-                key_node, options = item.value[0]
-                agent = self.scalar(key_node) if isinstance(key_node, ScalarNode) else None
-                if not isinstance(agent, str) or not agent.startswith(PREFIX):
-                    self.err(file, item, "only an agent preset takes options in extends "
-                             "(- agent/codex: {telemetry: allow})")
-                    continue
-                keys = self.mapping(file, options, ("telemetry",), "agent preset options")
-                telemetry = "deny"
-                if keys and "telemetry" in keys:
-                    value_node = keys["telemetry"][1]
-                    value = (self.scalar(value_node) if isinstance(value_node, ScalarNode)
-                             else None)
-                    if value not in TELEMETRY:
-                        self.err(file, value_node,
-                                 f"invalid telemetry {quoted(value)}; use deny or allow")
-                        continue
-                    telemetry = value
-                items.append((variant(agent, telemetry), item))
-                continue
-            name = self.string(file, item, "extends item")
-            if name is not None:
-                items.append((name, item))
-        return items
+            self.problems.add(file, 1, "empty policy file; add version: v1, name: and egress:")
+        read = [read_document(nodes, document, self.credentials) for document in documents]
+        return [policy for policy in read if policy is not None]
 
     def finish(self, revision: str = "") -> PolicySet:
         """The agent presets the policies extend, then the checked, compiled set."""
-        add_agent_presets(self, self.parse_file)
-        return build_policy_set(self, revision)
+        add_agent_presets(self.policies, partial(self.read, preset=True))
+        return build_policy_set(self.policies, self.credentials, self.problems, revision)
 
 
 def load_policy_texts(files: Mapping[str, str], *, revision: str | None = None) -> PolicySet:
@@ -244,12 +148,12 @@ def load_policy_texts(files: Mapping[str, str], *, revision: str | None = None) 
 
     ``revision`` defaults to the content hash of the texts (pure, no I/O).
     """
-    parser = _Parser()
+    load = _Load()
     for file, text in files.items():
-        parser.parse_file(file, text)
+        load.add(file, text)
     if revision is None:
         revision = content_hash({name: text.encode("utf-8") for name, text in files.items()})
-    return parser.finish(revision)
+    return load.finish(revision)
 
 
 def load_policy_text(name: str, text: str) -> PolicySet:
@@ -277,20 +181,20 @@ def load_policy_dir(directory: str | os.PathLike[str]) -> PolicySet:
         )
     prefix = source_name(directory)
     raw: dict[str, bytes] = {}
-    parser = _Parser()
+    load = _Load()
     for path in paths:
         name = f"{prefix}/{path.name}"
         real = resolves_outside(directory, path)
         if real is not None:
-            parser.errors.append((name, 1, outside_error(path.name, real, directory)))
+            load.problems.add(name, 1, outside_error(path.name, real, directory))
             continue
         try:  # the file checked, not the link again (it may be swapped meanwhile)
             data = Path(os.path.realpath(path)).read_bytes()
             text = data.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            parser.errors.append((name, 1, unreadable(exc)))
+            load.problems.add(name, 1, unreadable(exc))
             continue
         raw[path.name] = data
-        parser.parse_file(name, text)
-    policy_set = parser.finish()
+        load.add(name, text)
+    policy_set = load.finish()
     return replace(policy_set, revision=policy_revision(directory, raw))

@@ -15,6 +15,22 @@ class PolicyError(Exception):
         super().__init__("\n".join(self.errors))
 
 
+class Problems:
+    """The problems every reader of a load reports into, each ``(file, line, message)``:
+    one collector shared by the readers of every file, so all problems are said at once."""
+
+    def __init__(self) -> None:
+        self.errors: list[tuple[str, int, str]] = []
+
+    def add(self, file: str, line: int, message: str) -> None:
+        self.errors.append((file, line, message))
+
+    def raise_any(self) -> None:
+        """Raise the ``PolicyError`` listing every problem, if there is one."""
+        if self.errors:
+            raise PolicyError(format_errors(self.errors))
+
+
 KEY_SHOWN = 40  # characters of a key an error quotes
 
 

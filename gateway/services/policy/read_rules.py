@@ -1,434 +1,334 @@
-"""Egress rules and budgets as a policy file writes them (ports, methods, paths, models,
-metering, budget windows and limits)."""
+"""The egress reader: ``egress:`` as a policy file writes it, read straight into the
+``Rule`` objects the matcher is compiled from (``compiled.compile_policy``), with
+``mcp:`` and ``ask:`` by their own readers.
+
+YAML to matcher: ``read_egress`` -> ``read_rule`` -> ``Rule(...)`` here; ``build.py``
+keeps the rules whose credential is defined and reaches their host, adds the inherited
+ones, and passes them to ``compile_policy``, which builds the ``Matcher``.
+"""
 
 from __future__ import annotations
 
-import math
 import re
-from typing import Any, Literal
 
 from yaml.nodes import Node, ScalarNode, SequenceNode
 
-from gateway.config import ConfigError, parse_duration
+from gateway.core.policy.ask_rule import Ask
 from gateway.core.policy.hosts import HostPatternError, compile_host_pattern
+from gateway.core.policy.mcp_rule import McpRule
 from gateway.core.policy.methods import check_method
-from gateway.core.policy.model import (
-    Budget,
-    BudgetScope,
-    MeteringRule,
-    Protocol,
-)
+from gateway.core.policy.model import Action, MeteringRule, Protocol, Rule
 from gateway.core.policy.paths import PathPatternError, validate_path_pattern
-from gateway.services.policy.nodes import NAME, RawBudget, RawPolicy, RawRule
-from gateway.services.policy.problems import clipped, quoted, shown
-from gateway.services.policy.read_ask import AskReader
-from gateway.services.policy.read_mcp import McpReader
+from gateway.services.policy.nodes import Keys, Nodes
+from gateway.services.policy.problems import clipped, quoted
+from gateway.services.policy.raw import RawRule
+from gateway.services.policy.read_ask import read_ask
+from gateway.services.policy.read_mcp import read_mcp
+
+__all__ = ["ALLOW_ONLY", "read_egress", "read_metering", "read_paths", "read_rule"]
 
 _RULE_KEYS = ("host", "ports", "methods", "paths", "credential", "inspect", "protocol", "models",
               "metering", "allow_minted_secrets", "action", "reason", "mcp", "ask",
               "unmetered")
 # A shipped agent preset's rules may also be marked `telemetry: true` (on or off by the
-# switch of whoever extends the preset: see policy/agents.py).
+# switch of whoever extends the preset: see policy/agents).
 _PRESET_RULE_KEYS = (*_RULE_KEYS, "telemetry")
 ALLOW_ONLY = ("credential", "inspect", "models", "metering", "allow_minted_secrets", "mcp",
               "ask", "unmetered")
 _MAX_REASON = 300
-
-
 _METERING_KEYS = ("required", "reserve", "max_input_tokens")
-
-
-_BUDGET_KEYS = ("name", "per", "window", "tokens", "requests", "cost_usd", "credentials",
-                "description")
-
-
-_MIN_WINDOW = 60
-
-
 _MODEL_GLOB = re.compile(r"[!-~]{1,200}")  # printable ASCII, no spaces
 
 
-class RuleReader(McpReader, AskReader):
-    """The rules and budgets of a policy document."""
+def read_egress(nodes: Nodes, node: Node, policy: str) -> list[RawRule]:
+    """The rules of ``egress:`` (nothing after it: none, deny all), each of ``policy``."""
+    if nodes.is_empty(node):
+        return []
+    if not isinstance(node, SequenceNode):
+        nodes.err(node, "egress must be a list of rules (- host: ...)")
+        return []
+    rules = [read_rule(nodes, rule_node, policy) for rule_node in node.value]
+    return [rule for rule in rules if rule is not None]
 
-    def parse_rule(self, file: str, node: Node) -> RawRule | None:
-        keys = self.mapping(file, node, _PRESET_RULE_KEYS if self.preset else _RULE_KEYS,
-                            "an egress rule")
-        if keys is None:
-            return None
-        ok = True
-        fields: dict[str, Any] = {}
-        raw = RawRule(fields=fields, file=file, line=node.start_mark.line + 1)
-        if "host" not in keys:
-            self.err(file, node, "egress rule has no host; add host: <name>")
+
+def read_rule(nodes: Nodes, node: Node, policy: str) -> RawRule | None:
+    """One rule of ``policy`` (None: reported).
+
+    Longer than most functions here, on purpose: each key of a rule in turn (the order
+    in which problems on one line are told), then the ``Rule`` with every field named.
+    """
+    keys = nodes.mapping(node, _PRESET_RULE_KEYS if nodes.preset else _RULE_KEYS,
+                         "an egress rule")
+    if keys is None:
+        return None
+    host = _host(nodes, node, keys)
+    ok = host is not None
+    ports: tuple[int, ...] | None = None
+    if "ports" in keys:
+        ports = _ports(nodes, keys["ports"][1])
+        ok = ok and ports is not None
+    methods: tuple[str, ...] | None = None
+    if "methods" in keys:
+        methods = _methods(nodes, keys["methods"][1])
+        ok = ok and methods is not None
+    paths: tuple[str, ...] | None = None
+    if "paths" in keys:
+        paths = read_paths(nodes, keys["paths"][1])
+        ok = ok and paths is not None
+    credential: str | None = None
+    credential_node = keys["credential"][1] if "credential" in keys else node
+    if "credential" in keys:
+        credential = nodes.string(credential_node, "credential")
+        ok = ok and credential is not None
+    inspect = False
+    if "inspect" in keys:
+        value = nodes.boolean(keys["inspect"][1], "inspect")
+        ok = ok and value is not None
+        inspect = bool(value)
+    protocol: Protocol = "http"
+    if "protocol" in keys:
+        protocol_node = keys["protocol"][1]
+        name = nodes.scalar(protocol_node) if isinstance(protocol_node, ScalarNode) else None
+        if name == "tcp":
+            protocol = "tcp"
+        elif name != "http":
+            nodes.err(protocol_node, f"invalid protocol {quoted(name)}; use http or tcp")
+            ok = False
+    models: tuple[str, ...] | None = None
+    if "models" in keys:
+        models_node = keys["models"][1]
+        models = _models(nodes, models_node)
+        ok = ok and models is not None
+        if "credential" not in keys:
+            nodes.err(models_node, "models needs credential: on the same rule (the allowlist "
+                      "applies to inference calls the gateway injects a key into); add "
+                      "credential: or remove models")
+            ok = False
+    metering: MeteringRule | None = None
+    unmetered: tuple[str, ...] | None = None
+    allow_minted = False
+    for key in ("metering", "allow_minted_secrets", "unmetered"):
+        if key not in keys:
+            continue
+        value_node = keys[key][1]
+        if key == "metering":
+            metering = read_metering(nodes, value_node)
+            ok = ok and metering is not None
+        elif key == "unmetered":
+            unmetered = read_paths(nodes, value_node, "unmetered")
+            ok = ok and unmetered is not None
+        else:
+            allow = nodes.boolean(value_node, key)
+            ok = ok and allow is not None
+            allow_minted = bool(allow)
+        if "credential" not in keys:
+            nodes.err(value_node, f"{key} needs credential: on the same rule (it applies to "
+                      "inference calls the gateway injects a key into); add credential: or "
+                      f"remove {key}")
+            ok = False
+    mcp: McpRule | None = None
+    if "mcp" in keys:
+        mcp = read_mcp(nodes, keys["mcp"][1])
+        ok = ok and mcp is not None
+    ask: Ask | None = None
+    if "ask" in keys:
+        ask_node = keys["ask"][1]
+        ask = read_ask(nodes, ask_node, rule=True)
+        ok = ok and (ask is not None or nodes.scalar(ask_node) is False)
+    if protocol == "tcp":
+        ok = _tcp(nodes, keys, inspect) and ok
+    acted, action, reason, telemetry = _action(nodes, keys)
+    if not (ok and acted) or host is None:
+        return None
+    rule = Rule(host=host, source=nodes.where(node), policy=policy, ports=ports,
+                methods=methods, paths=paths, credential=credential, inspect=inspect,
+                protocol=protocol, models=models, metering=metering,
+                allow_minted_secrets=allow_minted, action=action, reason=reason, mcp=mcp,
+                ask=ask, unmetered=unmetered)
+    return RawRule(rule, nodes.line(credential_node), telemetry)
+
+
+def _host(nodes: Nodes, node: Node, keys: Keys) -> str | None:
+    """``host:``, normalised (None: reported)."""
+    if "host" not in keys:
+        nodes.err(node, "egress rule has no host; add host: <name>")
+        return None
+    host_node = keys["host"][1]
+    text = nodes.string(host_node, "host")
+    try:
+        return compile_host_pattern(text).text if text is not None else None
+    except HostPatternError as exc:
+        nodes.err(host_node, clipped(str(exc)))
+        return None
+
+
+def _tcp(nodes: Nodes, keys: Keys, inspect: bool) -> bool:
+    """``protocol: tcp`` takes nothing that needs the requests read, and needs ports."""
+    ok = True
+    clashing: list[str] = [k for k in ("methods", "paths", "credential", "models", "mcp")
+                           if k in keys]
+    if inspect:
+        clashing.append("inspect")
+    if clashing:
+        nodes.err(keys["protocol"][1], f"protocol: tcp cannot be combined with "
+                  f"{', '.join(clashing)} (raw TCP is not inspected); remove them or use "
+                  "protocol: http")
+        ok = False
+    if "ports" not in keys:
+        nodes.err(keys["protocol"][1], "protocol: tcp needs explicit ports (e.g. ports: [22])")
+        ok = False
+    return ok
+
+
+def _action(nodes: Nodes, keys: Keys) -> tuple[bool, Action, str | None, bool]:
+    """``action: allow | deny`` with its ``reason`` (deny only), and a preset's
+    ``telemetry: true``: (ok, action, reason, telemetry)."""
+    ok = True
+    action: Action = "allow"
+    reason: str | None = None
+    if "action" in keys:
+        node = keys["action"][1]
+        value = nodes.scalar(node) if isinstance(node, ScalarNode) else None
+        if value not in ("allow", "deny"):
+            nodes.err(node, f"invalid action {quoted(value)}; use allow or deny")
+            return False, action, None, False
+        action = "deny" if value == "deny" else "allow"
+        clashing = [k for k in ALLOW_ONLY if k in keys]
+        if action == "deny" and clashing:
+            nodes.err(node, f"action: deny cannot be combined with {', '.join(clashing)} "
+                      "(a deny rule allows nothing); remove them")
+            ok = False
+    if "reason" in keys:
+        node = keys["reason"][1]
+        text = nodes.string(node, "reason")
+        if action != "deny":
+            nodes.err(node, "reason is for action: deny rules (it is what a refused request "
+                      "is told); add action: deny or remove reason")
+            ok = False
+        elif text is not None and not 0 < len(text) <= _MAX_REASON:
+            nodes.err(node, f"reason must be 1-{_MAX_REASON} characters")
             ok = False
         else:
-            host_node = keys["host"][1]
-            host = self.string(file, host_node, "host")
-            if host is None:
-                ok = False
-            else:
-                try:
-                    raw.host_pattern = compile_host_pattern(host)
-                    fields["host"] = raw.host_pattern.text
-                except HostPatternError as exc:
-                    self.err(file, host_node, clipped(str(exc)))
-                    ok = False
-        if "ports" in keys:
-            ports = self.parse_ports(file, keys["ports"][1])
-            ok = ok and ports is not None
-            fields["ports"] = ports
-        if "methods" in keys:
-            methods = self.parse_methods(file, keys["methods"][1])
-            ok = ok and methods is not None
-            fields["methods"] = methods
-        if "paths" in keys:
-            paths = self.parse_paths(file, keys["paths"][1])
-            ok = ok and paths is not None
-            fields["paths"] = paths
-        if "credential" in keys:
-            raw.credential_node = keys["credential"][1]
-            credential = self.string(file, raw.credential_node, "credential")
-            ok = ok and credential is not None
-            fields["credential"] = credential
-        if "inspect" in keys:
-            inspect = self.boolean(file, keys["inspect"][1], "inspect")
-            ok = ok and inspect is not None
-            fields["inspect"] = bool(inspect)
-        protocol: Protocol = "http"
-        if "protocol" in keys:
-            protocol_node = keys["protocol"][1]
-            value = self.scalar(protocol_node) if isinstance(protocol_node, ScalarNode) else None
-            if value == "tcp":
-                protocol = "tcp"
-            elif value != "http":
-                self.err(file, protocol_node, f"invalid protocol {quoted(value)}; use http or tcp")
-                ok = False
-        fields["protocol"] = protocol
-        if "models" in keys:
-            models_node = keys["models"][1]
-            models = self.parse_models(file, models_node)
-            ok = ok and models is not None
-            fields["models"] = models
-            if "credential" not in keys:
-                self.err(
-                    file,
-                    models_node,
-                    "models needs credential: on the same rule (the allowlist applies to "
-                    "inference calls the gateway injects a key into); add credential: or "
-                    "remove models",
-                )
-                ok = False
-        for key in ("metering", "allow_minted_secrets", "unmetered"):
-            if key not in keys:
-                continue
-            value_node = keys[key][1]
-            if key == "metering":
-                metering = self.parse_metering(file, value_node)
-                ok = ok and metering is not None
-                fields["metering"] = metering
-            elif key == "unmetered":
-                unmetered = self.parse_paths(file, value_node, "unmetered")
-                ok = ok and unmetered is not None
-                fields["unmetered"] = unmetered
-            else:
-                allow = self.boolean(file, value_node, key)
-                ok = ok and allow is not None
-                fields["allow_minted_secrets"] = bool(allow)
-            if "credential" not in keys:
-                self.err(file, value_node, f"{key} needs credential: on the same rule (it "
-                         "applies to inference calls the gateway injects a key into); add "
-                         f"credential: or remove {key}")
-                ok = False
-        if "mcp" in keys:
-            mcp = self.parse_mcp(file, keys["mcp"][1])
-            ok = ok and mcp is not None
-            fields["mcp"] = mcp
-        if "ask" in keys:
-            ask_node = keys["ask"][1]
-            ask = self.parse_ask(file, ask_node, rule=True)
-            ok = ok and (ask is not None or self.scalar(ask_node) is False)
-            fields["ask"] = ask
-        if protocol == "tcp":
-            clashing: list[str] = [k for k in ("methods", "paths", "credential", "models",
-                                               "mcp") if k in keys]
-            if fields.get("inspect"):
-                clashing.append("inspect")
-            if clashing:
-                self.err(
-                    file,
-                    keys["protocol"][1],
-                    f"protocol: tcp cannot be combined with {', '.join(clashing)} (raw TCP is "
-                    "not inspected); remove them or use protocol: http",
-                )
-                ok = False
-            if "ports" not in keys:
-                self.err(
-                    file,
-                    keys["protocol"][1],
-                    "protocol: tcp needs explicit ports (e.g. ports: [22])",
-                )
-                ok = False
-        ok = self.parse_action(file, keys, raw) and ok
-        return raw if ok else None
-
-    def parse_action(self, file: str, keys: dict[str, tuple[Node, Node]], raw: RawRule) -> bool:
-        """``action: allow | deny`` with its ``reason`` (deny only), and a preset's
-        ``telemetry: true``."""
-        ok = True
+            reason = text
+    telemetry = False
+    if "telemetry" in keys:
+        node = keys["telemetry"][1]
+        telemetry = bool(nodes.boolean(node, "telemetry"))
         if "action" in keys:
-            node = keys["action"][1]
-            value = self.scalar(node) if isinstance(node, ScalarNode) else None
-            if value not in ("allow", "deny"):
-                self.err(file, node, f"invalid action {quoted(value)}; use allow or deny")
-                return False
-            raw.fields["action"] = value
-            clashing = [k for k in ALLOW_ONLY if k in keys]
-            if value == "deny" and clashing:
-                self.err(file, node, f"action: deny cannot be combined with "
-                         f"{', '.join(clashing)} (a deny rule allows nothing); remove them")
-                ok = False
-        if "reason" in keys:
-            node = keys["reason"][1]
-            reason = self.string(file, node, "reason")
-            if raw.fields.get("action") != "deny":
-                self.err(file, node, "reason is for action: deny rules (it is what a refused "
-                         "request is told); add action: deny or remove reason")
-                ok = False
-            elif reason is not None and not 0 < len(reason) <= _MAX_REASON:
-                self.err(file, node, f"reason must be 1-{_MAX_REASON} characters")
-                ok = False
-            else:
-                raw.fields["reason"] = reason
-        if "telemetry" in keys:
-            node = keys["telemetry"][1]
-            telemetry = self.boolean(file, node, "telemetry")
-            if "action" in keys:
-                self.err(file, node, "a telemetry rule is allowed or denied by the preset's "
-                         "switch: remove action")
-                ok = False
-            raw.telemetry = bool(telemetry)
-        return ok
-
-    def parse_ports(self, file: str, node: Node) -> tuple[int, ...] | None:
-        if not isinstance(node, SequenceNode) or not node.value:
-            self.err(file, node, "ports must be a non-empty list of numbers, e.g. ports: [443]")
-            return None
-        ports: list[int] = []
-        ok = True
-        for item in node.value:
-            value = self.scalar(item) if isinstance(item, ScalarNode) else None
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-                self.err(file, item, f"invalid port {quoted(value)}; use a number from 1 to 65535")
-                ok = False
-            elif value not in ports:
-                ports.append(value)
-        return tuple(ports) if ok else None
-
-    def parse_methods(self, file: str, node: Node) -> tuple[str, ...] | None:
-        items = self.string_list(file, node, "methods")
-        if items is None:
-            return None
-        if not items and isinstance(node, SequenceNode) and not node.value:
-            self.err(file, node, "methods is empty; list methods (e.g. [GET]) or omit it for all")
-            return None
-        methods: list[str] = []
-        ok = len(items) == len(node.value) if isinstance(node, SequenceNode) else False
-        for value, item in items:
-            method, problem = check_method(value)
-            if method is None:
-                self.err(file, item, problem or f'invalid method "{value[:32]}"')
-                ok = False
-            elif method not in methods:
-                methods.append(method)
-        return tuple(methods) if ok else None
-
-    def parse_paths(self, file: str, node: Node, what: str = "paths") -> tuple[str, ...] | None:
-        items = self.string_list(file, node, what)
-        if items is None:
-            return None
-        if isinstance(node, SequenceNode) and not node.value:
-            self.err(file, node, f'{what} is empty; list path patterns (e.g. ["/v1/**"]) or '
-                     "omit it")
-            return None
-        ok = isinstance(node, SequenceNode) and len(items) == len(node.value)
-        paths: list[str] = []
-        for value, item in items:
-            try:
-                validate_path_pattern(value)
-            except PathPatternError as exc:
-                self.err(file, item, clipped(str(exc)))
-                ok = False
-                continue
-            if value not in paths:
-                paths.append(value)
-        return tuple(paths) if ok else None
-
-    def parse_models(self, file: str, node: Node) -> tuple[str, ...] | None:
-        items = self.string_list(file, node, "models")
-        if items is None:
-            return None
-        if isinstance(node, SequenceNode) and not node.value:
-            self.err(file, node, 'models is empty; list model globs (e.g. ["gpt-4o-mini"]) '
-                     "or omit it to allow every model")
-            return None
-        ok = isinstance(node, SequenceNode) and len(items) == len(node.value)
-        models: list[str] = []
-        for value, item in items:
-            if not _MODEL_GLOB.fullmatch(value):
-                self.err(file, item, f"invalid model pattern {quoted(value)}; use a model name "
-                         'or a glob such as "claude-sonnet-*" (printable ASCII, no spaces)')
-                ok = False
-            elif value not in models:
-                models.append(value)
-        return tuple(models) if ok else None
-
-    def parse_metering(self, file: str, node: Node) -> MeteringRule | None:
-        """``metering: required | optional`` or ``{required: bool, reserve: tokens}``."""
-        if isinstance(node, ScalarNode):
-            value = self.scalar(node)
-            if value in ("required", "optional"):
-                return MeteringRule(required=value == "required")
-            self.err(file, node, f"invalid metering {str(value)[:32]!r}; use required, "
-                     "optional or {required: true, reserve: <output tokens>}")
-            return None
-        keys = self.mapping(file, node, _METERING_KEYS, "metering")
-        if keys is None:
-            return None
-        required: bool | None = True
-        if "required" in keys:
-            required = self.boolean(file, keys["required"][1], "metering.required")
-        counts: dict[str, int | None] = {"reserve": None, "max_input_tokens": None}
-        what = {"reserve": "output tokens (what a call without max_tokens reserves)",
-                "max_input_tokens": "input tokens (the context window of a model the "
-                                    "catalogue does not know)"}
-        for name in counts:
-            if name not in keys:
-                continue
-            count_node = keys[name][1]
-            value = self.scalar(count_node) if isinstance(count_node, ScalarNode) else None
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                self.err(file, count_node, f"metering.{name} must be a positive whole number "
-                         f"of {what[name]}")
-                return None
-            counts[name] = value
-        if required is None:
-            return None
-        return MeteringRule(required=required, reserve=counts["reserve"],
-                            max_input_tokens=counts["max_input_tokens"])
-
-    def parse_budgets(self, file: str, node: Node, policy: RawPolicy) -> None:
-        if isinstance(node, ScalarNode) and self.scalar(node) is None:
-            return
-        if not isinstance(node, SequenceNode):
-            self.err(file, node, "budgets must be a list (- name: ..., per: ..., window: ...)")
-            return
-        seen: dict[str, int] = {}
-        for item in node.value:
-            raw = self.parse_budget(file, item, policy.name if policy.named else "")
-            if raw is None:
-                continue
-            name = raw.budget.name
-            if name in seen:
-                self.err(file, item, f'duplicate budget "{name}" (first at line {seen[name]}); '
-                         "budget names must be unique within a policy")
-                continue
-            seen[name] = raw.line
-            policy.budgets.append(raw)
-
-    def parse_budget(self, file: str, node: Node, policy: str) -> RawBudget | None:
-        keys = self.mapping(file, node, _BUDGET_KEYS, "a budget")
-        if keys is None:
-            return None
-        ok = True
-        name: str | None = None
-        if "name" not in keys:
-            self.err(file, node, "budget has no name; add name: <budget name>")
+            nodes.err(node, "a telemetry rule is allowed or denied by the preset's switch: "
+                      "remove action")
             ok = False
-        else:
-            name = self.string(file, keys["name"][1], "name")
-            if name is not None and not NAME.fullmatch(name):
-                self.err(file, keys["name"][1], f"invalid budget name {shown(name)}; use "
-                         'letters, digits, ".", "_", "-"')
-                name = None
-            ok = ok and name is not None
-        per: BudgetScope = "sandbox"
-        if "per" not in keys:
-            self.err(file, node, "budget has no per; add per: sandbox (each sandbox its own "
-                     "allowance) or per: policy (one allowance for all its sandboxes)")
+    return ok, action, reason, telemetry
+
+
+def _ports(nodes: Nodes, node: Node) -> tuple[int, ...] | None:
+    if not isinstance(node, SequenceNode) or not node.value:
+        nodes.err(node, "ports must be a non-empty list of numbers, e.g. ports: [443]")
+        return None
+    ports: list[int] = []
+    ok = True
+    for item in node.value:
+        value = nodes.scalar(item) if isinstance(item, ScalarNode) else None
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+            nodes.err(item, f"invalid port {quoted(value)}; use a number from 1 to 65535")
             ok = False
-        else:
-            value = self.scalar(keys["per"][1]) if isinstance(keys["per"][1], ScalarNode) else None
-            if value == "policy":
-                per = "policy"
-            elif value != "sandbox":
-                self.err(file, keys["per"][1],
-                         f"invalid per {quoted(value)}; use sandbox or policy")
-                ok = False
-        window: int | Literal["month"] | None = None
-        window_text = ""
-        if "window" not in keys:
-            self.err(file, node, "budget has no window; add e.g. window: 24h (or month)")
+        elif value not in ports:
+            ports.append(value)
+    return tuple(ports) if ok else None
+
+
+def _methods(nodes: Nodes, node: Node) -> tuple[str, ...] | None:
+    items = nodes.string_list(node, "methods")
+    if items is None:
+        return None
+    if not items and isinstance(node, SequenceNode) and not node.value:
+        nodes.err(node, "methods is empty; list methods (e.g. [GET]) or omit it for all")
+        return None
+    methods: list[str] = []
+    ok = len(items) == len(node.value) if isinstance(node, SequenceNode) else False
+    for value, item in items:
+        method, problem = check_method(value)
+        if method is None:
+            nodes.err(item, problem or f'invalid method "{value[:32]}"')
             ok = False
-        else:
-            window_node = keys["window"][1]
-            raw_window = self.scalar(window_node) if isinstance(window_node, ScalarNode) else None
-            window_text = str(raw_window)
-            if raw_window == "month":
-                window = "month"
-            else:
-                try:
-                    seconds = parse_duration(raw_window, "window")
-                except ConfigError as exc:
-                    self.err(file, window_node, f"{clipped(str(exc))}, or month")
-                    seconds = 0.0
-                if seconds and (seconds < _MIN_WINDOW or seconds != int(seconds)):
-                    self.err(file, window_node, f"window {quoted(window_text)} must be whole "
-                             "seconds, at least 1m")
-                elif seconds:
-                    window = int(seconds)
-            ok = ok and window is not None
-        limits: dict[str, int | float] = {}
-        for key in ("tokens", "requests", "cost_usd"):
-            if key not in keys:
-                continue
-            value_node = keys[key][1]
-            value = self.scalar(value_node) if isinstance(value_node, ScalarNode) else None
-            whole = isinstance(value, int) and not isinstance(value, bool)
-            real = key == "cost_usd" and isinstance(value, float) and math.isfinite(value)
-            number: int | float | None = value if whole or real else None
-            if number is None or number <= 0:
-                kind = "a positive number" if key == "cost_usd" else "a positive whole number"
-                self.err(file, value_node, f"{key} must be {kind}, got {quoted(value)}")
-                ok = False
-            else:
-                limits[key] = number
-        if not any(k in keys for k in ("tokens", "requests", "cost_usd")):
-            self.err(file, node, "budget sets no limit; add tokens:, requests: or cost_usd:")
+        elif method not in methods:
+            methods.append(method)
+    return tuple(methods) if ok else None
+
+
+def read_paths(nodes: Nodes, node: Node, what: str = "paths") -> tuple[str, ...] | None:
+    """A list of path patterns (``paths:``, ``unmetered:``), duplicates dropped."""
+    items = nodes.string_list(node, what)
+    if items is None:
+        return None
+    if isinstance(node, SequenceNode) and not node.value:
+        nodes.err(node, f'{what} is empty; list path patterns (e.g. ["/v1/**"]) or omit it')
+        return None
+    ok = isinstance(node, SequenceNode) and len(items) == len(node.value)
+    paths: list[str] = []
+    for value, item in items:
+        try:
+            validate_path_pattern(value)
+        except PathPatternError as exc:
+            nodes.err(item, clipped(str(exc)))
             ok = False
-        credential_nodes: list[tuple[str, Node]] = []
-        if "credentials" in keys:
-            items = self.string_list(file, keys["credentials"][1], "credentials")
-            cred_node = keys["credentials"][1]
-            if items is None or (isinstance(cred_node, SequenceNode) and not cred_node.value):
-                if items is not None:
-                    self.err(file, cred_node, "credentials is empty; list credential names or "
-                             "omit it for every credential of the policy")
-                ok = False
-            else:
-                credential_nodes = items
-        if "description" in keys:
-            self.string(file, keys["description"][1], "description")
-        if not ok or name is None or window is None:
+            continue
+        if value not in paths:
+            paths.append(value)
+    return tuple(paths) if ok else None
+
+
+def _models(nodes: Nodes, node: Node) -> tuple[str, ...] | None:
+    items = nodes.string_list(node, "models")
+    if items is None:
+        return None
+    if isinstance(node, SequenceNode) and not node.value:
+        nodes.err(node, 'models is empty; list model globs (e.g. ["gpt-4o-mini"]) or omit it '
+                  "to allow every model")
+        return None
+    ok = isinstance(node, SequenceNode) and len(items) == len(node.value)
+    models: list[str] = []
+    for value, item in items:
+        if not _MODEL_GLOB.fullmatch(value):
+            nodes.err(item, f"invalid model pattern {quoted(value)}; use a model name or a "
+                      'glob such as "claude-sonnet-*" (printable ASCII, no spaces)')
+            ok = False
+        elif value not in models:
+            models.append(value)
+    return tuple(models) if ok else None
+
+
+def read_metering(nodes: Nodes, node: Node) -> MeteringRule | None:
+    """``metering: required | optional`` or ``{required: bool, reserve: tokens,
+    max_input_tokens: tokens}`` (None: reported)."""
+    if isinstance(node, ScalarNode):
+        value = nodes.scalar(node)
+        if value in ("required", "optional"):
+            return MeteringRule(required=value == "required")
+        nodes.err(node, f"invalid metering {str(value)[:32]!r}; use required, optional or "
+                  "{required: true, reserve: <output tokens>}")
+        return None
+    keys = nodes.mapping(node, _METERING_KEYS, "metering")
+    if keys is None:
+        return None
+    required: bool | None = True
+    if "required" in keys:
+        required = nodes.boolean(keys["required"][1], "metering.required")
+    counts: dict[str, int | None] = {"reserve": None, "max_input_tokens": None}
+    what = {"reserve": "output tokens (what a call without max_tokens reserves)",
+            "max_input_tokens": "input tokens (the context window of a model the "
+                                "catalogue does not know)"}
+    for name in counts:
+        if name not in keys:
+            continue
+        count_node = keys[name][1]
+        value = nodes.scalar(count_node) if isinstance(count_node, ScalarNode) else None
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            nodes.err(count_node, f"metering.{name} must be a positive whole number of "
+                      f"{what[name]}")
             return None
-        tokens, requests = limits.get("tokens"), limits.get("requests")
-        cost = limits.get("cost_usd")
-        budget = Budget(
-            name=name, per=per, window=window, window_text=window_text,
-            tokens=int(tokens) if tokens is not None else None,
-            requests=int(requests) if requests is not None else None,
-            cost_usd=float(cost) if cost is not None else None,
-            credentials=tuple(dict.fromkeys(c for c, _ in credential_nodes)) or None,
-            source=f"{file}:{node.start_mark.line + 1}", policy=policy,
-        )
-        return RawBudget(budget, file, node.start_mark.line + 1, credential_nodes)
+        counts[name] = value
+    if required is None:
+        return None
+    return MeteringRule(required=required, reserve=counts["reserve"],
+                        max_input_tokens=counts["max_input_tokens"])

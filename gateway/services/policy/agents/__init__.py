@@ -20,8 +20,7 @@ from dataclasses import replace
 from importlib import resources
 from typing import TYPE_CHECKING
 
-from gateway.services.policy.nodes import NodeReader, RawPolicy
-from gateway.services.policy.read_rules import ALLOW_ONLY
+from gateway.services.policy.raw import RawPolicy
 
 if TYPE_CHECKING:
     from gateway.core.policy.compiled import PolicySet
@@ -49,11 +48,13 @@ def _split(name: str) -> tuple[str, str]:
     return agent, rest.rstrip(")") or "deny"
 
 
-def add_agent_presets(parser: NodeReader, parse: Callable[[str, str], None]) -> None:
-    """Parse the presets the policies extend (with ``parse(file, text)``, as the shipped
-    file ``agent/<name>.yaml``), one raw policy per telemetry setting asked for."""
+def add_agent_presets(policies: list[RawPolicy],
+                      read: Callable[[str, str], list[RawPolicy]]) -> None:
+    """Add to ``policies`` the presets they extend, one raw policy per telemetry setting
+    asked for (each preset read once with ``read(file, text)``, as the shipped file
+    ``agent/<name>.yaml``)."""
     wanted: dict[str, set[str]] = {}
-    for policy in parser.policies:
+    for policy in policies:
         for name, _ in policy.extends:
             if name.startswith(PREFIX):
                 agent, telemetry = _split(name)
@@ -66,32 +67,28 @@ def add_agent_presets(parser: NodeReader, parse: Callable[[str, str], None]) -> 
             continue  # build reports the unknown parent, with the shipped names
         text = resources.files(__package__).joinpath(
             agent.removeprefix(PREFIX) + ".yaml").read_text("utf-8")
-        before = len(parser.policies)
-        parser.preset = True
-        try:
-            parse(agent + ".yaml", text)
-        finally:
-            parser.preset = False
-        base = [p for p in parser.policies[before:] if p.name == agent]
-        del parser.policies[before:]
+        base = [p for p in read(agent + ".yaml", text) if p.name == agent]
         if len(base) != 1:  # a broken shipped file: its own errors say why
             continue
-        parser.policies.extend(_with_telemetry(base[0], telemetry)
-                               for telemetry in sorted(settings))
+        policies.extend(_with_telemetry(base[0], telemetry) for telemetry in sorted(settings))
 
 
 def _with_telemetry(preset: RawPolicy, telemetry: str) -> RawPolicy:
-    """The preset with its telemetry rules allowed or refused (with a reason)."""
+    """The preset with its telemetry rules allowed or refused (with a reason), its rules
+    named after the variant."""
     name = variant(preset.name, telemetry)
     rules = []
-    for rule in preset.rules:
-        if rule.telemetry and telemetry == "deny":
+    for raw in preset.rules:
+        if raw.telemetry and telemetry == "deny":
             reason = (f"{preset.name} turns the agent's telemetry off; extend "
                       f"{{{preset.name}: {{telemetry: allow}}}} to send it")
-            fields = {k: v for k, v in rule.fields.items() if k not in ALLOW_ONLY}
-            rule = replace(rule, fields={**fields, "action": "deny", "reason": reason},
-                           credential_node=None)
-        rules.append(rule)
+            raw = replace(raw, rule=replace(  # what only an allow rule takes (ALLOW_ONLY) goes
+                raw.rule, policy=name, action="deny", reason=reason, credential=None,
+                inspect=False, models=None, metering=None, allow_minted_secrets=False,
+                mcp=None, ask=None, unmetered=None))
+        elif raw.rule.policy != name:
+            raw = replace(raw, rule=replace(raw.rule, policy=name))
+        rules.append(raw)
     return replace(preset, name=name, rules=rules)
 
 
