@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Iterator, Mapping
+from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, get_args, get_origin
 
@@ -81,7 +82,7 @@ _ENV_IGNORED = ("SECRET_", "CONFIG", "PORT", "SERVICE_")
 _ENV_YAML_BELOW = ("secrets.", "state.", "network.upstream_proxy.check_ready")
 
 
-class Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Section(msgspec.Struct, frozen=True, kw_only=True):
     """A map of keys in `gateway.yaml`: its fields annotated with a `Value` or typed as a
     `Section` are keys; other fields are derived (filled by a `Value.into`, or not read)."""
 
@@ -317,6 +318,7 @@ def _spec(annotation: Any) -> Spec | None:
     return None
 
 
+@cache
 def _fields(section: type[Section]) -> dict[str, tuple[Spec, Any]]:
     """`section`'s keys: name -> (its spec, its default)."""
     out: dict[str, tuple[Spec, Any]] = {}
@@ -331,7 +333,7 @@ def _fields(section: type[Section]) -> dict[str, tuple[Spec, Any]]:
 def keys(section: type[Section] = Config,
          prefix: str = "") -> Iterator[tuple[str, Value, Any]]:
     """Every key below `section`, dotted, with its `Value` and its default, in order (the
-    docs' table and the chart's schema are generated from this: scripts/config_schema.py)."""
+    docs' table and the chart's schema are generated from this: scripts/config-schema.py)."""
     for name, (spec, default) in _fields(section).items():
         if isinstance(spec, Value):
             yield prefix + name, spec, default
