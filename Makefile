@@ -10,7 +10,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3; do \
 	  command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null \
 	  && { echo $$p; break; }; done)
 
-.PHONY: run demo test needs lint typecheck unit tools bench soak lock diagram clean jvm-agent catalogue
+.PHONY: run demo test needs lint typecheck unit tools bench soak lock diagram clean jvm-agent catalogue config-schema
 
 # Dependencies come only from the hashed lock files (exact versions, sha256 of every file):
 # requirements-dev.lock (runtime + dev + setuptools) here, requirements.lock (runtime +
@@ -37,6 +37,11 @@ lock:
 	  $(LOCK_FLAGS) $(ARGS) -o requirements-dev.lock && \
 	printf 'setuptools>=69\n' | "$$tmp/bin/uv" pip compile pyproject.toml - \
 	  $(LOCK_FLAGS) -c requirements-dev.lock -o requirements.lock
+
+# What is generated from the configuration's schema (gateway/config.py): docs/configuration.md's
+# table of keys and the chart's values.schema.json gateway keys (tests/test_config_schema.py).
+config-schema: $(STAMP)
+	$(PY) scripts/config-schema.py
 
 # The model catalogue (context windows, output limits, prices) that bounds reservations:
 # LiteLLM's published data file, trimmed (scripts/update-catalogue.py). `make catalogue`

@@ -6,268 +6,297 @@ environment with a double underscore: `SANDBOX_GATEWAY_LISTEN__PROXY=0.0.0.0:312
 Relative paths (given or defaulted) are relative to the config file's directory, or
 to the working directory when there is no file. `SANDBOX_GATEWAY_SECRET_<NAME>`
 belongs to the `env` secret store, not to the configuration, and is ignored here.
+
+The schema is the classes below (issue 41, item 6): msgspec `Struct`s whose fields are
+the keys, with their types and embedded defaults; a key's field is annotated with the
+`Value` that reads what people write (`15m`, `64k`, `85%`, `host:port`) with a message
+naming the key (gateway/config_values.py). `_read` walks a YAML tree along the classes
+(unknown keys with "did you mean", sections that are not maps, each value's reader);
+msgspec builds and type-checks the result. msgspec over pydantic: a tenth of the import
+time and of the memory (docs/configuration.md, "The schema").
 """
 
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import os
-import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, get_args, get_origin
 
+import msgspec
 import yaml
 
-from gateway.core import durations
-from gateway.net.proxy_settings import ProxySettings, from_environment, parse_settings
+from gateway.config_values import (
+    ANY_MAP,
+    AUDIT_BUFFER,
+    BOOL,
+    BURST,
+    COUNT,
+    DNS_TTL,
+    DURATION,
+    HOSTPORT,
+    IDLE,
+    INTERCEPT,
+    LEEWAY,
+    LEVEL,
+    MEMORY,
+    NETWORKS,
+    NOTIFIERS,
+    ON_FAILURE,
+    PATH,
+    POSITIVE,
+    RATE,
+    RETAIN,
+    SIZE,
+    SPILL_MAX,
+    STR_LIST,
+    STR_MAP,
+    STRING,
+    TEXT,
+    UPSTREAM_PROXY,
+    VERIFY,
+    HostPort,
+    Notifier,
+    Value,
+    optional,
+    parse_hostport,
+)
+from gateway.core.durations import parse_duration
+from gateway.errors import ConfigError
+from gateway.net.proxy_settings import ProxySettings, from_environment
+
+__all__ = ["ENV_PREFIX", "SCHEMA", "AdminConfig", "AdminTimeouts", "ApprovalsConfig",
+           "AuditConfig", "AuditSpillConfig", "Config", "ConfigError", "ConsoleConfig",
+           "DnsConfig", "ExchangeConfig", "HostPort", "IdentityConfig", "KubernetesConfig",
+           "LimitsConfig", "ListenConfig", "MeteringConfig", "NetworkConfig", "Notifier",
+           "RefusalsConfig", "ShutdownConfig", "TimeoutsConfig", "TokensConfig", "keys",
+           "load_config", "parse_duration", "parse_hostport"]
 
 ENV_PREFIX = "SANDBOX_GATEWAY_"
 # SECRET_*: the env secret store. PORT*/SERVICE_*: Kubernetes service links of a
 # Service named sandbox-gateway (SANDBOX_GATEWAY_PORT_8080_TCP, ..._SERVICE_HOST).
 _ENV_IGNORED = ("SECRET_", "CONFIG", "PORT", "SERVICE_")
+# Overrides of keys inside a map value, read as YAML like `Value.env_yaml` keys.
+_ENV_YAML_BELOW = ("secrets.", "state.", "network.upstream_proxy.check_ready")
 
 
-class ConfigError(ValueError):
-    """A configuration key or value is wrong; the message names the key."""
+class Section(msgspec.Struct, frozen=True, kw_only=True):
+    """A map of keys in `gateway.yaml`: its fields annotated with a `Value` or typed as a
+    `Section` are keys; other fields are derived (filled by a `Value.into`, or not read)."""
 
 
-@dataclass(frozen=True, slots=True)
-class HostPort:
-    """A listen address."""
-
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+class ListenConfig(Section, frozen=True, kw_only=True):
+    proxy: Annotated[HostPort, HOSTPORT] = HostPort("0.0.0.0", 8080)
+    transparent: Annotated[HostPort | None, optional(HOSTPORT)] = None
+    admin: Annotated[HostPort, HOSTPORT] = HostPort("127.0.0.1", 8090)
+    # the policy-aware DNS resolver (gateway/engines/dns/), UDP and TCP
+    dns: Annotated[HostPort | None, optional(HOSTPORT)] = None
 
 
-@dataclass(frozen=True, slots=True)
-class ListenConfig:
-    proxy: HostPort = HostPort("0.0.0.0", 8080)
-    transparent: HostPort | None = None
-    admin: HostPort = HostPort("127.0.0.1", 8090)
-    dns: HostPort | None = None  # the policy-aware DNS resolver (gateway/engines/dns/), UDP and TCP
+class TokensConfig(Section, frozen=True, kw_only=True):
+    default_ttl: Annotated[float, DURATION] = 15 * 60.0
+    max_ttl: Annotated[float, DURATION] = 24 * 3600.0
+    max_lifetime: Annotated[float, DURATION] = 7 * 24 * 3600.0
+    leeway: Annotated[float, LEEWAY] = 0.0
+    issuer: Annotated[str, TEXT] = "sandbox-gateway"
+    signing_keys: Annotated[Path | None, optional(PATH)] = None  # default: <certs>/signing
+    retired_kids: Annotated[tuple[str, ...], STR_LIST] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class TokensConfig:
-    default_ttl: float = 15 * 60
-    max_ttl: float = 24 * 3600
-    max_lifetime: float = 7 * 24 * 3600
-    leeway: float = 0.0
-    issuer: str = "sandbox-gateway"
-    signing_keys: Path | None = None  # default: <certs>/signing
-    retired_kids: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class TimeoutsConfig:
+class TimeoutsConfig(Section, frozen=True, kw_only=True):
     """`network.timeouts` (seconds): fit for inference, where long answers are normal."""
 
-    connect: float = 10.0  # TCP connect to an upstream
-    read: float = 300.0  # no byte from the upstream for this long: 504 upstream_timeout
-    client_idle: float = 600.0  # a client connection or tunnel carrying nothing
-    handshake: float = 30.0  # TLS handshakes, CONNECT and request heads once begun
+    connect: Annotated[float, DURATION] = 10.0  # TCP connect to an upstream
+    read: Annotated[float, DURATION] = 300.0  # no byte from the upstream: 504 upstream_timeout
+    client_idle: Annotated[float, DURATION] = 600.0  # a client connection carrying nothing
+    handshake: Annotated[float, DURATION] = 30.0  # TLS handshakes, CONNECT and heads once begun
 
 
-@dataclass(frozen=True, slots=True)
-class NetworkConfig:
-    allow_cidrs: tuple[str, ...] = ()
-    deny_cidrs: tuple[str, ...] = ()
-    upstream_ca: Path | None = None
-    resolve: Mapping[str, str] = field(default_factory=dict)
-    upstream_idle_timeout: float = 30.0  # seconds; 0 keeps idle upstream connections open
-    intercept: str = "fast"  # "fast": the gateway's own engines; "mitmproxy": mitmproxy only
-    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+class NetworkConfig(Section, frozen=True, kw_only=True):
+    allow_cidrs: Annotated[tuple[str, ...], STR_LIST] = ()
+    deny_cidrs: Annotated[tuple[str, ...], STR_LIST] = ()
+    upstream_ca: Annotated[Path | None, optional(PATH)] = None
+    resolve: Annotated[Mapping[str, str], STR_MAP] = msgspec.field(default_factory=dict)
+    # seconds; 0 keeps idle upstream connections open
+    upstream_idle_timeout: Annotated[float, IDLE] = 30.0
+    # "fast": the gateway's own engines; "mitmproxy": mitmproxy only
+    intercept: Annotated[str, INTERCEPT] = "fast"
     # The corporate proxy every upstream dial goes through (None: dial direct); the
     # gateway's own HTTPS_PROXY is read only with `upstream_proxy: env`.
-    upstream_proxy: ProxySettings | None = None
+    upstream_proxy: Annotated[ProxySettings | None, UPSTREAM_PROXY] = None
+    timeouts: TimeoutsConfig = TimeoutsConfig()
 
 
-@dataclass(frozen=True, slots=True)
-class LimitsConfig:
-    connections_per_sandbox: int = 256
-    max_header_bytes: int = 64 * 1024
-    max_websocket_message: int = 16 * 1024 * 1024
-    max_tunnel_lifetime: float = 0.0  # seconds; 0 = no cap
+class LimitsConfig(Section, frozen=True, kw_only=True):
+    connections_per_sandbox: Annotated[int, POSITIVE] = 256
+    max_header_bytes: Annotated[int, SIZE] = 64 * 1024
+    max_websocket_message: Annotated[int, SIZE] = 16 * 1024 * 1024
+    max_tunnel_lifetime: Annotated[float, IDLE] = 0.0  # seconds; 0 = no cap
     # Each worker's memory ceiling (runtime/memory.py): bytes, or a percentage of the
     # container's memory limit shared by the workers; 0 and 0.0: none.
-    memory: int = 0
-    memory_percent: float = 0.0
+    memory: Annotated[int, MEMORY] = 0
+    memory_percent: float = 0.0  # (from `memory: 85%`)
 
 
-@dataclass(frozen=True, slots=True)
-class RefusalsConfig:
+class RefusalsConfig(Section, frozen=True, kw_only=True):
     """How refusals reach clients (`refusals:`). `inside_tls`: a refused CONNECT is
     answered inside TLS with the gateway's leaf for the name (clients show an HTTP answer
     and its reason, where a CONNECT-level 403 reads as a connection error); False answers
     it at the CONNECT, as a proxy usually does."""
 
-    inside_tls: bool = True
+    inside_tls: Annotated[bool, BOOL] = True
 
 
-@dataclass(frozen=True, slots=True)
-class ShutdownConfig:
-    drain: float = 30.0  # SIGTERM: finish in-flight requests for at most this long
+class ShutdownConfig(Section, frozen=True, kw_only=True):
+    drain: Annotated[float, IDLE] = 30.0  # SIGTERM: finish in-flight requests this long at most
 
 
-@dataclass(frozen=True, slots=True)
-class DnsConfig:
+class DnsConfig(Section, frozen=True, kw_only=True):
     """The DNS resolver's answers and limits (`dns:`; it runs only with `listen.dns`)."""
 
-    ttl: int = 10  # seconds on every answer: short, so policy changes and new addresses apply
-    rate: float = 20.0  # queries per second per sandbox (token bucket refill)
-    burst: int = 50  # bucket size: queries a sandbox may send at once
+    # seconds on every answer: short, so policy changes and new addresses apply
+    ttl: Annotated[int, DNS_TTL] = 10
+    rate: Annotated[float, RATE] = 20.0  # queries per second per sandbox (bucket refill)
+    burst: Annotated[int, BURST] = 50  # bucket size: queries a sandbox may send at once
 
 
-@dataclass(frozen=True, slots=True)
-class MeteringConfig:
+class MeteringConfig(Section, frozen=True, kw_only=True):
     """Inference metering: operator prices, how long hourly usage totals are kept, and
     whether OpenAI streaming requests get ``stream_options.include_usage`` added."""
 
-    pricing: Path | None = None
-    retention: float = 7 * 86400.0
-    stream_usage: bool = True
+    pricing: Annotated[Path | None, optional(PATH)] = None
+    retention: Annotated[float, DURATION] = 7 * 86400.0
+    stream_usage: Annotated[bool, BOOL] = True
 
 
-@dataclass(frozen=True, slots=True)
-class AuditSpillConfig:
+class AuditSpillConfig(Section, frozen=True, kw_only=True):
     """`audit.spill`: the journal of audit lines the output did not take that did not fit
     in `audit.buffer` (and of those held at the stop), written first when it takes lines
     again or at the next start (gateway/observability/audit_spill.py)."""
 
-    path: Path | None = None  # None: audit-spill/ next to the SQLite state file (below)
-    max: int = 64 * 1024 * 1024  # bytes; 0: no journal (lines past the buffer dropped)
+    # None: audit-spill/ next to the SQLite state file (`_spill_path`)
+    path: Annotated[Path | None, optional(PATH)] = None
+    # bytes; 0: no journal (lines past the buffer dropped)
+    max: Annotated[int, SPILL_MAX] = 64 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class AuditConfig:
+class AuditConfig(Section, frozen=True, kw_only=True):
     """Where audit lines go and what happens when they cannot be written (`audit:`)."""
 
-    path: Path | None = None  # None: stdout
-    on_failure: str = "refuse"  # refuse: 503 audit_unavailable; continue: serve, drop lines
-    buffer: int = 4 * 1024 * 1024  # bytes of lines held while the target does not take them
-    spill: AuditSpillConfig = field(default_factory=AuditSpillConfig)
+    path: Annotated[Path | None, optional(PATH)] = None  # None: stdout
+    # refuse: 503 audit_unavailable; continue: serve, drop lines
+    on_failure: Annotated[str, ON_FAILURE] = "refuse"
+    # bytes of lines held while the target does not take them
+    buffer: Annotated[int, AUDIT_BUFFER] = 4 * 1024 * 1024
+    spill: AuditSpillConfig = AuditSpillConfig()
 
 
-@dataclass(frozen=True, slots=True)
-class AdminTimeouts:
+class AdminTimeouts(Section, frozen=True, kw_only=True):
     """`admin.timeouts` (seconds): every wait of the admin listener."""
 
-    head: float = 10.0  # from the connection (or a request's first byte) to its whole head
-    body: float = 30.0  # from the head to the end of the body
-    idle: float = 30.0  # a kept-alive connection with no request; a response not read
+    head: Annotated[float, DURATION] = 10.0  # from the connection (or a request) to its head
+    body: Annotated[float, DURATION] = 30.0  # from the head to the end of the body
+    idle: Annotated[float, DURATION] = 30.0  # a kept-alive connection with no request
 
 
-@dataclass(frozen=True, slots=True)
-class AdminConfig:
+class AdminConfig(Section, frozen=True, kw_only=True):
     """The admin listener's bounds (`admin:`; its address is `listen.admin`)."""
 
-    timeouts: AdminTimeouts = field(default_factory=AdminTimeouts)
-    max_body: int = 2 * 1024 * 1024  # a larger request body: 413
-    max_connections: int = 64  # more at once: 503 and closed
+    timeouts: AdminTimeouts = AdminTimeouts()
+    max_body: Annotated[int, SIZE] = 2 * 1024 * 1024  # a larger request body: 413
+    max_connections: Annotated[int, POSITIVE] = 64  # more at once: 503 and closed
 
 
-@dataclass(frozen=True, slots=True)
-class ExchangeConfig:
+class ExchangeConfig(Section, frozen=True, kw_only=True):
     """`identity.kubernetes.exchange`: POST /v1/tokens/exchange takes a pod's projected
     service-account token (for `audience`), verified by `tokenreview` or `oidc`, and
     returns a gateway token bound to that pod for `ttl`."""
 
-    enabled: bool = True
-    audience: str = "sandbox-gateway"
-    verify: str = "tokenreview"
-    issuer: str | None = None  # oidc: the expected issuer (default: the discovery's)
-    ttl: float = 3600.0
+    enabled: Annotated[bool, BOOL] = True
+    audience: Annotated[str, TEXT] = "sandbox-gateway"
+    verify: Annotated[str, VERIFY] = "tokenreview"
+    # oidc: the expected issuer (default: the discovery's)
+    issuer: Annotated[str | None, optional(TEXT)] = None
+    ttl: Annotated[float, DURATION] = 3600.0
 
 
-@dataclass(frozen=True, slots=True)
-class KubernetesConfig:
+class KubernetesConfig(Section, frozen=True, kw_only=True):
     """`identity.kubernetes`: pods of the watched namespaces are sandboxes, known by
     their address (no token) or by an exchanged service-account token."""
 
-    enabled: bool = False
-    kubeconfig: Path | None = None  # None: the in-cluster service account
-    namespaces: tuple[str, ...] = ()
-    policy_label: str = "sandbox-gateway.io/policy"
-    default_policies: Mapping[str, str] = field(default_factory=dict)
-    pod_selector: str = ""
-    stale_after: float = 30.0
-    exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
+    enabled: Annotated[bool, BOOL] = False
+    # None: the in-cluster service account
+    kubeconfig: Annotated[Path | None, optional(PATH)] = None
+    namespaces: Annotated[tuple[str, ...], STR_LIST] = ()
+    policy_label: Annotated[str, TEXT] = "sandbox-gateway.io/policy"
+    default_policies: Annotated[Mapping[str, str], STR_MAP] = msgspec.field(
+        default_factory=dict)
+    pod_selector: Annotated[str, STRING] = ""
+    stale_after: Annotated[float, DURATION] = 30.0
+    exchange: ExchangeConfig = ExchangeConfig()
 
 
-@dataclass(frozen=True, slots=True)
-class Notifier:
-    """Where ask mode tells people what is asked: a webhook (`format` slack: a
-    Slack-compatible incoming webhook's `{"text": ...}`; json: the approval as JSON),
-    each POST signed with HMAC-SHA256 by the value of `secret` (a name in the secret
-    store) when one is named."""
-
-    url: str
-    format: str = "json"
-    secret: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ApprovalsConfig:
+class ApprovalsConfig(Section, frozen=True, kw_only=True):
     """Ask mode: the notifiers policies' `ask.notify` name, and how long answered
     approvals stay listed."""
 
-    notify: Mapping[str, Notifier] = field(default_factory=dict)
-    retention: float = 86400.0
-    proposals: Path = Path("proposals")  # where `always` grants' policy changes are written
+    notify: Annotated[Mapping[str, Notifier], NOTIFIERS] = msgspec.field(default_factory=dict)
+    retention: Annotated[float, DURATION] = 86400.0
+    # where `always` grants' policy changes are written
+    proposals: Annotated[Path, PATH] = Path("proposals")
 
 
-@dataclass(frozen=True, slots=True)
-class ConsoleConfig:
+class ConsoleConfig(Section, frozen=True, kw_only=True):
     """The console (`/console` on the admin listener): how much of the newest audit lines
     its request log keeps — `retain` lines (which also bound its size at 1 KiB a line:
     `services/state/log.py`) or `retain_bytes` bytes; both 0: none, the log page is off —
     and the reverse proxies (addresses or networks) whose `X-Forwarded-Proto`/`-Host`/
     `-For` it believes."""
 
-    retain: int = 100_000
-    retain_bytes: int = 0
-    trusted_proxies: tuple[str, ...] = ("127.0.0.1", "::1")
+    retain: Annotated[int, RETAIN] = 100_000
+    retain_bytes: int = 0  # (from `retain: 50MiB`)
+    trusted_proxies: Annotated[tuple[str, ...], NETWORKS] = ("127.0.0.1", "::1")
 
 
-@dataclass(frozen=True, slots=True)
-class IdentityConfig:
-    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+class IdentityConfig(Section, frozen=True, kw_only=True):
+    kubernetes: KubernetesConfig = KubernetesConfig()
 
 
-@dataclass(frozen=True, slots=True)
-class Config:
+def _default_secrets() -> dict[str, Any]:
+    return {"store": "file", "path": "secrets.local.yaml", "create_if_missing": True}
+
+
+def _default_state() -> dict[str, Any]:
+    return {"store": "sqlite"}
+
+
+class Config(Section, frozen=True, kw_only=True):
     """The whole validated configuration."""
 
-    listen: ListenConfig = field(default_factory=ListenConfig)
-    admin_token: str | None = None
-    policies: Path = Path("policies")
-    certs: Path = Path("certs")
-    runtime_dir: Path | None = None
-    tokens: TokensConfig = field(default_factory=TokensConfig)
-    secrets: Mapping[str, Any] = field(
-        default_factory=lambda: {"store": "file", "path": "secrets.local.yaml",
-                                 "create_if_missing": True}
-    )
-    network: NetworkConfig = field(default_factory=NetworkConfig)
-    limits: LimitsConfig = field(default_factory=LimitsConfig)
-    refusals: RefusalsConfig = field(default_factory=RefusalsConfig)
-    shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
-    dns: DnsConfig = field(default_factory=DnsConfig)
-    audit: AuditConfig = field(default_factory=AuditConfig)
-    admin: AdminConfig = field(default_factory=AdminConfig)
-    state: Mapping[str, Any] = field(default_factory=lambda: {"store": "sqlite"})
-    metering: MeteringConfig = field(default_factory=MeteringConfig)
-    identity: IdentityConfig = field(default_factory=IdentityConfig)
-    approvals: ApprovalsConfig = field(default_factory=ApprovalsConfig)
-    console: ConsoleConfig = field(default_factory=ConsoleConfig)
-    workers: int = 0  # 0 = one worker process per core
-    log_level: str = "info"
+    listen: ListenConfig = ListenConfig()
+    admin_token: Annotated[str | None, optional(TEXT)] = None
+    policies: Annotated[Path, PATH] = Path("policies")
+    certs: Annotated[Path, PATH] = Path("certs")
+    runtime_dir: Annotated[Path | None, optional(PATH)] = None
+    tokens: TokensConfig = TokensConfig()
+    secrets: Annotated[Mapping[str, Any], ANY_MAP] = msgspec.field(
+        default_factory=_default_secrets)
+    network: NetworkConfig = NetworkConfig()
+    limits: LimitsConfig = LimitsConfig()
+    refusals: RefusalsConfig = RefusalsConfig()
+    shutdown: ShutdownConfig = ShutdownConfig()
+    dns: DnsConfig = DnsConfig()
+    audit: AuditConfig = AuditConfig()
+    admin: AdminConfig = AdminConfig()
+    state: Annotated[Mapping[str, Any], ANY_MAP] = msgspec.field(default_factory=_default_state)
+    metering: MeteringConfig = MeteringConfig()
+    identity: IdentityConfig = IdentityConfig()
+    approvals: ApprovalsConfig = ApprovalsConfig()
+    console: ConsoleConfig = ConsoleConfig()
+    workers: Annotated[int, COUNT] = 0  # 0 = one worker process per core
+    log_level: Annotated[str, LEVEL] = "info"
     source: str = "<defaults>"
 
     @property
@@ -275,379 +304,83 @@ class Config:
         return self.tokens.signing_keys or self.certs / "signing"
 
 
+# --- the schema, walked --------------------------------------------------------------
+
+Spec = Value | type[Section]
 
 
-def parse_duration(value: object, key: str = "duration") -> float:
-    """Parse `15m`, `1h30m`, `90s`, `2d` or a number of seconds (ConfigError if not)."""
-    try:
-        return durations.parse_duration(value, key)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+def _spec(annotation: Any) -> Spec | None:
+    """A field's key: its `Value`, or its `Section` class; None: not a key."""
+    if isinstance(annotation, type) and issubclass(annotation, Section):
+        return annotation
+    if get_origin(annotation) is Annotated:
+        return next((a for a in get_args(annotation)[1:] if isinstance(a, Value)), None)
+    return None
 
 
-def parse_hostport(value: object, key: str) -> HostPort:
-    """Parse `host:port`, `[v6]:port` or `:port` (all interfaces)."""
-    if not isinstance(value, str):
-        raise ConfigError(f"{key}: expected \"host:port\", got {value!r}")
-    m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d+)|([^:\[\]]*):(\d+)", value.strip())
-    if not m:
-        raise ConfigError(f"{key}: expected \"host:port\" (e.g. 0.0.0.0:8080), got {value!r}")
-    host = m.group(1) or m.group(3) or "0.0.0.0"
-    port = int(m.group(2) or m.group(4))
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"{key}: port must be between 0 and 65535, got {port}")
-    return HostPort(host, port)
-
-
-# --- schema ---------------------------------------------------------------------------
-
-Parser = Callable[[object, str], Any]
-Schema = Mapping[str, "Parser | Schema"]
-
-
-def _str(value: object, key: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{key}: expected a non-empty string, got {value!r}")
-    return value
-
-
-def _opt(parser: Parser) -> Parser:
-    return lambda v, k: None if v is None else parser(v, k)
-
-
-def _str_list(value: object, key: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
-        raise ConfigError(f"{key}: expected a list of strings, got {value!r}")
-    return tuple(value)
-
-
-def _str_map(value: object, key: str) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
-        raise ConfigError(f"{key}: expected a map of strings, "
-                          "e.g. {api.example: \"1.2.3.4:443\"}")
-    return dict(value)
-
-
-def _any_map(value: object, key: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ConfigError(f"{key}: expected a map, got {value!r}")
-    return {str(k): v for k, v in value.items()}
-
-
-def _int(value: object, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{key}: expected a non-negative integer, got {value!r}")
-    return value
-
-
-def _retain(value: object, key: str) -> tuple[int, int]:
-    """`console.retain`: lines (`100000`) or bytes (`50MiB`): (lines, bytes), one 0."""
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
-    if isinstance(value, str):
-        try:
-            size = _size(value, key)
-        except ConfigError:
-            raise ConfigError(f"{key}: {value!r} is neither a number of lines (100000) nor "
-                              "a size (50MiB)") from None
-        if not 1024 * 1024 <= size <= 16 * 1024**3:
-            raise ConfigError(f"{key}: a size between 1MiB and 16GiB, got {value!r}")
-        return 0, size
-    number = _int(value, key)
-    if number > 10_000_000:
-        raise ConfigError(f"{key}: at most 10000000 lines (up to 10 GB: 1 KiB a line)")
-    return number, 0
-
-
-def _networks(value: object, key: str) -> tuple[str, ...]:
-    """A list of addresses or networks (`10.0.0.5`, `10.0.0.0/8`, `::1`)."""
-    items = _str_list(value, key)
-    for item in items:
-        try:
-            ipaddress.ip_network(item, strict=False)
-        except ValueError:
-            raise ConfigError(f"{key}: {item!r} is not an address or network "
-                              "(e.g. 10.0.0.5 or 10.0.0.0/8)") from None
-    return items
-
-
-def _leeway(value: object, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ConfigError(f"{key}: expected seconds (a non-negative number), got {value!r}")
-    return float(value)
-
-
-def _idle(value: object, key: str) -> float:
-    if value in (0, "0", "off"):
-        return 0.0
-    return parse_duration(value, key)
-
-
-def _positive_int(value: object, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{key}: expected a positive integer, got {value!r}")
-    return value
-
-
-def _size(value: object, key: str) -> int:
-    """A byte size: a number or `64k`, `16m`, `1g`."""
-    if isinstance(value, str):
-        m = re.fullmatch(r"(\d+)\s*([kmg]?)i?b?", value.strip().lower())
-        if m is None:
-            raise ConfigError(f"{key}: {value!r} is not a size; use e.g. 65536, 64k, 16m")
-        return _positive_int(int(m.group(1)) * {"": 1, "k": 1024, "m": 1024**2,
-                                                 "g": 1024**3}[m.group(2)], key)
-    return _positive_int(value, key)
-
-
-def _memory(value: object, key: str) -> tuple[int, float]:
-    """`limits.memory`: a size (`512MiB`: each worker's ceiling), a percentage (`85%`: of
-    the container's memory limit, shared by the workers), or 0 / null for none."""
-    if value is None or value == 0 or value == "0":
-        return 0, 0.0
-    if isinstance(value, str) and value.strip().endswith("%"):
-        try:
-            percent = float(value.strip()[:-1])
-        except ValueError:
-            percent = -1.0
-        if not 1 <= percent <= 100:
-            raise ConfigError(f"{key}: {value!r}: a percentage of the container's memory "
-                              "limit between 1% and 100% (e.g. 85%), or a size (512MiB)")
-        return 0, percent
-    size = _size(value, key)
-    if size < 64 * 1024 * 1024:
-        raise ConfigError(f"{key}: at least 64MiB (a worker idles at about 70 MiB), or a "
-                          f"percentage such as 85%, got {value!r}")
-    return size, 0.0
-
-
-def _intercept(value: object, key: str) -> str:
-    if value not in ("fast", "mitmproxy"):
-        raise ConfigError(f"{key}: expected fast or mitmproxy, got {value!r}")
-    return str(value)
-
-
-def _dns_ttl(value: object, key: str) -> int:
-    seconds = parse_duration(value, key)
-    if not 1 <= seconds <= 3600:
-        raise ConfigError(f"{key}: expected between 1s and 1h (short: answers outlive policy "
-                          f"changes by this much), got {value!r}")
-    return round(seconds)
-
-
-def _rate(value: object, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(f"{key}: expected queries per second (a positive number), "
-                          f"got {value!r}")
-    return float(value)
-
-
-def _burst(value: object, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{key}: expected a positive integer, got {value!r}")
-    return value
-
-
-def _bool(value: object, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{key}: expected true or false, got {value!r}")
-    return value
-
-
-def _on_failure(value: object, key: str) -> str:
-    if value not in ("refuse", "continue"):
-        raise ConfigError(f"{key}: expected refuse (503 audit_unavailable while audit lines "
-                          f"cannot be written) or continue, got {value!r}")
-    return str(value)
-
-
-def _audit_buffer(value: object, key: str) -> int:
-    size = _size(value, key)
-    if size < 64 * 1024:
-        raise ConfigError(f"{key}: at least 64k (audit lines held while they cannot be "
-                          f"written), got {value!r}")
-    return size
-
-
-def _spill_max(value: object, key: str) -> int:
-    if value == 0 or value == "0":
-        return 0
-    size = _size(value, key)
-    if size < 64 * 1024:
-        raise ConfigError(f"{key}: 0 (no spill journal) or at least 64k, got {value!r}")
-    return size
-
-
-def _verify(value: object, key: str) -> str:
-    if value not in ("tokenreview", "oidc"):
-        raise ConfigError(f"{key}: expected tokenreview (ask the API server) or oidc "
-                          f"(verify offline against the cluster's JWKS), got {value!r}")
-    return str(value)
-
-
-def _string(value: object, key: str) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
-    return value
-
-
-def _notifiers(value: object, key: str) -> dict[str, Notifier]:
-    """`approvals.notify`: {name: {url, format: json | slack, secret: <secret name>}}."""
-    if not isinstance(value, dict):
-        raise ConfigError(f"{key}: expected a map of notifiers, e.g. {{ops: {{url: "
-                          "https://hooks.example/T/B, format: slack, secret: hook-key}}")
-    out: dict[str, Notifier] = {}
-    for name, spec in value.items():
-        where = f"{key}.{name}"
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}",
-                                                         name):
-            raise ConfigError(f"{key}: {name!r} is not a notifier name (letters, digits, "
-                              "'.', '_', '-')")
-        if not isinstance(spec, dict) or set(spec) - {"url", "format", "secret"}:
-            raise ConfigError(f"{where}: expected {{url, format, secret}}, got {spec!r}")
-        url = _str(spec.get("url"), f"{where}.url")
-        if not re.match(r"https?://[^/\s]+", url):
-            raise ConfigError(f"{where}.url: expected an http(s) URL, got {url!r}")
-        kind = spec.get("format", "json")
-        if kind not in ("json", "slack"):
-            raise ConfigError(f"{where}.format: expected json or slack, got {kind!r}")
-        secret = spec.get("secret")
-        out[name] = Notifier(url=url, format=kind,
-                             secret=None if secret is None else _str(secret, f"{where}.secret"))
+@cache
+def _fields(section: type[Section]) -> dict[str, tuple[Spec, Any]]:
+    """`section`'s keys: name -> (its spec, its default)."""
+    out: dict[str, tuple[Spec, Any]] = {}
+    for f in msgspec.structs.fields(section):
+        spec = _spec(f.type)
+        if spec is not None:
+            default = f.default_factory() if f.default is msgspec.NODEFAULT else f.default
+            out[f.name] = (spec, default)
     return out
 
 
-def _upstream_proxy(value: object, key: str) -> ProxySettings | str | None:
-    """`network.upstream_proxy`: a map (`gateway/net/proxy_settings.py`), `env` (read
-    from the gateway's environment by `load_config`), or null."""
-    if value is None or value == "env":
-        return value
-    try:
-        return parse_settings(value, key)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+def keys(section: type[Section] = Config,
+         prefix: str = "") -> Iterator[tuple[str, Value, Any]]:
+    """Every key below `section`, dotted, with its `Value` and its default, in order (the
+    docs' table and the chart's schema are generated from this: scripts/config-schema.py)."""
+    for name, (spec, default) in _fields(section).items():
+        if isinstance(spec, Value):
+            yield prefix + name, spec, default
+        else:
+            yield from keys(spec, f"{prefix}{name}.")
 
 
-def _level(value: object, key: str) -> str:
-    levels = ("debug", "info", "warning", "error")
-    if value not in levels:
-        raise ConfigError(f"{key}: expected one of {', '.join(levels)}, got {value!r}")
-    return str(value)
+def _tree(section: type[Section]) -> dict[str, Any]:
+    return {k: s if isinstance(s, Value) else _tree(s) for k, (s, _) in _fields(section).items()}
 
 
-SCHEMA: Schema = {
-    "listen": {
-        "proxy": parse_hostport,
-        "transparent": _opt(parse_hostport),
-        "admin": parse_hostport,
-        "dns": _opt(parse_hostport),
-    },
-    "admin_token": _opt(_str),
-    "policies": _str,
-    "certs": _str,
-    "runtime_dir": _opt(_str),
-    "tokens": {
-        "default_ttl": parse_duration,
-        "max_ttl": parse_duration,
-        "max_lifetime": parse_duration,
-        "leeway": _leeway,
-        "issuer": _str,
-        "signing_keys": _opt(_str),
-        "retired_kids": _str_list,
-    },
-    "secrets": _any_map,
-    "network": {
-        "allow_cidrs": _str_list,
-        "deny_cidrs": _str_list,
-        "upstream_ca": _opt(_str),
-        "resolve": _str_map,
-        "upstream_idle_timeout": _idle,
-        "intercept": _intercept,
-        "upstream_proxy": _upstream_proxy,
-        "timeouts": {
-            "connect": parse_duration,
-            "read": parse_duration,
-            "client_idle": parse_duration,
-            "handshake": parse_duration,
-        },
-    },
-    "limits": {
-        "connections_per_sandbox": _positive_int,
-        "max_header_bytes": _size,
-        "max_websocket_message": _size,
-        "max_tunnel_lifetime": _idle,
-        "memory": _memory,
-    },
-    "refusals": {"inside_tls": _bool},
-    "shutdown": {"drain": _idle},
-    "dns": {"ttl": _dns_ttl, "rate": _rate, "burst": _burst},
-    "audit": {"path": _opt(_str), "on_failure": _on_failure, "buffer": _audit_buffer,
-              "spill": {"path": _opt(_str), "max": _spill_max}},
-    "admin": {
-        "timeouts": {"head": parse_duration, "body": parse_duration, "idle": parse_duration},
-        "max_body": _size,
-        "max_connections": _positive_int,
-    },
-    "state": _any_map,
-    "metering": {
-        "pricing": _opt(_str),
-        "retention": parse_duration,
-        "stream_usage": _bool,
-    },
-    "identity": {
-        "kubernetes": {
-            "enabled": _bool,
-            "kubeconfig": _opt(_str),
-            "namespaces": _str_list,
-            "policy_label": _str,
-            "default_policies": _str_map,
-            "pod_selector": _string,
-            "stale_after": parse_duration,
-            "exchange": {
-                "enabled": _bool,
-                "audience": _str,
-                "verify": _verify,
-                "issuer": _opt(_str),
-                "ttl": parse_duration,
-            },
-        },
-    },
-    "approvals": {"notify": _notifiers, "retention": parse_duration, "proposals": _str},
-    "console": {"retain": _retain, "trusted_proxies": _networks},
-    "workers": _int,
-    "log_level": _level,
-}
-
-_ENV_TYPED = {"workers", "tokens.leeway", "limits.connections_per_sandbox",
-              "network.allow_cidrs", "network.deny_cidrs", "network.resolve",
-              "tokens.retired_kids", "secrets", "state", "dns.rate", "dns.burst",
-              "metering.stream_usage", "admin.max_connections", "refusals.inside_tls",
-              "identity.kubernetes.enabled", "identity.kubernetes.namespaces",
-              "identity.kubernetes.default_policies", "identity.kubernetes.exchange.enabled",
-              "network.upstream_proxy.check_ready", "console.retain",
-              "console.trusted_proxies"}
+SCHEMA: Mapping[str, Any] = _tree(Config)  # key -> its Value, or the section's keys
 
 
-def _validate(raw: Mapping[str, Any], schema: Schema, prefix: str = "") -> dict[str, Any]:
+def _read(raw: Mapping[str, Any], section: type[Section], prefix: str = "") -> dict[str, Any]:
+    """`raw` read along `section`: each value by its key's `Value`, sections recursively;
+    ConfigError naming the first wrong key (in the file's order)."""
+    known = _fields(section)
     out: dict[str, Any] = {}
     for key, value in raw.items():
         name = f"{prefix}{key}"
-        if key not in schema:
-            hint = difflib.get_close_matches(str(key), list(schema), n=1)
+        if key not in known:
+            hint = difflib.get_close_matches(str(key), list(known), n=1)
             suggestion = f"; did you mean {prefix}{hint[0]}?" if hint else ""
             raise ConfigError(f"{name}: unknown key{suggestion}")
-        spec = schema[key]
-        if isinstance(spec, Mapping):
-            if value is None:
-                continue
+        spec = known[key][0]
+        if isinstance(spec, Value):
+            parsed = spec.parse(value, name)
+            out.update(zip(spec.into, parsed, strict=True) if spec.into else {key: parsed})
+        elif value is not None:  # an empty section: its defaults
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{name}: expected a map, got {value!r}")
-            out[key] = _validate(value, spec, f"{name}.")
-        else:
-            out[key] = spec(value, name)
+            out[key] = _read(value, spec, f"{name}.")
     return out
+
+
+def _build[S: Section](section: type[S], values: Mapping[str, Any]) -> S:
+    """`section` from `_read`'s values (its defaults for the keys not given)."""
+    known = {k: spec for k, (spec, _) in _fields(section).items() if not isinstance(spec, Value)}
+    return section(**{k: _build(known[k], v) if k in known else v for k, v in values.items()})
+
+
+def _env_yaml(dotted: str) -> bool:
+    spec: Any = SCHEMA
+    for part in dotted.split("."):
+        spec = spec.get(part) if isinstance(spec, Mapping) else None
+    return (isinstance(spec, Value) and spec.env_yaml) or dotted.startswith(_ENV_YAML_BELOW)
 
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
@@ -659,9 +392,8 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
         if rest.startswith(_ENV_IGNORED) or not rest:
             continue
         path = [p.lower() for p in rest.split("__")]
-        dotted = ".".join(path)
         value: Any = text
-        if dotted in _ENV_TYPED or dotted.startswith(("secrets.", "state.")):
+        if _env_yaml(".".join(path)):
             try:
                 value = yaml.safe_load(text)
             except yaml.YAMLError as exc:
@@ -685,45 +417,69 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _file(path: Path | str) -> dict[str, Any]:
+    file = Path(path)
+    try:
+        loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{file}: cannot read: not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML: {exc}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{file}: expected a map of settings at the top level")
+    return loaded or {}
+
+
 def load_config(path: Path | str | None = None, env: Mapping[str, str] | None = None) -> Config:
     """Load `path` (optional), apply environment overrides, validate, build a Config."""
     env = os.environ if env is None else env
     if path is None and env.get(ENV_PREFIX + "CONFIG"):
         path = env[ENV_PREFIX + "CONFIG"]
-    raw: dict[str, Any] = {}
-    base = Path.cwd()
-    source = "<defaults>"
-    if path is not None:
-        file = Path(path)
-        try:
-            loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"{file}: cannot read: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"{file}: cannot read: not UTF-8 text") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{file}: not valid YAML: {exc}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{file}: expected a map of settings at the top level")
-        raw = loaded or {}
-        base = file.resolve().parent
-        source = str(file)
-    merged = _merge(raw, _env_overrides(env))
+    raw = {} if path is None else _file(path)
+    base = Path.cwd() if path is None else Path(path).resolve().parent
+    source = "<defaults>" if path is None else str(path)
     try:
-        values = _validate(merged, SCHEMA)
+        values = _read(_merge(raw, _env_overrides(env)), Config)
         network = values.get("network", {})
         if network.get("upstream_proxy") == "env":
             network["upstream_proxy"] = from_environment(env, "network.upstream_proxy: env")
     except ValueError as exc:
         raise ConfigError(f"{source}: {exc}") from None
-    return _build(values, base, source)
+    cfg = _absolute(_build(Config, {**values, "source": source}), base)
+    _check(cfg, source)
+    return msgspec.structs.replace(
+        cfg, secrets=_secrets(cfg.secrets, base), state=_state(cfg.state, base),
+        audit=msgspec.structs.replace(cfg.audit, spill=msgspec.structs.replace(
+            cfg.audit.spill, path=cfg.audit.spill.path or _spill_path(cfg, base))))
 
 
-def _path(base: Path, value: str | None) -> Path | None:
-    if value is None:
-        return None
+# --- after the values: paths, and what involves two keys -----------------------------
+
+
+def _absolute[S: Section](section: S, base: Path) -> S:
+    """`section` with every Path made absolute: `~` expanded, relative ones below `base`."""
+    changes: dict[str, Any] = {}
+    for name in section.__struct_fields__:
+        value = getattr(section, name)
+        if isinstance(value, Section):
+            changes[name] = _absolute(value, base)
+        elif isinstance(value, Path):
+            changes[name] = _path(base, value)
+    return msgspec.structs.replace(section, **changes)
+
+
+def _path(base: Path, value: str | Path) -> Path:
     p = Path(value).expanduser()
     return p if p.is_absolute() else base / p
+
+
+def _secrets(secrets: Mapping[str, Any], base: Path) -> Mapping[str, Any]:
+    out = dict(secrets)
+    if isinstance(out.get("path"), str):
+        out["path"] = str(_path(base, out["path"]))
+    return out
 
 
 def _state(state: Mapping[str, Any], base: Path) -> Mapping[str, Any]:
@@ -736,141 +492,29 @@ def _state(state: Mapping[str, Any], base: Path) -> Mapping[str, Any]:
     return out
 
 
-def _build(v: dict[str, Any], base: Path, source: str) -> Config:
-    d = Config()
-    listen = v.get("listen", {})
-    tokens = v.get("tokens", {})
-    network = v.get("network", {})
-    dns = v.get("dns", {})
-    metering = v.get("metering", {})
-    cfg_tokens = TokensConfig(
-        default_ttl=tokens.get("default_ttl", d.tokens.default_ttl),
-        max_ttl=tokens.get("max_ttl", d.tokens.max_ttl),
-        max_lifetime=tokens.get("max_lifetime", d.tokens.max_lifetime),
-        leeway=tokens.get("leeway", d.tokens.leeway),
-        issuer=tokens.get("issuer", d.tokens.issuer),
-        signing_keys=_path(base, tokens.get("signing_keys")),
-        retired_kids=tokens.get("retired_kids", ()),
-    )
-    audit_cfg = v.get("audit", {})
-    spill_max = audit_cfg.get("spill", {}).get("max", AuditSpillConfig().max)
-    if spill_max and spill_max < audit_cfg.get("buffer", d.audit.buffer):
+def _spill_path(cfg: Config, base: Path) -> Path:
+    """`audit.spill.path` by default: `audit-spill/` in the SQLite state file's directory
+    (a volume kept across restarts, apart from the audit file's), else in `runtime_dir`,
+    else `state/audit-spill` next to the config."""
+    state = _state(cfg.state, base)
+    if state.get("store", "sqlite") == "sqlite":
+        return Path(str(state["path"])).parent / "audit-spill"
+    return (cfg.runtime_dir or base / "state") / "audit-spill"
+
+
+def _check(cfg: Config, source: str) -> None:
+    """What involves two keys."""
+    audit, k8s = cfg.audit, cfg.identity.kubernetes
+    if audit.spill.max and audit.spill.max < audit.buffer:
         raise ConfigError(f"{source}: audit.spill.max is smaller than audit.buffer (the "
                           "journal takes the buffer's lines at the stop): raise it, or 0 "
                           "for no journal")
-    if cfg_tokens.default_ttl > cfg_tokens.max_ttl:
+    if cfg.tokens.default_ttl > cfg.tokens.max_ttl:
         raise ConfigError(f"{source}: tokens.default_ttl is longer than tokens.max_ttl")
-    secrets = dict(v.get("secrets", d.secrets))
-    if isinstance(secrets.get("path"), str):
-        secrets["path"] = str(_path(base, secrets["path"]))
-    upstream_ca = _path(base, network.get("upstream_ca"))
-    timeouts = network.get("timeouts", {})
-    limits = v.get("limits", {})
-    d_limits = d.limits
-    memory: tuple[int, float] = limits.get("memory", (0, 0.0))
-    audit = v.get("audit", {})
-    admin = v.get("admin", {})
-    admin_timeouts = admin.get("timeouts", {})
-    return Config(
-        listen=ListenConfig(
-            proxy=listen.get("proxy", d.listen.proxy),
-            transparent=listen.get("transparent"),
-            admin=listen.get("admin", d.listen.admin),
-            dns=listen.get("dns"),
-        ),
-        admin_token=v.get("admin_token"),
-        policies=_path(base, v.get("policies", "policies")) or d.policies,
-        certs=_path(base, v.get("certs", "certs")) or d.certs,
-        runtime_dir=_path(base, v.get("runtime_dir")),
-        tokens=cfg_tokens,
-        secrets=secrets,
-        network=NetworkConfig(
-            allow_cidrs=network.get("allow_cidrs", ()),
-            deny_cidrs=network.get("deny_cidrs", ()),
-            upstream_ca=upstream_ca,
-            resolve=network.get("resolve", {}),
-            upstream_idle_timeout=network.get("upstream_idle_timeout",
-                                              d.network.upstream_idle_timeout),
-            intercept=network.get("intercept", d.network.intercept),
-            upstream_proxy=network.get("upstream_proxy"),
-            timeouts=TimeoutsConfig(**{k: timeouts.get(k, getattr(d.network.timeouts, k))
-                                       for k in ("connect", "read", "client_idle",
-                                                 "handshake")}),
-        ),
-        limits=LimitsConfig(**{k: limits.get(k, getattr(d_limits, k)) for k in (
-            "connections_per_sandbox", "max_header_bytes", "max_websocket_message",
-            "max_tunnel_lifetime")}, memory=memory[0], memory_percent=memory[1]),
-        refusals=RefusalsConfig(inside_tls=v.get("refusals", {}).get(
-            "inside_tls", d.refusals.inside_tls)),
-        shutdown=ShutdownConfig(drain=v.get("shutdown", {}).get("drain", d.shutdown.drain)),
-        dns=DnsConfig(ttl=dns.get("ttl", d.dns.ttl), rate=dns.get("rate", d.dns.rate),
-                      burst=dns.get("burst", d.dns.burst)),
-        audit=AuditConfig(path=_path(base, audit.get("path")),
-                          on_failure=audit.get("on_failure", d.audit.on_failure),
-                          buffer=audit.get("buffer", d.audit.buffer),
-                          spill=_audit_spill(audit.get("spill", {}), v, base)),
-        admin=AdminConfig(
-            timeouts=AdminTimeouts(**{k: admin_timeouts.get(k, getattr(d.admin.timeouts, k))
-                                      for k in ("head", "body", "idle")}),
-            max_body=admin.get("max_body", d.admin.max_body),
-            max_connections=admin.get("max_connections", d.admin.max_connections)),
-        state=_state(v.get("state", d.state), base),
-        metering=MeteringConfig(
-            pricing=_path(base, metering.get("pricing")),
-            retention=metering.get("retention", d.metering.retention),
-            stream_usage=metering.get("stream_usage", d.metering.stream_usage),
-        ),
-        identity=IdentityConfig(kubernetes=_kubernetes(
-            v.get("identity", {}).get("kubernetes", {}), base, source)),
-        approvals=ApprovalsConfig(
-            notify=v.get("approvals", {}).get("notify", {}),
-            retention=v.get("approvals", {}).get("retention", d.approvals.retention),
-            proposals=_path(base, v.get("approvals", {}).get("proposals", "proposals"))
-            or d.approvals.proposals),
-        console=ConsoleConfig(
-            retain=v.get("console", {}).get("retain", (d.console.retain, 0))[0],
-            retain_bytes=v.get("console", {}).get("retain", (0, d.console.retain_bytes))[1],
-            trusted_proxies=v.get("console", {}).get("trusted_proxies",
-                                                     d.console.trusted_proxies)),
-        workers=v.get("workers", d.workers),
-        log_level=v.get("log_level", d.log_level),
-        source=source,
-    )
-
-
-def _audit_spill(spill: dict[str, Any], v: dict[str, Any], base: Path) -> AuditSpillConfig:
-    """`audit.spill`, its path made absolute: by default `audit-spill/` in the SQLite
-    state file's directory (a volume kept across restarts, apart from the audit file's),
-    else in `runtime_dir`, else `state/audit-spill` next to the config."""
-    path = _path(base, spill.get("path"))
-    if path is None:
-        state = _state(v.get("state", Config().state), base)
-        if state.get("store", "sqlite") == "sqlite":
-            path = Path(str(state["path"])).parent / "audit-spill"
-        else:
-            path = (_path(base, v.get("runtime_dir")) or base / "state") / "audit-spill"
-    return AuditSpillConfig(path=path, max=spill.get("max", AuditSpillConfig().max))
-
-
-def _kubernetes(k: dict[str, Any], base: Path, source: str) -> KubernetesConfig:
-    d = KubernetesConfig()
-    x = k.get("exchange", {})
-    cfg = KubernetesConfig(
-        enabled=k.get("enabled", d.enabled),
-        kubeconfig=_path(base, k.get("kubeconfig")),
-        namespaces=k.get("namespaces", d.namespaces),
-        policy_label=k.get("policy_label", d.policy_label),
-        default_policies=k.get("default_policies", {}),
-        pod_selector=k.get("pod_selector", d.pod_selector),
-        stale_after=k.get("stale_after", d.stale_after),
-        exchange=ExchangeConfig(**{key: x.get(key, getattr(d.exchange, key)) for key in (
-            "enabled", "audience", "verify", "issuer", "ttl")}),
-    )
-    if cfg.enabled and not cfg.namespaces:
+    if k8s.enabled and not k8s.namespaces:
         raise ConfigError(f"{source}: identity.kubernetes.namespaces: list the sandbox "
                           "namespaces whose pods are watched (e.g. [sandboxes])")
-    unwatched = sorted(set(cfg.default_policies) - set(cfg.namespaces))
-    if cfg.enabled and unwatched:
+    unwatched = sorted(set(k8s.default_policies) - set(k8s.namespaces))
+    if k8s.enabled and unwatched:
         raise ConfigError(f"{source}: identity.kubernetes.default_policies: namespace "
                           f"{unwatched[0]!r} is not in identity.kubernetes.namespaces")
-    return cfg

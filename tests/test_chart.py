@@ -625,6 +625,14 @@ def test_gateway_config_all_features(render: Render) -> None:
     assert container(docs)["image"] == "ghcr.io/sandbox-gateway/sandbox-gateway@sha256:" + "a" * 64
 
 
+def test_refusals_are_rendered(render: Render) -> None:
+    """`config.refusals` reaches gateway.yaml (it was accepted by the schema and dropped by
+    the template until tests/test_config_schema.py checked each modelled section)."""
+    assert gateway_config(render())["refusals"] == {"inside_tls": True}
+    off = render({"config": {"refusals": {"inside_tls": False}}})
+    assert gateway_config(off)["refusals"] == {"inside_tls": False}
+
+
 def test_redis_url_in_values(render: Render) -> None:
     docs = render({"state": {"store": "redis", "redis": {"url": "redis://redis.redis.svc:6379/0"}}})
     assert gateway_config(docs)["state"] == {

@@ -1,10 +1,15 @@
 """Durations as people write them in config, policies and query strings: `15m`,
-`1h30m`, `90s`, `250ms`, `2d`, or a number of seconds (pure)."""
+`1h30m`, `90s`, `250ms`, `2d`, or a number of seconds (pure).
+
+Shared by the core, `gateway.config` (which re-exports `parse_duration`) and the policy
+readers; a wrong value raises `ConfigError` (gateway/errors.py, a `ValueError`)."""
 
 from __future__ import annotations
 
 import math
 import re
+
+from gateway.errors import ConfigError
 
 __all__ = ["parse_duration"]
 
@@ -13,10 +18,10 @@ _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_duration(value: object, key: str = "duration") -> float:
-    """Seconds; ValueError naming `key` and what to write for anything else, or for a
+    """Seconds; ConfigError naming `key` and what to write for anything else, or for a
     duration that is not positive."""
     if isinstance(value, bool):
-        raise ValueError(f"{key}: expected a duration like 15m, got {value!r}")
+        raise ConfigError(f"{key}: expected a duration like 15m, got {value!r}")
     if isinstance(value, int | float):
         seconds = float(value)
     elif isinstance(value, str):
@@ -26,10 +31,10 @@ def parse_duration(value: object, key: str = "duration") -> float:
         else:
             parts = _DURATION.findall(text)
             if not parts or "".join(n + u for n, u in parts) != text:
-                raise ValueError(f"{key}: {value!r} is not a duration; use e.g. 90s, 15m, 1h30m")
+                raise ConfigError(f"{key}: {value!r} is not a duration; use e.g. 90s, 15m, 1h30m")
             seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     else:
-        raise ValueError(f"{key}: expected a duration like 15m, got {type(value).__name__}")
+        raise ConfigError(f"{key}: expected a duration like 15m, got {type(value).__name__}")
     if not math.isfinite(seconds) or seconds <= 0:  # (JSON's NaN and Infinity too)
-        raise ValueError(f"{key}: must be positive and finite, got {value!r}")
+        raise ConfigError(f"{key}: must be positive and finite, got {value!r}")
     return seconds

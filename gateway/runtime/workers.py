@@ -31,8 +31,9 @@ import signal
 import socket
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
+
+from msgspec.structs import replace
 
 from gateway.config import Config, HostPort
 from gateway.net import ca

@@ -199,6 +199,7 @@ gateway.yaml as a dict (rendered by configmap-config.yaml, hashed by the Deploym
   "tokens" .Values.config.tokens
   "secrets" $secrets
   "network" .Values.config.network
+  "refusals" .Values.config.refusals
   "audit" .Values.config.audit
   "console" .Values.config.console
   "state" $state

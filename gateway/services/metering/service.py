@@ -754,7 +754,7 @@ def build_metering(config: Config, counters: Counters,
                    ephemeral: EphemeralKeys | None = None,
                    telemetry: Telemetry = SILENT) -> Metering:
     """The Metering for a gateway config (raises ConfigError for a bad pricing file)."""
-    from gateway.config import ConfigError  # (the wiring's: the step itself reads no config)
+    from gateway.errors import ConfigError  # (the wiring's: the step itself reads no config)
 
     pricing = Pricing({}, "the model catalogue", catalogue())
     if config.metering.pricing is not None:
