@@ -45,12 +45,35 @@ class HostPort:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
+ALL_INTERFACES = ("0.0.0.0", "::", "")
+
+
+def reach(host: str, stated: str = "") -> str:
+    """Who can connect to a listener bound to `host`, as the start banner says it (with
+    `listen.reachable_from`, `stated`, for one on every interface)."""
+    if host in ALL_INTERFACES:
+        said = stated.strip()
+        return ("reachable from other hosts: listening on every interface"
+                + (f"; limited by: {said}" if said else ""))
+    try:
+        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if loopback:
+        return "this host only: loopback"
+    return f"reachable from other hosts on {host}'s network"
+
+
 @dataclass(frozen=True, slots=True)
 class ListenConfig:
     proxy: HostPort = HostPort("0.0.0.0", 8080)
     transparent: HostPort | None = None
     admin: HostPort = HostPort("127.0.0.1", 8090)
     dns: HostPort | None = None  # the policy-aware DNS resolver (gateway/engines/dns/), UDP and TCP
+    # What limits who reaches a proxy listening on every interface (a firewall, a
+    # Kubernetes NetworkPolicy), in words: stated, the banner shows it and `config check`
+    # no longer warns. The gateway enforces nothing with it.
+    reachable_from: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -543,6 +566,7 @@ SCHEMA: Schema = {
         "transparent": _opt(parse_hostport),
         "admin": parse_hostport,
         "dns": _opt(parse_hostport),
+        "reachable_from": _str,
     },
     "admin_token": _opt(_str),
     "policies": _str,
@@ -777,6 +801,7 @@ def _build(v: dict[str, Any], base: Path, source: str) -> Config:
             transparent=listen.get("transparent"),
             admin=listen.get("admin", d.listen.admin),
             dns=listen.get("dns"),
+            reachable_from=listen.get("reachable_from", ""),
         ),
         admin_token=v.get("admin_token"),
         policies=_path(base, v.get("policies", "policies")) or d.policies,
