@@ -46,10 +46,11 @@ catalogue: $(STAMP)
 
 # `make run` serves this host only: the proxy on 127.0.0.1:8080 (the README's quick start).
 # LISTEN=0.0.0.0:8080 serves other hosts too (containers on this host, other machines: then
-# say what limits them in listen.reachable_from); with CONFIG its listen.proxy decides.
+# say what limits them in listen.reachable_from); with a config (CONFIG=, or
+# SANDBOX_GATEWAY_CONFIG) its listen.proxy decides.
 LISTEN ?= 127.0.0.1:8080
 run: $(STAMP)
-	$(if $(CONFIG),,SANDBOX_GATEWAY_LISTEN__PROXY=$(LISTEN) )$(VENV)/bin/sandbox-gateway run $(if $(CONFIG),--config $(CONFIG))
+	$(if $(CONFIG)$(SANDBOX_GATEWAY_CONFIG),,SANDBOX_GATEWAY_LISTEN__PROXY=$(LISTEN) )$(VENV)/bin/sandbox-gateway run $(if $(CONFIG),--config $(CONFIG))
 
 # The gateway, a stand-in OpenAI and an agent configured only by `sandbox-gateway env`,
 # on 127.0.0.1 in a few seconds: the key swap and a refusal, end to end (no Docker).

@@ -121,11 +121,13 @@ def test_the_quick_start_runs_as_written(gateway: tuple[Path, str, str, Path],
 def test_make_run_binds_where_the_readme_connects() -> None:
     """`make run` (no CONFIG) puts the proxy on the address the quick start's curl lines
     use; LISTEN moves it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_GATEWAY_")}
     make = subprocess.run(["make", "-n", "run"], cwd=REPO, capture_output=True, text=True,
-                          timeout=60, check=True).stdout
+                          timeout=60, check=True, env=env).stdout
     assert f"SANDBOX_GATEWAY_LISTEN__PROXY={README_ADDRESS} " in make
     moved = subprocess.run(["make", "-n", "run", "LISTEN=0.0.0.0:8080"], cwd=REPO,
-                           capture_output=True, text=True, timeout=60, check=True).stdout
+                           capture_output=True, text=True, timeout=60, check=True,
+                           env=env).stdout
     assert "SANDBOX_GATEWAY_LISTEN__PROXY=0.0.0.0:8080 " in moved
     assert all(README_ADDRESS in command for command, _ in quick_start()[1:])
 
