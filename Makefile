@@ -49,8 +49,13 @@ config-schema: $(STAMP)
 catalogue: $(STAMP)
 	$(PY) scripts/update-catalogue.py $(if $(CATALOGUE_VERSION),--version $(CATALOGUE_VERSION))
 
+# `make run` serves this host only: the proxy on 127.0.0.1:8080 (the README's quick start).
+# LISTEN=0.0.0.0:8080 serves other hosts too (containers on this host, other machines: then
+# say what limits them in listen.reachable_from); with a config (CONFIG=, or
+# SANDBOX_GATEWAY_CONFIG) its listen.proxy decides.
+LISTEN ?= 127.0.0.1:8080
 run: $(STAMP)
-	$(VENV)/bin/sandbox-gateway run $(if $(CONFIG),--config $(CONFIG))
+	$(if $(CONFIG)$(SANDBOX_GATEWAY_CONFIG),,SANDBOX_GATEWAY_LISTEN__PROXY=$(LISTEN) )$(VENV)/bin/sandbox-gateway run $(if $(CONFIG),--config $(CONFIG))
 
 # The gateway, a stand-in OpenAI and an agent configured only by `sandbox-gateway env`,
 # on 127.0.0.1 in a few seconds: the key swap and a refusal, end to end (no Docker).
@@ -70,8 +75,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-# The suite on every core, at most 4 (pytest-xdist): 13 min on 2 vCPUs (2026-11-29; four
-# processes on 2 cores took 8 min but timing tests failed). `make unit JOBS=0`: one process.
+# The suite on every core, at most 4 (pytest-xdist); how long it takes is said in one place,
+# README.md ("make test (about ..."). Four processes on 2 cores were faster but timing tests
+# failed. `make unit JOBS=0`: one process.
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ "$$n" -gt 4 ] && n=4; echo $$n)
 
 unit: $(STAMP)

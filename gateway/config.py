@@ -19,6 +19,7 @@ time and of the memory (docs/configuration.md, "The schema").
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 from collections.abc import Iterator, Mapping
 from functools import cache
@@ -87,12 +88,35 @@ class Section(msgspec.Struct, frozen=True, kw_only=True):
     `Section` are keys; other fields are derived (filled by a `Value.into`, or not read)."""
 
 
+ALL_INTERFACES = ("0.0.0.0", "::", "")
+
+
+def reach(host: str, stated: str = "") -> str:
+    """Who can connect to a listener bound to `host`, as the start banner says it (with
+    `listen.reachable_from`, `stated`, for one on every interface)."""
+    if host in ALL_INTERFACES:
+        said = stated.strip()
+        return ("reachable from other hosts: listening on every interface"
+                + (f"; limited by: {said}" if said else ""))
+    try:
+        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if loopback:
+        return "this host only: loopback"
+    return f"reachable from other hosts on {host}'s network"
+
+
 class ListenConfig(Section, frozen=True, kw_only=True):
     proxy: Annotated[HostPort, HOSTPORT] = HostPort("0.0.0.0", 8080)
     transparent: Annotated[HostPort | None, optional(HOSTPORT)] = None
     admin: Annotated[HostPort, HOSTPORT] = HostPort("127.0.0.1", 8090)
     # the policy-aware DNS resolver (gateway/engines/dns/), UDP and TCP
     dns: Annotated[HostPort | None, optional(HOSTPORT)] = None
+    # What limits who reaches a proxy listening on every interface (a firewall, a
+    # Kubernetes NetworkPolicy), in words: stated, the banner shows it and `config check`
+    # no longer warns. The gateway enforces nothing with it.
+    reachable_from: Annotated[str, STRING] = ""
 
 
 class TokensConfig(Section, frozen=True, kw_only=True):

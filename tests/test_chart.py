@@ -30,6 +30,7 @@ from gateway.net.ca import mitmproxy_confdir
 from gateway.services.identity.tokens import SigningKeys
 from gateway.services.policy.loader import load_policy_texts
 from gateway.services.secrets.factory import build_store
+from gateway.tools.config_check import listen_warnings
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "sandbox-gateway"
@@ -86,7 +87,7 @@ ALL_ON: dict[str, Any] = {
             {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "orch"}}}
         ],
         "gateway": {
-            "extraEgress": [
+            "egressTo": {"redis": [
                 {
                     "to": [
                         {
@@ -97,7 +98,8 @@ ALL_ON: dict[str, Any] = {
                     ],
                     "ports": [{"port": 6379, "protocol": "TCP"}],
                 }
-            ]
+            ]},
+            "extraEgress": [{"to": [{"ipBlock": {"cidr": "10.30.0.0/16"}}]}],
         },
     },
     "config": {"tokens": {"retired_kids": ["k1"]}, "network": {"allow_cidrs": ["10.20.0.0/16"]}},
@@ -588,7 +590,12 @@ def test_set_file_adds_a_policy(helm: str, tmp_path: Path) -> None:
 def test_gateway_config_defaults(render: Render) -> None:
     cfg = gateway_config(render())
     assert cfg["listen"] == {"proxy": "0.0.0.0:8080", "admin": "0.0.0.0:8090", "transparent": None,
-                             "dns": None}
+                             "dns": None, "reachable_from": (
+                                 f"NetworkPolicy {RELEASE}-sandbox-gateway: the proxy port from "
+                                 "the pods of no namespace yet (networkPolicy.sandboxNamespaces) "
+                                 "only")}
+    off = gateway_config(render({"networkPolicy": {"enabled": False}}))["listen"]
+    assert "reachable_from" not in off  # (then the gateway warns: nothing said limits it)
     assert "dns" not in cfg
     assert cfg["policies"] == "/etc/sandbox-gateway/policies"
     assert cfg["certs"] == "/etc/sandbox-gateway/certs"
@@ -735,6 +742,9 @@ def test_rendered_config_loads_in_the_gateway(
     url = "redis://redis-master.redis.svc:6379/0"
     cfg = load_config(f, env={"SANDBOX_GATEWAY_STATE__URL": url})
     assert cfg.state == {"store": "redis", "url": url}  # the env name the Deployment sets
+    assert cfg.listen.reachable_from == (f"NetworkPolicy {RELEASE}-sandbox-gateway: the proxy "
+                                         "port from the pods of sandboxes-a, sandboxes-b only")
+    assert listen_warnings(cfg) == []  # the chart's NetworkPolicy is the stated limit
     assert str(cfg.listen.transparent) == "0.0.0.0:8081"
     assert str(cfg.listen.dns) == "0.0.0.0:5353"
     assert (cfg.dns.ttl, cfg.dns.rate, cfg.dns.burst) == (10, 20.0, 50)
@@ -1607,7 +1617,147 @@ def test_identity_notes(render: Render, notes_chart: Path) -> None:
     assert "Kubernetes pod identity is on for the pods of sandboxes-a, sandboxes-b" in text
     assert "sandbox-gateway.io/policy=<policy>" in text
     assert "sandbox-gateway token exchange" in text
-    assert "networkPolicy.gateway.extraEgress" in text
+    assert ("the Kubernetes API (identity.kubernetes): only through the internet rule, if its "
+            "endpoint is a public address") in text
+    assert "networkPolicy.gateway.egressTo.kubernetesApi" in text
     text = notes(identity(exchange={"enabled": False}), {"networkPolicy": {"enabled": False}})
     assert "pod identity is on" in text
-    assert "token exchange" not in text and "extraEgress" not in text
+    assert "token exchange" not in text and "egressTo" not in text
+
+
+# ------------------------------------------------------------------ the gateway's dependencies
+
+SANDBOXES = {"networkPolicy": {"sandboxNamespaces": ["sandboxes"]}}
+NOINTERNET = {"networkPolicy": {"gateway": {"allowInternet": False}}}
+KV = {"secretStore": {"store": "azure-keyvault", "vaultUrl": "https://kv.vault.azure.net"}}
+
+
+def _ns(name: str) -> dict[str, Any]:
+    return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": name}},
+            "podSelector": {}}
+
+
+def _ip(cidr: str) -> dict[str, Any]:
+    return {"ipBlock": {"cidr": cidr}}
+
+
+def _redis(url: str) -> dict[str, Any]:
+    return {"state": {"store": "redis", "redis": {"url": url}}}
+
+
+def _proxy(url: str) -> dict[str, Any]:
+    return {"config": {"network": {"upstream_proxy": {"url": url}}}}
+
+
+GIVEN = [{"to": [_ip("10.40.0.9/32")], "ports": [{"port": 6380, "protocol": "TCP"}]}]
+
+# (name, values, the egress rules added for the dependencies, what NOTES says was opened)
+DEPENDENCIES: list[tuple[str, dict[str, Any], list[dict[str, Any]], str]] = [
+    ("redis as a Service of another namespace",
+     _redis("redis://redis-master.data.svc.cluster.local:6380/0"),
+     [{"to": [_ns("data")], "ports": [{"port": 6380, "protocol": "TCP"}]}],
+     "Redis (state.store: redis): TCP redis-master.data.svc.cluster.local:6380 (the pods of "
+     "namespace data), from state.redis.url"),
+    ("redis as a Service of the release's namespace", _redis("redis://redis/0"),
+     [{"to": [_ns(NAMESPACE)], "ports": [{"port": 6379, "protocol": "TCP"}]}],
+     f"Redis (state.store: redis): TCP redis:6379 (the pods of namespace {NAMESPACE})"),
+    ("redis at an address", _redis("rediss://10.1.2.3:6380"),
+     [{"to": [_ip("10.1.2.3/32")], "ports": [{"port": 6380, "protocol": "TCP"}]}],
+     "Redis (state.store: redis): TCP 10.1.2.3:6380, from state.redis.url"),
+    ("redis in a Secret, its rules given",
+     {"state": {"store": "redis", "redis": {"existingSecret": "redis-url"}},
+      "networkPolicy": {"gateway": {"egressTo": {"redis": GIVEN}}}},
+     GIVEN, "Redis (state.store: redis): the rules of networkPolicy.gateway.egressTo.redis"),
+    ("redis on a public name, through the internet rule", _redis("rediss://cache.example.com"),
+     [], "Redis (state.store: redis): cache.example.com only through the internet rule"),
+    ("an upstream proxy at an address", _proxy("http://10.9.8.7:3128"),
+     [{"to": [_ip("10.9.8.7/32")], "ports": [{"port": 3128, "protocol": "TCP"}]}],
+     "the upstream proxy (config.network.upstream_proxy): TCP 10.9.8.7:3128, from its url"),
+    ("an upstream proxy as a Service", _proxy("socks5://squid.proxy.svc"),
+     [{"to": [_ns("proxy")], "ports": [{"port": 1080, "protocol": "TCP"}]}],
+     "the upstream proxy (config.network.upstream_proxy): TCP squid.proxy.svc:1080"),
+    ("a Key Vault private endpoint",
+     {**KV, "networkPolicy": {"gateway": {"egressTo": {"keyVault": GIVEN}}}}, GIVEN,
+     "Key Vault https://kv.vault.azure.net (a private endpoint): the rules of "
+     "networkPolicy.gateway.egressTo.keyVault"),
+    ("a Key Vault through the internet rule", KV, [],
+     "Key Vault https://kv.vault.azure.net and Entra ID sign-in: through the internet rule"),
+    ("the Kubernetes API, its endpoints given",
+     {**identity(), "networkPolicy": {"gateway": {"egressTo": {"kubernetesApi": GIVEN}}}},
+     GIVEN, "the Kubernetes API (identity.kubernetes): the rules of "
+            "networkPolicy.gateway.egressTo.kubernetesApi"),
+]
+
+
+def _merged(*values: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for v in values:
+        for key, value in v.items():
+            if isinstance(value, dict) and isinstance(out.get(key), dict):
+                out[key] = _merged(out[key], value)
+            else:
+                out[key] = value
+    return out
+
+
+@pytest.mark.parametrize(("name", "values", "rules", "said"), DEPENDENCIES,
+                         ids=[d[0] for d in DEPENDENCIES])
+def test_the_gateway_policy_opens_its_dependencies(
+        render: Render, notes_chart: Path, name: str, values: dict[str, Any],
+        rules: list[dict[str, Any]], said: str) -> None:
+    """Issue 42, item 5: with Redis, an upstream proxy, a Key Vault private endpoint or the
+    Kubernetes API, the gateway's NetworkPolicy allows that destination, derived from the
+    values (or given in networkPolicy.gateway.egressTo), and NOTES says what was opened.
+    The rules come right after the DNS and internet rules, before extraEgress."""
+    docs = render(DETERMINISTIC, _merged(SANDBOXES, values))
+    validate_all(docs)
+    egress = only(docs, "NetworkPolicy", "sandbox-gateway")["spec"]["egress"]
+    fixed = 2  # the cluster DNS, the internet
+    assert egress[fixed:] == rules, egress
+    notes = only(render(DETERMINISTIC, _merged(SANDBOXES, values), chart=notes_chart),
+                 "ConfigMap", "notes-probe")["data"]["notes"]
+    assert "The gateway's NetworkPolicy lets it reach its own dependencies" in notes
+    assert said in " ".join(notes.split()), notes
+
+
+def test_no_dependency_no_extra_rule(render: Render, notes_chart: Path) -> None:
+    egress = only(render(DETERMINISTIC, SANDBOXES), "NetworkPolicy",
+                  "sandbox-gateway")["spec"]["egress"]
+    assert len(egress) == 2
+    notes = only(render(DETERMINISTIC, SANDBOXES, chart=notes_chart), "ConfigMap",
+                 "notes-probe")["data"]["notes"]
+    assert "its own dependencies" not in notes
+
+
+# (values, what the refusal must say)
+UNREACHABLE: list[tuple[dict[str, Any], str]] = [
+    ({"state": {"store": "redis", "redis": {"existingSecret": "redis-url"}}},
+     "state.store: redis: the gateway's NetworkPolicy cannot tell where Redis is (the URL is "
+     "in state.redis.existingSecret), so the gateway could not reach it. Set "
+     "networkPolicy.gateway.egressTo.redis"),
+    (_merged(_redis("redis://cache.example.com:6379"), NOINTERNET),
+     "(cache.example.com:6379 is not an IPv4 address or a <service>.<namespace>.svc name, and "
+     "networkPolicy.gateway.allowInternet is off)"),
+    ({"config": {"network": {"upstream_proxy": "env"}}},
+     "config.network.upstream_proxy: the gateway's NetworkPolicy cannot tell where the proxy "
+     "is (the pod's HTTPS_PROXY (upstream_proxy: env) is not"),
+    (_proxy("http://proxy.corp:3128"),
+     "(proxy.corp:3128 is not an IPv4 address or a <service>.<namespace>.svc name), and every "
+     "upstream dial goes through it. Set networkPolicy.gateway.egressTo.upstreamProxy"),
+    (_merged(KV, NOINTERNET), "secretStore.store: azure-keyvault with "
+     "networkPolicy.gateway.allowInternet off: the gateway could not reach the Key Vault"),
+    (_merged(identity(), NOINTERNET), "identity.kubernetes.enabled with "
+     "networkPolicy.gateway.allowInternet off: the gateway could not reach the Kubernetes API"),
+]
+
+
+@pytest.mark.parametrize(("values", "message"), UNREACHABLE,
+                         ids=["redis-secret", "redis-name", "proxy-env", "proxy-name",
+                              "keyvault", "kubernetes-api"])
+def test_a_dependency_the_policy_cannot_open_fails_the_render(
+        helm: str, tmp_path: Path, values: dict[str, Any], message: str) -> None:
+    assert message in " ".join(render_fails(helm, tmp_path, values).split())
+    # (without the chart's NetworkPolicy there is nothing to open)
+    f = tmp_path / "off.yaml"
+    f.write_text(yaml.safe_dump(_merged(values, {"networkPolicy": {"enabled": False}})))
+    run_helm(helm, "template", RELEASE, str(CHART), "-f", str(f))

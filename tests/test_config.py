@@ -97,7 +97,8 @@ def test_the_audit_spill_journal_defaults_to_the_state_volume(tmp_path: Path, te
 # --- a full file -----------------------------------------------------------------------
 
 FULL = """
-listen: {proxy: "127.0.0.1:3128", transparent: ":3129", admin: "[::1]:9000", dns: ":5353"}
+listen: {proxy: "127.0.0.1:3128", transparent: ":3129", admin: "[::1]:9000", dns: ":5353",
+         reachable_from: "the sandboxes' subnet (host firewall)"}
 admin_token: adm1n-t0ken-0123456789
 policies: pol
 certs: /etc/sg/certs

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gateway.cli.common import config_of, credentials_of
 from gateway.cli.token import mint_token
+from gateway.config import Config
 from gateway.services.identity.tokens import SigningKeys, TokenService
 from gateway.services.policy import load_policy_dir
 from gateway.services.state.base import MemoryState
@@ -58,8 +59,10 @@ def cmd_env(args: argparse.Namespace) -> int:
     # The env file stays variables only; advice goes to the operator's terminal.
     notes = dns_note(args.proxy)
     if not verified:
-        notes.append("# The token's signature was not checked (pass --config of the gateway "
-                     "to check it against its signing keys).")
+        cfg = config_of(args)
+        notes.append(f"# The token's signature was not checked: no gateway signing keys in "
+                     f"{cfg.signing_dir} or no policies in {cfg.policies} (the embedded "
+                     "defaults); pass --config of the gateway to check it against its keys.")
     if preload:
         notes.append(f"# NODE_OPTIONS loads {preload}: put it there in the image "
                      "(`sandbox-gateway node-preload -o FILE`).")
@@ -106,16 +109,24 @@ def _pod_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gateway_here(cfg: Config) -> bool:
+    """The embedded defaults (no --config) name a gateway's files: signing keys and a
+    policies directory where they say (./certs/signing, ./policies: `make run`'s)."""
+    return cfg.policies.is_dir() and any(cfg.signing_dir.glob("*.pem"))
+
+
 def _check_env_token(args: argparse.Namespace) -> bool:
-    """Refuse a token that is not a live gateway JWT; with --config also check its
-    signature and policy against the gateway's keys. True when the signature was checked."""
+    """Refuse a token that is not a live gateway JWT, and check its signature and policy
+    against the gateway's keys and policies: those of --config, else of the embedded
+    defaults where they are (./certs/signing and ./policies, as `token mint` without
+    --config uses them). True when the signature was checked."""
     from gateway.services.identity.tokens import TokenRefused
     from gateway.tools.sandbox_env import InvalidToken, check_token
 
     check_token(args.token)
-    if getattr(args, "config", None) is None:
-        return False
     cfg = config_of(args)
+    if getattr(args, "config", None) is None and not _gateway_here(cfg):
+        return False
     keys = SigningKeys.load(cfg.signing_dir, retired=cfg.tokens.retired_kids, create=False)
     policies = load_policy_dir(cfg.policies)
     service = TokenService(keys, MemoryState(), lambda name: credentials_of(policies, name),
@@ -179,7 +190,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                     "docker --env-file, shell exports, or a Kubernetes env: list), and on "
                     "stderr how to run the sandbox without a DNS resolver: a sandbox using "
                     "the proxy needs none (the gateway resolves names). The token must be a "
-                    "live gateway token; with --config its signature is checked too.")
+                    "live gateway token; its signature is checked too, against the keys "
+                    "of --config (else of the embedded defaults, ./certs/signing, where "
+                    "they are).")
     env.add_argument("--token", help="the sandbox's token (or mint one: --policy)")
     env.add_argument("--policy", help="mint the token here, for this policy (with --sandbox; "
                      "signed with the keys of --config, as `token mint` does)")

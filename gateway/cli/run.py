@@ -10,7 +10,7 @@ import sys
 
 from gateway import __version__
 from gateway.cli.common import config_of
-from gateway.config import Config
+from gateway.config import Config, reach
 from gateway.net import ca
 
 
@@ -86,7 +86,8 @@ def _banner(gateway: object) -> None:
     assert gateway.proxy_address and gateway.admin_address
     lines = [
         f"sandbox-gateway {__version__} ready",
-        f"  proxy   http://{_fmt(gateway.proxy_address)}   (HTTPS_PROXY for sandboxes)",
+        f"  proxy   http://{_fmt(gateway.proxy_address)}   (HTTPS_PROXY for sandboxes; "
+        f"{reach(gateway.proxy_address[0], cfg.listen.reachable_from)})",
         f"  admin   http://{_fmt(gateway.admin_address)}   (/healthz /readyz /metrics /v1/...)",
         f"  CA      {cfg.certs / ca.CA_CERT}   (sandboxes must trust it)",
         f"  policies {cfg.policies} ({len(gateway.current_policies().policies)} loaded, "

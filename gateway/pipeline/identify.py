@@ -43,7 +43,12 @@ class Identifier:
 
     def identify(self, client: Client, proxy_authorization: str | None) -> None:
         """Establish the client's identity from its proxy credentials (none: with
-        identity.kubernetes, the pod that holds its source address)."""
+        identity.kubernetes, the pod that holds its source address). Called for a
+        CONNECT and for every plain proxy request: each plain request carries its own
+        credentials (none: refused, never inherited from the connection's earlier
+        requests), and they must name the sandbox the connection's first request named
+        (a refreshed token of the same sandbox is taken; another sandbox's is refused), so
+        a connection's identity never changes under it (docs/clients.md)."""
         if proxy_authorization is None:
             if self.workloads is not None:
                 self._identify_pod(client)
@@ -62,6 +67,12 @@ class Identifier:
             raise Refusal("sandbox_mismatch", f"the proxy username {user[:64]!r} is not the "
                           f"token's sandbox {identity.sandbox!r}; use the sandbox id as the "
                           "proxy username")
+        was = client.identity
+        if was is not None and not client.registered and was.sandbox != identity.sandbox:
+            raise Refusal("sandbox_mismatch", f"this connection is sandbox {was.sandbox!r}'s "
+                          f"(its first request's credentials), and this request's token is "
+                          f"sandbox {identity.sandbox!r}'s; a connection keeps one sandbox: "
+                          "send the other sandbox's requests on a connection of their own")
         client.identity, client.token = identity, token
         self.connections.count(client)
 

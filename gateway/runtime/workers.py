@@ -35,7 +35,7 @@ from pathlib import Path
 
 from msgspec.structs import replace
 
-from gateway.config import Config, HostPort
+from gateway.config import Config, HostPort, reach
 from gateway.net import ca
 from gateway.observability.audit_spill import adopt
 from gateway.services.identity.tokens import SigningKeys
@@ -185,7 +185,8 @@ def run_supervisor(config: Config, config_path: str | None, workers: int) -> int
     listen = supervisor.listen
     lines = [
         f"sandbox-gateway ready: {workers} workers",
-        f"  proxy   http://{listen.proxy}   (HTTPS_PROXY for sandboxes)",
+        f"  proxy   http://{listen.proxy}   (HTTPS_PROXY for sandboxes; "
+        f"{reach(listen.proxy.host, listen.reachable_from)})",
         f"  admin   http://{listen.admin}   (/healthz /readyz /metrics /v1/...)",
         f"  CA      {config.certs / ca.CA_CERT}   (sandboxes must trust it)",
         f"  policies {config.policies} (hot-reloaded)",

@@ -1,9 +1,10 @@
 """Warnings about a valid but risky configuration (`config check`, and logged at start).
 
-`network.upstream_proxy.connect_to: name`; `audit.spill.path` on the file system of
-`audit.path` (the journal takes nothing when that disk fills); and `network.allow_cidrs`.
-The destination check's precedence (gateway/core/addresses.py) makes some of its entries
-do less than they seem to and others more than intended:
+A proxy listening on every interface with nothing said of what limits who reaches it
+(`listen.reachable_from`); `network.upstream_proxy.connect_to: name`; `audit.spill.path`
+on the file system of `audit.path` (the journal takes nothing when that disk fills); and
+`network.allow_cidrs`. The destination check's precedence (gateway/core/addresses.py)
+makes some of its entries do less than they seem to and others more than intended:
 
 - a range over the hard-denied ranges (link-local incl. cloud metadata 169.254.0.0/16,
   multicast, reserved, ...) never opens them;
@@ -20,9 +21,9 @@ import ipaddress
 import os
 from pathlib import Path
 
-from gateway.config import Config, ConfigError
+from gateway.config import ALL_INTERFACES, Config, ConfigError
 
-__all__ = ["allow_cidr_warnings", "audit_spill_warnings", "config_warnings",
+__all__ = ["allow_cidr_warnings", "audit_spill_warnings", "config_warnings", "listen_warnings",
            "upstream_proxy_warnings"]
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -124,7 +125,22 @@ def audit_spill_warnings(cfg: Config) -> list[str]:
             "past audit.buffer are dropped; put it on another volume"]
 
 
+def listen_warnings(cfg: Config) -> list[str]:
+    """The proxy on every interface with no `listen.reachable_from`: any host that can
+    route here can use it with a token and probe it without one, and nothing says what
+    is meant to stop the others."""
+    proxy = cfg.listen.proxy
+    if proxy.host not in ALL_INTERFACES or cfg.listen.reachable_from.strip():
+        return []
+    return [f"listen.proxy {proxy} listens on every interface: any host that can reach this "
+            "one can connect to the proxy (sandboxes need their token to use it; anyone can "
+            "probe it), and the configuration does not say what limits that. Bind "
+            f"127.0.0.1:{proxy.port} when the sandboxes are on this host, or restrict the "
+            "port (a firewall, a Kubernetes NetworkPolicy) and say which in "
+            "listen.reachable_from (the chart sets it with networkPolicy.enabled)"]
+
+
 def config_warnings(cfg: Config) -> list[str]:
     """Every warning for `cfg` (empty when nothing looks risky)."""
-    return (allow_cidr_warnings(cfg.network.allow_cidrs) + upstream_proxy_warnings(cfg)
-            + audit_spill_warnings(cfg))
+    return (listen_warnings(cfg) + allow_cidr_warnings(cfg.network.allow_cidrs)
+            + upstream_proxy_warnings(cfg) + audit_spill_warnings(cfg))

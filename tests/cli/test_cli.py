@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -546,7 +547,6 @@ def test_env_checks_the_signature_with_config(cli: Cli, tmp_path: Path) -> None:
     # Signed by a key this gateway does not have: the structure is fine, the signature not.
     other = SigningKeys.load(tmp_path / "elsewhere")
     forged = TokenService(other, MemoryState(), {"agent": []}.get).mint("sb", "agent").token
-    assert cli("env", "--token", forged, "--proxy", "gw:8080")[0] == 0  # no keys to check
     code, out, err = cli("env", "--config", "gw.yaml", "--token", forged, "--proxy", "gw:8080")
     assert code == 1 and out == "" and "token_unknown_key" in err
     # A policy the gateway does not have.
@@ -554,6 +554,24 @@ def test_env_checks_the_signature_with_config(cli: Cli, tmp_path: Path) -> None:
                          {"gone": []}.get).mint("sb", "gone").token
     code, _, err = cli("env", "--config", "gw.yaml", "--token", stray, "--proxy", "gw:8080")
     assert code == 1 and "unknown_policy" in err
+
+
+def test_env_checks_the_signature_with_the_embedded_defaults(cli: Cli, tmp_path: Path) -> None:
+    """Issue 42, item 6: without --config, `env` checks the token against the embedded
+    defaults' keys and policies (./certs/signing, ./policies: what `make run` and `token
+    mint` use) where they are; where they are not, it says it could not check."""
+    good = cli("token", "mint", "--sandbox", "sb", "--policy", "agent")[1].strip()
+    code, out, err = cli("env", "--token", good, "--proxy", "gw:8080")
+    assert code == 0 and "HTTPS_PROXY=" in out and "signature was not checked" not in err
+    other = SigningKeys.load(tmp_path / "elsewhere")
+    forged = TokenService(other, MemoryState(), {"agent": []}.get).mint("sb", "agent").token
+    code, out, err = cli("env", "--token", forged, "--proxy", "gw:8080")
+    assert code == 1 and out == "" and "token_unknown_key" in err
+    shutil.move(tmp_path / "certs", tmp_path / "moved-certs")  # no gateway files here
+    code, out, err = cli("env", "--token", forged, "--proxy", "gw:8080")
+    assert code == 0 and "HTTPS_PROXY=" in out
+    assert (f"signature was not checked: no gateway signing keys in "
+            f"{tmp_path / 'certs' / 'signing'}") in err and "pass --config" in err
 
 
 def test_node_preload_verb(cli: Cli, tmp_path: Path) -> None:

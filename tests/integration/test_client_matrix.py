@@ -18,8 +18,10 @@ import io
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -72,6 +74,7 @@ egress:
   - host: maven.test        # nginx again, a Maven repository: passthrough and inspected
   - host: maven-i.test
     inspect: true
+  - host: http.test         # nginx's plain-HTTP server (http://: a Maven repository, /echo)
   - host: crates.test       # nginx again, a cargo (sparse) registry
   - host: crates-i.test
     inspect: true
@@ -120,7 +123,7 @@ class Matrix:
 
 
 def _servers(root: Path, ca: LocalCA) -> tuple[dict[str, TLSServer | WsEcho | GrpcEcho],
-                                               Nginx]:
+                                               Nginx, int]:
     pkgs = root / "pypi"
     make_wheel(pkgs, PKG, "1.0.0", "from-pypi")
     npm_dir = root / "npm"
@@ -139,12 +142,18 @@ def _servers(root: Path, ca: LocalCA) -> tuple[dict[str, TLSServer | WsEcho | Gr
         "ws": WsEcho(root / "ws", ca, ["ws.test", "ws-i.test"]),
         "grpc": GrpcEcho(root / "grpc", ca, ["grpc.test", "grpc-i.test"]),
     }
+    with socket.socket() as s:  # nginx's plain-HTTP server (http.test)
+        s.bind(("127.0.0.1", 0))
+        plain = int(s.getsockname()[1])
     nginx = Nginx(root / "nginx", ca, ["web.test", "web-i.test", "maven.test", "maven-i.test",
                                        "crates.test", "crates-i.test"],
                   extra="log_format hdrs '$host|$request|$status|$http_authorization|"
-                        "$http_x_api_key|$http_proxy_authorization';",
+                        "$http_x_api_key|$http_proxy_authorization';"
+                        f"server {{ listen 127.0.0.1:{plain}; root {root / 'nginx'}/www; "
+                        f"access_log {root / 'nginx'}/hdrs.log hdrs; "
+                        "location = /echo { return 200 'ok'; } }",
                   locations=f"access_log {root / 'nginx'}/hdrs.log hdrs;")
-    return servers, nginx
+    return servers, nginx, plain
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +161,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
     root = tmp_path_factory.mktemp("matrix")
     ca = LocalCA.create(root / "ca", name="matrix upstream CA")
     fake = FakeInference(root / "fake", api_key=PROVIDER_KEY).start()
-    servers, nginx = _servers(root, ca)
+    servers, nginx, plain = _servers(root, ca)
     try:
         upstream_ca = root / "upstream-ca.pem"
         upstream_ca.write_bytes(ca.cert_path.read_bytes() + fake.ca_path.read_bytes())
@@ -164,6 +173,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
                     "maven-i.test": f"127.0.0.1:{nginx.port}",
                     "crates.test": f"127.0.0.1:{nginx.port}",
                     "crates-i.test": f"127.0.0.1:{nginx.port}",
+                    "http.test": f"127.0.0.1:{plain}",
                     "api.openai.com": f"127.0.0.1:{fake.port}",
                     "api.anthropic.com": f"127.0.0.1:{fake.port}"}
         (root / "policies").mkdir()
@@ -495,6 +505,87 @@ def test_java_clients(matrix: Matrix, java_client: Path, client: str, rule: str,
     _web_client_ran(matrix, out, name, host, rule, token, before, f"java-{client}")
 
 
+KEEPALIVE_CLIENT = """
+import java.io.InputStream;
+import java.io.OutputStream;
+import java.net.HttpURLConnection;
+import java.net.URI;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
+
+public class KeepAliveClient {
+    public static void main(String[] args) throws Exception {
+        String base = args[1];
+        String[] bodies = {null, "a body of known length", "a chunked body", null};
+        HttpClient shared = HttpClient.newHttpClient();
+        for (int i = 0; i < bodies.length; i++) {
+            URI uri = URI.create(base + "-" + i);
+            if (args[0].equals("urlconnection")) {
+                HttpURLConnection c = (HttpURLConnection) uri.toURL().openConnection();
+                if (bodies[i] != null) {
+                    c.setRequestMethod("POST");
+                    c.setDoOutput(true);
+                    if (i == 2) c.setChunkedStreamingMode(4);
+                    try (OutputStream out = c.getOutputStream()) {
+                        out.write(bodies[i].getBytes());
+                    }
+                }
+                int code = c.getResponseCode();
+                InputStream in = code < 400 ? c.getInputStream() : c.getErrorStream();
+                System.out.println(code + " " + new String(in.readAllBytes()).strip());
+                in.close();
+            } else {
+                HttpRequest.Builder request = HttpRequest.newBuilder(uri);
+                if (bodies[i] != null) {
+                    request.POST(i == 2
+                        ? HttpRequest.BodyPublishers.ofInputStream(
+                            () -> new java.io.ByteArrayInputStream("a chunked body".getBytes()))
+                        : HttpRequest.BodyPublishers.ofString(bodies[i]));
+                }
+                HttpResponse<String> r = shared.send(request.build(),
+                    HttpResponse.BodyHandlers.ofString());
+                System.out.println(r.statusCode() + " " + String.valueOf(r.body()).strip());
+            }
+        }
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("client", ["urlconnection", "httpclient"])
+def test_java_keeps_the_credentials_on_a_kept_alive_http_connection(
+        matrix: Matrix, java_client: Path, client: str) -> None:
+    """Four plain http:// requests (GET, POST with a Content-Length, POST chunked, GET) on
+    one kept-alive connection from a real JVM client with `env` output only: the agent's
+    relay adds the credentials to every request head (the gateway wants them on each), so
+    none is refused 407; the audit lines share one client address (one connection)."""
+    name = f"java-keepalive-{client}"
+    (java_client / "KeepAliveClient.java").write_text(KEEPALIVE_CLIENT)
+    built = subprocess.run(["javac", "-d", str(java_client),
+                            str(java_client / "KeepAliveClient.java")],
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert built.returncode == 0, built.stderr
+    box, token = matrix.sandbox(name)
+    before = matrix.unauthenticated()
+    out = box.run(["java", "-cp", str(java_client), "KeepAliveClient", client,
+                   f"http://http.test/echo?c={name}"], timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:4] == ["200 ok"] * 4, out.stdout + out.stderr[-2000:]
+    deadline = time.monotonic() + 5  # (a line is written a moment after the response)
+    while len(lines := matrix.lines(name, "http.test")) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [r["path"] for r in lines] == ["/echo"] * 4, lines  # (lines keep no query)
+    assert [r["method"] for r in lines] == ["GET", "POST", "POST", "GET"]
+    assert all(r["decision"] == "allow" and r["error"] is None for r in lines), lines
+    assert len({r["client"] for r in lines}) == 1, "the requests took several connections"
+    assert matrix.unauthenticated() == before
+    log = [ln for ln in (matrix.nginx.dir / "hdrs.log").read_text().splitlines()
+           if f"c={name}-" in ln]
+    assert [ln.split("|")[1].split()[0] for ln in log] == ["GET", "POST", "POST", "GET"], log
+    assert token not in "\n".join(log)
+
+
 GO_CLIENT = """package main
 
 import (
@@ -649,7 +740,7 @@ def test_composer(matrix: Matrix, rule: str, suffix: str) -> None:
 
 
 MAVEN_SETTINGS = """<settings>
-  <mirrors><mirror><id>team</id><mirrorOf>*</mirrorOf><url>https://{host}/maven</url></mirror>
+  <mirrors><mirror><id>team</id><mirrorOf>*</mirrorOf><url>{url}</url></mirror>
   </mirrors>
 </settings>
 """
@@ -676,16 +767,16 @@ def _maven_repository(www: Path) -> None:
         (base / f"{file}.sha1").write_text(hashlib.sha1(data).hexdigest())
 
 
-def _maven_validate(box: Sandbox, host: str) -> subprocess.CompletedProcess[str]:
-    """`mvn validate` of a project whose core extension comes from the repository on
-    `host` (a mirror in the user's settings.xml; no proxy there)."""
+def _maven_validate(box: Sandbox, url: str) -> subprocess.CompletedProcess[str]:
+    """`mvn validate` of a project whose core extension comes from the repository at
+    `url` (a mirror in the user's settings.xml; no proxy there)."""
     project = box.home / "project"
     (project / ".mvn").mkdir(parents=True)
     (project / "pom.xml").write_text(MAVEN_POM.format(group="org.example", artifact="app"))
     (project / ".mvn" / "extensions.xml").write_text(
         "<extensions><extension><groupId>org.example</groupId><artifactId>gw-ext</artifactId>"
         "<version>1.0</version></extension></extensions>\n")
-    (box.home / "settings.xml").write_text(MAVEN_SETTINGS.format(host=host))
+    (box.home / "settings.xml").write_text(MAVEN_SETTINGS.format(url=url))
     return box.run(["mvn", "-B", "-s", str(box.home / "settings.xml"),
                     f"-Dmaven.repo.local={box.home / 'm2'}", "validate"], cwd=project,
                    timeout=120)
@@ -701,13 +792,35 @@ def test_maven(matrix: Matrix, rule: str, suffix: str) -> None:
     _maven_repository(matrix.nginx.dir / "www")
     box, token = matrix.sandbox(name)
     before = matrix.unauthenticated()
-    out = _maven_validate(box, host)
+    out = _maven_validate(box, f"https://{host}/maven")
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert (box.home / "m2" / "org" / "example" / "gw-ext" / "1.0" / "gw-ext-1.0.jar").is_file()
     log = [ln for ln in (matrix.nginx.dir / "hdrs.log").read_text().splitlines()
            if "/maven/org/example/gw-ext/" in ln and ln.startswith(host + "|")]
     assert log, "nginx saw no request"
     _check(matrix, name, host, rule, token, "\n".join(log), before)
+
+
+def test_maven_from_an_http_repository(matrix: Matrix) -> None:
+    """Maven resolving from a plain http:// repository (nginx on 127.0.0.1, reached as
+    http.test) through the gateway, `env` output only: its wagon transport sends several
+    requests on one kept-alive connection, and every one reaches the repository (before
+    the agent put the credentials on each: `proxy authentication failed`, 407)."""
+    name = "maven-http"
+    _maven_repository(matrix.nginx.dir / "www")
+    box, token = matrix.sandbox(name)
+    before = matrix.unauthenticated()
+    out = _maven_validate(box, "http://http.test/maven")
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert (box.home / "m2" / "org" / "example" / "gw-ext" / "1.0" / "gw-ext-1.0.jar").is_file()
+    log = [ln for ln in (matrix.nginx.dir / "hdrs.log").read_text().splitlines()
+           if "/maven/org/example/gw-ext/" in ln and ln.startswith("http.test|")]
+    assert len(log) >= 2, log  # (at least the pom and the jar)
+    assert token not in "\n".join(log)
+    lines = matrix.lines(name, "http.test")
+    assert lines and all(r["decision"] == "allow" and r["error"] is None for r in lines), lines
+    assert matrix.unauthenticated() == before
+    assert len({r["client"] for r in lines}) < len(lines), "no connection carried two requests"
 
 
 def test_java_without_the_agent_gets_no_further_than_the_proxy(matrix: Matrix,
@@ -990,7 +1103,7 @@ def test_the_client_prints_a_refusal(matrix: Matrix, client: str) -> None:
         out = _cargo_fetch(box, box.home / "app", "https://nope.test/index/")
         shown = 'got 403\n  body:\n  {"error": "policy_denied", "reason": "no rule in policy'
     else:
-        out = _maven_validate(box, "nope.test")
+        out = _maven_validate(box, "https://nope.test/maven")
         shown = f"status: 403 {REFUSED}"
     assert out.returncode != 0
     assert shown in out.stdout + out.stderr, (out.stdout + out.stderr)[-3000:]

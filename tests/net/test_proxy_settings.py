@@ -119,7 +119,8 @@ def test_the_process_environment_is_read_only_when_asked() -> None:
 def test_config_check_warns_about_connect_to_name() -> None:
     from gateway.tools.config_check import config_warnings
 
-    base = {"SANDBOX_GATEWAY_NETWORK__UPSTREAM_PROXY__URL": "http://proxy.corp:3128"}
+    base = {"SANDBOX_GATEWAY_NETWORK__UPSTREAM_PROXY__URL": "http://proxy.corp:3128",
+            "SANDBOX_GATEWAY_LISTEN__PROXY": "127.0.0.1:8080"}  # (on every interface: a warning)
     assert config_warnings(load_config(None, env=base)) == []
     named = load_config(None, env={
         **base, "SANDBOX_GATEWAY_NETWORK__UPSTREAM_PROXY__CONNECT_TO": "name"})

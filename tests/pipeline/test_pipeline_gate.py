@@ -211,6 +211,20 @@ async def _tunnel(w: World, host: str, *, token: str = GOOD) -> Client:
     return client
 
 
+async def _plain_again(w: World, proxy_authorization: str | None) -> Exchange | Answer:
+    """A second plain proxy request on a kept-alive connection whose first one carried
+    sandbox-1's credentials (and was let through)."""
+    client = Client(PEER)
+    first = await w.gate.begin(client, _head("GET", "http://allowed.test/1",
+                                             ("Host", "allowed.test")),
+                               tls=False, proxy_authorization=_basic("sandbox-1", GOOD))
+    assert isinstance(first, Exchange), first
+    del w.lines[:]
+    return await w.gate.begin(client, _head("GET", "http://allowed.test/2",
+                                            ("Host", "allowed.test")),
+                              tls=False, proxy_authorization=proxy_authorization)
+
+
 async def _request(w: World, host: str, head: RequestHead, *, tls: bool = True
                    ) -> Exchange | Answer:
     client = await _tunnel(w, host)
@@ -353,6 +367,12 @@ ROWS: list[tuple[str, Callable[[World], Any], str, dict[str, Any]]] = [
     ("the proxy username is another sandbox",
      lambda w: w.gate.connect(Client(PEER), "allowed.test:443", _basic("sandbox-9", GOOD)),
      "sandbox_mismatch", {}),
+    ("a plain request after a first on its connection, without credentials",
+     lambda w: _plain_again(w, None), "auth_required",
+     {"method": "GET", "sandbox": "sandbox-1"}),
+    ("a plain request after a first on its connection, another sandbox's token",
+     lambda w: _plain_again(w, _basic("sandbox-2", OTHER)), "sandbox_mismatch",
+     {"method": "GET", "sandbox": "sandbox-1"}),
     ("a token bound to another address", lambda w: _tunnel(w, "allowed.test", token=BOUND),
      "token_wrong_source", {}),
     ("a sandbox's connection limit", _second_connection, "too_many_connections", {}),

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main
-from gateway.config import ConfigError
+from gateway.config import ConfigError, load_config, reach
 from gateway.core.addresses import AddressPolicy
-from gateway.tools.config_check import allow_cidr_warnings
+from gateway.tools.config_check import allow_cidr_warnings, listen_warnings
 
 # (entry, warning fragment or None, addresses that stay denied, addresses it opens)
 CASES = [
@@ -77,7 +77,8 @@ def test_config_check(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert f"policies  {workdir / 'policies'}: 1 policies, 1 rules" in out
     assert "signing   " in out and "no key (created at the first start)" in out
     assert "warning: network.allow_cidrs: 0.0.0.0/0 covers all of IPv4" in out
-    assert out.rstrip().endswith("OK (1 warning(s))")
+    assert "warning: listen.proxy 0.0.0.0:8080 listens on every interface" in out  # (default)
+    assert out.rstrip().endswith("OK (2 warning(s))")
     assert not (workdir / "certs").exists(), "config check creates nothing"
 
 
@@ -120,3 +121,38 @@ def test_a_spill_journal_on_the_audit_files_disk_is_a_warning(
     (workdir / "gw.yaml").write_text("audit: {path: null}\n")
     assert main(["config", "check", "--config", "gw.yaml"]) == 0
     assert "audit.spill.path" not in capsys.readouterr().out
+
+
+# (listen.proxy, listen.reachable_from, warned, what the banner says of it)
+LISTEN = [
+    ("0.0.0.0:8080", None, True, "reachable from other hosts: listening on every interface"),
+    ("[::]:8080", None, True, "reachable from other hosts: listening on every interface"),
+    (":8080", None, True, "reachable from other hosts: listening on every interface"),
+    ("0.0.0.0:8080", "NetworkPolicy sandbox-gateway: sandbox pods only", False,
+     "reachable from other hosts: listening on every interface; limited by: NetworkPolicy "
+     "sandbox-gateway: sandbox pods only"),
+    ("127.0.0.1:8080", None, False, "this host only: loopback"),
+    ("[::1]:8080", None, False, "this host only: loopback"),
+    ("localhost:8080", None, False, "this host only: loopback"),
+    ("10.0.0.5:8080", None, False, "reachable from other hosts on 10.0.0.5's network"),
+]
+
+
+@pytest.mark.parametrize(("proxy", "stated", "warned", "said"), LISTEN,
+                         ids=[f"{c[0]}-{'stated' if c[1] else 'unstated'}" for c in LISTEN])
+def test_a_proxy_on_every_interface_is_warned_about_until_its_limits_are_stated(
+        proxy: str, stated: str | None, warned: bool, said: str) -> None:
+    """Issue 42, item 4: `config check` (and the start log) warns about a proxy on every
+    interface unless `listen.reachable_from` says what limits who reaches it; the banner
+    says whether the proxy is reachable from other hosts (`reach`)."""
+    env = {"SANDBOX_GATEWAY_LISTEN__PROXY": proxy}
+    if stated is not None:
+        env["SANDBOX_GATEWAY_LISTEN__REACHABLE_FROM"] = stated
+    cfg = load_config(None, env=env)
+    warnings = listen_warnings(cfg)
+    assert bool(warnings) == warned, warnings
+    if warned:
+        assert warnings[0].startswith(f"listen.proxy {cfg.listen.proxy} listens on every "
+                                      "interface")
+        assert "listen.reachable_from" in warnings[0] and "127.0.0.1:8080" in warnings[0]
+    assert reach(cfg.listen.proxy.host, cfg.listen.reachable_from) == said

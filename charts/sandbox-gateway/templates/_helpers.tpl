@@ -171,6 +171,9 @@ gateway.yaml as a dict (rendered by configmap-config.yaml, hashed by the Deploym
 {{- if include "sandbox-gateway.dnsEnabled" . }}
 {{- $_ := set $listen "dns" (printf "0.0.0.0:%d" (int .Values.transparent.dns.containerPort)) }}
 {{- end }}
+{{- if .Values.networkPolicy.enabled }}
+{{- $_ := set $listen "reachable_from" (printf "NetworkPolicy %s: the proxy port from the pods of %s only" (include "sandbox-gateway.fullname" .) (join ", " .Values.networkPolicy.sandboxNamespaces | default "no namespace yet (networkPolicy.sandboxNamespaces)")) }}
+{{- end }}
 {{- $secrets := dict "store" .Values.secretStore.store }}
 {{- if eq .Values.secretStore.store "azure-keyvault" }}
 {{- $_ := set $secrets "vault_url" .Values.secretStore.vaultUrl }}
@@ -301,4 +304,117 @@ volumeMounts:
     mountPath: {{ include "sandbox-gateway.gitRoot" .root }}
   - name: git-tmp
     mountPath: /tmp
+{{- end }}
+
+{{/*
+An egress rule to the host and port of a URL, when the address can be told at render time:
+an IPv4 address (an ipBlock /32), or a Service name (`svc`, `svc.<ns>.svc`,
+`svc.<ns>.svc.cluster.local`: every pod of that namespace on the URL's port, the port the
+pods serve when the Service's targetPort is the same). Empty when it cannot.
+Arguments: dict "url" "port" (the scheme's default) "namespace" (the release's).
+*/}}
+{{- define "sandbox-gateway.urlEgress" -}}
+{{- $hostport := (urlParse .url).host }}
+{{- $host := regexReplaceAll ":[0-9]+$" $hostport "" | lower }}
+{{- $port := int .port }}
+{{- if regexMatch ":[0-9]+$" $hostport }}{{ $port = regexFind "[0-9]+$" $hostport | int }}{{ end }}
+{{- $ports := list (dict "port" $port "protocol" "TCP") }}
+{{- if regexMatch "^[0-9]{1,3}(\\.[0-9]{1,3}){3}$" $host }}
+{{- dict "to" (list (dict "ipBlock" (dict "cidr" (printf "%s/32" $host)))) "ports" $ports "where" (printf "%s:%d" $host $port) | toYaml }}
+{{- else }}
+{{- $ns := "" }}
+{{- if regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" $host }}
+{{- $ns = .namespace }}
+{{- else if regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?\\.svc(\\.cluster\\.local)?$" $host }}
+{{- $ns = index (splitList "." $host) 1 }}
+{{- end }}
+{{- if $ns }}
+{{- $peer := dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" $ns)) "podSelector" dict }}
+{{- dict "to" (list $peer) "ports" $ports "where" (printf "%s:%d (the pods of namespace %s)" $host $port $ns) | toYaml }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The gateway's egress to its own dependencies, derived from values (or given in
+networkPolicy.gateway.egressTo), as YAML {rules: [...], opened: [...]}: `rules` go into the
+gateway NetworkPolicy, `opened` into NOTES. Fails, with the reason, when a dependency's
+address cannot be told and nothing else lets the gateway reach it.
+*/}}
+{{- define "sandbox-gateway.dependencyEgress" -}}
+{{- $np := .Values.networkPolicy }}
+{{- $to := $np.gateway.egressTo | default dict }}
+{{- $internet := $np.gateway.allowInternet }}
+{{- $rules := list }}
+{{- $opened := list }}
+{{- if and (eq .Values.state.store "redis") (or .Values.state.redis.url .Values.state.redis.existingSecret) }}
+{{- $url := .Values.state.redis.url }}
+{{- $derived := "" }}
+{{- if $url }}{{ $derived = include "sandbox-gateway.urlEgress" (dict "url" $url "port" 6379 "namespace" .Release.Namespace) }}{{ end }}
+{{- if $to.redis }}
+{{- $rules = concat $rules $to.redis }}
+{{- $opened = append $opened "Redis (state.store: redis): the rules of networkPolicy.gateway.egressTo.redis" }}
+{{- else if $derived }}
+{{- $rule := fromYaml $derived }}
+{{- $rules = append $rules (omit $rule "where") }}
+{{- $opened = append $opened (printf "Redis (state.store: redis): TCP %s, from state.redis.url" $rule.where) }}
+{{- else if and $url $internet }}
+{{- $opened = append $opened (printf "Redis (state.store: redis): %s only through the internet rule (public addresses); a private address needs networkPolicy.gateway.egressTo.redis" (urlParse $url).host) }}
+{{- else }}
+{{- fail (printf "state.store: redis: the gateway's NetworkPolicy cannot tell where Redis is (%s), so the gateway could not reach it. Set networkPolicy.gateway.egressTo.redis (NetworkPolicyEgressRule objects: its address and port), or networkPolicy.enabled: false" (ternary "the URL is in state.redis.existingSecret" (printf "%s is not an IPv4 address or a <service>.<namespace>.svc name, and networkPolicy.gateway.allowInternet is off" (urlParse $url).host) (empty $url))) }}
+{{- end }}
+{{- end }}
+{{- $proxy := .Values.config.network.upstream_proxy }}
+{{- if $proxy }}
+{{- $derived := "" }}
+{{- $where := "the pod's HTTPS_PROXY (upstream_proxy: env)" }}
+{{- if kindIs "map" $proxy }}
+{{- $scheme := (urlParse $proxy.url).scheme }}
+{{- $derived = include "sandbox-gateway.urlEgress" (dict "url" $proxy.url "port" (ternary 1080 (ternary 443 80 (eq $scheme "https")) (hasPrefix "socks" $scheme)) "namespace" .Release.Namespace) }}
+{{- $where = (urlParse $proxy.url).host }}
+{{- end }}
+{{- if $to.upstreamProxy }}
+{{- $rules = concat $rules $to.upstreamProxy }}
+{{- $opened = append $opened "the upstream proxy (config.network.upstream_proxy): the rules of networkPolicy.gateway.egressTo.upstreamProxy" }}
+{{- else if $derived }}
+{{- $rule := fromYaml $derived }}
+{{- $rules = append $rules (omit $rule "where") }}
+{{- $opened = append $opened (printf "the upstream proxy (config.network.upstream_proxy): TCP %s, from its url" $rule.where) }}
+{{- else }}
+{{- fail (printf "config.network.upstream_proxy: the gateway's NetworkPolicy cannot tell where the proxy is (%s is not an IPv4 address or a <service>.<namespace>.svc name), and every upstream dial goes through it. Set networkPolicy.gateway.egressTo.upstreamProxy (NetworkPolicyEgressRule objects: its address and port), or networkPolicy.enabled: false" $where) }}
+{{- end }}
+{{- end }}
+{{- if eq .Values.secretStore.store "azure-keyvault" }}
+{{- if $to.keyVault }}
+{{- $rules = concat $rules $to.keyVault }}
+{{- $opened = append $opened (printf "Key Vault %s (a private endpoint): the rules of networkPolicy.gateway.egressTo.keyVault" .Values.secretStore.vaultUrl) }}
+{{- else if $internet }}
+{{- $opened = append $opened (printf "Key Vault %s and Entra ID sign-in: through the internet rule (public endpoints); a private endpoint needs networkPolicy.gateway.egressTo.keyVault" .Values.secretStore.vaultUrl) }}
+{{- else }}
+{{- fail "secretStore.store: azure-keyvault with networkPolicy.gateway.allowInternet off: the gateway could not reach the Key Vault (nor Entra ID to sign in). Set networkPolicy.gateway.egressTo.keyVault (the private endpoint's address, port 443, and Entra ID's), or allowInternet: true" }}
+{{- end }}
+{{- end }}
+{{- if .Values.identity.kubernetes.enabled }}
+{{- $api := list }}
+{{- $endpoints := lookup "v1" "Endpoints" "default" "kubernetes" }}
+{{- range ($endpoints.subsets | default list) }}
+{{- $ports := list }}
+{{- range .ports }}{{ $ports = append $ports (dict "port" .port "protocol" "TCP") }}{{ end }}
+{{- $peers := list }}
+{{- range .addresses }}{{ $peers = append $peers (dict "ipBlock" (dict "cidr" (printf "%s/32" .ip))) }}{{ end }}
+{{- $api = append $api (dict "to" $peers "ports" $ports) }}
+{{- end }}
+{{- if $to.kubernetesApi }}
+{{- $rules = concat $rules $to.kubernetesApi }}
+{{- $opened = append $opened "the Kubernetes API (identity.kubernetes): the rules of networkPolicy.gateway.egressTo.kubernetesApi" }}
+{{- else if $api }}
+{{- $rules = concat $rules $api }}
+{{- $opened = append $opened "the Kubernetes API (identity.kubernetes): the endpoints of Service default/kubernetes, read at install" }}
+{{- else if $internet }}
+{{- $opened = append $opened "the Kubernetes API (identity.kubernetes): only through the internet rule, if its endpoint is a public address (kubectl get endpoints kubernetes -n default); else set networkPolicy.gateway.egressTo.kubernetesApi" }}
+{{- else }}
+{{- fail "identity.kubernetes.enabled with networkPolicy.gateway.allowInternet off: the gateway could not reach the Kubernetes API, and its address is not known at render time (helm template reads no cluster). Set networkPolicy.gateway.egressTo.kubernetesApi (the endpoints of kubectl get endpoints kubernetes -n default)" }}
+{{- end }}
+{{- end }}
+{{- dict "rules" $rules "opened" $opened | toYaml }}
 {{- end }}

@@ -9,11 +9,15 @@
  * needs a default Authenticator (and Basic re-enabled for tunnels), java.net.http's
  * HttpClient one of its own on every builder (and with it drops the request's own
  * Authorization header), OkHttp and Apache clients their own. So the agent runs a relay on
- * 127.0.0.1 that adds Proxy-Authorization (from HTTPS_PROXY's user:token) to the first
- * request head of each connection (a CONNECT, or a plain-HTTP proxy request) and then
- * copies bytes both ways to the gateway, and points the proxy system properties at it:
- * every client that follows the JDK's proxy settings sends through it, without an
- * authenticator. The gateway keeps a connection's identity for its later requests.
+ * 127.0.0.1 that adds Proxy-Authorization (from HTTPS_PROXY's user:token) to every request
+ * head the client sends the proxy, and points the proxy system properties at it: every
+ * client that follows the JDK's proxy settings sends through it, without an authenticator.
+ * A CONNECT is one head, then the tunnel's bytes are copied both ways (the gateway keeps
+ * the tunnel's identity). A plain http:// connection carries one proxy request after
+ * another (keep-alive), and the gateway wants the credentials on each (a request's
+ * identity is its own, never inherited from an earlier request: docs/clients.md),
+ * so the relay follows the requests' framing (Content-Length, chunked) to find each head;
+ * after an Upgrade it copies bytes as they come.
  * Trust: a PKCS12 trust store written from SSL_CERT_FILE (the system bundle with the
  * gateway CA), set as javax.net.ssl.trustStore, which the JDK's default SSLContext and
  * clients that build their own from the JDK's trust manager both read. Properties that are
@@ -24,6 +28,7 @@
 package io.sandboxgateway;
 
 import java.io.BufferedInputStream;
+import java.io.BufferedOutputStream;
 import java.io.ByteArrayInputStream;
 import java.io.ByteArrayOutputStream;
 import java.io.IOException;
@@ -49,6 +54,8 @@ import java.util.Base64;
 public final class GatewayProxyAgent {
     private static final int MAX_HEAD = 64 * 1024;
     private static final int IDLE_MS = 10 * 60 * 1000;
+    private static final long RAW = -1;  // a body length: copy the rest as it comes
+    private static final long CHUNKED = -2;
 
     private GatewayProxyAgent() {}
 
@@ -122,42 +129,174 @@ public final class GatewayProxyAgent {
         }
     }
 
-    /** One client connection: its first head with the credentials, then bytes both ways. */
+    /** One client connection to the gateway: its request heads with the credentials. */
     private static void relay(Socket client, InetSocketAddress gateway, byte[] header) {
         try (client; Socket upstream = new Socket()) {
             client.setSoTimeout(IDLE_MS);
             InputStream in = new BufferedInputStream(client.getInputStream());
-            ByteArrayOutputStream head = new ByteArrayOutputStream();
-            while (true) {
-                int b = in.read();
-                if (b < 0 || head.size() >= MAX_HEAD) {
-                    return;
-                }
-                head.write(b);
-                if (b == '\n' && endsWithBlankLine(head)) {
-                    break;
-                }
+            byte[] first = readHead(in);
+            if (first == null) {
+                return;
             }
-            byte[] bytes = head.toByteArray();
-            int firstLine = indexOf(bytes, (byte) '\n') + 1;
             upstream.connect(gateway, 30_000);
             upstream.setSoTimeout(IDLE_MS);
-            OutputStream out = upstream.getOutputStream();
-            out.write(bytes, 0, firstLine);
-            if (!hasProxyAuthorization(bytes)) {
-                out.write(header);
-            }
-            out.write(bytes, firstLine, bytes.length - firstLine);
-            out.flush();
+            OutputStream out = new BufferedOutputStream(upstream.getOutputStream());
             InputStream fromGateway = upstream.getInputStream();
             Thread back = new Thread(() -> copy(fromGateway, upstream, client),
                                      "sandbox-gateway-relay-back");
             back.setDaemon(true);
             back.start();
-            copy(in, client, upstream);
+            requests(in, out, first, header, client, upstream);
             back.join(IDLE_MS);
         } catch (IOException | InterruptedException e) {
             // the connection ends; the client sees its socket close
+        }
+    }
+
+    /**
+     * The client's requests, each head with the credentials, each body copied by its
+     * framing; a CONNECT, an Upgrade or a framing the relay cannot follow: the rest of the
+     * connection copied as it comes (a head after that goes as sent, and without
+     * credentials the gateway refuses it 407).
+     */
+    private static void requests(InputStream in, OutputStream out, byte[] first, byte[] header,
+                                 Socket client, Socket upstream) throws IOException {
+        byte[] head = first;
+        while (head != null) {
+            writeHead(out, head, header);
+            out.flush();  // (a client that sent Expect: 100-continue waits for the answer)
+            long length = bodyLength(head);
+            if (length == RAW) {
+                copy(in, client, upstream);
+                return;
+            }
+            if (length == CHUNKED) {
+                copyChunked(in, out);
+            } else {
+                copyExactly(in, out, length);
+            }
+            out.flush();
+            head = readHead(in);
+        }
+        upstream.shutdownOutput();
+    }
+
+    /** The body's length by the head's framing; CHUNKED, or RAW (copy as it comes). */
+    private static long bodyLength(byte[] head) {
+        String text = new String(head, StandardCharsets.ISO_8859_1);
+        if (text.regionMatches(true, 0, "CONNECT ", 0, 8)) {
+            return RAW;
+        }
+        long length = 0;
+        boolean chunked = false;
+        for (String line : text.split("\r?\n")) {
+            int colon = line.indexOf(':');
+            if (colon <= 0) {
+                continue;
+            }
+            String name = line.substring(0, colon).trim().toLowerCase(java.util.Locale.ROOT);
+            String value = line.substring(colon + 1).trim().toLowerCase(java.util.Locale.ROOT);
+            if (name.equals("upgrade")) {
+                return RAW;
+            } else if (name.equals("transfer-encoding")) {
+                if (!value.endsWith("chunked")) {
+                    return RAW;
+                }
+                chunked = true;
+            } else if (name.equals("content-length")) {
+                try {
+                    length = Long.parseLong(value);
+                } catch (NumberFormatException e) {
+                    return RAW;
+                }
+                if (length < 0) {
+                    return RAW;
+                }
+            }
+        }
+        return chunked ? CHUNKED : length;
+    }
+
+    /** The next request head (through its blank line); null at the connection's end. */
+    private static byte[] readHead(InputStream in) throws IOException {
+        ByteArrayOutputStream head = new ByteArrayOutputStream();
+        while (true) {
+            int b = in.read();
+            if (b < 0 || head.size() >= MAX_HEAD) {
+                return null;
+            }
+            if (head.size() == 0 && (b == '\r' || b == '\n')) {
+                continue;  // (blank lines between requests, which RFC 9112 lets a server skip)
+            }
+            head.write(b);
+            if (b == '\n' && endsWithBlankLine(head)) {
+                return head.toByteArray();
+            }
+        }
+    }
+
+    private static void writeHead(OutputStream out, byte[] head, byte[] header) throws IOException {
+        int firstLine = indexOf(head, (byte) '\n') + 1;
+        out.write(head, 0, firstLine);
+        if (!hasProxyAuthorization(head)) {
+            out.write(header);
+        }
+        out.write(head, firstLine, head.length - firstLine);
+    }
+
+    private static void copyExactly(InputStream in, OutputStream out, long length) throws IOException {
+        byte[] buffer = new byte[16384];
+        long left = length;
+        while (left > 0) {
+            int n = in.read(buffer, 0, (int) Math.min(buffer.length, left));
+            if (n < 0) {
+                throw new IOException("the client ended inside a request body");
+            }
+            out.write(buffer, 0, n);
+            out.flush();
+            left -= n;
+        }
+    }
+
+    /** A chunked body: each size line and its chunk, then the trailer through its blank line. */
+    private static void copyChunked(InputStream in, OutputStream out) throws IOException {
+        while (true) {
+            String line = copyLine(in, out);
+            int end = line.indexOf(';');
+            long size;
+            try {
+                size = Long.parseLong((end < 0 ? line : line.substring(0, end)).trim(), 16);
+            } catch (NumberFormatException e) {
+                throw new IOException("a chunk size the relay cannot read");
+            }
+            if (size < 0) {
+                throw new IOException("a chunk size the relay cannot read");
+            }
+            if (size == 0) {
+                while (!copyLine(in, out).isEmpty()) {
+                    // trailer fields, through the blank line
+                }
+                return;
+            }
+            copyExactly(in, out, size);
+            copyLine(in, out);
+        }
+    }
+
+    /** One line copied through its LF; its text without the line end. */
+    private static String copyLine(InputStream in, OutputStream out) throws IOException {
+        StringBuilder line = new StringBuilder();
+        while (true) {
+            int b = in.read();
+            if (b < 0 || line.length() >= MAX_HEAD) {
+                throw new IOException("the client ended inside a chunked body");
+            }
+            out.write(b);
+            if (b == '\n') {
+                int n = line.length();
+                return n > 0 && line.charAt(n - 1) == '\r' ? line.substring(0, n - 1) : line.toString();
+            }
+            line.append((char) b);
         }
     }
 
