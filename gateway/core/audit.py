@@ -19,7 +19,7 @@ MAX_PATH = 512
 FIELDS = ("sandbox", "policy", "jti", "client", "listener", "method", "scheme", "host",
           "port", "path", "decision", "reason", "rule", "status", "error", "bytes_in",
           "bytes_out", "duration_ms", "path_taken", "engine", "credential", "policy_rev",
-          "usage", "workload", "mcp")
+          "usage", "workload", "mcp", "models")
 
 
 def _path_only(path: str | None) -> str | None:
@@ -33,7 +33,8 @@ def record(*, identity: Identity | None, client: tuple[str, int] | None, listene
            bytes_out: int | None, started: float, path_taken: str | None, engine: str,
            credential: str | None = None, policy_rev: str | None = None,
            usage: dict[str, Any] | None = None, now: float | None = None,
-           mcp: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+           mcp: list[dict[str, Any]] | None = None,
+           models: list[str] | None = None) -> dict[str, Any]:
     """One audit line (a dict with exactly FIELDS, in that order)."""
     end = time.time() if now is None else now
     return {
@@ -62,4 +63,5 @@ def record(*, identity: Identity | None, client: tuple[str, int] | None, listene
         "usage": usage,
         "workload": identity.workload.fields() if identity and identity.workload else None,
         "mcp": mcp,
+        "models": models,
     }

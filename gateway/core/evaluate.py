@@ -5,20 +5,21 @@ Every caller that decides a request runs these stages, in this order, and no cop
 1. ``route`` — the policy (``decide``), then the credential's static checks: a
    credential the rule names must be defined, bound to the host and used over TLS
    (``credentials.static_refusal``). The proxy calls it for every tunnel and request
-   (``pipeline/gate.py``); ``policy explain``, ``policy test``, ``policy diff --replay``
+   (``pipeline/``); ``policy explain``, ``policy test``, ``policy diff --replay``
    and the DNS resolver (``name_allowed``) call it too. ``askable`` says whether a
    person may decide what it refuses (ask mode), for the proxy and ``explain`` alike;
    ``with_grants`` lets a grant decide there, for the proxy and the DNS resolver alike.
 2. (the destination check: I/O, ``DestinationGuard.check``; the proxy and ``explain
    --resolve`` run it between 1 and 3, on what stage 1 allowed — a denied host is
    never resolved)
-3. ``meter`` — an ``mcp:`` rule's method (``core/mcp.method_refusal``) and JSON-RPC
-   calls (``core/mcp.judge``, given a body), then the metering step (the ``Metering``
-   port of ``core/ports.py``; callers without traffic give ``services/metering``'s
-   ``static_metering``, over counters that stay empty): model
-   allowlists, what cannot be metered on a rule that must be, a provider-minted secret,
-   a call too large for a budget. The proxy runs the same ``admit`` over its live
-   counters once the body is whole.
+3. ``meter`` — the body stage (``core/body_stage.py``, the same functions the proxy's
+   exchange calls as the head and body arrive): an ``mcp:`` rule's method and
+   JSON-RPC calls, then the metering step (the ``Metering`` port of ``core/ports.py``;
+   callers without traffic give ``services/metering``'s ``static_metering``, over
+   counters that stay empty, the proxy its live one): model allowlists, what cannot be
+   metered on a rule that must be, a provider-minted secret, a call too large for a
+   budget. Under ``mode: report`` a refusal is ``report`` with its own reason and rule,
+   for the proxy's audit line and these verdicts alike.
 
 ``evaluate`` is stages 1 and 3 for callers that have no connection. What depends on
 the bytes a sandbox sends (tokens, leaks, heads) or on recorded usage is decided by
@@ -31,9 +32,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Final
 
-from gateway.core import credentials, mcp
+from gateway.core import credentials
 from gateway.core.approvals import Grant
-from gateway.core.metering.refusals import STEP_REFUSALS
+from gateway.core.body_stage import Stage, mcp_stage, metering_stage
 from gateway.core.policy import Credential, Decision, Policy, PolicySet, Request, Rule, decide
 from gateway.core.policy.ask_rule import Ask
 from gateway.core.ports import Metering
@@ -182,30 +183,28 @@ def meter(routed: Routed, policy: Policy, request: Request,
         return Verdict("deny", refusal.code, refusal.rule, refusal.reason, decision)
     source = _source(decision)
     if rule is not None and rule.mcp is not None and request.method is not None:
-        refused = None  # (the proxy's own MCP steps: core/mcp.method_refusal, judge)
-        if (why := mcp.method_refusal(request.method)) is not None or (
-                isinstance(body, bytes) and
-                (why := mcp.body_refusal(request.method, body)) is not None):
-            refused = Refusal("mcp_denied", why, source)
-        elif request.method == "POST" and not isinstance(body, Unseen):
-            _, refused = mcp.judge(rule.mcp, body, frozenset(), source)
-        if refused is not None:
-            return Verdict("report" if policy.mode == "report" else "deny",
-                           None if policy.mode == "report" else refused.code, refused.rule,
-                           refused.reason, decision)
+        stage = mcp_stage(rule.mcp, policy.mode, request.method, body, frozenset(), source)
+        if stage.refusal is not None:
+            return _stage_verdict(stage, stage.refusal, decision)
     if routed.credential is None or rule is None or request.method is None:
         return Verdict(decision.result, None, source, decision.reason, decision)
     if isinstance(body, Unseen) or metering is None:
         return Verdict(decision.result, None, source, decision.reason, decision,
                        metered=False)
-    step = metering.admit(
-        sandbox=sandbox, policy=policy, rule=rule, preset=routed.credential.preset,
-        method=request.method, path=request.path or "/", body=body, now=now)
-    if not isinstance(step, STEP_REFUSALS):
+    stage = metering_stage(metering, policy, rule, sandbox=sandbox,
+                           preset=routed.credential.preset, method=request.method,
+                           path=request.path or "/", body=body, now=now)
+    if stage.refusal is None:
         return Verdict(decision.result, None, source, decision.reason, decision)
-    if policy.mode == "report":  # forwarded, the would-deny recorded
-        return Verdict("report", None, step.rule, step.reason, decision)
-    return Verdict("deny", step.code, step.rule, step.reason, decision)
+    return _stage_verdict(stage, stage.refusal, decision)
+
+
+def _stage_verdict(stage: Stage, refusal: Refusal, decision: Decision) -> Verdict:
+    """A body-stage refusal as a verdict: ``deny`` with its code, or under ``mode:
+    report`` ``report`` with the same reason and rule (forwarded, recorded)."""
+    if stage.report:
+        return Verdict("report", None, refusal.rule, refusal.reason, decision)
+    return Verdict("deny", refusal.code, refusal.rule, refusal.reason, decision)
 
 
 def evaluate(policy_set: PolicySet, policy: Policy, request: Request, *,

@@ -63,7 +63,7 @@ from gateway.core.refusal import Refusal, rpc_error
 
 __all__ = ["MAX_AUDITED", "MAX_BODY", "METHODS", "RELAYED", "Call", "Key", "ListFilter",
            "Pinned", "Session", "Sessions", "Unreadable", "answer_asks", "body_refusal",
-           "calls", "exact", "fingerprint", "judge", "key", "method_refusal", "read",
+           "calls", "calls_body", "exact", "fingerprint", "judge", "key", "method_refusal", "read",
            "refusal_reason", "relay", "relayed_answer", "request_body", "valid_id"]
 
 MAX_BODY = MODEL_BODY_LIMIT  # the exchange's whole-body hold (BODY_HOLD_LIMIT)
@@ -299,6 +299,19 @@ def request_body(call: str, arguments: object = None) -> bytes:
         params["arguments"] = arguments
     return json.dumps({"jsonrpc": "2.0", "id": 1, "method": method,
                        **({"params": params} if params else {})}).encode()
+
+
+def calls_body(calls: list[tuple[str, str | None]]) -> bytes:
+    """The JSON-RPC body a client sent for ``calls`` (``(method, name)``, as an audit
+    line's ``mcp`` records them): one request, or a batch; what ``policy diff --replay``
+    decides again. A name where the method names none is left out."""
+    messages = []
+    for ident, (method, name) in enumerate(calls, 1):
+        key = _NAMED_BY.get(method)
+        params = {key: name} if key is not None and name is not None else {}
+        messages.append({"jsonrpc": "2.0", "id": ident, "method": method,
+                         **({"params": params} if params else {})})
+    return json.dumps(messages if len(messages) > 1 else messages[0]).encode()
 
 
 # -- answers: tools/list filtered, descriptions pinned ----------------------------------------

@@ -287,9 +287,11 @@ class Answers:
         if not mcp.valid_id(ident):
             raise mcp.Unreadable("a server request whose id is not a string or an integer")
         if method == "ping" or self.rule.server_requests == "allow":
-            self.calls.append({"method": method[:64], "name": None, "decision": "allow"})
+            self.calls.append({"method": method[:64], "name": None, "decision": "allow",
+                               "from": "server"})
             return message
-        self.calls.append({"method": method[:64], "name": None, "decision": "deny"})
+        self.calls.append({"method": method[:64], "name": None, "decision": "deny",
+                           "from": "server"})
         refusal = Refusal("mcp_denied", "the MCP server asked the client (sampling, "
                           "elicitation, roots or another request of its own), and the "
                           "rule's mcp.server_requests is deny (set it to allow to let "

@@ -52,15 +52,17 @@ from typing import Any
 
 from gateway.core import mcp, strictjson
 from gateway.core.addresses import Pinned
+from gateway.core.body_stage import NO_CALLS, Stage, mcp_stage, metering_stage
 from gateway.core.client import Client
 from gateway.core.encodings import Decoder, EncodingError, decoder_for, encode
+from gateway.core.evaluate import UNSEEN
 from gateway.core.identity import Identity
 from gateway.core.leaks import LeakScan, Redactor, StreamScan
 from gateway.core.mcp import Call
 from gateway.core.mcp_answers import JSON, SSE, Answers, media_type
 from gateway.core.messages import RequestHead, ResponseHead
-from gateway.core.metering import MODEL_BODY_LIMIT, ModelRefusal, classify, model_in_body
-from gateway.core.metering.refusals import STEP_REFUSALS
+from gateway.core.metering import MODEL_BODY_LIMIT, classify, model_in_body
+from gateway.core.metering.models import named_models
 from gateway.core.metering.refusals import refusal as step_refusal
 from gateway.core.metering.usage import RESPONSE_HOLD
 from gateway.core.phrases import error_phrase
@@ -137,14 +139,14 @@ class Exchange:
         self._metering: tuple[Metering, Policy, str | None] | None = None
         self._metered: MeteredCall | None = None
         self._meter_feed: Callable[[bytes], None] | None = None  # the meter's, per chunk
-        self._report: str | None = None  # a would-refuse reason under mode: report
+        self._report: Refusal | None = None  # what mode: report only recorded
         self._signer: Signer | None = None  # signs the head once the body is whole
         self.signed = False  # the head was signed after the gate returned (SigV4)
         self.head_changed = False  # request_whole changed the head (signed over the body)
         self._response_held: list[bytes] | None = None  # an answer read before relaying
         self._unsent = False  # the request never reached the upstream (connect failed)
         self._mcp: McpRule | None = None  # the rule's mcp: (its POST bodies are JSON-RPC)
-        self._mcp_report = False  # its policy's mode is report: refusals only recorded
+        self._mcp_mode = "enforce"  # its policy's mode (report: refusals only recorded)
         self._mcp_session: mcp.Session | None = None
         self._mcp_pins: mcp.Pinned | None = None  # pin_descriptions: the server's pins
         self._mcp_pending: dict[mcp.Key, Any] = {}  # requests sent, waiting for answers
@@ -152,6 +154,7 @@ class Exchange:
         self._mcp_asks: dict[mcp.Key, dict[str, Any]] = {}  # a WebSocket's refused asks
         self._answers: Answers | None = None  # reads the server's answers
         self.mcp_calls: list[dict[str, Any]] | None = None  # the audit line's `mcp`
+        self.models: list[str] | None = None  # the audit line's `models` (an allowlist's)
         self._relayed: Refusal | None = None  # refused, answered through the server (mcp.relay)
         # ask mode: asks a person about a model the allowlist refuses (raises the refusal)
         self.asks: Callable[[str, Refusal], Awaitable[None]] | None = None
@@ -187,21 +190,22 @@ class Exchange:
         metering, policy, preset = self._metering
         rule = self.decision.rule
         assert rule is not None
-        if granted is not None and rule.models is not None:
-            rule = replace(rule, models=(*rule.models, granted))
-        step = metering.admit(sandbox=self.identity.sandbox, policy=policy, rule=rule,
-                              preset=preset, method=self.head.method, path=self.target.path,
-                              body=body, now=self.trail.clock())
-        if isinstance(step, STEP_REFUSALS):
-            refusal = step_refusal(step)
-            if policy.mode != "report":
-                if self.asks is not None and granted is None and \
-                        isinstance(step, ModelRefusal) and _askable_model(step.model):
-                    raise Held(refusal, str(step.model))
-                raise refusal
-            self._report = refusal.reason  # mode: report: forward, record the would-deny
-            self._metering = None
-            return None
+        if rule.models is not None and self.models is None:  # (replay decides them again)
+            self.models = list(named_models(self.head.method, self.target.path, body))
+        stage = metering_stage(metering, policy, rule, sandbox=self.identity.sandbox,
+                               preset=preset, method=self.head.method,
+                               path=self.target.path, body=body, now=self.trail.clock(),
+                               granted=granted)
+        if stage.refusal is not None:
+            if stage.report:  # mode: report: forward, record the would-deny
+                self._report = stage.refusal
+                self._metering = None
+                return None
+            if self.asks is not None and stage.ask is not None:
+                raise Held(stage.refusal, stage.ask)
+            raise stage.refusal
+        step = stage.admitted
+        assert step is not None
         self._metered = step
         if step.capture is not None:
             self._meter_feed = step.feed
@@ -218,25 +222,30 @@ class Exchange:
         """Decide this exchange's JSON-RPC calls by `rule`, within its MCP `session`
         (set up by the gate); `pins`: its server's tool pins (`pin_descriptions`); a
         method no MCP transport uses is refused (raises Refusal)."""
-        self._mcp, self._mcp_session, self._mcp_report = rule, session, report
+        self._mcp, self._mcp_session = rule, session
+        self._mcp_mode = "report" if report else "enforce"
         self._mcp_pins = pins
-        refused = mcp.method_refusal(self.head.method)
-        if refused is not None:
-            self.mcp_calls = [{"method": None, "name": None, "decision": "deny"}]
-            if report:
-                self._report = f"would refuse: {refused}"
-                return
-            raise Refusal("mcp_denied", refused, _source(self.decision), rpc=([], False))
+        self._mcp_refused(mcp_stage(rule, self._mcp_mode, self.head.method, UNSEEN,
+                                    frozenset(), _source(self.decision)))
+
+    def _mcp_refused(self, stage: Stage) -> None:
+        """A body-stage refusal of the request before any call was read: recorded under
+        mode: report, else raised."""
+        if stage.refusal is None:
+            return
+        self.mcp_calls = [dict(c) for c in NO_CALLS]
+        if stage.report:
+            self._report = stage.refusal
+            return
+        raise stage.refusal
 
     def _no_unread_body(self, body: bytes) -> None:
         """On a rule with mcp: a GET or DELETE carrying a body is refused
         (`mcp.body_refusal`; raises Refusal)."""
-        if self._mcp is None or self._mcp_report:
+        if self._mcp is None or self.head.method == "POST":
             return
-        refused = mcp.body_refusal(self.head.method, body)
-        if refused is not None:
-            self.mcp_calls = [{"method": None, "name": None, "decision": "deny"}]
-            raise Refusal("mcp_denied", refused, _source(self.decision), rpc=([], False))
+        self._mcp_refused(mcp_stage(self._mcp, self._mcp_mode, self.head.method, body,
+                                    frozenset(), _source(self.decision)))
 
     @property
     def _reads_mcp(self) -> bool:
@@ -254,7 +263,7 @@ class Exchange:
         found, refusal = self._judge(body)
         self._mcp_pending = {mcp.key(c.id): c.id for c in found if c.is_request}
         self._mcp_batch = bool(found) and (body or b"").lstrip(b" \t\r\n")[:1] == b"["
-        if refusal is None or self._mcp_report:
+        if refusal is None or self._mcp_mode == "report":
             asks = self._mcp_session.asks
             return mcp.answer_asks(body, asks) if asks and body is not None else None
         accept = (self.head.headers.get("accept") or "").lower()
@@ -268,23 +277,23 @@ class Exchange:
         return relayed
 
     def _judge(self, body: bytes | None) -> tuple[list[Call], Refusal | None]:
-        """`mcp.judge` on a body (or WebSocket message), its calls on the audit line and
-        counted; under `mode: report` a refusal is only recorded (returned, not to be
-        raised)."""
+        """The body stage's MCP step on a body (or WebSocket message, judged as a POST's
+        body would be), its calls on the audit line and counted; under `mode: report` a
+        refusal is only recorded (returned, not to be raised)."""
         assert self._mcp is not None and self._mcp_session is not None
-        found, refusal = mcp.judge(self._mcp, body, self._mcp_session.changed
-                                   if self._mcp_pins is None else self._mcp_pins,
-                                   _source(self.decision))
+        stage = mcp_stage(self._mcp, self._mcp_mode, "POST", body,
+                          self._mcp_session.changed if self._mcp_pins is None
+                          else self._mcp_pins, _source(self.decision))
+        found = list(stage.calls)
         called = [c for c in found if c.method is not None]
-        records = ([c.record() for c in called] if found else
-                   [{"method": None, "name": None, "decision": "deny"}])
+        records = [c.record() for c in called] if found else [dict(c) for c in NO_CALLS]
         self.mcp_calls = ((self.mcp_calls or []) + records)[:mcp.MAX_AUDITED]
         for record in records:
             self.trail.telemetry.count("mcp_calls", self.identity.policy,
                                        str(record["decision"]))
-        if refusal is not None and self._mcp_report:
-            self._report = f"would refuse: {refusal.reason}"
-        return found, refusal
+        if stage.report:
+            self._report = stage.refusal
+        return found, stage.refusal
 
     # -- set up by the gate ----------------------------------------------------------------
 
@@ -696,7 +705,7 @@ class Exchange:
         refused one is answered with its JSON-RPC errors while the session goes on
         (raises MessageRefused); its requests then wait for their answers."""
         found, refusal = self._judge(data)
-        if refusal is not None and not self._mcp_report:
+        if refusal is not None and self._mcp_mode != "report":
             ids, batch = refusal.rpc or ([], False)
             errors = [rpc_error(refusal, i) for i in ids] or \
                 ([] if found else [rpc_error(refusal, None)])  # (notifications: no answer)
@@ -748,7 +757,7 @@ class Exchange:
         comes when it ends), answered as the provider's error event (raises
         MessageRefused). Under ``mode: report`` it is only recorded."""
         if self._metering is not None and self._metering[1].mode == "report":
-            self._report = refusal.reason
+            self._report = refusal
             return
         self.trail.refuse(self.client, refusal, method=self.head.method,
                           scheme=self.target.scheme, host=self.target.host,
@@ -795,7 +804,7 @@ class Exchange:
                               scheme=self.target.scheme, host=self.target.host,
                               port=self.target.port, path=self.target.path,
                               started=self.started, usage=self._complete(),
-                              mcp=self.mcp_calls)
+                              mcp=self.mcp_calls, models=self.models)
         return self.trail.render(refusal, self.target.host)
 
     def finish(self, status: int | None, error: str | None = None,
@@ -807,21 +816,23 @@ class Exchange:
         self.trail.telemetry.count("bytes", "in", by=self.bytes_in)
         if self._metered is not None:
             usage = self._complete()
-        decision, relayed = self.decision, self._relayed
+        decision, relayed, report = self.decision, self._relayed, self._report
         if self._answers is not None:
             self._note_answers(self._answers)
             relayed = relayed or self._answers.refusal  # (an answer not passed on)
+        result, reason, rule = decision.result, decision.reason, _source(decision)
+        if relayed:
+            result, reason = "deny", relayed.reason
+        elif report is not None:  # (as stage 1 renders report mode, and evaluate does)
+            result, reason, rule = "report", report.reason, report.rule or rule
         self.trail.audit(
-            self.client, identity=self.identity,
-            decision="deny" if relayed else decision.result,
-            reason=relayed.reason if relayed else self._report or decision.reason,
-            rule=decision.rule.source if decision.rule is not None else None,
+            self.client, identity=self.identity, decision=result, reason=reason, rule=rule,
             method=self.head.method, scheme=self.target.scheme, host=self.target.host,
             port=self.target.port, path=self.target.path, status=status,
             error=relayed.code if relayed and error is None else error,
             bytes_in=self.bytes_in, bytes_out=self.bytes_out, started=self.started,
             path_taken="intercept", credential=self.credential, usage=usage,
-            mcp=self.mcp_calls)
+            mcp=self.mcp_calls, models=self.models)
 
     def _complete(self) -> dict[str, Any] | None:
         """The metering step at the end (`finish` or `abort`, whichever comes first and
@@ -847,12 +858,6 @@ class Held(Refusal):
         super().__init__(refusal.code, refusal.reason, refusal.rule,
                          retry_after=refusal.retry_after)
         self.model = model
-
-
-def _askable_model(model: str | None) -> bool:
-    """A model name a person may be asked about: named, and no glob (a grant adds it to
-    the allowlist, where `*` would allow more than was asked)."""
-    return bool(model) and not any(c in str(model) for c in "*?[]")
 
 
 def leak_refusal(kind: str, host: str) -> Refusal:

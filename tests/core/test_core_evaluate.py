@@ -24,7 +24,9 @@ import pytest
 import yaml
 from helpers.parity_cases import CASES, PAD, POLICY, Case, _fill, substitutions
 
+from gateway.core import mcp
 from gateway.core.addresses import AddressPolicy
+from gateway.core.body_stage import NO_CALLS, mcp_stage
 from gateway.core.evaluate import (
     UNSEEN,
     evaluate,
@@ -32,6 +34,7 @@ from gateway.core.evaluate import (
     request_for,
     route,
 )
+from gateway.core.metering.models import named_models
 from gateway.core.policy import PolicySet, Request
 from gateway.core.target import url_target
 from gateway.net.resolver import DestinationGuard, StaticResolver, parse_overrides
@@ -46,15 +49,10 @@ from gateway.tools.explain import explain_request
 PIPELINE = {"policy_denied", "credential_requires_tls", "model_not_allowed",
             "metering_unavailable", "minted_secret_refused", "mcp_denied"}
 DESTINATION = {"forbidden_destination", "unresolvable"}
-# An audit line carries the model, not the body: replay cannot see what only the body
-# says (a call no usage can be read from, a minted secret's session, a second "Model",
-# an MCP call's arguments).
-REPLAY_BLIND = {"metering_unavailable", "minted_secret_refused", "mcp_denied"}
-# (an audit line names the call's model, not the models it could fall back to)
-REPLAY_BLIND_CASES = {"case-variant keys are refused like repeated ones",
-                      "a fallback model outside the allowlist (OpenRouter's models list)"}
-# ...but a refusal by the method alone (no MCP transport's, on an mcp: rule) it sees.
-REPLAY_SEES_CASES = {"MCP: a PUT carrying a denied call is refused"}
+# An audit line carries the models a request reached and the MCP calls it sent, not the
+# body: replay cannot see what only the body's shape says (a call no usage can be read
+# from), nor a body refused unread (no model or call read: `_audit_line`).
+REPLAY_BLIND = {"metering_unavailable"}
 NAMES = ["allowed.test", "other.test", "unbound.test", "api.openai.com", "minted.test",
          "mintfail.test", "budget.test", "metered.test", "sigv4.test"]
 TOKEN = "sgw_eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJzYW5kYm94LTEifQ.c2lnbmF0dXJl"  # (shape only)
@@ -152,24 +150,34 @@ def test_policy_test_gives_the_proxys_verdict(policy_set: PolicySet, case: Case)
     assert result.diff == (), (result.diff, result.reason)
 
 
-def _audit_line(method: str, url: str, body: bytes) -> dict[str, Any]:
-    """The fields of the request's audit line that replay reads (the path without its
-    query, as audit lines carry it; the model the call named)."""
+def _audit_line(policy_set: PolicySet, method: str, url: str, body: bytes
+                ) -> tuple[dict[str, Any], set[str]]:
+    """The fields of the request's audit line that replay reads, as the proxy's exchange
+    writes them (the path without its query; ``models`` where the rule has an allowlist,
+    from ``named_models``; ``mcp``, the calls its MCP step read), and the refusals the
+    line cannot show: a model or MCP refusal of a body read no model or call from, and
+    the metering step's where the line shows nothing it called (replay runs it on a
+    body rebuilt from the models or calls shown)."""
     request = request_for(method, url)
     assert request.path is not None
-    path, _, query = request.path.partition("?")
-    model = None
-    try:
-        data = json.loads(body) if body else None
-    except ValueError:
-        data = None
-    if isinstance(data, dict) and isinstance(data.get("model"), str):
-        model = data["model"]
-    elif query.startswith("model="):
-        model = query.partition("=")[2]
-    return {"sandbox": "sandbox-1", "policy": "agent", "method": request.method,
-            "scheme": request.scheme, "host": request.host, "port": request.port,
-            "path": path, "model": model}
+    line: dict[str, Any] = {
+        "sandbox": "sandbox-1", "policy": "agent", "method": request.method,
+        "scheme": request.scheme, "host": request.host, "port": request.port,
+        "path": request.path.partition("?")[0]}
+    rule = route(policy_set.credentials, policy_set.policies["agent"], request).decision.rule
+    blind = set(REPLAY_BLIND)
+    if rule is not None and rule.models is not None:
+        line["models"] = list(named_models(method, request.path, body or None))
+        if not line["models"]:
+            blind |= {"model_not_allowed"}
+    if not line.get("models"):
+        blind |= {"minted_secret_refused"}
+    if rule is not None and rule.mcp is not None:
+        stage = mcp_stage(rule.mcp, "enforce", method, body, frozenset(), rule.source)
+        line["mcp"] = [c.record() for c in stage.calls if c.method] or [dict(NO_CALLS[0])]
+        if line["mcp"] == [dict(NO_CALLS[0])] and mcp.method_refusal(method) is None:
+            blind |= {"mcp_denied"}
+    return line, blind
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -177,11 +185,9 @@ def test_replay_gives_the_proxys_verdict(policy_set: PolicySet, case: Case) -> N
     """Replayed from no policy to the parity policy: a request the proxy allows is
     newly allowed; one it refuses (by what an audit line shows) stays denied."""
     method, url, body = _request(case)
-    line = json.dumps(_audit_line(method, url, body))
+    line, blind = _audit_line(policy_set, method, url, body)
     empty = load_policy_texts({"policies/other.yaml": "version: v1\nname: other\negress: []\n"})
-    report = replay([line], empty, policy_set)
-    blind = (set() if case.name in REPLAY_SEES_CASES else REPLAY_BLIND) | \
-        (PIPELINE if case.name in REPLAY_BLIND_CASES else set())
+    report = replay([json.dumps(line)], empty, policy_set)
     denied = _expected(case, PIPELINE - blind) is not None
     assert report.count("newly_allowed") == (0 if denied else 1), report.to_dict()
 

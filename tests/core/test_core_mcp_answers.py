@@ -274,8 +274,9 @@ def test_a_server_request_reaches_the_client_only_if_the_rule_allows(
                        {"jsonrpc": "2.0", "method": "notifications/message",
                         "params": {"data": "x"}}, {"jsonrpc": "2.0", "id": 1, "result": {}}]
     assert reader.calls == [{"method": "sampling/createMessage", "name": None,
-                             "decision": "allow" if passes else "deny"},
-                            {"method": "ping", "name": None, "decision": "allow"}]
+                             "decision": "allow" if passes else "deny", "from": "server"},
+                            {"method": "ping", "name": None, "decision": "allow",
+                             "from": "server"}]
     if passes:
         assert got[0] == SAMPLING and session.asks == {}
         return

@@ -27,6 +27,9 @@ from helpers.parity_cases import KEY
 from helpers.python_clients import mcp_python
 from helpers.tls import LocalCA
 
+from gateway.services.policy import load_policy_texts
+from gateway.services.policy.replay import replay
+
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 POLICY = """
 version: v1
@@ -217,6 +220,34 @@ def test_the_sdk_client_calls_what_the_rule_allows(gateway: GatewayThread,
         ("resources/read", "secret://vault/key")}
     assert any(c == {"method": "tools/call", "name": "search_issues", "decision": "allow"}
                for r in lines for c in r["mcp"])
+
+
+def test_replay_decides_the_recorded_calls_again(gateway: GatewayThread,
+                                                server: Server) -> None:
+    """`policy diff --replay` reads the MCP calls from the real gateway's audit lines
+    (issue 41.3): a tool the proposed policy stops allowing is newly denied, one it
+    starts allowing newly allowed; the server's own requests are not replayed."""
+    _client(gateway, [{"call": "search_issues", "arguments": {"query": "replayed"}},
+                      {"call": "delete_repo", "arguments": {"repo": "org/api"}}])
+    records = [r for r in gateway.audit.records() if r.get("mcp")]
+    base = load_policy_texts({"policies/agent.yaml": POLICY})
+    narrowed = POLICY.replace('allow: ["search_*", get_issue', 'allow: [get_issue')
+    widened = POLICY.replace('deny: ["delete_*"]', "deny: []").replace(
+        'allow: ["search_*"', 'allow: ["search_*", "delete_*"')
+    for head, category, tool in ((narrowed, "newly_denied", "search_issues"),
+                                 (widened, "newly_allowed", "delete_repo")):
+        lines = [json.dumps(r) for r in records
+                 if any(c.get("name") == tool for c in r["mcp"])]
+        assert lines, records[-3:]
+        report = replay(lines, base, load_policy_texts({"policies/agent.yaml": head}))
+        assert report.count(category) == len(lines), report.to_dict()
+        # ...and the rest of what was recorded decides as before, but for the tool
+        rest = [json.dumps(r) for r in records
+                if all(c.get("name") != tool for c in r["mcp"])]
+        other = replay(rest, base, load_policy_texts({"policies/agent.yaml": head}))
+        assert not other.changed, other.to_dict()
+    recorded = [c for r in gateway.audit.records() for c in (r.get("mcp") or [])]
+    assert {"method": "tools/call", "name": "delete_repo", "decision": "deny"} in recorded
 
 
 def _post(gw: GatewayThread, body: bytes | str, session: str | None = None
@@ -473,7 +504,8 @@ def test_a_server_request_reaches_the_client_only_if_the_rule_allows(
     assert word in got[0]["text"], got
     calls = [c for r in gateway.audit.records()[before:] if r.get("mcp") for c in r["mcp"]]
     decision = "deny" if host == "mcp.test" else "allow"
-    assert {"method": "sampling/createMessage", "name": None, "decision": decision} in calls
+    assert {"method": "sampling/createMessage", "name": None, "decision": decision,
+            "from": "server"} in calls
 
 
 def test_a_put_and_a_websocket_are_decided_too(gateway: GatewayThread, server: Server) -> None:

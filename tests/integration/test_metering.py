@@ -23,6 +23,9 @@ from helpers.clock import far_window
 from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.metrics import metric
 
+from gateway.services.policy import load_policy_texts
+from gateway.services.policy.replay import replay
+
 KEY = "sk-fake-provider-key"
 POLICY = """
 version: v1
@@ -157,6 +160,38 @@ def test_model_outside_the_allowlist_is_refused_in_the_sdks_shape(
     assert len(fake.requests) == before  # never reached the provider
     [line] = gw.audit.wait_for(lambda r: r["error"] == "model_not_allowed")
     assert line["decision"] == "deny" and line["status"] == 403
+
+
+def test_replay_decides_the_recorded_models_again(make_gateway: GatewayFactory,
+                                                 tmp_path: Path, fake: FakeInference) -> None:
+    """The audit line names every model a call reached (`models`, on a rule with an
+    allowlist), allowed or refused, and `policy diff --replay` decides them again
+    (issue 41.3): a fallback model a narrowed allowlist no longer covers is newly
+    denied, a model a widened one covers newly allowed."""
+    gw = _gateway(make_gateway, tmp_path, fake)
+    token = gw.mint("agent")
+    oai = openai.OpenAI(api_key=token, http_client=_http(gw, token), max_retries=0)
+    oai.chat.completions.create(model="gpt-4o-mini", extra_body={
+        "models": ["gpt-4o-mini-2024-07-18"]}, messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.PermissionDeniedError):
+        oai.chat.completions.create(model="gpt-5-pro",
+                                    messages=[{"role": "user", "content": "hi"}])
+    gw.audit.wait_for(lambda r: r["error"] == "model_not_allowed")
+    lines = [r for r in gw.audit.records() if r.get("models") is not None]
+    assert [r["models"] for r in lines] == [["gpt-4o-mini", "gpt-4o-mini-2024-07-18"],
+                                           ["gpt-5-pro"]], lines
+    policy = POLICY.format(requests=100, window=far_window())
+    base = load_policy_texts({"policies/agent.yaml": policy})
+    for models, category, line in (('["gpt-4o-mini", "text-embedding-3-small"]',
+                                    "newly_denied", lines[0]),
+                                   ('["gpt-4o-mini*", "gpt-5*"]', "newly_allowed", lines[1])):
+        head = policy.replace('["gpt-4o-mini*", "text-embedding-3-small"]', models)
+        report = replay([json.dumps(r) for r in lines], base,
+                        load_policy_texts({"policies/agent.yaml": head}))
+        [group] = report.groups(category)
+        assert group.count == 1 and not report.groups(
+            "newly_allowed" if category == "newly_denied" else "newly_denied")
+        assert group.examples[0].model == line["models"][0], report.to_dict()
 
 
 def test_a_realtime_session_for_another_model_is_refused(make_gateway: GatewayFactory,

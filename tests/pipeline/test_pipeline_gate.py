@@ -572,3 +572,54 @@ def test_which_refused_connects_are_answered_inside_tls(
     with pytest.raises(Refused) as caught:
         asyncio.run(step(off))
     assert caught.value.inside is None
+
+
+# -- report mode is a rendering: the proxy's line says what evaluate says (issue 41.3) --
+
+REPORTED = [
+    ("an MCP call the rule denies", "POST", "https://mcp.test/mcp",
+     b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "delete_repo"}}',
+     (("Content-Type", "application/json"), ("Accept", "application/json, text/event-stream"))),
+    ("a body on an MCP GET", "GET", "https://mcp.test/mcp", b'{"x": 1}', ()),
+    ("an MCP method no transport uses", "PUT", "https://mcp.test/mcp", b"", ()),
+    ("a model outside the allowlist", "POST", "https://api.openai.com/v1/chat/completions",
+     b'{"model": "gpt-4o", "messages": []}',
+     (("Content-Type", "application/json"), ("Authorization", f"Bearer {GOOD}"))),
+    ("a fallback model outside the allowlist", "POST",
+     "https://api.openai.com/v1/chat/completions",
+     b'{"model": "gpt-4o-mini", "models": ["gpt-4o"], "messages": []}',
+     (("Content-Type", "application/json"), ("Authorization", f"Bearer {GOOD}"))),
+]
+
+
+@pytest.mark.parametrize(("what", "method", "url", "body", "headers"), REPORTED,
+                         ids=[r[0] for r in REPORTED])
+def test_report_mode_renders_the_same_in_the_proxy_and_in_evaluate(
+        what: str, method: str, url: str, body: bytes,
+        headers: tuple[tuple[str, str], ...]) -> None:
+    """Under `mode: report` the body stage's refusal is recorded, not enforced: the
+    proxy forwards the request and its audit line says `report` with the same reason
+    and rule as `evaluate` (explain, policy test, replay) gives."""
+    from gateway.core.evaluate import evaluate, request_for
+    from gateway.services.metering import static_metering
+
+    doc = yaml.safe_load(POLICY)
+    doc["mode"] = "report"
+    doc["egress"].insert(0, {"host": "mcp.test", "paths": ["/mcp"], "mcp": {
+        "tools": {"allow": ["search_*"], "deny": ["delete_*"]}}})
+    policies = load_policy_texts({"policies/agent.yaml": yaml.safe_dump(doc)})
+    w = _world(policies)
+    w.gate.metering = static_metering()
+    request = request_for(method, url)
+    assert request.path is not None
+    head = _head(method, request.path, ("Host", request.host), *headers,
+                 *((("Content-Length", str(len(body))),) if body else ()))
+    ex = asyncio.run(_exchange(w, request.host, head))
+    ex.request_whole(body)
+    ex.finish(200)
+    [line] = [x for x in w.lines if x["method"] == method]
+    verdict = evaluate(policies, policies.policies["agent"], request, body=body,
+                       metering=static_metering())
+    assert verdict.result == "report", verdict
+    assert (line["decision"], line["reason"], line["rule"]) == (
+        verdict.result, verdict.reason, verdict.rule), (what, line)

@@ -45,7 +45,7 @@ from gateway.core.metering.endpoints import (
 from gateway.core.policy.model import Rule
 
 __all__ = ["MODEL_BODY_LIMIT", "ModelNames", "ModelRefusal", "Reached", "check_event_models",
-           "check_model", "model_in_body", "reached"]
+           "check_model", "model_in_body", "named_models", "reached"]
 
 MODEL_BODY_LIMIT = 32 << 20
 """Request bodies up to this size should be held for a ``models`` rule whose model is
@@ -169,6 +169,30 @@ def check_model(rule: Rule, method: str, path: str,
         if not _allowed(value, allowed):
             return _not_allowed(rule, value)
     return _first_refused(rule, reached(data, top=True))
+
+
+def named_models(method: str, path: str, request_body: Body | None,
+                 limit: int = 16) -> tuple[str, ...]:
+    """Every model name this request reaches that ``check_model`` reads (the query's,
+    the path's, the body's ``model`` and every field ``reached`` follows), in that
+    order, each once, at most ``limit``, each clipped: the audit line's ``models``, which
+    ``policy diff --replay`` decides again. A field that names no readable model is left
+    out (the line's reason says why it was refused)."""
+    names: list[str] = [q.name for q in query_models(path) if q.name is not None]
+    named = path_model(path)
+    if named is not None and named.name is not None:
+        names.append(named.name)
+    bodyless = method.upper() in _BODYLESS and not raw_body(request_body)
+    data = json_body(request_body) if request_body is not None and not bodyless else None
+    if data is not None:
+        if named is None:
+            value = data.get("model")
+            if value is None:
+                value = field_of(data.get("session"), "model")
+            if isinstance(value, str):
+                names.append(value)
+        names.extend(one.name for one in reached(data, top=True) if one.name is not None)
+    return tuple(_clip(n) for n in dict.fromkeys(names))[:limit]
 
 
 def check_event_models(rule: Rule, fields: dict[str, Any], kind: Any,

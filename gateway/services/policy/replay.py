@@ -1,16 +1,21 @@
 """Replay recorded traffic under two policy sets and group the decisions that change.
 
 Audit lines (JSON, one per line: ``sandbox``, ``policy``, ``method``, ``scheme``,
-``host``, ``port``, ``path``, optional ``model`` and ``count``) are streamed once and
-deduplicated on (policy, method, scheme, host, port, path) with counts; each distinct
-request is decided once under each set. ``CONNECT`` or null methods are tunnel-level
-decisions (``Request(None, "https", host, port, None)``; ``"tcp"`` when the line's
-scheme says raw TCP). Lines without a policy or host, unreadable or malformed, are
-skipped and counted. A policy missing from one set denies there (the gateway refuses
-tokens naming it). Each request is decided by the gateway's decision pipeline
-(``core/evaluate.py``: the policy, the credential's static checks and, for a line that
-names its ``model``, the metering step on a body naming that model, so a model
-allowlist that changes shows); ``model`` joins the deduplication key.
+``host``, ``port``, ``path``, optional ``models``, ``mcp`` and ``count``) are streamed
+once and deduplicated on (policy, method, scheme, host, port, path, models, MCP calls)
+with counts; each distinct request is decided once under each set. ``CONNECT`` or null
+methods are tunnel-level decisions (``Request(None, "https", host, port, None)``;
+``"tcp"`` when the line's scheme says raw TCP). Lines without a policy or host,
+unreadable or malformed, are skipped and counted. A policy missing from one set denies
+there (the gateway refuses tokens naming it). Each request is decided by the gateway's
+decision pipeline (``core/evaluate.py``: the policy, the credential's static checks and
+the body stage on a body rebuilt from what the line shows: the models the request
+reached (``models``, written where a rule has a model allowlist; else ``usage.model``,
+or a ``model`` field), as ``{"model": first, "models": [the others]}``, so a model
+allowlist that changes shows, fallbacks included; and the MCP calls the client sent
+(``mcp``, its records not ``from`` the server), as the JSON-RPC request or batch they
+were, so a tool allowlist that changes shows). What a line cannot show (the shape of a
+body the gateway refused unread) is not replayed.
 
 Changes are grouped by (category, policy, host), largest first: newly denied
 (allowed before, denied now), newly allowed, then other changes (allowed both ways
@@ -25,7 +30,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gateway.core.evaluate import UNSEEN, Verdict, evaluate
+from gateway.core.evaluate import UNSEEN, Unseen, Verdict, evaluate
+from gateway.core.mcp import calls_body
 from gateway.core.policy.compiled import Policy, PolicySet
 from gateway.core.policy.hosts import normalize_host
 from gateway.core.policy.model import DEFAULT_HTTP_PORT, DEFAULT_HTTPS_PORT, Request
@@ -44,6 +50,7 @@ __all__ = [
 Category = Literal["newly_denied", "newly_allowed", "changed"]
 CATEGORIES: tuple[Category, ...] = ("newly_denied", "newly_allowed", "changed")
 MAX_EXAMPLES = 3
+_MAX_SHOWN = 64  # models and MCP calls read from one line
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,15 +197,50 @@ class _Decider:
         self.side = side
         self.metering = static_metering()
 
-    def __call__(self, policy_name: str, request: Request, model: str | None) -> Outcome:
+    def __call__(self, policy_name: str, request: Request, models: tuple[str, ...],
+                 calls: tuple[tuple[str, str | None], ...]) -> Outcome:
         policy = self.policies.get(policy_name)
         if policy is None:
             return Outcome("deny", f'policy "{policy_name}" does not exist in the {self.side} '
                                    "set; the gateway refuses tokens naming it", None, None)
-        body = (json.dumps({"model": model}).encode()
-                if model is not None and request.method is not None else UNSEEN)
+        body = _body(models, calls) if request.method is not None else UNSEEN
         verdict = evaluate(self.policy_set, policy, request, body=body, metering=self.metering)
         return _outcome(verdict, self.root, request.method is None)
+
+
+def _models(rec: dict[str, Any]) -> tuple[str, ...]:
+    """The models an audit line shows its request reached (``models``; else the
+    metered ``usage.model``; else a ``model`` field)."""
+    models = rec.get("models")
+    if isinstance(models, list):
+        return tuple(m for m in models if isinstance(m, str))[:_MAX_SHOWN]
+    usage = rec.get("usage")
+    model = usage.get("model") if isinstance(usage, dict) else None
+    model = model if isinstance(model, str) else rec.get("model")
+    return (model,) if isinstance(model, str) else ()
+
+
+def _calls(rec: dict[str, Any]) -> tuple[tuple[str, str | None], ...]:
+    """The MCP calls an audit line shows the client sent (``mcp`` records not from the
+    server, with a method; a body refused before any call was read shows none)."""
+    records = rec.get("mcp")
+    if not isinstance(records, list):
+        return ()
+    return tuple((r["method"], r.get("name") if isinstance(r.get("name"), str) else None)
+                 for r in records[:_MAX_SHOWN]
+                 if isinstance(r, dict) and isinstance(r.get("method"), str)
+                 and r.get("from") is None and r.get("decision") in ("allow", "deny"))
+
+
+def _body(models: tuple[str, ...], calls: tuple[tuple[str, str | None], ...]
+          ) -> bytes | Unseen:
+    """The body the request is decided on again: its MCP calls, or its models."""
+    if calls:
+        return calls_body(list(calls))
+    if models:
+        return json.dumps({"model": models[0], **(
+            {"models": list(models[1:])} if len(models) > 1 else {})}).encode()
+    return UNSEEN
 
 
 def _skip(skipped: dict[str, int], why: str, n: int = 1) -> None:
@@ -237,11 +279,10 @@ def replay(lines: Iterable[bytes | str], base: PolicySet, head: PolicySet, *,
         n = rec.get("count", 1)
         if method is None or method == "CONNECT":
             key: tuple[Any, ...] = (policy, None, "tcp" if rec.get("scheme") == "tcp"
-                                    else "https", host, rec.get("port"), None, None)
+                                    else "https", host, rec.get("port"), None, (), ())
         else:
-            model = rec.get("model")
             key = (policy, method, rec.get("scheme"), host, rec.get("port"), rec.get("path"),
-                   model if isinstance(model, str) else None)
+                   _models(rec), _calls(rec))
         try:
             seen = counts.get(key)
             if seen is None:
@@ -260,7 +301,7 @@ def replay(lines: Iterable[bytes | str], base: PolicySet, head: PolicySet, *,
 
 def _key_request(key: tuple[Any, ...]) -> tuple[str, Request] | str:
     """(policy, Request) for a deduplicated key, or why it is skipped."""
-    policy, method, scheme, host, port, path, _ = key
+    policy, method, scheme, host, port, path, _, _ = key
     if not isinstance(policy, str) or not isinstance(host, str):
         return "malformed"
     try:
@@ -297,8 +338,9 @@ def _decide_all(report: ReplayReport, counts: dict[tuple[Any, ...], int],
             continue
         requests += n
         report.distinct += 1
-        model = key[-1]
-        before, after = base(policy, request, model), head(policy, request, model)
+        models, calls = key[-2], key[-1]
+        model = models[0] if models else None
+        before, after = base(policy, request, models, calls), head(policy, request, models, calls)
         category = _category(before, after)
         if category is None:
             continue
