@@ -12,7 +12,7 @@ FORBIDDEN = ("mitmproxy", "h11", "h2", "wsproto", "gateway.engines", "gateway.ne
 
 def test_no_engine_imports_in_the_core() -> None:
     found = []
-    for path in sorted(CORE.glob("*.py")):
+    for path in sorted(CORE.rglob("*.py")):  # with subpackages (core/dlp)
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
@@ -77,7 +77,8 @@ def _imports_at_import_time(name: str, path: Path) -> set[str]:
 
 def _closure() -> tuple[set[str], set[str]]:
     """(gateway modules, other modules) the core's import reaches."""
-    todo = [f"gateway.core.{p.stem}" for p in CORE.glob("*.py") if p.stem != "__init__"]
+    todo = [".".join(("gateway", "core", *p.relative_to(CORE).with_suffix("").parts))
+            for p in CORE.rglob("*.py") if p.stem != "__init__"]
     seen: set[str] = set()
     others: set[str] = set()
     while todo:
@@ -115,8 +116,8 @@ def test_the_walk_sees_what_python_imports() -> None:
     import sys
 
     code = ("import sys, pkgutil, importlib, gateway.core as c\n"
-            "for m in pkgutil.iter_modules(c.__path__): importlib.import_module("
-            "'gateway.core.' + m.name)\n"
+            "for m in pkgutil.walk_packages(c.__path__, 'gateway.core.'): "
+            "importlib.import_module(m.name)\n"
             "print('\\n'.join(sorted(m for m in sys.modules if m.startswith('gateway'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=GATEWAY.parent).stdout.split()

@@ -1,0 +1,107 @@
+"""One multi-pattern pass over a text for every detector's anchors (Aho-Corasick, the
+automaton the leak guard uses): a text without an anchor costs one C-speed pass and no
+regular expression runs. Around each anchor found, only that anchor's rules run, on a
+window bounded by the rule's reach; overlapping windows are merged.
+
+Anchors are case-sensitive literals (a case-insensitive pattern lists its case variants,
+see the library). The text searched is the decoded view a detector reads; the gate over
+a raw body (`gate`) first undoes %XX and JSON `\\u00XX` escapes, so an escaped anchor is
+not missed by the cheap check.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+import ahocorasick
+
+from gateway.core.dlp.detector import Detector, Rule, Span
+
+__all__ = ["Prefilter", "unescape"]
+
+_PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
+_JSON_U = re.compile(r"\\u00([0-9A-Fa-f]{2})")
+
+
+def _byte(match: re.Match[str]) -> str:
+    return chr(int(match.group(1), 16))
+
+
+def unescape(text: str) -> str:
+    """`text` with %XX (twice) and JSON `\\u00XX` escapes and `\\/` undone: what a
+    receiver may read out of it (a gate's view, not a detector's)."""
+    for _ in range(2):
+        if "%" not in text:
+            break
+        text = _PERCENT.sub(_byte, text)
+    if "\\" in text:
+        text = _JSON_U.sub(_byte, text).replace("\\/", "/")
+    return text
+
+
+class Prefilter:
+    """The anchors of some detectors, in one automaton, and the rules with no anchor."""
+
+    def __init__(self, detectors: tuple[Detector, ...]) -> None:
+        self.detectors = detectors
+        self.unanchored: tuple[tuple[str, Rule], ...] = tuple(
+            (d.name, r) for d in detectors for r in d.rules if not r.anchors)
+        table: dict[str, list[tuple[str, Rule]]] = defaultdict(list)
+        for d in detectors:
+            for rule in d.rules:
+                for anchor in rule.anchors:
+                    table[anchor].append((d.name, rule))
+        self._automaton: Any = None
+        if table:
+            automaton = ahocorasick.Automaton()
+            for anchor, rules in table.items():
+                automaton.add_word(anchor, (len(anchor), tuple(rules)))
+            automaton.make_automaton()
+            self._automaton = automaton
+
+    def any(self, text: str) -> bool:
+        """Whether `text` holds any anchor (or some detector has none)."""
+        if self.unanchored:
+            return True
+        automaton = self._automaton
+        return automaton is not None and next(automaton.iter(text), None) is not None
+
+    def spans(self, text: str) -> list[Span]:
+        """Every value any detector finds in `text`, by position."""
+        windows: dict[tuple[str, Rule], list[tuple[int, int]]] = defaultdict(list)
+        if self._automaton is not None and text:
+            for end, (size, rules) in self._automaton.iter(text):
+                start = end - size + 1
+                for name, rule in rules:
+                    windows[(name, rule)].append(
+                        (max(0, start - rule.before), min(len(text), end + 1 + rule.after)))
+        found: set[Span] = set()
+        for (name, rule), spans in windows.items():
+            for lo, hi in _merged(spans):
+                found.update(rule.spans(name, text, lo, hi))
+        for name, rule in self.unanchored:
+            found.update(rule.spans(name, text, 0, len(text)))
+        return _outermost(sorted(found, key=lambda s: (s.start, -s.end, s.detector)))
+
+
+def _outermost(spans: list[Span]) -> list[Span]:
+    """Spans without those inside another span of the same detector (two patterns of one
+    detector matching one key: the longer match is the key)."""
+    out: list[Span] = []
+    for span in spans:
+        if not any(o.detector == span.detector and o.start <= span.start and span.end <= o.end
+                   for o in out[-8:]):
+            out.append(span)
+    return out
+
+
+def _merged(windows: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(windows):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out

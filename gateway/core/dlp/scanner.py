@@ -1,0 +1,260 @@
+"""The scan of one request: every part a receiver reads, decoded as it reads it.
+
+Views of a request (each a text and its `Location`):
+
+* the request line, the query parameters (decoded), and each header (by name);
+* the body, its content codings undone (`decoding.decode_content`, bounded by the hold
+  limit), then by Content-Type: JSON strings (keys and values, escapes undone) by JSON
+  path, form fields by name, multipart parts by name (each part read by its own type),
+  anything else as text (and with %XX and `\\u00XX` escapes undone, when it has any);
+* inside any view, base64 and hex runs long enough to hold a key, decoded and scanned
+  again, `depth` times at most.
+
+A JSON or form body is also scanned as one text, for detectors that read a value with the
+name assigned to it (`"aws_secret_access_key": "..."`); the same value found twice is
+reported once (the structured location wins). A body is first gated by one pass of the
+prefilter over its unescaped text (and a search for a base64/hex run): most bodies stop
+there.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, unquote_plus
+
+from gateway.core.dlp.decoding import Unreadable, decode_content, decode_run, runs
+from gateway.core.dlp.detector import Detector
+from gateway.core.dlp.findings import Finding, Location, ScanResult, fingerprint
+from gateway.core.dlp.prefilter import Prefilter, unescape
+
+__all__ = ["DEFAULT_LIMIT", "Hit", "Scanner"]
+
+DEFAULT_LIMIT = 8 * 1024 * 1024  # the engines' default hold limit
+MIN_DECODED = 12  # decoded runs shorter than this hold no key
+_HAS_RUN = re.compile(r"[A-Za-z0-9+/_-]{20}")
+_BOUNDARY = re.compile(r'boundary="?([^";]+)"?', re.IGNORECASE)
+_PART_NAME = re.compile(rb'\bname="([^"]*)"', re.IGNORECASE)
+_PATH_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A value found, before it is fingerprinted (internal: redaction needs the value)."""
+
+    detector: str
+    location: Location
+    value: str
+
+
+def _path(parent: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{parent}[{key}]"
+    if _PATH_KEY.fullmatch(key):
+        return f"{parent}.{key}"
+    return f"{parent}[{json.dumps(key)[:60]}]"
+
+
+class Scanner:
+    """Finds credentials with some detectors; `salt` keys the fingerprints."""
+
+    def __init__(self, detectors: Iterable[Detector], salt: bytes, *,
+                 limit: int = DEFAULT_LIMIT, depth: int = 2) -> None:
+        self.detectors = tuple(detectors)
+        self.salt = salt
+        self.limit = limit
+        self.depth = depth
+        self.prefilter = Prefilter(self.detectors)
+        self.reach = max((d.reach for d in self.detectors), default=0)
+
+    def only(self, names: Iterable[str]) -> Scanner:
+        """A scanner with the named detectors of this one (a policy's selection)."""
+        wanted = set(names)
+        return Scanner([d for d in self.detectors if d.name in wanted], self.salt,
+                       limit=self.limit, depth=self.depth)
+
+    # -- results ---------------------------------------------------------------------------
+
+    def findings(self, hits: Iterable[Hit]) -> tuple[Finding, ...]:
+        """Findings of hits, one per (detector, value), first location kept."""
+        seen: dict[tuple[str, str], Finding] = {}
+        for hit in hits:
+            mark = fingerprint(self.salt, hit.value)
+            if (hit.detector, mark) not in seen:
+                seen[(hit.detector, mark)] = Finding(hit.detector, hit.location, mark)
+        return tuple(seen.values())
+
+    def scan_request(self, method: str, target: str, headers: Iterable[tuple[str, str]],
+                     body: bytes = b"") -> ScanResult:
+        """The whole request: line, headers, body (by its Content-Type and -Encoding)."""
+        headers = list(headers)
+        hits = list(self.head_hits(method, target, headers))
+        ctype = next((v for k, v in headers if k.lower() == "content-type"), None)
+        coding = next((v for k, v in headers if k.lower() == "content-encoding"), None)
+        try:
+            hits += self.body_hits(body, ctype, coding)
+        except Unreadable as exc:
+            return ScanResult(self.findings(hits), str(exc))
+        return ScanResult(self.findings(hits))
+
+    def scan_body(self, body: bytes, content_type: str | None = None,
+                  content_encoding: str | None = None) -> ScanResult:
+        try:
+            return ScanResult(self.findings(self.body_hits(body, content_type,
+                                                           content_encoding)))
+        except Unreadable as exc:
+            return ScanResult((), str(exc))
+
+    def scan_text(self, text: str, location: Location) -> tuple[Finding, ...]:
+        return self.findings(self.text_hits(text, location))
+
+    # -- views -----------------------------------------------------------------------------
+
+    def text_hits(self, text: str, location: Location, depth: int = 0) -> Iterator[Hit]:
+        """One view: detectors around anchors, then decoded base64/hex runs."""
+        if not text:
+            return
+        for span in self.prefilter.spans(text):
+            at = None if location.offset is None else location.offset + span.start
+            where = location if at is None or location.name else Location(
+                location.part, location.name, at, location.via)
+            yield Hit(span.detector, where, text[span.start:span.end])
+        if depth >= self.depth or not _HAS_RUN.search(text):
+            return
+        for run in runs(text):
+            data = decode_run(text, run)
+            if data is None or len(data) < MIN_DECODED:
+                continue
+            inner = data.decode("latin-1")
+            if not self.prefilter.any(inner) and not _HAS_RUN.search(inner):
+                continue
+            at = None if location.offset is None else location.offset + run.start
+            yield from self.text_hits(inner, location.under(run.kind, at), depth + 1)
+
+    def head_hits(self, method: str, target: str,
+                  headers: Iterable[tuple[str, str]]) -> Iterator[Hit]:
+        """The request line (raw and unescaped), query parameters, each header."""
+        line = f"{method} {target}"
+        yield from self.text_hits(line, Location("request line"))
+        plain = unescape(line)
+        if plain != line:
+            yield from self.text_hits(plain, Location("request line", via=("percent",)))
+        _, _, query = target.partition("?")
+        if query and ("%" in query or "+" in query):
+            for name, value in parse_qsl(query, keep_blank_values=True, encoding="latin-1"):
+                yield from self.text_hits(value, Location("query", name[:80]))
+        for name, value in headers:
+            yield from self.text_hits(value, Location("header", name))
+
+    def body_hits(self, body: bytes, content_type: str | None,
+                  content_encoding: str | None) -> list[Hit]:
+        """The body's views; raises `Unreadable` if it cannot be decoded."""
+        if content_encoding:
+            body = decode_content(body, content_encoding, self.limit)
+        elif len(body) > self.limit:
+            raise Unreadable(f"the body is more than {self.limit} bytes")
+        return list(self._body(body, (content_type or "").lower(), Location("body", offset=0),
+                               content_encoding))
+
+    def _body(self, body: bytes, ctype: str, where: Location,
+              coding: str | None = None) -> Iterator[Hit]:
+        if not body:
+            return
+        if coding:
+            where = Location(where.part, where.name, where.offset,
+                             (*where.via, *(c.strip() for c in coding.split(",") if c.strip())))
+        text = body.decode("latin-1")
+        plain = unescape(text)
+        if not self.prefilter.any(plain) and not _HAS_RUN.search(plain):
+            return  # the gate: no anchor, no run, nothing to find
+        if "multipart/" in ctype:
+            yield from self._multipart(body, ctype, where)
+            return
+        if "json" in ctype or text.lstrip()[:1] in ("{", "["):
+            try:
+                document = json.loads(body)
+            except (ValueError, RecursionError):
+                document = _NOT_JSON
+            if document is not _NOT_JSON:
+                yield from self._json(document, where.name + "$" if not where.name
+                                      else where.name + " $", where)
+                for hit in self.text_hits(text, where):  # names beside values
+                    yield Hit(hit.detector, hit.location, _json_text(hit.value))
+                return
+        if "x-www-form-urlencoded" in ctype:
+            for name, value in parse_qsl(text, keep_blank_values=True, encoding="latin-1"):
+                yield from self.text_hits(value, Location(where.part, _named(
+                    where, f"form field {name[:80]}"), None, where.via))
+            yield from self.text_hits(unquote_plus(text, encoding="latin-1"),
+                                      Location(where.part, where.name, None,
+                                               (*where.via, "percent")))
+            return
+        yield from self.text_hits(text, where)
+        if plain != text:
+            yield from self.text_hits(plain, Location(where.part, where.name, None,
+                                                      (*where.via, "percent")))
+
+    def _json(self, node: Any, path: str, where: Location) -> Iterator[Hit]:
+        stack: list[tuple[Any, str]] = [(node, path)]
+        while stack:
+            item, at = stack.pop()
+            if isinstance(item, str):
+                yield from self.text_hits(item, Location(where.part, at, None, where.via))
+            elif isinstance(item, dict):
+                for key, value in item.items():
+                    sub = _path(at, key)
+                    yield from self.text_hits(key, Location(where.part, sub + " (key)", None,
+                                                            where.via))
+                    stack.append((value, sub))
+            elif isinstance(item, list):
+                stack.extend((value, _path(at, i)) for i, value in enumerate(item))
+
+    def _multipart(self, body: bytes, ctype: str, where: Location) -> Iterator[Hit]:
+        match = _BOUNDARY.search(ctype)
+        if match is None:
+            yield from self.text_hits(body.decode("latin-1"), where)
+            return
+        delimiter = b"--" + match.group(1).encode("latin-1")
+        for index, chunk in enumerate(body.split(delimiter)[1:]):
+            if chunk.startswith(b"--"):
+                break
+            head, _, content = chunk.partition(b"\r\n\r\n")
+            if not _:
+                head, _, content = chunk.partition(b"\n\n")
+            content = content.removesuffix(b"\r\n").removesuffix(b"\n")
+            found = _PART_NAME.search(head)
+            name = found.group(1).decode("latin-1")[:80] if found else f"#{index}"
+            part_type = b""
+            part_coding = None
+            for line in head.split(b"\n"):
+                key, _, value = line.partition(b":")
+                if key.strip().lower() == b"content-type":
+                    part_type = value.strip().lower()
+                elif key.strip().lower() == b"content-encoding":
+                    part_coding = value.strip().decode("latin-1")
+            place = Location(where.part, _named(where, f"multipart part {name}"), None,
+                             where.via)
+            yield from self.text_hits(head.decode("latin-1"), place)
+            if part_coding:
+                content = decode_content(content, part_coding, self.limit)
+            yield from self._body(content, part_type.decode("latin-1"), place, part_coding)
+
+
+_NOT_JSON = object()
+
+
+def _json_text(value: str) -> str:
+    """A value found in raw JSON text as a JSON reader reads it (escapes undone), so
+    that it fingerprints like the same value found in the parsed document."""
+    try:
+        out = json.loads(f'"{value}"')
+    except ValueError:
+        return value
+    return out if isinstance(out, str) else value
+
+
+def _named(where: Location, name: str) -> str:
+    return f"{where.name} {name}" if where.name else name
