@@ -3,8 +3,9 @@
 A detector is a list of `Rule`s. A rule with anchors is tried only around the places the
 prefilter found one of its anchors (literal strings every match contains); a rule
 without anchors runs over the whole text (opt-in detectors only). A rule confirms what
-its pattern matched with the plugin's own check (`confirm`, e.g. a JWT's parts must be
-base64 JSON) and may extend the value over what follows (`tail`: a PEM block to its END
+its pattern matched with the plugin's own check and detect-secrets' heuristic filters
+(`confirm`: a JWT's parts must be base64 JSON; `<token>`, `${VAR}`, `abcdef...` are not
+secrets) and may extend the value over what follows (`tail`: a PEM block to its END
 line). The value is the pattern's longest group of at least 4 characters if it has one
 (the secret of a `name = "secret"` pattern), else the whole match.
 
@@ -52,6 +53,8 @@ class Rule:
         if self.values is not None:
             window = text[start:end]
             for value in set(self.values(window)):
+                if self.confirm is not None and not self.confirm(value):
+                    continue
                 at = window.find(value)
                 while value and at != -1:
                     yield Span(name, start + at, start + at + len(value))
@@ -71,7 +74,7 @@ class Rule:
                 more = self.tail.match(text, hi, max(end, hi))
                 if more is not None:
                     hi = more.end()
-            if self.confirm is not None and not self.confirm(match.group()):
+            if self.confirm is not None and not self.confirm(text[lo:hi]):
                 continue
             yield Span(name, lo, hi)
 

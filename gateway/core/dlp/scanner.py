@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, unquote_plus
 
-from gateway.core.dlp.decoding import Unreadable, decode_content, decode_run, runs
+from gateway.core.dlp.decoding import Unreadable, decode_content, decode_run, has_run, runs
 from gateway.core.dlp.detector import Detector
 from gateway.core.dlp.findings import Finding, Location, ScanResult, fingerprint
 from gateway.core.dlp.prefilter import Prefilter, unescape
@@ -35,7 +35,6 @@ __all__ = ["DEFAULT_LIMIT", "Hit", "Scanner"]
 
 DEFAULT_LIMIT = 8 * 1024 * 1024  # the engines' default hold limit
 MIN_DECODED = 12  # decoded runs shorter than this hold no key
-_HAS_RUN = re.compile(r"[A-Za-z0-9+/_-]{20}")
 _BOUNDARY = re.compile(r'boundary="?([^";]+)"?', re.IGNORECASE)
 _PART_NAME = re.compile(rb'\bname="([^"]*)"', re.IGNORECASE)
 _PATH_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -122,14 +121,14 @@ class Scanner:
             where = location if at is None or location.name else Location(
                 location.part, location.name, at, location.via)
             yield Hit(span.detector, where, text[span.start:span.end])
-        if depth >= self.depth or not _HAS_RUN.search(text):
+        if depth >= self.depth or not has_run(text):
             return
         for run in runs(text):
             data = decode_run(text, run)
             if data is None or len(data) < MIN_DECODED:
                 continue
             inner = data.decode("latin-1")
-            if not self.prefilter.any(inner) and not _HAS_RUN.search(inner):
+            if not self.prefilter.any(inner) and not has_run(inner):
                 continue
             at = None if location.offset is None else location.offset + run.start
             yield from self.text_hits(inner, location.under(run.kind, at), depth + 1)
@@ -167,24 +166,28 @@ class Scanner:
             where = Location(where.part, where.name, where.offset,
                              (*where.via, *(c.strip() for c in coding.split(",") if c.strip())))
         text = body.decode("latin-1")
-        plain = unescape(text)
-        if not self.prefilter.any(plain) and not _HAS_RUN.search(plain):
-            return  # the gate: no anchor, no run, nothing to find
         if "multipart/" in ctype:
             yield from self._multipart(body, ctype, where)
             return
-        if "json" in ctype or text.lstrip()[:1] in ("{", "["):
+        form = "x-www-form-urlencoded" in ctype
+        if form or "json" in ctype or text.lstrip()[:1] in ("{", "["):
+            # The gate: what a JSON or form reader reads holds no anchor and no run.
+            plain = unescape(text)
+            if not self.prefilter.any(plain) and not has_run(plain):
+                return
+        if not form:
             try:
-                document = json.loads(body)
+                document = json.loads(body) if "json" in ctype or text.lstrip()[:1] in (
+                    "{", "[") else _NOT_JSON
             except (ValueError, RecursionError):
                 document = _NOT_JSON
             if document is not _NOT_JSON:
-                yield from self._json(document, where.name + "$" if not where.name
-                                      else where.name + " $", where)
+                yield from self._json(document, "$" if not where.name else where.name + " $",
+                                      where)
                 for hit in self.text_hits(text, where):  # names beside values
                     yield Hit(hit.detector, hit.location, _json_text(hit.value))
                 return
-        if "x-www-form-urlencoded" in ctype:
+        if form:
             for name, value in parse_qsl(text, keep_blank_values=True, encoding="latin-1"):
                 yield from self.text_hits(value, Location(where.part, _named(
                     where, f"form field {name[:80]}"), None, where.via))
@@ -192,10 +195,8 @@ class Scanner:
                                       Location(where.part, where.name, None,
                                                (*where.via, "percent")))
             return
+        # Anything else is read as it is: a receiver does not undo %XX in a file.
         yield from self.text_hits(text, where)
-        if plain != text:
-            yield from self.text_hits(plain, Location(where.part, where.name, None,
-                                                      (*where.via, "percent")))
 
     def _json(self, node: Any, path: str, where: Location) -> Iterator[Hit]:
         stack: list[tuple[Any, str]] = [(node, path)]

@@ -21,6 +21,12 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from detect_secrets.filters.heuristic import (
+    is_not_alphanumeric_string,
+    is_prefixed_with_dollar_sign,
+    is_sequential_string,
+    is_templated_secret,
+)
 from detect_secrets.plugins.artifactory import ArtifactoryDetector
 from detect_secrets.plugins.aws import AWSKeyDetector
 from detect_secrets.plugins.azure_storage_key import AzureStorageKeyDetector
@@ -141,10 +147,31 @@ PLUGINS: dict[str, list[tuple[type[BasePlugin], list[Anchor | None]]]] = {
 }
 
 
+# Values in documentation and examples, not secrets: a URL's password written as a word
+# that says what goes there ("https://user:password@host").
+_PLACEHOLDERS = frozenset({"password", "passwd", "pass", "pwd", "secret", "token", "changeme",
+                           "example", "xxx", "xxxx", "xxxxxx", "***", "****", "******"})
+
+
+_TEXT = re.compile(r"[\x20-\x7e\r\n\t]*")
+
+
+def _plausible(value: str) -> bool:
+    """detect-secrets' own heuristic filters (its default scan applies them to every
+    plugin's values): `<token>`, `{x}`, `${X}`, `$VAR`, `abcdef...`, no letter or digit;
+    a placeholder word; and anything but printable ASCII (a credential is text: a match
+    across binary bytes, as in a .pyc file, is not one)."""
+    if not value.isascii() or not (value.isprintable() or _TEXT.fullmatch(value)):
+        return False
+    return not (is_templated_secret(value) or is_prefixed_with_dollar_sign(value)
+                or is_sequential_string(value) or is_not_alphanumeric_string(value)
+                or value.lower() in _PLACEHOLDERS)
+
+
 def _rules(plugin_class: type[BasePlugin], anchors: list[Anchor | None]) -> Iterator[Rule]:
     plugin = plugin_class()
     if not isinstance(plugin, RegexBasedDetector):
-        yield Rule(None, values=_values(plugin))
+        yield Rule(None, values=_values(plugin), confirm=_plausible)
         return
     patterns = list(plugin.denylist)
     if len(patterns) != len(anchors):
@@ -153,8 +180,8 @@ def _rules(plugin_class: type[BasePlugin], anchors: list[Anchor | None]) -> Iter
     # A plugin that filters its pattern's matches (JWT) confirms each through its own API.
     own = type(plugin).analyze_string is not RegexBasedDetector.analyze_string
     for pattern, anchor in zip(patterns, anchors, strict=True):
-        confirm = (lambda text, p=plugin: any(True for _ in p.analyze_string(text))) \
-            if own else None
+        confirm = (lambda text, p=plugin: _plausible(text) and any(
+            True for _ in p.analyze_string(text))) if own else _plausible
         if anchor is None:
             yield Rule(pattern, confirm=confirm, after=0)
         else:
