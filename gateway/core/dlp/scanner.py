@@ -136,15 +136,15 @@ class Scanner:
     def head_hits(self, method: str, target: str,
                   headers: Iterable[tuple[str, str]]) -> Iterator[Hit]:
         """The request line (raw and unescaped), query parameters, each header."""
+        _, _, query = target.partition("?")
+        if query:  # parameters first: their name is the better location
+            for name, value in parse_qsl(query, keep_blank_values=True, encoding="latin-1"):
+                yield from self.text_hits(value, Location("query", name[:80]))
         line = f"{method} {target}"
         yield from self.text_hits(line, Location("request line"))
         plain = unescape(line)
         if plain != line:
             yield from self.text_hits(plain, Location("request line", via=("percent",)))
-        _, _, query = target.partition("?")
-        if query and ("%" in query or "+" in query):
-            for name, value in parse_qsl(query, keep_blank_values=True, encoding="latin-1"):
-                yield from self.text_hits(value, Location("query", name[:80]))
         for name, value in headers:
             yield from self.text_hits(value, Location("header", name))
 
