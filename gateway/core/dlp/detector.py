@@ -47,6 +47,10 @@ class Rule:
     # A rule with no pattern: the plugin's own analyze_string, values located in the text
     # (detect-secrets plugins that are not regular-expression lists, e.g. keyword).
     values: Callable[[str], Iterator[str]] | None = None
+    # Characters trimmed off a value's ends (a pattern that matches its delimiters), and
+    # characters that end a value (a pattern that runs to the end of the line).
+    strip: str = ""
+    stop: str = ""
 
     def spans(self, name: str, text: str, start: int, end: int) -> Iterator[Span]:
         """Values this rule finds in text[start:end] (lookbehinds see before `start`)."""
@@ -68,6 +72,12 @@ class Rule:
                 g0, g1 = match.span(i)
                 if g0 >= 0 and g1 - g0 >= MIN_GROUP and g1 - g0 > best:
                     lo, hi, best = g0, g1, g1 - g0
+            while lo < hi and text[lo] in self.strip:
+                lo += 1
+            while hi > lo and text[hi - 1] in self.strip:
+                hi -= 1
+            if self.stop:
+                hi = next((i for i in range(lo, hi) if text[i] in self.stop), hi)
             if hi <= lo:
                 continue
             if self.tail is not None:

@@ -37,6 +37,7 @@ DEFAULT_LIMIT = 8 * 1024 * 1024  # the engines' default hold limit
 MIN_DECODED = 12  # decoded runs shorter than this hold no key
 _BOUNDARY = re.compile(r'boundary="?([^";]+)"?', re.IGNORECASE)
 _PART_NAME = re.compile(rb'\bname="([^"]*)"', re.IGNORECASE)
+_QUOTE = re.compile(r'(?<!\\)"')  # a quote that ends a JSON string
 _PATH_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -185,7 +186,8 @@ class Scanner:
                 yield from self._json(document, "$" if not where.name else where.name + " $",
                                       where)
                 for hit in self.text_hits(text, where):  # names beside values
-                    yield Hit(hit.detector, hit.location, _json_text(hit.value))
+                    if not _QUOTE.search(hit.value):  # (not across strings)
+                        yield Hit(hit.detector, hit.location, _json_text(hit.value))
                 return
         if form:
             for name, value in parse_qsl(text, keep_blank_values=True, encoding="latin-1"):

@@ -80,6 +80,8 @@ class Anchor:
     after: int
     before: int = 0
     tail: str | None = None
+    strip: str = ""
+    stop: str = ""
 
 
 def cases(word: str) -> tuple[str, ...]:
@@ -89,8 +91,13 @@ def cases(word: str) -> tuple[str, ...]:
                                                           for c in word)))
 
 
-def _a(*anchors: str, after: int, before: int = 0, tail: str | None = None) -> Anchor:
-    return Anchor(anchors, after, before, tail)
+def _a(*anchors: str, after: int, before: int = 0, tail: str | None = None,
+       strip: str = "", stop: str = "") -> Anchor:
+    return Anchor(anchors, after, before, tail, strip, stop)
+
+
+_DELIMITERS = " \t\r\n\"=:"  # what ArtifactoryDetector's patterns match around a token
+_LINE_END = " \t\r\n\"'`,;<>"  # NpmDetector's value runs to the end of the line
 
 
 _PEM_END = (r"(?:[\s\S]{0,16384}?(?:END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-*"
@@ -127,15 +134,15 @@ PLUGINS: dict[str, list[tuple[type[BasePlugin], list[Anchor | None]]]] = {
     "huggingface": [(HuggingFaceDetector, [_a("hf_", before=1, after=40)])],
     "gcp-service-account": [(GcpServiceAccountDetector, [_a('"private_key_id"', after=70)])],
     "gcp-api-key": [(GcpApiKeyDetector, [_a("AIza", after=40)])],
-    "npm": [(NpmDetector, [_a("_authToken=", before=512, after=512)])],
+    "npm": [(NpmDetector, [_a("_authToken=", before=512, after=512, stop=_LINE_END)])],
     "pypi": [(PypiTokenDetector, [_a("pypi-AgEIcHlwaS5vcmc", after=2048),
                                   _a("pypi-AgENdGVzdC5weXBpLm9yZw", after=2048)])],
     "sendgrid": [(SendGridDetector, [_a("SG.", after=70)])],
     "mailchimp": [(MailchimpDetector, [_a("-us", before=33, after=3)])],
     "square": [(SquareOAuthDetector, [_a("sq0csp-", after=50)])],
     "artifactory": [(ArtifactoryDetector, [
-        _a("AKC", before=1, after=300),
-        _a(*(f"AP{c}" for c in "0123456789ABCDEF"), before=1, after=300)])],
+        _a("AKC", before=1, after=300, strip=_DELIMITERS),
+        _a(*(f"AP{c}" for c in "0123456789ABCDEF"), before=1, after=300, strip=_DELIMITERS)])],
     "discord": [(DiscordBotTokenDetector, [None])],
     "telegram": [(TelegramBotTokenDetector, [None])],
     "cloudant": [(CloudantDetector, [None, None, None, None])],
@@ -186,7 +193,8 @@ def _rules(plugin_class: type[BasePlugin], anchors: list[Anchor | None]) -> Iter
             yield Rule(pattern, confirm=confirm, after=0)
         else:
             yield Rule(pattern, anchor.anchors, anchor.before, anchor.after, confirm,
-                       re.compile(anchor.tail) if anchor.tail else None)
+                       re.compile(anchor.tail) if anchor.tail else None,
+                       strip=anchor.strip, stop=anchor.stop)
 
 
 def _values(plugin: BasePlugin) -> Callable[[str], Iterator[str]]:
