@@ -136,14 +136,19 @@ class Scanner:
 
     def head_hits(self, method: str, target: str,
                   headers: Iterable[tuple[str, str]]) -> Iterator[Hit]:
-        """The request line (raw and unescaped), query parameters, each header."""
+        """The request line (raw and unescaped), query parameters, each header. Gated by
+        one pass over all of them joined: a head without an anchor or a run stops there."""
+        headers = list(headers)
+        line = f"{method} {target}"
+        plain = unescape(line)
+        joined = "\n".join([line, plain, *(v for _, v in headers)])
+        if not self.prefilter.any(joined) and not has_run(joined):
+            return
         _, _, query = target.partition("?")
         if query:  # parameters first: their name is the better location
             for name, value in parse_qsl(query, keep_blank_values=True, encoding="latin-1"):
                 yield from self.text_hits(value, Location("query", name[:80]))
-        line = f"{method} {target}"
         yield from self.text_hits(line, Location("request line"))
-        plain = unescape(line)
         if plain != line:
             yield from self.text_hits(plain, Location("request line", via=("percent",)))
         for name, value in headers:
