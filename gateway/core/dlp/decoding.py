@@ -124,12 +124,15 @@ def _mapped(text: str) -> bytes:
 
 
 def has_run(text: str) -> bool:
-    """Whether `text` holds a run long enough to decode (the cheap check)."""
-    return _NEEDLE in _mapped(text)
+    """Whether `text` holds a run to decode (the cheap check: most texts have no 20
+    base64 characters in a row, and the runs of those that do are mostly paths and
+    identifiers, see `runs`)."""
+    return _NEEDLE in _mapped(text) and next(runs(text), None) is not None
 
 
 def runs(text: str) -> Iterator[Run]:
-    """Base64 and hex runs long enough to hold a key."""
+    """Base64 and hex runs long enough to hold a key. A base64 run all in one case is
+    not one (a path, a name); hex is one case by nature."""
     mapped = _mapped(text)
     at = mapped.find(_NEEDLE)
     while at != -1:
@@ -140,6 +143,11 @@ def runs(text: str) -> Iterator[Run]:
         body = text[start:end]
         if len(body) >= MIN_HEX and _HEX.fullmatch(body):
             yield Run(start, end, "hex")
+            continue
+        if body.lower() == body or body.upper() == body:
+            # Base64 of 15 bytes or more without an upper or a lower case letter is
+            # rare (random bytes: (3/4)^20 < 0.4 %; text: "dXNlcjpw..."), while paths
+            # (/v1/chat/completions) and snake_case names are all one case.
             continue
         padded = end
         while padded < len(text) and padded - end < 2 and text[padded] == "=":
