@@ -51,6 +51,10 @@ class Rule:
     # characters that end a value (a pattern that runs to the end of the line).
     strip: str = ""
     stop: str = ""
+    # A pattern that reads a value with the name assigned to it ("aws_secret_access_key":
+    # "..."): in a JSON document or a form, name and value are two strings, so such a
+    # rule also runs over the document's text as a whole.
+    context: bool = False
 
     def spans(self, name: str, text: str, start: int, end: int) -> Iterator[Span]:
         """Values this rule finds in text[start:end] (lookbehinds see before `start`)."""

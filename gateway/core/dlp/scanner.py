@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,9 @@ class Scanner:
         self.limit = limit
         self.depth = depth
         self.prefilter = Prefilter(self.detectors)
+        self.context = Prefilter(tuple(
+            Detector(d.name, tuple(r for r in d.rules if r.context or not r.anchors))
+            for d in self.detectors))
         self.reach = max((d.reach for d in self.detectors), default=0)
 
     def only(self, names: Iterable[str]) -> Scanner:
@@ -115,13 +119,28 @@ class Scanner:
 
     def text_hits(self, text: str, location: Location, depth: int = 0) -> Iterator[Hit]:
         """One view: detectors around anchors, then decoded base64/hex runs."""
-        if not text:
-            return
+        if text:
+            yield from self.parts_hits([(text, location)], depth)
+
+    def parts_hits(self, parts: list[tuple[str, Location]], depth: int = 0) -> Iterator[Hit]:
+        """Many views scanned as one text (joined by newlines, which no value crosses:
+        a value is cut at its view's end): one prefilter pass for all the strings of a
+        JSON document instead of one per string."""
+        text = "\n".join(t for t, _ in parts)
+        starts: list[int] = []
+        at = 0
+        for part, _ in parts:
+            starts.append(at)
+            at += len(part) + 1
+
+        def locate(offset: int) -> tuple[Location, int, int]:
+            i = bisect_right(starts, offset) - 1
+            return parts[i][1], starts[i], starts[i] + len(parts[i][0])
+
         for span in self.prefilter.spans(text):
-            at = None if location.offset is None else location.offset + span.start
-            where = location if at is None or location.name else Location(
-                location.part, location.name, at, location.via)
-            yield Hit(span.detector, where, text[span.start:span.end])
+            where, start, end = locate(span.start)
+            yield Hit(span.detector, _at(where, span.start - start),
+                      text[span.start:min(span.end, end)])
         if depth >= self.depth or not has_run(text):
             return
         for run in runs(text):
@@ -131,8 +150,9 @@ class Scanner:
             inner = data.decode("latin-1")
             if not self.prefilter.any(inner) and not has_run(inner):
                 continue
-            at = None if location.offset is None else location.offset + run.start
-            yield from self.text_hits(inner, location.under(run.kind, at), depth + 1)
+            where, start, _ = locate(run.start)
+            offset = None if where.offset is None else where.offset + run.start - start
+            yield from self.text_hits(inner, where.under(run.kind, offset), depth + 1)
 
     def head_hits(self, method: str, target: str,
                   headers: Iterable[tuple[str, str]]) -> Iterator[Hit]:
@@ -190,35 +210,45 @@ class Scanner:
             if document is not _NOT_JSON:
                 yield from self._json(document, "$" if not where.name else where.name + " $",
                                       where)
-                for hit in self.text_hits(text, where):  # names beside values
-                    if not _QUOTE.search(hit.value):  # (not across strings)
-                        yield Hit(hit.detector, hit.location, _json_text(hit.value))
+                yield from self._context(text, where, json_text=True)
                 return
         if form:
             for name, value in parse_qsl(text, keep_blank_values=True, encoding="latin-1"):
                 yield from self.text_hits(value, Location(where.part, _named(
                     where, f"form field {name[:80]}"), None, where.via))
-            yield from self.text_hits(unquote_plus(text, encoding="latin-1"),
-                                      Location(where.part, where.name, None,
-                                               (*where.via, "percent")))
+            yield from self._context(unquote_plus(text, encoding="latin-1"), where)
             return
         # Anything else is read as it is: a receiver does not undo %XX in a file.
         yield from self.text_hits(text, where)
 
+    def _context(self, text: str, where: Location, *, json_text: bool = False) -> Iterator[Hit]:
+        """A document's text as a whole, for the rules that read a name beside its value
+        (the strings themselves were scanned one by one)."""
+        for span in self.context.spans(text):
+            value = text[span.start:span.end]
+            if json_text:
+                if _QUOTE.search(value):  # (a value never spans two JSON strings)
+                    continue
+                value = _json_text(value)
+            yield Hit(span.detector, _at(where, span.start), value)
+
     def _json(self, node: Any, path: str, where: Location) -> Iterator[Hit]:
+        """Every string of a document (values and keys) by its JSON path."""
+        parts: list[tuple[str, Location]] = []
         stack: list[tuple[Any, str]] = [(node, path)]
         while stack:
             item, at = stack.pop()
             if isinstance(item, str):
-                yield from self.text_hits(item, Location(where.part, at, None, where.via))
+                parts.append((item, Location(where.part, at, None, where.via)))
             elif isinstance(item, dict):
                 for key, value in item.items():
                     sub = _path(at, key)
-                    yield from self.text_hits(key, Location(where.part, sub + " (key)", None,
-                                                            where.via))
+                    parts.append((key, Location(where.part, sub + " (key)", None, where.via)))
                     stack.append((value, sub))
             elif isinstance(item, list):
                 stack.extend((value, _path(at, i)) for i, value in enumerate(item))
+        if parts:
+            yield from self.parts_hits(parts)
 
     def _multipart(self, body: bytes, ctype: str, where: Location) -> Iterator[Hit]:
         match = _BOUNDARY.search(ctype)
@@ -262,6 +292,14 @@ def _json_text(value: str) -> str:
     except ValueError:
         return value
     return out if isinstance(out, str) else value
+
+
+def _at(where: Location, offset: int) -> Location:
+    """A location `offset` characters into a view (only a view with an offset and no
+    name counts offsets: a JSON path or a header name says where already)."""
+    if where.offset is None or where.name:
+        return where
+    return Location(where.part, where.name, where.offset + offset, where.via)
 
 
 def _named(where: Location, name: str) -> str:

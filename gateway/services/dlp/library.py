@@ -82,6 +82,7 @@ class Anchor:
     tail: str | None = None
     strip: str = ""
     stop: str = ""
+    context: bool = False  # reads a name beside the value (see core/dlp/detector.Rule)
 
 
 def cases(word: str) -> tuple[str, ...]:
@@ -92,8 +93,8 @@ def cases(word: str) -> tuple[str, ...]:
 
 
 def _a(*anchors: str, after: int, before: int = 0, tail: str | None = None,
-       strip: str = "", stop: str = "") -> Anchor:
-    return Anchor(anchors, after, before, tail, strip, stop)
+       strip: str = "", stop: str = "", context: bool = False) -> Anchor:
+    return Anchor(anchors, after, before, tail, strip, stop, context)
 
 
 _DELIMITERS = " \t\r\n\"=:"  # what ArtifactoryDetector's patterns match around a token
@@ -107,7 +108,7 @@ _SLACK_TOKEN = cases("xox")
 # name -> (plugin class, anchors per denylist pattern in order; None: no anchor)
 PLUGINS: dict[str, list[tuple[type[BasePlugin], list[Anchor | None]]]] = {
     "aws": [(AWSKeyDetector, [_a("A3T", "ABIA", "ACCA", "AKIA", "ASIA", after=20),
-                              _a(*cases("aws"), after=120)])],
+                              _a(*cases("aws"), after=120, context=True)])],
     "azure-storage": [(AzureStorageKeyDetector, [_a("AccountKey=", after=90)])],
     "basic-auth": [(BasicAuthDetector, [_a("://", after=512)])],
     "github": [(GitHubTokenDetector, [_a("ghp_", "gho_", "ghu_", "ghs_", "ghr_", after=40)]),
@@ -132,7 +133,8 @@ PLUGINS: dict[str, list[tuple[type[BasePlugin], list[Anchor | None]]]] = {
                                               after=260)])],
     "anthropic": [(AnthropicDetector, [_a("sk-ant-", after=220)])],
     "huggingface": [(HuggingFaceDetector, [_a("hf_", before=1, after=40)])],
-    "gcp-service-account": [(GcpServiceAccountDetector, [_a('"private_key_id"', after=70)])],
+    "gcp-service-account": [(GcpServiceAccountDetector, [_a('"private_key_id"', after=70,
+                                                             context=True)])],
     "gcp-api-key": [(GcpApiKeyDetector, [_a("AIza", after=40)])],
     "npm": [(NpmDetector, [_a("_authToken=", before=512, after=512, stop=_LINE_END)])],
     "pypi": [(PypiTokenDetector, [_a("pypi-AgEIcHlwaS5vcmc", after=2048),
@@ -194,7 +196,7 @@ def _rules(plugin_class: type[BasePlugin], anchors: list[Anchor | None]) -> Iter
         else:
             yield Rule(pattern, anchor.anchors, anchor.before, anchor.after, confirm,
                        re.compile(anchor.tail) if anchor.tail else None,
-                       strip=anchor.strip, stop=anchor.stop)
+                       strip=anchor.strip, stop=anchor.stop, context=anchor.context)
 
 
 def _values(plugin: BasePlugin) -> Callable[[str], Iterator[str]]:
