@@ -13,8 +13,8 @@ DOCS = Path(__file__).resolve().parents[3] / "docs" / "dlp.md"
 
 def test_names_and_sets() -> None:
     assert all(re.fullmatch(r"[a-z][a-z0-9-]*", n) and DETECTORS[n] for n in DETECTORS)
-    assert OPT_IN <= set(DETECTORS) and "high-entropy" in OPT_IN
-    assert DEFAULT == tuple(n for n in DETECTORS if n not in OPT_IN)
+    assert set(DETECTORS) >= OPT_IN and "high-entropy" in OPT_IN
+    assert tuple(n for n in DETECTORS if n not in OPT_IN) == DEFAULT
 
 
 def test_every_detector_is_documented() -> None:
