@@ -34,7 +34,9 @@ from gateway.core.dlp.prefilter import Prefilter, unescape
 
 __all__ = ["DEFAULT_LIMIT", "Hit", "Scanner"]
 
-DEFAULT_LIMIT = 8 * 1024 * 1024  # the engines' default hold limit
+# The most decoded bytes a held body may have (the caller passes its own: the engines
+# hold 1 MiB of an ordinary request body, 32 MiB where a check needs it whole).
+DEFAULT_LIMIT = 1024 * 1024
 MIN_DECODED = 12  # decoded runs shorter than this hold no key
 _BOUNDARY = re.compile(r'boundary="?([^";]+)"?', re.IGNORECASE)
 _PART_NAME = re.compile(rb'\bname="([^"]*)"', re.IGNORECASE)
@@ -73,12 +75,19 @@ class Scanner:
             Detector(d.name, tuple(r for r in d.rules if r.context or not r.anchors))
             for d in self.detectors))
         self.reach = max((d.reach for d in self.detectors), default=0)
+        self._subsets: dict[frozenset[str], Scanner] = {}
 
     def only(self, names: Iterable[str]) -> Scanner:
-        """A scanner with the named detectors of this one (a policy's selection)."""
-        wanted = set(names)
-        return Scanner([d for d in self.detectors if d.name in wanted], self.salt,
-                       limit=self.limit, depth=self.depth)
+        """A scanner with the named detectors of this one (a policy's selection), built
+        once per selection (an automaton each; policies name few selections)."""
+        wanted = frozenset(names)
+        found = self._subsets.get(wanted)
+        if found is None:
+            found = Scanner([d for d in self.detectors if d.name in wanted], self.salt,
+                            limit=self.limit, depth=self.depth)
+            if len(self._subsets) < 64:
+                self._subsets[wanted] = found
+        return found
 
     # -- results ---------------------------------------------------------------------------
 

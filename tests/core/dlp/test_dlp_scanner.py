@@ -151,3 +151,21 @@ def test_nested_encodings_stop_at_the_depth() -> None:
     assert not SCANNER.scan_body(thrice, "text/plain").findings  # depth 2 (documented)
     deeper = Scanner(SCANNER.detectors, b"s", depth=3)
     assert deeper.scan_body(thrice, "text/plain").findings
+
+
+def test_a_percent_encoded_path_and_a_selection() -> None:
+    key = next(f for f in CORPUS if f.detector == "github").text
+    escaped = "%" + key[:1].encode().hex() + key[1:]
+    result = SCANNER.scan_request("PUT", f"/files/{escaped}", [])
+    assert [str(f.location) for f in result.findings] == ["request line (in percent)"]
+    only = SCANNER.only(["aws", "slack"])
+    assert only is SCANNER.only(["slack", "aws"])  # built once per selection
+    assert [d.name for d in only.detectors] == ["aws", "slack"]
+    assert only.scan_request("PUT", f"/files/{key}", []).clean
+
+
+def test_a_body_over_the_limit_is_unreadable_not_skipped() -> None:
+    small = Scanner(SCANNER.detectors, b"s", limit=100)
+    assert small.scan_body(b"x" * 101, "text/plain").unreadable
+    assert small.scan_body(gzip.compress(b"x" * 101), "text/plain", "gzip").unreadable
+    assert small.scan_body(b"x" * 100, "text/plain").clean
