@@ -16,6 +16,7 @@ about 0.2 s and 19 MiB the first time; build the detectors once, at start.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -83,6 +84,7 @@ class Anchor:
     strip: str = ""
     stop: str = ""
     context: bool = False  # reads a name beside the value (see core/dlp/detector.Rule)
+    check: Callable[[str], bool] | None = None  # a further check of the value
 
 
 def cases(word: str) -> tuple[str, ...]:
@@ -93,16 +95,36 @@ def cases(word: str) -> tuple[str, ...]:
 
 
 def _a(*anchors: str, after: int, before: int = 0, tail: str | None = None,
-       strip: str = "", stop: str = "", context: bool = False) -> Anchor:
-    return Anchor(anchors, after, before, tail, strip, stop, context)
+       strip: str = "", stop: str = "", context: bool = False,
+       check: Callable[[str], bool] | None = None) -> Anchor:
+    return Anchor(anchors, after, before, tail, strip, stop, context, check)
 
 
 _DELIMITERS = " \t\r\n\"=:"  # what ArtifactoryDetector's patterns match around a token
 _LINE_END = " \t\r\n\"'`,;<>"  # NpmDetector's value runs to the end of the line
 
 
+# A private key's value runs to its END line (or, cut short, over the base64 that follows
+# its header), and it must hold key material: the header alone is code that reads keys
+# (`line.startswith("-----BEGIN RSA PRIVATE KEY-----")`), not a key.
 _PEM_END = (r"(?:[\s\S]{0,16384}?(?:END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-*"
-            r"|Private-MAC: *[0-9a-fA-F]+))?")
+            r"|Private-MAC: *[0-9a-fA-F]+)|-*(?:\s|\\[nr]|[A-Za-z0-9+/=:,-])*)")
+_PEM_HEAD = re.compile(r"^(?:BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-*|PuTTY-User-Key-File-2:.*)")
+_PEM_FOOT = re.compile(r"-*END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-*$")
+_PEM_FIELD = re.compile(r"^[A-Za-z-]+: .*$", re.MULTILINE)  # Proc-Type:, Comment:, ...
+_BASE64 = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
+
+
+def _key_material(value: str) -> bool:
+    """Whether a private key's value holds a body: at least 64 characters between its
+    header and its END line, nine in ten of them base64 (JSON `\\n` escapes and the
+    PEM header fields set aside)."""
+    body = value.replace("\\n", "\n").replace("\\r", "\n")
+    body = _PEM_FIELD.sub("", _PEM_FOOT.sub("", _PEM_HEAD.sub("", body)))
+    body = "".join(body.split())
+    return len(body) >= 64 and sum(c in _BASE64 for c in body) >= 0.9 * len(body)
+
+
 _SLACK_TOKEN = cases("xox")
 
 # name -> (plugin class, anchors per denylist pattern in order; None: no anchor)
@@ -123,7 +145,7 @@ PLUGINS: dict[str, list[tuple[type[BasePlugin], list[Anchor | None]]]] = {
     "stripe": [(StripeDetector, [_a("sk_live_", "rk_live_", after=30)])],
     "twilio": [(TwilioKeyDetector, [_a("AC", after=34), _a("SK", after=34)])],
     "private-key": [(PrivateKeyDetector, [
-        _a(p, after=16500, tail=_PEM_END) for p in (
+        _a(p, after=16500, tail=_PEM_END, check=_key_material) for p in (
             "BEGIN DSA PRIVATE KEY", "BEGIN EC PRIVATE KEY", "BEGIN OPENSSH PRIVATE KEY",
             "BEGIN PGP PRIVATE KEY BLOCK", "BEGIN PRIVATE KEY", "BEGIN RSA PRIVATE KEY",
             "BEGIN SSH2 ENCRYPTED PRIVATE KEY", "PuTTY-User-Key-File-2")])],
@@ -189,14 +211,26 @@ def _rules(plugin_class: type[BasePlugin], anchors: list[Anchor | None]) -> Iter
     # A plugin that filters its pattern's matches (JWT) confirms each through its own API.
     own = type(plugin).analyze_string is not RegexBasedDetector.analyze_string
     for pattern, anchor in zip(patterns, anchors, strict=True):
-        confirm = (lambda text, p=plugin: _plausible(text) and any(
-            True for _ in p.analyze_string(text))) if own else _plausible
+        confirm: Callable[[str], bool] = _plausible
+        if own:  # the plugin's own check too (`plugin` bound now, not at call time)
+            confirm = _both(_plausible, functools.partial(_agrees, plugin))
         if anchor is None:
             yield Rule(pattern, confirm=confirm, after=0)
         else:
+            if anchor.check is not None:
+                confirm = _both(confirm, anchor.check)
             yield Rule(pattern, anchor.anchors, anchor.before, anchor.after, confirm,
                        re.compile(anchor.tail) if anchor.tail else None,
                        strip=anchor.strip, stop=anchor.stop, context=anchor.context)
+
+
+def _agrees(plugin: BasePlugin, text: str) -> bool:
+    """The plugin's `analyze_string` finds a secret in the value (its own check)."""
+    return any(True for _ in plugin.analyze_string(text))
+
+
+def _both(first: Callable[[str], bool], then: Callable[[str], bool]) -> Callable[[str], bool]:
+    return lambda text: first(text) and then(text)
 
 
 def _values(plugin: BasePlugin) -> Callable[[str], Iterator[str]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import pkgutil
 from dataclasses import replace
 
@@ -79,3 +80,27 @@ def test_the_prefilter_loses_nothing_against_a_full_pass(fake: Fake) -> None:
         got = {(f.detector, f.fingerprint) for f in fast.scan_text(text, where)}
         want = {(f.detector, f.fingerprint) for f in full.scan_text(text, where)}
         assert got == want, (text[:40], got ^ want)
+
+
+def _pem_body() -> str:
+    return "\n".join(["MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7" + "a" * 12] * 4)
+
+
+@pytest.mark.parametrize(("text", "found"), [
+    (f"-----BEGIN RSA PRIVATE KEY-----\n{_pem_body()}\n-----END RSA PRIVATE KEY-----", True),
+    (f"-----BEGIN OPENSSH PRIVATE KEY-----\n{_pem_body()}\n", True),  # cut short, no END
+    ("-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,00FF\n\n"
+     f"{_pem_body()}\n-----END RSA PRIVATE KEY-----", True),
+    ("PuTTY-User-Key-File-2: ssh-rsa\nEncryption: none\nComment: k\nPublic-Lines: 4\n"
+     f"{_pem_body()}\nPrivate-Lines: 4\n{_pem_body()}\nPrivate-MAC: 0a1b2c", True),
+    # code that reads keys holds the header, not a key
+    ('if line.startswith("-----BEGIN RSA PRIVATE KEY-----"):\n    return parse_pem(line)\n'
+     'elif line.startswith("-----END RSA PRIVATE KEY-----"):\n    done = True', False),
+    ('HEADERS = ("BEGIN PRIVATE KEY", "BEGIN EC PRIVATE KEY", "BEGIN DSA PRIVATE KEY")', False),
+    ("-----BEGIN PRIVATE KEY-----\n...\n-----END PRIVATE KEY-----", False),
+])
+def test_a_private_key_needs_key_material(text: str, found: bool) -> None:
+    scanner = Scanner(build(["private-key"]), b"s")
+    for carrier in (text, json.dumps({"k": text})):
+        hits = scanner.scan_text(carrier, Location("body", offset=0))
+        assert bool(hits) is found, carrier[:60]
