@@ -103,6 +103,13 @@ def _cases(tmp: Path) -> dict[str, tuple[bytes, str, str | None]]:
         "git-pack": (_git_pack(tmp), "application/x-git-receive-pack-request", None),
         "prompt-with-code": (_prompt("Review this code:\n" + code), "application/json", None),
         "prompt-with-docs": (_prompt(docs), "application/json", None),
+        # every source file of the project (not tests/, which hold fake keys), one prompt
+        "prompt-with-all-sources": (_prompt("\n\n".join(
+            p.read_text(errors="replace") for sub in ("gateway", "docs", "examples", "charts",
+                                                      "scripts")
+            for p in sorted((REPO / sub).rglob("*")) if p.is_file()
+            and p.suffix in (".py", ".md", ".yaml", ".yml", ".sh", ".json", ".mjs", ".txt",
+                             ".tpl", ".toml"))), "application/json", None),
         "package-lock": (_package_lock(), "application/json", None),
         "minified-js": (_minified_js(), "application/javascript", None),
     }
