@@ -212,8 +212,8 @@ class Scanner:
                 return
         if not form:
             try:
-                document = json.loads(body) if "json" in ctype or text.lstrip()[:1] in (
-                    "{", "[") else _NOT_JSON
+                document = json.loads(body, object_pairs_hook=_Pairs) \
+                    if "json" in ctype or text.lstrip()[:1] in ("{", "[") else _NOT_JSON
             except (ValueError, RecursionError):
                 document = _NOT_JSON
             if document is not _NOT_JSON:
@@ -249,8 +249,8 @@ class Scanner:
             item, at = stack.pop()
             if isinstance(item, str):
                 parts.append((item, Location(where.part, at, None, where.via)))
-            elif isinstance(item, dict):
-                for key, value in item.items():
+            elif isinstance(item, _Pairs):  # every pair: a key repeated is read twice
+                for key, value in item:
                     sub = _path(at, key)
                     parts.append((key, Location(where.part, sub + " (key)", None, where.via)))
                     stack.append((value, sub))
@@ -291,6 +291,11 @@ class Scanner:
 
 
 _NOT_JSON = object()
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """A JSON object as all its pairs: a key written twice keeps both values (readers
+    differ on which one counts, so both are scanned)."""
 
 
 def _json_text(value: str) -> str:

@@ -155,8 +155,9 @@ PLUGINS: dict[str, list[tuple[type[BasePlugin], list[Anchor | None]]]] = {
                                               after=260)])],
     "anthropic": [(AnthropicDetector, [_a("sk-ant-", after=220)])],
     "huggingface": [(HuggingFaceDetector, [_a("hf_", before=1, after=40)])],
-    "gcp-service-account": [(GcpServiceAccountDetector, [_a('"private_key_id"', after=70,
-                                                             context=True)])],
+    # (no quotes in the anchor: inside a JSON string they are escaped, \")
+    "gcp-service-account": [(GcpServiceAccountDetector, [_a("private_key_id", before=1,
+                                                             after=70, context=True)])],
     "gcp-api-key": [(GcpApiKeyDetector, [_a("AIza", after=40)])],
     "npm": [(NpmDetector, [_a("_authToken=", before=512, after=512, stop=_LINE_END)])],
     "pypi": [(PypiTokenDetector, [_a("pypi-AgEIcHlwaS5vcmc", after=2048),

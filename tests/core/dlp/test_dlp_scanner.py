@@ -169,3 +169,18 @@ def test_a_body_over_the_limit_is_unreadable_not_skipped() -> None:
     assert small.scan_body(b"x" * 101, "text/plain").unreadable
     assert small.scan_body(gzip.compress(b"x" * 101), "text/plain", "gzip").unreadable
     assert small.scan_body(b"x" * 100, "text/plain").clean
+
+
+def test_a_key_repeated_in_an_object_is_read_twice() -> None:
+    key = next(f for f in CORPUS if f.detector == "aws").text
+    body = ('{"k": "' + key + '", "k": "harmless"}').encode()
+    assert [f.detector for f in SCANNER.scan_body(body, JSON).findings] == ["aws"]
+    assert json.loads(body) == {"k": "harmless"}  # (what a last-wins reader keeps)
+
+
+def test_a_service_account_file_inside_a_json_string() -> None:
+    sa = next(f for f in CORPUS if f.detector == "gcp-service-account").text
+    only = SCANNER.only(["gcp-service-account"])
+    body = json.dumps({"files": {"sa.json": sa}}).encode()
+    assert [str(f.location) for f in only.scan_body(body, JSON).findings] == [
+        'body $.files["sa.json"]']
