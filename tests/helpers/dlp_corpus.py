@@ -44,6 +44,11 @@ class Fake:
     detector: str
     text: str
     opt_in: bool = False
+    value: str = ""  # the credential inside `text`, where `text` holds more
+
+    @property
+    def secret(self) -> str:
+        return self.value or self.text
 
 
 def _jwt() -> str:
@@ -52,18 +57,29 @@ def _jwt() -> str:
     return f"{head}.{body}.{_b64url(_R.randbytes(32))}"
 
 
-def _gcp() -> str:
-    return json.dumps({"type": "service_account", "project_id": "fake-project-43",
-                       "private_key_id": _s(HEX, 40), "private_key": _pem(),
-                       "client_email": "fake@fake-project-43.iam.gserviceaccount.com"})
+def _gcp() -> Fake:
+    key_id = _s(HEX, 40)
+    return Fake("gcp-service-account", json.dumps({
+        "type": "service_account", "project_id": "fake-project-43", "private_key_id": key_id,
+        "private_key": _pem(), "client_email": "fake@fake-project-43.iam.gserviceaccount.com"}),
+        value=key_id)
+
+
+def _azure() -> Fake:
+    key = _s(ALNUM + "+/", 86) + "=="
+    return Fake("azure-storage", "DefaultEndpointsProtocol=https;AccountName=fakeacct;"
+                f"AccountKey={key};EndpointSuffix=core.windows.net", value=key)
+
+
+def _with(detector: str, template: str, value: str, opt_in: bool = False) -> Fake:
+    return Fake(detector, template.format(value), opt_in, value)
 
 
 def _build() -> tuple[Fake, ...]:
     return (
         Fake("aws", "AKIA" + _s(string.ascii_uppercase + string.digits, 16)),
-        Fake("azure-storage", "DefaultEndpointsProtocol=https;AccountName=fakeacct;AccountKey="
-             + _s(ALNUM + "+/", 86) + "==;EndpointSuffix=core.windows.net"),
-        Fake("basic-auth", f"https://deploy:{_s(ALNUM, 18)}@git.example.test/repo.git"),
+        _azure(),
+        _with("basic-auth", "https://deploy:{}@git.example.test/repo.git", _s(ALNUM, 18)),
         Fake("github", "ghp_" + _s(ALNUM, 36)),
         Fake("gitlab", "glpat-" + _s(URLSAFE, 20)),
         Fake("slack", f"xoxb-{_s(string.digits, 12)}-{_s(string.digits, 13)}-{_s(LOWER, 24)}"),
@@ -74,9 +90,9 @@ def _build() -> tuple[Fake, ...]:
         Fake("openai", "sk-proj-" + _s(ALNUM, 74) + "T3BlbkFJ" + _s(ALNUM, 74)),
         Fake("anthropic", "sk-ant-api03-" + _s(URLSAFE, 93) + "AA"),
         Fake("huggingface", "hf_" + _s(string.ascii_letters, 34)),
-        Fake("gcp-service-account", _gcp()),
+        _gcp(),
         Fake("gcp-api-key", "AIza" + _s(URLSAFE, 35)),
-        Fake("npm", "//registry.npmjs.org/:_authToken=npm_" + _s(ALNUM, 36)),
+        _with("npm", "//registry.npmjs.org/:_authToken={}", "npm_" + _s(ALNUM, 36)),
         Fake("pypi", "pypi-AgEIcHlwaS5vcmc" + _s(URLSAFE, 150)),
         Fake("sendgrid", f"SG.{_s(URLSAFE, 22)}.{_s(URLSAFE, 43)}"),
         Fake("mailchimp", _s(HEX, 32) + "-us12"),
@@ -84,12 +100,12 @@ def _build() -> tuple[Fake, ...]:
         Fake("artifactory", "AKC" + _s(ALNUM, 70)),
         Fake("discord", f"M{_s(URLSAFE, 23)}.{_s(URLSAFE, 6)}.{_s(URLSAFE, 27)}", True),
         Fake("telegram", f"{_s(string.digits, 9)}:{_s(URLSAFE, 35)}", True),
-        Fake("cloudant", f'cloudant_password = "{_s(HEX, 64)}"', True),
-        Fake("ibm-cloud-iam", f'ibm_cloud_iam_api_key = "{_s(URLSAFE, 44)}"', True),
-        Fake("ibm-cos-hmac", f'ibm_cos_hmac_secret_access_key = "{_s(HEX, 48)}"', True),
-        Fake("softlayer", f'softlayer_api_key = "{_s(LOWER, 64)}"', True),
-        Fake("keyword", f'db_password = "{_s(ALNUM, 20)}"', True),
-        Fake("high-entropy", f'"{_s(ALNUM + "+/", 44)}"', True),
+        _with("cloudant", 'cloudant_password = "{}"', _s(HEX, 64), True),
+        _with("ibm-cloud-iam", 'ibm_cloud_iam_api_key = "{}"', _s(URLSAFE, 44), True),
+        _with("ibm-cos-hmac", 'ibm_cos_hmac_secret_access_key = "{}"', _s(HEX, 48), True),
+        _with("softlayer", 'softlayer_api_key = "{}"', _s(LOWER, 64), True),
+        _with("keyword", 'db_password = "{}"', _s(ALNUM, 20), True),
+        _with("high-entropy", '"{}"', _s(ALNUM + "+/", 44), True),
     )
 
 

@@ -92,12 +92,19 @@ class Scanner:
     # -- results ---------------------------------------------------------------------------
 
     def findings(self, hits: Iterable[Hit]) -> tuple[Finding, ...]:
-        """Findings of hits, one per (detector, value), first location kept."""
+        """Findings of hits, one per (detector, value), first location kept. A location
+        whose name (a header, field or part name, a JSON key in a path) holds any part of
+        a value found is shown without that name: a finding never carries a value."""
+        hits = list(hits)
+        values = {h.value for h in hits}
         seen: dict[tuple[str, str], Finding] = {}
         for hit in hits:
             mark = fingerprint(self.salt, hit.value)
             if (hit.detector, mark) not in seen:
-                seen[(hit.detector, mark)] = Finding(hit.detector, hit.location, mark)
+                where = hit.location
+                if where.name and any(_overlaps(v, where.name) for v in values):
+                    where = Location(where.part, HIDDEN_NAME, where.offset, where.via)
+                seen[(hit.detector, mark)] = Finding(hit.detector, where, mark)
         return tuple(seen.values())
 
     def scan_request(self, method: str, target: str, headers: Iterable[tuple[str, str]],
@@ -170,18 +177,20 @@ class Scanner:
         headers = list(headers)
         line = f"{method} {target}"
         plain = unescape(line)
-        joined = "\n".join([line, plain, *(v for _, v in headers)])
+        joined = "\n".join([line, plain, *(f"{k}\n{v}" for k, v in headers)])
         if not self.prefilter.any(joined) and not has_run(joined):
             return
         _, _, query = target.partition("?")
         if query:  # parameters first: their name is the better location
             for name, value in parse_qsl(query, keep_blank_values=True, encoding="latin-1"):
                 yield from self.text_hits(value, Location("query", name[:80]))
+                yield from self.text_hits(name, Location("query", name[:80]))
         yield from self.text_hits(line, Location("request line"))
         if plain != line:
             yield from self.text_hits(plain, Location("request line", via=("percent",)))
         for name, value in headers:
             yield from self.text_hits(value, Location("header", name))
+            yield from self.text_hits(name, Location("header", "name"))  # (shown hidden)
 
     def body_hits(self, body: bytes, content_type: str | None,
                   content_encoding: str | None) -> list[Hit]:
@@ -223,8 +232,10 @@ class Scanner:
                 return
         if form:
             for name, value in parse_qsl(text, keep_blank_values=True, encoding="latin-1"):
-                yield from self.text_hits(value, Location(where.part, _named(
-                    where, f"form field {name[:80]}"), None, where.via))
+                field = Location(where.part, _named(where, f"form field {name[:80]}"), None,
+                                 where.via)
+                yield from self.text_hits(value, field)
+                yield from self.text_hits(name, field)
             yield from self._context(unquote_plus(text, encoding="latin-1"), where)
             return
         # Anything else is read as it is: a receiver does not undo %XX in a file.
@@ -306,6 +317,17 @@ def _json_text(value: str) -> str:
     except ValueError:
         return value
     return out if isinstance(out, str) else value
+
+
+HIDDEN_NAME = "(a name holding a credential)"
+_OVERLAP = 8  # characters of a value a name may not show
+
+
+def _overlaps(value: str, name: str) -> bool:
+    """Whether `name` shows `value` or any 8 characters of it in a row."""
+    if len(value) <= _OVERLAP:
+        return value in name
+    return any(value[i:i + _OVERLAP] in name for i in range(len(value) - _OVERLAP + 1))
 
 
 def _at(where: Location, offset: int) -> Location:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import re
 import zlib
 from collections.abc import Callable
 from urllib.parse import quote, urlencode
@@ -109,7 +110,7 @@ def test_a_finding_never_holds_the_value(fake: Fake) -> None:
     for carrier in ("header", "json", "base64-in-json"):
         for finding in _case(fake, carrier):
             shown = f"{finding} {finding.describe()} {finding.location}"
-            secret = fake.text
+            secret = fake.secret
             assert not any(secret[i:i + 10] in shown for i in range(0, len(secret) - 10, 3))
 
 
@@ -184,3 +185,29 @@ def test_a_service_account_file_inside_a_json_string() -> None:
     body = json.dumps({"files": {"sa.json": sa}}).encode()
     assert [str(f.location) for f in only.scan_body(body, JSON).findings] == [
         'body $.files["sa.json"]']
+
+
+@pytest.mark.parametrize("fake", [f for f in CORPUS if not f.opt_in and "\n" not in f.text],
+                         ids=lambda f: f.detector)
+def test_a_key_used_as_a_name_is_not_shown_in_the_location(fake: Fake) -> None:
+    """A header name, query or form field name, JSON key or multipart part name holding
+    a key: found, and the location does not show the name."""
+    key = fake.text
+    cases = [
+        *([("/", [(key, "1")], b"", None)] if re.fullmatch(r"[\w.+/=-]+", key) else []),
+        ("/?" + quote(key, safe="") + "=1", [], b"", None),
+        ("/", [], json.dumps({"a": {key: 1}}).encode(), JSON),
+        ("/", [], urlencode({key: "1"}).encode(), "application/x-www-form-urlencoded"),
+        ("/", [], (f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n'
+                   f"x\r\n--{BOUNDARY}--\r\n").encode(), MP),
+    ]
+    for target, headers, body, ctype in cases:
+        if ctype:
+            headers = [*headers, ("Content-Type", ctype)]
+        findings = SCANNER.scan_request("POST", target, headers, body).findings
+        mine = [f for f in findings if f.detector == fake.detector]
+        assert mine, (target, headers, body[:80])
+        secret = fake.secret
+        for finding in findings:
+            shown = str(finding.location)
+            assert not any(secret[i:i + 8] in shown for i in range(len(secret) - 7)), shown
