@@ -2,11 +2,12 @@
 
 Views of a request (each a text and its `Location`):
 
-* the request line, the query parameters (decoded), and each header (by name);
+* the request line (also with %XX undone), the query parameters (decoded), each header
+  by name, and the names themselves (a key sent as a header or field name);
 * the body, its content codings undone (`decoding.decode_content`, bounded by the hold
-  limit), then by Content-Type: JSON strings (keys and values, escapes undone) by JSON
-  path, form fields by name, multipart parts by name (each part read by its own type),
-  anything else as text (and with %XX and `\\u00XX` escapes undone, when it has any);
+  limit), then by Content-Type: JSON strings (keys and values, escapes undone, every
+  value of a repeated key) by JSON path, form fields by name, multipart parts by name
+  (each part read by its own type and coding), anything else as text as it is;
 * inside any view, base64 and hex runs long enough to hold a key, decoded and scanned
   again, `depth` times at most.
 
