@@ -6,6 +6,18 @@ receiver reads it) with the `Detector`s built from detect-secrets plugins by
 larger than the hold limit; `redact_body` rewrites a body without the values; `Dlp` is a
 policy's `dlp:` section. Results name the detector, the location and a salted fingerprint,
 never the value. See docs/dlp.md.
+
+Called from one place (the engines' body stage, when wired)::
+
+    scanner = Scanner(library.build(DETECTORS), salt, limit=hold_limit)   # once, at start
+    dlp = resolve(policy.dlp, rule.dlp)                                   # per request
+    if dlp is not None:
+        result = scanner.only(dlp.detectors or DEFAULT).scan_request(
+            method, target, headers_without_the_credential_carrier, body)
+        found = [f for f in result.findings if dlp.applies(f, host)]
+        # result.unreadable: refuse (fail closed); found: refuse / redact_body / report
+        # by dlp.effective_action. A body past the hold limit, a WebSocket message's
+        # fragments: StreamScanner(scanner.only(...), content_encoding).feed(chunk).
 """
 
 from gateway.core.dlp.catalogue import DEFAULT, DETECTORS, OPT_IN
