@@ -11,7 +11,9 @@ a bomb stops at the limit. `encode_content` writes a rewritten body back in the 
 codings.
 
 `runs` finds base64 (standard or URL-safe) and hex runs long enough to hold a key (a
-16-byte key is 22 base64 or 32 hex characters), and `decode_run` decodes one.
+16-byte key is 22 base64 or 32 hex characters), and `decode_run` decodes one. A run is
+decoded from its first character; one of at most 1 KiB also from its next three (a key's
+base64 behind a character or three of something else is still found).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = ["Run", "Unreadable", "decode_content", "decode_run", "encode_content"
 
 MIN_BASE64 = 20
 MIN_HEX = 32
+MAX_SHIFTED = 1024  # runs up to this long are also decoded from their 2nd to 4th character
 _STEP = 256 * 1024
 _HEX = re.compile(r"(?:[0-9a-f]{2})+|(?:[0-9A-F]{2})+")
 
@@ -146,14 +149,17 @@ def runs(text: str) -> Iterator[Run]:
             continue
         if body.lower() == body or body.upper() == body:
             # Base64 of 15 bytes or more without an upper or a lower case letter is
-            # rare (random bytes: (3/4)^20 < 0.4 %; text: "dXNlcjpw..."), while paths
+            # rare (random bytes: (38/64)^20 < 0.01 %; text: "dXNlcjpw..."), while paths
             # (/v1/chat/completions) and snake_case names are all one case.
             continue
         padded = end
         while padded < len(text) and padded - end < 2 and text[padded] == "=":
             padded += 1
-        if len(body) % 4 != 1:
-            yield Run(start, padded, "base64")
+        # From its first character; a run short enough to be a key wrapped in a few more
+        # characters ("x" + base64) also from its next three.
+        for shift in range(4 if len(body) <= MAX_SHIFTED else 1):
+            if len(body) - shift >= MIN_BASE64 and (len(body) - shift) % 4 != 1:
+                yield Run(start + shift, padded, "base64")
 
 
 def decode_run(text: str, run: Run) -> bytes | None:

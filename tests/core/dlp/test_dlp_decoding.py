@@ -75,8 +75,19 @@ def test_runs_base64_urlsafe_padded_and_hex() -> None:
     text = (f"a {base64.b64encode(key).decode()} b {base64.urlsafe_b64encode(key).decode()}"
             f" c {key.hex()} d {key.hex().upper()} e short")
     found = list(runs(text))
-    assert [r.kind for r in found] == ["base64", "base64", "hex", "hex"]
-    assert all(decode_run(text, r) == key for r in found)
+    assert [r.kind for r in found if decode_run(text, r) == key] == [
+        "base64", "base64", "hex", "hex"]
+    # a short base64 run is also read from its 2nd to 4th character (misaligned keys)
+    assert len([r for r in found if r.kind == "base64"]) > 2
+
+
+def test_a_key_behind_other_characters_and_a_long_run_from_its_start_only() -> None:
+    key = base64.b64encode(b"AKIAABCDEFGHIJKLMNOP").decode()
+    for prefix in ("x", "xy", "xyz"):
+        assert any(decode_run(prefix + key, r) == b"AKIAABCDEFGHIJKLMNOP"
+                   for r in runs(prefix + key))
+    long = "Ab" * 1000
+    assert [r.start for r in runs(long)] == [0]
 
 
 def test_ordinary_words_are_not_runs() -> None:
