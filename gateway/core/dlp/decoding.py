@@ -37,6 +37,7 @@ MIN_HEX = 32
 MAX_SHIFTED = 1024  # runs up to this long are also decoded from their 2nd to 4th character
 _STEP = 256 * 1024
 _HEX = re.compile(r"(?:[0-9a-f]{2})+|(?:[0-9A-F]{2})+")
+_HEX_INSIDE = re.compile(r"[0-9a-f]{32,}|[0-9A-F]{32,}")  # (MIN_HEX)
 
 
 class Unreadable(ValueError):
@@ -147,6 +148,11 @@ def runs(text: str) -> Iterator[Run]:
         if len(body) >= MIN_HEX and _HEX.fullmatch(body):
             yield Run(start, end, "hex")
             continue
+        for inner in _HEX_INSIDE.finditer(body):  # hex behind other characters ("x" + hex)
+            lo, hi = start + inner.start(), start + inner.end()
+            for shift in (0, 1):
+                if hi - lo - shift >= MIN_HEX:
+                    yield Run(lo + shift, hi - (hi - lo - shift) % 2, "hex")
         if body.lower() == body or body.upper() == body:
             # Base64 of 15 bytes or more without an upper or a lower case letter is
             # rare (random bytes: (38/64)^20 < 0.01 %; text: "dXNlcjpw..."), while paths

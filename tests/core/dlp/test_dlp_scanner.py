@@ -79,6 +79,8 @@ CARRIERS: dict[str, tuple[Carrier, str | None]] = {
         b"user:" + t.encode()).decode())], b""), None),
     "hex": (lambda t: ("/", [("Content-Type", "text/plain")], t.encode().hex().encode()),
             None),
+    "hex-shifted": (lambda t: ("/", [("Content-Type", "text/plain")],
+                               b"k" + t.encode().hex().encode()), None),
     # base64 behind one to three other characters of the alphabet: off its alignment
     "base64-shifted": (lambda t: ("/", [("Content-Type", "text/plain")], b"x=" + b"Q9z"[
         :1 + len(t) % 3] + base64.b64encode(t.encode())), None),
