@@ -54,6 +54,7 @@ class Sizes:
     secret_concurrency: int = 100
     metering_requests: int = 100  # per row and round: streamed calls, metered vs not
     metering_rounds: int = 24  # short alternating rounds: many ratios, little drift in each
+    dlp_stream_mib: int = 100  # the streamed upload through the credential scanner
 
 
 FULL = Sizes(get_seconds=5.0, big_bytes=100_000_000, sse_streams=20, sse_events=20,
@@ -62,7 +63,7 @@ FULL = Sizes(get_seconds=5.0, big_bytes=100_000_000, sse_streams=20, sse_events=
 QUICK = Sizes(get_seconds=0.5, big_bytes=2_000_000, sse_streams=3, sse_events=5,
               sse_interval_ms=5, idle_tunnels=20, policy_sizes=(10, 100, 1000),
               policy_samples=2000, worker_concurrency=(10,), metering_requests=20,
-              metering_rounds=4)
+              metering_rounds=4, dlp_stream_mib=2)
 WORKER_COUNTS = (1, 2)  # `run --workers N` in the workers section
 IDLE_TIMEOUT = "2s"  # network.upstream_idle_timeout of the idle_after_timeout gateway
 IDLE_TIMEOUT_WAIT_S = 4.0  # idle_after_timeout: wait at least this long after the tunnels
@@ -103,7 +104,7 @@ ROWS = (
     Row("squid", "squid CONNECT", "squid", "pass.bench.test",
         ("get_c1", "get_c10", "download", "sse", "idle")),
 )
-SECTIONS = ("workers", "policy", "secret", "metering")
+SECTIONS = ("workers", "policy", "secret", "metering", "dlp")
 
 
 class ClientError(RuntimeError):
@@ -460,6 +461,9 @@ class Bench:
         if self.wanted("secret"):
             print("cold secret ...", file=sys.stderr)
             self.results["cold_secret"] = micro.cold_secret(self.sizes.secret_concurrency)
+        if self.wanted("dlp"):
+            print("credential detection ...", file=sys.stderr)
+            self.results["dlp"] = micro.dlp_scan(self.sizes.dlp_stream_mib)
         self.results["targets"] = targets.evaluate(self.results)
         return self.results
 

@@ -205,6 +205,17 @@ def _policy_lines(results: dict[str, Any]) -> list[str]:
                      f"{met['metered_audit_lines_with_usage']:,} audit lines with usage")
     elif met:
         lines.append(f"metering: {met.get('error', 'not measured')}")
+    dlp = results.get("dlp")
+    if dlp:
+        lines.append(
+            "credential detection (default detectors, CPU): "
+            f"2 KB chat request without a candidate {dlp['small_json_clean']['us_per_request']:.0f}"
+            f" µs, with a key {dlp['small_json_key']['us_per_request']:.0f} µs; 1 MiB JSON "
+            f"{dlp['json_1mib_clean']['us_per_request'] / 1000:.1f} ms "
+            f"({dlp['json_1mib_clean']['mb_per_s']:.0f} MB/s); {dlp['stream_upload']['mib']} MiB "
+            f"streamed {dlp['stream_upload']['seconds_cpu']:.2f} s "
+            f"({dlp['stream_upload']['mb_per_s']:.0f} MB/s); detect-secrets import "
+            f"{dlp['library_import']['ms']} ms, {dlp['library_import']['rss_kib'] / 1024:.0f} MiB")
     return lines
 
 

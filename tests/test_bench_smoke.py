@@ -28,7 +28,7 @@ WORKLOAD_FIELDS = {
     "idle": ("kb_per_tunnel",),
     "idle_after_timeout": ("kb_per_tunnel", "idle_wait_s"),
 }
-EXPECTED_SECTIONS = {"workers", "policy", "secret", "metering"}
+EXPECTED_SECTIONS = {"workers", "policy", "secret", "metering", "dlp"}
 WORKER_FIELDS = ("rps", "p50_ms", "p99_ms", "client_cpu_pct", "proxy_cpu_us_per_req",
                  "proxy_cpu_pct", "machine_busy_pct")
 
@@ -108,6 +108,10 @@ def test_quick_benchmark_produces_every_row_and_workload(tmp_path: Path) -> None
         for level in ("tunnel", "request", "request_hot"):
             assert entry[level]["p99_us"] > 0
     assert results["cold_secret"]["vault_calls"] == 1
+    dlp = results["dlp"]
+    assert {"small_json_clean", "small_json_key", "json_1mib_clean", "stream_upload",
+            "library_import"} <= set(dlp)
+    assert dlp["small_json_clean"]["us_per_request"] > 0
 
     # metering: the same streamed call metered and not; every metered call left its usage
     metered = results["metering"]

@@ -22,7 +22,7 @@ GATEWAY = CORE.parent
 FORBIDDEN = ("mitmproxy", "h11", "h2", "wsproto", "socket", "ssl", "asyncio", "aiohttp",
              "starlette", "uvicorn", "jwt", "cryptography", "yaml", "subprocess", "fcntl",
              "sqlite3", "redis", "dns", "botocore", "google", "azure", "http", "urllib3",
-             "prometheus_client", "os", "io", "pathlib", "shutil", "tempfile", "select",
+             "prometheus_client", "os", "pathlib", "shutil", "tempfile", "select",
              "selectors", "threading", "multiprocessing", "signal", "logging",
              "importlib.resources", "gateway.config", "gateway.services", "gateway.engines",
              "gateway.net", "gateway.pipeline", "gateway.runtime", "gateway.api",

@@ -1,0 +1,106 @@
+"""One detector: how to find its candidates cheaply and how to confirm them.
+
+A detector is a list of `Rule`s. A rule with anchors is tried only around the places the
+prefilter found one of its anchors (literal strings every match contains); a rule
+without anchors runs over the whole text (opt-in detectors only). A rule confirms what
+its pattern matched with the plugin's own check and detect-secrets' heuristic filters
+(`confirm`: a JWT's parts must be base64 JSON; `<token>`, `${VAR}`, `abcdef...` are not
+secrets) and may extend the value over what follows (`tail`: a PEM block to its END
+line). The value is the pattern's longest group of at least 4 characters if it has one
+(the secret of a `name = "secret"` pattern), else the whole match.
+
+`Rule`s are built from detect-secrets plugins by `gateway/services/dlp/library.py`; the
+core never imports the library (it imports `requests`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+__all__ = ["Detector", "Rule", "Span"]
+
+MIN_GROUP = 4  # a group shorter than this is part of the pattern (ghp, glcbt prefix)
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Where a value is in one text (start, end) and which detector found it."""
+
+    detector: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One pattern of a detector. `anchors` are case-sensitive literals; `before` and
+    `after` bound how far a match may reach from an anchor's start and end."""
+
+    pattern: re.Pattern[str] | None
+    anchors: tuple[str, ...] = ()
+    before: int = 0
+    after: int = 256
+    confirm: Callable[[str], bool] | None = None
+    tail: re.Pattern[str] | None = None
+    # A rule with no pattern: the plugin's own analyze_string, values located in the text
+    # (detect-secrets plugins that are not regular-expression lists, e.g. keyword).
+    values: Callable[[str], Iterator[str]] | None = None
+    # Characters trimmed off a value's ends (a pattern that matches its delimiters), and
+    # characters that end a value (a pattern that runs to the end of the line).
+    strip: str = ""
+    stop: str = ""
+    # A pattern that reads a value with the name assigned to it ("aws_secret_access_key":
+    # "..."): in a JSON document or a form, name and value are two strings, so such a
+    # rule also runs over the document's text as a whole.
+    context: bool = False
+
+    def spans(self, name: str, text: str, start: int, end: int) -> Iterator[Span]:
+        """Values this rule finds in text[start:end] (lookbehinds see before `start`)."""
+        if self.values is not None:
+            window = text[start:end]
+            for value in set(self.values(window)):
+                if self.confirm is not None and not self.confirm(value):
+                    continue
+                at = window.find(value)
+                while value and at != -1:
+                    yield Span(name, start + at, start + at + len(value))
+                    at = window.find(value, at + len(value))
+            return
+        assert self.pattern is not None
+        for match in self.pattern.finditer(text, start, end):
+            lo, hi = match.span()
+            best = 0
+            for i in range(1, (self.pattern.groups or 0) + 1):
+                g0, g1 = match.span(i)
+                if g0 >= 0 and g1 - g0 >= MIN_GROUP and g1 - g0 > best:
+                    lo, hi, best = g0, g1, g1 - g0
+            while lo < hi and text[lo] in self.strip:
+                lo += 1
+            while hi > lo and text[hi - 1] in self.strip:
+                hi -= 1
+            if self.stop:
+                hi = next((i for i in range(lo, hi) if text[i] in self.stop), hi)
+            if hi <= lo:
+                continue
+            if self.tail is not None:
+                more = self.tail.match(text, hi, max(end, hi))
+                if more is not None:
+                    hi = more.end()
+            if self.confirm is not None and not self.confirm(text[lo:hi]):
+                continue
+            yield Span(name, lo, hi)
+
+
+@dataclass(frozen=True, slots=True)
+class Detector:
+    """A named detector (see `catalogue.DETECTORS`) and its rules."""
+
+    name: str
+    rules: tuple[Rule, ...]
+
+    @property
+    def reach(self) -> int:
+        """How far a match may reach from any of its anchors (the streaming window)."""
+        return max((r.before + r.after for r in self.rules), default=0)

@@ -1,0 +1,74 @@
+"""A policy's and a rule's `dlp:` section, and what it decides for one finding.
+
+    dlp:
+      action: refuse          # refuse | redact | report
+      detectors: [default, keyword]
+      allow:
+        - {detector: pypi, hosts: [upload.pypi.org]}
+
+A policy's section applies to every rule; a rule's section overrides the action and the
+detectors it names and adds its `allow` entries to the policy's (`resolve`). `default`
+in `detectors` stands for the detectors on by default (`catalogue.DEFAULT`). `dlp: false`
+on a rule turns detection off for that rule. The reader is
+`gateway/services/policy/read_dlp.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from gateway.core.dlp.catalogue import DEFAULT
+from gateway.core.dlp.findings import Finding
+from gateway.core.policy.hosts import HostPattern
+
+__all__ = ["ACTIONS", "Action", "Dlp", "DlpAllow", "resolve"]
+
+Action = Literal["refuse", "redact", "report"]
+ACTIONS: tuple[Action, ...] = ("refuse", "redact", "report")
+
+
+@dataclass(frozen=True)
+class DlpAllow:
+    """A detector whose findings may go to some hosts (a registry token to its
+    registry)."""
+
+    detector: str
+    hosts: tuple[HostPattern, ...]
+
+    def allows(self, detector: str, host: str) -> bool:
+        return detector == self.detector and any(p.matches(host) for p in self.hosts)
+
+
+@dataclass(frozen=True)
+class Dlp:
+    """One `dlp:` section; None fields are not set (a rule's section inherits them)."""
+
+    action: Action | None = None
+    detectors: tuple[str, ...] | None = None
+    allow: tuple[DlpAllow, ...] = ()
+    enabled: bool = True
+
+    def applies(self, finding: Finding, host: str) -> bool:
+        """Whether a finding counts on a request to `host` (its detector selected and
+        not allowed there)."""
+        return (self.enabled and finding.detector in (self.detectors or DEFAULT)
+                and not any(a.allows(finding.detector, host) for a in self.allow))
+
+    @property
+    def effective_action(self) -> Action:
+        return self.action or "refuse"
+
+
+def resolve(policy: Dlp | None, rule: Dlp | None) -> Dlp | None:
+    """The section a request's rule applies: the rule's over the policy's (None: no DLP
+    on this request)."""
+    if rule is not None and not rule.enabled:
+        return None
+    if policy is None and rule is None:
+        return None
+    base = policy or Dlp()
+    if rule is None:
+        return base if base.enabled else None
+    return Dlp(action=rule.action or base.action, detectors=rule.detectors or base.detectors,
+               allow=(*base.allow, *rule.allow))

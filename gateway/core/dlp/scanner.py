@@ -1,0 +1,343 @@
+"""The scan of one request: every part a receiver reads, decoded as it reads it.
+
+Views of a request (each a text and its `Location`):
+
+* the request line (also with %XX undone), the query parameters (decoded), each header
+  by name, and the names themselves (a key sent as a header or field name);
+* the body, its content codings undone (`decoding.decode_content`, bounded by the hold
+  limit), then by Content-Type: JSON strings (keys and values, escapes undone, every
+  value of a repeated key) by JSON path, form fields by name, multipart parts by name
+  (each part read by its own type and coding), anything else as text as it is;
+* inside any view, base64 and hex runs long enough to hold a key, decoded and scanned
+  again, `depth` times at most.
+
+A JSON or form body is also scanned as one text, for detectors that read a value with the
+name assigned to it (`"aws_secret_access_key": "..."`); the same value found twice is
+reported once (the structured location wins). A body is first gated by one pass of the
+prefilter over its unescaped text (and a search for a base64/hex run): most bodies stop
+there.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, unquote_plus
+
+from gateway.core.dlp.decoding import Unreadable, decode_content, decode_run, has_run, runs
+from gateway.core.dlp.detector import Detector
+from gateway.core.dlp.findings import Finding, Location, ScanResult, fingerprint
+from gateway.core.dlp.prefilter import Prefilter, unescape
+
+__all__ = ["DEFAULT_LIMIT", "Hit", "Scanner"]
+
+# The most decoded bytes a held body may have (the caller passes its own: the engines
+# hold 1 MiB of an ordinary request body, 32 MiB where a check needs it whole).
+DEFAULT_LIMIT = 1024 * 1024
+MIN_DECODED = 12  # decoded runs shorter than this hold no key
+_BOUNDARY = re.compile(r'boundary="?([^";]+)"?', re.IGNORECASE)
+_PART_NAME = re.compile(rb'\bname="([^"]*)"', re.IGNORECASE)
+_QUOTE = re.compile(r'(?<!\\)"')  # a quote that ends a JSON string
+_PATH_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A value found, before it is fingerprinted (internal: redaction needs the value)."""
+
+    detector: str
+    location: Location
+    value: str
+
+
+def _path(parent: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{parent}[{key}]"
+    if _PATH_KEY.fullmatch(key):
+        return f"{parent}.{key}"
+    return f"{parent}[{json.dumps(key)[:60]}]"
+
+
+class Scanner:
+    """Finds credentials with some detectors; `salt` keys the fingerprints."""
+
+    def __init__(self, detectors: Iterable[Detector], salt: bytes, *,
+                 limit: int = DEFAULT_LIMIT, depth: int = 2) -> None:
+        self.detectors = tuple(detectors)
+        self.salt = salt
+        self.limit = limit
+        self.depth = depth
+        self.prefilter = Prefilter(self.detectors)
+        self.context = Prefilter(tuple(
+            Detector(d.name, tuple(r for r in d.rules if r.context or not r.anchors))
+            for d in self.detectors))
+        self.reach = max((d.reach for d in self.detectors), default=0)
+        self._subsets: dict[frozenset[str], Scanner] = {}
+
+    def only(self, names: Iterable[str]) -> Scanner:
+        """A scanner with the named detectors of this one (a policy's selection), built
+        once per selection (an automaton each; policies name few selections)."""
+        wanted = frozenset(names)
+        found = self._subsets.get(wanted)
+        if found is None:
+            found = Scanner([d for d in self.detectors if d.name in wanted], self.salt,
+                            limit=self.limit, depth=self.depth)
+            if len(self._subsets) < 64:
+                self._subsets[wanted] = found
+        return found
+
+    # -- results ---------------------------------------------------------------------------
+
+    def findings(self, hits: Iterable[Hit]) -> tuple[Finding, ...]:
+        """Findings of hits, one per (detector, value), first location kept. A location
+        whose name (a header, field or part name, a JSON key in a path) holds any part of
+        a value found is shown without that name: a finding never carries a value."""
+        hits = list(hits)
+        values = {h.value for h in hits}
+        seen: dict[tuple[str, str], Finding] = {}
+        for hit in hits:
+            mark = fingerprint(self.salt, hit.value)
+            if (hit.detector, mark) not in seen:
+                where = hit.location
+                if where.name and any(_overlaps(v, where.name) for v in values):
+                    where = Location(where.part, HIDDEN_NAME, where.offset, where.via)
+                seen[(hit.detector, mark)] = Finding(hit.detector, where, mark)
+        return tuple(seen.values())
+
+    def scan_request(self, method: str, target: str, headers: Iterable[tuple[str, str]],
+                     body: bytes = b"") -> ScanResult:
+        """The whole request: line, headers, body (by its Content-Type and -Encoding)."""
+        headers = list(headers)
+        hits = list(self.head_hits(method, target, headers))
+        ctype = next((v for k, v in headers if k.lower() == "content-type"), None)
+        coding = next((v for k, v in headers if k.lower() == "content-encoding"), None)
+        try:
+            hits += self.body_hits(body, ctype, coding)
+        except Unreadable as exc:
+            return ScanResult(self.findings(hits), str(exc))
+        return ScanResult(self.findings(hits))
+
+    def scan_body(self, body: bytes, content_type: str | None = None,
+                  content_encoding: str | None = None) -> ScanResult:
+        try:
+            return ScanResult(self.findings(self.body_hits(body, content_type,
+                                                           content_encoding)))
+        except Unreadable as exc:
+            return ScanResult((), str(exc))
+
+    def scan_text(self, text: str, location: Location) -> tuple[Finding, ...]:
+        return self.findings(self.text_hits(text, location))
+
+    # -- views -----------------------------------------------------------------------------
+
+    def text_hits(self, text: str, location: Location, depth: int = 0) -> Iterator[Hit]:
+        """One view: detectors around anchors, then decoded base64/hex runs."""
+        if text:
+            yield from self.parts_hits([(text, location)], depth)
+
+    def parts_hits(self, parts: list[tuple[str, Location]], depth: int = 0) -> Iterator[Hit]:
+        """Many views scanned as one text (joined by newlines, which no value crosses:
+        a value is cut at its view's end): one prefilter pass for all the strings of a
+        JSON document instead of one per string."""
+        text = "\n".join(t for t, _ in parts)
+        starts: list[int] = []
+        at = 0
+        for part, _ in parts:
+            starts.append(at)
+            at += len(part) + 1
+
+        def locate(offset: int) -> tuple[Location, int, int]:
+            i = bisect_right(starts, offset) - 1
+            return parts[i][1], starts[i], starts[i] + len(parts[i][0])
+
+        for span in self.prefilter.spans(text):
+            where, start, end = locate(span.start)
+            yield Hit(span.detector, _at(where, span.start - start),
+                      text[span.start:min(span.end, end)])
+        if depth >= self.depth or not has_run(text):
+            return
+        for run in runs(text):
+            data = decode_run(text, run)
+            if data is None or len(data) < MIN_DECODED:
+                continue
+            inner = data.decode("latin-1")
+            if not self.prefilter.any(inner) and not has_run(inner):
+                continue
+            where, start, _ = locate(run.start)
+            offset = None if where.offset is None else where.offset + run.start - start
+            yield from self.text_hits(inner, where.under(run.kind, offset), depth + 1)
+
+    def head_hits(self, method: str, target: str,
+                  headers: Iterable[tuple[str, str]]) -> Iterator[Hit]:
+        """The request line (raw and unescaped), query parameters, each header. Gated by
+        one pass over all of them joined: a head without an anchor or a run stops there."""
+        headers = list(headers)
+        line = f"{method} {target}"
+        plain = unescape(line)
+        joined = "\n".join([line, plain, *(f"{k}\n{v}" for k, v in headers)])
+        if not self.prefilter.any(joined) and not has_run(joined):
+            return
+        _, _, query = target.partition("?")
+        if query:  # parameters first: their name is the better location
+            for name, value in parse_qsl(query, keep_blank_values=True, encoding="latin-1"):
+                yield from self.text_hits(value, Location("query", name[:80]))
+                yield from self.text_hits(name, Location("query", name[:80]))
+        yield from self.text_hits(line, Location("request line"))
+        if plain != line:
+            yield from self.text_hits(plain, Location("request line", via=("percent",)))
+        for name, value in headers:
+            yield from self.text_hits(value, Location("header", name))
+            yield from self.text_hits(name, Location("header", "name"))  # (shown hidden)
+
+    def body_hits(self, body: bytes, content_type: str | None,
+                  content_encoding: str | None) -> list[Hit]:
+        """The body's views; raises `Unreadable` if it cannot be decoded."""
+        if content_encoding:
+            body = decode_content(body, content_encoding, self.limit)
+        elif len(body) > self.limit:
+            raise Unreadable(f"the body is more than {self.limit} bytes")
+        return list(self._body(body, (content_type or "").lower(), Location("body", offset=0),
+                               content_encoding))
+
+    def _body(self, body: bytes, ctype: str, where: Location,
+              coding: str | None = None) -> Iterator[Hit]:
+        if not body:
+            return
+        if coding:
+            where = Location(where.part, where.name, where.offset,
+                             (*where.via, *(c.strip() for c in coding.split(",") if c.strip())))
+        text = body.decode("latin-1")
+        if "multipart/" in ctype:
+            yield from self._multipart(body, ctype, where)
+            return
+        form = "x-www-form-urlencoded" in ctype
+        if form or "json" in ctype or text.lstrip()[:1] in ("{", "["):
+            # The gate: what a JSON or form reader reads holds no anchor and no run.
+            plain = unescape(text)
+            if not self.prefilter.any(plain) and not has_run(plain):
+                return
+        if not form:
+            try:
+                document = json.loads(body, object_pairs_hook=_Pairs) \
+                    if "json" in ctype or text.lstrip()[:1] in ("{", "[") else _NOT_JSON
+            except (ValueError, RecursionError):
+                document = _NOT_JSON
+            if document is not _NOT_JSON:
+                yield from self._json(document, "$" if not where.name else where.name + " $",
+                                      where)
+                yield from self._context(text, where, json_text=True)
+                return
+        if form:
+            for name, value in parse_qsl(text, keep_blank_values=True, encoding="latin-1"):
+                field = Location(where.part, _named(where, f"form field {name[:80]}"), None,
+                                 where.via)
+                yield from self.text_hits(value, field)
+                yield from self.text_hits(name, field)
+            yield from self._context(unquote_plus(text, encoding="latin-1"), where)
+            return
+        # Anything else is read as it is: a receiver does not undo %XX in a file.
+        yield from self.text_hits(text, where)
+
+    def _context(self, text: str, where: Location, *, json_text: bool = False) -> Iterator[Hit]:
+        """A document's text as a whole, for the rules that read a name beside its value
+        (the strings themselves were scanned one by one)."""
+        for span in self.context.spans(text):
+            value = text[span.start:span.end]
+            if json_text:
+                if _QUOTE.search(value):  # (a value never spans two JSON strings)
+                    continue
+                value = _json_text(value)
+            yield Hit(span.detector, _at(where, span.start), value)
+
+    def _json(self, node: Any, path: str, where: Location) -> Iterator[Hit]:
+        """Every string of a document (values and keys) by its JSON path."""
+        parts: list[tuple[str, Location]] = []
+        stack: list[tuple[Any, str]] = [(node, path)]
+        while stack:
+            item, at = stack.pop()
+            if isinstance(item, str):
+                parts.append((item, Location(where.part, at, None, where.via)))
+            elif isinstance(item, _Pairs):  # every pair: a key repeated is read twice
+                for key, value in item:
+                    sub = _path(at, key)
+                    parts.append((key, Location(where.part, sub + " (key)", None, where.via)))
+                    stack.append((value, sub))
+            elif isinstance(item, list):
+                stack.extend((value, _path(at, i)) for i, value in enumerate(item))
+        if parts:
+            yield from self.parts_hits(parts)
+
+    def _multipart(self, body: bytes, ctype: str, where: Location) -> Iterator[Hit]:
+        match = _BOUNDARY.search(ctype)
+        if match is None:
+            yield from self.text_hits(body.decode("latin-1"), where)
+            return
+        delimiter = b"--" + match.group(1).encode("latin-1")
+        for index, chunk in enumerate(body.split(delimiter)[1:]):
+            if chunk.startswith(b"--"):
+                break
+            head, _, content = chunk.partition(b"\r\n\r\n")
+            if not _:
+                head, _, content = chunk.partition(b"\n\n")
+            content = content.removesuffix(b"\r\n").removesuffix(b"\n")
+            found = _PART_NAME.search(head)
+            name = found.group(1).decode("latin-1")[:80] if found else f"#{index}"
+            part_type = b""
+            part_coding = None
+            for line in head.split(b"\n"):
+                key, _, value = line.partition(b":")
+                if key.strip().lower() == b"content-type":
+                    part_type = value.strip().lower()
+                elif key.strip().lower() == b"content-encoding":
+                    part_coding = value.strip().decode("latin-1")
+            place = Location(where.part, _named(where, f"multipart part {name}"), None,
+                             where.via)
+            yield from self.text_hits(head.decode("latin-1"), place)
+            if part_coding:
+                content = decode_content(content, part_coding, self.limit)
+            yield from self._body(content, part_type.decode("latin-1"), place, part_coding)
+
+
+_NOT_JSON = object()
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """A JSON object as all its pairs: a key written twice keeps both values (readers
+    differ on which one counts, so both are scanned)."""
+
+
+def _json_text(value: str) -> str:
+    """A value found in raw JSON text as a JSON reader reads it (escapes undone), so
+    that it fingerprints like the same value found in the parsed document."""
+    try:
+        out = json.loads(f'"{value}"')
+    except ValueError:
+        return value
+    return out if isinstance(out, str) else value
+
+
+HIDDEN_NAME = "(a name holding a credential)"
+_OVERLAP = 8  # characters of a value a name may not show
+
+
+def _overlaps(value: str, name: str) -> bool:
+    """Whether `name` shows `value` or any 8 characters of it in a row."""
+    if len(value) <= _OVERLAP:
+        return value in name
+    return any(value[i:i + _OVERLAP] in name for i in range(len(value) - _OVERLAP + 1))
+
+
+def _at(where: Location, offset: int) -> Location:
+    """A location `offset` characters into a view (only a view with an offset and no
+    name counts offsets: a JSON path or a header name says where already)."""
+    if where.offset is None or where.name:
+        return where
+    return Location(where.part, where.name, where.offset + offset, where.via)
+
+
+def _named(where: Location, name: str) -> str:
+    return f"{where.name} {name}" if where.name else name

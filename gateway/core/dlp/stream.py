@@ -1,0 +1,98 @@
+"""The scan of a body too large to hold: chunk by chunk, a window kept across chunks.
+
+Each chunk is decoded (gzip, deflate, br as they stream; zstd cannot be bounded while it
+streams, so a streamed zstd body is unreadable) and appended to the tail kept from the
+previous chunks. The window is scanned as one text; a value is reported by the window it
+starts in, provided at least `keep` characters follow it (the longest reach of any
+detector), else the next window reports it: a key split across two chunks, or across
+WebSocket fragments fed one by one, is found once and whole. Where a base64 or hex run
+crosses the cut, the cut moves back to a multiple of 4 characters from the run's start,
+so the run decodes in the next window at its own alignment. Offsets count characters of
+the decoded stream. Findings are reported once per (detector, fingerprint).
+"""
+
+from __future__ import annotations
+
+from gateway.core import encodings
+from gateway.core.dlp.decoding import runs
+from gateway.core.dlp.findings import Finding, Location, ScanResult
+from gateway.core.dlp.scanner import Scanner
+
+__all__ = ["StreamScanner"]
+
+MIN_KEEP = 4096
+_NO_LIMIT = 1 << 62  # a streamed body is not held: its decoded size is not bounded here
+
+
+class StreamScanner:
+    """Feed chunks, then `end()`; each call returns the findings new since the last."""
+
+    def __init__(self, scanner: Scanner, content_encoding: str | None = None,
+                 where: str = "body") -> None:
+        self._scanner = scanner
+        self._where = where
+        self.keep = max(MIN_KEEP, scanner.reach + 64)
+        self._text = ""
+        self._base = 0
+        self._seen: set[tuple[str, str]] = set()
+        self.unreadable: str | None = None
+        self._decoder: encodings.Decoder | None = None
+        codings = [c.strip().lower() for c in (content_encoding or "").split(",") if c.strip()]
+        if "zstd" in codings:
+            self.unreadable = "a streamed zstd body cannot be read with a bounded window"
+        else:
+            try:
+                self._decoder = encodings.decoder_for(content_encoding, _NO_LIMIT)
+            except encodings.EncodingError as exc:
+                self.unreadable = str(exc)
+
+    def feed(self, chunk: bytes) -> ScanResult:
+        """Scan one chunk (with the window kept from the ones before)."""
+        if self.unreadable is not None:
+            return ScanResult((), self.unreadable)
+        try:
+            pieces = list(self._decoder.feed(chunk)) if self._decoder else [chunk]
+        except encodings.EncodingError as exc:
+            self.unreadable = str(exc)
+            return ScanResult((), self.unreadable)
+        found: list[Finding] = []
+        for piece in pieces:
+            self._text += piece.decode("latin-1")
+            if len(self._text) >= 2 * self.keep:
+                found += self._scan(final=False)
+        return ScanResult(tuple(found))
+
+    def end(self) -> ScanResult:
+        """Scan what is left at the end of the stream."""
+        if self.unreadable is not None:
+            return ScanResult((), self.unreadable)
+        try:
+            rest = list(self._decoder.end()) if self._decoder else []
+        except encodings.EncodingError as exc:
+            self.unreadable = str(exc)
+            return ScanResult((), self.unreadable)
+        self._text += b"".join(rest).decode("latin-1")
+        return ScanResult(tuple(self._scan(final=True)))
+
+    def _scan(self, final: bool) -> list[Finding]:
+        text = self._text
+        cut = len(text) if final else len(text) - self.keep
+        if not final:
+            for run in runs(text):  # (a run carried over starts at 0, at its own phase)
+                if run.start < cut < run.end:
+                    cut = run.start + (cut - run.start) // 4 * 4
+                    break
+                if run.start >= cut:
+                    break
+        hits = self._scanner.text_hits(text, Location(self._where, offset=self._base))
+        out: list[Finding] = []
+        for finding in self._scanner.findings(
+                h for h in hits if h.location.offset is None
+                or h.location.offset - self._base < cut):
+            key = (finding.detector, finding.fingerprint)
+            if key not in self._seen:
+                self._seen.add(key)
+                out.append(finding)
+        self._text = text[cut:]
+        self._base += cut
+        return out

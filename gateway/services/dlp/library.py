@@ -1,0 +1,262 @@
+"""The detectors of `gateway/core/dlp/catalogue.py`, built from detect-secrets plugins.
+
+Each regular-expression plugin's own `denylist` patterns are used as they ship (its
+public plugin API: `secret_type`, `denylist`, `analyze_string`); what this module adds
+is, per pattern, the literal anchors every match holds (the prefilter's keys) and how far
+a match may reach from them. A plugin whose `analyze_string` does more than its patterns
+(JWT: the parts must decode) confirms each match through `analyze_string`. Plugins that
+are not pattern lists (keyword, high entropy) run their `analyze_string` over the whole
+text. detect-secrets' verification (network calls to the provider) is never used.
+
+`IPPublicDetector` is not offered: a public IP address is not a credential.
+
+Importing this module imports detect-secrets (and `requests`, which its plugins import):
+about 0.2 s and 19 MiB the first time; build the detectors once, at start.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from detect_secrets.filters.heuristic import (
+    is_not_alphanumeric_string,
+    is_prefixed_with_dollar_sign,
+    is_sequential_string,
+    is_templated_secret,
+)
+from detect_secrets.plugins.artifactory import ArtifactoryDetector
+from detect_secrets.plugins.aws import AWSKeyDetector
+from detect_secrets.plugins.azure_storage_key import AzureStorageKeyDetector
+from detect_secrets.plugins.base import BasePlugin, RegexBasedDetector
+from detect_secrets.plugins.basic_auth import BasicAuthDetector
+from detect_secrets.plugins.cloudant import CloudantDetector
+from detect_secrets.plugins.discord import DiscordBotTokenDetector
+from detect_secrets.plugins.github_token import GitHubTokenDetector
+from detect_secrets.plugins.gitlab_token import GitLabTokenDetector
+from detect_secrets.plugins.high_entropy_strings import (
+    Base64HighEntropyString,
+    HexHighEntropyString,
+    HighEntropyStringsPlugin,
+)
+from detect_secrets.plugins.ibm_cloud_iam import IbmCloudIamDetector
+from detect_secrets.plugins.ibm_cos_hmac import IbmCosHmacDetector
+from detect_secrets.plugins.jwt import JwtTokenDetector
+from detect_secrets.plugins.keyword import KeywordDetector
+from detect_secrets.plugins.mailchimp import MailchimpDetector
+from detect_secrets.plugins.npm import NpmDetector
+from detect_secrets.plugins.openai import OpenAIDetector
+from detect_secrets.plugins.private_key import PrivateKeyDetector
+from detect_secrets.plugins.pypi_token import PypiTokenDetector
+from detect_secrets.plugins.sendgrid import SendGridDetector
+from detect_secrets.plugins.slack import SlackDetector
+from detect_secrets.plugins.softlayer import SoftlayerDetector
+from detect_secrets.plugins.square_oauth import SquareOAuthDetector
+from detect_secrets.plugins.stripe import StripeDetector
+from detect_secrets.plugins.telegram_token import TelegramBotTokenDetector
+from detect_secrets.plugins.twilio import TwilioKeyDetector
+
+from gateway.core.dlp.catalogue import DEFAULT, DETECTORS
+from gateway.core.dlp.detector import Detector, Rule
+from gateway.services.dlp.plugins import (
+    AnthropicDetector,
+    GcpApiKeyDetector,
+    GcpServiceAccountDetector,
+    GitHubFineGrainedDetector,
+    HuggingFaceDetector,
+    OpenAIProjectKeyDetector,
+)
+
+__all__ = ["PLUGINS", "build", "default_detectors"]
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """One pattern's anchors and reach (see `core/dlp/detector.Rule`)."""
+
+    anchors: tuple[str, ...]
+    after: int
+    before: int = 0
+    tail: str | None = None
+    strip: str = ""
+    stop: str = ""
+    context: bool = False  # reads a name beside the value (see core/dlp/detector.Rule)
+    check: Callable[[str], bool] | None = None  # a further check of the value
+
+
+def cases(word: str) -> tuple[str, ...]:
+    """Every upper/lower case variant of a short word (a case-insensitive anchor)."""
+    return tuple("".join(p) for p in itertools.product(*((c.lower(), c.upper())
+                                                          if c.isalpha() else (c,)
+                                                          for c in word)))
+
+
+def _a(*anchors: str, after: int, before: int = 0, tail: str | None = None,
+       strip: str = "", stop: str = "", context: bool = False,
+       check: Callable[[str], bool] | None = None) -> Anchor:
+    return Anchor(anchors, after, before, tail, strip, stop, context, check)
+
+
+_DELIMITERS = " \t\r\n\"=:"  # what ArtifactoryDetector's patterns match around a token
+_LINE_END = " \t\r\n\"'`,;<>"  # NpmDetector's value runs to the end of the line
+
+
+# A private key's value runs to its END line (or, cut short, over the base64 that follows
+# its header), and it must hold key material: the header alone is code that reads keys
+# (`line.startswith("-----BEGIN RSA PRIVATE KEY-----")`), not a key.
+_PEM_END = (r"(?:[\s\S]{0,16384}?(?:END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-*"
+            r"|Private-MAC: *[0-9a-fA-F]+)|-*(?:\s|\\[nr]|[A-Za-z0-9+/=:,-])*)")
+_PEM_HEAD = re.compile(r"^(?:BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-*|PuTTY-User-Key-File-2:.*)")
+_PEM_FOOT = re.compile(r"-*END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-*$")
+_PEM_FIELD = re.compile(r"^[A-Za-z-]+: .*$", re.MULTILINE)  # Proc-Type:, Comment:, ...
+_BASE64 = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
+
+
+def _key_material(value: str) -> bool:
+    """Whether a private key's value holds a body: at least 64 characters between its
+    header and its END line, nine in ten of them base64 (JSON `\\n` escapes and the
+    PEM header fields set aside)."""
+    body = value.replace("\\n", "\n").replace("\\r", "\n")
+    body = _PEM_FIELD.sub("", _PEM_FOOT.sub("", _PEM_HEAD.sub("", body)))
+    body = "".join(body.split())
+    return len(body) >= 64 and sum(c in _BASE64 for c in body) >= 0.9 * len(body)
+
+
+_SLACK_TOKEN = cases("xox")
+
+# name -> (plugin class, anchors per denylist pattern in order; None: no anchor)
+PLUGINS: dict[str, list[tuple[type[BasePlugin], list[Anchor | None]]]] = {
+    "aws": [(AWSKeyDetector, [_a("A3T", "ABIA", "ACCA", "AKIA", "ASIA", after=20),
+                              _a(*cases("aws"), after=120, context=True)])],
+    "azure-storage": [(AzureStorageKeyDetector, [_a("AccountKey=", after=90)])],
+    "basic-auth": [(BasicAuthDetector, [_a("://", after=512)])],
+    "github": [(GitHubTokenDetector, [_a("ghp_", "gho_", "ghu_", "ghs_", "ghr_", after=40)]),
+               (GitHubFineGrainedDetector, [_a("github_pat_", after=90)])],
+    "gitlab": [(GitLabTokenDetector, [
+        _a("glpat-", "gldt-", "glft-", "glsoat-", "glrt-", after=60), _a("GR1348941", after=60),
+        _a("glcbt-", after=60), _a("glimt-", after=30), _a("glptt-", after=45),
+        _a("glagent-", after=1030), _a("gloas-", after=70)])],
+    "slack": [(SlackDetector, [_a(*_SLACK_TOKEN, after=300),
+                               _a("hooks.slack.com", "HOOKS.SLACK.COM", "/services/T",
+                                  before=30, after=200)])],
+    "stripe": [(StripeDetector, [_a("sk_live_", "rk_live_", after=30)])],
+    "twilio": [(TwilioKeyDetector, [_a("AC", after=34), _a("SK", after=34)])],
+    "private-key": [(PrivateKeyDetector, [
+        _a(p, after=16500, tail=_PEM_END, check=_key_material) for p in (
+            "BEGIN DSA PRIVATE KEY", "BEGIN EC PRIVATE KEY", "BEGIN OPENSSH PRIVATE KEY",
+            "BEGIN PGP PRIVATE KEY BLOCK", "BEGIN PRIVATE KEY", "BEGIN RSA PRIVATE KEY",
+            "BEGIN SSH2 ENCRYPTED PRIVATE KEY", "PuTTY-User-Key-File-2")])],
+    "jwt": [(JwtTokenDetector, [_a("eyJ", after=8192, tail=r"[A-Za-z0-9_\-]*")])],
+    "openai": [(OpenAIDetector, [_a("T3BlbkFJ", before=260, after=25)]),
+               (OpenAIProjectKeyDetector, [_a("sk-proj-", "sk-svcacct-", "sk-admin-",
+                                              after=260)])],
+    "anthropic": [(AnthropicDetector, [_a("sk-ant-", after=220)])],
+    "huggingface": [(HuggingFaceDetector, [_a("hf_", before=1, after=40)])],
+    # (no quotes in the anchor: inside a JSON string they are escaped, \")
+    "gcp-service-account": [(GcpServiceAccountDetector, [_a("private_key_id", before=1,
+                                                             after=70, context=True)])],
+    "gcp-api-key": [(GcpApiKeyDetector, [_a("AIza", after=40)])],
+    "npm": [(NpmDetector, [_a("_authToken=", before=512, after=512, stop=_LINE_END)])],
+    "pypi": [(PypiTokenDetector, [_a("pypi-AgEIcHlwaS5vcmc", after=2048),
+                                  _a("pypi-AgENdGVzdC5weXBpLm9yZw", after=2048)])],
+    "sendgrid": [(SendGridDetector, [_a("SG.", after=70)])],
+    "mailchimp": [(MailchimpDetector, [_a("-us", before=33, after=3)])],
+    "square": [(SquareOAuthDetector, [_a("sq0csp-", after=50)])],
+    "artifactory": [(ArtifactoryDetector, [
+        _a("AKC", before=1, after=300, strip=_DELIMITERS),
+        _a(*(f"AP{c}" for c in "0123456789ABCDEF"), before=1, after=300, strip=_DELIMITERS)])],
+    "discord": [(DiscordBotTokenDetector, [None])],
+    "telegram": [(TelegramBotTokenDetector, [None])],
+    "cloudant": [(CloudantDetector, [None, None, None, None])],
+    "ibm-cloud-iam": [(IbmCloudIamDetector, [None])],
+    "ibm-cos-hmac": [(IbmCosHmacDetector, [None])],
+    "softlayer": [(SoftlayerDetector, [None, None])],
+    "keyword": [(KeywordDetector, [])],
+    "high-entropy": [(Base64HighEntropyString, []), (HexHighEntropyString, [])],
+}
+
+
+# Values in documentation and examples, not secrets: a URL's password written as a word
+# that says what goes there ("https://user:password@host").
+_PLACEHOLDERS = frozenset({"password", "passwd", "pass", "pwd", "secret", "token", "changeme",
+                           "example", "xxx", "xxxx", "xxxxxx", "***", "****", "******"})
+
+
+_TEXT = re.compile(r"[\x20-\x7e\r\n\t]*")
+
+
+def _plausible(value: str) -> bool:
+    """detect-secrets' own heuristic filters (its default scan applies them to every
+    plugin's values): `<token>`, `{x}`, `${X}`, `$VAR`, `abcdef...`, no letter or digit;
+    a placeholder word; and anything but printable ASCII (a credential is text: a match
+    across binary bytes, as in a .pyc file, is not one)."""
+    if not value.isascii() or not (value.isprintable() or _TEXT.fullmatch(value)):
+        return False
+    return not (is_templated_secret(value) or is_prefixed_with_dollar_sign(value)
+                or is_sequential_string(value) or is_not_alphanumeric_string(value)
+                or value.lower() in _PLACEHOLDERS)
+
+
+def _rules(plugin_class: type[BasePlugin], anchors: list[Anchor | None]) -> Iterator[Rule]:
+    plugin = plugin_class()
+    if not isinstance(plugin, RegexBasedDetector):
+        yield Rule(None, values=_values(plugin), confirm=_plausible)
+        return
+    patterns = list(plugin.denylist)
+    if len(patterns) != len(anchors):
+        raise RuntimeError(f"{plugin_class.__name__} has {len(patterns)} patterns, the "
+                           f"anchor table {len(anchors)}: update gateway/services/dlp/library.py")
+    # A plugin that filters its pattern's matches (JWT) confirms each through its own API.
+    own = type(plugin).analyze_string is not RegexBasedDetector.analyze_string
+    for pattern, anchor in zip(patterns, anchors, strict=True):
+        confirm: Callable[[str], bool] = _plausible
+        if own:  # the plugin's own check too (`plugin` bound now, not at call time)
+            confirm = _both(_plausible, functools.partial(_agrees, plugin))
+        if anchor is None:
+            yield Rule(pattern, confirm=confirm, after=0)
+        else:
+            if anchor.check is not None:
+                confirm = _both(confirm, anchor.check)
+            yield Rule(pattern, anchor.anchors, anchor.before, anchor.after, confirm,
+                       re.compile(anchor.tail) if anchor.tail else None,
+                       strip=anchor.strip, stop=anchor.stop, context=anchor.context)
+
+
+def _agrees(plugin: BasePlugin, text: str) -> bool:
+    """The plugin's `analyze_string` finds a secret in the value (its own check)."""
+    return any(True for _ in plugin.analyze_string(text))
+
+
+def _both(first: Callable[[str], bool], then: Callable[[str], bool]) -> Callable[[str], bool]:
+    return lambda text: first(text) and then(text)
+
+
+def _values(plugin: BasePlugin) -> Callable[[str], Iterator[str]]:
+    """`analyze_string` of a plugin that is not a pattern list; high-entropy plugins'
+    values filtered by their own entropy limit, as detect-secrets does per line."""
+    if isinstance(plugin, HighEntropyStringsPlugin):
+        def entropic(text: str) -> Iterator[str]:
+            for value in plugin.analyze_string(text):
+                if plugin.calculate_shannon_entropy(value) > plugin.entropy_limit:
+                    yield value
+        return entropic
+    analyze: Callable[[str], Iterator[str]] = plugin.analyze_string
+    return analyze
+
+
+def build(names: Iterable[str] = DEFAULT) -> tuple[Detector, ...]:
+    """The named detectors (default: those on unless a policy names others)."""
+    out = []
+    for name in names:
+        if name not in DETECTORS:
+            raise KeyError(f"unknown detector {name!r}")
+        rules = [r for cls, anchors in PLUGINS[name] for r in _rules(cls, anchors)]
+        out.append(Detector(name, tuple(rules)))
+    return tuple(out)
+
+
+def default_detectors() -> tuple[Detector, ...]:
+    return build(DEFAULT)

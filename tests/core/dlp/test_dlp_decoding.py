@@ -1,0 +1,94 @@
+"""Bodies decoded as the receiver reads them, bounded by the hold limit: stacked codings,
+zstd, bombs and corrupt bodies are `Unreadable` (the caller fails closed); base64 and
+hex runs found and decoded."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import zlib
+
+import brotli
+import pytest
+import zstandard
+from helpers.dlp_corpus import fake
+
+from gateway.core.dlp import DEFAULT, Scanner, Unreadable
+from gateway.core.dlp.decoding import decode_content, decode_run, encode_content, runs
+from gateway.services.dlp.library import build
+
+DATA = b"hello " * 1000
+ENCODERS = {"gzip": gzip.compress, "deflate": zlib.compress, "br": brotli.compress,
+            "zstd": zstandard.ZstdCompressor().compress,
+            "raw-deflate": lambda d: zlib.compress(d)[2:-4]}
+
+
+@pytest.mark.parametrize("coding", ["gzip", "x-gzip", "deflate", "br", "zstd", "gzip, br",
+                                    "zstd, gzip", "br, zstd, deflate", "identity, gzip"])
+def test_codings_and_their_stacks_round_trip(coding: str) -> None:
+    encoded = encode_content(DATA, coding)
+    assert encoded != DATA
+    assert decode_content(encoded, coding, 1 << 20) == DATA
+
+
+def test_raw_deflate_as_browsers_send_it() -> None:
+    assert decode_content(ENCODERS["raw-deflate"](DATA), "deflate", 1 << 20) == DATA
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "zstd"])
+def test_a_bomb_stops_at_the_limit(coding: str) -> None:
+    bomb = ENCODERS[coding](b"\0" * (64 << 20))
+    assert len(bomb) < 200_000
+    with pytest.raises(Unreadable, match="more than"):
+        decode_content(bomb, coding, 1 << 20)
+
+
+def test_a_zstd_bomb_in_many_frames_stops_at_the_limit() -> None:
+    frame = zstandard.ZstdCompressor().compress(b"\0" * (1 << 20))
+    with pytest.raises(Unreadable, match="more than"):
+        decode_content(frame * 3, "zstd", (2 << 20) + 5)
+    assert len(decode_content(frame * 2, "zstd", 2 << 20)) == 2 << 20  # all frames read
+
+
+@pytest.mark.parametrize(("body", "coding", "why"), [
+    (b"not gzip", "gzip", "not valid gzip"), (b"not br", "br", "not valid brotli"),
+    (b"not zstd", "zstd", "not valid zstd"), (b"x", "compress", "unknown content coding"),
+    (b"x" * 2000, None, "more than"),
+])
+def test_what_cannot_be_read_is_unreadable(body: bytes, coding: str | None, why: str) -> None:
+    scanner = Scanner(build(DEFAULT), b"s", limit=1000)
+    result = scanner.scan_request("POST", "/", [("Content-Encoding", coding)] if coding
+                                  else [], body)
+    assert result.unreadable is not None and why in result.unreadable
+    assert not result.clean
+
+
+def test_unreadable_keeps_what_the_head_showed() -> None:
+    scanner = Scanner(build(DEFAULT), b"s", limit=1000)
+    result = scanner.scan_request("POST", "/", [("X-K", fake("github").text),
+                                                ("Content-Encoding", "gzip")], b"bad")
+    assert result.unreadable and [f.detector for f in result.findings] == ["github"]
+
+
+def test_runs_base64_urlsafe_padded_and_hex() -> None:
+    key = b"0123456789abcdef-key-bytes!"
+    text = (f"a {base64.b64encode(key).decode()} b {base64.urlsafe_b64encode(key).decode()}"
+            f" c {key.hex()} d {key.hex().upper()} e short")
+    found = list(runs(text))
+    assert [r.kind for r in found if decode_run(text, r) == key] == [
+        "base64", "base64", "hex", "hex"]
+    # a short base64 run is also read from its 2nd to 4th character (misaligned keys)
+    assert len([r for r in found if r.kind == "base64"]) > 2
+
+
+def test_a_key_behind_other_characters_and_a_long_run_from_its_start_only() -> None:
+    key = base64.b64encode(b"AKIAABCDEFGHIJKLMNOP").decode()
+    for prefix in ("x", "xy", "xyz"):
+        assert any(decode_run(prefix + key, r) == b"AKIAABCDEFGHIJKLMNOP"
+                   for r in runs(prefix + key))
+    long = "Ab" * 1000
+    assert [r.start for r in runs(long)] == [0]
+
+
+def test_ordinary_words_are_not_runs() -> None:
+    assert list(runs("the quick brown fox jumps over the lazy dog " * 50)) == []

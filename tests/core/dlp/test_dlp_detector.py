@@ -1,0 +1,42 @@
+"""One rule's values: the longest group of at least 4 characters or the whole match,
+trimmed (`strip`), cut (`stop`), extended (`tail`), confirmed, or a plugin's own values
+located in the text; lookbehinds see before the window."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from gateway.core.dlp.detector import Detector, Rule
+
+
+def _values(rule: Rule, text: str, start: int = 0, end: int | None = None) -> list[str]:
+    return [text[s.start:s.end] for s in rule.spans("d", text, start,
+                                                    len(text) if end is None else end)]
+
+
+@pytest.mark.parametrize(("rule", "text", "expected"), [
+    (Rule(re.compile(r"(ghp)_[a-z]{4}")), "x ghp_abcd y", ["ghp_abcd"]),  # short group: match
+    (Rule(re.compile(r"key = '([a-z]{5})'")), "key = 'abcde'", ["abcde"]),  # the group
+    (Rule(re.compile(r"(?:\s|^)AKC[a-z]{3}(?:\s|$)"), strip=" "), "a AKCxyz b", ["AKCxyz"]),
+    (Rule(re.compile(r"tok=(.+)"), stop=" \""), 'tok=npm_abc rest"', ["npm_abc"]),
+    (Rule(re.compile(r"BEGIN K"), tail=re.compile(r"[\s\S]*?END K")), "BEGIN K\nxx\nEND K z",
+     ["BEGIN K\nxx\nEND K"]),
+    (Rule(re.compile(r"v[0-9]+"), confirm=lambda v: v != "v0"), "v0 v1", ["v1"]),
+    (Rule(None, values=lambda t: iter(["abc"])), "abc xabc", ["abc", "abc"]),
+    (Rule(None, values=lambda t: iter(["abc"]), confirm=lambda v: False), "abc", []),
+])
+def test_values(rule: Rule, text: str, expected: list[str]) -> None:
+    assert _values(rule, text) == expected
+
+
+def test_a_lookbehind_sees_before_the_window() -> None:
+    rule = Rule(re.compile(r"(?<![a-z])hf_[a-z]{3}"))
+    assert _values(rule, "xhf_abc", 1) == []  # 'x' before the window still counts
+    assert _values(rule, " hf_abc", 1) == ["hf_abc"]
+
+
+def test_the_reach_is_the_widest_rule() -> None:
+    d = Detector("d", (Rule(None, before=3, after=10), Rule(None, before=0, after=40)))
+    assert d.reach == 40

@@ -1,0 +1,152 @@
+"""Ordinary traffic passes untouched with the default detectors: a real wheel, a tarball
+of installed packages, a git pack made by the real `git`, model prompts holding code and
+documentation, a package-lock.json, minified JavaScript. And what the prefilter costs on
+a body without candidates (measured, printed; bounded loosely so a loaded machine
+passes)."""
+
+from __future__ import annotations
+
+import ensurepip
+import io
+import json
+import random
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.core.dlp import DEFAULT, Scanner
+from gateway.services.dlp.library import build
+
+SCANNER = Scanner(build(DEFAULT), b"test-salt", limit=64 << 20)
+REPO = Path(__file__).resolve().parents[3]
+SITE = next(Path(p) for p in sys.path if p.endswith("site-packages"))
+
+
+def _wheel() -> bytes:
+    """A real wheel: the one ensurepip ships, else an installed package zipped."""
+    bundled = sorted(Path(ensurepip.__file__).parent.glob("_bundled/*.whl"))
+    if bundled:
+        return bundled[0].read_bytes()
+    import zipfile
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for path in (SITE / "jinja2").rglob("*"):
+            z.write(path, path.relative_to(SITE))
+    return buf.getvalue()
+
+
+def _tarball() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name in ("jinja2", "yaml", "h11", "certifi", "idna"):
+            tar.add(SITE / name, arcname=name)
+    return buf.getvalue()
+
+
+def _git_pack(tmp: Path) -> bytes:
+    """A pack of this project's sources, as `git push` sends it (made by the real git)."""
+    repo = tmp / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    for sub in ("gateway/core", "gateway/services/policy", "docs"):
+        for path in (REPO / sub).glob("*.*"):
+            target = repo / sub / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t.test"]
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "sources"], check=True)
+    return subprocess.run([*git, "pack-objects", "--stdout", "--revs", "-q"], input=b"HEAD\n",
+                          capture_output=True, check=True).stdout
+
+
+def _prompt(text: str) -> bytes:
+    return json.dumps({"model": "gpt-4o", "stream": True, "messages": [
+        {"role": "system", "content": "You are a coding agent. Use the tools."},
+        {"role": "user", "content": text},
+        {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "bash", "arguments": json.dumps({"cmd": "pytest -q tests/ && git diff"})}}]},
+    ]}).encode()
+
+
+def _package_lock() -> bytes:
+    r = random.Random(1)
+    packages = {"": {"name": "app", "version": "1.0.0"}}
+    for i in range(800):
+        name = f"pkg-{i}-{r.choice(['utils', 'core', 'react-dom', 'lodash'])}"
+        packages[f"node_modules/{name}"] = {
+            "version": f"{r.randint(0, 9)}.{r.randint(0, 30)}.{r.randint(0, 9)}",
+            "resolved": f"https://registry.npmjs.org/{name}/-/{name}-1.0.0.tgz",
+            "integrity": "sha512-" + __import__("base64").b64encode(r.randbytes(64)).decode(),
+            "dev": r.random() < 0.3}
+    return json.dumps({"name": "app", "lockfileVersion": 3, "packages": packages},
+                      indent=2).encode()
+
+
+def _minified_js() -> bytes:
+    static = next(p for p in sys.path if p.endswith("site-packages"))
+    found = sorted((Path(static) / "mitmproxy/tools/web/static").glob("*.js"))
+    assert found, "mitmproxy's web UI ships minified JavaScript"
+    return b"\n".join(p.read_bytes() for p in found)
+
+
+def _cases(tmp: Path) -> dict[str, tuple[bytes, str, str | None]]:
+    code = "\n\n".join(p.read_text() for p in sorted((REPO / "gateway/core").glob("*.py")))
+    docs = "\n\n".join(p.read_text() for p in sorted((REPO / "docs").glob("*.md")))
+    return {
+        "wheel": (_wheel(), "application/octet-stream", None),
+        "tarball": (_tarball(), "application/gzip", None),
+        "tarball-as-gzip-coding": (_tarball(), "application/x-tar", "gzip"),
+        "git-pack": (_git_pack(tmp), "application/x-git-receive-pack-request", None),
+        "prompt-with-code": (_prompt("Review this code:\n" + code), "application/json", None),
+        "prompt-with-docs": (_prompt(docs), "application/json", None),
+        # every source file of the project (not tests/, which hold fake keys), one prompt
+        "prompt-with-all-sources": (_prompt("\n\n".join(
+            p.read_text(errors="replace") for sub in ("gateway", "docs", "examples", "charts",
+                                                      "scripts")
+            for p in sorted((REPO / sub).rglob("*")) if p.is_file()
+            and p.suffix in (".py", ".md", ".yaml", ".yml", ".sh", ".json", ".mjs", ".txt",
+                             ".tpl", ".toml"))), "application/json", None),
+        "package-lock": (_package_lock(), "application/json", None),
+        "minified-js": (_minified_js(), "application/javascript", None),
+    }
+
+
+def test_ordinary_traffic_has_no_findings(tmp_path: Path) -> None:
+    for name, (body, ctype, coding) in _cases(tmp_path).items():
+        result = SCANNER.scan_body(body, ctype, coding)
+        assert result.clean, (name, [f.describe() for f in result.findings], result.unreadable)
+
+
+def test_ordinary_heads_have_no_findings() -> None:
+    heads = [("GET", "/simple/requests/?format=json", [("User-Agent", "pip/24.2"),
+                                                       ("Accept", "application/json")]),
+             ("POST", "/v1/chat/completions", [
+                 ("Content-Type", "application/json"), ("X-Stainless-Lang", "python"),
+                 ("X-Request-Id", "req_0123456789abcdef0123456789abcdef"),
+                 ("Traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")]),
+             ("GET", "/repos/o/r/commits/8f14e45fceea167a5a36dedd4bea2543e1b5a1f2", [
+                 ("If-None-Match", 'W/"6b86b273ff34fce19d6b804eff5a3f5747ada4eaa22f1d49c01e5"'),
+                 ("Cookie", "session=abc; _ga=GA1.2.1234567890.1234567890")])]
+    for method, target, headers in heads:
+        assert SCANNER.scan_request(method, target, headers).clean
+
+
+@pytest.mark.parametrize("size", [2_000, 1 << 20])
+def test_the_cost_of_a_body_without_candidates(size: int) -> None:
+    """Printed for the record (docs/dlp.md has the bench's numbers); bounded loosely."""
+    text = ("Write a function that parses a CSV file, returns rows as dicts, and handles "
+            "quoted fields and escaped quotes. ") * (size // 100 + 1)
+    body = _prompt(text[:size])
+    assert SCANNER.scan_body(body, "application/json").clean
+    reps = 200 if size < 10_000 else 3
+    start = time.process_time()
+    for _ in range(reps):
+        SCANNER.scan_body(body, "application/json")
+    each = (time.process_time() - start) / reps
+    print(f"\n{len(body)} bytes without candidates: {each * 1e6:.0f} us CPU, "
+          f"{len(body) / each / 1e6:.0f} MB/s")
+    assert each < (0.002 if size < 10_000 else 0.5)

@@ -1,0 +1,218 @@
+"""Every detector's FAKE credential (tests/helpers/dlp_corpus.py) is found in every
+place and encoding a client could put it: a header, the query, a JSON string, a form
+field, a multipart part, each content coding and stacks of them, base64 and hex runs -
+with its location named and a fingerprint, never the value."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import re
+import zlib
+from collections.abc import Callable
+from urllib.parse import quote, urlencode
+
+import brotli
+import pytest
+import zstandard
+from helpers.dlp_corpus import CORPUS, Fake
+
+from gateway.core.dlp import DETECTORS, Finding, Location, Scanner
+from gateway.services.dlp.library import build
+
+SCANNER = Scanner(build(DETECTORS), b"test-salt")
+JSON = "application/json"
+BOUNDARY = "----dlp43boundary"
+
+
+def _chat(text: str) -> bytes:
+    return json.dumps({"model": "gpt-4o", "messages": [
+        {"role": "system", "content": "You are helpful."},
+        {"role": "user", "content": "Here is the file:"},
+        {"role": "user", "content": f"config:\n{text}\nthanks"}]}).encode()
+
+
+def _multipart(text: str) -> bytes:
+    return (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"title\"\r\n\r\nnotes\r\n"
+            f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"upload\"; "
+            f"filename=\"env.txt\"\r\nContent-Type: text/plain\r\n\r\n{text}\r\n"
+            f"--{BOUNDARY}--\r\n").encode()
+
+
+Carrier = Callable[[str], tuple[str, list[tuple[str, str]], bytes]]
+MP = f"multipart/form-data; boundary={BOUNDARY}"
+
+# name -> (method target, headers, body) and the location expected (None: not checked)
+CARRIERS: dict[str, tuple[Carrier, str | None]] = {
+    "header": (lambda t: ("/", [("X-Note", t.replace("\n", " "))], b""), "header X-Note"),
+    "query": (lambda t: ("/up?a=1&note=" + quote(t, safe=""), [], b""),
+              "query note"),
+    "json": (lambda t: ("/", [("Content-Type", JSON)], _chat(t)),
+             "body $.messages[2].content"),
+    # the key's first character written as a JSON \u escape: a JSON reader reads the key
+    "json-escaped": (lambda t: ("/", [("Content-Type", JSON)], _chat(t).replace(
+        b"config:\\n" + json.dumps(t[0])[1:-1].encode(),
+        b"config:\\n\\u%04x" % ord(t[0]), 1)), "body $.messages[2].content"),
+    "form": (lambda t: ("/", [("Content-Type", "application/x-www-form-urlencoded")],
+                        urlencode({"a": "1", "note": t}).encode()), "body form field note"),
+    "multipart": (lambda t: ("/", [("Content-Type", MP)], _multipart(t)),
+                  "body multipart part upload"),
+    "gzip": (lambda t: ("/", [("Content-Type", JSON), ("Content-Encoding", "gzip")],
+                        gzip.compress(_chat(t))), "body $.messages[2].content (in gzip)"),
+    "deflate": (lambda t: ("/", [("Content-Type", JSON), ("Content-Encoding", "deflate")],
+                           zlib.compress(_chat(t))), None),
+    "br": (lambda t: ("/", [("Content-Type", JSON), ("Content-Encoding", "br")],
+                      brotli.compress(_chat(t))), None),
+    "zstd": (lambda t: ("/", [("Content-Type", JSON), ("Content-Encoding", "zstd")],
+                        zstandard.ZstdCompressor().compress(_chat(t))), None),
+    "gzip+br": (lambda t: ("/", [("Content-Type", JSON), ("Content-Encoding", "gzip, br")],
+                           brotli.compress(gzip.compress(_chat(t)))),
+                "body $.messages[2].content (in gzip, br)"),
+    "base64-body": (lambda t: ("/", [("Content-Type", "text/plain")],
+                               base64.b64encode(t.encode())), None),
+    "base64-in-json": (lambda t: ("/", [("Content-Type", JSON)], json.dumps(
+        {"file": base64.b64encode(t.encode()).decode()}).encode()), None),
+    "base64url-header": (lambda t: ("/", [("X-Blob", base64.urlsafe_b64encode(
+        t.encode()).decode().rstrip("="))], b""), None),
+    "basic-auth-header": (lambda t: ("/", [("Authorization", "Basic " + base64.b64encode(
+        b"user:" + t.encode()).decode())], b""), None),
+    "hex": (lambda t: ("/", [("Content-Type", "text/plain")], t.encode().hex().encode()),
+            None),
+    "hex-shifted": (lambda t: ("/", [("Content-Type", "text/plain")],
+                               b"k" + t.encode().hex().encode()), None),
+    # base64 behind one to three other characters of the alphabet: off its alignment
+    "base64-shifted": (lambda t: ("/", [("Content-Type", "text/plain")], b"x=" + b"Q9z"[
+        :1 + len(t) % 3] + base64.b64encode(t.encode())), None),
+    "base64-of-hex": (lambda t: ("/", [("Content-Type", "text/plain")], base64.b64encode(
+        t.encode().hex().encode())), None),
+}
+
+
+def _case(fake: Fake, carrier: str) -> list[Finding]:
+    build_request, _ = CARRIERS[carrier]
+    target, headers, body = build_request(fake.text)
+    if carrier == "json-escaped":
+        assert b"config:\\n\\u00" in body  # the carrier did escape the key
+    result = SCANNER.scan_request("POST", target, headers, body)
+    assert result.unreadable is None
+    return list(result.findings)
+
+
+@pytest.mark.parametrize("carrier", sorted(CARRIERS))
+@pytest.mark.parametrize("fake", CORPUS, ids=lambda f: f.detector)
+def test_every_fake_is_found_in_every_carrier(fake: Fake, carrier: str) -> None:
+    findings = _case(fake, carrier)
+    mine = [f for f in findings if f.detector == fake.detector]
+    assert mine, f"{fake.detector} not found in {carrier}: {findings}"
+    expected = CARRIERS[carrier][1]
+    if expected is not None and fake.detector != "gcp-service-account":
+        assert str(mine[0].location) == expected
+
+
+@pytest.mark.parametrize("fake", CORPUS, ids=lambda f: f.detector)
+def test_a_finding_never_holds_the_value(fake: Fake) -> None:
+    for carrier in ("header", "json", "base64-in-json"):
+        for finding in _case(fake, carrier):
+            shown = f"{finding} {finding.describe()} {finding.location}"
+            secret = fake.secret
+            assert not any(secret[i:i + 10] in shown for i in range(0, len(secret) - 10, 3))
+
+
+def test_the_fingerprint_is_the_same_secret_across_carriers_and_salted() -> None:
+    fake = next(f for f in CORPUS if f.detector == "github")
+    marks = {c: {f.fingerprint for f in _case(fake, c) if f.detector == "github"}
+             for c in ("header", "json", "form", "gzip", "base64-body", "hex")}
+    assert len(set().union(*marks.values())) == 1, marks
+    other = Scanner(SCANNER.detectors, b"another-deployment")
+    assert other.scan_text(fake.text, Location("header", "X"))[0].fingerprint \
+        not in marks["header"]
+    assert len(next(iter(marks["header"]))) == 16
+
+
+def test_the_request_line_and_the_header_name_are_named() -> None:
+    fake = next(f for f in CORPUS if f.detector == "stripe")
+    result = SCANNER.scan_request("GET", f"/charge/{fake.text}/x", [("X-Api-Key", fake.text)])
+    assert {str(f.location) for f in result.findings} == {"request line"}  # one secret
+    result = SCANNER.scan_request("GET", "/", [("X-Api-Key", fake.text)])
+    assert [str(f.location) for f in result.findings] == ["header X-Api-Key"]
+
+
+def test_a_multipart_json_part_is_read_as_json() -> None:
+    fake = next(f for f in CORPUS if f.detector == "anthropic")
+    body = (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"meta\"\r\n"
+            f"Content-Type: application/json\r\n\r\n"
+            + json.dumps({"env": {"KEY": fake.text}}) + f"\r\n--{BOUNDARY}--\r\n").encode()
+    result = SCANNER.scan_body(body, MP)
+    assert [str(f.location) for f in result.findings if f.detector == "anthropic"] == [
+        "body multipart part meta $.env.KEY"]
+
+
+def test_nested_encodings_stop_at_the_depth() -> None:
+    fake = next(f for f in CORPUS if f.detector == "aws")
+    once = base64.b64encode(fake.text.encode())
+    twice = base64.b64encode(once)
+    thrice = base64.b64encode(twice)
+    assert SCANNER.scan_body(twice, "text/plain").findings
+    assert not SCANNER.scan_body(thrice, "text/plain").findings  # depth 2 (documented)
+    deeper = Scanner(SCANNER.detectors, b"s", depth=3)
+    assert deeper.scan_body(thrice, "text/plain").findings
+
+
+def test_a_percent_encoded_path_and_a_selection() -> None:
+    key = next(f for f in CORPUS if f.detector == "github").text
+    escaped = "%" + key[:1].encode().hex() + key[1:]
+    result = SCANNER.scan_request("PUT", f"/files/{escaped}", [])
+    assert [str(f.location) for f in result.findings] == ["request line (in percent)"]
+    only = SCANNER.only(["aws", "slack"])
+    assert only is SCANNER.only(["slack", "aws"])  # built once per selection
+    assert [d.name for d in only.detectors] == ["aws", "slack"]
+    assert only.scan_request("PUT", f"/files/{key}", []).clean
+
+
+def test_a_body_over_the_limit_is_unreadable_not_skipped() -> None:
+    small = Scanner(SCANNER.detectors, b"s", limit=100)
+    assert small.scan_body(b"x" * 101, "text/plain").unreadable
+    assert small.scan_body(gzip.compress(b"x" * 101), "text/plain", "gzip").unreadable
+    assert small.scan_body(b"x" * 100, "text/plain").clean
+
+
+def test_a_key_repeated_in_an_object_is_read_twice() -> None:
+    key = next(f for f in CORPUS if f.detector == "aws").text
+    body = ('{"k": "' + key + '", "k": "harmless"}').encode()
+    assert [f.detector for f in SCANNER.scan_body(body, JSON).findings] == ["aws"]
+    assert json.loads(body) == {"k": "harmless"}  # (what a last-wins reader keeps)
+
+
+def test_a_service_account_file_inside_a_json_string() -> None:
+    sa = next(f for f in CORPUS if f.detector == "gcp-service-account").text
+    only = SCANNER.only(["gcp-service-account"])
+    body = json.dumps({"files": {"sa.json": sa}}).encode()
+    assert [str(f.location) for f in only.scan_body(body, JSON).findings] == [
+        'body $.files["sa.json"]']
+
+
+@pytest.mark.parametrize("fake", [f for f in CORPUS if not f.opt_in and "\n" not in f.text],
+                         ids=lambda f: f.detector)
+def test_a_key_used_as_a_name_is_not_shown_in_the_location(fake: Fake) -> None:
+    """A header name, query or form field name, JSON key or multipart part name holding
+    a key: found, and the location does not show the name."""
+    key = fake.text
+    cases = [
+        *([("/", [(key, "1")], b"", None)] if re.fullmatch(r"[\w.+/=-]+", key) else []),
+        ("/?" + quote(key, safe="") + "=1", [], b"", None),
+        ("/", [], json.dumps({"a": {key: 1}}).encode(), JSON),
+        ("/", [], urlencode({key: "1"}).encode(), "application/x-www-form-urlencoded"),
+        ("/", [], (f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n'
+                   f"x\r\n--{BOUNDARY}--\r\n").encode(), MP),
+    ]
+    for target, headers, body, ctype in cases:
+        if ctype:
+            headers = [*headers, ("Content-Type", ctype)]
+        findings = SCANNER.scan_request("POST", target, headers, body).findings
+        mine = [f for f in findings if f.detector == fake.detector]
+        assert mine, (target, headers, body[:80])
+        secret = fake.secret
+        for finding in findings:
+            shown = str(finding.location)
+            assert not any(secret[i:i + 8] in shown for i in range(len(secret) - 7)), shown

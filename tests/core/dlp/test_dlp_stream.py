@@ -1,0 +1,96 @@
+"""The streaming scanner: a key split across chunks (at every offset), across WebSocket
+fragments, inside a long base64 run crossing windows, in a gzip stream - found once,
+whole, at its offset in the stream."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import random
+
+import pytest
+from helpers.dlp_corpus import DEFAULT_CORPUS, Fake, fake
+
+from gateway.core.dlp import DEFAULT, Scanner, StreamScanner
+from gateway.services.dlp.library import build
+
+SCANNER = Scanner(build(DEFAULT), b"test-salt")
+
+
+def _stream(data: bytes, cuts: list[int], coding: str | None = None) -> tuple[list[str], int]:
+    """Detectors found and the offset of the first finding, feeding data cut at `cuts`."""
+    stream = StreamScanner(SCANNER, coding)
+    found = []
+    for lo, hi in zip([0, *cuts], [*cuts, len(data)], strict=True):
+        found += stream.feed(data[lo:hi]).findings
+    found += stream.end().findings
+    assert stream.unreadable is None
+    return [f.detector for f in found], (found[0].location.offset or -1) if found else -1
+
+
+def _filler(n: int, seed: int) -> bytes:
+    r = random.Random(seed)
+    words = [b"the", b"request", b"model", b"import", b"def", b"return", b"value", b"{", b"}"]
+    return b" ".join(r.choice(words) for _ in range(n // 5))[:n]
+
+
+@pytest.mark.parametrize("fake", DEFAULT_CORPUS, ids=lambda f: f.detector)
+def test_a_key_split_between_two_chunks_is_found_once(fake: Fake) -> None:
+    key = fake.text.encode()
+    head = _filler(50_000, 1) + b"\n"
+    data = head + key + b"\n" + _filler(60_000, 2)
+    for split in sorted({1, len(key) // 3, len(key) // 2, len(key) - 1}):
+        names, offset = _stream(data, [len(head) + split])
+        assert names.count(fake.detector) == 1, (split, names)
+        assert offset >= len(head) - 1  # (a detector may start one character early)
+
+
+def test_every_split_offset_of_one_key() -> None:
+    key = fake("github").text.encode()
+    data = _filler(20_000, 3) + b" " + key + b" " + _filler(20_000, 4)
+    start = data.index(key)
+    for split in range(start - 2, start + len(key) + 2):
+        names, offset = _stream(data, [split])
+        assert names == ["github"] and offset == start, split
+
+
+def test_websocket_fragments_of_a_few_bytes() -> None:
+    key = fake("anthropic").text.encode()
+    data = b'{"type":"input_text","text":"' + _filler(3000, 5) + key + b'"}'
+    cuts = list(range(7, len(data), 7))  # 7-byte fragments fed one by one
+    names, _ = _stream(data, cuts)
+    assert names == ["anthropic"]
+
+
+def test_a_key_in_a_long_base64_run_across_windows() -> None:
+    """A 300 KB base64 blob (an attachment) with the key at several depths of it: the run
+    is cut at multiples of 4 of its start, so each window decodes at its alignment."""
+    key = fake("aws").text.encode()
+    for where in (10, 70_001, 150_002, 224_999):
+        blob = bytearray(random.Random(where).randbytes(225_000))
+        blob[where:where + len(key)] = key
+        data = b'{"file":"' + base64.b64encode(bytes(blob)) + b'"}'
+        names, _ = _stream(data, list(range(65_536, len(data), 65_536)))
+        assert names == ["aws"], where
+
+
+def test_a_gzip_stream_is_decoded_as_it_comes() -> None:
+    key = fake("slack").text.encode()
+    data = gzip.compress(_filler(200_000, 6) + key + _filler(200_000, 7))
+    names, _ = _stream(data, list(range(1000, len(data), 1000)), "gzip")
+    assert names == ["slack"]
+
+
+def test_what_a_stream_cannot_read() -> None:
+    assert StreamScanner(SCANNER, "zstd").feed(b"x").unreadable is not None
+    assert StreamScanner(SCANNER, "compress").feed(b"x").unreadable is not None
+    bad = StreamScanner(SCANNER, "gzip")
+    assert bad.feed(b"not gzip at all").unreadable is not None
+    after = StreamScanner(SCANNER, "gzip")
+    after.feed(b"\x00garbage")
+    assert after.feed(gzip.compress(b"x")).unreadable is not None  # stays unreadable
+
+
+def test_a_clean_stream_reports_nothing() -> None:
+    names, _ = _stream(_filler(500_000, 8), list(range(4096, 500_000, 4096)))
+    assert names == []
