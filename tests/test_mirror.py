@@ -258,6 +258,24 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/pipeline/test_pipeline_asking.py",
         "imported: every exchange refusal from fakes; its streaming, MCP and WebSocket "
         "paths run on every engine in tests/integration/test_parity.py"),
+    "gateway/pipeline/exchange_state.py": (
+        "tests/pipeline/test_pipeline_gate.py, tests/integration/test_parity.py",
+        "what every exchange of the gate's table carries to its one audit line"),
+    "gateway/pipeline/exchange_mcp.py": (
+        "tests/integration/test_mcp_policy.py, tests/integration/test_parity.py, "
+        "tests/pipeline/test_pipeline_gate.py",
+        "the SDK's client and a hostile server through both engines; report mode against "
+        "evaluate in the gate's tests"),
+    "gateway/pipeline/exchange_metering.py": (
+        "tests/integration/test_metering.py, tests/integration/test_metering_realtime.py, "
+        "tests/pipeline/test_pipeline_asking.py",
+        "the SDKs metered and refused, Realtime sessions, a model held for a person"),
+    "gateway/pipeline/exchange_request.py": (
+        "tests/integration/test_parity.py, tests/pipeline/test_pipeline_gate.py",
+        "keys split across chunks, compressed and chunked bodies on every engine"),
+    "gateway/pipeline/exchange_response.py": (
+        "tests/integration/test_parity.py, tests/integration/test_fail_closed.py",
+        "echoes redacted, encodings decoded, upstream failures answered on every engine"),
     "gateway/pipeline/identify.py": (
         "tests/pipeline/test_pipeline_gate.py, tests/integration/test_kubernetes_identity.py",
         "token, registered and pod identities and their per-request recheck, from fakes "

@@ -1,0 +1,127 @@
+"""The request body of an exchange, scanned for keys and tokens as it goes: streamed, the
+tail of each chunk that could start a marker held back until the next shows it clean; a
+compressed body decoded for the scan (and forwarded as sent, once whole, up to
+`ENCODED_LIMIT`); a whole body decoded once, for the body stage to read."""
+
+from __future__ import annotations
+
+from gateway.core.encodings import Decoder, EncodingError, decoder_for
+from gateway.core.leaks import StreamScan
+from gateway.core.refusal import Refusal
+from gateway.pipeline.exchange_state import ExchangeState
+
+__all__ = ["ENCODED_LIMIT", "RequestSide"]
+
+ENCODED_LIMIT = 8 * 1024 * 1024  # a compressed request body is held whole up to this size
+
+
+def _unreadable(exc: EncodingError) -> Refusal:
+    return Refusal("bad_request", f"the request body cannot be checked: {exc}")
+
+
+class RequestSide:
+    """The request body's way out (see the module docstring)."""
+
+    def __init__(self, ex: ExchangeState) -> None:
+        self.ex = ex
+        self._scan: StreamScan | None = None
+        self._decoder: Decoder | None = None
+        self._encoded: list[bytes] | None = None
+        self._held = b""
+
+    def _scanner(self) -> StreamScan:
+        if self._scan is None:
+            assert self.ex.scan is not None
+            self._scan = self.ex.scan.stream()
+            try:
+                self._decoder = decoder_for(self.ex.head.headers.get("content-encoding"))
+            except EncodingError as exc:
+                raise Refusal("bad_request", f"the request body cannot be checked: {exc}; "
+                              "send it uncompressed or with gzip, deflate or br") from None
+            if self._decoder is not None:
+                self._encoded = []
+        return self._scan
+
+    def _check(self, scanner: StreamScan, data: bytes) -> None:
+        found = scanner.feed(data)
+        if found is not None:
+            raise self.ex.leak(found)
+
+    def _trailers(self, trailers: list[tuple[bytes, bytes]] | None) -> None:
+        """Trailers are scanned like headers."""
+        if trailers:
+            assert self.ex.scan is not None
+            found = self.ex.scan.head("", "", trailers)
+            if found is not None:
+                raise self.ex.leak(found)
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Scan a streamed chunk; returns the bytes that may go upstream now."""
+        scanner = self._scanner()
+        if self._decoder is not None:
+            assert self._encoded is not None
+            self._encoded.append(chunk)
+            if sum(map(len, self._encoded)) > ENCODED_LIMIT:
+                raise Refusal("bad_request", f"a compressed request body over "
+                              f"{ENCODED_LIMIT} bytes cannot be checked; send it "
+                              "uncompressed")
+            try:
+                for piece in self._decoder.feed(chunk):
+                    self._check(scanner, piece)
+            except EncodingError as exc:
+                raise _unreadable(exc) from None
+            return b""
+        self._check(scanner, chunk)
+        data = self._held + chunk if self._held else chunk
+        keep = self.ex.scan.keep if self.ex.scan is not None else 0
+        if len(data) <= keep:
+            self._held = data
+            return b""
+        self._held = data[len(data) - keep:] if keep else b""
+        out = data[: len(data) - keep] if keep else data
+        self.ex.bytes_out += len(out)
+        return out
+
+    def end(self, trailers: list[tuple[bytes, bytes]] | None) -> bytes:
+        """The end of a streamed body; returns what was held back."""
+        scanner = self._scanner()
+        if self._decoder is not None:
+            try:
+                for piece in self._decoder.end():
+                    self._check(scanner, piece)
+            except EncodingError as exc:
+                raise _unreadable(exc) from None
+        self._trailers(trailers)
+        if self._encoded is not None:
+            out = b"".join(self._encoded)
+            self._encoded = []
+        else:
+            out, self._held = self._held, b""
+        self.ex.bytes_out += len(out)
+        return out
+
+    def whole(self, body: bytes, trailers: list[tuple[bytes, bytes]] | None,
+              limit: int) -> tuple[bytes | None, bool]:
+        """Scan a whole body (decoded if compressed): (the body as the receiver reads
+        it, or None when it decodes to more than `limit`: then it is only scanned; and
+        whether it was encoded)."""
+        scanner = self._scanner()
+        decoder = self._decoder
+        if decoder is None:
+            self._check(scanner, body)
+            self._trailers(trailers)
+            return body, False
+        pieces: list[bytes] = []
+        size = 0
+        try:
+            for source in (decoder.feed(body), decoder.end()):
+                for piece in source:
+                    self._check(scanner, piece)
+                    size += len(piece)
+                    if size <= limit:
+                        pieces.append(piece)
+        except EncodingError as exc:
+            raise _unreadable(exc) from None
+        self._decoder, self._encoded = None, None
+        self._trailers(trailers)
+        return (b"".join(pieces) if size <= limit else None), True

@@ -1,0 +1,89 @@
+"""What an exchange is: the request it carries, what was decided, what it recorded. The
+parts that handle an exchange (`exchange.py`, `exchange_mcp.py`, `exchange_metering.py`,
+`exchange_response.py`) share it; its audit line is written from it, once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.core import mcp
+from gateway.core.addresses import Pinned
+from gateway.core.client import Client
+from gateway.core.identity import Identity
+from gateway.core.leaks import LeakScan
+from gateway.core.messages import RequestHead, ResponseHead
+from gateway.core.policy import Decision
+from gateway.core.ports import Secrets
+from gateway.core.refusal import Refusal
+from gateway.core.target import Target
+from gateway.core.trail import Trail
+
+__all__ = ["ExchangeState", "leak_refusal", "source_of"]
+
+
+@dataclass(eq=False)
+class ExchangeState:
+    """One admitted request/response (see `exchange.Exchange`): ``report`` what ``mode:
+    report`` only recorded; ``mcp_calls`` and ``models`` the audit line's fields;
+    ``unsent`` the request never reached the upstream (connect failed)."""
+
+    trail: Trail
+    secrets: Secrets
+    client: Client
+    identity: Identity
+    head: RequestHead
+    target: Target
+    decision: Decision
+    pinned: Pinned
+    started: float
+    scan: LeakScan | None = None
+    credential: str | None = None
+    response_head: ResponseHead | None = None
+    bytes_out: int = 0
+    bytes_in: int = 0
+    done: bool = False
+    report: Refusal | None = None
+    mcp_calls: list[dict[str, Any]] | None = None
+    models: list[str] | None = None
+    unsent: bool = False
+
+    def __post_init__(self) -> None:
+        """(What a subclass sets up after the fields: the dataclass calls it.)"""
+
+    def where(self) -> str:
+        """``host:port`` of the upstream, as reasons name it."""
+        return f"{self.target.host}:{self.target.port}"
+
+    def leak(self, kind: str) -> Refusal:
+        """The refusal of this request for carrying a key or token (`kind`), counted."""
+        self.trail.telemetry.count("exfiltration_blocked", kind)
+        return leak_refusal(kind, self.target.host)
+
+    def note_calls(self, records: list[dict[str, Any]]) -> None:
+        """MCP calls for the audit line (at most `mcp.MAX_AUDITED`)."""
+        self.mcp_calls = ((self.mcp_calls or []) + records)[:mcp.MAX_AUDITED]
+
+    def audit_message(self, refusal: Refusal,
+                      calls: list[dict[str, Any]] | None = None) -> None:
+        """One message of a WebSocket session refused: its own audit line (the session
+        goes on, its line comes when it ends)."""
+        self.trail.refuse(self.client, refusal, method=self.head.method,
+                          scheme=self.target.scheme, host=self.target.host,
+                          port=self.target.port, path=self.target.path,
+                          started=self.trail.clock(), mcp=calls)
+
+
+def source_of(decision: Decision) -> str | None:
+    """The deciding rule's ``file:line`` (None: no rule)."""
+    return decision.rule.source if decision.rule is not None else None
+
+
+def leak_refusal(kind: str, host: str) -> Refusal:
+    """The refusal of a request carrying a key or token (`kind`) to `host`."""
+    what = "a gateway token" if kind == "token" else \
+        "a real API key (or a provider-minted secret, or its alias)"
+    return Refusal("exfiltration_blocked", f"the request carries {what} to {host}, which "
+                   "is not bound to it; keys and tokens go only to the hosts of their "
+                   "credential (send the token only in the credential's own header, on a "
+                   "rule with credential:)")
