@@ -117,7 +117,7 @@ class Engine:
         client.engine = "h1"
         conn.connection_made(transport)
         if tls_host is not None:
-            conn.tls = TlsPump(self.leaves.get(tls_host), conn.write_raw, server_side=True)
+            conn.tls = self.leaves.server(tls_host, conn.write_raw)
         transport.set_protocol(conn)
         self.connections.add(conn)
         if self._sweeper is None:
