@@ -129,8 +129,8 @@ def test_openssl_s_client_resumes_through_the_proxy(gw: GatewayThread,
 
     def s_client(*args: str) -> str:
         out = subprocess.run(
-            ["openssl", "s_client", "-proxy", gw.proxy.removeprefix("http://"), "-proxy_user", "sbx-a",
-             "-proxy_pass", f"pass:{token}", "-connect", "other.test:443",
+            ["openssl", "s_client", "-proxy", gw.proxy.removeprefix("http://"),
+             "-proxy_user", "sbx-a", "-proxy_pass", f"pass:{token}", "-connect", "other.test:443",
              "-servername", "other.test", "-CAfile", str(gw.ca_cert), "-verify_return_error",
              "-ign_eof", *args],
             input=b"GET / HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n",

@@ -155,7 +155,7 @@ def test_held_tickets_go_before_a_close(store: tuple[certs.CertStore, Path],
     """Records are numbered: a ticket sealed and held cannot be left out of the stream."""
     leaves = LeafContexts(store[0], runtime)
     try:
-        client, server, to_server, to_client = _pair(leaves, store[1], "api.example.test")
+        client, server, _, to_client = _pair(leaves, store[1], "api.example.test")
         server.close()
         assert len(to_client) == 1
         with pytest.raises(TlsClosed):

@@ -48,7 +48,7 @@ from gateway.engines.patches import (
     read_request_head,
     read_response_head,
 )
-from gateway.net.tls import LeafContexts, TlsClosed, TlsPump
+from gateway.net.tls import LeafContexts, TlsClosed
 from gateway.net.upstream_proxy import ProxyDialFailed, UpstreamProxy
 from gateway.observability import metrics
 
