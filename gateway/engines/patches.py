@@ -311,6 +311,17 @@ class ContentLengthReader(_H11ContentLengthReader):
         self._remaining -= count
         return h11.Data(data=out)
 
+    @property
+    def remaining(self) -> int:
+        """Bytes of the body still to be read."""
+        return int(self._remaining)
+
+    def took(self, count: int) -> None:
+        """`count` bytes of the body were read without this reader (`Side.chunks`)."""
+        if count > self._remaining:
+            raise h11.RemoteProtocolError("more body bytes than the Content-Length")
+        self._remaining -= count
+
 
 def chunk_left(conn: h11.Connection) -> int:
     """The bytes still to come of the chunk an `h11.Connection` is reading (0 when it is

@@ -307,29 +307,45 @@ class Connection(Side):
             return
         reader: Any = (ChunkedReader() if size is None else Http10Reader() if size == -1
                        else ContentLengthReader(size))
+        # A Content-Length body: what arrives of it with nothing before it in the buffer
+        # is kept as it came (`side.chunks`), taken before the buffer's bytes.
+        direct = isinstance(reader, ContentLengthReader)
+        if direct:
+            side.expect(size)
         pieces: list[bytes] = []
-        while True:
-            try:
-                event = reader(side.buf)
-                if event is None and side.eof:
-                    event = reader.read_eof()
-            except h11.ProtocolError as exc:
-                raise ProtocolError(f"bad message body: {exc}") from None
-            if isinstance(event, h11.Data):
-                if event.data:  # gathered while the buffer holds more: one piece per read
-                    pieces.append(bytes(event.data))
-                continue
-            if pieces:
-                yield pieces[0] if len(pieces) == 1 else b"".join(pieces)
-                pieces = []
+        try:
+            while True:
+                if direct and side.chunks:
+                    try:
+                        reader.took(len(data := side.take_chunks()))
+                    except h11.ProtocolError as exc:
+                        raise ProtocolError(f"bad message body: {exc}") from None
+                    pieces.append(data)
+                    continue
+                try:
+                    event = reader(side.buf)
+                    if event is None and side.eof:
+                        event = reader.read_eof()
+                except h11.ProtocolError as exc:
+                    raise ProtocolError(f"bad message body: {exc}") from None
+                if isinstance(event, h11.Data):
+                    if event.data:  # gathered while the buffer holds more: one piece a read
+                        pieces.append(bytes(event.data))
+                    continue
+                if pieces:
+                    yield pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                    pieces = []
+                    if event is None:
+                        continue  # (more may have arrived while the consumer was sending)
                 if event is None:
-                    continue  # (more may have arrived while the consumer was sending)
-            if event is None:
-                await side.more(timeout, phase)
-            else:
-                if trailers is not None and event.headers:
-                    trailers.append(list(event.headers.raw_items()))
-                return
+                    await side.more(timeout, phase)
+                else:
+                    if trailers is not None and event.headers:
+                        trailers.append(list(event.headers.raw_items()))
+                    return
+        finally:
+            if direct:
+                side.expect(0)
 
     # -- one exchange ------------------------------------------------------------------------
 
