@@ -309,7 +309,7 @@ class Connection(Side):
                        else ContentLengthReader(size))
         # A Content-Length body: what arrives of it with nothing before it in the buffer
         # is kept as it came (`side.chunks`), taken before the buffer's bytes.
-        direct = isinstance(reader, ContentLengthReader)
+        direct = size is not None and size > 0
         if direct:
             side.expect(size)
         pieces: list[bytes] = []
