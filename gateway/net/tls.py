@@ -14,8 +14,11 @@ session is opened on one shared *front* context and then given its host's leaf c
 the front context's key, so a sandbox resumes its TLS session on any host the worker
 serves (no certificate signature, no key exchange on the leaf's key), and the key is
 replaced every `TICKET_KEY_LIFETIME` (a new front context; older tickets then fall back
-to a full handshake). A resumed session carries no identity: the tunnel's CONNECT (its
-Proxy-Authorization) and each request's credentials are checked as on a full handshake.
+to a full handshake). The key is this worker's: another worker cannot open its tickets
+(Python's `ssl` has no call to set a ticket key), so a connection the kernel hands to
+another worker gets a full handshake. A resumed session carries no identity: the
+tunnel's CONNECT (its Proxy-Authorization) and each request's credentials are checked as
+on a full handshake.
 """
 
 from __future__ import annotations
