@@ -5,8 +5,9 @@ The engines need a few things their libraries keep private:
 - **h11** (framing for the HTTP/1 engine): its strict head parsers and body readers
   (`h11._readers`: request and response heads validated against RFC 9110/9112 ABNF,
   chunked / Content-Length / close-delimited bodies with trailers) and its receive
-  buffer (a Content-Length body is taken from its bytearray with one copy). The public `h11.Connection` wraps them in a state machine that costs four
-  times as much per exchange; the engine keeps the state itself. On the admin
+  buffer (a Content-Length body is taken from its bytearray with one copy). The public
+  `h11.Connection` wraps them in a state machine that costs four times as much per
+  exchange; the engine keeps the state itself. On the admin
   listener (uvicorn's `h11.Connection`), the size of the chunk being read
   (`chunk_left`), so that a chunk size no body may have is refused once it is read.
 - **mitmproxy** (the mitmproxy engine): its listener factory (to put the front door and
@@ -20,8 +21,9 @@ The engines need a few things their libraries keep private:
   layer stack a tunnel or a redirected connection starts with, and the one reading of a
   failed flow's error text into a typed outcome: `flow_error`), the WebSocket
   fragmentizer, its ClientHello parser (the kaitai-struct one, without the TLS
-  layer module around it: the doors read a tunnel's first bytes with it), its original-destination lookup (transparent mode), the raw method
-  and authority of a request as sent, and its next-layer addon (the adapter extends
+  layer module around it: the doors read a tunnel's first bytes with it), its
+  original-destination lookup (transparent mode), the raw method and authority of a
+  request as sent, and its next-layer addon (the adapter extends
   it). Its `mitmproxy.addons` package is registered without running its `__init__`,
   which imports every addon mitmdump ships (QUIC, pyparsing, ldap3, …: 15 MB a process)
   when the gateway uses four, and its `mitmproxy.proxy.layers` package likewise until
