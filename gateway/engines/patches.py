@@ -23,7 +23,8 @@ The engines need a few things their libraries keep private:
   fragmentizer, its ClientHello parser (the kaitai-struct one, without the TLS
   layer module around it: the doors read a tunnel's first bytes with it), its
   original-destination lookup (transparent mode), the raw method and authority of a
-  request as sent, and its next-layer addon (the adapter extends
+  request as sent, its cache of client-facing TLS contexts (cleared to replace their
+  session ticket keys: `replace_client_tls_contexts`), and its next-layer addon (the adapter extends
   it). Its `mitmproxy.addons` package is registered without running its `__init__`,
   which imports every addon mitmdump ships (QUIC, pyparsing, ldap3, …: 15 MB a process)
   when the gateway uses four, and its `mitmproxy.proxy.layers` package likewise until
@@ -65,6 +66,7 @@ from h11._readers import (
 )
 from h11._receivebuffer import ReceiveBuffer, blank_line_regex
 from mitmproxy import platform
+from mitmproxy.net import tls as _mitmproxy_tls
 from mitmproxy.net.tls import starts_like_tls_record
 
 if TYPE_CHECKING:
@@ -96,6 +98,7 @@ __all__ = [
     "raw_method",
     "read_request_head",
     "read_response_head",
+    "replace_client_tls_contexts",
     "starts_like_tls",
 ]
 
@@ -551,6 +554,14 @@ def client_hello(data: bytes) -> tuple[str | None, tuple[bytes, ...]] | None:
                 alpn = tuple(x.name for x in extension.body.alpn_protocols)
                 break
     return sni, alpn
+
+
+def replace_client_tls_contexts() -> None:
+    """mitmproxy's TLS contexts for clients made anew at their next use: it caches them
+    by their options (`net.tls.create_client_proxy_context`), so every client connection
+    shares one, and with it the key that seals its session tickets; new contexts draw new
+    keys. Connections open keep theirs."""
+    _mitmproxy_tls.create_client_proxy_context.cache_clear()
 
 
 def starts_like_tls(data: bytes) -> bool:

@@ -15,6 +15,7 @@ import ssl
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -146,6 +147,24 @@ def test_a_resumed_session_carries_no_identity(gw: GatewayThread) -> None:
     assert refused and {r["sandbox"] for r in refused} == {"sbx-a"}
     if gw.config.network.intercept == "fast":  # (refused inside the resumed session)
         assert resumed.reused
+
+
+def test_the_ticket_key_is_replaced(gw: GatewayThread) -> None:
+    """Past the ticket key's lifetime (made 0 here) a new key seals and opens tickets on
+    either engine: the HTTP/1 engine's new front context, mitmproxy's client contexts
+    made anew (`patches.replace_client_tls_contexts`). An older ticket then gets a full
+    handshake."""
+    context = _client(gw)
+    token = gw.mint("agent", "sbx-a")
+    _, first = _get(gw, context, token, "sbx-a")
+    engine: Any = gw.gateway.leaves if gw.config.network.intercept == "fast" \
+        else gw.gateway.adapter
+    engine.ticket_key_lifetime = 0.0
+    head, again = _get(gw, context, token, "sbx-a", first.session)
+    assert head == b"HTTP/1.1 200 OK" and not again.reused
+    engine.ticket_key_lifetime = 3600.0
+    head, resumed = _get(gw, context, token, "sbx-a", again.session)
+    assert head == b"HTTP/1.1 200 OK" and resumed.reused
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
