@@ -95,10 +95,10 @@ ROWS = (
     Row("gateway_policy", "gateway intercept + policy", "gateway", "policy.bench.test",
         ("get_c1", "get_c10", "download", "idle", "idle_after_timeout")),
     Row("gateway_inject", "gateway intercept + inject", "gateway", "inject.bench.test",
-        ("get_c1", "get_c10", "new_c10"), inject_header=True),
+        ("get_c1", "get_c10", "new_c10", "resume_c10"), inject_header=True),
     Row("gateway_sse", "gateway SSE (intercept)", "gateway", "sse.bench.test", ("sse",)),
     Row("nginx", "nginx TLS reverse proxy + header", "nginx", "inject.bench.test",
-        ("get_c1", "get_c10", "new_c10")),
+        ("get_c1", "get_c10", "new_c10", "resume_c10", "download")),
     Row("mitmdump", "mitmdump -q + inject script", "mitmdump", "inject.bench.test",
         ("get_c1", "get_c10", "new_c10", "download", "sse", "idle"), inject_header=True),
     Row("squid", "squid CONNECT", "squid", "pass.bench.test",
@@ -230,8 +230,8 @@ class Bench:
         else:  # squid maps names, not ports: the CONNECT authority carries the real port
             spec.update(proxy=["127.0.0.1", proxy.port], port=upstream_port,
                         cafile=str(self.ca.cert_path))
-        if workload.startswith(("get_c", "new_c")):  # get_c<connections>, new_c<…>
-            spec.update(connections=int(workload[5:]), duration=s.get_seconds)
+        if workload.startswith(("get_c", "new_c", "resume_c")):  # get_c<connections>, …
+            spec.update(connections=int(workload.rpartition("_c")[2]), duration=s.get_seconds)
         elif workload == "download":
             spec.update(path="/big")
         elif sse:
@@ -243,7 +243,7 @@ class Bench:
 
     def timeout(self, workload: str) -> float:
         s = self.sizes
-        if workload.startswith(("get", "new")):
+        if workload.startswith(("get", "new", "resume")):
             return s.get_seconds + 60
         if workload.startswith("idle"):
             return 60 + s.idle_tunnels * 0.2

@@ -14,7 +14,9 @@ measured phase falls inside the proxy-CPU window:
 
 Workloads: ``get`` (fixed duration, per-request latency), ``new`` (like ``get``, but
 each request on a new connection: CONNECT, TLS handshake, one request, close; its
-latency includes the connection), ``download`` (one large
+latency includes the connection), ``resume`` (``new`` with the TLS session of the
+warm-up offered on every connection: a resumed handshake, as curl, Node and rustls
+clients make; the result says how many were resumed), ``download`` (one large
 body), ``sse`` (time to first event, per-event delivery delay), ``idle`` (open N
 tunnels, one request each, then hold them idle).
 """
@@ -59,8 +61,22 @@ class Spec:
     open_concurrency: int = 50  # idle: tunnels being opened at once
 
 
+class _ResumingContext(ssl.SSLContext):
+    """A client context that offers `session` on every connection it opens (asyncio's
+    `start_tls` takes no session; its SSL protocol calls `wrap_bio`)."""
+
+    session: ssl.SSLSession | None = None
+
+    def wrap_bio(self, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO,  # type: ignore[override]
+                 server_side: bool = False, server_hostname: str | None = None,
+                 session: ssl.SSLSession | None = None) -> ssl.SSLObject:
+        return super().wrap_bio(incoming, outgoing, server_side, server_hostname,
+                                session or self.session)
+
+
 def _ssl_context(cafile: str) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=cafile)
+    ctx = _ResumingContext(ssl.PROTOCOL_TLS_CLIENT)  # (what create_default_context makes)
+    ctx.load_verify_locations(cafile=cafile)
     ctx.set_alpn_protocols(["http/1.1"])
     return ctx
 
@@ -174,7 +190,12 @@ async def run(spec: Spec, stdin: asyncio.StreamReader) -> None:
     try:
         if spec.workload != "idle":
             conns, warm_statuses = await _warm(spec, ctx, spec.connections)
-            if spec.workload == "new":  # (warmed: the proxy's caches, the CA's leaf)
+            if spec.workload in ("new", "resume"):  # (warmed: the proxy's caches, the leaf)
+                if spec.workload == "resume" and isinstance(ctx, _ResumingContext):
+                    ssl_object = conns[0][1].get_extra_info("ssl_object")
+                    ctx.session = ssl_object.session  # (its ticket came with the answer)
+                    if ctx.session is None or not ctx.session.has_ticket:
+                        raise ConnectionError("resume: the proxy gave no session ticket")
                 await _close(conns)
                 conns = []
         else:
@@ -184,7 +205,7 @@ async def run(spec: Spec, stdin: asyncio.StreamReader) -> None:
         cpu0, wall0 = _cpu(), time.perf_counter()
         if spec.workload == "get":
             result = await _run_get(spec, conns)
-        elif spec.workload == "new":
+        elif spec.workload in ("new", "resume"):
             result = await _run_new(spec, ctx)
         elif spec.workload == "download":
             result = await _run_download(spec, conns[0])
@@ -219,7 +240,7 @@ async def _run_get(spec: Spec, conns: list[Conn]) -> dict[str, Any]:
 
 
 async def _new_loop(spec: Spec, ctx: ssl.SSLContext, req: bytes, end: float,
-                    lat: list[int], statuses: dict[int, int]) -> None:
+                    lat: list[int], statuses: dict[int, int], reused: list[int]) -> None:
     clock = time.perf_counter_ns
     while time.perf_counter() < end:
         t0 = clock()
@@ -228,6 +249,8 @@ async def _new_loop(spec: Spec, ctx: ssl.SSLContext, req: bytes, end: float,
         status, _ = await read_response(reader)
         lat.append(clock() - t0)
         statuses[status] = statuses.get(status, 0) + 1
+        if writer.get_extra_info("ssl_object").session_reused:
+            reused[0] += 1
         await _close([(reader, writer)])
 
 
@@ -235,13 +258,15 @@ async def _run_new(spec: Spec, ctx: ssl.SSLContext) -> dict[str, Any]:
     req = request_bytes(spec)
     lat: list[int] = []
     statuses: dict[int, int] = {}
+    reused = [0]
     start = time.perf_counter()
     end = start + spec.duration
-    await asyncio.gather(*(_new_loop(spec, ctx, req, end, lat, statuses)
+    await asyncio.gather(*(_new_loop(spec, ctx, req, end, lat, statuses, reused)
                            for _ in range(spec.connections)))
     elapsed = time.perf_counter() - start
     lat.sort()
     return {"requests": len(lat), "ok": statuses.get(200, 0), "statuses": statuses,
+            "resumed": reused[0],
             "rps": len(lat) / elapsed, "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99)}
 
 

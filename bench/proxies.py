@@ -401,7 +401,7 @@ NGINX_PROXY_CONF = NGINX_HEAD + """\
     ssl_certificate {cert};
     ssl_certificate_key {key};
     ssl_protocols TLSv1.2 TLSv1.3;
-    ssl_session_tickets off;  # (as the gateway: no resumption on the client side)
+    ssl_session_tickets on;  # (nginx's default; the gateway resumes sessions too)
     location / {{
       proxy_pass https://bench_upstream;
       proxy_http_version 1.1;
@@ -413,6 +413,7 @@ NGINX_PROXY_CONF = NGINX_HEAD + """\
       proxy_ssl_verify on;
       proxy_ssl_trusted_certificate {ca};
       proxy_ssl_session_reuse on;
+      proxy_max_temp_file_size 0;  # a large body streamed, never spooled to a file
     }}
   }}
 }}

@@ -56,7 +56,7 @@ def derive(workload: str, res: dict[str, Any]) -> None:
     if "error" in res or "na" in res:
         return
     cpu = res.get("proxy_cpu_s")
-    if workload.startswith(("get", "new")):
+    if workload.startswith(("get", "new", "resume")):
         if res.get("requests"):
             if cpu is not None:
                 res["proxy_cpu_us_per_req"] = cpu / res["requests"] * 1e6
@@ -68,6 +68,8 @@ def derive(workload: str, res: dict[str, Any]) -> None:
                             for p, c in res["proxy_cpu_s_by_pid"].items()}
             if res.get("ok", 0) != res["requests"]:
                 res["warning"] = f"non-200 answers: {res.get('statuses')}"
+            elif workload.startswith("resume") and res.get("resumed") != res["requests"]:
+                res["warning"] = f"only {res.get('resumed')} of {res['requests']} resumed"
         res["client_bound"] = res.get("client_cpu_pct", 0) >= CLIENT_BOUND_PCT
     elif workload == "download":
         if cpu is not None and res.get("bytes"):
@@ -86,9 +88,11 @@ def brief(workload: str, res: dict[str, Any]) -> str:
         return "ERROR " + res["error"][:160]
     if "na" in res:
         return "n/a (" + res["na"] + ")"
-    if workload.startswith(("get", "new")):
+    if workload.startswith(("get", "new", "resume")):
         proxy = (f"proxy {res['proxy_cpu_us_per_req']:.0f} µs CPU/req, "
                  if "proxy_cpu_us_per_req" in res else "")
+        if "resumed" in res and workload.startswith("resume"):
+            proxy += f"{res['resumed']}/{res['requests']} resumed, "
         return (f"{res['rps']:.0f} req/s p50 {res['p50_ms']:.2f} ms, {proxy}"
                 f"client {res['client_cpu_pct']:.0f}% CPU")
     if workload == "download":
@@ -133,7 +137,8 @@ def _fmt(v: Any, digits: int = 0) -> str:
 
 COLUMNS = ["row", "c1 req/s", "c1 p50 ms", "c1 p99 ms", "c10 req/s", "c10 p50 ms",
            "c10 p99 ms", "proxy µs CPU/req c1 · c10", "client CPU % c1 · c10",
-           "new-conn c10 req/s", "new-conn c10 p50 ms", "proxy µs CPU/new-conn req", "MB/s",
+           "new-conn c10 req/s", "new-conn c10 p50 ms", "proxy µs CPU/new-conn req",
+           "resumed new-conn c10 req/s", "proxy µs CPU/resumed new-conn req", "MB/s",
            "proxy ms CPU/MB", "SSE 1st event ms", "SSE event delay ms", "KB/idle tunnel",
            "KB/idle tunnel (after upstream idle timeout)"]
 
@@ -157,6 +162,7 @@ def table_rows(results: dict[str, Any]) -> list[list[str]]:
             f"{g('get_c1', 'proxy_cpu_us_per_req')} · {g('get_c10', 'proxy_cpu_us_per_req')}",
             f"{bound('get_c1')} · {bound('get_c10')}",
             g("new_c10", "rps"), g("new_c10", "p50_ms", 2), g("new_c10", "proxy_cpu_us_per_req"),
+            g("resume_c10", "rps"), g("resume_c10", "proxy_cpu_us_per_req"),
             g("download", "mb_per_s"), g("download", "proxy_cpu_ms_per_mb", 2),
             g("sse", "ttfe_p50_ms", 2), g("sse", "event_delay_p50_ms", 2),
             g("idle", "kb_per_tunnel", 1), g("idle_after_timeout", "kb_per_tunnel", 1),

@@ -23,6 +23,7 @@ WORKLOAD_FIELDS = {
     "get_c1": ("rps", "p50_ms", "p99_ms", "client_cpu_pct"),
     "get_c10": ("rps", "p50_ms", "p99_ms", "client_cpu_pct"),
     "new_c10": ("rps", "p50_ms", "p99_ms", "client_cpu_pct"),
+    "resume_c10": ("rps", "p50_ms", "p99_ms", "client_cpu_pct", "resumed"),
     "download": ("mb_per_s",),
     "sse": ("ttfe_p50_ms", "event_delay_p50_ms"),
     "idle": ("kb_per_tunnel",),
@@ -61,9 +62,11 @@ def test_quick_benchmark_produces_every_row_and_workload(tmp_path: Path) -> None
             assert "na" not in res, f"{row.key}/{workload}: {res['na']}"
             for field in WORKLOAD_FIELDS[workload]:
                 assert isinstance(res[field], int | float), f"{row.key}/{workload}/{field}"
-            if workload.startswith(("get", "new")):
+            if workload.startswith(("get", "new", "resume")):
                 assert res["ok"] == res["requests"] > 0, f"{row.key}/{workload}: {res}"
-            if row.proxy is not None and workload.startswith(("get", "new")):
+            if workload.startswith("resume"):  # every connection resumed its TLS session
+                assert res["resumed"] == res["requests"], f"{row.key}/{workload}: {res}"
+            if row.proxy is not None and workload.startswith(("get", "new", "resume")):
                 assert "proxy_cpu_us_per_req" in res
 
     # the intercepted row's idle tunnels, again after a 2 s upstream idle timeout: every

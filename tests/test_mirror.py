@@ -337,9 +337,10 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "(`network.intercept: mitmproxy`, and HTTP/2); its fail-closed boundary"),
     "gateway/engines/patches.py": (
         "tests/engines/test_h1_framing.py, tests/engines/test_head_reader.py, "
-        "tests/engines/test_patches_pins.py",
-        "imported: h11's readers (framing, a differential test against h11), the version "
-        "pins; mitmproxy's hooks run on every engine"),
+        "tests/engines/test_patches_pins.py, tests/engines/test_first_bytes.py",
+        "imported: h11's readers (framing, differential tests against h11), the version "
+        "pins, the ClientHello reading (a differential test against mitmproxy's); "
+        "mitmproxy's hooks run on every engine"),
     "gateway/engines/splice.py": (
         "tests/integration/test_egress_safety.py, tests/reliability/test_passthrough_lifecycle.py",
         "passthrough and `protocol: tcp` tunnels relayed and ended (half-close, revocation, "

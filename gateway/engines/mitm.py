@@ -22,6 +22,7 @@ import functools
 import inspect
 import logging
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +48,7 @@ from gateway.engines.patches import (
     raw_method,
 )
 from gateway.net.resolver import pin, route_pinned_dial
+from gateway.net.tls import TICKET_KEY_LIFETIME
 from gateway.net.upstream_proxy import MARK as PROXY_MARK
 from gateway.net.upstream_proxy import UpstreamProxy, dialer
 from gateway.pipeline.exchange import BODY_HOLD_LIMIT, Exchange, no_body
@@ -165,6 +167,12 @@ class Adapter(NextLayerAddon):
         self.clients: dict[str, Client] = {}
         self.exchanges: set[Exchange] = set()  # in flight (what a drain waits for)
         self.proxyserver: Any = None  # mitmproxy's Proxyserver addon (injects messages)
+        # mitmproxy's client-facing TLS contexts are shared (cached by their options), so
+        # their session tickets resume across connections; replaced every
+        # `ticket_key_lifetime` seconds (new contexts draw new ticket keys), as the HTTP/1
+        # engine replaces its front context.
+        self.ticket_key_lifetime = TICKET_KEY_LIFETIME
+        self._tickets_since = time.monotonic()
 
     def in_flight(self) -> int:
         self.exchanges = {ex for ex in self.exchanges if not ex.done}
@@ -199,6 +207,10 @@ class Adapter(NextLayerAddon):
 
     def _on_client_connected(self, conn: connection.Client) -> None:
         self.clients[conn.id] = self._new_client(conn)
+        now = time.monotonic()
+        if now - self._tickets_since >= self.ticket_key_lifetime:
+            patches.replace_client_tls_contexts()
+            self._tickets_since = now
 
     def _on_client_disconnected(self, conn: connection.Client) -> None:
         client = self.clients.pop(conn.id, None)

@@ -5,8 +5,9 @@ The engines need a few things their libraries keep private:
 - **h11** (framing for the HTTP/1 engine): its strict head parsers and body readers
   (`h11._readers`: request and response heads validated against RFC 9110/9112 ABNF,
   chunked / Content-Length / close-delimited bodies with trailers) and its receive
-  buffer. The public `h11.Connection` wraps them in a state machine that costs four
-  times as much per exchange; the engine keeps the state itself. On the admin
+  buffer (a Content-Length body is taken from its bytearray with one copy). The public
+  `h11.Connection` wraps them in a state machine that costs four times as much per
+  exchange; the engine keeps the state itself. On the admin
   listener (uvicorn's `h11.Connection`), the size of the chunk being read
   (`chunk_left`), so that a chunk size no body may have is refused once it is read.
 - **mitmproxy** (the mitmproxy engine): its listener factory (to put the front door and
@@ -19,9 +20,11 @@ The engines need a few things their libraries keep private:
   its layers (a layer that closes a refused tunnel, the TCP passthrough layer, the
   layer stack a tunnel or a redirected connection starts with, and the one reading of a
   failed flow's error text into a typed outcome: `flow_error`), the WebSocket
-  fragmentizer, its ClientHello parser (the doors read a tunnel's first
-  bytes with it), its original-destination lookup (transparent mode), the raw method
-  and authority of a request as sent, and its next-layer addon (the adapter extends
+  fragmentizer, its ClientHello parser (the kaitai-struct one, without the TLS
+  layer module around it: the doors read a tunnel's first bytes with it), its
+  original-destination lookup (transparent mode), the raw method and authority of a
+  request as sent, its cache of client-facing TLS contexts (cleared to replace their
+  session ticket keys: `replace_client_tls_contexts`), and its next-layer addon (the adapter extends
   it). Its `mitmproxy.addons` package is registered without running its `__init__`,
   which imports every addon mitmdump ships (QUIC, pyparsing, ldap3, …: 15 MB a process)
   when the gateway uses four, and its `mitmproxy.proxy.layers` package likewise until
@@ -44,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib.util
+import io
 import logging
 import re
 import sys
@@ -54,14 +58,15 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import h11
 from h11 import _abnf
 from h11._readers import ChunkedReader as _H11ChunkedReader
+from h11._readers import ContentLengthReader as _H11ContentLengthReader
 from h11._readers import (
-    ContentLengthReader,
     Http10Reader,
     maybe_read_from_IDLE_client,
     maybe_read_from_SEND_RESPONSE_server,
 )
 from h11._receivebuffer import ReceiveBuffer, blank_line_regex
 from mitmproxy import platform
+from mitmproxy.net import tls as _mitmproxy_tls
 from mitmproxy.net.tls import starts_like_tls_record
 
 if TYPE_CHECKING:
@@ -93,6 +98,7 @@ __all__ = [
     "raw_method",
     "read_request_head",
     "read_response_head",
+    "replace_client_tls_contexts",
     "starts_like_tls",
 ]
 
@@ -124,7 +130,10 @@ def lean_packages() -> None:
 
 lean_packages()
 
-from mitmproxy.proxy.layers.tls import parse_client_hello  # noqa: E402 (after the above)
+from mitmproxy.contrib.kaitaistruct import tls_client_hello  # noqa: E402 (after the above)
+from mitmproxy.net.check import is_valid_host  # noqa: E402
+
+_kaitai: Any = tls_client_hello  # (generated code, untyped: its parser and its stream)
 
 
 @functools.cache
@@ -280,6 +289,43 @@ class ChunkedReader(_H11ChunkedReader):
         if self._bytes_in_chunk > MAX_CHUNK:
             raise h11.LocalProtocolError("chunk size too large (more than 63 bits)")
         return event
+
+
+class ContentLengthReader(_H11ContentLengthReader):
+    """h11's Content-Length body reader, taking what the buffer holds with one copy:
+    h11's `maybe_extract_at_most` slices the buffer twice (once to see whether it is
+    empty) and hands out a bytearray, which the engine copied once more into bytes. A
+    100 MB download went through three copies of itself there; now one."""
+
+    def __call__(self, buf: ReceiveBuffer) -> Any:
+        if self._remaining == 0:
+            return h11.EndOfMessage()
+        data: bytearray = buf._data
+        if not data:
+            return None
+        count = min(self._remaining, len(data))
+        if count == len(data):
+            out = bytes(data)
+            data.clear()
+        else:
+            with memoryview(data) as view, view[:count] as head:
+                out = bytes(head)
+            del data[:count]
+        buf._next_line_search = 0  # (what h11's `_extract` resets)
+        buf._multiple_lines_search = 0
+        self._remaining -= count
+        return h11.Data(data=out)
+
+    @property
+    def remaining(self) -> int:
+        """Bytes of the body still to be read."""
+        return int(self._remaining)
+
+    def took(self, count: int) -> None:
+        """`count` bytes of the body were read without this reader (`Side.chunks`)."""
+        if count > self._remaining:
+            raise h11.RemoteProtocolError("more body bytes than the Content-Length")
+        self._remaining -= count
 
 
 def chunk_left(conn: h11.Connection) -> int:
@@ -447,16 +493,75 @@ def _parse_head(data: bytes) -> RawRequest:
 # -- mitmproxy ---------------------------------------------------------------------------
 
 
+# The ClientHello is read by mitmproxy's parser (its kaitai-struct `TlsClientHello`), the
+# way `mitmproxy.proxy.layers.tls.parse_client_hello` and `mitmproxy.tls.ClientHello`
+# read it: the handshake message gathered from its records, then the server name and
+# the ALPN offers. Those two functions are restated here (from mitmproxy 12.2) because
+# their modules import mitmproxy's proxy core (its options manager with ruamel.yaml,
+# connection types, the Rust extension): 5 MiB a worker holds from start for nothing
+# but this read. `test_first_bytes.py` holds these to mitmproxy's answers.
+
+
+def _handshake_message(data: bytes) -> bytes | None:
+    """The first handshake message carried by the TLS records `data` starts with (its
+    4-byte header included); None while more bytes are needed. Raises ValueError at a
+    record that is not a handshake record, or an empty one."""
+    message = b""
+    offset = 0
+    while len(data) >= offset + 5:
+        header = data[offset:offset + 5]
+        if not starts_like_tls_record(header):
+            raise ValueError(f"Expected TLS record, got {header!r} instead.")
+        size = int.from_bytes(header[3:5], "big")
+        if size == 0:
+            raise ValueError("Record must not be empty.")
+        offset += 5
+        if len(data) < offset + size:
+            return None
+        message += data[offset:offset + size]
+        offset += size
+        if len(message) >= 4:
+            total = int.from_bytes(message[1:4], "big") + 4
+            if len(message) >= total:
+                return message[:total]
+    return None
+
+
 def client_hello(data: bytes) -> tuple[str | None, tuple[bytes, ...]] | None:
     """The server name and ALPN offers of the TLS ClientHello `data` starts with; None
     while more bytes are needed. Raises ValueError when `data` does not start a TLS
     record or its ClientHello is broken."""
     if not starts_like_tls_record(data):
         raise ValueError("not a TLS record")
-    hello = parse_client_hello(data)
-    if hello is None:
+    message = _handshake_message(data)
+    if not message:
         return None
-    return hello.sni, tuple(hello.alpn_protocols)
+    try:
+        hello = _kaitai.TlsClientHello(_kaitai.KaitaiStream(io.BytesIO(message[4:])))
+    except EOFError as exc:
+        raise ValueError("Invalid ClientHello") from exc
+    sni: str | None = None
+    alpn: tuple[bytes, ...] = ()
+    extensions = getattr(hello, "extensions", None)
+    if extensions:
+        for extension in extensions.extensions:
+            names = extension.body.server_names if extension.type == 0x00 else None
+            if names is not None and sni is None and len(names) == 1 \
+                    and names[0].name_type == 0 and is_valid_host(names[0].host_name):
+                sni = names[0].host_name.decode("ascii")
+        for extension in extensions.extensions:
+            if extension.type == 0x10:
+                alpn = tuple(x.name for x in extension.body.alpn_protocols)
+                break
+    return sni, alpn
+
+
+def replace_client_tls_contexts() -> None:
+    """mitmproxy's TLS contexts for clients made anew at their next use: it caches them
+    by their options (`net.tls.create_client_proxy_context`), so every client connection
+    shares one, and with it the key that seals its session tickets; new contexts draw new
+    keys. Connections open keep theirs."""
+    _mitmproxy_tls.create_client_proxy_context.cache_clear()
 
 
 def starts_like_tls(data: bytes) -> bool:

@@ -8,7 +8,17 @@ real server — so no per-connection 256 KiB buffer (asyncio's SSL transport kee
 one) and no pyOpenSSL call overhead.
 
 `LeafContexts` makes one server `SSLContext` per destination host from mitmproxy's
-certificate store (the same leaves mitmproxy would serve) and keeps it.
+certificate store (the same leaves mitmproxy would serve) and keeps it. Every sandbox
+session is opened on one shared *front* context and then given its host's leaf context
+(OpenSSL's `SSL_set_SSL_CTX`, what an SNI callback does): session tickets are sealed with
+the front context's key, so a sandbox resumes its TLS session on any host the worker
+serves (no certificate signature, no key exchange on the leaf's key), and the key is
+replaced every `TICKET_KEY_LIFETIME` (a new front context; older tickets then fall back
+to a full handshake). The key is this worker's: another worker cannot open its tickets
+(Python's `ssl` has no call to set a ticket key), so a connection the kernel hands to
+another worker gets a full handshake. A resumed session carries no identity: the
+tunnel's CONNECT (its Proxy-Authorization) and each request's credentials are checked as
+on a full handshake.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ import ipaddress
 import os
 import ssl
 import tempfile
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +40,7 @@ from mitmproxy import certs
 from gateway.net.ca import MITMPROXY_BASENAME
 
 READ_SIZE = 64 * 1024
+TICKET_KEY_LIFETIME = 3600.0  # seconds a front context (its session ticket key) is used
 
 
 class TlsClosed(Exception):
@@ -43,17 +55,23 @@ class TlsPump:
     """One TLS session on memory BIOs. `feed()` takes ciphertext and returns the
     plaintext it yields; `send()` encrypts; both pass ciphertext to `write`."""
 
-    __slots__ = ("_in", "_out", "established", "obj", "peer_closed", "write")
+    __slots__ = ("_held", "_in", "_out", "established", "obj", "peer_closed", "write")
 
     def __init__(self, context: ssl.SSLContext, write: Callable[[bytes], None], *,
-                 server_side: bool, server_hostname: str | None = None) -> None:
+                 server_side: bool, server_hostname: str | None = None,
+                 leaf: ssl.SSLContext | None = None) -> None:
         self._in = ssl.MemoryBIO()
         self._out = ssl.MemoryBIO()
         self.obj = context.wrap_bio(self._in, self._out, server_side=server_side,
                                     server_hostname=server_hostname)
+        if leaf is not None:  # the certificate (and ALPN) of this host; tickets: `context`
+            self.obj.context = leaf
         self.write = write
         self.established = False
         self.peer_closed = False  # close_notify received (with the data before it)
+        # Server side: TLS 1.3 session tickets held back until the first bytes this side
+        # sends (see `_handshake`); None once there is nothing more to hold.
+        self._held: bytes | None = b"" if server_side else None
 
     def start(self) -> None:
         """Client side: send the ClientHello."""
@@ -61,7 +79,12 @@ class TlsPump:
 
     def _flush(self) -> None:
         if self._out.pending:
-            self.write(self._out.read())
+            if self._held:  # the tickets go first, in front of what follows them
+                data = self._held + self._out.read()
+                self._held = None
+                self.write(data)
+            else:
+                self.write(self._out.read())
 
     def _handshake(self) -> None:
         try:
@@ -70,6 +93,15 @@ class TlsPump:
             pass
         else:
             self.established = True
+            if self._held is not None and self._out.pending \
+                    and self.obj.version() == "TLSv1.3":
+                # What a TLS 1.3 server writes once the client's Finished is in is only its
+                # session tickets. Sent now, they would reach a client that may already be
+                # writing its request from another thread (the websockets sync client reads
+                # and writes one SSLSocket from two: about one session in a few hundred
+                # hung). Sent in front of the response, they arrive once the request is
+                # written: an HTTP/1 client reads them with the answer it waits for.
+                self._held = self._out.read()
         finally:
             self._flush()
 
@@ -117,7 +149,8 @@ class TlsPump:
             self._flush()
 
     def close(self) -> None:
-        """Send close_notify (best effort)."""
+        """Send close_notify (best effort), behind the tickets if they are still held
+        (records are numbered: what was sealed cannot be left out)."""
         with contextlib.suppress(ssl.SSLError, ValueError):
             self.obj.unwrap()
         self._flush()
@@ -138,10 +171,16 @@ class LeafContexts:
     """Server contexts with a leaf certificate per destination host, signed by the
     gateway CA through mitmproxy's certificate store (bounded, least recent out)."""
 
-    def __init__(self, store: certs.CertStore, runtime: Path, limit: int = 1000) -> None:
+    def __init__(self, store: certs.CertStore, runtime: Path, limit: int = 1000, *,
+                 ticket_key_lifetime: float = TICKET_KEY_LIFETIME,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.limit = limit
         self._contexts: OrderedDict[str, ssl.SSLContext] = OrderedDict()
+        self.ticket_key_lifetime = ticket_key_lifetime
+        self._clock = clock
+        self._front = _front_context()
+        self._front_since = clock()
         # The leaf key lives (0600, in a private 0700 directory) in the runtime directory,
         # beside the mitmproxy-ca.pem mitmproxy itself reads: `load_cert_chain` takes paths.
         self._dir = tempfile.TemporaryDirectory(prefix="leaves-", dir=runtime)
@@ -161,6 +200,20 @@ class LeafContexts:
         would make a missing CA with; the CA is never missing here."""
         return cls(certs.CertStore.from_store(confdir, MITMPROXY_BASENAME, key_size=2048),
                    runtime)
+
+    def server(self, host: str, write: Callable[[bytes], None]) -> TlsPump:
+        """The sandbox side of a tunnel to `host`: the current front context (its ticket
+        key) with `host`'s leaf certificate."""
+        now = self._clock()
+        if now - self._front_since >= self.ticket_key_lifetime:
+            self._front = _front_context()  # a new random ticket key; sessions open keep theirs
+            self._front_since = now
+        return TlsPump(self._front, write, server_side=True, leaf=self.get(host))
+
+    @property
+    def front(self) -> ssl.SSLContext:
+        """The context whose key seals the session tickets now."""
+        return self._front
 
     def get(self, host: str) -> ssl.SSLContext:
         context = self._contexts.get(host)
@@ -186,14 +239,23 @@ class LeafContexts:
         context.load_cert_chain(path, self._key)
         path.unlink()
         context.set_alpn_protocols(["http/1.1"])
-        # No TLS 1.3 session tickets: they arrive after the handshake, while a client may
-        # already be writing its request from another thread. The websockets sync client
-        # (the OpenAI SDK's Realtime and Responses WebSocket `connect()`) reads and writes
-        # one SSLSocket from two threads; OpenSSL does not allow that, and about one
-        # session in a few hundred hung before its upgrade was sent. Sandboxes then pay a
-        # full handshake per connection (most clients never resume a session anyway).
+        # A session on this context alone sends no tickets; `server()` opens sessions on
+        # the front context, which does (and `TlsPump` holds them until the response).
         context.num_tickets = 0
         return context
 
     def close(self) -> None:
         self._dir.cleanup()
+
+
+def _front_context() -> ssl.SSLContext:
+    """The context a sandbox session is opened on, before its leaf is set: what OpenSSL
+    takes from it is the ticket key (random, made with the context), the protocol floor
+    and the number of TLS 1.3 tickets; the certificate and ALPN come from the leaf."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(["http/1.1"])
+    # One ticket a handshake (OpenSSL's default is two): a client resumes with one, and
+    # each ticket costs the server a sealing. TLS 1.2 tickets are on by default.
+    context.num_tickets = 1
+    return context

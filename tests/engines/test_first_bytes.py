@@ -4,10 +4,12 @@ doors act on the answer: the parity and transparent-mode suites, on a real gatew
 
 from __future__ import annotations
 
+import random
 import ssl
 
 import pytest
 
+from gateway.engines import patches
 from gateway.engines.first_bytes import MAX_FIRST, FirstBytes, classify
 
 
@@ -94,3 +96,56 @@ def test_anything_else_is_tcp(data: bytes) -> None:
 def test_the_http1_engine_serves_tls_offering_http11_or_nothing(first: FirstBytes,
                                                                   http1: bool) -> None:
     assert first.http1 is http1
+
+
+def _mitmproxys(data: bytes) -> tuple[str | None, tuple[bytes, ...]] | str | None:
+    """mitmproxy's own reading (`layers.tls.parse_client_hello`, `tls.ClientHello`), or
+    the name of the error it raised."""
+    from mitmproxy.proxy.layers.tls import parse_client_hello
+
+    try:
+        hello = parse_client_hello(data)
+    except Exception as exc:  # (compared by type with ours)
+        return type(exc).__name__
+    return None if hello is None else (hello.sni, tuple(hello.alpn_protocols))
+
+
+def _ours(data: bytes) -> tuple[str | None, tuple[bytes, ...]] | str | None:
+    try:
+        return patches.client_hello(data)
+    except Exception as exc:
+        return type(exc).__name__
+
+
+def _in_records(hello: bytes, sizes: list[int]) -> bytes:
+    """The handshake message of a one-record `hello` cut into records of `sizes`."""
+    message, out, at = hello[5:], b"", 0
+    for size in [*sizes, len(hello)]:
+        piece = message[at:at + size]
+        if piece:
+            out += hello[:3] + len(piece).to_bytes(2, "big") + piece
+        at += size
+    return out
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_client_hello_is_read_as_mitmproxy_reads_it(seed: int) -> None:
+    """patches.client_hello restates mitmproxy's reading of a ClientHello (without its
+    proxy core): the same answer on real ClientHellos, cut into records, cut short, and
+    with bytes changed anywhere."""
+    rng = random.Random(seed)
+    name = rng.choice(["api.example.test", "x.test", None, "10.0.0.1", "a" * 63 + ".test"])
+    alpn = rng.choice([None, ["http/1.1"], ["h2", "http/1.1"], ["x" * 200]])
+    hello = client_hello(name, alpn)
+    cases = [hello, _in_records(hello, [rng.randrange(1, 200), rng.randrange(1, 300)]),
+             hello[:rng.randrange(len(hello))]]
+    for _ in range(20):
+        mutated = bytearray(rng.choice(cases[:2]))
+        for _ in range(rng.randrange(1, 4)):
+            mutated[rng.randrange(len(mutated))] = rng.randrange(256)
+        cases.append(bytes(mutated))
+    for data in cases:
+        if data[:1] == b"\x16" and len(data) >= 3:  # (shorter: refused before either)
+            assert _ours(data) == _mitmproxys(data), data
+    assert _ours(hello) == (None if name in (None, "10.0.0.1") else name,
+                            tuple(a.encode() for a in alpn or ()))

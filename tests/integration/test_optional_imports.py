@@ -80,6 +80,11 @@ def _packages(modules: set[str]) -> set[str]:
 
 ENGINE = ("mitmproxy.master", "mitmproxy.proxy.server", "mitmproxy.proxy.layers.http",
           "mitmproxy.proxy.layers.quic", "h2.connection", "aioquic", "pyparsing")
+# What reading a ClientHello through mitmproxy's TLS layer module brought along (its
+# proxy core: options with ruamel.yaml, connection types, the Rust extension; 5 MiB):
+# the doors read it with the parser alone (`patches.client_hello`).
+PROXY_CORE = ("mitmproxy.proxy.layers.tls", "mitmproxy.options", "mitmproxy.connection",
+              "ruamel.yaml", "mitmproxy_rs")
 
 
 def test_a_plain_gateway_imports_no_optional_subsystem(tmp_path: Path) -> None:
@@ -88,6 +93,7 @@ def test_a_plain_gateway_imports_no_optional_subsystem(tmp_path: Path) -> None:
     assert "mitmproxy" in imported  # (the check sees what is imported: certs, ClientHello)
     assert not imported & set(OPTIONAL), sorted(imported & set(OPTIONAL))
     assert not modules & set(ENGINE), sorted(modules & set(ENGINE))
+    assert not modules & set(PROXY_CORE), sorted(modules & set(PROXY_CORE))
     assert not any(m.startswith("mitmproxy.addons.") for m in modules)
 
 
@@ -128,6 +134,7 @@ def test_mitmproxy_is_loaded_at_the_first_http2_client(tmp_path: Path) -> None:
     _CONFIG[:] = [tmp_path / "gateway.yaml"]
     modules = _imported(tmp_path, "    methods: [GET]\n", then=_http2_client)  # (inspected)
     assert set(ENGINE[:4]) <= modules, sorted(set(ENGINE) - modules)
+    assert set(PROXY_CORE) <= modules  # (mitmproxy's engine does load them)
     addons = {m.split(".")[2] for m in modules if m.startswith("mitmproxy.addons.")}
     assert {"core", "proxyserver", "tlsconfig", "next_layer"} <= addons
     assert "blocklist" not in addons and "proxyauth" not in addons, sorted(addons)

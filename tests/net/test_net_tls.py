@@ -26,13 +26,17 @@ def runtime(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _pair(leaves: LeafContexts, cafile: Path, host: str) -> tuple[TlsPump, TlsPump,
-                                                                  list[bytes], list[bytes]]:
+def _pair(leaves: LeafContexts, cafile: Path, host: str, *,
+          client_context: ssl.SSLContext | None = None,
+          session: ssl.SSLSession | None = None) -> tuple[TlsPump, TlsPump,
+                                                          list[bytes], list[bytes]]:
     to_server: list[bytes] = []
     to_client: list[bytes] = []
-    server = TlsPump(leaves.get(host), to_client.append, server_side=True)
-    client = TlsPump(upstream_context(cafile), to_server.append, server_side=False,
-                     server_hostname=host)
+    server = leaves.server(host, to_client.append)
+    client = TlsPump(client_context or upstream_context(cafile), to_server.append,
+                     server_side=False, server_hostname=host)
+    if session is not None:
+        client.obj.session = session
     client.start()
     for _ in range(5):  # handshake round trips
         while to_server:
@@ -100,19 +104,114 @@ def test_contexts_are_cached_and_bounded(store: tuple[certs.CertStore, Path],
     assert not key.exists()
 
 
-def test_no_session_tickets_after_the_handshake(store: tuple[certs.CertStore, Path],
-                                                runtime: Path) -> None:
+def _exchange(client: TlsPump, server: TlsPump, to_server: list[bytes],
+              to_client: list[bytes]) -> bytes:
+    """One request and its answer; returns what the client read."""
+    client.send(b"GET / HTTP/1.1\r\n\r\n")
+    assert b"".join(server.feed(b) for b in to_server) == b"GET / HTTP/1.1\r\n\r\n"
+    to_server.clear()
+    server.send(b"HTTP/1.1 204 No Content\r\n\r\n")
+    answer = b"".join(client.feed(b) for b in to_client)
+    to_client.clear()
+    return answer
+
+
+def _ticket(leaves: LeafContexts, cafile: Path, host: str,
+            client_context: ssl.SSLContext) -> ssl.SSLSession:
+    client, server, to_server, to_client = _pair(leaves, cafile, host,
+                                                 client_context=client_context)
+    assert not server.obj.session_reused
+    _exchange(client, server, to_server, to_client)
+    session = client.obj.session
+    assert session is not None and session.has_ticket
+    return session
+
+
+def test_tickets_wait_for_the_first_answer(store: tuple[certs.CertStore, Path],
+                                           runtime: Path) -> None:
     """TLS 1.3 tickets come after the handshake, while a client may already be writing
-    from another thread (the websockets sync client: 1 session in a few hundred hung):
-    the sandbox-facing side sends none. Nothing reaches the client once it is done."""
+    from another thread (the websockets sync client: 1 session in a few hundred hung
+    when they were sent at once): the sandbox side holds them until its first answer and
+    sends them in front of it, in the same write."""
     leaves = LeafContexts(store[0], runtime)
     try:
-        assert leaves.get("api.example.test").num_tickets == 0
+        assert leaves.get("api.example.test").num_tickets == 0  # a leaf alone sends none
         client, server, to_server, to_client = _pair(leaves, store[1], "api.example.test")
         assert client.obj.version() == "TLSv1.3"
         assert to_client == []  # no post-handshake flight
         client.send(b"GET / HTTP/1.1\r\n\r\n")
         assert b"".join(server.feed(b) for b in to_server) == b"GET / HTTP/1.1\r\n\r\n"
-        assert to_client == []
+        assert to_client == []  # still nothing while the request is read
+        server.send(b"HTTP/1.1 204 No Content\r\n\r\n")
+        assert len(to_client) == 1  # ticket and answer in one write
+        assert client.feed(to_client.pop()) == b"HTTP/1.1 204 No Content\r\n\r\n"
+        assert client.obj.session is not None and client.obj.session.has_ticket
+    finally:
+        leaves.close()
+
+
+def test_held_tickets_go_before_a_close(store: tuple[certs.CertStore, Path],
+                                        runtime: Path) -> None:
+    """Records are numbered: a ticket sealed and held cannot be left out of the stream."""
+    leaves = LeafContexts(store[0], runtime)
+    try:
+        client, server, _, to_client = _pair(leaves, store[1], "api.example.test")
+        server.close()
+        assert len(to_client) == 1
+        with pytest.raises(TlsClosed):
+            client.feed(to_client.pop())
+        assert client.obj.session is not None and client.obj.session.has_ticket
+    finally:
+        leaves.close()
+
+
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2])
+def test_a_session_resumes_on_every_host_of_the_worker(
+        store: tuple[certs.CertStore, Path], runtime: Path, version: ssl.TLSVersion) -> None:
+    """Tickets are sealed with the front context's key, whichever leaf served the
+    session; a TLS 1.2 server's last flight (its ticket, Finished) is not held."""
+    leaves = LeafContexts(store[0], runtime)
+    try:
+        ctx = upstream_context(store[1])
+        ctx.maximum_version = version
+        session = _ticket(leaves, store[1], "one.test", ctx)
+        for host in ("one.test", "two.test"):
+            client, server, to_server, to_client = _pair(leaves, store[1], host,
+                                                         client_context=ctx, session=session)
+            assert client.obj.version() == version.name.replace("v1_", "v1.")
+            assert client.obj.session_reused and server.obj.session_reused
+            assert _exchange(client, server, to_server, to_client) \
+                == b"HTTP/1.1 204 No Content\r\n\r\n"
+        client, server, _, _ = _pair(leaves, store[1], "two.test", client_context=ctx)
+        assert not server.obj.session_reused  # no session offered: a full handshake
+        assert client.obj.getpeercert()["subject"] == ((("commonName", "two.test"),),)
+    finally:
+        leaves.close()
+
+
+def test_the_ticket_key_is_replaced(store: tuple[certs.CertStore, Path],
+                                    runtime: Path) -> None:
+    """After `ticket_key_lifetime` a new front context (a new random key) seals and opens
+    tickets: an older ticket gets a full handshake, which gives a new one."""
+    now = [0.0]
+    leaves = LeafContexts(store[0], runtime, ticket_key_lifetime=60.0, clock=lambda: now[0])
+    try:
+        ctx = upstream_context(store[1])
+        old = _ticket(leaves, store[1], "api.example.test", ctx)
+        first = leaves.front
+        now[0] = 59.0
+        client, server, _, _ = _pair(leaves, store[1], "api.example.test",
+                                     client_context=ctx, session=old)
+        assert server.obj.session_reused and leaves.front is first
+        now[0] = 60.0
+        client, server, to_server, to_client = _pair(leaves, store[1], "api.example.test",
+                                                     client_context=ctx, session=old)
+        assert leaves.front is not first
+        assert not client.obj.session_reused and not server.obj.session_reused
+        _exchange(client, server, to_server, to_client)
+        new = client.obj.session
+        client, server, _, _ = _pair(leaves, store[1], "api.example.test",
+                                     client_context=ctx, session=new)
+        assert server.obj.session_reused
     finally:
         leaves.close()

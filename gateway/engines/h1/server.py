@@ -46,7 +46,7 @@ from gateway.engines.patches import (
     read_request_head,
     read_response_head,
 )
-from gateway.net.tls import LeafContexts, TlsClosed, TlsPump
+from gateway.net.tls import LeafContexts, TlsClosed
 from gateway.net.upstream_proxy import ProxyDialFailed, UpstreamProxy
 from gateway.observability import metrics
 from gateway.pipeline.exchange import Exchange, no_body
@@ -117,7 +117,7 @@ class Engine:
         client.engine = "h1"
         conn.connection_made(transport)
         if tls_host is not None:
-            conn.tls = TlsPump(self.leaves.get(tls_host), conn.write_raw, server_side=True)
+            conn.tls = self.leaves.server(tls_host, conn.write_raw)
         transport.set_protocol(conn)
         self.connections.add(conn)
         if self._sweeper is None:
@@ -307,29 +307,46 @@ class Connection(Side):
             return
         reader: Any = (ChunkedReader() if size is None else Http10Reader() if size == -1
                        else ContentLengthReader(size))
+        # A Content-Length body: what arrives of it with nothing before it in the buffer
+        # is kept as it came (`side.chunks`), taken before the buffer's bytes.
+        direct = False
+        if size is not None and size > 0:
+            direct = True
+            side.expect(size)
         pieces: list[bytes] = []
-        while True:
-            try:
-                event = reader(side.buf)
-                if event is None and side.eof:
-                    event = reader.read_eof()
-            except h11.ProtocolError as exc:
-                raise ProtocolError(f"bad message body: {exc}") from None
-            if isinstance(event, h11.Data):
-                if event.data:  # gathered while the buffer holds more: one piece per read
-                    pieces.append(bytes(event.data))
-                continue
-            if pieces:
-                yield pieces[0] if len(pieces) == 1 else b"".join(pieces)
-                pieces = []
+        try:
+            while True:
+                if direct and side.chunks:
+                    try:
+                        reader.took(len(data := side.take_chunks()))
+                    except h11.ProtocolError as exc:
+                        raise ProtocolError(f"bad message body: {exc}") from None
+                    pieces.append(data)
+                    continue
+                try:
+                    event = reader(side.buf)
+                    if event is None and side.eof:
+                        event = reader.read_eof()
+                except h11.ProtocolError as exc:
+                    raise ProtocolError(f"bad message body: {exc}") from None
+                if isinstance(event, h11.Data):
+                    if event.data:  # gathered while the buffer holds more: one piece a read
+                        pieces.append(bytes(event.data))
+                    continue
+                if pieces:
+                    yield pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                    pieces = []
+                    if event is None:
+                        continue  # (more may have arrived while the consumer was sending)
                 if event is None:
-                    continue  # (more may have arrived while the consumer was sending)
-            if event is None:
-                await side.more(timeout, phase)
-            else:
-                if trailers is not None and event.headers:
-                    trailers.append(list(event.headers.raw_items()))
-                return
+                    await side.more(timeout, phase)
+                else:
+                    if trailers is not None and event.headers:
+                        trailers.append(list(event.headers.raw_items()))
+                    return
+        finally:
+            if direct:
+                side.expect(0)
 
     # -- one exchange ------------------------------------------------------------------------
 

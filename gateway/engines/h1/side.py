@@ -1,12 +1,16 @@
 """One side of an HTTP/1 exchange: a transport, optionally TLS, and its receive buffer.
 
 The serving coroutine reads plaintext from `buf` (h11's receive buffer) and awaits
-`more()`; the protocol callbacks fill it. Writes are gathered and encrypted together
-when the coroutine is about to wait (a small exchange costs one TLS record and one
-write per direction) or once 64 KiB are pending, and honour the transport's flow
-control. Every wait has a deadline: the engine's sweeper (one timer for all
-connections) fails a wait past its deadline with `TimeoutError` naming what was waited
-for (`more(timeout, phase)`), so no per-wait timer is armed on the hot path.
+`more()`; the protocol callbacks fill it. While a Content-Length body is read
+(`expect`), what arrives of it with nothing before it in `buf` is kept as it came
+(`chunks`) instead: a large body is handed on without being copied into the buffer
+and out again (that copy was the largest single cost of a bulk download). Writes are
+gathered and encrypted together when the coroutine is about to wait (a small exchange
+costs one TLS record and one write per direction) or once 64 KiB are pending, and
+honour the transport's flow control. Every wait has a deadline: the engine's sweeper
+(one timer for all connections) fails a wait past its deadline with `TimeoutError`
+naming what was waited for (`more(timeout, phase)`), so no per-wait timer is armed on
+the hot path.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ class Side(asyncio.Protocol):
         self._out: list[bytes | memoryview] = []
         self._out_size = 0
         self.partner: Side | None = None  # the other side (its writes flush with ours)
+        self.chunks: list[bytes] = []  # body bytes that came after all of `buf` (`expect`)
+        self._chunked = 0  # their size
+        self._expected = 0  # bytes of the body being read not received yet
 
     # transport events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -59,9 +66,18 @@ class Side(asyncio.Protocol):
                 self._end(exc)
                 return
         if data:
-            self.received += len(data)
-            self.buf += data
-            if len(self.buf) > HIGH_WATER and self.transport is not None:
+            size = len(data)
+            self.received += size
+            if self._expected:
+                if size <= self._expected and not len(self.buf):
+                    self.chunks.append(data)  # (kept as it came: no copy)
+                    self._chunked += size
+                else:
+                    self.buf += data
+                self._expected = max(0, self._expected - size)
+            else:
+                self.buf += data
+            if len(self.buf) + self._chunked > HIGH_WATER and self.transport is not None:
                 self._paused = True
                 self.transport.pause_reading()
         if self.tls is not None and self.tls.peer_closed:
@@ -121,6 +137,24 @@ class Side(asyncio.Protocol):
             waiter.set_exception(TimeoutError(self.waiting))
 
     # for the coroutine
+    def expect(self, body: int) -> None:
+        """A body of `body` more bytes is being read (0: no longer): what of it arrives
+        while `buf` is empty goes to `chunks`. At 0, chunks not taken go back in front
+        of `buf` (a reader that stopped early leaves the bytes as they were)."""
+        self._expected = max(0, body - len(self.buf)) if body else 0
+        if not body and self.chunks:
+            rest = bytes(self.buf)
+            self.buf = ReceiveBuffer()
+            self.buf += self.take_chunks() + rest
+
+    def take_chunks(self) -> bytes:
+        """The body bytes kept in `chunks` (they come before anything in `buf`)."""
+        chunks = self.chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self.chunks = []
+        self._chunked = 0
+        return data
+
     async def more(self, timeout: float, phase: str = "data") -> None:
         """Wait for more plaintext (or the end), at most `timeout` seconds (TimeoutError:
         "no <phase> within <timeout>s"); what both sides gathered goes out first."""
