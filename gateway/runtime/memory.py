@@ -9,11 +9,21 @@ may not trigger for minutes; those cycles are broken where the connections end
 (`engines/h1/side.py`, `net/tls.py`, `net/resolver.py`). Then glibc's heap: OpenSSL's
 per-connection buffers and the larger Python buffers are `malloc`ed, and freed chunks
 between chunks still in use are not returned by themselves; `malloc_trim(0)` returns
-those pages to the kernel (`MADV_DONTNEED`). What stays is pymalloc's: a 1 MiB arena is
-returned only when every object in it is gone, and a few hundred long-lived objects
-allocated during the burst (asyncio's FutureIter free list, ...) keep most of the
-burst's arenas (~9 KB of small objects per connection at the peak): 116-120 MiB after
-5,000 tunnels, 90-94 MiB after 2,000 (tests/reliability/test_memory_burst.py).
+those pages to the kernel (`MADV_DONTNEED`). What stays is pymalloc's: a 1 MiB arena
+is returned only when every object in it is gone. After 5,000 tunnels 34-43 of the
+burst's ~45 arenas stay (measured: `sys._debugmallocstats`, objects' addresses and
+tracemalloc tracebacks 5-60 s after the burst), each pinned by a few of ~500 long-lived
+small objects the burst happened to allocate there - no one owner: a metric's value, a
+counter, the timer and future of a periodic loop, SQLite's list of weak references to
+its cursors, asyncio's free list of future iterators, the upstream pool's idle
+connections. Taking out the largest groups (that free list refilled from old arenas,
+the cursor list pruned, each size class's first pool moved to an old arena) gave back
+0-3 arenas: the burst's blocks are freed (the bytes in use return to the idle figure)
+but their arenas stay resident with empty pools: 113-117 MiB after 5,000 tunnels
+(1.66-1.72x), 88-89 MiB after 2,000 (1.3x, tests/reliability/test_memory_burst.py).
+`PYTHONMALLOC=malloc` (every object from glibc's heap, which `malloc_trim` returns page
+by page) brings 5,000 back to 1.13-1.15x, at 5-10 % more CPU per intercepted request:
+an opt-in, not the default (docs/operations.md).
 
 So this module, on the worker's event loop:
 
