@@ -103,13 +103,16 @@ diagram:
 bench: $(STAMP) tools
 	$(PY) -m bench $(ARGS)
 
-# Soak: the mixed-load test for SOAK_SECONDS (default 600), then the memory burst for
+# Soak: the mixed-load test for SOAK_SECONDS (default 600), the console fuzz with 1,000
+# requests (400 in the suite), then the memory burst for
 # MEMORY_ROUNDS rounds (default 3) of MEMORY_BURST tunnels (2000), figures printed; then
 # 5,000 tunnels x 3 rounds with the gateway on PYTHONMALLOC=malloc (the opt-in that
 # brings a burst of that size back within 1.5x: docs/operations.md).
 soak: $(STAMP) tools
-	SOAK_SECONDS=$${SOAK_SECONDS:-600} MEMORY_ROUNDS=$${MEMORY_ROUNDS:-3} $(VENV)/bin/pytest -q -s \
-	  tests/reliability/test_soak.py tests/reliability/test_memory_burst.py
+	SOAK_SECONDS=$${SOAK_SECONDS:-600} MEMORY_ROUNDS=$${MEMORY_ROUNDS:-3} \
+	  CONSOLE_FUZZ_REQUESTS=$${CONSOLE_FUZZ_REQUESTS:-1000} $(VENV)/bin/pytest -q -s \
+	  tests/reliability/test_soak.py tests/reliability/test_memory_burst.py \
+	  tests/integration/test_console_fuzz.py
 	MEMORY_BURST=5000 MEMORY_ROUNDS=3 MEMORY_PYTHONMALLOC=malloc $(VENV)/bin/pytest -q -s \
 	  tests/reliability/test_memory_burst.py -k gives_its_memory_back
 
