@@ -749,7 +749,7 @@ class Exchange:
         self.trail.refuse(self.client, refusal, method=self.head.method,
                           scheme=self.target.scheme, host=self.target.host,
                           port=self.target.port, path=self.target.path,
-                          started=self.trail.clock(), mcp=calls)
+                          started=self.trail.clock(), mcp=calls, trace=self._trace)
         raise MessageRefused(refusal, reply)
 
     def _refuse_message(self, refusal: Refusal, data: bytes) -> None:
@@ -761,7 +761,8 @@ class Exchange:
             return
         self.trail.refuse(self.client, refusal, method=self.head.method,
                           scheme=self.target.scheme, host=self.target.host,
-                         port=self.target.port, path=self.target.path, started=self.trail.clock())
+                         port=self.target.port, path=self.target.path, started=self.trail.clock(),
+                         trace=self._trace)
         meter = self._metered.meter if self._metered is not None else None
         session = meter.format if meter is not None else "realtime"
         raise MessageRefused(refusal, ws_error(refusal, session, stream_id=_lane(data)))
@@ -804,7 +805,7 @@ class Exchange:
                               scheme=self.target.scheme, host=self.target.host,
                               port=self.target.port, path=self.target.path,
                               started=self.started, usage=self._complete(),
-                              mcp=self.mcp_calls, models=self.models)
+                              mcp=self.mcp_calls, models=self.models, trace=self._trace)
         return self.trail.render(refusal, self.target.host)
 
     def finish(self, status: int | None, error: str | None = None,
@@ -832,7 +833,12 @@ class Exchange:
             error=relayed.code if relayed and error is None else error,
             bytes_in=self.bytes_in, bytes_out=self.bytes_out, started=self.started,
             path_taken="intercept", credential=self.credential, usage=usage,
-            mcp=self.mcp_calls, models=self.models)
+            mcp=self.mcp_calls, models=self.models, trace=self._trace)
+
+    @property
+    def _trace(self) -> str | None:
+        """The request's W3C `traceparent`, for its audit lines (issue 45)."""
+        return self.head.headers.get("traceparent")
 
     def _complete(self) -> dict[str, Any] | None:
         """The metering step at the end (`finish` or `abort`, whichever comes first and
