@@ -184,12 +184,14 @@ class OtelSink:
         if traces:
             self._tracer_provider = TracerProvider(resource=resource)
             self._tracer_provider.add_span_processor(BatchSpanProcessor(
-                exporters["traces"](), max_queue_size=queue))
+                exporters["traces"](), max_queue_size=queue,
+                max_export_batch_size=min(512, queue)))
             self._tracer = self._tracer_provider.get_tracer(SCOPE)
         if logs:
             self._logger_provider = LoggerProvider(resource=resource)
             self._logger_provider.add_log_record_processor(BatchLogRecordProcessor(
-                exporters["logs"](), max_queue_size=queue))
+                exporters["logs"](), max_queue_size=queue,
+                max_export_batch_size=min(512, queue)))
             self._logger = self._logger_provider.get_logger(SCOPE)
         if metrics_on:
             reader = PeriodicExportingMetricReader(
