@@ -94,6 +94,10 @@ ROWS = (
         ("get_c1", "get_c10", "download", "idle")),
     Row("gateway_policy", "gateway intercept + policy", "gateway", "policy.bench.test",
         ("get_c1", "get_c10", "download", "idle", "idle_after_timeout")),
+    # The same gateway and workload with every audit line exported over OTLP/gRPC (spans,
+    # log records, metrics) to a receiver on the client core (issue 45).
+    Row("gateway_otel", "gateway intercept + policy, OTLP export", "gateway_otel",
+        "policy.bench.test", ("get_c1", "get_c10")),
     Row("gateway_inject", "gateway intercept + inject", "gateway", "inject.bench.test",
         ("get_c1", "get_c10", "new_c10"), inject_header=True),
     Row("gateway_sse", "gateway SSE (intercept)", "gateway", "sse.bench.test", ("sse",)),
@@ -397,6 +401,12 @@ class Bench:
     def make_proxy(self, kind: str | None, tag: str,
                    upstream_idle_timeout: str | None = None) -> Proxy:
         d = self.workdir / f"{kind}-{tag}"
+        if kind == "gateway_otel":
+            receiver = self.otlp_receiver()
+            return GatewayProxy(d, self.ca.cert_path, self.static.port, self.sse.port,
+                                self.proxy_cpu, telemetry={
+                                    "endpoint": receiver.grpc_endpoint, "protocol": "grpc",
+                                    "metrics_interval": "5s"})
         if kind == "gateway":
             return GatewayProxy(d, self.ca.cert_path, self.static.port, self.sse.port,
                                 self.proxy_cpu, upstream_idle_timeout=upstream_idle_timeout)
@@ -409,6 +419,15 @@ class Bench:
             return NginxProxy(d, self.ca, self.static.port, self.proxy_cpu)
         raise ValueError(kind)
 
+    def otlp_receiver(self) -> Any:
+        """The OTLP/gRPC receiver the export row sends to (tests/helpers/otlp_receiver.py),
+        started once, in this process (the client's core)."""
+        if getattr(self, "_otlp", None) is None:
+            from helpers.otlp_receiver import OtlpReceiver
+            self._otlp = OtlpReceiver()
+            self._otlp_stack.callback(self._otlp.close)
+        return self._otlp
+
     def wanted(self, key: str) -> bool:
         return not self.only or key in self.only
 
@@ -420,6 +439,7 @@ class Bench:
             quick=self.sizes is QUICK, sizes=self.sizes.__dict__,
             cores={"proxy": self.proxy_cpu, "client_and_upstream": self.client_cpu})
         with contextlib.ExitStack() as stack:
+            self._otlp_stack = stack
             if any(self.wanted(r.key) for r in ROWS) or self.wanted("workers"):
                 self.ca = LocalCA.create(self.workdir / "ca")
                 print("starting upstreams ...", file=sys.stderr)
@@ -431,7 +451,7 @@ class Bench:
                 stack.callback(self.sse.stop)
                 self.sse.start()
                 self.results["meta"]["upstream"] = self.static.kind
-                for kind in (None, "gateway", "nginx", "mitmdump", "squid"):
+                for kind in (None, "gateway", "gateway_otel", "nginx", "mitmdump", "squid"):
                     try:
                         self.run_proxy_rows(kind, stack)
                     except RuntimeError as exc:  # a proxy that cannot start: say so, go on

@@ -51,6 +51,7 @@ from gateway.config_values import (
     PATH,
     POSITIVE,
     RATE,
+    RATIO,
     RETAIN,
     SIZE,
     SPILL_MAX,
@@ -233,6 +234,9 @@ class TelemetryConfig(Section, frozen=True, kw_only=True):
     headers: Annotated[Mapping[str, str], STR_MAP] = msgspec.field(default_factory=dict)
     traces: Annotated[bool, BOOL] = True
     metrics: Annotated[bool, BOOL] = True
+    # spans of plain allowed requests exported (refusals, inference, MCP calls and
+    # requests in a sampled sandbox trace: always)
+    sample: Annotated[float, RATIO] = 1.0
     service_name: Annotated[str, TEXT] = "sandbox-gateway"
     # audit lines waiting to be exported; more are dropped and counted
     queue: Annotated[int, POSITIVE] = 8192

@@ -130,7 +130,7 @@ dns: {ttl: 30s, rate: 2.5, burst: 8}
 audit: {path: audit/decisions.jsonl, on_failure: continue, buffer: 1m,
         spill: {path: /var/spool/sg, max: 256m}, otlp: true}
 telemetry: {endpoint: "https://otel.corp:4318", protocol: http, headers: {x-auth: a1},
-            traces: false, metrics: false, service_name: sg-eu, queue: 100,
+            traces: false, metrics: false, sample: 0.25, service_name: sg-eu, queue: 100,
             metrics_interval: 15s}
 admin: {timeouts: {head: 5s, body: 20s, idle: 1m}, max_body: 512k, max_connections: 16}
 state: {store: memory}
@@ -212,8 +212,8 @@ def test_full_file(tmp_path: Path) -> None:
     tel = cfg.telemetry
     assert (tel.endpoint, tel.protocol, dict(tel.headers)) == (
         "https://otel.corp:4318", "http", {"x-auth": "a1"})
-    assert (tel.traces, tel.metrics, tel.service_name, tel.queue, tel.metrics_interval) == (
-        False, False, "sg-eu", 100, 15)
+    assert (tel.traces, tel.metrics, tel.sample, tel.service_name, tel.queue,
+            tel.metrics_interval) == (False, False, 0.25, "sg-eu", 100, 15)
     assert (cfg.admin.timeouts.head, cfg.admin.timeouts.body, cfg.admin.timeouts.idle) == (
         5, 20, 60)
     assert cfg.admin.max_body == 512 * 1024 and cfg.admin.max_connections == 16
@@ -392,6 +392,7 @@ FILE_ERRORS = [
     ("telemetry: {endpoint: 'http://otel:4318/v1/traces'}",
      "telemetry.endpoint: expected the collector's URL"),
     ("telemetry: {protocol: http/json}", "telemetry.protocol: expected grpc"),
+    ("telemetry: {sample: 1.5}", "telemetry.sample: expected a ratio from 0 to 1"),
     ("audit: {buffer: 4k}", "audit.buffer: at least 64k"),
     ("audit: {buffer: lots}", "audit.buffer: 'lots' is not a size"),
     ("audit: {spill: {max: 4k}}", "audit.spill.max: 0 (no spill journal) or at least 64k"),

@@ -11,12 +11,16 @@ Every exchange, tunnel and refusal of every engine ends in one audit line
   (``gen_ai.operation.name: execute_tool``, ``gen_ai.tool.name``). A line with a valid W3C
   ``trace`` (the request's ``traceparent``) continues that trace: its span's parent is the
   sandbox's span. The gateway adds no trace header to requests it forwards.
-* **a log record** (``audit.otlp``) whose body is the JSON line's fields, in the span's
-  trace;
+* **a log record** (``audit.otlp``) whose body is the JSON line itself (the same text as
+  the JSON sink's), with a few attributes to filter on, in the span's trace;
 * **GenAI metrics**: ``gen_ai.client.token.usage`` and ``gen_ai.client.operation.duration``
   histograms.
 
 Never a header value, body, prompt or completion: only the line's fields, which carry none.
+
+**Sampled** (`telemetry.sample`, a ratio): the spans of allowed requests that are not
+inference or MCP calls, and whose sandbox did not sample its trace; refusals, inference
+and MCP calls always have theirs. Log records and metrics are never sampled.
 
 **Off the hot path.** `write` appends the line to a bounded queue (`telemetry.queue`) and
 returns; a daemon thread builds spans, logs and metric points, and the SDK's batch
@@ -27,7 +31,9 @@ this module only when `telemetry.endpoint` is set.
 
 from __future__ import annotations
 
+import json
 import logging
+import random
 import threading
 import time
 from collections import deque
@@ -60,6 +66,7 @@ __all__ = ["OtelSink", "operation", "provider_name", "span_name"]
 log = logging.getLogger("sandbox_gateway")
 
 SCOPE = "sandbox_gateway"
+_ENCODE = json.JSONEncoder(separators=(",", ":"), default=str).encode
 # gen_ai.provider.name (the GenAI conventions' well-known values) by credential preset.
 _PROVIDERS = {"openai": "openai", "anthropic": "anthropic", "gemini": "gcp.gemini",
               "vertex": "gcp.vertex_ai", "azure-openai": "azure.ai.openai",
@@ -71,6 +78,9 @@ _DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12,
                      20.48, 40.96, 81.92)
 _TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
                   16777216, 67108864)
+# the log record's attributes (its body is the whole line): what log queries filter on
+_LOG_KEYS = ("sandbox_gateway.decision", "sandbox_gateway.policy", "sandbox_gateway.sandbox",
+             "error.type", "server.address", "gen_ai.operation.name")
 _METRIC_KEYS = ("gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model",
                 "gen_ai.response.model", "server.address", "error.type")
 # the line's scalar fields as span attributes (sandbox_gateway.* unless a convention names it)
@@ -145,13 +155,14 @@ def parent_of(trace_header: str | None) -> Any:
     return trace.set_span_in_context(NonRecordingSpan(ctx))
 
 
-def _scalar(value: Any) -> Any:
-    """An OTLP log body value for a JSON value."""
-    if isinstance(value, Mapping):
-        return {str(k): _scalar(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list | tuple):
-        return [_scalar(v) for v in value]
-    return value
+def _always(line: Mapping[str, Any]) -> bool:
+    """Whether `line`'s span is exported whatever `telemetry.sample` says: a refusal (or
+    any decision but allow), an inference call, an MCP message, or a request whose
+    sandbox sampled its trace (the traceparent's sampled flag)."""
+    trace_header = line.get("trace")
+    return (line.get("decision") != "allow" or line.get("usage") is not None
+            or line.get("mcp") is not None
+            or (isinstance(trace_header, str) and int(trace_header[-1], 16) & 1 == 1))
 
 
 class OtelSink:
@@ -162,6 +173,7 @@ class OtelSink:
                  logs: bool = False, metrics_on: bool = True,
                  service_name: str = "sandbox-gateway", queue: int = 8192,
                  metrics_interval: float = 60.0, worker: int | None = None,
+                 sample: float = 1.0,
                  preset_of: Callable[[str | None], str | None] = lambda _c: None) -> None:
         attrs: dict[str, Any] = {"service.name": service_name}
         if worker is not None:
@@ -171,7 +183,8 @@ class OtelSink:
         self.preset_of = preset_of
         self.queue = queue
         self.dropped = 0
-        self._lines: deque[tuple[dict[str, Any], int]] = deque()
+        self.sample = sample
+        self._lines: deque[tuple[dict[str, Any], int, bool]] = deque()
         self._wake = threading.Event()
         self._closed = False
         self._tracer_provider: TracerProvider | None = None
@@ -216,11 +229,16 @@ class OtelSink:
 
     def write(self, line: dict[str, Any]) -> None:
         """Queue one audit line for export (never blocks, never raises)."""
+        traced = self._tracer is not None and (self.sample >= 1.0 or _always(line)
+                                               or random.random() < self.sample)  # noqa: S311
+        if not traced and self._logger is None and (self._tokens is None
+                                                    or line.get("usage") is None):
+            return  # (no span, no log record, no metric point)
         if self._closed or len(self._lines) >= self.queue:
             self.dropped += 1
             metrics.TELEMETRY_DROPPED.inc()
             return
-        self._lines.append((line, time.time_ns()))
+        self._lines.append((line, time.time_ns(), traced))
         if not self._wake.is_set():
             self._wake.set()
 
@@ -231,15 +249,15 @@ class OtelSink:
             self._wake.wait()
             self._wake.clear()
             while self._lines:
-                line, end = self._lines.popleft()
+                line, end, traced = self._lines.popleft()
                 try:
-                    self._emit(line, end)
+                    self._emit(line, end, traced)
                 except Exception:  # (one bad line never stops the export)
                     log.exception("telemetry: an audit line could not be exported")
             if self._closed:
                 return
 
-    def _emit(self, line: dict[str, Any], end: int) -> None:
+    def _emit(self, line: dict[str, Any], end: int, traced: bool = True) -> None:
         start = end - int(float(line.get("duration_ms") or 0) * 1_000_000)
         usage = line.get("usage") if isinstance(line.get("usage"), Mapping) else None
         op = operation(line.get("path"), usage)
@@ -247,7 +265,7 @@ class OtelSink:
         attrs = self._attributes(line, usage, op, provider)
         context = parent_of(line.get("trace"))
         span_ctx: Any = None
-        if self._tracer is not None:
+        if self._tracer is not None and traced:
             span = self._tracer.start_span(span_name(line), context=context,
                                            kind=SpanKind.SERVER, attributes=attrs,
                                            start_time=start)
@@ -264,9 +282,8 @@ class OtelSink:
                 severity_text="INFO" if line.get("decision") != "deny" else "WARN",
                 severity_number=SeverityNumber.INFO if line.get("decision") != "deny"
                 else SeverityNumber.WARN,
-                body=_scalar(line), event_name="sandbox_gateway.audit",
-                attributes={k: v for k, v in attrs.items()
-                            if not k.startswith("gen_ai.usage")})
+                body=_ENCODE(line), event_name="sandbox_gateway.audit",
+                attributes={k: attrs[k] for k in _LOG_KEYS if k in attrs})
             self._logger.emit(record)
         if op is not None and self._tokens is not None and usage is not None:
             base: dict[str, Any] = {k: attrs[k] for k in _METRIC_KEYS if k in attrs}

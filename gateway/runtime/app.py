@@ -585,7 +585,7 @@ class Gateway:
                         traces=tel.traces, logs=self.config.audit.otlp,
                         metrics_on=tel.metrics, service_name=tel.service_name,
                         queue=tel.queue, metrics_interval=tel.metrics_interval,
-                        worker=self.worker, preset_of=preset_of)
+                        worker=self.worker, sample=tel.sample, preset_of=preset_of)
 
     def _audit_both(self, record: dict[str, Any]) -> None:
         """An audit line to the JSON sink, then to the OpenTelemetry one (queued)."""

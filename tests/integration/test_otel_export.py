@@ -178,17 +178,21 @@ def test_refusal_inference_and_mcp_arrive_as_spans_logs_and_metrics(
     # The audit lines as log records: the JSON line's fields, in their span's trace.
     logs = receiver.logs()
     records = gw.audit.records()
-    for line in records:
-        found = [r for r in logs if r["body"].get("time") == line["time"]
-                 and r["body"].get("host") == line["host"]
-                 and r["body"].get("method") == line["method"]]
-        assert found, line
-        body = found[0]["body"]
-        assert {k for k, v in line.items() if v is not None} == set(body), (line, body)
-        assert found[0]["event_name"] == "sandbox_gateway.audit"
-    chat_log = next(r for r in logs if (r["body"].get("usage") or {}).get("output_tokens"))
+    bodies = [json.loads(r["body"]) for r in logs]
+    assert len(bodies) == len(records)
+    for line in records:  # (each the very line the JSON sink wrote)
+        assert line in bodies, line
+    assert {r["event_name"] for r in logs} == {"sandbox_gateway.audit"}
+    chat_log = next(r for r, b in zip(logs, bodies, strict=True)
+                    if (b.get("usage") or {}).get("output_tokens"))
     assert chat_log["span_id"] == call["span_id"] and chat_log["trace_id"] == TRACE
-    assert chat_log["body"]["trace"] == _tp(PARENTS["chat"])
+    assert json.loads(chat_log["body"])["trace"] == _tp(PARENTS["chat"])
+    assert chat_log["attributes"]["sandbox_gateway.decision"] == "allow"
+    assert chat_log["attributes"]["gen_ai.operation.name"] == "chat"
+    refused_log = next(r for r, b in zip(logs, bodies, strict=True)
+                       if b["error"] == "policy_denied")
+    assert refused_log["attributes"]["error.type"] == "policy_denied"
+    assert refused_log["severity"] == "WARN"
 
     # GenAI metrics.
     metrics = receiver.metrics()

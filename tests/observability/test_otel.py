@@ -5,6 +5,7 @@ only when `telemetry.endpoint` is set."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -99,15 +100,29 @@ def test_spans_logs_and_metrics_from_lines(receiver: OtlpReceiver) -> None:
     assert refused["attributes"]["error.type"] == "host_not_allowed"
     assert refused["parent_span_id"] == "" and refused["status"] == 2
     logs = receiver.logs()
-    assert [r["body"]["host"] for r in logs] == ["api.openai.com", "blocked.test",
-                                                 "unsampled.test"]
+    bodies = [json.loads(r["body"]) for r in logs]
+    assert [b["host"] for b in bodies] == ["api.openai.com", "blocked.test", "unsampled.test"]
     assert logs[2]["trace_id"] == TRACE  # (in the sandbox's trace all the same)
-    assert logs[0]["body"]["usage"]["output_tokens"] == 7
-    assert "cached_input_tokens" not in logs[0]["body"]["usage"]  # (null: left out)
+    assert bodies[0]["usage"] == USAGE  # (the line as the JSON sink writes it)
     found = receiver.metrics()
     tokens = found["gen_ai.client.token.usage"]
     assert sorted(int(p["sum"]) for p in tokens) == [7, 11]
     assert found["gen_ai.client.operation.duration"][0]["count"] == "1"
+
+
+def test_sampling_keeps_refusals_inference_mcp_and_sampled_traces(
+        receiver: OtlpReceiver) -> None:
+    sink = _sink(receiver, sample=0.0)
+    sink.write(_line(host="plain.test"))  # the one a ratio of 0 leaves out
+    sink.write(_line(host="refused.test", decision="deny", error="policy_denied"))
+    sink.write(_line(host="inference.test", usage=USAGE, models=["m"]))
+    sink.write(_line(host="mcp.test", mcp=[{"method": "tools/list", "name": None,
+                                            "decision": "allow"}]))
+    sink.write(_line(host="sampled.test", trace=f"00-{TRACE}-00f067aa0ba902b7-01"))
+    sink.close()
+    hosts = {s["attributes"]["server.address"] for s in receiver.spans()}
+    assert hosts == {"refused.test", "inference.test", "mcp.test", "sampled.test"}
+    assert len(receiver.logs()) == 5  # (log records are the audit trail: never sampled)
 
 
 def test_a_line_not_taken_is_dropped_and_counted(receiver: OtlpReceiver) -> None:
