@@ -94,10 +94,15 @@ ROWS = (
         ("get_c1", "get_c10", "download", "idle")),
     Row("gateway_policy", "gateway intercept + policy", "gateway", "policy.bench.test",
         ("get_c1", "get_c10", "download", "idle", "idle_after_timeout")),
-    # The same gateway and workload with every audit line exported over OTLP/gRPC (spans,
-    # log records, metrics) to a receiver on the client core (issue 45).
-    Row("gateway_otel", "gateway intercept + policy, OTLP export", "gateway_otel",
+    # The same gateway and workload with OTLP/gRPC export on (issue 45), to a receiver on
+    # the client core: a span per request; a span and a log record per request; spans of
+    # one request in ten (`telemetry.sample: 0.1`).
+    Row("gateway_otel", "gateway intercept + policy, OTLP spans", "gateway_otel",
         "policy.bench.test", ("get_c1", "get_c10")),
+    Row("gateway_otel_logs", "gateway intercept + policy, OTLP spans + audit logs",
+        "gateway_otel_logs", "policy.bench.test", ("get_c1", "get_c10")),
+    Row("gateway_otel_sampled", "gateway intercept + policy, OTLP spans sampled 0.1",
+        "gateway_otel_sampled", "policy.bench.test", ("get_c1", "get_c10")),
     Row("gateway_inject", "gateway intercept + inject", "gateway", "inject.bench.test",
         ("get_c1", "get_c10", "new_c10"), inject_header=True),
     Row("gateway_sse", "gateway SSE (intercept)", "gateway", "sse.bench.test", ("sse",)),
@@ -108,6 +113,9 @@ ROWS = (
     Row("squid", "squid CONNECT", "squid", "pass.bench.test",
         ("get_c1", "get_c10", "download", "sse", "idle")),
 )
+# the OTLP rows' gateways: (audit.otlp, telemetry.sample)
+OTEL_KINDS = {"gateway_otel": (False, 1.0), "gateway_otel_logs": (True, 1.0),
+              "gateway_otel_sampled": (False, 0.1)}
 SECTIONS = ("workers", "policy", "secret", "metering", "dlp")
 
 
@@ -401,12 +409,13 @@ class Bench:
     def make_proxy(self, kind: str | None, tag: str,
                    upstream_idle_timeout: str | None = None) -> Proxy:
         d = self.workdir / f"{kind}-{tag}"
-        if kind == "gateway_otel":
+        if kind in OTEL_KINDS:
             receiver = self.otlp_receiver()
+            logs, sample = OTEL_KINDS[kind]
             return GatewayProxy(d, self.ca.cert_path, self.static.port, self.sse.port,
                                 self.proxy_cpu, telemetry={
                                     "endpoint": receiver.grpc_endpoint, "protocol": "grpc",
-                                    "metrics_interval": "5s"})
+                                    "metrics_interval": "5s", "sample": sample}, otlp_logs=logs)
         if kind == "gateway":
             return GatewayProxy(d, self.ca.cert_path, self.static.port, self.sse.port,
                                 self.proxy_cpu, upstream_idle_timeout=upstream_idle_timeout)
@@ -451,7 +460,7 @@ class Bench:
                 stack.callback(self.sse.stop)
                 self.sse.start()
                 self.results["meta"]["upstream"] = self.static.kind
-                for kind in (None, "gateway", "gateway_otel", "nginx", "mitmdump", "squid"):
+                for kind in (None, "gateway", *OTEL_KINDS, "nginx", "mitmdump", "squid"):
                     try:
                         self.run_proxy_rows(kind, stack)
                     except RuntimeError as exc:  # a proxy that cannot start: say so, go on

@@ -66,6 +66,10 @@ __all__ = ["OtelSink", "operation", "provider_name", "span_name"]
 log = logging.getLogger("sandbox_gateway")
 
 SCOPE = "sandbox_gateway"
+# The export thread takes the queued lines every DRAIN seconds, or at once when WAKE are
+# queued: a wake-up (a thread switch) per line would cost the event loop more than the line.
+DRAIN = 0.2
+WAKE = 256
 _ENCODE = json.JSONEncoder(separators=(",", ":"), default=str).encode
 # gen_ai.provider.name (the GenAI conventions' well-known values) by credential preset.
 _PROVIDERS = {"openai": "openai", "anthropic": "anthropic", "gemini": "gcp.gemini",
@@ -83,20 +87,17 @@ _LOG_KEYS = ("sandbox_gateway.decision", "sandbox_gateway.policy", "sandbox_gate
              "error.type", "server.address", "gen_ai.operation.name")
 _METRIC_KEYS = ("gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model",
                 "gen_ai.response.model", "server.address", "error.type")
-# the line's scalar fields as span attributes (sandbox_gateway.* unless a convention names it)
+# the line's scalar fields as span attributes (sandbox_gateway.* unless a convention names
+# it); each costs the export thread CPU, so what the log record has is not repeated (the
+# listener, byte counts, scheme and port), and the reason only on a refusal
 _SPAN_FIELDS = (("decision", "sandbox_gateway.decision"), ("rule", "sandbox_gateway.rule"),
                 ("policy", "sandbox_gateway.policy"),
                 ("policy_rev", "sandbox_gateway.policy_revision"),
                 ("sandbox", "sandbox_gateway.sandbox"), ("engine", "sandbox_gateway.engine"),
                 ("path_taken", "sandbox_gateway.path_taken"),
-                ("listener", "sandbox_gateway.listener"),
                 ("credential", "sandbox_gateway.credential"),
-                ("reason", "sandbox_gateway.reason"),
                 ("method", "http.request.method"), ("host", "server.address"),
-                ("port", "server.port"), ("path", "url.path"), ("scheme", "url.scheme"),
-                ("status", "http.response.status_code"),
-                ("bytes_in", "sandbox_gateway.bytes_in"),
-                ("bytes_out", "sandbox_gateway.bytes_out"))
+                ("path", "url.path"), ("status", "http.response.status_code"))
 
 
 def operation(path: str | None, usage: Mapping[str, Any] | None) -> str | None:
@@ -239,14 +240,14 @@ class OtelSink:
             metrics.TELEMETRY_DROPPED.inc()
             return
         self._lines.append((line, time.time_ns(), traced))
-        if not self._wake.is_set():
-            self._wake.set()
+        if len(self._lines) >= WAKE and not self._wake.is_set():
+            self._wake.set()  # (else the thread drains the queue every DRAIN seconds)
 
     # -- the export thread ---------------------------------------------------------------
 
     def _run(self) -> None:
         while True:
-            self._wake.wait()
+            self._wake.wait(DRAIN)
             self._wake.clear()
             while self._lines:
                 line, end, traced = self._lines.popleft()
@@ -298,6 +299,8 @@ class OtelSink:
                                  if line.get(key) is not None}
         if line.get("error"):
             attrs["error.type"] = line["error"]
+        if line.get("decision") != "allow" and line.get("reason"):
+            attrs["sandbox_gateway.reason"] = line["reason"]
         workload = line.get("workload")
         if isinstance(workload, Mapping):
             for key, value in workload.items():
