@@ -471,6 +471,9 @@ class Bench:
                                     row.key, {"label": row.label})
                                 for w in row.workloads:
                                     entry.setdefault(w, {"error": str(exc)[:800]})
+                if getattr(self, "_otlp", None) is not None:  # (the rows' gateways stopped:
+                    self.results["meta"]["otlp_received"] = {  # everything is exported)
+                        "spans": len(self._otlp.spans()), "logs": len(self._otlp.logs())}
                 if self.wanted("workers"):
                     self.run_workers(stack)
             if self.wanted("metering"):

@@ -2,8 +2,8 @@
 MetricsService from opentelemetry-proto's generated stubs, served by grpcio) and OTLP/HTTP
 (`POST /v1/traces|logs|metrics`, protobuf bodies), keeping every export request.
 
-Used instead of the OpenTelemetry Collector binary: the Go here (1.19) cannot build a
-current collector (docs/observability.md, "Testing"). What arrives is decoded by the
+Used instead of the OpenTelemetry Collector binary, which cannot be built here (no Go
+module proxy, Go 1.19: docs/observability.md, "Testing"). What arrives is decoded by the
 protocol's own message classes, and the raw bytes are kept for secret searches.
 """
 
