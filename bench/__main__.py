@@ -94,6 +94,15 @@ ROWS = (
         ("get_c1", "get_c10", "download", "idle")),
     Row("gateway_policy", "gateway intercept + policy", "gateway", "policy.bench.test",
         ("get_c1", "get_c10", "download", "idle", "idle_after_timeout")),
+    # The same gateway and workload with OTLP/gRPC export on (issue 45), to a receiver on
+    # the client core: a span per request; a span and a log record per request; spans of
+    # one request in ten (`telemetry.sample: 0.1`).
+    Row("gateway_otel", "gateway intercept + policy, OTLP spans", "gateway_otel",
+        "policy.bench.test", ("get_c1", "get_c10")),
+    Row("gateway_otel_logs", "gateway intercept + policy, OTLP spans + audit logs",
+        "gateway_otel_logs", "policy.bench.test", ("get_c1", "get_c10")),
+    Row("gateway_otel_sampled", "gateway intercept + policy, OTLP spans sampled 0.1",
+        "gateway_otel_sampled", "policy.bench.test", ("get_c1", "get_c10")),
     Row("gateway_inject", "gateway intercept + inject", "gateway", "inject.bench.test",
         ("get_c1", "get_c10", "new_c10", "resume_c10"), inject_header=True),
     Row("gateway_sse", "gateway SSE (intercept)", "gateway", "sse.bench.test", ("sse",)),
@@ -104,6 +113,9 @@ ROWS = (
     Row("squid", "squid CONNECT", "squid", "pass.bench.test",
         ("get_c1", "get_c10", "download", "sse", "idle")),
 )
+# the OTLP rows' gateways: (audit.otlp, telemetry.sample)
+OTEL_KINDS = {"gateway_otel": (False, 1.0), "gateway_otel_logs": (True, 1.0),
+              "gateway_otel_sampled": (False, 0.1)}
 SECTIONS = ("workers", "policy", "secret", "metering", "dlp")
 
 
@@ -397,6 +409,13 @@ class Bench:
     def make_proxy(self, kind: str | None, tag: str,
                    upstream_idle_timeout: str | None = None) -> Proxy:
         d = self.workdir / f"{kind}-{tag}"
+        if kind in OTEL_KINDS:
+            receiver = self.otlp_receiver()
+            logs, sample = OTEL_KINDS[kind]
+            return GatewayProxy(d, self.ca.cert_path, self.static.port, self.sse.port,
+                                self.proxy_cpu, telemetry={
+                                    "endpoint": receiver.grpc_endpoint, "protocol": "grpc",
+                                    "metrics_interval": "5s", "sample": sample}, otlp_logs=logs)
         if kind == "gateway":
             return GatewayProxy(d, self.ca.cert_path, self.static.port, self.sse.port,
                                 self.proxy_cpu, upstream_idle_timeout=upstream_idle_timeout)
@@ -409,6 +428,15 @@ class Bench:
             return NginxProxy(d, self.ca, self.static.port, self.proxy_cpu)
         raise ValueError(kind)
 
+    def otlp_receiver(self) -> Any:
+        """The OTLP/gRPC receiver the export row sends to (tests/helpers/otlp_receiver.py),
+        started once, in this process (the client's core)."""
+        if getattr(self, "_otlp", None) is None:
+            from helpers.otlp_receiver import OtlpReceiver
+            self._otlp = OtlpReceiver()
+            self._otlp_stack.callback(self._otlp.close)
+        return self._otlp
+
     def wanted(self, key: str) -> bool:
         return not self.only or key in self.only
 
@@ -420,6 +448,7 @@ class Bench:
             quick=self.sizes is QUICK, sizes=self.sizes.__dict__,
             cores={"proxy": self.proxy_cpu, "client_and_upstream": self.client_cpu})
         with contextlib.ExitStack() as stack:
+            self._otlp_stack = stack
             if any(self.wanted(r.key) for r in ROWS) or self.wanted("workers"):
                 self.ca = LocalCA.create(self.workdir / "ca")
                 print("starting upstreams ...", file=sys.stderr)
@@ -431,7 +460,7 @@ class Bench:
                 stack.callback(self.sse.stop)
                 self.sse.start()
                 self.results["meta"]["upstream"] = self.static.kind
-                for kind in (None, "gateway", "nginx", "mitmdump", "squid"):
+                for kind in (None, "gateway", *OTEL_KINDS, "nginx", "mitmdump", "squid"):
                     try:
                         self.run_proxy_rows(kind, stack)
                     except RuntimeError as exc:  # a proxy that cannot start: say so, go on
@@ -442,6 +471,9 @@ class Bench:
                                     row.key, {"label": row.label})
                                 for w in row.workloads:
                                     entry.setdefault(w, {"error": str(exc)[:800]})
+                if getattr(self, "_otlp", None) is not None:  # (the rows' gateways stopped:
+                    self.results["meta"]["otlp_received"] = {  # everything is exported)
+                        "spans": len(self._otlp.spans()), "logs": len(self._otlp.logs())}
                 if self.wanted("workers"):
                     self.run_workers(stack)
             if self.wanted("metering"):

@@ -23,6 +23,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -232,7 +233,8 @@ class GatewayProxy(Proxy):
 
     def __init__(self, workdir: Path, upstream_ca: Path, static_port: int, sse_port: int,
                  cpu: int | None, workers: int | None = None,
-                 upstream_idle_timeout: str | None = None) -> None:
+                 upstream_idle_timeout: str | None = None,
+                 telemetry: dict[str, Any] | None = None, otlp_logs: bool = False) -> None:
         self.dir = workdir
         self.workers = workers  # None: the config default (one per usable core)
         self.upstream_idle_timeout = upstream_idle_timeout  # None: the config default (30 s)
@@ -256,6 +258,9 @@ class GatewayProxy(Proxy):
         }
         if upstream_idle_timeout is not None:
             cfg["network"]["upstream_idle_timeout"] = upstream_idle_timeout
+        if telemetry is not None:  # OTLP export on (`telemetry:`; `audit.otlp`: the lines)
+            cfg["telemetry"] = telemetry
+            cfg["audit"]["otlp"] = otlp_logs
         self.config = self.dir / "gateway.yaml"
         self.config.write_text(yaml.safe_dump(cfg))
         self.cpu = cpu

@@ -50,6 +50,18 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
             rows, "gateway_policy", "get_c10", "rps") is not None:
         icpt, icpt_name = "gateway_policy", "intercepted + policy (injection n/a)"
 
+    for key, what in (("gateway_otel", "a span per request"),
+                      ("gateway_otel_logs", "a span and a log record per request"),
+                      ("gateway_otel_sampled", "spans sampled 0.1")):
+        out.append(_target(
+            f"OTLP export ({what}): proxy CPU/request vs off, intercepted + policy (c10)",
+            "≤ 1.10x", _val(rows, key, "get_c10", "proxy_cpu_us_per_req"),
+            _val(rows, "gateway_policy", "get_c10", "proxy_cpu_us_per_req"),
+            ratio, lambda v: v <= 1.10, "{:.2f}x ({a:.0f} vs {b:.0f} µs)"))
+        out.append(_target(
+            f"OTLP export ({what}): requests/s vs off, intercepted + policy (c1)", "≥ 0.90x",
+            _val(rows, key, "get_c1", "rps"), _val(rows, "gateway_policy", "get_c1", "rps"),
+            ratio, lambda v: v >= 0.90, "{:.2f}x ({a:.0f} vs {b:.0f} req/s)"))
     out.append(_target(
         f"{icpt_name}: proxy CPU/request vs mitmdump -q (c10)", "≤ 0.15x",
         _val(rows, icpt, "get_c10", "proxy_cpu_us_per_req"),

@@ -37,6 +37,7 @@ from gateway.config_values import (
     COUNT,
     DNS_TTL,
     DURATION,
+    ENDPOINT,
     HOSTPORT,
     IDLE,
     INTERCEPT,
@@ -46,9 +47,11 @@ from gateway.config_values import (
     NETWORKS,
     NOTIFIERS,
     ON_FAILURE,
+    OTLP_PROTOCOL,
     PATH,
     POSITIVE,
     RATE,
+    RATIO,
     RETAIN,
     SIZE,
     SPILL_MAX,
@@ -72,8 +75,8 @@ __all__ = ["ENV_PREFIX", "SCHEMA", "AdminConfig", "AdminTimeouts", "ApprovalsCon
            "AuditConfig", "AuditSpillConfig", "Config", "ConfigError", "ConsoleConfig",
            "DnsConfig", "ExchangeConfig", "HostPort", "IdentityConfig", "KubernetesConfig",
            "LimitsConfig", "ListenConfig", "MeteringConfig", "NetworkConfig", "Notifier",
-           "RefusalsConfig", "ShutdownConfig", "TimeoutsConfig", "TokensConfig", "keys",
-           "load_config", "parse_duration", "parse_hostport"]
+           "RefusalsConfig", "ShutdownConfig", "TelemetryConfig", "TimeoutsConfig",
+           "TokensConfig", "keys", "load_config", "parse_duration", "parse_hostport"]
 
 ENV_PREFIX = "SANDBOX_GATEWAY_"
 # SECRET_*: the env secret store. PORT*/SERVICE_*: Kubernetes service links of a
@@ -215,6 +218,29 @@ class AuditConfig(Section, frozen=True, kw_only=True):
     # bytes of lines held while the target does not take them
     buffer: Annotated[int, AUDIT_BUFFER] = 4 * 1024 * 1024
     spill: AuditSpillConfig = AuditSpillConfig()
+    # each line also as an OTLP log record to `telemetry.endpoint`
+    otlp: Annotated[bool, BOOL] = False
+
+
+class TelemetryConfig(Section, frozen=True, kw_only=True):
+    """OpenTelemetry export (`telemetry:`; gateway/observability/otel.py): a span per
+    audit line (GenAI and MCP conventions), GenAI metrics, and with `audit.otlp` the audit
+    lines as log records, to the collector at `endpoint` over OTLP. No endpoint: off, and
+    the OpenTelemetry SDK is not imported."""
+
+    endpoint: Annotated[str | None, optional(ENDPOINT)] = None
+    protocol: Annotated[str, OTLP_PROTOCOL] = "grpc"
+    # sent with every export (e.g. the collector's auth); never logged
+    headers: Annotated[Mapping[str, str], STR_MAP] = msgspec.field(default_factory=dict)
+    traces: Annotated[bool, BOOL] = True
+    metrics: Annotated[bool, BOOL] = True
+    # spans of plain allowed requests exported (refusals, inference, MCP calls and
+    # requests in a sampled sandbox trace: always)
+    sample: Annotated[float, RATIO] = 1.0
+    service_name: Annotated[str, TEXT] = "sandbox-gateway"
+    # audit lines waiting to be exported; more are dropped and counted
+    queue: Annotated[int, POSITIVE] = 8192
+    metrics_interval: Annotated[float, DURATION] = 60.0  # between metric exports
 
 
 class AdminTimeouts(Section, frozen=True, kw_only=True):
@@ -313,6 +339,7 @@ class Config(Section, frozen=True, kw_only=True):
     shutdown: ShutdownConfig = ShutdownConfig()
     dns: DnsConfig = DnsConfig()
     audit: AuditConfig = AuditConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
     admin: AdminConfig = AdminConfig()
     state: Annotated[Mapping[str, Any], ANY_MAP] = msgspec.field(default_factory=_default_state)
     metering: MeteringConfig = MeteringConfig()
@@ -533,6 +560,9 @@ def _check(cfg: Config, source: str) -> None:
         raise ConfigError(f"{source}: audit.spill.max is smaller than audit.buffer (the "
                           "journal takes the buffer's lines at the stop): raise it, or 0 "
                           "for no journal")
+    if audit.otlp and cfg.telemetry.endpoint is None:
+        raise ConfigError(f"{source}: audit.otlp is true but telemetry.endpoint is not set "
+                          "(the collector the audit lines go to, e.g. http://otel-collector:4317)")
     if cfg.tokens.default_ttl > cfg.tokens.max_ttl:
         raise ConfigError(f"{source}: tokens.default_ttl is longer than tokens.max_ttl")
     if k8s.enabled and not k8s.namespaces:

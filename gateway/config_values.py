@@ -253,6 +253,28 @@ def _spill_max(value: object, key: str) -> int:
     return size
 
 
+def _ratio(value: object, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ConfigError(f"{key}: expected a ratio from 0 to 1 (0.1: one in ten), "
+                          f"got {value!r}")
+    return float(value)
+
+
+def _otlp_protocol(value: object, key: str) -> str:
+    if value not in ("grpc", "http"):
+        raise ConfigError(f"{key}: expected grpc (OTLP/gRPC, port 4317) or http (OTLP/HTTP "
+                          f"protobuf, port 4318), got {value!r}")
+    return str(value)
+
+
+def _endpoint(value: object, key: str) -> str:
+    text = _str(value, key)
+    if not text.startswith(("http://", "https://")) or "/" in text.split("://", 1)[1].rstrip("/"):
+        raise ConfigError(f"{key}: expected the collector's URL without a path, "
+                          f"http(s)://host:port (e.g. http://otel-collector:4317), got {value!r}")
+    return text.rstrip("/")
+
+
 def _verify(value: object, key: str) -> str:
     if value not in ("tokenreview", "oidc"):
         raise ConfigError(f"{key}: expected tokenreview (ask the API server) or oidc "
@@ -364,6 +386,11 @@ DNS_TTL = Value(_dns_ttl, "a duration from 1s to 1h",
                 {"anyOf": [_DURATION_TEXT, {"type": "number", "minimum": 1, "maximum": 3600}]})
 INTERCEPT = Value(_intercept, "fast or mitmproxy", _choice("fast", "mitmproxy"))
 ON_FAILURE = Value(_on_failure, "refuse or continue", _choice("refuse", "continue"))
+RATIO = Value(_ratio, "a ratio from 0 to 1", {"type": "number", "minimum": 0, "maximum": 1},
+              True)
+OTLP_PROTOCOL = Value(_otlp_protocol, "grpc or http", _choice("grpc", "http"))
+ENDPOINT = Value(_endpoint, "http(s)://host:port",
+                 {"type": "string", "pattern": "^https?://[^/\\s]+/?$"})
 VERIFY = Value(_verify, "tokenreview or oidc", _choice("tokenreview", "oidc"))
 LEVEL = Value(_level, "debug, info, warning or error",
               _choice("debug", "info", "warning", "error"))

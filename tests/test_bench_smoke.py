@@ -17,7 +17,8 @@ import pytest
 from bench.__main__ import ROWS, SECTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
-EXPECTED_ROWS = {"direct", "gateway_passthrough", "gateway_policy", "gateway_inject",
+EXPECTED_ROWS = {"direct", "gateway_passthrough", "gateway_policy", "gateway_otel",
+                 "gateway_otel_logs", "gateway_otel_sampled", "gateway_inject",
                  "gateway_sse", "nginx", "mitmdump", "squid"}
 WORKLOAD_FIELDS = {
     "get_c1": ("rps", "p50_ms", "p99_ms", "client_cpu_pct"),
@@ -68,6 +69,13 @@ def test_quick_benchmark_produces_every_row_and_workload(tmp_path: Path) -> None
                 assert res["resumed"] == res["requests"], f"{row.key}/{workload}: {res}"
             if row.proxy is not None and workload.startswith(("get", "new", "resume")):
                 assert "proxy_cpu_us_per_req" in res
+
+    # the OTLP rows' gateways exported to the bench's receiver: spans, and log records
+    # (one per request of the audit.otlp row, and its warm-ups)
+    received = meta["otlp_received"]
+    otel_logs = results["rows"]["gateway_otel_logs"]
+    assert received["logs"] >= otel_logs["get_c1"]["requests"] + otel_logs["get_c10"]["requests"]
+    assert received["spans"] > received["logs"]
 
     # the intercepted row's idle tunnels, again after a 2 s upstream idle timeout: every
     # upstream connection closed, every tunnel still open

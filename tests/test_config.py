@@ -128,7 +128,10 @@ shutdown: {drain: 45s}
 refusals: {inside_tls: false}
 dns: {ttl: 30s, rate: 2.5, burst: 8}
 audit: {path: audit/decisions.jsonl, on_failure: continue, buffer: 1m,
-        spill: {path: /var/spool/sg, max: 256m}}
+        spill: {path: /var/spool/sg, max: 256m}, otlp: true}
+telemetry: {endpoint: "https://otel.corp:4318", protocol: http, headers: {x-auth: a1},
+            traces: false, metrics: false, sample: 0.25, service_name: sg-eu, queue: 100,
+            metrics_interval: 15s}
 admin: {timeouts: {head: 5s, body: 20s, idle: 1m}, max_body: 512k, max_connections: 16}
 state: {store: memory}
 metering: {pricing: prices.yaml, retention: 30d, stream_usage: false}
@@ -205,6 +208,12 @@ def test_full_file(tmp_path: Path) -> None:
     assert cfg.audit.on_failure == "continue" and cfg.audit.buffer == 1024 * 1024
     assert cfg.audit.spill.path == Path("/var/spool/sg")
     assert cfg.audit.spill.max == 256 * 1024 * 1024
+    assert cfg.audit.otlp is True and Config().telemetry.endpoint is None
+    tel = cfg.telemetry
+    assert (tel.endpoint, tel.protocol, dict(tel.headers)) == (
+        "https://otel.corp:4318", "http", {"x-auth": "a1"})
+    assert (tel.traces, tel.metrics, tel.sample, tel.service_name, tel.queue,
+            tel.metrics_interval) == (False, False, 0.25, "sg-eu", 100, 15)
     assert (cfg.admin.timeouts.head, cfg.admin.timeouts.body, cfg.admin.timeouts.idle) == (
         5, 20, 60)
     assert cfg.admin.max_body == 512 * 1024 and cfg.admin.max_connections == 16
@@ -378,6 +387,12 @@ FILE_ERRORS = [
     ("log_level: loud", "log_level: expected one of debug, info, warning, error"),
     ("audit: {path: 3}", "audit.path: expected a non-empty string"),
     ("audit: {on_failure: ignore}", "audit.on_failure: expected refuse"),
+    ("audit: {otlp: true}", "audit.otlp is true but telemetry.endpoint is not set"),
+    ("telemetry: {endpoint: otel:4317}", "telemetry.endpoint: expected the collector's URL"),
+    ("telemetry: {endpoint: 'http://otel:4318/v1/traces'}",
+     "telemetry.endpoint: expected the collector's URL"),
+    ("telemetry: {protocol: http/json}", "telemetry.protocol: expected grpc"),
+    ("telemetry: {sample: 1.5}", "telemetry.sample: expected a ratio from 0 to 1"),
     ("audit: {buffer: 4k}", "audit.buffer: at least 64k"),
     ("audit: {buffer: lots}", "audit.buffer: 'lots' is not a size"),
     ("audit: {spill: {max: 4k}}", "audit.spill.max: 0 (no spill journal) or at least 64k"),

@@ -24,6 +24,10 @@ READS: list[tuple[str, object, object]] = [
     ("LEEWAY", 0, 0.0), ("LEEWAY", 2.5, 2.5),
     ("HOSTPORT", ":3128", HostPort("0.0.0.0", 3128)), ("HOSTPORT", "[::1]:80", HostPort("::1", 80)),
     ("TEXT", "x", "x"), ("PATH", "a/b", Path("a/b")), ("STRING", "", ""),
+    ("RATIO", 0, 0.0), ("RATIO", 0.1, 0.1), ("RATIO", 1, 1.0),
+    ("OTLP_PROTOCOL", "grpc", "grpc"), ("OTLP_PROTOCOL", "http", "http"),
+    ("ENDPOINT", "http://otel-collector:4317", "http://otel-collector:4317"),
+    ("ENDPOINT", "https://c.example:4318/", "https://c.example:4318"),
     ("STR_LIST", ["a", "b"], ("a", "b")), ("STR_MAP", {"a": "b"}, {"a": "b"}),
     ("ANY_MAP", {"store": "env"}, {"store": "env"}),
     ("COUNT", 0, 0), ("POSITIVE", 3, 3), ("BURST", 1, 1), ("RATE", 0.5, 0.5),
@@ -48,6 +52,11 @@ READS: list[tuple[str, object, object]] = [
 # (value reader, what is written, the reader's message, whether the schema sees it too)
 REFUSES: list[tuple[str, object, str, bool]] = [
     ("DURATION", "soon", "'soon' is not a duration", True),
+    ("RATIO", 1.5, "expected a ratio from 0 to 1", True),
+    ("RATIO", True, "expected a ratio from 0 to 1", True),
+    ("OTLP_PROTOCOL", "udp", "expected grpc", True),
+    ("ENDPOINT", "otel:4317", "without a path", True),
+    ("ENDPOINT", "http://otel:4317/v1/traces", "without a path", True),
     ("DURATION", 0, "must be positive", True),
     ("DURATION", [1], "expected a duration", True),
     ("IDLE", "never", "is not a duration", True),
@@ -154,4 +163,4 @@ def test_environment_overrides_read_as_yaml_are_the_typed_values() -> None:
     # addresses and names are text (`1:30` must stay a host:port, not YAML's 90)
     assert {n for n in dir(v) if isinstance(getattr(v, n), Value) and _env(n)} == {
         "LEEWAY", "STR_LIST", "STR_MAP", "ANY_MAP", "COUNT", "POSITIVE", "BURST", "RATE",
-        "BOOL", "RETAIN", "NETWORKS"}
+        "BOOL", "RETAIN", "NETWORKS", "RATIO"}

@@ -8,18 +8,35 @@ carry keys, e.g. Gemini's `?key=`), and reasons are built from fixed sentences.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
 from gateway.core.identity import Identity
 
-__all__ = ["FIELDS", "MAX_PATH", "record"]
+__all__ = ["FIELDS", "MAX_PATH", "record", "traceparent"]
 
 MAX_PATH = 512
 FIELDS = ("sandbox", "policy", "jti", "client", "listener", "method", "scheme", "host",
           "port", "path", "decision", "reason", "rule", "status", "error", "bytes_in",
           "bytes_out", "duration_ms", "path_taken", "engine", "credential", "policy_rev",
-          "usage", "workload", "mcp", "models")
+          "usage", "workload", "mcp", "models", "trace")
+# W3C Trace Context, version 00 (or a later version read as 00): trace id, parent id, flags;
+# all-zero ids are invalid.
+_TRACEPARENT = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})([0-9a-f]{32})-(?!0{16})([0-9a-f]{16})"
+                          r"-[0-9a-f]{2}(-.*)?")
+
+
+def traceparent(value: str | None) -> str | None:
+    """The `traceparent` header of a request as its audit line's ``trace`` (the sandbox's
+    W3C trace, continued by the gateway's span: gateway/observability/otel.py), or None
+    for none or one that is not a valid traceparent (never arbitrary header text)."""
+    if value is None or len(value) > 256:
+        return None
+    found = _TRACEPARENT.fullmatch(value.strip())
+    if found is None or (found.group(3) is not None and value.strip()[:2] == "00"):
+        return None
+    return value.strip()[:55]
 
 
 def _path_only(path: str | None) -> str | None:
@@ -34,7 +51,7 @@ def record(*, identity: Identity | None, client: tuple[str, int] | None, listene
            credential: str | None = None, policy_rev: str | None = None,
            usage: dict[str, Any] | None = None, now: float | None = None,
            mcp: list[dict[str, Any]] | None = None,
-           models: list[str] | None = None) -> dict[str, Any]:
+           models: list[str] | None = None, trace: str | None = None) -> dict[str, Any]:
     """One audit line (a dict with exactly FIELDS, in that order)."""
     end = time.time() if now is None else now
     return {
@@ -64,4 +81,5 @@ def record(*, identity: Identity | None, client: tuple[str, int] | None, listene
         "workload": identity.workload.fields() if identity and identity.workload else None,
         "mcp": mcp,
         "models": models,
+        "trace": trace,
     }

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.core import credentials
-from gateway.core.audit import record
+from gateway.core.audit import record, traceparent
 from gateway.core.client import Client
 from gateway.core.identity import Identity
 from gateway.core.policy import Decision, PolicySet
@@ -54,9 +54,10 @@ class Trail:
               credential: str | None = None, identity: Identity | None = None,
               usage: dict[str, Any] | None = None,
               mcp: list[dict[str, Any]] | None = None,
-              models: list[str] | None = None) -> None:
+              models: list[str] | None = None, trace: str | None = None) -> None:
         """Write one audit line (every engine's lines go through here). A line of a
-        connection the gate ended (`sweep`) names why instead of how it broke."""
+        connection the gate ended (`sweep`) names why instead of how it broke; `trace`:
+        the request's `traceparent` header (checked here: core/audit.traceparent)."""
         if client.tunnel is not None:
             client.tunnel.audited = True
         if client.ended_by is not None and (error is not None or method == "CONNECT"):
@@ -69,14 +70,15 @@ class Trail:
             error=error, bytes_in=bytes_in, bytes_out=bytes_out,
             started=now if started is None else started, path_taken=path_taken,
             engine=client.engine, credential=credential, usage=usage,
-            policy_rev=self._policies().revision, now=now, mcp=mcp, models=models))
+            policy_rev=self._policies().revision, now=now, mcp=mcp, models=models,
+            trace=traceparent(trace)))
 
     def refuse(self, client: Client, refusal: Refusal, *, method: str | None = None,
                scheme: str | None = None, host: str | None = None, port: int | None = None,
                path: str | None = None, started: float | None = None,
                close: bool = False, usage: dict[str, Any] | None = None,
                plain: bool = False, mcp: list[dict[str, Any]] | None = None,
-               models: list[str] | None = None) -> Answer:
+               models: list[str] | None = None, trace: str | None = None) -> Answer:
         """Audit a refusal and render it (in the provider's shape on a preset's host,
         for a request; as text with `plain`); ``usage``: what a metered exchange refused
         part-way had used."""
@@ -86,7 +88,7 @@ class Trail:
                    method=method, scheme=scheme, host=host, port=port, path=path,
                    status=answered.status, error=refusal.code, started=started,
                    credential=refusal.credential, usage=usage, identity=refusal.identity,
-                   mcp=mcp, models=models)
+                   mcp=mcp, models=models, trace=trace)
         if refusal.code.startswith("token_") or refusal.code in _TOKEN_CODES:
             self.telemetry.count("tokens_refused", refusal.code)
         return answered

@@ -341,6 +341,11 @@ REQUEST_LOG_DROPPED = Counter(
     "the state store did not take them (the audit trail itself is complete).",
     registry=REGISTRY,
 )
+TELEMETRY_DROPPED = Counter(
+    "sandbox_gateway_telemetry_dropped_total",
+    "Audit lines not exported over OTLP: the export queue (telemetry.queue) was full or "
+    "the exporter stopped (gateway/observability/otel.py).",
+)
 AUDIT_DROPPED = Counter(
     "sandbox_gateway_audit_dropped_lines_total",
     "Audit lines dropped: they fitted neither in audit.buffer nor in the spill journal "

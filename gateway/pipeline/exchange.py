@@ -343,7 +343,8 @@ class Exchange(ExchangeState):
                               scheme=self.target.scheme, host=self.target.host,
                               port=self.target.port, path=self.target.path,
                               started=self.started, usage=self._complete(),
-                              mcp=self.mcp_calls, models=self.models)
+                              mcp=self.mcp_calls, models=self.models,
+                              trace=self.trace)
         return self.trail.render(refusal, self.target.host)
 
     def finish(self, status: int | None, error: str | None = None,
@@ -369,7 +370,7 @@ class Exchange(ExchangeState):
             error=relayed.code if relayed and error is None else error,
             bytes_in=self.bytes_in, bytes_out=self.bytes_out, started=self.started,
             path_taken="intercept", credential=self.credential, usage=usage,
-            mcp=self.mcp_calls, models=self.models)
+            mcp=self.mcp_calls, models=self.models, trace=self.trace)
 
     def _complete(self) -> dict[str, Any] | None:
         """The metering step at the end (`finish` or `abort`, whichever comes first and

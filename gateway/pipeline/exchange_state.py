@@ -51,6 +51,11 @@ class ExchangeState:
     def __post_init__(self) -> None:
         """(What a subclass sets up after the fields: the dataclass calls it.)"""
 
+    @property
+    def trace(self) -> str | None:
+        """The request's W3C ``traceparent``, for its audit lines (issue 45)."""
+        return self.head.headers.get("traceparent")
+
     def where(self) -> str:
         """``host:port`` of the upstream, as reasons name it."""
         return f"{self.target.host}:{self.target.port}"
@@ -71,7 +76,7 @@ class ExchangeState:
         self.trail.refuse(self.client, refusal, method=self.head.method,
                           scheme=self.target.scheme, host=self.target.host,
                           port=self.target.port, path=self.target.path,
-                          started=self.trail.clock(), mcp=calls)
+                          started=self.trail.clock(), mcp=calls, trace=self.trace)
 
 
 def source_of(decision: Decision) -> str | None:

@@ -85,7 +85,7 @@ class Requests:
                 port=tgt.port if tgt else (tunnel.port if tunnel else None),
                 path=tgt.path if tgt else None, started=started,
                 close=refusal.code in ("bad_request", "gateway_error"),
-                plain=plain_client(head))
+                plain=plain_client(head), trace=head.headers.get("traceparent"))
 
     def _local(self, client: Client, head: RequestHead, tgt: target.Target, routed: Routed,
                started: float) -> Answer:
@@ -95,7 +95,8 @@ class Requests:
         parts.trail.audit(client, decision=decision.result, reason=decision.reason,
                           rule=rule_of(decision), method=head.method, scheme=tgt.scheme,
                           host=tgt.host, port=tgt.port, path=tgt.path, status=200,
-                          bytes_in=len(answered.body), started=started, path_taken="local")
+                          bytes_in=len(answered.body), started=started, path_taken="local",
+                          trace=head.headers.get("traceparent"))
         return answered
 
     async def _prepare(self, ex: Exchange, credential: Credential | None) -> None:

@@ -89,6 +89,7 @@ if TYPE_CHECKING:
 
     from gateway.engines.dns import DnsServer
     from gateway.engines.mitm import Adapter
+    from gateway.observability.otel import OtelSink
     from gateway.services.identity.kubernetes import PodIdentities
 
 log = logging.getLogger("sandbox_gateway")
@@ -175,6 +176,7 @@ class Gateway:
         self.admin_token = ""
         self.admin_token_created = False
         self.policy_set: PolicySet | None = None
+        self.otel: OtelSink | None = None  # telemetry.endpoint set
         self.doors: Doors | None = None
         self.metering: Metering | None = None
         self.fd_limit = 0
@@ -299,7 +301,7 @@ class Gateway:
                          connector=self._connector(), timeout=NOTIFY_TIMEOUT,
                          connect_timeout=cfg.network.timeouts.connect)
         self.approvals = ApprovalService(
-            self.state, audit=self.auditor.write, telemetry=metrics.TELEMETRY,
+            self.state, audit=self.audit_write, telemetry=metrics.TELEMETRY,
             webhooks=Webhooks(cfg.approvals.notify, self.secrets, http, metrics.TELEMETRY),
             retention=cfg.approvals.retention, policies=self.current_policies,
             directory=cfg.policies, proposals=cfg.approvals.proposals)
@@ -414,6 +416,8 @@ class Gateway:
                 "audit: cannot write to stdout"
             raise StartupError(f"{where}: {exc.strerror or exc}") from None
         self.auditor.start()  # (a previous run's spilled lines first)
+        self.otel = self._otel_sink()
+        self.audit_write = self.auditor.write if self.otel is None else self._audit_both
         if cfg.console.retain or cfg.console.retain_bytes:  # audit lines also to the console
             self.state.log_retain = cfg.console.retain
             self.state.log_retain_bytes = cfg.console.retain_bytes or \
@@ -445,7 +449,7 @@ class Gateway:
         self.memory = self._memory_guard()
         self.gate = Gate(
             tokens=self.tokens, policies=self.current_policies, guard=self.guard,
-            secrets=self.credentials, registry=self.state, audit=self.auditor.write,
+            secrets=self.credentials, registry=self.state, audit=self.audit_write,
             resolve=self.guard.resolver.resolve, metering=self.metering,
             signers=self.credentials, ephemeral=self.state.ephemeral,
             audit_health=self.auditor, telemetry=metrics.TELEMETRY,
@@ -564,6 +568,30 @@ class Gateway:
 
         return MemoryGuard(ceiling, open_connections=lambda: self.gate.open_connections,
                            compact=compact)
+
+    def _otel_sink(self) -> OtelSink | None:
+        """The OpenTelemetry sink (`telemetry.endpoint`), or None: off, and the SDK not
+        imported (gateway/observability/otel.py)."""
+        tel = self.config.telemetry
+        if tel.endpoint is None:
+            return None
+        from gateway.observability.otel import OtelSink  # (only when configured)
+
+        def preset_of(credential: str | None) -> str | None:
+            found = self.current_policies().credentials.get(credential or "")
+            return None if found is None else found.preset
+
+        return OtelSink(endpoint=tel.endpoint, protocol=tel.protocol, headers=tel.headers,
+                        traces=tel.traces, logs=self.config.audit.otlp,
+                        metrics_on=tel.metrics, service_name=tel.service_name,
+                        queue=tel.queue, metrics_interval=tel.metrics_interval,
+                        worker=self.worker, sample=tel.sample, preset_of=preset_of)
+
+    def _audit_both(self, record: dict[str, Any]) -> None:
+        """An audit line to the JSON sink, then to the OpenTelemetry one (queued)."""
+        self.auditor.write(record)
+        if self.otel is not None:
+            self.otel.write(record)
 
     def _audit_spill(self) -> Spill | None:
         """The audit spill journal (`audit.spill`; None with `max: 0`). A worker keeps its
@@ -856,6 +884,8 @@ class Gateway:
             await self._vault_http.close()
         logs.SOURCES.remove(self._log_source)
         await self.auditor.aclose()
+        if self.otel is not None:  # (what is queued exported; blocking, in a thread)
+            await asyncio.to_thread(self.otel.close)
         if self.doors is not None:
             self.leaves.close()
         if self._tmp is not None:

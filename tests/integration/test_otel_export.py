@@ -1,0 +1,209 @@
+"""OpenTelemetry export (issue 45) through the real gateway, on both intercepting engines,
+over OTLP/gRPC and OTLP/HTTP, to a real OTLP receiver (helpers/otlp_receiver.py: the
+protocol's own gRPC services and HTTP endpoints, decoded with opentelemetry-proto).
+
+A refused request, an inference call (the official `openai` SDK against the fake
+provider, tests/fakes/inference.py) and MCP tool calls (raw JSON-RPC through httpx) each
+arrive as a span and a log record with the named attributes; the spans continue the
+sandbox's W3C traceparent; GenAI metrics arrive; no secret (the provider key, the
+gateway token) is in any exported byte; nothing adds a trace header upstream."""
+
+from __future__ import annotations
+
+import json
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from fakes.inference import FakeInference
+from helpers.gateway import GatewayFactory, GatewayThread
+from helpers.otlp_receiver import OtlpReceiver
+from helpers.tls import LocalCA
+from helpers.upstream import Upstream
+
+KEY = "sk-otel-test-provider-key-5b1e"
+POLICY = """
+version: v1
+name: agent
+egress:
+  - host: api.openai.com
+    credential: openai
+    models: ["gpt-4o-mini*"]
+  - host: api.allowed.test
+    methods: [GET]
+  - host: allowed.test
+    mcp:
+      tools: {allow: ["search_*"], deny: ["delete_*"]}
+credentials:
+  openai: {preset: openai, secret: provider-key}
+"""
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENTS = {"refused": "00f067aa0ba902b7", "chat": "00f067aa0ba902b8", "mcp": "00f067aa0ba902b9"}
+
+
+def _tp(parent: str) -> str:
+    return f"00-{TRACE}-{parent}-01"
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as server:
+        yield server
+
+
+def _gateway(make_gateway: GatewayFactory, tmp_path: Path, fake: FakeInference,
+             upstream: Upstream, test_ca: LocalCA, endpoint: str, protocol: str,
+             intercept: str) -> GatewayThread:
+    secrets = tmp_path / "s.yaml"
+    secrets.write_text(f"provider-key: {KEY}\n")
+    secrets.chmod(0o600)
+    bundle = tmp_path / "upstream-ca.pem"  # the fake provider's CA and the upstream's
+    bundle.write_bytes(Path(test_ca.cert_path).read_bytes() + fake.ca_path.read_bytes())
+    return make_gateway({"agent.yaml": POLICY}, config={
+        "secrets": {"store": "file", "path": str(secrets)},
+        "network": {"intercept": intercept, "upstream_ca": str(bundle),
+                    "resolve": {"api.openai.com": f"127.0.0.1:{fake.port}",
+                                "allowed.test": f"127.0.0.1:{upstream.port}",
+                                "api.allowed.test": f"127.0.0.1:{upstream.port}"}},
+        "telemetry": {"endpoint": endpoint, "protocol": protocol, "metrics_interval": "1s",
+                      "headers": {"x-collector-auth": "collector-secret-9f2"}},
+        "audit": {"otlp": True}})
+
+
+def _mcp_call(tool: str, ident: int) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": ident, "method": "tools/call",
+                       "params": {"name": tool, "arguments": {"query": "q"}}}).encode()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize("intercept", ["fast", "mitmproxy"])
+def test_refusal_inference_and_mcp_arrive_as_spans_logs_and_metrics(
+        receiver: OtlpReceiver, make_gateway: GatewayFactory, tmp_path: Path,
+        fake: FakeInference, upstream: Upstream, test_ca: LocalCA,
+        monkeypatch: pytest.MonkeyPatch, intercept: str, protocol: str) -> None:
+    # (`receiver` first: set up before the gateway, closed after it)
+    # (the SDK's batch delay, read when the processors are built: exports within 0.2 s)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")
+    monkeypatch.setenv("OTEL_BLRP_SCHEDULE_DELAY", "200")
+    endpoint = receiver.grpc_endpoint if protocol == "grpc" else receiver.http_endpoint
+    gw = _gateway(make_gateway, tmp_path, fake, upstream, test_ca, endpoint, protocol,
+                  intercept)
+    token = gw.mint("agent")
+    verify = ssl.create_default_context(cafile=gw.ca_cert)
+    with httpx.Client(proxy=gw.proxy_url(token), verify=verify, timeout=20) as http:
+        refused = http.post("https://api.allowed.test/x?key=abc", content=b"{}",
+                            headers={"traceparent": _tp(PARENTS["refused"])})
+        assert refused.status_code == 403
+        oai = openai.OpenAI(api_key=token, http_client=http, max_retries=0)
+        chat = oai.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "secret prompt"}],
+            extra_headers={"traceparent": _tp(PARENTS["chat"])})
+        assert chat.usage is not None and chat.usage.completion_tokens == 4
+        seen = len(upstream.requests)
+        allowed = http.post("https://allowed.test/mcp", content=_mcp_call("search_issues", 1),
+                            headers={"content-type": "application/json",
+                                     "accept": "application/json, text/event-stream",
+                                     "traceparent": _tp(PARENTS["mcp"])})
+        assert allowed.status_code == 200
+        denied = http.post("https://allowed.test/mcp", content=_mcp_call("delete_repo", 2),
+                           headers={"content-type": "application/json",
+                                    "accept": "application/json, text/event-stream"})
+        assert denied.status_code in (200, 403), denied.text
+    # The gateway adds no trace header to a request that came without one.
+    assert len(upstream.requests) == seen + 1
+    assert "traceparent" in {k.lower() for k in upstream.requests[seen].headers}
+
+    def arrived() -> bool:
+        names = {s["name"] for s in receiver.spans()}
+        return {"POST api.allowed.test", "chat gpt-4o-mini", "tools/call search_issues",
+                "tools/call delete_repo"} <= names and len(receiver.logs()) >= 4 and \
+            "gen_ai.client.token.usage" in receiver.metrics()
+    assert receiver.wait(arrived), (sorted(s["name"] for s in receiver.spans()),
+                                    len(receiver.logs()), sorted(receiver.metrics()))
+    spans = receiver.spans()
+    by_name = {s["name"]: s for s in spans}
+    engine = "mitmproxy" if intercept == "mitmproxy" else "h1"
+
+    # The refused request: its decision, rule, code; a child of the sandbox's span.
+    refusal = by_name["POST api.allowed.test"]
+    attrs = refusal["attributes"]
+    assert (refusal["trace_id"], refusal["parent_span_id"]) == (TRACE, PARENTS["refused"])
+    assert attrs["sandbox_gateway.decision"] == "deny"
+    assert attrs["error.type"] == "policy_denied", attrs
+    assert attrs["sandbox_gateway.policy"] == "agent"
+    assert attrs["sandbox_gateway.sandbox"] == "sandbox-1"
+    assert attrs["sandbox_gateway.engine"] == engine
+    assert attrs["sandbox_gateway.policy_revision"]
+    assert attrs["http.response.status_code"] == 403
+    assert attrs["url.path"] == "/x"  # (the query string never leaves)
+    assert refusal["status"] == 2  # STATUS_CODE_ERROR
+    assert refusal["resource"]["service.name"] == "sandbox-gateway"
+
+    # The inference call: GenAI conventions.
+    call = by_name["chat gpt-4o-mini"]
+    attrs = call["attributes"]
+    assert (call["trace_id"], call["parent_span_id"]) == (TRACE, PARENTS["chat"])
+    assert attrs["gen_ai.operation.name"] == "chat"
+    assert attrs["gen_ai.provider.name"] == "openai"
+    assert attrs["gen_ai.request.model"] == "gpt-4o-mini"
+    assert attrs["gen_ai.response.model"].startswith("gpt-4o-mini")
+    assert attrs["gen_ai.usage.output_tokens"] == 4
+    assert attrs["gen_ai.usage.input_tokens"] == chat.usage.prompt_tokens
+    assert attrs["sandbox_gateway.decision"] == "allow"
+    assert attrs["sandbox_gateway.path_taken"] == "intercept"
+    assert attrs["sandbox_gateway.credential"] == "openai"
+    assert call["end"] > call["start"]
+
+    # MCP tool calls: tool-execution spans, children of their exchange's span.
+    for tool, decision in (("search_issues", "allow"), ("delete_repo", "deny")):
+        tool_span = by_name[f"tools/call {tool}"]
+        assert tool_span["attributes"]["gen_ai.tool.name"] == tool
+        assert tool_span["attributes"]["gen_ai.operation.name"] == "execute_tool"
+        assert tool_span["attributes"]["mcp.method.name"] == "tools/call"
+        assert tool_span["attributes"]["sandbox_gateway.decision"] == decision
+        parent = next(s for s in spans if s["span_id"] == tool_span["parent_span_id"])
+        assert parent["name"] == "POST allowed.test"
+        assert parent["trace_id"] == tool_span["trace_id"]
+    search_parent = next(s for s in spans
+                         if s["span_id"] == by_name["tools/call search_issues"]["parent_span_id"])
+    assert (search_parent["trace_id"], search_parent["parent_span_id"]) == (
+        TRACE, PARENTS["mcp"])
+    denied_parent = next(s for s in spans
+                         if s["span_id"] == by_name["tools/call delete_repo"]["parent_span_id"])
+    assert denied_parent["trace_id"] != TRACE and denied_parent["parent_span_id"] == ""
+
+    # The audit lines as log records: the JSON line's fields, in their span's trace.
+    logs = receiver.logs()
+    records = gw.audit.records()
+    bodies = [json.loads(r["body"]) for r in logs]
+    assert len(bodies) == len(records)
+    for line in records:  # (each the very line the JSON sink wrote)
+        assert line in bodies, line
+    assert {r["event_name"] for r in logs} == {"sandbox_gateway.audit"}
+    chat_log = next(r for r, b in zip(logs, bodies, strict=True)
+                    if (b.get("usage") or {}).get("output_tokens"))
+    assert chat_log["span_id"] == call["span_id"] and chat_log["trace_id"] == TRACE
+    assert json.loads(chat_log["body"])["trace"] == _tp(PARENTS["chat"])
+    assert chat_log["attributes"]["sandbox_gateway.decision"] == "allow"
+    assert chat_log["attributes"]["gen_ai.operation.name"] == "chat"
+    refused_log = next(r for r, b in zip(logs, bodies, strict=True)
+                       if b["error"] == "policy_denied")
+    assert refused_log["attributes"]["error.type"] == "policy_denied"
+    assert refused_log["severity"] == "WARN"
+
+    # GenAI metrics.
+    metrics = receiver.metrics()
+    points = metrics["gen_ai.client.token.usage"]
+    kinds = {a["value"]["stringValue"] for p in points for a in p["attributes"]
+             if a["key"] == "gen_ai.token.type"}
+    assert kinds == {"input", "output"}
+    assert metrics["gen_ai.client.operation.duration"]
+
+    # No secret anywhere: not the provider key, not the gateway token, not the prompt,
+    # not the collector's own header value.
+    raw = bytes(receiver.raw)
+    for secret in (KEY, token, "secret prompt", "collector-secret-9f2", "key=abc"):
+        assert secret.encode() not in raw, secret
