@@ -68,6 +68,7 @@ from gateway.core.metering.usage import RESPONSE_HOLD
 from gateway.core.phrases import error_phrase
 from gateway.core.policy import Decision, Policy
 from gateway.core.policy.mcp_rule import McpRule
+from gateway.core.policy.model import records_only
 from gateway.core.ports import MeteredCall, Metering, Secrets, Signer
 from gateway.core.refusal import (
     ERROR_HEADER,
@@ -190,7 +191,8 @@ class Exchange:
         metering, policy, preset = self._metering
         rule = self.decision.rule
         assert rule is not None
-        if rule.models is not None and self.models is None:  # (replay decides them again)
+        if (rule.models is not None or policy.mode == "learn") and self.models is None:
+            # (replay decides them again; `policy learn` lists them)
             self.models = list(named_models(self.head.method, self.target.path, body))
         stage = metering_stage(metering, policy, rule, sandbox=self.identity.sandbox,
                                preset=preset, method=self.head.method,
@@ -756,7 +758,7 @@ class Exchange:
         """One message of a session refused: audited (the session goes on, its own line
         comes when it ends), answered as the provider's error event (raises
         MessageRefused). Under ``mode: report`` it is only recorded."""
-        if self._metering is not None and self._metering[1].mode == "report":
+        if self._metering is not None and records_only(self._metering[1].mode):
             self._report = refusal
             return
         self.trail.refuse(self.client, refusal, method=self.head.method,

@@ -343,7 +343,8 @@ class Gateway:
         else:
             self.admin_token, self.admin_token_created = ca.ensure_admin_token(cfg.certs)
 
-        self.reloader = PolicyReloader(cfg.policies, on_reload=self._on_reload)
+        self.reloader = PolicyReloader(cfg.policies, on_reload=self._on_reload,
+                                       learn=cfg.learn)
         try:
             self.policy_set = self.reloader.load_now()
         except PolicyError as exc:

@@ -45,10 +45,10 @@ def read_policy(nodes: Nodes, node: Node, keys: Keys) -> RawPolicy:
     if "mode" in keys:
         mode_node = keys["mode"][1]
         value = nodes.scalar(mode_node) if isinstance(mode_node, ScalarNode) else None
-        if value == "report":
-            mode = "report"
+        if value in ("report", "learn"):
+            mode = "learn" if value == "learn" else "report"
         elif value != "enforce":
-            nodes.err(mode_node, f"invalid mode {quoted(value)}; use enforce or report")
+            nodes.err(mode_node, f"invalid mode {quoted(value)}; use enforce, report or learn")
     line = nodes.line(node)
     return RawPolicy(name=name or f"<unnamed policy at {nodes.file}:{line}>", mode=mode,
                      file=nodes.file, line=line, named=name is not None)
