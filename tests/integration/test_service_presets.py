@@ -1,0 +1,189 @@
+"""Service presets with real clients: `git clone` and a refused `git push` under
+`service/github-read`, a push under `service/github-write`, `pip install` under
+`service/pypi`, `npm install` under `service/npm`, each through the real gateway to local
+servers that answer for the real names (github.com, pypi.org, files.pythonhosted.org,
+registry.npmjs.org: `network.resolve` maps them to 127.0.0.1, a local CA signs them).
+No internet: the real hosts are never reached."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes.git_server import make_repo, start_git_server
+from fakes.npm_registry import npm_pack, start_npm_registry
+from fakes.pypi_index import make_wheel
+from fakes.tls_http import Recorder, TLSServer, serve_wsgi
+from helpers.gateway import GatewayThread
+from helpers.sandbox import Sandbox
+from helpers.tls import LocalCA
+
+PKG = "sgw_preset_pkg"
+NPM_PKG = "sgw-preset-pkg"
+POLICIES = {
+    "gh-read.yaml": "version: v1\nname: gh-read\nextends: [service/github-read]\n",
+    "gh-write.yaml": "version: v1\nname: gh-write\nextends: [service/github-write]\n",
+    "pkgs.yaml": "version: v1\nname: pkgs\nextends: [service/pypi, service/npm]\n",
+}
+
+
+def _pypi_app(wheel: Path) -> Callable[..., Iterable[bytes]]:
+    """PyPI's shape: the simple page on pypi.org links the file on
+    files.pythonhosted.org, by its absolute URL (pip follows it to that host)."""
+    data = wheel.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    link = f"https://files.pythonhosted.org/packages/ab/cd/{wheel.name}#sha256={digest}"
+    page = (f'<!DOCTYPE html><html><body><a href="{link}">{wheel.name}</a></body></html>'
+            ).encode()
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        host = environ.get("HTTP_HOST", "").split(":")[0]
+        path = environ.get("PATH_INFO", "")
+        if host == "pypi.org" and path.rstrip("/") == f"/simple/{PKG.replace('_', '-')}":
+            body, kind = page, "text/html"
+        elif host == "files.pythonhosted.org" and path == f"/packages/ab/cd/{wheel.name}":
+            body, kind = data, "application/octet-stream"
+        else:
+            start_response("404 Not Found", [("Content-Length", "0")])
+            return [b""]
+        start_response("200 OK", [("Content-Type", kind), ("Content-Length", str(len(body)))])
+        return [body]
+
+    return app
+
+
+@dataclass
+class Lab:
+    gw: GatewayThread
+    root: Path
+    git: TLSServer
+    pypi: TLSServer
+    npm: TLSServer
+
+    def sandbox(self, policy: str, name: str) -> Sandbox:
+        token = self.gw.mint(policy, sandbox=name)
+        return Sandbox.from_cli(self.root / "homes" / name, token=token, proxy=self.gw.proxy,
+                                ca_bundle=self.gw.ca_cert, node_preload=Path("none"),
+                                config=self.root / "gateway.yaml")
+
+    def lines(self, sandbox: str, timeout: float = 5.0) -> list[dict[str, Any]]:
+        return self.gw.audit.wait_for(lambda r: r.get("sandbox") == sandbox, timeout)
+
+
+def _git_config(bare: Path, *args: str) -> None:
+    subprocess.run(["git", "--git-dir", str(bare), "config", *args], check=True, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    root = tmp_path_factory.mktemp("presets")
+    ca = LocalCA.create(root / "ca", name="presets upstream CA")
+    git_dir = root / "git"
+    bare = make_repo(git_dir, "octo/hello", "from-github\n")
+    _git_config(bare, "http.receivepack", "true")  # the server would take a push
+    wheel = make_wheel(root / "wheels", PKG, "1.0.0", "from-pypi")
+    npm_dir = root / "npm"
+    npm_dir.mkdir()
+    tarball = npm_pack(npm_dir, NPM_PKG, "1.0.0", "from-npm")
+    git = start_git_server(git_dir, ca, ["github.com"])
+    pypi = serve_wsgi(_pypi_app(wheel), ca.server_context(root / "wheels",
+                      ["pypi.org", "files.pythonhosted.org"]), Recorder())
+    npm = start_npm_registry(npm_dir, ca, ["registry.npmjs.org"], [tarball])
+    try:
+        (root / "policies").mkdir()
+        for name, text in POLICIES.items():
+            (root / "policies" / name).write_text(text)
+        resolve = {"github.com": f"127.0.0.1:{git.port}",
+                   "pypi.org": f"127.0.0.1:{pypi.port}",
+                   "files.pythonhosted.org": f"127.0.0.1:{pypi.port}",
+                   "registry.npmjs.org": f"127.0.0.1:{npm.port}"}
+        gw = GatewayThread(root, {"network": {"upstream_ca": str(ca.cert_path),
+                                              "resolve": resolve}})
+        try:
+            yield Lab(gw, root, git, pypi, npm)
+        finally:
+            gw.stop()
+    finally:
+        for server in (git, pypi, npm):
+            server.stop()
+
+
+def _git(box: Sandbox, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return box.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd,
+                   timeout=60)
+
+
+def _clone_and_commit(box: Sandbox) -> Path:
+    out = _git(box, "clone", "-q", "https://github.com/octo/hello.git", "clone")
+    assert out.returncode == 0, out.stdout + out.stderr
+    work = box.home / "clone"
+    assert (work / "README").read_text() == "from-github\n"
+    (work / "NEW").write_text("pushed\n")
+    assert _git(box, "add", "NEW", cwd=work).returncode == 0
+    assert _git(box, "commit", "-q", "-m", "new", cwd=work).returncode == 0
+    return work
+
+
+def test_github_read_clones_and_refuses_a_push(lab: Lab) -> None:
+    box = lab.sandbox("gh-read", "gh-read-1")
+    work = _clone_and_commit(box)
+    lines = lab.lines("gh-read-1")
+    upload = [r for r in lines if r["path"] == "/octo/hello.git/git-upload-pack"]
+    assert upload and upload[0]["decision"] == "allow", lines
+    assert upload[0]["rule"].startswith("service/github-read.yaml:"), upload
+    out = _git(box, "push", "-q", "origin", "HEAD:main", cwd=work)
+    assert out.returncode != 0, out.stdout + out.stderr
+    assert "403" in out.stderr, out.stderr
+    refused = lab.gw.audit.wait_for(
+        lambda r: r.get("sandbox") == "gh-read-1" and r.get("decision") == "deny")
+    assert [(r["method"], r["path"], r["error"]) for r in refused] == [
+        ("POST", "/octo/hello.git/git-receive-pack", "policy_denied")], refused
+    assert not [h for h in lab.git.recorder.heads if h.path.endswith("/git-receive-pack")]
+
+
+def test_github_write_pushes(lab: Lab) -> None:
+    box = lab.sandbox("gh-write", "gh-write-1")
+    work = _clone_and_commit(box)
+    out = _git(box, "push", "-q", "origin", "HEAD:pushed", cwd=work)
+    assert out.returncode == 0, out.stdout + out.stderr
+    pushed = [r for r in lab.lines("gh-write-1")
+              if r["path"] == "/octo/hello.git/git-receive-pack"]
+    assert pushed and pushed[0]["decision"] == "allow", pushed
+    assert pushed[0]["rule"].startswith("service/github-write.yaml:")
+
+
+def test_pypi_preset_pip_install(lab: Lab) -> None:
+    box = lab.sandbox("pkgs", "pip-1")
+    target = box.home / "site"
+    out = box.run([sys.executable, "-m", "pip", "install", "--no-cache-dir", "--retries", "0",
+                   "--timeout", "10", "--disable-pip-version-check", "--target", str(target),
+                   "--index-url", "https://pypi.org/simple/", PKG], timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (target / PKG / "__init__.py").read_text() == "VALUE = 'from-pypi'\n"
+    lines = lab.lines("pip-1")
+    hosts = {(r["host"], r["decision"]) for r in lines}
+    assert hosts == {("pypi.org", "allow"), ("files.pythonhosted.org", "allow")}, hosts
+    assert all(r["rule"].startswith("service/pypi.yaml:") for r in lines), lines
+
+
+def test_npm_preset_npm_install(lab: Lab) -> None:
+    box = lab.sandbox("pkgs", "npm-1")
+    project = box.home / "project"
+    project.mkdir()
+    (project / "package.json").write_text('{"name": "p", "private": true}')
+    out = box.run(["npm", "install", "--no-fund", "--no-package-lock", "--loglevel=error",
+                   "--fetch-retries=0", "--registry=https://registry.npmjs.org/", NPM_PKG],
+                  cwd=project, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = box.run(["node", "-p", f"require({NPM_PKG!r})"], cwd=project)
+    assert got.stdout.strip() == "from-npm", got.stderr
+    lines = lab.lines("npm-1")
+    assert any(r["path"].endswith(".tgz") and r["decision"] == "allow" for r in lines), lines
+    assert all(r["rule"].startswith("service/npm.yaml:") for r in lines
+               if r["decision"] == "allow"), lines
