@@ -1,4 +1,5 @@
-"""`policy`: check, explain [--resolve], test [--junit] and diff --base [--replay].
+"""`policy`: check, explain [--resolve], test [--junit], diff --base [--replay] and learn
+(policy_learn.py).
 
 The logic lives in gateway/services/policy/ (testing, diff, report, revision) and
 gateway/tools/explain.py; this module only reads arguments and files."""
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from gateway.services.metering import Metering
 
 from gateway.cli.common import config_of
+from gateway.cli.policy_learn import register_learn
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
@@ -288,6 +290,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     expl.add_argument("method", help="HTTP method, or CONNECT for the tunnel-level decision")
     expl.add_argument("url")
     expl.set_defaults(func=cmd_policy_explain)
+    register_learn(psub, common)
     test = psub.add_parser("test", parents=[common],
                            help="run the test cases in DIR/tests/*.yaml")
     test.add_argument("dir", nargs="?", help="policies directory (default: from config)")
