@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gzip
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +22,7 @@ from gateway.services.policy.loader import outside_error, resolves_outside, sour
 if TYPE_CHECKING:
     from gateway.services.metering import Metering
 
+from gateway.cli.common import audit_lines as _audit_lines
 from gateway.cli.common import config_of
 from gateway.cli.policy_learn import register_learn
 
@@ -200,17 +199,6 @@ def cmd_policy_test(args: argparse.Namespace) -> int:
     if args.junit:
         Path(args.junit).write_text(junit_xml(results, seconds), encoding="utf-8")
     return 0 if all(r.passed for r in results) else 1
-
-
-def _audit_lines(paths: list[str]) -> Iterator[bytes]:
-    """Every line of every audit file (``-`` = stdin, ``.gz`` decompressed), streamed."""
-    for name in paths:
-        if name == "-":
-            yield from sys.stdin.buffer
-            continue
-        opener = gzip.open if name.endswith(".gz") else open
-        with opener(name, "rb") as handle:
-            yield from handle
 
 
 def cmd_policy_diff(args: argparse.Namespace) -> int:

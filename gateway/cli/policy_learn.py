@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.cli.common import config_of
+from gateway.cli.common import audit_lines, config_of
 from gateway.core.policy.compiled import PolicySet
 
 __all__ = ["cmd_policy_learn", "register_learn"]
@@ -80,7 +80,6 @@ def _head(directory: Path, file: str, text: str) -> PolicySet:
 
 
 def cmd_policy_learn(args: argparse.Namespace) -> int:
-    from gateway.cli.policy import _audit_lines
     from gateway.services.approvals.proposal import commit_file
     from gateway.services.policy import PolicyError
     from gateway.services.policy.learn import learn, read_lines
@@ -88,7 +87,7 @@ def cmd_policy_learn(args: argparse.Namespace) -> int:
 
     raw: list[Any] = []
     try:
-        raw.extend(_audit_lines(args.audit))
+        raw.extend(audit_lines(args.audit))
     except OSError as exc:
         print(f"sandbox-gateway: cannot read audit lines: {exc}", file=sys.stderr)
         return 2
