@@ -223,3 +223,25 @@ def test_learn_then_enforce(lab: Lab, capsys: pytest.CaptureFixture[str]) -> Non
         403, 403, 403], got
     assert got["metadata"] != 200
     assert not [r for r in records if r["decision"] == "report"]
+
+
+def test_config_learn_puts_an_enforcing_policy_in_learn_mode(lab: Lab) -> None:
+    """`run --learn` sets `learn: true`: the policy file says enforce, the run learns."""
+    work = lab.root / "learn-flag"
+    (work / "policies").mkdir(parents=True)
+    (work / "policies" / "agent.yaml").write_text("version: v1\nname: agent\negress: []\n")
+    gw = GatewayThread(work, {"learn": True, "network": {
+        "upstream_ca": str(lab.upstream_ca), "resolve": lab.resolve}})
+    try:
+        token = gw.mint("agent", sandbox="flagged")
+        box = Sandbox.from_cli(work / "homes" / "flagged", token=token, proxy=gw.proxy,
+                               ca_bundle=gw.ca_cert, node_preload=Path("none"),
+                               config=work / "gateway.yaml")
+        script = box.run([sys.executable, "-c", CLIENT, json.dumps([("GET", "/v1/x")]), API],
+                         timeout=60, SGW_TOKEN=token)
+        got = json.loads(script.stdout)
+        lines = gw.audit.wait_for(lambda r: r.get("path") == "/v1/x")
+    finally:
+        gw.stop()
+    assert got["GET /v1/x"] == 200, got
+    assert [(r["decision"], r["path_taken"]) for r in lines] == [("report", "intercept")]
