@@ -88,7 +88,8 @@ credentials:
     client_id: {MINT_CLIENT}
     client_secret: wrong-client-secret
     hosts: [mintfail.test]
----
+"""
+LEARN_POLICY = """
 # Learn mode (issue 42): what no rule allows goes, recorded; the credential its own file
 # binds to a host is injected; what is never allowed stays refused.
 version: v1
@@ -98,8 +99,9 @@ egress:
   - host: allowed.test
     methods: [GET]
 credentials:
-  learned: {{hosts: [other.test], secret: openai-api-key, inject: {{bearer: true}}}}
+  learned: {hosts: [other.test], secret: openai-api-key, inject: {bearer: true}}
 """
+POLICIES = {"agent.yaml": POLICY, "learner.yaml": LEARN_POLICY}
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from helpers.parity import SharedDecisions, Spec, run, shared_decisions
 from helpers.parity_cases import (
     CASES,
     ENGINES,
-    POLICY,
+    POLICIES,
     SECRETS,
     Case,
     build_spec,
@@ -56,7 +56,7 @@ def engine(request: pytest.FixtureRequest, make_gateway: GatewayFactory,
     names = ["allowed.test", "other.test", "unbound.test", "api.openai.com", "minted.test",
              "mintfail.test", "budget.test", "metered.test", "sigv4.test"]  # (the upstream's
     # certificate names)
-    gw = make_gateway({"agent.yaml": POLICY}, config={
+    gw = make_gateway(dict(POLICIES), config={
         "secrets": {"store": "file", "path": str(parity_secrets)},
         "network": {"intercept": "mitmproxy" if name == "mitmproxy" else "fast",
                     "resolve": {n: f"127.0.0.1:{upstream.port}" for n in names}},
