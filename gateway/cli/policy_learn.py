@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import datetime
 import difflib
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ async def _state_lines(args: argparse.Namespace, policy: str | None) -> list[str
     cfg = config_of(args)
     store = build_state(cfg.state)
     lines: list[str] = []
+    await store.start()
     try:
         before: str | None = None
         while True:
@@ -92,7 +94,14 @@ def cmd_policy_learn(args: argparse.Namespace) -> int:
         print(f"sandbox-gateway: cannot read audit lines: {exc}", file=sys.stderr)
         return 2
     if args.from_state:
-        raw.extend(asyncio.run(_state_lines(args, args.policy)))
+        from gateway.services.state.base import StateUnavailable
+
+        try:
+            raw.extend(asyncio.run(_state_lines(args, args.policy)))
+        except (StateUnavailable, OSError, ValueError, sqlite3.Error) as exc:
+            print(f"sandbox-gateway: cannot read the state store's request log: {exc}",
+                  file=sys.stderr)
+            return 2
     records, bad = read_lines(raw)
     policies = sorted({r["policy"] for r in records if isinstance(r.get("policy"), str)})
     policy = args.policy or (policies[0] if len(policies) == 1 else None)
