@@ -1,13 +1,16 @@
 """Service presets with real clients: `git clone` and a refused `git push` under
 `service/github-read`, a push under `service/github-write`, `pip install` under
-`service/pypi`, `npm install` under `service/npm`, each through the real gateway to local
+`service/pypi`, `npm install` under `service/npm`, `cargo fetch` under
+`service/crates-io`, each through the real gateway to local
 servers that answer for the real names (github.com, pypi.org, files.pythonhosted.org,
-registry.npmjs.org: `network.resolve` maps them to 127.0.0.1, a local CA signs them).
+registry.npmjs.org, index.crates.io...: `network.resolve` maps them to 127.0.0.1, a local CA signs them).
 No internet: the real hosts are never reached."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -21,6 +24,7 @@ from fakes.npm_registry import npm_pack, start_npm_registry
 from fakes.pypi_index import make_wheel
 from fakes.tls_http import Recorder, TLSServer, serve_wsgi
 from helpers.gateway import GatewayThread
+from helpers.nginx import Nginx
 from helpers.sandbox import Sandbox
 from helpers.tls import LocalCA
 
@@ -187,3 +191,71 @@ def test_npm_preset_npm_install(lab: Lab) -> None:
     assert any(r["path"].endswith(".tgz") and r["decision"] == "allow" for r in lines), lines
     assert all(r["rule"].startswith("service/npm.yaml:") for r in lines
                if r["decision"] == "allow"), lines
+
+
+def _crates_io(www: Path, work: Path) -> None:
+    """crates.io's shape in nginx's root: the sparse index of index.crates.io (its
+    config.json sends downloads to static.crates.io) and the crate's download."""
+    from integration.test_client_matrix import CARGO, CRATE
+
+    crate = work / "gwcrate"
+    for rel, text in CRATE.items():
+        (crate / rel).parent.mkdir(parents=True, exist_ok=True)
+        (crate / rel).write_text(text)
+    out = subprocess.run([CARGO, "package", "--no-verify", "--allow-dirty", "--offline"],
+                         cwd=crate, capture_output=True, text=True, timeout=120, check=False,
+                         env={**os.environ, "CARGO_HOME": str(work / "cargo-home")})
+    assert out.returncode == 0, out.stderr
+    data = (crate / "target" / "package" / "gwcrate-0.1.0.crate").read_bytes()
+    (www / "config.json").write_text(json.dumps({"dl": "https://static.crates.io/crates",
+                                                 "api": "https://crates.io"}))
+    (www / "gw" / "cr").mkdir(parents=True)
+    (www / "gw" / "cr" / "gwcrate").write_text(json.dumps({
+        "name": "gwcrate", "vers": "0.1.0", "deps": [], "features": {}, "yanked": False,
+        "cksum": hashlib.sha256(data).hexdigest()}) + "\n")
+    (www / "crates" / "gwcrate" / "0.1.0").mkdir(parents=True)
+    (www / "crates" / "gwcrate" / "0.1.0" / "download").write_bytes(data)
+
+
+def test_crates_io_preset_cargo_fetch(tmp_path: Path) -> None:
+    """cargo's default source (crates.io, sparse) through `service/crates-io`."""
+    from integration.test_client_matrix import CARGO
+
+    if not Path(CARGO).exists():
+        pytest.skip("cargo is not installed")
+    ca = LocalCA.create(tmp_path / "ca", name="crates CA")
+    nginx = Nginx(tmp_path / "nginx", ca, ["index.crates.io", "static.crates.io"])
+    try:
+        _crates_io(nginx.dir / "www", tmp_path / "work")
+        (tmp_path / "policies").mkdir()
+        (tmp_path / "policies" / "cargo.yaml").write_text(
+            "version: v1\nname: cargo\nextends: [service/crates-io]\n")
+        gw = GatewayThread(tmp_path, {"network": {"upstream_ca": str(ca.cert_path), "resolve": {
+            "index.crates.io": f"127.0.0.1:{nginx.port}",
+            "static.crates.io": f"127.0.0.1:{nginx.port}"}}})
+        try:
+            token = gw.mint("cargo", sandbox="cargo-1")
+            box = Sandbox.from_cli(tmp_path / "home", token=token, proxy=gw.proxy,
+                                   ca_bundle=gw.ca_cert, node_preload=Path("none"),
+                                   config=tmp_path / "gateway.yaml")
+            app = box.home / "app"
+            (app / "src").mkdir(parents=True)
+            (app / "Cargo.toml").write_text(
+                '[package]\nname = "app"\nversion = "0.1.0"\nedition = "2021"\n'
+                '[dependencies]\ngwcrate = "0.1.0"\n')
+            (app / "src" / "main.rs").write_text("fn main() {}\n")
+            out = box.run([CARGO, "fetch"], cwd=app, timeout=180,
+                          CARGO_HOME=str(box.home / "cargo"),
+                          RUSTUP_HOME=os.environ.get("RUSTUP_HOME",
+                                                     str(Path.home() / ".rustup")))
+            assert out.returncode == 0, out.stdout + out.stderr
+            lines = gw.audit.wait_for(lambda r: r.get("sandbox") == "cargo-1")
+        finally:
+            gw.stop()
+    finally:
+        nginx.stop()
+    assert 'name = "gwcrate"' in (app / "Cargo.lock").read_text()
+    seen = {(r["host"], r["path"], r["decision"]) for r in lines}
+    assert ("static.crates.io", "/crates/gwcrate/0.1.0/download", "allow") in seen, seen
+    assert ("index.crates.io", "/gw/cr/gwcrate", "allow") in seen, seen
+    assert all(r["rule"].startswith("service/crates-io.yaml:") for r in lines), lines
