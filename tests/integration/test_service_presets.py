@@ -1,18 +1,20 @@
 """Service presets with real clients: `git clone` and a refused `git push` under
 `service/github-read`, a push under `service/github-write`, `pip install` under
-`service/pypi`, `npm install` under `service/npm`, `cargo fetch` under
-`service/crates-io`, each through the real gateway to local servers that answer for the
-real names (github.com, pypi.org, files.pythonhosted.org, registry.npmjs.org,
-index.crates.io...: `network.resolve` maps them to 127.0.0.1, a local CA signs them).
-No internet: the real hosts are never reached."""
+`service/pypi`, `npm install` under `service/npm`, `cargo fetch` under `service/crates-
+io`, `go mod download` under `service/go-proxy`, each through the real gateway to local
+servers that answer for the real names (github.com, pypi.org, files.pythonhosted.org,
+registry.npmjs.org, index.crates.io...: `network.resolve` maps them to 127.0.0.1, a
+local CA signs them). No internet: the real hosts are never reached."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,3 +261,56 @@ def test_crates_io_preset_cargo_fetch(tmp_path: Path) -> None:
     assert ("static.crates.io", "/crates/gwcrate/0.1.0/download", "allow") in seen, seen
     assert ("index.crates.io", "/gw/cr/gwcrate", "allow") in seen, seen
     assert all(r["rule"].startswith("service/crates-io.yaml:") for r in lines), lines
+
+
+GO_MOD = "example.com/gwmod"
+
+
+def _go_proxy(www: Path) -> None:
+    """The module proxy protocol (`$GOPROXY/<module>/@v/...`) for one module, as
+    proxy.golang.org serves it: list, .info, .mod, .zip."""
+    base = www / GO_MOD / "@v"
+    base.mkdir(parents=True)
+    mod = f"module {GO_MOD}\n\ngo 1.21\n"
+    (base / "list").write_text("v1.0.0\n")
+    (base / "v1.0.0.info").write_text('{"Version": "v1.0.0", "Time": "2026-01-01T00:00:00Z"}')
+    (base / "v1.0.0.mod").write_text(mod)
+    with zipfile.ZipFile(base / "v1.0.0.zip", "w") as zf:
+        zf.writestr(f"{GO_MOD}@v1.0.0/go.mod", mod)
+        zf.writestr(f"{GO_MOD}@v1.0.0/gwmod.go", "package gwmod\n\nconst Value = 7\n")
+
+
+def test_go_proxy_preset_go_mod_download(tmp_path: Path) -> None:
+    """`go mod download` with the default GOPROXY (proxy.golang.org) through
+    `service/go-proxy` (GOSUMDB off: the checksum database is not served here)."""
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("go is not installed")
+    ca = LocalCA.create(tmp_path / "ca", name="go CA")
+    nginx = Nginx(tmp_path / "nginx", ca, ["proxy.golang.org"])
+    try:
+        _go_proxy(nginx.dir / "www")
+        (tmp_path / "policies").mkdir()
+        (tmp_path / "policies" / "go.yaml").write_text(
+            "version: v1\nname: go\nextends: [service/go-proxy]\n")
+        gw = GatewayThread(tmp_path, {"network": {"upstream_ca": str(ca.cert_path), "resolve": {
+            "proxy.golang.org": f"127.0.0.1:{nginx.port}"}}})
+        try:
+            token = gw.mint("go", sandbox="go-1")
+            box = Sandbox.from_cli(tmp_path / "home", token=token, proxy=gw.proxy,
+                                   ca_bundle=gw.ca_cert, node_preload=Path("none"),
+                                   config=tmp_path / "gateway.yaml")
+            out = box.run([go, "mod", "download", "-json", f"{GO_MOD}@v1.0.0"], timeout=180,
+                          GOPATH=str(box.home / "go"), GOMODCACHE=str(box.home / "modcache"),
+                          GOCACHE=str(box.home / "cache"), GOSUMDB="off",
+                          GOTOOLCHAIN="local", GOFLAGS="-modcacherw")
+            assert out.returncode == 0, out.stdout + out.stderr
+            lines = gw.audit.wait_for(lambda r: r.get("sandbox") == "go-1")
+        finally:
+            gw.stop()
+    finally:
+        nginx.stop()
+    assert json.loads(out.stdout)["Version"] == "v1.0.0", out.stdout
+    seen = {(r["host"], r["path"], r["decision"]) for r in lines}
+    assert ("proxy.golang.org", f"/{GO_MOD}/@v/v1.0.0.zip", "allow") in seen, seen
+    assert all(r["rule"].startswith("service/go-proxy.yaml:") for r in lines), lines
