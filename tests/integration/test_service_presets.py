@@ -1,10 +1,11 @@
 """Service presets with real clients: `git clone` and a refused `git push` under
 `service/github-read`, a push under `service/github-write`, `pip install` under
-`service/pypi`, `npm install` under `service/npm`, `cargo fetch` under `service/crates-
-io`, `go mod download` under `service/go-proxy`, each through the real gateway to local
-servers that answer for the real names (github.com, pypi.org, files.pythonhosted.org,
-registry.npmjs.org, index.crates.io...: `network.resolve` maps them to 127.0.0.1, a
-local CA signs them). No internet: the real hosts are never reached."""
+`service/pypi`, `npm install` under `service/npm`, `cargo fetch` under
+`service/crates-io`, `go mod download` under `service/go-proxy`, each through the real
+gateway to local servers that answer for the real names (github.com, pypi.org,
+files.pythonhosted.org, registry.npmjs.org, index.crates.io...: `network.resolve` maps
+them to 127.0.0.1, a local CA signs them). No internet: the real hosts are never
+reached."""
 
 from __future__ import annotations
 
