@@ -315,3 +315,42 @@ def test_go_proxy_preset_go_mod_download(tmp_path: Path) -> None:
     seen = {(r["host"], r["path"], r["decision"]) for r in lines}
     assert ("proxy.golang.org", f"/{GO_MOD}/@v/v1.0.0.zip", "allow") in seen, seen
     assert all(r["rule"].startswith("service/go-proxy.yaml:") for r in lines), lines
+
+
+def test_gitlab_read_clones_a_nested_project_and_refuses_a_push(tmp_path: Path) -> None:
+    """GitLab's projects sit in nested groups: `/**/info/refs` and `/**/git-upload-pack`
+    let a clone through, `git-receive-pack` is refused."""
+    ca = LocalCA.create(tmp_path / "ca", name="gitlab CA")
+    bare = make_repo(tmp_path / "git", "group/sub/proj", "from-gitlab\n")
+    _git_config(bare, "http.receivepack", "true")
+    server = start_git_server(tmp_path / "git", ca, ["gitlab.com"])
+    try:
+        (tmp_path / "policies").mkdir()
+        (tmp_path / "policies" / "gl.yaml").write_text(
+            "version: v1\nname: gl\nextends: [service/gitlab-read]\n")
+        gw = GatewayThread(tmp_path, {"network": {"upstream_ca": str(ca.cert_path),
+                                                  "resolve": {"gitlab.com":
+                                                              f"127.0.0.1:{server.port}"}}})
+        try:
+            token = gw.mint("gl", sandbox="gl-1")
+            box = Sandbox.from_cli(tmp_path / "home", token=token, proxy=gw.proxy,
+                                   ca_bundle=gw.ca_cert, node_preload=Path("none"),
+                                   config=tmp_path / "gateway.yaml")
+            out = _git(box, "clone", "-q", "https://gitlab.com/group/sub/proj.git", "clone")
+            assert out.returncode == 0, out.stdout + out.stderr
+            work = box.home / "clone"
+            assert (work / "README").read_text() == "from-gitlab\n"
+            (work / "NEW").write_text("x\n")
+            assert _git(box, "add", "NEW", cwd=work).returncode == 0
+            assert _git(box, "commit", "-q", "-m", "new", cwd=work).returncode == 0
+            pushed = _git(box, "push", "-q", "origin", "HEAD:main", cwd=work)
+            refused = gw.audit.wait_for(lambda r: r.get("sandbox") == "gl-1"
+                                        and r.get("decision") == "deny")
+        finally:
+            gw.stop()
+    finally:
+        server.stop()
+    assert pushed.returncode != 0 and "403" in pushed.stderr, pushed.stderr
+    assert [(r["method"], r["path"]) for r in refused] == [
+        ("POST", "/group/sub/proj.git/git-receive-pack")], refused
+    assert not [h for h in server.recorder.heads if h.path.endswith("/git-receive-pack")]
