@@ -1,11 +1,11 @@
 """Service presets with real clients: `git clone` and a refused `git push` under
 `service/github-read`, a push under `service/github-write`, `pip install` under
 `service/pypi`, `npm install` under `service/npm`, `cargo fetch` under
-`service/crates-io`, `go mod download` under `service/go-proxy`, each through the real
-gateway to local servers that answer for the real names (github.com, pypi.org,
-files.pythonhosted.org, registry.npmjs.org, index.crates.io...: `network.resolve` maps
-them to 127.0.0.1, a local CA signs them). No internet: the real hosts are never
-reached."""
+`service/crates-io`, `go mod download` under `service/go-proxy`, Maven under
+`service/maven-central`, each through the real gateway to local servers that answer for
+the real names (github.com, pypi.org, files.pythonhosted.org, registry.npmjs.org,
+index.crates.io...: `network.resolve` maps them to 127.0.0.1, a local CA signs them). No
+internet: the real hosts are never reached."""
 
 from __future__ import annotations
 
@@ -354,3 +354,44 @@ def test_gitlab_read_clones_a_nested_project_and_refuses_a_push(tmp_path: Path) 
     assert [(r["method"], r["path"]) for r in refused] == [
         ("POST", "/group/sub/proj.git/git-receive-pack")], refused
     assert not [h for h in server.recorder.heads if h.path.endswith("/git-receive-pack")]
+
+
+def test_maven_central_preset_mvn(tmp_path: Path) -> None:
+    """Maven (its wagon transport, the JVM agent from `env` for the proxy and the trust
+    store) resolving a core extension from repo.maven.apache.org/maven2 through
+    `service/maven-central`."""
+    from integration.test_client_matrix import _maven_repository, _maven_validate
+
+    from gateway.cli import main as cli_main
+
+    if shutil.which("mvn") is None:
+        pytest.skip("mvn is not installed")
+    ca = LocalCA.create(tmp_path / "ca", name="maven CA")
+    nginx = Nginx(tmp_path / "nginx", ca, ["repo.maven.apache.org"])
+    try:
+        _maven_repository(nginx.dir / "www")
+        (nginx.dir / "www" / "maven2").symlink_to(nginx.dir / "www" / "maven")
+        (tmp_path / "policies").mkdir()
+        (tmp_path / "policies" / "mvn.yaml").write_text(
+            "version: v1\nname: mvn\nextends: [service/maven-central]\n")
+        gw = GatewayThread(tmp_path, {"network": {"upstream_ca": str(ca.cert_path), "resolve": {
+            "repo.maven.apache.org": f"127.0.0.1:{nginx.port}"}}})
+        try:
+            agent = tmp_path / "jvm-proxy-agent.jar"
+            assert cli_main(["jvm-agent", "-o", str(agent)]) == 0
+            token = gw.mint("mvn", sandbox="mvn-1")
+            box = Sandbox.from_cli(tmp_path / "home", token=token, proxy=gw.proxy,
+                                   ca_bundle=gw.ca_cert, node_preload=Path("none"),
+                                   config=tmp_path / "gateway.yaml", jvm_agent=agent)
+            out = _maven_validate(box, "https://repo.maven.apache.org/maven2")
+            lines = gw.audit.wait_for(lambda r: r.get("sandbox") == "mvn-1")
+        finally:
+            gw.stop()
+    finally:
+        nginx.stop()
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    jar = box.home / "m2" / "org" / "example" / "gw-ext" / "1.0" / "gw-ext-1.0.jar"
+    assert jar.is_file()
+    assert ("/maven2/org/example/gw-ext/1.0/gw-ext-1.0.jar", "allow") in {
+        (r["path"], r["decision"]) for r in lines}, lines
+    assert all(r["rule"].startswith("service/maven-central.yaml:") for r in lines), lines
