@@ -15,20 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from gateway.cli.common import audit_lines, config_of
-from gateway.core.policy.compiled import PolicySet
 
 __all__ = ["cmd_policy_learn", "register_learn"]
 
 _PAGE = 1000
-
-
-def _preset_sets() -> dict[str, PolicySet]:
-    """Each shipped service preset, as the set of a policy `learn-probe` extending it."""
-    from gateway.services.policy.agents import known_services
-    from gateway.services.policy.loader import load_policy_text
-
-    return {name: load_policy_text("learn-probe.yaml", "version: v1\nname: learn-probe\n"
-                                   f"extends: [{name}]\n") for name in known_services()}
 
 
 async def _state_lines(args: argparse.Namespace, policy: str | None) -> list[str]:
@@ -55,36 +45,11 @@ async def _state_lines(args: argparse.Namespace, policy: str | None) -> list[str
     return lines
 
 
-def _policy_file(directory: Path, policy: str) -> tuple[str, str | None]:
-    """The file (a name in `directory`) defining `policy`, and its text; a new
-    `<policy>.yaml` when no file does."""
-    from gateway.services.policy import PolicyError, load_policy_dir
-
-    try:
-        current = load_policy_dir(directory).get(policy)
-    except PolicyError:
-        current = None
-    if current is not None:
-        name = current.source.split("/", 1)[-1]
-        return name, (directory / name).read_text(encoding="utf-8")
-    return f"{policy}.yaml", None
-
-
-def _head(directory: Path, file: str, text: str) -> PolicySet:
-    """The policies of `directory` with `file` replaced by the learned `text`."""
-    from gateway.services.policy.loader import load_policy_texts, policy_files
-
-    texts: dict[str, str] = {}
-    if directory.is_dir():
-        texts = {p.name: p.read_text(encoding="utf-8") for p in policy_files(directory)}
-    texts[file] = text
-    return load_policy_texts(texts)
-
-
 def cmd_policy_learn(args: argparse.Namespace) -> int:
     from gateway.services.approvals.proposal import commit_file
     from gateway.services.policy import PolicyError
     from gateway.services.policy.learn import learn, read_lines
+    from gateway.services.policy.learn_io import head_set, policy_file, preset_sets
     from gateway.services.policy.learn_proof import prove
 
     raw: list[Any] = []
@@ -110,9 +75,9 @@ def cmd_policy_learn(args: argparse.Namespace) -> int:
               "; say which to learn with --policy NAME", file=sys.stderr)
         return 2
     directory = Path(args.dir) if args.dir else config_of(args).policies
-    file, original = _policy_file(directory, policy)
+    file, original = policy_file(directory, policy)
     today = datetime.datetime.now(datetime.UTC).date().isoformat()
-    learned = learn(records, policy, presets=_preset_sets(), original=original,
+    learned = learn(records, policy, presets=preset_sets(), original=original,
                     description=f"learned by sandbox-gateway policy learn on {today}")
     if args.out:
         Path(args.out).write_text(learned.text, encoding="utf-8")
@@ -125,7 +90,7 @@ def cmd_policy_learn(args: argparse.Namespace) -> int:
     status = 0
     if args.replay:
         try:
-            head = _head(directory, file, learned.text)
+            head = head_set(directory, file, learned.text)
         except PolicyError as exc:
             info += [f"the learned policy does not load: {e}" for e in exc.errors]
             print("\n".join(info), file=sys.stderr)

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.cli.policy_learn import _preset_sets
 from gateway.core.policy.compiled import PolicySet
 from gateway.services.policy import load_policy_text
 from gateway.services.policy.learn import generalise_paths, id_segment, learn
+from gateway.services.policy.learn_io import preset_sets
 from gateway.services.policy.learn_proof import prove
 
 
@@ -89,7 +89,7 @@ LINES = [
 
 
 def _learned() -> tuple[Any, PolicySet]:
-    learned = learn(LINES, "agent", presets=_preset_sets(), original=ORIGINAL)
+    learned = learn(LINES, "agent", presets=preset_sets(), original=ORIGINAL)
     head = load_policy_text("agent.yaml", learned.text)
     return learned, head
 
