@@ -504,7 +504,7 @@ class Gateway:
             metering=self.metering, pods=self.pods, approvals=self.approvals,
             request_log=self.state if self.request_log is not None else None,
             stopping=lambda: self.draining, trusted_proxies=cfg.console.trusted_proxies,
-            issued_tokens=self.issued,
+            issued_tokens=self.issued, policies_dir=cfg.policies,
         )))
         self.admin_server = _QuietServer(uvicorn.Config(
             # (no forwarded header is read by uvicorn: console.trusted_proxies decides)
