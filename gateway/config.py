@@ -328,6 +328,7 @@ class Config(Section, frozen=True, kw_only=True):
     listen: ListenConfig = ListenConfig()
     admin_token: Annotated[str | None, optional(TEXT)] = None
     policies: Annotated[Path, PATH] = Path("policies")
+    learn: Annotated[bool, BOOL] = False  # every policy in mode: learn (`run --learn`)
     certs: Annotated[Path, PATH] = Path("certs")
     runtime_dir: Annotated[Path | None, optional(PATH)] = None
     tokens: TokensConfig = TokensConfig()

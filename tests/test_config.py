@@ -101,6 +101,7 @@ listen: {proxy: "127.0.0.1:3128", transparent: ":3129", admin: "[::1]:9000", dns
          reachable_from: "the sandboxes' subnet (host firewall)"}
 admin_token: adm1n-t0ken-0123456789
 policies: pol
+learn: false
 certs: /etc/sg/certs
 runtime_dir: run
 tokens:

@@ -171,7 +171,7 @@ LONG = {
     "gateway/core/policy/matcher.py": "the compiled index and its one decision",
     "gateway/core/policy/hosts.py:_compile_wildcard": "one pattern compiler, every glob "
     "form with its error (a table of cases, each a few lines)",
-    "gateway/core/policy/matcher.py:decide_request": "the decision in the order a reader "
+    "gateway/core/policy/matcher.py:_decide_request": "the decision in the order a reader "
     "checks it: deny rules, the first allowing rule, why the others did not match",
 }
 

@@ -258,6 +258,23 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/pipeline/test_pipeline_asking.py",
         "imported: every exchange refusal from fakes; its streaming, MCP and WebSocket "
         "paths run on every engine in tests/integration/test_parity.py"),
+    "gateway/cli/policy_learn.py": (
+        "tests/cli/test_policy_learn_cli.py, tests/integration/test_learn_end_to_end.py",
+        "`policy learn` from an audit file and a real SQLite store, then end to end with "
+        "real clients"),
+    "gateway/cli/presets.py": (
+        "tests/services/policy/test_presets_update.py",
+        "`presets update` and `presets list` through the CLI against a local meta API"),
+    "gateway/services/policy/learn_io.py": (
+        "tests/services/policy/test_policy_learn.py, tests/cli/test_policy_learn_cli.py",
+        "imported: the service presets' sets and the lines read from each source"),
+    "gateway/services/policy/learn_proof.py": (
+        "tests/services/policy/test_policy_learn.py, "
+        "tests/integration/test_learn_end_to_end.py",
+        "imported: the replay proof of a learned policy, and of one a real run learned"),
+    "gateway/services/policy/services/update.py": (
+        "tests/services/policy/test_presets_update.py",
+        "imported: GitHub's meta answer checked and the hosts rewritten in the presets"),
     "gateway/pipeline/exchange_state.py": (
         "tests/pipeline/test_pipeline_gate.py, tests/integration/test_parity.py",
         "what every exchange of the gate's table carries to its one audit line"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.core.policy import PolicySet
@@ -50,6 +51,9 @@ class AdminContext:
     # The record of issued tokens (`identity/issued.py`), one per process: it holds what
     # the store could not take yet. None: one is made here (tests; no retries).
     issued_tokens: IssuedTokens | None = field(default=None)
+    # The policies directory (the console's learn page reads the policy's file; None:
+    # not known, the learned policy is shown without the file's diff)
+    policies_dir: Path | None = None
 
     @property
     def issued(self) -> IssuedTokens:

@@ -1,5 +1,5 @@
-"""`sandbox-gateway` (also `python -m gateway`): run, token, config, policy, ca, env,
-node-preload, usage, state, approvals.
+"""`sandbox-gateway` (also `python -m gateway`): run, token, config, policy, presets, ca,
+env, node-preload, usage, state, approvals.
 
 A module per command group (run, token, config, policy, ca, env, usage, state,
 approvals), each
@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from gateway import __version__
-from gateway.cli import approvals, env, policy, run, state, token, usage
+from gateway.cli import approvals, env, policy, presets, run, state, token, usage
 from gateway.cli import ca as ca_cmd
 from gateway.cli import config as config_cmd
 from gateway.config import ConfigError
@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    for group in (run, token, config_cmd, policy, ca_cmd, env, usage, state, approvals):
+    for group in (run, token, config_cmd, policy, presets, ca_cmd, env, usage, state,
+                  approvals):
         group.register(sub, common)
     return parser
 

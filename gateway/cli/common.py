@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import gzip
+import sys
+from collections.abc import Iterator
 
 from gateway.config import Config, load_config
 from gateway.core.policy import PolicySet
@@ -34,3 +37,14 @@ def signing_keys_of(cfg: Config, *, init: bool = False) -> SigningKeys:
         "a gateway creates its keys on first start: pass the --config the gateway runs "
         "with (or run where its certs directory is), or --init to create a new key here "
         "(only a gateway using this directory accepts its tokens)")
+
+
+def audit_lines(paths: list[str]) -> Iterator[bytes]:
+    """Every line of every audit file (``-`` = stdin, ``.gz`` decompressed), streamed."""
+    for name in paths:
+        if name == "-":
+            yield from sys.stdin.buffer
+            continue
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(name, "rb") as handle:
+            yield from handle

@@ -1,4 +1,5 @@
-"""`policy`: check, explain [--resolve], test [--junit] and diff --base [--replay].
+"""`policy`: check, explain [--resolve], test [--junit], diff --base [--replay] and learn
+(policy_learn.py).
 
 The logic lives in gateway/services/policy/ (testing, diff, report, revision) and
 gateway/tools/explain.py; this module only reads arguments and files."""
@@ -7,11 +8,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gzip
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +22,9 @@ from gateway.services.policy.loader import outside_error, resolves_outside, sour
 if TYPE_CHECKING:
     from gateway.services.metering import Metering
 
+from gateway.cli.common import audit_lines as _audit_lines
 from gateway.cli.common import config_of
+from gateway.cli.policy_learn import register_learn
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
@@ -200,17 +201,6 @@ def cmd_policy_test(args: argparse.Namespace) -> int:
     return 0 if all(r.passed for r in results) else 1
 
 
-def _audit_lines(paths: list[str]) -> Iterator[bytes]:
-    """Every line of every audit file (``-`` = stdin, ``.gz`` decompressed), streamed."""
-    for name in paths:
-        if name == "-":
-            yield from sys.stdin.buffer
-            continue
-        opener = gzip.open if name.endswith(".gz") else open
-        with opener(name, "rb") as handle:
-            yield from handle
-
-
 def cmd_policy_diff(args: argparse.Namespace) -> int:
     from gateway.services.policy.diff import diff_sets
     from gateway.services.policy.replay import replay
@@ -288,6 +278,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     expl.add_argument("method", help="HTTP method, or CONNECT for the tunnel-level decision")
     expl.add_argument("url")
     expl.set_defaults(func=cmd_policy_explain)
+    register_learn(psub, common)
     test = psub.add_parser("test", parents=[common],
                            help="run the test cases in DIR/tests/*.yaml")
     test.add_argument("dir", nargs="?", help="policies directory (default: from config)")

@@ -5,16 +5,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 
 from gateway import __version__
 from gateway.cli.common import config_of
-from gateway.config import Config, reach
+from gateway.config import ENV_PREFIX, Config, reach
 from gateway.net import ca
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.learn:  # (the environment reaches the workers too)
+        os.environ[ENV_PREFIX + "LEARN"] = "true"
     cfg = config_of(args)
     from gateway.observability.logs import configure
 
@@ -91,7 +94,8 @@ def _banner(gateway: object) -> None:
         f"  admin   http://{_fmt(gateway.admin_address)}   (/healthz /readyz /metrics /v1/...)",
         f"  CA      {cfg.certs / ca.CA_CERT}   (sandboxes must trust it)",
         f"  policies {cfg.policies} ({len(gateway.current_policies().policies)} loaded, "
-        "hot-reloaded)",
+        "hot-reloaded)" + (", all in mode: learn (allowed and recorded, see `policy learn`)"
+                           if cfg.learn else ""),
         f"  limits  {gateway.fd_limit} open files -> at most {gateway.gate.max_connections} "
         f"connections, {cfg.limits.connections_per_sandbox} per sandbox",
     ]
@@ -115,6 +119,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     run.add_argument("--workers", type=int, default=None, metavar="N",
                      help="worker processes sharing the ports (default: config workers; "
                           "0 = one per core)")
+    run.add_argument("--learn", action="store_true",
+                     help="every policy in mode: learn for this run: allowed, recorded for "
+                          "`policy learn` (see docs/policies.md)")
     run.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     run.add_argument("--supervisor", type=int, default=None, help=argparse.SUPPRESS)
     run.add_argument("--relay-fd", type=int, default=None, help=argparse.SUPPRESS)

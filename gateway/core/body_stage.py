@@ -7,9 +7,9 @@ allowed (pure). One function per step, and every caller calls them: the proxy's 
 - `metering_stage`: the metering step (the ``Metering`` port): model allowlists, what
   cannot be metered, budgets.
 
-Under ``mode: report`` a refusal is recorded, not enforced (`Stage.report`): the request
-goes on, and its audit line (or verdict) says ``report`` with the refusal's own reason
-and rule, as stage 1's report decisions do (`report_of`).
+Under ``mode: report`` (and ``learn``) a refusal is recorded, not enforced
+(`Stage.report`): the request goes on, and its audit line (or verdict) says ``report``
+with the refusal's own reason and rule, as stage 1's report decisions do (`report_of`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from gateway.core.metering.refusals import STEP_REFUSALS
 from gateway.core.metering.refusals import refusal as step_refusal
 from gateway.core.policy import Policy, Rule
 from gateway.core.policy.mcp_rule import McpRule
+from gateway.core.policy.model import records_only
 from gateway.core.ports import MeteredCall, Metering
 from gateway.core.refusal import Refusal
 
@@ -66,11 +67,11 @@ def mcp_stage(rule: McpRule, mode: str, method: str, body: bytes | object | None
     if why is None and isinstance(body, bytes):
         why = mcp.body_refusal(method, body)
     if why is not None:
-        return Stage(Refusal("mcp_denied", why, source, rpc=([], False)), mode == "report")
+        return Stage(Refusal("mcp_denied", why, source, rpc=([], False)), records_only(mode))
     if method != "POST" or not (body is None or isinstance(body, bytes)):
         return PASS
     found, refusal = mcp.judge(rule, body, changed, source)
-    return Stage(refusal, refusal is not None and mode == "report", tuple(found))
+    return Stage(refusal, refusal is not None and records_only(mode), tuple(found))
 
 
 def metering_stage(metering: Metering, policy: Policy, rule: Rule, *, sandbox: str,
@@ -86,7 +87,7 @@ def metering_stage(metering: Metering, policy: Policy, rule: Rule, *, sandbox: s
         return Stage(admitted=step)
     ask = (step.model if isinstance(step, ModelRefusal) and granted is None
            and askable_model(step.model) else None)
-    return Stage(step_refusal(step), policy.mode == "report", ask=ask)
+    return Stage(step_refusal(step), records_only(policy.mode), ask=ask)
 
 
 def askable_model(model: str | None) -> bool:

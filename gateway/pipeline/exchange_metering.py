@@ -16,6 +16,7 @@ from gateway.core.metering.models import named_models
 from gateway.core.metering.refusals import refusal as step_refusal
 from gateway.core.metering.usage import RESPONSE_HOLD
 from gateway.core.policy import Policy
+from gateway.core.policy.model import records_only
 from gateway.core.ports import MeteredCall, Metering
 from gateway.core.refusal import MessageRefused, Refusal, ws_error
 from gateway.core.trail import rule_of
@@ -65,7 +66,8 @@ class MeteredSteps:
         ex = self.ex
         rule = ex.decision.rule
         assert rule is not None
-        if rule.models is not None and ex.models is None:  # (replay decides them again)
+        if (rule.models is not None or self.policy.mode == "learn") and ex.models is None:
+            # (replay decides them again; `policy learn` lists them)
             ex.models = list(named_models(ex.head.method, ex.target.path, body))
         stage = metering_stage(self.metering, self.policy, rule, sandbox=ex.identity.sandbox,
                                preset=self.preset, method=ex.head.method,
@@ -129,7 +131,7 @@ class MeteredSteps:
         if step is None:
             return
         refusal = step_refusal(step)
-        if self.policy.mode == "report":
+        if records_only(self.policy.mode):
             self.ex.report = refusal
             return
         self.ex.audit_message(refusal)

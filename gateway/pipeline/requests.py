@@ -21,6 +21,7 @@ from gateway.core.local_api import INTERNAL_HOST
 from gateway.core.mcp_pins import Server, ServerPins
 from gateway.core.messages import RequestHead
 from gateway.core.policy import Credential, Request
+from gateway.core.policy.model import records_only
 from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal
 from gateway.core.trail import rule_of
 from gateway.pipeline.asking import Asking
@@ -121,7 +122,7 @@ class Requests:
                 pins = ServerPins(parts.pins, ex.identity, Server(
                     tgt.host, tgt.port, tgt.path.split("?", 1)[0]))
             ex.mcp(decision.rule.mcp, session,
-                   report=parts.policy(ex.identity).mode == "report", pins=pins)
+                   report=records_only(parts.policy(ex.identity).mode), pins=pins)
         ex.scan = parts.markers.scan_for(tgt.host, ex.client.token)
         found = ex.scan.head(head.method, path, head.headers.fields)
         if found is not None:
@@ -137,5 +138,5 @@ class Requests:
         policy = parts.policy(ex.identity)
         ex.meter(parts.metering, policy, credential.preset)
         if parts.approvals is not None and policy.ask is not None and \
-                policy.ask.models and policy.mode != "report":
+                policy.ask.models and not records_only(policy.mode):
             ex.asks = functools.partial(self.asking.ask_model, ex, policy.ask)

@@ -345,7 +345,8 @@ class Gateway:
         else:
             self.admin_token, self.admin_token_created = ca.ensure_admin_token(cfg.certs)
 
-        self.reloader = PolicyReloader(cfg.policies, on_reload=self._on_reload)
+        self.reloader = PolicyReloader(cfg.policies, on_reload=self._on_reload,
+                                       learn=cfg.learn)
         try:
             self.policy_set = self.reloader.load_now()
         except PolicyError as exc:
@@ -507,7 +508,7 @@ class Gateway:
             metering=self.metering, pods=self.pods, approvals=self.approvals,
             request_log=self.state if self.request_log is not None else None,
             stopping=lambda: self.draining, trusted_proxies=cfg.console.trusted_proxies,
-            issued_tokens=self.issued,
+            issued_tokens=self.issued, policies_dir=cfg.policies,
         )))
         self.admin_server = _QuietServer(uvicorn.Config(
             # (no forwarded header is read by uvicorn: console.trusted_proxies decides)

@@ -125,6 +125,16 @@ def audit_spill_warnings(cfg: Config) -> list[str]:
             "past audit.buffer are dropped; put it on another volume"]
 
 
+def learn_warnings(cfg: Config) -> list[str]:
+    """`learn: true` (`run --learn`): every policy allows what no rule does."""
+    if not cfg.learn:
+        return []
+    return ["learn is true: every policy is in mode: learn for this run, so the gateway "
+            "allows (and records) what no rule allows; only the destination checks, leak "
+            "markers and token checks refuse. Turn it off once `policy learn` has written "
+            "the policy"]
+
+
 def listen_warnings(cfg: Config) -> list[str]:
     """The proxy on every interface with no `listen.reachable_from`: any host that can
     route here can use it with a token and probe it without one, and nothing says what
@@ -143,4 +153,4 @@ def listen_warnings(cfg: Config) -> list[str]:
 def config_warnings(cfg: Config) -> list[str]:
     """Every warning for `cfg` (empty when nothing looks risky)."""
     return (listen_warnings(cfg) + allow_cidr_warnings(cfg.network.allow_cidrs)
-            + upstream_proxy_warnings(cfg) + audit_spill_warnings(cfg))
+            + upstream_proxy_warnings(cfg) + audit_spill_warnings(cfg) + learn_warnings(cfg))

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers.parity_cases import CASES, PAD, POLICY, Case, _fill, substitutions
+from helpers.parity_cases import CASES, PAD, POLICIES, Case, _fill, substitutions
 
 from gateway.core import mcp
 from gateway.core.addresses import AddressPolicy
@@ -60,7 +60,7 @@ TOKEN = "sgw_eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJzYW5kYm94LTEifQ.c2lnbmF0dXJl"  # (s
 
 @pytest.fixture(scope="module")
 def policy_set() -> PolicySet:
-    return load_policy_texts({"policies/agent.yaml": POLICY})
+    return load_policy_texts({f"policies/{name}": text for name, text in POLICIES.items()})
 
 
 def _request(case: Case) -> tuple[str, str, bytes]:
@@ -104,7 +104,7 @@ def _got(result: str, error: str | None) -> str | None:
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_evaluate_gives_the_proxys_verdict(policy_set: PolicySet, case: Case) -> None:
     method, url, body = _request(case)
-    policy = policy_set.policies["agent"]
+    policy = policy_set.policies[case.policy]
     verdict = evaluate(policy_set, policy, request_for(method, url), body=body,
                        metering=static_metering())
     assert _got(verdict.result, verdict.error) == _expected(case, PIPELINE), verdict.reason
@@ -126,7 +126,7 @@ def _guard() -> DestinationGuard:
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_explain_gives_the_proxys_verdict(policy_set: PolicySet, case: Case) -> None:
     method, url, body = _request(case)
-    answer = asyncio.run(explain_request(policy_set, "agent", method, url, _guard(), body))
+    answer = asyncio.run(explain_request(policy_set, case.policy, method, url, _guard(), body))
     assert _got(answer.result, answer.error) == _expected(case, PIPELINE | DESTINATION), \
         answer.reason
     assert answer.metered
@@ -139,8 +139,9 @@ def test_policy_test_gives_the_proxys_verdict(policy_set: PolicySet, case: Case)
     # (the 2 MiB pad, there for mitmproxy's own limit, is as good short: the YAML case
     # loader reads every character with its line numbers)
     text = body.decode().replace(PAD, "x" * 1024)
-    entry: dict[str, Any] = {"name": case.name, "policy": "agent", "method": method,
-                             "url": url, "expect": "deny" if code else "allow",
+    entry: dict[str, Any] = {"name": case.name, "policy": case.policy, "method": method,
+                             "url": url, "expect": "deny" if code else (
+                                 "report" if case.policy == "learner" else "allow"),
                              "body": text}
     if code:
         entry["error"] = code
@@ -150,8 +151,8 @@ def test_policy_test_gives_the_proxys_verdict(policy_set: PolicySet, case: Case)
     assert result.diff == (), (result.diff, result.reason)
 
 
-def _audit_line(policy_set: PolicySet, method: str, url: str, body: bytes
-                ) -> tuple[dict[str, Any], set[str]]:
+def _audit_line(policy_set: PolicySet, method: str, url: str, body: bytes,
+                policy: str = "agent") -> tuple[dict[str, Any], set[str]]:
     """The fields of the request's audit line that replay reads, as the proxy's exchange
     writes them (the path without its query; ``models`` where the rule has an allowlist,
     from ``named_models``; ``mcp``, the calls its MCP step read), and the refusals the
@@ -161,10 +162,10 @@ def _audit_line(policy_set: PolicySet, method: str, url: str, body: bytes
     request = request_for(method, url)
     assert request.path is not None
     line: dict[str, Any] = {
-        "sandbox": "sandbox-1", "policy": "agent", "method": request.method,
+        "sandbox": "sandbox-1", "policy": policy, "method": request.method,
         "scheme": request.scheme, "host": request.host, "port": request.port,
         "path": request.path.partition("?")[0]}
-    rule = route(policy_set.credentials, policy_set.policies["agent"], request).decision.rule
+    rule = route(policy_set.credentials, policy_set.policies[policy], request).decision.rule
     blind = set(REPLAY_BLIND)
     if rule is not None and rule.models is not None:
         line["models"] = list(named_models(method, request.path, body or None))
@@ -185,7 +186,7 @@ def test_replay_gives_the_proxys_verdict(policy_set: PolicySet, case: Case) -> N
     """Replayed from no policy to the parity policy: a request the proxy allows is
     newly allowed; one it refuses (by what an audit line shows) stays denied."""
     method, url, body = _request(case)
-    line, blind = _audit_line(policy_set, method, url, body)
+    line, blind = _audit_line(policy_set, method, url, body, case.policy)
     empty = load_policy_texts({"policies/other.yaml": "version: v1\nname: other\negress: []\n"})
     report = replay([json.dumps(line)], empty, policy_set)
     denied = _expected(case, PIPELINE - blind) is not None

@@ -242,6 +242,61 @@ def test_report_mode(policy_set: PolicySet) -> None:
     assert allowed.result == "allow"
 
 
+LEARN = """\
+version: v1
+name: learner
+mode: learn
+egress:
+  - host: api.github.com
+    methods: [GET]
+credentials:
+  mine: {hosts: [api.example.net], secret: k, inject: {bearer: true}}
+  twin: {hosts: ["*.twins.example"], secret: k, inject: {bearer: true}}
+  twin2: {hosts: ["a.twins.example"], secret: k, inject: {bearer: true}}
+---
+version: v1
+name: other
+egress: [{host: x.example}]
+credentials:
+  theirs: {hosts: [api.theirs.example], secret: k, inject: {bearer: true}}
+"""
+
+
+@pytest.mark.parametrize(("request_", "result", "inspect", "credential", "rule"), [
+    # what a rule allows is allowed as it would be
+    (req("GET", "api.github.com", "/repos/a"), "allow", False, None, "l.yaml:5"),
+    # a method the rule refuses: recorded, its closest rule named
+    (req("POST", "api.github.com", "/repos/a"), "report", False, None, "l.yaml:5"),
+    # a host no rule names: the tunnel is intercepted so its requests are seen
+    (tunnel("pypi.org"), "report", True, None, None),
+    (Request(None, "tcp", "db.example", 5432, None), "report", False, None, None),
+    # the one credential of the policy bound to the host is injected, by a stand-in rule
+    (req("POST", "api.example.net", "/v1/x"), "report", False, "mine",
+     "l.yaml (mode: learn)"),
+    # two bound: none (which one a policy needs is not guessed)
+    (req("GET", "a.twins.example", "/"), "report", False, None, None),
+    (req("GET", "b.twins.example", "/"), "report", False, "twin", "l.yaml (mode: learn)"),
+    # another policy's credential is never injected
+    (req("GET", "api.theirs.example", "/"), "report", False, None, None),
+])
+def test_learn_mode(request_: Request, result: str, inspect: bool, credential: str | None,
+                    rule: str | None) -> None:
+    policy = load_policy_text("l.yaml", LEARN).policies["learner"]
+    decision = decide(policy, request_)
+    assert (decision.result, decision.inspect, decision.credential) == (
+        result, inspect, credential)
+    assert (decision.rule.source if decision.rule else None) == rule
+    assert policy.credential_names == ["mine", "twin", "twin2"]  # a token's default scope
+
+
+def test_learning_puts_every_policy_in_learn_mode(policy_set: PolicySet) -> None:
+    from gateway.core.policy.compiled import learning
+    learned = learning(policy_set)
+    assert {p.mode for p in learned.policies.values()} == {"learn"}
+    decision = decide(learned.policies["agent"], tunnel("evil.example"))
+    assert (decision.result, decision.inspect) == ("report", True)
+
+
 def test_long_inputs_are_clipped(policy: Policy) -> None:
     host = "a" * 60 + "." + "b" * 60 + ".example.net"
     decision = decide(policy, req("GET", host, "/"))

@@ -9,7 +9,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,19 @@ credentials:
     client_secret: wrong-client-secret
     hosts: [mintfail.test]
 """
+LEARN_POLICY = """
+# Learn mode (issue 42): what no rule allows goes, recorded; the credential its own file
+# binds to a host is injected; what is never allowed stays refused.
+version: v1
+name: learner
+mode: learn
+egress:
+  - host: allowed.test
+    methods: [GET]
+credentials:
+  learned: {hosts: [other.test], secret: openai-api-key, inject: {bearer: true}}
+"""
+POLICIES = {"agent.yaml": POLICY, "learner.yaml": LEARN_POLICY}
 
 
 @dataclass(frozen=True)
@@ -115,6 +128,7 @@ class Case:
     # Audit lines the case writes: one per exchange or tunnel; two where a refusal sits
     # inside something that goes on (a tunnel's first bytes, a WebSocket message).
     lines: int = 1
+    policy: str = "agent"  # the policy the case's token names
 
 
 def primes(case: Case) -> list[Case]:
@@ -203,6 +217,12 @@ def _swapped(result: Result, seen: list[Any]) -> None:
     assert "eyJ" not in json.dumps(seen[-1].headers)  # no gateway token upstream
     assert KEY not in result.body and KEY not in json.dumps(result.headers)
     assert "[REDACTED]" in result.body
+
+
+def _learned_swapped(result: Result, seen: list[Any]) -> None:
+    """Learn mode injected the credential its policy binds to the host."""
+    assert seen and seen[-1].headers.get("authorization") == f"Bearer {KEY}"
+    assert "eyJ" not in json.dumps(seen[-1].headers)
 
 
 def _minted_swapped(result: Result, seen: list[Any]) -> None:
@@ -367,6 +387,33 @@ MCP_WIRE = [
     _mcp_ambiguous("a repeated argument", MCP_CALL.format(
         name='"search_issues", "arguments": {"q": "a", "q": "b"}')),
 ]
+
+LEARN = {"decision": "report", "rule": None, "error": None, "path_taken": "intercept"}
+LEARN_CASES = [
+    Case("learn: a host no rule names goes, intercepted and recorded",
+         {"host": "unbound.test", "target": "/v1/x"}, ("response", 200, None),
+         {**LEARN, "host": "unbound.test", "method": "GET", "path": "/v1/x", "status": 200},
+         policy="learner"),
+    Case("learn: a method its rule refuses goes, recorded",
+         {"host": "allowed.test", "method": "POST", "target": "/p"},
+         ("response", 200, None), {**{k: v for k, v in LEARN.items() if k != "rule"},
+                                  "method": "POST"}, policy="learner"),
+    Case("learn: the credential bound to the host is injected and named",
+         {"host": "other.test", "target": "/echo-header/Authorization",
+          "headers": [["Authorization", "Bearer {TOKEN}"]]}, ("response", 200, None),
+         {"decision": "report", "credential": "learned", "status": 200}, policy="learner",
+         check=_learned_swapped),
+    Case("learn: the token to a host without a credential is still refused",
+         {"host": "unbound.test", "headers": [["X-Steal", "{TOKEN}"]]},
+         ("response", 403, "exfiltration_blocked"),
+         {**DENY, "error": "exfiltration_blocked", "host": "unbound.test"}, policy="learner",
+         check=_no_upstream),
+    Case("learn: a forbidden destination is still refused",
+         {"host": "169.254.169.254"}, ("connect", 403, "forbidden_destination"),
+         {**CONNECT_DENY, "error": "forbidden_destination"}, policy="learner",
+         check=_no_upstream),
+]
+LEARN_CASES = [replace(c, transparent=("skip", None, None)) for c in LEARN_CASES]
 
 CASES = [
     Case("allow inspected", {"host": "other.test", "target": "/ok/a"},
@@ -743,6 +790,7 @@ CASES = [
          ("response", 501, "unsupported"), {**DENY, "error": "unsupported"},
          engines=("h1", "mitmproxy"), check=_no_upstream),
     *MCP_WIRE,
+    *LEARN_CASES,
 ]
 
 

@@ -303,7 +303,7 @@ def test_every_page_meets_wcag_21_aa(gw: GatewayThread, browser: WebDriver,
                                      secrets: list[str]) -> None:
     """axe-core in the browser finds no WCAG 2.1 A/AA violation on any console page: the
     sign-in page (and its error), the request log and a line, the inbox with an ask
-    waiting, grants, usage, sandboxes."""
+    waiting, grants, usage, sandboxes, a learned policy."""
     open_page(browser, f"{gw.admin}/console/login")
     pages = {"sign-in": accessibility_violations(browser)}
     call, what = _held(gw, browser, secrets, "https://allowed.test/console-a11y", "sbx-a11y")
@@ -311,7 +311,8 @@ def test_every_page_meets_wcag_21_aa(gw: GatewayThread, browser: WebDriver,
     for name, path in (("requests", "/console/requests"),
                        ("refused first", "/console/requests?view=refused"),
                        ("grants", "/console/grants"), ("usage", "/console/usage"),
-                       ("sandboxes", "/console/sandboxes")):
+                       ("sandboxes", "/console/sandboxes"),
+                       ("learn", "/console/learn?policy=agent")):
         open_page(browser, gw.admin + path)
         pages[name] = accessibility_violations(browser)
     open_page(browser, f"{gw.admin}/console/requests")

@@ -64,7 +64,7 @@ TEMPLATES = [
     "/console/sandboxes", "/console/tokens/{id}/revoke",
     "/console/sandboxes/{id}/unregister", "/console/static/{id}", "/console/{id}",
     "/v1/approvals", "/v1/approvals/{id}", "/v1/grants", "/v1/grants/{id}",
-    "/console/requests/stream",
+    "/console/requests/stream", "/console/learn",
 ]
 TRACEBACK = re.compile(r"Traceback \(most recent call last\)|File \"/|Internal Server Error")
 
@@ -84,7 +84,8 @@ OWN = {"/console/login": "POST", "/console/logout": "POST", "/console/approvals/
        "/console/grants/{id}/revoke": "POST", "/console/tokens/{id}/revoke": "POST",
        "/console/sandboxes/{id}/unregister": "POST", "/v1/approvals/{id}": "GET",
        "/v1/grants/{id}": "DELETE"}
-QUERIED = ["/console/requests", "/console/requests/stream", "/console/usage"]
+QUERIED = ["/console/requests", "/console/requests/stream", "/console/usage",
+           "/console/learn"]
 HOSTILE_IDS = ["9223372036854775808", "18446744073709551616", "-1", "0",
                "1-99999999999999999999", "%00", "..", "%2f", "%ff", "\u00e9",
                "ap_" + "f" * 16, "gr_" + "0" * 16, "[::1]", "1.2.3.4.5", "\U0001f600",

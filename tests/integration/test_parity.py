@@ -24,7 +24,7 @@ from helpers.parity import SharedDecisions, Spec, run, shared_decisions
 from helpers.parity_cases import (
     CASES,
     ENGINES,
-    POLICY,
+    POLICIES,
     SECRETS,
     Case,
     build_spec,
@@ -56,7 +56,7 @@ def engine(request: pytest.FixtureRequest, make_gateway: GatewayFactory,
     names = ["allowed.test", "other.test", "unbound.test", "api.openai.com", "minted.test",
              "mintfail.test", "budget.test", "metered.test", "sigv4.test"]  # (the upstream's
     # certificate names)
-    gw = make_gateway({"agent.yaml": POLICY}, config={
+    gw = make_gateway(dict(POLICIES), config={
         "secrets": {"store": "file", "path": str(parity_secrets)},
         "network": {"intercept": "mitmproxy" if name == "mitmproxy" else "fast",
                     "resolve": {n: f"127.0.0.1:{upstream.port}" for n in names}},
@@ -64,7 +64,7 @@ def engine(request: pytest.FixtureRequest, make_gateway: GatewayFactory,
     return name, gw
 
 
-def _token(gw: GatewayThread, kind: str) -> str:
+def _token(gw: GatewayThread, kind: str, policy: str = "agent") -> str:
     if kind == "expired":
         service = gw.gateway.tokens
         real = service.clock
@@ -73,7 +73,7 @@ def _token(gw: GatewayThread, kind: str) -> str:
             return gw.mint("agent", ttl=60)
         finally:
             service.clock = real
-    token = gw.mint("agent")
+    token = gw.mint(policy)
     if kind == "revoked":
         jti = gw.gateway.tokens.verify(token).jti
         gw.call(gw.gateway.state.revoke(jti, 1e12))
@@ -95,7 +95,7 @@ def test_case(engine: tuple[str, GatewayThread], case: Case, decisions: SharedDe
     name, gw = engine
     if name not in case.engines:
         pytest.skip(f"{case.name}: not an {name} shape")
-    token = _token(gw, case.token)
+    token = _token(gw, case.token, case.policy)
     for primer in primes(case):  # fetch or mint the value once, through a swap
         run(_proxy_spec(primer, gw, token, test_ca, name))
     before_lines = len(gw.audit.records())

@@ -156,3 +156,11 @@ def test_a_proxy_on_every_interface_is_warned_about_until_its_limits_are_stated(
                                       "interface")
         assert "listen.reachable_from" in warnings[0] and "127.0.0.1:8080" in warnings[0]
     assert reach(cfg.listen.proxy.host, cfg.listen.reachable_from) == said
+
+
+def test_learn_for_every_policy_is_a_warning() -> None:
+    from gateway.tools.config_check import learn_warnings
+
+    assert learn_warnings(load_config(None, env={})) == []
+    (warning,) = learn_warnings(load_config(None, env={"SANDBOX_GATEWAY_LEARN": "true"}))
+    assert warning.startswith("learn is true: every policy is in mode: learn")

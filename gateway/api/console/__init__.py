@@ -12,6 +12,7 @@ a page never shows a token or a key.
 - `approvals.py`: the approvals inbox and the grants in force;
 - `usage.py`: usage over time (an SVG chart, `chart.py`), totals, rows and budgets.
 - `sandboxes.py`: live tokens (revoke), registered sandboxes (unregister), policies.
+- `learn.py`: a policy learned from the request log, its replay proof and diffs.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from gateway.api.console import approvals, requests, sandboxes, usage
+from gateway.api.console import approvals, learn, requests, sandboxes, usage
 from gateway.api.console.session import COOKIE, LIFETIME
 from gateway.api.console.site import HEADERS, TEMPLATES, Site, form
 from gateway.api.context import AdminContext
@@ -102,4 +103,5 @@ def routes(ctx: AdminContext) -> list[Route]:
         *approvals.routes(site, ctx.approvals),
         *usage.routes(site, ctx.metering, ctx.policies),
         *sandboxes.routes(site, ctx.tokens, ctx.policies, ctx.issued),
+        *learn.routes(site, ctx.request_log, ctx.policies, ctx.policies_dir),
     ]

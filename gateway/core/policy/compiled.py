@@ -22,7 +22,7 @@ from gateway.core.policy.model import (
     Subject,
 )
 
-__all__ = ["Policy", "PolicySet", "compile_policy", "decide"]
+__all__ = ["Policy", "PolicySet", "compile_policy", "decide", "learning"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -56,8 +56,10 @@ class Policy:
 
     @property
     def credential_names(self) -> list[str]:
-        """Credentials this policy's rules inject (a token's default scope)."""
-        return sorted({r.credential for r in self.rules if r.credential})
+        """Credentials this policy's rules inject (a token's default scope), and under
+        ``mode: learn`` those it may inject where no rule does."""
+        return sorted({r.credential for r in self.rules if r.credential}
+                      | {c.name for c in self.matcher.learnable})
 
     @property
     def own_rules(self) -> tuple[Rule, ...]:
@@ -116,3 +118,13 @@ def decide(policy: Policy, request: Request) -> Decision:
     if request.method is None:
         return policy.matcher.decide_tunnel(request)
     return policy.matcher.decide_request(request)
+
+
+def learning(policy_set: PolicySet) -> PolicySet:
+    """``policy_set`` with every policy in ``mode: learn`` (``run --learn``)."""
+    policies = {name: compile_policy(
+        name, p.rules, mode="learn", source=p.source, extends=p.extends,
+        credentials=policy_set.credentials, budgets=p.budgets, token_ttl=p.token_ttl,
+        subjects=p.subjects, ask=p.ask) for name, p in policy_set.policies.items()}
+    return PolicySet(policies=policies, credentials=policy_set.credentials,
+                     files=policy_set.files, revision=policy_set.revision)

@@ -35,6 +35,14 @@ without ``methods``/``paths`` refuses the tunnel the same way; one with them mak
 tunnel intercepted, so its requests are seen.
 
 With ``mode: report`` a deny becomes ``report``: allowed, with the would-deny reason.
+With ``mode: learn`` (report's sibling, for writing a policy from traffic) a deny
+becomes ``report`` too, and: a tunnel is intercepted (not raw TCP), so its requests are
+seen and recorded one by one; a request gets the credential bound to its host when
+exactly one of the policy's credentials is (those its file defines or its rules name;
+``Decision.rule`` then a stand-in naming the policy's file and ``mode: learn``), so an
+agent's calls work and its audit line names the credential a rule would need. What is
+never allowed stays refused elsewhere: the destination check (metadata, private ranges)
+when connecting, leak markers and secrets in the exchange.
 """
 
 from __future__ import annotations
@@ -148,7 +156,7 @@ def _by_paths(entries: list[_Entry]) -> tuple[_Entry, ...]:
 class Matcher:
     """The compiled index of one policy's rules (build with ``compile_policy``)."""
 
-    __slots__ = ("_exact", "_wild", "mode", "name", "source")
+    __slots__ = ("_credentials", "_exact", "_wild", "mode", "name", "source")
 
     def __init__(
         self,
@@ -161,9 +169,13 @@ class Matcher:
         self.name = name
         self.mode = mode
         self.source = source
+        rules_tuple = tuple(rules)
+        named = {r.credential for r in rules_tuple if r.credential}
+        self._credentials = tuple(c for c in credentials.values()
+                                  if c.policy == name or c.name in named) if mode == "learn" else ()
         exact: dict[str, list[_Entry]] = {}
         wild: dict[str, list[tuple[HostPattern, list[_Entry]]]] = {}
-        for rule in rules:
+        for rule in rules_tuple:
             binds: tuple[HostPattern, ...] | None = None
             if rule.credential is not None:
                 cred = credentials.get(rule.credential)
@@ -194,6 +206,12 @@ class Matcher:
                 bucket.sort(key=lambda pe: pe[0].rank)  # stable: file order within a rank
             self._wild[suffix] = tuple((p, _by_paths(entries)) for p, entries in bucket)
 
+    @property
+    def learnable(self) -> tuple[Credential, ...]:
+        """``mode: learn``: the credentials it may inject where no rule does (those the
+        policy's file defines or its rules name); empty in other modes."""
+        return self._credentials
+
     def candidates(self, host: str) -> tuple[_Entry, ...] | list[_Entry]:
         """Entries whose host pattern matches ``host``, most specific first."""
         exact = self._exact.get(host, ())
@@ -223,7 +241,7 @@ class Matcher:
         return self._deny(_clip(f"refused by rule {rule.source}: {why}", 400), rule)
 
     def _deny(self, reason: str, rule: Rule | None) -> Decision:
-        if self.mode == "report":
+        if self.mode != "enforce":
             return Decision("report", reason, rule, False, None)
         return Decision("deny", reason, rule, False, None)
 
@@ -249,6 +267,25 @@ class Matcher:
 
     def decide_tunnel(self, request: Request) -> Decision:
         """Decide a tunnel (CONNECT / transparent connection) on host and port alone."""
+        decision = self._decide_tunnel(request)
+        if self.mode != "learn" or decision.result != "report" or request.scheme == "tcp":
+            return decision
+        return Decision("report", decision.reason, decision.rule, True, None)
+
+    def decide_request(self, request: Request) -> Decision:
+        """Decide one HTTP request inside an allowed tunnel (or plain HTTP)."""
+        decision = self._decide_request(request)
+        if self.mode != "learn" or decision.result != "report":
+            return decision
+        bound = [c for c in self._credentials if c.binds(request.host)]
+        if len(bound) != 1:
+            return decision
+        name = bound[0].name
+        stand_in = Rule(host=request.host, source=f"{self.source} (mode: learn)",
+                        policy=self.name, ports=(request.port,), credential=name)
+        return Decision("report", decision.reason, stand_in, False, name)
+
+    def _decide_tunnel(self, request: Request) -> Decision:
         host = request.host
         port = request.port
         tcp_only = request.scheme == "tcp"
@@ -331,8 +368,7 @@ class Matcher:
             f"(ports: {listed}); add {port} to its ports"
         )
 
-    def decide_request(self, request: Request) -> Decision:
-        """Decide one HTTP request inside an allowed tunnel (or plain HTTP)."""
+    def _decide_request(self, request: Request) -> Decision:
         host = request.host
         port = request.port
         scheme = request.scheme

@@ -33,9 +33,13 @@ __all__ = [
     "Request",
     "Rule",
     "Subject",
+    "records_only",
 ]
 
-Mode = Literal["enforce", "report"]
+Mode = Literal["enforce", "report", "learn"]
+"""``report``: a would-deny is allowed and recorded; ``learn`` (report's sibling): the
+same, and the tunnel is intercepted and a credential bound to the host is injected, so
+the audit line shows what a policy would need (see ``Matcher``). Both only record."""
 Protocol = Literal["http", "tcp"]
 Action = Literal["allow", "deny"]
 DecisionResult = Literal["allow", "deny", "report"]
@@ -43,6 +47,11 @@ BudgetScope = Literal["sandbox", "policy"]
 
 DEFAULT_HTTPS_PORT = 443
 DEFAULT_HTTP_PORT = 80
+
+
+def records_only(mode: str) -> bool:
+    """True where a refusal is recorded, not enforced (``mode: report`` and ``learn``)."""
+    return mode != "enforce"
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,13 @@ import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.core.approvals import Grant
 
-__all__ = ["Proposal", "propose", "rule_snippet", "with_rule"]
+__all__ = ["Proposal", "commit_file", "propose", "rule_snippet", "with_rule"]
 
 _GIT_TIMEOUT = 20.0
 _TOP_KEY = re.compile(r"^[A-Za-z_][\w-]*\s*:")
@@ -107,16 +108,34 @@ def _git(directory: Path, *args: str, env: dict[str, str] | None = None,
 
 def _commit(directory: Path, name: str, grant: Grant) -> str | None:
     """Commit the file `name` as HEAD has it, with the grant's rule, on a new branch off
-    HEAD, with plumbing (a private index): the checkout's own index and files stay as
-    they are (uncommitted edits included). None: not a git checkout."""
+    HEAD (`commit_file`). None: not a git checkout."""
+    def change(committed: str | None) -> str:
+        if committed is None:
+            raise ValueError(f"{name} is not in HEAD")
+        return with_rule(committed, grant)
+
+    message = (f"Allow {grant.asked.describe()} for policy {grant.policy}\n\n"
+               f"Granted always by {grant.by} in approval {grant.approval} ({grant.id})."
+               + (f"\nNote: {grant.note}" if grant.note else ""))
+    return commit_file(directory, name, change, f"sandbox-gateway/grant-{grant.id}", message)
+
+
+def commit_file(directory: Path, name: str, change: Callable[[str | None], str],
+                branch: str, message: str) -> str | None:
+    """Commit the file `name` (in `directory`) as `change` makes it from HEAD's text (None:
+    not in HEAD) on the new branch `branch` off HEAD, with plumbing (a private index): the
+    checkout's own index and files stay as they are (uncommitted edits included). None:
+    not a git checkout. Raises ValueError (git failed) or OSError."""
     inside = subprocess.run(["git", "-C", str(directory), "rev-parse", "--is-inside-work-tree"],
                             capture_output=True, text=True, timeout=_GIT_TIMEOUT, check=False)
     if inside.returncode != 0 or inside.stdout.strip() != "true":
         return None
     prefix = _git(directory, "rev-parse", "--show-prefix")
-    committed = _git(directory, "show", f"HEAD:{prefix}{name}", strip=False)
-    blob = _git(directory, "hash-object", "-w", "--stdin", stdin=with_rule(committed, grant))
-    branch = f"sandbox-gateway/grant-{grant.id}"
+    try:
+        committed: str | None = _git(directory, "show", f"HEAD:{prefix}{name}", strip=False)
+    except ValueError:
+        committed = None
+    blob = _git(directory, "hash-object", "-w", "--stdin", stdin=change(committed))
     with tempfile.TemporaryDirectory() as tmp:
         who = {"NAME": "sandbox-gateway", "EMAIL": "sandbox-gateway@localhost"}
         env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index"),
@@ -126,9 +145,6 @@ def _commit(directory: Path, name: str, grant: Grant) -> str | None:
         _git(directory, "update-index", "--add", "--cacheinfo", f"100644,{blob},{prefix}{name}",
              env=env)
         tree = _git(directory, "write-tree", env=env)
-        message = (f"Allow {grant.asked.describe()} for policy {grant.policy}\n\n"
-                   f"Granted always by {grant.by} in approval {grant.approval} ({grant.id})."
-                   + (f"\nNote: {grant.note}" if grant.note else ""))
         commit = _git(directory, "commit-tree", tree, "-p", "HEAD", "-m", message, env=env)
     _git(directory, "update-ref", f"refs/heads/{branch}", commit, "")
     return branch

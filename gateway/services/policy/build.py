@@ -12,7 +12,7 @@ from gateway.core.policy.model import (
     Credential,
     Rule,
 )
-from gateway.services.policy.agents import PREFIX, known_agents
+from gateway.services.policy.agents import PREFIX, SERVICE, known_agents, known_services
 from gateway.services.policy.problems import Problems, shown, suggest
 from gateway.services.policy.raw import CredentialDef, RawPolicy
 
@@ -106,9 +106,12 @@ def build_policy_set(read: list[RawPolicy], defined: Mapping[str, CredentialDef]
         seen = {id(r) for r in out}
         for parent, line in raw.extends:
             if parent not in known_policies:
-                shipped = known_agents()
-                hint = (f"; the shipped agent presets are {', '.join(shipped)}"
-                        if parent.startswith(PREFIX) else suggest(parent, known_policies))
+                if parent.startswith(SERVICE):
+                    hint = f"; the shipped service presets are {', '.join(known_services())}"
+                elif parent.startswith(PREFIX):
+                    hint = f"; the shipped agent presets are {', '.join(known_agents())}"
+                else:
+                    hint = suggest(parent, known_policies)
                 errors.append(
                     (raw.file, line, f'policy "{name}" extends unknown policy {shown(parent)}'
                      f"{hint}")

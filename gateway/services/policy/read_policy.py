@@ -7,7 +7,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from gateway.core.durations import parse_duration
 from gateway.core.policy.model import Mode, Subject
-from gateway.services.policy.agents import PREFIX, TELEMETRY, variant
+from gateway.services.policy.agents import PREFIX, SERVICE, TELEMETRY, variant
 from gateway.services.policy.nodes import Keys, Nodes
 from gateway.services.policy.problems import quoted, shown
 from gateway.services.policy.raw import NAME, RawPolicy
@@ -35,7 +35,7 @@ def read_policy(nodes: Nodes, node: Node, keys: Keys) -> RawPolicy:
         name_node = keys["name"][1]
         name = nodes.string(name_node, "name")
         if name is not None and not NAME.fullmatch(name) and not (
-                nodes.preset and name.startswith(PREFIX)):
+                nodes.preset and name.startswith((PREFIX, SERVICE))):
             nodes.err(name_node, f'invalid policy name {shown(name)}; use letters, digits, ".", '
                       '"_", "-"')
             name = None
@@ -45,10 +45,10 @@ def read_policy(nodes: Nodes, node: Node, keys: Keys) -> RawPolicy:
     if "mode" in keys:
         mode_node = keys["mode"][1]
         value = nodes.scalar(mode_node) if isinstance(mode_node, ScalarNode) else None
-        if value == "report":
-            mode = "report"
+        if value in ("report", "learn"):
+            mode = "learn" if value == "learn" else "report"
         elif value != "enforce":
-            nodes.err(mode_node, f"invalid mode {quoted(value)}; use enforce or report")
+            nodes.err(mode_node, f"invalid mode {quoted(value)}; use enforce, report or learn")
     line = nodes.line(node)
     return RawPolicy(name=name or f"<unnamed policy at {nodes.file}:{line}>", mode=mode,
                      file=nodes.file, line=line, named=name is not None)

@@ -28,7 +28,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.core.policy.compiled import PolicySet
+from gateway.core.policy.compiled import PolicySet, learning
 from gateway.observability.metrics import MULTIPROCESS, POLICY_INFO, POLICY_RELOADS, POLICY_RULES
 from gateway.services.policy.loader import PolicyError, load_policy_dir
 from gateway.services.policy.revision import REVISION_FILE, git_state
@@ -84,8 +84,10 @@ class PolicyReloader(Poller):
         on_reload: Callable[[PolicySet], None] | None = None,
         on_error: Callable[[list[str]], None] | None = None,
         interval: float = 1.0,
+        learn: bool = False,
     ) -> None:
         self.directory = Path(directory)
+        self.learn = learn
         self.interval = interval
         self._on_reload = on_reload
         self._on_error = on_error
@@ -98,11 +100,17 @@ class PolicyReloader(Poller):
         """The last set that loaded without error (None before the first success)."""
         return self._current
 
+    def _load(self) -> PolicySet:
+        """The directory's set; every policy in ``mode: learn`` with ``learn``
+        (``run --learn``, the config's ``learn: true``)."""
+        policy_set = load_policy_dir(self.directory)
+        return learning(policy_set) if self.learn else policy_set
+
     def load_now(self) -> PolicySet:
         """Load synchronously (startup). Raises PolicyError; callbacks are not called."""
         seen = fingerprint(self.directory)
         try:
-            policy_set = load_policy_dir(self.directory)
+            policy_set = self._load()
         except PolicyError as exc:
             self._seen = seen
             self._failed(exc.errors, notify=False)
@@ -118,7 +126,7 @@ class PolicyReloader(Poller):
             return False
         self._seen = seen
         try:
-            policy_set = await asyncio.to_thread(load_policy_dir, self.directory)
+            policy_set = await asyncio.to_thread(self._load)
         except PolicyError as exc:
             self._failed(exc.errors, notify=True)
             return False

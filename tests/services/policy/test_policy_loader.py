@@ -173,7 +173,7 @@ def test_preset_narrowed_by_rule_host_and_overridable() -> None:
         ("version: v1\n", ["a.yaml:1: missing name; add name: <policy name>"]),
         (
             "version: v1\nname: a\nmode: strict\n",
-            ["a.yaml:3: invalid mode 'strict'; use enforce or report"],
+            ["a.yaml:3: invalid mode 'strict'; use enforce, report or learn"],
         ),
         (
             "version: v1\nname: a\negres: []\n",

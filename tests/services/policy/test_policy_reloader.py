@@ -161,3 +161,18 @@ def test_deleted_directory_keeps_last_good(tmp_path: Path) -> None:
     assert asyncio.run(reloader.check()) is False
     assert reloader.current is good
     assert rec.errors and "cannot read policy directory" in rec.errors[0][0]
+
+
+def test_learn_loads_every_policy_in_learn_mode(tmp_path: Path) -> None:
+    """`run --learn` (config `learn: true`): the files as written, each policy compiled in
+    learn mode, at startup and at every reload."""
+    (tmp_path / "a.yaml").write_text("version: v1\nname: a\negress: [{host: x.example}]\n")
+    reloader = PolicyReloader(tmp_path, learn=True)
+    assert {p.mode for p in reloader.load_now().policies.values()} == {"learn"}
+    (tmp_path / "b.yaml").write_text("version: v1\nname: b\nmode: report\negress: []\n")
+    assert asyncio.run(reloader.check())
+    assert reloader.current is not None
+    assert {n: p.mode for n, p in reloader.current.policies.items()} == {
+        "a": "learn", "b": "learn"}
+    assert {p.mode for p in PolicyReloader(tmp_path).load_now().policies.values()} == {
+        "enforce", "report"}

@@ -38,7 +38,7 @@ HEADS = [
     ("name: team\n", "team", "enforce", ["1: missing version; add version: v1"]),
     ("version: v1\nmode: strict\n", None, "enforce",
      ["1: missing name; add name: <policy name>",
-      "2: invalid mode 'strict'; use enforce or report"]),
+      "2: invalid mode 'strict'; use enforce, report or learn"]),
     ("version: v1\nname: a b\n", None, "enforce",
      ['2: invalid policy name "a b"; use letters, digits, ".", "_", "-"']),
     ("version: v1\nname: agent/x\n", None, "enforce",

@@ -11,6 +11,9 @@ Rules marked ``telemetry: true`` (telemetry, experiments, update checks) follow 
 extending policy's switch: ``agent/codex`` refuses them (403 ``policy_denied`` with a
 reason, which the agents tolerate), ``{agent/codex: {telemetry: allow}}`` allows them.
 Only the presets a policy extends are loaded, once per telemetry setting.
+
+Service presets (``service/github-read``..., in ``policy/services``) load the same way,
+without options.
 """
 
 from __future__ import annotations
@@ -25,17 +28,29 @@ from gateway.services.policy.raw import RawPolicy
 if TYPE_CHECKING:
     from gateway.core.policy.compiled import PolicySet
 
-__all__ = ["PREFIX", "TELEMETRY", "add_agent_presets", "known_agents", "preset_lines", "variant"]
+__all__ = ["PREFIX", "SERVICE", "TELEMETRY", "add_agent_presets", "known_agents",
+           "known_services", "preset_lines", "variant"]
 
 PREFIX = "agent/"
+SERVICE = "service/"
+_SERVICES = "gateway.services.policy.services"
 TELEMETRY = ("deny", "allow")
 
 
-def known_agents() -> tuple[str, ...]:
-    """The shipped presets' names (``agent/codex``...), sorted."""
-    files = resources.files(__package__)
-    return tuple(sorted(PREFIX + f.name.removesuffix(".yaml") for f in files.iterdir()
+def _shipped(package: str | None, prefix: str) -> tuple[str, ...]:
+    files = resources.files(package or "")
+    return tuple(sorted(prefix + f.name.removesuffix(".yaml") for f in files.iterdir()
                         if f.name.endswith(".yaml")))
+
+
+def known_agents() -> tuple[str, ...]:
+    """The shipped agent presets' names (``agent/codex``...), sorted."""
+    return _shipped(__package__, PREFIX)
+
+
+def known_services() -> tuple[str, ...]:
+    """The shipped service presets' names (``service/pypi``...), sorted."""
+    return _shipped(_SERVICES, SERVICE)
 
 
 def variant(agent: str, telemetry: str) -> str:
@@ -54,11 +69,19 @@ def add_agent_presets(policies: list[RawPolicy],
     asked for (each preset read once with ``read(file, text)``, as the shipped file
     ``agent/<name>.yaml``)."""
     wanted: dict[str, set[str]] = {}
+    services: set[str] = set()
     for policy in policies:
         for name, _ in policy.extends:
-            if name.startswith(PREFIX):
+            if name.startswith(SERVICE):
+                services.add(name)
+            elif name.startswith(PREFIX):
                 agent, telemetry = _split(name)
                 wanted.setdefault(agent, set()).add(telemetry)
+    shipped = set(known_services())
+    for service in sorted(services & shipped):
+        text = resources.files(_SERVICES).joinpath(
+            service.removeprefix(SERVICE) + ".yaml").read_text("utf-8")
+        policies.extend(p for p in read(service + ".yaml", text) if p.name == service)
     if not wanted:
         return
     known = set(known_agents())
@@ -97,7 +120,7 @@ def preset_lines(policy_set: PolicySet) -> list[str]:
     order they are tried, with the policies that extend it."""
     lines: list[str] = []
     for name, policy in sorted(policy_set.policies.items()):
-        if not name.startswith(PREFIX):
+        if not name.startswith((PREFIX, SERVICE)):
             continue
         users = sorted(n for n, p in policy_set.policies.items() if name in p.extends)
         lines.append(f"{name} (extended by {', '.join(users) or 'no policy'}):")
