@@ -267,11 +267,13 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "`presets update` and `presets list` through the CLI against a local meta API"),
     "gateway/services/policy/learn_io.py": (
         "tests/services/policy/test_policy_learn.py, tests/cli/test_policy_learn_cli.py",
-        "imported: the service presets' sets and the lines read from each source"),
+        "the service presets' sets (imported by the first), the lines read from each "
+        "source through the CLI (the second)"),
     "gateway/services/policy/learn_proof.py": (
         "tests/services/policy/test_policy_learn.py, "
         "tests/integration/test_learn_end_to_end.py",
-        "imported: the replay proof of a learned policy, and of one a real run learned"),
+        "the replay proof of a learned policy (imported by the first), and of one a real "
+        "run learned, through the CLI (the second)"),
     "gateway/services/policy/services/update.py": (
         "tests/services/policy/test_presets_update.py",
         "imported: GitHub's meta answer checked and the hosts rewritten in the presets"),
