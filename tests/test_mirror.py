@@ -267,12 +267,12 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "`presets update` and `presets list` through the CLI against a local meta API"),
     "gateway/services/policy/learn_io.py": (
         "tests/services/policy/test_policy_learn.py, tests/cli/test_policy_learn_cli.py",
-        "the service presets' sets (imported by the first), the lines read from each "
+        "the service presets' sets (the first test, directly), the lines read from each "
         "source through the CLI (the second)"),
     "gateway/services/policy/learn_proof.py": (
         "tests/services/policy/test_policy_learn.py, "
         "tests/integration/test_learn_end_to_end.py",
-        "the replay proof of a learned policy (imported by the first), and of one a real "
+        "the replay proof of a learned policy (the first test, directly), and of one a real "
         "run learned, through the CLI (the second)"),
     "gateway/services/policy/services/update.py": (
         "tests/services/policy/test_presets_update.py",
