@@ -19,7 +19,7 @@ MAX_PATH = 512
 FIELDS = ("sandbox", "policy", "jti", "client", "listener", "method", "scheme", "host",
           "port", "path", "decision", "reason", "rule", "status", "error", "bytes_in",
           "bytes_out", "duration_ms", "path_taken", "engine", "credential", "policy_rev",
-          "usage", "workload", "mcp", "models")
+          "usage", "workload", "mcp", "models", "dlp")
 
 
 def _path_only(path: str | None) -> str | None:
@@ -34,8 +34,11 @@ def record(*, identity: Identity | None, client: tuple[str, int] | None, listene
            credential: str | None = None, policy_rev: str | None = None,
            usage: dict[str, Any] | None = None, now: float | None = None,
            mcp: list[dict[str, Any]] | None = None,
-           models: list[str] | None = None) -> dict[str, Any]:
-    """One audit line (a dict with exactly FIELDS, in that order)."""
+           models: list[str] | None = None,
+           dlp: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One audit line (a dict with exactly FIELDS, in that order). ``dlp``: the
+    credentials outbound detection found (`core/dlp/verdict.records`: detector, where,
+    salted fingerprint, action), never their values; null where none was found."""
     end = time.time() if now is None else now
     return {
         "sandbox": identity.sandbox if identity else None,
@@ -64,4 +67,5 @@ def record(*, identity: Identity | None, client: tuple[str, int] | None, listene
         "workload": identity.workload.fields() if identity and identity.workload else None,
         "mcp": mcp,
         "models": models,
+        "dlp": dlp,
     }

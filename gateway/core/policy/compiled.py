@@ -89,6 +89,14 @@ class PolicySet:
         return self.policies.get(name)
 
     @property
+    def uses_dlp(self) -> bool:
+        """True if any policy or rule has a `dlp:` section that turns detection on (the
+        detectors are built at start then)."""
+        return any((p.dlp is not None and p.dlp.enabled)
+                   or any(r.dlp is not None and r.dlp.enabled for r in p.rules)
+                   for p in self.policies.values())
+
+    @property
     def rule_count(self) -> int:
         """Rules as written in the files (inherited copies not counted twice)."""
         return sum(len(p.own_rules) for p in self.policies.values())

@@ -13,9 +13,9 @@ import re
 
 from yaml.nodes import Node, ScalarNode, SequenceNode
 
+from gateway.core.dlp.policy import Dlp
 from gateway.core.policy.ask_rule import Ask
 from gateway.core.policy.hosts import HostPatternError, compile_host_pattern
-from gateway.core.dlp.policy import Dlp
 from gateway.core.policy.mcp_rule import McpRule
 from gateway.core.policy.methods import check_method
 from gateway.core.policy.model import Action, MeteringRule, Protocol, Rule
