@@ -48,7 +48,8 @@ HEADS = [
      ["3: description must be a non-empty string"]),
     ("version: v1\nname: team\negres: []\n", "team", "enforce",
      ['3: unknown key "egres" in a policy (did you mean "egress"?); known keys: version, '
-      "name, description, mode, extends, egress, credentials, budgets, tokens, subjects, ask, dlp"]),
+      "name, description, mode, extends, egress, credentials, budgets, tokens, subjects, "
+      "ask, dlp"]),
     ("version: v1\nname: a\nname: b\n", "a", "enforce",
      ['3: duplicate key "name" (first at line 2)']),
 ]
