@@ -145,3 +145,20 @@ def test_without_dlp_the_detectors_are_not_built(make_gateway: GatewayFactory) -
     token = gw.mint("agent")
     assert _send(gw, token, "/", headers=[("X-Deploy", GH)]).status == 200
     assert not gw.gateway.detectors.built
+
+
+def test_a_body_that_cannot_be_read_is_refused(make_gateway: GatewayFactory,
+                                               upstream: Upstream) -> None:
+    """Fail closed: a gzip body that decodes past the hold limit (a small bomb) is
+    refused where dlp: applies, and goes on where it does not."""
+    gw = make_gateway({"agent.yaml": POLICY})
+    token = gw.mint("agent")
+    bomb = gzip.compress(b"\0" * (2 << 20))
+    headers = [("Content-Type", "application/octet-stream"), ("Content-Encoding", "gzip")]
+    before, seen = len(gw.audit.records()), len(upstream.requests)
+    result = _send(gw, token, "/x", bomb, headers)
+    assert (result.status, result.code) == (403, "secret_detected"), result
+    assert "cannot be checked for credentials" in result.body
+    assert _line(gw, before)["error"] == "secret_detected"
+    assert len(upstream.requests) == seen
+    assert _send(gw, token, "/off/x", bomb, headers).status == 200
