@@ -25,7 +25,7 @@ from pathlib import Path
 from gateway.core.dlp.catalogue import DETECTORS
 from gateway.core.dlp.scanner import Scanner
 
-__all__ = ["SALT_BYTES", "SALT_FILE", "LazyDetectors", "ensure_salt"]
+__all__ = ["SALT_BYTES", "SALT_FILE", "LazyDetectors", "ensure_salt", "for_tools"]
 
 SALT_FILE = "dlp-salt"
 SALT_BYTES = 32
@@ -79,3 +79,16 @@ class LazyDetectors:
 
     def build(self) -> None:
         self.scanner()
+
+
+_TOOLS: list[LazyDetectors] = []
+
+
+def for_tools() -> LazyDetectors:
+    """The detectors of the tools that decide without traffic (`policy explain`, `policy
+    test`, the admin API's and the console's explain): one per process, built on first
+    use, under a random salt (their verdicts show no fingerprint)."""
+    if not _TOOLS:
+        from gateway.core.metering import MODEL_BODY_LIMIT
+        _TOOLS.append(LazyDetectors(secrets.token_bytes(SALT_BYTES), MODEL_BODY_LIMIT))
+    return _TOOLS[0]
