@@ -298,6 +298,13 @@ class ApprovalsConfig(Section, frozen=True, kw_only=True):
     proposals: Annotated[Path, PATH] = Path("proposals")
 
 
+class DlpConfig(Section, frozen=True, kw_only=True):
+    """Outbound credential detection (policies' `dlp:`): the file holding the salt of
+    the fingerprints audit lines carry (created on first start; see docs/dlp.md)."""
+
+    salt_file: Annotated[Path | None, optional(PATH)] = None  # default: <certs>/dlp-salt
+
+
 class ConsoleConfig(Section, frozen=True, kw_only=True):
     """The console (`/console` on the admin listener): how much of the newest audit lines
     its request log keeps — `retain` lines (which also bound its size at 1 KiB a line:
@@ -347,6 +354,7 @@ class Config(Section, frozen=True, kw_only=True):
     identity: IdentityConfig = IdentityConfig()
     approvals: ApprovalsConfig = ApprovalsConfig()
     console: ConsoleConfig = ConsoleConfig()
+    dlp: DlpConfig = DlpConfig()
     workers: Annotated[int, COUNT] = 0  # 0 = one worker process per core
     log_level: Annotated[str, LEVEL] = "info"
     source: str = "<defaults>"

@@ -154,6 +154,7 @@ approvals:
   retention: 2d
   proposals: props
 console: {retain: 5000, trusted_proxies: [10.1.0.0/16, "fd00::7"]}
+dlp: {salt_file: dlp-salt}
 workers: 4
 log_level: debug
 """
@@ -230,6 +231,7 @@ def test_full_file(tmp_path: Path) -> None:
     assert cfg.console.retain == 5000 and cfg.console.retain_bytes == 0
     assert cfg.limits.memory == 768 * 1024 * 1024 and cfg.limits.memory_percent == 0
     assert cfg.console.trusted_proxies == ("10.1.0.0/16", "fd00::7")
+    assert cfg.dlp.salt_file == base / "dlp-salt"
     assert cfg.workers == 4
     assert cfg.log_level == "debug"
     assert cfg.source == str(path)

@@ -20,7 +20,7 @@ MAX_PATH = 512
 FIELDS = ("sandbox", "policy", "jti", "client", "listener", "method", "scheme", "host",
           "port", "path", "decision", "reason", "rule", "status", "error", "bytes_in",
           "bytes_out", "duration_ms", "path_taken", "engine", "credential", "policy_rev",
-          "usage", "workload", "mcp", "models", "trace")
+          "usage", "workload", "mcp", "models", "trace", "dlp")
 # W3C Trace Context, version 00 (or a later version read as 00): trace id, parent id, flags;
 # all-zero ids are invalid.
 _TRACEPARENT = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})([0-9a-f]{32})-(?!0{16})([0-9a-f]{16})"
@@ -51,8 +51,11 @@ def record(*, identity: Identity | None, client: tuple[str, int] | None, listene
            credential: str | None = None, policy_rev: str | None = None,
            usage: dict[str, Any] | None = None, now: float | None = None,
            mcp: list[dict[str, Any]] | None = None,
-           models: list[str] | None = None, trace: str | None = None) -> dict[str, Any]:
-    """One audit line (a dict with exactly FIELDS, in that order)."""
+           models: list[str] | None = None, trace: str | None = None,
+           dlp: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One audit line (a dict with exactly FIELDS, in that order). ``dlp``: the
+    credentials outbound detection found (`core/dlp/verdict.records`: detector, where,
+    salted fingerprint, action), never their values; null where none was found."""
     end = time.time() if now is None else now
     return {
         "sandbox": identity.sandbox if identity else None,
@@ -82,4 +85,5 @@ def record(*, identity: Identity | None, client: tuple[str, int] | None, listene
         "mcp": mcp,
         "models": models,
         "trace": trace,
+        "dlp": dlp,
     }

@@ -5,7 +5,11 @@ allowed (pure). One function per step, and every caller calls them: the proxy's 
 
 - `mcp_stage`: an ``mcp:`` rule's method and JSON-RPC calls (`core/mcp.py`);
 - `metering_stage`: the metering step (the ``Metering`` port): model allowlists, what
-  cannot be metered, budgets.
+  cannot be metered, budgets;
+- `dlp_stage`: outbound credential detection on a rule where ``dlp:`` applies (the
+  ``Detectors`` port), on the request line and a body held whole, for callers without
+  traffic (the proxy's exchange runs the same scan and verdict on every part as it
+  arrives, headers and streamed bodies too: `pipeline/exchange_dlp.py`).
 
 Under ``mode: report`` (and ``learn``) a refusal is recorded, not enforced
 (`Stage.report`): the request goes on, and its audit line (or verdict) says ``report``
@@ -18,6 +22,9 @@ from collections.abc import Container
 from dataclasses import dataclass, replace
 
 from gateway.core import mcp
+from gateway.core.dlp.catalogue import DEFAULT
+from gateway.core.dlp.policy import resolve
+from gateway.core.dlp.verdict import counted, records, refusal, unreadable
 from gateway.core.mcp import Call
 from gateway.core.metering.models import ModelRefusal
 from gateway.core.metering.refusals import STEP_REFUSALS
@@ -25,10 +32,10 @@ from gateway.core.metering.refusals import refusal as step_refusal
 from gateway.core.policy import Policy, Rule
 from gateway.core.policy.mcp_rule import McpRule
 from gateway.core.policy.model import records_only
-from gateway.core.ports import MeteredCall, Metering
+from gateway.core.ports import Detectors, MeteredCall, Metering
 from gateway.core.refusal import Refusal
 
-__all__ = ["NO_CALLS", "Stage", "askable_model", "mcp_stage", "metering_stage"]
+__all__ = ["NO_CALLS", "Stage", "askable_model", "dlp_stage", "mcp_stage", "metering_stage"]
 
 NO_CALLS = ({"method": None, "name": None, "decision": "deny"},)
 """The audit line's ``mcp`` for a body refused before any call was read."""
@@ -88,6 +95,28 @@ def metering_stage(metering: Metering, policy: Policy, rule: Rule, *, sandbox: s
     ask = (step.model if isinstance(step, ModelRefusal) and granted is None
            and askable_model(step.model) else None)
     return Stage(step_refusal(step), records_only(policy.mode), ask=ask)
+
+
+def dlp_stage(detectors: Detectors, policy: Policy, rule: Rule, *, host: str, method: str,
+              target: str, body: bytes | object | None) -> Stage:
+    """Outbound credential detection on a request without its headers: the request
+    line, and ``body`` if it is bytes (held whole, as sent: content-coded bodies are
+    given decoded by these callers). ``refuse`` refuses (``report`` under ``mode:
+    report``); ``redact`` and ``report`` pass, as the proxy forwards them."""
+    dlp = resolve(policy.dlp, rule.dlp)
+    if dlp is None or rule.protocol != "http":
+        return PASS
+    scanner = detectors.scanner().only(dlp.detectors or DEFAULT)
+    result = scanner.scan_request(method, target, [],
+                                  body if isinstance(body, bytes) else b"")
+    if result.unreadable is not None:
+        return Stage(unreadable(result.unreadable, host, rule.source),
+                     policy.mode == "report")
+    found = counted(dlp, result.findings, host)
+    if not found or dlp.effective_action != "refuse":
+        return PASS
+    return Stage(refusal(found, host, rule.source, records(found, "refuse")),
+                 policy.mode == "report")
 
 
 def askable_model(model: str | None) -> bool:

@@ -14,7 +14,9 @@ Every caller that decides a request runs these stages, in this order, and no cop
    never resolved)
 3. ``meter`` — the body stage (``core/body_stage.py``, the same functions the proxy's
    exchange calls as the head and body arrive): an ``mcp:`` rule's method and
-   JSON-RPC calls, then the metering step (the ``Metering`` port of ``core/ports.py``;
+   JSON-RPC calls, with ``detectors`` outbound credential detection (``dlp:``, the
+   ``Detectors`` port: the request line and a body held whole; the proxy also reads
+   headers and streamed bodies), then the metering step (the ``Metering`` port;
    callers without traffic give ``services/metering``'s ``static_metering``, over
    counters that stay empty, the proxy its live one): model allowlists, what cannot be
    metered on a rule that must be, a provider-minted secret, a call too large for a
@@ -34,10 +36,10 @@ from typing import Final
 
 from gateway.core import credentials
 from gateway.core.approvals import Grant
-from gateway.core.body_stage import Stage, mcp_stage, metering_stage
+from gateway.core.body_stage import Stage, dlp_stage, mcp_stage, metering_stage
 from gateway.core.policy import Credential, Decision, Policy, PolicySet, Request, Rule, decide
 from gateway.core.policy.ask_rule import Ask
-from gateway.core.ports import Metering
+from gateway.core.ports import Detectors, Metering
 from gateway.core.refusal import Refusal
 from gateway.core.target import url_target
 
@@ -172,7 +174,8 @@ def request_for(method: str, url: str) -> Request:
 
 def meter(routed: Routed, policy: Policy, request: Request,
           body: bytes | Unseen | None = UNSEEN, metering: Metering | None = None, *,
-          sandbox: str = "policy-test", now: float = 0.0) -> Verdict:
+          sandbox: str = "policy-test", now: float = 0.0,
+          detectors: Detectors | None = None) -> Verdict:
     """Stage 3 on what stage 1 allowed: ``body`` as a sandbox sends it (None: not held,
     as the proxy sees a streamed or oversized body; UNSEEN: a caller that knows no body,
     so a credential call's verdict says ``metered`` False, as it does without a
@@ -184,6 +187,11 @@ def meter(routed: Routed, policy: Policy, request: Request,
     source = _source(decision)
     if rule is not None and rule.mcp is not None and request.method is not None:
         stage = mcp_stage(rule.mcp, policy.mode, request.method, body, frozenset(), source)
+        if stage.refusal is not None:
+            return _stage_verdict(stage, stage.refusal, decision)
+    if detectors is not None and rule is not None and request.method is not None:
+        stage = dlp_stage(detectors, policy, rule, host=request.host, method=request.method,
+                          target=request.path or "/", body=body)
         if stage.refusal is not None:
             return _stage_verdict(stage, stage.refusal, decision)
     if routed.credential is None or rule is None or request.method is None:
@@ -209,11 +217,12 @@ def _stage_verdict(stage: Stage, refusal: Refusal, decision: Decision) -> Verdic
 
 def evaluate(policy_set: PolicySet, policy: Policy, request: Request, *,
              body: bytes | Unseen | None = UNSEEN, metering: Metering | None = None,
-             sandbox: str = "policy-test", now: float = 0.0) -> Verdict:
+             sandbox: str = "policy-test", now: float = 0.0,
+             detectors: Detectors | None = None) -> Verdict:
     """The gateway's answer to ``request`` from stages 1 and 3 (see `meter` for
-    ``body``)."""
+    ``body``; ``detectors``: outbound credential detection, where ``dlp:`` applies)."""
     return meter(route(policy_set.credentials, policy, request), policy, request, body,
-                 metering, sandbox=sandbox, now=now)
+                 metering, sandbox=sandbox, now=now, detectors=detectors)
 
 
 def name_allowed(policy: Policy, host: str, grants: Grants | None = None

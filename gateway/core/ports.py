@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from gateway.core.addresses import Pinned
 from gateway.core.approvals import Approval, Asked, Grant
+from gateway.core.dlp.scanner import Scanner
 from gateway.core.ephemeral import EphemeralKey
 from gateway.core.identity import Identity, SandboxAddress, Workload
 from gateway.core.messages import RequestHead
@@ -24,6 +25,7 @@ __all__ = [
     "Approvals",
     "AuditHealth",
     "Capacity",
+    "Detectors",
     "Guard",
     "MeteredCall",
     "MeteredUse",
@@ -157,6 +159,16 @@ class Guard(Protocol):
     """The destination check: resolve, classify, choose the address (raises Refusal)."""
 
     async def check(self, host: str, port: int) -> Pinned: ...
+
+
+class Detectors(Protocol):
+    """Outbound credential detection's detectors (`services/dlp`), built once per
+    process and keyed with the deployment's fingerprint salt: `scanner()` holds every
+    detector of `core/dlp/catalogue.py`; a rule's selection is `scanner().only(...)`.
+    Built on first use (detect-secrets is slow to import) or at start when a policy
+    has `dlp:`; raises if the detectors cannot be built (the caller fails closed)."""
+
+    def scanner(self) -> Scanner: ...
 
 
 class Secrets(Protocol):

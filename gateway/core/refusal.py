@@ -80,6 +80,7 @@ _CODES: dict[str, tuple[int, str]] = {
     "credential_required": (401, "http_request_denied"),
     "credential_requires_tls": (403, "http_request_denied"),
     "exfiltration_blocked": (403, "http_request_denied"),
+    "secret_detected": (403, "http_request_denied"),
     "model_not_allowed": (403, "http_request_denied"),
     "mcp_denied": (403, "http_request_denied"),
     "mcp_tool_changed": (403, "http_request_denied"),

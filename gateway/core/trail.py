@@ -14,6 +14,7 @@ from typing import Any
 from gateway.core import credentials
 from gateway.core.audit import record, traceparent
 from gateway.core.client import Client
+from gateway.core.dlp.verdict import SecretDetected
 from gateway.core.identity import Identity
 from gateway.core.policy import Decision, PolicySet
 from gateway.core.ports import SILENT, Telemetry
@@ -54,7 +55,8 @@ class Trail:
               credential: str | None = None, identity: Identity | None = None,
               usage: dict[str, Any] | None = None,
               mcp: list[dict[str, Any]] | None = None,
-              models: list[str] | None = None, trace: str | None = None) -> None:
+              models: list[str] | None = None, trace: str | None = None,
+              dlp: list[dict[str, Any]] | None = None) -> None:
         """Write one audit line (every engine's lines go through here). A line of a
         connection the gate ended (`sweep`) names why instead of how it broke; `trace`:
         the request's `traceparent` header (checked here: core/audit.traceparent)."""
@@ -71,24 +73,27 @@ class Trail:
             started=now if started is None else started, path_taken=path_taken,
             engine=client.engine, credential=credential, usage=usage,
             policy_rev=self._policies().revision, now=now, mcp=mcp, models=models,
-            trace=traceparent(trace)))
+            trace=traceparent(trace), dlp=dlp or None))
 
     def refuse(self, client: Client, refusal: Refusal, *, method: str | None = None,
                scheme: str | None = None, host: str | None = None, port: int | None = None,
                path: str | None = None, started: float | None = None,
                close: bool = False, usage: dict[str, Any] | None = None,
                plain: bool = False, mcp: list[dict[str, Any]] | None = None,
-               models: list[str] | None = None, trace: str | None = None) -> Answer:
+               models: list[str] | None = None, trace: str | None = None,
+               dlp: list[dict[str, Any]] | None = None) -> Answer:
         """Audit a refusal and render it (in the provider's shape on a preset's host,
         for a request; as text with `plain`); ``usage``: what a metered exchange refused
         part-way had used."""
         answered = self.render(refusal, host if method is not None else None, close=close,
                                plain=plain)  # (its status: a provider's shape may differ)
+        if dlp is None and isinstance(refusal, SecretDetected):
+            dlp = refusal.found
         self.audit(client, decision="deny", reason=refusal.reason, rule=refusal.rule,
                    method=method, scheme=scheme, host=host, port=port, path=path,
                    status=answered.status, error=refusal.code, started=started,
                    credential=refusal.credential, usage=usage, identity=refusal.identity,
-                   mcp=mcp, models=models, trace=trace)
+                   mcp=mcp, models=models, trace=trace, dlp=dlp)
         if refusal.code.startswith("token_") or refusal.code in _TOKEN_CODES:
             self.telemetry.count("tokens_refused", refusal.code)
         return answered

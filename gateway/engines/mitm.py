@@ -526,13 +526,15 @@ class _RequestStream:
         self.proxyserver = proxyserver
         self.started = False  # a chunk (or the end) went through
 
-    def __call__(self, chunk: bytes) -> bytes:
+    def __call__(self, chunk: bytes) -> bytes | list[bytes]:
         if self.flow.metadata.get(ANSWERED):
             return b""
         self.started = True
         try:
-            if chunk:
-                return self.ex.request_data(chunk)
+            if chunk:  # (nothing to send yet: no chunk at all; mitmproxy would write an
+                # empty one, which ends a chunked body upstream: "0\r\n\r\n")
+                out = self.ex.request_data(chunk)
+                return [out] if out else []
             trailers = self.flow.request.trailers
             tail = self.ex.request_end(list(trailers.fields) if trailers else None)
             _forwardable_trailers(self.flow)

@@ -238,21 +238,29 @@ class Exchange(ExchangeState):
                                 rule=replace(rule, source=source, ask=None))
 
     def _whole_checked(self, body: bytes, trailers: list[tuple[bytes, bytes]] | None
-                       ) -> tuple[bytes | None, bool, bytes | None]:
-        """The leak and MCP checks of a whole body: (it decoded, whether it was encoded,
-        the body an MCP relay sends instead)."""
+                       ) -> tuple[bytes | None, bool, bytes | None, bool]:
+        """The leak, credential detection and MCP checks of a whole body: (it decoded,
+        redacted if dlp: says so; whether it was encoded; the body an MCP relay sends
+        instead; whether it was redacted)."""
         if body:
             self._no_unread_body(body)
         plain, encoded = self._request.whole(body, trailers, self.hold_limit)
+        redacted = None
+        if self.dlp is not None:
+            redacted = self.dlp.whole(plain, self.head.headers.get("content-type"))
+            plain = redacted if redacted is not None else plain
         relayed = self._mcp.check(plain) if self._mcp is not None and self._mcp.reads \
             else None
-        return plain, encoded, relayed
+        return plain, encoded, relayed, redacted is not None
 
     def _whole_out(self, body: bytes, plain: bytes | None, encoded: bool,
-                   relayed: bytes | None, granted: str | None = None) -> bytes:
+                   relayed: bytes | None, redacted: bool = False,
+                   granted: str | None = None) -> bytes:
         """The metering step and the signature over a checked whole body: what goes."""
         whole = body
         replaced = self._admit(plain, granted) if relayed is None else relayed
+        if replaced is None and redacted:
+            replaced = plain
         if replaced is not None:  # in the coding the head names (it may be on its way)
             whole = encode(self.head.headers.get("content-encoding"),
                            replaced) if encoded else replaced
@@ -297,6 +305,8 @@ class Exchange(ExchangeState):
             if found is not None:
                 self.trail.telemetry.count("exfiltration_blocked", "websocket")
                 raise self.leak(found)
+            if self.dlp is not None:  # (after the leak scan: the gateway's own first)
+                data = self.dlp.message(data)
             if self._mcp is not None:
                 data = self._mcp.sent(data)
             if self._metering is not None:  # (a model outside the allowlist, a budget)
@@ -344,7 +354,8 @@ class Exchange(ExchangeState):
                               port=self.target.port, path=self.target.path,
                               started=self.started, usage=self._complete(),
                               mcp=self.mcp_calls, models=self.models,
-                              trace=self.trace)
+                              trace=self.trace,
+                              dlp=self.dlp.found if self.dlp is not None else None)
         return self.trail.render(refusal, self.target.host)
 
     def finish(self, status: int | None, error: str | None = None,
@@ -370,7 +381,8 @@ class Exchange(ExchangeState):
             error=relayed.code if relayed and error is None else error,
             bytes_in=self.bytes_in, bytes_out=self.bytes_out, started=self.started,
             path_taken="intercept", credential=self.credential, usage=usage,
-            mcp=self.mcp_calls, models=self.models, trace=self.trace)
+            mcp=self.mcp_calls, models=self.models, trace=self.trace,
+            dlp=self.dlp.found if self.dlp is not None else None)
 
     def _complete(self) -> dict[str, Any] | None:
         """The metering step at the end (`finish` or `abort`, whichever comes first and

@@ -1,7 +1,10 @@
 """The request body of an exchange, scanned for keys and tokens as it goes: streamed, the
 tail of each chunk that could start a marker held back until the next shows it clean; a
 compressed body decoded for the scan (and forwarded as sent, once whole, up to
-`ENCODED_LIMIT`); a whole body decoded once, for the body stage to read."""
+`ENCODED_LIMIT`); a whole body decoded once, for the body stage to read. A streamed body
+also goes through outbound credential detection (`exchange_dlp.DlpCheck`, a rule with
+`dlp:`), which holds back what it has not decided yet; a whole one is detected by the
+exchange, once decoded."""
 
 from __future__ import annotations
 
@@ -42,10 +45,13 @@ class RequestSide:
                 self._encoded = []
         return self._scan
 
-    def _check(self, scanner: StreamScan, data: bytes) -> None:
+    def _check(self, scanner: StreamScan, data: bytes, streamed: bool = True) -> None:
+        """The leak scan, then (a body streamed) outbound credential detection."""
         found = scanner.feed(data)
         if found is not None:
             raise self.ex.leak(found)
+        if streamed and self.ex.dlp is not None:
+            self.ex.dlp.feed(data)
 
     def _trailers(self, trailers: list[tuple[bytes, bytes]] | None) -> None:
         """Trailers are scanned like headers."""
@@ -54,6 +60,8 @@ class RequestSide:
             found = self.ex.scan.head("", "", trailers)
             if found is not None:
                 raise self.ex.leak(found)
+            if self.ex.dlp is not None:
+                self.ex.dlp.trailers(trailers)
 
     def feed(self, chunk: bytes) -> bytes:
         """Scan a streamed chunk; returns the bytes that may go upstream now."""
@@ -74,6 +82,8 @@ class RequestSide:
         self._check(scanner, chunk)
         data = self._held + chunk if self._held else chunk
         keep = self.ex.scan.keep if self.ex.scan is not None else 0
+        if self.ex.dlp is not None:  # (what the detection has not decided stays too)
+            keep = max(keep, self.ex.dlp.pending)
         if len(data) <= keep:
             self._held = data
             return b""
@@ -91,6 +101,8 @@ class RequestSide:
                     self._check(scanner, piece)
             except EncodingError as exc:
                 raise _unreadable(exc) from None
+        if self.ex.dlp is not None:
+            self.ex.dlp.end()
         self._trailers(trailers)
         if self._encoded is not None:
             out = b"".join(self._encoded)
@@ -108,7 +120,7 @@ class RequestSide:
         scanner = self._scanner()
         decoder = self._decoder
         if decoder is None:
-            self._check(scanner, body)
+            self._check(scanner, body, streamed=False)
             self._trailers(trailers)
             return body, False
         pieces: list[bytes] = []
@@ -116,7 +128,7 @@ class RequestSide:
         try:
             for source in (decoder.feed(body), decoder.end()):
                 for piece in source:
-                    self._check(scanner, piece)
+                    self._check(scanner, piece, streamed=False)
                     size += len(piece)
                     if size <= limit:
                         pieces.append(piece)

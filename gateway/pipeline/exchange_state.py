@@ -18,6 +18,7 @@ from gateway.core.ports import Secrets
 from gateway.core.refusal import Refusal
 from gateway.core.target import Target
 from gateway.core.trail import Trail
+from gateway.pipeline.exchange_dlp import DlpCheck
 
 __all__ = ["ExchangeState", "leak_refusal", "source_of"]
 
@@ -47,6 +48,7 @@ class ExchangeState:
     mcp_calls: list[dict[str, Any]] | None = None
     models: list[str] | None = None
     unsent: bool = False
+    dlp: DlpCheck | None = None  # outbound credential detection (a rule with dlp:)
 
     def __post_init__(self) -> None:
         """(What a subclass sets up after the fields: the dataclass calls it.)"""
@@ -76,7 +78,8 @@ class ExchangeState:
         self.trail.refuse(self.client, refusal, method=self.head.method,
                           scheme=self.target.scheme, host=self.target.host,
                           port=self.target.port, path=self.target.path,
-                          started=self.trail.clock(), mcp=calls, trace=self.trace)
+                          started=self.trail.clock(), mcp=calls, trace=self.trace,
+                          dlp=self.dlp.found if self.dlp is not None else None)
 
 
 def source_of(decision: Decision) -> str | None:

@@ -36,6 +36,7 @@ from gateway.core.ports import (
     Approvals,
     AuditHealth,
     Capacity,
+    Detectors,
     Guard,
     Metering,
     MintedSecrets,
@@ -79,7 +80,8 @@ class Gate:
                  refusals_inside_tls: bool = False, workloads: Workloads | None = None,
                  approvals: Approvals | None = None, pins: ToolPins | None = None,
                  state_health: StateHealth | None = None,
-                 capacity: Capacity | None = None) -> None:
+                 capacity: Capacity | None = None,
+                 detectors: Detectors | None = None) -> None:
         connections = Connections(per_sandbox=connections_per_sandbox,
                                   limit=max_connections, telemetry=telemetry,
                                   capacity=capacity)
@@ -91,7 +93,7 @@ class Gate:
             markers=Markers(policies, secrets, minted, lambda: tokens.issuer),
             telemetry=telemetry, metering=metering, signers=signers, ephemeral=minted,
             audit_health=audit_health, state_health=state_health, approvals=approvals,
-            pins=pins, refusals_inside_tls=refusals_inside_tls)
+            pins=pins, refusals_inside_tls=refusals_inside_tls, detectors=detectors)
         if resolve is not None:
             self.parts.resolve = resolve
         self.asking = Asking(self.parts)

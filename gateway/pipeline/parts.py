@@ -21,6 +21,7 @@ from gateway.core.ports import (
     SILENT,
     Approvals,
     AuditHealth,
+    Detectors,
     Guard,
     Metering,
     MintedSecrets,
@@ -75,6 +76,7 @@ class Parts:
     state_health: StateHealth | None = None
     approvals: Approvals | None = None
     pins: ToolPins | None = None  # MCP tool descriptions pinned in the state store
+    detectors: Detectors | None = None  # outbound credential detection (policies' dlp:)
     refusals_inside_tls: bool = False
     mcp_sessions: mcp.Sessions = field(default_factory=mcp.Sessions)
 

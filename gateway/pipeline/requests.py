@@ -3,7 +3,8 @@ to the `Exchange` that serves it (or the answer that refuses it).
 
     identify (again) → target → health → upgrade → stage 1 (`Asking.decide`)
       → destination (pinned once per connection) → the exchange's steps: metering,
-        MCP, the head's leak scan → the credential (`Signing`)
+        MCP, the head's leak scan, credential detection (`dlp:`) → the credential
+        (`Signing`)
 
 The body stage - metering, MCP calls, the leak scan of the body - runs in the exchange
 (`pipeline/exchange.py`) as the body arrives.
@@ -16,6 +17,7 @@ import logging
 
 from gateway.core import credentials, local_api, target
 from gateway.core.client import Client
+from gateway.core.dlp.policy import resolve
 from gateway.core.evaluate import Routed
 from gateway.core.local_api import INTERNAL_HOST
 from gateway.core.mcp_pins import Server, ServerPins
@@ -26,6 +28,7 @@ from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal
 from gateway.core.trail import rule_of
 from gateway.pipeline.asking import Asking
 from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.exchange_dlp import DlpCheck
 from gateway.pipeline.parts import Parts
 from gateway.pipeline.signing import Signing
 from gateway.pipeline.tunnels import plain_client
@@ -127,7 +130,27 @@ class Requests:
         found = ex.scan.head(head.method, path, head.headers.fields)
         if found is not None:
             raise ex.leak(found)
+        path = self._detect(ex, path)
         await self.signing.apply(ex, swap, path)
+
+    def _detect(self, ex: Exchange, path: str) -> str:
+        """Outbound credential detection on a rule where `dlp:` applies (its own over
+        its policy's): set up for the body, the head scanned now, after the leak scan
+        and with the credential carrier emptied. Returns the path to send."""
+        rule = ex.decision.rule
+        if rule is None or rule.protocol != "http":
+            return path
+        policy = self.parts.policy(ex.identity)
+        dlp = resolve(policy.dlp, rule.dlp)
+        if dlp is None:
+            return path
+        if self.parts.detectors is None:
+            raise Refusal(GATEWAY_ERROR.code, "the rule checks requests for credentials "
+                          "(dlp:), and this gateway has no detectors; refusing (fail "
+                          "closed)", rule.source)
+        ex.dlp = DlpCheck(self.parts.detectors.scanner(), dlp, ex.target.host, rule.source,
+                          report=policy.mode == "report")
+        return ex.dlp.head(ex.head.method, path, ex.head.headers)
 
     def _meter(self, ex: Exchange, credential: Credential) -> None:
         """The metering step for a credential exchange, and ask mode for the models its

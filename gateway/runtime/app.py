@@ -62,6 +62,7 @@ from gateway.net.upstream_proxy import UpstreamProxy
 from gateway.observability import logs, metrics
 from gateway.observability.audit import Auditor
 from gateway.observability.audit_spill import Spill
+from gateway.pipeline.exchange import BODY_HOLD_LIMIT
 from gateway.pipeline.gate import Gate
 from gateway.runtime.memory import MemoryGuard, ceiling_for
 from gateway.runtime.mitmproxy_engine import MitmproxyEngine
@@ -70,6 +71,7 @@ from gateway.runtime.sweeper import ConnectionSweeper
 from gateway.services.approvals import ApprovalService
 from gateway.services.approvals.notify import TIMEOUT as NOTIFY_TIMEOUT
 from gateway.services.approvals.notify import Webhooks
+from gateway.services.dlp.detectors import SALT_FILE, LazyDetectors, ensure_salt
 from gateway.services.identity.issued import IssuedTokens
 from gateway.services.identity.keywatch import SigningKeyWatcher
 from gateway.services.identity.tokens import TokenError, TokenService
@@ -192,6 +194,7 @@ class Gateway:
         self._memory_task: asyncio.Task[None] | None = None
         self.proxy: UpstreamProxy | None = None  # network.upstream_proxy
         self._vault_http: TokenHttp | None = None  # Key Vault's client (secrets.store)
+        self.detectors: LazyDetectors | None = None  # policies' dlp: (services/dlp)
 
     # -- state the engines and the admin API read ------------------------------------------
 
@@ -280,6 +283,8 @@ class Gateway:
                  len(policy_set.policies), policy_set.rule_count, policy_set.revision)
         if self.metering is not None:
             self._metering_problems(policy_set)
+        if self.detectors is not None and policy_set.uses_dlp and not self.detectors.built:
+            self.detectors.build()  # (now, not on the first request that needs them)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -352,6 +357,13 @@ class Gateway:
         except PolicyError as exc:
             raise StartupError(f"policies in {cfg.policies} are invalid:\n"
                                + "\n".join(exc.errors)) from None
+        try:  # (the salt never logged; the detectors built now only if a policy needs them)
+            self.detectors = LazyDetectors(
+                ensure_salt(cfg.dlp.salt_file or cfg.certs / SALT_FILE), BODY_HOLD_LIMIT)
+        except (OSError, ValueError) as exc:
+            raise StartupError(f"dlp.salt_file: {exc}") from None
+        if self.policy_set.uses_dlp:
+            self.detectors.build()
         self.key_watcher = SigningKeyWatcher(cfg.signing_dir, cfg.tokens.retired_kids)
         try:
             keys = self.key_watcher.load_now()
@@ -459,7 +471,7 @@ class Gateway:
             max_connections=max(16, (self.fd_limit - FD_RESERVE - self.pool_limit) // 2),
             workloads=self.pods, approvals=self._build_approvals(overrides),
             pins=self._approvals().pins, state_health=self.state_health,
-            capacity=self.memory)
+            capacity=self.memory, detectors=self.detectors)
         # (the grants and tool pins that outlived a restart; then what is written anywhere)
         await self._approvals().start()
         await self._start_dns(shared)

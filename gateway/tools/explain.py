@@ -30,6 +30,7 @@ from gateway.net.resolver import (
     local_interface_addresses,
     parse_overrides,
 )
+from gateway.services.dlp.detectors import for_tools
 from gateway.services.metering import Metering, static_metering
 
 __all__ = ["DestinationResult", "Explanation", "explain_body", "explain_request",
@@ -159,7 +160,8 @@ async def explain_request(policy_set: PolicySet, policy_name: str, method: str, 
                           metering: Metering | None = None) -> Explanation:
     """The gateway's answer to ``method url`` (``body``: as sent; UNSEEN: not known) by
     the decision pipeline: stage 1, then with a guard the destination check (only on
-    what the policy allows: a denied host is never resolved), then the metering step.
+    what the policy allows: a denied host is never resolved), then the body stage
+    (credential detection where ``dlp:`` applies, the metering step).
 
     Raises ValueError for an unknown policy or an unusable URL (like ``explain``).
     """
@@ -174,6 +176,8 @@ async def explain_request(policy_set: PolicySet, policy_name: str, method: str, 
         destination = await check_destination(guard, request.host, request.port)
         if not destination.allowed:
             body = UNSEEN  # refused before the metering step, as the proxy does
-    return Explanation(meter(routed, policy, request, body, metering or static_metering()),
+    detectors = for_tools() if policy_set.uses_dlp else None  # (dlp:, built once)
+    return Explanation(meter(routed, policy, request, body, metering or static_metering(),
+                             detectors=detectors),
                        destination,
                        askable(policy, routed, request))

@@ -33,12 +33,12 @@ def test_traceparent(header: str | None, expected: str | None) -> None:
     assert traceparent(header) == expected
 
 
-def test_the_line_carries_it_last() -> None:
+def test_the_line_carries_it() -> None:
     line = record(identity=None, client=None, listener="proxy", method="GET", scheme="https",
                   host="a.test", port=443, path="/", decision="allow", reason="r", rule=None,
                   status=200, error=None, bytes_in=0, bytes_out=0, started=1.0,
                   path_taken="intercept", engine="h1", now=2.0, trace=TP)
-    assert tuple(line) == FIELDS and FIELDS[-1] == "trace" and line["trace"] == TP
+    assert tuple(line) == FIELDS and "trace" in FIELDS and line["trace"] == TP
 
 
 @pytest.mark.parametrize(("header", "expected"), [(TP, TP), ("not-a-trace", None)])

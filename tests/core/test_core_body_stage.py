@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gateway.core.body_stage import askable_model, mcp_stage, metering_stage
+from gateway.core.body_stage import askable_model, dlp_stage, mcp_stage, metering_stage
 from gateway.core.evaluate import UNSEEN
 from gateway.core.policy import Policy, Rule
 from gateway.core.policy.mcp_rule import McpRule
@@ -117,3 +117,48 @@ def test_metering_stage(body: bytes, code: str | None, ask: str | None) -> None:
     ("gpt-4o", True), (None, False), ("", False), ("gpt-*", False), ("m[1]", False)])
 def test_askable_model(model: str | None, askable: bool) -> None:
     assert askable_model(model) is askable
+
+
+DLP_POLICY = """
+version: v1
+name: agent
+dlp: {action: refuse}
+egress:
+  - host: paste.test
+  - host: pypi.test
+    dlp: {allow: [{detector: github, hosts: [pypi.test]}]}
+  - host: report.test
+    dlp: {action: report}
+  - host: off.test
+    dlp: false
+"""
+
+
+@pytest.mark.parametrize(("host", "target", "body", "mode", "code", "report"), [
+    ("paste.test", "/p", b'{"t": "%s"}', "enforce", "secret_detected", False),
+    ("paste.test", "/p?t=%s", b"", "enforce", "secret_detected", False),  # the URL
+    ("paste.test", "/p", UNSEEN, "enforce", None, False),   # no body known: the line only
+    ("paste.test", "/p", b'{"t": "%s"}', "report", "secret_detected", True),
+    ("pypi.test", "/p", b'{"t": "%s"}', "enforce", None, False),   # allowed there
+    ("report.test", "/p", b'{"t": "%s"}', "enforce", None, False),  # forwarded, recorded
+    ("off.test", "/p", b'{"t": "%s"}', "enforce", None, False),
+    ("paste.test", "/p", b'{"t": "clean"}', "enforce", None, False),
+])
+def test_dlp_stage(host: str, target: str, body: object, mode: str, code: str | None,
+                   report: bool) -> None:
+    from helpers.dlp_corpus import fake
+
+    from gateway.services.dlp.detectors import for_tools
+
+    token = fake("github").text
+    text = DLP_POLICY if mode == "enforce" else DLP_POLICY.replace("name: agent",
+                                                                   "name: agent\nmode: report")
+    policy = _policy(text)
+    rule = next(r for r in policy.rules if r.host == host)
+    if isinstance(body, bytes) and b"%s" in body:
+        body = body.replace(b"%s", token.encode())
+    stage = dlp_stage(for_tools(), policy, rule, host=host, method="POST",
+                      target=target.replace("%s", token), body=body)
+    assert (stage.refusal.code if stage.refusal else None, stage.report) == (code, report)
+    if stage.refusal is not None:
+        assert token not in stage.refusal.reason and "github" in stage.refusal.reason

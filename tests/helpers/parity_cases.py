@@ -13,10 +13,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from helpers.dlp_corpus import fake
 from helpers.parity import Result, Spec
 from helpers.upstream import MINT_CLIENT, MINT_SECRET, MINTED
 
 KEY = "sk-parity-real-key-0123456789abcdef"
+GH = fake("github").text  # a FAKE GitHub token in its real format (issue 43's corpus)
 ENGINES = ("h1", "mitmproxy", "h2")
 SECRETS = {"openai-api-key": KEY, "parity-client-secret": MINT_SECRET,
            "wrong-client-secret": "not-the-client-secret",
@@ -36,6 +38,15 @@ egress:
   - host: other.test
     methods: [GET, POST, HEAD]
     paths: ["/ok/**", "/api/**", "/"]
+  - host: other.test
+    paths: ["/dlp/**"]
+    dlp: {{action: refuse}}
+  - host: other.test
+    paths: ["/dlp-allow/**"]
+    dlp: {{allow: [{{detector: github, hosts: [other.test]}}]}}
+  - host: other.test
+    paths: ["/dlp-redact/**"]
+    dlp: {{action: redact}}
   - host: unbound.test
     paths: ["/mcp", "/mcp/**"]
     mcp:
@@ -794,6 +805,80 @@ CASES = [
 ]
 
 
+def _no_fake(result: Result, seen: list[Any]) -> None:
+    """The fake credential reached no upstream (nor a complete request with it)."""
+    assert all(GH.encode() not in s.body and GH not in json.dumps(s.headers) for s in seen), \
+        [s.path for s in seen]
+
+
+def _upstream_got(what: str) -> Callable[[Result, list[Any]], None]:
+    def check(result: Result, seen: list[Any]) -> None:
+        assert len(seen) == 1 and what.encode() in seen[0].body, seen
+    return check
+
+
+def _redacted(result: Result, seen: list[Any]) -> None:
+    """The upstream got the JSON body, the value replaced, still JSON."""
+    assert len(seen) == 1 and GH.encode() not in seen[0].body, seen
+    assert json.loads(seen[0].body) == {"note": "deploy with [REDACTED]"}
+
+
+_DLP = {**DENY, "error": "secret_detected"}
+_JSON = ["Content-Type", "application/json"]
+
+
+def _dlp_post(target: str, body: str, *headers: list[str]) -> dict[str, Any]:
+    return {"host": "other.test", "method": "POST", "target": target,
+            "headers": list(headers), "body": body}
+
+
+# Issue 43: a credential the gateway did not issue, on a rule with dlp:, on every engine.
+DLP = [
+    Case("DLP: a credential in a header", {"host": "other.test", "target": "/dlp/h",
+                                           "headers": [["X-Deploy", "{GH}"]]},
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential in a JSON body",
+         _dlp_post("/dlp/j", "{B64:{\"note\": \"deploy with {GH}\"}}", _JSON),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential in a gzip body",
+         _dlp_post("/dlp/gz", "{GZ:{\"note\": \"{GH}\"}}", _JSON,
+                   ["Content-Encoding", "gzip"]),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential in a form",
+         _dlp_post("/dlp/f", "{B64:user=a&token={GH}}",
+                   ["Content-Type", "application/x-www-form-urlencoded"]),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential split across the chunks of a streamed body",
+         {**_dlp_post("/dlp/s", "{B64:{GH_PAD}}"), "chunked": True},
+         ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_fake,
+         engines=("h1", "mitmproxy")),  # (h2: as for a token, see the report)
+    Case("DLP: a credential in a WebSocket message",
+         {"host": "other.test", "target": "/dlp/ws", "headers": WS_UPGRADE,
+          "ws": ["deploy with {GH}"]},
+         ("ws-nothing", 101, None), _DLP, engines=("h1", "mitmproxy"),
+         check=_no_ws_message),
+    Case("DLP: a credential in an absolute-form plain HTTP request",
+         {"host": "other.test", "port": 80, "tls": False, "plain_proxy": True,
+          "target": "http://other.test/dlp/p", "headers": [["X-Deploy", "{GH}"]]},
+         ("response", 403, "secret_detected"), {**_DLP, "scheme": "http"},
+         engines=("h1", "mitmproxy"), check=_no_upstream),
+    Case("DLP: a credential dlp.allow lets go to this host",
+         _dlp_post("/dlp-allow/j", "{B64:{\"note\": \"deploy with {GH}\"}}", _JSON),
+         ("response", 200, None), {"decision": "allow", "error": None},
+         check=_upstream_got(GH)),
+    Case("DLP: a credential redacted from a JSON body",
+         _dlp_post("/dlp-redact/j", "{B64:{\"note\": \"deploy with {GH}\"}}", _JSON),
+         ("response", 200, None), {"decision": "allow", "error": None}, check=_redacted),
+    Case("DLP: ordinary traffic passes",
+         _dlp_post("/dlp/j", "{B64:{\"model\": \"m\", \"messages\": [{\"role\": "
+                   "\"user\", \"content\": \"def key(): return os.environ['API_KEY']"
+                   "\"}]}}", _JSON),
+         ("response", 200, None), {"decision": "allow", "error": None},
+         check=_upstream_got("API_KEY")),
+]
+CASES += DLP
+
+
 def _fill(value: Any, subs: dict[str, str]) -> Any:
     if isinstance(value, str):
         if value.startswith("{B64:") and value.endswith("}"):
@@ -811,7 +896,7 @@ def _fill(value: Any, subs: dict[str, str]) -> Any:
 def substitutions(token: str) -> dict[str, str]:
     half = len(token) // 2
     return {"TOKEN": token, "KEY": KEY, "MINTED": MINTED, "PAYLOAD": token.split(".", 1)[1],
-            "PAD": PAD,
+            "PAD": PAD, "GH": GH, "GH_PAD": "x" * ((2 << 20) - 20) + GH + "y" * 65536,
             "TOKEN_A": token[:half], "TOKEN_B": token[half:],
             "TOKEN_SWAPCASE": token.swapcase()}
 

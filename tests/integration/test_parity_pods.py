@@ -22,7 +22,7 @@ from helpers.parity import SharedDecisions, Spec, run, shared_decisions
 from helpers.parity_cases import (
     CASES,
     ENGINES,
-    POLICY,
+    POLICIES,
     SECRETS,
     Case,
     build_spec,
@@ -57,7 +57,8 @@ def engine(request: pytest.FixtureRequest, kube: FakeKubeAPI, test_ca: LocalCA,
     name = request.param
     work = tmp_path_factory.mktemp(f"pods-{name}")
     (work / "policies").mkdir()
-    (work / "policies" / "agent.yaml").write_text(POLICY)
+    for file, text in POLICIES.items():  # (each row's pod names its case's policy)
+        (work / "policies" / file).write_text(text)
     secrets = work / "secrets.yaml"
     secrets.write_text("".join(f"{k}: {v}\n" for k, v in SECRETS.items()))
     secrets.chmod(0o600)
@@ -79,13 +80,15 @@ def engine(request: pytest.FixtureRequest, kube: FakeKubeAPI, test_ca: LocalCA,
 _pods: dict[tuple[str, str], str] = {}  # (engine, row) -> the row's pod address
 
 
-def _pod(kube: FakeKubeAPI, gw: GatewayThread, engine: str, row: str) -> str:
-    """A pod of its own for a row on an engine (a fresh sandbox: budgets, limits)."""
+def _pod(kube: FakeKubeAPI, gw: GatewayThread, engine: str, row: str,
+         policy: str = "agent") -> str:
+    """A pod of its own for a row on an engine (a fresh sandbox: budgets, limits),
+    labelled with the row's policy."""
     key = (engine, row)
     if key not in _pods:
         n = len(_pods) + 1
         ip = f"127.0.{1 + n // 250}.{1 + n % 250}"
-        kube.add_pod(NS, f"row-{n}", ip, labels={"sandbox-gateway.io/policy": "agent"})
+        kube.add_pod(NS, f"row-{n}", ip, labels={"sandbox-gateway.io/policy": policy})
         _pods[key] = ip
     ip = _pods[key]
     assert gw.gateway.pods is not None
@@ -121,7 +124,7 @@ def test_row(engine: tuple[str, GatewayThread], case: Case, decisions: SharedDec
     name, gw = engine
     if name not in case.engines:
         pytest.skip(f"{case.name}: not an {name} shape")
-    ip = _pod(kube, gw, name, case.name)
+    ip = _pod(kube, gw, name, case.name, case.policy)
     for primer in primes(case):
         run(_spec(primer, gw, test_ca, name, ip))
     before_lines = len(gw.audit.records())

@@ -456,6 +456,8 @@ ROWS: list[tuple[str, Callable[[World], Any], str, dict[str, Any]]] = [
 ]
 # Codes given where no gate call can reach them, and the tests that cover them there.
 ELSEWHERE = {
+    "secret_detected": "the parity rows DLP: ... (a detector set the gateway builds; "
+                       "this fake world has none)",
     "budget_exceeded": "tests/services/metering/test_metering_budgets.py (live counters)",
     "metering_unavailable": "tests/services/metering/test_metering_fail_closed.py",
     "minted_secret_refused": "tests/services/metering/test_metering_service.py",

@@ -38,6 +38,10 @@ ADVICE: dict[str, str] = {
     "credential_requires_tls": "A credential is only sent over verified TLS: use https://.",
     "exfiltration_blocked": "The request carried a key or a gateway token to a host not "
                             "bound to it: find which step of the agent copied it.",
+    "secret_detected": "The request carried a credential the gateway did not issue (the "
+                       "line names the detector and where): find which step of the agent "
+                       "copied it, or allow that detector to this host in the rule's "
+                       "`dlp.allow`.",
     "model_not_allowed": "Add the model to the rule's `models:` or have the agent use an "
                          "allowed one.",
     "mcp_denied": "Allow the tool, resource or prompt in the rule's `mcp:` (or leave it "

@@ -16,11 +16,13 @@ on a rule turns detection off for that rule. The reader is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from gateway.core.dlp.catalogue import DEFAULT
 from gateway.core.dlp.findings import Finding
-from gateway.core.policy.hosts import HostPattern
+
+if TYPE_CHECKING:  # (the policy model imports this module: no cycle at run time)
+    from gateway.core.policy.hosts import HostPattern
 
 __all__ = ["ACTIONS", "Action", "Dlp", "DlpAllow", "resolve"]
 

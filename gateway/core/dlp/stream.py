@@ -46,6 +46,13 @@ class StreamScanner:
             except encodings.EncodingError as exc:
                 self.unreadable = str(exc)
 
+    @property
+    def pending(self) -> int:
+        """Characters at the end of the stream not decided yet: a caller that forwards
+        the stream as it goes holds back at least these (for a body with no content
+        coding, characters are bytes)."""
+        return len(self._text)
+
     def feed(self, chunk: bytes) -> ScanResult:
         """Scan one chunk (with the window kept from the ones before)."""
         if self.unreadable is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from gateway.core.dlp.policy import Dlp
 from gateway.core.policy.ask_rule import Ask
 from gateway.core.policy.matcher import Matcher
 from gateway.core.policy.model import (
@@ -35,7 +36,10 @@ class Policy:
     lifetime of a token minted for it without a TTL of its own. ``subjects`` (not
     inherited): the Kubernetes workloads that may be this policy's sandboxes (empty:
     any); a pod labelled with a policy that does not admit it is no identity. ``ask``
-    (not inherited): what a person may approve that no rule allows (ask mode).
+    (not inherited): what a person may approve that no rule allows (ask mode). ``dlp``
+    (inherited: its own, else the first parent's in ``extends`` order that has one): the
+    ``dlp:`` section every rule's own resolves over (outbound credential detection); with
+    it, every HTTP rule is intercepted.
     """
 
     name: str
@@ -48,6 +52,7 @@ class Policy:
     token_ttl: float | None = None
     subjects: tuple[Subject, ...] = ()
     ask: Ask | None = None
+    dlp: Dlp | None = None
 
     def admits(self, namespace: str, service_account: str) -> bool:
         """May this workload be one of the policy's sandboxes (its `subjects`)?"""
@@ -86,6 +91,14 @@ class PolicySet:
         return self.policies.get(name)
 
     @property
+    def uses_dlp(self) -> bool:
+        """True if any policy or rule has a `dlp:` section that turns detection on (the
+        detectors are built at start then)."""
+        return any((p.dlp is not None and p.dlp.enabled)
+                   or any(r.dlp is not None and r.dlp.enabled for r in p.rules)
+                   for p in self.policies.values())
+
+    @property
     def rule_count(self) -> int:
         """Rules as written in the files (inherited copies not counted twice)."""
         return sum(len(p.own_rules) for p in self.policies.values())
@@ -103,13 +116,14 @@ def compile_policy(
     token_ttl: float | None = None,
     subjects: tuple[Subject, ...] = (),
     ask: Ask | None = None,
+    dlp: Dlp | None = None,
 ) -> Policy:
     """Build a Policy with its index. Every credential a rule names must be in ``credentials``."""
     rule_tuple = tuple(rules)
-    matcher = Matcher(name, mode, source, rule_tuple, credentials or {})
+    matcher = Matcher(name, mode, source, rule_tuple, credentials or {}, dlp=dlp)
     return Policy(
         name=name, mode=mode, source=source, rules=rule_tuple, extends=extends, matcher=matcher,
-        budgets=budgets, token_ttl=token_ttl, subjects=subjects, ask=ask,
+        budgets=budgets, token_ttl=token_ttl, subjects=subjects, ask=ask, dlp=dlp,
     )
 
 

@@ -50,6 +50,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from gateway.core.addresses import special_literal
+from gateway.core.dlp.policy import Dlp, resolve
 from gateway.core.policy.hosts import HostPattern
 from gateway.core.policy.model import (
     DEFAULT_HTTP_PORT,
@@ -92,7 +93,8 @@ class _Entry:
         "tcp",
     )
 
-    def __init__(self, rule: Rule, binds: tuple[HostPattern, ...] | None) -> None:
+    def __init__(self, rule: Rule, binds: tuple[HostPattern, ...] | None,
+                 dlp: Dlp | None = None) -> None:
         self.rule = rule
         self.tcp = rule.protocol == "tcp"
         self.ports = frozenset(rule.ports) if rule.ports is not None else None
@@ -100,7 +102,8 @@ class _Entry:
         self.paths = rule.path_set
         self.credential = rule.credential
         self.binds = binds
-        self.passthrough = self.tcp or rule.host_only
+        # (a policy's dlp: applies to every HTTP rule that does not turn it off: read)
+        self.passthrough = self.tcp or (rule.host_only and resolve(dlp, rule.dlp) is None)
         self.forces_inspect = rule.credential is not None or rule.inspect or rule.mcp is not None
         self.deny = rule.denies
         self.host_level = rule.methods is None and rule.paths is None
@@ -165,6 +168,8 @@ class Matcher:
         source: str,
         rules: Iterable[Rule],
         credentials: Mapping[str, Credential],
+        *,
+        dlp: Dlp | None = None,
     ) -> None:
         self.name = name
         self.mode = mode
@@ -184,7 +189,7 @@ class Matcher:
                         f"rule {rule.source} references unknown credential {rule.credential!r}"
                     )
                 binds = cred.host_patterns
-            entry = _Entry(rule, binds)
+            entry = _Entry(rule, binds, dlp)
             pattern = rule.host_pattern
             if pattern.is_wildcard:
                 bucket = wild.get(pattern.suffix)

@@ -17,6 +17,7 @@ from gateway.core.policy.mcp_rule import McpRule
 from gateway.core.policy.paths import PathSet, compile_paths
 
 if TYPE_CHECKING:
+    from gateway.core.dlp.policy import Dlp
     from gateway.core.policy.minted import MintSpec
 
 __all__ = [
@@ -128,6 +129,8 @@ class Rule:
     ``ask``: what the rule matches goes only once a person approves it (ask mode).
     ``unmetered`` (credential rules only): path patterns of calls the meter cannot model
     that the operator lets through knowingly on a rule that must be metered.
+    ``dlp``: the rule's ``dlp:`` section (outbound credential detection, resolved over
+    its policy's by `core/dlp/policy.resolve`); a rule with it is intercepted.
     """
 
     host: str
@@ -147,6 +150,7 @@ class Rule:
     mcp: McpRule | None = None
     ask: Ask | None = None
     unmetered: tuple[str, ...] | None = None
+    dlp: Dlp | None = None
     host_pattern: HostPattern = field(init=False, compare=False, repr=False)
     path_set: PathSet | None = field(init=False, compare=False, repr=False)
     unmetered_set: PathSet | None = field(init=False, compare=False, repr=False)
@@ -167,7 +171,7 @@ class Rule:
     def needs_inspection(self) -> bool:
         """True if the rule can only be enforced on decrypted requests."""
         return bool(self.methods or self.paths or self.credential or self.inspect
-                    or self.mcp)
+                    or self.mcp or (self.dlp is not None and self.dlp.enabled))
 
     @property
     def host_only(self) -> bool:
@@ -208,6 +212,9 @@ class Rule:
             parts.append(self.mcp.describe())
         if self.ask is not None:
             parts.append(self.ask.describe())
+        if self.dlp is not None:
+            parts.append("dlp: " + (self.dlp.action or "refuse") if self.dlp.enabled
+                         else "dlp: false")
         if self.denies:
             parts.append("action: deny")
         return "; ".join(parts)

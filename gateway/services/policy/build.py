@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gateway.core.dlp.policy import Dlp
 from gateway.core.policy.compiled import Policy, PolicySet, compile_policy
 from gateway.core.policy.hosts import HostPattern
 from gateway.core.policy.model import (
@@ -148,9 +149,24 @@ def build_policy_set(read: list[RawPolicy], defined: Mapping[str, CredentialDef]
             token_ttl=raw.token_ttl,
             subjects=tuple(raw.subjects),
             ask=raw.ask,
+            dlp=_dlp(by_name, name, (name,)),
         )
     files = tuple(dict.fromkeys(raw.file for raw in read))
     return PolicySet(policies=policies, credentials=credentials, files=files, revision=revision)
+
+
+def _dlp(by_name: Mapping[str, RawPolicy], name: str, stack: tuple[str, ...]) -> Dlp | None:
+    """A policy's ``dlp:``: its own, else the first parent's (in ``extends`` order,
+    depth first) that has one. (Cycles were reported before this runs.)"""
+    raw = by_name[name]
+    if raw.dlp is not None:
+        return raw.dlp
+    for parent, _ in raw.extends:
+        if parent in by_name and parent not in stack:
+            found = _dlp(by_name, parent, (*stack, parent))
+            if found is not None:
+                return found
+    return None
 
 
 def _budgets(

@@ -26,7 +26,9 @@ How a file is read: ``read_document`` composes one reader per section, each a fu
 taking the section's YAML node and the file's ``Nodes`` (positions, and the load's shared
 ``Problems``) and returning model objects: ``read_policy`` (its own keys, extends, tokens,
 subjects), ``read_credentials``, ``read_rules`` (``Rule`` objects, with ``read_mcp`` and
-``read_ask`` for a rule's ``mcp:`` and ``ask:``), ``read_budgets``, ``read_ask``. Then
+``read_ask`` for a rule's ``mcp:`` and ``ask:``, ``read_dlp`` for its ``dlp:``),
+``read_budgets``, ``read_ask``, ``read_dlp`` (a policy's ``dlp:``, inherited through
+``extends``: its own, else the first parent's that has one). Then
 ``build.py`` checks what the files define against each other and compiles the rules
 (``compile_policy``: the matcher).
 """
@@ -58,6 +60,7 @@ from gateway.services.policy.raw import CredentialDef, RawPolicy
 from gateway.services.policy.read_ask import read_ask
 from gateway.services.policy.read_budgets import read_budgets
 from gateway.services.policy.read_credentials import read_credentials
+from gateway.services.policy.read_dlp import read_dlp
 from gateway.services.policy.read_policy import (
     POLICY_KEYS,
     read_extends,
@@ -102,6 +105,8 @@ def read_document(nodes: Nodes, node: Node,
         policy.subjects = read_subjects(nodes, keys["subjects"][1])
     if "ask" in keys:
         policy.ask = read_ask(nodes, keys["ask"][1], rule=False)
+    if "dlp" in keys:
+        policy.dlp = read_dlp(nodes, keys["dlp"][1], rule=False)
     return policy
 
 

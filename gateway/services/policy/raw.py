@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from gateway.core.dlp.policy import Dlp
 from gateway.core.policy.ask_rule import Ask
 from gateway.core.policy.model import Budget, Credential, Mode, Rule, Subject
 
@@ -58,6 +59,7 @@ class RawPolicy:
     token_ttl: float | None = None  # `tokens: {ttl: 8h}`: its tokens' default lifetime
     subjects: list[Subject] = field(default_factory=list)  # `subjects:` (Kubernetes)
     ask: Ask | None = None  # `ask:` (what a person may approve)
+    dlp: Dlp | None = None  # `dlp:` (outbound credential detection; inherited)
 
     @property
     def given_name(self) -> str:

@@ -7,7 +7,7 @@ in a rule:
 `dlp: true` is the defaults (refuse, the default detectors); `dlp: false` turns detection
 off (on a rule: for that rule). Problems are collected with
 the file and line, like every other key; a detector name that is not known says the
-closest one. Not wired into the loader yet (issue 43); a reader like the others:
+closest one. The loader calls it for a policy and for a rule; a reader like the others:
 ``read_dlp(nodes, node, rule=...)``.
 """
 

@@ -15,7 +15,7 @@ from gateway.services.policy.raw import NAME, RawPolicy
 __all__ = ["POLICY_KEYS", "read_extends", "read_policy", "read_subjects", "read_tokens"]
 
 POLICY_KEYS = ("version", "name", "description", "mode", "extends", "egress", "credentials",
-               "budgets", "tokens", "subjects", "ask")
+               "budgets", "tokens", "subjects", "ask", "dlp")
 
 
 def read_policy(nodes: Nodes, node: Node, keys: Keys) -> RawPolicy:

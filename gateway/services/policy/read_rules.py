@@ -13,6 +13,7 @@ import re
 
 from yaml.nodes import Node, ScalarNode, SequenceNode
 
+from gateway.core.dlp.policy import Dlp
 from gateway.core.policy.ask_rule import Ask
 from gateway.core.policy.hosts import HostPatternError, compile_host_pattern
 from gateway.core.policy.mcp_rule import McpRule
@@ -23,18 +24,19 @@ from gateway.services.policy.nodes import Keys, Nodes
 from gateway.services.policy.problems import clipped, quoted
 from gateway.services.policy.raw import RawRule
 from gateway.services.policy.read_ask import read_ask
+from gateway.services.policy.read_dlp import read_dlp
 from gateway.services.policy.read_mcp import read_mcp
 
 __all__ = ["ALLOW_ONLY", "read_egress", "read_metering", "read_paths", "read_rule"]
 
 _RULE_KEYS = ("host", "ports", "methods", "paths", "credential", "inspect", "protocol", "models",
               "metering", "allow_minted_secrets", "action", "reason", "mcp", "ask",
-              "unmetered")
+              "unmetered", "dlp")
 # A shipped agent preset's rules may also be marked `telemetry: true` (on or off by the
 # switch of whoever extends the preset: see policy/agents).
 _PRESET_RULE_KEYS = (*_RULE_KEYS, "telemetry")
 ALLOW_ONLY = ("credential", "inspect", "models", "metering", "allow_minted_secrets", "mcp",
-              "ask", "unmetered")
+              "ask", "unmetered", "dlp")
 _MAX_REASON = 300
 _METERING_KEYS = ("required", "reserve", "max_input_tokens")
 _MODEL_GLOB = re.compile(r"[!-~]{1,200}")  # printable ASCII, no spaces
@@ -135,6 +137,10 @@ def read_rule(nodes: Nodes, node: Node, policy: str) -> RawRule | None:
         ask_node = keys["ask"][1]
         ask = read_ask(nodes, ask_node, rule=True)
         ok = ok and (ask is not None or nodes.scalar(ask_node) is False)
+    dlp: Dlp | None = None
+    if "dlp" in keys:
+        dlp = read_dlp(nodes, keys["dlp"][1], rule=True)
+        ok = ok and dlp is not None
     if protocol == "tcp":
         ok = _tcp(nodes, keys, inspect) and ok
     acted, action, reason, telemetry = _action(nodes, keys)
@@ -144,7 +150,7 @@ def read_rule(nodes: Nodes, node: Node, policy: str) -> RawRule | None:
                 methods=methods, paths=paths, credential=credential, inspect=inspect,
                 protocol=protocol, models=models, metering=metering,
                 allow_minted_secrets=allow_minted, action=action, reason=reason, mcp=mcp,
-                ask=ask, unmetered=unmetered)
+                ask=ask, unmetered=unmetered, dlp=dlp)
     return RawRule(rule, nodes.line(credential_node), telemetry)
 
 
@@ -165,8 +171,8 @@ def _host(nodes: Nodes, node: Node, keys: Keys) -> str | None:
 def _tcp(nodes: Nodes, keys: Keys, inspect: bool) -> bool:
     """``protocol: tcp`` takes nothing that needs the requests read, and needs ports."""
     ok = True
-    clashing: list[str] = [k for k in ("methods", "paths", "credential", "models", "mcp")
-                           if k in keys]
+    clashing: list[str] = [k for k in ("methods", "paths", "credential", "models", "mcp",
+                                       "dlp") if k in keys]
     if inspect:
         clashing.append("inspect")
     if clashing:

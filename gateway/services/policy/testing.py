@@ -18,7 +18,8 @@ it can check the result, the rule (``file:line``, relative to the policies direc
 and the codes those produce: ``policy_denied``, ``credential_requires_tls``,
 ``model_not_allowed``, ``metering_unavailable``, ``minted_secret_refused``,
 ``budget_exceeded`` for a call no budget window can hold even unused, and
-``mcp_denied`` (an ``mcp:`` rule's calls). ``model`` is
+``mcp_denied`` (an ``mcp:`` rule's calls), ``secret_detected`` (a credential in the
+URL or the body on a rule with ``dlp:``; headers are not part of a case). ``model`` is
 added to the JSON ``body`` as its ``"model"``. Codes that come from other checks
 (Host header vs tunnel, resolved address, token scope, key leaks, recorded usage,
 runtime failures) are refused at parse time with the reason, so a test never asserts
@@ -87,7 +88,7 @@ UNREACHABLE_CODES: Mapping[str, str] = {
 # The codes a case can expect: what the decision code `evaluate` runs can answer.
 CHECKED_CODES = (POLICY_DENIED, "credential_requires_tls", "model_not_allowed",
                  "metering_unavailable", "minted_secret_refused", "budget_exceeded",
-                 "mcp_denied")
+                 "mcp_denied", "secret_detected")
 
 _FILE_KEYS = ("cases", "description")
 _CASE_KEYS = ("name", "policy", "method", "url", "expect", "error", "rule", "headers", "model",
@@ -367,6 +368,7 @@ def run_case(policy_set: PolicySet, case: PolicyCase, root: str = "",
     """Decide one case as the gateway would (``evaluate``) and compare it with its
     expectations. ``metering``: one with the gateway's pricing (cost budgets)."""
     from gateway.core.evaluate import evaluate
+    from gateway.services.dlp.detectors import for_tools
     from gateway.services.metering import static_metering
 
     policy = policy_set.get(case.policy)
@@ -376,7 +378,8 @@ def run_case(policy_set: PolicySet, case: PolicyCase, root: str = "",
         return CaseResult(case, "-", None, None, reason,
                           (("policy", case.policy, "(missing)"),))
     verdict = evaluate(policy_set, policy, case.request, body=case.body,
-                       metering=metering or static_metering())
+                       metering=metering or static_metering(),
+                       detectors=for_tools() if policy_set.uses_dlp else None)
     error = verdict.error if verdict.result == "deny" else None
     rule = relative_source(verdict.rule, root) if verdict.rule else None
     diff: list[tuple[str, str, str]] = []

@@ -1,5 +1,5 @@
 """`dlp:` as policy files write it: what reads, and what is refused with the line and
-what to write instead (the reader alone: the loader wires it with issue 43)."""
+what to write instead (the reader; the loader composing it: test_policy_loader_dlp.py)."""
 
 from __future__ import annotations
 

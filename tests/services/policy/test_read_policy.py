@@ -48,7 +48,8 @@ HEADS = [
      ["3: description must be a non-empty string"]),
     ("version: v1\nname: team\negres: []\n", "team", "enforce",
      ['3: unknown key "egres" in a policy (did you mean "egress"?); known keys: version, '
-      "name, description, mode, extends, egress, credentials, budgets, tokens, subjects, ask"]),
+      "name, description, mode, extends, egress, credentials, budgets, tokens, subjects, "
+      "ask, dlp"]),
     ("version: v1\nname: a\nname: b\n", "a", "enforce",
      ['3: duplicate key "name" (first at line 2)']),
 ]
@@ -137,9 +138,10 @@ def test_the_policy_keys_are_what_the_loader_reads() -> None:
     every key loads through it)."""
     text = ("version: v1\nname: all\ndescription: d\nmode: report\nextends: [base]\n"
             "egress: []\ncredentials: {}\nbudgets: []\ntokens: {ttl: 1h}\n"
-            "subjects: [{namespace: ns}]\nask: {hosts: true}\n---\n"
+            "subjects: [{namespace: ns}]\nask: {hosts: true}\ndlp: {action: report}\n---\n"
             "version: v1\nname: base\n")
     assert set(next(yaml.safe_load_all(text))) == set(POLICY_KEYS)
     loaded = load_policy_text("p.yaml", text).policies["all"]
     assert (loaded.mode, loaded.extends, loaded.token_ttl) == ("report", ("base",), 3600)
     assert loaded.subjects == (Subject("ns"),) and loaded.ask is not None
+    assert loaded.dlp is not None and loaded.dlp.action == "report"

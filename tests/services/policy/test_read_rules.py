@@ -132,11 +132,11 @@ REPORTED = [
     ("host: a.test\ntelemetry: true\n", rule(host="a.test"),
      ['2: unknown key "telemetry" in an egress rule; known keys: host, ports, methods, paths, '
       "credential, inspect, protocol, models, metering, allow_minted_secrets, action, reason, "
-      "mcp, ask, unmetered"]),
+      "mcp, ask, unmetered, dlp"]),
     ("{host: a.test, port: [443]}", rule(host="a.test"),
      ['1: unknown key "port" in an egress rule (did you mean "ports"?); known keys: host, '
       "ports, methods, paths, credential, inspect, protocol, models, metering, "
-      "allow_minted_secrets, action, reason, mcp, ask, unmetered"]),
+      "allow_minted_secrets, action, reason, mcp, ask, unmetered, dlp"]),
 ]
 
 

@@ -1,0 +1,138 @@
+"""Outbound credential detection on an exchange's way out (issue 43, `dlp:`): the head
+(request line and headers, the credential carrier already emptied), the body as the
+receiver reads it (whole within the hold limit; beyond it streamed through a window kept
+across chunks), trailers, and each WebSocket message from the client. The leak guard has
+scanned each part first (the gateway's own keys and tokens keep their stricter binding).
+
+What a finding does is the rule's `dlp.action` (`core/dlp/verdict.py` decides): refuse
+(`403 secret_detected`), redact (the value replaced, the body re-framed by the engine as
+for the metering rewrite; a body streamed past the hold limit cannot be rewritten and is
+refused), report (forwarded, recorded). Every finding goes to the audit line's `dlp`.
+A body the scan cannot read is refused (fail closed). Answers are not scanned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.core.dlp import (
+    DEFAULT,
+    Dlp,
+    Finding,
+    Location,
+    Scanner,
+    ScanResult,
+    StreamScanner,
+    redact_body,
+    redact_text,
+)
+from gateway.core.dlp.policy import Action
+from gateway.core.dlp.verdict import counted, records, refusal, unreadable
+from gateway.core.messages import Headers
+
+__all__ = ["DlpCheck"]
+
+_NOT_STREAMED = "; dlp.action redact cannot rewrite a body streamed past the hold limit"
+
+
+class DlpCheck:
+    """One exchange's detection under its rule's resolved `dlp` section (``report``:
+    the policy's `mode: report`, findings recorded only)."""
+
+    def __init__(self, scanner: Scanner, dlp: Dlp, host: str, rule: str | None, *,
+                 report: bool = False) -> None:
+        self.scanner = scanner.only(dlp.detectors or DEFAULT)
+        self.dlp = dlp
+        self.action: Action = "report" if report else dlp.effective_action
+        self.host = host
+        self.rule = rule
+        self.found: list[dict[str, Any]] = []  # the audit line's `dlp`
+        self._stream: StreamScanner | None = None
+
+    def _judge(self, result: ScanResult, why_not: str | None = None
+               ) -> tuple[Finding, ...]:
+        """The findings that count, recorded; raises the refusal (refuse, an unreadable
+        body, or redact where `why_not` says it cannot be done). Returns what to redact
+        (empty: nothing, or reported only)."""
+        if result.unreadable is not None:
+            raise unreadable(result.unreadable, self.host, self.rule)
+        found = counted(self.dlp, result.findings, self.host)
+        if not found:
+            return ()
+        action = self.action
+        if action == "redact" and why_not is not None:
+            self.found += records(found, "refuse")
+            raise refusal(found, self.host, self.rule, self.found, why_not)
+        self.found += records(found, action)
+        if action == "refuse":
+            raise refusal(found, self.host, self.rule, self.found)
+        return found if action == "redact" else ()
+
+    def head(self, method: str, path: str, headers: Headers) -> str:
+        """The request line and headers; returns the path to send (redacted: the
+        header values are rewritten in place)."""
+        fields = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers.fields]
+        found = self._judge(self.scanner.scan_request(method, path, fields))
+        if not found:
+            return path
+        out: list[tuple[bytes, bytes]] = []
+        for name, value in fields:
+            text = redact_text(self.scanner, value, Location("header", name))
+            if text is None:
+                raise refusal(found, self.host, self.rule, self.found,
+                              "; it cannot be redacted from the header")
+            out.append((name.encode("latin-1"), text[0].encode("latin-1")))
+        headers.fields = out
+        line = redact_text(self.scanner, path, Location("request line"))
+        if line is None:
+            raise refusal(found, self.host, self.rule, self.found,
+                          "; it cannot be redacted from the request line")
+        return line[0]
+
+    def whole(self, plain: bytes | None, content_type: str | None) -> bytes | None:
+        """A body held whole, decoded (None: it decodes past the hold limit). Returns
+        the body to send instead (redacted), or None."""
+        if plain is None:
+            raise unreadable("the body decodes to more than the hold limit", self.host,
+                             self.rule)
+        found = self._judge(self.scanner.scan_body(plain, content_type))
+        if not found:
+            return None
+        redacted = redact_body(self.scanner, plain, content_type)
+        if redacted.body is None:
+            raise refusal(found, self.host, self.rule, self.found,
+                          f"; it cannot be redacted ({redacted.reason})")
+        return redacted.body
+
+    # -- a body streamed (past the hold limit, or of unknown length) -----------------------
+
+    def feed(self, piece: bytes) -> None:
+        """A piece of the streamed body, decoded."""
+        if self._stream is None:
+            self._stream = StreamScanner(self.scanner)
+        self._judge(self._stream.feed(piece), _NOT_STREAMED)
+
+    @property
+    def pending(self) -> int:
+        """Bytes at the end of the stream not scanned yet (held back, not forwarded)."""
+        return self._stream.pending if self._stream is not None else 0
+
+    def end(self) -> None:
+        if self._stream is not None:
+            self._judge(self._stream.end(), _NOT_STREAMED)
+
+    def trailers(self, fields: list[tuple[bytes, bytes]]) -> None:
+        decoded = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in fields]
+        self._judge(self.scanner.scan_request("", "", decoded),
+                    "; dlp.action redact cannot rewrite trailers")
+
+    def message(self, data: bytes) -> bytes:
+        """A WebSocket message from the client: the message to send."""
+        found = self._judge(self.scanner.scan_body(data))
+        if not found:
+            return data
+        redacted = redact_body(self.scanner, data)
+        if redacted.body is None:
+            raise refusal(found, self.host, self.rule, self.found,
+                          f"; it cannot be redacted ({redacted.reason})")
+        return redacted.body

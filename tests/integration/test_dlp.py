@@ -1,0 +1,164 @@
+"""Outbound credential detection (issue 43) through a real gateway and upstream: what the
+audit line says (detector, where, a salted fingerprint, never the value), `report` and
+`redact` on the way, inheritance through `extends`, `mode: report`, the salt file, and
+that a policy without `dlp:` never loads the detectors. The refusal on every engine and
+encoding is in the parity table (`DLP:` rows of tests/helpers/parity_cases.py)."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import stat
+from pathlib import Path
+from typing import Any
+
+from helpers.dlp_corpus import fake
+from helpers.gateway import GatewayFactory, GatewayThread
+from helpers.parity import Spec, run
+from helpers.upstream import Upstream
+
+GH = fake("github").text
+AWS = fake("aws").text
+POLICY = """
+version: v1
+name: base
+dlp: {action: refuse}
+egress: []
+---
+version: v1
+name: agent
+extends: [base]
+egress:
+  - host: allowed.test
+  - host: other.test
+    paths: ["/report/**"]
+    dlp: {action: report}
+  - host: other.test
+    paths: ["/redact/**"]
+    dlp: {action: redact}
+  - host: other.test
+    paths: ["/off/**"]
+    dlp: false
+  - host: other.test
+---
+version: v1
+name: trial
+mode: report
+dlp: {action: refuse}
+egress:
+  - host: other.test
+"""
+
+
+def _send(gw: GatewayThread, token: str, path: str, body: bytes = b"",
+          headers: list[tuple[str, str]] | None = None, host: str = "other.test") -> Any:
+    assert gw.gateway.proxy_address is not None
+    cred = base64.b64encode(f"sandbox-1:{token}".encode()).decode()
+    return run(Spec(host=host, method="POST" if body else "GET", target=path,
+                    headers=headers or [], body=base64.b64encode(body).decode(),
+                    proxy=gw.gateway.proxy_address, proxy_auth=f"Basic {cred}",
+                    cafile=str(gw.ca_cert)))
+
+
+def _line(gw: GatewayThread, before: int) -> dict[str, Any]:
+    gw.audit.wait_for(lambda r: r.get("method") != "CONNECT" and r["host"] is not None)
+    lines = [r for r in gw.audit.records()[before:] if r["method"] != "CONNECT"]
+    assert lines, gw.audit.records()[before:]
+    return lines[-1]
+
+
+def test_the_audit_line_names_the_finding_never_the_value(
+        make_gateway: GatewayFactory, upstream: Upstream, tmp_path: Path) -> None:
+    gw = make_gateway({"agent.yaml": POLICY})
+    token = gw.mint("agent")
+    marks = []
+    for where in ("header", "body"):
+        before, seen = len(gw.audit.records()), len(upstream.requests)
+        if where == "header":
+            result = _send(gw, token, "/x", headers=[("X-Deploy", GH)])
+        else:
+            result = _send(gw, token, "/x", json.dumps({"a": [{"b": GH}]}).encode(),
+                           [("Content-Type", "application/json")])
+        assert (result.status, result.code) == (403, "secret_detected"), result
+        assert "github" in result.body and GH not in result.body
+        line = _line(gw, before)
+        assert (line["decision"], line["error"]) == ("deny", "secret_detected")
+        (found,) = line["dlp"]
+        assert found["detector"] == "github" and found["action"] == "refuse"
+        assert found["where"] == ("header X-Deploy" if where == "header" else "body $.a[0].b")
+        assert GH not in json.dumps(line)
+        marks.append(found["fingerprint"])
+        assert len(upstream.requests) == seen  # (refused: nothing reached the upstream)
+    assert marks[0] == marks[1] and len(marks[0]) == 16  # the same key, the same mark
+    # (inherited from `base` through extends: host-only allowed.test is intercepted too)
+    before = len(gw.audit.records())
+    assert _send(gw, token, "/x", headers=[("X-K", AWS)], host="allowed.test").code == \
+        "secret_detected"
+    assert _line(gw, before)["dlp"][0]["detector"] == "aws"
+    salt = tmp_path / "certs" / "dlp-salt"
+    assert stat.S_IMODE(salt.stat().st_mode) == 0o600 and len(salt.read_bytes()) == 32
+
+
+def test_report_and_redact_forward_and_record(make_gateway: GatewayFactory,
+                                             upstream: Upstream) -> None:
+    gw = make_gateway({"agent.yaml": POLICY})
+    token = gw.mint("agent")
+    before, seen = len(gw.audit.records()), len(upstream.requests)
+    result = _send(gw, token, "/report/x", f"key={GH}".encode(),
+                   [("Content-Type", "application/x-www-form-urlencoded")])
+    assert result.status == 200
+    assert GH.encode() in upstream.requests[seen].body
+    line = _line(gw, before)
+    assert (line["decision"], line["error"]) == ("allow", None)
+    assert [(f["detector"], f["where"], f["action"]) for f in line["dlp"]] == \
+        [("github", "body form field key", "report")]
+
+    before, seen = len(gw.audit.records()), len(upstream.requests)
+    body = gzip.compress(json.dumps({"note": f"push with {GH}"}).encode())
+    result = _send(gw, token, "/redact/x", body,
+                   [("Content-Type", "application/json"), ("Content-Encoding", "gzip")])
+    assert result.status == 200
+    got = upstream.requests[seen]
+    assert got.headers.get("content-encoding") == "gzip"
+    assert int(got.headers["content-length"]) == len(got.body)
+    assert json.loads(gzip.decompress(got.body)) == {"note": "push with [REDACTED]"}
+    assert _line(gw, before)["dlp"][0]["action"] == "redact"
+
+    before, seen = len(gw.audit.records()), len(upstream.requests)
+    assert _send(gw, token, "/off/x", headers=[("X-Deploy", GH)]).status == 200
+    assert _line(gw, before)["dlp"] is None
+
+
+def test_mode_report_records_instead_of_refusing(make_gateway: GatewayFactory) -> None:
+    gw = make_gateway({"agent.yaml": POLICY})
+    token = gw.mint("trial")
+    before = len(gw.audit.records())
+    assert _send(gw, token, "/x", headers=[("X-Deploy", GH)]).status == 200
+    line = _line(gw, before)
+    assert line["error"] is None and line["dlp"][0]["action"] == "report"
+
+
+def test_without_dlp_the_detectors_are_not_built(make_gateway: GatewayFactory) -> None:
+    gw = make_gateway()
+    assert gw.gateway.detectors is not None and not gw.gateway.detectors.built
+    token = gw.mint("agent")
+    assert _send(gw, token, "/", headers=[("X-Deploy", GH)]).status == 200
+    assert not gw.gateway.detectors.built
+
+
+def test_a_body_that_cannot_be_read_is_refused(make_gateway: GatewayFactory,
+                                               upstream: Upstream) -> None:
+    """Fail closed: a gzip body that decodes past the hold limit (a small bomb) is
+    refused where dlp: applies, and goes on where it does not."""
+    gw = make_gateway({"agent.yaml": POLICY})
+    token = gw.mint("agent")
+    bomb = gzip.compress(b"\0" * (2 << 20))
+    headers = [("Content-Type", "application/octet-stream"), ("Content-Encoding", "gzip")]
+    before, seen = len(gw.audit.records()), len(upstream.requests)
+    result = _send(gw, token, "/x", bomb, headers)
+    assert (result.status, result.code) == (403, "secret_detected"), result
+    assert "cannot be checked for credentials" in result.body
+    assert _line(gw, before)["error"] == "secret_detected"
+    assert len(upstream.requests) == seen
+    assert _send(gw, token, "/off/x", bomb, headers).status == 200

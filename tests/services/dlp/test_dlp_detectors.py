@@ -1,0 +1,47 @@
+"""The `Detectors` port (services/dlp/detectors.py): the salt file, made once and kept,
+and the detectors built only when asked for."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.core.dlp import DETECTORS
+from gateway.services.dlp.detectors import SALT_BYTES, LazyDetectors, ensure_salt
+
+
+def test_the_salt_is_made_once_private_and_then_read(tmp_path: Path) -> None:
+    path = tmp_path / "certs" / "dlp-salt"
+    first = ensure_salt(path)
+    assert len(first) == SALT_BYTES and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert ensure_salt(path) == first
+    assert ensure_salt(tmp_path / "other") != first  # (another deployment, another salt)
+
+
+def test_a_salt_too_short_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "dlp-salt"
+    path.write_bytes(b"short")
+    with pytest.raises(ValueError, match="fewer than 16 bytes"):
+        ensure_salt(path)
+
+
+def test_the_scanner_is_built_once_with_every_detector() -> None:
+    detectors = LazyDetectors(b"s" * 32, 1 << 20)
+    assert not detectors.built
+    scanner = detectors.scanner()
+    assert detectors.built and detectors.scanner() is scanner
+    assert {d.name for d in scanner.detectors} == set(DETECTORS)
+    assert (scanner.salt, scanner.limit) == (b"s" * 32, 1 << 20)
+
+
+def test_constructing_the_port_does_not_import_the_library() -> None:
+    code = ("import sys\nfrom gateway.services.dlp.detectors import LazyDetectors\n"
+            "LazyDetectors(b'x' * 32, 1)\n"
+            "print('detect_secrets' in sys.modules, 'requests' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.split() == ["False", "False"]
