@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 import threading
 from pathlib import Path
 
@@ -32,20 +33,27 @@ SALT_BYTES = 32
 
 
 def ensure_salt(path: Path) -> bytes:
-    """The salt in `path`, created (0600, exclusively: workers starting together agree
-    on one) if there is none. Raises OSError, or ValueError for a file too short."""
+    """The salt in `path`, created (0600) if there is none. Workers starting together
+    agree on one and never read a half-written file: the salt is written whole to a file
+    of its own, then linked into place (`os.link` fails if another got there first, and
+    that one is read). Raises OSError, or ValueError for a file too short."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:  # (another worker wrote it first)
-            data = path.read_bytes()
-        else:
-            data = secrets.token_bytes(SALT_BYTES)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
+            with os.fdopen(fd, "wb") as f:  # (mkstemp: 0600)
+                f.write(secrets.token_bytes(SALT_BYTES))
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:  # (another worker linked its salt first: theirs)
+                pass
+        finally:
+            os.unlink(tmp)
+        data = path.read_bytes()
     if len(data) < 16:
         raise ValueError(f"{path} holds fewer than 16 bytes; delete it to have a new salt "
                          "made, or write 32 random bytes into it")

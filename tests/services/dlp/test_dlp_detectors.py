@@ -45,3 +45,21 @@ def test_constructing_the_port_does_not_import_the_library() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_processes_starting_together_agree_on_one_whole_salt(tmp_path: Path) -> None:
+    """Workers start together: each either makes the salt or reads the one another made,
+    never a file created but not yet written (a worker failed to start on that)."""
+    import multiprocessing
+
+    for round_ in range(30):  # (the race it guards was seen about once in 30 rounds)
+        path = tmp_path / f"r{round_}" / "dlp-salt"
+        with multiprocessing.get_context("fork").Pool(8) as pool:
+            salts = pool.map(_salt_of, [path] * 32)
+        assert len(set(salts)) == 1 and len(salts[0]) == 32
+        assert sorted(p.name for p in path.parent.iterdir()) == ["dlp-salt"]  # no temp left
+        assert path.stat().st_mode & 0o777 == 0o600
+
+
+def _salt_of(path: Path) -> bytes:
+    return ensure_salt(path)
