@@ -17,6 +17,7 @@ salt is never logged; a fingerprint is HMAC-SHA256 under it (`core/dlp/findings.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import tempfile
@@ -47,10 +48,8 @@ def ensure_salt(path: Path) -> bytes:
                 f.write(secrets.token_bytes(SALT_BYTES))
                 f.flush()
                 os.fsync(f.fileno())
-            try:
+            with contextlib.suppress(FileExistsError):  # (another's came first: theirs)
                 os.link(tmp, path)
-            except FileExistsError:  # (another worker linked its salt first: theirs)
-                pass
         finally:
             os.unlink(tmp)
         data = path.read_bytes()
