@@ -234,8 +234,11 @@ class GatewayProxy(Proxy):
     def __init__(self, workdir: Path, upstream_ca: Path, static_port: int, sse_port: int,
                  cpu: int | None, workers: int | None = None,
                  upstream_idle_timeout: str | None = None,
-                 telemetry: dict[str, Any] | None = None, otlp_logs: bool = False) -> None:
+                 telemetry: dict[str, Any] | None = None, otlp_logs: bool = False,
+                 wrap: tuple[str, ...] = (), ready_seconds: float = 30.0) -> None:
         self.dir = workdir
+        self.wrap = wrap  # a command the gateway runs under (bench/instructions.py: valgrind)
+        self.ready_seconds = ready_seconds
         self.workers = workers  # None: the config default (one per usable core)
         self.upstream_idle_timeout = upstream_idle_timeout  # None: the config default (30 s)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -285,10 +288,10 @@ class GatewayProxy(Proxy):
         if self.workers is not None:
             cmd += ["--workers", str(self.workers)]
         self.proc = subprocess.Popen(
-            _pinned(cmd, self.cpu),
+            [*self.wrap, *_pinned(cmd, self.cpu)],
             cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=self._log,
             stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + self.ready_seconds
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"gateway exited ({self.proc.returncode}): {self.log_tail()}")
@@ -301,7 +304,8 @@ class GatewayProxy(Proxy):
                 pass
             time.sleep(0.1)
         else:
-            raise RuntimeError(f"gateway not ready within 30 s: {self.log_tail()}")
+            raise RuntimeError(
+                f"gateway not ready within {self.ready_seconds:.0f} s: {self.log_tail()}")
         if self.workers is not None and self.workers > 1:
             # /readyz answers as soon as one worker listens; the supervisor says when all do.
             banner = f"sandbox-gateway ready: {self.workers} workers"

@@ -1,0 +1,143 @@
+"""``python -m bench.instructions [--row inject|policy] [--seconds S] [--top N]``: the
+gateway's CPU instructions per intercepted request, counted by valgrind's callgrind.
+
+The timing rows of ``python -m bench`` move by 10-20 % with whatever else runs on the
+machine; an instruction count does not. This runs the gateway (one process, under
+``valgrind --tool=callgrind`` with instrumentation off), warms ten keep-alive connections
+through it to nginx, then counts only the measured phase (``callgrind_control -i on``)
+of the load client's keep-alive GETs (c10) and divides by the requests answered. Two
+checkouts compared this way differ by what their code does, not by the machine's load:
+run it in each and compare the figures (about 1-2 minutes each; the gateway runs about
+50x slower under callgrind, so a run answers a few hundred requests).
+
+Needs ``valgrind`` (Debian ``valgrind``) and nginx as ``python -m bench`` does. Listens
+and connects on 127.0.0.1 only; every process it starts is stopped on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.proxies import ROOT, GatewayProxy, stop_process
+from bench.upstream import LocalCA, SSEServer, StaticUpstream
+
+HOSTS = {"inject": "inject.bench.test", "policy": "policy.bench.test"}
+_COUNT = re.compile(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(.*)$")
+
+
+def measure(row: str, seconds: float, top: int) -> dict[str, Any]:
+    """Instructions per request of `row` (inject: the token swapped for the key)."""
+    for tool in ("valgrind", "callgrind_control", "callgrind_annotate"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"{tool} not found: apt-get install valgrind")
+    with tempfile.TemporaryDirectory(prefix="sandbox-gateway-instructions-") as tmp:
+        work = Path(tmp)
+        out = work / "callgrind.out"
+        ca = LocalCA.create(work / "ca")
+        static = StaticUpstream(work, ca, 1000, None)
+        sse = SSEServer(work, ca)
+        gateway: GatewayProxy | None = None
+        client: subprocess.Popen[bytes] | None = None
+        try:
+            static.start()
+            sse.start()
+            gateway = GatewayProxy(
+                work / "gateway", ca.cert_path, static.port, sse.port, None, workers=1,
+                ready_seconds=300, wrap=("valgrind", "--tool=callgrind", "--instr-atstart=no",
+                                         f"--callgrind-out-file={out}"))
+            gateway.start()
+            spec: dict[str, Any] = {
+                "workload": "get", "host": HOSTS[row], "port": 443, "connections": 10,
+                "duration": seconds, "cpu": None, "proxy": ["127.0.0.1", gateway.port],
+                "proxy_auth": gateway.auth, "cafile": str(gateway.ca_cert)}
+            if row == "inject":
+                spec["headers"] = {"X-Api-Key": gateway.token}
+            client = subprocess.Popen([sys.executable, "-m", "bench.load", json.dumps(spec)],
+                                      cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            assert client.stdin is not None and client.stdout is not None
+            ready = json.loads(client.stdout.readline())
+            if ready.get("warmup_statuses") != {"200": 10}:
+                raise SystemExit(f"warm-up failed: {ready}\n{gateway.log_tail()}")
+            pid = str(gateway.pid)
+            _control("-z", pid)  # (nothing counted before; the counters start at zero)
+            _control("-i", "on", pid)
+            client.stdin.write(b"go\n")
+            client.stdin.flush()
+            result = json.loads(client.stdout.readline())
+            _control("-i", "off", pid)
+            _control("-d", pid)
+            client.stdin.write(b"bye\n")
+            client.stdin.flush()
+            client.wait(30)
+            dumps = sorted(work.glob("callgrind.out.*"))
+            if not dumps or not result.get("ok"):
+                raise SystemExit(f"nothing measured: {result}\n{gateway.log_tail()}")
+            total, functions = _annotate(dumps[-1])
+        finally:
+            if client is not None:
+                stop_process(client)
+            if gateway is not None:
+                gateway.stop()
+            sse.stop()
+            static.stop()
+    requests = int(result["ok"])
+    return {"row": row, "requests": requests, "instructions": total,
+            "instructions_per_request": round(total / requests),
+            "top": [{"function": name, "per_request": round(count / requests)}
+                    for name, count in functions[:top]]}
+
+
+def _control(*args: str) -> None:
+    subprocess.run(["callgrind_control", *args], check=True, capture_output=True, timeout=60)
+
+
+def _annotate(path: Path) -> tuple[int, list[tuple[str, int]]]:
+    """The dump's total and its functions by self cost, most first."""
+    text = subprocess.run(["callgrind_annotate", "--threshold=100", str(path)], check=True,
+                          capture_output=True, text=True, timeout=300).stdout
+    total = 0
+    functions: list[tuple[str, int]] = []
+    for line in text.splitlines():
+        found = _COUNT.match(line)
+        if found is None:
+            continue
+        count = int(found.group(1).replace(",", ""))
+        name = re.sub(r"\s*\[.*\]$", "", found.group(2).strip())  # (the object's path)
+        if name.startswith("PROGRAM TOTALS"):
+            total = count
+        else:
+            functions.append((name.rsplit("/", 1)[-1][:100] or "?", count))
+    return total, functions
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.instructions",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--row", choices=sorted(HOSTS), default="inject",
+                        help="inject: the token swapped for the key (default); policy: no key")
+    parser.add_argument("--seconds", type=float, default=15.0,
+                        help="measured phase (default 15; a few hundred requests)")
+    parser.add_argument("--top", type=int, default=0, help="also list the N costliest functions")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    args = parser.parse_args(argv)
+    found = measure(args.row, args.seconds, args.top)
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return 0
+    print(f"{found['row']}: {found['instructions_per_request']:,} instructions per request "
+          f"({found['requests']} requests, keep-alive, c10)")
+    for entry in found["top"]:
+        print(f"  {entry['per_request']:>9,}  {entry['function']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
