@@ -77,8 +77,7 @@ def test_rubygems_preset_gem_install_and_a_refused_push(tmp_path: Path) -> None:
     """`gem install` (RubyGems 3.3, Debian's) from the source https://rubygems.org/: a
     HEAD of index.rubygems.org's root, the compact index there (`info/<gem>`), then the
     spec and the .gem from that same host; `gem push` (POST /api/v1/gems) refused."""
-    if shutil.which("gem") is None:
-        pytest.skip("gem is not installed (Debian ruby)")
+    assert shutil.which("gem"), "gem is needed (scripts/test-tools.sh installs ruby)"
     ca = LocalCA.create(tmp_path / "ca", name="rubygems CA")
     nginx = Nginx(tmp_path / "nginx", ca, ["rubygems.org", "index.rubygems.org"])
     try:
@@ -119,8 +118,7 @@ def test_docker_hub_preset_skopeo_pulls_and_a_refused_push(tmp_path: Path) -> No
     production.cloudflare.docker.com; copying an image back (a push: POST
     /v2/.../blobs/uploads/) is refused."""
     skopeo = shutil.which("skopeo")
-    if skopeo is None:
-        pytest.skip("skopeo is not installed (Debian skopeo)")
+    assert skopeo, "skopeo is needed (scripts/test-tools.sh installs it)"
     ca = LocalCA.create(tmp_path / "ca", name="docker hub CA")
     hub = DockerHub()
     server = serve_wsgi(hub.app, ca.server_context(tmp_path, list(hub.HOSTS)), Recorder())
