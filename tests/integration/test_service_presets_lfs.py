@@ -158,3 +158,4 @@ def test_github_write_pushes_with_an_lfs_upload(lab: Lab) -> None:
         (m, h, p) for m, h, p, _ in _seen(lines)}, lines
     assert f"/octo/lfs/objects/{oid}/verify" in {
         h.path for h in lab.server.recorder.heads if h.method == "POST"}
+
