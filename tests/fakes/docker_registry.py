@@ -2,7 +2,9 @@
 registry client meets it: `registry-1.docker.io/v2/` answers 401 with a Bearer challenge
 naming `https://auth.docker.io/token`; the token service hands out a token; the
 registry serves one image's manifest (Docker schema 2) to that token and redirects each
-blob's GET (307) to a signed URL on production.cloudflare.docker.com, which serves it. A
+blob's GET (307) to a signed URL on the storage host anonymous pulls are sent to
+(`STORAGE`, Cloudflare R2: Docker's allowlist lists it for "Personal plan / Anonymous"
+pulls; paid plans go to production.cloudflare.docker.com), which serves it. A
 blob HEAD is 404 (so a push would upload); a write (POST/PUT/PATCH) would be answered
 202, so a refusal seen by the client is the gateway's."""
 
@@ -21,6 +23,7 @@ TOKEN = "dockerhub-fake-registry-token"
 CHALLENGE = ('Bearer realm="https://auth.docker.io/token",service="registry.docker.io",'
              f'scope="repository:{IMAGE}:pull"')
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
+STORAGE = "docker-images-prod.6aa30f8b08e16409b46e0173d6de2f56.r2.cloudflarestorage.com"
 
 
 def _digest(data: bytes) -> str:
@@ -30,7 +33,7 @@ def _digest(data: bytes) -> str:
 class DockerHub:
     """One image, `IMAGE:1.0`: a config blob and one gzipped tar layer."""
 
-    HOSTS = ("registry-1.docker.io", "auth.docker.io", "production.cloudflare.docker.com")
+    HOSTS = ("registry-1.docker.io", "auth.docker.io", STORAGE)
 
     def __init__(self) -> None:
         tar = io.BytesIO()
@@ -67,8 +70,8 @@ class DockerHub:
         if method == "GET" and digest in self.blobs:
             hexd = digest.split(":")[1]
             return "307 Temporary Redirect", [(
-                "Location", "https://production.cloudflare.docker.com/registry-v2/docker/"
-                f"registry/v2/blobs/sha256/{hexd[:2]}/{hexd}/data?verify=1")], b""
+                "Location", f"https://{STORAGE}/registry-v2/docker/registry/v2/blobs/"
+                f"sha256/{hexd[:2]}/{hexd}/data?X-Amz-Signature=fake")], b""
         return "404 Not Found", [], b""
 
     def app(self, environ: dict[str, Any], start_response: Callable[..., Any]
@@ -83,7 +86,7 @@ class DockerHub:
             status = "200 OK"
             body = json.dumps({"token": TOKEN, "access_token": TOKEN, "expires_in": 300,
                                "issued_at": "2026-11-29T00:00:00Z"}).encode()
-        elif host == "production.cloudflare.docker.com":
+        elif host == STORAGE:
             blob = {f"/registry-v2/docker/registry/v2/blobs/sha256/{d[7:9]}/{d[7:]}/data": b
                     for d, b in self.blobs.items()}.get(path)
             if blob is not None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes.docker_registry import IMAGE, DockerHub
+from fakes.docker_registry import IMAGE, STORAGE, DockerHub
 from fakes.huggingface_hub import LFS_FILE, REPO, SMALL_FILE, HubFiles
 from fakes.rubygems_index import make_gem_source
 from fakes.tls_http import Recorder, serve_wsgi
@@ -115,7 +115,7 @@ def test_rubygems_preset_gem_install_and_a_refused_push(tmp_path: Path) -> None:
 def test_docker_hub_preset_skopeo_pulls_and_a_refused_push(tmp_path: Path) -> None:
     """`skopeo copy docker://docker.io/library/...`: the registry's 401 sends it to
     auth.docker.io for a token, then the manifest, and each blob's GET is redirected to
-    production.cloudflare.docker.com; copying an image back (a push: POST
+    the storage host of anonymous pulls (Cloudflare R2); copying an image back (a push: POST
     /v2/.../blobs/uploads/) is refused."""
     skopeo = shutil.which("skopeo")
     assert skopeo, "skopeo is needed (scripts/test-tools.sh installs it)"
@@ -142,7 +142,7 @@ def test_docker_hub_preset_skopeo_pulls_and_a_refused_push(tmp_path: Path) -> No
     seen = {(r["method"], r["host"], r["path"].split("?")[0], r["status"]) for r in fetched}
     assert ("GET", "auth.docker.io", "/token", 200) in seen, seen
     assert ("GET", "registry-1.docker.io", f"/v2/{IMAGE}/manifests/1.0", 200) in seen, seen
-    redirected = {r["path"] for r in fetched if r["host"] == "production.cloudflare.docker.com"}
+    redirected = {r["path"] for r in fetched if r["host"] == STORAGE}
     assert len(redirected) == len(hub.blobs), fetched
     _all_from(fetched, "docker-hub")
     assert push.returncode != 0 and "StatusCode: 403" in push.stderr, push.stderr
