@@ -4,8 +4,9 @@ github.com/<owner>/<repo>.git/info/lfs/objects/batch`, `application/vnd.git-lfs+
 sends downloads to `github-cloud.githubusercontent.com/alambic/media/<oid>`, uploads to
 a PUT on `github-cloud.s3.amazonaws.com/alambic/media/<oid>` (the hosts seen in GitHub's
 answers in git-lfs traces; the paths are this fake's) and their verification to a POST
-on `lfs.github.com/<owner>/<repo>/objects/<oid>/verify` (host and path this fake's). Lock requests are 404 (git-lfs carries on without the
-locking API). Every request head is recorded."""
+on `lfs.github.com/<owner>/<repo>/objects/<oid>/verify` (host and path this fake's).
+Lock requests are 404 (git-lfs carries on without the locking API). Every request head
+is recorded."""
 
 from __future__ import annotations
 
