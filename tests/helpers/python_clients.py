@@ -1,8 +1,9 @@
 """Python programs from PyPI, pinned, each in its own virtualenv cached outside the repo like
 the Node clients: installed once per machine (setup, not test traffic). Without PyPI the
 tests that need them FAIL: CI must run them. Aider (the version whose traffic the shipped
-preset was written from) and the official MCP SDK (both sides of the `mcp:` rule tests:
-the gateway's own dependencies stay out of its resolution)."""
+preset was written from), the official MCP SDK (both sides of the `mcp:` rule tests:
+the gateway's own dependencies stay out of its resolution) and huggingface_hub (the
+`service/huggingface` preset's client)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from helpers.node_clients import cache_root
 
 AIDER = "aider-chat==0.86.2"
 MCP = "mcp==1.30.0"
+HUGGINGFACE_HUB = "huggingface_hub==2.4.0"
 
 
 def pypi_venv(spec: str) -> Path:
@@ -49,4 +51,15 @@ def mcp_python() -> Path:
     check = subprocess.run([str(python), "-c", "import mcp.client.streamable_http"],
                            capture_output=True, text=True, timeout=120, check=False)
     assert check.returncode == 0, check.stderr
+    return python
+
+
+def huggingface_python() -> Path:
+    """A Python with huggingface_hub (HUGGINGFACE_HUB) importable: the Hub's own client
+    (its downloads, its commit API)."""
+    python = pypi_venv(HUGGINGFACE_HUB) / "bin" / "python"
+    check = subprocess.run([str(python), "-c", "import huggingface_hub; "
+                            "print(huggingface_hub.__version__)"],
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert check.stdout.strip() == HUGGINGFACE_HUB.split("==")[1], check.stderr
     return python

@@ -98,6 +98,12 @@ TABLE = [
      "allow"),
     ("service/docker-hub", "PUT", "https://registry-1.docker.io/v2/library/alpine/manifests/"
      "3", "deny"),
+    # anonymous pulls' blobs (Docker's allowlist: Cloudflare R2), read only
+    ("service/docker-hub", "GET", "https://docker-images-prod.6aa30f8b08e16409b46e0173d6de2f56"
+     ".r2.cloudflarestorage.com/registry-v2/docker/registry/v2/blobs/sha256/ab/ab/data",
+     "allow"),
+    ("service/docker-hub", "PUT", "https://docker-images-prod.6aa30f8b08e16409b46e0173d6de2f56"
+     ".r2.cloudflarestorage.com/registry-v2/x", "deny"),
     ("service/huggingface", "GET", "https://huggingface.co/gpt2/resolve/main/config.json",
      "allow"),
     ("service/huggingface", "GET", "https://huggingface.co/openai/whisper/resolve/main/a.bin",
