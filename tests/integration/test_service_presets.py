@@ -317,9 +317,12 @@ def test_go_proxy_preset_go_mod_download(tmp_path: Path) -> None:
     assert all(r["rule"].startswith("service/go-proxy.yaml:") for r in lines), lines
 
 
-def test_gitlab_read_clones_a_nested_project_and_refuses_a_push(tmp_path: Path) -> None:
+@pytest.mark.parametrize("preset", ["gitlab-read", "gitlab-write"])
+def test_gitlab_clones_a_nested_project_and_a_push_by_preset(tmp_path: Path,
+                                                               preset: str) -> None:
     """GitLab's projects sit in nested groups: `/**/info/refs` and `/**/git-upload-pack`
-    let a clone through, `git-receive-pack` is refused."""
+    let a clone through; `git-receive-pack` is refused under gitlab-read and reaches the
+    server (the push lands) under gitlab-write."""
     ca = LocalCA.create(tmp_path / "ca", name="gitlab CA")
     bare = make_repo(tmp_path / "git", "group/sub/proj", "from-gitlab\n")
     _git_config(bare, "http.receivepack", "true")
@@ -327,7 +330,7 @@ def test_gitlab_read_clones_a_nested_project_and_refuses_a_push(tmp_path: Path) 
     try:
         (tmp_path / "policies").mkdir()
         (tmp_path / "policies" / "gl.yaml").write_text(
-            "version: v1\nname: gl\nextends: [service/gitlab-read]\n")
+            f"version: v1\nname: gl\nextends: [service/{preset}]\n")
         gw = GatewayThread(tmp_path, {"network": {"upstream_ca": str(ca.cert_path),
                                                   "resolve": {"gitlab.com":
                                                               f"127.0.0.1:{server.port}"}}})
@@ -343,17 +346,27 @@ def test_gitlab_read_clones_a_nested_project_and_refuses_a_push(tmp_path: Path) 
             (work / "NEW").write_text("x\n")
             assert _git(box, "add", "NEW", cwd=work).returncode == 0
             assert _git(box, "commit", "-q", "-m", "new", cwd=work).returncode == 0
-            pushed = _git(box, "push", "-q", "origin", "HEAD:main", cwd=work)
-            refused = gw.audit.wait_for(lambda r: r.get("sandbox") == "gl-1"
-                                        and r.get("decision") == "deny")
+            pushed = _git(box, "push", "-q", "origin", "HEAD:pushed", cwd=work)
+            receive = gw.audit.wait_for(
+                lambda r: r.get("sandbox") == "gl-1"
+                and r.get("path") == "/group/sub/proj.git/git-receive-pack")
         finally:
             gw.stop()
     finally:
         server.stop()
-    assert pushed.returncode != 0 and "403" in pushed.stderr, pushed.stderr
-    assert [(r["method"], r["path"]) for r in refused] == [
-        ("POST", "/group/sub/proj.git/git-receive-pack")], refused
-    assert not [h for h in server.recorder.heads if h.path.endswith("/git-receive-pack")]
+    reached = [h for h in server.recorder.heads if h.path.endswith("/git-receive-pack")]
+    if preset == "gitlab-read":
+        assert pushed.returncode != 0 and "403" in pushed.stderr, pushed.stderr
+        assert [(r["method"], r["decision"]) for r in receive] == [("POST", "deny")], receive
+        assert not reached
+    else:
+        assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+        assert receive and all(r["decision"] == "allow" for r in receive), receive
+        assert receive[0]["rule"].startswith("service/gitlab-write.yaml:"), receive
+        assert reached
+        pushed_ref = subprocess.run(["git", "-C", str(bare), "rev-parse", "refs/heads/pushed"],
+                                    capture_output=True, text=True, timeout=30, check=False)
+        assert pushed_ref.returncode == 0, pushed_ref.stderr
 
 
 def test_maven_central_preset_mvn(tmp_path: Path) -> None:
