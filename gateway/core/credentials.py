@@ -175,7 +175,7 @@ def plan(credential: Credential, headers: Headers, target: Target, identity: Ide
         if credential.challenge:  # git asks its credential helper only after a 401
             raise Refusal("credential_required", f"rule {rule or '?'} injects credential "
                           f"{credential.name!r}: send the sandbox token as the password "
-                          "(Basic x-access-token:<token>) or as Authorization: Bearer", rule)
+                          f"of Authorization: Basic{_other_carriers(credential)}", rule)
         raise Refusal("credential_not_in_scope", f"rule {rule or '?'} injects credential "
                       f"{credential.name!r}, but the request carries no gateway token where "
                       "the provider expects its key; set the API key variable to the "
@@ -205,6 +205,15 @@ def plan(credential: Credential, headers: Headers, target: Target, identity: Ide
                       f"--scope {credential.name}")
     path = _clear(headers, target.path, credential)
     return Swap(credential, credential.places or carrier), path
+
+
+def _other_carriers(credential: Credential) -> str:
+    """`` or as …`` for the carriers besides Basic a challenged credential accepts."""
+    names = {"bearer": "Authorization: Bearer", "token": "Authorization: token",
+             "header": "header {}", "query": "query parameter {}"}
+    others = [names[c.kind].format(c.name) for c in credential.injection.carriers
+              if c.kind != "basic" and c.kind in names]
+    return "".join(f" or as {o}" for o in others)
 
 
 def _minted(credential: Credential, headers: Headers, path: str,

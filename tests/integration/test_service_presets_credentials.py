@@ -10,6 +10,7 @@ preset's rules, which name paths, are tried first and stay keyless (docs/policie
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,3 +104,36 @@ def test_github_write_with_a_credential_rule_naming_its_paths(tmp_path: Path,
     assert hostwide.returncode != 0 and "403" in hostwide.stderr, hostwide.stderr
     assert [(r["path"], r["error"]) for r in refused] == [
         ("/acme/tools.git/info/refs", "exfiltration_blocked")], refused
+
+
+def test_a_static_basic_credential_is_sent_after_gits_challenge(tmp_path: Path,
+                                                               github: FakeGitHub) -> None:
+    """A static credential with a Basic carrier (a personal access token in the secret
+    store): git sends no password until a 401 challenge, so the gateway answers its first
+    request 401 `WWW-Authenticate: Basic` (not 403); git's credential helper then answers
+    with the sandbox token, and the token is swapped for the stored one."""
+    pat = "ghp_" + "s" * 36
+    github.tokens[pat] = time.time() + 3600  # (the fake accepts it like a live token)
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(
+        POLICY.format(name="pat", paths=PATHS)
+        + "credentials:\n  github:\n    secret: github-pat\n    hosts: [github.com]\n"
+          "    inject: {basic: x-access-token}\n")
+    (tmp_path / "secrets.yaml").write_text(yaml.safe_dump({"github-pat": pat}))
+    (tmp_path / "secrets.yaml").chmod(0o600)
+    gw = GatewayThread(tmp_path, {
+        "network": {"upstream_ca": str(github.ca_path), "resolve": github.resolve()},
+        "secrets": {"store": "file", "path": str(tmp_path / "secrets.yaml")}})
+    try:
+        box = Sandbox.from_cli(tmp_path / "home", token=gw.mint("pat", sandbox="pat"),
+                               proxy=gw.proxy, ca_bundle=gw.ca_cert, node_preload=Path("none"),
+                               config=tmp_path / "gateway.yaml")
+        cloned = _git(box, "clone", "-q", "https://github.com/acme/tools.git", "clone")
+        lines = gw.audit.wait_for(lambda r: r.get("sandbox") == "pat" and r.get("status") == 200)
+        every = [r for r in gw.audit.records() if r.get("sandbox") == "pat"]
+    finally:
+        gw.stop()
+    assert cloned.returncode == 0, cloned.stderr
+    assert (box.home / "clone" / "README.md").read_text() == "tools\n"
+    assert [(r["status"], r.get("error")) for r in every][:1] == [(401, "credential_required")]
+    assert lines and lines[0]["credential"] == "github", lines

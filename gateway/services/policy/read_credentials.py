@@ -156,6 +156,8 @@ def read_credential(nodes: Nodes, name: str, node: Node, policy: str, where: str
         source=where,
         policy=policy,
         placeholder=placeholder,
+        # A Basic carrier: clients such as git send a password only after a 401 challenge.
+        challenge=injection.kind == "basic",
     )
 
 

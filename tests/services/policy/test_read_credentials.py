@@ -52,7 +52,7 @@ STORED = [
                 injection=Injection("query", "key"))),
     ("{hosts: [a.example.com], secret: k, inject: {basic: user}}",
      Credential(name="c", secret="k", hosts=("a.example.com",),
-                injection=Injection("basic", "user"))),
+                injection=Injection("basic", "user"), challenge=True)),  # (401 first: git)
 ]
 
 
