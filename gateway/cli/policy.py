@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 from gateway.cli.common import audit_lines as _audit_lines
 from gateway.cli.common import config_of
 from gateway.cli.policy_learn import register_learn
+from gateway.core.policy.lint import outranked_credentials
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:
@@ -48,6 +49,12 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
           f"{' (their secrets present)' if args.secrets else ''}: OK")
     for line in preset_lines(policy_set):
         print(line)
+    warned: set[str] = set()  # (a rule inherited by several policies warns once)
+    for policy in policy_set.policies.values():
+        for warning in outranked_credentials(policy):
+            if warning not in warned:
+                warned.add(warning)
+                print(warning, file=sys.stderr)
     return 0
 
 
