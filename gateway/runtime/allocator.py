@@ -7,12 +7,13 @@ and a few hundred long-lived objects the burst allocated pin most of them. Every
 from jemalloc instead (`PYTHONMALLOC=malloc`, jemalloc preloaded) comes back to
 1.1-1.2x: its slabs are pages, not megabytes, and it returns free pages by itself
 (`dirty_decay_ms`, from a background thread) as well as when the memory guard asks
-(`purge`). Measured at no more CPU per intercepted request than pymalloc (glibc's malloc
-cost 4-10 % more; docs/performance.md).
+(`purge`). Its CPU per intercepted request measured as pymalloc's within this machine's
+noise (paired runs: medians 0.98-1.02 of pymalloc's; glibc's malloc cost 4-19 % more;
+docs/performance.md "Issue 46, item 3").
 
 An allocator is chosen before the interpreter starts, so `sandbox-gateway run` (only
 `run`: the other commands are short-lived) starts itself again, same pid and arguments,
-with the environment `environment` returns (`gateway/launch.py`); the workers of `run
+with the environment `environment` returns (`gateway/__main__.py`); the workers of `run
 --workers N` inherit it. It changes nothing when `PYTHONMALLOC` is already set (the
 operator's choice: `PYTHONMALLOC=pymalloc` keeps CPython's allocator, `malloc` glibc's)
 or when no libjemalloc is found (then pymalloc, as before). `MALLOC_CONF` set by the
@@ -84,28 +85,35 @@ def restart(env: Mapping[str, str] | None = None) -> None:
 
 
 @functools.cache
-def _mallctl() -> Callable[..., int] | None:
+def _symbol(name: str) -> Callable[..., int] | None:
     try:
-        ctl: Callable[..., int] | None = getattr(ctypes.CDLL(None), "mallctl", None)
+        found: Callable[..., int] | None = getattr(ctypes.CDLL(None), name, None)
     except OSError:
         return None
-    return ctl
+    return found
 
 
 def current() -> str:
-    """The allocator Python objects come from in this process: `jemalloc`, `malloc`
-    (the C library's) or `pymalloc`."""
-    if os.environ.get("PYTHONMALLOC", "").startswith("malloc"):
-        return "jemalloc" if _mallctl() is not None else "malloc"
-    return "pymalloc"
+    """The allocator Python objects come from in this process: `jemalloc`, `mimalloc`,
+    `malloc` (the C library's) or `pymalloc`."""
+    if not os.environ.get("PYTHONMALLOC", "").startswith("malloc"):
+        return "pymalloc"
+    if _symbol("mallctl") is not None:
+        return "jemalloc"
+    return "mimalloc" if _symbol("mi_collect") is not None else "malloc"
 
 
 def purge() -> bool:
-    """Return jemalloc's free pages to the kernel now (this thread's cache flushed,
-    every arena purged); False when jemalloc is not this process's allocator."""
-    ctl = _mallctl()
-    if ctl is None:
-        return False
-    ctl(b"thread.tcache.flush", None, None, None, 0)
-    ctl(f"arena.{_ARENAS_ALL}.purge".encode(), None, None, None, 0)
-    return True
+    """Return the preloaded allocator's free pages to the kernel now: jemalloc's (this
+    thread's cache flushed, every arena purged) or mimalloc's (`mi_collect(force)`);
+    False when neither is this process's allocator."""
+    ctl = _symbol("mallctl")
+    if ctl is not None:
+        ctl(b"thread.tcache.flush", None, None, None, 0)
+        ctl(f"arena.{_ARENAS_ALL}.purge".encode(), None, None, None, 0)
+        return True
+    collect = _symbol("mi_collect")
+    if collect is not None:
+        collect(True)
+        return True
+    return False

@@ -22,7 +22,8 @@ now starts its processes on jemalloc where it is installed (the image installs i
 `allocator.py`): every object from jemalloc, whose slabs are pages, not megabytes, and
 which returns free pages itself within a second (`dirty_decay_ms`) and at once when
 asked (`allocator.purge`, called here instead of `malloc_trim`): 5,000 tunnels leave
-1.16-1.22x, at the same CPU per request as pymalloc (docs/performance.md).
+1.16-1.22x, with no difference in CPU per request from pymalloc that paired runs on a
+busy 2-vCPU machine could resolve (docs/performance.md).
 `PYTHONMALLOC=pymalloc` keeps CPython's allocator (docs/operations.md).
 
 So this module, on the worker's event loop:

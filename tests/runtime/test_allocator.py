@@ -83,3 +83,14 @@ def test_pythonmalloc_set_keeps_the_process_as_it_is() -> None:
     assert got["first"] is None  # not started again
     assert got["current"] == "pymalloc" and got["mapped"] is False
     assert got["purged"] is False
+
+
+MIMALLOC = "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2"
+
+
+@pytest.mark.skipif(not Path(MIMALLOC).is_file(), reason="libmimalloc2.0 is not installed")
+def test_an_operators_mimalloc_is_kept_and_purged() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF")}
+    got = _probe({**env, "PYTHONMALLOC": "malloc", "LD_PRELOAD": MIMALLOC})
+    assert got["first"] is None  # PYTHONMALLOC set: not started again
+    assert got["current"] == "mimalloc" and got["purged"] is True and got["mapped"] is False
