@@ -22,12 +22,10 @@ operator is kept. Standard library only: this runs before the gateway is importe
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 __all__ = ["JEMALLOC_CONF", "LIBRARIES", "current", "environment", "find_jemalloc",
            "purge", "restart"]
@@ -50,7 +48,7 @@ _ARENAS_ALL = 4096  # MALLCTL_ARENAS_ALL: "arena.4096.purge" purges every arena
 
 def find_jemalloc(candidates: tuple[str, ...] = LIBRARIES) -> str | None:
     """The path of an installed libjemalloc.so.2, or None."""
-    return next((path for path in candidates if Path(path).is_file()), None)
+    return next((path for path in candidates if os.path.isfile(path)), None)
 
 
 def environment(env: Mapping[str, str],
@@ -86,6 +84,8 @@ def restart(env: Mapping[str, str] | None = None) -> None:
 
 @functools.cache
 def _symbol(name: str) -> Callable[..., int] | None:
+    import ctypes  # (here: the start `restart` serves needs none of it)
+
     try:
         found: Callable[..., int] | None = getattr(ctypes.CDLL(None), name, None)
     except OSError:
