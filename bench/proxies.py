@@ -272,7 +272,7 @@ class GatewayProxy(Proxy):
                     if not k.upper().startswith(("SANDBOX_GATEWAY_", "HTTP_PROXY", "HTTPS_PROXY",
                                                  "ALL_PROXY", "NO_PROXY"))}
         self.env["SANDBOX_GATEWAY_SECRET_BENCH_KEY"] = SECRET
-        # BENCH_GATEWAY_ENV="PYTHONMALLOC=malloc ...": variables for the gateway only (an
+        # BENCH_GATEWAY_ENV="PYTHONMALLOC=pymalloc ...": variables for the gateway only (an
         # allocator's CPU cost without the load client's; bench/README.md)
         for item in os.environ.get("BENCH_GATEWAY_ENV", "").split():
             key, _, value = item.partition("=")

@@ -1,5 +1,40 @@
-"""`python -m gateway` is the `sandbox-gateway` command."""
+"""`python -m gateway` is the `sandbox-gateway` command (`main`, its entry point too).
 
-from gateway.cli import main
+`run` is first started again on the allocator its processes should have
+(`runtime/allocator.py`: jemalloc where installed), before the CLI and the gateway are
+imported: the interpreter takes its allocator when it starts, and importing the CLI
+twice would cost seconds on a busy machine."""
 
-raise SystemExit(main())
+from __future__ import annotations
+
+import sys
+
+__all__ = ["command_of", "main"]
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The subcommand of a `sandbox-gateway` command line (the first argument that is not
+    an option or `--config`'s value), or None."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--config":
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
+def main() -> int:
+    if command_of(sys.argv[1:]) == "run":
+        from gateway.runtime.allocator import restart
+
+        restart()  # (returns when already on it, told otherwise, or without jemalloc)
+    from gateway.cli import main as cli_main
+
+    return cli_main()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

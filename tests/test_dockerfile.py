@@ -26,6 +26,8 @@ import pytest
 import yaml
 from helpers.cache_lock import installing
 
+from gateway.runtime.allocator import LIBRARIES
+
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "Dockerfile"
 SANDBOX_DOCKERFILE = REPO / "examples" / "sandbox" / "Dockerfile"
@@ -238,6 +240,12 @@ def test_entrypoint_cmd_ports_and_env(gateway: list[Instr]) -> None:
     assert env["PATH"].startswith("/opt/venv/bin:")
     assert env["PYTHONDONTWRITEBYTECODE"] == "1"  # read-only root filesystem
     assert env["MALLOC_ARENA_MAX"] == "2"  # (memory given back after bursts, issue 46)
+    # jemalloc installed: `run` starts itself on it (gateway/runtime/allocator.py), and the
+    # image does not choose an allocator in its environment that would stop it
+    runs = " ".join(i.args for i in final if i.cmd == "RUN")
+    assert re.search(r"apt-get install -y --no-install-recommends libjemalloc2\b", runs)
+    assert "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2" in LIBRARIES
+    assert not {"PYTHONMALLOC", "LD_PRELOAD"} & set(env)
     assert (
         env["HOME"] == "/tmp" and env["TMPDIR"] == "/tmp"
     )  # writable only through the /tmp volume

@@ -4,26 +4,27 @@
 **Where a burst's memory stayed.** Measured on a real gateway (5,000 intercepted tunnels
 open at once, then closed; docs/operations.md): 69 MiB idle, 410 MiB kept after they
 closed. First, the closed connections themselves: each sat in reference cycles (its TLS
-sessions pointed back at it) and waited for a full garbage collection, which a burst
-may not trigger for minutes; those cycles are broken where the connections end
+sessions pointed back at it) and waited for a full garbage collection, which a burst may
+not trigger for minutes; those cycles are broken where the connections end
 (`engines/h1/side.py`, `net/tls.py`, `net/resolver.py`). Then glibc's heap: OpenSSL's
 per-connection buffers and the larger Python buffers are `malloc`ed, and freed chunks
 between chunks still in use are not returned by themselves; `malloc_trim(0)` returns
-those pages to the kernel (`MADV_DONTNEED`). What stays is pymalloc's: a 1 MiB arena
-is returned only when every object in it is gone. After 5,000 tunnels 34-43 of the
-burst's ~45 arenas stay (measured: `sys._debugmallocstats`, objects' addresses and
-tracemalloc tracebacks 5-60 s after the burst), each pinned by a few of ~500 long-lived
-small objects the burst happened to allocate there - no one owner: a metric's value, a
-counter, the timer and future of a periodic loop, SQLite's list of weak references to
-its cursors, asyncio's free list of future iterators, the upstream pool's idle
-connections. Taking out the largest groups (that free list refilled from old arenas,
-the cursor list pruned, each size class's first pool moved to an old arena) gave back
-0-3 arenas: the burst's blocks are freed (the bytes in use return to the idle figure)
-but their arenas stay resident with empty pools: 113-117 MiB after 5,000 tunnels
-(1.66-1.72x), 88-89 MiB after 2,000 (1.3x, tests/reliability/test_memory_burst.py).
-`PYTHONMALLOC=malloc` (every object from glibc's heap, which `malloc_trim` returns page
-by page) brings 5,000 back to 1.13-1.15x, at 5-10 % more CPU per intercepted request:
-an opt-in, not the default (docs/operations.md).
+those pages to the kernel (`MADV_DONTNEED`). What stayed then was pymalloc's, CPython's
+small-object allocator: a 1 MiB arena is returned only when every object in it is gone,
+and after 5,000 tunnels 34-43 of the burst's ~45 arenas stayed (measured:
+`sys._debugmallocstats`, objects' addresses and tracemalloc tracebacks 5-60 s after the
+burst), each pinned by a few of ~500 long-lived small objects the burst happened to
+allocate there - no one owner: a metric's value, a counter, the timer and future of a
+periodic loop, SQLite's list of weak references to its cursors, asyncio's free list of
+future iterators, the upstream pool's idle connections. Taking out the largest groups
+gave back 0-3 arenas: 1.65-1.72x idle after 5,000 tunnels, 1.3x after 2,000. So `run`
+now starts its processes on jemalloc where it is installed (the image installs it;
+`allocator.py`): every object from jemalloc, whose slabs are pages, not megabytes, and
+which returns free pages itself within a second (`dirty_decay_ms`) and at once when
+asked (`allocator.purge`, called here instead of `malloc_trim`): 5,000 tunnels leave
+1.16-1.22x, with no difference in CPU per request from pymalloc that paired runs on a
+busy 2-vCPU machine could resolve (docs/performance.md).
+`PYTHONMALLOC=pymalloc` keeps CPython's allocator (docs/operations.md).
 
 So this module, on the worker's event loop:
 
@@ -32,9 +33,9 @@ So this module, on the worker's event loop:
   and stopped falling), or the RSS grew `GROWTH` past what the last release left (at
   most once a minute), or the RSS is above the ceiling, it **releases**: a full garbage
   collection (what other code still leaves in cycles), the core's and engines'
-  bookkeeping drops the tables a burst grew (`compact`), then `malloc_trim(0)` (glibc; a
-  no-op elsewhere). One release after 5,000 tunnels takes 40-90 ms of the loop (logged
-  at debug);
+  bookkeeping drops the tables a burst grew (`compact`), then the allocator returns its
+  free pages (jemalloc's purge, or glibc's `malloc_trim(0)`; a no-op elsewhere). One
+  release after 5,000 tunnels takes 40-90 ms of the loop (logged at debug);
 - **the ceiling**: while the RSS is above `limits.memory`, new connections are refused
   `503 at_capacity` (the core's `Capacity` port: read on every accepted connection, the
   RSS re-read at most every `READ_EVERY`), `/readyz` answers 503, one WARNING line when it
@@ -58,6 +59,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gateway.observability import metrics
+from gateway.runtime import allocator
 
 __all__ = ["BURST", "GROWTH", "READ_EVERY", "MemoryGuard", "ceiling_for",
            "container_limit", "malloc_trim", "rss_bytes"]
@@ -123,8 +125,11 @@ def _libc_trim() -> Callable[[int], int] | None:
 
 
 def malloc_trim() -> bool:
-    """Return the C heap's free pages to the kernel (glibc's `malloc_trim(0)`, every
-    arena); False where the C library has none (musl, macOS)."""
+    """Return the C heap's free pages to the kernel: jemalloc's purge when it is the
+    allocator (`allocator.py`), else glibc's `malloc_trim(0)` (every arena); False where
+    the C library has neither (musl, macOS)."""
+    if allocator.purge():
+        return True
     trim = _libc_trim()
     if trim is None:
         return False

@@ -5,12 +5,15 @@ RSS within a minute; and with `limits.memory` the worker refuses new connections
 `503 at_capacity` (audited, /readyz 503) while its RSS is above the ceiling, and takes
 them again once the burst has closed.
 
-The suite's burst is 2,000 tunnels (`MEMORY_BURST`; `MEMORY_ROUNDS` rounds): about 30 s on
-2 busy cores. With CPython's own allocator (pymalloc) 5,000 tunnels leave 1.55-1.70x:
-the burst's 1 MiB arenas stay pinned by a few hundred long-lived objects
-(gateway/runtime/memory.py). `MEMORY_PYTHONMALLOC=malloc` starts the gateway with
-`PYTHONMALLOC=malloc` (the documented opt-in, docs/operations.md): `make soak` runs
-5,000 tunnels x 3 rounds that way and asserts 1.5x.
+The burst is the issue's 5,000 tunnels (`MEMORY_BURST`; `MEMORY_ROUNDS` rounds): the test
+takes the time to open them (the client's and the gateway's TLS handshakes; 214 s once
+with 2 vCPU saturated by other jobs), then ends as soon as the RSS is back under 1.5x (1 s
+after they closed, measured). On the gateway's default allocator: jemalloc where
+libjemalloc2 is installed (gateway/runtime/allocator.py; the test checks the process
+runs on it), which leaves 1.16-1.22x. CPython's own allocator (pymalloc) leaves
+1.65-1.69x: its 1 MiB arenas stay pinned by a few hundred long-lived objects
+(gateway/runtime/memory.py); `MEMORY_PYTHONMALLOC=pymalloc` starts the gateway that way
+(this test then fails at 5,000, as it should). `make soak` runs three rounds.
 """
 
 from __future__ import annotations
@@ -32,9 +35,12 @@ from helpers.nginx import Nginx
 from helpers.process import GatewayProcess, start_gateway
 from helpers.tls import LocalCA
 
-TUNNELS = int(os.environ.get("MEMORY_BURST", "2000"))
+from gateway.runtime.allocator import find_jemalloc
+
+TUNNELS = int(os.environ.get("MEMORY_BURST", "5000"))
 ROUNDS = int(os.environ.get("MEMORY_ROUNDS", "1"))
 PYTHONMALLOC = os.environ.get("MEMORY_PYTHONMALLOC", "")  # the gateway's allocator, if set
+JEMALLOC = find_jemalloc()  # (the default where installed)
 RATIO = 1.5  # the RSS a burst may leave, over the idle RSS
 WITHIN = 60.0  # seconds after the burst closed
 MIB = 1024
@@ -129,7 +135,7 @@ def _readyz(gw: GatewayProcess) -> tuple[int, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120 + 90 * ROUNDS)
+@pytest.mark.timeout(300 + 240 * ROUNDS)  # (opening 5,000 on 2 saturated vCPU: 214 s)
 def test_a_burst_of_intercepted_tunnels_gives_its_memory_back(
         tmp_path: Path, upstream: Nginx, test_ca: LocalCA,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,8 +149,12 @@ def test_a_burst_of_intercepted_tunnels_gives_its_memory_back(
             await tunnels.close()
 
         asyncio.run(warm())
+        on_jemalloc = "libjemalloc" in Path(f"/proc/{gw.proc.pid}/maps").read_text()
+        if not PYTHONMALLOC and JEMALLOC is not None:  # `run` started itself on it
+            assert on_jemalloc, "the gateway does not run on the installed jemalloc"
         idle = _settled_rss(gw)
-        report = [f"idle {idle // MIB} MiB (PYTHONMALLOC={PYTHONMALLOC or 'default'})"]
+        allocator = PYTHONMALLOC or ("jemalloc" if on_jemalloc else "pymalloc")
+        report = [f"idle {idle // MIB} MiB ({allocator})"]
         for round_ in range(ROUNDS):
             async def burst() -> int:
                 tunnels = Tunnels(gw)
@@ -154,6 +164,7 @@ def test_a_burst_of_intercepted_tunnels_gives_its_memory_back(
                 await tunnels.close()
                 return peak
 
+            opened = time.monotonic()
             peak = asyncio.run(burst())
             closed = time.monotonic()
             samples = []
@@ -164,7 +175,8 @@ def test_a_burst_of_intercepted_tunnels_gives_its_memory_back(
                     break
                 time.sleep(1)
             took = time.monotonic() - closed
-            report.append(f"round {round_ + 1}: {TUNNELS} tunnels, peak {peak // MIB} MiB, "
+            report.append(f"round {round_ + 1}: {TUNNELS} tunnels in {closed - opened:.0f} s, "
+                          f"peak {peak // MIB} MiB, "
                           f"{rss // MIB} MiB ({rss / idle:.2f}x) {took:.0f} s after they "
                           f"closed")
             print("\nmemory: " + "; ".join(report))
