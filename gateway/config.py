@@ -76,7 +76,8 @@ from gateway.net.proxy_settings import ProxySettings, from_environment
 __all__ = ["ENV_PREFIX", "SCHEMA", "AdminConfig", "AdminTimeouts", "ApprovalsConfig",
            "AuditConfig", "AuditSpillConfig", "Config", "ConfigError", "ConsoleConfig",
            "DnsConfig", "ExchangeConfig", "HostPort", "IdentityConfig", "KubernetesConfig",
-           "LimitsConfig", "ListenConfig", "McpOAuthConfig", "MeteringConfig", "NetworkConfig", "Notifier", "OAuthClient",
+           "LimitsConfig", "ListenConfig", "McpOAuthConfig", "MeteringConfig",
+           "NetworkConfig", "Notifier", "OAuthClient",
            "RefusalsConfig", "ShutdownConfig", "TelemetryConfig", "TimeoutsConfig",
            "TokensConfig", "keys", "load_config", "parse_duration", "parse_hostport"]
 
