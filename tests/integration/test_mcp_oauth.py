@@ -1,0 +1,211 @@
+"""`mcp.oauth` (issue 44) end to end with real pieces: the official MCP SDK's FastMCP
+server requiring OAuth and the SDK's authorization-server routes over an in-memory
+provider (helpers/mcp_oauth_server.py: dynamic registration, PKCE, resource indicators,
+rotated refresh tokens, revocation), over TLS; the SDK's MCP client in its own virtualenv
+holding no token, configured only by the environment a sandbox gets; the gateway's
+approvals API read, and the consent completed as a browser would (the authorization URL
+opened, its redirect followed to the gateway's callback). Both intercepting engines."""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import pytest
+from helpers.approvals import admin_api
+from helpers.gateway import GatewayThread
+from helpers.python_clients import mcp_python
+from helpers.tls import LocalCA
+
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
+TTL = 3  # seconds an access token lives (refresh is tested on it)
+POLICY = """
+version: v1
+name: agent
+egress:
+  - host: mcp.test
+    mcp:
+      tools: {allow: ["*"]}
+      oauth: {}
+  - host: other.test
+    mcp:
+      tools: {allow: ["*"]}
+      oauth: {}
+  - host: elsewhere.test
+    inspect: true
+"""
+NARROW = """
+version: v1
+name: narrow
+egress:
+  - host: mcp.test
+    mcp:
+      tools: {allow: ["*"]}
+      oauth: {scopes: [profile], consent: policy}
+"""
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen[str], port: int, log: Path) -> None:
+        self.proc, self.port, self.log = proc, port, log
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        if not self.log.exists():
+            return []
+        found = [json.loads(x) for x in self.log.read_text().splitlines() if x.strip()]
+        return [e for e in found if kind is None or e["event"] == kind]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(test_ca: LocalCA, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    work = tmp_path_factory.mktemp("mcp-oauth-server")
+    cert, key = test_ca.issue(work, ["mcp.test", "auth.test", "other.test",
+                                     "elsewhere.test", "localhost"])
+    port = _free_port()
+    proc = subprocess.Popen([str(mcp_python()), str(HELPERS / "mcp_oauth_server.py"),
+                             "127.0.0.1", str(port), str(cert), str(key),
+                             str(work / "events.jsonl"), str(TTL)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert "ready" in line, (proc.stderr.read() if proc.stderr else "")
+    try:
+        yield Server(proc, port, work / "events.jsonl")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.fixture(scope="module", params=["fast", "mitmproxy"])
+def gateway(request: pytest.FixtureRequest, server: Server, test_ca: LocalCA,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+    work = tmp_path_factory.mktemp(f"mcp-oauth-gw-{request.param}")
+    (work / "policies").mkdir()
+    (work / "policies" / "agent.yaml").write_text(POLICY)
+    (work / "policies" / "narrow.yaml").write_text(NARROW)
+    names = ("mcp.test", "auth.test", "other.test", "elsewhere.test")
+    gw = GatewayThread(work, {
+        "network": {"upstream_ca": str(test_ca.cert_path), "intercept": request.param,
+                    "resolve": {n: f"127.0.0.1:{server.port}" for n in names}},
+        "secrets": {"store": "env"},
+    })
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+class Client(threading.Thread):
+    """The SDK's MCP client through the gateway, run while the test consents."""
+
+    def __init__(self, gw: GatewayThread, steps: list[dict[str, Any]], sandbox: str,
+                 policy: str = "agent", host: str = "mcp.test") -> None:
+        super().__init__(daemon=True)
+        token = gw.mint(policy, sandbox)
+        self.env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper()}
+        self.env.update(HTTPS_PROXY=gw.proxy_url(token, sandbox), SSL_CERT_FILE=str(gw.ca_cert))
+        self.url, self.steps = f"https://{host}/mcp", steps
+        self.results: list[dict[str, Any]] | None = None
+        self.error = ""
+
+    def run(self) -> None:
+        out = subprocess.run([str(mcp_python()), str(HELPERS / "mcp_client.py"), self.url],
+                             input=json.dumps(self.steps), capture_output=True, text=True,
+                             timeout=90, env=self.env)
+        self.error = out.stderr[-3000:]
+        if out.returncode == 0:
+            self.results = json.loads(out.stdout)
+
+    def result(self) -> list[dict[str, Any]]:
+        self.join(90)
+        assert self.results is not None, self.error
+        return self.results
+
+
+def _consents(gw: GatewayThread, timeout: float = 20) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [a for a in admin_api(gw, "GET", "/v1/approvals")["approvals"]
+                 if a["state"] == "pending" and a["asked"]["kind"] == "oauth"]
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError("no OAuth consent asked")
+
+
+def _browse(server: Server, test_ca: LocalCA, url: str) -> httpx.Response:
+    """What a person's browser does with a consent URL: open it at the authorization
+    server (auth.test is this test's server), follow its redirect to the callback."""
+    parts = urlsplit(url)
+    assert parts.hostname == "auth.test", url
+    local = urlunsplit(parts._replace(netloc=f"localhost:{server.port}"))
+    verify = ssl.create_default_context(cafile=str(test_ca.cert_path))
+    signed_in = httpx.get(local, verify=verify, timeout=10)
+    assert signed_in.status_code in (302, 307), signed_in.text
+    return httpx.get(signed_in.headers["location"], timeout=20)
+
+
+def _consent(gw: GatewayThread, server: Server, test_ca: LocalCA) -> dict[str, Any]:
+    """Consent to the one pending OAuth approval; the approval as it was."""
+    approval = _consents(gw)[0]
+    done = _browse(server, test_ca, approval["consent"]["url"])
+    assert done.status_code == 200 and "Consent completed" in done.text, done.text
+    return approval
+
+
+def test_an_agent_lists_and_calls_tools_after_one_consent(
+        gateway: GatewayThread, server: Server, test_ca: LocalCA) -> None:
+    sandbox = f"oauth-{gateway.config.network.intercept}"
+    client = Client(gateway, [{"list_tools": True},
+                              {"call": "search_issues", "arguments": {"query": "flaky"}},
+                              {"call": "whoami"}], sandbox)
+    client.start()
+    approval = _consent(gateway, server, test_ca)
+    results = client.result()
+    assert results[0] == {"tools": ["search_issues", "whoami"]}
+    assert results[1] == {"is_error": False, "text": "found 2 issues for flaky"}
+    assert results[2]["text"].startswith("client ")
+    # What was asked: PKCE S256, the resource indicator, the scopes the server names.
+    consent = approval["consent"]
+    assert approval["sandbox"] == sandbox and consent["owner"] == f"sandbox:{sandbox}"
+    assert consent["resource"] == "https://mcp.test/mcp" and consent["scopes"] == ["mcp"]
+    query = dict(x.split("=", 1) for x in urlsplit(consent["url"]).query.split("&"))
+    assert query["code_challenge_method"] == "S256" and query["resource"] == \
+        "https%3A%2F%2Fmcp.test%2Fmcp"
+    # The server saw one token, issued for its resource; the client never held it.
+    issued = [e for e in server.events("token") if e["resource"] == "https://mcp.test/mcp"]
+    used = {e["access"] for e in server.events("call") if e.get("access")}
+    assert used and used <= {e["access"] for e in server.events("token")} | \
+        {e["access"] for e in server.events("refresh")}
+    assert issued
+    # The grant is listed (no token), the audit lines name it (never the token).
+    grants = admin_api(gateway, "GET", "/v1/mcp/oauth/grants")["grants"]
+    mine = [g for g in grants if g["owner"] == f"sandbox:{sandbox}"]
+    assert len(mine) == 1 and mine[0]["scopes"] == ["mcp"]
+    assert "access" not in json.dumps(grants) and not any(t in json.dumps(grants)
+                                                         for t in used)
+    lines = gateway.audit.records()
+    assert any(r["credential"] == f"mcp-oauth:{mine[0]['id']} (sandbox:{sandbox})"
+               and r["host"] == "mcp.test" and r["decision"] == "allow" for r in lines)
+    assert any(r["decision"] == "grant" and mine[0]["id"] in r["reason"] for r in lines)
+    assert not any(t in json.dumps(lines) for t in used)
