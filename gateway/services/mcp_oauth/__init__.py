@@ -219,7 +219,8 @@ class McpOAuthService:
                     return
                 doc = dict(stored.doc)
                 if challenge is not None and challenge.insufficient_scope:
-                    doc["step_up"] = True
+                    doc["step_up"] = True  # (no scope named: the server's own are asked)
+                    doc["named"] = bool(challenge.scopes)
                     doc["wanted"] = sorted(set(doc.get("scopes", [])) | set(challenge.scopes))
                 else:
                     doc["stale"] = True
@@ -249,7 +250,10 @@ class McpOAuthService:
             client = await self._client(info, oauth)
         except OAuthError as exc:
             raise oauth_failed(str(exc), rule) from None
-        scopes = tuple(dict.fromkeys(wanted or info.scopes_supported))
+        unnamed = current is not None and current.doc.get("step_up") and \
+            not current.doc.get("named")
+        scopes = tuple(dict.fromkeys(
+            wanted + list(info.scopes_supported if unnamed or not wanted else ())))
         approval = await self._ask(identity, key, owner, resource, info, client, scopes, spec)
         await self._wait(approval, key, scopes, rule)
 

@@ -30,7 +30,8 @@ class ServerInfo:
     token_endpoint: str
     registration_endpoint: str | None = None
     revocation_endpoint: str | None = None
-    scopes_supported: tuple[str, ...] = ()
+    scopes_supported: tuple[str, ...] = ()  # the resource's (else its server's)
+    server_scopes: tuple[str, ...] = ()  # every scope the authorization server names
     client_id_metadata: bool = False  # client ID metadata documents supported
     auth_methods: tuple[str, ...] = ("client_secret_basic",)
 
@@ -131,6 +132,7 @@ async def discover(http: OAuthHttp, resource: str, challenge: Challenge | None) 
         registration_endpoint=optional.get("registration_endpoint"),
         revocation_endpoint=optional.get("revocation_endpoint"),
         scopes_supported=_texts(prm, "scopes_supported") or _texts(meta, "scopes_supported"),
+        server_scopes=_texts(meta, "scopes_supported"),
         client_id_metadata=meta.get("client_id_metadata_document_supported") is True,
         auth_methods=_texts(meta, "token_endpoint_auth_methods_supported")
         or ("client_secret_basic",))

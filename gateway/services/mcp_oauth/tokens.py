@@ -48,7 +48,8 @@ def pkce() -> tuple[str, str]:
 
 async def register(http: OAuthHttp, info: ServerInfo, redirect_url: str) -> Client:
     """Dynamic client registration (RFC 7591): a public client (PKCE), or a confidential
-    one where the server only takes those."""
+    one where the server only takes those; registered for every scope the resource and
+    its authorization server name (a server may hold a client to them)."""
     if info.registration_endpoint is None:
         raise OAuthError(f"the authorization server {info.issuer} has no registration "
                          "endpoint and supports no client ID metadata document; configure "
@@ -57,6 +58,9 @@ async def register(http: OAuthHttp, info: ServerInfo, redirect_url: str) -> Clie
     doc = {"client_name": "sandbox-gateway", "redirect_uris": [redirect_url],
            "grant_types": ["authorization_code", "refresh_token"],
            "response_types": ["code"], "token_endpoint_auth_method": method}
+    scopes = dict.fromkeys(info.scopes_supported + info.server_scopes)
+    if scopes:
+        doc["scope"] = " ".join(scopes)
     status, answer = await http.post(info.registration_endpoint, json.dumps(doc).encode(),
                                      "application/json")
     client_id = answer.get("client_id")
