@@ -12,6 +12,7 @@ import json
 import os
 import ssl
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -346,3 +347,37 @@ def test_insufficient_scope_goes_back_to_consent(gateway: GatewayThread, server:
     assert stepped["consent"]["scopes"] == ["profile", "mcp"]
     assert again.result()[0]["text"].startswith("client ")
     assert _grant_of(gateway, "policy:narrow")["scopes"] == ["profile", "mcp"]
+
+
+def _cli(gw: GatewayThread, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gateway", *args, "--admin", gw.admin,
+                           "--config", str(gw.config.source)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_cli_shows_the_consent_url_lists_and_revokes(
+        gateway: GatewayThread, server: Server, test_ca: LocalCA) -> None:
+    sandbox = f"cli-{gateway.config.network.intercept}"
+    client = Client(gateway, [{"call": "whoami"}], sandbox)
+    client.start()
+    approval = _consents(gateway)[0]
+    listed = _cli(gateway, "approvals", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert f"open and sign in: {approval['consent']['url']}" in listed.stdout
+    assert "OAuth consent for the MCP server mcp.test:443/mcp" in listed.stdout
+    assert _browse(server, test_ca, approval["consent"]["url"]).status_code == 200
+    assert client.result()[0]["text"].startswith("client ")
+    grant = _grant_of(gateway, f"sandbox:{sandbox}")
+    grants = _cli(gateway, "mcp-oauth", "list")
+    assert grants.returncode == 0, grants.stderr
+    assert f"{grant['id']}  sandbox:{sandbox}  https://mcp.test/mcp  scopes mcp" in \
+        grants.stdout
+    assert "issuer https://auth.test" in grants.stdout
+    token = str(server.events("call")[-1]["access"])
+    assert token not in grants.stdout and token not in _cli(
+        gateway, "mcp-oauth", "list", "--json").stdout
+    out = _cli(gateway, "mcp-oauth", "revoke", grant["id"], "--by", "erin")
+    assert out.returncode == 0 and f"revoked {grant['id']}" in out.stdout
+    assert grant["id"] not in _cli(gateway, "mcp-oauth", "list").stdout
+    gone = _cli(gateway, "mcp-oauth", "revoke", grant["id"])
+    assert gone.returncode == 1 and "no MCP OAuth grant" in gone.stderr
