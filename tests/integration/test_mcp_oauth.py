@@ -26,6 +26,7 @@ from helpers.approvals import admin_api
 from helpers.gateway import GatewayThread
 from helpers.python_clients import mcp_python
 from helpers.tls import LocalCA
+from selenium.webdriver.common.by import By
 
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 TTL = 3  # seconds an access token lives (refresh is tested on it)
@@ -381,3 +382,53 @@ def test_the_cli_shows_the_consent_url_lists_and_revokes(
     assert grant["id"] not in _cli(gateway, "mcp-oauth", "list").stdout
     gone = _cli(gateway, "mcp-oauth", "revoke", grant["id"])
     assert gone.returncode == 1 and "no MCP OAuth grant" in gone.stderr
+
+
+def test_consent_and_revocation_in_the_console_with_chromium(
+        gateway: GatewayThread, server: Server, test_ca: LocalCA) -> None:
+    """A person signs in to the console, opens the consent's link in Chromium (auth.test
+    mapped to the test's authorization server; its certificate is the test CA's, which
+    this profile cannot trust, hence --ignore-certificate-errors: the gateway's own TLS
+    checks are tested above), is sent back to the gateway's callback, and the agent's
+    held call goes on; then the grant is revoked from the MCP OAuth page."""
+    from helpers.approvals import admin_token
+    from helpers.browser import (
+        assert_no_secrets,
+        click,
+        open_page,
+        pages_seen,
+        sign_in,
+        start_browser,
+        stop_browser,
+        wait_for_text,
+    )
+
+    sandbox = f"console-{gateway.config.network.intercept}"
+    client = Client(gateway, [{"call": "whoami"}], sandbox)
+    client.start()
+    _consents(gateway)
+    browser = start_browser([f"--host-resolver-rules=MAP auth.test 127.0.0.1:{server.port}",
+                             "--ignore-certificate-errors"])
+    try:
+        sign_in(browser, gateway.admin, admin_token(gateway))
+        open_page(browser, f"{gateway.admin}/console/approvals")
+        wait_for_text(browser, "OAuth consent for the MCP server mcp.test:443/mcp")
+        link = browser.find_element(By.CLASS_NAME, "consent").get_attribute("href")
+        assert link and link.startswith("https://auth.test/authorize?")
+        open_page(browser, link)  # (the authorization server sends the browser back)
+        wait_for_text(browser, "Consent completed")
+        assert browser.current_url.startswith(f"{gateway.admin}/v1/mcp/oauth/callback?")
+        assert client.result()[0]["text"].startswith("client ")
+        grant = _grant_of(gateway, f"sandbox:{sandbox}")
+        open_page(browser, f"{gateway.admin}/console/mcp-oauth")
+        wait_for_text(browser, f"sandbox:{sandbox}")
+        row = browser.find_element(By.XPATH, f"//tr[td[normalize-space()='sandbox:{sandbox}']]")
+        click(browser, "Revoke", within=row)
+        wait_for_text(browser, f"MCP OAuth grant {grant['id']} revoked")
+        tokens = [str(e["access"]) for e in server.events("token")]
+        for url, html in pages_seen(browser):
+            assert_no_secrets(html, tokens, url)
+    finally:
+        stop_browser(browser)
+    assert all(g["id"] != grant["id"]
+               for g in admin_api(gateway, "GET", "/v1/mcp/oauth/grants")["grants"])
