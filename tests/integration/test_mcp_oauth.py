@@ -22,8 +22,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
-from helpers.approvals import admin_api
+from helpers.approvals import Workers, admin_api
 from helpers.gateway import GatewayThread
+from helpers.process import GatewayProcess, start_gateway
 from helpers.python_clients import mcp_python
 from helpers.tls import LocalCA
 from selenium.webdriver.common.by import By
@@ -144,7 +145,7 @@ class Client(threading.Thread):
         return self.results
 
 
-def _consents(gw: GatewayThread, timeout: float = 20) -> list[dict[str, Any]]:
+def _consents(gw: GatewayThread | Workers, timeout: float = 20) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = [a for a in admin_api(gw, "GET", "/v1/approvals")["approvals"]
@@ -432,3 +433,58 @@ def test_consent_and_revocation_in_the_console_with_chromium(
         stop_browser(browser)
     assert all(g["id"] != grant["id"]
                for g in admin_api(gateway, "GET", "/v1/mcp/oauth/grants")["grants"])
+
+
+class WorkersClient(Client):
+    """The SDK's client through `run --workers N` (a gateway process)."""
+
+    def __init__(self, process: GatewayProcess, steps: list[dict[str, Any]],
+                 sandbox: str) -> None:
+        threading.Thread.__init__(self, daemon=True)
+        token = process.token(sandbox)
+        self.env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper()}
+        self.env.update(HTTPS_PROXY=f"http://{sandbox}:{token}@127.0.0.1:{process.proxy}",
+                        SSL_CERT_FILE=str(process.workdir / "certs" / "ca.crt"))
+        self.url, self.steps = "https://mcp.test/mcp", steps
+        self.results, self.error = None, ""
+
+
+def test_two_workers_share_the_grant_and_a_restart_keeps_it(
+        server: Server, test_ca: LocalCA, tmp_path: Path) -> None:
+    """`run --workers 2` on the SQLite store: one consent serves every worker (the
+    callback may land on either); after a restart the grant (sealed in the store, the
+    key in certs/) is used again without asking."""
+    names = dict.fromkeys(("mcp.test", "auth.test"), server.port)
+    process = start_gateway(tmp_path, names, test_ca, workers=2, policy=POLICY)
+    gw = Workers(process, test_ca)
+    try:
+        first = WorkersClient(process, [{"call": "whoami"}], "workers-sbx")
+        first.start()
+        approval = _consents(gw)[0]
+        assert _browse(server, test_ca, approval["consent"]["url"]).status_code == 200
+        assert first.result()[0]["text"].startswith("client ")
+        exchanged = len(server.events("token"))
+        seen: set[int] = set()
+        for _ in range(12):  # (new connections: the kernel spreads them over the workers)
+            run = WorkersClient(process, [{"call": "whoami"}], "workers-sbx")
+            run.start()
+            assert run.result()[0]["text"].startswith("client ")
+            seen |= {r["worker"] for r in process.audit_lines()
+                     if str(r.get("credential", "")).startswith("mcp-oauth:")}
+            if seen == {0, 1}:
+                break
+        assert seen == {0, 1}
+        assert len(server.events("token")) == exchanged  # (no second consent)
+    finally:
+        process.stop()
+    restarted = start_gateway(tmp_path, names, test_ca, workers=2, policy=POLICY)
+    try:
+        again = WorkersClient(restarted, [{"call": "whoami"}], "workers-sbx")
+        again.start()
+        assert again.result()[0]["text"].startswith("client ")
+        assert len(server.events("token")) == exchanged
+        assert not [a for a in admin_api(Workers(restarted, test_ca), "GET",
+                                          "/v1/approvals")["approvals"]
+                    if a["state"] == "pending"]
+    finally:
+        restarted.stop()
