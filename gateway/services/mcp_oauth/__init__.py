@@ -374,7 +374,7 @@ class McpOAuthService:
     async def _granted(self, doc: dict[str, Any], info: ServerInfo, client: Client,
                        got: TokenSet, approval: Any) -> dict[str, Any]:
         key, now = str(doc["key"]), self.clock()
-        grant = {"id": new_id("og"), "owner": doc["owner"], "resource": info.resource,
+        grant = {"id": new_id("og"), "owner": doc["owner"], "resource": info.audience,
                  "server": doc["resource"], "host": doc["host"], "issuer": info.issuer,
                  "client_id": client.client_id, "auth_method": client.auth_method,
                  "scopes": list(got.scopes), "created": now, "issued": now,

@@ -24,7 +24,8 @@ __all__ = ["ServerInfo", "discover"]
 class ServerInfo:
     """What the gateway needs of a server to ask for, exchange and refresh its tokens."""
 
-    resource: str
+    resource: str  # as the metadata writes it: the `resource` indicator sent
+    audience: str  # the same, canonical (`resource_uri`): what tokens are checked against
     issuer: str
     authorization_endpoint: str
     token_endpoint: str
@@ -59,8 +60,8 @@ def _well_known(base: str, suffix: str) -> list[str]:
     parts = urlsplit(base)
     origin = f"https://{parts.netloc}"
     path = parts.path.rstrip("/")
-    return [f"{origin}/.well-known/{suffix}{path}", f"{origin}/.well-known/{suffix}"] \
-        if path else [f"{origin}/.well-known/{suffix}"]
+    return [f"{origin}/.well-known/{suffix}{path}", f"{origin}/.well-known/{suffix}{path}/",
+            f"{origin}/.well-known/{suffix}"] if path else [f"{origin}/.well-known/{suffix}"]
 
 
 async def _resource_metadata(http: OAuthHttp, resource: str,
@@ -126,7 +127,7 @@ async def discover(http: OAuthHttp, resource: str, challenge: Challenge | None) 
     optional = {k: _text(meta, k, where) for k in ("registration_endpoint",
                                                    "revocation_endpoint") if meta.get(k)}
     return ServerInfo(
-        resource=stated, issuer=issuer,
+        resource=str(named), audience=stated, issuer=issuer,
         authorization_endpoint=_text(meta, "authorization_endpoint", where),
         token_endpoint=_text(meta, "token_endpoint", where),
         registration_endpoint=optional.get("registration_endpoint"),
