@@ -12,7 +12,9 @@ https://auth.test (both names resolved to this port by the gateway's network.res
 `authorize` consents at once (the person who signs in, in these tests) and redirects to
 the client's redirect URI. Every event is appended to LOG_FILE as a JSON line (register,
 authorize, token, refresh, revoke, call: with the client, scopes, resource and the token
-that was used), so a test sees what reached the servers. Prints `ready` once it listens.
+that was used), so a test sees what reached the servers. `POST /test/forget-access` makes
+the authorization server forget every access token (a 401 follows). Prints `ready` once
+it listens.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from mcp.server.auth.settings import AuthSettings, ClientRegistrationOptions, Re
 from mcp.server.fastmcp import FastMCP
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
+from starlette.requests import Request
+from starlette.responses import Response
 
 host, port, cert, key, log_file, ttl = sys.argv[1:7]
 TTL = int(ttl)
@@ -129,8 +133,9 @@ class Provider:
         _log("revoke", kind=type(token).__name__)
 
 
+provider = Provider()
 server = FastMCP(
-    "issues", auth_server_provider=Provider(),
+    "issues", auth_server_provider=provider,
     auth=AuthSettings(
         issuer_url="https://auth.test", resource_server_url="https://mcp.test/mcp",
         required_scopes=["mcp"], validate_token_resource=True,
@@ -138,6 +143,15 @@ server = FastMCP(
             enabled=True, valid_scopes=["mcp", "profile"], default_scopes=["mcp"]),
         revocation_options=RevocationOptions(enabled=True)),
     transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+
+
+@server.custom_route("/test/forget-access", methods=["POST"])
+async def forget_access(request: Request) -> Response:
+    """The authorization server forgets every access token it issued (what an expiry
+    or a revocation elsewhere does): the next call with one is refused 401."""
+    provider.access.clear()
+    _log("forget-access")
+    return Response(status_code=204)
 
 
 @server.tool()

@@ -262,6 +262,37 @@ def test_the_token_is_refreshed_before_it_expires(
     assert _grant_of(gateway, f"sandbox:{sandbox}")["expires_at"] > time.time()
 
 
+def test_a_token_the_server_refuses_is_refreshed_on_the_retry(
+        gateway: GatewayThread, server: Server, test_ca: LocalCA) -> None:
+    """The server answers the gateway's token 401 (its authorization server forgot it):
+    the agent is answered mcp_consent_required, not the 401; its retry refreshes the
+    grant and goes through, no person asked."""
+    sandbox = f"refused-{gateway.config.network.intercept}"
+    before = _granted(gateway, server, test_ca, sandbox)
+    verify = ssl.create_default_context(cafile=str(test_ca.cert_path))
+    assert httpx.post(f"https://localhost:{server.port}/test/forget-access", verify=verify,
+                      timeout=10).status_code == 204
+    if gateway.config.network.intercept == "fast":
+        refused = _post(gateway, sandbox)
+        assert refused.status_code == 403, refused.text
+        assert refused.headers["x-sandbox-gateway-error"] == "mcp_consent_required"
+        assert "refused the token of MCP OAuth grant og_" in refused.json()["reason"]
+        assert before not in refused.text
+    else:  # (mitmproxy's abort after the response head writes its answer outside TLS,
+        # engines/mitm.py `_abort`: the client sees the connection fail; reported)
+        with pytest.raises(httpx.HTTPError):
+            _post(gateway, sandbox)
+    assert gateway.audit.wait_for(lambda r: r["sandbox"] == sandbox and
+                                  r["error"] == "mcp_consent_required")
+    refreshed = len(server.events("refresh"))
+    again = Client(gateway, [{"call": "whoami"}], sandbox)
+    again.start()
+    assert again.result()[0]["text"].startswith("client ")
+    assert len(server.events("refresh")) == refreshed + 1
+    assert not [a for a in admin_api(gateway, "GET", "/v1/approvals")["approvals"]
+                if a["state"] == "pending"]
+
+
 def test_a_token_the_sandbox_presents_is_refused(gateway: GatewayThread,
                                                  server: Server) -> None:
     before = len(server.events())

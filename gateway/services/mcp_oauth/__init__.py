@@ -93,6 +93,7 @@ class McpOAuthService:
         self._version = 0
         self._challenges: dict[str, Challenge] = {}  # key -> the server's last challenge
         self._tasks: set[asyncio.Task[None]] = set()
+        self._read_cache: dict[str, tuple[int, Stored | None]] = {}  # key -> (version, grant)
 
     # -- the port: leak markers ---------------------------------------------------------
 
@@ -122,7 +123,7 @@ class McpOAuthService:
         grant lacks, an expired token that cannot be refreshed)."""
         owner = grant_owner(oauth, identity)
         key = f"{owner}|{resource}"
-        stored = await self.grants.get(GRANT, key)
+        stored = await self._read(key)
         if stored is None or stored.secret is None or stored.doc.get("step_up") or \
                 not set(oauth.scopes) <= set(stored.doc.get("scopes", [])):
             return None
@@ -141,6 +142,19 @@ class McpOAuthService:
         self._keep(key, str(stored.doc["host"]), value)
         return McpToken(str(stored.doc["id"]), owner, str(stored.doc["resource"]),
                         tuple(stored.doc.get("scopes", [])), value)
+
+    async def _read(self, key: str) -> Stored | None:
+        """The grant at `key`: this process's copy while no grant was written anywhere
+        since it was read (`record_version`, no I/O), else read from the store."""
+        version = self.grants.version()
+        cached = self._read_cache.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        stored = await self.grants.get(GRANT, key)
+        if len(self._read_cache) > 4096:
+            self._read_cache.clear()
+        self._read_cache[key] = (version, stored)
+        return stored
 
     async def _refreshed(self, key: str, stored: Stored) -> Stored | None:
         """The grant with fresh tokens (refreshed here under the lease, or by the
