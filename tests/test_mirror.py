@@ -152,14 +152,10 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/integration/test_mcp_oauth.py",
         "the MCP OAuth page and its revoke button in Chromium "
         "(test_consent_and_revocation_in_the_console_with_chromium)"),
-    "gateway/pipeline/oauthing.py": (
-        "tests/integration/test_mcp_oauth.py",
-        "on both engines: the token attached after one consent, a sandbox's own token "
-        "refused, a declined consent, the audience check"),
     "gateway/pipeline/exchange_oauth.py": (
-        "tests/integration/test_mcp_oauth.py",
-        "the server's 403 insufficient_scope read in the answer and answered "
-        "mcp_consent_required on both engines (test_insufficient_scope_goes_back_to_consent)"),
+        "tests/pipeline/test_pipeline_oauthing.py, tests/integration/test_mcp_oauth.py",
+        "the server's 401 and insufficient_scope read in the answer (a table over the gate "
+        "built from fakes), and on both engines"),
     "gateway/services/mcp_oauth/__init__.py": (
         "tests/integration/test_mcp_oauth.py",
         "the service on a real gateway against the SDK's authorization server: consent, "
