@@ -3,8 +3,8 @@ to the `Exchange` that serves it (or the answer that refuses it).
 
     identify (again) → target → health → upgrade → stage 1 (`Asking.decide`)
       → destination (pinned once per connection) → the exchange's steps: metering,
-        MCP, the head's leak scan, credential detection (`dlp:`) → the credential
-        (`Signing`)
+        MCP, the head's leak scan, credential detection (`dlp:`) → an MCP server's
+        OAuth token (`OAuthing`, a rule with `mcp.oauth`) → the credential (`Signing`)
 
 The body stage - metering, MCP calls, the leak scan of the body - runs in the exchange
 (`pipeline/exchange.py`) as the body arrives.

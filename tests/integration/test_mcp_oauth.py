@@ -169,10 +169,13 @@ def _browse(server: Server, test_ca: LocalCA, url: str) -> httpx.Response:
 
 
 def _consent(gw: GatewayThread, server: Server, test_ca: LocalCA) -> dict[str, Any]:
-    """Consent to the one pending OAuth approval; the approval as it was."""
+    """Consent to the one pending OAuth approval; the approval as it was. The callback's
+    link works once: opened again (a reload, a replay) it is refused."""
     approval = _consents(gw)[0]
     done = _browse(server, test_ca, approval["consent"]["url"])
     assert done.status_code == 200 and "Consent completed" in done.text, done.text
+    again = httpx.get(done.request.url, timeout=10)
+    assert again.status_code == 400 and "already used" in again.text
     return approval
 
 
@@ -212,6 +215,9 @@ def test_an_agent_lists_and_calls_tools_after_one_consent(
                and r["host"] == "mcp.test" and r["decision"] == "allow" for r in lines)
     assert any(r["decision"] == "grant" and mine[0]["id"] in r["reason"] for r in lines)
     assert not any(t in json.dumps(lines) for t in used)
+    forged = httpx.get(f"{gateway.admin}/v1/mcp/oauth/callback?state=made-up&code=x",
+                       timeout=10)
+    assert forged.status_code == 400 and "unknown" in forged.text
 
 
 INITIALIZE = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {

@@ -94,6 +94,7 @@ class McpOAuthService:
         self._challenges: dict[str, Challenge] = {}  # key -> the server's last challenge
         self._tasks: set[asyncio.Task[None]] = set()
         self._read_cache: dict[str, tuple[int, Stored | None]] = {}  # key -> (version, grant)
+        self._made: dict[str, tuple[Stored, McpToken]] = {}  # key -> (record, its token)
 
     # -- the port: leak markers ---------------------------------------------------------
 
@@ -135,13 +136,20 @@ class McpOAuthService:
             stored = await self._refreshed(key, stored)
             if stored is None or stored.secret is None:
                 return None
+        made = self._made.get(key)
+        if made is not None and made[0] is stored:  # (the same record: the same token)
+            return made[1]
         secret = stored.secret
         assert secret is not None
         value = MintedValue(secret["access"], parts=tuple(
             t for t in (secret["access"], secret.get("refresh")) if t))
         self._keep(key, str(stored.doc["host"]), value)
-        return McpToken(str(stored.doc["id"]), owner, str(stored.doc["resource"]),
-                        tuple(stored.doc.get("scopes", [])), value)
+        token = McpToken(str(stored.doc["id"]), owner, str(stored.doc["resource"]),
+                         tuple(stored.doc.get("scopes", [])), value)
+        if len(self._made) > 4096:
+            self._made.clear()
+        self._made[key] = (stored, token)
+        return token
 
     async def _read(self, key: str) -> Stored | None:
         """The grant at `key`: this process's copy while no grant was written anywhere
