@@ -7,9 +7,9 @@ allowed rule to a forbidden address answers `deny` with `forbidden_destination`.
 
 Everything except `/healthz`, `/readyz`, `/metrics`, the JWKS and the token exchange
 (`POST /v1/tokens/exchange`: a pod's projected service-account token is its
-credential, identity.kubernetes) and the MCP OAuth callback (`api/mcp_oauth.py`: its
-single-use `state` is the proof) needs `Authorization: Bearer <admin token>`, compared
-in constant time. Errors use the same
+credential, identity.kubernetes), the MCP OAuth callback (`api/mcp_oauth.py`: its
+single-use `state` is the proof) and the gateway's client ID metadata document needs
+`Authorization: Bearer <admin token>`, compared in constant time. Errors use the same
 JSON shape as the proxy's refusals: `{"error": code, "reason": text}`.
 """
 

@@ -5,6 +5,9 @@
                                                    the consent (no admin token: the
                                                    single-use, expiring `state` is the
                                                    proof, as OAuth has it)
+    GET    /v1/mcp/oauth/client-metadata           the gateway's client ID metadata
+                                                   document (no admin token: it is public;
+                                                   404 without mcp_oauth.client_metadata_url)
     GET    /v1/mcp/oauth/grants                    every grant (no token): owner, server,
                                                    issuer, scopes, expiry
     DELETE /v1/mcp/oauth/grants/{id}               {"by": "alice"} (optional): forgotten
@@ -64,6 +67,13 @@ def routes(service: McpOAuthService | None, protected: Callable[[Handler], Handl
                      f"at {grant['server']} (scopes: {' '.join(grant['scopes']) or 'none'})"
                      ". The waiting request goes on; you may close this page.")
 
+    async def client_metadata(request: Request) -> Response:
+        document = service.client_metadata() if service is not None else None
+        if document is None:
+            return error(404, "not_found", "no client ID metadata document is published "
+                         "(mcp_oauth.client_metadata_url)")
+        return JSONResponse(document, headers={"Cache-Control": "max-age=300"})
+
     def guarded(handler: Handler) -> Handler:
         async def wrapper(request: Request) -> Response:
             if service is None:
@@ -95,6 +105,7 @@ def routes(service: McpOAuthService | None, protected: Callable[[Handler], Handl
 
     return [
         Route("/v1/mcp/oauth/callback", callback, methods=["GET"]),
+        Route("/v1/mcp/oauth/client-metadata", client_metadata, methods=["GET"]),
         Route("/v1/mcp/oauth/grants", grants, methods=["GET"]),
         Route("/v1/mcp/oauth/grants/{id}", revoke, methods=["DELETE"]),
     ]

@@ -111,6 +111,7 @@ def gateway(request: pytest.FixtureRequest, server: Server, test_ca: LocalCA,
         "network": {"upstream_ca": str(test_ca.cert_path), "intercept": request.param,
                     "resolve": {n: f"127.0.0.1:{server.port}" for n in names}},
         "secrets": {"store": "env"},
+        "mcp_oauth": {"client_metadata_url": "https://gateway.test/oauth/client.json"},
     })
     try:
         yield gw
@@ -215,6 +216,15 @@ def test_an_agent_lists_and_calls_tools_after_one_consent(
                and r["host"] == "mcp.test" and r["decision"] == "allow" for r in lines)
     assert any(r["decision"] == "grant" and mine[0]["id"] in r["reason"] for r in lines)
     assert not any(t in json.dumps(lines) for t in used)
+    # The SDK's authorization server advertises no client ID metadata documents: the
+    # gateway registered itself (RFC 7591), its redirect URI the callback; the document
+    # it would use is served, public.
+    callback = f"{gateway.admin}/v1/mcp/oauth/callback"
+    assert any(e["redirect_uris"] == [callback] for e in server.events("register"))
+    document = httpx.get(f"{gateway.admin}/v1/mcp/oauth/client-metadata", timeout=10).json()
+    assert document["client_id"] == "https://gateway.test/oauth/client.json"
+    assert document["redirect_uris"] == [callback]
+    assert document["token_endpoint_auth_method"] == "none"
     forged = httpx.get(f"{gateway.admin}/v1/mcp/oauth/callback?state=made-up&code=x",
                        timeout=10)
     assert forged.status_code == 400 and "unknown" in forged.text

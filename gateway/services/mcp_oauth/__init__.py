@@ -417,6 +417,17 @@ class McpOAuthService:
                    f"{grant['server']} (scopes: {' '.join(got.scopes) or 'none named'})")
         return grant
 
+    def client_metadata(self) -> dict[str, Any] | None:
+        """The gateway's client ID metadata document, for `mcp_oauth.client_metadata_url`
+        to publish (None: no such URL configured): a public client (PKCE) whose only
+        redirect URI is the gateway's callback."""
+        if not self.client_metadata_url:
+            return None
+        return {"client_id": self.client_metadata_url, "client_name": "sandbox-gateway",
+                "redirect_uris": [self.redirect_url],
+                "grant_types": ["authorization_code", "refresh_token"],
+                "response_types": ["code"], "token_endpoint_auth_method": "none"}
+
     # -- listing and revoking (admin API, CLI, console) ---------------------------------
 
     async def list(self) -> list[dict[str, Any]]:
