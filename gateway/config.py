@@ -46,6 +46,7 @@ from gateway.config_values import (
     MEMORY,
     NETWORKS,
     NOTIFIERS,
+    OAUTH_CLIENTS,
     ON_FAILURE,
     OTLP_PROTOCOL,
     PATH,
@@ -63,6 +64,7 @@ from gateway.config_values import (
     VERIFY,
     HostPort,
     Notifier,
+    OAuthClient,
     Value,
     optional,
     parse_hostport,
@@ -74,7 +76,8 @@ from gateway.net.proxy_settings import ProxySettings, from_environment
 __all__ = ["ENV_PREFIX", "SCHEMA", "AdminConfig", "AdminTimeouts", "ApprovalsConfig",
            "AuditConfig", "AuditSpillConfig", "Config", "ConfigError", "ConsoleConfig",
            "DnsConfig", "ExchangeConfig", "HostPort", "IdentityConfig", "KubernetesConfig",
-           "LimitsConfig", "ListenConfig", "MeteringConfig", "NetworkConfig", "Notifier",
+           "LimitsConfig", "ListenConfig", "McpOAuthConfig", "MeteringConfig",
+           "NetworkConfig", "Notifier", "OAuthClient",
            "RefusalsConfig", "ShutdownConfig", "TelemetryConfig", "TimeoutsConfig",
            "TokensConfig", "keys", "load_config", "parse_duration", "parse_hostport"]
 
@@ -298,6 +301,21 @@ class ApprovalsConfig(Section, frozen=True, kw_only=True):
     proposals: Annotated[Path, PATH] = Path("proposals")
 
 
+class McpOAuthConfig(Section, frozen=True, kw_only=True):
+    """The gateway as MCP servers' OAuth client (policies' `mcp.oauth`, docs/mcp-oauth.md):
+    the clients policies name, the file of the key that seals the tokens in the state
+    store (created on first start), the callback URL people's browsers are sent back to
+    (default: the admin listener's `/v1/mcp/oauth/callback`), and the URL of the
+    gateway's client ID metadata document where it is published (used as its client ID
+    by authorization servers that support one)."""
+
+    clients: Annotated[Mapping[str, OAuthClient], OAUTH_CLIENTS] = msgspec.field(
+        default_factory=dict)
+    key_file: Annotated[Path | None, optional(PATH)] = None  # default: <certs>/mcp-oauth-key
+    redirect_url: Annotated[str | None, optional(TEXT)] = None
+    client_metadata_url: Annotated[str | None, optional(TEXT)] = None
+
+
 class DlpConfig(Section, frozen=True, kw_only=True):
     """Outbound credential detection (policies' `dlp:`): the file holding the salt of
     the fingerprints audit lines carry (created on first start; see docs/dlp.md)."""
@@ -355,6 +373,7 @@ class Config(Section, frozen=True, kw_only=True):
     approvals: ApprovalsConfig = ApprovalsConfig()
     console: ConsoleConfig = ConsoleConfig()
     dlp: DlpConfig = DlpConfig()
+    mcp_oauth: McpOAuthConfig = McpOAuthConfig()
     workers: Annotated[int, COUNT] = 0  # 0 = one worker process per core
     log_level: Annotated[str, LEVEL] = "info"
     source: str = "<defaults>"

@@ -21,7 +21,7 @@ from gateway.core.durations import parse_duration
 from gateway.errors import ConfigError
 from gateway.net.proxy_settings import ProxySettings, parse_settings
 
-__all__ = ["HostPort", "Notifier", "Value", "optional", "parse_hostport"]
+__all__ = ["HostPort", "Notifier", "OAuthClient", "Value", "optional", "parse_hostport"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +33,16 @@ class HostPort:
 
     def __str__(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class OAuthClient:
+    """A client the operator registered with an MCP server's authorization server
+    (policies name it: `mcp.oauth.client`): its `client_id`, and its secret's name in the
+    secret store (None: a public client, PKCE only)."""
+
+    client_id: str
+    secret: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +328,27 @@ def _notifiers(value: object, key: str) -> dict[str, Notifier]:
     return out
 
 
+def _oauth_clients(value: object, key: str) -> dict[str, OAuthClient]:
+    """`mcp_oauth.clients`: {name: {client_id, secret: <secret name>}}."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a map of clients, e.g. {{github: {{client_id: "
+                          "Iv1.abc, secret: github-oauth-secret}}")
+    out: dict[str, OAuthClient] = {}
+    for name, spec in value.items():
+        where = f"{key}.{name}"
+        if not isinstance(name, str) or name == "auto" or not re.fullmatch(
+                r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", name):
+            raise ConfigError(f"{key}: {name!r} is not a client name (letters, digits, "
+                              "'.', '_', '-'; not auto)")
+        if not isinstance(spec, dict) or set(spec) - {"client_id", "secret"}:
+            raise ConfigError(f"{where}: expected {{client_id, secret}}, got {spec!r}")
+        secret = spec.get("secret")
+        out[name] = OAuthClient(client_id=_str(spec.get("client_id"), f"{where}.client_id"),
+                                secret=None if secret is None else
+                                _str(secret, f"{where}.secret"))
+    return out
+
+
 def _upstream_proxy(value: object, key: str) -> ProxySettings | str | None:
     """`network.upstream_proxy`: a map (`gateway/net/proxy_settings.py`), `env` (read
     from the gateway's environment by `load_config`), or null."""
@@ -399,6 +430,11 @@ NOTIFIERS = Value(_notifiers, "name -> {url, format: json or slack, secret}", {
         "type": "object", "required": ["url"], "additionalProperties": False,
         "properties": {"url": {"type": "string", "pattern": "^https?://[^/\\s]+"},
                        "format": _choice("json", "slack"),
+                       "secret": {"type": ["string", "null"], "minLength": 1}}}})
+OAUTH_CLIENTS = Value(_oauth_clients, "name -> {client_id, secret}", {
+    "type": "object", "additionalProperties": {
+        "type": "object", "required": ["client_id"], "additionalProperties": False,
+        "properties": {"client_id": {"type": "string", "minLength": 1},
                        "secret": {"type": ["string", "null"], "minLength": 1}}}})
 UPSTREAM_PROXY = Value(_upstream_proxy, "{url, credentials, no_proxy, connect_to, "
                        "check_ready}, env, or null", {"oneOf": [

@@ -18,6 +18,7 @@ from gateway.config import (
     ConfigError,
     HostPort,
     Notifier,
+    OAuthClient,
     load_config,
     parse_duration,
     parse_hostport,
@@ -155,6 +156,13 @@ approvals:
   proposals: props
 console: {retain: 5000, trusted_proxies: [10.1.0.0/16, "fd00::7"]}
 dlp: {salt_file: dlp-salt}
+mcp_oauth:
+  clients:
+    github: {client_id: Iv1.abc, secret: github-oauth-secret}
+    public: {client_id: gw-public}
+  key_file: oauth-key
+  redirect_url: https://gateway.example/v1/mcp/oauth/callback
+  client_metadata_url: https://gateway.example/oauth/client.json
 workers: 4
 log_level: debug
 """
@@ -232,6 +240,10 @@ def test_full_file(tmp_path: Path) -> None:
     assert cfg.limits.memory == 768 * 1024 * 1024 and cfg.limits.memory_percent == 0
     assert cfg.console.trusted_proxies == ("10.1.0.0/16", "fd00::7")
     assert cfg.dlp.salt_file == base / "dlp-salt"
+    assert cfg.mcp_oauth.clients == {"github": OAuthClient("Iv1.abc", "github-oauth-secret"),
+                                      "public": OAuthClient("gw-public")}
+    assert cfg.mcp_oauth.key_file == base / "oauth-key"
+    assert cfg.mcp_oauth.redirect_url == "https://gateway.example/v1/mcp/oauth/callback"
     assert cfg.workers == 4
     assert cfg.log_level == "debug"
     assert cfg.source == str(path)

@@ -141,6 +141,39 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/integration/test_approvals.py",
         "the CLI's admin API calls: `usage` against a served admin app, `approvals` "
         "against a real gateway"),
+    "gateway/cli/mcp_oauth.py": (
+        "tests/integration/test_mcp_oauth.py",
+        "`mcp-oauth list/--json/revoke` (and `approvals list` showing a consent's URL) run "
+        "as processes against a real gateway (test_the_cli_shows_the_consent_url_lists_and_"
+        "revokes, both engines)"),
+    "gateway/api/mcp_oauth.py": (
+        "tests/integration/test_mcp_oauth.py",
+        "the callback completed by a browser's redirect (httpx and Chromium), the grants "
+        "listed and revoked through the admin API on a real gateway, both engines"),
+    "gateway/api/console/mcp_oauth.py": (
+        "tests/integration/test_mcp_oauth.py",
+        "the MCP OAuth page and its revoke button in Chromium "
+        "(test_consent_and_revocation_in_the_console_with_chromium)"),
+    "gateway/pipeline/exchange_oauth.py": (
+        "tests/pipeline/test_pipeline_oauthing.py, tests/integration/test_mcp_oauth.py",
+        "the server's 401 and insufficient_scope read in the answer (a table over the gate "
+        "built from fakes), and on both engines"),
+    "gateway/services/mcp_oauth/__init__.py": (
+        "tests/integration/test_mcp_oauth.py",
+        "the service on a real gateway against the SDK's authorization server: consent, "
+        "refresh under the lease, step-up, revocation, two workers and a restart"),
+    "gateway/services/mcp_oauth/discovery.py": (
+        "tests/integration/test_mcp_oauth.py",
+        "RFC 9728 and RFC 8414 metadata of the SDK's FastMCP server and authorization "
+        "routes; a resource naming another server refused"),
+    "gateway/services/mcp_oauth/http.py": (
+        "tests/integration/test_mcp_oauth.py",
+        "every OAuth request of the tests goes through it (guard, network.resolve, the "
+        "upstream CA)"),
+    "gateway/services/mcp_oauth/tokens.py": (
+        "tests/integration/test_mcp_oauth.py",
+        "dynamic registration, PKCE S256 with the resource indicator, code exchange, "
+        "refresh and RFC 7009 revocation against the SDK's authorization server"),
     "gateway/cli/approvals.py": (
         "tests/integration/test_approvals.py",
         "`approvals list/--watch/approve/deny/grants/revoke` run as processes against a "

@@ -7,8 +7,9 @@ allowed rule to a forbidden address answers `deny` with `forbidden_destination`.
 
 Everything except `/healthz`, `/readyz`, `/metrics`, the JWKS and the token exchange
 (`POST /v1/tokens/exchange`: a pod's projected service-account token is its
-credential, identity.kubernetes) needs `Authorization: Bearer <admin token>`, compared
-in constant time. Errors use the same
+credential, identity.kubernetes), the MCP OAuth callback (`api/mcp_oauth.py`: its
+single-use `state` is the proof) and the gateway's client ID metadata document needs
+`Authorization: Bearer <admin token>`, compared in constant time. Errors use the same
 JSON shape as the proxy's refusals: `{"error": code, "reason": text}`.
 """
 
@@ -30,6 +31,7 @@ from gateway.api.approvals import routes as approval_routes
 from gateway.api.console import routes as console_routes
 from gateway.api.context import AdminContext
 from gateway.api.errors import error
+from gateway.api.mcp_oauth import routes as mcp_oauth_routes
 from gateway.api.policies import describe_policies
 from gateway.api.times import parse_since
 from gateway.config import ConfigError, parse_duration
@@ -304,5 +306,6 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         Route("/v1/explain", explain_endpoint, methods=["POST"]),
         Route("/v1/usage", usage, methods=["GET"]),
         *approval_routes(ctx.approvals, protected, body),
+        *mcp_oauth_routes(ctx.mcp_oauth, protected, body),
         *console_routes(ctx),
     ])

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from gateway.net.resolver import DestinationGuard
     from gateway.services.approvals import ApprovalService
     from gateway.services.identity.kubernetes import PodIdentities
+    from gateway.services.mcp_oauth import McpOAuthService
     from gateway.services.metering import Metering
     from gateway.services.state.log import LogLines
 
@@ -54,6 +55,7 @@ class AdminContext:
     # The policies directory (the console's learn page reads the policy's file; None:
     # not known, the learned policy is shown without the file's diff)
     policies_dir: Path | None = None
+    mcp_oauth: McpOAuthService | None = None  # MCP servers' OAuth client (None: off)
 
     @property
     def issued(self) -> IssuedTokens:

@@ -1,8 +1,8 @@
 """`sandbox-gateway` (also `python -m gateway`): run, token, config, policy, presets, ca,
-env, node-preload, usage, state, approvals.
+env, node-preload, usage, state, approvals, mcp-oauth.
 
 A module per command group (run, token, config, policy, ca, env, usage, state,
-approvals), each
+approvals, mcp_oauth), each
 with its `register`; this module builds the parser from them and runs a command.
 
 Every subcommand takes `--config FILE`; without it the embedded defaults apply
@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from gateway import __version__
-from gateway.cli import approvals, env, policy, presets, run, state, token, usage
+from gateway.cli import approvals, env, mcp_oauth, policy, presets, run, state, token, usage
 from gateway.cli import ca as ca_cmd
 from gateway.cli import config as config_cmd
 from gateway.config import ConfigError
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     for group in (run, token, config_cmd, policy, presets, ca_cmd, env, usage, state,
-                  approvals):
+                  approvals, mcp_oauth):
         group.register(sub, common)
     return parser
 

@@ -81,7 +81,9 @@ def _line(approval: dict[str, Any]) -> str:
         status = f"{state} by {_safe(approval['by'])}" if approval.get("by") else state
         if approval.get("scope"):
             status += f" ({approval['scope']})"
-    change = approval.get("change")
+    change, consent = approval.get("change"), approval.get("consent")
+    if isinstance(consent, dict) and state == "pending":  # (an MCP server's OAuth consent)
+        status += f"\n    open and sign in: {_safe(consent.get('url'))}"
     return (f"{approval['id']}  {_safe(approval['sandbox'])} ({_safe(approval['policy'])})  "
             f"{_safe(approval['what'])}  {status}\n    why: {_safe(approval['reason'])}"
             + (_change(change) if isinstance(change, dict) else ""))

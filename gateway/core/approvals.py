@@ -29,7 +29,7 @@ from gateway.core.policy import Request
 __all__ = ["DEFAULT_DURATION", "MAX_PENDING", "SCOPES", "Approval", "AskLimit", "Asked",
            "Grant", "answer", "asked_for", "new_id"]
 
-Kind = Literal["host", "request", "model", "tool"]
+Kind = Literal["host", "request", "model", "tool", "oauth"]
 State = Literal["pending", "approved", "denied", "timeout"]
 SCOPES = ("once", "sandbox", "policy", "always")
 DEFAULT_DURATION = 3600.0  # a sandbox or policy grant with no duration given: an hour
@@ -53,7 +53,10 @@ class Asked:
     request), one `method` and `path` (no query) on it (kind ``request``), or a `model`
     its rule's allowlist refuses, on that host (kind ``model``). Kind ``tool``: an MCP
     server's (`host`, `port`, `path`) `tool` changed its description or input schema
-    (its approval carries the texts; approving pins the new one, `core/mcp_pins.py`)."""
+    (its approval carries the texts; approving pins the new one, `core/mcp_pins.py`).
+    Kind ``oauth``: a person's OAuth consent to the MCP server at (`host`, `port`,
+    `path`) (its approval carries the authorization URL in `consent`; it is answered by
+    completing that URL, `services/mcp_oauth`, or declined)."""
 
     kind: Kind
     host: str
@@ -79,6 +82,8 @@ class Asked:
             return f"model {self.model} on {self.host}:{self.port}"
         if self.kind == "tool":
             return f"tool {self.tool} changed on {self.host}:{self.port}{self.path}"
+        if self.kind == "oauth":
+            return f"OAuth consent for the MCP server {self.host}:{self.port}{self.path}"
         return f"{self.method} {self.host}:{self.port}{self.path}"
 
     def covers(self, request: Request, model: str | None = None) -> bool:
@@ -86,7 +91,8 @@ class Asked:
         or any request to it; a request: that method and path (any query); a model:
         requests on the host naming that model (only: the rest of the allowlist stands);
         a tool's change: no request (it updates the tool's pin)."""
-        if request.host != self.host or request.port != self.port or self.kind == "tool":
+        if request.host != self.host or request.port != self.port or \
+                self.kind in ("tool", "oauth"):
             return False
         if self.kind == "host":
             return True
@@ -97,7 +103,7 @@ class Asked:
 
     def includes(self, other: Asked) -> bool:
         """Does approving this let through every request approving `other` would?"""
-        if other.kind == "tool" or self.kind == "tool" or \
+        if {other.kind, self.kind} & {"tool", "oauth"} or \
                 (other.host, other.port) != (self.host, self.port):
             return False
         if self.kind == "host":
@@ -155,6 +161,7 @@ class Approval(_Stored):
     answered: float | None = None
     grant: str | None = None
     change: dict[str, Any] | None = None  # kind tool: {"old": …, "new": …} (`mcp_pins`)
+    consent: dict[str, Any] | None = None  # kind oauth: {"url": …, "resource": …, …}
 
 
 
@@ -215,6 +222,9 @@ def answer(approval: Approval, decision: str, *, scope: str | None = None,
         raise ValueError(f"a note is at most {_NOTE_MAX} characters")
     if decision == "deny":
         return replace(approval, state="denied", by=by, note=note, answered=now), None
+    if approval.asked.kind == "oauth":
+        raise ValueError("an OAuth consent is given by opening its authorization URL "
+                         "(consent.url) and signing in; here it can only be declined")
     if approval.asked.kind == "tool" and (scope not in (None, "once") or
                                           duration is not None):
         raise ValueError("a tool's change is approved for its server (the new text is "

@@ -11,11 +11,13 @@ from gateway.core.approvals import Approval, Asked, Grant
 from gateway.core.dlp.scanner import Scanner
 from gateway.core.ephemeral import EphemeralKey
 from gateway.core.identity import Identity, SandboxAddress, Workload
+from gateway.core.mcp_oauth import Challenge, McpToken
 from gateway.core.messages import RequestHead
 from gateway.core.metering.refusals import StepRefusal
 from gateway.core.metering.usage import Meter
 from gateway.core.policy import Credential, Policy, Request, Rule
 from gateway.core.policy.ask_rule import Ask
+from gateway.core.policy.mcp_rule import McpOAuth
 from gateway.core.secret_value import SecretValue
 from gateway.core.target import Target
 
@@ -27,6 +29,7 @@ __all__ = [
     "Capacity",
     "Detectors",
     "Guard",
+    "McpTokens",
     "MeteredCall",
     "MeteredUse",
     "Metering",
@@ -261,3 +264,22 @@ class Approvals(Protocol):
     def active(self, grant: str) -> bool: ...
     async def ask(self, identity: Identity, asked: Asked, reason: str, spec: Ask, *,
                   request: Request, model: str | None = None) -> Approval | Grant: ...
+
+
+class McpTokens(Protocol):
+    """The gateway as MCP servers' OAuth client (`services/mcp_oauth`, rules with
+    `mcp.oauth`). `token` finds the grant serving `identity` at `resource` (refreshed when
+    due; None: a consent is needed); `consent` holds the request until a person consents
+    (raises Refusal otherwise); `rejected` tells it the server refused a token (a 401, or
+    a 403 asking for more scopes). `live` and `version`: the tokens this process holds,
+    with the host each is bound to, for the leak markers."""
+
+    @property
+    def version(self) -> int: ...
+    def live(self) -> list[tuple[str, SecretValue]]: ...
+    async def token(self, identity: Identity, resource: str, oauth: McpOAuth
+                    ) -> McpToken | None: ...
+    async def consent(self, identity: Identity, resource: str, oauth: McpOAuth, spec: Ask,
+                      rule: str | None) -> None: ...
+    def rejected(self, token: McpToken, resource: str, challenge: Challenge | None
+                 ) -> None: ...

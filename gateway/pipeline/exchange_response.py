@@ -68,6 +68,8 @@ class ResponseSide:
         echoes are redacted; a 401 tells the secret store the key was rejected)."""
         ex = self.ex
         ex.response_head = head
+        if ex.oauth is not None:  # (the server refused the gateway's token: not relayed)
+            ex.oauth.answered(head)
         if metered is not None and metered.metered is not None and \
                 metered.metered.meter is not None:
             metered.metered.head(head.headers.get)

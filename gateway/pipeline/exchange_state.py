@@ -19,6 +19,7 @@ from gateway.core.refusal import Refusal
 from gateway.core.target import Target
 from gateway.core.trail import Trail
 from gateway.pipeline.exchange_dlp import DlpCheck
+from gateway.pipeline.exchange_oauth import OAuthUse
 
 __all__ = ["ExchangeState", "leak_refusal", "source_of"]
 
@@ -49,6 +50,7 @@ class ExchangeState:
     models: list[str] | None = None
     unsent: bool = False
     dlp: DlpCheck | None = None  # outbound credential detection (a rule with dlp:)
+    oauth: OAuthUse | None = None  # an MCP server's token the gateway holds (mcp.oauth)
 
     def __post_init__(self) -> None:
         """(What a subclass sets up after the fields: the dataclass calls it.)"""

@@ -38,6 +38,7 @@ from gateway.core.ports import (
     Capacity,
     Detectors,
     Guard,
+    McpTokens,
     Metering,
     MintedSecrets,
     Registry,
@@ -81,7 +82,8 @@ class Gate:
                  approvals: Approvals | None = None, pins: ToolPins | None = None,
                  state_health: StateHealth | None = None,
                  capacity: Capacity | None = None,
-                 detectors: Detectors | None = None) -> None:
+                 detectors: Detectors | None = None,
+                 mcp_tokens: McpTokens | None = None) -> None:
         connections = Connections(per_sandbox=connections_per_sandbox,
                                   limit=max_connections, telemetry=telemetry,
                                   capacity=capacity)
@@ -93,7 +95,9 @@ class Gate:
             markers=Markers(policies, secrets, minted, lambda: tokens.issuer),
             telemetry=telemetry, metering=metering, signers=signers, ephemeral=minted,
             audit_health=audit_health, state_health=state_health, approvals=approvals,
-            pins=pins, refusals_inside_tls=refusals_inside_tls, detectors=detectors)
+            pins=pins, refusals_inside_tls=refusals_inside_tls, detectors=detectors,
+            mcp_tokens=mcp_tokens)
+        self.parts.markers.oauth = mcp_tokens
         if resolve is not None:
             self.parts.resolve = resolve
         self.asking = Asking(self.parts)

@@ -1,5 +1,6 @@
 """Which leak markers a request is scanned for, cached per (host, token) until the
-policies, the fetched keys or the provider-minted secrets change."""
+policies, the fetched keys, the provider-minted secrets or the MCP servers' OAuth tokens
+change."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from gateway.core.leaks import (
     sensitive_markers,
 )
 from gateway.core.policy import PolicySet
-from gateway.core.ports import MintedSecrets, Secrets
+from gateway.core.ports import McpTokens, MintedSecrets, Secrets
 from gateway.core.secret_value import SecretValue
 
 __all__ = ["Markers"]
@@ -25,7 +26,8 @@ class Markers:
     client's own token, plus every fetched key and provider-minted secret that no
     credential binds to the request's host, and every alias of a provider-minted secret
     on every host (like a token: its one place is the carrier of a request to its
-    credential's host, swapped before the scan)."""
+    credential's host, swapped before the scan), and every MCP server's OAuth token the
+    gateway holds on every host but its server's (`oauth`: the sandbox never holds one)."""
 
     def __init__(self, policies: Callable[[], PolicySet], secrets: Secrets,
                  ephemeral: MintedSecrets, issuer: Callable[[], str]) -> None:
@@ -35,13 +37,16 @@ class Markers:
         self._issuer = issuer
         self._scans: dict[tuple[str, str | None], LeakScan] = {}
         self._version: tuple[object, ...] = ()
+        self.oauth: McpTokens | None = None
 
     def scan_for(self, host: str, token: str | None) -> LeakScan:
         """The scan for a request to `host` from a client holding `token`."""
         policy_set = self._policies()
         known = self._secrets.known_items()
+        oauth = self.oauth
         version = (id(policy_set), self._ephemeral.version,
-                   tuple(id(value) for _, value in known))
+                   tuple(id(value) for _, value in known),
+                   oauth.version if oauth is not None else 0)
         if version != self._version or len(self._scans) > _CACHE:
             self._scans.clear()
             self._version = version
@@ -58,6 +63,9 @@ class Markers:
                     secrets.extend(_markers_of(minted.value))
                 if minted.alias is not None:
                     secrets.extend(_markers_of(minted.alias))
+            for server, held in oauth.live() if oauth is not None else ():
+                if server != host:
+                    secrets.extend(_markers_of(held))
             scan = self._scans[key] = LeakScan(constant_token_markers(self._issuer()),
                                                secrets, own_token_markers(token or ""))
         return scan

@@ -23,6 +23,7 @@ from gateway.core.ports import (
     AuditHealth,
     Detectors,
     Guard,
+    McpTokens,
     Metering,
     MintedSecrets,
     Secrets,
@@ -77,6 +78,7 @@ class Parts:
     approvals: Approvals | None = None
     pins: ToolPins | None = None  # MCP tool descriptions pinned in the state store
     detectors: Detectors | None = None  # outbound credential detection (policies' dlp:)
+    mcp_tokens: McpTokens | None = None  # MCP servers' OAuth tokens (rules with mcp.oauth)
     refusals_inside_tls: bool = False
     mcp_sessions: mcp.Sessions = field(default_factory=mcp.Sessions)
 

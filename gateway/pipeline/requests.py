@@ -3,8 +3,8 @@ to the `Exchange` that serves it (or the answer that refuses it).
 
     identify (again) → target → health → upgrade → stage 1 (`Asking.decide`)
       → destination (pinned once per connection) → the exchange's steps: metering,
-        MCP, the head's leak scan, credential detection (`dlp:`) → the credential
-        (`Signing`)
+        MCP, the head's leak scan, credential detection (`dlp:`) → an MCP server's
+        OAuth token (`OAuthing`, a rule with `mcp.oauth`) → the credential (`Signing`)
 
 The body stage - metering, MCP calls, the leak scan of the body - runs in the exchange
 (`pipeline/exchange.py`) as the body arrives.
@@ -29,6 +29,7 @@ from gateway.core.trail import rule_of
 from gateway.pipeline.asking import Asking
 from gateway.pipeline.exchange import Exchange
 from gateway.pipeline.exchange_dlp import DlpCheck
+from gateway.pipeline.oauthing import OAuthing
 from gateway.pipeline.parts import Parts
 from gateway.pipeline.signing import Signing
 from gateway.pipeline.tunnels import plain_client
@@ -45,6 +46,7 @@ class Requests:
         self.parts = parts
         self.asking = asking
         self.signing = signing
+        self.oauthing = OAuthing(parts)
 
     async def begin(self, client: Client, head: RequestHead, *, tls: bool,
                     proxy_authorization: str | None = None) -> Exchange | Answer:
@@ -131,6 +133,9 @@ class Requests:
         if found is not None:
             raise ex.leak(found)
         path = self._detect(ex, path)
+        mcp_rule = decision.rule.mcp if decision.rule is not None else None
+        if mcp_rule is not None and mcp_rule.oauth is not None:
+            await self.oauthing.attach(ex, mcp_rule.oauth)
         await self.signing.apply(ex, swap, path)
 
     def _detect(self, ex: Exchange, path: str) -> str:

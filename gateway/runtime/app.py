@@ -75,6 +75,7 @@ from gateway.services.dlp.detectors import SALT_FILE, LazyDetectors, ensure_salt
 from gateway.services.identity.issued import IssuedTokens
 from gateway.services.identity.keywatch import SigningKeyWatcher
 from gateway.services.identity.tokens import TokenError, TokenService
+from gateway.services.mcp_oauth import McpOAuthService
 from gateway.services.metering import Metering, build_metering
 from gateway.services.minting import Credentials, TokenHttp, build_credentials
 from gateway.services.policy import PolicyError, PolicyReloader
@@ -195,6 +196,7 @@ class Gateway:
         self.proxy: UpstreamProxy | None = None  # network.upstream_proxy
         self._vault_http: TokenHttp | None = None  # Key Vault's client (secrets.store)
         self.detectors: LazyDetectors | None = None  # policies' dlp: (services/dlp)
+        self.mcp_oauth: McpOAuthService | None = None  # rules' mcp.oauth (services/mcp_oauth)
 
     # -- state the engines and the admin API read ------------------------------------------
 
@@ -311,6 +313,36 @@ class Gateway:
             retention=cfg.approvals.retention, policies=self.current_policies,
             directory=cfg.policies, proposals=cfg.approvals.proposals)
         return self.approvals
+
+    def _build_mcp_oauth(self) -> McpOAuthService:
+        """The gateway as MCP servers' OAuth client: its requests go through the
+        destination guard (`services/mcp_oauth/http.py`), its tokens sealed in the state
+        store with the key of `mcp_oauth.key_file`."""
+        from gateway.services.mcp_oauth.http import OAuthHttp
+        from gateway.services.mcp_oauth.seal import KEY_FILE, Sealer, ensure_key
+
+        cfg = self.config
+        try:
+            key = ensure_key(cfg.mcp_oauth.key_file or cfg.certs / KEY_FILE)
+        except (OSError, ValueError) as exc:
+            raise StartupError(f"mcp_oauth.key_file: {exc}") from None
+        context = ssl.create_default_context(cafile=certifi.where())
+        if cfg.network.upstream_ca is not None:
+            context.load_verify_locations(cafile=str(cfg.network.upstream_ca))
+        assert self.admin_address is not None
+        host, port = self.admin_address
+        shown = f"[{host}]" if ":" in host else host
+        self.mcp_oauth = McpOAuthService(
+            self.state, self._approvals(),
+            OAuthHttp(self.guard, context, connector=self._connector(),
+                      timeout=cfg.network.timeouts.connect + 10.0),
+            Sealer(key), secrets=self.credentials,
+            redirect_url=cfg.mcp_oauth.redirect_url or
+            f"http://{shown}:{port}/v1/mcp/oauth/callback",
+            clients={name: (c.client_id, c.secret) for name, c in cfg.mcp_oauth.clients.items()},
+            client_metadata_url=cfg.mcp_oauth.client_metadata_url,
+            audit=self.audit_write)
+        return self.mcp_oauth
 
     def _approvals(self) -> ApprovalService:
         assert self.approvals is not None
@@ -471,7 +503,8 @@ class Gateway:
             max_connections=max(16, (self.fd_limit - FD_RESERVE - self.pool_limit) // 2),
             workloads=self.pods, approvals=self._build_approvals(overrides),
             pins=self._approvals().pins, state_health=self.state_health,
-            capacity=self.memory, detectors=self.detectors)
+            capacity=self.memory, detectors=self.detectors,
+            mcp_tokens=self._build_mcp_oauth())
         # (the grants and tool pins that outlived a restart; then what is written anywhere)
         await self._approvals().start()
         await self._start_dns(shared)
@@ -520,7 +553,7 @@ class Gateway:
             metering=self.metering, pods=self.pods, approvals=self.approvals,
             request_log=self.state if self.request_log is not None else None,
             stopping=lambda: self.draining, trusted_proxies=cfg.console.trusted_proxies,
-            issued_tokens=self.issued, policies_dir=cfg.policies,
+            issued_tokens=self.issued, policies_dir=cfg.policies, mcp_oauth=self.mcp_oauth,
         )))
         self.admin_server = _QuietServer(uvicorn.Config(
             # (no forwarded header is read by uvicorn: console.trusted_proxies decides)
@@ -882,6 +915,8 @@ class Gateway:
         self._tasks.clear()
         if self.admin_bounds is not None:  # (uvicorn closed its own and the listener)
             self.admin_bounds.close()  # connections past its cap waiting for a probe
+        if self.mcp_oauth is not None:
+            await self.mcp_oauth.close()
         if self.approvals is not None:
             await self.approvals.close()  # (notifications still being sent: cancelled)
         if self.request_log is not None:

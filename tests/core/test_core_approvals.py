@@ -102,3 +102,21 @@ def test_records_round_trip() -> None:
     _, grant = approvals.answer(approval, "approve", scope="policy", by="a", now=NOW)
     assert grant is not None and Grant.from_doc(grant.to_doc()) == grant
     assert approval.asked.describe() == "GET h.test:443/a"
+
+
+def test_an_oauth_consent_is_declined_here_and_given_elsewhere() -> None:
+    """Kind oauth: an MCP server's consent, given by completing its authorization URL
+    (services/mcp_oauth); here it can only be declined; it covers no request."""
+    asked = Asked("oauth", "mcp.test", 443, path="/mcp")
+    consent = {"url": "https://auth.test/authorize?x=1", "resource": "https://mcp.test/mcp"}
+    approval = _approval(asked=asked, consent=consent)
+    assert asked.describe() == "OAuth consent for the MCP server mcp.test:443/mcp"
+    assert not asked.covers(Request("POST", "https", "mcp.test", 443, "/mcp"))
+    assert not asked.includes(asked) and \
+        not Asked("host", "mcp.test", 443).includes(asked)
+    for scope in (None, "once", "policy"):
+        with pytest.raises(ValueError, match="opening its authorization URL"):
+            approvals.answer(approval, "approve", scope=scope, by="alice", now=1.0)
+    denied, grant = approvals.answer(approval, "deny", by="alice", note="no", now=1.0)
+    assert denied.state == "denied" and grant is None
+    assert Approval.from_doc(approval.to_doc()) == approval  # (consent kept in the record)

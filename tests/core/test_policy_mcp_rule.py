@@ -148,3 +148,13 @@ def test_resource_globs_match_by_segment(uri: str, refused: str | None) -> None:
 def test_tool_names_are_names(name: str, refused: str | None) -> None:
     found = DOCS_RULE.tools.refusal("tool", name)
     assert (found is None) if refused is None else (found is not None and refused in found)
+
+
+def test_oauth_is_described() -> None:
+    from gateway.core.policy.mcp_rule import McpOAuth
+
+    rule = McpRule(oauth=McpOAuth(scopes=("repo", "read:org"), client="github"))
+    assert rule.describe().endswith(
+        "oauth (scopes repo read:org; client github; consent per sandbox)")
+    assert "oauth (scopes the server's; client auto; consent per policy)" in \
+        McpRule(oauth=McpOAuth(consent="policy")).describe()

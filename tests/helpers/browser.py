@@ -86,14 +86,15 @@ def _tools() -> tuple[str, str]:
     return chromium, chromedriver
 
 
-def start_browser() -> WebDriver:
+def start_browser(flags: Iterable[str] = ()) -> WebDriver:
     """A headless Chromium on a fresh profile, driven through Debian's chromedriver
-    (Selenium's own driver download is never used: both paths are given)."""
+    (Selenium's own driver download is never used: both paths are given); `flags`:
+    more of Chromium's switches (a test's host mapping)."""
     chromium, chromedriver = _tools()
     profile = Path(tempfile.mkdtemp(prefix="sgw-chromium-"))
     options = Options()
     options.binary_location = chromium
-    for flag in (*FLAGS, f"--user-data-dir={profile}"):
+    for flag in (*FLAGS, *flags, f"--user-data-dir={profile}"):
         options.add_argument(flag)
     # (Chromium's crash handler, which leaves the process tree, keeps its database under
     # the XDG config folder: in the profile too, so it is found and removed with it)

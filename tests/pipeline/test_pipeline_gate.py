@@ -467,6 +467,12 @@ ELSEWHERE = {
                   "(the table's unbound.test, which this fake guard breaks on purpose)",
     "mcp_tool_changed": "tests/core/test_core_mcp_pins.py (the calls) and the parity rows "
                         "MCP: ... pinned ... (the table's unbound.test)",
+    "mcp_token_refused": "tests/integration/test_mcp_oauth.py (a sandbox's own token on a "
+                         "rule with mcp.oauth, both engines)",
+    "mcp_consent_required": "tests/integration/test_mcp_oauth.py (insufficient_scope: the "
+                            "server's 403 read in the answer, both engines)",
+    "mcp_oauth_failed": "tests/integration/test_mcp_oauth.py (metadata naming another "
+                        "resource, both engines)",
     "approval_denied": "tests/core/test_core_ask.py (the gate with a fake approvals port)",
     "approval_timeout": "tests/core/test_core_ask.py (the gate with a fake approvals port)",
 }

@@ -10,6 +10,7 @@ a page never shows a token or a key.
 - `requests.py`: the request log (every process's audit lines, filtered, refused
   first, a line's decision with today's explain and what to change; live over SSE);
 - `approvals.py`: the approvals inbox and the grants in force;
+- `mcp_oauth.py`: the MCP OAuth grants the gateway holds (revoked from the page);
 - `usage.py`: usage over time (an SVG chart, `chart.py`), totals, rows and budgets.
 - `sandboxes.py`: live tokens (revoke), registered sandboxes (unregister), policies.
 - `learn.py`: a policy learned from the request log, its replay proof and diffs.
@@ -23,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from gateway.api.console import approvals, learn, requests, sandboxes, usage
+from gateway.api.console import approvals, learn, mcp_oauth, requests, sandboxes, usage
 from gateway.api.console.session import COOKIE, LIFETIME
 from gateway.api.console.site import HEADERS, TEMPLATES, Site, form
 from gateway.api.context import AdminContext
@@ -101,6 +102,7 @@ def routes(ctx: AdminContext) -> list[Route]:
         Route("/console/logout", logout, methods=["POST"]),
         *requests.routes(site, ctx),
         *approvals.routes(site, ctx.approvals),
+        *mcp_oauth.routes(site, ctx.mcp_oauth),
         *usage.routes(site, ctx.metering, ctx.policies),
         *sandboxes.routes(site, ctx.tokens, ctx.policies, ctx.issued),
         *learn.routes(site, ctx.request_log, ctx.policies, ctx.policies_dir),

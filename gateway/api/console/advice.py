@@ -49,6 +49,14 @@ ADVICE: dict[str, str] = {
     "mcp_tool_changed": "The MCP server changed the tool's description or input schema "
                         "since it was pinned: compare the texts in the Approvals page and "
                         "approve the change (or leave it quarantined).",
+    "mcp_token_refused": "The gateway attaches this MCP server's OAuth token itself "
+                         "(`mcp.oauth`): configure the agent's MCP client without a token.",
+    "mcp_consent_required": "The MCP server refused the gateway's token or asks for more "
+                            "scopes: consent again from the Approvals page (its link), "
+                            "then retry.",
+    "mcp_oauth_failed": "The gateway could not obtain the MCP server's token (the reason "
+                        "says which step): check the server's OAuth metadata, or configure "
+                        "a client in `mcp_oauth.clients`.",
     "approval_denied": "A person declined it; ask them, or change the policy if it should "
                        "be allowed.",
     "approval_timeout": "No one answered in time: answer in the Approvals page, or "

@@ -22,7 +22,9 @@ def _approval(a: Approval, now: float) -> dict[str, Any]:
     return {"id": a.id, "what": a.asked.describe(), "sandbox": a.sandbox, "policy": a.policy,
             "reason": a.reason, "state": a.state, "scope": a.scope, "by": a.by,
             "note": a.note, "left": max(0, round(a.expires - now)),
-            "when": when(a.answered or a.created), "texts": _texts(a)}
+            "when": when(a.answered or a.created), "texts": _texts(a),
+            "consent": a.consent.get("url") if a.asked.kind == "oauth" and
+            isinstance(a.consent, dict) else None}
 
 
 def _texts(a: Approval) -> list[dict[str, Any]]:

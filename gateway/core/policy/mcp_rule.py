@@ -10,6 +10,9 @@ segments resolved; a URI that cannot be read one way only is refused), and a den
 also refuses what lies beneath its match. `arguments` constrains a tool's string
 arguments by the same segment globs, read the same way (a constrained argument that is
 missing, not a string or not readable one way only is refused).
+
+`oauth` makes the gateway the server's OAuth client (`McpOAuth`, docs/mcp-oauth.md): the
+sandbox sends no token, the gateway attaches one a person consented to.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from dataclasses import dataclass, field
 from gateway.core.policy.globs import compile_glob
 from gateway.core.policy.mcp_values import normalize_value
 
-__all__ = ["McpRule", "Names"]
+__all__ = ["CONSENTS", "McpOAuth", "McpRule", "Names"]
+
+CONSENTS = ("sandbox", "policy")  # whose grant a consent makes (see McpOAuth)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,24 @@ class Names:
 
 
 @dataclass(frozen=True, slots=True)
+class McpOAuth:
+    """`mcp.oauth`: the gateway obtains the server's OAuth tokens itself. `scopes` the
+    scopes it asks for (none: what the server's metadata names); `client` a client named
+    in the gateway's config (`mcp_oauth.clients`) or ``auto`` (a client ID metadata
+    document where the authorization server supports one, else dynamic registration);
+    `consent` whose grant one consent makes: this ``sandbox`` only, or every sandbox of
+    the ``policy``."""
+
+    scopes: tuple[str, ...] = ()
+    client: str = "auto"
+    consent: str = "sandbox"
+
+    def describe(self) -> str:
+        scopes = " ".join(self.scopes) or "the server's"
+        return f"oauth (scopes {scopes}; client {self.client}; consent per {self.consent})"
+
+
+@dataclass(frozen=True, slots=True)
 class McpRule:
     """`mcp:` as written (see the module docstring). `pin_descriptions`: a tool whose
     description or input schema changes within a session is refused, not only flagged.
@@ -68,6 +91,7 @@ class McpRule:
     arguments: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     pin_descriptions: bool = False
     server_requests: str = "deny"
+    oauth: McpOAuth | None = None
 
     def resource_refusal(self, uri: str) -> str | None:
         """Why reading (subscribing to) resource `uri` is refused, or None."""
@@ -105,4 +129,6 @@ class McpRule:
             parts.append("pin_descriptions")
         if self.server_requests == "allow":
             parts.append("server_requests allow")
+        if self.oauth is not None:
+            parts.append(self.oauth.describe())
         return "mcp: " + "; ".join(parts)

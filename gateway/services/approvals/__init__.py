@@ -168,8 +168,8 @@ class ApprovalService:
         self.telemetry.observe("approval_wait_seconds", self.clock() - started)
         return ended
 
-    async def _open(self, identity: Identity, asked: Asked, reason: str, spec: Ask
-                    ) -> tuple[Approval, bool]:
+    async def _open(self, identity: Identity, asked: Asked, reason: str, spec: Ask,
+                    consent: dict[str, Any] | None = None) -> tuple[Approval, bool]:
         """The pending approval for this sandbox and thing (joined), or a new one."""
         claim = f"{identity.sandbox}|{asked.key}"
         for _ in range(20):
@@ -188,7 +188,7 @@ class ApprovalService:
                                     "waiting for an answer")
             approval = Approval(id=core.new_id("ap"), sandbox=identity.sandbox,
                                 policy=identity.policy, asked=asked, reason=reason[:500],
-                                created=now, expires=now + spec.timeout)
+                                created=now, expires=now + spec.timeout, consent=consent)
             await self.store.record_put(_APPROVAL, approval.id, approval.to_doc(),
                                         approval.expires + self.retention, None)
             if await self.store.record_put(_CLAIM, claim, {"id": approval.id},
@@ -353,6 +353,36 @@ class ApprovalService:
         if found is None:
             raise NotFound(ident)
         return _timed(found[0], self.clock())
+
+    # -- an MCP server's OAuth consent (`services/mcp_oauth`) ----------------------------
+
+    async def open_consent(self, identity: Identity, asked: Asked, reason: str, spec: Ask,
+                           consent: dict[str, Any]) -> tuple[Approval, bool]:
+        """The pending consent approval for this sandbox and server (joined), or a new
+        one carrying `consent` (its authorization URL); True if opened now (then
+        audited and told to `spec`'s notifiers)."""
+        approval, opened = await self._open(identity, asked, reason, spec, consent)
+        if opened and self.webhooks is not None and spec.notify:
+            self.webhooks.notify(spec.notify, approval)
+        return approval, opened
+
+    async def consented(self, ident: str, by: str) -> Approval | None:
+        """Close consent approval `ident` as approved (its authorization completed);
+        None if it was no longer pending."""
+        found = await self._read(ident)
+        if found is None or found[0].state != "pending":
+            return None
+        now = self.clock()
+        closed = replace(found[0], state="approved", scope="once", by=by, answered=now)
+        if not await self.store.record_put(_APPROVAL, ident, closed.to_doc(),
+                                           now + self.retention, found[1]):
+            return None
+        self.telemetry.count("approvals", "approved")
+        self._line(closed, "approve", f"consent completed at the authorization server ({by})")
+        event = self._answered.get(ident)
+        if event is not None:
+            event.set()
+        return closed
 
     # -- asks without a held request (an MCP tool's change: `pins.py`) -----------------
 

@@ -1,18 +1,24 @@
 """The `mcp:` reader: an egress rule's MCP tools, resources, prompts, argument globs and
-switches as a policy file writes them (semantics in `mcp_rule.py`)."""
+switches, and `oauth:` (the gateway as the server's OAuth client), as a policy file writes
+them (semantics in `mcp_rule.py`)."""
 
 from __future__ import annotations
+
+import re
 
 from yaml.nodes import MappingNode, Node, ScalarNode
 
 from gateway.core.policy.globs import GlobError, validate_glob
-from gateway.core.policy.mcp_rule import McpRule, Names
+from gateway.core.policy.mcp_rule import CONSENTS, McpOAuth, McpRule, Names
 from gateway.services.policy.nodes import Nodes
 
 __all__ = ["read_mcp"]
 
 _MCP_KEYS = ("tools", "resources", "prompts", "arguments", "pin_descriptions",
-             "server_requests")
+             "server_requests", "oauth")
+_OAUTH_KEYS = ("scopes", "client", "consent")
+_SCOPE = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")  # RFC 6749 3.3 scope-token
+_CLIENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a name in mcp_oauth.clients
 _KINDS = ("tools", "resources", "prompts")
 
 
@@ -47,11 +53,60 @@ def read_mcp(nodes: Nodes, node: Node) -> McpRule | None:
             ok = False
         else:
             server_requests = str(choice)
+    oauth: McpOAuth | None = None
+    if "oauth" in keys:
+        oauth = read_oauth(nodes, keys["oauth"][1])
+        ok = ok and oauth is not None
     if not ok:
         return None
     return McpRule(tools=kinds.get("tools", Names()), resources=kinds.get("resources", Names()),
                    prompts=kinds.get("prompts", Names()), arguments=arguments,
-                   pin_descriptions=pin, server_requests=server_requests)
+                   pin_descriptions=pin, server_requests=server_requests, oauth=oauth)
+
+
+def read_oauth(nodes: Nodes, node: Node) -> McpOAuth | None:
+    """`mcp.oauth: {scopes: [...], client: <name> | auto, consent: sandbox | policy}`
+    (``oauth: {}``: the server's scopes, client auto, consent per sandbox)."""
+    keys = nodes.mapping(node, _OAUTH_KEYS, "mcp.oauth")
+    if keys is None:
+        return None
+    ok = True
+    scopes: tuple[str, ...] = ()
+    if "scopes" in keys:
+        items = nodes.string_list(keys["scopes"][1], "mcp.oauth.scopes")
+        ok = items is not None
+        for value, item in items or []:
+            if not _SCOPE.fullmatch(value):
+                nodes.err(item, f"mcp.oauth.scopes: {value[:100]!r} is not an OAuth scope "
+                          "(printable ASCII, no space, quote or backslash: RFC 6749 3.3)")
+                ok = False
+        scopes = tuple(dict.fromkeys(value for value, _ in items or []))
+    client = "auto"
+    if "client" in keys:
+        named = nodes.string(keys["client"][1], "mcp.oauth.client")
+        if named is None or not _CLIENT.fullmatch(named):
+            if named is not None:
+                nodes.err(keys["client"][1], f"mcp.oauth.client: {named[:100]!r} is not a "
+                          "client name (letters, digits, '_', '.', '-'; a name in the "
+                          "gateway config's mcp_oauth.clients) nor auto")
+            ok = False
+        else:
+            client = named
+    consent = "sandbox"
+    if "consent" in keys:
+        value_node = keys["consent"][1]
+        chosen = nodes.scalar(value_node) if isinstance(value_node, ScalarNode) else None
+        if chosen == "user":
+            nodes.err(value_node, "mcp.oauth.consent: user is not supported yet: sandbox "
+                      "tokens name no user to keep a grant for; use sandbox or policy")
+            ok = False
+        elif chosen not in CONSENTS:
+            nodes.err(value_node, "mcp.oauth.consent must be sandbox (the grant serves "
+                      "this sandbox) or policy (every sandbox of the policy)")
+            ok = False
+        else:
+            consent = str(chosen)
+    return McpOAuth(scopes=scopes, client=client, consent=consent) if ok else None
 
 
 def _glob(nodes: Nodes, node: Node, glob: str) -> bool:

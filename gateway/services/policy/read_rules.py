@@ -132,6 +132,11 @@ def read_rule(nodes: Nodes, node: Node, policy: str) -> RawRule | None:
     if "mcp" in keys:
         mcp = read_mcp(nodes, keys["mcp"][1])
         ok = ok and mcp is not None
+        if mcp is not None and mcp.oauth is not None and "credential" in keys:
+            nodes.err(keys["credential"][0], "credential and mcp.oauth on one rule: with "
+                      "mcp.oauth the gateway attaches the server's own OAuth token; remove "
+                      "credential: (or oauth:)")
+            ok = False
     ask: Ask | None = None
     if "ask" in keys:
         ask_node = keys["ask"][1]

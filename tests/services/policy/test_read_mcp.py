@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.core.policy.mcp_rule import McpRule, Names
+from gateway.core.policy.mcp_rule import McpOAuth, McpRule, Names
 from gateway.services.policy.read_mcp import read_mcp
 from tests.helpers.policy_yaml import read
 
@@ -21,6 +21,11 @@ LOADS = [
     ("{pin_descriptions: true, server_requests: allow}",
      McpRule(pin_descriptions=True, server_requests="allow")),
     ("{server_requests: deny}", McpRule()),
+    ("{oauth: {}}", McpRule(oauth=McpOAuth())),
+    ("{oauth: {scopes: [repo, 'read:org', repo], client: github-app, consent: policy}}",
+     McpRule(oauth=McpOAuth(scopes=("repo", "read:org"), client="github-app",
+                            consent="policy"))),
+    ("{oauth: {client: auto, consent: sandbox}}", McpRule(oauth=McpOAuth())),
 ]
 
 
@@ -47,6 +52,21 @@ REFUSED = [
     ("arguments:\n  t:\n    repo: 'org**'\n",
      ["3: glob 'org**': '**' must be a whole segment (e.g. org/**); '*' matches within one "
       "segment"]),
+    ("oauth: [a]\n", ["1: mcp.oauth must be a mapping (key: value)"]),
+    ("oauth:\n  scopes: repo\n", ['2: mcp.oauth.scopes must be a list, e.g. '
+                                   'mcp.oauth.scopes: ["..."]']),
+    ("oauth:\n  scopes:\n    - ok\n    - 'two words'\n",
+     ["4: mcp.oauth.scopes: 'two words' is not an OAuth scope (printable ASCII, no space, "
+      "quote or backslash: RFC 6749 3.3)"]),
+    ("oauth:\n  client: 'my client'\n",
+     ["2: mcp.oauth.client: 'my client' is not a client name (letters, digits, '_', '.', "
+      "'-'; a name in the gateway config's mcp_oauth.clients) nor auto"]),
+    ("oauth:\n  consent: everyone\n",
+     ["2: mcp.oauth.consent must be sandbox (the grant serves this sandbox) or policy "
+      "(every sandbox of the policy)"]),
+    ("oauth:\n  consent: user\n",
+     ["2: mcp.oauth.consent: user is not supported yet: sandbox tokens name no user to "
+      "keep a grant for; use sandbox or policy"]),
 ]
 
 
@@ -58,9 +78,12 @@ def test_what_is_refused_and_where(text: str, problems: list[str]) -> None:
 REPORTED = [
     ("{tool: {allow: [a]}}", McpRule(),
      ['1: unknown key "tool" in mcp (did you mean "tools"?); known keys: tools, resources, '
-      "prompts, arguments, pin_descriptions, server_requests"]),
+      "prompts, arguments, pin_descriptions, server_requests, oauth"]),
     ("tools:\n  allow: [a, '']\n", McpRule(tools=Names(allow=("a",))),
      ["2: each entry of mcp.tools.allow must be a non-empty string"]),
+    ("oauth:\n  scope: [a]\n", McpRule(oauth=McpOAuth()),
+     ['2: unknown key "scope" in mcp.oauth (did you mean "scopes"?); known keys: scopes, '
+      'client, consent']),
 ]
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from gateway.core.policy.ask_rule import Ask
 from gateway.core.policy.compiled import compile_policy, decide
-from gateway.core.policy.mcp_rule import McpRule, Names
+from gateway.core.policy.mcp_rule import McpOAuth, McpRule, Names
 from gateway.core.policy.model import Credential, Injection, MeteringRule, Request, Rule
 from gateway.services.policy.raw import RawRule
 from gateway.services.policy.read_rules import read_egress, read_metering, read_rule
@@ -45,6 +45,8 @@ LOADS = [
     ("{host: a.test, ask: {timeout: 5s}}", rule(host="a.test", ask=Ask(timeout=5))),
     ("{host: a.test, mcp: {tools: {allow: [a]}}}",
      rule(host="a.test", mcp=McpRule(tools=Names(allow=("a",))))),
+    ("{host: a.test, mcp: {oauth: {scopes: [repo], consent: policy}}}",
+     rule(host="a.test", mcp=McpRule(oauth=McpOAuth(scopes=("repo",), consent="policy")))),
 ]
 
 
@@ -117,6 +119,9 @@ REFUSED = [
     ("host: a.test\naction: deny\nreason: " + "x" * 301 + "\n",
      ["3: reason must be 1-300 characters"]),
     ("host: a.test\nmcp: [a]\n", ["2: mcp must be a mapping (key: value)"]),
+    ("host: a.test\ncredential: k\nmcp:\n  oauth: {}\n",
+     ["2: credential and mcp.oauth on one rule: with mcp.oauth the gateway attaches the "
+      "server's own OAuth token; remove credential: (or oauth:)"]),
     ("- a.test\n", ["1: an egress rule must be a mapping (key: value)"]),
 ]
 

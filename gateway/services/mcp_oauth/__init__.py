@@ -1,0 +1,487 @@
+"""The gateway as MCP servers' OAuth client (issue 44, docs/mcp-oauth.md): the core's
+`McpTokens` port.
+
+A request on a rule with `mcp.oauth` finds the grant of its owner (`grant_owner`: its
+sandbox, or its policy) for its server in the state store (`grants.py`, sealed), the
+access token refreshed shortly before it expires (one process refreshes, under a lease;
+the others wait for its result). Without a grant the request is held while a person
+consents: the server and its authorization server are discovered (`discovery.py`), the
+gateway's client found (`tokens.py`: a configured one, a client ID metadata document, or
+dynamic registration), and an approval of kind ``oauth`` opened whose `consent.url` is
+the authorization URL (PKCE S256, `state`, the `resource` indicator). The person opens it
+and signs in; the authorization server sends their browser to the gateway's callback
+(`complete`), which takes the flow by its `state` (single use, expiring with the
+approval), exchanges the code and writes the grant; the held request then goes on.
+
+A server that refuses the gateway's token (401) marks the grant stale (the next request
+refreshes it, or asks again); one that asks for more scopes (403 `insufficient_scope`)
+marks it for a step-up consent with the union of the scopes (`rejected`).
+
+Audit lines (`engine: mcp_oauth`) name the grant (id, owner, resource, scopes), never a
+token: `grant` when a consent completes, `revoke` when one is revoked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets as random
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from gateway.core.approvals import Approval, Asked, new_id
+from gateway.core.audit import record
+from gateway.core.identity import Identity
+from gateway.core.mcp_oauth import Challenge, McpToken, grant_owner, oauth_failed
+from gateway.core.policy.ask_rule import Ask
+from gateway.core.policy.mcp_rule import McpOAuth
+from gateway.core.ports import Secrets
+from gateway.core.refusal import Refusal
+from gateway.core.secret_value import MintedValue, SecretValue
+from gateway.services.approvals import ApprovalService
+from gateway.services.mcp_oauth.discovery import ServerInfo, discover
+from gateway.services.mcp_oauth.grants import CLIENT, FLOW, GRANT, KEEP, Grants, Stored
+from gateway.services.mcp_oauth.http import OAuthError, OAuthHttp
+from gateway.services.mcp_oauth.seal import Sealer
+from gateway.services.mcp_oauth.tokens import (
+    Client,
+    TokenSet,
+    authorization_url,
+    exchange,
+    pkce,
+    refresh,
+    register,
+    revoke,
+)
+from gateway.services.state.base import Records
+
+__all__ = ["ConsentFailed", "McpOAuthService"]
+
+log = logging.getLogger("sandbox_gateway.mcp_oauth")
+
+POLL = 0.2  # seconds between a held request's looks at its grant and approval
+AHEAD = 60.0  # an access token is refreshed this long before it expires (at most)
+LEASE = "mcp_oauth_lease"
+
+
+class ConsentFailed(Exception):
+    """The callback could not complete a consent (the message says why, for a person)."""
+
+
+class McpOAuthService:
+    """See the module docstring."""
+
+    def __init__(self, store: Records, approvals: ApprovalService, http: OAuthHttp,
+                 sealer: Sealer, *, secrets: Secrets, redirect_url: str,
+                 clients: Mapping[str, tuple[str, str | None]] | None = None,
+                 client_metadata_url: str | None = None,
+                 audit: Callable[[dict[str, Any]], None] = lambda line: None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.grants = Grants(store, sealer)
+        self.approvals = approvals
+        self.http = http
+        self.secrets = secrets
+        self.redirect_url = redirect_url
+        self.clients = dict(clients or {})
+        self.client_metadata_url = client_metadata_url
+        self.audit = audit
+        self.clock = clock
+        self.holder = new_id("proc")
+        self._live: dict[str, tuple[str, SecretValue]] = {}  # key -> (host, tokens)
+        self._version = 0
+        self._challenges: dict[str, Challenge] = {}  # key -> the server's last challenge
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._read_cache: dict[str, tuple[int, Stored | None]] = {}  # key -> (version, grant)
+        self._made: dict[str, tuple[Stored, McpToken]] = {}  # key -> (record, its token)
+
+    # -- the port: leak markers ---------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def live(self) -> list[tuple[str, SecretValue]]:
+        """Every token this process holds, with the host it is bound to."""
+        return list(self._live.values())
+
+    def _keep(self, key: str, host: str, value: SecretValue | None) -> None:
+        before = self._live.get(key)
+        if value is None:
+            if self._live.pop(key, None) is not None:
+                self._version += 1
+        elif before is None or before[1] != value:
+            self._live[key] = (host, value)
+            self._version += 1
+
+    # -- the port: the token of a request -----------------------------------------------
+
+    async def token(self, identity: Identity, resource: str, oauth: McpOAuth
+                    ) -> McpToken | None:
+        """The access token for `identity` at `resource` (refreshed if due), or None:
+        a consent is needed (no grant, a step-up, scopes the rule asks for that the
+        grant lacks, an expired token that cannot be refreshed)."""
+        owner = grant_owner(oauth, identity)
+        key = f"{owner}|{resource}"
+        stored = await self._read(key)
+        if stored is None or stored.secret is None or stored.doc.get("step_up") or \
+                not set(oauth.scopes) <= set(stored.doc.get("scopes", [])):
+            return None
+        expires = stored.doc.get("expires_at")
+        now = self.clock()
+        due = stored.doc.get("stale") or (expires is not None and now >= expires - min(
+            AHEAD, (expires - float(stored.doc.get("issued", now))) / 10))
+        if due:
+            stored = await self._refreshed(key, stored)
+            if stored is None or stored.secret is None:
+                return None
+        made = self._made.get(key)
+        if made is not None and made[0] is stored:  # (the same record: the same token)
+            return made[1]
+        secret = stored.secret
+        assert secret is not None
+        value = MintedValue(secret["access"], parts=tuple(
+            t for t in (secret["access"], secret.get("refresh")) if t))
+        self._keep(key, str(stored.doc["host"]), value)
+        token = McpToken(str(stored.doc["id"]), owner, str(stored.doc["resource"]),
+                         tuple(stored.doc.get("scopes", [])), value)
+        if len(self._made) > 4096:
+            self._made.clear()
+        self._made[key] = (stored, token)
+        return token
+
+    async def _read(self, key: str) -> Stored | None:
+        """The grant at `key`: this process's copy while no grant was written anywhere
+        since it was read (`record_version`, no I/O), else read from the store."""
+        version = self.grants.version()
+        cached = self._read_cache.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        stored = await self.grants.get(GRANT, key)
+        if len(self._read_cache) > 4096:
+            self._read_cache.clear()
+        self._read_cache[key] = (version, stored)
+        return stored
+
+    async def _refreshed(self, key: str, stored: Stored) -> Stored | None:
+        """The grant with fresh tokens (refreshed here under the lease, or by the
+        process holding it); None when the grant cannot be used any more."""
+        now = self.clock()
+        if not await self.grants.store.record_put(LEASE, key, {"holder": self.holder},
+                                                  now + 20, None):
+            for _ in range(100):  # another process refreshes: wait for its result
+                await asyncio.sleep(0.1)
+                again = await self.grants.get(GRANT, key)
+                if again is None or again.rev != stored.rev:
+                    return again
+            return None
+        try:
+            return await self._refresh(key, stored)
+        finally:
+            found = await self.grants.store.record_get(LEASE, key)
+            if found is not None and found[0].get("holder") == self.holder:
+                await self.grants.store.record_put(LEASE, key, found[0], self.clock(),
+                                                   found[1])
+
+    async def _refresh(self, key: str, stored: Stored) -> Stored | None:
+        secret, doc = stored.secret or {}, stored.doc
+        expires = doc.get("expires_at")
+        usable = not doc.get("stale") and (expires is None or self.clock() < expires)
+        if not secret.get("refresh"):
+            return stored if usable else await self._forget(key, "expired, no refresh token")
+        info = ServerInfo.from_doc(doc["info"])
+        client = Client(str(doc["client_id"]), secret.get("client_secret"),
+                        str(doc.get("auth_method", "none")))
+        try:
+            got = await refresh(self.http, info, client, secret["refresh"],
+                                tuple(doc.get("scopes", [])))
+        except OAuthError as exc:
+            log.warning("MCP OAuth grant %s: refresh failed: %s", doc.get("id"), exc)
+            return stored if usable else await self._forget(key, f"refresh failed: {exc}")
+        new = {**doc, "expires_at": got.expires_at, "issued": self.clock(), "stale": False,
+               "scopes": list(got.scopes)}
+        written = await self.grants.put(GRANT, key, new, {**secret, "access": got.access,
+                                                          "refresh": got.refresh},
+                                        self._until(got), stored.rev)
+        return await self.grants.get(GRANT, key) if written else None
+
+    async def _forget(self, key: str, why: str) -> Stored | None:
+        """Remove the grant at `key` (it cannot be used any more): None."""
+        log.info("MCP OAuth grant of %s forgotten: %s", key.split("|", 1)[0], why)
+        await self.grants.remove(GRANT, key, self.clock())
+        self._keep(key, "", None)
+        return None
+
+    def _until(self, got: TokenSet) -> float:
+        """How long a grant's record is kept."""
+        if got.refresh:
+            return self.clock() + KEEP
+        return (got.expires_at or self.clock() + KEEP) + 60
+
+    # -- the port: a server refused the token -------------------------------------------
+
+    def rejected(self, token: McpToken, resource: str, challenge: Challenge | None) -> None:
+        """The server answered 401 (the grant is marked stale: refreshed, or asked
+        again) or 403 `insufficient_scope` (marked for a step-up consent with the
+        union of the scopes). Runs on in the background; the answer is not held."""
+        key = f"{token.owner}|{resource}"
+        if challenge is not None:
+            self._challenges[key] = challenge
+        task = asyncio.get_running_loop().create_task(self._mark(key, token, challenge))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _mark(self, key: str, token: McpToken, challenge: Challenge | None) -> None:
+        try:
+            for _ in range(5):
+                stored = await self.grants.get(GRANT, key)
+                if stored is None or stored.doc.get("id") != token.grant or \
+                        stored.secret is None:
+                    return
+                doc = dict(stored.doc)
+                if challenge is not None and challenge.insufficient_scope:
+                    doc["step_up"] = True  # (no scope named: the server's own are asked)
+                    doc["named"] = bool(challenge.scopes)
+                    doc["wanted"] = sorted(set(doc.get("scopes", [])) | set(challenge.scopes))
+                else:
+                    doc["stale"] = True
+                raw = await self.grants.store.record_get(GRANT, key)
+                if raw is not None and raw[1] == stored.rev and \
+                        await self.grants.store.record_put(GRANT, key, {**raw[0], **doc},
+                                                           self.clock() + KEEP, stored.rev):
+                    return
+        except Exception:  # (the store away: the next request finds the grant as it was)
+            log.exception("MCP OAuth grant %s: could not be marked", token.grant)
+
+    # -- the port: consent ---------------------------------------------------------------
+
+    async def consent(self, identity: Identity, resource: str, oauth: McpOAuth, spec: Ask,
+                      rule: str | None) -> None:
+        """Hold until a person consents for `identity` at `resource` (a grant written,
+        by this ask or another), or raise the Refusal: declined (`approval_denied`), no
+        answer in time (`approval_timeout`), discovery or registration failed
+        (`mcp_oauth_failed`)."""
+        owner = grant_owner(oauth, identity)
+        key = f"{owner}|{resource}"
+        current = await self.grants.get(GRANT, key)
+        wanted = list(oauth.scopes) + list((current.doc.get("wanted") or [])
+                                           if current is not None else [])
+        try:
+            info = await discover(self.http, resource, self._challenges.get(key))
+            client = await self._client(info, oauth)
+        except OAuthError as exc:
+            raise oauth_failed(str(exc), rule) from None
+        unnamed = current is not None and current.doc.get("step_up") and \
+            not current.doc.get("named")
+        scopes = tuple(dict.fromkeys(
+            wanted + list(info.scopes_supported if unnamed or not wanted else ())))
+        approval = await self._ask(identity, key, owner, resource, info, client, scopes, spec)
+        await self._wait(approval, key, scopes, rule)
+
+    async def _ask(self, identity: Identity, key: str, owner: str, resource: str,
+                   info: ServerInfo, client: Client, scopes: tuple[str, ...], spec: Ask
+                   ) -> Approval:
+        state = random.token_urlsafe(32)
+        verifier, challenge = pkce()
+        url = authorization_url(info, client, self.redirect_url, scopes, state, challenge)
+        parts = urlsplit(resource)
+        flow = {"key": key, "owner": owner, "resource": resource, "host": parts.hostname,
+                "info": info.to_doc(), "client_id": client.client_id,
+                "auth_method": client.auth_method, "scopes": list(scopes),
+                "sandbox": identity.sandbox, "policy": identity.policy}
+        expires = self.clock() + spec.timeout
+        await self.grants.put(FLOW, state, flow, {"verifier": verifier,
+                                                  "client_secret": client.secret},
+                              expires, None)
+        asked = Asked("oauth", parts.hostname or "", parts.port or 443,
+                      path=parts.path or "/")
+        scope_text = " ".join(scopes) or "the server's default"
+        approval, opened = await self.approvals.open_consent(
+            identity, asked, f"the MCP server {resource} needs a person's OAuth consent "
+            f"for {owner} (scopes: {scope_text}): open consent.url and sign in", spec,
+            {"url": url, "resource": resource, "owner": owner, "issuer": info.issuer,
+             "scopes": list(scopes)})
+        if not opened:  # (joined a consent already asked: its own URL and flow stand)
+            await self.grants.remove(FLOW, state, self.clock())
+            return approval
+        found = await self.grants.get(FLOW, state)
+        if found is not None and found.secret is not None:
+            await self.grants.put(FLOW, state, {**found.doc, "approval": approval.id},
+                                  found.secret, expires, found.rev)
+        return approval
+
+    async def _wait(self, approval: Approval, key: str, scopes: tuple[str, ...],
+                    rule: str | None) -> None:
+        while True:
+            stored = await self.grants.get(GRANT, key)
+            if stored is not None and not stored.doc.get("step_up") and \
+                    stored.doc.get("created", 0) >= approval.created:
+                return
+            current = await self.approvals.approval(approval.id)
+            if current.state == "denied":
+                note = f": {current.note}" if current.note else ""
+                raise Refusal("approval_denied", f"a person ({current.by}) declined the "
+                              f"OAuth consent of approval {approval.id}{note}; do not retry "
+                              "it - ask them", f"approval:{approval.id}")
+            if current.state == "timeout":
+                raise Refusal("approval_timeout", f"no one completed the OAuth consent of "
+                              f"approval {approval.id} in time; it is asked again on the "
+                              "next request", f"approval:{approval.id}")
+            if current.state == "approved" and stored is None:
+                raise oauth_failed(f"approval {approval.id} was completed, and no grant "
+                                   "was written", rule)
+            await asyncio.sleep(POLL)
+
+    async def _client(self, info: ServerInfo, oauth: McpOAuth) -> Client:
+        if oauth.client != "auto":
+            named = self.clients.get(oauth.client)
+            if named is None:
+                raise OAuthError(f"client {oauth.client!r} is not in the gateway's "
+                                 "mcp_oauth.clients")
+            client_id, secret_name = named
+            secret = None
+            if secret_name is not None:
+                try:
+                    secret = (await self.secrets.get(secret_name)).reveal()
+                except Exception:  # (SecretUnavailable, the store)
+                    raise OAuthError(f"the secret {secret_name!r} of client "
+                                     f"{oauth.client!r} could not be fetched") from None
+            method = "none" if secret is None else "client_secret_basic" \
+                if "client_secret_basic" in info.auth_methods else "client_secret_post"
+            return Client(client_id, secret, method)
+        if info.client_id_metadata and self.client_metadata_url:
+            return Client(self.client_metadata_url)
+        key = f"{info.issuer}|{self.redirect_url}"
+        known = await self.grants.get(CLIENT, key)
+        if known is not None and known.secret is not None:
+            return Client(str(known.doc["client_id"]), known.secret.get("secret"),
+                          str(known.doc.get("auth_method", "none")))
+        client = await register(self.http, info, self.redirect_url)
+        await self.grants.put(CLIENT, key, {"client_id": client.client_id,
+                                            "auth_method": client.auth_method},
+                              {"secret": client.secret}, self.clock() + 365 * 86400.0, None)
+        return client
+
+    # -- the callback (admin listener) ---------------------------------------------------
+
+    async def complete(self, state: str, code: str | None, error: str | None
+                       ) -> dict[str, Any]:
+        """The authorization server sent the person back: the flow of `state` taken
+        (once), its code exchanged, the grant written and its approval closed. Returns
+        the grant's readable record; raises ConsentFailed."""
+        flow = await self.grants.take(FLOW, state, self.clock()) if state else None
+        if flow is None or flow.secret is None:
+            raise ConsentFailed("this consent link is unknown, was already used, or expired"
+                                "; ask again by retrying the request")
+        doc, secret = flow.doc, flow.secret
+        approval = doc.get("approval")
+        if error is not None or not code:
+            if isinstance(approval, str):
+                await self.approvals.answer(approval, "deny", by="authorization server",
+                                            note=f"the authorization server answered "
+                                            f"{_code(error)}")
+            raise ConsentFailed(f"the authorization server answered {_code(error)}; "
+                                "nothing was granted")
+        info = ServerInfo.from_doc(doc["info"])
+        client = Client(str(doc["client_id"]), secret.get("client_secret"),
+                        str(doc["auth_method"]))
+        try:
+            got = await exchange(self.http, info, client, code, str(secret["verifier"]),
+                                 self.redirect_url, tuple(doc["scopes"]))
+        except OAuthError as exc:
+            raise ConsentFailed(f"the code could not be exchanged: {exc}") from None
+        return await self._granted(doc, info, client, got, approval)
+
+    async def _granted(self, doc: dict[str, Any], info: ServerInfo, client: Client,
+                       got: TokenSet, approval: Any) -> dict[str, Any]:
+        key, now = str(doc["key"]), self.clock()
+        grant = {"id": new_id("og"), "owner": doc["owner"], "resource": info.audience,
+                 "server": doc["resource"], "host": doc["host"], "issuer": info.issuer,
+                 "client_id": client.client_id, "auth_method": client.auth_method,
+                 "scopes": list(got.scopes), "created": now, "issued": now,
+                 "expires_at": got.expires_at, "info": info.to_doc(),
+                 "approval": approval, "sandbox": doc["sandbox"], "policy": doc["policy"]}
+        secret = {"access": got.access, "refresh": got.refresh,
+                  "client_secret": client.secret}
+        for _ in range(5):
+            current = await self.grants.store.record_get(GRANT, key)
+            if await self.grants.put(GRANT, key, grant, secret, self._until(got),
+                                     None if current is None else current[1]):
+                break
+        else:
+            raise ConsentFailed("the grant could not be written (the state store is busy)")
+        if isinstance(approval, str):
+            await self.approvals.consented(approval, f"consent at {info.issuer}")
+        self._line(grant, "grant", f"MCP OAuth grant {grant['id']} for {grant['owner']} at "
+                   f"{grant['server']} (scopes: {' '.join(got.scopes) or 'none named'})")
+        return grant
+
+    def client_metadata(self) -> dict[str, Any] | None:
+        """The gateway's client ID metadata document, for `mcp_oauth.client_metadata_url`
+        to publish (None: no such URL configured): a public client (PKCE) whose only
+        redirect URI is the gateway's callback."""
+        if not self.client_metadata_url:
+            return None
+        return {"client_id": self.client_metadata_url, "client_name": "sandbox-gateway",
+                "redirect_uris": [self.redirect_url],
+                "grant_types": ["authorization_code", "refresh_token"],
+                "response_types": ["code"], "token_endpoint_auth_method": "none"}
+
+    # -- listing and revoking (admin API, CLI, console) ---------------------------------
+
+    async def list(self) -> list[dict[str, Any]]:
+        """Every grant (no token), newest first."""
+        found = await self.grants.grants()
+        return sorted(({k: v for k, v in g.items() if k not in ("info",)} for g in found),
+                      key=lambda g: -float(g.get("created", 0)))
+
+    async def revoke(self, grant: str, by: str) -> dict[str, Any]:
+        """Forget grant `grant` on every process, and ask its authorization server to
+        revoke its tokens (RFC 7009, where it can). Raises KeyError."""
+        for doc in await self.grants.grants():
+            if doc.get("id") != grant:
+                continue
+            key = f"{doc['owner']}|{doc['server']}"
+            taken = await self.grants.take(GRANT, key, self.clock())
+            if taken is None:
+                break
+            self._keep(key, "", None)
+            secret = taken.secret or {}
+            info = ServerInfo.from_doc(taken.doc["info"])
+            client = Client(str(taken.doc["client_id"]), secret.get("client_secret"),
+                            str(taken.doc.get("auth_method", "none")))
+            told = False
+            for hint in ("refresh_token", "access_token"):
+                token = secret.get("refresh" if hint == "refresh_token" else "access")
+                if token:
+                    told = await revoke(self.http, info, client, token, hint) or told
+            self._line(taken.doc, "revoke", f"MCP OAuth grant {grant} for "
+                       f"{taken.doc['owner']} at {taken.doc['server']} revoked by {by}"
+                       + ("" if told else " (the server was not told: no revocation "
+                          "endpoint, or it refused)"))
+            return {k: v for k, v in taken.doc.items() if k != "info"}
+        raise KeyError(grant)
+
+    def _line(self, grant: dict[str, Any], decision: str, reason: str) -> None:
+        parts = urlsplit(str(grant.get("server", "")))
+        line = record(identity=None, client=None, listener="admin", method=None,
+                      scheme="https", host=parts.hostname, port=parts.port or 443,
+                      path=parts.path or "/", decision=decision, reason=reason,
+                      rule=f"mcp_oauth:{grant.get('id')}", status=None, error=None,
+                      bytes_in=None, bytes_out=None, started=self.clock(), path_taken=None,
+                      engine="mcp_oauth", credential=f"mcp-oauth:{grant.get('id')}")
+        line["sandbox"], line["policy"] = grant.get("sandbox"), grant.get("policy")
+        self.audit(line)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _code(error: str | None) -> str:
+    """An OAuth error code as a reason shows it."""
+    if error and error.replace("_", "").isalnum() and len(error) <= 64:
+        return error
+    return "an error"

@@ -1,0 +1,101 @@
+"""The MCP OAuth client's pure part: challenges read, canonical resources, the audience
+check, whose grant serves a sandbox, and the refusals with their statuses."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.core.identity import Identity
+from gateway.core.mcp_oauth import (
+    Challenge,
+    audience_covers,
+    consent_required,
+    grant_owner,
+    oauth_failed,
+    parse_challenge,
+    resource_uri,
+    token_presented,
+)
+from gateway.core.policy.mcp_rule import McpOAuth
+
+CHALLENGES = [
+    (['Bearer error="invalid_token", error_description="Authentication required", '
+      'resource_metadata="https://mcp.test/.well-known/oauth-protected-resource/mcp"'],
+     Challenge("invalid_token", (),
+               "https://mcp.test/.well-known/oauth-protected-resource/mcp")),
+    (['Bearer error="insufficient_scope", scope="repo read:org"'],
+     Challenge("insufficient_scope", ("repo", "read:org"), None)),
+    (['Basic realm="x"', 'Bearer resource_metadata="https://a.test/m"'],
+     Challenge(None, (), "https://a.test/m")),
+    (['bearer realm=example,error=invalid_token'], Challenge("invalid_token", (), None)),
+    (['Bearer error="a \\"quoted\\" word"'], Challenge('a "quoted" word', (), None)),
+    (['Bearer'], Challenge()),
+    (['Basic realm="x"'], None),
+    ([], None),
+    (['Bearer error="' + "x" * 5000 + '"'], None),
+]
+
+
+@pytest.mark.parametrize(("values", "want"), CHALLENGES)
+def test_challenges_are_read(values: list[str], want: Challenge | None) -> None:
+    assert parse_challenge(values) == want
+
+
+def test_insufficient_scope_is_a_step_up() -> None:
+    assert Challenge("insufficient_scope").insufficient_scope
+    assert not Challenge("invalid_token").insufficient_scope
+
+
+RESOURCES = [
+    (("https", "MCP.test", 443, "/mcp"), "https://mcp.test/mcp"),
+    (("https", "mcp.test", 8443, "/mcp/?x=1"), "https://mcp.test:8443/mcp"),
+    (("https", "mcp.test", 443, "/"), "https://mcp.test"),
+    (("http", "mcp.test", 80, "/a#f"), "http://mcp.test/a"),
+    (("https", "::1", 443, "/mcp"), "https://[::1]/mcp"),
+]
+
+
+@pytest.mark.parametrize(("parts", "want"), RESOURCES)
+def test_the_canonical_resource(parts: tuple[str, str, int, str], want: str) -> None:
+    assert resource_uri(*parts) == want
+
+
+AUDIENCES = [
+    ("https://mcp.test/mcp", "https://mcp.test/mcp", True),
+    ("https://mcp.test/mcp", "https://mcp.test/mcp/sub", True),
+    ("https://mcp.test", "https://mcp.test/anything", True),
+    ("https://mcp.test/mcp", "https://mcp.test/mcpx", False),
+    ("https://mcp.test/mcp", "https://other.test/mcp", False),
+    ("https://mcp.test/mcp", "https://mcp.test:8443/mcp", False),
+    ("https://mcp.test/mcp", "https://mcp.test.evil/mcp", False),
+    ("https://mcp.test/mcp/a", "https://mcp.test/mcp", False),
+]
+
+
+@pytest.mark.parametrize(("resource", "uri", "covers"), AUDIENCES)
+def test_a_token_goes_only_to_its_resource(resource: str, uri: str, covers: bool) -> None:
+    assert audience_covers(resource, uri) is covers
+
+
+def _identity(sandbox: str, policy: str) -> Identity:
+    return Identity(sandbox=sandbox, policy=policy, jti="j", scope={}, issued_at=0,
+                    expires_at=1, lifetime_end=1)
+
+
+def test_whose_grant_serves_a_sandbox() -> None:
+    one, two = _identity("sb-1", "agent"), _identity("sb-2", "agent")
+    per_sandbox, per_policy = McpOAuth(), McpOAuth(consent="policy")
+    assert grant_owner(per_sandbox, one) == "sandbox:sb-1"
+    assert grant_owner(per_sandbox, one) != grant_owner(per_sandbox, two)
+    assert grant_owner(per_policy, one) == grant_owner(per_policy, two) == "policy:agent"
+
+
+def test_the_refusals() -> None:
+    presented = token_presented("agent.yaml:3")
+    assert (presented.code, presented.status, presented.rule) == \
+        ("mcp_token_refused", 403, "agent.yaml:3")
+    again = consent_required("the server refused grant og_1", None)
+    assert (again.code, again.status, again.retry_after) == ("mcp_consent_required", 403, 5)
+    assert "retry the request" in again.reason
+    failed = oauth_failed("no authorization server", None)
+    assert (failed.code, failed.status) == ("mcp_oauth_failed", 502)

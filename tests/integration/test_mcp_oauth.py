@@ -1,0 +1,537 @@
+"""`mcp.oauth` (issue 44) end to end with real pieces: the official MCP SDK's FastMCP
+server requiring OAuth and the SDK's authorization-server routes over an in-memory
+provider (helpers/mcp_oauth_server.py: dynamic registration, PKCE, resource indicators,
+rotated refresh tokens, revocation), over TLS; the SDK's MCP client in its own virtualenv
+holding no token, configured only by the environment a sandbox gets; the gateway's
+approvals API read, and the consent completed as a browser would (the authorization URL
+opened, its redirect followed to the gateway's callback). Both intercepting engines."""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import pytest
+from helpers.approvals import Workers, admin_api
+from helpers.gateway import GatewayThread
+from helpers.process import GatewayProcess, start_gateway
+from helpers.python_clients import mcp_python
+from helpers.tls import LocalCA
+from selenium.webdriver.common.by import By
+
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
+TTL = 3  # seconds an access token lives (refresh is tested on it)
+POLICY = """
+version: v1
+name: agent
+egress:
+  - host: mcp.test
+    mcp:
+      tools: {allow: ["*"]}
+      oauth: {}
+  - host: other.test
+    mcp:
+      tools: {allow: ["*"]}
+      oauth: {}
+  - host: elsewhere.test
+    inspect: true
+"""
+NARROW = """
+version: v1
+name: narrow
+egress:
+  - host: mcp.test
+    mcp:
+      tools: {allow: ["*"]}
+      oauth: {scopes: [profile], consent: policy}
+"""
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen[str], port: int, log: Path) -> None:
+        self.proc, self.port, self.log = proc, port, log
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        if not self.log.exists():
+            return []
+        found = [json.loads(x) for x in self.log.read_text().splitlines() if x.strip()]
+        return [e for e in found if kind is None or e["event"] == kind]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(test_ca: LocalCA, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    work = tmp_path_factory.mktemp("mcp-oauth-server")
+    cert, key = test_ca.issue(work, ["mcp.test", "auth.test", "other.test",
+                                     "elsewhere.test", "localhost"])
+    port = _free_port()
+    proc = subprocess.Popen([str(mcp_python()), str(HELPERS / "mcp_oauth_server.py"),
+                             "127.0.0.1", str(port), str(cert), str(key),
+                             str(work / "events.jsonl"), str(TTL)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert "ready" in line, (proc.stderr.read() if proc.stderr else "")
+    try:
+        yield Server(proc, port, work / "events.jsonl")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.fixture(scope="module", params=["fast", "mitmproxy"])
+def gateway(request: pytest.FixtureRequest, server: Server, test_ca: LocalCA,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+    work = tmp_path_factory.mktemp(f"mcp-oauth-gw-{request.param}")
+    (work / "policies").mkdir()
+    (work / "policies" / "agent.yaml").write_text(POLICY)
+    (work / "policies" / "narrow.yaml").write_text(NARROW)
+    names = ("mcp.test", "auth.test", "other.test", "elsewhere.test")
+    gw = GatewayThread(work, {
+        "network": {"upstream_ca": str(test_ca.cert_path), "intercept": request.param,
+                    "resolve": {n: f"127.0.0.1:{server.port}" for n in names}},
+        "secrets": {"store": "env"},
+        "mcp_oauth": {"client_metadata_url": "https://gateway.test/oauth/client.json"},
+    })
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+class Client(threading.Thread):
+    """The SDK's MCP client through the gateway, run while the test consents."""
+
+    def __init__(self, gw: GatewayThread, steps: list[dict[str, Any]], sandbox: str,
+                 policy: str = "agent", host: str = "mcp.test") -> None:
+        super().__init__(daemon=True)
+        token = gw.mint(policy, sandbox)
+        self.env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper()}
+        self.env.update(HTTPS_PROXY=gw.proxy_url(token, sandbox), SSL_CERT_FILE=str(gw.ca_cert))
+        self.url, self.steps = f"https://{host}/mcp", steps
+        self.results: list[dict[str, Any]] | None = None
+        self.error = ""
+
+    def run(self) -> None:
+        out = subprocess.run([str(mcp_python()), str(HELPERS / "mcp_client.py"), self.url],
+                             input=json.dumps(self.steps), capture_output=True, text=True,
+                             timeout=90, env=self.env)
+        self.error = out.stderr[-3000:]
+        if out.returncode == 0:
+            self.results = json.loads(out.stdout)
+
+    def result(self) -> list[dict[str, Any]]:
+        self.join(90)
+        assert self.results is not None, self.error
+        return self.results
+
+
+def _consents(gw: GatewayThread | Workers, timeout: float = 20) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [a for a in admin_api(gw, "GET", "/v1/approvals")["approvals"]
+                 if a["state"] == "pending" and a["asked"]["kind"] == "oauth"]
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError("no OAuth consent asked")
+
+
+def _browse(server: Server, test_ca: LocalCA, url: str) -> httpx.Response:
+    """What a person's browser does with a consent URL: open it at the authorization
+    server (auth.test is this test's server), follow its redirect to the callback."""
+    parts = urlsplit(url)
+    assert parts.hostname == "auth.test", url
+    local = urlunsplit(parts._replace(netloc=f"localhost:{server.port}"))
+    verify = ssl.create_default_context(cafile=str(test_ca.cert_path))
+    signed_in = httpx.get(local, verify=verify, timeout=10)
+    assert signed_in.status_code in (302, 307), signed_in.text
+    return httpx.get(signed_in.headers["location"], timeout=20)
+
+
+def _consent(gw: GatewayThread, server: Server, test_ca: LocalCA) -> dict[str, Any]:
+    """Consent to the one pending OAuth approval; the approval as it was. The callback's
+    link works once: opened again (a reload, a replay) it is refused."""
+    approval = _consents(gw)[0]
+    done = _browse(server, test_ca, approval["consent"]["url"])
+    assert done.status_code == 200 and "Consent completed" in done.text, done.text
+    again = httpx.get(done.request.url, timeout=10)
+    assert again.status_code == 400 and "already used" in again.text
+    return approval
+
+
+def test_an_agent_lists_and_calls_tools_after_one_consent(
+        gateway: GatewayThread, server: Server, test_ca: LocalCA) -> None:
+    sandbox = f"oauth-{gateway.config.network.intercept}"
+    client = Client(gateway, [{"list_tools": True},
+                              {"call": "search_issues", "arguments": {"query": "flaky"}},
+                              {"call": "whoami"}], sandbox)
+    client.start()
+    approval = _consent(gateway, server, test_ca)
+    results = client.result()
+    assert results[0] == {"tools": ["search_issues", "whoami"]}
+    assert results[1] == {"is_error": False, "text": "found 2 issues for flaky"}
+    assert results[2]["text"].startswith("client ")
+    # What was asked: PKCE S256, the resource indicator, the scopes the server names.
+    consent = approval["consent"]
+    assert approval["sandbox"] == sandbox and consent["owner"] == f"sandbox:{sandbox}"
+    assert consent["resource"] == "https://mcp.test/mcp" and consent["scopes"] == ["mcp"]
+    query = dict(x.split("=", 1) for x in urlsplit(consent["url"]).query.split("&"))
+    assert query["code_challenge_method"] == "S256" and query["resource"] == \
+        "https%3A%2F%2Fmcp.test%2Fmcp"
+    # The server saw one token, issued for its resource; the client never held it.
+    issued = [e for e in server.events("token") if e["resource"] == "https://mcp.test/mcp"]
+    used = {e["access"] for e in server.events("call") if e.get("access")}
+    assert used and used <= {e["access"] for e in server.events("token")} | \
+        {e["access"] for e in server.events("refresh")}
+    assert issued
+    # The grant is listed (no token), the audit lines name it (never the token).
+    grants = admin_api(gateway, "GET", "/v1/mcp/oauth/grants")["grants"]
+    mine = [g for g in grants if g["owner"] == f"sandbox:{sandbox}"]
+    assert len(mine) == 1 and mine[0]["scopes"] == ["mcp"]
+    assert "access" not in json.dumps(grants) and not any(t in json.dumps(grants)
+                                                         for t in used)
+    lines = gateway.audit.records()
+    assert any(r["credential"] == f"mcp-oauth:{mine[0]['id']} (sandbox:{sandbox})"
+               and r["host"] == "mcp.test" and r["decision"] == "allow" for r in lines)
+    assert any(r["decision"] == "grant" and mine[0]["id"] in r["reason"] for r in lines)
+    assert not any(t in json.dumps(lines) for t in used)
+    # The SDK's authorization server advertises no client ID metadata documents: the
+    # gateway registered itself (RFC 7591), its redirect URI the callback; the document
+    # it would use is served, public.
+    callback = f"{gateway.admin}/v1/mcp/oauth/callback"
+    assert any(e["redirect_uris"] == [callback] for e in server.events("register"))
+    document = httpx.get(f"{gateway.admin}/v1/mcp/oauth/client-metadata", timeout=10).json()
+    assert document["client_id"] == "https://gateway.test/oauth/client.json"
+    assert document["redirect_uris"] == [callback]
+    assert document["token_endpoint_auth_method"] == "none"
+    forged = httpx.get(f"{gateway.admin}/v1/mcp/oauth/callback?state=made-up&code=x",
+                       timeout=10)
+    assert forged.status_code == 400 and "unknown" in forged.text
+
+
+INITIALIZE = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {},
+    "clientInfo": {"name": "raw", "version": "1"}}})
+
+
+def _post(gw: GatewayThread, sandbox: str, url: str = "https://mcp.test/mcp",
+          headers: dict[str, str] | None = None, body: str = INITIALIZE,
+          policy: str = "agent") -> httpx.Response:
+    """A raw MCP POST through the gateway (no SDK), as `sandbox`."""
+    token = gw.mint(policy, sandbox)
+    verify = ssl.create_default_context(cafile=str(gw.ca_cert))
+    with httpx.Client(proxy=gw.proxy_url(token, sandbox), verify=verify, timeout=60) as c:
+        return c.post(url, content=body, headers={
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream", **(headers or {})})
+
+
+def _granted(gw: GatewayThread, server: Server, test_ca: LocalCA, sandbox: str) -> str:
+    """`sandbox` gets a grant (one consent) and uses it; its access token, as the
+    server saw it."""
+    client = Client(gw, [{"call": "whoami"}], sandbox)
+    client.start()
+    _consent(gw, server, test_ca)
+    assert client.result()[0]["text"].startswith("client ")
+    return str(server.events("call")[-1]["access"])
+
+
+def _grant_of(gw: GatewayThread, owner: str) -> dict[str, Any]:
+    found = [g for g in admin_api(gw, "GET", "/v1/mcp/oauth/grants")["grants"]
+             if g["owner"] == owner]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_the_token_is_refreshed_before_it_expires(
+        gateway: GatewayThread, server: Server, test_ca: LocalCA) -> None:
+    sandbox = f"refresh-{gateway.config.network.intercept}"
+    first = _granted(gateway, server, test_ca, sandbox)
+    refreshed = len(server.events("refresh"))
+    time.sleep(TTL + 0.5)  # (the access token has expired at the server)
+    again = Client(gateway, [{"call": "whoami"}], sandbox)
+    again.start()
+    assert again.result()[0]["text"].startswith("client ")  # (no consent asked)
+    second = str(server.events("call")[-1]["access"])
+    assert second != first and len(server.events("refresh")) == refreshed + 1
+    assert _grant_of(gateway, f"sandbox:{sandbox}")["expires_at"] > time.time()
+
+
+def test_a_token_the_server_refuses_is_refreshed_on_the_retry(
+        gateway: GatewayThread, server: Server, test_ca: LocalCA) -> None:
+    """The server answers the gateway's token 401 (its authorization server forgot it):
+    the agent is answered mcp_consent_required, not the 401; its retry refreshes the
+    grant and goes through, no person asked."""
+    sandbox = f"refused-{gateway.config.network.intercept}"
+    before = _granted(gateway, server, test_ca, sandbox)
+    verify = ssl.create_default_context(cafile=str(test_ca.cert_path))
+    assert httpx.post(f"https://localhost:{server.port}/test/forget-access", verify=verify,
+                      timeout=10).status_code == 204
+    if gateway.config.network.intercept == "fast":
+        refused = _post(gateway, sandbox)
+        assert refused.status_code == 403, refused.text
+        assert refused.headers["x-sandbox-gateway-error"] == "mcp_consent_required"
+        assert "refused the token of MCP OAuth grant og_" in refused.json()["reason"]
+        assert before not in refused.text
+    else:  # (mitmproxy's abort after the response head writes its answer outside TLS,
+        # engines/mitm.py `_abort`: the client sees the connection fail; reported)
+        with pytest.raises(httpx.HTTPError):
+            _post(gateway, sandbox)
+    assert gateway.audit.wait_for(lambda r: r["sandbox"] == sandbox and
+                                  r["error"] == "mcp_consent_required")
+    refreshed = len(server.events("refresh"))
+    again = Client(gateway, [{"call": "whoami"}], sandbox)
+    again.start()
+    assert again.result()[0]["text"].startswith("client ")
+    assert len(server.events("refresh")) == refreshed + 1
+    assert not [a for a in admin_api(gateway, "GET", "/v1/approvals")["approvals"]
+                if a["state"] == "pending"]
+
+
+def test_a_token_the_sandbox_presents_is_refused(gateway: GatewayThread,
+                                                 server: Server) -> None:
+    before = len(server.events())
+    answer = _post(gateway, "smuggler", headers={"Authorization": "Bearer mine-own-token"})
+    assert answer.status_code == 403
+    assert answer.headers["x-sandbox-gateway-error"] == "mcp_token_refused"
+    assert "Authorization" in answer.json()["reason"]
+    assert len(server.events()) == before  # (nothing reached the server)
+
+
+def test_a_token_goes_only_to_the_resource_it_was_issued_for(
+        gateway: GatewayThread, server: Server, test_ca: LocalCA) -> None:
+    """other.test reaches the same server, whose metadata names mcp.test as its
+    resource: no token is asked for it (nor the mcp.test token sent there)."""
+    sandbox = f"audience-{gateway.config.network.intercept}"
+    _granted(gateway, server, test_ca, sandbox)
+    answer = _post(gateway, sandbox, url="https://other.test/mcp")
+    assert answer.status_code == 502, answer.text
+    assert answer.headers["x-sandbox-gateway-error"] == "mcp_oauth_failed"
+    assert "names resource 'https://mcp.test/mcp', not this server" in answer.json()["reason"]
+    assert not [a for a in admin_api(gateway, "GET", "/v1/approvals")["approvals"]
+                if a["state"] == "pending"]
+
+
+def test_the_token_is_a_leak_marker_everywhere_else(
+        gateway: GatewayThread, server: Server, test_ca: LocalCA) -> None:
+    sandbox = f"leak-{gateway.config.network.intercept}"
+    token = _granted(gateway, server, test_ca, sandbox)
+    answer = _post(gateway, sandbox, url="https://elsewhere.test/upload",
+                   body=json.dumps({"stolen": token}))
+    assert answer.status_code == 403
+    assert answer.headers["x-sandbox-gateway-error"] == "exfiltration_blocked"
+
+
+def test_a_revoked_grant_asks_again(gateway: GatewayThread, server: Server,
+                                    test_ca: LocalCA) -> None:
+    sandbox = f"revoke-{gateway.config.network.intercept}"
+    _granted(gateway, server, test_ca, sandbox)
+    grant = _grant_of(gateway, f"sandbox:{sandbox}")
+    revoked = len(server.events("revoke"))
+    gone = admin_api(gateway, "DELETE", f"/v1/mcp/oauth/grants/{grant['id']}", {"by": "ops"})
+    assert gone == {"revoked": grant["id"]}
+    assert len(server.events("revoke")) == revoked + 2  # (refresh and access tokens)
+    assert any(r["decision"] == "revoke" and grant["id"] in r["reason"] and "by ops" in
+               r["reason"] for r in gateway.audit.records())
+    _granted(gateway, server, test_ca, sandbox)  # (asked again, and granted)
+    assert _grant_of(gateway, f"sandbox:{sandbox}")["id"] != grant["id"]
+
+
+def test_a_declined_consent_refuses_the_request(gateway: GatewayThread) -> None:
+    sandbox = f"declined-{gateway.config.network.intercept}"
+    answers: list[httpx.Response] = []
+    held = threading.Thread(target=lambda: answers.append(_post(gateway, sandbox)))
+    held.start()
+    approval = next(a for a in _consents(gateway) if a["sandbox"] == sandbox)
+    refused = httpx.post(f"{gateway.admin}/v1/approvals/{approval['id']}",
+                         json={"decision": "approve"}, timeout=10, headers={
+                             "Authorization": "Bearer " + (gateway.config.certs /
+                                                           "admin-token").read_text().strip()})
+    assert refused.status_code == 400 and "authorization URL" in refused.json()["reason"]
+    admin_api(gateway, "POST", f"/v1/approvals/{approval['id']}",
+              {"decision": "deny", "by": "alice", "note": "not this one"})
+    held.join(30)
+    assert answers[0].status_code == 403
+    assert answers[0].headers["x-sandbox-gateway-error"] == "approval_denied"
+
+
+def test_insufficient_scope_goes_back_to_consent(gateway: GatewayThread, server: Server,
+                                                 test_ca: LocalCA) -> None:
+    """A policy asks for scope profile only (consent per policy); the server needs mcp:
+    its 403 insufficient_scope is answered mcp_consent_required, and the retry asks a
+    person again for the union of the scopes; then the calls go through."""
+    sandbox = f"stepup-{gateway.config.network.intercept}"
+    first = Client(gateway, [{"call": "whoami"}], sandbox, policy="narrow")
+    first.start()
+    asked = _consent(gateway, server, test_ca)
+    assert asked["consent"]["scopes"] == ["profile"]
+    first.join(60)
+    assert first.results is None  # (initialize was refused: the SDK client stops)
+    assert any(r["error"] == "mcp_consent_required" and r["policy"] == "narrow"
+               for r in gateway.audit.records())
+    again = Client(gateway, [{"call": "whoami"}], sandbox, policy="narrow")
+    again.start()
+    stepped = _consent(gateway, server, test_ca)
+    assert stepped["consent"]["scopes"] == ["profile", "mcp"]
+    assert again.result()[0]["text"].startswith("client ")
+    assert _grant_of(gateway, "policy:narrow")["scopes"] == ["profile", "mcp"]
+
+
+def _cli(gw: GatewayThread, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gateway", *args, "--admin", gw.admin,
+                           "--config", str(gw.config.source)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_cli_shows_the_consent_url_lists_and_revokes(
+        gateway: GatewayThread, server: Server, test_ca: LocalCA) -> None:
+    sandbox = f"cli-{gateway.config.network.intercept}"
+    client = Client(gateway, [{"call": "whoami"}], sandbox)
+    client.start()
+    approval = _consents(gateway)[0]
+    listed = _cli(gateway, "approvals", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert f"open and sign in: {approval['consent']['url']}" in listed.stdout
+    assert "OAuth consent for the MCP server mcp.test:443/mcp" in listed.stdout
+    assert _browse(server, test_ca, approval["consent"]["url"]).status_code == 200
+    assert client.result()[0]["text"].startswith("client ")
+    grant = _grant_of(gateway, f"sandbox:{sandbox}")
+    grants = _cli(gateway, "mcp-oauth", "list")
+    assert grants.returncode == 0, grants.stderr
+    assert f"{grant['id']}  sandbox:{sandbox}  https://mcp.test/mcp  scopes mcp" in \
+        grants.stdout
+    assert "issuer https://auth.test" in grants.stdout
+    token = str(server.events("call")[-1]["access"])
+    assert token not in grants.stdout and token not in _cli(
+        gateway, "mcp-oauth", "list", "--json").stdout
+    out = _cli(gateway, "mcp-oauth", "revoke", grant["id"], "--by", "erin")
+    assert out.returncode == 0 and f"revoked {grant['id']}" in out.stdout
+    assert grant["id"] not in _cli(gateway, "mcp-oauth", "list").stdout
+    gone = _cli(gateway, "mcp-oauth", "revoke", grant["id"])
+    assert gone.returncode == 1 and "no MCP OAuth grant" in gone.stderr
+
+
+def test_consent_and_revocation_in_the_console_with_chromium(
+        gateway: GatewayThread, server: Server, test_ca: LocalCA) -> None:
+    """A person signs in to the console, opens the consent's link in Chromium (auth.test
+    mapped to the test's authorization server; its certificate is the test CA's, which
+    this profile cannot trust, hence --ignore-certificate-errors: the gateway's own TLS
+    checks are tested above), is sent back to the gateway's callback, and the agent's
+    held call goes on; then the grant is revoked from the MCP OAuth page."""
+    from helpers.approvals import admin_token
+    from helpers.browser import (
+        assert_no_secrets,
+        click,
+        open_page,
+        pages_seen,
+        sign_in,
+        start_browser,
+        stop_browser,
+        wait_for_text,
+    )
+
+    sandbox = f"console-{gateway.config.network.intercept}"
+    client = Client(gateway, [{"call": "whoami"}], sandbox)
+    client.start()
+    _consents(gateway)
+    browser = start_browser([f"--host-resolver-rules=MAP auth.test 127.0.0.1:{server.port}",
+                             "--ignore-certificate-errors"])
+    try:
+        sign_in(browser, gateway.admin, admin_token(gateway))
+        open_page(browser, f"{gateway.admin}/console/approvals")
+        wait_for_text(browser, "OAuth consent for the MCP server mcp.test:443/mcp")
+        link = browser.find_element(By.CLASS_NAME, "consent").get_attribute("href")
+        assert link and link.startswith("https://auth.test/authorize?")
+        open_page(browser, link)  # (the authorization server sends the browser back)
+        wait_for_text(browser, "Consent completed")
+        assert browser.current_url.startswith(f"{gateway.admin}/v1/mcp/oauth/callback?")
+        assert client.result()[0]["text"].startswith("client ")
+        grant = _grant_of(gateway, f"sandbox:{sandbox}")
+        open_page(browser, f"{gateway.admin}/console/mcp-oauth")
+        wait_for_text(browser, f"sandbox:{sandbox}")
+        row = browser.find_element(By.XPATH, f"//tr[td[normalize-space()='sandbox:{sandbox}']]")
+        click(browser, "Revoke", within=row)
+        wait_for_text(browser, f"MCP OAuth grant {grant['id']} revoked")
+        tokens = [str(e["access"]) for e in server.events("token")]
+        for url, html in pages_seen(browser):
+            assert_no_secrets(html, tokens, url)
+    finally:
+        stop_browser(browser)
+    assert all(g["id"] != grant["id"]
+               for g in admin_api(gateway, "GET", "/v1/mcp/oauth/grants")["grants"])
+
+
+class WorkersClient(Client):
+    """The SDK's client through `run --workers N` (a gateway process)."""
+
+    def __init__(self, process: GatewayProcess, steps: list[dict[str, Any]],
+                 sandbox: str) -> None:
+        threading.Thread.__init__(self, daemon=True)
+        token = process.token(sandbox)
+        self.env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper()}
+        self.env.update(HTTPS_PROXY=f"http://{sandbox}:{token}@127.0.0.1:{process.proxy}",
+                        SSL_CERT_FILE=str(process.workdir / "certs" / "ca.crt"))
+        self.url, self.steps = "https://mcp.test/mcp", steps
+        self.results, self.error = None, ""
+
+
+def test_two_workers_share_the_grant_and_a_restart_keeps_it(
+        server: Server, test_ca: LocalCA, tmp_path: Path) -> None:
+    """`run --workers 2` on the SQLite store: one consent serves every worker (the
+    callback may land on either); after a restart the grant (sealed in the store, the
+    key in certs/) is used again without asking."""
+    names = dict.fromkeys(("mcp.test", "auth.test"), server.port)
+    process = start_gateway(tmp_path, names, test_ca, workers=2, policy=POLICY)
+    gw = Workers(process, test_ca)
+    try:
+        first = WorkersClient(process, [{"call": "whoami"}], "workers-sbx")
+        first.start()
+        approval = _consents(gw)[0]
+        assert _browse(server, test_ca, approval["consent"]["url"]).status_code == 200
+        assert first.result()[0]["text"].startswith("client ")
+        exchanged = len(server.events("token"))
+        seen: set[int] = set()
+        for _ in range(12):  # (new connections: the kernel spreads them over the workers)
+            run = WorkersClient(process, [{"call": "whoami"}], "workers-sbx")
+            run.start()
+            assert run.result()[0]["text"].startswith("client ")
+            seen |= {r["worker"] for r in process.audit_lines()
+                     if str(r.get("credential", "")).startswith("mcp-oauth:")}
+            if seen == {0, 1}:
+                break
+        assert seen == {0, 1}
+        assert len(server.events("token")) == exchanged  # (no second consent)
+    finally:
+        process.stop()
+    restarted = start_gateway(tmp_path, names, test_ca, workers=2, policy=POLICY)
+    try:
+        again = WorkersClient(restarted, [{"call": "whoami"}], "workers-sbx")
+        again.start()
+        assert again.result()[0]["text"].startswith("client ")
+        assert len(server.events("token")) == exchanged
+        assert not [a for a in admin_api(Workers(restarted, test_ca), "GET",
+                                          "/v1/approvals")["approvals"]
+                    if a["state"] == "pending"]
+    finally:
+        restarted.stop()
