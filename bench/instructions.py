@@ -5,12 +5,15 @@ The timing rows of ``python -m bench`` move by 10-20 % with whatever else runs o
 machine; an instruction count does not. This runs the gateway (one process, under
 ``valgrind --tool=callgrind`` with instrumentation off), warms ten keep-alive connections
 through it to nginx, then counts only the measured phase (``callgrind_control -i on``)
-of the load client's keep-alive GETs (c10) and divides by the requests answered. Two
+of the load client's keep-alive GETs (c10), subtracts what the process counts in a
+window as long with no request (its timers), and divides by the requests answered. Two
 checkouts compared this way differ by what their code does, not by the machine's load:
 run it in each and compare the figures (about 1-2 minutes each; the gateway runs about
 50x slower under callgrind, so a run answers a few hundred requests).
 
-Needs ``valgrind`` (Debian ``valgrind``) and nginx as ``python -m bench`` does. Listens
+The gateway runs on the allocator `run` would choose (jemalloc where installed);
+``BENCH_GATEWAY_ENV=PYTHONMALLOC=pymalloc`` measures CPython's own instead. Needs
+``valgrind`` (Debian ``valgrind``) and nginx as ``python -m bench`` does. Listens
 and connects on 127.0.0.1 only; every process it starts is stopped on exit.
 """
 
@@ -23,11 +26,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from bench.proxies import ROOT, GatewayProxy, stop_process
 from bench.upstream import LocalCA, SSEServer, StaticUpstream
+
+try:
+    from gateway.runtime.allocator import environment
+except ImportError:  # (a checkout from before jemalloc: nothing to set)
+    def environment(env: Any) -> dict[str, str] | None:  # type: ignore[misc]
+        return None
 
 HOSTS = {"inject": "inject.bench.test", "policy": "policy.bench.test"}
 _COUNT = re.compile(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(.*)$")
@@ -53,6 +63,9 @@ def measure(row: str, seconds: float, top: int) -> dict[str, Any]:
                 work / "gateway", ca.cert_path, static.port, sse.port, None, workers=1,
                 ready_seconds=300, wrap=("valgrind", "--tool=callgrind", "--instr-atstart=no",
                                          f"--callgrind-out-file={out}"))
+            # `run` starts itself again on jemalloc (gateway/runtime/allocator.py), and
+            # valgrind does not follow an exec: the allocator's environment is set here.
+            gateway.env.update(environment(gateway.env) or {})
             gateway.start()
             spec: dict[str, Any] = {
                 "workload": "get", "host": HOSTS[row], "port": 443, "connections": 10,
@@ -69,18 +82,29 @@ def measure(row: str, seconds: float, top: int) -> dict[str, Any]:
             pid = str(gateway.pid)
             _control("-z", pid)  # (nothing counted before; the counters start at zero)
             _control("-i", "on", pid)
+            started = time.monotonic()
             client.stdin.write(b"go\n")
             client.stdin.flush()
             result = json.loads(client.stdout.readline())
+            window = time.monotonic() - started
             _control("-i", "off", pid)
             _control("-d", pid)
             client.stdin.write(b"bye\n")
             client.stdin.flush()
             client.wait(30)
-            dumps = sorted(work.glob("callgrind.out.*"))
-            if not dumps or not result.get("ok"):
+            # The same window with no request: what the process does anyway (its timers,
+            # the sweepers), subtracted so the figure does not depend on how many requests
+            # a loaded machine let through the window.
+            _control("-z", pid)
+            _control("-i", "on", pid)
+            time.sleep(window)
+            _control("-i", "off", pid)
+            _control("-d", pid)
+            dumps = sorted(work.glob("callgrind.out.*"), key=lambda p: int(p.suffix[1:]))
+            if len(dumps) < 2 or not result.get("ok"):
                 raise SystemExit(f"nothing measured: {result}\n{gateway.log_tail()}")
-            total, functions = _annotate(dumps[-1])
+            total, functions = _annotate(dumps[-2])
+            idle, _ = _annotate(dumps[-1])
         finally:
             if client is not None:
                 stop_process(client)
@@ -89,8 +113,9 @@ def measure(row: str, seconds: float, top: int) -> dict[str, Any]:
             sse.stop()
             static.stop()
     requests = int(result["ok"])
-    return {"row": row, "requests": requests, "instructions": total,
-            "instructions_per_request": round(total / requests),
+    return {"row": row, "requests": requests, "instructions": total, "idle_instructions": idle,
+            "window_s": round(window, 1),
+            "instructions_per_request": round((total - idle) / requests),
             "top": [{"function": name, "per_request": round(count / requests)}
                     for name, count in functions[:top]]}
 
