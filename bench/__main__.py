@@ -209,6 +209,8 @@ class Bench:
                 result["proxy_cpu_s_ticks"] = sum(t - ticks0.get(p, 0.0)
                                                   for p, t in ticks.items())
                 result["proxy_processes"] = len(by_pid)
+                # the process started (a worker without its exporter process, issue 45)
+                result["proxy_cpu_s_root"] = by_pid.get(proxy.pid)
                 if len(by_pid) > 1:
                     result["proxy_cpu_s_by_pid"] = {str(p): c for p, c in by_pid.items()}
                 result["proxy_rss_kb_before"] = rss0

@@ -1,7 +1,8 @@
-"""OpenTelemetry export of the audit trail: a sink beside the JSON one (`telemetry:`).
+"""OpenTelemetry export of the audit trail, in the exporter process (`telemetry:`).
 
 Every exchange, tunnel and refusal of every engine ends in one audit line
-(`gateway/core/audit.py`); this sink turns each line into
+(`gateway/core/audit.py`). The worker hands each serialised line to its exporter process
+(`otel_feed.py`, `otel_process.py`); there (`otel_export.py`) this module turns it into
 
 * **a span** (start: the line's start, end: its time; kind SERVER) named ``CONNECT host``,
   ``POST host``, or on an inference call ``chat gpt-4o`` (GenAI conventions), with the
@@ -13,30 +14,21 @@ Every exchange, tunnel and refusal of every engine ends in one audit line
   sandbox's span. The gateway adds no trace header to requests it forwards.
 * **a log record** (``audit.otlp``) whose body is the JSON line itself (the same text as
   the JSON sink's), with a few attributes to filter on, in the span's trace;
-* **GenAI metrics**: ``gen_ai.client.token.usage`` and ``gen_ai.client.operation.duration``
-  histograms.
+* **GenAI metrics**: ``gen_ai.client.token.usage``, ``gen_ai.client.operation.duration``
+  and ``gen_ai.client.operation.time_to_first_chunk`` histograms.
 
-Never a header value, body, prompt or completion: only the line's fields, which carry none.
+Never a header value, body, prompt or completion from the line (it carries none); the
+content a policy opted into (`telemetry: {content: true}`) comes beside the line,
+already redacted by the worker.
 
-**Sampled** (`telemetry.sample`, a ratio): the spans of allowed requests that are not
-inference or MCP calls, and whose sandbox did not sample its trace; refusals, inference
-and MCP calls always have theirs. Log records and metrics are never sampled.
-
-**Off the hot path.** `write` appends the line to a bounded queue (`telemetry.queue`) and
-returns; a daemon thread builds spans, logs and metric points, and the SDK's batch
-processors export them from their own threads. A line that does not fit is dropped and
-counted (`sandbox_gateway_telemetry_dropped_total`). The SDK is imported only here, and
-this module only when `telemetry.endpoint` is set.
+The SDK is imported only here, and this module only in the exporter process (never in
+a worker), started only when `telemetry.endpoint` is set.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import random
-import threading
-import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -59,24 +51,14 @@ from opentelemetry.trace import (
     TraceFlags,
 )
 
-from gateway.observability import metrics
+from gateway.observability.otel_names import operation, request_model, span_name
 
-__all__ = ["OtelSink", "operation", "provider_name", "span_name"]
+__all__ = ["OtelExport", "parent_of"]
 
 log = logging.getLogger("sandbox_gateway")
 
 SCOPE = "sandbox_gateway"
-# The export thread takes the queued lines every DRAIN seconds, or at once when WAKE are
-# queued: a wake-up (a thread switch) per line would cost the event loop more than the line.
-DRAIN = 0.2
-WAKE = 256
 _ENCODE = json.JSONEncoder(separators=(",", ":"), default=str).encode
-# gen_ai.provider.name (the GenAI conventions' well-known values) by credential preset.
-_PROVIDERS = {"openai": "openai", "anthropic": "anthropic", "gemini": "gcp.gemini",
-              "vertex": "gcp.vertex_ai", "azure-openai": "azure.ai.openai",
-              "azure_openai": "azure.ai.openai", "bedrock": "aws.bedrock",
-              "mistral": "mistral_ai", "groq": "groq", "deepseek": "deepseek",
-              "cohere": "cohere", "xai": "x_ai", "perplexity": "perplexity"}
 # the conventions' advised buckets (seconds; tokens)
 _DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
                      20.48, 40.96, 81.92)
@@ -88,7 +70,7 @@ _LOG_KEYS = ("sandbox_gateway.decision", "sandbox_gateway.policy", "sandbox_gate
 _METRIC_KEYS = ("gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model",
                 "gen_ai.response.model", "server.address", "error.type")
 # the line's scalar fields as span attributes (sandbox_gateway.* unless a convention names
-# it); each costs the export thread CPU, so what the log record has is not repeated (the
+# it); each costs the exporter CPU, so what the log record has is not repeated (the
 # listener, byte counts, scheme and port), and the reason only on a refusal
 _SPAN_FIELDS = (("decision", "sandbox_gateway.decision"), ("rule", "sandbox_gateway.rule"),
                 ("policy", "sandbox_gateway.policy"),
@@ -98,48 +80,11 @@ _SPAN_FIELDS = (("decision", "sandbox_gateway.decision"), ("rule", "sandbox_gate
                 ("credential", "sandbox_gateway.credential"),
                 ("method", "http.request.method"), ("host", "server.address"),
                 ("path", "url.path"), ("status", "http.response.status_code"))
-
-
-def operation(path: str | None, usage: Mapping[str, Any] | None) -> str | None:
-    """``gen_ai.operation.name`` of an inference call to `path` (None: not one)."""
-    if usage is None:
-        return None
-    path = path or ""
-    if "embed" in path:
-        return "embeddings"
-    if ":generateContent" in path or ":streamGenerateContent" in path:
-        return "generate_content"
-    if path.endswith("/completions") and not path.endswith("/chat/completions"):
-        return "text_completion"
-    return "chat"
-
-
-def provider_name(preset: str | None) -> str | None:
-    """``gen_ai.provider.name`` for a credential's preset."""
-    return None if preset is None else _PROVIDERS.get(preset, preset)
-
-
-def span_name(line: Mapping[str, Any]) -> str:
-    """``chat gpt-4o`` for an inference call, else ``METHOD host`` (``CONNECT host``)."""
-    usage = line.get("usage")
-    op = operation(line.get("path"), usage)
-    if op is not None:
-        model = _request_model(line)
-        return f"{op} {model}" if model else op
-    method = line.get("method")
-    host = line.get("host")
-    if method and host:
-        return f"{method} {host}"
-    return str(method or line.get("listener") or "connection")
-
-
-def _request_model(line: Mapping[str, Any]) -> str | None:
-    models = line.get("models")
-    if isinstance(models, list) and models and isinstance(models[0], str):
-        return models[0]
-    usage = line.get("usage")
-    model = usage.get("model") if isinstance(usage, Mapping) else None
-    return model if isinstance(model, str) else None
+# time to first token: the GenAI conventions' span attribute (seconds) and client metric
+TTFC = "gen_ai.response.time_to_first_chunk"
+TTFC_METRIC = "gen_ai.client.operation.time_to_first_chunk"
+# content a policy opted into (telemetry: {content: true}), by the conventions' names
+_CONTENT = {"input": "gen_ai.input.messages", "output": "gen_ai.output.messages"}
 
 
 def parent_of(trace_header: str | None) -> Any:
@@ -156,38 +101,20 @@ def parent_of(trace_header: str | None) -> Any:
     return trace.set_span_in_context(NonRecordingSpan(ctx))
 
 
-def _always(line: Mapping[str, Any]) -> bool:
-    """Whether `line`'s span is exported whatever `telemetry.sample` says: a refusal (or
-    any decision but allow), an inference call, an MCP message, or a request whose
-    sandbox sampled its trace (the traceparent's sampled flag)."""
-    trace_header = line.get("trace")
-    return (line.get("decision") != "allow" or line.get("usage") is not None
-            or line.get("mcp") is not None
-            or (isinstance(trace_header, str) and int(trace_header[-1], 16) & 1 == 1))
-
-
-class OtelSink:
-    """Exports audit lines over OTLP (see the module docstring)."""
+class OtelExport:
+    """Builds spans, log records and metric points from audit lines and exports them over
+    OTLP with the SDK's batch processors (see the module docstring)."""
 
     def __init__(self, *, endpoint: str, protocol: str = "grpc",
                  headers: Mapping[str, str] | None = None, traces: bool = True,
                  logs: bool = False, metrics_on: bool = True,
                  service_name: str = "sandbox-gateway", queue: int = 8192,
-                 metrics_interval: float = 60.0, worker: int | None = None,
-                 sample: float = 1.0,
-                 preset_of: Callable[[str | None], str | None] = lambda _c: None) -> None:
+                 metrics_interval: float = 60.0, worker: int | None = None) -> None:
         attrs: dict[str, Any] = {"service.name": service_name}
         if worker is not None:
             attrs["sandbox_gateway.worker"] = worker
         resource = Resource.create(attrs)
         exporters = _exporters(protocol, endpoint, dict(headers or {}))
-        self.preset_of = preset_of
-        self.queue = queue
-        self.dropped = 0
-        self.sample = sample
-        self._lines: deque[tuple[dict[str, Any], int, bool]] = deque()
-        self._wake = threading.Event()
-        self._closed = False
         self._tracer_provider: TracerProvider | None = None
         self._logger_provider: LoggerProvider | None = None
         self._meter_provider: MeterProvider | None = None
@@ -195,6 +122,7 @@ class OtelSink:
         self._logger: Any = None
         self._tokens: Any = None
         self._duration: Any = None
+        self._first_chunk: Any = None
         if traces:
             self._tracer_provider = TracerProvider(resource=resource)
             self._tracer_provider.add_span_processor(BatchSpanProcessor(
@@ -208,90 +136,71 @@ class OtelSink:
                 max_export_batch_size=min(512, queue)))
             self._logger = self._logger_provider.get_logger(SCOPE)
         if metrics_on:
-            reader = PeriodicExportingMetricReader(
-                exporters["metrics"](), export_interval_millis=metrics_interval * 1000)
-            self._meter_provider = MeterProvider(resource=resource, metric_readers=[reader],
-                                                 views=[
-                View(instrument_name="gen_ai.client.operation.duration",
-                     aggregation=ExplicitBucketHistogramAggregation(_DURATION_BUCKETS)),
-                View(instrument_name="gen_ai.client.token.usage",
-                     aggregation=ExplicitBucketHistogramAggregation(_TOKEN_BUCKETS))])
-            meter = self._meter_provider.get_meter(SCOPE)
-            self._tokens = meter.create_histogram(
-                "gen_ai.client.token.usage", unit="{token}",
-                description="Tokens used per inference call, by gen_ai.token.type")
-            self._duration = meter.create_histogram(
-                "gen_ai.client.operation.duration", unit="s",
-                description="Duration of inference calls through the gateway")
-        self._thread = threading.Thread(target=self._run, name="otel-export", daemon=True)
-        self._thread.start()
+            self._metrics(resource, exporters["metrics"](), metrics_interval)
 
-    # -- on the event loop: only a queue append ------------------------------------------
+    def _metrics(self, resource: Resource, exporter: Any, interval: float) -> None:
+        reader = PeriodicExportingMetricReader(exporter,
+                                               export_interval_millis=interval * 1000)
+        seconds = ExplicitBucketHistogramAggregation(_DURATION_BUCKETS)
+        self._meter_provider = MeterProvider(resource=resource, metric_readers=[reader], views=[
+            View(instrument_name="gen_ai.client.operation.duration", aggregation=seconds),
+            View(instrument_name=TTFC_METRIC, aggregation=seconds),
+            View(instrument_name="gen_ai.client.token.usage",
+                 aggregation=ExplicitBucketHistogramAggregation(_TOKEN_BUCKETS))])
+        meter = self._meter_provider.get_meter(SCOPE)
+        self._tokens = meter.create_histogram(
+            "gen_ai.client.token.usage", unit="{token}",
+            description="Tokens used per inference call, by gen_ai.token.type")
+        self._duration = meter.create_histogram(
+            "gen_ai.client.operation.duration", unit="s",
+            description="Duration of inference calls through the gateway")
+        self._first_chunk = meter.create_histogram(
+            TTFC_METRIC, unit="s",
+            description="Time from the request to the first chunk of a streamed answer")
 
-    def write(self, line: dict[str, Any]) -> None:
-        """Queue one audit line for export (never blocks, never raises)."""
-        traced = self._tracer is not None and (self.sample >= 1.0 or _always(line)
-                                               or random.random() < self.sample)  # noqa: S311
-        if not traced and self._logger is None and (self._tokens is None
-                                                    or line.get("usage") is None):
-            return  # (no span, no log record, no metric point)
-        if self._closed or len(self._lines) >= self.queue:
-            self.dropped += 1
-            metrics.TELEMETRY_DROPPED.inc()
-            return
-        self._lines.append((line, time.time_ns(), traced))
-        if len(self._lines) >= WAKE and not self._wake.is_set():
-            self._wake.set()  # (else the thread drains the queue every DRAIN seconds)
-
-    # -- the export thread ---------------------------------------------------------------
-
-    def _run(self) -> None:
-        while True:
-            self._wake.wait(DRAIN)
-            self._wake.clear()
-            while self._lines:
-                line, end, traced = self._lines.popleft()
-                try:
-                    self._emit(line, end, traced)
-                except Exception:  # (one bad line never stops the export)
-                    log.exception("telemetry: an audit line could not be exported")
-            if self._closed:
-                return
-
-    def _emit(self, line: dict[str, Any], end: int, traced: bool = True) -> None:
+    def emit(self, line: dict[str, Any], end: int, traced: bool = True,
+             provider: str | None = None, content: Mapping[str, Any] | None = None) -> None:
+        """One audit line (ended at `end`, ns): its span when `traced`, its log record
+        with `audit.otlp`, its metric points on an inference call. `provider`:
+        ``gen_ai.provider.name`` (the worker knows the credential's preset); `content`:
+        the redacted content a policy opted into."""
         start = end - int(float(line.get("duration_ms") or 0) * 1_000_000)
         usage = line.get("usage") if isinstance(line.get("usage"), Mapping) else None
         op = operation(line.get("path"), usage)
-        provider = provider_name(self.preset_of(line.get("credential"))) if op else None
-        attrs = self._attributes(line, usage, op, provider)
+        attrs = self._attributes(line, usage, op, provider if op else None)
         context = parent_of(line.get("trace"))
         span_ctx: Any = None
         if self._tracer is not None and traced:
+            span_attrs = attrs if not content else {**attrs, **_content(content)}
             span = self._tracer.start_span(span_name(line), context=context,
-                                           kind=SpanKind.SERVER, attributes=attrs,
+                                           kind=SpanKind.SERVER, attributes=span_attrs,
                                            start_time=start)
             if line.get("error"):
                 span.set_status(Status(StatusCode.ERROR, str(line["error"])))
-            self._tools(span, line, start, end)
+            self._tools(span, line, start, end, content)
             span.end(end_time=end)
             span_ctx = span.get_span_context()
         if self._logger is not None:
-            record = LogRecord(
-                timestamp=end, observed_timestamp=end,
-                context=trace.set_span_in_context(NonRecordingSpan(span_ctx))
-                if span_ctx is not None else context,
-                severity_text="INFO" if line.get("decision") != "deny" else "WARN",
-                severity_number=SeverityNumber.INFO if line.get("decision") != "deny"
-                else SeverityNumber.WARN,
-                body=_ENCODE(line), event_name="sandbox_gateway.audit",
-                attributes={k: attrs[k] for k in _LOG_KEYS if k in attrs})
-            self._logger.emit(record)
+            self._log(line, end, attrs, context if span_ctx is None else
+                      trace.set_span_in_context(NonRecordingSpan(span_ctx)))
         if op is not None and self._tokens is not None and usage is not None:
             base: dict[str, Any] = {k: attrs[k] for k in _METRIC_KEYS if k in attrs}
             for kind, key in (("input", "input_tokens"), ("output", "output_tokens")):
                 if isinstance(usage.get(key), int):
                     self._tokens.record(usage[key], {**base, "gen_ai.token.type": kind})
             self._duration.record((end - start) / 1e9, base)
+            if TTFC in attrs:
+                self._first_chunk.record(attrs[TTFC], base)
+
+    def _log(self, line: dict[str, Any], end: int, attrs: Mapping[str, Any],
+             context: Any) -> None:
+        deny = line.get("decision") == "deny"
+        self._logger.emit(LogRecord(
+            timestamp=end, observed_timestamp=end, context=context,
+            severity_text="WARN" if deny else "INFO",
+            severity_number=SeverityNumber.WARN if deny else SeverityNumber.INFO,
+            body=_ENCODE(line), event_name="sandbox_gateway.audit",
+            attributes={k: attrs[k] for k in _LOG_KEYS if k in attrs}))
 
     def _attributes(self, line: Mapping[str, Any], usage: Mapping[str, Any] | None,
                     op: str | None, provider: str | None) -> dict[str, Any]:
@@ -310,7 +219,7 @@ class OtelSink:
             attrs["gen_ai.operation.name"] = op
             if provider:
                 attrs["gen_ai.provider.name"] = provider
-            model = _request_model(line)
+            model = request_model(line)
             if model:
                 attrs["gen_ai.request.model"] = model
             if isinstance(usage.get("model"), str):
@@ -320,15 +229,20 @@ class OtelSink:
                     attrs[f"gen_ai.usage.{key}"] = usage[key]
             if isinstance(usage.get("cost_usd"), int | float):
                 attrs["sandbox_gateway.cost_usd"] = usage["cost_usd"]
+            first = usage.get("first_chunk_ms")
+            if isinstance(first, int | float) and not isinstance(first, bool):
+                attrs[TTFC] = first / 1000
         return attrs
 
-    def _tools(self, parent: Any, line: Mapping[str, Any], start: int, end: int) -> None:
+    def _tools(self, parent: Any, line: Mapping[str, Any], start: int, end: int,
+               content: Mapping[str, Any] | None) -> None:
         """The line's MCP tool calls, as child tool-execution spans."""
         calls = line.get("mcp")
         if not isinstance(calls, list):
             return
         context = trace.set_span_in_context(parent)
-        for call in calls:
+        tools = content.get("tools") if content else None
+        for index, call in enumerate(calls):
             if not isinstance(call, Mapping) or call.get("method") != "tools/call":
                 continue
             name = call.get("name")
@@ -339,6 +253,9 @@ class OtelSink:
                 attrs["gen_ai.tool.name"] = name
             if line.get("host"):
                 attrs["server.address"] = line["host"]
+            if isinstance(tools, list) and index < len(tools) and \
+                    isinstance(tools[index], Mapping):
+                attrs.update(_tool_content(tools[index]))
             span = self._tracer.start_span(f"tools/call {name}" if name else "tools/call",
                                            context=context, kind=SpanKind.CLIENT,
                                            attributes=attrs, start_time=start)
@@ -347,20 +264,30 @@ class OtelSink:
                 span.set_attribute("error.type", line.get("error") or "mcp_denied")
             span.end(end_time=end)
 
-    # -- the stop ------------------------------------------------------------------------
-
     def close(self, timeout: float = 5.0) -> None:
-        """Export what is queued (at most `timeout` seconds), then stop (blocking: call it
-        from a thread)."""
-        self._closed = True
-        self._wake.set()
-        self._thread.join(timeout)
+        """Export what is built (at most `timeout` seconds each), then stop."""
         for provider in (self._tracer_provider, self._logger_provider):
             if provider is not None:
                 provider.force_flush(int(timeout * 1000))
                 provider.shutdown()
         if self._meter_provider is not None:
             self._meter_provider.shutdown(timeout_millis=timeout * 1000)
+
+
+def _content(content: Mapping[str, Any]) -> dict[str, str]:
+    """The exchange's content attributes (strings, as the worker redacted them)."""
+    return {name: content[key] for key, name in _CONTENT.items()
+            if isinstance(content.get(key), str)}
+
+
+def _tool_content(tool: Mapping[str, Any]) -> dict[str, str]:
+    """A tool call's arguments and result attributes (redacted JSON text)."""
+    out: dict[str, str] = {}
+    if isinstance(tool.get("arguments"), str):
+        out["gen_ai.tool.call.arguments"] = tool["arguments"]
+    if isinstance(tool.get("result"), str):
+        out["gen_ai.tool.call.result"] = tool["result"]
+    return out
 
 
 def _exporters(protocol: str, endpoint: str,

@@ -18,6 +18,7 @@ from gateway.core.ports import Secrets
 from gateway.core.refusal import Refusal
 from gateway.core.target import Target
 from gateway.core.trail import Trail
+from gateway.pipeline.exchange_content import ContentCapture
 from gateway.pipeline.exchange_dlp import DlpCheck
 
 __all__ = ["ExchangeState", "leak_refusal", "source_of"]
@@ -49,6 +50,7 @@ class ExchangeState:
     models: list[str] | None = None
     unsent: bool = False
     dlp: DlpCheck | None = None  # outbound credential detection (a rule with dlp:)
+    content: ContentCapture | None = None  # exported content (telemetry: {content: true})
 
     def __post_init__(self) -> None:
         """(What a subclass sets up after the fields: the dataclass calls it.)"""

@@ -17,6 +17,7 @@ import logging
 
 from gateway.core import credentials, local_api, target
 from gateway.core.client import Client
+from gateway.core.dlp import DEFAULT
 from gateway.core.dlp.policy import resolve
 from gateway.core.evaluate import Routed
 from gateway.core.local_api import INTERNAL_HOST
@@ -28,6 +29,7 @@ from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal
 from gateway.core.trail import rule_of
 from gateway.pipeline.asking import Asking
 from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.exchange_content import ContentCapture
 from gateway.pipeline.exchange_dlp import DlpCheck
 from gateway.pipeline.parts import Parts
 from gateway.pipeline.signing import Signing
@@ -131,6 +133,10 @@ class Requests:
         if found is not None:
             raise ex.leak(found)
         path = self._detect(ex, path)
+        if parts.trail.content_sink is not None and parts.policy(ex.identity).telemetry_content:
+            ex.content = ContentCapture(ex.dlp.scanner if ex.dlp is not None else
+                                        parts.detectors.scanner().only(DEFAULT)
+                                        if parts.detectors is not None else None)
         await self.signing.apply(ex, swap, path)
 
     def _detect(self, ex: Exchange, path: str) -> str:
