@@ -85,6 +85,8 @@ TTFC = "gen_ai.response.time_to_first_chunk"
 TTFC_METRIC = "gen_ai.client.operation.time_to_first_chunk"
 # content a policy opted into (telemetry: {content: true}), by the conventions' names
 _CONTENT = {"input": "gen_ai.input.messages", "output": "gen_ai.output.messages"}
+_OTHER_CONTENT = {"input": "sandbox_gateway.request.content",
+                  "output": "sandbox_gateway.response.content"}
 
 
 def parent_of(trace_header: str | None) -> Any:
@@ -171,7 +173,7 @@ class OtelExport:
         context = parent_of(line.get("trace"))
         span_ctx: Any = None
         if self._tracer is not None and traced:
-            span_attrs = attrs if not content else {**attrs, **_content(content)}
+            span_attrs = attrs if not content else {**attrs, **_content(content, op)}
             span = self._tracer.start_span(span_name(line), context=context,
                                            kind=SpanKind.SERVER, attributes=span_attrs,
                                            start_time=start)
@@ -236,13 +238,14 @@ class OtelExport:
 
     def _tools(self, parent: Any, line: Mapping[str, Any], start: int, end: int,
                content: Mapping[str, Any] | None) -> None:
-        """The line's MCP tool calls, as child tool-execution spans."""
+        """The line's MCP tool calls, as child tool-execution spans (with the arguments
+        and result the content exported holds)."""
         calls = line.get("mcp")
         if not isinstance(calls, list):
             return
         context = trace.set_span_in_context(parent)
-        tools = content.get("tools") if content else None
-        for index, call in enumerate(calls):
+        tools = _tool_calls(content) if content else {}
+        for call in calls:
             if not isinstance(call, Mapping) or call.get("method") != "tools/call":
                 continue
             name = call.get("name")
@@ -253,9 +256,8 @@ class OtelExport:
                 attrs["gen_ai.tool.name"] = name
             if line.get("host"):
                 attrs["server.address"] = line["host"]
-            if isinstance(tools, list) and index < len(tools) and \
-                    isinstance(tools[index], Mapping):
-                attrs.update(_tool_content(tools[index]))
+            if isinstance(name, str) and name in tools:
+                attrs.update(tools[name])
             span = self._tracer.start_span(f"tools/call {name}" if name else "tools/call",
                                            context=context, kind=SpanKind.CLIENT,
                                            attributes=attrs, start_time=start)
@@ -274,20 +276,53 @@ class OtelExport:
             self._meter_provider.shutdown(timeout_millis=timeout * 1000)
 
 
-def _content(content: Mapping[str, Any]) -> dict[str, str]:
-    """The exchange's content attributes (strings, as the worker redacted them)."""
-    return {name: content[key] for key, name in _CONTENT.items()
+def _content(content: Mapping[str, Any], op: str | None) -> dict[str, str]:
+    """The exchange's content attributes (as the worker redacted them): the GenAI
+    conventions' input and output messages on an inference call, else the request's and
+    answer's content."""
+    names = _CONTENT if op is not None else _OTHER_CONTENT
+    return {name: content[key] for key, name in names.items()
             if isinstance(content.get(key), str)}
 
 
-def _tool_content(tool: Mapping[str, Any]) -> dict[str, str]:
-    """A tool call's arguments and result attributes (redacted JSON text)."""
-    out: dict[str, str] = {}
-    if isinstance(tool.get("arguments"), str):
-        out["gen_ai.tool.call.arguments"] = tool["arguments"]
-    if isinstance(tool.get("result"), str):
-        out["gen_ai.tool.call.result"] = tool["result"]
-    return out
+def _messages(text: Any) -> list[Any]:
+    """JSON-RPC messages in a body: one object, a batch, or SSE ``data:`` lines."""
+    if not isinstance(text, str):
+        return []
+    try:
+        docs = [json.loads(text)]
+    except ValueError:
+        docs = []
+        for row in text.splitlines():
+            if row.startswith("data:"):
+                try:
+                    docs.append(json.loads(row[5:]))
+                except ValueError:
+                    continue
+    out: list[Any] = []
+    for doc in docs:
+        out.extend(doc if isinstance(doc, list) else [doc])
+    return [m for m in out if isinstance(m, dict)]
+
+
+def _tool_calls(content: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """Each ``tools/call`` of the request's content by tool name: its arguments and the
+    answer's result (or error) of the same id, as JSON text."""
+    found: dict[str, dict[str, str]] = {}
+    ids: dict[str, str] = {}
+    for message in _messages(content.get("input")):
+        params = message.get("params")
+        if message.get("method") == "tools/call" and isinstance(params, dict) and \
+                isinstance(params.get("name"), str) and params["name"] not in found:
+            found[params["name"]] = {"gen_ai.tool.call.arguments": _ENCODE(
+                params.get("arguments"))}
+            ids[json.dumps(message.get("id"))] = params["name"]
+    for message in _messages(content.get("output")):
+        name = ids.get(json.dumps(message.get("id")))
+        if name is not None:
+            answer = message.get("result", message.get("error"))
+            found[name]["gen_ai.tool.call.result"] = _ENCODE(answer)
+    return found
 
 
 def _exporters(protocol: str, endpoint: str,

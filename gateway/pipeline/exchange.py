@@ -252,7 +252,7 @@ class Exchange(ExchangeState):
         relayed = self._mcp.check(plain) if self._mcp is not None and self._mcp.reads \
             else None
         if self.content is not None:
-            self.content.request(plain)
+            self.content.request(plain, self.head.headers.get("content-type"))
         return plain, encoded, relayed, redacted is not None
 
     def _whole_out(self, body: bytes, plain: bytes | None, encoded: bool,

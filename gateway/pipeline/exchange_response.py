@@ -122,7 +122,8 @@ class ResponseSide:
         content = self.ex.content
         if content is not None and out:  # (the caller checked; mypy did not)
             head = self.ex.response_head
-            content.answer(out, head.headers.get("content-encoding") if head else None)
+            get = head.headers.get if head is not None else (lambda _name: None)
+            content.answer(out, get("content-encoding"), get("content-type"))
 
     def _relayed(self, chunk: bytes, mcp: McpCalls | None,
                  metered: MeteredSteps | None) -> bytes:
