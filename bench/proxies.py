@@ -234,7 +234,8 @@ class GatewayProxy(Proxy):
     def __init__(self, workdir: Path, upstream_ca: Path, static_port: int, sse_port: int,
                  cpu: int | None, workers: int | None = None,
                  upstream_idle_timeout: str | None = None,
-                 telemetry: dict[str, Any] | None = None, otlp_logs: bool = False) -> None:
+                 telemetry: dict[str, Any] | None = None, otlp_logs: bool = False,
+                 children_cpu: int | None = None) -> None:
         self.dir = workdir
         self.workers = workers  # None: the config default (one per usable core)
         self.upstream_idle_timeout = upstream_idle_timeout  # None: the config default (30 s)
@@ -264,6 +265,8 @@ class GatewayProxy(Proxy):
         self.config = self.dir / "gateway.yaml"
         self.config.write_text(yaml.safe_dump(cfg))
         self.cpu = cpu
+        # the gateway's child processes (its OTLP exporter) moved to this core once ready
+        self.children_cpu = children_cpu
         self.token = ""
         self.env = {k: v for k, v in os.environ.items()
                     if not k.upper().startswith(("SANDBOX_GATEWAY_", "HTTP_PROXY", "HTTPS_PROXY",
@@ -309,6 +312,9 @@ class GatewayProxy(Proxy):
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"gateway workers not ready: {self.log_tail()}")
                 time.sleep(0.1)
+        if self.children_cpu is not None:  # (the exporter starts before /readyz answers)
+            for child in _tree(self.proc.pid)[1:]:
+                os.sched_setaffinity(child, {self.children_cpu})
         if not self.token:
             out = subprocess.run(
                 [sys.executable, "-m", "gateway", "token", "mint", "--config", str(self.config),

@@ -52,7 +52,8 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
 
     for key, what in (("gateway_otel", "a span per request"),
                       ("gateway_otel_logs", "a span and a log record per request"),
-                      ("gateway_otel_sampled", "spans sampled 0.1")):
+                      ("gateway_otel_sampled", "spans sampled 0.1"),
+                      ("gateway_otel_apart", "a span per request, exporter on another core")):
         out.append(_target(
             f"OTLP export ({what}): CPU/request of the gateway's process tree (worker and "
             "exporter) vs off, intercepted + policy (c10)",
