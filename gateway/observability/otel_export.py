@@ -13,19 +13,28 @@ import socket
 import sys
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
-__all__ = ["main", "serve"]
+__all__ = ["main", "parse", "serve"]
 
 log = logging.getLogger("sandbox_gateway")
 
 RECV = 1 << 20  # larger than any datagram the worker sends (otel_feed.MAX_DATAGRAM)
+SEP = b"\x1f"  # (otel_feed.SEP; not imported: this process never loads the worker's side)
+
+
+def parse(frame: bytes) -> tuple[bool, int, str | None, dict[str, Any] | None,
+                                 dict[str, Any]]:
+    """A frame (`otel_feed`'s, without its newline) as (traced, end_ns, provider,
+    content, line); raises ValueError on one that is not a frame."""
+    flags, end, provider, content, line = frame.split(SEP, 4)
+    return (flags == b"T", int(end), provider.decode() or None,
+            json.loads(content) if content else None, json.loads(line))
 
 
 def serve(sock: socket.socket, emit: Callable[..., None]) -> int:
     """Emit every frame read from `sock` until it ends; returns how many frames could not
     be read or exported (each logged, the first with its traceback)."""
-    from gateway.observability.otel_feed import parse
-
     bad = 0
     while True:
         data = sock.recv(RECV)

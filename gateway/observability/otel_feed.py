@@ -35,7 +35,7 @@ from typing import Any
 from gateway.observability import metrics
 from gateway.observability.otel_names import always_traced, operation, provider_name
 
-__all__ = ["BATCH", "FLUSH", "MAX_DATAGRAM", "OtelFeed", "parse"]
+__all__ = ["BATCH", "FLUSH", "MAX_DATAGRAM", "SEP", "OtelFeed"]
 
 log = logging.getLogger("sandbox_gateway")
 
@@ -169,12 +169,3 @@ def _batch_end(frames: list[bytes], start: int) -> int:
         size += len(frames[end])
         end += 1
     return end
-
-
-def parse(frame: bytes) -> tuple[bool, int, str | None, dict[str, Any] | None,
-                                 dict[str, Any]]:
-    """A frame (without its newline) as (traced, end_ns, provider, content, line);
-    raises ValueError on one that is not a frame."""
-    flags, end, provider, content, line = frame.split(SEP, 4)
-    return (flags == b"T", int(end), provider.decode() or None,
-            json.loads(content) if content else None, json.loads(line))

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from gateway.observability import metrics
-from gateway.observability.otel_feed import FLUSH, MAX_DATAGRAM, OtelFeed, parse
+from gateway.observability.otel_export import parse
+from gateway.observability.otel_feed import FLUSH, MAX_DATAGRAM, OtelFeed
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 USAGE = {"model": "gpt-4o", "input_tokens": 1, "output_tokens": 2}
