@@ -313,8 +313,9 @@ class GatewayProxy(Proxy):
                     raise RuntimeError(f"gateway workers not ready: {self.log_tail()}")
                 time.sleep(0.1)
         if self.children_cpu is not None:  # (the exporter starts before /readyz answers)
-            for child in _tree(self.proc.pid)[1:]:
-                os.sched_setaffinity(child, {self.children_cpu})
+            for child in _tree(self.proc.pid)[1:]:  # every thread: the SDK's started already
+                for task in os.listdir(f"/proc/{child}/task"):
+                    os.sched_setaffinity(int(task), {self.children_cpu})
         if not self.token:
             out = subprocess.run(
                 [sys.executable, "-m", "gateway", "token", "mint", "--config", str(self.config),
