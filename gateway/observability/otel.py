@@ -29,31 +29,20 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Mapping
 from typing import Any
 
-from opentelemetry import trace
-from opentelemetry._logs import LogRecord, SeverityNumber
-from opentelemetry.sdk._logs import LoggerProvider
-from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import (
-    NonRecordingSpan,
-    SpanContext,
-    SpanKind,
-    Status,
-    StatusCode,
-    TraceFlags,
-)
 
+from gateway.observability import otel_encode as otlp
 from gateway.observability.otel_names import operation, request_model, span_name
+from gateway.observability.otel_send import Sender
 
-__all__ = ["OtelExport", "parent_of"]
+__all__ = ["TTFC", "TTFC_METRIC", "OtelExport"]
 
 log = logging.getLogger("sandbox_gateway")
 
@@ -89,23 +78,10 @@ _OTHER_CONTENT = {"input": "sandbox_gateway.request.content",
                   "output": "sandbox_gateway.response.content"}
 
 
-def parent_of(trace_header: str | None) -> Any:
-    """The OpenTelemetry context whose span is the sandbox's (`trace`: a traceparent the
-    core checked), or None."""
-    if not trace_header:
-        return None
-    parts = trace_header.split("-")
-    try:
-        ctx = SpanContext(int(parts[1], 16), int(parts[2], 16), is_remote=True,
-                          trace_flags=TraceFlags(int(parts[3][:2], 16) & 1))
-    except (IndexError, ValueError):
-        return None
-    return trace.set_span_in_context(NonRecordingSpan(ctx))
-
-
 class OtelExport:
-    """Builds spans, log records and metric points from audit lines and exports them over
-    OTLP with the SDK's batch processors (see the module docstring)."""
+    """Builds spans and log records from audit lines as OTLP messages (`otel_encode`)
+    and sends them in batches (`otel_send`); GenAI metrics through the SDK's meter
+    (aggregated histograms). See the module docstring."""
 
     def __init__(self, *, endpoint: str, protocol: str = "grpc",
                  headers: Mapping[str, str] | None = None, traces: bool = True,
@@ -115,30 +91,23 @@ class OtelExport:
         attrs: dict[str, Any] = {"service.name": service_name}
         if worker is not None:
             attrs["sandbox_gateway.worker"] = worker
-        resource = Resource.create(attrs)
-        exporters = _exporters(protocol, endpoint, dict(headers or {}))
-        self._tracer_provider: TracerProvider | None = None
-        self._logger_provider: LoggerProvider | None = None
+        res = otlp.resource(attrs)
+        sent = dict(headers or {})
+        self._spans: Sender | None = None
+        self._logs: Sender | None = None
         self._meter_provider: MeterProvider | None = None
-        self._tracer: Any = None
-        self._logger: Any = None
         self._tokens: Any = None
         self._duration: Any = None
         self._first_chunk: Any = None
         if traces:
-            self._tracer_provider = TracerProvider(resource=resource)
-            self._tracer_provider.add_span_processor(BatchSpanProcessor(
-                exporters["traces"](), max_queue_size=queue,
-                max_export_batch_size=min(512, queue)))
-            self._tracer = self._tracer_provider.get_tracer(SCOPE)
+            self._spans = Sender("traces", protocol, endpoint, sent, lambda spans:
+                                 otlp.traces_request(res, SCOPE, spans), queue)
         if logs:
-            self._logger_provider = LoggerProvider(resource=resource)
-            self._logger_provider.add_log_record_processor(BatchLogRecordProcessor(
-                exporters["logs"](), max_queue_size=queue,
-                max_export_batch_size=min(512, queue)))
-            self._logger = self._logger_provider.get_logger(SCOPE)
+            self._logs = Sender("logs", protocol, endpoint, sent, lambda records:
+                                otlp.logs_request(res, SCOPE, records), queue)
         if metrics_on:
-            self._metrics(resource, exporters["metrics"](), metrics_interval)
+            self._metrics(Resource.create(attrs), _metric_exporter(protocol, endpoint, sent),
+                          metrics_interval)
 
     def _metrics(self, resource: Resource, exporter: Any, interval: float) -> None:
         reader = PeriodicExportingMetricReader(exporter,
@@ -170,21 +139,21 @@ class OtelExport:
         usage = line.get("usage") if isinstance(line.get("usage"), Mapping) else None
         op = operation(line.get("path"), usage)
         attrs = self._attributes(line, usage, op, provider if op else None)
-        context = parent_of(line.get("trace"))
-        span_ctx: Any = None
-        if self._tracer is not None and traced:
+        parent = otlp.parent_of(line.get("trace"))
+        trace_id, own = (parent[0] if parent else os.urandom(16)), b""
+        if self._spans is not None and traced:
+            own = otlp.span_id()
             span_attrs = attrs if not content else {**attrs, **_content(content, op)}
-            span = self._tracer.start_span(span_name(line), context=context,
-                                           kind=SpanKind.SERVER, attributes=span_attrs,
-                                           start_time=start)
-            if line.get("error"):
-                span.set_status(Status(StatusCode.ERROR, str(line["error"])))
-            self._tools(span, line, start, end, content)
-            span.end(end_time=end)
-            span_ctx = span.get_span_context()
-        if self._logger is not None:
-            self._log(line, end, attrs, context if span_ctx is None else
-                      trace.set_span_in_context(NonRecordingSpan(span_ctx)))
+            error = line.get("error")
+            self._spans.add(otlp.span(span_name(line), otlp.SERVER, trace_id, own,
+                                      parent[1] if parent else b"", start, end, span_attrs,
+                                      str(error) if error else None))
+            self._tools(trace_id, own, line, start, end, content)
+        if self._logs is not None:
+            self._logs.add(otlp.log_record(
+                _ENCODE(line), end, {k: attrs[k] for k in _LOG_KEYS if k in attrs},
+                line.get("decision") == "deny", trace_id if own or parent else b"",
+                own or (parent[1] if parent else b"")))
         if op is not None and self._tokens is not None and usage is not None:
             base: dict[str, Any] = {k: attrs[k] for k in _METRIC_KEYS if k in attrs}
             for kind, key in (("input", "input_tokens"), ("output", "output_tokens")):
@@ -194,15 +163,11 @@ class OtelExport:
             if TTFC in attrs:
                 self._first_chunk.record(attrs[TTFC], base)
 
-    def _log(self, line: dict[str, Any], end: int, attrs: Mapping[str, Any],
-             context: Any) -> None:
-        deny = line.get("decision") == "deny"
-        self._logger.emit(LogRecord(
-            timestamp=end, observed_timestamp=end, context=context,
-            severity_text="WARN" if deny else "INFO",
-            severity_number=SeverityNumber.WARN if deny else SeverityNumber.INFO,
-            body=_ENCODE(line), event_name="sandbox_gateway.audit",
-            attributes={k: attrs[k] for k in _LOG_KEYS if k in attrs}))
+    def tick(self) -> None:
+        """Send the batches that waited long enough (the exporter's loop, when idle)."""
+        for sender in (self._spans, self._logs):
+            if sender is not None:
+                sender.tick()
 
     def _attributes(self, line: Mapping[str, Any], usage: Mapping[str, Any] | None,
                     op: str | None, provider: str | None) -> dict[str, Any]:
@@ -236,14 +201,13 @@ class OtelExport:
                 attrs[TTFC] = first / 1000
         return attrs
 
-    def _tools(self, parent: Any, line: Mapping[str, Any], start: int, end: int,
-               content: Mapping[str, Any] | None) -> None:
+    def _tools(self, trace_id: bytes, parent: bytes, line: Mapping[str, Any], start: int,
+               end: int, content: Mapping[str, Any] | None) -> None:
         """The line's MCP tool calls, as child tool-execution spans (with the arguments
         and result the content exported holds)."""
         calls = line.get("mcp")
-        if not isinstance(calls, list):
+        if not isinstance(calls, list) or self._spans is None:
             return
-        context = trace.set_span_in_context(parent)
         tools = _tool_calls(content) if content else {}
         for call in calls:
             if not isinstance(call, Mapping) or call.get("method") != "tools/call":
@@ -258,20 +222,19 @@ class OtelExport:
                 attrs["server.address"] = line["host"]
             if isinstance(name, str) and name in tools:
                 attrs.update(tools[name])
-            span = self._tracer.start_span(f"tools/call {name}" if name else "tools/call",
-                                           context=context, kind=SpanKind.CLIENT,
-                                           attributes=attrs, start_time=start)
+            error = None
             if call.get("decision") == "deny":
-                span.set_status(Status(StatusCode.ERROR, "mcp_denied"))
-                span.set_attribute("error.type", line.get("error") or "mcp_denied")
-            span.end(end_time=end)
+                error = "mcp_denied"
+                attrs["error.type"] = line.get("error") or "mcp_denied"
+            self._spans.add(otlp.span(f"tools/call {name}" if name else "tools/call",
+                                      otlp.CLIENT, trace_id, otlp.span_id(), parent, start,
+                                      end, attrs, error))
 
     def close(self, timeout: float = 5.0) -> None:
         """Export what is built (at most `timeout` seconds each), then stop."""
-        for provider in (self._tracer_provider, self._logger_provider):
-            if provider is not None:
-                provider.force_flush(int(timeout * 1000))
-                provider.shutdown()
+        for sender in (self._spans, self._logs):
+            if sender is not None:
+                sender.close(timeout)
         if self._meter_provider is not None:
             self._meter_provider.shutdown(timeout_millis=timeout * 1000)
 
@@ -325,34 +288,15 @@ def _tool_calls(content: Mapping[str, Any]) -> dict[str, dict[str, str]]:
     return found
 
 
-def _exporters(protocol: str, endpoint: str,
-               headers: dict[str, str]) -> dict[str, Callable[[], Any]]:
-    """Constructors of the OTLP exporters for `protocol` (their modules imported here)."""
+def _metric_exporter(protocol: str, endpoint: str, headers: dict[str, str]) -> Any:
+    """The SDK's OTLP metric exporter for `protocol` (its module imported here)."""
     if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
             OTLPMetricExporter,
         )
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        insecure = endpoint.startswith("http://")
-        grpc_headers = tuple(headers.items()) or None
-        return {
-            "traces": lambda: OTLPSpanExporter(endpoint=endpoint, insecure=insecure,
-                                               headers=grpc_headers),
-            "logs": lambda: OTLPLogExporter(endpoint=endpoint, insecure=insecure,
-                                            headers=grpc_headers),
-            "metrics": lambda: OTLPMetricExporter(endpoint=endpoint, insecure=insecure,
-                                                  headers=grpc_headers)}
-    from opentelemetry.exporter.otlp.proto.http._log_exporter import (
-        OTLPLogExporter as HttpLogs,
-    )
+        return OTLPMetricExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"),
+                                  headers=tuple(headers.items()) or None)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
         OTLPMetricExporter as HttpMetrics,
     )
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-        OTLPSpanExporter as HttpSpans,
-    )
-    return {
-        "traces": lambda: HttpSpans(endpoint=f"{endpoint}/v1/traces", headers=headers),
-        "logs": lambda: HttpLogs(endpoint=f"{endpoint}/v1/logs", headers=headers),
-        "metrics": lambda: HttpMetrics(endpoint=f"{endpoint}/v1/metrics", headers=headers)}
+    return HttpMetrics(endpoint=f"{endpoint}/v1/metrics", headers=headers)

@@ -20,6 +20,7 @@ __all__ = ["main", "parse", "serve"]
 log = logging.getLogger("sandbox_gateway")
 
 RECV = 1 << 20  # larger than any datagram the worker sends (otel_feed.MAX_DATAGRAM)
+TICK = 0.1  # seconds between looks at waiting batches when no frame comes
 SEP = b"\x1f"  # (otel_feed.SEP; not imported: this process never loads the worker's side)
 
 
@@ -32,15 +33,21 @@ def parse(frame: bytes) -> tuple[bool, int, str | None, dict[str, Any] | None,
             json.loads(content) if content else None, json.loads(line))
 
 
-def serve(sock: socket.socket, emit: Callable[..., None]) -> int:
-    """Emit every frame read from `sock` until it ends; returns how many frames could not
-    be read or exported (each logged, the first with its traceback)."""
+def serve(sock: socket.socket, emit: Callable[..., None],
+          tick: Callable[[], None] | None = None) -> int:
+    """Emit every frame read from `sock` until it ends, calling `tick` after each datagram
+    and every TICK seconds without one (batches that waited go); returns how many frames
+    could not be read or exported (each logged, the first with its traceback)."""
     bad = 0
+    sock.settimeout(TICK if tick is not None else None)
     while True:
-        data = sock.recv(RECV)
-        if not data:
+        try:
+            data = sock.recv(RECV)
+        except TimeoutError:
+            data = None
+        if data == b"":
             return bad
-        for frame in data.split(b"\n"):
+        for frame in (data or b"").split(b"\n"):
             if not frame:
                 continue
             try:
@@ -52,6 +59,8 @@ def serve(sock: socket.socket, emit: Callable[..., None]) -> int:
                     log.exception("telemetry: an audit line could not be exported")
                 else:
                     log.warning("telemetry: an audit line could not be exported")
+        if tick is not None:
+            tick()
 
 
 def _stop(_signum: int, _frame: FrameType | None) -> None:
@@ -69,7 +78,7 @@ def main(argv: list[str]) -> int:
 
     export = OtelExport(**settings)
     try:
-        serve(sock, export.emit)
+        serve(sock, export.emit, export.tick)
     finally:
         sock.close()
         export.close()
