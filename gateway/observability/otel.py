@@ -21,8 +21,10 @@ Never a header value, body, prompt or completion from the line (it carries none)
 content a policy opted into (`telemetry: {content: true}`) comes beside the line,
 already redacted by the worker.
 
-The SDK is imported only here, and this module only in the exporter process (never in
-a worker), started only when `telemetry.endpoint` is set.
+Spans and log records are OTLP protobuf messages built directly (`otel_encode.py`: the
+SDK's objects cost 2-4x as much a line) and sent in batches (`otel_send.py`); the SDK
+aggregates the metric histograms. This module, and with it the SDK, is imported only in
+the exporter process (never in a worker), started only when `telemetry.endpoint` is set.
 """
 
 from __future__ import annotations
