@@ -235,7 +235,8 @@ class GatewayProxy(Proxy):
                  cpu: int | None, workers: int | None = None,
                  upstream_idle_timeout: str | None = None,
                  telemetry: dict[str, Any] | None = None, otlp_logs: bool = False,
-                 wrap: tuple[str, ...] = (), ready_seconds: float = 30.0) -> None:
+                 wrap: tuple[str, ...] = (), ready_seconds: float = 30.0,
+                 children_cpu: int | None = None) -> None:
         self.dir = workdir
         self.wrap = wrap  # a command the gateway runs under (bench/instructions.py: valgrind)
         self.ready_seconds = ready_seconds
@@ -267,6 +268,8 @@ class GatewayProxy(Proxy):
         self.config = self.dir / "gateway.yaml"
         self.config.write_text(yaml.safe_dump(cfg))
         self.cpu = cpu
+        # the gateway's child processes (its OTLP exporter) moved to this core once ready
+        self.children_cpu = children_cpu
         self.token = ""
         self.env = {k: v for k, v in os.environ.items()
                     if not k.upper().startswith(("SANDBOX_GATEWAY_", "HTTP_PROXY", "HTTPS_PROXY",
@@ -313,6 +316,10 @@ class GatewayProxy(Proxy):
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"gateway workers not ready: {self.log_tail()}")
                 time.sleep(0.1)
+        if self.children_cpu is not None:  # (the exporter starts before /readyz answers)
+            for child in _tree(self.proc.pid)[1:]:  # every thread: the SDK's started already
+                for task in os.listdir(f"/proc/{child}/task"):
+                    os.sched_setaffinity(int(task), {self.children_cpu})
         if not self.token:
             out = subprocess.run(
                 [sys.executable, "-m", "gateway", "token", "mint", "--config", str(self.config),

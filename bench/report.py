@@ -60,6 +60,8 @@ def derive(workload: str, res: dict[str, Any]) -> None:
         if res.get("requests"):
             if cpu is not None:
                 res["proxy_cpu_us_per_req"] = cpu / res["requests"] * 1e6
+                if res.get("proxy_cpu_s_root") is not None:  # the gateway process alone
+                    res["root_cpu_us_per_req"] = res["proxy_cpu_s_root"] / res["requests"] * 1e6
                 if res.get("wall_s"):  # % of one core; a supervisor + 2 workers go to 200
                     res["proxy_cpu_pct"] = 100 * cpu / res["wall_s"]
                     if "proxy_cpu_s_by_pid" in res:

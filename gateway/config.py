@@ -226,10 +226,11 @@ class AuditConfig(Section, frozen=True, kw_only=True):
 
 
 class TelemetryConfig(Section, frozen=True, kw_only=True):
-    """OpenTelemetry export (`telemetry:`; gateway/observability/otel.py): a span per
+    """OpenTelemetry export (`telemetry:`; gateway/observability/otel*.py): a span per
     audit line (GenAI and MCP conventions), GenAI metrics, and with `audit.otlp` the audit
-    lines as log records, to the collector at `endpoint` over OTLP. No endpoint: off, and
-    the OpenTelemetry SDK is not imported."""
+    lines as log records, to the collector at `endpoint` over OTLP, from an exporter
+    process per worker. No endpoint: off, no exporter process, the OpenTelemetry SDK not
+    imported."""
 
     endpoint: Annotated[str | None, optional(ENDPOINT)] = None
     protocol: Annotated[str, OTLP_PROTOCOL] = "grpc"
@@ -241,7 +242,8 @@ class TelemetryConfig(Section, frozen=True, kw_only=True):
     # requests in a sampled sandbox trace: always)
     sample: Annotated[float, RATIO] = 1.0
     service_name: Annotated[str, TEXT] = "sandbox-gateway"
-    # audit lines waiting to be exported; more are dropped and counted
+    # audit lines a worker holds while its exporter process takes none; more are dropped
+    # and counted (the exporter's SDK queues as many spans and log records)
     queue: Annotated[int, POSITIVE] = 8192
     metrics_interval: Annotated[float, DURATION] = 60.0  # between metric exports
 

@@ -46,6 +46,10 @@ class Trail:
         self.clock = clock
         self._shapes: dict[str, str | None] = {}
         self._shapes_of: PolicySet | None = None  # the set `_shapes` was read from
+        # Where a line goes with the content its policy exports (`telemetry: {content:
+        # true}`): set only where an OpenTelemetry exporter takes it; None, no exchange
+        # keeps content. The content never goes into the line itself.
+        self.content_sink: Callable[[dict[str, Any], dict[str, str]], None] | None = None
 
     def audit(self, client: Client, *, decision: str, reason: str, rule: str | None,
               method: str | None = None, scheme: str | None = None, host: str | None = None,
@@ -56,16 +60,18 @@ class Trail:
               usage: dict[str, Any] | None = None,
               mcp: list[dict[str, Any]] | None = None,
               models: list[str] | None = None, trace: str | None = None,
-              dlp: list[dict[str, Any]] | None = None) -> None:
+              dlp: list[dict[str, Any]] | None = None,
+              content: dict[str, str] | None = None) -> None:
         """Write one audit line (every engine's lines go through here). A line of a
         connection the gate ended (`sweep`) names why instead of how it broke; `trace`:
-        the request's `traceparent` header (checked here: core/audit.traceparent)."""
+        the request's `traceparent` header (checked here: core/audit.traceparent);
+        `content`: what its policy exports beside the line (`content_sink`)."""
         if client.tunnel is not None:
             client.tunnel.audited = True
         if client.ended_by is not None and (error is not None or method == "CONNECT"):
             error = client.ended_by
         now = self.clock()
-        self._sink(record(
+        line = record(
             identity=identity or client.identity, client=client.peer,
             listener=client.listener, method=method, scheme=scheme, host=host, port=port,
             path=path, decision=decision, reason=reason, rule=rule, status=status,
@@ -73,7 +79,11 @@ class Trail:
             started=now if started is None else started, path_taken=path_taken,
             engine=client.engine, credential=credential, usage=usage,
             policy_rev=self._policies().revision, now=now, mcp=mcp, models=models,
-            trace=traceparent(trace), dlp=dlp or None))
+            trace=traceparent(trace), dlp=dlp or None)
+        if content and self.content_sink is not None:
+            self.content_sink(line, content)
+        else:
+            self._sink(line)
 
     def refuse(self, client: Client, refusal: Refusal, *, method: str | None = None,
                scheme: str | None = None, host: str | None = None, port: int | None = None,
@@ -81,7 +91,8 @@ class Trail:
                close: bool = False, usage: dict[str, Any] | None = None,
                plain: bool = False, mcp: list[dict[str, Any]] | None = None,
                models: list[str] | None = None, trace: str | None = None,
-               dlp: list[dict[str, Any]] | None = None) -> Answer:
+               dlp: list[dict[str, Any]] | None = None,
+               content: dict[str, str] | None = None) -> Answer:
         """Audit a refusal and render it (in the provider's shape on a preset's host,
         for a request; as text with `plain`); ``usage``: what a metered exchange refused
         part-way had used."""
@@ -93,7 +104,7 @@ class Trail:
                    method=method, scheme=scheme, host=host, port=port, path=path,
                    status=answered.status, error=refusal.code, started=started,
                    credential=refusal.credential, usage=usage, identity=refusal.identity,
-                   mcp=mcp, models=models, trace=trace, dlp=dlp)
+                   mcp=mcp, models=models, trace=trace, dlp=dlp, content=content)
         if refusal.code.startswith("token_") or refusal.code in _TOKEN_CODES:
             self.telemetry.count("tokens_refused", refusal.code)
         return answered

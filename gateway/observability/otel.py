@@ -1,7 +1,8 @@
-"""OpenTelemetry export of the audit trail: a sink beside the JSON one (`telemetry:`).
+"""OpenTelemetry export of the audit trail, in the exporter process (`telemetry:`).
 
 Every exchange, tunnel and refusal of every engine ends in one audit line
-(`gateway/core/audit.py`); this sink turns each line into
+(`gateway/core/audit.py`). The worker hands each serialised line to its exporter process
+(`otel_feed.py`, `otel_process.py`); there (`otel_export.py`) this module turns it into
 
 * **a span** (start: the line's start, end: its time; kind SERVER) named ``CONNECT host``,
   ``POST host``, or on an inference call ``chat gpt-4o`` (GenAI conventions), with the
@@ -13,70 +14,42 @@ Every exchange, tunnel and refusal of every engine ends in one audit line
   sandbox's span. The gateway adds no trace header to requests it forwards.
 * **a log record** (``audit.otlp``) whose body is the JSON line itself (the same text as
   the JSON sink's), with a few attributes to filter on, in the span's trace;
-* **GenAI metrics**: ``gen_ai.client.token.usage`` and ``gen_ai.client.operation.duration``
-  histograms.
+* **GenAI metrics**: ``gen_ai.client.token.usage``, ``gen_ai.client.operation.duration``
+  and ``gen_ai.client.operation.time_to_first_chunk`` histograms.
 
-Never a header value, body, prompt or completion: only the line's fields, which carry none.
+Never a header value, body, prompt or completion from the line (it carries none); the
+content a policy opted into (`telemetry: {content: true}`) comes beside the line,
+already redacted by the worker.
 
-**Sampled** (`telemetry.sample`, a ratio): the spans of allowed requests that are not
-inference or MCP calls, and whose sandbox did not sample its trace; refusals, inference
-and MCP calls always have theirs. Log records and metrics are never sampled.
-
-**Off the hot path.** `write` appends the line to a bounded queue (`telemetry.queue`) and
-returns; a daemon thread builds spans, logs and metric points, and the SDK's batch
-processors export them from their own threads. A line that does not fit is dropped and
-counted (`sandbox_gateway_telemetry_dropped_total`). The SDK is imported only here, and
-this module only when `telemetry.endpoint` is set.
+Spans and log records are OTLP protobuf messages built directly (`otel_encode.py`: the
+SDK's objects cost 2-4x as much a line) and sent in batches (`otel_send.py`); the SDK
+aggregates the metric histograms. This module, and with it the SDK, is imported only in
+the exporter process (never in a worker), started only when `telemetry.endpoint` is set.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import random
-import threading
-import time
-from collections import deque
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Mapping
 from typing import Any
 
-from opentelemetry import trace
-from opentelemetry._logs import LogRecord, SeverityNumber
-from opentelemetry.sdk._logs import LoggerProvider
-from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import (
-    NonRecordingSpan,
-    SpanContext,
-    SpanKind,
-    Status,
-    StatusCode,
-    TraceFlags,
-)
 
-from gateway.observability import metrics
+from gateway.observability import otel_encode as otlp
+from gateway.observability.otel_names import operation, request_model, span_name
+from gateway.observability.otel_send import Sender
 
-__all__ = ["OtelSink", "operation", "provider_name", "span_name"]
+__all__ = ["TTFC", "TTFC_METRIC", "OtelExport"]
 
 log = logging.getLogger("sandbox_gateway")
 
 SCOPE = "sandbox_gateway"
-# The export thread takes the queued lines every DRAIN seconds, or at once when WAKE are
-# queued: a wake-up (a thread switch) per line would cost the event loop more than the line.
-DRAIN = 0.2
-WAKE = 256
 _ENCODE = json.JSONEncoder(separators=(",", ":"), default=str).encode
-# gen_ai.provider.name (the GenAI conventions' well-known values) by credential preset.
-_PROVIDERS = {"openai": "openai", "anthropic": "anthropic", "gemini": "gcp.gemini",
-              "vertex": "gcp.vertex_ai", "azure-openai": "azure.ai.openai",
-              "azure_openai": "azure.ai.openai", "bedrock": "aws.bedrock",
-              "mistral": "mistral_ai", "groq": "groq", "deepseek": "deepseek",
-              "cohere": "cohere", "xai": "x_ai", "perplexity": "perplexity"}
 # the conventions' advised buckets (seconds; tokens)
 _DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
                      20.48, 40.96, 81.92)
@@ -88,7 +61,7 @@ _LOG_KEYS = ("sandbox_gateway.decision", "sandbox_gateway.policy", "sandbox_gate
 _METRIC_KEYS = ("gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model",
                 "gen_ai.response.model", "server.address", "error.type")
 # the line's scalar fields as span attributes (sandbox_gateway.* unless a convention names
-# it); each costs the export thread CPU, so what the log record has is not repeated (the
+# it); each costs the exporter CPU, so what the log record has is not repeated (the
 # listener, byte counts, scheme and port), and the reason only on a refusal
 _SPAN_FIELDS = (("decision", "sandbox_gateway.decision"), ("rule", "sandbox_gateway.rule"),
                 ("policy", "sandbox_gateway.policy"),
@@ -98,200 +71,105 @@ _SPAN_FIELDS = (("decision", "sandbox_gateway.decision"), ("rule", "sandbox_gate
                 ("credential", "sandbox_gateway.credential"),
                 ("method", "http.request.method"), ("host", "server.address"),
                 ("path", "url.path"), ("status", "http.response.status_code"))
+# time to first token: the GenAI conventions' span attribute (seconds) and client metric
+TTFC = "gen_ai.response.time_to_first_chunk"
+TTFC_METRIC = "gen_ai.client.operation.time_to_first_chunk"
+# content a policy opted into (telemetry: {content: true}), by the conventions' names
+_CONTENT = {"input": "gen_ai.input.messages", "output": "gen_ai.output.messages"}
+_OTHER_CONTENT = {"input": "sandbox_gateway.request.content",
+                  "output": "sandbox_gateway.response.content"}
 
 
-def operation(path: str | None, usage: Mapping[str, Any] | None) -> str | None:
-    """``gen_ai.operation.name`` of an inference call to `path` (None: not one)."""
-    if usage is None:
-        return None
-    path = path or ""
-    if "embed" in path:
-        return "embeddings"
-    if ":generateContent" in path or ":streamGenerateContent" in path:
-        return "generate_content"
-    if path.endswith("/completions") and not path.endswith("/chat/completions"):
-        return "text_completion"
-    return "chat"
-
-
-def provider_name(preset: str | None) -> str | None:
-    """``gen_ai.provider.name`` for a credential's preset."""
-    return None if preset is None else _PROVIDERS.get(preset, preset)
-
-
-def span_name(line: Mapping[str, Any]) -> str:
-    """``chat gpt-4o`` for an inference call, else ``METHOD host`` (``CONNECT host``)."""
-    usage = line.get("usage")
-    op = operation(line.get("path"), usage)
-    if op is not None:
-        model = _request_model(line)
-        return f"{op} {model}" if model else op
-    method = line.get("method")
-    host = line.get("host")
-    if method and host:
-        return f"{method} {host}"
-    return str(method or line.get("listener") or "connection")
-
-
-def _request_model(line: Mapping[str, Any]) -> str | None:
-    models = line.get("models")
-    if isinstance(models, list) and models and isinstance(models[0], str):
-        return models[0]
-    usage = line.get("usage")
-    model = usage.get("model") if isinstance(usage, Mapping) else None
-    return model if isinstance(model, str) else None
-
-
-def parent_of(trace_header: str | None) -> Any:
-    """The OpenTelemetry context whose span is the sandbox's (`trace`: a traceparent the
-    core checked), or None."""
-    if not trace_header:
-        return None
-    parts = trace_header.split("-")
-    try:
-        ctx = SpanContext(int(parts[1], 16), int(parts[2], 16), is_remote=True,
-                          trace_flags=TraceFlags(int(parts[3][:2], 16) & 1))
-    except (IndexError, ValueError):
-        return None
-    return trace.set_span_in_context(NonRecordingSpan(ctx))
-
-
-def _always(line: Mapping[str, Any]) -> bool:
-    """Whether `line`'s span is exported whatever `telemetry.sample` says: a refusal (or
-    any decision but allow), an inference call, an MCP message, or a request whose
-    sandbox sampled its trace (the traceparent's sampled flag)."""
-    trace_header = line.get("trace")
-    return (line.get("decision") != "allow" or line.get("usage") is not None
-            or line.get("mcp") is not None
-            or (isinstance(trace_header, str) and int(trace_header[-1], 16) & 1 == 1))
-
-
-class OtelSink:
-    """Exports audit lines over OTLP (see the module docstring)."""
+class OtelExport:
+    """Builds spans and log records from audit lines as OTLP messages (`otel_encode`)
+    and sends them in batches (`otel_send`); GenAI metrics through the SDK's meter
+    (aggregated histograms). See the module docstring."""
 
     def __init__(self, *, endpoint: str, protocol: str = "grpc",
                  headers: Mapping[str, str] | None = None, traces: bool = True,
                  logs: bool = False, metrics_on: bool = True,
                  service_name: str = "sandbox-gateway", queue: int = 8192,
-                 metrics_interval: float = 60.0, worker: int | None = None,
-                 sample: float = 1.0,
-                 preset_of: Callable[[str | None], str | None] = lambda _c: None) -> None:
+                 metrics_interval: float = 60.0, worker: int | None = None) -> None:
         attrs: dict[str, Any] = {"service.name": service_name}
         if worker is not None:
             attrs["sandbox_gateway.worker"] = worker
-        resource = Resource.create(attrs)
-        exporters = _exporters(protocol, endpoint, dict(headers or {}))
-        self.preset_of = preset_of
-        self.queue = queue
-        self.dropped = 0
-        self.sample = sample
-        self._lines: deque[tuple[dict[str, Any], int, bool]] = deque()
-        self._wake = threading.Event()
-        self._closed = False
-        self._tracer_provider: TracerProvider | None = None
-        self._logger_provider: LoggerProvider | None = None
+        res = otlp.resource(attrs)
+        sent = dict(headers or {})
+        self._spans: Sender | None = None
+        self._logs: Sender | None = None
         self._meter_provider: MeterProvider | None = None
-        self._tracer: Any = None
-        self._logger: Any = None
         self._tokens: Any = None
         self._duration: Any = None
+        self._first_chunk: Any = None
         if traces:
-            self._tracer_provider = TracerProvider(resource=resource)
-            self._tracer_provider.add_span_processor(BatchSpanProcessor(
-                exporters["traces"](), max_queue_size=queue,
-                max_export_batch_size=min(512, queue)))
-            self._tracer = self._tracer_provider.get_tracer(SCOPE)
+            self._spans = Sender("traces", protocol, endpoint, sent, lambda spans:
+                                 otlp.traces_request(res, SCOPE, spans), queue)
         if logs:
-            self._logger_provider = LoggerProvider(resource=resource)
-            self._logger_provider.add_log_record_processor(BatchLogRecordProcessor(
-                exporters["logs"](), max_queue_size=queue,
-                max_export_batch_size=min(512, queue)))
-            self._logger = self._logger_provider.get_logger(SCOPE)
+            self._logs = Sender("logs", protocol, endpoint, sent, lambda records:
+                                otlp.logs_request(res, SCOPE, records), queue)
         if metrics_on:
-            reader = PeriodicExportingMetricReader(
-                exporters["metrics"](), export_interval_millis=metrics_interval * 1000)
-            self._meter_provider = MeterProvider(resource=resource, metric_readers=[reader],
-                                                 views=[
-                View(instrument_name="gen_ai.client.operation.duration",
-                     aggregation=ExplicitBucketHistogramAggregation(_DURATION_BUCKETS)),
-                View(instrument_name="gen_ai.client.token.usage",
-                     aggregation=ExplicitBucketHistogramAggregation(_TOKEN_BUCKETS))])
-            meter = self._meter_provider.get_meter(SCOPE)
-            self._tokens = meter.create_histogram(
-                "gen_ai.client.token.usage", unit="{token}",
-                description="Tokens used per inference call, by gen_ai.token.type")
-            self._duration = meter.create_histogram(
-                "gen_ai.client.operation.duration", unit="s",
-                description="Duration of inference calls through the gateway")
-        self._thread = threading.Thread(target=self._run, name="otel-export", daemon=True)
-        self._thread.start()
+            self._metrics(Resource.create(attrs), _metric_exporter(protocol, endpoint, sent),
+                          metrics_interval)
 
-    # -- on the event loop: only a queue append ------------------------------------------
+    def _metrics(self, resource: Resource, exporter: Any, interval: float) -> None:
+        reader = PeriodicExportingMetricReader(exporter,
+                                               export_interval_millis=interval * 1000)
+        seconds = ExplicitBucketHistogramAggregation(_DURATION_BUCKETS)
+        self._meter_provider = MeterProvider(resource=resource, metric_readers=[reader], views=[
+            View(instrument_name="gen_ai.client.operation.duration", aggregation=seconds),
+            View(instrument_name=TTFC_METRIC, aggregation=seconds),
+            View(instrument_name="gen_ai.client.token.usage",
+                 aggregation=ExplicitBucketHistogramAggregation(_TOKEN_BUCKETS))])
+        meter = self._meter_provider.get_meter(SCOPE)
+        self._tokens = meter.create_histogram(
+            "gen_ai.client.token.usage", unit="{token}",
+            description="Tokens used per inference call, by gen_ai.token.type")
+        self._duration = meter.create_histogram(
+            "gen_ai.client.operation.duration", unit="s",
+            description="Duration of inference calls through the gateway")
+        self._first_chunk = meter.create_histogram(
+            TTFC_METRIC, unit="s",
+            description="Time from the request to the first chunk of a streamed answer")
 
-    def write(self, line: dict[str, Any]) -> None:
-        """Queue one audit line for export (never blocks, never raises)."""
-        traced = self._tracer is not None and (self.sample >= 1.0 or _always(line)
-                                               or random.random() < self.sample)  # noqa: S311
-        if not traced and self._logger is None and (self._tokens is None
-                                                    or line.get("usage") is None):
-            return  # (no span, no log record, no metric point)
-        if self._closed or len(self._lines) >= self.queue:
-            self.dropped += 1
-            metrics.TELEMETRY_DROPPED.inc()
-            return
-        self._lines.append((line, time.time_ns(), traced))
-        if len(self._lines) >= WAKE and not self._wake.is_set():
-            self._wake.set()  # (else the thread drains the queue every DRAIN seconds)
-
-    # -- the export thread ---------------------------------------------------------------
-
-    def _run(self) -> None:
-        while True:
-            self._wake.wait(DRAIN)
-            self._wake.clear()
-            while self._lines:
-                line, end, traced = self._lines.popleft()
-                try:
-                    self._emit(line, end, traced)
-                except Exception:  # (one bad line never stops the export)
-                    log.exception("telemetry: an audit line could not be exported")
-            if self._closed:
-                return
-
-    def _emit(self, line: dict[str, Any], end: int, traced: bool = True) -> None:
+    def emit(self, line: dict[str, Any], end: int, traced: bool = True,
+             provider: str | None = None, content: Mapping[str, Any] | None = None) -> None:
+        """One audit line (ended at `end`, ns): its span when `traced`, its log record
+        with `audit.otlp`, its metric points on an inference call. `provider`:
+        ``gen_ai.provider.name`` (the worker knows the credential's preset); `content`:
+        the redacted content a policy opted into."""
         start = end - int(float(line.get("duration_ms") or 0) * 1_000_000)
         usage = line.get("usage") if isinstance(line.get("usage"), Mapping) else None
         op = operation(line.get("path"), usage)
-        provider = provider_name(self.preset_of(line.get("credential"))) if op else None
-        attrs = self._attributes(line, usage, op, provider)
-        context = parent_of(line.get("trace"))
-        span_ctx: Any = None
-        if self._tracer is not None and traced:
-            span = self._tracer.start_span(span_name(line), context=context,
-                                           kind=SpanKind.SERVER, attributes=attrs,
-                                           start_time=start)
-            if line.get("error"):
-                span.set_status(Status(StatusCode.ERROR, str(line["error"])))
-            self._tools(span, line, start, end)
-            span.end(end_time=end)
-            span_ctx = span.get_span_context()
-        if self._logger is not None:
-            record = LogRecord(
-                timestamp=end, observed_timestamp=end,
-                context=trace.set_span_in_context(NonRecordingSpan(span_ctx))
-                if span_ctx is not None else context,
-                severity_text="INFO" if line.get("decision") != "deny" else "WARN",
-                severity_number=SeverityNumber.INFO if line.get("decision") != "deny"
-                else SeverityNumber.WARN,
-                body=_ENCODE(line), event_name="sandbox_gateway.audit",
-                attributes={k: attrs[k] for k in _LOG_KEYS if k in attrs})
-            self._logger.emit(record)
+        attrs = self._attributes(line, usage, op, provider if op else None)
+        parent = otlp.parent_of(line.get("trace"))
+        trace_id, own = (parent[0] if parent else os.urandom(16)), b""
+        if self._spans is not None and traced:
+            own = otlp.span_id()
+            span_attrs = attrs if not content else {**attrs, **_content(content, op)}
+            error = line.get("error")
+            self._spans.add(otlp.span(span_name(line), otlp.SERVER, trace_id, own,
+                                      parent[1] if parent else b"", start, end, span_attrs,
+                                      str(error) if error else None))
+            self._tools(trace_id, own, line, start, end, content)
+        if self._logs is not None:
+            self._logs.add(otlp.log_record(
+                _ENCODE(line), end, {k: attrs[k] for k in _LOG_KEYS if k in attrs},
+                line.get("decision") == "deny", trace_id if own or parent else b"",
+                own or (parent[1] if parent else b"")))
         if op is not None and self._tokens is not None and usage is not None:
             base: dict[str, Any] = {k: attrs[k] for k in _METRIC_KEYS if k in attrs}
             for kind, key in (("input", "input_tokens"), ("output", "output_tokens")):
                 if isinstance(usage.get(key), int):
                     self._tokens.record(usage[key], {**base, "gen_ai.token.type": kind})
             self._duration.record((end - start) / 1e9, base)
+            if TTFC in attrs:
+                self._first_chunk.record(attrs[TTFC], base)
+
+    def tick(self) -> None:
+        """Send the batches that waited long enough (the exporter's loop, when idle)."""
+        for sender in (self._spans, self._logs):
+            if sender is not None:
+                sender.tick()
 
     def _attributes(self, line: Mapping[str, Any], usage: Mapping[str, Any] | None,
                     op: str | None, provider: str | None) -> dict[str, Any]:
@@ -310,7 +188,7 @@ class OtelSink:
             attrs["gen_ai.operation.name"] = op
             if provider:
                 attrs["gen_ai.provider.name"] = provider
-            model = _request_model(line)
+            model = request_model(line)
             if model:
                 attrs["gen_ai.request.model"] = model
             if isinstance(usage.get("model"), str):
@@ -320,14 +198,19 @@ class OtelSink:
                     attrs[f"gen_ai.usage.{key}"] = usage[key]
             if isinstance(usage.get("cost_usd"), int | float):
                 attrs["sandbox_gateway.cost_usd"] = usage["cost_usd"]
+            first = usage.get("first_chunk_ms")
+            if isinstance(first, int | float) and not isinstance(first, bool):
+                attrs[TTFC] = first / 1000
         return attrs
 
-    def _tools(self, parent: Any, line: Mapping[str, Any], start: int, end: int) -> None:
-        """The line's MCP tool calls, as child tool-execution spans."""
+    def _tools(self, trace_id: bytes, parent: bytes, line: Mapping[str, Any], start: int,
+               end: int, content: Mapping[str, Any] | None) -> None:
+        """The line's MCP tool calls, as child tool-execution spans (with the arguments
+        and result the content exported holds)."""
         calls = line.get("mcp")
-        if not isinstance(calls, list):
+        if not isinstance(calls, list) or self._spans is None:
             return
-        context = trace.set_span_in_context(parent)
+        tools = _tool_calls(content) if content else {}
         for call in calls:
             if not isinstance(call, Mapping) or call.get("method") != "tools/call":
                 continue
@@ -339,58 +222,83 @@ class OtelSink:
                 attrs["gen_ai.tool.name"] = name
             if line.get("host"):
                 attrs["server.address"] = line["host"]
-            span = self._tracer.start_span(f"tools/call {name}" if name else "tools/call",
-                                           context=context, kind=SpanKind.CLIENT,
-                                           attributes=attrs, start_time=start)
+            if isinstance(name, str) and name in tools:
+                attrs.update(tools[name])
+            error = None
             if call.get("decision") == "deny":
-                span.set_status(Status(StatusCode.ERROR, "mcp_denied"))
-                span.set_attribute("error.type", line.get("error") or "mcp_denied")
-            span.end(end_time=end)
-
-    # -- the stop ------------------------------------------------------------------------
+                error = "mcp_denied"
+                attrs["error.type"] = line.get("error") or "mcp_denied"
+            self._spans.add(otlp.span(f"tools/call {name}" if name else "tools/call",
+                                      otlp.CLIENT, trace_id, otlp.span_id(), parent, start,
+                                      end, attrs, error))
 
     def close(self, timeout: float = 5.0) -> None:
-        """Export what is queued (at most `timeout` seconds), then stop (blocking: call it
-        from a thread)."""
-        self._closed = True
-        self._wake.set()
-        self._thread.join(timeout)
-        for provider in (self._tracer_provider, self._logger_provider):
-            if provider is not None:
-                provider.force_flush(int(timeout * 1000))
-                provider.shutdown()
+        """Export what is built (at most `timeout` seconds each), then stop."""
+        for sender in (self._spans, self._logs):
+            if sender is not None:
+                sender.close(timeout)
         if self._meter_provider is not None:
             self._meter_provider.shutdown(timeout_millis=timeout * 1000)
 
 
-def _exporters(protocol: str, endpoint: str,
-               headers: dict[str, str]) -> dict[str, Callable[[], Any]]:
-    """Constructors of the OTLP exporters for `protocol` (their modules imported here)."""
+def _content(content: Mapping[str, Any], op: str | None) -> dict[str, str]:
+    """The exchange's content attributes (as the worker redacted them): the GenAI
+    conventions' input and output messages on an inference call, else the request's and
+    answer's content."""
+    names = _CONTENT if op is not None else _OTHER_CONTENT
+    return {name: content[key] for key, name in names.items()
+            if isinstance(content.get(key), str)}
+
+
+def _messages(text: Any) -> list[Any]:
+    """JSON-RPC messages in a body: one object, a batch, or SSE ``data:`` lines."""
+    if not isinstance(text, str):
+        return []
+    try:
+        docs = [json.loads(text)]
+    except ValueError:
+        docs = []
+        for row in text.splitlines():
+            if row.startswith("data:"):
+                try:
+                    docs.append(json.loads(row[5:]))
+                except ValueError:
+                    continue
+    out: list[Any] = []
+    for doc in docs:
+        out.extend(doc if isinstance(doc, list) else [doc])
+    return [m for m in out if isinstance(m, dict)]
+
+
+def _tool_calls(content: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """Each ``tools/call`` of the request's content by tool name: its arguments and the
+    answer's result (or error) of the same id, as JSON text."""
+    found: dict[str, dict[str, str]] = {}
+    ids: dict[str, str] = {}
+    for message in _messages(content.get("input")):
+        params = message.get("params")
+        if message.get("method") == "tools/call" and isinstance(params, dict) and \
+                isinstance(params.get("name"), str) and params["name"] not in found:
+            found[params["name"]] = {"gen_ai.tool.call.arguments": _ENCODE(
+                params.get("arguments"))}
+            ids[json.dumps(message.get("id"))] = params["name"]
+    for message in _messages(content.get("output")):
+        name = ids.get(json.dumps(message.get("id")))
+        if name is not None:
+            answer = message.get("result", message.get("error"))
+            found[name]["gen_ai.tool.call.result"] = _ENCODE(answer)
+    return found
+
+
+def _metric_exporter(protocol: str, endpoint: str, headers: dict[str, str]) -> Any:
+    """The SDK's OTLP metric exporter for `protocol` (its module imported here)."""
     if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
             OTLPMetricExporter,
         )
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        insecure = endpoint.startswith("http://")
-        grpc_headers = tuple(headers.items()) or None
-        return {
-            "traces": lambda: OTLPSpanExporter(endpoint=endpoint, insecure=insecure,
-                                               headers=grpc_headers),
-            "logs": lambda: OTLPLogExporter(endpoint=endpoint, insecure=insecure,
-                                            headers=grpc_headers),
-            "metrics": lambda: OTLPMetricExporter(endpoint=endpoint, insecure=insecure,
-                                                  headers=grpc_headers)}
-    from opentelemetry.exporter.otlp.proto.http._log_exporter import (
-        OTLPLogExporter as HttpLogs,
-    )
+        return OTLPMetricExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"),
+                                  headers=tuple(headers.items()) or None)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
         OTLPMetricExporter as HttpMetrics,
     )
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-        OTLPSpanExporter as HttpSpans,
-    )
-    return {
-        "traces": lambda: HttpSpans(endpoint=f"{endpoint}/v1/traces", headers=headers),
-        "logs": lambda: HttpLogs(endpoint=f"{endpoint}/v1/logs", headers=headers),
-        "metrics": lambda: HttpMetrics(endpoint=f"{endpoint}/v1/metrics", headers=headers)}
+    return HttpMetrics(endpoint=f"{endpoint}/v1/metrics", headers=headers)

@@ -251,6 +251,8 @@ class Exchange(ExchangeState):
             plain = redacted if redacted is not None else plain
         relayed = self._mcp.check(plain) if self._mcp is not None and self._mcp.reads \
             else None
+        if self.content is not None:
+            self.content.request(plain, self.head.headers.get("content-type"))
         return plain, encoded, relayed, redacted is not None
 
     def _whole_out(self, body: bytes, plain: bytes | None, encoded: bool,
@@ -354,7 +356,7 @@ class Exchange(ExchangeState):
                               port=self.target.port, path=self.target.path,
                               started=self.started, usage=self._complete(),
                               mcp=self.mcp_calls, models=self.models,
-                              trace=self.trace,
+                              trace=self.trace, content=self._content(),
                               dlp=self.dlp.found if self.dlp is not None else None)
         return self.trail.render(refusal, self.target.host)
 
@@ -382,12 +384,15 @@ class Exchange(ExchangeState):
             bytes_in=self.bytes_in, bytes_out=self.bytes_out, started=self.started,
             path_taken="intercept", credential=self.credential, usage=usage,
             mcp=self.mcp_calls, models=self.models, trace=self.trace,
-            dlp=self.dlp.found if self.dlp is not None else None)
+            dlp=self.dlp.found if self.dlp is not None else None, content=self._content())
 
     def _complete(self) -> dict[str, Any] | None:
         """The metering step at the end (`finish` or `abort`, whichever comes first and
         only once): the audit line's ``usage``."""
         return self._metering.complete() if self._metering is not None else None
+
+    def _content(self) -> dict[str, str] | None:
+        return self.content.export() if self.content is not None else None
 
     @property
     def elapsed(self) -> float:

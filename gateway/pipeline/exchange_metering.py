@@ -47,6 +47,8 @@ class MeteredSteps:
         self.metered: MeteredCall | None = None  # what the step admitted
         self.feed: Callable[[bytes], None] | None = None  # the meter's, per chunk
         self.held: list[bytes] | None = None  # an answer read before relaying
+        self.first_chunk: float | None = None  # when the answer's first body chunk came
+        self.streamed = False  # the answer streams (core/metering/streams.py)
 
     def reads_body(self) -> bool:
         """The step needs the body whole: an inference call, or a model allowlist
@@ -151,9 +153,13 @@ class MeteredSteps:
         if self.metered is None:
             return None
         head = self.ex.response_head
-        return self.metering.complete(self.metered, head.status if head else 0,
-                                      self.ex.trail.clock(), sent=not self.ex.unsent
-                                      ).as_record()
+        record = self.metering.complete(self.metered, head.status if head else 0,
+                                        self.ex.trail.clock(), sent=not self.ex.unsent
+                                        ).as_record()
+        if record is not None and self.streamed and self.first_chunk is not None:
+            # time to first token: from the request's start to the answer's first chunk
+            record["first_chunk_ms"] = round((self.first_chunk - self.ex.started) * 1000, 3)
+        return record
 
 
 def _lane(data: bytes) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from gateway.core.encodings import Decoder, EncodingError, decoder_for
 from gateway.core.leaks import Redactor
 from gateway.core.messages import ResponseHead
+from gateway.core.metering.streams import streamed
 from gateway.core.refusal import Refusal
 from gateway.core.secret_value import SecretValue
 from gateway.pipeline.exchange_mcp import McpCalls
@@ -70,9 +71,10 @@ class ResponseSide:
         ex.response_head = head
         if ex.oauth is not None:  # (the server refused the gateway's token: not relayed)
             ex.oauth.answered(head)
-        if metered is not None and metered.metered is not None and \
-                metered.metered.meter is not None:
-            metered.metered.head(head.headers.get)
+        if metered is not None and metered.metered is not None:
+            if metered.metered.meter is not None:
+                metered.metered.head(head.headers.get)
+            metered.streamed = streamed(ex.target.path, head.headers.get("content-type"))
         if mcp is not None and not no_body(ex.head.method, head.status):
             mcp.read_answers(head)
         if secret is None:
@@ -110,6 +112,23 @@ class ResponseSide:
              metered: MeteredSteps | None) -> bytes:
         """One response body chunk as it should reach the client."""
         self.ex.bytes_in += len(chunk)
+        if metered is not None and metered.first_chunk is None and chunk:
+            metered.first_chunk = self.ex.trail.clock()  # (time to first token)
+        out = self._relayed(chunk, mcp, metered)
+        if self.ex.content is not None:
+            self._keep(out)
+        return out
+
+    def _keep(self, out: bytes) -> None:
+        """The answer as relayed, for the content its policy exports (if it does)."""
+        content = self.ex.content
+        if content is not None and out:  # (the caller checked; mypy did not)
+            head = self.ex.response_head
+            get = head.headers.get if head is not None else (lambda _name: None)
+            content.answer(out, get("content-encoding"), get("content-type"))
+
+    def _relayed(self, chunk: bytes, mcp: McpCalls | None,
+                 metered: MeteredSteps | None) -> bytes:
         answers = mcp.answers if mcp is not None else None
         redactor = self.redactor
         if redactor is None and answers is None:
@@ -146,7 +165,10 @@ class ResponseSide:
         if answers is not None and mcp is not None:
             out = answers.feed(out) + answers.end()
             mcp.note_answers()
-        return metered.release(out) if metered is not None else out
+        out = metered.release(out) if metered is not None else out
+        if self.ex.content is not None:
+            self._keep(out)
+        return out
 
     def trailers(self, fields: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         """Response trailers as they should reach the client (echoes redacted)."""

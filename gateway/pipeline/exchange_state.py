@@ -18,6 +18,7 @@ from gateway.core.ports import Secrets
 from gateway.core.refusal import Refusal
 from gateway.core.target import Target
 from gateway.core.trail import Trail
+from gateway.pipeline.exchange_content import ContentCapture
 from gateway.pipeline.exchange_dlp import DlpCheck
 from gateway.pipeline.exchange_oauth import OAuthUse
 
@@ -51,6 +52,7 @@ class ExchangeState:
     unsent: bool = False
     dlp: DlpCheck | None = None  # outbound credential detection (a rule with dlp:)
     oauth: OAuthUse | None = None  # an MCP server's token the gateway holds (mcp.oauth)
+    content: ContentCapture | None = None  # exported content (telemetry: {content: true})
 
     def __post_init__(self) -> None:
         """(What a subclass sets up after the fields: the dataclass calls it.)"""

@@ -17,6 +17,7 @@ import logging
 
 from gateway.core import credentials, local_api, target
 from gateway.core.client import Client
+from gateway.core.dlp import DEFAULT
 from gateway.core.dlp.policy import resolve
 from gateway.core.evaluate import Routed
 from gateway.core.local_api import INTERNAL_HOST
@@ -28,6 +29,7 @@ from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal
 from gateway.core.trail import rule_of
 from gateway.pipeline.asking import Asking
 from gateway.pipeline.exchange import Exchange
+from gateway.pipeline.exchange_content import ContentCapture
 from gateway.pipeline.exchange_dlp import DlpCheck
 from gateway.pipeline.oauthing import OAuthing
 from gateway.pipeline.parts import Parts
@@ -136,6 +138,10 @@ class Requests:
         mcp_rule = decision.rule.mcp if decision.rule is not None else None
         if mcp_rule is not None and mcp_rule.oauth is not None:
             await self.oauthing.attach(ex, mcp_rule.oauth)
+        if parts.trail.content_sink is not None and parts.policy(ex.identity).telemetry_content:
+            ex.content = ContentCapture(ex.dlp.scanner if ex.dlp is not None else
+                                        parts.detectors.scanner().only(DEFAULT)
+                                        if parts.detectors is not None else None)
         await self.signing.apply(ex, swap, path)
 
     def _detect(self, ex: Exchange, path: str) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -92,7 +93,7 @@ if TYPE_CHECKING:
 
     from gateway.engines.dns import DnsServer
     from gateway.engines.mitm import Adapter
-    from gateway.observability.otel import OtelSink
+    from gateway.observability.otel_process import ExporterProcess
     from gateway.services.identity.kubernetes import PodIdentities
 
 log = logging.getLogger("sandbox_gateway")
@@ -179,7 +180,7 @@ class Gateway:
         self.admin_token = ""
         self.admin_token_created = False
         self.policy_set: PolicySet | None = None
-        self.otel: OtelSink | None = None  # telemetry.endpoint set
+        self.otel: ExporterProcess | None = None  # telemetry.endpoint set
         self.doors: Doors | None = None
         self.metering: Metering | None = None
         self.fd_limit = 0
@@ -285,8 +286,15 @@ class Gateway:
                  len(policy_set.policies), policy_set.rule_count, policy_set.revision)
         if self.metering is not None:
             self._metering_problems(policy_set)
-        if self.detectors is not None and policy_set.uses_dlp and not self.detectors.built:
+        if self.detectors is not None and self._needs_detectors(policy_set) and \
+                not self.detectors.built:
             self.detectors.build()  # (now, not on the first request that needs them)
+
+    def _needs_detectors(self, policy_set: PolicySet) -> bool:
+        """Outbound credential detection is used: a `dlp:` section, or content exported
+        (`telemetry: {content: true}` with an exporter) that it redacts."""
+        return policy_set.uses_dlp or (self.config.telemetry.endpoint is not None
+                                       and policy_set.exports_content)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -394,7 +402,7 @@ class Gateway:
                 ensure_salt(cfg.dlp.salt_file or cfg.certs / SALT_FILE), BODY_HOLD_LIMIT)
         except (OSError, ValueError) as exc:
             raise StartupError(f"dlp.salt_file: {exc}") from None
-        if self.policy_set.uses_dlp:
+        if self._needs_detectors(self.policy_set):
             self.detectors.build()
         self.key_watcher = SigningKeyWatcher(cfg.signing_dir, cfg.tokens.retired_kids)
         try:
@@ -461,8 +469,7 @@ class Gateway:
                 "audit: cannot write to stdout"
             raise StartupError(f"{where}: {exc.strerror or exc}") from None
         self.auditor.start()  # (a previous run's spilled lines first)
-        self.otel = self._otel_sink()
-        self.audit_write = self.auditor.write if self.otel is None else self._audit_both
+        self.audit_write = self.auditor.write
         if cfg.console.retain or cfg.console.retain_bytes:  # audit lines also to the console
             self.state.log_retain = cfg.console.retain
             self.state.log_retain_bytes = cfg.console.retain_bytes or \
@@ -474,6 +481,7 @@ class Gateway:
             except StateUnavailable as exc:
                 log.warning("request log: %s; the console's request log is held and "
                             "retried (the audit trail is not affected)", exc)
+        self.otel = self._otel_exporter()  # (taps the audit lines the sink writes)
         self.proxy = self._build_proxy()
         try:
             self.secrets: SecretCache = build_cache(
@@ -505,6 +513,9 @@ class Gateway:
             pins=self._approvals().pins, state_health=self.state_health,
             capacity=self.memory, detectors=self.detectors,
             mcp_tokens=self._build_mcp_oauth())
+        if self.otel is not None:  # (policies with telemetry: {content: true} export it)
+            self.gate.parts.trail.content_sink = functools.partial(
+                self.otel.feed.with_content, self.audit_write, logs.REDACTION.redact)
         # (the grants and tool pins that outlived a restart; then what is written anywhere)
         await self._approvals().start()
         await self._start_dns(shared)
@@ -615,29 +626,45 @@ class Gateway:
         return MemoryGuard(ceiling, open_connections=lambda: self.gate.open_connections,
                            compact=compact)
 
-    def _otel_sink(self) -> OtelSink | None:
-        """The OpenTelemetry sink (`telemetry.endpoint`), or None: off, and the SDK not
-        imported (gateway/observability/otel.py)."""
+    def _otel_exporter(self) -> ExporterProcess | None:
+        """The OpenTelemetry exporter process (`telemetry.endpoint`) fed every audit line
+        the sink writes, or None: off (gateway/observability/otel_process.py). The SDK is
+        imported only in that process, never here."""
         tel = self.config.telemetry
         if tel.endpoint is None:
             return None
-        from gateway.observability.otel import OtelSink  # (only when configured)
+        from gateway.observability.otel_feed import OtelFeed
+        from gateway.observability.otel_process import ExporterProcess
 
         def preset_of(credential: str | None) -> str | None:
             found = self.current_policies().credentials.get(credential or "")
             return None if found is None else found.preset
 
-        return OtelSink(endpoint=tel.endpoint, protocol=tel.protocol, headers=tel.headers,
-                        traces=tel.traces, logs=self.config.audit.otlp,
-                        metrics_on=tel.metrics, service_name=tel.service_name,
-                        queue=tel.queue, metrics_interval=tel.metrics_interval,
-                        worker=self.worker, sample=tel.sample, preset_of=preset_of)
-
-    def _audit_both(self, record: dict[str, Any]) -> None:
-        """An audit line to the JSON sink, then to the OpenTelemetry one (queued)."""
-        self.auditor.write(record)
-        if self.otel is not None:
-            self.otel.write(record)
+        feed = OtelFeed(traces=tel.traces, logs=self.config.audit.otlp,
+                        metrics_on=tel.metrics, sample=tel.sample, queue=tel.queue,
+                        preset_of=preset_of)
+        exporter = ExporterProcess({
+            "endpoint": tel.endpoint, "protocol": tel.protocol, "headers": dict(tel.headers),
+            "traces": tel.traces, "logs": self.config.audit.otlp,
+            "metrics_on": tel.metrics, "service_name": tel.service_name,
+            "queue": tel.queue, "metrics_interval": tel.metrics_interval,
+            "worker": self.worker}, feed)
+        try:
+            exporter.start()
+        except OSError as exc:
+            raise StartupError(f"telemetry: cannot start the exporter process: {exc}") from None
+        exporter.watch()  # (restarts it if it exits)
+        tap = self.auditor.tap
+        if tap is None:
+            self.auditor.tap = feed.tap
+        else:
+            def both(record: dict[str, Any], now: float, line: bytes) -> None:
+                try:
+                    tap(record, now, line)
+                finally:
+                    feed.tap(record, now, line)
+            self.auditor.tap = both
+        return exporter
 
     def _audit_spill(self) -> Spill | None:
         """The audit spill journal (`audit.spill`; None with `max: 0`). A worker keeps its
@@ -932,8 +959,8 @@ class Gateway:
             await self._vault_http.close()
         logs.SOURCES.remove(self._log_source)
         await self.auditor.aclose()
-        if self.otel is not None:  # (what is queued exported; blocking, in a thread)
-            await asyncio.to_thread(self.otel.close)
+        if self.otel is not None:  # (what is queued exported by the exporter process)
+            await self.otel.close()
         if self.doors is not None:
             self.leaves.close()
         if self._tmp is not None:

@@ -118,6 +118,24 @@ def test_policy_check_bad(cli: Cli, tmp_path: Path) -> None:
     assert re.match(rf"^{len(problems)} error\(s\) in {re.escape(str(bad))}$", lines[-1])
 
 
+def test_policy_check_reads_telemetry_content(cli: Cli, tmp_path: Path) -> None:
+    """`telemetry: {content: true}` passes `policy check`; a value that is not a boolean,
+    or another key, is a problem with its line."""
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / "a.yaml").write_text("version: v1\nname: a\ntelemetry: {content: true}\n")
+    assert cli("policy", "check", str(good))[0] == 0
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "a.yaml").write_text("version: v1\nname: a\ntelemetry:\n  content: always\n"
+                                "  prompts: true\n")
+    code, out, err = cli("policy", "check", str(bad))
+    assert code == 1 and out == ""
+    assert err.splitlines()[:2] == [
+        "bad/a.yaml:4: telemetry.content must be true or false",
+        'bad/a.yaml:5: unknown key "prompts" in telemetry; known keys: content']
+
+
 def test_policy_check_empty_or_missing_dir(cli: Cli, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     for directory in ("empty", "nope"):

@@ -57,3 +57,32 @@ def test_the_trail_checks_what_the_request_sent(header: str, expected: str | Non
     trail.refuse(client, Refusal("policy_denied", "no"), method="GET", host="a.test",
                  trace=header)
     assert [line["trace"] for line in lines] == [expected, expected]
+
+
+def test_content_goes_to_the_content_sink_and_never_into_the_line() -> None:
+    """A line with content (`telemetry: {content: true}`) goes to `content_sink` with
+    it, beside the line; without a content sink (no exporter) the content is dropped and
+    the line goes as any other; the line never carries it."""
+    from typing import Any
+
+    from gateway.core.client import Client
+    from gateway.core.policy import PolicySet
+    from gateway.core.refusal import Refusal
+    from gateway.core.trail import Trail
+
+    lines: list[dict[str, Any]] = []
+    with_content: list[tuple[dict[str, Any], dict[str, str]]] = []
+    trail = Trail(lines.append, lambda: PolicySet({}, {}, revision="r1"), clock=lambda: 5.0)
+    client = Client(("127.0.0.1", 5000))
+    content = {"input": "the prompt"}
+    trail.audit(client, decision="allow", reason="ok", rule=None, method="POST",
+                content=content)  # (no content sink: as any line)
+    trail.content_sink = lambda line, found: with_content.append((line, found))
+    trail.audit(client, decision="allow", reason="ok", rule=None, method="POST",
+                content=content)
+    trail.refuse(client, Refusal("policy_denied", "no"), method="POST", content=content)
+    trail.audit(client, decision="allow", reason="ok", rule=None, method="GET")
+    assert [line["method"] for line in lines] == ["POST", "GET"]
+    assert [(line["decision"], found) for line, found in with_content] == [
+        ("allow", content), ("deny", content)]
+    assert "the prompt" not in repr(lines + [line for line, _ in with_content])

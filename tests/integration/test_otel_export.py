@@ -19,12 +19,14 @@ import httpx
 import openai
 import pytest
 from fakes.inference import FakeInference
+from helpers.dlp_corpus import fake as fake_credential
 from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.otlp_receiver import OtlpReceiver
 from helpers.tls import LocalCA
 from helpers.upstream import Upstream
 
 KEY = "sk-otel-test-provider-key-5b1e"
+GH = fake_credential("github").text
 POLICY = """
 version: v1
 name: agent
@@ -207,3 +209,96 @@ def test_refusal_inference_and_mcp_arrive_as_spans_logs_and_metrics(
     raw = bytes(receiver.raw)
     for secret in (KEY, token, "secret prompt", "collector-secret-9f2", "key=abc"):
         assert secret.encode() not in raw, secret
+    # Without telemetry: {content: true} nothing of a body goes: not the completion, not
+    # the MCP call's arguments, no content attribute.
+    assert b"fake provider" not in raw and b'"query"' not in raw
+    assert not [k for s in spans for k in s["attributes"]
+                if k.startswith(("gen_ai.input", "gen_ai.output", "gen_ai.tool.call.",
+                                 "sandbox_gateway.request.content"))]
+
+
+CONTENT_POLICY = POLICY + """---
+version: v1
+name: talker
+telemetry: {content: true}
+egress:
+  - host: api.openai.com
+    credential: openai
+    models: ["gpt-4o-mini*"]
+  - host: allowed.test
+    mcp:
+      tools: {allow: ["search_*"]}
+"""
+
+
+@pytest.mark.parametrize("intercept", ["fast", "mitmproxy"])
+def test_time_to_first_chunk_and_content_only_where_a_policy_opts_in(
+        receiver: OtlpReceiver, make_gateway: GatewayFactory, tmp_path: Path,
+        fake: FakeInference, upstream: Upstream, test_ca: LocalCA,
+        monkeypatch: pytest.MonkeyPatch, intercept: str) -> None:
+    """A streamed call's span has the time to its first chunk (both policies); only the
+    policy with `telemetry: {content: true}` exports its prompt, completion and tool
+    arguments, with a credential in the prompt replaced; the other policy's spans carry
+    none, and the audit lines (log records) never do."""
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")
+    monkeypatch.setenv("OTEL_BLRP_SCHEDULE_DELAY", "200")
+    secrets = tmp_path / "s.yaml"
+    secrets.write_text(f"provider-key: {KEY}\n")
+    secrets.chmod(0o600)
+    bundle = tmp_path / "upstream-ca.pem"
+    bundle.write_bytes(Path(test_ca.cert_path).read_bytes() + fake.ca_path.read_bytes())
+    gw = make_gateway({"agent.yaml": CONTENT_POLICY}, config={
+        "secrets": {"store": "file", "path": str(secrets)},
+        "network": {"intercept": intercept, "upstream_ca": str(bundle),
+                    "resolve": {"api.openai.com": f"127.0.0.1:{fake.port}",
+                                "allowed.test": f"127.0.0.1:{upstream.port}"}},
+        "telemetry": {"endpoint": receiver.grpc_endpoint, "metrics_interval": "1s"},
+        "audit": {"otlp": True}})
+    verify = ssl.create_default_context(cafile=gw.ca_cert)
+    prompts = {"agent": "plain agent prompt", "talker": "talker prompt, key " + GH}
+    for policy in ("agent", "talker"):
+        token = gw.mint(policy)
+        with httpx.Client(proxy=gw.proxy_url(token), verify=verify, timeout=20) as http:
+            oai = openai.OpenAI(api_key=token, http_client=http, max_retries=0)
+            stream = oai.chat.completions.create(
+                model="gpt-4o-mini", stream=True,
+                messages=[{"role": "user", "content": prompts[policy]}],
+                extra_headers={"x-policy": policy})
+            text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+            assert text == "The fake provider answers."
+            if policy == "talker":
+                answer = http.post("https://allowed.test/mcp/answer/json",
+                                   content=_mcp_call("search_issues", 7),
+                                   headers={"content-type": "application/json",
+                                            "accept": "application/json, text/event-stream"})
+                assert answer.status_code == 200, answer.text
+
+    def arrived() -> bool:
+        spans = receiver.spans()
+        return sum(s["name"] == "chat gpt-4o-mini" for s in spans) == 2 and \
+            any(s["name"] == "tools/call search_issues" for s in spans) and \
+            len(receiver.logs()) >= 3 and \
+            "gen_ai.client.operation.time_to_first_chunk" in receiver.metrics()
+    assert receiver.wait(arrived), sorted(s["name"] for s in receiver.spans())
+    spans = receiver.spans()
+    chats = {s["attributes"]["sandbox_gateway.policy"]: s for s in spans
+             if s["name"] == "chat gpt-4o-mini"}
+    for span in chats.values():  # time to first chunk: within the call
+        first = span["attributes"]["gen_ai.response.time_to_first_chunk"]
+        assert 0 < first * 1e9 <= span["end"] - span["start"]
+    lines = [line for line in gw.audit.records() if line.get("usage")]
+    assert all(0 < line["usage"]["first_chunk_ms"] <= line["duration_ms"] for line in lines)
+    assert receiver.metrics()["gen_ai.client.operation.time_to_first_chunk"]
+
+    talker = chats["talker"]["attributes"]
+    assert "talker prompt, key [REDACTED]" in talker["gen_ai.input.messages"]
+    assert "provider" in talker["gen_ai.output.messages"]  # (the SSE deltas as relayed)
+    tool = next(s for s in spans if s["name"] == "tools/call search_issues")["attributes"]
+    assert json.loads(tool["gen_ai.tool.call.arguments"]) == {"query": "q"}
+    assert "tools" in json.loads(tool["gen_ai.tool.call.result"])
+    assert not [k for k in chats["agent"]["attributes"] if k.startswith("gen_ai.input")]
+    raw = bytes(receiver.raw)
+    for secret in (GH, KEY, prompts["agent"]):
+        assert secret.encode() not in raw, secret
+    for record in receiver.logs():  # (the audit line: no content ever)
+        assert "talker prompt" not in record["body"] and "fake provider" not in record["body"]

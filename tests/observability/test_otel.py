@@ -1,23 +1,23 @@
-"""The OpenTelemetry sink (observability/otel.py) against a real OTLP receiver
-(helpers/otlp_receiver.py): names and GenAI attributes from audit lines, a sandbox's
-unsampled trace, what is dropped when the queue is full, and that the SDK is imported
-only when `telemetry.endpoint` is set."""
+"""The exporter's SDK side (observability/otel.py, run in the exporter process) against a
+real OTLP receiver (helpers/otlp_receiver.py): spans, log records and GenAI metrics from
+audit lines, a sandbox's trace continued or not sampled, time to first chunk, the
+content a policy exports (and none without it), and a line that cannot be read."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from helpers.otlp_receiver import OtlpReceiver
 
-from gateway.observability import metrics
-from gateway.observability.otel import OtelSink, operation, provider_name, span_name
+from gateway.observability.otel import TTFC, TTFC_METRIC, OtelExport
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+USAGE = {"model": "gpt-4o-2024-08-06", "input_tokens": 11, "output_tokens": 7,
+         "cached_input_tokens": None, "cost_usd": 0.001}
 
 
 def _line(**over: Any) -> dict[str, Any]:
@@ -33,58 +33,31 @@ def _line(**over: Any) -> dict[str, Any]:
     return line
 
 
-USAGE = {"model": "gpt-4o-2024-08-06", "input_tokens": 11, "output_tokens": 7,
-         "cached_input_tokens": None, "cost_usd": 0.001}
-NAMES = [
-    (_line(usage=USAGE, models=["gpt-4o"]), "chat gpt-4o"),
-    (_line(usage=USAGE), "chat gpt-4o-2024-08-06"),  # no request model: the response's
-    (_line(usage=USAGE, path="/v1/embeddings", models=["te-3"]), "embeddings te-3"),
-    (_line(usage=USAGE, path="/v1/completions", models=["d"]), "text_completion d"),
-    (_line(usage=USAGE, path="/v1beta/models/g:generateContent", models=["g"]),
-     "generate_content g"),
-    (_line(), "POST api.openai.com"),
-    (_line(method="CONNECT", host="x.test", path=None), "CONNECT x.test"),
-    (_line(method=None, host=None), "proxy"),
-]
-
-
-@pytest.mark.parametrize(("line", "name"), NAMES)
-def test_span_names(line: dict[str, Any], name: str) -> None:
-    assert span_name(line) == name
-
-
-@pytest.mark.parametrize(("preset", "name"), [
-    ("openai", "openai"), ("anthropic", "anthropic"), ("gemini", "gcp.gemini"),
-    ("azure-openai", "azure.ai.openai"), ("bedrock", "aws.bedrock"),
-    ("mistral", "mistral_ai"), ("someone", "someone"), (None, None)])
-def test_provider_names(preset: str | None, name: str | None) -> None:
-    assert provider_name(preset) == name
-
-
-def test_no_operation_without_usage() -> None:
-    assert operation("/v1/chat/completions", None) is None
-
-
 @pytest.fixture
 def receiver() -> Iterator[OtlpReceiver]:
     with OtlpReceiver() as server:
         yield server
 
 
-def _sink(receiver: OtlpReceiver, **kw: Any) -> OtelSink:
-    return OtelSink(endpoint=receiver.grpc_endpoint, logs=True, metrics_interval=3600,
-                    preset_of=lambda c: "openai" if c == "openai" else None, **kw)
+def _export(receiver: OtlpReceiver, **kw: Any) -> OtelExport:
+    return OtelExport(endpoint=receiver.grpc_endpoint, logs=True, metrics_interval=3600, **kw)
+
+
+def _emit(export: OtelExport, line: dict[str, Any], traced: bool = True,
+          provider: str | None = None, content: dict[str, Any] | None = None) -> None:
+    export.emit(line, time.time_ns(), traced, provider, content)
 
 
 def test_spans_logs_and_metrics_from_lines(receiver: OtlpReceiver) -> None:
-    sink = _sink(receiver, worker=2)
-    sink.write(_line(usage=USAGE, models=["gpt-4o"], trace=f"00-{TRACE}-00f067aa0ba902b7-01",
-                     workload={"namespace": "ns", "pod": "p-1"}))
-    sink.write(_line(method="CONNECT", host="blocked.test", path=None, decision="deny",
-                     error="host_not_allowed", credential=None, status=403))
-    # a sandbox that did not sample its trace: no span, the log record still goes
-    sink.write(_line(host="unsampled.test", trace=f"00-{TRACE}-00f067aa0ba902b8-00"))
-    sink.close()  # (exports what is queued)
+    export = _export(receiver, worker=2)
+    _emit(export, _line(usage=USAGE, models=["gpt-4o"], trace=f"00-{TRACE}-00f067aa0ba902b7-01",
+                        workload={"namespace": "ns", "pod": "p-1"}), provider="openai")
+    _emit(export, _line(method="CONNECT", host="blocked.test", path=None, decision="deny",
+                        error="host_not_allowed", credential=None, status=403))
+    # a sandbox that did not sample its trace (the worker said: no span), the log goes
+    _emit(export, _line(host="unsampled.test", trace=f"00-{TRACE}-00f067aa0ba902b8-00"),
+          traced=False)
+    export.close()
     spans = {s["name"]: s for s in receiver.spans()}
     assert set(spans) == {"chat gpt-4o", "CONNECT blocked.test"}
     chat = spans["chat gpt-4o"]
@@ -108,57 +81,53 @@ def test_spans_logs_and_metrics_from_lines(receiver: OtlpReceiver) -> None:
     tokens = found["gen_ai.client.token.usage"]
     assert sorted(int(p["sum"]) for p in tokens) == [7, 11]
     assert found["gen_ai.client.operation.duration"][0]["count"] == "1"
+    assert TTFC_METRIC not in found  # (no streamed answer: no time to first chunk)
 
 
-def test_sampling_keeps_refusals_inference_mcp_and_sampled_traces(
-        receiver: OtlpReceiver) -> None:
-    sink = _sink(receiver, sample=0.0)
-    sink.write(_line(host="plain.test"))  # the one a ratio of 0 leaves out
-    sink.write(_line(host="refused.test", decision="deny", error="policy_denied"))
-    sink.write(_line(host="inference.test", usage=USAGE, models=["m"]))
-    sink.write(_line(host="mcp.test", mcp=[{"method": "tools/list", "name": None,
-                                            "decision": "allow"}]))
-    sink.write(_line(host="sampled.test", trace=f"00-{TRACE}-00f067aa0ba902b7-01"))
-    sink.close()
-    hosts = {s["attributes"]["server.address"] for s in receiver.spans()}
-    assert hosts == {"refused.test", "inference.test", "mcp.test", "sampled.test"}
-    assert len(receiver.logs()) == 5  # (log records are the audit trail: never sampled)
+def test_time_to_first_chunk_on_a_streamed_call(receiver: OtlpReceiver) -> None:
+    """`usage.first_chunk_ms` (a streamed answer's) becomes the conventions' span
+    attribute, in seconds, and a point of their time-to-first-chunk histogram."""
+    export = _export(receiver)
+    _emit(export, _line(usage={**USAGE, "first_chunk_ms": 250.5}, models=["gpt-4o"]))
+    _emit(export, _line(usage=USAGE, models=["gpt-4o-mini"]))  # (not streamed)
+    export.close()
+    spans = {s["name"]: s for s in receiver.spans()}
+    assert spans["chat gpt-4o"]["attributes"][TTFC] == pytest.approx(0.2505)
+    assert TTFC not in spans["chat gpt-4o-mini"]["attributes"]
+    points = receiver.metrics()[TTFC_METRIC]
+    assert [(p["count"], p["sum"]) for p in points] == [("1", pytest.approx(0.2505))]
 
 
-def test_a_line_not_taken_is_dropped_and_counted(receiver: OtlpReceiver) -> None:
-    sink = _sink(receiver, queue=2)
-    sink.close()
-    before = metrics.TELEMETRY_DROPPED._value.get()
-    sink.write(_line())  # (after the stop: counted, never raised)
-    assert sink.dropped == 1
-    assert metrics.TELEMETRY_DROPPED._value.get() == before + 1
+def test_content_goes_only_where_the_worker_sent_it(receiver: OtlpReceiver) -> None:
+    """Content (already redacted by the worker) becomes the conventions' attributes on
+    the exchange's span, and a tool call's arguments and result on its tool span; the log
+    record (the audit line) never carries it."""
+    export = _export(receiver)
+    calls = [{"method": "tools/call", "name": "search", "decision": "allow"}]
+    _emit(export, _line(usage=USAGE, models=["gpt-4o"]),
+          content={"input": '{"messages":"hi [REDACTED]"}', "output": "data: answer"})
+    _emit(export, _line(host="mcp.test", path="/mcp", credential=None, mcp=calls),
+          content={"input": '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":'
+                            '{"name":"search","arguments":{"q":"cats"}}}',
+                   "output": '{"jsonrpc":"2.0","id":1,"result":{"content":[]}}'})
+    _emit(export, _line(host="plain.test", models=["m"], usage=USAGE))
+    export.close()
+    spans = {s["name"]: s for s in receiver.spans()}
+    chat = spans["chat gpt-4o"]["attributes"]
+    assert chat["gen_ai.input.messages"] == '{"messages":"hi [REDACTED]"}'
+    assert chat["gen_ai.output.messages"] == "data: answer"
+    tool = spans["tools/call search"]["attributes"]
+    assert json.loads(tool["gen_ai.tool.call.arguments"]) == {"q": "cats"}
+    assert json.loads(tool["gen_ai.tool.call.result"]) == {"content": []}
+    assert "gen_ai.input.messages" not in spans["chat m"]["attributes"]
+    for record in receiver.logs():
+        assert "messages" not in record["body"] and "cats" not in record["body"]
 
 
-def test_a_bad_line_is_logged_and_the_export_goes_on(receiver: OtlpReceiver,
-                                                     caplog: pytest.LogCaptureFixture) -> None:
-    sink = _sink(receiver)
-    sink.write(_line(duration_ms="not a number"))
-    sink.write(_line(host="next.test"))
-    sink.close()
+def test_a_bad_line_is_logged_and_the_export_goes_on(receiver: OtlpReceiver) -> None:
+    export = _export(receiver)
+    with pytest.raises(ValueError):
+        _emit(export, _line(duration_ms="not a number"))
+    _emit(export, _line(host="next.test"))
+    export.close()
     assert [s["name"] for s in receiver.spans()] == ["POST next.test"]
-    assert "could not be exported" in caplog.text
-
-
-@pytest.mark.parametrize(("config", "imported"), [
-    ("", False), ("telemetry: {endpoint: 'http://127.0.0.1:9'}", True)])
-def test_the_sdk_is_imported_only_when_configured(tmp_path: Any, config: str,
-                                                   imported: bool) -> None:
-    """A gateway started without `telemetry.endpoint` never imports the SDK."""
-    (tmp_path / "gateway.yaml").write_text(config + "\n")
-    script = (
-        "import sys, asyncio\n"
-        "from gateway.config import load_config\n"
-        "from gateway.runtime.app import Gateway\n"
-        f"cfg = load_config({str(tmp_path / 'gateway.yaml')!r}, env={{}})\n"
-        "gw = Gateway(cfg)\n"
-        "sink = gw._otel_sink()\n"
-        "print('opentelemetry.sdk' in sys.modules, sink is not None)\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=60, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == [str(imported), str(imported)]

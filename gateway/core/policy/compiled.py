@@ -39,7 +39,9 @@ class Policy:
     (not inherited): what a person may approve that no rule allows (ask mode). ``dlp``
     (inherited: its own, else the first parent's in ``extends`` order that has one): the
     ``dlp:`` section every rule's own resolves over (outbound credential detection); with
-    it, every HTTP rule is intercepted.
+    it, every HTTP rule is intercepted. ``telemetry_content`` (``telemetry: {content:
+    true}``, not inherited): its exchanges' content (prompts, completions, MCP arguments
+    and results), redacted, goes with their spans to the OpenTelemetry collector.
     """
 
     name: str
@@ -53,6 +55,7 @@ class Policy:
     subjects: tuple[Subject, ...] = ()
     ask: Ask | None = None
     dlp: Dlp | None = None
+    telemetry_content: bool = False
 
     def admits(self, namespace: str, service_account: str) -> bool:
         """May this workload be one of the policy's sandboxes (its `subjects`)?"""
@@ -99,6 +102,12 @@ class PolicySet:
                    for p in self.policies.values())
 
     @property
+    def exports_content(self) -> bool:
+        """True if any policy exports its exchanges' content (``telemetry: {content:
+        true}``: redacted by the detectors, built at start then with an exporter)."""
+        return any(p.telemetry_content for p in self.policies.values())
+
+    @property
     def rule_count(self) -> int:
         """Rules as written in the files (inherited copies not counted twice)."""
         return sum(len(p.own_rules) for p in self.policies.values())
@@ -117,6 +126,7 @@ def compile_policy(
     subjects: tuple[Subject, ...] = (),
     ask: Ask | None = None,
     dlp: Dlp | None = None,
+    telemetry_content: bool = False,
 ) -> Policy:
     """Build a Policy with its index. Every credential a rule names must be in ``credentials``."""
     rule_tuple = tuple(rules)
@@ -124,6 +134,7 @@ def compile_policy(
     return Policy(
         name=name, mode=mode, source=source, rules=rule_tuple, extends=extends, matcher=matcher,
         budgets=budgets, token_ttl=token_ttl, subjects=subjects, ask=ask, dlp=dlp,
+        telemetry_content=telemetry_content,
     )
 
 
@@ -139,6 +150,7 @@ def learning(policy_set: PolicySet) -> PolicySet:
     policies = {name: compile_policy(
         name, p.rules, mode="learn", source=p.source, extends=p.extends,
         credentials=policy_set.credentials, budgets=p.budgets, token_ttl=p.token_ttl,
-        subjects=p.subjects, ask=p.ask) for name, p in policy_set.policies.items()}
+        subjects=p.subjects, ask=p.ask, telemetry_content=p.telemetry_content)
+        for name, p in policy_set.policies.items()}
     return PolicySet(policies=policies, credentials=policy_set.credentials,
                      files=policy_set.files, revision=policy_set.revision)

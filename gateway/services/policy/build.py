@@ -150,6 +150,7 @@ def build_policy_set(read: list[RawPolicy], defined: Mapping[str, CredentialDef]
             subjects=tuple(raw.subjects),
             ask=raw.ask,
             dlp=_dlp(by_name, name, (name,)),
+            telemetry_content=raw.telemetry_content,
         )
     files = tuple(dict.fromkeys(raw.file for raw in read))
     return PolicySet(policies=policies, credentials=credentials, files=files, revision=revision)

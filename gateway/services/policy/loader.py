@@ -66,6 +66,7 @@ from gateway.services.policy.read_policy import (
     read_extends,
     read_policy,
     read_subjects,
+    read_telemetry,
     read_tokens,
 )
 from gateway.services.policy.read_rules import read_egress
@@ -107,6 +108,8 @@ def read_document(nodes: Nodes, node: Node,
         policy.ask = read_ask(nodes, keys["ask"][1], rule=False)
     if "dlp" in keys:
         policy.dlp = read_dlp(nodes, keys["dlp"][1], rule=False)
+    if "telemetry" in keys:
+        policy.telemetry_content = read_telemetry(nodes, keys["telemetry"][1])
     return policy
 
 

@@ -60,6 +60,7 @@ class RawPolicy:
     subjects: list[Subject] = field(default_factory=list)  # `subjects:` (Kubernetes)
     ask: Ask | None = None  # `ask:` (what a person may approve)
     dlp: Dlp | None = None  # `dlp:` (outbound credential detection; inherited)
+    telemetry_content: bool = False  # `telemetry: {content: true}` (not inherited)
 
     @property
     def given_name(self) -> str:

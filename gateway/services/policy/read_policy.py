@@ -1,5 +1,6 @@
 """The policy's own keys: ``version``, ``name``, ``description`` and ``mode`` (the
-``RawPolicy`` the section readers fill), ``extends``, ``tokens`` and ``subjects``."""
+``RawPolicy`` the section readers fill), ``extends``, ``tokens``, ``subjects`` and
+``telemetry``."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from gateway.services.policy.nodes import Keys, Nodes
 from gateway.services.policy.problems import quoted, shown
 from gateway.services.policy.raw import NAME, RawPolicy
 
-__all__ = ["POLICY_KEYS", "read_extends", "read_policy", "read_subjects", "read_tokens"]
+__all__ = ["POLICY_KEYS", "read_extends", "read_policy", "read_subjects", "read_telemetry",
+           "read_tokens"]
 
 POLICY_KEYS = ("version", "name", "description", "mode", "extends", "egress", "credentials",
-               "budgets", "tokens", "subjects", "ask", "dlp")
+               "budgets", "tokens", "subjects", "ask", "dlp", "telemetry")
 
 
 def read_policy(nodes: Nodes, node: Node, keys: Keys) -> RawPolicy:
@@ -104,6 +106,16 @@ def read_tokens(nodes: Nodes, node: Node) -> float | None:
         nodes.err(value_node, "tokens.ttl must be from 1m to 30d")
         return None
     return ttl
+
+
+def read_telemetry(nodes: Nodes, node: Node) -> bool:
+    """``telemetry: {content: true}``: whether this policy's exchanges export their
+    content (prompts, completions, MCP arguments and results, redacted) with their spans
+    (gateway/observability/otel.py). Off unless a policy says ``true``."""
+    keys = nodes.mapping(node, ("content",), "telemetry")
+    if not keys or "content" not in keys:
+        return False
+    return nodes.boolean(keys["content"][1], "telemetry.content") is True
 
 
 def read_subjects(nodes: Nodes, node: Node) -> list[Subject]:

@@ -1,6 +1,6 @@
 """The reader of a policy's own keys on its own: `version`, `name`, `description`, `mode`
-(the `RawPolicy` the section readers fill), `extends`, `tokens` and `subjects`, every
-problem with its line."""
+(the `RawPolicy` the section readers fill), `extends`, `tokens`, `subjects` and
+`telemetry`, every problem with its line."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from gateway.services.policy.read_policy import (
     read_extends,
     read_policy,
     read_subjects,
+    read_telemetry,
     read_tokens,
 )
 from tests.helpers.policy_yaml import FILE, read
@@ -49,7 +50,7 @@ HEADS = [
     ("version: v1\nname: team\negres: []\n", "team", "enforce",
      ['3: unknown key "egres" in a policy (did you mean "egress"?); known keys: version, '
       "name, description, mode, extends, egress, credentials, budgets, tokens, subjects, "
-      "ask, dlp"]),
+      "ask, dlp, telemetry"]),
     ("version: v1\nname: a\nname: b\n", "a", "enforce",
      ['3: duplicate key "name" (first at line 2)']),
 ]
@@ -138,10 +139,41 @@ def test_the_policy_keys_are_what_the_loader_reads() -> None:
     every key loads through it)."""
     text = ("version: v1\nname: all\ndescription: d\nmode: report\nextends: [base]\n"
             "egress: []\ncredentials: {}\nbudgets: []\ntokens: {ttl: 1h}\n"
-            "subjects: [{namespace: ns}]\nask: {hosts: true}\ndlp: {action: report}\n---\n"
+            "subjects: [{namespace: ns}]\nask: {hosts: true}\ndlp: {action: report}\n"
+            "telemetry: {content: true}\n---\n"
             "version: v1\nname: base\n")
     assert set(next(yaml.safe_load_all(text))) == set(POLICY_KEYS)
     loaded = load_policy_text("p.yaml", text).policies["all"]
     assert (loaded.mode, loaded.extends, loaded.token_ttl) == ("report", ("base",), 3600)
     assert loaded.subjects == (Subject("ns"),) and loaded.ask is not None
     assert loaded.dlp is not None and loaded.dlp.action == "report"
+    assert loaded.telemetry_content is True
+
+
+TELEMETRY = [
+    ("{content: true}\n", True, []),
+    ("{content: false}\n", False, []),
+    ("{}\n", False, []),
+    ("{content: yes please}\n", False, ["1: telemetry.content must be true or false"]),
+    ("{content: 1}\n", False, ["1: telemetry.content must be true or false"]),
+    ("{contents: true}\n", False,
+     ['1: unknown key "contents" in telemetry (did you mean "content"?); known keys: '
+      "content"]),
+    ("true\n", False, ["1: telemetry must be a mapping (key: value)"]),
+]
+
+
+@pytest.mark.parametrize(("text", "content", "problems"), TELEMETRY)
+def test_telemetry(text: str, content: bool, problems: list[str]) -> None:
+    """`telemetry: {content: true}` turns content export on; anything else is off, and a
+    value that is not a boolean is a problem `policy check` reports."""
+    assert read(read_telemetry, text) == (content, problems)
+
+
+def test_content_export_is_off_unless_the_policy_itself_says_so() -> None:
+    """Not inherited: a policy extending one that exports content exports none."""
+    text = ("version: v1\nname: parent\ntelemetry: {content: true}\n---\n"
+            "version: v1\nname: child\nextends: [parent]\n---\nversion: v1\nname: plain\n")
+    loaded = load_policy_text("p.yaml", text).policies
+    assert [loaded[n].telemetry_content for n in ("parent", "child", "plain")] == [
+        True, False, False]

@@ -1,0 +1,89 @@
+"""The exporter process (`python -m gateway.observability.otel_export FD`): reads its
+worker's frames (`otel_feed.py`) from the inherited socket FD and exports them with the
+OpenTelemetry SDK (`otel.py`) until the socket ends, then exports what it holds (at
+most 5 s) and exits. Started by `otel_process.ExporterProcess`; its first datagram is
+the settings (`OtelExport`'s keyword arguments)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+__all__ = ["main", "parse", "serve"]
+
+log = logging.getLogger("sandbox_gateway")
+
+RECV = 1 << 20  # larger than any datagram the worker sends (otel_feed.MAX_DATAGRAM)
+TICK = 0.1  # seconds between looks at waiting batches when no frame comes
+SEP = b"\x1f"  # (otel_feed.SEP; not imported: this process never loads the worker's side)
+
+
+def parse(frame: bytes) -> tuple[bool, int, str | None, dict[str, Any] | None,
+                                 dict[str, Any]]:
+    """A frame (`otel_feed`'s, without its newline) as (traced, end_ns, provider,
+    content, line); raises ValueError on one that is not a frame."""
+    flags, end, provider, content, line = frame.split(SEP, 4)
+    return (flags == b"T", int(end), provider.decode() or None,
+            json.loads(content) if content else None, json.loads(line))
+
+
+def serve(sock: socket.socket, emit: Callable[..., None],
+          tick: Callable[[], None] | None = None) -> int:
+    """Emit every frame read from `sock` until it ends, calling `tick` after each datagram
+    and every TICK seconds without one (batches that waited go); returns how many frames
+    could not be read or exported (each logged, the first with its traceback)."""
+    bad = 0
+    sock.settimeout(TICK if tick is not None else None)
+    while True:
+        try:
+            data = sock.recv(RECV)
+        except TimeoutError:
+            data = None
+        if data == b"":
+            return bad
+        for frame in (data or b"").split(b"\n"):
+            if not frame:
+                continue
+            try:
+                traced, end, provider, content, line = parse(frame)
+                emit(line, end, traced, provider, content)
+            except Exception:  # (one bad line never stops the export)
+                bad += 1
+                if bad == 1:
+                    log.exception("telemetry: an audit line could not be exported")
+                else:
+                    log.warning("telemetry: an audit line could not be exported")
+        if tick is not None:
+            tick()
+
+
+def _stop(_signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(0)  # (the finally below exports what is held)
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the worker stops it: its socket ends)
+    signal.signal(signal.SIGTERM, _stop)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="sandbox-gateway telemetry exporter: %(message)s")
+    sock = socket.socket(fileno=int(argv[1]))
+    settings = json.loads(sock.recv(RECV))
+    from gateway.observability.otel import OtelExport  # (the SDK: only here)
+
+    export = OtelExport(**settings)
+    try:
+        serve(sock, export.emit, export.tick)
+    finally:
+        sock.close()
+        export.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,171 @@
+"""The worker's side of the OpenTelemetry export: its audit lines, as it wrote them, handed
+to its exporter process (`otel_process.py`) without ever waiting for it.
+
+The worker serialises each audit line for the JSON sink anyway (`audit.Auditor.write`);
+this tap (`Auditor.tap`) takes those bytes, decides sampling (`telemetry.sample`, which
+needs only the line) and the GenAI provider (the credential's preset, which only the
+worker knows), and queues a frame. Every `FLUSH` seconds (or at once past `BATCH` bytes)
+the queued frames go to the exporter as one datagram on a non-blocking unix
+SOCK_SEQPACKET socket. Building spans, log records and metric points, protobuf encoding
+and gRPC all happen in the exporter process, so they never take this process's GIL.
+
+Bounded and non-blocking: the kernel's socket buffer, then at most `telemetry.queue`
+frames here; a frame past that, one too large for a datagram, or one for an exporter
+that is gone (restarting) is dropped and counted (`sandbox_gateway_telemetry_dropped_total`,
+`dropped`). A request never waits for telemetry.
+
+A frame: ``flags 0x1f end_ns 0x1f provider 0x1f content 0x1f line`` where flags is ``T``
+(a span) or ``-``, `content` is empty or the JSON of what the policy opted into
+(`telemetry: {content: true}`, redacted), and `line` the JSON line with its newline.
+JSON escapes control characters, so neither 0x1f nor a newline occurs inside a field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import random
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from gateway.observability import metrics
+from gateway.observability.otel_names import always_traced, operation, provider_name
+
+__all__ = ["BATCH", "FLUSH", "MAX_DATAGRAM", "SEP", "OtelFeed"]
+
+log = logging.getLogger("sandbox_gateway")
+
+FLUSH = 0.05  # seconds a frame waits for others (one send per batch, not per line)
+BATCH = 48 * 1024  # bytes that are sent at once without waiting
+MAX_DATAGRAM = 200 * 1024  # a batch is cut into datagrams of at most this (SO_SNDBUF is more)
+SNDBUF = 4 << 20  # asked for; the kernel caps it at net.core.wmem_max
+SEP = b"\x1f"
+_ENCODE = json.JSONEncoder(separators=(",", ":"), default=str).encode
+
+class OtelFeed:
+    """Frames audit lines for the exporter process (see the module docstring)."""
+
+    def __init__(self, *, traces: bool = True, logs: bool = False, metrics_on: bool = True,
+                 sample: float = 1.0, queue: int = 8192,
+                 preset_of: Callable[[str | None], str | None] = lambda _c: None) -> None:
+        self.traces = traces
+        self.logs = logs
+        self.metrics_on = metrics_on
+        self.sample = sample
+        self.queue = queue
+        self.preset_of = preset_of
+        # the content of the line being written (`telemetry: {content: true}`, redacted),
+        # set around the JSON sink's write by `with_content`
+        self.content: dict[str, str] | None = None
+        self.sock: socket.socket | None = None  # (None: no exporter now; frames dropped)
+        self.dropped = 0
+        self.sent = 0  # frames handed to the exporter
+        self._frames: list[bytes] = []
+        self._bytes = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    # -- on the event loop ---------------------------------------------------------------
+
+    def tap(self, record: dict[str, Any], now: float, line: bytes) -> None:
+        """An audit line the JSON sink wrote (`Auditor.tap`): queued for the exporter.
+        Never blocks, never raises into the trail."""
+        traced = self.traces and (self.sample >= 1.0 or always_traced(record)
+                                  or random.random() < self.sample)  # noqa: S311
+        usage = record.get("usage")
+        if not traced and not self.logs and (not self.metrics_on or usage is None):
+            return  # (no span, no log record, no metric point)
+        if len(self._frames) >= self.queue:
+            self._drop(1)
+            return
+        provider = b""
+        if usage is not None and operation(record.get("path"), usage) is not None:
+            provider = (provider_name(self.preset_of(record.get("credential"))) or
+                        "").encode()
+        content = _ENCODE(self.content).encode() if self.content and traced else b""
+        frame = b"".join((b"T" if traced else b"-", SEP, b"%d" % int(now * 1e9), SEP,
+                          provider, SEP, content, SEP, line))
+        self._frames.append(frame)
+        self._bytes += len(frame)
+        if self._bytes >= BATCH:
+            self.flush()
+        elif self._timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (a command, a unit test): now
+                self.flush()
+                return
+            self._timer = loop.call_later(FLUSH, self.flush)
+
+    def with_content(self, write: Callable[[dict[str, Any]], None],
+                     redact: Callable[[str], str], record: dict[str, Any],
+                     content: dict[str, str]) -> None:
+        """Write `record` with `write` (the JSON sink, whose tap is `tap`), its frame
+        carrying `content` (`Trail.content_sink`: a policy with `telemetry: {content:
+        true}`) with `redact` applied (the log's redaction: keys, tokens)."""
+        self.content = {key: redact(value) for key, value in content.items()}
+        try:
+            write(record)
+        finally:
+            self.content = None
+
+    def flush(self) -> None:
+        """Send what is queued, as datagrams of at most MAX_DATAGRAM bytes; what the
+        socket does not take now stays queued (bounded by `queue`). A frame larger than
+        the socket takes is dropped; so is everything when the exporter is gone."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        frames = self._frames
+        if not frames:
+            return
+        if self.sock is None:
+            self._drop(len(frames))
+            self._clear()
+            return
+        sent = 0
+        while sent < len(frames):
+            end = _batch_end(frames, sent)
+            try:
+                self.sock.send(b"".join(frames[sent:end]))
+                self.sent += end - sent
+            except BlockingIOError:  # the exporter is behind: the rest stays queued
+                break
+            except OSError as exc:
+                if exc.errno != errno.EMSGSIZE:  # the exporter is gone (it restarts)
+                    self.detach()
+                    end = len(frames)
+                self._drop(end - sent)
+            sent = end
+        del frames[:sent]
+        self._bytes = sum(map(len, frames))
+        if frames and self._timer is None:
+            with contextlib.suppress(RuntimeError):  # (no loop: the next line sends)
+                self._timer = asyncio.get_running_loop().call_later(FLUSH, self.flush)
+
+    def detach(self) -> None:
+        """Stop sending to the current exporter (it is gone; a new one attaches)."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    def _drop(self, count: int) -> None:
+        self.dropped += count
+        metrics.TELEMETRY_DROPPED.inc(count)
+
+    def _clear(self) -> None:
+        self._frames = []
+        self._bytes = 0
+
+
+def _batch_end(frames: list[bytes], start: int) -> int:
+    """The end of the datagram that starts at `start`: frames up to MAX_DATAGRAM bytes
+    (at least one, whatever its size)."""
+    end, size = start + 1, len(frames[start])
+    while end < len(frames) and size + len(frames[end]) <= MAX_DATAGRAM:
+        size += len(frames[end])
+        end += 1
+    return end

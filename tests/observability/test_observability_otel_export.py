@@ -1,0 +1,42 @@
+"""The exporter process's loop (observability/otel_export.py `serve`) over a real
+SEQPACKET socketpair: every frame of every datagram emitted in order until the socket
+ends; a frame that cannot be read or exported is logged and counted, and the loop goes
+on. (`main`, the process itself, runs in tests/observability/test_otel_process.py.)"""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any
+
+import pytest
+
+from gateway.observability.otel_export import serve
+
+
+def _frame(host: str, traced: bool = True, content: str = "") -> bytes:
+    line = json.dumps({"host": host}).encode()
+    return b"\x1f".join((b"T" if traced else b"-", b"5", b"openai", content.encode(),
+                         line)) + b"\n"
+
+
+def test_frames_are_emitted_until_the_socket_ends(caplog: pytest.LogCaptureFixture) -> None:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    emitted: list[tuple[Any, ...]] = []
+
+    def emit(line: dict[str, Any], end: int, traced: bool, provider: str | None,
+             content: dict[str, Any] | None) -> None:
+        if line["host"] == "raises.test":
+            raise ValueError("cannot")
+        emitted.append((line["host"], end, traced, provider, content))
+
+    with ours, theirs:
+        ours.send(_frame("a.test") + _frame("b.test", traced=False, content='{"input":"x"}'))
+        ours.send(b"not a frame\n" + _frame("raises.test") + _frame("c.test"))
+        ours.shutdown(socket.SHUT_WR)
+        bad = serve(theirs, emit)
+    assert emitted == [("a.test", 5, True, "openai", None),
+                       ("b.test", 5, False, "openai", {"input": "x"}),
+                       ("c.test", 5, True, "openai", None)]
+    assert bad == 2
+    assert caplog.text.count("could not be exported") == 2

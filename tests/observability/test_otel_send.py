@@ -1,0 +1,75 @@
+"""Batches of OTLP messages sent (observability/otel_send.py) to a real OTLP receiver over
+gRPC and HTTP: whole batches at BATCH, a partial one once it waited DELAY, everything
+held at the stop; a collector that is down is retried, then its batches dropped, logged
+and counted."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+from helpers.otlp_receiver import OtlpReceiver
+
+from gateway.observability import otel_encode as otlp
+from gateway.observability import otel_send
+from gateway.observability.otel_send import BATCH, DELAY, Sender
+
+RESOURCE = otlp.resource({"service.name": "test"})
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as server:
+        yield server
+
+
+def _sender(protocol: str, endpoint: str, queue: int = 8192) -> Sender:
+    return Sender("traces", protocol, endpoint, {"x-auth": "v"},
+                  lambda spans: otlp.traces_request(RESOURCE, "s", spans), queue)
+
+
+def _span(n: int) -> object:
+    return otlp.span(f"s{n}", otlp.SERVER, b"\x01" * 16, otlp.span_id(), b"", 1, 2, {})
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_batches_reach_the_collector(receiver: OtlpReceiver, protocol: str) -> None:
+    endpoint = receiver.grpc_endpoint if protocol == "grpc" else receiver.http_endpoint
+    sender = _sender(protocol, endpoint)
+    for n in range(BATCH + 10):
+        sender.add(_span(n))
+    assert receiver.wait(lambda: len(receiver.spans()) == BATCH)  # (a whole batch: now)
+    sender.close()  # (the 10 held go at the stop)
+    assert sorted(s["name"] for s in receiver.spans()) == sorted(
+        f"s{n}" for n in range(BATCH + 10))
+    assert len(receiver.received["traces"]) == 2 and sender.dropped == 0
+
+
+def test_a_partial_batch_goes_once_it_waited(receiver: OtlpReceiver) -> None:
+    sender = _sender("grpc", receiver.grpc_endpoint)
+    sender.add(_span(1))
+    sender.tick()  # (too soon)
+    time.sleep(DELAY + 0.1)
+    assert receiver.spans() == []
+    sender.tick()
+    assert receiver.wait(lambda: [s["name"] for s in receiver.spans()] == ["s1"])
+    sender.close()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_collector_down_is_retried_then_dropped(
+        protocol: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(otel_send, "RETRIES", (0.01, 0.01))
+    monkeypatch.setattr(otel_send, "TIMEOUT", 2.0)
+    with socket.socket() as probe:  # (a port nothing listens on)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    sender = _sender(protocol, f"http://127.0.0.1:{port}")
+    for n in range(3):
+        sender.add(_span(n))
+    sender.close(timeout=20)
+    assert sender.dropped == 3
+    assert "3 traces not exported" in caplog.text and "x-auth" not in caplog.text
