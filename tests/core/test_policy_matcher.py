@@ -297,6 +297,21 @@ def test_learning_puts_every_policy_in_learn_mode(policy_set: PolicySet) -> None
     assert (decision.result, decision.inspect) == ("report", True)
 
 
+def test_learning_keeps_what_a_policy_says_besides_its_mode() -> None:
+    """`run --learn` recompiles every policy; its dlp: (secrets leaving are still refused
+    in learn mode), budgets, ask and telemetry settings come along."""
+    from gateway.core.policy.compiled import learning
+    text = ("version: v1\nname: p\ndlp: {action: refuse}\ntelemetry: {content: true}\n"
+            "egress:\n  - host: api.example.com\n")
+    before = load_policy_text("p.yaml", text)
+    after = learning(before).policies["p"]
+    was = before.policies["p"]
+    assert after.mode == "learn"
+    assert (after.dlp, after.telemetry_content, after.budgets, after.ask) == (
+        was.dlp, was.telemetry_content, was.budgets, was.ask)
+    assert after.dlp is not None and after.dlp.enabled
+
+
 def test_long_inputs_are_clipped(policy: Policy) -> None:
     host = "a" * 60 + "." + "b" * 60 + ".example.net"
     decision = decide(policy, req("GET", host, "/"))

@@ -150,7 +150,7 @@ def learning(policy_set: PolicySet) -> PolicySet:
     policies = {name: compile_policy(
         name, p.rules, mode="learn", source=p.source, extends=p.extends,
         credentials=policy_set.credentials, budgets=p.budgets, token_ttl=p.token_ttl,
-        subjects=p.subjects, ask=p.ask, telemetry_content=p.telemetry_content)
+        subjects=p.subjects, ask=p.ask, dlp=p.dlp, telemetry_content=p.telemetry_content)
         for name, p in policy_set.policies.items()}
     return PolicySet(policies=policies, credentials=policy_set.credentials,
                      files=policy_set.files, revision=policy_set.revision)
