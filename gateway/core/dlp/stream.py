@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from gateway.core import encodings
 from gateway.core.dlp.decoding import runs
+from gateway.core.dlp.fastscan import MAP, SEGMENT, as_bytes
 from gateway.core.dlp.findings import Finding, Location, ScanResult
 from gateway.core.dlp.scanner import Scanner
 
@@ -84,7 +85,7 @@ class StreamScanner:
     def _scan(self, final: bool) -> list[Finding]:
         text = self._text
         cut = len(text) if final else len(text) - self.keep
-        if not final:
+        if not final and _near(text, cut):
             for run in runs(text):  # (a run carried over starts at 0, at its own phase)
                 if run.start < cut < run.end:
                     cut = run.start + (cut - run.start) // 4 * 4
@@ -103,3 +104,12 @@ class StreamScanner:
         self._text = text[cut:]
         self._base += cut
         return out
+
+
+def _near(text: str, cut: int) -> bool:
+    """Whether a run may cross `cut` (the cheap check before `runs` over the window): a
+    run crossing it lies in `SEGMENT` or more base64 characters in a row holding
+    character cut-1 or cut-2 (a run's end takes up to two "=" of padding), so within
+    text[cut-2-SEGMENT:cut+SEGMENT]."""
+    near = as_bytes(text[max(0, cut - 2 - SEGMENT):cut + SEGMENT]).translate(MAP)
+    return b"a" * SEGMENT in near
