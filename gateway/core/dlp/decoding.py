@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import zstandard
 
 from gateway.core import encodings
-from gateway.core.dlp.fastscan import MAP, SEGMENT, as_bytes, has_segment
+from gateway.core.dlp.fastscan import MAP, SEGMENT, has_segment
 
 __all__ = ["Run", "Unreadable", "decode_content", "decode_run", "encode_content", "encode_run",
            "has_run", "runs"]
@@ -123,7 +123,7 @@ _NEEDLE = b"a" * MIN_BASE64
 
 
 def _mapped(text: str) -> bytes:
-    return as_bytes(text).translate(MAP)
+    return text.encode("latin-1", "replace").translate(MAP)
 
 
 def has_run(text: str) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import ahocorasick
 
@@ -36,9 +36,9 @@ MAP = bytes(0x61 if i in _ALPHABET else 0x20 for i in range(256))  # in the alph
 _NEEDLE = b"a" * SEGMENT
 
 
-def as_bytes(text: str) -> bytes:
-    """`text` as bytes at the same offsets."""
-    return text.encode("latin-1", "replace")
+def as_bytes(text: str | bytes | bytearray) -> bytes | bytearray:
+    """`text` as bytes at the same offsets (bytes as they are: latin-1 already)."""
+    return text.encode("latin-1", "replace") if isinstance(text, str) else text
 
 
 class _Pool:
@@ -53,11 +53,13 @@ class _Pool:
         self._scratch = hyperscan.Scratch(self.db)
         self._free: list[Any] = []
 
-    def scan(self, data: bytes, on: Any) -> bool:
+    def scan(self, data: bytes | bytearray, on: Any) -> bool:
         """Calls `on` for each match; False if `on` ended the scan (returned True)."""
         scratch = self._free.pop() if self._free else self._scratch.clone()
         try:
-            self.db.scan(data, match_event_handler=on, scratch=scratch)
+            # (any buffer: the extension reads it through the buffer protocol; its stub
+            # says AnyStr)
+            self.db.scan(cast(bytes, data), match_event_handler=on, scratch=scratch)
         except hyperscan.ScanTerminated:
             return False
         finally:
@@ -72,7 +74,7 @@ def _stop(_index: int, _start: int, _end: int, _flags: int, _context: object) ->
 _SEGMENTS: list[_Pool] = []
 
 
-def has_segment(text: str, *, fast: bool = HYPERSCAN) -> bool:
+def has_segment(text: str | bytes | bytearray, *, fast: bool = HYPERSCAN) -> bool:
     """Whether `text` holds `SEGMENT` characters of the base64 alphabets in a row (the
     cheap check before `decoding.runs`)."""
     if not fast:
@@ -108,8 +110,10 @@ class Literals:
         self._pool.scan(as_bytes(text), on)
         return found
 
-    def any(self, text: str) -> bool:
+    def any(self, text: str | bytes | bytearray) -> bool:
         if self._automaton is not None:
+            if not isinstance(text, str):
+                text = text.decode("latin-1")
             return next(self._automaton.find(text), None) is not None
         assert self._pool is not None
         return not self._pool.scan(as_bytes(text), _stop)

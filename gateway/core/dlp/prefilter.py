@@ -65,8 +65,9 @@ class Prefilter:
         for start, anchor in self._finder.find(text):
             yield start, anchor, self._rules[anchor]
 
-    def any(self, text: str) -> bool:
-        """Whether `text` holds any anchor (or some detector has none)."""
+    def any(self, text: str | bytes | bytearray) -> bool:
+        """Whether `text` (or latin-1 bytes) holds any anchor (or some detector has
+        none)."""
         if self.unanchored:
             return True
         return self._finder is not None and self._finder.any(text)
