@@ -149,10 +149,17 @@ COLUMNS = ["row", "c1 req/s", "c1 p50 ms", "c1 p99 ms", "c10 req/s", "c10 p50 ms
            "KB/idle tunnel (after upstream idle timeout)"]
 
 
+_TABLE_WORKLOADS = {"get_c1", "get_c10", "new_c10", "resume_c10", "download", "sse", "idle",
+                    "idle_after_timeout"}
+
+
 def table_rows(results: dict[str, Any]) -> list[list[str]]:
     rows = results.get("rows", {})
     out = []
     for key, entry in rows.items():
+        if not set(entry) & _TABLE_WORKLOADS:  # (the POST rows: lines under the table)
+            continue
+
         def g(w: str, f: str, d: int = 0, key: str = key) -> str:
             return _fmt(_get(rows, key, w, f), d)
 
