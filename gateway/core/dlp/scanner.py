@@ -30,7 +30,7 @@ from urllib.parse import parse_qsl, unquote_plus
 
 from gateway.core.dlp.decoding import Unreadable, decode_content, decode_run, has_run, runs
 from gateway.core.dlp.detector import Detector
-from gateway.core.dlp.fastscan import HYPERSCAN
+from gateway.core.dlp.fastscan import HYPERSCAN, has_segment
 from gateway.core.dlp.findings import Finding, Location, ScanResult, fingerprint
 from gateway.core.dlp.prefilter import Prefilter, unescape
 
@@ -212,6 +212,12 @@ class Scanner:
         if coding:
             where = Location(where.part, where.name, where.offset,
                              (*where.via, *(c.strip() for c in coding.split(",") if c.strip())))
+        if "multipart/" not in ctype and b"%" not in body and b"\\" not in body \
+                and not self.prefilter.any(body) and not has_segment(body):
+            # Most bodies: no anchor, no base64 run and no escape that could hide one
+            # (so every view below reads these same characters): the two C passes on the
+            # bytes as they are, no text made of them. (A multipart part may be coded.)
+            return
         text = body.decode("latin-1")
         if "multipart/" in ctype:
             yield from self._multipart(body, ctype, where)
