@@ -745,6 +745,14 @@ def close_mitmproxy_connection(proxyserver: Any, client_id: str,
     io = handler.transports.get(handler.client)
     if write is not None and io is not None and io.writer is not None:
         io.writer.write(write)
+    # Every upstream's writer is closed now, not when the handler ends: the layers may
+    # still yield data for it after this call (mitmproxy sends a streamed request's end
+    # after its body filter refused it), and a closing writer takes none of it, so the
+    # upstream never reads a refused request as complete.
+    for conn, transport in list(handler.transports.items()):
+        if conn is not handler.client and transport.writer is not None \
+                and not transport.writer.is_closing():
+            transport.writer.close()
     # Closing the client ends the handler, which closes every upstream it opened.
     handler.close_connection(handler.client)
     return True
