@@ -55,6 +55,7 @@ class Sizes:
     metering_requests: int = 100  # per row and round: streamed calls, metered vs not
     metering_rounds: int = 24  # short alternating rounds: many ratios, little drift in each
     dlp_stream_mib: int = 100  # the streamed upload through the credential scanner
+    upload_bytes: int = 100 << 20  # the POST upload rows' one body (issue 43)
 
 
 FULL = Sizes(get_seconds=5.0, big_bytes=100_000_000, sse_streams=20, sse_events=20,
@@ -63,7 +64,7 @@ FULL = Sizes(get_seconds=5.0, big_bytes=100_000_000, sse_streams=20, sse_events=
 QUICK = Sizes(get_seconds=0.5, big_bytes=2_000_000, sse_streams=3, sse_events=5,
               sse_interval_ms=5, idle_tunnels=20, policy_sizes=(10, 100, 1000),
               policy_samples=2000, worker_concurrency=(10,), metering_requests=20,
-              metering_rounds=4, dlp_stream_mib=2)
+              metering_rounds=4, dlp_stream_mib=2, upload_bytes=2 << 20)
 WORKER_COUNTS = (1, 2)  # `run --workers N` in the workers section
 IDLE_TIMEOUT = "2s"  # network.upstream_idle_timeout of the idle_after_timeout gateway
 IDLE_TIMEOUT_WAIT_S = 4.0  # idle_after_timeout: wait at least this long after the tunnels
@@ -87,6 +88,9 @@ class Row:
     inject_header: bool = False  # send X-Api-Key: <token> as a sandbox would
 
 
+POST_WORKLOADS = ("post_2k", "post_1m", "upload")
+POST_BODY = {"post_2k": 2_000, "post_1m": 1 << 20}  # bytes of the loops' JSON bodies
+
 ROWS = (
     Row("direct", "direct (no proxy)", None, "pass.bench.test",
         ("get_c1", "get_c10", "download", "sse")),
@@ -108,6 +112,13 @@ ROWS = (
     Row("gateway_inject", "gateway intercept + inject", "gateway", "inject.bench.test",
         ("get_c1", "get_c10", "new_c10", "resume_c10"), inject_header=True),
     Row("gateway_sse", "gateway SSE (intercept)", "gateway", "sse.bench.test", ("sse",)),
+    # POSTs without a credential in them, intercepted, with outbound credential detection
+    # off and on (`dlp:` on the second host's rule; issue 43), in the same gateway: a 2 KB
+    # chat request, a 1 MiB one (c1 loops) and one upload of `upload_bytes` of text.
+    Row("gateway_post", "gateway intercept, POST", "gateway", "upload.bench.test",
+        POST_WORKLOADS),
+    Row("gateway_post_dlp", "gateway intercept, POST, credential detection", "gateway",
+        "dlp.bench.test", POST_WORKLOADS),
     Row("nginx", "nginx TLS reverse proxy + header", "nginx", "inject.bench.test",
         ("get_c1", "get_c10", "new_c10", "resume_c10", "download")),
     Row("mitmdump", "mitmdump -q + inject script", "mitmdump", "inject.bench.test",
@@ -251,6 +262,10 @@ class Bench:
             spec.update(connections=int(workload.rpartition("_c")[2]), duration=s.get_seconds)
         elif workload == "download":
             spec.update(path="/big")
+        elif workload in POST_BODY:
+            spec.update(path="/upload", body_size=POST_BODY[workload], duration=s.get_seconds)
+        elif workload == "upload":
+            spec.update(path="/upload", body_size=s.upload_bytes)
         elif sse:
             spec.update(streams=s.sse_streams, events=s.sse_events,
                         interval_ms=s.sse_interval_ms)
@@ -260,11 +275,12 @@ class Bench:
 
     def timeout(self, workload: str) -> float:
         s = self.sizes
-        if workload.startswith(("get", "new", "resume")):
+        if workload.startswith(("get", "new", "resume", "post")):
             return s.get_seconds + 60
         if workload.startswith("idle"):
             return 60 + s.idle_tunnels * 0.2
-        return {"download": 60 + s.big_bytes / 5e6, "sse": 60 + s.sse_streams * s.sse_events
+        return {"download": 60 + s.big_bytes / 5e6, "upload": 60 + s.upload_bytes / 2e6,
+                "sse": 60 + s.sse_streams * s.sse_events
                 * s.sse_interval_ms / 100}[workload]
 
     # -- workloads -----------------------------------------------------------------------

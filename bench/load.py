@@ -18,7 +18,9 @@ latency includes the connection), ``resume`` (``new`` with the TLS session of th
 warm-up offered on every connection: a resumed handshake, as curl, Node and rustls
 clients make; the result says how many were resumed), ``download`` (one large
 body), ``sse`` (time to first event, per-event delivery delay), ``idle`` (open N
-tunnels, one request each, then hold them idle).
+tunnels, one request each, then hold them idle), ``post`` (like ``get``, a POST with a
+JSON body of ``body_size`` bytes: a chat request of prose, no credential in it), ``upload``
+(one POST of ``body_size`` bytes of text, Content-Length, written 1 MiB at a time).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ CHUNK = 1 << 20
 class Spec:
     """What to run and through what (the orchestrator builds it as JSON)."""
 
-    workload: str  # get | new | download | sse | idle
+    workload: str  # get | new | resume | download | sse | idle | post | upload
     host: str  # the name the client asks for (SNI, Host header, CONNECT authority)
     port: int  # the CONNECT authority port
     cafile: str  # the CA this client trusts (gateway/mitmdump CA, or the upstream CA)
@@ -59,6 +61,7 @@ class Spec:
     interval_ms: int = 5  # sse: server pacing
     cpu: int | None = None  # core to pin this process to
     open_concurrency: int = 50  # idle: tunnels being opened at once
+    body_size: int = 0  # post, upload: bytes of the request body
 
 
 class _ResumingContext(ssl.SSLContext):
@@ -105,9 +108,30 @@ async def connect(spec: Spec, ctx: ssl.SSLContext) -> Conn:
     return reader, writer
 
 
-def request_bytes(spec: Spec, path: str | None = None) -> bytes:
+def request_bytes(spec: Spec, path: str | None = None, method: str = "GET",
+                  body: bytes | None = None, content_type: str = "application/json") -> bytes:
     extra = "".join(f"{k}: {v}\r\n" for k, v in spec.headers.items())
-    return f"GET {path or spec.path} HTTP/1.1\r\nHost: {spec.host}\r\n{extra}\r\n".encode()
+    if body is not None:
+        extra += f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+    head = f"{method} {path or spec.path} HTTP/1.1\r\nHost: {spec.host}\r\n{extra}\r\n"
+    return head.encode() + (body or b"")
+
+
+_WORDS = ("the", "request", "model", "parse", "file", "rows", "return", "value", "quoted",
+          "field", "def", "import", "json", "error", "stream", "count", "user", "table")
+
+
+def prose(size: int, seed: int = 43) -> bytes:
+    """`size` bytes of words (the same every run): text without a credential, in
+    which most characters are letters (what a scanner's run check finds hardest)."""
+    words = [_WORDS[(i * 7919 + seed) % len(_WORDS)] for i in range(size // 3 + 1)]
+    return " ".join(words).encode()[:size]
+
+
+def chat_body(size: int) -> bytes:
+    """A chat request of about `size` bytes (JSON, one user message of prose)."""
+    frame = b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "%s"}]}'
+    return frame % prose(max(0, size - len(frame) + 2))
 
 
 async def read_response(reader: asyncio.StreamReader) -> tuple[int, int]:
@@ -177,6 +201,8 @@ async def _warm(spec: Spec, ctx: ssl.SSLContext, n: int) -> tuple[list[Conn], di
     statuses: dict[int, int] = {}
     warm = request_bytes(spec, "/small" if spec.workload != "sse" else
                          "/events?n=1&interval_ms=0")
+    if spec.workload in ("post", "upload"):
+        warm = request_bytes(spec, method="POST", body=chat_body(200))
     for reader, writer in conns:
         writer.write(warm)
         status, _ = await read_response(reader)
@@ -213,6 +239,11 @@ async def run(spec: Spec, stdin: asyncio.StreamReader) -> None:
             result = await _run_sse(spec, conns[0])
         elif spec.workload == "idle":
             result, conns = await _run_idle(spec, ctx)
+        elif spec.workload == "post":
+            result = await _run_get(spec, conns, request_bytes(
+                spec, method="POST", body=chat_body(spec.body_size)))
+        elif spec.workload == "upload":
+            result = await _run_upload(spec, conns[0])
         else:
             raise ValueError(f"unknown workload {spec.workload}")
         wall = time.perf_counter() - wall0
@@ -225,8 +256,8 @@ async def run(spec: Spec, stdin: asyncio.StreamReader) -> None:
         await _close(conns)
 
 
-async def _run_get(spec: Spec, conns: list[Conn]) -> dict[str, Any]:
-    req = request_bytes(spec)
+async def _run_get(spec: Spec, conns: list[Conn], req: bytes | None = None) -> dict[str, Any]:
+    req = req or request_bytes(spec)
     lat: list[int] = []
     statuses: dict[int, int] = {}
     start = time.perf_counter()
@@ -235,7 +266,7 @@ async def _run_get(spec: Spec, conns: list[Conn]) -> dict[str, Any]:
     elapsed = time.perf_counter() - start
     lat.sort()
     ok = statuses.get(200, 0)
-    return {"requests": len(lat), "ok": ok, "statuses": statuses,
+    return {"requests": len(lat), "ok": ok, "statuses": statuses, "body_bytes": spec.body_size,
             "rps": len(lat) / elapsed, "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99)}
 
 
@@ -278,6 +309,26 @@ async def _run_download(spec: Spec, conn: Conn) -> dict[str, Any]:
     elapsed = time.perf_counter() - t0
     return {"status": status, "bytes": size, "seconds": elapsed,
             "mb_per_s": size / 1e6 / elapsed if elapsed > 0 else 0.0}
+
+
+async def _run_upload(spec: Spec, conn: Conn) -> dict[str, Any]:
+    reader, writer = conn
+    block = prose(CHUNK)
+    extra = "".join(f"{k}: {v}\r\n" for k, v in spec.headers.items())
+    head = (f"POST {spec.path} HTTP/1.1\r\nHost: {spec.host}\r\n{extra}Content-Type: "
+            f"text/plain\r\nContent-Length: {spec.body_size}\r\n\r\n").encode()
+    t0 = time.perf_counter()
+    writer.write(head)
+    left = spec.body_size
+    while left:
+        piece = block[:min(left, len(block))]
+        writer.write(piece)
+        left -= len(piece)
+        await writer.drain()
+    status, _ = await read_response(reader)
+    elapsed = time.perf_counter() - t0
+    return {"status": status, "bytes": spec.body_size, "seconds": elapsed,
+            "mb_per_s": spec.body_size / 1e6 / elapsed if elapsed > 0 else 0.0}
 
 
 async def _run_sse(spec: Spec, conn: Conn) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 * `GatewayProxy`: ``python -m gateway run`` with a generated config and policy:
   ``pass.bench.test`` host-only (passthrough), ``policy.bench.test`` with methods/paths
   (intercepted), ``inject.bench.test`` with a credential (intercepted + injection),
-  ``sse.bench.test`` with methods/paths (intercepted streaming).
+  ``sse.bench.test`` with methods/paths (intercepted streaming), ``upload.bench.test``
+  and ``dlp.bench.test`` (POST /upload, intercepted; the second with `dlp:`).
 * `MitmdumpProxy`: plain ``mitmdump -q`` with the one-line header-injection script a
   user would write instead (plus the name mapping the benchmark's fake names need).
 * `SquidProxy`: Debian squid as a CONNECT proxy, names mapped by its ``hosts_file``.
@@ -220,6 +221,14 @@ egress:
   - host: sse.bench.test
     methods: [GET]
     paths: ["/events"]
+  # the same uploads without and with outbound credential detection (issue 43)
+  - host: upload.bench.test
+    methods: [POST]
+    paths: ["/upload"]
+  - host: dlp.bench.test
+    methods: [POST]
+    paths: ["/upload"]
+    dlp: {action: refuse}
 credentials:
   bench-key:
     hosts: [inject.bench.test]

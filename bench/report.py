@@ -56,12 +56,15 @@ def derive(workload: str, res: dict[str, Any]) -> None:
     if "error" in res or "na" in res:
         return
     cpu = res.get("proxy_cpu_s")
-    if workload.startswith(("get", "new", "resume")):
+    if workload.startswith(("get", "new", "resume", "post")):
         if res.get("requests"):
             if cpu is not None:
                 res["proxy_cpu_us_per_req"] = cpu / res["requests"] * 1e6
                 if res.get("proxy_cpu_s_root") is not None:  # the gateway process alone
                     res["root_cpu_us_per_req"] = res["proxy_cpu_s_root"] / res["requests"] * 1e6
+                if res.get("body_bytes"):  # (post: the bodies sent)
+                    res["proxy_cpu_ms_per_mib"] = cpu * 1e3 / (
+                        res["requests"] * res["body_bytes"] / (1 << 20))
                 if res.get("wall_s"):  # % of one core; a supervisor + 2 workers go to 200
                     res["proxy_cpu_pct"] = 100 * cpu / res["wall_s"]
                     if "proxy_cpu_s_by_pid" in res:
@@ -73,9 +76,12 @@ def derive(workload: str, res: dict[str, Any]) -> None:
             elif workload.startswith("resume") and res.get("resumed") != res["requests"]:
                 res["warning"] = f"only {res.get('resumed')} of {res['requests']} resumed"
         res["client_bound"] = res.get("client_cpu_pct", 0) >= CLIENT_BOUND_PCT
-    elif workload == "download":
+    elif workload in ("download", "upload"):
         if cpu is not None and res.get("bytes"):
             res["proxy_cpu_ms_per_mb"] = cpu * 1e3 / (res["bytes"] / 1e6)
+            res["proxy_cpu_ms_per_mib"] = cpu * 1e3 / (res["bytes"] / (1 << 20))
+        if res.get("status") != 200:
+            res["error"] = f"answered {res.get('status')}"
         res["client_bound"] = res.get("client_cpu_pct", 0) >= CLIENT_BOUND_PCT
     elif workload.startswith("idle"):  # idle, idle_after_timeout
         if not res.get("tunnels"):
@@ -90,14 +96,14 @@ def brief(workload: str, res: dict[str, Any]) -> str:
         return "ERROR " + res["error"][:160]
     if "na" in res:
         return "n/a (" + res["na"] + ")"
-    if workload.startswith(("get", "new", "resume")):
+    if workload.startswith(("get", "new", "resume", "post")):
         proxy = (f"proxy {res['proxy_cpu_us_per_req']:.0f} µs CPU/req, "
                  if "proxy_cpu_us_per_req" in res else "")
         if "resumed" in res and workload.startswith("resume"):
             proxy += f"{res['resumed']}/{res['requests']} resumed, "
         return (f"{res['rps']:.0f} req/s p50 {res['p50_ms']:.2f} ms, {proxy}"
                 f"client {res['client_cpu_pct']:.0f}% CPU")
-    if workload == "download":
+    if workload in ("download", "upload"):
         proxy = (f", proxy {res['proxy_cpu_ms_per_mb']:.2f} ms CPU/MB"
                  if "proxy_cpu_ms_per_mb" in res else "")
         return f"{res['mb_per_s']:.0f} MB/s{proxy}"
@@ -145,10 +151,17 @@ COLUMNS = ["row", "c1 req/s", "c1 p50 ms", "c1 p99 ms", "c10 req/s", "c10 p50 ms
            "KB/idle tunnel (after upstream idle timeout)"]
 
 
+_TABLE_WORKLOADS = {"get_c1", "get_c10", "new_c10", "resume_c10", "download", "sse", "idle",
+                    "idle_after_timeout"}
+
+
 def table_rows(results: dict[str, Any]) -> list[list[str]]:
     rows = results.get("rows", {})
     out = []
     for key, entry in rows.items():
+        if not set(entry) & _TABLE_WORKLOADS:  # (the POST rows: lines under the table)
+            continue
+
         def g(w: str, f: str, d: int = 0, key: str = key) -> str:
             return _fmt(_get(rows, key, w, f), d)
 
@@ -213,6 +226,7 @@ def _policy_lines(results: dict[str, Any]) -> list[str]:
                      f"{met['metered_audit_lines_with_usage']:,} audit lines with usage")
     elif met:
         lines.append(f"metering: {met.get('error', 'not measured')}")
+    lines.extend(_post_lines(results))
     dlp = results.get("dlp")
     if dlp:
         lines.append(
@@ -225,6 +239,31 @@ def _policy_lines(results: dict[str, Any]) -> list[str]:
             f"({dlp['stream_upload']['mb_per_s']:.0f} MB/s); detect-secrets import "
             f"{dlp['library_import']['ms']} ms, {dlp['library_import']['rss_kib'] / 1024:.0f} MiB")
     return lines
+
+
+def _post_lines(results: dict[str, Any]) -> list[str]:
+    """The POST rows (issue 43): proxy CPU with credential detection off and on."""
+    rows = results.get("rows", {})
+    off, on = rows.get("gateway_post"), rows.get("gateway_post_dlp")
+    if not off or not on:
+        return []
+    parts = []
+    for workload, what, field, unit in (
+            ("post_2k", "2 KB JSON", "proxy_cpu_us_per_req", "µs/req"),
+            ("post_1m", "1 MiB JSON", "proxy_cpu_ms_per_mib", "ms/MiB"),
+            ("upload", "upload", "proxy_cpu_ms_per_mib", "ms/MiB")):
+        a, b = _get(rows, "gateway_post", workload, field), _get(rows, "gateway_post_dlp",
+                                                                 workload, field)
+        if not isinstance(a, int | float) or not isinstance(b, int | float):
+            parts.append(f"{what} {_fmt(a)} · {_fmt(b)}")
+            continue
+        size = ""
+        if workload == "upload":
+            size = f" {(on.get('upload') or {}).get('bytes', 0) / (1 << 20):.0f} MiB"
+        parts.append(f"{what}{size} {a:.{0 if unit == 'µs/req' else 2}f} · "
+                     f"{b:.{0 if unit == 'µs/req' else 2}f} {unit} ({b / a:.2f}x)")
+    return ["POST without a credential, proxy CPU, credential detection off · on: "
+            + "; ".join(parts)]
 
 
 WORKER_COLUMNS = ["workers", "conc", "req/s", "p50 ms", "p99 ms", "proxy µs CPU/req",

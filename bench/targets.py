@@ -115,6 +115,15 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         f"{icpt_name}: added p50 latency at c1 over direct", "≤ 0.8 ms",
         _val(rows, icpt, "get_c1", "p50_ms"), _val(rows, "direct", "get_c1", "p50_ms"),
         diff, lambda v: v <= 0.8, "{:.2f} ms ({a:.2f} vs {b:.2f})"))
+    for workload, what, field in (("post_2k", "2 KB JSON POST", "proxy_cpu_us_per_req"),
+                                  ("post_1m", "1 MiB JSON POST", "proxy_cpu_ms_per_mib"),
+                                  ("upload", "upload", "proxy_cpu_ms_per_mib")):
+        out.append(_target(
+            f"credential detection on vs off, {what} without a candidate: proxy CPU "
+            "(same run)", "≤ 1.05x",
+            _val(rows, "gateway_post_dlp", workload, field),
+            _val(rows, "gateway_post", workload, field),
+            ratio, lambda v: v <= 1.05, "{:.2f}x ({a:.2f} vs {b:.2f})"))
     runs = (results.get("workers") or {}).get("workers", {})
     two = runs.get("2", {}).get("get_c10", {})
     busy = (f", machine {two['machine_busy_pct']:.0f}% busy, client {two['client_cpu_pct']:.0f}%"

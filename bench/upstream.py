@@ -32,7 +32,8 @@ if str(ROOT / "tests") not in sys.path:
 
 from helpers.tls import LocalCA  # noqa: E402  (the test CA helper, shared with the tests)
 
-NAMES = ["pass.bench.test", "policy.bench.test", "inject.bench.test", "sse.bench.test"]
+NAMES = ["pass.bench.test", "policy.bench.test", "inject.bench.test", "sse.bench.test",
+         "upload.bench.test", "dlp.bench.test"]
 SMALL_BODY = b"x" * 99 + b"\n"
 SECRET = "bench-secret-value-0123456789"
 
@@ -105,6 +106,7 @@ NGINX_CONF = NGINX_HEAD + """\
     root {d}/www;
     location = /small {{ try_files /small.txt =404; }}
     location = /big {{ try_files /big.bin =404; }}
+    location = /upload {{ client_max_body_size 0; return 200 "ok\n"; }}
   }}
   server {{
     listen 127.0.0.1:{port} ssl;
@@ -220,6 +222,14 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, dict[str, st
     return target, headers
 
 
+async def _drop(reader: asyncio.StreamReader, size: int) -> None:
+    while size:
+        data = await reader.read(min(size, 1 << 20))
+        if not data:
+            raise ConnectionError("body truncated")
+        size -= len(data)
+
+
 class _PyStatic:
     """Fallback static upstream when nginx is not installed (slower: rows become upstream-bound)."""
 
@@ -248,6 +258,9 @@ class _PyStatic:
                     status, body = "200 OK", self.big
                 elif target == "/small":
                     status, body = "200 OK", SMALL_BODY
+                elif target == "/upload":  # (the body read and dropped)
+                    await _drop(reader, int(headers.get("content-length", "0")))
+                    status, body = "200 OK", b"ok\n"
                 else:
                     status, body = "404 Not Found", b"not found\n"
                 writer.write(f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n\r\n"

@@ -19,7 +19,8 @@ from bench.__main__ import ROWS, SECTIONS
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTED_ROWS = {"direct", "gateway_passthrough", "gateway_policy", "gateway_otel",
                  "gateway_otel_logs", "gateway_otel_sampled", "gateway_inject",
-                 "gateway_sse", "nginx", "mitmdump", "squid"}
+                 "gateway_sse", "gateway_post", "gateway_post_dlp", "nginx", "mitmdump",
+                 "squid"}
 WORKLOAD_FIELDS = {
     "get_c1": ("rps", "p50_ms", "p99_ms", "client_cpu_pct"),
     "get_c10": ("rps", "p50_ms", "p99_ms", "client_cpu_pct"),
@@ -29,6 +30,9 @@ WORKLOAD_FIELDS = {
     "sse": ("ttfe_p50_ms", "event_delay_p50_ms"),
     "idle": ("kb_per_tunnel",),
     "idle_after_timeout": ("kb_per_tunnel", "idle_wait_s"),
+    "post_2k": ("rps", "p50_ms", "proxy_cpu_us_per_req", "proxy_cpu_ms_per_mib"),
+    "post_1m": ("rps", "p50_ms", "proxy_cpu_us_per_req", "proxy_cpu_ms_per_mib"),
+    "upload": ("mb_per_s", "proxy_cpu_ms_per_mib"),
 }
 EXPECTED_SECTIONS = {"workers", "policy", "secret", "metering", "dlp"}
 WORKER_FIELDS = ("rps", "p50_ms", "p99_ms", "client_cpu_pct", "proxy_cpu_us_per_req",
@@ -63,8 +67,10 @@ def test_quick_benchmark_produces_every_row_and_workload(tmp_path: Path) -> None
             assert "na" not in res, f"{row.key}/{workload}: {res['na']}"
             for field in WORKLOAD_FIELDS[workload]:
                 assert isinstance(res[field], int | float), f"{row.key}/{workload}/{field}"
-            if workload.startswith(("get", "new", "resume")):
+            if workload.startswith(("get", "new", "resume", "post")):
                 assert res["ok"] == res["requests"] > 0, f"{row.key}/{workload}: {res}"
+            if workload == "upload":
+                assert res["status"] == 200 and res["bytes"] > 0, f"{row.key}: {res}"
             if workload.startswith("resume"):  # every connection resumed its TLS session
                 assert res["resumed"] == res["requests"], f"{row.key}/{workload}: {res}"
             if row.proxy is not None and workload.startswith(("get", "new", "resume")):
@@ -119,6 +125,12 @@ def test_quick_benchmark_produces_every_row_and_workload(tmp_path: Path) -> None
         for level in ("tunnel", "request", "request_hot"):
             assert entry[level]["p99_us"] > 0
     assert results["cold_secret"]["vault_calls"] == 1
+    # the POST rows: detection off and on in one gateway, a line under the table, targets
+    assert "POST without a credential, proxy CPU, credential detection off · on" in proc.stdout
+    for what in ("2 KB JSON POST", "1 MiB JSON POST", "upload"):
+        target = next(t for t in results["targets"] if t["name"].startswith(
+            f"credential detection on vs off, {what} without"))
+        assert target["status"] in ("PASS", "MISS"), target
     dlp = results["dlp"]
     assert {"small_json_clean", "small_json_key", "json_1mib_clean", "stream_upload",
             "library_import"} <= set(dlp)

@@ -528,6 +528,7 @@ class _RequestStream:
 
     def __call__(self, chunk: bytes) -> bytes | list[bytes]:
         if self.flow.metadata.get(ANSWERED):
+            self.flow.request.trailers = None  # (see below)
             return b""
         self.started = True
         try:
@@ -543,6 +544,10 @@ class _RequestStream:
             refusal = exc if isinstance(exc, Refusal) else GATEWAY_ERROR
             if refusal is GATEWAY_ERROR:
                 log.exception("checking a request body failed; refusing (fail closed)")
+            # mitmproxy sends the request's trailers after this call unless the flow is
+            # gone by then: refused trailers never go, and to an HTTP/1 upstream they
+            # crashed its client (the sandbox then read a 502, not a closed stream)
+            self.flow.request.trailers = None
             _abort(self.proxyserver, self.flow, self.ex.abort(refusal))
             return b""
 

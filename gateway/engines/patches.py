@@ -17,11 +17,14 @@ The engines need a few things their libraries keep private:
   a connection the leak scanner cut off mid-stream, and idle upstreams; and their log
   method, through which every layer logs — `Unexpected data from server: b'…'`, an
   HTTP/2 protocol error quoting a header — so that no quoted bytes reach the log), and
-  its layers (a layer that closes a refused tunnel, the TCP passthrough layer, the
-  layer stack a tunnel or a redirected connection starts with, and the one reading of a
-  failed flow's error text into a typed outcome: `flow_error`), the WebSocket
-  fragmentizer, its ClientHello parser (the kaitai-struct one, without the TLS
-  layer module around it: the doors read a tunnel's first bytes with it), its
+  its HTTP/1 client's conversion of an HTTP/2 request (one whose body has no
+  Content-Length goes out chunked: mitmproxy sent it unframed, so an HTTP/1 upstream
+  read a request without a body and the body's bytes as the next request:
+  `install_h1_framing`), its layers (a layer that closes a refused tunnel, the TCP
+  passthrough layer, the layer stack a tunnel or a redirected connection starts with,
+  and the one reading of a failed flow's error text into a typed outcome:
+  `flow_error`), the WebSocket fragmentizer, its ClientHello parser (the kaitai-struct
+  one, without the TLS layer module around it: the doors read a tunnel's first bytes with it), its
   original-destination lookup (transparent mode), the raw method and authority of a
   request as sent, its cache of client-facing TLS contexts (cleared to replace their
   session ticket keys: `replace_client_tls_contexts`), and its next-layer addon (the adapter extends
@@ -88,6 +91,7 @@ __all__ = [
     "client_hello",
     "close_mitmproxy_connection",
     "install_error_pages",
+    "install_h1_framing",
     "install_listeners",
     "install_log_hygiene",
     "load_engine",
@@ -660,6 +664,37 @@ class _NoTrailersReader(ChunkedReader):
         return event
 
 
+_h1_send: dict[str, Any] = {}
+
+
+def _h1_client_send(self: Any, event: Any) -> Any:
+    """mitmproxy's HTTP/1 client, except that an HTTP/2 or HTTP/3 request whose body has
+    no length (no Content-Length, the stream not ended with its headers) is sent with
+    `Transfer-Encoding: chunked`. mitmproxy converted it to an HTTP/1.1 head with neither
+    and then wrote the body bytes as they are: the upstream read a request without a
+    body, and the body as the next request on the connection (a second request no policy
+    decided), or closed the connection on it (the sandbox saw a 502 instead of a
+    refusal). The header is set on the request the client frames the body by."""
+    from mitmproxy.proxy.layers.http._events import RequestHeaders
+
+    if isinstance(event, RequestHeaders) and not event.end_stream:
+        request = event.request
+        if (request.is_http2 or request.is_http3) and "content-length" not in request.headers \
+                and "transfer-encoding" not in request.headers:
+            request.headers["transfer-encoding"] = "chunked"
+    yield from _h1_send["original"](self, event)
+
+
+def install_h1_framing() -> None:
+    """Frame the bodies of HTTP/2 requests of unknown length sent to HTTP/1 upstreams
+    (`_h1_client_send`)."""
+    load_engine()
+    from mitmproxy.proxy.layers.http import _http1
+
+    _h1_send.setdefault("original", _http1.Http1Client.send)
+    _http1.Http1Client.send = _h1_client_send  # type: ignore[method-assign]
+
+
 def install_error_pages(
         http1: Callable[[int, str], bytes],
         http2: Callable[[int, str], tuple[int, list[tuple[bytes, bytes]], bytes]]) -> None:
@@ -710,6 +745,14 @@ def close_mitmproxy_connection(proxyserver: Any, client_id: str,
     io = handler.transports.get(handler.client)
     if write is not None and io is not None and io.writer is not None:
         io.writer.write(write)
+    # Every upstream's writer is closed now, not when the handler ends: the layers may
+    # still yield data for it after this call (mitmproxy sends a streamed request's end
+    # after its body filter refused it), and a closing writer takes none of it, so the
+    # upstream never reads a refused request as complete.
+    for conn, transport in list(handler.transports.items()):
+        if conn is not handler.client and transport.writer is not None \
+                and not transport.writer.is_closing():
+            transport.writer.close()
     # Closing the client ends the handler, which closes every upstream it opened.
     handler.close_connection(handler.client)
     return True

@@ -160,6 +160,14 @@ EXFILTRATION_BLOCKED = Counter(
     ["kind"],
     registry=REGISTRY,
 )
+DLP_FINDINGS = Counter(
+    "sandbox_gateway_dlp_findings_total",
+    "Credentials the gateway did not issue found in requests (outbound credential "
+    "detection, `dlp:`), by detector, the action taken (refuse, redact, report) and engine; "
+    "never a value or a fingerprint.",
+    ["detector", "action", "engine"],
+    registry=REGISTRY,
+)
 DNS_QUERIES = Counter(
     "sandbox_gateway_dns_queries_total",
     "Queries to the gateway's DNS resolver (listen.dns), by policy and result: allow, "
@@ -369,6 +377,7 @@ class Prometheus:
         "destinations_refused": DESTINATIONS_REFUSED, "bytes": BYTES,
         "credentials_injected": CREDENTIALS_INJECTED,
         "exfiltration_blocked": EXFILTRATION_BLOCKED, "model_refusals": MODEL_REFUSALS,
+        "dlp_findings": DLP_FINDINGS,
         "budget_refusals": BUDGET_REFUSALS, "metering_refusals": METERING_REFUSALS,
         "reservations_charged": RESERVATIONS_CHARGED, "inference_tokens": INFERENCE_TOKENS,
         "inference_requests": INFERENCE_REQUESTS, "mcp_calls": MCP_CALLS,

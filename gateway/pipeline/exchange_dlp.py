@@ -8,7 +8,8 @@ What a finding does is the rule's `dlp.action` (`core/dlp/verdict.py` decides): 
 (`403 secret_detected`), redact (the value replaced, the body re-framed by the engine as
 for the metering rewrite; a body streamed past the hold limit cannot be rewritten and is
 refused), report (forwarded, recorded). Every finding goes to the audit line's `dlp`.
-A body the scan cannot read is refused (fail closed). Answers are not scanned.
+A body the scan cannot read is refused (fail closed). Answers are not scanned. Each
+finding recorded is also counted (`dlp_findings`: detector, action, engine).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from gateway.core.dlp import (
 from gateway.core.dlp.policy import Action
 from gateway.core.dlp.verdict import counted, records, refusal, unreadable
 from gateway.core.messages import Headers
+from gateway.core.ports import SILENT, Telemetry
 
 __all__ = ["DlpCheck"]
 
@@ -40,13 +42,16 @@ class DlpCheck:
     the policy's `mode: report`, findings recorded only)."""
 
     def __init__(self, scanner: Scanner, dlp: Dlp, host: str, rule: str | None, *,
-                 report: bool = False) -> None:
+                 report: bool = False, telemetry: Telemetry = SILENT,
+                 engine: str = "") -> None:
         self.scanner = scanner.only(dlp.detectors or DEFAULT)
         self.dlp = dlp
         self.action: Action = "report" if report else dlp.effective_action
         self.host = host
         self.rule = rule
         self.found: list[dict[str, Any]] = []  # the audit line's `dlp`
+        self.telemetry = telemetry
+        self.engine = engine
         self._stream: StreamScanner | None = None
 
     def _judge(self, result: ScanResult, why_not: str | None = None
@@ -61,12 +66,18 @@ class DlpCheck:
             return ()
         action = self.action
         if action == "redact" and why_not is not None:
-            self.found += records(found, "refuse")
+            self._record(found, "refuse")
             raise refusal(found, self.host, self.rule, self.found, why_not)
-        self.found += records(found, action)
+        self._record(found, action)
         if action == "refuse":
             raise refusal(found, self.host, self.rule, self.found)
         return found if action == "redact" else ()
+
+    def _record(self, found: tuple[Finding, ...], action: Action) -> None:
+        """Findings onto the audit line's `dlp`, and counted."""
+        self.found += records(found, action)
+        for finding in found:
+            self.telemetry.count("dlp_findings", finding.detector, action, self.engine)
 
     def head(self, method: str, path: str, headers: Headers) -> str:
         """The request line and headers; returns the path to send (redacted: the

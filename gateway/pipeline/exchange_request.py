@@ -8,6 +8,8 @@ exchange, once decoded."""
 
 from __future__ import annotations
 
+from collections import deque
+
 from gateway.core.encodings import Decoder, EncodingError, decoder_for
 from gateway.core.leaks import StreamScan
 from gateway.core.refusal import Refusal
@@ -30,7 +32,8 @@ class RequestSide:
         self._scan: StreamScan | None = None
         self._decoder: Decoder | None = None
         self._encoded: list[bytes] | None = None
-        self._held = b""
+        self._held: deque[bytes] = deque()  # the tail held back, as it came
+        self._held_size = 0
 
     def _scanner(self) -> StreamScan:
         if self._scan is None:
@@ -80,17 +83,35 @@ class RequestSide:
                 raise _unreadable(exc) from None
             return b""
         self._check(scanner, chunk)
-        data = self._held + chunk if self._held else chunk
         keep = self.ex.scan.keep if self.ex.scan is not None else 0
         if self.ex.dlp is not None:  # (what the detection has not decided stays too)
             keep = max(keep, self.ex.dlp.pending)
-        if len(data) <= keep:
-            self._held = data
-            return b""
-        self._held = data[len(data) - keep:] if keep else b""
-        out = data[: len(data) - keep] if keep else data
+        out = self._release(chunk, keep)
         self.ex.bytes_out += len(out)
         return out
+
+    def _release(self, chunk: bytes, keep: int) -> bytes:
+        """`chunk` added to the held tail; what is now beyond the last `keep` bytes goes.
+        The tail is kept as the chunks came (each byte copied once on its way out, not
+        once per chunk: detection may hold back tens of KiB)."""
+        held = self._held
+        held.append(chunk)
+        self._held_size += len(chunk)
+        release = self._held_size - keep
+        if release <= 0:
+            return b""
+        out: list[bytes] = []
+        self._held_size = keep
+        while release:
+            first = held[0]
+            if len(first) <= release:
+                out.append(held.popleft())
+                release -= len(first)
+            else:
+                out.append(first[:release])
+                held[0] = first[release:]
+                release = 0
+        return b"".join(out)
 
     def end(self, trailers: list[tuple[bytes, bytes]] | None) -> bytes:
         """The end of a streamed body; returns what was held back."""
@@ -108,7 +129,9 @@ class RequestSide:
             out = b"".join(self._encoded)
             self._encoded = []
         else:
-            out, self._held = self._held, b""
+            out = b"".join(self._held)
+            self._held.clear()
+            self._held_size = 0
         self.ex.bytes_out += len(out)
         return out
 

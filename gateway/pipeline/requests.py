@@ -160,7 +160,8 @@ class Requests:
                           "(dlp:), and this gateway has no detectors; refusing (fail "
                           "closed)", rule.source)
         ex.dlp = DlpCheck(self.parts.detectors.scanner(), dlp, ex.target.host, rule.source,
-                          report=policy.mode == "report")
+                          report=policy.mode == "report", telemetry=ex.trail.telemetry,
+                          engine=ex.client.engine)
         return ex.dlp.head(ex.head.method, path, ex.head.headers)
 
     def _meter(self, ex: Exchange, credential: Credential) -> None:

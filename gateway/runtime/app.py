@@ -807,6 +807,7 @@ class Gateway:
         from gateway.engines.mitm import STREAM_LARGE_BODIES, Adapter, error_h2, error_page
 
         patches.install_error_pages(error_page, error_h2)
+        patches.install_h1_framing()
         patches.install_log_hygiene(error_phrase)
         patches.install_listeners(sockets=sockets, servers=servers)
 

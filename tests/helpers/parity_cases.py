@@ -160,6 +160,12 @@ def _no_upstream_body(result: Result, seen: list[Any]) -> None:
     assert all(s.body == b"" and "eyJ" not in json.dumps(s.headers) for s in seen), seen
 
 
+def _upstream_exactly(method: str, path: str, body: bytes) -> Callable[[Result, list[Any]], None]:
+    def check(result: Result, seen: list[Any]) -> None:
+        assert [(s.method, s.path, s.body) for s in seen] == [(method, path, body)], seen
+    return check
+
+
 STREAMABLE = ["Accept", "application/json, text/event-stream"]  # a streamable-HTTP client
 PINNED = "MCP: a pinned tool's first listing"
 CHANGED = "MCP: a pinned tool listed with another description is left out"
@@ -530,6 +536,15 @@ CASES = [
                                    "trailers": [["X-Trailer", "{TOKEN}"]]},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
          streamed=True, check=_no_upstream_body, engines=("h1", "h2")),
+    # A body of unknown length (HTTP/1 chunked; HTTP/2 without Content-Length) reaches an
+    # HTTP/1 upstream framed: mitmproxy sent an HTTP/2 one unframed, and the upstream read
+    # its bytes as a second request no policy decided (patches.install_h1_framing).
+    Case("a streamed body of unknown length reaches the upstream framed",
+         {"host": "other.test", "method": "POST", "target": "/ok/framed", "chunked": True,
+          "body": "{B64:GET /smuggled HTTP/1.1\r\nHost: other.test\r\n\r\n}"},
+         ("response", 200, None), {"decision": "allow"},
+         check=_upstream_exactly("POST", "/ok/framed",
+                                 b"GET /smuggled HTTP/1.1\r\nHost: other.test\r\n\r\n")),
     Case("HTTP/1 trailers through mitmproxy",  # mitmproxy cannot relay HTTP/1 trailers
          {"host": "unbound.test", "method": "POST", "target": "/t", "body": "{B64:hello}",
           "chunked": True, "trailers": [["X-Trailer", "clean"]]},
@@ -850,8 +865,7 @@ DLP = [
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
     Case("DLP: a credential split across the chunks of a streamed body",
          {**_dlp_post("/dlp/s", "{B64:{GH_PAD}}"), "chunked": True},
-         ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_fake,
-         engines=("h1", "mitmproxy")),  # (h2: as for a token, see the report)
+         ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_fake),
     Case("DLP: a credential in a WebSocket message",
          {"host": "other.test", "target": "/dlp/ws", "headers": WS_UPGRADE,
           "ws": ["deploy with {GH}"]},

@@ -1,7 +1,9 @@
 """Outbound credential detection (issue 43) through a real gateway and upstream: what the
 audit line says (detector, where, a salted fingerprint, never the value), `report` and
 `redact` on the way, inheritance through `extends`, `mode: report`, the salt file, and
-that a policy without `dlp:` never loads the detectors. The refusal on every engine and
+that a policy without `dlp:` never loads the detectors, and the findings counter
+(`sandbox_gateway_dlp_findings_total`: detector, action, engine; never a value). The
+refusal on every engine and
 encoding is in the parity table (`DLP:` rows of tests/helpers/parity_cases.py)."""
 
 from __future__ import annotations
@@ -10,11 +12,13 @@ import base64
 import gzip
 import json
 import stat
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 from helpers.dlp_corpus import fake
 from helpers.gateway import GatewayFactory, GatewayThread
+from helpers.metrics import metric
 from helpers.parity import Spec, run
 from helpers.upstream import Upstream
 
@@ -98,6 +102,31 @@ def test_the_audit_line_names_the_finding_never_the_value(
     assert _line(gw, before)["dlp"][0]["detector"] == "aws"
     salt = tmp_path / "certs" / "dlp-salt"
     assert stat.S_IMODE(salt.stat().st_mode) == 0o600 and len(salt.read_bytes()) == 32
+
+
+def _findings(gw: GatewayThread, **labels: str) -> float:
+    return metric(gw, "sandbox_gateway_dlp_findings_total", **labels)
+
+
+def test_findings_are_counted_by_detector_action_and_engine(
+        make_gateway: GatewayFactory) -> None:
+    gw = make_gateway({"agent.yaml": POLICY})
+    token = gw.mint("agent")
+    counts = {a: _findings(gw, detector="github", action=a, engine="h1")
+              for a in ("refuse", "report", "redact")}
+    assert _send(gw, token, "/x", headers=[("X-Deploy", GH)]).code == "secret_detected"
+    assert _send(gw, token, "/report/x", f"a={GH}&b={AWS}".encode(),
+                 [("Content-Type", "application/x-www-form-urlencoded")]).status == 200
+    assert _send(gw, token, "/redact/x", f"note {GH}".encode(),
+                 [("Content-Type", "text/plain")]).status == 200
+    for action in ("refuse", "report", "redact"):
+        assert _findings(gw, detector="github", action=action, engine="h1") == \
+            counts[action] + 1, action
+    assert _findings(gw, detector="aws", action="report", engine="h1") >= 1
+    with urllib.request.urlopen(gw.admin + "/metrics", timeout=5) as answer:
+        exposed = answer.read().decode()
+    assert "sandbox_gateway_dlp_findings_total" in exposed
+    assert GH not in exposed and GH[:12] not in exposed  # (no value, no part of one)
 
 
 def test_report_and_redact_forward_and_record(make_gateway: GatewayFactory,

@@ -28,11 +28,12 @@ from dataclasses import dataclass
 import zstandard
 
 from gateway.core import encodings
+from gateway.core.dlp.fastscan import MAP, SEGMENT, has_segment
 
 __all__ = ["Run", "Unreadable", "decode_content", "decode_run", "encode_content", "encode_run",
            "has_run", "runs"]
 
-MIN_BASE64 = 20
+MIN_BASE64 = SEGMENT  # (20)
 MIN_HEX = 32
 MAX_SHIFTED = 1024  # runs up to this long are also decoded from their 2nd to 4th character
 _STEP = 256 * 1024
@@ -116,22 +117,20 @@ class Run:
 
 
 # Runs are found without a regular expression: the text's bytes are mapped to "a" (in the
-# base64 alphabets) or " " (not), and `bytes.find` looks for 20 "a"s - a C-speed pass
-# (about 2 GB/s; a `[A-Za-z0-9+/_-]{20,}` search runs at some 30 MB/s).
-_ALPHABET = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-")
-_MAP = bytes(0x61 if i in _ALPHABET else 0x20 for i in range(256))
+# base64 alphabets) or " " (not), and `bytes.find` looks for 20 "a"s. Most texts have no
+# such run: `fastscan.has_segment` says so first, at C speed (Hyperscan).
 _NEEDLE = b"a" * MIN_BASE64
 
 
 def _mapped(text: str) -> bytes:
-    return text.encode("latin-1", "replace").translate(_MAP)
+    return text.encode("latin-1", "replace").translate(MAP)
 
 
 def has_run(text: str) -> bool:
     """Whether `text` holds a run to decode (the cheap check: most texts have no 20
     base64 characters in a row, and the runs of those that do are mostly paths and
     identifiers, see `runs`)."""
-    return _NEEDLE in _mapped(text) and next(runs(text), None) is not None
+    return has_segment(text) and next(runs(text), None) is not None
 
 
 def runs(text: str) -> Iterator[Run]:

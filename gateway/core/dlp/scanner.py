@@ -30,6 +30,7 @@ from urllib.parse import parse_qsl, unquote_plus
 
 from gateway.core.dlp.decoding import Unreadable, decode_content, decode_run, has_run, runs
 from gateway.core.dlp.detector import Detector
+from gateway.core.dlp.fastscan import HYPERSCAN, has_segment
 from gateway.core.dlp.findings import Finding, Location, ScanResult, fingerprint
 from gateway.core.dlp.prefilter import Prefilter, unescape
 
@@ -66,15 +67,16 @@ class Scanner:
     """Finds credentials with some detectors; `salt` keys the fingerprints."""
 
     def __init__(self, detectors: Iterable[Detector], salt: bytes, *,
-                 limit: int = DEFAULT_LIMIT, depth: int = 2) -> None:
+                 limit: int = DEFAULT_LIMIT, depth: int = 2, fast: bool = HYPERSCAN) -> None:
         self.detectors = tuple(detectors)
         self.salt = salt
         self.limit = limit
         self.depth = depth
-        self.prefilter = Prefilter(self.detectors)
+        self.fast = fast  # the prefilter on Hyperscan (else the automaton: see fastscan)
+        self.prefilter = Prefilter(self.detectors, fast=fast)
         self.context = Prefilter(tuple(
             Detector(d.name, tuple(r for r in d.rules if r.context or not r.anchors))
-            for d in self.detectors))
+            for d in self.detectors), fast=fast)
         self.reach = max((d.reach for d in self.detectors), default=0)
         self._subsets: dict[frozenset[str], Scanner] = {}
 
@@ -85,7 +87,7 @@ class Scanner:
         found = self._subsets.get(wanted)
         if found is None:
             found = Scanner([d for d in self.detectors if d.name in wanted], self.salt,
-                            limit=self.limit, depth=self.depth)
+                            limit=self.limit, depth=self.depth, fast=self.fast)
             if len(self._subsets) < 64:
                 self._subsets[wanted] = found
         return found
@@ -210,6 +212,12 @@ class Scanner:
         if coding:
             where = Location(where.part, where.name, where.offset,
                              (*where.via, *(c.strip() for c in coding.split(",") if c.strip())))
+        if "multipart/" not in ctype and b"%" not in body and b"\\" not in body \
+                and not self.prefilter.any(body) and not has_segment(body):
+            # Most bodies: no anchor, no base64 run and no escape that could hide one
+            # (so every view below reads these same characters): the two C passes on the
+            # bytes as they are, no text made of them. (A multipart part may be coded.)
+            return
         text = body.decode("latin-1")
         if "multipart/" in ctype:
             yield from self._multipart(body, ctype, where)

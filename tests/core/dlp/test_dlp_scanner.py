@@ -18,7 +18,7 @@ import pytest
 import zstandard
 from helpers.dlp_corpus import CORPUS, Fake
 
-from gateway.core.dlp import DETECTORS, Finding, Location, Scanner
+from gateway.core.dlp import DEFAULT, DETECTORS, Finding, Location, Scanner
 from gateway.services.dlp.library import build
 
 SCANNER = Scanner(build(DETECTORS), b"test-salt")
@@ -216,3 +216,39 @@ def test_a_key_used_as_a_name_is_not_shown_in_the_location(fake: Fake) -> None:
         for finding in findings:
             shown = str(finding.location)
             assert not any(secret[i:i + 8] in shown for i in range(len(secret) - 7)), shown
+
+
+# The default detectors: every rule anchored, so the cheap check on a body's bytes applies
+# (an opt-in detector without an anchor makes every body go the whole way).
+ANCHORED = Scanner(build(DEFAULT), b"test-salt")
+
+
+def _escaped(text: str, form: str) -> str:
+    """Every character of `text` escaped (%XX, or JSON's \\u00XX): no anchor and no run of
+    base64 characters is left in the raw body, only in what a reader decodes."""
+    return "".join((f"%{ord(c):02X}" if form == "percent" else f"\\u{ord(c):04x}")
+                   for c in text)
+
+
+@pytest.mark.parametrize(("ctype", "body"), [
+    ("application/x-www-form-urlencoded", "note=hi&token=" + _escaped(GH := next(
+        f.text for f in CORPUS if f.detector == "github"), "percent")),
+    (JSON, '{"token": "' + _escaped(GH, "json") + '"}'),
+])
+def test_a_key_escaped_to_the_last_character_is_found(ctype: str, body: str) -> None:
+    """The raw body holds no anchor and no base64 run: the cheap check on its bytes
+    must not stop there while an escape could hide one."""
+    assert "ghp_" not in body and not re.search(r"[A-Za-z0-9+/_-]{20}", body)
+    result = ANCHORED.scan_body(body.encode(), ctype)
+    assert [f.detector for f in result.findings] == ["github"]
+
+
+def test_a_compressed_multipart_part_behind_a_short_boundary() -> None:
+    """A part in its own Content-Encoding: the raw body shows nothing of the key."""
+    part = gzip.compress(f"token {GH}\n".encode(), mtime=0)
+    body = (b"--b\r\nContent-Disposition: form-data; name=\"f\"\r\nContent-Encoding: gzip"
+            b"\r\n\r\n" + part + b"\r\n--b--\r\n")
+    assert b"ghp_" not in body
+    result = ANCHORED.scan_body(body, "multipart/form-data; boundary=b")
+    assert [(f.detector, str(f.location)) for f in result.findings] == \
+        [("github", "body multipart part f (in gzip)")]

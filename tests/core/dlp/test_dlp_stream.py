@@ -74,6 +74,47 @@ def test_a_key_in_a_long_base64_run_across_windows() -> None:
         assert names == ["aws"], where
 
 
+@pytest.mark.parametrize("encode", [
+    lambda k: base64.b64encode(k), lambda k: base64.urlsafe_b64encode(b"\x00" + k),
+    lambda k: k.hex().encode(), lambda k: k.hex().upper().encode()],
+    ids=["base64", "base64url-shifted", "hex", "HEX"])
+def test_an_encoded_key_across_the_window_cut_at_every_offset(encode: object) -> None:
+    """The window's cut is moved back to a run's phase only where a run may cross it (a
+    cheap check around the cut): a base64 or hex key crossing the cut at any character
+    is still decoded whole, once."""
+    assert callable(encode)
+    run = encode(fake("github").text.encode())
+    stream = StreamScanner(SCANNER)
+    head = _filler(stream.keep + 100, 9) + b" "
+    data = head + run + b" " + _filler(stream.keep, 10)
+    for at in range(-3, len(run) + 3):
+        first = len(head) + at + stream.keep  # fed at once: the cut falls at head + at
+        names, _ = _stream(data, [first])
+        assert names == ["github"], at
+
+
+@pytest.mark.parametrize("variant", ["XOXB", "xOxB", "XoXb"])
+def test_a_case_variant_split_across_chunks(variant: str) -> None:
+    key = (variant + fake("slack").text[4:]).encode()
+    data = _filler(40_000, 11) + b" " + key + b" " + _filler(40_000, 12)
+    start = data.index(key)
+    for split in (start + 1, start + 2, start + 3, start + len(key) // 2):
+        names, _ = _stream(data, [split])
+        assert names == ["slack"], (variant, split)
+
+
+@pytest.mark.parametrize("coding", ["deflate", "br"])
+def test_a_compressed_stream_with_a_base64_key(coding: str) -> None:
+    import zlib
+
+    import brotli
+    key = base64.b64encode(fake("anthropic").text.encode())
+    plain = _filler(150_000, 13) + b" " + key + b" " + _filler(150_000, 14)
+    data = zlib.compress(plain) if coding == "deflate" else brotli.compress(plain)
+    names, _ = _stream(data, list(range(777, len(data), 777)), coding)
+    assert names == ["anthropic"]
+
+
 def test_a_gzip_stream_is_decoded_as_it_comes() -> None:
     key = fake("slack").text.encode()
     data = gzip.compress(_filler(200_000, 6) + key + _filler(200_000, 7))

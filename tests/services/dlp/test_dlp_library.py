@@ -82,6 +82,18 @@ def test_the_prefilter_loses_nothing_against_a_full_pass(fake: Fake) -> None:
         assert got == want, (text[:40], got ^ want)
 
 
+@pytest.mark.parametrize("fake", CORPUS, ids=lambda f: f.detector)
+def test_the_fallback_prefilter_finds_the_same(fake: Fake) -> None:
+    """The automaton (where there is no Hyperscan wheel) finds what Hyperscan finds."""
+    detectors = build(DETECTORS)
+    fast, slow = Scanner(detectors, b"s"), Scanner(detectors, b"s", fast=False)
+    for text in (fake.text, f"prefix {fake.text} suffix", f'{{"k": "{fake.text}"}}'):
+        body = text.encode()
+        assert slow.scan_body(body) == fast.scan_body(body)
+        assert slow.scan_body(body, "application/json") == fast.scan_body(body,
+                                                                          "application/json")
+
+
 def _pem_body() -> str:
     return "\n".join(["MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7" + "a" * 12] * 4)
 
