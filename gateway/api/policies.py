@@ -15,7 +15,7 @@ def describe_policies(current: PolicySet) -> dict[str, Any]:
     budgets}]}`."""
     return {"revision": current.revision, "policies": [
         {"name": p.name, "mode": p.mode, "source": p.source, "extends": list(p.extends),
-         "rules": len(p.rules), "credentials": p.credential_names,
+         "rules": len(p.rules), "credentials": list(p.credential_names),
          "budgets": [b.describe() for b in p.budgets]}
         for p in current.policies.values()
     ]}

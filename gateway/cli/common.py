@@ -17,7 +17,7 @@ def config_of(args: argparse.Namespace) -> Config:
     return load_config(getattr(args, "config", None))
 
 
-def credentials_of(policies: PolicySet, name: str) -> list[str] | None:
+def credentials_of(policies: PolicySet, name: str) -> tuple[str, ...] | None:
     """The credentials policy `name` injects (a token's default scope); None: no such policy."""
     policy = policies.get(name)
     return None if policy is None else policy.credential_names

@@ -204,7 +204,7 @@ class Gateway:
     def policy(self, name: str) -> Policy | None:
         return self.policy_set.get(name) if self.policy_set is not None else None
 
-    def policy_credentials(self, name: str) -> list[str] | None:
+    def policy_credentials(self, name: str) -> tuple[str, ...] | None:
         """Credential names policy `name` references; None if there is no such policy."""
         policy = self.policy(name)
         return None if policy is None else policy.credential_names

@@ -286,7 +286,7 @@ def test_learn_mode(request_: Request, result: str, inspect: bool, credential: s
     assert (decision.result, decision.inspect, decision.credential) == (
         result, inspect, credential)
     assert (decision.rule.source if decision.rule else None) == rule
-    assert policy.credential_names == ["mine", "twin", "twin2"]  # a token's default scope
+    assert policy.credential_names == ("mine", "twin", "twin2")  # a token's default scope
 
 
 def test_learning_puts_every_policy_in_learn_mode(policy_set: PolicySet) -> None:

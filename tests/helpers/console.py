@@ -44,7 +44,7 @@ def context(state: StateStore, clock: Callable[[], float], keys: Path,
     """The admin listener's context as the runtime builds it, on `state`."""
     found = policies or load_policy_texts({"agent.yaml": AGENT})
 
-    def credentials(name: str) -> list[str] | None:
+    def credentials(name: str) -> tuple[str, ...] | None:
         policy = found.get(name)
         return None if policy is None else policy.credential_names
 

@@ -4,6 +4,8 @@ for answers that stream, where it is the wait before the model's first output.""
 
 from __future__ import annotations
 
+import re
+
 __all__ = ["streamed"]
 
 # SSE (OpenAI, Anthropic, Gemini ?alt=sse, Mistral, ...), AWS event streams (Bedrock's
@@ -13,9 +15,12 @@ _TYPES = frozenset({"text/event-stream", "application/vnd.amazon.eventstream",
 # streams whose content type is plain JSON (Gemini's streamGenerateContent without
 # ?alt=sse answers a JSON array, element by element) or a binary event stream
 _PATHS = (":streamGenerateContent", "/converse-stream", "/invoke-with-response-stream")
+_PATH = re.compile("|".join(re.escape(part) for part in _PATHS))  # (one C pass a response)
 
 
 def streamed(path: str, content_type: str | None) -> bool:
     """Whether the answer to a request for `path` with that ``content-type`` streams."""
-    kind = (content_type or "").split(";", 1)[0].strip().lower()
-    return kind in _TYPES or any(part in path for part in _PATHS)
+    if content_type is not None and \
+            content_type.partition(";")[0].strip().lower() in _TYPES:
+        return True
+    return _PATH.search(path) is not None

@@ -62,12 +62,15 @@ class Policy:
         return not self.subjects or any(
             s.admits(namespace, service_account) for s in self.subjects)
 
-    @property
-    def credential_names(self) -> list[str]:
-        """Credentials this policy's rules inject (a token's default scope), and under
-        ``mode: learn`` those it may inject where no rule does."""
-        return sorted({r.credential for r in self.rules if r.credential}
-                      | {c.name for c in self.matcher.learnable})
+    # Credentials its rules inject (a token's default scope), and under ``mode: learn``
+    # those it may inject where no rule does: read on every request (a token's scope), so
+    # made once. (A tuple: a caller cannot change it for the next one.)
+    credential_names: tuple[str, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "credential_names", tuple(sorted(
+            {r.credential for r in self.rules if r.credential}
+            | {c.name for c in self.matcher.learnable})))
 
     @property
     def own_rules(self) -> tuple[Rule, ...]:

@@ -3,7 +3,7 @@ and the minted-credential presets both use it)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 __all__ = ["Injection", "InjectionKind"]
@@ -30,7 +30,10 @@ class Injection:
     name: str | None = None
     alternatives: tuple[Injection, ...] = ()
 
-    @property
-    def carriers(self) -> tuple[Injection, ...]:
-        """The primary carrier followed by the alternatives (without their own alternatives)."""
-        return (Injection(self.kind, self.name), *self.alternatives)
+    # The primary carrier followed by the alternatives (without their own alternatives):
+    # read on every credential request, so made once.
+    carriers: tuple[Injection, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        primary = Injection(self.kind, self.name) if self.alternatives else self
+        object.__setattr__(self, "carriers", (primary, *self.alternatives))

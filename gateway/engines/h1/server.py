@@ -309,8 +309,9 @@ class Connection(Side):
                        else ContentLengthReader(size))
         # A Content-Length body: what arrives of it with nothing before it in the buffer
         # is kept as it came (`side.chunks`), taken before the buffer's bytes.
+        # (a body already whole in the buffer, the small answer's usual case: no need)
         direct = False
-        if size is not None and size > 0:
+        if size is not None and size > len(side.buf):
             direct = True
             side.expect(size)
         pieces: list[bytes] = []
