@@ -39,12 +39,15 @@ except ImportError:  # (a checkout from before jemalloc: nothing to set)
     def environment(env: Any) -> dict[str, str] | None:  # type: ignore[misc]
         return None
 
-HOSTS = {"inject": "inject.bench.test", "policy": "policy.bench.test"}
+HOSTS = {"inject": "inject.bench.test", "policy": "policy.bench.test",
+         "post": "upload.bench.test", "post_dlp": "dlp.bench.test"}
 _COUNT = re.compile(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(.*)$")
 
 
-def measure(row: str, seconds: float, top: int) -> dict[str, Any]:
-    """Instructions per request of `row` (inject: the token swapped for the key)."""
+def measure(row: str, seconds: float, top: int, body: int = 1 << 20) -> dict[str, Any]:
+    """Instructions per request of `row` (inject: the token swapped for the key; post and
+    post_dlp: POSTs of `body` bytes of JSON without a credential, without and with
+    outbound credential detection)."""
     for tool in ("valgrind", "callgrind_control", "callgrind_annotate"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} not found: apt-get install valgrind")
@@ -71,13 +74,15 @@ def measure(row: str, seconds: float, top: int) -> dict[str, Any]:
                 "workload": "get", "host": HOSTS[row], "port": 443, "connections": 10,
                 "duration": seconds, "cpu": None, "proxy": ["127.0.0.1", gateway.port],
                 "proxy_auth": gateway.auth, "cafile": str(gateway.ca_cert)}
+            if row.startswith("post"):
+                spec.update(workload="post", path="/upload", body_size=body, connections=2)
             if row == "inject":
                 spec["headers"] = {"X-Api-Key": gateway.token}
             client = subprocess.Popen([sys.executable, "-m", "bench.load", json.dumps(spec)],
                                       cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             assert client.stdin is not None and client.stdout is not None
             ready = json.loads(client.stdout.readline())
-            if ready.get("warmup_statuses") != {"200": 10}:
+            if set(ready.get("warmup_statuses") or {}) != {"200"}:
                 raise SystemExit(f"warm-up failed: {ready}\n{gateway.log_tail()}")
             pid = str(gateway.pid)
             _control("-z", pid)  # (nothing counted before; the counters start at zero)
@@ -147,18 +152,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.instructions",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--row", choices=sorted(HOSTS), default="inject",
-                        help="inject: the token swapped for the key (default); policy: no key")
+                        help="inject: the token swapped for the key (default); policy: no "
+                             "key; post, post_dlp: POSTs of --body bytes (c2), without and "
+                             "with credential detection (dlp:)")
+    parser.add_argument("--body", type=int, default=1 << 20,
+                        help="bytes of a post row's JSON body (default 1 MiB)")
     parser.add_argument("--seconds", type=float, default=15.0,
                         help="measured phase (default 15; a few hundred requests)")
     parser.add_argument("--top", type=int, default=0, help="also list the N costliest functions")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
-    found = measure(args.row, args.seconds, args.top)
+    found = measure(args.row, args.seconds, args.top, args.body)
     if args.json:
         print(json.dumps(found, indent=2))
         return 0
     print(f"{found['row']}: {found['instructions_per_request']:,} instructions per request "
-          f"({found['requests']} requests, keep-alive, c10)")
+          f"({found['requests']} requests, keep-alive)")
     for entry in found["top"]:
         print(f"  {entry['per_request']:>9,}  {entry['function']}")
     return 0

@@ -136,3 +136,20 @@ def test_redactor_streams_without_leaking_a_split_key(size: int) -> None:
     out += redactor.end()
     assert KEY.encode() not in out and out.count(b"[REDACTED]") == 3
     assert math.isclose(len(out), len(body) - 3 * (len(KEY) - 10))
+
+
+@pytest.mark.parametrize("size", [0, 100, 2047, 2048, 70_000])
+@pytest.mark.parametrize(("carried", "want"), [
+    ("key", "secret"), ("token", "token"), ("both", "token"), ("none", None)])
+def test_short_and_long_texts_find_the_same(token: str, size: int, carried: str,
+                                            want: str | None) -> None:
+    """A head or short body goes through the automaton, a body of 2 KiB or more through
+    Hyperscan (`_Markers.SMALL`): the same answer on both sides of the cut, a token
+    winning over a key, for a marker at the text's start, middle and end."""
+    scan = LeakScan(token_markers(token, "sandbox-gateway"), sensitive_markers(KEY.encode()))
+    redactor = Redactor(sensitive_markers(KEY.encode()))
+    marker = {"key": KEY, "token": token, "both": KEY + " " + token, "none": ""}[carried]
+    for at in (0, size // 2, size):
+        text = (b"q" * at + marker.encode() + b"q" * (size - at))
+        assert scan.find(text) == want, (size, at)
+        assert redactor.found_in([text]) == (carried in ("key", "both")), (size, at)

@@ -95,9 +95,11 @@ class Literals:
             if fast else None
         self._automaton = None if fast else _Automaton(literals)
 
-    def find(self, text: str) -> list[tuple[int, str]]:
+    def find(self, text: str | bytes | bytearray) -> list[tuple[int, str]]:
         """(start, literal) of every literal in `text`, by end."""
         if self._automaton is not None:
+            if not isinstance(text, str):
+                text = text.decode("latin-1")
             return list(self._automaton.find(text))
         assert self._pool is not None
         found: list[tuple[int, str]] = []
