@@ -23,8 +23,32 @@ import pytest
 SLOW = 10.0  # seconds: a test marked `slow` that `SECONDS` does not list
 
 SECONDS: dict[str, float] = {
+    # third-party agent CLIs (each a process that starts in seconds, some retrying)
+    "tests/integration/test_agent_clis.py::test_aider_message": 110,
+    "tests/integration/test_agent_clis.py::test_aider_and_opencode_print_a_model_refusal": 60,
+    "tests/integration/test_agent_clis.py::test_opencode_run": 65,
+    "tests/integration/test_agent_clis.py::test_gemini_cli_print": 26,
+    "tests/integration/test_agent_clis.py::test_gemini_cli_prints_a_model_refusal": 20,
+    "tests/integration/test_agent_clis.py::test_codex_prints_a_model_refusal": 18,
+    "tests/integration/test_agent_clis.py::test_claude_code_prints_a_model_refusal": 10,
+    # real gateway processes under load, outages, kills and restarts
     "tests/reliability/test_soak.py::test_soak_mixed_load_leaves_no_sockets_and_flat_memory": 82,
     "tests/test_bench_smoke.py::test_quick_benchmark_produces_every_row_and_workload": 56,
+    "tests/integration/test_budget_durability.py::"
+    "test_a_killed_process_never_leaves_a_call_charged_less_than_it_used": 22,
+    "tests/reliability/test_state_volume.py::"
+    "test_a_filling_state_volume_is_warned_of_and_never_stops_revocations": 22,
+    "tests/reliability/test_memory_burst.py::"
+    "test_a_burst_of_intercepted_tunnels_gives_its_memory_back": 20,
+    "tests/reliability/test_memory_burst.py::"
+    "test_above_limits_memory_new_connections_are_refused_until_it_comes_back": 14,
+    "tests/reliability/test_state_outage.py::"
+    "test_a_full_state_disk_never_lets_a_revoked_token_through": 14,
+    "tests/reliability/test_state_outage.py::"
+    "test_redis_killed_never_lets_a_revoked_token_through": 12,
+    "tests/reliability/test_audit_trail.py::"
+    "test_worker_processes_spill_their_own_lines_and_one_process_takes_them_all": 7.5,
+    "tests/reliability/test_timeouts.py::test_slow_heads_are_cut_and_others_still_served": 5,
 }
 
 
