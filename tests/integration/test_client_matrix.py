@@ -36,7 +36,7 @@ from fakes.npm_registry import npm_pack, start_npm_registry
 from fakes.pypi_index import make_wheel, start_pypi
 from fakes.tls_http import Recorder, TLSServer
 from fakes.ws_echo import WsEcho
-from helpers.cache_lock import installing
+from helpers.cache_lock import built_once
 from helpers.gateway import GatewayThread
 from helpers.nginx import Nginx
 from helpers.node_clients import cache_root, env_proxy_node, js_runtimes, node_clients
@@ -479,25 +479,21 @@ public class MatrixClient {
 @pytest.fixture(scope="module")
 def java_client() -> Path:
     """MatrixClient and KeepAliveClient compiled (the JDK's javac; test-tools.sh installs
-    it) once a machine, cached outside the repo under their sources' and javac's hash
-    like the Node and Python clients (javac takes seconds of both cores)."""
+    it) once a machine, cached outside the repo like the Node and Python clients (javac
+    takes seconds of both cores)."""
     javac = shutil.which("javac")
     assert javac, "javac is missing: run scripts/test-tools.sh"
     sources = {"MatrixClient.java": JAVA_CLIENT, "KeepAliveClient.java": KEEPALIVE_CLIENT}
-    key = hashlib.sha256(json.dumps([os.path.realpath(javac), sources]).encode()).hexdigest()
-    directory = cache_root() / f"java-clients-{key[:12]}"
-    with installing(directory):
-        if not (directory / ".installed").is_file():
-            shutil.rmtree(directory, ignore_errors=True)  # (a half-made one)
-            directory.mkdir(parents=True)
-            for name, text in sources.items():
-                (directory / name).write_text(text)
-            out = subprocess.run(["javac", "-d", str(directory),
-                                  *(str(directory / name) for name in sources)],
-                                 capture_output=True, text=True, timeout=120, check=False)
-            assert out.returncode == 0, out.stderr
-            (directory / ".installed").touch()
-    return directory
+
+    def build(directory: Path) -> None:
+        for name, text in sources.items():
+            (directory / name).write_text(text)
+        out = subprocess.run([javac, "-d", str(directory),
+                              *(str(directory / name) for name in sources)],
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert out.returncode == 0, out.stderr
+
+    return built_once(cache_root(), "java-clients", [os.path.realpath(javac), sources], build)
 
 
 @pytest.mark.parametrize(("rule", "suffix"), RULES)
@@ -627,27 +623,23 @@ func main() {
 @pytest.fixture(scope="module")
 def go_client() -> Path:
     """GO_CLIENT built with the system Go (test-tools.sh installs golang-go) once a
-    machine, cached outside the repo under its source's and Go's hash (a build with an
-    empty GOCACHE compiles net/http and crypto/tls too: most of a minute of both cores)."""
+    machine, cached outside the repo like the Java clients."""
     go = shutil.which("go")
     assert go, "go is needed (scripts/test-tools.sh installs golang-go)"
-    key = hashlib.sha256(json.dumps([os.path.realpath(go), GO_CLIENT]).encode()).hexdigest()
-    directory = cache_root() / f"go-client-{key[:12]}"
-    with installing(directory):
-        if not (directory / ".installed").is_file():
-            shutil.rmtree(directory, ignore_errors=True)  # (a half-made one)
-            directory.mkdir(parents=True)
-            (directory / "main.go").write_text(GO_CLIENT)
-            out = subprocess.run(
-                [go, "build", "-o", str(directory / "client"), "main.go"], cwd=directory,
-                capture_output=True, text=True, timeout=300, check=False,
-                env={**os.environ, "GOCACHE": str(directory / "cache"),
-                     "GOPATH": str(directory / "gopath"), "GOFLAGS": "-mod=mod",
-                     "GO111MODULE": "off"})
-            assert out.returncode == 0, out.stderr
-            shutil.rmtree(directory / "cache", ignore_errors=True)  # (the binary is kept)
-            (directory / ".installed").touch()
-    return directory / "client"
+
+    def build(directory: Path) -> None:
+        (directory / "main.go").write_text(GO_CLIENT)
+        out = subprocess.run(
+            [go, "build", "-o", str(directory / "client"), "main.go"], cwd=directory,
+            capture_output=True, text=True, timeout=300, check=False,
+            env={**os.environ, "GOCACHE": str(directory / "cache"),
+                 "GOPATH": str(directory / "gopath"), "GOFLAGS": "-mod=mod",
+                 "GO111MODULE": "off"})
+        assert out.returncode == 0, out.stderr
+        shutil.rmtree(directory / "cache", ignore_errors=True)  # (the binary is kept)
+
+    return built_once(cache_root(), "go-client", [os.path.realpath(go), GO_CLIENT],
+                      build) / "client"
 
 
 @pytest.mark.parametrize(("rule", "suffix"), RULES)
