@@ -5,13 +5,12 @@
 out takes the second half of the longest queue left. A test cannot be split, so a long
 test that starts late makes the run's tail as long as itself (the soak's 80 s, the
 benchmark's 56 s); started first, the short tests fill in around them and the workers
-end together.
+end together. A module moves whole, heaviest first (its module fixtures made once).
 
 `SECONDS` holds what the slowest tests took, one row of a parametrized test (measured
 one directory at a time with `-n 0` on a loaded 2-core machine: weights for the order,
 not promises). A test marked `slow` that is not listed weighs `SLOW`, so a new slow test
-runs early before anyone measures it. Nothing else moves: the rest keeps pytest's order
-(module by module, where module fixtures are shared).
+runs early before anyone measures it. Modules without either keep pytest's order.
 """
 
 from __future__ import annotations
@@ -61,9 +60,15 @@ def weight(item: pytest.Item) -> float:
 
 
 def slowest_first(items: list[pytest.Item]) -> None:
-    """Reorder `items` in place: the heaviest first, the others as collected (a stable
-    sort: equal weights keep their order)."""
-    items.sort(key=weight, reverse=True)
+    """Reorder `items` in place: the modules that weigh most first (the sum of their
+    tests' weights), each module's tests together and in their order, so its module
+    fixtures are made once (a module split up makes them again: the agent CLIs' took
+    20-30 s a time); modules that weigh nothing as collected (a stable sort)."""
+    modules: dict[str, float] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        modules[module] = modules.get(module, 0.0) + weight(item)
+    items.sort(key=lambda item: modules[item.nodeid.split("::", 1)[0]], reverse=True)
 
 
 def stale(root: Path) -> list[str]:
