@@ -164,7 +164,9 @@ def start_gateway(workdir: Path, names: dict[str, int], ca: LocalCA, *,
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(gw.stderr())
+                said = gw.stderr()
+                gw.stop()  # (its stderr pipe closed: the exception's traceback keeps `gw`,
+                raise RuntimeError(said)  # and a later test's garbage collection warned)
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=1)
                 return gw
