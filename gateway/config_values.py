@@ -206,12 +206,6 @@ def _memory(value: object, key: str) -> tuple[int, float]:
     return size, 0.0
 
 
-def _intercept(value: object, key: str) -> str:
-    if value not in ("fast", "mitmproxy"):
-        raise ConfigError(f"{key}: expected fast or mitmproxy, got {value!r}")
-    return str(value)
-
-
 def _dns_ttl(value: object, key: str) -> int:
     seconds = parse_duration(value, key)
     if not 1 <= seconds <= 3600:
@@ -239,13 +233,6 @@ def _bool(value: object, key: str) -> bool:
     return value
 
 
-def _on_failure(value: object, key: str) -> str:
-    if value not in ("refuse", "continue"):
-        raise ConfigError(f"{key}: expected refuse (503 audit_unavailable while audit lines "
-                          f"cannot be written) or continue, got {value!r}")
-    return str(value)
-
-
 def _audit_buffer(value: object, key: str) -> int:
     size = _size(value, key)
     if size < 64 * 1024:
@@ -270,26 +257,12 @@ def _ratio(value: object, key: str) -> float:
     return float(value)
 
 
-def _otlp_protocol(value: object, key: str) -> str:
-    if value not in ("grpc", "http"):
-        raise ConfigError(f"{key}: expected grpc (OTLP/gRPC, port 4317) or http (OTLP/HTTP "
-                          f"protobuf, port 4318), got {value!r}")
-    return str(value)
-
-
 def _endpoint(value: object, key: str) -> str:
     text = _str(value, key)
     if not text.startswith(("http://", "https://")) or "/" in text.split("://", 1)[1].rstrip("/"):
         raise ConfigError(f"{key}: expected the collector's URL without a path, "
                           f"http(s)://host:port (e.g. http://otel-collector:4317), got {value!r}")
     return text.rstrip("/")
-
-
-def _verify(value: object, key: str) -> str:
-    if value not in ("tokenreview", "oidc"):
-        raise ConfigError(f"{key}: expected tokenreview (ask the API server) or oidc "
-                          f"(verify offline against the cluster's JWKS), got {value!r}")
-    return str(value)
 
 
 def _path(value: object, key: str) -> Path:
@@ -360,13 +333,6 @@ def _upstream_proxy(value: object, key: str) -> ProxySettings | str | None:
         raise ConfigError(str(exc)) from None
 
 
-def _level(value: object, key: str) -> str:
-    levels = ("debug", "info", "warning", "error")
-    if value not in levels:
-        raise ConfigError(f"{key}: expected one of {', '.join(levels)}, got {value!r}")
-    return str(value)
-
-
 # --- the values, with their JSON Schema ------------------------------------------------
 
 _DURATION_RE = r"^\s*(([0-9]+(\.[0-9]+)?([mM][sS]|[sSmMhHdD]))+|[0-9]+(\.[0-9]+)?)\s*$"
@@ -378,6 +344,19 @@ _STRINGS = {"type": "array", "items": {"type": "string"}}
 
 def _choice(*names: str) -> dict[str, Any]:
     return {"type": "string", "enum": list(names)}
+
+
+def _one_of(*names: str, expected: str = "") -> Value:
+    """A key that takes one of `names` ("a or b" in the docs); `expected`: what a wrong
+    value's error says to write, when it says more than the names."""
+    takes = ", ".join(names[:-1]) + f" or {names[-1]}"
+
+    def parse(value: object, key: str) -> str:
+        if value not in names:
+            raise ConfigError(f"{key}: expected {expected or takes}, got {value!r}")
+        return str(value)
+
+    return Value(parse, takes, _choice(*names))
 
 
 DURATION = Value(parse_duration, "a duration: 90s, 15m, 1h30m, 2d, or seconds",
@@ -415,16 +394,19 @@ RETAIN = Value(_retain, "lines (at most 10000000) or a size (1MiB-16GiB); 0: non
 NETWORKS = Value(_networks, "a list of addresses or networks", _STRINGS, True)
 DNS_TTL = Value(_dns_ttl, "a duration from 1s to 1h",
                 {"anyOf": [_DURATION_TEXT, {"type": "number", "minimum": 1, "maximum": 3600}]})
-INTERCEPT = Value(_intercept, "fast or mitmproxy", _choice("fast", "mitmproxy"))
-ON_FAILURE = Value(_on_failure, "refuse or continue", _choice("refuse", "continue"))
+INTERCEPT = _one_of("fast", "mitmproxy")
+ON_FAILURE = _one_of("refuse", "continue", expected="refuse (503 audit_unavailable while audit "
+                     "lines cannot be written) or continue")
 RATIO = Value(_ratio, "a ratio from 0 to 1", {"type": "number", "minimum": 0, "maximum": 1},
               True)
-OTLP_PROTOCOL = Value(_otlp_protocol, "grpc or http", _choice("grpc", "http"))
+OTLP_PROTOCOL = _one_of("grpc", "http", expected="grpc (OTLP/gRPC, port 4317) or http (OTLP/HTTP "
+                        "protobuf, port 4318)")
 ENDPOINT = Value(_endpoint, "http(s)://host:port",
                  {"type": "string", "pattern": "^https?://[^/\\s]+/?$"})
-VERIFY = Value(_verify, "tokenreview or oidc", _choice("tokenreview", "oidc"))
-LEVEL = Value(_level, "debug, info, warning or error",
-              _choice("debug", "info", "warning", "error"))
+VERIFY = _one_of("tokenreview", "oidc", expected="tokenreview (ask the API server) or oidc (verify "
+                 "offline against the cluster's JWKS)")
+LEVEL = _one_of("debug", "info", "warning", "error",
+                expected="one of debug, info, warning, error")
 NOTIFIERS = Value(_notifiers, "name -> {url, format: json or slack, secret}", {
     "type": "object", "additionalProperties": {
         "type": "object", "required": ["url"], "additionalProperties": False,

@@ -4,7 +4,15 @@ their import-time warnings silenced, so the warnings that remain are ours to fix
 
 import warnings
 
+import pytest
+from helpers.schedule import slowest_first
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     import mitmproxy.addons
     import mitmproxy.flowfilter  # noqa: F401
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slowest tests first (tests/helpers/schedule.py: why, and their weights)."""
+    slowest_first(items)

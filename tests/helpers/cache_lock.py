@@ -5,7 +5,10 @@ same cache directory would remove each other's half-made copy."""
 from __future__ import annotations
 
 import fcntl
-from collections.abc import Iterator
+import hashlib
+import json
+import shutil
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,3 +24,18 @@ def installing(root: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def built_once(parent: Path, name: str, key: object, build: Callable[[Path], None]) -> Path:
+    """`parent/<name>-<hash of key>`, made once by `build` (given the empty directory):
+    a tool the suite compiles (javac, go build) kept across runs; `key` holds what the
+    result depends on (its sources, the compiler's path), so a change builds it anew."""
+    digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
+    root = parent / f"{name}-{digest}"
+    with installing(root):
+        if not (root / ".installed").is_file():
+            shutil.rmtree(root, ignore_errors=True)  # (a half-made one)
+            root.mkdir(parents=True)
+            build(root)
+            (root / ".installed").touch()
+    return root

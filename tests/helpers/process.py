@@ -7,10 +7,12 @@ import contextlib
 import json
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +63,26 @@ class GatewayProcess:
             headers={"Authorization": f"Bearer {ADMIN}", "Content-Type": "application/json"})
         return str(json.loads(urllib.request.urlopen(req, timeout=5).read())["token"])
 
+    def admin_call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """One admin API call with the admin token: (status, JSON answer), errors too."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.admin}{path}", method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {ADMIN}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            with exc:
+                return exc.code, json.loads(exc.read())
+
+    def mint(self, sandbox: str) -> tuple[str, str]:
+        """A token for `sandbox` on policy `agent`, minted by the admin API: (token, jti)."""
+        status, minted = self.admin_call("POST", "/v1/tokens",
+                                         {"sandbox": sandbox, "policy": "agent"})
+        assert status == 200, minted
+        return minted["token"], minted["jti"]
+
     def fds(self) -> int:
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
@@ -75,6 +97,21 @@ class GatewayProcess:
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def terminate(self) -> int | None:
+        """SIGTERM (a graceful stop: the supervisor stops its workers), up to 30 s for it
+        to end, then `stop()`; its exit status (None: it had to be killed)."""
+        status = None
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    status = self.proc.wait(30)
+            else:
+                status = self.proc.returncode
+        finally:
+            self.stop()
+        return status
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -127,7 +164,9 @@ def start_gateway(workdir: Path, names: dict[str, int], ca: LocalCA, *,
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(gw.stderr())
+                said = gw.stderr()
+                gw.stop()  # (its stderr pipe closed: the exception's traceback keeps `gw`,
+                raise RuntimeError(said)  # and a later test's garbage collection warned)
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=1)
                 return gw

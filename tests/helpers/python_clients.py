@@ -7,6 +7,7 @@ the gateway's own dependencies stay out of its resolution) and huggingface_hub (
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 import sys
@@ -36,8 +37,9 @@ def pypi_venv(spec: str) -> Path:
     return root
 
 
+@functools.cache
 def aider_cli() -> Path:
-    """The `aider` executable of AIDER."""
+    """The `aider` executable of AIDER (checked once a process: it starts in seconds)."""
     aider = pypi_venv(AIDER) / "bin" / "aider"
     version = subprocess.run([str(aider), "--version"], capture_output=True, text=True,
                              timeout=120, check=False)
@@ -45,8 +47,9 @@ def aider_cli() -> Path:
     return aider
 
 
+@functools.cache
 def mcp_python() -> Path:
-    """A Python with the MCP SDK (MCP) importable."""
+    """A Python with the MCP SDK (MCP) importable (checked once a process)."""
     python = pypi_venv(MCP) / "bin" / "python"
     check = subprocess.run([str(python), "-c", "import mcp.client.streamable_http"],
                            capture_output=True, text=True, timeout=120, check=False)

@@ -150,6 +150,23 @@ def _serving_pid(gw: GatewayProcess, call: Call) -> int:
     raise AssertionError(f"no worker holds the connection from port {client_port}")
 
 
+def _ready_file(gw: GatewayProcess, worker: int) -> Path:
+    """The file the worker process `worker` touched once it served (``ready-<index>``)."""
+    args = Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")
+    return gw.workdir / "runtime" / f"ready-{int(args[args.index(b'--worker-index') + 1])}"
+
+
+def _replaced(ready: Path, killed_ns: int, timeout: float = 60.0) -> None:
+    """Wait until the supervisor's replacement for a killed worker serves: it touches
+    `ready` once it does (the supervisor removes the old file before it starts it).
+    Until then the replacement's admin socket, already listening, holds connections
+    unanswered: under load for longer than an admin call waits."""
+    deadline = time.monotonic() + timeout
+    while not (ready.exists() and ready.stat().st_mtime_ns > killed_ns):
+        assert time.monotonic() < deadline, "the killed worker was not replaced"
+        time.sleep(0.1)
+
+
 def _settled(gw: GatewayProcess, timeout: float = 30.0) -> tuple[int, int]:
     """(used, reserved) once nothing is reserved any more (a restarted worker comes
     back after the supervisor's backoff, then charges what its predecessor left)."""
@@ -166,7 +183,7 @@ def _settled(gw: GatewayProcess, timeout: float = 30.0) -> tuple[int, int]:
 
 def _start(workdir: Path, fake: FakeInference, ca: LocalCA, workers: int,
            redis: RedisServer | None, proxy: int | None = None) -> GatewayProcess:
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"runtime_dir": str(workdir / "runtime")}  # (ready-<index>)
     if redis is not None:
         extra["state"] = {"store": "redis", "url": redis.url, "prefix": "durable"}
     return start_with_provider(workdir, fake, ca, key=KEY, policy=POLICY, workers=workers,
@@ -197,6 +214,7 @@ def test_a_killed_process_never_leaves_a_call_charged_less_than_it_used(
         used, reserved = _budget(gw)  # (the reservation is in the store already)
         assert used == 0 and reserved > OUTPUT, (used, reserved)
         if moment == "ended":
+            fake.interval = 0.0  # (the spacing was for the reading above and a kill mid-stream)
             while call.chunk():
                 pass
             billed = call.used()
@@ -205,12 +223,18 @@ def test_a_killed_process_never_leaves_a_call_charged_less_than_it_used(
             billed = OUTPUT + 1  # (at least: the prompt is one word or more)
         victim = _serving_pid(gw, call)
         assert (victim == gw.proc.pid) == (workers == 1)
+        ready = _ready_file(gw, victim) if workers == 2 else None
+        killed_ns = time.time_ns()
         os.kill(victim, signal.SIGKILL)  # the moment the last byte came, or mid-stream
         call.close()
-        if workers == 1:  # (with workers the supervisor restarts the worker in its slot)
+        fake.interval = 0.0
+        if workers == 1:
             gw.proc.wait(10)
             gw.stop()
             gw = _start(workdir, fake, test_ca, workers, redis, proxy=port)
+        else:  # the supervisor restarts the worker in its slot (after its backoff)
+            assert ready is not None
+            _replaced(ready, killed_ns)
         used, left = _settled(gw)
         # Charged what it used (its settlement was written) or its reservation (it was
         # not): never less than it used, never nothing, and once.

@@ -36,9 +36,10 @@ from fakes.npm_registry import npm_pack, start_npm_registry
 from fakes.pypi_index import make_wheel, start_pypi
 from fakes.tls_http import Recorder, TLSServer
 from fakes.ws_echo import WsEcho
+from helpers.cache_lock import built_once
 from helpers.gateway import GatewayThread
 from helpers.nginx import Nginx
-from helpers.node_clients import env_proxy_node, js_runtimes, node_clients
+from helpers.node_clients import cache_root, env_proxy_node, js_runtimes, node_clients
 from helpers.sandbox import Sandbox
 from helpers.tls import LocalCA
 
@@ -476,15 +477,23 @@ public class MatrixClient {
 
 
 @pytest.fixture(scope="module")
-def java_client(matrix: Matrix) -> Path:
-    """MatrixClient compiled (the JDK's javac; test-tools.sh installs it)."""
-    directory = matrix.root / "java"
-    directory.mkdir()
-    (directory / "MatrixClient.java").write_text(JAVA_CLIENT)
-    out = subprocess.run(["javac", "-d", str(directory), str(directory / "MatrixClient.java")],
-                         capture_output=True, text=True, timeout=120, check=False)
-    assert out.returncode == 0, out.stderr
-    return directory
+def java_client() -> Path:
+    """MatrixClient and KeepAliveClient compiled (the JDK's javac; test-tools.sh installs
+    it) once a machine, cached outside the repo like the Node and Python clients (javac
+    takes seconds of both cores)."""
+    javac = shutil.which("javac")
+    assert javac, "javac is missing: run scripts/test-tools.sh"
+    sources = {"MatrixClient.java": JAVA_CLIENT, "KeepAliveClient.java": KEEPALIVE_CLIENT}
+
+    def build(directory: Path) -> None:
+        for name, text in sources.items():
+            (directory / name).write_text(text)
+        out = subprocess.run([javac, "-d", str(directory),
+                              *(str(directory / name) for name in sources)],
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert out.returncode == 0, out.stderr
+
+    return built_once(cache_root(), "java-clients", [os.path.realpath(javac), sources], build)
 
 
 @pytest.mark.parametrize(("rule", "suffix"), RULES)
@@ -561,11 +570,6 @@ def test_java_keeps_the_credentials_on_a_kept_alive_http_connection(
     relay adds the credentials to every request head (the gateway wants them on each), so
     none is refused 407; the audit lines share one client address (one connection)."""
     name = f"java-keepalive-{client}"
-    (java_client / "KeepAliveClient.java").write_text(KEEPALIVE_CLIENT)
-    built = subprocess.run(["javac", "-d", str(java_client),
-                            str(java_client / "KeepAliveClient.java")],
-                           capture_output=True, text=True, timeout=120, check=False)
-    assert built.returncode == 0, built.stderr
     box, token = matrix.sandbox(name)
     before = matrix.unauthenticated()
     out = box.run(["java", "-cp", str(java_client), "KeepAliveClient", client,
@@ -617,20 +621,25 @@ func main() {
 
 
 @pytest.fixture(scope="module")
-def go_client(matrix: Matrix) -> Path:
-    """GO_CLIENT built with the system Go (test-tools.sh installs golang-go)."""
-    directory = matrix.root / "go"
-    directory.mkdir()
-    (directory / "main.go").write_text(GO_CLIENT)
+def go_client() -> Path:
+    """GO_CLIENT built with the system Go (test-tools.sh installs golang-go) once a
+    machine, cached outside the repo like the Java clients."""
     go = shutil.which("go")
     assert go, "go is needed (scripts/test-tools.sh installs golang-go)"
-    out = subprocess.run([go, "build", "-o", str(directory / "client"), "main.go"],
-                         cwd=directory, capture_output=True, text=True, timeout=300,
-                         check=False, env={**os.environ, "GOCACHE": str(directory / "cache"),
-                                           "GOPATH": str(directory / "gopath"),
-                                           "GOFLAGS": "-mod=mod", "GO111MODULE": "off"})
-    assert out.returncode == 0, out.stderr
-    return directory / "client"
+
+    def build(directory: Path) -> None:
+        (directory / "main.go").write_text(GO_CLIENT)
+        out = subprocess.run(
+            [go, "build", "-o", str(directory / "client"), "main.go"], cwd=directory,
+            capture_output=True, text=True, timeout=300, check=False,
+            env={**os.environ, "GOCACHE": str(directory / "cache"),
+                 "GOPATH": str(directory / "gopath"), "GOFLAGS": "-mod=mod",
+                 "GO111MODULE": "off"})
+        assert out.returncode == 0, out.stderr
+        shutil.rmtree(directory / "cache", ignore_errors=True)  # (the binary is kept)
+
+    return built_once(cache_root(), "go-client", [os.path.realpath(go), GO_CLIENT],
+                      build) / "client"
 
 
 @pytest.mark.parametrize(("rule", "suffix"), RULES)

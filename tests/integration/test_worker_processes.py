@@ -53,7 +53,9 @@ def _two_workers(tmp_path: Path, stdout: Any = subprocess.DEVNULL, **config: Any
         said.append(gw.stderr.readline())
         if "ready: 2 workers" in said[-1]:
             break
-        assert gw.poll() is None, "".join(said) + gw.stderr.read()
+        if gw.poll() is not None:  # (the pipe closed here, not by a later test's gc)
+            with gw.stderr:
+                raise AssertionError("".join(said) + gw.stderr.read())
     workers = subprocess.run(["pgrep", "-P", str(gw.pid)], capture_output=True,
                              text=True).stdout.split()
     assert len(workers) == 2
@@ -62,7 +64,11 @@ def _two_workers(tmp_path: Path, stdout: Any = subprocess.DEVNULL, **config: Any
 
 def test_two_workers_share_ports_state_and_metrics(tmp_path: Path) -> None:
     audit = (tmp_path / "audit.log").open("w")
-    gw, proxy, admin, _ = _two_workers(tmp_path, stdout=audit)
+    try:
+        gw, proxy, admin, _ = _two_workers(tmp_path, stdout=audit)
+    except BaseException:
+        audit.close()
+        raise
     try:
 
         auth = {"Authorization": f"Bearer {ADMIN}"}

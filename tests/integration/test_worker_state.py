@@ -12,19 +12,15 @@ sandboxes.
 from __future__ import annotations
 
 import asyncio
-import json
-import signal
 import ssl
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import httpx
 from fakes.inference import FakeInference
 from helpers.clients import open_tunnel
-from helpers.process import ADMIN, GatewayProcess, start_with_provider
+from helpers.process import GatewayProcess, start_with_provider
 from helpers.tls import LocalCA
 
 KEY = "sk-fake-provider-key"
@@ -46,25 +42,6 @@ def _start(workdir: Path, fake: FakeInference, test_ca: LocalCA, workers: int = 
            ) -> GatewayProcess:
     return start_with_provider(workdir, fake, test_ca, key=KEY, policy=POLICY,
                                workers=workers)
-
-
-def _admin(gw: GatewayProcess, method: str, path: str, body: Any = None
-           ) -> tuple[int, Any]:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{gw.admin}{path}", method=method,
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {ADMIN}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
-def _mint(gw: GatewayProcess, sandbox: str) -> tuple[str, str]:
-    status, minted = _admin(gw, "POST", "/v1/tokens", {"sandbox": sandbox, "policy": "agent"})
-    assert status == 200, minted
-    return minted["token"], minted["jti"]
 
 
 def _call(gw: GatewayProcess, sandbox: str, token: str) -> int:
@@ -121,7 +98,7 @@ def test_two_workers_agree_exactly(tmp_path: Path, fake: FakeInference,
     gw = _start(tmp_path / "gw", fake, test_ca)
     try:
         # A budget of 4 requests, one call at a time on new connections: exactly 4.
-        token, _ = _mint(gw, "sbx-seq")
+        token, _ = gw.mint("sbx-seq")
         answers = [_call(gw, "sbx-seq", token) for _ in range(8)]
         assert answers == [200] * 4 + [429] * 4, answers
         # Both workers took part (the kernel spreads connections at random: a few more
@@ -133,29 +110,27 @@ def test_two_workers_agree_exactly(tmp_path: Path, fake: FakeInference,
             time.sleep(0.05)
         assert _workers_that_answered(gw, "sbx-seq") == {0, 1}
         # Ten at once on ten connections: exactly 4 reach the provider.
-        token, _ = _mint(gw, "sbx-burst")
+        token, _ = gw.mint("sbx-burst")
         burst = asyncio.run(_burst(gw, "sbx-burst", token, 10))
         assert sorted(burst) == [200] * 4 + [429] * 6, burst
         # /v1/usage right after three calls shows three, on whichever worker answers.
-        token, _ = _mint(gw, "sbx-usage")
+        token, _ = gw.mint("sbx-usage")
         assert [_call(gw, "sbx-usage", token) for _ in range(3)] == [200] * 3
         for _ in range(6):
-            status, usage = _admin(gw, "GET", "/v1/usage?sandbox=sbx-usage")
+            status, usage = gw.admin_call("GET", "/v1/usage?sandbox=sbx-usage")
             assert status == 200 and usage["totals"]["requests"] == 3, usage
         # A revocation holds on both workers before the admin API answers: new requests
         # refused at once, open keep-alive tunnels ended within a second.
-        token, jti = _mint(gw, "sbx-revoke")
+        token, jti = gw.mint("sbx-revoke")
         tunnels = [_tunnel(gw, "sbx-revoke", token) for _ in range(6)]
-        assert _admin(gw, "POST", "/v1/tokens/revoke", {"jti": jti})[0] == 200
+        assert gw.admin_call("POST", "/v1/tokens/revoke", {"jti": jti})[0] == 200
         after = [_call(gw, "sbx-revoke", token) for _ in range(8)]
         assert after == [407] * 8, after
         assert all(_ended_within(tls, 1.0) for tls in tunnels)
         for tls in tunnels:
             tls.close()
     finally:
-        gw.proc.send_signal(signal.SIGTERM)
-        gw.proc.wait(30)
-        gw.stop()
+        gw.terminate()
 
 
 def test_revocations_budgets_and_sandboxes_survive_a_restart(
@@ -163,25 +138,23 @@ def test_revocations_budgets_and_sandboxes_survive_a_restart(
     workdir = tmp_path / "gw"
     gw = _start(workdir, fake, test_ca)
     try:
-        revoked, jti = _mint(gw, "sbx-revoked")
-        assert _admin(gw, "POST", "/v1/tokens/revoke", {"jti": jti})[0] == 200
-        spent, _ = _mint(gw, "sbx-spent")
+        revoked, jti = gw.mint("sbx-revoked")
+        assert gw.admin_call("POST", "/v1/tokens/revoke", {"jti": jti})[0] == 200
+        spent, _ = gw.mint("sbx-spent")
         assert [_call(gw, "sbx-spent", spent) for _ in range(4)] == [200] * 4
-        status, _ = _admin(gw, "POST", "/v1/sandboxes",
+        status, _ = gw.admin_call("POST", "/v1/sandboxes",
                            {"id": "sbx-t", "ip": "10.9.8.7", "policy": "agent"})
         assert status == 200
     finally:
-        gw.proc.send_signal(signal.SIGTERM)
-        assert gw.proc.wait(30) == 0
-        gw.stop()
+        assert gw.terminate() == 0
     assert (workdir / "state" / "gateway.db").exists()
     again = _start(workdir, fake, test_ca)
     try:
         assert _call(again, "sbx-revoked", revoked) == 407
         assert _call(again, "sbx-spent", spent) == 429
-        status, listed = _admin(again, "GET", "/v1/sandboxes")
+        status, listed = again.admin_call("GET", "/v1/sandboxes")
         assert {"id": "sbx-t", "ip": "10.9.8.7", "policy": "agent"} in listed["sandboxes"]
-        status, usage = _admin(again, "GET", "/v1/usage?sandbox=sbx-spent")
+        status, usage = again.admin_call("GET", "/v1/usage?sandbox=sbx-spent")
         assert usage["totals"]["requests"] == 4
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and len(errors := {
@@ -226,7 +199,7 @@ def test_an_alias_minted_on_one_worker_works_on_the_other(tmp_path: Path, fake: 
                 and line.get("error") == error]
 
     try:
-        token, _ = _mint(gw, "sbx-a")
+        token, _ = gw.mint("sbx-a")
         minted = post("sbx-a", token, "/v1/realtime/client_secrets", token,
                       {"session": {"type": "realtime", "model": "gpt-realtime"}})
         assert minted.status_code == 200, minted.text
@@ -247,7 +220,7 @@ def test_an_alias_minted_on_one_worker_works_on_the_other(tmp_path: Path, fake: 
                 break
         assert set(worker_of("sbx-a", "/v1/responses")) - set(minting), "one worker only"
         # On both workers: another sandbox's use refused, the alias in a body refused.
-        other, _ = _mint(gw, "sbx-b")
+        other, _ = gw.mint("sbx-b")
         before = len(fake.requests)
         for _ in range(40):
             stolen = post("sbx-b", other, "/v1/responses", alias,

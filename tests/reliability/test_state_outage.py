@@ -19,15 +19,11 @@ the token minted meanwhile are in it (a fresh process sees them). With
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
 import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,7 +32,7 @@ import pytest
 from helpers.clients import open_tunnel, raw_connect
 from helpers.disk import fill, tiny_tmpfs
 from helpers.nginx import Nginx
-from helpers.process import ADMIN, GatewayProcess, start_gateway
+from helpers.process import GatewayProcess, start_gateway
 from helpers.redis_server import RedisServer
 from helpers.tls import LocalCA
 
@@ -53,25 +49,6 @@ NOTICED = 4.0  # seconds: every worker has noticed the outage (its probe, sqlite
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     yield from tiny_tmpfs(tmp_path / "disk", "2m")
-
-
-def _admin(gw: GatewayProcess, method: str, path: str, body: Any = None
-           ) -> tuple[int, Any]:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{gw.admin}{path}", method=method,
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {ADMIN}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
-def _mint(gw: GatewayProcess, sandbox: str) -> tuple[str, str]:
-    status, minted = _admin(gw, "POST", "/v1/tokens", {"sandbox": sandbox, "policy": "agent"})
-    assert status == 200, minted
-    return minted["token"], minted["jti"]
 
 
 def _connect(gw: GatewayProcess, token: str, sandbox: str) -> tuple[int, str | None]:
@@ -91,7 +68,7 @@ def _all_answers(gw: GatewayProcess, check: Callable[[int, dict[str, Any]], bool
                  n: int) -> bool:
     """`n` `/readyz` answers in a row pass `check` (whichever worker each reaches)."""
     for _ in range(n):
-        status, body = _admin(gw, "GET", "/readyz")
+        status, body = gw.admin_call("GET", "/readyz")
         if not check(status, body):
             return False
     return True
@@ -155,21 +132,13 @@ def _ended_within(sock: socket.socket, seconds: float) -> bool:
     return False
 
 
-def _stop(gw: GatewayProcess) -> None:
-    if gw.proc.poll() is None:
-        gw.proc.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            gw.proc.wait(30)
-    gw.stop()
-
-
 def _outage(gw: GatewayProcess, away: Callable[[], None], back: Callable[[], None],
             restart: bool) -> tuple[str, str, str]:
     """The scenario both stores share; (the revoked jti, the jti minted meanwhile, the
     jti of a token that kept working). `restart`: kill and restart both workers while
     the store is away (a worker cannot start without Redis: SQLite only)."""
-    revoked, jti = _mint(gw, "sbx-revoked")
-    kept, kept_jti = _mint(gw, "sbx-kept")
+    revoked, jti = gw.mint("sbx-revoked")
+    kept, kept_jti = gw.mint("sbx-kept")
     assert _connect(gw, revoked, "sbx-revoked") == (200, None)
     tunnels = [open_tunnel(("127.0.0.1", gw.proxy), "pass.test:443", revoked, "sbx-revoked",
                            timeout=5) for _ in range(6)]
@@ -178,11 +147,11 @@ def _outage(gw: GatewayProcess, away: Callable[[], None], back: Callable[[], Non
         _until(lambda: _all_answers(gw, degraded, 1), 15, "/readyz does not say degraded")
         time.sleep(NOTICED)  # (then both workers say so, whichever answers)
         assert _all_answers(gw, degraded, 20)
-        status, body = _admin(gw, "GET", "/readyz")
+        status, body = gw.admin_call("GET", "/readyz")
         assert "degraded: state store" in body["reason"]
 
         since = len(gw.audit_lines())
-        status, answer = _admin(gw, "POST", "/v1/tokens/revoke", {"jti": jti})
+        status, answer = gw.admin_call("POST", "/v1/tokens/revoke", {"jti": jti})
         assert status == 200, answer
         assert (answer["revoked"], answer["workers"], answer["stored"]) == (jti, 2, False)
         assert "pending" in answer
@@ -199,13 +168,13 @@ def _outage(gw: GatewayProcess, away: Callable[[], None], back: Callable[[], Non
             answers = _refused_everywhere(gw, revoked, "sbx-revoked", since)
             assert answers == [(407, "token_revoked")] * len(answers)
         # (held by the worker that minted it: one killed meanwhile would lose the record)
-        _, minted_meanwhile = _mint(gw, "sbx-meanwhile")
+        _, minted_meanwhile = gw.mint("sbx-meanwhile")
 
         back()
         _until(lambda: _all_answers(gw, healthy, 20), 15, "/readyz still says degraded")
         # Recorded once the store is back: listed by every worker, revoked flag set.
         def listed() -> dict[str, bool]:
-            status, body = _admin(gw, "GET", "/v1/tokens")
+            status, body = gw.admin_call("GET", "/v1/tokens")
             return {t["jti"]: t["revoked"] for t in body["tokens"]} if status == 200 else {}
 
         _until(lambda: all(minted_meanwhile in listed() for _ in range(6)), 10,
@@ -232,7 +201,7 @@ def test_a_full_state_disk_never_lets_a_revoked_token_through(
         jti, meanwhile, kept = _outage(gw, lambda: filler.append(fill(tiny_disk)),
                                        lambda: filler.pop().unlink(), restart=True)
     finally:
-        _stop(gw)
+        gw.terminate()
     # A fresh process reading the file: the revocation, the token minted meanwhile.
 
     async def fresh() -> tuple[bool, bool, set[str]]:
@@ -264,7 +233,7 @@ def test_redis_killed_never_lets_a_revoked_token_through(
 
         jti, meanwhile, kept = _outage(gw, kill, server.start, restart=False)
     finally:
-        _stop(gw)
+        gw.terminate()
 
     async def fresh() -> tuple[bool, bool, set[str]]:
         state = RedisState(server.url)
@@ -292,7 +261,7 @@ def test_refuse_turns_new_tunnels_away_while_the_store_is_away(
                        extra={"state": {"store": "sqlite", "path": str(path),
                                         "unavailable": "refuse"}})
     try:
-        token, _ = _mint(gw, "sbx-1")
+        token, _ = gw.mint("sbx-1")
         assert _connect(gw, token, "sbx-1") == (200, None)
         filler = fill(tiny_disk)
 
@@ -316,4 +285,4 @@ def test_refuse_turns_new_tunnels_away_while_the_store_is_away(
         _until(lambda: _all_answers(gw, healthy, 20), 15, "/readyz is still 503")
         assert [_connect(gw, token, "sbx-1") for _ in range(4)] == [(200, None)] * 4
     finally:
-        _stop(gw)
+        gw.terminate()

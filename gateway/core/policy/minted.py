@@ -64,6 +64,21 @@ class MintType:
 _BEARER = Injection("bearer")
 _CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 
+
+def _bearer(name: str, fields: tuple[Field, ...], hosts: tuple[str, ...] = ()) -> MintType:
+    """A type whose gateway token comes as a bearer token and whose minted value goes
+    there (no default hosts: the credential's rule names them)."""
+    return MintType(name, fields, hosts, _BEARER, places=_BEARER)
+
+
+def _oauth2(name: str, *fields: Field) -> MintType:
+    """An OAuth 2.0 token-endpoint type: `token_url` and `client_id`, the grant's own
+    `fields`, and how the client authenticates (HTTP Basic or in the form body)."""
+    return _bearer(name, (Field("token_url", "url", required=True),
+                          Field("client_id", "text", required=True), *fields,
+                          Field("client_auth", "choice", default="basic",
+                                choices=("basic", "body"))))
+
 TYPES: dict[str, MintType] = {
     "github-app": MintType(
         "github-app",
@@ -98,33 +113,21 @@ TYPES: dict[str, MintType] = {
         Injection("header", "x-amz-security-token"),
         signs=True,
     ),
-    "gcp-service-account": MintType(
+    "gcp-service-account": _bearer(
         "gcp-service-account",
         (Field("key", "secret"), Field("workload_identity", "flag", default=False),
          Field("scopes", "texts", default=(_CLOUD_PLATFORM,)), Field("token_url", "url")),
         ("aiplatform.googleapis.com", "*-aiplatform.googleapis.com"),
-        Injection("bearer"),
-        places=_BEARER,
     ),
-    "oauth2-client-credentials": MintType(
+    "oauth2-client-credentials": _oauth2(
         "oauth2-client-credentials",
-        (Field("token_url", "url", required=True), Field("client_id", "text", required=True),
-         Field("client_secret", "secret", required=True), Field("scope", "text"),
-         Field("audience", "text"),
-         Field("client_auth", "choice", default="basic", choices=("basic", "body"))),
-        (),
-        Injection("bearer"),
-        places=_BEARER,
+        Field("client_secret", "secret", required=True), Field("scope", "text"),
+        Field("audience", "text"),
     ),
-    "oauth2-refresh-token": MintType(
+    "oauth2-refresh-token": _oauth2(
         "oauth2-refresh-token",
-        (Field("token_url", "url", required=True), Field("client_id", "text", required=True),
-         Field("refresh_token", "secret", required=True), Field("client_secret", "secret"),
-         Field("scope", "text"),
-         Field("client_auth", "choice", default="basic", choices=("basic", "body"))),
-        (),
-        Injection("bearer"),
-        places=_BEARER,
+        Field("refresh_token", "secret", required=True), Field("client_secret", "secret"),
+        Field("scope", "text"),
     ),
 }
 

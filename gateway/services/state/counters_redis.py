@@ -52,8 +52,8 @@ from redis.exceptions import RedisError
 from gateway.net.resolver import unguarded
 from gateway.observability import metrics
 from gateway.services.state.counters import Admission, CounterView, Increment, Table, first_refused
-from gateway.services.state.lease_keeper import Lease
-from gateway.services.state.leases import BEAT, LEASE_TTL, ORPHANS, Charged, charge_of, parse_held
+from gateway.services.state.lease_keeper import Lease, LeaseHolding
+from gateway.services.state.leases import ORPHANS, Charged, charge_of, parse_held
 
 __all__ = ["RedisCounters"]
 
@@ -172,7 +172,7 @@ return out
 log = logging.getLogger("sandbox_gateway.counters")
 
 
-class RedisCounters:
+class RedisCounters(LeaseHolding):
     """``Counters`` in Redis (see the module docstring). ``start`` with a client."""
 
     def __init__(self, prefix: str, *, interval: float = 0.25,
@@ -182,7 +182,10 @@ class RedisCounters:
         self.lease_prefix = f"{prefix}:lease:"
         self.leases_key = f"{prefix}:leases"
         self.lease: Lease | None = None
-        self._dropped: set[str] = set()  # holders whose settlements were dropped (logged)
+        self._dropped: set[str] = set()
+        self._dropped_log = (log, "counters: settlements of calls admitted under lease %s "
+                             "were not sent: the lease was found dead and their reservations "
+                             "charged in full")
         self.interval = interval
         self.view = CounterView(clock, forget_after=forget_after)
         self.url_for_logs = url_for_logs
@@ -271,13 +274,6 @@ class RedisCounters:
     def _entries(self, batch: dict[str, Table]) -> list[Increment]:
         return [(t, f, a, self.view.expires.get(t, 0.0))
                 for t, fields in batch.items() for f, a in fields.items()]
-
-    def _settlements_dropped(self, holder: str) -> None:
-        if holder not in self._dropped:
-            self._dropped.add(holder)
-            log.warning("counters: settlements of calls admitted under lease %s were not "
-                        "sent: the lease was found dead and their reservations charged in "
-                        "full", holder)
 
     async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
         """Whole tables from Redis plus what is pending here (the local view if Redis
@@ -417,16 +413,7 @@ class RedisCounters:
                     self.view.set_shared(table, field, int(value))
         self._up()
 
-    # -- leases (``leases.LeaseStore``) ----------------------------------------------------
-
-    @property
-    def holder(self) -> str | None:
-        return self.lease.holder if self.lease is not None else None
-
-    async def take_lease(self, slot: str, *, ttl: float = LEASE_TTL,
-                         beat: float = BEAT) -> None:
-        self.lease = Lease(self, slot, ttl=ttl, beat=beat)
-        await self.lease.start()  # (False: it serves; the lease is claimed once it can be)
+    # -- leases (``leases.LeaseStore``; ``holder``, ``take_lease``: ``LeaseHolding``) --------
 
     async def lease_claim(self, holder: str, slot: str, ttl: float, takeover: bool) -> bool:
         client = self._client

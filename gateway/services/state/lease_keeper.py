@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from gateway.observability import metrics
 from gateway.services.state.leases import BEAT, LEASE_TTL, Charged, LeaseStore
 
-__all__ = ["Lease", "new_holder", "report", "slot_of"]
+__all__ = ["Lease", "LeaseHolding", "new_holder", "report", "slot_of"]
 
 log = logging.getLogger("sandbox_gateway.state")
 
@@ -123,6 +123,31 @@ class Lease:
         holder, self.holder = self.holder, None
         if holder is not None:
             await self._reap(holder)
+
+
+class LeaseHolding(LeaseStore):
+    """What every store that keeps counters does with this process's lease (the three
+    ``LeaseStore`` primitives are each store's own): take it, name its holder, and log
+    once per holder that settlements of a holder found dead were dropped."""
+
+    lease: Lease | None
+    _dropped: set[str]  # holders whose dropped settlements were logged
+    _dropped_log: tuple[logging.Logger, str]  # the logger, and the line (%s: the holder)
+
+    @property
+    def holder(self) -> str | None:
+        return self.lease.holder if self.lease is not None else None
+
+    async def take_lease(self, slot: str, *, ttl: float = LEASE_TTL,
+                         beat: float = BEAT) -> None:
+        self.lease = Lease(self, slot, ttl=ttl, beat=beat)
+        await self.lease.start()  # (False: it serves; the lease is claimed once it can be)
+
+    def _settlements_dropped(self, holder: str) -> None:
+        if holder not in self._dropped:
+            self._dropped.add(holder)
+            logger, message = self._dropped_log
+            logger.warning(message, holder)
 
 
 def report(charged: Sequence[Charged], released: str | None = None) -> None:

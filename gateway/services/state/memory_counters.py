@@ -13,13 +13,13 @@ from gateway.services.state.counters import (
     Table,
     first_refused,
 )
-from gateway.services.state.lease_keeper import Lease
-from gateway.services.state.leases import BEAT, LEASE_TTL, ORPHANS, Charged, charge_of, parse_held
+from gateway.services.state.lease_keeper import Lease, LeaseHolding
+from gateway.services.state.leases import ORPHANS, Charged, charge_of, parse_held
 
 __all__ = ["MemoryCounters"]
 
 
-class MemoryCounters:
+class MemoryCounters(LeaseHolding):
     """Counters of one process (the ``memory`` state store), with its leases (the
     holders of one process: what a restart of it loses anyway, kept for the contract
     the shared stores meet)."""
@@ -57,16 +57,7 @@ class MemoryCounters:
     def counters_degraded(self) -> bool:
         return False
 
-    # -- leases (``leases.LeaseStore``) ------------------------------------------------
-
-    @property
-    def holder(self) -> str | None:
-        return self.lease.holder if self.lease is not None else None
-
-    async def take_lease(self, slot: str, *, ttl: float = LEASE_TTL,
-                         beat: float = BEAT) -> None:
-        self.lease = Lease(self, slot, ttl=ttl, beat=beat)
-        await self.lease.start()
+    # -- leases (``leases.LeaseStore``; ``holder``, ``take_lease``: ``LeaseHolding``) ----
 
     async def close(self) -> None:
         """Give the lease back (the calls it holds that never settled are charged)."""

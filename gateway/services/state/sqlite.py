@@ -77,8 +77,8 @@ from gateway.observability import metrics
 from gateway.services.secrets.ephemeral import EphemeralKey, EphemeralKeys
 from gateway.services.state.base import SandboxAddress, SharedMint, StateUnavailable
 from gateway.services.state.counters import Admission, CounterView, Increment, Table, first_refused
-from gateway.services.state.lease_keeper import Lease
-from gateway.services.state.leases import BEAT, LEASE_TTL, ORPHANS, Charged, charge_of, parse_held
+from gateway.services.state.lease_keeper import Lease, LeaseHolding
+from gateway.services.state.leases import ORPHANS, Charged, charge_of, parse_held
 from gateway.services.state.log import LogEntry, LogQuery
 from gateway.services.state.sqlite_log import SqliteLog, log_path
 
@@ -358,7 +358,7 @@ class _Writes:
         self.statements: list[tuple[str, tuple[Any, ...]]] = []
 
 
-class SqliteState:
+class SqliteState(LeaseHolding):
     """`StateStore` in one SQLite file (see the module docstring)."""
 
     def __init__(self, path: Path, *, clock: Callable[[], float] = time.time,
@@ -386,7 +386,10 @@ class SqliteState:
         self._record_versions: dict[str, int] = {}  # kind -> its change counter (`meta`)
         self._records_seen = -1  # the data_version they were read at
         self.lease: Lease | None = None
-        self._dropped: set[str] = set()  # holders whose settlements were dropped (logged)
+        self._dropped: set[str] = set()
+        self._dropped_log = (log, "state store: settlements of calls admitted under lease %s "
+                             "were not written: the lease was found dead and their "
+                             "reservations charged in full")
         self.requests = SqliteLog(log_path(path), _open_log, busy_timeout)
         self._warning: str | None = None  # the state volume is short of space
         self._last_volume = -math.inf
@@ -879,23 +882,7 @@ class SqliteState:
                     conn.executemany(_ADD, settled)
         return dropped
 
-    def _settlements_dropped(self, holder: str) -> None:
-        if holder not in self._dropped:
-            self._dropped.add(holder)
-            log.warning("state store: settlements of calls admitted under lease %s were "
-                        "not written: the lease was found dead and their reservations "
-                        "charged in full", holder)
-
-    # -- leases (`leases.LeaseStore`) -----------------------------------------------------
-
-    @property
-    def holder(self) -> str | None:
-        return self.lease.holder if self.lease is not None else None
-
-    async def take_lease(self, slot: str, *, ttl: float = LEASE_TTL,
-                         beat: float = BEAT) -> None:
-        self.lease = Lease(self, slot, ttl=ttl, beat=beat)
-        await self.lease.start()  # (False: it serves; the lease is claimed once it can be)
+    # -- leases (`leases.LeaseStore`; `holder`, `take_lease`: `LeaseHolding`) -------------
 
     async def lease_claim(self, holder: str, slot: str, ttl: float, takeover: bool) -> bool:
         try:

@@ -1,0 +1,82 @@
+"""The order the suite runs in: the slowest tests first (`tests/conftest.py` applies it).
+
+`make test` spreads the tests over the cores with pytest-xdist, `--dist worksteal`
+(pyproject.toml): each worker takes half of the collection in order, and one that runs
+out takes the second half of the longest queue left. A test cannot be split, so a long
+test that starts late makes the run's tail as long as itself (the soak's 80 s, the
+benchmark's 56 s); started first, the short tests fill in around them and the workers
+end together. A module moves whole, heaviest first (its module fixtures made once).
+
+`SECONDS` holds what the slowest tests took, one row of a parametrized test (measured
+one directory at a time with `-n 0` on a loaded 2-core machine: weights for the order,
+not promises). A test marked `slow` that is not listed weighs `SLOW`, so a new slow test
+runs early before anyone measures it. Modules without either keep pytest's order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+SLOW = 10.0  # seconds: a test marked `slow` that `SECONDS` does not list
+
+SECONDS: dict[str, float] = {
+    # third-party agent CLIs (each a process that starts in seconds, some retrying)
+    "tests/integration/test_agent_clis.py::test_aider_message": 110,
+    "tests/integration/test_agent_clis.py::test_aider_and_opencode_print_a_model_refusal": 60,
+    "tests/integration/test_agent_clis.py::test_opencode_run": 65,
+    "tests/integration/test_agent_clis.py::test_gemini_cli_print": 26,
+    "tests/integration/test_agent_clis.py::test_gemini_cli_prints_a_model_refusal": 20,
+    "tests/integration/test_agent_clis.py::test_codex_prints_a_model_refusal": 18,
+    "tests/integration/test_agent_clis.py::test_claude_code_prints_a_model_refusal": 10,
+    # real gateway processes under load, outages, kills and restarts
+    "tests/reliability/test_soak.py::test_soak_mixed_load_leaves_no_sockets_and_flat_memory": 82,
+    "tests/test_bench_smoke.py::test_quick_benchmark_produces_every_row_and_workload": 56,
+    "tests/integration/test_budget_durability.py::"
+    "test_a_killed_process_never_leaves_a_call_charged_less_than_it_used": 22,
+    "tests/reliability/test_state_volume.py::"
+    "test_a_filling_state_volume_is_warned_of_and_never_stops_revocations": 22,
+    "tests/reliability/test_memory_burst.py::"
+    "test_a_burst_of_intercepted_tunnels_gives_its_memory_back": 20,
+    "tests/reliability/test_memory_burst.py::"
+    "test_above_limits_memory_new_connections_are_refused_until_it_comes_back": 14,
+    "tests/reliability/test_state_outage.py::"
+    "test_a_full_state_disk_never_lets_a_revoked_token_through": 14,
+    "tests/reliability/test_state_outage.py::"
+    "test_redis_killed_never_lets_a_revoked_token_through": 12,
+    "tests/reliability/test_audit_trail.py::"
+    "test_worker_processes_spill_their_own_lines_and_one_process_takes_them_all": 7.5,
+    "tests/reliability/test_timeouts.py::test_slow_heads_are_cut_and_others_still_served": 5,
+}
+
+
+def weight(item: pytest.Item) -> float:
+    """Seconds `item` is expected to take, for the order (0: a short test)."""
+    listed = SECONDS.get(item.nodeid.split("[", 1)[0])
+    if listed is not None:
+        return listed
+    return SLOW if item.get_closest_marker("slow") is not None else 0.0
+
+
+def slowest_first(items: list[pytest.Item]) -> None:
+    """Reorder `items` in place: the modules that weigh most first (the sum of their
+    tests' weights), each module's tests together and in their order, so its module
+    fixtures are made once (a module split up makes them again: the agent CLIs' took
+    20-30 s a time); modules that weigh nothing as collected (a stable sort)."""
+    modules: dict[str, float] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        modules[module] = modules.get(module, 0.0) + weight(item)
+    items.sort(key=lambda item: modules[item.nodeid.split("::", 1)[0]], reverse=True)
+
+
+def stale(root: Path) -> list[str]:
+    """`SECONDS` entries whose file or test function no longer exists."""
+    gone = []
+    for test in SECONDS:
+        path, _, name = test.partition("::")
+        source = root / path
+        if not source.is_file() or f"def {name}(" not in source.read_text():
+            gone.append(test)
+    return gone
