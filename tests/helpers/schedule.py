@@ -38,7 +38,7 @@ SECONDS: dict[str, float] = {
     "tests/reliability/test_state_volume.py::"
     "test_a_filling_state_volume_is_warned_of_and_never_stops_revocations": 22,
     "tests/reliability/test_memory_burst.py::"
-    "test_a_burst_of_intercepted_tunnels_gives_its_memory_back": 20,
+    "test_a_burst_of_intercepted_tunnels_gives_its_memory_back": 66,  # (5,000 tunnels)
     "tests/reliability/test_memory_burst.py::"
     "test_above_limits_memory_new_connections_are_refused_until_it_comes_back": 14,
     "tests/reliability/test_state_outage.py::"
@@ -48,6 +48,20 @@ SECONDS: dict[str, float] = {
     "tests/reliability/test_audit_trail.py::"
     "test_worker_processes_spill_their_own_lines_and_one_process_takes_them_all": 7.5,
     "tests/reliability/test_timeouts.py::test_slow_heads_are_cut_and_others_still_served": 5,
+    # learn mode with a real agent, then enforcing what it learned (two aider runs)
+    "tests/integration/test_learn_agent_cli.py::test_aider_learned_then_enforced": 60,
+    # MCP OAuth: the SDK's server, authorization server and client, per engine
+    "tests/integration/test_mcp_oauth.py::"
+    "test_two_workers_share_the_grant_and_a_restart_keeps_it": 21,
+    "tests/integration/test_mcp_oauth.py::test_insufficient_scope_goes_back_to_consent": 17,
+    "tests/integration/test_mcp_oauth.py::test_the_token_is_refreshed_before_it_expires": 15,
+    "tests/integration/test_mcp_oauth.py::"
+    "test_an_agent_lists_and_calls_tools_after_one_consent": 12,
+    "tests/integration/test_mcp_oauth.py::"
+    "test_a_token_the_server_refuses_is_refreshed_on_the_retry": 12,
+    "tests/integration/test_mcp_oauth.py::test_a_revoked_grant_asks_again": 11,
+    "tests/integration/test_mcp_oauth.py::"
+    "test_consent_and_revocation_in_the_console_with_chromium": 10,
 }
 
 
