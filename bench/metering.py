@@ -196,9 +196,16 @@ def run(workdir: Path, ca: LocalCA, proxy_cpu: int | None, *, requests: int = 20
         metered, plain = (statistics.median(per_request[h]) for h in NAMES)
         # Each round's two rows ran back to back: their ratio is what drift cannot move.
         ratio = statistics.median(a / b for a, b in zip(*per_request.values(), strict=True))
-        audit = (gw_dir / "audit.log").read_text()
-        usage = [json.loads(line).get("usage") for line in audit.splitlines()]
-        metered_lines = sum(1 for u in usage if u and u.get("output_tokens") == chunks)
+        # An exchange's audit line is written once its answer has gone out: the last
+        # calls' lines may follow the clients' end by a moment.
+        deadline = time.monotonic() + 10
+        while True:
+            audit = (gw_dir / "audit.log").read_text()
+            usage = [json.loads(line).get("usage") for line in audit.splitlines()]
+            metered_lines = sum(1 for u in usage if u and u.get("output_tokens") == chunks)
+            if metered_lines >= done + conc * 5 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         if KEY in audit or provider.keys_seen != {f"Bearer {KEY}"}:
             raise RuntimeError("metering bench: the key was not swapped, or reached the audit")
         if metered_lines != done + conc * 5 or sum(1 for u in usage if u) != metered_lines:
