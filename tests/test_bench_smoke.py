@@ -18,7 +18,8 @@ from bench.__main__ import ROWS, SECTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTED_ROWS = {"direct", "gateway_passthrough", "gateway_policy", "gateway_otel",
-                 "gateway_otel_logs", "gateway_otel_sampled", "gateway_inject",
+                 "gateway_otel_logs", "gateway_otel_sampled", "gateway_otel_apart",
+                 "gateway_inject",
                  "gateway_sse", "gateway_post", "gateway_post_dlp", "nginx", "mitmdump",
                  "squid"}
 WORKLOAD_FIELDS = {

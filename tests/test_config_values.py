@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from gateway import config_values as v
-from gateway.config_values import HostPort, Notifier, Value
+from gateway.config_values import HostPort, Notifier, OAuthClient, Value
 from gateway.errors import ConfigError
 
 MiB = 1024 * 1024
@@ -47,10 +47,18 @@ READS: list[tuple[str, object, object]] = [
     ("NOTIFIERS", {"ops": {"url": "https://hooks.example/T", "format": "slack"}},
      {"ops": Notifier("https://hooks.example/T", "slack", None)}),
     ("UPSTREAM_PROXY", None, None), ("UPSTREAM_PROXY", "env", "env"),
+    ("OAUTH_CLIENTS", {"github": {"client_id": "Iv1.abc", "secret": "gh-oauth"}},
+     {"github": OAuthClient("Iv1.abc", "gh-oauth")}),
+    ("OAUTH_CLIENTS", {"pub.lic": {"client_id": "x"}}, {"pub.lic": OAuthClient("x", None)}),
 ]
 
 # (value reader, what is written, the reader's message, whether the schema sees it too)
 REFUSES: list[tuple[str, object, str, bool]] = [
+    ("OAUTH_CLIENTS", ["github"], "expected a map of clients", True),
+    ("OAUTH_CLIENTS", {"auto": {"client_id": "x"}}, "is not a client name", False),
+    ("OAUTH_CLIENTS", {"gh": {"client_id": "x", "scope": "y"}}, "expected {client_id, secret}",
+     True),
+    ("OAUTH_CLIENTS", {"gh": {"secret": "s"}}, "client_id", True),
     ("DURATION", "soon", "'soon' is not a duration", True),
     ("RATIO", 1.5, "expected a ratio from 0 to 1", True),
     ("RATIO", True, "expected a ratio from 0 to 1", True),

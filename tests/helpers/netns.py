@@ -104,6 +104,18 @@ class Lab:
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
+    def audit_until(self, wanted: Callable[[dict[str, Any]], bool],
+                    timeout: float = 10.0) -> list[dict[str, Any]]:
+        """The audit lines once one is `wanted`: an exchange's line is written once its
+        answer has gone out, so it may follow the client's exit by a moment (empty
+        after `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = self.audit()
+            if any(wanted(line) for line in lines) or time.monotonic() > deadline:
+                return [line for line in lines if wanted(line)]
+            time.sleep(0.05)
+
     def upstream_seen(self) -> list[dict[str, Any]]:
         path = self.workdir / "upstream.jsonl"
         if not path.exists():

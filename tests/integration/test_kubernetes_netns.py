@@ -156,7 +156,7 @@ def test_transparent_mode_knows_a_pod_by_its_address(tmp_path: Path) -> None:
             r = lab.sandbox_curl("https://allowed.test/hello", UPSTREAM_IP,
                                  "--cacert", str(lab.ca.cert_path))
             assert r.returncode == 0, r.stderr + lab.gateway_log
-            line = [a for a in lab.audit() if a.get("host") == "allowed.test"][-1]
+            line = lab.audit_until(lambda a: a.get("host") == "allowed.test")[-1]
             assert line["sandbox"] == f"{NS}/transparent-pod"
             assert line["workload"]["uid"] == pod["metadata"]["uid"]
             # A credential with no token anywhere: injected for the pod.

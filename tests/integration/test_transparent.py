@@ -70,7 +70,7 @@ def test_transparent_mode_end_to_end(lab: Lab) -> None:
                               "cafile": gw_ca, "connect_to": [UPSTREAM_IP, 443]})
     assert (got["stage"], got["status"]) == ("response", 200), got
     assert json.loads(got["body"])["path"] == "/h2"
-    line = next(a for a in reversed(lab.audit()) if a.get("path") == "/h2")
+    line = lab.audit_until(lambda a: a.get("path") == "/h2")[-1]
     assert line["engine"] == "mitmproxy" and line["decision"] == "allow", line
     # A name the policy does not allow: refused.
     r = lab.sandbox_curl("https://evil.test/", UPSTREAM_IP, "--cacert", str(lab.ca.cert_path))
