@@ -187,6 +187,7 @@ def _client(gw: GatewayThread | None, steps: list[dict[str, Any]],
 def test_the_sdk_client_calls_what_the_rule_allows(gateway: GatewayThread,
                                                    server: Server) -> None:
     before = len(server.calls())
+    lines_before = len(gateway.audit.records())  # (the module's gateway: other tests' too)
     results = _client(gateway, [
         {"list_tools": True},
         {"call": "search_issues", "arguments": {"query": "flaky"}},
@@ -212,7 +213,7 @@ def test_the_sdk_client_calls_what_the_rule_allows(gateway: GatewayThread,
     served = server.calls()[before:]
     assert [c["tool"] for c in served] == ["search_issues", "get_issue"], served
     # Audit: the MCP method and name on each line, the decision and the rule.
-    lines = [r for r in gateway.audit.records() if r.get("mcp")]
+    lines = [r for r in gateway.audit.records()[lines_before:] if r.get("mcp")]
     denied = [r for r in lines if r["error"] == "mcp_denied"]
     assert len(denied) == 3 and all(r["decision"] == "deny" and r["rule"] for r in denied)
     assert {(c["method"], c["name"]) for r in denied for c in r["mcp"]} == {
@@ -227,9 +228,10 @@ def test_replay_decides_the_recorded_calls_again(gateway: GatewayThread,
     """`policy diff --replay` reads the MCP calls from the real gateway's audit lines
     (issue 41.3): a tool the proposed policy stops allowing is newly denied, one it
     starts allowing newly allowed; the server's own requests are not replayed."""
+    lines_before = len(gateway.audit.records())  # (the module's gateway: other tests' too)
     _client(gateway, [{"call": "search_issues", "arguments": {"query": "replayed"}},
                       {"call": "delete_repo", "arguments": {"repo": "org/api"}}])
-    records = [r for r in gateway.audit.records() if r.get("mcp")]
+    records = [r for r in gateway.audit.records()[lines_before:] if r.get("mcp")]
     base = load_policy_texts({"policies/agent.yaml": POLICY})
     narrowed = POLICY.replace('allow: ["search_*", get_issue', 'allow: [get_issue')
     widened = POLICY.replace('deny: ["delete_*"]', "deny: []").replace(
