@@ -396,13 +396,14 @@ def test_a_stale_watch_fails_closed(test_ca: LocalCA, upstream: Upstream,
                                     tmp_path: Path) -> None:
     with FakeKubeAPI(tmp_path / "kube") as kube:
         kube.add_pod(NS, "p", _ip(21), labels={"sandbox-gateway.io/policy": "agent"})
-        gw = _gateway(tmp_path / "gw", kube, test_ca, upstream, stale_after="1s")
+        # (3 s: the "not yet" request must come before it even on a loaded machine)
+        gw = _gateway(tmp_path / "gw", kube, test_ca, upstream, stale_after="3s")
         try:
             pods = Pods(gw, test_ca)
             assert pods.get(_ip(21), "allowed.test", "/status/200")[0] == 200
             kube.stop()  # the API server goes away: nothing more is known of pods
             assert pods.get(_ip(21), "allowed.test", "/status/200")[0] == 200  # (not yet)
-            time.sleep(1.6)
+            time.sleep(3.6)
             status, text, _ = pods.get(_ip(21), "allowed.test", "/")
             assert status == 503, text
             line = _last(gw, _ip(21))
