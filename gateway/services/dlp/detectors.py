@@ -17,15 +17,13 @@ salt is never logged; a fingerprint is HMAC-SHA256 under it (`core/dlp/findings.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import secrets
-import tempfile
 import threading
 from pathlib import Path
 
 from gateway.core.dlp.catalogue import DETECTORS
 from gateway.core.dlp.scanner import Scanner
+from gateway.services.keyfile import random_file
 
 __all__ = ["SALT_BYTES", "SALT_FILE", "LazyDetectors", "ensure_salt", "for_tools"]
 
@@ -38,21 +36,7 @@ def ensure_salt(path: Path) -> bytes:
     agree on one and never read a half-written file: the salt is written whole to a file
     of its own, then linked into place (`os.link` fails if another got there first, and
     that one is read). Raises OSError, or ValueError for a file too short."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:  # (mkstemp: 0600)
-                f.write(secrets.token_bytes(SALT_BYTES))
-                f.flush()
-                os.fsync(f.fileno())
-            with contextlib.suppress(FileExistsError):  # (another's came first: theirs)
-                os.link(tmp, path)
-        finally:
-            os.unlink(tmp)
-        data = path.read_bytes()
+    data = random_file(path, SALT_BYTES)
     if len(data) < 16:
         raise ValueError(f"{path} holds fewer than 16 bytes; delete it to have a new salt "
                          "made, or write 32 random bytes into it")

@@ -8,16 +8,15 @@ and its grant is asked for again."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
-import os
 import secrets
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from gateway.services.keyfile import random_file
 
 __all__ = ["KEY_FILE", "Sealer", "ensure_key"]
 
@@ -29,21 +28,7 @@ _NONCE = 12
 def ensure_key(path: Path) -> bytes:
     """The key in `path`, created (0600) if there is none. Raises OSError, or ValueError
     for a file that does not hold 32 bytes."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:  # (mkstemp: 0600)
-                f.write(secrets.token_bytes(_KEY_BYTES))
-                f.flush()
-                os.fsync(f.fileno())
-            with contextlib.suppress(FileExistsError):  # (another's came first: theirs)
-                os.link(tmp, path)
-        finally:
-            os.unlink(tmp)
-        data = path.read_bytes()
+    data = random_file(path, _KEY_BYTES)
     if len(data) != _KEY_BYTES:
         raise ValueError(f"{path} does not hold a {_KEY_BYTES}-byte key; delete it to have a "
                          "new one made (the grants sealed with it are then asked again)")
