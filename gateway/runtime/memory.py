@@ -163,12 +163,23 @@ class MemoryGuard:
         self.after_release = self.rss  # RSS right after the last release (or at start)
         self.last_release = -math.inf  # monotonic time of the last release
         self.releases = 0
-        self._over = False  # above the ceiling at the last tick (for the log lines)
+        self._over = False  # above the ceiling at the last read (for the log lines)
         metrics.MEMORY_CEILING.set(ceiling)
 
     def _read(self, now: float) -> int:
+        """Read the RSS; log a crossing of the ceiling whichever reader saw it first (a
+        refusal may see it between two ticks, and memory may fall before the next)."""
         self.rss = self._rss()
         self._next_read = now + READ_EVERY
+        over = bool(self.ceiling) and self.rss > self.ceiling
+        if over and not self._over:
+            log.warning("memory: %s is above limits.memory (%s): new connections are "
+                        "refused 503 at_capacity until it is below", _mib(self.rss),
+                        _mib(self.ceiling))
+        elif self._over and not over:
+            log.warning("memory: %s, below limits.memory (%s) again: new connections are "
+                        "accepted", _mib(self.rss), _mib(self.ceiling))
+        self._over = over
         return self.rss
 
     @property
@@ -195,14 +206,8 @@ class MemoryGuard:
         closed = self.peak_open - open_now
         settled = open_now >= self.last_open  # (no longer closing: the burst is over)
         self.last_open = open_now
-        over = bool(self.ceiling) and rss > self.ceiling
-        if over and not self._over:
-            self._over = True
-            log.warning("memory: %s is above limits.memory (%s): new connections are "
-                        "refused 503 at_capacity until it is below", _mib(rss),
-                        _mib(self.ceiling))
         why = None
-        if over and since >= _CEILING_GAP:
+        if self._over and since >= _CEILING_GAP:
             why = "ceiling"
         elif closed >= max(BURST, self.peak_open // 4) and settled and since >= _BURST_GAP:
             why = "burst"
@@ -212,10 +217,6 @@ class MemoryGuard:
         if why is not None:
             self.release(why, now, open_now)
         metrics.MEMORY_RSS.set(self.rss)
-        if self._over and self.rss <= self.ceiling:
-            self._over = False
-            log.warning("memory: %s, below limits.memory (%s) again: new connections are "
-                        "accepted", _mib(self.rss), _mib(self.ceiling))
         return why
 
     def release(self, why: str, now: float, open_now: int) -> None:
