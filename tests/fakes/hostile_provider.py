@@ -103,6 +103,14 @@ class Faults:
     error_after_tokens: float = 0.0  # an error event after some tokens (billed those)
     cut: float = 0.0  # the stream cut off after some tokens (billed in full)
     refuse_5xx: float = 0.0  # a 5xx before anything ran (billed nothing)
+    # A WebSocket session's 1st, 3rd, 5th... response waits before it queues for a slot,
+    # so the one created after it starts (and is named in response.created) first.
+    stagger: bool = False
+
+    @property
+    def errors(self) -> bool:
+        """Whether some calls get an error answer."""
+        return bool(self.error_after_tokens or self.cut or self.refuse_5xx)
 
     def draw(self, rng: random.Random) -> str | None:
         roll = rng.random()
@@ -217,6 +225,7 @@ class _Session:
     local: dict[str, int] = field(default_factory=dict)  # this session's responses
     slots: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(1))
     events: int = 0
+    creates: int = 0  # response.create events taken
     closed: bool = False  # the client went: what is still queued never runs
 
     def send(self, event: dict[str, Any]) -> None:
@@ -569,7 +578,12 @@ class HostileProvider:
             error(exc.status, exc.code, exc.message)
             return None
 
+        session.creates += 1
+        late = self.keys[session.key].stagger and session.creates % 2 == 1
+
         def run() -> None:
+            if late:
+                time.sleep(self.interval * 40)
             with session.slots:  # queued, before its response.created, until a slot frees
                 if session.closed:
                     return

@@ -414,7 +414,8 @@ def row(klass: str, budget: int, refusals: frozenset[str] = BUDGET,
     def register(pattern: Callable[[Sandbox, HostileProvider], list[Outcome]]
                  ) -> Callable[[Sandbox, HostileProvider], list[Outcome]]:
         ROWS.append(Row(pattern.__name__, klass, budget, pattern, refusals,
-                        faults or Faults(), faults is not None, ws_parallel))
+                        faults or Faults(), faults is not None and faults.errors,
+                        ws_parallel))
         return pattern
     return register
 
@@ -522,6 +523,20 @@ def ws_responses_parallel(sbx: Sandbox, provider: HostileProvider) -> list[Outco
     """Responses over WebSocket, run in parallel: a long response and a short one, and
     another pair each time a short one ends (they end out of order)."""
     del provider
+    return _pairs(sbx, "responses in parallel")
+
+
+@row(WEBSOCKET, 40_000, faults=Faults(stagger=True))
+def ws_responses_started_out_of_order(sbx: Sandbox, provider: HostileProvider
+                                      ) -> list[Outcome]:
+    """As ``ws_responses_parallel``, but the provider starts the short response of each
+    pair first: its response.created comes before the long one's, so ids tied to the
+    creates in order name the wrong reservations."""
+    del provider
+    return _pairs(sbx, "responses started out of order")
+
+
+def _pairs(sbx: Sandbox, what: str) -> list[Outcome]:
     big = {"type": "response.create", "model": GPT, "input": "write a lot",
            "max_output_tokens": 16_000, "store": False}
     small = {**big, "input": "one word", "max_output_tokens": 64}
@@ -535,7 +550,7 @@ def ws_responses_parallel(sbx: Sandbox, provider: HostileProvider) -> list[Outco
             send(big)
             send(small)
 
-    return sbx.session("responses in parallel", "/v1/responses", [big, small], then=then)
+    return sbx.session(what, "/v1/responses", [big, small], then=then)
 
 
 @row(WEBSOCKET, 20_000, faults=Faults(error_after_tokens=1.0), ws_parallel=1)

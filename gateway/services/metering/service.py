@@ -68,6 +68,7 @@ from gateway.core.metering.models import (
 )
 from gateway.core.metering.pricing import Pricing, PricingError
 from gateway.core.metering.refusals import BudgetExceeded, MeteringRefusal, StepRefusal
+from gateway.core.metering.settling import Bound, ending
 from gateway.core.metering.usage import (
     RESPONSE_HOLD,
     JsonlMeter,
@@ -529,18 +530,34 @@ class Metering:
                     named = _string(field_of(doc.get("error"), "event_id"))
                     waiting = next((p for p in queue if not p.started and p.event_id
                                     and p.event_id == named), None)
+                    if waiting is None:
+                        return
                 elif any(p.started for p in queue):
                     return  # (it may be a running response's: which one, none can say)
-                if waiting is None:
-                    return
+                else:  # (one of the queued ones, unbegun: release the smallest bound)
+                    waiting = queue[ending(_bounds(queue), (0, 0), None).index]
                 queue.remove(waiting)
                 self.budgets.settle(waiting.hold, 0, 0)
             return
-        ended = meter.last_id
-        pending = next((p for p in queue if ended is not None and p.response_id == ended),
-                       None) or next((p for p in queue if p.started), None) or queue[0]
-        queue.remove(pending)
-        self._settle(exchange, pending.hold, usage, sent=True, status=200)
+        self._settle_ended(exchange, queue, usage, meter.last_id)
+
+    def _settle_ended(self, exchange: Exchange, queue: list[_Pending], usage: Usage,
+                      response_id: str | None) -> None:
+        """A response of the session ended with ``usage``: settle the reservation
+        ``core.metering.settling`` picks (not the one its id names: ids are tied to
+        reservations by an order the provider need not keep)."""
+        used: tuple[int, int] | None = None
+        if usage.known:
+            cost = (self.budgets.cost(usage)
+                    if any(b.cost_usd is not None for b in exchange.policy.budgets) else None)
+            used = (usage.tokens, round((cost or 0.0) * NANO))
+        chosen = ending(_bounds(queue), used, response_id)
+        pending = queue.pop(chosen.index)
+        if chosen.tokens is None or chosen.nano_usd is None:
+            self._settle(exchange, pending.hold, usage, sent=True, status=200)
+            return
+        self._unread(exchange)  # (charged the largest bound of the session)
+        self.budgets.settle(pending.hold, chosen.tokens, chosen.nano_usd)
 
     # -- after the response ----------------------------------------------------------------
 
@@ -724,6 +741,11 @@ class Metering:
 
 _STEPS = {"hour": HOUR, "day": DAY}
 _JSON = json.JSONDecoder()
+
+
+def _bounds(queue: list[_Pending]) -> list[Bound]:
+    return [Bound(p.hold.reserved.tokens, p.hold.reserved.nano_usd, p.response_id)
+            for p in queue]
 
 
 def _string(value: Any) -> str | None:
