@@ -14,12 +14,14 @@ import re
 from dataclasses import dataclass
 
 from gateway.core.identity import Identity
+from gateway.core.policy.ask_rule import Ask
 from gateway.core.policy.mcp_rule import McpOAuth
 from gateway.core.refusal import Refusal
 from gateway.core.secret_value import SecretValue
 
-__all__ = ["Challenge", "McpToken", "audience_covers", "consent_required", "grant_owner",
-           "oauth_failed", "parse_challenge", "resource_uri", "token_presented"]
+__all__ = ["CONSENT_TIMEOUT", "Challenge", "McpToken", "audience_covers", "consent_ask",
+           "consent_required", "grant_owner", "oauth_failed", "parse_challenge",
+           "resource_uri", "token_presented"]
 
 _PARAM = re.compile(r'\s*([A-Za-z0-9_.-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^\s,"]*)\s*(,|$)')
 _MAX_CHALLENGE = 4096
@@ -87,6 +89,20 @@ def audience_covers(resource: str, uri: str) -> bool:
     if uri == resource:
         return True
     return uri.startswith(resource + "/") and resource.count("/") >= 2
+
+
+CONSENT_TIMEOUT = 300.0  # seconds a request waits for a consent where no ask names one
+
+
+def consent_ask(rule_ask: Ask | None, policy_ask: Ask | None) -> Ask:
+    """How a consent is asked (docs/mcp-oauth.md): held as long as the `timeout` the
+    rule's `ask`, else the policy's, names (signing in takes longer than a yes: an
+    ask's own 60 s default is not taken), else `CONSENT_TIMEOUT`; told to the notifiers
+    of the rule's `ask` and the policy's."""
+    named = [a for a in (rule_ask, policy_ask) if a is not None]
+    timeout = next((a.timeout for a in named if a.timed), CONSENT_TIMEOUT)
+    notify = tuple(dict.fromkeys(n for a in named for n in a.notify))
+    return Ask(timeout=timeout, notify=notify, timed=True)
 
 
 def grant_owner(oauth: McpOAuth, identity: Identity) -> str:

@@ -12,17 +12,20 @@ answer (`exchange_oauth.OAuthUse`)."""
 
 from __future__ import annotations
 
-from gateway.core.mcp_oauth import audience_covers, oauth_failed, resource_uri, token_presented
-from gateway.core.policy.ask_rule import Ask
+from gateway.core.mcp_oauth import (
+    audience_covers,
+    consent_ask,
+    oauth_failed,
+    resource_uri,
+    token_presented,
+)
 from gateway.core.policy.mcp_rule import McpOAuth
 from gateway.core.refusal import Refusal
 from gateway.pipeline.exchange import Exchange
 from gateway.pipeline.exchange_oauth import OAuthUse
 from gateway.pipeline.parts import Parts
 
-__all__ = ["CONSENT_TIMEOUT", "OAuthing"]
-
-CONSENT_TIMEOUT = 300.0  # seconds a request waits for a person to sign in and consent
+__all__ = ["OAuthing"]
 
 
 class OAuthing:
@@ -34,7 +37,8 @@ class OAuthing:
     async def attach(self, ex: Exchange, oauth: McpOAuth) -> None:
         """Put the grant's token in `ex` (holding for a consent first if there is no
         grant). Raises Refusal."""
-        rule = ex.decision.rule.source if ex.decision.rule is not None else None
+        found = ex.decision.rule
+        rule = found.source if found is not None else None
         if ex.head.headers.get("authorization") is not None:
             raise token_presented(rule)
         tokens = self.parts.mcp_tokens
@@ -47,10 +51,9 @@ class OAuthing:
         resource = resource_uri(tgt.scheme, tgt.host, tgt.port, tgt.path)
         token = await tokens.token(ex.identity, resource, oauth)
         if token is None:
-            policy = self.parts.policy(ex.identity)
-            notify = policy.ask.notify if policy.ask is not None else ()
-            await tokens.consent(ex.identity, resource, oauth,
-                                 Ask(timeout=CONSENT_TIMEOUT, notify=notify), rule)
+            spec = consent_ask(found.ask if found is not None else None,
+                               self.parts.policy(ex.identity).ask)
+            await tokens.consent(ex.identity, resource, oauth, spec, rule)
             token = await tokens.token(ex.identity, resource, oauth)
             if token is None:
                 raise oauth_failed("the consent completed, and its grant cannot be used",

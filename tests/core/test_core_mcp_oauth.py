@@ -7,6 +7,8 @@ import pytest
 
 from gateway.core.identity import Identity
 from gateway.core.mcp_oauth import (
+    CONSENT_TIMEOUT,
+    consent_ask,
     Challenge,
     audience_covers,
     consent_required,
@@ -16,6 +18,7 @@ from gateway.core.mcp_oauth import (
     resource_uri,
     token_presented,
 )
+from gateway.core.policy.ask_rule import Ask
 from gateway.core.policy.mcp_rule import McpOAuth
 
 CHALLENGES = [
@@ -80,6 +83,26 @@ def test_a_token_goes_only_to_its_resource(resource: str, uri: str, covers: bool
 def _identity(sandbox: str, policy: str) -> Identity:
     return Identity(sandbox=sandbox, policy=policy, jti="j", scope={}, issued_at=0,
                     expires_at=1, lifetime_end=1)
+
+
+# (the rule's ask, the policy's ask, the consent's timeout and notifiers)
+CONSENT_ASKS = [
+    (None, None, CONSENT_TIMEOUT, ()),
+    (None, Ask(hosts=True), CONSENT_TIMEOUT, ()),  # (ask's 60 s default: not a consent's)
+    (None, Ask(hosts=True, timeout=90, timed=True, notify=("ops",)), 90, ("ops",)),
+    (Ask(timeout=20, timed=True, notify=("a",)),
+     Ask(hosts=True, timeout=90, timed=True, notify=("ops", "a")), 20, ("a", "ops")),
+    (Ask(notify=("a",)), Ask(hosts=True, timeout=600, timed=True), 600, ("a",)),
+    (Ask(), Ask(hosts=True), CONSENT_TIMEOUT, ()),
+]
+
+
+@pytest.mark.parametrize(("rule", "policy", "timeout", "notify"), CONSENT_ASKS)
+def test_how_long_a_consent_waits_and_who_is_told(
+        rule: Ask | None, policy: Ask | None, timeout: float, notify: tuple[str, ...]
+        ) -> None:
+    spec = consent_ask(rule, policy)
+    assert (spec.timeout, spec.notify) == (timeout, notify)
 
 
 def test_whose_grant_serves_a_sandbox() -> None:

@@ -301,7 +301,7 @@ class McpOAuthService:
             identity, asked, f"the MCP server {resource} needs a person's OAuth consent "
             f"for {owner} (scopes: {scope_text}): open consent.url and sign in", spec,
             {"url": url, "resource": resource, "owner": owner, "issuer": info.issuer,
-             "scopes": list(scopes)})
+             "scopes": list(scopes)}, f"{key}|{' '.join(sorted(scopes))}")
         if not opened:  # (joined a consent already asked: its own URL and flow stand)
             await self.grants.remove(FLOW, state, self.clock())
             return approval
@@ -318,7 +318,7 @@ class McpOAuthService:
             if stored is not None and not stored.doc.get("step_up") and \
                     stored.doc.get("created", 0) >= approval.created:
                 return
-            current = await self.approvals.approval(approval.id)
+            current = await self.approvals.settled(approval.id)
             if current.state == "denied":
                 note = f": {current.note}" if current.note else ""
                 raise Refusal("approval_denied", f"a person ({current.by}) declined the "
@@ -326,8 +326,9 @@ class McpOAuthService:
                               "it - ask them", f"approval:{approval.id}")
             if current.state == "timeout":
                 raise Refusal("approval_timeout", f"no one completed the OAuth consent of "
-                              f"approval {approval.id} in time; it is asked again on the "
-                              "next request", f"approval:{approval.id}")
+                              f"approval {approval.id} within "
+                              f"{current.expires - current.created:g}s; it is asked again "
+                              "on the next request", f"approval:{approval.id}")
             if current.state == "approved" and stored is None:
                 raise oauth_failed(f"approval {approval.id} was completed, and no grant "
                                    "was written", rule)
