@@ -8,9 +8,9 @@ import pytest
 from gateway.core.identity import Identity
 from gateway.core.mcp_oauth import (
     CONSENT_TIMEOUT,
-    consent_ask,
     Challenge,
     audience_covers,
+    consent_ask,
     consent_required,
     grant_owner,
     oauth_failed,

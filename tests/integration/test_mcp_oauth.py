@@ -706,3 +706,63 @@ def test_two_workers_share_the_grant_and_a_restart_keeps_it(
                     if a["state"] == "pending"]
     finally:
         restarted.stop()
+
+
+REDIS_POLICY = SHARED.replace("name: shared", "name: agent")
+
+
+def test_on_redis_two_workers_share_one_consent_refresh_once_and_revoke(
+        server: Server, test_ca: LocalCA, tmp_path: Path) -> None:
+    """`state.store: redis` under `run --workers 2`: twelve sandboxes of a `consent:
+    policy` rule held at once, spread over both workers, wait on one approval and all go
+    on when it is completed; once the token has expired, six requests at once are
+    served by one refresh (the lease, held in redis); a revoked grant is used by no
+    worker: every request after it waits on one new consent, whose decline answers them
+    all."""
+    from helpers.redis_server import running_redis
+
+    names = dict.fromkeys(("mcp.test", "auth.test"), server.port)
+    for redis in running_redis(tmp_path / "redis"):
+        process = start_gateway(tmp_path / "gw", names, test_ca, workers=2,
+                                policy=REDIS_POLICY, extra={"state": {
+                                    "store": "redis", "url": redis.url, "prefix": "oauth"}})
+        gw = Workers(process, test_ca)
+        try:
+            held = [(f"redis-{i}", "agent") for i in range(12)]
+            threads, answers = _hold(gw, held)
+            [approval] = _pending_of(gw, "policy:agent")
+            assert _browse(server, test_ca, approval["consent"]["url"]).status_code == 200
+            for thread in threads:
+                thread.join(60)
+            assert [answers[i].status_code for i in range(12)] == [200] * 12
+            lines = [r for r in process.audit_lines()
+                     if str(r.get("credential", "")).startswith("mcp-oauth:")]
+            assert {r["worker"] for r in lines} == {0, 1}  # (held on both workers)
+            grant = admin_api(gw, "GET", "/v1/mcp/oauth/grants")["grants"]
+            assert [g["owner"] for g in grant] == ["policy:agent"]
+            # Refresh: the token has expired; six requests at once, one refresh.
+            refreshed = len(server.events("refresh"))
+            time.sleep(TTL + 0.5)
+            threads, answers = _hold(gw, [(f"later-{i}", "agent") for i in range(6)])
+            for thread in threads:
+                thread.join(60)
+            assert [answers[i].status_code for i in range(6)] == [200] * 6, \
+                [a.text for a in answers.values()]
+            assert len(server.events("refresh")) == refreshed + 1
+            # Revoke on one worker: no worker sends the grant's tokens again.
+            revoked = len(server.events("revoke"))
+            assert admin_api(gw, "DELETE", f"/v1/mcp/oauth/grants/{grant[0]['id']}",
+                             {"by": "ops"}) == {"revoked": grant[0]["id"]}
+            assert len(server.events("revoke")) == revoked + 2
+            verified = len(server.events("verify"))
+            threads, answers = _hold(gw, [(f"after-{i}", "agent") for i in range(6)])
+            [again] = _pending_of(gw, "policy:agent")
+            admin_api(gw, "POST", f"/v1/approvals/{again['id']}",
+                      {"decision": "deny", "by": "ops"})
+            for thread in threads:
+                thread.join(60)
+            assert {answers[i].headers.get("x-sandbox-gateway-error") for i in range(6)} == \
+                {"approval_denied"}
+            assert len(server.events("verify")) == verified  # (no token presented)
+        finally:
+            process.stop()

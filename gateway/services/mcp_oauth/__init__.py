@@ -128,11 +128,7 @@ class McpOAuthService:
         if stored is None or stored.secret is None or stored.doc.get("step_up") or \
                 not set(oauth.scopes) <= set(stored.doc.get("scopes", [])):
             return None
-        expires = stored.doc.get("expires_at")
-        now = self.clock()
-        due = stored.doc.get("stale") or (expires is not None and now >= expires - min(
-            AHEAD, (expires - float(stored.doc.get("issued", now))) / 10))
-        if due:
+        if self._due(stored):
             stored = await self._refreshed(key, stored)
             if stored is None or stored.secret is None:
                 return None
@@ -164,6 +160,14 @@ class McpOAuthService:
         self._read_cache[key] = (version, stored)
         return stored
 
+    def _due(self, stored: Stored) -> bool:
+        """Is the grant's access token to be refreshed now (marked stale, or near its
+        expiry: a tenth of its lifetime, at most `AHEAD`, before)?"""
+        expires = stored.doc.get("expires_at")
+        now = self.clock()
+        return bool(stored.doc.get("stale")) or (expires is not None and now >= expires - min(
+            AHEAD, (expires - float(stored.doc.get("issued", now))) / 10))
+
     async def _refreshed(self, key: str, stored: Stored) -> Stored | None:
         """The grant with fresh tokens (refreshed here under the lease, or by the
         process holding it); None when the grant cannot be used any more."""
@@ -177,7 +181,15 @@ class McpOAuthService:
                     return again
             return None
         try:
-            return await self._refresh(key, stored)
+            # (read again under the lease: this process's copy may predate a refresh
+            # another one finished a moment ago, whose rotated refresh token replaced
+            # the one in hand; refreshing with the spent one would lose the grant)
+            current = await self.grants.get(GRANT, key)
+            if current is None or current.secret is None:
+                return None
+            if current.rev != stored.rev and not self._due(current):
+                return current
+            return await self._refresh(key, current)
         finally:
             found = await self.grants.store.record_get(LEASE, key)
             if found is not None and found[0].get("holder") == self.holder:
