@@ -21,7 +21,7 @@ from gateway.core.secret_value import SecretValue
 
 __all__ = ["CONSENT_TIMEOUT", "Challenge", "McpToken", "audience_covers", "consent_ask",
            "consent_required", "grant_owner", "oauth_failed", "parse_challenge",
-           "resource_uri", "token_presented"]
+           "resource_uri", "token_presented", "user_required"]
 
 _PARAM = re.compile(r'\s*([A-Za-z0-9_.-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^\s,"]*)\s*(,|$)')
 _MAX_CHALLENGE = 4096
@@ -107,10 +107,25 @@ def consent_ask(rule_ask: Ask | None, policy_ask: Ask | None) -> Ask:
 
 def grant_owner(oauth: McpOAuth, identity: Identity) -> str:
     """Whose grant serves `identity` on a rule with `oauth`: ``sandbox:<name>`` (one
-    sandbox's, the default) or ``policy:<name>`` (every sandbox of the policy)."""
+    sandbox's, the default), ``policy:<name>`` (every sandbox of the policy) or
+    ``user:<name>`` (every sandbox whose token names that user; ValueError for a token
+    naming none: `user_required` is the refusal)."""
     if oauth.consent == "policy":
         return f"policy:{identity.policy}"
+    if oauth.consent == "user":
+        if not identity.user:
+            raise ValueError("consent: user, and the token names no user")
+        return f"user:{identity.user}"
     return f"sandbox:{identity.sandbox}"
+
+
+def user_required(rule: str | None) -> Refusal:
+    """`consent: user` on the rule, and the sandbox's token names no user."""
+    return Refusal("mcp_user_required", "the rule's mcp.oauth keeps one grant per person "
+                   "(consent: user) and this sandbox's token names no user; mint its token "
+                   "with the person's name (sandbox-gateway token mint --user NAME, or "
+                   "\"user\" in POST /v1/tokens), or set consent: sandbox or policy on the "
+                   "rule", rule)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from gateway.core.mcp_oauth import (
     oauth_failed,
     resource_uri,
     token_presented,
+    user_required,
 )
 from gateway.core.policy.mcp_rule import McpOAuth
 from gateway.core.refusal import Refusal
@@ -41,6 +42,8 @@ class OAuthing:
         rule = found.source if found is not None else None
         if ex.head.headers.get("authorization") is not None:
             raise token_presented(rule)
+        if oauth.consent == "user" and not ex.identity.user:
+            raise user_required(rule)
         tokens = self.parts.mcp_tokens
         if tokens is None:
             raise oauth_failed("this gateway has no MCP OAuth client", rule)

@@ -3,6 +3,8 @@ check, whose grant serves a sandbox, and the refusals with their statuses."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gateway.core.identity import Identity
@@ -17,6 +19,7 @@ from gateway.core.mcp_oauth import (
     parse_challenge,
     resource_uri,
     token_presented,
+    user_required,
 )
 from gateway.core.policy.ask_rule import Ask
 from gateway.core.policy.mcp_rule import McpOAuth
@@ -111,6 +114,13 @@ def test_whose_grant_serves_a_sandbox() -> None:
     assert grant_owner(per_sandbox, one) == "sandbox:sb-1"
     assert grant_owner(per_sandbox, one) != grant_owner(per_sandbox, two)
     assert grant_owner(per_policy, one) == grant_owner(per_policy, two) == "policy:agent"
+    per_user = McpOAuth(consent="user")
+    alice = replace(one, user="alice")
+    assert grant_owner(per_user, alice) == grant_owner(
+        per_user, replace(two, policy="other", user="alice")) == "user:alice"
+    assert grant_owner(per_user, replace(one, user="bob")) == "user:bob"
+    with pytest.raises(ValueError, match="names no user"):
+        grant_owner(per_user, one)
 
 
 def test_the_refusals() -> None:
@@ -122,3 +132,7 @@ def test_the_refusals() -> None:
     assert "retry the request" in again.reason
     failed = oauth_failed("no authorization server", None)
     assert (failed.code, failed.status) == ("mcp_oauth_failed", 502)
+    nobody = user_required("agent.yaml:3")
+    assert (nobody.code, nobody.status, nobody.rule) == ("mcp_user_required", 403,
+                                                         "agent.yaml:3")
+    assert "--user NAME" in nobody.reason and "consent: sandbox or policy" in nobody.reason

@@ -75,6 +75,15 @@ egress:
       tools: {allow: ["*"]}
       oauth: {consent: policy}
 """
+PEOPLE = """
+version: v1
+name: people
+egress:
+  - host: mcp.test
+    mcp:
+      tools: {allow: ["*"]}
+      oauth: {consent: user}
+"""
 
 
 class Hook:
@@ -164,7 +173,7 @@ def gateway(request: pytest.FixtureRequest, server: Server, test_ca: LocalCA, ho
     work = tmp_path_factory.mktemp(f"mcp-oauth-gw-{request.param}")
     (work / "policies").mkdir()
     for name, text in (("agent", POLICY), ("narrow", NARROW), ("shared", SHARED),
-                       ("hurried", HURRIED)):
+                       ("hurried", HURRIED), ("people", PEOPLE)):
         (work / "policies" / f"{name}.yaml").write_text(text)
     names = ("mcp.test", "auth.test", "other.test", "elsewhere.test")
     gw = GatewayThread(work, {
@@ -299,9 +308,10 @@ INITIALIZE = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "par
 
 def _post(gw: GatewayThread, sandbox: str, url: str = "https://mcp.test/mcp",
           headers: dict[str, str] | None = None, body: str = INITIALIZE,
-          policy: str = "agent") -> httpx.Response:
-    """A raw MCP POST through the gateway (no SDK), as `sandbox`."""
-    token = gw.mint(policy, sandbox)
+          policy: str = "agent", user: str | None = None) -> httpx.Response:
+    """A raw MCP POST through the gateway (no SDK), as `sandbox` (its token naming
+    `user`, if given)."""
+    token = gw.mint(policy, sandbox, **({"user": user} if user else {}))
     verify = ssl.create_default_context(cafile=str(gw.ca_cert))
     with httpx.Client(proxy=gw.proxy_url(token, sandbox), verify=verify, timeout=60) as c:
         return c.post(url, content=body, headers={
@@ -567,6 +577,49 @@ def test_insufficient_scope_goes_back_to_consent(gateway: GatewayThread, server:
     assert stepped["consent"]["scopes"] == ["profile", "mcp"]
     assert again.result()[0]["text"].startswith("client ")
     assert _grant_of(gateway, "policy:narrow")["scopes"] == ["profile", "mcp"]
+
+
+def test_consent_per_user_serves_every_sandbox_of_that_user(
+        gateway: GatewayThread, server: Server, test_ca: LocalCA) -> None:
+    """`consent: user`: alice's consent serves another sandbox whose token names alice,
+    not bob's (asked for himself); a token naming no user is refused, unsent."""
+    engine = gateway.config.network.intercept
+    held: list[httpx.Response] = []
+    first = threading.Thread(target=lambda: held.append(
+        _post(gateway, f"alice-1-{engine}", policy="people", user="alice")))
+    first.start()
+    [asked] = _pending_of(gateway, "user:alice")
+    assert asked["sandbox"] == f"alice-1-{engine}"
+    assert _browse(server, test_ca, asked["consent"]["url"]).status_code == 200
+    first.join(60)
+    assert held[0].status_code == 200, held[0].text
+    grant = _grant_of(gateway, "user:alice")
+    again = _post(gateway, f"alice-2-{engine}", policy="people", user="alice")
+    assert again.status_code == 200, again.text  # (another sandbox: no consent asked)
+    assert not _pending_oauth(gateway, "user:alice")
+    assert any(r["sandbox"] == f"alice-2-{engine}" and r["credential"] ==
+               f"mcp-oauth:{grant['id']} (user:alice)" for r in gateway.audit.records())
+    before = len(server.events())
+    nobody = _post(gateway, f"nobody-{engine}", policy="people")
+    assert nobody.status_code == 403
+    assert nobody.headers["x-sandbox-gateway-error"] == "mcp_user_required"
+    assert "--user NAME" in nobody.json()["reason"]
+    assert len(server.events()) == before  # (nothing reached the servers)
+    bob: list[httpx.Response] = []
+    asking = threading.Thread(target=lambda: bob.append(
+        _post(gateway, f"bob-{engine}", policy="people", user="bob")))
+    asking.start()
+    [his] = _pending_of(gateway, "user:bob")
+    admin_api(gateway, "POST", f"/v1/approvals/{his['id']}", {"decision": "deny",
+                                                               "by": "bob"})
+    asking.join(30)
+    assert bob[0].headers["x-sandbox-gateway-error"] == "approval_denied"
+
+
+def _pending_oauth(gw: GatewayThread, owner: str) -> list[dict[str, Any]]:
+    return [a for a in admin_api(gw, "GET", "/v1/approvals")["approvals"]
+            if a["state"] == "pending" and a["asked"]["kind"] == "oauth"
+            and a["consent"]["owner"] == owner]
 
 
 def _cli(gw: GatewayThread, *args: str) -> subprocess.CompletedProcess[str]:
