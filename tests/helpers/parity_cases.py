@@ -63,6 +63,11 @@ egress:
       tools: {{allow: ["*"]}}
       oauth: {{}}
   - host: unbound.test
+    paths: ["/oauth/people"]
+    mcp:
+      tools: {{allow: ["*"]}}
+      oauth: {{consent: user}}
+  - host: unbound.test
     inspect: true
   - host: api.openai.com
     credential: openai
@@ -444,6 +449,9 @@ MCP_OAUTH = [
          _oauth_post("/oauth/mcp", ["Authorization", "Bearer sandbox-own-token"]),
          ("response", 403, "mcp_token_refused"),
          {**DENY, "error": "mcp_token_refused", "host": "unbound.test"}, check=_no_upstream),
+    Case("MCP OAuth: consent per user, a token naming no user is refused",
+         _oauth_post("/oauth/people"), ("response", 403, "mcp_user_required"),
+         {**DENY, "error": "mcp_user_required", "host": "unbound.test"}, check=_no_upstream),
     Case("MCP OAuth: metadata naming another resource is refused",
          _oauth_post("/oauth/other"), ("response", 502, "mcp_oauth_failed"),
          {**DENY, "error": "mcp_oauth_failed", "host": "unbound.test"},
