@@ -767,11 +767,11 @@ REDIS_POLICY = SHARED.replace("name: shared", "name: agent")
 def test_on_redis_two_workers_share_one_consent_refresh_once_and_revoke(
         server: Server, test_ca: LocalCA, tmp_path: Path) -> None:
     """`state.store: redis` under `run --workers 2`: twelve sandboxes of a `consent:
-    policy` rule held at once, spread over both workers, wait on one approval and all go
-    on when it is completed; once the token has expired, six requests at once are
-    served by one refresh (the lease, held in redis); a revoked grant is used by no
-    worker: every request after it waits on one new consent, whose decline answers them
-    all."""
+    policy` rule held at once, spread over both workers, make one registration, wait on
+    one approval and all go on when it is completed; once the token has expired, six
+    requests at once are served by one refresh (the lease, held in redis); a revoked
+    grant is used by no worker: every request after it waits on one new consent, whose
+    decline answers them all."""
     from helpers.redis_server import running_redis
 
     names = dict.fromkeys(("mcp.test", "auth.test"), server.port)
@@ -781,6 +781,7 @@ def test_on_redis_two_workers_share_one_consent_refresh_once_and_revoke(
                                     "store": "redis", "url": redis.url, "prefix": "oauth"}})
         gw = Workers(process, test_ca)
         try:
+            registered = len(server.events("register"))
             held = [(f"redis-{i}", "agent") for i in range(12)]
             threads, answers = _hold(gw, held)
             [approval] = _pending_of(gw, "policy:agent")
@@ -791,6 +792,8 @@ def test_on_redis_two_workers_share_one_consent_refresh_once_and_revoke(
             lines = [r for r in process.audit_lines()
                      if str(r.get("credential", "")).startswith("mcp-oauth:")]
             assert {r["worker"] for r in lines} == {0, 1}  # (held on both workers)
+            # (one registration at the authorization server, not one per held request)
+            assert len(server.events("register")) == registered + 1
             grant = admin_api(gw, "GET", "/v1/mcp/oauth/grants")["grants"]
             assert [g["owner"] for g in grant] == ["policy:agent"]
             # Refresh: the token has expired; six requests at once, one refresh.

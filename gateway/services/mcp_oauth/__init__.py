@@ -365,16 +365,42 @@ class McpOAuthService:
             return Client(client_id, secret, method)
         if info.client_id_metadata and self.client_metadata_url:
             return Client(self.client_metadata_url)
+        return await self._registered(info)
+
+    async def _registered(self, info: ServerInfo) -> Client:
+        """The client dynamic registration made at `info`'s authorization server: made
+        once (one process registers, under a lease, while requests held at the same
+        time, here or on another process, wait for its record), then kept."""
         key = f"{info.issuer}|{self.redirect_url}"
-        known = await self.grants.get(CLIENT, key)
-        if known is not None and known.secret is not None:
-            return Client(str(known.doc["client_id"]), known.secret.get("secret"),
-                          str(known.doc.get("auth_method", "none")))
-        client = await register(self.http, info, self.redirect_url)
-        await self.grants.put(CLIENT, key, {"client_id": client.client_id,
-                                            "auth_method": client.auth_method},
-                              {"secret": client.secret}, self.clock() + 365 * 86400.0, None)
-        return client
+        lease = f"register|{key}"
+        for _ in range(150):
+            known = await self.grants.get(CLIENT, key)
+            if known is not None and known.secret is not None:
+                return Client(str(known.doc["client_id"]), known.secret.get("secret"),
+                              str(known.doc.get("auth_method", "none")))
+            if await self.grants.store.record_put(LEASE, lease, {"holder": self.holder},
+                                                  self.clock() + 20, None):
+                break
+            await asyncio.sleep(0.1)  # (another registers: its record is read next)
+        else:
+            raise OAuthError(f"the gateway's registration at {info.issuer} did not "
+                             "complete in time")
+        try:
+            known = await self.grants.get(CLIENT, key)
+            if known is not None and known.secret is not None:
+                return Client(str(known.doc["client_id"]), known.secret.get("secret"),
+                              str(known.doc.get("auth_method", "none")))
+            client = await register(self.http, info, self.redirect_url)
+            await self.grants.put(CLIENT, key, {"client_id": client.client_id,
+                                                "auth_method": client.auth_method},
+                                  {"secret": client.secret}, self.clock() + 365 * 86400.0,
+                                  None if known is None else known.rev)
+            return client
+        finally:
+            found = await self.grants.store.record_get(LEASE, lease)
+            if found is not None and found[0].get("holder") == self.holder:
+                await self.grants.store.record_put(LEASE, lease, found[0], self.clock(),
+                                                   found[1])
 
     # -- the callback (admin listener) ---------------------------------------------------
 
