@@ -771,7 +771,7 @@ def test_on_redis_two_workers_share_one_consent_refresh_once_and_revoke(
     one approval and all go on when it is completed; once the token has expired, six
     requests at once are served by one refresh (the lease, held in redis); a revoked
     grant is used by no worker: every request after it waits on one new consent, whose
-    decline answers them all."""
+    decline answers them all; a consent pending across a restart still completes."""
     from helpers.redis_server import running_redis
 
     names = dict.fromkeys(("mcp.test", "auth.test"), server.port)
@@ -820,5 +820,36 @@ def test_on_redis_two_workers_share_one_consent_refresh_once_and_revoke(
             assert {answers[i].headers.get("x-sandbox-gateway-error") for i in range(6)} == \
                 {"approval_denied"}
             assert len(server.events("verify")) == verified  # (no token presented)
+            # A restart while a consent is pending: the request held before it is cut
+            # off; its retry, on the new process, waits on the same approval, whose link
+            # (its flow sealed in redis) still completes it.
+            cut: list[BaseException | httpx.Response] = []
+            before = threading.Thread(target=lambda c, g: c.append(_attempt(g, "restart-1")),
+                                      args=(cut, gw))
+            before.start()
+            [pending] = _pending_of(gw, "policy:agent")
         finally:
             process.stop()
+        before.join(30)
+        assert cut and not isinstance(cut[0], httpx.Response)
+        process = start_gateway(tmp_path / "gw", names, test_ca, workers=2,
+                                policy=REDIS_POLICY, admin=process.admin, extra={"state": {
+                                    "store": "redis", "url": redis.url, "prefix": "oauth"}})
+        # (on the same admin port: the consent's callback URL, mcp_oauth.redirect_url's)
+        gw = Workers(process, test_ca)
+        try:
+            threads, answers = _hold(gw, [("restart-2", "agent")])
+            assert [a["id"] for a in _pending_of(gw, "policy:agent")] == [pending["id"]]
+            assert _browse(server, test_ca, pending["consent"]["url"]).status_code == 200
+            threads[0].join(60)
+            assert answers[0].status_code == 200, answers[0].text
+        finally:
+            process.stop()
+
+
+def _attempt(gw: Workers, sandbox: str) -> BaseException | httpx.Response:
+    """A raw MCP POST that may be cut off (the gateway stops): its answer or error."""
+    try:
+        return _post(gw, sandbox)  # type: ignore[arg-type]
+    except httpx.HTTPError as exc:
+        return exc
