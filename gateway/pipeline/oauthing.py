@@ -3,7 +3,9 @@ sends no token (one it sends is refused, `mcp_token_refused`); the gateway attac
 access token of the grant that serves the sandbox (`McpTokens`), bound to the server's
 resource (the audience check, RFC 8707), and where there is none yet holds the request
 while a person consents (an approval of kind ``oauth``, answered by completing its
-authorization URL), then goes on with the new token.
+authorization URL; as long as the rule's or policy's `ask.timeout` says, else 300 s:
+`consent_ask`), then goes on with the new token. A rule whose grants are per person
+(`consent: user`) refuses a token that names no user (`mcp_user_required`).
 
 The token is put in the head after the head's leak scan, as a credential is, and the
 exchange redacts its echoes in the answer (`Exchange.injected`); on every other host the
