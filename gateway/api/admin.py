@@ -109,8 +109,11 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
                 cidr = [cidr]
             if not isinstance(cidr, list) or not all(isinstance(c, str) for c in cidr):
                 raise ValueError("cidr must be a network or a list of networks")
+            user = data.get("user")
+            if user is not None and not isinstance(user, str):
+                raise ValueError("user must be a string (the person the token acts for)")
             minted = ctx.tokens.mint(sandbox, policy_name, scope, ttl=ttl, lifetime=lifetime,
-                                     cidr=cidr)
+                                     cidr=cidr, user=user)
         except (ValueError, TokenError, ConfigError) as exc:
             return _error(400, "bad_request", str(exc))
         metrics.TOKENS_ISSUED.labels(kind="mint").inc()

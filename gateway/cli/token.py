@@ -44,7 +44,8 @@ def mint_token(args: argparse.Namespace, *, init: bool = False) -> MintedToken:
     lifetime = (parse_duration(args.lifetime, "--lifetime")
                 if getattr(args, "lifetime", None) else None)
     minted = service.mint(args.sandbox, args.policy, scope, ttl=ttl, lifetime=lifetime,
-                          cidr=getattr(args, "bind_cidr", None) or ())
+                          cidr=getattr(args, "bind_cidr", None) or (),
+                          user=getattr(args, "user", None))
     problem = record_minted(cfg, minted)
     if problem is not None:
         print(f"sandbox-gateway: token {minted.jti} is valid but not listed in the console "
@@ -181,6 +182,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                       help="accept the token only from this source network, e.g. the "
                            "sandbox's 10.0.3.7/32 (repeatable): a leaked token is useless "
                            "from anywhere else")
+    mint.add_argument("--user", metavar="NAME",
+                      help="the person the sandbox acts for (the token's usr claim): an MCP "
+                           "OAuth rule with consent: user keeps one grant per user")
     mint.add_argument("--json", action="store_true", help="print {token, jti, expires_at}")
     mint.add_argument("--init", action="store_true",
                       help="create a first signing key when the certs directory has none "

@@ -82,6 +82,7 @@ class Identity:
     cidr: tuple[str, ...] = ()  # source networks the token is bound to (empty: any)
     workload: Workload | None = None  # the pod it is, or its token is bound to
     keyless: bool = False  # identified by its address alone (a watched pod)
+    user: str | None = None  # the person the operator named at mint (`consent: user`)
 
     def used_from(self, ip: str) -> bool:
         """Is a connection from `ip` allowed to use this token (its `cidr` binding)?"""

@@ -14,12 +14,14 @@ import re
 from dataclasses import dataclass
 
 from gateway.core.identity import Identity
+from gateway.core.policy.ask_rule import Ask
 from gateway.core.policy.mcp_rule import McpOAuth
 from gateway.core.refusal import Refusal
 from gateway.core.secret_value import SecretValue
 
-__all__ = ["Challenge", "McpToken", "audience_covers", "consent_required", "grant_owner",
-           "oauth_failed", "parse_challenge", "resource_uri", "token_presented"]
+__all__ = ["CONSENT_TIMEOUT", "Challenge", "McpToken", "audience_covers", "consent_ask",
+           "consent_required", "grant_owner", "oauth_failed", "parse_challenge",
+           "resource_uri", "token_presented", "user_required"]
 
 _PARAM = re.compile(r'\s*([A-Za-z0-9_.-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^\s,"]*)\s*(,|$)')
 _MAX_CHALLENGE = 4096
@@ -89,12 +91,41 @@ def audience_covers(resource: str, uri: str) -> bool:
     return uri.startswith(resource + "/") and resource.count("/") >= 2
 
 
+CONSENT_TIMEOUT = 300.0  # seconds a request waits for a consent where no ask names one
+
+
+def consent_ask(rule_ask: Ask | None, policy_ask: Ask | None) -> Ask:
+    """How a consent is asked (docs/mcp-oauth.md): held as long as the `timeout` the
+    rule's `ask`, else the policy's, names (signing in takes longer than a yes: an
+    ask's own 60 s default is not taken), else `CONSENT_TIMEOUT`; told to the notifiers
+    of the rule's `ask` and the policy's."""
+    named = [a for a in (rule_ask, policy_ask) if a is not None]
+    timeout = next((a.timeout for a in named if a.timed), CONSENT_TIMEOUT)
+    notify = tuple(dict.fromkeys(n for a in named for n in a.notify))
+    return Ask(timeout=timeout, notify=notify, timed=True)
+
+
 def grant_owner(oauth: McpOAuth, identity: Identity) -> str:
     """Whose grant serves `identity` on a rule with `oauth`: ``sandbox:<name>`` (one
-    sandbox's, the default) or ``policy:<name>`` (every sandbox of the policy)."""
+    sandbox's, the default), ``policy:<name>`` (every sandbox of the policy) or
+    ``user:<name>`` (every sandbox whose token names that user; ValueError for a token
+    naming none: `user_required` is the refusal)."""
     if oauth.consent == "policy":
         return f"policy:{identity.policy}"
+    if oauth.consent == "user":
+        if not identity.user:
+            raise ValueError("consent: user, and the token names no user")
+        return f"user:{identity.user}"
     return f"sandbox:{identity.sandbox}"
+
+
+def user_required(rule: str | None) -> Refusal:
+    """`consent: user` on the rule, and the sandbox's token names no user."""
+    return Refusal("mcp_user_required", "the rule's mcp.oauth keeps one grant per person "
+                   "(consent: user) and this sandbox's token names no user; mint its token "
+                   "with the person's name (sandbox-gateway token mint --user NAME, or "
+                   "\"user\" in POST /v1/tokens), or set consent: sandbox or policy on the "
+                   "rule", rule)
 
 
 @dataclass(frozen=True, slots=True)

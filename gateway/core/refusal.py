@@ -86,6 +86,7 @@ _CODES: dict[str, tuple[int, str]] = {
     "mcp_tool_changed": (403, "http_request_denied"),
     "mcp_token_refused": (403, "http_request_denied"),
     "mcp_consent_required": (403, "http_request_denied"),
+    "mcp_user_required": (403, "http_request_denied"),
     "mcp_oauth_failed": (502, "destination_unavailable"),
     "approval_denied": (403, "http_request_denied"),
     "approval_timeout": (403, "http_request_denied"),

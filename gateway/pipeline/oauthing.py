@@ -3,7 +3,9 @@ sends no token (one it sends is refused, `mcp_token_refused`); the gateway attac
 access token of the grant that serves the sandbox (`McpTokens`), bound to the server's
 resource (the audience check, RFC 8707), and where there is none yet holds the request
 while a person consents (an approval of kind ``oauth``, answered by completing its
-authorization URL), then goes on with the new token.
+authorization URL; as long as the rule's or policy's `ask.timeout` says, else 300 s:
+`consent_ask`), then goes on with the new token. A rule whose grants are per person
+(`consent: user`) refuses a token that names no user (`mcp_user_required`).
 
 The token is put in the head after the head's leak scan, as a credential is, and the
 exchange redacts its echoes in the answer (`Exchange.injected`); on every other host the
@@ -12,17 +14,21 @@ answer (`exchange_oauth.OAuthUse`)."""
 
 from __future__ import annotations
 
-from gateway.core.mcp_oauth import audience_covers, oauth_failed, resource_uri, token_presented
-from gateway.core.policy.ask_rule import Ask
+from gateway.core.mcp_oauth import (
+    audience_covers,
+    consent_ask,
+    oauth_failed,
+    resource_uri,
+    token_presented,
+    user_required,
+)
 from gateway.core.policy.mcp_rule import McpOAuth
 from gateway.core.refusal import Refusal
 from gateway.pipeline.exchange import Exchange
 from gateway.pipeline.exchange_oauth import OAuthUse
 from gateway.pipeline.parts import Parts
 
-__all__ = ["CONSENT_TIMEOUT", "OAuthing"]
-
-CONSENT_TIMEOUT = 300.0  # seconds a request waits for a person to sign in and consent
+__all__ = ["OAuthing"]
 
 
 class OAuthing:
@@ -34,9 +40,12 @@ class OAuthing:
     async def attach(self, ex: Exchange, oauth: McpOAuth) -> None:
         """Put the grant's token in `ex` (holding for a consent first if there is no
         grant). Raises Refusal."""
-        rule = ex.decision.rule.source if ex.decision.rule is not None else None
+        found = ex.decision.rule
+        rule = found.source if found is not None else None
         if ex.head.headers.get("authorization") is not None:
             raise token_presented(rule)
+        if oauth.consent == "user" and not ex.identity.user:
+            raise user_required(rule)
         tokens = self.parts.mcp_tokens
         if tokens is None:
             raise oauth_failed("this gateway has no MCP OAuth client", rule)
@@ -47,10 +56,9 @@ class OAuthing:
         resource = resource_uri(tgt.scheme, tgt.host, tgt.port, tgt.path)
         token = await tokens.token(ex.identity, resource, oauth)
         if token is None:
-            policy = self.parts.policy(ex.identity)
-            notify = policy.ask.notify if policy.ask is not None else ()
-            await tokens.consent(ex.identity, resource, oauth,
-                                 Ask(timeout=CONSENT_TIMEOUT, notify=notify), rule)
+            spec = consent_ask(found.ask if found is not None else None,
+                               self.parts.policy(ex.identity).ask)
+            await tokens.consent(ex.identity, resource, oauth, spec, rule)
             token = await tokens.token(ex.identity, resource, oauth)
             if token is None:
                 raise oauth_failed("the consent completed, and its grant cannot be used",

@@ -217,7 +217,20 @@ def test_mint_defaults(client: TestClient, admin: Admin) -> None:
     assert c["exp"] - c["iat"] == 15 * 60
     assert (c["jti"], c["exp"]) == (data["jti"], data["expires_at"])
     identity = admin.tokens.verify(data["token"])
-    assert (identity.sandbox, identity.policy) == ("sb-1", "agent")
+    assert (identity.sandbox, identity.policy, identity.user) == ("sb-1", "agent", None)
+    assert "usr" not in c
+
+
+def test_mint_names_a_user(client: TestClient, admin: Admin) -> None:
+    """`user`: the person the sandbox acts for (`usr`), listed with the token."""
+    response = client.post("/v1/tokens", headers=AUTH, json={
+        "sandbox": "sb-1", "policy": "agent", "user": "alice@example.com"})
+    assert response.status_code == 200, response.text
+    assert claims(response.json()["token"])["usr"] == "alice@example.com"
+    assert admin.tokens.verify(response.json()["token"]).user == "alice@example.com"
+    listed = client.get("/v1/tokens", headers=AUTH).json()["tokens"]
+    assert [t["user"] for t in listed if t["jti"] == response.json()["jti"]] == \
+        ["alice@example.com"]
 
 
 @pytest.mark.parametrize(
@@ -254,6 +267,8 @@ MINT_ERRORS: list[tuple[Any, str]] = [
     ({"sandbox": "sb", "policy": "agent", "scope": 5}, "scope must be"),
     ({"sandbox": "sb", "policy": "agent", "scope": "openai:v1"}, "must start with /"),
     ({"sandbox": "sb bad", "policy": "agent"}, "sandbox id"),
+    ({"sandbox": "sb", "policy": "agent", "user": ["alice"]}, "user must be a string"),
+    ({"sandbox": "sb", "policy": "agent", "user": "al ice"}, "user must be a person's name"),
     ({"policy": "agent"}, "sandbox and policy are required"),
     ({"sandbox": "sb"}, "sandbox and policy are required"),
     ({"sandbox": 1, "policy": "agent"}, "sandbox and policy are required"),

@@ -3,19 +3,25 @@ check, whose grant serves a sandbox, and the refusals with their statuses."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gateway.core.identity import Identity
 from gateway.core.mcp_oauth import (
+    CONSENT_TIMEOUT,
     Challenge,
     audience_covers,
+    consent_ask,
     consent_required,
     grant_owner,
     oauth_failed,
     parse_challenge,
     resource_uri,
     token_presented,
+    user_required,
 )
+from gateway.core.policy.ask_rule import Ask
 from gateway.core.policy.mcp_rule import McpOAuth
 
 CHALLENGES = [
@@ -82,12 +88,39 @@ def _identity(sandbox: str, policy: str) -> Identity:
                     expires_at=1, lifetime_end=1)
 
 
+# (the rule's ask, the policy's ask, the consent's timeout and notifiers)
+CONSENT_ASKS = [
+    (None, None, CONSENT_TIMEOUT, ()),
+    (None, Ask(hosts=True), CONSENT_TIMEOUT, ()),  # (ask's 60 s default: not a consent's)
+    (None, Ask(hosts=True, timeout=90, timed=True, notify=("ops",)), 90, ("ops",)),
+    (Ask(timeout=20, timed=True, notify=("a",)),
+     Ask(hosts=True, timeout=90, timed=True, notify=("ops", "a")), 20, ("a", "ops")),
+    (Ask(notify=("a",)), Ask(hosts=True, timeout=600, timed=True), 600, ("a",)),
+    (Ask(), Ask(hosts=True), CONSENT_TIMEOUT, ()),
+]
+
+
+@pytest.mark.parametrize(("rule", "policy", "timeout", "notify"), CONSENT_ASKS)
+def test_how_long_a_consent_waits_and_who_is_told(
+        rule: Ask | None, policy: Ask | None, timeout: float, notify: tuple[str, ...]
+        ) -> None:
+    spec = consent_ask(rule, policy)
+    assert (spec.timeout, spec.notify) == (timeout, notify)
+
+
 def test_whose_grant_serves_a_sandbox() -> None:
     one, two = _identity("sb-1", "agent"), _identity("sb-2", "agent")
     per_sandbox, per_policy = McpOAuth(), McpOAuth(consent="policy")
     assert grant_owner(per_sandbox, one) == "sandbox:sb-1"
     assert grant_owner(per_sandbox, one) != grant_owner(per_sandbox, two)
     assert grant_owner(per_policy, one) == grant_owner(per_policy, two) == "policy:agent"
+    per_user = McpOAuth(consent="user")
+    alice = replace(one, user="alice")
+    assert grant_owner(per_user, alice) == grant_owner(
+        per_user, replace(two, policy="other", user="alice")) == "user:alice"
+    assert grant_owner(per_user, replace(one, user="bob")) == "user:bob"
+    with pytest.raises(ValueError, match="names no user"):
+        grant_owner(per_user, one)
 
 
 def test_the_refusals() -> None:
@@ -99,3 +132,7 @@ def test_the_refusals() -> None:
     assert "retry the request" in again.reason
     failed = oauth_failed("no authorization server", None)
     assert (failed.code, failed.status) == ("mcp_oauth_failed", 502)
+    nobody = user_required("agent.yaml:3")
+    assert (nobody.code, nobody.status, nobody.rule) == ("mcp_user_required", 403,
+                                                         "agent.yaml:3")
+    assert "--user NAME" in nobody.reason and "consent: sandbox or policy" in nobody.reason

@@ -66,7 +66,8 @@ class Provider:
         self.clients[client_info.client_id] = client_info
         _log("register", client=client_info.client_id,
              redirect_uris=[str(u) for u in client_info.redirect_uris or []],
-             auth_method=client_info.token_endpoint_auth_method)
+             auth_method=client_info.token_endpoint_auth_method,
+             secret=client_info.client_secret)
 
     async def authorize(self, client: OAuthClientInformationFull,
                         params: AuthorizationParams) -> str:
@@ -79,7 +80,7 @@ class Provider:
             redirect_uri_provided_explicitly=params.redirect_uri_provided_explicitly,
             resource=params.resource)
         _log("authorize", client=client.client_id, scopes=params.scopes,
-             resource=params.resource)
+             resource=params.resource, code=code)
         return construct_redirect_uri(str(params.redirect_uri), code=code, state=params.state)
 
     async def load_authorization_code(self, client: OAuthClientInformationFull,
@@ -103,7 +104,8 @@ class Provider:
         issued = self._issue(client.client_id, authorization_code.scopes,
                              authorization_code.resource)
         _log("token", client=client.client_id, scopes=authorization_code.scopes,
-             resource=authorization_code.resource, access=issued.access_token)
+             resource=authorization_code.resource, access=issued.access_token,
+             refresh=issued.refresh_token)
         return issued
 
     async def load_refresh_token(self, client: OAuthClientInformationFull,
@@ -118,7 +120,7 @@ class Provider:
         issued = self._issue(client.client_id, scopes or refresh_token.scopes,
                              refresh_token.resource)
         _log("refresh", client=client.client_id, resource=refresh_token.resource,
-             access=issued.access_token)
+             access=issued.access_token, refresh=issued.refresh_token)
         return issued
 
     async def load_access_token(self, token: str) -> AccessToken | None:

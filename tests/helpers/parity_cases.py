@@ -7,6 +7,7 @@ import base64
 import gzip
 import hashlib
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -15,7 +16,7 @@ from typing import Any
 
 from helpers.dlp_corpus import fake
 from helpers.parity import Result, Spec
-from helpers.upstream import MINT_CLIENT, MINT_SECRET, MINTED
+from helpers.upstream import MCP_ACCESS, MINT_CLIENT, MINT_SECRET, MINTED
 
 KEY = "sk-parity-real-key-0123456789abcdef"
 GH = fake("github").text  # a FAKE GitHub token in its real format (issue 43's corpus)
@@ -56,6 +57,16 @@ egress:
     mcp:
       tools: {{allow: ["search_*"]}}
       pin_descriptions: true
+  - host: unbound.test
+    paths: ["/oauth/mcp", "/oauth/other"]
+    mcp:
+      tools: {{allow: ["*"]}}
+      oauth: {{}}
+  - host: unbound.test
+    paths: ["/oauth/people"]
+    mcp:
+      tools: {{allow: ["*"]}}
+      oauth: {{consent: user}}
   - host: unbound.test
     inspect: true
   - host: api.openai.com
@@ -140,6 +151,9 @@ class Case:
     # inside something that goes on (a tunnel's first bytes, a WebSocket message).
     lines: int = 1
     policy: str = "agent"  # the policy the case's token names
+    # an MCP OAuth consent the case's request is held for: completed meanwhile as a
+    # person's browser would (helpers/mcp_consent.py)
+    consent: bool = False
 
 
 def primes(case: Case) -> list[Case]:
@@ -403,6 +417,53 @@ MCP_WIRE = [
                    '"method": null, "method": "tools/call", "params": {"name": "delete_repo"}}'),
     _mcp_ambiguous("a repeated argument", MCP_CALL.format(
         name='"search_issues", "arguments": {"q": "a", "q": "b"}')),
+]
+
+# Issue 44: an MCP server requiring OAuth (tests/helpers/upstream.py `/oauth/mcp`), the
+# gateway its client. The consent's browser is not modelled in the transparent lab.
+OAUTH_GRANTED = "MCP OAuth: one consent, then the call with the gateway's token"
+OAUTH = {"decision": "allow", "host": "unbound.test", "error": None,
+         "rule": "policies/agent.yaml:31"}
+
+
+def _oauth_post(target: str, *headers: list[str]) -> dict[str, Any]:
+    return {**_mcp_post(MCP_CALL.format(name='"search_issues"'), target),
+            "headers": [["Content-Type", "application/json"], STREAMABLE, *headers]}
+
+
+def _only_discovery(result: Result, seen: list[Any]) -> None:
+    """The gateway read the server's metadata (GETs), and sent nothing of the request."""
+    assert seen and all(s.method == "GET" and s.path.startswith("/.well-known/")
+                        for s in seen), [(s.method, s.path) for s in seen]
+
+
+def _sent_with_the_grant(result: Result, seen: list[Any]) -> None:
+    """The server got the call with the gateway's token; the client never saw it."""
+    calls = [s for s in seen if s.path == "/oauth/mcp"]
+    assert [s.headers.get("authorization") for s in calls] == [f"Bearer {MCP_ACCESS}"], seen
+    assert MCP_ACCESS not in result.body
+
+
+MCP_OAUTH = [
+    Case("MCP OAuth: a token the sandbox sends itself is refused",
+         _oauth_post("/oauth/mcp", ["Authorization", "Bearer sandbox-own-token"]),
+         ("response", 403, "mcp_token_refused"),
+         {**DENY, "error": "mcp_token_refused", "host": "unbound.test"}, check=_no_upstream),
+    Case("MCP OAuth: consent per user, a token naming no user is refused",
+         _oauth_post("/oauth/people"), ("response", 403, "mcp_user_required"),
+         {**DENY, "error": "mcp_user_required", "host": "unbound.test"}, check=_no_upstream),
+    Case("MCP OAuth: metadata naming another resource is refused",
+         _oauth_post("/oauth/other"), ("response", 502, "mcp_oauth_failed"),
+         {**DENY, "error": "mcp_oauth_failed", "host": "unbound.test"},
+         check=_only_discovery),
+    Case(OAUTH_GRANTED, _oauth_post("/oauth/mcp"), ("response", 200, None),
+         {**OAUTH, "status": 200}, consent=True, check=_sent_with_the_grant,
+         transparent=("skip", None, None)),
+    Case("MCP OAuth: a token the server refuses goes back to consent",
+         _oauth_post("/oauth/mcp", ["X-Refuse", "1"]), ("response", 403,
+                                                         "mcp_consent_required"),
+         {**DENY, "error": "mcp_consent_required", "host": "unbound.test"},
+         prime=OAUTH_GRANTED, check=_sent_with_the_grant, transparent=("skip", None, None)),
 ]
 
 LEARN = {"decision": "report", "rule": None, "error": None, "path_taken": "intercept"}
@@ -816,6 +877,7 @@ CASES = [
          ("response", 501, "unsupported"), {**DENY, "error": "unsupported"},
          engines=("h1", "mitmproxy"), check=_no_upstream),
     *MCP_WIRE,
+    *MCP_OAUTH,
     *LEARN_CASES,
 ]
 
@@ -935,6 +997,8 @@ DECISION_FIELDS = ("decision", "error", "host", "port", "rule", "credential")
 def decision_fields(line: dict[str, Any]) -> dict[str, Any]:
     """The fields every engine must agree on (the rule as file name and line)."""
     out = {k: line[k] for k in DECISION_FIELDS}
+    if out["credential"]:  # (an MCP OAuth grant's id is each gateway's own)
+        out["credential"] = re.sub(r"og_[0-9a-f]+", "og_…", out["credential"])
     if out["rule"]:
         out["rule"] = Path(out["rule"].rsplit(":", 1)[0]).name + ":" + out["rule"].rsplit(":", 1)[1]
     return out
@@ -946,9 +1010,11 @@ def new_lines(records: Callable[[], list[dict[str, Any]]], before: int, expected
     was relayed, a passthrough tunnel's when it closes): waits up to 3 s for `expected`
     of them, then 0.1 s more for any further line (which a caller counting lines sees).
     Ask mode's own lines (`engine: approvals`: an ask a changed MCP tool opened, written
-    in the background) are not the exchange's and are left out."""
+    in the background) are not the exchange's and are left out, as are an MCP OAuth
+    grant's (`engine: mcp_oauth`: the consent completed while the exchange was held)."""
     def written() -> list[dict[str, Any]]:
-        return [r for r in records()[before:] if r.get("engine") != "approvals"]
+        return [r for r in records()[before:]
+                if r.get("engine") not in ("approvals", "mcp_oauth")]
 
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:

@@ -122,19 +122,21 @@ class GatewayProcess:
 
 
 def start_gateway(workdir: Path, names: dict[str, int], ca: LocalCA, *,
-                  proxy: int | None = None, workers: int = 1, policy: str = POLICY,
+                  proxy: int | None = None, admin: int | None = None, workers: int = 1,
+                  policy: str = POLICY,
                   extra: dict[str, Any] | None = None, wait: bool = True,
                   fd_limit: int | None = None, log: Path | None = None,
                   stdout: int = subprocess.DEVNULL) -> GatewayProcess:
     """`sandbox-gateway run` with policies in `workdir`, `names` resolved to local ports;
     `fd_limit` sets its open-files limit (soft and hard) as a container's ulimit would;
     `log`: a file for its stderr (for a chatty process: debug logging); `stdout`: where
-    its stdout goes (audit lines, with `audit: {path: null}`)."""
+    its stdout goes (audit lines, with `audit: {path: null}`); `proxy`, `admin`: the
+    listeners' ports (a restart on the same ones)."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "policies").mkdir(exist_ok=True)
     (workdir / "policies" / "agent.yaml").write_text(policy)
     proxy = proxy or free_port()
-    admin = free_port()
+    admin = admin or free_port()
     config: dict[str, Any] = {
         "listen": {"proxy": f"127.0.0.1:{proxy}", "admin": f"127.0.0.1:{admin}"},
         "admin_token": ADMIN, "policies": "policies", "certs": "certs", "workers": workers,

@@ -13,6 +13,13 @@ request header NAME (the key the gateway injected) encoded as ENC (`MALFORMED`,
 `POST /mcp/answer/SHAPE` is an MCP server answering the JSON-RPC request it was sent
 with a list of tools (`MCP_TOOLS`) in one of the shapes of `MCP_ANSWERS` (a hostile
 server's among them); a WebSocket on `/mcp/...` answers each request so too (JSON).
+`/oauth/mcp` is an MCP server requiring OAuth (`MCP_ACCESS` only; 401 with
+`WWW-Authenticate: Bearer resource_metadata=…` otherwise, and to a request carrying
+`X-Refuse`), its protected-resource metadata under `/.well-known/oauth-protected-resource/
+oauth/mcp` naming the authorization server `https://allowed.test/as` (RFC 8414 metadata,
+dynamic registration, `authorize` consenting at once with a redirect carrying the code,
+`token` checking the PKCE S256 verifier and the `resource`); `/oauth/other`'s metadata
+names another resource (a hostile server's).
 """
 
 from __future__ import annotations
@@ -33,6 +40,21 @@ from urllib.parse import parse_qs, quote, unquote_plus, urlsplit
 MINT_CLIENT = "parity-client"
 MINT_SECRET = "parity-client-secret-0123456789"
 MINTED = "mt-parity-minted-token-0123456789abcdef"
+MCP_ACCESS = "mcp-parity-access-token-0123456789abcdef"  # the MCP OAuth server's token
+_AS = "https://allowed.test/as"
+_CODES: dict[str, tuple[str, str]] = {}  # authorization code -> (PKCE challenge, resource)
+_OAUTH_DOCS = {
+    "/.well-known/oauth-protected-resource/oauth/mcp": {
+        "resource": "https://unbound.test/oauth/mcp", "authorization_servers": [_AS],
+        "scopes_supported": ["mcp"]},
+    "/.well-known/oauth-protected-resource/oauth/other": {
+        "resource": "https://elsewhere.test/oauth/other", "authorization_servers": [_AS]},
+    "/.well-known/oauth-authorization-server/as": {
+        "issuer": _AS, "authorization_endpoint": f"{_AS}/authorize",
+        "token_endpoint": f"{_AS}/token", "registration_endpoint": f"{_AS}/register",
+        "code_challenge_methods_supported": ["S256"],
+        "token_endpoint_auth_methods_supported": ["none"], "scopes_supported": ["mcp"]},
+}
 # Malformed answers quoting a value: an invalid status line, a header line without a
 # colon, a bad Transfer-Encoding, a bad chunk size mid-body, no HTTP at all.
 MALFORMED = {
@@ -137,6 +159,8 @@ class _Handler(BaseHTTPRequestHandler):
             return INFERENCE[url.path](self, gzip.decompress(body) if coded else body)
         if url.path == "/oauth2/token" and self.command == "POST":
             return self._token(body)
+        if url.path in _OAUTH_DOCS or parts[0] == "as" or url.path == "/oauth/mcp":
+            return self._oauth(url.path, url.query, body)
         if url.path == "/pinned/mcp" and self.command == "POST":
             return self._mcp(body, parse_qs(url.query).get("d", ["one"])[0])
         if parts[:2] == ["mcp", "answer"] and len(parts) > 2 and parts[2] in MCP_ANSWERS:
@@ -222,6 +246,40 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(400, b'{"error": "unsupported_grant_type"}')
         return self._send(200, json.dumps({"access_token": MINTED, "token_type": "Bearer",
                                            "expires_in": 3600}).encode())
+
+    def _oauth(self, path: str, query: str, body: bytes) -> None:
+        """The MCP server requiring OAuth and its authorization server (module doc)."""
+        if path in _OAUTH_DOCS:
+            return self._send(200, json.dumps(_OAUTH_DOCS[path]).encode())
+        if path == "/as/register" and self.command == "POST":
+            doc = json.loads(body)
+            return self._send(201, json.dumps({
+                "client_id": "parity-mcp-client", "token_endpoint_auth_method": "none",
+                "redirect_uris": doc.get("redirect_uris", [])}).encode())
+        if path == "/as/authorize":
+            q = {k: v[0] for k, v in parse_qs(query).items()}
+            code = hashlib.sha256(q["state"].encode()).hexdigest()[:24]
+            _CODES[code] = (q["code_challenge"], q.get("resource", ""))
+            target = f"{q['redirect_uri']}?code={code}&state={quote(q['state'])}"
+            return self._send(302, b"", extra={"Location": target})
+        if path == "/as/token" and self.command == "POST":
+            form = {k: v[0] for k, v in parse_qs(body.decode()).items()}
+            challenge, resource = _CODES.pop(form.get("code", ""), ("", ""))
+            verifier = form.get("code_verifier", "").encode()
+            made = base64.urlsafe_b64encode(hashlib.sha256(verifier).digest()).rstrip(b"=")
+            if not challenge or made.decode() != challenge or \
+                    form.get("resource") != resource:
+                return self._send(400, b'{"error": "invalid_grant"}')
+            return self._send(200, json.dumps({"access_token": MCP_ACCESS, "scope": "mcp",
+                                               "token_type": "Bearer",
+                                               "expires_in": 3600}).encode())
+        if path == "/oauth/mcp" and self.headers.get("Authorization") == \
+                f"Bearer {MCP_ACCESS}" and not self.headers.get("X-Refuse"):
+            return self._send(200, json.dumps({"jsonrpc": "2.0", "id": 1, "result": {
+                "content": [{"type": "text", "text": "ok"}]}}).encode())
+        metadata = "https://unbound.test/.well-known/oauth-protected-resource/oauth/mcp"
+        return self._send(401, b'{"error": "invalid_token"}', extra={
+            "WWW-Authenticate": f'Bearer error="invalid_token", resource_metadata="{metadata}"'})
 
     def _mcp(self, body: bytes, text: str) -> None:
         """An MCP server whose one tool's description is `text` (the query's `d`): its

@@ -56,6 +56,74 @@ egress:
       oauth: {scopes: [profile], consent: policy}
 """
 
+SHARED = """
+version: v1
+name: shared
+egress:
+  - host: mcp.test
+    mcp:
+      tools: {allow: ["*"]}
+      oauth: {consent: policy}
+"""
+HURRIED = """
+version: v1
+name: hurried
+ask: {hosts: true, timeout: 2s, notify: [hook, slack]}
+egress:
+  - host: mcp.test
+    mcp:
+      tools: {allow: ["*"]}
+      oauth: {consent: policy}
+"""
+PEOPLE = """
+version: v1
+name: people
+egress:
+  - host: mcp.test
+    mcp:
+      tools: {allow: ["*"]}
+      oauth: {consent: user}
+"""
+
+
+class Hook:
+    """A local HTTPS webhook receiver (the gateway's notifiers post to it)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.got: list[tuple[str, dict[str, Any]]] = []  # (path, body)
+
+
+@pytest.fixture(scope="module")
+def hook(test_ca: LocalCA, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hook]:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    work = tmp_path_factory.mktemp("mcp-oauth-hook")
+    found = Hook("")
+
+    class Receiver(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            return None
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            found.got.append((self.path, json.loads(body)))
+            self.send_response(204)
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    server.socket = test_ca.server_context(work, ["localhost"]).wrap_socket(
+        server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    found.url = f"https://localhost:{server.server_address[1]}"
+    try:
+        yield found
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
 
 class Server:
     def __init__(self, proc: subprocess.Popen[str], port: int, log: Path) -> None:
@@ -100,18 +168,21 @@ def server(test_ca: LocalCA, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 @pytest.fixture(scope="module", params=["fast", "mitmproxy"])
-def gateway(request: pytest.FixtureRequest, server: Server, test_ca: LocalCA,
+def gateway(request: pytest.FixtureRequest, server: Server, test_ca: LocalCA, hook: Hook,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
     work = tmp_path_factory.mktemp(f"mcp-oauth-gw-{request.param}")
     (work / "policies").mkdir()
-    (work / "policies" / "agent.yaml").write_text(POLICY)
-    (work / "policies" / "narrow.yaml").write_text(NARROW)
+    for name, text in (("agent", POLICY), ("narrow", NARROW), ("shared", SHARED),
+                       ("hurried", HURRIED), ("people", PEOPLE)):
+        (work / "policies" / f"{name}.yaml").write_text(text)
     names = ("mcp.test", "auth.test", "other.test", "elsewhere.test")
     gw = GatewayThread(work, {
         "network": {"upstream_ca": str(test_ca.cert_path), "intercept": request.param,
                     "resolve": {n: f"127.0.0.1:{server.port}" for n in names}},
         "secrets": {"store": "env"},
         "mcp_oauth": {"client_metadata_url": "https://gateway.test/oauth/client.json"},
+        "approvals": {"notify": {"hook": {"url": f"{hook.url}/json"},
+                                 "slack": {"url": f"{hook.url}/slack", "format": "slack"}}},
     })
     try:
         yield gw
@@ -237,9 +308,10 @@ INITIALIZE = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "par
 
 def _post(gw: GatewayThread, sandbox: str, url: str = "https://mcp.test/mcp",
           headers: dict[str, str] | None = None, body: str = INITIALIZE,
-          policy: str = "agent") -> httpx.Response:
-    """A raw MCP POST through the gateway (no SDK), as `sandbox`."""
-    token = gw.mint(policy, sandbox)
+          policy: str = "agent", user: str | None = None) -> httpx.Response:
+    """A raw MCP POST through the gateway (no SDK), as `sandbox` (its token naming
+    `user`, if given)."""
+    token = gw.mint(policy, sandbox, **({"user": user} if user else {}))
     verify = ssl.create_default_context(cafile=str(gw.ca_cert))
     with httpx.Client(proxy=gw.proxy_url(token, sandbox), verify=verify, timeout=60) as c:
         return c.post(url, content=body, headers={
@@ -355,22 +427,134 @@ def test_a_revoked_grant_asks_again(gateway: GatewayThread, server: Server,
     assert _grant_of(gateway, f"sandbox:{sandbox}")["id"] != grant["id"]
 
 
+def _hold(gw: GatewayThread | Workers, who: list[tuple[str, str]]
+          ) -> tuple[list[threading.Thread], dict[int, httpx.Response]]:
+    """One raw MCP request per (sandbox, policy) in `who`, each in its own thread (held
+    for a consent); their answers by index once they end."""
+    answers: dict[int, httpx.Response] = {}
+
+    def run(i: int, sandbox: str, policy: str) -> None:
+        answers[i] = _post(gw, sandbox, policy=policy)  # type: ignore[arg-type]
+
+    threads = [threading.Thread(target=run, args=(i, s, p), daemon=True)
+               for i, (s, p) in enumerate(who)]
+    for thread in threads:
+        thread.start()
+    return threads, answers
+
+
+def _pending_of(gw: GatewayThread | Workers, owner: str) -> list[dict[str, Any]]:
+    """The pending consents for `owner`, once every request held meanwhile had time to
+    open its own (the bug these tests guard against) or join the first."""
+    _consents(gw)
+    time.sleep(1.5)
+    return [a for a in admin_api(gw, "GET", "/v1/approvals")["approvals"]
+            if a["state"] == "pending" and a["asked"]["kind"] == "oauth"
+            and a["consent"]["owner"] == owner]
+
+
+def test_requests_held_at_once_share_one_consent(
+        gateway: GatewayThread, server: Server, test_ca: LocalCA) -> None:
+    """Two sandboxes of a `consent: policy` rule, and two requests of one sandbox of a
+    `consent: sandbox` rule, held at once: one approval per grant, and every held
+    request goes on when it is completed (none left pending)."""
+    engine = gateway.config.network.intercept
+    twice = f"twice-{engine}"
+    threads, answers = _hold(gateway, [(f"shared-a-{engine}", "shared"),
+                                       (f"shared-b-{engine}", "shared"),
+                                       (twice, "agent"), (twice, "agent")])
+    [policy_wide] = _pending_of(gateway, "policy:shared")
+    [own] = _pending_of(gateway, f"sandbox:{twice}")
+    for approval in (policy_wide, own):
+        assert _browse(server, test_ca, approval["consent"]["url"]).status_code == 200
+    for thread in threads:
+        thread.join(60)
+    assert sorted(a.status_code for a in answers.values()) == [200] * 4, \
+        [a.text for a in answers.values()]
+    left = [a for a in admin_api(gateway, "GET", "/v1/approvals")["approvals"]
+            if a["state"] == "pending" and a["asked"]["kind"] == "oauth"]
+    assert not [a for a in left if a["consent"]["owner"] in ("policy:shared",
+                                                              f"sandbox:{twice}")]
+    assert _grant_of(gateway, "policy:shared")["owner"] == "policy:shared"
+
+
+def test_a_consent_no_one_completes_times_out_with_the_policys_ask_timeout(
+        gateway: GatewayThread, server: Server, test_ca: LocalCA, hook: Hook) -> None:
+    """The policy's `ask: {timeout: 2s, notify: [...]}`: the one consent two sandboxes
+    wait on is told to the notifiers (its URL to open, never a token, code or client
+    secret) and expires after 2 s; both held requests answer approval_timeout naming
+    it; its link, opened later, grants nothing."""
+    engine = gateway.config.network.intercept
+    started = time.monotonic()
+    threads, answers = _hold(gateway, [(f"late-a-{engine}", "hurried"),
+                                       (f"late-b-{engine}", "hurried")])
+    for thread in threads:
+        thread.join(60)
+    waited = time.monotonic() - started
+    assert 2 <= waited < 30, waited
+    [first, second] = answers.values()
+    assert first.status_code == second.status_code == 403, first.text
+    assert first.headers["x-sandbox-gateway-error"] == "approval_timeout"
+    assert first.json()["reason"] == second.json()["reason"]
+    assert "within 2s" in first.json()["reason"]
+    ident = first.json()["reason"].split("approval ")[1].split()[0]
+    expired = next(a for a in admin_api(gateway, "GET", "/v1/approvals")["approvals"]
+                   if a["id"] == ident)
+    assert expired["state"] == "timeout" and expired["consent"]["owner"] == "policy:hurried"
+    assert len([r for r in gateway.audit.records() if r["decision"] == "timeout"
+                and ident in r["reason"]]) == 1
+    # The notifiers: one notification each, for the one approval, carrying its URL.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(_told(hook, ident)) < 2:
+        time.sleep(0.05)
+    told = _told(hook, ident)
+    assert sorted(path for path, _ in told) == ["/json", "/slack"], told
+    url = expired["consent"]["url"]
+    doc = next(body for path, body in told if path == "/json")
+    assert doc["answer"]["open"] == url and doc["approval"]["consent"]["url"] == url
+    slack = next(body for path, body in told if path == "/slack")["text"]
+    assert f"<{url.replace('&', '&amp;')}|open this link and sign in>" in slack
+    # Opened after it expired: the authorization server signs in, the callback refuses.
+    late = _browse(server, test_ca, url)
+    assert late.status_code == 400 and "expired" in late.text
+    assert not [g for g in admin_api(gateway, "GET", "/v1/mcp/oauth/grants")["grants"]
+                if g["owner"] == "policy:hurried"]
+    _no_secrets_told(hook, server)
+
+
+def _told(hook: Hook, ident: str) -> list[tuple[str, dict[str, Any]]]:
+    return [(path, body) for path, body in list(hook.got) if ident in json.dumps(body)]
+
+
+def _no_secrets_told(hook: Hook, server: Server) -> None:
+    """No token, code or client secret the servers issued is in any notification."""
+    told = json.dumps(hook.got)
+    issued = [str(e[k]) for e in server.events() for k in ("access", "refresh", "code",
+                                                          "secret") if e.get(k)]
+    assert issued and not [t for t in issued if t in told]
+
+
 def test_a_declined_consent_refuses_the_request(gateway: GatewayThread) -> None:
+    """Declined: every request held on the consent (two of one sandbox) is refused
+    with the same answer."""
     sandbox = f"declined-{gateway.config.network.intercept}"
-    answers: list[httpx.Response] = []
-    held = threading.Thread(target=lambda: answers.append(_post(gateway, sandbox)))
-    held.start()
+    threads, answers = _hold(gateway, [(sandbox, "agent"), (sandbox, "agent")])
     approval = next(a for a in _consents(gateway) if a["sandbox"] == sandbox)
     refused = httpx.post(f"{gateway.admin}/v1/approvals/{approval['id']}",
                          json={"decision": "approve"}, timeout=10, headers={
                              "Authorization": "Bearer " + (gateway.config.certs /
                                                            "admin-token").read_text().strip()})
     assert refused.status_code == 400 and "authorization URL" in refused.json()["reason"]
+    time.sleep(1)  # (the second request joins the approval)
     admin_api(gateway, "POST", f"/v1/approvals/{approval['id']}",
               {"decision": "deny", "by": "alice", "note": "not this one"})
-    held.join(30)
-    assert answers[0].status_code == 403
-    assert answers[0].headers["x-sandbox-gateway-error"] == "approval_denied"
+    for thread in threads:
+        thread.join(30)
+    [first, second] = answers.values()
+    assert first.status_code == second.status_code == 403
+    assert first.headers["x-sandbox-gateway-error"] == "approval_denied"
+    assert first.json()["reason"] == second.json()["reason"]
+    assert approval["id"] in first.json()["reason"] and "alice" in first.json()["reason"]
 
 
 def test_insufficient_scope_goes_back_to_consent(gateway: GatewayThread, server: Server,
@@ -393,6 +577,49 @@ def test_insufficient_scope_goes_back_to_consent(gateway: GatewayThread, server:
     assert stepped["consent"]["scopes"] == ["profile", "mcp"]
     assert again.result()[0]["text"].startswith("client ")
     assert _grant_of(gateway, "policy:narrow")["scopes"] == ["profile", "mcp"]
+
+
+def test_consent_per_user_serves_every_sandbox_of_that_user(
+        gateway: GatewayThread, server: Server, test_ca: LocalCA) -> None:
+    """`consent: user`: alice's consent serves another sandbox whose token names alice,
+    not bob's (asked for himself); a token naming no user is refused, unsent."""
+    engine = gateway.config.network.intercept
+    held: list[httpx.Response] = []
+    first = threading.Thread(target=lambda: held.append(
+        _post(gateway, f"alice-1-{engine}", policy="people", user="alice")))
+    first.start()
+    [asked] = _pending_of(gateway, "user:alice")
+    assert asked["sandbox"] == f"alice-1-{engine}"
+    assert _browse(server, test_ca, asked["consent"]["url"]).status_code == 200
+    first.join(60)
+    assert held[0].status_code == 200, held[0].text
+    grant = _grant_of(gateway, "user:alice")
+    again = _post(gateway, f"alice-2-{engine}", policy="people", user="alice")
+    assert again.status_code == 200, again.text  # (another sandbox: no consent asked)
+    assert not _pending_oauth(gateway, "user:alice")
+    assert any(r["sandbox"] == f"alice-2-{engine}" and r["credential"] ==
+               f"mcp-oauth:{grant['id']} (user:alice)" for r in gateway.audit.records())
+    before = len(server.events())
+    nobody = _post(gateway, f"nobody-{engine}", policy="people")
+    assert nobody.status_code == 403
+    assert nobody.headers["x-sandbox-gateway-error"] == "mcp_user_required"
+    assert "--user NAME" in nobody.json()["reason"]
+    assert len(server.events()) == before  # (nothing reached the servers)
+    bob: list[httpx.Response] = []
+    asking = threading.Thread(target=lambda: bob.append(
+        _post(gateway, f"bob-{engine}", policy="people", user="bob")))
+    asking.start()
+    [his] = _pending_of(gateway, "user:bob")
+    admin_api(gateway, "POST", f"/v1/approvals/{his['id']}", {"decision": "deny",
+                                                               "by": "bob"})
+    asking.join(30)
+    assert bob[0].headers["x-sandbox-gateway-error"] == "approval_denied"
+
+
+def _pending_oauth(gw: GatewayThread, owner: str) -> list[dict[str, Any]]:
+    return [a for a in admin_api(gw, "GET", "/v1/approvals")["approvals"]
+            if a["state"] == "pending" and a["asked"]["kind"] == "oauth"
+            and a["consent"]["owner"] == owner]
 
 
 def _cli(gw: GatewayThread, *args: str) -> subprocess.CompletedProcess[str]:
@@ -532,3 +759,97 @@ def test_two_workers_share_the_grant_and_a_restart_keeps_it(
                     if a["state"] == "pending"]
     finally:
         restarted.stop()
+
+
+REDIS_POLICY = SHARED.replace("name: shared", "name: agent")
+
+
+def test_on_redis_two_workers_share_one_consent_refresh_once_and_revoke(
+        server: Server, test_ca: LocalCA, tmp_path: Path) -> None:
+    """`state.store: redis` under `run --workers 2`: twelve sandboxes of a `consent:
+    policy` rule held at once, spread over both workers, make one registration, wait on
+    one approval and all go on when it is completed; once the token has expired, six
+    requests at once are served by one refresh (the lease, held in redis); a revoked
+    grant is used by no worker: every request after it waits on one new consent, whose
+    decline answers them all; a consent pending across a restart still completes."""
+    from helpers.redis_server import running_redis
+
+    names = dict.fromkeys(("mcp.test", "auth.test"), server.port)
+    for redis in running_redis(tmp_path / "redis"):
+        process = start_gateway(tmp_path / "gw", names, test_ca, workers=2,
+                                policy=REDIS_POLICY, extra={"state": {
+                                    "store": "redis", "url": redis.url, "prefix": "oauth"}})
+        gw = Workers(process, test_ca)
+        try:
+            registered = len(server.events("register"))
+            held = [(f"redis-{i}", "agent") for i in range(12)]
+            threads, answers = _hold(gw, held)
+            [approval] = _pending_of(gw, "policy:agent")
+            assert _browse(server, test_ca, approval["consent"]["url"]).status_code == 200
+            for thread in threads:
+                thread.join(60)
+            assert [answers[i].status_code for i in range(12)] == [200] * 12
+            lines = [r for r in process.audit_lines()
+                     if str(r.get("credential", "")).startswith("mcp-oauth:")]
+            assert {r["worker"] for r in lines} == {0, 1}  # (held on both workers)
+            # (one registration at the authorization server, not one per held request)
+            assert len(server.events("register")) == registered + 1
+            grant = admin_api(gw, "GET", "/v1/mcp/oauth/grants")["grants"]
+            assert [g["owner"] for g in grant] == ["policy:agent"]
+            # Refresh: the token has expired; six requests at once, one refresh.
+            refreshed = len(server.events("refresh"))
+            time.sleep(TTL + 0.5)
+            threads, answers = _hold(gw, [(f"later-{i}", "agent") for i in range(6)])
+            for thread in threads:
+                thread.join(60)
+            assert [answers[i].status_code for i in range(6)] == [200] * 6, \
+                [a.text for a in answers.values()]
+            assert len(server.events("refresh")) == refreshed + 1
+            # Revoke on one worker: no worker sends the grant's tokens again.
+            revoked = len(server.events("revoke"))
+            assert admin_api(gw, "DELETE", f"/v1/mcp/oauth/grants/{grant[0]['id']}",
+                             {"by": "ops"}) == {"revoked": grant[0]["id"]}
+            assert len(server.events("revoke")) == revoked + 2
+            verified = len(server.events("verify"))
+            threads, answers = _hold(gw, [(f"after-{i}", "agent") for i in range(6)])
+            [again] = _pending_of(gw, "policy:agent")
+            admin_api(gw, "POST", f"/v1/approvals/{again['id']}",
+                      {"decision": "deny", "by": "ops"})
+            for thread in threads:
+                thread.join(60)
+            assert {answers[i].headers.get("x-sandbox-gateway-error") for i in range(6)} == \
+                {"approval_denied"}
+            assert len(server.events("verify")) == verified  # (no token presented)
+            # A restart while a consent is pending: the request held before it is cut
+            # off; its retry, on the new process, waits on the same approval, whose link
+            # (its flow sealed in redis) still completes it.
+            cut: list[BaseException | httpx.Response] = []
+            before = threading.Thread(target=lambda c, g: c.append(_attempt(g, "restart-1")),
+                                      args=(cut, gw))
+            before.start()
+            [pending] = _pending_of(gw, "policy:agent")
+        finally:
+            process.stop()
+        before.join(30)
+        assert cut and not isinstance(cut[0], httpx.Response)
+        process = start_gateway(tmp_path / "gw", names, test_ca, workers=2,
+                                policy=REDIS_POLICY, admin=process.admin, extra={"state": {
+                                    "store": "redis", "url": redis.url, "prefix": "oauth"}})
+        # (on the same admin port: the consent's callback URL, mcp_oauth.redirect_url's)
+        gw = Workers(process, test_ca)
+        try:
+            threads, answers = _hold(gw, [("restart-2", "agent")])
+            assert [a["id"] for a in _pending_of(gw, "policy:agent")] == [pending["id"]]
+            assert _browse(server, test_ca, pending["consent"]["url"]).status_code == 200
+            threads[0].join(60)
+            assert answers[0].status_code == 200, answers[0].text
+        finally:
+            process.stop()
+
+
+def _attempt(gw: Workers, sandbox: str) -> BaseException | httpx.Response:
+    """A raw MCP POST that may be cut off (the gateway stops): its answer or error."""
+    try:
+        return _post(gw, sandbox)  # type: ignore[arg-type]
+    except httpx.HTTPError as exc:
+        return exc

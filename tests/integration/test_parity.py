@@ -13,6 +13,7 @@ number (F1 … F12).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 from helpers.gateway import GatewayFactory, GatewayThread
+from helpers.mcp_consent import consenting
 from helpers.parity import SharedDecisions, Spec, run, shared_decisions
 from helpers.parity_cases import (
     CASES,
@@ -97,10 +99,12 @@ def test_case(engine: tuple[str, GatewayThread], case: Case, decisions: SharedDe
         pytest.skip(f"{case.name}: not an {name} shape")
     token = _token(gw, case.token, case.policy)
     for primer in primes(case):  # fetch or mint the value once, through a swap
-        run(_proxy_spec(primer, gw, token, test_ca, name))
+        with _consent(primer, gw, upstream, test_ca):
+            run(_proxy_spec(primer, gw, token, test_ca, name))
     before_lines = len(gw.audit.records())
     before_seen = len(upstream.requests)
-    result = run(_proxy_spec(case, gw, token, test_ca, name))
+    with _consent(case, gw, upstream, test_ca):
+        result = run(_proxy_spec(case, gw, token, test_ca, name))
     stage, status, code = case.see
     if case.streamed and name in ("mitmproxy", "h2"):
         stage, status, code = "closed", None, None
@@ -117,6 +121,14 @@ def test_case(engine: tuple[str, GatewayThread], case: Case, decisions: SharedDe
     seen = decisions.record(case.name, name, decision_fields(line))
     # The same decision on every engine that ran the case (in whichever process).
     assert len({json.dumps(v, sort_keys=True) for v in seen.values()}) == 1, seen
+
+
+def _consent(case: Case, gw: GatewayThread, upstream: Upstream,
+             test_ca: LocalCA) -> contextlib.AbstractContextManager[None]:
+    """A person completing the MCP OAuth consent the case's request is held for."""
+    if not case.consent:
+        return contextlib.nullcontext()
+    return consenting(gw, upstream.port, test_ca.cert_path)
 
 
 def expected_engine(fixture: str, line: dict[str, Any]) -> str:

@@ -468,11 +468,14 @@ ELSEWHERE = {
     "mcp_tool_changed": "tests/core/test_core_mcp_pins.py (the calls) and the parity rows "
                         "MCP: ... pinned ... (the table's unbound.test)",
     "mcp_token_refused": "tests/integration/test_mcp_oauth.py (a sandbox's own token on a "
-                         "rule with mcp.oauth, both engines)",
+                         "rule with mcp.oauth, both engines) and the parity rows MCP OAuth",
     "mcp_consent_required": "tests/integration/test_mcp_oauth.py (insufficient_scope: the "
-                            "server's 403 read in the answer, both engines)",
+                            "server's 403 read in the answer, both engines) and the parity "
+                            "rows MCP OAuth",
     "mcp_oauth_failed": "tests/integration/test_mcp_oauth.py (metadata naming another "
-                        "resource, both engines)",
+                        "resource, both engines) and the parity rows MCP OAuth",
+    "mcp_user_required": "tests/integration/test_mcp_oauth.py (consent: user, a token "
+                         "naming no user, both engines) and the parity rows MCP OAuth",
     "approval_denied": "tests/core/test_core_ask.py (the gate with a fake approvals port)",
     "approval_timeout": "tests/core/test_core_ask.py (the gate with a fake approvals port)",
 }

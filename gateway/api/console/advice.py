@@ -51,6 +51,8 @@ ADVICE: dict[str, str] = {
                         "approve the change (or leave it quarantined).",
     "mcp_token_refused": "The gateway attaches this MCP server's OAuth token itself "
                          "(`mcp.oauth`): configure the agent's MCP client without a token.",
+    "mcp_user_required": "The rule keeps one MCP OAuth grant per person (consent: user): "
+                         "mint the sandbox's token with --user NAME.",
     "mcp_consent_required": "The MCP server refused the gateway's token or asks for more "
                             "scopes: consent again from the Approvals page (its link), "
                             "then retry.",

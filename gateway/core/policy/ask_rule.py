@@ -16,14 +16,17 @@ class Ask:
     """``hosts``: ask for a host no rule names; ``requests``: for a method or path no
     rule allows on a host some rule names; ``models``: for a model a rule's `models:`
     allowlist refuses (policy level; a rule's ``ask`` asks for what the rule matches).
-    ``timeout``: how long a request is held; ``notify``: the names of the gateway's
-    notifiers (``approvals.notify`` in its config) told of each ask."""
+    ``timeout``: how long a request is held (``timed``: the policy named it, rather
+    than taking the default; an MCP OAuth consent, whose default is longer, takes
+    only a named one); ``notify``: the names of the gateway's notifiers
+    (``approvals.notify`` in its config) told of each ask."""
 
     hosts: bool = False
     requests: bool = False
     models: bool = False
     timeout: float = DEFAULT_TIMEOUT
     notify: tuple[str, ...] = ()
+    timed: bool = False
 
     def describe(self) -> str:
         what = [w for w, on in (("hosts", self.hosts), ("requests", self.requests),

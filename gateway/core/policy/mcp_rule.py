@@ -25,7 +25,7 @@ from gateway.core.policy.mcp_values import normalize_value
 
 __all__ = ["CONSENTS", "McpOAuth", "McpRule", "Names"]
 
-CONSENTS = ("sandbox", "policy")  # whose grant a consent makes (see McpOAuth)
+CONSENTS = ("sandbox", "policy", "user")  # whose grant a consent makes (see McpOAuth)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +65,8 @@ class McpOAuth:
     scopes it asks for (none: what the server's metadata names); `client` a client named
     in the gateway's config (`mcp_oauth.clients`) or ``auto`` (a client ID metadata
     document where the authorization server supports one, else dynamic registration);
-    `consent` whose grant one consent makes: this ``sandbox`` only, or every sandbox of
-    the ``policy``."""
+    `consent` whose grant one consent makes: this ``sandbox`` only, every sandbox of the
+    ``policy``, or every sandbox whose token names the same ``user``."""
 
     scopes: tuple[str, ...] = ()
     client: str = "auto"

@@ -169,9 +169,11 @@ class ApprovalService:
         return ended
 
     async def _open(self, identity: Identity, asked: Asked, reason: str, spec: Ask,
-                    consent: dict[str, Any] | None = None) -> tuple[Approval, bool]:
-        """The pending approval for this sandbox and thing (joined), or a new one."""
-        claim = f"{identity.sandbox}|{asked.key}"
+                    consent: dict[str, Any] | None = None, claim: str | None = None
+                    ) -> tuple[Approval, bool]:
+        """The pending approval for `claim` (default: this sandbox and thing) joined,
+        or a new one."""
+        claim = claim or f"{identity.sandbox}|{asked.key}"
         for _ in range(20):
             now = self.clock()
             held = await self.store.record_get(_CLAIM, claim)
@@ -357,14 +359,36 @@ class ApprovalService:
     # -- an MCP server's OAuth consent (`services/mcp_oauth`) ----------------------------
 
     async def open_consent(self, identity: Identity, asked: Asked, reason: str, spec: Ask,
-                           consent: dict[str, Any]) -> tuple[Approval, bool]:
-        """The pending consent approval for this sandbox and server (joined), or a new
+                           consent: dict[str, Any], grant: str) -> tuple[Approval, bool]:
+        """The pending consent approval for `grant` (the grant's key and the scopes
+        asked: whichever sandbox, request or process asked it first) joined, or a new
         one carrying `consent` (its authorization URL); True if opened now (then
         audited and told to `spec`'s notifiers)."""
-        approval, opened = await self._open(identity, asked, reason, spec, consent)
+        approval, opened = await self._open(identity, asked, reason, spec, consent,
+                                            claim=f"oauth|{grant}")
         if opened and self.webhooks is not None and spec.notify:
             self.webhooks.notify(spec.notify, approval)
         return approval, opened
+
+    async def settled(self, ident: str) -> Approval:
+        """Consent approval `ident` as it stands; pending past its expiry it is timed
+        out here (recorded and audited once, whichever process or held request sees it
+        first). Raises NotFound."""
+        while True:
+            found = await self._read(ident)
+            if found is None:
+                raise NotFound(ident)
+            current, rev = found
+            now = self.clock()
+            if current.state != "pending" or now < current.expires:
+                return current
+            timed = replace(current, state="timeout", answered=now)
+            if await self.store.record_put(_APPROVAL, ident, timed.to_doc(),
+                                           now + self.retention, rev):
+                self.telemetry.count("approvals", "timeout")
+                self._line(timed, "timeout", "no one completed the consent within "
+                           f"{current.expires - current.created:g}s")
+                return timed
 
     async def consented(self, ident: str, by: str) -> Approval | None:
         """Close consent approval `ident` as approved (its authorization completed);

@@ -6,11 +6,13 @@ Signature: ``X-Sandbox-Gateway-Timestamp: <unix seconds>`` and
 the value of the notifier's `secret` (a name in the gateway's secret store); a receiver
 recomputes it and refuses a timestamp older than a few minutes. No token or key is ever
 in a notification: what is asked, by which sandbox and policy, why the policy refused,
-and how to answer. A Slack message shows what a sandbox could have chosen (its request's
-host and path, the reason naming them) only inside inline code spans, escaped for Slack's
-mrkdwn (`code`), so a hostile path can neither link, mention nor break out. Sent with
-the gateway's own HTTP client (`TokenHttp`: the public roots
-plus `network.upstream_ca`, `network.resolve`, and `network.upstream_proxy` when set).
+and how to answer (for an MCP server's OAuth consent: its authorization URL, which
+carries a PKCE challenge and a `state`, never a code, token or client secret). A Slack
+message shows what a sandbox could have chosen (its request's host and path, the reason
+naming them) only inside inline code spans, escaped for Slack's mrkdwn (`code`), so a
+hostile path can neither link, mention nor break out. Sent with the gateway's own HTTP
+client (`TokenHttp`: the public roots plus `network.upstream_ca`, `network.resolve`,
+and `network.upstream_proxy` when set).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import logging
 import time
 import unicodedata
 from collections.abc import Callable, Mapping
+from urllib.parse import quote
 
 from gateway.config import Notifier
 from gateway.core.approvals import Approval
@@ -30,7 +33,8 @@ from gateway.core.ports import SILENT, Secrets, Telemetry
 from gateway.services.minting.errors import MintFailed
 from gateway.services.minting.http import TokenHttp
 
-__all__ = ["SIGNATURE", "TIMESTAMP", "Webhooks", "body_for", "code", "sign", "slack_text"]
+__all__ = ["SIGNATURE", "TIMESTAMP", "Webhooks", "body_for", "code", "consent_url", "link_url",
+           "sign", "slack_text"]
 
 log = logging.getLogger("sandbox_gateway.approvals")
 
@@ -73,24 +77,46 @@ _SLACK_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
 def slack_text(approval: Approval) -> str:
     """The Slack message of `approval`: every value a sandbox could have chosen (what it
     asks, the policy's reason naming it, its id and policy) in an inline code span
-    (`code`); no mention, no link."""
+    (`code`); no mention. One link only, an OAuth consent's authorization URL (built
+    by the gateway; `link_url` escapes what a hostile authorization server's endpoint
+    could carry)."""
     answer = f"sandbox-gateway approvals approve {approval.id} (or deny)"
+    url = consent_url(approval)
+    how = f"Answer: {code(answer)} or {code(f'POST /v1/approvals/{approval.id}')}" \
+        if url is None else (f"Consent: <{link_url(url)}|open this link and sign in> "
+                             f"(decline: {code(f'sandbox-gateway approvals deny {approval.id}')})")
     return (f":raised_hand: sandbox {code(approval.sandbox)} (policy {code(approval.policy)}) "
             f"asks for {code(approval.asked.describe())}\n"
             f"Why the policy refused it: {code(approval.reason, 500)}\n"
-            f"Waiting {round(approval.expires - approval.created)}s. Answer: {code(answer)} "
-            f"or {code(f'POST /v1/approvals/{approval.id}')}")
+            f"Waiting {round(approval.expires - approval.created)}s. {how}")
+
+
+def consent_url(approval: Approval) -> str | None:
+    """The authorization URL of an OAuth consent approval (None: another kind)."""
+    url = (approval.consent or {}).get("url") if approval.asked.kind == "oauth" else None
+    return url if isinstance(url, str) and url.startswith("https://") else None
+
+
+def link_url(url: str) -> str:
+    """`url` as the target of a Slack link: every character outside the URL syntax
+    (spaces, ``<``, ``>``, ``|``, backticks, controls, non-ASCII) percent-encoded, so
+    it can neither end the link nor name another; ``&`` escaped as Slack requires."""
+    return quote(url, safe=":/?#[]@!$&'()*+,;=%-._~").replace("&", "&amp;")
 
 
 def body_for(notifier: Notifier, approval: Approval) -> bytes:
-    """What `notifier` is sent about `approval`."""
-    answer = f"sandbox-gateway approvals approve {approval.id} (or deny)"
+    """What `notifier` is sent about `approval` (an OAuth consent: its authorization
+    URL to open, `answer.open`; it can only be declined here)."""
     if notifier.format == "slack":
         return json.dumps({"text": slack_text(approval), "unfurl_links": False,
                            "unfurl_media": False}).encode()
+    url = consent_url(approval)
+    answer = {"api": f"POST /v1/approvals/{approval.id}",
+              "cli": f"sandbox-gateway approvals approve {approval.id} (or deny)"} \
+        if url is None else {"open": url, "decline": f"sandbox-gateway approvals deny "
+                             f"{approval.id}"}
     return json.dumps({"type": "approval.requested", "approval": approval.to_doc(),
-                       "answer": {"api": f"POST /v1/approvals/{approval.id}",
-                                  "cli": answer}}).encode()
+                       "answer": answer}).encode()
 
 
 class Webhooks:

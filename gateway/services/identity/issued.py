@@ -50,18 +50,20 @@ class Issued:
     expires_at: float
     kind: str  # mint | exchange
     family: str = ""
+    user: str | None = None  # the person named at mint (consent: user)
 
     @classmethod
     def of(cls, minted: MintedToken, kind: Via) -> Issued:
         return cls(minted.jti, minted.sandbox, minted.policy, minted.scope, minted.issued_at,
-                   minted.expires_at, kind, minted.family or minted.jti)
+                   minted.expires_at, kind, minted.family or minted.jti, minted.user)
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> Issued:
         return cls(str(doc["jti"]), str(doc["sandbox"]), str(doc["policy"]),
                    str(doc.get("scope", "")), float(doc["issued_at"]),
                    float(doc["expires_at"]), str(doc.get("kind", "mint")),
-                   str(doc.get("family") or doc["jti"]))
+                   str(doc.get("family") or doc["jti"]),
+                   str(doc["user"]) if doc.get("user") else None)
 
     def to_doc(self) -> dict[str, Any]:
         return asdict(self)

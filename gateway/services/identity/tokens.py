@@ -21,6 +21,7 @@ import base64
 import ipaddress
 import json
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -41,6 +42,7 @@ from gateway.services.identity.revocations import Revocation, Revocations
 from gateway.services.state.base import StateStore
 
 AUDIENCE = "sandbox-gateway"
+USER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}")  # a token's `user` (`usr` claim)
 RETIRED_DIR = "retired"  # <signing dir>/retired/<kid>.pem: kept for the record, never loaded
 _VERIFY_CACHE_MAX = 50_000
 
@@ -90,6 +92,7 @@ class MintedToken:
     scope: str = ""  # space-separated, as the `scope` claim
     issued_at: float = 0.0
     family: str = ""  # the first jti of its refresh chain (revoking it ends them all)
+    user: str | None = None  # the person named at mint (the `usr` claim)
 
 
 @dataclass
@@ -222,18 +225,21 @@ class TokenService:
         family: str | None = None,
         cidr: Iterable[str] = (),
         workload: Workload | None = None,
+        user: str | None = None,
     ) -> MintedToken:
         """Sign a token. `scope` None = every credential the policy references.
         `family`: the first jti of a refresh chain (a fresh mint starts a new one).
         `cidr`: bind the token to these source networks (a leaked token is then useless
         from anywhere else). `workload`: the pod the token is bound to (its sandbox id
-        is then `<namespace>/<pod>`)."""
+        is then `<namespace>/<pod>`). `user`: the person the operator names (the `usr`
+        claim; an MCP OAuth rule with `consent: user` keeps one grant per user)."""
         if workload is not None:
             if sandbox != f"{workload.namespace}/{workload.pod}":
                 raise TokenError("a pod's token names the pod as its sandbox")
         elif not sandbox or not sandbox.replace("-", "").replace("_", "").replace(
                 ".", "").isalnum():
             raise TokenError("sandbox id must be letters, digits, '-', '_' or '.'")
+        check_user(user)
         credentials = self.policy_credentials(policy)
         if credentials is None:
             raise TokenError(f"policy {policy!r} does not exist; see GET /v1/policies")
@@ -267,12 +273,14 @@ class TokenService:
             claims["cidr"] = " ".join(networks)
         if workload is not None:
             claims["pod"] = workload.fields()
+        if user is not None:
+            claims["usr"] = user
         kid = self.keys.signing_kid
         token = jwt.encode(claims, self.keys.private[kid], algorithm="EdDSA",
                            headers={"kid": kid})
         return MintedToken(token=token, jti=jti, expires_at=float(int(exp)), sandbox=sandbox,
                            policy=policy, scope=claims["scope"], issued_at=float(int(now)),
-                           family=claims["fam"])
+                           family=claims["fam"], user=user)
 
     def verify(self, token: str) -> Identity:
         """Return the token's identity or raise TokenRefused (never returns a bad token)."""
@@ -362,6 +370,7 @@ class TokenService:
                 family=str(claims.get("fam", claims["jti"])),
                 cidr=tuple(parse_cidrs(str(claims.get("cidr", "")).split())),
                 workload=_workload(claims.get("pod")),
+                user=_user(claims.get("usr")),
             )
         except (KeyError, TypeError, ValueError, TokenError):
             raise TokenRefused("token_invalid", "the token's claims are incomplete; "
@@ -378,7 +387,7 @@ class TokenService:
         return self.mint(identity.sandbox, identity.policy, identity.scope,
                          ttl=own if ttl is None else min(ttl, own),
                          lifetime_end=identity.lifetime_end, family=identity.family,
-                         cidr=identity.cidr, workload=identity.workload)
+                         cidr=identity.cidr, workload=identity.workload, user=identity.user)
 
 
 def parse_cidrs(items: Iterable[str]) -> list[str]:
@@ -392,6 +401,26 @@ def parse_cidrs(items: Iterable[str]) -> list[str]:
                 raise TokenError(
                     f"cidr {text!r} is not an IP network (e.g. 10.0.0.5/32)") from None
     return out
+
+
+def check_user(user: str | None) -> str | None:
+    """A token's `user` as given at mint (TokenError if it is not a person's name or
+    address: letters, digits and ``. _ @ + -``, at most 128 characters)."""
+    if user is None:
+        return None
+    if not USER.fullmatch(user):
+        raise TokenError("user must be a person's name or address: letters, digits and "
+                         "'.', '_', '@', '+', '-' (at most 128 characters)")
+    return user
+
+
+def _user(claim: Any) -> str | None:
+    """The `usr` claim (TypeError if present and not a name: the token is refused)."""
+    if claim is None:
+        return None
+    if not isinstance(claim, str) or not USER.fullmatch(claim):
+        raise TypeError("usr")
+    return claim
 
 
 def _workload(claim: Any) -> Workload | None:

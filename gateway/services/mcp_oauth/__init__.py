@@ -128,11 +128,7 @@ class McpOAuthService:
         if stored is None or stored.secret is None or stored.doc.get("step_up") or \
                 not set(oauth.scopes) <= set(stored.doc.get("scopes", [])):
             return None
-        expires = stored.doc.get("expires_at")
-        now = self.clock()
-        due = stored.doc.get("stale") or (expires is not None and now >= expires - min(
-            AHEAD, (expires - float(stored.doc.get("issued", now))) / 10))
-        if due:
+        if self._due(stored):
             stored = await self._refreshed(key, stored)
             if stored is None or stored.secret is None:
                 return None
@@ -164,6 +160,14 @@ class McpOAuthService:
         self._read_cache[key] = (version, stored)
         return stored
 
+    def _due(self, stored: Stored) -> bool:
+        """Is the grant's access token to be refreshed now (marked stale, or near its
+        expiry: a tenth of its lifetime, at most `AHEAD`, before)?"""
+        expires = stored.doc.get("expires_at")
+        now = self.clock()
+        return bool(stored.doc.get("stale")) or (expires is not None and now >= expires - min(
+            AHEAD, (expires - float(stored.doc.get("issued", now))) / 10))
+
     async def _refreshed(self, key: str, stored: Stored) -> Stored | None:
         """The grant with fresh tokens (refreshed here under the lease, or by the
         process holding it); None when the grant cannot be used any more."""
@@ -177,7 +181,15 @@ class McpOAuthService:
                     return again
             return None
         try:
-            return await self._refresh(key, stored)
+            # (read again under the lease: this process's copy may predate a refresh
+            # another one finished a moment ago, whose rotated refresh token replaced
+            # the one in hand; refreshing with the spent one would lose the grant)
+            current = await self.grants.get(GRANT, key)
+            if current is None or current.secret is None:
+                return None
+            if current.rev != stored.rev and not self._due(current):
+                return current
+            return await self._refresh(key, current)
         finally:
             found = await self.grants.store.record_get(LEASE, key)
             if found is not None and found[0].get("holder") == self.holder:
@@ -301,7 +313,7 @@ class McpOAuthService:
             identity, asked, f"the MCP server {resource} needs a person's OAuth consent "
             f"for {owner} (scopes: {scope_text}): open consent.url and sign in", spec,
             {"url": url, "resource": resource, "owner": owner, "issuer": info.issuer,
-             "scopes": list(scopes)})
+             "scopes": list(scopes)}, f"{key}|{' '.join(sorted(scopes))}")
         if not opened:  # (joined a consent already asked: its own URL and flow stand)
             await self.grants.remove(FLOW, state, self.clock())
             return approval
@@ -318,7 +330,7 @@ class McpOAuthService:
             if stored is not None and not stored.doc.get("step_up") and \
                     stored.doc.get("created", 0) >= approval.created:
                 return
-            current = await self.approvals.approval(approval.id)
+            current = await self.approvals.settled(approval.id)
             if current.state == "denied":
                 note = f": {current.note}" if current.note else ""
                 raise Refusal("approval_denied", f"a person ({current.by}) declined the "
@@ -326,8 +338,9 @@ class McpOAuthService:
                               "it - ask them", f"approval:{approval.id}")
             if current.state == "timeout":
                 raise Refusal("approval_timeout", f"no one completed the OAuth consent of "
-                              f"approval {approval.id} in time; it is asked again on the "
-                              "next request", f"approval:{approval.id}")
+                              f"approval {approval.id} within "
+                              f"{current.expires - current.created:g}s; it is asked again "
+                              "on the next request", f"approval:{approval.id}")
             if current.state == "approved" and stored is None:
                 raise oauth_failed(f"approval {approval.id} was completed, and no grant "
                                    "was written", rule)
@@ -352,16 +365,42 @@ class McpOAuthService:
             return Client(client_id, secret, method)
         if info.client_id_metadata and self.client_metadata_url:
             return Client(self.client_metadata_url)
+        return await self._registered(info)
+
+    async def _registered(self, info: ServerInfo) -> Client:
+        """The client dynamic registration made at `info`'s authorization server: made
+        once (one process registers, under a lease, while requests held at the same
+        time, here or on another process, wait for its record), then kept."""
         key = f"{info.issuer}|{self.redirect_url}"
-        known = await self.grants.get(CLIENT, key)
-        if known is not None and known.secret is not None:
-            return Client(str(known.doc["client_id"]), known.secret.get("secret"),
-                          str(known.doc.get("auth_method", "none")))
-        client = await register(self.http, info, self.redirect_url)
-        await self.grants.put(CLIENT, key, {"client_id": client.client_id,
-                                            "auth_method": client.auth_method},
-                              {"secret": client.secret}, self.clock() + 365 * 86400.0, None)
-        return client
+        lease = f"register|{key}"
+        for _ in range(150):
+            known = await self.grants.get(CLIENT, key)
+            if known is not None and known.secret is not None:
+                return Client(str(known.doc["client_id"]), known.secret.get("secret"),
+                              str(known.doc.get("auth_method", "none")))
+            if await self.grants.store.record_put(LEASE, lease, {"holder": self.holder},
+                                                  self.clock() + 20, None):
+                break
+            await asyncio.sleep(0.1)  # (another registers: its record is read next)
+        else:
+            raise OAuthError(f"the gateway's registration at {info.issuer} did not "
+                             "complete in time")
+        try:
+            known = await self.grants.get(CLIENT, key)
+            if known is not None and known.secret is not None:
+                return Client(str(known.doc["client_id"]), known.secret.get("secret"),
+                              str(known.doc.get("auth_method", "none")))
+            client = await register(self.http, info, self.redirect_url)
+            await self.grants.put(CLIENT, key, {"client_id": client.client_id,
+                                                "auth_method": client.auth_method},
+                                  {"secret": client.secret}, self.clock() + 365 * 86400.0,
+                                  None if known is None else known.rev)
+            return client
+        finally:
+            found = await self.grants.store.record_get(LEASE, lease)
+            if found is not None and found[0].get("holder") == self.holder:
+                await self.grants.store.record_put(LEASE, lease, found[0], self.clock(),
+                                                   found[1])
 
     # -- the callback (admin listener) ---------------------------------------------------
 

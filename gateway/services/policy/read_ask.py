@@ -63,4 +63,5 @@ def read_ask(nodes: Nodes, node: Node, *, rule: bool) -> Ask | None:
     if not ok:
         return None
     return Ask(hosts=flags.get("hosts", False), requests=flags.get("requests", False),
-               models=flags.get("models", False), timeout=timeout, notify=notify)
+               models=flags.get("models", False), timeout=timeout, notify=notify,
+               timed="timeout" in keys)

@@ -96,13 +96,10 @@ def read_oauth(nodes: Nodes, node: Node) -> McpOAuth | None:
     if "consent" in keys:
         value_node = keys["consent"][1]
         chosen = nodes.scalar(value_node) if isinstance(value_node, ScalarNode) else None
-        if chosen == "user":
-            nodes.err(value_node, "mcp.oauth.consent: user is not supported yet: sandbox "
-                      "tokens name no user to keep a grant for; use sandbox or policy")
-            ok = False
-        elif chosen not in CONSENTS:
+        if chosen not in CONSENTS:
             nodes.err(value_node, "mcp.oauth.consent must be sandbox (the grant serves "
-                      "this sandbox) or policy (every sandbox of the policy)")
+                      "this sandbox), policy (every sandbox of the policy) or user (every "
+                      "sandbox whose token names the same user)")
             ok = False
         else:
             consent = str(chosen)

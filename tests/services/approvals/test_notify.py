@@ -10,6 +10,7 @@ import json
 import re
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
@@ -120,3 +121,25 @@ def test_a_long_path_is_cut(receiver: str) -> None:
                                     "no"))
     shown = re.search(r"asks for `([^`]*)`", doc["text"])
     assert shown is not None and len(shown.group(1)) == 301 and shown.group(1)[-1] == "…"
+
+
+def test_a_consent_carries_its_url_as_the_one_link(receiver: str) -> None:
+    """An OAuth consent's Slack message links its authorization URL (the one link);
+    what a hostile authorization server's endpoint carries (a `|`, `>`, a space, a
+    Slack mention) is percent-encoded, so it neither ends the link nor makes another."""
+    url = "https://auth.test/authorize|<!channel> x>y?client_id=c&state=s"
+    approval = replace(_approval(Asked("oauth", "mcp.test", 443, path="/mcp"), "consent"),
+                       consent={"url": url, "resource": "https://mcp.test/mcp"})
+    text = _send(receiver, approval)["text"]
+    link = ("<https://auth.test/authorize%7C%3C!channel%3E%20x%3Ey?client_id=c&amp;state=s"
+            "|open this link and sign in>")
+    assert text.endswith(f"Waiting 60s. Consent: {link} (decline: `sandbox-gateway "
+                         "approvals deny ap_0123456789abcdef`)"), text
+    assert text.count("<") == 1 and text.count(">") == 1
+
+
+def test_a_consent_without_an_https_url_has_no_link(receiver: str) -> None:
+    approval = replace(_approval(Asked("oauth", "mcp.test", 443, path="/mcp"), "consent"),
+                       consent={"url": "javascript:alert(1)"})
+    text = _send(receiver, approval)["text"]
+    assert "<" not in text and text.endswith(TAIL)

@@ -202,3 +202,34 @@ def test_a_grant_written_anywhere_releases_every_held_request_it_covers(
     lines = _run(scenario, tmp_path / "state.db")
     assert [line["decision"] for line in lines] == ["ask", "ask", "approve", "approve"]
     assert "covered by grant" in lines[-1]["reason"]
+
+
+CONSENT = Asked("oauth", "mcp.test", 443, path="/mcp")
+
+
+def test_one_consent_per_grant_across_sandboxes_and_processes(tmp_path: Path) -> None:
+    """Two sandboxes, on two processes, asking the consent of one grant (same key and
+    scopes) share one approval; other scopes are another approval; past its expiry the
+    consent is timed out once (one audit line), whichever process settles it."""
+    async def scenario(services: list[ApprovalService], lines: list[Any]) -> None:
+        one, two = services
+        spec = Ask(timeout=0.5, timed=True)
+        first, opened = await one.open_consent(_identity("s1"), CONSENT, "consent", spec,
+                                               {"url": "https://a.test/1"}, "g|mcp")
+        joined, again = await two.open_consent(_identity("s2"), CONSENT, "consent", spec,
+                                               {"url": "https://a.test/2"}, "g|mcp")
+        other, third = await two.open_consent(_identity("s2"), CONSENT, "consent", spec,
+                                              {"url": "https://a.test/3"}, "g|mcp more")
+        assert (opened, again, third) == (True, False, True)
+        assert joined.id == first.id and joined.consent == {"url": "https://a.test/1"}
+        assert other.id != first.id
+        assert (await one.settled(first.id)).state == "pending"
+        await asyncio.sleep(0.6)
+        ended = await asyncio.gather(one.settled(first.id), two.settled(first.id))
+        assert [e.state for e in ended] == ["timeout", "timeout"]
+        with pytest.raises(NotFound):
+            await one.settled("ap_none")
+
+    lines = _run(scenario, tmp_path / "state.db")
+    assert [line["decision"] for line in lines].count("timeout") == 1
+    assert [line["decision"] for line in lines].count("ask") == 2

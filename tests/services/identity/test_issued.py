@@ -178,6 +178,10 @@ def test_cli_mint_records_in_the_state_file(tmp_path: Path, monkeypatch: pytest.
 
     found = asyncio.run(listed())
     assert [(t.jti, t.sandbox, t.kind) for t in found] == [(jti, "sb-cli", "mint")]
+    assert main(["token", "mint", "--sandbox", "sb-cli", "--policy", "agent", "--user",
+                 "alice", "--json"]) == 0
+    named = capsys.readouterr().out.split('"jti": "')[1].split('"')[0]
+    assert [t.user for t in asyncio.run(listed()) if t.jti == named] == ["alice"]
     # A state file that cannot be opened: the token is printed all the same, with why
     # it is not listed.
     (tmp_path / "gateway.yaml").write_text("state: {store: sqlite, path: /dev/null/x.db}\n")

@@ -571,6 +571,24 @@ def test_cidr_binding(tmp_path: Path) -> None:
         env.service.mint("sb-1", "agent", cidr=["not-a-net"])
 
 
+def test_a_token_names_the_person_it_acts_for(tmp_path: Path) -> None:
+    """`user` at mint is the `usr` claim; refreshing keeps it; one that is not a
+    person's name or address is refused at mint, and a signed claim of another shape
+    (a list, a name with a space) refuses the token."""
+    env = Env(tmp_path / "k")
+    minted = env.service.mint("sb-1", "agent", user="alice.smith@example.com")
+    assert minted.user == "alice.smith@example.com"
+    named = env.service.verify(minted.token)
+    assert named.user == "alice.smith@example.com"
+    assert env.service.verify(env.service.refresh(named).token).user == named.user
+    assert env.service.verify(env.service.mint("sb-1", "agent").token).user is None
+    for bad in ("", "two words", "a|b", "x" * 129, "-lead"):
+        with pytest.raises(TokenError, match="user must be"):
+            env.service.mint("sb-1", "agent", user=bad)
+    for claim in (["alice"], "al ice", 7):
+        assert refused(env.service, env.sign(env.claims(usr=claim))).code == "token_invalid"
+
+
 # --- verification cache ----------------------------------------------------------------
 
 

@@ -15,11 +15,11 @@ HEAD = "version: v1\nname: a\n"
     ("ask: {hosts: true}\negress: []\n", Ask(hosts=True), None),
     ("ask: {models: true}\negress: []\n", Ask(models=True), None),
     ("ask: {requests: true, timeout: 2m, notify: [ops, slack-1]}\negress: []\n",
-     Ask(requests=True, timeout=120, notify=("ops", "slack-1")), None),
+     Ask(requests=True, timeout=120, notify=("ops", "slack-1"), timed=True), None),
     ("egress:\n  - {host: a.test, ask: true}\n", None, Ask()),
     ("egress:\n  - {host: a.test, ask: false}\n", None, None),
     ("egress:\n  - {host: a.test, ask: {timeout: 5s, notify: [ops]}}\n", None,
-     Ask(timeout=5, notify=("ops",))),
+     Ask(timeout=5, notify=("ops",), timed=True)),
 ])
 def test_what_loads(text: str, policy_ask: Ask | None, rule_ask: Ask | None) -> None:
     policy = load_policy_text("policies/a.yaml", HEAD + text).policies["a"]

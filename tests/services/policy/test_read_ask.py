@@ -12,8 +12,8 @@ from tests.helpers.policy_yaml import read
 POLICY_LOADS = [
     ("{hosts: true}", Ask(hosts=True)),
     ("{requests: true, models: false}", Ask(requests=True)),
-    ("{models: true, timeout: 90s}", Ask(models=True, timeout=90)),
-    ("{hosts: true, timeout: 600}", Ask(hosts=True, timeout=600)),
+    ("{models: true, timeout: 90s}", Ask(models=True, timeout=90, timed=True)),
+    ("{hosts: true, timeout: 600}", Ask(hosts=True, timeout=600, timed=True)),
     ("{hosts: true, notify: [ops, slack-1, ops]}", Ask(hosts=True, notify=("ops", "slack-1"))),
 ]
 
@@ -27,7 +27,7 @@ RULE_LOADS = [
     ("true", Ask()),
     ("false", None),
     ("{}", Ask()),
-    ("{timeout: 5s}", Ask(timeout=5)),
+    ("{timeout: 5s}", Ask(timeout=5, timed=True)),
     ("{notify: [ops]}", Ask(notify=("ops",), timeout=DEFAULT_TIMEOUT)),
 ]
 

@@ -26,6 +26,7 @@ LOADS = [
      McpRule(oauth=McpOAuth(scopes=("repo", "read:org"), client="github-app",
                             consent="policy"))),
     ("{oauth: {client: auto, consent: sandbox}}", McpRule(oauth=McpOAuth())),
+    ("{oauth: {consent: user}}", McpRule(oauth=McpOAuth(consent="user"))),
 ]
 
 
@@ -62,11 +63,8 @@ REFUSED = [
      ["2: mcp.oauth.client: 'my client' is not a client name (letters, digits, '_', '.', "
       "'-'; a name in the gateway config's mcp_oauth.clients) nor auto"]),
     ("oauth:\n  consent: everyone\n",
-     ["2: mcp.oauth.consent must be sandbox (the grant serves this sandbox) or policy "
-      "(every sandbox of the policy)"]),
-    ("oauth:\n  consent: user\n",
-     ["2: mcp.oauth.consent: user is not supported yet: sandbox tokens name no user to "
-      "keep a grant for; use sandbox or policy"]),
+     ["2: mcp.oauth.consent must be sandbox (the grant serves this sandbox), policy (every "
+      "sandbox of the policy) or user (every sandbox whose token names the same user)"]),
 ]
 
 

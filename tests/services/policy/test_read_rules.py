@@ -42,7 +42,7 @@ LOADS = [
     ("{host: a.test, action: allow}", rule(host="a.test")),
     ("{host: a.test, ask: true}", rule(host="a.test", ask=Ask())),
     ("{host: a.test, ask: false}", rule(host="a.test")),
-    ("{host: a.test, ask: {timeout: 5s}}", rule(host="a.test", ask=Ask(timeout=5))),
+    ("{host: a.test, ask: {timeout: 5s}}", rule(host="a.test", ask=Ask(timeout=5, timed=True))),
     ("{host: a.test, mcp: {tools: {allow: [a]}}}",
      rule(host="a.test", mcp=McpRule(tools=Names(allow=("a",))))),
     ("{host: a.test, mcp: {oauth: {scopes: [repo], consent: policy}}}",
