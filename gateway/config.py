@@ -305,15 +305,16 @@ class ApprovalsConfig(Section, frozen=True, kw_only=True):
 
 class McpOAuthConfig(Section, frozen=True, kw_only=True):
     """The gateway as MCP servers' OAuth client (policies' `mcp.oauth`, docs/mcp-oauth.md):
-    the clients policies name, the file of the key that seals the tokens in the state
-    store (created on first start), the callback URL people's browsers are sent back to
-    (default: the admin listener's `/v1/mcp/oauth/callback`), and the URL of the
-    gateway's client ID metadata document where it is published (used as its client ID
-    by authorization servers that support one)."""
+    the clients policies name, the key that seals the tokens in the state store (a
+    secret store name, or a file created on first start), the callback URL people's
+    browsers are sent back to (default: the admin listener's `/v1/mcp/oauth/callback`),
+    and the URL of the gateway's client ID metadata document where it is published
+    (used as its client ID by authorization servers that support one)."""
 
     clients: Annotated[Mapping[str, OAuthClient], OAUTH_CLIENTS] = msgspec.field(
         default_factory=dict)
     key_file: Annotated[Path | None, optional(PATH)] = None  # default: <certs>/mcp-oauth-key
+    key_secret: Annotated[str | None, optional(TEXT)] = None  # the key in the secret store
     redirect_url: Annotated[str | None, optional(TEXT)] = None
     client_metadata_url: Annotated[str | None, optional(TEXT)] = None
 

@@ -161,6 +161,7 @@ mcp_oauth:
     github: {client_id: Iv1.abc, secret: github-oauth-secret}
     public: {client_id: gw-public}
   key_file: oauth-key
+  key_secret: mcp-oauth-key
   redirect_url: https://gateway.example/v1/mcp/oauth/callback
   client_metadata_url: https://gateway.example/oauth/client.json
 workers: 4
@@ -242,6 +243,7 @@ def test_full_file(tmp_path: Path) -> None:
     assert cfg.dlp.salt_file == base / "dlp-salt"
     assert cfg.mcp_oauth.clients == {"github": OAuthClient("Iv1.abc", "github-oauth-secret"),
                                       "public": OAuthClient("gw-public")}
+    assert cfg.mcp_oauth.key_secret == "mcp-oauth-key"
     assert cfg.mcp_oauth.key_file == base / "oauth-key"
     assert cfg.mcp_oauth.redirect_url == "https://gateway.example/v1/mcp/oauth/callback"
     assert cfg.workers == 4

@@ -322,18 +322,36 @@ class Gateway:
             directory=cfg.policies, proposals=cfg.approvals.proposals)
         return self.approvals
 
-    def _build_mcp_oauth(self) -> McpOAuthService:
-        """The gateway as MCP servers' OAuth client: its requests go through the
-        destination guard (`services/mcp_oauth/http.py`), its tokens sealed in the state
-        store with the key of `mcp_oauth.key_file`."""
-        from gateway.services.mcp_oauth.http import OAuthHttp
-        from gateway.services.mcp_oauth.seal import KEY_FILE, Sealer, ensure_key
+    async def _mcp_oauth_key(self) -> bytes:
+        """The key sealing MCP OAuth tokens: the secret store's `mcp_oauth.key_secret`
+        (the same on every replica), else `mcp_oauth.key_file` (made at first start)."""
+        from gateway.services.mcp_oauth.seal import KEY_FILE, ensure_key, key_from_secret
 
-        cfg = self.config
+        cfg = self.config.mcp_oauth
+        if cfg.key_secret is not None:
+            if cfg.key_file is not None:
+                raise StartupError("mcp_oauth: key_secret and key_file both name the key "
+                                   "sealing MCP OAuth tokens; keep one")
+            try:
+                return key_from_secret((await self.secrets.get(cfg.key_secret)).reveal())
+            except SecretError as exc:
+                raise StartupError(f"mcp_oauth.key_secret: {exc}") from None
+            except ValueError as exc:
+                raise StartupError(f"mcp_oauth.key_secret {cfg.key_secret!r}: {exc}"
+                                   ) from None
         try:
-            key = ensure_key(cfg.mcp_oauth.key_file or cfg.certs / KEY_FILE)
+            return ensure_key(cfg.key_file or self.config.certs / KEY_FILE)
         except (OSError, ValueError) as exc:
             raise StartupError(f"mcp_oauth.key_file: {exc}") from None
+
+    def _build_mcp_oauth(self, key: bytes) -> McpOAuthService:
+        """The gateway as MCP servers' OAuth client: its requests go through the
+        destination guard (`services/mcp_oauth/http.py`), its tokens sealed in the state
+        store with `key` (`_mcp_oauth_key`)."""
+        from gateway.services.mcp_oauth.http import OAuthHttp
+        from gateway.services.mcp_oauth.seal import Sealer
+
+        cfg = self.config
         context = ssl.create_default_context(cafile=certifi.where())
         if cfg.network.upstream_ca is not None:
             context.load_verify_locations(cafile=str(cfg.network.upstream_ca))
@@ -500,6 +518,7 @@ class Gateway:
         self.credentials = self._build_credentials(overrides)
         await self._start_pods()
         self.memory = self._memory_guard()
+        oauth_key = await self._mcp_oauth_key()
         self.gate = Gate(
             tokens=self.tokens, policies=self.current_policies, guard=self.guard,
             secrets=self.credentials, registry=self.state, audit=self.audit_write,
@@ -512,7 +531,7 @@ class Gateway:
             workloads=self.pods, approvals=self._build_approvals(overrides),
             pins=self._approvals().pins, state_health=self.state_health,
             capacity=self.memory, detectors=self.detectors,
-            mcp_tokens=self._build_mcp_oauth())
+            mcp_tokens=self._build_mcp_oauth(oauth_key))
         if self.otel is not None:  # (policies with telemetry: {content: true} export it)
             self.gate.parts.trail.content_sink = functools.partial(
                 self.otel.feed.with_content, self.audit_write, logs.REDACTION.redact)

@@ -1,15 +1,18 @@
-"""The key that seals MCP OAuth tokens in the state store (AES-256-GCM): 32 random bytes in
-a file of its own (`mcp_oauth.key_file`, default `<certs>/mcp-oauth-key`), created on the
-first start the way the DLP salt is (written whole to a file of its own, then linked into
-place, so workers starting together agree on one key). Every process of a store must
-share the file (a copy on each replica): a record sealed with another key does not open,
-and its grant is asked for again."""
+"""The key that seals MCP OAuth tokens in the state store (AES-256-GCM): 32 bytes from the
+secret store (`mcp_oauth.key_secret`: base64 or hex, what `openssl rand -base64 32`
+prints; every replica reads the same), or else in a file of its own
+(`mcp_oauth.key_file`, default `<certs>/mcp-oauth-key`), created on the first start the
+way the DLP salt is (written whole to a file of its own, then linked into place, so
+workers starting together agree on one key). Every process of a store must use the same
+key (a copy of the file on each replica): a record sealed with another key does not
+open, and its grant is asked for again."""
 
 from __future__ import annotations
 
 import base64
 import json
 import secrets
+import string
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from gateway.services.keyfile import random_file
 
-__all__ = ["KEY_FILE", "Sealer", "ensure_key"]
+__all__ = ["KEY_FILE", "Sealer", "ensure_key", "key_from_secret"]
 
 KEY_FILE = "mcp-oauth-key"
 _KEY_BYTES = 32
@@ -33,6 +36,23 @@ def ensure_key(path: Path) -> bytes:
         raise ValueError(f"{path} does not hold a {_KEY_BYTES}-byte key; delete it to have a "
                          "new one made (the grants sealed with it are then asked again)")
     return data
+
+
+def key_from_secret(text: str) -> bytes:
+    """The 32-byte key a secret holds as 64 hex digits or base64 (standard or URL-safe,
+    padded or not). Raises ValueError (naming no byte of it) for anything else."""
+    text = text.strip()
+    if len(text) == 2 * _KEY_BYTES and all(c in string.hexdigits for c in text):
+        return bytes.fromhex(text)
+    try:
+        key = base64.b64decode(text.replace("-", "+").replace("_", "/")
+                               + "=" * (-len(text) % 4), validate=True)
+    except ValueError:
+        key = b""
+    if len(key) != _KEY_BYTES:
+        raise ValueError(f"the secret does not hold a {_KEY_BYTES}-byte key as base64 or "
+                         "hex; make one with `openssl rand -base64 32`")
+    return key
 
 
 class Sealer:

@@ -4,13 +4,14 @@ the record they were sealed for."""
 
 from __future__ import annotations
 
+import base64
 import multiprocessing
 import stat
 from pathlib import Path
 
 import pytest
 
-from gateway.services.mcp_oauth.seal import Sealer, ensure_key
+from gateway.services.mcp_oauth.seal import Sealer, ensure_key, key_from_secret
 
 
 def test_the_key_is_made_once_and_private(tmp_path: Path) -> None:
@@ -60,3 +61,22 @@ def test_a_sealed_document_opens_only_with_its_key_and_record(tmp_path: Path) ->
     assert one.open(sealed[:-4] + "AAAA", "mcp_oauth_grant|sandbox:a|https://mcp.test/mcp") \
         is None
     assert one.seal(doc, "x") != one.seal(doc, "x")  # (a fresh nonce each time)
+
+
+KEY = bytes(range(32))
+
+
+@pytest.mark.parametrize("text", [
+    base64.b64encode(KEY).decode(), base64.urlsafe_b64encode(KEY).decode().rstrip("="),
+    KEY.hex(), KEY.hex().upper(), f"  {base64.b64encode(KEY).decode()}\n"])
+def test_a_key_from_the_secret_store_is_read_as_base64_or_hex(text: str) -> None:
+    assert key_from_secret(text) == KEY
+
+
+@pytest.mark.parametrize("text", [
+    "", "not a key", base64.b64encode(KEY[:31]).decode(), base64.b64encode(KEY + b"x").decode(),
+    KEY.hex()[:-2], "z" * 64])
+def test_a_secret_that_is_no_key_is_refused_without_echoing_it(text: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        key_from_secret(text)
+    assert not text.strip() or text.strip() not in str(refused.value)
