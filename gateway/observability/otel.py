@@ -171,6 +171,11 @@ class OtelExport:
             if sender is not None:
                 sender.tick()
 
+    def drops(self) -> dict[str, int]:
+        """Spans and log records dropped so far, as ``{"traces/unreachable": n, ...}``."""
+        return {f"{sender.kind}/{reason}": count for sender in (self._spans, self._logs)
+                if sender is not None for reason, count in dict(sender.drops).items()}
+
     def _attributes(self, line: Mapping[str, Any], usage: Mapping[str, Any] | None,
                     op: str | None, provider: str | None) -> dict[str, Any]:
         attrs: dict[str, Any] = {name: line[key] for key, name in _SPAN_FIELDS

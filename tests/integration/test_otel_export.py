@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import ssl
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -302,3 +303,62 @@ def test_time_to_first_chunk_and_content_only_where_a_policy_opts_in(
         assert secret.encode() not in raw, secret
     for record in receiver.logs():  # (the audit line: no content ever)
         assert "talker prompt" not in record["body"] and "fake provider" not in record["body"]
+
+
+def _dropped(gw: GatewayThread, signal: str) -> float:
+    """`sandbox_gateway_telemetry_export_dropped_total` of `signal` at /metrics, as the
+    worker reports it (what the exporter process dropped because nothing took it)."""
+    text = httpx.get(f"{gw.admin}/metrics").text
+    name = (f'sandbox_gateway_telemetry_export_dropped_total{{reason="unreachable",'
+            f'signal="{signal}"}} ')
+    return sum(float(row[len(name):]) for row in text.splitlines() if row.startswith(name))
+
+
+@pytest.fixture
+def collectors() -> Iterator[list[OtlpReceiver]]:
+    """Receivers a test starts, closed after its gateway (requested before it)."""
+    started: list[OtlpReceiver] = []
+    yield started
+    for server in started:
+        server.close()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_collector_down_is_counted_at_metrics_and_the_export_resumes_when_it_is_back(
+        collectors: list[OtlpReceiver], make_gateway: GatewayFactory, protocol: str
+        ) -> None:
+    """The collector down: what the exporter process could not send after its retries
+    is counted at the worker's /metrics, by signal; the collector back on its port: the
+    next requests' spans and log records arrive."""
+    with OtlpReceiver() as gone:  # (a collector's ports, then nothing listens there)
+        ports = (gone.grpc_port, gone.http_port)
+    port = ports[0] if protocol == "grpc" else ports[1]
+    gw = make_gateway(config={
+        "telemetry": {"endpoint": f"http://127.0.0.1:{port}", "protocol": protocol,
+                      "metrics": False},
+        "audit": {"otlp": True}})
+    before = {s: _dropped(gw, s) for s in ("traces", "logs")}
+    verify = ssl.create_default_context(cafile=gw.ca_cert)
+    with httpx.Client(proxy=gw.proxy_url(gw.mint("agent")), verify=verify,
+                      timeout=20) as http:
+        for n in range(5):
+            assert http.get(f"https://other.test/down/{n}").status_code == 200
+
+        def counted() -> bool:
+            return all(_dropped(gw, s) >= before[s] + 5 for s in before)
+        deadline = time.monotonic() + 20  # (0.2 s batching, 1.5 s of retries, reports)
+        while not counted() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert counted(), {s: _dropped(gw, s) - before[s] for s in before}
+        back = OtlpReceiver(*ports)
+        collectors.append(back)
+        for n in range(3):
+            assert http.get(f"https://other.test/back/{n}").status_code == 200
+
+    def arrived() -> bool:
+        paths = {s["attributes"].get("url.path") for s in back.spans()}
+        bodies = [json.loads(r["body"])["path"] for r in back.logs()]
+        return {f"/back/{n}" for n in range(3)} <= paths and \
+            {f"/back/{n}" for n in range(3)} <= set(bodies)
+    assert back.wait(arrived, timeout=20), [s["name"] for s in back.spans()]
+    assert not [s for s in back.spans() if s["attributes"]["url.path"].startswith("/down/")]
