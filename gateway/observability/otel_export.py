@@ -17,6 +17,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+import msgspec
+
 __all__ = ["REPORT", "Reporter", "main", "parse", "serve"]
 
 log = logging.getLogger("sandbox_gateway")
@@ -26,6 +28,7 @@ TICK = 0.1  # seconds between looks at waiting batches when no frame comes
 SEP = b"\x1f"  # (otel_feed.SEP; not imported: this process never loads the worker's side)
 REPORT = 0.5  # seconds between two reports of the drops to the worker (when they changed)
 DROPS = b"D"  # a report's first byte; then the JSON of the totals
+_decode = msgspec.json.Decoder().decode  # (as json.loads, 3x faster)
 
 
 class Reporter:
@@ -52,12 +55,16 @@ class Reporter:
 
 
 def parse(frame: bytes) -> tuple[bool, int, str | None, dict[str, Any] | None,
-                                 dict[str, Any]]:
+                                 dict[str, Any], bytes]:
     """A frame (`otel_feed`'s, without its newline) as (traced, end_ns, provider,
-    content, line); raises ValueError on one that is not a frame."""
+    content, line, the line's JSON text); raises ValueError on one that is not a
+    frame. The line is parsed once, here."""
     flags, end, provider, content, line = frame.split(SEP, 4)
-    return (flags == b"T", int(end), provider.decode() or None,
-            json.loads(content) if content else None, json.loads(line))
+    try:
+        return (flags == b"T", int(end), provider.decode() or None,
+                _decode(content) if content else None, _decode(line), line)
+    except msgspec.DecodeError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def serve(sock: socket.socket, emit: Callable[..., None],
@@ -79,8 +86,8 @@ def serve(sock: socket.socket, emit: Callable[..., None],
             if not frame:
                 continue
             try:
-                traced, end, provider, content, line = parse(frame)
-                emit(line, end, traced, provider, content)
+                traced, end, provider, content, line, raw = parse(frame)
+                emit(line, end, traced, provider, content, raw)
             except Exception:  # (one bad line never stops the export)
                 bad[0] += 1
                 if bad[0] == 1:

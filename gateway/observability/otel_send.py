@@ -46,9 +46,9 @@ class Sender:
     """One signal's batches (``kind``: traces or logs) to one collector."""
 
     def __init__(self, kind: str, protocol: str, endpoint: str, headers: dict[str, str],
-                 request: Callable[[list[Any]], Any], queue: int = 8192) -> None:
+                 request: Callable[[list[Any]], bytes], queue: int = 8192) -> None:
         self.kind = kind
-        self.request = request  # messages -> the OTLP export request
+        self.request = request  # messages -> the OTLP export request's bytes
         self.drops: dict[str, int] = {}  # messages dropped, by reason
         self._items: list[Any] = []
         self._first = 0.0
@@ -89,7 +89,7 @@ class Sender:
 
     def _run(self) -> None:
         while (items := self._queue.get()) is not None:
-            data = self.request(items).SerializeToString()
+            data = self.request(items)
             for wait in (*RETRIES, None):
                 try:
                     self._export(data)

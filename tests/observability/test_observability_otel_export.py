@@ -27,9 +27,10 @@ def test_frames_are_emitted_until_the_socket_ends(caplog: pytest.LogCaptureFixtu
     emitted: list[tuple[Any, ...]] = []
 
     def emit(line: dict[str, Any], end: int, traced: bool, provider: str | None,
-             content: dict[str, Any] | None) -> None:
+             content: dict[str, Any] | None, raw: bytes) -> None:
         if line["host"] == "raises.test":
             raise ValueError("cannot")
+        assert json.loads(raw) == line  # (the line's text as the worker sent it)
         emitted.append((line["host"], end, traced, provider, content))
 
     with ours, theirs:
