@@ -482,3 +482,44 @@ def _ws_until(ws: websockets.sync.client.ClientConnection, kind: str,
         events.append(json.loads(ws.recv(timeout=timeout)))
         if events[-1]["type"] == kind:
             return events
+
+
+@pytest.mark.parametrize("intercept", ["fast", "mitmproxy"])
+def test_a_responses_websocket_session_has_its_time_to_first_chunk(
+        receiver: OtlpReceiver, make_gateway: GatewayFactory, tmp_path: Path,
+        test_ca: LocalCA, intercept: str) -> None:
+    """A Responses-WebSocket session (wss://…/v1/responses): time to first chunk from
+    its response.create to the first response.output_text.delta, on its span and its
+    audit line; its events exported (content: true) with a key in the input replaced."""
+    realtime = FakeRealtime(tmp_path / "realtime", test_ca, ["api.openai.com"])
+    try:
+        secrets = tmp_path / "s.yaml"
+        secrets.write_text(f"provider-key: {KEY}\n")
+        secrets.chmod(0o600)
+        gw = make_gateway({"agent.yaml": WS_POLICY}, config={
+            "secrets": {"store": "file", "path": str(secrets)},
+            "network": {"intercept": intercept,
+                        "resolve": {"api.openai.com": f"127.0.0.1:{realtime.port}"}},
+            "telemetry": {"endpoint": receiver.grpc_endpoint, "metrics": False}})
+        token = gw.mint("talker")
+        with websockets.sync.client.connect(
+                "wss://api.openai.com/v1/responses", proxy=gw.proxy_url(token),
+                open_timeout=10, ssl=ssl.create_default_context(cafile=gw.ca_cert),
+                additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+            ws.send(json.dumps({"type": "response.create", "model": "gpt-4o-mini",
+                                "input": f"say hi, key {GH}"}))
+            events = _ws_until(ws, "response.completed")
+        assert "response.output_text.delta" in [e["type"] for e in events]
+        assert receiver.wait(lambda: any(s["name"].startswith("chat gpt-4o-mini")
+                                         for s in receiver.spans()))
+    finally:
+        realtime.stop()
+    span = next(s for s in receiver.spans() if s["name"].startswith("chat gpt-4o-mini"))
+    attrs = span["attributes"]
+    first = attrs["gen_ai.response.time_to_first_chunk"]
+    assert 0 < first * 1e9 <= span["end"] - span["start"]
+    [line] = [r for r in gw.audit.records() if r.get("path") == "/v1/responses"]
+    assert 0 < line["usage"]["first_chunk_ms"] <= line["duration_ms"]
+    assert "[REDACTED]" in attrs["gen_ai.input.messages"]
+    assert "response.output_text.delta" in attrs["gen_ai.output.messages"]
+    assert GH.encode() not in bytes(receiver.raw) and token.encode() not in receiver.raw
