@@ -44,10 +44,14 @@ HOSTS = {"inject": "inject.bench.test", "policy": "policy.bench.test",
 _COUNT = re.compile(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(.*)$")
 
 
-def measure(row: str, seconds: float, top: int, body: int = 1 << 20) -> dict[str, Any]:
+def measure(row: str, seconds: float, top: int, body: int = 1 << 20,
+            otel: str = "off") -> dict[str, Any]:
     """Instructions per request of `row` (inject: the token swapped for the key; post and
     post_dlp: POSTs of `body` bytes of JSON without a credential, without and with
-    outbound credential detection)."""
+    outbound credential detection). `otel`: OTLP export on (spans, or logs: spans and
+    log records, to a local OTLP receiver); counted is the worker alone, its exporter
+    process runs outside valgrind (its own cost a line: ``python -m bench.otel_lines
+    --instructions``)."""
     for tool in ("valgrind", "callgrind_control", "callgrind_annotate"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} not found: apt-get install valgrind")
@@ -59,13 +63,23 @@ def measure(row: str, seconds: float, top: int, body: int = 1 << 20) -> dict[str
         sse = SSEServer(work, ca)
         gateway: GatewayProxy | None = None
         client: subprocess.Popen[bytes] | None = None
+        receiver: Any = None
         try:
             static.start()
             sse.start()
+            telemetry = None
+            if otel != "off":
+                if str(ROOT / "tests") not in sys.path:
+                    sys.path.insert(0, str(ROOT / "tests"))
+                from helpers.otlp_receiver import OtlpReceiver
+                receiver = OtlpReceiver()
+                telemetry = {"endpoint": receiver.grpc_endpoint, "protocol": "grpc",
+                             "metrics_interval": "5s"}
             gateway = GatewayProxy(
                 work / "gateway", ca.cert_path, static.port, sse.port, None, workers=1,
                 ready_seconds=300, wrap=("valgrind", "--tool=callgrind", "--instr-atstart=no",
-                                         f"--callgrind-out-file={out}"))
+                                         f"--callgrind-out-file={out}"),
+                telemetry=telemetry, otlp_logs=otel == "logs")
             # `run` starts itself again on jemalloc (gateway/runtime/allocator.py), and
             # valgrind does not follow an exec: the allocator's environment is set here.
             gateway.env.update(environment(gateway.env) or {})
@@ -115,10 +129,13 @@ def measure(row: str, seconds: float, top: int, body: int = 1 << 20) -> dict[str
                 stop_process(client)
             if gateway is not None:
                 gateway.stop()
+            if receiver is not None:
+                receiver.close()
             sse.stop()
             static.stop()
     requests = int(result["ok"])
-    return {"row": row, "requests": requests, "instructions": total, "idle_instructions": idle,
+    return {"row": row, "otel": otel, "requests": requests, "instructions": total,
+            "idle_instructions": idle,
             "window_s": round(window, 1),
             "instructions_per_request": round((total - idle) / requests),
             "top": [{"function": name, "per_request": round(count / requests)}
@@ -161,13 +178,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="measured phase (default 15; a few hundred requests)")
     parser.add_argument("--top", type=int, default=0, help="also list the N costliest functions")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--otel", choices=("off", "spans", "logs"), default="off",
+                        help="OTLP export: a span per request, or a span and a log record "
+                             "(the worker counted; its exporter process apart)")
     args = parser.parse_args(argv)
-    found = measure(args.row, args.seconds, args.top, args.body)
+    found = measure(args.row, args.seconds, args.top, args.body, args.otel)
     if args.json:
         print(json.dumps(found, indent=2))
         return 0
-    print(f"{found['row']}: {found['instructions_per_request']:,} instructions per request "
-          f"({found['requests']} requests, keep-alive)")
+    otel = f" (OTLP export: {found['otel']})" if found["otel"] != "off" else ""
+    print(f"{found['row']}{otel}: {found['instructions_per_request']:,} instructions per "
+          f"request ({found['requests']} requests, keep-alive)")
     for entry in found["top"]:
         print(f"  {entry['per_request']:>9,}  {entry['function']}")
     return 0

@@ -351,8 +351,21 @@ REQUEST_LOG_DROPPED = Counter(
 )
 TELEMETRY_DROPPED = Counter(
     "sandbox_gateway_telemetry_dropped_total",
-    "Audit lines not exported over OTLP: the export queue (telemetry.queue) was full or "
-    "the exporter stopped (gateway/observability/otel.py).",
+    "Audit lines the worker did not hand to its OTLP exporter process, by reason: "
+    "queue_full (telemetry.queue lines waited), too_large (a line over a datagram), "
+    "exporter_down (the exporter process exited; it restarts).",
+    ["reason"],
+    registry=REGISTRY,
+)
+TELEMETRY_EXPORT_DROPPED = Counter(
+    "sandbox_gateway_telemetry_export_dropped_total",
+    "Spans and log records the OTLP exporter process built but did not export, by signal "
+    "(traces, logs; lines: an audit line it could not read) and reason: queue_full (the "
+    "collector takes them more slowly than they come), unreachable (not taken after the "
+    "retries: the collector down, overloaded or timing out), refused (the collector "
+    "answered an error that is not retried), unreadable.",
+    ["signal", "reason"],
+    registry=REGISTRY,
 )
 AUDIT_DROPPED = Counter(
     "sandbox_gateway_audit_dropped_lines_total",

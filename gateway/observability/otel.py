@@ -21,9 +21,9 @@ Never a header value, body, prompt or completion from the line (it carries none)
 content a policy opted into (`telemetry: {content: true}`) comes beside the line,
 already redacted by the worker.
 
-Spans and log records are OTLP protobuf messages built directly (`otel_encode.py`: the
-SDK's objects cost 2-4x as much a line) and sent in batches (`otel_send.py`); the SDK
-aggregates the metric histograms. This module, and with it the SDK, is imported only in
+Spans and log records are encoded straight to OTLP protobuf bytes (`otel_encode.py`: the
+SDK's objects cost several times as much a line) and sent in batches (`otel_send.py`);
+the SDK aggregates the metric histograms. This module, and with it the SDK, is imported only in
 the exporter process (never in a worker), started only when `telemetry.endpoint` is set.
 """
 
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -132,17 +131,19 @@ class OtelExport:
             description="Time from the request to the first chunk of a streamed answer")
 
     def emit(self, line: dict[str, Any], end: int, traced: bool = True,
-             provider: str | None = None, content: Mapping[str, Any] | None = None) -> None:
+             provider: str | None = None, content: Mapping[str, Any] | None = None,
+             raw: bytes | None = None) -> None:
         """One audit line (ended at `end`, ns): its span when `traced`, its log record
         with `audit.otlp`, its metric points on an inference call. `provider`:
         ``gen_ai.provider.name`` (the worker knows the credential's preset); `content`:
-        the redacted content a policy opted into."""
+        the redacted content a policy opted into; `raw`: the line's JSON text as the
+        sink wrote it (the log record's body; else `line` serialised again)."""
         start = end - int(float(line.get("duration_ms") or 0) * 1_000_000)
         usage = line.get("usage") if isinstance(line.get("usage"), Mapping) else None
         op = operation(line.get("path"), usage)
         attrs = self._attributes(line, usage, op, provider if op else None)
         parent = otlp.parent_of(line.get("trace"))
-        trace_id, own = (parent[0] if parent else os.urandom(16)), b""
+        trace_id, own = (parent[0] if parent else otlp.trace_id()), b""
         if self._spans is not None and traced:
             own = otlp.span_id()
             span_attrs = attrs if not content else {**attrs, **_content(content, op)}
@@ -153,7 +154,8 @@ class OtelExport:
             self._tools(trace_id, own, line, start, end, content)
         if self._logs is not None:
             self._logs.add(otlp.log_record(
-                _ENCODE(line), end, {k: attrs[k] for k in _LOG_KEYS if k in attrs},
+                raw if raw is not None else _ENCODE(line), end,
+                {k: attrs[k] for k in _LOG_KEYS if k in attrs},
                 line.get("decision") == "deny", trace_id if own or parent else b"",
                 own or (parent[1] if parent else b"")))
         if op is not None and self._tokens is not None and usage is not None:
@@ -170,6 +172,11 @@ class OtelExport:
         for sender in (self._spans, self._logs):
             if sender is not None:
                 sender.tick()
+
+    def drops(self) -> dict[str, int]:
+        """Spans and log records dropped so far, as ``{"traces/unreachable": n, ...}``."""
+        return {f"{sender.kind}/{reason}": count for sender in (self._spans, self._logs)
+                if sender is not None for reason, count in dict(sender.drops).items()}
 
     def _attributes(self, line: Mapping[str, Any], usage: Mapping[str, Any] | None,
                     op: str | None, provider: str | None) -> dict[str, Any]:

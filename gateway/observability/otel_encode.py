@@ -1,26 +1,24 @@
-"""OTLP spans and log records built directly as protobuf messages (opentelemetry-proto's),
-in the exporter process: no SDK span or log objects, whose building and encoding cost
-2-4x as much per audit line (docs/observability.md, "Cost")."""
+"""OTLP spans and log records encoded straight to protobuf bytes, in the exporter process:
+the few fields the export sets, written by hand (no message objects, no SDK objects,
+whose building and encoding cost the exporter most of its CPU per audit line:
+docs/observability.md, "Cost").
+
+The wire format is protobuf's (varints, fixed64, length-delimited fields) with the field
+numbers of opentelemetry-proto's messages (trace/v1 Span and Status, logs/v1 LogRecord,
+common/v1 KeyValue, AnyValue and InstrumentationScope, resource/v1 Resource, and the
+collector services' export requests); tests/observability/test_otel_encode.py reads
+every message back with those classes. Fields at their default (empty, zero) are left
+out, as protobuf leaves them. An attribute (key and value) seen before is reused as
+encoded: most of a line's attributes (decision, policy, rule, host, engine…) repeat
+from line to line. A batch's resource and scope are encoded once per batch.
+"""
 
 from __future__ import annotations
 
-import os
+import random
+import struct
 from collections.abc import Iterable, Mapping
 from typing import Any
-
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-)
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
-from opentelemetry.proto.logs.v1.logs_pb2 import (
-    LogRecord,
-    ResourceLogs,
-    ScopeLogs,
-    SeverityNumber,
-)
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 __all__ = [
     "CLIENT",
@@ -33,33 +31,82 @@ __all__ = [
     "resource",
     "span",
     "span_id",
+    "trace_id",
     "traces_request",
 ]
 
-SERVER = Span.SPAN_KIND_SERVER
-CLIENT = Span.SPAN_KIND_CLIENT
+SERVER = 2  # Span.SpanKind SPAN_KIND_SERVER
+CLIENT = 3  # SPAN_KIND_CLIENT
+_STATUS_ERROR = 2  # Status.StatusCode STATUS_CODE_ERROR
+_INFO, _WARN = 9, 13  # SeverityNumber SEVERITY_NUMBER_INFO, SEVERITY_NUMBER_WARN
 # (trace id, parent span id, flags) of a sandbox's traceparent
 Parent = tuple[bytes, bytes, int]
 
+_MASK64 = (1 << 64) - 1
+_SCALARS = frozenset((str, int, float, bool))
+_CACHE_MAX = 8192  # encoded attributes remembered (cleared when full)
+_cache: dict[tuple[bytes, str, Any, type], bytes] = {}
+_fixed64 = struct.Struct("<Q").pack
+_double = struct.Struct("<d").pack
+_SAMPLED = b"\x85\x01" + struct.pack("<I", 0x100)  # Span.flags (16, fixed32): sampled
 
-def _value(value: Any) -> AnyValue:
+
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_KINDS = {kind: b"\x30" + bytes((kind,)) for kind in range(6)}  # Span.kind (6, varint)
+
+
+def _field(tag: bytes, data: bytes) -> bytes:
+    """A length-delimited field: its tag, the length, the bytes."""
+    return tag + _varint(len(data)) + data
+
+
+def _any(value: Any) -> bytes:
+    """An AnyValue's bytes."""
     if isinstance(value, bool):
-        return AnyValue(bool_value=value)
+        return b"\x10\x01" if value else b"\x10\x00"
     if isinstance(value, int):
-        return AnyValue(int_value=value)
+        return b"\x18" + _varint(value & _MASK64)
     if isinstance(value, float):
-        return AnyValue(double_value=value)
-    return AnyValue(string_value=value if isinstance(value, str) else str(value))
+        return b"\x21" + _double(value)
+    text = value if isinstance(value, str) else str(value)
+    return _field(b"\x0a", text.encode("utf-8", "surrogatepass"))
 
 
-def attributes(attrs: Mapping[str, Any]) -> list[KeyValue]:
-    """OTLP attributes (a None value is left out)."""
-    return [KeyValue(key=key, value=_value(value)) for key, value in attrs.items()
-            if value is not None]
+def _attribute(tag: bytes, key: str, value: Any) -> bytes:
+    """A KeyValue field numbered by `tag`, encoded and remembered."""
+    encoded = _field(tag, _field(b"\x0a", key.encode()) + _field(b"\x12", _any(value)))
+    if len(_cache) >= _CACHE_MAX:
+        _cache.clear()
+    _cache[(tag, key, value, value.__class__)] = encoded
+    return encoded
 
 
-def resource(attrs: Mapping[str, Any]) -> Resource:
-    return Resource(attributes=attributes(attrs))
+def attributes(attrs: Mapping[str, Any], tag: bytes = b"\x0a") -> bytes:
+    """Repeated KeyValue fields numbered by `tag` (a None value is left out)."""
+    out = []
+    get = _cache.get
+    for key, value in attrs.items():
+        if value is not None:
+            if value.__class__ not in _SCALARS:  # (a list, a dict, an enum: its text)
+                value = str(value)
+            out.append(get((tag, key, value, value.__class__)) or
+                       _attribute(tag, key, value))
+    return b"".join(out)
+
+
+def resource(attrs: Mapping[str, Any]) -> bytes:
+    """A Resource's bytes."""
+    return attributes(attrs)
 
 
 def parent_of(trace_header: str | None) -> Parent | None:
@@ -74,39 +121,61 @@ def parent_of(trace_header: str | None) -> Parent | None:
 
 
 def span_id() -> bytes:
-    return os.urandom(8)
+    """A random span id, never all zero (as the SDK's id generator makes them: an id,
+    not a secret)."""
+    return (random.getrandbits(64) or 1).to_bytes(8)
 
 
-def span(name: str, kind: Span.SpanKind.ValueType, trace_id: bytes, own_id: bytes, parent_id: bytes,
-         start: int, end: int, attrs: Mapping[str, Any], error: str | None = None) -> Span:
-    """One span; `error`: its status is ERROR with that message."""
-    return Span(trace_id=trace_id, span_id=own_id, parent_span_id=parent_id, name=name,
-                kind=kind, start_time_unix_nano=start, end_time_unix_nano=end,
-                attributes=attributes(attrs), flags=0x100,  # (sampled: W3C flags in OTLP)
-                status=Status(code=Status.STATUS_CODE_ERROR, message=error)
-                if error is not None else None)
+def trace_id() -> bytes:
+    """A random trace id, never all zero (as the SDK's id generator makes them)."""
+    return (random.getrandbits(128) or 1).to_bytes(16)
 
 
-def log_record(body: str, end: int, attrs: Mapping[str, Any], warn: bool,
-               trace_id: bytes = b"", own_id: bytes = b"",
-               event: str = "sandbox_gateway.audit") -> LogRecord:
-    return LogRecord(time_unix_nano=end, observed_time_unix_nano=end,
-                     severity_number=SeverityNumber.SEVERITY_NUMBER_WARN if warn
-                     else SeverityNumber.SEVERITY_NUMBER_INFO,
-                     severity_text="WARN" if warn else "INFO",
-                     body=AnyValue(string_value=body), attributes=attributes(attrs),
-                     trace_id=trace_id, span_id=own_id, event_name=event)
+def span(name: str, kind: int, trace: bytes, own_id: bytes, parent_id: bytes,
+         start: int, end: int, attrs: Mapping[str, Any], error: str | None = None) -> bytes:
+    """One Span's bytes; `error`: its status is ERROR with that message."""
+    parts = [_field(b"\x0a", trace), _field(b"\x12", own_id)]
+    if parent_id:
+        parts.append(_field(b"\x22", parent_id))
+    parts += [_field(b"\x2a", name.encode("utf-8", "surrogatepass")), _KINDS[kind],
+              b"\x39", _fixed64(start & _MASK64), b"\x41", _fixed64(end & _MASK64),
+              attributes(attrs, b"\x4a")]
+    if error is not None:
+        status = _field(b"\x12", error.encode("utf-8", "surrogatepass")) + b"\x18" + \
+            _varint(_STATUS_ERROR)
+        parts.append(_field(b"\x7a", status))
+    parts.append(_SAMPLED)
+    return b"".join(parts)
 
 
-def traces_request(res: Resource, scope: str, spans: Iterable[Span]
-                   ) -> ExportTraceServiceRequest:
-    return ExportTraceServiceRequest(resource_spans=[ResourceSpans(
-        resource=res, scope_spans=[ScopeSpans(scope=InstrumentationScope(name=scope),
-                                              spans=spans)])])
+def log_record(body: bytes | str, end: int, attrs: Mapping[str, Any], warn: bool,
+               trace: bytes = b"", own_id: bytes = b"",
+               event: str = "sandbox_gateway.audit") -> bytes:
+    """One LogRecord's bytes; `body` (a string value): the audit line's JSON text."""
+    text = body if isinstance(body, bytes) else body.encode("utf-8", "surrogatepass")
+    time = _fixed64(end & _MASK64)
+    parts = [b"\x09", time, b"\x10", _varint(_WARN if warn else _INFO),
+             b"\x1a\x04WARN" if warn else b"\x1a\x04INFO", _field(b"\x2a", _field(b"\x0a", text)),
+             attributes(attrs, b"\x32")]
+    if trace:
+        parts.append(_field(b"\x4a", trace))
+    if own_id:
+        parts.append(_field(b"\x52", own_id))
+    parts += [b"\x59", time, _field(b"\x62", event.encode())]
+    return b"".join(parts)
 
 
-def logs_request(res: Resource, scope: str, records: Iterable[LogRecord]
-                 ) -> ExportLogsServiceRequest:
-    return ExportLogsServiceRequest(resource_logs=[ResourceLogs(
-        resource=res, scope_logs=[ScopeLogs(scope=InstrumentationScope(name=scope),
-                                            log_records=records)])])
+def _request(res: bytes, scope: str, items: Iterable[bytes]) -> bytes:
+    """ExportTrace/LogsServiceRequest: one resource, one scope, its items (the field
+    numbers of spans and log records in their scope are the same: 2)."""
+    block = _field(b"\x0a", _field(b"\x0a", scope.encode())) + b"".join(
+        [_field(b"\x12", item) for item in items])
+    return _field(b"\x0a", _field(b"\x0a", res) + _field(b"\x12", block))
+
+
+def traces_request(res: bytes, scope: str, spans: Iterable[bytes]) -> bytes:
+    return _request(res, scope, spans)
+
+
+def logs_request(res: bytes, scope: str, records: Iterable[bytes]) -> bytes:
+    return _request(res, scope, records)

@@ -11,8 +11,9 @@ and gRPC all happen in the exporter process, so they never take this process's G
 
 Bounded and non-blocking: the kernel's socket buffer, then at most `telemetry.queue`
 frames here; a frame past that, one too large for a datagram, or one for an exporter
-that is gone (restarting) is dropped and counted (`sandbox_gateway_telemetry_dropped_total`,
-`dropped`). A request never waits for telemetry.
+that is gone (restarting) is dropped and counted (`sandbox_gateway_telemetry_dropped_total`
+by reason, `dropped`). A request never waits for telemetry. What the exporter itself
+drops comes back on the same socket (`otel_process.ExporterProcess.reports`).
 
 A frame: ``flags 0x1f end_ns 0x1f provider 0x1f content 0x1f line`` where flags is ``T``
 (a span) or ``-``, `content` is empty or the JSON of what the policy opted into
@@ -79,7 +80,7 @@ class OtelFeed:
         if not traced and not self.logs and (not self.metrics_on or usage is None):
             return  # (no span, no log record, no metric point)
         if len(self._frames) >= self.queue:
-            self._drop(1)
+            self._drop(1, "queue_full")
             return
         provider = b""
         if usage is not None and operation(record.get("path"), usage) is not None:
@@ -123,7 +124,7 @@ class OtelFeed:
         if not frames:
             return
         if self.sock is None:
-            self._drop(len(frames))
+            self._drop(len(frames), "exporter_down")
             self._clear()
             return
         sent = 0
@@ -135,10 +136,11 @@ class OtelFeed:
             except BlockingIOError:  # the exporter is behind: the rest stays queued
                 break
             except OSError as exc:
+                reason = "too_large"
                 if exc.errno != errno.EMSGSIZE:  # the exporter is gone (it restarts)
                     self.detach()
-                    end = len(frames)
-                self._drop(end - sent)
+                    end, reason = len(frames), "exporter_down"
+                self._drop(end - sent, reason)
             sent = end
         del frames[:sent]
         self._bytes = sum(map(len, frames))
@@ -152,9 +154,9 @@ class OtelFeed:
             self.sock.close()
             self.sock = None
 
-    def _drop(self, count: int) -> None:
+    def _drop(self, count: int, reason: str) -> None:
         self.dropped += count
-        metrics.TELEMETRY_DROPPED.inc(count)
+        metrics.child(metrics.TELEMETRY_DROPPED, reason).inc(count)
 
     def _clear(self) -> None:
         self._frames = []

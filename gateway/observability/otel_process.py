@@ -7,7 +7,10 @@ supervisor (`runtime/watch.py`) starts its own again. The two talk over a unix
 SOCK_SEQPACKET socketpair: the first datagram carries the exporter's settings (the
 collector's headers among them, so never in argv), then the worker's frames
 (`otel_feed.py`). The exporter ends at the end of that socket, so it never outlives its
-worker, however the worker ends.
+worker, however the worker ends. On the way back the exporter reports what it dropped
+(`otel_export.Reporter`: totals since it started), which the worker reads every WATCH
+seconds into `sandbox_gateway_telemetry_export_dropped_total` (its /metrics, summed
+over the workers by the multiprocess directory like every counter).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import sys
 import time
 from typing import Any
 
+from gateway.observability import metrics
 from gateway.observability.otel_feed import SNDBUF, OtelFeed
 
 __all__ = ["BACKOFF", "ExporterProcess"]
@@ -45,6 +49,7 @@ class ExporterProcess:
         self._due: float | None = None  # a restart's time (monotonic)
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
+        self._reported: dict[str, int] = {}  # the current exporter's drop totals counted
 
     def start(self) -> None:
         """Spawn the exporter and attach the feed to it (raises OSError if it cannot)."""
@@ -65,6 +70,34 @@ class ExporterProcess:
         self.feed.detach()
         self.feed.sock = ours
         self._started = time.monotonic()
+        self._reported = {}
+
+    def reports(self) -> None:
+        """Count what the exporter reported it dropped since the last look (its reports
+        carry totals: each counted once, whatever was missed in between)."""
+        sock = self.feed.sock
+        latest = None
+        while sock is not None:
+            try:
+                data = sock.recv(65536)
+            except OSError:  # (nothing more now; or the exporter is gone: `watch`)
+                break
+            if not data:
+                break
+            if data[:1] == b"D":
+                latest = data[1:]
+        if latest is None:
+            return
+        try:
+            totals = json.loads(latest)
+        except ValueError:
+            return
+        for key, total in totals.items():
+            signal, _, reason = str(key).partition("/")
+            if isinstance(total, int) and total > self._reported.get(key, 0):
+                metrics.child(metrics.TELEMETRY_EXPORT_DROPPED, signal, reason).inc(
+                    total - self._reported.get(key, 0))
+                self._reported[key] = total
 
     def watch(self) -> None:
         """Look at the exporter every WATCH seconds on the running loop: one that exited
@@ -72,6 +105,7 @@ class ExporterProcess:
         self._timer = None
         if self._closed:
             return
+        self.reports()
         now = time.monotonic()
         proc = self.proc
         if self._due is None and proc is not None and proc.poll() is not None:

@@ -6,7 +6,11 @@ seconds after its first (`tick`), to a bounded queue the sending thread takes fr
 most `queue` messages wait; a batch past that is dropped and logged). A failed export is
 tried again twice (after 0.5 s, 1 s) when the collector may take it later (gRPC
 UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED; HTTP 429, 5xx, no connection),
-then dropped and logged. The collector's headers go with every export, never to a log.
+then dropped and logged. Every message dropped is counted in `drops` by reason
+(queue_full, unreachable, refused), which the exporter reports to its worker's /metrics
+(`otel_export.Reporter`). A gRPC channel to a collector that was down tries to reconnect
+at most every `RECONNECT` seconds, so the export resumes soon after it is back. The
+collector's headers go with every export, never to a log.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ BATCH = 512
 DELAY = 0.2  # seconds a message waits for others
 TIMEOUT = 10.0  # one export
 RETRIES = (0.5, 1.0)
+RECONNECT = 5.0  # the longest wait between a gRPC channel's reconnection attempts
 _RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                 grpc.StatusCode.RESOURCE_EXHAUSTED)
 # the OTLP services' Export methods (opentelemetry-proto), called with serialised bytes
@@ -41,10 +46,10 @@ class Sender:
     """One signal's batches (``kind``: traces or logs) to one collector."""
 
     def __init__(self, kind: str, protocol: str, endpoint: str, headers: dict[str, str],
-                 request: Callable[[list[Any]], Any], queue: int = 8192) -> None:
+                 request: Callable[[list[Any]], bytes], queue: int = 8192) -> None:
         self.kind = kind
-        self.request = request  # messages -> the OTLP export request
-        self.dropped = 0
+        self.request = request  # messages -> the OTLP export request's bytes
+        self.drops: dict[str, int] = {}  # messages dropped, by reason
         self._items: list[Any] = []
         self._first = 0.0
         self._queue: queues.Queue[list[Any] | None] = queues.Queue(max(1, queue // BATCH))
@@ -52,6 +57,14 @@ class Sender:
             _http(kind, endpoint, headers)
         self._thread = threading.Thread(target=self._run, name=f"otlp-{kind}", daemon=True)
         self._thread.start()
+
+    @property
+    def dropped(self) -> int:
+        return sum(self.drops.values())
+
+    def _drop(self, reason: str, count: int) -> None:
+        # (queue_full written by the loop, the others by the thread: one writer a key)
+        self.drops[reason] = self.drops.get(reason, 0) + count
 
     def add(self, item: Any) -> None:
         if not self._items:
@@ -70,26 +83,26 @@ class Sender:
         try:
             self._queue.put_nowait(items)
         except queues.Full:
-            self.dropped += len(items)
+            self._drop("queue_full", len(items))
             log.warning("telemetry: the collector takes %s more slowly than they come; "
                         "%d dropped", self.kind, len(items))
 
     def _run(self) -> None:
         while (items := self._queue.get()) is not None:
-            data = self.request(items).SerializeToString()
+            data = self.request(items)
             for wait in (*RETRIES, None):
                 try:
                     self._export(data)
                     break
                 except _Retry as exc:
                     if wait is None:
-                        self.dropped += len(items)
+                        self._drop("unreachable", len(items))
                         log.warning("telemetry: %d %s not exported: %s", len(items),
                                     self.kind, exc)
                     else:
                         time.sleep(wait)
                 except Exception as exc:  # (the collector refused them: no retry)
-                    self.dropped += len(items)
+                    self._drop("refused", len(items))
                     log.warning("telemetry: %d %s not exported: %s", len(items), self.kind,
                                 exc)
                     break
@@ -111,8 +124,10 @@ class _Retry(Exception):
 
 def _grpc(kind: str, endpoint: str, headers: dict[str, str]) -> Callable[[bytes], None]:
     target = endpoint.split("://", 1)[-1].rstrip("/")
-    channel = grpc.insecure_channel(target) if endpoint.startswith("http://") else \
-        grpc.secure_channel(target, grpc.ssl_channel_credentials())
+    options = (("grpc.initial_reconnect_backoff_ms", 500),
+               ("grpc.max_reconnect_backoff_ms", int(RECONNECT * 1000)))
+    channel = grpc.insecure_channel(target, options) if endpoint.startswith("http://") \
+        else grpc.secure_channel(target, grpc.ssl_channel_credentials(), options)
     call = channel.unary_unary(_METHODS[kind], request_serializer=None,
                                response_deserializer=None)
     metadata = tuple((k.lower(), v) for k, v in headers.items()) or None

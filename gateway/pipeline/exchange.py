@@ -11,21 +11,20 @@ and WebSocket messages through `ws_message`. Any step may raise `Refusal`; the e
 then sends `abort(refusal)` if the client has no response yet (or closes the
 connection), and the exchange is audited as refused. Upstream failures become
 `upstream_failed(kind, detail)`: the detail (which may quote upstream bytes, an echoed
-key among them) goes to the log only up to its first quote (`phrases.error_phrase`),
-never to the sandbox.
+key) goes to the log only up to its first quote (`error_phrase`), never to the sandbox.
 
 Request bodies are scanned as they stream; the tail of each chunk that could start a
-marker is held back until the next chunk shows it is clean, so no part of a leaking
-token or key goes out before the scan sees it whole. A compressed body is decoded for
-the scan (and forwarded as sent, once whole, up to `ENCODED_LIMIT`). On a credential
-exchange the upstream is asked for `Accept-Encoding: identity`; a response that comes
-encoded anyway is decoded, and every echo of the key is redacted in headers and body.
+marker is held back until the next chunk shows it clean: no part of a leaking token or
+key goes out before the scan sees it whole. A compressed body is decoded for the scan
+(and forwarded as sent, once whole, up to `ENCODED_LIMIT`). On a credential exchange
+the upstream is asked for `Accept-Encoding: identity`; a response that comes encoded
+anyway is decoded, and every echo of the key is redacted in headers and body.
 
 A credential that signs requests (SigV4) installs a `Signer`: a request whose payload
-is not signed is signed at once; otherwise the body is held whole (up to
-`SIGNED_BODY_LIMIT`) and `request_whole` signs the head before the engine serialises
-it. An engine about to stream a body calls `streaming()` first, which refuses such a
-request: it cannot be signed before its head goes out.
+is not signed is signed at once; otherwise the body is held whole (`SIGNED_BODY_LIMIT`)
+and `request_whole` signs the head before the engine serialises it. An engine about to
+stream a body calls `streaming()` first, which refuses such a request: it cannot be
+signed before its head goes out.
 
 **One hold limit.** `hold_limit` says how much of a request body every engine holds
 before forwarding: `BODY_HOLD_LIMIT` where a check needs the body whole (an inference
@@ -35,8 +34,8 @@ decoded first if compressed: the metering step reads it as the provider will, an
 body it rewrites is sent re-encoded in the coding its head names.
 
 On metered WebSocket sessions each message from the sandbox goes through the metering
-step: a refused one raises `MessageRefused` (audited; the engine drops it and answers the
-provider's error event while the session goes on). On a rule with `mcp:` each message
+step: a refused one raises `MessageRefused` (audited; the engine answers the provider's
+error event, the session goes on). On a rule with `mcp:` each message
 from the sandbox is judged as a POST's body would be (`core/mcp.py`; refused the same
 way, answered with JSON-RPC errors), and every answer of the server, on HTTP or a
 WebSocket, is read before the client sees it (`core/mcp_answers.py`).
@@ -143,8 +142,7 @@ class Exchange(ExchangeState):
         self.credential = credential
         self._secret = (secret, value)
         self.trail.telemetry.count("credentials_injected", credential)
-        # Ask for an uncompressed answer: echoes are redacted on plain bytes.
-        self.head.headers.set("Accept-Encoding", "identity")
+        self.head.headers.set("Accept-Encoding", "identity")  # (echoes redacted on plain)
 
     def sign_with(self, signer: Signer) -> None:
         """Sign the request with a minted credential: now if its payload is unsigned,
@@ -314,16 +312,19 @@ class Exchange(ExchangeState):
             if self._metering is not None:  # (a model outside the allowlist, a budget)
                 self._metering.message(data)
             self.bytes_out += len(data)
-            return data
-        self.bytes_in += len(data)
-        if self._metering is not None:  # a session's event
-            self._metering.event(data)
-        if self._secret is not None:
-            redactor = self._response.redactor or Redactor(self._secret[1].variants())
-            data = redactor.redact(data)
         else:
-            self.trail.telemetry.count("bytes", "websocket", by=len(data))
-        return self._mcp.received(data) if self._mcp is not None else data
+            self.bytes_in += len(data)
+            if self._metering is not None:  # a session's event
+                self._metering.event(data)
+            if self._secret is not None:
+                redactor = self._response.redactor or Redactor(self._secret[1].variants())
+                data = redactor.redact(data)
+            else:
+                self.trail.telemetry.count("bytes", "websocket", by=len(data))
+            data = self._mcp.received(data) if self._mcp is not None else data
+        if self.content is not None:  # (as relayed: the content its policy exports)
+            self.content.message(from_client, data)
+        return data
 
     # -- ends ----------------------------------------------------------------------------
 

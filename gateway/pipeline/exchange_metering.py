@@ -7,6 +7,7 @@ count when it ends (the `Metering` port: `services/metering`)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,11 @@ from gateway.core.trail import rule_of
 from gateway.pipeline.exchange_state import ExchangeState
 
 __all__ = ["Held", "MeteredSteps"]
+
+# A session's first response asked for, and its first output (time to first chunk):
+# a Realtime or Responses-WebSocket ``response.create``, and a ``response.*delta`` event
+_CREATE = re.compile(rb'"type"\s*:\s*"response\.create"')
+_DELTA = re.compile(rb'"type"\s*:\s*"response\.[a-z_.]*delta"')
 
 
 class Held(Refusal):
@@ -48,6 +54,7 @@ class MeteredSteps:
         self.feed: Callable[[bytes], None] | None = None  # the meter's, per chunk
         self.held: list[bytes] | None = None  # an answer read before relaying
         self.first_chunk: float | None = None  # when the answer's first body chunk came
+        self.asked: float | None = None  # a session's first response.create relayed
         self.streamed = False  # the answer streams (core/metering/streams.py)
 
     def reads_body(self) -> bool:
@@ -129,22 +136,28 @@ class MeteredSteps:
         under ``mode: report`` it is only recorded."""
         if self.metered is None:
             return
-        step = self.metering.session_message(self.metered, data, self.ex.trail.clock())
-        if step is None:
-            return
-        refusal = step_refusal(step)
-        if records_only(self.policy.mode):
+        now = self.ex.trail.clock()
+        step = self.metering.session_message(self.metered, data, now)
+        if step is not None:
+            refusal = step_refusal(step)
+            if not records_only(self.policy.mode):
+                self.ex.audit_message(refusal)
+                meter = self.metered.meter
+                session = meter.format if meter is not None else "realtime"
+                raise MessageRefused(refusal, ws_error(refusal, session,
+                                                       stream_id=_lane(data)))
             self.ex.report = refusal
-            return
-        self.ex.audit_message(refusal)
-        meter = self.metered.meter
-        session = meter.format if meter is not None else "realtime"
-        raise MessageRefused(refusal, ws_error(refusal, session, stream_id=_lane(data)))
+        if self.asked is None and _CREATE.search(data):
+            self.asked = now
 
     def event(self, data: bytes) -> None:
-        """A server event of a metered session (a response that ends is counted)."""
+        """A server event of a metered session (a response that ends is counted); the
+        first output after the first response asked for is its first chunk."""
         if self.metered is not None:
-            self.metering.session_event(self.metered, data, self.ex.trail.clock())
+            now = self.ex.trail.clock()
+            if self.asked is not None and self.first_chunk is None and _DELTA.search(data):
+                self.first_chunk, self.streamed = now, True
+            self.metering.session_event(self.metered, data, now)
 
     def complete(self) -> dict[str, Any] | None:
         """The step at the end (once): the audit line's ``usage``. It counts what the
@@ -157,8 +170,10 @@ class MeteredSteps:
                                         self.ex.trail.clock(), sent=not self.ex.unsent
                                         ).as_record()
         if record is not None and self.streamed and self.first_chunk is not None:
-            # time to first token: from the request's start to the answer's first chunk
-            record["first_chunk_ms"] = round((self.first_chunk - self.ex.started) * 1000, 3)
+            # time to first token: from the request's start (a session's first response
+            # asked for) to the answer's first chunk
+            start = self.asked if self.asked is not None else self.ex.started
+            record["first_chunk_ms"] = round((self.first_chunk - start) * 1000, 3)
         return record
 
 

@@ -49,12 +49,15 @@ class RequestSide:
         return self._scan
 
     def _check(self, scanner: StreamScan, data: bytes, streamed: bool = True) -> None:
-        """The leak scan, then (a body streamed) outbound credential detection."""
+        """The leak scan, then (a body streamed) outbound credential detection and the
+        content its policy exports (decoded: as the receiver reads it)."""
         found = scanner.feed(data)
         if found is not None:
             raise self.ex.leak(found)
         if streamed and self.ex.dlp is not None:
             self.ex.dlp.feed(data)
+        if streamed and self.ex.content is not None:
+            self.ex.content.request(data, self.ex.head.headers.get("content-type"), whole=False)
 
     def _trailers(self, trailers: list[tuple[bytes, bytes]] | None) -> None:
         """Trailers are scanned like headers."""

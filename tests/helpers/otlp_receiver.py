@@ -52,9 +52,10 @@ def _attrs(kvs: Any) -> dict[str, Any]:
 
 
 class OtlpReceiver:
-    """Receives OTLP over gRPC (`grpc_endpoint`) and HTTP (`http_endpoint`)."""
+    """Receives OTLP over gRPC (`grpc_endpoint`) and HTTP (`http_endpoint`), on the
+    ports given (a collector back where it was) or on free ones."""
 
-    def __init__(self) -> None:
+    def __init__(self, grpc_port: int = 0, http_port: int = 0) -> None:
         self.received: dict[str, list[Any]] = {k: [] for k in _REQUESTS}
         self.raw = bytearray()
         self._lock = threading.Lock()
@@ -73,7 +74,7 @@ class OtlpReceiver:
             servicer("logs", logs_service_pb2_grpc.LogsServiceServicer), self._grpc)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
             servicer("metrics", metrics_service_pb2_grpc.MetricsServiceServicer), self._grpc)
-        self.grpc_port = self._grpc.add_insecure_port("127.0.0.1:0")
+        self.grpc_port = self._grpc.add_insecure_port(f"127.0.0.1:{grpc_port}")
         self._grpc.start()
 
         class Handler(BaseHTTPRequestHandler):
@@ -98,7 +99,7 @@ class OtlpReceiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._http = ThreadingHTTPServer(("127.0.0.1", http_port), Handler)
         self._http.daemon_threads = True
         self.http_port = self._http.server_address[1]
         self._http_thread = threading.Thread(target=self._http.serve_forever, daemon=True)

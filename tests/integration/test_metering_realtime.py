@@ -119,6 +119,8 @@ def test_a_realtime_session_is_metered_and_budgeted(gw: GatewayThread,
                 "cost_usd": pytest.approx(prices.cost(Usage(
                     model, n_in0 + n_in1, n_out0 + n_out1, c0 + c1)))}
     [line] = _session_lines(gw, 1)
+    # time to first chunk: from the first response.create to the first delta
+    assert 0 < line["usage"].pop("first_chunk_ms") <= line["duration_ms"]
     assert line["status"] == 101 and line["usage"] == expected
     assert KEY not in json.dumps(line)
     assert metric(gw, "sandbox_gateway_inference_tokens_total", kind="input",
@@ -154,6 +156,7 @@ def test_a_realtime_session_is_metered_and_budgeted(gw: GatewayThread,
     assert "sandbox-daily" in refused_lines[0]["reason"]
     n_in2, n_out2, c2 = realtime.usage(0)  # (the session's own first response)
     assert lines[-1]["decision"] == "allow" and lines[-1]["status"] == 101
+    assert lines[-1]["usage"].pop("first_chunk_ms") > 0
     assert lines[-1]["usage"] == {**expected, "input_tokens": n_in2,
                                   "output_tokens": n_out2, "cached_input_tokens": c2,
                                   "cost_usd": pytest.approx(prices.cost(Usage(

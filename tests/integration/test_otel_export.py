@@ -12,18 +12,25 @@ from __future__ import annotations
 
 import json
 import ssl
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
+import websockets.exceptions
+import websockets.sync.client
 from fakes.inference import FakeInference
+from fakes.realtime import SNAPSHOT, FakeRealtime
 from helpers.dlp_corpus import fake as fake_credential
 from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.otlp_receiver import OtlpReceiver
 from helpers.tls import LocalCA
 from helpers.upstream import Upstream
+
+from gateway.pipeline.exchange import HOLD_LIMIT
 
 KEY = "sk-otel-test-provider-key-5b1e"
 GH = fake_credential("github").text
@@ -302,3 +309,217 @@ def test_time_to_first_chunk_and_content_only_where_a_policy_opts_in(
         assert secret.encode() not in raw, secret
     for record in receiver.logs():  # (the audit line: no content ever)
         assert "talker prompt" not in record["body"] and "fake provider" not in record["body"]
+
+
+def _dropped(gw: GatewayThread, signal: str) -> float:
+    """`sandbox_gateway_telemetry_export_dropped_total` of `signal` at /metrics, as the
+    worker reports it (what the exporter process dropped because nothing took it)."""
+    text = httpx.get(f"{gw.admin}/metrics").text
+    name = (f'sandbox_gateway_telemetry_export_dropped_total{{reason="unreachable",'
+            f'signal="{signal}"}} ')
+    return sum(float(row[len(name):]) for row in text.splitlines() if row.startswith(name))
+
+
+@pytest.fixture
+def collectors() -> Iterator[list[OtlpReceiver]]:
+    """Receivers a test starts, closed after its gateway (requested before it)."""
+    started: list[OtlpReceiver] = []
+    yield started
+    for server in started:
+        server.close()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_collector_down_is_counted_at_metrics_and_the_export_resumes_when_it_is_back(
+        collectors: list[OtlpReceiver], make_gateway: GatewayFactory, protocol: str
+        ) -> None:
+    """The collector down: what the exporter process could not send after its retries
+    is counted at the worker's /metrics, by signal; the collector back on its port: the
+    next requests' spans and log records arrive."""
+    with OtlpReceiver() as gone:  # (a collector's ports, then nothing listens there)
+        ports = (gone.grpc_port, gone.http_port)
+    port = ports[0] if protocol == "grpc" else ports[1]
+    gw = make_gateway(config={
+        "telemetry": {"endpoint": f"http://127.0.0.1:{port}", "protocol": protocol,
+                      "metrics": False},
+        "audit": {"otlp": True}})
+    before = {s: _dropped(gw, s) for s in ("traces", "logs")}
+    verify = ssl.create_default_context(cafile=gw.ca_cert)
+    with httpx.Client(proxy=gw.proxy_url(gw.mint("agent")), verify=verify,
+                      timeout=20) as http:
+        for n in range(5):
+            assert http.get(f"https://other.test/down/{n}").status_code == 200
+
+        def counted() -> bool:
+            return all(_dropped(gw, s) >= before[s] + 5 for s in before)
+        deadline = time.monotonic() + 20  # (0.2 s batching, 1.5 s of retries, reports)
+        while not counted() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert counted(), {s: _dropped(gw, s) - before[s] for s in before}
+        back = OtlpReceiver(*ports)
+        collectors.append(back)
+        for n in range(3):
+            assert http.get(f"https://other.test/back/{n}").status_code == 200
+
+    def arrived() -> bool:
+        paths = {s["attributes"].get("url.path") for s in back.spans()}
+        bodies = [json.loads(r["body"])["path"] for r in back.logs()]
+        return {f"/back/{n}" for n in range(3)} <= paths and \
+            {f"/back/{n}" for n in range(3)} <= set(bodies)
+    assert back.wait(arrived, timeout=20), [s["name"] for s in back.spans()]
+    assert not [s for s in back.spans() if s["attributes"]["url.path"].startswith("/down/")]
+
+
+SESSION = "chat gpt-realtime" + SNAPSHOT  # (the Realtime session's span: a metered call)
+WS_POLICY = """
+version: v1
+name: talker
+telemetry: {content: true}
+egress:
+  - host: api.openai.com
+    credential: openai
+  - host: allowed.test
+    inspect: true
+credentials:
+  openai: {preset: openai, secret: provider-key}
+"""
+
+
+@pytest.mark.parametrize("intercept", ["fast", "mitmproxy"])
+def test_websocket_messages_and_streamed_bodies_are_exported_redacted(
+        receiver: OtlpReceiver, make_gateway: GatewayFactory, tmp_path: Path,
+        upstream: Upstream, test_ca: LocalCA, intercept: str) -> None:
+    """`telemetry: {content: true}`: a Realtime session's messages (the sandbox's as
+    input, the provider's as output) and a request body streamed through (over the hold
+    limit, never held whole) are exported, capped, with a GitHub token replaced (the DLP
+    detectors) and the provider key replaced (the log's redaction) in the sandbox's
+    message and in the provider's echo of it; the session's span has its time to first
+    chunk (from response.create to the first delta). A message with the gateway token
+    is refused, and the token never reaches the collector."""
+    realtime = FakeRealtime(tmp_path / "realtime", test_ca, ["api.openai.com"])
+    try:
+        secrets = tmp_path / "s.yaml"
+        secrets.write_text(f"provider-key: {KEY}\n")
+        secrets.chmod(0o600)
+        gw = make_gateway({"agent.yaml": WS_POLICY}, config={
+            "secrets": {"store": "file", "path": str(secrets)},
+            "network": {"intercept": intercept,
+                        "resolve": {"api.openai.com": f"127.0.0.1:{realtime.port}",
+                                    "allowed.test": f"127.0.0.1:{upstream.port}"}},
+            "telemetry": {"endpoint": receiver.grpc_endpoint, "metrics": False}})
+        token = gw.mint("talker")
+        verify = ssl.create_default_context(cafile=gw.ca_cert)
+        with websockets.sync.client.connect(
+                "wss://api.openai.com/v1/realtime?model=gpt-realtime",
+                proxy=gw.proxy_url(token), open_timeout=10, ssl=verify,
+                additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+            _ws_until(ws, "session.created")
+            ws.send(json.dumps({"type": "session.update", "session": {
+                "instructions": f"be brief {GH} {KEY}"}}))
+            echoed = _ws_until(ws, "session.updated")[-1]
+            # (the provider's echo of the key is redacted on its way to the sandbox)
+            assert echoed["session"]["instructions"] == f"be brief {GH} [REDACTED]"
+            ws.send(json.dumps({"type": "response.create"}))
+            _ws_until(ws, "response.done")
+        with websockets.sync.client.connect(
+                "wss://api.openai.com/v1/realtime?model=gpt-realtime",
+                proxy=gw.proxy_url(token), open_timeout=10, ssl=verify,
+                additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+            _ws_until(ws, "session.created")
+            ws.send(json.dumps({"type": "session.update", "session": {
+                "instructions": f"token {token}"}}))
+            try:  # (refused: the fast engine closes the session, mitmproxy drops it)
+                _ws_until(ws, "session.updated", timeout=3)
+                raise AssertionError("a message with the gateway token was relayed")
+            except (websockets.exceptions.ConnectionClosed, TimeoutError):
+                pass
+        assert any(r["error"] == "exfiltration_blocked" for r in gw.audit.records())
+        assert not [e for e in realtime.received if token in json.dumps(e)]
+        body = f"upload {GH} ".encode() + b"z" * (HOLD_LIMIT + 4096)
+        with httpx.Client(proxy=gw.proxy_url(token), verify=verify, timeout=20) as http:
+            sent = http.post("https://allowed.test/upload", content=iter(
+                [body[:100], body[100:]]))  # (chunked, over the hold limit: streamed)
+            assert sent.status_code == 200
+
+        def arrived() -> bool:
+            names = [s["name"] for s in receiver.spans()]
+            return names.count(SESSION) >= 2 and "POST allowed.test" in names
+        assert receiver.wait(arrived), [s["name"] for s in receiver.spans()]
+    finally:
+        realtime.stop()
+    spans = receiver.spans()
+    session = next(s for s in spans if s["name"] == SESSION
+                   and s["attributes"]["http.response.status_code"] == 101)
+    attrs = session["attributes"]
+    assert attrs["gen_ai.operation.name"] == "chat"
+    sent_lines = attrs["gen_ai.input.messages"].splitlines()
+    assert [json.loads(line)["type"] for line in sent_lines] == [
+        "session.update", "response.create"]
+    assert json.loads(sent_lines[0])["session"]["instructions"] == \
+        "be brief [REDACTED] [REDACTED]"
+    got = [json.loads(line) for line in
+           attrs["gen_ai.output.messages"].splitlines()]
+    assert [e["type"] for e in got][:2] == ["session.created", "session.updated"]
+    assert got[1]["session"]["instructions"] == "be brief [REDACTED] [REDACTED]"
+    assert "response.audio_transcript.delta" in [e["type"] for e in got]
+    first = attrs["gen_ai.response.time_to_first_chunk"]
+    assert 0 < first * 1e9 <= session["end"] - session["start"]
+    [line] = [r for r in gw.audit.records() if r.get("status") == 101 and r.get("usage")]
+    assert 0 < line["usage"]["first_chunk_ms"] <= line["duration_ms"]
+    upload = next(s for s in spans if s["name"] == "POST allowed.test")["attributes"]
+    exported = upload["sandbox_gateway.request.content"]
+    assert exported.startswith("upload [REDACTED] zzz") and exported.endswith("…[cut]")
+    assert len(exported) == 16 * 1024 + len("…[cut]")
+    raw = bytes(receiver.raw)
+    for secret in (GH, KEY, token):
+        assert secret.encode() not in raw, secret
+
+
+def _ws_until(ws: websockets.sync.client.ClientConnection, kind: str,
+              timeout: float = 10) -> list[dict[str, Any]]:
+    events = []
+    while True:
+        events.append(json.loads(ws.recv(timeout=timeout)))
+        if events[-1]["type"] == kind:
+            return events
+
+
+@pytest.mark.parametrize("intercept", ["fast", "mitmproxy"])
+def test_a_responses_websocket_session_has_its_time_to_first_chunk(
+        receiver: OtlpReceiver, make_gateway: GatewayFactory, tmp_path: Path,
+        test_ca: LocalCA, intercept: str) -> None:
+    """A Responses-WebSocket session (wss://…/v1/responses): time to first chunk from
+    its response.create to the first response.output_text.delta, on its span and its
+    audit line; its events exported (content: true) with a key in the input replaced."""
+    realtime = FakeRealtime(tmp_path / "realtime", test_ca, ["api.openai.com"])
+    try:
+        secrets = tmp_path / "s.yaml"
+        secrets.write_text(f"provider-key: {KEY}\n")
+        secrets.chmod(0o600)
+        gw = make_gateway({"agent.yaml": WS_POLICY}, config={
+            "secrets": {"store": "file", "path": str(secrets)},
+            "network": {"intercept": intercept,
+                        "resolve": {"api.openai.com": f"127.0.0.1:{realtime.port}"}},
+            "telemetry": {"endpoint": receiver.grpc_endpoint, "metrics": False}})
+        token = gw.mint("talker")
+        with websockets.sync.client.connect(
+                "wss://api.openai.com/v1/responses", proxy=gw.proxy_url(token),
+                open_timeout=10, ssl=ssl.create_default_context(cafile=gw.ca_cert),
+                additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+            ws.send(json.dumps({"type": "response.create", "model": "gpt-4o-mini",
+                                "input": f"say hi, key {GH}"}))
+            events = _ws_until(ws, "response.completed")
+        assert "response.output_text.delta" in [e["type"] for e in events]
+        assert receiver.wait(lambda: any(s["name"].startswith("chat gpt-4o-mini")
+                                         for s in receiver.spans()))
+    finally:
+        realtime.stop()
+    span = next(s for s in receiver.spans() if s["name"].startswith("chat gpt-4o-mini"))
+    attrs = span["attributes"]
+    first = attrs["gen_ai.response.time_to_first_chunk"]
+    assert 0 < first * 1e9 <= span["end"] - span["start"]
+    [line] = [r for r in gw.audit.records() if r.get("path") == "/v1/responses"]
+    assert 0 < line["usage"]["first_chunk_ms"] <= line["duration_ms"]
+    assert "[REDACTED]" in attrs["gen_ai.input.messages"]
+    assert "response.output_text.delta" in attrs["gen_ai.output.messages"]
+    assert GH.encode() not in bytes(receiver.raw) and token.encode() not in receiver.raw

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from helpers.otlp_receiver import OtlpReceiver
 
-from gateway.observability import otel_process
+from gateway.observability import metrics, otel_process
 from gateway.observability.otel_feed import OtelFeed
 from gateway.observability.otel_process import ExporterProcess
 
@@ -152,3 +152,35 @@ def test_the_sdk_is_imported_only_in_the_exporter(tmp_path: Path, config: str,
         for stream in (proc.stdout, proc.stdin, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+def test_what_the_exporter_drops_is_counted_in_the_workers_metrics(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A collector that is down: the exporter process's spans are dropped after the
+    retries and reported back; the worker counts each once in
+    sandbox_gateway_telemetry_export_dropped_total{signal, reason} (its /metrics)."""
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    with OtlpReceiver() as gone:  # (a port nothing listens on once it is closed)
+        endpoint = gone.grpc_endpoint
+    exporter = ExporterProcess({"endpoint": endpoint, "protocol": "grpc", "headers": {},
+                                "traces": True, "logs": False, "metrics_on": False},
+                               OtelFeed())
+    counter = metrics.TELEMETRY_EXPORT_DROPPED.labels("traces", "unreachable")
+    before = counter._value.get()
+
+    async def run() -> None:
+        exporter.start()
+        for n in range(4):
+            _write(exporter.feed, f"h{n}.test")
+        exporter.feed.flush()
+        deadline = time.monotonic() + 20  # (0.2 s batching, 1.5 s of retries, a report)
+        while counter._value.get() < before + 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            exporter.reports()
+        exporter.reports()  # (a total read again is not counted twice)
+        await exporter.close()
+
+    asyncio.run(run())
+    assert counter._value.get() == before + 4
+    assert b'sandbox_gateway_telemetry_export_dropped_total{reason="unreachable",' \
+        b'signal="traces"}' in metrics.exposition()

@@ -71,5 +71,30 @@ def test_a_collector_down_is_retried_then_dropped(
     for n in range(3):
         sender.add(_span(n))
     sender.close(timeout=20)
-    assert sender.dropped == 3
+    assert sender.dropped == 3 and sender.drops == {"unreachable": 3}
     assert "3 traces not exported" in caplog.text and "x-auth" not in caplog.text
+
+
+def test_a_collector_that_refuses_is_not_retried_and_counted_as_refused(
+        receiver: OtlpReceiver) -> None:
+    """An answer that is not retried (HTTP 404: the receiver has no such path)."""
+    sender = Sender("traces", "http", receiver.http_endpoint + "/nowhere", {},
+                    lambda spans: otlp.traces_request(RESOURCE, "s", spans))
+    sender.add(_span(1))
+    sender.close(timeout=20)
+    assert sender.drops == {"refused": 1} and receiver.spans() == []
+
+
+def test_a_full_queue_drops_whole_batches_counted_as_queue_full(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(otel_send, "RETRIES", (0.05, 0.05))  # (each batch: 0.1 s at least)
+    with socket.socket() as probe:  # (a port nothing listens on: every export is slow)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    sender = _sender("http", f"http://127.0.0.1:{port}", queue=BATCH)  # (one batch waits)
+    for n in range(BATCH * 4):
+        sender.add(_span(n))
+    assert sender.drops.get("queue_full", 0) >= BATCH
+    assert sender.drops["queue_full"] % BATCH == 0
+    sender.close(timeout=20)
+    assert sender.dropped == BATCH * 4  # (the others not exported either: unreachable)

@@ -1,7 +1,8 @@
 """The content a policy exports (pipeline/exchange_content.py), with the real DLP
 detectors: the request body and the answer as relayed, every credential found replaced
 in each, text where one cannot be cut out withheld, parts cut only after redaction, and
-an answer relayed encoded never exported."""
+an answer relayed encoded never exported; a body streamed through and WebSocket
+messages kept the same way."""
 
 from __future__ import annotations
 
@@ -92,3 +93,35 @@ def test_an_answer_relayed_encoded_is_not_exported() -> None:
     capture.answer(b"more", None)
     assert capture.export() == {
         "output": "[content not exported: the answer was relayed encoded (gzip)]"}
+
+
+def test_a_streamed_body_is_kept_piece_by_piece_and_redacted_whole() -> None:
+    """A body streamed through (never held whole) is kept as its pieces come, up to
+    KEEP; a credential split across two pieces is still found and replaced."""
+    capture = ContentCapture(SCANNER)
+    text = f"upload: {GH} done".encode()
+    cut = text.index(GH.encode()) + 5
+    for piece in (text[:cut], text[cut:], b"x" * KEEP):
+        capture.request(piece, "text/plain", whole=False)
+    exported = capture.export()["input"]
+    assert GH not in exported and GH[:5] not in exported[:40]
+    assert exported.startswith("upload: [REDACTED] done") and exported.endswith(CUT)
+
+
+def test_websocket_messages_are_input_and_output_one_a_line() -> None:
+    capture = ContentCapture(SCANNER)
+    capture.message(True, b'{"type":"session.update","instructions":"' + GH.encode() + b'"}')
+    capture.message(False, b'{"type":"session.updated"}')
+    capture.message(True, b'{"type":"response.create"}')
+    capture.message(False, b"")
+    exported = capture.export()
+    assert exported["input"].splitlines() == [
+        '{"type":"session.update","instructions":"[REDACTED]"}', '{"type":"response.create"}']
+    assert exported["output"] == '{"type":"session.updated"}\n'
+
+
+def test_websocket_messages_are_kept_up_to_keep() -> None:
+    capture = ContentCapture(None)
+    for _ in range(3):
+        capture.message(False, b"a" * (KEEP // 2))
+    assert len(capture.export()["output"]) == CAP + len(CUT)
