@@ -449,10 +449,9 @@ class Adapter(NextLayerAddon):
                 self.proxyserver.inject_websocket(flow, True, refused.reply)
         except Refusal as refusal:
             message.drop()
-            ex.abort(refusal)
-            flow.metadata[ANSWERED] = True  # later frames are dropped (see above)
-            if flow.killable:
-                flow.kill()  # mitmproxy closes the WebSocket
+            # (later frames are dropped, see above; killing the flow alone does not end a
+            # WebSocket in mitmproxy: the connections are closed, as the fast engine does)
+            _abort(self.proxyserver, flow, ex.abort(refusal), write=False)
         finally:
             flow.websocket.messages.clear()  # relayed, never kept
 
@@ -500,9 +499,12 @@ def _dial_failed(adapter: Adapter, data: server_hooks.ServerConnectionHookData) 
 
 def _abort(proxyserver: Any, flow: http.HTTPFlow, ans: Answer, *, write: bool = True) -> None:
     """Cut an exchange off mid-way: the client gets the refusal if it can still read an
-    HTTP/1 answer, then mitmproxy's connections of this client are closed."""
+    HTTP/1 answer on a cleartext connection (inside TLS, mitmproxy's layers hold the
+    stream: bytes written to the socket would not be TLS records), then mitmproxy's
+    connections of this client are closed."""
     flow.metadata[ANSWERED] = True
-    h1 = not (flow.request.is_http2 or flow.request.is_http3)
+    h1 = not (flow.request.is_http2 or flow.request.is_http3) \
+        and not flow.client_conn.tls_established
     if proxyserver is not None:
         patches.close_mitmproxy_connection(proxyserver, flow.client_conn.id,
                                            to_http1(ans) if write and h1 else None)

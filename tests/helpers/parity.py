@@ -50,7 +50,9 @@ class Spec:
 @dataclass
 class Result:
     stage: str  # where it ended: connect (refused at CONNECT), tls, response, closed;
-    # after a WebSocket upgrade: ws-echo (messages came back), ws-nothing (none did)
+    # after a WebSocket upgrade: ws-echo (messages came back), ws-closed (the gateway
+    # closed the session: a close frame or the connection's end), ws-nothing (none came
+    # back within the wait, the session open)
     status: int | None = None
     code: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
@@ -221,7 +223,7 @@ def _websocket(conn: Any, spec: Spec, headers: dict[str, str], rest: bytes) -> R
                 break
             opcode, payload, buf = buf[0] & 0x0F, buf[at:at + size], buf[at + size:]
             if opcode == 8:
-                return Result("ws-nothing", 101, None, headers, "".join(echoed))
+                return Result("ws-closed", 101, None, headers, "".join(echoed))
             echoed.append(payload.decode("utf-8", "replace"))
         if len(echoed) >= len(spec.ws):
             break
@@ -231,9 +233,9 @@ def _websocket(conn: Any, spec: Spec, headers: dict[str, str], rest: bytes) -> R
         except TimeoutError:
             break
         except (OSError, ssl.SSLError):
-            break
+            return Result("ws-closed", 101, None, headers, "".join(echoed))
         if not chunk:
-            break
+            return Result("ws-closed", 101, None, headers, "".join(echoed))
         buf += chunk
     stage = "ws-echo" if echoed else "ws-nothing"
     return Result(stage, 101, None, headers, "".join(echoed))
