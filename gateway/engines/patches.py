@@ -94,6 +94,7 @@ __all__ = [
     "install_h1_framing",
     "install_listeners",
     "install_log_hygiene",
+    "lean_uvicorn",
     "load_engine",
     "original_destination",
     "parse_request_head",
@@ -133,6 +134,41 @@ def lean_packages() -> None:
 
 
 lean_packages()
+
+
+def lean_uvicorn() -> None:
+    """Register uvicorn's package bare, as `lean_packages` does mitmproxy's: its
+    `__init__` imports `uvicorn.main`, the command line (click, and multiprocessing for
+    `--reload` and `--workers`: 27 modules, ~1.5 MB of a worker's memory), for the `run`
+    and `main` it exports, which the gateway never calls; the admin listener is served
+    by `uvicorn.config.Config` and `uvicorn.server.Server`. The package's names still
+    resolve: `Config` and `Server` (which uvicorn's own lifespan modules import from the
+    package) from their modules, any other by running the package's `__init__` then
+    (`uvicorn.run`, `uvicorn.__version__`). Runs before anything imports uvicorn
+    (`cli/run.py`, before the gateway's modules); a no-op once it is imported."""
+    if "uvicorn" in sys.modules:
+        return
+    spec = importlib.util.find_spec("uvicorn")
+    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+        return
+    package = importlib.util.module_from_spec(spec)
+    loader = spec.loader
+    names = vars(package)
+
+    def attribute(name: str) -> Any:
+        if name in ("Config", "Server"):
+            module = importlib.import_module(f"uvicorn.{name.lower()}")
+            names[name] = value = getattr(module, name)
+            return value
+        if name.startswith("__") and name != "__version__":
+            raise AttributeError(name)  # (copy, pickle and inspect probe dunders)
+        names.pop("__getattr__", None)  # the whole package from now on
+        loader.exec_module(package)
+        return getattr(package, name)
+
+    names["__getattr__"] = attribute
+    sys.modules["uvicorn"] = package
+
 
 from mitmproxy.contrib.kaitaistruct import tls_client_hello  # noqa: E402 (after the above)
 from mitmproxy.net.check import is_valid_host  # noqa: E402
