@@ -23,9 +23,9 @@ The engines need a few things their libraries keep private:
   `install_h1_framing`), its layers (a layer that closes a refused tunnel, the TCP
   passthrough layer, the layer stack a tunnel or a redirected connection starts with,
   and the one reading of a failed flow's error text into a typed outcome:
-  `flow_error`), the WebSocket fragmentizer, its ClientHello parser (the kaitai-struct
-  one, without the TLS layer module around it: the doors read a tunnel's first bytes with it), its
-  original-destination lookup (transparent mode), the raw method and authority of a
+  `flow_error`), the WebSocket fragmentizer, its reading of a ClientHello (restated
+  here, held to mitmproxy's by a differential test: the doors read a tunnel's first bytes
+  with it), its original-destination lookup (transparent mode), the raw method and authority of a
   request as sent, its cache of client-facing TLS contexts (cleared to replace their
   session ticket keys: `replace_client_tls_contexts`), and its next-layer addon (the adapter extends
   it). Its `mitmproxy.addons` package is registered without running its `__init__`,
@@ -50,7 +50,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib.util
-import io
 import logging
 import re
 import sys
@@ -170,10 +169,7 @@ def lean_uvicorn() -> None:
     sys.modules["uvicorn"] = package
 
 
-from mitmproxy.contrib.kaitaistruct import tls_client_hello  # noqa: E402 (after the above)
 from mitmproxy.net.check import is_valid_host  # noqa: E402
-
-_kaitai: Any = tls_client_hello  # (generated code, untyped: its parser and its stream)
 
 
 @functools.cache
@@ -533,9 +529,9 @@ def _parse_head(data: bytes) -> RawRequest:
 # -- mitmproxy ---------------------------------------------------------------------------
 
 
-# The ClientHello is read by mitmproxy's parser (its kaitai-struct `TlsClientHello`), the
-# way `mitmproxy.proxy.layers.tls.parse_client_hello` and `mitmproxy.tls.ClientHello`
-# read it: the handshake message gathered from its records, then the server name and
+# The ClientHello is read as mitmproxy's parser (its kaitai-struct `TlsClientHello`) reads
+# it, the way `mitmproxy.proxy.layers.tls.parse_client_hello` and `mitmproxy.tls.ClientHello`
+# do: the handshake message gathered from its records, then the server name and
 # the ALPN offers. Those two functions are restated here (from mitmproxy 12.2) because
 # their modules import mitmproxy's proxy core (its options manager with ruamel.yaml,
 # connection types, the Rust extension): 5 MiB a worker holds from start for nothing
@@ -576,24 +572,105 @@ def client_hello(data: bytes) -> tuple[str | None, tuple[bytes, ...]] | None:
     message = _handshake_message(data)
     if not message:
         return None
-    try:
-        hello = _kaitai.TlsClientHello(_kaitai.KaitaiStream(io.BytesIO(message[4:])))
-    except EOFError as exc:
-        raise ValueError("Invalid ClientHello") from exc
     sni: str | None = None
-    alpn: tuple[bytes, ...] = ()
-    extensions = getattr(hello, "extensions", None)
-    if extensions:
-        for extension in extensions.extensions:
-            names = extension.body.server_names if extension.type == 0x00 else None
-            if names is not None and sni is None and len(names) == 1 \
-                    and names[0].name_type == 0 and is_valid_host(names[0].host_name):
-                sni = names[0].host_name.decode("ascii")
-        for extension in extensions.extensions:
-            if extension.type == 0x10:
-                alpn = tuple(x.name for x in extension.body.alpn_protocols)
-                break
-    return sni, alpn
+    alpn: tuple[bytes, ...] | None = None
+    for kind, body in _hello_extensions(message[4:]):
+        if kind == 0x00:
+            names = _server_names(body)
+            if sni is None and len(names) == 1 and names[0][0] == 0 \
+                    and is_valid_host(names[0][1]):
+                sni = names[0][1].decode("ascii")
+        elif kind == 0x10:
+            protocols = _alpn_protocols(body)
+            if alpn is None:
+                alpn = protocols
+    return sni, alpn or ()
+
+
+# The ClientHello's fields are read as mitmproxy's kaitai-struct parser reads them
+# (`mitmproxy/contrib/kaitaistruct/tls_client_hello.py`, generated from its .ksy): the
+# same bytes taken, the same truncations refused (its EOFError: ValueError here), with
+# slices instead of ~300 calls into a stream object per hello (a fifth of the Python
+# calls of a request on a new connection; issue 41). `test_first_bytes.py` compares
+# both readings on real, recut, truncated and mutated ClientHellos.
+_BROKEN = "Invalid ClientHello"
+
+
+_READ = frozenset((0x00, 0x10))  # server_name, application_layer_protocol_negotiation
+
+
+def _hello_extensions(body: bytes) -> list[tuple[int, bytes]]:
+    """The (type, body) of each server_name and ALPN extension of a ClientHello's `body`
+    (after the handshake header), every extension's framing checked: version, random,
+    session id, cipher suites (kaitai reads `len // 2` of them), compression methods,
+    then, unless the body ends there, the extensions' length (not used) and every
+    extension up to the end."""
+    size = len(body)
+    if size < 35:  # version (2), random (32), the session id's length (1)
+        raise ValueError(_BROKEN)
+    at = 35 + body[34]  # (past the session id)
+    if at + 2 > size:
+        raise ValueError(_BROKEN)
+    at += 2 + (body[at] << 8 | body[at + 1]) // 2 * 2  # (the cipher suites)
+    if at + 1 > size:
+        raise ValueError(_BROKEN)
+    at += 1 + body[at]  # (the compression methods)
+    if at > size:
+        raise ValueError(_BROKEN)
+    extensions: list[tuple[int, bytes]] = []
+    if at == size:
+        return extensions
+    at += 2  # (the extensions' length)
+    if at > size:
+        raise ValueError(_BROKEN)
+    while at < size:
+        start = at + 4
+        if start > size:
+            raise ValueError(_BROKEN)
+        kind = body[at] << 8 | body[at + 1]
+        at = start + (body[at + 2] << 8 | body[at + 3])
+        if at > size:
+            raise ValueError(_BROKEN)
+        if kind in _READ:
+            extensions.append((kind, body[start:at]))
+    return extensions
+
+
+def _server_names(body: bytes) -> list[tuple[int, bytes]]:
+    """The (name type, name) entries of a server_name extension's `body`: its list's
+    length (not used), then entries up to the end."""
+    size = len(body)
+    if size < 2:
+        raise ValueError(_BROKEN)
+    at = 2
+    names: list[tuple[int, bytes]] = []
+    while at < size:
+        start = at + 3
+        if start > size:
+            raise ValueError(_BROKEN)
+        end = start + (body[at + 1] << 8 | body[at + 2])
+        if end > size:
+            raise ValueError(_BROKEN)
+        names.append((body[at], body[start:end]))
+        at = end
+    return names
+
+
+def _alpn_protocols(body: bytes) -> tuple[bytes, ...]:
+    """The protocol names of an ALPN extension's `body`: its list's length (not used),
+    then names up to the end."""
+    size = len(body)
+    if size < 2:
+        raise ValueError(_BROKEN)
+    at = 2
+    protocols: list[bytes] = []
+    while at < size:
+        end = at + 1 + body[at]
+        if end > size:
+            raise ValueError(_BROKEN)
+        protocols.append(body[at + 1:end])
+        at = end
+    return tuple(protocols)
 
 
 def replace_client_tls_contexts() -> None:
