@@ -578,7 +578,7 @@ def client_hello(data: bytes) -> tuple[str | None, tuple[bytes, ...]] | None:
         if kind == 0x00:
             names = _server_names(body)
             if sni is None and len(names) == 1 and names[0][0] == 0 \
-                    and is_valid_host(names[0][1]):
+                    and _valid_host(names[0][1]):
                 sni = names[0][1].decode("ascii")
         elif kind == 0x10:
             protocols = _alpn_protocols(body)
@@ -594,6 +594,9 @@ def client_hello(data: bytes) -> tuple[str | None, tuple[bytes, ...]] | None:
 # calls of a request on a new connection; issue 41). `test_first_bytes.py` compares
 # both readings on real, recut, truncated and mutated ClientHellos.
 _BROKEN = "Invalid ClientHello"
+# mitmproxy's check of a server name (an IDNA decoding and a match per label: ~5 µs),
+# remembered per name: sandboxes name the same few hosts again and again.
+_valid_host = functools.lru_cache(maxsize=1024)(is_valid_host)
 
 
 _READ = frozenset((0x00, 0x10))  # server_name, application_layer_protocol_negotiation
