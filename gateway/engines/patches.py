@@ -401,7 +401,9 @@ class RawResponse(NamedTuple):
 # are allowed between them and around them), so the same set of lines is matched by a
 # character class, without the nested repetition; the value is what is left once the
 # OWS on both sides is stripped (`test_head_reader.py` compares both with h11's reader).
-_FIELD = f"{_abnf.field_name}:[^\\x00\\r\\n\\x0b\\x0c]*\r\n"
+# The class is written as the two ranges it is (every byte but 00 and 0A-0D): re's
+# negated form matched a head carrying a token in 2.4x the time (3.6 against 1.5 µs).
+_FIELD = f"{_abnf.field_name}:[\\x01-\\x09\\x0e-\\xff]*\r\n"
 _REQUEST_HEAD = re.compile(
     f"{_abnf.request_line}\r\n(?P<fields>(?:{_FIELD})*)\r\n".encode("ascii"))
 # A status h11's grammar reads (three digits) but its events refuse (below 100) is left

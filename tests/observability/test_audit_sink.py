@@ -25,7 +25,6 @@ from helpers.disk import tiny_tmpfs
 from gateway.observability.audit import Auditor, encode
 from gateway.observability.audit_out import FdOut, open_file, open_stdout
 
-
 _JSON = json.JSONEncoder(separators=(",", ":"), default=str).encode
 
 # (record, same bytes as the json module's): what `encode` is given, and whether its
