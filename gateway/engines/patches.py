@@ -54,7 +54,6 @@ import logging
 import re
 import sys
 from collections.abc import Callable
-from importlib.metadata import version
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import h11
@@ -299,10 +298,31 @@ def flow_error(message: str, *, responded: bool, request_ended: bool,
     return FlowError("closed" if "closed" in message else "connect", message)
 
 
-def check_versions() -> None:
-    """Refuse to run with a dependency version these patches were not checked with."""
+def _installed(package: str) -> str:
+    """The installed version of `package`: h11's and mitmproxy's from the packages
+    themselves (imported already), any other from its distribution's metadata
+    (`importlib.metadata`: 18 modules, 1 MB a process would hold for this one read)."""
+    if package == "h11":
+        from h11._version import __version__
+
+        return str(__version__)
+    if package == "mitmproxy":
+        from mitmproxy.version import VERSION
+
+        return str(VERSION)
+    from importlib.metadata import version
+
+    return version(package)
+
+
+def check_versions(*, aiohttp: bool = True) -> None:
+    """Refuse to run with a dependency version these patches were not checked with.
+    `aiohttp`: whether aiohttp's hook will be used (`proxied_connector`: only with
+    `network.upstream_proxy`); without it its version does not matter here."""
     for package, prefixes in CHECKED.items():
-        found = version(package)
+        if package == "aiohttp" and not aiohttp:
+            continue
+        found = _installed(package)
         if not found.startswith(prefixes):
             raise RuntimeError(
                 f"{package} {found} is installed, but gateway/engines/patches.py was checked "

@@ -375,7 +375,7 @@ class Gateway:
         # behaves the same before mitmproxy starts (on demand) as after.
         asyncio.get_running_loop().set_task_factory(asyncio.eager_task_factory)
         try:
-            patches.check_versions()
+            patches.check_versions(aiohttp=cfg.network.upstream_proxy is not None)
         except RuntimeError as exc:
             raise StartupError(str(exc)) from None
         try:
