@@ -1,5 +1,6 @@
-"""``python -m bench.instructions [--row inject|policy] [--seconds S] [--top N]``: the
-gateway's CPU instructions per intercepted request, counted by valgrind's callgrind.
+"""``python -m bench.instructions [--row inject|policy] [--connection keep|new|resume]
+[--seconds S] [--top N]``: the gateway's CPU instructions per intercepted request,
+counted by valgrind's callgrind.
 
 The timing rows of ``python -m bench`` move by 10-20 % with whatever else runs on the
 machine; an instruction count does not. This runs the gateway (one process, under
@@ -9,7 +10,10 @@ of the load client's keep-alive GETs (c10), subtracts what the process counts in
 window as long with no request (its timers), and divides by the requests answered. Two
 checkouts compared this way differ by what their code does, not by the machine's load:
 run it in each and compare the figures (about 1-2 minutes each; the gateway runs about
-50x slower under callgrind, so a run answers a few hundred requests).
+50x slower under callgrind, so a run answers a few hundred requests). ``--connection
+new`` puts each GET on a new connection (CONNECT, a full TLS handshake, the request, the
+close: the bench's ``new_c10``), ``resume`` on a new connection resuming the warm-up's TLS
+session (``resume_c10``): what a connection costs besides its request.
 
 The gateway runs on the allocator `run` would choose (jemalloc where installed);
 ``BENCH_GATEWAY_ENV=PYTHONMALLOC=pymalloc`` measures CPython's own instead. Needs
@@ -45,13 +49,14 @@ _COUNT = re.compile(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(.*)$")
 
 
 def measure(row: str, seconds: float, top: int, body: int = 1 << 20,
-            otel: str = "off") -> dict[str, Any]:
+            otel: str = "off", connection: str = "keep") -> dict[str, Any]:
     """Instructions per request of `row` (inject: the token swapped for the key; post and
     post_dlp: POSTs of `body` bytes of JSON without a credential, without and with
-    outbound credential detection). `otel`: OTLP export on (spans, or logs: spans and
-    log records, to a local OTLP receiver); counted is the worker alone, its exporter
-    process runs outside valgrind (its own cost a line: ``python -m bench.otel_lines
-    --instructions``)."""
+    outbound credential detection), on keep-alive connections or (`connection` new,
+    resume) each on a new one, with a full or a resumed TLS handshake. `otel`: OTLP
+    export on (spans, or logs: spans and log records, to a local OTLP receiver); counted
+    is the worker alone, its exporter process runs outside valgrind (its own cost a
+    line: ``python -m bench.otel_lines --instructions``)."""
     for tool in ("valgrind", "callgrind_control", "callgrind_annotate"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} not found: apt-get install valgrind")
@@ -92,6 +97,10 @@ def measure(row: str, seconds: float, top: int, body: int = 1 << 20,
                 spec.update(workload="post", path="/upload", body_size=body, connections=2)
             if row == "inject":
                 spec["headers"] = {"X-Api-Key": gateway.token}
+            if connection != "keep":
+                if row.startswith("post"):
+                    raise SystemExit("--connection new|resume: the get rows (inject, policy)")
+                spec["workload"] = connection
             client = subprocess.Popen([sys.executable, "-m", "bench.load", json.dumps(spec)],
                                       cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             assert client.stdin is not None and client.stdout is not None
@@ -134,8 +143,11 @@ def measure(row: str, seconds: float, top: int, body: int = 1 << 20,
             sse.stop()
             static.stop()
     requests = int(result["ok"])
-    return {"row": row, "otel": otel, "requests": requests, "instructions": total,
-            "idle_instructions": idle,
+    if connection == "resume" and result.get("resumed", 0) < requests:
+        print(f"warning: {result.get('resumed', 0)} of {requests} connections resumed",
+              file=sys.stderr)
+    return {"row": row, "otel": otel, "connection": connection, "requests": requests,
+            "instructions": total, "idle_instructions": idle,
             "window_s": round(window, 1),
             "instructions_per_request": round((total - idle) / requests),
             "top": [{"function": name, "per_request": round(count / requests)}
@@ -172,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="inject: the token swapped for the key (default); policy: no "
                              "key; post, post_dlp: POSTs of --body bytes (c2), without and "
                              "with credential detection (dlp:)")
+    parser.add_argument("--connection", choices=("keep", "new", "resume"), default="keep",
+                        help="keep: keep-alive connections (default); new: each request on a "
+                             "new connection, a full TLS handshake; resume: the same, "
+                             "resuming the warm-up's TLS session")
     parser.add_argument("--body", type=int, default=1 << 20,
                         help="bytes of a post row's JSON body (default 1 MiB)")
     parser.add_argument("--seconds", type=float, default=15.0,
@@ -182,13 +198,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="OTLP export: a span per request, or a span and a log record "
                              "(the worker counted; its exporter process apart)")
     args = parser.parse_args(argv)
-    found = measure(args.row, args.seconds, args.top, args.body, args.otel)
+    found = measure(args.row, args.seconds, args.top, args.body, args.otel, args.connection)
     if args.json:
         print(json.dumps(found, indent=2))
         return 0
     otel = f" (OTLP export: {found['otel']})" if found["otel"] != "off" else ""
+    how = {"keep": "keep-alive", "new": "a new connection each",
+           "resume": "a resumed connection each"}[found["connection"]]
     print(f"{found['row']}{otel}: {found['instructions_per_request']:,} instructions per "
-          f"request ({found['requests']} requests, keep-alive)")
+          f"request ({found['requests']} requests, {how})")
     for entry in found["top"]:
         print(f"  {entry['per_request']:>9,}  {entry['function']}")
     return 0

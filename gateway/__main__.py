@@ -27,13 +27,16 @@ def command_of(argv: list[str]) -> str | None:
 
 
 def main() -> int:
-    if command_of(sys.argv[1:]) == "run":
+    run = command_of(sys.argv[1:]) == "run"
+    if run:
         from gateway.runtime.allocator import restart
 
         restart()  # (returns when already on it, told otherwise, or without jemalloc)
+    from gateway.cli import GROUPS
     from gateway.cli import main as cli_main
 
-    return cli_main()
+    # `run` knows only its own command: a gateway process holds no other command's modules
+    return cli_main(groups=("run",) if run else GROUPS)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_single(cfg: Config, worker: int | None, relay_fd: int | None = None) -> int:
     """One gateway process (alone, or worker `worker` of a supervisor, whose revocation
     relay is on descriptor `relay_fd`)."""
+    from gateway.engines.patches import lean_uvicorn
+
+    lean_uvicorn()  # (before the admin API's modules import uvicorn)
     from gateway.net.resolver import new_event_loop
     from gateway.runtime.app import Gateway, StartupError
 

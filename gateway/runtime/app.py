@@ -23,7 +23,6 @@ import math
 import os
 import resource
 import socket
-import ssl
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -32,7 +31,8 @@ from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import certifi
-import uvicorn
+from uvicorn.config import Config as UvicornConfig
+from uvicorn.server import Server as UvicornServer
 
 from gateway.api import probes
 from gateway.api.admin import AdminContext, build_admin_app
@@ -79,6 +79,7 @@ from gateway.services.identity.tokens import TokenError, TokenService
 from gateway.services.mcp_oauth import McpOAuthService
 from gateway.services.metering import Metering, build_metering
 from gateway.services.minting import Credentials, TokenHttp, build_credentials
+from gateway.services.minting.http import trust
 from gateway.services.policy import PolicyError, PolicyReloader
 from gateway.services.secrets import SecretCache, SecretError, build_cache, build_store
 from gateway.services.state.base import StateStore, StateUnavailable
@@ -106,7 +107,7 @@ class StartupError(RuntimeError):
     """The gateway cannot start; the message says what to fix."""
 
 
-class _QuietServer(uvicorn.Server):
+class _QuietServer(UvicornServer):
     """uvicorn without its own signal handling: the gateway owns SIGTERM/SIGINT."""
 
     @contextlib.contextmanager
@@ -170,7 +171,7 @@ class Gateway:
         self.mitmproxy: MitmproxyEngine | None = None
         self.adapter: Adapter | None = None
         self.listeners: list[asyncio.Server] = []  # the ports the doors serve (fast mode)
-        self.admin_server: uvicorn.Server | None = None
+        self.admin_server: UvicornServer | None = None
         self.admin_bounds: Bounds | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -352,9 +353,7 @@ class Gateway:
         from gateway.services.mcp_oauth.seal import Sealer
 
         cfg = self.config
-        context = ssl.create_default_context(cafile=certifi.where())
-        if cfg.network.upstream_ca is not None:
-            context.load_verify_locations(cafile=str(cfg.network.upstream_ca))
+        context = trust(cfg.network.upstream_ca)  # (the token endpoints' context)
         assert self.admin_address is not None
         host, port = self.admin_address
         shown = f"[{host}]" if ":" in host else host
@@ -394,7 +393,7 @@ class Gateway:
         # behaves the same before mitmproxy starts (on demand) as after.
         asyncio.get_running_loop().set_task_factory(asyncio.eager_task_factory)
         try:
-            patches.check_versions()
+            patches.check_versions(aiohttp=cfg.network.upstream_proxy is not None)
         except RuntimeError as exc:
             raise StartupError(str(exc)) from None
         try:
@@ -585,7 +584,7 @@ class Gateway:
             stopping=lambda: self.draining, trusted_proxies=cfg.console.trusted_proxies,
             issued_tokens=self.issued, policies_dir=cfg.policies, mcp_oauth=self.mcp_oauth,
         )))
-        self.admin_server = _QuietServer(uvicorn.Config(
+        self.admin_server = _QuietServer(UvicornConfig(
             # (no forwarded header is read by uvicorn: console.trusted_proxies decides)
             app, log_level="warning", access_log=False, lifespan="off", http=bounds.protocol,
             proxy_headers=False,
@@ -737,9 +736,7 @@ class Gateway:
             return None
         tls = None
         if settings.scheme == "https":
-            tls = ssl.create_default_context(cafile=certifi.where())
-            if self.config.network.upstream_ca is not None:
-                tls.load_verify_locations(cafile=str(self.config.network.upstream_ca))
+            tls = trust(self.config.network.upstream_ca)
         log.info("upstream proxy: %s (connect_to: %s%s%s)", settings.where,
                  settings.connect_to, f", no_proxy: {', '.join(settings.no_proxy.entries)}"
                  if settings.no_proxy.entries else "",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import ssl
+from collections.abc import Sequence
 
 import pytest
 
@@ -149,3 +150,54 @@ def test_the_client_hello_is_read_as_mitmproxy_reads_it(seed: int) -> None:
             assert _ours(data) == _mitmproxys(data), data
     assert _ours(hello) == (None if name in (None, "10.0.0.1") else name,
                             tuple(a.encode() for a in alpn or ()))
+
+
+def _hello(*, suites: bytes = b"\x00\x02\x13\x01", after: bytes | None = None,
+           extensions: Sequence[tuple[int, bytes]] = ()) -> bytes:
+    """A ClientHello record built field by field: `suites` (its length field included),
+    `after` the compression methods (else the extensions' list, framed)."""
+    body = b"\x03\x03" + bytes(32) + b"\x00" + suites + b"\x01\x00"
+    if after is None:
+        listed = b"".join(kind.to_bytes(2, "big") + len(data).to_bytes(2, "big") + data
+                          for kind, data in extensions)
+        after = len(listed).to_bytes(2, "big") + listed if extensions else b""
+    body += after
+    message = b"\x01" + len(body).to_bytes(3, "big") + body
+    return b"\x16\x03\x01" + len(message).to_bytes(2, "big") + message
+
+
+def _names(*entries: tuple[int, bytes]) -> bytes:
+    listed = b"".join(bytes([t]) + len(n).to_bytes(2, "big") + n for t, n in entries)
+    return len(listed).to_bytes(2, "big") + listed
+
+
+def _protocols(*names: bytes) -> bytes:
+    listed = b"".join(bytes([len(n)]) + n for n in names)
+    return len(listed).to_bytes(2, "big") + listed
+
+
+# The framings a mutation rarely makes, each read as mitmproxy reads it.
+EDGES = [
+    _hello(),  # no extensions at all
+    _hello(suites=b"\x00\x03\x13\x01\x01"),  # an odd suites length: its last byte left over
+    _hello(after=b"\x00"),  # the extensions' length cut
+    _hello(after=b"\x00\x04\x00"),  # an extension's header cut
+    _hello(after=b"\x00\x06\x00\x00\x00\x05\x00"),  # its body cut
+    _hello(extensions=[(0, b"")]),  # an empty server_name
+    _hello(extensions=[(0, b"\x00")]),  # its list's length cut
+    _hello(extensions=[(0, _names((0, b"a.test"), (0, b"b.test")))]),  # two names: none
+    _hello(extensions=[(0, _names((1, b"a.test")))]),  # not a host name
+    _hello(extensions=[(0, _names((0, b"bad host"))), (0, _names((0, b"b.test")))]),
+    _hello(extensions=[(0, _names((0, b"a.test"))[:-2])]),  # a name cut
+    _hello(extensions=[(16, _protocols(b"h2")), (16, _protocols(b"x"))]),  # the first
+    _hello(extensions=[(16, _protocols(b"", b"http/1.1"))]),  # an empty name kept
+    _hello(extensions=[(16, b"\x00\x05\x09")]),  # a name cut
+    _hello(extensions=[(16, b"")]),  # an empty ALPN
+    _hello(extensions=[(0x2b, b"\x02\x03\x04"), (0, _names((0, b"a.test"))),
+                       (16, _protocols(b"http/1.1"))]),
+]
+
+
+@pytest.mark.parametrize("data", EDGES)
+def test_edge_framings_are_read_as_mitmproxy_reads_them(data: bytes) -> None:
+    assert _ours(data) == _mitmproxys(data)

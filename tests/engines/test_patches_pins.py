@@ -161,3 +161,16 @@ def test_a_flows_error_is_read_once_into_a_typed_outcome(
     found = patches.flow_error(message, responded=responded, request_ended=ended,
                                proxy_mark="MARK")
     assert (found.kind, found.detail) == (kind, detail)
+
+
+@pytest.mark.parametrize("package", ["h11", "mitmproxy"])
+def test_the_version_check_reads_what_the_distribution_says(package: str) -> None:
+    # (check_versions reads these two from the packages, not from importlib.metadata)
+    assert patches._installed(package) == version(package)
+
+
+def test_aiohttp_is_checked_only_where_its_hook_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(patches.CHECKED, "aiohttp", ("0.0.",))  # (what is installed is refused)
+    patches.check_versions(aiohttp=False)
+    with pytest.raises(RuntimeError, match="aiohttp"):
+        patches.check_versions()

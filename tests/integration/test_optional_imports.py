@@ -97,6 +97,44 @@ def test_a_plain_gateway_imports_no_optional_subsystem(tmp_path: Path) -> None:
     assert not any(m.startswith("mitmproxy.addons.") for m in modules)
 
 
+# A gateway process needs none of the other commands' modules (gateway/cli/__init__.py
+# registers `run` alone for `run`), nor uvicorn's command line (patches.lean_uvicorn):
+# ~2 MB of a worker's idle memory (issue 41).
+COMMAND_LINES = ("gateway.cli.token", "gateway.cli.policy", "gateway.cli.approvals",
+                 "gateway.cli.mcp_oauth", "gateway.cli.usage", "gateway.cli.env",
+                 "uvicorn.main", "click", "multiprocessing")
+
+
+def test_a_gateway_process_holds_no_command_line_but_its_own(tmp_path: Path) -> None:
+    modules = _imported(tmp_path)
+    assert {"uvicorn.server", "uvicorn.config"} <= modules
+    assert not modules & set(COMMAND_LINES), sorted(modules & set(COMMAND_LINES))
+
+
+LEAN_UVICORN = """
+import sys
+from gateway.engines.patches import lean_uvicorn
+lean_uvicorn()
+import uvicorn
+from uvicorn.lifespan.off import LifespanOff  # (imports Config from the package)
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn import Config, Server
+from uvicorn.config import Config as C
+from uvicorn.server import Server as S
+assert Config is C and Server is S and LifespanOff
+assert "click" not in sys.modules and "uvicorn.main" not in sys.modules
+assert callable(uvicorn.run) and uvicorn.__version__  # (the whole package, on demand)
+assert "uvicorn.main" in sys.modules and uvicorn.Config is C
+print("ok")
+"""
+
+
+def test_uvicorn_without_its_command_line_still_has_every_name() -> None:
+    out = subprocess.run([sys.executable, "-c", LEAN_UVICORN], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
 def _http2_client(proxy: int) -> None:
     """A tunnel whose ClientHello offers only h2: the front door hands it to mitmproxy."""
     with socket.create_connection(("127.0.0.1", proxy), timeout=10) as sock:

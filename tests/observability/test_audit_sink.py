@@ -22,8 +22,33 @@ from typing import Any
 import pytest
 from helpers.disk import tiny_tmpfs
 
-from gateway.observability.audit import Auditor
+from gateway.observability.audit import Auditor, encode
 from gateway.observability.audit_out import FdOut, open_file, open_stdout
+
+_JSON = json.JSONEncoder(separators=(",", ":"), default=str).encode
+
+# (record, same bytes as the json module's): what `encode` is given, and whether its
+# line must be byte for byte the json module's line.
+ENCODED = [
+    ({"sandbox": "s", "port": 443, "duration_ms": 1.234, "error": None, "ok": True,
+      "usage": {"input_tokens": 12, "cost": 0.5}, "mcp": [{"tool": "t", "args": ["a"]}]},
+     True),
+    ({"path": "/p\"q\\r/s\n\t\x01\x1f", "reason": "x" * 600}, True),
+    ({"path": "/caf\u00e9", "host": "\u2028"}, True),  # (not ASCII: the json module)
+    ({"path": "/del\x7f"}, True),  # (DEL: escaped by the json module alone)
+    ({"big": 2 ** 70, "neg": -0.0, "third": 1 / 3, "ints": {1: "a"}}, True),
+    ({"odd": object.__new__(type("Odd", (), {"__str__": lambda self: "odd"}))}, True),
+    ({"tiny": 1e-05, "huge": 1e16}, False),  # (exponent form: the same numbers)
+]
+
+
+@pytest.mark.parametrize(("value", "same"), ENCODED)
+def test_a_line_is_json_of_the_record(value: dict[str, Any], same: bool) -> None:
+    line = encode(value)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert line.isascii()
+    assert json.loads(line) == json.loads(_JSON(value))
+    assert (line == (_JSON(value) + "\n").encode()) is same
 
 
 def record(seq: int, pad: int = 200) -> dict[str, Any]:

@@ -371,11 +371,15 @@ class Connection(Side):
         # allowlist reading the body: 32 MiB): one that ends within it is checked whole
         # before anything is sent (a leak then reaches no upstream at all).
         trailers: list[list[tuple[bytes, bytes]]] = []
-        body = self._body(self, size, self.engine.timeouts.client_idle, trailers)
         start: list[bytes] = []
         buffered = 0
         limit = ex.hold_limit
         try:
+            if size == 0:  # no body (a GET's usual case): checked whole, without a reader
+                whole = await ex.request_decided(b"", None)
+                return await self._send_whole(ex, head, size, whole, trailers, websocket,
+                                              client_close)
+            body = self._body(self, size, self.engine.timeouts.client_idle, trailers)
             async for data in body:
                 start.append(data)
                 buffered += len(data)
@@ -611,11 +615,18 @@ class Connection(Side):
                                                    close=close))
         trailers: list[list[tuple[bytes, bytes]]] = []
         try:
-            async for data in self._body(upstream, size, self.engine.timeouts.read, trailers,
-                                         "response body bytes"):
-                out = ex.response_data(data)
+            whole = _buffered_body(upstream, size)
+            if whole is not None:  # (a small answer's usual case: no reader to run)
+                out = ex.response_data(whole) if whole else b""
                 if out:
                     await self.send(b"%x\r\n%s\r\n" % (len(out), out) if chunked else out)
+            else:
+                async for data in self._body(upstream, size, self.engine.timeouts.read,
+                                             trailers, "response body bytes"):
+                    out = ex.response_data(data)
+                    if out:
+                        await self.send(b"%x\r\n%s\r\n" % (len(out), out) if chunked
+                                        else out)
             tail = ex.response_end()
         except (ProtocolError, Refusal, TimeoutError) as exc:
             # The response is under way: the client cannot be told; close both sides.
@@ -669,6 +680,19 @@ class Connection(Side):
             return False
         finally:
             upstream.close()
+
+
+def _buffered_body(side: Side, size: int | None) -> bytes | None:
+    """A Content-Length body (`size` bytes, 0 for none) already whole in `side`'s
+    buffer, taken out of it as `_body` would take it; None: `_body` reads it as it comes
+    (chunked, until close, or not all here yet)."""
+    if size is None or size < 0 or size > len(side.buf) or side.chunks:
+        return None
+    if size == 0:
+        return b""
+    event = ContentLengthReader(size)(side.buf)
+    assert isinstance(event, h11.Data)  # (the buffer holds all `size` bytes)
+    return bytes(event.data)
 
 
 def _wants_close(version: str, connection: list[str]) -> bool:
