@@ -29,7 +29,7 @@ try:
 except ImportError:  # pragma: no cover - no wheel for this platform
     HYPERSCAN = False
 
-__all__ = ["HYPERSCAN", "Gate", "Literals", "as_bytes", "has_segment"]
+__all__ = ["HYPERSCAN", "Literals", "as_bytes", "has_segment"]
 SEGMENT = 20  # base64 characters in a row that may hold a key (decoding.MIN_BASE64)
 _ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-"
 MAP = bytes(0x61 if i in _ALPHABET else 0x20 for i in range(256))  # in the alphabet: "a"
@@ -83,21 +83,6 @@ def has_segment(text: str | bytes | bytearray, *, fast: bool = HYPERSCAN) -> boo
         _SEGMENTS.append(_Pool([rb"[A-Za-z0-9+/_\-]{%d}" % SEGMENT],
                                hyperscan.HS_FLAG_SINGLEMATCH, literal=False))
     return not _SEGMENTS[0].scan(as_bytes(text), _stop)
-
-
-class Gate:
-    """Whether a text may hold a candidate: any of some literals (the anchors, and the
-    escapes a reader undoes) or `SEGMENT` base64 characters in a row. Two passes (the
-    literals' and `has_segment`): one Hyperscan database of both costs as much per byte
-    and takes 0.4-0.7 s to compile, against milliseconds for a literal database."""
-
-    def __init__(self, literals: list[str], *, fast: bool = HYPERSCAN) -> None:
-        self.fast = fast
-        self._literals = Literals(literals, fast=fast) if literals else None
-
-    def hit(self, text: str | bytes | bytearray) -> bool:
-        return (self._literals is not None and self._literals.any(text)) or \
-            has_segment(text, fast=self.fast)
 
 
 class Literals:

@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from gateway.core.dlp.detector import Detector, Rule, Span
-from gateway.core.dlp.fastscan import HYPERSCAN, Gate, Literals, has_segment
+from gateway.core.dlp.fastscan import HYPERSCAN, Literals, as_bytes, has_segment
 
 __all__ = ["ESCAPES", "Prefilter", "unescape"]
 
@@ -29,6 +29,7 @@ __all__ = ["ESCAPES", "Prefilter", "unescape"]
 # (a space: "BEGIN+PRIVATE+KEY"). A text is read as it is.
 ESCAPES: dict[str, tuple[str, ...]] = {"text": (), "json": ("\\u", "\\/"),
                                        "form": ("%", "+")}
+_JSON_ESCAPE = re.compile(rb"\\[u/]")
 
 _PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
 _JSON_U = re.compile(r"\\u00([0-9A-Fa-f]{2})")
@@ -66,7 +67,6 @@ class Prefilter:
         self._rules = {anchor: tuple(rules) for anchor, rules in table.items()}
         self._finder = Literals(sorted(table), fast=fast) if table else None
         self._fast = fast
-        self._gates: dict[str, Gate] = {}
 
     def _anchors(self, text: str) -> Iterator[tuple[int, str, tuple[tuple[str, Rule], ...]]]:
         """(start, anchor, rules) of every anchor in `text`."""
@@ -84,18 +84,21 @@ class Prefilter:
     def candidate(self, text: str | bytes | bytearray, kind: str = "text") -> bool:
         """Whether `text`, as a reader of `kind` (`ESCAPES`) reads it, may hold a value:
         an anchor, a base64 run (`fastscan.SEGMENT` characters) or an escape that could
-        hide either; one pass (`fastscan.Gate`, built once per kind). False means no
-        detector and no decoded run can find anything in it."""
+        hide either. The escapes are looked for with `in` (memchr: a fraction of the
+        cost of more literals in the anchors' pass); a JSON text with a backslash then
+        by `_JSON_ESCAPE`. False means no detector and no decoded run can find anything
+        in it."""
         if self.unanchored:
             return True
-        if kind == "text":  # (the anchors' own matcher)
-            return (self._finder is not None and self._finder.any(text)) or \
-                has_segment(text, fast=self._fast)
-        gate = self._gates.get(kind)
-        if gate is None:
-            gate = self._gates[kind] = Gate([*sorted(self._rules), *ESCAPES[kind]],
-                                            fast=self._fast)
-        return gate.hit(text)
+        if kind == "json" and ("\\" in text if isinstance(text, str) else b"\\" in text):
+            if _JSON_ESCAPE.search(as_bytes(text)):
+                return True
+        elif kind == "form":
+            raw = as_bytes(text)
+            if b"%" in raw or b"+" in raw:
+                return True
+        return (self._finder is not None and self._finder.any(text)) or \
+            has_segment(text, fast=self._fast)
 
     def spans(self, text: str) -> list[Span]:
         """Every value any detector finds in `text`, by position."""
