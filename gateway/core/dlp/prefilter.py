@@ -90,15 +90,13 @@ class Prefilter:
         in it."""
         if self.unanchored:
             return True
-        if kind == "json" and ("\\" in text if isinstance(text, str) else b"\\" in text):
-            if _JSON_ESCAPE.search(as_bytes(text)):
-                return True
-        elif kind == "form":
-            raw = as_bytes(text)
-            if b"%" in raw or b"+" in raw:
-                return True
-        return (self._finder is not None and self._finder.any(text)) or \
-            has_segment(text, fast=self._fast)
+        data = as_bytes(text)  # (once: both passes read bytes)
+        if kind == "json" and b"\\" in data and _JSON_ESCAPE.search(data):
+            return True
+        if kind == "form" and (b"%" in data or b"+" in data):
+            return True
+        return (self._finder is not None and self._finder.any(data)) or \
+            has_segment(data, fast=self._fast)
 
     def spans(self, text: str) -> list[Span]:
         """Every value any detector finds in `text`, by position."""
