@@ -11,11 +11,16 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import ssl
 import stat
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+import h2.config
+import h2.connection
+import h2.events
+from helpers.clients import open_tunnel
 from helpers.dlp_corpus import fake
 from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.metrics import metric
@@ -191,3 +196,103 @@ def test_a_body_that_cannot_be_read_is_refused(make_gateway: GatewayFactory,
     assert _line(gw, before)["error"] == "secret_detected"
     assert len(upstream.requests) == seen
     assert _send(gw, token, "/off/x", bomb, headers).status == 200
+
+
+def _h2_exchange(gw: GatewayThread, token: str,
+                 requests: list[tuple[str, str, list[tuple[str, str]], bytes]]
+                 ) -> tuple[dict[int, tuple[str, bytes]], list[Any]]:
+    """The requests sent at once on one HTTP/2 connection (all streams open before any
+    answer is read); returns each stream's (status, body) and the connection's events."""
+    assert gw.gateway.proxy_address is not None
+    ctx = ssl.create_default_context(cafile=str(gw.ca_cert))
+    ctx.set_alpn_protocols(["h2"])
+    answers: dict[int, tuple[str, bytes]] = {}
+    statuses: dict[int, str] = {}
+    bodies: dict[int, bytes] = {}
+    events: list[Any] = []
+    with (open_tunnel(gw.gateway.proxy_address, "other.test:443", token) as raw,
+          ctx.wrap_socket(raw, server_hostname="other.test") as tls):
+        assert tls.selected_alpn_protocol() == "h2"
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        streams = []
+        for method, path, headers, body in requests:
+            stream = conn.get_next_available_stream_id()
+            streams.append(stream)
+            length = [("content-length", str(len(body)))] if body else []
+            conn.send_headers(stream, [(":method", method), (":scheme", "https"),
+                                       (":authority", "other.test"), (":path", path),
+                                       *headers, *length], end_stream=not body)
+            if body:
+                conn.send_data(stream, body, end_stream=True)
+        tls.sendall(conn.data_to_send())
+        tls.settimeout(15)
+        while len(answers) < len(streams):
+            data = tls.recv(65536)
+            if not data:
+                break
+            for event in conn.receive_data(data):
+                events.append(event)
+                if isinstance(event, h2.events.ResponseReceived):
+                    statuses[event.stream_id] = dict(event.headers)[b":status"].decode()
+                elif isinstance(event, h2.events.DataReceived):
+                    conn.acknowledge_received_data(event.flow_controlled_length,
+                                                   event.stream_id)
+                    bodies[event.stream_id] = bodies.get(event.stream_id, b"") + event.data
+                elif isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)):
+                    answers[event.stream_id] = (statuses.get(event.stream_id, "reset"),
+                                                bodies.get(event.stream_id, b""))
+            tls.sendall(conn.data_to_send())
+    return {streams.index(s): a for s, a in answers.items()}, events
+
+
+def test_http2_refuses_the_stream_with_the_secret_and_serves_the_others(
+        make_gateway: GatewayFactory, upstream: Upstream) -> None:
+    """Issue 43 on HTTP/2 (an h2-only client is handed to mitmproxy): a credential in
+    one stream's head or held body (Content-Length within the hold limit, as clients
+    send a body they have whole) is answered 403 secret_detected on that stream; the
+    streams opened beside it on the same connection are answered by the upstream. (A
+    streamed body refused part-way ends the connection: docs/dlp.md, Where it runs.)"""
+    gw = make_gateway({"agent.yaml": POLICY})
+    token = gw.mint("agent")
+    seen = len(upstream.requests)
+    counted = _findings(gw, detector="github", action="refuse", engine="mitmproxy")
+    json_type = [("content-type", "application/json")]
+    answers, events = _h2_exchange(gw, token, [
+        ("GET", "/h2/clean-1", [], b""),
+        ("GET", "/h2/in-header", [("x-deploy", GH)], b""),
+        ("POST", "/h2/in-body", json_type, json.dumps({"note": f"use {GH}"}).encode()),
+        ("POST", "/h2/clean-2", json_type, json.dumps({"note": "nothing here"}).encode()),
+    ])
+    assert not any(isinstance(e, h2.events.ConnectionTerminated) for e in events), events
+    assert answers[0][0] == answers[3][0] == "200", answers
+    for refused in (1, 2):
+        status, body = answers[refused]
+        assert status == "403" and b"secret_detected" in body and GH.encode() not in body
+    paths = sorted(r.path for r in upstream.requests[seen:])
+    assert paths == ["/h2/clean-1", "/h2/clean-2"], paths
+    assert _findings(gw, detector="github", action="refuse", engine="mitmproxy") == \
+        counted + 2
+
+
+def test_findings_on_the_mitmproxy_engine_are_counted_with_its_label(
+        make_gateway: GatewayFactory) -> None:
+    """`network.intercept: mitmproxy` (mitmproxy serves every client): each finding is
+    counted as the HTTP/1 engine counts it, labelled `engine="mitmproxy"`, and nothing
+    under `h1`; a finding dlp.allow lets go is not counted."""
+    gw = make_gateway({"agent.yaml": POLICY}, {"network": {"intercept": "mitmproxy"}})
+    token = gw.mint("agent")
+    labels = [("github", "refuse"), ("github", "report"), ("aws", "report"),
+              ("github", "redact")]
+    before = {(d, a, e): _findings(gw, detector=d, action=a, engine=e)
+              for d, a in labels for e in ("mitmproxy", "h1")}
+    mark = len(gw.audit.records())
+    assert _send(gw, token, "/x", headers=[("X-Deploy", GH)]).code == "secret_detected"
+    assert _line(gw, mark)["engine"] == "mitmproxy"
+    assert _send(gw, token, "/report/x", f"a={GH}&b={AWS}".encode(),
+                 [("Content-Type", "application/x-www-form-urlencoded")]).status == 200
+    assert _send(gw, token, "/redact/x", f"note {GH}".encode(),
+                 [("Content-Type", "text/plain")]).status == 200
+    for (detector, action, engine), count in before.items():
+        assert _findings(gw, detector=detector, action=action, engine=engine) == \
+            count + (engine == "mitmproxy"), (detector, action, engine)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,8 +31,8 @@ import zstandard
 from gateway.core import encodings
 from gateway.core.dlp.fastscan import MAP, SEGMENT, has_segment
 
-__all__ = ["Run", "Unreadable", "decode_content", "decode_run", "encode_content", "encode_run",
-           "has_run", "runs"]
+__all__ = ["Run", "Unreadable", "body_kind", "decode_content", "decode_run", "encode_content",
+           "encode_run", "has_run", "json_codec", "runs"]
 
 MIN_BASE64 = SEGMENT  # (20)
 MIN_HEX = 32
@@ -189,3 +190,25 @@ def encode_run(text: str, run: Run, data: bytes) -> str:
     if "-" in old or "_" in old:
         out = out.replace("+", "-").replace("/", "_")
     return out if old.endswith("=") else out.rstrip("=")
+
+
+# (str.lstrip's whitespace in latin-1, then what starts a JSON document)
+_JSON_START = re.compile(rb"[\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0]*[\[{]")
+
+
+def body_kind(body: bytes, ctype: str) -> str:
+    """How a receiver reads a body: `form`, `json` (by its type, or a body starting
+    with `{` or `[`) or `text`, as it is (`prefilter.ESCAPES` says what each undoes)."""
+    if "x-www-form-urlencoded" in ctype:
+        return "form"
+    return "json" if "json" in ctype or _JSON_START.match(body) else "text"
+
+
+def json_codec(body: bytes) -> str:
+    """The codec to read a JSON body's text with: latin-1 for UTF-8 (offsets stay byte
+    offsets; JSON strings are parsed from the bytes), else the UTF-16 or UTF-32 a
+    JSON reader (`json.loads`) finds by its first bytes."""
+    if body[:1] not in (b"\xfe", b"\xff") and b"\x00" not in body[:4]:
+        return "latin-1"
+    found = json.detect_encoding(body)
+    return "latin-1" if found.startswith("utf-8") else found

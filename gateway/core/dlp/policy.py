@@ -62,9 +62,25 @@ class Dlp:
         return self.action or "refuse"
 
 
+_RESOLVED: dict[tuple[int, int], tuple[Dlp | None, Dlp | None, Dlp | None]] = {}
+
+
 def resolve(policy: Dlp | None, rule: Dlp | None) -> Dlp | None:
     """The section a request's rule applies: the rule's over the policy's (None: no DLP
-    on this request)."""
+    on this request). Once per pair of sections (every request of a rule asks again):
+    remembered by their identity, holding them so that no other pair takes their ids."""
+    key = (id(policy), id(rule))
+    known = _RESOLVED.get(key)
+    if known is not None and known[0] is policy and known[1] is rule:
+        return known[2]
+    found = _resolve(policy, rule)
+    if len(_RESOLVED) >= 256:
+        _RESOLVED.clear()
+    _RESOLVED[key] = (policy, rule, found)
+    return found
+
+
+def _resolve(policy: Dlp | None, rule: Dlp | None) -> Dlp | None:
     if rule is not None and not rule.enabled:
         return None
     if policy is None and rule is None:

@@ -25,12 +25,21 @@ import re
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 from urllib.parse import parse_qsl, unquote_plus
 
-from gateway.core.dlp.decoding import Unreadable, decode_content, decode_run, has_run, runs
+from gateway.core.dlp.decoding import (
+    Unreadable,
+    body_kind,
+    decode_content,
+    decode_run,
+    has_run,
+    json_codec,
+    runs,
+)
 from gateway.core.dlp.detector import Detector
-from gateway.core.dlp.fastscan import HYPERSCAN, has_segment
+from gateway.core.dlp.fastscan import HYPERSCAN, as_bytes
 from gateway.core.dlp.findings import Finding, Location, ScanResult, fingerprint
 from gateway.core.dlp.prefilter import Prefilter, unescape
 
@@ -79,10 +88,15 @@ class Scanner:
             for d in self.detectors), fast=fast)
         self.reach = max((d.reach for d in self.detectors), default=0)
         self._subsets: dict[frozenset[str], Scanner] = {}
+        self._by_id: dict[int, tuple[Iterable[str], Scanner]] = {}
 
     def only(self, names: Iterable[str]) -> Scanner:
         """A scanner with the named detectors of this one (a policy's selection), built
-        once per selection (an automaton each; policies name few selections)."""
+        once per selection (an automaton each; policies name few selections). Looked up
+        by the identity of `names` first: a policy's tuple is the same every request."""
+        known = self._by_id.get(id(names))
+        if known is not None and known[0] is names:
+            return known[1]
         wanted = frozenset(names)
         found = self._subsets.get(wanted)
         if found is None:
@@ -90,6 +104,8 @@ class Scanner:
                             limit=self.limit, depth=self.depth, fast=self.fast)
             if len(self._subsets) < 64:
                 self._subsets[wanted] = found
+        if len(self._by_id) < 256:  # (holding `names`, so its id is not reused)
+            self._by_id[id(names)] = (names, found)
         return found
 
     # -- results ---------------------------------------------------------------------------
@@ -205,6 +221,36 @@ class Scanner:
         return list(self._body(body, (content_type or "").lower(), Location("body", offset=0),
                                content_encoding))
 
+    def head_clean(self, method: str, target: str,
+                   fields: Iterable[tuple[bytes, bytes]]) -> bool:
+        """Whether a head holds no candidate: one gate pass over the request line and
+        the fields joined, as bytes; where it hits, the exact check (`has_run`: a path
+        such as /v1/chat/completions is one case, no base64). A target with an escape
+        (%, +, \\) is not decided here (`head_hits` reads its query and its line
+        unescaped)."""
+        if "%" in target or "+" in target or "\\" in target:
+            return False
+        data = b"\n".join((as_bytes(f"{method} {target}"), *chain.from_iterable(fields)))
+        if not self.prefilter.candidate(data):
+            return True
+        text = data.decode("latin-1")
+        return not self.prefilter.any(text) and not has_run(text)
+
+    def body_clean(self, body: bytes, content_type: str | None) -> bool:
+        """Whether a body (its content codings undone) holds no candidate as its reader
+        reads it (`prefilter.ESCAPES`): one gate pass over its bytes. A multipart body is
+        not decided here (each part has its own type and coding), nor a JSON body that
+        is not UTF-8 (a JSON reader reads UTF-16 and UTF-32 too: `_charset`)."""
+        if not body:
+            return True
+        ctype = (content_type or "").lower()
+        if "multipart/" in ctype:
+            return False
+        kind = body_kind(body, ctype)
+        if kind == "json" and json_codec(body) != "latin-1":
+            return False
+        return not self.prefilter.candidate(body, kind)
+
     def _body(self, body: bytes, ctype: str, where: Location,
               coding: str | None = None) -> Iterator[Hit]:
         if not body:
@@ -212,26 +258,24 @@ class Scanner:
         if coding:
             where = Location(where.part, where.name, where.offset,
                              (*where.via, *(c.strip() for c in coding.split(",") if c.strip())))
-        if "multipart/" not in ctype and b"%" not in body and b"\\" not in body \
-                and not self.prefilter.any(body) and not has_segment(body):
-            # Most bodies: no anchor, no base64 run and no escape that could hide one
-            # (so every view below reads these same characters): the two C passes on the
-            # bytes as they are, no text made of them. (A multipart part may be coded.)
+        if self.body_clean(body, ctype):
+            # Most bodies: no anchor, no base64 run and no escape its reader undoes that
+            # could hide one: one C pass on the bytes as they are, no text made of them.
             return
-        text = body.decode("latin-1")
         if "multipart/" in ctype:
             yield from self._multipart(body, ctype, where)
             return
-        form = "x-www-form-urlencoded" in ctype
-        if form or "json" in ctype or text.lstrip()[:1] in ("{", "["):
+        kind = body_kind(body, ctype)
+        text = body.decode(json_codec(body) if kind == "json" else "latin-1", "replace")
+        if kind != "text":
             # The gate: what a JSON or form reader reads holds no anchor and no run.
             plain = unescape(text)
             if not self.prefilter.any(plain) and not has_run(plain):
                 return
-        if not form:
+        form = kind == "form"
+        if kind == "json":
             try:
-                document = json.loads(body, object_pairs_hook=_Pairs) \
-                    if "json" in ctype or text.lstrip()[:1] in ("{", "[") else _NOT_JSON
+                document = json.loads(body, object_pairs_hook=_Pairs)
             except (ValueError, RecursionError):
                 document = _NOT_JSON
             if document is not _NOT_JSON:
@@ -311,7 +355,6 @@ class Scanner:
 
 
 _NOT_JSON = object()
-
 
 class _Pairs(list[tuple[str, Any]]):
     """A JSON object as all its pairs: a key written twice keeps both values (readers

@@ -40,3 +40,15 @@ def test_resolve() -> None:
     assert resolve(Dlp(enabled=False), None) is None
     assert resolve(None, None) is None
     assert Dlp().effective_action == "refuse"
+
+
+def test_resolve_is_remembered_per_pair_of_sections() -> None:
+    """Every request of a rule asks again: the same pair of sections gives the same
+    object; another pair (equal but not the same) its own, as `_resolve` makes it."""
+    policy, rule = Dlp(action="report"), Dlp(detectors=("github",))
+    first = resolve(policy, rule)
+    assert first is resolve(policy, rule)
+    other = resolve(Dlp(action="report"), Dlp(detectors=("aws",)))
+    assert other is not None and other.detectors == ("aws",)
+    assert first is not None and first.detectors == ("github",) and first.action == "report"
+    assert resolve(policy, None) is policy

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from gateway.core.dlp import DEFAULT, Scanner
+from gateway.core.dlp.fastscan import HYPERSCAN
 from gateway.services.dlp.library import build
 
 SCANNER = Scanner(build(DEFAULT), b"test-salt", limit=64 << 20)
@@ -150,3 +151,27 @@ def test_the_cost_of_a_body_without_candidates(size: int) -> None:
     print(f"\n{len(body)} bytes without candidates: {each * 1e6:.0f} us CPU, "
           f"{len(body) / each / 1e6:.0f} MB/s")
     assert each < (0.002 if size < 10_000 else 0.5)
+
+
+@pytest.mark.parametrize("fast", [pytest.param(True, marks=pytest.mark.skipif(
+    not HYPERSCAN, reason="no hyperscan")), False])
+@pytest.mark.parametrize(("kind", "text", "candidate"), [
+    ("text", b"the request model " * 50, False),
+    ("text", b"short words and a ghp_ anchor", True),
+    ("text", b"a run: QUJDREVGR0hJSktMTU5PUFFS", True),
+    ("text", b"text keeps \\u0067hp_ and %67hp_ as they are", False),
+    ("json", b'{"a": "line\\nbreak \\"quoted\\" and \\\\ backslash"}', False),
+    ("json", b'{"a": "\\u0067hp"}', True),  # a JSON reader undoes \u
+    ("json", b'{"a": "https:\\/\\/x"}', True),  # and \/
+    ("json", b'{"a": "50% off + tax"}', False),  # (not escapes to a JSON reader)
+    ("form", b"a=1&b=two+words", True),  # a form reader undoes + and %XX
+    ("form", b"a=1&b=%41", True),
+    ("form", b"a=1&b=two", False),
+])
+def test_the_gate_by_the_reader_of_the_text(fast: bool, kind: str, text: bytes,
+                                            candidate: bool) -> None:
+    """`Prefilter.candidate`: anchors, a base64 run, or an escape the text's reader
+    undoes (on Hyperscan and on the fallback alike; bytes and text alike)."""
+    prefilter = Scanner(SCANNER.detectors, b"s", fast=fast).prefilter
+    assert prefilter.candidate(text, kind) is candidate
+    assert prefilter.candidate(text.decode("latin-1"), kind) is candidate

@@ -19,6 +19,7 @@ import zstandard
 from helpers.dlp_corpus import CORPUS, Fake
 
 from gateway.core.dlp import DEFAULT, DETECTORS, Finding, Location, Scanner
+from gateway.core.dlp.decoding import decode_content
 from gateway.services.dlp.library import build
 
 SCANNER = Scanner(build(DETECTORS), b"test-salt")
@@ -252,3 +253,70 @@ def test_a_compressed_multipart_part_behind_a_short_boundary() -> None:
     result = ANCHORED.scan_body(body, "multipart/form-data; boundary=b")
     assert [(f.detector, str(f.location)) for f in result.findings] == \
         [("github", "body multipart part f (in gzip)")]
+
+
+# -- the one-pass gate the proxy asks first (head_clean, body_clean) -------------------------
+
+
+@pytest.mark.parametrize("carrier", sorted(CARRIERS))
+@pytest.mark.parametrize("fake", [f for f in CORPUS if not f.opt_in], ids=lambda f: f.detector)
+def test_the_gate_never_calls_clean_what_a_detector_finds(fake: Fake, carrier: str) -> None:
+    """`head_clean` and `body_clean` (one pass over the raw bytes, the body's codings
+    undone as the exchange does) say False wherever the full scan finds the key: the
+    default detectors only, where the gate is not bypassed by an unanchored rule."""
+    target, headers, body = CARRIERS[carrier][0](fake.text)
+    in_head = ANCHORED.scan_request("POST", target, headers).findings
+    fields = [(k.encode(), v.encode("latin-1")) for k, v in headers]
+    if any(f.detector == fake.detector for f in in_head):
+        assert not ANCHORED.head_clean("POST", target, fields)
+    named = {k.lower(): v for k, v in headers}
+    plain = decode_content(body, named.get("content-encoding"), ANCHORED.limit)
+    in_body = ANCHORED.scan_body(plain, named.get("content-type")).findings
+    if any(f.detector == fake.detector for f in in_body):
+        assert not ANCHORED.body_clean(plain, named.get("content-type"))
+    assert any(f.detector == fake.detector for f in (*in_head, *in_body)), carrier
+
+
+_AUTH = "https://deploy:Zq8vLm2pXw@git.example.com/r"  # no anchor but "://", no run
+
+
+@pytest.mark.parametrize(("ctype", "body"), [
+    # a JSON reader undoes \/ : "://" appears only then
+    (JSON, json.dumps({"url": _AUTH}).replace("/", "\\/")),
+    (None, json.dumps([_AUTH]).replace("/", "\\/")),  # JSON by its first character
+    (JSON, " \n" + json.dumps({"url": _AUTH}).replace("s:", "s\\u003a")),
+    # a form reader undoes %XX
+    ("application/x-www-form-urlencoded", "a=1&url=" + quote(_AUTH, safe="")),
+    # JSON in UTF-16 and UTF-32 (a JSON reader finds the codec by the first bytes)
+    *((JSON, json.dumps({"url": GH}).encode(codec))
+      for codec in ("utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le")),
+])
+def test_a_key_only_a_reader_sees_passes_the_gate(ctype: str | None,
+                                                   body: str | bytes) -> None:
+    """Attacks on the gate: the raw bytes hold no anchor the key needs and no base64 run,
+    only what the body's reader decodes does."""
+    raw = body.encode() if isinstance(body, str) else body
+    assert b"://" not in raw and b"ghp_" not in raw
+    assert not ANCHORED.body_clean(raw, ctype)
+    found = ANCHORED.scan_body(raw, ctype).findings
+    assert [f.detector for f in found] in (["basic-auth"], ["github"]), found
+
+
+@pytest.mark.parametrize("target", [
+    "/x?u=" + quote(_AUTH, safe=""),  # the query, as parsed
+    "/x?u=https:\\/\\/deploy:Zq8vLm2pXw@git.example.com",  # the line unescaped
+])
+def test_a_key_only_the_query_reader_sees_passes_the_head_gate(target: str) -> None:
+    assert not ANCHORED.head_clean("GET", target, [(b"Host", b"h")])
+    assert [f.detector for f in ANCHORED.scan_request("GET", target, []).findings] == \
+        ["basic-auth"]
+
+
+def test_ordinary_heads_and_bodies_are_clean() -> None:
+    """What the shortcut is for: one pass, and nothing to read further."""
+    assert ANCHORED.head_clean("POST", "/v1/chat/completions", [
+        (b"Host", b"api.example.com"), (b"Content-Type", b"application/json")])
+    assert ANCHORED.body_clean(_chat("def f(x):\n    return x + 1"), JSON)
+    assert ANCHORED.body_clean(b"", JSON)
+    assert not ANCHORED.body_clean(_multipart("notes"), MP)  # (parts: by their own type)
+    assert not SCANNER.body_clean(b"hello", "text/plain")  # (an unanchored detector)

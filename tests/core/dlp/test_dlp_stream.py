@@ -12,6 +12,7 @@ import pytest
 from helpers.dlp_corpus import DEFAULT_CORPUS, Fake, fake
 
 from gateway.core.dlp import DEFAULT, Scanner, StreamScanner
+from gateway.core.dlp.stream import STEP
 from gateway.services.dlp.library import build
 
 SCANNER = Scanner(build(DEFAULT), b"test-salt")
@@ -135,3 +136,37 @@ def test_what_a_stream_cannot_read() -> None:
 def test_a_clean_stream_reports_nothing() -> None:
     names, _ = _stream(_filler(500_000, 8), list(range(4096, 500_000, 4096)))
     assert names == []
+
+
+@pytest.mark.parametrize("size", [1000, 4096, 16_384, 65_536, 70_000, 300_000, 1 << 20])
+def test_what_a_stream_holds_back_is_bounded(size: int) -> None:
+    """`pending` (what the engine holds back, not decided yet) stays under the window's
+    keep + STEP (about 80 KiB: docs/dlp.md) whatever the chunk size; a chunk that fills
+    the window is scanned at once, leaving only the kept tail (and up to three more
+    characters where a base64 run's phase moves the cut)."""
+    stream = StreamScanner(SCANNER)
+    assert stream.keep + STEP <= 81 * 1024
+    data = _filler(3 << 20, 13)
+    for at in range(0, len(data), size):
+        assert not stream.feed(data[at:at + size]).findings
+        assert stream.pending < stream.keep + STEP
+        if size >= stream.keep + STEP:
+            assert stream.pending <= stream.keep + 3
+    assert not stream.end().findings and stream.pending == 0
+
+
+@pytest.mark.parametrize("detector", ["github", "aws", "slack", "jwt", "anthropic", "stripe"])
+def test_a_key_across_a_chunk_and_the_window_cut_at_every_offset(detector: str) -> None:
+    """A key split between two chunks at several offsets while the window is scanned
+    with its cut at every offset of the key (a chunk fills the window exactly there):
+    found once, whole, at its offset."""
+    key = fake(detector).text.encode()
+    stream = StreamScanner(SCANNER)
+    for at in range(len(key) + 1):  # the cut falls `at` characters into the key
+        start = STEP - at
+        data = _filler(start - 1, 14) + b" " + key + b" " + _filler(stream.keep + 2000, 15)
+        assert data.index(key) == start
+        for split in sorted({1, len(key) // 2, len(key) - 1}):
+            cuts = [start + split, STEP + stream.keep]  # the 2nd fills the window: a scan
+            names, offset = _stream(data, cuts)
+            assert names == [detector] and offset == start, (at, split, names)
