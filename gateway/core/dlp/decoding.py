@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import io
 import json
 import re
@@ -32,7 +33,7 @@ from gateway.core import encodings
 from gateway.core.dlp.fastscan import MAP, SEGMENT, has_segment
 
 __all__ = ["Run", "Unreadable", "body_kind", "decode_content", "decode_run", "encode_content",
-           "encode_run", "has_run", "json_codec", "runs"]
+           "encode_run", "has_run", "json_codec", "runs", "text_codec"]
 
 MIN_BASE64 = SEGMENT  # (20)
 MIN_HEX = 32
@@ -202,6 +203,36 @@ def body_kind(body: bytes, ctype: str) -> str:
     if "x-www-form-urlencoded" in ctype:
         return "form"
     return "json" if "json" in ctype or _JSON_START.match(body) else "text"
+
+
+_CHARSET = re.compile(r";\s*charset\s*=\s*\"?([^\s;\"]+)", re.IGNORECASE)
+_PRINTABLE = bytes(range(0x20, 0x7F))
+_STATEFUL = ("utf_7", "iso2022", "hz")  # codecs whose escapes turn ASCII bytes into other text
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
+         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+def text_codec(body: bytes, ctype: str) -> str:
+    """The codec to read a body that is not JSON with, as its receiver reads it: the
+    Content-Type's charset where a key could hide from a reading of the bytes as they
+    are (UTF-16, UTF-32, UTF-7, ISO-2022, EBCDIC: ASCII is not its own bytes there),
+    else a UTF-16/32 byte-order mark, else latin-1 (the bytes as they are: UTF-8 and
+    every ASCII superset). Raises Unreadable for a charset there is no codec for."""
+    found = _CHARSET.search(ctype)
+    if found is not None:
+        try:
+            name = codecs.lookup(found.group(1)).name
+        except LookupError:
+            raise Unreadable(f"the body's charset {found.group(1)[:40]!r} is none the "
+                             "gateway can read") from None
+        if name.replace("-", "_").startswith(_STATEFUL) or \
+                _PRINTABLE.decode(name, "replace").encode("latin-1", "replace") != _PRINTABLE:
+            return name
+        return "latin-1"
+    for bom, name in _BOMS:
+        if body.startswith(bom):
+            return name
+    return "latin-1"
 
 
 def json_codec(body: bytes) -> str:

@@ -37,6 +37,7 @@ from gateway.core.dlp.decoding import (
     has_run,
     json_codec,
     runs,
+    text_codec,
 )
 from gateway.core.dlp.detector import Detector
 from gateway.core.dlp.fastscan import HYPERSCAN, as_bytes
@@ -239,16 +240,20 @@ class Scanner:
     def body_clean(self, body: bytes, content_type: str | None) -> bool:
         """Whether a body (its content codings undone) holds no candidate as its reader
         reads it (`prefilter.ESCAPES`): one gate pass over its bytes. A multipart body is
-        not decided here (each part has its own type and coding), nor a JSON body that
-        is not UTF-8 (a JSON reader reads UTF-16 and UTF-32 too: `_charset`)."""
+        not decided here (each part has its own type and coding), nor a body its reader
+        decodes from UTF-16, UTF-32 or another charset ASCII is not its own bytes in
+        (`json_codec`, `text_codec`)."""
         if not body:
             return True
         ctype = (content_type or "").lower()
         if "multipart/" in ctype:
             return False
         kind = body_kind(body, ctype)
-        if kind == "json" and json_codec(body) != "latin-1":
-            return False
+        try:
+            if (json_codec(body) if kind == "json" else text_codec(body, ctype)) != "latin-1":
+                return False
+        except Unreadable:
+            return False  # (the scan says why it cannot be read)
         return not self.prefilter.candidate(body, kind)
 
     def _body(self, body: bytes, ctype: str, where: Location,
@@ -266,7 +271,8 @@ class Scanner:
             yield from self._multipart(body, ctype, where)
             return
         kind = body_kind(body, ctype)
-        text = body.decode(json_codec(body) if kind == "json" else "latin-1", "replace")
+        text = body.decode(json_codec(body) if kind == "json" else text_codec(body, ctype),
+                           "replace")
         if kind != "text":
             # The gate: what a JSON or form reader reads holds no anchor and no run.
             plain = unescape(text)

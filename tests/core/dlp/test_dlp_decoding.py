@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import gzip
 import zlib
+from collections.abc import Callable
 
 import brotli
 import pytest
@@ -14,7 +15,13 @@ import zstandard
 from helpers.dlp_corpus import fake
 
 from gateway.core.dlp import DEFAULT, Scanner, Unreadable
-from gateway.core.dlp.decoding import decode_content, decode_run, encode_content, runs
+from gateway.core.dlp.decoding import (
+    decode_content,
+    decode_run,
+    encode_content,
+    runs,
+    text_codec,
+)
 from gateway.services.dlp.library import build
 
 DATA = b"hello " * 1000
@@ -92,3 +99,53 @@ def test_a_key_behind_other_characters_and_a_long_run_from_its_start_only() -> N
 
 def test_ordinary_words_are_not_runs() -> None:
     assert list(runs("the quick brown fox jumps over the lazy dog " * 50)) == []
+
+
+@pytest.mark.parametrize(("body", "ctype", "codec"), [
+    (b"plain", "text/plain", "latin-1"),
+    (b"plain", "text/plain; charset=utf-8", "latin-1"),
+    (b"plain", "text/plain; charset=ISO-8859-15", "latin-1"),
+    (b"plain", "text/csv; charset=windows-1252", "latin-1"),
+    (b"plain", "text/plain; charset=shift_jis", "latin-1"),  # (ASCII is its own bytes)
+    (b"x", "text/plain; charset=utf-16", "utf-16"),
+    (b"x", 'text/plain; charset="UTF-16LE"', "utf-16-le"),
+    (b"x", "text/plain;charset=utf-32be", "utf-32-be"),
+    (b"x", "text/plain; charset=utf-7", "utf-7"),
+    (b"x", "text/plain; charset=iso-2022-jp", "iso2022_jp"),
+    (b"x", "text/plain; charset=cp500", "cp500"),  # EBCDIC
+    ("x".encode("utf-16"), "text/plain", "utf-16"),  # a byte-order mark, no charset
+    ("x".encode("utf-32"), "application/octet-stream", "utf-32"),
+])
+def test_a_text_body_is_read_in_the_charset_its_receiver_reads(
+        body: bytes, ctype: str, codec: str) -> None:
+    assert text_codec(body, ctype) == codec
+
+
+def test_a_charset_without_a_codec_is_unreadable() -> None:
+    with pytest.raises(Unreadable, match="charset 'x-klingon'"):
+        text_codec(b"x", "text/plain; charset=x-klingon")
+
+
+@pytest.mark.parametrize(("ctype", "encode"), [
+    ("text/plain; charset=utf-16", lambda t: t.encode("utf-16")),
+    ("text/plain; charset=utf-16be", lambda t: t.encode("utf-16-be")),
+    ("text/plain; charset=utf-32", lambda t: t.encode("utf-32")),
+    ("text/plain; charset=utf-7", lambda t: t.encode("utf-7").replace(b"_", b"+AF8-")),
+    ("text/plain; charset=cp500", lambda t: t.encode("cp500")),
+    ("text/plain", lambda t: t.encode("utf-16")),
+])
+def test_a_key_in_a_text_body_of_another_charset_is_found(
+        ctype: str, encode: Callable[[str], bytes]) -> None:
+    """The raw bytes hold no anchor (UTF-16's NULs, UTF-7's escapes, EBCDIC's bytes):
+    the receiver's reading does."""
+    scanner = Scanner(build(DEFAULT), b"salt")
+    key = fake("github").text
+    body = encode(f"token = {key}\n")
+    assert key.encode() not in body
+    assert [f.detector for f in scanner.scan_body(body, ctype).findings] == ["github"]
+
+
+def test_a_text_body_in_a_charset_without_a_codec_is_refused_unread() -> None:
+    scanner = Scanner(build(DEFAULT), b"salt")
+    result = scanner.scan_body(b"anything", "text/plain; charset=x-klingon")
+    assert result.unreadable is not None and "x-klingon" in result.unreadable
