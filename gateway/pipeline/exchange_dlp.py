@@ -122,10 +122,11 @@ class DlpCheck:
 
     # -- a body streamed (past the hold limit, or of unknown length) -----------------------
 
-    def feed(self, piece: bytes) -> None:
-        """A piece of the streamed body, decoded."""
+    def feed(self, piece: bytes, content_type: str | None = None) -> None:
+        """A piece of the streamed body, decoded (`content_type`: the body's, read at
+        the first piece)."""
         if self._stream is None:
-            self._stream = StreamScanner(self.scanner)
+            self._stream = StreamScanner(self.scanner, content_type=content_type)
         self._judge(self._stream.feed(piece), _NOT_STREAMED)
 
     @property

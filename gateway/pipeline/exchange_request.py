@@ -55,7 +55,7 @@ class RequestSide:
         if found is not None:
             raise self.ex.leak(found)
         if streamed and self.ex.dlp is not None:
-            self.ex.dlp.feed(data)
+            self.ex.dlp.feed(data, self.ex.head.headers.get("content-type"))
         if streamed and self.ex.content is not None:
             self.ex.content.request(data, self.ex.head.headers.get("content-type"), whole=False)
 

@@ -20,6 +20,7 @@ from typing import Any
 import h2.config
 import h2.connection
 import h2.events
+import pytest
 from helpers.clients import open_tunnel
 from helpers.dlp_corpus import fake
 from helpers.gateway import GatewayFactory, GatewayThread
@@ -296,3 +297,21 @@ def test_findings_on_the_mitmproxy_engine_are_counted_with_its_label(
     for (detector, action, engine), count in before.items():
         assert _findings(gw, detector=detector, action=action, engine=engine) == \
             count + (engine == "mitmproxy"), (detector, action, engine)
+
+
+@pytest.mark.parametrize("size", [2_000, 3 << 20], ids=["held", "streamed"])
+def test_a_key_in_a_utf16_text_body_is_found(make_gateway: GatewayFactory,
+                                             upstream: Upstream, size: int) -> None:
+    """A body read in the charset its Content-Type names: the key's bytes never appear
+    as they are (UTF-16), held whole or streamed past the hold limit."""
+    gw = make_gateway({"agent.yaml": POLICY})
+    token = gw.mint("agent")
+    text = "notes " * (size // 12) + f"deploy key {GH}\n"
+    body = text.encode("utf-16")
+    assert GH.encode() not in body
+    before, seen = len(gw.audit.records()), len(upstream.requests)
+    result = _send(gw, token, "/x", body, [("Content-Type", "text/plain; charset=utf-16")])
+    assert result.stage == "closed" or (result.status, result.code) == (403, "secret_detected")
+    line = _line(gw, before)
+    assert line["error"] == "secret_detected" and line["dlp"][0]["detector"] == "github"
+    assert not [r for r in upstream.requests[seen:] if len(r.body) == len(body)]

@@ -10,6 +10,12 @@ crosses the cut, the cut moves back to a multiple of 4 characters from the run's
 so the run decodes in the next window at its own alignment. Offsets count characters of
 the decoded stream. Findings are reported once per (detector, fingerprint).
 
+A body whose reader decodes it from UTF-16, UTF-32 or another charset ASCII is not its
+own bytes in (its `Content-Type`'s charset, or a byte-order mark or a JSON reader's
+sniffing of its first bytes: `decoding.text_codec`, `json_codec`) is transcoded to UTF-8
+as it streams, so the window holds what the receiver reads; a charset without a codec
+is unreadable.
+
 The window is kept as bytes and scanned `STEP` new characters at a time: a window without
 an anchor and without 20 base64 characters in a row (most of a large upload) costs one
 C-speed pass (`Prefilter.candidate`) and nothing else, no text made of it.
@@ -17,8 +23,10 @@ C-speed pass (`Prefilter.candidate`) and nothing else, no text made of it.
 
 from __future__ import annotations
 
+import codecs
+
 from gateway.core import encodings
-from gateway.core.dlp.decoding import runs
+from gateway.core.dlp.decoding import Unreadable, body_kind, json_codec, runs, text_codec
 from gateway.core.dlp.fastscan import MAP, SEGMENT, as_bytes
 from gateway.core.dlp.findings import Finding, Location, ScanResult
 from gateway.core.dlp.scanner import Scanner
@@ -27,6 +35,7 @@ __all__ = ["StreamScanner"]
 
 MIN_KEEP = 4096
 STEP = 64 * 1024  # new characters scanned at a time (at least: the window kept rescanned)
+_WIDEST = 5  # bytes of a transcoded charset a byte of its UTF-8 may come from (UTF-7's "+AF8-")
 _NO_LIMIT = 1 << 62  # a streamed body is not held: its decoded size is not bounded here
 
 
@@ -34,7 +43,7 @@ class StreamScanner:
     """Feed chunks, then `end()`; each call returns the findings new since the last."""
 
     def __init__(self, scanner: Scanner, content_encoding: str | None = None,
-                 where: str = "body") -> None:
+                 where: str = "body", content_type: str | None = None) -> None:
         self._scanner = scanner
         self._where = where
         self.keep = max(MIN_KEEP, scanner.reach + 64)
@@ -43,6 +52,9 @@ class StreamScanner:
         self._seen: set[tuple[str, str]] = set()
         self.unreadable: str | None = None
         self._decoder: encodings.Decoder | None = None
+        self._ctype = (content_type or "").lower()
+        self._charset: codecs.IncrementalDecoder | None = None
+        self._sniffed = False  # (the first bytes looked at for a byte-order mark)
         codings = [c.strip().lower() for c in (content_encoding or "").split(",") if c.strip()]
         if "zstd" in codings:
             self.unreadable = "a streamed zstd body cannot be read with a bounded window"
@@ -56,8 +68,11 @@ class StreamScanner:
     def pending(self) -> int:
         """Characters at the end of the stream not decided yet: a caller that forwards
         the stream as it goes holds back at least these (for a body with no content
-        coding, characters are bytes)."""
-        return len(self._window)
+        coding, characters are bytes; a transcoded one counts what the window's UTF-8
+        may have come from, at most `_WIDEST` bytes a byte, and the decoder's tail)."""
+        if self._charset is None:
+            return len(self._window)
+        return (len(self._window) + 4) * _WIDEST
 
     def feed(self, chunk: bytes) -> ScanResult:
         """Scan one chunk (with the window kept from the ones before)."""
@@ -70,6 +85,9 @@ class StreamScanner:
             return ScanResult((), self.unreadable)
         found: list[Finding] = []
         for piece in pieces:
+            piece = self._text(piece, final=False)
+            if self.unreadable is not None:
+                return ScanResult((), self.unreadable)
             self._window += piece
             if len(self._window) >= self.keep + max(self.keep, STEP):
                 found += self._scan(final=False)
@@ -84,8 +102,28 @@ class StreamScanner:
         except encodings.EncodingError as exc:
             self.unreadable = str(exc)
             return ScanResult((), self.unreadable)
-        self._window += b"".join(rest)
+        self._window += self._text(b"".join(rest), final=True)
+        if self.unreadable is not None:
+            return ScanResult((), self.unreadable)
         return ScanResult(tuple(self._scan(final=True)))
+
+    def _text(self, piece: bytes, final: bool) -> bytes:
+        """`piece` as its reader reads it: itself, or transcoded to UTF-8 (see the module
+        docstring). The codec is chosen at the first non-empty piece."""
+        if not self._sniffed and (piece or final):
+            self._sniffed = True
+            try:
+                codec = text_codec(piece, self._ctype)
+                if codec == "latin-1" and body_kind(piece, self._ctype) == "json":
+                    codec = json_codec(piece)
+            except Unreadable as exc:
+                self.unreadable = str(exc)
+                return b""
+            if codec != "latin-1":
+                self._charset = codecs.getincrementaldecoder(codec)("replace")
+        if self._charset is None:
+            return piece
+        return self._charset.decode(piece, final).encode("utf-8", "surrogatepass")
 
     def _scan(self, final: bool) -> list[Finding]:
         window = self._window

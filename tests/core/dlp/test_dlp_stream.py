@@ -170,3 +170,32 @@ def test_a_key_across_a_chunk_and_the_window_cut_at_every_offset(detector: str) 
             cuts = [start + split, STEP + stream.keep]  # the 2nd fills the window: a scan
             names, offset = _stream(data, cuts)
             assert names == [detector] and offset == start, (at, split, names)
+
+
+@pytest.mark.parametrize(("ctype", "codec"), [
+    ("text/plain; charset=utf-16", "utf-16"), ("text/plain; charset=utf-32-le", "utf-32-le"),
+    ("text/plain; charset=cp500", "cp500"), ("text/plain", "utf-16"),  # (its BOM)
+    ("application/json", "utf-16-le"),  # (no BOM: a JSON reader sniffs its NULs)
+])
+def test_a_streamed_body_in_another_charset_is_read_as_its_receiver_reads_it(
+        ctype: str, codec: str) -> None:
+    """The key's bytes never appear as they are; cut at every few bytes of its text, it
+    is found once; and what is held back covers what the window has not decided."""
+    key = fake("github").text
+    body = ('{"k": "' + key + '", "pad": "' + "x" * 9000 + '"}').encode(codec)
+    assert key.encode() not in body
+    for cut in range(1, 60, 7):
+        stream = StreamScanner(SCANNER, content_type=ctype)
+        found = []
+        for at in range(0, len(body), cut * 97):
+            found += stream.feed(body[at:at + cut * 97]).findings
+            undecided = len(stream._window)  # (UTF-8 bytes of the text not decided)
+            assert stream.pending >= undecided * (len(body) / len(body.decode(codec)))
+        found += stream.end().findings
+        assert [f.detector for f in found] == ["github"], (cut, found)
+
+
+def test_a_streamed_body_in_a_charset_without_a_codec_is_unreadable() -> None:
+    stream = StreamScanner(SCANNER, content_type="text/plain; charset=x-klingon")
+    assert stream.feed(b"abc").unreadable is not None
+    assert stream.end().unreadable is not None
