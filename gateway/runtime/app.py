@@ -23,7 +23,6 @@ import math
 import os
 import resource
 import socket
-import ssl
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -58,6 +57,7 @@ from gateway.net.resolver import (
     local_interface_addresses,
     parse_overrides,
 )
+from gateway.net.roots import public_roots, verifying_context
 from gateway.net.tls import LeafContexts, upstream_context
 from gateway.net.upstream_proxy import UpstreamProxy
 from gateway.observability import logs, metrics
@@ -334,9 +334,7 @@ class Gateway:
             key = ensure_key(cfg.mcp_oauth.key_file or cfg.certs / KEY_FILE)
         except (OSError, ValueError) as exc:
             raise StartupError(f"mcp_oauth.key_file: {exc}") from None
-        context = ssl.create_default_context(cafile=certifi.where())
-        if cfg.network.upstream_ca is not None:
-            context.load_verify_locations(cafile=str(cfg.network.upstream_ca))
+        context = verifying_context(*public_roots(cfg.network.upstream_ca))
         assert self.admin_address is not None
         host, port = self.admin_address
         shown = f"[{host}]" if ":" in host else host
@@ -530,7 +528,8 @@ class Gateway:
         loop = asyncio.get_running_loop()
         if cfg.network.intercept == "fast":
             self.leaves = LeafContexts.from_confdir(confdir, runtime)
-            h1 = Engine(self.gate, self.leaves, upstream_context(bundle), timeouts=timeouts,
+            roots = upstream_context(*public_roots(cfg.network.upstream_ca))
+            h1 = Engine(self.gate, self.leaves, roots, timeouts=timeouts,
                         limits=limits, upstream_idle=cfg.network.upstream_idle_timeout,
                         pool_limit=self.pool_limit, proxy=self.proxy)
             splices = Splices(self.gate, idle=t.client_idle,
@@ -718,9 +717,7 @@ class Gateway:
             return None
         tls = None
         if settings.scheme == "https":
-            tls = ssl.create_default_context(cafile=certifi.where())
-            if self.config.network.upstream_ca is not None:
-                tls.load_verify_locations(cafile=str(self.config.network.upstream_ca))
+            tls = verifying_context(*public_roots(self.config.network.upstream_ca))
         log.info("upstream proxy: %s (connect_to: %s%s%s)", settings.where,
                  settings.connect_to, f", no_proxy: {', '.join(settings.no_proxy.entries)}"
                  if settings.no_proxy.entries else "",

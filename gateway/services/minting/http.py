@@ -13,15 +13,13 @@ sentence, never reply bytes.
 from __future__ import annotations
 
 import json
-import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import certifi
-
 from gateway.net.resolver import unguarded
+from gateway.net.roots import public_roots, verifying_context
 from gateway.services.minting.errors import MintFailed
 
 if TYPE_CHECKING:  # (aiohttp is imported on the first mint: 7 MB a process saves otherwise)
@@ -57,9 +55,7 @@ class TokenHttp:
                  overrides: Mapping[str, tuple[str, int]] | None = None,
                  timeout: float = 15.0, connect_timeout: float = 10.0,
                  connector: Callable[..., Any] | None = None) -> None:
-        self.context = ssl.create_default_context(cafile=certifi.where())
-        if upstream_ca is not None:
-            self.context.load_verify_locations(cafile=str(upstream_ca))
+        self.context = verifying_context(*public_roots(upstream_ca))
         self.overrides = dict(overrides or {})
         self.timeout = timeout
         self.connect_timeout = connect_timeout
