@@ -822,7 +822,7 @@ class WsUpstream:
         self.server = websockets.sync.server.serve(self._echo, "127.0.0.1", 0, ssl=ctx,
                                                    max_size=2**20)
         self.port = int(self.server.socket.getsockname()[1])
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
     def _echo(self, conn: websockets.sync.server.ServerConnection) -> None:
