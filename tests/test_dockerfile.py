@@ -323,7 +323,7 @@ class _Health(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def health_server() -> Iterator[http.server.HTTPServer]:
     srv = http.server.HTTPServer(("127.0.0.1", 0), _Health)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
     t.start()
     yield srv
     srv.shutdown()

@@ -298,6 +298,7 @@ def flow_error(message: str, *, responded: bool, request_ended: bool,
     return FlowError("closed" if "closed" in message else "connect", message)
 
 
+@functools.cache
 def _installed(package: str) -> str:
     """The installed version of `package`: h11's and mitmproxy's from the packages
     themselves (imported already), any other from its distribution's metadata

@@ -38,6 +38,7 @@ from cryptography.hazmat.primitives import serialization
 from mitmproxy import certs
 
 from gateway.net.ca import MITMPROXY_BASENAME
+from gateway.net.roots import verifying_context
 
 READ_SIZE = 64 * 1024
 TICKET_KEY_LIFETIME = 3600.0  # seconds a front context (its session ticket key) is used
@@ -160,11 +161,11 @@ class TlsPump:
         return self.obj.selected_alpn_protocol()
 
 
-def upstream_context(cafile: Path) -> ssl.SSLContext:
-    """Verifying client context for upstreams: public roots + network.upstream_ca."""
-    context = ssl.create_default_context(cafile=str(cafile))
-    context.set_alpn_protocols(["http/1.1"])
-    return context
+def upstream_context(*cafiles: Path) -> ssl.SSLContext:
+    """Verifying client context for upstreams (`cafiles`: the public roots +
+    network.upstream_ca, `roots.public_roots`), offering HTTP/1.1; made once a process
+    (`gateway/net/roots.py`)."""
+    return verifying_context(*cafiles, alpn=("http/1.1",))
 
 
 class LeafContexts:

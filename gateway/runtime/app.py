@@ -58,6 +58,7 @@ from gateway.net.resolver import (
     local_interface_addresses,
     parse_overrides,
 )
+from gateway.net.roots import public_roots, verifying_context
 from gateway.net.tls import LeafContexts, upstream_context
 from gateway.net.upstream_proxy import UpstreamProxy
 from gateway.observability import logs, metrics
@@ -79,7 +80,6 @@ from gateway.services.identity.tokens import TokenError, TokenService
 from gateway.services.mcp_oauth import McpOAuthService
 from gateway.services.metering import Metering, build_metering
 from gateway.services.minting import Credentials, TokenHttp, build_credentials
-from gateway.services.minting.http import trust
 from gateway.services.policy import PolicyError, PolicyReloader
 from gateway.services.secrets import SecretCache, SecretError, build_cache, build_store
 from gateway.services.state.base import StateStore, StateUnavailable
@@ -353,7 +353,7 @@ class Gateway:
         from gateway.services.mcp_oauth.seal import Sealer
 
         cfg = self.config
-        context = trust(cfg.network.upstream_ca)  # (the token endpoints' context)
+        context = verifying_context(*public_roots(cfg.network.upstream_ca))
         assert self.admin_address is not None
         host, port = self.admin_address
         shown = f"[{host}]" if ":" in host else host
@@ -548,7 +548,8 @@ class Gateway:
         loop = asyncio.get_running_loop()
         if cfg.network.intercept == "fast":
             self.leaves = LeafContexts.from_confdir(confdir, runtime)
-            h1 = Engine(self.gate, self.leaves, upstream_context(bundle), timeouts=timeouts,
+            roots = upstream_context(*public_roots(cfg.network.upstream_ca))
+            h1 = Engine(self.gate, self.leaves, roots, timeouts=timeouts,
                         limits=limits, upstream_idle=cfg.network.upstream_idle_timeout,
                         pool_limit=self.pool_limit, proxy=self.proxy)
             splices = Splices(self.gate, idle=t.client_idle,
@@ -736,7 +737,7 @@ class Gateway:
             return None
         tls = None
         if settings.scheme == "https":
-            tls = trust(self.config.network.upstream_ca)
+            tls = verifying_context(*public_roots(self.config.network.upstream_ca))
         log.info("upstream proxy: %s (connect_to: %s%s%s)", settings.where,
                  settings.connect_to, f", no_proxy: {', '.join(settings.no_proxy.entries)}"
                  if settings.no_proxy.entries else "",

@@ -1028,7 +1028,7 @@ def _start_http(provider: HostileProvider) -> ThreadingHTTPServer:
     handler = type("Handler", (_Handler,), {"provider": provider})
     server = _Server(("127.0.0.1", 0), handler)
     server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     provider._threads.append(thread)
     return server

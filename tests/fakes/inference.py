@@ -391,7 +391,9 @@ class FakeInference:
         server.socket = self.ca.server_context(self.directory, HOSTS).wrap_socket(
             server.socket, server_side=True)
         self._server = server
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        # (`shutdown()` waits for serve_forever's next poll: every 0.05 s, not the default
+        # 0.5 s, which each test using a fake paid at its end)
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         if self.websocket:
             from fakes.realtime import FakeRealtime
 

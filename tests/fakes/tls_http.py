@@ -49,7 +49,7 @@ class TLSServer:
         server.socket = ctx.wrap_socket(server.socket, server_side=True)
         self.server = server
         self.recorder = recorder
-        self._thread = threading.Thread(target=server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
 
     @property

@@ -132,7 +132,7 @@ class FakeServer:
         server.socket = self.ca.server_context(self.directory, self.hosts).wrap_socket(
             server.socket, server_side=True)
         self._server = server
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         return self
 
     def stop(self) -> None:

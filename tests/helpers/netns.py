@@ -8,13 +8,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,8 @@ class Lab:
     sbx_ns: str
     workdir: Path
     ca: LocalCA
+    _procs: list[subprocess.Popen[str]] = field(default_factory=list)  # (ended with the lab)
+    _client: subprocess.Popen[str] | None = None  # (`sandbox_client`'s)
 
     @property
     def gateway_ca(self) -> Path:
@@ -69,14 +72,26 @@ class Lab:
             capture_output=True, text=True, timeout=20)
 
     def sandbox_client(self, spec: dict[str, Any] | list[dict[str, Any]]) -> Any:
-        """Run helpers/parity.py inside the sandbox namespace; its JSON result (a list of
-        them for a list of specs, run one after the other in one process). The spec goes
-        on stdin: a body may pass argv's size limit."""
-        out = subprocess.run(
-            ["ip", "netns", "exec", self.sbx_ns, sys.executable, str(HELPERS / "parity.py"),
-             "-"], input=json.dumps(spec), capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout)
+        """Run helpers/parity.py's client inside the sandbox namespace; its JSON result (a
+        list of them for a list of specs, one after the other). One client process
+        (`parity.py --serve`) answers every call of the lab, a spec a line on its stdin
+        (a Python start for each was most of a parity case's time); up to 120 s each."""
+        client = self._client
+        if client is None or client.poll() is not None:
+            with (self.workdir / "client.log").open("a") as log:
+                client = self._client = subprocess.Popen(
+                    ["ip", "netns", "exec", self.sbx_ns, sys.executable,
+                     str(HELPERS / "parity.py"), "--serve"], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=log, text=True)
+            self._procs.append(client)
+        assert client.stdin is not None and client.stdout is not None
+        client.stdin.write(json.dumps(spec) + "\n")
+        client.stdin.flush()
+        ready, _, _ = select.select([client.stdout], [], [], 120)
+        line = client.stdout.readline() if ready else ""
+        log = self.workdir / "client.log"
+        assert line, f"no answer from the sandbox client: {log.read_text()[-3000:]}"
+        return json.loads(line)
 
     @property
     def gateway_log(self) -> str:
@@ -209,7 +224,7 @@ def transparent_lab(workdir: Path, *, policy: str, names: list[str],
                  "--config", str(workdir / "gateway.yaml")],
                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, text=True)
         procs.append(gw)
-        lab = Lab(gw_ns, sbx_ns, workdir, ca)
+        lab = Lab(gw_ns, sbx_ns, workdir, ca, procs)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if '"ready":true' in lab.admin("GET", "/readyz").replace(" ", ""):
@@ -229,7 +244,7 @@ def transparent_lab(workdir: Path, *, policy: str, names: list[str],
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(5)
-            for stream in (p.stdout, p.stderr):
+            for stream in (p.stdin, p.stdout, p.stderr):
                 if stream is not None:
                     stream.close()
         subprocess.run([str(NETNS), "down", sbx_ns, gw_ns], capture_output=True, timeout=30)

@@ -99,10 +99,20 @@ def agent_clis() -> dict[str, Path]:
         assert proc.returncode == 0, f"opencode postinstall.mjs failed:\n{proc.stderr}"
     tools = {name: root / "node_modules" / ".bin" / name
              for name in ("codex", "claude", "gemini", "opencode")}
-    for name, path in tools.items():
-        version = subprocess.run([str(path), "--version"], capture_output=True, text=True,
-                                 timeout=60, check=False)
-        assert version.returncode == 0, f"{name} does not run: {version.stdout}{version.stderr}"
+    # Each one runs (all four at once: Node's start, mostly reading its modules, took
+    # 10-20 s one after the other on a loaded machine).
+    running = {name: subprocess.Popen([str(path), "--version"], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True)
+               for name, path in tools.items()}
+    try:
+        for name, proc in running.items():
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, f"{name} does not run: {out}{err}"
+    finally:
+        for proc in running.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
     return tools
 
 

@@ -102,7 +102,8 @@ class OtlpReceiver:
         self._http = ThreadingHTTPServer(("127.0.0.1", http_port), Handler)
         self._http.daemon_threads = True
         self.http_port = self._http.server_address[1]
-        self._http_thread = threading.Thread(target=self._http.serve_forever, daemon=True)
+        self._http_thread = threading.Thread(target=self._http.serve_forever, args=(0.05,),
+                                             daemon=True)
         self._http_thread.start()
 
     @property

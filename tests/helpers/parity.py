@@ -6,7 +6,8 @@ SNI of its choosing, trailers, HTTP/2 with any `:authority` — through the prox
 where the sandbox's connection is redirected). Reports what the client saw: the stage
 it stopped at (`connect`, `tls`, `response`), the status, the refusal code and the
 body. Runs in-process, or as a script inside a sandbox network namespace:
-`python parity.py '<json spec>'` (or `-`: the spec on stdin) prints the JSON result.
+`python parity.py '<json spec>'` (or `-`: the spec on stdin) prints the JSON result;
+`python parity.py --serve` answers a spec a line until its stdin ends.
 """
 
 from __future__ import annotations
@@ -313,12 +314,20 @@ def _from_json(raw: dict[str, Any]) -> Spec:
     return Spec(**raw)
 
 
-if __name__ == "__main__":
-    given = json.loads(sys.stdin.read() if sys.argv[1] == "-" else sys.argv[1])
+def _answer(given: Any) -> Any:
+    """The JSON result of a JSON spec (a list of them: one after the other)."""
     if isinstance(given, list):  # several requests, one after the other
-        print(json.dumps([asdict(run(_from_json(raw))) for raw in given]))
+        return [asdict(run(_from_json(raw))) for raw in given]
+    return asdict(run(_from_json(given)))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--serve":  # a spec a line on stdin, its result a line, until EOF
+        for spec_line in sys.stdin:
+            print(json.dumps(_answer(json.loads(spec_line))), flush=True)
     else:
-        print(json.dumps(asdict(run(_from_json(given)))))
+        print(json.dumps(_answer(json.loads(sys.stdin.read() if sys.argv[1] == "-"
+                                            else sys.argv[1]))))
 
 
 class SharedDecisions:

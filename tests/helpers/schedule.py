@@ -8,9 +8,10 @@ benchmark's 56 s); started first, the short tests fill in around them and the wo
 end together. A module moves whole, heaviest first (its module fixtures made once).
 
 `SECONDS` holds what the slowest tests took, one row of a parametrized test (measured
-one directory at a time with `-n 0` on a loaded 2-core machine: weights for the order,
-not promises). A test marked `slow` that is not listed weighs `SLOW`, so a new slow test
-runs early before anyone measures it. Modules without either keep pytest's order.
+in a whole `-n 2` run on a loaded 2-core machine, the soak's and the benchmark's one
+directory at a time with `-n 0`: weights for the order, not promises). A test marked
+`slow` that is not listed weighs `SLOW`, so a new slow test runs early before anyone
+measures it. Modules without either keep pytest's order.
 """
 
 from __future__ import annotations
@@ -23,45 +24,63 @@ SLOW = 10.0  # seconds: a test marked `slow` that `SECONDS` does not list
 
 SECONDS: dict[str, float] = {
     # third-party agent CLIs (each a process that starts in seconds, some retrying)
-    "tests/integration/test_agent_clis.py::test_aider_message": 110,
-    "tests/integration/test_agent_clis.py::test_aider_and_opencode_print_a_model_refusal": 60,
-    "tests/integration/test_agent_clis.py::test_opencode_run": 65,
-    "tests/integration/test_agent_clis.py::test_gemini_cli_print": 26,
-    "tests/integration/test_agent_clis.py::test_gemini_cli_prints_a_model_refusal": 20,
-    "tests/integration/test_agent_clis.py::test_codex_prints_a_model_refusal": 18,
-    "tests/integration/test_agent_clis.py::test_claude_code_prints_a_model_refusal": 10,
+    "tests/integration/test_agent_clis.py::test_aider_message": 21,
+    "tests/integration/test_agent_clis.py::test_aider_and_opencode_print_a_model_refusal": 21,
+    "tests/integration/test_agent_clis.py::test_opencode_run": 25,
+    "tests/integration/test_agent_clis.py::test_gemini_cli_print": 11,
+    "tests/integration/test_agent_clis.py::test_gemini_cli_prints_a_model_refusal": 9,
+    "tests/integration/test_agent_clis.py::test_codex_prints_a_model_refusal": 14,
+    "tests/integration/test_agent_clis.py::test_claude_code_prints_a_model_refusal": 3,
     # real gateway processes under load, outages, kills and restarts
     "tests/reliability/test_soak.py::test_soak_mixed_load_leaves_no_sockets_and_flat_memory": 82,
     "tests/test_bench_smoke.py::test_quick_benchmark_produces_every_row_and_workload": 56,
     "tests/integration/test_budget_durability.py::"
-    "test_a_killed_process_never_leaves_a_call_charged_less_than_it_used": 22,
+    "test_a_killed_process_never_leaves_a_call_charged_less_than_it_used": 27,
     "tests/reliability/test_state_volume.py::"
     "test_a_filling_state_volume_is_warned_of_and_never_stops_revocations": 22,
     "tests/reliability/test_memory_burst.py::"
     "test_a_burst_of_intercepted_tunnels_gives_its_memory_back": 66,  # (5,000 tunnels)
     "tests/reliability/test_memory_burst.py::"
-    "test_above_limits_memory_new_connections_are_refused_until_it_comes_back": 14,
+    "test_above_limits_memory_new_connections_are_refused_until_it_comes_back": 18,
     "tests/reliability/test_state_outage.py::"
-    "test_a_full_state_disk_never_lets_a_revoked_token_through": 14,
+    "test_a_full_state_disk_never_lets_a_revoked_token_through": 26,
     "tests/reliability/test_state_outage.py::"
-    "test_redis_killed_never_lets_a_revoked_token_through": 12,
+    "test_redis_killed_never_lets_a_revoked_token_through": 10,
     "tests/reliability/test_audit_trail.py::"
-    "test_worker_processes_spill_their_own_lines_and_one_process_takes_them_all": 7.5,
+    "test_worker_processes_spill_their_own_lines_and_one_process_takes_them_all": 13,
     "tests/reliability/test_timeouts.py::test_slow_heads_are_cut_and_others_still_served": 5,
     # learn mode with a real agent, then enforcing what it learned (two aider runs)
-    "tests/integration/test_learn_agent_cli.py::test_aider_learned_then_enforced": 60,
+    "tests/integration/test_learn_agent_cli.py::test_aider_learned_then_enforced": 43,
     # MCP OAuth: the SDK's server, authorization server and client, per engine
     "tests/integration/test_mcp_oauth.py::"
-    "test_two_workers_share_the_grant_and_a_restart_keeps_it": 21,
-    "tests/integration/test_mcp_oauth.py::test_insufficient_scope_goes_back_to_consent": 17,
-    "tests/integration/test_mcp_oauth.py::test_the_token_is_refreshed_before_it_expires": 15,
+    "test_two_workers_share_the_grant_and_a_restart_keeps_it": 23,
+    "tests/integration/test_mcp_oauth.py::test_insufficient_scope_goes_back_to_consent": 12,
+    "tests/integration/test_mcp_oauth.py::test_the_token_is_refreshed_before_it_expires": 18,
     "tests/integration/test_mcp_oauth.py::"
     "test_an_agent_lists_and_calls_tools_after_one_consent": 12,
     "tests/integration/test_mcp_oauth.py::"
     "test_a_token_the_server_refuses_is_refreshed_on_the_retry": 12,
-    "tests/integration/test_mcp_oauth.py::test_a_revoked_grant_asks_again": 11,
+    "tests/integration/test_mcp_oauth.py::test_a_revoked_grant_asks_again": 15,
     "tests/integration/test_mcp_oauth.py::"
     "test_consent_and_revocation_in_the_console_with_chromium": 10,
+    "tests/integration/test_mcp_oauth.py::"
+    "test_the_cli_shows_the_consent_url_lists_and_revokes": 23,
+    # several gateway processes (workers, restarts, a second process on one store)
+    "tests/services/state/test_state_sqlite_log.py::"
+    "test_an_old_file_loses_its_log_table_and_the_space": 35,
+    "tests/integration/test_approvals.py::test_a_grant_takes_effect_on_every_worker_at_once": 32,
+    "tests/integration/test_worker_minting.py::"
+    "test_a_rotated_refresh_token_is_used_by_every_worker_and_after_a_restart": 26,
+    "tests/integration/test_worker_minting.py::"
+    "test_one_github_app_token_for_both_workers_and_after_a_restart": 16,
+    "tests/services/state/test_state_redis.py::test_two_gateway_processes_share_revocations": 25,
+    "tests/services/dlp/test_dlp_detectors.py::"
+    "test_processes_starting_together_agree_on_one_whole_salt": 23,
+    "tests/integration/test_console_fuzz.py::test_no_console_or_approvals_request_answers_5xx": 21,
+    "tests/reliability/test_audit_trail.py::"
+    "test_lines_held_at_a_stop_are_written_first_at_the_next_start": 20,
+    "tests/integration/test_mcp_policy.py::"
+    "test_a_tool_that_changes_its_description_is_flagged_or_pinned": 17,
 }
 
 

@@ -424,7 +424,7 @@ def start_upstream(ssl_context: ssl.SSLContext | None = None, host: str = "127.0
     handler.upstream = upstream  # type: ignore[attr-defined]
     if ssl_context is not None:
         server.socket = ssl_context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     return upstream
 
 

@@ -322,7 +322,7 @@ def test_webhooks_are_signed_and_answering_from_them_works(
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
     server.socket = test_ca.server_context(tmp_path / "hook", ["localhost"]
                                            ).wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     _Receiver.got = []
     monkeypatch.setenv("SANDBOX_GATEWAY_SECRET_HOOK_KEY", "whsec-0123456789abcdef")
     base = f"https://localhost:{server.server_address[1]}"

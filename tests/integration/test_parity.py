@@ -15,12 +15,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.gateway import GatewayFactory, GatewayThread
+from helpers.gateway import GatewayThread
 from helpers.mcp_consent import consenting
 from helpers.parity import SharedDecisions, Spec, run, shared_decisions
 from helpers.parity_cases import (
@@ -51,31 +52,46 @@ def parity_secrets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(params=ENGINES)
-def engine(request: pytest.FixtureRequest, make_gateway: GatewayFactory,
-           parity_secrets: Path, upstream: Upstream) -> tuple[str, GatewayThread]:
+@pytest.fixture(scope="module", params=ENGINES)
+def engine(request: pytest.FixtureRequest, parity_secrets: Path, upstream: Upstream,
+           test_ca: LocalCA, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[str, GatewayThread]]:
+    """One gateway per engine for every case (a gateway's start and stop took longer than
+    most cases): each case's token is a sandbox of its own (`_token`), so budgets,
+    connection limits and minted values are its own as on a fresh gateway, and each reads
+    only the audit lines written after it began (`new_lines`). The transparent table
+    (test_parity_transparent.py) shares one gateway the same way."""
     name = request.param
     names = ["allowed.test", "other.test", "unbound.test", "api.openai.com", "minted.test",
              "mintfail.test", "budget.test", "metered.test", "sigv4.test"]  # (the upstream's
     # certificate names)
-    gw = make_gateway(dict(POLICIES), config={
+    work = tmp_path_factory.mktemp(f"parity-{name}")
+    (work / "policies").mkdir()
+    for file, text in POLICIES.items():
+        (work / "policies" / file).write_text(text)
+    gw = GatewayThread(work, {
         "secrets": {"store": "file", "path": str(parity_secrets)},
-        "network": {"intercept": "mitmproxy" if name == "mitmproxy" else "fast",
+        "network": {"upstream_ca": str(test_ca.cert_path),
+                    "intercept": "mitmproxy" if name == "mitmproxy" else "fast",
                     "resolve": {n: f"127.0.0.1:{upstream.port}" for n in names}},
     }, resolver=StaticResolver({}))
-    return name, gw
+    try:
+        yield name, gw
+    finally:
+        gw.stop()
 
 
-def _token(gw: GatewayThread, kind: str, policy: str = "agent") -> str:
+def _token(gw: GatewayThread, kind: str, policy: str = "agent",
+           sandbox: str = "sandbox-1") -> str:
     if kind == "expired":
         service = gw.gateway.tokens
         real = service.clock
         service.clock = lambda: real() - 3600
         try:
-            return gw.mint("agent", ttl=60)
+            return gw.mint("agent", sandbox, ttl=60)
         finally:
             service.clock = real
-    token = gw.mint(policy)
+    token = gw.mint(policy, sandbox)
     if kind == "revoked":
         jti = gw.gateway.tokens.verify(token).jti
         gw.call(gw.gateway.state.revoke(jti, 1e12))
@@ -97,14 +113,17 @@ def test_case(engine: tuple[str, GatewayThread], case: Case, decisions: SharedDe
     name, gw = engine
     if name not in case.engines:
         pytest.skip(f"{case.name}: not an {name} shape")
-    token = _token(gw, case.token, case.policy)
+    # A sandbox of its own on the engine's gateway (budgets, connection limits), as a
+    # fresh gateway gave each case; a case whose line names it (NAMED) gets that one.
+    sandbox = str(case.audit.get("sandbox") or f"case-{CASES.index(case) + 1}")
+    token = _token(gw, case.token, case.policy, sandbox)
     for primer in primes(case):  # fetch or mint the value once, through a swap
         with _consent(primer, gw, upstream, test_ca):
-            run(_proxy_spec(primer, gw, token, test_ca, name))
+            run(_proxy_spec(primer, gw, token, test_ca, name, sandbox))
     before_lines = len(gw.audit.records())
     before_seen = len(upstream.requests)
     with _consent(case, gw, upstream, test_ca):
-        result = run(_proxy_spec(case, gw, token, test_ca, name))
+        result = run(_proxy_spec(case, gw, token, test_ca, name, sandbox))
     stage, status, code = case.see
     if case.streamed and name in ("mitmproxy", "h2"):
         stage, status, code = "closed", None, None
@@ -146,9 +165,9 @@ def expected_engine(fixture: str, line: dict[str, Any]) -> str:
 
 
 def _proxy_spec(case: Case, gw: GatewayThread, token: str, test_ca: LocalCA,
-                engine: str) -> Spec:
+                engine: str, sandbox: str) -> Spec:
     assert gw.gateway.proxy_address is not None
-    cred = base64.b64encode(f"sandbox-1:{token}".encode()).decode()
+    cred = base64.b64encode(f"{sandbox}:{token}".encode()).decode()
     cafile = str(test_ca.cert_path) if case.extra.get("upstream_ca") else str(gw.ca_cert)
     spec = build_spec(case, token, proxy=gw.gateway.proxy_address,
                       proxy_auth=f"Basic {cred}", cafile=cafile)

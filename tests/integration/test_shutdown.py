@@ -39,7 +39,7 @@ def _free_port() -> int:
 
 def test_sigterm_lets_in_flight_requests_finish(tmp_path: Path) -> None:
     upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
-    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    threading.Thread(target=upstream.serve_forever, args=(0.05,), daemon=True).start()
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "agent.yaml").write_text(
         "version: v1\nname: agent\negress:\n  - {host: slow.test, methods: [GET]}\n")

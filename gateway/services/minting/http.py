@@ -12,46 +12,22 @@ sentence, never reply bytes.
 
 from __future__ import annotations
 
-import functools
 import json
-import os
-import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import certifi
-
 from gateway.net.resolver import unguarded
+from gateway.net.roots import public_roots, verifying_context
 from gateway.services.minting.errors import MintFailed
 
 if TYPE_CHECKING:  # (aiohttp is imported on the first mint: 7 MB a process saves otherwise)
     import aiohttp
 
-__all__ = ["MAX_REPLY", "Reply", "TokenHttp", "trust"]
+__all__ = ["MAX_REPLY", "Reply", "TokenHttp"]
 
 MAX_REPLY = 1024 * 1024  # a token endpoint's answer is small; more is refused
-
-
-def trust(upstream_ca: Path | None = None) -> ssl.SSLContext:
-    """The verifying client context of the gateway's own HTTPS clients (token endpoints,
-    webhooks, Key Vault, MCP servers' OAuth, the upstream proxy's TLS): the public roots
-    plus `upstream_ca`. Shared while that file is unchanged: each context loads the whole
-    root bundle (about 0.7 MB of a worker's memory; issue 41), and none of its users
-    changes it. Raises OSError or ssl.SSLError for a file it cannot read."""
-    if upstream_ca is None:
-        return _trust(None, None)
-    seen = os.stat(upstream_ca)
-    return _trust(upstream_ca, (seen.st_mtime_ns, seen.st_size, seen.st_ino))
-
-
-@functools.lru_cache(maxsize=8)
-def _trust(upstream_ca: Path | None, version: tuple[int, int, int] | None) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=certifi.where())
-    if upstream_ca is not None:
-        context.load_verify_locations(cafile=str(upstream_ca))
-    return context
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +55,7 @@ class TokenHttp:
                  overrides: Mapping[str, tuple[str, int]] | None = None,
                  timeout: float = 15.0, connect_timeout: float = 10.0,
                  connector: Callable[..., Any] | None = None) -> None:
-        self.context = trust(upstream_ca)
+        self.context = verifying_context(*public_roots(upstream_ca))
         self.overrides = dict(overrides or {})
         self.timeout = timeout
         self.connect_timeout = connect_timeout

@@ -39,7 +39,7 @@ class _Receiver(BaseHTTPRequestHandler):
 @pytest.fixture
 def receiver() -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     _Receiver.got = []
     try:
