@@ -10,6 +10,7 @@ Transparent mode with a pod runs in test_kubernetes_netns.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from dataclasses import replace
 import pytest
 from fakes.kube_api import FakeKubeAPI
 from helpers.gateway import GatewayThread
+from helpers.mcp_consent import consenting
 from helpers.parity import SharedDecisions, Spec, run, shared_decisions
 from helpers.parity_cases import (
     CASES,
@@ -107,6 +109,14 @@ def decisions(request: pytest.FixtureRequest,
     return shared_decisions(request.config, tmp_path_factory.getbasetemp(), "parity-pods")
 
 
+def _consent(case: Case, gw: GatewayThread, upstream: Upstream,
+             test_ca: LocalCA) -> contextlib.AbstractContextManager[None]:
+    """A person completing the MCP OAuth consent the row's request is held for."""
+    if not case.consent:
+        return contextlib.nullcontext()
+    return consenting(gw, upstream.port, test_ca.cert_path)
+
+
 def _spec(case: Case, gw: GatewayThread, test_ca: LocalCA, engine: str, ip: str) -> Spec:
     assert gw.gateway.proxy_address is not None
     cafile = str(test_ca.cert_path) if case.extra.get("upstream_ca") else str(gw.ca_cert)
@@ -126,10 +136,12 @@ def test_row(engine: tuple[str, GatewayThread], case: Case, decisions: SharedDec
         pytest.skip(f"{case.name}: not an {name} shape")
     ip = _pod(kube, gw, name, case.name, case.policy)
     for primer in primes(case):
-        run(_spec(primer, gw, test_ca, name, ip))
+        with _consent(primer, gw, upstream, test_ca):
+            run(_spec(primer, gw, test_ca, name, ip))
     before_lines = len(gw.audit.records())
     before_seen = len(upstream.requests)
-    result = run(_spec(case, gw, test_ca, name, ip))
+    with _consent(case, gw, upstream, test_ca):
+        result = run(_spec(case, gw, test_ca, name, ip))
     stage, status, code = case.see
     if case.streamed and name in ("mitmproxy", "h2"):
         stage, status, code = "closed", None, None
@@ -145,6 +157,12 @@ def test_row(engine: tuple[str, GatewayThread], case: Case, decisions: SharedDec
     assert line["engine"] == expected_engine(name, line), (name, line["engine"], line)
     if case.check is not None:
         case.check(result, upstream.requests[before_seen:])
-    seen = decisions.record(case.name, name, decision_fields(line))
+    fields = decision_fields(line)
+    if fields["credential"] and "(sandbox:" in fields["credential"]:
+        # (an MCP OAuth grant per sandbox: this row's pod's, whose name is the engine's)
+        pod = f"(sandbox:{line['sandbox']})"
+        assert fields["credential"].endswith(pod), (fields, pod)
+        fields["credential"] = fields["credential"].replace(pod, "(sandbox: the row's pod)")
+    seen = decisions.record(case.name, name, fields)
     # The same decision on every engine that ran the row (in whichever process).
     assert len({json.dumps(v, sort_keys=True) for v in seen.values()}) == 1, seen
