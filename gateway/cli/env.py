@@ -10,6 +10,7 @@ from pathlib import Path
 from gateway.cli.common import config_of, credentials_of
 from gateway.cli.token import mint_token
 from gateway.config import Config
+from gateway.core.policy.compiled import PolicySet
 from gateway.services.identity.tokens import SigningKeys, TokenService
 from gateway.services.policy import load_policy_dir
 from gateway.services.state.base import MemoryState
@@ -44,8 +45,10 @@ def cmd_env(args: argparse.Namespace) -> int:
         print(f"sandbox-gateway: --token is not a usable gateway token: {exc}; mint one "
               "with `sandbox-gateway token mint` or POST /v1/tokens", file=sys.stderr)
         return 1
+    git_hosts = tuple(args.git_host or ["github.com"])
     try:
-        placeholders = _placeholders(args) if verified else {}
+        keys = _key_variables(_token_policy(args), git_hosts) if verified \
+            else ({}, ())
     except ValueError as exc:  # two placeholders for one variable
         print(f"sandbox-gateway: {exc}", file=sys.stderr)
         return 1
@@ -53,11 +56,11 @@ def cmd_env(args: argparse.Namespace) -> int:
     jvm_agent = None if args.jvm_agent in ("", "none") else args.jvm_agent
     variables = sandbox_variables(args.token, args.proxy, sandbox=args.sandbox,
                                   ca_bundle=args.ca_bundle, node_preload=preload,
-                                  git_hosts=tuple(args.git_host or ["github.com"]),
-                                  placeholders=placeholders, jvm_agent=jvm_agent)
+                                  git_hosts=git_hosts, placeholders=keys[0],
+                                  jvm_agent=jvm_agent, omit=keys[1])
     sys.stdout.write(render(variables, args.format))
     # The env file stays variables only; advice goes to the operator's terminal.
-    notes = dns_note(args.proxy)
+    notes = dns_note(args.proxy) + _omitted_note(keys[1])
     if not verified:
         cfg = config_of(args)
         notes.append(f"# The token's signature was not checked: no gateway signing keys in "
@@ -78,30 +81,27 @@ def _pod_env(args: argparse.Namespace) -> int:
     """`env --kubernetes`: a pod known by its address (identity.kubernetes) carries no
     token; the key variables hold a placeholder (with --policy and --config: the
     policy's credentials' placeholders before it)."""
-    from gateway.tools.sandbox_env import dns_note, placeholders_of, render, sandbox_variables
+    from gateway.tools.sandbox_env import dns_note, render, sandbox_variables
 
     if args.token is not None or args.ttl is not None or args.sandbox is not None:
         print("sandbox-gateway: env --kubernetes takes no --token, --ttl or --sandbox: the "
               "pod is its own identity (its namespace and name)", file=sys.stderr)
         return 2
-    placeholders: dict[str, str] = {}
+    git_hosts = tuple(args.git_host or ["github.com"])
+    keys: tuple[dict[str, str], tuple[str, ...]] = ({}, ())
     if args.policy is not None and getattr(args, "config", None) is not None:
         policies = load_policy_dir(config_of(args).policies)
-        policy = policies.get(args.policy)
-        if policy is None:
+        if policies.get(args.policy) is None:
             print(f"sandbox-gateway: no policy {args.policy!r}", file=sys.stderr)
             return 1
-        names = {rule.credential for rule in policy.rules if rule.credential}
-        placeholders = placeholders_of((c.preset, c.placeholder) for name, c in
-                                       sorted(policies.credentials.items()) if name in names)
+        keys = _key_variables((policies, args.policy), git_hosts)
     preload = None if args.node_preload in ("", "none") else args.node_preload
     jvm_agent = None if args.jvm_agent in ("", "none") else args.jvm_agent
     variables = sandbox_variables(None, args.proxy, ca_bundle=args.ca_bundle,
-                                  node_preload=preload,
-                                  git_hosts=tuple(args.git_host or ["github.com"]),
-                                  placeholders=placeholders, jvm_agent=jvm_agent)
+                                  node_preload=preload, git_hosts=git_hosts,
+                                  placeholders=keys[0], jvm_agent=jvm_agent, omit=keys[1])
     sys.stdout.write(render(variables, args.format))
-    notes = dns_note(args.proxy)
+    notes = dns_note(args.proxy) + _omitted_note(keys[1])
     notes.append("# No token: the gateway knows the pod by its address (identity.kubernetes); "
                  "label the pod sandbox-gateway.io/policy=<policy> or set its namespace's "
                  "default policy.")
@@ -138,19 +138,39 @@ def _check_env_token(args: argparse.Namespace) -> bool:
     return True
 
 
-def _placeholders(args: argparse.Namespace) -> dict[str, str]:
-    """The key variables' prefixes from the `placeholder` of the credentials the token's
-    policy injects (with --config: the gateway's policies)."""
+def _token_policy(args: argparse.Namespace) -> tuple[PolicySet, str]:
+    """The gateway's policies (with --config, else the embedded defaults') and the name
+    of the token's policy."""
     from gateway.services.identity.tokens import unverified_claims
-    from gateway.tools.sandbox_env import placeholders_of
 
-    policies = load_policy_dir(config_of(args).policies)
-    policy = policies.get(str(unverified_claims(args.token).get("pol") or ""))
+    return (load_policy_dir(config_of(args).policies),
+            str(unverified_claims(args.token).get("pol") or ""))
+
+
+def _key_variables(named: tuple[PolicySet, str], git_hosts: tuple[str, ...]
+                   ) -> tuple[dict[str, str], tuple[str, ...]]:
+    """From the sandbox's policy: the key variables' prefixes (the `placeholder` of the
+    credentials it injects) and the variables left out (`implicit_unbound`: a client
+    would send the token where no credential takes its place). An unknown policy: none."""
+    from gateway.tools.sandbox_env import implicit_unbound, placeholders_of
+
+    policies, name = named
+    policy = policies.get(name)
     if policy is None:
-        return {}
-    names = {rule.credential for rule in policy.rules if rule.credential}
-    return placeholders_of((c.preset, c.placeholder) for name, c in
-                           sorted(policies.credentials.items()) if name in names)
+        return {}, ()
+    rules = [rule for rule in policy.rules if rule.credential]
+    names = {rule.credential for rule in rules}
+    placeholders = placeholders_of((c.preset, c.placeholder) for name, c in
+                                   sorted(policies.credentials.items()) if name in names)
+    return placeholders, implicit_unbound((rule.host_pattern for rule in rules), git_hosts)
+
+
+def _omitted_note(omitted: tuple[str, ...]) -> list[str]:
+    if not omitted:
+        return []
+    return [f"# Not set: {', '.join(omitted)}. Their clients send them unprompted to their "
+            "vendor's hosts, where this policy binds no credential: the gateway would "
+            "refuse the token there (exfiltration_blocked)."]
 
 
 def cmd_node_preload(args: argparse.Namespace) -> int:

@@ -30,14 +30,17 @@ import ipaddress
 import json
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import yaml
 
 from gateway.services.identity.tokens import AUDIENCE, unverified_claims
+
+if TYPE_CHECKING:
+    from gateway.core.policy.hosts import HostPattern
 
 DEFAULT_CA_BUNDLE = "/etc/sandbox-gateway/ca-bundle.pem"
 DEFAULT_NODE_PRELOAD = "/etc/sandbox-gateway/node-proxy-preload.mjs"
@@ -74,6 +77,15 @@ PRESET_VARIABLES: dict[str, tuple[str, ...]] = {
     "azure-openai": ("AZURE_OPENAI_API_KEY",), "gemini": ("GEMINI_API_KEY", "GOOGLE_API_KEY"),
     "mistral": ("MISTRAL_API_KEY",), "groq": ("GROQ_API_KEY",),
     "openrouter": ("OPENROUTER_API_KEY",), "huggingface": ("HF_TOKEN",),
+}
+#: Key variables a client sends unprompted, on every call to its vendor's hosts, public
+#: data included (huggingface_hub's `HF_TOKEN`, gh's `GH_TOKEN`): the gateway refuses the
+#: token there (`exfiltration_blocked`) unless a rule binds a credential on that host, so
+#: `env` leaves them out when the sandbox's policy binds none (`implicit_unbound`).
+IMPLICIT_SENDERS: dict[str, tuple[str, ...]] = {
+    "HF_TOKEN": ("huggingface.co",),
+    "GH_TOKEN": ("api.github.com", "github.com"),
+    "GITHUB_TOKEN": ("api.github.com", "github.com"),
 }
 NO_PROXY = "localhost,127.0.0.1,::1"
 _JWT = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
@@ -184,13 +196,15 @@ def sandbox_variables(token: str | None, proxy: str, sandbox: str | None = None,
                       node_preload: str | None = DEFAULT_NODE_PRELOAD,
                       git_hosts: tuple[str, ...] = ("github.com",),
                       placeholders: Mapping[str, str] | None = None,
-                      jvm_agent: str | None = DEFAULT_JVM_AGENT) -> list[tuple[str, str]]:
+                      jvm_agent: str | None = DEFAULT_JVM_AGENT,
+                      omit: Collection[str] = ()) -> list[tuple[str, str]]:
     """The sandbox's variables, in output order. `node_preload`: the preload's path
     inside the sandbox (None: no NODE_OPTIONS); `jvm_agent`: the JVM agent's (None: no
     JAVA_TOOL_OPTIONS); `git_hosts`: hosts whose git credential
     helper answers the token (empty: none); `placeholders`: a key variable's prefix before
-    the token (`placeholders_of`). `token` None: a Kubernetes pod known by its address
-    (no credentials anywhere; the key variables hold `POD_KEY`)."""
+    the token (`placeholders_of`); `omit`: key variables left out (`implicit_unbound`).
+    `token` None: a Kubernetes pod known by its address (no credentials anywhere; the key
+    variables hold `POD_KEY`)."""
     if token is not None:
         sandbox = sandbox or str(unverified_claims(token).get("sub") or "sandbox")
     url = proxy_url(proxy, sandbox, token)
@@ -205,7 +219,8 @@ def sandbox_variables(token: str | None, proxy: str, sandbox: str | None = None,
         # line, which the JVM echoes ("Picked up JAVA_TOOL_OPTIONS: ...") to stderr.
         out.append(("JAVA_TOOL_OPTIONS", f"-javaagent:{_quoted(jvm_agent)}"))
     prefix = placeholders or {}
-    out += [(var, prefix.get(var, "") + (token or POD_KEY)) for var in API_KEY_VARIABLES]
+    out += [(var, prefix.get(var, "") + (token or POD_KEY)) for var in API_KEY_VARIABLES
+            if var not in omit]
     out += list(AWS_PLACEHOLDERS)
     if git_hosts:
         out += git_config(git_hosts)
@@ -230,6 +245,21 @@ def placeholders_of(credentials: Iterable[tuple[str | None, str | None]]
                 raise ValueError(f"two {preset} credentials give {var} different "
                                  "placeholders; keep one")
     return out
+
+
+def implicit_unbound(credential_hosts: Iterable[HostPattern],
+                     git_hosts: Iterable[str] = ()) -> tuple[str, ...]:
+    """The `IMPLICIT_SENDERS` variables no credential binds a host of: what `env` leaves
+    out for a policy whose credential rules have `credential_hosts` as their hosts. The
+    GitHub variables also feed the git credential helper, so a credential on one of
+    `git_hosts` keeps them."""
+    patterns = list(credential_hosts)
+    out = []
+    for var, hosts in IMPLICIT_SENDERS.items():
+        names = (*hosts, *git_hosts) if var != "HF_TOKEN" else hosts
+        if not any(p.matches(host) for p in patterns for host in names):
+            out.append(var)
+    return tuple(out)
 
 
 def sandbox_env(token: str, proxy: str, sandbox: str | None = None,

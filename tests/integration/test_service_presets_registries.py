@@ -199,11 +199,11 @@ def test_huggingface_preset_hf_hub_download_and_a_refused_upload(tmp_path: Path,
     """huggingface_hub (from PyPI): `hf_hub_download` of a small file (HEAD and GET of
     /<repo>/resolve/main/...) and of an LFS file (its /resolve/ redirects to
     cdn-lfs.hf.co); `upload_file` (the commit API, POST /api/models/.../preupload/...)
-    refused. HF_TOKEN from `env` holds the gateway token, which huggingface_hub sends to
-    huggingface.co: keyless, the client is told not to (HF_HUB_DISABLE_IMPLICIT_TOKEN),
-    or the download is refused `exfiltration_blocked` (keyless-with-token, the trip the
-    preset's docs warn of); keyed, a credential rule before the preset swaps it for the
-    Hub token, which the CDN never gets."""
+    refused. huggingface_hub sends HF_TOKEN to huggingface.co on every call: keyless,
+    `env` leaves it out (no credential binds that host), and a sandbox that sets it to
+    the gateway token itself is refused `exfiltration_blocked` (keyless-with-token);
+    keyed, `env` sets it and a credential rule before the preset swaps it for the Hub
+    token, which the CDN never gets."""
     ca = LocalCA.create(tmp_path / "ca", name="hf CA")
     hub = HubFiles()
     server = serve_wsgi(hub.app, ca.server_context(tmp_path, list(hub.HOSTS)), Recorder())
@@ -212,8 +212,11 @@ def test_huggingface_preset_hf_hub_download_and_a_refused_upload(tmp_path: Path,
         with _through_preset(tmp_path, "huggingface", ca, dict.fromkeys(hub.HOSTS, server.port),
                              own=HF_KEYED if keyed else "",
                              secrets=f"hf-token: {HF_KEY}\n" if keyed else "") as run:
-            code, got, err = _hf_run(run, **({"HF_HUB_DISABLE_IMPLICIT_TOKEN": "1"}
-                                             if how == "keyless" else {}))
+            # env sets HF_TOKEN only where a credential takes its place (keyed); a
+            # sandbox that sets it to the token itself is refused at the first call.
+            assert ("HF_TOKEN" in run.box.variables) is keyed, run.box.variables
+            code, got, err = _hf_run(run, **({"HF_TOKEN": run.token}
+                                             if how == "keyless-with-token" else {}))
             lines = run.lines()
     finally:
         server.stop()

@@ -15,12 +15,14 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import yaml
 
+from gateway.core.policy.hosts import compile_host_pattern
 from gateway.tools.sandbox_env import (
     API_KEY_VARIABLES,
     CA_VARIABLES,
     InvalidToken,
     check_token,
     dns_note,
+    implicit_unbound,
     jvm_agent_bytes,
     node_preload_source,
     placeholders_of,
@@ -232,3 +234,32 @@ def test_placeholders_go_before_the_token_in_their_presets_variables() -> None:
     assert env["OPENAI_API_KEY"] == JWT
     with pytest.raises(ValueError, match="different placeholders"):
         placeholders_of([("openai", "sk-proj-"), ("openai", "sk-")])
+
+
+@pytest.mark.parametrize(
+    ("credential_hosts", "git_hosts", "left_out"),
+    [
+        ([], (), ("HF_TOKEN", "GH_TOKEN", "GITHUB_TOKEN")),       # keyless: none of them
+        (["api.openai.com"], ("github.com",), ("HF_TOKEN", "GH_TOKEN", "GITHUB_TOKEN")),
+        (["huggingface.co"], (), ("GH_TOKEN", "GITHUB_TOKEN")),
+        (["*.huggingface.co"], (), ("HF_TOKEN", "GH_TOKEN", "GITHUB_TOKEN")),  # not the apex
+        (["api.github.com"], (), ("HF_TOKEN",)),                 # gh's API
+        (["github.com"], (), ("HF_TOKEN",)),                     # git's paths only
+        (["*.github.com"], (), ("HF_TOKEN",)),
+        (["git.example.com"], ("git.example.com",), ("HF_TOKEN",)),  # the helper's host
+        (["git.example.com"], (), ("HF_TOKEN", "GH_TOKEN", "GITHUB_TOKEN")),
+        (["cdn-lfs.hf.co"], (), ("HF_TOKEN", "GH_TOKEN", "GITHUB_TOKEN")),  # a CDN is not the Hub
+    ],
+)
+def test_variables_a_client_sends_unprompted_are_left_out_where_no_credential_binds(
+        credential_hosts: list[str], git_hosts: tuple[str, ...],
+        left_out: tuple[str, ...]) -> None:
+    """huggingface_hub sends HF_TOKEN, gh GH_TOKEN/GITHUB_TOKEN, on every call to their
+    vendor's hosts: holding the gateway token where no credential takes its place, the
+    call is refused exfiltration_blocked, so env leaves the variable out."""
+    omit = implicit_unbound([compile_host_pattern(h) for h in credential_hosts], git_hosts)
+    assert omit == left_out
+    env = _env([f"{k}={v}" for k, v in sandbox_variables(JWT, "http://gateway:8080",
+                                                         omit=omit)])
+    assert not set(left_out) & set(env)
+    assert all(env[var] == JWT for var in API_KEY_VARIABLES if var not in left_out)
