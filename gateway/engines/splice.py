@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 
 from gateway.core.addresses import Pinned
+from gateway.engines.splice_kernel import AVAILABLE as KERNEL
+from gateway.engines.splice_kernel import KernelRelay, Pipes
 from gateway.net.resolver import pin
 from gateway.net.upstream_proxy import ProxyDialFailed, UpstreamProxy
 from gateway.pipeline.gate import Client, Gate
@@ -41,6 +44,7 @@ class Splices:
         self.lifetime = lifetime
         self.connect = connect
         self.open: set[Splice] = set()
+        self.pipes = Pipes()  # the kernel relays' (splice_kernel)
         self._sweeper: asyncio.Task[None] | None = None
 
     def start(self, transport: asyncio.Transport, client: Client, first: bytes) -> Splice:
@@ -74,6 +78,7 @@ class Splices:
             self._sweeper = None
         for splice in list(self.open):
             splice.close("shutting_down")
+        self.pipes.clear()
 
 
 class Splice(asyncio.Protocol):
@@ -96,6 +101,8 @@ class Splice(asyncio.Protocol):
         self.last = self.started
         self.error: str | None = None
         self.finished = False
+        self._raw: socket.socket | None = None  # the upstream socket while it has no owner
+        self.relay: KernelRelay | None = None
 
     def take(self, transport: asyncio.Transport, first: bytes) -> None:
         self.transport = transport
@@ -108,7 +115,8 @@ class Splice(asyncio.Protocol):
 
     def overdue(self, now: float) -> str | None:
         """Why the sweeper should end this tunnel now, or None."""
-        if self.owner.idle > 0 and now - self.last > self.owner.idle:
+        last = self.last if self.relay is None else max(self.last, self.relay.last)
+        if self.owner.idle > 0 and now - last > self.owner.idle:
             return "idle_timeout"
         if self.owner.lifetime > 0 and now - self.started > self.owner.lifetime:
             return "max_tunnel_lifetime"
@@ -125,8 +133,12 @@ class Splice(asyncio.Protocol):
                                                timeout=self.owner.connect)
             else:
                 async with asyncio.timeout(self.owner.connect):
-                    _, upstream = await loop.create_connection(lambda: _Upstream(self), ip,
-                                                               port)
+                    self._raw = await _connect(loop, ip, port)
+                if self._to_kernel(self._raw):
+                    return
+                _, upstream = await loop.create_connection(lambda: _Upstream(self),
+                                                           sock=self._raw)
+                self._raw = None
         except ProxyDialFailed as exc:  # (logged by the proxy's dial)
             log.info("passthrough to %s: %s", self.where, exc.failure.reason)
             self.close("upstream_proxy_failed")
@@ -152,6 +164,41 @@ class Splice(asyncio.Protocol):
             self.transport.resume_reading()
         if self.client_ended:
             self._half_close_upstream()
+
+    def _to_kernel(self, upstream: socket.socket) -> bool:
+        """Hand a direct tunnel to the kernel relay (`splice_kernel`): when the client's
+        transport is a plain socket whose answer (the door's 200) is all sent. What the
+        client sent meanwhile goes first (all of it at once, else the transports' way);
+        the transport stays, paused, until the tunnel closes (the sweep's `abort` still
+        ends it). False: relay through transports."""
+        transport = self.transport
+        if not KERNEL or transport is None or transport.is_closing() \
+                or transport.get_extra_info("sslcontext") is not None \
+                or transport.get_write_buffer_size():
+            return False
+        wrapped = transport.get_extra_info("socket")
+        if wrapped is None or wrapped.type != socket.SOCK_STREAM:
+            return False
+        transport.pause_reading()
+        if self.pending:
+            try:
+                sent = upstream.send(self.pending)
+            except BlockingIOError:
+                sent = 0
+            del self.pending[:sent]
+            if self.pending:
+                transport.resume_reading()
+                return False
+        try:
+            client = wrapped.dup()
+        except OSError:
+            transport.resume_reading()
+            return False
+        relay = KernelRelay(client, upstream, self.owner.pipes, lambda: self.close(None))
+        self._raw = None
+        self.relay = relay
+        relay.start(client_ended=self.client_ended)
+        return True
 
     # -- relaying ------------------------------------------------------------------------
 
@@ -213,15 +260,40 @@ class Splice(asyncio.Protocol):
             self.transport.close()
         if self.peer is not None:
             self.peer.close()
+        if self.relay is not None:
+            self.relay.close()
+        if self._raw is not None:
+            self._raw.close()
+            self._raw = None
         if self.finished:
             return
         self.finished = True
         self.owner.open.discard(self)
+        if not self.owner.open:
+            self.owner.pipes.clear()
+        relay = self.relay
         bytes_in = self.peer.bytes_in if self.peer is not None else 0
+        bytes_out = self.bytes_out
+        if relay is not None:
+            bytes_in, bytes_out = relay.bytes_in, bytes_out + relay.bytes_out
         try:
-            self.owner.gate.tunnel_closed(self.client, bytes_in, self.bytes_out, self.error)
+            self.owner.gate.tunnel_closed(self.client, bytes_in, bytes_out, self.error)
         finally:
             self.owner.gate.closed(self.client)
+
+
+async def _connect(loop: asyncio.AbstractEventLoop, ip: str, port: int) -> socket.socket:
+    """A non-blocking TCP socket connected to `ip:port` (through the loop's guarded
+    `sock_connect`, as `create_connection` dials), TCP_NODELAY like asyncio's transports."""
+    sock = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await loop.sock_connect(sock, (ip, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class _Upstream(asyncio.BufferedProtocol):

@@ -1,0 +1,178 @@
+"""The kernel relay (engines/splice_kernel.py) between real TCP sockets on 127.0.0.1:
+bytes arrive whole and in order both ways at once, a slow reader holds the other side
+back (one pipe at most), EOFs pass on as half-closes, a reset ends the relay once, and
+no descriptor is left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import socket
+import struct
+
+import pytest
+
+from gateway.engines.splice_kernel import AVAILABLE, PIPE_SIZE, KernelRelay, Pipes
+
+pytestmark = pytest.mark.skipif(not AVAILABLE, reason="os.splice is Linux-only")
+
+SIZE = 24 * 1024 * 1024
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        outer = socket.create_connection(server.getsockname())
+        inner, _ = server.accept()
+    outer.setblocking(False)
+    inner.setblocking(False)
+    return outer, inner
+
+
+class Ends:
+    """sandbox <-> [client | relay | upstream] <-> server."""
+
+    def __init__(self) -> None:
+        self.sandbox, self.client = _pair()
+        self.upstream, self.server = _pair()
+        self.pipes = Pipes()
+        self.done = 0
+        self.relay = KernelRelay(self.client, self.upstream, self.pipes, self._done)
+
+    def _done(self) -> None:
+        self.done += 1
+
+    def close(self) -> None:
+        self.relay.close()
+        self.pipes.clear()
+        self.sandbox.close()
+        self.server.close()
+
+
+async def _send(sock: socket.socket, data: bytes, *, eof: bool = True) -> None:
+    await asyncio.get_running_loop().sock_sendall(sock, data)
+    if eof:
+        sock.shutdown(socket.SHUT_WR)
+
+
+async def _read_all(sock: socket.socket, *, slow: bool = False) -> bytes:
+    loop = asyncio.get_running_loop()
+    got = bytearray()
+    while True:
+        chunk = await loop.sock_recv(sock, 65536)
+        if not chunk:
+            return bytes(got)
+        got += chunk
+        if slow and len(got) < 4 * 1024 * 1024:
+            await asyncio.sleep(0.002)  # a reader slower than the writer: back-pressure
+
+
+def test_bytes_arrive_whole_both_ways_at_once_and_eofs_pass_on() -> None:
+    async def main() -> None:
+        before = _fds()
+        ends = Ends()
+        ends.relay.start()
+        up, down = os.urandom(SIZE), os.urandom(SIZE // 3)
+        _, _, at_server, at_sandbox = await asyncio.wait_for(asyncio.gather(
+            _send(ends.sandbox, up), _send(ends.server, down),
+            _read_all(ends.server, slow=True), _read_all(ends.sandbox)), 60)
+        assert hashlib.sha256(at_server).digest() == hashlib.sha256(up).digest()
+        assert at_sandbox == down
+        assert (ends.relay.bytes_out, ends.relay.bytes_in) == (SIZE, SIZE // 3)
+        for _ in range(100):
+            if ends.done:
+                break
+            await asyncio.sleep(0.01)
+        assert ends.done == 1 and ends.relay.closed
+        assert ends.relay.out.pipe is None and ends.relay.into.pipe is None
+        assert len(ends.pipes.free) <= Pipes.KEEP
+        ends.close()
+        assert _fds() == before
+
+    asyncio.run(main())
+
+
+def test_a_half_closed_sandbox_still_gets_the_whole_answer() -> None:
+    """The sandbox sends its request and EOF first (curl -T, a git push); the answer
+    keeps coming after the upstream has read that EOF."""
+    async def main() -> None:
+        ends = Ends()
+        ends.relay.start()
+        await _send(ends.sandbox, b"request")
+        assert await asyncio.wait_for(_read_all(ends.server), 10) == b"request"
+        answer = os.urandom(3 * PIPE_SIZE + 17)
+        await _send(ends.server, answer)
+        assert await asyncio.wait_for(_read_all(ends.sandbox), 10) == answer
+        await asyncio.sleep(0.05)
+        assert ends.done == 1
+        ends.close()
+
+    asyncio.run(main())
+
+
+def test_a_client_that_ended_before_the_relay_began_is_passed_on_at_once() -> None:
+    async def main() -> None:
+        ends = Ends()
+        ends.sandbox.shutdown(socket.SHUT_WR)
+        ends.relay.start(client_ended=True)
+        assert await asyncio.wait_for(_read_all(ends.server), 10) == b""
+        await _send(ends.server, b"bye")
+        assert await asyncio.wait_for(_read_all(ends.sandbox), 10) == b"bye"
+        await asyncio.sleep(0.05)
+        assert ends.done == 1 and ends.relay.bytes_out == 0
+        ends.close()
+
+    asyncio.run(main())
+
+
+def test_a_reset_ends_the_relay_once_with_nothing_left_open() -> None:
+    async def main() -> None:
+        before = _fds()
+        ends = Ends()
+        ends.relay.start()
+        await _send(ends.sandbox, b"x" * 1000, eof=False)
+        assert await asyncio.wait_for(asyncio.get_running_loop().sock_recv(ends.server, 10),
+                                      5) == b"x" * 10
+        # RST from the server side: SO_LINGER 0, then close
+        ends.server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        ends.server.close()
+        await _send(ends.sandbox, b"y" * 100_000, eof=False)
+        for _ in range(200):
+            if ends.done:
+                break
+            await asyncio.sleep(0.01)
+        assert ends.done == 1 and ends.relay.closed
+        # the sandbox's connection ended too (reset: it had sent bytes nobody read)
+        with contextlib.suppress(ConnectionResetError):
+            assert await asyncio.wait_for(_read_all(ends.sandbox), 5) == b""
+        ends.relay.close()  # idempotent
+        ends.pipes.clear()
+        ends.sandbox.close()
+        assert _fds() == before
+        assert ends.done == 1
+
+    asyncio.run(main())
+
+
+def test_an_idle_relay_holds_no_pipe() -> None:
+    """Pipes are lent only while bytes are in them: thousands of idle tunnels hold none."""
+    async def main() -> None:
+        ends = Ends()
+        ends.relay.start()
+        loop = asyncio.get_running_loop()
+        for _ in range(5):
+            await _send(ends.sandbox, b"ping", eof=False)
+            assert await asyncio.wait_for(loop.sock_recv(ends.server, 10), 5) == b"ping"
+            await _send(ends.server, b"pong", eof=False)
+            assert await asyncio.wait_for(loop.sock_recv(ends.sandbox, 10), 5) == b"pong"
+            assert ends.relay.out.pipe is None and ends.relay.into.pipe is None
+        assert 1 <= len(ends.pipes.free) <= 2
+        ends.close()
+        assert not ends.pipes.free
+
+    asyncio.run(main())
