@@ -205,7 +205,7 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "`run` as a real process: its banners, SIGTERM drain, `--workers 2`, a second "
         "instance on the same port"),
     "gateway/cli/state.py": (
-        "tests/services/state/test_state_sqlite.py",
+        "tests/services/state/test_sqlite_tools.py",
         "`state check` / `state backup` on a SQLite file a live process keeps writing"),
     "gateway/cli/token.py": (
         "tests/cli/test_cli.py, tests/integration/test_key_rotation.py, "
@@ -625,6 +625,16 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/api/test_console_requests.py, tests/integration/test_console_log_workers.py",
         "the console's feed from the audit sink (batches, the hold); every worker's lines "
         "in one log on real processes"),
+    "gateway/services/state/sqlite_mints.py": (
+        "tests/services/state/test_state_contract.py, "
+        "tests/integration/test_worker_minting.py",
+        "the store contract's mint share and refresh-token cases, run on a real SqliteState "
+        "file (one lease holder at a time, a rotated token kept); credentials minted once "
+        "for the worker processes of a real gateway sharing the file"),
+    "gateway/services/state/sqlite_records.py": (
+        "tests/services/state/test_state_contract.py, tests/services/approvals/test_service.py",
+        "the store contract's shared-record cases (versions, expiry, the change counter) "
+        "on a real SqliteState file; ask mode's approvals and grants over it"),
     "gateway/services/state/memory_counters.py": (
         "tests/services/state/test_counters.py, tests/services/state/test_state_leases.py",
         "imported: the one-process counters and leases, beside the shared ones"),
