@@ -217,7 +217,7 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "imported for its table lines, and `usage` run against the served admin app"),
     # --- the admin listener ---
     "gateway/api/admin.py": (
-        "tests/api/test_admin_api.py, tests/services/metering/test_metering_series.py",
+        "tests/api/test_admin_api.py, tests/services/metering/test_metering_report.py",
         "imported: its test under another name, every route over Starlette's TestClient "
         "with a real TokenService and real policies"),
     "gateway/api/approvals.py": (
@@ -484,8 +484,18 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/core/test_metering_models.py, "
         "tests/core/test_metering_estimate.py",
         "imported: which API a request calls, its model, the include_usage rewrite"),
+    "gateway/services/metering/exchange.py": (
+        "tests/services/metering/test_metering_fail_closed.py, "
+        "tests/services/metering/test_metering_service.py",
+        "value types the step hands out: every admitted `Exchange` and the audit record "
+        "`Metered.as_record` gives are asserted in these tables"),
+    "gateway/services/metering/refusing.py": (
+        "tests/services/metering/test_metering_fail_closed.py, "
+        "tests/pipeline/test_pipeline_gate.py",
+        "every `metering_unavailable` and `minted_secret_refused` row of the step's refusal "
+        "table, with its reason; the codes counted in the gateway's metrics"),
     "gateway/services/metering/ledger.py": (
-        "tests/services/metering/test_metering_series.py",
+        "tests/services/metering/test_metering_report.py",
         "imported: the hourly and daily buckets against the rows the same data gives"),
     "gateway/core/metering/pricing.py": (
         "tests/core/test_metering_catalogue.py, "
