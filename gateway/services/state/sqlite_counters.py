@@ -112,18 +112,13 @@ class SqliteCounters(SqliteFile, LeaseHolding):
         self._flush_scheduled = False
         if self._held:
             self._write_held()
-        batch = self.view.take()
-        settling = self.view.take_settling()
-        if (not batch and not settling) or self._conn is None:
-            self.view.restore(batch)
-            self.view.restore_settling(settling)
+        if (not self.view.pending and not self.view.settling) or self._conn is None:
             return
         try:
-            dropped = self._counters_txn(self._rows(batch), {
-                holder: self._rows(tables) for holder, tables in settling.items()})
+            with self.view.sending() as (batch, settling):
+                dropped = self._counters_txn(self._rows(batch), {
+                    holder: self._rows(tables) for holder, tables in settling.items()})
         except sqlite3.Error as exc:
-            self.view.restore(batch)
-            self.view.restore_settling(settling)
             self._failed("counters", exc)
             return
         self._recovered()

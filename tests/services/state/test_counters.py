@@ -19,7 +19,7 @@ from gateway.net.resolver import new_event_loop
 from gateway.services.metering.budgets import BudgetBook, Hold
 from gateway.services.policy import load_policy_text
 from gateway.services.state.base import MemoryState
-from gateway.services.state.counters import Increment
+from gateway.services.state.counters import CounterView, Increment
 from gateway.services.state.memory_counters import MemoryCounters
 from gateway.services.state.redis import RedisState
 from gateway.services.state.sqlite import SqliteState
@@ -49,6 +49,25 @@ def test_memory_counters_expire() -> None:
     counters.count([inc("b", "y", 1, 5000)])  # prunes expired tables
     assert "a" not in counters.view.shared
     assert not counters.counters_degraded
+
+
+def test_a_batch_taken_to_be_written_is_put_back_when_the_write_fails() -> None:
+    """`CounterView.sending`, what every store writes its counts with: taken (the view
+    has nothing pending meanwhile), kept when the block ends, and put back in front of
+    what was counted meanwhile when it raises."""
+    view = CounterView(Clock())
+    view.add([inc("t", "x", 2)])
+    view.add_settling("h1", [inc("t", "r", -5)])
+    with view.sending() as (batch, settling):
+        assert batch == {"t": {"x": 2}} and settling == {"h1": {"t": {"r": -5}}}
+        assert view.pending == {} and view.settling == {}
+    assert view.pending == {} and view.settling == {}  # (written)
+    view.add([inc("t", "x", 3)])
+    view.add_settling("h1", [inc("t", "r", -1)])
+    with pytest.raises(OSError), view.sending():
+        view.add([inc("t", "x", 4)])  # (counted while the write was under way)
+        raise OSError("the write failed")
+    assert view.pending == {"t": {"x": 7}} and view.settling == {"h1": {"t": {"r": -1}}}
 
 
 def test_memory_state_counts() -> None:
