@@ -181,9 +181,6 @@ LONG = {
 # still be over). Functions there are not bound yet.
 SIZED_MODULES = ("services", "runtime")
 LONG_MODULES = {
-    "gateway/runtime/app.py": "not split yet: the wiring of every service, engine and "
-    "listener and the process's lifecycle; its seams are building the services, the "
-    "listeners, and the start/drain/stop",
     "gateway/services/state/redis.py": "not split yet: the Redis store's parts "
     "(revocations and registrations with their pub/sub mirror, minted secrets, mints, "
     "records, the request log) share one client and its reconnect; to be split per part "

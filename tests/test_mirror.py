@@ -426,6 +426,23 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/integration/test_proxy_basics.py, tests/integration/test_worker_processes.py",
         "the gateway's wiring: every integration test runs a real `Gateway` "
         "(tests/helpers/gateway.py) or a real `run` process"),
+    "gateway/runtime/building.py": (
+        "tests/integration/test_proxy_basics.py, tests/integration/test_worker_processes.py, "
+        "tests/integration/test_otel_export.py, tests/integration/test_mcp_oauth.py",
+        "the services every real `Gateway` builds at start (the tests' GatewayThread and "
+        "`run` processes): the revocation relay, the exporter process, MCP OAuth's key"),
+    "gateway/runtime/lifecycle.py": (
+        "tests/integration/test_shutdown.py, tests/reliability/test_lifecycle.py, "
+        "tests/reliability/test_state_outage.py",
+        "readiness, the drain and the stop of real gateway processes: /readyz through "
+        "degraded and refusing stores, SIGTERM with requests in flight"),
+    "gateway/runtime/listening.py": (
+        "tests/integration/test_dns.py, tests/integration/test_parity.py",
+        "the DNS resolver started on `listen.dns`, and mitmproxy's master taking the "
+        "doors' ports (every parity row runs on the mitmproxy engine too)"),
+    "gateway/runtime/parts.py": (
+        "tests/integration/test_proxy_basics.py",
+        "attribute declarations and the policy lookups of every real `Gateway`"),
     "gateway/runtime/sweeper.py": (
         "tests/integration/test_revocation_ends_connections.py",
         "a revoked token's open connections end within a second, on every engine"),
