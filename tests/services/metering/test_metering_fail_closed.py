@@ -1,9 +1,10 @@
 """The metering step fails closed: on a rule that must be metered (a token or cost
-budget, or `metering: required`) an inference call is metered or refused; reservations
-settle to what a call used, or to the reservation when its usage never arrives;
-deferred jobs are metered when retrieved; provider-minted secrets are refused or bound;
-WebSocket sessions are checked message by message. Each way around the meter found on
-the previous `main` is a row here (see the metering issue's "Why")."""
+budget, or `metering: required`) an inference call is metered or refused; provider-minted
+secrets are refused or bound; what cannot be modelled is denied by default. Each way
+around the meter found on the previous `main` is a row here (see the metering issue's
+"Why"); those of its parts are in their own files: reservations settling
+(test_metering_settlement.py), bounds (test_metering_worst_case.py), deferred jobs
+(test_metering_deferred.py), WebSocket sessions (test_metering_sessions.py)."""
 
 from __future__ import annotations
 
