@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -275,20 +275,32 @@ def _string(value: object, key: str) -> str:
     return value
 
 
-def _notifiers(value: object, key: str) -> dict[str, Notifier]:
-    """`approvals.notify`: {name: {url, format: json | slack, secret: <secret name>}}."""
+_ENTRY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def _entries(value: object, key: str, *, noun: str, example: str, fields: tuple[str, ...],
+             reserved: str | None = None) -> Iterator[tuple[str, str, dict[Any, Any]]]:
+    """A map of named specs (`approvals.notify`, `mcp_oauth.clients`): each name checked
+    (letters, digits, '.', '_', '-'; not `reserved`), each spec a map of `fields` only;
+    yields (name, its key, its spec)."""
     if not isinstance(value, dict):
-        raise ConfigError(f"{key}: expected a map of notifiers, e.g. {{ops: {{url: "
-                          "https://hooks.example/T/B, format: slack, secret: hook-key}}")
-    out: dict[str, Notifier] = {}
+        raise ConfigError(f"{key}: expected a map of {noun}s, e.g. {example}")
     for name, spec in value.items():
         where = f"{key}.{name}"
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}",
-                                                         name):
-            raise ConfigError(f"{key}: {name!r} is not a notifier name (letters, digits, "
-                              "'.', '_', '-')")
-        if not isinstance(spec, dict) or set(spec) - {"url", "format", "secret"}:
-            raise ConfigError(f"{where}: expected {{url, format, secret}}, got {spec!r}")
+        if not isinstance(name, str) or name == reserved or not _ENTRY_NAME.fullmatch(name):
+            raise ConfigError(f"{key}: {name!r} is not a {noun} name (letters, digits, "
+                              "'.', '_', '-'" + (f"; not {reserved})" if reserved else ")"))
+        if not isinstance(spec, dict) or set(spec) - set(fields):
+            raise ConfigError(f"{where}: expected {{{', '.join(fields)}}}, got {spec!r}")
+        yield name, where, spec
+
+
+def _notifiers(value: object, key: str) -> dict[str, Notifier]:
+    """`approvals.notify`: {name: {url, format: json | slack, secret: <secret name>}}."""
+    out: dict[str, Notifier] = {}
+    for name, where, spec in _entries(
+            value, key, noun="notifier", fields=("url", "format", "secret"),
+            example="{ops: {url: https://hooks.example/T/B, format: slack, secret: hook-key}}"):
         url = _str(spec.get("url"), f"{where}.url")
         if not re.match(r"https?://[^/\s]+", url):
             raise ConfigError(f"{where}.url: expected an http(s) URL, got {url!r}")
@@ -303,18 +315,10 @@ def _notifiers(value: object, key: str) -> dict[str, Notifier]:
 
 def _oauth_clients(value: object, key: str) -> dict[str, OAuthClient]:
     """`mcp_oauth.clients`: {name: {client_id, secret: <secret name>}}."""
-    if not isinstance(value, dict):
-        raise ConfigError(f"{key}: expected a map of clients, e.g. {{github: {{client_id: "
-                          "Iv1.abc, secret: github-oauth-secret}}")
     out: dict[str, OAuthClient] = {}
-    for name, spec in value.items():
-        where = f"{key}.{name}"
-        if not isinstance(name, str) or name == "auto" or not re.fullmatch(
-                r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", name):
-            raise ConfigError(f"{key}: {name!r} is not a client name (letters, digits, "
-                              "'.', '_', '-'; not auto)")
-        if not isinstance(spec, dict) or set(spec) - {"client_id", "secret"}:
-            raise ConfigError(f"{where}: expected {{client_id, secret}}, got {spec!r}")
+    for name, where, spec in _entries(
+            value, key, noun="client", fields=("client_id", "secret"), reserved="auto",
+            example="{github: {client_id: Iv1.abc, secret: github-oauth-secret}}"):
         secret = spec.get("secret")
         out[name] = OAuthClient(client_id=_str(spec.get("client_id"), f"{where}.client_id"),
                                 secret=None if secret is None else

@@ -176,6 +176,41 @@ LONG = {
 }
 
 
+# The layers around them (issue 41, item 2): a module of services/ or runtime/ over
+# MAX_MODULE lines is listed with why it is whole, or what its split waits for (checked to
+# still be over). Functions there are not bound yet.
+SIZED_MODULES = ("services", "runtime")
+LONG_MODULES = {
+    "gateway/services/state/redis.py": "not split yet: the Redis store's parts "
+    "(revocations and registrations with their pub/sub mirror, minted secrets, mints, "
+    "records, the request log) share one client and its reconnect; to be split per part "
+    "like sqlite.py",
+    "gateway/services/state/counters_redis.py": "the Lua scripts of admission, "
+    "settlement and the lease reap beside the Python that packs their arguments and "
+    "reads their replies (a split would let a script and its caller disagree)",
+    "gateway/services/mcp_oauth/__init__.py": "not split yet: McpOAuthService, one "
+    "class for a grant's life (lookup, refresh under a lease, consent, callback, "
+    "step-up, revoke)",
+    "gateway/services/approvals/__init__.py": "not split yet: ApprovalService, one class "
+    "for ask mode's approvals, answers, grants and their watcher",
+    "gateway/services/identity/tokens.py": "not split yet: the signing keys and "
+    "TokenService (mint, verify, refresh, exchange, revoke) with the claim readers",
+}
+
+
+def _module_sizes(packages: tuple[str, ...]) -> dict[str, int]:
+    return {path.relative_to(GATEWAY.parent).as_posix(): len(path.read_text().splitlines())
+            for package in packages for path in sorted((GATEWAY / package).rglob("*.py"))}
+
+
+def test_service_and_runtime_modules_are_small_or_say_why() -> None:
+    over = sorted(m for m, n in _module_sizes(SIZED_MODULES).items() if n > MAX_MODULE)
+    assert [o for o in over if o not in LONG_MODULES] == [], \
+        "split them, or say why in LONG_MODULES"
+    assert [k for k in LONG_MODULES if k not in over] == [], \
+        "no longer long: remove from LONG_MODULES"
+
+
 def _sizes() -> tuple[dict[str, int], dict[str, int]]:
     modules: dict[str, int] = {}
     functions: dict[str, int] = {}

@@ -205,7 +205,7 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "`run` as a real process: its banners, SIGTERM drain, `--workers 2`, a second "
         "instance on the same port"),
     "gateway/cli/state.py": (
-        "tests/services/state/test_state_sqlite.py",
+        "tests/services/state/test_sqlite_tools.py",
         "`state check` / `state backup` on a SQLite file a live process keeps writing"),
     "gateway/cli/token.py": (
         "tests/cli/test_cli.py, tests/integration/test_key_rotation.py, "
@@ -217,7 +217,7 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "imported for its table lines, and `usage` run against the served admin app"),
     # --- the admin listener ---
     "gateway/api/admin.py": (
-        "tests/api/test_admin_api.py, tests/services/metering/test_metering_series.py",
+        "tests/api/test_admin_api.py, tests/services/metering/test_metering_report.py",
         "imported: its test under another name, every route over Starlette's TestClient "
         "with a real TokenService and real policies"),
     "gateway/api/approvals.py": (
@@ -426,6 +426,23 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/integration/test_proxy_basics.py, tests/integration/test_worker_processes.py",
         "the gateway's wiring: every integration test runs a real `Gateway` "
         "(tests/helpers/gateway.py) or a real `run` process"),
+    "gateway/runtime/building.py": (
+        "tests/integration/test_proxy_basics.py, tests/integration/test_worker_processes.py, "
+        "tests/integration/test_otel_export.py, tests/integration/test_mcp_oauth.py",
+        "the services every real `Gateway` builds at start (the tests' GatewayThread and "
+        "`run` processes): the revocation relay, the exporter process, MCP OAuth's key"),
+    "gateway/runtime/lifecycle.py": (
+        "tests/integration/test_shutdown.py, tests/reliability/test_lifecycle.py, "
+        "tests/reliability/test_state_outage.py",
+        "readiness, the drain and the stop of real gateway processes: /readyz through "
+        "degraded and refusing stores, SIGTERM with requests in flight"),
+    "gateway/runtime/listening.py": (
+        "tests/integration/test_dns.py, tests/integration/test_parity.py",
+        "the DNS resolver started on `listen.dns`, and mitmproxy's master taking the "
+        "doors' ports (every parity row runs on the mitmproxy engine too)"),
+    "gateway/runtime/parts.py": (
+        "tests/integration/test_proxy_basics.py",
+        "attribute declarations and the policy lookups of every real `Gateway`"),
     "gateway/runtime/sweeper.py": (
         "tests/integration/test_revocation_ends_connections.py",
         "a revoked token's open connections end within a second, on every engine"),
@@ -484,8 +501,18 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/core/test_metering_models.py, "
         "tests/core/test_metering_estimate.py",
         "imported: which API a request calls, its model, the include_usage rewrite"),
+    "gateway/services/metering/exchange.py": (
+        "tests/services/metering/test_metering_fail_closed.py, "
+        "tests/services/metering/test_metering_service.py",
+        "value types the step hands out: every admitted `Exchange` and the audit record "
+        "`Metered.as_record` gives are asserted in these tables"),
+    "gateway/services/metering/refusing.py": (
+        "tests/services/metering/test_metering_fail_closed.py, "
+        "tests/pipeline/test_pipeline_gate.py",
+        "every `metering_unavailable` and `minted_secret_refused` row of the step's refusal "
+        "table, with its reason; the codes counted in the gateway's metrics"),
     "gateway/services/metering/ledger.py": (
-        "tests/services/metering/test_metering_series.py",
+        "tests/services/metering/test_metering_report.py",
         "imported: the hourly and daily buckets against the rows the same data gives"),
     "gateway/core/metering/pricing.py": (
         "tests/core/test_metering_catalogue.py, "
@@ -625,6 +652,16 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/api/test_console_requests.py, tests/integration/test_console_log_workers.py",
         "the console's feed from the audit sink (batches, the hold); every worker's lines "
         "in one log on real processes"),
+    "gateway/services/state/sqlite_mints.py": (
+        "tests/services/state/test_state_contract.py, "
+        "tests/integration/test_worker_minting.py",
+        "the store contract's mint share and refresh-token cases, run on a real SqliteState "
+        "file (one lease holder at a time, a rotated token kept); credentials minted once "
+        "for the worker processes of a real gateway sharing the file"),
+    "gateway/services/state/sqlite_records.py": (
+        "tests/services/state/test_state_contract.py, tests/services/approvals/test_service.py",
+        "the store contract's shared-record cases (versions, expiry, the change counter) "
+        "on a real SqliteState file; ask mode's approvals and grants over it"),
     "gateway/services/state/memory_counters.py": (
         "tests/services/state/test_counters.py, tests/services/state/test_state_leases.py",
         "imported: the one-process counters and leases, beside the shared ones"),

@@ -27,7 +27,7 @@ def _mib(size: int) -> str:
 def cmd_state_check(args: argparse.Namespace) -> int:
     """Is the state file sound (integrity, schema, mode)? What does it hold, how big are
     the store's files, how much room is left on its volume?"""
-    from gateway.services.state.sqlite import (
+    from gateway.services.state.sqlite_tools import (
         check_file,
         file_sizes,
         log_summary,
@@ -63,7 +63,7 @@ def cmd_state_check(args: argparse.Namespace) -> int:
 
 def cmd_state_backup(args: argparse.Namespace) -> int:
     """An online, consistent copy of the state file (the gateway may keep running)."""
-    from gateway.services.state.sqlite import backup_file, check_file
+    from gateway.services.state.sqlite_tools import backup_file, check_file
 
     source = _state_file(args)
     if not source.exists():

@@ -41,7 +41,7 @@ from gateway.observability.audit_spill import adopt
 from gateway.services.identity.tokens import SigningKeys
 from gateway.services.policy import load_policy_dir
 from gateway.services.secrets import build_store
-from gateway.services.state.sqlite import open_file
+from gateway.services.state.sqlite_schema import open_file
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import base64
 import json
 import socket
+import ssl
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +77,19 @@ def curl(proxy: str, url: str, cacert: Path, *args: str) -> tuple[int, str, dict
     lines = blocks[last].split("\n")
     headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:]) if v}
     return int(lines[0].split()[1]), "\n\n".join(blocks[last + 1:]), headers
+
+
+def ended_within(sock: socket.socket, seconds: float) -> float | None:
+    """Seconds until the connection ends (EOF, a reset, a TLS error), draining what still
+    comes; None if it is still open after `seconds`. Plain and TLS sockets alike."""
+    start = time.monotonic()
+    sock.settimeout(0.05)
+    while time.monotonic() - start < seconds:
+        try:
+            if not sock.recv(65536):
+                return time.monotonic() - start
+        except (TimeoutError, ssl.SSLWantReadError):
+            continue
+        except OSError:
+            return time.monotonic() - start
+    return None

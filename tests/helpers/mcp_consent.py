@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from helpers.approvals import admin_api
+from helpers.clients import read_head
 from helpers.gateway import GatewayThread
 
 
@@ -30,12 +31,7 @@ def open_at(url: str, port: int, cafile: Path) -> tuple[int, dict[str, str]]:
             context.wrap_socket(raw, server_hostname=host) as tls:
         tls.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
                     .encode())
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = tls.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        data = read_head(tls, 65536)
     head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
     headers = dict(line.split(": ", 1) for line in head[1:] if ": " in line)
     return int(head[0].split()[1]), {k.lower(): v for k, v in headers.items()}

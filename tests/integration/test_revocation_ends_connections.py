@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers.clients import open_tunnel
+from helpers.clients import ended_within, open_tunnel
 from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.tls import LocalCA
 
@@ -42,22 +42,6 @@ def _get(tls: ssl.SSLSocket, host: str, path: str) -> bytes:
     return tls.recv(65536)
 
 
-def _ended_within(tls: ssl.SSLSocket, seconds: float) -> float | None:
-    """Seconds until the connection ends (EOF or reset), draining what still comes; None
-    if it is still open after `seconds`."""
-    start = time.monotonic()
-    tls.settimeout(0.05)
-    while time.monotonic() - start < seconds:
-        try:
-            if not tls.recv(65536):
-                return time.monotonic() - start
-        except (TimeoutError, ssl.SSLWantReadError):
-            continue
-        except (ConnectionError, ssl.SSLError, OSError):
-            return time.monotonic() - start
-    return None
-
-
 @pytest.mark.parametrize("intercept", ["fast", "mitmproxy"])
 def test_revoked_tokens_connections_end_within_a_second(
         make_gateway: GatewayFactory, test_ca: LocalCA, intercept: str) -> None:
@@ -78,12 +62,12 @@ def test_revoked_tokens_connections_end_within_a_second(
     answer = httpx.post(f"{gw.admin}/v1/tokens/revoke", json={"jti": jti},
                         headers={"Authorization": f"Bearer {admin}"})
     assert answer.status_code == 200
-    took = {kind: _ended_within(tls, 1.5) for kind, tls in conns["revoked"].items()}
+    took = {kind: ended_within(tls, 1.5) for kind, tls in conns["revoked"].items()}
     for tls in conns["revoked"].values():
         tls.close()
     assert all(t is not None and t < 1.0 for t in took.values()), took
     for kind, tls in conns["kept"].items():
-        assert _ended_within(tls, 0.3) is None, f"{kind} of the other sandbox was ended"
+        assert ended_within(tls, 0.3) is None, f"{kind} of the other sandbox was ended"
         tls.close()
     # The lines of what was ended say why.
     def ended() -> list[dict[str, Any]]:
@@ -115,7 +99,7 @@ def test_an_expired_token_ends_passthrough_tunnels_but_lets_a_stream_finish(
         events = int((minted.expires_at - time.time() + 1.5) / 0.05) + 1
         assert _get(stream, "other.test", f"/sse?n={events}&interval=0.05").startswith(
             b"HTTP/1.1 200")
-        took = _ended_within(passthrough, max(0.0, minted.expires_at - time.time()) + 1.0)
+        took = ended_within(passthrough, max(0.0, minted.expires_at - time.time()) + 1.0)
         assert took is not None
         stream.settimeout(5)
         body = b""

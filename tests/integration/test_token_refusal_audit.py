@@ -18,7 +18,7 @@ import httpx
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from helpers.clients import raw_connect
+from helpers.clients import raw_connect, read_head
 from helpers.errors import code_of
 from helpers.gateway import GatewayFactory, GatewayThread
 
@@ -139,12 +139,7 @@ def test_plain_proxy_request(gw: GatewayThread,
     with socket.create_connection(gw.gateway.proxy_address, timeout=10) as sock:
         sock.sendall(b"GET http://other.test/x HTTP/1.1\r\nHost: other.test\r\n"
                      b"Proxy-Authorization: Basic " + cred.encode() + b"\r\n\r\n")
-        head = b""
-        while b"\r\n\r\n" not in head:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            head += chunk
+        head = read_head(sock, 65536)
     assert head.split(b" ", 2)[1] == b"407", head
     line = _deny_line(gw, code)
     assert line["method"] == "GET" and line["status"] == 407

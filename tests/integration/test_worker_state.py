@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 from fakes.inference import FakeInference
-from helpers.clients import open_tunnel
+from helpers.clients import ended_within, open_tunnel
 from helpers.process import GatewayProcess, start_with_provider
 from helpers.tls import LocalCA
 
@@ -79,20 +79,6 @@ def _tunnel(gw: GatewayProcess, sandbox: str, token: str) -> ssl.SSLSocket:
     return ctx.wrap_socket(sock, server_hostname="api.openai.com")
 
 
-def _ended_within(tls: ssl.SSLSocket, seconds: float) -> bool:
-    tls.settimeout(0.05)
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if not tls.recv(4096):
-                return True
-        except (TimeoutError, ssl.SSLWantReadError):
-            continue
-        except OSError:
-            return True
-    return False
-
-
 def test_two_workers_agree_exactly(tmp_path: Path, fake: FakeInference,
                                    test_ca: LocalCA) -> None:
     gw = _start(tmp_path / "gw", fake, test_ca)
@@ -126,7 +112,7 @@ def test_two_workers_agree_exactly(tmp_path: Path, fake: FakeInference,
         assert gw.admin_call("POST", "/v1/tokens/revoke", {"jti": jti})[0] == 200
         after = [_call(gw, "sbx-revoke", token) for _ in range(8)]
         assert after == [407] * 8, after
-        assert all(_ended_within(tls, 1.0) for tls in tunnels)
+        assert all(ended_within(tls, 1.0) is not None for tls in tunnels)
         for tls in tunnels:
             tls.close()
     finally:

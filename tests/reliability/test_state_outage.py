@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.clients import open_tunnel, raw_connect
+from helpers.clients import ended_within, open_tunnel, raw_connect
 from helpers.disk import fill, tiny_tmpfs
 from helpers.nginx import Nginx
 from helpers.process import GatewayProcess, start_gateway
@@ -37,6 +36,7 @@ from helpers.redis_server import RedisServer
 from helpers.tls import LocalCA
 
 from gateway.services.identity.issued import KIND
+from gateway.services.state.base import StateStore
 from gateway.services.state.redis import RedisState
 from gateway.services.state.sqlite import SqliteState
 
@@ -118,20 +118,6 @@ def _restart_every_worker(gw: GatewayProcess) -> None:
                "the restarted worker does not serve")
 
 
-def _ended_within(sock: socket.socket, seconds: float) -> bool:
-    sock.settimeout(0.05)
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if not sock.recv(4096):
-                return True
-        except TimeoutError:
-            continue
-        except OSError:
-            return True
-    return False
-
-
 def _outage(gw: GatewayProcess, away: Callable[[], None], back: Callable[[], None],
             restart: bool) -> tuple[str, str, str]:
     """The scenario both stores share; (the revoked jti, the jti minted meanwhile, the
@@ -157,7 +143,7 @@ def _outage(gw: GatewayProcess, away: Callable[[], None], back: Callable[[], Non
         assert "pending" in answer
         answers = _refused_everywhere(gw, revoked, "sbx-revoked", since)
         assert answers == [(407, "token_revoked")] * len(answers)
-        assert all(_ended_within(sock, 1.5) for sock in tunnels)
+        assert all(ended_within(sock, 1.5) is not None for sock in tunnels)
         assert _connect(gw, kept, "sbx-kept") == (200, None)  # (not a gateway refusing all)
 
         if restart:
@@ -190,6 +176,17 @@ def _outage(gw: GatewayProcess, away: Callable[[], None], back: Callable[[], Non
             sock.close()
 
 
+async def _read_back(state: StateStore, jti: str, kept: str) -> tuple[bool, bool, set[str]]:
+    """What a process started after the outage reads from the store: is `jti` revoked,
+    is `kept`, and the jtis of the tokens it lists (`KIND` records)."""
+    await state.start()
+    try:
+        return (state.is_revoked(jti), state.is_revoked(kept),
+                {doc["jti"] for doc in await state.record_list(KIND)})
+    finally:
+        await state.close()
+
+
 def test_a_full_state_disk_never_lets_a_revoked_token_through(
         tiny_disk: Path, tmp_path: Path, nginx: Nginx, test_ca: LocalCA) -> None:
     path = tiny_disk / "state" / "gateway.db"
@@ -203,17 +200,7 @@ def test_a_full_state_disk_never_lets_a_revoked_token_through(
     finally:
         gw.terminate()
     # A fresh process reading the file: the revocation, the token minted meanwhile.
-
-    async def fresh() -> tuple[bool, bool, set[str]]:
-        state = SqliteState(path)
-        await state.start()
-        try:
-            return (state.is_revoked(jti), state.is_revoked(kept),
-                    {doc["jti"] for doc in await state.record_list(KIND)})
-        finally:
-            await state.close()
-
-    is_revoked, kept_revoked, records = asyncio.run(fresh())
+    is_revoked, kept_revoked, records = asyncio.run(_read_back(SqliteState(path), jti, kept))
     assert is_revoked and not kept_revoked
     assert {jti, meanwhile, kept} <= records
 
@@ -234,18 +221,9 @@ def test_redis_killed_never_lets_a_revoked_token_through(
         jti, meanwhile, kept = _outage(gw, kill, server.start, restart=False)
     finally:
         gw.terminate()
-
-    async def fresh() -> tuple[bool, bool, set[str]]:
-        state = RedisState(server.url)
-        await state.start()
-        try:
-            return (state.is_revoked(jti), state.is_revoked(kept),
-                    {doc["jti"] for doc in await state.record_list(KIND)})
-        finally:
-            await state.close()
-
     try:
-        is_revoked, kept_revoked, records = asyncio.run(fresh())
+        is_revoked, kept_revoked, records = asyncio.run(
+            _read_back(RedisState(server.url), jti, kept))
     finally:
         server.stop()
     assert is_revoked and not kept_revoked

@@ -6,7 +6,8 @@ answer reports) is the core's (``gateway.core.metering``). Here: ``budgets`` (wi
 checks and reservations over counters), ``ledger`` (hourly totals), ``minted`` (aliases
 for provider-minted secrets), ``pricing`` and ``catalogue`` (reading the files), and
 ``service.Metering``, the step the pipeline calls (``admit`` before forwarding,
-``complete`` after the response).
+``complete`` after the response), made of a module per part: ``exchange`` (what it hands
+out), ``worst_case``, ``refusing``, ``settlement``, ``sessions``, ``deferred``, ``report``.
 """
 
 from gateway.services.metering.budgets import BudgetBook, BudgetExceeded, window_bounds

@@ -27,9 +27,10 @@ budget window's end, an hourly usage bucket's retention). The state stores imple
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -226,6 +227,19 @@ class CounterView:
         """Put settlements that could not be sent back."""
         for holder, tables in batch.items():
             _add_tables(self.settling.setdefault(holder, {}), tables)
+
+    @contextlib.contextmanager
+    def sending(self) -> Iterator[tuple[dict[str, Table], dict[str, dict[str, Table]]]]:
+        """The pending batch and settlements, taken to be written; put back in front of
+        what is counted meanwhile if the block raises (the write failed: the next one
+        takes them again). The stores' one way to write what they counted."""
+        batch, settling = self.take(), self.take_settling()
+        try:
+            yield batch, settling
+        except Exception:
+            self.restore(batch)
+            self.restore_settling(settling)
+            raise
 
     def set_shared(self, table: str, field: str, value: int) -> None:
         """The store's current value of one field."""

@@ -210,13 +210,10 @@ class RedisCounters(LeaseHolding):
         """Check and count in Redis, atomically (see the module docstring); this
         replica's view decides while Redis cannot answer."""
         if self._sync is not None and not self._degraded:
-            batch = self.view.take()
-            settling = self.view.take_settling()
             try:
-                return self._admit_in_redis(self._sync, admission, batch, settling)
+                with self.view.sending() as (batch, settling):
+                    return self._admit_in_redis(self._sync, admission, batch, settling)
             except (RedisError, OSError) as exc:
-                self.view.restore(batch)
-                self.view.restore_settling(settling)
                 self._down("admit", exc)
         refused = first_refused(admission, self.counter)
         if refused is None:
@@ -353,50 +350,47 @@ class RedisCounters(LeaseHolding):
         client = self._client
         if client is None:
             return
-        batch = self.view.take()
-        settling = self.view.take_settling()
-        watched = self.view.watched_fields()
-        if not batch and not watched and not settling:
-            if self._degraded:
-                try:
-                    with unguarded():
-                        await client.ping()
-                except (RedisError, OSError):
-                    return
-                self._up()
-            return
-        # What each reply is: ("add", table, field), ("expire", table, None),
-        # ("settle", holder, its entries), ("read", table, fields).
-        plan: list[tuple[str, str, Any]] = []
         try:
-            with unguarded():
-                async with client.pipeline(transaction=True) as pipe:
-                    for table, fields in batch.items():
-                        key = self.prefix + table
-                        for field, amount in fields.items():
-                            pipe.hincrby(key, field, amount)
-                            plan.append(("add", table, field))
-                        expire_at = _expiry(table, self.view.expires.get(table, 0.0))
-                        if expire_at:
-                            pipe.expireat(key, expire_at)
-                            plan.append(("expire", table, None))
-                    for holder, tables in settling.items():
-                        entries = self._entries(tables)
-                        keys = list(dict.fromkeys(self.prefix + t for t, _, _, _ in entries))
-                        args: list[Any] = []
-                        for table, field, amount, expires in entries:
-                            args += [keys.index(self.prefix + table) + 2, field, amount,
-                                     _expiry(table, expires)]
-                        pipe.eval(_SETTLE, len(keys) + 1, self.lease_prefix + holder, *keys,
-                                  *args)
-                        plan.append(("settle", holder, entries))
-                    for table, wanted in watched.items():
-                        pipe.hmget(self.prefix + table, wanted)
-                        plan.append(("read", table, wanted))
-                    replies = await pipe.execute()
+            with self.view.sending() as (batch, settling):
+                watched = self.view.watched_fields()
+                if not batch and not watched and not settling:
+                    if self._degraded:
+                        try:
+                            with unguarded():
+                                await client.ping()
+                        except (RedisError, OSError):
+                            return
+                        self._up()
+                    return
+                # What each reply is: ("add", table, field), ("expire", table, None),
+                # ("settle", holder, its entries), ("read", table, fields).
+                plan: list[tuple[str, str, Any]] = []
+                with unguarded():
+                    async with client.pipeline(transaction=True) as pipe:
+                        for table, fields in batch.items():
+                            key = self.prefix + table
+                            for field, amount in fields.items():
+                                pipe.hincrby(key, field, amount)
+                                plan.append(("add", table, field))
+                            expire_at = _expiry(table, self.view.expires.get(table, 0.0))
+                            if expire_at:
+                                pipe.expireat(key, expire_at)
+                                plan.append(("expire", table, None))
+                        for holder, tables in settling.items():
+                            entries = self._entries(tables)
+                            keys = list(dict.fromkeys(self.prefix + t for t, _, _, _ in entries))
+                            args: list[Any] = []
+                            for table, field, amount, expires in entries:
+                                args += [keys.index(self.prefix + table) + 2, field, amount,
+                                         _expiry(table, expires)]
+                            pipe.eval(_SETTLE, len(keys) + 1, self.lease_prefix + holder, *keys,
+                                      *args)
+                            plan.append(("settle", holder, entries))
+                        for table, wanted in watched.items():
+                            pipe.hmget(self.prefix + table, wanted)
+                            plan.append(("read", table, wanted))
+                        replies = await pipe.execute()
         except (RedisError, OSError) as exc:
-            self.view.restore(batch)
-            self.view.restore_settling(settling)
             self._down("count", exc)
             return
         for (what, name, detail), reply in zip(plan, replies, strict=True):

@@ -25,16 +25,16 @@ lines and retries (`log_feed.py`); the state store is not marked unavailable for
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from gateway.observability import metrics
 from gateway.services.state.base import StateUnavailable
 from gateway.services.state.log import COLUMNS, RETAIN, LogEntry, LogQuery, cursor_number
+from gateway.services.state.sqlite_connect import transaction
 
 __all__ = ["LOG_SCHEMA", "WAL_LIMIT", "SqliteLog", "log_path"]
 
@@ -53,18 +53,6 @@ def log_path(state: Path) -> Path:
     """The request log's file for the state file `state` (`gateway.db` ->
     `gateway-requests.db`, in the same directory)."""
     return state.with_name(f"{state.stem}-requests{state.suffix or '.db'}")
-
-
-@contextlib.contextmanager
-def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn
-    except BaseException:
-        with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
 
 
 class SqliteLog:
@@ -99,7 +87,7 @@ class SqliteLog:
                     raise sqlite3.DatabaseError(
                         f"schema version {version} is newer than this gateway's ({LOG_SCHEMA})")
                 if version < LOG_SCHEMA:
-                    with _transaction(conn):
+                    with transaction(conn):
                         for statement in _SCHEMA:
                             conn.execute(statement)
                         conn.execute(f"PRAGMA user_version={LOG_SCHEMA}")
@@ -171,7 +159,7 @@ class SqliteLog:
                 if "full" not in str(exc):
                     raise
                 # The cap (or the disk): make room by dropping a quarter, once.
-                with _transaction(conn):
+                with transaction(conn):
                     self._drop_oldest(conn, fraction=0.25)
                 self._append(conn, entries, bound)
             self._shrink(conn, bound)
@@ -191,7 +179,7 @@ class SqliteLog:
 
     def _append(self, conn: sqlite3.Connection, entries: Sequence[LogEntry],
                 bound: int) -> None:
-        with _transaction(conn):
+        with transaction(conn):
             conn.executemany(f"INSERT INTO log ({_COLUMNS}) VALUES "  # noqa: S608
                              "(?, ?, ?, ?, ?, ?, ?, ?)", entries)
             if self.lines:

@@ -20,15 +20,10 @@ from helpers.disk import tiny_tmpfs
 from gateway.cli import main
 from gateway.services.state.counters import Admission, Limit
 from gateway.services.state.log import LogEntry, LogQuery
-from gateway.services.state.sqlite import (
-    FREE_FLOOR,
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    SqliteState,
-    summary,
-    volume_warning,
-)
+from gateway.services.state.sqlite import SqliteState
 from gateway.services.state.sqlite_log import WAL_LIMIT, log_path
+from gateway.services.state.sqlite_schema import MIGRATIONS, SCHEMA_VERSION
+from gateway.services.state.sqlite_tools import summary
 
 FAR = time.time() + 3600
 MIB = 1024 * 1024
@@ -124,20 +119,6 @@ def test_held_while_the_volume_is_short_the_log_does_not_grow(tmp_path: Path) ->
         state.requests.hold(False)
         run(state.log_append(_entries(5000, 2000)))
         assert state.requests.used_bytes() > before + MIB  # grows to its bound again
-
-
-@pytest.mark.parametrize(("free", "total", "warns"), [
-    (200 * MIB, 1024 * MIB, False),
-    (100 * MIB, 1024 * MIB, True),  # below 10 % of the volume
-    (FREE_FLOOR - 1, 100 * MIB, True),  # below the 64 MiB floor
-    (FREE_FLOOR + 1, 100 * MIB, False),
-    (0, 0, False),  # (no size to judge by)
-])
-def test_when_the_state_volume_is_short(free: int, total: int, warns: bool) -> None:
-    warning = volume_warning(free, total)
-    assert (warning is not None) == warns
-    if warning:
-        assert f"{free // MIB} MiB free" in warning and "request log no longer grows" in warning
 
 
 @pytest.fixture
