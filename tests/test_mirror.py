@@ -464,10 +464,6 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "state.unavailable read and validated (the config table), and the degraded "
         "readiness and refuse mode of real `run --workers 2` processes on a full disk "
         "and a killed redis-server"),
-    "gateway/runtime/watch.py": (
-        "tests/integration/test_worker_processes.py",
-        "the supervisor of `run --workers 2` as real processes: a killed worker, a killed "
-        "supervisor, only the standard library loaded"),
     # --- services: approvals, identity ---
     "gateway/services/approvals/__init__.py": (
         "tests/services/approvals/test_service.py, tests/api/test_console.py",

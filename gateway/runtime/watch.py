@@ -28,6 +28,15 @@ from gateway.runtime.relay import Relay
 
 READY_TIMEOUT = 60.0
 RESTART_BACKOFF = (1.0, 30.0)
+STABLE = 60.0  # a worker that ran this long before it died starts its backoff over
+
+
+def next_restart(previous: int, ran_for: float) -> tuple[int, float]:
+    """(the slot's restart count, seconds to wait before starting it again): doubling
+    from 1 s to at most 30 s while a worker keeps dying soon after it started, from 1 s
+    again for one that had run `STABLE` seconds (a crash a day is not a crash loop)."""
+    count = 1 if ran_for >= STABLE else previous + 1
+    return count, min(RESTART_BACKOFF[1], RESTART_BACKOFF[0] * 2 ** (count - 1))
 
 
 class Watcher:
@@ -45,6 +54,7 @@ class Watcher:
         self.held: list[int] = [int(fd) for fd in plan["held"]]
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.restarts: dict[int, int] = {}
+        self.started: dict[int, float] = {}
         self.stopping = False
         self.relay = Relay()
 
@@ -57,6 +67,7 @@ class Watcher:
         (self.runtime / f"ready-{index}").unlink(missing_ok=True)
         try:
             self.procs[index] = subprocess.Popen(cmd, env=self.env, pass_fds=(link.fileno(),))
+            self.started[index] = time.monotonic()
         finally:
             link.close()
 
@@ -86,9 +97,8 @@ class Watcher:
                 if code is None or self.stopping:
                     continue
                 self.forget(proc.pid)
-                self.restarts[index] = self.restarts.get(index, 0) + 1
-                wait = min(RESTART_BACKOFF[1],
-                           RESTART_BACKOFF[0] * 2 ** (self.restarts[index] - 1))
+                self.restarts[index], wait = next_restart(
+                    self.restarts.get(index, 0), time.monotonic() - self.started[index])
                 print(f"sandbox-gateway: worker {index} exited with {code}; restarting in "
                       f"{wait:.0f}s", file=sys.stderr, flush=True)
                 self.relay.detach(index)  # (not waited for; its successor reads a snapshot)
