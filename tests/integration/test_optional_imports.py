@@ -88,7 +88,8 @@ PROXY_CORE = ("mitmproxy.proxy.layers.tls", "mitmproxy.options", "mitmproxy.conn
 
 
 # Imported at their first use (issue 41: 1.8 MiB of an idle worker): Hyperscan at the
-# first body scanned for tokens, keys or credentials, zstandard at the first zstd body.
+# first request whose tokens or keys the leak guard looks for (or the DLP detectors),
+# zstandard at the first zstd body.
 FIRST_USE = ("hyperscan", "zstandard")
 
 
