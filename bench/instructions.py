@@ -1,6 +1,7 @@
-"""``python -m bench.instructions [--row inject|policy] [--connection keep|new|resume]
-[--seconds S] [--top N]``: the gateway's CPU instructions per intercepted request,
-counted by valgrind's callgrind.
+"""``python -m bench.instructions [--row inject|policy|post|post_dlp|bulk]
+[--connection keep|new|resume] [--seconds S] [--top N]``: the gateway's CPU instructions
+per intercepted request (``bulk``: per MiB of an intercepted download), counted by
+valgrind's callgrind.
 
 The timing rows of ``python -m bench`` move by 10-20 % with whatever else runs on the
 machine; an instruction count does not. This runs the gateway (one process, under
@@ -13,7 +14,10 @@ run it in each and compare the figures (about 1-2 minutes each; the gateway runs
 50x slower under callgrind, so a run answers a few hundred requests). ``--connection
 new`` puts each GET on a new connection (CONNECT, a full TLS handshake, the request, the
 close: the bench's ``new_c10``), ``resume`` on a new connection resuming the warm-up's TLS
-session (``resume_c10``): what a connection costs besides its request.
+session (``resume_c10``): what a connection costs besides its request. ``--row bulk``
+downloads ``--body`` bytes (default 1 MiB; 64 MiB is a few seconds under callgrind) on
+one warm intercepted connection (the bench's ``download`` workload on the intercept +
+policy row) and divides by the MiB.
 
 The gateway runs on the allocator `run` would choose (jemalloc where installed);
 ``BENCH_GATEWAY_ENV=PYTHONMALLOC=pymalloc`` measures CPython's own instead. Needs
@@ -44,19 +48,23 @@ except ImportError:  # (a checkout from before jemalloc: nothing to set)
         return None
 
 HOSTS = {"inject": "inject.bench.test", "policy": "policy.bench.test",
-         "post": "upload.bench.test", "post_dlp": "dlp.bench.test"}
+         "post": "upload.bench.test", "post_dlp": "dlp.bench.test",
+         "bulk": "policy.bench.test"}
+MIB = 1 << 20
 _COUNT = re.compile(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(.*)$")
 
 
 def measure(row: str, seconds: float, top: int, body: int = 1 << 20,
-            otel: str = "off", connection: str = "keep") -> dict[str, Any]:
+            otel: str = "off", connection: str = "keep",
+            keep: Path | None = None) -> dict[str, Any]:
     """Instructions per request of `row` (inject: the token swapped for the key; post and
     post_dlp: POSTs of `body` bytes of JSON without a credential, without and with
     outbound credential detection), on keep-alive connections or (`connection` new,
     resume) each on a new one, with a full or a resumed TLS handshake. `otel`: OTLP
     export on (spans, or logs: spans and log records, to a local OTLP receiver); counted
     is the worker alone, its exporter process runs outside valgrind (its own cost a
-    line: ``python -m bench.otel_lines --instructions``)."""
+    line: ``python -m bench.otel_lines --instructions``). `keep`: where to copy the
+    measured phase's callgrind dump."""
     for tool in ("valgrind", "callgrind_control", "callgrind_annotate"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} not found: apt-get install valgrind")
@@ -64,7 +72,7 @@ def measure(row: str, seconds: float, top: int, body: int = 1 << 20,
         work = Path(tmp)
         out = work / "callgrind.out"
         ca = LocalCA.create(work / "ca")
-        static = StaticUpstream(work, ca, 1000, None)
+        static = StaticUpstream(work, ca, body if row == "bulk" else 1000, None)
         sse = SSEServer(work, ca)
         gateway: GatewayProxy | None = None
         client: subprocess.Popen[bytes] | None = None
@@ -97,8 +105,10 @@ def measure(row: str, seconds: float, top: int, body: int = 1 << 20,
                 spec.update(workload="post", path="/upload", body_size=body, connections=2)
             if row == "inject":
                 spec["headers"] = {"X-Api-Key": gateway.token}
+            if row == "bulk":
+                spec.update(workload="download", path="/big", connections=1)
             if connection != "keep":
-                if row.startswith("post"):
+                if row.startswith("post") or row == "bulk":
                     raise SystemExit("--connection new|resume: the get rows (inject, policy)")
                 spec["workload"] = connection
             client = subprocess.Popen([sys.executable, "-m", "bench.load", json.dumps(spec)],
@@ -129,8 +139,12 @@ def measure(row: str, seconds: float, top: int, body: int = 1 << 20,
             _control("-i", "off", pid)
             _control("-d", pid)
             dumps = sorted(work.glob("callgrind.out.*"), key=lambda p: int(p.suffix[1:]))
+            if row == "bulk":  # (one download: its bytes, counted per MiB below)
+                result["ok"] = int(result.get("status") == 200 and result.get("bytes") == body)
             if len(dumps) < 2 or not result.get("ok"):
                 raise SystemExit(f"nothing measured: {result}\n{gateway.log_tail()}")
+            if keep is not None:  # (for callgrind_annotate --tree=caller, kcachegrind)
+                shutil.copy(dumps[-2], keep)
             total, functions = _annotate(dumps[-2])
             idle, _ = _annotate(dumps[-1])
         finally:
@@ -142,7 +156,7 @@ def measure(row: str, seconds: float, top: int, body: int = 1 << 20,
                 receiver.close()
             sse.stop()
             static.stop()
-    requests = int(result["ok"])
+    requests = int(result["ok"]) if row != "bulk" else body / MIB  # (bulk: per MiB)
     if connection == "resume" and result.get("resumed", 0) < requests:
         print(f"warning: {result.get('resumed', 0)} of {requests} connections resumed",
               file=sys.stderr)
@@ -150,6 +164,7 @@ def measure(row: str, seconds: float, top: int, body: int = 1 << 20,
             "instructions": total, "idle_instructions": idle,
             "window_s": round(window, 1),
             "instructions_per_request": round((total - idle) / requests),
+            "unit": "MiB" if row == "bulk" else "request",
             "top": [{"function": name, "per_request": round(count / requests)}
                     for name, count in functions[:top]]}
 
@@ -183,30 +198,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--row", choices=sorted(HOSTS), default="inject",
                         help="inject: the token swapped for the key (default); policy: no "
                              "key; post, post_dlp: POSTs of --body bytes (c2), without and "
-                             "with credential detection (dlp:)")
+                             "with credential detection (dlp:); bulk: one download of --body "
+                             "bytes, counted per MiB")
     parser.add_argument("--connection", choices=("keep", "new", "resume"), default="keep",
                         help="keep: keep-alive connections (default); new: each request on a "
                              "new connection, a full TLS handshake; resume: the same, "
                              "resuming the warm-up's TLS session")
     parser.add_argument("--body", type=int, default=1 << 20,
-                        help="bytes of a post row's JSON body (default 1 MiB)")
+                        help="bytes of a post row's JSON body, or of the bulk row's download "
+                             "(default 1 MiB)")
     parser.add_argument("--seconds", type=float, default=15.0,
                         help="measured phase (default 15; a few hundred requests)")
     parser.add_argument("--top", type=int, default=0, help="also list the N costliest functions")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--keep", type=Path, help="copy the measured phase's callgrind dump here")
     parser.add_argument("--otel", choices=("off", "spans", "logs"), default="off",
                         help="OTLP export: a span per request, or a span and a log record "
                              "(the worker counted; its exporter process apart)")
     args = parser.parse_args(argv)
-    found = measure(args.row, args.seconds, args.top, args.body, args.otel, args.connection)
+    found = measure(args.row, args.seconds, args.top, args.body, args.otel, args.connection,
+                    args.keep)
     if args.json:
         print(json.dumps(found, indent=2))
         return 0
     otel = f" (OTLP export: {found['otel']})" if found["otel"] != "off" else ""
     how = {"keep": "keep-alive", "new": "a new connection each",
            "resume": "a resumed connection each"}[found["connection"]]
-    print(f"{found['row']}{otel}: {found['instructions_per_request']:,} instructions per "
-          f"request ({found['requests']} requests, {how})")
+    if found["unit"] == "MiB":
+        print(f"bulk: {found['instructions_per_request']:,} instructions per MiB of an "
+              f"intercepted download ({found['requests']:g} MiB, one keep-alive connection)")
+    else:
+        print(f"{found['row']}{otel}: {found['instructions_per_request']:,} instructions per "
+              f"request ({found['requests']} requests, {how})")
     for entry in found["top"]:
         print(f"  {entry['per_request']:>9,}  {entry['function']}")
     return 0

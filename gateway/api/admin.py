@@ -41,7 +41,6 @@ from gateway.observability import metrics
 from gateway.services.identity.tokens import TokenError, parse_scope
 from gateway.services.metering import static_metering
 from gateway.services.state.base import SandboxAddress, StateUnavailable
-from gateway.tools.explain import explain_body, explain_request
 
 __all__ = ["AdminContext", "build_admin_app", "parse_since"]
 
@@ -261,6 +260,7 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
             resolve = data.get("resolve", False)
             if not isinstance(resolve, bool):
                 raise ValueError("resolve must be true or false")
+            from gateway.tools.explain import explain_body, explain_request  # (first use)
             guard = current_guard() if resolve else None
             if resolve and guard is None:
                 return _error(503, "resolve_unavailable",

@@ -87,14 +87,30 @@ PROXY_CORE = ("mitmproxy.proxy.layers.tls", "mitmproxy.options", "mitmproxy.conn
               "ruamel.yaml", "mitmproxy_rs")
 
 
+# Imported at their first use (issue 41: 1.8 MiB of an idle worker): Hyperscan at the
+# first request whose tokens or keys the leak guard looks for (or the DLP detectors),
+# zstandard at the first zstd body.
+FIRST_USE = ("hyperscan", "zstandard")
+
+
 def test_a_plain_gateway_imports_no_optional_subsystem(tmp_path: Path) -> None:
     modules = _imported(tmp_path)
     imported = _packages(modules)
     assert "mitmproxy" in imported  # (the check sees what is imported: certs, ClientHello)
     assert not imported & set(OPTIONAL), sorted(imported & set(OPTIONAL))
+    assert not imported & set(FIRST_USE), sorted(imported & set(FIRST_USE))
     assert not modules & set(ENGINE), sorted(modules & set(ENGINE))
     assert not modules & set(PROXY_CORE), sorted(modules & set(PROXY_CORE))
     assert not any(m.startswith("mitmproxy.addons.") for m in modules)
+
+
+def test_a_gateway_with_dlp_builds_its_detectors_without_requests(tmp_path: Path) -> None:
+    """A policy with `dlp:` builds the detectors at start (detect-secrets, Hyperscan);
+    the plugins' `requests` (for verify calls the gateway never makes: 5 MiB) is not
+    imported (services/dlp/detectors.py)."""
+    imported = _packages(_imported(tmp_path, "dlp: {action: refuse}\n"))
+    assert {"detect_secrets", "hyperscan"} <= imported
+    assert not imported & {"requests", "urllib3", "charset_normalizer"}
 
 
 # A gateway process needs none of the other commands' modules (gateway/cli/__init__.py

@@ -10,7 +10,7 @@ import pytest
 from mitmproxy import certs
 
 from gateway.net import ca
-from gateway.net.tls import LeafContexts, TlsClosed, TlsPump, upstream_context
+from gateway.net.tls import BULK, LeafContexts, TlsClosed, TlsPump, upstream_context
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +64,30 @@ def test_a_session_carries_bytes_both_ways(store: tuple[certs.CertStore, Path],
         with pytest.raises(TlsClosed):
             for b in to_server:
                 server.feed(b)
+    finally:
+        leaves.close()
+
+
+@pytest.mark.parametrize("cut", [BULK, 40_000, 49_157, 262_144, 1 << 20])
+def test_bulk_ciphertext_yields_all_of_its_plaintext(store: tuple[certs.CertStore, Path],
+                                                     runtime: Path, cut: int) -> None:
+    """Ciphertext fed in pieces of `BULK` bytes or more is read into one buffer per feed
+    (`TlsPump._read_into`): pieces cut anywhere in a record (its start then waits inside
+    OpenSSL) give back every byte, in order; a close_notify in the last piece ends the
+    session after the data before it."""
+    leaves = LeafContexts(store[0], runtime)
+    try:
+        client, server, _to_server, to_client = _pair(leaves, store[1], "api.example.test")
+        big = bytes(range(256)) * 4099  # (not a whole number of records)
+        server.send(big)
+        server.close()
+        ciphertext = b"".join(to_client)
+        pieces = [ciphertext[i:i + cut] for i in range(0, len(ciphertext), cut)]
+        if len(pieces[-1]) < BULK and len(pieces) > 1:  # (every feed a bulk one)
+            pieces[-2:] = [pieces[-2] + pieces[-1]]
+        got = [client.feed(piece) for piece in pieces]
+        assert b"".join(got) == big
+        assert all(isinstance(g, bytearray) for g in got) and client.peer_closed
     finally:
         leaves.close()
 

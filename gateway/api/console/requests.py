@@ -30,7 +30,6 @@ from gateway.api.times import parse_since
 from gateway.services.metering import static_metering
 from gateway.services.state.base import StateUnavailable
 from gateway.services.state.log import LogEntry, LogLines, LogQuery
-from gateway.tools.explain import explain_request
 
 __all__ = ["POLL", "STREAM_LIFETIME", "routes", "summary"]
 
@@ -209,6 +208,7 @@ async def _explain(ctx: AdminContext, doc: dict[str, Any]) -> tuple[dict[str, An
     if asked is None or not isinstance(policy, str):
         return None, "This line is not a request to a host (nothing to explain)."
     method, url = asked
+    from gateway.tools.explain import explain_request  # (first use: 0.5 MiB a worker)
     pricing = ctx.metering.pricing if ctx.metering is not None else None
     try:
         answer = await explain_request(ctx.policies(), policy, method, url, None,

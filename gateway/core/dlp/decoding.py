@@ -27,8 +27,6 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import zstandard
-
 from gateway.core import encodings
 from gateway.core.dlp.fastscan import MAP, SEGMENT, has_segment
 
@@ -53,6 +51,7 @@ def _codings(header: str | None) -> list[str]:
 
 
 def _zstd(data: bytes, limit: int) -> bytes:
+    import zstandard  # (at the first zstd body: 0.3 MiB a process that never sees one)
     out = bytearray()
     try:
         reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data),
@@ -100,6 +99,7 @@ def encode_content(data: bytes, content_encoding: str | None) -> bytes:
     goes out in the coding its head names)."""
     for coding in _codings(content_encoding):
         if coding == "zstd":
+            import zstandard
             data = zstandard.ZstdCompressor().compress(data)
         else:
             try:

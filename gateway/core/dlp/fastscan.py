@@ -19,15 +19,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
+from importlib.util import find_spec
 from typing import Any
 
 import ahocorasick
 
-try:
-    import hyperscan
-    HYPERSCAN = True
-except ImportError:  # pragma: no cover - no wheel for this platform
-    HYPERSCAN = False
+# The wheel is there (no wheel for Linux on ARM); imported at the first database built
+# (`_hyperscan`): a process that never scans a body does not map its 1.5 MiB.
+HYPERSCAN = find_spec("hyperscan") is not None
 
 __all__ = ["HYPERSCAN", "Literals", "as_bytes", "has_segment"]
 SEGMENT = 20  # base64 characters in a row that may hold a key (decoding.MIN_BASE64)
@@ -41,12 +40,19 @@ def as_bytes(text: str | bytes | bytearray) -> bytes | bytearray:
     return text.encode("latin-1", "replace") if isinstance(text, str) else text
 
 
+def _hyperscan() -> Any:
+    import hyperscan
+    return hyperscan
+
+
 class _Pool:
     """A Hyperscan database and scratch spaces for it: a scratch serves one scan at a
     time (a scan releases the GIL), so each scan takes one from the pool, cloned when
     none is free (a fraction of a microsecond)."""
 
     def __init__(self, expressions: list[bytes], flags: int, *, literal: bool) -> None:
+        hyperscan = _hyperscan()
+        self._terminated = hyperscan.ScanTerminated
         self.db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
         self.db.compile(expressions=expressions, ids=list(range(len(expressions))),
                         elements=len(expressions), flags=flags, literal=literal)
@@ -57,10 +63,10 @@ class _Pool:
         """Calls `on` for each match; False if `on` ended the scan (returned True)."""
         scratch = self._free.pop() if self._free else self._scratch.clone()
         try:
-            # (any buffer: the extension reads it through the buffer protocol; its stub
-            # says AnyStr. No `cast` call: this runs for every part of every request.)
-            self.db.scan(data, match_event_handler=on, scratch=scratch)  # type: ignore[type-var]
-        except hyperscan.ScanTerminated:
+            # (any buffer: the extension reads it through the buffer protocol. No `cast`
+            # call: this runs for every part of every request.)
+            self.db.scan(data, match_event_handler=on, scratch=scratch)
+        except self._terminated:
             return False
         finally:
             self._free.append(scratch)
@@ -81,7 +87,7 @@ def has_segment(text: str | bytes | bytearray, *, fast: bool = HYPERSCAN) -> boo
         return _NEEDLE in as_bytes(text).translate(MAP)
     if not _SEGMENTS:
         _SEGMENTS.append(_Pool([rb"[A-Za-z0-9+/_\-]{%d}" % SEGMENT],
-                               hyperscan.HS_FLAG_SINGLEMATCH, literal=False))
+                               _hyperscan().HS_FLAG_SINGLEMATCH, literal=False))
     return not _SEGMENTS[0].scan(as_bytes(text), _stop)
 
 

@@ -314,7 +314,7 @@ class Connection(Side):
         if size is not None and size > len(side.buf):
             direct = True
             side.expect(size)
-        pieces: list[bytes] = []
+        pieces: list[bytes | bytearray] = []
         try:
             while True:
                 if direct and side.chunks:

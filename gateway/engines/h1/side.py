@@ -48,7 +48,8 @@ class Side(asyncio.Protocol):
         self._out: list[bytes | memoryview] = []
         self._out_size = 0
         self.partner: Side | None = None  # the other side (its writes flush with ours)
-        self.chunks: list[bytes] = []  # body bytes that came after all of `buf` (`expect`)
+        # body bytes that came after all of `buf` (`expect`)
+        self.chunks: list[bytes | bytearray] = []
         self._chunked = 0  # their size
         self._expected = 0  # bytes of the body being read not received yet
 
@@ -58,10 +59,11 @@ class Side(asyncio.Protocol):
         self.transport = transport
         transport.set_write_buffer_limits(high=HIGH_WATER)
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, received: bytes) -> None:
+        data: bytes | bytearray = received
         if self.tls is not None:
             try:
-                data = self.tls.feed(data)
+                data = self.tls.feed(received)
             except (TlsClosed, ssl.SSLError) as exc:
                 self._end(exc)
                 return
@@ -147,7 +149,7 @@ class Side(asyncio.Protocol):
             self.buf = ReceiveBuffer()
             self.buf += self.take_chunks() + rest
 
-    def take_chunks(self) -> bytes:
+    def take_chunks(self) -> bytes | bytearray:
         """The body bytes kept in `chunks` (they come before anything in `buf`)."""
         chunks = self.chunks
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)

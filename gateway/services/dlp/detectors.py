@@ -9,17 +9,25 @@ follow one leaked key through months of audit lines. Replicas that share the cer
 directory (they share the CA already) share the salt, so their fingerprints agree. The
 salt is never logged; a fingerprint is HMAC-SHA256 under it (`core/dlp/findings.py`).
 
-**When the detectors are built**: importing detect-secrets also imports `requests`
-(about 0.2 s and 19 MiB). A process whose policies have no `dlp:` never pays it;
-`runtime/app.py` builds them at start when a policy has `dlp:`, else here on first use
-(a policy reloaded with `dlp:`).
+**When the detectors are built**: `runtime/app.py` builds them at start when a policy has
+`dlp:`, else here on first use (a policy reloaded with `dlp:`); a process whose policies
+have no `dlp:` never imports detect-secrets. Its plugin modules `import requests` for
+their `verify` (a call to the provider), which the gateway never makes: they are imported
+with `requests` standing in (`_requests_on_demand`), 5 MiB less a worker (requests,
+urllib3, charset_normalizer, idna: ~90 modules; measured 2026-11-29).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import secrets
+import sys
 import threading
+import types
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from gateway.core.dlp.catalogue import DETECTORS
 from gateway.core.dlp.scanner import Scanner
@@ -62,7 +70,8 @@ class LazyDetectors:
         if found is None:
             with self._lock:
                 if self._scanner is None:
-                    from gateway.services.dlp import library  # (slow: only when needed)
+                    with _requests_on_demand():  # (slow: only when needed)
+                        from gateway.services.dlp import library
                     self._scanner = Scanner(library.build(DETECTORS), self._salt,
                                             limit=self._limit)
                 found = self._scanner
@@ -70,6 +79,34 @@ class LazyDetectors:
 
     def build(self) -> None:
         self.scanner()
+
+
+@contextlib.contextmanager
+def _requests_on_demand() -> Iterator[None]:
+    """While detect-secrets' plugins are imported, `requests` is a stand-in module that
+    imports the real package at the first read of any other name than `Response` (which
+    two plugins name in return annotations: a placeholder class) and hands that name on;
+    afterwards the stand-in leaves `sys.modules`, so any other importer gets the real
+    package. A plugin's `verify` (never called here) would still reach the real one."""
+    if "requests" in sys.modules:  # (imported already: nothing to save)
+        yield
+        return
+    stand_in = types.ModuleType("requests", "stand-in: the real package on first use")
+
+    def attribute(name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)  # (copy, pickle and inspect probe dunders)
+        if sys.modules.get("requests") is stand_in:
+            del sys.modules["requests"]
+        return getattr(importlib.import_module("requests"), name)
+
+    vars(stand_in).update(__getattr__=attribute, Response=type("Response", (), {}))
+    sys.modules["requests"] = stand_in
+    try:
+        yield
+    finally:
+        if sys.modules.get("requests") is stand_in:
+            del sys.modules["requests"]
 
 
 _TOOLS: list[LazyDetectors] = []

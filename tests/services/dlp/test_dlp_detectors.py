@@ -47,6 +47,23 @@ def test_constructing_the_port_does_not_import_the_library() -> None:
     assert out.stdout.split() == ["False", "False"]
 
 
+def test_building_the_scanner_leaves_requests_unimported_until_a_plugin_reads_it() -> None:
+    """detect-secrets' plugins import `requests` for their verify calls: the scanner is
+    built (and finds a key) without it; a plugin's first read of it gets the real package,
+    and a later `import requests` is the real one too."""
+    code = ("import sys\nfrom gateway.services.dlp.detectors import LazyDetectors\n"
+            "s = LazyDetectors(b'x' * 32, 1 << 20).scanner()\n"
+            "from gateway.core.dlp import Location\n"
+            "found = s.scan_text('key ghp_' + 'A1b2C3d4E5' * 3 + 'abcdef', Location('body'))\n"
+            "print(bool(found), 'requests' in sys.modules, 'urllib3' in sys.modules)\n"
+            "import requests, detect_secrets.plugins.base as base\n"
+            "print(base.requests.exceptions.RequestException is "
+            "requests.exceptions.RequestException, type(requests.get).__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.split() == ["True", "False", "False", "True", "function"]
+
+
 def test_processes_starting_together_agree_on_one_whole_salt(tmp_path: Path) -> None:
     """Workers start together: each either makes the salt or reads the one another made,
     never a file created but not yet written (a worker failed to start on that)."""
