@@ -4,8 +4,9 @@ A direct passthrough tunnel (a plain client socket, no upstream proxy) relays ea
 direction socket -> pipe -> socket with `os.splice`: the bytes stay in the kernel, and
 Python handles one readiness event per pipe-full instead of copying every chunk in and
 out of a buffer (two copies and a transport's bookkeeping per read). Measured in `make
-bench`'s passthrough download (same-run pairs against the transports' relay): 0.32-0.46
-ms of proxy CPU per MB against 0.51-0.72 (docs/performance.md, "Passthrough").
+bench`'s passthrough download (same-run pairs against the transports' relay): 0.31-0.46
+ms of proxy CPU per MB against 0.51-0.72 (docs/performance.md, "passthrough relayed by
+the kernel").
 
 Back-pressure is the pipe: a direction reads only while its pipe is empty, and a
 destination that takes no more (EAGAIN) stops the reading until it is writable again,
