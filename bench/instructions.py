@@ -149,14 +149,14 @@ def measure(row: str, seconds: float, top: int, body: int = 1 << 20,
                 _control("-i", "off", pid)
                 _control("-d", pid)
             counted = []
-            for n, pid in enumerate(pids):
+            for pid in pids:
                 stem = "callgrind.out" if receiver is None else f"callgrind.out.{pid}"
                 dumps = sorted(work.glob(f"{stem}.*"), key=lambda p: int(p.suffix[1:]))
                 if len(dumps) < 2 or not result.get("ok"):
                     raise SystemExit(f"nothing measured: {result}\n{gateway.log_tail()}")
                 total, functions = _annotate(dumps[-2])
                 idle, _ = _annotate(dumps[-1])
-                counted.append((total, idle, functions if n == 0 else []))
+                counted.append((total, idle, functions))
         finally:
             if client is not None:
                 stop_process(client)
@@ -182,7 +182,9 @@ def measure(row: str, seconds: float, top: int, body: int = 1 << 20,
         found.update(exporter_instructions=exporter[0][0],
                      exporter_idle_instructions=exporter[0][1],
                      exporter_per_request=round(spent / requests),
-                     tree_per_request=round((total - idle + spent) / requests))
+                     tree_per_request=round((total - idle + spent) / requests),
+                     exporter_top=[{"function": name, "per_request": round(count / requests)}
+                                   for name, count in exporter[0][2][:top]])
     return found
 
 
@@ -259,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     if "tree_per_request" in found:
         print(f"  the worker: {found['instructions_per_request']:,}; its exporter process: "
               f"{found['exporter_per_request']:,}; the tree: {found['tree_per_request']:,}")
+        for entry in found["exporter_top"]:
+            print(f"  {entry['per_request']:>9,}  {entry['function']} (exporter)")
     for entry in found["top"]:
         print(f"  {entry['per_request']:>9,}  {entry['function']}")
     return 0

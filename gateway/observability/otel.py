@@ -179,7 +179,7 @@ class OtelExport:
         parent = otlp.parent_of(line.trace)
         if parent is not None and (len(parent[0]) != 16 or len(parent[1]) != 8):
             return False
-        start = end - int(float(line.duration_ms or 0) * 1_000_000)
+        start = end - int((line.duration_ms or 0) * 1_000_000)
         shape = self._shapes.of(line)
         trace, own = (parent[0] if parent else b""), b""
         if self._spans is not None and traced:

@@ -12,10 +12,12 @@ the general path writes them, so the bytes are the same (tests/observability/
 test_otel_shape.py decodes both with opentelemetry-proto and compares them). What
 changes per line is encoded here by hand, in one join.
 
-The fields a shape is made of are typed as the JSON sink writes them (strings, a
-workload of strings): a line whose fields differ fails `Line`'s decoding and takes the
-general path, so a shape never mixes values that compare equal but encode differently
-(``1``, ``1.0``, ``true``).
+The fields a shape is made of, and the path and status, are typed as the JSON sink writes
+them (strings, a workload of strings, an integer status): a line whose fields differ fails
+`Line`'s decoding and takes the general path, so a cache never mixes values that compare
+equal but encode differently (``1``, ``1.0``, ``true``). The path and status are
+remembered as a pair of encoded attributes (most requests of a gateway go to a few
+paths).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from gateway.observability.otel_names import span_name
 __all__ = ["Line", "Shape", "Shapes", "decode", "ids", "log_record", "span"]
 
 _SHAPES_MAX = 4096  # shapes remembered (cleared when full)
+_PAIRS_MAX = 8192  # (path, status) attribute pairs remembered (cleared when full)
+_pairs: dict[tuple[str | None, int | None], bytes] = {}
 _MASK64 = (1 << 64) - 1
 _TIMES = struct.Struct("<BQBQ").pack  # Span's start (7, fixed64) and end (8, fixed64)
 _TIME = struct.Struct("<Q").pack
@@ -65,9 +69,9 @@ class Line(msgspec.Struct):
     reason: str | None = None
     listener: str | None = None
     workload: dict[str, str] | None = None
-    path: Any = None
-    status: Any = None
-    duration_ms: Any = None
+    path: str | None = None
+    status: int | None = None
+    duration_ms: float | None = None
     usage: Any = None
     mcp: Any = None
     models: Any = None
@@ -151,9 +155,18 @@ def span(shape: Shape, line: Line, trace: bytes, own: bytes, parent: bytes, star
     return b"".join((b"\x0a\x10", trace, b"\x12\x08", own,
                      b"\x22\x08" + parent if parent else b"", shape.name, b"\x30\x02",
                      _TIMES(0x39, start & _MASK64, 0x41, end & _MASK64), shape.head,
-                     otlp.attribute(b"\x4a", "url.path", line.path),
-                     otlp.attribute(b"\x4a", "http.response.status_code", line.status),
+                     _pairs.get((line.path, line.status)) or _pair(line.path, line.status),
                      shape.tail))
+
+
+def _pair(path: str | None, status: int | None) -> bytes:
+    """The path's and status's attribute fields, encoded and remembered."""
+    if len(_pairs) >= _PAIRS_MAX:
+        _pairs.clear()
+    encoded = _pairs[path, status] = (otlp.attribute(b"\x4a", "url.path", path) +
+                                      otlp.attribute(b"\x4a", "http.response.status_code",
+                                                     status))
+    return encoded
 
 
 def log_record(shape: Shape, raw: bytes, end: int, trace: bytes, own: bytes) -> bytes:

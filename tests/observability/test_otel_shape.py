@@ -67,6 +67,8 @@ LINES: list[tuple[dict[str, Any], bool, str | None, dict[str, str] | None]] = [
     ({"method": "POST", "host": "plain.test", "path": "/upload"}, True, None,
      {"input": "a body [REDACTED]"}),
     ({"policy": 5, "status": "200"}, True, None, None),  # (not as the sink writes them)
+    ({"status": True, "duration_ms": 2}, True, None, None),
+    ({"status": None, "path": None, "duration_ms": None}, True, None, None),
     ({"workload": {"replicas": 3}}, True, None, None),
     ({"path": "/é ✓", "sandbox": "sandbox-ü"}, True, None, None),
 ]
@@ -167,7 +169,8 @@ def test_a_shape_is_made_once_and_only_of_its_values() -> None:
 
 
 def test_a_line_not_as_the_sink_writes_it_is_not_shaped() -> None:
-    for odd in ({"policy": 5}, {"workload": {"replicas": 3}}, {"decision": True}):
+    for odd in ({"policy": 5}, {"workload": {"replicas": 3}}, {"decision": True},
+                {"status": "200"}, {"status": True}, {"duration_ms": "1.5"}, {"path": 3}):
         with pytest.raises(ValueError):
             otel_shape.decode(json.dumps({**BASE, **odd}).encode())
 
