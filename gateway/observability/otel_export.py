@@ -24,7 +24,7 @@ __all__ = ["REPORT", "Reporter", "main", "parse", "serve"]
 log = logging.getLogger("sandbox_gateway")
 
 RECV = 1 << 20  # larger than any datagram the worker sends (otel_feed.MAX_DATAGRAM)
-TICK = 0.1  # seconds between looks at waiting batches when no frame comes
+TICK = 0.25  # seconds between looks at waiting batches when no frame comes
 SEP = b"\x1f"  # (otel_feed.SEP; not imported: this process never loads the worker's side)
 REPORT = 0.5  # seconds between two reports of the drops to the worker (when they changed)
 DROPS = b"D"  # a report's first byte; then the JSON of the totals
