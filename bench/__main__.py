@@ -58,6 +58,10 @@ class Sizes:
     upload_bytes: int = 100 << 20  # the POST upload rows' one body (issue 43)
     otel_rounds: int = 6  # alternating rounds of export off / spans / spans + logs (c10)
     otel_round_seconds: float = 4.0
+    # seconds an OTLP gateway's CPU is read after its load: the worker's frames go every
+    # 0.2 s, the exporter's batches 1 s after their first line (its loop looks every
+    # 0.25 s); none with --quick, which measures nothing
+    otel_settle: float = 1.6
 
 
 FULL = Sizes(get_seconds=5.0, big_bytes=100_000_000, sse_streams=20, sse_events=20,
@@ -67,7 +71,7 @@ QUICK = Sizes(get_seconds=0.5, big_bytes=2_000_000, sse_streams=3, sse_events=5,
               sse_interval_ms=5, idle_tunnels=20, policy_sizes=(10, 100, 1000),
               policy_samples=2000, worker_concurrency=(10,), metering_requests=20,
               metering_rounds=4, dlp_stream_mib=2, upload_bytes=2 << 20,
-              otel_rounds=2, otel_round_seconds=1.0)
+              otel_rounds=2, otel_round_seconds=1.0, otel_settle=0.0)
 WORKER_COUNTS = (1, 2)  # `run --workers N` in the workers section
 IDLE_TIMEOUT = "2s"  # network.upstream_idle_timeout of the idle_after_timeout gateway
 IDLE_TIMEOUT_WAIT_S = 4.0  # idle_after_timeout: wait at least this long after the tunnels
@@ -133,9 +137,6 @@ ROWS = (
 # moved off the gateway's core (to the client's), to tell its CPU from the worker's own
 OTEL_KINDS = {"gateway_otel": (False, 1.0), "gateway_otel_logs": (True, 1.0),
               "gateway_otel_sampled": (False, 0.1), "gateway_otel_apart": (False, 1.0)}
-# seconds an OTLP row's CPU is read after its load: the worker's frames go every 0.2 s,
-# the exporter's batches 1 s after their first line (its loop looks every 0.25 s)
-OTEL_SETTLE = 1.6
 SECTIONS = ("workers", "otel_rounds", "policy", "secret", "metering", "dlp")
 
 
@@ -195,7 +196,8 @@ class Bench:
         ``idle_wait``: idle only, called once the tunnels are open and before the proxy's
         RSS is read (the upstream idle timeout); its figures go into the result.
         ``settle``: seconds waited after the measured phase before the proxy's CPU is
-        read (an OTLP exporter's last batches, sent up to OTEL_SETTLE later, counted).
+        read (an OTLP exporter's last batches, sent up to 1.45 s later, counted:
+        `Sizes.otel_settle`).
         """
         spec = {**spec, "cpu": self.client_cpu if pin else None}
         proc = subprocess.Popen([sys.executable, "-m", "bench.load", json.dumps(spec)],
@@ -304,7 +306,8 @@ class Bench:
             res = self.client(self.spec(row, workload, proxy), proxy, self.timeout(workload),
                               pin=pin, idle_wait=self._wait_upstream_idle
                               if workload == "idle_after_timeout" else None,
-                              settle=OTEL_SETTLE if row.proxy in OTEL_KINDS else 0.0)
+                              settle=self.sizes.otel_settle if row.proxy in OTEL_KINDS
+                              else 0.0)
         except ClientError as exc:
             tail = proxy.log_tail() if proxy is not None else ""
             res = {"error": str(exc)[:800], "proxy_log_tail": tail[-600:]}
@@ -444,7 +447,7 @@ class Bench:
         row = next(r for r in ROWS if r.key == "gateway_policy")
         try:
             found = otel_rounds.run(self, row, self.sizes.otel_rounds,
-                                    self.sizes.otel_round_seconds, OTEL_SETTLE)
+                                    self.sizes.otel_round_seconds, self.sizes.otel_settle)
         except RuntimeError as exc:
             found = {"error": str(exc)[:800]}
         self.results["otel_rounds"] = found

@@ -10,7 +10,7 @@ seconds apart, every round gives a ratio of each export gateway to the export-of
 (CPU per request of the whole process tree, worker and exporter, and of the worker
 alone), and the median of the rounds' ratios is what the targets judge. Idle gateways
 waiting for their turn cost next to nothing (their timers). A turn's CPU is read once
-the exporter sent what the turn's requests made (`bench.__main__.OTEL_SETTLE` after the
+the exporter sent what the turn's requests made (`Sizes.otel_settle` after the
 load), for the export-off gateway too.
 """
 
