@@ -30,7 +30,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import metering, micro, report, targets
+from bench import metering, micro, otel_rounds, report, targets
 from bench.proxies import GatewayProxy, MitmdumpProxy, NginxProxy, Proxy, SquidProxy
 from bench.upstream import LocalCA, SSEServer, StaticUpstream, stop_process
 
@@ -56,6 +56,12 @@ class Sizes:
     metering_rounds: int = 24  # short alternating rounds: many ratios, little drift in each
     dlp_stream_mib: int = 100  # the streamed upload through the credential scanner
     upload_bytes: int = 100 << 20  # the POST upload rows' one body (issue 43)
+    otel_rounds: int = 6  # alternating rounds of export off / spans / spans + logs (c10)
+    otel_round_seconds: float = 4.0
+    # seconds an OTLP gateway's CPU is read after its load: the worker's frames go every
+    # 0.2 s, the exporter's batches 1 s after their first line (its loop looks every
+    # 0.25 s); none with --quick, which measures nothing
+    otel_settle: float = 1.6
 
 
 FULL = Sizes(get_seconds=5.0, big_bytes=100_000_000, sse_streams=20, sse_events=20,
@@ -64,7 +70,8 @@ FULL = Sizes(get_seconds=5.0, big_bytes=100_000_000, sse_streams=20, sse_events=
 QUICK = Sizes(get_seconds=0.5, big_bytes=2_000_000, sse_streams=3, sse_events=5,
               sse_interval_ms=5, idle_tunnels=20, policy_sizes=(10, 100, 1000),
               policy_samples=2000, worker_concurrency=(10,), metering_requests=20,
-              metering_rounds=4, dlp_stream_mib=2, upload_bytes=2 << 20)
+              metering_rounds=4, dlp_stream_mib=2, upload_bytes=2 << 20,
+              otel_rounds=2, otel_round_seconds=1.0, otel_settle=0.0)
 WORKER_COUNTS = (1, 2)  # `run --workers N` in the workers section
 IDLE_TIMEOUT = "2s"  # network.upstream_idle_timeout of the idle_after_timeout gateway
 IDLE_TIMEOUT_WAIT_S = 4.0  # idle_after_timeout: wait at least this long after the tunnels
@@ -130,7 +137,7 @@ ROWS = (
 # moved off the gateway's core (to the client's), to tell its CPU from the worker's own
 OTEL_KINDS = {"gateway_otel": (False, 1.0), "gateway_otel_logs": (True, 1.0),
               "gateway_otel_sampled": (False, 0.1), "gateway_otel_apart": (False, 1.0)}
-SECTIONS = ("workers", "policy", "secret", "metering", "dlp")
+SECTIONS = ("workers", "otel_rounds", "policy", "secret", "metering", "dlp")
 
 
 class ClientError(RuntimeError):
@@ -182,12 +189,15 @@ class Bench:
     def client(self, spec: dict[str, Any], proxy: Proxy | None, timeout: float,
                pin: bool = True,
                idle_wait: Callable[[Proxy | None], dict[str, Any]] | None = None,
-               ) -> dict[str, Any]:
+               settle: float = 0.0) -> dict[str, Any]:
         """Run one workload in the load client; sample the proxy around the measured phase.
 
         ``pin`` False: the client gets the orchestrator's affinity (see `_unpinned`).
         ``idle_wait``: idle only, called once the tunnels are open and before the proxy's
         RSS is read (the upstream idle timeout); its figures go into the result.
+        ``settle``: seconds waited after the measured phase before the proxy's CPU is
+        read (an OTLP exporter's last batches, sent up to 1.45 s later, counted:
+        `Sizes.otel_settle`).
         """
         spec = {**spec, "cpu": self.client_cpu if pin else None}
         proc = subprocess.Popen([sys.executable, "-m", "bench.load", json.dumps(spec)],
@@ -207,6 +217,8 @@ class Bench:
             proc.stdin.write(b"go\n")
             proc.stdin.flush()
             result = lines.read(timeout)
+            if settle:
+                time.sleep(settle)
             machine = _machine_busy(machine0, _machine_cpu())
             if machine:
                 result.update(machine)
@@ -293,7 +305,9 @@ class Bench:
         try:
             res = self.client(self.spec(row, workload, proxy), proxy, self.timeout(workload),
                               pin=pin, idle_wait=self._wait_upstream_idle
-                              if workload == "idle_after_timeout" else None)
+                              if workload == "idle_after_timeout" else None,
+                              settle=self.sizes.otel_settle if row.proxy in OTEL_KINDS
+                              else 0.0)
         except ClientError as exc:
             tail = proxy.log_tail() if proxy is not None else ""
             res = {"error": str(exc)[:800], "proxy_log_tail": tail[-600:]}
@@ -427,6 +441,22 @@ class Bench:
         print("  scaling " + ", ".join(f"{w}: {v:.2f}x" for w, v in section["scaling"].items())
               + " (unpinned, cores shared with the client)", file=sys.stderr)
 
+    def run_otel_rounds(self) -> None:
+        """The export's cost against export off in alternating rounds (bench/otel_rounds.py)."""
+        print("OTLP export, alternating rounds ...", file=sys.stderr)
+        row = next(r for r in ROWS if r.key == "gateway_policy")
+        try:
+            found = otel_rounds.run(self, row, self.sizes.otel_rounds,
+                                    self.sizes.otel_round_seconds, self.sizes.otel_settle)
+        except RuntimeError as exc:
+            found = {"error": str(exc)[:800]}
+        self.results["otel_rounds"] = found
+        for kind in otel_rounds.GATEWAYS[1:]:
+            if f"{kind}_tree_median" in found:
+                print(f"  {kind}: tree {found[kind + '_tree_median']:.2f}x, worker "
+                      f"{found[kind + '_worker_median']:.2f}x vs off (medians of "
+                      f"{found['rounds']} rounds)", file=sys.stderr)
+
     def make_proxy(self, kind: str | None, tag: str,
                    upstream_idle_timeout: str | None = None) -> Proxy:
         d = self.workdir / f"{kind}-{tag}"
@@ -472,7 +502,8 @@ class Bench:
             cores={"proxy": self.proxy_cpu, "client_and_upstream": self.client_cpu})
         with contextlib.ExitStack() as stack:
             self._otlp_stack = stack
-            if any(self.wanted(r.key) for r in ROWS) or self.wanted("workers"):
+            if any(self.wanted(r.key) for r in ROWS) or self.wanted("workers") or \
+                    self.wanted("otel_rounds"):
                 self.ca = LocalCA.create(self.workdir / "ca")
                 print("starting upstreams ...", file=sys.stderr)
                 self.static = StaticUpstream(self.workdir, self.ca, self.sizes.big_bytes,
@@ -499,6 +530,8 @@ class Bench:
                         "spans": len(self._otlp.spans()), "logs": len(self._otlp.logs())}
                 if self.wanted("workers"):
                     self.run_workers(stack)
+                if self.wanted("otel_rounds"):
+                    self.run_otel_rounds()
             if self.wanted("metering"):
                 print("metering overhead ...", file=sys.stderr)
                 ca = getattr(self, "ca", None) or LocalCA.create(self.workdir / "ca-metering")

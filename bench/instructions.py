@@ -20,7 +20,15 @@ one warm intercepted connection (the bench's ``download`` workload on the interc
 policy row) and divides by the MiB.
 
 The gateway runs on the allocator `run` would choose (jemalloc where installed);
-``BENCH_GATEWAY_ENV=PYTHONMALLOC=pymalloc`` measures CPython's own instead. Needs
+``BENCH_GATEWAY_ENV=PYTHONMALLOC=pymalloc`` measures CPython's own instead.
+
+With ``--otel spans|logs`` (OTLP export to a local receiver) the worker's exporter process
+runs under callgrind too (``--trace-children``) and is counted over the same windows:
+the figures are the worker's, the exporter's and their sum (the gateway's process tree per
+request). Both processes run about 50x slower under callgrind, so the exporter's batches
+are smaller than at full speed (fewer lines a datagram, a wake-up and an export): its
+count is an upper bound of its cost a line (``python -m bench.otel_lines`` measures the
+exporter's path at full batches). Needs
 ``valgrind`` (Debian ``valgrind``) and nginx as ``python -m bench`` does. Listens
 and connects on 127.0.0.1 only; every process it starts is stopped on exit.
 """
@@ -61,16 +69,15 @@ def measure(row: str, seconds: float, top: int, body: int = 1 << 20,
     post_dlp: POSTs of `body` bytes of JSON without a credential, without and with
     outbound credential detection), on keep-alive connections or (`connection` new,
     resume) each on a new one, with a full or a resumed TLS handshake. `otel`: OTLP
-    export on (spans, or logs: spans and log records, to a local OTLP receiver); counted
-    is the worker alone, its exporter process runs outside valgrind (its own cost a
-    line: ``python -m bench.otel_lines --instructions``). `keep`: where to copy the
-    measured phase's callgrind dump."""
+    export on (spans, or logs: spans and log records, to a local OTLP receiver): the
+    worker's exporter process is counted too, apart (``exporter_*``; ``tree_*``: the
+    sum). `keep`: where to copy the measured phase's (the worker's) callgrind dump."""
     for tool in ("valgrind", "callgrind_control", "callgrind_annotate"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} not found: apt-get install valgrind")
     with tempfile.TemporaryDirectory(prefix="sandbox-gateway-instructions-") as tmp:
         work = Path(tmp)
-        out = work / "callgrind.out"
+        out = work / "callgrind.out"  # (with --otel: callgrind.out.<pid>, a process each)
         ca = LocalCA.create(work / "ca")
         static = StaticUpstream(work, ca, body if row == "bulk" else 1000, None)
         sse = SSEServer(work, ca)
@@ -88,11 +95,15 @@ def measure(row: str, seconds: float, top: int, body: int = 1 << 20,
                 receiver = OtlpReceiver()
                 telemetry = {"endpoint": receiver.grpc_endpoint, "protocol": "grpc",
                              "metrics_interval": "5s"}
+            wrap: tuple[str, ...] = ("valgrind", "--tool=callgrind", "--instr-atstart=no",
+                                     f"--callgrind-out-file={out}")
+            if otel != "off":  # (the exporter process under callgrind too, a file each)
+                wrap = (*wrap[:3], "--trace-children=yes",
+                        f"--callgrind-out-file={out}.%p")
             gateway = GatewayProxy(
                 work / "gateway", ca.cert_path, static.port, sse.port, None, workers=1,
-                ready_seconds=300, wrap=("valgrind", "--tool=callgrind", "--instr-atstart=no",
-                                         f"--callgrind-out-file={out}"),
-                telemetry=telemetry, otlp_logs=otel == "logs")
+                ready_seconds=300, wrap=wrap, telemetry=telemetry,
+                otlp_logs=otel == "logs")
             # `run` starts itself again on jemalloc (gateway/runtime/allocator.py), and
             # valgrind does not follow an exec: the allocator's environment is set here.
             gateway.env.update(environment(gateway.env) or {})
@@ -117,36 +128,48 @@ def measure(row: str, seconds: float, top: int, body: int = 1 << 20,
             ready = json.loads(client.stdout.readline())
             if set(ready.get("warmup_statuses") or {}) != {"200"}:
                 raise SystemExit(f"warm-up failed: {ready}\n{gateway.log_tail()}")
-            pid = str(gateway.pid)
-            _control("-z", pid)  # (nothing counted before; the counters start at zero)
-            _control("-i", "on", pid)
+            pids = [str(gateway.pid)]
+            if receiver is not None:  # (its exporter up: the warm-up's spans arrived)
+                pids.append(str(_exporter(gateway.pid, receiver)))
+            for pid in pids:
+                _control("-z", pid)  # (nothing counted before; the counters start at zero)
+                _control("-i", "on", pid)
             started = time.monotonic()
             client.stdin.write(b"go\n")
             client.stdin.flush()
             result = json.loads(client.stdout.readline())
+            if receiver is not None:
+                time.sleep(SETTLE)  # (the last batches exported, in the window)
             window = time.monotonic() - started
-            _control("-i", "off", pid)
-            _control("-d", pid)
+            for pid in pids:
+                _control("-i", "off", pid)
+                _control("-d", pid)
             client.stdin.write(b"bye\n")
             client.stdin.flush()
             client.wait(30)
             # The same window with no request: what the process does anyway (its timers,
             # the sweepers), subtracted so the figure does not depend on how many requests
             # a loaded machine let through the window.
-            _control("-z", pid)
-            _control("-i", "on", pid)
+            for pid in pids:
+                _control("-z", pid)
+                _control("-i", "on", pid)
             time.sleep(window)
-            _control("-i", "off", pid)
-            _control("-d", pid)
-            dumps = sorted(work.glob("callgrind.out.*"), key=lambda p: int(p.suffix[1:]))
+            for pid in pids:
+                _control("-i", "off", pid)
+                _control("-d", pid)
             if row == "bulk":  # (one download: its bytes, counted per MiB below)
                 result["ok"] = int(result.get("status") == 200 and result.get("bytes") == body)
-            if len(dumps) < 2 or not result.get("ok"):
-                raise SystemExit(f"nothing measured: {result}\n{gateway.log_tail()}")
-            if keep is not None:  # (for callgrind_annotate --tree=caller, kcachegrind)
-                shutil.copy(dumps[-2], keep)
-            total, functions = _annotate(dumps[-2])
-            idle, _ = _annotate(dumps[-1])
+            counted = []
+            for pid in pids:
+                stem = "callgrind.out" if receiver is None else f"callgrind.out.{pid}"
+                dumps = sorted(work.glob(f"{stem}.*"), key=lambda p: int(p.suffix[1:]))
+                if len(dumps) < 2 or not result.get("ok"):
+                    raise SystemExit(f"nothing measured: {result}\n{gateway.log_tail()}")
+                if keep is not None and not counted:  # (callgrind_annotate --tree=caller)
+                    shutil.copy(dumps[-2], keep)
+                total, functions = _annotate(dumps[-2])
+                idle, _ = _annotate(dumps[-1])
+                counted.append((total, idle, functions))
         finally:
             if client is not None:
                 stop_process(client)
@@ -160,13 +183,39 @@ def measure(row: str, seconds: float, top: int, body: int = 1 << 20,
     if connection == "resume" and result.get("resumed", 0) < requests:
         print(f"warning: {result.get('resumed', 0)} of {requests} connections resumed",
               file=sys.stderr)
-    return {"row": row, "otel": otel, "connection": connection, "requests": requests,
-            "instructions": total, "idle_instructions": idle,
-            "window_s": round(window, 1),
-            "instructions_per_request": round((total - idle) / requests),
-            "unit": "MiB" if row == "bulk" else "request",
-            "top": [{"function": name, "per_request": round(count / requests)}
-                    for name, count in functions[:top]]}
+    (total, idle, functions), *exporter = counted
+    found = {"row": row, "otel": otel, "connection": connection, "requests": requests,
+             "instructions": total, "idle_instructions": idle,
+             "window_s": round(window, 1),
+             "instructions_per_request": round((total - idle) / requests),
+             "unit": "MiB" if row == "bulk" else "request",
+             "top": [{"function": name, "per_request": round(count / requests)}
+                     for name, count in functions[:top]]}
+    if exporter:
+        spent = exporter[0][0] - exporter[0][1]
+        found.update(exporter_instructions=exporter[0][0],
+                     exporter_idle_instructions=exporter[0][1],
+                     exporter_per_request=round(spent / requests),
+                     tree_per_request=round((total - idle + spent) / requests),
+                     exporter_top=[{"function": name, "per_request": round(count / requests)}
+                                   for name, count in exporter[0][2][:top]])
+    return found
+
+
+SETTLE = 2.0  # seconds the windows go on after the load (the exporter's last batches)
+
+
+def _exporter(worker: int, receiver: Any, timeout: float = 300.0) -> int:
+    """The worker's exporter process, once the warm-up's spans reached `receiver`."""
+    from bench.proxies import _tree
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        children = _tree(worker)[1:]
+        if children and receiver.received["traces"]:
+            return children[0]
+        time.sleep(0.5)
+    raise SystemExit("the exporter process exported nothing of the warm-up")
 
 
 def _control(*args: str) -> None:
@@ -214,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, help="copy the measured phase's callgrind dump here")
     parser.add_argument("--otel", choices=("off", "spans", "logs"), default="off",
                         help="OTLP export: a span per request, or a span and a log record "
-                             "(the worker counted; its exporter process apart)")
+                             "(the worker and its exporter process counted, apart and "
+                             "summed)")
     args = parser.parse_args(argv)
     found = measure(args.row, args.seconds, args.top, args.body, args.otel, args.connection,
                     args.keep)
@@ -230,6 +280,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"{found['row']}{otel}: {found['instructions_per_request']:,} instructions per "
               f"request ({found['requests']} requests, {how})")
+    if "tree_per_request" in found:
+        print(f"  the worker: {found['instructions_per_request']:,}; its exporter process: "
+              f"{found['exporter_per_request']:,}; the tree: {found['tree_per_request']:,}")
+        for entry in found["exporter_top"]:
+            print(f"  {entry['per_request']:>9,}  {entry['function']} (exporter)")
     for entry in found["top"]:
         print(f"  {entry['per_request']:>9,}  {entry['function']}")
     return 0

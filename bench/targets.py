@@ -70,6 +70,18 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
             f"OTLP export ({what}): requests/s vs off, intercepted + policy (c1)", "≥ 0.90x",
             _val(rows, key, "get_c1", "rps"), _val(rows, "gateway_policy", "get_c1", "rps"),
             ratio, lambda v: v >= 0.90, "{:.2f}x ({a:.0f} vs {b:.0f} req/s)"))
+    found = results.get("otel_rounds") or {}
+    for key, what in (("gateway_otel", "a span per request"),
+                      ("gateway_otel_logs", "a span and a log record per request")):
+        for part, whose in (("tree", "the gateway's process tree (worker and exporter)"),
+                            ("worker", "the worker alone")):
+            ratios = found.get(f"{key}_{part}_ratios") or []
+            spread = f"{min(ratios):.2f} to {max(ratios):.2f}x" if ratios else ""
+            out.append(_target(
+                f"OTLP export ({what}): CPU/request of {whose} vs off, intercepted + policy "
+                f"(c10; median of {found.get('rounds', 6)} alternating rounds)", "≤ 1.10x",
+                found.get(f"{key}_{part}_median"), 1.0, lambda a, b: a,
+                lambda v: v <= 1.10, "{:.2f}x (rounds " + spread + ")"))
     out.append(_target(
         f"{icpt_name}: proxy CPU/request vs mitmdump -q (c10)", "≤ 0.15x",
         _val(rows, icpt, "get_c10", "proxy_cpu_us_per_req"),

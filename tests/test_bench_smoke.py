@@ -35,7 +35,7 @@ WORKLOAD_FIELDS = {
     "post_1m": ("rps", "p50_ms", "proxy_cpu_us_per_req", "proxy_cpu_ms_per_mib"),
     "upload": ("mb_per_s", "proxy_cpu_ms_per_mib"),
 }
-EXPECTED_SECTIONS = {"workers", "policy", "secret", "metering", "dlp"}
+EXPECTED_SECTIONS = {"workers", "otel_rounds", "policy", "secret", "metering", "dlp"}
 WORKER_FIELDS = ("rps", "p50_ms", "p99_ms", "client_cpu_pct", "proxy_cpu_us_per_req",
                  "proxy_cpu_pct", "machine_busy_pct")
 
@@ -83,6 +83,17 @@ def test_quick_benchmark_produces_every_row_and_workload(tmp_path: Path) -> None
     otel_logs = results["rows"]["gateway_otel_logs"]
     assert received["logs"] >= otel_logs["get_c1"]["requests"] + otel_logs["get_c10"]["requests"]
     assert received["spans"] > received["logs"]
+    # the export off and on in alternating rounds: every turn measured, medians judged
+    rounds = results["otel_rounds"]
+    assert "error" not in rounds, rounds
+    assert len(rounds["turns"]) == rounds["rounds"] == 2
+    for turn in rounds["turns"]:
+        assert set(turn) == {"gateway", "gateway_otel", "gateway_otel_logs"}
+        assert all(t["tree_us"] >= t["worker_us"] > 0 for t in turn.values())
+    for key in ("gateway_otel", "gateway_otel_logs"):
+        assert rounds[f"{key}_tree_median"] > 0
+        assert any(t["name"].startswith("OTLP export") and "alternating rounds" in t["name"]
+                   and t["value"] == rounds[f"{key}_tree_median"] for t in results["targets"])
 
     # the intercepted row's idle tunnels, again after a 2 s upstream idle timeout: every
     # upstream connection closed, every tunnel still open

@@ -22,7 +22,9 @@ content a policy opted into (`telemetry: {content: true}`) comes beside the line
 already redacted by the worker.
 
 Spans and log records are encoded straight to OTLP protobuf bytes (`otel_encode.py`: the
-SDK's objects cost several times as much a line) and sent in batches (`otel_send.py`);
+SDK's objects cost several times as much a line), a common line's from its cached shape
+(`otel_shape.py`: neither inference, nor MCP, nor content; the same bytes, for a fraction
+of the work), and sent in batches (`otel_send.py`);
 the SDK aggregates the metric histograms. This module, and with it the SDK, is imported only in
 the exporter process (never in a worker), started only when `telemetry.endpoint` is set.
 """
@@ -34,12 +36,14 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 
 from gateway.observability import otel_encode as otlp
+from gateway.observability import otel_shape
 from gateway.observability.otel_names import operation, request_model, span_name
 from gateway.observability.otel_send import Sender
 
@@ -49,6 +53,7 @@ log = logging.getLogger("sandbox_gateway")
 
 SCOPE = "sandbox_gateway"
 _ENCODE = json.JSONEncoder(separators=(",", ":"), default=str).encode
+_DECODE = msgspec.json.Decoder().decode
 # the conventions' advised buckets (seconds; tokens)
 _DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
                      20.48, 40.96, 81.92)
@@ -94,6 +99,7 @@ class OtelExport:
             attrs["sandbox_gateway.worker"] = worker
         res = otlp.resource(attrs)
         sent = dict(headers or {})
+        self._shapes = otel_shape.Shapes()
         self._spans: Sender | None = None
         self._logs: Sender | None = None
         self._meter_provider: MeterProvider | None = None
@@ -130,14 +136,68 @@ class OtelExport:
             TTFC_METRIC, unit="s",
             description="Time from the request to the first chunk of a streamed answer")
 
-    def emit(self, line: dict[str, Any], end: int, traced: bool = True,
+    def emit(self, line: Mapping[str, Any], end: int, traced: bool = True,
              provider: str | None = None, content: Mapping[str, Any] | None = None,
              raw: bytes | None = None) -> None:
         """One audit line (ended at `end`, ns): its span when `traced`, its log record
         with `audit.otlp`, its metric points on an inference call. `provider`:
         ``gen_ai.provider.name`` (the worker knows the credential's preset); `content`:
         the redacted content a policy opted into; `raw`: the line's JSON text as the
-        sink wrote it (the log record's body; else `line` serialised again)."""
+        sink wrote it (the log record's body; else `line` serialised again). A common
+        line goes by its shape (`otel_shape`), the others by `general`."""
+        try:
+            common: otel_shape.Line | None = msgspec.convert(line, otel_shape.Line)
+        except msgspec.ValidationError:  # (a field not as the sink writes it: general)
+            common = None
+        if common is None or not self._common(common, end, traced, content, raw, line):
+            self.general(line, end, traced, provider, content, raw)
+
+    def emit_json(self, raw: bytes, end: int, traced: bool = True,
+                  provider: str | None = None,
+                  content: Mapping[str, Any] | None = None) -> None:
+        """`emit` for a line given as its JSON text `raw` (the exporter's loop): parsed
+        once, into `otel_shape.Line` (the fields the export reads), and emitted by its
+        shape when it has one, else by `general`. Raises ValueError (msgspec's
+        DecodeError) on a line that is not JSON."""
+        try:
+            line: otel_shape.Line | None = otel_shape.decode(raw)
+        except msgspec.ValidationError:  # (a field not as the sink writes it: general)
+            line = None
+        if line is not None and self._common(line, end, traced, content, raw, None):
+            return
+        self.general(_DECODE(raw) if line is None else msgspec.structs.asdict(line), end,
+                     traced, provider, content, raw)
+
+    def _common(self, line: otel_shape.Line, end: int, traced: bool,
+                content: Mapping[str, Any] | None, raw: bytes | None,
+                whole: Mapping[str, Any] | None) -> bool:
+        """A line that is neither an inference call, nor MCP, nor carries content, nor
+        an odd trace: its span and log record from its shape (True); else False, nothing
+        done. `raw`: its JSON text (else `whole` serialised, for the log record)."""
+        if line.usage is not None or line.mcp is not None or content:
+            return False
+        parent = otlp.parent_of(line.trace)
+        if parent is not None and (len(parent[0]) != 16 or len(parent[1]) != 8):
+            return False
+        start = end - int((line.duration_ms or 0) * 1_000_000)
+        shape = self._shapes.of(line)
+        trace, own = (parent[0] if parent else b""), b""
+        if self._spans is not None and traced:
+            trace, own = otel_shape.ids(parent)
+            self._spans.add(otel_shape.span(shape, line, trace, own,
+                                            parent[1] if parent else b"", start, end))
+        if self._logs is not None:
+            if raw is None:
+                raw = _ENCODE(whole).encode("utf-8", "surrogatepass")
+            self._logs.add(otel_shape.log_record(shape, raw, end, trace,
+                                                 own or (parent[1] if parent else b"")))
+        return True
+
+    def general(self, line: Mapping[str, Any], end: int, traced: bool = True,
+                provider: str | None = None, content: Mapping[str, Any] | None = None,
+                raw: bytes | None = None) -> None:
+        """`emit` for any line (inference calls, MCP, content: what has no shape), the
+        span's and log record's attributes gathered from the line and encoded each."""
         start = end - int(float(line.get("duration_ms") or 0) * 1_000_000)
         usage = line.get("usage") if isinstance(line.get("usage"), Mapping) else None
         op = operation(line.get("path"), usage)

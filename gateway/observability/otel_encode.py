@@ -22,17 +22,23 @@ from typing import Any
 
 __all__ = [
     "CLIENT",
+    "SAMPLED",
     "SERVER",
     "Parent",
+    "attribute",
     "attributes",
+    "field",
     "log_record",
     "logs_request",
     "parent_of",
     "resource",
+    "severity",
     "span",
     "span_id",
+    "status",
     "trace_id",
     "traces_request",
+    "varint",
 ]
 
 SERVER = 2  # Span.SpanKind SPAN_KIND_SERVER
@@ -48,7 +54,7 @@ _CACHE_MAX = 8192  # encoded attributes remembered (cleared when full)
 _cache: dict[tuple[bytes, str, Any, type], bytes] = {}
 _fixed64 = struct.Struct("<Q").pack
 _double = struct.Struct("<d").pack
-_SAMPLED = b"\x85\x01" + struct.pack("<I", 0x100)  # Span.flags (16, fixed32): sampled
+SAMPLED = b"\x85\x01" + struct.pack("<I", 0x100)  # Span.flags (16, fixed32): sampled
 
 
 def _varint(n: int) -> bytes:
@@ -62,12 +68,24 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
+_VARINTS = [_varint(n) for n in range(1 << 14)]  # (the lengths of most fields: one index)
+
+
+def varint(n: int) -> bytes:
+    """A varint's bytes (n >= 0)."""
+    return _VARINTS[n] if n < 16384 else _varint(n)
+
+
 _KINDS = {kind: b"\x30" + bytes((kind,)) for kind in range(6)}  # Span.kind (6, varint)
 
 
-def _field(tag: bytes, data: bytes) -> bytes:
+def field(tag: bytes, data: bytes) -> bytes:
     """A length-delimited field: its tag, the length, the bytes."""
-    return tag + _varint(len(data)) + data
+    size = len(data)
+    return tag + (_VARINTS[size] if size < 16384 else _varint(size)) + data
+
+
+_field = field
 
 
 def _any(value: Any) -> bytes:
@@ -89,6 +107,15 @@ def _attribute(tag: bytes, key: str, value: Any) -> bytes:
         _cache.clear()
     _cache[(tag, key, value, value.__class__)] = encoded
     return encoded
+
+
+def attribute(tag: bytes, key: str, value: Any) -> bytes:
+    """One KeyValue field numbered by `tag` (empty for a None value), as `attributes`."""
+    if value is None:
+        return b""
+    if value.__class__ not in _SCALARS:
+        value = str(value)
+    return _cache.get((tag, key, value, value.__class__)) or _attribute(tag, key, value)
 
 
 def attributes(attrs: Mapping[str, Any], tag: bytes = b"\x0a") -> bytes:
@@ -141,11 +168,21 @@ def span(name: str, kind: int, trace: bytes, own_id: bytes, parent_id: bytes,
               b"\x39", _fixed64(start & _MASK64), b"\x41", _fixed64(end & _MASK64),
               attributes(attrs, b"\x4a")]
     if error is not None:
-        status = _field(b"\x12", error.encode("utf-8", "surrogatepass")) + b"\x18" + \
-            _varint(_STATUS_ERROR)
-        parts.append(_field(b"\x7a", status))
-    parts.append(_SAMPLED)
+        parts.append(status(error))
+    parts.append(SAMPLED)
     return b"".join(parts)
+
+
+def status(error: str) -> bytes:
+    """A Span's status field (15): ERROR, with `error` as its message."""
+    return _field(b"\x7a", _field(b"\x12", error.encode("utf-8", "surrogatepass")) +
+                  b"\x18" + _varint(_STATUS_ERROR))
+
+
+def severity(warn: bool) -> bytes:
+    """A LogRecord's severity number (2) and text (3): WARN or INFO."""
+    return b"\x10" + _varint(_WARN) + b"\x1a\x04WARN" if warn else \
+        b"\x10" + _varint(_INFO) + b"\x1a\x04INFO"
 
 
 def log_record(body: bytes | str, end: int, attrs: Mapping[str, Any], warn: bool,
@@ -154,8 +191,7 @@ def log_record(body: bytes | str, end: int, attrs: Mapping[str, Any], warn: bool
     """One LogRecord's bytes; `body` (a string value): the audit line's JSON text."""
     text = body if isinstance(body, bytes) else body.encode("utf-8", "surrogatepass")
     time = _fixed64(end & _MASK64)
-    parts = [b"\x09", time, b"\x10", _varint(_WARN if warn else _INFO),
-             b"\x1a\x04WARN" if warn else b"\x1a\x04INFO", _field(b"\x2a", _field(b"\x0a", text)),
+    parts = [b"\x09", time, severity(warn), _field(b"\x2a", _field(b"\x0a", text)),
              attributes(attrs, b"\x32")]
     if trace:
         parts.append(_field(b"\x4a", trace))
@@ -167,10 +203,19 @@ def log_record(body: bytes | str, end: int, attrs: Mapping[str, Any], warn: bool
 
 def _request(res: bytes, scope: str, items: Iterable[bytes]) -> bytes:
     """ExportTrace/LogsServiceRequest: one resource, one scope, its items (the field
-    numbers of spans and log records in their scope are the same: 2)."""
-    block = _field(b"\x0a", _field(b"\x0a", scope.encode())) + b"".join(
-        [_field(b"\x12", item) for item in items])
-    return _field(b"\x0a", _field(b"\x0a", res) + _field(b"\x12", block))
+    numbers of spans and log records in their scope are the same: 2), in one join (the
+    lengths added up first, so that no item is copied twice)."""
+    items = list(items)
+    heads = [b"\x12" + varint(len(item)) for item in items]
+    parts: list[bytes] = [b""] * (2 * len(items))
+    parts[::2] = heads
+    parts[1::2] = items
+    scoped = _field(b"\x0a", _field(b"\x0a", scope.encode()))
+    block = len(scoped) + sum(map(len, heads)) + sum(map(len, items))
+    resourced = _field(b"\x0a", res)
+    size = len(resourced) + 1 + len(varint(block)) + block
+    return b"".join([b"\x0a", varint(size), resourced, b"\x12", varint(block), scoped,
+                     *parts])
 
 
 def traces_request(res: bytes, scope: str, spans: Iterable[bytes]) -> bytes:

@@ -24,7 +24,7 @@ __all__ = ["REPORT", "Reporter", "main", "parse", "serve"]
 log = logging.getLogger("sandbox_gateway")
 
 RECV = 1 << 20  # larger than any datagram the worker sends (otel_feed.MAX_DATAGRAM)
-TICK = 0.1  # seconds between looks at waiting batches when no frame comes
+TICK = 0.25  # seconds between looks at waiting batches when no frame comes
 SEP = b"\x1f"  # (otel_feed.SEP; not imported: this process never loads the worker's side)
 REPORT = 0.5  # seconds between two reports of the drops to the worker (when they changed)
 DROPS = b"D"  # a report's first byte; then the JSON of the totals
@@ -59,20 +59,32 @@ def parse(frame: bytes) -> tuple[bool, int, str | None, dict[str, Any] | None,
     """A frame (`otel_feed`'s, without its newline) as (traced, end_ns, provider,
     content, line, the line's JSON text); raises ValueError on one that is not a
     frame. The line is parsed once, here."""
+    traced, end, provider, content, line = read(frame)
+    try:
+        return traced, end, provider, content, _decode(line), line
+    except msgspec.DecodeError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def read(frame: bytes) -> tuple[bool, int, str | None, dict[str, Any] | None, bytes]:
+    """`parse` but the line left as its JSON text (`OtelExport.emit_json` reads it)."""
     flags, end, provider, content, line = frame.split(SEP, 4)
     try:
         return (flags == b"T", int(end), provider.decode() or None,
-                _decode(content) if content else None, _decode(line), line)
+                _decode(content) if content else None, line)
     except msgspec.DecodeError as exc:
         raise ValueError(str(exc)) from None
 
 
 def serve(sock: socket.socket, emit: Callable[..., None],
-          tick: Callable[[], None] | None = None, bad: list[int] | None = None) -> int:
+          tick: Callable[[], None] | None = None, bad: list[int] | None = None,
+          text: bool = False) -> int:
     """Emit every frame read from `sock` until it ends, calling `tick` after each datagram
     and every TICK seconds without one (batches that waited go); returns how many frames
     could not be read or exported (each logged, the first with its traceback), also
-    counted as they come in `bad[0]` when given."""
+    counted as they come in `bad[0]` when given. `emit` takes a frame's line parsed and
+    its text (`parse`), or with `text` its text alone (`read`: `OtelExport.emit_json`,
+    which parses it its own way)."""
     bad = bad if bad is not None else [0]
     sock.settimeout(TICK if tick is not None else None)
     while True:
@@ -86,8 +98,12 @@ def serve(sock: socket.socket, emit: Callable[..., None],
             if not frame:
                 continue
             try:
-                traced, end, provider, content, line, raw = parse(frame)
-                emit(line, end, traced, provider, content, raw)
+                if text:
+                    traced, end, provider, content, raw = read(frame)
+                    emit(raw, end, traced, provider, content)
+                else:
+                    traced, end, provider, content, line, raw = parse(frame)
+                    emit(line, end, traced, provider, content, raw)
             except Exception:  # (one bad line never stops the export)
                 bad[0] += 1
                 if bad[0] == 1:
@@ -122,7 +138,7 @@ def main(argv: list[str]) -> int:
         report(drops)
 
     try:
-        serve(sock, export.emit, tick, bad)
+        serve(sock, export.emit_json, tick, bad, text=True)
     finally:
         sock.close()
         export.close()

@@ -31,7 +31,7 @@ __all__ = ["BATCH", "DELAY", "Sender"]
 log = logging.getLogger("sandbox_gateway")
 
 BATCH = 512
-DELAY = 0.2  # seconds a message waits for others
+DELAY = 1.0  # seconds a message waits for others (the SDK's batch processors wait 5)
 TIMEOUT = 10.0  # one export
 RETRIES = (0.5, 1.0)
 RECONNECT = 5.0  # the longest wait between a gRPC channel's reconnection attempts
