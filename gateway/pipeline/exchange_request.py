@@ -51,7 +51,7 @@ class RequestSide:
     def _check(self, scanner: StreamScan, data: bytes, streamed: bool = True) -> None:
         """The leak scan, then (a body streamed) outbound credential detection and the
         content its policy exports (decoded: as the receiver reads it)."""
-        found = scanner.feed(data)
+        found = scanner.feed(data, self.ex.dlp.gate if self.ex.dlp is not None else None)
         if found is not None:
             raise self.ex.leak(found)
         if streamed and self.ex.dlp is not None:

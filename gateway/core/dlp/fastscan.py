@@ -17,6 +17,7 @@ a JSON `\\u` escape, becomes `?`, which neither check counts).
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -29,7 +30,7 @@ try:
 except ImportError:  # pragma: no cover - no wheel for this platform
     HYPERSCAN = False
 
-__all__ = ["HYPERSCAN", "Literals", "as_bytes", "has_segment"]
+__all__ = ["HYPERSCAN", "LITERAL", "RUN", "Gate", "Literals", "as_bytes", "has_segment"]
 SEGMENT = 20  # base64 characters in a row that may hold a key (decoding.MIN_BASE64)
 _ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-"
 MAP = bytes(0x61 if i in _ALPHABET else 0x20 for i in range(256))  # in the alphabet: "a"
@@ -46,7 +47,8 @@ class _Pool:
     time (a scan releases the GIL), so each scan takes one from the pool, cloned when
     none is free (a fraction of a microsecond)."""
 
-    def __init__(self, expressions: list[bytes], flags: int, *, literal: bool) -> None:
+    def __init__(self, expressions: list[bytes], flags: int | list[int], *,
+                 literal: bool) -> None:
         self.db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
         self.db.compile(expressions=expressions, ids=list(range(len(expressions))),
                         elements=len(expressions), flags=flags, literal=literal)
@@ -83,6 +85,77 @@ def has_segment(text: str | bytes | bytearray, *, fast: bool = HYPERSCAN) -> boo
         _SEGMENTS.append(_Pool([rb"[A-Za-z0-9+/_\-]{%d}" % SEGMENT],
                                hyperscan.HS_FLAG_SINGLEMATCH, literal=False))
     return not _SEGMENTS[0].scan(as_bytes(text), _stop)
+
+
+RUN = 1  # `Gate.flags`: SEGMENT base64 characters in a row
+LITERAL = 2  # `Gate.flags`: one of the gate's literals
+
+
+class Gate:
+    """One pass that answers the two questions asked of every body: whether it holds
+    `SEGMENT` base64 characters in a row (`RUN`), and whether it holds one of some
+    literals (`LITERAL`). The leak guard asks the first (every marker of a gateway
+    token is such a run), outbound credential detection both (a run, or an anchor of a
+    rule whose matches need no run: `Prefilter`). One Hyperscan database holds the
+    run's pattern and the literals (compiled once per detector selection, about 20 ms);
+    a pass costs about what the run check alone costs, the literals riding along.
+
+    `flags(data, keep=True)` keeps the answer for that `bytes` object (the leak guard,
+    which asks first); the next `flags` call on the same object takes it without a
+    pass (detection, asking second of the same body), and one on another object drops
+    it: an answer is only reused for the very object it was computed for (immutable
+    bytes, held, so its identity cannot be reused)."""
+
+    def __init__(self, literals: tuple[tuple[str, bool], ...] = (), *,
+                 fast: bool = HYPERSCAN) -> None:
+        self.literals = literals  # (literal, caseless)
+        self.fast = fast
+        self._kept: tuple[bytes, int] | None = None
+        self._pool: _Pool | None = None
+        self._finder: Literals | None = None
+        if fast:
+            expressions = [rb"[A-Za-z0-9+/_\-]{%d}" % SEGMENT] + [
+                re.escape(w.encode("latin-1")) for w, _ in literals]
+            single = hyperscan.HS_FLAG_SINGLEMATCH
+            flags = [single] + [single | (hyperscan.HS_FLAG_CASELESS if caseless else 0)
+                                for _, caseless in literals]
+            self._pool = _Pool(expressions, flags, literal=False)
+        elif literals:
+            self._finder = Literals(sorted({v for w, caseless in literals
+                                            for v in (_cases(w) if caseless else (w,))}),
+                                    fast=False)
+
+    def flags(self, data: str | bytes | bytearray, *, keep: bool = False) -> int:
+        """`RUN | LITERAL` as found in `data` (see the class docstring for `keep`)."""
+        kept = self._kept
+        if kept is not None:
+            self._kept = None
+            if kept[0] is data:
+                return kept[1]
+        raw = as_bytes(data)
+        if self._pool is not None:
+            found = [0]
+
+            def on(index: int, _start: int, _end: int, _flags: int, _context: object) -> bool:
+                found[0] |= LITERAL if index else RUN
+                return bool(found[0] & RUN)  # (a run decides both askers: stop)
+
+            self._pool.scan(raw, on)
+            flags = found[0]
+        else:
+            flags = (RUN if has_segment(raw, fast=False) else 0) | \
+                (LITERAL if self._finder is not None and self._finder.any(raw) else 0)
+        if keep and type(data) is bytes:
+            self._kept = (data, flags)
+        return flags
+
+
+def _cases(word: str) -> tuple[str, ...]:
+    """Every ASCII case variant of `word` (a caseless literal, for the automaton)."""
+    out = [""]
+    for c in word:
+        out = [o + v for o in out for v in ({c.lower(), c.upper()} if c.isalpha() else {c})]
+    return tuple(out)
 
 
 class Literals:
