@@ -55,13 +55,15 @@ class _Pool:
         self._scratch = hyperscan.Scratch(self.db)
         self._free: list[Any] = []
 
-    def scan(self, data: bytes | bytearray, on: Any) -> bool:
-        """Calls `on` for each match; False if `on` ended the scan (returned True)."""
+    def scan(self, data: bytes | bytearray, on: Any, context: object = None) -> bool:
+        """Calls `on` for each match (with `context`); False if `on` ended the scan
+        (returned True)."""
         scratch = self._free.pop() if self._free else self._scratch.clone()
         try:
             # (any buffer: the extension reads it through the buffer protocol; its stub
             # says AnyStr. No `cast` call: this runs for every part of every request.)
-            self.db.scan(data, match_event_handler=on, scratch=scratch)  # type: ignore[type-var]
+            self.db.scan(data, match_event_handler=on, scratch=scratch,  # type: ignore[type-var]
+                         context=context)
         except hyperscan.ScanTerminated:
             return False
         finally:
@@ -112,7 +114,9 @@ class Gate:
         self.fast = fast
         self._kept: tuple[bytes, int] | None = None
         self._pool: _Pool | None = None
-        self._finder: Literals | None = None
+        self._finder = Literals(sorted({v for w, caseless in literals
+                                        for v in (_cases(w) if caseless else (w,))}),
+                                fast=False) if literals and not fast else None
         if fast:
             expressions = [rb"[A-Za-z0-9+/_\-]{%d}" % SEGMENT] + [
                 re.escape(w.encode("latin-1")) for w, _ in literals]
@@ -120,10 +124,6 @@ class Gate:
             flags = [single] + [single | (hyperscan.HS_FLAG_CASELESS if caseless else 0)
                                 for _, caseless in literals]
             self._pool = _Pool(expressions, flags, literal=False)
-        elif literals:
-            self._finder = Literals(sorted({v for w, caseless in literals
-                                            for v in (_cases(w) if caseless else (w,))}),
-                                    fast=False)
 
     def flags(self, data: str | bytes | bytearray, *, keep: bool = False) -> int:
         """`RUN | LITERAL` as found in `data` (see the class docstring for `keep`)."""
@@ -135,12 +135,7 @@ class Gate:
         raw = as_bytes(data)
         if self._pool is not None:
             found = [0]
-
-            def on(index: int, _start: int, _end: int, _flags: int, _context: object) -> bool:
-                found[0] |= LITERAL if index else RUN
-                return bool(found[0] & RUN)  # (a run decides both askers: stop)
-
-            self._pool.scan(raw, on)
+            self._pool.scan(raw, _record, found)
             flags = found[0]
         else:
             flags = (RUN if has_segment(raw, fast=False) else 0) | \
@@ -148,6 +143,12 @@ class Gate:
         if keep and type(data) is bytes:
             self._kept = (data, flags)
         return flags
+
+
+def _record(index: int, _start: int, _end: int, _flags: int, found: list[int]) -> bool:
+    """A gate's match: the run (id 0) or a literal; a run decides both askers: stop."""
+    found[0] |= LITERAL if index else RUN
+    return bool(found[0] & RUN)
 
 
 def _cases(word: str) -> tuple[str, ...]:
