@@ -125,6 +125,10 @@ class Gate:
                                 for _, caseless in literals]
             self._pool = _Pool(expressions, flags, literal=False)
 
+    def forget(self) -> None:
+        """Drop a kept answer (and the body it holds) that will not be asked for."""
+        self._kept = None
+
     def flags(self, data: str | bytes | bytearray, *, keep: bool = False) -> int:
         """`RUN | LITERAL` as found in `data` (see the class docstring for `keep`)."""
         kept = self._kept

@@ -92,12 +92,10 @@ class Prefilter:
         already asked about is taken, not computed again). The escapes are looked for
         with `in` (memchr); a JSON text with a backslash then by `_JSON_ESCAPE`. False
         means no detector and no decoded run can find anything in it."""
-        if self.unanchored:
-            return True
         data = as_bytes(text)
-        if kind == "json" and b"\\" in data and _JSON_ESCAPE.search(data):
-            return True
-        if kind == "form" and (b"%" in data or b"+" in data):
+        if self.unanchored or (kind == "json" and b"\\" in data and _JSON_ESCAPE.search(data)) \
+                or (kind == "form" and (b"%" in data or b"+" in data)):
+            self.gate.forget()  # (an answer the leak guard kept is not needed: let it go)
             return True
         return self.gate.flags(text) != 0
 
