@@ -588,7 +588,15 @@ class _RequestStream:
             # gone by then: refused trailers never go, and to an HTTP/1 upstream they
             # crashed its client (the sandbox then read a 502, not a closed stream)
             self.flow.request.trailers = None
-            _abort(self.proxyserver, self.flow, self.ex.abort(refusal))
+            ans = self.ex.abort(refusal)
+            if self.flow.request.is_http2 or self.flow.request.is_http3:
+                # One stream of a multiplexed connection: that stream alone ends (the
+                # refusal as its answer, or a reset if an answer began); the others go
+                # on (patches.install_stream_refusal).
+                self.flow.metadata[ANSWERED] = True
+                self.flow.metadata[patches.STREAM_REFUSED] = to_response(ans)
+                return []
+            _abort(self.proxyserver, self.flow, ans)
             return b""
 
 

@@ -20,7 +20,9 @@ The engines need a few things their libraries keep private:
   its HTTP/1 client's conversion of an HTTP/2 request (one whose body has no
   Content-Length goes out chunked: mitmproxy sent it unframed, so an HTTP/1 upstream
   read a request without a body and the body's bytes as the next request:
-  `install_h1_framing`), its layers (a layer that closes a refused tunnel, the TCP
+  `install_h1_framing`), its HTTP stream's state for a streamed request body (a body
+  refused part-way ends its own HTTP/2 stream, with the refusal, not the whole
+  connection: `install_stream_refusal`), its layers (a layer that closes a refused tunnel, the TCP
   passthrough layer, the layer stack a tunnel or a redirected connection starts with,
   and the one reading of a failed flow's error text into a typed outcome:
   `flow_error`), the WebSocket fragmentizer, its reading of a ClientHello (restated
@@ -76,6 +78,7 @@ if TYPE_CHECKING:
     from mitmproxy.proxy.layers.websocket import Fragmentizer
 
 __all__ = [
+    "STREAM_REFUSED",
     "ChunkedReader",
     "ContentLengthReader",
     "Fragmentizer",
@@ -92,6 +95,7 @@ __all__ = [
     "install_h1_framing",
     "install_listeners",
     "install_log_hygiene",
+    "install_stream_refusal",
     "lean_uvicorn",
     "load_engine",
     "original_destination",
@@ -902,6 +906,80 @@ def close_mitmproxy_server(proxyserver: Any, client_id: str, server: object) -> 
     handler = proxyserver.connections.get(client_id)
     if handler is not None and server in handler.transports:
         handler.close_connection(server)
+
+
+# -- mitmproxy: a streamed request body refused part-way ends its own stream --------------
+
+STREAM_REFUSED = "sandbox-gateway-stream-refused"  # flow.metadata: the refusal to send
+_stream_body: dict[str, Any] = {}
+
+
+def install_stream_refusal() -> None:
+    """A request body filter (`flow.request.stream`) that refuses part-way puts the
+    refusal (an `http.Response`) in `flow.metadata[STREAM_REFUSED]` and returns no
+    chunk; mitmproxy's streaming state (`HttpStream.state_stream_request_body`) then
+    ends that stream alone (`_refused_stream_body`). Without it the only way out was
+    closing the client's whole connection, every HTTP/2 stream on it."""
+    load_engine()
+    from mitmproxy.proxy.layers import http as layers_http
+
+    _stream_body.setdefault("original", layers_http.HttpStream.state_stream_request_body)
+    layers_http.HttpStream.state_stream_request_body = _refused_stream_body  # type: ignore[method-assign]
+
+
+def _refused_stream_body(self: Any, event: Any) -> Any:
+    """mitmproxy's own state, run as it is, until the filter it calls refuses: from then
+    on nothing it yields goes out (not the rest of the body, not the request's end or
+    its `request` hook), and the stream is refused (`_refuse_stream`)."""
+    flow = self.flow
+    inner = _stream_body["original"](self, event)
+    reply: Any = None
+    try:
+        while True:
+            command = inner.send(reply)
+            if STREAM_REFUSED in flow.metadata:
+                inner.close()
+                break
+            reply = yield command
+    except StopIteration as stop:
+        if STREAM_REFUSED not in flow.metadata:
+            return stop.value
+    yield from _refuse_stream(self, flow.metadata.pop(STREAM_REFUSED))
+    return None
+
+
+def _refuse_stream(self: Any, response: Any) -> Any:
+    """The upstream's request cut off (an HTTP/2 upstream's stream reset, an HTTP/1
+    upstream's connection closed: it never reads the request as complete); the client
+    gets `response` on the stream if nothing of an answer went to it yet, else the
+    stream is reset (RST_STREAM); the stream is dropped, the connection goes on."""
+    from mitmproxy.proxy.layers.http import DropStream, SendHttp
+    from mitmproxy.proxy.layers.http._events import (
+        ErrorCode,
+        RequestProtocolError,
+        ResponseData,
+        ResponseEndOfMessage,
+        ResponseHeaders,
+        ResponseProtocolError,
+    )
+
+    reason = "the request was refused by the gateway"
+    yield SendHttp(RequestProtocolError(self.stream_id, reason, ErrorCode.KILL),
+                   self.context.server)
+    if self.flow.response is None:
+        self.flow.response = response
+        content = response.raw_content
+        yield SendHttp(ResponseHeaders(self.stream_id, response, not content),
+                       self.context.client)
+        if content:
+            yield SendHttp(ResponseData(self.stream_id, content), self.context.client)
+            yield SendHttp(ResponseEndOfMessage(self.stream_id), self.context.client)
+    else:
+        yield SendHttp(ResponseProtocolError(self.stream_id, reason, ErrorCode.KILL),
+                       self.context.client)
+    self.flow.live = False
+    self.client_state = self.server_state = self.state_errored
+    yield DropStream(self.stream_id)
 
 
 # -- aiohttp: the gateway's own client through the upstream proxy ------------------------

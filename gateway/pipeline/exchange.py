@@ -301,7 +301,7 @@ class Exchange(ExchangeState):
         read like an answer. Raises Refusal, or MessageRefused for one message."""
         if from_client:
             assert self.scan is not None
-            found = self.scan.find(data)
+            found = self.scan.find(data, self.dlp.gate if self.dlp is not None else None)
             if found is not None:
                 self.trail.telemetry.count("exfiltration_blocked", "websocket")
                 raise self.leak(found)

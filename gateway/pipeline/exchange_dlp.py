@@ -27,6 +27,7 @@ from gateway.core.dlp import (
     redact_body,
     redact_text,
 )
+from gateway.core.dlp.fastscan import Gate
 from gateway.core.dlp.policy import Action
 from gateway.core.dlp.verdict import counted, records, refusal, unreadable
 from gateway.core.messages import Headers
@@ -53,6 +54,12 @@ class DlpCheck:
         self.telemetry = telemetry
         self.engine = engine
         self._stream: StreamScanner | None = None
+
+    @property
+    def gate(self) -> Gate:
+        """The gate's one pass (`Prefilter.gate`), which the leak guard runs first on a
+        body, so that this check takes its answer for the same body."""
+        return self.scanner.prefilter.gate
 
     def _judge(self, result: ScanResult, why_not: str | None = None
                ) -> tuple[Finding, ...]:

@@ -51,7 +51,10 @@ class RequestSide:
     def _check(self, scanner: StreamScan, data: bytes, streamed: bool = True) -> None:
         """The leak scan, then (a body streamed) outbound credential detection and the
         content its policy exports (decoded: as the receiver reads it)."""
-        found = scanner.feed(data)
+        # (a whole body: the leak guard's run check is detection's gate pass, whose
+        # answer detection then takes; a streamed one is gated by detection's window)
+        gate = self.ex.dlp.gate if self.ex.dlp is not None and not streamed else None
+        found = scanner.feed(data, gate)
         if found is not None:
             raise self.ex.leak(found)
         if streamed and self.ex.dlp is not None:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 import json
 import math
+import random
 from urllib.parse import quote
 
 import pytest
 
+from gateway.core.dlp import DEFAULT, Scanner
+from gateway.core.dlp.fastscan import Gate
 from gateway.core.leaks import (
     LeakScan,
     Redactor,
@@ -19,6 +23,7 @@ from gateway.core.leaks import (
     sensitive_markers,
     token_markers,
 )
+from gateway.services.dlp.library import build
 from gateway.services.identity.tokens import SigningKeys, TokenService
 from gateway.services.state.base import MemoryState
 
@@ -153,3 +158,54 @@ def test_short_and_long_texts_find_the_same(token: str, size: int, carried: str,
         text = (b"q" * at + marker.encode() + b"q" * (size - at))
         assert scan.find(text) == want, (size, at)
         assert redactor.found_in([text]) == (carried in ("key", "both")), (size, at)
+
+
+# -- a body without a base64 run is not lowercased nor searched (LeakScan.find) ----------
+
+PROSE = "the request model parse file rows return value quoted field " * 40  # 2.4 KB
+
+
+@functools.cache
+def _gates() -> list[Gate | None]:
+    """No gate (the run check alone), and outbound credential detection's gate."""
+    return [None, Scanner(build(DEFAULT), b"s").prefilter.gate]
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one set", "as the gate builds it"])
+@pytest.mark.parametrize("form", TOKEN_FORMS)
+def test_token_found_in_every_form_in_a_long_body(token: str, form: str, split: bool) -> None:
+    """Every form, inside a body long enough to be asked for a run first."""
+    scan = (LeakScan(constant_token_markers("sandbox-gateway"), sensitive_markers(KEY.encode()),
+                     own_token_markers(token)) if split
+            else LeakScan(token_markers(token, "sandbox-gateway")))
+    data = f"{PROSE} {TOKEN_FORMS[form](token)} {PROSE}".encode()
+    for gate in _gates():
+        assert scan.find(data, gate) == "token"
+        assert scan.stream().feed(data, gate) == "token"
+
+
+def test_the_run_gate_loses_nothing_against_the_canonical_search(token: str) -> None:
+    """Differential: `find` with the run gate (and with detection's gate, whose answer is
+    then taken for the same body) says what the canonical-form search alone says, on
+    long bodies of prose holding a token, its parts and encodings, a key (one with a
+    dot: not a run, so such a scan never skips) whole, cut short, case-swapped, broken by
+    a character, %-escaped or JSON-escaped."""
+    rng = random.Random(43)
+    dotted = "sk.live.0123456789"
+    scans = [LeakScan(token_markers(token, "sandbox-gateway"), sensitive_markers(KEY.encode()),
+                      own_token_markers(token)),
+             LeakScan(constant_token_markers("sandbox-gateway"),
+                      sensitive_markers(dotted.encode()), own_token_markers(token))]
+    assert scans[0]._runs and not scans[1]._runs
+    values = [token, KEY, dotted, *(f(token) for f in TOKEN_FORMS.values())]
+    for _ in range(300):
+        value = rng.choice(values)
+        cut = rng.randrange(len(value) + 1)
+        value = rng.choice([value, value[:cut], value.swapcase(), value[:cut] + rng.choice(
+            " .é%\\") + value[cut + 1:], quote(value), json.dumps(value)[1:-1]])
+        data = f"{PROSE[:rng.randrange(300, 2400)]} {value} {PROSE[:200]}".encode()
+        for scan in scans:
+            old = LeakScan(scan.tokens, scan.secrets, scan.own)
+            old._runs = False
+            for gate in _gates():
+                assert scan.find(data, gate) == old.find(data), (value, gate)

@@ -143,8 +143,9 @@ class Case:
     prime: str = ""  # a case run first (a swap that fetches or mints the value), after
     # its own prime (`primes`)
     # mitmproxy streams a body of unknown size to the upstream as it arrives: a refusal
-    # found in it can only cut the connection (no answer fits mid-stream), where the
-    # HTTP/1 engine, which holds a body until it is checked, still answers 403.
+    # found in it over HTTP/1 can only cut the connection (no answer fits mid-stream),
+    # where the HTTP/1 engine, which holds a body until it is checked, still answers 403;
+    # over HTTP/2 that stream alone is answered 403 (patches.install_stream_refusal).
     streamed: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
     # Audit lines the case writes: one per exchange or tunnel; two where a refusal sits

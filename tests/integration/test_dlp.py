@@ -276,6 +276,97 @@ def test_http2_refuses_the_stream_with_the_secret_and_serves_the_others(
         counted + 2
 
 
+def _h2_streamed(gw: GatewayThread, token: str, bodies: dict[str, bytes], chunk: int = 16384
+                 ) -> tuple[dict[str, tuple[str, bytes]], list[Any]]:
+    """POSTs of `bodies` (path: body) on one HTTP/2 connection, without Content-Length
+    (streamed through the gateway), their chunks interleaved within the flow-control
+    windows; a stream answered before its body is all sent stops sending. Returns each
+    path's (status or "reset", body) and the connection's events."""
+    assert gw.gateway.proxy_address is not None
+    ctx = ssl.create_default_context(cafile=str(gw.ca_cert))
+    ctx.set_alpn_protocols(["h2"])
+    statuses: dict[int, str] = {}
+    answers: dict[int, tuple[str, bytes]] = {}
+    received: dict[int, bytes] = {}
+    events: list[Any] = []
+    with (open_tunnel(gw.gateway.proxy_address, "other.test:443", token) as raw,
+          ctx.wrap_socket(raw, server_hostname="other.test") as tls):
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        left: dict[int, bytes] = {}
+        paths: dict[int, str] = {}
+        for path, body in bodies.items():
+            stream = conn.get_next_available_stream_id()
+            paths[stream] = path
+            left[stream] = body
+            conn.send_headers(stream, [(":method", "POST"), (":scheme", "https"),
+                                       (":authority", "other.test"), (":path", path),
+                                       ("content-type", "text/plain")])
+        tls.sendall(conn.data_to_send())
+        tls.settimeout(15)
+        while len(answers) < len(paths):
+            for stream in list(left):
+                if stream in answers or stream in statuses:
+                    del left[stream]  # answered (or reset): nothing more to send
+                    continue
+                room = min(conn.local_flow_control_window(stream), chunk,
+                           conn.max_outbound_frame_size, len(left[stream]))
+                if room > 0:
+                    conn.send_data(stream, left[stream][:room])
+                    left[stream] = left[stream][room:]
+                if not left[stream]:
+                    conn.end_stream(stream)
+                    del left[stream]
+            tls.sendall(conn.data_to_send())
+            tls.settimeout(0.05 if left else 15)
+            try:
+                data = tls.recv(65536)
+            except TimeoutError:
+                continue
+            if not data:
+                break
+            for event in conn.receive_data(data):
+                events.append(event)
+                if isinstance(event, h2.events.ResponseReceived):
+                    statuses[event.stream_id] = dict(event.headers)[b":status"].decode()
+                elif isinstance(event, h2.events.DataReceived):
+                    conn.acknowledge_received_data(event.flow_controlled_length,
+                                                   event.stream_id)
+                    received[event.stream_id] = received.get(event.stream_id, b"") + \
+                        event.data
+                elif isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)):
+                    answers[event.stream_id] = (statuses.get(event.stream_id, "reset"),
+                                                received.get(event.stream_id, b""))
+            tls.sendall(conn.data_to_send())
+    return {paths[s]: a for s, a in answers.items()}, events
+
+
+@pytest.mark.parametrize("carried", ["secret", "token"])
+def test_http2_a_streamed_body_refused_part_way_ends_its_stream_alone(
+        make_gateway: GatewayFactory, upstream: Upstream, carried: str) -> None:
+    """A streamed HTTP/2 body (no Content-Length) refused part-way, by DLP (a GitHub
+    token 100 KB in) or by the leak guard (the gateway token itself), is answered 403 on
+    its own stream; the stream beside it on the same connection streams on and is
+    answered by the upstream; no GOAWAY. (mitmproxy's stream filter could only close
+    the whole connection: the client read 502 upstream_failed on every stream.)"""
+    gw = make_gateway({"agent.yaml": POLICY})
+    token = gw.mint("agent")
+    seen = len(upstream.requests)
+    prose = b"the quick brown fox jumps over the lazy dog " * 2500  # 110 KB
+    value = GH if carried == "secret" else token
+    refused = prose + f" deploy with {value} ".encode() + prose
+    clean = prose * 2
+    answers, events = _h2_streamed(gw, token, {"/h2/refused": refused, "/h2/clean": clean})
+    assert not any(isinstance(e, h2.events.ConnectionTerminated) for e in events), events
+    status, body = answers["/h2/refused"]
+    code = "secret_detected" if carried == "secret" else "exfiltration_blocked"
+    assert status == "403" and code.encode() in body, answers["/h2/refused"]
+    assert value.encode() not in body
+    assert answers["/h2/clean"][0] == "200", answers["/h2/clean"]
+    got = [(r.path, len(r.body)) for r in upstream.requests[seen:]]
+    assert got == [("/h2/clean", len(clean))], got
+
+
 def test_findings_on_the_mitmproxy_engine_are_counted_with_its_label(
         make_gateway: GatewayFactory) -> None:
     """`network.intercept: mitmproxy` (mitmproxy serves every client): each finding is

@@ -55,6 +55,11 @@ class Rule:
     # "..."): in a JSON document or a form, name and value are two strings, so such a
     # rule also runs over the document's text as a whole.
     context: bool = False
+    # Every match of the pattern holds `fastscan.SEGMENT` characters of the base64
+    # alphabets in a row (`ghp_` and 36 more): a text without such a run cannot hold one,
+    # so the gate need not look for this rule's anchors (`Prefilter.gate`). Declared by
+    # the library, checked against the pattern by tests/core/dlp/test_dlp_runs.py.
+    run: bool = False
 
     def spans(self, name: str, text: str, start: int, end: int) -> Iterator[Span]:
         """Values this rule finds in text[start:end] (lookbehinds see before `start`)."""

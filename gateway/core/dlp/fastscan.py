@@ -17,6 +17,7 @@ a JSON `\\u` escape, becomes `?`, which neither check counts).
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterator
 from importlib.util import find_spec
@@ -28,7 +29,7 @@ import ahocorasick
 # (`_hyperscan`): a process that never scans a body does not map its 1.5 MiB.
 HYPERSCAN = find_spec("hyperscan") is not None
 
-__all__ = ["HYPERSCAN", "Literals", "as_bytes", "has_segment"]
+__all__ = ["HYPERSCAN", "LITERAL", "RUN", "Gate", "Literals", "as_bytes", "has_segment"]
 SEGMENT = 20  # base64 characters in a row that may hold a key (decoding.MIN_BASE64)
 _ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-"
 MAP = bytes(0x61 if i in _ALPHABET else 0x20 for i in range(256))  # in the alphabet: "a"
@@ -50,7 +51,8 @@ class _Pool:
     time (a scan releases the GIL), so each scan takes one from the pool, cloned when
     none is free (a fraction of a microsecond)."""
 
-    def __init__(self, expressions: list[bytes], flags: int, *, literal: bool) -> None:
+    def __init__(self, expressions: list[bytes], flags: int | list[int], *,
+                 literal: bool) -> None:
         hyperscan = _hyperscan()
         self._terminated = hyperscan.ScanTerminated
         self.db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
@@ -59,13 +61,15 @@ class _Pool:
         self._scratch = hyperscan.Scratch(self.db)
         self._free: list[Any] = []
 
-    def scan(self, data: bytes | bytearray, on: Any) -> bool:
-        """Calls `on` for each match; False if `on` ended the scan (returned True)."""
+    def scan(self, data: bytes | bytearray, on: Any, context: object = None) -> bool:
+        """Calls `on` for each match (with `context`); False if `on` ended the scan
+        (returned True)."""
         scratch = self._free.pop() if self._free else self._scratch.clone()
         try:
-            # (any buffer: the extension reads it through the buffer protocol. No `cast`
-            # call: this runs for every part of every request.)
-            self.db.scan(data, match_event_handler=on, scratch=scratch)
+            # (any buffer: the extension reads it through the buffer protocol; its stub
+            # says AnyStr. No `cast` call: this runs for every part of every request.)
+            self.db.scan(data, match_event_handler=on, scratch=scratch,
+                         context=context)
         except self._terminated:
             return False
         finally:
@@ -89,6 +93,81 @@ def has_segment(text: str | bytes | bytearray, *, fast: bool = HYPERSCAN) -> boo
         _SEGMENTS.append(_Pool([rb"[A-Za-z0-9+/_\-]{%d}" % SEGMENT],
                                _hyperscan().HS_FLAG_SINGLEMATCH, literal=False))
     return not _SEGMENTS[0].scan(as_bytes(text), _stop)
+
+
+RUN = 1  # `Gate.flags`: SEGMENT base64 characters in a row
+LITERAL = 2  # `Gate.flags`: one of the gate's literals
+
+
+class Gate:
+    """One pass that answers the two questions asked of every body: whether it holds
+    `SEGMENT` base64 characters in a row (`RUN`), and whether it holds one of some
+    literals (`LITERAL`). The leak guard asks the first (every marker of a gateway
+    token is such a run), outbound credential detection both (a run, or an anchor of a
+    rule whose matches need no run: `Prefilter`). One Hyperscan database holds the
+    run's pattern and the literals (compiled once per detector selection, about 20 ms);
+    a pass costs about what the run check alone costs, the literals riding along.
+
+    `flags(data, keep=True)` keeps the answer for that `bytes` object (the leak guard,
+    which asks first); the next `flags` call on the same object takes it without a
+    pass (detection, asking second of the same body), and one on another object drops
+    it: an answer is only reused for the very object it was computed for (immutable
+    bytes, held, so its identity cannot be reused)."""
+
+    def __init__(self, literals: tuple[tuple[str, bool], ...] = (), *,
+                 fast: bool = HYPERSCAN) -> None:
+        self.literals = literals  # (literal, caseless)
+        self.fast = fast
+        self._kept: tuple[bytes, int] | None = None
+        self._pool: _Pool | None = None
+        self._finder = Literals(sorted({v for w, caseless in literals
+                                        for v in (_cases(w) if caseless else (w,))}),
+                                fast=False) if literals and not fast else None
+        if fast:
+            expressions = [rb"[A-Za-z0-9+/_\-]{%d}" % SEGMENT] + [
+                re.escape(w.encode("latin-1")) for w, _ in literals]
+            hyperscan = _hyperscan()
+            single = hyperscan.HS_FLAG_SINGLEMATCH
+            flags = [single] + [single | (hyperscan.HS_FLAG_CASELESS if caseless else 0)
+                                for _, caseless in literals]
+            self._pool = _Pool(expressions, flags, literal=False)
+
+    def forget(self) -> None:
+        """Drop a kept answer (and the body it holds) that will not be asked for."""
+        self._kept = None
+
+    def flags(self, data: str | bytes | bytearray, *, keep: bool = False) -> int:
+        """`RUN | LITERAL` as found in `data` (see the class docstring for `keep`)."""
+        kept = self._kept
+        if kept is not None:
+            self._kept = None
+            if kept[0] is data:
+                return kept[1]
+        raw = as_bytes(data)
+        if self._pool is not None:
+            found = [0]
+            self._pool.scan(raw, _record, found)
+            flags = found[0]
+        else:
+            flags = (RUN if has_segment(raw, fast=False) else 0) | \
+                (LITERAL if self._finder is not None and self._finder.any(raw) else 0)
+        if keep and type(data) is bytes:
+            self._kept = (data, flags)
+        return flags
+
+
+def _record(index: int, _start: int, _end: int, _flags: int, found: list[int]) -> bool:
+    """A gate's match: the run (id 0) or a literal; a run decides both askers: stop."""
+    found[0] |= LITERAL if index else RUN
+    return bool(found[0] & RUN)
+
+
+def _cases(word: str) -> tuple[str, ...]:
+    """Every ASCII case variant of `word` (a caseless literal, for the automaton)."""
+    out = [""]
+    for c in word:
+        out = [o + v for o in out for v in ({c.lower(), c.upper()} if c.isalpha() else {c})]
+    return tuple(out)
 
 
 class Literals:

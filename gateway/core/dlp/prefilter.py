@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from gateway.core.dlp.detector import Detector, Rule, Span
-from gateway.core.dlp.fastscan import HYPERSCAN, Literals, as_bytes, has_segment
+from gateway.core.dlp.fastscan import HYPERSCAN, Gate, Literals, as_bytes
 
 __all__ = ["ESCAPES", "Prefilter", "unescape"]
 
@@ -66,7 +66,10 @@ class Prefilter:
                     table[anchor].append((d.name, rule))
         self._rules = {anchor: tuple(rules) for anchor, rules in table.items()}
         self._finder = Literals(sorted(table), fast=fast) if table else None
-        self._fast = fast
+        # The gate (`candidate`): a run, or an anchor of a rule whose matches need no run
+        # (`Rule.run`): a text without either holds no value and no run to decode.
+        self.gate = Gate(_caseless(sorted({a for d in detectors for r in d.rules
+                                           if not r.run for a in r.anchors})), fast=fast)
 
     def _anchors(self, text: str) -> Iterator[tuple[int, str, tuple[tuple[str, Rule], ...]]]:
         """(start, anchor, rules) of every anchor in `text`."""
@@ -83,20 +86,18 @@ class Prefilter:
 
     def candidate(self, text: str | bytes | bytearray, kind: str = "text") -> bool:
         """Whether `text`, as a reader of `kind` (`ESCAPES`) reads it, may hold a value:
-        an anchor, a base64 run (`fastscan.SEGMENT` characters) or an escape that could
-        hide either. The escapes are looked for with `in` (memchr: a fraction of the
-        cost of more literals in the anchors' pass); a JSON text with a backslash then
-        by `_JSON_ESCAPE`. False means no detector and no decoded run can find anything
-        in it."""
-        if self.unanchored:
+        a base64 run (`fastscan.SEGMENT` characters), an anchor of a rule whose matches
+        hold no such run (the others' matches all hold one: `Rule.run`), or an escape
+        that could hide either. One pass (`gate`; its answer for a body the leak guard
+        already asked about is taken, not computed again). The escapes are looked for
+        with `in` (memchr); a JSON text with a backslash then by `_JSON_ESCAPE`. False
+        means no detector and no decoded run can find anything in it."""
+        data = as_bytes(text)
+        if self.unanchored or (kind == "json" and b"\\" in data and _JSON_ESCAPE.search(data)) \
+                or (kind == "form" and (b"%" in data or b"+" in data)):
+            self.gate.forget()  # (an answer the leak guard kept is not needed: let it go)
             return True
-        data = as_bytes(text)  # (once: both passes read bytes)
-        if kind == "json" and b"\\" in data and _JSON_ESCAPE.search(data):
-            return True
-        if kind == "form" and (b"%" in data or b"+" in data):
-            return True
-        return (self._finder is not None and self._finder.any(data)) or \
-            has_segment(data, fast=self._fast)
+        return self.gate.flags(text) != 0
 
     def spans(self, text: str) -> list[Span]:
         """Every value any detector finds in `text`, by position."""
@@ -114,6 +115,22 @@ class Prefilter:
         for name, rule in self.unanchored:
             found.update(rule.spans(name, text, 0, len(text)))
         return _outermost(sorted(found, key=lambda s: (s.start, -s.end, s.detector)))
+
+
+def _caseless(anchors: list[str]) -> tuple[tuple[str, bool], ...]:
+    """`anchors` with every set of all the ASCII case variants of one word (a
+    case-insensitive pattern's anchors, `aws`, `xox`) as that word, caseless."""
+    words: dict[str, set[str]] = defaultdict(set)
+    for anchor in anchors:
+        words[anchor.lower()].add(anchor)
+    out: list[tuple[str, bool]] = []
+    for word, variants in sorted(words.items()):
+        letters = sum(c.isalpha() for c in word)
+        if letters and len(variants) == 2 ** letters:
+            out.append((word, True))
+        else:
+            out.extend((v, False) for v in sorted(variants))
+    return tuple(out)
 
 
 def _outermost(spans: list[Span]) -> list[Span]:

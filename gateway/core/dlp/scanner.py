@@ -246,15 +246,15 @@ class Scanner:
         if not body:
             return True
         ctype = (content_type or "").lower()
-        if "multipart/" in ctype:
-            return False
-        kind = body_kind(body, ctype)
-        try:
-            if (json_codec(body) if kind == "json" else text_codec(body, ctype)) != "latin-1":
-                return False
+        kind = "multipart" if "multipart/" in ctype else body_kind(body, ctype)
+        try:  # (Unreadable: the scan says why it cannot be read)
+            plain = kind != "multipart" and (json_codec(body) if kind == "json" else
+                                             text_codec(body, ctype)) == "latin-1"
         except Unreadable:
-            return False  # (the scan says why it cannot be read)
-        return not self.prefilter.candidate(body, kind)
+            plain = False
+        if not plain:
+            self.prefilter.gate.forget()  # (the leak guard's answer: not asked for)
+        return plain and not self.prefilter.candidate(body, kind)
 
     def _body(self, body: bytes, ctype: str, where: Location,
               coding: str | None = None) -> Iterator[Hit]:

@@ -85,6 +85,7 @@ class Anchor:
     stop: str = ""
     context: bool = False  # reads a name beside the value (see core/dlp/detector.Rule)
     check: Callable[[str], bool] | None = None  # a further check of the value
+    run: bool = False  # every match holds 20 base64 characters in a row (Rule.run)
 
 
 def cases(word: str) -> tuple[str, ...]:
@@ -96,8 +97,8 @@ def cases(word: str) -> tuple[str, ...]:
 
 def _a(*anchors: str, after: int, before: int = 0, tail: str | None = None,
        strip: str = "", stop: str = "", context: bool = False,
-       check: Callable[[str], bool] | None = None) -> Anchor:
-    return Anchor(anchors, after, before, tail, strip, stop, context, check)
+       check: Callable[[str], bool] | None = None, run: bool = False) -> Anchor:
+    return Anchor(anchors, after, before, tail, strip, stop, context, check, run)
 
 
 _DELIMITERS = " \t\r\n\"=:"  # what ArtifactoryDetector's patterns match around a token
@@ -129,41 +130,45 @@ _SLACK_TOKEN = cases("xox")
 
 # name -> (plugin class, anchors per denylist pattern in order; None: no anchor)
 PLUGINS: dict[str, list[tuple[type[BasePlugin], list[Anchor | None]]]] = {
-    "aws": [(AWSKeyDetector, [_a("A3T", "ABIA", "ACCA", "AKIA", "ASIA", after=20),
+    "aws": [(AWSKeyDetector, [_a("A3T", "ABIA", "ACCA", "AKIA", "ASIA", after=20, run=True),
                               _a(*cases("aws"), after=120, context=True)])],
     "azure-storage": [(AzureStorageKeyDetector, [_a("AccountKey=", after=90)])],
     "basic-auth": [(BasicAuthDetector, [_a("://", after=512)])],
-    "github": [(GitHubTokenDetector, [_a("ghp_", "gho_", "ghu_", "ghs_", "ghr_", after=40)]),
-               (GitHubFineGrainedDetector, [_a("github_pat_", after=90)])],
+    "github": [(GitHubTokenDetector, [_a("ghp_", "gho_", "ghu_", "ghs_", "ghr_", after=40,
+                                                          run=True)]),
+               (GitHubFineGrainedDetector, [_a("github_pat_", after=90, run=True)])],
     "gitlab": [(GitLabTokenDetector, [
-        _a("glpat-", "gldt-", "glft-", "glsoat-", "glrt-", after=60), _a("GR1348941", after=60),
-        _a("glcbt-", after=60), _a("glimt-", after=30), _a("glptt-", after=45),
-        _a("glagent-", after=1030), _a("gloas-", after=70)])],
+        _a("glpat-", "gldt-", "glft-", "glsoat-", "glrt-", after=60, run=True),
+        _a("GR1348941", after=60, run=True), _a("glcbt-", after=60, run=True),
+        _a("glimt-", after=30, run=True), _a("glptt-", after=45, run=True),
+        _a("glagent-", after=1030, run=True), _a("gloas-", after=70, run=True)])],
     "slack": [(SlackDetector, [_a(*_SLACK_TOKEN, after=300),
                                _a("hooks.slack.com", "HOOKS.SLACK.COM", "/services/T",
                                   before=30, after=200)])],
-    "stripe": [(StripeDetector, [_a("sk_live_", "rk_live_", after=30)])],
-    "twilio": [(TwilioKeyDetector, [_a("AC", after=34), _a("SK", after=34)])],
+    "stripe": [(StripeDetector, [_a("sk_live_", "rk_live_", after=30, run=True)])],
+    "twilio": [(TwilioKeyDetector, [_a("AC", after=34, run=True),
+                                 _a("SK", after=34, run=True)])],
     "private-key": [(PrivateKeyDetector, [
         _a(p, after=16500, tail=_PEM_END, check=_key_material) for p in (
             "BEGIN DSA PRIVATE KEY", "BEGIN EC PRIVATE KEY", "BEGIN OPENSSH PRIVATE KEY",
             "BEGIN PGP PRIVATE KEY BLOCK", "BEGIN PRIVATE KEY", "BEGIN RSA PRIVATE KEY",
             "BEGIN SSH2 ENCRYPTED PRIVATE KEY", "PuTTY-User-Key-File-2")])],
     "jwt": [(JwtTokenDetector, [_a("eyJ", after=8192, tail=r"[A-Za-z0-9_\-]*")])],
-    "openai": [(OpenAIDetector, [_a("T3BlbkFJ", before=260, after=25)]),
+    "openai": [(OpenAIDetector, [_a("T3BlbkFJ", before=260, after=25, run=True)]),
                (OpenAIProjectKeyDetector, [_a("sk-proj-", "sk-svcacct-", "sk-admin-",
-                                              after=260)])],
-    "anthropic": [(AnthropicDetector, [_a("sk-ant-", after=220)])],
-    "huggingface": [(HuggingFaceDetector, [_a("hf_", before=1, after=40)])],
+                                              after=260, run=True)])],
+    "anthropic": [(AnthropicDetector, [_a("sk-ant-", after=220, run=True)])],
+    "huggingface": [(HuggingFaceDetector, [_a("hf_", before=1, after=40, run=True)])],
     # (no quotes in the anchor: inside a JSON string they are escaped, \")
     "gcp-service-account": [(GcpServiceAccountDetector, [_a("private_key_id", before=1,
-                                                             after=70, context=True)])],
-    "gcp-api-key": [(GcpApiKeyDetector, [_a("AIza", after=40)])],
+                                                             after=70, context=True, run=True)])],
+    "gcp-api-key": [(GcpApiKeyDetector, [_a("AIza", after=40, run=True)])],
     "npm": [(NpmDetector, [_a("_authToken=", before=512, after=512, stop=_LINE_END)])],
-    "pypi": [(PypiTokenDetector, [_a("pypi-AgEIcHlwaS5vcmc", after=2048),
-                                  _a("pypi-AgENdGVzdC5weXBpLm9yZw", after=2048)])],
-    "sendgrid": [(SendGridDetector, [_a("SG.", after=70)])],
-    "mailchimp": [(MailchimpDetector, [_a("-us", before=33, after=3)])],
+    "pypi": [(PypiTokenDetector, [_a("pypi-AgEIcHlwaS5vcmc", after=2048, run=True),
+                                  _a("pypi-AgENdGVzdC5weXBpLm9yZw", after=2048,
+                                     run=True)])],
+    "sendgrid": [(SendGridDetector, [_a("SG.", after=70, run=True)])],
+    "mailchimp": [(MailchimpDetector, [_a("-us", before=33, after=3, run=True)])],
     "square": [(SquareOAuthDetector, [_a("sq0csp-", after=50)])],
     "artifactory": [(ArtifactoryDetector, [
         _a("AKC", before=1, after=300, strip=_DELIMITERS),
@@ -222,7 +227,8 @@ def _rules(plugin_class: type[BasePlugin], anchors: list[Anchor | None]) -> Iter
                 confirm = _both(confirm, anchor.check)
             yield Rule(pattern, anchor.anchors, anchor.before, anchor.after, confirm,
                        re.compile(anchor.tail) if anchor.tail else None,
-                       strip=anchor.strip, stop=anchor.stop, context=anchor.context)
+                       strip=anchor.strip, stop=anchor.stop, context=anchor.context,
+                       run=anchor.run)
 
 
 def _agrees(plugin: BasePlugin, text: str) -> bool:
