@@ -123,14 +123,17 @@ class Gate:
         self._finder = Literals(sorted({v for w, caseless in literals
                                         for v in (_cases(w) if caseless else (w,))}),
                                 fast=False) if literals and not fast else None
-        if fast:
-            expressions = [rb"[A-Za-z0-9+/_\-]{%d}" % SEGMENT] + [
-                re.escape(w.encode("latin-1")) for w, _ in literals]
-            hyperscan = _hyperscan()
-            single = hyperscan.HS_FLAG_SINGLEMATCH
-            flags = [single] + [single | (hyperscan.HS_FLAG_CASELESS if caseless else 0)
-                                for _, caseless in literals]
-            self._pool = _Pool(expressions, flags, literal=False)
+        if fast and literals:  # (the run check alone is built at its first pass)
+            self._pool = self._compile()
+
+    def _compile(self) -> _Pool:
+        expressions = [rb"[A-Za-z0-9+/_\-]{%d}" % SEGMENT] + [
+            re.escape(w.encode("latin-1")) for w, _ in self.literals]
+        hyperscan = _hyperscan()
+        single = hyperscan.HS_FLAG_SINGLEMATCH
+        flags = [single] + [single | (hyperscan.HS_FLAG_CASELESS if caseless else 0)
+                            for _, caseless in self.literals]
+        return _Pool(expressions, flags, literal=False)
 
     def forget(self) -> None:
         """Drop a kept answer (and the body it holds) that will not be asked for."""
@@ -144,9 +147,12 @@ class Gate:
             if kept[0] is data:
                 return kept[1]
         raw = as_bytes(data)
-        if self._pool is not None:
+        pool = self._pool
+        if pool is None and self.fast:  # (a process that never scans a body never maps
+            pool = self._pool = self._compile()  # Hyperscan's 1.5 MiB)
+        if pool is not None:
             found = [0]
-            self._pool.scan(raw, _record, found)
+            pool.scan(raw, _record, found)
             flags = found[0]
         else:
             flags = (RUN if has_segment(raw, fast=False) else 0) | \
