@@ -104,15 +104,17 @@ bench: $(STAMP) tools
 	$(PY) -m bench $(ARGS)
 
 # Soak: the mixed-load test for SOAK_SECONDS (default 600), the console fuzz with 1,000
-# requests (400 in the suite), then the memory burst for
+# requests (400 in the suite), every variant of the budget's durability under kills (the
+# suite runs 6 of 8), then the memory burst for
 # MEMORY_ROUNDS rounds (default 3) of MEMORY_BURST tunnels (5000; the suite runs one),
 # figures printed (on the default allocator, jemalloc where installed:
 # docs/operations.md "Memory after a burst").
 soak: $(STAMP) tools
 	SOAK_SECONDS=$${SOAK_SECONDS:-600} MEMORY_ROUNDS=$${MEMORY_ROUNDS:-3} \
-	  CONSOLE_FUZZ_REQUESTS=$${CONSOLE_FUZZ_REQUESTS:-1000} $(VENV)/bin/pytest -q -s \
+	  CONSOLE_FUZZ_REQUESTS=$${CONSOLE_FUZZ_REQUESTS:-1000} DURABILITY_VARIANTS=all \
+	  $(VENV)/bin/pytest -q -s \
 	  tests/reliability/test_soak.py tests/reliability/test_memory_burst.py \
-	  tests/integration/test_console_fuzz.py
+	  tests/integration/test_console_fuzz.py tests/integration/test_budget_durability.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -151,6 +151,8 @@ def start_gateway(workdir: Path, names: dict[str, int], ca: LocalCA, *,
             config[key] = {**config[key], **value}
         else:
             config[key] = value
+    if workers > 1:  # (where each worker says it serves: `ready-<index>`)
+        config.setdefault("runtime_dir", str(workdir / "runtime"))
     (workdir / "gateway.yaml").write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_GATEWAY_")}
     with contextlib.ExitStack() as files:
@@ -169,14 +171,28 @@ def start_gateway(workdir: Path, names: dict[str, int], ca: LocalCA, *,
                 said = gw.stderr()
                 gw.stop()  # (its stderr pipe closed: the exception's traceback keeps `gw`,
                 raise RuntimeError(said)  # and a later test's garbage collection warned)
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=1)
+            if _serving(admin, workdir / config["runtime_dir"] if workers > 1 else None,
+                        workers):
                 return gw
-            except OSError:
-                time.sleep(0.1)
+            time.sleep(0.1)
         gw.stop()
         raise TimeoutError("gateway not ready within 30 s")
     return gw
+
+
+def _serving(admin: int, runtime: Path | None, workers: int) -> bool:
+    """`/readyz` answers, and with worker processes every one of them serves (it wrote
+    `ready-<index>` in `runtime`): one answering is not all of them (a worker still
+    importing for seconds under load would miss what the test does first, a state store
+    stopped before it connected would keep it from starting at all)."""
+    if runtime is not None and not all((runtime / f"ready-{i}").exists()
+                                       for i in range(workers)):
+        return False
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=1).close()
+    except OSError:
+        return False
+    return True
 
 
 def start_with_provider(workdir: Path, fake: Any, ca: LocalCA, *, key: str, policy: str,

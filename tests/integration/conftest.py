@@ -48,14 +48,11 @@ def upstream(test_ca: LocalCA, tmp_path_factory: pytest.TempPathFactory) -> Iter
     server.close()
 
 
-@pytest.fixture
-def make_gateway(tmp_path: Path, test_ca: LocalCA, upstream: Upstream
-                 ) -> Iterator[GatewayFactory]:
-    started: list[GatewayThread] = []
-
+def _factory(workdir: Path, test_ca: LocalCA, upstream: Upstream,
+             started: list[GatewayThread]) -> GatewayFactory:
     def factory(policies: dict[str, str] | None = None, config: dict[str, Any] | None = None,
                 **kw: Any) -> GatewayThread:
-        pdir = tmp_path / "policies"
+        pdir = workdir / "policies"
         pdir.mkdir(exist_ok=True)
         for name, text in (policies or {"agent.yaml": BASE_POLICY}).items():
             (pdir / name).write_text(text)
@@ -69,11 +66,28 @@ def make_gateway(tmp_path: Path, test_ca: LocalCA, upstream: Upstream
                 cfg[key] = {**cfg[key], **value}
             else:
                 cfg[key] = value
-        gw = GatewayThread(tmp_path, cfg, **kw)
+        gw = GatewayThread(workdir, cfg, **kw)
         started.append(gw)
         return gw
+    return factory
 
-    yield factory
+
+@pytest.fixture
+def make_gateway(tmp_path: Path, test_ca: LocalCA, upstream: Upstream
+                 ) -> Iterator[GatewayFactory]:
+    started: list[GatewayThread] = []
+    yield _factory(tmp_path, test_ca, upstream, started)
+    for gw in started:
+        gw.stop()
+
+
+@pytest.fixture(scope="module")
+def make_module_gateway(tmp_path_factory: pytest.TempPathFactory, test_ca: LocalCA,
+                        upstream: Upstream) -> Iterator[GatewayFactory]:
+    """`make_gateway` for a gateway the module's tests share (each its own sandbox and
+    token, and the audit lines after its start): stopped after the module's last test."""
+    started: list[GatewayThread] = []
+    yield _factory(tmp_path_factory.mktemp("module-gw"), test_ca, upstream, started)
     for gw in started:
         gw.stop()
 

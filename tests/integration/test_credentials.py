@@ -43,16 +43,29 @@ credentials:
 """
 
 
+def _inference_gateway(make: GatewayFactory, workdir: Path, engine: str) -> GatewayThread:
+    secrets = workdir / "secrets.yaml"
+    secrets.write_text(f"openai-api-key: {OPENAI_KEY}\nanthropic-api-key: {ANTHROPIC_KEY}\n")
+    secrets.chmod(0o600)
+    return make({"agent.yaml": POLICY}, config={"secrets": {"store": "file", "path": str(secrets)},
+                                                "network": {"intercept": engine}})
+
+
 @pytest.fixture(params=["fast", "mitmproxy"])
 def inference_gateway(make_gateway: GatewayFactory, tmp_path: Path,
                       request: pytest.FixtureRequest) -> GatewayThread:
     """Both intercept paths: gateway.intercept (HTTP/1.1) and mitmproxy's layers."""
-    secrets = tmp_path / "secrets.yaml"
-    secrets.write_text(f"openai-api-key: {OPENAI_KEY}\nanthropic-api-key: {ANTHROPIC_KEY}\n")
-    secrets.chmod(0o600)
-    return make_gateway({"agent.yaml": POLICY},
-                        config={"secrets": {"store": "file", "path": str(secrets)},
-                                "network": {"intercept": request.param}})
+    return _inference_gateway(make_gateway, tmp_path, request.param)
+
+
+@pytest.fixture(scope="module", params=["fast", "mitmproxy"])
+def shared_inference_gateway(make_module_gateway: GatewayFactory,
+                             tmp_path_factory: pytest.TempPathFactory,
+                             request: pytest.FixtureRequest) -> GatewayThread:
+    """`inference_gateway` shared by the module's tests that need nothing of their own
+    (each mints its own token)."""
+    return _inference_gateway(make_module_gateway, tmp_path_factory.mktemp("secrets"),
+                              request.param)
 
 
 def sandbox_env(gw: GatewayThread, token: str, bundle: Path) -> dict[str, str]:
@@ -136,10 +149,10 @@ def _prime(gw: GatewayThread, token: str) -> None:
 
 @pytest.mark.parametrize("where", ["header", "query", "body", "base64", "urlencoded", "basic"])
 @pytest.mark.parametrize("what", ["token", "key"])
-def test_exfiltration_to_unbound_host_is_refused(inference_gateway: GatewayThread,
+def test_exfiltration_to_unbound_host_is_refused(shared_inference_gateway: GatewayThread,
                                                  upstream: Upstream, where: str,
                                                  what: str) -> None:
-    gw = inference_gateway
+    gw = shared_inference_gateway
     token = gw.mint("agent")
     _prime(gw, token)
     value = token if what == "token" else OPENAI_KEY

@@ -25,6 +25,7 @@ import httpx
 import pytest
 from helpers.approvals import Workers, admin_api
 from helpers.gateway import GatewayThread
+from helpers.mcp_sdk import SdkClients
 from helpers.process import GatewayProcess, start_gateway
 from helpers.python_clients import mcp_python
 from helpers.tls import LocalCA
@@ -191,31 +192,39 @@ def gateway(request: pytest.FixtureRequest, server: Server, test_ca: LocalCA, ho
         gw.stop()
 
 
-class Client(threading.Thread):
-    """The SDK's MCP client through the gateway, run while the test consents."""
+_SDK = SdkClients()  # (the module's one process, started by its first client)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _sdk() -> Iterator[None]:
+    yield
+    _SDK.close()
+
+
+class Client:
+    """The SDK's MCP client through the gateway (a session of the module's `SdkClients`),
+    run while the test consents."""
 
     def __init__(self, gw: GatewayThread, steps: list[dict[str, Any]], sandbox: str,
                  policy: str = "agent", host: str = "mcp.test") -> None:
-        super().__init__(daemon=True)
         token = gw.mint(policy, sandbox)
-        self.env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper()}
-        self.env.update(HTTPS_PROXY=gw.proxy_url(token, sandbox), SSL_CERT_FILE=str(gw.ca_cert))
+        self.env = {"HTTPS_PROXY": gw.proxy_url(token, sandbox), "SSL_CERT_FILE": str(gw.ca_cert)}
         self.url, self.steps = f"https://{host}/mcp", steps
-        self.results: list[dict[str, Any]] | None = None
-        self.error = ""
+        self.ident: int | None = None
 
-    def run(self) -> None:
-        out = subprocess.run([str(mcp_python()), str(HELPERS / "mcp_client.py"), self.url],
-                             input=json.dumps(self.steps), capture_output=True, text=True,
-                             timeout=90, env=self.env)
-        self.error = out.stderr[-3000:]
-        if out.returncode == 0:
-            self.results = json.loads(out.stdout)
+    def start(self) -> None:
+        self.ident = _SDK.ask(self.url, self.steps, self.env)
+
+    def outcome(self, timeout: float = 90) -> dict[str, Any]:
+        """The session's answer: its `results`, or the `error` that ended it."""
+        assert self.ident is not None
+        return _SDK.answer(self.ident, timeout)
 
     def result(self) -> list[dict[str, Any]]:
-        self.join(90)
-        assert self.results is not None, self.error
-        return self.results
+        answer = self.outcome()
+        assert "results" in answer, answer.get("error")
+        results: list[dict[str, Any]] = answer["results"]
+        return results
 
 
 def _consents(gw: GatewayThread | Workers, timeout: float = 20) -> list[dict[str, Any]]:
@@ -574,8 +583,7 @@ def test_insufficient_scope_goes_back_to_consent(gateway: GatewayThread, server:
     first.start()
     asked = _consent(gateway, server, test_ca)
     assert asked["consent"]["scopes"] == ["profile"]
-    first.join(60)
-    assert first.results is None  # (initialize was refused: the SDK client stops)
+    assert "results" not in first.outcome(60)  # (initialize was refused: the SDK client stops)
     assert any(r["error"] == "mcp_consent_required" and r["policy"] == "narrow"
                for r in gateway.audit.records())
     again = Client(gateway, [{"call": "whoami"}], sandbox, policy="narrow")
@@ -718,13 +726,11 @@ class WorkersClient(Client):
 
     def __init__(self, process: GatewayProcess, steps: list[dict[str, Any]],
                  sandbox: str) -> None:
-        threading.Thread.__init__(self, daemon=True)
         token = process.token(sandbox)
-        self.env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper()}
-        self.env.update(HTTPS_PROXY=f"http://{sandbox}:{token}@127.0.0.1:{process.proxy}",
-                        SSL_CERT_FILE=str(process.workdir / "certs" / "ca.crt"))
+        self.env = {"HTTPS_PROXY": f"http://{sandbox}:{token}@127.0.0.1:{process.proxy}",
+                    "SSL_CERT_FILE": str(process.workdir / "certs" / "ca.crt")}
         self.url, self.steps = "https://mcp.test/mcp", steps
-        self.results, self.error = None, ""
+        self.ident = None
 
 
 def test_replicas_with_the_key_in_the_secret_store_open_each_others_grants(

@@ -9,7 +9,6 @@ intercepting engines serve every case."""
 from __future__ import annotations
 
 import json
-import os
 import ssl
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import pytest
 from fakes.hostile_mcp import CHANGED, SHAPES, HostileMcp
 from helpers.approvals import admin_api
 from helpers.gateway import GatewayThread
+from helpers.mcp_sdk import SdkClients
 from helpers.parity_cases import KEY
 from helpers.python_clients import mcp_python
 from helpers.tls import LocalCA
@@ -167,21 +167,25 @@ def _client(gw: GatewayThread | None, steps: list[dict[str, Any]],
             direct: tuple[LocalCA, int] | None = None) -> list[dict[str, Any]]:
     """The SDK's client through the gateway `gw` (or, `direct`: straight to a server on
     that port, trusting that CA: what the client reads without the gateway)."""
-    env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper()}
     if gw is not None:
         token = gw.mint("agent", "mcp-agent")
-        env.update(HTTPS_PROXY=gw.proxy_url(token, "mcp-agent"), SSL_CERT_FILE=str(gw.ca_cert))
+        env = {"HTTPS_PROXY": gw.proxy_url(token, "mcp-agent"), "SSL_CERT_FILE": str(gw.ca_cert)}
         base = f"https://{host}"
     else:
         assert direct is not None
-        env.update(SSL_CERT_FILE=str(direct[0].cert_path))
+        env = {"SSL_CERT_FILE": str(direct[0].cert_path)}
         base = f"https://localhost:{direct[1]}"
     url = f"{base}{path}" if transport == "streamable" else f"{base}/sse"
-    out = subprocess.run([str(mcp_python()), str(HELPERS / "mcp_client.py"), url, transport],
-                         input=json.dumps(steps), capture_output=True, text=True, timeout=60,
-                         env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return list(json.loads(out.stdout))
+    return _SDK.run(url, steps, env, transport, timeout=60)
+
+
+_SDK = SdkClients()  # (the module's one client process: helpers/mcp_sdk.py)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _sdk() -> Iterator[None]:
+    yield
+    _SDK.close()
 
 
 def test_the_sdk_client_calls_what_the_rule_allows(gateway: GatewayThread,

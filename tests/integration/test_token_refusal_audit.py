@@ -2,16 +2,18 @@
 time (expired, not yet valid) or revocation names its sandbox, policy and jti; a forged
 or unsigned token names nobody (its claims are never believed). Through the real
 gateway: CONNECT, plain proxy requests and the credential carrier, on both intercept
-engines."""
+engines. One gateway per engine for the module: each test its own sandbox, and only the
+audit lines written after it started."""
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 import socket
 import ssl
+import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,52 +35,65 @@ egress:
 credentials:
   openai: {preset: openai, secret: openai-api-key}
 """
-SANDBOX = "sandbox-1"
-
-
-@pytest.fixture(params=["fast", "mitmproxy"])
-def gw(make_gateway: GatewayFactory, tmp_path: Path,
-       request: pytest.FixtureRequest) -> GatewayThread:
-    secrets = tmp_path / "secrets.yaml"
+@pytest.fixture(scope="module", params=["fast", "mitmproxy"])
+def engine(make_module_gateway: GatewayFactory, tmp_path_factory: pytest.TempPathFactory,
+           request: pytest.FixtureRequest) -> GatewayThread:
+    secrets = tmp_path_factory.mktemp("secrets") / "secrets.yaml"
     secrets.write_text("openai-api-key: sk-audit-test-key-0123456789\n")
     secrets.chmod(0o600)
-    return make_gateway({"agent.yaml": POLICY}, config={
+    return make_module_gateway({"agent.yaml": POLICY}, config={
         "secrets": {"store": "file", "path": str(secrets)},
         "network": {"intercept": request.param}})
 
 
-def _shifted(gw: GatewayThread, seconds: float) -> tuple[str, str]:
+class Gw:
+    """The module's gateway for one test: its sandbox, the audit lines since it began."""
+
+    def __init__(self, gw: GatewayThread, sandbox: str) -> None:
+        self.thread, self.gateway, self.sandbox = gw, gw.gateway, sandbox
+        self.since = len(gw.audit.records())
+
+    def lines(self) -> list[dict[str, Any]]:
+        return self.thread.audit.records()[self.since:]
+
+
+@pytest.fixture
+def gw(engine: GatewayThread, request: pytest.FixtureRequest) -> Gw:
+    return Gw(engine, re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-"))
+
+
+def _shifted(gw: Gw, seconds: float) -> tuple[str, str]:
     """A token minted by a clock `seconds` off (negative: now expired)."""
     service = gw.gateway.tokens
     real = service.clock
     service.clock = lambda: real() + seconds
     try:
-        minted = service.mint(SANDBOX, "agent", ttl=60)
+        minted = service.mint(gw.sandbox, "agent", ttl=60)
     finally:
         service.clock = real
     return minted.token, minted.jti
 
 
-def _expired(gw: GatewayThread) -> tuple[str, str]:
+def _expired(gw: Gw) -> tuple[str, str]:
     return _shifted(gw, -3600)
 
 
-def _not_yet_valid(gw: GatewayThread) -> tuple[str, str]:
+def _not_yet_valid(gw: Gw) -> tuple[str, str]:
     return _shifted(gw, 3600)
 
 
-def _revoked(gw: GatewayThread) -> tuple[str, str]:
-    minted = gw.gateway.tokens.mint(SANDBOX, "agent")
-    gw.call(gw.gateway.state.revoke(minted.jti, 1e12))
+def _revoked(gw: Gw) -> tuple[str, str]:
+    minted = gw.gateway.tokens.mint(gw.sandbox, "agent")
+    gw.thread.call(gw.gateway.state.revoke(minted.jti, 1e12))
     return minted.token, minted.jti
 
 
-def _claims(gw: GatewayThread, jti: str) -> dict[str, Any]:
-    real = jwt.decode(gw.mint("agent"), options={"verify_signature": False})
+def _claims(gw: Gw, jti: str) -> dict[str, Any]:
+    real = jwt.decode(gw.thread.mint("agent", gw.sandbox), options={"verify_signature": False})
     return {**real, "jti": jti, "exp": int(real["iat"]) - 60}  # and expired
 
 
-def _forged(gw: GatewayThread) -> tuple[str, str]:
+def _forged(gw: Gw) -> tuple[str, str]:
     """The gateway's kid and plausible claims, signed by another key."""
     kid = gw.gateway.tokens.keys.signing_kid
     token = jwt.encode(_claims(gw, "forged-jti"), Ed25519PrivateKey.generate(),
@@ -86,14 +101,14 @@ def _forged(gw: GatewayThread) -> tuple[str, str]:
     return token, "forged-jti"
 
 
-def _unsigned(gw: GatewayThread) -> tuple[str, str]:
+def _unsigned(gw: Gw) -> tuple[str, str]:
     def part(doc: dict[str, Any]) -> str:
         return base64.urlsafe_b64encode(json.dumps(doc).encode()).rstrip(b"=").decode()
     header = {"alg": "none", "kid": gw.gateway.tokens.keys.signing_kid}
     return f"{part(header)}.{part(_claims(gw, 'unsigned-jti'))}.", "unsigned-jti"
 
 
-TOKENS: list[tuple[str, Callable[[GatewayThread], tuple[str, str]], str, bool]] = [
+TOKENS: list[tuple[str, Callable[[Gw], tuple[str, str]], str, bool]] = [
     # (id, make (token, jti), refusal code, is its identity on the audit line)
     ("expired", _expired, "token_expired", True),
     ("not-yet-valid", _not_yet_valid, "token_not_yet_valid", True),
@@ -104,37 +119,44 @@ TOKENS: list[tuple[str, Callable[[GatewayThread], tuple[str, str]], str, bool]] 
 CASES = [pytest.param(*row[1:], id=row[0]) for row in TOKENS]
 
 
-def _deny_line(gw: GatewayThread, code: str) -> dict[str, Any]:
-    lines = gw.audit.wait_for(lambda r: r["error"] == code)
-    assert len(lines) == 1, gw.audit.records()
+def _deny_line(gw: Gw, code: str) -> dict[str, Any]:
+    """This test's one refusal line (written a moment after the client saw the answer)."""
+    deadline = time.monotonic() + 3
+    while not (lines := [r for r in gw.lines() if r["error"] == code]):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    assert len(lines) == 1, gw.lines()
     return lines[0]
 
 
-def _check(line: dict[str, Any], jti: str, named: bool) -> None:
+def _check(gw: Gw, line: dict[str, Any], jti: str, named: bool) -> None:
     if named:
-        assert (line["sandbox"], line["policy"], line["jti"]) == (SANDBOX, "agent", jti), line
+        assert (line["sandbox"], line["policy"], line["jti"]) == (gw.sandbox, "agent", jti), \
+            line
     else:
         assert (line["sandbox"], line["policy"], line["jti"]) == (None, None, None), line
 
 
 @pytest.mark.parametrize(("make", "code", "named"), CASES)
-def test_connect(gw: GatewayThread, make: Callable[[GatewayThread], tuple[str, str]],
+def test_connect(gw: Gw, make: Callable[[Gw], tuple[str, str]],
                  code: str, named: bool) -> None:
     token, jti = make(gw)
     assert gw.gateway.proxy_address is not None
-    status, _, body = raw_connect(gw.gateway.proxy_address, "other.test:443", token)
+    status, _, body = raw_connect(gw.gateway.proxy_address, "other.test:443", token,
+                                  gw.sandbox)
     assert status == 407 and body is not None and body["error"] == code
     line = _deny_line(gw, code)
     assert line["method"] == "CONNECT" and line["status"] == 407
-    _check(line, jti, named)
+    _check(gw, line, jti, named)
 
 
 @pytest.mark.parametrize(("make", "code", "named"), CASES)
-def test_plain_proxy_request(gw: GatewayThread,
-                             make: Callable[[GatewayThread], tuple[str, str]],
+def test_plain_proxy_request(gw: Gw,
+                             make: Callable[[Gw], tuple[str, str]],
                              code: str, named: bool) -> None:
     token, jti = make(gw)
-    cred = base64.b64encode(f"{SANDBOX}:{token}".encode()).decode()
+    cred = base64.b64encode(f"{gw.sandbox}:{token}".encode()).decode()
     assert gw.gateway.proxy_address is not None
     with socket.create_connection(gw.gateway.proxy_address, timeout=10) as sock:
         sock.sendall(b"GET http://other.test/x HTTP/1.1\r\nHost: other.test\r\n"
@@ -143,23 +165,24 @@ def test_plain_proxy_request(gw: GatewayThread,
     assert head.split(b" ", 2)[1] == b"407", head
     line = _deny_line(gw, code)
     assert line["method"] == "GET" and line["status"] == 407
-    _check(line, jti, named)
+    _check(gw, line, jti, named)
 
 
 @pytest.mark.parametrize(("make", "code", "named"), CASES)
-def test_credential_carrier(gw: GatewayThread,
-                            make: Callable[[GatewayThread], tuple[str, str]],
+def test_credential_carrier(gw: Gw,
+                            make: Callable[[Gw], tuple[str, str]],
                             code: str, named: bool) -> None:
     """A live proxy token, and the refused token where the provider expects its key: a
     verified token of this sandbox names itself (its own jti); otherwise the line
     names the connection's token, never the refused token's claims."""
-    live = gw.gateway.tokens.mint(SANDBOX, "agent")
+    live = gw.gateway.tokens.mint(gw.sandbox, "agent")
     token, jti = make(gw)
-    verify = ssl.create_default_context(cafile=gw.ca_cert)
-    with httpx.Client(proxy=gw.proxy_url(live.token), verify=verify, timeout=10) as c:
+    verify = ssl.create_default_context(cafile=gw.thread.ca_cert)
+    proxy = gw.thread.proxy_url(live.token, gw.sandbox)
+    with httpx.Client(proxy=proxy, verify=verify, timeout=10) as c:
         r = c.post("https://api.openai.com/v1/chat/completions", json={},
                    headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 407 and code_of(r.json()) == code, r.text
     line = _deny_line(gw, code)
     assert line["host"] == "api.openai.com" and line["status"] == 407
-    _check(line, jti if named else live.jti, True)
+    _check(gw, line, jti if named else live.jti, True)
