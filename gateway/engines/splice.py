@@ -169,8 +169,8 @@ class Splice(asyncio.Protocol):
         """Hand a direct tunnel to the kernel relay (`splice_kernel`): when the client's
         transport is a plain socket whose answer (the door's 200) is all sent. What the
         client sent meanwhile goes first (all of it at once, else the transports' way);
-        the transport stays, paused, until the tunnel closes (the sweep's `abort` still
-        ends it). False: relay through transports."""
+        then the relay takes a copy of the client's descriptor and the transport is
+        dropped. False: relay through transports."""
         transport = self.transport
         if not KERNEL or transport is None or transport.is_closing() \
                 or transport.get_extra_info("sslcontext") is not None \
@@ -197,8 +197,19 @@ class Splice(asyncio.Protocol):
         relay = KernelRelay(client, upstream, self.owner.pipes, lambda: self.close(None))
         self._raw = None
         self.relay = relay
+        # The transport gives up its descriptor (the relay's copy is the connection now):
+        # a tunnel holds two, as the connection cap derived from the descriptor limit
+        # counts (runtime: limits); the sweep's `end` ends the relay instead.
+        transport.set_protocol(asyncio.Protocol())
+        transport.abort()
+        self.transport = None
+        self.client.end = self._end
         relay.start(client_ended=self.client_ended)
         return True
+
+    def _end(self) -> None:
+        """The gate's sweep ends a kernel-relayed tunnel (revoked, expired)."""
+        self.close(None)
 
     # -- relaying ------------------------------------------------------------------------
 
