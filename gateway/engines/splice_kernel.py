@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import logging
 import os
 import socket
 import time
@@ -32,6 +33,7 @@ AVAILABLE = hasattr(os, "splice") and hasattr(os, "SPLICE_F_NONBLOCK")
 PIPE_SIZE = 1024 * 1024
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
+log = logging.getLogger("sandbox_gateway")
 
 
 class Pipes:
@@ -100,6 +102,22 @@ class _Way:
         self._pass_eof()
 
     def _readable(self) -> None:
+        """The loop's reader callback: any failure ends the tunnel (a callback that
+        raised would stay registered and be called again and again)."""
+        try:
+            self._read()
+        except Exception:
+            log.exception("the kernel relay failed; closing the tunnel")
+            self.relay.fail()
+
+    def _writable(self) -> None:
+        try:
+            self._flush()
+        except Exception:
+            log.exception("the kernel relay failed; closing the tunnel")
+            self.relay.fail()
+
+    def _read(self) -> None:
         pipe = self.pipe
         if pipe is None:
             try:
@@ -138,7 +156,7 @@ class _Way:
                     self._stop_reading()
                 if not self.writing:
                     self.writing = True
-                    self.loop.add_writer(dst, self._flush)
+                    self.loop.add_writer(dst, self._writable)
                 return
             except OSError:
                 self.relay.fail()

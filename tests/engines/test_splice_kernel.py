@@ -14,6 +14,7 @@ import struct
 
 import pytest
 
+from gateway.engines import splice_kernel
 from gateway.engines.splice_kernel import AVAILABLE, PIPE_SIZE, KernelRelay, Pipes
 
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason="os.splice is Linux-only")
@@ -174,5 +175,33 @@ def test_an_idle_relay_holds_no_pipe() -> None:
         assert 1 <= len(ends.pipes.free) <= 2
         ends.close()
         assert not ends.pipes.free
+
+    asyncio.run(main())
+
+
+def test_a_step_that_raises_ends_the_relay_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in a step (any exception, not only a socket's OSError) closes the tunnel:
+    a loop callback that raised would stay registered and be called again forever."""
+    calls = []
+
+    def broken(self: object) -> None:
+        calls.append(1)
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(splice_kernel._Way, "_read", broken)
+
+    async def main() -> None:
+        before = _fds()
+        ends = Ends()
+        ends.relay.start()
+        await _send(ends.sandbox, b"x", eof=False)
+        for _ in range(100):
+            if ends.done:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        assert ends.done == 1 and ends.relay.closed and calls == [1]
+        ends.close()
+        assert _fds() == before
 
     asyncio.run(main())
