@@ -8,12 +8,13 @@ bench`'s passthrough download (same-run pairs against the transports' relay): 0.
 ms of proxy CPU per MB against 0.51-0.72 (docs/performance.md, "passthrough relayed by
 the kernel").
 
-Back-pressure is the pipe: a direction reads only while its pipe is empty, and a
-destination that takes no more (EAGAIN) stops the reading until it is writable again,
-so at most one pipe (`PIPE_SIZE`, what `fs.pipe-max-size` allows by default) is held per
-direction, and only while it holds bytes (`Pipes`). An EOF is passed on as a half-close
-(`shutdown(SHUT_WR)`) once the pipe is drained; when both directions have ended, or
-either socket fails, the relay is `done` and its owner closes the tunnel.
+Back-pressure is the pipe: a direction reads while its pipe has room, also while the
+destination takes no more (EAGAIN), and a full pipe stops the reading until the
+destination has taken it all: at most one pipe (`PIPE_SIZE`, what `fs.pipe-max-size`
+allows by default) is held per direction, and only while it holds bytes (`Pipes`). An
+EOF is passed on as a half-close (`shutdown(SHUT_WR)`) once the pipe is drained; when
+both directions have ended, or either socket fails, the relay is `done` and its owner
+closes the tunnel.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ __all__ = ["AVAILABLE", "PIPE_SIZE", "KernelRelay", "Pipes"]
 AVAILABLE = hasattr(os, "splice") and hasattr(os, "SPLICE_F_NONBLOCK")
 PIPE_SIZE = 1024 * 1024
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
+Pipe = tuple[int, int, int]  # read end, write end, capacity in bytes
 _FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
 log = logging.getLogger("sandbox_gateway")
 
@@ -46,9 +49,9 @@ class Pipes:
     KEEP = 8
 
     def __init__(self) -> None:
-        self.free: list[tuple[int, int]] = []
+        self.free: list[Pipe] = []
 
-    def take(self) -> tuple[int, int]:
+    def take(self) -> Pipe:
         try:
             return self.free.pop()
         except IndexError:
@@ -56,9 +59,9 @@ class Pipes:
         rp, wp = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         with contextlib.suppress(OSError):  # (over fs.pipe-max-size: 64 KiB then)
             fcntl.fcntl(wp, _F_SETPIPE_SZ, PIPE_SIZE)
-        return rp, wp
+        return rp, wp, fcntl.fcntl(wp, _F_GETPIPE_SZ)
 
-    def give(self, pipe: tuple[int, int]) -> None:
+    def give(self, pipe: Pipe) -> None:
         """Take back an empty pipe."""
         if len(self.free) < self.KEEP:
             self.free.append(pipe)
@@ -69,7 +72,7 @@ class Pipes:
     def clear(self) -> None:
         """Close the kept pipes."""
         while self.free:
-            rp, wp = self.free.pop()
+            rp, wp, _ = self.free.pop()
             os.close(rp)
             os.close(wp)
 
@@ -85,7 +88,7 @@ class _Way:
         self.loop = relay.loop
         self.src = src
         self.dst = dst
-        self.pipe: tuple[int, int] | None = None  # lent while bytes are held in it
+        self.pipe: Pipe | None = None  # lent while bytes are held in it
         self.held = 0  # bytes in the pipe, not yet taken by dst
         self.moved = 0  # bytes read from src
         self.ended = False
@@ -126,7 +129,7 @@ class _Way:
                 self.relay.fail()
                 return
         try:
-            n = os.splice(self.src.fileno(), pipe[1], PIPE_SIZE, flags=_FLAGS)
+            n = os.splice(self.src.fileno(), pipe[1], pipe[2] - self.held, flags=_FLAGS)
         except BlockingIOError:
             self._return_pipe()
             return
@@ -137,11 +140,15 @@ class _Way:
             self._return_pipe()
             self._stop_reading()
             self.ended = True
-            self._pass_eof()
+            self._pass_eof()  # (once the pipe is drained, if it holds bytes)
             return
-        self.held = n
+        self.held += n
         self.moved += n
         self.relay.last = time.monotonic()
+        if self.writing:  # (dst takes no more yet: its writer flushes)
+            if self.held >= pipe[2]:
+                self._stop_reading()
+            return
         self._flush()
 
     def _flush(self) -> None:
@@ -152,7 +159,10 @@ class _Way:
             try:
                 self.held -= os.splice(pipe[0], dst, self.held, flags=_FLAGS)
             except BlockingIOError:
-                if self.reading:
+                # Reading goes on into the pipe while it has room (the transfer and the
+                # wait for dst overlap, as the transports' buffer let them); a full pipe
+                # stops it until dst has taken every byte.
+                if self.reading and self.held >= pipe[2]:
                     self._stop_reading()
                 if not self.writing:
                     self.writing = True
