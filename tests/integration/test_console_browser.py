@@ -41,6 +41,7 @@ from helpers.gateway import GatewayThread
 from helpers.tls import LocalCA
 from helpers.upstream import Upstream
 from integration.conftest import NAMES
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.by import By
 
 POLICY = """\
@@ -208,9 +209,17 @@ def test_a_form_without_its_csrf_token_is_refused_and_answers_nothing(
     call, what = _held(gw, browser, secrets, "https://allowed.test/console-csrf", "sbx-csrf")
     for tamper in ("arguments[0].querySelector('input[name=csrf]').remove()",
                    "arguments[0].querySelector('input[name=csrf]').value = 'forged'"):
-        card = approval_card(browser, what)
-        browser.execute_script(tamper, card)
-        click(browser, "Approve", within=card)
+        for attempt in range(3):  # (the live page may re-render the card meanwhile)
+            try:
+                card = approval_card(browser, what)
+                browser.execute_script(tamper, card)
+                click(browser, "Approve", within=card)
+                break
+            except WebDriverException as exc:  # (a card replaced before the click)
+                stale = isinstance(exc, StaleElementReferenceException) \
+                    or "does not belong to the document" in str(exc)
+                if attempt == 2 or not stale:
+                    raise
         assert navigation_status(browser) == 403
         assert browser.title == "Refused · sandbox-gateway"
         wait_for_text(browser, "This form's CSRF token is missing or stale")
