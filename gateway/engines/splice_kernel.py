@@ -15,6 +15,14 @@ allows by default) is held per direction, and only while it holds bytes (`Pipes`
 EOF is passed on as a half-close (`shutdown(SHUT_WR)`) once the pipe is drained; when
 both directions have ended, or either socket fails, the relay is `done` and its owner
 closes the tunnel.
+
+Small exchanges (an HTTP/1 request and its answer on a kept-alive tunnel) cost less
+through a buffer than through a pipe: a read of a few hundred bytes spliced in and out
+takes more of the kernel's time than `recv_into` and `send` (measured in-process: 15.9-17.2
+against 13.8-15.0 µs of CPU per relayed round trip). So a direction starts reading
+into a buffer shared by the loop's relays (`Pipes.scratch`: its bytes are sent on in the
+same callback), and turns to splicing when a read fills that buffer (a bulk transfer);
+a spliced read of fewer than `SMALL` bytes turns it back.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ __all__ = ["AVAILABLE", "PIPE_SIZE", "KernelRelay", "Pipes"]
 
 AVAILABLE = hasattr(os, "splice") and hasattr(os, "SPLICE_F_NONBLOCK")
 PIPE_SIZE = 1024 * 1024
+SCRATCH = 64 * 1024  # the buffer of a direction's small reads (`Pipes.scratch`)
+SMALL = 4096  # a spliced read shorter than this turns the direction back to the buffer
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 Pipe = tuple[int, int, int]  # read end, write end, capacity in bytes
@@ -50,6 +60,10 @@ class Pipes:
 
     def __init__(self) -> None:
         self.free: list[Pipe] = []
+        # the small reads' buffer: a read is sent on (or what is left of it copied out)
+        # within the callback that read it, so the loop's relays share one
+        self.scratch = bytearray(SCRATCH)
+        self.view = memoryview(self.scratch)
 
     def take(self) -> Pipe:
         try:
@@ -80,8 +94,8 @@ class Pipes:
 class _Way:
     """One direction, `src` -> pipe -> `dst`."""
 
-    __slots__ = ("dst", "ended", "held", "loop", "moved", "pipe", "reading", "relay", "src",
-                 "writing")
+    __slots__ = ("dst", "ended", "held", "loop", "moved", "pipe", "reading", "relay", "rest",
+                 "small", "src", "writing")
 
     def __init__(self, relay: KernelRelay, src: socket.socket, dst: socket.socket) -> None:
         self.relay = relay
@@ -94,6 +108,8 @@ class _Way:
         self.ended = False
         self.reading = False
         self.writing = False
+        self.small = True  # reads go through `Pipes.scratch`, not a pipe
+        self.rest = b""  # of a small read, what dst did not take at once
 
     def start(self) -> None:
         self.reading = True
@@ -115,13 +131,19 @@ class _Way:
 
     def _writable(self) -> None:
         try:
-            self._flush()
+            if self.rest:
+                self._send_rest()
+            else:
+                self._flush()
         except Exception:
             log.exception("the kernel relay failed; closing the tunnel")
             self.relay.fail()
 
     def _read(self) -> None:
         pipe = self.pipe
+        if pipe is None and self.small:
+            self._read_small()
+            return
         if pipe is None:
             try:
                 pipe = self.pipe = self.relay.pipes.take()
@@ -145,11 +167,62 @@ class _Way:
         self.held += n
         self.moved += n
         self.relay.last = time.monotonic()
+        if n < SMALL:
+            self.small = True  # (from the next read on, once this pipe is drained)
         if self.writing:  # (dst takes no more yet: its writer flushes)
             if self.held >= pipe[2]:
                 self._stop_reading()
             return
         self._flush()
+
+    def _read_small(self) -> None:
+        """A read into the loop's buffer, sent on at once; a read that fills the buffer
+        turns the direction to splicing."""
+        pipes = self.relay.pipes
+        try:
+            n = self.src.recv_into(pipes.scratch)
+        except BlockingIOError:
+            return
+        except OSError:
+            self.relay.fail()
+            return
+        if n == 0:
+            self._stop_reading()
+            self.ended = True
+            self._pass_eof()
+            return
+        self.moved += n
+        self.relay.last = time.monotonic()
+        if n == SCRATCH:
+            self.small = False
+        try:
+            sent = self.dst.send(pipes.view[:n])
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self.relay.fail()
+            return
+        if sent < n:  # dst takes no more yet: keep the rest, read again once it is sent
+            self.rest = bytes(pipes.view[sent:n])
+            self._stop_reading()
+            self.writing = True
+            self.loop.add_writer(self.dst.fileno(), self._writable)
+
+    def _send_rest(self) -> None:
+        """dst can take more: send what a small read left, then read again."""
+        try:
+            sent = self.dst.send(self.rest)
+        except BlockingIOError:
+            return
+        except OSError:
+            self.relay.fail()
+            return
+        self.rest = self.rest[sent:]
+        if self.rest:
+            return
+        self.writing = False
+        self.loop.remove_writer(self.dst.fileno())
+        self.start()
 
     def _flush(self) -> None:
         dst = self.dst.fileno()

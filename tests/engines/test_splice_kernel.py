@@ -1,7 +1,8 @@
 """The kernel relay (engines/splice_kernel.py) between real TCP sockets on 127.0.0.1:
 bytes arrive whole and in order both ways at once, a slow reader holds the other side
-back (one pipe at most), EOFs pass on as half-closes, a reset ends the relay once, and
-no descriptor is left behind."""
+back (one pipe at most), EOFs pass on as half-closes, a reset ends the relay once, small
+exchanges go through the loop's buffer and bulk ones through a pipe, and no descriptor
+is left behind."""
 
 from __future__ import annotations
 
@@ -160,21 +161,116 @@ def test_a_reset_ends_the_relay_once_with_nothing_left_open() -> None:
     asyncio.run(main())
 
 
+async def _ping_pong(ends: Ends, rounds: int) -> None:
+    loop = asyncio.get_running_loop()
+    for _ in range(rounds):
+        await _send(ends.sandbox, b"ping", eof=False)
+        assert await asyncio.wait_for(loop.sock_recv(ends.server, 10), 5) == b"ping"
+        await _send(ends.server, b"pong", eof=False)
+        assert await asyncio.wait_for(loop.sock_recv(ends.sandbox, 10), 5) == b"pong"
+        assert ends.relay.out.pipe is None and ends.relay.into.pipe is None
+
+
 def test_an_idle_relay_holds_no_pipe() -> None:
-    """Pipes are lent only while bytes are in them: thousands of idle tunnels hold none."""
+    """Pipes are lent only while bytes are in them: thousands of idle tunnels hold none;
+    small exchanges take none at all (the loop's buffer carries them)."""
     async def main() -> None:
         ends = Ends()
         ends.relay.start()
+        await _ping_pong(ends, 5)
+        assert not ends.pipes.free
+        big = os.urandom(4 * PIPE_SIZE)
+        await _send(ends.server, big, eof=False)
         loop = asyncio.get_running_loop()
-        for _ in range(5):
-            await _send(ends.sandbox, b"ping", eof=False)
-            assert await asyncio.wait_for(loop.sock_recv(ends.server, 10), 5) == b"ping"
-            await _send(ends.server, b"pong", eof=False)
-            assert await asyncio.wait_for(loop.sock_recv(ends.sandbox, 10), 5) == b"pong"
-            assert ends.relay.out.pipe is None and ends.relay.into.pipe is None
+        got = bytearray()
+        while len(got) < len(big):
+            got += await asyncio.wait_for(loop.sock_recv(ends.sandbox, 1 << 20), 5)
+        assert got == big
+        await _ping_pong(ends, 2)
         assert 1 <= len(ends.pipes.free) <= 2
         ends.close()
         assert not ends.pipes.free
+
+    asyncio.run(main())
+
+
+def test_small_reads_use_the_buffer_and_a_bulk_transfer_the_kernel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A direction starts on the buffer, turns to splicing when a read fills it, and back
+    when a spliced read is small again; the bytes stay whole and in order throughout."""
+    spliced: list[int] = []
+    real = os.splice
+
+    def counting(*args: object, **kwargs: object) -> int:
+        n: int = real(*args, **kwargs)  # type: ignore[arg-type]
+        spliced.append(n)
+        return n
+
+    monkeypatch.setattr(splice_kernel.os, "splice", counting)
+
+    async def main() -> None:
+        ends = Ends()
+        ends.relay.start()
+        await _ping_pong(ends, 3)
+        assert spliced == [] and ends.relay.into.small
+        big = os.urandom(8 * PIPE_SIZE)
+        _, at_sandbox = await asyncio.wait_for(asyncio.gather(
+            _send(ends.server, big, eof=False), _read_n(ends.sandbox, len(big))), 30)
+        assert at_sandbox == big and sum(spliced) > len(big)  # (in and out of a pipe)
+        spliced.clear()
+        await _ping_pong(ends, 3)  # the first pong is spliced, and turns the way back
+        assert 0 < len(spliced) <= 2 and ends.relay.into.small
+        assert (ends.relay.bytes_out, ends.relay.bytes_in) == (24, len(big) + 24)
+        ends.close()
+
+    asyncio.run(main())
+
+
+async def _read_n(sock: socket.socket, n: int) -> bytes:
+    loop = asyncio.get_running_loop()
+    got = bytearray()
+    while len(got) < n:
+        got += await loop.sock_recv(sock, 1 << 20)
+    return bytes(got)
+
+
+def test_a_small_read_the_destination_cannot_take_whole_waits_in_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads below the buffer's size into a destination that takes no more: what it did
+    not take is kept, reading pauses, and everything arrives in order once it reads."""
+    kept: list[int] = []
+    real = splice_kernel._Way._send_rest
+
+    def counting(self: splice_kernel._Way) -> None:
+        kept.append(len(self.rest))
+        real(self)
+
+    monkeypatch.setattr(splice_kernel._Way, "_send_rest", counting)
+
+    async def main() -> None:
+        before = _fds()
+        ends = Ends()
+        ends.upstream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        ends.server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        ends.relay.start()
+        loop = asyncio.get_running_loop()
+        sent = bytearray()
+        for i in range(400):  # 1,000-byte writes, a pause between: small reads each
+            chunk = bytes([i % 251]) * 1000
+            sent += chunk
+            await loop.sock_sendall(ends.sandbox, chunk)
+            await asyncio.sleep(0.001 if i % 20 else 0.02)
+        ends.sandbox.shutdown(socket.SHUT_WR)
+        got = await asyncio.wait_for(_read_all(ends.server), 30)
+        assert got == sent
+        assert kept and not ends.relay.out.rest
+        for _ in range(100):
+            if ends.relay.out.ended:
+                break
+            await asyncio.sleep(0.01)
+        assert ends.relay.out.ended
+        ends.close()
+        assert _fds() == before
 
     asyncio.run(main())
 
