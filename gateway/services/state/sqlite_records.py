@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from typing import Any
 
 from gateway.services.state.base import StateUnavailable
@@ -18,6 +19,10 @@ __all__ = ["SqliteRecords"]
 _RECORDS = "records:"
 _BUMP = ("INSERT INTO meta (key, value) VALUES (?, '1') ON CONFLICT(key) DO UPDATE SET "
          "value = CAST(value AS INTEGER) + 1")
+# The counters are re-read at most this often: one watcher's check asks for each kind it
+# follows in turn, and one look at the file answers them all (this process's own writes
+# count at once, `_record_txn`).
+_RECHECK = 0.005  # seconds
 
 
 class SqliteRecords(SqliteFile):
@@ -25,6 +30,7 @@ class SqliteRecords(SqliteFile):
 
     _record_versions: dict[str, int]  # kind -> its change counter (`meta`)
     _records_seen: int  # the data_version they were read at
+    _records_next = 0.0  # monotonic: when the file is looked at again
 
     def _read(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
         try:
@@ -78,8 +84,10 @@ class SqliteRecords(SqliteFile):
         change counter, re-read only when SQLite says the file changed (`PRAGMA
         data_version`, the WAL index in shared memory: a few µs)."""
         conn = self._conn
-        if conn is None:
+        now = time.monotonic()
+        if conn is None or now < self._records_next:
             return self._record_versions.get(kind, 0)
+        self._records_next = now + _RECHECK
         try:
             version = conn.execute("PRAGMA data_version").fetchone()[0]
             if version != self._records_seen:

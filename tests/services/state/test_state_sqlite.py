@@ -109,3 +109,30 @@ def test_a_process_killed_mid_transaction_loses_nothing_committed(tmp_path: Path
     finally:
         run(state.close())
 
+
+def test_one_look_at_the_file_answers_every_kind_a_watcher_follows(tmp_path: Path) -> None:
+    """A watcher asks for each kind it follows in turn, every 50 ms in every worker of
+    an idle gateway: one `PRAGMA data_version` answers them all, and a change another
+    process made is still seen within a few milliseconds."""
+    async def scenario() -> None:
+        one, two = SqliteState(tmp_path / "state.db"), SqliteState(tmp_path / "state.db")
+        await one.start()
+        await two.start()
+        try:
+            looks: list[str] = []
+            assert two._conn is not None
+            two._conn.set_trace_callback(looks.append)
+            await asyncio.sleep(0.01)
+            seen = [two.record_version(kind) for kind in ("grant", "approval", "pin")]
+            assert sum("data_version" in sql for sql in looks) == 1
+            assert await one.record_put("grant", "g", {"id": "g"}, time.time() + 60, None)
+            started = time.monotonic()
+            while two.record_version("grant") == seen[0]:
+                assert time.monotonic() - started < 0.05
+                await asyncio.sleep(0.001)
+            assert [two.record_version(k) for k in ("approval", "pin")] == seen[1:]
+        finally:
+            await one.close()
+            await two.close()
+
+    run(scenario())
