@@ -168,6 +168,13 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         _val(rows, "gateway_passthrough", "get_c10", "proxy_cpu_us_per_req"),
         _val(rows, "squid", "get_c10", "proxy_cpu_us_per_req"),
         ratio, lambda v: v <= 1.0, "{:.2f}x ({a:.0f} vs {b:.0f} µs)"))
+    found = results.get("pass_rounds") or {}
+    spread = (f"{min(found['ratios']):.2f} to {max(found['ratios']):.2f}x"
+              if found.get("ratios") else "")
+    out.append(_target(
+        "passthrough small requests: proxy CPU/request vs squid (c10; median of "
+        f"{found.get('rounds', 6)} alternating rounds)", "≤ 1.0x", found.get("median"), 1.0,
+        lambda a, b: a, lambda v: v <= 1.0, "{:.2f}x (rounds " + spread + ")"))
     after = rows.get("gateway_policy", {}).get("idle_after_timeout")
     timeout = after.get("upstream_idle_timeout", "?") if isinstance(after, dict) else "?"
     immediate = _val(rows, "gateway_policy", "idle", "kb_per_tunnel")

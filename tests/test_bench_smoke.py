@@ -35,7 +35,8 @@ WORKLOAD_FIELDS = {
     "post_1m": ("rps", "p50_ms", "proxy_cpu_us_per_req", "proxy_cpu_ms_per_mib"),
     "upload": ("mb_per_s", "proxy_cpu_ms_per_mib"),
 }
-EXPECTED_SECTIONS = {"workers", "otel_rounds", "policy", "secret", "metering", "dlp"}
+EXPECTED_SECTIONS = {"workers", "otel_rounds", "pass_rounds", "policy", "secret", "metering",
+                     "dlp"}
 WORKER_FIELDS = ("rps", "p50_ms", "p99_ms", "client_cpu_pct", "proxy_cpu_us_per_req",
                  "proxy_cpu_pct", "machine_busy_pct")
 
@@ -94,6 +95,15 @@ def test_quick_benchmark_produces_every_row_and_workload(tmp_path: Path) -> None
         assert rounds[f"{key}_tree_median"] > 0
         assert any(t["name"].startswith("OTLP export") and "alternating rounds" in t["name"]
                    and t["value"] == rounds[f"{key}_tree_median"] for t in results["targets"])
+
+    # passthrough and squid in alternating rounds: every turn measured, the median judged
+    passing = results["pass_rounds"]
+    assert "error" not in passing, passing
+    assert len(passing["turns"]) == len(passing["ratios"]) == passing["rounds"] == 2
+    assert all(set(turn) == {"gateway", "squid"} and min(turn.values()) > 0
+               for turn in passing["turns"])
+    assert any(t["name"].startswith("passthrough small requests") and "alternating" in
+               t["name"] and t["value"] == passing["median"] for t in results["targets"])
 
     # the intercepted row's idle tunnels, again after a 2 s upstream idle timeout: every
     # upstream connection closed, every tunnel still open
