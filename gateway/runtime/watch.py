@@ -8,8 +8,9 @@ policies, CA, keys, state file, reserved ports) and then replaces itself with th
 module (`exec`, same pid, so the workers' parent-death signal still points at it). A
 fresh interpreter that imports only the standard library (on CPython's own allocator:
 `allocator.without`) holds about 14.5 MiB for the life of the gateway instead of the
-~45 MiB the preparing process had loaded (crypto, policy compiler, YAML, the CLI). The plan comes on an inherited pipe (never in argv,
-which every user can read); the reserved ports are inherited descriptors.
+~45 MiB the preparing process had loaded (crypto, policy compiler, YAML, the CLI). The
+plan comes on an inherited pipe (never in argv, which every user can read); the reserved
+ports are inherited descriptors.
 """
 
 from __future__ import annotations
