@@ -7,7 +7,7 @@ store does), forwards SIGTERM/SIGINT and exits when every worker has stopped.
 policies, CA, keys, state file, reserved ports) and then replaces itself with this
 module (`exec`, same pid, so the workers' parent-death signal still points at it). A
 fresh interpreter that imports only the standard library (on CPython's own allocator:
-`allocator.without`) holds about 14.5 MiB for the life of the gateway instead of the
+`allocator.without`) holds about 14 MiB for the life of the gateway instead of the
 ~45 MiB the preparing process had loaded (crypto, policy compiler, YAML, the CLI). The
 plan comes on an inherited pipe (never in argv, which every user can read); the reserved
 ports are inherited descriptors.
@@ -22,9 +22,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from gateway.runtime.relay import Relay
+
+TYPE_CHECKING = False  # (not `typing`'s: the supervisor never imports typing, 0.5 MiB)
+if TYPE_CHECKING:
+    from typing import Any
 
 READY_TIMEOUT = 60.0
 RESTART_BACKOFF = (1.0, 30.0)
