@@ -32,6 +32,9 @@ def main() -> int:
         from gateway.runtime.allocator import restart
 
         restart()  # (returns when already on it, told otherwise, or without jemalloc)
+        from gateway.engines.patches import lean_dependencies
+
+        lean_dependencies()  # (uvicorn, prometheus_client, PyJWT without their extras)
     from gateway.cli import GROUPS
     from gateway.cli import main as cli_main
 

@@ -20,7 +20,6 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -82,7 +81,7 @@ def build_admin_app(ctx: AdminContext) -> Starlette:
         return JSONResponse(answer, status_code=status)
 
     async def metrics_endpoint(request: Request) -> Response:
-        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.exposition(), media_type=metrics.content_type())
 
     async def jwks(request: Request) -> Response:
         return JSONResponse(ctx.tokens.keys.jwks())

@@ -46,9 +46,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_single(cfg: Config, worker: int | None, relay_fd: int | None = None) -> int:
     """One gateway process (alone, or worker `worker` of a supervisor, whose revocation
     relay is on descriptor `relay_fd`)."""
-    from gateway.engines.patches import lean_uvicorn
+    from gateway.engines.patches import lean_dependencies
 
-    lean_uvicorn()  # (before the admin API's modules import uvicorn)
+    lean_dependencies()  # (a no-op for what `__main__` registered bare already)
     from gateway.net.resolver import new_event_loop
     from gateway.runtime.app import Gateway, StartupError
 

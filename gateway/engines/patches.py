@@ -96,7 +96,8 @@ __all__ = [
     "install_listeners",
     "install_log_hygiene",
     "install_stream_refusal",
-    "lean_uvicorn",
+    "lean_dependencies",
+    "lean_package",
     "load_engine",
     "original_destination",
     "parse_request_head",
@@ -138,38 +139,73 @@ def lean_packages() -> None:
 lean_packages()
 
 
-def lean_uvicorn() -> None:
-    """Register uvicorn's package bare, as `lean_packages` does mitmproxy's: its
-    `__init__` imports `uvicorn.main`, the command line (click, and multiprocessing for
-    `--reload` and `--workers`: 27 modules, ~1.5 MB of a worker's memory), for the `run`
-    and `main` it exports, which the gateway never calls; the admin listener is served
-    by `uvicorn.config.Config` and `uvicorn.server.Server`. The package's names still
-    resolve: `Config` and `Server` (which uvicorn's own lifespan modules import from the
-    package) from their modules, any other by running the package's `__init__` then
-    (`uvicorn.run`, `uvicorn.__version__`). Runs before anything imports uvicorn
-    (`cli/run.py`, before the gateway's modules); a no-op once it is imported."""
-    if "uvicorn" in sys.modules:
+def lean_package(package: str, names: dict[str, str]) -> None:
+    """Register `package` bare (its `__path__`, not its `__init__`), as `lean_packages`
+    does mitmproxy's: `names` maps each name the gateway takes from the package to the
+    submodule defining it, imported now (a gateway process uses them all: its first
+    request imports nothing); a submodule imports as usual; any other name runs the
+    package's `__init__` at its first read (the whole package from then on). For
+    packages whose `__init__` imports, for names the gateway never uses, modules it
+    never needs (issue 41, a worker's idle memory). A no-op once the package is
+    imported; must run before anything imports it."""
+    if package in sys.modules:
         return
-    spec = importlib.util.find_spec("uvicorn")
+    spec = importlib.util.find_spec(package)
     if spec is None or spec.loader is None or spec.submodule_search_locations is None:
         return
-    package = importlib.util.module_from_spec(spec)
+    module = importlib.util.module_from_spec(spec)
     loader = spec.loader
-    names = vars(package)
+    namespace = vars(module)
 
     def attribute(name: str) -> Any:
-        if name in ("Config", "Server"):
-            module = importlib.import_module(f"uvicorn.{name.lower()}")
-            names[name] = value = getattr(module, name)
+        where = names.get(name)
+        if where is not None:
+            __import__(f"{package}.{where}")  # (not importlib's: -X importtime sees it)
+            namespace[name] = value = getattr(sys.modules[f"{package}.{where}"], name)
             return value
         if name.startswith("__") and name != "__version__":
             raise AttributeError(name)  # (copy, pickle and inspect probe dunders)
-        names.pop("__getattr__", None)  # the whole package from now on
-        loader.exec_module(package)
-        return getattr(package, name)
+        if importlib.util.find_spec(f"{package}.{name}") is not None:
+            raise AttributeError(name)  # (`from package import submodule`: imported)
+        namespace.pop("__getattr__", None)  # the whole package from now on
+        loader.exec_module(module)
+        return getattr(module, name)
 
-    names["__getattr__"] = attribute
-    sys.modules["uvicorn"] = package
+    namespace["__getattr__"] = attribute
+    sys.modules[package] = module
+    for name in names:
+        attribute(name)
+
+
+# The packages `lean_dependencies` registers bare, with the names the gateway takes
+# from each (a test holds each name to the one the whole package exports):
+LEAN = {
+    # uvicorn's `__init__` imports `uvicorn.main`, its command line (click, and
+    # multiprocessing for `--reload` and `--workers`: 27 modules, ~1.5 MB of a worker's
+    # memory), for the `run` and `main` it exports; the admin listener is served by
+    # `Config` and `Server` (which uvicorn's own lifespan modules import from the package).
+    "uvicorn": {"Config": "config", "Server": "server"},
+    # prometheus_client's imports its exposition (http.server, wsgiref, socketserver,
+    # gzip, urllib.request: the HTTP servers and push clients it offers), which the
+    # gateway uses only to answer /metrics (`observability/metrics.exposition`).
+    "prometheus_client": {"CollectorRegistry": "registry", "Counter": "metrics",
+                          "Gauge": "metrics", "Histogram": "metrics"},
+    # PyJWT's imports its JWKS client (urllib.request, http.client, email), which the
+    # gateway never uses: the pods' issuer keys are fetched by its own client.
+    "jwt": {"encode": "api_jwt", "decode": "api_jwt", "PyJWK": "api_jwk",
+            "get_unverified_header": "api_jws", "PyJWTError": "exceptions",
+            "ExpiredSignatureError": "exceptions", "InvalidAudienceError": "exceptions",
+            "InvalidIssuerError": "exceptions", "InvalidKeyError": "exceptions",
+            "InvalidSignatureError": "exceptions", "InvalidTokenError": "exceptions",
+            "DecodeError": "exceptions"},
+}
+
+
+def lean_dependencies() -> None:
+    """`lean_package` for each of `LEAN`: a gateway process (`run`) calls it before it
+    imports the gateway's modules (`gateway/__main__.py`)."""
+    for package, names in LEAN.items():
+        lean_package(package, names)
 
 
 from mitmproxy.net.check import is_valid_host  # noqa: E402

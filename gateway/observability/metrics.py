@@ -8,14 +8,7 @@ import os
 from collections.abc import Mapping
 from functools import lru_cache
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-    multiprocess,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
@@ -24,12 +17,24 @@ multiprocess files; each worker's /metrics then reports the sum over all workers
 
 
 def exposition() -> bytes:
-    """The text exposition of every metric (all workers' when there are several)."""
+    """The text exposition of every metric (all workers' when there are several).
+    prometheus_client's exposition and multiprocess modules are imported at the first
+    call, not by a process that is never scraped (`patches.LEAN`)."""
+    from prometheus_client import multiprocess
+    from prometheus_client.exposition import generate_latest
+
     if MULTIPROCESS:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return generate_latest(registry)
     return generate_latest(REGISTRY)
+
+
+def content_type() -> str:
+    """The media type of `exposition()`'s text (prometheus_client's latest)."""
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+    return CONTENT_TYPE_LATEST
 
 
 @lru_cache(maxsize=4096)

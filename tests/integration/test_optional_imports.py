@@ -114,39 +114,60 @@ def test_a_gateway_with_dlp_builds_its_detectors_without_requests(tmp_path: Path
 
 
 # A gateway process needs none of the other commands' modules (gateway/cli/__init__.py
-# registers `run` alone for `run`), nor uvicorn's command line (patches.lean_uvicorn):
-# ~2 MB of a worker's idle memory (issue 41).
+# registers `run` alone for `run`), nor uvicorn's command line, prometheus_client's HTTP
+# servers and push clients, or PyJWT's JWKS client (`patches.LEAN`): ~3 MB of a worker's
+# idle memory (issue 41).
 COMMAND_LINES = ("gateway.cli.token", "gateway.cli.policy", "gateway.cli.approvals",
                  "gateway.cli.mcp_oauth", "gateway.cli.usage", "gateway.cli.env",
-                 "uvicorn.main", "click", "multiprocessing")
+                 "uvicorn.main", "click", "multiprocessing", "prometheus_client.exposition",
+                 "http.server", "wsgiref", "jwt.jwks_client", "urllib.request")
 
 
 def test_a_gateway_process_holds_no_command_line_but_its_own(tmp_path: Path) -> None:
     modules = _imported(tmp_path)
-    assert {"uvicorn.server", "uvicorn.config"} <= modules
+    assert {"uvicorn.server", "uvicorn.config", "prometheus_client.metrics",
+            "jwt.api_jwt"} <= modules
     assert not modules & set(COMMAND_LINES), sorted(modules & set(COMMAND_LINES))
 
 
-LEAN_UVICORN = """
+def test_metrics_are_served_after_a_lean_start(tmp_path: Path) -> None:
+    """/metrics imports prometheus_client's exposition at its first scrape."""
+    def scrape(proxy: int) -> None:
+        del proxy
+        admin = yaml.safe_load((tmp_path / "gateway.yaml").read_text())["listen"]["admin"]
+        with urllib.request.urlopen(f"http://{admin}/metrics", timeout=10) as r:
+            assert r.headers["content-type"].startswith("text/plain; version=")
+            assert b"sandbox_gateway_requests_total" in r.read()
+
+    assert "prometheus_client.exposition" in _imported(tmp_path, then=scrape)
+
+
+LEAN = """
 import sys
-from gateway.engines.patches import lean_uvicorn
-lean_uvicorn()
+from gateway.engines.patches import LEAN, lean_dependencies
+lean_dependencies()
 import uvicorn
 from uvicorn.lifespan.off import LifespanOff  # (imports Config from the package)
 from uvicorn.protocols.http.h11_impl import H11Protocol
-from uvicorn import Config, Server
-from uvicorn.config import Config as C
-from uvicorn.server import Server as S
-assert Config is C and Server is S and LifespanOff
-assert "click" not in sys.modules and "uvicorn.main" not in sys.modules
+from prometheus_client import multiprocess  # (a submodule: imported as usual)
+lean = {p: {n: getattr(sys.modules[p], n) for n in names} for p, names in LEAN.items()}
+heavy = ("click", "uvicorn.main", "prometheus_client.exposition", "http.server",
+         "jwt.jwks_client", "urllib.request")
+assert not [m for m in heavy if m in sys.modules], [m for m in heavy if m in sys.modules]
+assert LifespanOff and H11Protocol and multiprocess.MultiProcessCollector
 assert callable(uvicorn.run) and uvicorn.__version__  # (the whole package, on demand)
-assert "uvicorn.main" in sys.modules and uvicorn.Config is C
+import jwt, prometheus_client
+assert callable(jwt.PyJWKClient) and prometheus_client.generate_latest
+for package, names in lean.items():  # the same objects as the whole package's
+    for name, value in names.items():
+        assert getattr(sys.modules[package], name) is value, (package, name)
+assert "uvicorn.main" in sys.modules and "jwt.jwks_client" in sys.modules
 print("ok")
 """
 
 
-def test_uvicorn_without_its_command_line_still_has_every_name() -> None:
-    out = subprocess.run([sys.executable, "-c", LEAN_UVICORN], cwd=ROOT, capture_output=True,
+def test_lean_packages_still_have_every_name() -> None:
+    out = subprocess.run([sys.executable, "-c", LEAN], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, check=False)
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
 

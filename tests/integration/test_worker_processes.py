@@ -18,6 +18,8 @@ import httpx
 import yaml
 from helpers.clients import raw_connect
 
+from gateway.runtime.allocator import find_jemalloc
+
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = "workers-test-admin-token-0123456789"
 
@@ -102,6 +104,39 @@ def test_two_workers_share_ports_state_and_metrics(tmp_path: Path) -> None:
     workers = {json.loads(line).get("worker")
                for line in (tmp_path / "audit.log").read_text().splitlines() if line}
     assert workers == {0, 1}, workers
+
+
+def test_the_supervisor_runs_on_cpythons_allocator_and_the_workers_on_jemalloc(
+        tmp_path: Path) -> None:
+    """The supervisor (standard library only) is exec'd without the preloaded jemalloc
+    (`allocator.without`: 1.9 MiB less); its workers, restarted ones too, get it back."""
+    jemalloc = find_jemalloc()
+    gw, _, _, workers = _two_workers(tmp_path)
+    try:
+        def on_jemalloc(pid: str) -> bool:
+            return "libjemalloc" in Path(f"/proc/{pid}/maps").read_text()
+
+        assert not on_jemalloc(str(gw.pid))
+        assert "PYTHONMALLOC=malloc" not in Path(f"/proc/{gw.pid}/environ").read_text(
+            errors="replace").split("\0")
+        assert [on_jemalloc(pid) for pid in workers] == [jemalloc is not None] * 2
+        if jemalloc is not None:  # a worker the supervisor starts again has it too
+            os.kill(int(workers[0]), signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                now = subprocess.run(["pgrep", "-P", str(gw.pid)], capture_output=True,
+                                     text=True).stdout.split()
+                new = [pid for pid in now if pid not in workers]
+                if new and "libjemalloc" in Path(f"/proc/{new[0]}/maps").read_text():
+                    break
+                time.sleep(0.2)
+            else:
+                raise AssertionError("no restarted worker on jemalloc within 60 s")
+    finally:
+        gw.send_signal(signal.SIGTERM)
+        gw.wait(30)
+        if gw.stderr is not None:
+            gw.stderr.close()
 
 
 def _open_connections(admin: int) -> float:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.runtime.allocator import JEMALLOC_CONF, environment, find_jemalloc
+from gateway.runtime.allocator import JEMALLOC_CONF, environment, find_jemalloc, without
 
 LIB = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 
@@ -35,6 +35,28 @@ LIB = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 def test_the_environment_chosen(env: dict[str, str], library: str | None,
                                 expected: dict[str, str] | None) -> None:
     assert environment(env, lambda: library) == expected
+
+
+@pytest.mark.parametrize(("env", "library", "expected"), [
+    # what `environment` added comes out together: CPython's own allocator
+    ({"PYTHONMALLOC": "malloc", "LD_PRELOAD": LIB, "MALLOC_CONF": JEMALLOC_CONF, "A": "1"},
+     LIB, {"MALLOC_CONF": JEMALLOC_CONF, "A": "1"}),
+    # what else the operator preloads stays
+    ({"PYTHONMALLOC": "malloc", "LD_PRELOAD": f"{LIB} /opt/libfoo.so"}, LIB,
+     {"LD_PRELOAD": "/opt/libfoo.so"}),
+    # not on jemalloc: nothing to take out (PYTHONMALLOC=malloc alone is glibc's malloc)
+    ({"PYTHONMALLOC": "malloc"}, LIB, {"PYTHONMALLOC": "malloc"}),
+    ({"PYTHONMALLOC": "pymalloc", "LD_PRELOAD": LIB}, LIB,
+     {"PYTHONMALLOC": "pymalloc", "LD_PRELOAD": LIB}),
+    ({"PYTHONMALLOC": "malloc", "LD_PRELOAD": "/opt/libmimalloc.so"}, LIB,
+     {"PYTHONMALLOC": "malloc", "LD_PRELOAD": "/opt/libmimalloc.so"}),
+    ({"PYTHONMALLOC": "malloc", "LD_PRELOAD": LIB}, None,
+     {"PYTHONMALLOC": "malloc", "LD_PRELOAD": LIB}),
+    ({}, LIB, {}),
+])
+def test_the_environment_without_jemalloc(env: dict[str, str], library: str | None,
+                                          expected: dict[str, str]) -> None:
+    assert without(env, lambda: library) == expected
 
 
 def test_the_library_is_found_where_installed(tmp_path: Path) -> None:
