@@ -7,10 +7,8 @@ on the same socket (`Reporter`), for the worker's /metrics."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import signal
 import socket
 import sys
@@ -21,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["NICE", "REPORT", "Reporter", "main", "parse", "serve"]
+__all__ = ["REPORT", "Reporter", "main", "parse", "serve"]
 
 log = logging.getLogger("sandbox_gateway")
 
@@ -31,10 +29,6 @@ SEP = b"\x1f"  # (otel_feed.SEP; not imported: this process never loads the work
 REPORT = 0.5  # seconds between two reports of the drops to the worker (when they changed)
 DROPS = b"D"  # a report's first byte; then the JSON of the totals
 _decode = msgspec.json.Decoder().decode  # (as json.loads, 3x faster)
-# the exporter's niceness: the kernel lets a worker's requests go first on a shared core
-# (a waking exporter does not preempt its worker mid-request), yet gives the exporter about
-# a tenth of a saturated core, more than it needs (docs/observability.md, cost)
-NICE = 10
 
 
 class Reporter:
@@ -139,8 +133,6 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _stop)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="sandbox-gateway telemetry exporter: %(message)s")
-    with contextlib.suppress(OSError):  # (lowering one's priority needs no privilege)
-        os.nice(NICE)
     sock = socket.socket(fileno=int(argv[1]))
     settings = json.loads(sock.recv(RECV))
     from gateway.observability.otel import OtelExport  # (the SDK: only here)

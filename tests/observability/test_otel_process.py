@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 from helpers.otlp_receiver import OtlpReceiver
 
-from gateway.observability import metrics, otel_export, otel_process
+from gateway.observability import metrics, otel_process
 from gateway.observability.otel_feed import OtelFeed
 from gateway.observability.otel_process import ExporterProcess
 
@@ -103,22 +102,6 @@ def test_the_exporter_ends_with_its_worker_socket(receiver: OtlpReceiver) -> Non
     exporter.feed.detach()  # (what a worker's exit does to its end)
     assert exporter.proc.wait(20) == 0
     assert _hosts(receiver) == ["last.test"]
-
-
-def test_the_exporter_runs_at_a_lower_priority_than_its_worker(receiver: OtlpReceiver
-                                                              ) -> None:
-    """The exporter lowers its own priority by NICE (so a waking exporter lets its
-    worker's requests go first on a shared core), and exports all the same."""
-    exporter = _exporter(receiver)
-    exporter.start()
-    assert exporter.proc is not None
-    _write(exporter.feed, "niced.test")
-    exporter.feed.flush()
-    assert receiver.wait(lambda: _hosts(receiver) == ["niced.test"], 20)
-    wanted = min(19, os.getpriority(os.PRIO_PROCESS, 0) + otel_export.NICE)
-    assert os.getpriority(os.PRIO_PROCESS, exporter.proc.pid) == wanted > 0
-    exporter.feed.detach()
-    assert exporter.proc.wait(20) == 0
 
 
 @pytest.mark.parametrize(("config", "started"), [
