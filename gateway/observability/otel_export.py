@@ -13,7 +13,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -94,9 +94,7 @@ def serve(sock: socket.socket, emit: Callable[..., None],
             data = None
         if data == b"":
             return bad[0]
-        for frame in (data or b"").split(b"\n"):
-            if not frame:
-                continue
+        for frame in _frames(data or b""):
             try:
                 if text:
                     traced, end, provider, content, raw = read(frame)
@@ -112,6 +110,18 @@ def serve(sock: socket.socket, emit: Callable[..., None],
                     log.warning("telemetry: an audit line could not be exported")
         if tick is not None:
             tick()
+
+
+def _frames(data: bytes) -> Iterator[bytes]:
+    """The frames of a datagram (each ends in its line's newline, which is left out), found
+    with `bytes.find` (memchr): `split` on one byte compares every byte in a loop."""
+    start = 0
+    while (end := data.find(b"\n", start)) >= 0:
+        if end > start:
+            yield data[start:end]
+        start = end + 1
+    if start < len(data):
+        yield data[start:]
 
 
 def _stop(_signum: int, _frame: FrameType | None) -> None:

@@ -2,12 +2,16 @@
 to its exporter process (`otel_process.py`) without ever waiting for it.
 
 The worker serialises each audit line for the JSON sink anyway (`audit.Auditor.write`);
-this tap (`Auditor.tap`) takes those bytes, decides sampling (`telemetry.sample`, which
-needs only the line) and the GenAI provider (the credential's preset, which only the
-worker knows), and queues a frame. Every `FLUSH` seconds (or at once past `BATCH` bytes)
-the queued frames go to the exporter as one datagram on a non-blocking unix
-SOCK_SEQPACKET socket. Building spans, log records and metric points, protobuf encoding
-and gRPC all happen in the exporter process, so they never take this process's GIL.
+this tap (`Auditor.tap`) queues those bytes behind a short header. A common line (no
+GenAI usage, no content, and a flag that sampling cannot change: `telemetry.sample: 1`,
+or spans off) costs two list appends and two counts: nothing parsed or encoded again.
+The other lines take `_frame`: sampling (`telemetry.sample` below 1: it needs only the
+line's decision, usage, MCP and trace), the GenAI provider (the credential's preset,
+which only the worker knows), the content a policy opted into. Every `FLUSH` seconds (or
+at once past `BATCH` bytes) what is queued is joined and goes to the exporter as one
+datagram (one `send`) on a non-blocking unix SOCK_SEQPACKET socket. Building spans, log
+records and metric points, protobuf encoding and gRPC all happen in the exporter
+process, so they never take this process's GIL.
 
 Bounded and non-blocking: the kernel's socket buffer, then at most `telemetry.queue`
 frames here; a frame past that, one too large for a datagram, or one for an exporter
@@ -49,6 +53,7 @@ SNDBUF = 4 << 20  # asked for; the kernel caps it at net.core.wmem_max
 SEP = b"\x1f"
 _ENCODE = json.JSONEncoder(separators=(",", ":"), default=str).encode
 
+
 class OtelFeed:
     """Frames audit lines for the exporter process (see the module docstring)."""
 
@@ -67,21 +72,51 @@ class OtelFeed:
         self.sock: socket.socket | None = None  # (None: no exporter now; frames dropped)
         self.dropped = 0
         self.sent = 0  # frames handed to the exporter
-        self._frames: list[bytes] = []
-        self._bytes = 0
+        # the frames waiting, in parts (a header and a line, or a whole frame) joined when
+        # sent, each frame ending in its line's newline; how many, and about how many bytes
+        self._parts: list[bytes] = []
+        self.waiting = 0
+        self._size = 0
         self._timer: asyncio.TimerHandle | None = None
+        # a common line's header (`tap`), when its flag does not depend on the line: every
+        # line traced (sample 1), or none (spans off: sent for the log record)
+        self._head: bytes | None = None
+        if traces and sample >= 1.0:
+            self._head = b"T" + SEP + b"%d" + SEP + SEP + SEP
+        elif not traces and logs:
+            self._head = b"-" + SEP + b"%d" + SEP + SEP + SEP
 
     # -- on the event loop ---------------------------------------------------------------
 
     def tap(self, record: dict[str, Any], now: float, line: bytes) -> None:
         """An audit line the JSON sink wrote (`Auditor.tap`): queued for the exporter.
-        Never blocks, never raises into the trail."""
+        Never blocks, never raises into the trail. A common line costs two appends."""
+        head = self._head
+        if head is None or self.content is not None or record.get("usage") is not None:
+            self._frame(record, now, line)
+            return
+        if self.waiting >= self.queue:
+            self._drop(1, "queue_full")
+            return
+        parts = self._parts
+        parts.append(head % (now * 1e9))
+        parts.append(line)
+        self.waiting += 1
+        self._size += len(line)
+        if self._size >= BATCH:
+            self.flush()
+        elif self._timer is None:
+            self._arm()
+
+    def _frame(self, record: dict[str, Any], now: float, line: bytes) -> None:
+        """`tap` for a line that needs more than its bytes: sampling, the GenAI provider,
+        content."""
         traced = self.traces and (self.sample >= 1.0 or always_traced(record)
                                   or random.random() < self.sample)  # noqa: S311
         usage = record.get("usage")
         if not traced and not self.logs and (not self.metrics_on or usage is None):
             return  # (no span, no log record, no metric point)
-        if len(self._frames) >= self.queue:
+        if self.waiting >= self.queue:
             self._drop(1, "queue_full")
             return
         provider = b""
@@ -91,17 +126,22 @@ class OtelFeed:
         content = _ENCODE(self.content).encode() if self.content and traced else b""
         frame = b"".join((b"T" if traced else b"-", SEP, b"%d" % int(now * 1e9), SEP,
                           provider, SEP, content, SEP, line))
-        self._frames.append(frame)
-        self._bytes += len(frame)
-        if self._bytes >= BATCH:
+        self._parts.append(frame)
+        self.waiting += 1
+        self._size += len(frame)
+        if self._size >= BATCH:
             self.flush()
         elif self._timer is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # no loop (a command, a unit test): now
-                self.flush()
-                return
-            self._timer = loop.call_later(FLUSH, self.flush)
+            self._arm()
+
+    def _arm(self) -> None:
+        """Flush in FLUSH seconds (without a loop: a command, a unit test: now)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.flush()
+            return
+        self._timer = loop.call_later(FLUSH, self.flush)
 
     def with_content(self, write: Callable[[dict[str, Any]], None],
                      redact: Callable[[str], str], record: dict[str, Any],
@@ -116,37 +156,43 @@ class OtelFeed:
             self.content = None
 
     def flush(self) -> None:
-        """Send what is queued, as datagrams of at most MAX_DATAGRAM bytes; what the
-        socket does not take now stays queued (bounded by `queue`). A frame larger than
-        the socket takes is dropped; so is everything when the exporter is gone."""
+        """Send what is queued: joined, as one datagram, or cut at frames into
+        datagrams of at most MAX_DATAGRAM bytes; what the socket does not take now stays
+        queued (bounded by `queue`). A frame larger than the socket takes is dropped; so
+        is everything when the exporter is gone."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        frames = self._frames
-        if not frames:
+        if not self.waiting:
             return
         if self.sock is None:
-            self._drop(len(frames), "exporter_down")
+            self._drop(self.waiting, "exporter_down")
             self._clear()
             return
-        sent = 0
-        while sent < len(frames):
-            end = _batch_end(frames, sent)
+        buffer = b"".join(self._parts)
+        start, sent = 0, 0
+        while start < len(buffer):
+            end, count = _datagram(buffer, start, self.waiting - sent)
             try:
-                self.sock.send(b"".join(frames[sent:end]))
-                self.sent += end - sent
+                self.sock.send(buffer if start == 0 and end == len(buffer) else
+                               memoryview(buffer)[start:end])
+                self.sent += count
             except BlockingIOError:  # the exporter is behind: the rest stays queued
                 break
             except OSError as exc:
                 reason = "too_large"
                 if exc.errno != errno.EMSGSIZE:  # the exporter is gone (it restarts)
                     self.detach()
-                    end, reason = len(frames), "exporter_down"
-                self._drop(end - sent, reason)
-            sent = end
-        del frames[:sent]
-        self._bytes = sum(map(len, frames))
-        if frames and self._timer is None:
+                    end, count, reason = len(buffer), self.waiting - sent, "exporter_down"
+                self._drop(count, reason)
+            start, sent = end, sent + count
+        if start == len(buffer):
+            self._clear()
+        else:  # (kept as one part)
+            self._parts = [buffer[start:]]
+            self.waiting -= sent
+            self._size = len(buffer) - start
+        if self.waiting and self._timer is None:
             with contextlib.suppress(RuntimeError):  # (no loop: the next line sends)
                 self._timer = asyncio.get_running_loop().call_later(FLUSH, self.flush)
 
@@ -161,15 +207,17 @@ class OtelFeed:
         metrics.child(metrics.TELEMETRY_DROPPED, reason).inc(count)
 
     def _clear(self) -> None:
-        self._frames = []
-        self._bytes = 0
+        self._parts = []
+        self.waiting = self._size = 0
 
 
-def _batch_end(frames: list[bytes], start: int) -> int:
-    """The end of the datagram that starts at `start`: frames up to MAX_DATAGRAM bytes
-    (at least one, whatever its size)."""
-    end, size = start + 1, len(frames[start])
-    while end < len(frames) and size + len(frames[end]) <= MAX_DATAGRAM:
-        size += len(frames[end])
-        end += 1
-    return end
+def _datagram(buffer: bytes, start: int, left: int) -> tuple[int, int]:
+    """(end, frames) of the datagram that starts at `start`: whole frames up to
+    MAX_DATAGRAM bytes (at least one, whatever its size); `left` frames from `start` to
+    the end of the buffer."""
+    if len(buffer) - start <= MAX_DATAGRAM:
+        return len(buffer), left
+    end = buffer.rfind(b"\n", start, start + MAX_DATAGRAM) + 1
+    if end <= start:  # (one frame larger than a datagram: alone)
+        end = buffer.find(b"\n", start) + 1 or len(buffer)
+    return end, buffer.count(b"\n", start, end)

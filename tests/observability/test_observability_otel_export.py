@@ -69,3 +69,10 @@ def test_the_reporter_sends_changed_totals_at_most_every_report_seconds(
         monkeypatch.setattr(otel_export, "REPORT", 60.0)
         report({"traces/unreachable": 6})  # (too soon after the last)
         assert report.sent == {"traces/unreachable": 5, "logs/queue_full": 1}
+
+
+@pytest.mark.parametrize("data", [
+    b"", b"\n", b"a\n", b"a\nb\n", b"a\n\nb\n", b"a\nb", b"\n\na", b"abc\x1fdef\n" * 3])
+def test_a_datagram_is_cut_into_its_frames_as_split_would(data: bytes) -> None:
+    """`_frames` (memchr) gives what ``split(b"\\n")`` without the empty parts gives."""
+    assert list(otel_export._frames(data)) == [f for f in data.split(b"\n") if f]

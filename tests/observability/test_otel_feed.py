@@ -150,8 +150,8 @@ def test_a_full_socket_never_blocks_and_the_queue_is_bounded(
         _tap(feed, big)
     assert time.monotonic() - started < 2.0
     assert feed.sent > 0 and feed.dropped > 0
-    assert feed.sent + feed.dropped + len(feed._frames) == 2000
-    assert len(feed._frames) <= 100
+    assert feed.sent + feed.dropped + feed.waiting == 2000
+    assert feed.waiting <= 100
     received = len(_frames(theirs))
     assert received == feed.sent
     feed.flush()  # (room again: what waited goes now)
@@ -190,3 +190,65 @@ def test_lines_on_a_loop_go_as_one_datagram_per_flush(
     datagrams = asyncio.run(run())
     assert len(datagrams) == 1 and datagrams[0].count(b"\n") == 50
     assert feed.sent == 50
+
+
+def _datagrams(sock: socket.socket) -> list[bytes]:
+    out: list[bytes] = []
+    sock.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        while True:
+            out.append(sock.recv(1 << 20))
+    return out
+
+
+@pytest.mark.parametrize(("kw", "flag"), [({}, b"T"), ({"traces": False, "logs": True}, b"-")])
+def test_a_common_line_is_framed_as_the_general_path_frames_it(
+        pair: tuple[socket.socket, socket.socket], kw: dict[str, Any], flag: bytes) -> None:
+    """A common line (no usage, no content, its flag fixed by the settings) takes the
+    tap's two appends; the bytes are those `_frame` (sampling, provider, content) makes."""
+    ours, theirs = pair
+    fast, general = _feed(ours, **kw), _feed(ours, **kw)
+    general._head = None  # (every line through `_frame`)
+    for feed in (fast, general):
+        _tap(feed, _line(host="common.test", credential=None), now=1700000000.25)
+    first, second = _datagrams(theirs)
+    assert first == second
+    assert first.startswith(flag + b"\x1f%d\x1f\x1f\x1f{" % int(1700000000.25 * 1e9))
+    assert fast.sent == general.sent == 1
+
+
+def test_sampling_below_one_and_usage_still_take_the_general_path(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    ours, theirs = pair
+    sampled, full = _feed(ours, sample=0.5), _feed(ours)
+    assert sampled._head is None and full._head is not None
+    _tap(full, _line(usage=USAGE))  # (its provider is looked up)
+    (_, _, provider, _, _), = _frames(theirs)
+    assert provider == "openai"
+
+
+def test_a_backlog_goes_in_datagrams_cut_at_frames(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    """Lines queued past one datagram's size (the exporter was behind) go as several
+    datagrams of whole frames, each at most MAX_DATAGRAM bytes, in order, all counted."""
+    ours, theirs = pair
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+    feed = _feed(ours)
+    lines = [_line(host=f"h{n}.test", credential=None, path="/" + "p" * 2000)
+             for n in range(300)]  # (about 620 KB)
+
+    async def queue() -> None:  # (on a loop: queued until the flush)
+        feed.sock = None
+        for line in lines:
+            feed._parts.append(b"T\x1f1\x1f\x1f\x1f" + (json.dumps(line) + "\n").encode())
+            feed.waiting += 1
+        feed.sock = ours
+        feed.flush()
+
+    asyncio.run(queue())
+    datagrams = _datagrams(theirs)
+    assert len(datagrams) >= 4
+    assert all(len(d) <= MAX_DATAGRAM and d.endswith(b"\n") for d in datagrams)
+    hosts = [parse(f)[4]["host"] for d in datagrams for f in d.split(b"\n") if f]
+    assert hosts == [f"h{n}.test" for n in range(300)]
+    assert feed.sent == 300 and feed.waiting == 0 and feed.dropped == 0
