@@ -85,7 +85,10 @@ class Anchor:
     stop: str = ""
     context: bool = False  # reads a name beside the value (see core/dlp/detector.Rule)
     check: Callable[[str], bool] | None = None  # a further check of the value
-    run: bool = False  # every match holds 20 base64 characters in a row (Rule.run)
+    # Every value the rule reports holds 20 base64 characters in a row (Rule.run): every
+    # match does, or (a case-insensitive pattern) the value does once it is ASCII, which
+    # the plausibility check every pattern's values pass (`_plausible`) requires.
+    run: bool = False
 
 
 def cases(word: str) -> tuple[str, ...]:
@@ -131,7 +134,7 @@ _SLACK_TOKEN = cases("xox")
 # name -> (plugin class, anchors per denylist pattern in order; None: no anchor)
 PLUGINS: dict[str, list[tuple[type[BasePlugin], list[Anchor | None]]]] = {
     "aws": [(AWSKeyDetector, [_a("A3T", "ABIA", "ACCA", "AKIA", "ASIA", after=20, run=True),
-                              _a(*cases("aws"), after=120, context=True)])],
+                              _a(*cases("aws"), after=120, context=True, run=True)])],
     "azure-storage": [(AzureStorageKeyDetector, [_a("AccountKey=", after=90)])],
     "basic-auth": [(BasicAuthDetector, [_a("://", after=512)])],
     "github": [(GitHubTokenDetector, [_a("ghp_", "gho_", "ghu_", "ghs_", "ghr_", after=40,
@@ -144,7 +147,7 @@ PLUGINS: dict[str, list[tuple[type[BasePlugin], list[Anchor | None]]]] = {
         _a("glagent-", after=1030, run=True), _a("gloas-", after=70, run=True)])],
     "slack": [(SlackDetector, [_a(*_SLACK_TOKEN, after=300),
                                _a("hooks.slack.com", "HOOKS.SLACK.COM", "/services/T",
-                                  before=30, after=200)])],
+                                  before=30, after=200, run=True)])],
     "stripe": [(StripeDetector, [_a("sk_live_", "rk_live_", after=30, run=True)])],
     "twilio": [(TwilioKeyDetector, [_a("AC", after=34, run=True),
                                  _a("SK", after=34, run=True)])],
@@ -236,8 +239,20 @@ def _agrees(plugin: BasePlugin, text: str) -> bool:
     return any(True for _ in plugin.analyze_string(text))
 
 
+@dataclass(frozen=True)
+class Both:
+    """Two checks of a value, `first` then `then` (a class, not a closure: the test of
+    `Rule.run` reads that a rule's values pass `_plausible` first)."""
+
+    first: Callable[[str], bool]
+    then: Callable[[str], bool]
+
+    def __call__(self, text: str) -> bool:
+        return self.first(text) and self.then(text)
+
+
 def _both(first: Callable[[str], bool], then: Callable[[str], bool]) -> Callable[[str], bool]:
-    return lambda text: first(text) and then(text)
+    return Both(first, then)
 
 
 def _values(plugin: BasePlugin) -> Callable[[str], Iterator[str]]:

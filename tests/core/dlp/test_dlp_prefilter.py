@@ -162,7 +162,10 @@ def test_the_cost_of_a_body_without_candidates(size: int) -> None:
     # run, no value; an anchor of a rule whose matches need none is a candidate
     ("text", b"short words and a ghp_ anchor", False),
     ("text", b"short words and a :// anchor", True),
-    ("text", b"short words and an AWS anchor", True),  # (caseless: aws)
+    ("text", b"short words and an xoX anchor", True),  # (caseless: xox)
+    # aws's and Slack webhooks' values hold a run once ASCII, which their check requires
+    ("text", b"short words and an AWS anchor", False),
+    ("text", b"https://hooks.slack.com/services/T0/B1/x", True),  # (:// is basic-auth's)
     ("text", b"a run: QUJDREVGR0hJSktMTU5PUFFS", True),
     ("text", b"text keeps \\u0067hp_ and %67hp_ as they are", False),
     ("json", b'{"a": "line\\nbreak \\"quoted\\" and \\\\ backslash"}', False),
@@ -224,6 +227,17 @@ SHORT = ["https://bob:hunter2x@example.com/x", "deploy xoxb-1-a2 now",
          "AccountKey=" + "a=" * 44, "sq0csp-" + "ab\\" * 15, "PuTTY-User-Key-File-2: x"]
 
 
+# The shortest values of the case-insensitive rules declared `Rule.run` for their ASCII
+# values (a run of exactly 20 from `com/`), in both cases and with a character past
+# ASCII in the run (a Kelvin sign for a `k`, a long s for an `s`: no value then).
+ASCII_RUN = ["https://hooks.slack.com/services/TX/BY/Z",
+             "HTTPS://HOOKS.SLACK.COM/SERVICES/TX/BY/Z",
+             "https://hooks.slac\u212a.com/services/TX/BY/Z",
+             "https://hooks.slack.com/\u017fervices/TX/BY/Z",
+             "aws_key='" + "Ab0+" * 10 + "'", "AWS PASS: \"" + "aB9/" * 10 + "\"",
+             "aws token '" + "\u212a" * 40 + "'"]
+
+
 def _anchored() -> tuple[Detector, ...]:
     """Every detector whose rules all have anchors (one without opens every gate)."""
     return tuple(d for d in build(DETECTORS) if all(r.anchors for r in d.rules))
@@ -251,8 +265,10 @@ def test_the_gate_loses_nothing_on_the_corpus_and_mutations(fast: bool) -> None:
     full = Scanner(detectors, b"s", fast=fast)
     full.body_clean = lambda body, content_type: False  # type: ignore[method-assign]
     rng = random.Random(43)
-    for text in [fake.text for fake in CORPUS] + SHORT:
+    for text in [fake.text for fake in CORPUS] + SHORT + ASCII_RUN:
         for mutated in _mutations(text, rng):
             _agree(new, full, mutated)
     for _ in range(400):
         _agree(new, full, _random_text(rng))
+    for text, found in zip(ASCII_RUN, (True, True, False, False, True, True, False), strict=True):
+        assert bool(full.scan_body(text.encode(), "text/plain").findings) is found, text
