@@ -18,9 +18,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3; do \
 $(STAMP): pyproject.toml requirements-dev.lock
 	@test -n "$(PYTHON)" || { echo "need Python 3.12 or newer (python3.12 / python3.13)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	@# --no-compile: a module's bytecode is written the first time it is imported, not
-	@# all 11,000 files' at install (16 s of CPU of 58 here; the suite compiles what it imports)
-	@$(PY) -m pip install -q --no-compile --require-hashes -r requirements-dev.lock || { echo >&2; \
+	@$(PY) -m pip install -q --require-hashes -r requirements-dev.lock || { echo >&2; \
 	  echo "make: installing the locked Python packages failed: setup needs network access to PyPI" >&2; \
 	  echo "      (or an index in PIP_INDEX_URL that serves the same files: hashes are checked)" >&2; exit 1; }
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
