@@ -3,7 +3,7 @@
 `make test` spreads the tests over the cores with pytest-xdist, `--dist worksteal`
 (pyproject.toml): each worker takes half of the collection in order, and one that runs
 out takes the second half of the longest queue left. A test cannot be split, so a long
-test that starts late makes the run's tail as long as itself (the soak's 80 s, the
+test that starts late makes the run's tail as long as itself (the soak's 50 s, the
 benchmark's 56 s); started first, the short tests fill in around them and the workers
 end together. A module moves whole, heaviest first (its module fixtures made once).
 
@@ -32,7 +32,7 @@ SECONDS: dict[str, float] = {
     "tests/integration/test_agent_clis.py::test_codex_prints_a_model_refusal": 14,
     "tests/integration/test_agent_clis.py::test_claude_code_prints_a_model_refusal": 3,
     # real gateway processes under load, outages, kills and restarts
-    "tests/reliability/test_soak.py::test_soak_mixed_load_leaves_no_sockets_and_flat_memory": 82,
+    "tests/reliability/test_soak.py::test_soak_mixed_load_leaves_no_sockets_and_flat_memory": 52,
     "tests/test_bench_smoke.py::test_quick_benchmark_produces_every_row_and_workload": 56,
     "tests/integration/test_budget_durability.py::"
     "test_a_killed_process_never_leaves_a_call_charged_less_than_it_used": 27,
@@ -66,16 +66,12 @@ SECONDS: dict[str, float] = {
     "tests/integration/test_mcp_oauth.py::"
     "test_the_cli_shows_the_consent_url_lists_and_revokes": 23,
     # several gateway processes (workers, restarts, a second process on one store)
-    "tests/services/state/test_state_sqlite_log.py::"
-    "test_an_old_file_loses_its_log_table_and_the_space": 35,
     "tests/integration/test_approvals.py::test_a_grant_takes_effect_on_every_worker_at_once": 32,
     "tests/integration/test_worker_minting.py::"
     "test_a_rotated_refresh_token_is_used_by_every_worker_and_after_a_restart": 26,
     "tests/integration/test_worker_minting.py::"
     "test_one_github_app_token_for_both_workers_and_after_a_restart": 16,
     "tests/services/state/test_state_redis.py::test_two_gateway_processes_share_revocations": 25,
-    "tests/services/dlp/test_dlp_detectors.py::"
-    "test_processes_starting_together_agree_on_one_whole_salt": 23,
     "tests/integration/test_console_fuzz.py::test_no_console_or_approvals_request_answers_5xx": 21,
     "tests/reliability/test_audit_trail.py::"
     "test_lines_held_at_a_stop_are_written_first_at_the_next_start": 20,

@@ -19,7 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Slow(http.server.BaseHTTPRequestHandler):
+    arrived = threading.Event()  # (set once a request reached the upstream)
+
     def do_GET(self) -> None:
+        _Slow.arrived.set()
         time.sleep(1.5)
         body = b"finished"
         self.send_response(200)
@@ -68,9 +71,12 @@ def test_sigterm_lets_in_flight_requests_finish(tmp_path: Path) -> None:
                 r = c.get("http://slow.test/x")
                 result["status"], result["body"] = r.status_code, r.text
 
+        _Slow.arrived.clear()
         client = threading.Thread(target=fetch)
         client.start()
-        time.sleep(0.5)  # the request is at the upstream now
+        # The request is at the upstream (a fixed 0.5 s was too short under load: the
+        # SIGTERM closed the listener before the request came, and the test failed).
+        assert _Slow.arrived.wait(20), "the request never reached the upstream"
         gw.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         with socket.socket() as probe:  # no new connections while draining

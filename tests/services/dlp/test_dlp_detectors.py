@@ -7,6 +7,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,17 +67,32 @@ def test_building_the_scanner_leaves_requests_unimported_until_a_plugin_reads_it
 
 def test_processes_starting_together_agree_on_one_whole_salt(tmp_path: Path) -> None:
     """Workers start together: each either makes the salt or reads the one another made,
-    never a file created but not yet written (a worker failed to start on that)."""
+    never a file created but not yet written (a worker failed to start on that).
+
+    One pool of 8 processes for every round, each call let go by a barrier of 8 so
+    they race on the fresh path at once: 200 rounds in about a second. (A pool forked
+    per round took 23 s of a suite run for 30 rounds, forking a test worker's whole
+    address space 240 times, and a create-then-write salt failed about one run in two;
+    with the barrier every run of 200 rounds failed it, 3-14 rounds each.)"""
     import multiprocessing
 
-    for round_ in range(30):  # (the race it guards was seen about once in 30 rounds)
-        path = tmp_path / f"r{round_}" / "dlp-salt"
-        with multiprocessing.get_context("fork").Pool(8) as pool:
-            salts = pool.map(_salt_of, [path] * 32)
-        assert len(set(salts)) == 1 and len(salts[0]) == 32
-        assert sorted(p.name for p in path.parent.iterdir()) == ["dlp-salt"]  # no temp left
-        assert path.stat().st_mode & 0o777 == 0o600
+    context = multiprocessing.get_context("fork")
+    with context.Pool(8, initializer=_gate, initargs=(context.Barrier(8),)) as pool:
+        for round_ in range(200):
+            path = tmp_path / f"r{round_}" / "dlp-salt"
+            salts = pool.map(_salt_of, [path] * 32, chunksize=1)
+            assert len(set(salts)) == 1 and len(salts[0]) == 32
+            assert sorted(p.name for p in path.parent.iterdir()) == ["dlp-salt"]  # no temp
+            assert path.stat().st_mode & 0o777 == 0o600
+
+
+_BARRIER: list[Any] = []  # (in each pool process: the barrier its calls wait on)
+
+
+def _gate(barrier: Any) -> None:
+    _BARRIER.append(barrier)
 
 
 def _salt_of(path: Path) -> bytes:
+    _BARRIER[0].wait(30)
     return ensure_salt(path)
