@@ -145,9 +145,11 @@ PLUGINS: dict[str, list[tuple[type[BasePlugin], list[Anchor | None]]]] = {
         _a("GR1348941", after=60, run=True), _a("glcbt-", after=60, run=True),
         _a("glimt-", after=30, run=True), _a("glptt-", after=45, run=True),
         _a("glagent-", after=1030, run=True), _a("gloas-", after=70, run=True)])],
+    # the webhook's pattern ignores case and begins `https://`: anchored on the `://`
+    # (basic-auth's anchor, in the gate already), a host or path in any mix of cases is
+    # found (`Hooks.Slack.com/Services/…` is the same secret)
     "slack": [(SlackDetector, [_a(*_SLACK_TOKEN, after=300),
-                               _a("hooks.slack.com", "HOOKS.SLACK.COM", "/services/T",
-                                  before=30, after=200, run=True)])],
+                               _a("://", before=8, after=200, run=True)])],
     "stripe": [(StripeDetector, [_a("sk_live_", "rk_live_", after=30, run=True)])],
     "twilio": [(TwilioKeyDetector, [_a("AC", after=34, run=True),
                                  _a("SK", after=34, run=True)])],

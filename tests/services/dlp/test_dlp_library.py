@@ -289,3 +289,20 @@ def test_a_rule_declared_to_hold_a_run_does() -> None:
             "BEGIN DSA PRIVATE KEY", "BEGIN EC PRIVATE KEY", "BEGIN OPENSSH PRIVATE KEY",
             "BEGIN PGP PRIVATE KEY BLOCK", "BEGIN PRIVATE KEY", "BEGIN RSA PRIVATE KEY",
             "BEGIN SSH2 ENCRYPTED PRIVATE KEY", "PuTTY-User-Key-File-2"))}
+
+
+@pytest.mark.parametrize("host", ["hooks.slack.com", "Hooks.Slack.com", "HOOKS.SLACK.COM",
+                                  "hOoKs.sLaCk.CoM"])
+@pytest.mark.parametrize("path", ["services", "Services", "SERVICES"])
+def test_a_slack_webhook_is_found_in_any_mix_of_cases(host: str, path: str) -> None:
+    """The webhook's pattern ignores case, and so does what sends a body to it: a host or
+    path spelt in other cases is the same secret, found by the prefiltered scan as by a
+    full pass (its anchor is the scheme's `://`, not the host)."""
+    detectors = build(DETECTORS)
+    fast = Scanner(detectors, b"s")
+    full = Scanner(_unanchored(detectors), b"s")
+    url = f"https://{host}/{path}/T0123ABCD/B0123ABCD/abcdefghijklmnopqrstuvwx"
+    for text in (url, f"post the report to {url} when done", json.dumps({"hook": url})):
+        where = Location("body", offset=0)
+        assert {f.detector for f in fast.scan_text(text, where)} == {"slack"}, text
+        assert {f.detector for f in full.scan_text(text, where)} == {"slack"}, text
