@@ -422,10 +422,6 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/observability/test_telemetry.py, tests/services/metering/test_metering_service.py",
         "imported: every event the code counts has a Prometheus metric; totals read back"),
     # --- wiring and processes ---
-    "gateway/runtime/app.py": (
-        "tests/integration/test_proxy_basics.py, tests/integration/test_worker_processes.py",
-        "the gateway's wiring: every integration test runs a real `Gateway` "
-        "(tests/helpers/gateway.py) or a real `run` process"),
     "gateway/runtime/building.py": (
         "tests/integration/test_proxy_basics.py, tests/integration/test_worker_processes.py, "
         "tests/integration/test_otel_export.py, tests/integration/test_mcp_oauth.py",
@@ -454,11 +450,6 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/runtime/test_relay.py",
         "the worker's end of the revocation relay: the relay's tests import it and run "
         "both ends over real socketpairs"),
-    "gateway/services/approvals/watch.py": (
-        "tests/integration/test_approvals.py",
-        "the record watcher that pushes grants to every worker: "
-        "test_a_grant_takes_effect_on_every_worker_at_once runs `run --workers 2` 20 "
-        "times and fails without it (released after the held request's poll)"),
     "gateway/services/state/health.py": (
         "tests/services/state/test_state.py, tests/reliability/test_state_outage.py",
         "state.unavailable read and validated (the config table), and the degraded "

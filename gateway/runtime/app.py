@@ -96,11 +96,36 @@ __all__ = ["Gateway", "StartupError", "bind"]
 
 
 class _QuietServer(UvicornServer):
-    """uvicorn without its own signal handling: the gateway owns SIGTERM/SIGINT."""
+    """uvicorn without its own signal handling (the gateway owns SIGTERM/SIGINT), and
+    woken once a second instead of ten times: uvicorn's loop sleeps 0.1 s between
+    looks at `should_exit`, ten wake-ups a second of an idle worker (docs/performance.md,
+    "idle CPU"). Here its tick (the Date header, refreshed each second) runs every
+    second, and a stop wakes the loop at once: `should_exit` sets an event."""
+
+    _stop: asyncio.Event
+
+    @property
+    def should_exit(self) -> bool:
+        return self._stop.is_set()
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        if not hasattr(self, "_stop"):
+            self._stop = asyncio.Event()
+        if value:
+            self._stop.set()
+        else:
+            self._stop.clear()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def main_loop(self) -> None:
+        while not await self.on_tick(0):  # (tick 0: the once-a-second work each time)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await self._stop.wait()
 
 
 class Gateway(Lifecycle):

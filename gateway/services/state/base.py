@@ -11,6 +11,7 @@ one host, kept across restarts), ``redis`` (``gateway.services.state.redis``: re
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -107,6 +108,12 @@ class Records(Protocol):
         of the store, as far as this one has heard (no network I/O: cheap enough to be
         asked every 50 ms; SQLite reads a change counter when the file changed, Redis
         counts the changes it publishes). Expiry is no change."""
+    def record_wakeup(self) -> asyncio.Event | None:
+        """An event set whenever a record of any kind may have been written: by this
+        process, or by another as far as this one hears (SQLite: inotify on the file;
+        Redis: its channel). The record watcher waits on it instead of asking
+        `record_version` every 50 ms. None: the store cannot tell; ask. (Called on the
+        running loop.)"""
 
 
 class MemoryRecords:
@@ -116,6 +123,7 @@ class MemoryRecords:
         self.record_clock = clock
         self._records: dict[tuple[str, str], tuple[dict[str, Any], int, float]] = {}
         self._record_versions: dict[str, int] = {}
+        self._wakeup: asyncio.Event | None = None
 
     def _live(self, kind: str, key: str) -> tuple[dict[str, Any], int, float] | None:
         found = self._records.get((kind, key))
@@ -139,10 +147,17 @@ class MemoryRecords:
             return False
         self._records[(kind, key)] = (json.loads(json.dumps(doc)), (rev or 0) + 1, expires_at)
         self._record_versions[kind] = self._record_versions.get(kind, 0) + 1
+        if self._wakeup is not None:
+            self._wakeup.set()
         return True
 
     def record_version(self, kind: str) -> int:
         return self._record_versions.get(kind, 0)
+
+    def record_wakeup(self) -> asyncio.Event:
+        if self._wakeup is None:
+            self._wakeup = asyncio.Event()
+        return self._wakeup
 
 
 class StateStore(MintShare, Records, LogLines, Protocol):

@@ -171,6 +171,7 @@ class RedisState(CountersOf):
         self._sandboxes: dict[str, SandboxAddress] = {}
         self._record_versions: dict[str, int] = {}  # record writes heard of, by kind
         self._records_synced = 0  # full re-syncs (each may follow missed events)
+        self._wakeup: asyncio.Event | None = None  # (record_wakeup)
         self._redis: aioredis.Redis | None = None
         self._sub_client: aioredis.Redis | None = None
         self._pubsub: PubSub | None = None
@@ -410,6 +411,15 @@ class RedisState(CountersOf):
 
     def _record_changed(self, kind: str) -> None:
         self._record_versions[kind] = self._record_versions.get(kind, 0) + 1
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def record_wakeup(self) -> asyncio.Event:
+        """Set by every record write this replica makes or hears on the channel, and by
+        every full re-sync."""
+        if self._wakeup is None:
+            self._wakeup = asyncio.Event()
+        return self._wakeup
 
     async def read_refresh(self, key: str) -> tuple[str, str] | None:
         raw = await self._op("refresh", lambda r: r.hget(self._refresh_key, key))
@@ -670,6 +680,8 @@ class RedisState(CountersOf):
                 metrics.STATE_STORE_ERRORS.labels(op="decode").inc()
                 log.warning("state store: ignoring a malformed minted-secret entry")
         self._records_synced += 1
+        if self._wakeup is not None:
+            self._wakeup.set()
         self._next_resync = asyncio.get_running_loop().time() + self.resync_interval
 
     def _parse_sandbox(self, ip: str, text: str) -> SandboxAddress | None:

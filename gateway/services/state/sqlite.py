@@ -63,6 +63,7 @@ from gateway.observability import metrics
 from gateway.services.secrets.ephemeral import EphemeralKey, EphemeralKeys
 from gateway.services.state.base import SandboxAddress, StateUnavailable
 from gateway.services.state.counters import CounterView
+from gateway.services.state.file_changes import FileChanges
 from gateway.services.state.lease_keeper import Lease
 from gateway.services.state.log import LogEntry, LogQuery
 from gateway.services.state.sqlite_connect import open_log, transaction
@@ -120,6 +121,8 @@ class SqliteState(SqliteCounters, SqliteMints, SqliteRecords):
         self._refresh_tokens: dict[str, tuple[str, str]] = {}  # written (or held) here
         self._record_versions: dict[str, int] = {}  # kind -> its change counter (`meta`)
         self._records_seen = -1  # the data_version they were read at
+        self._wakeup: asyncio.Event | None = None  # (record_wakeup)
+        self._changes: FileChanges | None = None  # other processes' writes (inotify)
         self.lease: Lease | None = None
         self._dropped: set[str] = set()
         self._dropped_log = (log, "state store: settlements of calls admitted under lease %s "
@@ -151,6 +154,10 @@ class SqliteState(SqliteCounters, SqliteMints, SqliteRecords):
             await self.lease.stop()  # (after the flush: what settled is not charged)
             self.lease = None
         self.requests.close()
+        if self._changes is not None:
+            asyncio.get_running_loop().remove_reader(self._changes.fileno())
+            self._changes.close()
+            self._changes = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None

@@ -4,12 +4,14 @@ for them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import time
 from typing import Any
 
 from gateway.services.state.base import StateUnavailable
+from gateway.services.state.file_changes import FileChanges
 from gateway.services.state.sqlite_connect import transaction
 from gateway.services.state.sqlite_file import SqliteFile, json_text
 
@@ -31,6 +33,8 @@ class SqliteRecords(SqliteFile):
     _record_versions: dict[str, int]  # kind -> its change counter (`meta`)
     _records_seen: int  # the data_version they were read at
     _records_next = 0.0  # monotonic: when the file is looked at again
+    _wakeup: asyncio.Event | None  # (record_wakeup)
+    _changes: FileChanges | None  # the file's writes by any process (inotify)
 
     def _read(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
         try:
@@ -77,7 +81,29 @@ class SqliteRecords(SqliteFile):
         self._recovered()
         if written:
             self._record_versions[kind] = self._record_versions.get(kind, 0) + 1
+            if self._wakeup is not None:
+                self._wakeup.set()
         return written
+
+    def record_wakeup(self) -> asyncio.Event | None:
+        """Set when the file (or its WAL) is written by any process (inotify), and by
+        this process's record writes; None where inotify is not available (the watcher
+        then asks every 50 ms)."""
+        if self._wakeup is not None:
+            return self._wakeup
+        changes = FileChanges.open(self.path)
+        if changes is None:
+            return None
+        self._changes = changes
+        self._wakeup = asyncio.Event()
+        asyncio.get_running_loop().add_reader(changes.fileno(), self._file_written)
+        return self._wakeup
+
+    def _file_written(self) -> None:
+        changes, wakeup = self._changes, self._wakeup
+        if changes is not None and wakeup is not None and changes.read():
+            self._records_next = 0.0  # (look at the file at the next ask, not in 5 ms)
+            wakeup.set()
 
     def record_version(self, kind: str) -> int:
         """Raised whenever a record of `kind` is written, by any process of the file: its
