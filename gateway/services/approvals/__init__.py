@@ -245,7 +245,11 @@ class ApprovalService:
     async def _covered(self, approval: Approval, rev: int, grant: Grant) -> None:
         """A grant made for something else covers a held request: its approval is
         closed as approved by that grant when the grant covers all it asks (else it
-        stays for its other requests, or a person)."""
+        stays for its other requests, or a person). Not the grant's own approval: its
+        answerer writes the grant first and then the answer, and a close here in between
+        would fail that answer's write (and expire the grant it had just made)."""
+        if grant.approval == approval.id:
+            return
         if not grant.asked.includes(approval.asked) or (
                 grant.sandbox is not None and grant.sandbox != approval.sandbox) or \
                 grant.policy != approval.policy:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gateway.core import approvals as core
 from gateway.core.approvals import Approval, Asked, Grant
 from gateway.core.identity import Identity
 from gateway.core.policy import Request
@@ -97,6 +98,35 @@ def test_one_approval_for_the_same_thing_answered_on_the_other_process(
     lines = _run(scenario, tmp_path / "state.db")
     assert [line["decision"] for line in lines] == ["ask", "ask", "approve", "deny", "revoke"]
     assert all(line["engine"] == "approvals" for line in lines)
+
+
+def test_a_grant_does_not_close_its_own_approval_before_its_answer_is_written(
+        tmp_path: Path) -> None:
+    """The answerer writes the grant, then the answer; another process that hears of the
+    grant in between (at once, now that writes are noticed) lets its held request go but
+    leaves the approval to the answer: closing it as "covered by grant" there failed the
+    answer's write and expired the grant just made."""
+    async def scenario(services: list[ApprovalService], lines: list[Any]) -> None:
+        one, two = services
+        spec = Ask(hosts=True, timeout=10)
+        held = asyncio.create_task(one.ask(_identity(), ASKED, "no rule", spec,
+                                           request=_request()))
+        [pending] = await _pending(two)
+        found = await one._read(pending.id)
+        assert found is not None
+        approval, rev = found
+        _, grant = core.answer(approval, "approve", scope="sandbox", duration="1h",
+                               by="alice", note=None, now=time.time())
+        assert grant is not None
+        await one._covered(approval, rev, grant)  # (heard between the two writes)
+        assert await one._read(pending.id) == (approval, rev)
+        answered, made, _ = await two.answer(pending.id, "approve", scope="sandbox",
+                                             duration="1h", by="alice")
+        assert answered.state == "approved" and answered.by == "alice" and made is not None
+        assert not answered.note and two.active(made.id)
+        assert isinstance(await held, Approval)
+
+    _run(scenario, tmp_path / "state.db")
 
 
 def test_a_timeout_and_a_late_answer_race_and_one_wins(tmp_path: Path) -> None:
