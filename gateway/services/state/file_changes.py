@@ -15,7 +15,6 @@ looks again a little later too (`watch.py`).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import struct
@@ -37,9 +36,8 @@ _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then the name, len byte
 
 
 def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name, use_errno=True)
+    try:  # (the process's own symbols: libc's, without find_library's subprocesses)
+        libc = ctypes.CDLL(None, use_errno=True)
         libc.inotify_init1, libc.inotify_add_watch  # noqa: B018 (present?)
     except (OSError, AttributeError, TypeError):
         return None
