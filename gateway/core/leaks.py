@@ -267,13 +267,13 @@ class StreamScan:
     `feed(chunk, run=...)` takes the answer of a pass over the stream made for another
     check too (`fastscan.ChunkPass`, outbound credential detection's on a streamed body:
     one pass serving both): whether a run of `SEGMENT` base64 characters ends in the
-    chunk. Where every marker is such a run (`LeakScan._runs`), the window is at least
-    `_GATED` bytes, and neither it nor the window before it holds an escape, a window
-    in which no run ends in the chunk holds no marker the window before did not hold
-    (which was searched, and found clean): a marker ending in the chunk is a run ending
-    there, and one in the tail was in the window before, unchanged (it read as itself
-    lowercased there too). Such a window is not made, nor searched; any other is, as
-    without the answer (`LeakScan.find`)."""
+    chunk. Where every marker is such a run (`LeakScan._runs`) and neither the window nor
+    the window before it holds an escape, a window in which no run ends in the chunk
+    holds no marker the window before did not hold (which was searched, and found
+    clean): a marker ending in the chunk is a run ending there, and one in the tail was
+    in the window before, unchanged (it read as itself lowercased there too). Such a
+    window is not made, nor searched; any other is, as without the answer
+    (`LeakScan.find`)."""
 
     __slots__ = ("_plain", "_scan", "_tail")
 
@@ -288,8 +288,7 @@ class StreamScan:
         a run ends in `chunk`, None if not known; see the class docstring)."""
         tail, scan = self._tail, self._scan
         keep = scan.keep
-        if run is False and self._plain and scan._runs \
-                and len(tail) + len(chunk) >= _GATED and _plain(chunk) \
+        if run is False and self._plain and scan._runs and _plain(chunk) \
                 and (not tail or _plain(tail[-3:] + chunk[:3])):  # (an escape on the seam)
             self._tail = chunk[-keep:] if len(chunk) >= keep else (tail + chunk)[-keep:]
             return None

@@ -267,7 +267,8 @@ def test_a_detector_without_anchors_scans_every_window(token: str) -> None:
     rng = random.Random(13)
     opt_in = tuple(f for f in CORPUS if f.opt_in)
     dlp = Dlp(action="refuse", detectors=tuple(f.detector for f in opt_in))
-    for f in opt_in:
+    short = Fake("keyword", 'db_password = "hunter2hunter"', True)  # (no run in it)
+    for f in (*opt_in, short):
         body = (_filler(rng, 50_000, "prose") + " " + f.text + " "
                 + _filler(rng, 40_000, "prose")).encode()
         outcome = _compare(token, body, _cuts(rng, len(body)), dlp=dlp)
