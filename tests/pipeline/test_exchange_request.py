@@ -274,3 +274,21 @@ def test_a_detector_without_anchors_scans_every_window(token: str) -> None:
         outcome = _compare(token, body, _cuts(rng, len(body)), dlp=dlp)
         assert any(r["detector"] == f.detector for chunk in outcome.found for r in chunk), \
             f.detector
+
+
+def test_what_goes_upstream_is_the_body_as_sent(token: str) -> None:
+    """The bytes released chunk by chunk, then at the end, are the body, unchanged: the
+    engines' chunks (bytes, or a bytearray from the TLS reader) mixed with small ones,
+    which detection's window gathers in a buffer of its own, never in a chunk."""
+    rng = random.Random(17)
+    for _ in range(20):
+        body = _filler(rng, 400_000, rng.choice(["prose", "base64"])).encode()
+        cuts = sorted(set(_cuts(rng, len(body))))
+        check = DlpCheck(SCANNER, Dlp(action="refuse"), HOST, "r", report=True)
+        side = RequestSide(_exchange(token, "text/plain", None, check))
+        out = []
+        for lo, hi in zip([0, *cuts], cuts, strict=False):
+            piece = body[lo:hi]
+            out.append(side.feed(bytearray(piece) if rng.random() < 0.5 else piece))
+        out.append(side.end(None))
+        assert b"".join(out) == body

@@ -177,13 +177,15 @@ class _Window:
     """The window's bytes (latin-1: a byte is a character of the decoded text), kept as
     the pieces came and joined only when read: the bytes of a window the shared pass
     lets go unread (most of a large upload) are never copied. Pieces under `SMALL` bytes
-    are gathered in one buffer (a stream of tiny pieces holds few objects)."""
+    are gathered in a buffer of its own (a stream of tiny pieces holds few objects); a
+    piece is never changed (the caller forwards it: a bytearray from the TLS reader)."""
 
-    __slots__ = ("_parts", "_skip", "size")
+    __slots__ = ("_gather", "_parts", "_skip", "size")
     SMALL = 4096
 
     def __init__(self) -> None:
         self._parts: list[bytes | bytearray] = []
+        self._gather = bytearray()  # (the small pieces' buffer, while it is the last part)
         self._skip = 0  # bytes at the start of the first part dropped already
         self.size = 0
 
@@ -194,10 +196,11 @@ class _Window:
         parts = self._parts
         if len(piece) >= self.SMALL:
             parts.append(piece)
-        elif parts and isinstance(last := parts[-1], bytearray):
-            last += piece
+        elif parts and parts[-1] is self._gather:
+            self._gather += piece
         elif piece:
-            parts.append(bytearray(piece))
+            self._gather = bytearray(piece)
+            parts.append(self._gather)
         self.size += len(piece)
 
     def read(self) -> bytes | bytearray:
