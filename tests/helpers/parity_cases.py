@@ -902,6 +902,7 @@ def _redacted(result: Result, seen: list[Any]) -> None:
 
 
 _DLP = {**DENY, "error": "secret_detected"}
+_PROSE, _PROSE_END = "the model returns a value " * 80_660, "and ends " * 7_300  # (2 MiB)
 _JSON = ["Content-Type", "application/json"]
 
 
@@ -938,6 +939,10 @@ DLP = [
          {**_dlp_post("/dlp/s", "{B64:{PROSE}{TOKEN} {PROSE_END}}"), "chunked": True},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
          streamed=True, check=_no_upstream_body),
+    Case("DLP: a streamed body of prose reaches the upstream whole",
+         {**_dlp_post("/dlp/s", "{B64:{PROSE}{PROSE_END}}"), "chunked": True},
+         ("response", 200, None), {"decision": "allow", "error": None},
+         check=_upstream_exactly("POST", "/dlp/s", (_PROSE + _PROSE_END).encode())),
     Case("DLP: a credential in a WebSocket message",
          {"host": "other.test", "target": "/dlp/ws", "headers": WS_UPGRADE,
           "ws": ["deploy with {GH}"]},
@@ -985,7 +990,7 @@ def substitutions(token: str) -> dict[str, str]:
             "PAD": PAD, "GH": GH, "GH_PAD": "x" * ((2 << 20) - 20) + GH + "y" * 65536,
             "TOKEN_A": token[:half], "TOKEN_B": token[half:],
             "TOKEN_SWAPCASE": token.swapcase(),
-            "PROSE": "the model returns a value " * 80_660, "PROSE_END": "and ends " * 7_300}
+            "PROSE": _PROSE, "PROSE_END": _PROSE_END}
 
 
 def build_spec(case: Case, token: str, **where: Any) -> Spec:
