@@ -30,7 +30,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import metering, micro, otel_rounds, pass_rounds, report, targets
+from bench import dlp_rounds, metering, micro, otel_rounds, pass_rounds, report, targets
 from bench.proxies import GatewayProxy, MitmdumpProxy, NginxProxy, Proxy, SquidProxy
 from bench.upstream import LocalCA, SSEServer, StaticUpstream, stop_process
 
@@ -58,6 +58,7 @@ class Sizes:
     upload_bytes: int = 100 << 20  # the POST upload rows' one body (issue 43)
     otel_rounds: int = 6  # alternating rounds of export off / spans / spans + logs (c10)
     pass_rounds: int = 6  # alternating rounds of passthrough GETs, gateway / squid (c10)
+    dlp_rounds: int = 6  # alternating uploads of `upload_bytes`, detection off / on
     pass_round_seconds: float = 4.0
     otel_round_seconds: float = 4.0
     # seconds an OTLP gateway's CPU is read after its load: the worker's frames go every
@@ -74,6 +75,7 @@ QUICK = Sizes(get_seconds=0.5, big_bytes=2_000_000, sse_streams=3, sse_events=5,
               policy_samples=2000, worker_concurrency=(10,), metering_requests=20,
               metering_rounds=4, dlp_stream_mib=2, upload_bytes=2 << 20,
               otel_rounds=2, otel_round_seconds=1.0, otel_settle=0.0, pass_rounds=2,
+              dlp_rounds=2,
               pass_round_seconds=1.0)
 WORKER_COUNTS = (1, 2)  # `run --workers N` in the workers section
 IDLE_TIMEOUT = "2s"  # network.upstream_idle_timeout of the idle_after_timeout gateway
@@ -140,7 +142,8 @@ ROWS = (
 # moved off the gateway's core (to the client's), to tell its CPU from the worker's own
 OTEL_KINDS = {"gateway_otel": (False, 1.0), "gateway_otel_logs": (True, 1.0),
               "gateway_otel_sampled": (False, 0.1), "gateway_otel_apart": (False, 1.0)}
-SECTIONS = ("workers", "otel_rounds", "pass_rounds", "policy", "secret", "metering", "dlp")
+SECTIONS = ("workers", "otel_rounds", "pass_rounds", "dlp_rounds", "policy", "secret",
+            "metering", "dlp")
 
 
 class ClientError(RuntimeError):
@@ -461,6 +464,22 @@ class Bench:
                   f"rounds, {min(found['ratios']):.2f} to {max(found['ratios']):.2f}x)",
                   file=sys.stderr)
 
+    def run_dlp_rounds(self) -> None:
+        """Detection on against off on a streamed upload, in alternating rounds
+        (bench/dlp_rounds.py)."""
+        print("credential detection on vs off, alternating uploads ...", file=sys.stderr)
+        rows = (next(r for r in ROWS if r.key == "gateway_post"),
+                next(r for r in ROWS if r.key == "gateway_post_dlp"))
+        try:
+            found = dlp_rounds.run(self, rows, self.sizes.dlp_rounds)
+        except RuntimeError as exc:
+            found = {"error": str(exc)[:800]}
+        self.results["dlp_rounds"] = found
+        if "median" in found:
+            print(f"  on vs off: {found['median']:.2f}x (median of {found['rounds']} rounds, "
+                  f"{min(found['ratios']):.2f} to {max(found['ratios']):.2f}x)",
+                  file=sys.stderr)
+
     def run_otel_rounds(self) -> None:
         """The export's cost against export off in alternating rounds (bench/otel_rounds.py)."""
         print("OTLP export, alternating rounds ...", file=sys.stderr)
@@ -523,7 +542,8 @@ class Bench:
         with contextlib.ExitStack() as stack:
             self._otlp_stack = stack
             if any(self.wanted(r.key) for r in ROWS) or self.wanted("workers") or \
-                    self.wanted("otel_rounds") or self.wanted("pass_rounds"):
+                    self.wanted("otel_rounds") or self.wanted("pass_rounds") or \
+                    self.wanted("dlp_rounds"):
                 self.ca = LocalCA.create(self.workdir / "ca")
                 print("starting upstreams ...", file=sys.stderr)
                 self.static = StaticUpstream(self.workdir, self.ca, self.sizes.big_bytes,
@@ -554,6 +574,8 @@ class Bench:
                     self.run_otel_rounds()
                 if self.wanted("pass_rounds"):
                     self.run_pass_rounds()
+                if self.wanted("dlp_rounds"):
+                    self.run_dlp_rounds()
             if self.wanted("metering"):
                 print("metering overhead ...", file=sys.stderr)
                 ca = getattr(self, "ca", None) or LocalCA.create(self.workdir / "ca-metering")

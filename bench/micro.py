@@ -141,13 +141,15 @@ def dlp_scan(stream_mib: int = 100, seed: int = 43) -> dict[str, Any]:
     """Outbound credential detection (gateway/core/dlp), CPU time per scan with the
     default detectors: a ~2 KB chat request without candidates (head and body, the
     intercepted path's case), the same with a key, a 1 MiB JSON body, and a streamed
-    upload of `stream_mib` MiB fed in 64 KiB chunks (random base64-free text). Also the
+    upload of `stream_mib` MiB fed in 64 KiB chunks (random base64-free text), each with
+    its gate pass (`ChunkPass`, which the proxy shares with the leak guard). Also the
     import cost of the detector library (detect-secrets, measured in a fresh
     interpreter)."""
     import json
     import subprocess
 
     from gateway.core.dlp import DEFAULT, Scanner, StreamScanner
+    from gateway.core.dlp.fastscan import ChunkPass
     from gateway.services.dlp.library import build
 
     scanner = Scanner(build(DEFAULT), b"bench-salt", limit=64 << 20)
@@ -198,8 +200,9 @@ def dlp_scan(stream_mib: int = 100, seed: int = 43) -> dict[str, Any]:
     chunk = prose(64 << 10).encode()
     t0 = time.process_time()
     stream = StreamScanner(scanner)
-    for _ in range(stream_mib * 16):
-        stream.feed(chunk)
+    chunks = ChunkPass(scanner.prefilter.gate)  # (the proxy's one pass a chunk: its answer
+    for _ in range(stream_mib * 16):            # serves the leak guard too)
+        stream.feed(chunk, chunks.flags(chunk))
     stream.end()
     spent = time.process_time() - t0
     out["stream_upload"] = {"mib": stream_mib, "seconds_cpu": round(spent, 2),

@@ -35,8 +35,8 @@ WORKLOAD_FIELDS = {
     "post_1m": ("rps", "p50_ms", "proxy_cpu_us_per_req", "proxy_cpu_ms_per_mib"),
     "upload": ("mb_per_s", "proxy_cpu_ms_per_mib"),
 }
-EXPECTED_SECTIONS = {"workers", "otel_rounds", "pass_rounds", "policy", "secret", "metering",
-                     "dlp"}
+EXPECTED_SECTIONS = {"workers", "otel_rounds", "pass_rounds", "dlp_rounds", "policy", "secret",
+                     "metering", "dlp"}
 WORKER_FIELDS = ("rps", "p50_ms", "p99_ms", "client_cpu_pct", "proxy_cpu_us_per_req",
                  "proxy_cpu_pct", "machine_busy_pct")
 
@@ -104,6 +104,16 @@ def test_quick_benchmark_produces_every_row_and_workload(tmp_path: Path) -> None
                for turn in passing["turns"])
     assert any(t["name"].startswith("passthrough small requests") and "alternating" in
                t["name"] and t["value"] == passing["median"] for t in results["targets"])
+
+    # the upload with detection off and on in alternating rounds: every turn measured,
+    # the median judged
+    detecting = results["dlp_rounds"]
+    assert "error" not in detecting, detecting
+    assert len(detecting["turns"]) == len(detecting["ratios"]) == detecting["rounds"] == 2
+    assert all(set(turn) == {"off", "on"} and min(turn.values()) > 0
+               for turn in detecting["turns"])
+    assert any(t["name"].startswith("credential detection on vs off, streamed upload") and
+               t["value"] == detecting["median"] for t in results["targets"])
 
     # the intercepted row's idle tunnels, again after a 2 s upstream idle timeout: every
     # upstream connection closed, every tunnel still open

@@ -328,9 +328,6 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/integration/test_metering.py, tests/integration/test_metering_realtime.py, "
         "tests/pipeline/test_pipeline_asking.py",
         "the SDKs metered and refused, Realtime sessions, a model held for a person"),
-    "gateway/pipeline/exchange_request.py": (
-        "tests/integration/test_parity.py, tests/pipeline/test_pipeline_gate.py",
-        "keys split across chunks, compressed and chunked bodies on every engine"),
     "gateway/pipeline/exchange_response.py": (
         "tests/integration/test_parity.py, tests/integration/test_fail_closed.py",
         "echoes redacted, encodings decoded, upstream failures answered on every engine"),

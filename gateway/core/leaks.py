@@ -253,19 +253,48 @@ def _minimal(markers: Iterable[bytes], found_first: tuple[bytes, ...]) -> tuple[
     return tuple(kept)
 
 
-class StreamScan:
-    """Scans a stream of chunks; a marker split across two chunks is still found."""
+def _plain(data: bytes) -> bool:
+    """Whether `data` holds no escape `canonical` undoes (it reads as itself lowercased)."""
+    return b"%" not in data and (b"\\" not in data
+                                 or (b"\\u00" not in data and b"\\/" not in data))
 
-    __slots__ = ("_scan", "_tail")
+
+class StreamScan:
+    """Scans a stream of chunks; a marker split across two chunks is still found. Each
+    chunk is searched with the tail of the chunks before it (`LeakScan.keep` bytes): the
+    window.
+
+    `feed(chunk, run=...)` takes the answer of a pass over the stream made for another
+    check too (`fastscan.ChunkPass`, outbound credential detection's on a streamed body:
+    one pass serving both): whether a run of `SEGMENT` base64 characters ends in the
+    chunk. Where every marker is such a run (`LeakScan._runs`) and neither the window nor
+    the window before it holds an escape, a window in which no run ends in the chunk
+    holds no marker the window before did not hold (which was searched, and found
+    clean): a marker ending in the chunk is a run ending there, and one in the tail was
+    in the window before, unchanged (it read as itself lowercased there too). Such a
+    window is not made, nor searched; any other is, as without the answer
+    (`LeakScan.find`)."""
+
+    __slots__ = ("_plain", "_scan", "_tail")
 
     def __init__(self, scan: LeakScan) -> None:
         self._scan = scan
         self._tail = b""
+        self._plain = True  # (the window before holds no escape: none yet)
 
-    def feed(self, chunk: bytes, gate: Gate | None = None) -> str | None:
-        window = self._tail + chunk if self._tail else chunk
-        found = self._scan.find(window, gate)
-        keep = self._scan.keep
+    def feed(self, chunk: bytes, gate: Gate | None = None, run: bool | None = None
+             ) -> str | None:
+        """`token`, `secret` or None for the window ending with `chunk` (`run`: whether
+        a run ends in `chunk`, None if not known; see the class docstring)."""
+        tail, scan = self._tail, self._scan
+        keep = scan.keep
+        if run is False and self._plain and scan._runs and _plain(chunk) \
+                and (not tail or _plain(tail[-3:] + chunk[:3])):  # (an escape on the seam)
+            self._tail = chunk[-keep:] if len(chunk) >= keep else (tail + chunk)[-keep:]
+            return None
+        window = tail + chunk if tail else chunk
+        self._plain = run is not None and _plain(window)  # (unknown: not asked)
+        found = scan.find(window, gate)
         self._tail = window[-keep:] if len(window) > keep else window
         return found
 

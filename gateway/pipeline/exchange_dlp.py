@@ -27,7 +27,7 @@ from gateway.core.dlp import (
     redact_body,
     redact_text,
 )
-from gateway.core.dlp.fastscan import Gate
+from gateway.core.dlp.fastscan import ChunkPass, Gate
 from gateway.core.dlp.policy import Action
 from gateway.core.dlp.verdict import counted, records, refusal, unreadable
 from gateway.core.messages import Headers
@@ -54,6 +54,7 @@ class DlpCheck:
         self.telemetry = telemetry
         self.engine = engine
         self._stream: StreamScanner | None = None
+        self._pass: ChunkPass | None = None  # (a streamed body's shared pass)
 
     @property
     def gate(self) -> Gate:
@@ -129,12 +130,21 @@ class DlpCheck:
 
     # -- a body streamed (past the hold limit, or of unknown length) -----------------------
 
-    def feed(self, piece: bytes, content_type: str | None = None) -> None:
+    def passed(self, piece: bytes) -> int:
+        """The gate's pass over the next piece of the streamed body (`ChunkPass`): the
+        leak guard takes its `RUN` (`leaks.StreamScan.feed`), then `feed` the whole
+        answer, one pass serving both."""
+        if self._pass is None:
+            self._pass = ChunkPass(self.gate)
+        return self._pass.flags(piece)
+
+    def feed(self, piece: bytes, content_type: str | None = None,
+             flags: int | None = None) -> None:
         """A piece of the streamed body, decoded (`content_type`: the body's, read at
-        the first piece)."""
+        the first piece; `flags`: `passed(piece)`, None if not asked)."""
         if self._stream is None:
             self._stream = StreamScanner(self.scanner, content_type=content_type)
-        self._judge(self._stream.feed(piece), _NOT_STREAMED)
+        self._judge(self._stream.feed(piece, flags), _NOT_STREAMED)
 
     @property
     def pending(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from gateway.core.dlp.fastscan import RUN
 from gateway.core.encodings import Decoder, EncodingError, decoder_for
 from gateway.core.leaks import StreamScan
 from gateway.core.refusal import Refusal
@@ -51,14 +52,17 @@ class RequestSide:
     def _check(self, scanner: StreamScan, data: bytes, streamed: bool = True) -> None:
         """The leak scan, then (a body streamed) outbound credential detection and the
         content its policy exports (decoded: as the receiver reads it)."""
-        # (a whole body: the leak guard's run check is detection's gate pass, whose
-        # answer detection then takes; a streamed one is gated by detection's window)
-        gate = self.ex.dlp.gate if self.ex.dlp is not None and not streamed else None
-        found = scanner.feed(data, gate)
+        # One gate pass for both checks: a whole body's is the leak guard's run check,
+        # whose answer detection then takes for the same body; a streamed one's is made
+        # per piece (`DlpCheck.passed`), the leak guard taking its run, detection all.
+        dlp = self.ex.dlp
+        flags = dlp.passed(data) if dlp is not None and streamed else None
+        found = scanner.feed(data, dlp.gate if dlp is not None and not streamed else None,
+                             None if flags is None else bool(flags & RUN))
         if found is not None:
             raise self.ex.leak(found)
-        if streamed and self.ex.dlp is not None:
-            self.ex.dlp.feed(data, self.ex.head.headers.get("content-type"))
+        if dlp is not None and streamed:
+            dlp.feed(data, self.ex.head.headers.get("content-type"), flags)
         if streamed and self.ex.content is not None:
             self.ex.content.request(data, self.ex.head.headers.get("content-type"), whole=False)
 

@@ -13,7 +13,7 @@ from urllib.parse import quote
 import pytest
 
 from gateway.core.dlp import DEFAULT, Scanner
-from gateway.core.dlp.fastscan import Gate
+from gateway.core.dlp.fastscan import RUN, ChunkPass, Gate
 from gateway.core.leaks import (
     LeakScan,
     Redactor,
@@ -209,3 +209,68 @@ def test_the_run_gate_loses_nothing_against_the_canonical_search(token: str) -> 
             old._runs = False
             for gate in _gates():
                 assert scan.find(data, gate) == old.find(data), (value, gate)
+
+
+# -- a stream taking the answer of a pass shared with detection (StreamScan.feed's run) --
+
+def _shared(scan: LeakScan, chunks: list[bytes]) -> list[str | None]:
+    """What the stream says per chunk, taking detection's gate pass's answer."""
+    passes = ChunkPass(_gates()[1] or Gate())
+    stream = scan.stream()
+    return [stream.feed(c, run=bool(passes.flags(c) & RUN)) for c in chunks]
+
+
+def _alone(scan: LeakScan, chunks: list[bytes]) -> list[str | None]:
+    stream = scan.stream()
+    return [stream.feed(c) for c in chunks]
+
+
+def _first(said: list[str | None]) -> tuple[int, str | None]:
+    """The chunk the stream is refused at, and why (the stream ends there)."""
+    return next(((i, s) for i, s in enumerate(said) if s is not None), (len(said), None))
+
+
+@pytest.mark.parametrize("form", TOKEN_FORMS)
+def test_a_stream_taking_the_shared_answer_finds_every_form_at_every_cut(
+        token: str, form: str) -> None:
+    scan = LeakScan(token_markers(token, "sandbox-gateway"), sensitive_markers(KEY.encode()))
+    value = TOKEN_FORMS[form](token).encode()
+    data = PROSE.encode() + b" " + value + b" " + PROSE.encode()
+    start = len(PROSE) + 1
+    ends = 70  # (every cut near the value's ends, every 5th between: %XX is 1 KB long)
+    for cut in range(start - 1, start + len(value) + 2):
+        if ends < cut - start < len(value) - ends and cut % 5:
+            continue
+        for chunks in ([data[:cut], data[cut:]],
+                       [data[:cut], data[cut:cut + 3], data[cut + 3:]]):
+            said = _first(_shared(scan, chunks))
+            assert said == _first(_alone(scan, chunks)) and said[1] == "token", (form, cut)
+
+
+def test_a_window_after_an_escaped_one_is_searched() -> None:
+    """A window whose canonical form undid an escape reaching into the tail it left (a
+    `%` before the hex of a key: `%73` read as `s`) did not find the key; the next window
+    holds the key without the `%`, as the old search found: taken the shared answer (no
+    run in the new chunk), the stream searches it all the same."""
+    scan = LeakScan((), sensitive_markers(KEY.encode()))
+    hexed = KEY.encode().hex().encode()
+    assert hexed in scan.secrets
+    first = PROSE.encode() + b" %" + hexed + b" " * (scan.keep - len(hexed))
+    chunks = [first, b" " + PROSE.encode()]
+    assert _alone(scan, chunks) == [None, "secret"]
+    assert _shared(scan, chunks) == [None, "secret"]
+
+
+@pytest.mark.parametrize("at", [1, 2, 3, 4, 5])
+def test_an_escape_across_the_seam_is_searched(at: int) -> None:
+    """A key with one character JSON-escaped (`\\u0061`) where neither side of it is a
+    run (19 characters before, 5 + 13 after), the chunks cut inside the escape: neither
+    chunk holds a whole escape nor a run, the window of both holds the escape; it is
+    searched and the key found, as before."""
+    scan = LeakScan((), sensitive_markers(KEY.encode()))
+    escaped = (KEY[:19] + f"\\u{ord(KEY[19]):04x}" + KEY[20:]).encode()
+    cut = len(PROSE) + 1 + 19 + at
+    data = PROSE.encode() + b" " + escaped + b" " + PROSE.encode()
+    chunks = [data[:cut], data[cut:]]
+    assert _alone(scan, chunks) == [None, "secret"]
+    assert _shared(scan, chunks) == [None, "secret"]

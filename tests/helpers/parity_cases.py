@@ -902,6 +902,7 @@ def _redacted(result: Result, seen: list[Any]) -> None:
 
 
 _DLP = {**DENY, "error": "secret_detected"}
+_PROSE, _PROSE_END = "the model returns a value " * 80_660, "and ends " * 7_300  # (2 MiB)
 _JSON = ["Content-Type", "application/json"]
 
 
@@ -929,6 +930,19 @@ DLP = [
     Case("DLP: a credential split across the chunks of a streamed body",
          {**_dlp_post("/dlp/s", "{B64:{GH_PAD}}"), "chunked": True},
          ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_fake),
+    # A streamed body of prose (no run, no anchor: each chunk's one gate pass, shared by
+    # the leak guard and detection, says so) with a credential, or a gateway token, late.
+    Case("DLP: a credential after 2 MiB of prose in a streamed body",
+         {**_dlp_post("/dlp/s", "{B64:{PROSE}{GH} {PROSE_END}}"), "chunked": True},
+         ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_fake),
+    Case("DLP: a gateway token after 2 MiB of prose in a streamed body",
+         {**_dlp_post("/dlp/s", "{B64:{PROSE}{TOKEN} {PROSE_END}}"), "chunked": True},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         streamed=True, check=_no_upstream_body),
+    Case("DLP: a streamed body of prose reaches the upstream whole",
+         {**_dlp_post("/dlp/s", "{B64:{PROSE}{PROSE_END}}"), "chunked": True},
+         ("response", 200, None), {"decision": "allow", "error": None},
+         check=_upstream_exactly("POST", "/dlp/s", (_PROSE + _PROSE_END).encode())),
     Case("DLP: a credential in a WebSocket message",
          {"host": "other.test", "target": "/dlp/ws", "headers": WS_UPGRADE,
           "ws": ["deploy with {GH}"]},
@@ -975,7 +989,8 @@ def substitutions(token: str) -> dict[str, str]:
     return {"TOKEN": token, "KEY": KEY, "MINTED": MINTED, "PAYLOAD": token.split(".", 1)[1],
             "PAD": PAD, "GH": GH, "GH_PAD": "x" * ((2 << 20) - 20) + GH + "y" * 65536,
             "TOKEN_A": token[:half], "TOKEN_B": token[half:],
-            "TOKEN_SWAPCASE": token.swapcase()}
+            "TOKEN_SWAPCASE": token.swapcase(),
+            "PROSE": _PROSE, "PROSE_END": _PROSE_END}
 
 
 def build_spec(case: Case, token: str, **where: Any) -> Spec:

@@ -29,7 +29,8 @@ import ahocorasick
 # (`_hyperscan`): a process that never scans a body does not map its 1.5 MiB.
 HYPERSCAN = find_spec("hyperscan") is not None
 
-__all__ = ["HYPERSCAN", "LITERAL", "RUN", "Gate", "Literals", "as_bytes", "has_segment"]
+__all__ = ["HYPERSCAN", "LITERAL", "RUN", "ChunkPass", "Gate", "Literals", "as_bytes",
+           "has_segment"]
 SEGMENT = 20  # base64 characters in a row that may hold a key (decoding.MIN_BASE64)
 _ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-"
 MAP = bytes(0x61 if i in _ALPHABET else 0x20 for i in range(256))  # in the alphabet: "a"
@@ -159,6 +160,44 @@ class Gate:
                 (LITERAL if self._finder is not None and self._finder.any(raw) else 0)
         if keep and type(data) is bytes:
             self._kept = (data, flags)
+        return flags
+
+
+class ChunkPass:
+    """A gate's pass over a stream, one chunk at a time: `flags(chunk)` says whether a run
+    of `SEGMENT` or one of the gate's literals ends in the chunk, also one that begins
+    in the chunks before it. A streamed request body is asked this once per chunk, and
+    the answer serves both checks that read it (issue 43): the leak guard's window
+    (`leaks.StreamScan`, which wants `RUN`) and outbound credential detection's
+    (`stream.StreamScanner`, either flag), where each used to make a pass of its own.
+
+    The chunk is scanned as it is, and the seam with the stream before it apart (the
+    last `overlap` bytes before the chunk and its first `overlap`: every run or literal
+    crossing the seam lies within them), so no chunk is copied. An answer may also count
+    a run or a literal that ended within the `overlap` bytes before the chunk (already
+    counted for the chunk before): a reader takes a set flag as "look", never as proof."""
+
+    __slots__ = ("_edge", "gate", "overlap")
+    _JOINED = 4096  # a chunk up to this size is scanned with the seam in one pass
+
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+        # (the longest run or literal less one: what of one may lie before the chunk)
+        self.overlap = max([SEGMENT, *(len(w) for w, _ in gate.literals)]) - 1
+        self._edge = b""  # the stream's last `overlap` bytes
+
+    def flags(self, chunk: bytes) -> int:
+        """`RUN | LITERAL` of the runs and literals ending in `chunk` (the next one of
+        the stream; see the class docstring)."""
+        edge, overlap = self._edge, self.overlap
+        if len(chunk) <= self._JOINED:
+            joined = edge + chunk
+            self._edge = joined[-overlap:]
+            return self.gate.flags(joined) if joined else 0
+        flags = self.gate.flags(chunk)
+        if edge and not flags & RUN:  # (a run found: both askers have their answer)
+            flags |= self.gate.flags(edge + chunk[:overlap])
+        self._edge = chunk[-overlap:]
         return flags
 
 

@@ -19,6 +19,14 @@ is unreadable.
 The window is kept as bytes and scanned `STEP` new characters at a time: a window without
 an anchor and without 20 base64 characters in a row (most of a large upload) costs one
 C-speed pass (`Prefilter.candidate`) and nothing else, no text made of it.
+
+A streamed request body is also read by the leak guard, chunk by chunk: one pass of the
+gate per chunk (`fastscan.ChunkPass`) answers both, `feed(chunk, flags)` taking its
+answer. A window in which no chunk with a run or an anchor ends holds neither (each one
+in it ends in one of its chunks), so its pass is not made; any other window is scanned
+as without the answer. The answer is for the chunk's bytes as they are: a window holding
+something else (transcoded, decoded here) or a detector without anchors (every window a
+candidate) does not take it.
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ class StreamScanner:
         self._scanner = scanner
         self._where = where
         self.keep = max(MIN_KEEP, scanner.reach + 64)
-        self._window = bytearray()  # (latin-1: a byte is a character of the decoded text)
+        self._window = _Window()
         self._base = 0
         self._seen: set[tuple[str, str]] = set()
         self.unreadable: str | None = None
@@ -55,6 +63,9 @@ class StreamScanner:
         self._ctype = (content_type or "").lower()
         self._charset: codecs.IncrementalDecoder | None = None
         self._sniffed = False  # (the first bytes looked at for a byte-order mark)
+        # where, in the stream, the last chunk the shared pass found something in ends
+        # (`feed`'s `flags`; _NO_LIMIT: every window is scanned)
+        self._hit = 0 if not scanner.prefilter.unanchored else _NO_LIMIT
         codings = [c.strip().lower() for c in (content_encoding or "").split(",") if c.strip()]
         if "zstd" in codings:
             self.unreadable = "a streamed zstd body cannot be read with a bounded window"
@@ -74,8 +85,10 @@ class StreamScanner:
             return len(self._window)
         return (len(self._window) + 4) * _WIDEST
 
-    def feed(self, chunk: bytes) -> ScanResult:
-        """Scan one chunk (with the window kept from the ones before)."""
+    def feed(self, chunk: bytes, flags: int | None = None) -> ScanResult:
+        """Scan one chunk (with the window kept from the ones before). `flags`: the
+        shared pass's answer for `chunk` (`fastscan.ChunkPass` over this scanner's
+        gate), None if not asked (see the module docstring)."""
         if self.unreadable is not None:
             return ScanResult((), self.unreadable)
         try:
@@ -88,7 +101,11 @@ class StreamScanner:
             piece = self._text(piece, final=False)
             if self.unreadable is not None:
                 return ScanResult((), self.unreadable)
-            self._window += piece
+            self._window.add(piece)
+            if flags is None or self._decoder is not None or self._charset is not None:
+                self._hit = _NO_LIMIT  # (not the chunk's bytes: scanned as before)
+            elif flags:
+                self._hit = max(self._hit, self._base + len(self._window))
             if len(self._window) >= self.keep + max(self.keep, STEP):
                 found += self._scan(final=False)
         return ScanResult(tuple(found))
@@ -102,7 +119,7 @@ class StreamScanner:
         except encodings.EncodingError as exc:
             self.unreadable = str(exc)
             return ScanResult((), self.unreadable)
-        self._window += self._text(b"".join(rest), final=True)
+        self._window.add(self._text(b"".join(rest), final=True))
         if self.unreadable is not None:
             return ScanResult((), self.unreadable)
         return ScanResult(tuple(self._scan(final=True)))
@@ -128,13 +145,13 @@ class StreamScanner:
     def _scan(self, final: bool) -> list[Finding]:
         window = self._window
         cut = len(window) if final else len(window) - self.keep
-        if not self._scanner.prefilter.candidate(window):
+        if self._hit <= self._base or not self._scanner.prefilter.candidate(window.read()):
             # Most windows: no anchor and no base64 run, no finding and no run to cut
             # by (what `text_hits` starts with, in one pass on the bytes as they are).
-            del window[:cut]
+            window.drop(cut)
             self._base += cut
             return []
-        text = window.decode("latin-1")
+        text = window.read().decode("latin-1")
         if not final and _near(text, cut):
             for run in runs(text):  # (a run carried over starts at 0, at its own phase)
                 if run.start < cut < run.end:
@@ -151,9 +168,64 @@ class StreamScanner:
             if key not in self._seen:
                 self._seen.add(key)
                 out.append(finding)
-        del window[:cut]
+        window.drop(cut)
         self._base += cut
         return out
+
+
+class _Window:
+    """The window's bytes (latin-1: a byte is a character of the decoded text), kept as
+    the pieces came and joined only when read: the bytes of a window the shared pass
+    lets go unread (most of a large upload) are never copied. Pieces under `SMALL` bytes
+    are gathered in a buffer of its own (a stream of tiny pieces holds few objects); a
+    piece is never changed (the caller forwards it: a bytearray from the TLS reader)."""
+
+    __slots__ = ("_gather", "_parts", "_skip", "size")
+    SMALL = 4096
+
+    def __init__(self) -> None:
+        self._parts: list[bytes | bytearray] = []
+        self._gather = bytearray()  # (the small pieces' buffer, while it is the last part)
+        self._skip = 0  # bytes at the start of the first part dropped already
+        self.size = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def add(self, piece: bytes) -> None:
+        parts = self._parts
+        if len(piece) >= self.SMALL:
+            parts.append(piece)
+        elif parts and parts[-1] is self._gather:
+            self._gather += piece
+        elif piece:
+            self._gather = bytearray(piece)
+            parts.append(self._gather)
+        self.size += len(piece)
+
+    def read(self) -> bytes | bytearray:
+        """The window's bytes, in one object."""
+        parts = self._parts
+        if len(parts) == 1 and not self._skip:
+            return parts[0]
+        if not parts:
+            return b""
+        with memoryview(parts[0]) as first:
+            joined = b"".join([first[self._skip:], *parts[1:]])
+        self._parts, self._skip = [joined], 0
+        return joined
+
+    def drop(self, n: int) -> None:
+        """Drop the first `n` bytes."""
+        self.size -= n
+        n += self._skip
+        parts = self._parts
+        whole = 0
+        while whole < len(parts) and len(parts[whole]) <= n:
+            n -= len(parts[whole])
+            whole += 1
+        del parts[:whole]
+        self._skip = n
 
 
 def _near(text: str, cut: int) -> bool:

@@ -11,7 +11,16 @@ import threading
 import pytest
 
 from gateway.core.dlp import DEFAULT
-from gateway.core.dlp.fastscan import HYPERSCAN, SEGMENT, Literals, has_segment
+from gateway.core.dlp.fastscan import (
+    HYPERSCAN,
+    RUN,
+    SEGMENT,
+    ChunkPass,
+    Gate,
+    Literals,
+    has_segment,
+)
+from gateway.core.dlp.prefilter import Prefilter
 from gateway.services.dlp.library import build
 
 ANCHORS = sorted({a for d in build(DEFAULT) for r in d.rules for a in r.anchors})
@@ -101,3 +110,94 @@ def test_scans_from_several_threads_at_once() -> None:
     for t in threads:
         t.join()
     assert not errors, errors[:1]
+
+
+# -- the pass over a stream, a chunk at a time (ChunkPass) --------------------------------
+
+_RUN_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-")
+
+
+def _ends(data: bytes, gate: Gate) -> tuple[list[bool], list[bool]]:
+    """Per byte, by plain searches: whether a run of SEGMENT ends there, and whether one
+    of the gate's literals (any case, where caseless) does."""
+    runs, literals = [False] * len(data), [False] * len(data)
+    row = 0
+    for i, byte in enumerate(data):
+        row = row + 1 if byte in _RUN_CHARS else 0
+        runs[i] = row >= SEGMENT
+    lowered = data.lower()
+    for word, caseless in gate.literals:
+        needle, text = (word.lower(), lowered) if caseless else (word, data)
+        at = text.find(needle.encode())
+        while at != -1:
+            literals[at + len(needle) - 1] = True
+            at = text.find(needle.encode(), at + 1)
+    return runs, literals
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_a_chunk_pass_flags_each_chunk_a_run_or_literal_ends_in(fast: bool) -> None:
+    """Prose with one to three planted literals (a caseless one in mixed case) or runs
+    of 19 to 23, cut at random (pieces of 1 byte to 20 KB, about the 4 KB where the seam
+    is scanned apart) and once inside each planted one: a chunk in which a run ends has
+    RUN, one in which a literal ends a flag; and a flag is set only if one ends in the
+    chunk or in the `overlap` bytes before it."""
+    gate = Prefilter(build(DEFAULT), fast=fast).gate
+    r = random.Random(43)
+    words = ["the", "request", "model", "=", "{", "\n"]
+    for _ in range(150):
+        text, planted = "", []
+        for _ in range(r.randint(1, 3)):
+            if r.random() < 0.5:
+                word, caseless = r.choice(gate.literals)
+                item = "".join(c.swapcase() if caseless and r.random() < 0.5 else c
+                               for c in word)
+            else:
+                item = "".join(r.choice("aZ09+/_-") for _ in range(r.randint(19, 23)))
+            text += " ".join(r.choice(words) for _ in range(r.randint(1, 3000))) + " "
+            planted.append((len(text), len(item)))
+            text += item + " "
+        data = (text + " ".join(r.choice(words) for _ in range(r.randint(1, 3000)))).encode()
+        runs, literals = _ends(data, gate)
+        cuts = {at + r.randrange(1, size) for at, size in planted}
+        at = 0
+        while at < len(data):
+            at += r.choice([r.randint(1, 40), r.randint(3_500, 4_500), r.randint(5_000, 20_000)])
+            cuts.add(at)
+        chunks = ChunkPass(gate)
+        for lo, hi in zip([0, *sorted(cuts)], sorted(cuts), strict=False):
+            flags = chunks.flags(data[lo:hi])
+            hi = min(hi, len(data))
+            if any(runs[lo:hi]):
+                assert flags & RUN, (lo, hi)
+            if any(literals[lo:hi]):
+                assert flags, (lo, hi)
+            before = max(0, lo - chunks.overlap)
+            if flags & RUN:
+                assert any(runs[before:hi]), (lo, hi)
+            if flags:
+                assert any(runs[before:hi]) or any(literals[before:hi]), (lo, hi)
+
+
+def test_the_overlap_is_the_longest_literal_or_run_less_one() -> None:
+    gate = Prefilter(build(DEFAULT)).gate
+    longest = max(len(w) for w, _ in gate.literals)
+    assert longest > SEGMENT  # (a PEM header: the literals set the overlap)
+    assert ChunkPass(gate).overlap == longest - 1
+    assert ChunkPass(Gate()).overlap == SEGMENT - 1
+
+
+@pytest.mark.parametrize("size", [100, 10_000])  # (the seam with the chunk, or apart)
+def test_a_literal_or_run_cut_anywhere_is_flagged_where_it_ends(size: int) -> None:
+    """Each of the gate's literals and a run of SEGMENT, cut at each offset: the chunk
+    it ends in is flagged (the longest literal sets how far back the pass looks)."""
+    gate = Prefilter(build(DEFAULT)).gate
+    prose = b"the model " * 1_000
+    assert not ChunkPass(gate).flags(prose)
+    for item in [w.encode() for w, _ in gate.literals] + [b"Ab0+/_-9" * 2 + b"Zz-_"]:
+        for cut in range(1, len(item)):
+            chunks = ChunkPass(gate)
+            chunks.flags(prose + item[:cut])
+            flags = chunks.flags(item[cut:] + prose[:size])
+            assert flags & RUN if len(item) == SEGMENT and b" " not in item else flags, \
+                (item, cut)
