@@ -93,9 +93,14 @@ def _pod(kube: FakeKubeAPI, gw: GatewayThread, engine: str, row: str,
         kube.add_pod(NS, f"row-{n}", ip, labels={"sandbox-gateway.io/policy": policy})
         _pods[key] = ip
     ip = _pods[key]
-    assert gw.gateway.pods is not None
+
+    async def known() -> bool:  # (read on the gateway's loop, which updates the index:
+        # read from this thread, a pod half added raised KeyError)
+        assert gw.gateway.pods is not None
+        return not isinstance(gw.gateway.pods.index.at(ip), str)
+
     deadline = time.monotonic() + 5
-    while isinstance(gw.gateway.pods.index.at(ip), str) and time.monotonic() < deadline:
+    while not gw.call(known()) and time.monotonic() < deadline:
         time.sleep(0.01)
     return ip
 
