@@ -1,18 +1,14 @@
-"""Suite-wide setup. Warnings are errors (pyproject.toml); third-party modules that warn
-at import time (mitmproxy's ldap3/pyasn1/pyparsing chain) are imported once here with
-their import-time warnings silenced, so the warnings that remain are ours to fix; an
-unclosed asyncio transport's warning names where it was made (helpers/transports.py)."""
-
-import warnings
+"""Suite-wide setup. Warnings are errors (pyproject.toml). mitmproxy is not imported
+here: the gateway registers `mitmproxy.addons` bare (engines/patches.py `lean_packages`)
+and loads the addons it uses where it starts the engine, so the suite runs what the
+gateway runs (the package's `__init__`, mitmdump's default addons with their
+ldap3/pyasn1/flask chain, cost each test process ~0.5 s CPU at collection; nothing
+the gateway loads needs it). An unclosed asyncio transport's warning names where
+it was made (helpers/transports.py)."""
 
 import pytest
 from helpers.schedule import slowest_first
 from helpers.transports import record_origins
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    import mitmproxy.addons
-    import mitmproxy.flowfilter  # noqa: F401
 
 record_origins()  # (an unclosed transport's warning says where it was made)
 

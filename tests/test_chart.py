@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import hashlib
 import json
 import shutil
@@ -145,12 +146,32 @@ def run_helm(helm: str, *args: str, check: bool = True) -> subprocess.CompletedP
 Render = Callable[..., Docs]
 
 
+# The repository chart's documents by the values and arguments they were rendered with:
+# many tests render the same values (the defaults, ALL_ON), and each `helm template` is a
+# process (0.3-0.5 s on a loaded machine). A test gets a copy (it may change what it reads).
+_RENDERED: dict[str, Docs] = {}
+
+
 @pytest.fixture
 def render(helm: str, tmp_path: Path) -> Render:
-    """helm template with values (dicts, later ones win) and extra args; returns the documents."""
+    """helm template with values (dicts, later ones win) and extra args; returns the
+    documents (the repository's chart rendered once per values and arguments:
+    `_RENDERED`)."""
     counter = iter(range(1000))
 
     def _render(*values: dict[str, Any], args: tuple[str, ...] = (), chart: Path = CHART) -> Docs:
+        # (the values files' text and the arguments; none kept for a chart a test made,
+        # or for arguments that name a file, whose text the key would not hold)
+        key = json.dumps([[yaml.safe_dump(v) for v in values], args])
+        keep = chart == CHART and not any(Path(a).exists() for a in args)
+        if keep and key in _RENDERED:
+            return copy.deepcopy(_RENDERED[key])
+        docs = _render_now(*values, args=args, chart=chart)
+        if keep:
+            _RENDERED[key] = copy.deepcopy(docs)
+        return docs
+
+    def _render_now(*values: dict[str, Any], args: tuple[str, ...], chart: Path) -> Docs:
         cmd = [
             "template",
             RELEASE,

@@ -94,6 +94,31 @@ class GatewayThread:
             return self.gateway.tokens.mint(sandbox, policy, kw.pop("scope", None), **kw).token
         return str(self.call(_mint()))
 
+    def settle(self, timeout: float = 10.0) -> None:
+        """Wait until every client connection the gateway accepted has ended and been
+        audited: none open in the gate (every engine writes a connection's last line, a
+        tunnel's, before it uncounts it), none left in mitmproxy (its handler ends after
+        its upstream connections closed), no line held in the audit sink (written at the
+        end of the loop's tick). The parity tables wait for this, not a fixed time, for a
+        line a case's connection may still write. AssertionError after `timeout`: a
+        connection the gateway never ended."""
+        deadline = time.monotonic() + timeout
+        while (busy := self.call(self._busy())) is not None:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the gateway did not settle in {timeout:g} s: {busy}")
+            time.sleep(0.002)
+
+    async def _busy(self) -> str | None:
+        """What the gateway still has open or held, read on its loop; None: nothing."""
+        gateway = self.gateway
+        adapter = getattr(gateway, "adapter", None)  # (built with mitmproxy's master)
+        server = getattr(adapter, "proxyserver", None)
+        counts = {"open connections": gateway.gate.open_connections,
+                  "mitmproxy connections": server.active_connections() if server else 0,
+                  "held audit bytes": gateway.auditor.held_bytes}
+        busy = ", ".join(f"{n} {what}" for what, n in counts.items() if n)
+        return busy or None
+
     def stop(self) -> None:
         async def drain() -> None:
             # Like asyncio.run(): cancel what is left (client handlers of open

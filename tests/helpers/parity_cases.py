@@ -1020,24 +1020,23 @@ def decision_fields(line: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def new_lines(records: Callable[[], list[dict[str, Any]]], before: int, expected: int = 1
-              ) -> list[dict[str, Any]]:
+def new_lines(records: Callable[[], list[dict[str, Any]]], before: int, expected: int,
+              settled: Callable[[], None]) -> list[dict[str, Any]]:
     """Audit lines written after `before` (an exchange's line comes once its response
-    was relayed, a passthrough tunnel's when it closes): waits up to 3 s for `expected`
-    of them, then 0.1 s more for any further line (which a caller counting lines sees).
-    Ask mode's own lines (`engine: approvals`: an ask a changed MCP tool opened, written
-    in the background) are not the exchange's and are left out, as are an MCP OAuth
+    was relayed, a passthrough tunnel's when it closes) once `settled` returned (the
+    gateway's connections ended and their lines written: `GatewayThread.settle`,
+    `Lab.settle`), so a further line (a refusal followed by its connection's last line)
+    is among them for a caller counting lines; up to 3 s for `expected` of them. Ask
+    mode's own lines (`engine: approvals`: an ask a changed MCP tool opened, written in
+    the background) are not the exchange's and are left out, as are an MCP OAuth
     grant's (`engine: mcp_oauth`: the consent completed while the exchange was held)."""
     def written() -> list[dict[str, Any]]:
         return [r for r in records()[before:]
                 if r.get("engine") not in ("approvals", "mcp_oauth")]
 
     deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
-        if len(written()) >= expected:
-            time.sleep(0.1)  # a refusal may be followed by its connection's last line
-            return written()
-        time.sleep(0.02)
+    settled()  # (the client has closed: its connections end, their lines are written)
+    while len(written()) < expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+        settled()
     return written()
-
-

@@ -877,11 +877,10 @@ def _held_by_relays() -> int:
     """Message bytes the HTTP/1 engine's WebSocket relays hold right now."""
     from gateway.engines.h1.websocket import _Relay
 
-    relays = []
-    for found in gc.get_objects():
-        with contextlib.suppress(ReferenceError):  # (a dead weakref.proxy among them)
-            if isinstance(found, _Relay):
-                relays.append(found)
+    # (type(), not isinstance: it reads no attribute of a dead weakref.proxy among them,
+    # and costs no context manager per object: a test process holds millions, and the
+    # scan with one took seconds each time)
+    relays = [found for found in gc.get_objects() if type(found) is _Relay]
     return sum(len(b) for r in relays for frames in r.frames.values() for b in frames)
 
 

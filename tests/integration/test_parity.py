@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -39,6 +40,7 @@ from helpers.parity_cases import (
 from helpers.tls import LocalCA
 from helpers.upstream import Upstream
 
+from gateway.core.client import Client
 from gateway.net.resolver import StaticResolver
 
 # -- the in-process engines ----------------------------------------------------------------
@@ -120,6 +122,7 @@ def test_case(engine: tuple[str, GatewayThread], case: Case, decisions: SharedDe
     for primer in primes(case):  # fetch or mint the value once, through a swap
         with _consent(primer, gw, upstream, test_ca):
             run(_proxy_spec(primer, gw, token, test_ca, name, sandbox))
+    gw.settle()  # (a primer's lines all written: none counted as the case's)
     before_lines = len(gw.audit.records())
     before_seen = len(upstream.requests)
     with _consent(case, gw, upstream, test_ca):
@@ -128,7 +131,7 @@ def test_case(engine: tuple[str, GatewayThread], case: Case, decisions: SharedDe
     if case.streamed and name == "mitmproxy":
         stage, status, code = "closed", None, None
     assert (result.stage, result.status, result.code) == (stage, status, code), result
-    lines = new_lines(gw.audit.records, before_lines, case.lines)
+    lines = new_lines(gw.audit.records, before_lines, case.lines, gw.settle)
     assert len(lines) == case.lines, lines  # one line per exchange, never a second
     line = deciding_line(lines)
     for key, want in case.audit.items():
@@ -140,6 +143,49 @@ def test_case(engine: tuple[str, GatewayThread], case: Case, decisions: SharedDe
     seen = decisions.record(case.name, name, decision_fields(line))
     # The same decision on every engine that ran the case (in whichever process).
     assert len({json.dumps(v, sort_keys=True) for v in seen.values()}) == 1, seen
+
+
+LATE = 0.3  # seconds: past the fixed 0.1 s the table once waited after each case
+
+
+def test_a_line_a_connection_writes_late_is_still_counted(
+        engine: tuple[str, GatewayThread], test_ca: LocalCA,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table's "never a second line" can fail on a line that comes late: a gateway
+    mutated so that a connection's end writes one more line `LATE` s after the client
+    closed (and only then counts the connection closed) has `new_lines` return that
+    line too, on every engine, for a refusal at CONNECT. The table waits for the
+    connections' end (`GatewayThread.settle`), not a fixed time."""
+    name, gw = engine
+    gate, loop = gw.gateway.gate, gw.loop
+    real = gate.closed
+    ending: set[int] = set()
+    written: list[dict[str, Any]] = []
+
+    def closed_late(client: Client) -> None:  # (called on the gateway's loop)
+        if id(client) in ending:
+            return  # (an engine may call it twice: one late line, one real end)
+        ending.add(id(client))
+
+        def end() -> None:
+            line = {**gw.audit.records()[-1], "engine": "late-mutation"}
+            written.append(line)
+            gw.gateway.auditor.write(line)
+            real(client)
+        loop.call_later(LATE, end)
+
+    case = next(c for c in CASES if c.name == "deny host")
+    token = _token(gw, case.token, case.policy, "late-line")
+    gw.settle()
+    monkeypatch.setattr(gate, "closed", closed_late)
+    before = len(gw.audit.records())
+    started = time.monotonic()
+    result = run(_proxy_spec(case, gw, token, test_ca, name, "late-line"))
+    assert (result.stage, result.status, result.code) == case.see, result
+    lines = new_lines(gw.audit.records, before, case.lines, gw.settle)
+    assert time.monotonic() - started >= LATE
+    assert len(written) == 1 and len(lines) == case.lines + 1, lines  # (the table fails)
+    assert lines[-1]["engine"] == "late-mutation", lines
 
 
 def _consent(case: Case, gw: GatewayThread, upstream: Upstream,

@@ -93,9 +93,14 @@ def _pod(kube: FakeKubeAPI, gw: GatewayThread, engine: str, row: str,
         kube.add_pod(NS, f"row-{n}", ip, labels={"sandbox-gateway.io/policy": policy})
         _pods[key] = ip
     ip = _pods[key]
-    assert gw.gateway.pods is not None
+
+    async def known() -> bool:  # (read on the gateway's loop, which updates the index:
+        # read from this thread, a pod half added raised KeyError)
+        assert gw.gateway.pods is not None
+        return not isinstance(gw.gateway.pods.index.at(ip), str)
+
     deadline = time.monotonic() + 5
-    while isinstance(gw.gateway.pods.index.at(ip), str) and time.monotonic() < deadline:
+    while not gw.call(known()) and time.monotonic() < deadline:
         time.sleep(0.01)
     return ip
 
@@ -138,6 +143,7 @@ def test_row(engine: tuple[str, GatewayThread], case: Case, decisions: SharedDec
     for primer in primes(case):
         with _consent(primer, gw, upstream, test_ca):
             run(_spec(primer, gw, test_ca, name, ip))
+    gw.settle()  # (a primer's lines all written: none counted as the case's)
     before_lines = len(gw.audit.records())
     before_seen = len(upstream.requests)
     with _consent(case, gw, upstream, test_ca):
@@ -146,7 +152,7 @@ def test_row(engine: tuple[str, GatewayThread], case: Case, decisions: SharedDec
     if case.streamed and name == "mitmproxy":
         stage, status, code = "closed", None, None
     assert (result.stage, result.status, result.code) == (stage, status, code), result
-    lines = new_lines(gw.audit.records, before_lines, case.lines)
+    lines = new_lines(gw.audit.records, before_lines, case.lines, gw.settle)
     assert len(lines) == case.lines, lines
     line = deciding_line(lines)
     for key, want in case.audit.items():

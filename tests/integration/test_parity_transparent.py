@@ -74,14 +74,14 @@ def test_case_transparent(parity_lab: Lab, case: Case) -> None:
     for primer in primes(case):
         lab.sandbox_client(_spec(lab, primer, token))
     if primes(case):  # (their lines written before the case's are counted)
-        new_lines(lab.audit, primed, sum(p.lines for p in primes(case)))
+        new_lines(lab.audit, primed, sum(p.lines for p in primes(case)), lab.settle)
     before_lines, before_seen = len(lab.audit()), len(lab.upstream_seen())
     got = Result(**lab.sandbox_client(_spec(lab, case, token)))
     stage, status, code = case.transparent or case.see
     if case.streamed:  # the HTTP/1 engine holds the body: it answers; mitmproxy cuts
         stage, status, code = case.see if engine == "h1" else ("closed", None, None)
     assert (got.stage, got.status, got.code) == (stage, status, code), got
-    lines = new_lines(lab.audit, before_lines, case.lines)
+    lines = new_lines(lab.audit, before_lines, case.lines, lab.settle)
     assert len(lines) == case.lines, lines  # one line per exchange, never a second
     line = deciding_line(lines)
     # The engine meant to serve it did: passthrough the splice (mitmproxy's own under
@@ -152,6 +152,7 @@ def test_plain_http_keep_alive_cannot_switch_hosts(parity_lab: Lab) -> None:
     first, second = out.stdout.strip().split("|")
     assert first.startswith("HTTP/1.1 200"), out
     assert second.startswith("HTTP/1.1 403 host_mismatch"), out
+    parity_lab.settle()  # (the connection's lines all written)
     lines = parity_lab.audit()[before:]
     assert [r["error"] for r in lines] == [None, "host_mismatch"]
     assert all(r["path_taken"] in ("intercept", None) for r in lines)

@@ -13,7 +13,6 @@ import os
 import socket
 import ssl
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +32,20 @@ def gw(make_gateway: GatewayFactory) -> GatewayThread:
 
 
 def _lines(gw: GatewayThread, host: str) -> list[dict[str, Any]]:
-    time.sleep(0.2)  # (a second line, if any, would be written by now)
+    gw.settle()  # (the connections ended: a second line, if any, is written by now)
     return [r for r in gw.audit.records() if r["host"] == host]
+
+
+def _expired_token(gw: GatewayThread) -> str:
+    """A token that expired a minute ago (minted by a clock an hour back, for 60 s):
+    what an agent that outlived its token holds, without waiting for one to expire."""
+    service = gw.gateway.tokens
+    real = service.clock
+    service.clock = lambda: real() - 3600
+    try:
+        return gw.mint("agent", ttl=60)
+    finally:
+        service.clock = real
 
 
 def test_curl_prints_the_reason(gw: GatewayThread, upstream: Upstream) -> None:
@@ -78,8 +89,7 @@ def test_the_openai_sdk_shows_an_expired_token(make_gateway: GatewayFactory) -> 
     """An agent that read its key once and outlived the token: the SDK's error says the
     token expired (the provider's error shape on its host), not `Connection error.`"""
     gw = make_gateway(policies={"agent.yaml": OPENAI_POLICY}, config=INSIDE)
-    token = gw.mint("agent", ttl=1)
-    time.sleep(1.5)
+    token = _expired_token(gw)
     http = httpx.Client(proxy=gw.proxy_url(token),
                         verify=ssl.create_default_context(cafile=str(gw.ca_cert)))
     client = openai.OpenAI(api_key=token, max_retries=0, http_client=http)
@@ -87,14 +97,14 @@ def test_the_openai_sdk_shows_an_expired_token(make_gateway: GatewayFactory) -> 
         client.models.list()
     assert caught.value.status_code == 407
     assert "token_expired" in caught.value.message and "expired" in caught.value.message
+    http.close()
     lines = _lines(gw, "api.openai.com")
     assert [(r["method"], r["error"]) for r in lines] == [("CONNECT", "token_expired")]
 
 
 def test_an_expired_token_says_so_inside_tls(gw: GatewayThread) -> None:
     """An agent whose token expired reads why, instead of retrying a dead proxy."""
-    token = gw.mint("agent", ttl=1)
-    time.sleep(1.5)
+    token = _expired_token(gw)
     r = requests.get("https://allowed.test/", proxies={"https": gw.proxy_url(token)},
                      verify=str(gw.ca_cert), timeout=10)
     assert r.status_code == 407 and r.json()["error"] == "token_expired"
