@@ -1,7 +1,8 @@
 """The gateway's wiring (runtime/app.py) is run by every integration test (a real
 `Gateway` in tests/helpers/gateway.py, or a real `run` process); here, the admin
 listener's uvicorn server: woken once a second, not ten times, with the Date header
-still refreshed each second, and a stop seen at once."""
+still refreshed each second, and a stop seen at once (without uvicorn's fixed 0.1 s
+pause when no admin connection is open)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import asyncio
 import socket
 import time
 
+import pytest
+from uvicorn import server as uvicorn_server
 from uvicorn.config import Config as UvicornConfig
 
 from gateway.runtime.app import _QuietServer
@@ -53,10 +56,20 @@ def test_the_admin_server_ticks_once_a_second_and_stops_at_once() -> None:
         later = await _date(port)
         assert later != first  # the Date header moved on: the tick still runs
         assert 2 <= ticks <= 4, ticks  # about once a second (uvicorn's own: ten a second)
+        paused: list[float] = []
+        real_sleep = asyncio.sleep
+
+        async def sleep(delay: float, *args: object) -> object:
+            paused.append(delay)
+            return await real_sleep(delay, *args)
+
         stopped = time.monotonic()
-        server.should_exit = True
-        await asyncio.wait_for(task, 5)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(uvicorn_server.asyncio, "sleep", sleep)
+            server.should_exit = True
+            await asyncio.wait_for(task, 5)
         assert time.monotonic() - stopped < 0.5  # not the rest of the second
+        assert not paused  # (no admin connection open: not uvicorn's fixed 0.1 s pause)
         sock.close()
 
     asyncio.run(main())
