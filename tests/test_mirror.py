@@ -419,6 +419,10 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/observability/test_telemetry.py, tests/services/metering/test_metering_service.py",
         "imported: every event the code counts has a Prometheus metric; totals read back"),
     # --- wiring and processes ---
+    "gateway/runtime/app.py": (
+        "tests/integration/test_proxy_basics.py, tests/integration/test_worker_processes.py",
+        "the gateway's wiring: every integration test runs a real `Gateway` "
+        "(tests/helpers/gateway.py) or a real `run` process"),
     "gateway/runtime/building.py": (
         "tests/integration/test_proxy_basics.py, tests/integration/test_worker_processes.py, "
         "tests/integration/test_otel_export.py, tests/integration/test_mcp_oauth.py",

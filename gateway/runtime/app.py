@@ -21,13 +21,10 @@ start), `listening.py` (the DNS resolver, mitmproxy's master, the ports), `lifec
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import math
-import socket
 import tempfile
-from collections.abc import Iterator
 from typing import IO, TYPE_CHECKING, Any
 
 from uvicorn.config import Config as UvicornConfig
@@ -62,6 +59,7 @@ from gateway.observability import logs, metrics
 from gateway.observability.audit import Auditor
 from gateway.pipeline.exchange import BODY_HOLD_LIMIT
 from gateway.pipeline.gate import Gate
+from gateway.runtime.admin_server import AdminServer
 from gateway.runtime.lifecycle import Lifecycle
 from gateway.runtime.memory import MemoryGuard
 from gateway.runtime.mitmproxy_engine import MitmproxyEngine
@@ -94,52 +92,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("sandbox_gateway")
 
 __all__ = ["Gateway", "StartupError", "bind"]
-
-
-class _QuietServer(UvicornServer):
-    """uvicorn without its own signal handling (the gateway owns SIGTERM/SIGINT), and
-    woken once a second instead of ten times: uvicorn's loop sleeps 0.1 s between
-    looks at `should_exit`, ten wake-ups a second of an idle worker (docs/performance.md,
-    "idle CPU"). Here its tick (the Date header, refreshed each second) runs every
-    second, and a stop wakes the loop at once: `should_exit` sets an event."""
-
-    _stop: asyncio.Event
-
-    @property
-    def should_exit(self) -> bool:
-        return self._stop.is_set()
-
-    @should_exit.setter
-    def should_exit(self, value: bool) -> None:
-        if not hasattr(self, "_stop"):
-            self._stop = asyncio.Event()
-        if value:
-            self._stop.set()
-        else:
-            self._stop.clear()
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    async def main_loop(self) -> None:
-        while not await self.on_tick(0):  # (tick 0: the once-a-second work each time)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0):
-                    await self._stop.wait()
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        """uvicorn's, without its fixed 0.1 s pause (for open connections to see their
-        shutdown) when no admin connection is open: a stop then takes milliseconds."""
-        if self.server_state.connections or self.server_state.tasks:
-            await super().shutdown(sockets)
-            return
-        for server in self.servers:
-            server.close()
-        for sock in sockets or []:
-            sock.close()
-        if not self.force_exit:
-            await self.lifespan.shutdown()
 
 
 class Gateway(Lifecycle):
@@ -407,7 +359,7 @@ class Gateway(Lifecycle):
             stopping=lambda: self.draining, trusted_proxies=cfg.console.trusted_proxies,
             issued_tokens=self.issued, policies_dir=cfg.policies, mcp_oauth=self.mcp_oauth,
         )))
-        self.admin_server = _QuietServer(UvicornConfig(
+        self.admin_server = AdminServer(UvicornConfig(
             # (no forwarded header is read by uvicorn: console.trusted_proxies decides)
             app, log_level="warning", access_log=False, lifespan="off", http=bounds.protocol,
             proxy_headers=False,

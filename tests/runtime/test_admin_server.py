@@ -1,8 +1,6 @@
-"""The gateway's wiring (runtime/app.py) is run by every integration test (a real
-`Gateway` in tests/helpers/gateway.py, or a real `run` process); here, the admin
-listener's uvicorn server: woken once a second, not ten times, with the Date header
-still refreshed each second, and a stop seen at once (without uvicorn's fixed 0.1 s
-pause when no admin connection is open)."""
+"""The admin listener's uvicorn server (runtime/admin_server.py): woken once a second, not
+ten times, with the Date header still refreshed each second, and a stop seen at once
+(without uvicorn's fixed 0.1 s pause when no admin connection is open)."""
 
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ import pytest
 from uvicorn import server as uvicorn_server
 from uvicorn.config import Config as UvicornConfig
 
-from gateway.runtime.app import _QuietServer
+from gateway.runtime.admin_server import AdminServer
 
 
 async def _app(scope: dict[str, object], receive: object, send: object) -> None:
@@ -37,7 +35,7 @@ def test_the_admin_server_ticks_once_a_second_and_stops_at_once() -> None:
     async def main() -> None:
         sock = socket.create_server(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-        server = _QuietServer(UvicornConfig(_app, log_level="warning", lifespan="off",
+        server = AdminServer(UvicornConfig(_app, log_level="warning", lifespan="off",
                                             access_log=False))
         ticks = 0
         tick = server.on_tick
