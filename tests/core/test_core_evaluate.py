@@ -97,9 +97,17 @@ PROXY_READS = {"DLP: a credential in a header", "DLP: a credential in a WebSocke
                "DLP: a credential in an absolute-form plain HTTP request"}
 
 
+# Rows whose body holds a token the gateway issued: the proxy's leak guard refuses it
+# first (`exfiltration_blocked`: only the proxy knows the tokens it issued); the tools,
+# not knowing it, read a JWT, which the rule's `jwt` detector refuses (`secret_detected`).
+LEAK_FIRST = {"DLP: a gateway token after 2 MiB of prose in a streamed body"}
+
+
 def _expected(case: Case, codes: set[str]) -> str | None:
     if case.name in HELD_WHOLE or case.name in PROXY_READS:
         return None
+    if case.name in LEAK_FIRST:
+        return "secret_detected" if "secret_detected" in codes else None
     code = case.audit.get("error") if case.name in RELAYED else case.see[2]
     return code if code in codes else None
 
