@@ -183,19 +183,32 @@ class OtelExport:
         spans, logs = self._spans, self._logs
         of, new_ids = self._shapes.of, otel_shape.new_ids
         span, log_record = otel_shape.span, otel_shape.log_record
+        built: list[bytes] = []  # (spans, handed to their sender at once)
+        records: list[bytes] = []
         for i, line in enumerate(lines):
             if extras[i] or line.usage is not None or line.mcp is not None or \
                     line.trace is not None:
+                self._hand(built, records)  # (what came before it goes first)
                 other(i)
                 continue
             end, shape = ends[i], of(line)
             trace = own = b""
             if spans is not None and flags[i] == b"T":
                 trace, own = new_ids()
-                spans.add(span(shape, line, trace, own, b"",
-                               end - int((line.duration_ms or 0) * 1_000_000), end))
+                built.append(span(shape, line, trace, own, b"",
+                                  end - int((line.duration_ms or 0) * 1_000_000), end))
             if logs is not None:
-                logs.add(log_record(shape, raws[i], end, trace, own))
+                records.append(log_record(shape, raws[i], end, trace, own))
+        self._hand(built, records)
+
+    def _hand(self, spans: list[bytes], records: list[bytes]) -> None:
+        """Spans and log records built, to their senders (the lists emptied)."""
+        if self._spans is not None and spans:
+            self._spans.extend(spans)
+            spans.clear()
+        if self._logs is not None and records:
+            self._logs.extend(records)
+            records.clear()
 
     def _common(self, line: otel_shape.Line, end: int, traced: bool,
                 content: Mapping[str, Any] | None, raw: bytes | None,

@@ -91,10 +91,13 @@ def _lines() -> list[tuple[dict[str, Any], bool, str | None, dict[str, str] | No
         (ONLY, True, None, None)]
 
 
-def _normalised(receiver: OtlpReceiver, kind: str) -> list[Any]:
+def _normalised(receiver: OtlpReceiver, kind: str,
+                seen: dict[bytes, bytes] | None = None) -> list[Any]:
     """The export requests received, their random ids replaced by their order of first
-    appearance (a sandbox's own ids kept), so that what each points to is compared."""
-    seen: dict[bytes, bytes] = {}
+    appearance (a sandbox's own ids kept), so that what each points to is compared
+    (`seen`: shared by the traces and the logs, so that a log record's ids must be its
+    span's)."""
+    seen = {} if seen is None else seen
 
     def same(value: bytes) -> bytes:
         if not value or value.hex() in (TRACE, "00f067aa0ba902b7", "00f067aa0ba902b8",
@@ -234,8 +237,11 @@ def test_a_datagram_read_at_once_arrives_as_the_general_path_sends_it(
         end += 1
     new.close()
     old.close()
+    mine_seen: dict[bytes, bytes] = {}
+    theirs_seen: dict[bytes, bytes] = {}
     for kind in ("traces", "logs") if logs else ("traces",):
-        got, want = _normalised(new_receiver, kind), _normalised(old_receiver, kind)
+        got = _normalised(new_receiver, kind, mine_seen)
+        want = _normalised(old_receiver, kind, theirs_seen)
         assert len(got) == len(want) > len(every)
         for mine, theirs in zip(got, want, strict=True):
             assert mine == theirs
