@@ -131,6 +131,14 @@ def test_take_hands_a_datagram_over_at_once_and_goes_frame_by_frame_when_refused
     assert bad == [1]
     otel_export.take(frame("e.test", 6) + frame("refuse.test", 7), emit, bad, many)
     otel_export.take(frame("f.test", 8) + frame("fails.test", 9), emit, bad, many)
+    # ends that are not one JSON integer each: the datagram goes frame by frame, as `int`
+    # reads them (a leading zero; a comma: two numbers for one frame, then not read)
+    odd = frame("g.test", 10).replace(b"10", b"010") + frame("h.test", 11)
+    otel_export.take(odd + frame("i.test", 12).replace(b"12", b"1,2"), emit, bad, many)
+    assert emitted[7:] == [("one", "g.test", 10, True, None, None),
+                           ("one", "h.test", 11, True, None, None)]
+    del emitted[7:]
+    assert bad == [3]
     assert emitted == [("many", "a.test", 1, b"T"),
                        ("one", "b.test", 2, True, None, {"input": "x"}),
                        ("one", "c.test", 4, True, "openai", None),
@@ -138,5 +146,4 @@ def test_take_hands_a_datagram_over_at_once_and_goes_frame_by_frame_when_refused
                        ("one", "e.test", 6, True, None, None),
                        ("one", "refuse.test", 7, True, None, None),
                        ("many", "f.test", 8, b"T")]
-    assert bad == [2]
-    assert caplog.text.count("could not be exported") == 2
+    assert caplog.text.count("could not be exported") == 3
