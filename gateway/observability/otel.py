@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -167,6 +167,48 @@ class OtelExport:
             return
         self.general(_DECODE(raw) if line is None else msgspec.structs.asdict(line), end,
                      traced, provider, content, raw)
+
+    def emit_many(self, raws: Sequence[bytes], ends: list[int], flags: Sequence[bytes],
+                  extras: list[bytes], other: Callable[[int], None]) -> None:
+        """A datagram's lines (`otel_export.take`), in order: their JSON texts `raws`,
+        ends (ns) and flags (``T``: a span); all read at once (`otel_shape.decode_many`),
+        a common one emitted here as `_common` emits it, any other (its frame's provider or
+        content, `extras`, not empty; inference, MCP, a sandbox's trace) by `other(i)`
+        (`emit_json`, the frame alone). Raises ValueError, nothing emitted, when one of
+        the lines is not JSON or not as the sink writes it (then each goes alone)."""
+        try:
+            lines = otel_shape.decode_many(b"[" + b",".join(raws) + b"]")
+        except msgspec.DecodeError as exc:  # (ValidationError is one)
+            raise ValueError(str(exc)) from None
+        spans, logs = self._spans, self._logs
+        of, new_ids = self._shapes.of, otel_shape.new_ids
+        span, log_record = otel_shape.span, otel_shape.log_record
+        built: list[bytes] = []  # (spans, handed to their sender at once)
+        records: list[bytes] = []
+        for i, line in enumerate(lines):
+            if extras[i] or line.usage is not None or line.mcp is not None or \
+                    line.trace is not None:
+                self._hand(built, records)  # (what came before it goes first)
+                other(i)
+                continue
+            end, shape = ends[i], of(line)
+            trace = own = b""
+            if spans is not None and flags[i] == b"T":
+                trace, own = new_ids()
+                built.append(span(shape, line, trace, own, b"",
+                                  end - int((line.duration_ms or 0) * 1_000_000), end))
+            if logs is not None:
+                records.append(log_record(shape, raws[i], end, trace, own))
+        self._hand(built, records)
+
+    def _hand(self, spans: list[bytes], records: list[bytes]) -> None:
+        """Spans and log records built, to their senders (the lists emptied)."""
+        if self._spans is not None and spans:
+            self._spans.extend(spans)
+            spans.clear()
+        if self._logs is not None and records:
+            self._logs.extend(records)
+            records.clear()
 
     def _common(self, line: otel_shape.Line, end: int, traced: bool,
                 content: Mapping[str, Any] | None, raw: bytes | None,

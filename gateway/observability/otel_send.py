@@ -73,6 +73,20 @@ class Sender:
         if len(self._items) >= BATCH:
             self._flush()
 
+    def extend(self, items: list[Any]) -> None:
+        """`add` each of `items`, in one step (batches of BATCH, as `add` cuts them)."""
+        if not items:
+            return
+        if not self._items:
+            self._first = time.monotonic()
+        self._items += items
+        while len(self._items) >= BATCH:
+            held, self._items = self._items[BATCH:], self._items[:BATCH]
+            self._flush()
+            self._items = held
+            if held:
+                self._first = time.monotonic()
+
     def tick(self) -> None:
         """Send a batch that waited DELAY seconds."""
         if self._items and time.monotonic() - self._first >= DELAY:

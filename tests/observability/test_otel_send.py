@@ -47,6 +47,23 @@ def test_batches_reach_the_collector(receiver: OtlpReceiver, protocol: str) -> N
     assert len(receiver.received["traces"]) == 2 and sender.dropped == 0
 
 
+def test_extend_cuts_the_batches_add_cuts(receiver: OtlpReceiver) -> None:
+    """`extend` (a datagram's spans at once) sends the requests `add` one by one would:
+    whole batches of BATCH in order as soon as they fill, the rest held until the stop."""
+    sender = _sender("grpc", receiver.grpc_endpoint)
+    sender.extend([])
+    sender.extend([_span(n) for n in range(BATCH - 3)])
+    sender.extend([_span(n) for n in range(BATCH - 3, 2 * BATCH + 5)])
+    assert receiver.wait(lambda: len(receiver.received["traces"]) == 2)
+    sender.close()
+    names = [[s.name for s in r.resource_spans[0].scope_spans[0].spans]
+             for r in receiver.received["traces"]]
+    assert names == [[f"s{n}" for n in range(k * BATCH, min((k + 1) * BATCH,
+                                                            2 * BATCH + 5))]
+                     for k in range(3)]
+    assert sender.dropped == 0
+
+
 def test_a_partial_batch_goes_once_it_waited(receiver: OtlpReceiver) -> None:
     sender = _sender("grpc", receiver.grpc_endpoint)
     sender.add(_span(1))

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from helpers.otlp_receiver import OtlpReceiver
 
-from gateway.observability import otel_shape
+from gateway.observability import otel_export, otel_shape
 from gateway.observability.otel import OtelExport
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -91,10 +91,13 @@ def _lines() -> list[tuple[dict[str, Any], bool, str | None, dict[str, str] | No
         (ONLY, True, None, None)]
 
 
-def _normalised(receiver: OtlpReceiver, kind: str) -> list[Any]:
+def _normalised(receiver: OtlpReceiver, kind: str,
+                seen: dict[bytes, bytes] | None = None) -> list[Any]:
     """The export requests received, their random ids replaced by their order of first
-    appearance (a sandbox's own ids kept), so that what each points to is compared."""
-    seen: dict[bytes, bytes] = {}
+    appearance (a sandbox's own ids kept), so that what each points to is compared
+    (`seen`: shared by the traces and the logs, so that a log record's ids must be its
+    span's)."""
+    seen = {} if seen is None else seen
 
     def same(value: bytes) -> bytes:
         if not value or value.hex() in (TRACE, "00f067aa0ba902b7", "00f067aa0ba902b8",
@@ -182,3 +185,81 @@ def test_ids_are_new_and_never_zero_and_a_sandbox_trace_is_kept() -> None:
     parent = (bytes.fromhex(TRACE), bytes.fromhex("00f067aa0ba902b7"), 1)
     trace, own = otel_shape.ids(parent)
     assert trace == parent[0] and own != parent[1] and len(own) == 8
+
+
+def _datagram(lines: list[tuple[dict[str, Any], bool, str | None, dict[str, str] | None]],
+              first_end: int) -> bytes:
+    """`lines` framed as the worker's tap frames them (otel_feed's frame format)."""
+    return b"".join(b"\x1f".join((b"T" if traced else b"-", b"%d" % (first_end + n),
+                                  (provider or "").encode(),
+                                  json.dumps(content).encode() if content else b"",
+                                  json.dumps(line, separators=(",", ":")).encode())) + b"\n"
+                    for n, (line, traced, provider, content) in enumerate(lines))
+
+
+@pytest.mark.parametrize("logs", [False, True])
+def test_a_datagram_read_at_once_arrives_as_the_general_path_sends_it(
+        receivers: tuple[OtlpReceiver, OtlpReceiver], logs: bool) -> None:
+    """The exporter's loop step (`otel_export.take` with `OtelExport.emit_many`: a
+    datagram's lines decoded in one array, the common ones emitted from their shapes in
+    the loop) against the general path, line by line, in order. The first datagram holds
+    every line typed as the sink writes it: only the uncommon ones (usage, MCP, content,
+    a provider, a sandbox's trace) go alone; the second holds a line that is not (the
+    whole datagram goes frame by frame); the third a frame that is not five fields."""
+    new_receiver, old_receiver = receivers
+    new, old = _export(new_receiver, logs), _export(old_receiver, logs)
+    every = _lines()
+    typed = [entry for entry in every if entry[0].get("policy") != 5 and
+             entry[0].get("status") is not True and
+             entry[0].get("workload") != {"replicas": 3}]
+    odd = [entry for entry in every if entry not in typed]
+    alone: list[bytes] = []
+
+    def emit(raw: bytes, *rest: Any) -> None:
+        alone.append(raw)
+        new.emit_json(raw, *rest)
+
+    bad = [0]
+    end = 1_764_400_000_000_000_000
+    for group in (typed, odd + typed[:3]):
+        otel_export.take(_datagram(group, end), emit, bad, new.emit_many)
+        end += len(group)
+    otel_export.take(_datagram(typed[:2], end) + b"not a frame\n", emit, bad, new.emit_many)
+    assert bad == [1]
+    singled = [json.loads(raw) for raw in alone]
+    assert [line for line, traced, provider, content in typed
+            if line.get("usage") or line.get("mcp") or line.get("trace") or provider or
+            content] == singled[:len(singled) - len(odd) - 3 - 2]
+    end = 1_764_400_000_000_000_000
+    for line, traced, provider, content in (*typed, *odd, *typed[:3], *typed[:2]):
+        raw = json.dumps(line, separators=(",", ":")).encode()
+        old.general(json.loads(raw), end, traced, provider, content, raw)
+        end += 1
+    new.close()
+    old.close()
+    mine_seen: dict[bytes, bytes] = {}
+    theirs_seen: dict[bytes, bytes] = {}
+    for kind in ("traces", "logs") if logs else ("traces",):
+        got = _normalised(new_receiver, kind, mine_seen)
+        want = _normalised(old_receiver, kind, theirs_seen)
+        assert len(got) == len(want) > len(every)
+        for mine, theirs in zip(got, want, strict=True):
+            assert mine == theirs
+
+
+def test_new_ids_are_never_zero_and_not_repeated_across_draws() -> None:
+    drawn = [otel_shape.new_ids() for _ in range(3 * otel_shape._IDS_DRAWN + 7)]
+    assert len(set(drawn)) == len(drawn)
+    assert len({own for _, own in drawn}) == len(drawn)
+    assert all(len(t) == 16 and len(s) == 8 and any(t) and any(s) for t, s in drawn)
+
+
+def test_a_shape_remembered_last_is_the_one_of_the_same_values() -> None:
+    """The last key's shortcut (no hashing) returns a line's shape only for the same
+    values: a line between two others of one shape, of another shape, gets its own."""
+    shapes = otel_shape.Shapes()
+    base = otel_shape.decode(json.dumps(BASE).encode())
+    other = otel_shape.decode(json.dumps({**BASE, "rule": "policies/agent.yaml:7"}).encode())
+    first, second, third = shapes.of(base), shapes.of(other), shapes.of(base)
+    assert first is third and second is not first
+    assert b"agent.yaml:7" in second.head and b"agent.yaml:7" not in first.head
