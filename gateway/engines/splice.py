@@ -22,6 +22,8 @@ import time
 from gateway.core.addresses import Pinned
 from gateway.engines.splice_kernel import AVAILABLE as KERNEL
 from gateway.engines.splice_kernel import KernelRelay, Pipes
+from gateway.engines.relay_native import AVAILABLE as NATIVE
+from gateway.engines.relay_native import NativeRelay, Relays
 from gateway.net.resolver import pin
 from gateway.net.upstream_proxy import ProxyDialFailed, UpstreamProxy
 from gateway.pipeline.gate import Client, Gate
@@ -45,6 +47,9 @@ class Splices:
         self.connect = connect
         self.open: set[Splice] = set()
         self.pipes = Pipes()  # the kernel relays' (splice_kernel)
+        # the native relay thread's (relay_native), where the extension is built
+        import os as _os  # EXPERIMENT
+        self.relays = Relays(threaded=_os.environ.get("SGW_RELAY_MODE") != "inloop") if NATIVE and _os.environ.get("SGW_RELAY_MODE") != "python" else None
         self._sweeper: asyncio.Task[None] | None = None
 
     def start(self, transport: asyncio.Transport, client: Client, first: bytes) -> Splice:
@@ -79,6 +84,8 @@ class Splices:
         for splice in list(self.open):
             splice.close("shutting_down")
         self.pipes.clear()
+        if self.relays is not None:
+            self.relays.stop()
 
 
 class Splice(asyncio.Protocol):
@@ -102,7 +109,7 @@ class Splice(asyncio.Protocol):
         self.error: str | None = None
         self.finished = False
         self._raw: socket.socket | None = None  # the upstream socket while it has no owner
-        self.relay: KernelRelay | None = None
+        self.relay: KernelRelay | NativeRelay | None = None
 
     def take(self, transport: asyncio.Transport, first: bytes) -> None:
         self.transport = transport
@@ -166,7 +173,8 @@ class Splice(asyncio.Protocol):
             self._half_close_upstream()
 
     def _to_kernel(self, upstream: socket.socket) -> bool:
-        """Hand a direct tunnel to the kernel relay (`splice_kernel`): when the client's
+        """Hand a direct tunnel to the native relay thread (`relay_native`), or where it
+        is not built to the loop's kernel relay (`splice_kernel`): when the client's
         transport is a plain socket whose answer (the door's 200) is all sent. What the
         client sent meanwhile goes first (all of it at once, else the transports' way);
         then the relay takes a copy of the client's descriptor and the transport is
@@ -194,7 +202,10 @@ class Splice(asyncio.Protocol):
         except OSError:
             transport.resume_reading()
             return False
-        relay = KernelRelay(client, upstream, self.owner.pipes, lambda: self.close(None))
+        relays = self.owner.relays
+        relay: KernelRelay | NativeRelay = (
+            relays.relay(client, upstream, lambda: self.close(None)) if relays is not None
+            else KernelRelay(client, upstream, self.owner.pipes, lambda: self.close(None)))
         self._raw = None
         self.relay = relay
         # The transport gives up its descriptor (the relay's copy is the connection now):
