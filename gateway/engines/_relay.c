@@ -5,8 +5,9 @@
  * sockets are handed over (the descriptors now belong to this module) and a thread of
  * its own, which never takes the GIL, moves their bytes. Python learns only that a
  * tunnel ended: its id is queued and an eventfd the loop watches becomes readable
- * (`Relayer.reap`). Measured: a relayed round trip cost the loop ~14 us of interpreter
- * time per request against squid's 6 (docs/performance.md, "passthrough in C").
+ * (`Relayer.reap`). Measured on a quiet machine (bench's passthrough row at c10): 24.8-25.1
+ * us of CPU a request against the loop's relay's 35.5-36.1 and squid's 25.1-25.6
+ * (docs/performance.md, "A relay in C").
  *
  * A direction (`way`) reads small exchanges into the thread's buffer and sends them on
  * at once (what the destination does not take is kept, and reading pauses until it is
@@ -87,7 +88,7 @@ typedef struct {
 struct relay {
     pthread_mutex_t lock;
     pthread_t thread;
-    int threaded, stopping; /* threaded: run() relays; else the loop calls poll() */
+    int threaded, stopping; /* threaded: the thread was started (run) */
     int ep;            /* the tunnels' epoll */
     int wake;          /* eventfd: stop the thread */
     int notify;        /* eventfd: tunnels have finished (Python's loop watches it) */
@@ -242,7 +243,7 @@ static void finish(relay *rl, tunnel *t) {
     }
     rl->finished[rl->n_finished++] = t->id;
     uint64_t one = 1;
-    if (rl->threaded && write(rl->notify, &one, sizeof one) < 0) { /* (saturated: readable) */
+    if (write(rl->notify, &one, sizeof one) < 0) { /* (saturated: still readable) */
     }
 }
 
@@ -501,9 +502,9 @@ static void relay_free(relay *rl) {
 }
 
 static PyObject *Relayer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"pipe_size", "thread", NULL};
-    int pipe_size = 1024 * 1024, threaded = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|ip", kwlist, &pipe_size, &threaded))
+    static char *kwlist[] = {"pipe_size", NULL};
+    int pipe_size = 1024 * 1024;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|i", kwlist, &pipe_size))
         return NULL;
     RelayerObject *self = (RelayerObject *)type->tp_alloc(type, 0);
     if (self == NULL)
@@ -531,22 +532,20 @@ static PyObject *Relayer_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         Py_DECREF(self);
         return NULL;
     }
-    if (threaded) {
-        /* The thread takes no signal: they are the interpreter's main thread's. */
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        int rc = pthread_create(&rl->thread, NULL, run, rl);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        if (rc != 0) {
-            errno = rc;
-            PyErr_SetFromErrno(PyExc_OSError);
-            relay_free(rl);
-            Py_DECREF(self);
-            return NULL;
-        }
-        rl->threaded = 1;
+    /* The thread takes no signal: they are the interpreter's main thread's. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&rl->thread, NULL, run, rl);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        errno = rc;
+        PyErr_SetFromErrno(PyExc_OSError);
+        relay_free(rl);
+        Py_DECREF(self);
+        return NULL;
     }
+    rl->threaded = 1;
     self->rl = rl;
     return (PyObject *)self;
 }
@@ -698,7 +697,7 @@ static PyObject *Relayer_reap(RelayerObject *self, PyObject *Py_UNUSED(ignored))
     if (rl == NULL)
         return PyList_New(0);
     uint64_t v;
-    if (rl->threaded && read(rl->notify, &v, sizeof v) < 0) {
+    if (read(rl->notify, &v, sizeof v) < 0) {
     }
     pthread_mutex_lock(&rl->lock);
     PyObject *ids = take_finished(rl);
@@ -706,27 +705,10 @@ static PyObject *Relayer_reap(RelayerObject *self, PyObject *Py_UNUSED(ignored))
     return ids;
 }
 
-/* poll() -> list[int]: without a thread, relay what is ready now (the loop calls it
- * when fileno() is readable); the ids of the tunnels that ended. */
-static PyObject *Relayer_poll(RelayerObject *self, PyObject *Py_UNUSED(ignored)) {
-    relay *rl = self->rl;
-    if (rl == NULL || rl->threaded || rl->ep < 0)
-        return PyList_New(0);
-    struct epoll_event events[EVENTS];
-    pthread_mutex_lock(&rl->lock);
-    drop_dead(rl); /* (no event of this wait can name these) */
-    int n = epoll_wait(rl->ep, events, EVENTS, 0);
-    handle(rl, events, n);
-    PyObject *ids = take_finished(rl);
-    pthread_mutex_unlock(&rl->lock);
-    return ids;
-}
-
 static PyObject *Relayer_fileno(RelayerObject *self, PyObject *Py_UNUSED(ignored)) {
-    relay *rl = self->rl;
-    if (rl == NULL)
+    if (self->rl == NULL)
         return PyLong_FromLong(-1);
-    return PyLong_FromLong(rl->threaded ? rl->notify : rl->ep);
+    return PyLong_FromLong(self->rl->notify);
 }
 
 /* stats() -> (running tunnels, reads through the buffer, reads through a pipe) */
@@ -747,11 +729,8 @@ static PyMethodDef Relayer_methods[] = {
      "(now the relayer's)."},
     {"reap", (PyCFunction)Relayer_reap, METH_NOARGS,
      "reap() -> list[int]: ids of the tunnels that ended since the last call."},
-    {"poll", (PyCFunction)Relayer_poll, METH_NOARGS,
-     "poll() -> list[int]: (thread=False) relay what is ready; ids of the ended tunnels."},
     {"fileno", (PyCFunction)Relayer_fileno, METH_NOARGS,
-     "fileno() -> int: readable while ended tunnels wait to be reaped (with a thread), or "
-     "while tunnels have bytes to relay (without: call poll())."},
+     "fileno() -> int: readable while ended tunnels wait to be reaped."},
     {"stats", (PyCFunction)Relayer_stats, METH_NOARGS,
      "stats() -> (running, small_reads, spliced_reads)."},
     {"stop", (PyCFunction)Relayer_stop, METH_NOARGS,

@@ -2,8 +2,10 @@
 
 `KernelRelay` (splice_kernel.py) moves a tunnel's bytes with one loop callback per
 readiness event: for a small request and its answer that is two passes through
-asyncio's selector and about 14 µs of interpreter time a round trip, where squid spends
-6 (docs/performance.md). `Relays` hands the tunnel's two descriptors to one C thread per
+asyncio's selector, about 20 µs of user time a request where squid spends 7 (measured
+quiet, bench's passthrough row: 35.5-36.1 µs of CPU a request in all against squid's
+25.1-25.6, and 24.8-25.1 on this thread; docs/performance.md, "A relay in C").
+`Relays` hands the tunnel's two descriptors to one C thread per
 process instead, which relays them with the same rules (small reads through a buffer,
 bulk ones spliced through a pipe, back-pressure, half-closes) and tells the loop only
 that a tunnel ended: an eventfd the loop watches becomes readable, and `_reap` calls the
@@ -37,7 +39,6 @@ class _Tunnel(Protocol):
 class _Relayer(Protocol):
     def add(self, client: int, upstream: int, client_ended: bool = ...) -> _Tunnel: ...
     def reap(self) -> list[int]: ...
-    def poll(self) -> list[int]: ...
     def fileno(self) -> int: ...
     def stats(self) -> tuple[int, int, int]: ...
     def stop(self) -> None: ...
@@ -55,8 +56,7 @@ class Relays:
     """The process's relay thread (started at the first tunnel), and the tunnels it
     runs, by id, until each ends or is closed."""
 
-    def __init__(self, *, threaded: bool = True) -> None:
-        self.threaded = threaded
+    def __init__(self) -> None:
         self._relayer: _Relayer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.live: dict[int, NativeRelay] = {}
@@ -70,27 +70,17 @@ class Relays:
              client_ended: bool) -> _Tunnel:
         if self._relayer is None:
             assert _relay is not None
-            self._relayer = _relay.Relayer(thread=self.threaded)
+            self._relayer = _relay.Relayer()
             self._loop = asyncio.get_running_loop()
-            self._loop.add_reader(self._relayer.fileno(),
-                                  self._reap if self.threaded else self._poll)
+            self._loop.add_reader(self._relayer.fileno(), self._reap)
         tunnel = self._relayer.add(client, upstream, client_ended)
         self.live[tunnel.id] = relay
         return tunnel
 
     def _reap(self) -> None:
-        """The loop's reader callback (with a thread): tell the owners of the tunnels
-        that ended."""
+        """The loop's reader callback: tell the owners of the tunnels that ended."""
         assert self._relayer is not None
-        self._ended(self._relayer.reap())
-
-    def _poll(self) -> None:
-        """The loop's reader callback (without a thread): relay what is ready."""
-        assert self._relayer is not None
-        self._ended(self._relayer.poll())
-
-    def _ended(self, ids: list[int]) -> None:
-        for ended in ids:
+        for ended in self._relayer.reap():
             relay = self.live.pop(ended, None)
             if relay is None:  # (closed by its owner meanwhile)
                 continue

@@ -20,10 +20,10 @@ import socket
 import time
 
 from gateway.core.addresses import Pinned
-from gateway.engines.splice_kernel import AVAILABLE as KERNEL
-from gateway.engines.splice_kernel import KernelRelay, Pipes
 from gateway.engines.relay_native import AVAILABLE as NATIVE
 from gateway.engines.relay_native import NativeRelay, Relays
+from gateway.engines.splice_kernel import AVAILABLE as KERNEL
+from gateway.engines.splice_kernel import KernelRelay, Pipes
 from gateway.net.resolver import pin
 from gateway.net.upstream_proxy import ProxyDialFailed, UpstreamProxy
 from gateway.pipeline.gate import Client, Gate
@@ -48,8 +48,7 @@ class Splices:
         self.open: set[Splice] = set()
         self.pipes = Pipes()  # the kernel relays' (splice_kernel)
         # the native relay thread's (relay_native), where the extension is built
-        import os as _os  # EXPERIMENT
-        self.relays = Relays(threaded=_os.environ.get("SGW_RELAY_MODE") != "inloop") if NATIVE and _os.environ.get("SGW_RELAY_MODE") != "python" else None
+        self.relays = Relays() if NATIVE else None
         self._sweeper: asyncio.Task[None] | None = None
 
     def start(self, transport: asyncio.Transport, client: Client, first: bytes) -> Splice:
