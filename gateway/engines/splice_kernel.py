@@ -153,7 +153,13 @@ class _Way:
         try:
             n = os.splice(self.src.fileno(), pipe[1], pipe[2] - self.held, flags=_FLAGS)
         except BlockingIOError:
-            self._return_pipe()
+            if self.held:
+                # The pipe has no slot left (each spliced segment takes one, however
+                # short) while dst takes no more: read again once it has taken the
+                # pipe's bytes (`_flush`), not on every readiness of src until then.
+                self._stop_reading()
+            else:
+                self._return_pipe()  # (nothing to read after all)
             return
         except OSError:
             self.relay.fail()

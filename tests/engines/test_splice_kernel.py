@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import resource
 import socket
 import struct
 
@@ -299,5 +300,28 @@ def test_a_step_that_raises_ends_the_relay_once(monkeypatch: pytest.MonkeyPatch)
         assert ends.done == 1 and ends.relay.closed and calls == [1]
         ends.close()
         assert _fds() == before
+
+    asyncio.run(main())
+
+
+def test_a_stalled_reader_costs_no_cpu() -> None:
+    """A destination that reads nothing for a while: the relay stops reading (a full
+    pipe, or a pipe with no slot left) and waits, instead of being called on a source
+    that stays readable; then everything arrives."""
+    async def main() -> None:
+        ends = Ends()
+        ends.relay.start()
+        loop = asyncio.get_running_loop()
+        big = os.urandom(16 * PIPE_SIZE)
+        sender = loop.create_task(_send(ends.server, big, eof=False))
+        await asyncio.sleep(0.3)  # the pipe and the socket buffers fill
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        await asyncio.sleep(1.0)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (after.ru_utime - used.ru_utime) + (after.ru_stime - used.ru_stime)
+        assert cpu < 0.2, f"{cpu:.3f}s of CPU while nothing moved"
+        assert await asyncio.wait_for(_read_n(ends.sandbox, len(big)), 30) == big
+        await sender
+        ends.close()
 
     asyncio.run(main())
