@@ -296,6 +296,9 @@ credentials:
 """
 
 
+STALL = 2.5  # seconds Redis does not answer
+
+
 @contextlib.contextmanager
 def stalled(server: RedisServer, seconds: float, how: str) -> Iterator[None]:
     """redis-server unable to answer for ``seconds`` while the block runs. ``late``: the
@@ -350,9 +353,9 @@ def test_a_write_whose_answer_never_came_counts_once(
         redis_server: RedisServer, write: str, how: str, other: str | None,
         admitted: bool) -> None:
     """A write to Redis whose answer the replica gave up on (Redis stalled past the
-    timeout: an admission waits 0.25 s) counts once, whether Redis ran it late or never,
-    and whatever this replica's view decided meanwhile: what it used, what is reserved
-    and each call's request are counted exactly once. (Measured before: the write that
+    timeout; an admission waits 0.25 s by default) counts once, whether Redis ran it
+    late or never, and whatever this replica's view decided meanwhile: what it used,
+    what is reserved and each call's request are counted exactly once. (Measured before: the write that
     ran late was counted again, its settlement twice - used above what the calls used,
     the reservations below zero, so admission saw room that was not there - or a
     reservation Redis admitted for a call this replica refused stayed held until it was
@@ -360,9 +363,11 @@ def test_a_write_whose_answer_never_came_counts_once(
     policy = load_policy_text("p.yaml", TOKENS).policies["agent"]
 
     async def scenario() -> None:
-        a = RedisState(redis_server.url, prefix="t", backoff=(0.05, 0.3),
-                       resync_interval=300, counter_interval=3600, op_timeout=0.2)
-        b = replica(redis_server)
+        # Timeouts long enough for a loaded machine, the stall longer than two of them
+        # (a batch is tried twice); B is never stalled.
+        a, b = (RedisState(redis_server.url, prefix="t", backoff=(0.05, 0.3),
+                           resync_interval=300, counter_interval=3600, op_timeout=timeout,
+                           admit_timeout=timeout) for timeout in (1.0, 5.0))
         for store, slot in ((a, "slot-a"), (b, "slot-b")):
             await store.start()
             await store.take_lease(slot, beat=3600)
@@ -389,7 +394,7 @@ def test_a_write_whose_answer_never_came_counts_once(
                     used += 100
             if write == "admission":
                 books[0].settle(first, 120, 0)  # pending: sent with the stalled write
-                with stalled(redis_server, 0.6, how):
+                with stalled(redis_server, STALL, how):
                     second = books[0].admit("sb", policy, "openai", time.time(),
                                             Reservation(50_000))
                 assert a.counters_degraded  # (A's view decided)
@@ -397,7 +402,7 @@ def test_a_write_whose_answer_never_came_counts_once(
                 second = books[0].admit("sb", policy, "openai", time.time(),
                                         Reservation(50_000))
                 books[0].settle(first, 120, 0)
-                with stalled(redis_server, 0.6, how):
+                with stalled(redis_server, STALL, how):
                     await a.flush_counters()
             used += 120
             assert isinstance(second, Hold) == admitted, second
