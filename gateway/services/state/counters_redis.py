@@ -60,7 +60,7 @@ from redis.exceptions import RedisError
 from gateway.net.resolver import unguarded
 from gateway.observability import metrics
 from gateway.services.state.counters import Admission, CounterView, Increment, Table, first_refused
-from gateway.services.state.counters_redis_write import SCRIPT, Write, WriteCall
+from gateway.services.state.counters_redis_write import ANSWERED_LIFE_MS, SCRIPT, Write, WriteCall
 from gateway.services.state.lease_keeper import Lease, LeaseHolding
 from gateway.services.state.leases import ORPHANS, Charged, charge_of, parse_held
 
@@ -320,6 +320,18 @@ class RedisCounters(LeaseHolding):
             except asyncio.CancelledError:  # (stopped while it waited: sent or not)
                 self._unanswered(call)
                 raise
+        elif self._answered_marks:  # nothing more to write: the last marks kept a minute
+            marks, self._answered_marks = self._answered_marks, []
+            try:
+                with unguarded():
+                    async with client.pipeline(transaction=False) as pipe:
+                        for mark in marks:
+                            pipe.pexpire(mark, ANSWERED_LIFE_MS)
+                        await pipe.execute()
+            except (RedisError, OSError) as exc:
+                self._answered_marks[:0] = marks
+                self._down("count", exc)
+                return
         self._up()
 
     # -- leases (``leases.LeaseStore``; ``holder``, ``take_lease``: ``LeaseHolding``) --------
