@@ -355,11 +355,11 @@ def test_a_write_whose_answer_never_came_counts_once(
     """A write to Redis whose answer the replica gave up on (Redis stalled past the
     timeout; an admission waits 0.25 s by default) counts once, whether Redis ran it
     late or never, and whatever this replica's view decided meanwhile: what it used,
-    what is reserved and each call's request are counted exactly once. (Measured before: the write that
-    ran late was counted again, its settlement twice - used above what the calls used,
-    the reservations below zero, so admission saw room that was not there - or a
-    reservation Redis admitted for a call this replica refused stayed held until it was
-    charged in full.)"""
+    what is reserved and each call's request are counted exactly once. (Measured
+    before: the write that ran late was counted again, its settlement twice - used
+    above what the calls used, the reservations below zero, so admission saw room that
+    was not there - or a reservation Redis admitted for a call this replica refused
+    stayed held until it was charged in full.)"""
     policy = load_policy_text("p.yaml", TOKENS).policies["agent"]
 
     async def scenario() -> None:
@@ -425,5 +425,31 @@ def test_a_write_whose_answer_never_came_counts_once(
         finally:
             await a.close()
             await b.close()
+
+    run_loop(scenario)
+
+
+def test_a_written_batch_leaves_a_mark_kept_a_minute_once_answered(
+        redis_server: RedisServer) -> None:
+    """Each write's mark (what lets a write whose answer was lost count once) is kept a
+    day until the replica heard the answer, then a minute: also for the last write
+    before the replica has nothing more to write."""
+    async def scenario() -> None:
+        a = replica(redis_server)
+        await a.start()
+        raw = aioredis.from_url(redis_server.url, decode_responses=True)
+        try:
+            a.count([inc("u:0", "f", 1)])
+            await a.flush_counters()
+            marks = [k async for k in raw.scan_iter("t:write:*")]
+            assert len(marks) == 1 and await raw.get(marks[0]) == "0"
+            assert await raw.pttl(marks[0]) > 86_000_000
+            await a.flush_counters()  # nothing to write: the mark is told it was answered
+            assert 0 < await raw.pttl(marks[0]) <= 60_000
+            assert [k async for k in raw.scan_iter("t:write:*")] == marks
+            assert await raw.hget("t:c:u:0", "f") == "1"
+        finally:
+            await raw.aclose()
+            await a.close()
 
     run_loop(scenario)
