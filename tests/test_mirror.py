@@ -626,6 +626,10 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
     "gateway/services/state/counters_redis.py": (
         "tests/services/state/test_counters.py, tests/services/state/test_state_leases.py",
         "counters batched to a real redis-server by the RedisState these tests open"),
+    "gateway/services/state/counters_redis_write.py": (
+        "tests/services/state/test_counters.py",
+        "every Redis counter write goes through it: a write whose answer never came "
+        "(redis-server stopped or its clients paused) counts once, on a real redis-server"),
     "gateway/services/state/factory.py": (
         "tests/services/state/test_state.py",
         "imported: the store `state:` names, and its errors"),

@@ -135,9 +135,10 @@ class CountersOf:
 
 
 class CounterView:
-    """The local picture: last known shared values plus the pending (unsent) batch
-    and the pending settlements (``settling``, by holder: written only while the
-    holder's lease stands).
+    """The local picture: last known shared values plus the pending (unsent) batch,
+    the pending settlements (``settling``, by holder: written only while the
+    holder's lease stands) and what was sent without an answer (``unsure``: the store
+    may have written it or not, it is counted here until the store says which).
 
     ``forget_after`` (seconds, None = never) drops shared values neither read nor
     written for that long, for stores that hold the real totals elsewhere (Redis); the
@@ -151,6 +152,7 @@ class CounterView:
         self.shared: dict[str, Table] = {}
         self.pending: dict[str, Table] = {}
         self.settling: dict[str, dict[str, Table]] = {}
+        self.unsure: dict[str, Table] = {}
         self.expires: dict[str, float] = {}
         self.watched: dict[tuple[str, str], float] = {}
         self._touched: dict[tuple[str, str], float] = {}
@@ -162,6 +164,11 @@ class CounterView:
     def add_settling(self, holder: str, increments: Iterable[Increment]) -> None:
         """Add to ``holder``'s pending settlements."""
         self._merge(self.settling.setdefault(holder, {}), increments)
+
+    def set_unsure(self, increments: Iterable[Increment]) -> None:
+        """What was sent without an answer, all of it (replaces the last)."""
+        self.unsure = {}
+        self._merge(self.unsure, increments)
 
     def add_shared(self, increments: Iterable[Increment]) -> None:
         """Add straight to the shared values (a store without a batch, or others' lines)."""
@@ -185,25 +192,25 @@ class CounterView:
         return (shared.get(field, 0) if shared else 0) + self.unwritten(table, field)
 
     def unwritten(self, table: str, field: str) -> int:
-        """What is pending here for one field (the batch and the settlements)."""
-        pending = self.pending.get(table)
-        value = pending.get(field, 0) if pending else 0
-        for tables in self.settling.values():
-            settled = tables.get(table)
-            if settled:
-                value += settled.get(field, 0)
+        """What is pending here for one field (the batch, the settlements, what is
+        unsure)."""
+        value = 0
+        for tables in (self.pending, self.unsure, *self.settling.values()):
+            fields = tables.get(table)
+            if fields:
+                value += fields.get(field, 0)
         return value
 
     def has_unwritten(self, table: str) -> bool:
         """True if anything of ``table`` is pending here."""
-        return bool(self.pending.get(table)) or any(
+        return bool(self.pending.get(table)) or bool(self.unsure.get(table)) or any(
             tables.get(table) for tables in self.settling.values())
 
     def table(self, table: str, base: Table | None = None) -> Table:
         """A whole table: ``base`` (fresh from the store) or the shared values, plus
-        the pending batch."""
+        the pending batch, settlements and what is unsure."""
         out = dict(self.shared.get(table, {}) if base is None else base)
-        for fields in (self.pending.get(table, {}),
+        for fields in (self.pending.get(table, {}), self.unsure.get(table, {}),
                        *(tables.get(table, {}) for tables in self.settling.values())):
             for field, amount in fields.items():
                 out[field] = out.get(field, 0) + amount
@@ -263,6 +270,7 @@ class CounterView:
             del self.expires[table]
             self.shared.pop(table, None)
             self.pending.pop(table, None)
+            self.unsure.pop(table, None)
             for tables in self.settling.values():
                 tables.pop(table, None)
         if self.forget_after is None:

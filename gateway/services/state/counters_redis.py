@@ -1,38 +1,44 @@
 """Counters shared by replicas through Redis, sent in short batches (see ``counters``).
 
 Layout: one hash per table, ``<prefix>:c:<table>``, field -> integer, expiring
-(``EXPIREAT``) when the table does. Every ``interval`` seconds one ``MULTI``/``EXEC``
-sends the pending batch (``HINCRBY`` per field, ``EXPIREAT`` per table) and re-reads the
-fields this replica consulted lately (``HMGET``); the replies are the new shared values.
-``HINCRBY`` is atomic, so replicas never lose each other's counts.
+(``EXPIREAT``) when the table does. Every ``interval`` seconds one write (a Lua script,
+``counters_redis_write``) sends the pending batch (``HINCRBY`` per field, ``EXPIREAT``
+per table) and re-reads the fields this replica consulted lately; its answer holds the
+new shared values. ``HINCRBY`` is atomic, so replicas never lose each other's counts.
 
 A request never waits for Redis: ``count`` and ``counter`` only touch the local view.
-While Redis is unreachable the batch stays pending (counted locally, sent when Redis is
-back: at-least-once, a reply lost after ``EXEC`` counts twice), ``counters_degraded`` is
-True and the outage is logged once.
+While Redis is unreachable the batch stays pending (counted locally, sent when Redis
+answers again), ``counters_degraded`` is True and the outage is logged once.
+
+**Every write counts once**, also when its answer is lost (Redis stalled past the
+timeout and ran it when it resumed, or the connection broke after it was sent): the
+write is kept as unsure, counted in the local view, and resolved by the next write
+that is answered - applied then if it never ran, not again if it did
+(``counters_redis_write``: each write's mark).
 
 **Budget admission is exact across replicas.** `admit` (check every limit, count the
-request and its reservation) is one Lua script run by Redis atomically: it first adds
-this replica's pending batch, then reads the limits' fields, and counts the admission
-only if every limit holds - so no two replicas admit on the same remaining allowance.
-It is a synchronous call (the metering core is synchronous, like SQLite's admission
-transaction) bounded by `admit_timeout` (0.25 s); the answer refreshes the local view of
-every field it touched. While Redis is unreachable (or that call fails) admission
+request and its reservation) is one such write: it first adds this replica's pending
+batch, then reads the limits' fields, and counts the admission only if every limit
+holds - so no two replicas admit on the same remaining allowance. It is a synchronous
+call (the metering core is synchronous, like SQLite's admission transaction) bounded by
+`admit_timeout` (0.25 s); the answer refreshes the local view of every field it
+touched. While Redis is unreachable (or that call gets no answer in time) admission
 falls back to this replica's view (the outage is reported: `counters_degraded`, the
 `state_store_up` gauge, one log line), the overshoot then being what other replicas
-admitted meanwhile. Settlements (what a call used, counted after its response) still
+admitted meanwhile; an admission whose answer was lost is reconciled with that view's
+decision when it is resolved (the call counted once if it was forwarded, not at all if
+it was refused). Settlements (what a call used, counted after its response) still
 travel in the batches, so a token or cost budget sees another replica's finished call
 within one interval.
 
 **Reservations outlive their replica** (``gateway.services.state.leases``): the
-admission script also records the reservation under this process's lease
+admission also records the reservation under this process's lease
 (``<prefix>:lease:<holder>``, a key Redis expires itself, ``PX``; listed in the hash
 ``<prefix>:leases``), in the hash ``<prefix>:c:o`` (no expiry: emptied as calls settle
-and dead holders are charged). A settlement is sent in the batch's transaction by a
-script that applies it only while the lease key exists (``_SETTLE``; the admission
-script applies pending ones the same way first). ``lease_reap`` charges, in one script,
-every record of a holder whose lease key is gone (expired, taken over by the process
-that restarted in its slot, or given back) and deletes it: exactly once.
+and dead holders are charged). A write applies a settlement only while the lease key
+exists. ``lease_reap`` charges, in one script, every record of a holder whose lease key
+is gone (expired, taken over by the process that restarted in its slot, or given back)
+and deletes it: exactly once.
 """
 
 from __future__ import annotations
@@ -41,8 +47,10 @@ import asyncio
 import contextlib
 import logging
 import math
+import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import redis as syncredis
@@ -52,77 +60,11 @@ from redis.exceptions import RedisError
 from gateway.net.resolver import unguarded
 from gateway.observability import metrics
 from gateway.services.state.counters import Admission, CounterView, Increment, Table, first_refused
+from gateway.services.state.counters_redis_write import ANSWERED_LIFE_MS, SCRIPT, Write, WriteCall
 from gateway.services.state.lease_keeper import Lease, LeaseHolding
 from gateway.services.state.leases import ORPHANS, Charged, charge_of, parse_held
 
 __all__ = ["RedisCounters"]
-
-# ARGV: the pending batch (n, then key index, field, amount, expiry per entry), the
-# pending settlements (n holders, then per holder: its lease's key index and a batch,
-# applied only if the lease key exists), the limits (n, then per limit: n fields, key
-# index and field per field, ceiling, add), the admission's increments (like the
-# batch), the fields to report (n, key index and field each). Returns {refused limit
-# (1-based) or 0, settlements dropped (a bit per holder), reported values...}.
-# (Explicit locals: Lua leaves the order of evaluation of a call's arguments unspecified.)
-_ADMIT = """
-local at = 0
-local function take() at = at + 1 return ARGV[at] end
-local function apply(n)
-  for _ = 1, n do
-    local key = KEYS[tonumber(take())]
-    local field = take()
-    local amount = take()
-    local expires = tonumber(take())
-    redis.call('HINCRBY', key, field, amount)
-    if expires > 0 then redis.call('EXPIREAT', key, expires) end
-  end
-end
-apply(tonumber(take()))
-local dropped = 0
-for g = 1, tonumber(take()) do
-  local lease = KEYS[tonumber(take())]
-  local n = tonumber(take())
-  if redis.call('EXISTS', lease) == 1 then apply(n) else
-    at = at + 4 * n
-    dropped = dropped + 2 ^ (g - 1)
-  end
-end
-local refused = 0
-for i = 1, tonumber(take()) do
-  local used = 0
-  for _ = 1, tonumber(take()) do
-    local key = KEYS[tonumber(take())]
-    local field = take()
-    used = used + (tonumber(redis.call('HGET', key, field)) or 0)
-  end
-  local ceiling = tonumber(take())
-  local add = tonumber(take())
-  if refused == 0 and not (used < ceiling and used + add <= ceiling) then refused = i end
-end
-local n = tonumber(take())
-if refused == 0 then apply(n) else at = at + 4 * n end
-local out = {refused, dropped}
-for _ = 1, tonumber(take()) do
-  local key = KEYS[tonumber(take())]
-  local field = take()
-  out[#out + 1] = tonumber(redis.call('HGET', key, field)) or 0
-end
-return out
-"""
-
-# One holder's settlements, applied only while its lease exists. KEYS[1]: the lease;
-# ARGV: key index, field, amount, expiry per entry. Returns {1, new values...} or {0}.
-_SETTLE = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
-local out = {1}
-for i = 1, #ARGV, 4 do
-  local key = KEYS[tonumber(ARGV[i])]
-  out[#out + 1] = redis.call('HINCRBY', key, ARGV[i + 1], ARGV[i + 2])
-  local expires = tonumber(ARGV[i + 3])
-  if expires > 0 then redis.call('EXPIREAT', key, expires) end
-end
-return out
-"""
 
 # Charge dead holders' records, once. KEYS[1]: the records hash, KEYS[2]: the leases
 # index. ARGV: the lease key to give back (index, 0: none); the holders found dead (n,
@@ -193,6 +135,10 @@ class RedisCounters(LeaseHolding):
         self._sync: syncredis.Redis | None = None  # admission's own connection
         self._task: asyncio.Task[None] | None = None
         self._degraded = False
+        self.marks_prefix = f"{prefix}:write:{secrets.token_hex(8)}:"  # this replica's writes
+        self._serial = 0
+        self._unsure: list[Write] = []  # writes whose answer never came (oldest first)
+        self._answered_marks: list[str] = []  # to keep a minute more (the next write)
 
     # -- Counters ------------------------------------------------------------------------
 
@@ -209,64 +155,65 @@ class RedisCounters(LeaseHolding):
     def admit(self, admission: Admission) -> int | None:
         """Check and count in Redis, atomically (see the module docstring); this
         replica's view decides while Redis cannot answer."""
-        if self._sync is not None and not self._degraded:
+        client = self._sync
+        if client is not None and not self._degraded:
+            call = self._call(admission)
             try:
-                with self.view.sending() as (batch, settling):
-                    return self._admit_in_redis(self._sync, admission, batch, settling)
+                with unguarded():
+                    reply = client.eval(SCRIPT, *call.build(admission, {}))
+                return self._answered(call, reply)
             except (RedisError, OSError) as exc:
                 self._down("admit", exc)
+                self._unanswered(call)  # (what it carried counts here meanwhile)
+                refused = first_refused(admission, self.counter)
+                if refused is None and call.write.admission:
+                    # forwarded: counted here now, in Redis once the write is resolved
+                    self._unsure[-1] = replace(call.write, admitted_here=True)
+                    self.view.set_unsure(i for w in self._unsure for i in w.counted())
+                return refused
         refused = first_refused(admission, self.counter)
         if refused is None:
             self.count(admission.increments)
         return refused
 
-    def _admit_in_redis(self, client: syncredis.Redis, admission: Admission,
-                        batch: dict[str, Table],
-                        settling: dict[str, dict[str, Table]]) -> int | None:
-        keys: dict[str, int] = {}
+    def _call(self, admission: Admission | None) -> WriteCall:
+        """The next write: what is pending (taken), the admission, the unsure writes."""
+        batch = tuple(self._entries(self.view.take()))
+        settling = tuple((holder, tuple(self._entries(tables)))
+                         for holder, tables in self.view.take_settling().items())
+        self._serial += 1
+        write = Write(f"{self.marks_prefix}{self._serial}", batch, settling,
+                      admission.increments if admission is not None else ())
+        answered, self._answered_marks = tuple(self._answered_marks), []
+        return WriteCall(self.prefix, self.lease_prefix, write, tuple(self._unsure),
+                         answered)
 
-        def key(table: str) -> int:
-            return keys.setdefault(self.prefix + table, len(keys) + 1)
-
-        def entries(increments: Iterable[Increment]) -> list[Any]:
-            out: list[Any] = []
-            for table, field, amount, expires in increments:
-                out += [key(table), field, amount, _expiry(table, expires)]
-            return out
-
-        pending = self._entries(batch)
-        settled = {holder: self._entries(tables) for holder, tables in settling.items()}
-        holders = list(settled)
-        args: list[Any] = [len(pending), *entries(pending), len(holders)]
-        for holder in holders:
-            lease = keys.setdefault(self.lease_prefix + holder, len(keys) + 1)
-            args += [lease, len(settled[holder]), *entries(settled[holder])]
-        args.append(len(admission.limits))
-        for limit in admission.limits:
-            args.append(len(limit.fields))
-            for table, field in limit.fields:
-                args += [key(table), field]
-            args += [limit.ceiling, limit.add]
-        args += [len(admission.increments), *entries(admission.increments)]
-        report = list(dict.fromkeys([
-            *((t, f) for t, f, _, _ in pending),
-            *((t, f) for entries_ in settled.values() for t, f, _, _ in entries_),
-            *(tf for limit in admission.limits for tf in limit.fields),
-            *((t, f) for t, f, _, _ in admission.increments)]))
-        args.append(len(report))
-        for table, field in report:
-            args += [key(table), field]
-        with unguarded():
-            reply = client.eval(_ADMIT, len(keys), *keys, *args)
-        for (table, field), value in zip(report, reply[2:], strict=True):
-            self.view.set_shared(table, field, int(value))
-        for i, holder in enumerate(holders):
-            if int(reply[1]) >> i & 1:
-                self._settlements_dropped(holder)
-        for table, _, _, expires in admission.increments:
+    def _answered(self, call: WriteCall, reply: list[Any]) -> int | None:
+        """Apply a write's answer to the view: the refused limit (None: admitted)."""
+        refused = int(reply[0])
+        if refused < 0:  # (resolved as unsure already: never when answered in time)
+            raise RedisError("the write was resolved before its answer came")
+        dropped = int(reply[1])
+        for number in reply[2:2 + dropped]:
+            self._settlements_dropped(call.holders[int(number) - 1])
+        for (table, name), value in zip(call.report, reply[2 + dropped:], strict=True):
+            self.view.set_shared(table, name, int(value))
+        if call.carried:
+            resolved = {w.mark for w in call.carried}
+            self._unsure = [w for w in self._unsure if w.mark not in resolved]
+            self.view.set_unsure(i for w in self._unsure for i in w.counted())
+        for table, _, _, expires in call.write.admission:
             if self.view.expires.get(table, 0.0) < expires:
                 self.view.expires[table] = expires
-        return None if int(reply[0]) == 0 else int(reply[0]) - 1
+        self._answered_marks.append(call.write.mark)
+        return None if refused == 0 else refused - 1
+
+    def _unanswered(self, call: WriteCall) -> None:
+        """A write whose answer never came: unsure until a later write resolves it."""
+        self._answered_marks[:0] = call.answered
+        if not call.write.empty():
+            self._unsure.append(call.write)
+            self.view.set_unsure(i for w in self._unsure for i in w.counted())
 
     def _entries(self, batch: dict[str, Table]) -> list[Increment]:
         return [(t, f, a, self.view.expires.get(t, 0.0))
@@ -321,7 +268,8 @@ class RedisCounters(LeaseHolding):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        if self._client is not None and (self.view.pending or self.view.settling):
+        if self._client is not None and (self.view.pending or self.view.settling
+                                         or self._unsure):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.flush(), timeout)
         if self.lease is not None and self._client is not None:
@@ -345,66 +293,45 @@ class RedisCounters(LeaseHolding):
     # -- one round trip ------------------------------------------------------------------
 
     async def flush(self) -> None:
-        """Send the pending batch and refresh the watched values (one transaction)."""
+        """Send the pending batch and settlements, resolve unsure writes and refresh
+        the watched values (one script). While Redis is down, nothing is sent until it
+        answers a PING (what is not sent stays pending, not unsure)."""
         self.view.prune()
         client = self._client
         if client is None:
             return
-        try:
-            with self.view.sending() as (batch, settling):
-                watched = self.view.watched_fields()
-                if not batch and not watched and not settling:
-                    if self._degraded:
-                        try:
-                            with unguarded():
-                                await client.ping()
-                        except (RedisError, OSError):
-                            return
-                        self._up()
-                    return
-                # What each reply is: ("add", table, field), ("expire", table, None),
-                # ("settle", holder, its entries), ("read", table, fields).
-                plan: list[tuple[str, str, Any]] = []
+        watched = self.view.watched_fields()
+        if self._degraded:
+            try:
                 with unguarded():
-                    async with client.pipeline(transaction=True) as pipe:
-                        for table, fields in batch.items():
-                            key = self.prefix + table
-                            for field, amount in fields.items():
-                                pipe.hincrby(key, field, amount)
-                                plan.append(("add", table, field))
-                            expire_at = _expiry(table, self.view.expires.get(table, 0.0))
-                            if expire_at:
-                                pipe.expireat(key, expire_at)
-                                plan.append(("expire", table, None))
-                        for holder, tables in settling.items():
-                            entries = self._entries(tables)
-                            keys = list(dict.fromkeys(self.prefix + t for t, _, _, _ in entries))
-                            args: list[Any] = []
-                            for table, field, amount, expires in entries:
-                                args += [keys.index(self.prefix + table) + 2, field, amount,
-                                         _expiry(table, expires)]
-                            pipe.eval(_SETTLE, len(keys) + 1, self.lease_prefix + holder, *keys,
-                                      *args)
-                            plan.append(("settle", holder, entries))
-                        for table, wanted in watched.items():
-                            pipe.hmget(self.prefix + table, wanted)
-                            plan.append(("read", table, wanted))
-                        replies = await pipe.execute()
-        except (RedisError, OSError) as exc:
-            self._down("count", exc)
-            return
-        for (what, name, detail), reply in zip(plan, replies, strict=True):
-            if what == "add":
-                self.view.set_shared(name, detail, int(reply))
-            elif what == "read":
-                for field, value in zip(detail, reply, strict=True):
-                    self.view.set_shared(name, field, int(value) if value is not None else 0)
-            elif what == "settle":
-                if not int(reply[0]):
-                    self._settlements_dropped(name)
-                    continue
-                for (table, field, _, _), value in zip(detail, reply[1:], strict=True):
-                    self.view.set_shared(table, field, int(value))
+                    await client.ping()
+            except (RedisError, OSError):
+                return
+        if self.view.pending or self.view.settling or watched or self._unsure:
+            call = self._call(None)
+            try:
+                with unguarded():
+                    reply = await client.eval(SCRIPT, *call.build(None, watched))
+                self._answered(call, reply)
+            except (RedisError, OSError) as exc:
+                self._unanswered(call)
+                self._down("count", exc)
+                return
+            except asyncio.CancelledError:  # (stopped while it waited: sent or not)
+                self._unanswered(call)
+                raise
+        elif self._answered_marks:  # nothing more to write: the last marks kept a minute
+            marks, self._answered_marks = self._answered_marks, []
+            try:
+                with unguarded():
+                    async with client.pipeline(transaction=False) as pipe:
+                        for mark in marks:
+                            pipe.pexpire(mark, ANSWERED_LIFE_MS)
+                        await pipe.execute()
+            except (RedisError, OSError) as exc:
+                self._answered_marks[:0] = marks
+                self._down("count", exc)
+                return
         self._up()
 
     # -- leases (``leases.LeaseStore``; ``holder``, ``take_lease``: ``LeaseHolding``) --------
@@ -505,12 +432,6 @@ class RedisCounters(LeaseHolding):
             log.warning("counters: Redis at %s unreachable (%s); counting locally, usage "
                         "and budgets are this replica's view until it is back",
                         self.url_for_logs, exc)
-
-
-def _expiry(table: str, expires: float) -> int:
-    """A table's EXPIREAT (0: none; the reservations' records have none: they are
-    emptied as calls settle and dead holders are charged)."""
-    return 0 if table == ORPHANS or not expires else math.ceil(expires)
 
 
 def _ms(seconds: float) -> int:

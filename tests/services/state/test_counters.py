@@ -5,18 +5,23 @@ redis-server shared by replicas."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+import redis as syncredis
 import redis.asyncio as aioredis
 from helpers.clock import Clock, run
 from helpers.redis_server import RedisServer, running_redis
 
 from gateway.core.metering.usage import Usage
 from gateway.net.resolver import new_event_loop
-from gateway.services.metering.budgets import BudgetBook, Hold
+from gateway.services.metering.budgets import BudgetBook, Hold, Reservation
 from gateway.services.policy import load_policy_text
 from gateway.services.state.base import MemoryState
 from gateway.services.state.counters import CounterView, Increment
@@ -273,5 +278,178 @@ def test_two_replicas_admitting_concurrently_never_overshoot(redis_server: Redis
             assert int(await raw.hget(keys[0], "r:agent")) == sum(admitted)
         finally:
             await raw.aclose()
+
+    run_loop(scenario)
+
+
+# --- a write Redis runs after its answer was given up on ----------------------------------
+
+TOKENS = """\
+version: v1
+name: agent
+egress:
+  - {host: api.openai.com, credential: openai}
+budgets:
+  - {name: daily, per: policy, window: 24h, tokens: 100000}
+credentials:
+  openai: {preset: openai, secret: k}
+"""
+
+
+STALL = 2.5  # seconds Redis does not answer
+
+
+@contextlib.contextmanager
+def stalled(server: RedisServer, seconds: float, how: str) -> Iterator[None]:
+    """redis-server unable to answer for ``seconds`` while the block runs. ``late``: the
+    process stopped (SIGSTOP), as a loaded machine deschedules it: what is sent meanwhile
+    waits in its socket and runs when it resumes, after the sender gave up on the answer.
+    ``lost``: clients paused (``CLIENT PAUSE``): what a client sends and gives up on is
+    dropped with its connection, never run."""
+    assert server.process is not None
+    pid = server.process.pid
+    if how == "late":
+        os.kill(pid, signal.SIGSTOP)
+        resume = threading.Timer(seconds, os.kill, (pid, signal.SIGCONT))
+    else:
+        control = syncredis.Redis.from_url(server.url)
+        control.execute_command("CLIENT", "PAUSE", str(int(seconds * 1000)), "ALL")
+        control.close()
+        resume = threading.Timer(seconds, lambda: None)
+    resume.start()
+    try:
+        yield
+    finally:
+        resume.join()
+        time.sleep(0.1)  # (it ran what waited)
+
+
+async def budget_fields(server: RedisServer) -> dict[str, int]:
+    """The budget's fields in Redis, and the sum of the reservations' records."""
+    raw = aioredis.from_url(server.url, decode_responses=True)
+    try:
+        keys = [k async for k in raw.scan_iter("t:c:b:agent:daily:*")]
+        assert len(keys) == 1, keys
+        fields = {k: int(v) for k, v in (await raw.hgetall(keys[0])).items()}
+        records = await raw.hgetall("t:c:o")
+        fields["records"] = sum(int(v) for v in records.values())
+        return fields
+    finally:
+        await raw.aclose()
+
+
+@pytest.mark.parametrize(("write", "how", "other", "admitted"), [
+    # (what is stalled, how, what replica B did first, what replica A answers)
+    ("admission", "late", None, True),  # both Redis and A's view admit
+    ("admission", "lost", None, True),  # Redis never ran it: A's view admitted it
+    # B's 90,000-token call A's view does not know: Redis refuses, A's view admits
+    ("admission", "late", "holds 90000", True),
+    # B's call ended (it used 100) after A last read: Redis admits, A's view refuses
+    ("admission", "late", "settled 90000", False),
+    ("flush", "late", None, True),  # the batch's answer (and its retry's) given up on
+    ("flush", "lost", None, True),
+])
+def test_a_write_whose_answer_never_came_counts_once(
+        redis_server: RedisServer, write: str, how: str, other: str | None,
+        admitted: bool) -> None:
+    """A write to Redis whose answer the replica gave up on (Redis stalled past the
+    timeout; an admission waits 0.25 s by default) counts once, whether Redis ran it
+    late or never, and whatever this replica's view decided meanwhile: what it used,
+    what is reserved and each call's request are counted exactly once. (Measured
+    before: the write that ran late was counted again, its settlement twice - used
+    above what the calls used, the reservations below zero, so admission saw room that
+    was not there - or a reservation Redis admitted for a call this replica refused
+    stayed held until it was charged in full.)"""
+    policy = load_policy_text("p.yaml", TOKENS).policies["agent"]
+
+    async def scenario() -> None:
+        # Timeouts long enough for a loaded machine, the stall longer than two of them
+        # (a batch is tried twice); B is never stalled.
+        a, b = (RedisState(redis_server.url, prefix="t", backoff=(0.05, 0.3),
+                           resync_interval=300, counter_interval=3600, op_timeout=timeout,
+                           admit_timeout=timeout) for timeout in (1.0, 5.0))
+        for store, slot in ((a, "slot-a"), (b, "slot-b")):
+            await store.start()
+            await store.take_lease(slot, beat=3600)
+        books = BudgetBook(a), BudgetBook(b)
+        used, requests = 0, 0
+        try:
+            first = books[0].admit("sb", policy, "openai", time.time(), Reservation(5_000))
+            assert isinstance(first, Hold)
+            requests = 1
+            if other is not None:
+                held = books[1].admit("sb-b", policy, "openai", time.time(),
+                                      Reservation(90_000))
+                assert isinstance(held, Hold)
+                requests += 1
+                if other.startswith("settled"):
+                    # A reads the budget (B's reservation) with its next admission
+                    seen = books[0].admit("sb", policy, "openai", time.time(),
+                                          Reservation(1))
+                    assert isinstance(seen, Hold)
+                    books[0].settle(seen, 1, 0)
+                    used, requests = used + 1, requests + 1
+                    books[1].settle(held, 100, 0)
+                    await b.flush_counters()
+                    used += 100
+            if write == "admission":
+                books[0].settle(first, 120, 0)  # pending: sent with the stalled write
+                with stalled(redis_server, STALL, how):
+                    second = books[0].admit("sb", policy, "openai", time.time(),
+                                            Reservation(50_000))
+                assert a.counters_degraded  # (A's view decided)
+            else:
+                second = books[0].admit("sb", policy, "openai", time.time(),
+                                        Reservation(50_000))
+                books[0].settle(first, 120, 0)
+                with stalled(redis_server, STALL, how):
+                    await a.flush_counters()
+            used += 120
+            assert isinstance(second, Hold) == admitted, second
+            if isinstance(second, Hold):
+                books[0].settle(second, 2_000, 0)
+                used, requests = used + 2_000, requests + 1
+            for _ in range(2):
+                await a.flush_counters()
+            if other == "holds 90000":
+                books[1].settle(held, 100, 0)
+                await b.flush_counters()
+                used += 100
+            assert not a.counters_degraded
+            fields = await budget_fields(redis_server)
+            assert (fields.get("t:agent", 0), fields.get("rt:agent", 0),
+                    fields.get("r:agent", 0), fields["records"]) == (used, 0, requests, 0)
+            assert (await a.counter_tables(["b:agent:daily:" + first.places[0][0].split(
+                ":")[-1]])) == {first.places[0][0]: {k: v for k, v in fields.items()
+                                                     if k != "records"}}
+        finally:
+            await a.close()
+            await b.close()
+
+    run_loop(scenario)
+
+
+def test_a_written_batch_leaves_a_mark_kept_a_minute_once_answered(
+        redis_server: RedisServer) -> None:
+    """Each write's mark (what lets a write whose answer was lost count once) is kept a
+    day until the replica heard the answer, then a minute: also for the last write
+    before the replica has nothing more to write."""
+    async def scenario() -> None:
+        a = replica(redis_server)
+        await a.start()
+        raw = aioredis.from_url(redis_server.url, decode_responses=True)
+        try:
+            a.count([inc("u:0", "f", 1)])
+            await a.flush_counters()
+            marks = [k async for k in raw.scan_iter("t:write:*")]
+            assert len(marks) == 1 and await raw.get(marks[0]) == "0"
+            assert await raw.pttl(marks[0]) > 86_000_000
+            await a.flush_counters()  # nothing to write: the mark is told it was answered
+            assert 0 < await raw.pttl(marks[0]) <= 60_000
+            assert [k async for k in raw.scan_iter("t:write:*")] == marks
+            assert await raw.hget("t:c:u:0", "f") == "1"
+        finally:
+            await raw.aclose()
+            await a.close()
 
     run_loop(scenario)
