@@ -78,6 +78,9 @@ class BudgetExceeded:
     held: float = 0
     asked: float = 0
     window_left: int = 0  # seconds until the window resets (0: frees_in)
+    # the state store is away and this process may use only 1/alone of what is left
+    # (the gateway processes counting this budget; 0: not that)
+    alone: int = 0
     status: int = 429
     code: str = "budget_exceeded"
 
@@ -100,6 +103,19 @@ class BudgetExceeded:
                else f'policy "{self.subject}" (all its sandboxes)')
         window = (f"in the {b.window_text} window from {iso_time(self.window_start)}; it resets "
                   f"at {iso_time(self.resets_at)} (in {_span(self.window_left or self.frees_in)})")
+        if self.alone:
+            held = (f" ({_amount(self.kind, self.held)} held by calls still running)"
+                    if self.held else "")
+            asked = (f"; this call may use up to {_amount(self.kind, self.asked)}"
+                     if self.asked else "")
+            return (f'budget "{b.name}" ({b.source}) cannot be checked across the '
+                    f"gateway's processes: its state store is away, so this process may "
+                    f"use only its share (1/{self.alone}) of what was left for {who} when "
+                    f"it last read the store, and this call does not fit in it "
+                    f"({_amount(self.kind, self.used)} used{held} of "
+                    f"{_amount(self.kind, self.limit)} as read here{asked}); "
+                    f"retry in {_span(self.frees_in)}: the share is whole again once the "
+                    f"store is back ({window})")
         if self.used + self.held >= self.limit or not self.asked:
             held = (f" and {_amount(self.kind, self.held)} held by calls still running"
                     if self.held else "")

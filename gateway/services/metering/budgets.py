@@ -215,7 +215,7 @@ class BudgetBook:
 
     def admit(self, sandbox: str, policy: Policy, credential: str, now: float,
               reserve: Reservation = _NO_RESERVATION, *,
-              requests: int = 1) -> BudgetExceeded | Hold | None:
+              requests: int = 1, again: bool = False) -> BudgetExceeded | Hold | None:
         """Check every applicable budget and count the call against them, as one step
         of the state store (one transaction across the host's processes with SQLite),
         before it is forwarded: refused (the budget that refused it, as ``check`` words
@@ -225,10 +225,14 @@ class BudgetBook:
 
         The reservation is also recorded under this process's lease (the counters'
         ``holder``), in the same step: if the process dies before the call settles,
-        a live one charges the reservation in full as used."""
+        a live one charges the reservation in full as used. While the store cannot
+        decide across processes, this process's share of each budget's room decides
+        (``counters.first_refused_alone``; the refusal says so). ``again``: the second
+        try after a refusal ``check`` found room for (what refused it settled)."""
         places: list[tuple[str, str, float]] = []
         increments: list[Increment] = []
         limits: list[Limit] = []
+        owners: list[tuple[Budget, str, LimitKind, float, float, float]] = []  # by limit
         holder = self.counters.holder
         for budget in self.applicable(policy, credential):
             start, end = window_bounds(budget.window, now)
@@ -248,19 +252,36 @@ class BudgetBook:
             if budget.tokens is not None:
                 limits.append(Limit(((table, "t:" + subject), (table, "rt:" + subject)),
                                     budget.tokens, reserve.tokens))
+                owners.append((budget, subject, "tokens", reserve.tokens, start, end))
             if budget.requests is not None and requests:
                 limits.append(Limit(((table, "r:" + subject),), budget.requests, requests))
+                owners.append((budget, subject, "requests", 0, start, end))
             if budget.cost_usd is not None:
                 limits.append(Limit(((table, "c:" + subject), (table, "rc:" + subject)),
                                     round(budget.cost_usd * NANO), reserve.nano_usd))
+                owners.append((budget, subject, "cost_usd", reserve.nano_usd / NANO, start,
+                               end))
         if not places:
             return None
-        if self.counters.admit(Admission(tuple(limits), tuple(increments))) is None:
+        refused = self.counters.admit(Admission(tuple(limits), tuple(increments)))
+        if refused is None:
             return Hold(tuple(places), reserve, holder)
         exceeded = self.check(sandbox, policy, credential, now, reserve=reserve)
-        if exceeded is None:  # (what refused it settled meanwhile): once more
-            return self.admit(sandbox, policy, credential, now, reserve, requests=requests)
-        return exceeded
+        if exceeded is not None:
+            return exceeded
+        degraded = self.counters.counters_degraded
+        if not degraded and not again:  # (what refused it settled meanwhile): once more
+            return self.admit(sandbox, policy, credential, now, reserve, requests=requests,
+                              again=True)
+        # Refused by this process's share of the room while the store is away
+        # (`counters.first_refused_alone`), or twice by a store whose readings said there
+        # was room: the limit that refused it, as it reads here.
+        budget, subject, kind, asked, start, end = owners[refused]
+        used, held = self._used(self._table(policy.name, budget, start), subject)
+        return BudgetExceeded(budget, subject, kind, used[kind], _limit(budget, kind), start,
+                              end, max(1, math.ceil(min(end - now, _HELD_RETRY))), held[kind],
+                              asked, max(1, math.ceil(end - now)),
+                              alone=self.counters.processes if degraded else 0)
 
     def settle(self, hold: Hold, tokens: int, nano_usd: int) -> None:
         """A held call ended: its reservation is released and what it used counted, in
@@ -355,3 +376,10 @@ def budget_problems(policies: Sequence[Policy], pricing: Pricing | None) -> list
             "configured, so costs are unknown and every inference call it counts is "
             "refused (metering_unavailable); set metering.pricing in the gateway config"
             for p in policies for b in p.budgets if b.cost_usd is not None and b.policy == p.name]
+
+
+def _limit(budget: Budget, kind: LimitKind) -> float:
+    """A budget's ceiling of ``kind`` (as ``check`` compares it)."""
+    value = {"tokens": budget.tokens, "requests": budget.requests,
+             "cost_usd": budget.cost_usd}[kind]
+    return float(value or 0)

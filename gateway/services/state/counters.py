@@ -20,6 +20,14 @@ budget window's end, an hourly usage bucket's retention). The state stores imple
 * ``counter_tables`` (admin API) reads whole tables as fresh as the store allows.
 * ``counters_degraded`` is True while the store cannot be written: counts go on
   locally and are written when it is back.
+* While the store cannot decide an admission across processes, each process decides
+  alone on **its share** (``first_refused_alone``): of the room a limit had when the
+  store last showed it, this process may use ``1 / processes``, ``processes`` being the
+  gateway processes holding a lease on the store when it last looked (this one
+  included; every worker of every replica takes one). Together they stay within the
+  ceiling (within what the others counted since this process's last read: one batch
+  interval), where deciding each on its own reading let every one of them spend all
+  of it. A limit whose fields this process never read is not known: refused.
 
 ``CounterView`` is that local state; ``memory_counters.MemoryCounters`` is the one-process store;
 ``gateway.services.state.sqlite`` and ``gateway.services.state.counters_redis`` are the shared ones.
@@ -43,6 +51,7 @@ __all__ = [
     "Increment",
     "Limit",
     "first_refused",
+    "first_refused_alone",
 ]
 
 log = logging.getLogger("sandbox_gateway.counters")
@@ -85,6 +94,28 @@ def first_refused(admission: Admission, read: Callable[[str, str], int]) -> int 
     return None
 
 
+def first_refused_alone(admission: Admission, known: Callable[[str, str], int | None],
+                        mine: Callable[[str, str], int], processes: int) -> int | None:
+    """The first limit this process's share refuses, or None (the module docstring):
+    ``known`` the store's value as this process last read it (None: never read),
+    ``mine`` what this process counted that the store does not have yet. Each of
+    ``processes`` may add at most ``(ceiling - known) / processes``: this one's counts
+    weigh ``processes`` times. One process decides as ``first_refused`` does."""
+    n = max(1, processes)
+    for index, limit in enumerate(admission.limits):
+        base = 0
+        for table, name in limit.fields:
+            value = known(table, name)
+            if value is None:
+                return index
+            base += value
+        spent = n * sum(mine(table, name) for table, name in limit.fields)
+        if not (base + spent < limit.ceiling
+                and base + spent + n * limit.add <= limit.ceiling):
+            return index
+    return None
+
+
 class Counters(Protocol):
     """Shared counters (see the module docstring)."""
 
@@ -95,6 +126,8 @@ class Counters(Protocol):
     async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]: ...
     @property
     def counters_degraded(self) -> bool: ...
+    @property
+    def processes(self) -> int: ...
     @property
     def holder(self) -> str | None: ...
     async def take_lease(self, slot: str, *, ttl: float = LEASE_TTL,
@@ -124,6 +157,10 @@ class CountersOf:
     @property
     def counters_degraded(self) -> bool:
         return self._counters.counters_degraded
+
+    @property
+    def processes(self) -> int:
+        return self._counters.processes
 
     @property
     def holder(self) -> str | None:
@@ -190,6 +227,11 @@ class CounterView:
             self.watched[(table, field)] = self.clock()
         shared = self.shared.get(table)
         return (shared.get(field, 0) if shared else 0) + self.unwritten(table, field)
+
+    def known(self, table: str, field: str) -> int | None:
+        """The store's value as last read here (None: never read, or forgotten)."""
+        shared = self.shared.get(table)
+        return shared.get(field) if shared else None
 
     def unwritten(self, table: str, field: str) -> int:
         """What is pending here for one field (the batch, the settlements, what is
@@ -322,6 +364,10 @@ class EmptyCounters:
     @property
     def counters_degraded(self) -> bool:
         return False
+
+    @property
+    def processes(self) -> int:
+        return 1
 
     @property
     def holder(self) -> str | None:

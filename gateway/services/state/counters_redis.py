@@ -23,9 +23,10 @@ holds - so no two replicas admit on the same remaining allowance. It is a synchr
 call (the metering core is synchronous, like SQLite's admission transaction) bounded by
 `admit_timeout` (0.25 s); the answer refreshes the local view of every field it
 touched. While Redis is unreachable (or that call gets no answer in time) admission
-falls back to this replica's view (the outage is reported: `counters_degraded`, the
-`state_store_up` gauge, one log line), the overshoot then being what other replicas
-admitted meanwhile; an admission whose answer was lost is reconciled with that view's
+falls back to this replica's share of the room it last read (the outage is reported:
+`counters_degraded`, the `state_store_up` gauge, one log line;
+``counters.first_refused_alone``: 1 / the processes holding leases), so the replicas
+together stay within the ceiling; an admission whose answer was lost is reconciled with that view's
 decision when it is resolved (the call counted once if it was forwarded, not at all if
 it was refused). Settlements (what a call used, counted after its response) still
 travel in the batches, so a token or cost budget sees another replica's finished call
@@ -59,7 +60,13 @@ from redis.exceptions import RedisError
 
 from gateway.net.resolver import unguarded
 from gateway.observability import metrics
-from gateway.services.state.counters import Admission, CounterView, Increment, Table, first_refused
+from gateway.services.state.counters import (
+    Admission,
+    CounterView,
+    Increment,
+    Table,
+    first_refused_alone,
+)
 from gateway.services.state.counters_redis_write import ANSWERED_LIFE_MS, SCRIPT, Write, WriteCall
 from gateway.services.state.lease_keeper import Lease, LeaseHolding
 from gateway.services.state.leases import ORPHANS, Charged, charge_of, parse_held
@@ -165,16 +172,22 @@ class RedisCounters(LeaseHolding):
             except (RedisError, OSError) as exc:
                 self._down("admit", exc)
                 self._unanswered(call)  # (what it carried counts here meanwhile)
-                refused = first_refused(admission, self.counter)
+                refused = self._alone(admission)
                 if refused is None and call.write.admission:
                     # forwarded: counted here now, in Redis once the write is resolved
                     self._unsure[-1] = replace(call.write, admitted_here=True)
                     self.view.set_unsure(i for w in self._unsure for i in w.counted())
                 return refused
-        refused = first_refused(admission, self.counter)
+        refused = self._alone(admission)
         if refused is None:
             self.count(admission.increments)
         return refused
+
+    def _alone(self, admission: Admission) -> int | None:
+        """This replica's share decides (``counters.first_refused_alone``): Redis's
+        values as last read, what is counted here and not written."""
+        return first_refused_alone(admission, self.view.known, self.view.unwritten,
+                                   self.processes)
 
     def _call(self, admission: Admission | None) -> WriteCall:
         """The next write: what is pending (taken), the admission, the unsure writes."""
@@ -388,6 +401,7 @@ class RedisCounters(LeaseHolding):
                     alive = await pipe.execute()
                 dead = [h for h, n in zip(holders, alive, strict=True)
                         if not n or h == release]
+                self.processes = max(1, sum(1 for n in alive if n))  # (live leases)
                 if not dead and "0" not in records.values():
                     return []
                 keys: dict[str, int] = {records_key: 1, self.leases_key: 2}

@@ -131,6 +131,10 @@ class LeaseHolding(LeaseStore):
     once per holder that settlements of a holder found dead were dropped."""
 
     lease: Lease | None
+    # gateway processes holding a lease on the store when it last looked (this one
+    # included; set by each store's `lease_reap`): while the store cannot decide an
+    # admission, this process's share of a budget's room is 1 / processes
+    processes: int = 1
     _dropped: set[str]  # holders whose dropped settlements were logged
     _dropped_log: tuple[logging.Logger, str]  # the logger, and the line (%s: the holder)
 

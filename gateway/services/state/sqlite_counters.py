@@ -30,7 +30,14 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from gateway.services.state.counters import Admission, CounterView, Increment, Table, first_refused
+from gateway.services.state.counters import (
+    Admission,
+    CounterView,
+    Increment,
+    Table,
+    first_refused,
+    first_refused_alone,
+)
 from gateway.services.state.lease_keeper import LeaseHolding
 from gateway.services.state.leases import ORPHANS, Charged, charge_of, parse_held
 from gateway.services.state.sqlite_connect import transaction
@@ -72,15 +79,18 @@ class SqliteCounters(SqliteFile, LeaseHolding):
                 self.flush()
 
     def counter(self, table: str, field: str) -> int:
-        pending = self.view.unwritten(table, field)
+        return (self._stored(table, field) or 0) + self.view.unwritten(table, field)
+
+    def _stored(self, table: str, field: str) -> int | None:
+        """The file's value (None: it cannot be read)."""
         try:
             row = self._db().execute(
                 "SELECT value FROM counters WHERE tbl = ? AND field = ? AND expires_at > ?",
                 (table, field, self.clock())).fetchone()
         except sqlite3.Error as exc:
             self._failed("read", exc)
-            row = None
-        return (int(row[0]) if row else 0) + pending
+            return None
+        return int(row[0]) if row else 0
 
     async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
         """Whole tables as the file has them once every process has written what it
@@ -182,6 +192,7 @@ class SqliteCounters(SqliteFile, LeaseHolding):
                     conn.execute("DELETE FROM leases WHERE holder = ?", (release,))
                 live = {h for (h,) in conn.execute(
                     "SELECT holder FROM leases WHERE expires_at > ?", (now,))}
+                self.processes = max(1, len(live))  # (live leases)
                 charged = self._charge(conn, live, now)
                 conn.execute("DELETE FROM leases WHERE expires_at <= ?", (now,))
         except sqlite3.Error as exc:
@@ -230,10 +241,12 @@ class SqliteCounters(SqliteFile, LeaseHolding):
                 if refused is None:
                     conn.executemany(_ADD, list(admission.increments))
         except sqlite3.Error as exc:
-            # Cannot decide across processes: decide on this process's reading (the
-            # outage is reported) and keep the increments to write later.
+            # Cannot decide across processes: decide on this process's share of what the
+            # file shows (`counters.first_refused_alone`; the outage is reported) and keep
+            # the increments to write later.
             self._failed("admit", exc)
-            refused = first_refused(admission, self.counter)
+            refused = first_refused_alone(admission, self._stored, self.view.unwritten,
+                                          self.processes)
             if refused is None:
                 self.view.add(admission.increments)
             return refused

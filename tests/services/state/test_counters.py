@@ -24,7 +24,14 @@ from gateway.net.resolver import new_event_loop
 from gateway.services.metering.budgets import BudgetBook, Hold, Reservation
 from gateway.services.policy import load_policy_text
 from gateway.services.state.base import MemoryState
-from gateway.services.state.counters import CounterView, Increment
+from gateway.services.state.counters import (
+    Admission,
+    CounterView,
+    Increment,
+    Limit,
+    first_refused,
+    first_refused_alone,
+)
 from gateway.services.state.memory_counters import MemoryCounters
 from gateway.services.state.redis import RedisState
 from gateway.services.state.sqlite import SqliteState
@@ -451,5 +458,107 @@ def test_a_written_batch_leaves_a_mark_kept_a_minute_once_answered(
         finally:
             await raw.aclose()
             await a.close()
+
+    run_loop(scenario)
+
+
+# --- while the store cannot decide: this process's share ----------------------------------
+
+SHARE_CASES = [
+    # (processes, known, mine, ceiling, add, refused): a limit over one field
+    (1, 4, 0, 10, 1, False),  # one process: its reading decides, as first_refused
+    (1, 4, 5, 10, 1, False),
+    (1, 4, 6, 10, 1, True),
+    (2, 4, 0, 10, 1, False),  # two: this one may add (10 - 4) / 2 = 3
+    (2, 4, 2, 10, 1, False),
+    (2, 4, 3, 10, 1, True),
+    (3, 4, 1, 10, 1, False),  # three: 2 each
+    (3, 4, 2, 10, 1, True),
+    (2, 0, 0, 100, 50, False),  # a reservation: its share of the room, all of it
+    (2, 0, 0, 100, 51, True),
+    (2, 4, -2, 10, 2, False),  # released here (a call settled under its reservation):
+    (2, 4, -2, 10, 6, True),   # its own room back, once, not once per process
+    (2, 10, 0, 10, 0, True),   # used up already: nothing, also a call adding nothing
+    (2, None, 0, 10, 1, True),  # never read here: not known, refused
+    (0, 4, 6, 10, 1, True),    # (no count yet: one)
+]
+
+
+@pytest.mark.parametrize(("processes", "known", "mine", "ceiling", "add", "refused"),
+                         SHARE_CASES)
+def test_a_process_alone_uses_only_its_share(processes: int, known: int | None, mine: int,
+                                             ceiling: int, add: int, refused: bool) -> None:
+    admission = Admission((Limit((("t", "f"),), ceiling, add),), (inc("t", "f", add),))
+    found = first_refused_alone(admission, lambda t, f: known, lambda t, f: mine, processes)
+    assert (found == 0) == refused
+    if processes <= 1 and known is not None:  # the same as deciding on this reading
+        assert found == first_refused(admission, lambda t, f: known + mine)
+
+
+def test_each_limit_sums_its_fields_and_the_first_refusing_one_is_named() -> None:
+    view = {("t", "used"): 30, ("t", "held"): 20, ("r", "n"): 1}
+    mine = {("t", "used"): 5, ("t", "held"): 5}
+    admission = Admission((Limit((("r", "n"),), 10, 1),
+                           Limit((("t", "used"), ("t", "held")), 100, 10)), ())
+    # 30 + 20 known, 10 counted here: 50 + 2 * (10 + 10) = 90 <= 100
+    assert first_refused_alone(admission, lambda t, f: view.get((t, f), 0),
+                               lambda t, f: mine.get((t, f), 0), 2) is None
+    # with three processes: 50 + 3 * 20 = 110 > 100: the second limit
+    assert first_refused_alone(admission, lambda t, f: view.get((t, f), 0),
+                               lambda t, f: mine.get((t, f), 0), 3) == 1
+
+
+def test_replicas_cut_off_from_redis_stay_within_the_budget_together(
+        redis_server: RedisServer) -> None:
+    """Redis stops answering (SIGSTOP) while two replicas go on admitting a policy-wide
+    budget of 10 requests, 5 used: each admits only its share of the 5 left as it last
+    read them (2 and 3), so once Redis is back the budget shows 10, not 15 or 16, and
+    a refusal says why. (Measured before: each admitted on its own reading, 6 and 5.)"""
+    policy = load_policy_text("p.yaml", BUDGET).policies["agent"]
+
+    async def scenario() -> None:
+        stores = [RedisState(redis_server.url, prefix="t", backoff=(0.05, 0.3),
+                             resync_interval=300, counter_interval=3600, op_timeout=1.0,
+                             admit_timeout=0.5) for _ in range(2)]
+        for i, store in enumerate(stores):
+            await store.start()
+            await store.take_lease(f"slot-{i}", beat=0.1)
+        books = [BudgetBook(s) for s in stores]
+        try:
+            deadline = time.monotonic() + 10
+            while any(s.processes != 2 for s in stores):  # (each looked at the leases)
+                assert time.monotonic() < deadline, [s.processes for s in stores]
+                await asyncio.sleep(0.05)
+            for i in (0, 0, 0, 0, 1):  # 4 on A, 1 on B: A last read 4, B 5
+                assert isinstance(books[i].admit(f"sb-{i}", policy, "openai",
+                                                 time.time()), Hold)
+            admitted, refusals = [0, 0], []
+            with stalled(redis_server, 3.0, "late"):
+                for i in (0, 1):
+                    for _ in range(8):
+                        found = books[i].admit(f"sb-{i}", policy, "openai", time.time())
+                        if isinstance(found, Hold):
+                            admitted[i] += 1
+                        else:
+                            refusals.append(found)
+                    assert stores[i].counters_degraded
+            assert admitted == [3, 2]
+            assert refusals and all(r is not None and r.alone == 2 for r in refusals)
+            assert "its state store is away" in refusals[0].reason  # type: ignore[union-attr]
+            assert "share (1/2)" in refusals[0].reason  # type: ignore[union-attr]
+            for store in stores:
+                for _ in range(2):
+                    await store.flush_counters()
+                assert not store.counters_degraded
+            raw = aioredis.from_url(redis_server.url, decode_responses=True)
+            try:
+                keys = [k async for k in raw.scan_iter("t:c:b:agent:team:*")]
+                assert len(keys) == 1
+                assert int(await raw.hget(keys[0], "r:agent")) == 10
+            finally:
+                await raw.aclose()
+        finally:
+            for store in stores:
+                await store.close()
 
     run_loop(scenario)

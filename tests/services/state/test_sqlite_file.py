@@ -113,3 +113,41 @@ def test_every_process_notices_a_full_disk_and_its_end(tiny_disk: Path) -> None:
             await idle.close()
 
     run(scenario())
+
+
+def test_processes_on_a_full_disk_stay_within_a_budget_together(tiny_disk: Path) -> None:
+    """Two processes on one state file admit on a full disk (the admission's transaction
+    fails): each may add only its share of the room the file shows (4 of 10 used: 3
+    each), so once space returns the file holds 10, not 16. (Measured before: each
+    admitted on its own reading, 6 each.)"""
+    path = tiny_disk / "state" / "gateway.db"
+
+    async def scenario() -> None:
+        states = [SqliteState(path) for _ in range(2)]
+        for i, state in enumerate(states):
+            await state.start()
+            await state.take_lease(f"slot-{i}", beat=0.1)
+        try:
+            deadline = time.monotonic() + 10
+            while any(s.processes != 2 for s in states):  # (each looked at the leases)
+                assert time.monotonic() < deadline, [s.processes for s in states]
+                await asyncio.sleep(0.05)
+            limit = Admission((Limit((("b", "r"),), 10, 1),), (("b", "r", 1, FAR),))
+            assert [states[0].admit(limit) for _ in range(4)] == [None] * 4
+            filler = fill_up(tiny_disk)
+            admitted = [sum(s.admit(limit) is None for _ in range(8)) for s in states]
+            assert all(s.counters_degraded for s in states)
+            assert admitted == [3, 3]
+            filler.unlink()
+            deadline = time.monotonic() + 5
+            while any(s.counters_degraded for s in states):
+                assert time.monotonic() < deadline
+                for s in states:
+                    s.flush()
+                await asyncio.sleep(0.1)
+            assert states[0].counter("b", "r") == 10
+        finally:
+            for state in states:
+                await state.close()
+
+    run(scenario())
