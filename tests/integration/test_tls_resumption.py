@@ -190,6 +190,44 @@ def test_openssl_s_client_resumes_through_the_proxy(gw: GatewayThread,
     assert "HTTP/1.1 200 OK" in again and "\nReused, TLSv1.3" in again
 
 
+def test_tickets_come_with_the_first_answer(gw: GatewayThread) -> None:
+    """TLS 1.3 session tickets are not sent the moment the handshake ends (a client may
+    be writing its request from another thread then: below), on either engine: nothing
+    reaches the client until it has sent its request, and the ticket comes with the
+    answer. (mitmproxy's TLS sent them at once: patches.install_ticket_hold.)"""
+    assert gw.gateway.proxy_address is not None
+    sock = open_tunnel(gw.gateway.proxy_address, "other.test:443", gw.mint("agent", "sbx-t"),
+                       "sbx-t", timeout=10)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = _client(gw).wrap_bio(incoming, outgoing, server_hostname="other.test")
+    with sock:
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                sock.sendall(outgoing.read())
+                incoming.write(sock.recv(65536))
+        sock.sendall(outgoing.read())  # (the client's Finished)
+        assert tls.version() == "TLSv1.3"
+        sock.settimeout(1.0)
+        with pytest.raises(TimeoutError):  # nothing: the tickets wait for an answer
+            sock.recv(65536)
+        sock.settimeout(10)
+        tls.write(b"GET / HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n")
+        sock.sendall(outgoing.read())
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            try:
+                answer += tls.read(65536)
+            except ssl.SSLWantReadError:
+                data = sock.recv(65536)
+                assert data, answer
+                incoming.write(data)
+    assert answer.startswith(b"HTTP/1.1 200 OK")
+    assert tls.session is not None and tls.session.has_ticket
+
+
 WS_SESSIONS = int(os.environ.get("WS_SESSIONS", "300"))
 
 
