@@ -1,4 +1,4 @@
-"""TLS session resumption for sandboxes on the HTTP/1 engine (gateway/net/tls.py), with
+"""TLS session resumption for sandboxes on both engines (gateway/net/tls.py, mitmproxy's), with
 real clients through the real gateway: Python's ssl with a session passed back, and
 `openssl s_client -sess_out/-sess_in` through the proxy.
 
@@ -231,17 +231,20 @@ def test_tickets_come_with_the_first_answer(gw: GatewayThread) -> None:
 WS_SESSIONS = int(os.environ.get("WS_SESSIONS", "300"))
 
 
+@pytest.mark.parametrize("intercept", ["fast", "mitmproxy"])
 def test_a_two_thread_websocket_client_gets_its_ticket_with_the_upgrade(
-        make_gateway: GatewayFactory, test_ca: LocalCA, tmp_path: Path) -> None:
+        make_gateway: GatewayFactory, test_ca: LocalCA, tmp_path: Path,
+        intercept: str) -> None:
     """websockets' sync client reads its TLS socket in a thread while the caller writes
     the upgrade: a ticket sent right after the handshake hung about one session in 150 to
     500 (OpenSSL allows no such sharing). Held until the 101, the ticket arrives while the
-    caller waits: every session opens (WS_SESSIONS=3000 for a longer run)."""
+    caller waits: every session opens (WS_SESSIONS=3000 for a longer run), on both
+    engines (test_tickets_come_with_the_first_answer holds each to it exactly)."""
     (tmp_path / "ws").mkdir()
     echo = WsEcho(tmp_path / "ws", test_ca, ["ws.test"])
     try:
         gw = make_gateway({"agent.yaml": WS_POLICY}, config={"network": {
-            "upstream_ca": str(test_ca.cert_path),
+            "intercept": intercept, "upstream_ca": str(test_ca.cert_path),
             "resolve": {"ws.test": f"127.0.0.1:{echo.port}"}}})
         context = _client(gw)
         proxy = gw.proxy_url(gw.mint("agent", "sbx-ws"), "sbx-ws")
