@@ -24,6 +24,7 @@ from fakes.hostile_provider import (
     number,
     output_limit,
 )
+from helpers import ws_client
 
 GPT = ModelLimits(context_window=1000, max_output=300)
 MODELS = {"gpt-4o-mini": GPT, "gpt-realtime": ModelLimits(500, 100)}
@@ -148,7 +149,7 @@ def test_the_router_is_lenient_and_faults_bill_what_ran(provider: HostileProvide
 def _ws(provider: HostileProvider, key: str, path: str
         ) -> websockets.sync.client.ClientConnection:
     ctx = ssl.create_default_context(cafile=str(provider.ca_path))
-    return websockets.sync.client.connect(
+    return ws_client.connect(
         f"wss://127.0.0.1:{provider.ws_port}{path}", ssl=ctx, server_hostname=WS_HOST,
         additional_headers={"Authorization": f"Bearer {key}"}, open_timeout=10)
 

@@ -15,9 +15,9 @@ import httpx2
 import openai
 import pytest
 import websockets.exceptions
-import websockets.sync.client
 from fakes.inference import REPLY, FakeInference
 from fakes.realtime import SNAPSHOT, FakeRealtime
+from helpers import ws_client
 from helpers.tls import LocalCA
 from openai.types.realtime import RealtimeSessionCreateRequest
 from openai.types.responses import ResponsesServerEvent
@@ -179,7 +179,7 @@ def test_alone_it_accepts_any_upgrade(tmp_path: Path) -> None:
     server = FakeRealtime(tmp_path / "ws", ca, ["127.0.0.1"])
     ctx = ssl.create_default_context(cafile=str(ca.cert_path))
     try:
-        with websockets.sync.client.connect(
+        with ws_client.connect(
                 f"wss://127.0.0.1:{server.port}/v1/realtime?model=gpt-realtime",
                 ssl=ctx, additional_headers={"Authorization": "Bearer anything"}) as ws:
             assert json.loads(ws.recv(timeout=5))["type"] == "session.created"
@@ -187,8 +187,8 @@ def test_alone_it_accepts_any_upgrade(tmp_path: Path) -> None:
             kinds = [json.loads(ws.recv(timeout=5))["type"] for _ in range(3)]
             assert kinds == ["response.created", "response.audio_transcript.delta",
                              "response.done"]
-        with websockets.sync.client.connect(f"wss://127.0.0.1:{server.port}/v1/responses",
-                                            ssl=ctx) as ws:
+        with ws_client.connect(f"wss://127.0.0.1:{server.port}/v1/responses",
+                               ssl=ctx) as ws:
             ws.send(json.dumps({"type": "response.create", "model": "gpt-4.1",
                                 "input": "one two"}))
             while (event := json.loads(ws.recv(timeout=5)))["type"] != "response.completed":

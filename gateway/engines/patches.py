@@ -22,7 +22,9 @@ The engines need a few things their libraries keep private:
   read a request without a body and the body's bytes as the next request:
   `install_h1_framing`), its HTTP stream's state for a streamed request body (a body
   refused part-way ends its own HTTP/2 stream, with the refusal, not the whole
-  connection: `install_stream_refusal`), its layers (a layer that closes a refused tunnel, the TCP
+  connection: `install_stream_refusal`), its client TLS layer's sending (TLS 1.3
+  session tickets held until the first answer, as the HTTP/1 engine holds them:
+  `install_ticket_hold`), its layers (a layer that closes a refused tunnel, the TCP
   passthrough layer, the layer stack a tunnel or a redirected connection starts with,
   and the one reading of a failed flow's error text into a typed outcome:
   `flow_error`), the WebSocket fragmentizer, its reading of a ClientHello (restated
@@ -96,6 +98,7 @@ __all__ = [
     "install_listeners",
     "install_log_hygiene",
     "install_stream_refusal",
+    "install_ticket_hold",
     "lean_dependencies",
     "lean_package",
     "load_engine",
@@ -1016,6 +1019,71 @@ def _refuse_stream(self: Any, response: Any) -> Any:
     self.flow.live = False
     self.client_state = self.server_state = self.state_errored
     yield DropStream(self.stream_id)
+
+
+# -- mitmproxy: TLS 1.3 session tickets to a client held until its first answer ---------
+
+_HELD = "_sandbox_gateway_held_tickets"  # a ClientTLSLayer's: None undecided, b"" done
+_client_tls: dict[str, Any] = {}
+
+
+def install_ticket_hold() -> None:
+    """mitmproxy's client-facing TLS sends its TLS 1.3 session tickets as soon as the
+    client's Finished is in (pyOpenSSL has no `num_tickets` to turn them off). They then
+    reach a client that may be writing its request from another thread: the websockets
+    sync client (the OpenAI SDK's Realtime client among its users) reads and writes one
+    SSLSocket from two, which OpenSSL does not allow; now and then the write of the
+    upgrade request and the read of a ticket collide and the session stalls: the
+    upgrade was never answered (3 handshakes in 3,000 under load; none with the tickets
+    held). As the HTTP/1 engine does (`net/tls.py`), the tickets are held
+    until the first bytes this side sends (the answer, or HTTP/2's SETTINGS) and go in
+    front of them, in the same write; a close sends them first."""
+    load_engine()
+    from mitmproxy.proxy.layers import tls as layers_tls
+
+    _client_tls.setdefault("close", layers_tls.ClientTLSLayer.send_close)
+    layers_tls.ClientTLSLayer.tls_interact = _client_tls_interact  # type: ignore[method-assign]
+    layers_tls.ClientTLSLayer.send_close = _client_tls_close  # type: ignore[method-assign]
+
+
+def _client_tls_interact(self: Any) -> Any:
+    """mitmproxy's `TLSLayer.tls_interact` (send what OpenSSL wrote), except that what
+    a TLS 1.3 session writes once its handshake is over, before anything was sent on
+    it (its session tickets, nothing else), is held (`install_ticket_hold`)."""
+    from mitmproxy.proxy.commands import SendData
+    from OpenSSL import SSL
+
+    out = bytearray()
+    while True:
+        try:
+            out += self.tls.bio_read(65535)
+        except SSL.WantReadError:
+            break
+    held: bytes | None = getattr(self, _HELD, None)
+    conn = self.conn
+    if held is None and conn.timestamp_tls_setup is not None:  # the handshake is over
+        if out and conn.tls_version == "TLSv1.3" and not self.is_dtls:
+            setattr(self, _HELD, bytes(out))
+            return
+        setattr(self, _HELD, b"")
+    elif held:
+        if not out:
+            return  # (still nothing to answer with)
+        out[:0] = held  # the tickets first: their records come first in the stream
+        setattr(self, _HELD, b"")
+    if out:
+        yield SendData(conn, bytes(out))
+
+
+def _client_tls_close(self: Any, command: Any) -> Any:
+    """mitmproxy's close of a client TLS layer, held tickets sent first."""
+    from mitmproxy.proxy.commands import SendData
+
+    held: bytes | None = getattr(self, _HELD, None)
+    if held:
+        setattr(self, _HELD, b"")
+        yield SendData(self.conn, held)
+    yield from _client_tls["close"](self, command)
 
 
 # -- aiohttp: the gateway's own client through the upstream proxy ------------------------

@@ -60,6 +60,7 @@ class Listening(GatewayParts):
         patches.install_error_pages(error_page, error_h2)
         patches.install_h1_framing()
         patches.install_stream_refusal()
+        patches.install_ticket_hold()
         patches.install_log_hygiene(error_phrase)
         patches.install_listeners(sockets=sockets, servers=servers)
 

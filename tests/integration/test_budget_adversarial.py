@@ -46,8 +46,8 @@ from typing import Any
 import httpx
 import pytest
 import websockets.exceptions
-import websockets.sync.client
 from fakes.hostile_provider import WS_HOST, Faults, HostileProvider, ModelLimits
+from helpers import ws_client
 from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.process import ADMIN, GatewayProcess, start_gateway
 from helpers.redis_server import RedisServer
@@ -295,7 +295,7 @@ class Sandbox:
         sees each server event and may send more."""
         outcomes: list[Outcome] = []
         try:
-            with websockets.sync.client.connect(
+            with ws_client.connect(
                     f"wss://{WS_HOST}{path}", proxy=self.proxy(), ssl=self.ctx,
                     open_timeout=20, additional_headers={
                         "Authorization": f"Bearer {self.token}"}) as ws:

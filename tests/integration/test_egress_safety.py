@@ -45,7 +45,7 @@ import websockets.sync.client
 import websockets.sync.server
 from cryptography import x509
 from cryptography.x509.oid import NameOID
-from helpers import clients
+from helpers import clients, ws_client
 from helpers.clients import raw_connect
 from helpers.gateway import BASE_POLICY, GatewayFactory, GatewayThread
 from helpers.tls import LocalCA
@@ -885,7 +885,7 @@ def _held_by_relays() -> int:
 
 
 def ws_connect(gw: GatewayThread, token: str) -> websockets.sync.client.ClientConnection:
-    return websockets.sync.client.connect(
+    return ws_client.connect(
         "wss://ws.test/echo", proxy=gw.proxy_url(token), open_timeout=10, max_size=2**20,
         ssl=ssl.create_default_context(cafile=gw.ca_cert),
         additional_headers={"X-Api-Key": token})
@@ -979,8 +979,8 @@ def test_websocket_to_host_outside_policy_is_refused(
     token = gateway.mint("agent")
     ctx = ssl.create_default_context(cafile=gateway.ca_cert)
     with pytest.raises(websockets.exceptions.InvalidProxyStatus) as exc:
-        websockets.sync.client.connect("wss://ws.test/echo", proxy=gateway.proxy_url(token),
-                                       ssl=ctx, open_timeout=10)
+        ws_client.connect("wss://ws.test/echo", proxy=gateway.proxy_url(token),
+                          ssl=ctx, open_timeout=10)
     assert exc.value.response.status_code == 403
     assert ws_upstream.upgrades == []
 

@@ -18,6 +18,7 @@ import pytest
 import websockets.exceptions
 import websockets.sync.client
 from fakes.realtime import SNAPSHOT, FakeRealtime
+from helpers import ws_client
 from helpers.clock import far_window
 from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.metrics import metric
@@ -72,7 +73,7 @@ def gw(request: pytest.FixtureRequest, make_gateway: GatewayFactory, tmp_path: P
 
 def _connect(gw: GatewayThread, token: str, url: str = URL
              ) -> websockets.sync.client.ClientConnection:
-    return websockets.sync.client.connect(
+    return ws_client.connect(
         url, proxy=gw.proxy_url(token), open_timeout=10,
         ssl=ssl.create_default_context(cafile=gw.ca_cert),
         additional_headers={"Authorization": f"Bearer {token}"})

@@ -293,11 +293,7 @@ def _sdk(gw: GatewayThread, token: str, script: str, *args: str) -> Any:
 def test_responses_over_websocket(gw: GatewayThread, ws: FakeRealtime) -> None:
     """(The SDK's connect() is websockets' sync client, which reads and writes one
     SSLSocket from two threads: a TLS 1.3 session ticket arriving as it writes can hang
-    it. The HTTP/1 engine sends none; mitmproxy's TLS does, and pyOpenSSL cannot turn
-    them off, so through mitmproxy the same session runs from the asyncio client in
-    test_provider_minted_secrets and the parity table.)"""
-    if gw.gateway.config.network.intercept == "mitmproxy":
-        pytest.skip("the SDK's sync WebSocket client races mitmproxy's session tickets")
+    it. Both engines hold their tickets until their first answer, so it runs on both.)"""
     token = gw.mint("agent")
     events = _sdk(gw, token, SESSION, "gpt-4o", "gpt-4o-mini", "gpt-4o-mini")
     # (the gateway's code opens each message; a used-up budget's event carries OpenAI's

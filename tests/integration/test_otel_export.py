@@ -24,6 +24,7 @@ import websockets.exceptions
 import websockets.sync.client
 from fakes.inference import FakeInference
 from fakes.realtime import SNAPSHOT, FakeRealtime
+from helpers import ws_client
 from helpers.dlp_corpus import fake as fake_credential
 from helpers.gateway import GatewayFactory, GatewayThread
 from helpers.otlp_receiver import OtlpReceiver
@@ -409,7 +410,7 @@ def test_websocket_messages_and_streamed_bodies_are_exported_redacted(
             "telemetry": {"endpoint": receiver.grpc_endpoint, "metrics": False}})
         token = gw.mint("talker")
         verify = ssl.create_default_context(cafile=gw.ca_cert)
-        with websockets.sync.client.connect(
+        with ws_client.connect(
                 "wss://api.openai.com/v1/realtime?model=gpt-realtime",
                 proxy=gw.proxy_url(token), open_timeout=10, ssl=verify,
                 additional_headers={"Authorization": f"Bearer {token}"}) as ws:
@@ -421,7 +422,7 @@ def test_websocket_messages_and_streamed_bodies_are_exported_redacted(
             assert echoed["session"]["instructions"] == f"be brief {GH} [REDACTED]"
             ws.send(json.dumps({"type": "response.create"}))
             _ws_until(ws, "response.done")
-        with websockets.sync.client.connect(
+        with ws_client.connect(
                 "wss://api.openai.com/v1/realtime?model=gpt-realtime",
                 proxy=gw.proxy_url(token), open_timeout=10, ssl=verify,
                 additional_headers={"Authorization": f"Bearer {token}"}) as ws:
@@ -502,7 +503,7 @@ def test_a_responses_websocket_session_has_its_time_to_first_chunk(
                         "resolve": {"api.openai.com": f"127.0.0.1:{realtime.port}"}},
             "telemetry": {"endpoint": receiver.grpc_endpoint, "metrics": False}})
         token = gw.mint("talker")
-        with websockets.sync.client.connect(
+        with ws_client.connect(
                 "wss://api.openai.com/v1/responses", proxy=gw.proxy_url(token),
                 open_timeout=10, ssl=ssl.create_default_context(cafile=gw.ca_cert),
                 additional_headers={"Authorization": f"Bearer {token}"}) as ws:

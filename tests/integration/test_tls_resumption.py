@@ -1,4 +1,4 @@
-"""TLS session resumption for sandboxes on the HTTP/1 engine (gateway/net/tls.py), with
+"""TLS session resumption for sandboxes on both engines (gateway/net/tls.py, mitmproxy's), with
 real clients through the real gateway: Python's ssl with a session passed back, and
 `openssl s_client -sess_out/-sess_in` through the proxy.
 
@@ -190,20 +190,61 @@ def test_openssl_s_client_resumes_through_the_proxy(gw: GatewayThread,
     assert "HTTP/1.1 200 OK" in again and "\nReused, TLSv1.3" in again
 
 
+def test_tickets_come_with_the_first_answer(gw: GatewayThread) -> None:
+    """TLS 1.3 session tickets are not sent the moment the handshake ends (a client may
+    be writing its request from another thread then: below), on either engine: nothing
+    reaches the client until it has sent its request, and the ticket comes with the
+    answer. (mitmproxy's TLS sent them at once: patches.install_ticket_hold.)"""
+    assert gw.gateway.proxy_address is not None
+    sock = open_tunnel(gw.gateway.proxy_address, "other.test:443", gw.mint("agent", "sbx-t"),
+                       "sbx-t", timeout=10)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = _client(gw).wrap_bio(incoming, outgoing, server_hostname="other.test")
+    with sock:
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                sock.sendall(outgoing.read())
+                incoming.write(sock.recv(65536))
+        sock.sendall(outgoing.read())  # (the client's Finished)
+        assert tls.version() == "TLSv1.3"
+        sock.settimeout(1.0)
+        with pytest.raises(TimeoutError):  # nothing: the tickets wait for an answer
+            sock.recv(65536)
+        sock.settimeout(10)
+        tls.write(b"GET / HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n")
+        sock.sendall(outgoing.read())
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            try:
+                answer += tls.read(65536)
+            except ssl.SSLWantReadError:
+                data = sock.recv(65536)
+                assert data, answer
+                incoming.write(data)
+    assert answer.startswith(b"HTTP/1.1 200 OK")
+    assert tls.session is not None and tls.session.has_ticket
+
+
 WS_SESSIONS = int(os.environ.get("WS_SESSIONS", "300"))
 
 
+@pytest.mark.parametrize("intercept", ["fast", "mitmproxy"])
 def test_a_two_thread_websocket_client_gets_its_ticket_with_the_upgrade(
-        make_gateway: GatewayFactory, test_ca: LocalCA, tmp_path: Path) -> None:
+        make_gateway: GatewayFactory, test_ca: LocalCA, tmp_path: Path,
+        intercept: str) -> None:
     """websockets' sync client reads its TLS socket in a thread while the caller writes
     the upgrade: a ticket sent right after the handshake hung about one session in 150 to
     500 (OpenSSL allows no such sharing). Held until the 101, the ticket arrives while the
-    caller waits: every session opens (WS_SESSIONS=3000 for a longer run)."""
+    caller waits: every session opens (WS_SESSIONS=3000 for a longer run), on both
+    engines (test_tickets_come_with_the_first_answer holds each to it exactly)."""
     (tmp_path / "ws").mkdir()
     echo = WsEcho(tmp_path / "ws", test_ca, ["ws.test"])
     try:
         gw = make_gateway({"agent.yaml": WS_POLICY}, config={"network": {
-            "upstream_ca": str(test_ca.cert_path),
+            "intercept": intercept, "upstream_ca": str(test_ca.cert_path),
             "resolve": {"ws.test": f"127.0.0.1:{echo.port}"}}})
         context = _client(gw)
         proxy = gw.proxy_url(gw.mint("agent", "sbx-ws"), "sbx-ws")

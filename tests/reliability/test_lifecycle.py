@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import websockets.sync.client
 import websockets.sync.server
+from helpers import ws_client
 from helpers.gateway import GatewayThread
 from helpers.nginx import Nginx
 from helpers.tls import LocalCA
@@ -177,7 +177,7 @@ def test_max_websocket_message(make_gateway, test_ca: LocalCA, tmp_path: Path) -
         gw: GatewayThread = make_gateway(port, config={"limits": {
             "max_websocket_message": "256k"}})
         token = gw.mint("agent")
-        with websockets.sync.client.connect(
+        with ws_client.connect(
                 "wss://inspect.test/echo", proxy=gw.proxy_url(token), max_size=2**24,
                 ssl=ssl.create_default_context(cafile=gw.ca_cert)) as ws:
             ws.send(b"x" * 1000)
