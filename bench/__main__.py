@@ -70,13 +70,16 @@ class Sizes:
 FULL = Sizes(get_seconds=5.0, big_bytes=100_000_000, sse_streams=20, sse_events=20,
              sse_interval_ms=10, idle_tunnels=1000, policy_sizes=(10, 1000, 100_000),
              policy_samples=50_000, worker_concurrency=(10, 20))
-QUICK = Sizes(get_seconds=0.5, big_bytes=2_000_000, sse_streams=3, sse_events=5,
+# --quick (the smoke test, tests/test_bench_smoke.py) measures nothing: every row, workload
+# and section once, as short as each still answers (0.2 s of load each; two rounds of
+# each alternation, in both orders).
+QUICK = Sizes(get_seconds=0.2, big_bytes=2_000_000, sse_streams=3, sse_events=5,
               sse_interval_ms=5, idle_tunnels=20, policy_sizes=(10, 100, 1000),
               policy_samples=2000, worker_concurrency=(10,), metering_requests=20,
-              metering_rounds=4, dlp_stream_mib=2, upload_bytes=2 << 20,
-              otel_rounds=2, otel_round_seconds=1.0, otel_settle=0.0, pass_rounds=2,
+              metering_rounds=2, dlp_stream_mib=2, upload_bytes=2 << 20,
+              otel_rounds=2, otel_round_seconds=0.2, otel_settle=0.0, pass_rounds=2,
               dlp_rounds=2,
-              pass_round_seconds=1.0)
+              pass_round_seconds=0.2)
 WORKER_COUNTS = (1, 2)  # `run --workers N` in the workers section
 IDLE_TIMEOUT = "2s"  # network.upstream_idle_timeout of the idle_after_timeout gateway
 IDLE_TIMEOUT_WAIT_S = 4.0  # idle_after_timeout: wait at least this long after the tunnels

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers.parity_cases import _PROSE as PROSE
+from helpers.parity_cases import _PROSE_END as PROSE_END
 from helpers.parity_cases import CASES, PAD, POLICIES, Case, _fill, substitutions
 
 from gateway.core import mcp
@@ -151,9 +153,12 @@ def test_explain_gives_the_proxys_verdict(policy_set: PolicySet, case: Case) -> 
 def test_policy_test_gives_the_proxys_verdict(policy_set: PolicySet, case: Case) -> None:
     method, url, body = _request(case)
     code = _expected(case, PIPELINE)
-    # (the 2 MiB pad, there for mitmproxy's own limit, is as good short: the YAML case
-    # loader reads every character with its line numbers)
+    # (the 2 MiB pad, there for mitmproxy's own limit, and the 2 MiB of prose, there for
+    # a streaming engine's chunks, are as good short: the YAML case loader reads every
+    # character with its line numbers, 20-36 s a case; `evaluate` decides the bodies whole
+    # above, test_evaluate_gives_the_proxys_verdict)
     text = body.decode().replace(PAD, "x" * 1024).replace(PAD[:-20], "x" * 1024)
+    text = text.replace(PROSE, PROSE[:1040]).replace(PROSE_END, PROSE_END[:1008])
     entry: dict[str, Any] = {"name": case.name, "policy": case.policy, "method": method,
                              "url": url, "expect": "deny" if code else (
                                  "report" if case.policy == "learner" else "allow"),

@@ -18,6 +18,7 @@ import struct
 import sys
 
 import pytest
+from helpers.relay_sockets import fds, pair, read_all, read_n, send
 
 from gateway.engines.relay_native import AVAILABLE, NativeRelay, Relays
 
@@ -36,25 +37,12 @@ def test_the_relay_is_built_where_a_compiler_is() -> None:
 pytestmark_native = pytest.mark.skipif(not AVAILABLE, reason="the extension is not built")
 
 
-def _fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-def _pair() -> tuple[socket.socket, socket.socket]:
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        outer = socket.create_connection(server.getsockname())
-        inner, _ = server.accept()
-    outer.setblocking(False)
-    inner.setblocking(False)
-    return outer, inner
-
-
 class Ends:
     """sandbox <-> [client | relay thread | upstream] <-> server."""
 
     def __init__(self, relays: Relays) -> None:
-        self.sandbox, client = _pair()
-        upstream, self.server = _pair()
+        self.sandbox, client = pair()
+        upstream, self.server = pair()
         self.done = 0
         self.relay: NativeRelay = relays.relay(client, upstream, self._done)
 
@@ -65,32 +53,6 @@ class Ends:
         self.relay.close()
         self.sandbox.close()
         self.server.close()
-
-
-async def _send(sock: socket.socket, data: bytes, *, eof: bool = True) -> None:
-    await asyncio.get_running_loop().sock_sendall(sock, data)
-    if eof:
-        sock.shutdown(socket.SHUT_WR)
-
-
-async def _read_all(sock: socket.socket, *, slow: bool = False) -> bytes:
-    loop = asyncio.get_running_loop()
-    got = bytearray()
-    while True:
-        chunk = await loop.sock_recv(sock, 65536)
-        if not chunk:
-            return bytes(got)
-        got += chunk
-        if slow and len(got) < 4 * 1024 * 1024:
-            await asyncio.sleep(0.002)  # a reader slower than the writer: back-pressure
-
-
-async def _read_n(sock: socket.socket, n: int) -> bytes:
-    loop = asyncio.get_running_loop()
-    got = bytearray()
-    while len(got) < n:
-        got += await loop.sock_recv(sock, 1 << 20)
-    return bytes(got)
 
 
 async def _until(check: object, seconds: float = 5) -> None:
@@ -104,14 +66,14 @@ async def _until(check: object, seconds: float = 5) -> None:
 @pytestmark_native
 def test_bytes_arrive_whole_both_ways_at_once_and_eofs_pass_on() -> None:
     async def main() -> None:
-        before = _fds()
+        before = fds()
         relays = Relays()
         ends = Ends(relays)
         ends.relay.start()
         up, down = os.urandom(SIZE), os.urandom(SIZE // 3)
         _, _, at_server, at_sandbox = await asyncio.wait_for(asyncio.gather(
-            _send(ends.sandbox, up), _send(ends.server, down),
-            _read_all(ends.server, slow=True), _read_all(ends.sandbox)), 60)
+            send(ends.sandbox, up), send(ends.server, down),
+            read_all(ends.server, slow=True), read_all(ends.sandbox)), 60)
         assert hashlib.sha256(at_server).digest() == hashlib.sha256(up).digest()
         assert at_sandbox == down
         await _until(lambda: ends.done)
@@ -119,7 +81,7 @@ def test_bytes_arrive_whole_both_ways_at_once_and_eofs_pass_on() -> None:
         assert ends.done == 1 and relays.stats()[0] == 0 and not relays.live
         ends.close()
         relays.stop()
-        assert _fds() == before
+        assert fds() == before
 
     asyncio.run(main())
 
@@ -134,22 +96,22 @@ def test_hundreds_of_tunnels_at_once_each_whole() -> None:
         up = os.urandom(rng.choice([1, 300, 5000, 70_000, 600_000]))
         down = os.urandom(rng.choice([0, 200, 64 * 1024, 300_000, 2_000_000]))
         _, _, at_server, at_sandbox = await asyncio.gather(
-            _send(ends.sandbox, up), _send(ends.server, down),
-            _read_all(ends.server), _read_all(ends.sandbox))
+            send(ends.sandbox, up), send(ends.server, down),
+            read_all(ends.server), read_all(ends.sandbox))
         assert at_server == up and at_sandbox == down
         await _until(lambda: ends.done)
         assert (ends.relay.bytes_out, ends.relay.bytes_in) == (len(up), len(down))
         ends.close()
 
     async def main() -> None:
-        before = _fds()
+        before = fds()
         relays = Relays()
         rng = random.Random(7)
         await asyncio.wait_for(asyncio.gather(*(one(relays, rng) for _ in range(300))), 90)
         running, small, spliced = relays.stats()
         assert running == 0 and small > 0 and spliced > 0
         relays.stop()
-        assert _fds() == before
+        assert fds() == before
 
     asyncio.run(main())
 
@@ -160,11 +122,11 @@ def test_a_half_closed_sandbox_still_gets_the_whole_answer() -> None:
         relays = Relays()
         ends = Ends(relays)
         ends.relay.start()
-        await _send(ends.sandbox, b"request")
-        assert await asyncio.wait_for(_read_all(ends.server), 10) == b"request"
+        await send(ends.sandbox, b"request")
+        assert await asyncio.wait_for(read_all(ends.server), 10) == b"request"
         answer = os.urandom(3 * PIPE + 17)
-        await _send(ends.server, answer)
-        assert await asyncio.wait_for(_read_all(ends.sandbox), 10) == answer
+        await send(ends.server, answer)
+        assert await asyncio.wait_for(read_all(ends.sandbox), 10) == answer
         await _until(lambda: ends.done)
         ends.close()
         relays.stop()
@@ -179,9 +141,9 @@ def test_a_client_that_ended_before_the_relay_began_is_passed_on_at_once() -> No
         ends = Ends(relays)
         ends.sandbox.shutdown(socket.SHUT_WR)
         ends.relay.start(client_ended=True)
-        assert await asyncio.wait_for(_read_all(ends.server), 10) == b""
-        await _send(ends.server, b"bye")
-        assert await asyncio.wait_for(_read_all(ends.sandbox), 10) == b"bye"
+        assert await asyncio.wait_for(read_all(ends.server), 10) == b""
+        await send(ends.server, b"bye")
+        assert await asyncio.wait_for(read_all(ends.sandbox), 10) == b"bye"
         await _until(lambda: ends.done)
         assert ends.relay.bytes_out == 0 and ends.relay.bytes_in == 3
         ends.close()
@@ -193,25 +155,25 @@ def test_a_client_that_ended_before_the_relay_began_is_passed_on_at_once() -> No
 @pytestmark_native
 def test_a_reset_ends_the_tunnel_once_with_nothing_left_open() -> None:
     async def main() -> None:
-        before = _fds()
+        before = fds()
         relays = Relays()
         ends = Ends(relays)
         ends.relay.start()
-        await _send(ends.sandbox, b"x" * 1000, eof=False)
+        await send(ends.sandbox, b"x" * 1000, eof=False)
         assert await asyncio.wait_for(asyncio.get_running_loop().sock_recv(ends.server, 10),
                                       5) == b"x" * 10
         ends.server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         ends.server.close()  # RST
-        await _send(ends.sandbox, b"y" * 100_000, eof=False)
+        await send(ends.sandbox, b"y" * 100_000, eof=False)
         await _until(lambda: ends.done)
         with contextlib.suppress(ConnectionResetError):
-            assert await asyncio.wait_for(_read_all(ends.sandbox), 5) == b""
+            assert await asyncio.wait_for(read_all(ends.sandbox), 5) == b""
         ends.relay.close()  # idempotent, and no second on_done
         ends.sandbox.close()
         await asyncio.sleep(0.05)
         assert ends.done == 1
         relays.stop()
-        assert _fds() == before
+        assert fds() == before
 
     asyncio.run(main())
 
@@ -221,23 +183,23 @@ def test_an_owners_close_ends_both_connections_and_tells_nobody() -> None:
     """The sweep ends a tunnel (idle, revoked, shutdown): both peers see the end, the
     owner's on_done is not called (it closed it), and the descriptors are gone."""
     async def main() -> None:
-        before = _fds()
+        before = fds()
         relays = Relays()
         ends = Ends(relays)
         ends.relay.start()
         loop = asyncio.get_running_loop()
-        await _send(ends.sandbox, b"ping", eof=False)
+        await send(ends.sandbox, b"ping", eof=False)
         assert await asyncio.wait_for(loop.sock_recv(ends.server, 10), 5) == b"ping"
         before_close = ends.relay.last
         ends.relay.close()
-        assert await asyncio.wait_for(_read_all(ends.sandbox), 5) == b""
-        assert await asyncio.wait_for(_read_all(ends.server), 5) == b""
+        assert await asyncio.wait_for(read_all(ends.sandbox), 5) == b""
+        assert await asyncio.wait_for(read_all(ends.server), 5) == b""
         assert ends.relay.bytes_out == 4 and ends.relay.last == before_close
         await asyncio.sleep(0.05)
         assert ends.done == 0 and not relays.live
         ends.close()
         relays.stop()
-        assert _fds() == before
+        assert fds() == before
 
     asyncio.run(main())
 
@@ -245,16 +207,16 @@ def test_an_owners_close_ends_both_connections_and_tells_nobody() -> None:
 @pytestmark_native
 def test_stop_closes_the_tunnels_still_running() -> None:
     async def main() -> None:
-        before = _fds()
+        before = fds()
         relays = Relays()
         ends = [Ends(relays) for _ in range(5)]
         for e in ends:
             e.relay.start()
         relays.stop()
         for e in ends:
-            assert await asyncio.wait_for(_read_all(e.sandbox), 5) == b""
+            assert await asyncio.wait_for(read_all(e.sandbox), 5) == b""
             e.close()
-        assert _fds() == before
+        assert fds() == before
 
     asyncio.run(main())
 
@@ -269,16 +231,16 @@ def test_small_reads_use_the_buffer_and_a_bulk_transfer_the_pipe() -> None:
 
         async def ping_pong(rounds: int) -> None:
             for _ in range(rounds):
-                await _send(ends.sandbox, b"ping", eof=False)
+                await send(ends.sandbox, b"ping", eof=False)
                 assert await asyncio.wait_for(loop.sock_recv(ends.server, 10), 5) == b"ping"
-                await _send(ends.server, b"pong", eof=False)
+                await send(ends.server, b"pong", eof=False)
                 assert await asyncio.wait_for(loop.sock_recv(ends.sandbox, 10), 5) == b"pong"
 
         await ping_pong(3)
         assert relays.stats()[1:] == (6, 0)
         big = os.urandom(8 * PIPE)
         _, at_sandbox = await asyncio.wait_for(asyncio.gather(
-            _send(ends.server, big, eof=False), _read_n(ends.sandbox, len(big))), 30)
+            send(ends.server, big, eof=False), read_n(ends.sandbox, len(big))), 30)
         assert at_sandbox == big
         _, small, spliced = relays.stats()
         assert spliced > 0
@@ -295,7 +257,7 @@ def test_small_reads_use_the_buffer_and_a_bulk_transfer_the_pipe() -> None:
 @pytestmark_native
 def test_a_small_read_the_destination_cannot_take_whole_waits_in_order() -> None:
     async def main() -> None:
-        before = _fds()
+        before = fds()
         relays = Relays()
         ends = Ends(relays)
         ends.server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -308,13 +270,13 @@ def test_a_small_read_the_destination_cannot_take_whole_waits_in_order() -> None
             await loop.sock_sendall(ends.sandbox, chunk)
             await asyncio.sleep(0.001 if i % 20 else 0.02)
         ends.sandbox.shutdown(socket.SHUT_WR)
-        got = await asyncio.wait_for(_read_all(ends.server), 30)
+        got = await asyncio.wait_for(read_all(ends.server), 30)
         assert got == sent
         ends.server.shutdown(socket.SHUT_WR)
         await _until(lambda: ends.done)
         ends.close()
         relays.stop()
-        assert _fds() == before
+        assert fds() == before
 
     asyncio.run(main())
 
@@ -330,14 +292,14 @@ def test_a_stalled_reader_costs_no_cpu() -> None:
         ends.relay.start()
         loop = asyncio.get_running_loop()
         big = os.urandom(16 * PIPE)
-        sender = loop.create_task(_send(ends.server, big, eof=False))
+        sender = loop.create_task(send(ends.server, big, eof=False))
         await asyncio.sleep(0.3)  # the pipe and the socket buffers fill
         used = resource.getrusage(resource.RUSAGE_SELF)
         await asyncio.sleep(1.0)
         after = resource.getrusage(resource.RUSAGE_SELF)
         cpu = (after.ru_utime - used.ru_utime) + (after.ru_stime - used.ru_stime)
         assert cpu < 0.2, f"{cpu:.3f}s of CPU while nothing moved"
-        assert await asyncio.wait_for(_read_n(ends.sandbox, len(big)), 30) == big
+        assert await asyncio.wait_for(read_n(ends.sandbox, len(big)), 30) == big
         await sender
         ends.close()
         relays.stop()
@@ -350,7 +312,7 @@ def test_a_relay_dropped_unstarted_or_unclosed_leaves_nothing() -> None:
     """A relay that never started closes the sockets it was given; a Tunnel object
     dropped while running closes its descriptors."""
     async def main() -> None:
-        before = _fds()
+        before = fds()
         relays = Relays()
         unstarted = Ends(relays)
         unstarted.relay.close()
@@ -359,10 +321,10 @@ def test_a_relay_dropped_unstarted_or_unclosed_leaves_nothing() -> None:
         ends.relay.start()
         relays.live.clear()
         ends.relay._tunnel = None  # the last reference to the Tunnel object
-        assert await asyncio.wait_for(_read_all(ends.sandbox), 5) == b""
+        assert await asyncio.wait_for(read_all(ends.sandbox), 5) == b""
         ends.sandbox.close()
         ends.server.close()
         relays.stop()
-        assert _fds() == before
+        assert fds() == before
 
     asyncio.run(main())

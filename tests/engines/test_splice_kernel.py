@@ -15,6 +15,7 @@ import socket
 import struct
 
 import pytest
+from helpers.relay_sockets import fds, pair, read_all, read_n, send
 
 from gateway.engines import splice_kernel
 from gateway.engines.splice_kernel import AVAILABLE, PIPE_SIZE, KernelRelay, Pipes
@@ -24,25 +25,12 @@ pytestmark = pytest.mark.skipif(not AVAILABLE, reason="os.splice is Linux-only")
 SIZE = 24 * 1024 * 1024
 
 
-def _fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-def _pair() -> tuple[socket.socket, socket.socket]:
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        outer = socket.create_connection(server.getsockname())
-        inner, _ = server.accept()
-    outer.setblocking(False)
-    inner.setblocking(False)
-    return outer, inner
-
-
 class Ends:
     """sandbox <-> [client | relay | upstream] <-> server."""
 
     def __init__(self) -> None:
-        self.sandbox, self.client = _pair()
-        self.upstream, self.server = _pair()
+        self.sandbox, self.client = pair()
+        self.upstream, self.server = pair()
         self.pipes = Pipes()
         self.done = 0
         self.relay = KernelRelay(self.client, self.upstream, self.pipes, self._done)
@@ -57,33 +45,15 @@ class Ends:
         self.server.close()
 
 
-async def _send(sock: socket.socket, data: bytes, *, eof: bool = True) -> None:
-    await asyncio.get_running_loop().sock_sendall(sock, data)
-    if eof:
-        sock.shutdown(socket.SHUT_WR)
-
-
-async def _read_all(sock: socket.socket, *, slow: bool = False) -> bytes:
-    loop = asyncio.get_running_loop()
-    got = bytearray()
-    while True:
-        chunk = await loop.sock_recv(sock, 65536)
-        if not chunk:
-            return bytes(got)
-        got += chunk
-        if slow and len(got) < 4 * 1024 * 1024:
-            await asyncio.sleep(0.002)  # a reader slower than the writer: back-pressure
-
-
 def test_bytes_arrive_whole_both_ways_at_once_and_eofs_pass_on() -> None:
     async def main() -> None:
-        before = _fds()
+        before = fds()
         ends = Ends()
         ends.relay.start()
         up, down = os.urandom(SIZE), os.urandom(SIZE // 3)
         _, _, at_server, at_sandbox = await asyncio.wait_for(asyncio.gather(
-            _send(ends.sandbox, up), _send(ends.server, down),
-            _read_all(ends.server, slow=True), _read_all(ends.sandbox)), 60)
+            send(ends.sandbox, up), send(ends.server, down),
+            read_all(ends.server, slow=True), read_all(ends.sandbox)), 60)
         assert hashlib.sha256(at_server).digest() == hashlib.sha256(up).digest()
         assert at_sandbox == down
         assert (ends.relay.bytes_out, ends.relay.bytes_in) == (SIZE, SIZE // 3)
@@ -95,7 +65,7 @@ def test_bytes_arrive_whole_both_ways_at_once_and_eofs_pass_on() -> None:
         assert ends.relay.out.pipe is None and ends.relay.into.pipe is None
         assert len(ends.pipes.free) <= Pipes.KEEP
         ends.close()
-        assert _fds() == before
+        assert fds() == before
 
     asyncio.run(main())
 
@@ -106,11 +76,11 @@ def test_a_half_closed_sandbox_still_gets_the_whole_answer() -> None:
     async def main() -> None:
         ends = Ends()
         ends.relay.start()
-        await _send(ends.sandbox, b"request")
-        assert await asyncio.wait_for(_read_all(ends.server), 10) == b"request"
+        await send(ends.sandbox, b"request")
+        assert await asyncio.wait_for(read_all(ends.server), 10) == b"request"
         answer = os.urandom(3 * PIPE_SIZE + 17)
-        await _send(ends.server, answer)
-        assert await asyncio.wait_for(_read_all(ends.sandbox), 10) == answer
+        await send(ends.server, answer)
+        assert await asyncio.wait_for(read_all(ends.sandbox), 10) == answer
         await asyncio.sleep(0.05)
         assert ends.done == 1
         ends.close()
@@ -123,9 +93,9 @@ def test_a_client_that_ended_before_the_relay_began_is_passed_on_at_once() -> No
         ends = Ends()
         ends.sandbox.shutdown(socket.SHUT_WR)
         ends.relay.start(client_ended=True)
-        assert await asyncio.wait_for(_read_all(ends.server), 10) == b""
-        await _send(ends.server, b"bye")
-        assert await asyncio.wait_for(_read_all(ends.sandbox), 10) == b"bye"
+        assert await asyncio.wait_for(read_all(ends.server), 10) == b""
+        await send(ends.server, b"bye")
+        assert await asyncio.wait_for(read_all(ends.sandbox), 10) == b"bye"
         await asyncio.sleep(0.05)
         assert ends.done == 1 and ends.relay.bytes_out == 0
         ends.close()
@@ -135,16 +105,16 @@ def test_a_client_that_ended_before_the_relay_began_is_passed_on_at_once() -> No
 
 def test_a_reset_ends_the_relay_once_with_nothing_left_open() -> None:
     async def main() -> None:
-        before = _fds()
+        before = fds()
         ends = Ends()
         ends.relay.start()
-        await _send(ends.sandbox, b"x" * 1000, eof=False)
+        await send(ends.sandbox, b"x" * 1000, eof=False)
         assert await asyncio.wait_for(asyncio.get_running_loop().sock_recv(ends.server, 10),
                                       5) == b"x" * 10
         # RST from the server side: SO_LINGER 0, then close
         ends.server.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         ends.server.close()
-        await _send(ends.sandbox, b"y" * 100_000, eof=False)
+        await send(ends.sandbox, b"y" * 100_000, eof=False)
         for _ in range(200):
             if ends.done:
                 break
@@ -152,11 +122,11 @@ def test_a_reset_ends_the_relay_once_with_nothing_left_open() -> None:
         assert ends.done == 1 and ends.relay.closed
         # the sandbox's connection ended too (reset: it had sent bytes nobody read)
         with contextlib.suppress(ConnectionResetError):
-            assert await asyncio.wait_for(_read_all(ends.sandbox), 5) == b""
+            assert await asyncio.wait_for(read_all(ends.sandbox), 5) == b""
         ends.relay.close()  # idempotent
         ends.pipes.clear()
         ends.sandbox.close()
-        assert _fds() == before
+        assert fds() == before
         assert ends.done == 1
 
     asyncio.run(main())
@@ -165,9 +135,9 @@ def test_a_reset_ends_the_relay_once_with_nothing_left_open() -> None:
 async def _ping_pong(ends: Ends, rounds: int) -> None:
     loop = asyncio.get_running_loop()
     for _ in range(rounds):
-        await _send(ends.sandbox, b"ping", eof=False)
+        await send(ends.sandbox, b"ping", eof=False)
         assert await asyncio.wait_for(loop.sock_recv(ends.server, 10), 5) == b"ping"
-        await _send(ends.server, b"pong", eof=False)
+        await send(ends.server, b"pong", eof=False)
         assert await asyncio.wait_for(loop.sock_recv(ends.sandbox, 10), 5) == b"pong"
         assert ends.relay.out.pipe is None and ends.relay.into.pipe is None
 
@@ -181,7 +151,7 @@ def test_an_idle_relay_holds_no_pipe() -> None:
         await _ping_pong(ends, 5)
         assert not ends.pipes.free
         big = os.urandom(4 * PIPE_SIZE)
-        await _send(ends.server, big, eof=False)
+        await send(ends.server, big, eof=False)
         loop = asyncio.get_running_loop()
         got = bytearray()
         while len(got) < len(big):
@@ -216,7 +186,7 @@ def test_small_reads_use_the_buffer_and_a_bulk_transfer_the_kernel(
         assert spliced == [] and ends.relay.into.small
         big = os.urandom(8 * PIPE_SIZE)
         _, at_sandbox = await asyncio.wait_for(asyncio.gather(
-            _send(ends.server, big, eof=False), _read_n(ends.sandbox, len(big))), 30)
+            send(ends.server, big, eof=False), read_n(ends.sandbox, len(big))), 30)
         assert at_sandbox == big and sum(spliced) > len(big)  # (in and out of a pipe)
         spliced.clear()
         await _ping_pong(ends, 3)  # the first pong is spliced, and turns the way back
@@ -225,14 +195,6 @@ def test_small_reads_use_the_buffer_and_a_bulk_transfer_the_kernel(
         ends.close()
 
     asyncio.run(main())
-
-
-async def _read_n(sock: socket.socket, n: int) -> bytes:
-    loop = asyncio.get_running_loop()
-    got = bytearray()
-    while len(got) < n:
-        got += await loop.sock_recv(sock, 1 << 20)
-    return bytes(got)
 
 
 def test_a_small_read_the_destination_cannot_take_whole_waits_in_order(
@@ -249,7 +211,7 @@ def test_a_small_read_the_destination_cannot_take_whole_waits_in_order(
     monkeypatch.setattr(splice_kernel._Way, "_send_rest", counting)
 
     async def main() -> None:
-        before = _fds()
+        before = fds()
         ends = Ends()
         ends.upstream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         ends.server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -262,7 +224,7 @@ def test_a_small_read_the_destination_cannot_take_whole_waits_in_order(
             await loop.sock_sendall(ends.sandbox, chunk)
             await asyncio.sleep(0.001 if i % 20 else 0.02)
         ends.sandbox.shutdown(socket.SHUT_WR)
-        got = await asyncio.wait_for(_read_all(ends.server), 30)
+        got = await asyncio.wait_for(read_all(ends.server), 30)
         assert got == sent
         assert kept and not ends.relay.out.rest
         for _ in range(100):
@@ -271,7 +233,7 @@ def test_a_small_read_the_destination_cannot_take_whole_waits_in_order(
             await asyncio.sleep(0.01)
         assert ends.relay.out.ended
         ends.close()
-        assert _fds() == before
+        assert fds() == before
 
     asyncio.run(main())
 
@@ -288,10 +250,10 @@ def test_a_step_that_raises_ends_the_relay_once(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(splice_kernel._Way, "_read", broken)
 
     async def main() -> None:
-        before = _fds()
+        before = fds()
         ends = Ends()
         ends.relay.start()
-        await _send(ends.sandbox, b"x", eof=False)
+        await send(ends.sandbox, b"x", eof=False)
         for _ in range(100):
             if ends.done:
                 break
@@ -299,7 +261,7 @@ def test_a_step_that_raises_ends_the_relay_once(monkeypatch: pytest.MonkeyPatch)
         await asyncio.sleep(0.05)
         assert ends.done == 1 and ends.relay.closed and calls == [1]
         ends.close()
-        assert _fds() == before
+        assert fds() == before
 
     asyncio.run(main())
 
@@ -313,14 +275,14 @@ def test_a_stalled_reader_costs_no_cpu() -> None:
         ends.relay.start()
         loop = asyncio.get_running_loop()
         big = os.urandom(16 * PIPE_SIZE)
-        sender = loop.create_task(_send(ends.server, big, eof=False))
+        sender = loop.create_task(send(ends.server, big, eof=False))
         await asyncio.sleep(0.3)  # the pipe and the socket buffers fill
         used = resource.getrusage(resource.RUSAGE_SELF)
         await asyncio.sleep(1.0)
         after = resource.getrusage(resource.RUSAGE_SELF)
         cpu = (after.ru_utime - used.ru_utime) + (after.ru_stime - used.ru_stime)
         assert cpu < 0.2, f"{cpu:.3f}s of CPU while nothing moved"
-        assert await asyncio.wait_for(_read_n(ends.sandbox, len(big)), 30) == big
+        assert await asyncio.wait_for(read_n(ends.sandbox, len(big)), 30) == big
         await sender
         ends.close()
 

@@ -174,7 +174,7 @@ def start_gateway(workdir: Path, names: dict[str, int], ca: LocalCA, *,
             if _serving(admin, workdir / config["runtime_dir"] if workers > 1 else None,
                         workers):
                 return gw
-            time.sleep(0.1)
+            time.sleep(0.02)  # (a readiness check is one refused connect or file stat)
         gw.stop()
         raise TimeoutError("gateway not ready within 30 s")
     return gw

@@ -18,9 +18,11 @@ Measured before the leases (`state/leases.py`): a kill right after the last byte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import ssl
 import time
 import urllib.request
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis as redis_client
 from fakes.inference import FakeInference
 from helpers.clients import open_tunnel
 from helpers.process import ADMIN, GatewayProcess, start_with_provider
@@ -181,6 +184,34 @@ def _settled(gw: GatewayProcess, timeout: float = 30.0) -> tuple[int, int]:
         time.sleep(0.2)
 
 
+def _leases(workdir: Path, redis: RedisServer | None) -> dict[str, float]:
+    """Each live lease's holder and what its last renewal set: the expiry (SQLite), the
+    key's time to live in ms (Redis; a renewal sets it back to the whole TTL)."""
+    if redis is None:
+        uri = f"file:{workdir / 'state' / 'gateway.db'}?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10)) as db:
+            return {h: float(e) for h, e in db.execute("SELECT holder, expires_at FROM leases")}
+    with contextlib.closing(redis_client.Redis.from_url(redis.url)) as client:
+        keys = [k.decode() for k in client.scan_iter("durable:lease:*")]
+        return {k: float(client.pttl(k)) for k in keys}
+
+
+def _beaten(workdir: Path, redis: RedisServer | None, timeout: float = 20.0) -> None:
+    """Wait until both workers beat once more (`leases.BEAT`, 5 s): each renewed its
+    lease since now, then looked for dead holders (a moment after the renewal: 0.5 s
+    more for that look to be written)."""
+    before = _leases(workdir, redis)
+    deadline = time.monotonic() + timeout
+    while True:
+        now = _leases(workdir, redis)  # (a later expiry; a time to live set back up)
+        renewed = {h for h, value in now.items() if value > before.get(h, float("inf"))}
+        if len(renewed) >= 2:
+            time.sleep(0.5)
+            return
+        assert time.monotonic() < deadline, f"the workers' leases not renewed: {before} {now}"
+        time.sleep(0.1)
+
+
 def _start(workdir: Path, fake: FakeInference, ca: LocalCA, workers: int,
            redis: RedisServer | None, proxy: int | None = None) -> GatewayProcess:
     extra: dict[str, Any] = {"runtime_dir": str(workdir / "runtime")}  # (ready-<index>)
@@ -254,7 +285,7 @@ def test_a_killed_process_never_leaves_a_call_charged_less_than_it_used(
         assert used in expected and used >= billed, (used, billed, reserved)
         # Once: a later beat, and another restart in the slot, charge nothing more.
         if workers == 2:
-            time.sleep(6)  # (every worker looks for dead holders every 5 s)
+            _beaten(workdir, redis)  # (each worker looks for dead holders at its beat)
         else:
             gw.proc.send_signal(signal.SIGKILL)
             gw.proc.wait(10)
