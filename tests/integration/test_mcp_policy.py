@@ -508,10 +508,17 @@ def test_a_server_request_reaches_the_client_only_if_the_rule_allows(
     got = _client(gateway, [{"call": "ask"}], host=host)
     assert got[0]["is_error"] is False and got[0]["text"].startswith("refused:"), got
     assert word in got[0]["text"], got
-    calls = [c for r in gateway.audit.records()[before:] if r.get("mcp") for c in r["mcp"]]
     decision = "deny" if host == "mcp.test" else "allow"
-    assert {"method": "sampling/createMessage", "name": None, "decision": decision,
-            "from": "server"} in calls
+    wanted = {"method": "sampling/createMessage", "name": None, "decision": decision,
+              "from": "server"}
+    deadline = time.monotonic() + 10  # (the exchange's line comes a moment after its end)
+    while True:
+        calls = [c for r in gateway.audit.records()[before:] if r.get("mcp")
+                 for c in r["mcp"]]
+        if wanted in calls or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    assert wanted in calls, calls
 
 
 def test_a_put_and_a_websocket_are_decided_too(gateway: GatewayThread, server: Server) -> None:
