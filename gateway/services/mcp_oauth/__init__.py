@@ -340,7 +340,8 @@ class McpOAuthService:
         completed may predate both writes (a read that missed the grant, then the
         callback's two writes, then the approval read completed). The grant is read
         again after the approval says so: that read follows the approval's write, hence
-        the grant's; only a grant gone meanwhile (revoked, replaced) fails it."""
+        the grant's; only a grant gone or changed meanwhile (revoked, replaced, marked
+        for a step-up) fails it, at once."""
         while True:
             if _answers(await self.grants.get(GRANT, key), approval):
                 return
@@ -359,8 +360,9 @@ class McpOAuthService:
                 if _answers(await self.grants.get(GRANT, key), approval):
                     return
                 raise oauth_failed(f"approval {approval.id} was completed, and its grant "
-                                   "is no longer in the state store (revoked or replaced "
-                                   "meanwhile); retry the request", rule)
+                                   "cannot serve this request any more (revoked, replaced "
+                                   "or marked for a step-up meanwhile); retry the request",
+                                   rule)
             await asyncio.sleep(POLL)
 
     async def _client(self, info: ServerInfo, oauth: McpOAuth) -> Client:

@@ -135,10 +135,23 @@ def test_a_consent_completed_between_the_waiters_two_reads_lets_it_go_on(
     asyncio.run(run())
 
 
-def test_a_grant_gone_before_the_completed_approval_is_read_fails_closed(
-        tmp_path: Path) -> None:
-    """Completed, and the grant revoked before the held request read it: refused
-    `mcp_oauth_failed` at once, saying so (not held until the approval's expiry)."""
+async def _revoke(service: McpOAuthService) -> None:
+    assert await service.grants.remove(GRANT, KEY, time.time())
+
+
+async def _mark_step_up(service: McpOAuthService) -> None:
+    found = await service.grants.get(GRANT, KEY)
+    assert found is not None and found.secret is not None
+    assert await service.grants.put(GRANT, KEY, {**found.doc, "step_up": True},
+                                    found.secret, time.time() + 60, found.rev)
+
+
+@pytest.mark.parametrize("then", [_revoke, _mark_step_up], ids=["revoked", "step-up"])
+def test_a_grant_gone_or_changed_before_the_completed_approval_is_read_fails_closed(
+        tmp_path: Path, then: Callable[[McpOAuthService], Awaitable[None]]) -> None:
+    """Completed, and the grant revoked (or marked for a step-up by another request's
+    403) before the held request read it: refused `mcp_oauth_failed` at once, saying
+    so (a marked grant held it until the approval's record expired, a day later)."""
     async def run() -> None:
         shared = MemoryState()
         view = Seen(shared)
@@ -147,12 +160,12 @@ def test_a_grant_gone_before_the_completed_approval_is_read_fails_closed(
                                       Client("client-1"), ("mcp",), Ask(timeout=30))
         got = TokenSet("access-token-2", None, time.time() + 3600, ("mcp",))
 
-        async def granted_then_revoked() -> None:
+        async def granted_then_changed() -> None:
             grant = await service._granted(FLOW, INFO, Client("client-1"), got, approval.id)
-            await service.grants.remove(GRANT, KEY, time.time())
             assert grant["owner"] == OWNER
+            await then(service)
 
-        view.on_missing = granted_then_revoked
+        view.on_missing = granted_then_changed
         with pytest.raises(Refusal) as refused:
             await asyncio.wait_for(service._wait(approval, KEY, "agent.yaml#0"), 10)
         assert refused.value.code == "mcp_oauth_failed"
