@@ -53,7 +53,8 @@ def record_origins() -> None:
 
     def __del__(self: Any, _warn: Any = warnings.warn) -> None:
         if self._sock is not None:
-            names = f" (local {self._extra.get('sockname')}, peer {self._extra.get('peername')})"
+            extra = getattr(self, "_extra", None) or {}
+            names = f" (local {extra.get('sockname')}, peer {extra.get('peername')})"
             _warn(f"unclosed transport {self!r}{names}, made at (innermost first):"
                   f"{_where(self)}", ResourceWarning, source=self)
             self._sock.close()
@@ -74,7 +75,7 @@ def _record_tls_origins() -> None:
         made(self, *args, **kwargs)
 
     def __del__(self: Any, _warn: Any = warnings.warn) -> None:
-        if not self._closed:
+        if not getattr(self, "_closed", True):
             self._closed = True
             under = getattr(getattr(self, "_ssl_protocol", None), "_transport", None)
             _warn(f"unclosed transport <asyncio._SSLProtocolTransport object> over "
