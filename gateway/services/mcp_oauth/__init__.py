@@ -272,7 +272,8 @@ class McpOAuthService:
         """Hold until a person consents for `identity` at `resource` (a grant written,
         by this ask or another), or raise the Refusal: declined (`approval_denied`), no
         answer in time (`approval_timeout`), discovery or registration failed
-        (`mcp_oauth_failed`)."""
+        (`mcp_oauth_failed`). Returns at once when the store already holds a grant that
+        serves (written by another process this one has not heard of yet)."""
         owner = grant_owner(oauth, identity)
         key = f"{owner}|{resource}"
         current = await self.grants.get(GRANT, key)
