@@ -158,10 +158,6 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/pipeline/test_pipeline_oauthing.py, tests/integration/test_mcp_oauth.py",
         "the server's 401 and insufficient_scope read in the answer (a table over the gate "
         "built from fakes), and on both engines"),
-    "gateway/services/mcp_oauth/__init__.py": (
-        "tests/integration/test_mcp_oauth.py",
-        "the service on a real gateway against the SDK's authorization server: consent, "
-        "refresh under the lease, step-up, revocation, two workers and a restart"),
     "gateway/services/mcp_oauth/discovery.py": (
         "tests/integration/test_mcp_oauth.py",
         "RFC 9728 and RFC 8414 metadata of the SDK's FastMCP server and authorization "

@@ -60,7 +60,9 @@ class GatewayThread:
         self.audit = AuditCapture()
         self.loop = new_event_loop()
         self.gateway = Gateway(self.config, resolver=resolver, audit_stream=self.audit)
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        # (named: an unclosed transport's warning names the thread that made it)
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name=(
+            f"gateway-{self.config.network.intercept}-{workdir.name}"))
         self._thread.start()
         self.call(self.gateway.start())
 

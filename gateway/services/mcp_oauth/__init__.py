@@ -28,7 +28,7 @@ import logging
 import secrets as random
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import urlsplit
 
 from gateway.core.approvals import Approval, Asked, new_id
@@ -125,8 +125,7 @@ class McpOAuthService:
         owner = grant_owner(oauth, identity)
         key = f"{owner}|{resource}"
         stored = await self._read(key)
-        if stored is None or stored.secret is None or stored.doc.get("step_up") or \
-                not set(oauth.scopes) <= set(stored.doc.get("scopes", [])):
+        if not _serves(stored, oauth):
             return None
         if self._due(stored):
             stored = await self._refreshed(key, stored)
@@ -273,10 +272,16 @@ class McpOAuthService:
         """Hold until a person consents for `identity` at `resource` (a grant written,
         by this ask or another), or raise the Refusal: declined (`approval_denied`), no
         answer in time (`approval_timeout`), discovery or registration failed
-        (`mcp_oauth_failed`)."""
+        (`mcp_oauth_failed`). Returns at once when the store already holds a grant that
+        serves (written by another process this one has not heard of yet)."""
         owner = grant_owner(oauth, identity)
         key = f"{owner}|{resource}"
         current = await self.grants.get(GRANT, key)
+        if _serves(current, oauth) and not self._due(current):
+            # (written by another process a moment ago, and this one's copy predates it
+            # while the notice of its write is on its way: no one is asked again)
+            self._read_cache.pop(key, None)
+            return
         wanted = list(oauth.scopes) + list((current.doc.get("wanted") or [])
                                            if current is not None else [])
         try:
@@ -289,7 +294,10 @@ class McpOAuthService:
         scopes = tuple(dict.fromkeys(
             wanted + list(info.scopes_supported if unnamed or not wanted else ())))
         approval = await self._ask(identity, key, owner, resource, info, client, scopes, spec)
-        await self._wait(approval, key, scopes, rule)
+        await self._wait(approval, key, rule)
+        # (the grant was read from the store; this process's copy may predate it while
+        # the notice of its write is on its way: `token` reads it again)
+        self._read_cache.pop(key, None)
 
     async def _ask(self, identity: Identity, key: str, owner: str, resource: str,
                    info: ServerInfo, client: Client, scopes: tuple[str, ...], spec: Ask
@@ -323,12 +331,20 @@ class McpOAuthService:
                                   found.secret, expires, found.rev)
         return approval
 
-    async def _wait(self, approval: Approval, key: str, scopes: tuple[str, ...],
-                    rule: str | None) -> None:
+    async def _wait(self, approval: Approval, key: str, rule: str | None) -> None:
+        """Hold until the grant `approval` asks for is written (or one written since it
+        was opened), or the approval ends without one (raises the Refusal). Every POLL
+        seconds, and bounded by the approval's own expiry (`settled` times it out).
+
+        The callback writes the grant before it closes the approval (`_granted`), so the
+        order of these reads matters: a grant read *before* the approval was seen
+        completed may predate both writes (a read that missed the grant, then the
+        callback's two writes, then the approval read completed). The grant is read
+        again after the approval says so: that read follows the approval's write, hence
+        the grant's; only a grant gone or changed meanwhile (revoked, replaced, marked
+        for a step-up) fails it, at once."""
         while True:
-            stored = await self.grants.get(GRANT, key)
-            if stored is not None and not stored.doc.get("step_up") and \
-                    stored.doc.get("created", 0) >= approval.created:
+            if _answers(await self.grants.get(GRANT, key), approval):
                 return
             current = await self.approvals.settled(approval.id)
             if current.state == "denied":
@@ -341,9 +357,13 @@ class McpOAuthService:
                               f"approval {approval.id} within "
                               f"{current.expires - current.created:g}s; it is asked again "
                               "on the next request", f"approval:{approval.id}")
-            if current.state == "approved" and stored is None:
-                raise oauth_failed(f"approval {approval.id} was completed, and no grant "
-                                   "was written", rule)
+            if current.state == "approved":
+                if _answers(await self.grants.get(GRANT, key), approval):
+                    return
+                raise oauth_failed(f"approval {approval.id} was completed, and its grant "
+                                   "cannot serve this request any more (revoked, replaced "
+                                   "or marked for a step-up meanwhile); retry the request",
+                                   rule)
             await asyncio.sleep(POLL)
 
     async def _client(self, info: ServerInfo, oauth: McpOAuth) -> Client:
@@ -517,6 +537,21 @@ class McpOAuthService:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _serves(stored: Stored | None, oauth: McpOAuth) -> TypeGuard[Stored]:
+    """Can `stored` serve a rule asking `oauth` (it opens, no step-up is due, it holds
+    every scope the rule asks for)?"""
+    return stored is not None and stored.secret is not None and \
+        not stored.doc.get("step_up") and \
+        set(oauth.scopes) <= set(stored.doc.get("scopes", []))
+
+
+def _answers(stored: Stored | None, approval: Approval) -> bool:
+    """Is `stored` a grant written for `approval` (or since it was opened): what a
+    request held on it waits for?"""
+    return stored is not None and not stored.doc.get("step_up") and \
+        float(stored.doc.get("created", 0)) >= approval.created
 
 
 def _code(error: str | None) -> str:
