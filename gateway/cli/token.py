@@ -74,7 +74,7 @@ def record_minted(cfg: Config, minted: MintedToken) -> str | None:
     try:
         recorded = asyncio.run(record())
     except (StateUnavailable, OSError, ValueError, sqlite3.Error) as exc:  # (TimeoutError too)
-        return f"the state store cannot be reached ({exc or type(exc).__name__})"
+        return f"the state store cannot be reached ({str(exc) or type(exc).__name__})"
     return None if recorded else "the state store cannot be written"
 
 

@@ -319,7 +319,7 @@ class RedisState(CountersOf):
         except (RedisError, OSError, TimeoutError) as exc:
             metrics.STATE_STORE_ERRORS.labels(op=op).inc()
             raise StateUnavailable(f"Redis at {redact_url(self.url)} did not answer: "
-                                   f"{exc or type(exc).__name__}") from None
+                                   f"{str(exc) or type(exc).__name__}") from None
 
     async def read_mint(self, name: str) -> SharedMint | None:
         raw = await self._op("mint", lambda r: r.get(self._mint_prefix + name))

@@ -385,3 +385,23 @@ def test_two_gateway_processes_share_revocations(tmp_path: Path,
                 proc.wait()
                 codes[name] = None
     assert codes == {"a": 0, "b": 0}, {n: logs[n].read_text() for n in logs}
+
+
+def test_a_redis_that_does_not_answer_is_named_with_the_timeout(
+        redis_server: RedisServer) -> None:
+    """An operation Redis does not answer within `op_timeout` (the server stopped) says
+    so with the error's name: a timeout's message is empty (it read "did not answer: ",
+    nothing after it)."""
+    async def scenario() -> None:
+        state = store(redis_server, op_timeout=0.3)
+        await state.start()
+        assert redis_server.process is not None
+        os.kill(redis_server.process.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(StateUnavailable, match=r"did not answer: TimeoutError$"):
+                await state.read_mint("m")
+        finally:
+            os.kill(redis_server.process.pid, signal.SIGCONT)
+            await state.close()
+
+    run(scenario)
