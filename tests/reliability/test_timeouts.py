@@ -82,14 +82,20 @@ def tunnel(gw: GatewayThread, token: str, host: str = "inspect.test",
     return ctx.wrap_socket(sock, server_hostname=host)
 
 
-def test_an_upstream_that_never_answers_gets_504(make_gateway, silent: Silent) -> None:
-    gw: GatewayThread = make_gateway(silent.port, config={"network": {"timeouts": TIMEOUTS}})
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
+def test_an_upstream_that_never_answers_gets_504(make_gateway, silent: Silent,
+                                                 engine: str) -> None:
+    """network.timeouts.read on every engine (mitmproxy's own waits had no bound but its
+    600 s idle timeout): the same answer, one audit line, the upstream connection closed."""
+    gw: GatewayThread = make_gateway(silent.port, config={"network": {
+        "intercept": engine, "timeouts": TIMEOUTS}})
     token = gw.mint("agent")
     started = time.monotonic()
     with tunnel(gw, token) as tls:
         tls.sendall(b"GET /slow HTTP/1.1\r\nHost: inspect.test\r\n\r\n")
         answer = tls.recv(65536)
     assert answer.startswith(b"HTTP/1.1 504 upstream_timeout"), answer[:100]
+    assert b"sent nothing for too long (no response within 1s)" in answer, answer
     assert time.monotonic() - started < 5
     [line] = gw.audit.wait_for(lambda r: r["error"] == "upstream_timeout")
     assert line["status"] == 504 and line["path"] == "/slow"
@@ -251,19 +257,22 @@ class Backlogged:
         self.sock.close()
 
 
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
 @pytest.mark.parametrize(("server", "phase", "seconds"), [
     (AcceptOnly, "TCP connected but no TLS handshake within 1s", 1.0),
     (Backlogged, "no TCP connection within 1s", 1.0),
 ])
 def test_a_dial_that_times_out_names_its_phase(make_gateway, server: type, phase: str,
-                                               seconds: float) -> None:
+                                               seconds: float, engine: str) -> None:
     """The dial's two waits are bounded each by its own timeout (connect, then
     handshake) and the answer says which one ran out; a handshake that never started
-    was reported "no connection within <connect>s" after connect + handshake."""
+    was reported "no connection within <connect>s" after connect + handshake. On
+    mitmproxy too (it bounded neither: the request hung until its 600 s idle timeout)."""
     upstream = server()
     try:
-        gw: GatewayThread = make_gateway(upstream.port, config={"network": {"timeouts": {
-            **TIMEOUTS, "connect": "1s", "handshake": "1s"}}})
+        gw: GatewayThread = make_gateway(upstream.port, config={"network": {
+            "intercept": engine,
+            "timeouts": {**TIMEOUTS, "connect": "1s", "handshake": "1s"}}})
         with tunnel(gw, gw.mint("agent")) as tls:
             tls.settimeout(10)
             started = time.monotonic()
@@ -275,3 +284,5 @@ def test_a_dial_that_times_out_names_its_phase(make_gateway, server: type, phase
     assert answer.startswith(b"HTTP/1.1 502 upstream_failed"), answer[:120]
     assert phase.encode() in answer, answer[:400]
     assert seconds * 0.9 < took < seconds + 0.7, took
+    [line] = gw.audit.wait_for(lambda r: r["path"] == "/x")
+    assert (line["status"], line["error"]) == (502, "upstream_failed"), line
