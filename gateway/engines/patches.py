@@ -1167,8 +1167,13 @@ def install_upstream_timeouts(handshake_error: Callable[[str, float], str]) -> N
       its other streams go on), an HTTP/1 upstream's connection closed. Any response
       head (a 101 too) ends the wait; a wakeup that comes after is dropped.
 
-    (The TCP connect is bounded by the adapter's dial, `mitm._timed_dial`.)"""
+    A timer whose wait ended is called off (`_call_off`): its task ends at once and the
+    layers let go of the layer that armed it (mitmproxy's own wakeups cannot be called
+    off: each would keep its flow, the request body among it, and a task for `read`
+    seconds after the response). (The TCP connect is bounded by the adapter's dial,
+    `mitm._timed_dial`.)"""
     load_engine()
+    from mitmproxy.proxy import server
     from mitmproxy.proxy.layers import http as layers_http
     from mitmproxy.proxy.layers import tls as layers_tls
 
@@ -1176,6 +1181,8 @@ def install_upstream_timeouts(handshake_error: Callable[[str, float], str]) -> N
     _waits["handshake_error"] = handshake_error
     if "stream_event" in _waits:
         return
+    _waits["wakeup"] = server.ConnectionHandler.wakeup
+    server.ConnectionHandler.wakeup = _wakeup  # type: ignore[method-assign]
     _waits["stream_event"] = stream._handle_event
     _waits["passthrough"] = stream.passthrough
     _waits["consume"] = stream.state_consume_request_body
@@ -1190,6 +1197,65 @@ def install_upstream_timeouts(handshake_error: Callable[[str, float], str]) -> N
     layers_tls.ServerTLSLayer._handle_event = _tls_event  # type: ignore[method-assign]
 
 
+@functools.cache
+def _deadline() -> Any:
+    load_engine()
+    from mitmproxy.proxy.commands import RequestWakeup
+
+    class Deadline(RequestWakeup):
+        """A layer's `RequestWakeup` that it can call off (`_call_off`)."""
+
+        def __init__(self, delay: float) -> None:
+            super().__init__(delay)
+            self.off = False
+            self.waiter: asyncio.Future[None] | None = None
+
+    return Deadline
+
+
+def _arm(layer: Any, seconds: float) -> Any:
+    command = layer.__dict__[_ARMED] = _deadline()(seconds)
+    return command
+
+
+def _call_off(layer: Any) -> None:
+    """The wait `layer` armed a timer for ended: the timer's task ends now, unheard, and
+    the HTTP layers that would route its wakeup back forget the layer."""
+    command = layer.__dict__.pop(_ARMED, None)
+    if command is None or command.off:
+        return
+    command.off = True
+    if command.waiter is not None and not command.waiter.done():
+        command.waiter.set_result(None)
+    for parent in layer.context.layers:
+        sources = getattr(parent, "command_sources", None)  # (HttpLayer's)
+        if isinstance(sources, dict):
+            sources.pop(command, None)
+
+
+async def _wakeup(self: Any, request: Any) -> None:
+    """mitmproxy's `ConnectionHandler.wakeup`, except that a `Deadline` called off ends
+    at once, without its `Wakeup` event."""
+    from mitmproxy.proxy.events import Wakeup
+
+    if not isinstance(request, _deadline()):
+        await _waits["wakeup"](self, request)
+        return
+    task = asyncio.current_task()
+    try:
+        if not request.off:
+            request.waiter = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(request.delay):
+                    await request.waiter
+            except TimeoutError:
+                pass
+    finally:
+        self.wakeup_timer.discard(task)
+    if not request.off:
+        await self.server_event(Wakeup(request))
+
+
 def _own_wakeup(layer: Any, event: Any) -> bool:
     from mitmproxy.proxy import events
 
@@ -1199,15 +1265,13 @@ def _own_wakeup(layer: Any, event: Any) -> bool:
 def _sent(state: str) -> Callable[..., Any]:
     """A request body state of mitmproxy's, then (the request sent whole) the read timer."""
     def run(self: Any, event: Any) -> Any:
-        from mitmproxy.proxy.commands import RequestWakeup
         from mitmproxy.proxy.layers.http._events import RequestEndOfMessage
 
         yield from _waits[state](self, event)
         wait = self.flow.metadata.get(READ_TIMEOUT)
         if isinstance(event, RequestEndOfMessage) and wait is not None and wait[0] > 0 \
                 and _awaits_head(self) and _ARMED not in self.__dict__:
-            command = self.__dict__[_ARMED] = RequestWakeup(wait[0])
-            yield command
+            yield _arm(self, wait[0])
 
     return run
 
@@ -1227,6 +1291,8 @@ def _stream_event(self: Any, event: Any) -> Any:
 
     if not isinstance(event, Wakeup):
         yield from _waits["stream_event"](self, event)
+        if _ARMED in self.__dict__ and not _awaits_head(self):
+            _call_off(self)  # (a head came, or the stream ended)
         return
     if not _own_wakeup(self, event) or not _awaits_head(self):
         return
@@ -1235,6 +1301,7 @@ def _stream_event(self: Any, event: Any) -> Any:
         return
     response = wait[1](self.flow)  # the adapter's answer (it audits the exchange)
     self.flow.error = flow.Error(f"no response within {wait[0]:g}s")
+    self.__dict__.pop(_ARMED, None)
     yield HttpErrorHook(self.flow)  # (what counts flows in flight hears it ended)
     yield from _refuse_stream(self, response)
 
@@ -1249,15 +1316,13 @@ def _stream_passthrough(self: Any, event: Any) -> Any:
 
 def _tls_start(self: Any) -> Any:
     """mitmproxy's server TLS handshake start, then the handshake timer."""
-    from mitmproxy.proxy.commands import RequestWakeup
     from mitmproxy.proxy.tunnel import TunnelState
 
     yield from _waits["tls_start"](self)
     seconds = getattr(self.context.options, HANDSHAKE_OPTION, 0.0)
     if seconds > 0 and self.tunnel_state is TunnelState.ESTABLISHING \
             and _ARMED not in self.__dict__:
-        command = self.__dict__[_ARMED] = RequestWakeup(seconds)
-        yield command
+        yield _arm(self, seconds)
 
 
 def _tls_event(self: Any, event: Any) -> Any:
@@ -1268,7 +1333,10 @@ def _tls_event(self: Any, event: Any) -> Any:
 
     if not _own_wakeup(self, event):
         yield from _waits["tls_event"](self, event)
+        if _ARMED in self.__dict__ and self.tunnel_state is not TunnelState.ESTABLISHING:
+            _call_off(self)  # (done, or failed)
         return
+    self.__dict__.pop(_ARMED, None)
     if self.tunnel_state is not TunnelState.ESTABLISHING:
         return
     address = self.conn.address

@@ -450,3 +450,28 @@ def test_a_websocket_outlives_the_read_timeout(make_gateway, test_ca: LocalCA,
     assert line["status"] == 101 and line["error"] is None, line
     crashed = [r.getMessage()[:300] for r in caplog.records if r.levelno >= logging.ERROR]
     assert not crashed, crashed  # (the wakeup handed on made mitmproxy's layers crash)
+
+
+def test_answered_requests_leave_no_read_timer(make_gateway, nginx: Nginx) -> None:
+    """Each request's read timer ends with its answer: 20 requests on one kept-alive
+    tunnel leave no timer task behind (one left per request would hold its flow for
+    `read` seconds: 5 min by default)."""
+    gw: GatewayThread = make_gateway(nginx.port, config={"network": {
+        "intercept": "mitmproxy", "timeouts": {**TIMEOUTS, "read": "60s",
+                                               "client_idle": "30s"}}})
+
+    async def timers() -> int:
+        import asyncio
+        return sum(t.get_name().startswith("wakeup timer") for t in asyncio.all_tasks())
+
+    with tunnel(gw, gw.mint("agent")) as tls:
+        tls.settimeout(10)
+        for _ in range(20):
+            tls.sendall(b"GET /small HTTP/1.1\r\nHost: inspect.test\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b"s" * 99 + b"\n"):
+                chunk = tls.recv(65536)
+                assert chunk, answer
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:100]
+        assert gw.call(timers()) == 0
