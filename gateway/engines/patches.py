@@ -1203,10 +1203,11 @@ def _deadline() -> Any:
     from mitmproxy.proxy.commands import RequestWakeup
 
     class Deadline(RequestWakeup):
-        """A layer's `RequestWakeup` that it can call off (`_call_off`)."""
+        """A layer's (`owner`) `RequestWakeup` that it can call off (`_call_off`)."""
 
-        def __init__(self, delay: float) -> None:
+        def __init__(self, delay: float, owner: Any) -> None:
             super().__init__(delay)
+            self.owner = owner
             self.off = False
             self.waiter: asyncio.Future[None] | None = None
 
@@ -1214,7 +1215,7 @@ def _deadline() -> Any:
 
 
 def _arm(layer: Any, seconds: float) -> Any:
-    command = layer.__dict__[_ARMED] = _deadline()(seconds)
+    command = layer.__dict__[_ARMED] = _deadline()(seconds, layer)
     return command
 
 
@@ -1257,9 +1258,11 @@ async def _wakeup(self: Any, request: Any) -> None:
 
 
 def _own_wakeup(layer: Any, event: Any) -> bool:
+    """The wakeup of a timer `layer` armed (still armed or not: one called off may have
+    fired while the layer waited for a hook, and come in after)."""
     from mitmproxy.proxy import events
 
-    return isinstance(event, events.Wakeup) and event.command is layer.__dict__.get(_ARMED)
+    return isinstance(event, events.Wakeup) and getattr(event.command, "owner", None) is layer
 
 
 def _sent(state: str) -> Callable[..., Any]:
@@ -1294,7 +1297,7 @@ def _stream_event(self: Any, event: Any) -> Any:
         if _ARMED in self.__dict__ and not _awaits_head(self):
             _call_off(self)  # (a head came, or the stream ended)
         return
-    if not _own_wakeup(self, event) or not _awaits_head(self):
+    if event.command is not self.__dict__.get(_ARMED) or not _awaits_head(self):
         return
     wait = self.flow.metadata.pop(READ_TIMEOUT, None)
     if wait is None:
@@ -1336,7 +1339,9 @@ def _tls_event(self: Any, event: Any) -> Any:
         if _ARMED in self.__dict__ and self.tunnel_state is not TunnelState.ESTABLISHING:
             _call_off(self)  # (done, or failed)
         return
-    self.__dict__.pop(_ARMED, None)
+    if self.__dict__.get(_ARMED) is not event.command:
+        return  # (called off: it fired while this layer waited for a hook)
+    del self.__dict__[_ARMED]
     if self.tunnel_state is not TunnelState.ESTABLISHING:
         return
     address = self.conn.address

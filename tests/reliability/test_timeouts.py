@@ -351,11 +351,13 @@ class H2Upstream:
                 conn.close()
 
 
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
 def test_a_read_timeout_ends_its_http2_stream_alone(make_gateway, test_ca: LocalCA,
-                                                     tmp_path: Path) -> None:
-    """mitmproxy multiplexes a client's HTTP/2 streams on one upstream connection: the
-    stream that timed out is reset upstream and answered 504; the stream sent after it
-    on the same connection is still answered (closing the connection would cut it)."""
+                                                     tmp_path: Path, engine: str) -> None:
+    """mitmproxy (which serves HTTP/2 on both settings of network.intercept) multiplexes
+    a client's HTTP/2 streams on one upstream connection: the stream that timed out is
+    reset upstream and answered 504; the stream sent after it on the same connection is
+    still answered (closing the connection would cut it)."""
     import h2.config
     import h2.connection
     import h2.events
@@ -364,7 +366,7 @@ def test_a_read_timeout_ends_its_http2_stream_alone(make_gateway, test_ca: Local
     upstream = H2Upstream(test_ca, tmp_path / "h2", ["inspect.test"])
     try:
         gw: GatewayThread = make_gateway(upstream.port, config={"network": {
-            "intercept": "mitmproxy", "timeouts": TIMEOUTS}})
+            "intercept": engine, "timeouts": TIMEOUTS}})
         assert gw.gateway.proxy_address
         sock = socket.create_connection(gw.gateway.proxy_address, timeout=10)
         cred = base64.b64encode(f"sandbox-1:{gw.mint('agent')}".encode()).decode()
