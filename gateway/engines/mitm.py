@@ -18,6 +18,7 @@ refuses any other.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
@@ -47,11 +48,12 @@ from gateway.engines.patches import (
     raw_authority,
     raw_method,
 )
-from gateway.net.resolver import pin, route_pinned_dial
+from gateway.net.resolver import Pinned, pin, route_pinned_dial
 from gateway.net.tls import TICKET_KEY_LIFETIME
 from gateway.net.upstream_proxy import MARK as PROXY_MARK
 from gateway.net.upstream_proxy import UpstreamProxy, dialer
 from gateway.pipeline.exchange import BODY_HOLD_LIMIT, Exchange, no_body
+from gateway.pipeline.exchange_response import upstream_refusal
 from gateway.pipeline.gate import Client, Gate, Refused
 
 log = logging.getLogger("sandbox_gateway")
@@ -59,6 +61,7 @@ log = logging.getLogger("sandbox_gateway")
 EXCHANGE = "sandbox_gateway.exchange"
 REFUSED_MARK = f"refused [{secrets.token_hex(8)}]: "  # our server_connect refusals
 BACKSTOP_MARK = "[Errno 13] sandbox-gateway refused"
+TIMED_OUT_MARK = f"timed out [{secrets.token_hex(8)}]: "  # our dial and handshake timers
 STREAM_LARGE_BODIES = BODY_HOLD_LIMIT  # mitmproxy buffers bodies up to this itself;
 # the adapter streams (and scans chunk by chunk) anything over an exchange's hold limit
 ANSWERED = "sandbox_gateway.answered"
@@ -91,6 +94,10 @@ def _page_refusal(status: int, message: str) -> Refusal:
         return Refusal("upstream_proxy_failed", message[len(PROXY_MARK):][:300])
     if message.startswith(BACKSTOP_MARK):  # the event loop's backstop (PermissionError)
         return Refusal("forbidden_destination", message[len("[Errno 13] "):][:300])
+    timed_out = _timed_out(message)
+    if timed_out is not None:  # as the HTTP/1 engine words it (upstream_failed, its phase)
+        kind, where, detail = timed_out
+        return upstream_refusal(kind, detail, where)
     log.info("mitmproxy answered %d: %s", status, error_phrase(message))
     if status == 400:
         return Refusal("bad_request", "the request could not be parsed as HTTP")
@@ -101,6 +108,47 @@ def _page_refusal(status: int, message: str) -> Refusal:
                        "with something that is not valid HTTP; check that it is up and, for "
                        "TLS, that its certificate is valid (network.upstream_ca adds CAs)")
     return Refusal("gateway_error", "the gateway could not serve this request")
+
+
+def timed_out_error(kind: str, where: str, detail: str) -> str:
+    """The error text of a dial or TLS handshake our timers ended (`kind`: connect or
+    tls_handshake, as the HTTP/1 engine names the phases), read back by `_timed_out`."""
+    return f"{TIMED_OUT_MARK}{kind} {where} {detail}"
+
+
+def _timed_out(message: str) -> tuple[str, str, str] | None:
+    """(kind, where, detail) of a `timed_out_error` (mitmproxy may put words in front)."""
+    for prefix in (TIMED_OUT_MARK, f"Connection killed: {TIMED_OUT_MARK}"):
+        if message.startswith(prefix):
+            kind, _, rest = message[len(prefix):].partition(" ")
+            where, _, detail = rest.partition(" ")
+            return kind, where, detail[:200]
+    return None
+
+
+def handshake_error(where: str, seconds: float) -> str:
+    """patches.install_upstream_timeouts: a server TLS handshake that took too long."""
+    return timed_out_error("tls_handshake", where, f"TCP connected but no TLS handshake "
+                           f"within {seconds:g}s (network.timeouts.handshake)")
+
+
+def _timed_dial(pinned: Pinned, seconds: float, where: str
+                ) -> Callable[[Any, Callable[[], Any]], Any]:
+    """mitmproxy's direct dial of `pinned` (through the loop's pinned-dial route),
+    bounded by network.timeouts.connect: mitmproxy bounds it by nothing."""
+    async def dial(loop: Any, factory: Callable[[], Any]) -> Any:
+        ip, port = pinned.address
+        try:
+            async with asyncio.timeout(seconds) as limit:
+                return await loop.create_connection(factory, ip, port)
+        except TimeoutError:
+            if not limit.expired():
+                raise  # the OS's own (ETIMEDOUT)
+            raise TimeoutError(timed_out_error(
+                "connect", where, f"no TCP connection within {seconds:g}s "
+                "(network.timeouts.connect)")) from None
+
+    return dial
 
 
 def to_response(ans: Answer) -> http.Response:
@@ -157,11 +205,14 @@ class Adapter(NextLayerAddon):
     name = "nextlayer"  # proxyserver looks the layer chooser up by this name
 
     def __init__(self, gate: Gate, handoffs: dict[tuple[str, int], Client], *,
-                 proxy: UpstreamProxy | None = None, connect_timeout: float = 10.0) -> None:
+                 proxy: UpstreamProxy | None = None, connect_timeout: float = 10.0,
+                 handshake_timeout: float = 30.0, read_timeout: float = 300.0) -> None:
         super().__init__()
         self.gate = gate
         self.proxy = proxy  # network.upstream_proxy: mitmproxy's dials go through it
-        self.connect_timeout = connect_timeout
+        self.connect_timeout = connect_timeout  # network.timeouts, for upstreams
+        self.handshake_timeout = handshake_timeout
+        self.read_timeout = read_timeout
         self.tunnel_errors: dict[str, str] = {}  # client id -> why its tunnel's dial failed
         self.handoffs = handoffs
         self.clients: dict[str, Client] = {}
@@ -173,6 +224,12 @@ class Adapter(NextLayerAddon):
         # engine replaces its front context.
         self.ticket_key_lifetime = TICKET_KEY_LIFETIME
         self._tickets_since = time.monotonic()
+
+    def load(self, loader: Any) -> None:
+        """mitmproxy's addon start: the upstream TLS handshake timeout, as an option of
+        this gateway's mitmproxy (read by patches.install_upstream_timeouts)."""
+        loader.add_option(patches.HANDSHAKE_OPTION, float, self.handshake_timeout,
+                          "network.timeouts.handshake, for upstream TLS handshakes")
 
     def in_flight(self) -> int:
         self.exchanges = {ex for ex in self.exchanges if not ex.done}
@@ -321,6 +378,7 @@ class Adapter(NextLayerAddon):
             return
         ex = result
         flow.metadata[EXCHANGE] = ex
+        flow.metadata[patches.READ_TIMEOUT] = (self.read_timeout, self._read_timed_out)
         self.exchanges.add(ex)
         req.headers.fields = tuple(ex.head.headers.fields)
         req.path = ex.head.target
@@ -374,6 +432,21 @@ class Adapter(NextLayerAddon):
             return
         _forwardable_trailers(flow)
 
+    def _read_timed_out(self, flow: http.HTTPFlow) -> http.Response:
+        """The answer to a request whose response head did not come within
+        network.timeouts.read (patches.install_upstream_timeouts), audited; called by
+        mitmproxy's layers, outside any hook: fails closed here."""
+        flow.metadata[ANSWERED] = True
+        ex: Exchange | None = flow.metadata.get(EXCHANGE)
+        detail = f"no response within {self.read_timeout:g}s"
+        try:
+            if ex is not None and not ex.done:
+                return to_response(ex.upstream_failed("timeout", detail))
+            return to_response(answer(upstream_refusal("timeout", detail, "?"), close=True))
+        except Exception:
+            log.exception("answering a read timeout failed; refusing (fail closed)")
+            return to_response(answer(GATEWAY_ERROR, close=True))
+
     def _on_responseheaders(self, flow: http.HTTPFlow) -> None:
         ex: Exchange | None = flow.metadata.get(EXCHANGE)
         response = flow.response
@@ -410,6 +483,10 @@ class Adapter(NextLayerAddon):
         if ex is None or ex.done:
             return
         message = flow.error.msg if flow.error is not None else "error"
+        timed_out = _timed_out(message)
+        if timed_out is not None and flow.response is None:
+            ex.upstream_failed(timed_out[0], timed_out[2])
+            return
         error = patches.flow_error(message, responded=flow.response is not None,
                                    request_ended=flow.request.timestamp_end is not None,
                                    proxy_mark=PROXY_MARK)
@@ -481,10 +558,14 @@ class Adapter(NextLayerAddon):
             return
         pin(pinned)
         proxy = self.proxy
+        # mitmproxy dials with asyncio.open_connection: the loop routes that one dial
+        # (this task's, to this pin) through the proxy (net/resolver.py), or direct
+        # within network.timeouts.connect.
         if proxy is not None and proxy.applies(pinned.host, pinned.ip, pinned.port):
-            # mitmproxy dials with asyncio.open_connection: the loop routes that one
-            # dial (this task's, to this pin) through the proxy (net/resolver.py).
             route_pinned_dial(dialer(proxy, pinned, self.connect_timeout))
+        else:
+            route_pinned_dial(_timed_dial(pinned, self.connect_timeout,
+                                          f"{host}:{address[1]}"))
 
 
 def _dial_failed(adapter: Adapter, data: server_hooks.ServerConnectionHookData) -> None:

@@ -80,6 +80,8 @@ if TYPE_CHECKING:
     from mitmproxy.proxy.layers.websocket import Fragmentizer
 
 __all__ = [
+    "HANDSHAKE_OPTION",
+    "READ_TIMEOUT",
     "STREAM_REFUSED",
     "ChunkedReader",
     "ContentLengthReader",
@@ -99,6 +101,7 @@ __all__ = [
     "install_log_hygiene",
     "install_stream_refusal",
     "install_ticket_hold",
+    "install_upstream_timeouts",
     "lean_dependencies",
     "lean_package",
     "load_engine",
@@ -1139,3 +1142,210 @@ def _connector_class() -> type:
                 raise error(req.connection_key, exc) from exc
 
     return ProxiedConnector
+
+
+# -- mitmproxy: an upstream's TLS handshake and response head within network.timeouts ----
+
+READ_TIMEOUT = "sandbox-gateway-read-timeout"  # flow.metadata: (seconds, answer(flow))
+HANDSHAKE_OPTION = "sandbox_gateway_handshake_timeout"  # a mitmproxy option (seconds)
+_ARMED = "_sandbox_gateway_wakeup"  # a layer's own RequestWakeup (a deadline), if armed
+_waits: dict[str, Any] = {}
+
+
+def install_upstream_timeouts(handshake_error: Callable[[str, float], str]) -> None:
+    """mitmproxy bounds no wait on an upstream (only its 600 s idle timeout ends one);
+    the gateway's `network.timeouts` are armed as mitmproxy's own timers
+    (`RequestWakeup`, which the layers route back to the layer that asked):
+
+    - handshake: a server TLS handshake not done `HANDSHAKE_OPTION` seconds after it
+      began fails with `handshake_error(address, seconds)` as its error (what the flow's
+      error and the client's error answer then carry), the connection closed;
+    - read: a request sent whole whose flow carries `READ_TIMEOUT` (seconds,
+      answer(flow) -> http.Response) and has no response head that many seconds later
+      is refused as a refused request body is (`_refuse_stream`): the client gets the
+      answer on its stream, an HTTP/2 upstream's stream is reset (the connection and
+      its other streams go on), an HTTP/1 upstream's connection closed. Any response
+      head (a 101 too) ends the wait; a wakeup that comes after is dropped.
+
+    A timer whose wait ended is called off (`_call_off`): its task ends at once and the
+    layers let go of the layer that armed it (mitmproxy's own wakeups cannot be called
+    off: each would keep its flow, the request body among it, and a task for `read`
+    seconds after the response). (The TCP connect is bounded by the adapter's dial,
+    `mitm._timed_dial`.)"""
+    load_engine()
+    from mitmproxy.proxy import server
+    from mitmproxy.proxy.layers import http as layers_http
+    from mitmproxy.proxy.layers import tls as layers_tls
+
+    stream = layers_http.HttpStream
+    _waits["handshake_error"] = handshake_error
+    if "stream_event" in _waits:
+        return
+    _waits["wakeup"] = server.ConnectionHandler.wakeup
+    server.ConnectionHandler.wakeup = _wakeup  # type: ignore[method-assign]
+    _waits["stream_event"] = stream._handle_event
+    _waits["passthrough"] = stream.passthrough
+    _waits["consume"] = stream.state_consume_request_body
+    _waits["stream_body"] = stream.state_stream_request_body
+    _waits["tls_start"] = layers_tls.ServerTLSLayer.start_handshake
+    _waits["tls_event"] = layers_tls.ServerTLSLayer._handle_event
+    stream._handle_event = _stream_event  # type: ignore[method-assign]
+    stream.passthrough = _stream_passthrough  # type: ignore[method-assign]
+    stream.state_consume_request_body = _sent("consume")  # type: ignore[method-assign]
+    stream.state_stream_request_body = _sent("stream_body")  # type: ignore[method-assign]
+    layers_tls.ServerTLSLayer.start_handshake = _tls_start  # type: ignore[method-assign]
+    layers_tls.ServerTLSLayer._handle_event = _tls_event  # type: ignore[method-assign]
+
+
+@functools.cache
+def _deadline() -> Any:
+    load_engine()
+    from mitmproxy.proxy.commands import RequestWakeup
+
+    class Deadline(RequestWakeup):
+        """A layer's (`owner`) `RequestWakeup` that it can call off (`_call_off`)."""
+
+        def __init__(self, delay: float, owner: Any) -> None:
+            super().__init__(delay)
+            self.owner = owner
+            self.off = False
+            self.waiter: asyncio.Future[None] | None = None
+
+    return Deadline
+
+
+def _arm(layer: Any, seconds: float) -> Any:
+    command = layer.__dict__[_ARMED] = _deadline()(seconds, layer)
+    return command
+
+
+def _call_off(layer: Any) -> None:
+    """The wait `layer` armed a timer for ended: the timer's task ends now, unheard, and
+    the HTTP layers that would route its wakeup back forget the layer."""
+    command = layer.__dict__.pop(_ARMED, None)
+    if command is None or command.off:
+        return
+    command.off = True
+    if command.waiter is not None and not command.waiter.done():
+        command.waiter.set_result(None)
+    for parent in layer.context.layers:
+        sources = getattr(parent, "command_sources", None)  # (HttpLayer's)
+        if isinstance(sources, dict):
+            sources.pop(command, None)
+
+
+async def _wakeup(self: Any, request: Any) -> None:
+    """mitmproxy's `ConnectionHandler.wakeup`, except that a `Deadline` called off ends
+    at once, without its `Wakeup` event."""
+    from mitmproxy.proxy.events import Wakeup
+
+    if not isinstance(request, _deadline()):
+        await _waits["wakeup"](self, request)
+        return
+    task = asyncio.current_task()
+    try:
+        if not request.off:
+            request.waiter = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(request.delay):
+                    await request.waiter
+            except TimeoutError:
+                pass
+    finally:
+        self.wakeup_timer.discard(task)
+    if not request.off:
+        await self.server_event(Wakeup(request))
+
+
+def _own_wakeup(layer: Any, event: Any) -> bool:
+    """The wakeup of a timer `layer` armed (still armed or not: one called off may have
+    fired while the layer waited for a hook, and come in after)."""
+    from mitmproxy.proxy import events
+
+    return isinstance(event, events.Wakeup) and getattr(event.command, "owner", None) is layer
+
+
+def _sent(state: str) -> Callable[..., Any]:
+    """A request body state of mitmproxy's, then (the request sent whole) the read timer."""
+    def run(self: Any, event: Any) -> Any:
+        from mitmproxy.proxy.layers.http._events import RequestEndOfMessage
+
+        yield from _waits[state](self, event)
+        wait = self.flow.metadata.get(READ_TIMEOUT)
+        if isinstance(event, RequestEndOfMessage) and wait is not None and wait[0] > 0 \
+                and _awaits_head(self) and _ARMED not in self.__dict__:
+            yield _arm(self, wait[0])
+
+    return run
+
+
+def _awaits_head(self: Any) -> bool:
+    return bool(self.client_state == self.state_done
+                and self.server_state == self.state_wait_for_response_headers
+                and self.flow.response is None and self.flow.live)
+
+
+def _stream_event(self: Any, event: Any) -> Any:
+    """mitmproxy's `HttpStream._handle_event`, except the read timer's wakeup (mitmproxy
+    itself sends a stream none: any other would have failed its event check)."""
+    from mitmproxy import flow
+    from mitmproxy.proxy.events import Wakeup
+    from mitmproxy.proxy.layers.http._hooks import HttpErrorHook
+
+    if not isinstance(event, Wakeup):
+        yield from _waits["stream_event"](self, event)
+        if _ARMED in self.__dict__ and not _awaits_head(self):
+            _call_off(self)  # (a head came, or the stream ended)
+        return
+    if event.command is not self.__dict__.get(_ARMED) or not _awaits_head(self):
+        return
+    wait = self.flow.metadata.pop(READ_TIMEOUT, None)
+    if wait is None:
+        return
+    response = wait[1](self.flow)  # the adapter's answer (it audits the exchange)
+    self.flow.error = flow.Error(f"no response within {wait[0]:g}s")
+    self.__dict__.pop(_ARMED, None)
+    yield HttpErrorHook(self.flow)  # (what counts flows in flight hears it ended)
+    yield from _refuse_stream(self, response)
+
+
+def _stream_passthrough(self: Any, event: Any) -> Any:
+    """mitmproxy's `HttpStream.passthrough` (a WebSocket after its 101), except the read
+    timer's wakeup of this stream, which comes after the head ended the wait."""
+    if _own_wakeup(self, event):
+        return
+    yield from _waits["passthrough"](self, event)
+
+
+def _tls_start(self: Any) -> Any:
+    """mitmproxy's server TLS handshake start, then the handshake timer."""
+    from mitmproxy.proxy.tunnel import TunnelState
+
+    yield from _waits["tls_start"](self)
+    seconds = getattr(self.context.options, HANDSHAKE_OPTION, 0.0)
+    if seconds > 0 and self.tunnel_state is TunnelState.ESTABLISHING \
+            and _ARMED not in self.__dict__:
+        yield _arm(self, seconds)
+
+
+def _tls_event(self: Any, event: Any) -> Any:
+    """mitmproxy's server TLS layer, except the handshake timer's wakeup: a handshake
+    still under way fails as one the upstream broke off does (its error what
+    `handshake_error` says), and the connection is closed."""
+    from mitmproxy.proxy.tunnel import TunnelState
+
+    if not _own_wakeup(self, event):
+        yield from _waits["tls_event"](self, event)
+        if _ARMED in self.__dict__ and self.tunnel_state is not TunnelState.ESTABLISHING:
+            _call_off(self)  # (done, or failed)
+        return
+    if self.__dict__.get(_ARMED) is not event.command:
+        return  # (called off: it fired while this layer waited for a hook)
+    del self.__dict__[_ARMED]
+    if self.tunnel_state is not TunnelState.ESTABLISHING:
+        return
+    address = self.conn.address
+    where = f"{address[0]}:{address[1]}" if address else "?"
+    err = _waits["handshake_error"](where, getattr(self.context.options, HANDSHAKE_OPTION))
+    yield from self.on_handshake_error(err)
+    yield from self._handshake_finished(err)

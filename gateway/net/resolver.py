@@ -397,7 +397,9 @@ def proxy_hop(ip: str, port: int) -> Iterator[None]:
 def route_pinned_dial(dial: Dialer) -> None:
     """Make this task's dial of its pinned destination (`loop.create_connection` to the
     pinned name or address) go through `dial(loop, protocol_factory)` instead: how
-    mitmproxy's dials, which have no hook of their own, go through the upstream proxy."""
+    mitmproxy's dials, which have no hook of their own, go through the upstream proxy
+    or are bounded by `network.timeouts.connect`. One dial: the route is spent by it (a
+    `loop.create_connection` inside `dial` is not routed again)."""
     _ROUTE.set((_task(), dial))
 
 
@@ -516,6 +518,7 @@ class GuardedEventLoop(asyncio.SelectorEventLoop):
             pinned = current_pin()
             if pinned is not None and (_matches(pinned, host, port)
                                        or _dials_address(pinned, host, port)):
+                _ROUTE.set(None)  # once: the route's own dial goes direct
                 return await route[1](self, protocol_factory)
         return await super().create_connection(
             protocol_factory, host, port, **kwargs)

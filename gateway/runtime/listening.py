@@ -55,19 +55,29 @@ class Listening(GatewayParts):
         from mitmproxy.master import Master
 
         from gateway.engines.idle import IdleUpstreams
-        from gateway.engines.mitm import STREAM_LARGE_BODIES, Adapter, error_h2, error_page
+        from gateway.engines.mitm import (
+            STREAM_LARGE_BODIES,
+            Adapter,
+            error_h2,
+            error_page,
+            handshake_error,
+        )
 
         patches.install_error_pages(error_page, error_h2)
         patches.install_h1_framing()
         patches.install_stream_refusal()
         patches.install_ticket_hold()
+        patches.install_upstream_timeouts(handshake_error)
         patches.install_log_hygiene(error_phrase)
         patches.install_listeners(sockets=sockets, servers=servers)
 
         opts = options.Options()
         master = Master(opts, event_loop=asyncio.get_running_loop())
+        timeouts = self.config.network.timeouts
         self.adapter = Adapter(self.gate, self.handoffs, proxy=self.proxy,
-                               connect_timeout=self.config.network.timeouts.connect)
+                               connect_timeout=timeouts.connect,
+                               handshake_timeout=timeouts.handshake,
+                               read_timeout=timeouts.read)
         server = proxyserver.Proxyserver()
         self.adapter.proxyserver = server
         master.addons.add(

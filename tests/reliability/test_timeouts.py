@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import logging
 import socket
 import ssl
 import threading
@@ -82,14 +83,20 @@ def tunnel(gw: GatewayThread, token: str, host: str = "inspect.test",
     return ctx.wrap_socket(sock, server_hostname=host)
 
 
-def test_an_upstream_that_never_answers_gets_504(make_gateway, silent: Silent) -> None:
-    gw: GatewayThread = make_gateway(silent.port, config={"network": {"timeouts": TIMEOUTS}})
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
+def test_an_upstream_that_never_answers_gets_504(make_gateway, silent: Silent,
+                                                 engine: str) -> None:
+    """network.timeouts.read on every engine (mitmproxy's own waits had no bound but its
+    600 s idle timeout): the same answer, one audit line, the upstream connection closed."""
+    gw: GatewayThread = make_gateway(silent.port, config={"network": {
+        "intercept": engine, "timeouts": TIMEOUTS}})
     token = gw.mint("agent")
     started = time.monotonic()
     with tunnel(gw, token) as tls:
         tls.sendall(b"GET /slow HTTP/1.1\r\nHost: inspect.test\r\n\r\n")
         answer = tls.recv(65536)
     assert answer.startswith(b"HTTP/1.1 504 upstream_timeout"), answer[:100]
+    assert b"sent nothing for too long (no response within 1s)" in answer, answer
     assert time.monotonic() - started < 5
     [line] = gw.audit.wait_for(lambda r: r["error"] == "upstream_timeout")
     assert line["status"] == 504 and line["path"] == "/slow"
@@ -251,19 +258,22 @@ class Backlogged:
         self.sock.close()
 
 
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
 @pytest.mark.parametrize(("server", "phase", "seconds"), [
     (AcceptOnly, "TCP connected but no TLS handshake within 1s", 1.0),
     (Backlogged, "no TCP connection within 1s", 1.0),
 ])
 def test_a_dial_that_times_out_names_its_phase(make_gateway, server: type, phase: str,
-                                               seconds: float) -> None:
+                                               seconds: float, engine: str) -> None:
     """The dial's two waits are bounded each by its own timeout (connect, then
     handshake) and the answer says which one ran out; a handshake that never started
-    was reported "no connection within <connect>s" after connect + handshake."""
+    was reported "no connection within <connect>s" after connect + handshake. On
+    mitmproxy too (it bounded neither: the request hung until its 600 s idle timeout)."""
     upstream = server()
     try:
-        gw: GatewayThread = make_gateway(upstream.port, config={"network": {"timeouts": {
-            **TIMEOUTS, "connect": "1s", "handshake": "1s"}}})
+        gw: GatewayThread = make_gateway(upstream.port, config={"network": {
+            "intercept": engine,
+            "timeouts": {**TIMEOUTS, "connect": "1s", "handshake": "1s"}}})
         with tunnel(gw, gw.mint("agent")) as tls:
             tls.settimeout(10)
             started = time.monotonic()
@@ -275,3 +285,195 @@ def test_a_dial_that_times_out_names_its_phase(make_gateway, server: type, phase
     assert answer.startswith(b"HTTP/1.1 502 upstream_failed"), answer[:120]
     assert phase.encode() in answer, answer[:400]
     assert seconds * 0.9 < took < seconds + 0.7, took
+    [line] = gw.audit.wait_for(lambda r: r["path"] == "/x")
+    assert (line["status"], line["error"]) == (502, "upstream_failed"), line
+
+
+# -- the mitmproxy engine's read timeout ends one HTTP/2 stream, and no WebSocket --------
+
+class H2Upstream:
+    """A TLS upstream speaking HTTP/2 only: `/slow` is never answered, `/late` after
+    0.7 s; records its connections and the paths of the streams reset by the gateway."""
+
+    def __init__(self, ca: LocalCA, workdir: Path, names: list[str]) -> None:
+        self.ctx = ca.server_context(workdir, names)
+        self.ctx.set_alpn_protocols(["h2"])
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.sock.getsockname()[1])
+        self.connections = 0
+        self.reset: list[str] = []
+        self.conns: list[ssl.SSLSocket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.sock.accept()
+                self.connections += 1
+                threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, raw: socket.socket) -> None:
+        import h2.config
+        import h2.connection
+        import h2.events
+
+        lock = threading.Lock()
+        paths: dict[int, str] = {}
+        with contextlib.suppress(OSError, ssl.SSLError), \
+                self.ctx.wrap_socket(raw, server_side=True) as tls:
+            self.conns.append(tls)
+            conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+            conn.initiate_connection()
+            tls.sendall(conn.data_to_send())
+
+            def answer(stream: int) -> None:
+                with lock, contextlib.suppress(Exception):
+                    conn.send_headers(stream, [(":status", "200"), ("content-length", "4")])
+                    conn.send_data(stream, b"late", end_stream=True)
+                    tls.sendall(conn.data_to_send())
+
+            while data := tls.recv(65536):
+                with lock:
+                    for event in conn.receive_data(data):
+                        if isinstance(event, h2.events.RequestReceived):
+                            path = dict(event.headers)[b":path"].decode()
+                            paths[event.stream_id] = path
+                            if path == "/late":
+                                threading.Timer(0.7, answer, (event.stream_id,)).start()
+                        elif isinstance(event, h2.events.StreamReset):
+                            self.reset.append(paths.get(event.stream_id, "?"))
+                    tls.sendall(conn.data_to_send())
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.close()
+
+
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
+def test_a_read_timeout_ends_its_http2_stream_alone(make_gateway, test_ca: LocalCA,
+                                                     tmp_path: Path, engine: str) -> None:
+    """mitmproxy (which serves HTTP/2 on both settings of network.intercept) multiplexes
+    a client's HTTP/2 streams on one upstream connection: the stream that timed out is
+    reset upstream and answered 504; the stream sent after it on the same connection is
+    still answered (closing the connection would cut it)."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    (tmp_path / "h2").mkdir()
+    upstream = H2Upstream(test_ca, tmp_path / "h2", ["inspect.test"])
+    try:
+        gw: GatewayThread = make_gateway(upstream.port, config={"network": {
+            "intercept": engine, "timeouts": TIMEOUTS}})
+        assert gw.gateway.proxy_address
+        sock = socket.create_connection(gw.gateway.proxy_address, timeout=10)
+        cred = base64.b64encode(f"sandbox-1:{gw.mint('agent')}".encode()).decode()
+        sock.sendall(b"CONNECT inspect.test:443 HTTP/1.1\r\nProxy-Authorization: Basic "
+                     + cred.encode() + b"\r\n\r\n")
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(1)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        ctx = ssl.create_default_context(cafile=str(gw.ca_cert))
+        ctx.set_alpn_protocols(["h2"])
+        with ctx.wrap_socket(sock, server_hostname="inspect.test") as tls:
+            assert tls.selected_alpn_protocol() == "h2"
+            client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+            client.initiate_connection()
+
+            def get(stream: int, path: str) -> None:
+                client.send_headers(stream, [(":method", "GET"), (":scheme", "https"),
+                                             (":authority", "inspect.test"),
+                                             (":path", path)], end_stream=True)
+                tls.sendall(client.data_to_send())
+
+            started = time.monotonic()
+            get(1, "/slow")
+            time.sleep(0.5)
+            get(3, "/late")
+            status: dict[int, str] = {}
+            bodies: dict[int, bytes] = {1: b"", 3: b""}
+            ended: dict[int, float] = {}
+            while len(ended) < 2:
+                data = tls.recv(65536)
+                assert data, (status, bodies)
+                for event in client.receive_data(data):
+                    if isinstance(event, h2.events.ResponseReceived):
+                        status[event.stream_id] = dict(event.headers)[b":status"].decode()
+                    elif isinstance(event, h2.events.DataReceived):
+                        bodies[event.stream_id] += event.data
+                        client.acknowledge_received_data(event.flow_controlled_length,
+                                                         event.stream_id)
+                    elif isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)):
+                        ended[event.stream_id] = time.monotonic() - started
+                tls.sendall(client.data_to_send())
+    finally:
+        upstream.close()
+    assert status == {1: "504", 3: "200"}, (status, bodies)
+    assert b"no response within 1s" in bodies[1] and bodies[3] == b"late", bodies
+    assert 0.9 < ended[1] < 2.5 and ended[3] > ended[1], ended
+    assert upstream.connections == 1 and upstream.reset == ["/slow"], \
+        (upstream.connections, upstream.reset)
+    lines = gw.audit.wait_for(lambda r: r["path"] == "/late")
+    [slow] = [r for r in gw.audit.records() if r["path"] == "/slow"]
+    assert (slow["status"], slow["error"]) == (504, "upstream_timeout"), slow
+    assert lines[0]["status"] == 200
+
+
+def test_a_websocket_outlives_the_read_timeout(make_gateway, test_ca: LocalCA,
+                                               tmp_path: Path,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """The 101 ends the wait for a response head: a WebSocket on the mitmproxy engine
+    carries messages for longer than network.timeouts.read (its timer's late wakeup
+    is dropped, not handed to the WebSocket layer)."""
+    from fakes.ws_echo import WsEcho
+    from helpers.ws_client import connect as ws_connect
+
+    (tmp_path / "ws").mkdir()
+    echo = WsEcho(tmp_path / "ws", test_ca, ["inspect.test"])
+    try:
+        gw: GatewayThread = make_gateway(echo.port, config={"network": {
+            "intercept": "mitmproxy", "timeouts": {**TIMEOUTS, "client_idle": "30s"}}})
+        ctx = ssl.create_default_context(cafile=str(gw.ca_cert))
+        with ws_connect("wss://inspect.test/echo", ssl=ctx,
+                        proxy=gw.proxy_url(gw.mint("agent")), close_timeout=2) as ws:
+            started = time.monotonic()
+            i = 0
+            while time.monotonic() - started < 2.5:  # past read (1s) twice over
+                ws.send(f"message {i}")
+                assert ws.recv(timeout=5) == f"message {i}"
+                time.sleep(0.2)
+                i += 1
+    finally:
+        echo.stop()
+    [line] = gw.audit.wait_for(lambda r: r["path"] == "/echo")
+    assert line["status"] == 101 and line["error"] is None, line
+    crashed = [r.getMessage()[:300] for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not crashed, crashed  # (the wakeup handed on made mitmproxy's layers crash)
+
+
+def test_answered_requests_leave_no_read_timer(make_gateway, nginx: Nginx) -> None:
+    """Each request's read timer ends with its answer: 20 requests on one kept-alive
+    tunnel leave no timer task behind (one left per request would hold its flow for
+    `read` seconds: 5 min by default)."""
+    gw: GatewayThread = make_gateway(nginx.port, config={"network": {
+        "intercept": "mitmproxy", "timeouts": {**TIMEOUTS, "read": "60s",
+                                               "client_idle": "30s"}}})
+
+    async def timers() -> int:
+        import asyncio
+        return sum(t.get_name().startswith("wakeup timer") for t in asyncio.all_tasks())
+
+    with tunnel(gw, gw.mint("agent")) as tls:
+        tls.settimeout(10)
+        for _ in range(20):
+            tls.sendall(b"GET /small HTTP/1.1\r\nHost: inspect.test\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b"s" * 99 + b"\n"):
+                chunk = tls.recv(65536)
+                assert chunk, answer
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:100]
+        assert gw.call(timers()) == 0
