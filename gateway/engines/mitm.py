@@ -206,12 +206,13 @@ class Adapter(NextLayerAddon):
 
     def __init__(self, gate: Gate, handoffs: dict[tuple[str, int], Client], *,
                  proxy: UpstreamProxy | None = None, connect_timeout: float = 10.0,
-                 handshake_timeout: float = 30.0, read_timeout: float = 300.0) -> None:
+                 read_timeout: float = 300.0) -> None:
         super().__init__()
         self.gate = gate
         self.proxy = proxy  # network.upstream_proxy: mitmproxy's dials go through it
-        self.connect_timeout = connect_timeout  # network.timeouts, for upstreams
-        self.handshake_timeout = handshake_timeout
+        # network.timeouts, for upstreams (the handshake's: an option of this gateway's
+        # mitmproxy, `patches.add_handshake_option`, read by its TLS layer)
+        self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.tunnel_errors: dict[str, str] = {}  # client id -> why its tunnel's dial failed
         self.handoffs = handoffs
@@ -224,12 +225,6 @@ class Adapter(NextLayerAddon):
         # engine replaces its front context.
         self.ticket_key_lifetime = TICKET_KEY_LIFETIME
         self._tickets_since = time.monotonic()
-
-    def load(self, loader: Any) -> None:
-        """mitmproxy's addon start: the upstream TLS handshake timeout, as an option of
-        this gateway's mitmproxy (read by patches.install_upstream_timeouts)."""
-        loader.add_option(patches.HANDSHAKE_OPTION, float, self.handshake_timeout,
-                          "network.timeouts.handshake, for upstream TLS handshakes")
 
     def in_flight(self) -> int:
         self.exchanges = {ex for ex in self.exchanges if not ex.done}

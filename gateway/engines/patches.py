@@ -91,6 +91,7 @@ __all__ = [
     "RawRequest",
     "RawResponse",
     "ReceiveBuffer",
+    "add_handshake_option",
     "check_versions",
     "chunk_left",
     "client_hello",
@@ -1148,6 +1149,15 @@ def _connector_class() -> type:
 
 READ_TIMEOUT = "sandbox-gateway-read-timeout"  # flow.metadata: (seconds, answer(flow))
 HANDSHAKE_OPTION = "sandbox_gateway_handshake_timeout"  # a mitmproxy option (seconds)
+
+
+def add_handshake_option(opts: Any, seconds: float) -> None:
+    """network.timeouts.handshake as an option of a gateway's mitmproxy (`opts`, its
+    `Options`), read by the server TLS layer `install_upstream_timeouts` patches. Added
+    here, not by an addon's `load`: the adapter's hooks are its decisions alone, each
+    behind its fail-closed wrapper (tests/integration/test_fail_closed.py)."""
+    opts.add_option(HANDSHAKE_OPTION, float, seconds,
+                    "network.timeouts.handshake, for upstream TLS handshakes")
 _ARMED = "_sandbox_gateway_wakeup"  # a layer's own RequestWakeup (a deadline), if armed
 _waits: dict[str, Any] = {}
 

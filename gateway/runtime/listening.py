@@ -72,11 +72,11 @@ class Listening(GatewayParts):
         patches.install_listeners(sockets=sockets, servers=servers)
 
         opts = options.Options()
-        master = Master(opts, event_loop=asyncio.get_running_loop())
         timeouts = self.config.network.timeouts
+        patches.add_handshake_option(opts, timeouts.handshake)
+        master = Master(opts, event_loop=asyncio.get_running_loop())
         self.adapter = Adapter(self.gate, self.handoffs, proxy=self.proxy,
                                connect_timeout=timeouts.connect,
-                               handshake_timeout=timeouts.handshake,
                                read_timeout=timeouts.read)
         server = proxyserver.Proxyserver()
         self.adapter.proxyserver = server

@@ -214,11 +214,23 @@ def _beaten(workdir: Path, redis: RedisServer | None, timeout: float = 20.0) -> 
 
 def _start(workdir: Path, fake: FakeInference, ca: LocalCA, workers: int,
            redis: RedisServer | None, proxy: int | None = None) -> GatewayProcess:
+    """A gateway; `proxy`: on that port again (a restart in the killed one's slot, which
+    the proxy address names). The port is free again once the killed process is gone,
+    but another test's outgoing connection may hold it as its local port for a moment
+    (it is in the ephemeral range): tried again then, for up to 10 s."""
     extra: dict[str, Any] = {"runtime_dir": str(workdir / "runtime")}  # (ready-<index>)
     if redis is not None:
         extra["state"] = {"store": "redis", "url": redis.url, "prefix": "durable"}
-    return start_with_provider(workdir, fake, ca, key=KEY, policy=POLICY, workers=workers,
-                               extra=extra, proxy=proxy)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return start_with_provider(workdir, fake, ca, key=KEY, policy=POLICY,
+                                       workers=workers, extra=extra, proxy=proxy)
+        except RuntimeError as exc:
+            if proxy is None or "Address already in use" not in str(exc) \
+                    or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 @pytest.fixture
