@@ -118,7 +118,9 @@ class PodIdentities:
             await self._api.close()
             # TLS connections close in the background: give them the loop to finish on
             # (aiohttp's advice for a graceful shutdown), or the stopped loop leaks them.
-            await asyncio.sleep(0.1)
+            # aiohttp waits for its pool's; one the watch was opening when it was stopped
+            # is not in the pool: 0.1 s left one unclosed once on a loaded machine (CI).
+            await asyncio.sleep(0.5)
 
     def stale(self) -> str | None:
         """Why pod identities cannot be trusted now (the watch), or None."""
