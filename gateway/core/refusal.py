@@ -49,6 +49,7 @@ __all__ = [
     "Answer",
     "MessageRefused",
     "Refusal",
+    "StateUnavailable",
     "answer",
     "answered_inside_tls",
     "rpc_error",
@@ -165,6 +166,7 @@ class Refusal(Exception):
     def __str__(self) -> str:
         return f"{self.code}: {self.reason}"
 
+
     @property
     def status(self) -> int:
         """The HTTP status of the answer: the code's, except for refused MCP requests,
@@ -179,6 +181,23 @@ class Refusal(Exception):
         """A used-up budget with no room again soon: answered in the provider's quota
         shape, without `Retry-After` (waiting would not help)."""
         return self.code == QUOTA and self.retry_after is None
+
+
+class StateUnavailable(Refusal):
+    """The shared state store could not be reached; what was asked of it was not done.
+    Raised by the stores (`services/state`); where it reaches a request it is refused
+    `503 state_unavailable` like any Refusal, with a fixed reason (the detail, which may
+    name the store's address, is only in `str()`, for logs and the operator's API)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("state_unavailable", "the gateway's state store (grants, "
+                         "approvals, budgets, revocations) did not answer while this "
+                         "request needed it, and the gateway refuses the request rather "
+                         "than decide without it; retry later", retry_after=5)
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return self.detail
 
 
 class MessageRefused(Exception):

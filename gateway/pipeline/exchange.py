@@ -221,7 +221,7 @@ class Exchange(ExchangeState):
                 await self.asks(held.model, held)
             except Refusal:
                 raise
-            except Exception:  # (the state store, a bug): fail closed, as a refusal
+            except Exception:  # (a bug; the store away is a Refusal): fail closed
                 log.exception("asking about model %r failed; refusing", held.model[:100])
                 raise Refusal(GATEWAY_ERROR.code, "the gateway could not ask a person about "
                               f"model {held.model[:100]!r} (see its log)", held.rule) from None

@@ -921,6 +921,57 @@ def test_on_redis_two_workers_share_one_consent_refresh_once_and_revoke(
             process.stop()
 
 
+def test_a_consent_that_cannot_reach_redis_is_refused_503_state_unavailable(
+        server: Server, test_ca: LocalCA, tmp_path: Path) -> None:
+    """redis-server stopped (SIGSTOP) under `state.unavailable: serve`: a request that
+    needs its grant read is refused `503 state_unavailable` with `Retry-After: 5` once
+    the read times out (measured before: `500 gateway_error` and a traceback), without
+    Redis's address in the answer; when Redis answers again, the consent is asked."""
+    import signal
+
+    from helpers.redis_server import running_redis
+
+    names = dict.fromkeys(("mcp.test", "auth.test"), server.port)
+    for redis in running_redis(tmp_path / "redis"):
+        log = tmp_path / "gw.log"
+        process = start_gateway(tmp_path / "gw", names, test_ca, policy=REDIS_POLICY,
+                                log=log, extra={"state": {
+                                    "store": "redis", "url": redis.url, "prefix": "oauth"}})
+        gw = Workers(process, test_ca)
+        try:
+            token = gw.mint("agent", "stalled-1")
+            verify = ssl.create_default_context(cafile=str(gw.ca_cert))
+            with httpx.Client(proxy=gw.proxy_url(token, "stalled-1"), verify=verify,
+                              timeout=30) as client:
+                assert redis.process is not None
+                os.kill(redis.process.pid, signal.SIGSTOP)
+                try:
+                    started = time.monotonic()
+                    answer = client.post("https://mcp.test/mcp", content=INITIALIZE,
+                                         headers={"Content-Type": "application/json"})
+                    took = time.monotonic() - started
+                finally:
+                    os.kill(redis.process.pid, signal.SIGCONT)
+            assert answer.status_code == 503, answer.text
+            assert answer.headers["x-sandbox-gateway-error"] == "state_unavailable"
+            assert answer.headers["retry-after"] == "5"
+            assert "state store" in answer.text and redis.url not in answer.text
+            assert f"127.0.0.1:{redis.port}" not in answer.text
+            assert took < 10, took
+            lines = [r for r in process.audit_lines() if r.get("sandbox") == "stalled-1"]
+            assert [r.get("error") for r in lines] == ["state_unavailable"]
+            assert "the gate failed while deciding" not in log.read_text()
+            threads, answers = _hold(gw, [("stalled-1", "agent")])
+            assert len(_pending_of(gw, "policy:agent")) == 1  # (asked, Redis back)
+            for a in _pending_of(gw, "policy:agent"):
+                admin_api(gw, "POST", f"/v1/approvals/{a['id']}",
+                          {"decision": "deny", "by": "ops"})
+            threads[0].join(30)
+            assert answers[0].headers.get("x-sandbox-gateway-error") == "approval_denied"
+        finally:
+            process.stop()
+
+
 def _attempt(gw: Workers, sandbox: str) -> BaseException | httpx.Response:
     """A raw MCP POST that may be cut off (the gateway stops): its answer or error."""
     try:

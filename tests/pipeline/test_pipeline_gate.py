@@ -27,7 +27,7 @@ from gateway.core.credentials import TOKEN_PREFIX
 from gateway.core.identity import Identity, TokenRefused, Workload
 from gateway.core.messages import Headers, RequestHead
 from gateway.core.policy import PolicySet
-from gateway.core.refusal import _CODES, ERROR_HEADER, Answer, Refusal, status_of
+from gateway.core.refusal import _CODES, ERROR_HEADER, Answer, Refusal, StateUnavailable, status_of
 from gateway.core.secret_value import SecretValue
 from gateway.pipeline.exchange import Exchange
 from gateway.pipeline.gate import INTERNAL_HOST, Gate
@@ -42,6 +42,7 @@ TOKEN_CODES = ("token_expired", "token_revoked", "token_bad_signature", "token_b
                "token_unknown_key", "token_wrong_audience", "token_wrong_issuer",
                "unknown_policy")
 PEER = ("10.0.0.5", 40000)
+STORE_DETAIL = "Redis at redis://192.0.2.44:6379 did not answer: Timeout"
 
 
 def _identity(sandbox: str = "sandbox-1", cidr: tuple[str, ...] = ()) -> Identity:
@@ -79,7 +80,8 @@ class Tokens:
 
 class Guard:
     """Addresses for names, for hosts the policy allows: the metadata address is
-    forbidden, `noname.test` does not resolve, and `unbound.test` breaks the guard."""
+    forbidden, `noname.test` does not resolve, `unbound.test` breaks the guard, and
+    `storeless.test` finds the state store away."""
 
     async def check(self, host: str, port: int) -> Pinned:
         if host == "169.254.169.254":
@@ -89,6 +91,8 @@ class Guard:
             raise Refusal("unresolvable", "noname.test does not resolve")
         if host == "unbound.test":
             raise RuntimeError("the guard broke")
+        if host == "storeless.test":  # (a port that needs the state store, which is away)
+            raise StateUnavailable(STORE_DETAIL)
         return Pinned(host, port, "203.0.113.7")
 
 
@@ -166,7 +170,7 @@ class World:
 @pytest.fixture(scope="module")
 def policies() -> PolicySet:
     doc = yaml.safe_load(POLICY)  # the parity policy, and the sandbox-facing API
-    doc["egress"].append({"host": INTERNAL_HOST})
+    doc["egress"] += [{"host": INTERNAL_HOST}, {"host": "storeless.test"}]
     return load_policy_texts({"policies/agent.yaml": yaml.safe_dump(doc)})
 
 
@@ -387,6 +391,8 @@ ROWS: list[tuple[str, Callable[[World], Any], str, dict[str, Any]]] = [
     ("the audit trail cannot be written", _audit_down, "audit_unavailable", {}),
     ("the state store is away (state.unavailable: refuse)", _state_down,
      "state_unavailable", {}),
+    ("a port finds the state store away", lambda w: _tunnel(w, "storeless.test"),
+     "state_unavailable", {"method": "CONNECT", "host": "storeless.test"}),
     ("the gate fails while deciding", lambda w: _tunnel(w, "unbound.test"), "gateway_error",
      {"method": "CONNECT", "host": "unbound.test"}),
     ("non-TLS bytes in a passthrough tunnel", _hello(None, tls=False), "policy_denied", {}),
@@ -496,6 +502,15 @@ def test_every_refusal_is_answered_and_audited_once(
     assert {k: line[k] for k in fields} == fields
     assert KEY not in json.dumps(line) and GOOD not in json.dumps(line)
     assert KEY.encode() not in answer.body and GOOD.encode() not in answer.body
+
+
+def test_the_store_s_own_words_stay_in_the_log(policies: PolicySet) -> None:
+    """A store's error may name its address: the sandbox reads a fixed reason."""
+    w = _world(policies)
+    answer = _run(w, lambda w: _tunnel(w, "storeless.test"))
+    assert answer.headers.get("Retry-After") == "5"
+    assert b"state store" in answer.body and b"192.0.2.44" not in answer.body
+    assert "192.0.2.44" not in json.dumps(w.lines)
 
 
 def test_every_code_is_in_the_table_or_covered_elsewhere() -> None:

@@ -1,8 +1,9 @@
 """What the metering step refuses, as the sandbox reads it: a model the allowlist refuses
 (``models.ModelRefusal``), a call that cannot be metered or would mint a secret
-(``MeteringRefusal``, 403), a budget used up (``BudgetExceeded``, 429 with its usage,
-limit and reset). Pure data and sentences; ``refusal`` renders any of them as the one
-``Refusal`` every engine answers (``core/refusal.py``).
+(``MeteringRefusal``, 403; 503 for a budget the state store cannot decide now:
+``store_away``), a budget used up (``BudgetExceeded``, 429 with its usage, limit and
+reset). Pure data and sentences; ``refusal`` renders any of them as the one ``Refusal``
+every engine answers (``core/refusal.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from gateway.core.policy.model import Budget
 from gateway.core.refusal import Refusal
 
 __all__ = ["RETRY_AFTER_MAX", "STEP_REFUSALS", "BudgetExceeded", "LimitKind",
-           "MeteringRefusal", "StepRefusal", "iso_time", "refusal"]
+           "MeteringRefusal", "StepRefusal", "iso_time", "refusal", "store_away"]
 
 RETRY_AFTER_MAX = 300
 """A refused call is told to retry (``Retry-After``) only if the budget has room again
@@ -132,6 +133,18 @@ class BudgetExceeded:
                 f"{who}{held}, and this call may use up to {_amount(self.kind, self.asked)} "
                 f"(its output limit plus an input estimate); lower {lower}, or retry "
                 f"once running calls end, or after the budget resets ({window})")
+
+
+def store_away(budget: Budget) -> MeteringRefusal:
+    """``503 state_unavailable`` for a call on ``budget`` that the state store cannot
+    decide across the gateway's processes now, under ``state.unavailable: refuse`` (the
+    store's own words, which may name its address, stay in the log)."""
+    return MeteringRefusal(
+        "state_unavailable",
+        f'budget "{budget.name}" ({budget.source}) cannot be checked across the '
+        "gateway's processes now: its state store does not answer, and this gateway "
+        "refuses budgeted calls until it does (state.unavailable: refuse); retry later",
+        budget.source, status=503, retry_after=5)
 
 
 StepRefusal = ModelRefusal | BudgetExceeded | MeteringRefusal

@@ -31,12 +31,14 @@ from gateway.core.metering.refusals import (
     RETRY_AFTER_MAX,
     BudgetExceeded,
     LimitKind,
+    MeteringRefusal,
     iso_time,
+    store_away,
 )
 from gateway.core.metering.usage import Usage
 from gateway.core.policy.compiled import Policy
 from gateway.core.policy.model import Budget
-from gateway.services.state.counters import Admission, Counters, Increment, Limit
+from gateway.services.state.counters import Admission, Counters, Increment, Limit, StoreAway
 from gateway.services.state.leases import ORPHANS, held_field
 
 __all__ = ["RETRY_AFTER_MAX", "BudgetBook", "BudgetExceeded", "budget_problems",
@@ -92,9 +94,13 @@ class BudgetBook:
     requests, ``t`` tokens and ``c`` nano-USD settled, ``rt`` and ``rc`` tokens and
     nano-USD reserved by calls still running."""
 
-    def __init__(self, counters: Counters, pricing: Pricing | None = None) -> None:
+    def __init__(self, counters: Counters, pricing: Pricing | None = None, *,
+                 share: bool = True) -> None:
         self.counters = counters
         self.pricing = pricing
+        # While the store cannot decide across processes: this process's share decides
+        # (`state.unavailable: serve`), or budgeted calls are refused 503 (`refuse`).
+        self.share = share
         self._unpriced: set[str] = set()
 
     @staticmethod
@@ -215,7 +221,8 @@ class BudgetBook:
 
     def admit(self, sandbox: str, policy: Policy, credential: str, now: float,
               reserve: Reservation = _NO_RESERVATION, *,
-              requests: int = 1, again: bool = False) -> BudgetExceeded | Hold | None:
+              requests: int = 1,
+              again: bool = False) -> BudgetExceeded | MeteringRefusal | Hold | None:
         """Check every applicable budget and count the call against them, as one step
         of the state store (one transaction across the host's processes with SQLite),
         before it is forwarded: refused (the budget that refused it, as ``check`` words
@@ -227,8 +234,10 @@ class BudgetBook:
         ``holder``), in the same step: if the process dies before the call settles,
         a live one charges the reservation in full as used. While the store cannot
         decide across processes, this process's share of each budget's room decides
-        (``counters.first_refused_alone``; the refusal says so). ``again``: the second
-        try after a refusal ``check`` found room for (what refused it settled)."""
+        (``counters.first_refused_alone``; the refusal says so), or, without ``share``
+        (``state.unavailable: refuse``), the call is refused ``503 state_unavailable``.
+        ``again``: the second try after a refusal ``check`` found room for (what refused
+        it settled)."""
         places: list[tuple[str, str, float]] = []
         increments: list[Increment] = []
         limits: list[Limit] = []
@@ -263,7 +272,11 @@ class BudgetBook:
                                end))
         if not places:
             return None
-        refused = self.counters.admit(Admission(tuple(limits), tuple(increments)))
+        try:
+            refused = self.counters.admit(Admission(tuple(limits), tuple(increments)),
+                                          share=self.share)
+        except StoreAway:
+            return store_away(self.applicable(policy, credential)[0])
         if refused is None:
             return Hold(tuple(places), reserve, holder)
         exceeded = self.check(sandbox, policy, credential, now, reserve=reserve)

@@ -72,6 +72,7 @@ from gateway.services.metering.settlement import Settlement
 from gateway.services.metering.worst_case import WorstCase
 from gateway.services.secrets.ephemeral import EphemeralKeys
 from gateway.services.state.counters import Counters, EmptyCounters
+from gateway.services.state.health import unavailable_mode
 
 if TYPE_CHECKING:
     from gateway.config import Config
@@ -87,7 +88,8 @@ class Metering:
 
     def __init__(self, counters: Counters, *, pricing: Pricing | None = None,
                  retention: float = 7 * 86400, stream_usage: bool = True,
-                 ephemeral: EphemeralKeys | None = None, telemetry: Telemetry = SILENT) -> None:
+                 ephemeral: EphemeralKeys | None = None, telemetry: Telemetry = SILENT,
+                 share: bool = True) -> None:
         self.counters = counters
         # Where refusals and usage are counted: the gateway's metrics, or nowhere for a
         # step that decides without traffic (explain, policy test).
@@ -96,7 +98,7 @@ class Metering:
         self.stream_usage = stream_usage
         self.ephemeral = ephemeral if ephemeral is not None else EphemeralKeys()
         self.names = ModelNames()
-        self.budgets = BudgetBook(counters, pricing)
+        self.budgets = BudgetBook(counters, pricing, share=share)
         self.ledger = UsageLedger(counters, retention=retention)
         self.worst = WorstCase(pricing)
         self.refusals = Refusals(self.budgets, telemetry)
@@ -204,12 +206,15 @@ class Metering:
                     return self.refusals.unavailable(policy, rule, found)
                 reserve = found
             if endpoint.format == "responses_ws":  # (counted per response.create)
-                admitted: BudgetExceeded | Hold | None = self.budgets.check(
+                admitted: BudgetExceeded | MeteringRefusal | Hold | None = self.budgets.check(
                     sandbox, policy, credential, now, reserve=reserve)
             else:
                 admitted = self.budgets.admit(sandbox, policy, credential, now, reserve)
             if isinstance(admitted, BudgetExceeded):
                 self.telemetry.count("budget_refusals", policy.name, admitted.budget.name)
+                return admitted
+            if isinstance(admitted, MeteringRefusal):  # (the store is away: refuse mode)
+                self.telemetry.count("metering_refusals", policy.name, admitted.code)
                 return admitted
             hold = admitted
         assert endpoint.format is not None
@@ -329,7 +334,8 @@ def build_metering(config: Config, counters: Counters,
             raise ConfigError(f"metering.pricing: {exc}") from None
     return Metering(counters, pricing=pricing, retention=config.metering.retention,
                     stream_usage=config.metering.stream_usage, ephemeral=ephemeral,
-                    telemetry=telemetry)
+                    telemetry=telemetry,
+                    share=unavailable_mode(config.state) == "serve")
 
 
 def static_metering(pricing: Pricing | None = None) -> Metering:

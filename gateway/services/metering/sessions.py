@@ -11,7 +11,7 @@ from typing import Any
 from gateway.core.metering.endpoints import Endpoint, body_json, field_of
 from gateway.core.metering.jsondoc import document
 from gateway.core.metering.models import check_event_models
-from gateway.core.metering.refusals import BudgetExceeded, StepRefusal
+from gateway.core.metering.refusals import BudgetExceeded, MeteringRefusal, StepRefusal
 from gateway.core.metering.settling import Bound, ending
 from gateway.core.metering.usage import SessionMeter, Usage
 from gateway.core.policy.model import Rule
@@ -96,6 +96,9 @@ class Sessions:
             self.telemetry.count("budget_refusals", exchange.policy.name,
                                  admitted.budget.name)
             return admitted
+        if isinstance(admitted, MeteringRefusal):
+            self.telemetry.count("metering_refusals", exchange.policy.name, admitted.code)
+            return admitted
         if admitted is not None:
             self.budgets.settle(admitted, 0, 0)
         return None
@@ -131,6 +134,9 @@ class Sessions:
                                       reserve, requests=0 if warm_up else 1)
         if isinstance(admitted, BudgetExceeded):
             self.telemetry.count("budget_refusals", policy.name, admitted.budget.name)
+            return admitted
+        if isinstance(admitted, MeteringRefusal):
+            self.telemetry.count("metering_refusals", policy.name, admitted.code)
             return admitted
         if isinstance(admitted, Hold):
             lane = _string(fields.get("stream_id"))

@@ -20,14 +20,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gateway.core.identity import SandboxAddress as SandboxAddress  # (re-exported)
+from gateway.core.refusal import StateUnavailable as StateUnavailable  # (re-exported)
 from gateway.services.secrets.ephemeral import EphemeralKeys
 from gateway.services.state.counters import Admission, CountersOf, Increment, Table
 from gateway.services.state.log import LogLines, MemoryLog
 from gateway.services.state.memory_counters import MemoryCounters
-
-
-class StateUnavailable(RuntimeError):
-    """The shared state store could not be reached; the change was not shared."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +168,7 @@ class StateStore(MintShare, Records, LogLines, Protocol):
 
     def count(self, increments: Iterable[Increment]) -> None: ...
     def counter(self, table: str, field: str) -> int: ...
-    def admit(self, admission: Admission) -> int | None: ...
+    def admit(self, admission: Admission, *, share: bool = True) -> int | None: ...
     def settle(self, holder: str, increments: Iterable[Increment]) -> None: ...
     async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]: ...
     @property

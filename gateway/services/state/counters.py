@@ -28,6 +28,8 @@ budget window's end, an hourly usage bucket's retention). The state stores imple
   ceiling (within what the others counted since this process's last read: one batch
   interval), where deciding each on its own reading let every one of them spend all
   of it. A limit whose fields this process never read is not known: refused.
+  ``admit(..., share=False)`` (``state.unavailable: refuse``) decides nothing alone:
+  it raises ``StoreAway`` and counts nothing.
 
 ``CounterView`` is that local state; ``memory_counters.MemoryCounters`` is the one-process store;
 ``gateway.services.state.sqlite`` and ``gateway.services.state.counters_redis`` are the shared ones.
@@ -42,6 +44,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.core.refusal import StateUnavailable
 from gateway.services.state.leases import BEAT, LEASE_TTL
 
 __all__ = [
@@ -50,6 +53,7 @@ __all__ = [
     "Counters",
     "Increment",
     "Limit",
+    "StoreAway",
     "first_refused",
     "first_refused_alone",
 ]
@@ -116,12 +120,17 @@ def first_refused_alone(admission: Admission, known: Callable[[str, str], int | 
     return None
 
 
+class StoreAway(StateUnavailable):
+    """The store cannot decide an admission across processes now, and this process may
+    not decide it alone (``admit(..., share=False)``): nothing was counted."""
+
+
 class Counters(Protocol):
     """Shared counters (see the module docstring)."""
 
     def count(self, increments: Iterable[Increment]) -> None: ...
     def counter(self, table: str, field: str) -> int: ...
-    def admit(self, admission: Admission) -> int | None: ...
+    def admit(self, admission: Admission, *, share: bool = True) -> int | None: ...
     def settle(self, holder: str, increments: Iterable[Increment]) -> None: ...
     async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]: ...
     @property
@@ -145,8 +154,8 @@ class CountersOf:
     def counter(self, table: str, field: str) -> int:
         return self._counters.counter(table, field)
 
-    def admit(self, admission: Admission) -> int | None:
-        return self._counters.admit(admission)
+    def admit(self, admission: Admission, *, share: bool = True) -> int | None:
+        return self._counters.admit(admission, share=share)
 
     def settle(self, holder: str, increments: Iterable[Increment]) -> None:
         self._counters.settle(holder, increments)
@@ -352,7 +361,7 @@ class EmptyCounters:
     def counter(self, table: str, field: str) -> int:
         return 0
 
-    def admit(self, admission: Admission) -> int | None:
+    def admit(self, admission: Admission, *, share: bool = True) -> int | None:
         return first_refused(admission, self.counter)
 
     def settle(self, holder: str, increments: Iterable[Increment]) -> None:

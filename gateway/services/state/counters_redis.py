@@ -64,6 +64,7 @@ from gateway.services.state.counters import (
     Admission,
     CounterView,
     Increment,
+    StoreAway,
     Table,
     first_refused_alone,
 )
@@ -159,9 +160,11 @@ class RedisCounters(LeaseHolding):
     def counter(self, table: str, field: str) -> int:
         return self.view.value(table, field)
 
-    def admit(self, admission: Admission) -> int | None:
+    def admit(self, admission: Admission, *, share: bool = True) -> int | None:
         """Check and count in Redis, atomically (see the module docstring); this
-        replica's view decides while Redis cannot answer."""
+        replica's share decides while Redis cannot answer, or (``share`` False) nothing
+        does: ``StoreAway``, nothing counted (a write whose answer was lost, if Redis
+        ran it after all, is undone when resolved, as a refusal here)."""
         client = self._sync
         if client is not None and not self._degraded:
             call = self._call(admission)
@@ -172,16 +175,23 @@ class RedisCounters(LeaseHolding):
             except (RedisError, OSError) as exc:
                 self._down("admit", exc)
                 self._unanswered(call)  # (what it carried counts here meanwhile)
+                if not share:
+                    raise StoreAway(self._away()) from None
                 refused = self._alone(admission)
                 if refused is None and call.write.admission:
                     # forwarded: counted here now, in Redis once the write is resolved
                     self._unsure[-1] = replace(call.write, admitted_here=True)
                     self.view.set_unsure(i for w in self._unsure for i in w.counted())
                 return refused
+        if not share:
+            raise StoreAway(self._away())
         refused = self._alone(admission)
         if refused is None:
             self.count(admission.increments)
         return refused
+
+    def _away(self) -> str:
+        return f"Redis at {self.url_for_logs} does not answer"
 
     def _alone(self, admission: Admission) -> int | None:
         """This replica's share decides (``counters.first_refused_alone``): Redis's

@@ -40,7 +40,7 @@ class MemoryCounters(LeaseHolding):
     def counter(self, table: str, field: str) -> int:
         return self.view.value(table, field) if self.view.live(table) else 0
 
-    def admit(self, admission: Admission) -> int | None:
+    def admit(self, admission: Admission, *, share: bool = True) -> int | None:
         refused = first_refused(admission, self.counter)
         if refused is None:
             self.count(admission.increments)

@@ -34,6 +34,7 @@ from gateway.services.state.counters import (
     Admission,
     CounterView,
     Increment,
+    StoreAway,
     Table,
     first_refused,
     first_refused_alone,
@@ -227,10 +228,11 @@ class SqliteCounters(SqliteFile, LeaseHolding):
         conn.executemany("DELETE FROM counters WHERE tbl = ? AND field = ?", gone)
         return charged
 
-    def admit(self, admission: Admission) -> int | None:
+    def admit(self, admission: Admission, *, share: bool = True) -> int | None:
         """Check `admission`'s limits against the committed counters and, if every one
         holds, write its increments, in one transaction: None if admitted, else the
-        index of the first limit that refused it."""
+        index of the first limit that refused it. When the file cannot be used, this
+        process's share decides, or (``share`` False) ``StoreAway`` is raised."""
         self.flush()  # (what this process counted so far is in the file first)
         now = self.clock()
         try:
@@ -245,6 +247,8 @@ class SqliteCounters(SqliteFile, LeaseHolding):
             # file shows (`counters.first_refused_alone`; the outage is reported) and keep
             # the increments to write later.
             self._failed("admit", exc)
+            if not share:
+                raise StoreAway(f"the state file cannot be used ({exc})") from None
             refused = first_refused_alone(admission, self._stored, self.view.unwritten,
                                           self.processes)
             if refused is None:

@@ -380,6 +380,9 @@ def test_build_metering(tmp_path: Path) -> None:
                                  "SANDBOX_GATEWAY_METERING__STREAM_USAGE": "false"})
     metering = build_metering(cfg, MemoryState())
     assert metering.pricing is not None and metering.stream_usage is False
+    assert metering.budgets.share  # state.unavailable: serve (the default)
+    refusing = load_config(None, env={"SANDBOX_GATEWAY_STATE__UNAVAILABLE": "refuse"})
+    assert not build_metering(refusing, MemoryState()).budgets.share
     bad = Config(metering=MeteringConfig(pricing=tmp_path / "missing.yaml"))
     with pytest.raises(ConfigError, match=r"metering\.pricing: .*cannot read"):
         build_metering(bad, MemoryState())

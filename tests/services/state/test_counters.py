@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from helpers.clock import Clock, run
 from helpers.redis_server import RedisServer, running_redis
 
+from gateway.core.metering.refusals import MeteringRefusal
 from gateway.core.metering.usage import Usage
 from gateway.net.resolver import new_event_loop
 from gateway.services.metering.budgets import BudgetBook, Hold, Reservation
@@ -508,6 +509,60 @@ def test_each_limit_sums_its_fields_and_the_first_refusing_one_is_named() -> Non
                                lambda t, f: mine.get((t, f), 0), 3) == 1
 
 
+async def team_requests_once_back(server: RedisServer, stores: list[RedisState]) -> int:
+    """Each store's counts written once Redis answers again; the policy-wide budget
+    "team"'s requests as Redis holds them."""
+    for store in stores:
+        for _ in range(2):
+            await store.flush_counters()
+        assert not store.counters_degraded
+    raw = aioredis.from_url(server.url, decode_responses=True)
+    try:
+        keys = [k async for k in raw.scan_iter("t:c:b:agent:team:*")]
+        assert len(keys) == 1
+        return int(await raw.hget(keys[0], "r:agent"))
+    finally:
+        await raw.aclose()
+
+
+@pytest.mark.parametrize("how", ["late", "lost"])
+def test_under_refuse_a_replica_cut_off_from_redis_admits_nothing(
+        redis_server: RedisServer, how: str) -> None:
+    """`state.unavailable: refuse`: while Redis does not answer, a budgeted call is
+    refused `503 state_unavailable` (no share is spent), and nothing of it is counted:
+    also not the admission whose answer was lost, which Redis ran late (``late``) or
+    never (``lost``). Once Redis is back the budget shows what was admitted before."""
+    policy = load_policy_text("p.yaml", BUDGET).policies["agent"]
+
+    async def scenario() -> None:
+        store = RedisState(redis_server.url, prefix="t", backoff=(0.05, 0.3),
+                           resync_interval=300, counter_interval=3600, op_timeout=1.0,
+                           admit_timeout=0.3)
+        await store.start()
+        await store.take_lease("slot-0", beat=0.1)
+        book = BudgetBook(store, share=False)
+        try:
+            for _ in range(4):
+                assert isinstance(book.admit("sb", policy, "openai", time.time()), Hold)
+            with stalled(redis_server, 1.5, how):
+                refusals = [book.admit("sb", policy, "openai", time.time())
+                            for _ in range(3)]
+                assert store.counters_degraded
+            for found in refusals:
+                assert isinstance(found, MeteringRefusal), found
+                assert (found.status, found.code, found.retry_after) == (
+                    503, "state_unavailable", 5)
+                assert "state.unavailable: refuse" in found.reason
+                assert 'budget "team"' in found.reason
+                assert "127.0.0.1" not in found.reason  # (the store's address: the log's)
+            assert await team_requests_once_back(redis_server, [store]) == 4
+            assert isinstance(book.admit("sb", policy, "openai", time.time()), Hold)
+        finally:
+            await store.close()
+
+    run_loop(scenario)
+
+
 def test_replicas_cut_off_from_redis_stay_within_the_budget_together(
         redis_server: RedisServer) -> None:
     """Redis stops answering (SIGSTOP) while two replicas go on admitting a policy-wide
@@ -546,17 +601,7 @@ def test_replicas_cut_off_from_redis_stay_within_the_budget_together(
             assert refusals and all(r is not None and r.alone == 2 for r in refusals)
             assert "its state store is away" in refusals[0].reason  # type: ignore[union-attr]
             assert "share (1/2)" in refusals[0].reason  # type: ignore[union-attr]
-            for store in stores:
-                for _ in range(2):
-                    await store.flush_counters()
-                assert not store.counters_degraded
-            raw = aioredis.from_url(redis_server.url, decode_responses=True)
-            try:
-                keys = [k async for k in raw.scan_iter("t:c:b:agent:team:*")]
-                assert len(keys) == 1
-                assert int(await raw.hget(keys[0], "r:agent")) == 10
-            finally:
-                await raw.aclose()
+            assert await team_requests_once_back(redis_server, stores) == 10
         finally:
             for store in stores:
                 await store.close()

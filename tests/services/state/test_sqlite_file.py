@@ -16,7 +16,7 @@ from helpers.disk import tiny_tmpfs
 
 from gateway.observability import metrics
 from gateway.services.state.base import StateUnavailable
-from gateway.services.state.counters import Admission, Limit
+from gateway.services.state.counters import Admission, Limit, StoreAway
 from gateway.services.state.sqlite import SqliteState
 
 FAR = time.time() + 3600
@@ -149,5 +149,37 @@ def test_processes_on_a_full_disk_stay_within_a_budget_together(tiny_disk: Path)
         finally:
             for state in states:
                 await state.close()
+
+    run(scenario())
+
+
+def test_under_refuse_a_full_disk_admits_nothing_and_counts_nothing(tiny_disk: Path) -> None:
+    """`state.unavailable: refuse` (``share=False``): an admission whose transaction fails
+    raises StoreAway and counts nothing here, so the file holds what was admitted before
+    once space returns."""
+    path = tiny_disk / "state" / "gateway.db"
+
+    async def scenario() -> None:
+        state = SqliteState(path)
+        await state.start()
+        try:
+            limit = Admission((Limit((("b", "r"),), 10, 1),), (("b", "r", 1, FAR),))
+            assert [state.admit(limit, share=False) for _ in range(4)] == [None] * 4
+            filler = fill_up(tiny_disk)
+            for _ in range(3):
+                with pytest.raises(StoreAway, match="the state file cannot be used"):
+                    state.admit(limit, share=False)
+            assert state.counters_degraded
+            assert state.counter("b", "r") == 4
+            filler.unlink()
+            deadline = time.monotonic() + 5
+            while state.counters_degraded:
+                assert time.monotonic() < deadline
+                state.flush()
+                await asyncio.sleep(0.1)
+            assert state.admit(limit, share=False) is None
+            assert state.counter("b", "r") == 5
+        finally:
+            await state.close()
 
     run(scenario())
