@@ -38,6 +38,7 @@ from gateway.config_values import (
     DNS_TTL,
     DURATION,
     ENDPOINT,
+    HOST_PATTERNS,
     HOSTPORT,
     IDLE,
     INTERCEPT,
@@ -246,6 +247,9 @@ class TelemetryConfig(Section, frozen=True, kw_only=True):
     # and counted (the exporter's SDK queues as many spans and log records)
     queue: Annotated[int, POSITIVE] = 8192
     metrics_interval: Annotated[float, DURATION] = 60.0  # between metric exports
+    # hosts whose requests carry the gateway's span as their `traceparent` (added, or the
+    # sandbox's continued); every other request leaves with the trace headers it came with
+    propagate: Annotated[tuple[str, ...], HOST_PATTERNS] = ()
 
 
 class AdminTimeouts(Section, frozen=True, kw_only=True):
@@ -594,6 +598,11 @@ def _check(cfg: Config, source: str) -> None:
     if audit.otlp and cfg.telemetry.endpoint is None:
         raise ConfigError(f"{source}: audit.otlp is true but telemetry.endpoint is not set "
                           "(the collector the audit lines go to, e.g. http://otel-collector:4317)")
+    telemetry = cfg.telemetry
+    if telemetry.propagate and (telemetry.endpoint is None or not telemetry.traces):
+        raise ConfigError(f"{source}: telemetry.propagate needs spans exported "
+                          "(telemetry.endpoint set, telemetry.traces true): the upstreams' "
+                          "spans would name a parent span that is never exported")
     if cfg.tokens.default_ttl > cfg.tokens.max_ttl:
         raise ConfigError(f"{source}: tokens.default_ttl is longer than tokens.max_ttl")
     if k8s.enabled and not k8s.namespaces:

@@ -144,6 +144,21 @@ def _retain(value: object, key: str) -> tuple[int, int]:
     return number, 0
 
 
+def _host_patterns(value: object, key: str) -> tuple[str, ...]:
+    """A list of host patterns as policies write them (`api.example.com`,
+    `*.example.com`, `**.example.com`)."""
+    from gateway.core.names import DestinationError
+    from gateway.core.policy.hosts import compile_host_pattern
+
+    items = _str_list(value, key)
+    for item in items:
+        try:
+            compile_host_pattern(item)
+        except DestinationError as exc:
+            raise ConfigError(f"{key}: {item!r}: {exc}") from None
+    return items
+
+
 def _networks(value: object, key: str) -> tuple[str, ...]:
     """A list of addresses or networks (`10.0.0.5`, `10.0.0.0/8`, `::1`)."""
     items = _str_list(value, key)
@@ -396,6 +411,8 @@ RETAIN = Value(_retain, "lines (at most 10000000) or a size (1MiB-16GiB); 0: non
                           {"type": "string", "pattern": _SIZE_RE}]},
                True, into=("retain", "retain_bytes"))
 NETWORKS = Value(_networks, "a list of addresses or networks", _STRINGS, True)
+HOST_PATTERNS = Value(_host_patterns, "a list of host patterns (api.example.com, "
+                      "*.example.com)", _STRINGS, True)
 DNS_TTL = Value(_dns_ttl, "a duration from 1s to 1h",
                 {"anyOf": [_DURATION_TEXT, {"type": "number", "minimum": 1, "maximum": 3600}]})
 INTERCEPT = _one_of("fast", "mitmproxy")

@@ -133,7 +133,7 @@ audit: {path: audit/decisions.jsonl, on_failure: continue, buffer: 1m,
         spill: {path: /var/spool/sg, max: 256m}, otlp: true}
 telemetry: {endpoint: "https://otel.corp:4318", protocol: http, headers: {x-auth: a1},
             traces: false, metrics: false, sample: 0.25, service_name: sg-eu, queue: 100,
-            metrics_interval: 15s}
+            metrics_interval: 15s, propagate: []}
 admin: {timeouts: {head: 5s, body: 20s, idle: 1m}, max_body: 512k, max_connections: 16}
 state: {store: memory}
 metering: {pricing: prices.yaml, retention: 30d, stream_usage: false}
@@ -224,7 +224,7 @@ def test_full_file(tmp_path: Path) -> None:
     assert (tel.endpoint, tel.protocol, dict(tel.headers)) == (
         "https://otel.corp:4318", "http", {"x-auth": "a1"})
     assert (tel.traces, tel.metrics, tel.sample, tel.service_name, tel.queue,
-            tel.metrics_interval) == (False, False, 0.25, "sg-eu", 100, 15)
+            tel.metrics_interval, tel.propagate) == (False, False, 0.25, "sg-eu", 100, 15, ())
     assert (cfg.admin.timeouts.head, cfg.admin.timeouts.body, cfg.admin.timeouts.idle) == (
         5, 20, 60)
     assert cfg.admin.max_body == 512 * 1024 and cfg.admin.max_connections == 16
@@ -410,6 +410,14 @@ FILE_ERRORS = [
      "telemetry.endpoint: expected the collector's URL"),
     ("telemetry: {protocol: http/json}", "telemetry.protocol: expected grpc"),
     ("telemetry: {sample: 1.5}", "telemetry.sample: expected a ratio from 0 to 1"),
+    ("telemetry: {propagate: [api.example.com]}",
+     "telemetry.propagate needs spans exported"),
+    ("telemetry: {endpoint: 'http://otel:4317', traces: false, propagate: [a.example.com]}",
+     "telemetry.propagate needs spans exported"),
+    ("telemetry: {endpoint: 'http://otel:4317', propagate: api.example.com}",
+     "telemetry.propagate: expected a list of strings"),
+    ("telemetry: {endpoint: 'http://otel:4317', propagate: ['api..example.com']}",
+     "telemetry.propagate: 'api..example.com'"),
     ("audit: {buffer: 4k}", "audit.buffer: at least 64k"),
     ("audit: {buffer: lots}", "audit.buffer: 'lots' is not a size"),
     ("audit: {spill: {max: 4k}}", "audit.spill.max: 0 (no spill journal) or at least 64k"),

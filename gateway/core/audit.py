@@ -14,13 +14,13 @@ from typing import Any
 
 from gateway.core.identity import Identity
 
-__all__ = ["FIELDS", "MAX_PATH", "record", "traceparent"]
+__all__ = ["FIELDS", "MAX_PATH", "child_traceparent", "record", "traceparent"]
 
 MAX_PATH = 512
 FIELDS = ("sandbox", "policy", "jti", "client", "listener", "method", "scheme", "host",
           "port", "path", "decision", "reason", "rule", "status", "error", "bytes_in",
           "bytes_out", "duration_ms", "path_taken", "engine", "credential", "policy_rev",
-          "usage", "workload", "mcp", "models", "trace", "dlp")
+          "usage", "workload", "mcp", "models", "trace", "trace_sent", "dlp")
 # W3C Trace Context, version 00 (or a later version read as 00): trace id, parent id, flags;
 # all-zero ids are invalid.
 _TRACEPARENT = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})([0-9a-f]{32})-(?!0{16})([0-9a-f]{16})"
@@ -39,6 +39,16 @@ def traceparent(value: str | None) -> str | None:
     return value.strip()[:55]
 
 
+def child_traceparent(trace: str | None, trace_id: str, span_id: str) -> str:
+    """The `traceparent` the gateway sends upstream where it propagates its trace
+    (`telemetry.propagate`): its own span (`span_id`, 16 hex digits) as the parent, in
+    the sandbox's trace (`trace`: its checked header, see `traceparent`) or else in a new
+    one (`trace_id`, 32 hex digits); sampled (the gateway exports that span)."""
+    if trace is not None:
+        trace_id = trace[3:35]
+    return f"00-{trace_id}-{span_id}-01"
+
+
 def _path_only(path: str | None) -> str | None:
     return None if path is None else path.split("?", 1)[0][:MAX_PATH]
 
@@ -52,7 +62,8 @@ def record(*, identity: Identity | None, client: tuple[str, int] | None, listene
            usage: dict[str, Any] | None = None, now: float | None = None,
            mcp: list[dict[str, Any]] | None = None,
            models: list[str] | None = None, trace: str | None = None,
-           dlp: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+           dlp: list[dict[str, Any]] | None = None,
+           trace_sent: str | None = None) -> dict[str, Any]:
     """One audit line (a dict with exactly FIELDS, in that order). ``dlp``: the
     credentials outbound detection found (`core/dlp/verdict.records`: detector, where,
     salted fingerprint, action), never their values; null where none was found."""
@@ -85,5 +96,6 @@ def record(*, identity: Identity | None, client: tuple[str, int] | None, listene
         "mcp": mcp,
         "models": models,
         "trace": trace,
+        "trace_sent": trace_sent,
         "dlp": dlp,
     }

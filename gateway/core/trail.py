@@ -61,11 +61,14 @@ class Trail:
               mcp: list[dict[str, Any]] | None = None,
               models: list[str] | None = None, trace: str | None = None,
               dlp: list[dict[str, Any]] | None = None,
-              content: dict[str, str] | None = None) -> None:
+              content: dict[str, str] | None = None,
+              trace_sent: str | None = None) -> None:
         """Write one audit line (every engine's lines go through here). A line of a
         connection the gate ended (`sweep`) names why instead of how it broke; `trace`:
-        the request's `traceparent` header (checked here: core/audit.traceparent);
-        `content`: what its policy exports beside the line (`content_sink`)."""
+        the request's `traceparent` header (checked here: core/audit.traceparent),
+        `trace_sent` the one the gateway sent upstream in its place (its span:
+        `telemetry.propagate`); `content`: what its policy exports beside the line
+        (`content_sink`)."""
         if client.tunnel is not None:
             client.tunnel.audited = True
         if client.ended_by is not None and (error is not None or method == "CONNECT"):
@@ -79,7 +82,7 @@ class Trail:
             started=now if started is None else started, path_taken=path_taken,
             engine=client.engine, credential=credential, usage=usage,
             policy_rev=self._policies().revision, now=now, mcp=mcp, models=models,
-            trace=traceparent(trace), dlp=dlp or None)
+            trace=traceparent(trace), dlp=dlp or None, trace_sent=trace_sent)
         if content and self.content_sink is not None:
             self.content_sink(line, content)
         else:
@@ -92,7 +95,8 @@ class Trail:
                plain: bool = False, mcp: list[dict[str, Any]] | None = None,
                models: list[str] | None = None, trace: str | None = None,
                dlp: list[dict[str, Any]] | None = None,
-               content: dict[str, str] | None = None) -> Answer:
+               content: dict[str, str] | None = None,
+               trace_sent: str | None = None) -> Answer:
         """Audit a refusal and render it (in the provider's shape on a preset's host,
         for a request; as text with `plain`); ``usage``: what a metered exchange refused
         part-way had used."""
@@ -104,7 +108,8 @@ class Trail:
                    method=method, scheme=scheme, host=host, port=port, path=path,
                    status=answered.status, error=refusal.code, started=started,
                    credential=refusal.credential, usage=usage, identity=refusal.identity,
-                   mcp=mcp, models=models, trace=trace, dlp=dlp, content=content)
+                   mcp=mcp, models=models, trace=trace, dlp=dlp, content=content,
+                   trace_sent=trace_sent)
         if refusal.code.startswith("token_") or refusal.code in _TOKEN_CODES:
             self.telemetry.count("tokens_refused", refusal.code)
         return answered

@@ -11,7 +11,9 @@ Every exchange, tunnel and refusal of every engine ends in one audit line
   MCP tool call of the line's ``mcp`` is a child span ``tools/call <tool>``
   (``gen_ai.operation.name: execute_tool``, ``gen_ai.tool.name``). A line with a valid W3C
   ``trace`` (the request's ``traceparent``) continues that trace: its span's parent is the
-  sandbox's span. The gateway adds no trace header to requests it forwards.
+  sandbox's span. The gateway adds no trace header to requests it forwards, except to
+  the hosts of `telemetry.propagate`: there the request leaves with the gateway's span as
+  its `traceparent`, and the line's ``trace_sent`` gives that span its ids.
 * **a log record** (``audit.otlp``) whose body is the JSON line itself (the same text as
   the JSON sink's), with a few attributes to filter on, in the span's trace;
 * **GenAI metrics**: ``gen_ai.client.token.usage``, ``gen_ai.client.operation.duration``
@@ -187,7 +189,7 @@ class OtelExport:
         records: list[bytes] = []
         for i, line in enumerate(lines):
             if extras[i] or line.usage is not None or line.mcp is not None or \
-                    line.trace is not None:
+                    line.trace is not None or line.trace_sent is not None:
                 self._hand(built, records)  # (what came before it goes first)
                 other(i)
                 continue
@@ -221,11 +223,15 @@ class OtelExport:
         parent = otlp.parent_of(line.trace)
         if parent is not None and (len(parent[0]) != 16 or len(parent[1]) != 8):
             return False
+        sent = _sent(line.trace_sent)
         start = end - int((line.duration_ms or 0) * 1_000_000)
         shape = self._shapes.of(line)
         trace, own = (parent[0] if parent else b""), b""
-        if self._spans is not None and traced:
+        if sent is not None:  # (the ids the gateway sent upstream: the upstream's parent)
+            trace, own = sent
+        elif self._spans is not None and traced:
             trace, own = otel_shape.ids(parent)
+        if self._spans is not None and traced:
             self._spans.add(otel_shape.span(shape, line, trace, own,
                                             parent[1] if parent else b"", start, end))
         if self._logs is not None:
@@ -246,8 +252,12 @@ class OtelExport:
         attrs = self._attributes(line, usage, op, provider if op else None)
         parent = otlp.parent_of(line.get("trace"))
         trace_id, own = (parent[0] if parent else otlp.trace_id()), b""
-        if self._spans is not None and traced:
+        sent = _sent(line.get("trace_sent"))
+        if sent is not None:  # (the ids the gateway sent upstream: the upstream's parent)
+            trace_id, own = sent
+        elif self._spans is not None and traced:
             own = otlp.span_id()
+        if self._spans is not None and traced:
             span_attrs = attrs if not content else {**attrs, **_content(content, op)}
             error = line.get("error")
             self._spans.add(otlp.span(span_name(line), otlp.SERVER, trace_id, own,
@@ -348,6 +358,15 @@ class OtelExport:
                 sender.close(timeout)
         if self._meter_provider is not None:
             self._meter_provider.shutdown(timeout_millis=timeout * 1000)
+
+
+def _sent(trace_sent: Any) -> tuple[bytes, bytes] | None:
+    """(trace id, span id) of the `traceparent` the gateway sent upstream in the line's
+    exchange (its `trace_sent`, `telemetry.propagate`): its span's own ids; None: none."""
+    sent = otlp.parent_of(trace_sent) if isinstance(trace_sent, str) else None
+    if sent is None or len(sent[0]) != 16 or len(sent[1]) != 8:
+        return None
+    return sent[0], sent[1]
 
 
 def _content(content: Mapping[str, Any], op: str | None) -> dict[str, str]:

@@ -66,9 +66,10 @@ def span_name(line: Mapping[str, Any]) -> str:
 
 def always_traced(line: Mapping[str, Any]) -> bool:
     """Whether `line`'s span is exported whatever `telemetry.sample` says: a refusal (or
-    any decision but allow), an inference call, an MCP message, or a request whose
-    sandbox sampled its trace (the traceparent's sampled flag)."""
+    any decision but allow), an inference call, an MCP message, a request whose
+    sandbox sampled its trace (the traceparent's sampled flag), or one that left with the
+    gateway's span as its traceparent (`telemetry.propagate`: the upstream's parent)."""
     trace_header = line.get("trace")
     return (line.get("decision") != "allow" or line.get("usage") is not None
-            or line.get("mcp") is not None
+            or line.get("mcp") is not None or line.get("trace_sent") is not None
             or (isinstance(trace_header, str) and int(trace_header[-1], 16) & 1 == 1))

@@ -81,6 +81,7 @@ class Line(msgspec.Struct):
     mcp: Any = None
     models: Any = None
     trace: Any = None
+    trace_sent: Any = None
 
 
 decode: Callable[[bytes], Line] = msgspec.json.Decoder(Line).decode

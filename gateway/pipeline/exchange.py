@@ -356,9 +356,9 @@ class Exchange(ExchangeState):
                               scheme=self.target.scheme, host=self.target.host,
                               port=self.target.port, path=self.target.path,
                               started=self.started, usage=self._complete(),
-                              mcp=self.mcp_calls, models=self.models,
-                              trace=self.trace, content=self._content(),
-                              dlp=self.dlp.found if self.dlp is not None else None)
+                              mcp=self.mcp_calls, models=self.models, trace=self.trace,
+                              trace_sent=self.trace_sent,
+                              dlp=self.dlp_found, content=self._content())
         return self.trail.render(refusal, self.target.host)
 
     def finish(self, status: int | None, error: str | None = None,
@@ -384,8 +384,8 @@ class Exchange(ExchangeState):
             error=relayed.code if relayed and error is None else error,
             bytes_in=self.bytes_in, bytes_out=self.bytes_out, started=self.started,
             path_taken="intercept", credential=self.credential, usage=usage,
-            mcp=self.mcp_calls, models=self.models, trace=self.trace,
-            dlp=self.dlp.found if self.dlp is not None else None, content=self._content())
+            mcp=self.mcp_calls, models=self.models, trace=self.trace, trace_sent=self.trace_sent,
+            dlp=self.dlp_found, content=self._content())
 
     def _complete(self) -> dict[str, Any] | None:
         """The metering step at the end (`finish` or `abort`, whichever comes first and

@@ -53,14 +53,26 @@ class ExchangeState:
     dlp: DlpCheck | None = None  # outbound credential detection (a rule with dlp:)
     oauth: OAuthUse | None = None  # an MCP server's token the gateway holds (mcp.oauth)
     content: ContentCapture | None = None  # exported content (telemetry: {content: true})
+    # the gateway's span as its `traceparent` sent upstream (telemetry.propagate), and the
+    # sandbox's own header it replaced
+    trace_sent: str | None = None
+    trace_arrived: str | None = None
 
     def __post_init__(self) -> None:
         """(What a subclass sets up after the fields: the dataclass calls it.)"""
 
     @property
     def trace(self) -> str | None:
-        """The request's W3C ``traceparent``, for its audit lines (issue 45)."""
+        """The request's W3C ``traceparent`` as the sandbox sent it, for its audit lines
+        (issue 45)."""
+        if self.trace_sent is not None:
+            return self.trace_arrived
         return self.head.headers.get("traceparent")
+
+    @property
+    def dlp_found(self) -> list[dict[str, Any]] | None:
+        """What outbound detection found, for the audit line (None: no `dlp:` rule)."""
+        return self.dlp.found if self.dlp is not None else None
 
     def where(self) -> str:
         """``host:port`` of the upstream, as reasons name it."""
@@ -83,7 +95,8 @@ class ExchangeState:
                           scheme=self.target.scheme, host=self.target.host,
                           port=self.target.port, path=self.target.path,
                           started=self.trail.clock(), mcp=calls, trace=self.trace,
-                          dlp=self.dlp.found if self.dlp is not None else None)
+                          trace_sent=self.trace_sent,
+                          dlp=self.dlp_found)
 
 
 def source_of(decision: Decision) -> str | None:

@@ -16,6 +16,7 @@ from gateway.core.client import Client, Refused
 from gateway.core.identity import Identity
 from gateway.core.mcp_pins import ToolPins
 from gateway.core.policy import Policy, PolicySet
+from gateway.core.policy.hosts import HostPattern
 from gateway.core.ports import (
     NO_MINTED_SECRETS,
     SILENT,
@@ -78,6 +79,8 @@ class Parts:
     approvals: Approvals | None = None
     pins: ToolPins | None = None  # MCP tool descriptions pinned in the state store
     detectors: Detectors | None = None  # outbound credential detection (policies' dlp:)
+    # hosts whose requests carry the gateway's span as their traceparent (telemetry.propagate)
+    propagate: tuple[HostPattern, ...] = ()
     mcp_tokens: McpTokens | None = None  # MCP servers' OAuth tokens (rules with mcp.oauth)
     refusals_inside_tls: bool = False
     mcp_sessions: mcp.Sessions = field(default_factory=mcp.Sessions)

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import secrets
 
 from gateway.core import credentials, local_api, target
+from gateway.core.audit import child_traceparent, traceparent
 from gateway.core.client import Client
 from gateway.core.dlp import DEFAULT
 from gateway.core.dlp.policy import resolve
@@ -24,6 +26,7 @@ from gateway.core.local_api import INTERNAL_HOST
 from gateway.core.mcp_pins import Server, ServerPins
 from gateway.core.messages import RequestHead
 from gateway.core.policy import Credential, Request
+from gateway.core.policy.hosts import HostPattern
 from gateway.core.policy.model import records_only
 from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal
 from gateway.core.trail import rule_of
@@ -143,6 +146,8 @@ class Requests:
                                         parts.detectors.scanner().only(DEFAULT)
                                         if parts.detectors is not None else None)
         await self.signing.apply(ex, swap, path)
+        if parts.propagate:
+            _propagate(ex, parts.propagate)
 
     def _detect(self, ex: Exchange, path: str) -> str:
         """Outbound credential detection on a rule where `dlp:` applies (its own over
@@ -175,3 +180,19 @@ class Requests:
         if parts.approvals is not None and policy.ask is not None and \
                 policy.ask.models and not records_only(policy.mode):
             ex.asks = functools.partial(self.asking.ask_model, ex, policy.ask)
+
+
+def _propagate(ex: Exchange, hosts: tuple[HostPattern, ...]) -> None:
+    """`telemetry.propagate`: a request to one of `hosts` leaves with the gateway's span
+    as its `traceparent` (in the sandbox's trace when it sent a valid one, else a new
+    trace); its span is exported with those ids (the audit line's `trace_sent`).
+    `tracestate` and other headers go as the sandbox sent them."""
+    host = ex.target.host
+    if not any(pattern.matches(host) for pattern in hosts):
+        return
+    headers = ex.head.headers
+    arrived = headers.get("traceparent")
+    sent = child_traceparent(traceparent(arrived), secrets.token_hex(16),
+                             secrets.token_hex(8))
+    headers.set("traceparent", sent)
+    ex.trace_arrived, ex.trace_sent = arrived, sent

@@ -36,6 +36,7 @@ from gateway.api.bounds import MAX_HEAD, Bounds
 from gateway.config import Config, ConfigError
 from gateway.core.addresses import AddressPolicy
 from gateway.core.policy import PolicySet
+from gateway.core.policy.hosts import compile_host_pattern
 from gateway.engines import patches
 from gateway.engines.door import Doors
 from gateway.engines.frontdoor import FrontDoor
@@ -308,6 +309,9 @@ class Gateway(Lifecycle):
         if self.otel is not None:  # (policies with telemetry: {content: true} export it)
             self.gate.parts.trail.content_sink = functools.partial(
                 self.otel.feed.with_content, self.audit_write, logs.REDACTION.redact)
+        # (the hosts whose requests carry the gateway's span: checked with the config)
+        self.gate.parts.propagate = tuple(compile_host_pattern(host)
+                                          for host in cfg.telemetry.propagate)
         # (the grants and tool pins that outlived a restart; then what is written anywhere)
         await self._approvals().start()
         await self._start_dns(shared)

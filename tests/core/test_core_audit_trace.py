@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.core.audit import FIELDS, record, traceparent
+from gateway.core.audit import FIELDS, child_traceparent, record, traceparent
 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 CASES = [
@@ -86,3 +86,26 @@ def test_content_goes_to_the_content_sink_and_never_into_the_line() -> None:
     assert [(line["decision"], found) for line, found in with_content] == [
         ("allow", content), ("deny", content)]
     assert "the prompt" not in repr(lines + [line for line, _ in with_content])
+
+
+@pytest.mark.parametrize(("trace", "expected"), [
+    (None, "00-0af7651916cd43dd8448eb211c80319c-a1b2c3d4e5f60718-01"),  # a new trace
+    (TP, "00-4bf92f3577b34da6a3ce929d0e0e4736-a1b2c3d4e5f60718-01"),  # the sandbox's
+    (TP[:-2] + "00", "00-4bf92f3577b34da6a3ce929d0e0e4736-a1b2c3d4e5f60718-01"),
+    ("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  # a later version: 00
+     "00-4bf92f3577b34da6a3ce929d0e0e4736-a1b2c3d4e5f60718-01"),
+])
+def test_the_traceparent_sent_upstream_names_the_gateway_s_span(trace: str | None,
+                                                                expected: str) -> None:
+    """`telemetry.propagate`: the gateway's span is the parent the upstream sees, in the
+    sandbox's trace when it sent one (checked first: `traceparent`), sampled."""
+    sent = child_traceparent(trace, "0af7651916cd43dd8448eb211c80319c", "a1b2c3d4e5f60718")
+    assert sent == expected and traceparent(sent) == sent
+
+
+def test_the_line_carries_what_was_sent() -> None:
+    line = record(identity=None, client=None, listener="proxy", method="GET", scheme="https",
+                  host="a.test", port=443, path="/", decision="allow", reason="r", rule=None,
+                  status=200, error=None, bytes_in=0, bytes_out=0, started=1.0,
+                  path_taken="intercept", engine="h1", now=2.0, trace=TP, trace_sent="x")
+    assert tuple(line) == FIELDS and (line["trace"], line["trace_sent"]) == (TP, "x")

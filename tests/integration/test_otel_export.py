@@ -6,7 +6,8 @@ A refused request, an inference call (the official `openai` SDK against the fake
 provider, tests/fakes/inference.py) and MCP tool calls (raw JSON-RPC through httpx) each
 arrive as a span and a log record with the named attributes; the spans continue the
 sandbox's W3C traceparent; GenAI metrics arrive; no secret (the provider key, the
-gateway token) is in any exported byte; nothing adds a trace header upstream."""
+gateway token) is in any exported byte; nothing adds a trace header upstream, except to
+the hosts of `telemetry.propagate`, where the gateway's span is the upstream's parent."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 def _gateway(make_gateway: GatewayFactory, tmp_path: Path, fake: FakeInference,
              upstream: Upstream, test_ca: LocalCA, endpoint: str, protocol: str,
-             intercept: str) -> GatewayThread:
+             intercept: str, propagate: list[str] | None = None) -> GatewayThread:
     secrets = tmp_path / "s.yaml"
     secrets.write_text(f"provider-key: {KEY}\n")
     secrets.chmod(0o600)
@@ -79,7 +80,8 @@ def _gateway(make_gateway: GatewayFactory, tmp_path: Path, fake: FakeInference,
                                 "allowed.test": f"127.0.0.1:{upstream.port}",
                                 "api.allowed.test": f"127.0.0.1:{upstream.port}"}},
         "telemetry": {"endpoint": endpoint, "protocol": protocol, "metrics_interval": "1s",
-                      "headers": {"x-collector-auth": "collector-secret-9f2"}},
+                      "headers": {"x-collector-auth": "collector-secret-9f2"},
+                      "propagate": propagate or []},
         "audit": {"otlp": True}})
 
 
@@ -223,6 +225,48 @@ def test_refusal_inference_and_mcp_arrive_as_spans_logs_and_metrics(
     assert not [k for s in spans for k in s["attributes"]
                 if k.startswith(("gen_ai.input", "gen_ai.output", "gen_ai.tool.call.",
                                  "sandbox_gateway.request.content"))]
+
+
+@pytest.mark.parametrize("intercept", ["fast", "mitmproxy"])
+def test_propagate_sends_the_gateway_s_span_upstream_to_the_hosts_named_only(
+        receiver: OtlpReceiver, make_gateway: GatewayFactory, tmp_path: Path,
+        fake: FakeInference, upstream: Upstream, test_ca: LocalCA,
+        monkeypatch: pytest.MonkeyPatch, intercept: str) -> None:
+    """`telemetry.propagate: [api.allowed.test]`: a request there leaves with the
+    gateway's span as its `traceparent` (a new trace, or the sandbox's trace with the
+    gateway's span in place of the sandbox's), and that span arrives with those ids, the
+    sandbox's span its parent; the audit line keeps both headers. A request to another
+    host leaves with the trace headers it came with, none added."""
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")
+    monkeypatch.setenv("OTEL_BLRP_SCHEDULE_DELAY", "200")
+    gw = _gateway(make_gateway, tmp_path, fake, upstream, test_ca, receiver.grpc_endpoint,
+                  "grpc", intercept, propagate=["api.allowed.test"])
+    token = gw.mint("agent")
+    verify = ssl.create_default_context(cafile=gw.ca_cert)
+    sandbox = _tp(PARENTS["refused"])
+    with httpx.Client(proxy=gw.proxy_url(token), verify=verify, timeout=20) as http:
+        for headers in ({}, {"traceparent": sandbox, "tracestate": "vendor=1"}):
+            assert http.get("https://api.allowed.test/a", headers=headers).status_code == 200
+        assert http.post("https://allowed.test/mcp", content=_mcp_call("search_issues", 1),
+                         headers={"content-type": "application/json",
+                                  "accept": "application/json, text/event-stream"}
+                         ).status_code == 200
+    sent = [{k.lower(): v for k, v in r.headers.items()} for r in upstream.requests[-3:]]
+    assert "traceparent" not in sent[2]  # (another host: nothing added)
+    new, child = sent[0]["traceparent"], sent[1]["traceparent"]
+    assert new.startswith("00-") and new.endswith("-01") and TRACE not in new
+    assert child.startswith(f"00-{TRACE}-") and PARENTS["refused"] not in child
+    assert sent[1]["tracestate"] == "vendor=1"
+    lines = [r for r in gw.audit.records() if r["host"] == "api.allowed.test"]
+    assert [(r["trace"], r["trace_sent"]) for r in lines] == [(None, new), (sandbox, child)]
+    assert receiver.wait(lambda: sum(s["name"] == "GET api.allowed.test"
+                                     for s in receiver.spans()) == 2)
+    spans = sorted((s for s in receiver.spans() if s["name"] == "GET api.allowed.test"),
+                   key=lambda s: s["start"])
+    for span, header, parent in ((spans[0], new, ""), (spans[1], child, PARENTS["refused"])):
+        _, trace_id, span_id, _ = header.split("-")
+        assert (span["trace_id"], span["span_id"], span["parent_span_id"]) == (
+            trace_id, span_id, parent)
 
 
 CONTENT_POLICY = POLICY + """---

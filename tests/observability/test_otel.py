@@ -84,6 +84,45 @@ def test_spans_logs_and_metrics_from_lines(receiver: OtlpReceiver) -> None:
     assert TTFC_METRIC not in found  # (no streamed answer: no time to first chunk)
 
 
+SENT_SPAN = "a1b2c3d4e5f60718"
+NEW_TRACE = "0af7651916cd43dd8448eb211c80319c"
+
+
+def test_a_propagated_span_has_the_ids_the_gateway_sent_upstream(
+        receiver: OtlpReceiver) -> None:
+    """`telemetry.propagate`: the line's `trace_sent` (the traceparent the upstream got)
+    gives the gateway's span its ids, in the sandbox's trace (its span the parent) or a
+    new one; on the cached-shape path, the general one (an inference call) and a datagram
+    of lines (`emit_many`); an unreadable `trace_sent` is a new span as before."""
+    export = _export(receiver)
+    sandbox = f"00-{TRACE}-00f067aa0ba902b7-01"
+    lines = [
+        _line(host="plain.test", credential=None, trace_sent=f"00-{NEW_TRACE}-{SENT_SPAN}-01"),
+        _line(host="child.test", credential=None, trace=sandbox,
+              trace_sent=f"00-{TRACE}-{SENT_SPAN}-01"),
+        _line(usage=USAGE, models=["gpt-4o"], trace_sent=f"00-{NEW_TRACE}-{SENT_SPAN}-01"),
+        _line(host="odd.test", credential=None, trace_sent="not-a-traceparent"),
+    ]
+    for line in lines[:2]:
+        _emit(export, line)
+    raws = [json.dumps(line).encode() for line in lines[2:]]
+    export.emit_many(raws, [time.time_ns()] * 2, [b"T", b"T"], [b"", b""],
+                     lambda i: _emit(export, lines[2 + i]))
+    export.close()
+    spans = {s["name"]: s for s in receiver.spans()}
+    assert (spans["POST plain.test"]["trace_id"], spans["POST plain.test"]["span_id"],
+            spans["POST plain.test"]["parent_span_id"]) == (NEW_TRACE, SENT_SPAN, "")
+    assert (spans["POST child.test"]["trace_id"], spans["POST child.test"]["span_id"],
+            spans["POST child.test"]["parent_span_id"]) == (
+        TRACE, SENT_SPAN, "00f067aa0ba902b7")
+    assert (spans["chat gpt-4o"]["trace_id"], spans["chat gpt-4o"]["span_id"]) == (
+        NEW_TRACE, SENT_SPAN)
+    assert spans["POST odd.test"]["span_id"] != SENT_SPAN
+    logs = {json.loads(r["body"])["host"]: r for r in receiver.logs()}
+    assert (logs["child.test"]["trace_id"], logs["child.test"]["span_id"]) == (
+        TRACE, SENT_SPAN)
+
+
 def test_time_to_first_chunk_on_a_streamed_call(receiver: OtlpReceiver) -> None:
     """`usage.first_chunk_ms` (a streamed answer's) becomes the conventions' span
     attribute, in seconds, and a point of their time-to-first-chunk histogram."""
