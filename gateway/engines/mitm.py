@@ -214,6 +214,9 @@ class Adapter(NextLayerAddon):
         # mitmproxy, `patches.add_handshake_option`, read by its TLS layer)
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        # (one for every flow: patches.install_upstream_timeouts reads it)
+        self.read_wait = patches.ReadTimeout(read_timeout, self._read_timed_out,
+                                             self._body_timed_out)
         self.tunnel_errors: dict[str, str] = {}  # client id -> why its tunnel's dial failed
         self.handoffs = handoffs
         self.clients: dict[str, Client] = {}
@@ -373,7 +376,7 @@ class Adapter(NextLayerAddon):
             return
         ex = result
         flow.metadata[EXCHANGE] = ex
-        flow.metadata[patches.READ_TIMEOUT] = (self.read_timeout, self._read_timed_out)
+        flow.metadata[patches.READ_TIMEOUT] = self.read_wait
         self.exchanges.add(ex)
         req.headers.fields = tuple(ex.head.headers.fields)
         req.path = ex.head.target
@@ -441,6 +444,20 @@ class Adapter(NextLayerAddon):
         except Exception:
             log.exception("answering a read timeout failed; refusing (fail closed)")
             return to_response(answer(GATEWAY_ERROR, close=True))
+
+    def _body_timed_out(self, flow: http.HTTPFlow) -> None:
+        """A response body that paused for network.timeouts.read after its head went to
+        the client (patches.install_upstream_timeouts cuts it off): audited as the HTTP/1
+        engine audits it (the status sent, `upstream_timeout`); called by mitmproxy's
+        layers, outside any hook: fails closed here (the cut goes on)."""
+        ex: Exchange | None = flow.metadata.get(EXCHANGE)
+        try:
+            if ex is not None and not ex.done and flow.response is not None:
+                log.info("response from %s:%d cut off: no response body bytes within %gs",
+                         ex.target.host, ex.target.port, self.read_timeout)
+                ex.finish(flow.response.status_code, error="upstream_timeout")
+        except Exception:
+            log.exception("auditing a response cut off by the read timeout failed")
 
     def _on_responseheaders(self, flow: http.HTTPFlow) -> None:
         ex: Exchange | None = flow.metadata.get(EXCHANGE)
@@ -564,13 +581,17 @@ class Adapter(NextLayerAddon):
 
 
 def _dial_failed(adapter: Adapter, data: server_hooks.ServerConnectionHookData) -> None:
-    """A passthrough tunnel whose dial through the upstream proxy failed: its audit line
-    says so (an intercepted one's exchange does already)."""
+    """A passthrough tunnel whose dial failed: its audit line says so, as the default
+    engine's does (`upstream_proxy_failed` through the upstream proxy, else
+    `upstream_failed`: refused, unreachable, or no TCP connection within `connect`); an
+    intercepted one's exchange does already. (Not a destination the gateway refused.)"""
     client = adapter.clients.get(data.client.id)
     error = data.server.error or ""
-    if client is not None and client.tunnel is not None and client.tunnel.passthrough \
-            and error.startswith(PROXY_MARK):
-        adapter.tunnel_errors[data.client.id] = "upstream_proxy_failed"
+    if client is None or client.tunnel is None or not client.tunnel.passthrough \
+            or error.startswith((REFUSED_MARK, BACKSTOP_MARK)):  # (the gateway's refusal)
+        return
+    adapter.tunnel_errors[data.client.id] = (
+        "upstream_proxy_failed" if error.startswith(PROXY_MARK) else "upstream_failed")
 
 
 def _abort(proxyserver: Any, flow: http.HTTPFlow, ans: Answer, *, write: bool = True) -> None:

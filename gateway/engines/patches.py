@@ -24,9 +24,12 @@ The engines need a few things their libraries keep private:
   refused part-way ends its own HTTP/2 stream, with the refusal, not the whole
   connection: `install_stream_refusal`), its client TLS layer's sending (TLS 1.3
   session tickets held until the first answer, as the HTTP/1 engine holds them:
-  `install_ticket_hold`), its layers (a layer that closes a refused tunnel, the TCP
-  passthrough layer, the layer stack a tunnel or a redirected connection starts with,
-  and the one reading of a failed flow's error text into a typed outcome:
+  `install_ticket_hold`), its connection handler's wakeup timers with its HTTP stream's
+  and server TLS layer's states (`network.timeouts` on the upstream's TLS handshake,
+  response head and each pause in a response body: `install_upstream_timeouts`), its
+  layers (a layer that closes a refused tunnel, the TCP passthrough layer, the layer
+  stack a tunnel or a redirected connection starts with, and the one reading of a failed
+  flow's error text into a typed outcome:
   `flow_error`), the WebSocket fragmentizer, its reading of a ClientHello (restated
   here, held to mitmproxy's by a differential test: the doors read a tunnel's first bytes
   with it), its original-destination lookup (transparent mode), the raw method and authority of a
@@ -57,6 +60,7 @@ import importlib.util
 import logging
 import re
 import sys
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -90,6 +94,7 @@ __all__ = [
     "NextLayerAddon",
     "RawRequest",
     "RawResponse",
+    "ReadTimeout",
     "ReceiveBuffer",
     "add_handshake_option",
     "check_versions",
@@ -991,11 +996,13 @@ def _refused_stream_body(self: Any, event: Any) -> Any:
     return None
 
 
-def _refuse_stream(self: Any, response: Any) -> Any:
+def _refuse_stream(self: Any, response: Any,
+                   reason: str = "the request was refused by the gateway") -> Any:
     """The upstream's request cut off (an HTTP/2 upstream's stream reset, an HTTP/1
     upstream's connection closed: it never reads the request as complete); the client
     gets `response` on the stream if nothing of an answer went to it yet, else the
-    stream is reset (RST_STREAM); the stream is dropped, the connection goes on."""
+    stream is reset (RST_STREAM; an HTTP/1 client's connection closed, the body cut
+    off); the stream is dropped, an HTTP/2 connection goes on."""
     from mitmproxy.proxy.layers.http import DropStream, SendHttp
     from mitmproxy.proxy.layers.http._events import (
         ErrorCode,
@@ -1006,7 +1013,6 @@ def _refuse_stream(self: Any, response: Any) -> Any:
         ResponseProtocolError,
     )
 
-    reason = "the request was refused by the gateway"
     yield SendHttp(RequestProtocolError(self.stream_id, reason, ErrorCode.KILL),
                    self.context.server)
     if self.flow.response is None:
@@ -1145,10 +1151,20 @@ def _connector_class() -> type:
     return ProxiedConnector
 
 
-# -- mitmproxy: an upstream's TLS handshake and response head within network.timeouts ----
+# -- mitmproxy: an upstream's TLS handshake, response head and body within network.timeouts
 
-READ_TIMEOUT = "sandbox-gateway-read-timeout"  # flow.metadata: (seconds, answer(flow))
+READ_TIMEOUT = "sandbox-gateway-read-timeout"  # flow.metadata: a ReadTimeout
 HANDSHAKE_OPTION = "sandbox_gateway_handshake_timeout"  # a mitmproxy option (seconds)
+
+
+class ReadTimeout(NamedTuple):
+    """network.timeouts.read for one flow (`flow.metadata[READ_TIMEOUT]`): `answer(flow)`
+    the answer to a request whose response head did not come in `seconds`; `cut(flow)`
+    audits a response whose body paused that long after its head went to the client."""
+
+    seconds: float
+    answer: Callable[[Any], Any]
+    cut: Callable[[Any], None]
 
 
 def add_handshake_option(opts: Any, seconds: float) -> None:
@@ -1170,12 +1186,18 @@ def install_upstream_timeouts(handshake_error: Callable[[str, float], str]) -> N
     - handshake: a server TLS handshake not done `HANDSHAKE_OPTION` seconds after it
       began fails with `handshake_error(address, seconds)` as its error (what the flow's
       error and the client's error answer then carry), the connection closed;
-    - read: a request sent whole whose flow carries `READ_TIMEOUT` (seconds,
-      answer(flow) -> http.Response) and has no response head that many seconds later
-      is refused as a refused request body is (`_refuse_stream`): the client gets the
-      answer on its stream, an HTTP/2 upstream's stream is reset (the connection and
-      its other streams go on), an HTTP/1 upstream's connection closed. Any response
-      head (a 101 too) ends the wait; a wakeup that comes after is dropped.
+    - read: a request sent whole whose flow carries `READ_TIMEOUT` (a `ReadTimeout`)
+      and has no response head that many seconds later is refused as a refused request
+      body is (`_refuse_stream`): the client gets the answer on its stream, an HTTP/2
+      upstream's stream is reset (the connection and its other streams go on), an
+      HTTP/1 upstream's connection closed. Any response head (a 101 too) ends that
+      wait; a wakeup that comes after is dropped;
+    - read, in a streamed response body (every exchange's: the adapter filters it): the
+      same timer, moved on by each part of the body the upstream sends, bounds each
+      pause; one that lasts `seconds` cuts the response off as the HTTP/1 engine does
+      (the head went out, the answer cannot be replaced): `cut(flow)` audits it, the
+      client's HTTP/1 connection is closed (a cut-off body) or its HTTP/2 stream reset,
+      and the upstream's likewise. A WebSocket (after its 101) has no such timer.
 
     A timer whose wait ended is called off (`_call_off`): its task ends at once and the
     layers let go of the layer that armed it (mitmproxy's own wakeups cannot be called
@@ -1184,13 +1206,18 @@ def install_upstream_timeouts(handshake_error: Callable[[str, float], str]) -> N
     `mitm._timed_dial`.)"""
     load_engine()
     from mitmproxy.proxy import server
+    from mitmproxy.proxy.events import Wakeup
     from mitmproxy.proxy.layers import http as layers_http
     from mitmproxy.proxy.layers import tls as layers_tls
+    from mitmproxy.proxy.layers.http import _events
 
     stream = layers_http.HttpStream
     _waits["handshake_error"] = handshake_error
     if "stream_event" in _waits:
         return
+    _waits["wakeup_event"] = Wakeup
+    _waits["from_upstream"] = (_events.ResponseHeaders, _events.ResponseData,
+                               _events.ResponseTrailers)
     _waits["wakeup"] = server.ConnectionHandler.wakeup
     server.ConnectionHandler.wakeup = _wakeup  # type: ignore[method-assign]
     _waits["stream_event"] = stream._handle_event
@@ -1213,12 +1240,14 @@ def _deadline() -> Any:
     from mitmproxy.proxy.commands import RequestWakeup
 
     class Deadline(RequestWakeup):
-        """A layer's (`owner`) `RequestWakeup` that it can call off (`_call_off`)."""
+        """A layer's (`owner`) `RequestWakeup` that it can call off (`_call_off`) or move
+        on (`due`, a `time.monotonic()`, set later: one task for all of a body's pauses)."""
 
         def __init__(self, delay: float, owner: Any) -> None:
             super().__init__(delay)
             self.owner = owner
             self.off = False
+            self.due = time.monotonic() + delay
             self.waiter: asyncio.Future[None] | None = None
 
     return Deadline
@@ -1246,18 +1275,19 @@ def _call_off(layer: Any) -> None:
 
 async def _wakeup(self: Any, request: Any) -> None:
     """mitmproxy's `ConnectionHandler.wakeup`, except that a `Deadline` called off ends
-    at once, without its `Wakeup` event."""
+    at once, without its `Wakeup` event, and one moved on waits until its new `due`."""
     from mitmproxy.proxy.events import Wakeup
 
     if not isinstance(request, _deadline()):
         await _waits["wakeup"](self, request)
         return
     task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
     try:
-        if not request.off:
-            request.waiter = asyncio.get_running_loop().create_future()
+        while not request.off and (left := request.due - time.monotonic()) > 0:
+            request.waiter = loop.create_future()
             try:
-                async with asyncio.timeout(request.delay):
+                async with asyncio.timeout(left):
                     await request.waiter
             except TimeoutError:
                 pass
@@ -1295,33 +1325,71 @@ def _awaits_head(self: Any) -> bool:
                 and self.flow.response is None and self.flow.live)
 
 
+def _in_body(self: Any) -> bool:
+    """A streamed response body under way (its head went to the client)."""
+    return bool(self.server_state == self.state_stream_response_body and self.flow.live)
+
+
 def _stream_event(self: Any, event: Any) -> Any:
-    """mitmproxy's `HttpStream._handle_event`, except the read timer's wakeup (mitmproxy
-    itself sends a stream none: any other would have failed its event check)."""
+    """mitmproxy's `HttpStream._handle_event`, then the read timer: kept while the head
+    is awaited, moved on by each event from the upstream while the body streams, called
+    off otherwise; its wakeup is the read timer's (mitmproxy itself sends a stream none:
+    any other would have failed its event check)."""
+    if isinstance(event, _waits["wakeup_event"]):
+        yield from _read_timed_out(self, event)
+        return
+    yield from _waits["stream_event"](self, event)
+    command = self.__dict__.get(_ARMED)
+    if command is None:
+        if _in_body(self):  # (the head came while the request was still being sent)
+            wait = self.flow.metadata.get(READ_TIMEOUT)
+            if wait is not None and wait[0] > 0:
+                yield _arm(self, wait[0])
+        return
+    if _awaits_head(self):
+        return
+    if not _in_body(self):
+        _call_off(self)  # (the response ended, or the stream did)
+    elif isinstance(event, _waits["from_upstream"]):
+        command.due = time.monotonic() + command.delay  # (bytes from the upstream)
+
+
+def _read_timed_out(self: Any, event: Any) -> Any:
+    """The read timer of this stream ran out: a response head awaited is answered
+    (`ReadTimeout.answer`), a body under way cut off (`ReadTimeout.cut`); one moved on
+    while its wakeup waited for a hook is armed again for what is left."""
     from mitmproxy import flow
-    from mitmproxy.proxy.events import Wakeup
     from mitmproxy.proxy.layers.http._hooks import HttpErrorHook
 
-    if not isinstance(event, Wakeup):
-        yield from _waits["stream_event"](self, event)
-        if _ARMED in self.__dict__ and not _awaits_head(self):
-            _call_off(self)  # (a head came, or the stream ended)
+    command = self.__dict__.get(_ARMED)
+    if event.command is not command:
+        return  # (called off: it fired while this stream waited for a hook)
+    del self.__dict__[_ARMED]
+    head = _awaits_head(self)
+    if not head and not _in_body(self):
         return
-    if event.command is not self.__dict__.get(_ARMED) or not _awaits_head(self):
+    if command.due > time.monotonic():
+        again = _arm(self, command.delay)  # (`delay`: the whole period, for moving on)
+        again.due = command.due
+        yield again
         return
     wait = self.flow.metadata.pop(READ_TIMEOUT, None)
     if wait is None:
         return
-    response = wait[1](self.flow)  # the adapter's answer (it audits the exchange)
-    self.flow.error = flow.Error(f"no response within {wait[0]:g}s")
-    self.__dict__.pop(_ARMED, None)
+    if head:
+        response = wait.answer(self.flow)  # the adapter's answer (it audits the exchange)
+        self.flow.error = flow.Error(f"no response within {wait.seconds:g}s")
+    else:
+        response = None
+        wait.cut(self.flow)  # (the adapter audits the exchange)
+        self.flow.error = flow.Error(f"no response body bytes within {wait.seconds:g}s")
     yield HttpErrorHook(self.flow)  # (what counts flows in flight hears it ended)
-    yield from _refuse_stream(self, response)
+    yield from _refuse_stream(self, response, self.flow.error.msg)
 
 
 def _stream_passthrough(self: Any, event: Any) -> Any:
     """mitmproxy's `HttpStream.passthrough` (a WebSocket after its 101), except the read
-    timer's wakeup of this stream, which comes after the head ended the wait."""
+    timer's wakeup of this stream, which comes after the response ended the wait."""
     if _own_wakeup(self, event):
         return
     yield from _waits["passthrough"](self, event)

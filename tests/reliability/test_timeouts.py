@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from helpers.gateway import GatewayThread
@@ -68,8 +69,9 @@ def silent(test_ca: LocalCA, tmp_path: Path) -> Iterator[Silent]:
     server.close()
 
 
-def tunnel(gw: GatewayThread, token: str, host: str = "inspect.test",
-           cafile: Path | None = None, sandbox: str = "sandbox-1") -> ssl.SSLSocket:
+def connected(gw: GatewayThread, token: str, host: str = "inspect.test",
+              sandbox: str = "sandbox-1") -> socket.socket:
+    """A tunnel to `host`:443 through the gateway, CONNECT answered 200."""
     assert gw.gateway.proxy_address
     sock = socket.create_connection(gw.gateway.proxy_address, timeout=10)
     cred = base64.b64encode(f"{sandbox}:{token}".encode()).decode()
@@ -79,6 +81,12 @@ def tunnel(gw: GatewayThread, token: str, host: str = "inspect.test",
     while b"\r\n\r\n" not in head:
         head += sock.recv(1)
     assert head.startswith(b"HTTP/1.1 200"), head
+    return sock
+
+
+def tunnel(gw: GatewayThread, token: str, host: str = "inspect.test",
+           cafile: Path | None = None, sandbox: str = "sandbox-1") -> ssl.SSLSocket:
+    sock = connected(gw, token, host, sandbox)
     ctx = ssl.create_default_context(cafile=str(cafile or gw.ca_cert))
     return ctx.wrap_socket(sock, server_hostname=host)
 
@@ -293,7 +301,8 @@ def test_a_dial_that_times_out_names_its_phase(make_gateway, server: type, phase
 
 class H2Upstream:
     """A TLS upstream speaking HTTP/2 only: `/slow` is never answered, `/late` after
-    0.7 s; records its connections and the paths of the streams reset by the gateway."""
+    0.7 s, `/stall` a head and 4 bytes of its body at once, then nothing; records its
+    connections and the paths of the streams reset by the gateway."""
 
     def __init__(self, ca: LocalCA, workdir: Path, names: list[str]) -> None:
         self.ctx = ca.server_context(workdir, names)
@@ -340,6 +349,9 @@ class H2Upstream:
                             paths[event.stream_id] = path
                             if path == "/late":
                                 threading.Timer(0.7, answer, (event.stream_id,)).start()
+                            elif path == "/stall":  # a head, part of a body, silence
+                                conn.send_headers(event.stream_id, [(":status", "200")])
+                                conn.send_data(event.stream_id, b"part")
                         elif isinstance(event, h2.events.StreamReset):
                             self.reset.append(paths.get(event.stream_id, "?"))
                     tls.sendall(conn.data_to_send())
@@ -351,75 +363,87 @@ class H2Upstream:
                 conn.close()
 
 
-@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
-def test_a_read_timeout_ends_its_http2_stream_alone(make_gateway, test_ca: LocalCA,
-                                                     tmp_path: Path, engine: str) -> None:
-    """mitmproxy (which serves HTTP/2 on both settings of network.intercept) multiplexes
-    a client's HTTP/2 streams on one upstream connection: the stream that timed out is
-    reset upstream and answered 504; the stream sent after it on the same connection is
-    still answered (closing the connection would cut it)."""
+def _h2_two_streams(gw: GatewayThread, first: str
+                    ) -> tuple[dict[int, str], dict[int, bytes], dict[int, float], set[int]]:
+    """On one HTTP/2 connection through the gateway: GET `first` (stream 1), 0.5 s later
+    GET /late (stream 3); each stream's status, body, when it ended (s after the first
+    request) and which ended by a reset."""
     import h2.config
     import h2.connection
     import h2.events
 
+    sock = connected(gw, gw.mint("agent"))
+    ctx = ssl.create_default_context(cafile=str(gw.ca_cert))
+    ctx.set_alpn_protocols(["h2"])
+    with ctx.wrap_socket(sock, server_hostname="inspect.test") as tls:
+        assert tls.selected_alpn_protocol() == "h2"
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        client.initiate_connection()
+
+        def get(stream: int, path: str) -> None:
+            client.send_headers(stream, [(":method", "GET"), (":scheme", "https"),
+                                         (":authority", "inspect.test"),
+                                         (":path", path)], end_stream=True)
+            tls.sendall(client.data_to_send())
+
+        started = time.monotonic()
+        get(1, first)
+        time.sleep(0.5)
+        get(3, "/late")
+        status: dict[int, str] = {}
+        bodies: dict[int, bytes] = {1: b"", 3: b""}
+        ended: dict[int, float] = {}
+        reset: set[int] = set()
+        while len(ended) < 2:
+            data = tls.recv(65536)
+            assert data, (status, bodies)
+            for event in client.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    status[event.stream_id] = dict(event.headers)[b":status"].decode()
+                elif isinstance(event, h2.events.DataReceived):
+                    bodies[event.stream_id] += event.data
+                    client.acknowledge_received_data(event.flow_controlled_length,
+                                                     event.stream_id)
+                elif isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)):
+                    ended[event.stream_id] = time.monotonic() - started
+                    if isinstance(event, h2.events.StreamReset):
+                        reset.add(event.stream_id)
+            tls.sendall(client.data_to_send())
+    return status, bodies, ended, reset
+
+
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
+@pytest.mark.parametrize(("first", "status", "body", "reset"), [
+    ("/slow", "504", b"no response within 1s", set()),  # no head: the answer is a 504
+    ("/stall", "200", b"part", {1}),  # a head, 4 bytes, silence: the stream is reset
+])
+def test_a_read_timeout_ends_its_http2_stream_alone(make_gateway, test_ca: LocalCA,
+                                                     tmp_path: Path, engine: str,
+                                                     first: str, status: str, body: bytes,
+                                                     reset: set[int]) -> None:
+    """mitmproxy (which serves HTTP/2 on both settings of network.intercept) multiplexes
+    a client's HTTP/2 streams on one upstream connection: the stream that timed out (no
+    head within `read`, or a pause of `read` mid-body) is reset upstream and answered
+    504, or reset if its head went out; audited `upstream_timeout` with the status the
+    client got; the stream sent after it on the same connection is still answered
+    (closing the connection would cut it). (A stalled body was held until mitmproxy's
+    600 s idle timeout.)"""
     (tmp_path / "h2").mkdir()
     upstream = H2Upstream(test_ca, tmp_path / "h2", ["inspect.test"])
     try:
         gw: GatewayThread = make_gateway(upstream.port, config={"network": {
             "intercept": engine, "timeouts": TIMEOUTS}})
-        assert gw.gateway.proxy_address
-        sock = socket.create_connection(gw.gateway.proxy_address, timeout=10)
-        cred = base64.b64encode(f"sandbox-1:{gw.mint('agent')}".encode()).decode()
-        sock.sendall(b"CONNECT inspect.test:443 HTTP/1.1\r\nProxy-Authorization: Basic "
-                     + cred.encode() + b"\r\n\r\n")
-        head = b""
-        while b"\r\n\r\n" not in head:
-            head += sock.recv(1)
-        assert head.startswith(b"HTTP/1.1 200"), head
-        ctx = ssl.create_default_context(cafile=str(gw.ca_cert))
-        ctx.set_alpn_protocols(["h2"])
-        with ctx.wrap_socket(sock, server_hostname="inspect.test") as tls:
-            assert tls.selected_alpn_protocol() == "h2"
-            client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-            client.initiate_connection()
-
-            def get(stream: int, path: str) -> None:
-                client.send_headers(stream, [(":method", "GET"), (":scheme", "https"),
-                                             (":authority", "inspect.test"),
-                                             (":path", path)], end_stream=True)
-                tls.sendall(client.data_to_send())
-
-            started = time.monotonic()
-            get(1, "/slow")
-            time.sleep(0.5)
-            get(3, "/late")
-            status: dict[int, str] = {}
-            bodies: dict[int, bytes] = {1: b"", 3: b""}
-            ended: dict[int, float] = {}
-            while len(ended) < 2:
-                data = tls.recv(65536)
-                assert data, (status, bodies)
-                for event in client.receive_data(data):
-                    if isinstance(event, h2.events.ResponseReceived):
-                        status[event.stream_id] = dict(event.headers)[b":status"].decode()
-                    elif isinstance(event, h2.events.DataReceived):
-                        bodies[event.stream_id] += event.data
-                        client.acknowledge_received_data(event.flow_controlled_length,
-                                                         event.stream_id)
-                    elif isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)):
-                        ended[event.stream_id] = time.monotonic() - started
-                tls.sendall(client.data_to_send())
+        statuses, bodies, ended, resets = _h2_two_streams(gw, first)
     finally:
         upstream.close()
-    assert status == {1: "504", 3: "200"}, (status, bodies)
-    assert b"no response within 1s" in bodies[1] and bodies[3] == b"late", bodies
+    assert statuses == {1: status, 3: "200"} and resets == reset, (statuses, resets)
+    assert body in bodies[1] and bodies[3] == b"late", bodies
     assert 0.9 < ended[1] < 2.5 and ended[3] > ended[1], ended
-    assert upstream.connections == 1 and upstream.reset == ["/slow"], \
+    assert upstream.connections == 1 and upstream.reset == [first], \
         (upstream.connections, upstream.reset)
-    lines = gw.audit.wait_for(lambda r: r["path"] == "/late")
-    [slow] = [r for r in gw.audit.records() if r["path"] == "/slow"]
-    assert (slow["status"], slow["error"]) == (504, "upstream_timeout"), slow
-    assert lines[0]["status"] == 200
+    gw.audit.wait_for(lambda r: r["path"] == "/late")
+    lines = {r["path"]: (r["status"], r["error"]) for r in gw.audit.records()}
+    assert lines == {first: (int(status), "upstream_timeout"), "/late": (200, None)}, lines
 
 
 def test_a_websocket_outlives_the_read_timeout(make_gateway, test_ca: LocalCA,
@@ -454,6 +478,170 @@ def test_a_websocket_outlives_the_read_timeout(make_gateway, test_ca: LocalCA,
     assert not crashed, crashed  # (the wakeup handed on made mitmproxy's layers crash)
 
 
+
+
+# -- network.timeouts.read inside a response body, on every engine -----------------------
+
+class Stalling:
+    """A TLS HTTP/1 upstream whose answers pause mid-body: `/cl` sends a head of
+    Content-Length 100 and 10 bytes, `/chunked` a chunked head and one chunk, `/sse` an
+    event stream's head and one event, then each says nothing more (the connection held
+    open); `/sse-live` sends an event every 0.2 s for 3 s (`?n=`: n events), then ends;
+    anything else is answered at once (100 bytes). Records when each connection ends."""
+
+    BODIES: ClassVar[dict[str, bytes]] = {
+        "/cl": b"Content-Length: 100\r\n\r\n" + b"x" * 10,
+        "/chunked": b"Transfer-Encoding: chunked\r\n\r\na\r\n" + b"x" * 10 + b"\r\n",
+        "/sse": b"Content-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+                b"\r\n9\r\ndata: 0\n\n\r\n"}
+
+    def __init__(self, ca: LocalCA, workdir: Path, names: list[str]) -> None:
+        self.ctx = ca.server_context(workdir, names)
+        self.ctx.set_alpn_protocols(["http/1.1"])
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.sock.getsockname()[1])
+        self.closed: list[float] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.sock.accept()
+                threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError, ssl.SSLError), \
+                self.ctx.wrap_socket(conn, server_side=True) as tls:
+            data = b""
+            while chunk := tls.recv(65536):
+                data += chunk
+                while b"\r\n\r\n" in data:
+                    head, _, data = data.partition(b"\r\n\r\n")
+                    path = head.split(b" ")[1].decode()
+                    if path in self.BODIES:
+                        tls.sendall(b"HTTP/1.1 200 OK\r\n" + self.BODIES[path])
+                    elif path.startswith("/sse-live"):
+                        self._live(tls, int(path.partition("?n=")[2] or 15))
+                    else:
+                        tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n"
+                                    + b"s" * 99 + b"\n")
+        self.closed.append(time.monotonic())
+
+    @staticmethod
+    def _live(tls: ssl.SSLSocket, events: int) -> None:
+        tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                    b"Transfer-Encoding: chunked\r\n\r\n")
+        for i in range(events):
+            event = f"data: {i:02d}\n\n".encode()
+            tls.sendall(b"%x\r\n%s\r\n" % (len(event), event))
+            time.sleep(0.2)
+        tls.sendall(b"0\r\n\r\n")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def stalling(test_ca: LocalCA, tmp_path: Path) -> Iterator[Stalling]:
+    (tmp_path / "stalling").mkdir()
+    server = Stalling(test_ca, tmp_path / "stalling", ["inspect.test"])
+    yield server
+    server.close()
+
+
+def _read_until_closed(tls: ssl.SSLSocket, limit: float) -> tuple[bytes, float]:
+    """What the gateway sends until it closes the connection, and when the last of it
+    came (time.monotonic())."""
+    tls.settimeout(limit)
+    received, last = b"", time.monotonic()
+    with contextlib.suppress(ConnectionError, ssl.SSLError):
+        while chunk := tls.recv(65536):
+            received, last = received + chunk, time.monotonic()
+    return received, last
+
+
+# The same audit line on both engines for a response cut off by `read` (compared field by
+# field: the fields left out vary between runs, and `engine`); `bytes_in`, what of the
+# upstream's body went to the client.
+CUT_OFF = {"status": 200, "error": "upstream_timeout", "bytes_out": 0, "decision": "allow",
+           "path_taken": "intercept", "method": "GET", "host": "inspect.test",
+           "port": 443, "rule": "policies/agent.yaml:6", "credential": None}
+
+
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
+@pytest.mark.parametrize(("path", "sent"), [
+    ("/cl", b"x" * 10), ("/chunked", b"a\r\n" + b"x" * 10 + b"\r\n"),
+    ("/sse", b"9\r\ndata: 0\n\n\r\n")])
+def test_a_response_body_that_stalls_is_cut_off(make_gateway, stalling: Stalling,
+                                                engine: str, path: str, sent: bytes) -> None:
+    """`read` bounds each pause inside a response body too: a head and part of a body
+    (Content-Length, chunked, an event stream), then silence, is cut off `read` after
+    the last byte (the body left incomplete, the client's connection closed), the
+    upstream's connection closed, the exchange audited `upstream_timeout` with the
+    status that went out: the same on both engines (mitmproxy held it until its own
+    600 s idle timeout)."""
+    gw: GatewayThread = make_gateway(stalling.port, config={"network": {
+        "intercept": engine, "timeouts": {**TIMEOUTS, "client_idle": "30s"}}})
+    with tunnel(gw, gw.mint("agent")) as tls:
+        tls.sendall(f"GET {path} HTTP/1.1\r\nHost: inspect.test\r\n\r\n".encode())
+        received, last = _read_until_closed(tls, 10)
+        closed = time.monotonic()
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), received[:200]
+    assert body == sent, body  # (no end: no 0-size chunk, 10 of 100 bytes)
+    assert 0.8 < closed - last < 2.5, closed - last
+    [line] = gw.audit.wait_for(lambda r: r["path"] == path)
+    assert {k: line[k] for k in CUT_OFF} == CUT_OFF, line
+    assert line["bytes_in"] == len(b"data: 0\n\n" if path == "/sse" else b"x" * 10), line
+    deadline = time.monotonic() + 3
+    while not stalling.closed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stalling.closed, "the gateway kept the upstream connection after the timeout"
+
+
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
+def test_an_event_stream_that_keeps_sending_outlives_read(make_gateway, stalling: Stalling,
+                                                          engine: str) -> None:
+    """An event stream with an event every 0.2 s runs 3 s under read=1s, whole: `read`
+    bounds each pause, not the response (the body's timer is moved on by every part)."""
+    gw: GatewayThread = make_gateway(stalling.port, config={"network": {
+        "intercept": engine, "timeouts": {**TIMEOUTS, "client_idle": "30s"}}})
+    with tunnel(gw, gw.mint("agent")) as tls:
+        tls.settimeout(10)
+        started = time.monotonic()
+        tls.sendall(b"GET /sse-live HTTP/1.1\r\nHost: inspect.test\r\n\r\n")
+        received = b""
+        while not received.endswith(b"\r\n0\r\n\r\n"):
+            chunk = tls.recv(65536)
+            assert chunk, received[-200:]
+            received += chunk
+        took = time.monotonic() - started
+    events = [e for e in received.split(b"\r\n") if e.startswith(b"data: ")]
+    assert events == [f"data: {i:02d}\n\n".encode() for i in range(15)], received[-300:]
+    assert took > 2.8, took
+    [line] = gw.audit.wait_for(lambda r: r["path"] == "/sse-live")
+    assert (line["status"], line["error"]) == (200, None), line
+
+
+async def _timers() -> int:
+    """mitmproxy's wakeup timer tasks in the gateway's loop, once those called off have
+    run their last step (the client may read the answer's end, and ask, before it)."""
+    import asyncio
+    await asyncio.sleep(0.01)
+    return sum(t.get_name().startswith("wakeup timer") for t in asyncio.all_tasks())
+
+
+def _get(tls: ssl.SSLSocket, path: str, end: bytes) -> bytes:
+    tls.sendall(f"GET {path} HTTP/1.1\r\nHost: inspect.test\r\n\r\n".encode())
+    answer = b""
+    while not answer.endswith(end):
+        chunk = tls.recv(65536)
+        assert chunk, answer
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:100]
+    return answer
+
+
 def test_answered_requests_leave_no_read_timer(make_gateway, nginx: Nginx) -> None:
     """Each request's read timer ends with its answer: 20 requests on one kept-alive
     tunnel leave no timer task behind (one left per request would hold its flow for
@@ -461,19 +649,68 @@ def test_answered_requests_leave_no_read_timer(make_gateway, nginx: Nginx) -> No
     gw: GatewayThread = make_gateway(nginx.port, config={"network": {
         "intercept": "mitmproxy", "timeouts": {**TIMEOUTS, "read": "60s",
                                                "client_idle": "30s"}}})
-
-    async def timers() -> int:
-        import asyncio
-        return sum(t.get_name().startswith("wakeup timer") for t in asyncio.all_tasks())
-
     with tunnel(gw, gw.mint("agent")) as tls:
         tls.settimeout(10)
         for _ in range(20):
-            tls.sendall(b"GET /small HTTP/1.1\r\nHost: inspect.test\r\n\r\n")
-            answer = b""
-            while not answer.endswith(b"s" * 99 + b"\n"):
-                chunk = tls.recv(65536)
-                assert chunk, answer
-                answer += chunk
-            assert answer.startswith(b"HTTP/1.1 200"), answer[:100]
-        assert gw.call(timers()) == 0
+            _get(tls, "/small", b"s" * 99 + b"\n")
+        assert gw.call(_timers()) == 0
+
+
+def test_streamed_bodies_leave_no_read_timer(make_gateway, stalling: Stalling) -> None:
+    """The read timer of a response body ends with it too: answers streamed in parts
+    (an event stream's events 0.2 s apart) and quick ones on one kept-alive tunnel, and
+    a stalled answer whose client went away, leave no timer task behind (`read` 60 s: a
+    timer left would still be there)."""
+    gw: GatewayThread = make_gateway(stalling.port, config={"network": {
+        "intercept": "mitmproxy", "timeouts": {**TIMEOUTS, "read": "60s",
+                                               "client_idle": "30s"}}})
+    token = gw.mint("agent")
+    with tunnel(gw, token) as tls:
+        tls.settimeout(10)
+        for _ in range(3):
+            _get(tls, "/small", b"s" * 99 + b"\n")
+            _get(tls, "/sse-live?n=3", b"\r\n0\r\n\r\n")
+        assert gw.call(_timers()) == 0
+        with tunnel(gw, token) as stalled:
+            stalled.settimeout(10)
+            _get(stalled, "/cl", b"x" * 10)
+            assert gw.call(_timers()) == 1  # (the stalled body's, moved on by its parts)
+        deadline = time.monotonic() + 3
+        while gw.call(_timers()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gw.call(_timers()) == 0  # (its client went away)
+        _get(tls, "/small", b"s" * 99 + b"\n")
+
+
+def _client_hello(name: str) -> bytes:
+    """A TLS client's first flight for `name` (what a passthrough tunnel is chosen by)."""
+    tls = ssl.create_default_context().wrap_bio(ssl.MemoryBIO(), out := ssl.MemoryBIO(),
+                                                server_hostname=name)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return out.read()
+
+
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
+def test_a_passthrough_dial_that_times_out_closes_its_tunnel(make_gateway,
+                                                             engine: str) -> None:
+    """A passthrough tunnel to an upstream whose TCP connect never completes (its
+    accept queue full: SYNs dropped) is closed `connect` after its first bytes, its
+    audit line `upstream_failed`; on mitmproxy too (`connect` bounds its dials through
+    the adapter's pinned dial: it bounded none)."""
+    upstream = Backlogged()
+    try:
+        gw: GatewayThread = make_gateway(upstream.port, config={"network": {
+            "intercept": engine,
+            "timeouts": {**TIMEOUTS, "connect": "1s", "client_idle": "30s"}}})
+        with connected(gw, gw.mint("agent"), "pass.test") as sock:
+            started = time.monotonic()
+            sock.sendall(_client_hello("pass.test"))
+            with contextlib.suppress(ConnectionError):
+                assert sock.recv(65536) == b""
+            took = time.monotonic() - started
+    finally:
+        upstream.close()
+    assert 0.9 < took < 1.7, took
+    [line] = gw.audit.wait_for(lambda r: r["path_taken"] == "passthrough")
+    assert (line["host"], line["error"]) == ("pass.test", "upstream_failed"), line
