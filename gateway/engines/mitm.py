@@ -470,7 +470,9 @@ class Adapter(NextLayerAddon):
         try:
             head = ex.response(head)
         except Refusal as refusal:
-            _answer_instead(flow, ex.abort(refusal))
+            # answered at once, the upstream's request cut (patches.install_head_refusal)
+            flow.metadata[ANSWERED] = True
+            flow.metadata[patches.HEAD_REFUSED] = to_response(ex.abort(refusal))
             return
         response.headers.fields = tuple(head.headers.fields)
         response.reason = head.reason
@@ -483,10 +485,6 @@ class Adapter(NextLayerAddon):
     def _on_response(self, flow: http.HTTPFlow) -> None:
         ex: Exchange | None = flow.metadata.get(EXCHANGE)
         response = flow.response
-        if response is not None and isinstance(response.stream, _Instead):
-            response.trailers = None  # (the upstream's, read after the refused head)
-            if response.stream.body:  # not streamed (the upstream's answer had no body)
-                response.content = response.stream.body
         if ex is not None and flow.websocket is None and response is not None:
             ex.finish(response.status_code)
 
@@ -607,39 +605,6 @@ def _abort(proxyserver: Any, flow: http.HTTPFlow, ans: Answer, *, write: bool = 
                                            to_http1(ans) if write and h1 else None)
     if flow.killable:
         flow.kill()
-
-
-class _Instead:
-    """The response stream filter of an answer refused at its head (`_answer_instead`):
-    the refusal's body goes out at the first call (a chunk of the upstream's body, or its
-    end), and nothing of the upstream's body after it."""
-
-    __slots__ = ("body",)
-
-    def __init__(self, body: bytes) -> None:
-        self.body = body
-
-    def __call__(self, chunk: bytes) -> list[bytes]:
-        body, self.body = self.body, b""
-        return [body] if body else []
-
-
-def _answer_instead(flow: http.HTTPFlow, ans: Answer) -> None:
-    """Send the refusal in place of the upstream's answer, refused at its head: through
-    mitmproxy's own layers (its TLS, its HTTP/2 stream), so the client reads it as it
-    would on the default engine; none of the upstream's status, headers or body goes on
-    (an HTTP/1 connection is closed after it: the upstream's body is drained unread)."""
-    flow.metadata[ANSWERED] = True
-    response = flow.response
-    assert response is not None
-    response.status_code = ans.status
-    response.reason = ans.reason
-    response.headers = http.Headers(ans.headers.fields)
-    response.headers["content-length"] = str(len(ans.body))
-    if not (response.is_http2 or response.is_http3):
-        response.headers["connection"] = "close"
-    response.trailers = None
-    response.stream = _Instead(ans.body)
 
 
 def _forwardable_trailers(flow: http.HTTPFlow) -> None:

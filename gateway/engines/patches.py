@@ -22,7 +22,9 @@ The engines need a few things their libraries keep private:
   read a request without a body and the body's bytes as the next request:
   `install_h1_framing`), its HTTP stream's state for a streamed request body (a body
   refused part-way ends its own HTTP/2 stream, with the refusal, not the whole
-  connection: `install_stream_refusal`), its client TLS layer's sending (TLS 1.3
+  connection: `install_stream_refusal`; an upstream's answer refused at its head is
+  answered at once, the upstream's request cut: `install_head_refusal`), its client TLS
+  layer's sending (TLS 1.3
   session tickets held until the first answer, as the HTTP/1 engine holds them:
   `install_ticket_hold`), its connection handler's wakeup timers with its HTTP stream's
   and server TLS layer's states (`network.timeouts` on the upstream's TLS handshake,
@@ -85,6 +87,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HANDSHAKE_OPTION",
+    "HEAD_REFUSED",
     "READ_TIMEOUT",
     "STREAM_REFUSED",
     "ChunkedReader",
@@ -103,6 +106,7 @@ __all__ = [
     "close_mitmproxy_connection",
     "install_error_pages",
     "install_h1_framing",
+    "install_head_refusal",
     "install_listeners",
     "install_log_hygiene",
     "install_stream_refusal",
@@ -993,6 +997,49 @@ def _refused_stream_body(self: Any, event: Any) -> Any:
         if STREAM_REFUSED not in flow.metadata:
             return stop.value
     yield from _refuse_stream(self, flow.metadata.pop(STREAM_REFUSED))
+    return None
+
+
+HEAD_REFUSED = "sandbox-gateway-head-refused"  # flow.metadata: the answer sent instead
+_response_head: dict[str, Any] = {}
+
+
+def install_head_refusal() -> None:
+    """An upstream's answer refused at its head (the `responseheaders` hook puts the
+    refusal, an `http.Response`, in `flow.metadata[HEAD_REFUSED]`) is answered at once:
+    mitmproxy's state (`HttpStream.state_wait_for_response_headers`) stops after the
+    hook, nothing of the upstream's answer goes to the client, the upstream's request is
+    cut (an HTTP/2 stream reset, an HTTP/1 connection closed) and the client gets the
+    refusal whole (`_refused_head`). Without it the refusal's body waited for the
+    upstream's first body bytes, and its end for the upstream's, drained unread: an
+    upstream that then stalled or trickled held the client."""
+    load_engine()
+    from mitmproxy.proxy.layers import http as layers_http
+
+    _response_head.setdefault("original",
+                              layers_http.HttpStream.state_wait_for_response_headers)
+    layers_http.HttpStream.state_wait_for_response_headers = _refused_head  # type: ignore[method-assign]
+
+
+def _refused_head(self: Any, event: Any) -> Any:
+    """mitmproxy's own state, run as it is, until the `responseheaders` hook refused the
+    answer: then nothing more of it runs, and the stream is refused with the answer the
+    hook left (`_refuse_stream`, the upstream's head counting as no answer sent)."""
+    flow = self.flow
+    inner = _response_head["original"](self, event)
+    reply: Any = None
+    try:
+        while True:
+            command = inner.send(reply)
+            reply = yield command
+            if HEAD_REFUSED in flow.metadata:  # (the reply: the hook ran)
+                inner.close()
+                break
+    except StopIteration as stop:
+        return stop.value
+    flow.response = None  # (the upstream's head: none of it went to the client)
+    yield from _refuse_stream(self, flow.metadata.pop(HEAD_REFUSED),
+                              "the answer was refused by the gateway")
     return None
 
 

@@ -66,6 +66,7 @@ class Listening(GatewayParts):
         patches.install_error_pages(error_page, error_h2)
         patches.install_h1_framing()
         patches.install_stream_refusal()
+        patches.install_head_refusal()
         patches.install_ticket_hold()
         patches.install_upstream_timeouts(handshake_error)
         patches.install_log_hygiene(error_phrase)

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 from helpers.gateway import GatewayThread
@@ -371,7 +371,6 @@ def _h2_two_streams(gw: GatewayThread, first: str
     it ended (s after the first request) and which ended by a reset."""
     import h2.config
     import h2.connection
-    import h2.events
 
     sock = connected(gw, gw.mint("agent"))
     ctx = ssl.create_default_context(cafile=str(gw.ca_cert))
@@ -391,26 +390,44 @@ def _h2_two_streams(gw: GatewayThread, first: str
         get(1, first)
         time.sleep(0.8)
         get(3, "/late")
-        status: dict[int, str] = {}
-        bodies: dict[int, bytes] = {1: b"", 3: b""}
-        ended: dict[int, float] = {}
-        reset: set[int] = set()
-        while len(ended) < 2:
+        seen = H2Seen(started)
+        seen.until_ended(tls, client, {1, 3})
+    return seen.status, seen.bodies, seen.ended, seen.reset
+
+
+class H2Seen:
+    """What an HTTP/2 client read, by stream: status, body, when it ended (seconds
+    after `started`), and which streams ended by a reset."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.status: dict[int, str] = {}
+        self.bodies: dict[int, bytes] = {}
+        self.ended: dict[int, float] = {}
+        self.reset: set[int] = set()
+
+    def until_ended(self, tls: ssl.SSLSocket, client: Any, streams: set[int]) -> None:
+        """Read `client`'s (an h2 connection's) events from `tls` until every one of
+        `streams` ended."""
+        import h2.events
+
+        for stream in streams:
+            self.bodies.setdefault(stream, b"")
+        while not streams <= set(self.ended):
             data = tls.recv(65536)
-            assert data, (status, bodies)
+            assert data, (self.status, self.bodies)
             for event in client.receive_data(data):
                 if isinstance(event, h2.events.ResponseReceived):
-                    status[event.stream_id] = dict(event.headers)[b":status"].decode()
+                    self.status[event.stream_id] = dict(event.headers)[b":status"].decode()
                 elif isinstance(event, h2.events.DataReceived):
-                    bodies[event.stream_id] += event.data
+                    self.bodies[event.stream_id] += event.data
                     client.acknowledge_received_data(event.flow_controlled_length,
                                                      event.stream_id)
                 elif isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)):
-                    ended[event.stream_id] = time.monotonic() - started
+                    self.ended[event.stream_id] = time.monotonic() - self.started
                     if isinstance(event, h2.events.StreamReset):
-                        reset.add(event.stream_id)
+                        self.reset.add(event.stream_id)
             tls.sendall(client.data_to_send())
-    return status, bodies, ended, reset
 
 
 @pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
@@ -715,3 +732,119 @@ def test_a_passthrough_dial_that_times_out_closes_its_tunnel(make_gateway,
     assert 0.9 < took < 1.7, took
     [line] = gw.audit.wait_for(lambda r: r["path_taken"] == "passthrough")
     assert (line["host"], line["error"]) == ("pass.test", "upstream_failed"), line
+
+
+# -- an answer refused at its head is answered at once, the upstream cut -------------------
+
+class HeadThenStall(Stalling):
+    """A TLS upstream that answers every request with a head the gateway refuses (a
+    content coding it cannot decode to look for the key it injected) and then sends
+    nothing more; records when each of its connections ends."""
+
+    def _serve(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError, ssl.SSLError), \
+                self.ctx.wrap_socket(conn, server_side=True) as tls:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = tls.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Encoding: x-unknown\r\n"
+                        b"Content-Length: 1000\r\n\r\n")
+            while tls.recv(65536):  # (silence: until the gateway lets go)
+                pass
+        self.closed.append(time.monotonic())
+
+
+CREDENTIAL_POLICY = """
+version: v1
+name: agent
+egress:
+  - host: inspect.test
+    credential: k
+credentials:
+  k: {hosts: [inspect.test], secret: head-key, inject: {bearer: true}}
+"""
+
+
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
+def test_an_answer_refused_at_its_head_is_answered_at_once(
+        make_gateway, test_ca: LocalCA, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        engine: str) -> None:
+    """An upstream whose head the gateway refuses (here a content coding it cannot
+    decode, on a call it injected a key into) and that then sends nothing: the client
+    gets the whole refusal at once and the upstream's connection is let go, on both
+    engines. (The mitmproxy engine sent the refusal's body only with the upstream's first
+    body bytes, and held the upstream until its answer ended: with `read` at 60 s the
+    client waited that long.)"""
+    monkeypatch.setenv("SANDBOX_GATEWAY_SECRET_HEAD_KEY", "sk-head-refused-0123456789")
+    (tmp_path / "stall").mkdir()
+    upstream = HeadThenStall(test_ca, tmp_path / "stall", ["inspect.test"])
+    try:
+        gw: GatewayThread = make_gateway(upstream.port, CREDENTIAL_POLICY, config={
+            "network": {"intercept": engine, "timeouts": {**TIMEOUTS, "read": "60s"}}})
+        token = gw.mint("agent")
+        started = time.monotonic()
+        with tunnel(gw, token) as tls:
+            tls.settimeout(5)
+            tls.sendall(f"GET /x HTTP/1.1\r\nHost: inspect.test\r\n"
+                        f"Authorization: Bearer {token}\r\n\r\n".encode())
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                answer += tls.recv(65536)
+            head, _, body = answer.partition(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:")))
+            while len(body) < length:
+                body += tls.recv(65536)
+        took = time.monotonic() - started
+        assert head.startswith(b"HTTP/1.1 502 upstream_failed"), head
+        assert b"content coding" in body and b"sk-head" not in answer
+        assert took < 3, took
+        deadline = time.monotonic() + 3
+        while not upstream.closed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert upstream.closed, "the gateway held the upstream after refusing its answer"
+        [line] = gw.audit.wait_for(lambda r: r["path"] == "/x")
+        assert (line["status"], line["error"]) == (502, "upstream_failed")
+    finally:
+        upstream.close()
+
+
+def test_an_answer_refused_at_its_head_ends_its_http2_stream_at_once(
+        make_gateway, test_ca: LocalCA, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same on HTTP/2 (served by mitmproxy under either setting): the stream gets
+    the whole refusal and ends; the connection goes on (a second request on it is
+    refused the same way)."""
+    import h2.config
+    import h2.connection
+
+    monkeypatch.setenv("SANDBOX_GATEWAY_SECRET_HEAD_KEY", "sk-head-refused-0123456789")
+    (tmp_path / "stall").mkdir()
+    upstream = HeadThenStall(test_ca, tmp_path / "stall", ["inspect.test"])
+    try:
+        gw: GatewayThread = make_gateway(upstream.port, CREDENTIAL_POLICY, config={
+            "network": {"timeouts": {**TIMEOUTS, "read": "60s"}}})
+        token = gw.mint("agent")
+        ctx = ssl.create_default_context(cafile=str(gw.ca_cert))
+        ctx.set_alpn_protocols(["h2"])
+        started = time.monotonic()
+        with ctx.wrap_socket(connected(gw, token), server_hostname="inspect.test") as tls:
+            tls.settimeout(5)
+            assert tls.selected_alpn_protocol() == "h2"
+            client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+            client.initiate_connection()
+            seen = H2Seen(started)
+            for stream in (1, 3):
+                client.send_headers(stream, [
+                    (":method", "GET"), (":scheme", "https"), (":authority", "inspect.test"),
+                    (":path", "/x"), ("authorization", f"Bearer {token}")], end_stream=True)
+                tls.sendall(client.data_to_send())
+                seen.until_ended(tls, client, {stream})
+        assert time.monotonic() - started < 3
+        assert seen.status == {1: "502", 3: "502"} and not seen.reset, seen.status
+        assert all(b"content coding" in seen.bodies[s] for s in (1, 3)), seen.bodies
+    finally:
+        upstream.close()
