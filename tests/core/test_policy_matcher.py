@@ -495,7 +495,9 @@ def test_a_first_decision_on_a_rule_allocates_nothing() -> None:
     finally:
         tracemalloc.stop()
     assert all(d is not None and d.result == "allow" for d in decisions)
-    assert kept < 4 * len(requests), kept  # before: ~200 bytes a decision
+    # (now a few hundred bytes in all; the bound leaves room for another thread's
+    # allocations, traced too; before: ~180 bytes a decision)
+    assert kept < 20 * len(requests), kept
 
 
 def test_an_allow_reads_as_its_rule() -> None:
