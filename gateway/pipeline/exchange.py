@@ -54,7 +54,7 @@ from gateway.core.leaks import Redactor
 from gateway.core.messages import ResponseHead
 from gateway.core.metering import MODEL_BODY_LIMIT
 from gateway.core.phrases import error_phrase
-from gateway.core.policy import Policy
+from gateway.core.policy import Decision, Policy
 from gateway.core.policy.mcp_rule import McpRule
 from gateway.core.ports import Metering, Signer
 from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal
@@ -230,10 +230,10 @@ class Exchange(ExchangeState):
     def granted(self, source: str, reason: str) -> None:
         """A person's grant let this exchange through (ask mode): its audit line names
         the grant as the rule."""
-        rule = self.decision.rule
-        assert rule is not None
-        self.decision = replace(self.decision, reason=reason,
-                                rule=replace(rule, source=source, ask=None))
+        was = self.decision
+        assert was.rule is not None
+        self.decision = Decision(was.result, reason, replace(was.rule, source=source, ask=None),
+                                 was.inspect, was.credential)
 
     def _whole_checked(self, body: bytes, trailers: list[tuple[bytes, bytes]] | None
                        ) -> tuple[bytes | None, bool, bytes | None, bool]:

@@ -48,6 +48,7 @@ when connecting, leak markers and secrets in the exchange.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from gateway.core.addresses import special_literal
 from gateway.core.dlp.policy import Dlp, resolve
@@ -75,11 +76,11 @@ def _clip(text: str, limit: int = _MAX_SHOWN) -> str:
 
 
 class _Entry:
-    """One rule compiled for matching; its allow decisions are built on first use, then shared."""
+    """One rule compiled for matching, with its allow decisions: built here, with the index,
+    so that deciding allocates nothing (their reason text is formatted when first read)."""
 
     __slots__ = (
-        "_allow",
-        "_tunnel_allow",
+        "allow",
         "binds",
         "credential",
         "deny",
@@ -91,14 +92,15 @@ class _Entry:
         "ports",
         "rule",
         "tcp",
+        "tunnel_allow",
     )
 
-    def __init__(self, rule: Rule, binds: tuple[HostPattern, ...] | None,
-                 dlp: Dlp | None = None) -> None:
+    def __init__(self, rule: Rule, binds: tuple[HostPattern, ...] | None, dlp: Dlp | None,
+                 sets: dict[frozenset[Any], frozenset[Any]]) -> None:
         self.rule = rule
         self.tcp = rule.protocol == "tcp"
-        self.ports = frozenset(rule.ports) if rule.ports is not None else None
-        self.methods = frozenset(rule.methods) if rule.methods is not None else None
+        self.ports = _shared(rule.ports, sets)
+        self.methods = _shared(rule.methods, sets)
         self.paths = rule.path_set
         self.credential = rule.credential
         self.binds = binds
@@ -107,38 +109,17 @@ class _Entry:
         self.forces_inspect = rule.credential is not None or rule.inspect or rule.mcp is not None
         self.deny = rule.denies
         self.host_level = rule.methods is None and rule.paths is None
-        self._allow: Decision | None = None
-        self._tunnel_allow: Decision | None = None
-
-    def _reason(self) -> str:
-        rule = self.rule
-        return _clip(f"allowed by rule {rule.source} ({rule.describe()})", 280)
-
-    @property
-    def allow(self) -> Decision:
-        """The request-level allow decision of this rule."""
-        decision = self._allow
-        if decision is None:
-            rule = self.rule
-            decision = self._allow = Decision("allow", self._reason(), rule, False, rule.credential)
-        return decision
-
-    @property
-    def tunnel_allow(self) -> Decision:
-        """The tunnel-level allow decision of this rule (inspect unless it can pass through)."""
-        decision = self._tunnel_allow
-        if decision is None:
-            inspect = not self.passthrough
-            decision = Decision("allow", self._reason(), self.rule, inspect, None)
-            self._tunnel_allow = decision
-        return decision
+        # request level: inject its credential; tunnel level: inspect unless it can pass
+        # through (one decision for both where they agree: a host-only rule's)
+        self.allow = Decision.allowed_by(rule, False, rule.credential)
+        self.tunnel_allow = (self.allow if self.passthrough and rule.credential is None
+                             else Decision.allowed_by(rule, not self.passthrough, None))
 
     @property
     def tunnel_inspect(self) -> Decision:
         """The tunnel-level allow of a pass-through rule whose host also has a deny rule
         on paths or methods: intercepted, so that rule can see the requests."""
-        rule = self.rule
-        return Decision("allow", self._reason(), rule, True, None)
+        return Decision.allowed_by(self.rule, True, None)
 
     def bound(self, host: str) -> bool:
         """False if this rule's credential may not go to ``host``."""
@@ -149,6 +130,16 @@ class _Entry:
             if pattern.matches(host):
                 return True
         return False
+
+
+def _shared[T](values: tuple[T, ...] | None,
+                sets: dict[frozenset[Any], frozenset[Any]]) -> frozenset[T] | None:
+    """``values`` as a frozenset, one object for every rule that lists the same (ports,
+    methods: a few distinct lists however many rules)."""
+    if values is None:
+        return None
+    key = frozenset(values)
+    return sets.setdefault(key, key)
 
 
 def _by_paths(entries: list[_Entry]) -> tuple[_Entry, ...]:
@@ -180,6 +171,7 @@ class Matcher:
                                   if c.policy == name or c.name in named) if mode == "learn" else ()
         exact: dict[str, list[_Entry]] = {}
         wild: dict[str, list[tuple[HostPattern, list[_Entry]]]] = {}
+        sets: dict[frozenset[Any], frozenset[Any]] = {}
         for rule in rules_tuple:
             binds: tuple[HostPattern, ...] | None = None
             if rule.credential is not None:
@@ -189,7 +181,7 @@ class Matcher:
                         f"rule {rule.source} references unknown credential {rule.credential!r}"
                     )
                 binds = cred.host_patterns
-            entry = _Entry(rule, binds, dlp)
+            entry = _Entry(rule, binds, dlp, sets)
             pattern = rule.host_pattern
             if pattern.is_wildcard:
                 bucket = wild.get(pattern.suffix)
@@ -205,11 +197,13 @@ class Matcher:
             else:
                 exact.setdefault(pattern.text, []).append(entry)
         self._exact: dict[str, tuple[_Entry, ...]] = {k: _by_paths(v) for k, v in exact.items()}
-        self._wild: dict[str, tuple[tuple[HostPattern, tuple[_Entry, ...]], ...]] = {}
+        # a suffix's entries in one flat tuple, pattern by pattern (fewer objects to keep,
+        # and for the cyclic collector to walk, than a tuple per pattern)
+        self._wild: dict[str, tuple[_Entry, ...]] = {}
         for suffix, bucket in wild.items():
             if len(bucket) > 1:
                 bucket.sort(key=lambda pe: pe[0].rank)  # stable: file order within a rank
-            self._wild[suffix] = tuple((p, _by_paths(entries)) for p, entries in bucket)
+            self._wild[suffix] = tuple(e for _, entries in bucket for e in _by_paths(entries))
 
     @property
     def learnable(self) -> tuple[Credential, ...]:
@@ -228,11 +222,11 @@ class Matcher:
         while True:
             bucket = wild.get(host[start:] if start else host)
             if bucket is not None:
-                for pattern, entries in bucket:
-                    if pattern.matches(host):
+                for entry in bucket:
+                    if entry.rule.host_pattern.matches(host):
                         if found is None:
                             found = list(exact)
-                        found.extend(entries)
+                        found.append(entry)
             dot = host.find(".", start)
             if dot < 0:
                 break

@@ -48,6 +48,7 @@ BudgetScope = Literal["sandbox", "policy"]
 
 DEFAULT_HTTPS_PORT = 443
 DEFAULT_HTTP_PORT = 80
+_MAX_REASON = 280  # an allow's reason, as shown (a long rule is cut)
 
 
 def records_only(mode: str) -> bool:
@@ -289,22 +290,72 @@ class Request:
     path: str | None
 
 
-@dataclass(frozen=True, slots=True)
 class Decision:
     """The outcome of one decision.
 
     ``reason`` is a fixed human sentence. ``rule`` is the allowing rule, or the
     closest rule that refused. ``inspect`` (tunnel level) says TLS must be
     intercepted; ``credential`` (request level) names the credential to inject.
+
+    A value: compared, hashed and shown by its fields, and never changed once built (the
+    matcher shares one allow decision per rule between all its requests). An allow by a
+    rule (``allowed_by``, built with the policy's index) formats its reason when that is
+    first read, not before: a decision is made on the request's way, its reason read for
+    the audit line at the end (`docs/performance.md`, the policy decision).
     """
 
+    __slots__ = ("_reason", "credential", "inspect", "result", "rule")
+
     result: DecisionResult
-    reason: str
     rule: Rule | None
-    inspect: bool = False
-    credential: str | None = None
+    inspect: bool
+    credential: str | None
+    _reason: str | None
+
+    def __init__(self, result: DecisionResult, reason: str, rule: Rule | None,
+                 inspect: bool = False, credential: str | None = None) -> None:
+        self.result = result
+        self._reason = reason
+        self.rule = rule
+        self.inspect = inspect
+        self.credential = credential
+
+    @classmethod
+    def allowed_by(cls, rule: Rule, inspect: bool, credential: str | None) -> Decision:
+        """The allow of ``rule``; its reason ``allowed by rule <source> (<describe>)``."""
+        decision = cls("allow", "", rule, inspect, credential)
+        decision._reason = None
+        return decision
+
+    @property
+    def reason(self) -> str:
+        """The decision's sentence (an allow by a rule: formatted on first read, then kept)."""
+        reason = self._reason
+        if reason is None:
+            rule = self.rule
+            assert rule is not None  # (allowed_by always has one)
+            reason = f"allowed by rule {rule.source} ({rule.describe()})"
+            if len(reason) > _MAX_REASON:
+                reason = reason[: _MAX_REASON - 3] + "..."
+            self._reason = reason
+        return reason
 
     @property
     def allowed(self) -> bool:
         """True for allow and report (report = would deny, allowed by ``mode: report``)."""
         return self.result != "deny"
+
+    def _key(self) -> tuple[str, str, Rule | None, bool, str | None]:
+        return self.result, self.reason, self.rule, self.inspect, self.credential
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Decision):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (f"Decision(result={self.result!r}, reason={self.reason!r}, rule={self.rule!r}, "
+                f"inspect={self.inspect!r}, credential={self.credential!r})")
