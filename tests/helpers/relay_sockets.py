@@ -18,12 +18,12 @@ def pair(mss: int | None = None) -> tuple[socket.socket, socket.socket]:
     size both ends announce (loopback's is 64 KiB: into a receive buffer of a few KiB
     the sender then sends only when its probe timer fires, ~40 KiB/s; with segments
     that fit it keeps the buffer full at the speed the reader reads)."""
-    with socket.socket() as server:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP) as server:
         if mss is not None:
             server.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, mss)
         server.bind(("127.0.0.1", 0))
         server.listen()
-        outer = socket.socket()
+        outer = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         if mss is not None:
             outer.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, mss)
         outer.connect(server.getsockname())
