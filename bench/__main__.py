@@ -65,6 +65,7 @@ class Sizes:
     # 0.2 s, the exporter's batches 1 s after their first line (its loop looks every
     # 0.25 s); none with --quick, which measures nothing
     otel_settle: float = 1.6
+    idle_settle: float = 2.0  # seconds after a workers gateway started before its RSS is read
 
 
 FULL = Sizes(get_seconds=5.0, big_bytes=100_000_000, sse_streams=20, sse_events=20,
@@ -79,7 +80,7 @@ QUICK = Sizes(get_seconds=0.2, big_bytes=2_000_000, sse_streams=3, sse_events=5,
               metering_rounds=2, dlp_stream_mib=2, upload_bytes=2 << 20,
               otel_rounds=2, otel_round_seconds=0.2, otel_settle=0.0, pass_rounds=2,
               dlp_rounds=2,
-              pass_round_seconds=0.2)
+              pass_round_seconds=0.2, idle_settle=0.2)
 WORKER_COUNTS = (1, 2)  # `run --workers N` in the workers section
 IDLE_TIMEOUT = "2s"  # network.upstream_idle_timeout of the idle_after_timeout gateway
 IDLE_TIMEOUT_WAIT_S = 4.0  # idle_after_timeout: wait at least this long after the tunnels
@@ -430,7 +431,7 @@ class Bench:
                 stack.callback(proxy.stop)
                 try:
                     proxy.start()
-                    entry["idle_rss"] = idle_rss(proxy.pid)
+                    entry["idle_rss"] = idle_rss(proxy.pid, self.sizes.idle_settle)
                     print(f"  workers={n}/idle ... RSS {_rss_text(entry['idle_rss'])}",
                           file=sys.stderr)
                     for w in workloads:

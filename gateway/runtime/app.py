@@ -135,7 +135,7 @@ class Gateway(Lifecycle):
         self.approvals: ApprovalService | None = None  # ask mode
         self.request_log: RequestLog | None = None  # the console's (console.retain)
         self.memory: MemoryGuard | None = None  # releases after bursts; limits.memory
-        self._memory_task: asyncio.Task[None] | None = None
+        self._loops: list[asyncio.Task[None]] = []  # run until stop() cancels them
         self.proxy: UpstreamProxy | None = None  # network.upstream_proxy
         self._vault_http: TokenHttp | None = None  # Key Vault's client (secrets.store)
         self.detectors: LazyDetectors | None = None  # policies' dlp: (services/dlp)
@@ -378,9 +378,9 @@ class Gateway(Lifecycle):
                                             name="admin"))
         self.reloader.start()
         if self.proxy is not None and self.proxy.settings.check_ready:
-            self._tasks.append(loop.create_task(self.proxy.watch(t.connect),
+            self._loops.append(loop.create_task(self.proxy.watch(t.connect),
                                                 name="upstream-proxy-probe"))
-        self._memory_task = loop.create_task(self.memory.run(), name="memory")
+        self._loops.append(loop.create_task(self.memory.run(), name="memory"))
         # revoked tokens' and grants' connections end
         self.sweeper = ConnectionSweeper(self.gate, self.approvals)
         self.sweeper.start()

@@ -131,10 +131,13 @@ class Lifecycle(Listening, Building):
         await self.key_watcher.stop()
         if self.sweeper is not None:
             await self.sweeper.stop()
-        if self._memory_task is not None:
-            self._memory_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._memory_task
+        for task in self._loops:  # (the memory guard, the upstream proxy's probe: they
+            task.cancel()         # never end by themselves, and waiting held a stop 5 s)
+        ended = await asyncio.gather(*self._loops, return_exceptions=True)
+        self._loops.clear()
+        for result in ended:  # (a loop that had failed: said, as before)
+            if isinstance(result, Exception):
+                raise result
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(task, timeout=5)

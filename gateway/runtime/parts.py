@@ -90,7 +90,7 @@ class GatewayParts:
     approvals: ApprovalService | None
     request_log: RequestLog | None
     memory: MemoryGuard | None
-    _memory_task: asyncio.Task[None] | None
+    _loops: list[asyncio.Task[None]]
     proxy: UpstreamProxy | None
     _vault_http: TokenHttp | None
     detectors: LazyDetectors | None

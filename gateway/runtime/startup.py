@@ -30,9 +30,13 @@ class StartupError(RuntimeError):
 def bind(hp: HostPort, *, shared: bool = False) -> socket.socket:
     """A listening socket on `hp`. Alone, the port is exclusively ours (another instance
     on it is a start-up error naming the address); `shared` (worker processes of one
-    supervisor, which reserved the port) uses SO_REUSEPORT."""
+    supervisor, which reserved the port) uses SO_REUSEPORT. Made as TCP by name
+    (IPPROTO_TCP), as asyncio's own listeners are: asyncio sets TCP_NODELAY only on a
+    connection whose socket says so, and without it an answer written in two parts (a
+    head, then its body) waited for the client's delayed ACK, 40 ms, on every request
+    after a connection's first few."""
     family = socket.AF_INET6 if ":" in hp.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if shared:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)

@@ -40,9 +40,9 @@ pytestmark_native = pytest.mark.skipif(not AVAILABLE, reason="the extension is n
 class Ends:
     """sandbox <-> [client | relay thread | upstream] <-> server."""
 
-    def __init__(self, relays: Relays) -> None:
+    def __init__(self, relays: Relays, mss: int | None = None) -> None:
         self.sandbox, client = pair()
-        upstream, self.server = pair()
+        upstream, self.server = pair(mss)  # (mss: helpers/relay_sockets.py)
         self.done = 0
         self.relay: NativeRelay = relays.relay(client, upstream, self._done)
 
@@ -259,7 +259,7 @@ def test_a_small_read_the_destination_cannot_take_whole_waits_in_order() -> None
     async def main() -> None:
         before = fds()
         relays = Relays()
-        ends = Ends(relays)
+        ends = Ends(relays, mss=1400)  # (a segment the 4 KiB buffer takes: 0.4 s, not 10)
         ends.server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         ends.relay.start()
         loop = asyncio.get_running_loop()

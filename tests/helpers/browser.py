@@ -36,7 +36,11 @@ from pathlib import Path
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+from selenium.common.exceptions import (
+    StaleElementReferenceException,
+    TimeoutException,
+    WebDriverException,
+)
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.chrome.webdriver import WebDriver
@@ -279,9 +283,17 @@ def click(driver: WebDriver, label: str, within: WebElement | None = None) -> No
 
 
 def _gone(element: WebElement) -> bool:
+    """Whether `element`'s page has been replaced. Chromium says so as a stale element,
+    or, when the next page replaces it during the check, as an inspector error naming a
+    node that does not belong to the document (seen once the admin API answered without
+    its 40 ms delayed-ACK wait)."""
     try:
         element.is_enabled()
     except StaleElementReferenceException:
+        return True
+    except WebDriverException as exc:
+        if "does not belong to the document" not in str(exc.msg):
+            raise
         return True
     return False
 

@@ -13,10 +13,20 @@ def fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def pair() -> tuple[socket.socket, socket.socket]:
-    """Both ends of one TCP connection on 127.0.0.1, non-blocking."""
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        outer = socket.create_connection(server.getsockname())
+def pair(mss: int | None = None) -> tuple[socket.socket, socket.socket]:
+    """Both ends of one TCP connection on 127.0.0.1, non-blocking. `mss`: the segment
+    size both ends announce (loopback's is 64 KiB: into a receive buffer of a few KiB
+    the sender then sends only when its probe timer fires, ~40 KiB/s; with segments
+    that fit it keeps the buffer full at the speed the reader reads)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP) as server:
+        if mss is not None:
+            server.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, mss)
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        outer = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        if mss is not None:
+            outer.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, mss)
+        outer.connect(server.getsockname())
         inner, _ = server.accept()
     outer.setblocking(False)
     inner.setblocking(False)

@@ -19,6 +19,7 @@ import contextlib
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -384,6 +385,9 @@ def test_proxy_denial_wrong_credentials_and_proxy_down(tmp_path: Path, env: dict
 
 
 def test_readyz_checks_the_proxy_when_asked(tmp_path: Path, env: dict[str, Any]) -> None:
+    """`/readyz` 503 while the proxy cannot be reached, 200 once it can; a stop does not
+    wait for the probe's next turn (it waited 5 s: the probe's task was awaited, not
+    cancelled)."""
     gw = start(tmp_path, env, {"url": f"http://127.0.0.1:{free_port()}", "check_ready": True})
     try:
         for _ in range(50):
@@ -393,7 +397,9 @@ def test_readyz_checks_the_proxy_when_asked(tmp_path: Path, env: dict[str, Any])
             threading.Event().wait(0.1)
         assert ready.status_code == 503 and "upstream proxy" in ready.text, ready.text
     finally:
+        stopping = time.monotonic()
         gw.stop()
+    assert time.monotonic() - stopping < 2.5  # (a stop without the probe: ~0.1 s)
     up = start(tmp_path / "up", env, squid_proxy(env, check_ready=True))
     try:
         threading.Event().wait(0.3)

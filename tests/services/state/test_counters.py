@@ -309,11 +309,12 @@ STALL = 2.5  # seconds Redis does not answer
 
 @contextlib.contextmanager
 def stalled(server: RedisServer, seconds: float, how: str) -> Iterator[None]:
-    """redis-server unable to answer for ``seconds`` while the block runs. ``late``: the
-    process stopped (SIGSTOP), as a loaded machine deschedules it: what is sent meanwhile
-    waits in its socket and runs when it resumes, after the sender gave up on the answer.
-    ``lost``: clients paused (``CLIENT PAUSE``): what a client sends and gives up on is
-    dropped with its connection, never run."""
+    """redis-server unable to answer while the block runs. ``late``: the process stopped
+    (SIGSTOP), as a loaded machine deschedules it, until the block has ended (at most
+    ``seconds``): what is sent meanwhile waits in its socket and runs when it resumes,
+    after the sender gave up on the answer (the block ends when it has). ``lost``:
+    clients paused (``CLIENT PAUSE``) for ``seconds``: what a client sends and gives up
+    on is dropped with its connection, never run."""
     assert server.process is not None
     pid = server.process.pid
     if how == "late":
@@ -328,6 +329,9 @@ def stalled(server: RedisServer, seconds: float, how: str) -> Iterator[None]:
     try:
         yield
     finally:
+        if how == "late":  # (resumed at once: waiting the rest of `seconds` tests nothing)
+            resume.cancel()
+            os.kill(pid, signal.SIGCONT)
         resume.join()
         time.sleep(0.1)  # (it ran what waited)
 
