@@ -41,6 +41,8 @@ READS: list[tuple[str, object, object]] = [
     ("RETAIN", 5000, (5000, 0)), ("RETAIN", "5000", (5000, 0)), ("RETAIN", "50MiB", (0, 50 * MiB)),
     ("RETAIN", 0, (0, 0)),
     ("NETWORKS", ["10.0.0.0/8", "::1"], ("10.0.0.0/8", "::1")),
+    ("HOST_PATTERNS", ["api.example.com", "*.corp.example", "**.internal.example"],
+     ("api.example.com", "*.corp.example", "**.internal.example")),
     ("DNS_TTL", "30s", 30), ("DNS_TTL", 1, 1), ("DNS_TTL", "1h", 3600),
     ("INTERCEPT", "mitmproxy", "mitmproxy"), ("ON_FAILURE", "continue", "continue"),
     ("VERIFY", "oidc", "oidc"), ("LEVEL", "debug", "debug"),
@@ -94,6 +96,8 @@ REFUSES: list[tuple[str, object, str, bool]] = [
     ("RETAIN", "lots", "is neither a number of lines", True),
     ("RETAIN", "512k", "a size between 1MiB and 16GiB", False),
     ("NETWORKS", ["nginx.internal"], "is not an address or network", False),
+    ("HOST_PATTERNS", ["api..example.com"], "'api..example.com'", False),
+    ("HOST_PATTERNS", "api.example.com", "expected a list", True),
     ("NETWORKS", "10.0.0.1", "expected a list", True),
     ("DNS_TTL", "2h", "expected between 1s and 1h", False),
     ("DNS_TTL", 7200, "expected between 1s and 1h", True),
@@ -171,4 +175,4 @@ def test_environment_overrides_read_as_yaml_are_the_typed_values() -> None:
     # addresses and names are text (`1:30` must stay a host:port, not YAML's 90)
     assert {n for n in dir(v) if isinstance(getattr(v, n), Value) and _env(n)} == {
         "LEEWAY", "STR_LIST", "STR_MAP", "ANY_MAP", "COUNT", "POSITIVE", "BURST", "RATE",
-        "BOOL", "RETAIN", "NETWORKS", "RATIO"}
+        "BOOL", "RETAIN", "NETWORKS", "HOST_PATTERNS", "RATIO"}
