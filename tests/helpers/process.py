@@ -131,12 +131,29 @@ def start_gateway(workdir: Path, names: dict[str, int], ca: LocalCA, *,
     `fd_limit` sets its open-files limit (soft and hard) as a container's ulimit would;
     `log`: a file for its stderr (for a chatty process: debug logging); `stdout`: where
     its stdout goes (audit lines, with `audit: {path: null}`); `proxy`, `admin`: the
-    listeners' ports (a restart on the same ones)."""
+    listeners' ports (a restart on the same ones). A port picked here (`free_port`) may
+    be taken by another test's process before the gateway binds it: then it starts again
+    on other ones (twice at most); a port the caller gave is not changed."""
+    for attempt in range(3):
+        try:
+            return _start_gateway(workdir, names, ca, proxy=proxy or free_port(),
+                                  admin=admin or free_port(), workers=workers,
+                                  policy=policy, extra=extra, wait=wait,
+                                  fd_limit=fd_limit, log=log, stdout=stdout)
+        except RuntimeError as exc:
+            if (proxy and admin) or attempt == 2 or "Address already in use" not in str(exc):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_gateway(workdir: Path, names: dict[str, int], ca: LocalCA, *, proxy: int,
+                   admin: int, workers: int, policy: str, extra: dict[str, Any] | None,
+                   wait: bool, fd_limit: int | None, log: Path | None,
+                   stdout: int) -> GatewayProcess:
+    """`start_gateway` on these ports."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "policies").mkdir(exist_ok=True)
     (workdir / "policies" / "agent.yaml").write_text(policy)
-    proxy = proxy or free_port()
-    admin = admin or free_port()
     config: dict[str, Any] = {
         "listen": {"proxy": f"127.0.0.1:{proxy}", "admin": f"127.0.0.1:{admin}"},
         "admin_token": ADMIN, "policies": "policies", "certs": "certs", "workers": workers,
