@@ -116,7 +116,17 @@ class Headers:
         if not positions:
             return False
         drop = set(positions)
-        self.fields = [f for i, f in enumerate(self._fields) if i not in drop]
+        self._fields = [f for i, f in enumerate(self._fields) if i not in drop]
+        # The index follows (the usual removal is one field): the other names' positions
+        # move down by the dropped fields before them, with no name lowered again.
+        index = self._index
+        assert index is not None  # (built by `_positions`)
+        del index[_key(name)]
+        first = positions[0]
+        for key, at in index.items():
+            if at[-1] > first:
+                index[key] = [i - sum(1 for d in positions if d < i) for i in at] \
+                    if len(positions) > 1 else [i - 1 if i > first else i for i in at]
         return True
 
     def without(self, names: Iterable[bytes]) -> list[tuple[bytes, bytes]]:

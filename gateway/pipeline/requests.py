@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
+from collections.abc import Callable
 
 from gateway.core import credentials, local_api, target
 from gateway.core.audit import child_traceparent, traceparent
@@ -22,6 +23,7 @@ from gateway.core.client import Client
 from gateway.core.dlp import DEFAULT
 from gateway.core.dlp.policy import resolve
 from gateway.core.evaluate import Routed
+from gateway.core.identity import Identity
 from gateway.core.local_api import INTERNAL_HOST
 from gateway.core.mcp_pins import Server, ServerPins
 from gateway.core.messages import RequestHead
@@ -122,7 +124,7 @@ class Requests:
             if decision.rule is not None and decision.rule.allow_minted_secrets:
                 minted = self.signing.minted_finder(credential.name, ex)
             swap, path = credentials.plan(credential, head.headers, tgt, ex.identity,
-                                          parts.tokens.verify, rule_of(decision), minted)
+                                          self._verifier(ex), rule_of(decision), minted)
             self._meter(ex, credential)
         if decision.rule is not None and decision.rule.mcp is not None:
             session = parts.mcp_sessions.of(ex.identity.sandbox, tgt.host,
@@ -148,6 +150,19 @@ class Requests:
         await self.signing.apply(ex, swap, path)
         if parts.propagate:
             _propagate(ex, parts.propagate)
+
+    def _verifier(self, ex: Exchange) -> Callable[[str], Identity]:
+        """`TokenService.verify` for the token in a credential carrier; the connection's
+        own token (the usual carrier: the sandbox's key variable holds it) was verified
+        for this request by `recheck` a moment ago, and is answered with that identity
+        instead of a second verification (expiry, revocation, policy) of the same token."""
+        verify = self.parts.tokens.verify
+        client = ex.client
+        checked = client.token if not client.registered and not ex.identity.keyless else None
+        if checked is None:
+            return verify
+        identity = ex.identity
+        return lambda token: identity if token == checked else verify(token)
 
     def _detect(self, ex: Exchange, path: str) -> str:
         """Outbound credential detection on a rule where `dlp:` applies (its own over

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 
 import pytest
 
@@ -210,3 +211,34 @@ def test_what_is_no_alias_is_checked_as_a_token(service: TokenService) -> None:
                          _target("api.openai.com", scheme="http"), identity, service.verify,
                          "p.yaml:3", lambda v: SecretValue(SECRET))
     assert refused.value.code == "credential_requires_tls"
+
+
+@pytest.mark.parametrize(("hosts", "host", "bound"), [
+    (("api.openai.com",), "api.openai.com", True),
+    (("api.openai.com",), "API.openai.com", False),  # (hosts arrive normalised)
+    (("api.openai.com",), "evil.api.openai.com", False),
+    (("api.openai.com",), "api.openai.com.evil", False),
+    (("*.example.com",), "a.example.com", True),
+    (("*.example.com",), "example.com", False),
+    (("*.example.com",), "a.b.example.com", True),  # (any depth: docs/policies.md)
+    (("**.example.com",), "a.b.example.com", True),
+    (("**.example.com",), "example.com", True),
+    (("git-*.example.com",), "git-eu.example.com", True),
+    (("git-*.example.com",), "git-eu.x.example.com", False),
+    (("10.0.0.1",), "10.0.0.1", True),
+    (("10.0.0.1",), "10.0.0.2", False),
+    (("a.test", "*.b.test", "c.test"), "c.test", True),
+    (("a.test", "*.b.test", "c.test"), "x.b.test", True),
+    (("a.test", "*.b.test", "c.test"), "b.test", False),
+])
+def test_a_credential_binds_exactly_its_hosts(hosts: tuple[str, ...], host: str,
+                                               bound: bool) -> None:
+    """`Credential.binds` (asked twice a credential call) for exact, wildcard and IP
+    hosts, mixed; `static_refusal` refuses what it does not bind, and a copy with other
+    hosts binds those."""
+    cred = Credential(name="c", secret="k", hosts=hosts, injection=Injection("bearer"))
+    assert cred.binds(host) is bound
+    refusal = credentials.static_refusal(cred, "https", host, "p.yaml:1")
+    assert (refusal is None) is bound
+    other = dataclasses.replace(cred, hosts=("only.test",), host_patterns=())
+    assert other.binds("only.test") and (not other.binds(host) or host == "only.test")

@@ -43,3 +43,21 @@ def test_without_drops_every_named_field_whatever_its_case() -> None:
     assert h.without({b"nothing"}) == h.fields and h.without(()) is not h.fields
     h.remove("host")  # (the index follows)
     assert h.without({b"keep"}) == [(b"Connection", b"x-a"), (b"X-A", b"1"), (b"x-a", b"2")]
+
+
+def test_removals_leave_the_index_as_a_fresh_one_would_be() -> None:
+    """`remove` keeps the index by moving positions instead of building it again: after
+    any sequence of removals (a name once, repeated, first, last, in the middle, any case)
+    every lookup answers what a Headers made from the remaining fields answers."""
+    names = ["Host", "X-A", "x-a", "B", "Connection", "X-A", "C", "b", "Host"]
+    for order in range(len(names) * 3):
+        h = Headers((n.encode(), str(i).encode()) for i, n in enumerate(names))
+        h.get("host")  # (the index built, then kept through the removals)
+        gone = [names[(order + k * 5) % len(names)] for k in range(1 + order % 4)]
+        for name in gone:
+            h.remove(name.upper() if order % 2 else name)
+            fresh = Headers(h.fields)
+            for lookup in {*(n.lower() for n in names), "missing"}:
+                assert (h.get_all(lookup), h.count(lookup)) == \
+                    (fresh.get_all(lookup), fresh.count(lookup)), (gone, lookup)
+            assert h.without({b"x-a", b"c"}) == fresh.without({b"x-a", b"c"})

@@ -649,3 +649,46 @@ def test_report_mode_renders_the_same_in_the_proxy_and_in_evaluate(
     assert verdict.result == "report", verdict
     assert (line["decision"], line["reason"], line["rule"]) == (
         verdict.result, verdict.reason, verdict.rule), (what, line)
+
+
+REFRESHED = f"{TOKEN_PREFIX}refreshed.sig"  # a token of the same sandbox, refreshed
+GONE = f"{TOKEN_PREFIX}gone.sig"  # a token of the same sandbox, revoked
+
+
+class _Counted(Tokens):
+    """The fake token port, counting the verifications it is asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def verify(self, token: str) -> Identity:
+        self.asked.append(token)
+        if token == GONE:
+            raise TokenRefused("token_revoked", "the token was revoked")
+        return _identity() if token == REFRESHED else super().verify(token)
+
+
+@pytest.mark.parametrize(("carried", "asked", "code"), [
+    (GOOD, [GOOD], None),  # the connection's token: verified once, by the recheck
+    (REFRESHED, [GOOD, REFRESHED], None),
+    (OTHER, [GOOD, OTHER], "credential_not_in_scope"),  # another sandbox's
+    (GONE, [GOOD, GONE], "token_revoked"),
+], ids=["its own token", "refreshed", "another sandbox's", "revoked"])
+def test_the_carried_token_is_verified_unless_it_is_the_one_just_rechecked(
+        policies: PolicySet, carried: str, asked: list[str], code: str | None) -> None:
+    """A credential call's carrier usually holds the connection's own token, which the
+    request's recheck verified a moment before: it is not verified a second time. Any
+    other token in the carrier is verified itself (and refused as it would be)."""
+    w = _world(policies)
+    tokens = _Counted()
+    w.gate.identities.tokens = w.gate.requests.parts.tokens = tokens
+    client = asyncio.run(_tunnel(w, "api.openai.com"))
+    del tokens.asked[:]
+    got = asyncio.run(w.gate.begin(client, _head(
+        "GET", "/v1/models", ("Host", "api.openai.com"),
+        ("Authorization", f"Bearer {carried}")), tls=True))
+    assert tokens.asked == asked
+    if code is None:
+        assert isinstance(got, Exchange), got
+    else:
+        assert isinstance(got, Answer) and got.headers.get(ERROR_HEADER) == code, got

@@ -97,15 +97,24 @@ class Credential:
     challenge: bool = False
     placeholder: str | None = None  # a key-shaped prefix `env` puts before the token
     host_patterns: tuple[HostPattern, ...] = field(default=(), compare=False, repr=False)
+    # (split for `binds`, asked twice a credential call: the exact hosts a set, the others
+    # matched in turn)
+    _exact: frozenset[str] = field(default=frozenset(), init=False, compare=False, repr=False)
+    _wild: tuple[HostPattern, ...] = field(default=(), init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.host_patterns:
             compiled = tuple(compile_host_pattern(h) for h in self.hosts)
             object.__setattr__(self, "host_patterns", compiled)
+        object.__setattr__(self, "_exact", frozenset(
+            p.text for p in self.host_patterns if not p.is_wildcard))
+        object.__setattr__(self, "_wild", tuple(p for p in self.host_patterns
+                                                if p.is_wildcard))
 
     def binds(self, host: str) -> bool:
         """True if this credential may be sent to the normalised ``host``."""
-        return any(p.matches(host) for p in self.host_patterns)
+        return host in self._exact or (
+            bool(self._wild) and any(pattern.matches(host) for pattern in self._wild))
 
     @property
     def kind(self) -> str:
