@@ -50,7 +50,6 @@ from typing import Any
 
 from gateway.core import mcp
 from gateway.core.encodings import encode
-from gateway.core.leaks import Redactor
 from gateway.core.messages import ResponseHead
 from gateway.core.metering import MODEL_BODY_LIMIT
 from gateway.core.phrases import error_phrase
@@ -313,15 +312,7 @@ class Exchange(ExchangeState):
                 self._metering.message(data)
             self.bytes_out += len(data)
         else:
-            self.bytes_in += len(data)
-            if self._metering is not None:  # a session's event
-                self._metering.event(data)
-            if self._secret is not None:
-                redactor = self._response.redactor or Redactor(self._secret[1].variants())
-                data = redactor.redact(data)
-            else:
-                self.trail.telemetry.count("bytes", "websocket", by=len(data))
-            data = self._mcp.received(data) if self._mcp is not None else data
+            data = self._response.message(data, self._secret, self._mcp, self._metering)
         if self.content is not None:  # (as relayed: the content its policy exports)
             self.content.message(from_client, data)
         return data

@@ -8,12 +8,21 @@ What a finding does is the rule's `dlp.action` (`core/dlp/verdict.py` decides): 
 (`403 secret_detected`), redact (the value replaced, the body re-framed by the engine as
 for the metering rewrite; a body streamed past the hold limit cannot be rewritten and is
 refused), report (forwarded, recorded). Every finding goes to the audit line's `dlp`.
-A body the scan cannot read is refused (fail closed). Answers are not scanned. Each
-finding recorded is also counted (`dlp_findings`: detector, action, engine).
+A body the scan cannot read is refused (fail closed). Each finding recorded is also
+counted (`dlp_findings`: detector, action, engine).
+
+Answers are never refused or rewritten for what they hold (issue 43: directional; a
+sandbox may download a `.env` example). Under `answers: report` they are scanned as the
+client gets them (echoes of an injected key already redacted): headers, the body
+streamed through a window like a large request body, trailers, and each WebSocket
+message from the upstream; findings go to the audit line's `dlp` with `where` saying
+`answer ...` and action `report`. An answer the scan cannot read (a zstd stream) is
+forwarded unreported, as every answer is forwarded.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from gateway.core.dlp import (
@@ -55,6 +64,8 @@ class DlpCheck:
         self.engine = engine
         self._stream: StreamScanner | None = None
         self._pass: ChunkPass | None = None  # (a streamed body's shared pass)
+        self.answers = dlp.reports_answers  # (`answers: report`: the answer scanned too)
+        self._answer: StreamScanner | None = None
 
     @property
     def gate(self) -> Gate:
@@ -172,3 +183,49 @@ class DlpCheck:
             raise refusal(found, self.host, self.rule, self.found,
                           f"; it cannot be redacted ({redacted.reason})")
         return redacted.body
+
+    # -- the answer (`answers: report`): what is found is recorded, nothing refused ---------
+
+    def answer_head(self, fields: list[tuple[bytes, bytes]]) -> None:
+        """The answer's headers as the client gets them."""
+        if self.scanner.head_clean("", "", fields):
+            return
+        decoded = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in fields]
+        self._flag(self.scanner.scan_request("", "", decoded).findings)
+
+    def answer_data(self, piece: bytes, content_type: str | None,
+                    content_encoding: str | None) -> None:
+        """The next piece of the answer's body as the client gets it (`content_type`
+        and `content_encoding`: the head's as sent, read at the first piece)."""
+        if self._answer is None:
+            self._answer = StreamScanner(self.scanner, content_encoding, "answer body",
+                                         content_type)
+        self._flag(self._answer.feed(piece).findings)
+
+    def answer_end(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
+        """The answer's end: what is left of its body's window, and its trailers."""
+        if self._answer is not None:
+            self._flag(self._answer.end().findings)
+            self._answer = None
+        if trailers:
+            decoded = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in trailers]
+            self._flag(self.scanner.scan_request("", "", decoded).findings, "trailer")
+
+    def answer_message(self, data: bytes) -> None:
+        """A WebSocket message from the upstream."""
+        if len(data) <= self.scanner.limit and self.scanner.body_clean(data, None):
+            return
+        self._flag(self.scanner.scan_body(data).findings, "message")
+
+    def _flag(self, findings: tuple[Finding, ...], part: str | None = None) -> None:
+        """Findings in the answer that count on this host, recorded as reported, where
+        each was said as `answer ...` (`part`: instead of the scan's own)."""
+        found = counted(self.dlp, findings, self.host)
+        if found:
+            self._record(tuple(replace(f, location=replace(
+                f.location, part=_answer_part(part or f.location.part)))
+                for f in found), "report")
+
+
+def _answer_part(part: str) -> str:
+    return part if part.startswith("answer") else f"answer {part}"

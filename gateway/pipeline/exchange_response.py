@@ -2,7 +2,8 @@
 echo of the key redacted (head now, body as it streams, trailers), an encoded body
 decoded (the length dropped where a rewrite may change it), an MCP server's answers read
 (`exchange_mcp`), a metered answer's usage read and a provider-minted secret's answer
-held (`exchange_metering`)."""
+held (`exchange_metering`); under `dlp: {answers: report}` the answer as relayed is
+scanned for credentials, and what is found recorded (`exchange_dlp`)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,14 @@ class ResponseSide:
              mcp: McpCalls | None, metered: MeteredSteps | None) -> ResponseHead:
         """Check and adjust the response head (`secret`: the key injected, whose
         echoes are redacted; a 401 tells the secret store the key was rejected)."""
+        head = self._head(head, secret, mcp, metered)
+        dlp = self.ex.dlp
+        if dlp is not None and dlp.answers:  # (the head as sent)
+            dlp.answer_head(head.headers.fields)
+        return head
+
+    def _head(self, head: ResponseHead, secret: tuple[str, SecretValue] | None,
+              mcp: McpCalls | None, metered: MeteredSteps | None) -> ResponseHead:
         ex = self.ex
         ex.response_head = head
         if ex.oauth is not None:  # (the server refused the gateway's token: not relayed)
@@ -117,7 +126,17 @@ class ResponseSide:
         out = self._relayed(chunk, mcp, metered)
         if self.ex.content is not None:
             self._keep(out)
+        if self.ex.dlp is not None and self.ex.dlp.answers and out:
+            self._scan(out)
         return out
+
+    def _scan(self, out: bytes) -> None:
+        """A piece of the answer as relayed, to `answers: report`'s scan (with the
+        head's coding and type as sent: decoded where the answer is rewritten)."""
+        dlp, head = self.ex.dlp, self.ex.response_head
+        if dlp is not None:
+            get = head.headers.get if head is not None else (lambda _name: None)
+            dlp.answer_data(out, get("content-type"), get("content-encoding"))
 
     def _keep(self, out: bytes) -> None:
         """The answer as relayed, for the content its policy exports (if it does)."""
@@ -147,6 +166,15 @@ class ResponseSide:
 
     def end(self, mcp: McpCalls | None, metered: MeteredSteps | None) -> bytes:
         """What is still held back at the end of the response body."""
+        out = self._end(mcp, metered)
+        dlp = self.ex.dlp
+        if dlp is not None and dlp.answers:
+            if out:
+                self._scan(out)
+            dlp.answer_end()
+        return out
+
+    def _end(self, mcp: McpCalls | None, metered: MeteredSteps | None) -> bytes:
         answers = mcp.answers if mcp is not None else None
         redactor = self.redactor
         if redactor is None and answers is None:
@@ -170,9 +198,28 @@ class ResponseSide:
             self._keep(out)
         return out
 
+    def message(self, data: bytes, secret: tuple[str, SecretValue] | None,
+                mcp: McpCalls | None, metered: MeteredSteps | None) -> bytes:
+        """A WebSocket message from the upstream as it should reach the client: a
+        metered session's event metered, an echoed key redacted, an MCP server's message
+        read like an answer, and (`answers: report`) scanned as relayed."""
+        ex = self.ex
+        ex.bytes_in += len(data)
+        if metered is not None:  # a session's event
+            metered.event(data)
+        if secret is not None:
+            data = (self.redactor or Redactor(secret[1].variants())).redact(data)
+        else:
+            ex.trail.telemetry.count("bytes", "websocket", by=len(data))
+        data = mcp.received(data) if mcp is not None else data
+        if ex.dlp is not None and ex.dlp.answers:  # (never refused)
+            ex.dlp.answer_message(data)
+        return data
+
     def trailers(self, fields: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         """Response trailers as they should reach the client (echoes redacted)."""
         redactor = self.redactor
-        if redactor is None:
-            return fields
-        return [(k, redactor.redact(v)) for k, v in fields]
+        out = fields if redactor is None else [(k, redactor.redact(v)) for k, v in fields]
+        if self.ex.dlp is not None and self.ex.dlp.answers:
+            self.ex.dlp.answer_end(out)
+        return out

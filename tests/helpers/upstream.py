@@ -19,7 +19,11 @@ server's among them); a WebSocket on `/mcp/...` answers each request so too (JSO
 oauth/mcp` naming the authorization server `https://allowed.test/as` (RFC 8414 metadata,
 dynamic registration, `authorize` consenting at once with a redirect carrying the code,
 `token` checking the PKCE S256 verifier and the `resource`); `/oauth/other`'s metadata
-names another resource (a hostile server's).
+names another resource (a hostile server's). `/dlp-answer/DETECTOR/SHAPE` answers with
+that detector's fake credential (`helpers/dlp_corpus.py`) in its answer, the request
+holding none: SHAPE `json` (in a JSON body), `header` (in `X-Config-Token`), `gzip` (a
+gzip-coded JSON body), `chunked` (split across two chunks sent apart), `big` (3 MiB of
+text around it); a WebSocket on that path answers each message with the credential.
 """
 
 from __future__ import annotations
@@ -173,6 +177,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._sse(int(q.get("n", ["3"])[0]), float(q.get("interval", ["0.1"])[0]))
         if parts[0] == "status" and len(parts) > 1:
             return self._send(int(parts[1]), b'{"status": %s}' % parts[1].encode())
+        if parts[0] == "dlp-answer" and len(parts) > 2:
+            return self._dlp_answer(parts[1], parts[2])
         if parts[0] == "echo-header" and len(parts) > 1:
             value = self.headers.get(parts[1], "")
             return self._send(200, json.dumps({"value": value}).encode(),
@@ -233,6 +239,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.upstream.requests.append(Seen("WS", self.path, {}, data))
                 if self.path.startswith("/mcp/"):  # an MCP server: each request answered
                     data = _mcp_answer(json.loads(data).get("id"))
+                elif self.path.startswith("/dlp-answer/"):  # a credential, unasked
+                    data = json.dumps({"token": _fake(self.path.split("/")[2])}).encode()
                 self.wfile.write(bytes([0x80 | opcode]) + _ws_length(len(data)) + data)
                 self.wfile.flush()
 
@@ -293,6 +301,32 @@ class _Handler(BaseHTTPRequestHandler):
             result = {"content": [{"type": "text", "text": "ok"}]}
         self._send(200, json.dumps({"jsonrpc": "2.0", "id": message.get("id"),
                                     "result": result}).encode())
+
+    def _dlp_answer(self, detector: str, shape: str) -> None:
+        """An answer holding `detector`'s fake credential (see the module docstring)."""
+        text = _fake(detector)
+        doc = json.dumps({"config": {"token": text}}).encode()
+        if shape == "header":
+            return self._send(200, b'{"ok": true}', extra={"X-Config-Token": text})
+        if shape == "gzip":
+            return self._send(200, gzip.compress(doc), extra={"Content-Encoding": "gzip"})
+        if shape == "big":
+            filler = b"the model parses the rows and returns the value " * 32_768
+            return self._send(200, filler + b" " + text.encode() + b" " + filler,
+                              content_type="text/plain")
+        if shape == "chunked":
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            cut = doc.index(text.encode()) + len(text) // 2
+            for piece in (doc[:cut], doc[cut:]):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                self.wfile.flush()
+                time.sleep(0.05)
+            self.wfile.write(b"0\r\n\r\n")
+            return None
+        return self._send(200, doc)
 
     def _read_chunked(self) -> bytes | None:
         out = b""
@@ -413,6 +447,12 @@ def _ws_length(n: int) -> bytes:
     if n < 1 << 16:
         return bytes([126]) + n.to_bytes(2, "big")
     return bytes([127]) + n.to_bytes(8, "big")
+
+
+def _fake(detector: str) -> str:
+    from helpers.dlp_corpus import fake  # (the corpus only where an answer asks for it)
+
+    return fake(detector).text
 
 
 def start_upstream(ssl_context: ssl.SSLContext | None = None, host: str = "127.0.0.1") -> Upstream:

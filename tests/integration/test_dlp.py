@@ -13,6 +13,7 @@ import gzip
 import json
 import ssl
 import stat
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,12 @@ def _send(gw: GatewayThread, token: str, path: str, body: bytes = b"",
 
 
 def _line(gw: GatewayThread, before: int) -> dict[str, Any]:
-    gw.audit.wait_for(lambda r: r.get("method") != "CONNECT" and r["host"] is not None)
+    """The last request line written after the first `before` lines (waited for: the
+    mitmproxy engine writes it a moment after the client has the answer)."""
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline and not any(
+            r["method"] != "CONNECT" for r in gw.audit.records()[before:]):
+        time.sleep(0.02)
     lines = [r for r in gw.audit.records()[before:] if r["method"] != "CONNECT"]
     assert lines, gw.audit.records()[before:]
     return lines[-1]
@@ -406,3 +412,130 @@ def test_a_key_in_a_utf16_text_body_is_found(make_gateway: GatewayFactory,
     line = _line(gw, before)
     assert line["error"] == "secret_detected" and line["dlp"][0]["detector"] == "github"
     assert not [r for r in upstream.requests[seen:] if len(r.body) == len(body)]
+
+
+ANSWERS = """
+version: v1
+name: answers
+dlp: {action: refuse, answers: report}
+egress:
+  - host: other.test
+    paths: ["/dlp-answer/**"]
+  - host: allowed.test
+    paths: ["/dlp-answer/**"]
+    dlp: {answers: off}
+  - host: report.test
+    paths: ["/dlp-answer/**"]
+    dlp: {allow: [{detector: github, hosts: [report.test]}]}
+"""
+SHAPES = [("github", "json", "answer body at offset"), ("aws", "gzip", "answer body at offset"),
+          ("github", "header", "answer header X-Config-Token"),
+          ("github", "chunked", "answer body at offset"),
+          ("github", "big", "answer body at offset")]
+
+
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
+def test_answers_report_records_what_an_answer_holds_and_forwards_it(
+        make_gateway: GatewayFactory, engine: str) -> None:
+    """`dlp: {answers: report}` (issue 43, item 4): a credential in an answer - in a
+    JSON body, a header, a gzip-coded body, split across two chunks, 3 MiB into a body,
+    in a WebSocket message from the upstream - reaches the sandbox unchanged and is on
+    the audit line (detector, `answer ...`, fingerprint, action report; never the
+    value), counted as a reported finding. `answers: off` on a rule, and a detector its
+    `allow` lets come from the host, record nothing. A request's own check still
+    refuses (the section's action is refuse)."""
+    gw = make_gateway({"answers.yaml": ANSWERS}, {"network": {"intercept": engine}})
+    token = gw.mint("answers")
+    label = "h1" if engine == "fast" else "mitmproxy"
+    counted = _findings(gw, detector="github", action="report", engine=label)
+    for detector, shape, where in SHAPES:
+        secret = fake(detector).text
+        before = len(gw.audit.records())
+        result = _send(gw, token, f"/dlp-answer/{detector}/{shape}")
+        assert (result.status, result.code) == (200, None), (shape, result)
+        got = result.headers.get("x-config-token", "") if shape == "header" else result.body
+        if shape == "gzip":  # (relayed as it came: coded)
+            assert result.headers.get("content-encoding") == "gzip", result.headers
+        else:
+            assert secret in got, (shape, got[:200])
+        line = _line(gw, before)
+        assert (line["decision"], line["error"], line["status"]) == ("allow", None, 200)
+        (found,) = line["dlp"]
+        assert (found["detector"], found["action"]) == (detector, "report"), found
+        assert found["where"].startswith(where), (shape, found)
+        assert secret not in json.dumps(line) and len(found["fingerprint"]) == 16
+    assert _findings(gw, detector="github", action="report", engine=label) == counted + 4
+    for host in ("allowed.test", "report.test"):  # (answers: off; github allowed there)
+        before = len(gw.audit.records())
+        assert _send(gw, token, "/dlp-answer/github/json", host=host).status == 200
+        assert not _line(gw, before)["dlp"], host
+    before = len(gw.audit.records())
+    refused = _send(gw, token, "/dlp-answer/github/json", headers=[("X-Deploy", GH)])
+    assert (refused.status, refused.code) == (403, "secret_detected")
+    assert [f["where"] for f in _line(gw, before)["dlp"]] == ["header X-Deploy"]
+
+
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
+def test_answers_report_reads_websocket_messages_from_the_upstream(
+        make_gateway: GatewayFactory, engine: str) -> None:
+    gw = make_gateway({"answers.yaml": ANSWERS}, {"network": {"intercept": engine}})
+    token = gw.mint("answers")
+    assert gw.gateway.proxy_address is not None
+    cred = base64.b64encode(f"sandbox-1:{token}".encode()).decode()
+    before = len(gw.audit.records())
+    result = run(Spec(host="other.test", target="/dlp-answer/github/ws", headers=[
+        ("Upgrade", "websocket"), ("Connection", "Upgrade"), ("Sec-WebSocket-Version", "13"),
+        ("Sec-WebSocket-Key", base64.b64encode(b"0123456789abcdef").decode())],
+        ws=["hello"], proxy=gw.gateway.proxy_address, proxy_auth=f"Basic {cred}",
+        cafile=str(gw.ca_cert)))
+    assert result.stage == "ws-echo" and GH in result.body, result
+    found = gw.audit.wait_for(lambda r: r.get("status") == 101 and bool(r.get("dlp")), 5.0)
+    assert found, gw.audit.records()[before:]
+    assert [(f["detector"], f["action"]) for f in found[-1]["dlp"]] == [("github", "report")]
+    assert found[-1]["dlp"][0]["where"].startswith("answer message")
+    assert GH not in json.dumps(found[-1])
+
+
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
+def test_answers_report_reads_http2_answers(make_gateway: GatewayFactory, engine: str) -> None:
+    gw = make_gateway({"answers.yaml": ANSWERS}, {"network": {"intercept": engine}})
+    token = gw.mint("answers")
+    assert gw.gateway.proxy_address is not None
+    cred = base64.b64encode(f"sandbox-1:{token}".encode()).decode()
+    for shape in ("json", "chunked"):
+        before = len(gw.audit.records())
+        result = run(Spec(host="other.test", target=f"/dlp-answer/github/{shape}", h2=True,
+                          proxy=gw.gateway.proxy_address, proxy_auth=f"Basic {cred}",
+                          cafile=str(gw.ca_cert)))
+        assert result.status == 200 and GH in result.body, result
+        (found,) = _line(gw, before)["dlp"]
+        assert (found["detector"], found["action"]) == ("github", "report")
+        assert found["where"].startswith("answer body")
+
+
+ECHOED = "ghp_" + "Kq7RZx2mVt9LwNc4YbHs8PdJf3GaUe6TnQ1o"  # (the injected key: github's form)
+
+
+def test_answers_report_never_flags_the_injected_key_echoed(
+        make_gateway: GatewayFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The answer is scanned as the sandbox gets it: an upstream echoing the key the
+    gateway injected has it redacted first (the leak guard's stricter binding), so the
+    key, in github's form, is no finding; a github token the upstream sends of its own
+    is one, on the same rule."""
+    monkeypatch.setenv("SANDBOX_GATEWAY_SECRET_GH_KEY", ECHOED)
+    policy = ANSWERS + """  - host: api.github.com
+    credential: gh
+credentials:
+  gh: {secret: gh-key, hosts: [api.github.com], inject: {header: X-Api-Key}}
+"""
+    gw = make_gateway({"answers.yaml": policy})
+    token = gw.mint("answers")
+    for path, findings in (("/echo-header/X-Api-Key", []),
+                           ("/dlp-answer/github/json", [("github", "report")])):
+        before = len(gw.audit.records())
+        result = _send(gw, token, path, headers=[("X-Api-Key", token)], host="api.github.com")
+        assert result.status == 200 and ECHOED not in result.body + json.dumps(
+            result.headers), result
+        line = _line(gw, before)
+        assert line["credential"] == "gh", line
+        assert [(f["detector"], f["action"]) for f in line["dlp"] or []] == findings, line

@@ -5,9 +5,12 @@
       detectors: [default, keyword]
       allow:
         - {detector: pypi, hosts: [upload.pypi.org]}
+      answers: report         # report | off (default): flag credentials in answers too
 
-A policy's section applies to every rule; a rule's section overrides the action and the
-detectors it names and adds its `allow` entries to the policy's (`resolve`). `default`
+A policy's section applies to every rule; a rule's section overrides the action, the
+detectors and `answers` it names and adds its `allow` entries to the policy's
+(`resolve`). Answers from upstreams are never refused or rewritten for what they hold
+(issue 43: directional); `answers: report` records what the detectors find in them. `default`
 in `detectors` stands for the detectors on by default (`catalogue.DEFAULT`). `dlp: false`
 on a rule turns detection off for that rule. The reader is
 `gateway/services/policy/read_dlp.py`.
@@ -50,6 +53,7 @@ class Dlp:
     detectors: tuple[str, ...] | None = None
     allow: tuple[DlpAllow, ...] = ()
     enabled: bool = True
+    answers: bool | None = None  # `answers: report` (True) or `off`; None: not set
 
     def applies(self, finding: Finding, host: str) -> bool:
         """Whether a finding counts on a request to `host` (its detector selected and
@@ -60,6 +64,11 @@ class Dlp:
     @property
     def effective_action(self) -> Action:
         return self.action or "refuse"
+
+    @property
+    def reports_answers(self) -> bool:
+        """Whether answers are scanned and their findings reported (`answers: report`)."""
+        return bool(self.answers)
 
 
 _RESOLVED: dict[tuple[int, int], tuple[Dlp | None, Dlp | None, Dlp | None]] = {}
@@ -89,4 +98,5 @@ def _resolve(policy: Dlp | None, rule: Dlp | None) -> Dlp | None:
     if rule is None:
         return base if base.enabled else None
     return Dlp(action=rule.action or base.action, detectors=rule.detectors or base.detectors,
-               allow=(*base.allow, *rule.allow))
+               allow=(*base.allow, *rule.allow),
+               answers=rule.answers if rule.answers is not None else base.answers)

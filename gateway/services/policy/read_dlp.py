@@ -2,7 +2,7 @@
 in a rule:
 
     dlp: {action: refuse, detectors: [default, keyword],
-          allow: [{detector: pypi, hosts: [upload.pypi.org]}]}
+          allow: [{detector: pypi, hosts: [upload.pypi.org]}], answers: report}
 
 `dlp: true` is the defaults (refuse, the default detectors); `dlp: false` turns detection
 off (on a rule: for that rule). Problems are collected with
@@ -23,7 +23,8 @@ from gateway.services.policy.problems import clipped, quoted, suggest
 
 __all__ = ["read_dlp"]
 
-_KEYS = ("action", "detectors", "allow")
+_KEYS = ("action", "detectors", "allow", "answers")
+ANSWERS = ("report", "off")  # `answers:`: flag credentials in answers, or not (default)
 _ALLOW_KEYS = ("detector", "hosts")
 DEFAULT_NAME = "default"  # in `detectors`: the detectors on by default
 
@@ -69,10 +70,25 @@ class _Reader:
                     ok = ok and entry is not None
                     if entry is not None:
                         allow.append(entry)
+        answers: bool | None = None
+        if "answers" in keys:
+            answers = self._answers(keys["answers"][1])
+            ok = ok and answers is not None
         if not ok:
             return None
         return Dlp(action=action if action is not None or rule else "refuse",
-                   detectors=detectors, allow=tuple(allow))
+                   detectors=detectors, allow=tuple(allow), answers=answers)
+
+    def _answers(self, node: Node) -> bool | None:
+        value = self.nodes.scalar(node) if isinstance(node, ScalarNode) else None
+        if value is False:  # (YAML reads a bare `off` as false)
+            value = "off"
+        if value in ANSWERS:
+            return value == "report"
+        self.nodes.err(node, f"dlp.answers must be report or off (answers are never refused "
+                       f"for what they hold), not {quoted(value)}"
+                       f"{suggest(str(value), ANSWERS)}")
+        return None
 
     def _action(self, node: Node) -> Action | None:
         value = self.nodes.scalar(node) if isinstance(node, ScalarNode) else None

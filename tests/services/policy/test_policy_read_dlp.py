@@ -88,3 +88,35 @@ def test_allow_and_the_rule_over_the_policy() -> None:
     only_rule = resolve(None, rule)
     assert only_rule is not None and only_rule.effective_action == "report"
     assert resolve(policy, None) == policy
+
+
+@pytest.mark.parametrize(("policy_text", "rule_text", "answers"), [
+    ("{}", None, False),  # (default: answers are not scanned)
+    ("{answers: report}", None, True),
+    ("{answers: off}", None, False),
+    ("{answers: report}", "{action: report}", True),  # (a rule's section inherits it)
+    ("{answers: report}", "{answers: off}", False),  # (and may turn it off)
+    ("{}", "{answers: report}", True),
+    ("{answers: 'off'}", "{}", False),
+])
+def test_answers_report_is_read_and_inherited(policy_text: str, rule_text: str | None,
+                                              answers: bool) -> None:
+    """`answers: report` flags credentials found in answers (never refused); `off`, the
+    default, does not scan them. A rule's `answers` overrides its policy's."""
+    policy, errors = _read(policy_text)
+    rule, rule_errors = _read(rule_text, rule=True) if rule_text else (None, [])
+    assert errors == rule_errors == [] and policy is not None
+    merged = resolve(policy, rule)
+    assert merged is not None and merged.reports_answers is answers
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("{answers: refuse}", "dlp.answers must be report or off (answers are never refused"),
+    ("{answers: reprot}", 'did you mean "report"?'),
+    ("{answers: true}", "dlp.answers must be report or off"),
+    ("{answers: [report]}", "dlp.answers must be report or off"),
+])
+def test_answers_takes_report_or_off(text: str, error: str) -> None:
+    dlp, errors = _read(text)
+    assert dlp is None
+    assert any(error in e for e in errors), errors
