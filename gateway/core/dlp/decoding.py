@@ -239,7 +239,9 @@ def json_codec(body: bytes) -> str:
     """The codec to read a JSON body's text with: latin-1 for UTF-8 (offsets stay byte
     offsets; JSON strings are parsed from the bytes), else the UTF-16 or UTF-32 a
     JSON reader (`json.loads`) finds by its first bytes."""
-    if body[:1] not in (b"\xfe", b"\xff") and b"\x00" not in body[:4]:
+    # (no byte-order mark, no NUL in the first four bytes: UTF-8. `find`, not `in`:
+    # core/leaks.py `_plain`)
+    if (not body or body[0] < 0xFE) and body.find(b"\x00", 0, 4) < 0:
         return "latin-1"
     found = json.detect_encoding(body)
     return "latin-1" if found.startswith("utf-8") else found

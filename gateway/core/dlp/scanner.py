@@ -40,7 +40,7 @@ from gateway.core.dlp.decoding import (
     text_codec,
 )
 from gateway.core.dlp.detector import Detector
-from gateway.core.dlp.fastscan import HYPERSCAN, as_bytes
+from gateway.core.dlp.fastscan import HYPERSCAN
 from gateway.core.dlp.findings import Finding, Location, ScanResult, fingerprint
 from gateway.core.dlp.prefilter import Prefilter, unescape
 
@@ -50,6 +50,8 @@ __all__ = ["DEFAULT_LIMIT", "Hit", "Scanner"]
 # hold 1 MiB of an ordinary request body, 32 MiB where a check needs it whole).
 DEFAULT_LIMIT = 1024 * 1024
 MIN_DECODED = 12  # decoded runs shorter than this hold no key
+CLEAN_PARTS = 1024  # parts of heads a scanner remembers as clean (`head_clean`), at most
+CLEAN_PART = 256  # bytes: a longer part is passed again each time (bounds the memory)
 _BOUNDARY = re.compile(r'boundary="?([^";]+)"?', re.IGNORECASE)
 _PART_NAME = re.compile(rb'\bname="([^"]*)"', re.IGNORECASE)
 _QUOTE = re.compile(r'(?<!\\)"')  # a quote that ends a JSON string
@@ -90,6 +92,7 @@ class Scanner:
         self.reach = max((d.reach for d in self.detectors), default=0)
         self._subsets: dict[frozenset[str], Scanner] = {}
         self._by_id: dict[int, tuple[Iterable[str], Scanner]] = {}
+        self._clean_parts: set[bytes] = set()  # (`head_clean`: parts of heads seen clean)
 
     def only(self, names: Iterable[str]) -> Scanner:
         """A scanner with the named detectors of this one (a policy's selection), built
@@ -228,14 +231,31 @@ class Scanner:
         the fields joined, as bytes; where it hits, the exact check (`has_run`: a path
         such as /v1/chat/completions is one case, no base64). A target with an escape
         (%, +, \\) is not decided here (`head_hits` reads its query and its line
-        unescaped)."""
+        unescaped).
+
+        Each part (the line, a name, a value) is read on its own (no run or anchor
+        crosses the newline joining them), and one found clean (by the gate, or by the
+        exact check: no anchor, no run) holds nothing any detector can find, whatever
+        the other parts hold: the short parts of a clean head are remembered
+        (`CLEAN_PARTS` of up to `CLEAN_PART` bytes), and the next head's pass covers
+        only its parts not seen clean before (none: no pass, as for a client sending
+        the same head again)."""
         if "%" in target or "+" in target or "\\" in target:
             return False
-        data = b"\n".join((as_bytes(f"{method} {target}"), *chain.from_iterable(fields)))
-        if not self.prefilter.candidate(data):
+        parts = (f"{method} {target}".encode("latin-1", "replace"),
+                 *chain.from_iterable(fields))
+        seen = self._clean_parts  # (bytes only: a bytearray is passed each time)
+        new = [p for p in parts if type(p) is not bytes or p not in seen]
+        if not new:
             return True
-        text = data.decode("latin-1")
-        return not self.prefilter.any(text) and not has_run(text)
+        if self.prefilter.candidate(b"\n".join(new)):
+            text = b"\n".join(parts).decode("latin-1")
+            if self.prefilter.any(text) or has_run(text):
+                return False
+        if len(seen) + len(new) > CLEAN_PARTS:
+            seen.clear()
+        seen.update(p for p in new if type(p) is bytes and len(p) <= CLEAN_PART)
+        return True
 
     def body_clean(self, body: bytes, content_type: str | None) -> bool:
         """Whether a body (its content codings undone) holds no candidate as its reader

@@ -5,7 +5,9 @@ hex runs found and decoded."""
 from __future__ import annotations
 
 import base64
+import codecs
 import gzip
+import json
 import zlib
 from collections.abc import Callable
 
@@ -19,6 +21,7 @@ from gateway.core.dlp.decoding import (
     decode_content,
     decode_run,
     encode_content,
+    json_codec,
     runs,
     text_codec,
 )
@@ -149,3 +152,26 @@ def test_a_text_body_in_a_charset_without_a_codec_is_refused_unread() -> None:
     scanner = Scanner(build(DEFAULT), b"salt")
     result = scanner.scan_body(b"anything", "text/plain; charset=x-klingon")
     assert result.unreadable is not None and "x-klingon" in result.unreadable
+
+
+@pytest.mark.parametrize(("body", "codec"), [
+    (b"", "latin-1"),
+    (b'{"a": "b"}', "latin-1"),
+    (b"[1]", "latin-1"),
+    ('{"a": "é"}'.encode(), "latin-1"),  # UTF-8: read as its bytes
+    (codecs.BOM_UTF8 + b'{"a": 1}', "latin-1"),
+    ('{"a": 1}'.encode("utf-16"), "utf-16"),  # a byte-order mark (FF FE)
+    ('{"a": 1}'.encode("utf-16-be"), "utf-16-be"),  # a NUL in the first four bytes
+    ('{"a": 1}'.encode("utf-16-le"), "utf-16-le"),
+    ('{"a": 1}'.encode("utf-32"), "utf-32"),
+    ('{"a": 1}'.encode("utf-32-be"), "utf-32-be"),
+    ('{"a": 1}'.encode("utf-32-le"), "utf-32-le"),
+    (codecs.BOM_UTF16_BE + '{"a": 1}'.encode("utf-16-be"), "utf-16"),  # FE FF
+    (b'{"a": "\x00"}', "latin-1"),  # (a NUL past the first four bytes: not a codec's)
+])
+def test_json_codec_is_the_json_readers(body: bytes, codec: str) -> None:
+    """The codec a JSON reader (`json.loads`) finds by a body's first bytes."""
+    assert json_codec(body) == codec
+    if body:
+        assert json.detect_encoding(body).replace("utf-8-sig", "utf-8") == (
+            "utf-8" if codec == "latin-1" else codec)

@@ -320,3 +320,46 @@ def test_ordinary_heads_and_bodies_are_clean() -> None:
     assert ANCHORED.body_clean(b"", JSON)
     assert not ANCHORED.body_clean(_multipart("notes"), MP)  # (parts: by their own type)
     assert not SCANNER.body_clean(b"hello", "text/plain")  # (an unanchored detector)
+
+
+def test_a_head_seen_clean_is_remembered_part_by_part_and_decides_as_a_fresh_one() -> None:
+    """`head_clean` remembers the parts of heads it found clean, and passes only a head's
+    new parts: over heads mixing parts seen before with every fake credential (in a
+    value, in a name, beside a value it was seen with), it answers what it answers with
+    nothing remembered, and never True where the full scan finds something."""
+    ordinary = [(b"Host", b"api.example.com"), (b"User-Agent", b"OpenAI/Python 1.54.0"),
+                (b"Content-Type", b"application/json"), (b"Accept", b"*/*")]
+    assert ANCHORED.head_clean("POST", "/v1/chat/completions", ordinary)
+    assert set(p for f in ordinary for p in f) <= ANCHORED._clean_parts
+    for fake in (f for f in CORPUS if not f.opt_in and "\n" not in f.text):
+        value = fake.text.encode("latin-1")
+        for fields in ([*ordinary, (b"X-Key", value)],
+                       [(b"Authorization", b"Bearer " + value), *ordinary],
+                       [*ordinary[:2], (value[:40], b"1"), *ordinary[2:]],
+                       [(b"Host", b"api.example.com " + value)]):
+            remembered = ANCHORED.head_clean("POST", "/v1/chat/completions", fields)
+            kept = set(ANCHORED._clean_parts)
+            ANCHORED._clean_parts.clear()
+            fresh = ANCHORED.head_clean("POST", "/v1/chat/completions", fields)
+            ANCHORED._clean_parts.update(kept)
+            assert remembered == fresh, (fake.detector, fields)
+            found = ANCHORED.scan_request("POST", "/v1/chat/completions", [
+                (k.decode("latin-1"), v.decode("latin-1")) for k, v in fields]).findings
+            assert not (found and remembered), (fake.detector, fields, found)
+            assert value not in ANCHORED._clean_parts
+
+
+def test_what_head_clean_remembers_is_bounded() -> None:
+    scanner = Scanner(build(("github",)), b"test-salt")
+    for i in range(3 * scanner_parts()):
+        assert scanner.head_clean("GET", f"/items/{i}", [(b"X-Request-Id", b"r%d" % i)])
+        assert len(scanner._clean_parts) <= scanner_parts()
+    long = b"x " * 200  # (over CLEAN_PART bytes: passed each time, never remembered)
+    assert scanner.head_clean("GET", "/", [(b"X-Long", long)])
+    assert long not in scanner._clean_parts
+
+
+def scanner_parts() -> int:
+    from gateway.core.dlp.scanner import CLEAN_PARTS
+
+    return CLEAN_PARTS
