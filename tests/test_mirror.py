@@ -308,10 +308,6 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
     "gateway/services/policy/services/update.py": (
         "tests/services/policy/test_presets_update.py",
         "imported: GitHub's meta answer checked and the hosts rewritten in the presets"),
-    "gateway/pipeline/exchange_dlp.py": (
-        "tests/integration/test_dlp.py, tests/integration/test_parity.py",
-        "fake credentials in heads, bodies, gzip, forms, chunks and WebSocket messages "
-        "refused, redacted or reported on every engine; the audit line's findings"),
     "gateway/pipeline/exchange_state.py": (
         "tests/pipeline/test_pipeline_gate.py, tests/integration/test_parity.py",
         "what every exchange of the gate's table carries to its one audit line"),

@@ -45,6 +45,7 @@ from gateway.core.ports import SILENT, Telemetry
 __all__ = ["DlpCheck"]
 
 _NOT_STREAMED = "; dlp.action redact cannot rewrite a body streamed past the hold limit"
+RECORDED = 64  # findings an exchange's audit line names, at most (every one is counted)
 
 
 class DlpCheck:
@@ -93,8 +94,12 @@ class DlpCheck:
         return found if action == "redact" else ()
 
     def _record(self, found: tuple[Finding, ...], action: Action) -> None:
-        """Findings onto the audit line's `dlp`, and counted."""
-        self.found += records(found, action)
+        """Findings onto the audit line's `dlp` (the first `RECORDED`: a body of many
+        distinct keys, a sandbox's in report mode or an upstream's answer, makes no
+        unbounded line), and each counted."""
+        room = RECORDED - len(self.found)
+        if room > 0:
+            self.found += records(found[:room], action)
         for finding in found:
             self.telemetry.count("dlp_findings", finding.detector, action, self.engine)
 

@@ -8,7 +8,8 @@ detector), else the next window reports it: a key split across two chunks, or ac
 WebSocket fragments fed one by one, is found once and whole. Where a base64 or hex run
 crosses the cut, the cut moves back to a multiple of 4 characters from the run's start,
 so the run decodes in the next window at its own alignment. Offsets count characters of
-the decoded stream. Findings are reported once per (detector, fingerprint).
+the decoded stream. Findings are reported once per (detector, fingerprint) (the first
+`SEEN` of them remembered: a hostile body of millions of distinct keys holds no more).
 
 A body whose reader decodes it from UTF-16, UTF-32 or another charset ASCII is not its
 own bytes in (its `Content-Type`'s charset, or a byte-order mark or a JSON reader's
@@ -45,6 +46,8 @@ MIN_KEEP = 4096
 STEP = 64 * 1024  # new characters scanned at a time (at least: the window kept rescanned)
 _WIDEST = 5  # bytes of a transcoded charset a byte of its UTF-8 may come from (UTF-7's "+AF8-")
 _NO_LIMIT = 1 << 62  # a streamed body is not held: its decoded size is not bounded here
+SEEN = 1024  # distinct findings a stream remembers (to report each once): a body of
+# millions of distinct keys holds no more than this (the caller bounds what it records)
 
 
 class StreamScanner:
@@ -166,7 +169,8 @@ class StreamScanner:
                 or h.location.offset - self._base < cut):
             key = (finding.detector, finding.fingerprint)
             if key not in self._seen:
-                self._seen.add(key)
+                if len(self._seen) < SEEN:  # (past it: reported again, never held)
+                    self._seen.add(key)
                 out.append(finding)
         window.drop(cut)
         self._base += cut

@@ -199,3 +199,26 @@ def test_a_streamed_body_in_a_charset_without_a_codec_is_unreadable() -> None:
     stream = StreamScanner(SCANNER, content_type="text/plain; charset=x-klingon")
     assert stream.feed(b"abc").unreadable is not None
     assert stream.end().unreadable is not None
+
+
+def _distinct_aws_keys(n: int) -> list[str]:
+    rng = random.Random(7)
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+    return [f"AKIA{''.join(rng.choice(alphabet) for _ in range(16))}" for _ in range(n)]
+
+
+def test_a_stream_of_many_distinct_keys_holds_a_bounded_memory_of_them() -> None:
+    """A hostile body (a sandbox's upload in report mode, an upstream's answer under
+    `answers: report`) of thousands of distinct keys: each is reported, the stream
+    remembers at most `SEEN` of them."""
+    from gateway.core.dlp.stream import SEEN
+
+    keys = _distinct_aws_keys(3 * SEEN)
+    stream = StreamScanner(SCANNER, where="answer body")
+    found = []
+    for i in range(0, len(keys), 100):
+        found += stream.feed(("\n".join(f"key{j} = {k}" for j, k in enumerate(
+            keys[i:i + 100], i)) + "\n").encode()).findings
+    found += stream.end().findings
+    assert len({f.fingerprint for f in found if f.detector == "aws"}) == len(keys)
+    assert len(stream._seen) <= SEEN

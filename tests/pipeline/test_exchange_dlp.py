@@ -1,0 +1,56 @@
+"""An exchange's detection (`DlpCheck`) against a hostile other side: the audit line
+names a bounded number of findings however many distinct keys a body or an answer holds,
+and counts every one; an answer is never refused for what it holds."""
+
+from __future__ import annotations
+
+import random
+
+from gateway.core.dlp import DEFAULT, Dlp, Scanner
+from gateway.pipeline.exchange_dlp import RECORDED, DlpCheck
+from gateway.services.dlp.library import build
+
+SCANNER = Scanner(build(DEFAULT), b"test-salt")
+
+
+class Counts:
+    def __init__(self) -> None:
+        self.counted: list[tuple[str, ...]] = []
+
+    def count(self, event: str, *labels: str, by: float = 1) -> None:
+        self.counted.append((event, *labels))
+
+    def gauge(self, name: str, delta: float) -> None:
+        pass
+
+    def observe(self, name: str, value: float) -> None:
+        pass
+
+
+def _keys(n: int) -> bytes:
+    rng = random.Random(11)
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+    return "".join(f"key{i} = AKIA{''.join(rng.choice(alphabet) for _ in range(16))}\n"
+                   for i in range(n)).encode()
+
+
+def test_an_answer_of_many_distinct_keys_is_recorded_bounded_and_counted_whole() -> None:
+    counts = Counts()
+    check = DlpCheck(SCANNER, Dlp(action="refuse", answers=True), "up.test", "p.yaml:3",
+                     telemetry=counts, engine="h1")
+    body = _keys(500)
+    for at in range(0, len(body), 4096):  # (never raises: answers are not refused)
+        check.answer_data(body[at:at + 4096], "text/plain", None)
+    check.answer_end()
+    assert len(check.found) == RECORDED
+    assert {(f["detector"], f["action"]) for f in check.found} == {("aws", "report")}
+    assert all(f["where"].startswith("answer body") for f in check.found)
+    assert counts.counted.count(("dlp_findings", "aws", "report", "h1")) == 500
+
+
+def test_a_reported_request_of_many_keys_is_recorded_bounded_too() -> None:
+    counts = Counts()
+    check = DlpCheck(SCANNER, Dlp(action="report"), "up.test", "p.yaml:3", telemetry=counts)
+    assert check.whole(_keys(300), "text/plain") is None  # (forwarded as it is)
+    assert len(check.found) == RECORDED
+    assert counts.counted.count(("dlp_findings", "aws", "report", "")) == 300
