@@ -37,7 +37,7 @@ SECONDS: dict[str, float] = {
     "tests/integration/test_budget_durability.py::"
     "test_a_killed_process_never_leaves_a_call_charged_less_than_it_used": 27,
     "tests/reliability/test_state_volume.py::"
-    "test_a_filling_state_volume_is_warned_of_and_never_stops_revocations": 22,
+    "test_a_filling_state_volume_is_warned_of_and_never_stops_revocations": 4,
     "tests/reliability/test_memory_burst.py::"
     "test_a_burst_of_intercepted_tunnels_gives_its_memory_back": 66,  # (5,000 tunnels)
     "tests/reliability/test_memory_burst.py::"
