@@ -1,7 +1,7 @@
 """The order the suite runs in: the slowest tests first (`tests/conftest.py` applies it).
 
 `make test` spreads the tests over the cores with pytest-xdist, `--dist worksteal`
-(pyproject.toml): each worker takes half of the collection in order, and one that runs
+(pyproject.toml): each worker takes its share of the collection in order, and one that runs
 out takes the second half of the longest queue left. A test cannot be split, so a long
 test that starts late makes the run's tail as long as itself (the soak's 50 s, the
 benchmark's 56 s); started first, the short tests fill in around them and the workers
