@@ -336,7 +336,8 @@ MEMORY_RELEASED = Counter(
 STATE_VOLUME_FREE = Gauge(
     "sandbox_gateway_state_volume_free_bytes",
     "Free bytes (for the gateway's user) on the volume of the SQLite state file, read every "
-    "10 seconds; /readyz warns below the threshold (docs/operations.md).",
+    "state.volume_check (10 s by default); /readyz warns below the threshold "
+    "(docs/operations.md).",
     registry=REGISTRY,
     multiprocess_mode="livemin",
 )

@@ -1,7 +1,7 @@
 """The order the suite runs in: the slowest tests first (`tests/conftest.py` applies it).
 
 `make test` spreads the tests over the cores with pytest-xdist, `--dist worksteal`
-(pyproject.toml): each worker takes half of the collection in order, and one that runs
+(pyproject.toml): each worker takes its share of the collection in order, and one that runs
 out takes the second half of the longest queue left. A test cannot be split, so a long
 test that starts late makes the run's tail as long as itself (the soak's 50 s, the
 benchmark's 56 s); started first, the short tests fill in around them and the workers
@@ -37,7 +37,7 @@ SECONDS: dict[str, float] = {
     "tests/integration/test_budget_durability.py::"
     "test_a_killed_process_never_leaves_a_call_charged_less_than_it_used": 27,
     "tests/reliability/test_state_volume.py::"
-    "test_a_filling_state_volume_is_warned_of_and_never_stops_revocations": 22,
+    "test_a_filling_state_volume_is_warned_of_and_never_stops_revocations": 4,
     "tests/reliability/test_memory_burst.py::"
     "test_a_burst_of_intercepted_tunnels_gives_its_memory_back": 66,  # (5,000 tunnels)
     "tests/reliability/test_memory_burst.py::"

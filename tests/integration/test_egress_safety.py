@@ -31,9 +31,9 @@ import ssl
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import h2.config
 import h2.connection
@@ -124,15 +124,29 @@ class Canary:
             t.join(2)
 
 
+class _Listener(Protocol):
+    @property
+    def port(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def beside[L: _Listener](host: str, listen: Callable[[], L]) -> tuple[L, Canary]:
+    """A listener `listen()` opens on a port the kernel picks, P, and a canary on
+    `host`:P: both again on another P while another process (a test beside this one)
+    holds `host`:P."""
+    for _ in range(20):
+        first = listen()
+        try:
+            return first, Canary(host, first.port)
+        except OSError:
+            first.close()
+    raise RuntimeError(f"no port free on {host} and beside it")
+
+
 def loopback_pair() -> tuple[Canary, Canary]:
     """Canaries on 127.0.0.1:P and [::1]:P (same P)."""
-    for _ in range(20):
-        v4 = Canary("127.0.0.1")
-        try:
-            return v4, Canary("::1", v4.port)
-        except OSError:
-            v4.close()
-    raise RuntimeError("no port free on both 127.0.0.1 and ::1")
+    return beside("::1", lambda: Canary("127.0.0.1"))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -526,29 +540,34 @@ class RebindingResolver:
 
 
 @pytest.fixture
-def one_shot_upstream(test_ca: LocalCA, tmp_path: Path) -> Iterator[Upstream]:
-    """An HTTPS upstream on 127.0.0.2 for rebind.test that closes after each response,
-    so every request needs a new upstream connection (a new dial)."""
+def one_shot_upstream(test_ca: LocalCA, tmp_path: Path) -> Iterator[tuple[Upstream, Canary]]:
+    """An HTTPS upstream on 127.0.0.2:P for rebind.test that closes after each response,
+    so every request needs a new upstream connection (a new dial); and a canary on
+    127.0.0.1:P, where a rebound name would lead."""
     ctx = test_ca.server_context(tmp_path, ["rebind.test"])
-    server = start_upstream(ctx, host="127.0.0.2")
-    handler = server.server.RequestHandlerClass
-    handler.handle = handler.handle_one_request  # type: ignore[method-assign]
-    yield server
+
+    def upstream() -> Upstream:
+        server = start_upstream(ctx, host="127.0.0.2")
+        handler = server.server.RequestHandlerClass
+        handler.handle = handler.handle_one_request  # type: ignore[method-assign]
+        return server
+
+    server, canary = beside("127.0.0.1", upstream)
+    yield server, canary
+    canary.close()
     server.close()
 
 
 def test_dns_rebinding_cannot_reach_a_forbidden_address(
-        make_gateway: GatewayFactory, one_shot_upstream: Upstream) -> None:
+        make_gateway: GatewayFactory, one_shot_upstream: tuple[Upstream, Canary]) -> None:
     """rebind.test first resolves to 127.0.0.2 (opened by allow_cidrs), then to 127.0.0.1
     (forbidden), and the event loop's own resolver answers 127.0.0.1 too. Requests in
     the tunnel dial a fresh upstream connection each time, always the checked
     127.0.0.2; a new tunnel resolved after the switch is refused; the 127.0.0.1 canary
     never sees a connection and the loop's resolver is never asked."""
-    up = one_shot_upstream
-    canary = Canary("127.0.0.1", up.port)
-    try:
-        resolver = RebindingResolver(["127.0.0.2"], ["127.0.0.1"])
-        policy = f"""
+    up, canary = one_shot_upstream
+    resolver = RebindingResolver(["127.0.0.2"], ["127.0.0.1"])
+    policy = f"""
 version: v1
 name: agent
 egress:
@@ -556,37 +575,34 @@ egress:
     ports: [{up.port}]
     inspect: true
 """
-        gw = _gateway(make_gateway, policy, resolver=resolver, allow_cidrs=["127.0.0.2/32"])
-        token = gw.mint("agent")
-        ctx = ssl.create_default_context(cafile=gw.ca_cert)
-        with httpx.Client(proxy=gw.proxy_url(token), verify=ctx, timeout=10) as c:
-            for i in range(4):
-                r = c.get(f"https://rebind.test:{up.port}/req/{i}")
-                assert r.status_code == 200, r.text
-                assert r.json()["path"] == f"/req/{i}"
-                time.sleep(0.15)  # let the gateway see the upstream close
-        assert up.connections == 4, "each request was expected on a new upstream connection"
-        assert resolver.calls == 1  # checked once for the tunnel, then pinned
-        # A new tunnel gets the rebound answer, which is checked and refused.
-        assert_refused(connect(gw, f"rebind.test:{up.port}", token), 403,
-                       "forbidden_destination", "rebind.test resolves to 127.0.0.1")
-        assert resolver.calls == 2  # checked once, by the gate, for every engine
+    gw = _gateway(make_gateway, policy, resolver=resolver, allow_cidrs=["127.0.0.2/32"])
+    token = gw.mint("agent")
+    ctx = ssl.create_default_context(cafile=gw.ca_cert)
+    with httpx.Client(proxy=gw.proxy_url(token), verify=ctx, timeout=10) as c:
+        for i in range(4):
+            r = c.get(f"https://rebind.test:{up.port}/req/{i}")
+            assert r.status_code == 200, r.text
+            assert r.json()["path"] == f"/req/{i}"
+            time.sleep(0.15)  # let the gateway see the upstream close
+    assert up.connections == 4, "each request was expected on a new upstream connection"
+    assert resolver.calls == 1  # checked once for the tunnel, then pinned
+    # A new tunnel gets the rebound answer, which is checked and refused.
+    assert_refused(connect(gw, f"rebind.test:{up.port}", token), 403,
+                   "forbidden_destination", "rebind.test resolves to 127.0.0.1")
+    assert resolver.calls == 2  # checked once, by the gate, for every engine
 
-        assert not canary.seen, canary.seen
-        assert [q.path for q in up.requests] == [f"/req/{i}" for i in range(4)]
-    finally:
-        canary.close()
+    assert not canary.seen, canary.seen
+    assert [q.path for q in up.requests] == [f"/req/{i}" for i in range(4)]
 
 
 def test_dns_rebinding_system_answer_is_never_used(
-        make_gateway: GatewayFactory, one_shot_upstream: Upstream, dns: SystemDNS) -> None:
+        make_gateway: GatewayFactory, one_shot_upstream: tuple[Upstream, Canary],
+        dns: SystemDNS) -> None:
     """Same as above with the loop's own resolver rebinding: had the gateway let
     mitmproxy resolve the name itself, it would have dialled the 127.0.0.1 canary."""
-    up = one_shot_upstream
+    up, canary = one_shot_upstream
     dns.answers["rebind.test"] = "127.0.0.1"
-    canary = Canary("127.0.0.1", up.port)
-    try:
-        policy = f"""
+    policy = f"""
 version: v1
 name: agent
 egress:
@@ -594,18 +610,16 @@ egress:
     ports: [{up.port}]
     inspect: true
 """
-        gw = _gateway(make_gateway, policy, resolver=StaticResolver({"rebind.test": ["127.0.0.2"]}),
-                      allow_cidrs=["127.0.0.2/32"])
-        token = gw.mint("agent")
-        ctx = ssl.create_default_context(cafile=gw.ca_cert)
-        with httpx.Client(proxy=gw.proxy_url(token), verify=ctx, timeout=10) as c:
-            for i in range(3):
-                assert c.get(f"https://rebind.test:{up.port}/x{i}").status_code == 200
-                time.sleep(0.15)
-        assert up.connections == 3
-        assert not canary.seen, canary.seen
-    finally:
-        canary.close()
+    gw = _gateway(make_gateway, policy, resolver=StaticResolver({"rebind.test": ["127.0.0.2"]}),
+                  allow_cidrs=["127.0.0.2/32"])
+    token = gw.mint("agent")
+    ctx = ssl.create_default_context(cafile=gw.ca_cert)
+    with httpx.Client(proxy=gw.proxy_url(token), verify=ctx, timeout=10) as c:
+        for i in range(3):
+            assert c.get(f"https://rebind.test:{up.port}/x{i}").status_code == 200
+            time.sleep(0.15)
+    assert up.connections == 3
+    assert not canary.seen, canary.seen
 
 
 # --------------------------------------------------------------------------------------
@@ -618,8 +632,7 @@ def test_first_allowed_address_of_several_is_used(
     """multi.test -> [127.0.0.1, 10.0.0.5, 127.0.0.2] with 127.0.0.2 opened: the tunnel
     reaches 127.0.0.2; nothing is sent to the forbidden ones. All forbidden -> 403
     naming the first and counting the others."""
-    echo = Canary("127.0.0.2", echo=True)
-    canary = Canary("127.0.0.1", echo.port)
+    echo, canary = beside("127.0.0.1", lambda: Canary("127.0.0.2", echo=True))
     try:
         resolver = StaticResolver({
             "multi.test": ["127.0.0.1", "10.0.0.5", "127.0.0.2"],

@@ -29,9 +29,10 @@ records); `sqlite_schema.py` opens a file and brings its schema up to date,
 **The console's request log** is not in this file: it has its own beside it
 (`sqlite_log.py`, `gateway-requests.db`), bounded in bytes, so the part that grows with
 traffic never holds the write lock nor fills the file of what must survive. Every
-`_VOLUME` seconds the volume's free space and the files' sizes are read (metrics); below
-`FREE_SHARE` of the volume or `FREE_FLOOR` bytes free, `warning` says so (`/readyz`,
-still ready) and the request log stops growing.
+`volume_check` seconds (`state.volume_check`, 10 s by default) the volume's free space
+and the files' sizes are read (metrics); below `FREE_SHARE` of the volume or
+`FREE_FLOOR` bytes free, `warning` says so (`/readyz`, still ready) and the request log
+stops growing.
 
 **Faults.** A write that fails (disk full, read-only file) keeps what it could not
 write, in order, and retries every second: counters count on locally, a revocation holds
@@ -91,14 +92,13 @@ _PROBE = 2.0  # seconds without a write after which a probe checks the file take
 _REVOKE = ("INSERT INTO revoked (jti, expires_at) VALUES (?, ?) ON CONFLICT(jti) DO UPDATE "
            "SET expires_at = max(expires_at, excluded.expires_at)")
 _PRUNE = 60.0  # seconds between sweeps of expired rows
-_VOLUME = 10.0  # seconds between readings of the state volume's free space
 
 
 class SqliteState(SqliteCounters, SqliteMints, SqliteRecords):
     """`StateStore` in one SQLite file (see the module docstring)."""
 
     def __init__(self, path: Path, *, clock: Callable[[], float] = time.time,
-                 busy_timeout: float = 5.0) -> None:
+                 busy_timeout: float = 5.0, volume_check: float = 10.0) -> None:
         self.path = path
         self.clock = clock
         self.busy_timeout = busy_timeout
@@ -131,6 +131,7 @@ class SqliteState(SqliteCounters, SqliteMints, SqliteRecords):
         self.requests = SqliteLog(log_path(path), open_log, busy_timeout)
         self._warning: str | None = None  # the state volume is short of space
         self._last_volume = -math.inf
+        self.volume_check = volume_check  # seconds between readings of the state volume
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -177,7 +178,7 @@ class SqliteState(SqliteCounters, SqliteMints, SqliteRecords):
                 if now - self._last_prune > _PRUNE:
                     self._last_prune = now
                     self._prune(now)
-                if time.monotonic() - self._last_volume >= _VOLUME:
+                if time.monotonic() - self._last_volume >= self.volume_check:
                     self.watch_volume()
             except Exception:  # a bug must not stop the retries
                 log.exception("state store: background work failed")

@@ -55,6 +55,9 @@ def test_build_state_sqlite_is_the_default(tmp_path: Path) -> None:
     assert state.path == tmp_path / "state" / "gateway.db"
     other = build_state({"store": "sqlite", "path": "/var/lib/x.db"})
     assert isinstance(other, SqliteState) and other.path == Path("/var/lib/x.db")
+    assert state.volume_check == other.volume_check == 10.0
+    quick = build_state({"store": "sqlite", "volume_check": "1s"}, base=tmp_path)
+    assert isinstance(quick, SqliteState) and quick.volume_check == 1.0
 
 
 def test_build_state_redis() -> None:
@@ -69,7 +72,14 @@ def test_build_state_redis() -> None:
     ({"store": "etcd"}, "state.store: 'etcd' is not a store; use sqlite, redis or memory"),
     ({"store": "sqlite", "path": ""}, "state.path: the SQLite file's path"),
     ({"store": "sqlite", "url": "x"}, "state.url: unknown key for store sqlite (known: path, "
-                                      "store, unavailable)"),
+                                      "store, unavailable, volume_check)"),
+    ({"store": "sqlite", "volume_check": "500ms"}, "state.volume_check: from 1s to 1h, got "
+                                                   "'500ms'"),
+    ({"store": "sqlite", "volume_check": "2h"}, "state.volume_check: from 1s to 1h"),
+    ({"store": "sqlite", "volume_check": "often"}, "state.volume_check: 'often' is not a "
+                                                   "duration"),
+    ({"store": "redis", "url": "redis://r", "volume_check": "1s"},
+     "state.volume_check: unknown key for store redis"),
     ({"store": "redis"}, "state.url: required for store redis"),
     ({"store": "redis", "url": ""}, "state.url: required for store redis"),
     ({"store": "redis", "url": 6379}, "state.url: required for store redis"),
