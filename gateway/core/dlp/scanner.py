@@ -42,6 +42,7 @@ from gateway.core.dlp.decoding import (
 from gateway.core.dlp.detector import Detector
 from gateway.core.dlp.fastscan import HYPERSCAN
 from gateway.core.dlp.findings import Finding, Location, ScanResult, fingerprint
+from gateway.core.dlp.multipart import boundary, parts
 from gateway.core.dlp.prefilter import Prefilter, unescape
 
 __all__ = ["DEFAULT_LIMIT", "Hit", "Scanner"]
@@ -52,8 +53,6 @@ DEFAULT_LIMIT = 1024 * 1024
 MIN_DECODED = 12  # decoded runs shorter than this hold no key
 CLEAN_PARTS = 1024  # parts of heads a scanner remembers as clean (`head_clean`), at most
 CLEAN_PART = 256  # bytes: a longer part is passed again each time (bounds the memory)
-_BOUNDARY = re.compile(r'boundary="?([^";]+)"?', re.IGNORECASE)
-_PART_NAME = re.compile(rb'\bname="([^"]*)"', re.IGNORECASE)
 _QUOTE = re.compile(r'(?<!\\)"')  # a quote that ends a JSON string
 _PATH_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -233,23 +232,20 @@ class Scanner:
         (%, +, \\) is not decided here (`head_hits` reads its query and its line
         unescaped).
 
-        Each part (the line, a name, a value) is read on its own (no run or anchor
-        crosses the newline joining them), and one found clean (by the gate, or by the
-        exact check: no anchor, no run) holds nothing any detector can find, whatever
-        the other parts hold: the short parts of a clean head are remembered
-        (`CLEAN_PARTS` of up to `CLEAN_PART` bytes), and the next head's pass covers
-        only its parts not seen clean before (none: no pass, as for a client sending
-        the same head again)."""
+        A part (the line, a name, a value) found clean (by the gate, or the exact check:
+        no anchor, no run; none crosses the newline joining them) holds nothing any
+        detector finds, whatever the others hold: a clean head's short parts are kept
+        (`CLEAN_PARTS`, `CLEAN_PART`), and the next head passes only its new parts."""
         if "%" in target or "+" in target or "\\" in target:
             return False
-        parts = (f"{method} {target}".encode("latin-1", "replace"),
-                 *chain.from_iterable(fields))
+        pieces = (f"{method} {target}".encode("latin-1", "replace"),
+                  *chain.from_iterable(fields))
         seen = self._clean_parts  # (bytes only: a bytearray is passed each time)
-        new = [p for p in parts if type(p) is not bytes or p not in seen]
+        new = [p for p in pieces if type(p) is not bytes or p not in seen]
         if not new:
             return True
         if self.prefilter.candidate(b"\n".join(new)):
-            text = b"\n".join(parts).decode("latin-1")
+            text = b"\n".join(pieces).decode("latin-1")
             if self.prefilter.any(text) or has_run(text):
                 return False
         if len(seen) + len(new) > CLEAN_PARTS:
@@ -350,34 +346,18 @@ class Scanner:
             yield from self.parts_hits(parts)
 
     def _multipart(self, body: bytes, ctype: str, where: Location) -> Iterator[Hit]:
-        match = _BOUNDARY.search(ctype)
-        if match is None:
+        delimiter = boundary(ctype)
+        if delimiter is None:
             yield from self.text_hits(body.decode("latin-1"), where)
             return
-        delimiter = b"--" + match.group(1).encode("latin-1")
-        for index, chunk in enumerate(body.split(delimiter)[1:]):
-            if chunk.startswith(b"--"):
-                break
-            head, _, content = chunk.partition(b"\r\n\r\n")
-            if not _:
-                head, _, content = chunk.partition(b"\n\n")
-            content = content.removesuffix(b"\r\n").removesuffix(b"\n")
-            found = _PART_NAME.search(head)
-            name = found.group(1).decode("latin-1")[:80] if found else f"#{index}"
-            part_type = b""
-            part_coding = None
-            for line in head.split(b"\n"):
-                key, _, value = line.partition(b":")
-                if key.strip().lower() == b"content-type":
-                    part_type = value.strip().lower()
-                elif key.strip().lower() == b"content-encoding":
-                    part_coding = value.strip().decode("latin-1")
-            place = Location(where.part, _named(where, f"multipart part {name}"), None,
+        for part in parts(body, delimiter):
+            place = Location(where.part, _named(where, f"multipart part {part.name}"), None,
                              where.via)
-            yield from self.text_hits(head.decode("latin-1"), place)
-            if part_coding:
-                content = decode_content(content, part_coding, self.limit)
-            yield from self._body(content, part_type.decode("latin-1"), place, part_coding)
+            yield from self.text_hits(part.head.decode("latin-1"), place)
+            content = part.content
+            if part.coding:
+                content = decode_content(content, part.coding, self.limit)
+            yield from self._body(content, part.ctype, place, part.coding)
 
 
 _NOT_JSON = object()
