@@ -17,6 +17,7 @@ import yaml
 from gateway.config import load_config
 from gateway.net.resolver import Resolver, new_event_loop
 from gateway.runtime.app import Gateway
+from helpers.process import lines_until
 
 
 class AuditCapture(io.StringIO):
@@ -27,14 +28,9 @@ class AuditCapture(io.StringIO):
 
     def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 3.0
                  ) -> list[dict[str, Any]]:
-        """Audit lines matching `predicate`, waiting for them (a line is written when
-        the response has been relayed, a moment after the client saw its last byte)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            found = [r for r in self.records() if predicate(r)]
-            if found or time.monotonic() > deadline:
-                return found
-            time.sleep(0.02)
+        """Audit lines matching `predicate`, waiting up to `timeout` s for one
+        (`helpers.process.lines_until`)."""
+        return lines_until(self.records, predicate, timeout=timeout)
 
 
 class GatewayThread:

@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,22 @@ egress:
   - host: inspect.test
     methods: [GET, HEAD, POST]
 """
+
+
+def lines_until(read: Callable[[], list[dict[str, Any]]],
+                match: Callable[[dict[str, Any]], bool],
+                done: Callable[[list[dict[str, Any]]], bool] = bool,
+                timeout: float = 5.0) -> list[dict[str, Any]]:
+    """The lines of `read()` that `match` selects, read again until `done` holds of them
+    or `timeout` seconds have passed: a gateway writes an exchange's audit line at the end
+    of the loop tick that relayed its response, a moment after the client saw its last
+    byte (later on a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [r for r in read() if match(r)]
+        if done(found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.02)
 
 
 def free_port() -> int:
@@ -97,6 +114,13 @@ class GatewayProcess:
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def audit_lines_until(self, match: Callable[[dict[str, Any]], bool],
+                          done: Callable[[list[dict[str, Any]]], bool] = bool,
+                          timeout: float = 5.0) -> list[dict[str, Any]]:
+        """The audit lines `match` selects once `done` holds of them (by default: there
+        is one), or when `timeout` seconds have passed (`lines_until`)."""
+        return lines_until(self.audit_lines, match, done, timeout)
 
     def terminate(self) -> int | None:
         """SIGTERM (a graceful stop: the supervisor stops its workers), up to 30 s for it

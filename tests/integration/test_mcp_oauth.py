@@ -863,8 +863,9 @@ def test_on_redis_two_workers_share_one_consent_refresh_once_and_revoke(
             for thread in threads:
                 thread.join(60)
             assert [answers[i].status_code for i in range(12)] == [200] * 12
-            lines = [r for r in process.audit_lines()
-                     if str(r.get("credential", "")).startswith("mcp-oauth:")]
+            lines = process.audit_lines_until(
+                lambda r: str(r.get("credential", "")).startswith("mcp-oauth:"),
+                lambda lines: {r["worker"] for r in lines} == {0, 1})
             assert {r["worker"] for r in lines} == {0, 1}  # (held on both workers)
             # (one registration at the authorization server, not one per held request)
             assert len(server.events("register")) == registered + 1
@@ -958,7 +959,7 @@ def test_a_consent_that_cannot_reach_redis_is_refused_503_state_unavailable(
             assert "state store" in answer.text and redis.url not in answer.text
             assert f"127.0.0.1:{redis.port}" not in answer.text
             assert took < 10, took
-            lines = [r for r in process.audit_lines() if r.get("sandbox") == "stalled-1"]
+            lines = process.audit_lines_until(lambda r: r.get("sandbox") == "stalled-1")
             assert [r.get("error") for r in lines] == ["state_unavailable"]
             assert "the gate failed while deciding" not in log.read_text()
             threads, answers = _hold(gw, [("stalled-1", "agent")])
