@@ -109,7 +109,7 @@ class DlpCheck:
         one gate pass over its bytes (`Scanner.head_clean`)."""
         if self.scanner.head_clean(method, path, headers.fields):
             return path
-        fields = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers.fields]
+        fields = _text(headers.fields)
         found = self._judge(self.scanner.scan_request(method, path, fields))
         if not found:
             return path
@@ -172,8 +172,7 @@ class DlpCheck:
             self._judge(self._stream.end(), _NOT_STREAMED)
 
     def trailers(self, fields: list[tuple[bytes, bytes]]) -> None:
-        decoded = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in fields]
-        self._judge(self.scanner.scan_request("", "", decoded),
+        self._judge(self.scanner.scan_request("", "", _text(fields)),
                     "; dlp.action redact cannot rewrite trailers")
 
     def message(self, data: bytes) -> bytes:
@@ -195,8 +194,7 @@ class DlpCheck:
         """The answer's headers as the client gets them."""
         if self.scanner.head_clean("", "", fields):
             return
-        decoded = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in fields]
-        self._flag(self.scanner.scan_request("", "", decoded).findings)
+        self._flag(self.scanner.scan_request("", "", _text(fields)).findings)
 
     def answer_data(self, piece: bytes, content_type: str | None,
                     content_encoding: str | None) -> None:
@@ -213,8 +211,7 @@ class DlpCheck:
             self._flag(self._answer.end().findings)
             self._answer = None
         if trailers:
-            decoded = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in trailers]
-            self._flag(self.scanner.scan_request("", "", decoded).findings, "trailer")
+            self._flag(self.scanner.scan_request("", "", _text(trailers)).findings, "trailer")
 
     def answer_message(self, data: bytes) -> None:
         """A WebSocket message from the upstream."""
@@ -230,6 +227,11 @@ class DlpCheck:
             self._record(tuple(replace(f, location=replace(
                 f.location, part=_answer_part(part or f.location.part)))
                 for f in found), "report")
+
+
+def _text(fields: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    """Header fields as the scanner reads them (latin-1: each byte one character)."""
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in fields]
 
 
 def _answer_part(part: str) -> str:
