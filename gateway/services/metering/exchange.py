@@ -19,7 +19,7 @@ __all__ = ["NOT_METERED", "Exchange", "Metered", "Pending"]
 
 @dataclass(slots=True)
 class Pending:
-    """A ``response.create`` of a Responses WebSocket session that holds a reservation."""
+    """A ``response.create`` of a WebSocket session that holds a reservation."""
 
     hold: Hold
     started: bool = False
@@ -45,7 +45,8 @@ class Exchange:
     retrieval: str | None = None  # the pending job whose usage this answer may carry
     holds_response: bool = False  # a provider-minted secret: read before it is relayed
     capture: list[bytes] | None = None
-    pending: dict[str | None, list[Pending]] | None = None  # (a Responses session's)
+    pending: dict[str | None, list[Pending]] | None = None  # (a session's, by lane)
+    unread: dict[str | None, int] | None = None  # (by lane: responses ended unread)
 
     def head(self, header: Callable[[str], str | None]) -> None:
         """The response's headers (``header(name)``: a field's value, or None)."""

@@ -12,7 +12,7 @@ from gateway.core.metering.endpoints import Endpoint, body_json, field_of
 from gateway.core.metering.jsondoc import document
 from gateway.core.metering.models import check_event_models
 from gateway.core.metering.refusals import BudgetExceeded, MeteringRefusal, StepRefusal
-from gateway.core.metering.settling import Bound, ending
+from gateway.core.metering.settling import Bound, all_unread, ending
 from gateway.core.metering.usage import SessionMeter, Usage
 from gateway.core.policy.model import Rule
 from gateway.core.ports import Telemetry
@@ -184,30 +184,55 @@ class Sessions:
                         return
                 elif any(p.started for p in queue):
                     return  # (it may be a running response's: which one, none can say)
-                else:  # (one of the queued ones, unbegun: release the smallest bound)
-                    waiting = queue[ending(_bounds(queue), (0, 0), None).index]
-                queue.remove(waiting)
-                self.budgets.settle(waiting.hold, 0, 0)
+                self._release_refused(exchange, lane, queue, waiting)
             return
-        self._settle_ended(exchange, queue, usage, meter.last_id)
+        self._settle_ended(exchange, lane, queue, usage, meter.last_id)
 
-    def _settle_ended(self, exchange: Exchange, queue: list[Pending], usage: Usage,
-                      response_id: str | None) -> None:
+    def _release_refused(self, exchange: Exchange, lane: str | None, queue: list[Pending],
+                         refused: Pending) -> None:
+        """A queued ``response.create`` (``refused``, as the error tells) will not run:
+        release the smallest reservation of the lane (whichever response it was, its own
+        bound was at least that large) and forget the refused create (the entry left
+        keeps the reservation the refused one held)."""
+        smallest = min(queue, key=lambda p: (p.hold.reserved.tokens, p.hold.reserved.nano_usd))
+        self.budgets.settle(smallest.hold, 0, 0)
+        smallest.hold = refused.hold
+        queue.remove(refused)
+        self._settle_unread(exchange, lane, queue)
+
+    def _settle_ended(self, exchange: Exchange, lane: str | None, queue: list[Pending],
+                      usage: Usage, response_id: str | None) -> None:
         """A response of the session ended with ``usage``: settle the reservation
         ``core.metering.settling`` picks (not the one its id names: ids are tied to
-        reservations by an order the provider need not keep)."""
+        reservations by an order the provider need not keep), or, its usage unread,
+        count it and hold on (see ``_settle_unread``)."""
         used: tuple[int, int] | None = None
         if usage.known:
             cost = (self.budgets.cost(usage)
                     if any(b.cost_usd is not None for b in exchange.policy.budgets) else None)
             used = (usage.tokens, round((cost or 0.0) * NANO))
         chosen = ending(_bounds(queue), used, response_id)
-        pending = queue.pop(chosen.index)
-        if chosen.tokens is None or chosen.nano_usd is None:
-            self.settlement.settle(exchange, pending.hold, usage, sent=True, status=200)
+        if chosen.index is None:
+            unread = exchange.unread if exchange.unread is not None else {}
+            unread[lane] = unread.get(lane, 0) + 1
+            exchange.unread = unread
+        else:
+            self.settlement.settle(exchange, queue.pop(chosen.index).hold, usage, sent=True,
+                                   status=200)
+        self._settle_unread(exchange, lane, queue)
+
+    def _settle_unread(self, exchange: Exchange, lane: str | None,
+                       queue: list[Pending]) -> None:
+        """When every reservation left on ``lane`` is one of a response that ended with
+        its usage unread, charge each in full (no response still running can need it)."""
+        unread = exchange.unread.get(lane, 0) if exchange.unread is not None else 0
+        if not all_unread(len(queue), unread):
             return
-        self.settlement.unread(exchange)  # (charged the largest bound of the session)
-        self.budgets.settle(pending.hold, chosen.tokens, chosen.nano_usd)
+        for pending in queue:
+            self.settlement.settle(exchange, pending.hold, Usage(), sent=True, status=200)
+        queue.clear()
+        assert exchange.unread is not None
+        exchange.unread[lane] = 0
 
 
 def _bounds(queue: list[Pending]) -> list[Bound]:

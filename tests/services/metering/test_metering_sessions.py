@@ -153,3 +153,83 @@ def realtime(metering: Metering) -> tuple[Exchange, Policy]:
                           body=None, now=NOW)
     assert isinstance(step, Exchange) and isinstance(step.meter, SessionMeter)
     return step, policy
+
+
+def _book(metering: Metering, policies: PolicySet) -> tuple[float, float]:
+    """(settled, held) tokens of the sandbox's daily budget."""
+    book = metering.budgets
+    used, held = book._used(book._table("agent", policies.policies["agent"].budgets[0],
+                                        1794960000.0), "sb")
+    return used["tokens"], held["tokens"]
+
+
+UNREAD = json.dumps({"type": "response.completed", "response": {"usage": None}}).encode()
+
+
+@pytest.mark.parametrize(("what", "events", "settled"), [
+    # (the events after a long and a short create; what is charged once all have ended)
+    ("the long one ends unread, the short one read: the long bound held until the end",
+     ["created", "created", UNREAD, ("used", 20)], "20+long"),
+    ("the short one ends unread first: nothing released while the long one runs",
+     ["created", "created", UNREAD, ("used", 2_900)], "2900+short"),
+    ("both unread: each charged its own reservation", ["created", "created", UNREAD, UNREAD],
+     "long+short"),
+    ("an error before either began releases the short bound; the other unread",
+     ["error", "created", UNREAD], "long"),
+    ("an error while one runs may be that one's: nothing released",
+     ["created", "error", UNREAD, UNREAD], "long+short"),
+])
+def test_a_session_charges_within_what_it_reserved(
+        metering: Metering, policies: PolicySet, what: str,
+        events: list[bytes | str | tuple[str, int]], settled: str) -> None:
+    """A response whose usage the provider does not report could be either: it releases
+    nothing until every response has ended, and then each reservation left is charged in
+    full. At every step what is charged plus what is held stays within what was reserved
+    (charging the largest bound for an unread response while releasing the smallest,
+    as before, charged 2 x long)."""
+    step = session(metering, policies, "/openai/v1/responses")
+    creates = [json.dumps({"type": "response.create", "model": "m", "max_output_tokens": n,
+                           "input": "hi"}).encode() for n in (3000, 30)]
+    for create in creates:
+        assert metering.session_message(step, create, NOW) is None
+    long, short = (3000 + len(creates[0]), 30 + len(creates[1]))
+    assert _book(metering, policies) == (0, long + short)
+    for event in events:
+        if event == "created":
+            data = b'{"type": "response.created", "response": {}}'
+        elif event == "error":
+            data = b'{"type": "error", "status": 500, "error": {}}'
+        elif isinstance(event, tuple):
+            data = json.dumps({"type": "response.completed", "response": {
+                "usage": {"input_tokens": 0, "output_tokens": event[1]}}}).encode()
+        else:
+            assert isinstance(event, bytes)
+            data = event
+        metering.session_event(step, data, NOW)
+        used, held = _book(metering, policies)
+        assert used + held <= long + short, (what, event, used, held)
+    assert _book(metering, policies) == (eval(settled, {"long": long, "short": short}), 0)
+    assert not step.pending or not any(step.pending.values())
+
+
+def test_a_realtime_error_naming_one_create_releases_one_reservation(
+        metering: Metering) -> None:
+    """An error naming a queued create's event releases the smallest reservation once;
+    the same error again (a provider repeating itself) releases nothing more."""
+    step, policy = realtime(metering)
+    for event_id, limit in (("big", 4000), ("small", 10)):
+        assert metering.session_message(step, json.dumps({
+            "type": "response.create", "event_id": event_id, "response": {
+                "conversation": "none", "max_output_tokens": limit}}).encode(), NOW) is None
+    book = metering.budgets
+    table = book._table("agent", policy.budgets[0], 1794960000.0)
+    held = book._used(table, "sb")[1]["tokens"]
+    error = b'{"type": "error", "error": {"event_id": "big"}}'
+    metering.session_event(step, error, NOW)
+    after = book._used(table, "sb")[1]["tokens"]
+    assert step.pending is not None
+    (left,) = step.pending[None]
+    assert left.hold.reserved.tokens == after > held - after  # the smaller one went
+    metering.session_event(step, error, NOW)
+    again = book._used(table, "sb")[1]["tokens"]
+    assert again == after and len(step.pending[None]) == 1
