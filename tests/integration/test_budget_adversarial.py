@@ -553,6 +553,19 @@ def _pairs(sbx: Sandbox, what: str) -> list[Outcome]:
     return sbx.session(what, "/v1/responses", [big, small], then=then)
 
 
+@row(WEBSOCKET, 40_000, faults=Faults(no_usage=1.0))
+def ws_responses_without_usage(sbx: Sandbox, provider: HostileProvider) -> list[Outcome]:
+    """Responses over WebSocket in parallel, long and short, whose completions carry no
+    usage: an ended response could be any of those pending, so none is released until
+    all have ended, then each charged its reservation (releasing the short one's and
+    charging the long bound, as once, charged the long bound twice a pair)."""
+    del provider
+    big = {"type": "response.create", "model": GPT, "input": "write a lot",
+           "max_output_tokens": 16_000, "store": False}
+    small = {**big, "input": "one word", "max_output_tokens": 64}
+    return sbx.session("responses without usage", "/v1/responses", [big, small] * 3)
+
+
 @row(WEBSOCKET, 20_000, faults=Faults(error_after_tokens=1.0), ws_parallel=1)
 def ws_responses_error_mid_response(sbx: Sandbox, provider: HostileProvider
                                     ) -> list[Outcome]:
