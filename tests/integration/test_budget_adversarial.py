@@ -518,6 +518,21 @@ def ws_realtime_out_of_band(sbx: Sandbox, provider: HostileProvider) -> list[Out
                        [create] * 24)
 
 
+@row(WEBSOCKET, 70_000, faults=Faults(no_usage=1.0))
+def ws_realtime_without_usage(sbx: Sandbox, provider: HostileProvider) -> list[Outcome]:
+    """Out-of-band Realtime responses of two sizes whose response.done carries no usage:
+    the two that fit reserve ~68,000 (each the context window and its output limit);
+    charging each the larger bound, as once, came to ~72,000."""
+    del provider
+    big = {"type": "response.create", "response": {
+        "conversation": "none", "max_output_tokens": 4096, "output_modalities": ["text"],
+        "input": [{"type": "message", "role": "user",
+                   "content": [{"type": "input_text", "text": "write a lot"}]}]}}
+    small = {**big, "response": {**big["response"], "max_output_tokens": 16}}
+    return sbx.session("realtime without usage", f"/v1/realtime?model={REALTIME}",
+                       [big, small] * 2)
+
+
 @row(WEBSOCKET, 40_000)
 def ws_responses_parallel(sbx: Sandbox, provider: HostileProvider) -> list[Outcome]:
     """Responses over WebSocket, run in parallel: a long response and a short one, and
