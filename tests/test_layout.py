@@ -62,14 +62,19 @@ def _name(path: Path) -> str:
 @cache
 def _graph() -> dict[str, set[str]]:
     modules = {_name(p): p for p in GATEWAY.rglob("*.py")}
+    # A C extension (`<name>.c`) is a module that imports nothing of the gateway's.
+    extensions = {_name(p.with_suffix(".py")) for p in GATEWAY.rglob("*.c")}
 
     def resolve(name: str) -> str | None:
         while name and name not in modules:
             name = name.rpartition(".")[0]
         return name or None
 
-    graph: dict[str, set[str]] = {m: set() for m in modules}
+    graph: dict[str, set[str]] = {m: set() for m in [*modules, *extensions]}
+    modules.update((name, None) for name in extensions)  # (resolved, not read)
     for module, path in modules.items():
+        if path is None:
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             targets: list[str] = []
             if isinstance(node, ast.Import):

@@ -42,6 +42,12 @@ def _module_file(name: str) -> Path | None:
     return path.with_suffix(".py") if path.with_suffix(".py").is_file() else None
 
 
+def _extension(name: str) -> bool:
+    """Whether ``name`` is a C extension of the gateway's (built from ``<name>.c``: the
+    core's `dlp/_gate.c` computes over a buffer and imports nothing)."""
+    return GATEWAY.parent.joinpath(*name.split(".")).with_suffix(".c").is_file()
+
+
 def imports_of(name: str, source: str, is_package: bool) -> set[str]:
     """Every module ``source`` (module ``name``) imports, wherever the statement is;
     ``from package import submodule`` counted as the submodule."""
@@ -57,7 +63,8 @@ def imports_of(name: str, source: str, is_package: bool) -> set[str]:
                 base = ".".join(parts + ([node.module] if node.module else []))
             found.add(base)
             found.update(f"{base}.{a.name}" for a in node.names
-                         if _module_file(f"{base}.{a.name}") is not None)
+                         if _module_file(f"{base}.{a.name}") is not None
+                         or _extension(f"{base}.{a.name}"))
     return found
 
 

@@ -1,18 +1,19 @@
-"""The C-speed passes (`fastscan`): Hyperscan and the fallback (pyahocorasick, translate)
-give the same answers as a plain search, on prose, binary bytes, text past latin-1 and
-every default anchor planted at the edges and overlapping; scans from several threads at
-once each get their own scratch space."""
+"""The C-speed passes (`fastscan`): the gate's pass in C (`_gate.c`, where built), Hyperscan
+and the fallback (pyahocorasick, translate) give the same answers as a plain search, on
+prose, binary bytes, text past latin-1 and every default anchor planted at the edges and
+overlapping; scans from several threads at once each get their own scratch space."""
 
 from __future__ import annotations
 
 import random
-import threading
 
 import pytest
+from helpers.threads import at_once
 
-from gateway.core.dlp import DEFAULT
+from gateway.core.dlp import DEFAULT, fastscan
 from gateway.core.dlp.fastscan import (
     HYPERSCAN,
+    NATIVE,
     RUN,
     SEGMENT,
     ChunkPass,
@@ -26,6 +27,18 @@ from gateway.services.dlp.library import build
 ANCHORS = sorted({a for d in build(DEFAULT) for r in d.rules for a in r.anchors})
 MODES = [pytest.param(True, marks=pytest.mark.skipif(not HYPERSCAN, reason="no hyperscan")),
          False]
+# The gate's pass: in C, on Hyperscan, or the fallback.
+ENGINES = [pytest.param("native", marks=pytest.mark.skipif(not NATIVE, reason="not built")),
+           pytest.param("hyperscan", marks=pytest.mark.skipif(not HYPERSCAN,
+                                                              reason="no hyperscan")),
+           "python"]
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """The gate's pass under test; returns `fast` (the C pass is on only for "native")."""
+    monkeypatch.setattr(fastscan, "NATIVE", request.param == "native")
+    return bool(request.param != "python")
 
 
 def _every(text: str) -> set[tuple[int, str]]:
@@ -61,7 +74,6 @@ def test_every_anchor_is_found_where_it_is(fast: bool) -> None:
         assert literals.any(text) == bool(found)
 
 
-@pytest.mark.parametrize("fast", MODES)
 @pytest.mark.parametrize(("text", "holds"), [
     ("a" * (SEGMENT - 1), False),
     ("a" * SEGMENT, True),
@@ -72,9 +84,9 @@ def test_every_anchor_is_found_where_it_is(fast: bool) -> None:
     ("x" * 5000 + " " + "Q" * SEGMENT, True),
     ("", False),
 ])
-def test_a_segment_is_twenty_base64_characters_in_a_row(fast: bool, text: str,
+def test_a_segment_is_twenty_base64_characters_in_a_row(engine: bool, text: str,
                                                         holds: bool) -> None:
-    assert has_segment(text, fast=fast) is holds
+    assert has_segment(text, fast=engine) is holds
 
 
 @pytest.mark.skipif(not HYPERSCAN, reason="no hyperscan")
@@ -94,22 +106,13 @@ def test_scans_from_several_threads_at_once() -> None:
     literals = Literals(ANCHORS)
     text = ("the request " * 50_000) + "ghp_" + ("model " * 50_000)
     want = _every(text)
-    errors: list[BaseException] = []
 
     def work() -> None:
-        try:
-            for _ in range(20):
-                assert set(literals.find(text)) == want
-                assert not has_segment(text[:400_000])
-        except BaseException as exc:  # (reported below)
-            errors.append(exc)
+        for _ in range(20):
+            assert set(literals.find(text)) == want
+            assert not has_segment(text[:400_000])
 
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[:1]
+    at_once(work)
 
 
 # -- the pass over a stream, a chunk at a time (ChunkPass) --------------------------------
@@ -135,14 +138,13 @@ def _ends(data: bytes, gate: Gate) -> tuple[list[bool], list[bool]]:
     return runs, literals
 
 
-@pytest.mark.parametrize("fast", MODES)
-def test_a_chunk_pass_flags_each_chunk_a_run_or_literal_ends_in(fast: bool) -> None:
+def test_a_chunk_pass_flags_each_chunk_a_run_or_literal_ends_in(engine: bool) -> None:
     """Prose with one to three planted literals (a caseless one in mixed case) or runs
     of 19 to 23, cut at random (pieces of 1 byte to 20 KB, about the 4 KB where the seam
     is scanned apart) and once inside each planted one: a chunk in which a run ends has
     RUN, one in which a literal ends a flag; and a flag is set only if one ends in the
     chunk or in the `overlap` bytes before it."""
-    gate = Prefilter(build(DEFAULT), fast=fast).gate
+    gate = Prefilter(build(DEFAULT), fast=engine).gate
     r = random.Random(43)
     words = ["the", "request", "model", "=", "{", "\n"]
     for _ in range(150):
@@ -188,10 +190,11 @@ def test_the_overlap_is_the_longest_literal_or_run_less_one() -> None:
 
 
 @pytest.mark.parametrize("size", [100, 10_000])  # (the seam with the chunk, or apart)
-def test_a_literal_or_run_cut_anywhere_is_flagged_where_it_ends(size: int) -> None:
+def test_a_literal_or_run_cut_anywhere_is_flagged_where_it_ends(engine: bool,
+                                                               size: int) -> None:
     """Each of the gate's literals and a run of SEGMENT, cut at each offset: the chunk
     it ends in is flagged (the longest literal sets how far back the pass looks)."""
-    gate = Prefilter(build(DEFAULT)).gate
+    gate = Prefilter(build(DEFAULT), fast=engine).gate
     prose = b"the model " * 1_000
     assert not ChunkPass(gate).flags(prose)
     for item in [w.encode() for w, _ in gate.literals] + [b"Ab0+/_-9" * 2 + b"Zz-_"]:

@@ -1,0 +1,200 @@
+"""The gate's pass in C (gateway/core/dlp/_gate.c): the same answers as a plain reading of
+the bytes, on texts of every length around its 64-byte blocks with runs and literals
+planted across their edges, and the same as Hyperscan's gate on prose and binary bytes;
+a literal it does not take leaves the gate on Hyperscan."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+from helpers.threads import at_once
+
+from gateway.core.dlp import DEFAULT
+from gateway.core.dlp.fastscan import (
+    _ALPHABET,
+    HYPERSCAN,
+    LITERAL,
+    NATIVE,
+    RUN,
+    SEGMENT,
+    Gate,
+)
+from gateway.core.dlp.prefilter import Prefilter
+from gateway.services.dlp.library import build
+
+pytestmark = pytest.mark.skipif(not NATIVE, reason="_gate.c not built, or no AVX2")
+
+if NATIVE:
+    import gateway.core.dlp._gate as _gate  # type: ignore[import-not-found]
+
+DEFAULT_LITERALS = Prefilter(build(DEFAULT)).gate.literals
+OTHER_LITERALS = (("abc", False), ("ABD", True), ("x" * 255, False), ("://", False),
+                  ("-----BEGIN", False), ("zz_", True))
+
+
+def plain(data: bytes, literals: tuple[tuple[str, bool], ...]) -> tuple[bool, bool]:
+    """(a run of SEGMENT, a literal) by reading the bytes one by one."""
+    row = 0
+    run = False
+    for byte in data:
+        row = row + 1 if byte in _ALPHABET else 0
+        if row >= SEGMENT:
+            run = True
+            break
+    lowered = data.lower()
+    literal = any((w.lower().encode() in lowered) if caseless else (w.encode() in data)
+                  for w, caseless in literals)
+    return run, literal
+
+
+def agrees(flags: int, expected: tuple[bool, bool]) -> bool:
+    """RUN exactly; LITERAL exactly where there is no run (a run decides both askers)."""
+    run, literal = expected
+    return bool(flags & RUN) == run and (run or bool(flags & LITERAL) == literal)
+
+
+def texts(seed: int, literals: tuple[tuple[str, bool], ...], count: int) -> list[bytes]:
+    """Texts of 0 to 400 bytes (mostly about the blocks' edges) of bytes near the
+    alphabet's and the literals', with runs of SEGMENT - 1 and SEGMENT and literals (in
+    mixed case where caseless) planted at the edges."""
+    r = random.Random(seed)
+    pool = b" \n.,:/{}\"'=-_+azAZ09\x00\x7f\x80\xff" + \
+        bytes({b for w, _ in literals for b in w.encode()[:3]})
+    edges = [0, 1, 2, 19, 20, 21, 44, 45, 46, 62, 63, 64, 65, 66, 67, 126, 127, 128, 129,
+             130, 191, 192, 193]
+    out = []
+    for _ in range(count):
+        n = r.choice([*edges, r.randrange(400)])
+        data = bytearray(r.choice(pool) for _ in range(n)) if r.random() < 0.7 \
+            else bytearray(b" " * n)
+        for _ in range(r.randrange(3)):
+            if not n:
+                break
+            kind = r.choice(["run", "short", "literal"])
+            if kind == "literal":
+                word, caseless = r.choice(literals)
+                piece = bytes(c ^ 0x20 if caseless and chr(c).isalpha() and r.random() < 0.5
+                              else c for c in word.encode())
+            else:
+                size = SEGMENT if kind == "run" else SEGMENT - 1
+                piece = bytes(r.choice(_ALPHABET) for _ in range(size))
+            at = r.choice([*[e for e in edges if e < n], max(0, n - len(piece)),
+                           r.randrange(n)])
+            data[at:at + len(piece)] = piece
+        out.append(bytes(data))
+    return out
+
+
+@pytest.mark.parametrize("literals", [DEFAULT_LITERALS, OTHER_LITERALS, ()],
+                         ids=["default detectors", "others", "the run alone"])
+def test_the_c_pass_reads_what_a_plain_reading_reads(
+        literals: tuple[tuple[str, bool], ...]) -> None:
+    gate = _gate.Gate(_ALPHABET, SEGMENT, [(w.encode(), c) for w, c in literals])
+    wrong = [t for t in texts(41, literals or (("abc", False),), 20_000)
+             if not agrees(gate.flags(t), plain(t, literals))]
+    assert not wrong, wrong[:3]
+
+
+@pytest.mark.skipif(not HYPERSCAN, reason="no hyperscan")
+def test_the_c_pass_answers_as_hyperscans_gate() -> None:
+    native, hyperscan = Gate(DEFAULT_LITERALS), Gate(DEFAULT_LITERALS, native=False)
+    r = random.Random(43)
+    words = [b"the", b"model", b"eyJ", b"://", b"AKC", b"APF", b"xOx", b"BEGIN", b"\n",
+             b"Ab0+/_-9" * 2, b"\xff\x00"]
+    samples = [b" ".join(r.choice(words) for _ in range(r.randrange(1, 400)))
+               for _ in range(2_000)] + [r.randbytes(r.randrange(1, 5_000)) for _ in range(300)]
+    for sample in samples:
+        expected = hyperscan.flags(sample)
+        assert agrees(native.flags(sample), (bool(expected & RUN), bool(expected & LITERAL)))
+
+
+def test_long_texts_buffers_and_threads() -> None:
+    """A text over 64 KiB (scanned with the GIL released) from four threads at once, as
+    bytes, bytearray and memoryview; the run or literal at its very end."""
+    gate = Gate(DEFAULT_LITERALS)
+    body = b"the model said nothing " * 20_000
+    cases = [(body, 0), (body + b"eyJ", LITERAL), (body + b"a" * SEGMENT, RUN),
+             (b"A" * SEGMENT + body, RUN)]
+
+    def work() -> None:
+        for _ in range(10):
+            for text, flags in cases:
+                for view in (text, bytearray(text), memoryview(text)):
+                    assert gate.flags(view) & flags == flags
+                    assert flags or not gate.flags(view)
+
+    at_once(work)
+
+
+@pytest.mark.parametrize(("literals", "why"), [
+    ([(b"ab", False)], "3 to 255 bytes"),
+    ([(b"abc", False)] * 65, "more than 64"),
+    ([(b"x" * 256, False)], "3 to 255 bytes"),
+])
+def test_literals_it_does_not_take_leave_the_gate_on_hyperscan(
+        literals: list[tuple[bytes, bool]], why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        _gate.Gate(_ALPHABET, SEGMENT, literals)
+    words = tuple((w.decode(), c) for w, c in literals)
+    gate = Gate(words)
+    assert gate._native is None
+    for text in (b"xx ab abc yy", b"no such words"):
+        assert agrees(gate.flags(text), plain(text, words)), text
+
+
+def test_the_default_gate_takes_the_c_pass() -> None:
+    assert Prefilter(build(DEFAULT)).gate._native is not None
+    assert Gate()._native is not None
+
+
+_ASAN_RUN = """
+import importlib.util, random, sys
+spec = importlib.util.spec_from_file_location("_gate", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+literals = [(w.encode(), c) for w, c in %r]
+gate = module.Gate(%r, %d, literals)
+r = random.Random(5)
+pool = b"ab :/AKCxoX-09\\x00\\xff"
+table = bytes(pool[i %% len(pool)] for i in range(256))
+for n in [*range(300), *(r.randrange(100_000) for _ in range(30))]:
+    for _ in range(10):
+        data = r.randbytes(n).translate(table)
+        gate.flags(data)
+        gate.flags(bytearray(data))
+print("clean")
+"""
+
+
+def test_no_read_past_a_buffer_under_address_sanitizer(tmp_path: Path) -> None:
+    """The C pass built with AddressSanitizer and UBSan reads texts of every length up
+    to 300 bytes (and longer ones) in buffers of exactly their size (PYTHONMALLOC=malloc:
+    each its own allocation, a red zone after it): no byte past a text is read."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("no gcc")
+    runtime = [subprocess.run([gcc, f"-print-file-name={lib}"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+               for lib in ("libasan.so", "libubsan.so")]
+    if not all(Path(lib).is_file() for lib in runtime):
+        pytest.skip("no libasan/libubsan")
+    source = Path(_gate.__file__).parents[0] / "_gate.c"
+    built = tmp_path / "_gate.so"
+    subprocess.run([gcc, "-O1", "-g", "-fsanitize=address,undefined", "-shared", "-fPIC",
+                    f"-I{sysconfig.get_paths()['include']}", str(source), "-o", str(built)],
+                   check=True)
+    script = _ASAN_RUN % (DEFAULT_LITERALS, _ALPHABET, SEGMENT)
+    run = subprocess.run([sys.executable, "-c", script, str(built)], capture_output=True,
+                         text=True, timeout=120, env={
+                             **os.environ, "PYTHONMALLOC": "malloc",
+                             "ASAN_OPTIONS": "detect_leaks=0",
+                             "UBSAN_OPTIONS": "halt_on_error=1",
+                             "LD_PRELOAD": " ".join(runtime)})
+    assert run.returncode == 0 and run.stdout.strip() == "clean", run.stderr[-2000:]
