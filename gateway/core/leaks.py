@@ -33,7 +33,15 @@ from typing import Any
 
 import ahocorasick
 
-from gateway.core.dlp.fastscan import RUN, SEGMENT, Gate, Literals
+from gateway.core.dlp.fastscan import (
+    BACKSLASH,
+    ESCAPES_KNOWN,
+    PERCENT,
+    RUN,
+    SEGMENT,
+    Gate,
+    Literals,
+)
 
 __all__ = [
     "REDACTED",
@@ -169,9 +177,15 @@ class LeakScan:
         per MiB of lowercasing and the marker search after it."""
         if not data:
             return None
-        if self._runs and len(data) >= _GATED and _plain(data) \
-                and not (gate or _RUNS).flags(data, keep=True) & RUN:
-            return None  # (one byte looked for first: memchr, where `\u00` is 6 M / MiB)
+        if self._runs and len(data) >= _GATED:
+            checker = gate or _RUNS
+            if checker.native:  # (the C pass says which escapes it saw: no memchr passes)
+                flags = checker.flags(data, keep=True, escapes=True)
+                if flags & ESCAPES_KNOWN and not flags & (RUN | PERCENT) and \
+                        (not flags & BACKSLASH or _no_json_escape(data)):
+                    return None
+            elif _plain(data) and not checker.flags(data, keep=True) & RUN:
+                return None  # (one byte looked for first: memchr, where `\u00` is 6 M / MiB)
         text = canonical(data)
         found: str | None = None
         if self._automaton is not None:
@@ -260,8 +274,12 @@ def _plain(data: bytes) -> bool:
     integer (`PyNumber_AsSsize_t`), which raises a TypeError with a formatted message
     and clears it before searching: about 0.45 µs a test, twice a short search's cost
     (some fifteen tests a request; issue 41)."""
-    find = data.find
-    return find(b"%") < 0 and (find(b"\\") < 0 or (find(b"\\u00") < 0 and find(b"\\/") < 0))
+    return data.find(b"%") < 0 and (data.find(b"\\") < 0 or _no_json_escape(data))
+
+
+def _no_json_escape(data: bytes) -> bool:
+    """Whether `data` (which holds a backslash) holds no `\\u00` or `\\/` escape."""
+    return data.find(b"\\u00") < 0 and data.find(b"\\/") < 0
 
 
 class StreamScan:

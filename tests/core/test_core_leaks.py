@@ -13,7 +13,7 @@ from urllib.parse import quote
 import pytest
 
 from gateway.core.dlp import DEFAULT, Scanner
-from gateway.core.dlp.fastscan import RUN, ChunkPass, Gate
+from gateway.core.dlp.fastscan import HYPERSCAN, RUN, ChunkPass, Gate
 from gateway.core.leaks import (
     LeakScan,
     Redactor,
@@ -167,8 +167,13 @@ PROSE = "the request model parse file rows return value quoted field " * 40  # 2
 
 @functools.cache
 def _gates() -> list[Gate | None]:
-    """No gate (the run check alone), and outbound credential detection's gate."""
-    return [None, Scanner(build(DEFAULT), b"s").prefilter.gate]
+    """No gate (the run check alone), and outbound credential detection's gate; then
+    both on Hyperscan where the C pass is the default (which also says which escapes a
+    body holds: the leak guard's `_plain` searches are made only without it)."""
+    detection = Scanner(build(DEFAULT), b"s").prefilter.gate
+    return [None, detection,
+            *([Gate(native=False), Gate(detection.literals, native=False)]
+              if detection.native and HYPERSCAN else [])]
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["one set", "as the gate builds it"])

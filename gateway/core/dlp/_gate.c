@@ -15,7 +15,9 @@
  * or more (at most 64): otherwise `Gate()` raises ValueError and the caller keeps
  * Hyperscan. The answer is what a reader takes from Hyperscan's: RUN as soon as a run is
  * found (LITERAL may be set beside it: a run decides both askers), else LITERAL exactly
- * when one of the literals is in the text.
+ * when one of the literals is in the text, and then ESCAPES with PERCENT, BACKSLASH and
+ * PLUS for the bytes a reader unescapes (`%`, `\\`, `+`: the leak guard and detection
+ * ask for them next, each a memchr pass of its own without this).
  * tests/core/dlp/test_dlp_gate_native.py holds it to a plain reading on every offset and
  * length around the blocks' edges, and to Hyperscan on random texts.
  */
@@ -28,6 +30,10 @@
 
 #define RUN 1
 #define LITERAL 2
+#define PERCENT 4     /* a `%` is in the text (with ESCAPES) */
+#define BACKSLASH 8   /* a `\\` */
+#define PLUS 16       /* a `+` */
+#define ESCAPES 32    /* the three bits above are known: the whole text was read */
 #define MAX_LITERALS 64
 #define BUCKETS 8
 
@@ -93,6 +99,12 @@ static int scan(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
     const __m256i lo1 = table(g->lo[1]), hi1 = table(g->hi[1]);
     const __m256i lo2 = table(g->lo[2]), hi2 = table(g->hi[2]);
     const __m256i zero = _mm256_setzero_si256();
+    /* `%` bit 0, `\\` bit 1, `+` bit 2 of (elo[b & 15] & ehi[b >> 4]) */
+    const __m256i elo = _mm256_setr_epi8(0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 4, 2, 0, 0, 0,
+                                         0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 4, 2, 0, 0, 0);
+    const __m256i ehi = _mm256_setr_epi8(0, 0, 5, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                         0, 0, 5, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m256i escapes = zero;
     const int segment = g->segment;
     int literals = g->count > 0;
     int flags = 0;
@@ -113,6 +125,8 @@ static int scan(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
             ((uint64_t)(uint32_t)_mm256_movemask_epi8(
                  _mm256_cmpeq_epi8(lookup(a1, alo, ahi), zero)) << 32);
         alpha = ~alpha;
+        escapes = _mm256_or_si256(escapes, _mm256_or_si256(lookup(a0, elo, ehi),
+                                                           lookup(a1, elo, ehi)));
         if (left < 64)
             alpha &= (((uint64_t)1) << left) - 1;
         if (literals) {
@@ -163,7 +177,12 @@ static int scan(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
         carry = alpha == ~(uint64_t)0 ? carry + 64
                                       : (alpha ? (uint64_t)__builtin_clzll(~alpha) : 0);
     }
-    return flags;
+    uint8_t seen[32];
+    _mm256_storeu_si256((__m256i *)seen, escapes);
+    unsigned any = 0;
+    for (int i = 0; i < 32; i++)
+        any |= seen[i];
+    return flags | ESCAPES | (int)(any << 2);
 }
 
 static int partition(const uint8_t member[256], uint8_t lo[16], uint8_t hi[16]) {

@@ -42,8 +42,8 @@ except ImportError:
     _gate = None
 NATIVE: bool = _gate is not None and bool(_gate.AVX2)  # the gate's pass in C (above)
 
-__all__ = ["HYPERSCAN", "LITERAL", "NATIVE", "RUN", "ChunkPass", "Gate", "Literals",
-           "as_bytes", "has_segment"]
+__all__ = ["BACKSLASH", "ESCAPES_KNOWN", "HYPERSCAN", "LITERAL", "NATIVE", "PERCENT", "PLUS",
+           "RUN", "ChunkPass", "Gate", "Literals", "as_bytes", "has_segment"]
 SEGMENT = 20  # base64 characters in a row that may hold a key (decoding.MIN_BASE64)
 _ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-"
 MAP = bytes(0x61 if i in _ALPHABET else 0x20 for i in range(256))  # in the alphabet: "a"
@@ -114,6 +114,10 @@ def has_segment(text: str | bytes | bytearray, *, fast: bool = HYPERSCAN,
 
 RUN = 1  # `Gate.flags`: SEGMENT base64 characters in a row
 LITERAL = 2  # `Gate.flags`: one of the gate's literals
+_FOUND = RUN | LITERAL
+# `Gate.flags(escapes=True)` on the C pass: the bytes a reader unescapes, known
+# (ESCAPES_KNOWN) where the pass read the whole text (`_gate.c`)
+PERCENT, BACKSLASH, PLUS, ESCAPES_KNOWN = 4, 8, 16, 32
 _NATIVE_RUNS: list[Any] = []
 
 
@@ -178,20 +182,29 @@ class Gate:
         """Drop a kept answer (and the body it holds) that will not be asked for."""
         self._kept = None
 
-    def flags(self, data: str | bytes | bytearray, *, keep: bool = False) -> int:
-        """`RUN | LITERAL` as found in `data` (see the class docstring for `keep`)."""
+    @property
+    def native(self) -> bool:
+        """Whether the pass is the C one, whose answer can say which escapes the text
+        holds (`flags(escapes=True)`)."""
+        return self._native is not None
+
+    def flags(self, data: str | bytes | bytearray, *, keep: bool = False,
+              escapes: bool = False) -> int:
+        """`RUN | LITERAL` as found in `data` (see the class docstring for `keep`);
+        `escapes`: also `ESCAPES_KNOWN` with `PERCENT`, `BACKSLASH` and `PLUS` where the
+        pass read the whole text (the C pass, no run found; never on Hyperscan's)."""
         kept = self._kept
         if kept is not None:
             self._kept = None
             if kept[0] is data:
-                return kept[1]
+                return kept[1] if escapes else kept[1] & _FOUND
         raw = as_bytes(data)
         native = self._native
         if native is not None:
             flags: int = native.flags(raw)
             if keep and type(data) is bytes:
                 self._kept = (data, flags)
-            return flags
+            return flags if escapes else flags & _FOUND
         pool = self._pool
         if pool is None and self.fast:  # (a process that never scans a body never maps
             pool = self._pool = self._compile()  # Hyperscan's 1.5 MiB)

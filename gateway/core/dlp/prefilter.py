@@ -19,7 +19,18 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from gateway.core.dlp.detector import Detector, Rule, Span
-from gateway.core.dlp.fastscan import HYPERSCAN, Gate, Literals, as_bytes
+from gateway.core.dlp.fastscan import (
+    BACKSLASH,
+    ESCAPES_KNOWN,
+    HYPERSCAN,
+    LITERAL,
+    PERCENT,
+    PLUS,
+    RUN,
+    Gate,
+    Literals,
+    as_bytes,
+)
 
 __all__ = ["ESCAPES", "Prefilter", "unescape"]
 
@@ -93,6 +104,14 @@ class Prefilter:
         with `find` (memchr); a JSON text with a backslash then by `_JSON_ESCAPE`. False
         means no detector and no decoded run can find anything in it."""
         data = as_bytes(text)
+        gate = self.gate
+        if gate.native and not self.unanchored:  # (the C pass saw the escapes: no memchr)
+            flags = gate.flags(data, escapes=True)  # (`data` is `text` if bytes: kept)
+            if flags & (RUN | LITERAL) or not flags & ESCAPES_KNOWN:
+                return True
+            if kind == "json":
+                return bool(flags & BACKSLASH) and _JSON_ESCAPE.search(data) is not None
+            return kind == "form" and bool(flags & (PERCENT | PLUS))
         find = data.find  # (not `in`: CPython 3.12's raises and clears a TypeError first)
         if self.unanchored or (kind == "json" and find(b"\\") >= 0
                                and _JSON_ESCAPE.search(data)) \

@@ -19,9 +19,13 @@ from helpers.threads import at_once
 from gateway.core.dlp import DEFAULT
 from gateway.core.dlp.fastscan import (
     _ALPHABET,
+    BACKSLASH,
+    ESCAPES_KNOWN,
     HYPERSCAN,
     LITERAL,
     NATIVE,
+    PERCENT,
+    PLUS,
     RUN,
     SEGMENT,
     Gate,
@@ -60,12 +64,21 @@ def agrees(flags: int, expected: tuple[bool, bool]) -> bool:
     return bool(flags & RUN) == run and (run or bool(flags & LITERAL) == literal)
 
 
+def escapes_agree(flags: int, data: bytes) -> bool:
+    """Where no run was found: ESCAPES_KNOWN, and each escape's bit exactly."""
+    if flags & RUN:
+        return True
+    return bool(flags & ESCAPES_KNOWN) and all(
+        bool(flags & bit) == (byte in data)
+        for bit, byte in ((PERCENT, b"%"), (BACKSLASH, b"\\"), (PLUS, b"+")))
+
+
 def texts(seed: int, literals: tuple[tuple[str, bool], ...], count: int) -> list[bytes]:
     """Texts of 0 to 400 bytes (mostly about the blocks' edges) of bytes near the
     alphabet's and the literals', with runs of SEGMENT - 1 and SEGMENT and literals (in
     mixed case where caseless) planted at the edges."""
     r = random.Random(seed)
-    pool = b" \n.,:/{}\"'=-_+azAZ09\x00\x7f\x80\xff" + \
+    pool = b" \n.,:/{}\"'=-_+%\\azAZ09\x00\x7f\x80\xff" + \
         bytes({b for w, _ in literals for b in w.encode()[:3]})
     edges = [0, 1, 2, 19, 20, 21, 44, 45, 46, 62, 63, 64, 65, 66, 67, 126, 127, 128, 129,
              130, 191, 192, 193]
@@ -98,7 +111,8 @@ def test_the_c_pass_reads_what_a_plain_reading_reads(
         literals: tuple[tuple[str, bool], ...]) -> None:
     gate = _gate.Gate(_ALPHABET, SEGMENT, [(w.encode(), c) for w, c in literals])
     wrong = [t for t in texts(41, literals or (("abc", False),), 20_000)
-             if not agrees(gate.flags(t), plain(t, literals))]
+             if not agrees(gate.flags(t), plain(t, literals))
+             or not escapes_agree(gate.flags(t), t)]
     assert not wrong, wrong[:3]
 
 
