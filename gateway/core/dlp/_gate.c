@@ -1,25 +1,28 @@
 /* The gate's one pass in C (gateway/core/dlp/fastscan.py, `Gate`): whether a text holds
  * `segment` characters of the base64 alphabets in a row (RUN), and whether it holds one
- * of some literals (LITERAL), in one AVX2 pass over its bytes.
+ * of some literals (LITERAL), in one pass over its bytes, 32 (AVX2) or 64 (AVX-512 BW)
+ * bytes a vector.
  *
  * Hyperscan answers the same two questions, but a database holding the run's bounded
- * repeat and any literal at all runs two engines over every byte: on prose, 0.19-0.23 ms
- * per MiB against 0.11-0.13 for the run alone (docs/performance.md). Here each 64-byte
+ * repeat and any literal at all runs two engines over every byte: on prose, 0.21-0.30 ms
+ * per MiB against 0.10-0.20 for the run alone (docs/performance.md). Here each 64-byte
  * block is classified once: a nibble lookup gives the alphabet's bit mask (runs: a few
- * shifts and ands on a 64-bit word, the run carried across blocks), and three nibble
- * lookups a position may begin a literal at (a "Teddy" prefilter on the first three bytes
- * of each literal, in up to eight buckets); a position the prefilter keeps is confirmed
- * by comparing the literals of its buckets.
+ * shifts and ands on a 64-bit word, the run carried across blocks; 0.06 ms/MiB), and
+ * three nibble lookups a position may begin a literal at (a "Teddy" prefilter on the
+ * first three bytes of each literal, in up to eight buckets; 0.02 ms/MiB more at 64 bytes
+ * a vector); a position the prefilter keeps is confirmed by comparing the literals of
+ * its buckets.
  *
- * Only where the CPU has AVX2 (checked at import) and only for literals of three bytes
- * or more (at most 64): otherwise `Gate()` raises ValueError and the caller keeps
- * Hyperscan. The answer is what a reader takes from Hyperscan's: RUN as soon as a run is
- * found (LITERAL may be set beside it: a run decides both askers), else LITERAL exactly
- * when one of the literals is in the text, and then ESCAPES with PERCENT, BACKSLASH and
- * PLUS for the bytes a reader unescapes (`%`, `\\`, `+`: the leak guard and detection
- * ask for them next, each a memchr pass of its own without this).
- * tests/core/dlp/test_dlp_gate_native.py holds it to a plain reading on every offset and
- * length around the blocks' edges, and to Hyperscan on random texts.
+ * Only where the CPU has AVX2 (checked at import; AVX-512 BW too for `wide`) and only for
+ * literals of three bytes or more (at most 64): otherwise `Gate()` raises ValueError and
+ * the caller keeps Hyperscan. The answer is what a reader takes from Hyperscan's: RUN as
+ * soon as a run is found (LITERAL may be set beside it: a run decides both askers), else
+ * LITERAL exactly when one of the literals is in the text, and then ESCAPES with
+ * PERCENT, BACKSLASH and PLUS for the bytes a reader unescapes (`%`, `\\`, `+`: the leak
+ * guard and detection ask for them next, each a memchr pass of its own without this).
+ * tests/core/dlp/test_dlp_gate_native.py holds both widths to a plain reading on every
+ * offset and length around the blocks' edges, to Hyperscan on random texts, and to no
+ * read past a buffer under AddressSanitizer.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -41,6 +44,7 @@ typedef struct {
     PyObject_HEAD
     int segment;
     int count;
+    int wide;  /* 64 bytes a vector (AVX-512 BW), else 32 (AVX2) */
     uint8_t alpha_lo[16], alpha_hi[16];  /* the alphabet: (lo[b & 15] & hi[b >> 4]) != 0 */
     uint8_t lo[3][16], hi[3][16];        /* a literal's bucket may begin here: byte k */
     uint8_t length[MAX_LITERALS];
@@ -49,7 +53,7 @@ typedef struct {
     char *text[MAX_LITERALS];
 } GateObject;
 
-static int have_avx2;
+static int have_avx2, have_avx512;
 
 static uint8_t lower(uint8_t c) { return (c >= 'A' && c <= 'Z') ? (uint8_t)(c + 32) : c; }
 
@@ -77,7 +81,65 @@ static int literal_at(const GateObject *g, const uint8_t *data, Py_ssize_t n, Py
     return 0;
 }
 
-/* Bits i of the 32 bytes at `p` where (lo[b & 15] & hi[b >> 4]) is not zero, as bytes. */
+/* A run of `segment` alphabet characters in the block (bit i of `alpha`: character i is
+ * one), or carried into it; `carry` becomes the run reaching the block's end. */
+static inline int run_in(uint64_t alpha, uint64_t *carry, int segment) {
+    uint64_t leading = alpha == ~(uint64_t)0 ? 64 : (uint64_t)__builtin_ctzll(~alpha);
+    if (*carry + leading >= (uint64_t)segment)
+        return 1;
+    uint64_t r = alpha;
+    int have = 1;  /* r: bit i set where `have` characters from i are all in */
+    while (have * 2 <= segment) {
+        r &= r >> have;
+        have *= 2;
+    }
+    if (have < segment)  /* (two runs of `have`, overlapping, make the segment) */
+        r &= r >> (segment - have);
+    if (r)
+        return 1;
+    *carry = alpha == ~(uint64_t)0 ? *carry + 64
+                                   : (alpha ? (uint64_t)__builtin_clzll(~alpha) : 0);
+    return 0;
+}
+
+/* Whether a literal begins at one of the block's `starts` (bit i: the prefilter kept
+ * position p + i, for the buckets in byte i of `buckets`). */
+static inline int literal_in(const GateObject *g, const uint8_t *data, Py_ssize_t n,
+                             Py_ssize_t p, uint64_t starts, const uint8_t *buckets) {
+    while (starts) {
+        int i = __builtin_ctzll(starts);
+        starts &= starts - 1;
+        if (p + i >= n)
+            break;
+        if (literal_at(g, data, n, p + i, buckets[i]))
+            return 1;
+    }
+    return 0;
+}
+
+/* The last block and the two bytes after it, padded with zero bytes (in no table). */
+static inline const uint8_t *padded(const uint8_t *block, Py_ssize_t left, uint8_t *tail) {
+    if (left >= 64 + 2)
+        return block;
+    memset(tail, 0, 64 + 2 + 64);
+    memcpy(tail, block, (size_t)left);
+    return tail;
+}
+
+static const uint8_t ESCAPE_LO[16] = {0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 4, 2, 0, 0, 0};
+static const uint8_t ESCAPE_HI[16] = {0, 0, 5, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+/* (`%` bit 0, `\` bit 1, `+` bit 2 of ESCAPE_LO[b & 15] & ESCAPE_HI[b >> 4]) */
+
+static inline int finish(int flags, const uint8_t *seen, int size) {
+    unsigned any = 0;
+    for (int i = 0; i < size; i++)
+        any |= seen[i];
+    return flags | ESCAPES | (int)(any << 2);
+}
+
+/* -- 32 bytes a vector (AVX2) ------------------------------------------------------------ */
+
+/* Bytes b where (lo[b & 15] & hi[b >> 4]) is not zero: that value, else 0. */
 __attribute__((target("avx2")))
 static inline __m256i lookup(__m256i bytes, __m256i lo, __m256i hi) {
     __m256i nibble = _mm256_set1_epi8(0x0f);
@@ -88,101 +150,120 @@ static inline __m256i lookup(__m256i bytes, __m256i lo, __m256i hi) {
 
 __attribute__((target("avx2")))
 static inline __m256i table(const uint8_t t[16]) {
-    __m128i half = _mm_loadu_si128((const __m128i *)t);
-    return _mm256_broadcastsi128_si256(half);
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t));
 }
 
 __attribute__((target("avx2")))
-static int scan(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
+static inline uint32_t nonzero(__m256i v) {
+    return ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, _mm256_setzero_si256()));
+}
+
+__attribute__((target("avx2")))
+static int scan_avx2(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
     const __m256i alo = table(g->alpha_lo), ahi = table(g->alpha_hi);
     const __m256i lo0 = table(g->lo[0]), hi0 = table(g->hi[0]);
     const __m256i lo1 = table(g->lo[1]), hi1 = table(g->hi[1]);
     const __m256i lo2 = table(g->lo[2]), hi2 = table(g->hi[2]);
-    const __m256i zero = _mm256_setzero_si256();
-    /* `%` bit 0, `\\` bit 1, `+` bit 2 of (elo[b & 15] & ehi[b >> 4]) */
-    const __m256i elo = _mm256_setr_epi8(0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 4, 2, 0, 0, 0,
-                                         0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 4, 2, 0, 0, 0);
-    const __m256i ehi = _mm256_setr_epi8(0, 0, 5, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                         0, 0, 5, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    __m256i escapes = zero;
-    const int segment = g->segment;
-    int literals = g->count > 0;
-    int flags = 0;
-    uint64_t carry = 0;  /* alphabet characters in a row up to the block */
-    uint8_t tail[64 + 2 + 64];
+    const __m256i elo = table(ESCAPE_LO), ehi = table(ESCAPE_HI);
+    __m256i escapes = _mm256_setzero_si256();
+    int literals = g->count > 0, flags = 0;
+    uint64_t carry = 0;
+    uint8_t tail[64 + 2 + 64], buckets[64];
     for (Py_ssize_t p = 0; p < n; p += 64) {
-        const uint8_t *block = data + p;
-        Py_ssize_t left = n - p;
-        if (left < 64 + 2) {  /* the last block and the two bytes after it: padded */
-            memset(tail, 0, sizeof tail);
-            memcpy(tail, block, (size_t)left);
-            block = tail;
-        }
+        const uint8_t *block = padded(data + p, n - p, tail);
         __m256i a0 = _mm256_loadu_si256((const __m256i *)block);
         __m256i a1 = _mm256_loadu_si256((const __m256i *)(block + 32));
-        uint64_t alpha =
-            (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(lookup(a0, alo, ahi), zero)) |
-            ((uint64_t)(uint32_t)_mm256_movemask_epi8(
-                 _mm256_cmpeq_epi8(lookup(a1, alo, ahi), zero)) << 32);
-        alpha = ~alpha;
+        uint64_t alpha = nonzero(lookup(a0, alo, ahi)) |
+                         ((uint64_t)nonzero(lookup(a1, alo, ahi)) << 32);
+        if (n - p < 64)
+            alpha &= (((uint64_t)1) << (n - p)) - 1;
         escapes = _mm256_or_si256(escapes, _mm256_or_si256(lookup(a0, elo, ehi),
                                                            lookup(a1, elo, ehi)));
-        if (left < 64)
-            alpha &= (((uint64_t)1) << left) - 1;
         if (literals) {
-            unsigned found = 0;
+            uint64_t starts = 0;
             for (int h = 0; h < 64; h += 32) {
-                __m256i b0 = h ? a1 : a0;
-                __m256i b1 = _mm256_loadu_si256((const __m256i *)(block + h + 1));
-                __m256i b2 = _mm256_loadu_si256((const __m256i *)(block + h + 2));
                 __m256i c = _mm256_and_si256(
-                    lookup(b0, lo0, hi0),
-                    _mm256_and_si256(lookup(b1, lo1, hi1), lookup(b2, lo2, hi2)));
-                uint32_t at = ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(c, zero));
-                while (at) {
-                    int i = __builtin_ctz(at);
-                    at &= at - 1;
-                    Py_ssize_t where = p + h + i;
-                    if (where >= n)
-                        break;
-                    uint8_t buckets = ((const uint8_t *)&c)[i];
-                    if (literal_at(g, data, n, where, buckets)) {
-                        found = 1;
-                        break;
-                    }
-                }
-                if (found)
-                    break;
+                    lookup(h ? a1 : a0, lo0, hi0),
+                    _mm256_and_si256(
+                        lookup(_mm256_loadu_si256((const __m256i *)(block + h + 1)), lo1, hi1),
+                        lookup(_mm256_loadu_si256((const __m256i *)(block + h + 2)), lo2, hi2)));
+                uint32_t at = nonzero(c);
+                if (at)
+                    _mm256_storeu_si256((__m256i *)(buckets + h), c);
+                starts |= (uint64_t)at << h;
             }
-            if (found) {
+            if (starts && literal_in(g, data, n, p, starts, buckets)) {
                 flags |= LITERAL;
                 literals = 0;  /* (answered: only the run is still asked) */
             }
         }
-        /* A run: the one carried into the block and its first characters, or one
-         * within the block (bit i of r20: characters i .. i + 19 all of the alphabet). */
-        uint64_t leading = alpha == ~(uint64_t)0 ? 64 : (uint64_t)__builtin_ctzll(~alpha);
-        if (carry + leading >= (uint64_t)segment)
+        if (run_in(alpha, &carry, g->segment))
             return flags | RUN;
-        uint64_t r = alpha;
-        int have = 1;  /* r: bit i set where `have` characters from i are all in */
-        while (have * 2 <= segment) {
-            r &= r >> have;
-            have *= 2;
-        }
-        if (have < segment)  /* (two runs of `have`, overlapping, make the segment) */
-            r &= r >> (segment - have);
-        if (r)
-            return flags | RUN;
-        carry = alpha == ~(uint64_t)0 ? carry + 64
-                                      : (alpha ? (uint64_t)__builtin_clzll(~alpha) : 0);
     }
     uint8_t seen[32];
     _mm256_storeu_si256((__m256i *)seen, escapes);
-    unsigned any = 0;
-    for (int i = 0; i < 32; i++)
-        any |= seen[i];
-    return flags | ESCAPES | (int)(any << 2);
+    return finish(flags, seen, 32);
+}
+
+/* -- 64 bytes a vector (AVX-512 BW) ------------------------------------------------------ */
+
+__attribute__((target("avx512f,avx512bw")))
+static inline __m512i lookup512(__m512i bytes, __m512i lo, __m512i hi) {
+    __m512i nibble = _mm512_set1_epi8(0x0f);
+    __m512i l = _mm512_shuffle_epi8(lo, _mm512_and_si512(bytes, nibble));
+    __m512i h = _mm512_shuffle_epi8(hi, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble));
+    return _mm512_and_si512(l, h);
+}
+
+__attribute__((target("avx512f,avx512bw")))
+static inline __m512i table512(const uint8_t t[16]) {
+    return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)t));
+}
+
+__attribute__((target("avx512f,avx512bw")))
+static int scan_avx512(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
+    const __m512i alo = table512(g->alpha_lo), ahi = table512(g->alpha_hi);
+    const __m512i lo0 = table512(g->lo[0]), hi0 = table512(g->hi[0]);
+    const __m512i lo1 = table512(g->lo[1]), hi1 = table512(g->hi[1]);
+    const __m512i lo2 = table512(g->lo[2]), hi2 = table512(g->hi[2]);
+    const __m512i elo = table512(ESCAPE_LO), ehi = table512(ESCAPE_HI);
+    __m512i escapes = _mm512_setzero_si512();
+    int literals = g->count > 0, flags = 0;
+    uint64_t carry = 0;
+    uint8_t tail[64 + 2 + 64], buckets[64];
+    for (Py_ssize_t p = 0; p < n; p += 64) {
+        const uint8_t *block = padded(data + p, n - p, tail);
+        __m512i a = _mm512_loadu_si512((const void *)block);
+        __m512i in = lookup512(a, alo, ahi);
+        uint64_t alpha = (uint64_t)_mm512_test_epi8_mask(in, in);
+        if (n - p < 64)
+            alpha &= (((uint64_t)1) << (n - p)) - 1;
+        escapes = _mm512_or_si512(escapes, lookup512(a, elo, ehi));
+        if (literals) {
+            __m512i c = _mm512_and_si512(
+                lookup512(a, lo0, hi0),
+                _mm512_and_si512(
+                    lookup512(_mm512_loadu_si512((const void *)(block + 1)), lo1, hi1),
+                    lookup512(_mm512_loadu_si512((const void *)(block + 2)), lo2, hi2)));
+            uint64_t starts = (uint64_t)_mm512_test_epi8_mask(c, c);
+            if (starts) {
+                _mm512_storeu_si512((void *)buckets, c);
+                if (literal_in(g, data, n, p, starts, buckets)) {
+                    flags |= LITERAL;
+                    literals = 0;
+                }
+            }
+        }
+        if (run_in(alpha, &carry, g->segment))
+            return flags | RUN;
+    }
+    uint8_t seen[64];
+    _mm512_storeu_si512((void *)seen, escapes);
+    return finish(flags, seen, 64);
+}
+
+static int scan(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
+    return g->wide ? scan_avx512(g, data, n) : scan_avx2(g, data, n);
 }
 
 static int partition(const uint8_t member[256], uint8_t lo[16], uint8_t hi[16]) {
@@ -224,12 +305,12 @@ static void gate_dealloc(GateObject *self) {
 }
 
 static int gate_init(GateObject *self, PyObject *args, PyObject *kwds) {
-    static char *names[] = {"alphabet", "segment", "literals", NULL};
+    static char *names[] = {"alphabet", "segment", "literals", "wide", NULL};
     Py_buffer alphabet;
-    int segment;
+    int segment, wide = -1;
     PyObject *literals;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*iO", names, &alphabet, &segment,
-                                     &literals))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*iO|p", names, &alphabet, &segment,
+                                     &literals, &wide))
         return -1;
     for (int i = 0; i < self->count; i++)  /* (__init__ called again) */
         PyMem_Free(self->text[i]);
@@ -240,10 +321,12 @@ static int gate_init(GateObject *self, PyObject *args, PyObject *kwds) {
     for (Py_ssize_t i = 0; i < alphabet.len; i++)
         member[((const uint8_t *)alphabet.buf)[i]] = 1;
     PyBuffer_Release(&alphabet);
-    if (!have_avx2) {
-        PyErr_SetString(PyExc_ValueError, "this CPU has no AVX2");
+    if (!have_avx2 || (wide == 1 && !have_avx512)) {
+        PyErr_SetString(PyExc_ValueError, wide == 1 ? "this CPU has no AVX-512 BW"
+                                                    : "this CPU has no AVX2");
         return -1;
     }
+    self->wide = wide;  /* (-1: chosen below, once the literals are known) */
     if (segment < 1 || segment > 64 || partition(member, self->alpha_lo, self->alpha_hi)) {
         PyErr_SetString(PyExc_ValueError, "segment must be 1 to 64, the alphabet 8 classes");
         return -1;
@@ -309,6 +392,12 @@ static int gate_init(GateObject *self, PyObject *args, PyObject *kwds) {
         }
     }
     Py_DECREF(seq);
+    /* By default 64 bytes a vector where there are literals: the prefilter's three
+     * lookups and loads halve (0.019 ms/MiB over the run alone, against 0.037 at 32). The
+     * run alone is a tenth faster at 32 (0.058-0.066 against 0.064-0.071 on Zen 4, whose
+     * 512-bit units are two 256-bit ones). */
+    if (self->wide == -1)
+        self->wide = have_avx512 && self->count > 0;
     return 0;
 }
 
@@ -339,7 +428,7 @@ static PyTypeObject GateType = {
     .tp_name = "gateway.core.dlp._gate.Gate",
     .tp_basicsize = sizeof(GateObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Gate(alphabet, segment, literals): one AVX2 pass, RUN | LITERAL.",
+    .tp_doc = "Gate(alphabet, segment, literals, wide=<AVX-512 BW>): one pass, RUN | LITERAL.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)gate_init,
     .tp_dealloc = (destructor)gate_dealloc,
@@ -354,14 +443,17 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__gate(void) {
     __builtin_cpu_init();
-    have_avx2 = __builtin_cpu_supports("avx2");
+    have_avx2 = __builtin_cpu_supports("avx2") != 0;
+    have_avx512 = have_avx2 && __builtin_cpu_supports("avx512f") != 0 &&
+                  __builtin_cpu_supports("avx512bw") != 0;
     if (PyType_Ready(&GateType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "Gate", (PyObject *)&GateType) < 0 ||
-        PyModule_AddIntConstant(m, "AVX2", have_avx2) < 0) {
+        PyModule_AddIntConstant(m, "AVX2", have_avx2) < 0 ||
+        PyModule_AddIntConstant(m, "AVX512", have_avx512) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -16,11 +16,13 @@ a JSON `\\u` escape, becomes `?`, which neither check counts).
 
 The gate's pass (`Gate`, `has_segment`: the run check, and the literals riding with it)
 runs in C where `_gate.c` was built and the CPU has AVX2 (`NATIVE`): one loop over each
-64-byte block answers both, 0.06 ms per MiB for the run alone and 0.11 with the default
-detectors' literals, where Hyperscan's database of the run and any literal runs two
-engines (0.10-0.20 and 0.21-0.30: docs/performance.md). Hyperscan stays for finding where
-the anchors are (`Literals`) and for a gate the C loop does not take (a literal under
-three bytes, more than 64 of them).
+64-byte block answers both, 0.06 ms per MiB of prose for the run alone and 0.08-0.09
+with the default detectors' literals (AVX-512 where the CPU has it), where Hyperscan's
+database of the run and any literal runs two engines (0.10-0.20 and 0.21-0.30:
+docs/performance.md); it also says which escapes a text holds (`escapes=True`), which
+the leak guard and detection otherwise search for. Hyperscan stays for finding where the
+anchors are (`Literals`) and for a gate the C loop does not take (a literal under three
+bytes, more than 64 of them).
 """
 
 from __future__ import annotations

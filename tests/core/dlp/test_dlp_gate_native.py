@@ -37,6 +37,9 @@ pytestmark = pytest.mark.skipif(not NATIVE, reason="_gate.c not built, or no AVX
 
 if NATIVE:
     import gateway.core.dlp._gate as _gate  # type: ignore[import-not-found]
+# The pass's widths: 32 bytes a vector (AVX2), and 64 (AVX-512 BW) where the CPU has it.
+WIDTHS = [False, pytest.param(True, marks=pytest.mark.skipif(
+    not NATIVE or not _gate.AVX512, reason="no AVX-512 BW"))]
 
 DEFAULT_LITERALS = Prefilter(build(DEFAULT)).gate.literals
 OTHER_LITERALS = (("abc", False), ("ABD", True), ("x" * 255, False), ("://", False),
@@ -105,11 +108,12 @@ def texts(seed: int, literals: tuple[tuple[str, bool], ...], count: int) -> list
     return out
 
 
+@pytest.mark.parametrize("wide", WIDTHS, ids=["avx2", "avx512"])
 @pytest.mark.parametrize("literals", [DEFAULT_LITERALS, OTHER_LITERALS, ()],
                          ids=["default detectors", "others", "the run alone"])
 def test_the_c_pass_reads_what_a_plain_reading_reads(
-        literals: tuple[tuple[str, bool], ...]) -> None:
-    gate = _gate.Gate(_ALPHABET, SEGMENT, [(w.encode(), c) for w, c in literals])
+        literals: tuple[tuple[str, bool], ...], wide: bool) -> None:
+    gate = _gate.Gate(_ALPHABET, SEGMENT, [(w.encode(), c) for w, c in literals], wide=wide)
     wrong = [t for t in texts(41, literals or (("abc", False),), 20_000)
              if not agrees(gate.flags(t), plain(t, literals))
              or not escapes_agree(gate.flags(t), t)]
@@ -174,23 +178,26 @@ spec = importlib.util.spec_from_file_location("_gate", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 literals = [(w.encode(), c) for w, c in %r]
-gate = module.Gate(%r, %d, literals)
+gates = [module.Gate(%r, %d, literals, wide=wide)
+         for wide in (False, True)[:1 + module.AVX512]]
 r = random.Random(5)
 pool = b"ab :/AKCxoX-09\\x00\\xff"
 table = bytes(pool[i %% len(pool)] for i in range(256))
 for n in [*range(300), *(r.randrange(100_000) for _ in range(30))]:
     for _ in range(10):
         data = r.randbytes(n).translate(table)
-        gate.flags(data)
-        gate.flags(bytearray(data))
+        for gate in gates:
+            gate.flags(data)
+            gate.flags(bytearray(data))
 print("clean")
 """
 
 
 def test_no_read_past_a_buffer_under_address_sanitizer(tmp_path: Path) -> None:
-    """The C pass built with AddressSanitizer and UBSan reads texts of every length up
-    to 300 bytes (and longer ones) in buffers of exactly their size (PYTHONMALLOC=malloc:
-    each its own allocation, a red zone after it): no byte past a text is read."""
+    """The C pass built with AddressSanitizer and UBSan (both widths where the CPU has
+    AVX-512) reads texts of every length up to 300 bytes (and longer ones) in buffers of
+    exactly their size (PYTHONMALLOC=malloc: each its own allocation, a red zone after
+    it): no byte past a text is read."""
     gcc = shutil.which("gcc")
     if gcc is None:
         pytest.skip("no gcc")
