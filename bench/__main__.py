@@ -58,7 +58,8 @@ class Sizes:
     upload_bytes: int = 100 << 20  # the POST upload rows' one body (issue 43)
     otel_rounds: int = 6  # alternating rounds of export off / spans / spans + logs (c10)
     pass_rounds: int = 6  # alternating rounds of passthrough GETs, gateway / squid (c10)
-    dlp_rounds: int = 6  # alternating uploads of `upload_bytes`, detection off / on
+    dlp_rounds: int = 6  # alternating rounds of the POST rows' workloads, detection off / on
+    dlp_round_seconds: float = 3.0  # each run of a POST workload in a round
     pass_round_seconds: float = 4.0
     otel_round_seconds: float = 4.0
     # seconds an OTLP gateway's CPU is read after its load: the worker's frames go every
@@ -79,7 +80,7 @@ QUICK = Sizes(get_seconds=0.2, big_bytes=2_000_000, sse_streams=3, sse_events=5,
               policy_samples=2000, worker_concurrency=(10,), metering_requests=20,
               metering_rounds=2, dlp_stream_mib=2, upload_bytes=2 << 20,
               otel_rounds=2, otel_round_seconds=0.2, otel_settle=0.0, pass_rounds=2,
-              dlp_rounds=2,
+              dlp_rounds=2, dlp_round_seconds=0.2,
               pass_round_seconds=0.2, idle_settle=0.2)
 WORKER_COUNTS = (1, 2)  # `run --workers N` in the workers section
 IDLE_TIMEOUT = "2s"  # network.upstream_idle_timeout of the idle_after_timeout gateway
@@ -469,20 +470,23 @@ class Bench:
                   file=sys.stderr)
 
     def run_dlp_rounds(self) -> None:
-        """Detection on against off on a streamed upload, in alternating rounds
+        """Detection on against off on the POST rows' workloads, in alternating rounds
         (bench/dlp_rounds.py)."""
-        print("credential detection on vs off, alternating uploads ...", file=sys.stderr)
+        print("credential detection on vs off, alternating rounds ...", file=sys.stderr)
         rows = (next(r for r in ROWS if r.key == "gateway_post"),
                 next(r for r in ROWS if r.key == "gateway_post_dlp"))
         try:
-            found = dlp_rounds.run(self, rows, self.sizes.dlp_rounds)
+            found = dlp_rounds.run(self, rows, self.sizes.dlp_rounds,
+                                   self.sizes.dlp_round_seconds)
         except RuntimeError as exc:
             found = {"error": str(exc)[:800]}
         self.results["dlp_rounds"] = found
-        if "median" in found:
-            print(f"  on vs off: {found['median']:.2f}x (median of {found['rounds']} rounds, "
-                  f"{min(found['ratios']):.2f} to {max(found['ratios']):.2f}x)",
-                  file=sys.stderr)
+        for what, part in (("2 KB POST", found.get("post_2k")),
+                           ("1 MiB POST", found.get("post_1m")), ("upload", found)):
+            if part and "median" in part:
+                print(f"  {what}: on vs off {part['median']:.2f}x (median of "
+                      f"{found['rounds']} rounds, {min(part['ratios']):.2f} to "
+                      f"{max(part['ratios']):.2f}x)", file=sys.stderr)
 
     def run_otel_rounds(self) -> None:
         """The export's cost against export off in alternating rounds (bench/otel_rounds.py)."""

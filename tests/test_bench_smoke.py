@@ -105,15 +105,19 @@ def test_quick_benchmark_produces_every_row_and_workload(tmp_path: Path) -> None
     assert any(t["name"].startswith("passthrough small requests") and "alternating" in
                t["name"] and t["value"] == passing["median"] for t in results["targets"])
 
-    # the upload with detection off and on in alternating rounds: every turn measured,
-    # the median judged
+    # the POST rows' workloads with detection off and on in alternating rounds: every
+    # turn measured, each median judged
     detecting = results["dlp_rounds"]
     assert "error" not in detecting, detecting
-    assert len(detecting["turns"]) == len(detecting["ratios"]) == detecting["rounds"] == 2
-    assert all(set(turn) == {"off", "on"} and min(turn.values()) > 0
-               for turn in detecting["turns"])
-    assert any(t["name"].startswith("credential detection on vs off, streamed upload") and
-               t["value"] == detecting["median"] for t in results["targets"])
+    for part, what in ((detecting["post_2k"], "2 KB JSON POST"),
+                       (detecting["post_1m"], "1 MiB JSON POST"),
+                       (detecting, "streamed upload")):
+        assert len(part["turns"]) == len(part["ratios"]) == detecting["rounds"] == 2
+        assert all(set(turn) == {"off", "on"} and min(turn.values()) > 0
+                   for turn in part["turns"])
+        assert any(t["name"].startswith(f"credential detection on vs off, {what}") and
+                   "alternating" in t["name"] and t["value"] == part["median"]
+                   for t in results["targets"])
 
     # the intercepted row's idle tunnels, again after a 2 s upstream idle timeout: every
     # upstream connection closed, every tunnel still open

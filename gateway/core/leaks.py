@@ -255,15 +255,16 @@ def _skipped(data: bytes, checker: Gate) -> bool:
     pass answers both; else the escapes' bytes are looked for first (memchr)."""
     if checker.native:
         flags = checker.flags(data, keep=True, escapes=True)
-        return bool(flags & ESCAPES_KNOWN) and not flags & (RUN | PERCENT) and (
-            not flags & BACKSLASH or _no_json_escape(data))
+        return not flags & RUN and _plain(data, flags)
     return _plain(data) and not checker.flags(data, keep=True) & RUN
 
 
-def _plain(data: bytes) -> bool:
-    """Whether `data` holds no escape `canonical` undoes (it reads as itself lowercased).
-    (`find`, not `in`: CPython 3.12's `in` first tries the needle as an integer, raising
-    and clearing a TypeError: 0.45 µs a test; issue 41.)"""
+def _plain(data: bytes, flags: int = 0) -> bool:
+    """Whether `data` holds no escape `canonical` undoes (it reads as itself lowercased):
+    as the C pass's `flags` say where they know (`ESCAPES_KNOWN`), else by `find` (not
+    `in`: CPython 3.12's tries the needle as an integer first: 0.45 µs a test)."""
+    if flags & ESCAPES_KNOWN:
+        return not flags & PERCENT and (not flags & BACKSLASH or _no_json_escape(data))
     return data.find(b"%") < 0 and (data.find(b"\\") < 0 or _no_json_escape(data))
 
 
@@ -294,13 +295,14 @@ class StreamScan:
         self._tail = b""
         self._plain = True  # (the window before holds no escape: none yet)
 
-    def feed(self, chunk: bytes, gate: Gate | None = None, run: bool | None = None
-             ) -> str | None:
+    def feed(self, chunk: bytes, gate: Gate | None = None, run: bool | None = None,
+             flags: int = 0) -> str | None:
         """`token`, `secret` or None for the window ending with `chunk` (`run`: whether
-        a run ends in `chunk`, None if not known; see the class docstring)."""
+        a run ends in `chunk`, None if not known, `flags` the C pass's for it if any;
+        see the class docstring)."""
         tail, scan = self._tail, self._scan
         keep = scan.keep
-        if run is False and self._plain and scan._runs and _plain(chunk) \
+        if run is False and self._plain and scan._runs and _plain(chunk, flags) \
                 and (not tail or _plain(tail[-3:] + chunk[:3])):  # (an escape on the seam)
             self._tail = chunk[-keep:] if len(chunk) >= keep else (tail + chunk)[-keep:]
             return None

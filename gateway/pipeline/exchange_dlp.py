@@ -36,7 +36,7 @@ from gateway.core.dlp import (
     redact_body,
     redact_text,
 )
-from gateway.core.dlp.fastscan import ChunkPass, Gate
+from gateway.core.dlp.fastscan import FOUND, ChunkPass, Gate
 from gateway.core.dlp.policy import Action
 from gateway.core.dlp.verdict import counted, records, refusal, unreadable
 from gateway.core.messages import Headers
@@ -148,11 +148,11 @@ class DlpCheck:
 
     def passed(self, piece: bytes) -> int:
         """The gate's pass over the next piece of the streamed body (`ChunkPass`): the
-        leak guard takes its `RUN` (`leaks.StreamScan.feed`), then `feed` the whole
-        answer, one pass serving both."""
+        leak guard takes its `RUN` and the escapes it saw (`leaks.StreamScan.feed`),
+        then `feed` the rest of the answer, one pass serving both."""
         if self._pass is None:
             self._pass = ChunkPass(self.gate)
-        return self._pass.flags(piece)
+        return self._pass.flags(piece, escapes=True)
 
     def feed(self, piece: bytes, content_type: str | None = None,
              flags: int | None = None) -> None:
@@ -160,7 +160,8 @@ class DlpCheck:
         the first piece; `flags`: `passed(piece)`, None if not asked)."""
         if self._stream is None:
             self._stream = StreamScanner(self.scanner, content_type=content_type)
-        self._judge(self._stream.feed(piece, flags), _NOT_STREAMED)
+        self._judge(self._stream.feed(piece, None if flags is None else flags & FOUND),
+                    _NOT_STREAMED)
 
     @property
     def pending(self) -> int:

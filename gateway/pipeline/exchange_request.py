@@ -58,7 +58,7 @@ class RequestSide:
         dlp = self.ex.dlp
         flags = dlp.passed(data) if dlp is not None and streamed else None
         found = scanner.feed(data, dlp.gate if dlp is not None and not streamed else None,
-                             None if flags is None else bool(flags & RUN))
+                             None if flags is None else bool(flags & RUN), flags or 0)
         if found is not None:
             raise self.ex.leak(found)
         if dlp is not None and streamed:

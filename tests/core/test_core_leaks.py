@@ -219,10 +219,17 @@ def test_the_run_gate_loses_nothing_against_the_canonical_search(token: str) -> 
 # -- a stream taking the answer of a pass shared with detection (StreamScan.feed's run) --
 
 def _shared(scan: LeakScan, chunks: list[bytes]) -> list[str | None]:
-    """What the stream says per chunk, taking detection's gate pass's answer."""
-    passes = ChunkPass(_gates()[1] or Gate())
-    stream = scan.stream()
-    return [stream.feed(c, run=bool(passes.flags(c) & RUN)) for c in chunks]
+    """What the stream says per chunk, taking detection's gate pass's answer: its run,
+    and (as the request path does) the escapes the C pass saw; the same without them."""
+    said = []
+    for escapes in (True, False):
+        passes = ChunkPass(_gates()[1] or Gate())
+        stream = scan.stream()
+        flags = [passes.flags(c, escapes=escapes) for c in chunks]
+        said.append([stream.feed(c, run=bool(f & RUN), flags=f)
+                     for c, f in zip(chunks, flags, strict=True)])
+    assert said[0] == said[1]
+    return said[0]
 
 
 def _alone(scan: LeakScan, chunks: list[bytes]) -> list[str | None]:

@@ -44,8 +44,8 @@ except ImportError:
     _gate = None
 NATIVE: bool = _gate is not None and bool(_gate.AVX2)  # the gate's pass in C (above)
 
-__all__ = ["BACKSLASH", "ESCAPES_KNOWN", "HYPERSCAN", "LITERAL", "NATIVE", "PERCENT", "PLUS",
-           "RUN", "ChunkPass", "Gate", "Literals", "as_bytes", "has_segment"]
+__all__ = ["BACKSLASH", "ESCAPES_KNOWN", "FOUND", "HYPERSCAN", "LITERAL", "NATIVE", "PERCENT",
+           "PLUS", "RUN", "ChunkPass", "Gate", "Literals", "as_bytes", "has_segment"]
 SEGMENT = 20  # base64 characters in a row that may hold a key (decoding.MIN_BASE64)
 _ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-"
 MAP = bytes(0x61 if i in _ALPHABET else 0x20 for i in range(256))  # in the alphabet: "a"
@@ -116,7 +116,7 @@ def has_segment(text: str | bytes | bytearray, *, fast: bool = HYPERSCAN,
 
 RUN = 1  # `Gate.flags`: SEGMENT base64 characters in a row
 LITERAL = 2  # `Gate.flags`: one of the gate's literals
-_FOUND = RUN | LITERAL
+FOUND = RUN | LITERAL  # (what a gate found, without the escapes)
 # `Gate.flags(escapes=True)` on the C pass: the bytes a reader unescapes, known
 # (ESCAPES_KNOWN) where the pass read the whole text (`_gate.c`)
 PERCENT, BACKSLASH, PLUS, ESCAPES_KNOWN = 4, 8, 16, 32
@@ -199,14 +199,14 @@ class Gate:
         if kept is not None:
             self._kept = None
             if kept[0] is data:
-                return kept[1] if escapes else kept[1] & _FOUND
+                return kept[1] if escapes else kept[1] & FOUND
         raw = as_bytes(data)
         native = self._native
         if native is not None:
             flags: int = native.flags(raw)
             if keep and type(data) is bytes:
                 self._kept = (data, flags)
-            return flags if escapes else flags & _FOUND
+            return flags if escapes else flags & FOUND
         pool = self._pool
         if pool is None and self.fast:  # (a process that never scans a body never maps
             pool = self._pool = self._compile()  # Hyperscan's 1.5 MiB)
@@ -245,15 +245,16 @@ class ChunkPass:
         self.overlap = max([SEGMENT, *(len(w) for w, _ in gate.literals)]) - 1
         self._edge = b""  # the stream's last `overlap` bytes
 
-    def flags(self, chunk: bytes) -> int:
+    def flags(self, chunk: bytes, *, escapes: bool = False) -> int:
         """`RUN | LITERAL` of the runs and literals ending in `chunk` (the next one of
-        the stream; see the class docstring)."""
+        the stream; see the class docstring); `escapes`: as `Gate.flags`, of the chunk
+        (with the seam before it where the two are scanned together)."""
         edge, overlap = self._edge, self.overlap
         if len(chunk) <= self._JOINED:
             joined = edge + chunk
             self._edge = joined[-overlap:]
-            return self.gate.flags(joined) if joined else 0
-        flags = self.gate.flags(chunk)
+            return self.gate.flags(joined, escapes=escapes) if joined else 0
+        flags = self.gate.flags(chunk, escapes=escapes)
         if edge and not flags & RUN:  # (a run found: both askers have their answer)
             flags |= self.gate.flags(edge + chunk[:overlap])
         self._edge = chunk[-overlap:]
