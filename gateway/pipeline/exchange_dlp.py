@@ -56,6 +56,9 @@ class DlpCheck:
                  report: bool = False, telemetry: Telemetry = SILENT,
                  engine: str = "") -> None:
         self.scanner = scanner.only(dlp.detectors or DEFAULT)
+        # The gate's one pass (`Prefilter.gate`), which the leak guard runs first on a
+        # body, so that this check takes its answer for the same body.
+        self.gate: Gate = self.scanner.prefilter.gate
         self.dlp = dlp
         self.action: Action = "report" if report else dlp.effective_action
         self.host = host
@@ -67,12 +70,6 @@ class DlpCheck:
         self._pass: ChunkPass | None = None  # (a streamed body's shared pass)
         self.answers = dlp.reports_answers  # (`answers: report`: the answer scanned too)
         self._answer: StreamScanner | None = None
-
-    @property
-    def gate(self) -> Gate:
-        """The gate's one pass (`Prefilter.gate`), which the leak guard runs first on a
-        body, so that this check takes its answer for the same body."""
-        return self.scanner.prefilter.gate
 
     def _judge(self, result: ScanResult, why_not: str | None = None
                ) -> tuple[Finding, ...]:

@@ -165,6 +165,9 @@ class Gate:
         # (`native`: None where `NATIVE`, read when the gate is made: tests turn it off.)
         self._native = (_native_gate(literals) if literals else _native_runs()) \
             if fast and (NATIVE if native is None else native and NATIVE) else None
+        # Whether the pass is the C one, whose answer can say which escapes the text
+        # holds (`flags(escapes=True)`). (An attribute: read on every body.)
+        self.native = self._native is not None
         self._finder = Literals(sorted({v for w, caseless in literals
                                         for v in (_cases(w) if caseless else (w,))}),
                                 fast=False) if literals and not fast else None
@@ -183,12 +186,6 @@ class Gate:
     def forget(self) -> None:
         """Drop a kept answer (and the body it holds) that will not be asked for."""
         self._kept = None
-
-    @property
-    def native(self) -> bool:
-        """Whether the pass is the C one, whose answer can say which escapes the text
-        holds (`flags(escapes=True)`)."""
-        return self._native is not None
 
     def flags(self, data: str | bytes | bytearray, *, keep: bool = False,
               escapes: bool = False) -> int:

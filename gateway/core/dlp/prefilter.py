@@ -103,7 +103,7 @@ class Prefilter:
         already asked about is taken, not computed again). The escapes are looked for
         with `find` (memchr); a JSON text with a backslash then by `_JSON_ESCAPE`. False
         means no detector and no decoded run can find anything in it."""
-        data = as_bytes(text)
+        data = text if type(text) is bytes else as_bytes(text)
         gate = self.gate
         if gate.native and not self.unanchored:  # (the C pass saw the escapes: no memchr)
             flags = gate.flags(data, escapes=True)  # (`data` is `text` if bytes: kept)
