@@ -401,10 +401,30 @@ static int gate_init(GateObject *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
-static PyObject *gate_flags(GateObject *self, PyObject *arg) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+#define SEAM 255  /* the most bytes of a stream before a piece (`flags`'s `before`) */
+
+static PyObject *gate_flags(GateObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    /* flags(text[, before]): `before`, the end of a stream before `text` (a piece of it):
+     * also what crosses from it into the piece, read with the piece's first bytes
+     * (fastscan.ChunkPass: one call a piece, no slice or join). */
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "flags(text[, before])");
         return NULL;
+    }
+    Py_buffer view, before;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    before.len = 0;
+    if (nargs == 2 && PyObject_GetBuffer(args[1], &before, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    if (before.len > SEAM) {
+        PyBuffer_Release(&view);
+        PyBuffer_Release(&before);
+        PyErr_SetString(PyExc_ValueError, "before: 255 bytes at most");
+        return NULL;
+    }
     int flags;
     if (view.len > 64 * 1024) {  /* (long texts: other threads run meanwhile) */
         Py_BEGIN_ALLOW_THREADS
@@ -413,13 +433,23 @@ static PyObject *gate_flags(GateObject *self, PyObject *arg) {
     } else {
         flags = scan(self, (const uint8_t *)view.buf, view.len);
     }
+    if (before.len && !(flags & RUN)) {  /* the seam: `before` and as much of the text */
+        uint8_t seam[2 * SEAM];
+        Py_ssize_t take = view.len < before.len ? view.len : before.len;
+        memcpy(seam, before.buf, (size_t)before.len);
+        memcpy(seam + before.len, view.buf, (size_t)take);
+        flags |= scan(self, seam, before.len + take) & (RUN | LITERAL);
+    }
+    if (nargs == 2)
+        PyBuffer_Release(&before);
     PyBuffer_Release(&view);
     return PyLong_FromLong(flags);
 }
 
 static PyMethodDef gate_methods[] = {
-    {"flags", (PyCFunction)gate_flags, METH_O,
-     "RUN | LITERAL as found in a bytes-like object (see the module docstring)."},
+    {"flags", (PyCFunction)(void (*)(void))gate_flags, METH_FASTCALL,
+     "flags(text[, before]): RUN | LITERAL (and the escapes) as found in a bytes-like "
+     "object, and across from `before` into it (see the module docstring)."},
     {NULL, NULL, 0, NULL},
 };
 

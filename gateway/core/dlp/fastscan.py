@@ -168,6 +168,9 @@ class Gate:
         # Whether the pass is the C one, whose answer can say which escapes the text
         # holds (`flags(escapes=True)`). (An attribute: read on every body.)
         self.native = self._native is not None
+        # The longest run or literal less one: what of one may lie before a piece of a
+        # stream (`ChunkPass`).
+        self.overlap = max([SEGMENT, *(len(w) for w, _ in literals)]) - 1
         self._finder = Literals(sorted({v for w, caseless in literals
                                         for v in (_cases(w) if caseless else (w,))}),
                                 fast=False) if literals and not fast else None
@@ -219,6 +222,20 @@ class Gate:
         return flags
 
 
+    def flags_after(self, before: bytes, data: bytes, *, escapes: bool = False) -> int:
+        """`flags(data)`, and the runs and literals crossing into `data` from `before`
+        (the end of a stream before it: at most 255 bytes), read with `data`'s first
+        bytes. On the C pass one call, no slice or join (`ChunkPass`: every piece)."""
+        native = self._native
+        if native is not None:
+            flags: int = native.flags(data, before)
+            return flags if escapes else flags & FOUND
+        flags = self.flags(data, escapes=escapes)
+        if before and not flags & RUN:  # (a run found: both askers have their answer)
+            flags |= self.flags(before + data[:len(before)])
+        return flags
+
+
 class ChunkPass:
     """A gate's pass over a stream, one chunk at a time: `flags(chunk)` says whether a run
     of `SEGMENT` or one of the gate's literals ends in the chunk, also one that begins
@@ -229,33 +246,24 @@ class ChunkPass:
 
     The chunk is scanned as it is, and the seam with the stream before it apart (the
     last `overlap` bytes before the chunk and its first `overlap`: every run or literal
-    crossing the seam lies within them), so no chunk is copied. An answer may also count
+    crossing the seam lies within them; `Gate.flags_after`: one C call), so no chunk is
+    copied. An answer may also count
     a run or a literal that ended within the `overlap` bytes before the chunk (already
     counted for the chunk before): a reader takes a set flag as "look", never as proof."""
 
     __slots__ = ("_edge", "gate", "overlap")
-    _JOINED = 4096  # a chunk up to this size is scanned with the seam in one pass
 
     def __init__(self, gate: Gate) -> None:
         self.gate = gate
-        # (the longest run or literal less one: what of one may lie before the chunk)
-        self.overlap = max([SEGMENT, *(len(w) for w, _ in gate.literals)]) - 1
+        self.overlap = gate.overlap
         self._edge = b""  # the stream's last `overlap` bytes
 
     def flags(self, chunk: bytes, *, escapes: bool = False) -> int:
         """`RUN | LITERAL` of the runs and literals ending in `chunk` (the next one of
-        the stream; see the class docstring); `escapes`: as `Gate.flags`, of the chunk
-        (with the seam before it where the two are scanned together)."""
+        the stream; see the class docstring); `escapes`: as `Gate.flags`, of the chunk."""
         edge, overlap = self._edge, self.overlap
-        if len(chunk) <= self._JOINED:
-            joined = edge + chunk
-            self._edge = joined[-overlap:]
-            return self.gate.flags(joined, escapes=escapes) if joined else 0
-        flags = self.gate.flags(chunk, escapes=escapes)
-        if edge and not flags & RUN:  # (a run found: both askers have their answer)
-            flags |= self.gate.flags(edge + chunk[:overlap])
-        self._edge = chunk[-overlap:]
-        return flags
+        self._edge = chunk[-overlap:] if len(chunk) >= overlap else (edge + chunk)[-overlap:]
+        return self.gate.flags_after(edge, chunk, escapes=escapes) if chunk else 0
 
 
 def _record(index: int, _start: int, _end: int, _flags: int, found: list[int]) -> bool:

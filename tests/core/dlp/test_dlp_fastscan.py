@@ -140,7 +140,7 @@ def _ends(data: bytes, gate: Gate) -> tuple[list[bool], list[bool]]:
 
 def test_a_chunk_pass_flags_each_chunk_a_run_or_literal_ends_in(engine: bool) -> None:
     """Prose with one to three planted literals (a caseless one in mixed case) or runs
-    of 19 to 23, cut at random (pieces of 1 byte to 20 KB, about the 4 KB where the seam
+    of 19 to 23, cut at random (pieces of 1 byte to 20 KB, shorter and longer than the seam
     is scanned apart) and once inside each planted one: a chunk in which a run ends has
     RUN, one in which a literal ends a flag; and a flag is set only if one ends in the
     chunk or in the `overlap` bytes before it."""

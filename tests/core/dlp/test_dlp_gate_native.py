@@ -120,6 +120,26 @@ def test_the_c_pass_reads_what_a_plain_reading_reads(
     assert not wrong, wrong[:3]
 
 
+@pytest.mark.parametrize("wide", WIDTHS, ids=["avx2", "avx512"])
+def test_the_seam_from_before_is_read_in_the_same_call(wide: bool) -> None:
+    """`flags(text, before)`: what `flags(text)` finds, and a run or literal crossing
+    from `before` into the text (read with the text's first bytes), as two passes find
+    them; `before` longer than 255 bytes is refused."""
+    gate = _gate.Gate(_ALPHABET, SEGMENT, [(w.encode(), c) for w, c in DEFAULT_LITERALS],
+                      wide=wide)
+    pieces = texts(47, DEFAULT_LITERALS, 6_000)
+    r = random.Random(47)
+    for text in pieces:
+        before = r.choice(pieces)[-r.randrange(1, 40):]
+        both = gate.flags(text)
+        if before and not both & RUN:
+            both |= gate.flags(before + text[:len(before)]) & (RUN | LITERAL)
+        assert gate.flags(text, before) & (RUN | LITERAL) == both & (RUN | LITERAL), \
+            (before, text)
+    with pytest.raises(ValueError, match="255"):
+        gate.flags(b"x", b"y" * 256)
+
+
 @pytest.mark.skipif(not HYPERSCAN, reason="no hyperscan")
 def test_the_c_pass_answers_as_hyperscans_gate() -> None:
     native, hyperscan = Gate(DEFAULT_LITERALS), Gate(DEFAULT_LITERALS, native=False)
@@ -189,6 +209,7 @@ for n in [*range(300), *(r.randrange(100_000) for _ in range(30))]:
         for gate in gates:
             gate.flags(data)
             gate.flags(bytearray(data))
+            gate.flags(data, data[-31:])
 print("clean")
 """
 
