@@ -37,7 +37,17 @@
 #define BACKSLASH 8   /* a `\\` */
 #define PLUS 16       /* a `+` */
 #define ESCAPES 32    /* the three bits above are known: the whole text was read */
+#define UNDECIDED 64  /* the prefilter kept too many positions: ask another matcher */
 #define MAX_LITERALS 64
+#define PREFIX_BITS 4096
+/* The work the prefilter's positions may cost before the pass gives up (a position kept
+ * and each literal compared there count one): 1,024, then one in 16 bytes (prose costs
+ * about one in 2,000). A text made to keep many (`APG APG ...`, each a cross product of
+ * the literals' nibbles; `BEGIN PRIVATE KE` over and over, seven comparisons each) would
+ * cost that much each: the caller asks Hyperscan instead (UNDECIDED), whose cost does
+ * not depend on it. */
+#define KEPT_FREE 1024
+#define KEPT_SHIFT 4
 #define BUCKETS 8
 
 typedef struct {
@@ -49,6 +59,7 @@ typedef struct {
     uint8_t lo[3][16], hi[3][16];        /* a literal's bucket may begin here: byte k */
     uint8_t length[MAX_LITERALS];
     uint8_t caseless[MAX_LITERALS];
+    uint64_t prefixes[PREFIX_BITS / 64];  /* the literals' first three bytes, hashed */
     uint8_t bucket[MAX_LITERALS];
     char *text[MAX_LITERALS];
 } GateObject;
@@ -57,15 +68,16 @@ static int have_avx2, have_avx512;
 
 static uint8_t lower(uint8_t c) { return (c >= 'A' && c <= 'Z') ? (uint8_t)(c + 32) : c; }
 
-/* Whether a literal is at `at` (its bytes within `n`). */
+/* Whether a literal is at `at` (its bytes within `n`); `*work` counts the comparisons. */
 static int literal_at(const GateObject *g, const uint8_t *data, Py_ssize_t n, Py_ssize_t at,
-                      unsigned buckets) {
+                      unsigned buckets, uint64_t *work) {
     for (int i = 0; i < g->count; i++) {
         if (!(buckets & (1u << g->bucket[i])))
             continue;
         Py_ssize_t len = g->length[i];
         if (at + len > n)
             continue;
+        ++*work;
         const uint8_t *w = (const uint8_t *)g->text[i];
         if (!g->caseless[i]) {
             if (memcmp(data + at, w, (size_t)len) == 0)
@@ -102,16 +114,29 @@ static inline int run_in(uint64_t alpha, uint64_t *carry, int segment) {
     return 0;
 }
 
+static inline unsigned prefix_hash(uint8_t a, uint8_t b, uint8_t c) {
+    return ((unsigned)a * 0x9E3779B1u ^ (unsigned)b * 0x85EBCA77u ^ (unsigned)c * 0xC2B2AE3Du)
+           >> 20 & (PREFIX_BITS - 1);
+}
+
 /* Whether a literal begins at one of the block's `starts` (bit i: the prefilter kept
- * position p + i, for the buckets in byte i of `buckets`). */
+ * position p + i, for the buckets in byte i of `buckets`). A position whose first three
+ * bytes (lowercased) are no literal's (the prefilter's nibble tables also keep their
+ * cross products: `AP` then `G` beside `AP0`-`APF`) is dropped by one bit test. */
 static inline int literal_in(const GateObject *g, const uint8_t *data, Py_ssize_t n,
-                             Py_ssize_t p, uint64_t starts, const uint8_t *buckets) {
+                             Py_ssize_t p, uint64_t starts, const uint8_t *buckets,
+                             uint64_t *work) {
     while (starts) {
         int i = __builtin_ctzll(starts);
         starts &= starts - 1;
-        if (p + i >= n)
+        Py_ssize_t at = p + i;
+        if (at + 3 > n)
             break;
-        if (literal_at(g, data, n, p + i, buckets[i]))
+        ++*work;
+        unsigned h = prefix_hash(lower(data[at]), lower(data[at + 1]), lower(data[at + 2]));
+        if (!(g->prefixes[h / 64] >> (h % 64) & 1))
+            continue;
+        if (literal_at(g, data, n, at, buckets[i], work))
             return 1;
     }
     return 0;
@@ -167,7 +192,7 @@ static int scan_avx2(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
     const __m256i elo = table(ESCAPE_LO), ehi = table(ESCAPE_HI);
     __m256i escapes = _mm256_setzero_si256();
     int literals = g->count > 0, flags = 0;
-    uint64_t carry = 0;
+    uint64_t carry = 0, kept = 0;
     uint8_t tail[64 + 2 + 64], buckets[64];
     for (Py_ssize_t p = 0; p < n; p += 64) {
         const uint8_t *block = padded(data + p, n - p, tail);
@@ -192,11 +217,13 @@ static int scan_avx2(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
                     _mm256_storeu_si256((__m256i *)(buckets + h), c);
                 starts |= (uint64_t)at << h;
             }
-            if (starts && literal_in(g, data, n, p, starts, buckets)) {
+            if (starts && literal_in(g, data, n, p, starts, buckets, &kept)) {
                 flags |= LITERAL;
                 literals = 0;  /* (answered: only the run is still asked) */
             }
         }
+        if (kept > (uint64_t)(KEPT_FREE + (p >> KEPT_SHIFT)) && literals)
+            return flags | UNDECIDED;
         if (run_in(alpha, &carry, g->segment))
             return flags | RUN;
     }
@@ -229,7 +256,7 @@ static int scan_avx512(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
     const __m512i elo = table512(ESCAPE_LO), ehi = table512(ESCAPE_HI);
     __m512i escapes = _mm512_setzero_si512();
     int literals = g->count > 0, flags = 0;
-    uint64_t carry = 0;
+    uint64_t carry = 0, kept = 0;
     uint8_t tail[64 + 2 + 64], buckets[64];
     for (Py_ssize_t p = 0; p < n; p += 64) {
         const uint8_t *block = padded(data + p, n - p, tail);
@@ -248,12 +275,14 @@ static int scan_avx512(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
             uint64_t starts = (uint64_t)_mm512_test_epi8_mask(c, c);
             if (starts) {
                 _mm512_storeu_si512((void *)buckets, c);
-                if (literal_in(g, data, n, p, starts, buckets)) {
+                if (literal_in(g, data, n, p, starts, buckets, &kept)) {
                     flags |= LITERAL;
                     literals = 0;
                 }
             }
         }
+        if (kept > (uint64_t)(KEPT_FREE + (p >> KEPT_SHIFT)) && literals)
+            return flags | UNDECIDED;
         if (run_in(alpha, &carry, g->segment))
             return flags | RUN;
     }
@@ -317,6 +346,7 @@ static int gate_init(GateObject *self, PyObject *args, PyObject *kwds) {
     self->count = 0;
     memset(self->lo, 0, sizeof self->lo);
     memset(self->hi, 0, sizeof self->hi);
+    memset(self->prefixes, 0, sizeof self->prefixes);
     uint8_t member[256] = {0};
     for (Py_ssize_t i = 0; i < alphabet.len; i++)
         member[((const uint8_t *)alphabet.buf)[i]] = 1;
@@ -373,6 +403,11 @@ static int gate_init(GateObject *self, PyObject *args, PyObject *kwds) {
         self->count = (int)i + 1;
         for (int k = 0; k < 3; k++)
             first[i][k] = (uint8_t)copy[k];
+        {
+            unsigned h = prefix_hash(lower(first[i][0]), lower(first[i][1]),
+                                     lower(first[i][2]));
+            self->prefixes[h / 64] |= (uint64_t)1 << (h % 64);
+        }
         int bucket = -1;
         for (Py_ssize_t j = 0; j < i && bucket < 0; j++)
             if (memcmp(first[j], first[i], 2) == 0 && self->caseless[j] == caseless)

@@ -120,6 +120,7 @@ FOUND = RUN | LITERAL  # (what a gate found, without the escapes)
 # `Gate.flags(escapes=True)` on the C pass: the bytes a reader unescapes, known
 # (ESCAPES_KNOWN) where the pass read the whole text (`_gate.c`)
 PERCENT, BACKSLASH, PLUS, ESCAPES_KNOWN = 4, 8, 16, 32
+UNDECIDED = 64  # the C pass gave up on a text made to keep its prefilter busy (`_gate.c`)
 _NATIVE_RUNS: list[Any] = []
 
 
@@ -202,37 +203,36 @@ class Gate:
                 return kept[1] if escapes else kept[1] & FOUND
         raw = as_bytes(data)
         native = self._native
-        if native is not None:
-            flags: int = native.flags(raw)
-            if keep and type(data) is bytes:
-                self._kept = (data, flags)
-            return flags if escapes else flags & FOUND
+        flags: int = native.flags(raw) if native is not None else UNDECIDED
+        if flags & UNDECIDED:  # (no C pass, or a text it gave up on: see `_gate.c`)
+            flags = self._library(raw)
+        if keep and type(data) is bytes:
+            self._kept = (data, flags)
+        return flags if escapes else flags & FOUND
+
+    def _library(self, raw: bytes | bytearray) -> int:
+        """`RUN | LITERAL` by Hyperscan, or the fallback (the automaton, translate)."""
         pool = self._pool
         if pool is None and self.fast:  # (a process that never scans a body never maps
             pool = self._pool = self._compile()  # Hyperscan's 1.5 MiB)
         if pool is not None:
             found = [0]
             pool.scan(raw, _record, found)
-            flags = found[0]
-        else:
-            flags = (RUN if has_segment(raw, fast=False) else 0) | \
-                (LITERAL if self._finder is not None and self._finder.any(raw) else 0)
-        if keep and type(data) is bytes:
-            self._kept = (data, flags)
-        return flags
-
+            return found[0]
+        return (RUN if has_segment(raw, fast=False) else 0) | \
+            (LITERAL if self._finder is not None and self._finder.any(raw) else 0)
 
     def flags_after(self, before: bytes, data: bytes, *, escapes: bool = False) -> int:
         """`flags(data)`, and the runs and literals crossing into `data` from `before`
         (the end of a stream before it: at most 255 bytes), read with `data`'s first
         bytes. On the C pass one call, no slice or join (`ChunkPass`: every piece)."""
         native = self._native
-        if native is not None:
-            flags: int = native.flags(data, before)
+        flags: int = native.flags(data, before) if native is not None else UNDECIDED
+        if not flags & UNDECIDED:
             return flags if escapes else flags & FOUND
-        flags = self.flags(data, escapes=escapes)
+        flags = self._library(data)
         if before and not flags & RUN:  # (a run found: both askers have their answer)
-            flags |= self.flags(before + data[:len(before)])
+            flags |= self._library(before + data[:len(before)])
         return flags
 
 

@@ -204,3 +204,17 @@ def test_a_literal_or_run_cut_anywhere_is_flagged_where_it_ends(engine: bool,
             flags = chunks.flags(item[cut:] + prose[:size])
             assert flags & RUN if len(item) == SEGMENT and b" " not in item else flags, \
                 (item, cut)
+
+
+def test_the_c_pass_is_built_where_it_can_be() -> None:
+    """Where gcc is and the CPU has AVX2 (x86-64 Linux, like CI's machine), `pip install`
+    built `_gate.c` and it imports: the C pass's tests then run instead of skipping (a
+    build error is silent in an optional extension)."""
+    import platform
+    import shutil
+    from pathlib import Path
+    cpu = Path("/proc/cpuinfo")
+    if platform.machine() != "x86_64" or shutil.which("gcc") is None or \
+            not cpu.is_file() or " avx2" not in cpu.read_text():
+        pytest.skip("no gcc, or not x86-64 with AVX2")
+    assert NATIVE

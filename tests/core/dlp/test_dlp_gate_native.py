@@ -28,6 +28,7 @@ from gateway.core.dlp.fastscan import (
     PLUS,
     RUN,
     SEGMENT,
+    UNDECIDED,
     Gate,
 )
 from gateway.core.dlp.prefilter import Prefilter
@@ -240,3 +241,28 @@ def test_no_read_past_a_buffer_under_address_sanitizer(tmp_path: Path) -> None:
                              "UBSAN_OPTIONS": "halt_on_error=1",
                              "LD_PRELOAD": " ".join(runtime)})
     assert run.returncode == 0 and run.stdout.strip() == "clean", run.stderr[-2000:]
+
+
+CRAFTED = {  # texts that keep the prefilter busy without holding a literal or a run
+    "nibble cross products": b"APG " * 40_000,
+    "a literal's prefix, over and over": b"BEGIN PRIVATE KE " * 10_000,
+    "cross products, mixed": b"APG xOy APH :/x API " * 10_000,
+}
+
+
+@pytest.mark.parametrize("wide", WIDTHS, ids=["avx2", "avx512"])
+@pytest.mark.parametrize("text", list(CRAFTED.values()), ids=list(CRAFTED))
+def test_a_text_that_keeps_the_prefilter_busy_goes_to_hyperscan(wide: bool,
+                                                                text: bytes) -> None:
+    """A hostile body can make every fourth position a candidate (a cross product of the
+    literals' nibbles) or a literal's prefix that needs comparing: the C pass gives up
+    after a bounded amount of that work (UNDECIDED) instead of costing 60 times its
+    usual time, and the gate answers from Hyperscan; a literal in such a text is still
+    found, and the same text with a literal far in is decided like a plain reading."""
+    raw = _gate.Gate(_ALPHABET, SEGMENT, [(w.encode(), c) for w, c in DEFAULT_LITERALS],
+                     wide=wide)
+    assert raw.flags(text) & UNDECIDED
+    assert not raw.flags(text[:2_000]) & UNDECIDED  # (within the free work)
+    gate = Gate(DEFAULT_LITERALS)
+    for sample in (text, text + b" eyJ", b"eyJ " + text, text + b" " + b"a" * SEGMENT):
+        assert agrees(gate.flags(sample), plain(sample, DEFAULT_LITERALS)), sample[-30:]
