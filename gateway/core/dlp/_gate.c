@@ -429,8 +429,8 @@ static int gate_init(GateObject *self, PyObject *args, PyObject *kwds) {
     Py_DECREF(seq);
     /* By default 64 bytes a vector where there are literals: the prefilter's three
      * lookups and loads halve (0.019 ms/MiB over the run alone, against 0.037 at 32). The
-     * run alone is a tenth faster at 32 (0.058-0.066 against 0.064-0.071 on Zen 4, whose
-     * 512-bit units are two 256-bit ones). */
+     * run alone measured a tenth faster at 32 (0.058-0.066 against 0.064-0.071 ms/MiB on
+     * this project's AMD EPYC, family 26; why, not analysed). */
     if (self->wide == -1)
         self->wide = have_avx512 && self->count > 0;
     return 0;
