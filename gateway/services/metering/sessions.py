@@ -194,7 +194,9 @@ class Sessions:
         release the smallest reservation of the lane (whichever response it was, its own
         bound was at least that large) and forget the refused create (the entry left
         keeps the reservation the refused one held)."""
-        smallest = min(queue, key=lambda p: (p.hold.reserved.tokens, p.hold.reserved.nano_usd))
+        index = ending(_bounds(queue), (0, 0), None).index  # (a usage of 0: the smallest)
+        assert index is not None  # (only an unread usage releases none)
+        smallest = queue[index]
         self.budgets.settle(smallest.hold, 0, 0)
         smallest.hold = refused.hold
         queue.remove(refused)
