@@ -404,6 +404,48 @@ def test_cut_watches_and_stop_end_streams(kube: FakeKubeAPI, http: httpx.Client)
     assert not left
 
 
+def test_freeze_goes_silent_and_thaw_resumes(kube: FakeKubeAPI, http: httpx.Client) -> None:
+    got: list[tuple[float, str]] = []  # (when, type) of each event of an open watch
+
+    def read(response: httpx.Response) -> None:
+        try:
+            for line in response.iter_lines():
+                if line:
+                    got.append((time.monotonic(), json.loads(line)["type"]))
+        except httpx.HTTPError as exc:
+            got.append((time.monotonic(), repr(exc)))
+
+    with watch(http, "/api/v1/pods", resourceVersion=str(kube.resource_version),
+               allowWatchBookmarks="true", timeoutSeconds="4") as response:
+        reader = threading.Thread(target=read, args=(response,), daemon=True)
+        reader.start()
+        assert _wait(lambda: got)  # a bookmark every 0.2 s
+        kube.freeze()
+        frozen = time.monotonic()
+        kube.update_pod("ns", "web", phase="Failed")
+        # A new connection is accepted and never answered.
+        with httpx.Client(base_url=kube.url, verify=kube.client_context(), timeout=0.8,
+                          headers={"authorization": f"Bearer {kube.admin_token}"}) as fresh, \
+                pytest.raises(httpx.TimeoutException):
+            fresh.get("/api/v1/pods")
+        assert not [t for when, t in got if when > frozen + 0.3]  # silent, bookmarks too
+        assert "MODIFIED" not in [t for _, t in got]
+        kube.thaw()
+        assert _wait(lambda: "MODIFIED" in [t for _, t in got])  # kept, sent after the thaw
+        reader.join(6)
+    assert [t for _, t in got][-1] == "BOOKMARK", got  # (the stream ended cleanly)
+    assert http.get("/api/v1/pods").status_code == 200
+
+
+def _wait(predicate: Callable[[], Any], timeout: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 # -- tokens ----------------------------------------------------------------------------
 
 def test_token_review(kube: FakeKubeAPI, http: httpx.Client) -> None:

@@ -32,8 +32,11 @@ kubeconfig for it (the CA file, ``https://127.0.0.1:<port>``, a bearer token), s
   ``k8s.io/initial-events-end``; ``timeoutSeconds`` ends the stream cleanly. A watch from
   before the compaction horizon (``compact()``) gets one ``ERROR`` event (410 Expired)
   and the end of the stream, as from the real server. ``cut_watches()`` drops every open
-  stream without the final chunk (a restarting API server or a broken connection). A
-  stream whose client hung up ends within a quarter of a second.
+  stream without the final chunk (a restarting API server or a broken connection).
+  ``freeze()`` makes the server go silent as behind a dropped route: open streams send
+  nothing more (not even bookmarks), new connections and requests get no answer, until
+  ``thaw()`` (or ``stop()``). A stream whose client hung up ends within a quarter of a
+  second.
   ``resourceVersion`` is one global counter over every write, as etcd's revision.
 * Namespaces: get/list (``kubectl get pod X`` asks for the namespace after a 404, to
   say which is missing); the usual four exist, others come with their first pod or
@@ -409,6 +412,7 @@ class FakeKubeAPI:
         self._watchers: set[_Watcher] = set()
         self._connections: set[socket.socket] = set()
         self._stopping = False
+        self._frozen = False
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -470,6 +474,23 @@ class FakeKubeAPI:
         self._server.server_close()
         self._thread.join(timeout=5)
         self._server = None
+
+    def freeze(self) -> None:
+        """Go silent without closing anything (a partition, a hung server): see the
+        module's docstring."""
+        with self._cond:
+            self._frozen = True
+            self._cond.notify_all()
+
+    def thaw(self) -> None:
+        with self._cond:
+            self._frozen = False
+            self._cond.notify_all()
+
+    def _wait_thawed(self) -> None:
+        """Block (a handler) while frozen; returns at once when not, or on stop()."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._frozen or self._stopping)
 
     def __enter__(self) -> FakeKubeAPI:
         return self.start()
@@ -1223,6 +1244,7 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         conn = self.request
         assert isinstance(conn, ssl.SSLSocket)
+        self.fake._wait_thawed()  # (frozen: the connection is accepted, never answered)
         conn.settimeout(10)
         conn.do_handshake()
         conn.settimeout(None)
@@ -1273,6 +1295,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _serve(self) -> None:
+        self.fake._wait_thawed()
         url = urlsplit(self.path)
         body = self._body() if self.command in ("POST", "PUT", "PATCH") else b""
         headers = {k.lower(): v for k, v in self.headers.items()}
@@ -1563,6 +1586,7 @@ class _Handler(BaseHTTPRequestHandler):
             while True:
                 until = min(deadline, next_bookmark, time.monotonic() + LIVENESS)
                 changes, at = fake._next_changes(watcher, until)
+                fake._wait_thawed()  # (frozen: silent, what came sent after the thaw)
                 if watcher.cut:  # abruptly: no final chunk, no TLS close_notify
                     self.close_connection = True
                     socket.socket.shutdown(self.connection, socket.SHUT_RDWR)

@@ -416,11 +416,57 @@ def test_a_stale_watch_fails_closed(test_ca: LocalCA, upstream: Upstream,
             assert status == 503, text
             line = _last(gw, _ip(21))
             assert line["error"] == "identity_unavailable"
-            assert "broken for" in line["reason"] and "stale_after" in line["reason"]
+            assert "heard nothing" in line["reason"] and "stale_after" in line["reason"]
             with urllib.request.urlopen(gw.admin + "/readyz", timeout=5) as response:
                 ready = json.load(response)
             assert "pods are not identified" in ready["reason"], ready
         finally:
+            gw.stop()
+
+
+def test_a_silent_api_server_fails_closed_and_a_quiet_one_does_not(
+        test_ca: LocalCA, upstream: Upstream, tmp_path: Path) -> None:
+    """Staleness counts from the last word heard from the API server, not from a failed
+    attempt: a server gone silent behind a dropped route (streams open, nothing sent,
+    new connections never answered) is stale `stale_after` on, not when the read timeout
+    ends the stream minutes later. A server that is merely quiet (no bookmarks, as with
+    the watch cache off) is not: a stream silent for half of stale_after is reopened."""
+    # (bookmarks never come: liveness is the watcher's to prove)
+    with FakeKubeAPI(tmp_path / "kube", bookmark_interval=3600.0) as kube:
+        kube.add_pod(NS, "p", _ip(22), labels={"sandbox-gateway.io/policy": "agent"})
+        gw = _gateway(tmp_path / "gw", kube, test_ca, upstream, stale_after="2s")
+        try:
+            pods = Pods(gw, test_ca)
+            assert gw.gateway.pods is not None
+            assert pods.get(_ip(22), "allowed.test", "/status/200")[0] == 200
+            # Quiet, for three stale_afters: never stale; streams were reopened.
+            watches = len(kube.seen("GET", f"/api/v1/namespaces/{NS}/pods", watch=True))
+            end = time.monotonic() + 6.0
+            while time.monotonic() < end:
+                assert gw.gateway.pods.stale() is None
+                time.sleep(0.1)
+            assert pods.get(_ip(22), "allowed.test", "/status/200")[0] == 200
+            assert len(kube.seen("GET", f"/api/v1/namespaces/{NS}/pods",
+                                 watch=True)) >= watches + 4
+            # Silent: refused within stale_after (+ the gate's half-second sweep).
+            kube.freeze()
+            frozen = time.monotonic()
+            assert _until(lambda: gw.gateway.pods.stale() is not None,  # type: ignore[union-attr]
+                          timeout=6.0)
+            waited = time.monotonic() - frozen
+            assert 0.5 < waited < 4.0, waited  # (the last word came 0-1 s before)
+            status, text, _ = pods.get(_ip(22), "allowed.test", "/")
+            assert status == 503, text
+            line = _last(gw, _ip(22))
+            assert line["error"] == "identity_unavailable"
+            assert "heard nothing" in line["reason"] and "stale_after" in line["reason"]
+            # Back: current again, allowed again.
+            kube.thaw()
+            assert _until(lambda: gw.gateway.pods.stale() is None,  # type: ignore[union-attr]
+                          timeout=15.0)
+            assert pods.get(_ip(22), "allowed.test", "/status/200")[0] == 200
+        finally:
+            kube.thaw()
             gw.stop()
 
 

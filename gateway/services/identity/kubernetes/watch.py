@@ -7,13 +7,19 @@ bookmarks (`allowWatchBookmarks`: the resourceVersion advances while nothing cha
 so a resumed watch is rarely too old), resuming from the last version seen when the
 server ends a stream, and listing again when it answers `410 Gone` (the version was
 compacted away: events were lost, only a list is the truth again). Any other failure
-(connection refused or cut, a 5xx, an unreadable event) marks the namespace broken
-and retries after a backoff (0.5 s doubling to 10 s).
+(connection refused or cut, a 5xx, an unreadable event) is retried after a backoff
+(0.5 s doubling to 10 s).
 
 `stale()` says why the index cannot be trusted now, or None: a namespace that was
-never listed, or broken for longer than `stale_after` (its pods may have been deleted
-and their addresses given to others meanwhile). The gate then refuses new connections
-and requests of pods (`identity_unavailable`) and `/readyz` says why.
+never listed, or one the API server has said nothing about for longer than
+`stale_after` (its pods may have been deleted and their addresses given to others
+meanwhile). The gate then refuses new connections and requests of pods
+(`identity_unavailable`) and `/readyz` says why. Staleness counts from the last word
+*heard* (a list, a stream opened, an event or bookmark), not from a failed attempt: a
+server gone silent behind a dropped route fails no attempt until a read timeout, so a
+stream silent for half of `stale_after` is reopened from its version (a quiet namespace
+on a server that sends bookmarks once a minute costs a watch request per half
+`stale_after`; a busy one costs none).
 """
 
 from __future__ import annotations
@@ -36,7 +42,6 @@ __all__ = ["PodWatcher"]
 log = logging.getLogger("sandbox_gateway.kubernetes")
 
 WATCH_SECONDS = (240, 300)  # the server ends each watch after this long (randomised)
-READ_TIMEOUT = 330.0  # no byte for this long (bookmarks come every minute): reconnect
 BACKOFF = (0.5, 10.0)
 
 
@@ -63,7 +68,11 @@ class PodWatcher:
         self.stale_after = stale_after
         self.clock = clock
         self.listed: dict[str, float] = {}  # namespace -> when it was last listed
-        self.broken: dict[str, tuple[float, str]] = {}  # namespace -> since when, why
+        self.heard: dict[str, float] = {}  # namespace -> the API server's last word on it
+        self.broken: dict[str, str] = {}  # namespace -> why its last attempt failed
+        # A stream silent this long is reopened: a live server answers well within
+        # stale_after, a vanished one never does.
+        self.silence = max(0.2, stale_after / 2)
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- what the gate and /readyz ask ---------------------------------------------------
@@ -73,13 +82,14 @@ class PodWatcher:
         now = self.clock()
         for namespace in self.namespaces:
             if namespace not in self.listed:
-                why = self.broken.get(namespace, (0.0, "not listed yet"))[1]
+                why = self.broken.get(namespace, "not listed yet")
                 return f"the pods of namespace {namespace!r} are not listed yet ({why})"
-            broken = self.broken.get(namespace)
-            if broken is not None and now - broken[0] > self.stale_after:
-                return (f"the pod watch of namespace {namespace!r} has been broken for "
-                        f"{now - broken[0]:.0f}s (more than identity.kubernetes.stale_after, "
-                        f"{self.stale_after:g}s): {broken[1]}")
+            silent = now - self.heard[namespace]
+            if silent > self.stale_after:
+                why = self.broken.get(namespace, "its watch stream went silent")
+                return (f"the pod watch of namespace {namespace!r} has heard nothing from "
+                        f"the API server for {silent:.0f}s (more than "
+                        f"identity.kubernetes.stale_after, {self.stale_after:g}s): {why}")
         return None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -113,7 +123,6 @@ class PodWatcher:
         while True:
             try:
                 resume: str | None = await self._list(namespace)
-                self.broken.pop(namespace, None)
                 delay = BACKOFF[0]
                 while resume is not None:
                     resume = await self._watch(namespace, resume)
@@ -122,9 +131,7 @@ class PodWatcher:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # every failure is retried; staleness fails closed
-                why = _describe(exc)
-                self.broken.setdefault(namespace, (self.clock(), why))
-                self.broken[namespace] = (self.broken[namespace][0], why)
+                why = self.broken[namespace] = _describe(exc)
                 log.warning("pod watch of namespace %s: %s; retrying in %.1fs",
                             namespace, why, delay)
                 await asyncio.sleep(delay * (0.8 + 0.4 * random.random()))  # noqa: S311 (jitter)
@@ -141,7 +148,7 @@ class PodWatcher:
             body = await response.json()
         pods = [pod_from(item) for item in body.get("items") or ()]
         self.index.replace(namespace, pods)
-        self.listed[namespace] = self.clock()
+        self.listed[namespace] = self._heard(namespace)
         return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
     async def _watch(self, namespace: str, version: str) -> str | None:
@@ -152,35 +159,38 @@ class PodWatcher:
             allow_watch_bookmarks=True, resource_version=version,
             timeout_seconds=random.randint(*WATCH_SECONDS),  # noqa: S311 (spread)
             _preload_content=False,
-            _request_timeout=aiohttp.ClientTimeout(sock_connect=10, sock_read=READ_TIMEOUT))
+            _request_timeout=aiohttp.ClientTimeout(sock_connect=10, sock_read=self.silence))
         async with response:
             if response.status == 410:
                 return None
             if response.status != 200:
                 raise WatchFailed(response.status, await _message(response))
-            self.broken.pop(namespace, None)  # (a stream is open: the index is current)
+            self._heard(namespace)  # (a stream is open: the index is current)
+            position = [version]
             try:
-                return await self._events(response, version)
+                return await self._events(namespace, response, position)
+            except TimeoutError:  # silent for self.silence: reopen, proving it is there
+                _abort(response)
+                return position[0]
             except BaseException:
-                # A stream given up half-read (an error, or stop()): drop the connection
-                # at once; a TLS close would wait for a server that is busy streaming.
-                connection = response.connection
-                if connection is not None and connection.transport is not None:
-                    connection.transport.abort()
+                _abort(response)
                 raise
 
-    async def _events(self, response: Any, version: str) -> str | None:
-        """Apply a watch stream's events; see `_watch`."""
+    async def _events(self, namespace: str, response: Any, position: list[str]) -> str | None:
+        """Apply a watch stream's events; see `_watch`. `position[0]` follows the version
+        reached (where a stream given up resumes)."""
         async for line in response.content:
             if not line.strip():
-                continue
+                continue  # (not a word: a stream of blank lines goes stale)
             event = json.loads(line)
             kind, obj = event.get("type"), event.get("object") or {}
             if kind == "ERROR":
                 if obj.get("code") == 410:
                     return None
                 raise WatchFailed(int(obj.get("code") or 500), str(obj.get("message")))
-            version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+            self._heard(namespace)
+            version = str((obj.get("metadata") or {}).get("resourceVersion") or position[0])
+            position[0] = version
             if kind == "BOOKMARK":
                 continue
             pod = pod_from(obj)
@@ -188,7 +198,21 @@ class PodWatcher:
                 self.index.remove(pod.namespace, pod.name)
             elif kind in ("ADDED", "MODIFIED"):
                 self.index.put(pod)
-        return version
+        return position[0]
+
+    def _heard(self, namespace: str) -> float:
+        """The API server said something about `namespace` now: current again."""
+        now = self.heard[namespace] = self.clock()
+        self.broken.pop(namespace, None)
+        return now
+
+
+def _abort(response: Any) -> None:
+    """Drop a stream given up half-read (silent, an error, or stop()) at once: a TLS
+    close would wait for a server that is busy streaming, or gone."""
+    connection = response.connection
+    if connection is not None and connection.transport is not None:
+        connection.transport.abort()
 
 
 async def _message(response: Any) -> str:
