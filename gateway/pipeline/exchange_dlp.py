@@ -50,15 +50,19 @@ RECORDED = 64  # findings an exchange's audit line names, at most (every one is 
 
 class DlpCheck:
     """One exchange's detection under its rule's resolved `dlp` section (``report``:
-    the policy's `mode: report`, findings recorded only)."""
+    the policy's `mode: report`, findings recorded only). Made for every request of a
+    rule with `dlp:` (slots, nothing computed that the rule's section already holds)."""
+
+    __slots__ = ("_answer", "_pass", "_stream", "action", "answers", "dlp", "engine",
+                 "found", "gate", "host", "rule", "scanner", "telemetry")
 
     def __init__(self, scanner: Scanner, dlp: Dlp, host: str, rule: str | None, *,
                  report: bool = False, telemetry: Telemetry = SILENT,
                  engine: str = "") -> None:
-        self.scanner = scanner.only(dlp.detectors or DEFAULT)
+        self.scanner = scanner = scanner.only(dlp.detectors or DEFAULT)
         # The gate's one pass (`Prefilter.gate`), which the leak guard runs first on a
         # body, so that this check takes its answer for the same body.
-        self.gate: Gate = self.scanner.prefilter.gate
+        self.gate: Gate = scanner.prefilter.gate
         self.dlp = dlp
         self.action: Action = "report" if report else dlp.effective_action
         self.host = host
@@ -103,13 +107,15 @@ class DlpCheck:
     def head(self, method: str, path: str, headers: Headers) -> str:
         """The request line and headers; returns the path to send (redacted: the
         header values are rewritten in place). A head without a candidate (most) costs
-        one gate pass over its bytes (`Scanner.head_clean`)."""
-        if self.scanner.head_clean(method, path, headers.fields):
+        one gate pass over its new parts (`Scanner.unclean_fields`); one with some, the
+        scan of the fields that hold them."""
+        unclean = self.scanner.unclean_fields(method, path, headers.fields)
+        if unclean is None:
             return path
-        fields = _text(headers.fields)
-        found = self._judge(self.scanner.scan_request(method, path, fields))
+        found = self._judge(self.scanner.scan_request(method, path, _text(unclean)))
         if not found:
             return path
+        fields = _text(headers.fields)
         out: list[tuple[bytes, bytes]] = []
         for name, value in fields:
             text = redact_text(self.scanner, value, Location("header", name))

@@ -25,11 +25,11 @@ import re
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any
 from urllib.parse import parse_qsl, unquote_plus
 
 from gateway.core.dlp.decoding import (
+    Run,
     Unreadable,
     body_kind,
     decode_content,
@@ -40,8 +40,9 @@ from gateway.core.dlp.decoding import (
     text_codec,
 )
 from gateway.core.dlp.detector import Detector
-from gateway.core.dlp.fastscan import HYPERSCAN
+from gateway.core.dlp.fastscan import HYPERSCAN, has_segment
 from gateway.core.dlp.findings import Finding, Location, ScanResult, fingerprint
+from gateway.core.dlp.heads import CleanParts
 from gateway.core.dlp.multipart import boundary, parts
 from gateway.core.dlp.prefilter import Prefilter, unescape
 
@@ -51,8 +52,6 @@ __all__ = ["DEFAULT_LIMIT", "Hit", "Scanner"]
 # hold 1 MiB of an ordinary request body, 32 MiB where a check needs it whole).
 DEFAULT_LIMIT = 1024 * 1024
 MIN_DECODED = 12  # decoded runs shorter than this hold no key
-CLEAN_PARTS = 1024  # parts of heads a scanner remembers as clean (`head_clean`), at most
-CLEAN_PART = 256  # bytes: a longer part is passed again each time (bounds the memory)
 _QUOTE = re.compile(r'(?<!\\)"')  # a quote that ends a JSON string
 _PATH_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -91,7 +90,9 @@ class Scanner:
         self.reach = max((d.reach for d in self.detectors), default=0)
         self._subsets: dict[frozenset[str], Scanner] = {}
         self._by_id: dict[int, tuple[Iterable[str], Scanner]] = {}
-        self._clean_parts: set[bytes] = set()  # (`head_clean`: parts of heads seen clean)
+        # The parts of heads found clean (`heads.CleanParts`): `unclean_fields`.
+        self.heads = CleanParts(self.prefilter.candidate, self._holds)
+        self.unclean_fields = self.heads.unclean
 
     def only(self, names: Iterable[str]) -> Scanner:
         """A scanner with the named detectors of this one (a policy's selection), built
@@ -179,40 +180,35 @@ class Scanner:
             where, start, end = locate(span.start)
             yield Hit(span.detector, _at(where, span.start - start),
                       text[span.start:min(span.end, end)])
-        if depth >= self.depth or not has_run(text):
+        if depth >= self.depth:
             return
-        for run in runs(text):
-            data = decode_run(text, run)
-            if data is None or len(data) < MIN_DECODED:
-                continue
-            inner = data.decode("latin-1")
-            if not self.prefilter.any(inner) and not has_run(inner):
-                continue
+        for run, inner in self._decoded(text):
             where, start, _ = locate(run.start)
             offset = None if where.offset is None else where.offset + run.start - start
             yield from self.text_hits(inner, where.under(run.kind, offset), depth + 1)
 
     def head_hits(self, method: str, target: str,
                   headers: Iterable[tuple[str, str]]) -> Iterator[Hit]:
-        """The request line (raw and unescaped), query parameters, each header. Gated by
-        one pass over all of them joined: a head without an anchor or a run stops there."""
+        """The request line (raw and unescaped), query parameters, each header, read as
+        one text (`parts_hits`)."""
         headers = list(headers)
         line = f"{method} {target}"
         plain = unescape(line)
-        joined = "\n".join([line, plain, *(f"{k}\n{v}" for k, v in headers)])
-        if not self.prefilter.any(joined) and not has_run(joined):
-            return
         _, _, query = target.partition("?")
+        parts: list[tuple[str, Location]] = []
         if query:  # parameters first: their name is the better location
             for name, value in parse_qsl(query, keep_blank_values=True, encoding="latin-1"):
-                yield from self.text_hits(value, Location("query", name[:80]))
-                yield from self.text_hits(name, Location("query", name[:80]))
-        yield from self.text_hits(line, Location("request line"))
+                parts += ((value, Location("query", name[:80])),
+                          (name, Location("query", name[:80])))
+        parts.append((line, Location("request line")))
         if plain != line:
-            yield from self.text_hits(plain, Location("request line", via=("percent",)))
+            parts.append((plain, Location("request line", via=("percent",))))
         for name, value in headers:
-            yield from self.text_hits(value, Location("header", name))
-            yield from self.text_hits(name, Location("header", "name"))  # (shown hidden)
+            parts += ((value, Location("header", name)),
+                      (name, Location("header", "name")))  # (shown hidden)
+        # One text for all (`parts_hits`: no value crosses the newlines joining them):
+        # a head of thirty fields is one prefilter pass and one run search, not sixty.
+        yield from self.parts_hits([part for part in parts if part[0]])
 
     def body_hits(self, body: bytes, content_type: str | None,
                   content_encoding: str | None) -> list[Hit]:
@@ -226,32 +222,32 @@ class Scanner:
 
     def head_clean(self, method: str, target: str,
                    fields: Iterable[tuple[bytes, bytes]]) -> bool:
-        """Whether a head holds no candidate: one gate pass over the request line and
-        the fields joined, as bytes; where it hits, the exact check (`has_run`: a path
-        such as /v1/chat/completions is one case, no base64). A target with an escape
-        (%, +, \\) is not decided here (`head_hits` reads its query and its line
-        unescaped).
+        """Whether a head holds no candidate (`heads.CleanParts.unclean`)."""
+        return self.heads.unclean(method, target, list(fields)) is None
 
-        A part (the line, a name, a value) found clean (by the gate, or the exact check:
-        no anchor, no run; none crosses the newline joining them) holds nothing any
-        detector finds, whatever the others hold: a clean head's short parts are kept
-        (`CLEAN_PARTS`, `CLEAN_PART`), and the next head passes only its new parts."""
-        if "%" in target or "+" in target or "\\" in target:
+    def _decoded(self, text: str) -> Iterator[tuple[Run, str]]:
+        """The runs of `text` whose decoded text a detector may find something in (an
+        anchor, or a run to decode again), with that text."""
+        if not has_segment(text):  # (`has_run`'s first check, in C)
+            return
+        for run in runs(text):
+            data = decode_run(text, run)
+            if data is None or len(data) < MIN_DECODED:
+                continue
+            inner = data.decode("latin-1")
+            if self.prefilter.any(inner) or has_run(inner):
+                yield run, inner
+
+    def _holds(self, part: bytes | bytearray) -> bool:
+        """Whether `parts_hits` may find anything in one part of a head alone: the gate,
+        then an anchor, or a run decoding to a text that holds one or a run (a W3C
+        trace id is hex of 16 random bytes: read, and clean)."""
+        if not self.prefilter.candidate(part):
             return False
-        pieces = (f"{method} {target}".encode("latin-1", "replace"),
-                  *chain.from_iterable(fields))
-        seen = self._clean_parts  # (bytes only: a bytearray is passed each time)
-        new = [p for p in pieces if type(p) is not bytes or p not in seen]
-        if not new:
+        text = part.decode("latin-1")
+        if self.prefilter.any(text):
             return True
-        if self.prefilter.candidate(b"\n".join(new)):
-            text = b"\n".join(pieces).decode("latin-1")
-            if self.prefilter.any(text) or has_run(text):
-                return False
-        if len(seen) + len(new) > CLEAN_PARTS:
-            seen.clear()
-        seen.update(p for p in new if type(p) is bytes and len(p) <= CLEAN_PART)
-        return True
+        return self.depth > 0 and next(self._decoded(text), None) is not None
 
     def body_clean(self, body: bytes, content_type: str | None) -> bool:
         """Whether a body (its content codings undone) holds no candidate as its reader

@@ -330,7 +330,7 @@ def test_a_head_seen_clean_is_remembered_part_by_part_and_decides_as_a_fresh_one
     ordinary = [(b"Host", b"api.example.com"), (b"User-Agent", b"OpenAI/Python 1.54.0"),
                 (b"Content-Type", b"application/json"), (b"Accept", b"*/*")]
     assert ANCHORED.head_clean("POST", "/v1/chat/completions", ordinary)
-    assert set(p for f in ordinary for p in f) <= ANCHORED._clean_parts
+    assert set(p for f in ordinary for p in f) <= ANCHORED.heads.seen
     for fake in (f for f in CORPUS if not f.opt_in and "\n" not in f.text):
         value = fake.text.encode("latin-1")
         for fields in ([*ordinary, (b"X-Key", value)],
@@ -338,28 +338,28 @@ def test_a_head_seen_clean_is_remembered_part_by_part_and_decides_as_a_fresh_one
                        [*ordinary[:2], (value[:40], b"1"), *ordinary[2:]],
                        [(b"Host", b"api.example.com " + value)]):
             remembered = ANCHORED.head_clean("POST", "/v1/chat/completions", fields)
-            kept = set(ANCHORED._clean_parts)
-            ANCHORED._clean_parts.clear()
+            kept = set(ANCHORED.heads.seen)
+            ANCHORED.heads.seen.clear()
             fresh = ANCHORED.head_clean("POST", "/v1/chat/completions", fields)
-            ANCHORED._clean_parts.update(kept)
+            ANCHORED.heads.seen.update(kept)
             assert remembered == fresh, (fake.detector, fields)
             found = ANCHORED.scan_request("POST", "/v1/chat/completions", [
                 (k.decode("latin-1"), v.decode("latin-1")) for k, v in fields]).findings
             assert not (found and remembered), (fake.detector, fields, found)
-            assert value not in ANCHORED._clean_parts
+            assert value not in ANCHORED.heads.seen
 
 
 def test_what_head_clean_remembers_is_bounded() -> None:
     scanner = Scanner(build(("github",)), b"test-salt")
     for i in range(3 * scanner_parts()):
         assert scanner.head_clean("GET", f"/items/{i}", [(b"X-Request-Id", b"r%d" % i)])
-        assert len(scanner._clean_parts) <= scanner_parts()
+        assert len(scanner.heads.seen) <= scanner_parts()
     long = b"x " * 200  # (over CLEAN_PART bytes: passed each time, never remembered)
     assert scanner.head_clean("GET", "/", [(b"X-Long", long)])
-    assert long not in scanner._clean_parts
+    assert long not in scanner.heads.seen
 
 
 def scanner_parts() -> int:
-    from gateway.core.dlp.scanner import CLEAN_PARTS
+    from gateway.core.dlp.heads import CLEAN_PARTS
 
     return CLEAN_PARTS
