@@ -488,6 +488,96 @@ static PyMethodDef gate_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* -- key_run: the exact check behind a RUN ------------------------------------------------
+ * `decoding.runs` decodes a maximal run of the base64 alphabets (A-Z a-z 0-9 + / _ -) of
+ * `KEY_SEGMENT` characters or more only where it holds both an upper and a lower case
+ * letter (base64 of random bytes), or `KEY_HEX` characters in a row of one case's hex
+ * digits: a path, a snake_case name, a long word is one case and no hex, and is not read
+ * further. In Python that is a few microseconds a run, and a body of code holds hundreds
+ * of runs of names; here it is one pass. True where `runs` may yield (a mixed-case run
+ * longer than 1,024 characters whose length leaves no decodable alignment is also
+ * True: `runs` then says no), False only where it yields nothing
+ * (tests/core/dlp/test_dlp_gate_native.py holds it to `runs` on random texts). Scalar: a
+ * probe every `KEY_SEGMENT` bytes (a run that long holds one); only the runs under a
+ * probe are read, about half the bytes of code. */
+
+#define KEY_SEGMENT 20
+#define KEY_HEX 32
+#define K_ALPHA 1
+#define K_UPPER 2
+#define K_LOWER 4
+#define K_HEXL 8
+#define K_HEXU 16
+static uint8_t key_class[256];
+
+static void key_classes(void) {
+    for (int c = 0; c < 256; c++) {
+        uint8_t k = 0;
+        if (c >= 'A' && c <= 'Z')
+            k = K_ALPHA | K_UPPER | (c <= 'F' ? K_HEXU : 0);
+        else if (c >= 'a' && c <= 'z')
+            k = K_ALPHA | K_LOWER | (c <= 'f' ? K_HEXL : 0);
+        else if (c >= '0' && c <= '9')
+            k = K_ALPHA | K_HEXL | K_HEXU;
+        else if (c == '+' || c == '/' || c == '_' || c == '-')
+            k = K_ALPHA;
+        key_class[c] = k;
+    }
+}
+
+static int key_run_in(const uint8_t *p, Py_ssize_t n) {
+    Py_ssize_t i = 0;  /* (always 0 or just past a byte out of the alphabet) */
+    while (i + KEY_SEGMENT <= n) {
+        if (!(key_class[p[i + KEY_SEGMENT - 1]] & K_ALPHA)) {
+            i += KEY_SEGMENT;  /* no run of KEY_SEGMENT begins in [i, i + KEY_SEGMENT) */
+            continue;
+        }
+        Py_ssize_t start = i + KEY_SEGMENT - 1;
+        while (start > i && (key_class[p[start - 1]] & K_ALPHA))
+            start--;
+        Py_ssize_t end = start;
+        unsigned seen = 0;
+        int hexl = 0, hexu = 0;
+        uint8_t k;
+        while (end < n && ((k = key_class[p[end]]) & K_ALPHA)) {
+            seen |= k;
+            hexl = k & K_HEXL ? hexl + 1 : 0;
+            hexu = k & K_HEXU ? hexu + 1 : 0;
+            if (hexl >= KEY_HEX || hexu >= KEY_HEX)
+                return 1;
+            end++;
+        }
+        if (end - start >= KEY_SEGMENT && (seen & (K_UPPER | K_LOWER)) == (K_UPPER | K_LOWER))
+            return 1;
+        i = end + 1;
+    }
+    return 0;
+}
+
+static PyObject *key_run(PyObject *module, PyObject *arg) {
+    (void)module;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int found;
+    if (view.len > 64 * 1024) {
+        Py_BEGIN_ALLOW_THREADS
+        found = key_run_in((const uint8_t *)view.buf, view.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        found = key_run_in((const uint8_t *)view.buf, view.len);
+    }
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(found);
+}
+
+static PyMethodDef module_methods[] = {
+    {"key_run", key_run, METH_O,
+     "key_run(text): whether a bytes-like text may hold a run decoding.runs decodes (see "
+     "the comment above key_run_in in _gate.c)."},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyTypeObject GateType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "gateway.core.dlp._gate.Gate",
@@ -503,11 +593,12 @@ static PyTypeObject GateType = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_gate",
     "The gate's run and literal pass in one AVX2 loop (gateway/core/dlp/_gate.c).", -1,
-    NULL, NULL, NULL, NULL, NULL,
+    module_methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__gate(void) {
     __builtin_cpu_init();
+    key_classes();
     have_avx2 = __builtin_cpu_supports("avx2") != 0;
     have_avx512 = have_avx2 && __builtin_cpu_supports("avx512f") != 0 &&
                   __builtin_cpu_supports("avx512bw") != 0;

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gateway.core import encodings
-from gateway.core.dlp.fastscan import MAP, SEGMENT, has_segment
+from gateway.core.dlp.fastscan import MAP, SEGMENT, key_run
 
 __all__ = ["Run", "Unreadable", "body_kind", "decode_content", "decode_run", "encode_content",
            "encode_run", "has_run", "json_codec", "runs", "text_codec"]
@@ -120,7 +120,7 @@ class Run:
 
 # Runs are found without a regular expression: the text's bytes are mapped to "a" (in the
 # base64 alphabets) or " " (not), and `bytes.find` looks for 20 "a"s. Most texts have no
-# such run: `fastscan.has_segment` says so first, at C speed (Hyperscan).
+# such run, and most runs are one case: `fastscan.key_run` says so first, in C.
 _NEEDLE = b"a" * MIN_BASE64
 
 
@@ -132,7 +132,7 @@ def has_run(text: str) -> bool:
     """Whether `text` holds a run to decode (the cheap check: most texts have no 20
     base64 characters in a row, and the runs of those that do are mostly paths and
     identifiers, see `runs`)."""
-    return has_segment(text) and next(runs(text), None) is not None
+    return key_run(text) and next(runs(text), None) is not None
 
 
 def runs(text: str) -> Iterator[Run]:

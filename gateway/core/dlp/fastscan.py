@@ -45,7 +45,8 @@ except ImportError:
 NATIVE: bool = _gate is not None and bool(_gate.AVX2)  # the gate's pass in C (above)
 
 __all__ = ["BACKSLASH", "ESCAPES_KNOWN", "FOUND", "HYPERSCAN", "LITERAL", "NATIVE", "PERCENT",
-           "PLUS", "RUN", "ChunkPass", "Gate", "Literals", "as_bytes", "has_segment"]
+           "PLUS", "RUN", "ChunkPass", "Gate", "Literals", "as_bytes", "has_segment",
+           "key_run"]
 SEGMENT = 20  # base64 characters in a row that may hold a key (decoding.MIN_BASE64)
 _ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-"
 MAP = bytes(0x61 if i in _ALPHABET else 0x20 for i in range(256))  # in the alphabet: "a"
@@ -112,6 +113,16 @@ def has_segment(text: str | bytes | bytearray, *, fast: bool = HYPERSCAN,
         _SEGMENTS.append(_Pool([rb"[A-Za-z0-9+/_\-]{%d}" % SEGMENT],
                                _hyperscan().HS_FLAG_SINGLEMATCH, literal=False))
     return not _SEGMENTS[0].scan(as_bytes(text), _stop)
+
+
+def key_run(text: str | bytes | bytearray, *, native: bool | None = None) -> bool:
+    """Whether `text` may hold a run `decoding.runs` decodes: the C check (`_gate.c`,
+    `key_run_in`: a run of `SEGMENT` with both cases, or 32 hex digits of one case in a
+    row; False: `runs` yields nothing) where built, else `has_segment`. `native`: None,
+    where built; False, `has_segment` (tests)."""
+    if _gate is not None and native is not False:
+        return bool(_gate.key_run(as_bytes(text)))
+    return has_segment(text)
 
 
 RUN = 1  # `Gate.flags`: SEGMENT base64 characters in a row

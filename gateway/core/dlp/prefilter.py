@@ -53,13 +53,34 @@ def _byte(match: re.Match[str]) -> str:
 def unescape(text: str) -> str:
     """`text` with %XX (twice) and JSON `\\u00XX` escapes and `\\/` undone: what a
     receiver may read out of it (a gate's view, not a detector's)."""
-    for _ in range(2):
+    for _ in range(2):  # (a pass that undid nothing leaves nothing for the next)
         if "%" not in text:
             break
-        text = _PERCENT.sub(_byte, text)
-    if "\\" in text:
-        text = _JSON_U.sub(_byte, text).replace("\\/", "/")
+        text, undone = _PERCENT.subn(_byte, text)
+        if not undone:
+            break
+    if "\\" in text:  # (memchr)
+        # One pass for both JSON escapes (a body of code has a backslash a line:
+        # `str.replace("\\/", ...)` costs twice the pass). Where a `\\` or `/` was
+        # undone the two in turn, as before: they may make a `\\/` the second undoes.
+        made: list[str] = []
+        once = _JSON_ESCAPE_TEXT.sub(lambda m: _json_byte(m, made), text)
+        text = once if not made else _JSON_U.sub(_byte, text).replace("\\/", "/")
     return text
+
+
+_JSON_ESCAPE_TEXT = re.compile(r"\\(?:u00([0-9A-Fa-f]{2})|/)")
+
+
+def _json_byte(match: re.Match[str], made: list[str]) -> str:
+    """What `unescape` reads for a JSON escape; a `\\` or `/` it makes is noted."""
+    hex_ = match.group(1)
+    if hex_ is None:
+        return "/"
+    char = chr(int(hex_, 16))
+    if char in "\\/":
+        made.append(char)
+    return char
 
 
 class Prefilter:

@@ -40,7 +40,7 @@ from gateway.core.dlp.decoding import (
     text_codec,
 )
 from gateway.core.dlp.detector import Detector
-from gateway.core.dlp.fastscan import HYPERSCAN, has_segment
+from gateway.core.dlp.fastscan import HYPERSCAN, key_run
 from gateway.core.dlp.findings import Finding, Location, ScanResult, fingerprint
 from gateway.core.dlp.heads import CleanParts
 from gateway.core.dlp.multipart import boundary, parts
@@ -228,7 +228,7 @@ class Scanner:
     def _decoded(self, text: str) -> Iterator[tuple[Run, str]]:
         """The runs of `text` whose decoded text a detector may find something in (an
         anchor, or a run to decode again), with that text."""
-        if not has_segment(text):  # (`has_run`'s first check, in C)
+        if not key_run(text):  # (`has_run`'s first check, in C)
             return
         for run in runs(text):
             data = decode_run(text, run)

@@ -211,13 +211,15 @@ for n in [*range(300), *(r.randrange(100_000) for _ in range(30))]:
             gate.flags(data)
             gate.flags(bytearray(data))
             gate.flags(data, data[-31:])
+        module.key_run(data)
+        module.key_run(bytearray(data))
 print("clean")
 """
 
 
 def test_no_read_past_a_buffer_under_address_sanitizer(tmp_path: Path) -> None:
-    """The C pass built with AddressSanitizer and UBSan (both widths where the CPU has
-    AVX-512) reads texts of every length up to 300 bytes (and longer ones) in buffers of
+    """The C pass (and `key_run`) built with AddressSanitizer and UBSan (both widths where
+    the CPU has AVX-512) reads texts of every length up to 300 bytes (and longer ones) in buffers of
     exactly their size (PYTHONMALLOC=malloc: each its own allocation, a red zone after
     it): no byte past a text is read."""
     gcc = shutil.which("gcc")
@@ -266,3 +268,45 @@ def test_a_text_that_keeps_the_prefilter_busy_goes_to_hyperscan(wide: bool,
     gate = Gate(DEFAULT_LITERALS)
     for sample in (text, text + b" eyJ", b"eyJ " + text, text + b" " + b"a" * SEGMENT):
         assert agrees(gate.flags(sample), plain(sample, DEFAULT_LITERALS)), sample[-30:]
+
+
+def _key_texts(seed: int, count: int) -> list[str]:
+    """Texts of runs a decoder may or may not read: one-case words and paths, mixed
+    case, hex of one case and of both, digits, around the lengths that decide (19-21,
+    31-33, 1,024-1,026), beside separators and characters out of latin-1."""
+    r = random.Random(seed)
+    lower, upper = "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    kinds = [lower + "_-/", upper + "_+", lower + upper, "0123456789abcdef",
+             "0123456789ABCDEF", "0123456789", "0123456789abcdefABCDEF", lower + "0123456789"]
+    out = []
+    for _ in range(count):
+        pieces = []
+        for _ in range(r.randrange(1, 5)):
+            size = r.choice([1, 5, 19, 20, 21, 31, 32, 33, 40, 1023, 1024, 1025, 1026,
+                             r.randrange(60)])
+            kind = r.choice(kinds)
+            pieces.append("".join(r.choice(kind) for _ in range(size)))
+            pieces.append(r.choice([" ", ".", "\n", "=", "\u2014", "\xff", ""]))
+        out.append("".join(pieces))
+    return out
+
+
+def test_key_run_says_no_only_where_runs_reads_nothing() -> None:
+    """`key_run` (C) against `decoding.runs` (the Python reading it stands before):
+    equal, but where a mixed-case run longer than 1,024 characters has no decodable
+    alignment (`runs` then yields nothing: True is only a "look")."""
+    from gateway.core.dlp.decoding import runs
+    from gateway.core.dlp.fastscan import as_bytes, key_run
+
+    for text in _key_texts(11, 6_000):
+        found = next(runs(text), None) is not None
+        said = key_run(text)
+        assert said == _gate.key_run(as_bytes(text)) == _gate.key_run(
+            bytearray(as_bytes(text)))
+        if found:
+            assert said, text
+        elif said:
+            longest = max(len(w) for w in text.encode("latin-1", "replace").translate(
+                bytes(0x61 if bytes([i]) in _ALPHABET else 0x20 for i in range(256))).split())
+            assert longest > 1024, text
+    assert not key_run("x" * 10_000) and key_run("x" * 5_000 + "Y" * 20)

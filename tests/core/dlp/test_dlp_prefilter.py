@@ -21,6 +21,7 @@ from helpers.dlp_corpus import CORPUS
 
 from gateway.core.dlp import DEFAULT, DETECTORS, Detector, Location, Scanner
 from gateway.core.dlp.fastscan import HYPERSCAN
+from gateway.core.dlp.prefilter import _JSON_U, _PERCENT, unescape
 from gateway.services.dlp.library import build
 
 SCANNER = Scanner(build(DEFAULT), b"test-salt", limit=64 << 20)
@@ -272,3 +273,23 @@ def test_the_gate_loses_nothing_on_the_corpus_and_mutations(fast: bool) -> None:
         _agree(new, full, _random_text(rng))
     for text, found in zip(ASCII_RUN, (True, True, False, False, True, True, False), strict=True):
         assert bool(full.scan_body(text.encode(), "text/plain").findings) is found, text
+
+
+def _unescape_in_turn(text: str) -> str:
+    """The reading `unescape` makes in one pass where it can: %XX twice, then JSON's
+    `\\u00XX`, then `\\/`, each over the whole text in turn."""
+    for _ in range(2):
+        text = _PERCENT.sub(lambda m: chr(int(m.group(1), 16)), text)
+    return _JSON_U.sub(lambda m: chr(int(m.group(1), 16)), text).replace("\\/", "/")
+
+
+def test_unescape_reads_what_the_passes_in_turn_read() -> None:
+    """Texts built of the escapes' pieces (a `\\u005c` or `\\u002f` that makes a
+    `\\/`, a %25 that makes a %XX, backslashes escaping backslashes): one pass where
+    it can, the same text as the passes in turn."""
+    r = random.Random(53)
+    atoms = ["\\", "/", "u", "0", "00", "u00", "5c", "5C", "2f", "2F", "41", "%", "%25",
+             "%5C", "%2F", "a", "Z", "\\u00", "\\/", "\\\\", "%5c%2f", "\\u005c/"]
+    for _ in range(100_000):
+        text = "".join(r.choice(atoms) for _ in range(r.randrange(1, 12)))
+        assert unescape(text) == _unescape_in_turn(text), text
