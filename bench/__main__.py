@@ -105,7 +105,8 @@ class Row:
     inject_header: bool = False  # send X-Api-Key: <token> as a sandbox would
 
 
-POST_WORKLOADS = ("post_2k", "post_1m", "upload")
+# (post_agent: a coding agent's chat request, as the OpenAI SDK sends one: bench/agent.py)
+POST_WORKLOADS = ("post_2k", "post_1m", "post_agent", "upload")
 POST_BODY = {"post_2k": 2_000, "post_1m": 1 << 20}  # bytes of the loops' JSON bodies
 
 ROWS = (
@@ -287,6 +288,8 @@ class Bench:
             spec.update(path="/big")
         elif workload in POST_BODY:
             spec.update(path="/upload", body_size=POST_BODY[workload], duration=s.get_seconds)
+        elif workload == "post_agent":
+            spec.update(workload="agent", path="/upload", duration=s.get_seconds)
         elif workload == "upload":
             spec.update(path="/upload", body_size=s.upload_bytes)
         elif sse:
@@ -482,7 +485,8 @@ class Bench:
             found = {"error": str(exc)[:800]}
         self.results["dlp_rounds"] = found
         for what, part in (("2 KB POST", found.get("post_2k")),
-                           ("1 MiB POST", found.get("post_1m")), ("upload", found)):
+                           ("1 MiB POST", found.get("post_1m")),
+                           ("agent's request", found.get("post_agent")), ("upload", found)):
             if part and "median" in part:
                 print(f"  {what}: on vs off {part['median']:.2f}x (median of "
                       f"{found['rounds']} rounds, {min(part['ratios']):.2f} to "

@@ -1,7 +1,8 @@
 """Outbound credential detection, on against off in alternating rounds (issue 43;
 ``python -m bench --only dlp_rounds``): one gateway takes each of the POST rows' three
-workloads (a 2 KB JSON POST for a few seconds, the same of 1 MiB bodies, one streamed
-upload of `upload_bytes`) to the rule without `dlp:` and to the rule with it in turn (the
+workloads (a 2 KB JSON POST for a few seconds, the same of 1 MiB bodies, a coding agent's
+chat request as the OpenAI SDK sends one (bench/agent.py), one streamed upload of
+`upload_bytes`) to the rule without `dlp:` and to the rule with it in turn (the
 POST rows' hosts), in AB BA order.
 
 The POST rows measure each workload without detection minutes before the one with it; a
@@ -26,7 +27,7 @@ MIB = 1 << 20
 # (workload, the figure compared: CPU per request or per MiB, runs a turn averages: an
 # upload takes ~0.2 s, and one upload's CPU per MiB moves by ±8 % from the next one's)
 WORKLOADS = (("post_2k", "proxy_cpu_us_per_req", 1), ("post_1m", "proxy_cpu_ms_per_mib", 1),
-             ("upload", "proxy_cpu_ms_per_mib", 3))
+             ("post_agent", "proxy_cpu_us_per_req", 1), ("upload", "proxy_cpu_ms_per_mib", 3))
 
 
 def run(bench: Bench, rows: tuple[Row, Row], rounds: int,

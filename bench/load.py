@@ -19,8 +19,10 @@ warm-up offered on every connection: a resumed handshake, as curl, Node and rust
 clients make; the result says how many were resumed), ``download`` (one large
 body), ``sse`` (time to first event, per-event delivery delay), ``idle`` (open N
 tunnels, one request each, then hold them idle), ``post`` (like ``get``, a POST with a
-JSON body of ``body_size`` bytes: a chat request of prose, no credential in it), ``upload``
-(one POST of ``body_size`` bytes of text, Content-Length, written 1 MiB at a time).
+JSON body of ``body_size`` bytes: a chat request of prose, no credential in it), ``agent``
+(like ``post``, a coding agent's chat request as the OpenAI SDK sends one, ids new each
+request: bench/agent.py), ``upload`` (one POST of ``body_size`` bytes of text,
+Content-Length, written 1 MiB at a time).
 """
 
 from __future__ import annotations
@@ -28,14 +30,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import os
 import resource
 import ssl
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from bench.agent import agent_body, agent_request
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 CHUNK = 1 << 20
@@ -45,7 +51,7 @@ CHUNK = 1 << 20
 class Spec:
     """What to run and through what (the orchestrator builds it as JSON)."""
 
-    workload: str  # get | new | resume | download | sse | idle | post | upload
+    workload: str  # get | new | resume | download | sse | idle | post | agent | upload
     host: str  # the name the client asks for (SNI, Host header, CONNECT authority)
     port: int  # the CONNECT authority port
     cafile: str  # the CA this client trusts (gateway/mitmdump CA, or the upstream CA)
@@ -176,13 +182,14 @@ def _cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-async def _get_loop(conn: Conn, req: bytes, end: float, lat: list[int],
-                    statuses: dict[int, int]) -> None:
+async def _get_loop(conn: Conn, req: bytes | Callable[[], bytes], end: float,
+                    lat: list[int], statuses: dict[int, int]) -> None:
+    """Requests one after another until `end` (`req`: the request, or what makes each)."""
     reader, writer = conn
     clock = time.perf_counter_ns
     while time.perf_counter() < end:
         t0 = clock()
-        writer.write(req)
+        writer.write(req if isinstance(req, bytes) else req())
         status, _ = await read_response(reader)
         lat.append(clock() - t0)
         statuses[status] = statuses.get(status, 0) + 1
@@ -201,7 +208,7 @@ async def _warm(spec: Spec, ctx: ssl.SSLContext, n: int) -> tuple[list[Conn], di
     statuses: dict[int, int] = {}
     warm = request_bytes(spec, "/small" if spec.workload != "sse" else
                          "/events?n=1&interval_ms=0")
-    if spec.workload in ("post", "upload"):
+    if spec.workload in ("post", "upload", "agent"):
         warm = request_bytes(spec, method="POST", body=chat_body(200))
     for reader, writer in conns:
         writer.write(warm)
@@ -242,6 +249,10 @@ async def run(spec: Spec, stdin: asyncio.StreamReader) -> None:
         elif spec.workload == "post":
             result = await _run_get(spec, conns, request_bytes(
                 spec, method="POST", body=chat_body(spec.body_size)))
+        elif spec.workload == "agent":
+            result = await _run_get(spec, conns, functools.partial(
+                agent_request, spec.host, spec.path))
+            result["body_bytes"] = len(agent_body())
         elif spec.workload == "upload":
             result = await _run_upload(spec, conns[0])
         else:
@@ -256,7 +267,8 @@ async def run(spec: Spec, stdin: asyncio.StreamReader) -> None:
         await _close(conns)
 
 
-async def _run_get(spec: Spec, conns: list[Conn], req: bytes | None = None) -> dict[str, Any]:
+async def _run_get(spec: Spec, conns: list[Conn],
+                   req: bytes | Callable[[], bytes] | None = None) -> dict[str, Any]:
     req = req or request_bytes(spec)
     lat: list[int] = []
     statuses: dict[int, int] = {}

@@ -251,6 +251,7 @@ def _post_lines(results: dict[str, Any]) -> list[str]:
     for workload, what, field, unit in (
             ("post_2k", "2 KB JSON", "proxy_cpu_us_per_req", "µs/req"),
             ("post_1m", "1 MiB JSON", "proxy_cpu_ms_per_mib", "ms/MiB"),
+            ("post_agent", "agent's request", "proxy_cpu_us_per_req", "µs/req"),
             ("upload", "upload", "proxy_cpu_ms_per_mib", "ms/MiB")):
         a, b = _get(rows, "gateway_post", workload, field), _get(rows, "gateway_post_dlp",
                                                                  workload, field)

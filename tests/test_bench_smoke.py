@@ -33,6 +33,7 @@ WORKLOAD_FIELDS = {
     "idle_after_timeout": ("kb_per_tunnel", "idle_wait_s"),
     "post_2k": ("rps", "p50_ms", "proxy_cpu_us_per_req", "proxy_cpu_ms_per_mib"),
     "post_1m": ("rps", "p50_ms", "proxy_cpu_us_per_req", "proxy_cpu_ms_per_mib"),
+    "post_agent": ("rps", "p50_ms", "proxy_cpu_us_per_req", "proxy_cpu_ms_per_mib"),
     "upload": ("mb_per_s", "proxy_cpu_ms_per_mib"),
 }
 EXPECTED_SECTIONS = {"workers", "otel_rounds", "pass_rounds", "dlp_rounds", "policy", "secret",
@@ -111,6 +112,7 @@ def test_quick_benchmark_produces_every_row_and_workload(tmp_path: Path) -> None
     assert "error" not in detecting, detecting
     for part, what in ((detecting["post_2k"], "2 KB JSON POST"),
                        (detecting["post_1m"], "1 MiB JSON POST"),
+                       (detecting["post_agent"], "a coding agent's chat request"),
                        (detecting, "streamed upload")):
         assert len(part["turns"]) == len(part["ratios"]) == detecting["rounds"] == 2
         assert all(set(turn) == {"off", "on"} and min(turn.values()) > 0
@@ -163,9 +165,10 @@ def test_quick_benchmark_produces_every_row_and_workload(tmp_path: Path) -> None
     assert results["cold_secret"]["vault_calls"] == 1
     # the POST rows: detection off and on in one gateway, a line under the table, targets
     assert "POST without a credential, proxy CPU, credential detection off · on" in proc.stdout
-    for what in ("2 KB JSON POST", "1 MiB JSON POST", "upload"):
+    for what in ("2 KB JSON POST without", "1 MiB JSON POST without",
+                 "a coding agent's chat request", "upload without"):
         target = next(t for t in results["targets"] if t["name"].startswith(
-            f"credential detection on vs off, {what} without"))
+            f"credential detection on vs off, {what}"))
         assert target["status"] in ("PASS", "MISS"), target
     dlp = results["dlp"]
     assert {"small_json_clean", "small_json_key", "json_1mib_clean", "stream_upload",

@@ -499,7 +499,8 @@ static PyMethodDef gate_methods[] = {
  * True: `runs` then says no), False only where it yields nothing
  * (tests/core/dlp/test_dlp_gate_native.py holds it to `runs` on random texts). Scalar: a
  * probe every `KEY_SEGMENT` bytes (a run that long holds one); only the runs under a
- * probe are read, about half the bytes of code. */
+ * probe are read, about half the bytes of code. `key_runs` lists them all: `runs` reads
+ * those only. */
 
 #define KEY_SEGMENT 20
 #define KEY_HEX 32
@@ -525,31 +526,34 @@ static void key_classes(void) {
     }
 }
 
-static int key_run_in(const uint8_t *p, Py_ssize_t n) {
-    Py_ssize_t i = 0;  /* (always 0 or just past a byte out of the alphabet) */
+/* The next run from `i` (0, or just past a byte out of the alphabet) that `runs` may
+ * decode: 1 with its bounds in `*start` and `*end`, or 0. */
+static int key_run_next(const uint8_t *p, Py_ssize_t n, Py_ssize_t i, Py_ssize_t *start,
+                        Py_ssize_t *end) {
     while (i + KEY_SEGMENT <= n) {
         if (!(key_class[p[i + KEY_SEGMENT - 1]] & K_ALPHA)) {
             i += KEY_SEGMENT;  /* no run of KEY_SEGMENT begins in [i, i + KEY_SEGMENT) */
             continue;
         }
-        Py_ssize_t start = i + KEY_SEGMENT - 1;
-        while (start > i && (key_class[p[start - 1]] & K_ALPHA))
-            start--;
-        Py_ssize_t end = start;
+        Py_ssize_t s = i + KEY_SEGMENT - 1, e;
+        while (s > i && (key_class[p[s - 1]] & K_ALPHA))
+            s--;
         unsigned seen = 0;
-        int hexl = 0, hexu = 0;
+        int hexl = 0, hexu = 0, hex = 0;
         uint8_t k;
-        while (end < n && ((k = key_class[p[end]]) & K_ALPHA)) {
+        for (e = s; e < n && ((k = key_class[p[e]]) & K_ALPHA); e++) {
             seen |= k;
             hexl = k & K_HEXL ? hexl + 1 : 0;
             hexu = k & K_HEXU ? hexu + 1 : 0;
-            if (hexl >= KEY_HEX || hexu >= KEY_HEX)
-                return 1;
-            end++;
+            hex |= hexl >= KEY_HEX || hexu >= KEY_HEX;
         }
-        if (end - start >= KEY_SEGMENT && (seen & (K_UPPER | K_LOWER)) == (K_UPPER | K_LOWER))
+        if (hex || (e - s >= KEY_SEGMENT &&
+                    (seen & (K_UPPER | K_LOWER)) == (K_UPPER | K_LOWER))) {
+            *start = s;
+            *end = e;
             return 1;
-        i = end + 1;
+        }
+        i = e + 1;
     }
     return 0;
 }
@@ -559,22 +563,44 @@ static PyObject *key_run(PyObject *module, PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
         return NULL;
+    Py_ssize_t s, e;
     int found;
     if (view.len > 64 * 1024) {
         Py_BEGIN_ALLOW_THREADS
-        found = key_run_in((const uint8_t *)view.buf, view.len);
+        found = key_run_next((const uint8_t *)view.buf, view.len, 0, &s, &e);
         Py_END_ALLOW_THREADS
     } else {
-        found = key_run_in((const uint8_t *)view.buf, view.len);
+        found = key_run_next((const uint8_t *)view.buf, view.len, 0, &s, &e);
     }
     PyBuffer_Release(&view);
     return PyBool_FromLong(found);
 }
 
+static PyObject *key_runs(PyObject *module, PyObject *arg) {
+    /* key_runs(text): the bounds of every run `runs` may decode, in order. */
+    (void)module;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *out = PyList_New(0);
+    Py_ssize_t i = 0, s, e;
+    while (out != NULL && key_run_next((const uint8_t *)view.buf, view.len, i, &s, &e)) {
+        PyObject *bounds = Py_BuildValue("(nn)", s, e);
+        if (bounds == NULL || PyList_Append(out, bounds) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(bounds);
+        i = e + 1;
+    }
+    PyBuffer_Release(&view);
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     {"key_run", key_run, METH_O,
      "key_run(text): whether a bytes-like text may hold a run decoding.runs decodes (see "
-     "the comment above key_run_in in _gate.c)."},
+     "the comment above key_run_next in _gate.c)."},
+    {"key_runs", key_runs, METH_O,
+     "key_runs(text): [(start, end)] of every run decoding.runs may decode, in order."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,11 +24,11 @@ import codecs
 import io
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from gateway.core import encodings
-from gateway.core.dlp.fastscan import MAP, SEGMENT, key_run
+from gateway.core.dlp.fastscan import MAP, SEGMENT, key_run, key_runs
 
 __all__ = ["Run", "Unreadable", "body_kind", "decode_content", "decode_run", "encode_content",
            "encode_run", "has_run", "json_codec", "runs", "text_codec"]
@@ -138,13 +138,7 @@ def has_run(text: str) -> bool:
 def runs(text: str) -> Iterator[Run]:
     """Base64 and hex runs long enough to hold a key. A base64 run all in one case is
     not one (a path, a name); hex is one case by nature."""
-    mapped = _mapped(text)
-    at = mapped.find(_NEEDLE)
-    while at != -1:
-        start = mapped.rfind(b" ", 0, at) + 1
-        end = mapped.find(b" ", at)
-        end = len(mapped) if end == -1 else end
-        at = mapped.find(_NEEDLE, end)
+    for start, end in _bounds(text):
         body = text[start:end]
         if len(body) >= MIN_HEX and _HEX.fullmatch(body):
             yield Run(start, end, "hex")
@@ -167,6 +161,26 @@ def runs(text: str) -> Iterator[Run]:
         for shift in range(4 if len(body) <= MAX_SHIFTED else 1):
             if len(body) - shift >= MIN_BASE64 and (len(body) - shift) % 4 != 1:
                 yield Run(start + shift, padded, "base64")
+
+
+def _bounds(text: str) -> Iterable[tuple[int, int]]:
+    """(start, end) of the runs of `MIN_BASE64` or more that `runs` reads: those the C
+    check lists (`fastscan.key_runs`: the others are one case without 32 hex digits, and
+    yield nothing), else every one."""
+    listed = key_runs(text)
+    if listed is not None:
+        return listed
+    return _every_run(_mapped(text))
+
+
+def _every_run(mapped: bytes) -> Iterator[tuple[int, int]]:
+    at = mapped.find(_NEEDLE)
+    while at != -1:
+        start = mapped.rfind(b" ", 0, at) + 1
+        end = mapped.find(b" ", at)
+        end = len(mapped) if end == -1 else end
+        at = mapped.find(_NEEDLE, end)
+        yield start, end
 
 
 def decode_run(text: str, run: Run) -> bytes | None:

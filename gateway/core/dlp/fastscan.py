@@ -46,7 +46,7 @@ NATIVE: bool = _gate is not None and bool(_gate.AVX2)  # the gate's pass in C (a
 
 __all__ = ["BACKSLASH", "ESCAPES_KNOWN", "FOUND", "HYPERSCAN", "LITERAL", "NATIVE", "PERCENT",
            "PLUS", "RUN", "ChunkPass", "Gate", "Literals", "as_bytes", "has_segment",
-           "key_run"]
+           "key_run", "key_runs"]
 SEGMENT = 20  # base64 characters in a row that may hold a key (decoding.MIN_BASE64)
 _ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-"
 MAP = bytes(0x61 if i in _ALPHABET else 0x20 for i in range(256))  # in the alphabet: "a"
@@ -123,6 +123,16 @@ def key_run(text: str | bytes | bytearray, *, native: bool | None = None) -> boo
     if _gate is not None and native is not False:
         return bool(_gate.key_run(as_bytes(text)))
     return has_segment(text)
+
+
+def key_runs(text: str | bytes | bytearray, *, native: bool | None = None
+             ) -> list[tuple[int, int]] | None:
+    """The bounds of every run `decoding.runs` may decode (`key_run`'s), in order, where
+    the C check is built; else None (`runs` reads every run)."""
+    if _gate is not None and native is not False:
+        found: list[tuple[int, int]] = _gate.key_runs(as_bytes(text))
+        return found
+    return None
 
 
 RUN = 1  # `Gate.flags`: SEGMENT base64 characters in a row

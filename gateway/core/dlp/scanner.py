@@ -20,14 +20,13 @@ there.
 
 from __future__ import annotations
 
-import json
 import re
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import parse_qsl, unquote_plus
 
+from gateway.core.dlp import jsondoc
 from gateway.core.dlp.decoding import (
     Run,
     Unreadable,
@@ -53,7 +52,6 @@ __all__ = ["DEFAULT_LIMIT", "Hit", "Scanner"]
 DEFAULT_LIMIT = 1024 * 1024
 MIN_DECODED = 12  # decoded runs shorter than this hold no key
 _QUOTE = re.compile(r'(?<!\\)"')  # a quote that ends a JSON string
-_PATH_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,14 +61,6 @@ class Hit:
     detector: str
     location: Location
     value: str
-
-
-def _path(parent: str, key: str | int) -> str:
-    if isinstance(key, int):
-        return f"{parent}[{key}]"
-    if _PATH_KEY.fullmatch(key):
-        return f"{parent}.{key}"
-    return f"{parent}[{json.dumps(key)[:60]}]"
 
 
 class Scanner:
@@ -161,10 +151,12 @@ class Scanner:
         if text:
             yield from self.parts_hits([(text, location)], depth)
 
-    def parts_hits(self, parts: list[tuple[str, Location]], depth: int = 0) -> Iterator[Hit]:
+    def parts_hits(self, parts: Sequence[tuple[str, Location | str]], depth: int = 0,
+                   base: Location | None = None) -> Iterator[Hit]:
         """Many views scanned as one text (joined by newlines, which no value crosses:
         a value is cut at its view's end): one prefilter pass for all the strings of a
-        JSON document instead of one per string."""
+        JSON document instead of one per string. A view's place may be a name under
+        `base` (a JSON path), made a `Location` only where something is found."""
         text = "\n".join(t for t, _ in parts)
         starts: list[int] = []
         at = 0
@@ -174,7 +166,11 @@ class Scanner:
 
         def locate(offset: int) -> tuple[Location, int, int]:
             i = bisect_right(starts, offset) - 1
-            return parts[i][1], starts[i], starts[i] + len(parts[i][0])
+            where = parts[i][1]
+            if isinstance(where, str):
+                assert base is not None
+                where = Location(base.part, where, None, base.via)
+            return where, starts[i], starts[i] + len(parts[i][0])
 
         for span in self.prefilter.spans(text):
             where, start, end = locate(span.start)
@@ -292,13 +288,11 @@ class Scanner:
                 return
         form = kind == "form"
         if kind == "json":
-            try:
-                document = json.loads(body, object_pairs_hook=_Pairs)
-            except (ValueError, RecursionError):
-                document = _NOT_JSON
-            if document is not _NOT_JSON:
-                yield from self._json(document, "$" if not where.name else where.name + " $",
-                                      where)
+            document = jsondoc.load(body)
+            if document is not jsondoc.NOT_JSON:
+                found = jsondoc.strings(document, f"{where.name} $" if where.name else "$")
+                if found:
+                    yield from self.parts_hits(found, base=where)
                 yield from self._context(text, where, json_text=True)
                 return
         if form:
@@ -320,26 +314,8 @@ class Scanner:
             if json_text:
                 if _QUOTE.search(value):  # (a value never spans two JSON strings)
                     continue
-                value = _json_text(value)
+                value = jsondoc.json_text(value)
             yield Hit(span.detector, _at(where, span.start), value)
-
-    def _json(self, node: Any, path: str, where: Location) -> Iterator[Hit]:
-        """Every string of a document (values and keys) by its JSON path."""
-        parts: list[tuple[str, Location]] = []
-        stack: list[tuple[Any, str]] = [(node, path)]
-        while stack:
-            item, at = stack.pop()
-            if isinstance(item, str):
-                parts.append((item, Location(where.part, at, None, where.via)))
-            elif isinstance(item, _Pairs):  # every pair: a key repeated is read twice
-                for key, value in item:
-                    sub = _path(at, key)
-                    parts.append((key, Location(where.part, sub + " (key)", None, where.via)))
-                    stack.append((value, sub))
-            elif isinstance(item, list):
-                stack.extend((value, _path(at, i)) for i, value in enumerate(item))
-        if parts:
-            yield from self.parts_hits(parts)
 
     def _multipart(self, body: bytes, ctype: str, where: Location) -> Iterator[Hit]:
         delimiter = boundary(ctype)
@@ -354,23 +330,6 @@ class Scanner:
             if part.coding:
                 content = decode_content(content, part.coding, self.limit)
             yield from self._body(content, part.ctype, place, part.coding)
-
-
-_NOT_JSON = object()
-
-class _Pairs(list[tuple[str, Any]]):
-    """A JSON object as all its pairs: a key written twice keeps both values (readers
-    differ on which one counts, so both are scanned)."""
-
-
-def _json_text(value: str) -> str:
-    """A value found in raw JSON text as a JSON reader reads it (escapes undone), so
-    that it fingerprints like the same value found in the parsed document."""
-    try:
-        out = json.loads(f'"{value}"')
-    except ValueError:
-        return value
-    return out if isinstance(out, str) else value
 
 
 HIDDEN_NAME = "(a name holding a credential)"
