@@ -9,20 +9,17 @@ import json
 import re
 from typing import Any
 
-__all__ = ["Pairs", "json_text", "load", "strings"]
+__all__ = ["json_text", "load", "strings"]
 
 _PATH_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 NOT_JSON = object()  # (`load`: the body is not a JSON document)
 
 
-class Pairs(list[tuple[str, Any]]):
-    """A JSON object as all its pairs."""
-
-
 def load(body: bytes) -> Any:
-    """The document (objects as `Pairs`), or `NOT_JSON`."""
+    """The document, each object a tuple of all its pairs (arrays are lists: a tuple
+    made in C, where a class of our own costs a Python call an object), or `NOT_JSON`."""
     try:
-        return json.loads(body, object_pairs_hook=Pairs)
+        return json.loads(body, object_pairs_hook=tuple)
     except (ValueError, RecursionError):
         return NOT_JSON
 
@@ -36,12 +33,12 @@ def strings(node: Any, path: str) -> list[tuple[str, str]]:
         item, at = stack.pop()
         if isinstance(item, str):
             out.append((item, at))
-        elif isinstance(item, Pairs):  # every pair: a key repeated is read twice
+        elif type(item) is tuple:  # every pair: a key repeated is read twice
             for key, value in item:
                 sub = at + _step(key)
                 out.append((key, sub + " (key)"))
                 stack.append((value, sub))
-        elif isinstance(item, list):
+        elif type(item) is list:
             stack.extend((value, f"{at}[{i}]") for i, value in enumerate(item))
     return out
 

@@ -284,7 +284,7 @@ class Scanner:
         if kind != "text":
             # The gate: what a JSON or form reader reads holds no anchor and no run.
             plain = unescape(text)
-            if not self.prefilter.any(plain) and not has_run(plain):
+            if not has_run(plain) and not self.prefilter.any(plain):  # (the C check first)
                 return
         form = kind == "form"
         if kind == "json":
