@@ -130,6 +130,12 @@ def _key_material(value: str) -> bool:
 
 
 _SLACK_TOKEN = cases("xox")
+_LOWER_DIGITS = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+
+def _then(prefix: str, chars: str) -> tuple[str, ...]:
+    """`prefix` and each of `chars` after it: anchors of a pattern `prefix[chars]...`."""
+    return tuple(prefix + c for c in chars)
 
 # name -> (plugin class, anchors per denylist pattern in order; None: no anchor)
 PLUGINS: dict[str, list[tuple[type[BasePlugin], list[Anchor | None]]]] = {
@@ -151,8 +157,10 @@ PLUGINS: dict[str, list[tuple[type[BasePlugin], list[Anchor | None]]]] = {
     "slack": [(SlackDetector, [_a(*_SLACK_TOKEN, after=300),
                                _a("://", before=8, after=200, run=True)])],
     "stripe": [(StripeDetector, [_a("sk_live_", "rk_live_", after=30, run=True)])],
-    "twilio": [(TwilioKeyDetector, [_a("AC", after=34, run=True),
-                                 _a("SK", after=34, run=True)])],
+    # (the pattern's third character is in the anchor: a two-letter `AC` is in every
+    # other capitalised word of code, ACCESS, BACKSLASH, TASK, and each hit costs a window)
+    "twilio": [(TwilioKeyDetector, [_a(*_then("AC", _LOWER_DIGITS), after=34, run=True),
+                                 _a(*_then("SK", _LOWER_DIGITS), after=34, run=True)])],
     "private-key": [(PrivateKeyDetector, [
         _a(p, after=16500, tail=_PEM_END, check=_key_material) for p in (
             "BEGIN DSA PRIVATE KEY", "BEGIN EC PRIVATE KEY", "BEGIN OPENSSH PRIVATE KEY",
