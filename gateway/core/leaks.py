@@ -24,10 +24,7 @@ response stream, chunk by chunk, holding back only a tail that could start a key
 
 from __future__ import annotations
 
-import base64
 import functools
-import json
-import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -42,89 +39,22 @@ from gateway.core.dlp.fastscan import (
     Gate,
     Literals,
 )
+from gateway.core.leak_forms import (
+    canonical,
+    constant_token_markers,
+    own_token_markers,
+    sensitive_markers,
+    token_markers,
+)
 
 __all__ = ["REDACTED", "LeakScan", "Redactor", "StreamScan", "canonical",
            "constant_token_markers", "own_token_markers", "sensitive_markers", "token_markers"]
 
 REDACTED = b"[REDACTED]"
-_MIN_FRAGMENT = 12  # bytes of a value a base64/base32 fragment must cover to be a marker
-_PERCENT = re.compile(rb"%([0-9A-Fa-f]{2})")
-_JSON_U = re.compile(rb"\\u00([0-9A-Fa-f]{2})")
 _EXPANSION = 6  # longest canonical-form expansion of one byte (`\u00XX`)
 _GATED = 512  # bytes from which a body is first asked for a run (`LeakScan.find`)
 _RUNS = Gate()  # the run check alone (a request without outbound credential detection)
 _RUN_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789+/_-")
-
-
-def _pct(match: re.Match[bytes]) -> bytes:
-    return bytes([int(match.group(1), 16)])
-
-
-def canonical(data: bytes) -> bytes:
-    """`data` as markers are matched: %XX (twice) and `\\u00XX` decoded, lowercased."""
-    for _ in range(3):
-        if data.find(b"%") < 0:  # (`find`, not `in`: see `_plain`)
-            break
-        decoded = _PERCENT.sub(_pct, data)
-        if decoded == data:
-            break
-        data = decoded
-    if data.find(b"\\") >= 0:
-        data = _JSON_U.sub(_pct, data).replace(b"\\/", b"/")
-    return data.lower()
-
-
-def sensitive_markers(value: bytes) -> frozenset[bytes]:
-    """Canonical markers of `value` in the encodings a client could use."""
-    found = {value, value.hex().encode()}
-    for encode in (base64.b64encode, base64.urlsafe_b64encode):
-        full = encode(value)
-        found.update((full, full.rstrip(b"=")))
-        for skip in (0, 1, 2):
-            core = value[skip:]
-            core = core[: len(core) - len(core) % 3]
-            if len(core) >= _MIN_FRAGMENT:
-                found.add(encode(core))
-    full32 = base64.b32encode(value)
-    found.update((full32, full32.rstrip(b"=")))
-    for skip in range(5):
-        core = value[skip:]
-        core = core[: len(core) - len(core) % 5]
-        if len(core) >= _MIN_FRAGMENT:
-            found.add(base64.b32encode(core))
-    return frozenset(m.lower() for m in found if m)
-
-
-@functools.lru_cache(maxsize=8)
-def constant_token_markers(issuer: str) -> frozenset[bytes]:
-    """Markers every gateway token of `issuer` carries: the start of its JOSE header
-    (PyJWT sorts header keys: `{"alg":"EdDSA","kid":`) and of its claims
-    (`{"iss":issuer,"aud":"sandbox-gateway",`), each as the base64url text a token
-    holds — so also a token whose header was cut off."""
-    header = b'{"alg":"EdDSA","kid":'
-    claims = json.dumps({"iss": issuer, "aud": "sandbox-gateway"},
-                        separators=(",", ":")).encode()[:-1] + b","
-    out: set[bytes] = set()
-    for start in (header, claims):
-        whole = start[: len(start) - len(start) % 3]  # whole base64 groups only
-        text = base64.urlsafe_b64encode(whole)
-        out |= sensitive_markers(text)
-    return frozenset(out)
-
-
-@functools.lru_cache(maxsize=4096)
-def own_token_markers(token: str) -> frozenset[bytes]:
-    """Markers of one token's own parts: its payload and its signature."""
-    out: set[bytes] = set()
-    for segment in token.split(".")[1:]:
-        if len(segment) >= _MIN_FRAGMENT:
-            out |= sensitive_markers(segment.encode("ascii", "replace"))
-    return frozenset(out)
-
-
-def token_markers(token: str, issuer: str) -> frozenset[bytes]:
-    """Markers of one token: the constant ones plus its own payload and signature."""
-    return constant_token_markers(issuer) | own_token_markers(token)
 
 
 class LeakScan:
