@@ -9,7 +9,7 @@ import json
 import re
 from typing import Any
 
-__all__ = ["json_text", "load", "strings"]
+__all__ = ["json_text", "load", "strings", "texts"]
 
 _PATH_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 NOT_JSON = object()  # (`load`: the body is not a JSON document)
@@ -40,6 +40,24 @@ def strings(node: Any, path: str) -> list[tuple[str, str]]:
                 stack.append((value, sub))
         elif type(item) is list:
             stack.extend((value, f"{at}[{i}]") for i, value in enumerate(item))
+    return out
+
+
+def texts(node: Any) -> list[str]:
+    """The strings of `strings`, in its order, without their paths (a document is read
+    for a finding first, and its paths made only where there is one)."""
+    out: list[str] = []
+    stack: list[Any] = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            out.append(item)
+        elif type(item) is tuple:
+            for key, value in item:
+                out.append(key)
+                stack.append(value)
+        elif type(item) is list:
+            stack.extend(item)
     return out
 
 

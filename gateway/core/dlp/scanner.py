@@ -290,9 +290,13 @@ class Scanner:
         if kind == "json":
             document = jsondoc.load(body)
             if document is not jsondoc.NOT_JSON:
-                found = jsondoc.strings(document, f"{where.name} $" if where.name else "$")
-                if found:
-                    yield from self.parts_hits(found, base=where)
+                # Read as one text first (what `parts_hits` joins them into): only where
+                # that finds something are the strings read again by their JSON paths.
+                strings = jsondoc.texts(document)
+                if strings and next(self.parts_hits([("\n".join(strings), where)]),
+                                    None) is not None:
+                    yield from self.parts_hits(jsondoc.strings(
+                        document, f"{where.name} $" if where.name else "$"), base=where)
                 yield from self._context(text, where, json_text=True)
                 return
         if form:

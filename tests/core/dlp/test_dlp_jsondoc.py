@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.core.dlp.jsondoc import NOT_JSON, json_text, load, strings
+from gateway.core.dlp.jsondoc import NOT_JSON, json_text, load, strings, texts
 
 
 def test_every_string_and_key_by_its_path_and_repeated_keys_twice() -> None:
@@ -24,3 +24,29 @@ def test_what_is_not_a_document_is_said_so(body: bytes) -> None:
 def test_a_value_from_the_raw_text_reads_as_a_reader_reads_it() -> None:
     assert json_text("a\\u0041\\/b") == "aA/b"
     assert json_text('bad"') == 'bad"'  # (not a JSON string: as it is)
+
+
+def test_texts_are_the_strings_in_their_order() -> None:
+    """`texts` (read first, without paths) lists what `strings` lists, in its order:
+    the scan of one and the other's joined text is the same text."""
+    import json
+    import random
+
+    r = random.Random(7)
+
+    def node(depth: int) -> object:
+        kind = r.randrange(5 if depth < 4 else 2)
+        if kind == 0:
+            return "".join(r.choice("ab\\n\"é") for _ in range(r.randrange(4)))
+        if kind == 1:
+            return r.choice([1, 2.5, None, True, False])
+        if kind == 2:
+            return [node(depth + 1) for _ in range(r.randrange(4))]
+        return {f"k{r.randrange(3)}": node(depth + 1) for _ in range(r.randrange(4))}
+
+    for _ in range(2_000):
+        body = json.dumps(node(0)).encode()
+        if r.random() < 0.3:  # (a key written twice: both pairs read)
+            body = body.replace(b'"k1"', b'"k0"')
+        document = load(body)
+        assert texts(document) == [s for s, _ in strings(document, "$")], body
