@@ -281,8 +281,11 @@ class Scanner:
         kind = body_kind(body, ctype)
         text = body.decode(json_codec(body) if kind == "json" else text_codec(body, ctype),
                            "replace")
-        if kind != "text":
-            # The gate: what a JSON or form reader reads holds no anchor and no run.
+        if kind != "text" and not key_run(text):
+            # The gate: what a JSON or form reader reads holds no anchor and no run. (A
+            # text whose bytes as sent hold a run a decoder reads is read on without this
+            # view: going on is always right, only skipping must be, and such a text,
+            # an agent's chat with a tool call id, is nearly always read on anyway.)
             plain = unescape(text)
             if not has_run(plain) and not self.prefilter.any(plain):  # (the C check first)
                 return
