@@ -39,7 +39,7 @@ from gateway.core.dlp.decoding import (
     text_codec,
 )
 from gateway.core.dlp.detector import Detector
-from gateway.core.dlp.fastscan import HYPERSCAN, key_run
+from gateway.core.dlp.fastscan import HYPERSCAN, SEGMENT, key_run
 from gateway.core.dlp.findings import Finding, Location, ScanResult, fingerprint
 from gateway.core.dlp.heads import CleanParts
 from gateway.core.dlp.multipart import boundary, parts
@@ -231,7 +231,10 @@ class Scanner:
             if data is None or len(data) < MIN_DECODED:
                 continue
             inner = data.decode("latin-1")
-            if self.prefilter.any(inner) or has_run(inner):
+            if len(data) < SEGMENT:  # (no run: only an anchor of a rule that needs none
+                if self.prefilter.candidate(data):  # counts, the gate's own, in C)
+                    yield run, inner
+            elif self.prefilter.any(inner) or has_run(inner):
                 yield run, inner
 
     def _holds(self, part: bytes | bytearray) -> bool:
