@@ -24,10 +24,15 @@ budget window's end, an hourly usage bucket's retention). The state stores imple
   alone on **its share** (``first_refused_alone``): of the room a limit had when the
   store last showed it, this process may use ``1 / processes``, ``processes`` being the
   gateway processes holding a lease on the store when it last looked (this one
-  included; every worker of every replica takes one). Together they stay within the
-  ceiling (within what the others counted since this process's last read: one batch
-  interval), where deciding each on its own reading let every one of them spend all
-  of it. A limit whose fields this process never read is not known: refused.
+  included; every worker of every replica takes one). While every process decides alone
+  (the store away for all) they stay within the ceiling together (within what the
+  others counted since this process's last read: one batch interval), where deciding
+  each on its own reading let every one of them spend all of it. **Not** while only some
+  do (one process's answer late, the others answered): the answered ones spend the room
+  the store shows, which does not hold the alone-deciders' admissions yet, so the
+  ceiling can be passed by up to their shares (found reading this, 2026-11-30; not
+  fixed: it takes each process's share reserved in the store). A limit whose fields
+  this process never read is not known: refused.
   ``admit(..., share=False)`` (``state.unavailable: refuse``) decides nothing alone:
   it raises ``StoreAway`` and counts nothing.
 
