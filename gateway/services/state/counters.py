@@ -30,8 +30,9 @@ budget window's end, an hourly usage bucket's retention). The state stores imple
   each on its own reading let every one of them spend all of it. **Not** while only some
   do (one process's answer late, the others answered): the answered ones spend the room
   the store shows, which does not hold the alone-deciders' admissions yet, so the
-  ceiling can be passed by up to their shares (found reading this, 2026-11-30; not
-  fixed: it takes each process's share reserved in the store). A limit whose fields
+  ceiling can be passed by up to their shares (2026-11-30: 13 requests of a budget of
+  10 in tests/services/state/test_counters_partial_stall.py, a strict xfail; not fixed:
+  it takes each process's share reserved in the store). A limit whose fields
   this process never read is not known: refused.
   ``admit(..., share=False)`` (``state.unavailable: refuse``) decides nothing alone:
   it raises ``StoreAway`` and counts nothing.

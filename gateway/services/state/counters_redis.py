@@ -27,11 +27,12 @@ falls back to this replica's share of the room it last read (the outage is repor
 `counters_degraded`, the `state_store_up` gauge, one log line;
 ``counters.first_refused_alone``: 1 / the processes holding leases), so the replicas
 together stay within the ceiling while all of them are cut off (one cut off while the
-others are answered can pass it by its share: ``counters``' docstring); an admission whose answer was lost is reconciled with that view's
-decision when it is resolved (the call counted once if it was forwarded, not at all if
-it was refused). Settlements (what a call used, counted after its response) still
-travel in the batches, so a token or cost budget sees another replica's finished call
-within one interval.
+others are answered can pass it by its share: ``counters``' docstring, and
+tests/services/state/test_counters_partial_stall.py); an admission whose answer was
+lost is reconciled with that view's decision when it is resolved (the call counted once
+if it was forwarded, not at all if it was refused). Settlements (what a call used,
+counted after its response) still travel in the batches, so a token or cost budget sees
+another replica's finished call within one interval.
 
 **Reservations outlive their replica** (``gateway.services.state.leases``): the
 admission also records the reservation under this process's lease
