@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -576,18 +576,8 @@ def test_replicas_cut_off_from_redis_stay_within_the_budget_together(
     policy = load_policy_text("p.yaml", BUDGET).policies["agent"]
 
     async def scenario() -> None:
-        stores = [RedisState(redis_server.url, prefix="t", backoff=(0.05, 0.3),
-                             resync_interval=300, counter_interval=3600, op_timeout=1.0,
-                             admit_timeout=0.5) for _ in range(2)]
-        for i, store in enumerate(stores):
-            await store.start()
-            await store.take_lease(f"slot-{i}", beat=0.1)
-        books = [BudgetBook(s) for s in stores]
-        try:
-            deadline = time.monotonic() + 10
-            while any(s.processes != 2 for s in stores):  # (each looked at the leases)
-                assert time.monotonic() < deadline, [s.processes for s in stores]
-                await asyncio.sleep(0.05)
+        async with leased_replicas([redis_server.url] * 2) as stores:
+            books = [BudgetBook(s) for s in stores]
             for i in (0, 0, 0, 0, 1):  # 4 on A, 1 on B: A last read 4, B 5
                 assert isinstance(books[i].admit(f"sb-{i}", policy, "openai",
                                                  time.time()), Hold)
@@ -606,8 +596,26 @@ def test_replicas_cut_off_from_redis_stay_within_the_budget_together(
             assert "its state store is away" in refusals[0].reason  # type: ignore[union-attr]
             assert "share (1/2)" in refusals[0].reason  # type: ignore[union-attr]
             assert await team_requests_once_back(redis_server, stores) == 10
-        finally:
-            for store in stores:
-                await store.close()
 
     run_loop(scenario)
+
+
+@contextlib.asynccontextmanager
+async def leased_replicas(urls: list[str]) -> AsyncIterator[list[RedisState]]:
+    """A replica on each of `urls` (admit_timeout 0.5 s), each holding a lease and each
+    having looked at all of them (`processes`), closed after the block."""
+    stores = [RedisState(url, prefix="t", backoff=(0.05, 0.3), resync_interval=300,
+                         counter_interval=3600, op_timeout=1.0, admit_timeout=0.5)
+              for url in urls]
+    try:
+        for i, store in enumerate(stores):
+            await store.start()
+            await store.take_lease(f"slot-{i}", beat=0.1)
+        deadline = time.monotonic() + 10
+        while any(s.processes != len(stores) for s in stores):
+            assert time.monotonic() < deadline, [s.processes for s in stores]
+            await asyncio.sleep(0.05)
+        yield stores
+    finally:
+        for store in stores:
+            await store.close()

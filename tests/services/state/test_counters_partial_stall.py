@@ -6,7 +6,6 @@ fixed); this test says by how much, and starts failing (strict xfail) when it is
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,11 +13,15 @@ from pathlib import Path
 import pytest
 from helpers.pausable_relay import PausableRelay
 from helpers.redis_server import RedisServer, running_redis
-from services.state.test_counters import BUDGET, run_loop, team_requests_once_back
+from services.state.test_counters import (
+    BUDGET,
+    leased_replicas,
+    run_loop,
+    team_requests_once_back,
+)
 
 from gateway.services.metering.budgets import BudgetBook, Hold
 from gateway.services.policy import load_policy_text
-from gateway.services.state.redis import RedisState
 
 
 @pytest.fixture
@@ -45,18 +48,8 @@ def test_one_replica_stalled_the_other_answered_stay_within_the_budget(
     urls = [f"redis://127.0.0.1:{relay.port}", redis_server.url]
 
     async def scenario() -> None:
-        stores = [RedisState(url, prefix="t", backoff=(0.05, 0.3), resync_interval=300,
-                             counter_interval=3600, op_timeout=1.0, admit_timeout=0.5)
-                  for url in urls]
-        for i, store in enumerate(stores):
-            await store.start()
-            await store.take_lease(f"slot-{i}", beat=0.1)
-        books = [BudgetBook(s) for s in stores]
-        try:
-            deadline = time.monotonic() + 10
-            while any(s.processes != 2 for s in stores):
-                assert time.monotonic() < deadline, [s.processes for s in stores]
-                await asyncio.sleep(0.05)
+        async with leased_replicas(urls) as stores:
+            books = [BudgetBook(s) for s in stores]
             for i in (0, 0, 0, 0, 1):
                 assert isinstance(books[i].admit(f"sb-{i}", policy, "openai",
                                                  time.time()), Hold)
@@ -73,8 +66,5 @@ def test_one_replica_stalled_the_other_answered_stay_within_the_budget(
             assert admitted == [3, 5]
             total = await team_requests_once_back(redis_server, stores)
             assert total <= 10, f"{total} requests of a budget of 10"
-        finally:
-            for store in stores:
-                await store.close()
 
     run_loop(scenario)
