@@ -39,16 +39,9 @@ from gateway.core.dlp.fastscan import (
     Gate,
     Literals,
 )
-from gateway.core.leak_forms import (
-    canonical,
-    constant_token_markers,
-    own_token_markers,
-    sensitive_markers,
-    token_markers,
-)
+from gateway.core.leak_forms import canonical
 
-__all__ = ["REDACTED", "LeakScan", "Redactor", "StreamScan", "canonical",
-           "constant_token_markers", "own_token_markers", "sensitive_markers", "token_markers"]
+__all__ = ["REDACTED", "LeakScan", "Redactor", "StreamScan"]
 
 REDACTED = b"[REDACTED]"
 _EXPANSION = 6  # longest canonical-form expansion of one byte (`\u00XX`)

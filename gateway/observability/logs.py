@@ -9,7 +9,7 @@ final message and the formatted exception and stack text — replacing:
 - every value a registered source knows (`SOURCES`: the secret caches, keys and minted
   credentials, register themselves; other code adds a source with `SOURCES.add` and
   calls `SOURCES.changed()` when its values change), in every encoding the leak scanner
-  knows (`core.leaks.sensitive_markers` and `SecretValue.variants()`: raw, base64
+  knows (`core.leak_forms.sensitive_markers` and `SecretValue.variants()`: raw, base64
   (also inside a longer blob), hex, base32, URL-encoded, any case);
 - every gateway token: JWT-shaped text starting with the constant header every token
   carries (`core.credentials.TOKEN_PREFIX`), and a token's claims without its header
@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from gateway.core.credentials import TOKEN_PREFIX
-from gateway.core.leaks import canonical, sensitive_markers
+from gateway.core.leak_forms import canonical, sensitive_markers
 from gateway.core.secret_value import SecretValue, encoding_variants
 
 __all__ = ["MIN_SECRET", "REDACTED", "REDACTION", "SOURCES", "Redaction", "SecretSources",

@@ -6,12 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.core.leaks import (
-    LeakScan,
-    constant_token_markers,
-    own_token_markers,
-    sensitive_markers,
-)
+from gateway.core.leak_forms import constant_token_markers, own_token_markers, sensitive_markers
+from gateway.core.leaks import LeakScan
 from gateway.core.policy import PolicySet
 from gateway.core.ports import McpTokens, MintedSecrets, Secrets
 from gateway.core.secret_value import SecretValue

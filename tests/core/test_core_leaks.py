@@ -14,15 +14,14 @@ import pytest
 
 from gateway.core.dlp import DEFAULT, Scanner
 from gateway.core.dlp.fastscan import HYPERSCAN, RUN, ChunkPass, Gate
-from gateway.core.leaks import (
-    LeakScan,
-    Redactor,
+from gateway.core.leak_forms import (
     canonical,
     constant_token_markers,
     own_token_markers,
     sensitive_markers,
     token_markers,
 )
+from gateway.core.leaks import LeakScan, Redactor
 from gateway.services.dlp.library import build
 from gateway.services.identity.tokens import SigningKeys, TokenService
 from gateway.services.state.base import MemoryState

@@ -26,7 +26,8 @@ from helpers.process import GatewayProcess, start_gateway
 from helpers.tls import LocalCA
 from helpers.upstream import ENCODINGS, MALFORMED, MINT_CLIENT, MINT_SECRET, MINTED, Upstream
 
-from gateway.core.leaks import LeakScan, sensitive_markers, token_markers
+from gateway.core.leak_forms import sensitive_markers, token_markers
+from gateway.core.leaks import LeakScan
 from gateway.observability.logs import REDACTED, REDACTION
 
 KEY = "sk-logtest-real-key-0123456789abcdef"

@@ -33,7 +33,7 @@ from fakes.inference import FakeInference
 from fakes.realtime import FakeRealtime
 from helpers.gateway import GatewayFactory, GatewayThread
 
-from gateway.core.leaks import canonical, sensitive_markers
+from gateway.core.leak_forms import canonical, sensitive_markers
 from gateway.observability.logs import REDACTED, REDACTION
 from gateway.tools.sandbox_env import sandbox_env
 

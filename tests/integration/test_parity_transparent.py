@@ -32,7 +32,8 @@ from helpers.parity_cases import (
 )
 from helpers.upstream import ENCODINGS, MALFORMED, MINT_SECRET, MINTED
 
-from gateway.core.leaks import LeakScan, sensitive_markers, token_markers
+from gateway.core.leak_forms import sensitive_markers, token_markers
+from gateway.core.leaks import LeakScan
 
 pytestmark = pytest.mark.netns
 

@@ -19,7 +19,8 @@ from urllib.parse import quote
 
 import pytest
 
-from gateway.core.leaks import LeakScan, sensitive_markers, token_markers
+from gateway.core.leak_forms import sensitive_markers, token_markers
+from gateway.core.leaks import LeakScan
 from gateway.core.secret_value import MintedValue, SecretValue
 from gateway.engines import patches
 from gateway.observability.logs import (

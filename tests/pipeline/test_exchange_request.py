@@ -30,12 +30,8 @@ from gateway.core.client import Client
 from gateway.core.dlp import DEFAULT, DETECTORS, Dlp, Scanner, StreamScanner
 from gateway.core.dlp.verdict import records
 from gateway.core.encodings import decoder_for
-from gateway.core.leaks import (
-    LeakScan,
-    constant_token_markers,
-    own_token_markers,
-    sensitive_markers,
-)
+from gateway.core.leak_forms import constant_token_markers, own_token_markers, sensitive_markers
+from gateway.core.leaks import LeakScan
 from gateway.core.messages import Headers, RequestHead
 from gateway.core.refusal import Refusal
 from gateway.core.target import Target
@@ -67,7 +63,7 @@ def _leaks(token: str) -> LeakScan:
 
 
 def _forms(value: str) -> dict[str, str]:
-    """The encodings a leak is looked for in (`leaks.sensitive_markers`, `canonical`)."""
+    """The encodings a leak is looked for in (`leak_forms.sensitive_markers`, `canonical`)."""
     return {"raw": value, "swapped case": value.swapcase(), "hex": value.encode().hex(),
             "base64": base64.b64encode(b"x:" + value.encode()).decode(),
             "base32": base64.b32encode(value.encode()).decode(),

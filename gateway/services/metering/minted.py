@@ -32,7 +32,7 @@ import secrets
 import string
 from typing import Any
 
-from gateway.core.leaks import canonical, sensitive_markers
+from gateway.core.leak_forms import canonical, sensitive_markers
 from gateway.core.metering.jsondoc import document
 from gateway.core.secret_value import SecretValue
 from gateway.services.secrets.ephemeral import EphemeralKey, EphemeralKeys

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from helpers.clock import Clock
 
-from gateway.core.leaks import canonical, sensitive_markers
+from gateway.core.leak_forms import canonical, sensitive_markers
 from gateway.services.metering import minted
 from gateway.services.secrets.ephemeral import EphemeralKeys
 

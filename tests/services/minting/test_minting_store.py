@@ -10,7 +10,7 @@ import json
 import pytest
 from helpers.clock import Clock, run
 
-from gateway.core.leaks import canonical
+from gateway.core.leak_forms import canonical
 from gateway.core.policy.minted import MintSpec
 from gateway.core.secret_value import MintedValue
 from gateway.observability import metrics
