@@ -82,6 +82,9 @@ class BudgetExceeded:
     # the state store is away and this process may use only 1/alone of what is left
     # (the gateway processes counting this budget; 0: not that)
     alone: int = 0
+    # what other gateway processes hold of the room as their shares, each to spend alone
+    # should the store stop answering it (``state.unavailable: serve``)
+    others: float = 0
     status: int = 429
     code: str = "budget_exceeded"
 
@@ -117,16 +120,23 @@ class BudgetExceeded:
                     f"{_amount(self.kind, self.limit)} as read here{asked}); "
                     f"retry in {_span(self.frees_in)}: the share is whole again once the "
                     f"store is back ({window})")
-        if self.used + self.held >= self.limit or not self.asked:
-            held = (f" and {_amount(self.kind, self.held)} held by calls still running"
-                    if self.held else "")
+        shares = (f"{_amount(self.kind, self.others)} held as other gateway processes' "
+                  "shares (what each may spend alone should the state store stop "
+                  "answering it; a share follows what its process admitted in the last 5 "
+                  "minutes)" if self.others else "")
+        if self.used + self.held + self.others >= self.limit or not self.asked:
+            held = "".join(f" and {part}" for part in (
+                f"{_amount(self.kind, self.held)} held by calls still running"
+                if self.held else "", shares) if part)
             return (f'budget "{b.name}" ({b.source}) is used up for {who}: '
                     f"{_amount(self.kind, self.used)} used{held} of "
                     f"{_amount(self.kind, self.limit)} {window}; retry then, or ask an "
                     "operator to raise the budget")
-        left = self.limit - self.used - self.held
-        held = (f" ({_amount(self.kind, self.held)} more are held by calls still running)"
-                if self.held else "")
+        left = self.limit - self.used - self.held - self.others
+        more = "; ".join(part for part in (
+            f"{_amount(self.kind, self.held)} more are held by calls still running"
+            if self.held else "", shares) if part)
+        held = f" ({more})" if more else ""
         lower = ("max_tokens (or max_output_tokens)" if self.kind == "tokens"
                  else "max_tokens or the input")
         return (f'budget "{b.name}" ({b.source}) has {_amount(self.kind, left)} left for '
@@ -135,16 +145,21 @@ class BudgetExceeded:
                 f"once running calls end, or after the budget resets ({window})")
 
 
-def store_away(budget: Budget) -> MeteringRefusal:
+def store_away(budget: Budget, share: bool = False) -> MeteringRefusal:
     """``503 state_unavailable`` for a call on ``budget`` that the state store cannot
-    decide across the gateway's processes now, under ``state.unavailable: refuse`` (the
-    store's own words, which may name its address, stay in the log)."""
+    decide across the gateway's processes now: under ``state.unavailable: refuse``, or
+    (``share``) under ``serve`` when the store holds no share of the budget this process
+    may spend alone (the store's own words, which may name its address, stay in the
+    log)."""
+    why = ("this gateway process holds no share of the budget it may spend alone "
+           "(state.unavailable: serve holds one for the budgets a process admitted calls "
+           "on in the last 5 minutes)" if share else
+           "this gateway refuses budgeted calls until it does (state.unavailable: refuse)")
     return MeteringRefusal(
         "state_unavailable",
         f'budget "{budget.name}" ({budget.source}) cannot be checked across the '
-        "gateway's processes now: its state store does not answer, and this gateway "
-        "refuses budgeted calls until it does (state.unavailable: refuse); retry later",
-        budget.source, status=503, retry_after=5)
+        f"gateway's processes now: its state store does not answer, and {why}; retry "
+        "later", budget.source, status=503, retry_after=5)
 
 
 StepRefusal = ModelRefusal | BudgetExceeded | MeteringRefusal

@@ -276,7 +276,7 @@ class BudgetBook:
             refused = self.counters.admit(Admission(tuple(limits), tuple(increments)),
                                           share=self.share)
         except StoreAway:
-            return store_away(self.applicable(policy, credential)[0])
+            return store_away(self.applicable(policy, credential)[0], self.share)
         if refused is None:
             return Hold(tuple(places), reserve, holder)
         exceeded = self.check(sandbox, policy, credential, now, reserve=reserve)
@@ -294,7 +294,8 @@ class BudgetBook:
         return BudgetExceeded(budget, subject, kind, used[kind], _limit(budget, kind), start,
                               end, max(1, math.ceil(min(end - now, _HELD_RETRY))), held[kind],
                               asked, max(1, math.ceil(end - now)),
-                              alone=self.counters.processes if degraded else 0)
+                              alone=self.counters.processes if degraded else 0,
+                              others=0 if degraded else self.counters.others_held)
 
     def settle(self, hold: Hold, tokens: int, nano_usd: int) -> None:
         """A held call ended: its reservation is released and what it used counted, in

@@ -21,19 +21,12 @@ budget window's end, an hourly usage bucket's retention). The state stores imple
 * ``counters_degraded`` is True while the store cannot be written: counts go on
   locally and are written when it is back.
 * While the store cannot decide an admission across processes, each process decides
-  alone on **its share** (``first_refused_alone``): of the room a limit had when the
-  store last showed it, this process may use ``1 / processes``, ``processes`` being the
-  gateway processes holding a lease on the store when it last looked (this one
-  included; every worker of every replica takes one). While every process decides alone
-  (the store away for all) they stay within the ceiling together (within what the
-  others counted since this process's last read: one batch interval), where deciding
-  each on its own reading let every one of them spend all of it. **Not** while only some
-  do (one process's answer late, the others answered): the answered ones spend the room
-  the store shows, which does not hold the alone-deciders' admissions yet, so the
-  ceiling can be passed by up to their shares (2026-11-30: 13 requests of a budget of
-  10 in tests/services/state/test_counters_partial_stall.py, a strict xfail; not fixed:
-  it takes each process's share reserved in the store). A limit whose fields
-  this process never read is not known: refused.
+  alone on **its share** (``first_refused_alone``): of the room a limit had when it
+  last read it, ``1 / processes`` (the gateway processes holding a lease on the store;
+  every worker of every replica takes one), a share the store holds for it from before
+  (``alone_records``): the answered processes leave it alone, so the ceiling holds
+  whether all processes are cut off or only some (2026-11-30, before: 13 requests of a
+  budget of 10 in tests/services/state/test_counters_shares.py).
   ``admit(..., share=False)`` (``state.unavailable: refuse``) decides nothing alone:
   it raises ``StoreAway`` and counts nothing.
 
@@ -96,10 +89,13 @@ class Admission:
     increments: tuple[Increment, ...]
 
 
-def first_refused(admission: Admission, read: Callable[[str, str], int]) -> int | None:
-    """The index of the first limit ``read``'s values refuse, or None."""
+def first_refused(admission: Admission, read: Callable[[str, str], int],
+                  held: Callable[[Limit], int] | None = None) -> int | None:
+    """The index of the first limit ``read``'s values refuse, or None; ``held``: what a
+    limit counts as used besides its fields (the other processes' shares)."""
     for index, limit in enumerate(admission.limits):
-        if not limit.holds(sum(read(table, field) for table, field in limit.fields)):
+        used = sum(read(table, field) for table, field in limit.fields)
+        if not limit.holds(used + (held(limit) if held is not None else 0)):
             return index
     return None
 
@@ -144,6 +140,8 @@ class Counters(Protocol):
     @property
     def processes(self) -> int: ...
     @property
+    def others_held(self) -> int: ...
+    @property
     def holder(self) -> str | None: ...
     async def take_lease(self, slot: str, *, ttl: float = LEASE_TTL,
                          beat: float = BEAT) -> None: ...
@@ -176,6 +174,10 @@ class CountersOf:
     @property
     def processes(self) -> int:
         return self._counters.processes
+
+    @property
+    def others_held(self) -> int:
+        return self._counters.others_held
 
     @property
     def holder(self) -> str | None:
@@ -383,6 +385,10 @@ class EmptyCounters:
     @property
     def processes(self) -> int:
         return 1
+
+    @property
+    def others_held(self) -> int:
+        return 0
 
     @property
     def holder(self) -> str | None:

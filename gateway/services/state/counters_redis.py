@@ -23,12 +23,15 @@ holds - so no two replicas admit on the same remaining allowance. It is a synchr
 call (the metering core is synchronous, like SQLite's admission transaction) bounded by
 `admit_timeout` (0.25 s); the answer refreshes the local view of every field it
 touched. While Redis is unreachable (or that call gets no answer in time) admission
-falls back to this replica's share of the room it last read (the outage is reported:
+falls back to this process's share of the room (the outage is reported:
 `counters_degraded`, the `state_store_up` gauge, one log line;
-``counters.first_refused_alone``: 1 / the processes holding leases), so the replicas
-together stay within the ceiling while all of them are cut off (one cut off while the
-others are answered can pass it by its share: ``counters``' docstring, and
-tests/services/state/test_counters_partial_stall.py); an admission whose answer was
+``counters.first_refused_alone``: 1 / the processes holding leases, at most what it
+admitted lately), a share Redis holds for it from before it was cut off: each write
+carries this process's records (``alone_records``: ``<prefix>:a:<table>``, a hash of
+holder -> record, indexed by slot in ``<prefix>:a-of:<slot>``) and every admission
+counts the other holders' shares as used. So the processes stay within the ceiling
+whether all of them are cut off or only some (one whose link stalls while the others
+are answered: tests/services/state/test_counters_shares.py); an admission whose answer was
 lost is reconciled with that view's decision when it is resolved (the call counted once
 if it was forwarded, not at all if it was refused). Settlements (what a call used,
 counted after its response) still travel in the batches, so a token or cost budget sees
@@ -62,15 +65,21 @@ from redis.exceptions import RedisError
 
 from gateway.net.resolver import unguarded
 from gateway.observability import metrics
+from gateway.services.state.alone_records import Records, decide_alone
 from gateway.services.state.counters import (
     Admission,
     CounterView,
     Increment,
     StoreAway,
     Table,
-    first_refused_alone,
 )
-from gateway.services.state.counters_redis_write import ANSWERED_LIFE_MS, SCRIPT, Write, WriteCall
+from gateway.services.state.counters_redis_write import (
+    ANSWERED_LIFE_MS,
+    SCRIPT,
+    Shares,
+    Write,
+    WriteCall,
+)
 from gateway.services.state.lease_keeper import Lease, LeaseHolding
 from gateway.services.state.leases import ORPHANS, Charged, charge_of, parse_held
 
@@ -122,6 +131,8 @@ return out
 """
 
 log = logging.getLogger("sandbox_gateway.counters")
+_SOON = 0.02  # seconds: an admission's own flush follows the last one's by at least this
+_SEP = "\x1f"  # between a holder and a records hash in the slot's index (as SCRIPT joins)
 
 
 class RedisCounters(LeaseHolding):
@@ -131,6 +142,10 @@ class RedisCounters(LeaseHolding):
                  clock: Callable[[], float] = time.time, forget_after: float = 900.0,
                  url_for_logs: str = "redis") -> None:
         self.prefix = f"{prefix}:c:"
+        self.shares_prefix = f"{prefix}:a:"  # the processes' shares, by budget table
+        self.shares_index = f"{prefix}:a-of:"  # by slot: each holder's records there
+        self.records = Records()
+        self._closing = False
         self.lease_prefix = f"{prefix}:lease:"
         self.leases_key = f"{prefix}:leases"
         self.lease: Lease | None = None
@@ -144,6 +159,9 @@ class RedisCounters(LeaseHolding):
         self._client: aioredis.Redis | None = None
         self._sync: syncredis.Redis | None = None  # admission's own connection
         self._task: asyncio.Task[None] | None = None
+        self._soon: asyncio.Task[None] | None = None  # a flush right after an admission
+        self._soon_at = -math.inf  # (monotonic) when the last one started
+        self._flushing = asyncio.Lock()  # (one flush at a time)
         self._degraded = False
         self.marks_prefix = f"{prefix}:write:{secrets.token_hex(8)}:"  # this replica's writes
         self._serial = 0
@@ -167,13 +185,17 @@ class RedisCounters(LeaseHolding):
         replica's share decides while Redis cannot answer, or (``share`` False) nothing
         does: ``StoreAway``, nothing counted (a write whose answer was lost, if Redis
         ran it after all, is undone when resolved, as a refusal here)."""
+        if share:
+            self.records.track(admission, self.view.clock())
         client = self._sync
         if client is not None and not self._degraded:
             call = self._call(admission)
             try:
                 with unguarded():
                     reply = client.eval(SCRIPT, *call.build(admission, {}))
-                return self._answered(call, reply)
+                refused = self._answered(call, reply)
+                self._flush_soon()
+                return refused
             except (RedisError, OSError) as exc:
                 self._down("admit", exc)
                 self._unanswered(call)  # (what it carried counts here meanwhile)
@@ -192,14 +214,40 @@ class RedisCounters(LeaseHolding):
             self.count(admission.increments)
         return refused
 
+    def _flush_soon(self) -> None:
+        """Write this process's records again now rather than within ``interval``: an
+        admission's write carried the values read before it, its answer the new ones
+        (a stale record holds more of the room than its process may spend)."""
+        if self._soon is not None or self._client is None or not self.records.tables:
+            return
+        wait = self._soon_at + _SOON - time.monotonic()  # (at most one each _SOON)
+        try:
+            with unguarded():
+                self._soon = asyncio.get_running_loop().create_task(
+                    self._flush_once(max(0.0, wait)), name="counters-soon")
+        except RuntimeError:  # (no loop: a tool; the next flush writes them)
+            return
+
+    async def _flush_once(self, wait: float) -> None:
+        try:
+            if wait:
+                await asyncio.sleep(wait)
+            self._soon_at = time.monotonic()
+            await self.flush()
+        except Exception:  # a bug must not be lost in a task nobody awaits
+            log.exception("counters: unexpected error while flushing to Redis")
+        finally:
+            self._soon = None
+
     def _away(self) -> str:
         return f"Redis at {self.url_for_logs} does not answer"
 
     def _alone(self, admission: Admission) -> int | None:
-        """This replica's share decides (``counters.first_refused_alone``): Redis's
-        values as last read, what is counted here and not written."""
-        return first_refused_alone(admission, self.view.known, self.view.unwritten,
-                                   self.processes)
+        """This process's share decides, the one Redis holds for it
+        (``alone_records.decide_alone``), on what it last read and what is counted here
+        and not written."""
+        return decide_alone(admission, self.records, None if self._closing else self.holder,
+                            self.view.known, self.view.unwritten, self._away())
 
     def _call(self, admission: Admission | None) -> WriteCall:
         """The next write: what is pending (taken), the admission, the unsure writes."""
@@ -211,17 +259,45 @@ class RedisCounters(LeaseHolding):
                       admission.increments if admission is not None else ())
         answered, self._answered_marks = tuple(self._answered_marks), []
         return WriteCall(self.prefix, self.lease_prefix, write, tuple(self._unsure),
-                         answered)
+                         answered, self._shares())
+
+    def _shares(self) -> Shares:
+        """The records this write carries (``alone_records``), after the batch was
+        taken: every share decided on alone under a record it deletes is in it."""
+        holder = self.holder
+        if holder is None or self._closing:
+            records: tuple[Any, ...] = ()
+        else:
+            records = tuple(self.records.due(holder, self.view.shared, self.processes,
+                                             self.view.clock(), self._serial))
+            self.records.sent(holder, records)
+        forget = tuple(self.records.stale(self.view.clock(), self._closing))
+        slot = self.lease.slot if self.lease is not None else ""
+        return Shares(self.shares_prefix, holder or "",
+                      self.shares_index + slot if slot else "", records, forget,
+                      self.leases_key)
+
+    def _shares_due(self) -> bool:
+        """A record to write or delete (a write is sent for it alone)."""
+        holder = self.holder
+        now = self.view.clock()
+        return bool(self.records.stale(now, self._closing)) or (
+            holder is not None and not self._closing and bool(self.records.due(
+                holder, self.view.shared, self.processes, now, self._serial + 1)))
 
     def _answered(self, call: WriteCall, reply: list[Any]) -> int | None:
         """Apply a write's answer to the view: the refused limit (None: admitted)."""
         refused = int(reply[0])
         if refused < 0:  # (resolved as unsure already: never when answered in time)
             raise RedisError("the write was resolved before its answer came")
-        dropped = int(reply[1])
-        for number in reply[2:2 + dropped]:
+        if call.write.admission or refused:
+            self.others_held = int(reply[1])
+        if int(reply[2]):  # (the leases as Redis lists them: a process started lately)
+            self.processes = int(reply[2])
+        dropped = int(reply[3])
+        for number in reply[4:4 + dropped]:
             self._settlements_dropped(call.holders[int(number) - 1])
-        for (table, name), value in zip(call.report, reply[2 + dropped:], strict=True):
+        for (table, name), value in zip(call.report, reply[4 + dropped:], strict=True):
             self.view.set_shared(table, name, int(value))
         if call.carried:
             resolved = {w.mark for w in call.carried}
@@ -230,6 +306,8 @@ class RedisCounters(LeaseHolding):
         for table, _, _, expires in call.write.admission:
             if self.view.expires.get(table, 0.0) < expires:
                 self.view.expires[table] = expires
+        self.records.answered(call.shares.holder, call.shares.records)
+        self.records.forgotten(call.shares.forget)
         self._answered_marks.append(call.write.mark)
         return None if refused == 0 else refused - 1
 
@@ -288,13 +366,15 @@ class RedisCounters(LeaseHolding):
     async def close(self, timeout: float = 2.0) -> None:
         """Stop flushing; send what is pending (best effort, within ``timeout``); give
         the lease back (what never settled is charged)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._task, self._soon):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._soon = None
+        self._closing = True  # (decides nothing alone from now on; its records go)
         if self._client is not None and (self.view.pending or self.view.settling
-                                         or self._unsure):
+                                         or self._unsure or self.records.recorded):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.flush(), timeout)
         if self.lease is not None and self._client is not None:
@@ -321,6 +401,10 @@ class RedisCounters(LeaseHolding):
         """Send the pending batch and settlements, resolve unsure writes and refresh
         the watched values (one script). While Redis is down, nothing is sent until it
         answers a PING (what is not sent stays pending, not unsure)."""
+        async with self._flushing:
+            await self._flush()
+
+    async def _flush(self) -> None:
         self.view.prune()
         client = self._client
         if client is None:
@@ -332,7 +416,10 @@ class RedisCounters(LeaseHolding):
                     await client.ping()
             except (RedisError, OSError):
                 return
-        if self.view.pending or self.view.settling or watched or self._unsure:
+        for table, names in self.records.fields().items():  # (the next records' values)
+            watched[table] = sorted({*watched.get(table, ()), *names})
+        if (self.view.pending or self.view.settling or watched or self._unsure
+                or self._shares_due()):
             call = self._call(None)
             try:
                 with unguarded():
@@ -370,10 +457,18 @@ class RedisCounters(LeaseHolding):
                 index: dict[str, str] = {
                     str(k): str(v) for k, v in (
                         await client.hgetall(self.leases_key) if takeover else {}).items()}
+                shares = self.shares_index + slot  # (those of the process before it here)
+                recorded = [str(m) for m in (await client.smembers(shares) if takeover
+                                             else ())]
                 async with client.pipeline(transaction=True) as pipe:
                     for other, where in index.items():
                         if where == slot and other != holder:
                             pipe.delete(self.lease_prefix + other)
+                    for member in recorded:
+                        other, _, key = member.partition(_SEP)
+                        if other != holder:
+                            pipe.hdel(key, other)
+                            pipe.srem(shares, member)
                     pipe.set(self.lease_prefix + holder, slot, px=_ms(ttl))
                     pipe.hset(self.leases_key, holder, slot)
                     await pipe.execute()

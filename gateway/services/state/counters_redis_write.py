@@ -33,10 +33,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.services.state.alone_records import Record
 from gateway.services.state.counters import Admission, Increment
 from gateway.services.state.leases import ORPHANS
 
-__all__ = ["ANSWERED_LIFE_MS", "MARK_LIFE_MS", "SCRIPT", "Write", "WriteCall", "expiry"]
+__all__ = ["ANSWERED_LIFE_MS", "MARK_LIFE_MS", "SCRIPT", "Shares", "Write", "WriteCall",
+           "expiry"]
 
 MARK_LIFE_MS = 86_400_000  # a write's mark, until it is resolved
 ANSWERED_LIFE_MS = 60_000  # the mark of a write that was answered
@@ -48,10 +50,17 @@ ANSWERED_LIFE_MS = 60_000  # the mark of a write that was answered
 # its batch, its settlements, its admission's increments); the pending batch (n, then
 # key index, field, amount, expiry per entry); the pending settlements (n holders, then
 # per holder: its lease's key index and a batch, applied only if the lease key exists);
-# the limits (n, then per limit: n fields, key index and field per field, ceiling,
-# add); the admission's increments (like the batch); the fields to report (n, key index
-# and field each). Returns {-1} if the write was resolved already (it never runs then),
-# else {refused limit (1-based) or 0, n dropped settlements, their numbers in order...,
+# the writer's holder ('' : none); the limits (n, then per limit: n fields, key index
+# and field per field, ceiling, add, the key index of its table's records (0: none): the
+# records of the other holders add their shares to what it used); the admission's
+# increments (like the batch); the writer's records (the key index of its tables' index
+# (0: none), n, then per record: its hash's key index, serial, JSON, expiry; kept only
+# over a lower serial); the records to delete (n, key index and holder each); the key
+# index of the leases' index (0: none); the fields to report (n, key index and field
+# each). Returns {-1} if the write was
+# resolved already (it never runs then), else {refused limit (1-based) or 0, the other
+# holders' shares that limit counted, the processes listed in the leases' index (0: not
+# asked), n dropped settlements, their numbers in order...,
 # reported values...}. A mark is absent until its write runs, then the write's refused
 # limit ('0': admitted, or no admission), then 'resolved' once a later write resolved
 # it (the content of a write that never ran applied then, once).
@@ -110,21 +119,92 @@ for _ = 1, tonumber(take()) do
 end
 apply(1)
 settle(true)
+local me = take()
+local shares = {}
+local function read(text)
+  local ok, record = pcall(cjson.decode, text)
+  if ok and type(record) == 'table' and type(record.v) == 'table'
+      and type(record.d) == 'table' and type(record.n) == 'number' then
+    return record
+  end
+  return false
+end
+local function one(record, names, ceiling)
+  if not record then return ceiling end  -- (unreadable: it may be a share)
+  local base = 0
+  for _, name in ipairs(names) do
+    local value = tonumber(record.v[name])
+    if value == nil then return 0 end  -- (it cannot decide alone on this limit)
+    base = base + value
+  end
+  local cap = tonumber(record.d[names[1]])
+  if cap == nil or ceiling <= base then return 0 end
+  return math.min(cap, math.floor((ceiling - base) / math.max(1, record.n)))
+end
+local function held(index, names, ceiling)
+  if index == 0 then return 0 end
+  local found = shares[index]
+  if not found then
+    found = {}
+    local all = redis.call('HGETALL', KEYS[index])
+    for i = 1, #all, 2 do
+      if all[i] ~= me then found[#found + 1] = read(all[i + 1]) end
+    end
+    shares[index] = found
+  end
+  local out = 0
+  for _, record in ipairs(found) do out = out + one(record, names, ceiling) end
+  return out
+end
 local refused = 0
+local others = 0
 for i = 1, tonumber(take()) do
   local used = 0
+  local names = {}
   for _ = 1, tonumber(take()) do
     local key = KEYS[tonumber(take())]
     local field = take()
+    names[#names + 1] = field
     used = used + (tonumber(redis.call('HGET', key, field)) or 0)
   end
   local ceiling = tonumber(take())
   local add = tonumber(take())
-  if refused == 0 and not (used < ceiling and used + add <= ceiling) then refused = i end
+  local records = tonumber(take())
+  if refused == 0 then
+    local shares = held(records, names, ceiling)
+    if not (used + shares < ceiling and used + shares + add <= ceiling) then
+      refused = i
+      others = shares
+    end
+  end
 end
 if refused == 0 then apply(1) else apply(0) end
 redis.call('SET', mark, refused, 'PX', life)
-local out = {refused, #dropped}
+local index = tonumber(take())
+for _ = 1, tonumber(take()) do
+  local key = KEYS[tonumber(take())]
+  local serial = tonumber(take())
+  local record = take()
+  local expires = tonumber(take())
+  local old = redis.call('HGET', key, me)
+  old = old and read(old)
+  if not old or not (tonumber(old.s) and tonumber(old.s) >= serial) then
+    redis.call('HSET', key, me, record)
+    if expires > 0 then redis.call('EXPIREAT', key, expires) end
+  end
+  redis.call('SADD', KEYS[index], me .. string.char(31) .. key)
+  redis.call('PEXPIRE', KEYS[index], life)
+end
+for _ = 1, tonumber(take()) do
+  local key = KEYS[tonumber(take())]
+  local holder = take()
+  redis.call('HDEL', key, holder)
+  if index > 0 then redis.call('SREM', KEYS[index], holder .. string.char(31) .. key) end
+end
+local leases = tonumber(take())
+local processes = 0
+if leases > 0 then processes = redis.call('HLEN', KEYS[leases]) end
+local out = {refused, others, processes, #dropped}
 for _, number in ipairs(dropped) do out[#out + 1] = number end
 for _ = 1, tonumber(take()) do
   local key = KEYS[tonumber(take())]
@@ -165,6 +245,22 @@ class Write:
             yield table, name
 
 
+@dataclass(frozen=True, slots=True)
+class Shares:
+    """What a write carries of the processes' shares (``alone_records``): the writer's
+    ``holder`` ('' : none; the others' records are what its admission leaves alone),
+    the records' hashes (``prefix`` + table), the index of the records made in its slot
+    (``index``; '': no lease), its ``records`` and the records it deletes (``forget``:
+    holder, table)."""
+
+    prefix: str
+    holder: str
+    index: str = ""
+    records: tuple[tuple[str, Record, float], ...] = ()
+    forget: tuple[tuple[str, str], ...] = ()
+    leases: str = ""  # the leases' index: how many processes hold one ('': not asked)
+
+
 @dataclass
 class WriteCall:
     """The KEYS and ARGV of one ``SCRIPT`` call, in the script's order (``build``), and
@@ -176,6 +272,7 @@ class WriteCall:
     write: Write
     carried: tuple[Write, ...]  # the unsure writes it resolves
     answered: tuple[str, ...]  # marks of answered writes, kept a minute more
+    shares: Shares = field(default_factory=lambda: Shares("", ""))
     keys: dict[str, int] = field(default_factory=dict)
     args: list[Any] = field(default_factory=list)
     holders: list[str] = field(default_factory=list)
@@ -193,14 +290,26 @@ class WriteCall:
             self._counts(unsure)
         self._entries(self.write.batch)
         self._settlements(self.write.settling)
+        shares = self.shares
+        self.args.append(shares.holder)
         limits = admission.limits if admission is not None else ()
         self.args.append(len(limits))
         for limit in limits:
             self.args.append(len(limit.fields))
             for table, name in limit.fields:
                 self.args += [self._key(self.prefix + table), name]
-            self.args += [limit.ceiling, limit.add]
+            self.args += [limit.ceiling, limit.add,
+                          self._key(shares.prefix + limit.fields[0][0]) if limit.fields else 0]
         self._entries(self.write.admission)
+        self.args.append(self._key(shares.index) if shares.index else 0)
+        self.args.append(len(shares.records))
+        for table, record, expires in shares.records:
+            self.args += [self._key(shares.prefix + table), record.serial, record.encode(),
+                          expiry(table, expires)]
+        self.args.append(len(shares.forget))
+        for holder, table in shares.forget:
+            self.args += [self._key(shares.prefix + table), holder]
+        self.args.append(self._key(shares.leases) if shares.leases else 0)
         self.report = list(dict.fromkeys([
             *(f for w in (*self.carried, self.write) for f in w.fields()),
             *(f for limit in limits for f in limit.fields),

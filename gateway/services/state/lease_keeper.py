@@ -135,6 +135,9 @@ class LeaseHolding(LeaseStore):
     # included; set by each store's `lease_reap`): while the store cannot decide an
     # admission, this process's share of a budget's room is 1 / processes
     processes: int = 1
+    # of what the last refused admission's limit counted as used, the shares other
+    # processes hold to spend alone (``alone_records``; 0: none, or a store without them)
+    others_held: int = 0
     _dropped: set[str]  # holders whose dropped settlements were logged
     _dropped_log: tuple[logging.Logger, str]  # the logger, and the line (%s: the holder)
 

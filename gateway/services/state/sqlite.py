@@ -62,6 +62,7 @@ from typing import Any
 from gateway.core.secret_value import SecretValue
 from gateway.observability import metrics
 from gateway.services.secrets.ephemeral import EphemeralKey, EphemeralKeys
+from gateway.services.state.alone_records import Records
 from gateway.services.state.base import SandboxAddress, StateUnavailable
 from gateway.services.state.counters import CounterView
 from gateway.services.state.file_changes import FileChanges
@@ -113,6 +114,10 @@ class SqliteState(SqliteCounters, SqliteMints, SqliteRecords):
         self._epoch = -1
         self.view = CounterView(clock)  # the pending counter batch (the file has the rest)
         self._flush_scheduled = False
+        self.records = Records()  # this process's shares of budgets (`alone_records`)
+        self._serial = 0
+        self._closing = False
+        self._refresh_scheduled = False
         self._held: list[tuple[str, tuple[Any, ...]]] = []  # change statements not written
         self._problem: str | None = None
         self._last_write = time.monotonic()  # the last write that committed
@@ -150,7 +155,10 @@ class SqliteState(SqliteCounters, SqliteMints, SqliteRecords):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        self._closing = True  # (decides nothing alone from now on; its shares go)
         self.flush()
+        if not self.view.pending:
+            self.forget_shares()
         if self.lease is not None and self._conn is not None:
             await self.lease.stop()  # (after the flush: what settled is not charged)
             self.lease = None
@@ -174,6 +182,9 @@ class SqliteState(SqliteCounters, SqliteMints, SqliteRecords):
                 elif (self._problem is not None
                       or time.monotonic() - self._last_write >= _PROBE):
                     self._probe()
+                if not self.view.pending:  # (what it counted alone is written)
+                    self.forget_shares()
+                self.refresh_shares()
                 now = self.clock()
                 if now - self._last_prune > _PRUNE:
                     self._last_prune = now
@@ -350,7 +361,7 @@ class SqliteState(SqliteCounters, SqliteMints, SqliteRecords):
     def _prune(self, now: float) -> None:
         try:
             with transaction(self._db()) as conn:
-                for table in ("counters", "revoked", "ephemeral", "records"):
+                for table in ("counters", "revoked", "ephemeral", "records", "shares"):
                     conn.execute(f"DELETE FROM {table} WHERE expires_at <= ?",  # noqa: S608
                                  (now,))
                 conn.execute("DELETE FROM minted WHERE (value IS NULL OR expires_at <= ?) AND "

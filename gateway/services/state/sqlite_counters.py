@@ -11,7 +11,11 @@ lookup) plus what is pending here; `counter_tables` (`GET /v1/usage`) waits out
 still pending on another worker leaves the call's reservation counted meanwhile.
 `admit` (budget admission) is one `BEGIN IMMEDIATE` transaction: the limits are checked
 against the committed values and the increments written before any other process can
-admit, so workers never overshoot together.
+admit, so workers never overshoot together. It also writes this process's share of each
+budget it admitted on lately (`alone_records`: table `shares`, a record per budget table
+and holder, from the values this transaction read) and counts the other holders' as
+used: a process whose transaction fails (a lock held past `busy_timeout`, a full disk)
+decides alone on the share the others leave it.
 
 Reservations outlive their process (`gateway.services.state.leases`): admission commits
 a call's reservation and its record under this process's lease (table `leases`: holder,
@@ -26,18 +30,20 @@ one transaction: exactly once).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gateway.services.state.alone_records import Records, decide_alone, held_for_others
 from gateway.services.state.counters import (
     Admission,
     CounterView,
     Increment,
+    Limit,
     StoreAway,
     Table,
     first_refused,
-    first_refused_alone,
 )
 from gateway.services.state.lease_keeper import LeaseHolding
 from gateway.services.state.leases import ORPHANS, Charged, charge_of, parse_held
@@ -51,6 +57,7 @@ _ADD = ("INSERT INTO counters (tbl, field, value, expires_at) VALUES (?, ?, ?, ?
         "ON CONFLICT(tbl, field) DO UPDATE SET value = value + excluded.value, "
         "expires_at = max(expires_at, excluded.expires_at)")
 FLUSH_DELAY = 0.25  # seconds a counted increment waits to be written with the next ones
+_REFRESH = 0.005  # seconds after a change of the file this process's records are refreshed
 
 
 class SqliteCounters(SqliteFile, LeaseHolding):
@@ -58,6 +65,13 @@ class SqliteCounters(SqliteFile, LeaseHolding):
 
     view: CounterView  # the pending counter batch (the file has the rest)
     _flush_scheduled: bool
+    records: Records  # this process's shares (`alone_records`)
+    _serial: int  # of its admissions: a record written later wins
+    _closing: bool  # it decides nothing alone and its shares go
+    _refresh_scheduled: bool  # a refresh of its records is due (the file changed)
+
+    if TYPE_CHECKING:  # (SqliteRecords': the file's changes, which call file_changed)
+        def record_wakeup(self) -> asyncio.Event | None: ...
 
     def count(self, increments: Iterable[Increment]) -> None:
         """Add to the pending batch; it is written within `FLUSH_DELAY` with whatever
@@ -160,9 +174,11 @@ class SqliteCounters(SqliteFile, LeaseHolding):
     async def lease_claim(self, holder: str, slot: str, ttl: float, takeover: bool) -> bool:
         try:
             with transaction(self._db()) as conn:
-                if takeover:
+                if takeover:  # (and the shares of the process before it there)
                     conn.execute("UPDATE leases SET expires_at = 0 WHERE slot = ? AND "
                                  "holder != ?", (slot, holder))
+                    conn.execute("DELETE FROM shares WHERE slot = ? AND holder != ?",
+                                 (slot, holder))
                 conn.execute("INSERT INTO leases (holder, slot, expires_at) VALUES (?, ?, ?) "
                              "ON CONFLICT(holder) DO UPDATE SET expires_at = "
                              "excluded.expires_at", (holder, slot, self.clock() + ttl))
@@ -235,27 +251,138 @@ class SqliteCounters(SqliteFile, LeaseHolding):
         process's share decides, or (``share`` False) ``StoreAway`` is raised."""
         self.flush()  # (what this process counted so far is in the file first)
         now = self.clock()
+        if share:
+            if not self.records.tables:  # (other processes' writes refresh its records)
+                with contextlib.suppress(RuntimeError):
+                    self.record_wakeup()
+            self.records.track(admission, now)
+        holder = None if self._closing else self.holder
+        written: tuple[list[Any], list[tuple[str, str]]] = ([], [])
+        due: list[Any] = []  # (the records sent: rolled back with the transaction)
         try:
             with transaction(self._db()) as conn:
-                refused = first_refused(admission, lambda table, field: _value(
-                    conn.execute("SELECT value FROM counters WHERE tbl = ? AND field = ? "
-                                 "AND expires_at > ?", (table, field, now)).fetchone()))
+                read: dict[tuple[str, str], int] = {}
+                shares: dict[str, list[tuple[str, str]]] = {}
+
+                def value(table: str, field: str) -> int:
+                    read[(table, field)] = found = _value(conn.execute(
+                        "SELECT value FROM counters WHERE tbl = ? AND field = ? AND "
+                        "expires_at > ?", (table, field, now)).fetchone())
+                    return found
+
+                def held(limit: Limit) -> int:
+                    table = limit.fields[0][0]
+                    if table not in shares:
+                        shares[table] = conn.execute(
+                            "SELECT holder, record FROM shares WHERE tbl = ?",
+                            (table,)).fetchall()
+                    return held_for_others(shares[table], holder or "",
+                                           (f for _, f in limit.fields), limit.ceiling)
+
+                self.processes = max(1, conn.execute(
+                    "SELECT count(*) FROM leases WHERE expires_at > ?", (now,)).fetchone()[0])
+                refused = first_refused(admission, value, held)
+                self.others_held = 0
                 if refused is None:
                     conn.executemany(_ADD, list(admission.increments))
+                    for table, field, amount, _ in admission.increments:
+                        if (table, field) in read:
+                            read[(table, field)] += amount
+                else:
+                    self.others_held = held(admission.limits[refused])
+                written = self._write_shares(conn, holder, read, now, due)
         except sqlite3.Error as exc:
-            # Cannot decide across processes: decide on this process's share of what the
-            # file shows (`counters.first_refused_alone`; the outage is reported) and keep
+            self.records.failed(due)
+            # Cannot decide across processes: decide on the share the others leave this
+            # process (`alone_records.decide_alone`; the outage is reported) and keep
             # the increments to write later.
             self._failed("admit", exc)
             if not share:
                 raise StoreAway(f"the state file cannot be used ({exc})") from None
-            refused = first_refused_alone(admission, self._stored, self.view.unwritten,
-                                          self.processes)
+            refused = decide_alone(admission, self.records, holder, self._stored,
+                                   self.view.unwritten, f"the state file cannot be used "
+                                   f"({exc})")
             if refused is None:
                 self.view.add(admission.increments)
             return refused
         self._recovered()
+        self.records.answered(holder or "", written[0])
+        self.records.forgotten(written[1])
         return refused
+
+    def _write_shares(self, conn: sqlite3.Connection, holder: str | None,
+                      read: dict[tuple[str, str], int], now: float,
+                      due: list[Any]) -> tuple[list[Any], list[tuple[str, str]]]:
+        """In an admission's transaction: this process's records of what it read (the
+        values after the admission; ``due`` gets them), and the records it no longer
+        holds deleted."""
+        if holder is not None and self.lease is not None:
+            self._serial += 1
+            known: dict[str, dict[str, int]] = {}
+            for (table, field), found in read.items():
+                known.setdefault(table, {})[field] = found
+            due += self.records.due(holder, known, self.processes, now, self._serial)
+            self.records.sent(holder, due)
+            conn.executemany(
+                "INSERT INTO shares (tbl, holder, slot, serial, record, expires_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(tbl, holder) DO UPDATE SET "
+                "serial = excluded.serial, record = excluded.record, expires_at = "
+                "max(expires_at, excluded.expires_at) WHERE excluded.serial > serial",
+                [(table, holder, self.lease.slot, record.serial, record.encode(), expires)
+                 for table, record, expires in due])
+        stale = [] if self.view.pending else self.records.stale(now, self._closing)
+        conn.executemany("DELETE FROM shares WHERE holder = ? AND tbl = ?", stale)
+        return due, stale
+
+    def file_changed(self) -> None:
+        """The file was written: refresh this process's records soon (coalesced), so
+        the others hold no more of the room than its share of what is left now."""
+        if self.records.tables and not self._refresh_scheduled:
+            self._refresh_scheduled = True
+            asyncio.get_running_loop().call_later(_REFRESH, self.refresh_shares)
+
+    def refresh_shares(self) -> None:
+        """Write this process's records again if what it reads now changed them (on a
+        change of the file, and every second)."""
+        self._refresh_scheduled = False
+        holder = None if self._closing else self.holder
+        if holder is None or not self.records.tables or self._conn is None:
+            return
+        now = self.clock()
+        due: list[Any] = []
+        try:
+            conn = self._db()
+            read = {(table, field): _value(conn.execute(
+                "SELECT value FROM counters WHERE tbl = ? AND field = ? AND expires_at > ?",
+                (table, field, now)).fetchone())
+                for table, fields in self.records.fields().items() for field in fields}
+            known: dict[str, dict[str, int]] = {}
+            for (table, field), found in read.items():
+                known.setdefault(table, {})[field] = found
+            if not self.records.due(holder, known, self.processes, now, self._serial + 1):
+                return
+            with transaction(conn) as txn:
+                written = self._write_shares(txn, holder, read, now, due)
+        except sqlite3.Error as exc:
+            self.records.failed(due)
+            self._failed("counters", exc)
+            return
+        self.records.answered(holder, written[0])
+        self.records.forgotten(written[1])
+
+    def forget_shares(self) -> None:
+        """Delete the records this process no longer holds (all of them once it is
+        closing): what it spent alone under them is written (its batch went first)."""
+        stale = self.records.stale(self.clock(), self._closing)
+        if not stale or self._conn is None:
+            return
+        try:
+            with transaction(self._db()) as conn:
+                conn.executemany("DELETE FROM shares WHERE holder = ? AND tbl = ?", stale)
+        except sqlite3.Error as exc:
+            self._failed("counters", exc)
+            return
+        self.records.forgotten(stale)
 
 
 

@@ -104,6 +104,10 @@ class SqliteRecords(SqliteFile):
         if changes is not None and wakeup is not None and changes.read():
             self._records_next = 0.0  # (look at the file at the next ask, not in 5 ms)
             wakeup.set()
+            self.file_changed()
+
+    def file_changed(self) -> None:
+        """Another process (or this one) wrote the file: the counters' hook."""
 
     def record_version(self, kind: str) -> int:
         """Raised whenever a record of `kind` is written, by any process of the file: its

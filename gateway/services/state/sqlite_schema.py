@@ -20,7 +20,7 @@ __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "StateFileError", "open_file"]
 
 log = logging.getLogger("sandbox_gateway.state")
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # Each version's statements, applied in order to bring a file up to SCHEMA_VERSION.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -66,6 +66,12 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     7: (  # the request log moved to its own file (`sqlite_log.py`): its lines are dropped
         # (the audit trail has them); the space is given back after the migration
         "DROP TABLE IF EXISTS log",
+    ),
+    8: (  # each process's share of a budget, held while it may decide alone
+        # (`state/alone_records.py`): a record per budget table and holder
+        "CREATE TABLE IF NOT EXISTS shares (tbl TEXT NOT NULL, holder TEXT NOT NULL, "
+        "slot TEXT NOT NULL, serial INTEGER NOT NULL, record TEXT NOT NULL, "
+        "expires_at REAL NOT NULL, PRIMARY KEY (tbl, holder)) WITHOUT ROWID",
     ),
 }
 

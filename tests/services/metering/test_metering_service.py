@@ -290,6 +290,12 @@ def test_usage_endpoint_says_degraded(tmp_path: Path) -> None:
     state._conn = sqlite3.connect(f"file:{tmp_path / 'state.db'}?mode=ro", uri=True,
                                   isolation_level=None)  # (SQLite refuses every write)
     h = Harness(tmp_path, state)
+    # (No budget: a budgeted call is decided alone only on a share of it this process
+    # holds, tests/services/state/test_counters_shares.py.)
+    h.policies = load_policy_texts({name: text.replace(
+        "budgets:\n  - {name: daily, per: sandbox, window: 24h, tokens: 100}\n", "")
+        for name, text in POLICIES.items()})
+    assert not h.policies.policies["metered-agent"].budgets
     h.exchange("sb-1", "openai-m", "/v1/chat/completions", b'{"model":"gpt-4o-mini"}',
                fixture("openai_chat.json"))
     answer = admin_app(h).get("/v1/usage", headers=AUTH).json()

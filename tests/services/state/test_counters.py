@@ -336,6 +336,21 @@ def stalled(server: RedisServer, seconds: float, how: str) -> Iterator[None]:
         time.sleep(0.1)  # (it ran what waited)
 
 
+async def no_flush_soon(store: RedisState) -> None:
+    """Until the flush a replica starts after an admission (its new record) is done:
+    from then on it reads nothing more until told to."""
+    while store._counters._soon is not None:
+        await asyncio.sleep(0.01)
+
+
+async def both_see(*stores: RedisState) -> None:
+    """Until each store counts every one's lease (`processes`: the share each holds)."""
+    deadline = time.monotonic() + 10
+    while any(s.processes != len(stores) for s in stores):
+        assert time.monotonic() < deadline, [s.processes for s in stores]
+        await asyncio.sleep(0.05)
+
+
 async def budget_fields(server: RedisServer) -> dict[str, int]:
     """The budget's fields in Redis, and the sum of the reservations' records."""
     raw = aioredis.from_url(server.url, decode_responses=True)
@@ -352,12 +367,14 @@ async def budget_fields(server: RedisServer) -> dict[str, int]:
 
 @pytest.mark.parametrize(("write", "how", "other", "admitted"), [
     # (what is stalled, how, what replica B did first, what replica A answers)
-    ("admission", "late", None, True),  # both Redis and A's view admit
-    ("admission", "lost", None, True),  # Redis never ran it: A's view admitted it
-    # B's 90,000-token call A's view does not know: Redis refuses, A's view admits
-    ("admission", "late", "holds 90000", True),
-    # B's call ended (it used 100) after A last read: Redis admits, A's view refuses
-    ("admission", "late", "settled 90000", False),
+    ("admission", "late", None, True),  # both Redis and A's share admit
+    # Redis never ran it: A's share admitted it
+    ("admission", "lost", None, True),
+    # B's 25,000-token call A does not know, and B's share of what is left: Redis
+    # refuses, A's share admits
+    ("admission", "late", "holds 25000", True),
+    # B's call ended (it used 100) after A last read: Redis admits, A's share refuses
+    ("admission", "late", "settled 25000", False),
     ("flush", "late", None, True),  # the batch's answer (and its retry's) given up on
     ("flush", "lost", None, True),
 ])
@@ -382,33 +399,31 @@ def test_a_write_whose_answer_never_came_counts_once(
                            admit_timeout=timeout) for timeout in (1.0, 5.0))
         for store, slot in ((a, "slot-a"), (b, "slot-b")):
             await store.start()
-            await store.take_lease(slot, beat=3600)
+            await store.take_lease(slot, beat=0.1)
+        await both_see(a, b)
         books = BudgetBook(a), BudgetBook(b)
         used, requests = 0, 0
         try:
-            first = books[0].admit("sb", policy, "openai", time.time(), Reservation(5_000))
+            first = books[0].admit("sb", policy, "openai", time.time(), Reservation(50_000))
             assert isinstance(first, Hold)
             requests = 1
-            if other is not None:
+            await a.flush_counters()  # A's record: its share, 25,000 of the 50,000 left
+            await no_flush_soon(a)
+            if other is not None:  # (50,000 used, A's share, 25,000: all of it)
                 held = books[1].admit("sb-b", policy, "openai", time.time(),
-                                      Reservation(90_000))
+                                      Reservation(25_000))
                 assert isinstance(held, Hold)
                 requests += 1
                 if other.startswith("settled"):
-                    # A reads the budget (B's reservation) with its next admission
-                    seen = books[0].admit("sb", policy, "openai", time.time(),
-                                          Reservation(1))
-                    assert isinstance(seen, Hold)
-                    books[0].settle(seen, 1, 0)
-                    used, requests = used + 1, requests + 1
+                    await a.flush_counters()  # A reads B's reservation
                     books[1].settle(held, 100, 0)
-                    await b.flush_counters()
                     used += 100
+                await b.flush_counters()  # B's record: its share, 12,500 (of 25,000)
             if write == "admission":
                 books[0].settle(first, 120, 0)  # pending: sent with the stalled write
                 with stalled(redis_server, STALL, how):
                     second = books[0].admit("sb", policy, "openai", time.time(),
-                                            Reservation(50_000))
+                                            Reservation(70_000))
                 assert a.counters_degraded  # (A's view decided)
             else:
                 second = books[0].admit("sb", policy, "openai", time.time(),
@@ -423,7 +438,7 @@ def test_a_write_whose_answer_never_came_counts_once(
                 used, requests = used + 2_000, requests + 1
             for _ in range(2):
                 await a.flush_counters()
-            if other == "holds 90000":
+            if other == "holds 25000":
                 books[1].settle(held, 100, 0)
                 await b.flush_counters()
                 used += 100
@@ -570,15 +585,16 @@ def test_under_refuse_a_replica_cut_off_from_redis_admits_nothing(
 def test_replicas_cut_off_from_redis_stay_within_the_budget_together(
         redis_server: RedisServer) -> None:
     """Redis stops answering (SIGSTOP) while two replicas go on admitting a policy-wide
-    budget of 10 requests, 5 used: each admits only its share of the 5 left as it last
-    read them (2 and 3), so once Redis is back the budget shows 10, not 15 or 16, and
-    a refusal says why. (Measured before: each admitted on its own reading, 6 and 5.)"""
+    budget of 10 requests, 5 used: each admits only its share of the room its records
+    hold (3 of the 7 A last read left, 2 of B's 5; each within what it admitted lately),
+    so once Redis is back the budget shows 10, not 15 or 16, and a refusal says why.
+    (Measured before: each admitted on its own reading, 6 and 5.)"""
     policy = load_policy_text("p.yaml", BUDGET).policies["agent"]
 
     async def scenario() -> None:
         async with leased_replicas([redis_server.url] * 2) as stores:
             books = [BudgetBook(s) for s in stores]
-            for i in (0, 0, 0, 0, 1):  # 4 on A, 1 on B: A last read 4, B 5
+            for i in (0, 0, 0, 1, 1):  # 3 on A, 2 on B: A last read 3, B 5
                 assert isinstance(books[i].admit(f"sb-{i}", policy, "openai",
                                                  time.time()), Hold)
             admitted, refusals = [0, 0], []
@@ -611,10 +627,7 @@ async def leased_replicas(urls: list[str]) -> AsyncIterator[list[RedisState]]:
         for i, store in enumerate(stores):
             await store.start()
             await store.take_lease(f"slot-{i}", beat=0.1)
-        deadline = time.monotonic() + 10
-        while any(s.processes != len(stores) for s in stores):
-            assert time.monotonic() < deadline, [s.processes for s in stores]
-            await asyncio.sleep(0.05)
+        await both_see(*stores)
         yield stores
     finally:
         for store in stores:

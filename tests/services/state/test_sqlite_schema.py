@@ -69,7 +69,7 @@ def test_a_version_1_file_is_migrated_keeping_its_rows(tmp_path: Path) -> None:
     run(state.write_refresh("k", "o", "rt-1"))
     run(state.close())
     version, rows = summary(path)
-    assert version == SCHEMA_VERSION == 7 and rows["refresh_tokens"] == 1 and rows["records"] == 0 \
+    assert version == SCHEMA_VERSION == 8 and rows["refresh_tokens"] == 1 and rows["records"] == 0 \
         and "log" not in rows and rows["leases"] == 0  # (the request log: its own file)
 
 
