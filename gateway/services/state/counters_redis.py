@@ -324,7 +324,10 @@ class RedisCounters(LeaseHolding):
 
     async def counter_tables(self, tables: Sequence[str]) -> dict[str, Table]:
         """Whole tables from Redis plus what is pending here (the local view if Redis
-        cannot be read)."""
+        cannot be read). A write whose answer was lost is resolved first (a flush): it
+        may be in Redis already, and counted here too it would show twice."""
+        if self._unsure and self._client is not None:
+            await self.flush()
         client = self._client
         fresh: list[Any] | None = None
         if client is not None and tables:
