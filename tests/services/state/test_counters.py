@@ -189,12 +189,8 @@ def test_redis_outage_counts_locally_then_catches_up(
             while a.counters_degraded:
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.05)
-            raw = aioredis.from_url(server.url, decode_responses=True)
-            try:
-                # No persistence: Redis came back empty; what was pending was sent.
-                assert await raw.hget("t:c:u:0", "f") == "10"
-            finally:
-                await raw.aclose()
+            # No persistence: Redis came back empty; what was pending was sent.
+            assert await stored(server, "t:c:u:0", "f") == "10"
         finally:
             await a.close()
 
@@ -341,6 +337,15 @@ async def no_flush_soon(store: RedisState) -> None:
     from then on it reads nothing more until told to."""
     while store._counters._soon is not None:
         await asyncio.sleep(0.01)
+
+
+async def stored(server: RedisServer, key: str, field: str) -> str | None:
+    """A hash field as Redis holds it."""
+    raw = aioredis.from_url(server.url, decode_responses=True)
+    try:
+        return await raw.hget(key, field)  # type: ignore[no-any-return]
+    finally:
+        await raw.aclose()
 
 
 async def both_see(*stores: RedisState) -> None:
@@ -650,11 +655,7 @@ def test_usage_read_after_a_lost_answer_counts_the_write_once(
                 await a.flush_counters()
             assert a.counters_degraded
             assert await a.counter_tables(["u:0"]) == {"u:0": {"f": 7}}
-            raw = aioredis.from_url(redis_server.url, decode_responses=True)
-            try:
-                assert await raw.hget("t:c:u:0", "f") == "7"
-            finally:
-                await raw.aclose()
+            assert await stored(redis_server, "t:c:u:0", "f") == "7"
         finally:
             await a.close()
 
