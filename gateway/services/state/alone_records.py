@@ -78,20 +78,22 @@ class Records:
 
     def track(self, admission: Admission, now: float) -> None:
         """Note the limit fields of an admission: their table's record follows."""
-        expires = {table: at for table, _, _, at in admission.increments}
+        bucket = int(now // _BUCKET)
         for limit in admission.limits:
-            for table, name in limit.fields:
-                entry = self.tables.get(table)
-                if entry is None:
-                    entry = self.tables[table] = _Table()
-                entry.fields.add(name)
-                entry.expires = max(entry.expires, expires.get(table, 0.0))
-                entry.used_at = now
-            if limit.fields:
-                table, first = limit.fields[0]
-                buckets = self.tables[table].admitted.setdefault(first, {})
-                bucket = int(now // _BUCKET)
-                buckets[bucket] = buckets.get(bucket, 0) + limit.add
+            if not limit.fields:
+                continue
+            table, first = limit.fields[0]  # (a limit's fields are one table's)
+            entry = self.tables.get(table)
+            if entry is None:
+                entry = self.tables[table] = _Table()
+            entry.fields.update(name for _, name in limit.fields)
+            entry.used_at = now
+            buckets = entry.admitted.setdefault(first, {})
+            buckets[bucket] = buckets.get(bucket, 0) + limit.add
+        for table, _, _, at in admission.increments:
+            entry = self.tables.get(table)
+            if entry is not None and entry.expires < at:
+                entry.expires = at
 
     def fields(self) -> dict[str, list[str]]:
         """The tracked fields by table: every write re-reads them (the next record)."""
@@ -109,8 +111,8 @@ class Records:
                 entry.answered, entry.unsure = None, []
         self._prune(now)
         out = []
-        for table, entry in self.tables.items():
-            values = known.get(table, {})
+        for table in (known.keys() & self.tables.keys()):  # (a table not read: no values)
+            entry, values = self.tables[table], known[table]
             record = Record(serial, tuple(sorted((f, values[f]) for f in entry.fields
                                                  if f in values)),
                             max(1, processes), _demand(entry, now))

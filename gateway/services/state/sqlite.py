@@ -118,6 +118,8 @@ class SqliteState(SqliteCounters, SqliteMints, SqliteRecords):
         self._serial = 0
         self._closing = False
         self._refresh_scheduled = False
+        self._processes_read = -math.inf
+        self._refreshed_at = -math.inf
         self._held: list[tuple[str, tuple[Any, ...]]] = []  # change statements not written
         self._problem: str | None = None
         self._last_write = time.monotonic()  # the last write that committed

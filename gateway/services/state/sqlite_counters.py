@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +58,13 @@ _ADD = ("INSERT INTO counters (tbl, field, value, expires_at) VALUES (?, ?, ?, ?
         "ON CONFLICT(tbl, field) DO UPDATE SET value = value + excluded.value, "
         "expires_at = max(expires_at, excluded.expires_at)")
 FLUSH_DELAY = 0.25  # seconds a counted increment waits to be written with the next ones
+# This process's record of a budget table (kept over a lower serial only).
+_SHARE = ("INSERT INTO shares (tbl, holder, slot, serial, record, expires_at) VALUES "
+          "(?, ?, ?, ?, ?, ?) ON CONFLICT(tbl, holder) DO UPDATE SET serial = "
+          "excluded.serial, record = excluded.record, expires_at = max(expires_at, "
+          "excluded.expires_at) WHERE excluded.serial > serial")
 _REFRESH = 0.005  # seconds after a change of the file this process's records are refreshed
+_REFRESH_EVERY = 0.01  # seconds: at most one refresh in this time (a busy file)
 
 
 class SqliteCounters(SqliteFile, LeaseHolding):
@@ -69,6 +76,8 @@ class SqliteCounters(SqliteFile, LeaseHolding):
     _serial: int  # of its admissions: a record written later wins
     _closing: bool  # it decides nothing alone and its shares go
     _refresh_scheduled: bool  # a refresh of its records is due (the file changed)
+    _processes_read: float  # when the live leases were last counted (`processes`)
+    _refreshed_at: float  # (monotonic) when its records were last refreshed
 
     if TYPE_CHECKING:  # (SqliteRecords': the file's changes, which call file_changed)
         def record_wakeup(self) -> asyncio.Event | None: ...
@@ -279,8 +288,11 @@ class SqliteCounters(SqliteFile, LeaseHolding):
                     return held_for_others(shares[table], holder or "",
                                            (f for _, f in limit.fields), limit.ceiling)
 
-                self.processes = max(1, conn.execute(
-                    "SELECT count(*) FROM leases WHERE expires_at > ?", (now,)).fetchone()[0])
+                if now >= self._processes_read + 1.0:  # (a process started lately)
+                    self._processes_read = now
+                    self.processes = max(1, conn.execute(
+                        "SELECT count(*) FROM leases WHERE expires_at > ?",
+                        (now,)).fetchone()[0])
                 refused = first_refused(admission, value, held)
                 self.others_held = 0
                 if refused is None:
@@ -323,28 +335,28 @@ class SqliteCounters(SqliteFile, LeaseHolding):
                 known.setdefault(table, {})[field] = found
             due += self.records.due(holder, known, self.processes, now, self._serial)
             self.records.sent(holder, due)
-            conn.executemany(
-                "INSERT INTO shares (tbl, holder, slot, serial, record, expires_at) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(tbl, holder) DO UPDATE SET "
-                "serial = excluded.serial, record = excluded.record, expires_at = "
-                "max(expires_at, excluded.expires_at) WHERE excluded.serial > serial",
-                [(table, holder, self.lease.slot, record.serial, record.encode(), expires)
-                 for table, record, expires in due])
+            if due:
+                conn.executemany(_SHARE, [
+                    (table, holder, self.lease.slot, record.serial, record.encode(), expires)
+                    for table, record, expires in due])
         stale = [] if self.view.pending else self.records.stale(now, self._closing)
-        conn.executemany("DELETE FROM shares WHERE holder = ? AND tbl = ?", stale)
+        if stale:
+            conn.executemany("DELETE FROM shares WHERE holder = ? AND tbl = ?", stale)
         return due, stale
 
     def file_changed(self) -> None:
         """The file was written: refresh this process's records soon (coalesced), so
         the others hold no more of the room than its share of what is left now."""
         if self.records.tables and not self._refresh_scheduled:
-            self._refresh_scheduled = True
-            asyncio.get_running_loop().call_later(_REFRESH, self.refresh_shares)
+            self._refresh_scheduled = True  # (at most one each _REFRESH_EVERY)
+            wait = max(_REFRESH, self._refreshed_at + _REFRESH_EVERY - time.monotonic())
+            asyncio.get_running_loop().call_later(wait, self.refresh_shares)
 
     def refresh_shares(self) -> None:
         """Write this process's records again if what it reads now changed them (on a
         change of the file, and every second)."""
         self._refresh_scheduled = False
+        self._refreshed_at = time.monotonic()
         holder = None if self._closing else self.holder
         if holder is None or not self.records.tables or self._conn is None:
             return
