@@ -11,11 +11,9 @@ lookup) plus what is pending here; `counter_tables` (`GET /v1/usage`) waits out
 still pending on another worker leaves the call's reservation counted meanwhile.
 `admit` (budget admission) is one `BEGIN IMMEDIATE` transaction: the limits are checked
 against the committed values and the increments written before any other process can
-admit, so workers never overshoot together. It also writes this process's share of each
-budget it admitted on lately (`alone_records`: table `shares`, a record per budget table
-and holder, from the values this transaction read) and counts the other holders' as
-used: a process whose transaction fails (a lock held past `busy_timeout`, a full disk)
-decides alone on the share the others leave it.
+admit, so workers never overshoot together. It also counts the other processes' shares
+(`alone_records`, table `shares`) as used and writes this process's: one whose
+transaction fails (a lock held past `busy_timeout`) decides alone on its share.
 
 Reservations outlive their process (`gateway.services.state.leases`): admission commits
 a call's reservation and its record under this process's lease (table `leases`: holder,
