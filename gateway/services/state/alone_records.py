@@ -4,10 +4,11 @@ While the store cannot answer a process's admission, the process decides on its 
 of the room a budget had when it last read it (``counters.first_refused_alone``). The
 processes the store still answers must leave that share alone - from before the first
 one is cut off, since none can tell when another is: so every process writes, with its
-ordinary writes, a **record** per budget table it admitted on lately (``ACTIVE``): the
-values of the limit fields as it last read them, the processes it divides the room by,
-and what it admitted on each limit in that time (its demand: an idle process holds
-nothing). The store's admission adds to what a limit used every *other* holder's share
+ordinary writes, a **record** per limit of each budget it admitted on lately
+(``ACTIVE``; ``key_of``: one sandbox's limit, not its whole table, so a record stays
+small however many sandboxes share a table): the values of the limit's fields as it
+last read them, the processes it divides the room by, and what it admitted on the limit
+in that time (its demand: an idle process holds nothing). The store's admission adds to what a limit used every *other* holder's share
 of its recorded room (``held_for_others``, at most its demand), so a share is never spent by two
 (the capacity leases of quota servers such as Doorman): a process cut off spends at
 most its share, the others at most the rest. A record stays until its process deletes
@@ -34,7 +35,7 @@ from typing import Any
 
 from gateway.services.state.counters import Admission, StoreAway, first_refused_alone
 
-__all__ = ["ACTIVE", "Record", "Records", "decide_alone", "held_for_others"]
+__all__ = ["ACTIVE", "SEP", "Record", "Records", "decide_alone", "held_for_others", "key_of"]
 
 ACTIVE = 300.0  # seconds after its last admission a budget table's record is kept
 _BUCKET = 10.0  # seconds: a process's demand is summed by such buckets (bounded memory)
@@ -57,10 +58,21 @@ class Record:
                            "d": dict(self.demand)}, separators=(",", ":"))
 
 
+SEP = "\x1f"  # between a budget table and a limit's first field in a record's key
+
+
+def key_of(table: str, first: str) -> str:
+    """The key of the records of one limit (a budget table and its first field): a
+    record is one limit's, so its size does not grow with the table's subjects."""
+    return f"{table}{SEP}{first}"
+
+
 @dataclass
-class _Table:
+class _Limit:
+    table: str
+    first: str
     fields: set[str] = field(default_factory=set)
-    admitted: dict[str, dict[int, int]] = field(default_factory=dict)  # first -> bucket
+    admitted: dict[int, int] = field(default_factory=dict)  # bucket -> what was added
     expires: float = 0.0
     used_at: float = 0.0
     answered: Record | None = None  # the last answered record
@@ -68,51 +80,59 @@ class _Table:
 
 
 class Records:
-    """This process's records, by budget table, under its current ``holder`` (see the
-    module docstring)."""
+    """This process's records, by limit (``key_of``), under its current ``holder`` (see
+    the module docstring)."""
 
     def __init__(self) -> None:
         self.holder: str | None = None
-        self.tables: dict[str, _Table] = {}
-        self.recorded: dict[str, set[str]] = {}  # holder -> tables it may have records in
+        self.limits: dict[str, _Limit] = {}
+        self.of_field: dict[tuple[str, str], str] = {}  # (table, field) -> its limit's key
+        self.recorded: dict[str, set[str]] = {}  # holder -> keys it may have records at
 
     def track(self, admission: Admission, now: float) -> None:
-        """Note the limit fields of an admission: their table's record follows."""
+        """Note the limits of an admission: their records follow."""
         bucket = int(now // _BUCKET)
+        expires = 0.0
+        for _, _, _, at in admission.increments:
+            expires = max(expires, at)
         for limit in admission.limits:
             if not limit.fields:
                 continue
             table, first = limit.fields[0]  # (a limit's fields are one table's)
-            entry = self.tables.get(table)
+            key = key_of(table, first)
+            entry = self.limits.get(key)
             if entry is None:
-                entry = self.tables[table] = _Table()
+                entry = self.limits[key] = _Limit(table, first)
+                for _, name in limit.fields:
+                    self.of_field[(table, name)] = key
             entry.fields.update(name for _, name in limit.fields)
             entry.used_at = now
-            buckets = entry.admitted.setdefault(first, {})
-            buckets[bucket] = buckets.get(bucket, 0) + limit.add
-        for table, _, _, at in admission.increments:
-            entry = self.tables.get(table)
-            if entry is not None and entry.expires < at:
-                entry.expires = at
+            entry.expires = max(entry.expires, expires)
+            entry.admitted[bucket] = entry.admitted.get(bucket, 0) + limit.add
 
     def fields(self) -> dict[str, list[str]]:
         """The tracked fields by table: every write re-reads them (the next record)."""
-        return {table: sorted(entry.fields) for table, entry in self.tables.items()}
+        out: dict[str, set[str]] = {}
+        for entry in self.limits.values():
+            out.setdefault(entry.table, set()).update(entry.fields)
+        return {table: sorted(names) for table, names in out.items()}
 
     def due(self, holder: str, known: dict[str, dict[str, int]], processes: int,
             now: float, serial: int) -> list[tuple[str, Record, float]]:
-        """The records the write numbered ``serial`` carries under ``holder``: ``(table,
-        record, table expiry)`` for each table whose record changed or may not be the
+        """The records the write numbered ``serial`` carries under ``holder``: ``(key,
+        record, table expiry)`` for each limit whose record changed or may not be the
         kept one. ``known``: the store's values as last read. A new holder starts with
         no record kept."""
         if holder != self.holder:
             self.holder = holder
-            for entry in self.tables.values():
+            for entry in self.limits.values():
                 entry.answered, entry.unsure = None, []
         self._prune(now)
         out = []
-        for table in (known.keys() & self.tables.keys()):  # (a table not read: no values)
-            entry, values = self.tables[table], known[table]
+        for key, entry in self.limits.items():
+            values = known.get(entry.table)
+            if not values:
+                continue
             record = Record(serial, tuple(sorted((f, values[f]) for f in entry.fields
                                                  if f in values)),
                             max(1, processes), _demand(entry, now))
@@ -120,19 +140,19 @@ class Records:
             if record.values and (entry.unsure or last is None or last.values != record.values
                                   or last.processes != record.processes
                                   or last.demand != record.demand):
-                out.append((table, record, entry.expires))
+                out.append((key, record, entry.expires))
         return out
 
     def sent(self, holder: str, records: Iterable[tuple[str, Record, float]]) -> None:
         """A write carrying ``records`` under ``holder`` is on its way."""
-        for table, record, _ in records:
-            self.tables[table].unsure.append(record)
-            self.recorded.setdefault(holder, set()).add(table)
+        for key, record, _ in records:
+            self.limits[key].unsure.append(record)
+            self.recorded.setdefault(holder, set()).add(key)
 
     def answered(self, holder: str, records: Iterable[tuple[str, Record, float]]) -> None:
         """The write carrying ``records`` ran: each is kept, unless a later one is."""
-        for table, record, _ in records:
-            entry = self.tables.get(table)
+        for key, record, _ in records:
+            entry = self.limits.get(key)
             if entry is None or holder != self.holder:
                 continue
             if entry.answered is None or entry.answered.serial < record.serial:
@@ -143,35 +163,35 @@ class Records:
     def failed(self, records: Iterable[tuple[str, Record, float]]) -> None:
         """The write carrying ``records`` surely did not happen (a rolled back
         transaction): none of them can be kept."""
-        for table, record, _ in records:
-            entry = self.tables.get(table)
+        for key, record, _ in records:
+            entry = self.limits.get(key)
             if entry is not None:
                 entry.unsure = [r for r in entry.unsure if r.serial != record.serial]
 
     def stale(self, now: float, closing: bool = False) -> list[tuple[str, str]]:
-        """``(holder, table)`` records to delete: every one of a holder before the
-        current, those of tables no longer tracked (all of them if ``closing``)."""
+        """``(holder, key)`` records to delete: every one of a holder before the
+        current, those of limits no longer tracked (all of them if ``closing``)."""
         self._prune(now)
         out = []
-        for holder, tables in self.recorded.items():
-            for table in sorted(tables):
-                if closing or holder != self.holder or table not in self.tables:
-                    out.append((holder, table))
+        for holder, keys in self.recorded.items():
+            for key in sorted(keys):
+                if closing or holder != self.holder or key not in self.limits:
+                    out.append((holder, key))
         return out
 
     def forgotten(self, pairs: Iterable[tuple[str, str]]) -> None:
         """The store deleted these records."""
-        for holder, table in pairs:
-            tables = self.recorded.get(holder)
-            if tables is not None:
-                tables.discard(table)
-                if not tables:
+        for holder, key in pairs:
+            keys = self.recorded.get(holder)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
                     del self.recorded[holder]
 
-    def candidates(self, table: str) -> list[Record]:
-        """The records of ``table`` the store may keep for the current holder (none:
-        it keeps none, or none it could be sure of)."""
-        entry = self.tables.get(table)
+    def candidates(self, key: str) -> list[Record]:
+        """The records of a limit the store may keep for the current holder (none: it
+        keeps none, or none it could be sure of)."""
+        entry = self.limits.get(key)
         if entry is None or entry.answered is None:
             return []
         return [entry.answered, *entry.unsure]
@@ -180,7 +200,7 @@ class Records:
         """The value this process decides alone on: the highest a kept record may hold
         (None: one that may be kept has none, so the others hold nothing for it)."""
         highest: int | None = None
-        for record in self.candidates(table):
+        for record in self.candidates(self.of_field.get((table, name), "")):
             value = dict(record.values).get(name)
             if value is None:
                 return None
@@ -190,22 +210,24 @@ class Records:
     def cap(self, table: str, first: str) -> int:
         """The most this process may admit alone on the limit whose first field is
         ``first``: the least demand a kept record may hold (0: one holds none)."""
-        found = self.candidates(table)
+        found = self.candidates(key_of(table, first))
         return min((dict(r.demand).get(first, 0) for r in found), default=0)
 
     def processes(self, admission: Admission) -> int:
-        """The most processes a kept record of the admission's tables divides by."""
-        return max([r.processes for table in _tables(admission)
-                    for r in self.candidates(table)] or [1])
+        """The most processes a kept record of the admission's limits divides by."""
+        return max([r.processes for key in _keys(admission)
+                    for r in self.candidates(key)] or [1])
 
     def held(self, admission: Admission) -> bool:
-        """A record the store surely keeps for every table of the admission."""
-        return all(self.candidates(table) for table in _tables(admission))
+        """A record the store surely keeps for every limit of the admission."""
+        return all(self.candidates(key) for key in _keys(admission))
 
     def _prune(self, now: float) -> None:
-        for table in [t for t, e in self.tables.items()
-                      if e.expires <= now or e.used_at < now - ACTIVE]:
-            del self.tables[table]
+        for key in [k for k, e in self.limits.items()
+                    if e.expires <= now or e.used_at < now - ACTIVE]:
+            entry = self.limits.pop(key)
+            for name in entry.fields:
+                self.of_field.pop((entry.table, name), None)
 
 
 def held_for_others(records: Iterable[tuple[str, str]], me: str, names: Iterable[str],
@@ -284,18 +306,14 @@ def decide_alone(admission: Admission, records: Records, holder: str | None,
     return refused
 
 
-def _demand(entry: _Table, now: float) -> tuple[tuple[str, int], ...]:
-    """What this process admitted on each limit of a table in the last ``ACTIVE``
-    seconds: the most it holds a share for (an idle process holds none)."""
-    out = []
+def _demand(entry: _Limit, now: float) -> tuple[tuple[str, int], ...]:
+    """What this process admitted on a limit in the last ``ACTIVE`` seconds: the most
+    it holds a share for (an idle process holds none)."""
     oldest = int((now - ACTIVE) // _BUCKET)
-    for first, buckets in sorted(entry.admitted.items()):
-        for bucket in [b for b in buckets if b < oldest]:
-            del buckets[bucket]
-        if buckets:
-            out.append((first, sum(buckets.values())))
-    return tuple(out)
+    for bucket in [b for b in entry.admitted if b < oldest]:
+        del entry.admitted[bucket]
+    return ((entry.first, sum(entry.admitted.values())),) if entry.admitted else ()
 
 
-def _tables(admission: Admission) -> set[str]:
-    return {table for limit in admission.limits for table, _ in limit.fields}
+def _keys(admission: Admission) -> set[str]:
+    return {key_of(*limit.fields[0]) for limit in admission.limits if limit.fields}

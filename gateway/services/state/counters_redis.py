@@ -27,7 +27,7 @@ falls back to this process's share of the room (the outage is reported:
 `counters_degraded`, the `state_store_up` gauge, one log line;
 ``counters.first_refused_alone``: 1 / the processes holding leases, at most what it
 admitted lately), a share Redis holds for it from before it was cut off: each write
-carries this process's records (``alone_records``: ``<prefix>:a:<table>``, a hash of
+carries this process's records (``alone_records``: ``<prefix>:a:<limit key>``, a hash of
 holder -> record, indexed by slot in ``<prefix>:a-of:<slot>``) and every admission
 counts the other holders' shares as used. So the processes stay within the ceiling
 whether all of them are cut off or only some (one whose link stalls while the others
@@ -218,7 +218,7 @@ class RedisCounters(LeaseHolding):
         """Write this process's records again now rather than within ``interval``: an
         admission's write carried the values read before it, its answer the new ones
         (a stale record holds more of the room than its process may spend)."""
-        if self._soon is not None or self._client is None or not self.records.tables:
+        if self._soon is not None or self._client is None or not self.records.limits:
             return
         wait = self._soon_at + _SOON - time.monotonic()  # (at most one each _SOON)
         try:

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.services.state.alone_records import Record
+from gateway.services.state.alone_records import Record, key_of
 from gateway.services.state.counters import Admission, Increment
 from gateway.services.state.leases import ORPHANS
 
@@ -299,7 +299,8 @@ class WriteCall:
             for table, name in limit.fields:
                 self.args += [self._key(self.prefix + table), name]
             self.args += [limit.ceiling, limit.add,
-                          self._key(shares.prefix + limit.fields[0][0]) if limit.fields else 0]
+                          self._key(shares.prefix + key_of(*limit.fields[0]))
+                          if limit.fields else 0]
         self._entries(self.write.admission)
         self.args.append(self._key(shares.index) if shares.index else 0)
         self.args.append(len(shares.records))

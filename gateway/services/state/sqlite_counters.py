@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gateway.services.state.alone_records import Records, decide_alone, held_for_others
+from gateway.services.state.alone_records import Records, decide_alone, held_for_others, key_of
 from gateway.services.state.counters import (
     Admission,
     CounterView,
@@ -259,7 +259,7 @@ class SqliteCounters(SqliteFile, LeaseHolding):
         self.flush()  # (what this process counted so far is in the file first)
         now = self.clock()
         if share:
-            if not self.records.tables:  # (other processes' writes refresh its records)
+            if not self.records.limits:  # (other processes' writes refresh its records)
                 with contextlib.suppress(RuntimeError):
                     self.record_wakeup()
             self.records.track(admission, now)
@@ -278,12 +278,12 @@ class SqliteCounters(SqliteFile, LeaseHolding):
                     return found
 
                 def held(limit: Limit) -> int:
-                    table = limit.fields[0][0]
-                    if table not in shares:
-                        shares[table] = conn.execute(
+                    key = key_of(*limit.fields[0])
+                    if key not in shares:
+                        shares[key] = conn.execute(
                             "SELECT holder, record FROM shares WHERE tbl = ?",
-                            (table,)).fetchall()
-                    return held_for_others(shares[table], holder or "",
+                            (key,)).fetchall()
+                    return held_for_others(shares[key], holder or "",
                                            (f for _, f in limit.fields), limit.ceiling)
 
                 if now >= self._processes_read + 1.0:  # (a process started lately)
@@ -345,7 +345,7 @@ class SqliteCounters(SqliteFile, LeaseHolding):
     def file_changed(self) -> None:
         """The file was written: refresh this process's records soon (coalesced), so
         the others hold no more of the room than its share of what is left now."""
-        if self.records.tables and not self._refresh_scheduled:
+        if self.records.limits and not self._refresh_scheduled:
             self._refresh_scheduled = True  # (at most one each _REFRESH_EVERY)
             wait = max(_REFRESH, self._refreshed_at + _REFRESH_EVERY - time.monotonic())
             asyncio.get_running_loop().call_later(wait, self.refresh_shares)
@@ -356,7 +356,7 @@ class SqliteCounters(SqliteFile, LeaseHolding):
         self._refresh_scheduled = False
         self._refreshed_at = time.monotonic()
         holder = None if self._closing else self.holder
-        if holder is None or not self.records.tables or self._conn is None:
+        if holder is None or not self.records.limits or self._conn is None:
             return
         now = self.clock()
         due: list[Any] = []

@@ -68,7 +68,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "DROP TABLE IF EXISTS log",
     ),
     8: (  # each process's share of a budget, held while it may decide alone
-        # (`state/alone_records.py`): a record per budget table and holder
+        # (`state/alone_records.py`): a record per limit (`tbl`: its key) and holder
         "CREATE TABLE IF NOT EXISTS shares (tbl TEXT NOT NULL, holder TEXT NOT NULL, "
         "slot TEXT NOT NULL, serial INTEGER NOT NULL, record TEXT NOT NULL, "
         "expires_at REAL NOT NULL, PRIMARY KEY (tbl, holder)) WITHOUT ROWID",

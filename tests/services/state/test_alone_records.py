@@ -10,7 +10,13 @@ import pytest
 
 from gateway.core.metering.refusals import store_away
 from gateway.core.policy.model import Budget
-from gateway.services.state.alone_records import ACTIVE, Record, Records, held_for_others
+from gateway.services.state.alone_records import (
+    ACTIVE,
+    Record,
+    Records,
+    held_for_others,
+    key_of,
+)
 from gateway.services.state.counters import Admission, Limit
 
 T = "b:agent:daily:0"
@@ -26,6 +32,7 @@ def admission(add: int = 1, table: str = T, subject: str = "sb") -> Admission:
 
 
 KNOWN = {T: {"r:sb": 4, "t:sb": 100, "rt:sb": 50}}
+R, TOK = key_of(T, "r:sb"), key_of(T, "t:sb")  # the two limits' records
 
 
 def kept(holder: str, known: dict[str, dict[str, int]], add: int = 1) -> Records:
@@ -67,23 +74,33 @@ def test_the_writers_own_record_holds_nothing_for_it() -> None:
     assert held_for_others([("me", text), ("b", text)], "me", ["r:x"], 10) == 10
 
 
-def test_a_table_read_is_recorded_and_its_record_kept_once_answered() -> None:
+def test_a_limit_read_is_recorded_and_its_record_kept_once_answered() -> None:
     records = Records()
     records.track(admission(40), NOW)
     assert records.due("h", {}, 2, NOW, 1) == []  # nothing read yet: nothing to record
-    due = records.due("h", KNOWN, 2, NOW, 2)
-    assert [(t, r.values, r.processes, r.demand, e) for t, r, e in due] == [
-        (T, (("r:sb", 4), ("rt:sb", 50), ("t:sb", 100)), 2, (("r:sb", 1), ("t:sb", 40)),
-         NOW + 86_400)]
-    assert json.loads(due[0][1].encode()) == {
-        "s": 2, "n": 2, "v": {"r:sb": 4, "rt:sb": 50, "t:sb": 100},
-        "d": {"r:sb": 1, "t:sb": 40}}
+    due = sorted(records.due("h", KNOWN, 2, NOW, 2))
+    assert [(k, r.values, r.processes, r.demand, e) for k, r, e in due] == [
+        (R, (("r:sb", 4),), 2, (("r:sb", 1),), NOW + 86_400),
+        (TOK, (("rt:sb", 50), ("t:sb", 100)), 2, (("t:sb", 40),), NOW + 86_400)]
+    assert json.loads(due[1][1].encode()) == {
+        "s": 2, "n": 2, "v": {"rt:sb": 50, "t:sb": 100}, "d": {"t:sb": 40}}
     records.sent("h", due)
-    assert records.candidates(T) == []  # not answered: the store may keep none of ours
+    assert records.candidates(R) == []  # not answered: the store may keep none of ours
     records.answered("h", due)
-    assert records.candidates(T) == [due[0][1]]
+    assert records.candidates(R) == [due[0][1]] and records.candidates(TOK) == [due[1][1]]
     assert records.due("h", KNOWN, 2, NOW + 1, 3) == []  # the same: not sent again
-    assert records.recorded == {"h": {T}}
+    assert records.recorded == {"h": {R, TOK}}
+
+
+def test_a_record_holds_one_limit_however_many_subjects_share_its_table() -> None:
+    """A per-sandbox budget's table has a field per sandbox: a record is one sandbox's
+    limit, so what an admission writes does not grow with the sandboxes."""
+    records = Records()
+    for i in range(100):
+        records.track(admission(subject=f"sb{i}"), NOW)
+    known = {T: {f"{k}:sb{i}": 1 for i in range(100) for k in ("r", "t", "rt")}}
+    due = records.due("h", known, 2, NOW, 1)
+    assert len(due) == 200 and max(len(r.values) for _, r, _ in due) == 2
 
 
 @pytest.mark.parametrize(("change", "sent"), [
@@ -120,15 +137,15 @@ def test_the_careful_reading_covers_every_record_the_store_may_keep() -> None:
         records.sent("h", due)
         written.append(due)
     records.answered("h", written[0])
-    assert [r.serial for r in records.candidates(T)] == [1, 2, 3]
+    assert [r.serial for r in records.candidates(TOK)] == [1, 2, 3]
     assert [records.known(T, f) for f in ("r:sb", "t:sb", "rt:sb")] == [6, 120, 50]
     assert records.processes(admission()) == 3
     assert records.cap(T, "t:sb") == 40  # (the demand before the third admission)
     assert records.held(admission())
     records.answered("h", written[2])  # 3 ran: 1 and 2 can no longer be kept
-    assert [r.serial for r in records.candidates(T)] == [3]
+    assert [r.serial for r in records.candidates(TOK)] == [3]
     records.answered("h", written[1])  # (an answer arriving late changes nothing)
-    assert [r.serial for r in records.candidates(T)] == [3]
+    assert [r.serial for r in records.candidates(TOK)] == [3]
 
 
 def test_a_field_a_kept_record_may_lack_is_not_known() -> None:
@@ -142,29 +159,30 @@ def test_a_field_a_kept_record_may_lack_is_not_known() -> None:
 def test_a_new_holder_starts_with_no_record_and_the_old_ones_are_deleted() -> None:
     records = kept("old", KNOWN, 1)
     due = records.due("new", KNOWN, 2, NOW, 2)
-    assert records.holder == "new" and records.candidates(T) == []
+    assert records.holder == "new" and records.candidates(R) == []
     assert due  # (written again under the new holder)
-    assert records.stale(NOW) == [("old", T)]
-    records.forgotten([("old", T)])
+    assert records.stale(NOW) == [("old", R), ("old", TOK)]
+    records.forgotten([("old", R), ("old", TOK)])
     assert records.stale(NOW) == [] and "old" not in records.recorded
     records.sent("new", due)
-    assert records.stale(NOW, closing=True) == [("new", T)]
+    assert records.stale(NOW, closing=True) == [("new", R), ("new", TOK)]
 
 
-def test_a_table_unused_for_a_while_is_dropped_and_its_record_deleted() -> None:
+def test_a_limit_unused_for_a_while_is_dropped_and_its_record_deleted() -> None:
     records = kept("h", KNOWN, 1)
     assert records.due("h", KNOWN, 2, NOW + ACTIVE + 1, 2) == []
-    assert records.candidates(T) == [] and records.stale(NOW) == [("h", T)]
+    assert records.candidates(R) == [] and records.stale(NOW) == [("h", R), ("h", TOK)]
+    assert records.of_field == {}
 
 
 def test_demand_is_what_was_admitted_in_the_last_active_period() -> None:
     records = Records()
     records.track(admission(40), NOW)
     records.track(admission(30), NOW + ACTIVE - 20)
-    due = records.due("h", KNOWN, 2, NOW + ACTIVE + 15, 1)
-    assert dict(due[0][1].demand) == {"r:sb": 1, "t:sb": 30}  # (the first aged out)
-    buckets = records.tables[T].admitted["t:sb"]
-    assert len(buckets) == 1  # (memory: a bucket per 10 s, the old ones dropped)
+    due = dict((k, r) for k, r, _ in records.due("h", KNOWN, 2, NOW + ACTIVE + 15, 1))
+    assert dict(due[TOK].demand) == {"t:sb": 30}  # (the first aged out)
+    assert dict(due[R].demand) == {"r:sb": 1}
+    assert len(records.limits[TOK].admitted) == 1  # (a bucket per 10 s, the old dropped)
 
 
 def test_the_serve_refusal_names_the_periods_the_records_use() -> None:

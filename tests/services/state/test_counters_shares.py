@@ -32,7 +32,7 @@ from services.state.test_counters import (
 from gateway.core.metering.refusals import BudgetExceeded, MeteringRefusal
 from gateway.services.metering.budgets import BudgetBook, Hold
 from gateway.services.policy import load_policy_text
-from gateway.services.state.alone_records import Record, held_for_others
+from gateway.services.state.alone_records import Record, held_for_others, key_of
 from gateway.services.state.counters import Admission, Limit
 from gateway.services.state.counters_redis_write import SCRIPT, Shares, Write, WriteCall
 from gateway.services.state.redis import RedisState
@@ -151,6 +151,7 @@ def test_a_share_goes_with_its_process(redis_server: RedisServer, how: str) -> N
 
 
 TABLE = "b:agent:team:0"
+RECORDS = "t:a:" + key_of(TABLE, "r:x")  # (the records of the limit over r:x)
 
 
 def record(serial: int, values: dict[str, int], processes: int = 2,
@@ -174,12 +175,13 @@ def test_a_record_written_late_never_replaces_a_newer_one(redis_server: RedisSer
     run after a later one, does not bring back the older record."""
     client = syncredis.Redis.from_url(redis_server.url, decode_responses=True)
     try:
-        run_write(client, 5, records=((TABLE, record(5, {"r:x": 7}), 0.0),))
-        run_write(client, 3, records=((TABLE, record(3, {"r:x": 2}), 0.0),))
-        assert json.loads(client.hget("t:a:" + TABLE, "me#1") or "")["v"] == {"r:x": 7}
-        run_write(client, 6, records=((TABLE, record(6, {"r:x": 1}), 0.0),))
-        assert json.loads(client.hget("t:a:" + TABLE, "me#1") or "")["v"] == {"r:x": 1}
-        assert client.smembers("t:a-of:slot") == {"me#1\x1ft:a:" + TABLE}
+        key = key_of(TABLE, "r:x")
+        run_write(client, 5, records=((key, record(5, {"r:x": 7}), 0.0),))
+        run_write(client, 3, records=((key, record(3, {"r:x": 2}), 0.0),))
+        assert json.loads(client.hget(RECORDS, "me#1") or "")["v"] == {"r:x": 7}
+        run_write(client, 6, records=((key, record(6, {"r:x": 1}), 0.0),))
+        assert json.loads(client.hget(RECORDS, "me#1") or "")["v"] == {"r:x": 1}
+        assert client.smembers("t:a-of:slot") == {"me#1\x1f" + RECORDS}
     finally:
         client.close()
 
@@ -204,7 +206,7 @@ def test_an_admission_leaves_the_other_holders_shares(
     try:
         client.hset("t:c:" + TABLE, "r:x", 4)
         for holder, found in others.items():
-            client.hset("t:a:" + TABLE, holder, found.encode())
+            client.hset(RECORDS, holder, found.encode())
         admission = Admission((Limit(((TABLE, "r:x"),), 10, 4),),
                               ((TABLE, "r:x", 4, 0.0),))
         reply = run_write(client, 1, admission)
@@ -227,7 +229,7 @@ def test_a_record_that_cannot_be_read_holds_the_ceiling(redis_server: RedisServe
     edit by hand) may be a share: the limit counts its whole ceiling as held."""
     client = syncredis.Redis.from_url(redis_server.url, decode_responses=True)
     try:
-        client.hset("t:a:" + TABLE, "b#1", text)
+        client.hset(RECORDS, "b#1", text)
         admission = Admission((Limit(((TABLE, "r:x"),), 10, 8),), ((TABLE, "r:x", 8, 0.0),))
         reply = run_write(client, 1, admission)
         assert held_for_others([("b#1", text)], "me#1", ["r:x"], 10) == held
@@ -306,8 +308,8 @@ def test_sqlite_a_record_follows_the_other_processes_writes(tmp_path: Path) -> N
             deadline = time.monotonic() + 0.9  # (within the one-second fallback)
             while True:
                 with contextlib.closing(sqlite3.connect(path)) as raw:
-                    rows = dict(raw.execute(
-                        "SELECT holder, record FROM shares WHERE tbl = 'b'").fetchall())
+                    rows = dict(raw.execute("SELECT holder, record FROM shares WHERE tbl = ?",
+                                            (key_of("b", "r"),)).fetchall())
                 mine = json.loads(rows[states[0].holder or ""])
                 if mine["v"] == {"r": 3}:
                     break
