@@ -8,10 +8,11 @@ ordinary writes, a **record** per limit of each budget it admitted on lately
 (``ACTIVE``; ``key_of``: one sandbox's limit, not its whole table, so a record stays
 small however many sandboxes share a table): the values of the limit's fields as it
 last read them, the processes it divides the room by, and what it admitted on the limit
-in that time (its demand: an idle process holds nothing). The store's admission adds to what a limit used every *other* holder's share
-of its recorded room (``held_for_others``, at most its demand), so a share is never spent by two
-(the capacity leases of quota servers such as Doorman): a process cut off spends at
-most its share, the others at most the rest. A record stays until its process deletes
+in that time (its demand: an idle process holds nothing). The store's admission adds
+to what a limit used every *other* holder's share of its recorded room
+(``held_for_others``, at most its demand), so a share is never spent by two (the
+capacity leases of quota servers such as Doorman): a process cut off spends at most its
+share, the others at most the rest. A record stays until its process deletes
 it (the store answers it again and every count it made alone is written; it stopped
 admitting on the budget; it stops), a process restarts in its slot, or the budget's
 window ends: what a process spent alone while cut off reaches the store only when it
