@@ -18,6 +18,7 @@ from gateway.config import load_config
 from gateway.net.resolver import Resolver, new_event_loop
 from gateway.runtime.app import Gateway
 from helpers.process import lines_until
+from helpers.transports import abort_left
 
 
 class AuditCapture(io.StringIO):
@@ -133,6 +134,12 @@ class GatewayThread:
             await asyncio.get_running_loop().shutdown_asyncgens()
             for _ in range(3):
                 await asyncio.sleep(0)
+            # A connection accepted as the loop stopped has a transport no handler ever
+            # held (its task cancelled before it ran): aborted here, not left to warn in
+            # a later test (seen twice in one day under load, test_tls_resumption).
+            if abort_left(asyncio.get_running_loop()):
+                for _ in range(3):
+                    await asyncio.sleep(0)
 
         try:
             self.call(self.gateway.stop())
