@@ -622,16 +622,17 @@ def test_replicas_cut_off_from_redis_stay_within_the_budget_together(
 
 
 @contextlib.asynccontextmanager
-async def leased_replicas(urls: list[str]) -> AsyncIterator[list[RedisState]]:
-    """A replica on each of `urls` (admit_timeout 0.5 s), each holding a lease and each
-    having looked at all of them (`processes`), closed after the block."""
+async def leased_replicas(urls: list[str], *, ttl: float = 30.0,
+                          interval: float = 3600) -> AsyncIterator[list[RedisState]]:
+    """A replica on each of `urls` (admit_timeout 0.5 s), each holding a lease (`ttl`)
+    and each having looked at all of them (`processes`), closed after the block."""
     stores = [RedisState(url, prefix="t", backoff=(0.05, 0.3), resync_interval=300,
-                         counter_interval=3600, op_timeout=1.0, admit_timeout=0.5)
+                         counter_interval=interval, op_timeout=1.0, admit_timeout=0.5)
               for url in urls]
     try:
         for i, store in enumerate(stores):
             await store.start()
-            await store.take_lease(f"slot-{i}", beat=0.1)
+            await store.take_lease(f"slot-{i}", ttl=ttl, beat=0.1)
         await both_see(*stores)
         yield stores
     finally:

@@ -320,3 +320,50 @@ def test_sqlite_a_record_follows_the_other_processes_writes(tmp_path: Path) -> N
             assert raw.execute("SELECT count(*) FROM shares").fetchone() == (0,)
 
     asyncio.run(scenario())
+
+
+def test_a_share_outlives_the_lease_of_a_replica_cut_off_longer(
+        redis_server: RedisServer, relay: PausableRelay) -> None:
+    """A's link stalls longer than its lease lasts (1 s): its lease dies, and with it
+    what it reserved is charged, but its share stays held while it decides alone; once
+    back it takes a new lease, writes what it admitted alone and deletes the old
+    holder's share in the same write. The budget holds throughout, and no share of the
+    dead holder is left."""
+    policy = load_policy_text("p.yaml", BUDGET).policies["agent"]
+    urls = [f"redis://127.0.0.1:{relay.port}", redis_server.url]
+
+    async def scenario() -> None:
+        async with leased_replicas(urls, ttl=1.0, interval=0.25) as stores:
+            books = [BudgetBook(s) for s in stores]
+            for i in (0, 0, 0, 0, 1):
+                assert isinstance(books[i].admit(f"sb-{i}", policy, "openai",
+                                                 time.time()), Hold)
+            await asyncio.sleep(0.6)  # (each wrote its record of what it last read)
+            old = stores[0].holder
+            relay.pause()
+            admitted = [0, 0]
+            for _ in range(8):
+                if isinstance(books[0].admit("sb-0", policy, "openai", time.time()), Hold):
+                    admitted[0] += 1
+            await asyncio.sleep(2.0)  # (A's lease expires in Redis)
+            for _ in range(8):
+                if isinstance(books[1].admit("sb-1", policy, "openai", time.time()), Hold):
+                    admitted[1] += 1
+            relay.resume()
+            deadline = time.monotonic() + 10
+            while stores[0].holder == old or stores[0].counters_degraded:
+                assert time.monotonic() < deadline, (stores[0].holder, old)
+                await asyncio.sleep(0.05)
+            assert admitted[0] > 0 and sum(admitted) <= 5, admitted
+            assert await team_requests_once_back(redis_server, stores) <= 10
+            raw = syncredis.Redis.from_url(redis_server.url, decode_responses=True)
+            try:
+                deadline = time.monotonic() + 5
+                while any(old in raw.hkeys(k) for k in raw.keys("t:a:*")
+                          if raw.type(k) == "hash"):
+                    assert time.monotonic() < deadline, "the dead holder's share stayed"
+                    await asyncio.sleep(0.05)
+            finally:
+                raw.close()
+
+    run_loop(scenario)
