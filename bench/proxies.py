@@ -327,8 +327,12 @@ class GatewayProxy(Proxy):
                 time.sleep(0.1)
         if self.children_cpu is not None:  # (the exporter starts before /readyz answers)
             for child in _tree(self.proc.pid)[1:]:  # every thread: the SDK's started already
-                for task in os.listdir(f"/proc/{child}/task"):
-                    os.sched_setaffinity(int(task), {self.children_cpu})
+                tasks: list[str] = []
+                with contextlib.suppress(FileNotFoundError):  # (a child that ended)
+                    tasks = os.listdir(f"/proc/{child}/task")
+                for task in tasks:
+                    with contextlib.suppress(ProcessLookupError):  # (a thread that ended
+                        os.sched_setaffinity(int(task), {self.children_cpu})  # meanwhile)
         if not self.token:
             out = subprocess.run(
                 [sys.executable, "-m", "gateway", "token", "mint", "--config", str(self.config),
