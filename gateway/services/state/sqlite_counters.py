@@ -56,7 +56,7 @@ _ADD = ("INSERT INTO counters (tbl, field, value, expires_at) VALUES (?, ?, ?, ?
         "ON CONFLICT(tbl, field) DO UPDATE SET value = value + excluded.value, "
         "expires_at = max(expires_at, excluded.expires_at)")
 FLUSH_DELAY = 0.25  # seconds a counted increment waits to be written with the next ones
-# This process's record of a budget table (kept over a lower serial only).
+# This process's record of a limit (`tbl`: its key; kept over a lower serial only).
 _SHARE = ("INSERT INTO shares (tbl, holder, slot, serial, record, expires_at) VALUES "
           "(?, ?, ?, ?, ?, ?) ON CONFLICT(tbl, holder) DO UPDATE SET serial = "
           "excluded.serial, record = excluded.record, expires_at = max(expires_at, "
@@ -76,7 +76,6 @@ class SqliteCounters(SqliteFile, LeaseHolding):
     _refresh_scheduled: bool  # a refresh of its records is due (the file changed)
     _processes_read: float  # when the live leases were last counted (`processes`)
     _refreshed_at: float  # (monotonic) when its records were last refreshed
-
     if TYPE_CHECKING:  # (SqliteRecords': the file's changes, which call file_changed)
         def record_wakeup(self) -> asyncio.Event | None: ...
 
@@ -328,15 +327,12 @@ class SqliteCounters(SqliteFile, LeaseHolding):
         holds deleted."""
         if holder is not None and self.lease is not None:
             self._serial += 1
-            known: dict[str, dict[str, int]] = {}
-            for (table, field), found in read.items():
-                known.setdefault(table, {})[field] = found
-            due += self.records.due(holder, known, self.processes, now, self._serial)
+            due += self.records.due(holder, _by_table(read), self.processes, now, self._serial)
             self.records.sent(holder, due)
             if due:
                 conn.executemany(_SHARE, [
-                    (table, holder, self.lease.slot, record.serial, record.encode(), expires)
-                    for table, record, expires in due])
+                    (key, holder, self.lease.slot, record.serial, record.encode(), expires)
+                    for key, record, expires in due])
         stale = [] if self.view.pending else self.records.stale(now, self._closing)
         if stale:
             conn.executemany("DELETE FROM shares WHERE holder = ? AND tbl = ?", stale)
@@ -366,10 +362,7 @@ class SqliteCounters(SqliteFile, LeaseHolding):
                 "SELECT value FROM counters WHERE tbl = ? AND field = ? AND expires_at > ?",
                 (table, field, now)).fetchone())
                 for table, fields in self.records.fields().items() for field in fields}
-            known: dict[str, dict[str, int]] = {}
-            for (table, field), found in read.items():
-                known.setdefault(table, {})[field] = found
-            if not self.records.due(holder, known, self.processes, now, self._serial + 1):
+            if not self.records.due(holder, _by_table(read), self.processes, now, self._serial + 1):
                 return
             with transaction(conn) as txn:
                 written = self._write_shares(txn, holder, read, now, due)
@@ -394,6 +387,13 @@ class SqliteCounters(SqliteFile, LeaseHolding):
             return
         self.records.forgotten(stale)
 
+
+
+def _by_table(read: dict[tuple[str, str], int]) -> dict[str, dict[str, int]]:
+    known: dict[str, dict[str, int]] = {}  # (table -> field -> value)
+    for (table, field), found in read.items():
+        known.setdefault(table, {})[field] = found
+    return known
 
 
 def _value(row: tuple[Any, ...] | None) -> int:
