@@ -15,7 +15,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3; do \
 # Dependencies come only from the hashed lock files (exact versions, sha256 of every file):
 # requirements-dev.lock (runtime + dev + setuptools) here, requirements.lock (runtime +
 # setuptools) in the Dockerfile. `make lock` updates them; see CONTRIBUTING.md.
-$(STAMP): pyproject.toml requirements-dev.lock
+$(STAMP): pyproject.toml requirements-dev.lock setup.py $(wildcard gateway/*/*.c gateway/*/*/*.c)
 	@test -n "$(PYTHON)" || { echo "need Python 3.12 or newer (python3.12 / python3.13)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --require-hashes -r requirements-dev.lock || { echo >&2; \

@@ -31,7 +31,8 @@ from gateway.core import encodings
 from gateway.core.dlp.fastscan import MAP, SEGMENT, key_run, key_runs
 
 __all__ = ["Run", "Unreadable", "body_kind", "decode_content", "decode_run", "encode_content",
-           "encode_run", "has_run", "json_codec", "runs", "text_codec"]
+           "encode_run", "has_run", "json_codec", "padded_end", "runs", "runs_at",
+           "text_codec"]
 
 MIN_BASE64 = SEGMENT  # (20)
 MIN_HEX = 32
@@ -139,28 +140,40 @@ def runs(text: str) -> Iterator[Run]:
     """Base64 and hex runs long enough to hold a key. A base64 run all in one case is
     not one (a path, a name); hex is one case by nature."""
     for start, end in _bounds(text):
-        body = text[start:end]
-        if len(body) >= MIN_HEX and _HEX.fullmatch(body):
-            yield Run(start, end, "hex")
-            continue
-        for inner in _HEX_INSIDE.finditer(body):  # hex behind other characters ("x" + hex)
-            lo, hi = start + inner.start(), start + inner.end()
-            for shift in (0, 1):
-                if hi - lo - shift >= MIN_HEX:
-                    yield Run(lo + shift, hi - (hi - lo - shift) % 2, "hex")
-        if body.lower() == body or body.upper() == body:
-            # Base64 of 15 bytes or more without an upper or a lower case letter is
-            # rare (random bytes: (38/64)^20 < 0.01 %; text: "dXNlcjpw..."), while paths
-            # (/v1/chat/completions) and snake_case names are all one case.
-            continue
-        padded = end
-        while padded < len(text) and padded - end < 2 and text[padded] == "=":
-            padded += 1
-        # From its first character; a run short enough to be a key wrapped in a few more
-        # characters ("x" + base64) also from its next three.
-        for shift in range(4 if len(body) <= MAX_SHIFTED else 1):
-            if len(body) - shift >= MIN_BASE64 and (len(body) - shift) % 4 != 1:
-                yield Run(start + shift, padded, "base64")
+        yield from runs_at(text, start, end)
+
+
+def padded_end(text: str, end: int) -> int:
+    """Where a run ending at `end` ends with its base64 padding (up to two `=`)."""
+    padded = end
+    while padded < len(text) and padded - end < 2 and text[padded] == "=":
+        padded += 1
+    return padded
+
+
+def runs_at(text: str, start: int, end: int) -> Iterator[Run]:
+    """The runs `runs` reads in one stretch of the alphabet, text[start:end] (a bound
+    of `fastscan.key_runs`): they depend on it and its padding alone."""
+    body = text[start:end]
+    if len(body) >= MIN_HEX and _HEX.fullmatch(body):
+        yield Run(start, end, "hex")
+        return
+    for inner in _HEX_INSIDE.finditer(body):  # hex behind other characters ("x" + hex)
+        lo, hi = start + inner.start(), start + inner.end()
+        for shift in (0, 1):
+            if hi - lo - shift >= MIN_HEX:
+                yield Run(lo + shift, hi - (hi - lo - shift) % 2, "hex")
+    if body.lower() == body or body.upper() == body:
+        # Base64 of 15 bytes or more without an upper or a lower case letter is
+        # rare (random bytes: (38/64)^20 < 0.01 %; text: "dXNlcjpw..."), while paths
+        # (/v1/chat/completions) and snake_case names are all one case.
+        return
+    padded = padded_end(text, end)
+    # From its first character; a run short enough to be a key wrapped in a few more
+    # characters ("x" + base64) also from its next three.
+    for shift in range(4 if len(body) <= MAX_SHIFTED else 1):
+        if len(body) - shift >= MIN_BASE64 and (len(body) - shift) % 4 != 1:
+            yield Run(start + shift, padded, "base64")
 
 
 def _bounds(text: str) -> Iterable[tuple[int, int]]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterator
 
 from gateway.core.dlp.detector import Detector, Rule, Span
 from gateway.core.dlp.fastscan import (
@@ -91,23 +90,18 @@ class Prefilter:
         self.detectors = detectors
         self.unanchored: tuple[tuple[str, Rule], ...] = tuple(
             (d.name, r) for d in detectors for r in d.rules if not r.anchors)
-        table: dict[str, list[tuple[str, Rule]]] = defaultdict(list)
-        for d in detectors:
-            for rule in d.rules:
-                for anchor in rule.anchors:
-                    table[anchor].append((d.name, rule))
+        # (rules by their index: a `Rule` hashes every field, a window's key an int)
+        self._entries = tuple((d.name, r) for d in detectors for r in d.rules)
+        table: dict[str, list[int]] = defaultdict(list)
+        for index, (_, rule) in enumerate(self._entries):
+            for anchor in rule.anchors:
+                table[anchor].append(index)
         self._rules = {anchor: tuple(rules) for anchor, rules in table.items()}
         self._finder = Literals(sorted(table), fast=fast) if table else None
         # The gate (`candidate`): a run, or an anchor of a rule whose matches need no run
         # (`Rule.run`): a text without either holds no value and no run to decode.
         self.gate = Gate(_caseless(sorted({a for d in detectors for r in d.rules
                                            if not r.run for a in r.anchors})), fast=fast)
-
-    def _anchors(self, text: str) -> Iterator[tuple[int, str, tuple[tuple[str, Rule], ...]]]:
-        """(start, anchor, rules) of every anchor in `text`."""
-        assert self._finder is not None
-        for start, anchor in self._finder.find(text):
-            yield start, anchor, self._rules[anchor]
 
     def any(self, text: str | bytes | bytearray) -> bool:
         """Whether `text` (or latin-1 bytes) holds any anchor (or some detector has
@@ -143,16 +137,23 @@ class Prefilter:
 
     def spans(self, text: str) -> list[Span]:
         """Every value any detector finds in `text`, by position."""
-        windows: dict[tuple[str, Rule], list[tuple[int, int]]] = defaultdict(list)
+        windows: dict[int, list[tuple[int, int]]] = {}
+        entries = self._entries
         if self._finder is not None and text:
-            for start, anchor, rules in self._anchors(text):
+            size = len(text)
+            for start, anchor in self._finder.find(text):
                 end = start + len(anchor)
-                for name, rule in rules:
-                    windows[(name, rule)].append(
-                        (max(0, start - rule.before), min(len(text), end + rule.after)))
+                for index in self._rules[anchor]:
+                    rule = entries[index][1]
+                    window = (max(0, start - rule.before), min(size, end + rule.after))
+                    if index in windows:
+                        windows[index].append(window)
+                    else:
+                        windows[index] = [window]
         found: set[Span] = set()
-        for (name, rule), spans in windows.items():
-            for lo, hi in _merged(spans):
+        for index, spans in windows.items():
+            name, rule = entries[index]
+            for lo, hi in _merged(spans) if len(spans) > 1 else spans:
                 found.update(rule.spans(name, text, lo, hi))
         for name, rule in self.unanchored:
             found.update(rule.spans(name, text, 0, len(text)))

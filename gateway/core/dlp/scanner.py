@@ -35,11 +35,13 @@ from gateway.core.dlp.decoding import (
     decode_run,
     has_run,
     json_codec,
+    padded_end,
     runs,
+    runs_at,
     text_codec,
 )
 from gateway.core.dlp.detector import Detector
-from gateway.core.dlp.fastscan import HYPERSCAN, SEGMENT, key_run
+from gateway.core.dlp.fastscan import HYPERSCAN, SEGMENT, key_run, key_runs
 from gateway.core.dlp.findings import Finding, Location, ScanResult, fingerprint
 from gateway.core.dlp.heads import CleanParts
 from gateway.core.dlp.multipart import boundary, parts
@@ -51,6 +53,8 @@ __all__ = ["DEFAULT_LIMIT", "Hit", "Scanner"]
 # hold 1 MiB of an ordinary request body, 32 MiB where a check needs it whole).
 DEFAULT_LIMIT = 1024 * 1024
 MIN_DECODED = 12  # decoded runs shorter than this hold no key
+CLEAN_RUNS = 1024  # stretches remembered as decoding to nothing (`_decoded`), at most
+CLEAN_RUN = 256  # characters: a longer stretch is decoded again each time
 _QUOTE = re.compile(r'(?<!\\)"')  # a quote that ends a JSON string
 
 
@@ -83,6 +87,9 @@ class Scanner:
         # The parts of heads found clean (`heads.CleanParts`): `unclean_fields`.
         self.heads = CleanParts(self.prefilter.candidate, self._holds)
         self.unclean_fields = self.heads.unclean
+        # Stretches of the base64/hex alphabet (`fastscan.key_runs`) whose runs decode
+        # to nothing to read again (`_decoded`), bounded as the heads' parts are.
+        self._clean_runs: set[str] = set()
 
     def only(self, names: Iterable[str]) -> Scanner:
         """A scanner with the named detectors of this one (a policy's selection), built
@@ -223,19 +230,45 @@ class Scanner:
 
     def _decoded(self, text: str) -> Iterator[tuple[Run, str]]:
         """The runs of `text` whose decoded text a detector may find something in (an
-        anchor, or a run to decode again), with that text."""
+        anchor, or a run to decode again), with that text. A stretch of the alphabet
+        that gave none is remembered (`_clean_runs`): an agent resends its
+        conversation, tool call ids and all, every turn."""
         if not key_run(text):  # (`has_run`'s first check, in C)
             return
-        for run in runs(text):
-            data = decode_run(text, run)
-            if data is None or len(data) < MIN_DECODED:
+        bounds = key_runs(text)
+        if bounds is None:  # (no C check: every run read, none remembered)
+            for run in runs(text):
+                found = self._inner(text, run)
+                if found is not None:
+                    yield found
+            return
+        clean = self._clean_runs
+        for start, end in bounds:
+            # (what `runs_at` reads: the stretch and its padding, nothing around them)
+            stretch = text[start:padded_end(text, end)]
+            if stretch in clean:
                 continue
-            inner = data.decode("latin-1")
-            if len(data) < SEGMENT:  # (no run: only an anchor of a rule that needs none
-                if self.prefilter.candidate(data):  # counts, the gate's own, in C)
-                    yield run, inner
-            elif self.prefilter.any(inner) or has_run(inner):
-                yield run, inner
+            holds = False
+            for run in runs_at(text, start, end):
+                found = self._inner(text, run)
+                if found is not None:
+                    holds = True
+                    yield found
+            if not holds and len(stretch) <= CLEAN_RUN:
+                if len(clean) >= CLEAN_RUNS:
+                    clean.clear()
+                clean.add(stretch)
+
+    def _inner(self, text: str, run: Run) -> tuple[Run, str] | None:
+        """`run` and its decoded text where a detector may find something in it."""
+        data = decode_run(text, run)
+        if data is None or len(data) < MIN_DECODED:
+            return None
+        if len(data) < SEGMENT:  # (no run: only an anchor of a rule that needs none
+            return (run, data.decode("latin-1")) \
+                if self.prefilter.candidate(data) else None  # counts, the gate's, in C)
+        inner = data.decode("latin-1")
+        return (run, inner) if self.prefilter.any(inner) or has_run(inner) else None
 
     def _holds(self, part: bytes | bytearray) -> bool:
         """Whether `parts_hits` may find anything in one part of a head alone: the gate,
@@ -294,15 +327,14 @@ class Scanner:
                 return
         form = kind == "form"
         if kind == "json":
-            document = jsondoc.load(body)
-            if document is not jsondoc.NOT_JSON:
-                # Read as one text first (what `parts_hits` joins them into): only where
-                # that finds something are the strings read again by their JSON paths.
-                strings = jsondoc.texts(document)
-                if strings and next(self.parts_hits([("\n".join(strings), where)]),
-                                    None) is not None:
+            strings = jsondoc.joined(body)
+            if strings is not None:
+                # Read as one text first (what `parts_hits` joins them into, made in C):
+                # only where that finds something are they read by their JSON paths.
+                if strings and next(self.parts_hits([(strings, where)]), None) is not None:
                     yield from self.parts_hits(jsondoc.strings(
-                        document, f"{where.name} $" if where.name else "$"), base=where)
+                        jsondoc.load(body), f"{where.name} $" if where.name else "$"),
+                        base=where)
                 yield from self._context(text, where, json_text=True)
                 return
         if form:

@@ -5,15 +5,11 @@ a literal it does not take leaves the gate on Hyperscan."""
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
-import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
+from helpers.sanitized import run_sanitized
 from helpers.threads import at_once
 
 from gateway.core.dlp import DEFAULT
@@ -222,27 +218,9 @@ def test_no_read_past_a_buffer_under_address_sanitizer(tmp_path: Path) -> None:
     the CPU has AVX-512) reads texts of every length up to 300 bytes (and longer ones) in buffers of
     exactly their size (PYTHONMALLOC=malloc: each its own allocation, a red zone after
     it): no byte past a text is read."""
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.skip("no gcc")
-    runtime = [subprocess.run([gcc, f"-print-file-name={lib}"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-               for lib in ("libasan.so", "libubsan.so")]
-    if not all(Path(lib).is_file() for lib in runtime):
-        pytest.skip("no libasan/libubsan")
     source = Path(_gate.__file__).parents[0] / "_gate.c"
-    built = tmp_path / "_gate.so"
-    subprocess.run([gcc, "-O1", "-g", "-fsanitize=address,undefined", "-shared", "-fPIC",
-                    f"-I{sysconfig.get_paths()['include']}", str(source), "-o", str(built)],
-                   check=True)
     script = _ASAN_RUN % (DEFAULT_LITERALS, _ALPHABET, SEGMENT)
-    run = subprocess.run([sys.executable, "-c", script, str(built)], capture_output=True,
-                         text=True, timeout=120, env={
-                             **os.environ, "PYTHONMALLOC": "malloc",
-                             "ASAN_OPTIONS": "detect_leaks=0",
-                             "UBSAN_OPTIONS": "halt_on_error=1",
-                             "LD_PRELOAD": " ".join(runtime)})
-    assert run.returncode == 0 and run.stdout.strip() == "clean", run.stderr[-2000:]
+    assert run_sanitized(source, tmp_path, script, timeout=120).strip() == "clean"
 
 
 CRAFTED = {  # texts that keep the prefilter busy without holding a literal or a run

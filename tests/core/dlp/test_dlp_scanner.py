@@ -16,7 +16,7 @@ from urllib.parse import quote, urlencode
 import brotli
 import pytest
 import zstandard
-from helpers.dlp_corpus import CORPUS, Fake
+from helpers.dlp_corpus import CORPUS, DEFAULT_CORPUS, Fake
 
 from gateway.core.dlp import DEFAULT, DETECTORS, Finding, Location, Scanner
 from gateway.core.dlp.decoding import decode_content
@@ -363,3 +363,74 @@ def scanner_parts() -> int:
     from gateway.core.dlp.heads import CLEAN_PARTS
 
     return CLEAN_PARTS
+
+
+def _agent_texts(seed: int, count: int) -> list[str]:
+    """Texts of tool call ids (mixed-case runs an agent resends every turn), with the
+    fakes base64-, base64url- and hex-encoded among them, alone, glued to an id, cut
+    short, behind an id's first characters, padded or not."""
+    import random
+    from string import ascii_letters, digits
+
+    r = random.Random(seed)
+    ids = ["call_" + "".join(r.choice(ascii_letters + digits) for _ in range(24))
+           for _ in range(12)]
+    encodings = [lambda b: base64.b64encode(b).decode(),
+                 lambda b: base64.urlsafe_b64encode(b).decode().rstrip("="),
+                 lambda b: b.hex(), lambda b: b.hex().upper()]
+    out = []
+    for _ in range(count):
+        pieces = [r.choice(ids) for _ in range(r.randrange(1, 4))]
+        if r.random() < 0.6:
+            fake = r.choice(DEFAULT_CORPUS)
+            encoded = r.choice(encodings)(fake.text.encode())
+            pieces.append(r.choice([encoded, r.choice(ids) + encoded, encoded[:-2],
+                                    r.choice(ids)[:9] + encoded, encoded + "==",
+                                    r.choice(ids) + "=" + encoded]))
+        r.shuffle(pieces)
+        out.append(r.choice([" ", "\n", "/", ""]).join(pieces))
+    return out
+
+
+def test_runs_remembered_clean_decide_as_fresh_ones() -> None:
+    """`_decoded` remembers the stretches of the alphabet that decoded to nothing (an
+    agent resends its tool call ids every turn): over texts mixing stretches seen
+    before with every fake encoded among them (alone, glued to an id, cut, behind part
+    of one), the scan with the memory finds what it finds without it, and no stretch
+    remembered decodes to anything a detector reads."""
+    scanner = Scanner(build(DEFAULT), b"test-salt")
+    for text in _agent_texts(43, 400):
+        body = json.dumps({"messages": [{"role": "tool", "content": text}]}).encode()
+        for scan in (lambda b=body: scanner.scan_body(b, JSON).findings,
+                     lambda t=text: scanner.scan_text(t, Location("body"))):
+            remembered = scan()
+            kept = set(scanner._clean_runs)
+            scanner._clean_runs.clear()
+            fresh = scan()
+            scanner._clean_runs |= kept
+            assert remembered == fresh, text
+    assert scanner._clean_runs  # (the ids: remembered)
+    # A stretch one character off one remembered (its first or its last) is read itself.
+    for fake in DEFAULT_CORPUS:
+        encoded = base64.b64encode(fake.text.encode()).decode().rstrip("=")
+        for near in ("A" if encoded[0] != "A" else "B") + encoded[1:], \
+                encoded[:-1] + ("A" if encoded[-1] != "A" else "B"):
+            scanner.scan_text(f"id {near} end", Location("body"))
+            assert scanner.scan_text(f"id {encoded} end", Location("body")), fake.detector
+    kept = set(scanner._clean_runs)
+    scanner._clean_runs.clear()
+    for stretch in kept:
+        assert next(scanner._decoded(stretch), None) is None, stretch
+        scanner._clean_runs.clear()
+
+
+def test_what_the_runs_memory_holds_is_bounded() -> None:
+    from gateway.core.dlp.scanner import CLEAN_RUN, CLEAN_RUNS
+
+    scanner = Scanner(build(("github",)), b"test-salt")
+    for i in range(3 * CLEAN_RUNS):
+        assert not scanner.scan_text(f"id Xy7Qz3abCDef12Gh{i:08d}", Location("body"))
+        assert len(scanner._clean_runs) <= CLEAN_RUNS
+    long = "aB" * CLEAN_RUN  # (over CLEAN_RUN: decoded each time, never remembered)
+    assert not scanner.scan_text(long, Location("body"))
+    assert long not in scanner._clean_runs
