@@ -87,8 +87,7 @@ class Scanner:
         # The parts of heads found clean (`heads.CleanParts`): `unclean_fields`.
         self.heads = CleanParts(self.prefilter.candidate, self._holds)
         self.unclean_fields = self.heads.unclean
-        # Stretches of the base64/hex alphabet (`fastscan.key_runs`) whose runs decode
-        # to nothing to read again (`_decoded`), bounded as the heads' parts are.
+        # Stretches of the alphabet whose runs decode to nothing (`_decoded`), bounded.
         self._clean_runs: set[str] = set()
 
     def only(self, names: Iterable[str]) -> Scanner:
@@ -264,9 +263,8 @@ class Scanner:
         data = decode_run(text, run)
         if data is None or len(data) < MIN_DECODED:
             return None
-        if len(data) < SEGMENT:  # (no run: only an anchor of a rule that needs none
-            return (run, data.decode("latin-1")) \
-                if self.prefilter.candidate(data) else None  # counts, the gate's, in C)
+        if len(data) < SEGMENT:  # (no run: only the gate's anchors count, asked in C)
+            return (run, data.decode("latin-1")) if self.prefilter.candidate(data) else None
         inner = data.decode("latin-1")
         return (run, inner) if self.prefilter.any(inner) or has_run(inner) else None
 
@@ -332,9 +330,13 @@ class Scanner:
                 # Read as one text first (what `parts_hits` joins them into, made in C):
                 # only where that finds something are they read by their JSON paths.
                 if strings and next(self.parts_hits([(strings, where)]), None) is not None:
-                    yield from self.parts_hits(jsondoc.strings(
-                        jsondoc.load(body), f"{where.name} $" if where.name else "$"),
-                        base=where)
+                    document = jsondoc.load(body)
+                    # (json refusing what the C reading took, a stack too deep for it:
+                    # the strings read again without their paths, never dropped)
+                    yield from self.parts_hits([(strings, where)]) \
+                        if document is jsondoc.NOT_JSON else self.parts_hits(
+                            jsondoc.strings(document, f"{where.name} $" if where.name
+                                            else "$"), base=where)
                 yield from self._context(text, where, json_text=True)
                 return
         if form:

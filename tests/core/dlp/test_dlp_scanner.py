@@ -434,3 +434,22 @@ def test_what_the_runs_memory_holds_is_bounded() -> None:
     long = "aB" * CLEAN_RUN  # (over CLEAN_RUN: decoded each time, never remembered)
     assert not scanner.scan_text(long, Location("body"))
     assert long not in scanner._clean_runs
+
+
+def test_a_document_json_refuses_after_the_c_reading_took_it_keeps_its_findings(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C reading takes a document (up to 256 levels deep) that json could still
+    refuse (its recursion limit, on a deep stack): the strings that held something are
+    then read without their paths, and every finding is kept (fail closed)."""
+    from gateway.core.dlp import jsondoc
+
+    for fake in DEFAULT_CORPUS:
+        body = _chat(fake.text)
+        expected = {f.detector for f in SCANNER.scan_body(body, JSON).findings}
+        assert expected
+        monkeypatch.setattr(jsondoc, "load", lambda _body: jsondoc.NOT_JSON)
+        if jsondoc.NATIVE:
+            found = SCANNER.scan_body(body, JSON).findings
+            assert {f.detector for f in found} >= expected, fake.detector
+            assert all(f.location.part == "body" for f in found)
+        monkeypatch.undo()
