@@ -32,7 +32,7 @@ from gateway.core.dlp.fastscan import MAP, SEGMENT, key_run, key_runs
 
 __all__ = ["Run", "Unreadable", "body_kind", "decode_content", "decode_run", "encode_content",
            "encode_run", "has_run", "json_codec", "padded_end", "runs", "runs_at",
-           "text_codec"]
+           "stretches", "text_codec"]
 
 MIN_BASE64 = SEGMENT  # (20)
 MIN_HEX = 32
@@ -139,7 +139,7 @@ def has_run(text: str) -> bool:
 def runs(text: str) -> Iterator[Run]:
     """Base64 and hex runs long enough to hold a key. A base64 run all in one case is
     not one (a path, a name); hex is one case by nature."""
-    for start, end in _bounds(text):
+    for start, end in stretches(text):
         yield from runs_at(text, start, end)
 
 
@@ -153,7 +153,7 @@ def padded_end(text: str, end: int) -> int:
 
 def runs_at(text: str, start: int, end: int) -> Iterator[Run]:
     """The runs `runs` reads in one stretch of the alphabet, text[start:end] (a bound
-    of `fastscan.key_runs`): they depend on it and its padding alone."""
+    of `stretches`): they depend on it and its padding alone."""
     body = text[start:end]
     if len(body) >= MIN_HEX and _HEX.fullmatch(body):
         yield Run(start, end, "hex")
@@ -176,7 +176,7 @@ def runs_at(text: str, start: int, end: int) -> Iterator[Run]:
             yield Run(start + shift, padded, "base64")
 
 
-def _bounds(text: str) -> Iterable[tuple[int, int]]:
+def stretches(text: str) -> Iterable[tuple[int, int]]:
     """(start, end) of the runs of `MIN_BASE64` or more that `runs` reads: those the C
     check lists (`fastscan.key_runs`: the others are one case without 32 hex digits, and
     yield nothing), else every one."""

@@ -5,9 +5,10 @@ and an SDK adds a few values new on every request (a content length, a W3C trace
 idempotency key). A part (the line, a name, a value) found clean holds nothing any
 detector finds, whatever the other parts hold (none crosses the newline the scan joins
 them with), so the parts found clean are remembered, and a head is read for its new parts
-only: one gate pass over them joined; where it hits, each new part on its own (the
-scanner's exact check, `Scanner._holds`), and the scan reads only the fields that hold a
-part that is not clean.
+only: one gate pass over them joined; where it hits, the new parts asked together which
+of them may hold something alone (the scanner's exact check, `Scanner._holding`: one
+search for anchors over them all, then each part's runs), and the scan reads only the
+fields that hold a part that is not clean.
 """
 
 from __future__ import annotations
@@ -26,14 +27,15 @@ Fields = list[tuple[bytes, bytes]]
 class CleanParts:
     """One scanner's memory of head parts found clean: the lines as `str`, the fields'
     names and values as `bytes` (a `bytearray` is never remembered). `candidate`: the
-    gate over bytes; `holds`: the exact check of one part."""
+    gate over bytes; `holding`: the exact check of some parts (those of them that may
+    hold something alone, given the parts and their join)."""
 
-    __slots__ = ("candidate", "holds", "seen")
+    __slots__ = ("candidate", "holding", "seen")
 
     def __init__(self, candidate: Callable[[bytes], bool],
-                 holds: Callable[[bytes], bool]) -> None:
+                 holding: Callable[[list[bytes], bytes], list[bytes]]) -> None:
         self.candidate = candidate
-        self.holds = holds
+        self.holding = holding
         self.seen: set[bytes | str] = set()
 
     def unclean(self, method: str, target: str, fields: Fields) -> Fields | None:
@@ -56,8 +58,10 @@ class CleanParts:
         if not known:
             new.append(line.encode("latin-1", "replace"))
         clean = new
-        if new and self.candidate(b"\n".join(new)):
-            clean = [p for p in new if not self.holds(p)]
+        joined = b"\n".join(new)
+        if new and self.candidate(joined):
+            holding = self.holding(new, joined)
+            clean = [p for p in new if p not in holding] if holding else new
         if len(seen) + len(clean) > CLEAN_PARTS:
             seen.clear()
         seen.update(p for p in clean if type(p) is bytes and len(p) <= CLEAN_PART)

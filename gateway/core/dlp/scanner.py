@@ -36,12 +36,12 @@ from gateway.core.dlp.decoding import (
     has_run,
     json_codec,
     padded_end,
-    runs,
     runs_at,
+    stretches,
     text_codec,
 )
 from gateway.core.dlp.detector import Detector
-from gateway.core.dlp.fastscan import HYPERSCAN, SEGMENT, key_run, key_runs
+from gateway.core.dlp.fastscan import HYPERSCAN, SEGMENT, key_run
 from gateway.core.dlp.findings import Finding, Location, ScanResult, fingerprint
 from gateway.core.dlp.heads import CleanParts
 from gateway.core.dlp.multipart import boundary, parts
@@ -85,7 +85,7 @@ class Scanner:
         self._subsets: dict[frozenset[str], Scanner] = {}
         self._by_id: dict[int, tuple[Iterable[str], Scanner]] = {}
         # The parts of heads found clean (`heads.CleanParts`): `unclean_fields`.
-        self.heads = CleanParts(self.prefilter.candidate, self._holds)
+        self.heads = CleanParts(self.prefilter.candidate, self._holding)
         self.unclean_fields = self.heads.unclean
         # Stretches of the alphabet whose runs decode to nothing (`_decoded`), bounded.
         self._clean_runs: set[str] = set()
@@ -229,20 +229,12 @@ class Scanner:
 
     def _decoded(self, text: str) -> Iterator[tuple[Run, str]]:
         """The runs of `text` whose decoded text a detector may find something in (an
-        anchor, or a run to decode again), with that text. A stretch of the alphabet
-        that gave none is remembered (`_clean_runs`): an agent resends its
-        conversation, tool call ids and all, every turn."""
+        anchor, or a run to decode again), with that text. A stretch that gave none is
+        remembered (`_clean_runs`): an agent resends its tool call ids every turn."""
         if not key_run(text):  # (`has_run`'s first check, in C)
             return
-        bounds = key_runs(text)
-        if bounds is None:  # (no C check: every run read, none remembered)
-            for run in runs(text):
-                found = self._inner(text, run)
-                if found is not None:
-                    yield found
-            return
         clean = self._clean_runs
-        for start, end in bounds:
+        for start, end in stretches(text):
             # (what `runs_at` reads: the stretch and its padding, nothing around them)
             stretch = text[start:padded_end(text, end)]
             if stretch in clean:
@@ -278,6 +270,14 @@ class Scanner:
         if self.prefilter.any(text):
             return True
         return self.depth > 0 and next(self._decoded(text), None) is not None
+
+    def _holding(self, parts: list[bytes], joined: bytes) -> list[bytes]:
+        """The parts (of a head, `joined` by newlines) that `_holds`: where none holds
+        an anchor (one search for all), a part holds something only by a run's text."""
+        if self.prefilter.any(joined):
+            return [p for p in parts if self._holds(p)]
+        return [p for p in parts if self.depth > 0 and key_run(p) and
+                next(self._decoded(p.decode("latin-1")), None) is not None]
 
     def body_clean(self, body: bytes, content_type: str | None) -> bool:
         """Whether a body (its content codings undone) holds no candidate as its reader

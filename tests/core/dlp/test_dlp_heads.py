@@ -93,7 +93,7 @@ def test_an_sdk_head_is_clean_with_its_new_values_read_once() -> None:
     """What the memory is for: an SDK's head is read for its three new values only, and
     a trace id (hex of 16 random bytes) and an idempotency key are found clean, not
     handed to the scan."""
-    heads = CleanParts(SCANNER.prefilter.candidate, SCANNER._holds)
+    heads = CleanParts(SCANNER.prefilter.candidate, SCANNER._holding)
     results = [heads.unclean("POST", "/v1/chat/completions", _sdk_head(1000 + i))
                for i in range(200)]
     assert all(_new_values_only(r) for r in results)
@@ -129,7 +129,7 @@ def test_the_exact_check_holds_whatever_the_scan_of_the_part_finds() -> None:
 
 
 def test_an_escaped_target_reads_every_field_and_bytearrays_are_never_kept() -> None:
-    heads = CleanParts(SCANNER.prefilter.candidate, SCANNER._holds)
+    heads = CleanParts(SCANNER.prefilter.candidate, SCANNER._holding)
     fields = _sdk_head()
     assert heads.unclean("GET", "/x?a=%41", fields) is fields
     raw = [(b"x-raw", bytearray(b"plain"))]
@@ -139,10 +139,27 @@ def test_an_escaped_target_reads_every_field_and_bytearrays_are_never_kept() -> 
 
 
 def test_the_memory_is_bounded() -> None:
-    heads = CleanParts(SCANNER.prefilter.candidate, SCANNER._holds)
+    heads = CleanParts(SCANNER.prefilter.candidate, SCANNER._holding)
     for i in range(3 * CLEAN_PARTS):
         assert _new_values_only(heads.unclean("POST", "/v1/chat/completions", _sdk_head(i)))
         assert len(heads.seen) <= CLEAN_PARTS
     long = b"x " * CLEAN_PART
     assert heads.unclean("GET", "/", [(b"x-long", long)]) is None
     assert long not in heads.seen
+
+
+def test_the_parts_asked_together_answer_as_each_asked_alone() -> None:
+    """`_holding` (one search for anchors over the new parts, then each part's runs)
+    names exactly the parts `_holds` names one by one: over groups of new values, trace
+    ids and idempotency keys beside the fakes, encoded and wrapped, and random runs."""
+    pool = [f.text.encode("latin-1") for f in FAKES]
+    pool += [base64.b64encode(p) for p in pool] + [p.hex().encode() for p in pool]
+    pool += [_traceparent() for _ in range(20)] + [_R.randbytes(16).hex().encode()
+                                                   for _ in range(20)]
+    pool += [b"stainless-python-retry-" + str(uuid.UUID(bytes=_R.randbytes(16))).encode()
+             for _ in range(20)]
+    pool += [base64.b64encode(_R.randbytes(n)) for n in range(8, 60, 4)]
+    for _ in range(600):
+        parts = _R.sample(pool, _R.randrange(1, 5))
+        holding = SCANNER._holding(parts, b"\n".join(parts))
+        assert holding == [p for p in parts if SCANNER._holds(p)], parts
