@@ -919,6 +919,17 @@ DLP = [
     Case("DLP: a credential in a JSON body",
          _dlp_post("/dlp/j", "{B64:{\"note\": \"deploy with {GH}\"}}", _JSON),
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    # The JSON strings are read in C where it is sure json reads the same, else by json
+    # (core/dlp/_jsontext.c): a document it declines (nested past 256) and one it reads
+    # (the key's first character a \u escape, beside a surrogate pair) refuse alike.
+    Case("DLP: a credential in a JSON body nested 300 deep",
+         _dlp_post("/dlp/j", "{B64:" + "[" * 300 + "{\"note\": \"deploy with {GH}\"}"
+                   + "]" * 300 + "}", _JSON),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential JSON-escaped beside a surrogate pair",
+         _dlp_post("/dlp/j", "{B64:{\"e\": \"\\ud83d\\ude00\", "
+                   "\"note\": \"deploy with {GH_ESCAPED}\"}}", _JSON),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
     Case("DLP: a credential in a gzip body",
          _dlp_post("/dlp/gz", "{GZ:{\"note\": \"{GH}\"}}", _JSON,
                    ["Content-Encoding", "gzip"]),
@@ -988,6 +999,7 @@ def substitutions(token: str) -> dict[str, str]:
     half = len(token) // 2
     return {"TOKEN": token, "KEY": KEY, "MINTED": MINTED, "PAYLOAD": token.split(".", 1)[1],
             "PAD": PAD, "GH": GH, "GH_PAD": "x" * ((2 << 20) - 20) + GH + "y" * 65536,
+            "GH_ESCAPED": f"\\u{ord(GH[0]):04x}" + GH[1:],
             "TOKEN_A": token[:half], "TOKEN_B": token[half:],
             "TOKEN_SWAPCASE": token.swapcase(),
             "PROSE": _PROSE, "PROSE_END": _PROSE_END}
