@@ -481,10 +481,15 @@ static PyObject *gate_flags(GateObject *self, PyObject *const *args, Py_ssize_t 
     return PyLong_FromLong(flags);
 }
 
+static PyObject *gate_runs_clean(GateObject *self, PyObject *arg);
+
 static PyMethodDef gate_methods[] = {
     {"flags", (PyCFunction)(void (*)(void))gate_flags, METH_FASTCALL,
      "flags(text[, before]): RUN | LITERAL (and the escapes) as found in a bytes-like "
      "object, and across from `before` into it (see the module docstring)."},
+    {"runs_clean", (PyCFunction)gate_runs_clean, METH_O,
+     "runs_clean(text): True where every run decoding.runs reads in a bytes-like text "
+     "decodes to nothing this gate finds (see runs_clean below); False: look."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -593,6 +598,137 @@ static PyObject *key_runs(PyObject *module, PyObject *arg) {
     }
     PyBuffer_Release(&view);
     return out;
+}
+
+/* -- runs_clean: the runs `decoding.runs` reads, decoded and gated, in one call ----------
+ * What `Scanner._decoded` does for a text in Python (the runs of each stretch `key_runs`
+ * lists, `decoding.runs_at`: one-case hex whole, else each 32 or more hex digits of one
+ * case inside it from its first and second digit, then a mixed-case stretch as base64
+ * from its first character, and its second to fourth where it is 1,024 or shorter; each
+ * decoded, and kept where its bytes hold something to read further), for the common
+ * answer: every run decodes to fewer than MIN_DECODED bytes, or to fewer than
+ * KEY_SEGMENT in which this gate (the scanner's: the anchors of rules that need no run)
+ * finds no RUN and no LITERAL. A W3C trace id or a tool call id is read here in a
+ * fraction of a microsecond. A run decoding to KEY_SEGMENT bytes or more (its anchors are
+ * every detector's: Hyperscan's) makes it answer 0, "look": the Python reading decides,
+ * so this is never the only reading of a run that may hold something
+ * (tests/core/dlp/test_dlp_gate_native.py holds it to `Scanner._decoded`). */
+
+#define MIN_DECODED 12
+#define MAX_SHIFTED 1024
+
+static int hex_value(uint8_t c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static int b64_value(uint8_t c) {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+' || c == '-') return 62;
+    if (c == '/' || c == '_') return 63;
+    return -1;
+}
+
+/* 1: decoded bytes (MIN_DECODED to KEY_SEGMENT - 1 of them) in which this gate finds
+ * nothing (see above); 0: look. */
+static int decoded_clean(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
+    return !(scan(g, data, n) & (RUN | LITERAL | UNDECIDED));
+}
+
+/* The hex run p[lo:hi] (even length), decoded and gated. */
+static int hex_clean(const GateObject *g, const uint8_t *p, Py_ssize_t lo, Py_ssize_t hi) {
+    Py_ssize_t n = (hi - lo) / 2;
+    if (n < MIN_DECODED)
+        return 1;
+    if (n >= KEY_SEGMENT)
+        return 0;
+    uint8_t out[KEY_SEGMENT];
+    for (Py_ssize_t k = 0; k < n; k++)
+        out[k] = (uint8_t)(hex_value(p[lo + 2 * k]) << 4 | hex_value(p[lo + 2 * k + 1]));
+    return decoded_clean(g, out, n);
+}
+
+/* The base64 run p[lo:end] (its padding left off; length mod 4 is not 1), decoded and
+ * gated (`decoding.decode_run`: the URL alphabet read as the standard one). */
+static int b64_clean(const GateObject *g, const uint8_t *p, Py_ssize_t lo, Py_ssize_t end) {
+    Py_ssize_t size = end - lo;
+    Py_ssize_t n = size / 4 * 3 + (size % 4 ? size % 4 - 1 : 0);
+    if (n < MIN_DECODED)
+        return 1;
+    if (n >= KEY_SEGMENT)
+        return 0;
+    uint8_t out[KEY_SEGMENT + 2];
+    Py_ssize_t o = 0;
+    uint32_t bits = 0;
+    int have = 0;
+    for (Py_ssize_t i = lo; i < end; i++) {
+        bits = bits << 6 | (uint32_t)b64_value(p[i]);
+        have += 6;
+        if (have >= 8) {
+            have -= 8;
+            out[o++] = (uint8_t)(bits >> have);
+        }
+    }
+    return decoded_clean(g, out, o < n ? o : n);
+}
+
+static inline int lower_hex(uint8_t c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
+static inline int upper_hex(uint8_t c) { return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'F'); }
+
+/* 1: every run `runs_at` reads in the stretch p[s:e] is clean; 0: look. */
+static int stretch_clean(const GateObject *g, const uint8_t *p, Py_ssize_t s, Py_ssize_t e) {
+    Py_ssize_t size = e - s, i, j;
+    int lower = 1, upper = 1, has_lower = 0, has_upper = 0;
+    for (i = s; i < e; i++) {
+        lower &= lower_hex(p[i]);
+        upper &= upper_hex(p[i]);
+        has_lower |= p[i] >= 'a' && p[i] <= 'z';
+        has_upper |= p[i] >= 'A' && p[i] <= 'Z';
+    }
+    if (size >= KEY_HEX && size % 2 == 0 && (lower || upper))
+        return hex_clean(g, p, s, e);  /* (one-case hex, whole: nothing else read) */
+    for (i = s; i < e;) {  /* hex behind other characters: _HEX_INSIDE's matches */
+        for (j = i; j < e && lower_hex(p[j]); j++) {}
+        if (j - i < KEY_HEX)
+            for (j = i; j < e && upper_hex(p[j]); j++) {}
+        if (j - i < KEY_HEX) {
+            i++;
+            continue;
+        }
+        for (int shift = 0; shift < 2; shift++) {
+            Py_ssize_t left = j - i - shift;
+            if (left >= KEY_HEX && !hex_clean(g, p, i + shift, j - left % 2))
+                return 0;
+        }
+        i = j;
+    }
+    if (!(has_lower && has_upper))
+        return 1;  /* (one case: not base64) */
+    for (int shift = 0; shift < (size <= MAX_SHIFTED ? 4 : 1); shift++) {
+        Py_ssize_t left = size - shift;
+        if (left >= KEY_SEGMENT && left % 4 != 1 && !b64_clean(g, p, s + shift, e))
+            return 0;
+    }
+    return 1;
+}
+
+static PyObject *gate_runs_clean(GateObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const uint8_t *p = view.buf;
+    Py_ssize_t n = view.len, i = 0, s, e;
+    int clean = 1;
+    while (clean && key_run_next(p, n, i, &s, &e)) {
+        clean = stretch_clean(self, p, s, e);
+        i = e + 1;
+    }
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(clean);
 }
 
 static PyMethodDef module_methods[] = {

@@ -243,6 +243,13 @@ class Gate:
         return (RUN if has_segment(raw, fast=False) else 0) | \
             (LITERAL if self._finder is not None and self._finder.any(raw) else 0)
 
+    def runs_clean(self, data: bytes) -> bool:
+        """Whether every run `decoding.runs` reads in `data` decodes to nothing this gate
+        finds (fewer than 12 bytes, or fewer than `SEGMENT` without a run or a literal),
+        in one C call (`_gate.c`, `runs_clean`); False: look (where there is no C pass,
+        always: the Python reading decides)."""
+        return self._native is not None and bool(self._native.runs_clean(data))
+
     def flags_after(self, before: bytes, data: bytes, *, escapes: bool = False) -> int:
         """`flags(data)`, and the runs and literals crossing into `data` from `before`
         (the end of a stream before it: at most 255 bytes), read with `data`'s first

@@ -233,14 +233,15 @@ class Scanner:
         remembered (`_clean_runs`): an agent resends its tool call ids every turn."""
         if not key_run(text):  # (`has_run`'s first check, in C)
             return
-        clean = self._clean_runs
+        clean, gated = self._clean_runs, not self.prefilter.unanchored  # (else: look)
         for start, end in stretches(text):
             # (what `runs_at` reads: the stretch and its padding, nothing around them)
             stretch = text[start:padded_end(text, end)]
             if stretch in clean:
                 continue
-            holds = False
-            for run in runs_at(text, start, end):
+            holds = False  # (most runs decode to a few random bytes: one C call says so)
+            for run in () if gated and self.prefilter.gate.runs_clean(
+                    stretch.encode("latin-1", "replace")) else runs_at(text, start, end):
                 found = self._inner(text, run)
                 if found is not None:
                     holds = True

@@ -198,17 +198,18 @@ literals = [(w.encode(), c) for w, c in %r]
 gates = [module.Gate(%r, %d, literals, wide=wide)
          for wide in (False, True)[:1 + module.AVX512]]
 r = random.Random(5)
-pool = b"ab :/AKCxoX-09\\x00\\xff"
-table = bytes(pool[i %% len(pool)] for i in range(256))
-for n in [*range(300), *(r.randrange(100_000) for _ in range(30))]:
-    for _ in range(10):
-        data = r.randbytes(n).translate(table)
-        for gate in gates:
-            gate.flags(data)
-            gate.flags(bytearray(data))
-            gate.flags(data, data[-31:])
-        module.key_run(data)
-        module.key_run(bytearray(data))
+for pool in (b"ab :/AKCxoX-09\\x00\\xff", b"0123456789abcdefABCDEF-=_+/"):
+    table = bytes(pool[i %% len(pool)] for i in range(256))
+    for n in [*range(300), *(r.randrange(100_000) for _ in range(30))]:
+        for _ in range(10):
+            data = r.randbytes(n).translate(table)
+            for gate in gates:
+                gate.flags(data)
+                gate.flags(bytearray(data))
+                gate.flags(data, data[-31:])
+                gate.runs_clean(data)
+            module.key_run(data)
+            module.key_run(bytearray(data))
 print("clean")
 """
 
@@ -288,3 +289,95 @@ def test_key_run_says_no_only_where_runs_reads_nothing() -> None:
                 bytes(0x61 if bytes([i]) in _ALPHABET else 0x20 for i in range(256))).split())
             assert longest > 1024, text
     assert not key_run("x" * 10_000) and key_run("x" * 5_000 + "Y" * 20)
+
+
+def _run_texts(seed: int, count: int) -> list[str]:
+    """Texts whose runs decode to a few bytes or more: W3C trace ids, tool call ids,
+    base64 and hex of random bytes and of the fakes (whole, cut, behind a character or
+    two), hex of one case and of both, with and without padding, among words."""
+    import base64
+
+    from helpers.dlp_corpus import DEFAULT_CORPUS
+
+    r = random.Random(seed)
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+    out = []
+    for _ in range(count):
+        pieces = []
+        for _ in range(r.randrange(1, 4)):
+            kind = r.randrange(7)
+            data = r.randbytes(r.randrange(8, 40)) if r.random() < 0.7 else \
+                r.choice(DEFAULT_CORPUS).text.encode()[:r.randrange(10, 60)]
+            if kind == 0:
+                pieces.append(f"00-{r.randbytes(16).hex()}-{r.randbytes(8).hex()}-01")
+            elif kind == 1:
+                pieces.append("call_" + "".join(r.choice(letters) for _ in range(24)))
+            elif kind == 2:
+                pieces.append(base64.b64encode(data).decode())
+            elif kind == 3:
+                pieces.append(base64.urlsafe_b64encode(data).decode().rstrip("="))
+            elif kind == 4:
+                pieces.append(r.choice([data.hex(), data.hex().upper()]))
+            elif kind == 5:
+                pieces.append(r.choice("xk_Q") + base64.b64encode(data).decode()[
+                    r.randrange(3):])
+            else:
+                pieces.append(data.hex()[:r.randrange(30, 70)] + r.choice(["g", "-", "Z"])
+                              + data.hex().upper())
+            pieces.append(r.choice([" ", "\n", "/", ".", "=", "==", ""]))
+        out.append("".join(pieces))
+    return out
+
+
+def test_runs_clean_says_clean_only_where_no_run_decodes_to_anything_to_read() -> None:
+    """`Gate.runs_clean` (C) against the Python reading it stands before (every run of
+    `decoding.runs`, decoded and judged by `Scanner._inner`): True exactly where the
+    Python reading keeps no run, for texts whose runs all decode to fewer than 20 bytes;
+    False (look) where a run decodes to more (its anchors are Hyperscan's)."""
+    import base64
+
+    from gateway.core.dlp import Scanner
+    from gateway.core.dlp.decoding import decode_run, runs
+
+    scanner = Scanner(build(DEFAULT), b"salt")
+    gate = scanner.prefilter.gate
+    assert gate.native
+    texts = [*_run_texts(17, 4000),
+             # decoding to bytes that hold a gate literal (a rule that needs no run)
+             base64.b64encode(b"x://a:bc@host.x").decode(), b"xy://ab:cd@e.fg".hex(),
+             base64.b64encode(b"-----BEGIN RSA").decode(), "aGVsbG8gd29ybGQgaGk="]
+    agreed = looked = 0
+    for text in texts:
+        every = list(runs(text))
+        kept = [run for run in every if scanner._inner(text, run) is not None]
+        short = all(len(decode_run(text, run) or b"") < SEGMENT for run in every)
+        clean = gate.runs_clean(text.encode("latin-1"))
+        assert not (clean and kept), (text, kept)
+        if short:
+            assert clean == (not kept), (text, kept)
+            agreed += 1
+        else:
+            assert not clean, text
+            looked += 1
+    assert agreed > 500 and looked > 500
+    # A literal only one reading of a run finds: the URL alphabet's `-` before it, hex
+    # from its second digit, base64 from its third and fourth character.
+    literal = b"x://ab:cd@e.fghi"  # (16 bytes)
+    for text in (base64.urlsafe_b64encode(b"Ab\x3e" + literal[1:15]).decode(),
+                 "ga" + literal.hex(), "Qx" + base64.b64encode(literal[:15]).decode(),
+                 "Qxy" + base64.b64encode(literal[:15]).decode()):
+        assert [r for r in runs(text) if scanner._inner(text, r) is not None], text
+        assert not gate.runs_clean(text.encode()), text
+
+
+def test_runs_clean_reads_both_base64_alphabets() -> None:
+    """`-` and `_` are read as `+` and `/` (the URL alphabet): a literal whose encoding
+    holds them (`~~~` makes a 62) is found in the decoded bytes from either alphabet."""
+    import base64
+
+    gate = _gate.Gate(_ALPHABET, SEGMENT, [(b"~~~", False)])
+    data = b"xyz~~~abcdefghij"
+    for text in (base64.urlsafe_b64encode(data), base64.b64encode(data)):
+        assert b"-" in text or b"+" in text
+        assert not gate.runs_clean(text), text
+    assert gate.runs_clean(base64.urlsafe_b64encode(b"xyz~~-abcdefghij"))
