@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from fakes.inference import FakeInference
 from helpers.clock import far_window
+from helpers.dlp_corpus import fake
 from helpers.gateway import GatewayThread
 from helpers.node_clients import agent_clis
 from helpers.python_clients import aider_cli
@@ -34,10 +35,14 @@ REPLY = "The fake provider answers."
 HOSTS = ("api.openai.com", "api.anthropic.com", "generativelanguage.googleapis.com",
          "chatgpt.com", "ab.chatgpt.com", "github.com", "api.github.com",
          "raw.githubusercontent.com", "models.opencode.ai")
+# The first policy checks every request for credentials the gateway did not issue (issue
+# 43, `dlp:`): each agent's real traffic (system prompts, tool definitions, code, tool
+# call ids, SDK heads) passes it untouched. (The rules' line numbers below count it.)
 POLICIES = """\
 version: v1
 name: agents
 extends: [agent/codex, agent/claude-code, agent/gemini-cli]
+dlp: {action: refuse}
 credentials:
   openai: {preset: openai, secret: provider-key}
   anthropic: {preset: anthropic, secret: provider-key}
@@ -227,7 +232,7 @@ def test_codex_prints_a_model_refusal(agents: Agents) -> None:
                   timeout=120)
     assert out.returncode != 0
     assert 'model_not_allowed: model "gpt-6.1-sol" is not allowed by rule ' \
-           "policies/agents.yaml:13 (models: gpt-4.1*)" in out.stderr, out.stderr[-3000:]
+           "policies/agents.yaml:14 (models: gpt-4.1*)" in out.stderr, out.stderr[-3000:]
     lines = agents.lines(name)
     # Each response.create on the WebSocket, then each POST, refused; nothing reached the
     # stand-in but the WebSocket upgrades (no model call: no usage on any line).
@@ -301,13 +306,32 @@ def test_claude_code_print(agents: Agents) -> None:
     assert not [r for r in lines if r.get("error") not in (None, "policy_denied")], lines
 
 
+def test_claude_code_prints_a_secret_in_its_prompt_refused(agents: Agents) -> None:
+    """The control for the detection every test above passes: a GitHub token the agent
+    puts in its prompt (as a prompt-injected agent would) is refused before the provider
+    sees it, and Claude Code prints the gateway's reason; the audit line names the
+    detector, never the value."""
+    name = "claude-secret"
+    box, _ = agents.sandbox(name)
+    secret = fake("github").text
+    seen = len(agents.fake.requests)
+    out = box.run([str(agents.tools["claude"]), "-p", f"push with the token {secret}"],
+                  timeout=90)
+    assert out.returncode != 0
+    assert "403 secret_detected" in out.stdout, out.stdout[-3000:]
+    assert secret not in json.dumps(agents.fake.requests[seen:], default=str)
+    refused = [r for r in agents.lines(name) if r.get("error") == "secret_detected"]
+    assert refused and {f["detector"] for r in refused for f in r["dlp"]} == {"github"}
+    assert secret not in json.dumps(refused)
+
+
 def test_claude_code_prints_a_model_refusal(agents: Agents) -> None:
     name = "claude-refused"
     box, _ = agents.sandbox(name, policy="narrow")
     out = box.run([str(agents.tools["claude"]), "-p", "say hi"], timeout=90)
     assert out.returncode != 0
     assert ("403 model_not_allowed: model \"claude-opus-5-5\" is not allowed by rule "
-            "policies/agents.yaml:16 (models: claude-haiku-*)") in out.stdout, out.stdout
+            "policies/agents.yaml:17 (models: claude-haiku-*)") in out.stdout, out.stdout
     _no_key_in_the_sandbox(box, out.stdout, out.stderr)
 
 
@@ -335,7 +359,7 @@ def test_gemini_cli_prints_a_model_refusal(agents: Agents) -> None:
     out = box.run([str(agents.tools["gemini"]), "--skip-trust", "-p", "say hi"], timeout=90)
     assert out.returncode != 0
     assert ('"code":403,"message":"model_not_allowed: model \\"gemini-3.1-pro-preview\\" is '
-            "not allowed by rule policies/agents.yaml:19 (models: gemini-2.5-*)") in out.stderr, \
+            "not allowed by rule policies/agents.yaml:20 (models: gemini-2.5-*)") in out.stderr, \
         out.stderr[-3000:]
     _no_key_in_the_sandbox(box, out.stdout, out.stderr)
 
@@ -376,7 +400,7 @@ def test_aider_message(agents: Agents) -> None:
     _no_key_in_the_sandbox(box, out.stdout, out.stderr)
     _upstream_saw(agents.fake, seen, token)
     lines = agents.lines(name)
-    assert _metered(lines, "api.openai.com")["rule"] == "policies/agents.yaml:27"
+    assert _metered(lines, "api.openai.com")["rule"] == "policies/agents.yaml:28"
     prices = [r for r in lines if r["host"] == "raw.githubusercontent.com"]
     assert prices and {(r["decision"], r["rule"], r["status"]) for r in prices} == {
         ("allow", "agent/aider.yaml:11", 404)}
@@ -396,13 +420,13 @@ def test_aider_and_opencode_print_a_model_refusal(agents: Agents, agent: str) ->
         box, _ = agents.sandbox(name, policy="narrow")
         argv = [str(aider_cli()), "--message", "say hi", "--yes-always", "--no-git",
                 "--model", "gpt-4o", "--no-show-model-warnings", "--no-pretty"]
-        host, model, rule = "api.openai.com", "gpt-4o", "policies/agents.yaml:13 (models: gpt-4.1*)"
+        host, model, rule = "api.openai.com", "gpt-4o", "policies/agents.yaml:14 (models: gpt-4.1*)"
     else:  # `aider` allows claude-2* only on api.anthropic.com
         box, _ = agents.sandbox(name, policy="aider")
         argv = [str(agents.tools["opencode"]), "run", "-m", "anthropic/claude-sonnet-4-5",
                 "say hi"]
         host, model, rule = ("api.anthropic.com", "claude-sonnet-4-5",
-                             "policies/agents.yaml:30 (models: claude-2*)")
+                             "policies/agents.yaml:31 (models: claude-2*)")
     started = time.monotonic()
     out = box.run(argv, timeout=90)
     assert time.monotonic() - started < 30

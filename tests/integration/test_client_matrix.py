@@ -37,6 +37,7 @@ from fakes.pypi_index import make_wheel, start_pypi
 from fakes.tls_http import Recorder, TLSServer
 from fakes.ws_echo import WsEcho
 from helpers.cache_lock import built_once
+from helpers.dlp_corpus import fake
 from helpers.gateway import GatewayThread
 from helpers.nginx import Nginx
 from helpers.node_clients import cache_root, env_proxy_node, js_runtimes, node_clients
@@ -62,27 +63,37 @@ egress:
   - host: grpc.test
   - host: web-i.test        # intercepted, the key swapped into X-Api-Key
     credential: local
+    dlp: {action: refuse}
   - host: ws-i.test
     credential: local
+    dlp: {action: refuse}
   - host: grpc-i.test
     credential: local
+    dlp: {action: refuse}
   - host: pypi-i.test       # intercepted, no credential
     inspect: true
+    dlp: {action: refuse}
   - host: npm-i.test
     inspect: true
+    dlp: {action: refuse}
   - host: git-i.test
     inspect: true
+    dlp: {action: refuse}
   - host: maven.test        # nginx again, a Maven repository: passthrough and inspected
   - host: maven-i.test
     inspect: true
+    dlp: {action: refuse}
   - host: http.test         # nginx's plain-HTTP server (http://: a Maven repository, /echo)
   - host: crates.test       # nginx again, a cargo (sparse) registry
   - host: crates-i.test
     inspect: true
+    dlp: {action: refuse}
   - host: api.openai.com
     credential: openai
+    dlp: {action: refuse}
   - host: api.anthropic.com
     credential: anthropic
+    dlp: {action: refuse}
 credentials:
   openai: {preset: openai, secret: provider-key}
   anthropic: {preset: anthropic, secret: provider-key}
@@ -1083,6 +1094,33 @@ def test_grpc_needs_its_own_roots_variable(matrix: Matrix) -> None:
     out = box.run([sys.executable, "-c", GRPC_SCRIPT.replace("timeout=10", "timeout=3"),
                    "grpc.test:443", "none", "grpc-roots"])
     assert out.returncode != 0 and "UNAVAILABLE" in out.stderr, out.stderr[-2000:]
+
+
+# ------------------------------------------------------------ outbound credential detection
+
+# Every inspected rule above has `dlp: {action: refuse}` (issue 43): the clients' ordinary
+# traffic passes it untouched (each test above asserts its client succeeded and no line
+# of its sandbox has an error). The control: a credential the gateway did not issue is
+# refused on the same rules.
+
+
+def test_a_pypi_token_in_an_index_url_is_refused(matrix: Matrix) -> None:
+    """pip sends the index URL's credentials as Basic auth: the token inside the base64
+    is found, the request refused before the index sees it, the audit line names the
+    detector and not the value."""
+    name, host = "dlp-pip", "pypi-i.test"
+    box, _ = matrix.sandbox(name)
+    secret = fake("pypi").text
+    out = box.run([sys.executable, "-m", "pip", "download", "--no-cache-dir", "--retries",
+                   "0", "--timeout", "10", "--disable-pip-version-check", "-d", "dl",
+                   "--index-url", f"https://__token__:{secret}@{host}/simple/", PKG],
+                  timeout=60)
+    assert out.returncode != 0, out.stdout
+    lines = [r for r in matrix.lines(name, host) if r.get("error")]
+    assert lines and {r["error"] for r in lines} == {"secret_detected"}, lines
+    assert {f["detector"] for r in lines for f in r["dlp"]} == {"pypi"}
+    assert secret not in json.dumps(lines)
+    assert secret not in matrix.recorders["pypi"].text()
 
 
 # --------------------------------------------------------------------------- refusals shown
