@@ -639,7 +639,7 @@ static int decoded_clean(const GateObject *g, const uint8_t *data, Py_ssize_t n)
     return !(scan(g, data, n) & (RUN | LITERAL | UNDECIDED));
 }
 
-/* The hex run p[lo:hi] (even length), decoded and gated. */
+/* The hex run p[lo:hi] (its even part), decoded and gated. */
 static int hex_clean(const GateObject *g, const uint8_t *p, Py_ssize_t lo, Py_ssize_t hi) {
     Py_ssize_t n = (hi - lo) / 2;
     if (n < MIN_DECODED)
@@ -676,42 +676,39 @@ static int b64_clean(const GateObject *g, const uint8_t *p, Py_ssize_t lo, Py_ss
     return decoded_clean(g, out, o < n ? o : n);
 }
 
-static inline int lower_hex(uint8_t c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
-static inline int upper_hex(uint8_t c) { return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'F'); }
+static int lower_hex(uint8_t c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
+static int upper_hex(uint8_t c) { return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'F'); }
 
-/* 1: every run `runs_at` reads in the stretch p[s:e] is clean; 0: look. */
+/* 1: every run `runs_at` reads in the stretch p[s:e] is clean; 0: look. A mixed-case
+ * stretch is base64 to `runs_at`; hex of one case inside it makes no difference here:
+ * 32 digits or more make a stretch whose base64 decodes to 24 bytes or more, "look". A
+ * stretch of one case is hex only: whole where it is hex of even length, else each
+ * maximal run of 32 digits or more of its case (`_HEX_INSIDE`'s matches: a run of the
+ * other case's digits is one of these digits), from its first and its second digit. */
 static int stretch_clean(const GateObject *g, const uint8_t *p, Py_ssize_t s, Py_ssize_t e) {
     Py_ssize_t size = e - s, i, j;
-    int lower = 1, upper = 1, has_lower = 0, has_upper = 0;
+    int has_lower = 0, has_upper = 0;
     for (i = s; i < e; i++) {
-        lower &= lower_hex(p[i]);
-        upper &= upper_hex(p[i]);
         has_lower |= p[i] >= 'a' && p[i] <= 'z';
         has_upper |= p[i] >= 'A' && p[i] <= 'Z';
     }
-    if (size >= KEY_HEX && size % 2 == 0 && (lower || upper))
-        return hex_clean(g, p, s, e);  /* (one-case hex, whole: nothing else read) */
-    for (i = s; i < e;) {  /* hex behind other characters: _HEX_INSIDE's matches */
-        for (j = i; j < e && lower_hex(p[j]); j++) {}
-        if (j - i < KEY_HEX)
-            for (j = i; j < e && upper_hex(p[j]); j++) {}
-        if (j - i < KEY_HEX) {
-            i++;
-            continue;
-        }
-        for (int shift = 0; shift < 2; shift++) {
-            Py_ssize_t left = j - i - shift;
-            if (left >= KEY_HEX && !hex_clean(g, p, i + shift, j - left % 2))
+    if (has_lower && has_upper) {
+        for (int shift = 0; shift < (size <= MAX_SHIFTED ? 4 : 1); shift++) {
+            Py_ssize_t left = size - shift;
+            if (left >= KEY_SEGMENT && left % 4 != 1 && !b64_clean(g, p, s + shift, e))
                 return 0;
         }
-        i = j;
+        return 1;
     }
-    if (!(has_lower && has_upper))
-        return 1;  /* (one case: not base64) */
-    for (int shift = 0; shift < (size <= MAX_SHIFTED ? 4 : 1); shift++) {
-        Py_ssize_t left = size - shift;
-        if (left >= KEY_SEGMENT && left % 4 != 1 && !b64_clean(g, p, s + shift, e))
-            return 0;
+    int (*digit)(uint8_t) = has_upper ? upper_hex : lower_hex;
+    for (i = s; i < e && digit(p[i]); i++) {}
+    if (i == e && size >= KEY_HEX && size % 2 == 0)
+        return hex_clean(g, p, s, e);
+    for (i = s; i < e; i = j + 1) {
+        for (j = i; j < e && digit(p[j]); j++) {}
+        for (int shift = 0; shift < 2; shift++)  /* (an odd last digit: left off) */
+            if (j - i - shift >= KEY_HEX && !hex_clean(g, p, i + shift, j))
+                return 0;
     }
     return 1;
 }

@@ -361,11 +361,14 @@ def test_runs_clean_says_clean_only_where_no_run_decodes_to_anything_to_read() -
             looked += 1
     assert agreed > 500 and looked > 500
     # A literal only one reading of a run finds: the URL alphabet's `-` before it, hex
-    # from its second digit, base64 from its third and fourth character.
+    # from its second digit (inside a stretch, and a whole stretch of odd length),
+    # base64 from its third and fourth character, digits that a run of lower-case hex
+    # takes further than the upper case's (the regex tries lower case first).
     literal = b"x://ab:cd@e.fghi"  # (16 bytes)
     for text in (base64.urlsafe_b64encode(b"Ab\x3e" + literal[1:15]).decode(),
                  "ga" + literal.hex(), "Qx" + base64.b64encode(literal[:15]).decode(),
-                 "Qxy" + base64.b64encode(literal[:15]).decode()):
+                 "Qxy" + base64.b64encode(literal[:15]).decode(),
+                 "a" + literal.hex(), "g" + "11" * 16 + b"://".hex()):
         assert [r for r in runs(text) if scanner._inner(text, r) is not None], text
         assert not gate.runs_clean(text.encode()), text
 
