@@ -46,15 +46,15 @@ class CleanParts:
         line = f"{method} {target}"
         seen = self.seen
         known = line in seen  # (a line remembered holds no escape)
-        if known:
-            try:  # (the usual head: every part seen before, asked in C)
-                if seen.issuperset(chain.from_iterable(fields)):
-                    return None
-            except TypeError:  # (a bytearray part)
-                pass
-        elif "%" in target or "+" in target or "\\" in target:
+        if not known and ("%" in target or "+" in target or "\\" in target):
             return fields
-        new = [p for p in chain.from_iterable(fields) if type(p) is not bytes or p not in seen]
+        try:  # (the parts not seen before, asked in C: most heads have none, or two)
+            new: list[bytes] = list(set(chain.from_iterable(fields)).difference(seen))
+        except TypeError:  # (a bytearray part: never remembered)
+            new = [p for p in chain.from_iterable(fields)
+                   if type(p) is not bytes or p not in seen]
+        if known and not new:
+            return None
         if not known:
             new.append(line.encode("latin-1", "replace"))
         clean = new
