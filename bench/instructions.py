@@ -1,5 +1,5 @@
 """``python -m bench.instructions [--row inject|policy|post|post_dlp|bulk]
-[--connection keep|new|resume] [--seconds S] [--top N]``: the gateway's CPU instructions
+[--connection keep|new|resume] [--agent] [--seconds S] [--top N]``: the gateway's CPU instructions
 per intercepted request (``bulk``: per MiB of an intercepted download), counted by
 valgrind's callgrind.
 
@@ -17,7 +17,10 @@ close: the bench's ``new_c10``), ``resume`` on a new connection resuming the war
 session (``resume_c10``): what a connection costs besides its request. ``--row bulk``
 downloads ``--body`` bytes (default 1 MiB; 64 MiB is a few seconds under callgrind) on
 one warm intercepted connection (the bench's ``download`` workload on the intercept +
-policy row) and divides by the MiB.
+policy row) and divides by the MiB. ``--agent`` makes the post rows send a coding agent's
+request instead (the bench's ``post_agent``: the OpenAI SDK's head with new ids, a 13 KB
+chat with code): ``post`` against ``post_dlp`` is what detection adds to one, in
+instructions, where the timing rows read the instructions and the cache misses alike.
 
 The gateway runs on the allocator `run` would choose (jemalloc where installed);
 ``BENCH_GATEWAY_ENV=PYTHONMALLOC=pymalloc`` measures CPython's own instead.
@@ -64,7 +67,7 @@ _COUNT = re.compile(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(.*)$")
 
 def measure(row: str, seconds: float, top: int, body: int = 1 << 20,
             otel: str = "off", connection: str = "keep",
-            keep: Path | None = None) -> dict[str, Any]:
+            keep: Path | None = None, agent: bool = False) -> dict[str, Any]:
     """Instructions per request of `row` (inject: the token swapped for the key; post and
     post_dlp: POSTs of `body` bytes of JSON without a credential, without and with
     outbound credential detection), on keep-alive connections or (`connection` new,
@@ -113,7 +116,8 @@ def measure(row: str, seconds: float, top: int, body: int = 1 << 20,
                 "duration": seconds, "cpu": None, "proxy": ["127.0.0.1", gateway.port],
                 "proxy_auth": gateway.auth, "cafile": str(gateway.ca_cert)}
             if row.startswith("post"):
-                spec.update(workload="post", path="/upload", body_size=body, connections=2)
+                spec.update(workload="agent" if agent else "post", path="/upload",
+                            body_size=body, connections=2)
             if row == "inject":
                 spec["headers"] = {"X-Api-Key": gateway.token}
             if row == "bulk":
@@ -256,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--body", type=int, default=1 << 20,
                         help="bytes of a post row's JSON body, or of the bulk row's download "
                              "(default 1 MiB)")
+    parser.add_argument("--agent", action="store_true",
+                        help="post rows: a coding agent's request (bench/agent.py) instead "
+                             "of --body bytes of JSON")
     parser.add_argument("--seconds", type=float, default=15.0,
                         help="measured phase (default 15; a few hundred requests)")
     parser.add_argument("--top", type=int, default=0, help="also list the N costliest functions")
@@ -266,8 +273,10 @@ def main(argv: list[str] | None = None) -> int:
                              "(the worker and its exporter process counted, apart and "
                              "summed)")
     args = parser.parse_args(argv)
+    if args.agent and not args.row.startswith("post"):
+        raise SystemExit("--agent: the post rows (post, post_dlp)")
     found = measure(args.row, args.seconds, args.top, args.body, args.otel, args.connection,
-                    args.keep)
+                    args.keep, args.agent)
     if args.json:
         print(json.dumps(found, indent=2))
         return 0

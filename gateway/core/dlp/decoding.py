@@ -178,12 +178,12 @@ def runs_at(text: str, start: int, end: int) -> Iterator[Run]:
 
 def stretches(text: str) -> Iterable[tuple[int, int]]:
     """(start, end) of the runs of `MIN_BASE64` or more that `runs` reads: those the C
-    check lists (`fastscan.key_runs`: the others are one case without 32 hex digits, and
-    yield nothing), else every one."""
+    check lists (`fastscan.key_runs`, one pass: the others are one case without 32 hex
+    digits, and yield nothing), else every one (after the cheap check, `key_run`)."""
     listed = key_runs(text)
     if listed is not None:
         return listed
-    return _every_run(_mapped(text))
+    return _every_run(_mapped(text)) if key_run(text) else ()
 
 
 def _every_run(mapped: bytes) -> Iterator[tuple[int, int]]:

@@ -231,8 +231,6 @@ class Scanner:
         """The runs of `text` whose decoded text a detector may find something in (an
         anchor, or a run to decode again), with that text. A stretch that gave none is
         remembered (`_clean_runs`): an agent resends its tool call ids every turn."""
-        if not key_run(text):  # (`has_run`'s first check, in C)
-            return
         clean, gated = self._clean_runs, not self.prefilter.unanchored  # (else: look)
         for start, end in stretches(text):
             # (what `runs_at` reads: the stretch and its padding, nothing around them)
@@ -314,9 +312,10 @@ class Scanner:
             yield from self._multipart(body, ctype, where)
             return
         kind = body_kind(body, ctype)
-        text = body.decode(json_codec(body) if kind == "json" else text_codec(body, ctype),
-                           "replace")
-        if kind != "text" and not key_run(text):
+        codec = json_codec(body) if kind == "json" else text_codec(body, ctype)
+        text = body.decode(codec, "replace")
+        # (latin-1: the text's bytes are the body's, not made again for the C check)
+        if kind != "text" and not key_run(body if codec == "latin-1" else text):
             # The gate: what a JSON or form reader reads holds no anchor and no run. (A
             # text whose bytes as sent hold a run a decoder reads is read on without this
             # view: going on is always right, only skipping must be, and such a text,
