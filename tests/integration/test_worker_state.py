@@ -56,6 +56,23 @@ def _call(gw: GatewayProcess, sandbox: str, token: str) -> int:
             return int(str(exc).split()[0]) if str(exc)[:3].isdigit() else 407
 
 
+# Seconds between calls that must be exact: each worker's record of its share of a
+# budget's room follows the other's writes within ~10 ms (a coalesced refresh on the
+# file's change, services/state/sqlite_counters.py); a call right behind another may still
+# find the other worker's share held and be refused one call early, never admitted past
+# the ceiling (docs/metering.md, "shares").
+SETTLED = 0.1
+
+
+def _calls(gw: GatewayProcess, sandbox: str, token: str, n: int) -> list[int]:
+    """`n` calls one after another, `SETTLED` apart."""
+    out = []
+    for _ in range(n):
+        out.append(_call(gw, sandbox, token))
+        time.sleep(SETTLED)
+    return out
+
+
 async def _burst(gw: GatewayProcess, sandbox: str, token: str, n: int) -> list[int]:
     ctx = ssl.create_default_context(cafile=str(gw.workdir / "certs" / "ca.crt"))
 
@@ -85,7 +102,7 @@ def test_two_workers_agree_exactly(tmp_path: Path, fake: FakeInference,
     try:
         # A budget of 4 requests, one call at a time on new connections: exactly 4.
         token, _ = gw.mint("sbx-seq")
-        answers = [_call(gw, "sbx-seq", token) for _ in range(8)]
+        answers = _calls(gw, "sbx-seq", token, 8)
         assert answers == [200] * 4 + [429] * 4, answers
         # Both workers took part (the kernel spreads connections at random: a few more
         # calls, all refused, until the audit lines show both).
@@ -95,10 +112,14 @@ def test_two_workers_agree_exactly(tmp_path: Path, fake: FakeInference,
             assert _call(gw, "sbx-seq", token) == 429
             time.sleep(0.05)
         assert _workers_that_answered(gw, "sbx-seq") == {0, 1}
-        # Ten at once on ten connections: exactly 4 reach the provider.
+        # Ten at once on ten connections: never more than 4 reach the provider (a worker
+        # may have refused while the other's share was held: at most its 1/2 of the
+        # room), and calls after them are admitted up to exactly 4, then refused.
         token, _ = gw.mint("sbx-burst")
         burst = asyncio.run(_burst(gw, "sbx-burst", token, 10))
-        assert sorted(burst) == [200] * 4 + [429] * 6, burst
+        assert 2 <= burst.count(200) <= 4 and burst.count(200) + burst.count(429) == 10, burst
+        rest = _calls(gw, "sbx-burst", token, 4 - burst.count(200) + 2)
+        assert rest == [200] * (4 - burst.count(200)) + [429] * 2, (burst, rest)
         # /v1/usage right after three calls shows three, on whichever worker answers.
         token, _ = gw.mint("sbx-usage")
         assert [_call(gw, "sbx-usage", token) for _ in range(3)] == [200] * 3
@@ -127,7 +148,7 @@ def test_revocations_budgets_and_sandboxes_survive_a_restart(
         revoked, jti = gw.mint("sbx-revoked")
         assert gw.admin_call("POST", "/v1/tokens/revoke", {"jti": jti})[0] == 200
         spent, _ = gw.mint("sbx-spent")
-        assert [_call(gw, "sbx-spent", spent) for _ in range(4)] == [200] * 4
+        assert _calls(gw, "sbx-spent", spent, 4) == [200] * 4
         status, _ = gw.admin_call("POST", "/v1/sandboxes",
                            {"id": "sbx-t", "ip": "10.9.8.7", "policy": "agent"})
         assert status == 200
