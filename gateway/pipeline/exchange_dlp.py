@@ -36,7 +36,7 @@ from gateway.core.dlp import (
     redact_body,
     redact_text,
 )
-from gateway.core.dlp.fastscan import FOUND, ChunkPass, Gate
+from gateway.core.dlp.fastscan import ChunkPass, Gate
 from gateway.core.dlp.policy import Action
 from gateway.core.dlp.verdict import counted, records, refusal, unreadable
 from gateway.core.messages import Headers
@@ -163,8 +163,7 @@ class DlpCheck:
         the first piece; `flags`: `passed(piece)`, None if not asked)."""
         if self._stream is None:
             self._stream = StreamScanner(self.scanner, content_type=content_type)
-        self._judge(self._stream.feed(piece, None if flags is None else flags & FOUND),
-                    _NOT_STREAMED)
+        self._judge(self._stream.feed(piece, flags), _NOT_STREAMED)
 
     @property
     def pending(self) -> int:

@@ -20,6 +20,7 @@ from helpers.upstream import MCP_ACCESS, MINT_CLIENT, MINT_SECRET, MINTED
 
 KEY = "sk-parity-real-key-0123456789abcdef"
 GH = fake("github").text  # a FAKE GitHub token in its real format (issue 43's corpus)
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"  # (AWS's documented example form)
 ENGINES = ("h1", "mitmproxy", "h2")
 SECRETS = {"openai-api-key": KEY, "parity-client-secret": MINT_SECRET,
            "wrong-client-secret": "not-the-client-secret",
@@ -889,6 +890,12 @@ def _no_fake(result: Result, seen: list[Any]) -> None:
         [s.path for s in seen]
 
 
+def _no_escaped(result: Result, seen: list[Any]) -> None:
+    """The escaped fake credential reached no upstream."""
+    escaped = f"\\u{ord(GH[0]):04x}{GH[1:]}".encode()
+    assert all(escaped not in s.body for s in seen), [s.path for s in seen]
+
+
 def _upstream_got(what: str) -> Callable[[Result, list[Any]], None]:
     def check(result: Result, seen: list[Any]) -> None:
         assert len(seen) == 1 and what.encode() in seen[0].body, seen
@@ -930,6 +937,17 @@ DLP = [
          _dlp_post("/dlp/j", "{B64:{\"e\": \"\\ud83d\\ude00\", "
                    "\"note\": \"deploy with {GH_ESCAPED}\"}}", _JSON),
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    # Read as the receiver reads them: a name beside its value, a letter of it \u-escaped
+    # (the rules reading a name, aws and gcp, read the raw text), and a JSON body streamed
+    # past the hold limit, the credential's first letter escaped (the window read raw).
+    Case("DLP: an AWS secret beside its name with a letter JSON-escaped",
+         _dlp_post("/dlp/j", "{B64:{\"\\u0061ws_secret_access_key\": \"{AWS_SECRET}\"}}",
+                   _JSON),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential JSON-escaped in a streamed JSON body",
+         {**_dlp_post("/dlp/s", "{B64:{\"pad\": \"{PAD_2M}\", \"note\": \"deploy with "
+                      "{GH_ESCAPED}\"}}", _JSON), "chunked": True},
+         ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_escaped),
     Case("DLP: a credential in a gzip body",
          _dlp_post("/dlp/gz", "{GZ:{\"note\": \"{GH}\"}}", _JSON,
                    ["Content-Encoding", "gzip"]),
@@ -999,7 +1017,8 @@ def substitutions(token: str) -> dict[str, str]:
     half = len(token) // 2
     return {"TOKEN": token, "KEY": KEY, "MINTED": MINTED, "PAYLOAD": token.split(".", 1)[1],
             "PAD": PAD, "GH": GH, "GH_PAD": "x" * ((2 << 20) - 20) + GH + "y" * 65536,
-            "GH_ESCAPED": f"\\u{ord(GH[0]):04x}" + GH[1:],
+            "GH_ESCAPED": f"\\u{ord(GH[0]):04x}" + GH[1:], "PAD_2M": "x" * (2 << 20),
+            "AWS_SECRET": AWS_SECRET,
             "TOKEN_A": token[:half], "TOKEN_B": token[half:],
             "TOKEN_SWAPCASE": token.swapcase(),
             "PROSE": _PROSE, "PROSE_END": _PROSE_END}

@@ -12,7 +12,7 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
-__all__ = ["Finding", "Location", "ScanResult", "fingerprint"]
+__all__ = ["HIDDEN_NAME", "Finding", "Location", "ScanResult", "fingerprint", "shown"]
 
 FINGERPRINT_HEX = 16
 
@@ -74,3 +74,23 @@ class ScanResult:
     @property
     def clean(self) -> bool:
         return not self.findings and self.unreadable is None
+
+
+HIDDEN_NAME = "(a name holding a credential)"
+_OVERLAP = 8  # characters of a value a name may not show
+
+
+def shown(where: Location, values: set[str]) -> Location:
+    """`where` as a finding may show it: without its name (a header, field or part
+    name, a JSON key in a path) where that name holds any part of a value found (the
+    value itself, or any 8 of its characters in a row)."""
+    if where.name and any(_overlaps(v, where.name) for v in values):
+        return Location(where.part, HIDDEN_NAME, where.offset, where.via)
+    return where
+
+
+def _overlaps(value: str, name: str) -> bool:
+    """Whether `name` shows `value` or any 8 characters of it in a row."""
+    if len(value) <= _OVERLAP:
+        return value in name
+    return any(value[i:i + _OVERLAP] in name for i in range(len(value) - _OVERLAP + 1))

@@ -31,7 +31,7 @@ from gateway.core.dlp.fastscan import (
     as_bytes,
 )
 
-__all__ = ["ESCAPES", "Prefilter", "unescape"]
+__all__ = ["ESCAPES", "Prefilter", "json_unescape", "unescape"]
 
 # What a reader of each kind of view undoes that could make an anchor or a base64 run
 # appear: a JSON reader `\uXXXX` and `\/` (its other escapes become characters that
@@ -68,6 +68,27 @@ def unescape(text: str) -> str:
     return text
 
 
+def json_unescape(text: str) -> str:
+    """A JSON text with the escapes a JSON reader reads a character of its strings out
+    of undone (`\\uXXXX`, `\\/`), each escape read whole from its backslash as that
+    reader reads it (`\\\\u0061` is a backslash and `u0061`); an escape of a quote or a
+    backslash is left as it is (the text keeps its structure)."""
+    return _JSON_ANY_ESCAPE.sub(_json_char, text) if "\\" in text else text
+
+
+_JSON_ANY_ESCAPE = re.compile(r"\\(?:u([0-9A-Fa-f]{4})|(.))", re.DOTALL)
+
+
+def _json_char(match: re.Match[str]) -> str:
+    code, other = match.group(1), match.group(2)
+    if code is None:
+        return "/" if other == "/" else match.group(0)
+    char = chr(int(code, 16))
+    return match.group(0) if char in '"\\' else char
+
+
+# What a JSON text holds outside its strings (`Prefilter.string_anchors`).
+_STRUCTURE = frozenset(' \t\r\n{}[]:,"-+.0123456789eEtruefalsnNaIiy')
 _JSON_ESCAPE_TEXT = re.compile(r"\\(?:u00([0-9A-Fa-f]{2})|/)")
 
 
@@ -103,6 +124,20 @@ class Prefilter:
         self.gate = Gate(_caseless(sorted({a for d in detectors for r in d.rules
                                            if not r.run for a in r.anchors})), fast=fast)
 
+    def string_anchors(self) -> frozenset[str] | None:
+        """The anchors, where each of them, wherever it is in a JSON document's text with
+        its escapes of characters undone (`json_unescape`), lies in one string of it
+        (so a search of the strings alone finds it); None where one may not: an anchor
+        of what a JSON text holds outside its strings alone, or with a quote or a
+        backslash, or a rule without anchors. (An anchor beginning with an escape's
+        letter, `n`, `t`, ..., could be read off `\\n...` in the text and not in the
+        string: that reading is not the receiver's, and is skipped with the rest.)"""
+        anchors = frozenset(self._rules)
+        if self.unanchored or any('"' in a or "\\" in a or set(a) <= _STRUCTURE
+                                  for a in anchors):
+            return None
+        return anchors
+
     def any(self, text: str | bytes | bytearray) -> bool:
         """Whether `text` (or latin-1 bytes) holds any anchor (or some detector has
         none)."""
@@ -135,13 +170,17 @@ class Prefilter:
             return True
         return self.gate.flags(text) != 0
 
-    def spans(self, text: str) -> list[Span]:
-        """Every value any detector finds in `text`, by position."""
+    def spans(self, text: str, anchors: set[str] | None = None) -> list[Span]:
+        """Every value any detector finds in `text`, by position (`anchors`: the
+        anchors found are added to it)."""
         windows: dict[int, list[tuple[int, int]]] = {}
         entries = self._entries
         if self._finder is not None and text:
             size = len(text)
-            for start, anchor in self._finder.find(text):
+            where = self._finder.find(text)
+            if anchors is not None:
+                anchors.update(anchor for _, anchor in where)
+            for start, anchor in where:
                 end = start + len(anchor)
                 for index in self._rules[anchor]:
                     rule = entries[index][1]

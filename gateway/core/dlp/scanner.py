@@ -42,10 +42,10 @@ from gateway.core.dlp.decoding import (
 )
 from gateway.core.dlp.detector import Detector
 from gateway.core.dlp.fastscan import HYPERSCAN, SEGMENT, key_run
-from gateway.core.dlp.findings import Finding, Location, ScanResult, fingerprint
+from gateway.core.dlp.findings import Finding, Location, ScanResult, fingerprint, shown
 from gateway.core.dlp.heads import CleanParts
 from gateway.core.dlp.multipart import boundary, parts
-from gateway.core.dlp.prefilter import Prefilter, unescape
+from gateway.core.dlp.prefilter import Prefilter, json_unescape, unescape
 
 __all__ = ["DEFAULT_LIMIT", "Hit", "Scanner"]
 
@@ -82,6 +82,7 @@ class Scanner:
             Detector(d.name, tuple(r for r in d.rules if r.context or not r.anchors))
             for d in self.detectors), fast=fast)
         self.reach = max((d.reach for d in self.detectors), default=0)
+        self._string_anchors = self.context.string_anchors()
         self._subsets: dict[frozenset[str], Scanner] = {}
         self._by_id: dict[int, tuple[Iterable[str], Scanner]] = {}
         # The parts of heads found clean (`heads.CleanParts`): `unclean_fields`.
@@ -120,10 +121,8 @@ class Scanner:
         for hit in hits:
             mark = fingerprint(self.salt, hit.value)
             if (hit.detector, mark) not in seen:
-                where = hit.location
-                if where.name and any(_overlaps(v, where.name) for v in values):
-                    where = Location(where.part, HIDDEN_NAME, where.offset, where.via)
-                seen[(hit.detector, mark)] = Finding(hit.detector, where, mark)
+                seen[(hit.detector, mark)] = Finding(hit.detector,
+                                                     shown(hit.location, values), mark)
         return tuple(seen.values())
 
     def scan_request(self, method: str, target: str, headers: Iterable[tuple[str, str]],
@@ -158,11 +157,13 @@ class Scanner:
             yield from self.parts_hits([(text, location)], depth)
 
     def parts_hits(self, parts: Sequence[tuple[str, Location | str]], depth: int = 0,
-                   base: Location | None = None) -> Iterator[Hit]:
+                   base: Location | None = None, anchors: set[str] | None = None
+                   ) -> Iterator[Hit]:
         """Many views scanned as one text (joined by newlines, which no value crosses:
         a value is cut at its view's end): one prefilter pass for all the strings of a
         JSON document instead of one per string. A view's place may be a name under
-        `base` (a JSON path), made a `Location` only where something is found."""
+        `base` (a JSON path), made a `Location` only where something is found;
+        `anchors`: the anchors found are added to it (before the first hit is yielded)."""
         text = "\n".join(t for t, _ in parts)
         starts: list[int] = []
         at = 0
@@ -178,7 +179,7 @@ class Scanner:
                 where = Location(base.part, where, None, base.via)
             return where, starts[i], starts[i] + len(parts[i][0])
 
-        for span in self.prefilter.spans(text):
+        for span in self.prefilter.spans(text, anchors):
             where, start, end = locate(span.start)
             yield Hit(span.detector, _at(where, span.start - start),
                       text[span.start:min(span.end, end)])
@@ -329,7 +330,9 @@ class Scanner:
             if strings is not None:
                 # Read as one text first (what `parts_hits` joins them into, made in C):
                 # only where that finds something are they read by their JSON paths.
-                if strings and next(self.parts_hits([(strings, where)]), None) is not None:
+                seen: set[str] = set()  # (the anchors in them)
+                if strings and next(self.parts_hits([(strings, where)], anchors=seen),
+                                    None) is not None:
                     document = jsondoc.load(body)
                     # (json refusing what the C reading took, a stack too deep for it:
                     # the strings read again without their paths, never dropped)
@@ -337,7 +340,13 @@ class Scanner:
                         if document is jsondoc.NOT_JSON else self.parts_hits(
                             jsondoc.strings(document, f"{where.name} $" if where.name
                                             else "$"), base=where)
-                yield from self._context(text, where, json_text=True)
+                # The rules reading a name beside its value: on the text with the
+                # escapes of letters undone (`"\\u0061ws_secret_access_key"` is read as
+                # `aws_...`), where the strings hold such a rule's anchor (else the
+                # text cannot: `Prefilter.string_anchors`).
+                named = self._string_anchors
+                if named is None or not seen.isdisjoint(named):
+                    yield from self._context(json_unescape(text), where, json_text=True)
                 return
         if form:
             for name, value in parse_qsl(text, keep_blank_values=True, encoding="latin-1"):
@@ -376,17 +385,6 @@ class Scanner:
             yield from self._body(content, part.ctype, place, part.coding)
 
 
-HIDDEN_NAME = "(a name holding a credential)"
-_OVERLAP = 8  # characters of a value a name may not show
-
-
-def _overlaps(value: str, name: str) -> bool:
-    """Whether `name` shows `value` or any 8 characters of it in a row."""
-    if len(value) <= _OVERLAP:
-        return value in name
-    return any(value[i:i + _OVERLAP] in name for i in range(len(value) - _OVERLAP + 1))
-
-
 def _at(where: Location, offset: int) -> Location:
     """A location `offset` characters into a view (only a view with an offset and no
     name counts offsets: a JSON path or a header name says where already)."""
@@ -397,3 +395,4 @@ def _at(where: Location, offset: int) -> Location:
 
 def _named(where: Location, name: str) -> str:
     return f"{where.name} {name}" if where.name else name
+

@@ -33,11 +33,13 @@ candidate) does not take it.
 from __future__ import annotations
 
 import codecs
+from itertools import chain
 
 from gateway.core import encodings
 from gateway.core.dlp.decoding import Unreadable, body_kind, json_codec, runs, text_codec
-from gateway.core.dlp.fastscan import MAP, SEGMENT, as_bytes
+from gateway.core.dlp.fastscan import BACKSLASH, ESCAPES_KNOWN, FOUND, MAP, SEGMENT, as_bytes
 from gateway.core.dlp.findings import Finding, Location, ScanResult
+from gateway.core.dlp.prefilter import json_unescape
 from gateway.core.dlp.scanner import Scanner
 
 __all__ = ["StreamScanner"]
@@ -66,6 +68,7 @@ class StreamScanner:
         self._ctype = (content_type or "").lower()
         self._charset: codecs.IncrementalDecoder | None = None
         self._sniffed = False  # (the first bytes looked at for a byte-order mark)
+        self._json = False  # (a JSON body: its strings' escapes undone too, `_scan`)
         # where, in the stream, the last chunk the shared pass found something in ends
         # (`feed`'s `flags`; _NO_LIMIT: every window is scanned)
         self._hit = 0 if not scanner.prefilter.unanchored else _NO_LIMIT
@@ -91,7 +94,7 @@ class StreamScanner:
     def feed(self, chunk: bytes, flags: int | None = None) -> ScanResult:
         """Scan one chunk (with the window kept from the ones before). `flags`: the
         shared pass's answer for `chunk` (`fastscan.ChunkPass` over this scanner's
-        gate), None if not asked (see the module docstring)."""
+        gate, with its escapes), None if not asked (see the module docstring)."""
         if self.unreadable is not None:
             return ScanResult((), self.unreadable)
         try:
@@ -107,7 +110,9 @@ class StreamScanner:
             self._window.add(piece)
             if flags is None or self._decoder is not None or self._charset is not None:
                 self._hit = _NO_LIMIT  # (not the chunk's bytes: scanned as before)
-            elif flags:
+            elif flags & FOUND or (self._json and (flags & BACKSLASH
+                                                  or not flags & ESCAPES_KNOWN)):
+                # (a JSON body's escape may hide an anchor or a run: `_scan` reads it)
                 self._hit = max(self._hit, self._base + len(self._window))
             if len(self._window) >= self.keep + max(self.keep, STEP):
                 found += self._scan(final=False)
@@ -134,7 +139,8 @@ class StreamScanner:
             self._sniffed = True
             try:
                 codec = text_codec(piece, self._ctype)
-                if codec == "latin-1" and body_kind(piece, self._ctype) == "json":
+                self._json = body_kind(piece, self._ctype) == "json"
+                if codec == "latin-1" and self._json:
                     codec = json_codec(piece)
             except Unreadable as exc:
                 self.unreadable = str(exc)
@@ -148,7 +154,8 @@ class StreamScanner:
     def _scan(self, final: bool) -> list[Finding]:
         window = self._window
         cut = len(window) if final else len(window) - self.keep
-        if self._hit <= self._base or not self._scanner.prefilter.candidate(window.read()):
+        if self._hit <= self._base or not self._scanner.prefilter.candidate(
+                window.read(), "json" if self._json else "text"):
             # Most windows: no anchor and no base64 run, no finding and no run to cut
             # by (what `text_hits` starts with, in one pass on the bytes as they are).
             window.drop(cut)
@@ -162,7 +169,15 @@ class StreamScanner:
                     break
                 if run.start >= cut:
                     break
-        hits = self._scanner.text_hits(text, Location(self._where, offset=self._base))
+        where = Location(self._where, offset=self._base)
+        hits = self._scanner.text_hits(text, where)
+        if self._json and "\\" in text:
+            # A JSON body as its reader reads it too: `\\u0067hp_...` is `ghp_...`
+            # (offsets in that text are at most the stream's: a value reported early is
+            # reported once, by its fingerprint).
+            plain = json_unescape(text)
+            if plain != text:
+                hits = chain(hits, self._scanner.text_hits(plain, where))
         out: list[Finding] = []
         for finding in self._scanner.findings(
                 h for h in hits if h.location.offset is None

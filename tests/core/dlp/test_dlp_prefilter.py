@@ -10,6 +10,7 @@ import ensurepip
 import io
 import json
 import random
+import re
 import subprocess
 import sys
 import tarfile
@@ -21,7 +22,7 @@ from helpers.dlp_corpus import CORPUS
 
 from gateway.core.dlp import DEFAULT, DETECTORS, Detector, Location, Scanner
 from gateway.core.dlp.fastscan import HYPERSCAN
-from gateway.core.dlp.prefilter import _JSON_U, _PERCENT, unescape
+from gateway.core.dlp.prefilter import _JSON_U, _PERCENT, Prefilter, json_unescape, unescape
 from gateway.services.dlp.library import build
 
 SCANNER = Scanner(build(DEFAULT), b"test-salt", limit=64 << 20)
@@ -293,3 +294,44 @@ def test_unescape_reads_what_the_passes_in_turn_read() -> None:
     for _ in range(100_000):
         text = "".join(r.choice(atoms) for _ in range(r.randrange(1, 12)))
         assert unescape(text) == _unescape_in_turn(text), text
+
+
+@pytest.mark.parametrize(("anchors", "inside"), [
+    (("aws", "AWS", "private_key_id"), True),
+    (("ghp_", "sk-ant-", "://"), True),
+    (("true",), False),        # (a JSON literal: outside any string)
+    (("1e10",), False),        # (a number)
+    (('key"',), False),        # (a quote: across a string's end)
+    (("a", "null:"), False),
+    (("\\x41",), False),        # (a backslash: an escape's)
+])
+def test_anchors_a_json_text_holds_only_in_its_strings(anchors: tuple[str, ...],
+                                                       inside: bool) -> None:
+    """`string_anchors`: the anchors, where each one found in a JSON text lies in one of
+    its strings (so a search of the strings finds it); None where one may be made of
+    what lies outside them, or a rule has no anchor."""
+    from gateway.core.dlp.detector import Rule
+
+    rule = Rule(pattern=re.compile("|".join(map(re.escape, anchors))), anchors=anchors)
+    found = Prefilter((Detector("d", (rule,)),)).string_anchors()
+    assert found == (frozenset(anchors) if inside else None)
+    unanchored = Rule(pattern=re.compile("x{40}"), anchors=())
+    assert Prefilter((Detector("d", (rule, unanchored)),)).string_anchors() is None
+
+
+def test_json_unescape_reads_characters_as_a_json_reader_does() -> None:
+    """Every `\\u` escape read as json reads it, each from its own backslash; a
+    quote's and a backslash's left as they are (the text keeps its structure), and the
+    two-character escapes of control characters."""
+    for code in [*range(0, 0x7f), 0xe9, 0x0c0a, 0xffff]:
+        char = chr(code)
+        if char in '"\\':
+            continue
+        text = f"a\\u{code:04x}b\\u{code:04X}c"
+        assert json_unescape(text) == f"a{char}b{char}c" == json.loads(f'"{text}"')
+    assert json_unescape("x\\/y") == "x/y"
+    kept = '\\n \\t \\" \\\\ \\u0022 \\u005c'
+    assert json_unescape(kept) == kept
+    assert json_unescape("\\\\u0061ws") == "\\\\u0061ws"  # (a backslash, then u0061)
+    assert json_unescape("\\\\\\u0061ws") == "\\\\aws"
+    assert json_unescape("no escape") == "no escape"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import gzip
 import random
+from collections.abc import Callable
 
 import pytest
 from helpers.dlp_corpus import DEFAULT_CORPUS, Fake, fake
@@ -222,3 +223,39 @@ def test_a_stream_of_many_distinct_keys_holds_a_bounded_memory_of_them() -> None
     found += stream.end().findings
     assert len({f.fingerprint for f in found if f.detector == "aws"}) == len(keys)
     assert len(stream._seen) <= SEEN
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["alone", "shared-pass"])
+@pytest.mark.parametrize(("detector", "spell"), [
+    ("github", lambda k: f"\\u{ord(k[0]):04x}{k[1:]}"),
+    ("github", lambda k: k[:3] + "\\u005f" + k[4:]),
+    ("basic-auth", lambda k: k.replace("/", "\\/")),  # (no run: only the escape is seen)
+    ("slack", lambda k: "".join(f"\\u{ord(c):04x}" for c in k)),
+])
+def test_a_streamed_json_body_is_read_with_its_escapes_undone(
+        detector: str, spell: Callable[[str], str], shared: bool) -> None:
+    """A JSON body streamed past the hold limit is read as its reader reads it, like a
+    held one: a credential with `\\u` or `\\/` escapes is found, also where the gate's
+    shared pass (`ChunkPass`) saw no run and no anchor in its chunk, only an escape (a
+    body starting with `{` is JSON whatever its type says, as a held one is). The same
+    escapes in a text (no reader undoes them there) are not read so."""
+    from gateway.core.dlp.fastscan import ChunkPass
+
+    key = spell(fake(detector).text).encode()
+    note = b'deploy ' + key + b' now'
+    document = (b'{"pad": "' + _filler(200_000, 7) + b'", "note": "' + note
+                + b'", "more": "' + _filler(100_000, 8) + b'"}')
+    text = b"notes: " + _filler(200_000, 7) + b"\n" + note + b"\n" + _filler(100_000, 8)
+    for data, ctype, json_read in ((document, "application/json", True),
+                                   (document, "text/plain", True),
+                                   (text, "text/plain", False)):
+        stream = StreamScanner(SCANNER, content_type=ctype)
+        gate = ChunkPass(SCANNER.prefilter.gate)
+        found = []
+        for at in range(0, len(data), 16_384):
+            chunk = data[at:at + 16_384]
+            flags = gate.flags(chunk, escapes=True) if shared else None
+            found += stream.feed(chunk, flags).findings
+        found += stream.end().findings
+        names = [f.detector for f in found]
+        assert names == [detector] if json_read else detector not in names, (ctype, names)
