@@ -136,9 +136,10 @@ class DlpCheck:
         if plain is None:
             raise unreadable("the body decodes to more than the hold limit", self.host,
                              self.rule)
-        if len(plain) <= self.scanner.limit and self.scanner.body_clean(plain, content_type):
+        gated = len(plain) <= self.scanner.limit
+        if gated and self.scanner.body_clean(plain, content_type):
             return None  # (most bodies: one gate pass over their bytes)
-        found = self._judge(self.scanner.scan_body(plain, content_type))
+        found = self._judge(self.scanner.scan_body(plain, content_type, gated=gated))
         if not found:
             return None
         redacted = redact_body(self.scanner, plain, content_type)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["HIDDEN_NAME", "Finding", "Location", "ScanResult", "fingerprint", "shown"]
+__all__ = ["HIDDEN_NAME", "Finding", "Hit", "Location", "ScanResult", "findings_of", "fingerprint"]
 
 FINGERPRINT_HEX = 16
 
@@ -94,3 +95,27 @@ def _overlaps(value: str, name: str) -> bool:
     if len(value) <= _OVERLAP:
         return value in name
     return any(value[i:i + _OVERLAP] in name for i in range(len(value) - _OVERLAP + 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A value found, before it is fingerprinted (internal: redaction needs the value)."""
+
+    detector: str
+    location: Location
+    value: str
+
+
+def findings_of(hits: Iterable[Hit], salt: bytes) -> tuple[Finding, ...]:
+    """Findings of hits, one per (detector, value), first location kept. A location
+    whose name (a header, field or part name, a JSON key in a path) holds any part of
+    a value found is shown without that name: a finding never carries a value."""
+    hits = list(hits)
+    values = {h.value for h in hits}
+    seen: dict[tuple[str, str], Finding] = {}
+    for hit in hits:
+        mark = fingerprint(salt, hit.value)
+        if (hit.detector, mark) not in seen:
+            seen[(hit.detector, mark)] = Finding(hit.detector, shown(hit.location, values),
+                                                 mark)
+    return tuple(seen.values())

@@ -23,7 +23,6 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from urllib.parse import parse_qsl, unquote_plus
 
 from gateway.core.dlp import jsondoc
@@ -42,7 +41,7 @@ from gateway.core.dlp.decoding import (
 )
 from gateway.core.dlp.detector import Detector
 from gateway.core.dlp.fastscan import HYPERSCAN, SEGMENT, key_run
-from gateway.core.dlp.findings import Finding, Location, ScanResult, fingerprint, shown
+from gateway.core.dlp.findings import Finding, Hit, Location, ScanResult, findings_of
 from gateway.core.dlp.heads import CleanParts
 from gateway.core.dlp.multipart import boundary, parts
 from gateway.core.dlp.prefilter import Prefilter, json_unescape, unescape
@@ -56,15 +55,6 @@ MIN_DECODED = 12  # decoded runs shorter than this hold no key
 CLEAN_RUNS = 1024  # stretches remembered as decoding to nothing (`_decoded`), at most
 CLEAN_RUN = 256  # characters: a longer stretch is decoded again each time
 _QUOTE = re.compile(r'(?<!\\)"')  # a quote that ends a JSON string
-
-
-@dataclass(frozen=True, slots=True)
-class Hit:
-    """A value found, before it is fingerprinted (internal: redaction needs the value)."""
-
-    detector: str
-    location: Location
-    value: str
 
 
 class Scanner:
@@ -112,18 +102,9 @@ class Scanner:
     # -- results ---------------------------------------------------------------------------
 
     def findings(self, hits: Iterable[Hit]) -> tuple[Finding, ...]:
-        """Findings of hits, one per (detector, value), first location kept. A location
-        whose name (a header, field or part name, a JSON key in a path) holds any part of
-        a value found is shown without that name: a finding never carries a value."""
-        hits = list(hits)
-        values = {h.value for h in hits}
-        seen: dict[tuple[str, str], Finding] = {}
-        for hit in hits:
-            mark = fingerprint(self.salt, hit.value)
-            if (hit.detector, mark) not in seen:
-                seen[(hit.detector, mark)] = Finding(hit.detector,
-                                                     shown(hit.location, values), mark)
-        return tuple(seen.values())
+        """Findings of hits (`findings.findings_of`: one per detector and value, never the
+        value), fingerprinted with this scanner's salt."""
+        return findings_of(hits, self.salt)
 
     def scan_request(self, method: str, target: str, headers: Iterable[tuple[str, str]],
                      body: bytes = b"") -> ScanResult:
@@ -139,10 +120,11 @@ class Scanner:
         return ScanResult(self.findings(hits))
 
     def scan_body(self, body: bytes, content_type: str | None = None,
-                  content_encoding: str | None = None) -> ScanResult:
+                  content_encoding: str | None = None, *, gated: bool = False) -> ScanResult:
+        """`gated`: `body_clean` said no already (the scan does not ask it again)."""
         try:
             return ScanResult(self.findings(self.body_hits(body, content_type,
-                                                           content_encoding)))
+                                                           content_encoding, gated)))
         except Unreadable as exc:
             return ScanResult((), str(exc))
 
@@ -214,14 +196,14 @@ class Scanner:
         yield from self.parts_hits([part for part in parts if part[0]])
 
     def body_hits(self, body: bytes, content_type: str | None,
-                  content_encoding: str | None) -> list[Hit]:
+                  content_encoding: str | None, gated: bool = False) -> list[Hit]:
         """The body's views; raises `Unreadable` if it cannot be decoded."""
         if content_encoding:
             body = decode_content(body, content_encoding, self.limit)
         elif len(body) > self.limit:
             raise Unreadable(f"the body is more than {self.limit} bytes")
         return list(self._body(body, (content_type or "").lower(), Location("body", offset=0),
-                               content_encoding))
+                               content_encoding, gated and not content_encoding))
 
     def head_clean(self, method: str, target: str,
                    fields: Iterable[tuple[bytes, bytes]]) -> bool:
@@ -276,7 +258,10 @@ class Scanner:
         an anchor (one search for all), a part holds something only by a run's text."""
         if self.prefilter.any(joined):
             return [p for p in parts if self._holds(p)]
-        return [p for p in parts if self.depth > 0 and key_run(p) and
+        if self.depth == 0 or (not self.prefilter.unanchored  # (every part's runs: one
+                               and self.prefilter.gate.runs_clean(joined)):  # C call)
+            return []
+        return [p for p in parts if key_run(p) and
                 next(self._decoded(p.decode("latin-1")), None) is not None]
 
     def body_clean(self, body: bytes, content_type: str | None) -> bool:
@@ -299,13 +284,13 @@ class Scanner:
         return plain and not self.prefilter.candidate(body, kind)
 
     def _body(self, body: bytes, ctype: str, where: Location,
-              coding: str | None = None) -> Iterator[Hit]:
+              coding: str | None = None, gated: bool = False) -> Iterator[Hit]:
         if not body:
             return
         if coding:
             where = Location(where.part, where.name, where.offset,
                              (*where.via, *(c.strip() for c in coding.split(",") if c.strip())))
-        if self.body_clean(body, ctype):
+        if not gated and self.body_clean(body, ctype):
             # Most bodies: no anchor, no base64 run and no escape its reader undoes that
             # could hide one: one C pass on the bytes as they are, no text made of them.
             return
