@@ -3,16 +3,20 @@
 bodies the gate passes whole).
 
 The head carries the SDK's fields and two values new on every request (a W3C
-``traceparent``, an ``Idempotency-Key``); the body is a chat of about 16 KB: a system
-prompt, the user's ask, and a file the agent read, as a tool result. The file is Python's
-own ``json/decoder.py`` (code: names, paths, escapes, words such as "ESCAPE" that hold a
-detector's anchor; the same on every run of one Python). No credential is in it.
+``traceparent``, an ``Idempotency-Key``). The body is a chat of about 15 KB, as an agent
+sends it at each turn: its history, the same every request (a system prompt, the user's
+ask, and a file the agent read, as a tool result: Python's own ``json/decoder.py``, code
+with names, paths, escapes and words such as "ESCAPE" that hold a detector's anchor), and
+a new turn (a tool call with a new id, and its result: 1.5 KB of ``json/encoder.py`` from
+a random line). No credential is in it. (Until the sixteenth session the body was the
+history alone, the same every request.)
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 from functools import cache
 from pathlib import Path
 
@@ -46,9 +50,41 @@ def agent_body() -> bytes:
                                "properties": {"path": {"type": "string"}}}}}]}).encode()
 
 
+@cache
+def _around() -> tuple[bytes, bytes, list[str]]:
+    """The body's JSON before and after the new turn, and the lines of the file the new
+    turns read."""
+    body = json.loads(agent_body())
+    body["messages"].append({"role": "__turn__"})
+    before, _, after = json.dumps(body).partition(', {"role": "__turn__"}')
+    source = (Path(json.__file__).parent / "encoder.py").read_text()
+    return before.encode(), after.encode(), source.splitlines(keepends=True)
+
+
+def new_turn() -> bytes:
+    """A tool call with a new id and its result (1.5 KB of a file from a random line),
+    as the two messages' JSON (comma-led)."""
+    _, _, lines = _around()
+    rng = random.Random(os.urandom(8))
+    call = "call_" + "".join(rng.choice(_ID) for _ in range(24))
+    first = rng.randrange(len(lines) - 60)
+    text = "".join(lines[first:first + 60])[:1536]
+    turn = [{"role": "assistant", "content": None, "tool_calls": [{
+        "id": call, "type": "function", "function": {
+            "name": "read_file",
+            "arguments": json.dumps({"path": "json/encoder.py", "line": first})}}]},
+        {"role": "tool", "tool_call_id": call, "content": text}]
+    return b", " + json.dumps(turn)[1:-1].encode()
+
+
+_ID = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
+
 def agent_request(host: str, path: str) -> bytes:
-    """One request: the SDK's head with a new trace id and idempotency key, the body."""
-    body = agent_body()
+    """One request: the SDK's head with a new trace id and idempotency key, the history
+    and a new turn."""
+    before, after, _ = _around()
+    body = before + new_turn() + after
     ids = os.urandom(40).hex()
     fields = "".join(f"{k}: {v}\r\n" for k, v in SDK_FIELDS)
     return (f"POST {path} HTTP/1.1\r\nHost: {host}\r\n{fields}"
@@ -56,3 +92,9 @@ def agent_request(host: str, path: str) -> bytes:
             f"Idempotency-Key: stainless-python-retry-{ids[48:56]}-{ids[56:60]}-"
             f"{ids[60:64]}-{ids[64:68]}-{ids[68:80]}\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def agent_body_size() -> int:
+    """About the bytes of one request's body (the history and a new turn)."""
+    before, after, _ = _around()
+    return len(before) + len(after) + len(new_turn())

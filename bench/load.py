@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.agent import agent_body, agent_request
+from bench.agent import agent_body_size, agent_request
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 CHUNK = 1 << 20
@@ -252,7 +252,7 @@ async def run(spec: Spec, stdin: asyncio.StreamReader) -> None:
         elif spec.workload == "agent":
             result = await _run_get(spec, conns, functools.partial(
                 agent_request, spec.host, spec.path))
-            result["body_bytes"] = len(agent_body())
+            result["body_bytes"] = agent_body_size()
         elif spec.workload == "upload":
             result = await _run_upload(spec, conns[0])
         else:

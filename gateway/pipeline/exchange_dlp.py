@@ -54,11 +54,11 @@ class DlpCheck:
     rule with `dlp:` (slots, nothing computed that the rule's section already holds)."""
 
     __slots__ = ("_answer", "_pass", "_stream", "action", "answers", "dlp", "engine",
-                 "found", "gate", "host", "rule", "scanner", "telemetry")
+                 "found", "gate", "host", "rule", "sandbox", "scanner", "telemetry")
 
     def __init__(self, scanner: Scanner, dlp: Dlp, host: str, rule: str | None, *,
                  report: bool = False, telemetry: Telemetry = SILENT,
-                 engine: str = "") -> None:
+                 engine: str = "", sandbox: str | None = None) -> None:
         self.scanner = scanner = scanner.only(dlp.detectors or DEFAULT)
         # The gate's one pass (`Prefilter.gate`), which the leak guard runs first on a
         # body, so that this check takes its answer for the same body.
@@ -70,6 +70,7 @@ class DlpCheck:
         self.found: list[dict[str, Any]] = []  # the audit line's `dlp`
         self.telemetry = telemetry
         self.engine = engine
+        self.sandbox = sandbox  # (whose: what it sent before is not read again, `history`)
         self._stream: StreamScanner | None = None
         self._pass: ChunkPass | None = None  # (a streamed body's shared pass)
         self.answers = dlp.reports_answers  # (`answers: report`: the answer scanned too)
@@ -139,7 +140,8 @@ class DlpCheck:
         gated = len(plain) <= self.scanner.limit
         if gated and self.scanner.body_clean(plain, content_type):
             return None  # (most bodies: one gate pass over their bytes)
-        found = self._judge(self.scanner.scan_body(plain, content_type, gated=gated))
+        found = self._judge(self.scanner.scan_body(plain, content_type, gated=gated,
+                                                   sandbox=self.sandbox))
         if not found:
             return None
         redacted = redact_body(self.scanner, plain, content_type)
@@ -183,7 +185,7 @@ class DlpCheck:
         """A WebSocket message from the client: the message to send."""
         if len(data) <= self.scanner.limit and self.scanner.body_clean(data, None):
             return data
-        found = self._judge(self.scanner.scan_body(data))
+        found = self._judge(self.scanner.scan_body(data, sandbox=self.sandbox))
         if not found:
             return data
         redacted = redact_body(self.scanner, data)

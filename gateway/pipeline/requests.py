@@ -181,7 +181,7 @@ class Requests:
                           "closed)", rule.source)
         ex.dlp = DlpCheck(self.parts.detectors.scanner(), dlp, ex.target.host, rule.source,
                           report=policy.mode == "report", telemetry=ex.trail.telemetry,
-                          engine=ex.client.engine)
+                          engine=ex.client.engine, sandbox=ex.identity.sandbox)
         return ex.dlp.head(ex.head.method, path, ex.head.headers)
 
     def _meter(self, ex: Exchange, credential: Credential) -> None:

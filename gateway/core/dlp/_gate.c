@@ -606,16 +606,18 @@ static PyObject *key_runs(PyObject *module, PyObject *arg) {
  * case inside it from its first and second digit, then a mixed-case stretch as base64
  * from its first character, and its second to fourth where it is 1,024 or shorter; each
  * decoded, and kept where its bytes hold something to read further), for the common
- * answer: every run decodes to fewer than MIN_DECODED bytes, or to fewer than
- * KEY_SEGMENT in which this gate (the scanner's: the anchors of rules that need no run)
- * finds no RUN and no LITERAL. A W3C trace id or a tool call id is read here in a
- * fraction of a microsecond. A run decoding to KEY_SEGMENT bytes or more (its anchors are
- * every detector's: Hyperscan's) makes it answer 0, "look": the Python reading decides,
- * so this is never the only reading of a run that may hold something
- * (tests/core/dlp/test_dlp_gate_native.py holds it to `Scanner._decoded`). */
+ * answer: every run decodes to fewer than MIN_DECODED bytes, or to bytes in which this
+ * gate (the scanner's: the anchors of rules that need no run, and runs) finds no RUN and
+ * no LITERAL: nothing a detector finds there (a rule that needs no run has one of the
+ * gate's anchors; every match of any other rule holds a run) and no run to decode again.
+ * A W3C trace id or a tool call id is read here in a fraction of a microsecond. A run
+ * decoding to more than MAX_DECODED bytes, or to bytes the gate finds something in, makes
+ * it answer 0, "look": the Python reading decides (tests/core/dlp/test_dlp_gate_native.py
+ * holds it to the scan of every run's decoded text, `Scanner.decoded`). */
 
 #define MIN_DECODED 12
 #define MAX_SHIFTED 1024
+#define MAX_DECODED 3072  /* bytes: a run decoding to more is Python's to read */
 
 static int hex_value(uint8_t c) {
     if (c >= '0' && c <= '9') return c - '0';
@@ -633,7 +635,7 @@ static int b64_value(uint8_t c) {
     return -1;
 }
 
-/* 1: decoded bytes (MIN_DECODED to KEY_SEGMENT - 1 of them) in which this gate finds
+/* 1: decoded bytes (MIN_DECODED to MAX_DECODED of them) in which this gate finds
  * nothing (see above); 0: look. */
 static int decoded_clean(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
     return !(scan(g, data, n) & (RUN | LITERAL | UNDECIDED));
@@ -644,9 +646,9 @@ static int hex_clean(const GateObject *g, const uint8_t *p, Py_ssize_t lo, Py_ss
     Py_ssize_t n = (hi - lo) / 2;
     if (n < MIN_DECODED)
         return 1;
-    if (n >= KEY_SEGMENT)
+    if (n > MAX_DECODED)
         return 0;
-    uint8_t out[KEY_SEGMENT];
+    uint8_t out[MAX_DECODED];
     for (Py_ssize_t k = 0; k < n; k++)
         out[k] = (uint8_t)(hex_value(p[lo + 2 * k]) << 4 | hex_value(p[lo + 2 * k + 1]));
     return decoded_clean(g, out, n);
@@ -659,9 +661,9 @@ static int b64_clean(const GateObject *g, const uint8_t *p, Py_ssize_t lo, Py_ss
     Py_ssize_t n = size / 4 * 3 + (size % 4 ? size % 4 - 1 : 0);
     if (n < MIN_DECODED)
         return 1;
-    if (n >= KEY_SEGMENT)
+    if (n > MAX_DECODED)
         return 0;
-    uint8_t out[KEY_SEGMENT + 2];
+    uint8_t out[MAX_DECODED + 2];
     Py_ssize_t o = 0;
     uint32_t bits = 0;
     int have = 0;
@@ -679,12 +681,11 @@ static int b64_clean(const GateObject *g, const uint8_t *p, Py_ssize_t lo, Py_ss
 static int lower_hex(uint8_t c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
 static int upper_hex(uint8_t c) { return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'F'); }
 
-/* 1: every run `runs_at` reads in the stretch p[s:e] is clean; 0: look. A mixed-case
- * stretch is base64 to `runs_at`; hex of one case inside it makes no difference here:
- * 32 digits or more make a stretch whose base64 decodes to 24 bytes or more, "look". A
- * stretch of one case is hex only: whole where it is hex of even length, else each
- * maximal run of 32 digits or more of its case (`_HEX_INSIDE`'s matches: a run of the
- * other case's digits is one of these digits), from its first and its second digit. */
+/* 1: every run `runs_at` reads in the stretch p[s:e] is clean; 0: look. As `runs_at`:
+ * a stretch of one case that is hex of even length, whole (and nothing else); else the
+ * hex inside it (`_HEX_INSIDE.finditer`: at each place the run of lower-case hex digits,
+ * else of upper-case ones, of 32 or more, from its first and its second digit; the
+ * search goes on after it), then a mixed-case stretch as base64. */
 static int stretch_clean(const GateObject *g, const uint8_t *p, Py_ssize_t s, Py_ssize_t e) {
     Py_ssize_t size = e - s, i, j;
     int has_lower = 0, has_upper = 0;
@@ -692,23 +693,40 @@ static int stretch_clean(const GateObject *g, const uint8_t *p, Py_ssize_t s, Py
         has_lower |= p[i] >= 'a' && p[i] <= 'z';
         has_upper |= p[i] >= 'A' && p[i] <= 'Z';
     }
-    if (has_lower && has_upper) {
-        for (int shift = 0; shift < (size <= MAX_SHIFTED ? 4 : 1); shift++) {
-            Py_ssize_t left = size - shift;
-            if (left >= KEY_SEGMENT && left % 4 != 1 && !b64_clean(g, p, s + shift, e))
-                return 0;
-        }
-        return 1;
+    int mixed = has_lower && has_upper;
+    if (!mixed) {
+        int (*digit)(uint8_t) = has_upper ? upper_hex : lower_hex;
+        for (i = s; i < e && digit(p[i]); i++) {}
+        if (i == e && size >= KEY_HEX && size % 2 == 0)
+            return hex_clean(g, p, s, e);
     }
-    int (*digit)(uint8_t) = has_upper ? upper_hex : lower_hex;
-    for (i = s; i < e && digit(p[i]); i++) {}
-    if (i == e && size >= KEY_HEX && size % 2 == 0)
-        return hex_clean(g, p, s, e);
-    for (i = s; i < e; i = j + 1) {
-        for (j = i; j < e && digit(p[j]); j++) {}
+    /* (`lower`, `upper`: where the run of each case's digits holding i ends, found once
+     * per run: linear in a stretch made of runs of 31 digits) */
+    Py_ssize_t lower = s, upper = s;
+    for (i = s; i < e;) {
+        if (lower <= i)
+            for (lower = i; lower < e && lower_hex(p[lower]); lower++) {}
+        j = lower;
+        if (j - i < KEY_HEX) {
+            if (upper <= i)
+                for (upper = i; upper < e && upper_hex(p[upper]); upper++) {}
+            j = upper;
+        }
+        if (j - i < KEY_HEX) {
+            i++;
+            continue;
+        }
         for (int shift = 0; shift < 2; shift++)  /* (an odd last digit: left off) */
             if (j - i - shift >= KEY_HEX && !hex_clean(g, p, i + shift, j))
                 return 0;
+        i = j;
+    }
+    if (!mixed)
+        return 1;
+    for (int shift = 0; shift < (size <= MAX_SHIFTED ? 4 : 1); shift++) {
+        Py_ssize_t left = size - shift;
+        if (left >= KEY_SEGMENT && left % 4 != 1 && !b64_clean(g, p, s + shift, e))
+            return 0;
     }
     return 1;
 }

@@ -35,6 +35,8 @@
 #define MAX_DEPTH 256
 #define MAX_NUMBER 4000
 
+typedef struct Memo Memo;
+
 typedef struct {
     const uint8_t *p;   /* the body */
     Py_ssize_t n, i;    /* its size, the position read */
@@ -42,6 +44,13 @@ typedef struct {
     Py_ssize_t o;       /* bytes written */
     int strings;        /* a string was written (a newline goes before each but the first) */
     int wide;           /* a character past ASCII was written */
+    /* (`Memo.read` only: the strings remembered are left out, see below) */
+    Py_ssize_t chars;   /* characters written */
+    Memo *memo;
+    uint64_t tag;
+    PyObject *cuts, *fresh;  /* lists */
+    int named;          /* a string left out holds a name rule's anchor */
+    int failed;         /* a Python error is set (a list could not grow) */
 } Reader;
 
 static inline void skip_ws(Reader *r) {
@@ -69,6 +78,7 @@ static inline int hex4(const uint8_t *s, unsigned *value) {
 
 static inline void put_code(Reader *r, unsigned c) {
     uint8_t *o = r->out + r->o;
+    r->chars++;  /* (one character of a str: a pair combined is one, as is a lone half) */
     if (c < 0x80) {
         o[0] = (uint8_t)c;
         r->o += 1;
@@ -138,6 +148,7 @@ static inline Py_ssize_t plain(Reader *r, Py_ssize_t i) {
         if (mask) {
             i += __builtin_ctz(mask);
             r->o += i - start;
+            r->chars += i - start;
             return i;
         }
         i += 16;
@@ -148,15 +159,23 @@ static inline Py_ssize_t plain(Reader *r, Py_ssize_t i) {
         i++;
     }
     r->o += i - start;
+    r->chars += i - start;
     return i;
 }
+
+static int left_out(Reader *r, Py_ssize_t raw, Py_ssize_t end, Py_ssize_t o, Py_ssize_t chars,
+                    int strings);
 
 /* A string at r->i (its opening quote), written to the output; 0: declined. */
 static int read_string(Reader *r) {
     const uint8_t *p = r->p;
-    Py_ssize_t n = r->n, i = r->i + 1;
-    if (r->strings)
+    Py_ssize_t n = r->n, i = r->i + 1, raw = i;
+    Py_ssize_t o = r->o, chars = r->chars;  /* (before it: where a string left out goes) */
+    int strings = r->strings;
+    if (r->strings) {
         r->out[r->o++] = '\n';
+        r->chars++;
+    }
     r->strings = 1;
     for (;;) {
         i = plain(r, i);
@@ -165,7 +184,7 @@ static int read_string(Reader *r) {
         uint8_t c = p[i];
         if (c == '"') {
             r->i = i + 1;
-            return 1;
+            return r->memo == NULL || left_out(r, raw, i, o, chars, strings);
         }
         if (c < 0x20)
             return 0;  /* a control character (strict) */
@@ -175,6 +194,7 @@ static int read_string(Reader *r) {
                 return 0;
             memcpy(r->out + r->o, p + i, (size_t)size);
             r->o += size;
+            r->chars++;
             r->wide = 1;
             i += size;
             continue;
@@ -184,12 +204,12 @@ static int read_string(Reader *r) {
             return 0;
         c = p[i + 1];
         switch (c) {
-        case '"': case '\\': case '/': r->out[r->o++] = c; i += 2; continue;
-        case 'b': r->out[r->o++] = '\b'; i += 2; continue;
-        case 'f': r->out[r->o++] = '\f'; i += 2; continue;
-        case 'n': r->out[r->o++] = '\n'; i += 2; continue;
-        case 'r': r->out[r->o++] = '\r'; i += 2; continue;
-        case 't': r->out[r->o++] = '\t'; i += 2; continue;
+        case '"': case '\\': case '/': r->out[r->o++] = c; r->chars++; i += 2; continue;
+        case 'b': r->out[r->o++] = '\b'; r->chars++; i += 2; continue;
+        case 'f': r->out[r->o++] = '\f'; r->chars++; i += 2; continue;
+        case 'n': r->out[r->o++] = '\n'; r->chars++; i += 2; continue;
+        case 'r': r->out[r->o++] = '\r'; r->chars++; i += 2; continue;
+        case 't': r->out[r->o++] = '\t'; r->chars++; i += 2; continue;
         case 'u': break;
         default: return 0;
         }
@@ -310,7 +330,7 @@ static PyObject *texts(PyObject *module, PyObject *arg) {
     /* (What makes json.loads read another encoding, a byte-order mark or a NUL in the
      *  first four bytes, is declined by the grammar: neither begins a JSON value, and a
      *  NUL in a string is a control character.) */
-    Reader r = {p, n, 0, NULL, 0, 0, 0};
+    Reader r = {p, n, 0, NULL, 0, 0, 0, 0, NULL, 0, NULL, NULL, 0, 0};
     /* at most the body's bytes (an escape writes no more than it reads, a string's
      * quotes pay for its newline) */
     r.out = PyMem_Malloc((size_t)n + 16);  /* (+16: `plain` stores whole blocks) */
@@ -341,6 +361,256 @@ static PyObject *texts(PyObject *module, PyObject *arg) {
     return result;
 }
 
+/* -- Memo: the strings a sandbox sent before, found to hold nothing ----------------------
+ * A coding agent sends its whole conversation again every turn: the system prompt, the
+ * tool definitions, every file it read. `Memo.read(body, tag)` reads a body as `texts`
+ * does, but leaves out of the text each string of `shortest` bytes or more (as sent,
+ * escapes and all) that `remember` was told holds nothing for the same `tag` (the
+ * sandbox): the scan reads only what is new. What it leaves out is said (`cuts`: where
+ * in the text a string was; `named`: one of them holds an anchor of the rules that read
+ * a name beside its value), and so is every string it read that is long enough to be
+ * remembered (`fresh`: its characters in the text, its bytes in the body); which of them
+ * hold nothing the scan decides (gateway/core/dlp/history.py).
+ *
+ * A slot holds a copy of the string's bytes: a string is left out only where it equals
+ * one remembered, byte for byte, with the same tag (the slot's hash only picks where to
+ * look: a collision costs a comparison, never a string read as another). The slots are
+ * a fixed table (`slots`, a power of two: a new string takes its slot's place) and their
+ * bytes are bounded (`limit`: past it, every slot is let go). */
+
+typedef struct {
+    uint64_t hash, tag;
+    Py_ssize_t len;
+    int named;
+    uint8_t *raw;
+} Slot;
+
+struct Memo {
+    PyObject_HEAD
+    Slot *slots;
+    Py_ssize_t count, bytes, limit, shortest, held;
+};
+
+static uint64_t mix(uint64_t h, uint64_t v) {  /* (MurmurHash3's finalizer of h ^ v) */
+    h ^= v;
+    h ^= h >> 33;
+    h *= 0xFF51AFD7ED558CCDull;
+    h ^= h >> 33;
+    h *= 0xC4CEB9FE1A85EC53ull;
+    return h ^ (h >> 33);
+}
+
+/* A hash of the length, the tag and 16 bytes each at the start, the middle and the end. */
+static uint64_t slot_hash(const uint8_t *raw, Py_ssize_t len, uint64_t tag) {
+    uint64_t h = mix(mix(0, (uint64_t)len), tag), w;
+    Py_ssize_t at[3] = {0, len / 2 - 8, len - 16};
+    for (int k = 0; k < 3; k++)
+        for (int j = 0; j < 2; j++) {
+            memcpy(&w, raw + at[k] + 8 * j, 8);
+            h = mix(h, w);
+        }
+    return h;
+}
+
+static Slot *memo_find(Memo *m, const uint8_t *raw, Py_ssize_t len, uint64_t tag) {
+    uint64_t h = slot_hash(raw, len, tag);
+    Slot *slot = &m->slots[h & (uint64_t)(m->count - 1)];
+    if (slot->raw != NULL && slot->hash == h && slot->tag == tag && slot->len == len &&
+        memcmp(slot->raw, raw, (size_t)len) == 0)
+        return slot;
+    return NULL;
+}
+
+static void memo_forget(Memo *m) {
+    for (Py_ssize_t k = 0; k < m->count; k++) {
+        PyMem_Free(m->slots[k].raw);
+        m->slots[k].raw = NULL;
+    }
+    m->bytes = m->held = 0;
+}
+
+/* A string read with a memo (see above): left out, or listed as fresh. 0: a Python error
+ * (r->failed). */
+static int left_out(Reader *r, Py_ssize_t raw, Py_ssize_t end, Py_ssize_t o, Py_ssize_t chars,
+                    int strings) {
+    Memo *m = r->memo;
+    if (end - raw < m->shortest)
+        return 1;
+    PyObject *item;
+    Slot *slot = memo_find(m, r->p + raw, end - raw, r->tag);
+    if (slot != NULL) {
+        r->o = o;
+        r->chars = chars;
+        r->strings = strings;
+        r->named |= slot->named;
+        item = PyLong_FromSsize_t(chars);
+        if (item == NULL || PyList_Append(r->cuts, item) < 0)
+            r->failed = 1;
+    } else {
+        item = Py_BuildValue("(nnnn)", chars + (strings ? 1 : 0), r->chars, raw, end);
+        if (item == NULL || PyList_Append(r->fresh, item) < 0)
+            r->failed = 1;
+    }
+    Py_XDECREF(item);
+    return !r->failed;
+}
+
+static void memo_dealloc(Memo *self) {
+    if (self->slots != NULL) {
+        memo_forget(self);
+        PyMem_Free(self->slots);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int memo_init(Memo *self, PyObject *args, PyObject *kwds) {
+    static char *names[] = {"slots", "limit", "shortest", NULL};
+    Py_ssize_t count = 4096, limit = 8 << 20, shortest = 256;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|nnn", names, &count, &limit, &shortest))
+        return -1;
+    if (count < 1 || (count & (count - 1)) || count > (1 << 24) || shortest < 32 ||
+        limit < shortest) {
+        PyErr_SetString(PyExc_ValueError, "slots: a power of two up to 2**24; shortest: 32 "
+                        "bytes or more; limit: at least shortest");
+        return -1;
+    }
+    if (self->slots != NULL) {  /* (__init__ called again) */
+        memo_forget(self);
+        PyMem_Free(self->slots);
+    }
+    self->slots = PyMem_Calloc((size_t)count, sizeof(Slot));
+    if (self->slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->count = count;
+    self->limit = limit;
+    self->shortest = shortest;
+    self->bytes = self->held = 0;
+    return 0;
+}
+
+static PyObject *memo_read(Memo *self, PyObject *args) {
+    /* read(body, tag): None (declined, as `texts`), or (text, cuts, fresh, named) */
+    Py_buffer view;
+    unsigned long long tag;
+    if (!PyArg_ParseTuple(args, "y*K", &view, &tag))
+        return NULL;
+    Reader r = {view.buf, view.len, 0, NULL, 0, 0, 0, 0, self, (uint64_t)tag, NULL, NULL, 0, 0};
+    PyObject *result = NULL, *text = NULL;
+    r.cuts = PyList_New(0);
+    r.fresh = PyList_New(0);
+    r.out = PyMem_Malloc((size_t)view.len + 16);
+    if (r.cuts == NULL || r.fresh == NULL || r.out == NULL) {
+        if (r.out == NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    /* (the GIL held: the memo and the lists are touched as the body is read) */
+    skip_ws(&r);
+    int ok = read_value(&r, 0);
+    if (ok) {
+        skip_ws(&r);
+        ok = r.i == r.n;
+    }
+    if (r.failed)
+        goto done;
+    if (!ok) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (!r.wide) {
+        text = PyUnicode_New(r.o, 127);
+        if (text != NULL)
+            memcpy(PyUnicode_DATA(text), r.out, (size_t)r.o);
+    } else {
+        text = PyUnicode_DecodeUTF8((const char *)r.out, r.o, "surrogatepass");
+    }
+    if (text != NULL)
+        result = Py_BuildValue("(NOOO)", text, r.cuts, r.fresh, r.named ? Py_True : Py_False);
+done:
+    Py_XDECREF(r.cuts);
+    Py_XDECREF(r.fresh);
+    PyMem_Free(r.out);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyObject *memo_remember(Memo *self, PyObject *args) {
+    /* remember(body, start, end, tag, named): body[start:end], a string as sent, holds
+     * nothing for `tag` (`named`: it holds a name rule's anchor) */
+    Py_buffer view;
+    Py_ssize_t start, end;
+    unsigned long long tag;
+    int named;
+    if (!PyArg_ParseTuple(args, "y*nnKp", &view, &start, &end, &tag, &named))
+        return NULL;
+    Py_ssize_t len = end - start;
+    if (start < 0 || end > view.len || len < self->shortest) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "a string of the body, of shortest bytes or more");
+        return NULL;
+    }
+    if (len > self->limit) {  /* (never held: read again each time) */
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    if (self->bytes + len > self->limit)
+        memo_forget(self);
+    const uint8_t *raw = (const uint8_t *)view.buf + start;
+    uint8_t *copy = PyMem_Malloc((size_t)len);
+    if (copy == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    memcpy(copy, raw, (size_t)len);
+    uint64_t h = slot_hash(raw, len, (uint64_t)tag);
+    Slot *slot = &self->slots[h & (uint64_t)(self->count - 1)];
+    if (slot->raw != NULL) {
+        self->bytes -= slot->len;
+        self->held--;
+        PyMem_Free(slot->raw);
+    }
+    *slot = (Slot){h, (uint64_t)tag, len, named, copy};
+    self->bytes += len;
+    self->held++;
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
+
+static PyObject *memo_forget_all(Memo *self, PyObject *unused) {
+    (void)unused;
+    memo_forget(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *memo_size(Memo *self, PyObject *unused) {
+    (void)unused;
+    return Py_BuildValue("(nn)", self->held, self->bytes);
+}
+
+static PyMethodDef memo_methods[] = {
+    {"read", (PyCFunction)memo_read, METH_VARARGS,
+     "read(body, tag): None (declined: read it with json), or (text, cuts, fresh, named)."},
+    {"remember", (PyCFunction)memo_remember, METH_VARARGS,
+     "remember(body, start, end, tag, named): body[start:end] holds nothing for tag."},
+    {"forget", (PyCFunction)memo_forget_all, METH_NOARGS, "Let every string go."},
+    {"size", (PyCFunction)memo_size, METH_NOARGS, "(strings held, their bytes)."},
+    {NULL, NULL, 0, NULL}
+};
+
+static PyTypeObject MemoType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gateway.core.dlp._jsontext.Memo",
+    .tp_basicsize = sizeof(Memo),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The strings of JSON bodies a sandbox sent before that hold nothing.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)memo_init,
+    .tp_dealloc = (destructor)memo_dealloc,
+    .tp_methods = memo_methods,
+};
+
 static PyMethodDef module_methods[] = {
     {"texts", texts, METH_O,
      "The strings of a JSON document joined by newlines, or None (declined: read it "
@@ -355,5 +625,14 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__jsontext(void) {
-    return PyModule_Create(&module);
+    if (PyType_Ready(&MemoType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Memo", (PyObject *)&MemoType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -245,9 +245,10 @@ class Gate:
 
     def runs_clean(self, data: bytes) -> bool:
         """Whether every run `decoding.runs` reads in `data` decodes to nothing this gate
-        finds (fewer than 12 bytes, or fewer than `SEGMENT` without a run or a literal),
-        in one C call (`_gate.c`, `runs_clean`); False: look (where there is no C pass,
-        always: the Python reading decides)."""
+        finds (fewer than 12 bytes, or up to 3 KiB without a run or a literal: nothing a
+        detector finds, nothing to decode again), in one C call (`_gate.c`,
+        `runs_clean`); False: look (where there is no C pass, always: the Python
+        reading decides)."""
         return self._native is not None and bool(self._native.runs_clean(data))
 
     def flags_after(self, before: bytes, data: bytes, *, escapes: bool = False) -> int:

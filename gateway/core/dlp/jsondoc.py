@@ -18,12 +18,17 @@ try:  # (built by `pip install` where a C compiler is: setup.py)
 except ImportError:
     _jsontext = None
 
-__all__ = ["NATIVE", "joined", "json_text", "load", "strings", "texts"]
+__all__ = ["NATIVE", "joined", "json_text", "load", "native", "strings", "texts"]
 
 NATIVE: bool = _jsontext is not None
 
 _PATH_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 NOT_JSON = object()  # (`load`: the body is not a JSON document)
+
+
+def native() -> Any:
+    """The C reading's module (`_jsontext`), or None where it is not built."""
+    return _jsontext
 
 
 def load(body: bytes) -> Any:

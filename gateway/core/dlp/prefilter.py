@@ -15,6 +15,7 @@ not missed by the cheap check.
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from collections import defaultdict
 
 from gateway.core.dlp.detector import Detector, Rule, Span
@@ -173,23 +174,49 @@ class Prefilter:
     def spans(self, text: str, anchors: set[str] | None = None) -> list[Span]:
         """Every value any detector finds in `text`, by position (`anchors`: the
         anchors found are added to it)."""
+        windows, where = self._windows(text)
+        if anchors is not None:
+            anchors.update(anchor for _, anchor in where)
+        return self._matched(text, windows)
+
+    def reading(self, text: str, cuts: list[int]
+                ) -> tuple[list[Span], list[tuple[int, str]], list[tuple[int, int]]] | None:
+        """`spans(text)`, the anchors found (start, anchor) and every window's reach
+        (not cut at the text's ends: what it would read of a longer text), for a text
+        some strings were left out of at `cuts` (`history`); None where a window reaches
+        a cut (it would have read what was left out: read the whole text)."""
+        reach: list[tuple[int, int]] = []
+        windows, where = self._windows(text, reach)
+        if cuts and any(_holds_cut(cuts, lo, hi) for lo, hi in reach):
+            return None
+        return self._matched(text, windows), where, reach
+
+    def _windows(self, text: str, reach: list[tuple[int, int]] | None = None
+                 ) -> tuple[dict[int, list[tuple[int, int]]], list[tuple[int, str]]]:
+        """The windows to read, by rule index, and the anchors found (`reach`: each
+        window before it is cut at the text's ends is added to it)."""
         windows: dict[int, list[tuple[int, int]]] = {}
+        if self._finder is None or not text:
+            return windows, []
         entries = self._entries
-        if self._finder is not None and text:
-            size = len(text)
-            where = self._finder.find(text)
-            if anchors is not None:
-                anchors.update(anchor for _, anchor in where)
-            for start, anchor in where:
-                end = start + len(anchor)
-                for index in self._rules[anchor]:
-                    rule = entries[index][1]
-                    window = (max(0, start - rule.before), min(size, end + rule.after))
-                    if index in windows:
-                        windows[index].append(window)
-                    else:
-                        windows[index] = [window]
+        size = len(text)
+        where = self._finder.find(text)
+        for start, anchor in where:
+            end = start + len(anchor)
+            for index in self._rules[anchor]:
+                rule = entries[index][1]
+                if reach is not None:
+                    reach.append((start - rule.before, end + rule.after))
+                window = (max(0, start - rule.before), min(size, end + rule.after))
+                if index in windows:
+                    windows[index].append(window)
+                else:
+                    windows[index] = [window]
+        return windows, where
+
+    def _matched(self, text: str, windows: dict[int, list[tuple[int, int]]]) -> list[Span]:
         found: set[Span] = set()
+        entries = self._entries
         for index, spans in windows.items():
             name, rule = entries[index]
             for lo, hi in _merged(spans) if len(spans) > 1 else spans:
@@ -197,6 +224,13 @@ class Prefilter:
         for name, rule in self.unanchored:
             found.update(rule.spans(name, text, 0, len(text)))
         return _outermost(sorted(found, key=lambda s: (s.start, -s.end, s.detector)))
+
+
+def _holds_cut(cuts: list[int], lo: int, hi: int) -> bool:
+    """Whether [lo, hi) holds one of `cuts` (sorted; a cut at the text's end is held by
+    a window reaching past it)."""
+    i = bisect_left(cuts, lo)
+    return i < len(cuts) and cuts[i] < hi
 
 
 def _caseless(anchors: list[str]) -> tuple[tuple[str, bool], ...]:

@@ -43,6 +43,7 @@ from gateway.core.dlp.detector import Detector
 from gateway.core.dlp.fastscan import HYPERSCAN, SEGMENT, key_run
 from gateway.core.dlp.findings import Finding, Hit, Location, ScanResult, findings_of
 from gateway.core.dlp.heads import CleanParts
+from gateway.core.dlp.history import History
 from gateway.core.dlp.multipart import boundary, parts
 from gateway.core.dlp.prefilter import Prefilter, json_unescape, unescape
 
@@ -52,7 +53,7 @@ __all__ = ["DEFAULT_LIMIT", "Hit", "Scanner"]
 # hold 1 MiB of an ordinary request body, 32 MiB where a check needs it whole).
 DEFAULT_LIMIT = 1024 * 1024
 MIN_DECODED = 12  # decoded runs shorter than this hold no key
-CLEAN_RUNS = 1024  # stretches remembered as decoding to nothing (`_decoded`), at most
+CLEAN_RUNS = 1024  # stretches remembered as decoding to nothing (`decoded`), at most
 CLEAN_RUN = 256  # characters: a longer stretch is decoded again each time
 _QUOTE = re.compile(r'(?<!\\)"')  # a quote that ends a JSON string
 
@@ -61,7 +62,8 @@ class Scanner:
     """Finds credentials with some detectors; `salt` keys the fingerprints."""
 
     def __init__(self, detectors: Iterable[Detector], salt: bytes, *,
-                 limit: int = DEFAULT_LIMIT, depth: int = 2, fast: bool = HYPERSCAN) -> None:
+                 limit: int = DEFAULT_LIMIT, depth: int = 2, fast: bool = HYPERSCAN,
+                 history: History | None = None) -> None:
         self.detectors = tuple(detectors)
         self.salt = salt
         self.limit = limit
@@ -72,14 +74,19 @@ class Scanner:
             Detector(d.name, tuple(r for r in d.rules if r.context or not r.anchors))
             for d in self.detectors), fast=fast)
         self.reach = max((d.reach for d in self.detectors), default=0)
-        self._string_anchors = self.context.string_anchors()
+        self.string_anchors = self.context.string_anchors()
         self._subsets: dict[frozenset[str], Scanner] = {}
         self._by_id: dict[int, tuple[Iterable[str], Scanner]] = {}
         # The parts of heads found clean (`heads.CleanParts`): `unclean_fields`.
         self.heads = CleanParts(self.prefilter.candidate, self._holding)
         self.unclean_fields = self.heads.unclean
-        # Stretches of the alphabet whose runs decode to nothing (`_decoded`), bounded.
+        # Stretches of the alphabet whose runs decode to nothing (`decoded`), bounded.
         self._clean_runs: set[str] = set()
+        # The long strings each sandbox sent that held nothing (`history`: one for the
+        # scanner and its selections, each string kept for one sandbox and selection;
+        # none where a rule reads without anchors: every window is the whole text).
+        self.history = None if self.prefilter.unanchored else history or History()
+        self.selection = frozenset(d.name for d in self.detectors)
 
     def only(self, names: Iterable[str]) -> Scanner:
         """A scanner with the named detectors of this one (a policy's selection), built
@@ -92,7 +99,8 @@ class Scanner:
         found = self._subsets.get(wanted)
         if found is None:
             found = Scanner([d for d in self.detectors if d.name in wanted], self.salt,
-                            limit=self.limit, depth=self.depth, fast=self.fast)
+                            limit=self.limit, depth=self.depth, fast=self.fast,
+                            history=self.history)
             if len(self._subsets) < 64:
                 self._subsets[wanted] = found
         if len(self._by_id) < 256:  # (holding `names`, so its id is not reused)
@@ -120,11 +128,14 @@ class Scanner:
         return ScanResult(self.findings(hits))
 
     def scan_body(self, body: bytes, content_type: str | None = None,
-                  content_encoding: str | None = None, *, gated: bool = False) -> ScanResult:
-        """`gated`: `body_clean` said no already (the scan does not ask it again)."""
+                  content_encoding: str | None = None, *, gated: bool = False,
+                  sandbox: str | None = None) -> ScanResult:
+        """`gated`: `body_clean` said no already (the scan does not ask it again);
+        `sandbox`: whose body it is (a JSON body's strings it sent before and that held
+        nothing are not read again: `history`)."""
         try:
             return ScanResult(self.findings(self.body_hits(body, content_type,
-                                                           content_encoding, gated)))
+                                                           content_encoding, gated, sandbox)))
         except Unreadable as exc:
             return ScanResult((), str(exc))
 
@@ -167,7 +178,7 @@ class Scanner:
                       text[span.start:min(span.end, end)])
         if depth >= self.depth:
             return
-        for run, inner in self._decoded(text):
+        for run, inner in self.decoded(text):
             where, start, _ = locate(run.start)
             offset = None if where.offset is None else where.offset + run.start - start
             yield from self.text_hits(inner, where.under(run.kind, offset), depth + 1)
@@ -196,21 +207,22 @@ class Scanner:
         yield from self.parts_hits([part for part in parts if part[0]])
 
     def body_hits(self, body: bytes, content_type: str | None,
-                  content_encoding: str | None, gated: bool = False) -> list[Hit]:
+                  content_encoding: str | None, gated: bool = False,
+                  sandbox: str | None = None) -> list[Hit]:
         """The body's views; raises `Unreadable` if it cannot be decoded."""
         if content_encoding:
             body = decode_content(body, content_encoding, self.limit)
         elif len(body) > self.limit:
             raise Unreadable(f"the body is more than {self.limit} bytes")
         return list(self._body(body, (content_type or "").lower(), Location("body", offset=0),
-                               content_encoding, gated and not content_encoding))
+                               content_encoding, gated and not content_encoding, sandbox))
 
     def head_clean(self, method: str, target: str,
                    fields: Iterable[tuple[bytes, bytes]]) -> bool:
         """Whether a head holds no candidate (`heads.CleanParts.unclean`)."""
         return self.heads.unclean(method, target, list(fields)) is None
 
-    def _decoded(self, text: str) -> Iterator[tuple[Run, str]]:
+    def decoded(self, text: str) -> Iterator[tuple[Run, str]]:
         """The runs of `text` whose decoded text a detector may find something in (an
         anchor, or a run to decode again), with that text. A stretch that gave none is
         remembered (`_clean_runs`): an agent resends its tool call ids every turn."""
@@ -251,7 +263,7 @@ class Scanner:
         text = part.decode("latin-1")
         if self.prefilter.any(text):
             return True
-        return self.depth > 0 and next(self._decoded(text), None) is not None
+        return self.depth > 0 and next(self.decoded(text), None) is not None
 
     def _holding(self, parts: list[bytes], joined: bytes) -> list[bytes]:
         """The parts (of a head, `joined` by newlines) that `_holds`: where none holds
@@ -262,7 +274,7 @@ class Scanner:
                                and self.prefilter.gate.runs_clean(joined)):  # C call)
             return []
         return [p for p in parts if key_run(p) and
-                next(self._decoded(p.decode("latin-1")), None) is not None]
+                next(self.decoded(p.decode("latin-1")), None) is not None]
 
     def body_clean(self, body: bytes, content_type: str | None) -> bool:
         """Whether a body (its content codings undone) holds no candidate as its reader
@@ -283,8 +295,8 @@ class Scanner:
             self.prefilter.gate.forget()  # (the leak guard's answer: not asked for)
         return plain and not self.prefilter.candidate(body, kind)
 
-    def _body(self, body: bytes, ctype: str, where: Location,
-              coding: str | None = None, gated: bool = False) -> Iterator[Hit]:
+    def _body(self, body: bytes, ctype: str, where: Location, coding: str | None = None,
+              gated: bool = False, sandbox: str | None = None) -> Iterator[Hit]:
         if not body:
             return
         if coding:
@@ -311,17 +323,21 @@ class Scanner:
                 return
         form = kind == "form"
         if kind == "json":
-            strings = jsondoc.joined(body)
-            if strings is not None:
+            seen: set[str] = set()  # (the anchors in its strings)
+            holds = None if sandbox is None or self.history is None else \
+                self.history.first(self, body, sandbox, seen)
+            strings = None if holds is not None else jsondoc.joined(body)
+            if holds is not None or strings is not None:
                 # Read as one text first (what `parts_hits` joins them into, made in C):
                 # only where that finds something are they read by their JSON paths.
-                seen: set[str] = set()  # (the anchors in them)
-                if strings and next(self.parts_hits([(strings, where)], anchors=seen),
-                                    None) is not None:
+                if strings is not None:
+                    holds = bool(strings) and next(self.parts_hits(
+                        [(strings, where)], anchors=seen), None) is not None
+                if holds:
                     document = jsondoc.load(body)
                     # (json refusing what the C reading took, a stack too deep for it:
                     # the strings read again without their paths, never dropped)
-                    yield from self.parts_hits([(strings, where)]) \
+                    yield from self.parts_hits([(jsondoc.joined(body) or "", where)]) \
                         if document is jsondoc.NOT_JSON else self.parts_hits(
                             jsondoc.strings(document, f"{where.name} $" if where.name
                                             else "$"), base=where)
@@ -329,7 +345,7 @@ class Scanner:
                 # escapes of letters undone (`"\\u0061ws_secret_access_key"` is read as
                 # `aws_...`), where the strings hold such a rule's anchor (else the
                 # text cannot: `Prefilter.string_anchors`).
-                named = self._string_anchors
+                named = self.string_anchors
                 if named is None or not seen.isdisjoint(named):
                     yield from self._context(json_unescape(text), where, json_text=True)
                 return

@@ -190,10 +190,18 @@ spec.loader.exec_module(module)
 sys.path[:0] = sys.argv[2:]  # (this file's folder, and tests/ for its helpers)
 from test_dlp_jsondoc import _documents
 bodies = _documents(3, 3000)
+memo = module.Memo(64, 1 << 16, 32)  # (small: strings let go and slots taken over)
 for body in bodies:
     for cut in range(0, len(body) + 1, max(1, len(body) // 40)):
         module.texts(body[:cut])
         module.texts(bytearray(body[:cut]))
+        part = body[:cut]
+        for tag in (1, 2):
+            found = memo.read(part, tag)
+            if found is not None:
+                for _, _, start, end in found[2]:
+                    memo.remember(part, start, end, tag, tag == 2)
+                memo.read(bytearray(part), tag)
 print("clean")
 """
 
@@ -202,7 +210,8 @@ print("clean")
 def test_no_read_or_write_past_a_buffer_under_address_sanitizer(tmp_path: Path) -> None:
     """The C reading built with AddressSanitizer and UBSan, over documents, damaged
     copies and every cut of them, each in a buffer of exactly its size
-    (PYTHONMALLOC=malloc): nothing read past a body, nothing written past the output."""
+    (PYTHONMALLOC=malloc): nothing read past a body, nothing written past the output;
+    the same with a memory of strings (`Memo`: read, remembered, read again, left out)."""
     from gateway.core.dlp import jsondoc
 
     source = Path(jsondoc.__file__).parent / "_jsontext.c"

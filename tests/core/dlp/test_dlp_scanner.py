@@ -393,7 +393,7 @@ def _agent_texts(seed: int, count: int) -> list[str]:
 
 
 def test_runs_remembered_clean_decide_as_fresh_ones() -> None:
-    """`_decoded` remembers the stretches of the alphabet that decoded to nothing (an
+    """`decoded` remembers the stretches of the alphabet that decoded to nothing (an
     agent resends its tool call ids every turn): over texts mixing stretches seen
     before with every fake encoded among them (alone, glued to an id, cut, behind part
     of one), the scan with the memory finds what it finds without it, and no stretch
@@ -420,7 +420,7 @@ def test_runs_remembered_clean_decide_as_fresh_ones() -> None:
     kept = set(scanner._clean_runs)
     scanner._clean_runs.clear()
     for stretch in kept:
-        assert next(scanner._decoded(stretch), None) is None, stretch
+        assert next(scanner.decoded(stretch), None) is None, stretch
         scanner._clean_runs.clear()
 
 
@@ -491,8 +491,8 @@ def test_the_name_rules_run_only_where_the_strings_hold_their_anchor() -> None:
     import random
 
     always = Scanner(build(DEFAULT), b"test-salt")
-    assert always._string_anchors is not None
-    always._string_anchors = None
+    assert always.string_anchors is not None
+    always.string_anchors = None
     r = random.Random(43)
     names = ["aws_secret_access_key", "\\u0061ws_key", "AWS_TOKEN", "aw\\u0073_pass",
              "private_key_id", "private_key_i\\u0064", "laws", "note", "a", "\\u00e9aws"]
