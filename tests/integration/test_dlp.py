@@ -539,3 +539,48 @@ credentials:
         line = _line(gw, before)
         assert line["credential"] == "gh", line
         assert [(f["detector"], f["action"]) for f in line["dlp"] or []] == findings, line
+
+
+def _chat(*contents: str) -> bytes:
+    return json.dumps({"model": "m", "messages": [
+        {"role": "tool", "tool_call_id": f"call_{i:024d}", "content": c}
+        for i, c in enumerate(contents)]}).encode()
+
+
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
+def test_a_conversation_sent_again_is_read_for_what_is_new(
+        make_gateway: GatewayFactory, upstream: Upstream, engine: str) -> None:
+    """A sandbox's conversation, sent again each turn, through the gateway: the long
+    strings it sent before that held nothing are left out of the next reading
+    (`core/dlp/history.py`), and what is new is read: a credential in a new turn, in a
+    string beside the history's, or sent by another sandbox with the same history, is
+    refused; a clean new turn passes. Each sandbox's history is its own."""
+    gw = make_gateway({"agent.yaml": POLICY}, {"network": {"intercept": engine}})
+    tokens = {s: gw.mint("agent", sandbox=s) for s in ("sandbox-1", "sandbox-2")}
+    code = (Path(json.__file__).parent / "decoder.py").read_text()
+    history = [code[:4000], code[4000:8000] + " call_Xy7Qz3abCDef12GhIjKlMn"]
+    headers = [("Content-Type", "application/json")]
+    scanner = gw.gateway.detectors.scanner() if gw.gateway.detectors else None
+
+    def send(sandbox: str, *contents: str) -> Any:
+        assert gw.gateway.proxy_address is not None
+        cred = base64.b64encode(f"{sandbox}:{tokens[sandbox]}".encode()).decode()
+        return run(Spec(host="other.test", method="POST", target="/chat", headers=headers,
+                        body=base64.b64encode(_chat(*contents)).decode(),
+                        proxy=gw.gateway.proxy_address, proxy_auth=f"Basic {cred}",
+                        cafile=str(gw.ca_cert)))
+
+    before = len(upstream.requests)
+    assert send("sandbox-1", *history).status == 200
+    assert scanner is not None
+    held = scanner.only(("github",)).history  # (one store for every selection)
+    assert held is not None and held.size()[0] >= 2  # (both long strings remembered)
+    assert send("sandbox-1", *history, "the next step").status == 200
+    for contents in ((*history, f"deploy with {GH}"), (history[0], GH, history[1]),
+                     (history[0], history[1][:-30] + GH)):
+        result = send("sandbox-1", *contents)
+        assert (result.status, result.code) == (403, "secret_detected"), contents[-1][-60:]
+    result = send("sandbox-2", *history[:1], f"deploy with {GH}", history[1])
+    assert (result.status, result.code) == (403, "secret_detected")
+    assert all(GH.encode() not in r.body for r in upstream.requests[before:])
+    assert len([r for r in upstream.requests[before:] if r.path == "/chat"]) == 2

@@ -82,10 +82,10 @@ class Scanner:
         self.unclean_fields = self.heads.unclean
         # Stretches of the alphabet whose runs decode to nothing (`decoded`), bounded.
         self._clean_runs: set[str] = set()
-        # The long strings each sandbox sent that held nothing (`history`: one for the
-        # scanner and its selections, each string kept for one sandbox and selection;
-        # none where a rule reads without anchors: every window is the whole text).
-        self.history = None if self.prefilter.unanchored else history or History()
+        # The long strings each sandbox sent that held nothing (`history`: one store for
+        # the scanner and its selections; none where a rule reads without anchors).
+        self._shared = history if history is not None else History()
+        self.history = None if self.prefilter.unanchored else self._shared
         self.selection = frozenset(d.name for d in self.detectors)
 
     def only(self, names: Iterable[str]) -> Scanner:
@@ -100,7 +100,7 @@ class Scanner:
         if found is None:
             found = Scanner([d for d in self.detectors if d.name in wanted], self.salt,
                             limit=self.limit, depth=self.depth, fast=self.fast,
-                            history=self.history)
+                            history=self._shared)
             if len(self._subsets) < 64:
                 self._subsets[wanted] = found
         if len(self._by_id) < 256:  # (holding `names`, so its id is not reused)
