@@ -8,7 +8,7 @@ sends it at each turn: its history, the same every request (a system prompt, the
 ask, and a file the agent read, as a tool result: Python's own ``json/decoder.py``, code
 with names, paths, escapes and words such as "ESCAPE" that hold a detector's anchor), and
 a new turn (a tool call with a new id, and its result: 1.5 KB of ``json/encoder.py`` from
-a random line). No credential is in it. (Until the sixteenth session the body was the
+a random line). No credential is in it. (Until the fifteenth session the body was the
 history alone, the same every request.)
 """
 
