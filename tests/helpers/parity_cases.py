@@ -896,6 +896,12 @@ def _no_escaped(result: Result, seen: list[Any]) -> None:
     assert all(escaped not in s.body for s in seen), [s.path for s in seen]
 
 
+def _no_percent(result: Result, seen: list[Any]) -> None:
+    """The percent-encoded fake credential reached no upstream."""
+    encoded = f"%{ord(GH[0]):02X}{GH[1:]}".encode()
+    assert all(encoded not in s.body for s in seen), [s.path for s in seen]
+
+
 def _upstream_got(what: str) -> Callable[[Result, list[Any]], None]:
     def check(result: Result, seen: list[Any]) -> None:
         assert len(seen) == 1 and what.encode() in seen[0].body, seen
@@ -948,6 +954,11 @@ DLP = [
          {**_dlp_post("/dlp/s", "{B64:{\"pad\": \"{PAD_2M}\", \"note\": \"deploy with "
                       "{GH_ESCAPED}\"}}", _JSON), "chunked": True},
          ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_escaped),
+    Case("DLP: a credential percent-encoded in a streamed form body",
+         {**_dlp_post("/dlp/s", "{B64:pad={PAD_2M}&note={GH_PERCENT}}",
+                      ["Content-Type", "application/x-www-form-urlencoded"]),
+          "chunked": True},
+         ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_percent),
     Case("DLP: a credential in a gzip body",
          _dlp_post("/dlp/gz", "{GZ:{\"note\": \"{GH}\"}}", _JSON,
                    ["Content-Encoding", "gzip"]),
@@ -1018,6 +1029,7 @@ def substitutions(token: str) -> dict[str, str]:
     return {"TOKEN": token, "KEY": KEY, "MINTED": MINTED, "PAYLOAD": token.split(".", 1)[1],
             "PAD": PAD, "GH": GH, "GH_PAD": "x" * ((2 << 20) - 20) + GH + "y" * 65536,
             "GH_ESCAPED": f"\\u{ord(GH[0]):04x}" + GH[1:], "PAD_2M": "x" * (2 << 20),
+            "GH_PERCENT": f"%{ord(GH[0]):02X}" + GH[1:],
             "AWS_SECRET": AWS_SECRET,
             "TOKEN_A": token[:half], "TOKEN_B": token[half:],
             "TOKEN_SWAPCASE": token.swapcase(),

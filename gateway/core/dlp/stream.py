@@ -15,7 +15,8 @@ A body whose reader decodes it from UTF-16, UTF-32 or another charset ASCII is n
 own bytes in (its `Content-Type`'s charset, or a byte-order mark or a JSON reader's
 sniffing of its first bytes: `decoding.text_codec`, `json_codec`) is transcoded to UTF-8
 as it streams, so the window holds what the receiver reads; a charset without a codec
-is unreadable.
+is unreadable. A JSON or form body's window holding an escape is also read with its
+escapes undone, as the held body's reading undoes them (`_read`).
 
 The window is kept as bytes and scanned `STEP` new characters at a time: a window without
 an anchor and without 20 base64 characters in a row (most of a large upload) costs one
@@ -34,10 +35,20 @@ from __future__ import annotations
 
 import codecs
 from itertools import chain
+from urllib.parse import unquote_plus
 
 from gateway.core import encodings
 from gateway.core.dlp.decoding import Unreadable, body_kind, json_codec, runs, text_codec
-from gateway.core.dlp.fastscan import BACKSLASH, ESCAPES_KNOWN, FOUND, MAP, SEGMENT, as_bytes
+from gateway.core.dlp.fastscan import (
+    BACKSLASH,
+    ESCAPES_KNOWN,
+    FOUND,
+    MAP,
+    PERCENT,
+    PLUS,
+    SEGMENT,
+    as_bytes,
+)
 from gateway.core.dlp.findings import Finding, Location, ScanResult
 from gateway.core.dlp.prefilter import json_unescape
 from gateway.core.dlp.scanner import Scanner
@@ -68,7 +79,7 @@ class StreamScanner:
         self._ctype = (content_type or "").lower()
         self._charset: codecs.IncrementalDecoder | None = None
         self._sniffed = False  # (the first bytes looked at for a byte-order mark)
-        self._json = False  # (a JSON body: its strings' escapes undone too, `_scan`)
+        self._kind = "text"  # (a JSON or form body: its escapes undone too, `_scan`)
         # where, in the stream, the last chunk the shared pass found something in ends
         # (`feed`'s `flags`; _NO_LIMIT: every window is scanned)
         self._hit = 0 if not scanner.prefilter.unanchored else _NO_LIMIT
@@ -110,9 +121,9 @@ class StreamScanner:
             self._window.add(piece)
             if flags is None or self._decoder is not None or self._charset is not None:
                 self._hit = _NO_LIMIT  # (not the chunk's bytes: scanned as before)
-            elif flags & FOUND or (self._json and (flags & BACKSLASH
-                                                  or not flags & ESCAPES_KNOWN)):
-                # (a JSON body's escape may hide an anchor or a run: `_scan` reads it)
+            elif flags & FOUND or (self._kind != "text" and (
+                    flags & _HIDING[self._kind] or not flags & ESCAPES_KNOWN)):
+                # (a JSON or form body's escape may hide an anchor or a run: `_scan`)
                 self._hit = max(self._hit, self._base + len(self._window))
             if len(self._window) >= self.keep + max(self.keep, STEP):
                 found += self._scan(final=False)
@@ -139,8 +150,8 @@ class StreamScanner:
             self._sniffed = True
             try:
                 codec = text_codec(piece, self._ctype)
-                self._json = body_kind(piece, self._ctype) == "json"
-                if codec == "latin-1" and self._json:
+                self._kind = body_kind(piece, self._ctype)
+                if codec == "latin-1" and self._kind == "json":
                     codec = json_codec(piece)
             except Unreadable as exc:
                 self.unreadable = str(exc)
@@ -155,7 +166,7 @@ class StreamScanner:
         window = self._window
         cut = len(window) if final else len(window) - self.keep
         if self._hit <= self._base or not self._scanner.prefilter.candidate(
-                window.read(), "json" if self._json else "text"):
+                window.read(), self._kind):
             # Most windows: no anchor and no base64 run, no finding and no run to cut
             # by (what `text_hits` starts with, in one pass on the bytes as they are).
             window.drop(cut)
@@ -171,13 +182,12 @@ class StreamScanner:
                     break
         where = Location(self._where, offset=self._base)
         hits = self._scanner.text_hits(text, where)
-        if self._json and "\\" in text:
-            # A JSON body as its reader reads it too: `\\u0067hp_...` is `ghp_...`
-            # (offsets in that text are at most the stream's: a value reported early is
-            # reported once, by its fingerprint).
-            plain = json_unescape(text)
-            if plain != text:
-                hits = chain(hits, self._scanner.text_hits(plain, where))
+        plain = _read(text, self._kind)
+        if plain != text:
+            # A JSON or form body as its reader reads it too: `\\u0067hp_...` and
+            # `%67hp_...` are `ghp_...` (offsets in that text are at most the stream's: a
+            # value reported early is reported once, by its fingerprint).
+            hits = chain(hits, self._scanner.text_hits(plain, where))
         out: list[Finding] = []
         for finding in self._scanner.findings(
                 h for h in hits if h.location.offset is None
@@ -245,6 +255,19 @@ class _Window:
             whole += 1
         del parts[:whole]
         self._skip = n
+
+
+_HIDING = {"json": BACKSLASH, "form": PERCENT | PLUS}  # (a chunk's escapes, by kind)
+
+
+def _read(text: str, kind: str) -> str:
+    """A window's text as a JSON or form reader reads it (escapes undone; a text as it
+    is): what the held body's reading undoes (`Scanner._body`)."""
+    if kind == "json" and "\\" in text:
+        return json_unescape(text)
+    if kind == "form" and ("%" in text or "+" in text):
+        return unquote_plus(text, encoding="latin-1")
+    return text
 
 
 def _near(text: str, cut: int) -> bool:

@@ -259,3 +259,29 @@ def test_a_streamed_json_body_is_read_with_its_escapes_undone(
         found += stream.end().findings
         names = [f.detector for f in found]
         assert names == [detector] if json_read else detector not in names, (ctype, names)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["alone", "shared-pass"])
+@pytest.mark.parametrize(("detector", "spell"), [
+    ("github", lambda k: f"%{ord(k[0]):02X}{k[1:]}"),
+    ("basic-auth", lambda k: k.replace(":", "%3A").replace("/", "%2F")),  # (no run)
+    ("private-key", lambda k: k.replace(" ", "+").replace("\n", "%0A")),
+])
+def test_a_streamed_form_body_is_read_with_its_escapes_undone(
+        detector: str, spell: Callable[[str], str], shared: bool) -> None:
+    """A form body streamed past the hold limit is read as its reader reads its fields,
+    like a held one: `%XX` and `+` undone, also where the gate's shared pass saw only
+    an escape in its chunk."""
+    from gateway.core.dlp.fastscan import ChunkPass
+
+    data = (b"pad=" + _filler(200_000, 9).replace(b" ", b"+") + b"&note="
+            + spell(fake(detector).text).encode() + b"&more=" + _filler(100_000, 10)
+            .replace(b" ", b"+"))
+    stream = StreamScanner(SCANNER, content_type="application/x-www-form-urlencoded")
+    gate = ChunkPass(SCANNER.prefilter.gate)
+    found = []
+    for at in range(0, len(data), 16_384):
+        chunk = data[at:at + 16_384]
+        found += stream.feed(chunk, gate.flags(chunk, escapes=True) if shared else None).findings
+    found += stream.end().findings
+    assert [f.detector for f in found] == [detector]
