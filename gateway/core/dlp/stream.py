@@ -263,7 +263,7 @@ _HIDING = {"json": BACKSLASH, "form": PERCENT | PLUS}  # (a chunk's escapes, by 
 def _read(text: str, kind: str) -> str:
     """A window's text as a JSON or form reader reads it (escapes undone; a text as it
     is): what the held body's reading undoes (`Scanner._body`)."""
-    if kind == "json" and "\\" in text:
+    if kind == "json" and ("\\u" in text or "\\/" in text):  # (what it undoes: memchr)
         return json_unescape(text)
     if kind == "form" and ("%" in text or "+" in text):
         return unquote_plus(text, encoding="latin-1")
