@@ -30,8 +30,9 @@ it to the scans without it over conversations of many turns).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 from gateway.core.dlp import jsondoc
@@ -91,12 +92,14 @@ class History:
         found = self._memo.read(body, tag & 0xFFFF_FFFF_FFFF_FFFF)
         return None if found is None else Reading(*found)
 
-    def first(self, scanner: Scan, body: bytes, sandbox: str, seen: set[str]
-              ) -> bool | None:
+    def first(self, scanner: Scan, body: bytes, sandbox: str, seen: set[str],
+              later: list[Callable[[], None]]) -> bool | None:
         """Whether `scanner`'s first reading of a JSON body's strings finds anything,
-        the long strings this sandbox sent before that held nothing left out, the new
-        ones that hold nothing remembered; None: read the body whole (not read so, or a
-        window reaches where a string was left out). `seen`: the anchors found."""
+        the long strings this sandbox sent before that held nothing left out; None: read
+        the body whole (not read so, or a window reaches where a string was left out).
+        `seen`: the anchors found; `later`: where nothing was found, what remembers the
+        new strings that hold nothing, for the caller to call once the rest of its
+        reading (the name rules' pass) has found nothing either."""
         tag = hash((sandbox, scanner.selection))
         reading = self.read(body, tag)
         found = None if reading is None else scanner.prefilter.reading(reading.text,
@@ -115,7 +118,7 @@ class History:
                 if next(scanner.text_hits(inner, Location("body", via=(run.kind,)), 1),
                         None) is not None:
                     return True
-        self.remember(body, reading, tag, windows, anchors, named)
+        later.append(partial(self.remember, body, reading, tag, windows, anchors, named))
         return False
 
     def remember(self, body: bytes, reading: Reading, tag: int,

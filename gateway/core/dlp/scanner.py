@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from urllib.parse import parse_qsl, unquote_plus
 
 from gateway.core.dlp import jsondoc
@@ -110,8 +110,7 @@ class Scanner:
     # -- results ---------------------------------------------------------------------------
 
     def findings(self, hits: Iterable[Hit]) -> tuple[Finding, ...]:
-        """Findings of hits (`findings.findings_of`: one per detector and value, never the
-        value), fingerprinted with this scanner's salt."""
+        """Findings of hits, fingerprinted with this scanner's salt (`findings_of`)."""
         return findings_of(hits, self.salt)
 
     def scan_request(self, method: str, target: str, headers: Iterable[tuple[str, str]],
@@ -130,9 +129,8 @@ class Scanner:
     def scan_body(self, body: bytes, content_type: str | None = None,
                   content_encoding: str | None = None, *, gated: bool = False,
                   sandbox: str | None = None) -> ScanResult:
-        """`gated`: `body_clean` said no already (the scan does not ask it again);
-        `sandbox`: whose body it is (a JSON body's strings it sent before and that held
-        nothing are not read again: `history`)."""
+        """`gated`: `body_clean` said no already; `sandbox`: whose body it is (what it
+        sent before and held nothing is not read again: `history`)."""
         try:
             return ScanResult(self.findings(self.body_hits(body, content_type,
                                                            content_encoding, gated, sandbox)))
@@ -324,8 +322,9 @@ class Scanner:
         form = kind == "form"
         if kind == "json":
             seen: set[str] = set()  # (the anchors in its strings)
+            later: list[Callable[[], None]] = []  # (`history`: what it then remembers)
             holds = None if sandbox is None or self.history is None else \
-                self.history.first(self, body, sandbox, seen)
+                self.history.first(self, body, sandbox, seen, later)
             strings = None if holds is not None else jsondoc.joined(body)
             if holds is not None or strings is not None:
                 # Read as one text first (what `parts_hits` joins them into, made in C):
@@ -341,13 +340,15 @@ class Scanner:
                         if document is jsondoc.NOT_JSON else self.parts_hits(
                             jsondoc.strings(document, f"{where.name} $" if where.name
                                             else "$"), base=where)
-                # The rules reading a name beside its value: on the text with the
-                # escapes of letters undone (`"\\u0061ws_secret_access_key"` is read as
-                # `aws_...`), where the strings hold such a rule's anchor (else the
-                # text cannot: `Prefilter.string_anchors`).
+                # The rules reading a name beside its value: on the text with its
+                # escapes undone (`"\\u0061ws_secret_access_key"` is `aws_...`), where
+                # the strings hold such a rule's anchor (`Prefilter.string_anchors`).
                 named = self.string_anchors
-                if named is None or not seen.isdisjoint(named):
-                    yield from self._context(json_unescape(text), where, json_text=True)
+                pairs = [] if named is not None and seen.isdisjoint(named) else \
+                    list(self._context(json_unescape(text), where, json_text=True))
+                yield from pairs
+                for keep in () if pairs else later:
+                    keep()
                 return
         if form:
             for name, value in parse_qsl(text, keep_blank_values=True, encoding="latin-1"):
@@ -361,8 +362,7 @@ class Scanner:
         yield from self.text_hits(text, where)
 
     def _context(self, text: str, where: Location, *, json_text: bool = False) -> Iterator[Hit]:
-        """A document's text as a whole, for the rules that read a name beside its value
-        (the strings themselves were scanned one by one)."""
+        """A document's text whole, for the rules reading a name beside its value."""
         for span in self.context.spans(text):
             value = text[span.start:span.end]
             if json_text:

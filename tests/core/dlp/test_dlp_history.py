@@ -268,3 +268,18 @@ def test_a_string_whose_window_reaches_past_its_end_is_not_remembered() -> None:
     body = json.dumps([head, rest]).encode()
     assert [f.detector for f in scanner.scan_body(body, JSON, sandbox="s").findings] \
         == ["private-key"]
+
+
+def test_a_body_the_name_rules_find_something_in_remembers_nothing() -> None:
+    """The name rules' pass over the document's text comes after the first reading: a
+    body it finds a pair in remembers none of its strings (nothing was found in the
+    strings alone), as any body with a finding."""
+    scanner = Scanner(DETECTORS, b"salt", history=History())
+    body = json.dumps({"notes": "r = 1\n" * 60 + CALL,
+                       "aws_secret_access_key": AWS_SECRET}).encode()
+    assert [f.detector for f in scanner.scan_body(body, JSON, sandbox="s").findings] \
+        == ["aws"]
+    assert scanner.history is not None and scanner.history.size() == (0, 0)
+    clean = json.dumps({"notes": "r = 1\n" * 60 + CALL, "region": "eu"}).encode()
+    assert not scanner.scan_body(clean, JSON, sandbox="s").findings
+    assert scanner.history.size()[0] == 1
