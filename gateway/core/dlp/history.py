@@ -30,6 +30,7 @@ it to the scans without it over conversations of many turns).
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -125,16 +126,19 @@ class History:
                  windows: list[tuple[int, int]], anchors: list[tuple[int, str]],
                  named: frozenset[str] | None) -> None:
         """After a scan of `reading` found nothing: its fresh strings that no window
-        crossed (`windows`: every one read), each with whether it holds one of the
-        `named` anchors (None: that pass always runs)."""
+        crossed (`windows`: every one read; a window crosses a string where one of the
+        string's ends lies inside it), each with whether it holds one of the `named`
+        anchors (None: that pass always runs). In time of the strings and windows times
+        their logarithm (a body of thousands of each, made to cost, is no square)."""
         assert self._memo is not None
         tag &= 0xFFFF_FFFF_FFFF_FFFF
+        spans = _union(windows)
+        starts = [lo for lo, _ in spans]
+        marks = sorted(at for at, anchor in anchors if named is not None and anchor in named)
         for start, end, raw_start, raw_end in reading.fresh:
-            if any(lo < end and hi > start and (lo < start or hi > end)
-                   for lo, hi in windows):
+            if _inside(spans, starts, start) or _inside(spans, starts, end):
                 continue
-            holds = named is not None and any(start <= at < end and anchor in named
-                                              for at, anchor in anchors)
+            holds = bisect_left(marks, start) < bisect_left(marks, end)
             self._memo.remember(body, raw_start, raw_end, tag, holds)
 
     def forget(self) -> None:
@@ -147,3 +151,22 @@ class History:
             return 0, 0
         held, size = self._memo.size()
         return held, size
+
+
+def _union(windows: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The windows merged where they overlap or touch, in order (a point strictly inside
+    the union may be an end two windows share: such a string is not remembered, which
+    only costs)."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(windows):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _inside(spans: list[tuple[int, int]], starts: list[int], point: int) -> bool:
+    """Whether `point` lies strictly inside one of `spans` (disjoint, in order)."""
+    i = bisect_right(starts, point) - 1
+    return i >= 0 and spans[i][0] < point < spans[i][1]

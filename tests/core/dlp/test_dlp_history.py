@@ -283,3 +283,27 @@ def test_a_body_the_name_rules_find_something_in_remembers_nothing() -> None:
     clean = json.dumps({"notes": "r = 1\n" * 60 + CALL, "region": "eu"}).encode()
     assert not scanner.scan_body(clean, JSON, sandbox="s").findings
     assert scanner.history.size()[0] == 1
+
+
+def test_a_body_of_many_strings_and_windows_costs_no_square() -> None:
+    """What is remembered is decided in time of the strings and windows (times a
+    logarithm): a body of 1,200 long strings, each with anchors that match nothing (a
+    window each: 36,000), costs about what its scan without a history costs."""
+    import time
+
+    strings = [f"{i:05d} {'y' * 60} " + "ESCAPE SHAPE APE " * 10 + "z = 1; " * 50 + CALL
+               for i in range(1200)]  # (Twilio's `AP` window reaches 300 characters on)
+    body = json.dumps(strings).encode()
+    assert len(body) < 1 << 20
+    plain = Scanner(DETECTORS, b"salt")
+    remembering = Scanner(DETECTORS, b"salt", history=History(slots=1 << 12, limit=8 << 20))
+
+    def timed(scanner: Scanner, sandbox: str | None) -> float:
+        started = time.perf_counter()
+        assert not scanner.scan_body(body, JSON, sandbox=sandbox).findings
+        return time.perf_counter() - started
+
+    alone = min(timed(plain, None) for _ in range(3))
+    first = timed(remembering, "s")
+    assert remembering.history is not None and remembering.history.size()[0] > 1000
+    assert first < 3 * alone + 0.2, (first, alone)
