@@ -959,6 +959,11 @@ DLP = [
                       ["Content-Type", "application/x-www-form-urlencoded"]),
           "chunked": True},
          ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_percent),
+    # A text the scan would read for minutes (each match of an anchor repeated with no END
+    # reading to the window's end): refused as unread, at once, on every engine.
+    Case("DLP: a body of one anchor over and over is refused unread",
+         _dlp_post("/dlp/t", "{B64:{PEM_FLOOD}}", ["Content-Type", "text/plain"]),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
     Case("DLP: a credential in a gzip body",
          _dlp_post("/dlp/gz", "{GZ:{\"note\": \"{GH}\"}}", _JSON,
                    ["Content-Encoding", "gzip"]),
@@ -1030,6 +1035,7 @@ def substitutions(token: str) -> dict[str, str]:
             "PAD": PAD, "GH": GH, "GH_PAD": "x" * ((2 << 20) - 20) + GH + "y" * 65536,
             "GH_ESCAPED": f"\\u{ord(GH[0]):04x}" + GH[1:], "PAD_2M": "x" * (2 << 20),
             "GH_PERCENT": f"%{ord(GH[0]):02X}" + GH[1:],
+            "PEM_FLOOD": "BEGIN PRIVATE KEY " * 15_000,
             "AWS_SECRET": AWS_SECRET,
             "TOKEN_A": token[:half], "TOKEN_B": token[half:],
             "TOKEN_SWAPCASE": token.swapcase(),

@@ -19,9 +19,18 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from gateway.core.dlp.decoding import Unreadable
+
 __all__ = ["Detector", "Rule", "Span"]
 
 MIN_GROUP = 4  # a group shorter than this is part of the pattern (ghp, glcbt prefix)
+# What a rule's matches in one window may read (their values with their tails, which the
+# checks read again), in characters: this many times the window, and at least MIN_WORK.
+# A text made of one anchor over and over (`BEGIN PRIVATE KEY ` with no END, `eyJeyJ…`)
+# gave each match a tail to the window's end: 128 KB cost 14 s, 1 MiB minutes. Past it,
+# the text is refused as unreadable (fail closed), never read in part.
+WORK = 4
+MIN_WORK = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +83,7 @@ class Rule:
                     at = window.find(value, at + len(value))
             return
         assert self.pattern is not None
+        work = max(MIN_WORK, WORK * (end - start))
         for match in self.pattern.finditer(text, start, end):
             lo, hi = match.span()
             best = 0
@@ -93,6 +103,10 @@ class Rule:
                 more = self.tail.match(text, hi, max(end, hi))
                 if more is not None:
                     hi = more.end()
+            work -= hi - lo
+            if work < 0:
+                raise Unreadable(f"the text holds more {name} candidates than the scan "
+                                 "reads in it; send fewer, or it in parts")
             if self.confirm is not None and not self.confirm(text[lo:hi]):
                 continue
             yield Span(name, lo, hi)

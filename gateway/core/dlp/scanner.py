@@ -116,11 +116,11 @@ class Scanner:
     def scan_request(self, method: str, target: str, headers: Iterable[tuple[str, str]],
                      body: bytes = b"") -> ScanResult:
         """The whole request: line, headers, body (by its Content-Type and -Encoding)."""
-        headers = list(headers)
-        hits = list(self.head_hits(method, target, headers))
+        headers, hits = list(headers), list[Hit]()
         ctype = next((v for k, v in headers if k.lower() == "content-type"), None)
         coding = next((v for k, v in headers if k.lower() == "content-encoding"), None)
         try:
+            hits += self.head_hits(method, target, headers)
             hits += self.body_hits(body, ctype, coding)
         except Unreadable as exc:
             return ScanResult(self.findings(hits), str(exc))

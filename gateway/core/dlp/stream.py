@@ -127,7 +127,7 @@ class StreamScanner:
                 self._hit = max(self._hit, self._base + len(self._window))
             if len(self._window) >= self.keep + max(self.keep, STEP):
                 found += self._scan(final=False)
-        return ScanResult(tuple(found))
+        return ScanResult(tuple(found), self.unreadable)
 
     def end(self) -> ScanResult:
         """Scan what is left at the end of the stream."""
@@ -141,7 +141,8 @@ class StreamScanner:
         self._window.add(self._text(b"".join(rest), final=True))
         if self.unreadable is not None:
             return ScanResult((), self.unreadable)
-        return ScanResult(tuple(self._scan(final=True)))
+        found = self._scan(final=True)
+        return ScanResult(tuple(found), self.unreadable)
 
     def _text(self, piece: bytes, final: bool) -> bytes:
         """`piece` as its reader reads it: itself, or transcoded to UTF-8 (see the module
@@ -181,6 +182,15 @@ class StreamScanner:
                 if run.start >= cut:
                     break
         where = Location(self._where, offset=self._base)
+        try:  # (read now: a text the scan gives up on is unreadable, `Rule.spans`)
+            return self._found(text, where, cut)
+        except Unreadable as exc:
+            self.unreadable = str(exc)
+            return []
+
+    def _found(self, text: str, where: Location, cut: int) -> list[Finding]:
+        """The findings new in the window's text (those starting before `cut`), the
+        window then let go up to `cut`."""
         hits = self._scanner.text_hits(text, where)
         plain = _read(text, self._kind)
         if plain != text:
@@ -197,7 +207,7 @@ class StreamScanner:
                 if len(self._seen) < SEEN:  # (past it: reported again, never held)
                     self._seen.add(key)
                 out.append(finding)
-        window.drop(cut)
+        self._window.drop(cut)
         self._base += cut
         return out
 

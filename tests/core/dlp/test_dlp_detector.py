@@ -40,3 +40,28 @@ def test_a_lookbehind_sees_before_the_window() -> None:
 def test_the_reach_is_the_widest_rule() -> None:
     d = Detector("d", (Rule(None, before=3, after=10), Rule(None, before=0, after=40)))
     assert d.reach == 40
+
+
+def test_what_a_rule_reads_in_a_window_is_bounded() -> None:
+    """A rule's matches may read (values with their tails) up to `WORK` times its window
+    (at least `MIN_WORK`): a text of one anchor over and over, each match's tail running
+    to the window's end, is refused as unreadable in time of the window, where each
+    match read the rest of the window again (128 KB: 14 s). Matches that read little, and
+    a few long ones, are read as before."""
+    import time
+
+    from gateway.core.dlp.decoding import Unreadable
+    from gateway.core.dlp.detector import MIN_WORK, WORK
+
+    rule = Rule(re.compile("BEGIN KEY"), anchors=("BEGIN KEY",), after=16500,
+                tail=re.compile(r"[\s\S]{0,16384}?END KEY|[A-Za-z ]*"))
+    text = "BEGIN KEY " * 20_000  # (200 KB, no END: each tail runs to the window's end)
+    started = time.perf_counter()
+    with pytest.raises(Unreadable, match="more k candidates than the scan reads"):
+        list(rule.spans("k", text, 0, len(text)))
+    assert time.perf_counter() - started < 1.0
+    keys = "".join(f"BEGIN KEY {'x' * 300} END KEY\n" for _ in range(100))
+    assert len(list(rule.spans("k", keys, 0, len(keys)))) == 100
+    long = "BEGIN KEY " + "y" * (MIN_WORK - 20)  # (one match reading all it may)
+    assert len(list(rule.spans("k", long, 0, len(long)))) == 1
+    assert WORK >= 2

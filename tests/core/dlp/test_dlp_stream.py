@@ -285,3 +285,18 @@ def test_a_streamed_form_body_is_read_with_its_escapes_undone(
         found += stream.feed(chunk, gate.flags(chunk, escapes=True) if shared else None).findings
     found += stream.end().findings
     assert [f.detector for f in found] == [detector]
+
+
+def test_a_streamed_body_of_one_anchor_over_and_over_is_unreadable_at_once() -> None:
+    """4 MiB of a private key's header with no END, streamed: each window's matches
+    would each read to the window's end; the scan says it cannot read it (the engine
+    refuses, fail closed) within a bounded time, not minutes."""
+    import time
+
+    data = b"BEGIN PRIVATE KEY " * ((4 << 20) // 18)
+    stream = StreamScanner(SCANNER, content_type="text/plain")
+    started = time.perf_counter()
+    results = [stream.feed(data[at:at + 65536]) for at in range(0, len(data), 65536)]
+    results.append(stream.end())
+    assert any(r.unreadable and "private-key candidates" in r.unreadable for r in results)
+    assert time.perf_counter() - started < 2.0
