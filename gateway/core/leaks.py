@@ -146,7 +146,7 @@ class _Markers:
                     return "token"
                 found = "secret"
             return found
-        for _, literal in self._literals.find(text):
+        for _, literal in self._literals.find(text) or ():  # (no limit: never None)
             if literal in self._tokens:
                 return "token"
             found = "secret"

@@ -25,12 +25,14 @@ __all__ = ["Detector", "Rule", "Span"]
 
 MIN_GROUP = 4  # a group shorter than this is part of the pattern (ghp, glcbt prefix)
 # What a rule's matches in one window may read (their values with their tails, which the
-# checks read again), in characters: this many times the window, and at least MIN_WORK.
+# checks read again; PER_MATCH at least each), in characters: this many times the
+# window, and at least MIN_WORK.
 # A text made of one anchor over and over (`BEGIN PRIVATE KEY ` with no END, `eyJeyJ…`)
 # gave each match a tail to the window's end: 128 KB cost 14 s, 1 MiB minutes. Past it,
 # the text is refused as unreadable (fail closed), never read in part.
 WORK = 4
 MIN_WORK = 64 * 1024
+PER_MATCH = 64  # (a match and its checks cost at least this: 1 MiB of `eyJa.` took 1 s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,28 @@ class Rule:
     # so the gate need not look for this rule's anchors (`Prefilter.gate`). Declared by
     # the library, checked against the pattern by tests/core/dlp/test_dlp_runs.py.
     run: bool = False
+    # For a pattern that begins with its one anchor and whose failed attempt at an anchor
+    # fails at every anchor up to where `skip` (matched there) ends (JWT's: `eyJ` and a
+    # run of its class, which needs a `.` after the run): its matches are tried at the
+    # anchors only, each run once. `finditer` tried every `eyJ` of a run of them, each
+    # reading the run to its end: 128 KB of `eyJ` cost 3.6 s, 1 MiB nearly 4 minutes.
+    skip: re.Pattern[str] | None = None
+
+    def _matches(self, text: str, start: int, end: int) -> Iterator[re.Match[str]]:
+        """What `finditer` finds in text[start:end]; with `skip`, tried at the anchors."""
+        assert self.pattern is not None
+        if self.skip is None or len(self.anchors) != 1:  # (a full pass: no anchors)
+            yield from self.pattern.finditer(text, start, end)
+            return
+        anchor, at = self.anchors[0], start
+        while (found := text.find(anchor, at, end)) >= 0:
+            match = self.pattern.match(text, found, end)
+            if match is None:
+                gone = self.skip.match(text, found, end)
+                at = max(found + 1, gone.end() if gone is not None else 0)
+                continue
+            yield match
+            at = max(match.end(), found + 1)
 
     def spans(self, name: str, text: str, start: int, end: int) -> Iterator[Span]:
         """Values this rule finds in text[start:end] (lookbehinds see before `start`)."""
@@ -84,7 +108,7 @@ class Rule:
             return
         assert self.pattern is not None
         work = max(MIN_WORK, WORK * (end - start))
-        for match in self.pattern.finditer(text, start, end):
+        for match in self._matches(text, start, end):
             lo, hi = match.span()
             best = 0
             for i in range(1, (self.pattern.groups or 0) + 1):
@@ -103,7 +127,7 @@ class Rule:
                 more = self.tail.match(text, hi, max(end, hi))
                 if more is not None:
                     hi = more.end()
-            work -= hi - lo
+            work -= max(hi - lo, PER_MATCH)
             if work < 0:
                 raise Unreadable(f"the text holds more {name} candidates than the scan "
                                  "reads in it; send fewer, or it in parts")

@@ -28,9 +28,11 @@ bytes, more than 64 of them).
 from __future__ import annotations
 
 import re
+import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from importlib.util import find_spec
+from itertools import islice
 from typing import Any
 
 import ahocorasick
@@ -319,22 +321,26 @@ class Literals:
             if fast else None
         self._automaton = None if fast else _Automaton(literals)
 
-    def find(self, text: str | bytes | bytearray) -> list[tuple[int, str]]:
-        """(start, literal) of every literal in `text`, by end."""
+    def find(self, text: str | bytes | bytearray, limit: int | None = None
+             ) -> list[tuple[int, str]] | None:
+        """(start, literal) of every literal in `text`, by end; None where there are
+        more than `limit` (the search stops there)."""
         if self._automaton is not None:
             if not isinstance(text, str):
                 text = text.decode("latin-1")
-            return list(self._automaton.find(text))
+            every = list(islice(self._automaton.find(text), limit + 1 if limit else None))
+            return None if limit is not None and len(every) > limit else every
         assert self._pool is not None
         found: list[tuple[int, str]] = []
         literals = self.literals
+        most = limit if limit is not None else sys.maxsize
 
-        def on(index: int, _start: int, end: int, _flags: int, _context: object) -> None:
+        def on(index: int, _start: int, end: int, _flags: int, _context: object) -> bool:
             literal = literals[index]
             found.append((end - len(literal), literal))
+            return len(found) > most  # (True: the scan ends, one past the limit)
 
-        self._pool.scan(as_bytes(text), on)
-        return found
+        return found if self._pool.scan(as_bytes(text), on) else None
 
     def any(self, text: str | bytes | bytearray) -> bool:
         if self._automaton is not None:

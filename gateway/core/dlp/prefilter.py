@@ -18,6 +18,7 @@ import re
 from bisect import bisect_left
 from collections import defaultdict
 
+from gateway.core.dlp.decoding import Unreadable
 from gateway.core.dlp.detector import Detector, Rule, Span
 from gateway.core.dlp.fastscan import (
     BACKSLASH,
@@ -88,6 +89,11 @@ def _json_char(match: re.Match[str]) -> str:
     return match.group(0) if char in '"\\' else char
 
 
+# The anchors a text may hold, at most (ordinary text holds a few a MiB, random base64 a
+# few hundred): past it, each one's window and its Python step (1 MiB of `AKIA`: 0.8 s)
+# make the text one the scan does not read (unreadable, fail closed).
+ANCHORS = 4096
+ANCHOR_EVERY = 32  # (and one more for each this many characters)
 # What a JSON text holds outside its strings (`Prefilter.string_anchors`).
 _STRUCTURE = frozenset(' \t\r\n{}[]:,"-+.0123456789eEtruefalsnNaIiy')
 _JSON_ESCAPE_TEXT = re.compile(r"\\(?:u00([0-9A-Fa-f]{2})|/)")
@@ -200,7 +206,11 @@ class Prefilter:
             return windows, []
         entries = self._entries
         size = len(text)
-        where = self._finder.find(text)
+        found = self._finder.find(text, ANCHORS + size // ANCHOR_EVERY)
+        if found is None:  # (each costs a window: a text made of anchors is refused)
+            raise Unreadable("the text holds more anchors of the detectors than the scan "
+                             "reads in it; send it in parts")
+        where = found
         for start, anchor in where:
             end = start + len(anchor)
             for index in self._rules[anchor]:

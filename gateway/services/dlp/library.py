@@ -89,6 +89,7 @@ class Anchor:
     # match does, or (a case-insensitive pattern) the value does once it is ASCII, which
     # the plausibility check every pattern's values pass (`_plausible`) requires.
     run: bool = False
+    skip: str | None = None  # (see core/dlp/detector.Rule.skip)
 
 
 def cases(word: str) -> tuple[str, ...]:
@@ -100,8 +101,9 @@ def cases(word: str) -> tuple[str, ...]:
 
 def _a(*anchors: str, after: int, before: int = 0, tail: str | None = None,
        strip: str = "", stop: str = "", context: bool = False,
-       check: Callable[[str], bool] | None = None, run: bool = False) -> Anchor:
-    return Anchor(anchors, after, before, tail, strip, stop, context, check, run)
+       check: Callable[[str], bool] | None = None, run: bool = False,
+       skip: str | None = None) -> Anchor:
+    return Anchor(anchors, after, before, tail, strip, stop, context, check, run, skip)
 
 
 _DELIMITERS = " \t\r\n\"=:"  # what ArtifactoryDetector's patterns match around a token
@@ -111,6 +113,11 @@ _LINE_END = " \t\r\n\"'`,;<>"  # NpmDetector's value runs to the end of the line
 # A private key's value runs to its END line (or, cut short, over the base64 that follows
 # its header), and it must hold key material: the header alone is code that reads keys
 # (`line.startswith("-----BEGIN RSA PRIVATE KEY-----")`), not a key.
+# What a failed attempt of detect-secrets' JWT pattern (`eyJ[A-Za-z0-9-_=]+\.…`) read:
+# `eyJ` and the run of its class (the same class, `9-_` a range in it), which must end
+# in a `.`; no later `eyJ` inside that run can match (tests/services/dlp: the pattern is
+# checked to begin so, and the rule's spans held to `finditer`'s).
+_JWT_RUN = r"eyJ[A-Za-z0-9-_=]*"
 _PEM_END = (r"(?:[\s\S]{0,16384}?(?:END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-*"
             r"|Private-MAC: *[0-9a-fA-F]+)|-*(?:\s|\\[nr]|[A-Za-z0-9+/=:,-])*)")
 _PEM_HEAD = re.compile(r"^(?:BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-*|PuTTY-User-Key-File-2:.*)")
@@ -166,7 +173,9 @@ PLUGINS: dict[str, list[tuple[type[BasePlugin], list[Anchor | None]]]] = {
             "BEGIN DSA PRIVATE KEY", "BEGIN EC PRIVATE KEY", "BEGIN OPENSSH PRIVATE KEY",
             "BEGIN PGP PRIVATE KEY BLOCK", "BEGIN PRIVATE KEY", "BEGIN RSA PRIVATE KEY",
             "BEGIN SSH2 ENCRYPTED PRIVATE KEY", "PuTTY-User-Key-File-2")])],
-    "jwt": [(JwtTokenDetector, [_a("eyJ", after=8192, tail=r"[A-Za-z0-9_\-]*")])],
+    # (tried at each `eyJ`, a run of the pattern's own class once: `Rule.skip`)
+    "jwt": [(JwtTokenDetector, [_a("eyJ", after=8192, tail=r"[A-Za-z0-9_\-]*",
+                                   skip=_JWT_RUN)])],
     "openai": [(OpenAIDetector, [_a("T3BlbkFJ", before=260, after=25, run=True)]),
                (OpenAIProjectKeyDetector, [_a("sk-proj-", "sk-svcacct-", "sk-admin-",
                                               after=260, run=True)])],
@@ -241,7 +250,7 @@ def _rules(plugin_class: type[BasePlugin], anchors: list[Anchor | None]) -> Iter
             yield Rule(pattern, anchor.anchors, anchor.before, anchor.after, confirm,
                        re.compile(anchor.tail) if anchor.tail else None,
                        strip=anchor.strip, stop=anchor.stop, context=anchor.context,
-                       run=anchor.run)
+                       run=anchor.run, skip=re.compile(anchor.skip) if anchor.skip else None)
 
 
 def _agrees(plugin: BasePlugin, text: str) -> bool:

@@ -335,3 +335,28 @@ def test_json_unescape_reads_characters_as_a_json_reader_does() -> None:
     assert json_unescape("\\\\u0061ws") == "\\\\u0061ws"  # (a backslash, then u0061)
     assert json_unescape("\\\\\\u0061ws") == "\\\\aws"
     assert json_unescape("no escape") == "no escape"
+
+
+def test_a_text_of_more_anchors_than_the_scan_reads_is_unreadable() -> None:
+    """Each anchor found costs a window and a Python step: a text holding more than
+    `ANCHORS` and one more for each `ANCHOR_EVERY` characters is refused as unreadable
+    (1 MiB of `AKIA`: 0.8 s before; the search stops at the limit), one at the limit is
+    read."""
+    import time
+
+    from gateway.core.dlp.decoding import Unreadable
+    from gateway.core.dlp.prefilter import ANCHOR_EVERY, ANCHORS
+
+    prefilter = SCANNER.prefilter
+    flood = "AKIA " * ((1 << 20) // 5)
+    started = time.perf_counter()
+    with pytest.raises(Unreadable, match="more anchors"):
+        prefilter.spans(flood)
+    assert time.perf_counter() - started < 0.2
+    size = 200_000
+    most = ANCHORS + size // ANCHOR_EVERY
+    text = ("AKIA " * most).ljust(size, ".")
+    assert len(text) == size and text.count("AKIA") == most
+    prefilter.spans(text)  # (at the limit: read)
+    with pytest.raises(Unreadable):
+        prefilter.spans(("AKIA " * (most + 1)).ljust(size, "."))

@@ -306,3 +306,16 @@ def test_a_slack_webhook_is_found_in_any_mix_of_cases(host: str, path: str) -> N
         where = Location("body", offset=0)
         assert {f.detector for f in fast.scan_text(text, where)} == {"slack"}, text
         assert {f.detector for f in full.scan_text(text, where)} == {"slack"}, text
+
+
+def test_the_jwt_rule_skips_what_its_pattern_cannot_match() -> None:
+    """`_JWT_RUN` (the JWT rule's `skip`) is right only for detect-secrets' pattern as it
+    is: `eyJ`, a run of its class, then a `.`; an upgrade that changes it fails here."""
+    from detect_secrets.plugins.jwt import JwtTokenDetector
+
+    from gateway.services.dlp.library import _JWT_RUN
+
+    (pattern,) = JwtTokenDetector().denylist
+    assert pattern.pattern.startswith(_JWT_RUN.removesuffix("*") + "+\\.")
+    (rule,) = [r for d in build(("jwt",)) for r in d.rules]
+    assert rule.skip is not None and rule.skip.pattern == _JWT_RUN and rule.anchors == ("eyJ",)
