@@ -11,8 +11,7 @@ cost twice as much CPU with detection as without. Where no wheel exists for the 
 (Linux on ARM), the automaton and the translate search are the fallback (`fast=False`);
 both give the same answers (the tests run both).
 
-A text is searched as latin-1 bytes at the same offsets (a character past latin-1, from
-a JSON `\\u` escape, becomes `?`, which neither check counts).
+A text is searched as latin-1 bytes at the same offsets (a character past latin-1 is `?`).
 
 The gate's pass (`Gate`, `has_segment`: the run check, and the literals riding with it)
 runs in C where `_gate.c` was built and the CPU has AVX2 (`NATIVE`): one loop over each
@@ -326,14 +325,13 @@ class Literals:
         """(start, literal) of every literal in `text`, by end; None where there are
         more than `limit` (the search stops there)."""
         if self._automaton is not None:
-            if not isinstance(text, str):
-                text = text.decode("latin-1")
-            every = list(islice(self._automaton.find(text), limit + 1 if limit else None))
-            return None if limit is not None and len(every) > limit else every
+            text = text if isinstance(text, str) else text.decode("latin-1")
+            every = list(islice(self._automaton.find(text), None if limit is None else limit + 1))
+            return every if limit is None or len(every) <= limit else None
+        most = limit if limit is not None else sys.maxsize
         assert self._pool is not None
         found: list[tuple[int, str]] = []
         literals = self.literals
-        most = limit if limit is not None else sys.maxsize
 
         def on(index: int, _start: int, end: int, _flags: int, _context: object) -> bool:
             literal = literals[index]
@@ -344,8 +342,7 @@ class Literals:
 
     def any(self, text: str | bytes | bytearray) -> bool:
         if self._automaton is not None:
-            if not isinstance(text, str):
-                text = text.decode("latin-1")
+            text = text if isinstance(text, str) else text.decode("latin-1")
             return next(self._automaton.find(text), None) is not None
         assert self._pool is not None
         return not self._pool.scan(as_bytes(text), _stop)
