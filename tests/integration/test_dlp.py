@@ -574,7 +574,8 @@ def test_a_conversation_sent_again_is_read_for_what_is_new(
     assert send("sandbox-1", *history).status == 200
     assert scanner is not None
     held = scanner.only(("github",)).history  # (one store for every selection)
-    assert held is not None and held.size()[0] >= 2  # (both long strings remembered)
+    assert held is not None and held.size()[0] >= 1  # (long strings remembered: two,
+    # one where both hashed to one slot, as a fixed table may)
     assert send("sandbox-1", *history, "the next step").status == 200
     for contents in ((*history, f"deploy with {GH}"), (history[0], GH, history[1]),
                      (history[0], history[1][:-30] + GH)):

@@ -117,7 +117,7 @@ def test_a_string_a_window_reads_across_is_not_left_out_of_that_window() -> None
     body is read whole, and the key is found."""
     header, _, rest = PEM.partition("\n")
     rest = "\n".join([rest] * 4)  # (a longer key: its body is remembered, SHORTEST)
-    scanner = Scanner(DETECTORS, b"salt", history=History())
+    scanner = Scanner(DETECTORS, b"salt", history=History(slots=1 << 20))  # (no two in a slot)
     filler = "x = 1\n" * 60
     first = json.dumps({"messages": [filler, rest]}).encode()
     assert not scanner.scan_body(first, JSON, sandbox="s").findings
@@ -296,7 +296,7 @@ def test_a_body_of_many_strings_and_windows_costs_no_square() -> None:
     body = json.dumps(strings).encode()
     assert len(body) < 1 << 20
     plain = Scanner(DETECTORS, b"salt")
-    remembering = Scanner(DETECTORS, b"salt", history=History(slots=1 << 12, limit=8 << 20))
+    remembering = Scanner(DETECTORS, b"salt", history=History(slots=1 << 16, limit=8 << 20))
 
     def timed(scanner: Scanner, sandbox: str | None) -> float:
         started = time.perf_counter()
