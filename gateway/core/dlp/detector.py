@@ -79,16 +79,20 @@ class Rule:
     skip: re.Pattern[str] | None = None
 
     def _matches(self, text: str, start: int, end: int) -> Iterator[re.Match[str]]:
-        """What `finditer` finds in text[start:end]; with `skip`, tried at the anchors."""
+        """What `finditer` finds in text[start:end]; with `skip`, tried at the anchors
+        (`_tried`; without, `finditer` itself: no generator between on every window)."""
         assert self.pattern is not None
         if self.skip is None or len(self.anchors) != 1:  # (a full pass: no anchors)
-            yield from self.pattern.finditer(text, start, end)
-            return
+            return self.pattern.finditer(text, start, end)
+        return self._tried(self.pattern, self.skip, text, start, end)
+
+    def _tried(self, pattern: re.Pattern[str], skip: re.Pattern[str], text: str,
+               start: int, end: int) -> Iterator[re.Match[str]]:
         anchor, at = self.anchors[0], start
         while (found := text.find(anchor, at, end)) >= 0:
-            match = self.pattern.match(text, found, end)
+            match = pattern.match(text, found, end)
             if match is None:
-                gone = self.skip.match(text, found, end)
+                gone = skip.match(text, found, end)
                 at = max(found + 1, gone.end() if gone is not None else 0)
                 continue
             yield match

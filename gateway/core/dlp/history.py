@@ -39,7 +39,7 @@ from typing import Protocol
 from gateway.core.dlp import jsondoc
 from gateway.core.dlp.decoding import Run
 from gateway.core.dlp.findings import Hit, Location
-from gateway.core.dlp.prefilter import Prefilter
+from gateway.core.dlp.prefilter import Prefilter, merged
 
 __all__ = ["LIMIT", "SHORTEST", "SLOTS", "History", "Reading", "Scan"]
 
@@ -132,7 +132,8 @@ class History:
         their logarithm (a body of thousands of each, made to cost, is no square)."""
         assert self._memo is not None
         tag &= 0xFFFF_FFFF_FFFF_FFFF
-        spans = _union(windows)
+        spans = merged(windows)  # (a point strictly inside the union may be an end two
+        # windows share: such a string is not remembered, which only costs)
         starts = [lo for lo, _ in spans]
         marks = sorted(at for at, anchor in anchors if named is not None and anchor in named)
         for start, end, raw_start, raw_end in reading.fresh:
@@ -151,19 +152,6 @@ class History:
             return 0, 0
         held, size = self._memo.size()
         return held, size
-
-
-def _union(windows: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The windows merged where they overlap or touch, in order (a point strictly inside
-    the union may be an end two windows share: such a string is not remembered, which
-    only costs)."""
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(windows):
-        if out and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return out
 
 
 def _inside(spans: list[tuple[int, int]], starts: list[int], point: int) -> bool:

@@ -33,7 +33,7 @@ from gateway.core.dlp.fastscan import (
     as_bytes,
 )
 
-__all__ = ["ESCAPES", "Prefilter", "json_unescape", "unescape"]
+__all__ = ["ESCAPES", "Prefilter", "json_unescape", "merged", "unescape"]
 
 # What a reader of each kind of view undoes that could make an anchor or a base64 run
 # appear: a JSON reader `\uXXXX` and `\/` (its other escapes become characters that
@@ -229,7 +229,7 @@ class Prefilter:
         entries = self._entries
         for index, spans in windows.items():
             name, rule = entries[index]
-            for lo, hi in _merged(spans) if len(spans) > 1 else spans:
+            for lo, hi in merged(spans) if len(spans) > 1 else spans:
                 found.update(rule.spans(name, text, lo, hi))
         for name, rule in self.unanchored:
             found.update(rule.spans(name, text, 0, len(text)))
@@ -270,7 +270,8 @@ def _outermost(spans: list[Span]) -> list[Span]:
     return out
 
 
-def _merged(windows: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def merged(windows: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Windows merged where they overlap or touch, in order."""
     out: list[tuple[int, int]] = []
     for lo, hi in sorted(windows):
         if out and lo <= out[-1][1]:
