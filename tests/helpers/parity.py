@@ -13,6 +13,7 @@ body. Runs in-process, or as a script inside a sandbox network namespace:
 from __future__ import annotations
 
 import base64
+import contextlib
 import glob
 import json
 import socket
@@ -182,7 +183,10 @@ def run(spec: Spec) -> Result:
                 return Result("tls")
         if spec.h2:
             return _h2(conn, spec)
-        conn.sendall(_h1_request(spec))
+        # (refused part-way and closed while the body was still going: the answer sent
+        # before is read below; none there, "closed")
+        with contextlib.suppress(OSError, ssl.SSLError):
+            conn.sendall(_h1_request(spec))
         try:
             status, headers, rest = _read_head(conn)
         except (OSError, ConnectionError, ssl.SSLError):
