@@ -49,6 +49,9 @@ egress:
   - host: other.test
     paths: ["/dlp-redact/**"]
     dlp: {{action: redact}}
+  - host: other.test
+    paths: ["/dlp-ibm/**"]
+    dlp: {{detectors: [cloudant, ibm-cloud-iam, ibm-cos-hmac, softlayer]}}
   - host: unbound.test
     paths: ["/mcp", "/mcp/**"]
     mcp:
@@ -964,6 +967,17 @@ DLP = [
     Case("DLP: a body of one anchor over and over is refused unread",
          _dlp_post("/dlp/t", "{B64:{PEM_FLOOD}}", ["Content-Type", "text/plain"]),
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    # The opt-in IBM detectors' shipped patterns read a name and n spaces in n³ steps
+    # (2 KB: 50 s, the GIL held): written linear (services/dlp/library.py), a name and
+    # 64 KiB of spaces passes at once, and their credentials are still found.
+    Case("DLP: a name and 64 KiB of spaces is read at once by the opt-in IBM detectors",
+         _dlp_post("/dlp-ibm/t", "{B64:clpw{SPACES}}", ["Content-Type", "text/plain"]),
+         ("response", 200, None), {"decision": "allow", "error": None},
+         check=_upstream_exactly("POST", "/dlp-ibm/t", b"clpw" + b" " * 65536)),
+    Case("DLP: an opt-in IBM detector's credential after a run of spaces",
+         _dlp_post("/dlp-ibm/t", "{B64:cloudant_password{SPACES_1K}= {CLOUDANT}}",
+                   ["Content-Type", "text/plain"]),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
     Case("DLP: a credential in a gzip body",
          _dlp_post("/dlp/gz", "{GZ:{\"note\": \"{GH}\"}}", _JSON,
                    ["Content-Encoding", "gzip"]),
@@ -1036,6 +1050,7 @@ def substitutions(token: str) -> dict[str, str]:
             "GH_ESCAPED": f"\\u{ord(GH[0]):04x}" + GH[1:], "PAD_2M": "x" * (2 << 20),
             "GH_PERCENT": f"%{ord(GH[0]):02X}" + GH[1:],
             "PEM_FLOOD": "BEGIN PRIVATE KEY " * 15_000,
+            "SPACES": " " * 65536, "SPACES_1K": " " * 1024, "CLOUDANT": "3f9a0c71" * 8,
             "AWS_SECRET": AWS_SECRET,
             "TOKEN_A": token[:half], "TOKEN_B": token[half:],
             "TOKEN_SWAPCASE": token.swapcase(),

@@ -227,12 +227,32 @@ def _plausible(value: str) -> bool:
                 or value.lower() in _PLACEHOLDERS)
 
 
+# detect-secrets' `name = value` separator (IBM's plugins: cloudant, ibm-cloud-iam,
+# ibm-cos-hmac, softlayer): three pieces in a row that each read spaces, so a name and a
+# run of n spaces with no value behind cost n³ steps of Python's backtracking engine
+# ("clpw" and 2,048 spaces: 50 s, the GIL held, every sandbox of the worker stalled).
+# The same language without the ambiguity: spaces, a sign, spaces; or spaces alone (the
+# ` +` between two ` *`). A value's characters are never a space or a sign, so every
+# match is the one the original finds (tests/services/dlp/test_dlp_library.py holds the
+# two to the same matches, and every pattern built here to regexploit's analysis).
+_SEPARATOR = r"(?: *)(?:=|:|:=|=>| +|::)(?: *)"
+_LINEAR_SEPARATOR = r"(?: *(?:=|:|:=|=>|::) *| +)"
+
+
+def linear(pattern: re.Pattern[str]) -> re.Pattern[str]:
+    """`pattern` with the super-linear constructs known in detect-secrets' patterns
+    written as their linear equivalents (`_SEPARATOR`); others as they are."""
+    if _SEPARATOR not in pattern.pattern:
+        return pattern
+    return re.compile(pattern.pattern.replace(_SEPARATOR, _LINEAR_SEPARATOR), pattern.flags)
+
+
 def _rules(plugin_class: type[BasePlugin], anchors: list[Anchor | None]) -> Iterator[Rule]:
     plugin = plugin_class()
     if not isinstance(plugin, RegexBasedDetector):
         yield Rule(None, values=_values(plugin), confirm=_plausible)
         return
-    patterns = list(plugin.denylist)
+    patterns = [linear(p) for p in plugin.denylist]
     if len(patterns) != len(anchors):
         raise RuntimeError(f"{plugin_class.__name__} has {len(patterns)} patterns, the "
                            f"anchor table {len(anchors)}: update gateway/services/dlp/library.py")

@@ -23,7 +23,15 @@ from gateway.core.dlp import DEFAULT, DETECTORS, OPT_IN, Detector, Location, Sca
 from gateway.core.dlp.detector import MIN_GROUP, Rule
 from gateway.core.dlp.fastscan import SEGMENT
 from gateway.services.dlp import plugins as ours
-from gateway.services.dlp.library import PLUGINS, Both, _plausible, build, cases
+from gateway.services.dlp.library import (
+    _SEPARATOR,
+    PLUGINS,
+    Both,
+    _plausible,
+    build,
+    cases,
+    linear,
+)
 
 LEFT_OUT = {"IPPublicDetector"}  # a public IP address is not a credential
 
@@ -61,7 +69,10 @@ def test_patterns_are_the_plugins_own() -> None:
         patterns = [r.pattern for r in detector.rules if r.pattern is not None]
         plugin_patterns = [p for cls, _ in PLUGINS[detector.name]
                            if issubclass(cls, RegexBasedDetector) for p in cls.denylist]
-        assert patterns == plugin_patterns  # the same compiled objects
+        # the same compiled objects, but those written linear (`linear`, below)
+        assert patterns == [linear(p) for p in plugin_patterns]
+        assert all(a is b for a, b in zip(patterns, plugin_patterns, strict=True)
+                   if _SEPARATOR not in b.pattern)
 
 
 def test_case_variants() -> None:
@@ -319,3 +330,109 @@ def test_the_jwt_rule_skips_what_its_pattern_cannot_match() -> None:
     assert pattern.pattern.startswith(_JWT_RUN.removesuffix("*") + "+\\.")
     (rule,) = [r for d in build(("jwt",)) for r in d.rules]
     assert rule.skip is not None and rule.skip.pattern == _JWT_RUN and rule.anchors == ("eyJ",)
+
+
+# -- every pattern in linear time (a hostile sandbox picks the text) ---------------------------
+
+def _super_linear(pattern: re.Pattern[str]) -> list[str]:
+    """regexploit's findings of cubic or worse backtracking in `pattern` (what its own
+    command line reports), each as an example text."""
+    import warnings
+
+    with warnings.catch_warnings():  # (it reads patterns with the deprecated `sre_parse`)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from regexploit.ast.sre import SreOpParser
+        from regexploit.redos import find
+    parsed = SreOpParser().parse_sre(pattern.pattern, pattern.flags & ~re.UNICODE)
+    return [redos.example() for redos in find(parsed) if redos.starriness > 2]
+
+
+def _every_pattern() -> list[tuple[str, re.Pattern[str]]]:
+    """Every expression a detector runs: patterns, tails, skips, and the keyword plugin's
+    own (it runs its `analyze_string` over the whole text)."""
+    from detect_secrets.plugins import keyword
+
+    out = [(d.name, p) for d in build(DETECTORS) for r in d.rules
+           for p in (r.pattern, r.tail, r.skip) if p is not None]
+    for value in vars(keyword).values():
+        for item in value if isinstance(value, dict) else [value]:
+            if isinstance(item, re.Pattern):
+                out.append(("keyword", item))
+    return out
+
+
+def test_no_pattern_backtracks_super_linearly() -> None:
+    """The four IBM plugins' separator cost n³ (`library._SEPARATOR`); regexploit finds
+    it in the plugins' patterns as they ship, and nothing in what the detectors run."""
+    shipped = [p for cls, _ in PLUGINS["cloudant"] for p in cls.denylist]
+    assert _super_linear(shipped[0])  # (the analysis sees it where it is)
+    found = {(name, p.pattern): _super_linear(p)[:1] for name, p in _every_pattern()}
+    assert len(found) > 60
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+_FIRST = ["", "x", "cl", "clou", "cloudant", "ibm", "ibm_cloud_iam", "cloud-iam", "iam",
+          "ibmcloud", "cloud", "cos", "ibm_cos_hmac", "ibm-cos", "softlayer", "sl"]
+_LAST = ["key", "pwd", "pw", "password", "pass", "token", "secret_key", "secret_access_key",
+         "secret-accesskey", "ke", "secret"]
+_AROUND = ["", "[", "]", '"', "'", "x", " ", "\n", "=", ":"]
+_SEPARATORS = ["", " ", "  ", "   ", "=", ":", "=>", "::", ":=", " = ", "\t", "==", ": :"]
+_VALUES = ["0123456789abcdef" * 4, "abcdefghijklmnopqrstuvwx", "aB3" * 14 + "xY",
+           "f0" * 24, "0a1b2c3d4e5f6789" * 4, "abc", "0123456789abcdef" * 5]
+
+
+def _shaped(rng: Any) -> str:
+    """A text shaped like `name = value` (its pieces each left out or doubled at times,
+    so that the ambiguous separators are tried every way)."""
+    def around() -> str:
+        return str(rng.choice(_AROUND)) if rng.random() < 0.3 else ""
+
+    parts = [around(), around(),
+             rng.choice(_FIRST) + rng.choice(["", "_", "-"]) + rng.choice(["", "api"])
+             + rng.choice(["", "_", "-"]) + rng.choice(_LAST),
+             around(), " " * rng.randint(0, 4), rng.choice(_SEPARATORS),
+             " " * rng.randint(0, 4), around(), rng.choice(_VALUES), around(), around()]
+    if rng.random() < 0.3:
+        parts.insert(rng.randrange(len(parts)), rng.choice(parts))
+    if rng.random() < 0.3:
+        del parts[rng.randrange(len(parts))]
+    return "".join(parts)
+
+
+@pytest.mark.parametrize("name", ["cloudant", "ibm-cloud-iam", "ibm-cos-hmac", "softlayer"])
+def test_the_linear_separator_matches_what_the_original_does(name: str) -> None:
+    """Over random texts shaped like a name and its value (short: the original is
+    cubic), each rewritten pattern finds the same matches, spans and groups."""
+    import random
+
+    rng = random.Random(43)
+    pairs = [(p, linear(p)) for cls, _ in PLUGINS[name] for p in cls.denylist
+             if _SEPARATOR in p.pattern]
+    assert pairs
+    matched = 0
+    for _ in range(20000):
+        text = _shaped(rng) + (_shaped(rng) if rng.random() < 0.2 else "")
+        for original, written in pairs:
+            want = [(m.span(), m.groups()) for m in original.finditer(text)]
+            assert [(m.span(), m.groups()) for m in written.finditer(text)] == want, text
+            matched += bool(want)
+    assert matched > 200
+
+
+@pytest.mark.parametrize(("name", "lead"), [
+    ("cloudant", "clpw"), ("ibm-cloud-iam", "ibm_cloud_iam_key"), ("ibm-cloud-iam", "key"),
+    ("ibm-cos-hmac", "secret_key"), ("softlayer", "softlayer_key")])
+def test_a_name_and_a_run_of_spaces_is_read_in_linear_time(name: str, lead: str) -> None:
+    """A name and 64 KiB of spaces: 2 KB of it cost 50 s with the shipped pattern; a
+    value after a long run of spaces is still found."""
+    import time
+
+    scanner = Scanner(build((name,)), b"s")
+    started = time.perf_counter()
+    assert scanner.scan_body((lead + " " * 65536).encode(), "text/plain").findings == ()
+    assert time.perf_counter() - started < 2
+    value = {"cloudant": "0123456789abcdef" * 4, "ibm-cloud-iam": "aB3" * 14 + "xY",
+             "ibm-cos-hmac": "f0e1d2c3b4a5968778695a4b3c2d1e0f" + "a1b2c3d4e5f60718",
+             "softlayer": "0a1b2c3d4e5f6789" * 4}[name]
+    found = scanner.scan_body(f"{lead}{' ' * 3000}= {value}".encode(), "text/plain")
+    assert [f.detector for f in found.findings] == [name]
