@@ -49,9 +49,6 @@ egress:
   - host: other.test
     paths: ["/dlp-redact/**"]
     dlp: {{action: redact}}
-  - host: other.test
-    paths: ["/dlp-ibm/**"]
-    dlp: {{detectors: [cloudant, ibm-cloud-iam, ibm-cos-hmac, softlayer]}}
   - host: unbound.test
     paths: ["/mcp", "/mcp/**"]
     mcp:
@@ -89,6 +86,9 @@ egress:
     metering: required
   - host: sigv4.test
     credential: sigv4
+  - host: other.test
+    paths: ["/dlp-ibm/**"]
+    dlp: {{detectors: [cloudant, ibm-cloud-iam, ibm-cos-hmac, softlayer]}}
 budgets:
   - {{name: one-call, per: sandbox, window: 24h, requests: 1, credentials: [budgeted]}}
 credentials:

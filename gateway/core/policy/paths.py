@@ -29,7 +29,7 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 
-from gateway.core.policy.globs import glob_regex
+from gateway.core.policy.globs import Glob, glob_regex, linear
 
 __all__ = [
     "PathPatternError",
@@ -82,18 +82,22 @@ def validate_path_pattern(pattern: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class PathSet:
-    """The compiled ``paths:`` of one rule: a set of exact paths plus one combined regex."""
+    """The compiled ``paths:`` of one rule: a set of exact paths, one combined regex of
+    the globs it matches in linear time, and the others (`globs.Glob`)."""
 
     patterns: tuple[str, ...]
     exact: frozenset[str] = field(compare=False, repr=False)
     regex: re.Pattern[str] | None = field(compare=False, repr=False)
+    globs: tuple[Glob, ...] = field(default=(), compare=False, repr=False)
 
     def matches(self, path: str) -> bool:
         """Match an already normalised path (see ``normalize_path``)."""
         if path in self.exact:
             return True
         regex = self.regex
-        return regex is not None and regex.fullmatch(path) is not None
+        if regex is not None and regex.fullmatch(path) is not None:
+            return True
+        return any(glob.fullmatch(path) for glob in self.globs) if self.globs else False
 
 
 def compile_paths(patterns: tuple[str, ...] | list[str]) -> PathSet:
@@ -108,15 +112,18 @@ def compile_paths(patterns: tuple[str, ...] | list[str]) -> PathSet:
 def _compile_paths(patterns: tuple[str, ...]) -> PathSet:
     exact: set[str] = set()
     alternatives: list[str] = []
+    globs: list[Glob] = []
     for written in patterns:
         validate_path_pattern(written)
         pattern = _route(written)
         if "*" not in pattern:
             exact.add(pattern)
-            continue
-        alternatives.append(glob_regex(pattern, classes=False))
+        elif linear(pattern):
+            alternatives.append(glob_regex(pattern, classes=False))
+        else:  # (two wildcards or more: backtracking would be polynomial in the path)
+            globs.append(Glob(pattern, classes=False))
     regex = re.compile("|".join(f"(?:{a})" for a in alternatives)) if alternatives else None
-    return PathSet(patterns=patterns, exact=frozenset(exact), regex=regex)
+    return PathSet(patterns=patterns, exact=frozenset(exact), regex=regex, globs=tuple(globs))
 
 
 def _decode_unreserved(match: re.Match[str]) -> str:
