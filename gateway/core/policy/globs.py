@@ -68,27 +68,38 @@ def _class(pattern: str, at: int) -> tuple[str, int] | None:
     return f"[{'^' if negate else ''}{escaped}]", end + 1
 
 
-def _segment(segment: str, classes: bool, within: str) -> str:
-    """One segment's regex: `within` is what a wildcard may match (``[^/]`` or ``.``)."""
-    out: list[str] = []
+def _units(segment: str, classes: bool, within: str) -> list[str | tuple[str] | None]:
+    """A segment read once: `_STAR` for a run of ``*``, a one-character regex in a
+    1-tuple (``?``, a class), else a literal character. `within` is what a wildcard
+    may match (``[^/]`` or ``.``)."""
+    out: list[str | tuple[str] | None] = []
     at = 0
     while at < len(segment):
         char = segment[at]
         if char == "*":
             while at < len(segment) and segment[at] == "*":
                 at += 1
-            out.append(f"{within}*")
+            out.append(_STAR)
             continue
         if classes and char == "?":
-            out.append(within)
+            out.append((within,))
         elif classes and char == "[" and (found := _class(segment, at)) is not None:
             regex, at = found
-            out.append(f"(?!/){regex}" if within != "." else regex)
+            out.append((f"(?!/){regex}" if within != "." else regex,))
             continue
         else:
-            out.append(re.escape(char))
+            out.append(char)
         at += 1
-    return "".join(out)
+    return out
+
+
+def _segment(segment: str, classes: bool, within: str) -> str:
+    """One segment's regex (`_units`)."""
+    return "".join(f"{within}*" if unit is _STAR else unit[0] if isinstance(unit, tuple)
+                   else re.escape(unit) for unit in _units(segment, classes, within))
+
+
+_STAR = None  # a `*` among a segment's characters; `**` among a path's segments
 
 
 def glob_regex(pattern: str, *, segments: bool = True, classes: bool = True) -> str:
@@ -136,7 +147,6 @@ def linear(pattern: str, *, segments: bool = True, beneath: bool = False) -> boo
     return stretches <= 1
 
 
-_STAR = None  # a `*` among a segment's characters; `**` among a path's segments
 _Chars = tuple[str | re.Pattern[str] | None, ...]  # a character, a class, or `_STAR`
 
 
@@ -167,27 +177,9 @@ def _starred(units: Sequence[Any], size: int, one: Callable[[Any, int], bool]) -
 
 
 def _chars(segment: str, classes: bool, within: str) -> _Chars:
-    """A segment's characters as units: a literal, a one-character regex (``?``, a
-    class), or `_STAR` for a run of ``*`` (as `_segment` reads them)."""
-    out: list[str | re.Pattern[str] | None] = []
-    at = 0
-    while at < len(segment):
-        char = segment[at]
-        if char == "*":
-            while at < len(segment) and segment[at] == "*":
-                at += 1
-            out.append(_STAR)
-            continue
-        if classes and char == "?":
-            out.append(re.compile(within, re.DOTALL))
-        elif classes and char == "[" and (found := _class(segment, at)) is not None:
-            regex, at = found
-            out.append(re.compile(f"(?!/){regex}" if within != "." else regex, re.DOTALL))
-            continue
-        else:
-            out.append(char)
-        at += 1
-    return tuple(out)
+    """A segment's units (`_units`), each one-character regex compiled."""
+    return tuple(re.compile(unit[0], re.DOTALL) if isinstance(unit, tuple) else unit
+                 for unit in _units(segment, classes, within))
 
 
 def _chars_match(units: _Chars, text: str) -> bool:
