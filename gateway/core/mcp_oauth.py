@@ -23,7 +23,9 @@ __all__ = ["CONSENT_TIMEOUT", "Challenge", "McpToken", "audience_covers", "conse
            "consent_required", "grant_owner", "oauth_failed", "parse_challenge",
            "resource_uri", "token_presented", "user_required"]
 
-_PARAM = re.compile(r'\s*([A-Za-z0-9_.-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^\s,"]*)\s*(,|$)')
+# (Possessive spaces: a value never begins with one, and a space given back never makes
+# a match; backtracking made `a =` and spaces quadratic.)
+_PARAM = re.compile(r'\s*+([A-Za-z0-9_.-]+)\s*+=\s*+("(?:[^"\\]|\\.)*+"|[^\s,"]*+)\s*+(,|$)')
 _MAX_CHALLENGE = 4096
 
 

@@ -315,3 +315,27 @@ def test_a_websocket_message_is_read_as_an_answer() -> None:
         reader.message(json.dumps(_answer("2", [])).encode())
     refusal = reader.refused("x")
     assert [e["id"] for e in reader.errors(refusal)] == [2] and pending == {}
+
+
+@pytest.mark.parametrize(("value", "want"), [
+    ("application/json", "application/json"), (" Text/Event-Stream ; charset=UTF-8 ",
+                                                "text/event-stream"),
+    ("application/json; charset=latin-1", None), ("text/plain; x=\"application/json\"",
+                                                   "text/plain"),
+    ('application/json; a="b\\"c"; ;', "application/json"),
+    ("application/json;;  ;", "application/json"),
+    ("application/json; x", None), ("application /json", None)])
+def test_the_media_type_of_a_content_type(value: str, want: str | None) -> None:
+    assert media_type([value]) == want
+
+
+def test_a_hostile_content_type_is_read_in_linear_time() -> None:
+    """`a/b` and `; ` many times with a byte no value holds: 2^n steps with the
+    backtracking expression (30 of them: minutes); now linear."""
+    import time
+
+    for value in ("a/b" + "; " * 100_000 + "\x00", "a/b" + "; x=1 " * 50_000 + "\x00",
+                  "a/b" + " ;" * 100_000 + " x"):
+        started = time.perf_counter()
+        assert media_type([value]) is None
+        assert time.perf_counter() - started < 0.5

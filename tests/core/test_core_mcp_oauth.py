@@ -47,6 +47,19 @@ def test_challenges_are_read(values: list[str], want: Challenge | None) -> None:
     assert parse_challenge(values) == want
 
 
+def test_a_hostile_challenge_is_read_in_linear_time() -> None:
+    """A parameter and spaces with no value: quadratic with backtracking (85 ms for
+    the 4 KiB read; the read is capped there, the expression no longer needs it)."""
+    import time
+
+    from gateway.core.mcp_oauth import _PARAM
+
+    started = time.perf_counter()
+    assert parse_challenge(["Bearer a = " + " " * 4000 + "x y"]) == Challenge()
+    assert _PARAM.match("a = " + " " * 1_000_000 + "x y") is None
+    assert time.perf_counter() - started < 0.5
+
+
 def test_insufficient_scope_is_a_step_up() -> None:
     assert Challenge("insufficient_scope").insufficient_scope
     assert not Challenge("invalid_token").insufficient_scope
