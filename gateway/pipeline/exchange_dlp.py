@@ -8,8 +8,10 @@ What a finding does is the rule's `dlp.action` (`core/dlp/verdict.py` decides): 
 (`403 secret_detected`), redact (the value replaced, the body re-framed by the engine as
 for the metering rewrite; a body streamed past the hold limit cannot be rewritten and is
 refused), report (forwarded, recorded). Every finding goes to the audit line's `dlp`.
-A body the scan cannot read is refused (fail closed). Each finding recorded is also
-counted (`dlp_findings`: detector, action, engine).
+A body the scan cannot read is refused (fail closed), as is one whose detectors'
+expressions outrun their time (`detector.Budget`: each part's scan here has its own, from
+its size). Each finding recorded is also counted (`dlp_findings`: detector, action,
+engine).
 
 Answers are never refused or rewritten for what they hold (issue 43: directional; a
 sandbox may download a `.env` example). Under `answers: report` they are scanned as the
@@ -36,6 +38,7 @@ from gateway.core.dlp import (
     redact_body,
     redact_text,
 )
+from gateway.core.dlp.detector import Budget
 from gateway.core.dlp.fastscan import ChunkPass, Gate
 from gateway.core.dlp.policy import Action
 from gateway.core.dlp.verdict import counted, records, refusal, unreadable
@@ -113,6 +116,11 @@ class DlpCheck:
         unclean = self.scanner.unclean_fields(method, path, headers.fields)
         if unclean is None:
             return path
+        with Budget(len(path) + sum(len(k) + len(v) for k, v in headers.fields)):
+            return self._head(method, path, headers, unclean)
+
+    def _head(self, method: str, path: str, headers: Headers,
+              unclean: list[tuple[bytes, bytes]]) -> str:
         found = self._judge(self.scanner.scan_request(method, path, _text(unclean)))
         if not found:
             return path
@@ -140,6 +148,10 @@ class DlpCheck:
         gated = len(plain) <= self.scanner.limit
         if gated and self.scanner.body_clean(plain, content_type):
             return None  # (most bodies: one gate pass over their bytes)
+        with Budget(len(plain)):
+            return self._whole(plain, content_type, gated)
+
+    def _whole(self, plain: bytes, content_type: str | None, gated: bool) -> bytes | None:
         found = self._judge(self.scanner.scan_body(plain, content_type, gated=gated,
                                                    sandbox=self.sandbox))
         if not found:
@@ -166,7 +178,8 @@ class DlpCheck:
         the first piece; `flags`: `passed(piece)`, None if not asked)."""
         if self._stream is None:
             self._stream = StreamScanner(self.scanner, content_type=content_type)
-        self._judge(self._stream.feed(piece, flags), _NOT_STREAMED)
+        with Budget(len(piece) + self._stream.pending):
+            self._judge(self._stream.feed(piece, flags), _NOT_STREAMED)
 
     @property
     def pending(self) -> int:
@@ -175,16 +188,22 @@ class DlpCheck:
 
     def end(self) -> None:
         if self._stream is not None:
-            self._judge(self._stream.end(), _NOT_STREAMED)
+            with Budget(self._stream.pending):
+                self._judge(self._stream.end(), _NOT_STREAMED)
 
     def trailers(self, fields: list[tuple[bytes, bytes]]) -> None:
-        self._judge(self.scanner.scan_request("", "", _text(fields)),
-                    "; dlp.action redact cannot rewrite trailers")
+        with Budget(sum(len(k) + len(v) for k, v in fields)):
+            self._judge(self.scanner.scan_request("", "", _text(fields)),
+                        "; dlp.action redact cannot rewrite trailers")
 
     def message(self, data: bytes) -> bytes:
         """A WebSocket message from the client: the message to send."""
         if len(data) <= self.scanner.limit and self.scanner.body_clean(data, None):
             return data
+        with Budget(len(data)):
+            return self._message(data)
+
+    def _message(self, data: bytes) -> bytes:
         found = self._judge(self.scanner.scan_body(data, sandbox=self.sandbox))
         if not found:
             return data
@@ -200,7 +219,8 @@ class DlpCheck:
         """The answer's headers as the client gets them."""
         if self.scanner.head_clean("", "", fields):
             return
-        self._flag(self.scanner.scan_request("", "", _text(fields)).findings)
+        with Budget(sum(len(k) + len(v) for k, v in fields)):
+            self._flag(self.scanner.scan_request("", "", _text(fields)).findings)
 
     def answer_data(self, piece: bytes, content_type: str | None,
                     content_encoding: str | None) -> None:
@@ -209,21 +229,26 @@ class DlpCheck:
         if self._answer is None:
             self._answer = StreamScanner(self.scanner, content_encoding, "answer body",
                                          content_type)
-        self._flag(self._answer.feed(piece).findings)
+        with Budget(len(piece) + self._answer.pending):
+            self._flag(self._answer.feed(piece).findings)
 
     def answer_end(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
         """The answer's end: what is left of its body's window, and its trailers."""
         if self._answer is not None:
-            self._flag(self._answer.end().findings)
+            with Budget(self._answer.pending):
+                self._flag(self._answer.end().findings)
             self._answer = None
         if trailers:
-            self._flag(self.scanner.scan_request("", "", _text(trailers)).findings, "trailer")
+            with Budget(sum(len(k) + len(v) for k, v in trailers)):
+                self._flag(self.scanner.scan_request("", "", _text(trailers)).findings,
+                           "trailer")
 
     def answer_message(self, data: bytes) -> None:
         """A WebSocket message from the upstream."""
         if len(data) <= self.scanner.limit and self.scanner.body_clean(data, None):
             return
-        self._flag(self.scanner.scan_body(data).findings, "message")
+        with Budget(len(data)):
+            self._flag(self.scanner.scan_body(data).findings, "message")
 
     def _flag(self, findings: tuple[Finding, ...], part: str | None = None) -> None:
         """Findings in the answer that count on this host, recorded as reported, where

@@ -967,6 +967,11 @@ DLP = [
     Case("DLP: a body of one anchor over and over is refused unread",
          _dlp_post("/dlp/t", "{B64:{PEM_FLOOD}}", ["Content-Type", "text/plain"]),
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    # A text made for one detector's expression (npm's `//.+/:_authToken=…`, quadratic on
+    # `//` and anchors: 208 KB cost ~20 s of the event loop): refused within its bound.
+    Case("DLP: a body made for a detector's expression is refused within its bound",
+         _dlp_post("/dlp/t", "{B64:{NPM_FLOOD}}", ["Content-Type", "text/plain"]),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
     # The opt-in IBM detectors' shipped patterns read a name and n spaces in n³ steps
     # (2 KB: 50 s, the GIL held): written linear (services/dlp/library.py), a name and
     # 64 KiB of spaces passes at once, and their credentials are still found.
@@ -1050,6 +1055,7 @@ def substitutions(token: str) -> dict[str, str]:
             "GH_ESCAPED": f"\\u{ord(GH[0]):04x}" + GH[1:], "PAD_2M": "x" * (2 << 20),
             "GH_PERCENT": f"%{ord(GH[0]):02X}" + GH[1:],
             "PEM_FLOOD": "BEGIN PRIVATE KEY " * 15_000,
+            "NPM_FLOOD": ("//t" * 50 + "/:_authToken=") * 1280,
             "SPACES": " " * 65536, "SPACES_1K": " " * 1024, "CLOUDANT": "3f9a0c71" * 8,
             "AWS_SECRET": AWS_SECRET,
             "TOKEN_A": token[:half], "TOKEN_B": token[half:],

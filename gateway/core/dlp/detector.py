@@ -11,17 +11,85 @@ line). The value is the pattern's longest group of at least 4 characters if it h
 
 `Rule`s are built from detect-secrets plugins by `gateway/services/dlp/library.py`; the
 core never imports the library (it imports `requests`).
+
+**A rule's expressions run with a time bound.** Python's `re` backtracks and cannot be
+stopped: a text made for an expression costs what it costs, on the event loop (npm's
+`//.+/:_authToken=…` over 52 KB of `//t` and anchors: 1.2 s, quadratic; a MiB, minutes).
+The patterns are run by the `regex` module (the same syntax and answers: a rule's
+pattern is compiled again from its source and flags; tests hold the two to the same
+matches) with a deadline: a scan's (`Budget`: `SECONDS` and `PER_MIB` of what it reads),
+else the text's own. Past it the text is unreadable (refused where `dlp:` applies: fail
+closed). Ordinary text takes microseconds of it.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
+from time import monotonic
+from types import TracebackType
+from typing import Any
+
+import regex
 
 from gateway.core.dlp.decoding import Unreadable
 
-__all__ = ["Detector", "Rule", "Span"]
+__all__ = ["PER_MIB", "SECONDS", "Budget", "Detector", "Rule", "Span", "deadline"]
+
+SECONDS = 0.25  # what a scan's expressions may take, at least
+PER_MIB = 1.0  # and this much more for each MiB it reads
+_DEADLINE: ContextVar[float] = ContextVar("dlp_deadline", default=0.0)
+_FLAGS = {re.IGNORECASE: regex.IGNORECASE, re.MULTILINE: regex.MULTILINE,
+          re.DOTALL: regex.DOTALL, re.VERBOSE: regex.VERBOSE, re.ASCII: regex.ASCII}
+
+
+def deadline(size: int) -> float:
+    """When the expressions reading a text of `size` characters must be done: the
+    running scan's deadline (`Budget`), else one for this text alone."""
+    return _DEADLINE.get() or monotonic() + SECONDS + PER_MIB * size / (1 << 20)
+
+
+class Budget:
+    """One scan's time for its expressions (`with Budget(size):`), over every text it
+    reads (views, decoded runs, windows); a scan inside another keeps the outer's."""
+
+    __slots__ = ("_size", "_token")
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._token: Token[float] | None = None
+
+    def __enter__(self) -> None:
+        if not _DEADLINE.get():
+            self._token = _DEADLINE.set(deadline(self._size))
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        if self._token is not None:
+            _DEADLINE.reset(self._token)
+
+
+def bounded(pattern: Any) -> Any:
+    """`pattern` (an `re` pattern, or a `regex` one) as a `regex` pattern."""
+    if pattern is None or isinstance(pattern, regex.Pattern):
+        return pattern
+    flags = 0
+    for mine, theirs in _FLAGS.items():
+        if pattern.flags & mine:
+            flags |= theirs
+    return regex.compile(pattern.pattern, flags)
+
+
+def _left(until: float) -> float:
+    """Seconds to `until`, never negative (`regex` reads a negative timeout as none)."""
+    return max(until - monotonic(), 0.0)
+
+
+def _late(name: str) -> Unreadable:
+    return Unreadable(f"reading the text for {name} credentials took longer than its bound; "
+                      "send it in parts")
 
 MIN_GROUP = 4  # a group shorter than this is part of the pattern (ghp, glcbt prefix)
 # What a rule's matches in one window may read (their values with their tails, which the
@@ -49,12 +117,12 @@ class Rule:
     """One pattern of a detector. `anchors` are case-sensitive literals; `before` and
     `after` bound how far a match may reach from an anchor's start and end."""
 
-    pattern: re.Pattern[str] | None
+    pattern: Any  # (a `regex` pattern: `bounded`, made so when the rule is)
     anchors: tuple[str, ...] = ()
     before: int = 0
     after: int = 256
     confirm: Callable[[str], bool] | None = None
-    tail: re.Pattern[str] | None = None
+    tail: Any = None  # (`regex`, as `pattern`)
     # A rule with no pattern: the plugin's own analyze_string, values located in the text
     # (detect-secrets plugins that are not regular-expression lists, e.g. keyword).
     values: Callable[[str], Iterator[str]] | None = None
@@ -76,30 +144,50 @@ class Rule:
     # run of its class, which needs a `.` after the run): its matches are tried at the
     # anchors only, each run once. `finditer` tried every `eyJ` of a run of them, each
     # reading the run to its end: 128 KB of `eyJ` cost 3.6 s, 1 MiB nearly 4 minutes.
-    skip: re.Pattern[str] | None = None
+    skip: Any = None  # (`regex`, as `pattern`)
 
-    def _matches(self, text: str, start: int, end: int) -> Iterator[re.Match[str]]:
-        """What `finditer` finds in text[start:end]; with `skip`, tried at the anchors
-        (`_tried`; without, `finditer` itself: no generator between on every window)."""
+    def __post_init__(self) -> None:
+        for field in ("pattern", "tail", "skip"):
+            object.__setattr__(self, field, bounded(getattr(self, field)))
+
+    def _matches(self, text: str, start: int, end: int, until: float | None = None
+                 ) -> Iterator[Any]:
+        """What `finditer` finds in text[start:end], by `until` (monotonic; None:
+        `deadline`); with `skip`, tried at the anchors (`_tried`; without, `finditer`
+        itself)."""
         assert self.pattern is not None
+        until = deadline(len(text)) if until is None else until
         if self.skip is None or len(self.anchors) != 1:  # (a full pass: no anchors)
-            return self.pattern.finditer(text, start, end)
-        return self._tried(self.pattern, self.skip, text, start, end)
+            found: Iterator[Any] = self.pattern.finditer(text, start, end,
+                                                         timeout=_left(until))
+            return found
+        return self._tried(self.pattern, self.skip, text, start, end, until)
 
-    def _tried(self, pattern: re.Pattern[str], skip: re.Pattern[str], text: str,
-               start: int, end: int) -> Iterator[re.Match[str]]:
+    def _tried(self, pattern: Any, skip: Any, text: str, start: int, end: int,
+               until: float) -> Iterator[Any]:
         anchor, at = self.anchors[0], start
         while (found := text.find(anchor, at, end)) >= 0:
-            match = pattern.match(text, found, end)
+            match = pattern.match(text, found, end, timeout=_left(until))
             if match is None:
-                gone = skip.match(text, found, end)
+                gone = skip.match(text, found, end, timeout=_left(until))
                 at = max(found + 1, gone.end() if gone is not None else 0)
                 continue
             yield match
             at = max(match.end(), found + 1)
 
-    def spans(self, name: str, text: str, start: int, end: int) -> Iterator[Span]:
-        """Values this rule finds in text[start:end] (lookbehinds see before `start`)."""
+    def spans(self, name: str, text: str, start: int, end: int,
+              until: float | None = None) -> Iterator[Span]:
+        """Values this rule finds in text[start:end] (lookbehinds see before `start`),
+        its expressions done by `until` (monotonic; None: `deadline(len(text))`), else
+        `Unreadable`."""
+        try:
+            yield from self._spans(name, text, start, end,
+                                   deadline(len(text)) if until is None else until)
+        except TimeoutError:
+            raise _late(name) from None
+
+    def _spans(self, name: str, text: str, start: int, end: int, until: float
+               ) -> Iterator[Span]:
         if self.values is not None:
             window = text[start:end]
             for value in set(self.values(window)):
@@ -112,7 +200,9 @@ class Rule:
             return
         assert self.pattern is not None
         work = max(MIN_WORK, WORK * (end - start))
-        for match in self._matches(text, start, end):
+        if until <= monotonic():
+            raise TimeoutError
+        for match in self._matches(text, start, end, until):
             lo, hi = match.span()
             best = 0
             for i in range(1, (self.pattern.groups or 0) + 1):
@@ -128,7 +218,7 @@ class Rule:
             if hi <= lo:
                 continue
             if self.tail is not None:
-                more = self.tail.match(text, hi, max(end, hi))
+                more = self.tail.match(text, hi, max(end, hi), timeout=_left(until))
                 if more is not None:
                     hi = more.end()
             work -= max(hi - lo, PER_MATCH)

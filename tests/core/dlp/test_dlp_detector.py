@@ -5,10 +5,21 @@ located in the text; lookbehinds see before the window."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
+import regex
 
-from gateway.core.dlp.detector import Detector, Rule
+from gateway.core.dlp.decoding import Unreadable
+from gateway.core.dlp.detector import (
+    PER_MIB,
+    SECONDS,
+    Budget,
+    Detector,
+    Rule,
+    bounded,
+    deadline,
+)
 
 
 def _values(rule: Rule, text: str, start: int = 0, end: int | None = None) -> list[str]:
@@ -91,3 +102,52 @@ def test_a_rule_tried_at_its_anchors_finds_what_finditer_finds() -> None:
     started = time.perf_counter()
     assert not list(tried._matches(flood, 0, len(flood)))
     assert time.perf_counter() - started < 1.0
+
+
+# -- every expression with a time bound (detector.Budget) ------------------------------------
+
+# npm's pattern as detect-secrets ships it: `.+` from each `//` to the line's end and back.
+_NPM = re.compile(r"\/\/.+\/:_authToken=\s*((npm_.+)|([A-Fa-f0-9-]{36})).*")
+_NPM_FLOOD = ("//t" * 50 + "/:_authToken=") * 1280  # (208 KB; `re`: ~20 s, quadratic)
+
+
+def test_a_text_made_for_an_expression_is_unreadable_within_its_bound() -> None:
+    rule = Rule(_NPM, anchors=("_authToken=",), before=512, after=512)
+    started = time.perf_counter()
+    with pytest.raises(Unreadable, match="npm credentials took longer than its bound"):
+        list(rule.spans("npm", _NPM_FLOOD, 0, len(_NPM_FLOOD)))
+    spent = time.perf_counter() - started
+    assert SECONDS <= spent < SECONDS + PER_MIB * len(_NPM_FLOOD) / (1 << 20) + 0.2
+    # an ordinary value is found (the rule's pattern runs by `regex`: `bounded`)
+    assert _values(rule, "//registry.npmjs.org/:_authToken=npm_abcdefghijkl") == \
+        ["npm_abcdefghijkl"]
+    assert isinstance(rule.pattern, regex.Pattern)
+
+
+def test_a_scan_s_budget_is_shared_by_every_text_it_reads() -> None:
+    """Inside `Budget`, each text's expressions run to the scan's one deadline (an inner
+    `Budget` keeps the outer's); a deadline passed is unreadable at once, never unbounded
+    (`regex` reads a negative timeout as none)."""
+    rule = Rule(_NPM, anchors=("_authToken=",), before=512, after=512)
+    small = "//t" * 50 + "/:_authToken="  # (alone: read at once)
+    with Budget(0):
+        first = deadline(10)
+        with Budget(1 << 30):
+            assert deadline(1 << 30) == first
+        time.sleep(SECONDS + 0.01)
+        with pytest.raises(Unreadable):
+            list(rule.spans("npm", small, 0, len(small)))
+    assert list(rule.spans("npm", small, 0, len(small))) == []  # (outside: its own)
+    with pytest.raises(Unreadable):
+        list(rule.spans("npm", small, 0, len(small), time.monotonic() - 1))
+
+
+def test_regex_answers_as_re_for_the_expressions_it_runs() -> None:
+    """`bounded` compiles a rule's pattern again with `regex`: flags mapped, the same
+    matches (every detector's, in tests/services/dlp)."""
+    pattern = re.compile(r"(?:\s|^)key[ \t]*=\s*'([^'\n]{4,})'", re.IGNORECASE | re.MULTILINE)
+    ours = bounded(pattern)
+    text = "KEY = 'abcd'\n key='efgh' x\nkey = 'no\nkey\t= 'ijkl'"
+    assert [(m.span(), m.groups()) for m in ours.finditer(text)] == \
+        [(m.span(), m.groups()) for m in pattern.finditer(text)]
+    assert bounded(ours) is ours and bounded(None) is None

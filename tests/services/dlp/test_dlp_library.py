@@ -20,7 +20,7 @@ from detect_secrets.plugins.base import BasePlugin, RegexBasedDetector
 from helpers.dlp_corpus import CORPUS, Fake
 
 from gateway.core.dlp import DEFAULT, DETECTORS, OPT_IN, Detector, Location, Scanner
-from gateway.core.dlp.detector import MIN_GROUP, Rule
+from gateway.core.dlp.detector import MIN_GROUP, Rule, bounded
 from gateway.core.dlp.fastscan import SEGMENT
 from gateway.services.dlp import plugins as ours
 from gateway.services.dlp.library import (
@@ -69,10 +69,13 @@ def test_patterns_are_the_plugins_own() -> None:
         patterns = [r.pattern for r in detector.rules if r.pattern is not None]
         plugin_patterns = [p for cls, _ in PLUGINS[detector.name]
                            if issubclass(cls, RegexBasedDetector) for p in cls.denylist]
-        # the same compiled objects, but those written linear (`linear`, below)
-        assert patterns == [linear(p) for p in plugin_patterns]
-        assert all(a is b for a, b in zip(patterns, plugin_patterns, strict=True)
+        # their source, but those written linear (`linear`, below), run by `regex`
+        # (`detector.bounded`: the same flags)
+        assert [p.pattern for p in patterns] == [linear(p).pattern for p in plugin_patterns]
+        assert all(p.pattern == b.pattern for p, b in zip(patterns, plugin_patterns,
+                                                          strict=True)
                    if _SEPARATOR not in b.pattern)
+        assert [p.flags for p in patterns] == [bounded(p).flags for p in plugin_patterns]
 
 
 def test_case_variants() -> None:
@@ -436,3 +439,32 @@ def test_a_name_and_a_run_of_spaces_is_read_in_linear_time(name: str, lead: str)
              "softlayer": "0a1b2c3d4e5f6789" * 4}[name]
     found = scanner.scan_body(f"{lead}{' ' * 3000}= {value}".encode(), "text/plain")
     assert [f.detector for f in found.findings] == [name]
+
+
+def test_regex_finds_what_re_finds_for_every_pattern() -> None:
+    """Every detector's expressions run by `regex` (`detector.bounded`, for its time
+    bound): over the corpus and random texts of anchors, keys' characters and
+    delimiters, each finds the matches `re` finds with the plugin's pattern."""
+    import random
+
+    rng = random.Random(43)
+    pairs = [(re.compile(r.pattern.pattern, flags), r.pattern)
+             for d in build(DETECTORS) for r in d.rules if r.pattern is not None
+             for flags in [next(p.flags for cls, _ in PLUGINS[d.name]
+                                if issubclass(cls, RegexBasedDetector)
+                                for p in cls.denylist
+                                if linear(p).pattern == r.pattern.pattern)]]
+    assert len(pairs) > 40
+    anchors = sorted({a for d in build(DETECTORS) for r in d.rules for a in r.anchors})
+    pieces = [*anchors, "A", "z", "0", "9f", "-", "_", ".", "/", "=", ":", " ", "\n", '"',
+              "'", "é", "Ω", "key", "password", "@", "+", "abcdefghij0123456789"]
+    texts = [f.text for f in CORPUS] + [
+        "".join(rng.choice(pieces) for _ in range(rng.randint(1, 40))) for _ in range(3000)]
+    found = 0
+    for text in texts:
+        for shipped, run in pairs:
+            want = [(m.span(), m.groups()) for m in shipped.finditer(text)]
+            assert [(m.span(), m.groups()) for m in run.finditer(text)] == want, \
+                (shipped.pattern, text)
+            found += bool(want)
+    assert found > 100
