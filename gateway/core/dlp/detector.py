@@ -32,8 +32,6 @@ from time import monotonic
 from types import TracebackType
 from typing import Any
 
-import regex
-
 from gateway.core.dlp.decoding import Unreadable
 
 __all__ = ["PER_MIB", "SECONDS", "Budget", "Detector", "Rule", "Span", "deadline"]
@@ -41,8 +39,7 @@ __all__ = ["PER_MIB", "SECONDS", "Budget", "Detector", "Rule", "Span", "deadline
 SECONDS = 0.25  # what a scan's expressions may take, at least
 PER_MIB = 1.0  # and this much more for each MiB it reads
 _DEADLINE: ContextVar[float] = ContextVar("dlp_deadline", default=0.0)
-_FLAGS = {re.IGNORECASE: regex.IGNORECASE, re.MULTILINE: regex.MULTILINE,
-          re.DOTALL: regex.DOTALL, re.VERBOSE: regex.VERBOSE, re.ASCII: regex.ASCII}
+_FLAGS = ("IGNORECASE", "MULTILINE", "DOTALL", "VERBOSE", "ASCII")  # (`re`'s, by name)
 
 
 def deadline(size: int) -> float:
@@ -72,13 +69,18 @@ class Budget:
 
 
 def bounded(pattern: Any) -> Any:
-    """`pattern` (an `re` pattern, or a `regex` one) as a `regex` pattern."""
-    if pattern is None or isinstance(pattern, regex.Pattern):
+    """`pattern` (an `re` pattern, or a `regex` one) as a `regex` pattern. (`regex` is
+    imported at the first rule made: a gateway without `dlp:` never maps its 1.9 MiB.)"""
+    if pattern is None:
+        return None
+    import regex
+
+    if isinstance(pattern, regex.Pattern):
         return pattern
     flags = 0
-    for mine, theirs in _FLAGS.items():
-        if pattern.flags & mine:
-            flags |= theirs
+    for name in _FLAGS:
+        if pattern.flags & getattr(re, name):
+            flags |= getattr(regex, name)
     return regex.compile(pattern.pattern, flags)
 
 
