@@ -34,7 +34,8 @@ from typing import Any
 
 from gateway.core.dlp.decoding import Unreadable
 
-__all__ = ["PER_MIB", "SECONDS", "Budget", "Detector", "Rule", "Span", "deadline"]
+__all__ = ["PER_MIB", "SECONDS", "Budget", "Detector", "Rule", "Span", "bounded", "deadline",
+           "left"]
 
 SECONDS = 0.25  # what a scan's expressions may take, at least
 PER_MIB = 1.0  # and this much more for each MiB it reads
@@ -84,7 +85,7 @@ def bounded(pattern: Any) -> Any:
     return regex.compile(pattern.pattern, flags)
 
 
-def _left(until: float) -> float:
+def left(until: float) -> float:
     """Seconds to `until`, never negative (`regex` reads a negative timeout as none)."""
     return max(until - monotonic(), 0.0)
 
@@ -161,7 +162,7 @@ class Rule:
         until = deadline(len(text)) if until is None else until
         if self.skip is None or len(self.anchors) != 1:  # (a full pass: no anchors)
             found: Iterator[Any] = self.pattern.finditer(text, start, end,
-                                                         timeout=_left(until))
+                                                         timeout=left(until))
             return found
         return self._tried(self.pattern, self.skip, text, start, end, until)
 
@@ -169,9 +170,9 @@ class Rule:
                until: float) -> Iterator[Any]:
         anchor, at = self.anchors[0], start
         while (found := text.find(anchor, at, end)) >= 0:
-            match = pattern.match(text, found, end, timeout=_left(until))
+            match = pattern.match(text, found, end, timeout=left(until))
             if match is None:
-                gone = skip.match(text, found, end, timeout=_left(until))
+                gone = skip.match(text, found, end, timeout=left(until))
                 at = max(found + 1, gone.end() if gone is not None else 0)
                 continue
             yield match
@@ -220,7 +221,7 @@ class Rule:
             if hi <= lo:
                 continue
             if self.tail is not None:
-                more = self.tail.match(text, hi, max(end, hi), timeout=_left(until))
+                more = self.tail.match(text, hi, max(end, hi), timeout=left(until))
                 if more is not None:
                     hi = more.end()
             work -= max(hi - lo, PER_MATCH)

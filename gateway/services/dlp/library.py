@@ -45,7 +45,7 @@ from detect_secrets.plugins.high_entropy_strings import (
 from detect_secrets.plugins.ibm_cloud_iam import IbmCloudIamDetector
 from detect_secrets.plugins.ibm_cos_hmac import IbmCosHmacDetector
 from detect_secrets.plugins.jwt import JwtTokenDetector
-from detect_secrets.plugins.keyword import KeywordDetector
+from detect_secrets.plugins.keyword import QUOTES_REQUIRED_DENYLIST_REGEX_TO_GROUP, KeywordDetector
 from detect_secrets.plugins.mailchimp import MailchimpDetector
 from detect_secrets.plugins.npm import NpmDetector
 from detect_secrets.plugins.openai import OpenAIDetector
@@ -60,7 +60,7 @@ from detect_secrets.plugins.telegram_token import TelegramBotTokenDetector
 from detect_secrets.plugins.twilio import TwilioKeyDetector
 
 from gateway.core.dlp.catalogue import DEFAULT, DETECTORS
-from gateway.core.dlp.detector import Detector, Rule
+from gateway.core.dlp.detector import Detector, Rule, bounded, deadline, left
 from gateway.services.dlp.plugins import (
     AnthropicDetector,
     GcpApiKeyDetector,
@@ -295,16 +295,35 @@ def _both(first: Callable[[str], bool], then: Callable[[str], bool]) -> Callable
 
 
 def _values(plugin: BasePlugin) -> Callable[[str], Iterator[str]]:
-    """`analyze_string` of a plugin that is not a pattern list; high-entropy plugins'
-    values filtered by their own entropy limit, as detect-secrets does per line."""
+    """`analyze_string` of a plugin that is not a pattern list, its expressions run by
+    `regex` with the scan's deadline (`detector.Budget`: detect-secrets' own loop runs
+    them on `re`, unbounded, and its keyword expressions are cubic on some texts:
+    `APWDO` 2,000 times cost 16 s); high-entropy plugins' values filtered by their own
+    entropy limit, as detect-secrets does per line. The same values as the plugin's
+    (tests/services/dlp/test_dlp_library.py)."""
     if isinstance(plugin, HighEntropyStringsPlugin):
+        quoted = bounded(plugin.regex)  # (`findall`'s second group: the quoted value)
+
         def entropic(text: str) -> Iterator[str]:
-            for value in plugin.analyze_string(text):
+            until = deadline(len(text))
+            for match in quoted.finditer(text, timeout=left(until)):
+                value = match.group(2)
                 if plugin.calculate_shannon_entropy(value) > plugin.entropy_limit:
                     yield value
         return entropic
-    analyze: Callable[[str], Iterator[str]] = plugin.analyze_string
-    return analyze
+    if isinstance(plugin, KeywordDetector) and plugin.keyword_exclude is None:
+        # (its `analyze_string` with no file type: each expression's first match)
+        attempts = [(bounded(regex_), group)
+                    for regex_, group in QUOTES_REQUIRED_DENYLIST_REGEX_TO_GROUP.items()]
+
+        def keyword(text: str) -> Iterator[str]:
+            until = deadline(len(text))
+            for expression, group in attempts:
+                match = expression.search(text, timeout=left(until))
+                if match:
+                    yield match.group(group)
+        return keyword
+    raise TypeError(f"{type(plugin).__name__}: no bounded reading of its values")
 
 
 def build(names: Iterable[str] = DEFAULT) -> tuple[Detector, ...]:

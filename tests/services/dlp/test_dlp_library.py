@@ -468,3 +468,41 @@ def test_regex_finds_what_re_finds_for_every_pattern() -> None:
                 (shipped.pattern, text)
             found += bool(want)
     assert found > 100
+
+
+@pytest.mark.parametrize("name", ["keyword", "high-entropy"])
+def test_the_plugins_values_are_read_as_the_plugin_reads_them(name: str) -> None:
+    """Keyword and high-entropy run their expressions by `regex` with the scan's deadline
+    (`library._values`); the same values as the plugin's own `analyze_string` (high
+    entropy: those over its limit), and a text made for keyword's expressions is
+    unreadable within the bound (`APWDO` 2,000 times: 16 s before)."""
+    import random
+    import time
+
+    from gateway.core.dlp.decoding import Unreadable
+
+    rng = random.Random(43)
+    pieces = ["password", "api_key", "secret", "pwd", "=", ":", " = ", "=>", ":=", '"', "'",
+              "`", "(", ")", ",", ";", "\n", " ", "x", "hunter2", "0f3a9c71e2d4b5a6",
+              "aGVsbG8gd29ybGQgdGhpcyBpcyBh", "contrasena", "APWDO", "$", "{", "}",
+              "password = 'hunter2xyz'", 'api_key: "Zq81mXv03LpWc7"', '"a9F3kQ2zX7pL0vB8nM4c"',
+              "'9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08'"]
+    rules = [r for d in build((name,)) for r in d.rules]
+    plugins = [cls() for cls, _ in PLUGINS[name]]
+    found = 0
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 30)))
+        for rule, plugin in zip(rules, plugins, strict=True):
+            assert rule.values is not None
+            want = list(plugin.analyze_string(text))
+            if name == "high-entropy":
+                want = [v for v in want
+                        if plugin.calculate_shannon_entropy(v) > plugin.entropy_limit]
+            assert list(rule.values(text)) == want, text
+            found += bool(want)
+    assert found > 300
+    if name == "keyword":
+        started = time.perf_counter()
+        with pytest.raises(Unreadable):
+            list(rules[0].spans(name, "APWDO" * 2000, 0, 10000))
+        assert time.perf_counter() - started < 1
