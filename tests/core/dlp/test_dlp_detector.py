@@ -117,7 +117,8 @@ def test_a_text_made_for_an_expression_is_unreadable_within_its_bound() -> None:
     with pytest.raises(Unreadable, match="npm credentials took longer than its bound"):
         list(rule.spans("npm", _NPM_FLOOD, 0, len(_NPM_FLOOD)))
     spent = time.perf_counter() - started
-    assert SECONDS <= spent < SECONDS + PER_MIB * len(_NPM_FLOOD) / (1 << 20) + 0.2
+    # (its bound, 0.45 s; wall-clock, so a loaded machine's spare: `re` took ~20 s)
+    assert SECONDS <= spent < SECONDS + PER_MIB * len(_NPM_FLOOD) / (1 << 20) + 1.5
     # an ordinary value is found (the rule's pattern runs by `regex`: `bounded`)
     assert _values(rule, "//registry.npmjs.org/:_authToken=npm_abcdefghijkl") == \
         ["npm_abcdefghijkl"]

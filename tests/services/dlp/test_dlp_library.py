@@ -505,4 +505,4 @@ def test_the_plugins_values_are_read_as_the_plugin_reads_them(name: str) -> None
         started = time.perf_counter()
         with pytest.raises(Unreadable):
             list(rules[0].spans(name, "APWDO" * 2000, 0, 10000))
-        assert time.perf_counter() - started < 1
+        assert time.perf_counter() - started < 2  # (its bound: 0.26 s of wall-clock)
