@@ -34,11 +34,17 @@ from typing import Any
 
 from gateway.core.dlp.decoding import Unreadable
 
-__all__ = ["PER_MIB", "SECONDS", "Budget", "Detector", "Rule", "Span", "bounded", "deadline",
-           "left"]
+__all__ = ["PER_MIB", "SECONDS", "SMALL", "Budget", "Detector", "Rule", "Span", "bounded",
+           "deadline", "left", "limit"]
 
 SECONDS = 0.25  # what a scan's expressions may take, at least
 PER_MIB = 1.0  # and this much more for each MiB it reads
+# A window this short runs without `regex`'s timeout (which costs 1.5 µs a call, more
+# than the call: an agent's request reads a few such windows), the deadline checked
+# before it instead: its worst (npm's quadratic pattern over it, 0.2 ms; keyword's,
+# always timed, 23 ms) is what a deadline may be overshot by.
+SMALL = 1024
+_FREE: dict[str, float] = {}  # (no timeout)
 _DEADLINE: ContextVar[float] = ContextVar("dlp_deadline", default=0.0)
 _FLAGS = ("IGNORECASE", "MULTILINE", "DOTALL", "VERBOSE", "ASCII")  # (`re`'s, by name)
 
@@ -88,6 +94,16 @@ def bounded(pattern: Any) -> Any:
 def left(until: float) -> float:
     """Seconds to `until`, never negative (`regex` reads a negative timeout as none)."""
     return max(until - monotonic(), 0.0)
+
+
+def limit(until: float, size: int) -> dict[str, float]:
+    """The keywords bounding a `regex` call over `size` characters by `until`: its
+    timeout, or for a short text (`SMALL`) none, the deadline checked now."""
+    if size > SMALL:
+        return {"timeout": max(until - monotonic(), 0.0)}
+    if monotonic() >= until:
+        raise TimeoutError
+    return _FREE
 
 
 def _late(name: str) -> Unreadable:
@@ -162,7 +178,7 @@ class Rule:
         until = deadline(len(text)) if until is None else until
         if self.skip is None or len(self.anchors) != 1:  # (a full pass: no anchors)
             found: Iterator[Any] = self.pattern.finditer(text, start, end,
-                                                         timeout=left(until))
+                                                         **limit(until, end - start))
             return found
         return self._tried(self.pattern, self.skip, text, start, end, until)
 
@@ -170,9 +186,9 @@ class Rule:
                until: float) -> Iterator[Any]:
         anchor, at = self.anchors[0], start
         while (found := text.find(anchor, at, end)) >= 0:
-            match = pattern.match(text, found, end, timeout=left(until))
+            match = pattern.match(text, found, end, **limit(until, end - found))
             if match is None:
-                gone = skip.match(text, found, end, timeout=left(until))
+                gone = skip.match(text, found, end, **limit(until, end - found))
                 at = max(found + 1, gone.end() if gone is not None else 0)
                 continue
             yield match
@@ -203,8 +219,6 @@ class Rule:
             return
         assert self.pattern is not None
         work = max(MIN_WORK, WORK * (end - start))
-        if until <= monotonic():
-            raise TimeoutError
         for match in self._matches(text, start, end, until):
             lo, hi = match.span()
             best = 0
@@ -221,7 +235,7 @@ class Rule:
             if hi <= lo:
                 continue
             if self.tail is not None:
-                more = self.tail.match(text, hi, max(end, hi), timeout=left(until))
+                more = self.tail.match(text, hi, max(end, hi), **limit(until, end - hi))
                 if more is not None:
                     hi = more.end()
             work -= max(hi - lo, PER_MATCH)
