@@ -352,7 +352,8 @@ def test_a_text_of_more_anchors_than_the_scan_reads_is_unreadable() -> None:
     started = time.perf_counter()
     with pytest.raises(Unreadable, match="more anchors"):
         prefilter.spans(flood)
-    assert time.perf_counter() - started < 0.2
+    # (12 ms idle; 0.48 s once with a suite on both cores; 0.8 s idle before the cap)
+    assert time.perf_counter() - started < 0.7
     size = 200_000
     most = ANCHORS + size // ANCHOR_EVERY
     text = ("AKIA " * most).ljust(size, ".")
