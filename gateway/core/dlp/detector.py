@@ -18,8 +18,11 @@ stopped: a text made for an expression costs what it costs, on the event loop (n
 The patterns are run by the `regex` module (the same syntax and answers: a rule's
 pattern is compiled again from its source and flags; tests hold the two to the same
 matches) with a deadline: a scan's (`Budget`: `SECONDS` and `PER_MIB` of what it reads),
-else the text's own. Past it the text is unreadable (refused where `dlp:` applies: fail
-closed). Ordinary text takes microseconds of it.
+else the text's own. The bound is the scan's thread's CPU time: `regex`'s timeout counts
+wall-clock time, so where it fires before the thread has spent its time (descheduled,
+on a loaded machine) the window is read again with what is left (`later`). Past it the
+text is unreadable (refused where `dlp:` applies: fail closed). Ordinary text takes
+microseconds of it.
 """
 
 from __future__ import annotations
@@ -28,14 +31,14 @@ import re
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from time import monotonic
+from time import monotonic, thread_time
 from types import TracebackType
 from typing import Any
 
 from gateway.core.dlp.decoding import Unreadable
 
 __all__ = ["PER_MIB", "SECONDS", "SMALL", "Budget", "Detector", "Rule", "Span", "bounded",
-           "deadline", "left", "limit"]
+           "deadline", "later", "left", "limit"]
 
 SECONDS = 0.25  # what a scan's expressions may take, at least
 PER_MIB = 1.0  # and this much more for each MiB it reads
@@ -45,14 +48,33 @@ PER_MIB = 1.0  # and this much more for each MiB it reads
 # always timed, 23 ms) is what a deadline may be overshot by.
 SMALL = 1024
 _FREE: dict[str, float] = {}  # (no timeout)
-_DEADLINE: ContextVar[float] = ContextVar("dlp_deadline", default=0.0)
+# (the running scan's deadline by the wall clock, and by its thread's CPU time)
+_DEADLINE: ContextVar[tuple[float, float] | None] = ContextVar("dlp_deadline", default=None)
 _FLAGS = ("IGNORECASE", "MULTILINE", "DOTALL", "VERBOSE", "ASCII")  # (`re`'s, by name)
 
 
+def _seconds(size: int) -> float:
+    return SECONDS + PER_MIB * size / (1 << 20)
+
+
 def deadline(size: int) -> float:
-    """When the expressions reading a text of `size` characters must be done: the
-    running scan's deadline (`Budget`), else one for this text alone."""
-    return _DEADLINE.get() or monotonic() + SECONDS + PER_MIB * size / (1 << 20)
+    """When (monotonic) the expressions reading a text of `size` characters must be
+    done: the running scan's deadline (`Budget`), else one for this text alone."""
+    running = _DEADLINE.get()
+    return running[0] if running is not None else monotonic() + _seconds(size)
+
+
+def later() -> float | None:
+    """After a timeout: a new deadline where the running scan's thread has CPU time
+    left (the wall clock ran on while it waited), else None (its time is spent)."""
+    running = _DEADLINE.get()
+    if running is None:
+        return None
+    spare = running[1] - thread_time()
+    if spare <= 0:
+        return None
+    _DEADLINE.set((monotonic() + spare, running[1]))
+    return monotonic() + spare
 
 
 class Budget:
@@ -63,11 +85,12 @@ class Budget:
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._token: Token[float] | None = None
+        self._token: Token[tuple[float, float] | None] | None = None
 
     def __enter__(self) -> None:
-        if not _DEADLINE.get():
-            self._token = _DEADLINE.set(deadline(self._size))
+        if _DEADLINE.get() is None:
+            seconds = _seconds(self._size)
+            self._token = _DEADLINE.set((monotonic() + seconds, thread_time() + seconds))
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
@@ -197,13 +220,19 @@ class Rule:
     def spans(self, name: str, text: str, start: int, end: int,
               until: float | None = None) -> Iterator[Span]:
         """Values this rule finds in text[start:end] (lookbehinds see before `start`),
-        its expressions done by `until` (monotonic; None: `deadline(len(text))`), else
+        its expressions done by `until` (monotonic; None: `deadline(len(text))`, and
+        past it while the scan's thread has CPU time left: `later`), else
         `Unreadable`."""
-        try:
-            yield from self._spans(name, text, start, end,
-                                   deadline(len(text)) if until is None else until)
-        except TimeoutError:
-            raise _late(name) from None
+        until = deadline(len(text)) if until is None else until
+        while True:  # (a value found before a timeout may be found again: callers keep sets)
+            try:
+                yield from self._spans(name, text, start, end, until)
+                return
+            except TimeoutError:
+                more = later()
+                if more is None:
+                    raise _late(name) from None
+                until = more
 
     def _spans(self, name: str, text: str, start: int, end: int, until: float
                ) -> Iterator[Span]:

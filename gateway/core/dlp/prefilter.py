@@ -19,7 +19,7 @@ from bisect import bisect_left
 from collections import defaultdict
 
 from gateway.core.dlp.decoding import Unreadable
-from gateway.core.dlp.detector import Detector, Rule, Span, deadline
+from gateway.core.dlp.detector import Budget, Detector, Rule, Span, deadline
 from gateway.core.dlp.fastscan import (
     BACKSLASH,
     ESCAPES_KNOWN,
@@ -229,13 +229,14 @@ class Prefilter:
         if not windows and not self.unanchored:
             return []
         entries = self._entries
-        until = deadline(len(text))  # (the scan's, or this text's: detector.Budget)
-        for index, spans in windows.items():
-            name, rule = entries[index]
-            for lo, hi in merged(spans) if len(spans) > 1 else spans:
-                found.update(rule.spans(name, text, lo, hi, until))
-        for name, rule in self.unanchored:
-            found.update(rule.spans(name, text, 0, len(text), until))
+        with Budget(len(text)):  # (the scan's, or this text's own)
+            until = deadline(len(text))
+            for index, spans in windows.items():
+                name, rule = entries[index]
+                for lo, hi in merged(spans) if len(spans) > 1 else spans:
+                    found.update(rule.spans(name, text, lo, hi, until))
+            for name, rule in self.unanchored:
+                found.update(rule.spans(name, text, 0, len(text), until))
         return _outermost(sorted(found, key=lambda s: (s.start, -s.end, s.detector)))
 
 

@@ -127,20 +127,38 @@ def test_a_text_made_for_an_expression_is_unreadable_within_its_bound() -> None:
 
 def test_a_scan_s_budget_is_shared_by_every_text_it_reads() -> None:
     """Inside `Budget`, each text's expressions run to the scan's one deadline (an inner
-    `Budget` keeps the outer's); a deadline passed is unreadable at once, never unbounded
-    (`regex` reads a negative timeout as none)."""
+    `Budget` keeps the outer's); the scan's thread's CPU time spent is unreadable at
+    once, never unbounded (`regex` reads a negative timeout as none)."""
     rule = Rule(_NPM, anchors=("_authToken=",), before=512, after=512)
     small = "//t" * 50 + "/:_authToken="  # (alone: read at once)
     with Budget(0):
         first = deadline(10)
         with Budget(1 << 30):
             assert deadline(1 << 30) == first
-        time.sleep(SECONDS + 0.01)
+        spent = time.thread_time() + SECONDS + 0.01
+        while time.thread_time() < spent:  # (the scan's CPU time, spent elsewhere)
+            pass
         with pytest.raises(Unreadable):
             list(rule.spans("npm", small, 0, len(small)))
     assert list(rule.spans("npm", small, 0, len(small))) == []  # (outside: its own)
-    with pytest.raises(Unreadable):
+    with pytest.raises(Unreadable):  # (no scan running: no CPU time to go on with)
         list(rule.spans("npm", small, 0, len(small), time.monotonic() - 1))
+
+
+def test_a_thread_that_waited_is_not_refused_for_it() -> None:
+    """The bound is the scan's CPU time: a scan whose thread waited past the wall-clock
+    deadline (a loaded machine) reads on with what it has left, and a text made for an
+    expression is still unreadable once that is spent."""
+    rule = Rule(_NPM, anchors=("_authToken=",), before=512, after=512)
+    value = "//registry.npmjs.org/:_authToken=npm_abcdefghijkl"
+    with Budget(0):
+        time.sleep(SECONDS + 0.05)  # (past the deadline by the wall clock; no CPU spent)
+        assert deadline(0) < time.monotonic()
+        assert [s.end - s.start for s in rule.spans("npm", value, 0, len(value))] == [16]
+        started = time.thread_time()
+        with pytest.raises(Unreadable):
+            list(rule.spans("npm", _NPM_FLOOD, 0, len(_NPM_FLOOD)))
+        assert time.thread_time() - started < SECONDS + 0.2
 
 
 def test_regex_answers_as_re_for_the_expressions_it_runs() -> None:
