@@ -28,22 +28,20 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.core.dlp import (
-    DEFAULT,
-    Dlp,
     Finding,
     Location,
-    Scanner,
     ScanResult,
     StreamScanner,
     redact_body,
     redact_text,
 )
 from gateway.core.dlp.detector import Budget
-from gateway.core.dlp.fastscan import ChunkPass, Gate
+from gateway.core.dlp.fastscan import ChunkPass
 from gateway.core.dlp.policy import Action
 from gateway.core.dlp.verdict import counted, records, refusal, unreadable
 from gateway.core.messages import Headers
 from gateway.core.ports import SILENT, Telemetry
+from gateway.pipeline.dlp_plans import Plan
 
 __all__ = ["DlpCheck"]
 
@@ -52,22 +50,23 @@ RECORDED = 64  # findings an exchange's audit line names, at most (every one is 
 
 
 class DlpCheck:
-    """One exchange's detection under its rule's resolved `dlp` section (``report``:
-    the policy's `mode: report`, findings recorded only). Made for every request of a
-    rule with `dlp:` (slots, nothing computed that the rule's section already holds)."""
+    """One exchange's detection under its rule's `Plan` (`dlp_plans`: the resolved
+    section, its detectors, what a finding does). Made for every request of a rule with
+    `dlp:`: it only takes the exchange's own facts (its host and rule for refusals, its
+    telemetry and engine for counts, its sandbox for what it sent before)."""
 
-    __slots__ = ("_answer", "_pass", "_stream", "action", "answers", "dlp", "engine",
-                 "found", "gate", "host", "rule", "sandbox", "scanner", "telemetry")
+    __slots__ = ("_answer", "_pass", "_stream", "answers", "engine", "found", "gate", "host",
+                 "plan", "rule", "sandbox", "scanner", "telemetry")
 
-    def __init__(self, scanner: Scanner, dlp: Dlp, host: str, rule: str | None, *,
-                 report: bool = False, telemetry: Telemetry = SILENT,
-                 engine: str = "", sandbox: str | None = None) -> None:
-        self.scanner = scanner = scanner.only(dlp.detectors or DEFAULT)
+    def __init__(self, plan: Plan, host: str, rule: str | None,
+                 telemetry: Telemetry = SILENT, engine: str = "",
+                 sandbox: str | None = None) -> None:
+        self.plan = plan
+        self.scanner = plan.scanner  # (the rule's detectors)
         # The gate's one pass (`Prefilter.gate`), which the leak guard runs first on a
         # body, so that this check takes its answer for the same body.
-        self.gate: Gate = scanner.prefilter.gate
-        self.dlp = dlp
-        self.action: Action = "report" if report else dlp.effective_action
+        self.gate = plan.gate
+        self.answers = plan.answers  # (`answers: report`: the answer scanned too)
         self.host = host
         self.rule = rule
         self.found: list[dict[str, Any]] = []  # the audit line's `dlp`
@@ -76,7 +75,6 @@ class DlpCheck:
         self.sandbox = sandbox  # (whose: what it sent before is not read again, `history`)
         self._stream: StreamScanner | None = None
         self._pass: ChunkPass | None = None  # (a streamed body's shared pass)
-        self.answers = dlp.reports_answers  # (`answers: report`: the answer scanned too)
         self._answer: StreamScanner | None = None
 
     def _judge(self, result: ScanResult, why_not: str | None = None
@@ -86,10 +84,10 @@ class DlpCheck:
         (empty: nothing, or reported only)."""
         if result.unreadable is not None:
             raise unreadable(result.unreadable, self.host, self.rule)
-        found = counted(self.dlp, result.findings, self.host)
+        found = counted(self.plan.dlp, result.findings, self.host)
         if not found:
             return ()
-        action = self.action
+        action = self.plan.action
         if action == "redact" and why_not is not None:
             self._record(found, "refuse")
             raise refusal(found, self.host, self.rule, self.found, why_not)
@@ -253,7 +251,7 @@ class DlpCheck:
     def _flag(self, findings: tuple[Finding, ...], part: str | None = None) -> None:
         """Findings in the answer that count on this host, recorded as reported, where
         each was said as `answer ...` (`part`: instead of the scan's own)."""
-        found = counted(self.dlp, findings, self.host)
+        found = counted(self.plan.dlp, findings, self.host)
         if found:
             self._record(tuple(replace(f, location=replace(
                 f.location, part=_answer_part(part or f.location.part)))

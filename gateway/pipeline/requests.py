@@ -21,7 +21,6 @@ from gateway.core import credentials, local_api, target
 from gateway.core.audit import child_traceparent, traceparent
 from gateway.core.client import Client
 from gateway.core.dlp import DEFAULT
-from gateway.core.dlp.policy import resolve
 from gateway.core.evaluate import Routed
 from gateway.core.identity import Identity
 from gateway.core.local_api import INTERNAL_HOST
@@ -33,6 +32,7 @@ from gateway.core.policy.model import records_only
 from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal
 from gateway.core.trail import rule_of
 from gateway.pipeline.asking import Asking
+from gateway.pipeline.dlp_plans import Plans
 from gateway.pipeline.exchange import Exchange
 from gateway.pipeline.exchange_content import ContentCapture
 from gateway.pipeline.exchange_dlp import DlpCheck
@@ -54,6 +54,7 @@ class Requests:
         self.asking = asking
         self.signing = signing
         self.oauthing = OAuthing(parts)
+        self.plans = Plans()  # (each rule's detection, `dlp:`: made once)
 
     async def begin(self, client: Client, head: RequestHead, *, tls: bool,
                     proxy_authorization: str | None = None) -> Exchange | Answer:
@@ -172,16 +173,14 @@ class Requests:
         if rule is None or rule.protocol != "http":
             return path
         policy = self.parts.policy(ex.identity)
-        dlp = resolve(policy.dlp, rule.dlp)
-        if dlp is None:
+        if policy.dlp is None and rule.dlp is None:
             return path
-        if self.parts.detectors is None:
-            raise Refusal(GATEWAY_ERROR.code, "the rule checks requests for credentials "
-                          "(dlp:), and this gateway has no detectors; refusing (fail "
-                          "closed)", rule.source)
-        ex.dlp = DlpCheck(self.parts.detectors.scanner(), dlp, ex.target.host, rule.source,
-                          report=policy.mode == "report", telemetry=ex.trail.telemetry,
-                          engine=ex.client.engine, sandbox=ex.identity.sandbox)
+        plan = self.plans.of(policy.dlp, rule.dlp, policy.mode == "report",
+                             self.parts.detectors, rule.source)
+        if plan is None:
+            return path
+        ex.dlp = DlpCheck(plan, ex.target.host, rule.source, ex.trail.telemetry,
+                          ex.client.engine, ex.identity.sandbox)
         return ex.dlp.head(ex.head.method, path, ex.head.headers)
 
     def _meter(self, ex: Exchange, credential: Credential) -> None:

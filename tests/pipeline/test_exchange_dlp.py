@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 from gateway.core.dlp import DEFAULT, Dlp, Scanner
+from gateway.pipeline.dlp_plans import Plan
 from gateway.pipeline.exchange_dlp import RECORDED, DlpCheck
 from gateway.services.dlp.library import build
 
@@ -36,7 +37,7 @@ def _keys(n: int) -> bytes:
 
 def test_an_answer_of_many_distinct_keys_is_recorded_bounded_and_counted_whole() -> None:
     counts = Counts()
-    check = DlpCheck(SCANNER, Dlp(action="refuse", answers=True), "up.test", "p.yaml:3",
+    check = DlpCheck(Plan(SCANNER, Dlp(action="refuse", answers=True)), "up.test", "p.yaml:3",
                      telemetry=counts, engine="h1")
     body = _keys(500)
     for at in range(0, len(body), 4096):  # (never raises: answers are not refused)
@@ -50,7 +51,7 @@ def test_an_answer_of_many_distinct_keys_is_recorded_bounded_and_counted_whole()
 
 def test_a_reported_request_of_many_keys_is_recorded_bounded_too() -> None:
     counts = Counts()
-    check = DlpCheck(SCANNER, Dlp(action="report"), "up.test", "p.yaml:3", telemetry=counts)
+    check = DlpCheck(Plan(SCANNER, Dlp(action="report")), "up.test", "p.yaml:3", telemetry=counts)
     assert check.whole(_keys(300), "text/plain") is None  # (forwarded as it is)
     assert len(check.found) == RECORDED
     assert counts.counted.count(("dlp_findings", "aws", "report", "")) == 300

@@ -36,6 +36,7 @@ from gateway.core.messages import Headers, RequestHead
 from gateway.core.refusal import Refusal
 from gateway.core.target import Target
 from gateway.core.trail import Trail
+from gateway.pipeline.dlp_plans import Plan
 from gateway.pipeline.exchange_dlp import DlpCheck
 from gateway.pipeline.exchange_request import RequestSide
 from gateway.pipeline.exchange_state import ExchangeState
@@ -126,7 +127,7 @@ def _exchange(token: str, ctype: str, coding: str | None, dlp: DlpCheck) -> Exch
 def _shared(token: str, chunks: list[bytes], ctype: str, coding: str | None,
             dlp: Dlp) -> Outcome:
     """The real way out: `RequestSide.feed` per chunk, detection reporting only."""
-    check = DlpCheck(SCANNER, dlp, HOST, "r", report=True)
+    check = DlpCheck(Plan(SCANNER, dlp, report=True), HOST, "r")
     side = RequestSide(_exchange(token, ctype, coding, check))
     out = Outcome()
     for i, chunk in enumerate([*chunks, None]):
@@ -280,7 +281,7 @@ def test_what_goes_upstream_is_the_body_as_sent(token: str) -> None:
     for _ in range(20):
         body = _filler(rng, 400_000, rng.choice(["prose", "base64"])).encode()
         cuts = sorted(set(_cuts(rng, len(body))))
-        check = DlpCheck(SCANNER, Dlp(action="refuse"), HOST, "r", report=True)
+        check = DlpCheck(Plan(SCANNER, Dlp(action="refuse"), report=True), HOST, "r")
         side = RequestSide(_exchange(token, "text/plain", None, check))
         out = []
         for lo, hi in zip([0, *cuts], cuts, strict=False):

@@ -20,6 +20,8 @@
  * LITERAL exactly when one of the literals is in the text, and then ESCAPES with
  * PERCENT, BACKSLASH and PLUS for the bytes a reader unescapes (`%`, `\\`, `+`: the leak
  * guard and detection ask for them next, each a memchr pass of its own without this).
+ * UNMARKED says the text starts with no byte-order mark and no NUL, so that detection
+ * knows a JSON or text reader reads its bytes as they are without a call of its own.
  * tests/core/dlp/test_dlp_gate_native.py holds both widths to a plain reading on every
  * offset and length around the blocks' edges, to Hyperscan on random texts, and to no
  * read past a buffer under AddressSanitizer.
@@ -38,6 +40,8 @@
 #define PLUS 16       /* a `+` */
 #define ESCAPES 32    /* the three bits above are known: the whole text was read */
 #define UNDECIDED 64  /* the prefilter kept too many positions: ask another matcher */
+#define UNMARKED 128  /* no byte-order mark, no NUL in the first four bytes: a JSON or
+                       * text reader reads the text as its bytes (`decoding.json_codec`) */
 #define MAX_LITERALS 64
 #define PREFIX_BITS 4096
 /* The work the prefilter's positions may cost before the pass gives up (a position kept
@@ -468,6 +472,9 @@ static PyObject *gate_flags(GateObject *self, PyObject *const *args, Py_ssize_t 
     } else {
         flags = scan(self, (const uint8_t *)view.buf, view.len);
     }
+    const uint8_t *text = (const uint8_t *)view.buf;
+    if (view.len == 0 || (text[0] < 0xFE && !memchr(text, 0, view.len < 4 ? (size_t)view.len : 4)))
+        flags |= UNMARKED;
     if (before.len && !(flags & RUN)) {  /* the seam: `before` and as much of the text */
         uint8_t seam[2 * SEAM];
         Py_ssize_t take = view.len < before.len ? view.len : before.len;

@@ -46,8 +46,8 @@ except ImportError:
 NATIVE: bool = _gate is not None and bool(_gate.AVX2)  # the gate's pass in C (above)
 
 __all__ = ["BACKSLASH", "ESCAPES_KNOWN", "FOUND", "HYPERSCAN", "LITERAL", "NATIVE", "PERCENT",
-           "PLUS", "RUN", "ChunkPass", "Gate", "Literals", "as_bytes", "has_segment",
-           "key_run", "key_runs"]
+           "PLUS", "RUN", "UNMARKED", "ChunkPass", "Gate", "Literals", "as_bytes",
+           "has_segment", "key_run", "key_runs"]
 SEGMENT = 20  # base64 characters in a row that may hold a key (decoding.MIN_BASE64)
 _ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-"
 MAP = bytes(0x61 if i in _ALPHABET else 0x20 for i in range(256))  # in the alphabet: "a"
@@ -136,12 +136,12 @@ def key_runs(text: str | bytes | bytearray, *, native: bool | None = None
     return None
 
 
-RUN = 1  # `Gate.flags`: SEGMENT base64 characters in a row
-LITERAL = 2  # `Gate.flags`: one of the gate's literals
+RUN, LITERAL = 1, 2  # `Gate.flags`: SEGMENT base64 characters in a row; a gate's literal
 FOUND = RUN | LITERAL  # (what a gate found, without the escapes)
 # `Gate.flags(escapes=True)` on the C pass: the bytes a reader unescapes, known
-# (ESCAPES_KNOWN) where the pass read the whole text (`_gate.c`)
-PERCENT, BACKSLASH, PLUS, ESCAPES_KNOWN = 4, 8, 16, 32
+# (ESCAPES_KNOWN) where it read the whole text (`_gate.c`); UNMARKED: no BOM, no NUL in
+# the first four bytes (read as the bytes they are: `decoding.json_codec`)
+PERCENT, BACKSLASH, PLUS, ESCAPES_KNOWN, UNMARKED = 4, 8, 16, 32, 128
 UNDECIDED = 64  # the C pass gave up on a text made to keep its prefilter busy (`_gate.c`)
 _NATIVE_RUNS: list[Any] = []
 

@@ -48,8 +48,13 @@ class CleanParts:
         known = line in seen  # (a line remembered holds no escape)
         if not known and ("%" in target or "+" in target or "\\" in target):
             return fields
-        try:  # (the parts not seen before, asked in C: most heads have none, or two)
-            new: list[bytes] = list(set(chain.from_iterable(fields)).difference(seen))
+        new: list[bytes] = []  # (the parts not seen before: most heads have none, or two)
+        try:
+            for name, value in fields:
+                if name not in seen:
+                    new.append(name)
+                if value not in seen:
+                    new.append(value)
         except TypeError:  # (a bytearray part: never remembered)
             new = [p for p in chain.from_iterable(fields)
                    if type(p) is not bytes or p not in seen]

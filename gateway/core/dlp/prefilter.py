@@ -33,7 +33,7 @@ from gateway.core.dlp.fastscan import (
     as_bytes,
 )
 
-__all__ = ["ESCAPES", "Prefilter", "json_unescape", "merged", "unescape"]
+__all__ = ["ESCAPES", "JSON_ESCAPE", "Prefilter", "json_unescape", "merged", "unescape"]
 
 # What a reader of each kind of view undoes that could make an anchor or a base64 run
 # appear: a JSON reader `\uXXXX` and `\/` (its other escapes become characters that
@@ -41,7 +41,7 @@ __all__ = ["ESCAPES", "Prefilter", "json_unescape", "merged", "unescape"]
 # (a space: "BEGIN+PRIVATE+KEY"). A text is read as it is.
 ESCAPES: dict[str, tuple[str, ...]] = {"text": (), "json": ("\\u", "\\/"),
                                        "form": ("%", "+")}
-_JSON_ESCAPE = re.compile(rb"\\[u/]")
+JSON_ESCAPE = re.compile(rb"\\[u/]")
 
 _PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
 _JSON_U = re.compile(r"\\u00([0-9A-Fa-f]{2})")
@@ -158,7 +158,7 @@ class Prefilter:
         hold no such run (the others' matches all hold one: `Rule.run`), or an escape
         that could hide either. One pass (`gate`; its answer for a body the leak guard
         already asked about is taken, not computed again). The escapes are looked for
-        with `find` (memchr); a JSON text with a backslash then by `_JSON_ESCAPE`. False
+        with `find` (memchr); a JSON text with a backslash then by `JSON_ESCAPE`. False
         means no detector and no decoded run can find anything in it."""
         data = text if type(text) is bytes else as_bytes(text)
         gate = self.gate
@@ -167,11 +167,11 @@ class Prefilter:
             if flags & (RUN | LITERAL) or not flags & ESCAPES_KNOWN:
                 return True
             if kind == "json":
-                return bool(flags & BACKSLASH) and _JSON_ESCAPE.search(data) is not None
+                return bool(flags & BACKSLASH) and JSON_ESCAPE.search(data) is not None
             return kind == "form" and bool(flags & (PERCENT | PLUS))
         find = data.find  # (not `in`: CPython 3.12's raises and clears a TypeError first)
         if self.unanchored or (kind == "json" and find(b"\\") >= 0
-                               and _JSON_ESCAPE.search(data)) \
+                               and JSON_ESCAPE.search(data)) \
                 or (kind == "form" and (find(b"%") >= 0 or find(b"+") >= 0)):
             self.gate.forget()  # (an answer the leak guard kept is not needed: let it go)
             return True

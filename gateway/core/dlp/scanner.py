@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from urllib.parse import parse_qsl, unquote_plus
 
 from gateway.core.dlp import jsondoc
+from gateway.core.dlp.clean import CleanBodies
 from gateway.core.dlp.decoding import (
     Run,
     Unreadable,
@@ -80,6 +81,8 @@ class Scanner:
         # The parts of heads found clean (`heads.CleanParts`): `unclean_fields`.
         self.heads = CleanParts(self.prefilter.candidate, self._holding)
         self.unclean_fields = self.heads.unclean
+        # Whether a whole body holds no candidate (`clean.CleanBodies`: one gate pass).
+        self.body_clean = CleanBodies(self.prefilter).clean
         # Stretches of the alphabet whose runs decode to nothing (`decoded`), bounded.
         self._clean_runs: set[str] = set()
         # The long strings each sandbox sent that held nothing (`history`: one store for
@@ -273,25 +276,6 @@ class Scanner:
             return []
         return [p for p in parts if key_run(p) and
                 next(self.decoded(p.decode("latin-1")), None) is not None]
-
-    def body_clean(self, body: bytes, content_type: str | None) -> bool:
-        """Whether a body (its content codings undone) holds no candidate as its reader
-        reads it (`prefilter.ESCAPES`): one gate pass over its bytes. A multipart body is
-        not decided here (each part has its own type and coding), nor a body its reader
-        decodes from UTF-16, UTF-32 or another charset ASCII is not its own bytes in
-        (`json_codec`, `text_codec`)."""
-        if not body:
-            return True
-        ctype = (content_type or "").lower()
-        kind = "multipart" if "multipart/" in ctype else body_kind(body, ctype)
-        try:  # (Unreadable: the scan says why it cannot be read)
-            plain = kind != "multipart" and (json_codec(body) if kind == "json" else
-                                             text_codec(body, ctype)) == "latin-1"
-        except Unreadable:
-            plain = False
-        if not plain:
-            self.prefilter.gate.forget()  # (the leak guard's answer: not asked for)
-        return plain and not self.prefilter.candidate(body, kind)
 
     def _body(self, body: bytes, ctype: str, where: Location, coding: str | None = None,
               gated: bool = False, sandbox: str | None = None) -> Iterator[Hit]:
