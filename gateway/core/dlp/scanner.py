@@ -293,9 +293,12 @@ class Scanner:
             return
         kind = body_kind(body, ctype)
         codec = json_codec(body) if kind == "json" else text_codec(body, ctype)
-        text = body.decode(codec, "replace")
+        # (a JSON body in latin-1: its text is made only where a reading needs it, the
+        # rules reading a name beside its value, `_context`; its strings are read in C)
+        text = "" if kind == "json" and codec == "latin-1" else body.decode(codec, "replace")
         # (latin-1: the text's bytes are the body's, not made again for the C check)
         if kind != "text" and not key_run(body if codec == "latin-1" else text):
+            text = text or body.decode(codec, "replace")
             # The gate: what a JSON or form reader reads holds no anchor and no run. (A
             # text whose bytes as sent hold a run a decoder reads is read on without this
             # view: going on is always right, only skipping must be, and such a text,
@@ -329,7 +332,8 @@ class Scanner:
                 # the strings hold such a rule's anchor (`Prefilter.string_anchors`).
                 named = self.string_anchors
                 pairs = [] if named is not None and seen.isdisjoint(named) else \
-                    list(self._context(json_unescape(text), where, json_text=True))
+                    list(self._context(json_unescape(text or body.decode(codec, "replace")),
+                                       where, json_text=True))
                 yield from pairs
                 for keep in () if pairs else later:
                     keep()
@@ -342,8 +346,9 @@ class Scanner:
                 yield from self.text_hits(name, field)
             yield from self._context(unquote_plus(text, encoding="latin-1"), where)
             return
-        # Anything else is read as it is: a receiver does not undo %XX in a file.
-        yield from self.text_hits(text, where)
+        # Anything else is read as it is (a receiver does not undo %XX in a file), as is
+        # a body that looks like JSON and is not a document.
+        yield from self.text_hits(text or body.decode(codec, "replace"), where)
 
     def _context(self, text: str, where: Location, *, json_text: bool = False) -> Iterator[Hit]:
         """A document's text whole, for the rules reading a name beside its value."""

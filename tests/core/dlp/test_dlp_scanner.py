@@ -178,6 +178,20 @@ def test_a_body_over_the_limit_is_unreadable_not_skipped() -> None:
     assert small.scan_body(b"x" * 100, "text/plain").clean
 
 
+
+@pytest.mark.parametrize("ctype", [JSON, None, "text/plain"])
+@pytest.mark.parametrize("sandbox", [None, "sb-1"])
+@pytest.mark.parametrize("shape", ['{{"a": "{key}', '["x", {key}]', '{{"a": "{key}"}} trailing',
+                                   '{{"a": "{key}", }}'])
+def test_a_body_that_looks_like_json_and_is_not_a_document_is_read_as_text(
+        ctype: str | None, sandbox: str | None, shape: str) -> None:
+    """Neither the C reading nor `json` takes it: its text is read as it is (a JSON
+    body's text is made only where needed; this is such a place)."""
+    key = next(f for f in CORPUS if f.detector == "github").text
+    body = shape.format(key=key).encode()
+    found = SCANNER.scan_body(body, ctype, sandbox=sandbox).findings
+    assert "github" in [f.detector for f in found], body
+
 def test_a_key_repeated_in_an_object_is_read_twice() -> None:
     key = next(f for f in CORPUS if f.detector == "aws").text
     body = ('{"k": "' + key + '", "k": "harmless"}').encode()
