@@ -19,6 +19,7 @@ import json
 import socket
 import ssl
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ class Spec:
     headers: list[tuple[str, str]] = field(default_factory=list)  # Host added unless given
     body: str = ""  # base64
     chunked: bool = False  # send the body chunked (with `trailers`)
+    first_chunk: int = 0  # chunked (HTTP/2: a DATA frame): send this many bytes first, alone
     trailers: list[tuple[str, str]] = field(default_factory=list)
     tls: bool = True
     sni: str | None = None  # default: host
@@ -115,7 +117,8 @@ def _read_body(sock: Any, headers: dict[str, str], rest: bytes) -> bytes:
     return out
 
 
-def _h1_request(spec: Spec) -> bytes:
+def _h1_request(spec: Spec) -> list[bytes]:
+    """The request's bytes, in the writes to make (a `first_chunk` is a write alone)."""
     body = base64.b64decode(spec.body)
     headers = list(spec.headers)
     if not any(k.lower() == "host" for k, _ in headers):
@@ -131,13 +134,18 @@ def _h1_request(spec: Spec) -> bytes:
         headers.append(("Content-Length", str(len(body))))
     out = f"{spec.method} {spec.target} HTTP/1.1\r\n".encode()
     out += b"".join(f"{k}: {v}\r\n".encode() for k, v in headers) + b"\r\n"
+    writes = []
     if spec.chunked:
+        first, body = body[:spec.first_chunk], body[spec.first_chunk:]
+        if first:
+            writes.append(out + b"%x\r\n%s\r\n" % (len(first), first))
+            out = b""
         if body:
             out += b"%x\r\n%s\r\n" % (len(body), body)
         out += b"0\r\n" + b"".join(f"{k}: {v}\r\n".encode() for k, v in spec.trailers) + b"\r\n"
     else:
         out += body
-    return out
+    return [*writes, out]
 
 
 def _connect(spec: Spec) -> tuple[socket.socket, Result | None]:
@@ -186,7 +194,10 @@ def run(spec: Spec) -> Result:
         # (refused part-way and closed while the body was still going: the answer sent
         # before is read below; none there, "closed")
         with contextlib.suppress(OSError, ssl.SSLError):
-            conn.sendall(_h1_request(spec))
+            for i, part in enumerate(_h1_request(spec)):  # (a first chunk: a write alone)
+                if i:
+                    time.sleep(0.05)
+                conn.sendall(part)
         try:
             status, headers, rest = _read_head(conn)
         except (OSError, ConnectionError, ssl.SSLError):
@@ -263,6 +274,11 @@ def _h2(conn: Any, spec: Spec) -> Result:
     end = not body and not spec.trailers
     h2c.send_headers(1, headers, end_stream=end)
     pending = [body]  # what the flow-control window has not let out yet
+    if spec.first_chunk and body:  # (a first DATA frame alone)
+        h2c.send_data(1, body[:spec.first_chunk])
+        conn.sendall(h2c.data_to_send())
+        time.sleep(0.05)
+        pending[0] = body[spec.first_chunk:]
 
     def send_body() -> None:
         while pending[0]:

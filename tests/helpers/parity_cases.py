@@ -333,8 +333,8 @@ def _gz(text: str) -> str:
     return base64.b64encode(gzip.compress(text.encode())).decode()
 
 
-def _b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
+def _b64(text: str, codec: str = "utf-8") -> str:
+    return base64.b64encode(text.encode(codec)).decode()
 
 
 DENY = {"decision": "deny"}
@@ -983,6 +983,21 @@ DLP = [
          _dlp_post("/dlp-ibm/t", "{B64:cloudant_password{SPACES_1K}= {CLOUDANT}}",
                    ["Content-Type", "text/plain"]),
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    # A charset that names no byte order, and no byte-order mark: Python reads it
+    # little-endian, RFC 2781 big-endian, a receiver either; a key in one order is noise
+    # in the other, so the body is refused as unreadable (it was read little-endian and
+    # the big-endian key passed).
+    Case("DLP: a credential in UTF-16 big-endian, its charset naming no byte order",
+         _dlp_post("/dlp/t", "{U16BE:note: deploy with {GH}}",
+                   ["Content-Type", "text/plain; charset=utf-16"]),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    # A chunked body's first chunk of one byte: its reading is chosen once four bytes are
+    # in (a JSON reader finds UTF-16 by its NULs); before, the one byte made the rest read
+    # as latin-1, and the key passed.
+    Case("DLP: a credential in a streamed UTF-16 JSON body whose first chunk is a byte",
+         {**_dlp_post("/dlp/s", "{U16LE:{\"pad\": \"{PAD_2M}\", \"note\": \"deploy with "
+                      "{GH}\"}}", _JSON), "chunked": True, "first_chunk": 1},
+         ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_fake),
     Case("DLP: a credential in a gzip body",
          _dlp_post("/dlp/gz", "{GZ:{\"note\": \"{GH}\"}}", _JSON,
                    ["Content-Encoding", "gzip"]),
@@ -1040,6 +1055,8 @@ def _fill(value: Any, subs: dict[str, str]) -> Any:
             return _b64(_fill(value[5:-1], subs))
         if value.startswith("{GZ:") and value.endswith("}"):
             return _gz(_fill(value[4:-1], subs))
+        if value.startswith(("{U16BE:", "{U16LE:")) and value.endswith("}"):  # (no BOM)
+            return _b64(_fill(value[7:-1], subs), f"utf-16-{value[4:6].lower()}")
         for k, v in subs.items():
             value = value.replace("{" + k + "}", v)
         return value

@@ -235,8 +235,15 @@ def body_kind(body: bytes, ctype: str) -> str:
 _CHARSET = re.compile(r";\s*charset\s*=\s*\"?([^\s;\"]+)", re.IGNORECASE)
 _PRINTABLE = bytes(range(0x20, 0x7F))
 _STATEFUL = ("utf_7", "iso2022", "hz")  # codecs whose escapes turn ASCII bytes into other text
+# Python's codecs that are no charset a receiver names, and turn ASCII escapes into other
+# text (`\x67hp_...`) or cannot read every byte: refused, as a charset without a codec.
+_NOT_CHARSETS = frozenset({"unicode_escape", "raw_unicode_escape", "punycode", "idna",
+                           "undefined"})
 _BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
          (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+# The charsets that name no byte order: the byte-order marks that give one.
+_ORDERLESS = {"utf-16": (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE),
+              "utf-32": (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)}
 
 
 def text_codec(body: bytes, ctype: str) -> str:
@@ -247,13 +254,22 @@ def text_codec(body: bytes, ctype: str) -> str:
     every ASCII superset). Raises Unreadable for a charset there is no codec for."""
     found = _CHARSET.search(ctype)
     if found is not None:
-        try:
+        try:  # (LookupError: no codec, or one of bytes to bytes: `hex`, `zlib`)
             name = codecs.lookup(found.group(1)).name
-        except LookupError:
+            if name.replace("-", "_") in _NOT_CHARSETS:
+                raise LookupError(name)
+            printable = _PRINTABLE.decode(name, "replace")
+        except (LookupError, UnicodeError):
             raise Unreadable(f"the body's charset {found.group(1)[:40]!r} is none the "
                              "gateway can read") from None
+        if name in _ORDERLESS and not body.startswith(_ORDERLESS[name]):
+            # (Python reads it little-endian, RFC 2781 big-endian: either could be the
+            # receiver's, and a key in one order is noise in the other)
+            raise Unreadable(f"the body's charset {found.group(1)[:40]!r} names no byte "
+                             "order and the body starts with no byte-order mark; send it "
+                             "with one, or name the order (utf-16le, utf-16be, ...)")
         if name.replace("-", "_").startswith(_STATEFUL) or \
-                _PRINTABLE.decode(name, "replace").encode("latin-1", "replace") != _PRINTABLE:
+                printable.encode("latin-1", "replace") != _PRINTABLE:
             return name
         return "latin-1"
     for bom, name in _BOMS:

@@ -59,6 +59,7 @@ MIN_KEEP = 4096
 STEP = 64 * 1024  # new characters scanned at a time (at least: the window kept rescanned)
 _WIDEST = 5  # bytes of a transcoded charset a byte of its UTF-8 may come from (UTF-7's "+AF8-")
 _NO_LIMIT = 1 << 62  # a streamed body is not held: its decoded size is not bounded here
+_SNIFF = 4  # bytes the first reading needs: a UTF-32 BOM, a JSON reader's NULs (RFC 4627)
 SEEN = 1024  # distinct findings a stream remembers (to report each once): a body of
 # millions of distinct keys holds no more than this (the caller bounds what it records)
 
@@ -79,6 +80,7 @@ class StreamScanner:
         self._ctype = (content_type or "").lower()
         self._charset: codecs.IncrementalDecoder | None = None
         self._sniffed = False  # (the first bytes looked at for a byte-order mark)
+        self._early = b""  # (the first bytes, while fewer than a sniff reads: `_text`)
         self._kind = "text"  # (a JSON or form body: its escapes undone too, `_scan`)
         # where, in the stream, the last chunk the shared pass found something in ends
         # (`feed`'s `flags`; _NO_LIMIT: every window is scanned)
@@ -99,7 +101,7 @@ class StreamScanner:
         coding, characters are bytes; a transcoded one counts what the window's UTF-8
         may have come from, at most `_WIDEST` bytes a byte, and the decoder's tail)."""
         if self._charset is None:
-            return len(self._window)
+            return len(self._window) + len(self._early)
         return (len(self._window) + 4) * _WIDEST
 
     def feed(self, chunk: bytes, flags: int | None = None) -> ScanResult:
@@ -148,6 +150,13 @@ class StreamScanner:
         """`piece` as its reader reads it: itself, or transcoded to UTF-8 (see the module
         docstring). The codec is chosen at the first non-empty piece."""
         if not self._sniffed and (piece or final):
+            if len(self._early) + len(piece) < _SNIFF and not final:
+                # (a first piece of 1-3 bytes cannot show a UTF-32 BOM or a JSON
+                # reader's NULs: held until it can; the next piece's flags cover it,
+                # `ChunkPass` reading the seam)
+                self._early += piece
+                return b""
+            piece, self._early = self._early + piece, b""
             self._sniffed = True
             try:
                 codec = text_codec(piece, self._ctype)
@@ -161,7 +170,11 @@ class StreamScanner:
                 self._charset = codecs.getincrementaldecoder(codec)("replace")
         if self._charset is None:
             return piece
-        return self._charset.decode(piece, final).encode("utf-8", "surrogatepass")
+        try:
+            return self._charset.decode(piece, final).encode("utf-8", "surrogatepass")
+        except UnicodeError as exc:  # (a UTF-16 stream without its byte-order mark)
+            self.unreadable = f"the body cannot be read in its charset: {exc}"
+            return b""
 
     def _scan(self, final: bool) -> list[Finding]:
         window = self._window

@@ -110,7 +110,6 @@ def test_ordinary_words_are_not_runs() -> None:
     (b"plain", "text/plain; charset=ISO-8859-15", "latin-1"),
     (b"plain", "text/csv; charset=windows-1252", "latin-1"),
     (b"plain", "text/plain; charset=shift_jis", "latin-1"),  # (ASCII is its own bytes)
-    (b"x", "text/plain; charset=utf-16", "utf-16"),
     (b"x", 'text/plain; charset="UTF-16LE"', "utf-16-le"),
     (b"x", "text/plain;charset=utf-32be", "utf-32-be"),
     (b"x", "text/plain; charset=utf-7", "utf-7"),
@@ -118,15 +117,35 @@ def test_ordinary_words_are_not_runs() -> None:
     (b"x", "text/plain; charset=cp500", "cp500"),  # EBCDIC
     ("x".encode("utf-16"), "text/plain", "utf-16"),  # a byte-order mark, no charset
     ("x".encode("utf-32"), "application/octet-stream", "utf-32"),
+    ("x".encode("utf-16"), "text/plain; charset=utf-16", "utf-16"),  # (its order: the BOM)
+    ("x".encode("utf-32"), "text/plain; charset=UTF-32", "utf-32"),
 ])
 def test_a_text_body_is_read_in_the_charset_its_receiver_reads(
         body: bytes, ctype: str, codec: str) -> None:
     assert text_codec(body, ctype) == codec
 
 
-def test_a_charset_without_a_codec_is_unreadable() -> None:
-    with pytest.raises(Unreadable, match="charset 'x-klingon'"):
-        text_codec(b"x", "text/plain; charset=x-klingon")
+@pytest.mark.parametrize("charset", [
+    "x-klingon",  # (no codec)
+    "hex", "base64", "zlib", "rot13", "uu",  # (Python's codecs of bytes, or of text, to bytes)
+    "unicode_escape", "raw-unicode-escape",  # (`\x67hp_` read as `ghp_`)
+    "punycode", "idna", "undefined",  # (no charset, and they cannot read every byte)
+])
+def test_a_charset_without_a_codec_is_unreadable(charset: str) -> None:
+    """Unreadable, the refusal's reason (before, a codec that is no charset raised
+    LookupError or UnicodeError out of the scan, or read `\x67hp_` as it is)."""
+    with pytest.raises(Unreadable, match=f"charset '{charset}'"):
+        text_codec(b"x", f"text/plain; charset={charset}")
+
+
+@pytest.mark.parametrize("codec", ["utf-16-be", "utf-16-le", "utf-32-be", "utf-32-le"])
+@pytest.mark.parametrize("charset", ["utf-16", "utf-32", "UTF16"])
+def test_a_charset_naming_no_byte_order_needs_a_byte_order_mark(codec: str,
+                                                                charset: str) -> None:
+    """Python reads such a body little-endian, RFC 2781 big-endian: a key in one order is
+    noise in the other, so a body without the mark is unreadable, and says what to send."""
+    with pytest.raises(Unreadable, match=r"names no byte order.*utf-16le"):
+        text_codec("ghp_x".encode(codec), f"text/plain; charset={charset}")
 
 
 @pytest.mark.parametrize(("ctype", "encode"), [

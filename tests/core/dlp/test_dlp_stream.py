@@ -198,8 +198,67 @@ def test_a_streamed_body_in_another_charset_is_read_as_its_receiver_reads_it(
 
 def test_a_streamed_body_in_a_charset_without_a_codec_is_unreadable() -> None:
     stream = StreamScanner(SCANNER, content_type="text/plain; charset=x-klingon")
-    assert stream.feed(b"abc").unreadable is not None
+    assert stream.feed(b"abcd").unreadable is not None  # (four bytes: the sniff's)
     assert stream.end().unreadable is not None
+    short = StreamScanner(SCANNER, content_type="text/plain; charset=x-klingon")
+    assert short.feed(b"abc").unreadable is None and short.pending == 3  # (held back)
+    assert short.end().unreadable is not None
+
+
+@pytest.mark.parametrize(("codec", "ctype"), [
+    ("utf-16-le", "application/json"),  # (no BOM: a JSON reader's NULs, four bytes)
+    ("utf-32-be", "application/json"),
+    ("utf-16", "text/plain"), ("utf-32", "text/plain"),  # (a BOM, no charset)
+    ("utf-16", "text/plain; charset=utf-16"), ("utf-8", "text/plain"),
+])
+@pytest.mark.parametrize("first", [1, 2, 3])
+def test_a_stream_whose_first_piece_is_shorter_than_a_sniff_is_read_in_its_charset(
+        codec: str, ctype: str, first: int) -> None:
+    """A chunked body's first chunk may be a byte (the sandbox picks its chunks): its
+    reading is chosen once four bytes are in (before, one byte of a UTF-16 JSON body
+    made the rest read as latin-1, and the key passed); what is held is pending."""
+    key = fake("github").text
+    body = ('{"k": "' + key + '", "pad": "' + "x" * 9000 + '"}').encode(codec)
+    stream = StreamScanner(SCANNER, content_type=ctype)
+    found = list(stream.feed(body[:first]).findings)
+    assert stream.pending >= first
+    for at in range(first, len(body), 997):
+        found += stream.feed(body[at:at + 997]).findings
+    found += stream.end().findings
+    assert [f.detector for f in found] == ["github"]
+
+
+def test_an_anchor_in_a_short_first_piece_is_read_with_the_pieces_flags() -> None:
+    """An anchor wholly inside a first piece held back for the sniff is read: the next
+    piece's flags (`ChunkPass`) read the seam, which holds it."""
+    from gateway.core.dlp.fastscan import ChunkPass
+
+    body = b"://deploy:Zq8vLm2pXw@git.example.com/r " + b"then some prose " * 700
+    stream, shared = StreamScanner(SCANNER, content_type="text/plain"), \
+        ChunkPass(SCANNER.prefilter.gate)
+    found = []
+    for piece in (body[:3], body[3:9], body[9:]):
+        found += stream.feed(piece, shared.flags(piece, escapes=True)).findings
+    found += stream.end().findings
+    assert [f.detector for f in found] == ["basic-auth"]
+
+
+def test_a_charset_decoder_that_fails_mid_stream_makes_it_unreadable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decoder's error is the stream's refusal (unreadable), not an exception out of
+    the scan."""
+    import codecs
+
+    from gateway.core.dlp import stream as stream_module
+
+    class Failing(codecs.IncrementalDecoder):
+        def decode(self, data: bytes, final: bool = False) -> str:
+            raise UnicodeError("UTF-16 stream does not start with BOM")
+
+    monkeypatch.setattr(stream_module.codecs, "getincrementaldecoder", lambda _: Failing)
+    stream = StreamScanner(SCANNER, content_type="text/plain; charset=utf-16")
+    assert "cannot be read in its charset" in (stream.feed("x".encode("utf-16")).unreadable
+                                               or "")
 
 
 def _distinct_aws_keys(n: int) -> list[str]:
