@@ -111,6 +111,10 @@ class DlpCheck:
         header values are rewritten in place). A head without a candidate (most) costs
         one gate pass over its new parts (`Scanner.unclean_fields`); one with some, the
         scan of the fields that hold them."""
+        if headers.count("content-type") > 1 and len(set(headers.get_all("content-type"))) > 1:
+            # (a receiver may read the body by either: which one hides what is not known)
+            raise unreadable("the request names more than one Content-Type; send one",
+                             self.host, self.rule)
         unclean = self.scanner.unclean_fields(method, path, headers.fields)
         if unclean is None:
             return path

@@ -998,6 +998,13 @@ DLP = [
          {**_dlp_post("/dlp/s", "{U16LE:{\"pad\": \"{PAD_2M}\", \"note\": \"deploy with "
                       "{GH}\"}}", _JSON), "chunked": True, "first_chunk": 1},
          ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_fake),
+    # Two Content-Types: a receiver reads the body by either (the first, the last), and
+    # the key below is seen only by a JSON reader, so the request is refused unread (it
+    # was read as the first, a form, and passed).
+    Case("DLP: a request naming two Content-Types is refused unread",
+         _dlp_post("/dlp/j", "{B64:{\"note\": \"deploy with {GH_ESCAPED}\"}}",
+                   ["Content-Type", "application/x-www-form-urlencoded"], _JSON),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
     Case("DLP: a credential in a gzip body",
          _dlp_post("/dlp/gz", "{GZ:{\"note\": \"{GH}\"}}", _JSON,
                    ["Content-Encoding", "gzip"]),

@@ -55,3 +55,21 @@ def test_a_reported_request_of_many_keys_is_recorded_bounded_too() -> None:
     assert check.whole(_keys(300), "text/plain") is None  # (forwarded as it is)
     assert len(check.found) == RECORDED
     assert counts.counted.count(("dlp_findings", "aws", "report", "")) == 300
+
+
+def test_a_request_naming_two_content_types_is_refused_unread() -> None:
+    """A receiver reads the body by either; the same one twice is one."""
+    from gateway.core.dlp.verdict import SecretDetected
+    from gateway.core.messages import Headers
+
+    check = DlpCheck(Plan(SCANNER, Dlp(action="refuse")), "up.test", "p.yaml:3")
+    two = Headers.of(("Content-Type", "application/x-www-form-urlencoded"),
+                     ("Content-Type", "application/json"))
+    try:
+        check.head("POST", "/x", two)
+    except SecretDetected as refused:
+        assert "more than one Content-Type" in str(refused)
+    else:
+        raise AssertionError("not refused")
+    same = Headers.of(("Content-Type", "application/json"), ("content-type", "application/json"))
+    assert check.head("POST", "/x", same) == "/x"

@@ -252,6 +252,10 @@ def text_codec(body: bytes, ctype: str) -> str:
     are (UTF-16, UTF-32, UTF-7, ISO-2022, EBCDIC: ASCII is not its own bytes there),
     else a UTF-16/32 byte-order mark, else latin-1 (the bytes as they are: UTF-8 and
     every ASCII superset). Raises Unreadable for a charset there is no codec for."""
+    named = _CHARSET.findall(ctype)
+    if len({charset.lower() for charset in named}) > 1:  # (a reader takes the first, or
+        raise Unreadable("the body's Content-Type names more than one charset ("  # the last)
+                         + ", ".join(repr(c[:40]) for c in named[:4]) + "); name one")
     found = _CHARSET.search(ctype)
     if found is not None:
         try:  # (LookupError: no codec, or one of bytes to bytes: `hex`, `zlib`)

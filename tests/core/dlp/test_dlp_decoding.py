@@ -138,6 +138,17 @@ def test_a_charset_without_a_codec_is_unreadable(charset: str) -> None:
         text_codec(b"x", f"text/plain; charset={charset}")
 
 
+@pytest.mark.parametrize("ctype", ["text/plain; charset=latin-1; charset=utf-16",
+                                   "text/plain;charset=utf-8 ;charset=utf-7",
+                                   'text/plain; x="; charset=utf-16"; charset=utf-8'])
+def test_a_content_type_naming_two_charsets_is_unreadable(ctype: str) -> None:
+    """A reader takes the first or the last (a quoted one too, where it reads badly):
+    which hides a key is not known, so neither is chosen."""
+    with pytest.raises(Unreadable, match="more than one charset"):
+        text_codec("ghp_x".encode("utf-16"), ctype)
+    assert text_codec(b"x", "text/plain; charset=utf-8; charset=UTF-8") == "latin-1"
+
+
 @pytest.mark.parametrize("codec", ["utf-16-be", "utf-16-le", "utf-32-be", "utf-32-le"])
 @pytest.mark.parametrize("charset", ["utf-16", "utf-32", "UTF16"])
 def test_a_charset_naming_no_byte_order_needs_a_byte_order_mark(codec: str,
