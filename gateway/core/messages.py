@@ -80,6 +80,16 @@ class Headers:
         positions = self._positions(name)
         return self._fields[positions[0]][1].decode("latin-1") if positions else None
 
+    def joined(self, name: str) -> str | None:
+        """A list-based field's value, every line of it (RFC 9110 5.3: its field lines are
+        one comma-separated list, and a receiver reads them all: `Content-Encoding`), or
+        None."""
+        positions = self._positions(name)
+        if not positions:
+            return None
+        fields = self._fields
+        return ", ".join(fields[i][1].decode("latin-1") for i in positions)
+
     def get_all(self, name: str) -> list[str]:
         """Every value of `name`, in order."""
         fields = self._fields

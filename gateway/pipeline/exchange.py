@@ -261,7 +261,7 @@ class Exchange(ExchangeState):
         if replaced is None and redacted:
             replaced = plain
         if replaced is not None:  # in the coding the head names (it may be on its way)
-            whole = encode(self.head.headers.get("content-encoding"),
+            whole = encode(self.head.headers.joined("content-encoding"),
                            replaced) if encoded else replaced
         if self._signer is not None:
             self._signer.sign(self.head, self.target, whole)

@@ -41,7 +41,7 @@ class RequestSide:
             assert self.ex.scan is not None
             self._scan = self.ex.scan.stream()
             try:
-                self._decoder = decoder_for(self.ex.head.headers.get("content-encoding"))
+                self._decoder = decoder_for(self.ex.head.headers.joined("content-encoding"))
             except EncodingError as exc:
                 raise Refusal("bad_request", f"the request body cannot be checked: {exc}; "
                               "send it uncompressed or with gzip, deflate or br") from None

@@ -107,7 +107,7 @@ class ResponseSide:
         """The body is rewritten (echoes redacted, tool lists filtered): decoded if it
         is encoded, and its length dropped (raises Refusal)."""
         try:
-            self._decoder = decoder_for(head.headers.get("content-encoding"))
+            self._decoder = decoder_for(head.headers.joined("content-encoding"))
         except EncodingError:
             raise self._undecodable() from None
         if self._decoder is not None:
@@ -135,16 +135,14 @@ class ResponseSide:
         head's coding and type as sent: decoded where the answer is rewritten)."""
         dlp, head = self.ex.dlp, self.ex.response_head
         if dlp is not None:
-            get = head.headers.get if head is not None else (lambda _name: None)
-            dlp.answer_data(out, get("content-type"), get("content-encoding"))
+            dlp.answer_data(out, *_type_and_coding(head))
 
     def _keep(self, out: bytes) -> None:
         """The answer as relayed, for the content its policy exports (if it does)."""
         content = self.ex.content
         if content is not None and out:  # (the caller checked; mypy did not)
-            head = self.ex.response_head
-            get = head.headers.get if head is not None else (lambda _name: None)
-            content.answer(out, get("content-encoding"), get("content-type"))
+            ctype, coding = _type_and_coding(self.ex.response_head)
+            content.answer(out, coding, ctype)
 
     def _relayed(self, chunk: bytes, mcp: McpCalls | None,
                  metered: MeteredSteps | None) -> bytes:
@@ -223,3 +221,10 @@ class ResponseSide:
         if self.ex.dlp is not None and self.ex.dlp.answers:
             self.ex.dlp.answer_end(out)
         return out
+
+
+def _type_and_coding(head: ResponseHead | None) -> tuple[str | None, str | None]:
+    """An answer's Content-Type and its Content-Encoding list (every line of it) as sent."""
+    if head is None:
+        return None, None
+    return head.headers.get("content-type"), head.headers.joined("content-encoding")

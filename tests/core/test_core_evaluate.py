@@ -95,10 +95,12 @@ RELAYED = {"MCP: a refused call of the older SSE transport goes as a ping"}
 
 # Rows whose credential is where only the proxy reads it (evaluate has no headers, no
 # WebSocket messages): `dlp_stage` reads the request line and a body held whole (a form
-# is a form by its Content-Type, a header: read as text there, its `%67` stays).
+# is a form by its Content-Type, a header: read as text there, its `%67` stays; a charset
+# is a header's too).
 PROXY_READS = {"DLP: a credential in a header", "DLP: a credential in a WebSocket message",
                "DLP: a credential in an absolute-form plain HTTP request",
-               "DLP: a credential percent-encoded in a streamed form body"}
+               "DLP: a credential percent-encoded in a streamed form body",
+               "DLP: a credential in UTF-16 big-endian, its charset naming no byte order"}
 
 
 # Rows whose body holds a token the gateway issued: the proxy's leak guard refuses it

@@ -61,3 +61,13 @@ def test_removals_leave_the_index_as_a_fresh_one_would_be() -> None:
                 assert (h.get_all(lookup), h.count(lookup)) == \
                     (fresh.get_all(lookup), fresh.count(lookup)), (gone, lookup)
             assert h.without({b"x-a", b"c"}) == fresh.without({b"x-a", b"c"})
+
+
+def test_a_list_fields_lines_are_read_as_one_list() -> None:
+    """RFC 9110 5.3: `Content-Encoding: identity` and `Content-Encoding: gzip` are the list
+    `identity, gzip`, which a receiver undoes whole (the gateway read the first line)."""
+    h = Headers.of(("Content-Encoding", "identity"), ("X-A", "1"), ("content-encoding", "gzip"))
+    assert h.joined("Content-Encoding") == "identity, gzip" and h.get("content-encoding") == \
+        "identity"
+    assert Headers.of(("Content-Encoding", "br")).joined("content-encoding") == "br"
+    assert h.joined("missing") is None

@@ -293,6 +293,14 @@ def _no_key(result: Result, seen: list[Any]) -> None:
     assert KEY not in result.body and KEY not in json.dumps(result.headers)
 
 
+def _no_key_gunzipped(result: Result, seen: list[Any]) -> None:
+    """Not in the answer, nor in what gunzip makes of it (the client may undo it)."""
+    _no_key(result, seen)
+    raw = result.body.encode("latin-1")
+    if raw.startswith(b"\x1f\x8b"):
+        assert KEY.encode() not in gzip.decompress(raw)
+
+
 def _whole_body(size: int, model: str) -> Callable[[Result, list[Any]], None]:
     """The upstream got the whole body, once, as sent."""
     def check(result: Result, seen: list[Any]) -> None:
@@ -629,6 +637,13 @@ CASES = [
           "headers": [["Content-Encoding", "gzip"]]},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
          check=_no_upstream),
+    # Content-Encoding is a list: its field lines are one list (RFC 9110, 5.3), and a
+    # receiver undoes every coding named; the gateway read the first line only.
+    Case("F8 token in a gzip body its second Content-Encoding field names",
+         {"host": "unbound.test", "method": "POST", "target": "/gz", "body": "{GZ:{TOKEN}}",
+          "headers": [["Content-Encoding", "identity"], ["Content-Encoding", "gzip"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
     Case("F8 token swapped case", {"host": "unbound.test",
                                    "headers": [["X-Steal", "{TOKEN_SWAPCASE}"]]},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
@@ -842,6 +857,11 @@ CASES = [
           "headers": [["Authorization", "Bearer {TOKEN}"], ["Accept-Encoding", "gzip"]]},
          ("response", 200, None), {"decision": "allow", "credential": "openai"},
          check=_no_key),
+    Case("F7 key echoed in a gzip body its second Content-Encoding field names",
+         {"host": "api.openai.com", "target": "/echo-gzip-split/Authorization",
+          "headers": [["Authorization", "Bearer {TOKEN}"], ["Accept-Encoding", "gzip"]]},
+         ("response", 200, None), {"decision": "allow", "credential": "openai"},
+         check=_no_key_gunzipped),
     Case("F3 key echoed in the status line",
          {"host": "api.openai.com", "target": "/echo-reason/Authorization",
           "headers": [["Authorization", "Bearer {TOKEN}"]]},
@@ -1008,6 +1028,10 @@ DLP = [
     Case("DLP: a credential in a gzip body",
          _dlp_post("/dlp/gz", "{GZ:{\"note\": \"{GH}\"}}", _JSON,
                    ["Content-Encoding", "gzip"]),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential in a gzip body its second Content-Encoding field names",
+         _dlp_post("/dlp/gz", "{GZ:{\"note\": \"{GH}\"}}", _JSON,
+                   ["Content-Encoding", "identity"], ["Content-Encoding", "gzip"]),
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
     Case("DLP: a credential in a form",
          _dlp_post("/dlp/f", "{B64:user=a&token={GH}}",

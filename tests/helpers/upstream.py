@@ -187,6 +187,17 @@ class _Handler(BaseHTTPRequestHandler):
             value = self.headers.get(parts[1], "")
             return self._send(200, gzip.compress(json.dumps({"value": value}).encode()),
                               extra={"Content-Encoding": "gzip"})
+        if parts[0] == "echo-gzip-split" and len(parts) > 1:  # the coding's list in two
+            value = self.headers.get(parts[1], "")  # lines, `identity` first (RFC 9110 5.3)
+            body = gzip.compress(json.dumps({"value": value}).encode())
+            self.send_response(200)
+            for name, field in (("Content-Type", "application/json"),
+                                ("Content-Length", str(len(body))),
+                                ("Content-Encoding", "identity"), ("Content-Encoding", "gzip")):
+                self.send_header(name, field)
+            self.end_headers()
+            self.wfile.write(body)
+            return None
         if parts[0] == "echo-reason" and len(parts) > 1:  # the value in the status line
             value = self.headers.get(parts[1], "")
             self.wfile.write(f"HTTP/1.1 200 seen {value}\r\nContent-Length: 2\r\n\r\nok"

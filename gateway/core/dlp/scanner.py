@@ -121,7 +121,7 @@ class Scanner:
         """The whole request: line, headers, body (by its Content-Type and -Encoding)."""
         headers, hits = list(headers), list[Hit]()
         ctype = next((v for k, v in headers if k.lower() == "content-type"), None)
-        coding = next((v for k, v in headers if k.lower() == "content-encoding"), None)
+        coding = ", ".join(v for k, v in headers if k.lower() == "content-encoding") or None
         try:
             hits += self.head_hits(method, target, headers)
             hits += self.body_hits(body, ctype, coding)
