@@ -940,6 +940,7 @@ def _redacted(result: Result, seen: list[Any]) -> None:
 _DLP = {**DENY, "error": "secret_detected"}
 _PROSE, _PROSE_END = "the model returns a value " * 80_660, "and ends " * 7_300  # (2 MiB)
 _JSON = ["Content-Type", "application/json"]
+_BROWSER = "----WebKitFormBoundary7MA4YWxkTrZu0gW"  # (a browser's: capitals)
 
 
 def _dlp_post(target: str, body: str, *headers: list[str]) -> dict[str, Any]:
@@ -1032,6 +1033,19 @@ DLP = [
     Case("DLP: a credential in a gzip body its second Content-Encoding field names",
          _dlp_post("/dlp/gz", "{GZ:{\"note\": \"{GH}\"}}", _JSON,
                    ["Content-Encoding", "identity"], ["Content-Encoding", "gzip"]),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    # A browser's multipart boundary has capitals: the boundary was read from the
+    # Content-Type lowercased, no part was found, and nothing of the body was read.
+    Case("DLP: a credential in a multipart part behind a browser's boundary",
+         _dlp_post("/dlp/m", "{B64:--" + _BROWSER + "\r\nContent-Disposition: form-data; "
+                   "name=\"notes\"\r\n\r\ndeploy with {GH}\r\n--" + _BROWSER + "--\r\n}",
+                   ["Content-Type", "multipart/form-data; boundary=" + _BROWSER]),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    # Outside the parts: a receiver that stores the body as it came keeps a preamble.
+    Case("DLP: a credential in a multipart body's preamble",
+         _dlp_post("/dlp/m", "{B64:deploy with {GH}\r\n--b\r\nContent-Disposition: "
+                   "form-data; name=\"x\"\r\n\r\nx\r\n--b--\r\n}",
+                   ["Content-Type", "multipart/form-data; boundary=b"]),
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
     Case("DLP: a credential in a form",
          _dlp_post("/dlp/f", "{B64:user=a&token={GH}}",

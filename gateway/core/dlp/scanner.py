@@ -45,7 +45,7 @@ from gateway.core.dlp.fastscan import HYPERSCAN, SEGMENT, key_run
 from gateway.core.dlp.findings import Finding, Hit, Location, ScanResult, findings_of
 from gateway.core.dlp.heads import CleanParts
 from gateway.core.dlp.history import History
-from gateway.core.dlp.multipart import boundary, parts
+from gateway.core.dlp.multipart import boundary, outside, parts
 from gateway.core.dlp.prefilter import Prefilter, json_unescape, unescape
 
 __all__ = ["DEFAULT_LIMIT", "Hit", "Scanner"]
@@ -215,7 +215,7 @@ class Scanner:
             body = decode_content(body, content_encoding, self.limit)
         elif len(body) > self.limit:
             raise Unreadable(f"the body is more than {self.limit} bytes")
-        return list(self._body(body, (content_type or "").lower(), Location("body", offset=0),
+        return list(self._body(body, content_type or "", Location("body", offset=0),
                                content_encoding, gated and not content_encoding, sandbox))
 
     def head_clean(self, method: str, target: str,
@@ -288,11 +288,12 @@ class Scanner:
             # Most bodies: no anchor, no base64 run and no escape its reader undoes that
             # could hide one: one C pass on the bytes as they are, no text made of them.
             return
-        if "multipart/" in ctype:
+        lowered = ctype.lower()  # (`ctype` as sent: a multipart boundary keeps its case)
+        if "multipart/" in lowered:
             yield from self._multipart(body, ctype, where)
             return
-        kind = body_kind(body, ctype)
-        codec = json_codec(body) if kind == "json" else text_codec(body, ctype)
+        kind = body_kind(body, lowered)
+        codec = json_codec(body) if kind == "json" else text_codec(body, lowered)
         # (a JSON body in latin-1: its text is made only where a reading needs it, the
         # rules reading a name beside its value, `_context`; its strings are read in C)
         text = "" if kind == "json" and codec == "latin-1" else body.decode(codec, "replace")
@@ -365,6 +366,10 @@ class Scanner:
         if delimiter is None:
             yield from self.text_hits(body.decode("latin-1"), where)
             return
+        rest = outside(body, delimiter)  # (a receiver storing the body keeps it too)
+        if rest.strip():
+            yield from self.text_hits(rest.decode("latin-1"), Location(
+                where.part, _named(where, "multipart preamble or epilogue"), None, where.via))
         for part in parts(body, delimiter):
             place = Location(where.part, _named(where, f"multipart part {part.name}"), None,
                              where.via)

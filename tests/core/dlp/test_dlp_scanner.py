@@ -179,6 +179,45 @@ def test_a_body_over_the_limit_is_unreadable_not_skipped() -> None:
 
 
 
+def _form(delimiter: bytes, head: bytes, content: bytes) -> bytes:
+    return (b"--" + delimiter + b"\r\nContent-Disposition: form-data; name=\"f\"" + head +
+            b"\r\n\r\n" + content + b"\r\n--" + delimiter + b"--\r\n")
+
+
+@pytest.mark.parametrize(("ctype", "body", "where"), [
+    # a browser's boundary has capitals: the Content-Type was lowercased before its
+    # boundary was read, no part was found, and nothing was read (a key in any part passed)
+    ("multipart/form-data; boundary=----WebKitFormBoundaryAbC",
+     _form(b"----WebKitFormBoundaryAbC", b"", b"{key}"), "multipart part f"),
+    ("multipart/form-data; boundary=----WebKitFormBoundaryAbC",
+     _form(b"----WebKitFormBoundaryAbC", b"\r\nContent-Encoding: gzip", b"{gz}"),
+     "multipart part f"),
+    ("multipart/form-data; boundary=b",  # (a part's coding: every line of it)
+     _form(b"b", b"\r\nContent-Encoding: gzip\r\nContent-Encoding: identity", b"{gz}"),
+     "multipart part f"),
+    # outside the parts: a receiver storing the body as it came (an object store) keeps it
+    ("multipart/form-data; boundary=b", b"{key}\r\n" + _form(b"b", b"", b"x"),
+     "multipart preamble or epilogue"),
+    ("multipart/form-data; boundary=b", _form(b"b", b"", b"x") + b"{key}",
+     "multipart preamble or epilogue"),
+    ("multipart/form-data; boundary=zzz", b"no delimiter, {key}",
+     "multipart preamble or epilogue"),
+])
+def test_a_multipart_body_is_read_as_its_receivers_read_it(ctype: str, body: bytes,
+                                                         where: str) -> None:
+    key = next(f for f in CORPUS if f.detector == "github").text
+    body = body.replace(b"{key}", key.encode()).replace(
+        b"{gz}", gzip.compress(f"token {key}".encode()))
+    found = ANCHORED.scan_body(body, ctype).findings
+    assert [(f.detector, f.location.name) for f in found] == [("github", where)]
+
+
+def test_a_multipart_body_naming_two_boundaries_is_unreadable() -> None:
+    body = _form(b"BBB", b"\r\nContent-Encoding: gzip", gzip.compress(b"x"))
+    assert "more than one multipart boundary" in (ANCHORED.scan_body(
+        body, "multipart/form-data; boundary=AAA; boundary=BBB").unreadable or "")
+
+
 @pytest.mark.parametrize("ctype", [JSON, None, "text/plain"])
 @pytest.mark.parametrize("sandbox", [None, "sb-1"])
 @pytest.mark.parametrize("shape", ['{{"a": "{key}', '["x", {key}]', '{{"a": "{key}"}} trailing',
