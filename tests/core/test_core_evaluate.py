@@ -100,7 +100,14 @@ RELAYED = {"MCP: a refused call of the older SSE transport goes as a ping"}
 PROXY_READS = {"DLP: a credential in a header", "DLP: a credential in a WebSocket message",
                "DLP: a credential in an absolute-form plain HTTP request",
                "DLP: a credential percent-encoded in a streamed form body",
-               "DLP: a credential in UTF-16 big-endian, its charset naming no byte order"}
+               "DLP: a credential in UTF-16 big-endian, its charset naming no byte order",
+               "DLP: a credential quoted-printable in a multipart part",  # (its boundary
+               "DLP: a credential in a gzip part of a streamed multipart body"}  # a header's)
+
+
+# Rows whose body is bytes that are no UTF-8 text (a gzip part), which a policy test
+# case (YAML) cannot hold.
+BINARY = {"DLP: a credential in a gzip part of a streamed multipart body"}
 
 
 # Rows whose body holds a token the gateway issued: the proxy's leak guard refuses it
@@ -156,6 +163,8 @@ def test_explain_gives_the_proxys_verdict(policy_set: PolicySet, case: Case) -> 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_policy_test_gives_the_proxys_verdict(policy_set: PolicySet, case: Case) -> None:
     method, url, body = _request(case)
+    if case.name in BINARY:
+        pytest.skip("a body of bytes that are no text: a policy test case's body is text")
     code = _expected(case, PIPELINE)
     # (the 2 MiB pad, there for mitmproxy's own limit, and the 2 MiB of prose, there for
     # a streaming engine's chunks, are as good short: the YAML case loader reads every

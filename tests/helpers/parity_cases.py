@@ -341,6 +341,16 @@ def _gz(text: str) -> str:
     return base64.b64encode(gzip.compress(text.encode())).decode()
 
 
+def _multipart_gz(text: str) -> str:
+    """A multipart form (boundary `b`) of 2 MiB of padding and a gzip-coded part of
+    `text`, base64."""
+    body = (b"--b\r\nContent-Disposition: form-data; name=\"pad\"\r\n\r\n" +
+            b"x" * (2 << 20) + b"\r\n--b\r\nContent-Disposition: form-data; name=\"f\"\r\n"
+            b"Content-Encoding: gzip\r\n\r\n" + gzip.compress(text.encode()) +
+            b"\r\n--b--\r\n")
+    return base64.b64encode(body).decode()
+
+
 def _b64(text: str, codec: str = "utf-8") -> str:
     return base64.b64encode(text.encode(codec)).decode()
 
@@ -1041,6 +1051,18 @@ DLP = [
                    "name=\"notes\"\r\n\r\ndeploy with {GH}\r\n--" + _BROWSER + "--\r\n}",
                    ["Content-Type", "multipart/form-data; boundary=" + _BROWSER]),
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    # Streamed past the hold limit, a multipart body is read as text: a part coded in a
+    # way a stream is not decoded from is refused (it passed unread).
+    Case("DLP: a credential in a gzip part of a streamed multipart body",
+         {**_dlp_post("/dlp/s", "{MPGZ:deploy with {GH}}",
+                      ["Content-Type", "multipart/form-data; boundary=b"]), "chunked": True},
+         ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_upstream_body),
+    # A MIME transfer encoding a receiver undoes: `=67` is `g` (it passed unread).
+    Case("DLP: a credential quoted-printable in a multipart part",
+         _dlp_post("/dlp/m", "{B64:--b\r\nContent-Disposition: form-data; name=\"f\"\r\n"
+                   "Content-Transfer-Encoding: quoted-printable\r\n\r\ndeploy with "
+                   "{GH_QP}\r\n--b--\r\n}", ["Content-Type", "multipart/form-data; boundary=b"]),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
     # Outside the parts: a receiver that stores the body as it came keeps a preamble.
     Case("DLP: a credential in a multipart body's preamble",
          _dlp_post("/dlp/m", "{B64:deploy with {GH}\r\n--b\r\nContent-Disposition: "
@@ -1100,6 +1122,8 @@ def _fill(value: Any, subs: dict[str, str]) -> Any:
             return _b64(_fill(value[5:-1], subs))
         if value.startswith("{GZ:") and value.endswith("}"):
             return _gz(_fill(value[4:-1], subs))
+        if value.startswith("{MPGZ:") and value.endswith("}"):  # (a form, a gzip part)
+            return _multipart_gz(_fill(value[6:-1], subs))
         if value.startswith(("{U16BE:", "{U16LE:")) and value.endswith("}"):  # (no BOM)
             return _b64(_fill(value[7:-1], subs), f"utf-16-{value[4:6].lower()}")
         for k, v in subs.items():
@@ -1116,6 +1140,7 @@ def substitutions(token: str) -> dict[str, str]:
             "PAD": PAD, "GH": GH, "GH_PAD": "x" * ((2 << 20) - 20) + GH + "y" * 65536,
             "GH_ESCAPED": f"\\u{ord(GH[0]):04x}" + GH[1:], "PAD_2M": "x" * (2 << 20),
             "GH_PERCENT": f"%{ord(GH[0]):02X}" + GH[1:],
+            "GH_QP": f"={ord(GH[0]):02X}" + GH[1:],
             "PEM_FLOOD": "BEGIN PRIVATE KEY " * 15_000,
             "NPM_FLOOD": ("//t" * 50 + "/:_authToken=") * 1280,
             "SPACES": " " * 65536, "SPACES_1K": " " * 1024, "CLOUDANT": "3f9a0c71" * 8,

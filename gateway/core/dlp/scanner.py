@@ -45,7 +45,7 @@ from gateway.core.dlp.fastscan import HYPERSCAN, SEGMENT, key_run
 from gateway.core.dlp.findings import Finding, Hit, Location, ScanResult, findings_of
 from gateway.core.dlp.heads import CleanParts
 from gateway.core.dlp.history import History
-from gateway.core.dlp.multipart import boundary, outside, parts
+from gateway.core.dlp.multipart import as_sent, boundary, outside, parts
 from gateway.core.dlp.prefilter import Prefilter, json_unescape, unescape
 
 __all__ = ["DEFAULT_LIMIT", "Hit", "Scanner"]
@@ -374,7 +374,7 @@ class Scanner:
             place = Location(where.part, _named(where, f"multipart part {part.name}"), None,
                              where.via)
             yield from self.text_hits(part.head.decode("latin-1"), place)
-            content = part.content
+            content = as_sent(part)
             if part.coding:
                 content = decode_content(content, part.coding, self.limit)
             yield from self._body(content, part.ctype, place, part.coding)

@@ -50,6 +50,7 @@ from gateway.core.dlp.fastscan import (
     as_bytes,
 )
 from gateway.core.dlp.findings import Finding, Location, ScanResult
+from gateway.core.dlp.multipart import StreamedParts, boundary
 from gateway.core.dlp.prefilter import json_unescape
 from gateway.core.dlp.scanner import Scanner
 
@@ -81,10 +82,16 @@ class StreamScanner:
         self._charset: codecs.IncrementalDecoder | None = None
         self._sniffed = False  # (the first bytes looked at for a byte-order mark)
         self._early = b""  # (the first bytes, while fewer than a sniff reads: `_text`)
+        self._parts: StreamedParts | None = None  # (a multipart body's part heads)
         self._kind = "text"  # (a JSON or form body: its escapes undone too, `_scan`)
         # where, in the stream, the last chunk the shared pass found something in ends
         # (`feed`'s `flags`; _NO_LIMIT: every window is scanned)
         self._hit = 0 if not scanner.prefilter.unanchored else _NO_LIMIT
+        try:  # (read as text: a part's coding or charset it cannot undo is refused)
+            delimiter = boundary(content_type or "") if "multipart/" in self._ctype else None
+            self._parts = StreamedParts(delimiter) if delimiter is not None else None
+        except Unreadable as exc:
+            self.unreadable = str(exc)
         codings = [c.strip().lower() for c in (content_encoding or "").split(",") if c.strip()]
         if "zstd" in codings:
             self.unreadable = "a streamed zstd body cannot be read with a bounded window"
@@ -117,6 +124,12 @@ class StreamScanner:
             return ScanResult((), self.unreadable)
         found: list[Finding] = []
         for piece in pieces:
+            if self._parts is not None:
+                try:
+                    self._parts.feed(piece)
+                except Unreadable as exc:
+                    self.unreadable = str(exc)
+                    return ScanResult((), self.unreadable)
             piece = self._text(piece, final=False)
             if self.unreadable is not None:
                 return ScanResult((), self.unreadable)

@@ -3,10 +3,12 @@ scanner reads each part by its own name, type and coding."""
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from gateway.core.dlp.decoding import Unreadable
-from gateway.core.dlp.multipart import Part, boundary, outside, parts
+from gateway.core.dlp.multipart import Part, StreamedParts, as_sent, boundary, outside, parts
 
 
 @pytest.mark.parametrize(("ctype", "delimiter"), [
@@ -57,3 +59,51 @@ def test_a_parts_coding_is_every_line_of_it() -> None:
 ])
 def test_what_lies_outside_the_parts(body: bytes, rest: bytes) -> None:
     assert outside(body, b"--b") == rest
+
+
+def _part(head: bytes, content: bytes, delimiter: bytes = b"--XyZ") -> bytes:
+    return (delimiter + b"\r\nContent-Disposition: form-data; name=\"f\"" + head +
+            b"\r\n\r\n" + content + b"\r\n" + delimiter + b"--\r\n")
+
+
+@pytest.mark.parametrize(("transfer", "content"), [
+    ("quoted-printable", b"token =67hp_x=\r\nyz"),  # (=67 is g; a soft break)
+    ("base64", base64.encodebytes(b"token ghp_xyz " * 8)),  # (76-character lines)
+    ("Base64", base64.encodebytes(b"token ghp_xyz " * 8)),
+    ("7bit", b"token ghp_xyz"),
+])
+def test_a_parts_transfer_encoding_is_undone(transfer: str, content: bytes) -> None:
+    body = _part(b"\r\nContent-Transfer-Encoding: " + transfer.encode(), content)
+    (part,) = parts(body, b"--XyZ")
+    assert b"token ghp_xy" in as_sent(part)
+
+
+@pytest.mark.parametrize(("head", "refused"), [
+    (b"\r\nContent-Encoding: gzip", "content coding 'gzip'"),
+    (b"\r\nContent-Encoding: identity\r\nContent-Encoding: br", "content coding 'br'"),
+    (b"\r\ncontent-transfer-encoding: quoted-printable", "transfer encoding"),
+    (b"\r\nContent-Transfer-Encoding: base64", "transfer encoding"),
+    (b"\r\nContent-Type: text/plain; charset=utf-16le", "charset"),
+    (b"\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Encoding: identity", None),
+    (b"\r\nContent-Transfer-Encoding: binary", None),
+])
+def test_a_streamed_parts_head_is_read_at_every_cut(head: bytes, refused: str | None) -> None:
+    """Fed in pieces cut anywhere (a delimiter or a head across pieces), the part's head
+    is read once whole: what a stream read as text cannot undo is refused."""
+    body = _part(b"", b"x" * 300) + _part(head, b"content")
+    for cut in [1, 2, 3, 5, 8, 13, 40, 333, len(body)]:
+        stream = StreamedParts(b"--XyZ")
+        try:
+            for at in range(0, len(body), cut):
+                stream.feed(body[at:at + cut])
+        except Unreadable as exc:
+            assert refused is not None and refused in str(exc), (cut, exc)
+        else:
+            assert refused is None, cut
+
+
+def test_a_streamed_parts_head_has_a_bound() -> None:
+    stream = StreamedParts(b"--b")
+    stream.feed(b"--b\r\nX-A: " + b"a" * 8000)
+    with pytest.raises(Unreadable, match="head is longer"):
+        stream.feed(b"a" * 9000)

@@ -359,3 +359,33 @@ def test_a_streamed_body_of_one_anchor_over_and_over_is_unreadable_at_once() -> 
     results.append(stream.end())
     assert any(r.unreadable and "private-key candidates" in r.unreadable for r in results)
     assert time.perf_counter() - started < 2.0
+
+
+@pytest.mark.parametrize("boundary", ["XyZ", "----WebKitFormBoundaryAbC"])
+def test_a_streamed_multipart_body_is_read_as_text_or_refused(boundary: str) -> None:
+    """Past the hold limit a multipart body is read as it came (no part decoded): a key
+    in a part as sent is found, and a part whose coding a stream cannot undo is refused
+    (before, a gzip part passed unread)."""
+    key = fake("github").text
+    delimiter = b"--" + boundary.encode()
+
+    def body(head: bytes, content: bytes) -> bytes:
+        return (delimiter + b"\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\n" +
+                b"x" * 70_000 + b"\r\n" + delimiter + b"\r\nContent-Disposition: form-data;"
+                b" name=\"f\"" + head + b"\r\n\r\n" + content + b"\r\n" + delimiter + b"--\r\n")
+
+    ctype = f"multipart/form-data; boundary={boundary}"
+    for data, expected in ((body(b"", key.encode()), "found"),
+                           (body(b"\r\nContent-Encoding: gzip",
+                                 gzip.compress(key.encode())), "unreadable")):
+        stream, found, unreadable = StreamScanner(SCANNER, content_type=ctype), [], None
+        for at in range(0, len(data), 8192):
+            result = stream.feed(data[at:at + 8192])
+            found += result.findings
+            unreadable = unreadable or result.unreadable
+        end = stream.end()
+        found += end.findings
+        unreadable = unreadable or end.unreadable
+        assert ("found" if [f.detector for f in found] == ["github"] else
+                "unreadable" if unreadable and "content coding" in unreadable else None) \
+            == expected
