@@ -56,6 +56,7 @@ DEFAULT_LIMIT = 1024 * 1024
 MIN_DECODED = 12  # decoded runs shorter than this hold no key
 CLEAN_RUNS = 1024  # stretches remembered as decoding to nothing (`decoded`), at most
 CLEAN_RUN = 256  # characters: a longer stretch is decoded again each time
+MULTIPART_DEPTH = 16  # multipart bodies nested in parts, at most (2,000 ran out of stack)
 _QUOTE = re.compile(r'(?<!\\)"')  # a quote that ends a JSON string
 
 
@@ -278,7 +279,8 @@ class Scanner:
                 next(self.decoded(p.decode("latin-1")), None) is not None]
 
     def _body(self, body: bytes, ctype: str, where: Location, coding: str | None = None,
-              gated: bool = False, sandbox: str | None = None) -> Iterator[Hit]:
+              gated: bool = False, sandbox: str | None = None, nested: int = 0
+              ) -> Iterator[Hit]:
         if not body:
             return
         if coding:
@@ -290,7 +292,7 @@ class Scanner:
             return
         lowered = ctype.lower()  # (`ctype` as sent: a multipart boundary keeps its case)
         if "multipart/" in lowered:
-            yield from self._multipart(body, ctype, where)
+            yield from self._multipart(body, ctype, where, nested)
             return
         kind = body_kind(body, lowered)
         codec = json_codec(body) if kind == "json" else text_codec(body, lowered)
@@ -361,7 +363,9 @@ class Scanner:
                 value = jsondoc.json_text(value)
             yield Hit(span.detector, _at(where, span.start), value)
 
-    def _multipart(self, body: bytes, ctype: str, where: Location) -> Iterator[Hit]:
+    def _multipart(self, body: bytes, ctype: str, where: Location, nested: int) -> Iterator[Hit]:
+        if nested >= MULTIPART_DEPTH:  # (each level a Python frame or three: bounded)
+            raise Unreadable(f"the body nests multipart parts deeper than {MULTIPART_DEPTH}")
         delimiter = boundary(ctype)
         if delimiter is None:
             yield from self.text_hits(body.decode("latin-1"), where)
@@ -377,7 +381,7 @@ class Scanner:
             content = as_sent(part)
             if part.coding:
                 content = decode_content(content, part.coding, self.limit)
-            yield from self._body(content, part.ctype, place, part.coding)
+            yield from self._body(content, part.ctype, place, part.coding, nested=nested + 1)
 
 
 def _at(where: Location, offset: int) -> Location:

@@ -212,6 +212,29 @@ def test_a_multipart_body_is_read_as_its_receivers_read_it(ctype: str, body: byt
     assert [(f.detector, f.location.name) for f in found] == [("github", where)]
 
 
+def _nested(levels: int, text: bytes) -> tuple[bytes, str]:
+    body, ctype = text, "text/plain"
+    for level in range(levels):
+        mark = f"b{level}".encode()
+        body = (b"--" + mark + b"\r\nContent-Type: " + ctype.encode() + b"\r\n\r\n" + body +
+                b"\r\n--" + mark + b"--\r\n")
+        ctype = f"multipart/mixed; boundary=b{level}"
+    return body, ctype
+
+
+def test_multipart_nested_past_its_depth_is_unreadable_not_a_crash() -> None:
+    """Each level of parts is a few Python frames: 2,000 levels (a 139 KB body) raised
+    RecursionError out of the scan (a 500); past `MULTIPART_DEPTH` it is unreadable."""
+    key = next(f for f in CORPUS if f.detector == "github").text.encode()
+    from gateway.core.dlp.scanner import MULTIPART_DEPTH
+
+    body, ctype = _nested(MULTIPART_DEPTH, b"token " + key)
+    assert [f.detector for f in ANCHORED.scan_body(body, ctype).findings] == ["github"]
+    for levels in (MULTIPART_DEPTH + 1, 2000):
+        body, ctype = _nested(levels, b"token " + key)
+        assert "deeper than" in (ANCHORED.scan_body(body, ctype).unreadable or "")
+
+
 def test_a_multipart_body_naming_two_boundaries_is_unreadable() -> None:
     body = _form(b"BBB", b"\r\nContent-Encoding: gzip", gzip.compress(b"x"))
     assert "more than one multipart boundary" in (ANCHORED.scan_body(
