@@ -6,7 +6,7 @@ so a value split over two headers is seen whole), body chunks as they stream (a
 window keeps the tail of the previous chunk), trailers and WebSocket messages.
 Markers cover the common encodings: raw, base64 (standard and URL-safe, at each byte
 alignment, so a value inside a longer base64 blob such as Basic auth is found), hex
-and base32. Before matching, the data is put in canonical form — `%XX` (also
+and base32; data holding a NUL is read again without it (UTF-16 and UTF-32 text). Before matching, the data is put in canonical form — `%XX` (also
 double-encoded) and JSON `\\u00XX` escapes decoded, all lowercased — and so are the
 markers, which covers URL-encoding, JSON escaping and swapped case. Compressed bodies
 are decoded first (`encodings`).
@@ -87,9 +87,19 @@ class LeakScan:
         of `SEGMENT` of those characters, no marker is in it, and it is neither
         lowercased nor searched (`_skipped`: one gate pass, `gate` being outbound
         credential detection's when the request has it, which then takes the answer for
-        the same body), against 6 M instructions per MiB to lowercase and search."""
+        the same body), against 6 M instructions per MiB to lowercase and search.
+
+        Data holding a NUL is read again with its NULs out: UTF-16 or UTF-32 text (which
+        a receiver may read so, by its charset, its byte-order mark or a guess) holds
+        every ASCII marker that way, a NUL between its characters."""
         if not data:
             return None
+        found = self._read(data, gate)
+        if found is None and data.find(b"\x00") >= 0:
+            found = self._read(data.replace(b"\x00", b""), None)
+        return found
+
+    def _read(self, data: bytes, gate: Gate | None) -> str | None:
         if self._runs and len(data) >= _GATED and _skipped(data, gate or _RUNS):
             return None
         text = canonical(data)
@@ -226,7 +236,8 @@ class StreamScan:
         tail, scan = self._tail, self._scan
         keep = scan.keep
         if run is False and self._plain and scan._runs and _plain(chunk, flags) \
-                and (not tail or _plain(tail[-3:] + chunk[:3])):  # (an escape on the seam)
+                and (not tail or _plain(tail[-3:] + chunk[:3])) \
+                and chunk.find(b"\x00") < 0:  # (a NUL: UTF-16 text, read by `find`)
             self._tail = chunk[-keep:] if len(chunk) >= keep else (tail + chunk)[-keep:]
             return None
         window = tail + chunk if tail else chunk

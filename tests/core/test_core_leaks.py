@@ -53,6 +53,11 @@ TOKEN_FORMS = {
     "%XX per character": lambda t: "".join(f"%{b:02X}" for b in t.encode()),
     "double %": lambda t: quote(quote(t, safe=""), safe=""),
     "json \\u escape": lambda t: json.dumps({"t": t}).replace("e", "\\u0065"),
+    # UTF-16 and UTF-32 text, which a receiver may read so (its charset, a byte-order
+    # mark, a guess): a NUL between the characters (they passed: no run, no marker)
+    "UTF-16LE": lambda t: "".join(c + "\0" for c in t),
+    "UTF-16BE": lambda t: "".join("\0" + c for c in t),
+    "UTF-32LE": lambda t: "".join(c + "\0\0\0" for c in t),
 }
 
 

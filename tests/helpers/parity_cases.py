@@ -654,6 +654,14 @@ CASES = [
           "headers": [["Content-Encoding", "identity"], ["Content-Encoding", "gzip"]]},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
          check=_no_upstream),
+    # UTF-16 text (a receiver reads it by its charset or its byte-order mark): a NUL
+    # between the token's characters, no run and no marker as sent (it passed).
+    Case("F8 token in a UTF-16 body",
+         {"host": "unbound.test", "method": "POST", "target": "/t",
+          "body": "{U16LE:note: {TOKEN}}",
+          "headers": [["Content-Type", "text/plain; charset=utf-16le"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
     Case("F8 token swapped case", {"host": "unbound.test",
                                    "headers": [["X-Steal", "{TOKEN_SWAPCASE}"]]},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
