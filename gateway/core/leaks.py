@@ -6,7 +6,8 @@ so a value split over two headers is seen whole), body chunks as they stream (a
 window keeps the tail of the previous chunk), trailers and WebSocket messages.
 Markers cover the common encodings: raw, base64 (standard and URL-safe, at each byte
 alignment, so a value inside a longer base64 blob such as Basic auth is found), hex
-and base32; data holding a NUL is read again without it (UTF-16 and UTF-32 text). Before matching, the data is put in canonical form — `%XX` (also
+and base32; data holding a NUL is read again without it (UTF-16 and UTF-32 text).
+Before matching, the data is put in canonical form — `%XX` (also
 double-encoded) and JSON `\\u00XX` escapes decoded, all lowercased — and so are the
 markers, which covers URL-encoding, JSON escaping and swapped case. Compressed bodies
 are decoded first (`encodings`).
