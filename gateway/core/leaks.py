@@ -45,6 +45,8 @@ from gateway.core.leak_forms import canonical
 __all__ = ["REDACTED", "LeakScan", "Redactor", "StreamScan"]
 
 REDACTED = b"[REDACTED]"
+_WIDE = ("utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be")  # (a key echoed as text)
+_WIDE_SHORTEST = 8  # characters: a shorter piece is not redacted (as in the logs)
 _EXPANSION = 6  # longest canonical-form expansion of one byte (`\u00XX`)
 _GATED = 512  # bytes from which a body is first asked for a run (`LeakScan.find`)
 _RUNS = Gate()  # the run check alone (a request without outbound credential detection)
@@ -253,13 +255,19 @@ class _Secret:
     variants longest first, their proper prefixes and first bytes, and the matchers
     that tell in one pass whether any variant is in a text."""
 
-    __slots__ = ("automaton", "firsts", "literals", "longest", "prefixes", "variants")
+    __slots__ = ("automaton", "firsts", "literals", "longest", "prefixes", "variants", "wide")
 
-    def __init__(self, variants: tuple[bytes, ...]) -> None:
+    def __init__(self, variants: tuple[bytes, ...], pieces: tuple[str, ...] = ()) -> None:
         self.variants = tuple(sorted(set(variants), key=len, reverse=True))
-        self.prefixes = frozenset(v[:n] for v in self.variants for n in range(1, len(v)))
-        self.firsts = tuple({v[:1] for v in self.variants if v})
-        self.longest = len(self.variants[0]) if self.variants else 0
+        # Each piece as UTF-16 or UTF-32 text, with [REDACTED] in the same: an upstream
+        # may echo a key in either (searched apart, where the data holds a NUL).
+        self.wide = tuple((piece.encode(codec), REDACTED.decode().encode(codec))
+                          for piece in pieces if len(piece) >= _WIDE_SHORTEST
+                          for codec in _WIDE)
+        every = (*self.variants, *(w for w, _ in self.wide))
+        self.prefixes = frozenset(v[:n] for v in every for n in range(1, len(v)))
+        self.firsts = tuple({v[:1] for v in every if v})
+        self.longest = max((len(v) for v in every), default=0)
         self.literals: Literals | None = None
         self.automaton: Any = None
         if any(self.variants):
@@ -271,7 +279,9 @@ class _Secret:
 
     def found(self, data: bytes) -> bool:
         """Whether a variant is in `data` (a short text by the automaton, a body by
-        Hyperscan: `_Markers`)."""
+        Hyperscan: `_Markers`; a wide form where `data` holds a NUL)."""
+        if self.wide and data.find(b"\x00") >= 0 and any(w in data for w, _ in self.wide):
+            return True
         if self.literals is None:
             return False
         if len(data) < _Markers.SMALL:
@@ -280,15 +290,16 @@ class _Secret:
 
 
 @functools.lru_cache(maxsize=256)
-def _secret(variants: tuple[bytes, ...]) -> _Secret:
-    return _Secret(variants)
+def _secret(variants: tuple[bytes, ...], pieces: tuple[str, ...] = ()) -> _Secret:
+    return _Secret(variants, pieces)
 
 
 class Redactor:
-    """A response-stream filter replacing a secret (all `variants`) by [REDACTED]."""
+    """A response-stream filter replacing a secret (all `variants`, and its `pieces` as
+    UTF-16 and UTF-32 text) by [REDACTED]."""
 
-    def __init__(self, variants: Iterable[bytes]) -> None:
-        self._secret = _secret(tuple(variants))
+    def __init__(self, variants: Iterable[bytes], pieces: Iterable[str] = ()) -> None:
+        self._secret = _secret(tuple(variants), tuple(pieces))
         self.variants = self._secret.variants
         self._held = b""
         self.redactions = 0
@@ -305,6 +316,10 @@ class Redactor:
             if v in data:
                 self.redactions += data.count(v)
                 data = data.replace(v, REDACTED)
+        for wide, redacted in self._secret.wide:
+            if wide in data:
+                self.redactions += data.count(wide)
+                data = data.replace(wide, redacted)
         return data
 
     def feed(self, chunk: bytes) -> bytes:

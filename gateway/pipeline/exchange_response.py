@@ -93,7 +93,7 @@ class ResponseSide:
         name, value = secret
         if head.status == 401:
             ex.secrets.invalidate(name, rejected=value)
-        redactor = self.redactor = Redactor(value.variants())
+        redactor = self.redactor = Redactor(value.variants(), value.pieces())
         head.reason = redactor.redact(head.reason.encode("latin-1", "replace")).decode(
             "latin-1")
         if redactor.found_in(v for _, v in head.headers.fields):
@@ -206,7 +206,8 @@ class ResponseSide:
         if metered is not None:  # a session's event
             metered.event(data)
         if secret is not None:
-            data = (self.redactor or Redactor(secret[1].variants())).redact(data)
+            data = (self.redactor or Redactor(secret[1].variants(), secret[1].pieces())
+                    ).redact(data)
         else:
             ex.trail.telemetry.count("bytes", "websocket", by=len(data))
         data = mcp.received(data) if mcp is not None else data

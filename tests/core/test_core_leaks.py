@@ -147,6 +147,25 @@ def test_redactor_streams_without_leaking_a_split_key(size: int) -> None:
     assert math.isclose(len(out), len(body) - 3 * (len(KEY) - 10))
 
 
+@pytest.mark.parametrize("codec", ["utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be",
+                                   "utf-16", "utf-32"])
+def test_a_key_echoed_as_utf16_or_utf32_text_is_redacted_at_every_cut(codec: str) -> None:
+    """An upstream may echo the key as UTF-16 or UTF-32 text (it passed, the variants
+    being ASCII): redacted, [REDACTED] written in the same, however the answer is cut;
+    in a short text and a long one (the matchers differ)."""
+    for pad in (10, 3000):
+        text = "x" * pad + KEY + " y"
+        body = text.encode(codec)
+        for cut in [1, 2, 3, 5, 17, 64, len(body)]:
+            redactor = Redactor([KEY.encode()], [KEY])
+            out = b"".join(redactor.feed(body[i:i + cut]) for i in range(0, len(body), cut))
+            out += redactor.end()
+            assert out.decode(codec) == "x" * pad + "[REDACTED] y", (codec, pad, cut)
+            assert redactor.redactions == 1
+    assert Redactor([KEY.encode()], [KEY]).redact("plain text".encode("utf-16")) == \
+        "plain text".encode("utf-16")
+
+
 @pytest.mark.parametrize("size", [0, 100, 2047, 2048, 70_000])
 @pytest.mark.parametrize(("carried", "want"), [
     ("key", "secret"), ("token", "token"), ("both", "token"), ("none", None)])

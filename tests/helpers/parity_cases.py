@@ -293,6 +293,12 @@ def _no_key(result: Result, seen: list[Any]) -> None:
     assert KEY not in result.body and KEY not in json.dumps(result.headers)
 
 
+def _no_key_wide(result: Result, seen: list[Any]) -> None:
+    """Not in the answer, nor in its text read as UTF-16 (a NUL between characters)."""
+    _no_key(result, seen)
+    assert KEY not in result.body.replace("\x00", "")
+
+
 def _no_key_gunzipped(result: Result, seen: list[Any]) -> None:
     """Not in the answer, nor in what gunzip makes of it (the client may undo it)."""
     _no_key(result, seen)
@@ -880,6 +886,11 @@ CASES = [
           "headers": [["Authorization", "Bearer {TOKEN}"], ["Accept-Encoding", "gzip"]]},
          ("response", 200, None), {"decision": "allow", "credential": "openai"},
          check=_no_key_gunzipped),
+    Case("F7 key echoed as UTF-16 text",
+         {"host": "api.openai.com", "target": "/echo-utf16/Authorization",
+          "headers": [["Authorization", "Bearer {TOKEN}"]]},
+         ("response", 200, None), {"decision": "allow", "credential": "openai"},
+         check=_no_key_wide),
     Case("F3 key echoed in the status line",
          {"host": "api.openai.com", "target": "/echo-reason/Authorization",
           "headers": [["Authorization", "Bearer {TOKEN}"]]},
