@@ -6,6 +6,7 @@ receiver that stores the body as it came, an object store, keeps those too). Pur
 from __future__ import annotations
 
 import base64
+import binascii
 import quopri
 import re
 from collections.abc import Iterator
@@ -84,7 +85,11 @@ def as_sent(part: Part) -> bytes:
     if part.transfer == "quoted-printable":
         return quopri.decodestring(part.content)
     if part.transfer == "base64":
-        return base64.b64decode(part.content, validate=False)
+        try:
+            return base64.b64decode(part.content, validate=False)
+        except binascii.Error:  # (its padding: a receiver cannot read it either)
+            raise Unreadable(f"multipart part {part.name!r}'s base64 does not decode") \
+                from None
     return part.content
 
 

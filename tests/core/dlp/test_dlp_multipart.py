@@ -107,3 +107,11 @@ def test_a_streamed_parts_head_has_a_bound() -> None:
     stream.feed(b"--b\r\nX-A: " + b"a" * 8000)
     with pytest.raises(Unreadable, match="head is longer"):
         stream.feed(b"a" * 9000)
+
+
+def test_a_base64_part_that_does_not_decode_is_unreadable() -> None:
+    """Not an exception out of the scan (binascii.Error: a 500): the reason says so."""
+    body = _part(b"\r\nContent-Transfer-Encoding: base64", b"abc")
+    (part,) = parts(body, b"--XyZ")
+    with pytest.raises(Unreadable, match="base64 does not decode"):
+        as_sent(part)
