@@ -51,6 +51,7 @@ typedef struct {
     PyObject *cuts, *fresh;  /* lists */
     int named;          /* a string left out holds a name rule's anchor */
     int failed;         /* a Python error is set (a list could not grow) */
+    Py_ssize_t shortest;  /* the memo's: a string shorter is never left out */
 } Reader;
 
 static inline void skip_ws(Reader *r) {
@@ -163,14 +164,91 @@ static inline Py_ssize_t plain(Reader *r, Py_ssize_t i) {
     return i;
 }
 
-static int left_out(Reader *r, Py_ssize_t raw, Py_ssize_t end, Py_ssize_t o, Py_ssize_t chars,
-                    int strings);
+static int fresh(Reader *r, Py_ssize_t raw, Py_ssize_t end, Py_ssize_t chars, int strings);
+static int remembered(Reader *r, Py_ssize_t raw, Py_ssize_t end);
 
-/* A string at r->i (its opening quote), written to the output; 0: declined. */
+#if defined(__SSE2__)
+/* The bits of the quotes and the backslashes among the bytes p[0:64]. */
+static inline void marks64(const uint8_t *p, uint64_t *quotes, uint64_t *backslashes) {
+    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\');
+    __m128i v0 = _mm_loadu_si128((const __m128i *)p),
+        v1 = _mm_loadu_si128((const __m128i *)(p + 16)),
+        v2 = _mm_loadu_si128((const __m128i *)(p + 32)),
+        v3 = _mm_loadu_si128((const __m128i *)(p + 48));
+#define MASK64(c) ((uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v0, c)) | \
+    (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v1, c)) << 16 | \
+    (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v2, c)) << 32 | \
+    (uint64_t)(unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v3, c)) << 48)
+    *quotes = MASK64(quote);
+    *backslashes = MASK64(backslash);
+#undef MASK64
+}
+#endif
+
+/* The bytes of a 64-byte block escaped by a backslash (bit k: byte k), given its
+ * backslashes and whether its first byte is escaped by the block before (`*carry`, 0 or
+ * 1, set for the next block). Without a loop: a run of backslashes escapes the byte after
+ * it where the run is of odd length; adding a run's first bit to the run carries to the
+ * byte after it, and whether the run is odd is whether that byte's place and the run's
+ * first differ in parity (runs begun on even places and on odd ones added apart). Only
+ * the bytes that are not backslashes are right (a backslash escaped is not looked at). */
+static inline uint64_t escaped64(uint64_t backslashes, uint64_t *carry) {
+    const uint64_t even = 0x5555555555555555ull, odd = ~even;
+    uint64_t b = backslashes & ~*carry;  /* (one escaped by the block before escapes nothing) */
+    uint64_t starts = b & ~(b << 1), from_even, from_odd;
+    from_even = b + (starts & even);
+    uint64_t over = __builtin_add_overflow(b, starts & odd, &from_odd);
+    uint64_t escaped = (from_even & ~b & odd) | (from_odd & ~b & even) | *carry;
+    *carry = over;  /* (a run begun on an odd place and running to the end: odd) */
+    return escaped;
+}
+
+/* Where the string whose characters begin at p[i] ends (its closing quote), read without
+ * undoing its escapes (a backslash takes the byte after it); -1: it does not end. For a
+ * string the grammar takes, the end `read_string` finds; for any other, some end, which
+ * only matters if the bytes before it equal a string remembered (`Memo`), which the
+ * grammar took. 64 bytes at a time where SSE2 is (`escaped64`: no branch per escape;
+ * source code has one every few dozen bytes). */
+static Py_ssize_t skim(const uint8_t *p, Py_ssize_t n, Py_ssize_t i) {
+    uint64_t carry = 0;  /* the next block's first byte is escaped (by the last one before) */
+#if defined(__SSE2__)
+    while (i + 64 <= n) {
+        uint64_t quotes, backslashes;
+        marks64(p + i, &quotes, &backslashes);
+        quotes &= ~escaped64(backslashes, &carry);
+        if (quotes)
+            return i + __builtin_ctzll(quotes);
+        i += 64;
+    }
+#endif
+    i += (Py_ssize_t)carry;
+    while (i < n) {
+        if (p[i] == '"')
+            return i;
+        i += p[i] == '\\' ? 2 : 1;
+    }
+    return -1;
+}
+
+/* A string at r->i (its opening quote), written to the output; 0: declined. With a memo,
+ * a long string is skimmed first (`skim`): one remembered is left out unread, its escapes
+ * never undone (the history an agent resends, most of its body). */
 static int read_string(Reader *r) {
     const uint8_t *p = r->p;
     Py_ssize_t n = r->n, i = r->i + 1, raw = i;
-    Py_ssize_t o = r->o, chars = r->chars;  /* (before it: where a string left out goes) */
+    if (r->memo != NULL && n - raw >= r->shortest) {
+        Py_ssize_t end = skim(p, n, raw);
+        if (end - raw >= r->shortest) {
+            int left = remembered(r, raw, end);
+            if (left < 0)
+                return 0;
+            if (left) {
+                r->i = end + 1;
+                return 1;
+            }
+        }
+    }
+    Py_ssize_t chars = r->chars;  /* (before it: where a fresh string begins) */
     int strings = r->strings;
     if (r->strings) {
         r->out[r->o++] = '\n';
@@ -184,7 +262,7 @@ static int read_string(Reader *r) {
         uint8_t c = p[i];
         if (c == '"') {
             r->i = i + 1;
-            return r->memo == NULL || left_out(r, raw, i, o, chars, strings);
+            return r->memo == NULL || fresh(r, raw, i, chars, strings);
         }
         if (c < 0x20)
             return 0;  /* a control character (strict) */
@@ -429,28 +507,29 @@ static void memo_forget(Memo *m) {
     m->bytes = m->held = 0;
 }
 
-/* A string read with a memo (see above): left out, or listed as fresh. 0: a Python error
- * (r->failed). */
-static int left_out(Reader *r, Py_ssize_t raw, Py_ssize_t end, Py_ssize_t o, Py_ssize_t chars,
-                    int strings) {
-    Memo *m = r->memo;
-    if (end - raw < m->shortest)
+/* Whether the string body[raw:end] is remembered: if so, it is left out (its place in the
+ * text listed in `cuts`) and 1; 0: not remembered; -1: a Python error (r->failed). */
+static int remembered(Reader *r, Py_ssize_t raw, Py_ssize_t end) {
+    Slot *slot = memo_find(r->memo, r->p + raw, end - raw, r->tag);
+    if (slot == NULL)
+        return 0;
+    r->named |= slot->named;
+    PyObject *item = PyLong_FromSsize_t(r->chars);
+    if (item == NULL || PyList_Append(r->cuts, item) < 0)
+        r->failed = 1;
+    Py_XDECREF(item);
+    return r->failed ? -1 : 1;
+}
+
+/* A string read with a memo, not remembered (`read_string` looked: a string the grammar
+ * takes ends where `skim` said): listed as fresh where it is long enough to remember.
+ * 0: a Python error (r->failed). */
+static int fresh(Reader *r, Py_ssize_t raw, Py_ssize_t end, Py_ssize_t chars, int strings) {
+    if (end - raw < r->shortest)
         return 1;
-    PyObject *item;
-    Slot *slot = memo_find(m, r->p + raw, end - raw, r->tag);
-    if (slot != NULL) {
-        r->o = o;
-        r->chars = chars;
-        r->strings = strings;
-        r->named |= slot->named;
-        item = PyLong_FromSsize_t(chars);
-        if (item == NULL || PyList_Append(r->cuts, item) < 0)
-            r->failed = 1;
-    } else {
-        item = Py_BuildValue("(nnnn)", chars + (strings ? 1 : 0), r->chars, raw, end);
-        if (item == NULL || PyList_Append(r->fresh, item) < 0)
-            r->failed = 1;
-    }
+    PyObject *item = Py_BuildValue("(nnnn)", chars + (strings ? 1 : 0), r->chars, raw, end);
+    if (item == NULL || PyList_Append(r->fresh, item) < 0)
+        r->failed = 1;
     Py_XDECREF(item);
     return !r->failed;
 }
@@ -496,7 +575,8 @@ static PyObject *memo_read(Memo *self, PyObject *args) {
     unsigned long long tag;
     if (!PyArg_ParseTuple(args, "y*K", &view, &tag))
         return NULL;
-    Reader r = {view.buf, view.len, 0, NULL, 0, 0, 0, 0, self, (uint64_t)tag, NULL, NULL, 0, 0};
+    Reader r = {view.buf, view.len, 0, NULL, 0, 0, 0, 0, self, (uint64_t)tag, NULL, NULL, 0, 0,
+                self->shortest};
     PyObject *result = NULL, *text = NULL;
     r.cuts = PyList_New(0);
     r.fresh = PyList_New(0);

@@ -307,3 +307,31 @@ def test_a_body_of_many_strings_and_windows_costs_no_square() -> None:
     first = timed(remembering, "s")
     assert remembering.history is not None and remembering.history.size()[0] > 1000
     assert first < 3 * alone + 0.2, (first, alone)
+
+
+ESCAPES = ['\\"', "\\\\", '\\\\\\"', "\\\\\\\\", "\\u0022", "\\/", "\\n", "\\ud83d\\ude00"]
+
+
+@pytest.mark.parametrize("escape", ESCAPES)
+def test_a_remembered_string_is_found_whole_whatever_escape_lies_on_a_block_edge(
+        escape: str) -> None:
+    """`Memo.read` skims a long string for its end 64 bytes at a time before it reads it
+    (one remembered is never read): an escape at every offset about the blocks' edges
+    (a backslash last in a block escaping the next block's quote, runs of backslashes
+    across an edge) ends the string where a JSON reader ends it; the string remembered
+    is left out, and one differing only after the escape is read whole."""
+    native = jsondoc_module.native()
+    for at in range(0, 200):
+        memo = native.Memo(64, 1 << 20, 32)
+        sent = "a" * at + escape + "b" * 40  # (as the body spells it)
+        body = f'["{sent}", "{sent}x", "{sent[:-1]}"]'.encode()
+        strings = json.loads(body)
+        text, cuts, fresh, _ = memo.read(body, 1)
+        assert text == "\n".join(strings) and not cuts and len(fresh) == 3
+        start, end, raw_start, raw_end = fresh[0]
+        assert body[raw_start:raw_end] == sent.encode() and text[start:end] == strings[0]
+        memo.remember(body, raw_start, raw_end, 1, False)
+        text, cuts, _, _ = memo.read(body, 1)
+        assert text == "\n".join(strings[1:]) and cuts == [0], at
+        for cut in range(len(body) - 8, len(body)):  # (a body that ends early: declined)
+            assert memo.read(body[:cut], 1) is None
