@@ -18,8 +18,11 @@ sandbox may download a `.env` example). Under `answers: report` they are scanned
 client gets them (echoes of an injected key already redacted): headers, the body
 streamed through a window like a large request body, trailers, and each WebSocket
 message from the upstream; findings go to the audit line's `dlp` with `where` saying
-`answer ...` and action `report`. An answer the scan cannot read (a zstd stream) is
-forwarded unreported, as every answer is forwarded.
+`answer ...` and action `report`. An answer the scan cannot read (a zstd stream, a
+charset it has no codec for, more anchors than it reads, two Content-Types that differ)
+is forwarded, as every answer is, and said so on the audit line: a `dlp` entry with
+detector `unreadable` and the reason, once for each part of the answer (a hostile
+upstream does not keep what it sends out of the report by sending it unreadably).
 """
 
 from __future__ import annotations
@@ -55,8 +58,8 @@ class DlpCheck:
     `dlp:`: it only takes the exchange's own facts (its host and rule for refusals, its
     telemetry and engine for counts, its sandbox for what it sent before)."""
 
-    __slots__ = ("_answer", "_pass", "_stream", "answers", "engine", "found", "gate", "host",
-                 "plan", "rule", "sandbox", "scanner", "telemetry")
+    __slots__ = ("_answer", "_pass", "_stream", "_unread", "answers", "engine", "found",
+                 "gate", "host", "plan", "rule", "sandbox", "scanner", "telemetry")
 
     def __init__(self, plan: Plan, host: str, rule: str | None,
                  telemetry: Telemetry = SILENT, engine: str = "",
@@ -76,6 +79,7 @@ class DlpCheck:
         self._stream: StreamScanner | None = None
         self._pass: ChunkPass | None = None  # (a streamed body's shared pass)
         self._answer: StreamScanner | None = None
+        self._unread: set[str] = set()  # (the parts of the answer said to be unreadable)
 
     def _judge(self, result: ScanResult, why_not: str | None = None
                ) -> tuple[Finding, ...]:
@@ -219,10 +223,13 @@ class DlpCheck:
 
     def answer_head(self, fields: list[tuple[bytes, bytes]]) -> None:
         """The answer's headers as the client gets them."""
+        types = {v.strip().lower() for k, v in fields if k.lower() == b"content-type"}
+        if len(types) > 1:  # (the client reads the body by either: `head`)
+            self._unreadable("the answer names more than one Content-Type", "body")
         if self.scanner.head_clean("", "", fields):
             return
         with Budget(_size(fields)):
-            self._flag(self.scanner.scan_request("", "", _text(fields)).findings)
+            self._flag_result(self.scanner.scan_request("", "", _text(fields)), "header")
 
     def answer_data(self, piece: bytes, content_type: str | None,
                     content_encoding: str | None) -> None:
@@ -232,25 +239,42 @@ class DlpCheck:
             self._answer = StreamScanner(self.scanner, content_encoding, "answer body",
                                          content_type)
         with Budget(len(piece) + self._answer.pending):
-            self._flag(self._answer.feed(piece).findings)
+            self._flag_result(self._answer.feed(piece), "body")
 
     def answer_end(self, trailers: list[tuple[bytes, bytes]] | None = None) -> None:
         """The answer's end: what is left of its body's window, and its trailers."""
         if self._answer is not None:
             with Budget(self._answer.pending):
-                self._flag(self._answer.end().findings)
+                self._flag_result(self._answer.end(), "body")
             self._answer = None
         if trailers:
             with Budget(_size(trailers)):
-                self._flag(self.scanner.scan_request("", "", _text(trailers)).findings,
-                           "trailer")
+                self._flag_result(self.scanner.scan_request("", "", _text(trailers)),
+                                  "trailer", "trailer")
 
     def answer_message(self, data: bytes) -> None:
         """A WebSocket message from the upstream."""
         if len(data) <= self.scanner.limit and self.scanner.body_clean(data, None):
             return
         with Budget(len(data)):
-            self._flag(self.scanner.scan_body(data).findings, "message")
+            self._flag_result(self.scanner.scan_body(data), "message", "message")
+
+    def _flag_result(self, result: ScanResult, where: str, part: str | None = None) -> None:
+        """A scan of a part of the answer (`where`: which, for an unreadable one)."""
+        self._flag(result.findings, part)
+        if result.unreadable is not None:
+            self._unreadable(result.unreadable, where)
+
+    def _unreadable(self, why: str, where: str) -> None:
+        """An answer's part the scan cannot read: said once on the audit line (`dlp`:
+        detector `unreadable`, the reason) and counted; the answer goes on."""
+        if where in self._unread:
+            return
+        self._unread.add(where)
+        if len(self.found) < RECORDED:
+            self.found.append({"detector": "unreadable", "where": f"answer {where}",
+                               "reason": why[:200], "action": "report"})
+        self.telemetry.count("dlp_findings", "unreadable", "report", self.engine)
 
     def _flag(self, findings: tuple[Finding, ...], part: str | None = None) -> None:
         """Findings in the answer that count on this host, recorded as reported, where

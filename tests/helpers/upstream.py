@@ -23,7 +23,9 @@ names another resource (a hostile server's). `/dlp-answer/DETECTOR/SHAPE` answer
 that detector's fake credential (`helpers/dlp_corpus.py`) in its answer, the request
 holding none: SHAPE `json` (in a JSON body), `header` (in `X-Config-Token`), `gzip` (a
 gzip-coded JSON body), `chunked` (split across two chunks sent apart), `big` (3 MiB of
-text around it); a WebSocket on that path answers each message with the credential.
+text around it), and shapes a scan cannot read: `zstd` (a zstd-coded JSON body),
+`two-types` (two Content-Types that differ), `anchors` (600 KB of anchors, then the
+credential); a WebSocket on that path answers each message with the credential.
 """
 
 from __future__ import annotations
@@ -329,6 +331,14 @@ class _Handler(BaseHTTPRequestHandler):
             filler = b"the model parses the rows and returns the value " * 32_768
             return self._send(200, filler + b" " + text.encode() + b" " + filler,
                               content_type="text/plain")
+        if shape == "zstd":
+            import zstandard
+            return self._send(200, zstandard.ZstdCompressor().compress(doc),
+                              extra={"Content-Encoding": "zstd"})
+        if shape == "two-types":
+            return self._send(200, doc, extra={"Content-Type": "text/plain"})
+        if shape == "anchors":
+            return self._send(200, b"://" * 200_000 + doc, content_type="text/plain")
         if shape == "chunked":
             self.send_response(200)
             self.send_header("Content-Type", "application/json")

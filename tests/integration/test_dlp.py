@@ -476,6 +476,32 @@ def test_answers_report_records_what_an_answer_holds_and_forwards_it(
 
 
 @pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
+def test_answers_report_says_what_it_could_not_read(make_gateway: GatewayFactory,
+                                                     engine: str) -> None:
+    """An answer the scan cannot read - zstd-coded (a stream is not read with a bounded
+    window), two Content-Types that differ (the client may read it by either), more
+    anchors than the scan reads - is forwarded as every answer is, and its audit line
+    says so (`detector: unreadable`, `where: answer body`, the reason), counted: a
+    hostile upstream does not keep a credential out of the report by sending it so."""
+    gw = make_gateway({"answers.yaml": ANSWERS}, {"network": {"intercept": engine}})
+    token = gw.mint("answers")
+    label = "h1" if engine == "fast" else "mitmproxy"
+    counted = _findings(gw, detector="unreadable", action="report", engine=label)
+    for shape, why in (("zstd", "zstd"), ("two-types", "more than one Content-Type"),
+                       ("anchors", "more anchors")):
+        before = len(gw.audit.records())
+        result = _send(gw, token, f"/dlp-answer/github/{shape}")
+        assert (result.status, result.code) == (200, None), (shape, result)
+        line = _line(gw, before)
+        assert (line["decision"], line["error"]) == ("allow", None), line
+        unread = [f for f in line["dlp"] if f["detector"] == "unreadable"]
+        assert [(f["where"], f["action"]) for f in unread] == [("answer body", "report")], \
+            (shape, line["dlp"])
+        assert why in unread[0]["reason"] and GH not in json.dumps(line), (shape, unread)
+    assert _findings(gw, detector="unreadable", action="report", engine=label) == counted + 3
+
+
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
 def test_answers_report_reads_websocket_messages_from_the_upstream(
         make_gateway: GatewayFactory, engine: str) -> None:
     gw = make_gateway({"answers.yaml": ANSWERS}, {"network": {"intercept": engine}})

@@ -73,3 +73,38 @@ def test_a_request_naming_two_content_types_is_refused_unread() -> None:
         raise AssertionError("not refused")
     same = Headers.of(("Content-Type", "application/json"), ("content-type", "application/json"))
     assert check.head("POST", "/x", same) == "/x"
+
+
+def test_an_answer_the_scan_cannot_read_is_said_once_per_part_and_counted() -> None:
+    """`answers: report`: an answer's body or message the scan cannot read (zstd coded,
+    more anchors than it reads) is never refused, and the audit line says so once for
+    each part however many pieces or messages follow (detector `unreadable`, the
+    reason), each counted once."""
+    import zstandard
+
+    counts = Counts()
+    check = DlpCheck(Plan(SCANNER, Dlp(action="refuse", answers=True)), "up.test", "p.yaml:3",
+                     telemetry=counts, engine="h1")
+    coded = zstandard.ZstdCompressor().compress(_keys(50))
+    for at in range(0, len(coded), 100):
+        check.answer_data(coded[at:at + 100], "text/plain", "zstd")
+    check.answer_end()
+    flood = b"://" * 200_000
+    for _ in range(3):
+        check.answer_message(flood)
+    assert [(f["detector"], f["where"], f["action"]) for f in check.found] == [
+        ("unreadable", "answer body", "report"), ("unreadable", "answer message", "report")]
+    assert "zstd" in check.found[0]["reason"] and "anchors" in check.found[1]["reason"]
+    assert counts.counted.count(("dlp_findings", "unreadable", "report", "h1")) == 2
+
+
+def test_an_answer_naming_two_content_types_is_said_unreadable_and_still_read() -> None:
+    check = DlpCheck(Plan(SCANNER, Dlp(action="refuse", answers=True)), "up.test", "p.yaml:3")
+    check.answer_head([(b"Content-Type", b"text/plain"), (b"content-type", b"Text/Plain "),
+                       (b"X-A", b"1")])
+    assert not check.found  # (the same type twice is one)
+    check.answer_head([(b"Content-Type", b"text/plain"), (b"Content-Type", b"application/json")])
+    check.answer_data(_keys(1), "text/plain", None)
+    check.answer_end()
+    assert [(f["detector"], f["where"]) for f in check.found] == [
+        ("unreadable", "answer body"), ("aws", "answer body at offset 7")]
