@@ -1055,6 +1055,22 @@ DLP = [
          _dlp_post("/dlp/j", "{B64:{\"note\": \"deploy with {GH_ESCAPED}\"}}",
                    ["Content-Type", "application/x-www-form-urlencoded"], _JSON),
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    # A JSON document sent as a form, or as multipart with no part: a receiver that reads
+    # JSON whatever the type says (Go's json.NewDecoder, `request.json()`) undoes its
+    # escapes; it was read as a form, or as text, and the key passed.
+    Case("DLP: a credential JSON-escaped in a JSON document sent as a form",
+         _dlp_post("/dlp/j", "{B64:{\"note\": \"deploy with {GH_ESCAPED}\"}}",
+                   ["Content-Type", "application/x-www-form-urlencoded"]),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential JSON-escaped in a JSON document sent as multipart",
+         _dlp_post("/dlp/m", "{B64:{\"note\": \"deploy with {GH_ESCAPED}\"}}",
+                   ["Content-Type", "multipart/form-data; boundary=b"]),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential JSON-escaped in a streamed JSON document sent as a form",
+         {**_dlp_post("/dlp/s", "{B64:{\"pad\": \"{PAD_2M}\", \"note\": \"deploy with "
+                      "{GH_ESCAPED}\"}}", ["Content-Type", "application/x-www-form-urlencoded"]),
+          "chunked": True},
+         ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_escaped),
     Case("DLP: a credential in a gzip body",
          _dlp_post("/dlp/gz", "{GZ:{\"note\": \"{GH}\"}}", _JSON,
                    ["Content-Encoding", "gzip"]),

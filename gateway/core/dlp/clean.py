@@ -88,11 +88,11 @@ class CleanBodies:
         flags = gate.flags(body, escapes=True)
         if flags & FOUND or flags & _READ != _READ:
             return False
-        if how == "form":
-            return not flags & (PERCENT | PLUS)
+        if how == "form" and flags & (PERCENT | PLUS):
+            return False  # (and a JSON document sent as a form, read as JSON too: as text)
         if not flags & BACKSLASH:  # (JSON's escapes start with one; text has none)
             return True
-        return (how == "text" and body_kind(body, "") == "text") or \
+        return (how != "json" and body_kind(body, "") == "text") or \
             JSON_ESCAPE.search(body) is None
 
     def _asked(self, body: bytes, how: str) -> bool:
@@ -101,4 +101,7 @@ class CleanBodies:
         if (json_codec(body) if kind == "json" else text_codec(body, "")) != "latin-1":
             self.prefilter.gate.forget()
             return False
+        if kind == "form" and body_kind(body, "") == "json":  # (read as either: `clean`)
+            return not self.prefilter.candidate(body, "form") and \
+                not self.prefilter.candidate(body, "json")
         return not self.prefilter.candidate(body, kind)

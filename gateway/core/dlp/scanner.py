@@ -7,15 +7,14 @@ Views of a request (each a text and its `Location`):
 * the body, its content codings undone (`decoding.decode_content`, bounded by the hold
   limit), then by Content-Type: JSON strings (keys and values, escapes undone, every
   value of a repeated key) by JSON path, form fields by name, multipart parts by name
-  (each part read by its own type and coding), anything else as text as it is;
+  (each part read by its own type and coding), anything else as text as it is (a JSON
+  document as JSON whatever its type says, as a receiver ignoring the type reads it);
 * inside any view, base64 and hex runs long enough to hold a key, decoded and scanned
   again, `depth` times at most.
 
-A JSON or form body is also scanned as one text, for detectors that read a value with the
-name assigned to it (`"aws_secret_access_key": "..."`); the same value found twice is
-reported once (the structured location wins). A body is first gated by one pass of the
-prefilter over its unescaped text (and a search for a base64/hex run): most bodies stop
-there.
+A JSON or form body is also scanned as one text, for detectors reading a value with the
+name assigned to it (`"aws_secret_access_key": "..."`); a value found twice is reported
+once (the structured location wins). Most bodies stop at the gate's one pass (`clean`).
 """
 
 from __future__ import annotations
@@ -295,6 +294,9 @@ class Scanner:
             yield from self._multipart(body, ctype, where, nested)
             return
         kind = body_kind(body, lowered)
+        if kind == "form" and body_kind(body, "") == "json":  # (a JSON document sent as a
+            # form: a receiver reading JSON whatever the type says undoes its escapes)
+            yield from self._body(body, "application/json", where, None, False, sandbox, nested)
         codec = json_codec(body) if kind == "json" else text_codec(body, lowered)
         # (a JSON body in latin-1: its text is made only where a reading needs it, the
         # rules reading a name beside its value, `_context`; its strings are read in C)
@@ -367,13 +369,14 @@ class Scanner:
         if nested >= MULTIPART_DEPTH:  # (each level a Python frame or three: bounded)
             raise Unreadable(f"the body nests multipart parts deeper than {MULTIPART_DEPTH}")
         delimiter = boundary(ctype)
-        if delimiter is None:
-            yield from self.text_hits(body.decode("latin-1"), where)
-            return
+        if delimiter is None:  # (read as text: as JSON where it is a JSON document, which
+            yield from self._body(body, "text/plain", where, nested=nested + 1)  # a receiver
+            return  # reading JSON whatever the type says reads so)
         rest = outside(body, delimiter)  # (a receiver storing the body keeps it too)
         if rest.strip():
-            yield from self.text_hits(rest.decode("latin-1"), Location(
-                where.part, _named(where, "multipart preamble or epilogue"), None, where.via))
+            yield from self._body(rest, "text/plain", Location(
+                where.part, _named(where, "multipart preamble or epilogue"), None, where.via),
+                nested=nested + 1)
         for part in parts(body, delimiter):
             place = Location(where.part, _named(where, f"multipart part {part.name}"), None,
                              where.via)

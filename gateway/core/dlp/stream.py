@@ -174,6 +174,8 @@ class StreamScanner:
             try:
                 codec = text_codec(piece, self._ctype)
                 self._kind = body_kind(piece, self._ctype)
+                if self._kind == "form" and body_kind(piece, "") == "json":
+                    self._kind = "either"  # (a JSON document sent as a form: `_read`)
                 if codec == "latin-1" and self._kind == "json":
                     codec = json_codec(piece)
             except Unreadable as exc:
@@ -192,8 +194,8 @@ class StreamScanner:
     def _scan(self, final: bool) -> list[Finding]:
         window = self._window
         cut = len(window) if final else len(window) - self.keep
-        if self._hit <= self._base or not self._scanner.prefilter.candidate(
-                window.read(), self._kind):
+        if self._hit <= self._base or not any(self._scanner.prefilter.candidate(
+                window.read(), kind) for kind in _KINDS.get(self._kind, (self._kind,))):
             # Most windows: no anchor and no base64 run, no finding and no run to cut
             # by (what `text_hits` starts with, in one pass on the bytes as they are).
             window.drop(cut)
@@ -218,8 +220,7 @@ class StreamScanner:
         """The findings new in the window's text (those starting before `cut`), the
         window then let go up to `cut`."""
         hits = self._scanner.text_hits(text, where)
-        plain = _read(text, self._kind)
-        if plain != text:
+        for plain in _read(text, self._kind):
             # A JSON or form body as its reader reads it too: `\\u0067hp_...` and
             # `%67hp_...` are `ghp_...` (offsets in that text are at most the stream's: a
             # value reported early is reported once, by its fingerprint).
@@ -293,17 +294,21 @@ class _Window:
         self._skip = n
 
 
-_HIDING = {"json": BACKSLASH, "form": PERCENT | PLUS}  # (a chunk's escapes, by kind)
+_HIDING = {"json": BACKSLASH, "form": PERCENT | PLUS,  # (a chunk's escapes, by kind)
+           "either": BACKSLASH | PERCENT | PLUS}
+_KINDS = {"either": ("json", "form")}  # (the readings a window is a candidate by)
 
 
-def _read(text: str, kind: str) -> str:
-    """A window's text as a JSON or form reader reads it (escapes undone; a text as it
-    is): what the held body's reading undoes (`Scanner._body`)."""
-    if kind == "json" and ("\\u" in text or "\\/" in text):  # (what it undoes: memchr)
-        return json_unescape(text)
-    if kind == "form" and ("%" in text or "+" in text):
-        return unquote_plus(text, encoding="latin-1")
-    return text
+def _read(text: str, kind: str) -> list[str]:
+    """A window's text as a JSON or form reader reads it, where that differs from the
+    text (escapes undone; `either`: a JSON document sent as a form, read both ways): what
+    the held body's reading undoes (`Scanner._body`)."""
+    out = []
+    if kind in ("json", "either") and ("\\u" in text or "\\/" in text):  # (memchr)
+        out.append(json_unescape(text))
+    if kind in ("form", "either") and ("%" in text or "+" in text):
+        out.append(unquote_plus(text, encoding="latin-1"))
+    return out
 
 
 def _near(text: str, cut: int) -> bool:

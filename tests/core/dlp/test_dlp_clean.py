@@ -73,7 +73,10 @@ def _reference(scanner: Scanner, body: bytes, ctype: str | None) -> bool:
         codec = json_codec(body) if kind == "json" else text_codec(body, lowered)
     except Unreadable:
         return False
-    return codec == "latin-1" and not scanner.prefilter.candidate(body, kind)
+    # (a JSON document sent as a form: read both ways, as a receiver ignoring the type
+    # reads it too)
+    kinds = (kind, "json") if kind == "form" and body_kind(body, "") == "json" else (kind,)
+    return codec == "latin-1" and not any(scanner.prefilter.candidate(body, k) for k in kinds)
 
 
 _PIECES = [b"a", b"Zq", b" ", b"\n", b"{", b"[", b'"', b"\\", b"\\/", b"\\u0041", b"\\n",

@@ -594,3 +594,24 @@ def json_codec_ok(body: bytes) -> bool:
     except ValueError:
         return False
     return True
+
+
+_SENT_AS = ["application/x-www-form-urlencoded", "application/x-www-form-urlencoded; charset=UTF-8",
+            "multipart/form-data", "multipart/form-data; boundary=b", "text/plain"]
+
+
+@pytest.mark.parametrize("ctype", _SENT_AS)
+@pytest.mark.parametrize("shape", ["escaped letter", "escaped slashes"])
+def test_a_json_document_is_read_as_json_whatever_its_type_says(ctype: str, shape: str) -> None:
+    """A receiver that reads JSON whatever the type says (Go's `json.NewDecoder`, a
+    framework's `request.json()`) undoes a JSON document's escapes: sent as a form, or as
+    multipart with no part, it is read as JSON too (it was read as a form or as text,
+    and `\\u0067hp_...` or `https:\\/\\/user:pass@...` passed); the clean check agrees."""
+    key = "ghp_" + "Kq7RZx2mVt9LwNc4YbHs8PdJf3GaUe6TnQ1o"
+    value = "\\u0067" + key[1:] if shape == "escaped letter" else \
+        "https:\\/\\/deploy:Sup3rSecretPassw0rd@db.internal.test\\/x"
+    body = json.dumps({"note": "deploy"}).encode()[:-1] + b', "v": "' + value.encode() + b'"}'
+    assert json.loads(body)["v"] in (key, "https://deploy:Sup3rSecretPassw0rd@db.internal.test/x")
+    assert not SCANNER.body_clean(body, ctype)
+    found = {f.detector for f in SCANNER.scan_body(body, ctype).findings}
+    assert found & {"github", "basic-auth"}, (ctype, shape, found)

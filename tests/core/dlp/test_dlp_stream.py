@@ -389,3 +389,19 @@ def test_a_streamed_multipart_body_is_read_as_text_or_refused(boundary: str) -> 
         assert ("found" if [f.detector for f in found] == ["github"] else
                 "unreadable" if unreadable and "content coding" in unreadable else None) \
             == expected
+
+
+@pytest.mark.parametrize("piece", [7, 4096, 65536])
+def test_a_streamed_json_document_sent_as_a_form_is_read_as_json_too(piece: int) -> None:
+    """A JSON document streamed with a form's type: its windows are read both ways (a
+    receiver reading JSON whatever the type says undoes `\\u0067`), and a form's
+    escapes still count (`%67`)."""
+    key = fake("github").text
+    for value in ("\\u0067" + key[1:], "%67" + key[1:]):
+        body = b'{"pad": "' + b"x " * 40_000 + b'", "note": "' + value.encode() + b'"}'
+        stream = StreamScanner(SCANNER, content_type="application/x-www-form-urlencoded")
+        found = []
+        for at in range(0, len(body), piece):
+            found += stream.feed(body[at:at + piece]).findings
+        found += stream.end().findings
+        assert [f.detector for f in found] == ["github"], (value, piece)
