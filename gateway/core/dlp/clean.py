@@ -90,10 +90,9 @@ class CleanBodies:
             return False
         if how == "form" and flags & (PERCENT | PLUS):
             return False  # (and a JSON document sent as a form, read as JSON too: as text)
-        if not flags & BACKSLASH:  # (JSON's escapes start with one; text has none)
-            return True
-        return (how != "json" and body_kind(body, "") == "text") or \
-            JSON_ESCAPE.search(body) is None
+        # (JSON's escapes start with one; a text's are undone too, as a lenient JSON
+        # reader undoes them: `Scanner._body`)
+        return not flags & BACKSLASH or JSON_ESCAPE.search(body) is None
 
     def _asked(self, body: bytes, how: str) -> bool:
         """`clean` without the C pass: the codec, then the prefilter's candidate."""
@@ -101,7 +100,6 @@ class CleanBodies:
         if (json_codec(body) if kind == "json" else text_codec(body, "")) != "latin-1":
             self.prefilter.gate.forget()
             return False
-        if kind == "form" and body_kind(body, "") == "json":  # (read as either: `clean`)
-            return not self.prefilter.candidate(body, "form") and \
-                not self.prefilter.candidate(body, "json")
-        return not self.prefilter.candidate(body, kind)
+        # (every body is read with JSON's escapes undone too: `clean`)
+        return not self.prefilter.candidate(body, kind) and \
+            not self.prefilter.candidate(body, "json")

@@ -7,8 +7,9 @@ Views of a request (each a text and its `Location`):
 * the body, its content codings undone (`decoding.decode_content`, bounded by the hold
   limit), then by Content-Type: JSON strings (keys and values, escapes undone, every
   value of a repeated key) by JSON path, form fields by name, multipart parts by name
-  (each part read by its own type and coding), anything else as text as it is (a JSON
-  document as JSON whatever its type says, as a receiver ignoring the type reads it);
+  (each part read by its own type and coding), anything else as text as it is and with
+  JSON's escapes undone (a JSON document as JSON whatever its type says: a receiver
+  ignoring the type reads it so);
 * inside any view, base64 and hex runs long enough to hold a key, decoded and scanned
   again, `depth` times at most.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import accumulate
 from urllib.parse import parse_qsl, unquote_plus
 
 from gateway.core.dlp import jsondoc
@@ -159,11 +161,7 @@ class Scanner:
         `base` (a JSON path), made a `Location` only where something is found;
         `anchors`: the anchors found are added to it (before the first hit is yielded)."""
         text = "\n".join(t for t, _ in parts)
-        starts: list[int] = []
-        at = 0
-        for part, _ in parts:
-            starts.append(at)
-            at += len(part) + 1
+        starts = list(accumulate((len(t) + 1 for t, _ in parts[:-1]), initial=0))
 
         def locate(offset: int) -> tuple[Location, int, int]:
             i = bisect_right(starts, offset) - 1
@@ -351,9 +349,11 @@ class Scanner:
                 yield from self.text_hits(name, field)
             yield from self._context(unquote_plus(text, encoding="latin-1"), where)
             return
-        # Anything else is read as it is (a receiver does not undo %XX in a file), as is
-        # a body that looks like JSON and is not a document.
-        yield from self.text_hits(text or body.decode(codec, "replace"), where)
+        # Anything else (and JSON that is no document) is read as it is (a receiver does
+        # not undo %XX in a file), and with JSON's escapes undone (a lenient JSON reader's).
+        text = text or body.decode(codec, "replace")
+        for view in dict.fromkeys((text, json_unescape(text))):  # (the same text once)
+            yield from self.text_hits(view, where)
 
     def _context(self, text: str, where: Location, *, json_text: bool = False) -> Iterator[Hit]:
         """A document's text whole, for the rules reading a name beside its value."""

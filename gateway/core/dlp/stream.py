@@ -136,8 +136,7 @@ class StreamScanner:
             self._window.add(piece)
             if flags is None or self._decoder is not None or self._charset is not None:
                 self._hit = _NO_LIMIT  # (not the chunk's bytes: scanned as before)
-            elif flags & FOUND or (self._kind != "text" and (
-                    flags & _HIDING[self._kind] or not flags & ESCAPES_KNOWN)):
+            elif flags & FOUND or flags & _HIDING[self._kind] or not flags & ESCAPES_KNOWN:
                 # (a JSON or form body's escape may hide an anchor or a run: `_scan`)
                 self._hit = max(self._hit, self._base + len(self._window))
             if len(self._window) >= self.keep + max(self.keep, STEP):
@@ -295,8 +294,9 @@ class _Window:
 
 
 _HIDING = {"json": BACKSLASH, "form": PERCENT | PLUS,  # (a chunk's escapes, by kind)
-           "either": BACKSLASH | PERCENT | PLUS}
-_KINDS = {"either": ("json", "form")}  # (the readings a window is a candidate by)
+           "either": BACKSLASH | PERCENT | PLUS, "text": BACKSLASH}
+# (the readings a window is a candidate by: a text's JSON escapes are undone too)
+_KINDS = {"either": ("json", "form"), "text": ("text", "json")}
 
 
 def _read(text: str, kind: str) -> list[str]:
@@ -304,7 +304,8 @@ def _read(text: str, kind: str) -> list[str]:
     text (escapes undone; `either`: a JSON document sent as a form, read both ways): what
     the held body's reading undoes (`Scanner._body`)."""
     out = []
-    if kind in ("json", "either") and ("\\u" in text or "\\/" in text):  # (memchr)
+    if kind != "form" and ("\\u" in text or "\\/" in text):  # (memchr; a text: as a
+        # lenient JSON reader reads it)
         out.append(json_unescape(text))
     if kind in ("form", "either") and ("%" in text or "+" in text):
         out.append(unquote_plus(text, encoding="latin-1"))
