@@ -34,7 +34,12 @@ class _Stage(Protocol):
 
 class _Zlib:
     """gzip (wbits 31), deflate as zlib (15) or, as browsers accept, raw deflate (-15).
-    Output comes in pieces of at most _STEP bytes (a bomb never lands in one buffer)."""
+    Output comes in pieces of at most _STEP bytes (a bomb never lands in one buffer).
+
+    A gzip body may be several members one after another (RFC 1952 2.2), zero bytes
+    between them: each is decoded, as Python's and Go's readers do (zlib stops at the
+    first: a key in the second passed every check). Bytes after a deflate stream's end
+    are an error: no reader decodes them, and what they hold is not known."""
 
     def __init__(self, gzip: bool) -> None:
         self._name = "gzip" if gzip else "deflate"
@@ -57,6 +62,18 @@ class _Zlib:
             data = self._obj.unconsumed_tail
             if out:
                 yield out
+            if self._obj.eof and self._obj.unused_data:  # (what follows the end)
+                data = self._next(self._obj.unused_data)
+
+    def _next(self, rest: bytes) -> bytes:
+        """After a stream's end: the next gzip member's bytes, with a new decompressor
+        for them (b"": zero padding so far, kept); raises for bytes after deflate."""
+        if self._name != "gzip":
+            raise EncodingError("the body has bytes after the end of its deflate stream")
+        member = rest.lstrip(b"\0")
+        if member:
+            self._obj = zlib.decompressobj(31)
+        return member
 
     def end(self) -> Iterator[bytes]:
         if self._obj is None:

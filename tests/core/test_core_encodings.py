@@ -72,3 +72,36 @@ def test_encode_is_undone_by_the_decoder(header: str) -> None:
     assert decoded == data
     with pytest.raises(EncodingError):
         encode("zstd", data)
+
+
+def _decode(header: str, body: bytes, step: int) -> bytes:
+    decoder = decoder_for(header, 1 << 30)
+    assert decoder is not None
+    out = b"".join(b"".join(decoder.feed(body[at:at + step]))
+                   for at in range(0, len(body), step))
+    return out + b"".join(decoder.end())
+
+
+def test_every_member_of_a_gzip_body_is_decoded_in_any_split() -> None:
+    """A gzip body of several members, zero bytes between some (RFC 1952 2.2): every
+    member is decoded, as Python's `gzip` and Go's reader do (zlib stopped at the first,
+    and what the others held was never read)."""
+    members = [gzip.compress(bytes([65 + i]) * (997 * i + 1)) for i in range(5)]
+    body = members[0] + b"\0" * 7 + members[1] + members[2] + b"\0" + members[3] + \
+        members[4] + b"\0\0"
+    for step in (1, 2, 3, 17, 1000, len(body)):
+        assert _decode("gzip", body, step) == gzip.decompress(body), step
+
+
+@pytest.mark.parametrize(("header", "body"), [
+    ("gzip", gzip.compress(b"a") + b"not a member"),
+    ("deflate", zlib.compress(b"a") + zlib.compress(b"b")),
+    ("deflate", zlib.compress(b"a") + b"x"),
+    ("deflate", zlib.compress(b"a")[2:-4] + b"x"),  # (raw deflate)
+])
+def test_bytes_after_the_end_are_an_error(header: str, body: bytes) -> None:
+    """What follows a deflate stream's end, or a gzip member's that is not another
+    member, is no body a reader decodes: refused, never dropped unread."""
+    for step in (1, 4, len(body)):
+        with pytest.raises(EncodingError):
+            _decode(header, body, step)

@@ -9,6 +9,7 @@ import hashlib
 import json
 import re
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -307,6 +308,15 @@ def _no_key_gunzipped(result: Result, seen: list[Any]) -> None:
         assert KEY.encode() not in gzip.decompress(raw)
 
 
+def _both_members(result: Result, seen: list[Any]) -> None:
+    """The key redacted, and the answer whole: its second member's text is there (only
+    the first was decoded, and the rest dropped)."""
+    _no_key_gunzipped(result, seen)
+    raw = result.body.encode("latin-1")
+    text = gzip.decompress(raw) if raw.startswith(b"\x1f\x8b") else raw
+    assert text.startswith(b"first member\n") and b'{"value": ' in text, text[:200]
+
+
 def _whole_body(size: int, model: str) -> Callable[[Result, list[Any]], None]:
     """The upstream got the whole body, once, as sent."""
     def check(result: Result, seen: list[Any]) -> None:
@@ -345,6 +355,12 @@ def _error_event(code: str) -> Callable[[Result, list[Any]], None]:
 
 def _gz(text: str) -> str:
     return base64.b64encode(gzip.compress(text.encode())).decode()
+
+
+def _gz_members(text: str) -> str:
+    """A gzip body of two members (RFC 1952 2.2): some prose, then `text`, base64."""
+    return base64.b64encode(gzip.compress(b"notes for the build\n") +
+                            gzip.compress(text.encode())).decode()
 
 
 def _multipart_gz(text: str) -> str:
@@ -653,6 +669,13 @@ CASES = [
           "headers": [["Content-Encoding", "gzip"]]},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
          check=_no_upstream),
+    # A gzip body may be members one after another (RFC 1952 2.2), which Python's and
+    # Go's readers decode; zlib stopped at the first, and the second was never read.
+    Case("F8 token in the second member of a gzip body",
+         {"host": "unbound.test", "method": "POST", "target": "/gz", "body": "{GZM:{TOKEN}}",
+          "headers": [["Content-Encoding", "gzip"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
     # Content-Encoding is a list: its field lines are one list (RFC 9110, 5.3), and a
     # receiver undoes every coding named; the gateway read the first line only.
     Case("F8 token in a gzip body its second Content-Encoding field names",
@@ -881,6 +904,11 @@ CASES = [
           "headers": [["Authorization", "Bearer {TOKEN}"], ["Accept-Encoding", "gzip"]]},
          ("response", 200, None), {"decision": "allow", "credential": "openai"},
          check=_no_key),
+    Case("F7 key echoed in the second member of a gzip answer",
+         {"host": "api.openai.com", "target": "/echo-gzip-members/Authorization",
+          "headers": [["Authorization", "Bearer {TOKEN}"], ["Accept-Encoding", "gzip"]]},
+         ("response", 200, None), {"decision": "allow", "credential": "openai"},
+         check=_both_members),
     Case("F7 key echoed in a gzip body its second Content-Encoding field names",
          {"host": "api.openai.com", "target": "/echo-gzip-split/Authorization",
           "headers": [["Authorization", "Bearer {TOKEN}"], ["Accept-Encoding", "gzip"]]},
@@ -1089,6 +1117,16 @@ DLP = [
          _dlp_post("/dlp/gz", "{GZ:{\"note\": \"{GH}\"}}", _JSON,
                    ["Content-Encoding", "gzip"]),
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential in the second member of a gzip body",
+         _dlp_post("/dlp/gz", "{GZM:{\"note\": \"{GH}\"}}", _JSON,
+                   ["Content-Encoding", "gzip"]),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    # (the leak guard reads it first: a body it cannot decode is a bad request)
+    Case("a deflate body with bytes after its end is refused unread",
+         _dlp_post("/dlp/gz", "{DEFLATE_TAIL:{\"note\": \"{GH}\"}}", _JSON,
+                   ["Content-Encoding", "deflate"]),
+         ("response", 400, "bad_request"), {**DENY, "error": "bad_request"},
+         check=_no_upstream),
     Case("DLP: a credential in a gzip body its second Content-Encoding field names",
          _dlp_post("/dlp/gz", "{GZ:{\"note\": \"{GH}\"}}", _JSON,
                    ["Content-Encoding", "identity"], ["Content-Encoding", "gzip"]),
@@ -1171,6 +1209,11 @@ def _fill(value: Any, subs: dict[str, str]) -> Any:
             return _b64(_fill(value[5:-1], subs))
         if value.startswith("{GZ:") and value.endswith("}"):
             return _gz(_fill(value[4:-1], subs))
+        if value.startswith("{DEFLATE_TAIL:") and value.endswith("}"):  # (a clean deflate
+            return base64.b64encode(zlib.compress(b"{}") + _fill(  # stream, then more)
+                value[14:-1], subs).encode()).decode()
+        if value.startswith("{GZM:") and value.endswith("}"):  # (gzip, two members)
+            return _gz_members(_fill(value[5:-1], subs))
         if value.startswith("{MPGZ:") and value.endswith("}"):  # (a form, a gzip part)
             return _multipart_gz(_fill(value[6:-1], subs))
         if value.startswith(("{U16BE:", "{U16LE:")) and value.endswith("}"):  # (no BOM)

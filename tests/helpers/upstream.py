@@ -193,6 +193,10 @@ class _Handler(BaseHTTPRequestHandler):
             value = self.headers.get(parts[1], "")
             return self._send(200, json.dumps({"value": value}).encode("utf-16-le"),
                               content_type="application/json; charset=utf-16le")
+        if parts[0] == "echo-gzip-members" and len(parts) > 1:  # two gzip members, the
+            value = self.headers.get(parts[1], "")  # value in the second (RFC 1952 2.2)
+            return self._send(200, gzip.compress(b"first member\n") + gzip.compress(
+                json.dumps({"value": value}).encode()), extra={"Content-Encoding": "gzip"})
         if parts[0] == "echo-gzip-split" and len(parts) > 1:  # the coding's list in two
             value = self.headers.get(parts[1], "")  # lines, `identity` first (RFC 9110 5.3)
             body = gzip.compress(json.dumps({"value": value}).encode())
