@@ -18,6 +18,7 @@ import base64
 import gzip
 import json
 import time
+import zlib
 from typing import Any
 
 import pytest
@@ -80,8 +81,11 @@ def _request(case: Case) -> tuple[str, str, bytes]:
         url = f"{scheme}://{spec['host']}:{port}{path}"
     body = spec.get("body")
     raw = base64.b64decode(body) if body is not None else b""
-    if any(k.lower() == "content-encoding" for k, _ in spec.get("headers", [])):
-        raw = gzip.decompress(raw)  # the metering step reads a body decoded
+    codings = [v for k, v in spec.get("headers", []) if k.lower() == "content-encoding"]
+    if "deflate" in codings:  # (the metering step reads a body decoded)
+        raw = zlib.decompressobj().decompress(raw)
+    elif codings:
+        raw = gzip.decompress(raw)
     return spec.get("method", "GET").upper(), url, raw
 
 
@@ -94,10 +98,13 @@ RELAYED = {"MCP: a refused call of the older SSE transport goes as a ping"}
 
 
 # Rows whose credential is where only the proxy reads it (evaluate has no headers, no
-# WebSocket messages): `dlp_stage` reads the request line and a body held whole (a form
+# trailers, no WebSocket messages): `dlp_stage` reads the request line and a body held whole (a form
 # is a form by its Content-Type, a header: read as text there, its `%67` stays; a charset
 # is a header's too).
 PROXY_READS = {"DLP: a credential in a header", "DLP: a credential in a WebSocket message",
+               "DLP: a credential in a trailer",
+               # (the proxy undoes the coding: one it cannot is a bad request)
+               "a deflate body with bytes after its end is refused unread",
                "DLP: a credential in an absolute-form plain HTTP request",
                "DLP: a credential percent-encoded in a streamed form body",
                "DLP: a credential in UTF-16 big-endian, its charset naming no byte order",
