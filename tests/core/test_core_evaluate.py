@@ -102,6 +102,7 @@ RELAYED = {"MCP: a refused call of the older SSE transport goes as a ping"}
 # is a form by its Content-Type, a header: read as text there, its `%67` stays; a charset
 # is a header's too).
 PROXY_READS = {"DLP: a credential in a header", "DLP: a credential in a WebSocket message",
+               "DLP: a credential JSON-escaped in a header's JSON value",
                "DLP: a credential in a trailer",
                # (the proxy undoes the coding: one it cannot is a bad request)
                "a deflate body with bytes after its end is refused unread",

@@ -1108,6 +1108,19 @@ DLP = [
     Case("DLP: a credential JSON-escaped in JSON after a stray character",
          _dlp_post("/dlp/j", "{B64:\u00a0{\"note\": \"deploy with {GH_ESCAPED}\"}}", _JSON),
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    # JSON in a JSON string (a tool call's `arguments`), in a header's value: the reader
+    # parsing it undoes its escapes; read as text only, `\u0067hp_...` passed.
+    Case("DLP: a credential JSON-escaped in a tool call's arguments",
+         _dlp_post("/dlp/j", "{B64:{\"messages\": [{\"role\": \"assistant\", "
+                   "\"tool_calls\": [{\"id\": \"call_1\", \"function\": {\"name\": "
+                   "\"write\", \"arguments\": \"{\\\"note\\\": \\\"{GH_ESCAPED_IN}"
+                   "\\\"}\"}}]}]}}", _JSON),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential JSON-escaped in a header's JSON value",
+         {**_dlp_post("/dlp/j", "{B64:{}}", _JSON),
+          "headers": [["Content-Type", "application/json"],
+                      ["X-Meta", "{\"note\": \"{GH_ESCAPED}\"}"]]},
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
     Case("DLP: a credential in a trailer",
          {**_dlp_post("/dlp/s", "{B64:hello}"), "chunked": True,
           "trailers": [["X-Deploy", "deploy with {GH}"]]},
@@ -1231,6 +1244,7 @@ def substitutions(token: str) -> dict[str, str]:
     return {"TOKEN": token, "KEY": KEY, "MINTED": MINTED, "PAYLOAD": token.split(".", 1)[1],
             "PAD": PAD, "GH": GH, "GH_PAD": "x" * ((2 << 20) - 20) + GH + "y" * 65536,
             "GH_ESCAPED": f"\\u{ord(GH[0]):04x}" + GH[1:], "PAD_2M": "x" * (2 << 20),
+            "GH_ESCAPED_IN": f"\\\\u{ord(GH[0]):04x}" + GH[1:],  # (in a JSON string)
             "GH_PERCENT": f"%{ord(GH[0]):02X}" + GH[1:],
             "GH_QP": f"={ord(GH[0]):02X}" + GH[1:],
             "PEM_FLOOD": "BEGIN PRIVATE KEY " * 15_000,

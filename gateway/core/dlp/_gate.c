@@ -642,10 +642,25 @@ static int b64_value(uint8_t c) {
     return -1;
 }
 
+/* Whether data holds an escape a JSON reader reads a character out of (\uXXXX, \/):
+ * decoded bytes are read with them undone too (`prefilter.holds_json_escape`). */
+static int json_escape_in(const uint8_t *data, Py_ssize_t n) {
+    const uint8_t *p = data, *end = data + n;
+    while ((p = memchr(p, '\\', (size_t)(end - p))) != NULL && p + 1 < end) {
+        if (p[1] == '/')
+            return 1;
+        if (p[1] == 'u' && end - p >= 6 && hex_value(p[2]) >= 0 && hex_value(p[3]) >= 0 &&
+            hex_value(p[4]) >= 0 && hex_value(p[5]) >= 0)
+            return 1;
+        p++;
+    }
+    return 0;
+}
+
 /* 1: decoded bytes (MIN_DECODED to MAX_DECODED of them) in which this gate finds
- * nothing (see above); 0: look. */
+ * nothing (see above) and that hold no JSON escape; 0: look. */
 static int decoded_clean(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
-    return !(scan(g, data, n) & (RUN | LITERAL | UNDECIDED));
+    return !(scan(g, data, n) & (RUN | LITERAL | UNDECIDED)) && !json_escape_in(data, n);
 }
 
 /* The hex run p[lo:hi] (its even part), decoded and gated. */

@@ -91,7 +91,7 @@ class CleanBodies:
         if how == "form" and flags & (PERCENT | PLUS):
             return False  # (and a JSON document sent as a form, read as JSON too: as text)
         # (JSON's escapes start with one; a text's are undone too, as a lenient JSON
-        # reader undoes them: `Scanner._body`)
+        # reader undoes them: `Scanner.body_views`)
         return not flags & BACKSLASH or JSON_ESCAPE.search(body) is None
 
     def _asked(self, body: bytes, how: str) -> bool:

@@ -39,7 +39,7 @@ from typing import Protocol
 from gateway.core.dlp import jsondoc
 from gateway.core.dlp.decoding import Run
 from gateway.core.dlp.findings import Hit, Location
-from gateway.core.dlp.prefilter import Prefilter, merged
+from gateway.core.dlp.prefilter import Prefilter, merged, nested_json
 
 __all__ = ["LIMIT", "SHORTEST", "SLOTS", "History", "Reading", "Scan"]
 
@@ -119,6 +119,10 @@ class History:
                 if next(scanner.text_hits(inner, Location("body", via=(run.kind,)), 1),
                         None) is not None:
                     return True
+        nested = next(nested_json(reading.text), None)  # (and JSON inside a string, each
+        if nested is not None and next(scanner.text_hits(nested, Location("body")),  # level
+                                       None) is not None:  # in: `Scanner.parts_hits`)
+            return True
         later.append(partial(self.remember, body, reading, tag, windows, anchors, named))
         return False
 

@@ -1,7 +1,8 @@
 """A multipart body split as its reader splits it: each part's name, head, content and
 own type and coding (the scanner reads each part by them), and what lies outside the
 parts (a preamble, an epilogue, or the whole body where the delimiter is not in it: a
-receiver that stores the body as it came, an object store, keeps those too). Pure."""
+receiver that stores the body as it came, an object store, keeps those too), and the
+views a scanner reads of it (`views`). Pure."""
 
 from __future__ import annotations
 
@@ -10,11 +11,15 @@ import binascii
 import quopri
 import re
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
-from gateway.core.dlp.decoding import Unreadable, text_codec
+from gateway.core.dlp.decoding import Unreadable, decode_content, text_codec
+from gateway.core.dlp.findings import Hit, Location
 
-__all__ = ["Part", "StreamedParts", "as_sent", "boundary", "outside", "parts"]
+__all__ = ["MULTIPART_DEPTH", "Part", "StreamedParts", "as_sent", "boundary", "outside",
+           "parts", "views"]
+
+MULTIPART_DEPTH = 16  # multipart bodies nested in parts, at most (2,000 ran out of stack)
 
 _BOUNDARY = re.compile(r'boundary="?([^";]+)"?', re.IGNORECASE)
 _PART_NAME = re.compile(rb'\bname="([^"]*)"', re.IGNORECASE)
@@ -142,3 +147,44 @@ def _check(head: bytes) -> None:
                 text_codec(b"", value.lower()) != "latin-1":
             raise Unreadable("a multipart part of a streamed body names a charset ASCII "
                              "is not its own bytes in; send it within the hold limit")
+
+
+class Reads(Protocol):
+    """What reads a multipart body's views: a scanner (`scanner.Scanner`)."""
+
+    limit: int
+
+    def text_hits(self, text: str, location: Location, depth: int = 0) -> Iterator[Hit]: ...
+
+    def body_views(self, body: bytes, ctype: str, where: Location, coding: str | None = None,
+                   gated: bool = False, sandbox: str | None = None, nested: int = 0
+                   ) -> Iterator[Hit]: ...
+
+
+def views(scan: Reads, body: bytes, ctype: str, where: Location, nested: int) -> Iterator[Hit]:
+    """A multipart body's views: each part's head, and its content by its own type and
+    coding (MIME transfer encoding undone); what lies outside the parts as text (as JSON
+    where it is a JSON document, which a receiver reading JSON whatever the type says
+    reads so), and the whole body so where the type names no boundary."""
+    if nested >= MULTIPART_DEPTH:  # (each level a Python frame or three: bounded)
+        raise Unreadable(f"the body nests multipart parts deeper than {MULTIPART_DEPTH}")
+    delimiter = boundary(ctype)
+    if delimiter is None:
+        yield from scan.body_views(body, "text/plain", where, nested=nested + 1)
+        return
+    rest = outside(body, delimiter)  # (a receiver storing the body keeps it too)
+    if rest.strip():
+        yield from scan.body_views(rest, "text/plain", _named(
+            where, "multipart preamble or epilogue"), nested=nested + 1)
+    for part in parts(body, delimiter):
+        place = _named(where, f"multipart part {part.name}")
+        yield from scan.text_hits(part.head.decode("latin-1"), place)
+        content = as_sent(part)
+        if part.coding:
+            content = decode_content(content, part.coding, scan.limit)
+        yield from scan.body_views(content, part.ctype, place, part.coding, nested=nested + 1)
+
+
+def _named(where: Location, name: str) -> Location:
+    return Location(where.part, f"{where.name} {name}" if where.name else name, None,
+                    where.via)

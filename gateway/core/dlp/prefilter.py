@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_left
 from collections import defaultdict
+from collections.abc import Iterator
 
 from gateway.core.dlp.decoding import Unreadable
 from gateway.core.dlp.detector import Budget, Detector, Rule, Span, deadline
@@ -33,7 +34,8 @@ from gateway.core.dlp.fastscan import (
     as_bytes,
 )
 
-__all__ = ["ESCAPES", "JSON_ESCAPE", "Prefilter", "json_unescape", "merged", "unescape"]
+__all__ = ["ESCAPES", "JSON_ESCAPE", "NESTED", "Prefilter", "holds_json_escape", "json_string",
+           "json_unescape", "merged", "nested_json", "unescape"]
 
 # What a reader of each kind of view undoes that could make an anchor or a base64 run
 # appear: a JSON reader `\uXXXX` and `\/` (its other escapes become characters that
@@ -41,7 +43,8 @@ __all__ = ["ESCAPES", "JSON_ESCAPE", "Prefilter", "json_unescape", "merged", "un
 # (a space: "BEGIN+PRIVATE+KEY"). A text is read as it is.
 ESCAPES: dict[str, tuple[str, ...]] = {"text": (), "json": ("\\u", "\\/"),
                                        "form": ("%", "+")}
-JSON_ESCAPE = re.compile(rb"\\[u/]")
+JSON_ESCAPE = re.compile(rb"\\(?:u[0-9A-Fa-f]{4}|/)")  # (an escape hiding a character)
+_JSON_ESCAPE_TEXT_ANY = re.compile(r"\\(?:u[0-9A-Fa-f]{4}|/)")
 
 _PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
 _JSON_U = re.compile(r"\\u00([0-9A-Fa-f]{2})")
@@ -79,6 +82,41 @@ def json_unescape(text: str) -> str:
 
 
 _JSON_ANY_ESCAPE = re.compile(r"\\(?:u([0-9A-Fa-f]{4})|(.))", re.DOTALL)
+_JSON_SIMPLE = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n",
+                "r": "\r", "t": "\t"}
+NESTED = 4  # levels of JSON inside a string a view is read through, at most
+
+
+def json_string(text: str) -> str:
+    """`text` read as the inside of a JSON string, every escape undone (`\\\\` is a
+    backslash, `\\"` a quote; an escape no reader knows kept): a JSON text inside a
+    string (a tool call's `arguments`) one level in."""
+    return _JSON_ANY_ESCAPE.sub(_string_char, text) if "\\" in text else text
+
+
+def nested_json(text: str) -> Iterator[str]:
+    """The readings of `text` one, two, ... `NESTED` levels of JSON string in, while
+    one still holds an escape that hides a character (`\\u`, `\\/`): a JSON text in a
+    JSON string (a tool call's arguments), in a header's value, in a base64 run, is read
+    as the reader that parses it reads it (`\\u0067hp_...` is `ghp_...`)."""
+    for _ in range(NESTED):
+        if not holds_json_escape(text):
+            return
+        text = json_string(text)
+        yield text
+
+
+def holds_json_escape(text: str) -> bool:
+    """Whether `text` holds an escape a JSON reader reads a character out of that could
+    hide one (`\\uXXXX`, `\\/`; a backslash first looked for: memchr)."""
+    return "\\" in text and _JSON_ESCAPE_TEXT_ANY.search(text) is not None
+
+
+def _string_char(match: re.Match[str]) -> str:
+    code, other = match.group(1), match.group(2)
+    if code is not None:
+        return chr(int(code, 16))
+    return _JSON_SIMPLE.get(other, match.group(0))
 
 
 def _json_char(match: re.Match[str]) -> str:
@@ -156,22 +194,22 @@ class Prefilter:
         """Whether `text`, as a reader of `kind` (`ESCAPES`) reads it, may hold a value:
         a base64 run (`fastscan.SEGMENT` characters), an anchor of a rule whose matches
         hold no such run (the others' matches all hold one: `Rule.run`), or an escape
-        that could hide either. One pass (`gate`; its answer for a body the leak guard
-        already asked about is taken, not computed again). The escapes are looked for
-        with `find` (memchr); a JSON text with a backslash then by `JSON_ESCAPE`. False
-        means no detector and no decoded run can find anything in it."""
+        that could hide either (JSON's in any text: every text is also read with them
+        undone, as a lenient JSON reader reads it). One pass (`gate`; its answer for a
+        body the leak guard already asked about is taken, not computed again). The
+        escapes are looked for with `find` (memchr); a backslash then by `JSON_ESCAPE`.
+        False means no detector and no decoded run can find anything in it."""
         data = text if type(text) is bytes else as_bytes(text)
         gate = self.gate
         if gate.native and not self.unanchored:  # (the C pass saw the escapes: no memchr)
             flags = gate.flags(data, escapes=True)  # (`data` is `text` if bytes: kept)
             if flags & (RUN | LITERAL) or not flags & ESCAPES_KNOWN:
                 return True
-            if kind == "json":
-                return bool(flags & BACKSLASH) and JSON_ESCAPE.search(data) is not None
+            if flags & BACKSLASH and JSON_ESCAPE.search(data) is not None:
+                return True  # (every text is read with JSON's escapes undone too)
             return kind == "form" and bool(flags & (PERCENT | PLUS))
         find = data.find  # (not `in`: CPython 3.12's raises and clears a TypeError first)
-        if self.unanchored or (kind == "json" and find(b"\\") >= 0
-                               and JSON_ESCAPE.search(data)) \
+        if self.unanchored or (find(b"\\") >= 0 and JSON_ESCAPE.search(data)) \
                 or (kind == "form" and (find(b"%") >= 0 or find(b"+") >= 0)):
             self.gate.forget()  # (an answer the leak guard kept is not needed: let it go)
             return True

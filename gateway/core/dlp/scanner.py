@@ -46,8 +46,15 @@ from gateway.core.dlp.fastscan import HYPERSCAN, SEGMENT, key_run
 from gateway.core.dlp.findings import Finding, Hit, Location, ScanResult, findings_of
 from gateway.core.dlp.heads import CleanParts
 from gateway.core.dlp.history import History
-from gateway.core.dlp.multipart import as_sent, boundary, outside, parts
-from gateway.core.dlp.prefilter import Prefilter, json_unescape, unescape
+from gateway.core.dlp.multipart import views as multipart_views
+from gateway.core.dlp.prefilter import (
+    JSON_ESCAPE,
+    Prefilter,
+    holds_json_escape,
+    json_unescape,
+    nested_json,
+    unescape,
+)
 
 __all__ = ["DEFAULT_LIMIT", "Hit", "Scanner"]
 
@@ -57,7 +64,6 @@ DEFAULT_LIMIT = 1024 * 1024
 MIN_DECODED = 12  # decoded runs shorter than this hold no key
 CLEAN_RUNS = 1024  # stretches remembered as decoding to nothing (`decoded`), at most
 CLEAN_RUN = 256  # characters: a longer stretch is decoded again each time
-MULTIPART_DEPTH = 16  # multipart bodies nested in parts, at most (2,000 ran out of stack)
 _QUOTE = re.compile(r'(?<!\\)"')  # a quote that ends a JSON string
 
 
@@ -153,8 +159,8 @@ class Scanner:
             yield from self.parts_hits([(text, location)], depth)
 
     def parts_hits(self, parts: Sequence[tuple[str, Location | str]], depth: int = 0,
-                   base: Location | None = None, anchors: set[str] | None = None
-                   ) -> Iterator[Hit]:
+                   base: Location | None = None, anchors: set[str] | None = None,
+                   nested: bool = False) -> Iterator[Hit]:
         """Many views scanned as one text (joined by newlines, which no value crosses:
         a value is cut at its view's end): one prefilter pass for all the strings of a
         JSON document instead of one per string. A view's place may be a name under
@@ -175,12 +181,18 @@ class Scanner:
             where, start, end = locate(span.start)
             yield Hit(span.detector, _at(where, span.start - start),
                       text[span.start:min(span.end, end)])
-        if depth >= self.depth:
+        if depth < self.depth:
+            for run, inner in self.decoded(text):
+                where, start, _ = locate(run.start)
+                offset = None if where.offset is None else where.offset + run.start - start
+                yield from self.text_hits(inner, where.under(run.kind, offset), depth + 1)
+        if nested or not holds_json_escape(text):  # (memchr: most texts)
             return
-        for run, inner in self.decoded(text):
-            where, start, _ = locate(run.start)
-            offset = None if where.offset is None else where.offset + run.start - start
-            yield from self.text_hits(inner, where.under(run.kind, offset), depth + 1)
+        # JSON inside a view (a tool call's arguments, a header's value, a decoded run):
+        # read as the reader parsing it reads it, each level its own text at its place.
+        for part, place in parts:
+            for level in nested_json(part):
+                yield from self.parts_hits([(level, place)], depth, base, anchors, True)
 
     def head_hits(self, method: str, target: str,
                   headers: Iterable[tuple[str, str]]) -> Iterator[Hit]:
@@ -213,7 +225,7 @@ class Scanner:
             body = decode_content(body, content_encoding, self.limit)
         elif len(body) > self.limit:
             raise Unreadable(f"the body is more than {self.limit} bytes")
-        return list(self._body(body, content_type or "", Location("body", offset=0),
+        return list(self.body_views(body, content_type or "", Location("body", offset=0),
                                content_encoding, gated and not content_encoding, sandbox))
 
     def head_clean(self, method: str, target: str,
@@ -251,7 +263,8 @@ class Scanner:
         if len(data) < SEGMENT:  # (no run: only the gate's anchors count, asked in C)
             return (run, data.decode("latin-1")) if self.prefilter.candidate(data) else None
         inner = data.decode("latin-1")
-        return (run, inner) if self.prefilter.any(inner) or has_run(inner) else None
+        return (run, inner) if self.prefilter.any(inner) or has_run(inner) or \
+            holds_json_escape(inner) else None
 
     def _holds(self, part: bytes | bytearray) -> bool:
         """Whether `parts_hits` may find anything in one part of a head alone: the gate,
@@ -260,14 +273,14 @@ class Scanner:
         if not self.prefilter.candidate(part):
             return False
         text = part.decode("latin-1")
-        if self.prefilter.any(text):
-            return True
+        if self.prefilter.any(text) or next(nested_json(text), None) is not None:
+            return True  # (an anchor, or JSON escapes: the scan reads its JSON)
         return self.depth > 0 and next(self.decoded(text), None) is not None
 
     def _holding(self, parts: list[bytes], joined: bytes) -> list[bytes]:
         """The parts (of a head, `joined` by newlines) that `_holds`: where none holds
         an anchor (one search for all), a part holds something only by a run's text."""
-        if self.prefilter.any(joined):
+        if self.prefilter.any(joined) or JSON_ESCAPE.search(joined) is not None:
             return [p for p in parts if self._holds(p)]
         if self.depth == 0 or (not self.prefilter.unanchored  # (every part's runs: one
                                and self.prefilter.gate.runs_clean(joined)):  # C call)
@@ -275,7 +288,7 @@ class Scanner:
         return [p for p in parts if key_run(p) and
                 next(self.decoded(p.decode("latin-1")), None) is not None]
 
-    def _body(self, body: bytes, ctype: str, where: Location, coding: str | None = None,
+    def body_views(self, body: bytes, ctype: str, where: Location, coding: str | None = None,
               gated: bool = False, sandbox: str | None = None, nested: int = 0
               ) -> Iterator[Hit]:
         if not body:
@@ -289,12 +302,13 @@ class Scanner:
             return
         lowered = ctype.lower()  # (`ctype` as sent: a multipart boundary keeps its case)
         if "multipart/" in lowered:
-            yield from self._multipart(body, ctype, where, nested)
+            yield from multipart_views(self, body, ctype, where, nested)
             return
         kind = body_kind(body, lowered)
         if kind == "form" and body_kind(body, "") == "json":  # (a JSON document sent as a
             # form: a receiver reading JSON whatever the type says undoes its escapes)
-            yield from self._body(body, "application/json", where, None, False, sandbox, nested)
+            yield from self.body_views(body, "application/json", where, None, False, sandbox,
+                                       nested)
         codec = json_codec(body) if kind == "json" else text_codec(body, lowered)
         # (a JSON body in latin-1: its text is made only where a reading needs it, the
         # rules reading a name beside its value, `_context`; its strings are read in C)
@@ -306,8 +320,9 @@ class Scanner:
             # text whose bytes as sent hold a run a decoder reads is read on without this
             # view: going on is always right, only skipping must be, and such a text,
             # an agent's chat with a tool call id, is nearly always read on anyway.)
-            plain = unescape(text)
-            if not has_run(plain) and not self.prefilter.any(plain):  # (the C check first)
+            plain = unescape(text)  # (one holding JSON escapes still: JSON in a string)
+            if not has_run(plain) and not self.prefilter.any(plain) and \
+                    not holds_json_escape(plain):  # (the C check first)
                 return
         form = kind == "form"
         if kind == "json":
@@ -364,27 +379,6 @@ class Scanner:
                     continue
                 value = jsondoc.json_text(value)
             yield Hit(span.detector, _at(where, span.start), value)
-
-    def _multipart(self, body: bytes, ctype: str, where: Location, nested: int) -> Iterator[Hit]:
-        if nested >= MULTIPART_DEPTH:  # (each level a Python frame or three: bounded)
-            raise Unreadable(f"the body nests multipart parts deeper than {MULTIPART_DEPTH}")
-        delimiter = boundary(ctype)
-        if delimiter is None:  # (read as text: as JSON where it is a JSON document, which
-            yield from self._body(body, "text/plain", where, nested=nested + 1)  # a receiver
-            return  # reading JSON whatever the type says reads so)
-        rest = outside(body, delimiter)  # (a receiver storing the body keeps it too)
-        if rest.strip():
-            yield from self._body(rest, "text/plain", Location(
-                where.part, _named(where, "multipart preamble or epilogue"), None, where.via),
-                nested=nested + 1)
-        for part in parts(body, delimiter):
-            place = Location(where.part, _named(where, f"multipart part {part.name}"), None,
-                             where.via)
-            yield from self.text_hits(part.head.decode("latin-1"), place)
-            content = as_sent(part)
-            if part.coding:
-                content = decode_content(content, part.coding, self.limit)
-            yield from self._body(content, part.ctype, place, part.coding, nested=nested + 1)
 
 
 def _at(where: Location, offset: int) -> Location:

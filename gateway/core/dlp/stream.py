@@ -302,7 +302,7 @@ _KINDS = {"either": ("json", "form"), "text": ("text", "json")}
 def _read(text: str, kind: str) -> list[str]:
     """A window's text as a JSON or form reader reads it, where that differs from the
     text (escapes undone; `either`: a JSON document sent as a form, read both ways): what
-    the held body's reading undoes (`Scanner._body`)."""
+    the held body's reading undoes (`Scanner.body_views`)."""
     out = []
     if kind != "form" and ("\\u" in text or "\\/" in text):  # (memchr; a text: as a
         # lenient JSON reader reads it)

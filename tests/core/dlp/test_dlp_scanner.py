@@ -226,7 +226,7 @@ def test_multipart_nested_past_its_depth_is_unreadable_not_a_crash() -> None:
     """Each level of parts is a few Python frames: 2,000 levels (a 139 KB body) raised
     RecursionError out of the scan (a 500); past `MULTIPART_DEPTH` it is unreadable."""
     key = next(f for f in CORPUS if f.detector == "github").text.encode()
-    from gateway.core.dlp.scanner import MULTIPART_DEPTH
+    from gateway.core.dlp.multipart import MULTIPART_DEPTH
 
     body, ctype = _nested(MULTIPART_DEPTH, b"token " + key)
     assert [f.detector for f in ANCHORED.scan_body(body, ctype).findings] == ["github"]
@@ -615,3 +615,42 @@ def test_a_json_document_is_read_as_json_whatever_its_type_says(ctype: str, shap
     assert not SCANNER.body_clean(body, ctype)
     found = {f.detector for f in SCANNER.scan_body(body, ctype).findings}
     assert found & {"github", "basic-auth"}, (ctype, shape, found)
+
+
+def _arguments(value: str, levels: int) -> bytes:
+    """A chat request whose tool call's `arguments` is JSON holding `value` as its JSON
+    text spells it (escapes and all), nested `levels` times (JSON in a JSON string, in
+    a JSON string...)."""
+    text = '{"note": "' + value + '"}'
+    assert json.loads(text)["note"] == json.loads(f'"{value}"')
+    for _ in range(levels - 1):
+        text = json.dumps({"args": text})
+    return json.dumps({"messages": [{"role": "assistant", "tool_calls": [
+        {"id": "call_1", "function": {"name": "write", "arguments": text}}]}]}).encode()
+
+
+@pytest.mark.parametrize("levels", [1, 2, 3])
+@pytest.mark.parametrize("sandbox", [None, "sandbox-1"])
+def test_json_inside_a_json_string_is_read_as_its_reader_reads_it(
+        levels: int, sandbox: str | None) -> None:
+    """A tool call's `arguments` is JSON in a JSON string: the receiver parsing it undoes
+    its escapes, so `\\u0067hp_...` and `https:\\/\\/user:pass@...` there are read as
+    `ghp_...` and `https://...`, however many levels in (up to `NESTED`), with or without
+    the sandbox's history; so in a header's value and in a base64 run's text. (Read as
+    text only before, they passed.)"""
+    import base64 as b64
+
+    key = "ghp_" + "Kq7RZx2mVt9LwNc4YbHs8PdJf3GaUe6TnQ1o"
+    escaped = "\\u0067" + key[1:]
+    url = "https:\\/\\/deploy:Sup3rSecretPassw0rd@db.internal.test\\/x"
+    scanner = Scanner(build(DEFAULT), b"test-salt")
+    for value, detector in ((escaped, "github"), (url, "basic-auth")):
+        body = _arguments(value, levels)
+        found = {f.detector for f in scanner.scan_body(body, "application/json",
+                                                        sandbox=sandbox).findings}
+        assert detector in found, (levels, value, found)
+    carrier = '{"note": "' + escaped + '"}'
+    head = scanner.scan_request("GET", "/", [("X-Meta", carrier)])
+    assert "github" in {f.detector for f in head.findings}
+    packed = json.dumps({"data": b64.b64encode(carrier.encode()).decode()}).encode()
+    assert "github" in {f.detector for f in scanner.scan_body(packed, "application/json").findings}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import json
 import random
 from collections.abc import Callable
 
@@ -406,3 +407,19 @@ def test_a_streamed_json_document_sent_as_a_form_is_read_as_json_too(piece: int)
             found += stream.feed(body[at:at + piece]).findings
         found += stream.end().findings
         assert [f.detector for f in found] == ["github"], (value, piece)
+
+
+def test_a_streamed_body_reads_json_inside_its_strings() -> None:
+    """A tool call's `arguments` (JSON in a JSON string) streamed past the hold limit:
+    `\\u0067hp_...` in its text is `ghp_...` to the reader parsing it, found at any cut."""
+    key = fake("github").text
+    arguments = '{"note": "\\u0067' + key[1:] + '"}'
+    body = b'{"pad": "' + b"x " * 40_000 + b'", "arguments": ' + \
+        json.dumps(arguments).encode() + b'}'
+    for piece in (7, 4096, 65536):
+        stream = StreamScanner(SCANNER, content_type="application/json")
+        found = []
+        for at in range(0, len(body), piece):
+            found += stream.feed(body[at:at + piece]).findings
+        found += stream.end().findings
+        assert [f.detector for f in found] == ["github"], piece
