@@ -4,7 +4,8 @@ compressed body decoded for the scan (and forwarded as sent, once whole, up to
 `ENCODED_LIMIT`); a whole body decoded once, for the body stage to read. A streamed body
 also goes through outbound credential detection (`exchange_dlp.DlpCheck`, a rule with
 `dlp:`), which holds back what it has not decided yet; a whole one is detected by the
-exchange, once decoded."""
+exchange, once decoded. A gRPC body is read as its messages (`core/grpc_frames.py`: a
+compressed one decompressed; its raw bytes held back until it is read)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections import deque
 
 from gateway.core.dlp.fastscan import RUN
 from gateway.core.encodings import Decoder, EncodingError, decoder_for
+from gateway.core.grpc_frames import Frames, is_grpc
 from gateway.core.leaks import StreamScan
 from gateway.core.refusal import Refusal
 from gateway.pipeline.exchange_state import ExchangeState
@@ -35,6 +37,8 @@ class RequestSide:
         self._encoded: list[bytes] | None = None
         self._held: deque[bytes] = deque()  # the tail held back, as it came
         self._held_size = 0
+        # (a gRPC body: its messages, read for the leak scan)
+        self._frames = Frames() if is_grpc(ex.head.headers.get("content-type")) else None
 
     def _scanner(self) -> StreamScan:
         if self._scan is None:
@@ -56,15 +60,44 @@ class RequestSide:
         # whose answer detection then takes for the same body; a streamed one's is made
         # per piece (`DlpCheck.passed`), the leak guard taking its run, detection all.
         dlp = self.ex.dlp
+        if self._frames is not None:  # (gRPC: the messages are read, `grpc_frames`)
+            self._messages(scanner, data, streamed)
+            return
         flags = dlp.passed(data) if dlp is not None and streamed else None
         found = scanner.feed(data, dlp.gate if dlp is not None and not streamed else None,
                              None if flags is None else bool(flags & RUN), flags or 0)
         if found is not None:
             raise self.ex.leak(found)
+        self._detected(data, flags, streamed)
+
+    def _messages(self, scanner: StreamScan, data: bytes, streamed: bool) -> None:
+        """A gRPC body's piece: the leak scan reads its messages (a compressed one
+        decompressed), detection the piece (its scanner reads the messages itself)."""
+        assert self._frames is not None
+        try:
+            messages = self._frames.feed(data)
+        except EncodingError as exc:
+            raise _unreadable(exc) from None
+        for message in messages:
+            found = scanner.feed(message)
+            if found is not None:
+                raise self.ex.leak(found)
+        self._detected(data, None, streamed)
+
+    def _detected(self, data: bytes, flags: int | None, streamed: bool) -> None:
+        """A streamed piece to detection (`flags`: the shared pass's) and the export."""
+        dlp = self.ex.dlp
         if dlp is not None and streamed:
             dlp.feed(data, self.ex.head.headers.get("content-type"), flags)
         if streamed and self.ex.content is not None:
             self.ex.content.request(data, self.ex.head.headers.get("content-type"), whole=False)
+
+    def _frames_end(self) -> None:
+        if self._frames is not None:
+            try:
+                self._frames.end()
+            except EncodingError as exc:
+                raise _unreadable(exc) from None
 
     def _trailers(self, trailers: list[tuple[bytes, bytes]] | None) -> None:
         """Trailers are scanned like headers."""
@@ -94,6 +127,8 @@ class RequestSide:
             return b""
         self._check(scanner, chunk)
         keep = self.ex.scan.keep if self.ex.scan is not None else 0
+        if self._frames is not None:  # (a message's prefix or compressed bytes not read)
+            keep += self._frames.pending + 5
         if self.ex.dlp is not None:  # (what the detection has not decided stays too)
             keep = max(keep, self.ex.dlp.pending)
         out = self._release(chunk, keep)
@@ -132,6 +167,7 @@ class RequestSide:
                     self._check(scanner, piece)
             except EncodingError as exc:
                 raise _unreadable(exc) from None
+        self._frames_end()
         if self.ex.dlp is not None:
             self.ex.dlp.end()
         self._trailers(trailers)
@@ -154,6 +190,7 @@ class RequestSide:
         decoder = self._decoder
         if decoder is None:
             self._check(scanner, body, streamed=False)
+            self._frames_end()
             self._trailers(trailers)
             return body, False
         pieces: list[bytes] = []
@@ -167,6 +204,7 @@ class RequestSide:
                         pieces.append(piece)
         except EncodingError as exc:
             raise _unreadable(exc) from None
+        self._frames_end()
         self._decoder, self._encoded = None, None
         self._trailers(trailers)
         return (b"".join(pieces) if size <= limit else None), True

@@ -104,6 +104,8 @@ RELAYED = {"MCP: a refused call of the older SSE transport goes as a ping"}
 PROXY_READS = {"DLP: a credential in a header", "DLP: a credential in a WebSocket message",
                "DLP: a credential JSON-escaped in a header's JSON value",
                "DLP: a credential in a trailer",
+               # (gRPC is known by its Content-Type, a header's)
+               "DLP: a credential in a compressed gRPC message",
                # (the proxy undoes the coding: one it cannot is a bad request)
                "a deflate body with bytes after its end is refused unread",
                "DLP: a credential in an absolute-form plain HTTP request",
@@ -115,7 +117,9 @@ PROXY_READS = {"DLP: a credential in a header", "DLP: a credential in a WebSocke
 
 # Rows whose body is bytes that are no UTF-8 text (a gzip part), which a policy test
 # case (YAML) cannot hold.
-BINARY = {"DLP: a credential in a gzip part of a streamed multipart body"}
+BINARY = {"DLP: a credential in a gzip part of a streamed multipart body",
+          "F8 token in a compressed gRPC message",
+          "DLP: a credential in a compressed gRPC message"}
 
 
 # Rows whose body holds a token the gateway issued: the proxy's leak guard refuses it

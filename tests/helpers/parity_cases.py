@@ -357,6 +357,20 @@ def _gz(text: str) -> str:
     return base64.b64encode(gzip.compress(text.encode())).decode()
 
 
+def _grpc_gz(text: str) -> str:
+    """A gRPC body of two messages, the second gzip-compressed holding `text`, base64."""
+    def frame(message: bytes, compressed: int) -> bytes:
+        return bytes([compressed]) + len(message).to_bytes(4, "big") + message
+    data, size, varint = text.encode(), len(text.encode()), b""
+    while True:  # (protobuf's length: a varint)
+        varint += bytes([size & 0x7F | (0x80 if size > 0x7F else 0)])
+        size >>= 7
+        if not size:
+            break
+    return base64.b64encode(frame(b"\x0a\x05hello", 0) + frame(gzip.compress(
+        b"\x0a" + varint + data), 1)).decode()
+
+
 def _gz_members(text: str) -> str:
     """A gzip body of two members (RFC 1952 2.2): some prose, then `text`, base64."""
     return base64.b64encode(gzip.compress(b"notes for the build\n") +
@@ -667,6 +681,14 @@ CASES = [
     Case("F8 token in a gzip body",
          {"host": "unbound.test", "method": "POST", "target": "/gz", "body": "{GZ:{TOKEN}}",
           "headers": [["Content-Encoding", "gzip"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
+    # A gRPC message compressed by its call's grpc-encoding (no Content-Encoding says
+    # so): the body's bytes never hold the token (it passed).
+    Case("F8 token in a compressed gRPC message",
+         {"host": "unbound.test", "method": "POST", "target": "/svc/Put",
+          "body": "{GRPCGZ:{TOKEN}}",
+          "headers": [["Content-Type", "application/grpc"], ["grpc-encoding", "gzip"]]},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
          check=_no_upstream),
     # A gzip body may be members one after another (RFC 1952 2.2), which Python's and
@@ -1130,6 +1152,10 @@ DLP = [
          _dlp_post("/dlp/gz", "{GZ:{\"note\": \"{GH}\"}}", _JSON,
                    ["Content-Encoding", "gzip"]),
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential in a compressed gRPC message",
+         _dlp_post("/dlp/g", "{GRPCGZ:deploy with {GH}}", ["Content-Type", "application/grpc"],
+                   ["grpc-encoding", "gzip"]),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
     Case("DLP: a credential in the second member of a gzip body",
          _dlp_post("/dlp/gz", "{GZM:{\"note\": \"{GH}\"}}", _JSON,
                    ["Content-Encoding", "gzip"]),
@@ -1225,6 +1251,8 @@ def _fill(value: Any, subs: dict[str, str]) -> Any:
         if value.startswith("{DEFLATE_TAIL:") and value.endswith("}"):  # (a clean deflate
             return base64.b64encode(zlib.compress(b"{}") + _fill(  # stream, then more)
                 value[14:-1], subs).encode()).decode()
+        if value.startswith("{GRPCGZ:") and value.endswith("}"):  # (a compressed message)
+            return _grpc_gz(_fill(value[8:-1], subs))
         if value.startswith("{GZM:") and value.endswith("}"):  # (gzip, two members)
             return _gz_members(_fill(value[5:-1], subs))
         if value.startswith("{MPGZ:") and value.endswith("}"):  # (a form, a gzip part)

@@ -26,6 +26,7 @@ from gateway.core.dlp.fastscan import (
     UNMARKED,
 )
 from gateway.core.dlp.prefilter import JSON_ESCAPE, Prefilter
+from gateway.core.grpc_frames import is_grpc
 
 __all__ = ["CleanBodies", "reading"]
 
@@ -37,13 +38,14 @@ _READ = ESCAPES_KNOWN | UNMARKED  # (the C pass read the whole body, which has n
 def reading(content_type: str | None) -> str:
     """How a receiver reads a body of this Content-Type, as far as the type says: `json`,
     `form`, `text` (as it is, or as JSON where it starts like JSON: `body_kind`), or
-    `other` (multipart, whose parts have their own; a charset in which ASCII is not its
-    own bytes, or that no codec reads). Remembered per type."""
+    `other` (multipart, whose parts have their own; gRPC, whose messages may be
+    compressed; a charset in which ASCII is not its own bytes, or that no codec
+    reads). Remembered per type."""
     found = _TYPES.get(content_type)
     if found is not None:
         return found
     ctype = (content_type or "").lower()
-    if "multipart/" in ctype:
+    if "multipart/" in ctype or is_grpc(ctype):  # (parts, messages: read by their own)
         found = "other"
     elif "json" in ctype and "x-www-form-urlencoded" not in ctype:
         found = "json"  # (a JSON reader takes its charset from the bytes)

@@ -4,18 +4,15 @@ Views of a request (each a text and its `Location`):
 
 * the request line (also with %XX undone), the query parameters (decoded), each header
   by name, and the names themselves (a key sent as a header or field name);
-* the body, its content codings undone (`decoding.decode_content`, bounded by the hold
-  limit), then by Content-Type: JSON strings (keys and values, escapes undone, every
-  value of a repeated key) by JSON path, form fields by name, multipart parts by name
-  (each part read by its own type and coding), anything else as text as it is and with
-  JSON's escapes undone (a JSON document as JSON whatever its type says: a receiver
-  ignoring the type reads it so);
-* inside any view, base64 and hex runs long enough to hold a key, decoded and scanned
-  again, `depth` times at most.
+* the body, content codings undone (bounded by the hold limit), then by Content-Type:
+  JSON strings by JSON path (escapes undone, every value of a repeated key), form fields
+  by name, multipart parts and gRPC messages each as a body, anything else as text as
+  it is and with JSON's escapes undone (JSON as JSON whatever its type says);
+* inside any view, base64 and hex runs decoded (`depth` times at most), and JSON in a
+  string read one level in, then the next (`prefilter.nested_json`).
 
-A JSON or form body is also scanned as one text, for detectors reading a value with the
-name assigned to it (`"aws_secret_access_key": "..."`); a value found twice is reported
-once (the structured location wins). Most bodies stop at the gate's one pass (`clean`).
+A JSON or form body is also read whole for the rules reading a value by its name (a
+value found twice is reported once). Most bodies stop at the gate's one pass (`clean`).
 """
 
 from __future__ import annotations
@@ -44,6 +41,7 @@ from gateway.core.dlp.decoding import (
 from gateway.core.dlp.detector import Detector
 from gateway.core.dlp.fastscan import HYPERSCAN, SEGMENT, key_run
 from gateway.core.dlp.findings import Finding, Hit, Location, ScanResult, findings_of
+from gateway.core.dlp.grpc_views import grpc_views
 from gateway.core.dlp.heads import CleanParts
 from gateway.core.dlp.history import History
 from gateway.core.dlp.multipart import views as multipart_views
@@ -55,6 +53,7 @@ from gateway.core.dlp.prefilter import (
     nested_json,
     unescape,
 )
+from gateway.core.grpc_frames import is_grpc
 
 __all__ = ["DEFAULT_LIMIT", "Hit", "Scanner"]
 
@@ -304,6 +303,9 @@ class Scanner:
         if "multipart/" in lowered:
             yield from multipart_views(self, body, ctype, where, nested)
             return
+        if is_grpc(lowered):  # (its messages, a compressed one decompressed)
+            yield from grpc_views(self, body, where, nested)
+            return
         kind = body_kind(body, lowered)
         if kind == "form" and body_kind(body, "") == "json":  # (a JSON document sent as a
             # form: a receiver reading JSON whatever the type says undoes its escapes)
@@ -357,18 +359,22 @@ class Scanner:
                     keep()
                 return
         if form:
-            for name, value in parse_qsl(text, keep_blank_values=True, encoding="latin-1"):
-                field = Location(where.part, _named(where, f"form field {name[:80]}"), None,
-                                 where.via)
-                yield from self.text_hits(value, field)
-                yield from self.text_hits(name, field)
-            yield from self._context(unquote_plus(text, encoding="latin-1"), where)
+            yield from self._form(text, where)
             return
         # Anything else (and JSON that is no document) is read as it is (a receiver does
         # not undo %XX in a file), and with JSON's escapes undone (a lenient JSON reader's).
         text = text or body.decode(codec, "replace")
         for view in dict.fromkeys((text, json_unescape(text))):  # (the same text once)
             yield from self.text_hits(view, where)
+
+    def _form(self, text: str, where: Location) -> Iterator[Hit]:
+        """A form's fields by name, and its text whole (the rules reading a name)."""
+        for name, value in parse_qsl(text, keep_blank_values=True, encoding="latin-1"):
+            field = Location(where.part, _named(where, f"form field {name[:80]}"), None,
+                             where.via)
+            yield from self.text_hits(value, field)
+            yield from self.text_hits(name, field)
+        yield from self._context(unquote_plus(text, encoding="latin-1"), where)
 
     def _context(self, text: str, where: Location, *, json_text: bool = False) -> Iterator[Hit]:
         """A document's text whole, for the rules reading a name beside its value."""

@@ -53,6 +53,7 @@ from gateway.core.dlp.findings import Finding, Location, ScanResult
 from gateway.core.dlp.multipart import StreamedParts, boundary
 from gateway.core.dlp.prefilter import json_unescape
 from gateway.core.dlp.scanner import Scanner
+from gateway.core.grpc_frames import Frames, is_grpc
 
 __all__ = ["StreamScanner"]
 
@@ -83,6 +84,7 @@ class StreamScanner:
         self._sniffed = False  # (the first bytes looked at for a byte-order mark)
         self._early = b""  # (the first bytes, while fewer than a sniff reads: `_text`)
         self._parts: StreamedParts | None = None  # (a multipart body's part heads)
+        self._frames = Frames() if is_grpc(content_type) else None  # (gRPC's messages)
         self._kind = "text"  # (a JSON or form body: its escapes undone too, `_scan`)
         # where, in the stream, the last chunk the shared pass found something in ends
         # (`feed`'s `flags`; _NO_LIMIT: every window is scanned)
@@ -107,9 +109,10 @@ class StreamScanner:
         the stream as it goes holds back at least these (for a body with no content
         coding, characters are bytes; a transcoded one counts what the window's UTF-8
         may have come from, at most `_WIDEST` bytes a byte, and the decoder's tail)."""
+        held = self._frames.pending + 5 if self._frames is not None else 0
         if self._charset is None:
-            return len(self._window) + len(self._early)
-        return (len(self._window) + 4) * _WIDEST
+            return len(self._window) + len(self._early) + held
+        return (len(self._window) + 4) * _WIDEST + held
 
     def feed(self, chunk: bytes, flags: int | None = None) -> ScanResult:
         """Scan one chunk (with the window kept from the ones before). `flags`: the
@@ -119,6 +122,8 @@ class StreamScanner:
             return ScanResult((), self.unreadable)
         try:
             pieces = list(self._decoder.feed(chunk)) if self._decoder else [chunk]
+            if self._frames is not None:  # (a gRPC body: its messages)
+                pieces = [m for piece in pieces for m in self._frames.feed(piece)]
         except encodings.EncodingError as exc:
             self.unreadable = str(exc)
             return ScanResult((), self.unreadable)
@@ -134,7 +139,8 @@ class StreamScanner:
             if self.unreadable is not None:
                 return ScanResult((), self.unreadable)
             self._window.add(piece)
-            if flags is None or self._decoder is not None or self._charset is not None:
+            if flags is None or self._decoder is not None or self._charset is not None \
+                    or self._frames is not None:
                 self._hit = _NO_LIMIT  # (not the chunk's bytes: scanned as before)
             elif flags & FOUND or flags & _HIDING[self._kind] or not flags & ESCAPES_KNOWN:
                 # (a JSON or form body's escape may hide an anchor or a run: `_scan`)
@@ -149,6 +155,9 @@ class StreamScanner:
             return ScanResult((), self.unreadable)
         try:
             rest = list(self._decoder.end()) if self._decoder else []
+            if self._frames is not None:
+                rest = [m for piece in rest for m in self._frames.feed(piece)]
+                self._frames.end()
         except encodings.EncodingError as exc:
             self.unreadable = str(exc)
             return ScanResult((), self.unreadable)

@@ -1,0 +1,31 @@
+"""The views a scanner reads of a gRPC body (`core/grpc_frames.py`): each message, a
+compressed one decompressed, read as a body of its own (its bytes as text, JSON where it
+is JSON, its base64 runs decoded). Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gateway.core.dlp.decoding import Unreadable
+from gateway.core.dlp.findings import Hit, Location
+from gateway.core.dlp.multipart import Reads
+from gateway.core.encodings import EncodingError
+from gateway.core.grpc_frames import Frames
+
+__all__ = ["grpc_views"]
+
+
+def grpc_views(scan: Reads, body: bytes, where: Location, nested: int) -> Iterator[Hit]:
+    """A gRPC body's messages, each read by `scan` at `where` `gRPC message N`; raises
+    Unreadable for a body whose messages cannot be read (a coding the gateway cannot
+    undo, a body cut inside a message)."""
+    frames = Frames()
+    try:
+        messages = frames.feed(body)
+        frames.end()
+    except EncodingError as exc:
+        raise Unreadable(str(exc)) from None
+    for n, message in enumerate(messages):
+        name = f"{where.name} gRPC message {n + 1}" if where.name else f"gRPC message {n + 1}"
+        yield from scan.body_views(message, "application/octet-stream",
+                                   Location(where.part, name, None, where.via), nested=nested + 1)

@@ -1,0 +1,135 @@
+"""A gRPC request body's messages as its server reads them (pure).
+
+A gRPC (and gRPC-Web) body is a run of length-prefixed messages: one byte saying whether
+the message is compressed, four giving its length, then the message. A compressed one is
+in the coding the call's `grpc-encoding` names (gzip or deflate; not a `Content-Encoding`:
+nothing else in the head says so), so a key or a gateway token in it is not in the body's
+bytes: the leak guard and outbound credential detection read the messages instead
+(`Frames`), an uncompressed message as its bytes come (a streaming call is never held
+whole), a compressed one once whole (bounded), decompressed by what its bytes are. A
+coding the gateway cannot undo (snappy, zstd), a message flagged otherwise, or a body
+cut inside a message is an `EncodingError`: the caller refuses it, as any body it cannot
+read.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+from gateway.core.encodings import EncodingError
+
+__all__ = ["COMPRESSED_LIMIT", "DECODED_LIMIT", "Frames", "inflate", "is_grpc"]
+
+COMPRESSED_LIMIT = 8 * 1024 * 1024  # bytes of one compressed message held to decode it
+DECODED_LIMIT = 32 * 1024 * 1024  # bytes it may decode to (read whole: bounded)
+_PREFIX = 5
+
+
+def is_grpc(content_type: str | None) -> bool:
+    """Whether a Content-Type is gRPC's or gRPC-Web's framing (`application/grpc`,
+    `application/grpc+proto`, `application/grpc-web+json`, ...; not gRPC-Web's base64
+    text form, whose runs the scan decodes as any base64)."""
+    ctype = (content_type or "").split(";", 1)[0].strip().lower()
+    return ctype.startswith("application/grpc") and not ctype.startswith(
+        "application/grpc-web-text")
+
+
+class Frames:
+    """A body's messages, fed as it comes (`feed`, then `end`): the bytes of each message
+    in order, decompressed where it is compressed. `pending`: bytes of the body taken in
+    and not given out yet (a prefix, a compressed message not whole): what a caller
+    forwarding the body as it goes holds back."""
+
+    __slots__ = ("_flag", "_held", "_left", "count")
+
+    def __init__(self) -> None:
+        self._held = bytearray()  # a prefix being read, or a compressed message
+        self._flag = -1  # the message being read: -1 none (reading a prefix), 0, 1
+        self._left = 0  # its bytes still to come
+        self.count = 0  # messages begun
+
+    @property
+    def pending(self) -> int:
+        return len(self._held)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The message bytes `data` completes or continues (raises EncodingError)."""
+        out: list[bytes] = []
+        view = memoryview(data)
+        while view:
+            if self._flag < 0:
+                need = _PREFIX - len(self._held)
+                self._held += view[:need]
+                view = view[need:]
+                if len(self._held) == _PREFIX:
+                    self._begin()
+                    if self._flag == 1 and self._left == 0:
+                        out.append(self._inflate())
+                continue
+            take = view[:self._left]
+            view = view[self._left:]
+            self._left -= len(take)
+            if self._flag == 0:
+                out.append(bytes(take))
+            else:
+                self._held += take
+            if self._left == 0:
+                if self._flag == 1:
+                    out.append(self._inflate())
+                self._flag = -1
+        return [piece for piece in out if piece]
+
+    def end(self) -> None:
+        """The end of the body: raises EncodingError where it ends inside a message."""
+        if self._held or self._flag >= 0:
+            raise EncodingError("the gRPC body ends inside a message")
+
+    def _begin(self) -> None:
+        flag, length = struct.unpack(">BI", bytes(self._held))
+        self._held.clear()
+        if flag not in (0, 1):
+            raise EncodingError(f"a gRPC message flagged {flag}, neither compressed nor not")
+        if flag == 1 and length > COMPRESSED_LIMIT:
+            raise EncodingError(f"a compressed gRPC message over {COMPRESSED_LIMIT} bytes "
+                                "cannot be checked; send it uncompressed")
+        self._flag, self._left = flag, length
+        self.count += 1
+
+    def _inflate(self) -> bytes:
+        """The compressed message held, decompressed by what its bytes are (`inflate`)."""
+        message = bytes(self._held)
+        self._held.clear()
+        self._flag = -1
+        return inflate(message) if message else b""
+
+
+def inflate(message: bytes) -> bytes:
+    """A compressed message: gzip (every member, as Python's and Go's readers read it),
+    else deflate, zlib-wrapped or raw, whole (cut short, or bytes after its end: no
+    reader decodes it so) and at most `DECODED_LIMIT` bytes; raises EncodingError."""
+    gzip = message[:2] == b"\x1f\x8b"
+    wrapped = len(message) > 1 and message[0] & 0x0F == 8 and \
+        (message[0] << 8 | message[1]) % 31 == 0
+    wbits = 31 if gzip else 15 if wrapped else -15
+    out = bytearray()
+    data = message
+    while data:
+        obj = zlib.decompressobj(wbits)
+        try:
+            out += obj.decompress(data, DECODED_LIMIT + 1 - len(out))
+        except zlib.error:
+            raise EncodingError(_UNREAD) from None
+        if len(out) > DECODED_LIMIT or obj.unconsumed_tail:
+            raise EncodingError(f"a compressed gRPC message decodes to more than "
+                                f"{DECODED_LIMIT} bytes")
+        if not obj.eof:
+            raise EncodingError(_UNREAD)
+        data = obj.unused_data.lstrip(b"\0") if gzip else obj.unused_data
+        if data and not gzip:
+            raise EncodingError(_UNREAD)
+    return bytes(out)
+
+
+_UNREAD = ("a compressed gRPC message the gateway cannot read (a grpc-encoding other than "
+           "gzip or deflate, or cut short); send it uncompressed or with gzip")

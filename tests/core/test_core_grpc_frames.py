@@ -1,0 +1,77 @@
+"""A gRPC body's messages (`core/grpc_frames.py`): each message whole and in order at any
+cut of the body, a compressed one decompressed by what its bytes are; what the gateway
+cannot read (another coding, a flag, a cut message, a bomb) is an EncodingError."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+import zlib
+
+import pytest
+
+from gateway.core import grpc_frames
+from gateway.core.encodings import EncodingError
+from gateway.core.grpc_frames import Frames, inflate, is_grpc
+
+
+def frame(message: bytes, compressed: int = 0) -> bytes:
+    return bytes([compressed]) + struct.pack(">I", len(message)) + message
+
+
+def _read(body: bytes, step: int) -> tuple[bytes, list[int]]:
+    frames, out, pending = Frames(), b"", []
+    for at in range(0, len(body), step):
+        out += b"".join(frames.feed(body[at:at + step]))
+        pending.append(frames.pending)
+    frames.end()
+    return out, pending
+
+
+MESSAGES = [b"first message", b"", b"x" * 70_000, b"\x0a\x05hello"]
+CODINGS = [gzip.compress, zlib.compress, lambda m: zlib.compress(m)[2:-4],  # (raw deflate)
+           lambda m: gzip.compress(m[:3]) + b"\0\0" + gzip.compress(m[3:])]  # (two members)
+
+
+@pytest.mark.parametrize("step", [1, 2, 5, 6, 4096, 1 << 20])
+def test_every_message_is_read_whole_and_in_order_at_any_cut(step: int) -> None:
+    body = b"".join(frame(m) for m in MESSAGES) + b"".join(
+        frame(code(m), 1) for m in MESSAGES for code in CODINGS)
+    out, pending = _read(body, step)
+    assert out == b"".join(MESSAGES) + b"".join(m * len(CODINGS) for m in MESSAGES)
+    assert max(pending) <= 5 + max(len(code(m)) for m in MESSAGES for code in CODINGS)
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    (frame(b"\xff\x00snappy-ish bytes", 1), "cannot read"),  # (a coding it cannot undo)
+    (frame(gzip.compress(b"x")[:-3], 1), "cannot read"),  # (cut short)
+    (frame(zlib.compress(b"x") + b"more", 1), "cannot read"),  # (bytes after its end)
+    (frame(gzip.compress(b"x") + b"junk", 1), "cannot read"),
+    (frame(b"x", 2), "flagged 2"),
+    (frame(b"hello")[:-2], "ends inside a message"),
+    (b"\x00\x00\x00", "ends inside a message"),
+])
+def test_what_cannot_be_read_is_an_error(body: bytes, says: str) -> None:
+    for step in (1, len(body)):
+        with pytest.raises(EncodingError, match=says):
+            _read(body, step)
+
+
+def test_a_compressed_message_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held to decode it, a compressed message is at most `COMPRESSED_LIMIT` bytes (its
+    prefix says so before any is held), and decodes to at most `DECODED_LIMIT`."""
+    with pytest.raises(EncodingError, match="over"):
+        Frames().feed(b"\x01" + struct.pack(">I", grpc_frames.COMPRESSED_LIMIT + 1))
+    monkeypatch.setattr(grpc_frames, "DECODED_LIMIT", 1000)
+    with pytest.raises(EncodingError, match="more than 1000"):
+        inflate(gzip.compress(b"a" * 1001))
+    assert inflate(gzip.compress(b"a" * 1000)) == b"a" * 1000
+
+
+@pytest.mark.parametrize(("ctype", "framed"), [
+    ("application/grpc", True), ("application/grpc+proto", True),
+    ("Application/GRPC; charset=utf-8", True), ("application/grpc-web", True),
+    ("application/grpc-web+json", True), ("application/grpc-web-text", False),
+    ("application/json", False), (None, False), ("text/grpc", False)])
+def test_which_bodies_are_framed(ctype: str | None, framed: bool) -> None:
+    assert is_grpc(ctype) is framed
