@@ -1,4 +1,4 @@
-"""A gRPC request body's messages as its server reads them (pure).
+"""A gRPC (or Connect streaming) request body's messages as its server reads them (pure).
 
 A gRPC (and gRPC-Web) body is a run of length-prefixed messages: one byte saying whether
 the message is compressed, four giving its length, then the message. A compressed one is
@@ -29,10 +29,12 @@ _PREFIX = 5
 def is_grpc(content_type: str | None) -> bool:
     """Whether a Content-Type is gRPC's or gRPC-Web's framing (`application/grpc`,
     `application/grpc+proto`, `application/grpc-web+json`, ...; not gRPC-Web's base64
-    text form, whose runs the scan decodes as any base64)."""
+    text form, whose runs the scan decodes as any base64), or Connect's streaming one
+    (`application/connect+proto`: the same prefixes, compressed by
+    `connect-content-encoding`)."""
     ctype = (content_type or "").split(";", 1)[0].strip().lower()
-    return ctype.startswith("application/grpc") and not ctype.startswith(
-        "application/grpc-web-text")
+    return (ctype.startswith("application/grpc") and not ctype.startswith(
+        "application/grpc-web-text")) or ctype.startswith("application/connect+")
 
 
 class Frames:

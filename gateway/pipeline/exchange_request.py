@@ -37,8 +37,8 @@ class RequestSide:
         self._encoded: list[bytes] | None = None
         self._held: deque[bytes] = deque()  # the tail held back, as it came
         self._held_size = 0
-        # (a gRPC body: its messages, read for the leak scan)
-        self._frames = Frames() if is_grpc(ex.head.headers.get("content-type")) else None
+        self._frames: Frames | None = None  # (a gRPC body: its messages, for the leak scan)
+        self._typed = False  # (whether the body's Content-Type was read for it)
 
     def _scanner(self) -> StreamScan:
         if self._scan is None:
@@ -60,6 +60,10 @@ class RequestSide:
         # whose answer detection then takes for the same body; a streamed one's is made
         # per piece (`DlpCheck.passed`), the leak guard taking its run, detection all.
         dlp = self.ex.dlp
+        if not self._typed and data:  # (at the first bytes: a bodiless request never asks)
+            self._typed = True
+            if is_grpc(self.ex.head.headers.get("content-type")):
+                self._frames = Frames()
         if self._frames is not None:  # (gRPC: the messages are read, `grpc_frames`)
             self._messages(scanner, data, streamed)
             return
@@ -68,7 +72,10 @@ class RequestSide:
                              None if flags is None else bool(flags & RUN), flags or 0)
         if found is not None:
             raise self.ex.leak(found)
-        self._detected(data, flags, streamed)
+        if dlp is not None and streamed:
+            dlp.feed(data, self.ex.head.headers.get("content-type"), flags)
+        if streamed and self.ex.content is not None:
+            self.ex.content.request(data, self.ex.head.headers.get("content-type"), whole=False)
 
     def _messages(self, scanner: StreamScan, data: bytes, streamed: bool) -> None:
         """A gRPC body's piece: the leak scan reads its messages (a compressed one
@@ -82,13 +89,8 @@ class RequestSide:
             found = scanner.feed(message)
             if found is not None:
                 raise self.ex.leak(found)
-        self._detected(data, None, streamed)
-
-    def _detected(self, data: bytes, flags: int | None, streamed: bool) -> None:
-        """A streamed piece to detection (`flags`: the shared pass's) and the export."""
-        dlp = self.ex.dlp
-        if dlp is not None and streamed:
-            dlp.feed(data, self.ex.head.headers.get("content-type"), flags)
+        if self.ex.dlp is not None and streamed:
+            self.ex.dlp.feed(data, self.ex.head.headers.get("content-type"))
         if streamed and self.ex.content is not None:
             self.ex.content.request(data, self.ex.head.headers.get("content-type"), whole=False)
 

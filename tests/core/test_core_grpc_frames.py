@@ -72,6 +72,8 @@ def test_a_compressed_message_is_bounded(monkeypatch: pytest.MonkeyPatch) -> Non
     ("application/grpc", True), ("application/grpc+proto", True),
     ("Application/GRPC; charset=utf-8", True), ("application/grpc-web", True),
     ("application/grpc-web+json", True), ("application/grpc-web-text", False),
+    ("application/connect+proto", True), ("application/connect+json", True),
+    ("application/proto", False),  # (Connect's unary call: Content-Encoding compresses)
     ("application/json", False), (None, False), ("text/grpc", False)])
 def test_which_bodies_are_framed(ctype: str | None, framed: bool) -> None:
     assert is_grpc(ctype) is framed

@@ -26,7 +26,8 @@ def _proto(text: str) -> bytes:  # (field 1, a string)
     return b"\x0a" + bytes([len(data)]) + data
 
 
-@pytest.mark.parametrize("ctype", [GRPC, "application/grpc+proto", "application/grpc-web"])
+@pytest.mark.parametrize("ctype", [GRPC, "application/grpc+proto", "application/grpc-web",
+                                   "application/connect+proto"])
 def test_a_credential_in_a_compressed_message_is_found_held_and_streamed(ctype: str) -> None:
     key = fake("github").text
     body = frame(_proto("hello")) + frame(gzip.compress(_proto(f"deploy {key}")), 1)
