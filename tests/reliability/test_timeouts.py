@@ -22,8 +22,9 @@ TIMEOUTS = {"connect": "2s", "read": "1s", "client_idle": "1s", "handshake": "1s
 
 
 class Silent:
-    """A TLS upstream that reads requests and never answers; records when each
-    connection of its ends (what the gateway did with it)."""
+    """A TLS upstream that reads requests and never answers (to `/half...`, a head and
+    the first chunk of a body, then nothing); records when each connection of its ends
+    (what the gateway did with it)."""
 
     def __init__(self, ca: LocalCA, workdir: Path, names: list[str]) -> None:
         self.ctx = ca.server_context(workdir, names)
@@ -52,6 +53,9 @@ class Silent:
                     data += chunk
                     if b"\r\n\r\n" in data:
                         self.requests += 1
+                        if data.startswith(b"GET /half"):
+                            tls.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n"
+                                        b"Content-Type: text/plain\r\n\r\n5\r\nhello\r\n")
                         data = b""
         except (OSError, ssl.SSLError):
             pass
@@ -131,6 +135,25 @@ def test_a_client_that_leaves_frees_its_upstream(make_gateway, silent: Silent) -
     assert silent.closed and silent.closed[0] - left < 2
     [line] = gw.audit.wait_for(lambda r: r["path"] == "/long")
     assert line["error"] == "connection_closed" and line["status"] is None
+
+
+def test_a_client_that_leaves_mid_answer_is_audited_with_the_status_it_got(
+        make_gateway, silent: Silent) -> None:
+    """A sandbox that closes its connection once it has what it wants (an agent CLI after
+    the stream's last event) is audited with the status it was answered, and the cut."""
+    gw: GatewayThread = make_gateway(silent.port, config={"network": {"timeouts": {
+        **TIMEOUTS, "read": "60s"}}})
+    token = gw.mint("agent")
+    tls = tunnel(gw, token)
+    tls.sendall(b"GET /half HTTP/1.1\r\nHost: inspect.test\r\n\r\n")
+    got = b""
+    deadline = time.monotonic() + 5
+    while b"hello" not in got and time.monotonic() < deadline:
+        got += tls.recv(65536)
+    assert got.startswith(b"HTTP/1.1 200") and b"hello" in got, got[:200]
+    tls.close()
+    [line] = gw.audit.wait_for(lambda r: r["path"] == "/half")
+    assert (line["status"], line["error"]) == (200, "connection_closed"), line
 
 
 def test_idle_connections_end(make_gateway, nginx: Nginx, test_ca: LocalCA) -> None:

@@ -253,8 +253,9 @@ class Connection(Side):
         except Exception:
             log.exception("HTTP/1 connection failed; closing it (fail closed)")
         finally:
-            if self.exchange is not None:  # cut off mid-exchange (client gone, error)
-                self.exchange.finish(None, error=ended)
+            if self.exchange is not None:  # cut off mid-exchange (client gone, error):
+                sent = self.exchange.response_head  # (the status it was answered, if it was)
+                self.exchange.finish(sent.status if sent is not None else None, error=ended)
                 self.exchange = None
             self._shutdown()
 
