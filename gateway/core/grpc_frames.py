@@ -24,6 +24,7 @@ __all__ = ["COMPRESSED_LIMIT", "DECODED_LIMIT", "Frames", "inflate", "is_grpc"]
 COMPRESSED_LIMIT = 8 * 1024 * 1024  # bytes of one compressed message held to decode it
 DECODED_LIMIT = 32 * 1024 * 1024  # bytes it may decode to (read whole: bounded)
 _PREFIX = 5
+_HEAD = struct.Struct(">BI")  # (a message's prefix: compressed or not, its length)
 
 
 def is_grpc(content_type: str | None) -> bool:
@@ -57,39 +58,53 @@ class Frames:
 
     def feed(self, data: bytes) -> list[bytes]:
         """The message bytes `data` completes or continues (raises EncodingError)."""
-        out: list[bytes] = []
-        view = memoryview(data)
-        while view:
-            if self._flag < 0:
-                need = _PREFIX - len(self._held)
-                self._held += view[:need]
-                view = view[need:]
-                if len(self._held) == _PREFIX:
-                    self._begin()
-                    if self._flag == 1 and self._left == 0:
-                        out.append(self._inflate())
-                continue
-            take = view[:self._left]
-            view = view[self._left:]
-            self._left -= len(take)
-            if self._flag == 0:
-                out.append(bytes(take))
+        return [piece for _, _, piece in self.numbered(data)]
+
+    def numbered(self, data: bytes) -> list[tuple[int, int, bytes]]:
+        """`feed`'s pieces, each with the numbers of its first and last messages (from
+        1): uncompressed messages in a row come as one piece (a body of thousands of
+        tiny messages is read as one text, not thousands)."""
+        out: list[tuple[int, int, bytes]] = []
+        plain, first = bytearray(), 0  # (the uncompressed bytes in a row, from message)
+        view, at, size = memoryview(data), 0, len(data)
+        while at < size:
+            if self._flag < 0:  # (a prefix: from `data` where it is whole in it)
+                if not self._held and size - at >= _PREFIX:
+                    self._begin(*_HEAD.unpack_from(view, at))
+                    at += _PREFIX
+                else:
+                    need = min(_PREFIX - len(self._held), size - at)
+                    self._held += view[at:at + need]
+                    at += need
+                    if len(self._held) < _PREFIX:
+                        break
+                    head = _HEAD.unpack(self._held)
+                    self._held.clear()
+                    self._begin(*head)
+                if self._flag == 0 and not plain:
+                    first = self.count
             else:
-                self._held += take
+                take = min(self._left, size - at)
+                (plain if self._flag == 0 else self._held).extend(view[at:at + take])
+                at += take
+                self._left -= take
             if self._left == 0:
                 if self._flag == 1:
-                    out.append(self._inflate())
+                    if plain:
+                        out.append((first, self.count - 1, bytes(plain)))
+                        plain.clear()
+                    out.append((self.count, self.count, self._inflate()))
                 self._flag = -1
-        return [piece for piece in out if piece]
+        if plain:
+            out.append((first, self.count, bytes(plain)))
+        return [piece for piece in out if piece[2]]
 
     def end(self) -> None:
         """The end of the body: raises EncodingError where it ends inside a message."""
         if self._held or self._flag >= 0:
             raise EncodingError("the gRPC body ends inside a message")
 
-    def _begin(self) -> None:
-        flag, length = struct.unpack(">BI", bytes(self._held))
-        self._held.clear()
+    def _begin(self, flag: int, length: int) -> None:
         if flag not in (0, 1):
             raise EncodingError(f"a gRPC message flagged {flag}, neither compressed nor not")
         if flag == 1 and length > COMPRESSED_LIMIT:

@@ -77,3 +77,16 @@ def test_a_compressed_message_is_bounded(monkeypatch: pytest.MonkeyPatch) -> Non
     ("application/json", False), (None, False), ("text/grpc", False)])
 def test_which_bodies_are_framed(ctype: str | None, framed: bool) -> None:
     assert is_grpc(ctype) is framed
+
+
+def test_uncompressed_messages_in_a_row_come_as_one_piece_numbered() -> None:
+    """A body of thousands of tiny messages is one piece to read (each a scan of its
+    own cost thousands), numbered by its first and last message; a compressed message
+    is a piece of its own, in order."""
+    body = frame(b"a") * 5000 + frame(gzip.compress(b"zipped"), 1) + frame(b"b") * 3
+    frames = Frames()
+    pieces = frames.numbered(body[:7]) + frames.numbered(body[7:])
+    frames.end()
+    assert [(first, last) for first, last, _ in pieces] == [(1, 1), (2, 5000), (5001, 5001),
+                                                             (5002, 5004)]
+    assert b"".join(p for _, _, p in pieces) == b"a" * 5000 + b"zipped" + b"bbb"

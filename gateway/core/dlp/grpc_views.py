@@ -21,11 +21,12 @@ def grpc_views(scan: Reads, body: bytes, where: Location, nested: int) -> Iterat
     undo, a body cut inside a message)."""
     frames = Frames()
     try:
-        messages = frames.feed(body)
+        pieces = frames.numbered(body)
         frames.end()
     except EncodingError as exc:
         raise Unreadable(str(exc)) from None
-    for n, message in enumerate(messages):
-        name = f"{where.name} gRPC message {n + 1}" if where.name else f"gRPC message {n + 1}"
-        yield from scan.body_views(message, "application/octet-stream",
+    for first, last, piece in pieces:
+        said = f"gRPC message {first}" if first == last else f"gRPC messages {first}-{last}"
+        name = f"{where.name} {said}" if where.name else said
+        yield from scan.body_views(piece, "application/octet-stream",
                                    Location(where.part, name, None, where.via), nested=nested + 1)
