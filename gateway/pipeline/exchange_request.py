@@ -62,7 +62,8 @@ class RequestSide:
         dlp = self.ex.dlp
         if not self._typed and data:  # (at the first bytes: a bodiless request never asks)
             self._typed = True
-            if is_grpc(self.ex.head.headers.get("content-type")):
+            # (any of its types: a server may read the body by a second one)
+            if any(is_grpc(t) for t in self.ex.head.headers.get_all("content-type")):
                 self._frames = Frames()
         if self._frames is not None:  # (gRPC: the messages are read, `grpc_frames`)
             self._messages(scanner, data, streamed)

@@ -119,6 +119,7 @@ PROXY_READS = {"DLP: a credential in a header", "DLP: a credential in a WebSocke
 # case (YAML) cannot hold.
 BINARY = {"DLP: a credential in a gzip part of a streamed multipart body",
           "F8 token in a compressed gRPC message",
+          "F8 token in a compressed gRPC message, gRPC the second Content-Type",
           "DLP: a credential in a compressed gRPC message"}
 
 

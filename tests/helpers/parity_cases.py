@@ -691,6 +691,13 @@ CASES = [
           "headers": [["Content-Type", "application/grpc"], ["grpc-encoding", "gzip"]]},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
          check=_no_upstream),
+    Case("F8 token in a compressed gRPC message, gRPC the second Content-Type",
+         {"host": "unbound.test", "method": "POST", "target": "/svc/Put",
+          "body": "{GRPCGZ:{TOKEN}}",
+          "headers": [["Content-Type", "application/octet-stream"],
+                      ["Content-Type", "application/grpc"], ["grpc-encoding", "gzip"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
     # A gzip body may be members one after another (RFC 1952 2.2), which Python's and
     # Go's readers decode; zlib stopped at the first, and the second was never read.
     Case("F8 token in the second member of a gzip body",
