@@ -1,25 +1,29 @@
-"""A gRPC (or Connect streaming) request body's messages as its server reads them (pure).
+"""A gRPC (or Connect streaming) body's messages as its server reads them (pure).
 
 A gRPC (and gRPC-Web) body is a run of length-prefixed messages: one byte saying whether
-the message is compressed, four giving its length, then the message. A compressed one is
-in the coding the call's `grpc-encoding` names (gzip or deflate; not a `Content-Encoding`:
-nothing else in the head says so), so a key or a gateway token in it is not in the body's
-bytes: the leak guard and outbound credential detection read the messages instead
-(`Frames`), an uncompressed message as its bytes come (a streaming call is never held
-whole), a compressed one once whole (bounded), decompressed by what its bytes are. A
-coding the gateway cannot undo (snappy, zstd), a message flagged otherwise, or a body
-cut inside a message is an `EncodingError`: the caller refuses it, as any body it cannot
-read.
-"""
+the message is compressed (and, in gRPC-Web, whether it is the trailers), four giving
+its length, then the message. A compressed one is in the coding the call's
+`grpc-encoding` names (gzip or deflate; not a `Content-Encoding`: nothing else in the
+head says so), so a key or a gateway token in it is not in the body's bytes: the leak
+guard and outbound credential detection read the messages instead (`Frames`), an
+uncompressed message as its bytes come (a streaming call is never held whole), a
+compressed one once whole (bounded), decompressed by what its bytes are. A coding the
+gateway cannot undo (snappy, zstd), a message flagged otherwise, or a body cut inside a
+message is an `EncodingError`: the caller refuses it, as any body it cannot read.
+gRPC-Web's text form (`application/grpc-web-text`) is the same run in base64, each
+padded piece decoded as its readers decode it (`TextFrames`)."""
 
 from __future__ import annotations
 
+import binascii
+import re
 import struct
 import zlib
 
 from gateway.core.encodings import EncodingError
 
-__all__ = ["COMPRESSED_LIMIT", "DECODED_LIMIT", "Frames", "inflate", "is_grpc"]
+__all__ = ["COMPRESSED_LIMIT", "DECODED_LIMIT", "Frames", "TextFrames", "frames_for", "inflate",
+           "is_grpc"]
 
 COMPRESSED_LIMIT = 8 * 1024 * 1024  # bytes of one compressed message held to decode it
 DECODED_LIMIT = 32 * 1024 * 1024  # bytes it may decode to (read whole: bounded)
@@ -29,13 +33,21 @@ _HEAD = struct.Struct(">BI")  # (a message's prefix: compressed or not, its leng
 
 def is_grpc(content_type: str | None) -> bool:
     """Whether a Content-Type is gRPC's or gRPC-Web's framing (`application/grpc`,
-    `application/grpc+proto`, `application/grpc-web+json`, ...; not gRPC-Web's base64
-    text form, whose runs the scan decodes as any base64), or Connect's streaming one
-    (`application/connect+proto`: the same prefixes, compressed by
-    `connect-content-encoding`)."""
+    `application/grpc+proto`, `application/grpc-web+json`, `application/grpc-web-text`,
+    ...), or Connect's streaming one (`application/connect+proto`: the same prefixes,
+    compressed by `connect-content-encoding`)."""
     ctype = (content_type or "").split(";", 1)[0].strip().lower()
-    return (ctype.startswith("application/grpc") and not ctype.startswith(
-        "application/grpc-web-text")) or ctype.startswith("application/connect+")
+    return ctype.startswith(("application/grpc", "application/connect+"))
+
+
+def frames_for(content_type: str | None) -> Frames | None:
+    """A reader of the messages of a body of this Content-Type, None where it is not
+    gRPC's (`is_grpc`): `TextFrames` for gRPC-Web's base64 text form."""
+    if not is_grpc(content_type):
+        return None
+    text = (content_type or "").split(";", 1)[0].strip().lower().startswith(
+        "application/grpc-web-text")
+    return TextFrames() if text else Frames()
 
 
 class Frames:
@@ -105,8 +117,9 @@ class Frames:
             raise EncodingError("the gRPC body ends inside a message")
 
     def _begin(self, flag: int, length: int) -> None:
-        if flag not in (0, 1):
+        if flag & ~0x81:  # (0x80: gRPC-Web's trailers, read as a message; 1: compressed)
             raise EncodingError(f"a gRPC message flagged {flag}, neither compressed nor not")
+        flag &= 1
         if flag == 1 and length > COMPRESSED_LIMIT:
             raise EncodingError(f"a compressed gRPC message over {COMPRESSED_LIMIT} bytes "
                                 "cannot be checked; send it uncompressed")
@@ -119,6 +132,46 @@ class Frames:
         self._held.clear()
         self._flag = -1
         return inflate(message) if message else b""
+
+
+class TextFrames(Frames):
+    """gRPC-Web's text form: the framed messages in base64, decoded four characters at a
+    time (a padded piece may follow another: a client or proxy sends each of its pieces
+    padded, and its readers decode them so), whitespace skipped, either alphabet; any
+    other byte, or a body ending inside four characters, raises EncodingError."""
+
+    __slots__ = ("_rest",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._rest = b""  # (characters after the last whole four)
+
+    @property
+    def pending(self) -> int:
+        """As `Frames.pending`, in the body's characters (four for every three bytes)."""
+        return -(-super().pending * 4 // 3) + len(self._rest)
+
+    def numbered(self, data: bytes) -> list[tuple[int, int, bytes]]:
+        return super().numbered(self._decode(data))
+
+    def end(self) -> None:
+        if self._rest:
+            raise EncodingError("the gRPC-Web text body ends inside a base64 quantum")
+        super().end()
+
+    def _decode(self, data: bytes) -> bytes:
+        text = self._rest + data.translate(_URLSAFE, b" \t\r\n")
+        whole = len(text) - len(text) % 4
+        self._rest = text[whole:]
+        try:  # (each padded piece alone: `=` is only ever at a piece's end)
+            return b"".join(binascii.a2b_base64(piece, strict_mode=True)
+                            for piece in _PIECES.findall(text, 0, whole))
+        except binascii.Error:
+            raise EncodingError("a gRPC-Web text body that is not base64") from None
+
+
+_URLSAFE = bytes.maketrans(b"-_", b"+/")
+_PIECES = re.compile(rb"[^=]*(?:=+|$)")  # (base64 up to and with its padding)
 
 
 def inflate(message: bytes) -> bytes:

@@ -13,7 +13,7 @@ from collections import deque
 
 from gateway.core.dlp.fastscan import RUN
 from gateway.core.encodings import Decoder, EncodingError, decoder_for
-from gateway.core.grpc_frames import Frames, is_grpc
+from gateway.core.grpc_frames import Frames, frames_for
 from gateway.core.leaks import StreamScan
 from gateway.core.refusal import Refusal
 from gateway.pipeline.exchange_state import ExchangeState
@@ -63,8 +63,12 @@ class RequestSide:
         if not self._typed and data:  # (at the first bytes: a bodiless request never asks)
             self._typed = True
             # (any of its types: a server may read the body by a second one)
-            if any(is_grpc(t) for t in self.ex.head.headers.get_all("content-type")):
-                self._frames = Frames()
+            readers = {type(f) for f in map(frames_for, self.ex.head.headers.get_all(
+                "content-type")) if f is not None}
+            if len(readers) > 1:  # (gRPC-Web's text and binary forms: read which?)
+                raise _unreadable(EncodingError(
+                    "its Content-Types name gRPC's binary and text forms both"))
+            self._frames = readers.pop()() if readers else None
         if self._frames is not None:  # (gRPC: the messages are read, `grpc_frames`)
             self._messages(scanner, data, streamed)
             return

@@ -106,6 +106,7 @@ PROXY_READS = {"DLP: a credential in a header", "DLP: a credential in a WebSocke
                "DLP: a credential in a trailer",
                # (gRPC is known by its Content-Type, a header's)
                "DLP: a credential in a compressed gRPC message",
+               "DLP: a credential in a compressed gRPC-Web message in its text form",
                # (the proxy undoes the coding: one it cannot is a bad request)
                "a deflate body with bytes after its end is refused unread",
                "DLP: a credential in an absolute-form plain HTTP request",

@@ -4,6 +4,7 @@ cannot read (another coding, a flag, a cut message, a bomb) is an EncodingError.
 
 from __future__ import annotations
 
+import base64
 import gzip
 import struct
 import zlib
@@ -12,7 +13,7 @@ import pytest
 
 from gateway.core import grpc_frames
 from gateway.core.encodings import EncodingError
-from gateway.core.grpc_frames import Frames, inflate, is_grpc
+from gateway.core.grpc_frames import Frames, TextFrames, frames_for, inflate, is_grpc
 
 
 def frame(message: bytes, compressed: int = 0) -> bytes:
@@ -49,6 +50,7 @@ def test_every_message_is_read_whole_and_in_order_at_any_cut(step: int) -> None:
     (frame(zlib.compress(b"x") + b"more", 1), "cannot read"),  # (bytes after its end)
     (frame(gzip.compress(b"x", mtime=0) + b"junk", 1), "cannot read"),
     (frame(b"x", 2), "flagged 2"),
+    (frame(b"x", 0x40), "flagged 64"),
     (frame(b"hello")[:-2], "ends inside a message"),
     (b"\x00\x00\x00", "ends inside a message"),
 ])
@@ -72,7 +74,8 @@ def test_a_compressed_message_is_bounded(monkeypatch: pytest.MonkeyPatch) -> Non
 @pytest.mark.parametrize(("ctype", "framed"), [
     ("application/grpc", True), ("application/grpc+proto", True),
     ("Application/GRPC; charset=utf-8", True), ("application/grpc-web", True),
-    ("application/grpc-web+json", True), ("application/grpc-web-text", False),
+    ("application/grpc-web+json", True), ("application/grpc-web-text", True),
+    ("application/grpc-web-text+proto", True),
     ("application/connect+proto", True), ("application/connect+json", True),
     ("application/proto", False),  # (Connect's unary call: Content-Encoding compresses)
     ("application/json", False), (None, False), ("text/grpc", False)])
@@ -91,3 +94,56 @@ def test_uncompressed_messages_in_a_row_come_as_one_piece_numbered() -> None:
     assert [(first, last) for first, last, _ in pieces] == [(1, 1), (2, 5000), (5001, 5001),
                                                              (5002, 5004)]
     assert b"".join(p for _, _, p in pieces) == b"a" * 5000 + b"zipped" + b"bbb"
+
+
+@pytest.mark.parametrize(("ctype", "reader"), [
+    ("application/grpc", Frames), ("application/grpc-web+proto", Frames),
+    ("application/grpc-web-text", TextFrames), ("Application/gRPC-Web-Text+proto", TextFrames),
+    ("application/json", None), (None, None)])
+def test_the_text_form_has_its_own_reader(ctype: str | None, reader: type | None) -> None:
+    found = frames_for(ctype)
+    assert (type(found) if found is not None else None) is reader
+
+
+def _text(pieces: list[bytes], sep: bytes = b"") -> bytes:
+    """gRPC-Web text: each piece base64 on its own, padded (as a client's chunks are)."""
+    return sep.join(base64.b64encode(piece) for piece in pieces)
+
+
+@pytest.mark.parametrize("step", [1, 3, 4, 7, 1 << 20])
+@pytest.mark.parametrize("sep", [b"", b"\r\n"])
+def test_the_text_form_is_read_as_its_base64_pieces_at_any_cut(step: int, sep: bytes) -> None:
+    """gRPC-Web's text form: the same messages, a compressed one too, in base64 whose
+    padded pieces follow one another; held back while a quantum or message is not whole."""
+    zipped = gzip.compress(b"zipped", mtime=0)
+    body = _text([frame(b"\x0a\x04helo"), frame(zipped, 1) + frame(b"last")], sep)
+    body = body.replace(b"+", b"-").replace(b"/", b"_")  # (either alphabet)
+    frames, out, pending = TextFrames(), b"", []
+    for at in range(0, len(body), step):
+        out += b"".join(frames.feed(body[at:at + step]))
+        pending.append(frames.pending)
+    frames.end()
+    assert out == b"\x0a\x04helo" + b"zipped" + b"last"
+    assert max(pending) <= -(-(5 + len(zipped)) * 4 // 3) + 3 + len(sep)
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    (b"QQ=A", "not base64"), (b"Q===", "not base64"), (b"QUJD!!!!", "not base64"),
+    (b"AAAAAAE", "inside a base64 quantum"),  # (cut inside four characters)
+    (base64.b64encode(frame(b"hello"))[:-4], "ends inside a message"),
+    (base64.b64encode(frame(b"\xff\x00", 1)), "cannot read")])
+def test_what_the_text_form_cannot_read_is_an_error(body: bytes, says: str) -> None:
+    for step in (1, len(body)):
+        frames = TextFrames()
+        with pytest.raises(EncodingError, match=says):
+            for at in range(0, len(body), step):
+                frames.feed(body[at:at + step])
+            frames.end()
+
+
+def test_grpc_webs_trailers_are_read_as_a_message() -> None:
+    """gRPC-Web ends an answer with its trailers in a message flagged 0x80 (0x81 when
+    compressed): read like any message, not an error that leaves the answer unread."""
+    body = frame(b"answer") + frame(b"grpc-status: 0\r\n", 0x80) + frame(
+        gzip.compress(b"x-more: 1\r\n", mtime=0), 0x81)
+    assert _read(body, 3)[0] == b"answer" + b"grpc-status: 0\r\n" + b"x-more: 1\r\n"

@@ -359,6 +359,17 @@ def _gz(text: str) -> str:
 
 def _grpc_gz(text: str) -> str:
     """A gRPC body of two messages, the second gzip-compressed holding `text`, base64."""
+    return base64.b64encode(_grpc_messages(text)).decode()
+
+
+def _grpc_text(text: str) -> str:
+    """`_grpc_gz`'s messages in gRPC-Web's text form (each base64 on its own, the first
+    padded), base64."""
+    body = _grpc_messages(text)
+    return base64.b64encode(base64.b64encode(body[:11]) + base64.b64encode(body[11:])).decode()
+
+
+def _grpc_messages(text: str) -> bytes:
     def frame(message: bytes, compressed: int) -> bytes:
         return bytes([compressed]) + len(message).to_bytes(4, "big") + message
     data, size, varint = text.encode(), len(text.encode()), b""
@@ -367,8 +378,7 @@ def _grpc_gz(text: str) -> str:
         size >>= 7
         if not size:
             break
-    return base64.b64encode(frame(b"\x0a\x05hello", 0) + frame(gzip.compress(
-        b"\x0a" + varint + data), 1)).decode()
+    return frame(b"\x0a\x04helo", 0) + frame(gzip.compress(b"\x0a" + varint + data, mtime=0), 1)
 
 
 def _gz_members(text: str) -> str:
@@ -690,6 +700,20 @@ CASES = [
           "body": "{GRPCGZ:{TOKEN}}",
           "headers": [["Content-Type", "application/grpc"], ["grpc-encoding", "gzip"]]},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
+    Case("F8 token in a compressed gRPC-Web message in its text form",
+         {"host": "unbound.test", "method": "POST", "target": "/svc/Put",
+          "body": "{GRPCTEXT:{TOKEN}}",
+          "headers": [["Content-Type", "application/grpc-web-text"],
+                      ["grpc-encoding", "gzip"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
+    Case("a body typed as gRPC-Web's binary and text forms both is refused unread",
+         {"host": "unbound.test", "method": "POST", "target": "/svc/Put",
+          "body": "{GRPCTEXT:hello}",
+          "headers": [["Content-Type", "application/grpc-web"],
+                      ["Content-Type", "application/grpc-web-text"]]},
+         ("response", 400, "bad_request"), {**DENY, "error": "bad_request"},
          check=_no_upstream),
     Case("F8 token in a compressed gRPC message, gRPC the second Content-Type",
          {"host": "unbound.test", "method": "POST", "target": "/svc/Put",
@@ -1163,6 +1187,10 @@ DLP = [
          _dlp_post("/dlp/g", "{GRPCGZ:deploy with {GH}}", ["Content-Type", "application/grpc"],
                    ["grpc-encoding", "gzip"]),
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential in a compressed gRPC-Web message in its text form",
+         _dlp_post("/dlp/g", "{GRPCTEXT:deploy with {GH}}",
+                   ["Content-Type", "application/grpc-web-text+proto"], ["grpc-encoding", "gzip"]),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
     Case("DLP: a credential in the second member of a gzip body",
          _dlp_post("/dlp/gz", "{GZM:{\"note\": \"{GH}\"}}", _JSON,
                    ["Content-Encoding", "gzip"]),
@@ -1260,6 +1288,8 @@ def _fill(value: Any, subs: dict[str, str]) -> Any:
                 value[14:-1], subs).encode()).decode()
         if value.startswith("{GRPCGZ:") and value.endswith("}"):  # (a compressed message)
             return _grpc_gz(_fill(value[8:-1], subs))
+        if value.startswith("{GRPCTEXT:") and value.endswith("}"):  # (its text form)
+            return _grpc_text(_fill(value[10:-1], subs))
         if value.startswith("{GZM:") and value.endswith("}"):  # (gzip, two members)
             return _gz_members(_fill(value[5:-1], subs))
         if value.startswith("{MPGZ:") and value.endswith("}"):  # (a form, a gzip part)

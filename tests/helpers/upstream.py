@@ -23,7 +23,9 @@ names another resource (a hostile server's). `/dlp-answer/DETECTOR/SHAPE` answer
 that detector's fake credential (`helpers/dlp_corpus.py`) in its answer, the request
 holding none: SHAPE `json` (in a JSON body), `header` (in `X-Config-Token`), `gzip` (a
 gzip-coded JSON body), `chunked` (split across two chunks sent apart), `big` (3 MiB of
-text around it), and shapes a scan cannot read: `zstd` (a zstd-coded JSON body),
+text around it), `grpc-web` and `grpc-web-text` (in a gzip-compressed message, then
+gRPC-Web's trailers, in its binary or text form), and shapes a scan cannot read: `zstd`
+(a zstd-coded JSON body),
 `two-types` (two Content-Types that differ), `anchors` (600 KB of anchors, then the
 credential); a WebSocket on that path answers each message with the credential.
 """
@@ -339,6 +341,12 @@ class _Handler(BaseHTTPRequestHandler):
             import zstandard
             return self._send(200, zstandard.ZstdCompressor().compress(doc),
                               extra={"Content-Encoding": "zstd"})
+        if shape in ("grpc-web", "grpc-web-text"):  # (a compressed message, then trailers)
+            framed = b"".join(bytes([flag]) + len(m).to_bytes(4, "big") + m for flag, m in (
+                (1, gzip.compress(doc)), (0x80, b"grpc-status: 0\r\n")))
+            return self._send(200, framed if shape == "grpc-web" else base64.b64encode(framed),
+                              content_type=f"application/{shape}+proto",
+                              extra={"grpc-encoding": "gzip"})
         if shape == "two-types":
             return self._send(200, doc, extra={"Content-Type": "text/plain"})
         if shape == "anchors":

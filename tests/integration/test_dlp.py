@@ -431,7 +431,9 @@ egress:
 SHAPES = [("github", "json", "answer body at offset"), ("aws", "gzip", "answer body at offset"),
           ("github", "header", "answer header X-Config-Token"),
           ("github", "chunked", "answer body at offset"),
-          ("github", "big", "answer body at offset")]
+          ("github", "big", "answer body at offset"),
+          ("github", "grpc-web", "answer body at offset"),
+          ("github", "grpc-web-text", "answer body at offset")]
 
 
 @pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
@@ -439,9 +441,10 @@ def test_answers_report_records_what_an_answer_holds_and_forwards_it(
         make_gateway: GatewayFactory, engine: str) -> None:
     """`dlp: {answers: report}` (issue 43, item 4): a credential in an answer - in a
     JSON body, a header, a gzip-coded body, split across two chunks, 3 MiB into a body,
-    in a WebSocket message from the upstream - reaches the sandbox unchanged and is on
-    the audit line (detector, `answer ...`, fingerprint, action report; never the
-    value), counted as a reported finding. `answers: off` on a rule, and a detector its
+    in a compressed gRPC-Web message (binary or text), in a WebSocket message from the
+    upstream - reaches the sandbox unchanged and is on the audit line (detector,
+    `answer ...`, fingerprint, action report; never the value), counted as a reported
+    finding. `answers: off` on a rule, and a detector its
     `allow` lets come from the host, record nothing. A request's own check still
     refuses (the section's action is refuse)."""
     gw = make_gateway({"answers.yaml": ANSWERS}, {"network": {"intercept": engine}})
@@ -456,6 +459,8 @@ def test_answers_report_records_what_an_answer_holds_and_forwards_it(
         got = result.headers.get("x-config-token", "") if shape == "header" else result.body
         if shape == "gzip":  # (relayed as it came: coded)
             assert result.headers.get("content-encoding") == "gzip", result.headers
+        elif shape.startswith("grpc"):  # (relayed as it came: a compressed message)
+            assert secret not in got and result.headers.get("grpc-encoding") == "gzip"
         else:
             assert secret in got, (shape, got[:200])
         line = _line(gw, before)
@@ -464,7 +469,7 @@ def test_answers_report_records_what_an_answer_holds_and_forwards_it(
         assert (found["detector"], found["action"]) == (detector, "report"), found
         assert found["where"].startswith(where), (shape, found)
         assert secret not in json.dumps(line) and len(found["fingerprint"]) == 16
-    assert _findings(gw, detector="github", action="report", engine=label) == counted + 4
+    assert _findings(gw, detector="github", action="report", engine=label) == counted + 6
     for host in ("allowed.test", "report.test"):  # (answers: off; github allowed there)
         before = len(gw.audit.records())
         assert _send(gw, token, "/dlp-answer/github/json", host=host).status == 200

@@ -1,5 +1,6 @@
 """The views a scanner reads of a gRPC body (`core/grpc_frames.py`): each message, a
-compressed one decompressed, read as a body of its own (its bytes as text, JSON where it
+compressed one decompressed (gRPC-Web text: its base64
+undone first), read as a body of its own (its bytes as text, JSON where it
 is JSON, its base64 runs decoded). Pure."""
 
 from __future__ import annotations
@@ -10,16 +11,19 @@ from gateway.core.dlp.decoding import Unreadable
 from gateway.core.dlp.findings import Hit, Location
 from gateway.core.dlp.multipart import Reads
 from gateway.core.encodings import EncodingError
-from gateway.core.grpc_frames import Frames
+from gateway.core.grpc_frames import frames_for
 
 __all__ = ["grpc_views"]
 
 
-def grpc_views(scan: Reads, body: bytes, where: Location, nested: int) -> Iterator[Hit]:
-    """A gRPC body's messages, each read by `scan` at `where` `gRPC message N`; raises
-    Unreadable for a body whose messages cannot be read (a coding the gateway cannot
-    undo, a body cut inside a message)."""
-    frames = Frames()
+def grpc_views(scan: Reads, body: bytes, ctype: str, where: Location,
+               nested: int) -> Iterator[Hit]:
+    """The messages of a gRPC body of Content-Type `ctype` (lowered), each read by `scan`
+    at `where` `gRPC message N`; raises Unreadable for a body whose messages cannot be
+    read (a coding the gateway cannot undo, a body cut inside a message, text that is
+    not base64)."""
+    frames = frames_for(ctype)
+    assert frames is not None
     try:
         pieces = frames.numbered(body)
         frames.end()

@@ -304,7 +304,7 @@ class Scanner:
             yield from multipart_views(self, body, ctype, where, nested)
             return
         if is_grpc(lowered):  # (its messages, a compressed one decompressed)
-            yield from grpc_views(self, body, where, nested)
+            yield from grpc_views(self, body, lowered, where, nested)
             return
         kind = body_kind(body, lowered)
         if kind == "form" and body_kind(body, "") == "json":  # (a JSON document sent as a
