@@ -499,8 +499,12 @@ class Adapter(NextLayerAddon):
             return
         error = patches.flow_error(message, responded=flow.response is not None,
                                    request_ended=flow.request.timestamp_end is not None,
-                                   proxy_mark=PROXY_MARK)
-        if error.kind == "trailers":
+                                   proxy_mark=PROXY_MARK,
+                                   side=flow.metadata.get(patches.FAILED_SIDE))
+        if error.kind == "client":  # (the sandbox left: the status it was answered, if)
+            ex.finish(flow.response.status_code if flow.response is not None else None,
+                      error="connection_closed")
+        elif error.kind == "trailers":
             ex.abort(Refusal("unsupported", "HTTP/1 trailers are not relayed by the mitmproxy "
                              "engine (network.intercept: mitmproxy); the default engine "
                              "relays them"))

@@ -31,13 +31,14 @@ The engines need a few things their libraries keep private:
   response head and each pause in a response body: `install_upstream_timeouts`), its
   layers (a layer that closes a refused tunnel, the TCP passthrough layer, the layer
   stack a tunnel or a redirected connection starts with, and the one reading of a failed
-  flow's error text into a typed outcome:
-  `flow_error`), the WebSocket fragmentizer, its reading of a ClientHello (restated
-  here, held to mitmproxy's by a differential test: the doors read a tunnel's first bytes
-  with it), its original-destination lookup (transparent mode), the raw method and authority of a
-  request as sent, its cache of client-facing TLS contexts (cleared to replace their
-  session ticket keys: `replace_client_tls_contexts`), and its next-layer addon (the adapter extends
-  it). Its `mitmproxy.addons` package is registered without running its `__init__`,
+  flow's error text into a typed outcome: `flow_error`, with the side its HTTP stream's
+  typed event came from: `install_error_sides`), the WebSocket fragmentizer, its
+  reading of a ClientHello (restated here, held to mitmproxy's by a differential test:
+  the doors read a tunnel's first bytes with it), its original-destination lookup
+  (transparent mode), the raw method and authority of a request as sent, its cache of
+  client-facing TLS contexts (cleared to replace their session ticket keys:
+  `replace_client_tls_contexts`), and its next-layer addon (the adapter extends it).
+  Its `mitmproxy.addons` package is registered without running its `__init__`,
   which imports every addon mitmdump ships (QUIC, pyparsing, ldap3, …: 15 MB a process)
   when the gateway uses four, and its `mitmproxy.proxy.layers` package likewise until
   the engine is loaded (`lean_packages`, `load_engine`): the doors read ClientHellos
@@ -86,6 +87,7 @@ if TYPE_CHECKING:
     from mitmproxy.proxy.layers.websocket import Fragmentizer
 
 __all__ = [
+    "FAILED_SIDE",
     "HANDSHAKE_OPTION",
     "HEAD_REFUSED",
     "READ_TIMEOUT",
@@ -105,6 +107,7 @@ __all__ = [
     "client_hello",
     "close_mitmproxy_connection",
     "install_error_pages",
+    "install_error_sides",
     "install_h1_framing",
     "install_head_refusal",
     "install_listeners",
@@ -326,10 +329,11 @@ def transparent_start(context: Any) -> bool:
 
 
 class FlowError(NamedTuple):
-    """What ended a flow without an answer, read from mitmproxy's error (`kind`:
-    `trailers` our reader's refusal of HTTP/1 trailers, `bad_request` a malformed body
-    from the client, `upstream_proxy` the upstream proxy's dial (`detail`: its fixed
-    sentences), `closed` / `connect` the upstream; `answered`: after the response began)."""
+    """What ended a flow, read from mitmproxy's error (`kind`: `trailers` our reader's
+    refusal of HTTP/1 trailers, `bad_request` a malformed body from the client, `client`
+    the client left (its connection closed, its stream reset), `upstream_proxy` the
+    upstream proxy's dial (`detail`: its fixed sentences), `closed` / `connect` the
+    upstream before an answer; `answered`: the upstream after the answer began)."""
 
     kind: str
     detail: str = ""
@@ -340,11 +344,14 @@ _H1_PROTOCOL_ERROR = "HTTP/1 protocol error"
 
 
 def flow_error(message: str, *, responded: bool, request_ended: bool,
-               proxy_mark: str) -> FlowError:
-    """The one reading of a failed flow's error text (mitmproxy reports it as text only):
-    the typed outcome the adapter answers by."""
+               proxy_mark: str, side: str | None = None) -> FlowError:
+    """The one reading of a failed flow's error (mitmproxy keeps its text only; `side`:
+    which connection's error it was, `failed_side`): the typed outcome the adapter
+    answers by."""
     if TRAILERS_UNSUPPORTED in message:  # our own reader's words (below)
         return FlowError("trailers")
+    if side == "client" and (request_ended or not message.startswith(_H1_PROTOCOL_ERROR)):
+        return FlowError("client")
     if responded:
         return FlowError("answered")
     if not request_ended and message.startswith(_H1_PROTOCOL_ERROR):
@@ -352,6 +359,43 @@ def flow_error(message: str, *, responded: bool, request_ended: bool,
     if message.startswith(proxy_mark):
         return FlowError("upstream_proxy", message[len(proxy_mark):][:300])
     return FlowError("closed" if "closed" in message else "connect", message)
+
+
+FAILED_SIDE = "sandbox-gateway-failed-side"  # flow.metadata: `client` or `server`
+_error_side: dict[str, Any] = {}
+
+
+def install_error_sides() -> None:
+    """mitmproxy keeps a failed flow's error as text only, and a sandbox that leaves
+    (`Client disconnected.`, `stream reset by client (CANCEL)`) reads like an upstream
+    that failed. Its HTTP stream gets the typed event (a `RequestProtocolError` comes
+    from the client's connection, a `ResponseProtocolError` from the upstream's): the
+    side is put in `flow.metadata[FAILED_SIDE]` before the `error` hook runs
+    (`HttpStream.handle_protocol_error`, and `check_killed` for a client gone while a
+    hook ran)."""
+    load_engine()
+    from mitmproxy.proxy.layers import http as layers_http
+    from mitmproxy.proxy.layers.http._events import RequestProtocolError
+
+    stream = layers_http.HttpStream
+    _error_side["client"] = RequestProtocolError  # (the client's side of a stream)
+    _error_side.setdefault("handle", stream.handle_protocol_error)
+    _error_side.setdefault("killed", stream.check_killed)
+    stream.handle_protocol_error = _handle_protocol_error  # type: ignore[method-assign]
+    stream.check_killed = _check_killed  # type: ignore[method-assign]
+
+
+def _handle_protocol_error(self: Any, event: Any) -> Any:
+    side = "client" if isinstance(event, _error_side["client"]) else "server"
+    self.flow.metadata.setdefault(FAILED_SIDE, side)
+    return (yield from _error_side["handle"](self, event))
+
+
+def _check_killed(self: Any, emit_error_hook: bool) -> Any:
+    if self._paused_event_queue and any(isinstance(e, _error_side["client"])
+                                        for e in self._paused_event_queue):
+        self.flow.metadata.setdefault(FAILED_SIDE, "client")
+    return (yield from _error_side["killed"](self, emit_error_hook))
 
 
 @functools.cache

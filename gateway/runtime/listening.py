@@ -67,6 +67,7 @@ class Listening(GatewayParts):
         patches.install_h1_framing()
         patches.install_stream_refusal()
         patches.install_head_refusal()
+        patches.install_error_sides()
         patches.install_ticket_hold()
         patches.install_upstream_timeouts(handshake_error)
         patches.install_log_hygiene(error_phrase)

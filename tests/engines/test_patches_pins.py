@@ -145,21 +145,28 @@ def test_only_patches_imports_mitmproxys_proxy_core() -> None:
     assert offenders == []
 
 
-@pytest.mark.parametrize(("message", "responded", "ended", "kind", "detail"), [
-    (patches.TRAILERS_UNSUPPORTED, False, True, "trailers", ""),
-    ("HTTP/1 protocol error: bad chunk size", False, False, "bad_request", ""),
-    ("HTTP/1 protocol error: bad chunk size", False, True, "connect",
+@pytest.mark.parametrize(("message", "responded", "ended", "side", "kind", "detail"), [
+    (patches.TRAILERS_UNSUPPORTED, False, True, "client", "trailers", ""),
+    ("Client disconnected.", False, True, "client", "client", ""),
+    ("Client disconnected.", True, True, "client", "client", ""),  # (after the head)
+    ("stream reset by client (CANCEL)", True, True, "client", "client", ""),
+    ("HTTP/1 protocol error: bad chunk size", False, False, "client", "bad_request", ""),
+    ("Connection closed by peer", True, True, "server", "answered", ""),
+    ("HTTP/1 protocol error: bad chunk size", False, False, None, "bad_request", ""),
+    ("HTTP/1 protocol error: bad chunk size", False, True, "server", "connect",
      "HTTP/1 protocol error: bad chunk size"),  # (the request was whole: the upstream's)
-    ("MARK the proxy answered 407", False, True, "upstream_proxy", " the proxy answered 407"),
-    ("Connection closed by peer", False, True, "closed", "Connection closed by peer"),
-    ("[Errno 111] Connect call failed", False, True, "connect",
+    ("MARK the proxy answered 407", False, True, None, "upstream_proxy",
+     " the proxy answered 407"),
+    ("Connection closed by peer", False, True, "server", "closed", "Connection closed by peer"),
+    ("[Errno 111] Connect call failed", False, True, None, "connect",
      "[Errno 111] Connect call failed"),
-    ("Connection closed by peer", True, True, "answered", ""),
+    ("Connection closed by peer", True, True, None, "answered", ""),
 ])
 def test_a_flows_error_is_read_once_into_a_typed_outcome(
-        message: str, responded: bool, ended: bool, kind: str, detail: str) -> None:
+        message: str, responded: bool, ended: bool, side: str | None, kind: str,
+        detail: str) -> None:
     found = patches.flow_error(message, responded=responded, request_ended=ended,
-                               proxy_mark="MARK")
+                               proxy_mark="MARK", side=side)
     assert (found.kind, found.detail) == (kind, detail)
 
 
@@ -174,3 +181,23 @@ def test_aiohttp_is_checked_only_where_its_hook_is_used(monkeypatch: pytest.Monk
     patches.check_versions(aiohttp=False)
     with pytest.raises(RuntimeError, match="aiohttp"):
         patches.check_versions()
+
+
+def test_the_error_side_hooks_wrap_what_mitmproxy_has() -> None:
+    """`install_error_sides` wraps two generator methods of mitmproxy's HTTP stream (and
+    reads its queue of events held while a hook runs); a version that renamed or changed
+    them would leave every client's leaving audited as an upstream failure."""
+    import inspect
+
+    patches.load_engine()
+    from mitmproxy.proxy.layers.http import HttpStream
+
+    patches.install_error_sides()
+    patches.install_error_sides()  # (twice: still wraps mitmproxy's own, once)
+    for name, key, params in (("handle_protocol_error", "handle", ["self", "event"]),
+                              ("check_killed", "killed", ["self", "emit_error_hook"])):
+        original = patches._error_side[key]
+        assert inspect.isgeneratorfunction(original), name
+        assert list(inspect.signature(original).parameters) == params, name
+        assert getattr(HttpStream, name) is not original
+    assert "self._paused_event_queue" in inspect.getsource(patches._error_side["killed"])

@@ -118,8 +118,13 @@ def test_an_upstream_that_never_answers_gets_504(make_gateway, silent: Silent,
     assert silent.closed, "the gateway kept the upstream connection after the timeout"
 
 
-def test_a_client_that_leaves_frees_its_upstream(make_gateway, silent: Silent) -> None:
-    gw: GatewayThread = make_gateway(silent.port, config={"network": {"timeouts": {
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
+def test_a_client_that_leaves_frees_its_upstream(make_gateway, silent: Silent,
+                                                 engine: str) -> None:
+    """A sandbox that gives up before an answer: the upstream connection is closed at
+    once, and the line says the client closed it (not that the upstream failed)."""
+    gw: GatewayThread = make_gateway(silent.port, config={"network": {"intercept": engine,
+                                                                      "timeouts": {
         **TIMEOUTS, "read": "60s"}}})
     token = gw.mint("agent")
     tls = tunnel(gw, token)
@@ -134,14 +139,16 @@ def test_a_client_that_leaves_frees_its_upstream(make_gateway, silent: Silent) -
         time.sleep(0.02)
     assert silent.closed and silent.closed[0] - left < 2
     [line] = gw.audit.wait_for(lambda r: r["path"] == "/long")
-    assert line["error"] == "connection_closed" and line["status"] is None
+    assert (line["error"], line["status"]) == ("connection_closed", None), line
 
 
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
 def test_a_client_that_leaves_mid_answer_is_audited_with_the_status_it_got(
-        make_gateway, silent: Silent) -> None:
+        make_gateway, silent: Silent, engine: str) -> None:
     """A sandbox that closes its connection once it has what it wants (an agent CLI after
     the stream's last event) is audited with the status it was answered, and the cut."""
-    gw: GatewayThread = make_gateway(silent.port, config={"network": {"timeouts": {
+    gw: GatewayThread = make_gateway(silent.port, config={"network": {"intercept": engine,
+                                                                      "timeouts": {
         **TIMEOUTS, "read": "60s"}}})
     token = gw.mint("agent")
     tls = tunnel(gw, token)
@@ -485,6 +492,49 @@ def test_a_read_timeout_ends_its_http2_stream_alone(make_gateway, test_ca: Local
     gw.audit.wait_for(lambda r: r["path"] == "/late")
     lines = {r["path"]: (r["status"], r["error"]) for r in gw.audit.records()}
     assert lines == {first: (int(status), "upstream_timeout"), "/late": (200, None)}, lines
+
+
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
+def test_an_http2_stream_the_client_resets_mid_answer_is_audited_as_its_leaving(
+        make_gateway, test_ca: LocalCA, tmp_path: Path, engine: str) -> None:
+    """An HTTP/2 client that resets its stream once it has what it wants: the upstream's
+    stream is reset, and the line holds the status answered and the client's leaving
+    (`connection_closed`), not an upstream failure (mitmproxy reports either as text
+    only: the side is read from its typed event, `patches.install_error_sides`)."""
+    import h2.config
+    import h2.connection
+    import h2.errors
+
+    (tmp_path / "h2").mkdir()
+    upstream = H2Upstream(test_ca, tmp_path / "h2", ["inspect.test"])
+    try:
+        gw: GatewayThread = make_gateway(upstream.port, config={"network": {
+            "intercept": engine, "timeouts": {**TIMEOUTS, "read": "60s"}}})
+        ctx = ssl.create_default_context(cafile=str(gw.ca_cert))
+        ctx.set_alpn_protocols(["h2"])
+        with ctx.wrap_socket(connected(gw, gw.mint("agent")),
+                             server_hostname="inspect.test") as tls:
+            client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+            client.initiate_connection()
+            client.send_headers(1, [(":method", "GET"), (":scheme", "https"),
+                                    (":authority", "inspect.test"), (":path", "/stall")],
+                                end_stream=True)
+            tls.sendall(client.data_to_send())
+            got = b""
+            while b"part" not in got:
+                data = tls.recv(65536)
+                assert data
+                got += b"".join(getattr(e, "data", b"") for e in client.receive_data(data))
+            client.reset_stream(1, h2.errors.ErrorCodes.CANCEL)
+            tls.sendall(client.data_to_send())
+            [line] = gw.audit.wait_for(lambda r: r["path"] == "/stall")
+            deadline = time.monotonic() + 3
+            while upstream.reset != ["/stall"] and time.monotonic() < deadline:
+                time.sleep(0.02)
+    finally:
+        upstream.close()
+    assert (line["status"], line["error"]) == (200, "connection_closed"), line
+    assert upstream.reset == ["/stall"]
 
 
 def test_a_websocket_outlives_the_read_timeout(make_gateway, test_ca: LocalCA,
