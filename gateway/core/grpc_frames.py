@@ -56,6 +56,7 @@ class Frames:
     and not given out yet (a prefix, a compressed message not whole): what a caller
     forwarding the body as it goes holds back."""
 
+    unit = "gRPC message"
     __slots__ = ("_flag", "_held", "_left", "count")
 
     def __init__(self) -> None:

@@ -4,8 +4,9 @@ compressed body decoded for the scan (and forwarded as sent, once whole, up to
 `ENCODED_LIMIT`); a whole body decoded once, for the body stage to read. A streamed body
 also goes through outbound credential detection (`exchange_dlp.DlpCheck`, a rule with
 `dlp:`), which holds back what it has not decided yet; a whole one is detected by the
-exchange, once decoded. A gRPC body is read as its messages (`core/grpc_frames.py`: a
-compressed one decompressed; its raw bytes held back until it is read)."""
+exchange, once decoded. A gRPC body is read as its messages, a git push as its ref
+updates and objects (`core/framing.py`: a compressed message decompressed, an object
+inflated; its raw bytes held back until it is read)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from collections import deque
 
 from gateway.core.dlp.fastscan import RUN
 from gateway.core.encodings import Decoder, EncodingError, decoder_for
-from gateway.core.grpc_frames import Frames, frames_for
+from gateway.core.framing import MessageReader, reader_for
 from gateway.core.leaks import StreamScan
 from gateway.core.refusal import Refusal
 from gateway.pipeline.exchange_state import ExchangeState
@@ -37,7 +38,7 @@ class RequestSide:
         self._encoded: list[bytes] | None = None
         self._held: deque[bytes] = deque()  # the tail held back, as it came
         self._held_size = 0
-        self._frames: Frames | None = None  # (a gRPC body: its messages, for the leak scan)
+        self._frames: MessageReader | None = None  # (gRPC, a git push: its messages)
         self._typed = False  # (whether the body's Content-Type was read for it)
 
     def _scanner(self) -> StreamScan:
@@ -63,13 +64,14 @@ class RequestSide:
         if not self._typed and data:  # (at the first bytes: a bodiless request never asks)
             self._typed = True
             # (any of its types: a server may read the body by a second one)
-            readers = {type(f) for f in map(frames_for, self.ex.head.headers.get_all(
+            readers = {type(f) for f in map(reader_for, self.ex.head.headers.get_all(
                 "content-type")) if f is not None}
-            if len(readers) > 1:  # (gRPC-Web's text and binary forms: read which?)
+            if len(readers) > 1:  # (gRPC-Web's text and binary forms, a git push: which?)
                 raise _unreadable(EncodingError(
-                    "its Content-Types name gRPC's binary and text forms both"))
+                    "its Content-Types name two framings (gRPC's binary and text forms, "
+                    "a git push)"))
             self._frames = readers.pop()() if readers else None
-        if self._frames is not None:  # (gRPC: the messages are read, `grpc_frames`)
+        if self._frames is not None:  # (gRPC, a git push: the messages are read, `framing`)
             self._messages(scanner, data, streamed)
             return
         flags = dlp.passed(data) if dlp is not None and streamed else None
@@ -83,8 +85,9 @@ class RequestSide:
             self.ex.content.request(data, self.ex.head.headers.get("content-type"), whole=False)
 
     def _messages(self, scanner: StreamScan, data: bytes, streamed: bool) -> None:
-        """A gRPC body's piece: the leak scan reads its messages (a compressed one
-        decompressed), detection the piece (its scanner reads the messages itself)."""
+        """A piece of a body read by its messages (gRPC, a git push): the leak scan
+        reads its messages (decompressed, inflated), detection the piece (its scanner
+        reads the messages itself)."""
         assert self._frames is not None
         try:
             messages = self._frames.feed(data)

@@ -107,6 +107,7 @@ PROXY_READS = {"DLP: a credential in a header", "DLP: a credential in a WebSocke
                # (gRPC is known by its Content-Type, a header's)
                "DLP: a credential in a compressed gRPC message",
                "DLP: a credential in a compressed gRPC-Web message in its text form",
+               "DLP: a credential committed to a file in a git push",
                # (the proxy undoes the coding: one it cannot is a bad request)
                "a deflate body with bytes after its end is refused unread",
                "DLP: a credential in an absolute-form plain HTTP request",
@@ -121,7 +122,9 @@ PROXY_READS = {"DLP: a credential in a header", "DLP: a credential in a WebSocke
 BINARY = {"DLP: a credential in a gzip part of a streamed multipart body",
           "F8 token in a compressed gRPC message",
           "F8 token in a compressed gRPC message, gRPC the second Content-Type",
-          "DLP: a credential in a compressed gRPC message"}
+          "DLP: a credential in a compressed gRPC message",
+          "F8 token committed to a file in a git push",
+          "DLP: a credential committed to a file in a git push"}
 
 
 # Rows whose body holds a token the gateway issued: the proxy's leak guard refuses it

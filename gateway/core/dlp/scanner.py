@@ -41,9 +41,9 @@ from gateway.core.dlp.decoding import (
 from gateway.core.dlp.detector import Detector
 from gateway.core.dlp.fastscan import HYPERSCAN, SEGMENT, key_run
 from gateway.core.dlp.findings import Finding, Hit, Location, ScanResult, findings_of
-from gateway.core.dlp.grpc_views import grpc_views
 from gateway.core.dlp.heads import CleanParts
 from gateway.core.dlp.history import History
+from gateway.core.dlp.message_views import message_views
 from gateway.core.dlp.multipart import views as multipart_views
 from gateway.core.dlp.prefilter import (
     JSON_ESCAPE,
@@ -53,7 +53,7 @@ from gateway.core.dlp.prefilter import (
     nested_json,
     unescape,
 )
-from gateway.core.grpc_frames import is_grpc
+from gateway.core.framing import is_framed
 
 __all__ = ["DEFAULT_LIMIT", "Hit", "Scanner"]
 
@@ -303,8 +303,8 @@ class Scanner:
         if "multipart/" in lowered:
             yield from multipart_views(self, body, ctype, where, nested)
             return
-        if is_grpc(lowered):  # (its messages, a compressed one decompressed)
-            yield from grpc_views(self, body, lowered, where, nested)
+        if is_framed(lowered):  # (its messages: a compressed one decompressed, a git
+            yield from message_views(self, body, lowered, where, nested)  # object inflated)
             return
         kind = body_kind(body, lowered)
         if kind == "form" and body_kind(body, "") == "json":  # (a JSON document sent as a

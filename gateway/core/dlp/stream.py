@@ -53,7 +53,7 @@ from gateway.core.dlp.findings import Finding, Location, ScanResult
 from gateway.core.dlp.multipart import StreamedParts, boundary
 from gateway.core.dlp.prefilter import json_unescape
 from gateway.core.dlp.scanner import Scanner
-from gateway.core.grpc_frames import frames_for
+from gateway.core.framing import reader_for
 
 __all__ = ["StreamScanner"]
 
@@ -84,7 +84,7 @@ class StreamScanner:
         self._sniffed = False  # (the first bytes looked at for a byte-order mark)
         self._early = b""  # (the first bytes, while fewer than a sniff reads: `_text`)
         self._parts: StreamedParts | None = None  # (a multipart body's part heads)
-        self._frames = frames_for(content_type)  # (a gRPC body: its messages)
+        self._frames = reader_for(content_type)  # (gRPC, a git push: its messages)
         self._kind = "text"  # (a JSON or form body: its escapes undone too, `_scan`)
         # where, in the stream, the last chunk the shared pass found something in ends
         # (`feed`'s `flags`; _NO_LIMIT: every window is scanned)

@@ -63,8 +63,12 @@ def _git_pack(tmp: Path) -> bytes:
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t.test"]
     subprocess.run([*git, "add", "-A"], check=True)
     subprocess.run([*git, "commit", "-qm", "sources"], check=True)
-    return subprocess.run([*git, "pack-objects", "--stdout", "--revs", "-q"], input=b"HEAD\n",
+    pack = subprocess.run([*git, "pack-objects", "--stdout", "--revs", "-q"], input=b"HEAD\n",
                           capture_output=True, check=True).stdout
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True,
+                          check=True).stdout.strip()
+    line = b"0" * 40 + b" " + head + b" refs/heads/main\0report-status side-band-64k\n"
+    return b"%04x" % (len(line) + 4) + line + b"0000" + pack  # (as git push sends it)
 
 
 def _prompt(text: str) -> bytes:
