@@ -6,12 +6,14 @@ also goes through outbound credential detection (`exchange_dlp.DlpCheck`, a rule
 `dlp:`), which holds back what it has not decided yet; a whole one is detected by the
 exchange, once decoded. A gRPC body is read as its messages, a git push as its ref
 updates and objects (`core/framing.py`: a compressed message decompressed, an object
-inflated; its raw bytes held back until it is read)."""
+inflated; its raw bytes held back until it is read); a body that is an archive (a
+`.tar.gz`, a `.zip`: `core/archives.py`) is read as it is and its files unpacked."""
 
 from __future__ import annotations
 
 from collections import deque
 
+from gateway.core.archives import Sniffed
 from gateway.core.dlp.fastscan import RUN
 from gateway.core.encodings import Decoder, EncodingError, decoder_for
 from gateway.core.framing import MessageReader, reader_for
@@ -40,6 +42,8 @@ class RequestSide:
         self._held_size = 0
         self._frames: MessageReader | None = None  # (gRPC, a git push: its messages)
         self._typed = False  # (whether the body's Content-Type was read for it)
+        self._archive = Sniffed()  # (a .tar.gz, a .zip: its files, for the leak scan)
+        self._files: StreamScan | None = None
 
     def _scanner(self) -> StreamScan:
         if self._scan is None:
@@ -79,6 +83,8 @@ class RequestSide:
                              None if flags is None else bool(flags & RUN), flags or 0)
         if found is not None:
             raise self.ex.leak(found)
+        if not self._archive.decided or self._archive.unpacker is not None:
+            self._unpacked(data)
         if dlp is not None and streamed:
             dlp.feed(data, self.ex.head.headers.get("content-type"), flags)
         if streamed and self.ex.content is not None:
@@ -102,7 +108,24 @@ class RequestSide:
         if streamed and self.ex.content is not None:
             self.ex.content.request(data, self.ex.head.headers.get("content-type"), whole=False)
 
+    def _unpacked(self, data: bytes, final: bool = False) -> None:
+        """A body that is an archive (`core/archives.py`): its files, unpacked, read by
+        a leak scan of their own (a token in a `.env` of an uploaded `.tar.gz`)."""
+        try:
+            files = self._archive.feed(data, final)
+        except EncodingError as exc:
+            raise _unreadable(exc) from None
+        for _, piece in files:
+            if self._files is None:
+                assert self.ex.scan is not None
+                self._files = self.ex.scan.stream()
+            found = self._files.feed(piece)
+            if found is not None:
+                raise self.ex.leak(found)
+
     def _frames_end(self) -> None:
+        if not self._archive.decided and self._frames is None:  # (a body of < 6 bytes)
+            self._unpacked(b"", final=True)
         if self._frames is not None:
             try:
                 self._frames.end()

@@ -124,7 +124,10 @@ BINARY = {"DLP: a credential in a gzip part of a streamed multipart body",
           "F8 token in a compressed gRPC message, gRPC the second Content-Type",
           "DLP: a credential in a compressed gRPC message",
           "F8 token committed to a file in a git push",
-          "DLP: a credential committed to a file in a git push"}
+          "DLP: a credential committed to a file in a git push",
+          "F8 token in a .env of an uploaded .tar.gz",
+          "DLP: a credential in a .env of an uploaded zip",
+          "DLP: a credential in a .env of a streamed .tar.gz upload"}
 
 
 # Rows whose body holds a token the gateway issued: the proxy's leak guard refuses it

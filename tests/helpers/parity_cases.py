@@ -384,6 +384,38 @@ def _git_push(text: str) -> str:
     return base64.b64encode(body).decode()
 
 
+def _tar_gz(text: str, filler: int = 0) -> str:
+    """A `.tar.gz` of a README (`filler` bytes of random lowercase words, which no
+    detector reads and gzip cannot shrink much) and a `.env` holding `text`, base64;
+    made the same in every process (mtime 0, a seeded filler)."""
+    import io
+    import random
+    import tarfile
+
+    rng = random.Random(filler)
+    readme = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(filler)) or "hi"
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in (("README", readme.encode()), (".env", text.encode())):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 0
+            tar.addfile(info, io.BytesIO(data))
+    return base64.b64encode(gzip.compress(raw.getvalue(), mtime=0)).decode()
+
+
+def _zip(text: str) -> str:
+    """A `.zip` (deflate) of a README and a `.env` holding `text`, base64."""
+    import io
+    import zipfile
+
+    raw = io.BytesIO()
+    with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in (("README", "notes\n" * 50), (".env", text)):
+            archive.writestr(zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0)), data,
+                             zipfile.ZIP_DEFLATED)
+    return base64.b64encode(raw.getvalue()).decode()
+
+
 def _grpc_messages(text: str) -> bytes:
     def frame(message: bytes, compressed: int) -> bytes:
         return bytes([compressed]) + len(message).to_bytes(4, "big") + message
@@ -727,6 +759,14 @@ CASES = [
          {"host": "unbound.test", "method": "POST", "target": "/repo.git/git-receive-pack",
           "body": "{GITPUSH:GATEWAY_TOKEN={TOKEN}\n}",
           "headers": [["Content-Type", "application/x-git-receive-pack-request"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
+    # An archive a sandbox uploads (its workspace, to an object store) holds its files
+    # deflated; whoever downloads it unpacks them.
+    Case("F8 token in a .env of an uploaded .tar.gz",
+         {"host": "unbound.test", "method": "PUT", "target": "/bucket/ws.tar.gz",
+          "body": "{TGZ:GATEWAY_TOKEN={TOKEN}\n}",
+          "headers": [["Content-Type", "application/gzip"]]},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
          check=_no_upstream),
     Case("a body typed as gRPC-Web's binary and text forms both is refused unread",
@@ -1212,6 +1252,12 @@ DLP = [
          _dlp_post("/dlp/repo.git/git-receive-pack", "{GITPUSH:GITHUB_TOKEN={GH}\n}",
                    ["Content-Type", "application/x-git-receive-pack-request"]),
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential in a .env of an uploaded zip",
+         {**_dlp_post("/dlp/ws.zip", "{ZIP:GITHUB_TOKEN={GH}\n}"), "method": "PUT"},
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential in a .env of a streamed .tar.gz upload",
+         {**_dlp_post("/dlp/s", "{TGZ3M:GITHUB_TOKEN={GH}\n}"), "chunked": True},
+         ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_upstream_body),
     Case("DLP: a credential in a compressed gRPC-Web message in its text form",
          _dlp_post("/dlp/g", "{GRPCTEXT:deploy with {GH}}",
                    ["Content-Type", "application/grpc-web-text+proto"], ["grpc-encoding", "gzip"]),
@@ -1317,6 +1363,12 @@ def _fill(value: Any, subs: dict[str, str]) -> Any:
             return _grpc_text(_fill(value[10:-1], subs))
         if value.startswith("{GITPUSH:") and value.endswith("}"):  # (a deflated blob)
             return _git_push(_fill(value[9:-1], subs))
+        if value.startswith("{TGZ:") and value.endswith("}"):  # (an uploaded .tar.gz)
+            return _tar_gz(_fill(value[5:-1], subs))
+        if value.startswith("{TGZ3M:") and value.endswith("}"):  # (past the hold limit)
+            return _tar_gz(_fill(value[7:-1], subs), 3 * 1024 * 1024)
+        if value.startswith("{ZIP:") and value.endswith("}"):
+            return _zip(_fill(value[5:-1], subs))
         if value.startswith("{GZM:") and value.endswith("}"):  # (gzip, two members)
             return _gz_members(_fill(value[5:-1], subs))
         if value.startswith("{MPGZ:") and value.endswith("}"):  # (a form, a gzip part)

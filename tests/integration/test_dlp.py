@@ -616,3 +616,63 @@ def test_a_conversation_sent_again_is_read_for_what_is_new(
     assert (result.status, result.code) == (403, "secret_detected")
     assert all(GH.encode() not in r.body for r in upstream.requests[before:])
     assert len([r for r in upstream.requests[before:] if r.path == "/chat"]) == 2
+
+
+def _archive(tmp: Path, tool: str, files: dict[str, bytes]) -> bytes:
+    """An archive of `files` made by the real tool (`tar czf`, `tar cjf`, `tar cJf`,
+    `zip -r`), as a sandbox uploading its workspace makes it."""
+    import subprocess
+
+    work = tmp / f"ws-{len(list(tmp.iterdir()))}"
+    work.mkdir()
+    for name, data in files.items():
+        (work / name).write_bytes(data)
+    out = work.with_suffix(f".{tool}")  # (zip names its output so)
+    names = sorted(files)
+    argv = {"tar.gz": ["tar", "czf", str(out), *names], "tar.bz2": ["tar", "cjf", str(out), *names],
+            "tar.xz": ["tar", "cJf", str(out), *names], "zip": ["zip", "-qr", str(out), *names]}
+    subprocess.run(argv[tool], cwd=work, check=True, timeout=60)
+    return out.read_bytes()
+
+
+@pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
+def test_an_uploaded_archive_holding_a_credential_is_refused(
+        make_gateway: GatewayFactory, upstream: Upstream, tmp_path: Path, engine: str) -> None:
+    """curl uploading (`-T`, a PUT) an archive made by tar, bzip2, xz or zip: one whose
+    `.env` holds a credential is refused (`secret_detected`, where `body zip entry .env`
+    held, `body unpacked at offset N` streamed past the hold limit beside 2.5 MB of a
+    file) and the upstream never has it whole; the same archive without it arrives as
+    sent (issue 43: a workspace uploaded to an allowed object store)."""
+    import random
+    import subprocess
+
+    gw = make_gateway({"agent.yaml": POLICY}, {"network": {"intercept": engine}})
+    token = gw.mint("agent")
+    rng = random.Random(3)
+    big = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz \n") for _ in range(2_500_000))
+    for tool, size in (("tar.gz", 0), ("zip", 0), ("tar.bz2", 0), ("tar.xz", 0),
+                       ("tar.gz", 1), ("zip", 1)):
+        readme = {"README": (big if size else "notes\n").encode()}
+        for files, refused in ((readme, False), ({**readme, ".env": f"KEY={GH}\n".encode()},
+                                                 True)):
+            body = _archive(tmp_path, tool, files)
+            path = tmp_path / f"upload-{tool}"
+            path.write_bytes(body)
+            before, seen = len(gw.audit.records()), len(upstream.requests)
+            out = subprocess.run(
+                ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "20",
+                 "-T", str(path), "--proxy", gw.proxy_url(token), "--cacert",
+                 str(gw.ca_cert), f"https://other.test/bucket/ws.{tool}"],
+                capture_output=True, text=True, timeout=30)
+            line = _line(gw, before)
+            got = [r.body for r in upstream.requests[seen:]]
+            if not refused:
+                assert (out.stdout, line["error"], got) == ("200", None, [body]), (tool, out)
+                continue
+            assert line["error"] == "secret_detected", (tool, size, line)
+            assert out.stdout in ("403", "000"), (tool, out)  # (000: cut mid-upload)
+            [found] = line["dlp"]
+            # (zip stores a file deflate does not shrink: the body's own bytes hold it)
+            assert found["where"].startswith("body unpacked at offset" if size and tool !=
+                                             "zip" else "body "), found
+            assert body not in got and GH not in json.dumps(line), tool

@@ -16,6 +16,7 @@ Without the C pass (no AVX2), each question is asked on its own, as the scanner 
 
 from __future__ import annotations
 
+from gateway.core.archives import FIRST_BYTES, archive_kind
 from gateway.core.dlp.decoding import Unreadable, body_kind, json_codec, text_codec
 from gateway.core.dlp.fastscan import (
     BACKSLASH,
@@ -82,7 +83,8 @@ class CleanBodies:
             return True
         how = _TYPES.get(content_type) or reading(content_type)
         gate = self.prefilter.gate
-        if how == "other":
+        if how == "other" or (body[0] in FIRST_BYTES and archive_kind(body[:6])):
+            # (its parts, messages or files are read by their own: `Scanner.body_views`)
             gate.forget()  # (the leak guard's answer: not asked for)
             return False
         if not self.native:

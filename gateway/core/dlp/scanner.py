@@ -24,6 +24,7 @@ from itertools import accumulate
 from urllib.parse import parse_qsl, unquote_plus
 
 from gateway.core.dlp import jsondoc
+from gateway.core.dlp.archive_views import archive_views, unpacks
 from gateway.core.dlp.clean import CleanBodies
 from gateway.core.dlp.decoding import (
     Run,
@@ -116,8 +117,6 @@ class Scanner:
         if len(self._by_id) < 256:  # (holding `names`, so its id is not reused)
             self._by_id[id(names)] = (names, found)
         return found
-
-    # -- results ---------------------------------------------------------------------------
 
     def findings(self, hits: Iterable[Hit]) -> tuple[Finding, ...]:
         """Findings of hits, fingerprinted with this scanner's salt (`findings_of`)."""
@@ -295,6 +294,8 @@ class Scanner:
         if coding:
             where = Location(where.part, where.name, where.offset,
                              (*where.via, *(c.strip() for c in coding.split(",") if c.strip())))
+        if unpacks(body, where):  # (a .tar.gz, a .zip: its files read too, and its bytes)
+            yield from archive_views(self, body, where, nested)
         if not gated and self.body_clean(body, ctype):
             # Most bodies: no anchor, no base64 run and no escape its reader undoes that
             # could hide one: one C pass on the bytes as they are, no text made of them.
@@ -361,8 +362,7 @@ class Scanner:
         if form:
             yield from self._form(text, where)
             return
-        # Anything else (and JSON that is no document) is read as it is (a receiver does
-        # not undo %XX in a file), and with JSON's escapes undone (a lenient JSON reader's).
+        # Anything else: as it is (%XX is a file's), JSON's escapes undone (a lax reader's).
         text = text or body.decode(codec, "replace")
         for view in dict.fromkeys((text, json_unescape(text))):  # (the same text once)
             yield from self.text_hits(view, where)
@@ -370,8 +370,7 @@ class Scanner:
     def _form(self, text: str, where: Location) -> Iterator[Hit]:
         """A form's fields by name, and its text whole (the rules reading a name)."""
         for name, value in parse_qsl(text, keep_blank_values=True, encoding="latin-1"):
-            field = Location(where.part, _named(where, f"form field {name[:80]}"), None,
-                             where.via)
+            field = Location(where.part, _named(where, f"form field {name[:80]}"), None, where.via)
             yield from self.text_hits(value, field)
             yield from self.text_hits(name, field)
         yield from self._context(unquote_plus(text, encoding="latin-1"), where)

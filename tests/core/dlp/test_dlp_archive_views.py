@@ -1,0 +1,59 @@
+"""A held body that is an archive, read unpacked too (`core/dlp/archive_views.py`): a
+credential in a file of a `.tar.gz` or a `.zip` is found where it is (`body zip entry
+.env`), beside the body's own bytes; an archive in an archive's file is not unpacked
+again (a bomb's bound is of the body); a bomb is unreadable."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import zipfile
+
+import pytest
+from helpers.dlp_corpus import fake
+
+from gateway.core import archives
+from gateway.core.dlp import DEFAULT, Scanner
+from gateway.services.dlp.library import build
+
+SCANNER = Scanner(build(DEFAULT), b"test-salt")
+
+
+def _zip(files: dict[str, bytes]) -> bytes:
+    raw = io.BytesIO()
+    with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return raw.getvalue()
+
+
+def _where(body: bytes, ctype: str = "application/octet-stream") -> list[str]:
+    return [str(f.location) for f in SCANNER.scan_body(body, ctype).findings]
+
+
+def test_a_credential_in_an_archives_file_is_found_where_it_is() -> None:
+    key = fake("github").text.encode()
+    env = b"GITHUB_TOKEN=" + key + b"\n"
+    assert _where(gzip.compress(env, mtime=0), "application/gzip") == [
+        "body gzip file (in archive)"]
+    assert _where(_zip({"README": b"notes\n", ".env": env})) == [
+        "body zip entry .env (in archive)"]
+    # (stored: the body's own bytes hold it)
+    raw = io.BytesIO()
+    with zipfile.ZipFile(raw, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr(".env", env)
+    assert [w.startswith("body at offset") for w in _where(raw.getvalue())] == [True]
+    assert _where(_zip({"README": b"def main():\n    return 0\n"})) == []
+
+
+def test_an_archive_in_an_archives_file_is_not_unpacked_again() -> None:
+    env = b"GITHUB_TOKEN=" + fake("github").text.encode() + b"\n"
+    inner = _zip({".env": env})
+    assert _where(_zip({"inner.zip": inner})) == []  # (one level: see the module)
+    assert _where(gzip.compress(_zip({".env": env}), mtime=0)) == []
+
+
+def test_a_bomb_is_unreadable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(archives, "FLOOR", 10_000)
+    result = SCANNER.scan_body(gzip.compress(b"\0" * 2_000_000, mtime=0))
+    assert result.unreadable is not None and "64 times" in result.unreadable

@@ -1,0 +1,156 @@
+"""A body that is a compressed file or an archive, unpacked (`core/archives.py`): every
+format a sandbox's upload may be (gzip with several members, a tar inside, bzip2, xz,
+zip with deflate, bzip2, LZMA, data descriptors, zip64 sizes), at any cut of the body;
+what stops being the format stops the reading (as gunzip and unzip stop); stored,
+encrypted or unknown entries are left to the body's bytes; a bomb is an error."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import lzma
+import struct
+import tarfile
+import zipfile
+
+import pytest
+
+from gateway.core import archives
+from gateway.core.archives import FIRST_BYTES, Sniffed, Unpacker, archive_kind
+from gateway.core.encodings import EncodingError
+
+KEY = b"GITHUB_TOKEN=ghp_bbI3N2G46G3G8hLwqoiCabcdefghij0123456789\n"
+README = b"the model parses the rows\n" * 400
+
+
+def _tar_gz() -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        for name, data in (("README", README), (".env", KEY)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return gzip.compress(raw.getvalue(), mtime=0)
+
+
+class _Unseekable(io.RawIOBase):
+    """A file zipfile cannot seek back in: its entries get data descriptors."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: bytes) -> int:  # type: ignore[override]
+        self.data += b
+        return len(b)
+
+
+def _zip(method: int, *, seekable: bool = True, zip64: bool = False) -> bytes:
+    out: io.BytesIO | _Unseekable = io.BytesIO() if seekable else _Unseekable()
+    with zipfile.ZipFile(out, "w", method) as archive:
+        archive.writestr("README", README)
+        with archive.open(".env", "w", force_zip64=zip64) as entry:
+            entry.write(KEY)
+    return bytes(out.getvalue() if isinstance(out, io.BytesIO) else out.data)
+
+
+FORMATS = {
+    "gzip": gzip.compress(KEY, mtime=0),
+    "gzip, two members": gzip.compress(README, mtime=0) + gzip.compress(KEY, mtime=0),
+    "tar.gz": _tar_gz(),
+    "bzip2, two streams": bz2.compress(README) + bz2.compress(KEY),
+    "xz": lzma.compress(README + KEY),
+    "zip, deflate": _zip(zipfile.ZIP_DEFLATED),
+    "zip, bzip2": _zip(zipfile.ZIP_BZIP2),
+    "zip, lzma": _zip(zipfile.ZIP_LZMA),
+    "zip, data descriptors": _zip(zipfile.ZIP_DEFLATED, seekable=False),
+    "zip, zip64 sizes": _zip(zipfile.ZIP_DEFLATED, zip64=True),
+}
+
+
+def _unpack(body: bytes, step: int) -> list[tuple[str, bytes]]:
+    sniffed, out = Sniffed(), []
+    for at in range(0, len(body), step):
+        out += sniffed.feed(body[at:at + step])
+    return out + sniffed.feed(b"", final=True)
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("step", [1, 3, 4096, 1 << 20])
+def test_every_format_is_unpacked_at_any_cut(name: str, step: int) -> None:
+    body = FORMATS[name]
+    assert KEY not in body and body[0] in FIRST_BYTES
+    files = _unpack(body, step)
+    assert KEY in b"".join(data for _, data in files), files
+    if name.startswith("zip"):
+        assert {n for n, _ in files} == {"README", ".env"}
+        assert b"".join(d for n, d in files if n == ".env") == KEY
+
+
+def test_a_stored_or_encrypted_entry_is_left_to_the_bodys_bytes() -> None:
+    """A stored entry is the body's own bytes (read as they are); an encrypted one
+    (flag bit 0) cannot be read by anyone without its key: passed over by its size,
+    and the entries after it are read."""
+    stored = _zip(zipfile.ZIP_STORED)
+    assert KEY in stored and _unpack(stored, 5) == []
+    body = bytearray(_zip(zipfile.ZIP_DEFLATED))
+    struct.pack_into("<H", body, 6, 1)  # (the first entry, README, said encrypted)
+    assert {n for n, _ in _unpack(bytes(body), 7)} == {".env"}
+
+
+def _corrupt_first_entry() -> bytes:
+    """A zip whose first entry's deflate is corrupt (unzip reports it and goes on)."""
+    body = bytearray(_zip(zipfile.ZIP_DEFLATED))
+    data = 30 + len("README") + struct.unpack_from("<H", body, 28)[0]
+    body[data:data + 4] = b"\xff\xff\xff\xff"
+    return bytes(body)
+
+
+@pytest.mark.parametrize("body", [
+    gzip.compress(KEY, mtime=0) + b"trailing garbage",  # (gunzip: warns, keeps the file)
+    # (a wrong CRC or length: gunzip has written the file when it finds it out)
+    gzip.compress(README + KEY, mtime=0)[:-8] + b"\0" * 8,
+    _zip(zipfile.ZIP_DEFLATED) + b"junk after the central directory",
+    _corrupt_first_entry(),
+])
+@pytest.mark.parametrize("step", [1, 1 << 20])
+def test_what_stops_being_the_format_stops_the_reading_not_before(body: bytes,
+                                                                   step: int) -> None:
+    """What decoded before bytes that are not the format is read, whether the bad bytes
+    came in the same piece or later (a failing call of zlib's gives nothing: the
+    decoded part is found again on copies of the stream); a zip's next entry is read
+    after a corrupt one."""
+    assert KEY in b"".join(d for _, d in _unpack(body, step))
+
+
+def test_a_body_that_is_no_archive_costs_one_look() -> None:
+    sniffed = Sniffed()
+    assert sniffed.feed(b'{"model": "m"}') == [] and sniffed.decided
+    assert sniffed.unpacker is None and sniffed.feed(b"PK\x03\x04 later") == []
+    short = Sniffed()  # (a body of fewer bytes than a magic: decided at its end)
+    assert short.feed(b"BZ") == [] and not short.decided
+    assert short.feed(b"", final=True) == [] and short.decided
+
+
+def test_a_bomb_is_refused_as_it_unpacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(archives, "FLOOR", 10_000)
+    bomb = gzip.compress(b"\0" * 5_000_000, mtime=0)
+    assert len(bomb) < 10_000
+    with pytest.raises(EncodingError, match="more than 64 times"):
+        _unpack(bomb, 4096)
+    _unpack(gzip.compress(b"\0" * 9_000, mtime=0), 1)  # (within the floor)
+
+
+@pytest.mark.parametrize(("head", "kind"), [
+    (b"\x1f\x8b\x08\0\0\0", "gzip"), (b"BZh91AY", "bzip2"), (b"\xfd7zXZ\0", "xz"),
+    (b"PK\x03\x04\x14\0", "zip"), (b"PK\x05\x06\0\0", None),  # (an empty zip: nothing)
+    (b"\x1f\x8b\x09", None), (b'{"a": 1}', None), (b"", None)])
+def test_what_a_body_is_is_said_by_its_first_bytes(head: bytes, kind: str | None) -> None:
+    assert archive_kind(head) == kind
+
+
+def test_unpacker_names_a_compressed_files_pieces_with_no_name() -> None:
+    assert Unpacker("gzip").feed(gzip.compress(KEY, mtime=0)) == [("", KEY)]
