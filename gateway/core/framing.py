@@ -6,12 +6,13 @@ detection read them through one interface (`MessageReader`)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Protocol
 
 from gateway.core.git_pack import PackReader, is_git_push
 from gateway.core.grpc_frames import frames_for, is_grpc
 
-__all__ = ["MessageReader", "is_framed", "reader_for"]
+__all__ = ["MessageReader", "framing", "is_framed", "reader_for"]
 
 
 class MessageReader(Protocol):
@@ -30,6 +31,7 @@ class MessageReader(Protocol):
     def end(self) -> None: ...
 
 
+@functools.lru_cache(maxsize=256)  # (asked for every view of every body: a few types)
 def is_framed(content_type: str | None) -> bool:
     """Whether a body of this Content-Type is read by its messages."""
     return is_grpc(content_type) or is_git_push(content_type)
@@ -38,6 +40,15 @@ def is_framed(content_type: str | None) -> bool:
 def reader_for(content_type: str | None) -> MessageReader | None:
     """A reader of a body of this Content-Type's messages, None for a body read as
     it is."""
+    made = framing(content_type)
+    return made() if made is not None else None
+
+
+@functools.lru_cache(maxsize=256)  # (asked for every request with a body: a few types)
+def framing(content_type: str | None) -> type[MessageReader] | None:
+    """The class of `reader_for`'s reader (None: none): two types that name different
+    ones are two readings of one body."""
     if is_git_push(content_type):
-        return PackReader()
-    return frames_for(content_type)
+        return PackReader
+    found = frames_for(content_type)
+    return type(found) if found is not None else None

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from gateway.core.archives import Sniffed
+from gateway.core.archives import FIRST_BYTES, Sniffed
 from gateway.core.dlp.fastscan import RUN
 from gateway.core.encodings import Decoder, EncodingError, decoder_for
-from gateway.core.framing import MessageReader, reader_for
+from gateway.core.framing import MessageReader, framing
 from gateway.core.leaks import StreamScan
 from gateway.core.refusal import Refusal
 from gateway.pipeline.exchange_state import ExchangeState
@@ -42,8 +42,8 @@ class RequestSide:
         self._held_size = 0
         self._frames: MessageReader | None = None  # (gRPC, a git push: its messages)
         self._typed = False  # (whether the body's Content-Type was read for it)
-        self._archive = Sniffed()  # (a .tar.gz, a .zip: its files, for the leak scan)
-        self._files: StreamScan | None = None
+        self._archive: Sniffed | None = None  # (a .tar.gz, a .zip: its files, for the
+        self._files: StreamScan | None = None  # leak scan; none for other bodies)
 
     def _scanner(self) -> StreamScan:
         if self._scan is None:
@@ -68,13 +68,17 @@ class RequestSide:
         if not self._typed and data:  # (at the first bytes: a bodiless request never asks)
             self._typed = True
             # (any of its types: a server may read the body by a second one)
-            readers = {type(f) for f in map(reader_for, self.ex.head.headers.get_all(
-                "content-type")) if f is not None}
+            readers = set(map(framing, self.ex.head.headers.get_all("content-type")))
+            readers.discard(None)
             if len(readers) > 1:  # (gRPC-Web's text and binary forms, a git push: which?)
                 raise _unreadable(EncodingError(
                     "its Content-Types name two framings (gRPC's binary and text forms, "
                     "a git push)"))
-            self._frames = readers.pop()() if readers else None
+            made = readers.pop() if readers else None
+            self._frames = made() if made is not None else None
+            # (an archive's files read too: most bodies' first byte says they are none)
+            self._archive = Sniffed() if self._frames is None and (
+                len(data) < 6 or data[0] in FIRST_BYTES) else None
         if self._frames is not None:  # (gRPC, a git push: the messages are read, `framing`)
             self._messages(scanner, data, streamed)
             return
@@ -83,8 +87,8 @@ class RequestSide:
                              None if flags is None else bool(flags & RUN), flags or 0)
         if found is not None:
             raise self.ex.leak(found)
-        if not self._archive.decided or self._archive.unpacker is not None:
-            self._unpacked(data)
+        if self._archive is not None:
+            self._unpacked(self._archive, data)
         if dlp is not None and streamed:
             dlp.feed(data, self.ex.head.headers.get("content-type"), flags)
         if streamed and self.ex.content is not None:
@@ -108,13 +112,15 @@ class RequestSide:
         if streamed and self.ex.content is not None:
             self.ex.content.request(data, self.ex.head.headers.get("content-type"), whole=False)
 
-    def _unpacked(self, data: bytes, final: bool = False) -> None:
+    def _unpacked(self, archive: Sniffed, data: bytes, final: bool = False) -> None:
         """A body that is an archive (`core/archives.py`): its files, unpacked, read by
         a leak scan of their own (a token in a `.env` of an uploaded `.tar.gz`)."""
         try:
-            files = self._archive.feed(data, final)
+            files = archive.feed(data, final)
         except EncodingError as exc:
             raise _unreadable(exc) from None
+        if archive.decided and archive.unpacker is None:
+            self._archive = None  # (no archive: nothing more to look at)
         for _, piece in files:
             if self._files is None:
                 assert self.ex.scan is not None
@@ -124,8 +130,8 @@ class RequestSide:
                 raise self.ex.leak(found)
 
     def _frames_end(self) -> None:
-        if not self._archive.decided and self._frames is None:  # (a body of < 6 bytes)
-            self._unpacked(b"", final=True)
+        if self._archive is not None:  # (a body of fewer bytes than a magic's, or an
+            self._unpacked(self._archive, b"", final=True)  # archive's end)
         if self._frames is not None:
             try:
                 self._frames.end()

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import accumulate
 from urllib.parse import parse_qsl, unquote_plus
 
+from gateway.core.archives import FIRST_BYTES
 from gateway.core.dlp import jsondoc
 from gateway.core.dlp.archive_views import archive_views, unpacks
 from gateway.core.dlp.clean import CleanBodies
@@ -294,7 +295,7 @@ class Scanner:
         if coding:
             where = Location(where.part, where.name, where.offset,
                              (*where.via, *(c.strip() for c in coding.split(",") if c.strip())))
-        if unpacks(body, where):  # (a .tar.gz, a .zip: its files read too, and its bytes)
+        if body[0] in FIRST_BYTES and unpacks(body, where):  # (a .tar.gz, a .zip: its files)
             yield from archive_views(self, body, where, nested)
         if not gated and self.body_clean(body, ctype):
             # Most bodies: no anchor, no base64 run and no escape its reader undoes that
