@@ -12,8 +12,12 @@ inflated; stored ones are the body's own bytes, read as they are). As `gunzip` a
 rest is read as bytes, as every body is); an encrypted entry, a zip method or a zstd
 file it cannot undo are read as their bytes (what a cipher hides no reading finds). A
 body that inflates to more than `FLOOR` plus `RATIO` times its bytes (a bomb) is an
-`EncodingError`: the caller refuses it. What the body is must be said by its first
-bytes: an archive after other bytes is not looked for (every body would pay a search).
+`EncodingError`: the caller refuses it; an xz or LZMA stream whose decoder would take
+more than `MEMORY` is not read (a header asking 4 GiB is not allocated). What the body
+is must be said by its first bytes: an archive after other bytes is not looked for
+(every body would pay a search). What a gzip stream decoded before bad bytes is read
+(zlib's stream is copied before each call); a bzip2 or xz stream's failing call gives
+nothing (they cannot be copied): what it decoded in that call is not read.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ FLOOR = 64 * 1024 * 1024  # bytes a body may unpack to whatever its size
 RATIO = 64  # and per byte of it
 _MAGIC = ((b"\x1f\x8b\x08", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"),
           (b"PK\x03\x04", "zip"))
+MEMORY = 128 * 1024 * 1024  # an xz or LZMA decoder's memory at most (xz -9 uses 65 MiB)
 FIRST_BYTES = frozenset(magic[0] for magic, _ in _MAGIC)  # (`body[0] in`: most bodies)
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")  # (a zip entry's local header: 30 bytes)
 
@@ -68,10 +73,11 @@ def _decompressor(kind: str) -> _Stream:
         return zlib.decompressobj(31)
     if kind == "bzip2":
         return bz2.BZ2Decompressor()
-    return lzma.LZMADecompressor(lzma.FORMAT_XZ)
+    return lzma.LZMADecompressor(lzma.FORMAT_XZ, memlimit=MEMORY)
 
 
-_ERRORS = (zlib.error, OSError, EOFError, lzma.LZMAError)
+# (ValueError: properties no decoder takes; MemoryError: one it could not make)
+_ERRORS = (zlib.error, OSError, EOFError, lzma.LZMAError, ValueError, MemoryError)
 
 
 def _salvage(before: Any, data: bytes, limit: int) -> bytes:
@@ -121,8 +127,11 @@ class _ZipLzma:
                 raise lzma.LZMAError("not a zip entry's LZMA properties")
             pb, rest = divmod(self._head[4], 45)
             lp, lc = divmod(rest, 9)
+            window = int.from_bytes(self._head[5:9], "little")
+            if window > MEMORY // 2:  # (its dictionary is allocated whole, as it says)
+                raise lzma.LZMAError("an LZMA dictionary larger than the gateway makes")
             self._inner = lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=[{
-                "id": lzma.FILTER_LZMA1, "dict_size": int.from_bytes(self._head[5:9], "little"),
+                "id": lzma.FILTER_LZMA1, "dict_size": window,
                 "lc": lc, "lp": lp, "pb": pb}])
             data, self._head = bytes(self._head[9:]), bytearray()
         return self._inner.decompress(data, max_length)

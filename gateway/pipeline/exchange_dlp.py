@@ -38,7 +38,6 @@ from gateway.core.dlp import (
     redact_body,
     redact_text,
 )
-from gateway.core.dlp.archive_stream import ArchiveStream
 from gateway.core.dlp.detector import Budget
 from gateway.core.dlp.fastscan import ChunkPass
 from gateway.core.dlp.policy import Action
@@ -59,7 +58,7 @@ class DlpCheck:
     `dlp:`: it only takes the exchange's own facts (its host and rule for refusals, its
     telemetry and engine for counts, its sandbox for what it sent before)."""
 
-    __slots__ = ("_answer", "_files", "_pass", "_stream", "_unread", "answers", "engine", "found",
+    __slots__ = ("_answer", "_pass", "_stream", "_unread", "answers", "engine", "found",
                  "gate", "host", "plan", "rule", "sandbox", "scanner", "telemetry")
 
     def __init__(self, plan: Plan, host: str, rule: str | None,
@@ -78,7 +77,6 @@ class DlpCheck:
         self.engine = engine
         self.sandbox = sandbox  # (whose: what it sent before is not read again, `history`)
         self._stream: StreamScanner | None = None
-        self._files: ArchiveStream | None = None  # (the body's files, where an archive)
         self._pass: ChunkPass | None = None  # (a streamed body's shared pass)
         self._answer: StreamScanner | None = None
         self._unread: set[str] = set()  # (the parts of the answer said to be unreadable)
@@ -184,26 +182,21 @@ class DlpCheck:
              flags: int | None = None) -> None:
         """A piece of the streamed body, decoded (`content_type`: the body's, read at
         the first piece; `flags`: `passed(piece)`, None if not asked)."""
-        if self._stream is None:
-            self._stream = StreamScanner(self.scanner, content_type=content_type)
-            self._files = ArchiveStream(self.scanner)  # (a .tar.gz, a .zip: its files)
-        assert self._files is not None
-        with Budget(len(piece) + self._stream.pending + self._files.pending):
+        if self._stream is None:  # (unpacked too where it, or a part, is an archive)
+            self._stream = StreamScanner(self.scanner, content_type=content_type,
+                                         unpack=True)
+        with Budget(len(piece) + self._stream.pending):
             self._judge(self._stream.feed(piece, flags), _NOT_STREAMED)
-            self._judge(self._files.feed(piece), _NOT_STREAMED)
 
     @property
     def pending(self) -> int:
         """Bytes at the end of the stream not scanned yet (held back, not forwarded)."""
-        if self._stream is None or self._files is None:
-            return 0
-        return max(self._stream.pending, self._files.pending)
+        return self._stream.pending if self._stream is not None else 0
 
     def end(self) -> None:
-        if self._stream is not None and self._files is not None:
-            with Budget(self._stream.pending + self._files.pending):
+        if self._stream is not None:
+            with Budget(self._stream.pending):
                 self._judge(self._stream.end(), _NOT_STREAMED)
-                self._judge(self._files.end(), _NOT_STREAMED)
 
     def trailers(self, fields: list[tuple[bytes, bytes]]) -> None:
         with Budget(_size(fields)):

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 from collections import deque
 
-from gateway.core.archives import FIRST_BYTES, Sniffed
+from gateway.core.archives import FIRST_BYTES
+from gateway.core.dlp.decoding import Unreadable
 from gateway.core.dlp.fastscan import RUN
+from gateway.core.dlp.files import Files
+from gateway.core.dlp.multipart import boundary
 from gateway.core.encodings import Decoder, EncodingError, decoder_for
 from gateway.core.framing import MessageReader, framing
 from gateway.core.leaks import StreamScan
@@ -24,6 +27,19 @@ from gateway.pipeline.exchange_state import ExchangeState
 __all__ = ["ENCODED_LIMIT", "RequestSide"]
 
 ENCODED_LIMIT = 8 * 1024 * 1024  # a compressed request body is held whole up to this size
+
+
+def _archives(content_type: str | None, data: bytes) -> Files | None:
+    """What reads the files of a body whose first bytes are `data`: a multipart body's
+    parts, each maybe an archive; another body that may be one by its first byte."""
+    try:
+        delimiter = boundary(content_type) if content_type and \
+            "multipart/" in content_type.lower() else None
+    except Unreadable:  # (two boundaries: detection refuses it; the leak scan reads its
+        delimiter = None  # bytes, and the body as a whole where it is an archive)
+    if delimiter is None and len(data) >= 6 and data[0] not in FIRST_BYTES:
+        return None
+    return Files(delimiter)
 
 
 def _unreadable(exc: EncodingError) -> Refusal:
@@ -42,8 +58,10 @@ class RequestSide:
         self._held_size = 0
         self._frames: MessageReader | None = None  # (gRPC, a git push: its messages)
         self._typed = False  # (whether the body's Content-Type was read for it)
-        self._archive: Sniffed | None = None  # (a .tar.gz, a .zip: its files, for the
-        self._files: StreamScan | None = None  # leak scan; none for other bodies)
+        # (a body, or a multipart body's parts, that are archives: their files, for a
+        # leak scan of their own, by part; none for other bodies)
+        self._archives: Files | None = None
+        self._files: dict[int, StreamScan] = {}
 
     def _scanner(self) -> StreamScan:
         if self._scan is None:
@@ -76,9 +94,9 @@ class RequestSide:
                     "a git push)"))
             made = readers.pop() if readers else None
             self._frames = made() if made is not None else None
-            # (an archive's files read too: most bodies' first byte says they are none)
-            self._archive = Sniffed() if self._frames is None and (
-                len(data) < 6 or data[0] in FIRST_BYTES) else None
+            if self._frames is None:  # (an archive's files read too: most bodies' first
+                self._archives = _archives(self.ex.head.headers.get(  # byte says none)
+                    "content-type"), data)
         if self._frames is not None:  # (gRPC, a git push: the messages are read, `framing`)
             self._messages(scanner, data, streamed)
             return
@@ -87,8 +105,8 @@ class RequestSide:
                              None if flags is None else bool(flags & RUN), flags or 0)
         if found is not None:
             raise self.ex.leak(found)
-        if self._archive is not None:
-            self._unpacked(self._archive, data)
+        if self._archives is not None:
+            self._unpacked(self._archives, data)
         if dlp is not None and streamed:
             dlp.feed(data, self.ex.head.headers.get("content-type"), flags)
         if streamed and self.ex.content is not None:
@@ -112,26 +130,29 @@ class RequestSide:
         if streamed and self.ex.content is not None:
             self.ex.content.request(data, self.ex.head.headers.get("content-type"), whole=False)
 
-    def _unpacked(self, archive: Sniffed, data: bytes, final: bool = False) -> None:
-        """A body that is an archive (`core/archives.py`): its files, unpacked, read by
-        a leak scan of their own (a token in a `.env` of an uploaded `.tar.gz`)."""
+    def _unpacked(self, archives: Files, data: bytes, final: bool = False) -> None:
+        """A body, or a multipart body's part, that is an archive (`core/archives.py`):
+        its files, unpacked, read by a leak scan of their own (a token in a `.env` of an
+        uploaded `.tar.gz`), a part's not across another's."""
         try:
-            files = archive.feed(data, final)
+            files = archives.feed(data, final)
         except EncodingError as exc:
             raise _unreadable(exc) from None
-        if archive.decided and archive.unpacker is None:
-            self._archive = None  # (no archive: nothing more to look at)
-        for _, piece in files:
-            if self._files is None:
+        if archives.done:
+            self._archives = None  # (no archive: nothing more to look at)
+        for number, piece in files:
+            scan = self._files.get(number)
+            if scan is None:
                 assert self.ex.scan is not None
-                self._files = self.ex.scan.stream()
-            found = self._files.feed(piece)
+                self._files = {number: self.ex.scan.stream()}  # (the part before ended)
+                scan = self._files[number]
+            found = scan.feed(piece)
             if found is not None:
                 raise self.ex.leak(found)
 
     def _frames_end(self) -> None:
-        if self._archive is not None:  # (a body of fewer bytes than a magic's, or an
-            self._unpacked(self._archive, b"", final=True)  # archive's end)
+        if self._archives is not None:  # (a body of fewer bytes than a magic's, or an
+            self._unpacked(self._archives, b"", final=True)  # archive's end)
         if self._frames is not None:
             try:
                 self._frames.end()

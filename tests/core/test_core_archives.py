@@ -154,3 +154,14 @@ def test_what_a_body_is_is_said_by_its_first_bytes(head: bytes, kind: str | None
 
 def test_unpacker_names_a_compressed_files_pieces_with_no_name() -> None:
     assert Unpacker("gzip").feed(gzip.compress(KEY, mtime=0)) == [("", KEY)]
+
+
+def test_an_lzma_entry_asking_for_a_huge_dictionary_is_not_decoded() -> None:
+    """A zip's LZMA entry says its dictionary's size, which its decoder allocates whole:
+    one over the bound (4 GiB here) is left to the body's bytes, never allocated, and
+    the entries after it are read."""
+    body = bytearray(_zip(zipfile.ZIP_LZMA))
+    data = 30 + len("README") + struct.unpack_from("<H", body, 28)[0]
+    assert body[data + 2:data + 4] == b"\x05\x00"  # (5 bytes of properties)
+    body[data + 5:data + 9] = b"\xff\xff\xff\xff"
+    assert {n for n, _ in _unpack(bytes(body), 4096)} == {".env"}

@@ -108,6 +108,7 @@ PROXY_READS = {"DLP: a credential in a header", "DLP: a credential in a WebSocke
                "DLP: a credential in a compressed gRPC message",
                "DLP: a credential in a compressed gRPC-Web message in its text form",
                "DLP: a credential committed to a file in a git push",
+               "DLP: a credential in a .env of a zip a streamed upload form sends",
                # (the proxy undoes the coding: one it cannot is a bad request)
                "a deflate body with bytes after its end is refused unread",
                "DLP: a credential in an absolute-form plain HTTP request",
@@ -127,7 +128,10 @@ BINARY = {"DLP: a credential in a gzip part of a streamed multipart body",
           "DLP: a credential committed to a file in a git push",
           "F8 token in a .env of an uploaded .tar.gz",
           "DLP: a credential in a .env of an uploaded zip",
-          "DLP: a credential in a .env of a streamed .tar.gz upload"}
+          "DLP: a credential in a .env of a streamed .tar.gz upload",
+          "F8 token in a .env of a zip an upload form sends",
+          "F8 token in a .env of a zip a streamed upload form sends",
+          "DLP: a credential in a .env of a zip a streamed upload form sends"}
 
 
 # Rows whose body holds a token the gateway issued: the proxy's leak guard refuses it

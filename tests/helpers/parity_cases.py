@@ -403,17 +403,31 @@ def _tar_gz(text: str, filler: int = 0) -> str:
     return base64.b64encode(gzip.compress(raw.getvalue(), mtime=0)).decode()
 
 
-def _zip(text: str) -> str:
-    """A `.zip` (deflate) of a README and a `.env` holding `text`, base64."""
+def _zip(text: str, filler: int = 0) -> str:
+    """A `.zip` (deflate) of a README (`filler` bytes of random lowercase words, as in
+    `_tar_gz`) and a `.env` holding `text`, base64."""
     import io
+    import random
     import zipfile
 
+    rng = random.Random(filler)
+    readme = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(filler))
     raw = io.BytesIO()
     with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, data in (("README", "notes\n" * 50), (".env", text)):
+        for name, data in (("README", readme or "notes\n" * 50), (".env", text)):
             archive.writestr(zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0)), data,
                              zipfile.ZIP_DEFLATED)
     return base64.b64encode(raw.getvalue()).decode()
+
+
+def _upload_form(text: str, filler: int = 0) -> str:
+    """An upload form (boundary `b`; an S3 presigned POST's shape): a `key` field, then
+    the file, `_zip`'s archive, base64."""
+    return base64.b64encode(
+        b"--b\r\nContent-Disposition: form-data; name=\"key\"\r\n\r\nuploads/ws.zip\r\n"
+        b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"ws.zip\"\r\n"
+        b"Content-Type: application/zip\r\n\r\n" + base64.b64decode(_zip(text, filler)) +
+        b"\r\n--b--\r\n").decode()
 
 
 def _grpc_messages(text: str) -> bytes:
@@ -769,6 +783,18 @@ CASES = [
           "headers": [["Content-Type", "application/gzip"]]},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
          check=_no_upstream),
+    Case("F8 token in a .env of a zip an upload form sends",
+         {"host": "unbound.test", "method": "POST", "target": "/bucket",
+          "body": "{FORMZIP:GATEWAY_TOKEN={TOKEN}\n}",
+          "headers": [["Content-Type", "multipart/form-data; boundary=b"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
+    Case("F8 token in a .env of a zip a streamed upload form sends",
+         {"host": "unbound.test", "method": "POST", "target": "/bucket", "chunked": True,
+          "body": "{FORMZIP3M:GATEWAY_TOKEN={TOKEN}\n}",
+          "headers": [["Content-Type", "multipart/form-data; boundary=b"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         streamed=True, check=_no_upstream_body),
     Case("a body typed as gRPC-Web's binary and text forms both is refused unread",
          {"host": "unbound.test", "method": "POST", "target": "/svc/Put",
           "body": "{GRPCTEXT:hello}",
@@ -1258,6 +1284,10 @@ DLP = [
     Case("DLP: a credential in a .env of a streamed .tar.gz upload",
          {**_dlp_post("/dlp/s", "{TGZ3M:GITHUB_TOKEN={GH}\n}"), "chunked": True},
          ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_upstream_body),
+    Case("DLP: a credential in a .env of a zip a streamed upload form sends",
+         {**_dlp_post("/dlp/s", "{FORMZIP3M:GITHUB_TOKEN={GH}\n}",
+                      ["Content-Type", "multipart/form-data; boundary=b"]), "chunked": True},
+         ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_upstream_body),
     Case("DLP: a credential in a compressed gRPC-Web message in its text form",
          _dlp_post("/dlp/g", "{GRPCTEXT:deploy with {GH}}",
                    ["Content-Type", "application/grpc-web-text+proto"], ["grpc-encoding", "gzip"]),
@@ -1369,6 +1399,10 @@ def _fill(value: Any, subs: dict[str, str]) -> Any:
             return _tar_gz(_fill(value[7:-1], subs), 3 * 1024 * 1024)
         if value.startswith("{ZIP:") and value.endswith("}"):
             return _zip(_fill(value[5:-1], subs))
+        if value.startswith("{FORMZIP:") and value.endswith("}"):  # (a form's file part)
+            return _upload_form(_fill(value[9:-1], subs))
+        if value.startswith("{FORMZIP3M:") and value.endswith("}"):  # (streamed)
+            return _upload_form(_fill(value[11:-1], subs), 3 * 1024 * 1024)
         if value.startswith("{GZM:") and value.endswith("}"):  # (gzip, two members)
             return _gz_members(_fill(value[5:-1], subs))
         if value.startswith("{MPGZ:") and value.endswith("}"):  # (a form, a gzip part)

@@ -106,31 +106,51 @@ class StreamedParts:
     """A multipart body streamed past the hold limit is read as text (its window, as it
     came): fed each piece, this raises Unreadable at a part whose head names what such
     a reading cannot undo (a content coding, a transfer encoding, a charset ASCII is not
-    its own bytes in), looking only at the heads after each delimiter."""
+    its own bytes in), looking only at the heads after each delimiter; and gives each
+    part's content as it comes, by the part's number (from 1: what the scan reads a
+    part that is an archive by, unpacked, `stream.StreamScanner`). A part's content ends
+    with the line break before the next delimiter."""
 
-    __slots__ = ("_delimiter", "_tail")
+    __slots__ = ("_check", "_delimiter", "_head", "_tail", "part")
 
-    def __init__(self, delimiter: bytes) -> None:
+    def __init__(self, delimiter: bytes, check: bool = True) -> None:
         self._delimiter = delimiter
+        self._check = check  # (the heads checked: False where only the contents count)
         self._tail = b""
+        self._head = False  # (reading a part's head)
+        self.part = 0  # (the part whose content comes: 0, the preamble)
 
-    def feed(self, piece: bytes) -> None:
+    def feed(self, piece: bytes) -> list[tuple[int, bytes]]:
         data, delimiter = self._tail + piece, self._delimiter
-        keep = max(0, len(data) - len(delimiter) - 4)  # (a delimiter cut across pieces)
-        at = data.find(delimiter)
-        while at >= 0:
-            start = at + len(delimiter)
-            end = min((i for i in (data.find(b"\r\n\r\n", start), data.find(b"\n\n", start))
-                       if i >= 0), default=-1)
-            if end < 0:
-                if len(data) - start > _HEAD_MAX:
-                    raise Unreadable("a streamed multipart part's head is longer than "
-                                     f"{_HEAD_MAX} bytes")
-                keep = min(keep, at)  # (its head is still coming)
+        out: list[tuple[int, bytes]] = []
+        at = 0
+        while True:
+            if self._head:
+                end = min((i for i in (data.find(b"\r\n\r\n", at), data.find(b"\n\n", at))
+                           if i >= 0), default=-1)
+                if end < 0:
+                    if len(data) - at > _HEAD_MAX:
+                        raise Unreadable("a streamed multipart part's head is longer than "
+                                         f"{_HEAD_MAX} bytes")
+                    break  # (its head is still coming)
+                if self._check:
+                    _check(data[at:end])
+                at = end + (4 if data.startswith(b"\r\n\r\n", end) else 2)
+                self._head = False
+            found = data.find(delimiter, at)
+            if found < 0:  # (its last bytes may start a delimiter: kept for the next)
+                safe = max(at, len(data) - len(delimiter) - 4)
+                if self.part and safe > at:
+                    out.append((self.part, data[at:safe]))
+                at = safe
                 break
-            _check(data[start:end])
-            at = data.find(delimiter, end)
-        self._tail = data[keep:]
+            if self.part and found > at:
+                out.append((self.part, data[at:found]))
+            self.part += 1
+            self._head = True
+            at = found + len(delimiter)
+        self._tail = data[at:]
+        return out
 
 
 def _check(head: bytes) -> None:

@@ -49,6 +49,7 @@ from gateway.core.dlp.fastscan import (
     SEGMENT,
     as_bytes,
 )
+from gateway.core.dlp.files import Files
 from gateway.core.dlp.findings import Finding, Location, ScanResult
 from gateway.core.dlp.multipart import StreamedParts, boundary
 from gateway.core.dlp.prefilter import json_unescape
@@ -70,7 +71,10 @@ class StreamScanner:
     """Feed chunks, then `end()`; each call returns the findings new since the last."""
 
     def __init__(self, scanner: Scanner, content_encoding: str | None = None,
-                 where: str = "body", content_type: str | None = None) -> None:
+                 where: str = "body", content_type: str | None = None,
+                 unpack: bool = False) -> None:
+        """`unpack`: a request body, read unpacked too where it, or a multipart part
+        of it, is an archive (`files.Files`; an answer is not)."""
         self._scanner = scanner
         self._where = where
         self.keep = max(MIN_KEEP, scanner.reach + 64)
@@ -84,6 +88,9 @@ class StreamScanner:
         self._sniffed = False  # (the first bytes looked at for a byte-order mark)
         self._early = b""  # (the first bytes, while fewer than a sniff reads: `_text`)
         self._parts: StreamedParts | None = None  # (a multipart body's part heads)
+        # (a request body, or its parts, that are archives: their files, `files.Files`)
+        self._files: Files | None = None
+        self._files_scan: dict[int, StreamScanner] = {}  # (the files being read)
         self._frames = reader_for(content_type)  # (gRPC, a git push: its messages)
         self._kind = "text"  # (a JSON or form body: its escapes undone too, `_scan`)
         # where, in the stream, the last chunk the shared pass found something in ends
@@ -91,7 +98,10 @@ class StreamScanner:
         self._hit = 0 if not scanner.prefilter.unanchored else _NO_LIMIT
         try:  # (read as text: a part's coding or charset it cannot undo is refused)
             delimiter = boundary(content_type or "") if "multipart/" in self._ctype else None
-            self._parts = StreamedParts(delimiter) if delimiter is not None else None
+            self._parts = StreamedParts(delimiter) if delimiter is not None and \
+                not unpack else None
+            self._files = Files(delimiter, check=True) if unpack and \
+                self._frames is None else None
         except Unreadable as exc:
             self.unreadable = str(exc)
         codings = [c.strip().lower() for c in (content_encoding or "").split(",") if c.strip()]
@@ -110,6 +120,8 @@ class StreamScanner:
         coding, characters are bytes; a transcoded one counts what the window's UTF-8
         may have come from, at most `_WIDEST` bytes a byte, and the decoder's tail)."""
         held = self._frames.pending + 5 if self._frames is not None else 0
+        for scan in self._files_scan.values():  # (an archive's files' window: unpacked
+            held = max(held, scan.pending)  # bytes, more than the body's that made them)
         if self._charset is None:
             return len(self._window) + len(self._early) + held
         return (len(self._window) + 4) * _WIDEST + held
@@ -133,6 +145,12 @@ class StreamScanner:
                 try:
                     self._parts.feed(piece)
                 except Unreadable as exc:
+                    self.unreadable = str(exc)
+                    return ScanResult((), self.unreadable)
+            if self._files is not None and not self._files.done:
+                try:  # (a body, or a part, that is an archive: its files, unpacked)
+                    found += self._unpacked(self._files.feed(piece))
+                except (Unreadable, encodings.EncodingError) as exc:
                     self.unreadable = str(exc)
                     return ScanResult((), self.unreadable)
             piece = self._text(piece, final=False)
@@ -162,10 +180,43 @@ class StreamScanner:
             self.unreadable = str(exc)
             return ScanResult((), self.unreadable)
         self._window.add(self._text(b"".join(rest), final=True))
+        found: list[Finding] = []
+        if self._files is not None:
+            try:
+                found = self._unpacked(self._files.feed(b"", final=True), final=True)
+            except (Unreadable, encodings.EncodingError) as exc:
+                self.unreadable = str(exc)
         if self.unreadable is not None:
             return ScanResult((), self.unreadable)
-        found = self._scan(final=True)
+        found += self._scan(final=True)
         return ScanResult(tuple(found), self.unreadable)
+
+    def _unpacked(self, files: list[tuple[int, bytes]], final: bool = False
+                  ) -> list[Finding]:
+        """The files of the body (number 0) or of a multipart body's parts, each
+        number's read by a stream scanner of its own (`body unpacked at offset N`, `body
+        part 2 unpacked at offset N`), ended when the next number's begin."""
+        found: list[Finding] = []
+        for number, data in files:
+            scan = self._files_scan.get(number)
+            if scan is None:
+                found += self._files_end()
+                scan = self._files_scan[number] = StreamScanner(self._scanner, where=(
+                    f"{self._where} part {number} unpacked" if number else
+                    f"{self._where} unpacked"))
+            found += self._scanned(scan.feed(data))
+        return found + self._files_end() if final else found
+
+    def _files_end(self) -> list[Finding]:
+        found: list[Finding] = []
+        for number in list(self._files_scan):
+            found += self._scanned(self._files_scan.pop(number).end())
+        return found
+
+    def _scanned(self, result: ScanResult) -> tuple[Finding, ...]:
+        if result.unreadable is not None:
+            self.unreadable = result.unreadable
+        return result.findings
 
     def _text(self, piece: bytes, final: bool) -> bytes:
         """`piece` as its reader reads it: itself, or transcoded to UTF-8 (see the module

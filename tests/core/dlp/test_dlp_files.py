@@ -1,0 +1,111 @@
+"""The files a streamed request body is (`core/dlp/files.py`), and the stream scanner
+reading them (`StreamScanner(unpack=True)`): a body, or a multipart body's part, that is
+an archive is unpacked as it comes, each part's files by a scanner of its own, at any
+cut; a body that is none costs one look at its first bytes; answers are not unpacked."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import random
+import tarfile
+import zipfile
+
+import pytest
+from helpers.dlp_corpus import fake
+
+from gateway.core import archives
+from gateway.core.dlp import DEFAULT, Scanner, StreamScanner
+from gateway.core.dlp.files import Files
+from gateway.services.dlp.library import build
+
+SCANNER = Scanner(build(DEFAULT), b"test-salt")
+ENV = b"GITHUB_TOKEN=" + fake("github").text.encode() + b"\n"
+MULTIPART = "multipart/form-data; boundary=XyZ123"
+
+
+def _tar_gz(files: dict[str, bytes]) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return gzip.compress(raw.getvalue(), mtime=0)
+
+
+def _zip(files: dict[str, bytes]) -> bytes:
+    raw = io.BytesIO()
+    with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return raw.getvalue()
+
+
+def _form(*parts: tuple[str, bytes]) -> bytes:
+    """A multipart form (an S3 presigned POST's shape): its fields, then the file."""
+    return b"".join(b"--XyZ123\r\nContent-Disposition: form-data; name=\"" + name.encode() +
+                    b"\"\r\n\r\n" + data + b"\r\n" for name, data in parts) + b"--XyZ123--\r\n"
+
+
+def _read(body: bytes, step: int, ctype: str | None = None,
+          unpack: bool = True) -> tuple[list[str], str | None, int]:
+    stream, found, held = StreamScanner(SCANNER, content_type=ctype, unpack=unpack), [], 0
+    for at in range(0, len(body), step):
+        result = stream.feed(body[at:at + step])
+        found += [str(f.location) for f in result.findings]
+        held = max(held, stream.pending)
+        if result.unreadable:
+            return found, result.unreadable, held
+    result = stream.end()
+    return found + [str(f.location) for f in result.findings], result.unreadable, held
+
+
+_RNG = random.Random(7)
+README = "".join(_RNG.choice("abcdefghij klmnop") for _ in range(300_000)).encode()
+
+
+@pytest.mark.parametrize("step", [1, 4096, 65536])
+def test_a_credential_in_a_streamed_tarballs_file_is_found_at_any_cut(step: int) -> None:
+    body = _tar_gz({".env": ENV} if step == 1 else {"README": README, ".env": ENV})
+    found, unreadable, held = _read(body, step)
+    assert unreadable is None and len(found) == 1, found
+    assert found[0].startswith("body unpacked at offset")
+    assert held < 200_000
+    assert _read(_tar_gz({"README": README}), step)[:2] == ([], None)
+
+
+@pytest.mark.parametrize("step", [1, 4096, 65536])
+def test_a_credential_in_a_multipart_forms_zip_part_is_found_at_any_cut(step: int) -> None:
+    """An upload form (S3's presigned POST is one) with the archive its last part: the
+    part is unpacked alone (the fields before it are not an archive), at any cut."""
+    files = {".env": ENV} if step == 1 else {"README": README, ".env": ENV}
+    body = _form(("key", b"uploads/ws.zip"), ("file", _zip(files)))
+    found, unreadable, _ = _read(body, step, MULTIPART)
+    assert unreadable is None and len(found) == 1, found
+    assert found[0].startswith("body part 2 unpacked at offset")
+    clean = _form(("key", b"uploads/ws.zip"), ("file", _zip({"README": README})))
+    assert _read(clean, step, MULTIPART)[:2] == ([], None)
+
+
+def test_answers_and_bodies_that_are_no_archive_are_not_unpacked() -> None:
+    body = _tar_gz({".env": ENV})
+    assert _read(body, 4096, unpack=False)[0] == []  # (an answer: a download)
+    files = Files(None)
+    assert files.feed(b'{"model": "m", "messages": []}') == [] and files.done
+    later = Files(None)  # (an archive after other bytes: not looked for)
+    assert later.feed(b"notes: ") == [] and later.feed(body) == []
+
+
+def test_a_streamed_bomb_is_unreadable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(archives, "FLOOR", 100_000)
+    bomb = gzip.compress(b"\0" * 20_000_000, mtime=0)
+    for body, ctype in ((bomb, None), (_form(("file", bomb)), MULTIPART)):
+        _, unreadable, _ = _read(body, 65536, ctype)
+        assert unreadable is not None and "64 times" in unreadable, ctype
+
+
+def test_a_multipart_parts_coded_head_is_still_unreadable_when_unpacking() -> None:
+    body = (b"--XyZ123\r\nContent-Disposition: form-data; name=\"f\"\r\n"
+            b"Content-Encoding: gzip\r\n\r\n" + gzip.compress(ENV) + b"\r\n--XyZ123--\r\n")
+    assert "content coding" in (_read(body, 7, MULTIPART)[1] or "")
