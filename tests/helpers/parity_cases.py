@@ -4,6 +4,7 @@ tests/integration/test_parity.py and test_parity_transparent.py, which run it)."
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 import hashlib
 import json
@@ -384,16 +385,24 @@ def _git_push(text: str) -> str:
     return base64.b64encode(body).decode()
 
 
+@functools.cache
+def _filler(size: int) -> str:
+    """`size` characters of random lowercase words (no detector reads them; gzip cannot
+    shrink them much), the same in every process; made once a process."""
+    import random
+
+    rng = random.Random(size)
+    return "".join(rng.choices("abcdefghijklmnopqrstuvwxyz ", k=size))
+
+
 def _tar_gz(text: str, filler: int = 0) -> str:
     """A `.tar.gz` of a README (`filler` bytes of random lowercase words, which no
     detector reads and gzip cannot shrink much) and a `.env` holding `text`, base64;
     made the same in every process (mtime 0, a seeded filler)."""
     import io
-    import random
     import tarfile
 
-    rng = random.Random(filler)
-    readme = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(filler)) or "hi"
+    readme = _filler(filler) or "hi"
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for name, data in (("README", readme.encode()), (".env", text.encode())):
@@ -407,11 +416,9 @@ def _zip(text: str, filler: int = 0) -> str:
     """A `.zip` (deflate) of a README (`filler` bytes of random lowercase words, as in
     `_tar_gz`) and a `.env` holding `text`, base64."""
     import io
-    import random
     import zipfile
 
-    rng = random.Random(filler)
-    readme = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(filler))
+    readme = _filler(filler)
     raw = io.BytesIO()
     with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
         for name, data in (("README", readme or "notes\n" * 50), (".env", text)):
