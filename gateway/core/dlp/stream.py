@@ -47,6 +47,7 @@ from gateway.core.dlp.fastscan import (
     PERCENT,
     PLUS,
     SEGMENT,
+    ChunkPass,
     as_bytes,
 )
 from gateway.core.dlp.files import Files
@@ -90,7 +91,8 @@ class StreamScanner:
         self._parts: StreamedParts | None = None  # (a multipart body's part heads)
         # (a request body, or its parts, that are archives: their files, `files.Files`)
         self._files: Files | None = None
-        self._files_scan: dict[int, StreamScanner] = {}  # (the files being read)
+        # (the files being read, each number's with the gate's pass over them)
+        self._files_scan: dict[int, tuple[StreamScanner, ChunkPass]] = {}
         self._frames = reader_for(content_type)  # (gRPC, a git push: its messages)
         self._kind = "text"  # (a JSON or form body: its escapes undone too, `_scan`)
         # where, in the stream, the last chunk the shared pass found something in ends
@@ -120,7 +122,7 @@ class StreamScanner:
         coding, characters are bytes; a transcoded one counts what the window's UTF-8
         may have come from, at most `_WIDEST` bytes a byte, and the decoder's tail)."""
         held = self._frames.pending + 5 if self._frames is not None else 0
-        for scan in self._files_scan.values():  # (an archive's files' window: unpacked
+        for scan, _ in self._files_scan.values():  # (an archive's files' window: unpacked
             held = max(held, scan.pending)  # bytes, more than the body's that made them)
         if self._charset is None:
             return len(self._window) + len(self._early) + held
@@ -198,19 +200,20 @@ class StreamScanner:
         part 2 unpacked at offset N`), ended when the next number's begin."""
         found: list[Finding] = []
         for number, data in files:
-            scan = self._files_scan.get(number)
-            if scan is None:
+            reading = self._files_scan.get(number)
+            if reading is None:
                 found += self._files_end()
-                scan = self._files_scan[number] = StreamScanner(self._scanner, where=(
+                reading = self._files_scan[number] = (StreamScanner(self._scanner, where=(
                     f"{self._where} part {number} unpacked" if number else
-                    f"{self._where} unpacked"))
-            found += self._scanned(scan.feed(data))
+                    f"{self._where} unpacked")), ChunkPass(self._scanner.prefilter.gate))
+            scan, gate = reading  # (the gate's one pass says which windows to read)
+            found += self._scanned(scan.feed(data, gate.flags(data, escapes=True)))
         return found + self._files_end() if final else found
 
     def _files_end(self) -> list[Finding]:
         found: list[Finding] = []
         for number in list(self._files_scan):
-            found += self._scanned(self._files_scan.pop(number).end())
+            found += self._scanned(self._files_scan.pop(number)[0].end())
         return found
 
     def _scanned(self, result: ScanResult) -> tuple[Finding, ...]:
