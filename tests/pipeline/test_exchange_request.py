@@ -289,3 +289,41 @@ def test_what_goes_upstream_is_the_body_as_sent(token: str) -> None:
             out.append(side.feed(bytearray(piece) if rng.random() < 0.5 else piece))
         out.append(side.end(None))
         assert b"".join(out) == body
+
+
+def test_the_leak_guard_reads_an_archives_files_however_the_body_is_cut(token: str) -> None:
+    """A `.tar.gz` (or an upload form's zip part) holding the gateway token in a file:
+    refused whichever piece its first bytes come in, two bytes alone included (the look
+    at a body's first byte is at its first piece's); the same archive without the token
+    goes through whole."""
+    import io
+    import tarfile
+    import zipfile
+
+    def tar_gz(data: bytes) -> bytes:
+        raw = io.BytesIO()
+        with tarfile.open(fileobj=raw, mode="w") as tar:
+            info = tarfile.TarInfo(".env")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        return gzip.compress(raw.getvalue(), mtime=0)
+
+    def form(data: bytes) -> bytes:
+        raw = io.BytesIO()
+        with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
+            archive.writestr(".env", data)
+        return (b"--b\r\nContent-Disposition: form-data; name=\"f\"\r\n\r\n" + raw.getvalue()
+                + b"\r\n--b--\r\n")
+
+    dlp = Dlp(action="refuse", detectors=("github",))
+    secret = f"GATEWAY_TOKEN={token}\n".encode()
+    for make, ctype in ((tar_gz, "application/gzip"),
+                        (form, "multipart/form-data; boundary=b")):
+        body = make(secret)
+        assert token.encode() not in body
+        for cuts in ([2], [1, 3, 5], [len(body) // 2], []):
+            chunks = [body[lo:hi] for lo, hi in zip([0, *cuts], [*cuts, len(body)],
+                                                    strict=True)]
+            assert _shared(token, chunks, ctype, None, dlp).leak is not None, (ctype, cuts)
+        clean = make(b"NOTES=1\n")
+        assert _shared(token, [clean[:2], clean[2:]], ctype, None, dlp).leak is None

@@ -18,13 +18,14 @@ class Files:
     heads checked where `check`, `multipart.StreamedParts`); any other by its first
     bytes. `done`: nothing more can come of it (its first bytes say it is no archive)."""
 
-    __slots__ = ("_part", "_parts", "done")
+    __slots__ = ("_fresh", "_part", "_parts", "done")
 
     def __init__(self, delimiter: bytes | None, check: bool = False) -> None:
         self._parts = StreamedParts(delimiter, check) if delimiter is not None else None
         self._part: tuple[int, Sniffed] | None = None if delimiter is not None else (
             0, Sniffed())
         self.done = False
+        self._fresh = True  # (nothing of the body seen yet)
 
     def feed(self, data: bytes, final: bool = False) -> list[tuple[int, bytes]]:
         """What `data` unpacks to, by part (raises EncodingError for a bomb, Unreadable
@@ -34,10 +35,11 @@ class Files:
             sniffed = self._part[1]
             if self.done:
                 return []
-            if not sniffed.decided and not final and len(data) >= 6 and \
-                    data[0] not in FIRST_BYTES:  # (most bodies: one look)
-                self.done = True
+            if self._fresh and len(data) >= 6 and data[0] not in FIRST_BYTES:
+                self.done = True  # (most bodies: one look at their first byte)
                 return []
+            self._fresh = self._fresh and not data  # (a first piece of a few bytes: the
+            # next ones are not the body's first: the sniff reads them together)
             out = [(0, piece) for _, piece in sniffed.feed(data, final)]
             self.done = sniffed.decided and sniffed.unpacker is None
             return out
@@ -48,10 +50,6 @@ class Files:
                 self._part = (number, Sniffed())
             out += [(number, piece) for _, piece in self._part[1].feed(content)]
         return out + self._close() if final else out
-
-    def ended(self, number: int) -> bool:
-        """Whether part `number`'s files have all come (a later part has begun)."""
-        return self._part is None or self._part[0] != number
 
     def _close(self) -> list[tuple[int, bytes]]:
         if self._part is None:

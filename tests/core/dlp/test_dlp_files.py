@@ -88,6 +88,16 @@ def test_a_credential_in_a_multipart_forms_zip_part_is_found_at_any_cut(step: in
     assert _read(clean, step, MULTIPART)[:2] == ([], None)
 
 
+def test_an_archive_whose_first_bytes_come_alone_is_still_unpacked() -> None:
+    """A sender that cuts its body after two bytes (`\x1f\x8b`, then the rest): the
+    look at the first byte is of the body's first, not of the second piece's."""
+    body = _tar_gz({".env": ENV})
+    files = Files(None)
+    got = files.feed(body[:2]) + files.feed(body[2:]) + files.feed(b"", final=True)
+    assert ENV in b"".join(piece for _, piece in got) and not files.done
+    assert [w.split(" at ")[0] for w in _read(body, 2)[0]] == ["body unpacked"]
+
+
 def test_answers_and_bodies_that_are_no_archive_are_not_unpacked() -> None:
     body = _tar_gz({".env": ENV})
     assert _read(body, 4096, unpack=False)[0] == []  # (an answer: a download)
