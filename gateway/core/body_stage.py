@@ -25,6 +25,7 @@ from gateway.core import mcp
 from gateway.core.dlp.catalogue import DEFAULT
 from gateway.core.dlp.policy import resolve
 from gateway.core.dlp.verdict import counted, records, refusal, unreadable
+from gateway.core.git_pack import PUSH_TYPE, is_push_path
 from gateway.core.mcp import Call
 from gateway.core.metering.models import ModelRefusal
 from gateway.core.metering.refusals import STEP_REFUSALS
@@ -107,7 +108,9 @@ def dlp_stage(detectors: Detectors, policy: Policy, rule: Rule, *, host: str, me
     if dlp is None or rule.protocol != "http":
         return PASS
     scanner = detectors.scanner().only(dlp.detectors or DEFAULT)
-    result = scanner.scan_request(method, target, [],
+    # (git's push path: its body read as a push, whatever type it has, as the proxy does)
+    typed = [("Content-Type", PUSH_TYPE)] if is_push_path(target) else []
+    result = scanner.scan_request(method, target, typed,
                                   body if isinstance(body, bytes) else b"")
     if result.unreadable is not None:
         return Stage(unreadable(result.unreadable, host, rule.source),

@@ -16,10 +16,11 @@ is an `EncodingError`: the caller refuses it, as any body it cannot read.
 from __future__ import annotations
 
 import zlib
+from urllib.parse import unquote
 
 from gateway.core.encodings import EncodingError
 
-__all__ = ["FLOOR", "RATIO", "PackReader", "is_git_push"]
+__all__ = ["FLOOR", "PUSH_TYPE", "RATIO", "PackReader", "is_git_push", "is_push_path"]
 
 FLOOR = 64 * 1024 * 1024  # bytes a push may inflate to whatever its size
 RATIO = 64  # and per byte of it (deflate's ratio is at most ~1032: a bomb is refused)
@@ -27,10 +28,23 @@ _LINES, _PACK_HEAD, _OBJECT_HEAD, _BASE, _DATA, _TRAILER, _DONE = range(7)
 _KINDS = {1: "commit", 2: "tree", 3: "blob", 4: "tag", 6: "delta", 7: "delta"}
 
 
+PUSH_TYPE = "application/x-git-receive-pack-request"
+
+
 def is_git_push(content_type: str | None) -> bool:
-    """Whether a Content-Type is a git push's (git's HTTP backend reads no other)."""
+    """Whether a Content-Type is a git push's."""
     ctype = (content_type or "").split(";", 1)[0].strip().lower()
-    return ctype == "application/x-git-receive-pack-request"
+    return ctype == PUSH_TYPE
+
+
+def is_push_path(target: str) -> bool:
+    """Whether a request-target is git's push endpoint (`/repo.git/git-receive-pack`):
+    git's own HTTP backend reads a push only by its type, but a server that routes by
+    the path may read a pack whatever the type says, so a body there is read as one."""
+    if "%" not in target and "ack" not in target and "ACK" not in target:
+        return False  # (most requests: two searches of the target)
+    path = unquote(target.split("?", 1)[0]).rstrip("/")
+    return path.lower().endswith("/git-receive-pack")
 
 
 class PackReader:

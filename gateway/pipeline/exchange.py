@@ -244,7 +244,7 @@ class Exchange(ExchangeState):
         plain, encoded = self._request.whole(body, trailers, self.hold_limit)
         redacted = None
         if self.dlp is not None:
-            redacted = self.dlp.whole(plain, self.head.headers.get("content-type"))
+            redacted = self.dlp.whole(plain, self.body_type)
             plain = redacted if redacted is not None else plain
         relayed = self._mcp.check(plain) if self._mcp is not None and self._mcp.reads \
             else None

@@ -86,7 +86,7 @@ class RequestSide:
         if not self._typed and data:  # (at the first bytes: a bodiless request never asks)
             self._typed = True
             # (any of its types: a server may read the body by a second one)
-            readers = set(map(framing, self.ex.head.headers.get_all("content-type")))
+            readers = set(map(framing, self.ex.body_types()))
             readers.discard(None)
             if len(readers) > 1:  # (gRPC-Web's text and binary forms, a git push: which?)
                 raise _unreadable(EncodingError(
@@ -108,7 +108,7 @@ class RequestSide:
         if self._archives is not None:
             self._unpacked(self._archives, data)
         if dlp is not None and streamed:
-            dlp.feed(data, self.ex.head.headers.get("content-type"), flags)
+            dlp.feed(data, self.ex.body_type, flags)
         if streamed and self.ex.content is not None:
             self.ex.content.request(data, self.ex.head.headers.get("content-type"), whole=False)
 
@@ -126,7 +126,7 @@ class RequestSide:
             if found is not None:
                 raise self.ex.leak(found)
         if self.ex.dlp is not None and streamed:
-            self.ex.dlp.feed(data, self.ex.head.headers.get("content-type"))
+            self.ex.dlp.feed(data, self.ex.body_type)
         if streamed and self.ex.content is not None:
             self.ex.content.request(data, self.ex.head.headers.get("content-type"), whole=False)
 

@@ -10,6 +10,7 @@ from typing import Any
 from gateway.core import mcp
 from gateway.core.addresses import Pinned
 from gateway.core.client import Client
+from gateway.core.git_pack import PUSH_TYPE, is_push_path
 from gateway.core.identity import Identity
 from gateway.core.leaks import LeakScan
 from gateway.core.messages import RequestHead, ResponseHead
@@ -73,6 +74,20 @@ class ExchangeState:
     def dlp_found(self) -> list[dict[str, Any]] | None:
         """What outbound detection found, for the audit line (None: no `dlp:` rule)."""
         return self.dlp.found if self.dlp is not None else None
+
+    @property
+    def body_type(self) -> str | None:
+        """The Content-Type the request body is read by: its own, or a git push's on
+        git's push path (`git_pack.is_push_path`)."""
+        if is_push_path(self.target.path):
+            return PUSH_TYPE
+        return self.head.headers.get("content-type")
+
+    def body_types(self) -> list[str]:
+        """Every Content-Type a server may read the body by (its fields, and a git
+        push's on git's push path)."""
+        types = self.head.headers.get_all("content-type")
+        return [*types, PUSH_TYPE] if is_push_path(self.target.path) else types
 
     def where(self) -> str:
         """``host:port`` of the upstream, as reasons name it."""

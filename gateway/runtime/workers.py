@@ -75,8 +75,12 @@ def reserve(host: str, port: int) -> socket.socket:
                       "another gateway or program serving it?)") from None
     finally:
         probe.close()
+    # Without SO_REUSEADDR: a second supervisor's probe (with it, so that a restart binds
+    # beside its predecessor's closing connections) then conflicts with this socket
+    # before any worker listens. With it, both could take the port in the seconds before
+    # the workers listened, and the kernel spread connections over two gateways (seen
+    # in CI: a token asked of one gateway answered by another's admin API, 401).
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))

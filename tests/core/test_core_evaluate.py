@@ -107,7 +107,6 @@ PROXY_READS = {"DLP: a credential in a header", "DLP: a credential in a WebSocke
                # (gRPC is known by its Content-Type, a header's)
                "DLP: a credential in a compressed gRPC message",
                "DLP: a credential in a compressed gRPC-Web message in its text form",
-               "DLP: a credential committed to a file in a git push",
                "DLP: a credential in a .env of a zip a streamed upload form sends",
                # (the proxy undoes the coding: one it cannot is a bad request)
                "a deflate body with bytes after its end is refused unread",
@@ -125,6 +124,8 @@ BINARY = {"DLP: a credential in a gzip part of a streamed multipart body",
           "F8 token in a compressed gRPC message, gRPC the second Content-Type",
           "DLP: a credential in a compressed gRPC message",
           "F8 token committed to a file in a git push",
+          "F8 token committed to a file in a git push typed as something else",
+          "DLP: a credential committed to a file in a git push with no Content-Type",
           "DLP: a credential committed to a file in a git push",
           "F8 token in a .env of an uploaded .tar.gz",
           "DLP: a credential in a .env of an uploaded zip",

@@ -14,7 +14,7 @@ import pytest
 
 from gateway.core import git_pack
 from gateway.core.encodings import EncodingError
-from gateway.core.git_pack import PackReader, is_git_push
+from gateway.core.git_pack import PackReader, is_git_push, is_push_path
 
 KEY = "ghp_bbI3N2G46G3G8hLwqoiCabcdefghij0123456789"
 _ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
@@ -166,3 +166,14 @@ def test_a_push_that_inflates_past_its_bound_is_refused(
     ("application/octet-stream", False), (None, False)])
 def test_which_bodies_are_pushes(ctype: str | None, push: bool) -> None:
     assert is_git_push(ctype) is push
+
+
+@pytest.mark.parametrize(("target", "push"), [
+    ("/o/r.git/git-receive-pack", True), ("/o/r/git-receive-pack?x=1", True),
+    ("/o/r.git/git-receive-pack/", True), ("/o/r.git/git%2Dreceive%2Dpack", True),
+    ("/o/r.git/GIT-RECEIVE-PACK", True), ("/o/r.git/git-upload-pack", False),
+    ("/o/r.git/info/refs?service=git-receive-pack", False), ("/v1/chat", False)])
+def test_gits_push_path_is_known_whatever_its_spelling(target: str, push: bool) -> None:
+    """A body posted there is read as a push whatever its Content-Type says (a server
+    routing by the path may read a pack so)."""
+    assert is_push_path(target) is push

@@ -784,6 +784,12 @@ CASES = [
          check=_no_upstream),
     # An archive a sandbox uploads (its workspace, to an object store) holds its files
     # deflated; whoever downloads it unpacks them.
+    Case("F8 token committed to a file in a git push typed as something else",
+         {"host": "unbound.test", "method": "POST", "target": "/repo.git/git-receive-pack",
+          "body": "{GITPUSH:GATEWAY_TOKEN={TOKEN}\n}",
+          "headers": [["Content-Type", "application/octet-stream"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
     Case("F8 token in a .env of an uploaded .tar.gz",
          {"host": "unbound.test", "method": "PUT", "target": "/bucket/ws.tar.gz",
           "body": "{TGZ:GATEWAY_TOKEN={TOKEN}\n}",
@@ -1284,6 +1290,9 @@ DLP = [
     Case("DLP: a credential committed to a file in a git push",
          _dlp_post("/dlp/repo.git/git-receive-pack", "{GITPUSH:GITHUB_TOKEN={GH}\n}",
                    ["Content-Type", "application/x-git-receive-pack-request"]),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential committed to a file in a git push with no Content-Type",
+         _dlp_post("/dlp/repo.git/git-receive-pack", "{GITPUSH:GITHUB_TOKEN={GH}\n}"),
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
     Case("DLP: a credential in a .env of an uploaded zip",
          {**_dlp_post("/dlp/ws.zip", "{ZIP:GITHUB_TOKEN={GH}\n}"), "method": "PUT"},
