@@ -192,7 +192,11 @@ def test_soak_mixed_load_leaves_no_sockets_and_flat_memory(
           f"; RSS MiB over time {[r // 1024 for _, r in samples[::max(1, len(samples) // 10)]]}")
     assert fds_after <= fds_before + 2, (fds_before, fds_after)
     # Growth between the first and last third: caches fill early, a leak keeps growing.
-    assert rss_late - rss_early < max(16 * 1024, rss_early // 5), (rss_early, rss_late)
+    # (The memory guard's releases make the RSS a sawtooth of 30-40 MiB swings, and a
+    # third of ~10 samples can sit on one swing's climb: a busy CI machine read 95 -> 116
+    # MiB so with no leak, 93 -> 97 alone. A leak of 4 KiB an exchange, 10,000-18,000
+    # exchanges a run, raises the later third by 40-70 MiB.)
+    assert rss_late - rss_early < max(24 * 1024, rss_early // 4), (rss_early, rss_late)
 
     audited = Counter(line.get("decision") for line in gateway.audit_lines()[audited_before:])
     # Every exchange and tunnel ends on an audit line.
