@@ -136,8 +136,8 @@ class RequestSide:
         uploaded `.tar.gz`), a part's not across another's."""
         try:
             files = archives.feed(data, final)
-        except EncodingError as exc:
-            raise _unreadable(exc) from None
+        except (EncodingError, Unreadable) as exc:  # (a bomb; a part head past its bound)
+            raise _unreadable(EncodingError(str(exc))) from None
         if archives.done:
             self._archives = None  # (no archive: nothing more to look at)
         for number, piece in files:

@@ -327,3 +327,14 @@ def test_the_leak_guard_reads_an_archives_files_however_the_body_is_cut(token: s
             assert _shared(token, chunks, ctype, None, dlp).leak is not None, (ctype, cuts)
         clean = make(b"NOTES=1\n")
         assert _shared(token, [clean[:2], clean[2:]], ctype, None, dlp).leak is None
+
+
+def test_a_multipart_part_head_past_its_bound_is_refused_not_raised(token: str) -> None:
+    """The leak guard reads an upload form's parts for archives: a part head longer
+    than a streamed part's bound is a bad request (`400`), not an error escaping it."""
+    body = b"--b\r\nX-Pad: " + b"a" * 20_000 + b"\r\n\r\nx\r\n--b--\r\n"
+    check = DlpCheck(Plan(SCANNER, Dlp(action="refuse"), report=True), HOST, "r")
+    side = RequestSide(_exchange(token, "multipart/form-data; boundary=b", None, check))
+    with pytest.raises(Refusal) as refused:  # (its head still coming past the bound)
+        side.feed(body[:18_000])
+    assert refused.value.code == "bad_request" and "head is longer" in refused.value.reason

@@ -10,6 +10,7 @@ import io
 import zipfile
 
 import pytest
+from helpers.archives import deflated_zip
 from helpers.dlp_corpus import fake
 
 from gateway.core import archives
@@ -18,13 +19,6 @@ from gateway.services.dlp.library import build
 
 SCANNER = Scanner(build(DEFAULT), b"test-salt")
 
-
-def _zip(files: dict[str, bytes]) -> bytes:
-    raw = io.BytesIO()
-    with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, data in files.items():
-            archive.writestr(name, data)
-    return raw.getvalue()
 
 
 def _where(body: bytes, ctype: str = "application/octet-stream") -> list[str]:
@@ -36,21 +30,21 @@ def test_a_credential_in_an_archives_file_is_found_where_it_is() -> None:
     env = b"GITHUB_TOKEN=" + key + b"\n"
     assert _where(gzip.compress(env, mtime=0), "application/gzip") == [
         "body gzip file (in archive)"]
-    assert _where(_zip({"README": b"notes\n", ".env": env})) == [
+    assert _where(deflated_zip({"README": b"notes\n", ".env": env})) == [
         "body zip entry .env (in archive)"]
     # (stored: the body's own bytes hold it)
     raw = io.BytesIO()
     with zipfile.ZipFile(raw, "w", zipfile.ZIP_STORED) as archive:
         archive.writestr(".env", env)
     assert [w.startswith("body at offset") for w in _where(raw.getvalue())] == [True]
-    assert _where(_zip({"README": b"def main():\n    return 0\n"})) == []
+    assert _where(deflated_zip({"README": b"def main():\n    return 0\n"})) == []
 
 
 def test_an_archive_in_an_archives_file_is_not_unpacked_again() -> None:
     env = b"GITHUB_TOKEN=" + fake("github").text.encode() + b"\n"
-    inner = _zip({".env": env})
-    assert _where(_zip({"inner.zip": inner})) == []  # (one level: see the module)
-    assert _where(gzip.compress(_zip({".env": env}), mtime=0)) == []
+    inner = deflated_zip({".env": env})
+    assert _where(deflated_zip({"inner.zip": inner})) == []  # (one level: see the module)
+    assert _where(gzip.compress(deflated_zip({".env": env}), mtime=0)) == []
 
 
 def test_a_bomb_is_unreadable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,12 +6,10 @@ cut; a body that is none costs one look at its first bytes; answers are not unpa
 from __future__ import annotations
 
 import gzip
-import io
 import random
-import tarfile
-import zipfile
 
 import pytest
+from helpers.archives import deflated_zip, tar_gz
 from helpers.dlp_corpus import fake
 
 from gateway.core import archives
@@ -24,22 +22,6 @@ ENV = b"GITHUB_TOKEN=" + fake("github").text.encode() + b"\n"
 MULTIPART = "multipart/form-data; boundary=XyZ123"
 
 
-def _tar_gz(files: dict[str, bytes]) -> bytes:
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return gzip.compress(raw.getvalue(), mtime=0)
-
-
-def _zip(files: dict[str, bytes]) -> bytes:
-    raw = io.BytesIO()
-    with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, data in files.items():
-            archive.writestr(name, data)
-    return raw.getvalue()
 
 
 def _form(*parts: tuple[str, bytes]) -> bytes:
@@ -67,12 +49,12 @@ README = "".join(_RNG.choice("abcdefghij klmnop") for _ in range(300_000)).encod
 
 @pytest.mark.parametrize("step", [1, 4096, 65536])
 def test_a_credential_in_a_streamed_tarballs_file_is_found_at_any_cut(step: int) -> None:
-    body = _tar_gz({".env": ENV} if step == 1 else {"README": README, ".env": ENV})
+    body = tar_gz({".env": ENV} if step == 1 else {"README": README, ".env": ENV})
     found, unreadable, held = _read(body, step)
     assert unreadable is None and len(found) == 1, found
     assert found[0].startswith("body unpacked at offset")
     assert held < 200_000
-    assert _read(_tar_gz({"README": README}), step)[:2] == ([], None)
+    assert _read(tar_gz({"README": README}), step)[:2] == ([], None)
 
 
 @pytest.mark.parametrize("step", [1, 4096, 65536])
@@ -80,18 +62,18 @@ def test_a_credential_in_a_multipart_forms_zip_part_is_found_at_any_cut(step: in
     """An upload form (S3's presigned POST is one) with the archive its last part: the
     part is unpacked alone (the fields before it are not an archive), at any cut."""
     files = {".env": ENV} if step == 1 else {"README": README, ".env": ENV}
-    body = _form(("key", b"uploads/ws.zip"), ("file", _zip(files)))
+    body = _form(("key", b"uploads/ws.zip"), ("file", deflated_zip(files)))
     found, unreadable, _ = _read(body, step, MULTIPART)
     assert unreadable is None and len(found) == 1, found
     assert found[0].startswith("body part 2 unpacked at offset")
-    clean = _form(("key", b"uploads/ws.zip"), ("file", _zip({"README": README})))
+    clean = _form(("key", b"uploads/ws.zip"), ("file", deflated_zip({"README": README})))
     assert _read(clean, step, MULTIPART)[:2] == ([], None)
 
 
 def test_an_archive_whose_first_bytes_come_alone_is_still_unpacked() -> None:
     """A sender that cuts its body after two bytes (`\x1f\x8b`, then the rest): the
     look at the first byte is of the body's first, not of the second piece's."""
-    body = _tar_gz({".env": ENV})
+    body = tar_gz({".env": ENV})
     files = Files(None)
     got = files.feed(body[:2]) + files.feed(body[2:]) + files.feed(b"", final=True)
     assert ENV in b"".join(piece for _, piece in got) and not files.done
@@ -99,7 +81,7 @@ def test_an_archive_whose_first_bytes_come_alone_is_still_unpacked() -> None:
 
 
 def test_answers_and_bodies_that_are_no_archive_are_not_unpacked() -> None:
-    body = _tar_gz({".env": ENV})
+    body = tar_gz({".env": ENV})
     assert _read(body, 4096, unpack=False)[0] == []  # (an answer: a download)
     files = Files(None)
     assert files.feed(b'{"model": "m", "messages": []}') == [] and files.done
