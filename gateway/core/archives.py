@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from gateway.core.encodings import EncodingError
 
-__all__ = ["FIRST_BYTES", "FLOOR", "RATIO", "Sniffed", "Unpacker", "archive_kind"]
+__all__ = ["FIRST_BYTES", "FLOOR", "RATIO", "Allowance", "Sniffed", "Unpacker", "archive_kind"]
 
 FLOOR = 64 * 1024 * 1024  # bytes a body may unpack to whatever its size
 RATIO = 64  # and per byte of it
@@ -143,15 +143,32 @@ _ZIP_METHODS: dict[int, Callable[[], _Stream]] = {
     8: lambda: zlib.decompressobj(-15), 12: bz2.BZ2Decompressor, 14: _ZipLzma}
 
 
+class Allowance:
+    """The bytes several unpackings may give together (`left`): the compressed files
+    in one body's base64 runs share the body's bound, `FLOOR` plus `RATIO` times the
+    body's size, so that a body of many small bombs is one bound, not one each."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, size: int, floor: int | None = None) -> None:
+        self.left = (FLOOR if floor is None else floor) + RATIO * size
+
+    def grow(self, size: int) -> None:
+        """`size` more bytes of the body (a stream's next piece)."""
+        self.left += RATIO * size
+
+
 class Unpacker:
     """The files in a body of `kind` (`archive_kind`), fed as it comes (`feed`): the
-    bytes each gives, in order, by name (a zip entry's)."""
+    bytes each gives, in order, by name (a zip entry's). Bounded by its own bytes, or by
+    a shared `allowance`."""
 
-    __slots__ = ("_buf", "_descriptor", "_entry", "_kind", "_left", "_raw", "_stream",
-                 "_unpacked", "done", "name")
+    __slots__ = ("_allowance", "_buf", "_descriptor", "_entry", "_kind", "_left", "_raw",
+                 "_stream", "_unpacked", "done", "name")
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, allowance: Allowance | None = None) -> None:
         self._kind = kind
+        self._allowance = allowance
         self._buf = bytearray()  # (a zip entry's header being read)
         self._stream: _Stream | None = None if kind == "zip" else _decompressor(kind)
         self._entry = -1  # (a zip entry's compressed bytes still to come; -1: to its end)
@@ -182,7 +199,7 @@ class Unpacker:
         """Decompress what of `view` is the stream's; the rest of `view` after it."""
         assert self._stream is not None
         take = len(view) if self._entry < 0 else min(self._entry, len(view))
-        allowed = FLOOR + RATIO * self._raw - self._unpacked
+        allowed = self._allowed()
         failed: memoryview | None = None
         stream = self._stream
         copy = getattr(stream, "copy", None)  # (zlib's: what a failing call decoded is
@@ -197,7 +214,9 @@ class Unpacker:
             else:
                 self.done, failed = True, view[len(view):]
         self._unpacked += len(got)
-        if self._unpacked > FLOOR + RATIO * self._raw:
+        if self._allowance is not None:
+            self._allowance.left -= len(got)
+        if self._allowed() < 0:
             raise EncodingError(f"a compressed file that unpacks to more than {RATIO} times "
                                 "its size; send it uncompressed or in parts")
         if got:
@@ -222,6 +241,12 @@ class Unpacker:
         else:
             self.done = True
         return memoryview(rest)
+
+    def _allowed(self) -> int:
+        """The bytes the files may still give (below 0: past the bound)."""
+        if self._allowance is not None:
+            return self._allowance.left
+        return FLOOR + RATIO * self._raw - self._unpacked
 
     def _header(self, view: memoryview) -> memoryview:
         """At a zip entry's local header (after a data descriptor's 12 to 24 bytes where

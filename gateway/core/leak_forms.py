@@ -11,7 +11,7 @@ import json
 import re
 
 __all__ = ["canonical", "constant_token_markers", "own_token_markers", "sensitive_markers",
-           "token_markers"]
+           "token_markers", "undone"]
 
 _MIN_FRAGMENT = 12  # bytes of a value a base64/base32 fragment must cover to be a marker
 _PERCENT = re.compile(rb"%([0-9A-Fa-f]{2})")
@@ -24,6 +24,11 @@ def _pct(match: re.Match[bytes]) -> bytes:
 
 def canonical(data: bytes) -> bytes:
     """`data` as markers are matched: %XX (twice) and `\\u00XX` decoded, lowercased."""
+    return undone(data).lower()
+
+
+def undone(data: bytes) -> bytes:
+    """`data` with %XX (twice) and `\\u00XX` decoded, its case kept (`canonical`)."""
     for _ in range(3):
         if data.find(b"%") < 0:  # (`find`, not `in`: see `_plain`)
             break
@@ -37,7 +42,7 @@ def canonical(data: bytes) -> bytes:
         made: list[bytes] = []
         once = _JSON_ESCAPES.sub(lambda m: _json_byte(m, made), data)
         data = once if not made else _JSON_U.sub(_pct, data).replace(b"\\/", b"/")
-    return data.lower()
+    return data
 
 
 _JSON_ESCAPES = re.compile(rb"\\(?:u00([0-9A-Fa-f]{2})|/)")

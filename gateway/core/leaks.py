@@ -26,11 +26,13 @@ response stream, chunk by chunk, holding back only a tail that could start a key
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import ahocorasick
 
+from gateway.core import leak_readings as readings
+from gateway.core.archives import Allowance
 from gateway.core.dlp.fastscan import (
     BACKSLASH,
     ESCAPES_KNOWN,
@@ -40,7 +42,7 @@ from gateway.core.dlp.fastscan import (
     Gate,
     Literals,
 )
-from gateway.core.leak_forms import canonical
+from gateway.core.leak_forms import undone
 
 __all__ = ["REDACTED", "LeakScan", "Redactor", "StreamScan"]
 
@@ -80,9 +82,11 @@ class LeakScan:
         self._runs = all(len(m) >= SEGMENT and _RUN_BYTES.issuperset(m)
                          for m in (*self.tokens, *self.secrets, *self.own))
 
-    def find(self, data: bytes, gate: Gate | None = None) -> str | None:
+    def find(self, data: bytes, gate: Gate | None = None, allowance: Allowance | None = None,
+             deeper: bool = True) -> str | None:
         """`token`, `secret` or None for raw `data` (canonicalised here); a token
-        wins over a key found in the same data.
+        wins over a key found in the same data; `unreadable` for a compressed run past
+        its bound (below).
 
         A body with no escape canonical form undoes (`%`, `\\u00`, `\\/`) reads as
         itself lowercased, and lowercasing keeps every byte in or out of the base64
@@ -94,28 +98,42 @@ class LeakScan:
 
         Data holding a NUL is read again with its NULs out: UTF-16 or UTF-32 text (which
         a receiver may read so, by its charset, its byte-order mark or a guess) holds
-        every ASCII marker that way, a NUL between its characters."""
+        every ASCII marker that way, a NUL between its characters.
+
+        Where `deeper`, base64 written in lines is read joined and a run that is a
+        compressed file unpacked (`leak_readings.beyond`), bounded by `allowance` (the data's own
+        size's where None): `unreadable` past it."""
         if not data:
             return None
-        found = self._read(data, gate)
+        found = self._read(data, gate, allowance, deeper)
         if found is None and data.find(b"\x00") >= 0:
-            found = self._read(data.replace(b"\x00", b""), None)
+            found = self._read(data.replace(b"\x00", b""), None, allowance, deeper)
         return found
 
-    def _read(self, data: bytes, gate: Gate | None) -> str | None:
+    def _read(self, data: bytes, gate: Gate | None, allowance: Allowance | None,
+              deeper: bool) -> str | None:
         if self._runs and len(data) >= _GATED and _skipped(data, gate or _RUNS):
             return None
-        text = canonical(data)
-        found: str | None = None
+        kept = undone(data)
+        text = kept.lower()
         if self._automaton is not None:
-            found = self._automaton.kind(text)
+            found, starts, lined = self._automaton.kind(text)
             if found == "token":
                 return found
+        else:  # (no shared markers: the compressed files' starts looked for here)
+            found, starts, lined = None, readings.archive_starts(text), True
         find = text.find  # (`find`, not `in`: see `_plain`)
         for marker in self.own:
             if find(marker) >= 0:
                 return "token"
-        return found
+        if found == "secret" or not deeper:
+            return found
+        blocks = readings.joined(kept) if lined or starts else None
+        if not blocks and not starts:
+            return None  # (most data: no lines of base64, no compressed file's start)
+        return readings.beyond(kept, blocks or [], starts, allowance or Allowance(len(kept)),
+                               lambda flat: self._read(flat, None, None, False),
+                               lambda file: self.find(file, deeper=False))
 
     def head(self, method: str, target: str, fields: Iterable[tuple[bytes, bytes]]) -> str | None:
         """Scan a request head: line, fields, and every value joined (split values)."""
@@ -138,32 +156,49 @@ class _Markers:
     the CPU of a 1 MiB upload); a text under `SMALL` bytes (a head, a short body) goes
     through the automaton, whose call costs less than setting up a Hyperscan scan."""
 
-    __slots__ = ("_automaton", "_literals", "_tokens")
+    __slots__ = ("_automaton", "_kinds", "_literals", "_tokens")
     SMALL = 2048
 
     def __init__(self, tokens: tuple[bytes, ...], secrets: tuple[bytes, ...]) -> None:
         self._tokens = frozenset(m.decode("latin-1") for m in tokens)
-        self._literals = Literals([m.decode("latin-1") for m in (*tokens, *secrets)])
+        self._kinds = {m.decode("latin-1"): "secret" for m in secrets}
+        self._kinds.update((m, "token") for m in self._tokens)
         self._automaton: Any = ahocorasick.Automaton()
-        for kind, markers in (("token", tokens), ("secret", secrets)):
-            for marker in markers:
-                self._automaton.add_word(marker.decode("latin-1"), kind)
+        for marker in self._kinds:
+            self._automaton.add_word(marker, marker)
         self._automaton.make_automaton()
+        for value in (*tokens, *secrets):  # (tiles: in the large texts' pass only)
+            for at in range(0, len(value) - readings.TILE + 1, readings.TILE):
+                self._kinds.setdefault(value[at:at + readings.TILE].decode("latin-1"), "lines")
+        self._kinds.update((m.decode("latin-1"), "archive") for m in readings.ARCHIVE_MARKERS)
+        self._literals = Literals(list(self._kinds))
 
-    def kind(self, text: bytes) -> str | None:
-        """`token` if a token's marker is in `text`, else `secret` if a key's is."""
+    def kind(self, text: bytes) -> tuple[str | None, list[int], bool]:
+        """`token` if a token's marker is in `text`, else `secret` if a key's is; where
+        compressed files' encoded starts are (`leak_readings`); whether base64 lines may
+        cut a marker (a tile of one is in `text`: every 16 characters of a marker hold
+        a tile, `leak_readings.TILE`, and a marker cut by lines of 20 or more holds 16)."""
+        found_at: Iterator[tuple[int, str]]
+        starts: list[int] = []
+        lined = len(text) < self.SMALL  # (a small text: its blocks looked for, `joined`)
+        if lined:  # (no compressed file's start or tile in the automaton: short words
+            starts += readings.archive_starts(text)  # make every step cost)
+            found_at = ((end + 1 - len(m), m) for end, m in self._automaton.iter(
+                text.decode("latin-1")))
+        else:  # (no limit: never None)
+            found_at = iter(self._literals.find(text) or ())
         found: str | None = None
-        if len(text) < self.SMALL:
-            for _, kind in self._automaton.iter(text.decode("latin-1")):
-                if kind == "token":
-                    return "token"
-                found = "secret"
-            return found
-        for _, literal in self._literals.find(text) or ():  # (no limit: never None)
-            if literal in self._tokens:
-                return "token"
-            found = "secret"
-        return found
+        for at, marker in found_at:
+            kind = self._kinds[marker]
+            if kind == "token":
+                return "token", starts, lined
+            if kind == "archive":
+                starts.append(at)
+            elif kind == "lines":
+                lined = True
+            elif kind == "secret":
+                found = kind
+        return found, starts, lined
 
 
 @functools.lru_cache(maxsize=128)
@@ -222,14 +257,19 @@ class StreamScan:
     clean): a marker ending in the chunk is a run ending there, and one in the tail was
     in the window before, unchanged (it read as itself lowercased there too). Such a
     window is not made, nor searched; any other is, as without the answer
-    (`LeakScan.find`)."""
+    (`LeakScan.find`).
 
-    __slots__ = ("_plain", "_scan", "_tail")
+    A compressed file's run the window ends in is kept whole as the tail (`open_start`),
+    read again with its next `STEP` bytes or its end, not each chunk (of one byte)."""
+
+    __slots__ = ("_allowance", "_held", "_plain", "_scan", "_tail")
 
     def __init__(self, scan: LeakScan) -> None:
         self._scan = scan
+        self._allowance = Allowance(0)  # (the stream's runs unpacked: one bound, grown)
         self._tail = b""
         self._plain = True  # (the window before holds no escape: none yet)
+        self._held = -1  # (bytes of a kept run's not read yet; -1: no run kept)
 
     def feed(self, chunk: bytes, gate: Gate | None = None, run: bool | None = None,
              flags: int = 0) -> str | None:
@@ -238,6 +278,11 @@ class StreamScan:
         see the class docstring)."""
         tail, scan = self._tail, self._scan
         keep = scan.keep
+        self._allowance.grow(len(chunk))
+        if self._held >= 0 and self._held + len(chunk) < readings.STEP and \
+                not chunk.strip(readings.LINED):  # (more of a kept run: read later)
+            self._tail, self._held = tail + chunk, self._held + len(chunk)
+            return "unreadable" if len(self._tail) > readings.HELD_RUN else None
         if run is False and self._plain and scan._runs and _plain(chunk, flags) \
                 and (not tail or _plain(tail[-3:] + chunk[:3])) \
                 and chunk.find(b"\x00") < 0:  # (a NUL: UTF-16 text, read by `find`)
@@ -245,9 +290,14 @@ class StreamScan:
             return None
         window = tail + chunk if tail else chunk
         self._plain = run is not None and _plain(window)  # (unknown: not asked)
-        found = scan.find(window, gate)
+        found = scan.find(window, gate, self._allowance)
         self._tail = window[-keep:] if len(window) > keep else window
-        return found
+        start = None if found is not None else readings.open_start(window)
+        self._held = -1 if start is None else 0
+        if start is not None:  # (a compressed run going on: kept whole, `leak_readings`)
+            self._tail, self._plain = window[start:], False
+        return "unreadable" if start is not None and len(self._tail) > readings.HELD_RUN \
+            else found
 
 
 class _Secret:

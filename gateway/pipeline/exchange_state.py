@@ -9,6 +9,7 @@ from typing import Any
 
 from gateway.core import mcp
 from gateway.core.addresses import Pinned
+from gateway.core.archives import RATIO
 from gateway.core.client import Client
 from gateway.core.git_pack import PUSH_TYPE, is_push_path
 from gateway.core.identity import Identity
@@ -120,7 +121,12 @@ def source_of(decision: Decision) -> str | None:
 
 
 def leak_refusal(kind: str, host: str) -> Refusal:
-    """The refusal of a request carrying a key or token (`kind`) to `host`."""
+    """The refusal of a request carrying a key or token (`kind`) to `host`; `unreadable`:
+    one whose compressed run the leak guard could not read within its bound."""
+    if kind == "unreadable":
+        return Refusal("bad_request", "the request cannot be checked: a compressed file in "
+                       f"it (in a base64 or hex run) unpacks to more than {RATIO} times its "
+                       "size; send it uncompressed or in parts")
     what = "a gateway token" if kind == "token" else \
         "a real API key (or a provider-minted secret, or its alias)"
     return Refusal("exfiltration_blocked", f"the request carries {what} to {host}, which "

@@ -469,6 +469,21 @@ def _b64(text: str, codec: str = "utf-8") -> str:
     return base64.b64encode(text.encode(codec)).decode()
 
 
+def _json_file(text: str, how: str, filler: int = 0) -> str:
+    """A JSON body sending a file in a string, as GitHub's contents API takes one
+    (base64), the file holding `text`: gzipped (`gz`), or in base64 lines of 76 (`lines`,
+    `text` placed so a line break cuts it); `filler`: a string of random words before it
+    (past the hold limit: streamed). Base64, for the spec."""
+    data = ("#" * 33 + "\n" + text).encode()
+    if how == "gz":
+        content = base64.b64encode(gzip.compress(data, mtime=0)).decode()
+    else:
+        encoded = base64.b64encode(data).decode()
+        content = "\n".join(encoded[i:i + 76] for i in range(0, len(encoded), 76))
+    return _b64(json.dumps({"message": "add .env", "pad": _filler(filler),
+                            "content": content}))
+
+
 DENY = {"decision": "deny"}
 # A Realtime `response.done` server event (sent by the client, echoed by the upstream).
 REALTIME_DONE = json.dumps({"type": "response.done", "response": {"status": "completed", "usage": {
@@ -794,6 +809,19 @@ CASES = [
          {"host": "unbound.test", "method": "PUT", "target": "/bucket/ws.tar.gz",
           "body": "{TGZ:GATEWAY_TOKEN={TOKEN}\n}",
           "headers": [["Content-Type", "application/gzip"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
+    # A file in a JSON string (GitHub's contents API): gzipped, or in base64 lines.
+    Case("F8 token in a gzipped file sent in a JSON string",
+         {"host": "unbound.test", "method": "PUT", "target": "/repos/o/r/contents/.env.gz",
+          "body": "{JSONGZ:GATEWAY_TOKEN={TOKEN}\n}",
+          "headers": [["Content-Type", "application/json"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
+    Case("F8 token in base64 lines of a file sent in a JSON string",
+         {"host": "unbound.test", "method": "PUT", "target": "/repos/o/r/contents/.env",
+          "body": "{JSONLINES:GATEWAY_TOKEN={TOKEN}\n}",
+          "headers": [["Content-Type", "application/json"]]},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
          check=_no_upstream),
     Case("F8 token in a .env of a zip an upload form sends",
@@ -1304,6 +1332,21 @@ DLP = [
          {**_dlp_post("/dlp/s", "{FORMZIP3M:GITHUB_TOKEN={GH}\n}",
                       ["Content-Type", "multipart/form-data; boundary=b"]), "chunked": True},
          ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_upstream_body),
+    Case("DLP: a credential in a gzipped file sent in a JSON string",
+         {**_dlp_post("/dlp/contents/.env.gz", "{JSONGZ:GITHUB_TOKEN={GH}\n}", _JSON),
+          "method": "PUT"},
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential in base64 lines of a file sent in a JSON string",
+         {**_dlp_post("/dlp/contents/.env", "{JSONLINES:GITHUB_TOKEN={GH}\n}", _JSON),
+          "method": "PUT"},
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential in a gzipped file in a JSON string, streamed",
+         {**_dlp_post("/dlp/s", "{JSONGZ2M:GITHUB_TOKEN={GH}\n}", _JSON), "chunked": True},
+         ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_upstream_body),
+    Case("DLP: a credential in base64 lines of a file in a JSON string, streamed",
+         {**_dlp_post("/dlp/s", "{JSONLINES2M:GITHUB_TOKEN={GH}\n}", _JSON),
+          "chunked": True},
+         ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_upstream_body),
     Case("DLP: a credential in a compressed gRPC-Web message in its text form",
          _dlp_post("/dlp/g", "{GRPCTEXT:deploy with {GH}}",
                    ["Content-Type", "application/grpc-web-text+proto"], ["grpc-encoding", "gzip"]),
@@ -1419,6 +1462,12 @@ def _fill(value: Any, subs: dict[str, str]) -> Any:
             return _upload_form(_fill(value[9:-1], subs))
         if value.startswith("{FORMZIP3M:") and value.endswith("}"):  # (streamed)
             return _upload_form(_fill(value[11:-1], subs), 3 * 1024 * 1024)
+        if value.startswith(("{JSONGZ:", "{JSONLINES:")) and value.endswith("}"):  # (a
+            how = "gz" if value.startswith("{JSONGZ:") else "lines"  # file in JSON)
+            return _json_file(_fill(value[value.index(":") + 1:-1], subs), how)
+        if value.startswith(("{JSONGZ2M:", "{JSONLINES2M:")) and value.endswith("}"):
+            how = "gz" if value.startswith("{JSONGZ2M:") else "lines"  # (streamed)
+            return _json_file(_fill(value[value.index(":") + 1:-1], subs), how, 2 << 20)
         if value.startswith("{GZM:") and value.endswith("}"):  # (gzip, two members)
             return _gz_members(_fill(value[5:-1], subs))
         if value.startswith("{MPGZ:") and value.endswith("}"):  # (a form, a gzip part)

@@ -657,10 +657,20 @@ static int json_escape_in(const uint8_t *data, Py_ssize_t n) {
     return 0;
 }
 
+/* Whether data starts as a compressed file or an archive does (`archives.archive_kind`:
+ * gzip, bzip2, xz, zip): a decoded run that is one is unpacked (`archive_views`). */
+static int archive_start(const uint8_t *d, Py_ssize_t n) {
+    return (n >= 3 && d[0] == 0x1f && d[1] == 0x8b && d[2] == 8) ||
+           (n >= 3 && d[0] == 'B' && d[1] == 'Z' && d[2] == 'h') ||
+           (n >= 4 && d[0] == 'P' && d[1] == 'K' && d[2] == 3 && d[3] == 4) ||
+           (n >= 6 && memcmp(d, "\xfd" "7zXZ\0", 6) == 0);
+}
+
 /* 1: decoded bytes (MIN_DECODED to MAX_DECODED of them) in which this gate finds
- * nothing (see above) and that hold no JSON escape; 0: look. */
+ * nothing (see above), that hold no JSON escape and are no compressed file; 0: look. */
 static int decoded_clean(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
-    return !(scan(g, data, n) & (RUN | LITERAL | UNDECIDED)) && !json_escape_in(data, n);
+    return !(scan(g, data, n) & (RUN | LITERAL | UNDECIDED)) && !json_escape_in(data, n) &&
+           !archive_start(data, n);
 }
 
 /* The hex run p[lo:hi] (its even part), decoded and gated. */
@@ -747,8 +757,8 @@ static int stretch_clean(const GateObject *g, const uint8_t *p, Py_ssize_t s, Py
         return 1;
     for (int shift = 0; shift < (size <= MAX_SHIFTED ? 4 : 1); shift++) {
         Py_ssize_t left = size - shift;
-        if (left >= KEY_SEGMENT && left % 4 != 1 && !b64_clean(g, p, s + shift, e))
-            return 0;
+        if (left >= KEY_SEGMENT && !b64_clean(g, p, s + shift, left % 4 == 1 ? e - 1 : e))
+            return 0;  /* (one past a whole group: cut, as `runs_at` reads it) */
     }
     return 1;
 }
@@ -768,12 +778,176 @@ static PyObject *gate_runs_clean(GateObject *self, PyObject *arg) {
     return PyBool_FromLong(clean);
 }
 
+/* -- wrapped: base64 written in lines, for the leak guard (`core/leak_lines.py`) ---------
+ * A line break is "\n" or "\r\n", as the bytes are or JSON-escaped ("\\n", "\\r\\n"); a
+ * block is a line of WRAP_LINE or more characters of the base64 alphabets, a break, the
+ * next line, and on while the line before each break is that long (a short line after a
+ * single line only where that line's length is a multiple of 4). (start, end) of each
+ * block. Most breaks are after a word or a bracket: a few bytes looked at each. */
+
+#define WRAP_LINE 20
+
+static Py_ssize_t break_after(const uint8_t *p, Py_ssize_t n, Py_ssize_t i) {
+    /* The length of the line break at p[i] (0: none). */
+    if (i < n && p[i] == '\n')
+        return 1;
+    if (i + 1 < n && p[i] == '\r' && p[i + 1] == '\n')
+        return 2;
+    if (i + 1 < n && p[i] == '\\' && p[i + 1] == 'n')
+        return 2;
+    if (i + 3 < n && p[i] == '\\' && p[i + 1] == 'r' && p[i + 2] == '\\' && p[i + 3] == 'n')
+        return 4;
+    return 0;
+}
+
+static Py_ssize_t line_end(const uint8_t *p, Py_ssize_t n, Py_ssize_t i) {
+    while (i < n && (key_class[p[i]] & K_ALPHA))
+        i++;
+    return i;
+}
+
+/* The block whose first line ends at `at` (a line break starts there), if that line
+ * holds WRAP_LINE alphabet characters after `reach`: 1 with its bounds, else 0. */
+static int block_at(const uint8_t *p, Py_ssize_t n, Py_ssize_t at, Py_ssize_t reach,
+                    Py_ssize_t *bs, Py_ssize_t *be) {
+    if (break_after(p, n, at) == 0)
+        return 0;
+    Py_ssize_t start = at;
+    while (start > reach && (key_class[p[start - 1]] & K_ALPHA) &&
+           !(start - 2 >= reach && p[start - 2] == '\\' &&
+             (p[start - 1] == 'n' || p[start - 1] == 'r')))
+        start--;  /* (a line starts after a break, an escaped one's letter not its own) */
+    if (at - start < WRAP_LINE)
+        return 0;
+    Py_ssize_t end = at, line = at - start, step;
+    int lines = 1;
+    while (line >= WRAP_LINE && (step = break_after(p, n, end)) > 0) {
+        Py_ssize_t next = line_end(p, n, end + step);
+        if (next == end + step || (next - end - step < WRAP_LINE && lines == 1 && line % 4))
+            break;  /* (no line; or a short one after a single line of a width no encoder
+                     * writes: a name and the next, not a block: `decoding.wrapped`) */
+        line = next - end - step;
+        end = next;
+        lines++;
+    }
+    if (end == at)
+        return 0;
+    *bs = start;
+    *be = end;
+    return 1;
+}
+
+/* (start, end) appended to `out`: 0, or -1 with the error set. */
+static int append_bounds(PyObject *out, Py_ssize_t start, Py_ssize_t end) {
+    PyObject *bounds = Py_BuildValue("(nn)", start, end);
+    int failed = bounds == NULL || PyList_Append(out, bounds) < 0;
+    Py_XDECREF(bounds);
+    return failed ? -1 : 0;
+}
+
+static uint8_t wrap_lo[16], wrap_hi[16];  /* the alphabets' nibble tables (key_class) */
+
+/* Where a line break may start after WRAP_LINE alphabet characters, 64 bytes a step:
+ * bit j of a block's mask is a byte in "\n\r\\" with the WRAP_LINE bytes before it in
+ * the alphabets (a run carried in from the blocks before: `tail`). Most blocks of code
+ * or prose have none: a break after a word, a bracket, an indent. */
+__attribute__((target("avx2")))
+static int wrapped_avx2(const uint8_t *p, Py_ssize_t n, PyObject *out) {
+    const __m256i alo = table(wrap_lo), ahi = table(wrap_hi);
+    const __m256i nl = _mm256_set1_epi8('\n'), cr = _mm256_set1_epi8('\r'),
+                  bs = _mm256_set1_epi8('\\');
+    uint8_t tailbuf[64 + 2 + 64];
+    uint64_t tail = 0;  /* alphabet bytes in a row before the block */
+    Py_ssize_t reach = 0;
+    for (Py_ssize_t q = 0; q < n; q += 64) {
+        const uint8_t *block = padded(p + q, n - q, tailbuf);
+        __m256i a0 = _mm256_loadu_si256((const __m256i *)block);
+        __m256i a1 = _mm256_loadu_si256((const __m256i *)(block + 32));
+        uint64_t alpha = nonzero(lookup(a0, alo, ahi)) |
+                         ((uint64_t)nonzero(lookup(a1, alo, ahi)) << 32);
+        uint64_t brk = (uint32_t)_mm256_movemask_epi8(_mm256_or_si256(
+                           _mm256_or_si256(_mm256_cmpeq_epi8(a0, nl), _mm256_cmpeq_epi8(a0, cr)),
+                           _mm256_cmpeq_epi8(a0, bs))) |
+                       ((uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_or_si256(
+                           _mm256_or_si256(_mm256_cmpeq_epi8(a1, nl), _mm256_cmpeq_epi8(a1, cr)),
+                           _mm256_cmpeq_epi8(a1, bs))) << 32);
+        if (n - q < 64) {
+            uint64_t inside = (((uint64_t)1) << (n - q)) - 1;
+            alpha &= inside;
+            brk &= inside;
+        }
+        uint64_t r = alpha;  /* bit i: the WRAP_LINE (20) bytes up to i in the alphabets */
+        r &= r << 1;
+        r &= r << 2;
+        r &= r << 4;
+        r &= r << 8;
+        r &= r << 4;
+        uint64_t cand = brk & (r << 1);
+        /* (a run carried in from before: breaks at j in [lo, hi], bytes 0..j-1 in it) */
+        uint64_t lead = alpha == ~(uint64_t)0 ? 64 : (uint64_t)__builtin_ctzll(~alpha);
+        uint64_t lo = tail >= WRAP_LINE ? 0 : WRAP_LINE - tail;
+        uint64_t hi = lead < WRAP_LINE ? lead : WRAP_LINE;
+        if (lo <= hi)
+            cand |= brk & ((((uint64_t)2) << hi) - 1) & ~((((uint64_t)1) << lo) - 1);
+        tail = alpha == ~(uint64_t)0 ? tail + 64
+                                     : (alpha ? (uint64_t)__builtin_clzll(~alpha) : 0);
+        while (cand) {
+            Py_ssize_t at = q + __builtin_ctzll(cand);
+            cand &= cand - 1;
+            Py_ssize_t s, e;
+            if (at < reach || !block_at(p, n, at, reach, &s, &e))
+                continue;
+            if (append_bounds(out, s, e) < 0)
+                return -1;
+            reach = e;
+            if (e >= q + 64) {  /* (the block went on past this step: resume after it) */
+                q = (e / 64) * 64 - 64;  /* (the loop adds 64: the step holding e) */
+                tail = 0;
+                cand = 0;
+            }
+        }
+    }
+    return 0;
+}
+
+static PyObject *wrapped_blocks(PyObject *module, PyObject *arg) {
+    (void)module;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const uint8_t *p = view.buf;
+    Py_ssize_t n = view.len, reach = 0;
+    PyObject *out = PyList_New(0);
+    if (out != NULL && have_avx2) {
+        if (wrapped_avx2(p, n, out) < 0)
+            Py_CLEAR(out);
+        PyBuffer_Release(&view);
+        return out;
+    }
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        uint8_t c = p[i];
+        if (c != '\n' && c != '\r' && c != '\\')
+            continue;
+        Py_ssize_t s, e;
+        if (!block_at(p, n, i, reach, &s, &e))
+            continue;
+        if (append_bounds(out, s, e) < 0)
+            Py_CLEAR(out);
+        reach = e;
+        i = e - 1;
+    }
+    PyBuffer_Release(&view);
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     {"key_run", key_run, METH_O,
      "key_run(text): whether a bytes-like text may hold a run decoding.runs decodes (see "
      "the comment above key_run_next in _gate.c)."},
     {"key_runs", key_runs, METH_O,
      "key_runs(text): [(start, end)] of every run decoding.runs may decode, in order."},
+    {"wrapped_blocks", wrapped_blocks, METH_O,
+     "wrapped_blocks(data): [(start, end)] of every block of base64 lines (see _gate.c)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -799,6 +973,12 @@ PyMODINIT_FUNC PyInit__gate(void) {
     __builtin_cpu_init();
     key_classes();
     have_avx2 = __builtin_cpu_supports("avx2") != 0;
+    {
+        uint8_t member[256];
+        for (int c = 0; c < 256; c++)
+            member[c] = (key_class[c] & K_ALPHA) != 0;
+        partition(member, wrap_lo, wrap_hi);
+    }
     have_avx512 = have_avx2 && __builtin_cpu_supports("avx512f") != 0 &&
                   __builtin_cpu_supports("avx512bw") != 0;
     if (PyType_Ready(&GateType) < 0)

@@ -1,19 +1,26 @@
 """The views a scanner reads of a held body that is a compressed file or an archive
 (`core/archives.py`): each file in it unpacked, read as a body of its own (`body gzip
 file`, `body zip entry .env`), beside the body's own bytes. Not within another
-archive's file (one level: a bomb's bound is of the body's size). Pure."""
+archive's file (one level: a bomb's bound is of the body's size). Pure.
+
+A base64 or hex run that decodes to one (a file sent in a JSON string, as GitHub's
+contents API takes it) is unpacked too (`run_views`). The runs of one body, or of one
+request's head, share one bound (`Sharing`: a body of a thousand small bombs is one
+bound, not a thousand); a run read outside one (`run_views` without `Sharing`) is
+bounded by its own size alone, no floor."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextvars import ContextVar, Token
 
-from gateway.core.archives import FIRST_BYTES, Unpacker, archive_kind
+from gateway.core.archives import FIRST_BYTES, Allowance, Unpacker, archive_kind
 from gateway.core.dlp.decoding import Unreadable
 from gateway.core.dlp.findings import Hit, Location
 from gateway.core.dlp.multipart import Reads
 from gateway.core.encodings import EncodingError
 
-__all__ = ["UNPACKED", "archive_views", "unpacks"]
+__all__ = ["UNPACKED", "Sharing", "archive_views", "packed", "run_views", "unpacks"]
 
 UNPACKED = "archive"  # (a location's `via`: read from an archive's file)
 
@@ -25,13 +32,54 @@ def unpacks(body: bytes, where: Location) -> bool:
         UNPACKED not in where.via
 
 
-def archive_views(scan: Reads, body: bytes, where: Location, nested: int) -> Iterator[Hit]:
+_SHARED: ContextVar[Allowance | None] = ContextVar("unpacking", default=None)
+
+
+class Sharing:
+    """Within: the runs unpacked share one `Allowance`: of a body or request of `size`
+    bytes, or a stream's, growing as it comes (unless one is shared already: a
+    request's, around its body's). A class, not a generator: one is entered for every
+    body read."""
+
+    __slots__ = ("_size", "_token")
+
+    def __init__(self, size: int | Allowance) -> None:
+        self._size = size
+        self._token: Token[Allowance | None] | None = None
+
+    def __enter__(self) -> None:
+        if _SHARED.get() is None:
+            size = self._size
+            self._token = _SHARED.set(size if isinstance(size, Allowance) else Allowance(size))
+
+    def __exit__(self, *_: object) -> None:
+        if self._token is not None:
+            _SHARED.reset(self._token)
+
+
+def packed(text: str, where: Location) -> bool:
+    """Whether a decoded run's text (latin-1) is a compressed file to unpack."""
+    return ord(text[0]) in FIRST_BYTES and UNPACKED not in where.via and \
+        archive_kind(text[:6].encode("latin-1")) is not None
+
+
+def run_views(scan: Reads, text: str, where: Location) -> Iterator[Hit]:
+    """The files of a decoded run that is a compressed file (`packed`), each read by
+    `scan` (raises Unreadable past the shared bound)."""
+    data = text.encode("latin-1")
+    shared = _SHARED.get() or Allowance(len(data), floor=0)  # (outside a body's
+    # reading: its own size, no floor)
+    yield from archive_views(scan, data, where, 0, shared)
+
+
+def archive_views(scan: Reads, body: bytes, where: Location, nested: int,
+                  allowance: Allowance | None = None) -> Iterator[Hit]:
     """The files of `body` (an archive: `unpacks`), each read by `scan`; raises
-    Unreadable for one that unpacks past its bound."""
+    Unreadable for one that unpacks past its bound (its own, or `allowance`)."""
     kind = archive_kind(body[:6])
     assert kind is not None
     try:
-        files = Unpacker(kind).feed(body)
+        files = Unpacker(kind, allowance).feed(body)
     except EncodingError as exc:
         raise Unreadable(str(exc)) from None
     for name, data in files:

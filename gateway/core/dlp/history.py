@@ -60,6 +60,8 @@ class Scan(Protocol):
 
     def text_hits(self, text: str, location: Location, depth: int = 0) -> Iterator[Hit]: ...
 
+    def run_hits(self, inner: str, where: Location, depth: int) -> Iterator[Hit]: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Reading:
@@ -116,7 +118,7 @@ class History:
             return True
         if scanner.depth > 0:  # (what `Scanner.parts_hits` reads after the spans)
             for run, inner in scanner.decoded(reading.text):
-                if next(scanner.text_hits(inner, Location("body", via=(run.kind,)), 1),
+                if next(scanner.run_hits(inner, Location("body", via=(run.kind,)), 1),
                         None) is not None:
                     return True
         nested = next(nested_json(reading.text), None)  # (and JSON inside a string, each

@@ -20,28 +20,24 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import accumulate
+from itertools import accumulate, chain
 from urllib.parse import parse_qsl, unquote_plus
 
 from gateway.core.archives import FIRST_BYTES
 from gateway.core.dlp import jsondoc
-from gateway.core.dlp.archive_views import archive_views, unpacks
+from gateway.core.dlp.archive_views import Sharing, archive_views, packed, run_views, unpacks
 from gateway.core.dlp.clean import CleanBodies
 from gateway.core.dlp.decoding import (
     Run,
     Unreadable,
     body_kind,
     decode_content,
-    decode_run,
     has_run,
     json_codec,
-    padded_end,
-    runs_at,
-    stretches,
     text_codec,
 )
 from gateway.core.dlp.detector import Detector
-from gateway.core.dlp.fastscan import HYPERSCAN, SEGMENT, key_run
+from gateway.core.dlp.fastscan import HYPERSCAN, key_run
 from gateway.core.dlp.findings import Finding, Hit, Location, ScanResult, findings_of
 from gateway.core.dlp.heads import CleanParts
 from gateway.core.dlp.history import History
@@ -55,6 +51,7 @@ from gateway.core.dlp.prefilter import (
     nested_json,
     unescape,
 )
+from gateway.core.dlp.run_reading import RunReader
 from gateway.core.framing import is_framed
 
 __all__ = ["DEFAULT_LIMIT", "Hit", "Scanner"]
@@ -62,9 +59,6 @@ __all__ = ["DEFAULT_LIMIT", "Hit", "Scanner"]
 # The most decoded bytes a held body may have (the caller passes its own: the engines
 # hold 1 MiB of an ordinary request body, 32 MiB where a check needs it whole).
 DEFAULT_LIMIT = 1024 * 1024
-MIN_DECODED = 12  # decoded runs shorter than this hold no key
-CLEAN_RUNS = 1024  # stretches remembered as decoding to nothing (`decoded`), at most
-CLEAN_RUN = 256  # characters: a longer stretch is decoded again each time
 _QUOTE = re.compile(r'(?<!\\)"')  # a quote that ends a JSON string
 
 
@@ -92,8 +86,8 @@ class Scanner:
         self.unclean_fields = self.heads.unclean
         # Whether a whole body holds no candidate (`clean.CleanBodies`: one gate pass).
         self.body_clean = CleanBodies(self.prefilter).clean
-        # Stretches of the alphabet whose runs decode to nothing (`decoded`), bounded.
-        self._clean_runs: set[str] = set()
+        # The base64 and hex runs a detector may find something in, decoded.
+        self.runs = RunReader(self.prefilter)
         # The long strings each sandbox sent that held nothing (`history`: one store for
         # the scanner and its selections; none where a rule reads without anchors).
         self._shared = history if history is not None else History()
@@ -130,8 +124,9 @@ class Scanner:
         ctype = next((v for k, v in headers if k.lower() == "content-type"), None)
         coding = ", ".join(v for k, v in headers if k.lower() == "content-encoding") or None
         try:
-            hits += self.head_hits(method, target, headers)
-            hits += self.body_hits(body, ctype, coding)
+            with Sharing(len(body) + len(target) + sum(map(len, chain(*headers)))):
+                hits += self.head_hits(method, target, headers)
+                hits += self.body_hits(body, ctype, coding)
         except Unreadable as exc:
             return ScanResult(self.findings(hits), str(exc))
         return ScanResult(self.findings(hits))
@@ -181,10 +176,10 @@ class Scanner:
             yield Hit(span.detector, _at(where, span.start - start),
                       text[span.start:min(span.end, end)])
         if depth < self.depth:
-            for run, inner in self.decoded(text):
+            for run, inner in self.decoded(text, starts):
                 where, start, _ = locate(run.start)
                 offset = None if where.offset is None else where.offset + run.start - start
-                yield from self.text_hits(inner, where.under(run.kind, offset), depth + 1)
+                yield from self.run_hits(inner, where.under(run.kind, offset), depth + 1)
         if nested or not holds_json_escape(text):  # (memchr: most texts)
             return
         # JSON inside a view (a tool call's arguments, a header's value, a decoded run):
@@ -192,6 +187,16 @@ class Scanner:
         for part, place in parts:
             for level in nested_json(part):
                 yield from self.parts_hits([(level, place)], depth, base, anchors, True)
+
+    def decoded(self, text: str, joins: Sequence[int] = ()) -> Iterator[tuple[Run, str]]:
+        """The runs of `text` a detector may find something in (`RunReader.decoded`)."""
+        return self.runs.decoded(text, joins)
+
+    def run_hits(self, inner: str, where: Location, depth: int) -> Iterator[Hit]:
+        """A decoded run's text: as text, and unpacked where it is a compressed file."""
+        if packed(inner, where):
+            yield from run_views(self, inner, where)
+        yield from self.text_hits(inner, where, depth)
 
     def head_hits(self, method: str, target: str,
                   headers: Iterable[tuple[str, str]]) -> Iterator[Hit]:
@@ -224,46 +229,15 @@ class Scanner:
             body = decode_content(body, content_encoding, self.limit)
         elif len(body) > self.limit:
             raise Unreadable(f"the body is more than {self.limit} bytes")
-        return list(self.body_views(body, content_type or "", Location("body", offset=0),
-                               content_encoding, gated and not content_encoding, sandbox))
+        with Sharing(len(body)):  # (the runs' compressed files: one bound)
+            return list(self.body_views(body, content_type or "", Location("body", offset=0),
+                                        content_encoding, gated and not content_encoding,
+                                        sandbox))
 
     def head_clean(self, method: str, target: str,
                    fields: Iterable[tuple[bytes, bytes]]) -> bool:
         """Whether a head holds no candidate (`heads.CleanParts.unclean`)."""
         return self.heads.unclean(method, target, list(fields)) is None
-
-    def decoded(self, text: str) -> Iterator[tuple[Run, str]]:
-        """The runs of `text` whose decoded text a detector may find something in (an
-        anchor, or a run to decode again), with that text. A stretch that gave none is
-        remembered (`_clean_runs`): an agent resends its tool call ids every turn."""
-        clean, gated = self._clean_runs, not self.prefilter.unanchored  # (else: look)
-        for start, end in stretches(text):
-            # (what `runs_at` reads: the stretch and its padding, nothing around them)
-            stretch = text[start:padded_end(text, end)]
-            if stretch in clean:
-                continue
-            holds = False  # (most runs decode to a few random bytes: one C call says so)
-            for run in () if gated and self.prefilter.gate.runs_clean(
-                    stretch.encode("latin-1", "replace")) else runs_at(text, start, end):
-                found = self._inner(text, run)
-                if found is not None:
-                    holds = True
-                    yield found
-            if not holds and len(stretch) <= CLEAN_RUN:
-                if len(clean) >= CLEAN_RUNS:
-                    clean.clear()
-                clean.add(stretch)
-
-    def _inner(self, text: str, run: Run) -> tuple[Run, str] | None:
-        """`run` and its decoded text where a detector may find something in it."""
-        data = decode_run(text, run)
-        if data is None or len(data) < MIN_DECODED:
-            return None
-        if len(data) < SEGMENT:  # (no run: only the gate's anchors count, asked in C)
-            return (run, data.decode("latin-1")) if self.prefilter.candidate(data) else None
-        inner = data.decode("latin-1")
-        return (run, inner) if self.prefilter.any(inner) or has_run(inner) or \
-            holds_json_escape(inner) else None
 
     def _holds(self, part: bytes | bytearray) -> bool:
         """Whether `parts_hits` may find anything in one part of a head alone: the gate,

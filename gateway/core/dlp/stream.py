@@ -38,7 +38,9 @@ from itertools import chain
 from urllib.parse import unquote_plus
 
 from gateway.core import encodings
-from gateway.core.dlp.decoding import Unreadable, body_kind, json_codec, runs, text_codec
+from gateway.core.archives import Allowance
+from gateway.core.dlp.archive_views import Sharing
+from gateway.core.dlp.decoding import Unreadable, body_kind, json_codec, text_codec
 from gateway.core.dlp.fastscan import (
     BACKSLASH,
     ESCAPES_KNOWN,
@@ -54,6 +56,7 @@ from gateway.core.dlp.files import Files
 from gateway.core.dlp.findings import Finding, Location, ScanResult
 from gateway.core.dlp.multipart import StreamedParts, boundary
 from gateway.core.dlp.prefilter import json_unescape
+from gateway.core.dlp.run_reading import stream_cut
 from gateway.core.dlp.scanner import Scanner
 from gateway.core.framing import reader_for
 
@@ -81,6 +84,9 @@ class StreamScanner:
         self.keep = max(MIN_KEEP, scanner.reach + 64)
         self._window = _Window()
         self._base = 0
+        self._allowance = Allowance(0)  # (what its runs may unpack to: `feed` grows it)
+        self._due = 0  # (the window's length at which it is scanned next: a run kept
+        # whole, `stream_cut`, is read again with STEP more characters, not every chunk)
         self._seen: set[tuple[str, str]] = set()
         self.unreadable: str | None = None
         self._decoder: encodings.Decoder | None = None
@@ -134,6 +140,7 @@ class StreamScanner:
         gate, with its escapes), None if not asked (see the module docstring)."""
         if self.unreadable is not None:
             return ScanResult((), self.unreadable)
+        self._allowance.grow(len(chunk))
         try:
             pieces = list(self._decoder.feed(chunk)) if self._decoder else [chunk]
             if self._frames is not None:  # (a gRPC body: its messages)
@@ -165,7 +172,7 @@ class StreamScanner:
             elif flags & FOUND or flags & _HIDING[self._kind] or not flags & ESCAPES_KNOWN:
                 # (a JSON or form body's escape may hide an anchor or a run: `_scan`)
                 self._hit = max(self._hit, self._base + len(self._window))
-            if len(self._window) >= self.keep + max(self.keep, STEP):
+            if len(self._window) >= max(self.keep + max(self.keep, STEP), self._due):
                 found += self._scan(final=False)
         return ScanResult(tuple(found), self.unreadable)
 
@@ -264,15 +271,10 @@ class StreamScanner:
             self._base += cut
             return []
         text = window.read().decode("latin-1")
-        if not final and _near(text, cut):
-            for run in runs(text):  # (a run carried over starts at 0, at its own phase)
-                if run.start < cut < run.end:
-                    cut = run.start + (cut - run.start) // 4 * 4
-                    break
-                if run.start >= cut:
-                    break
         where = Location(self._where, offset=self._base)
         try:  # (read now: a text the scan gives up on is unreadable, `Rule.spans`)
+            if not final and _near(text, cut):  # (a run carried over starts at 0)
+                cut = stream_cut(text, cut)
             return self._found(text, where, cut)
         except Unreadable as exc:
             self.unreadable = str(exc)
@@ -288,9 +290,10 @@ class StreamScanner:
             # value reported early is reported once, by its fingerprint).
             hits = chain(hits, self._scanner.text_hits(plain, where))
         out: list[Finding] = []
-        for finding in self._scanner.findings(
-                h for h in hits if h.location.offset is None
-                or h.location.offset - self._base < cut):
+        with Sharing(self._allowance):  # (the stream's runs unpacked: one bound)
+            found = self._scanner.findings(h for h in hits if h.location.offset is None
+                                           or h.location.offset - self._base < cut)
+        for finding in found:
             key = (finding.detector, finding.fingerprint)
             if key not in self._seen:
                 if len(self._seen) < SEEN:  # (past it: reported again, never held)
@@ -298,6 +301,7 @@ class StreamScanner:
                 out.append(finding)
         self._window.drop(cut)
         self._base += cut
+        self._due = len(self._window) + STEP
         return out
 
 

@@ -335,7 +335,7 @@ def _finds(scanner: Any, text: str, run: Any) -> bool:
     level down) finds anything."""
     from gateway.core.dlp import Location
 
-    inner = scanner._inner(text, run)
+    inner = scanner.runs.inner(text, run)
     return inner is not None and next(scanner.text_hits(inner[1], Location("body"), 1),
                                       None) is not None
 
@@ -365,7 +365,7 @@ def test_runs_clean_says_clean_only_where_no_run_decodes_to_anything_to_read() -
     agreed = long_clean = looked = 0
     for text in texts:
         every = list(runs(text))
-        kept = [run for run in every if scanner._inner(text, run) is not None]
+        kept = [run for run in every if scanner.runs.inner(text, run) is not None]
         found = [run for run in kept if _finds(scanner, text, run)]
         short = all(len(decode_run(text, run) or b"") < SEGMENT for run in every)
         clean = gate.runs_clean(text.encode("latin-1"))
@@ -387,7 +387,7 @@ def test_runs_clean_says_clean_only_where_no_run_decodes_to_anything_to_read() -
                  "ga" + literal.hex(), "Qx" + base64.b64encode(literal[:15]).decode(),
                  "Qxy" + base64.b64encode(literal[:15]).decode(),
                  "a" + literal.hex(), "g" + "11" * 16 + b"://".hex()):
-        assert [r for r in runs(text) if scanner._inner(text, r) is not None], text
+        assert [r for r in runs(text) if scanner.runs.inner(text, r) is not None], text
         assert not gate.runs_clean(text.encode()), text
 
 

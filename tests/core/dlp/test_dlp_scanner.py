@@ -480,12 +480,12 @@ def test_runs_remembered_clean_decide_as_fresh_ones() -> None:
         for scan in (lambda b=body: scanner.scan_body(b, JSON).findings,
                      lambda t=text: scanner.scan_text(t, Location("body"))):
             remembered = scan()
-            kept = set(scanner._clean_runs)
-            scanner._clean_runs.clear()
+            kept = set(scanner.runs.clean)
+            scanner.runs.clean.clear()
             fresh = scan()
-            scanner._clean_runs |= kept
+            scanner.runs.clean |= kept
             assert remembered == fresh, text
-    assert scanner._clean_runs  # (the ids: remembered)
+    assert scanner.runs.clean  # (the ids: remembered)
     # A stretch one character off one remembered (its first or its last) is read itself.
     for fake in DEFAULT_CORPUS:
         encoded = base64.b64encode(fake.text.encode()).decode().rstrip("=")
@@ -493,23 +493,11 @@ def test_runs_remembered_clean_decide_as_fresh_ones() -> None:
                 encoded[:-1] + ("A" if encoded[-1] != "A" else "B"):
             scanner.scan_text(f"id {near} end", Location("body"))
             assert scanner.scan_text(f"id {encoded} end", Location("body")), fake.detector
-    kept = set(scanner._clean_runs)
-    scanner._clean_runs.clear()
+    kept = set(scanner.runs.clean)
+    scanner.runs.clean.clear()
     for stretch in kept:
         assert next(scanner.decoded(stretch), None) is None, stretch
-        scanner._clean_runs.clear()
-
-
-def test_what_the_runs_memory_holds_is_bounded() -> None:
-    from gateway.core.dlp.scanner import CLEAN_RUN, CLEAN_RUNS
-
-    scanner = Scanner(build(("github",)), b"test-salt")
-    for i in range(3 * CLEAN_RUNS):
-        assert not scanner.scan_text(f"id Xy7Qz3abCDef12Gh{i:08d}", Location("body"))
-        assert len(scanner._clean_runs) <= CLEAN_RUNS
-    long = "aB" * CLEAN_RUN  # (over CLEAN_RUN: decoded each time, never remembered)
-    assert not scanner.scan_text(long, Location("body"))
-    assert long not in scanner._clean_runs
+        scanner.runs.clean.clear()
 
 
 def test_a_document_json_refuses_after_the_c_reading_took_it_keeps_its_findings(

@@ -1,0 +1,164 @@
+"""What the leak guard reads of data beyond its bytes as they are (pure): base64 written in
+lines, and base64 or hex runs that are a compressed file.
+
+* **Lines.** `base64`, `openssl`, PEM and MIME write base64 in lines of 64 or 76
+  characters, and Go's, Python's, Node's and Ruby's decoders skip the breaks: a marker
+  (a token's or a key's base64) cut by a break is in no line. Each block of such lines
+  (a line of 20 characters or more, a break, the next line, and on; the break as the
+  bytes are or JSON-escaped, `\\n` or `\\r\\n`) is read again joined (`joined`).
+* **Compressed runs.** A run that decodes to a gzip, bzip2 or xz file or a zip archive (a
+  file sent in a JSON string, as GitHub's contents API takes it) holds what it
+  compresses nowhere in its bytes: where the markers' pass saw the start of one
+  (`ARCHIVE_MARKERS`, found in the same pass), each such run is decoded and unpacked
+  (`unpacked`), bounded by the body's `Allowance` (`core/archives.py`).
+
+One level each: what a run unpacks to is read for markers, not unpacked again. As data
+streams, a compressed run (or its block of lines) the window ends in is kept whole into
+the next window (`open_start`), up to `HELD_RUN` bytes: a longer one is unreadable.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Callable, Iterator
+
+from gateway.core.archives import Allowance, Unpacker, archive_kind
+from gateway.core.encodings import EncodingError
+
+__all__ = ["ARCHIVE_MARKERS", "HELD_RUN", "LINED", "STEP", "TILE", "archive_starts", "beyond",
+           "joined", "open_start", "unpacked"]
+
+HELD_RUN = 1024 * 1024  # bytes of a compressed run a stream keeps to read it whole
+STEP = 64 * 1024  # bytes of a kept run read again at a time (`leaks.StreamScan`)
+TILE = 8  # characters of a marker's tiles: any 16 of a marker in a row hold one
+
+# The first characters of a compressed file's base64 (gzip `1f 8b 08`: `H4sI`; zip
+# `PK\3\4`: `UEsDB`; bzip2 `BZh`: `Qlpo`; xz `fd 37 7a 58 5a 00`: `/Td6WFoA`, `_` in the
+# URL alphabet) and hex, as the markers' canonical form has them (lowercased).
+ARCHIVE_MARKERS = (b"h4si", b"uesdb", b"qlpo", b"/td6wfo", b"_td6wfo", b"1f8b08", b"504b0304",
+                   b"425a68", b"fd377a585a00")
+_RUN = re.compile(rb"[A-Za-z0-9+/_-]+")
+_HEX_RUN = re.compile(rb"[0-9a-fA-F]+")
+_HEAD = re.compile(rb"H4sI|UEsDB|Qlpo|[/_]Td6WFo|(?i:1f8b08|504b0304|425a68|fd377a585a00)")
+_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-"
+LINED = _ALPHABET + b"\r\n\\"  # (a run, or base64 lines)
+_BREAKS = re.compile(rb"\\r\\n|\\n|\r?\n")
+_LINE = re.compile(  # (a line from its start, after a break or another byte: each run
+    # tried once, `_blocks`; an escaped break's letter is not a line's)
+    rb"(?:(?<![A-Za-z0-9+/_-])|(?<=\\[nr]))(?!(?<=\\)[nr])"
+    rb"[A-Za-z0-9+/_-]{20,}+(?:\\r\\n|\\n|\r?\n)(?=[A-Za-z0-9+/_-])")
+_NEXT = re.compile(rb"[A-Za-z0-9+/_-]{20,}+(?:\\r\\n|\\n|\r?\n)(?=[A-Za-z0-9+/_-])")
+_REST = re.compile(rb"[A-Za-z0-9+/_-]*+")
+
+try:
+    from gateway.core.dlp import _gate
+
+    _wrapped_blocks = _gate.wrapped_blocks
+except ImportError:  # (not built: the same blocks by expressions, slower)
+    _gate = _wrapped_blocks = None
+try:  # (the C gate's pass for the starts alone: no alphabet, so never a run)
+    _STARTS = _gate.Gate(b"", 1, [(m, True) for m in ARCHIVE_MARKERS]) if _gate else None
+except ValueError:  # (no AVX2)
+    _STARTS = None
+
+
+def beyond(kept: bytes, blocks: list[bytes], starts: list[int], allowance: Allowance,
+           read: Callable[[bytes], str | None], find: Callable[[bytes], str | None]
+           ) -> str | None:
+    """What `kept` (data with its escapes undone, its case kept) holds beyond its bytes:
+    each of its `blocks` of base64 lines (`joined`) read (`read`: markers, no deeper);
+    the runs at `starts` (and in each block) that are a compressed file, their files
+    read (`find`); `unreadable` past `allowance`."""
+    found = next((k for flat in blocks if (k := read(flat))), None)
+    packed = [(flat, archive_starts(flat.lower())) for flat in blocks] + [(kept, starts)]
+    try:
+        return found or next((k for data, at in packed for file in unpacked(
+            data, at, allowance) if (k := find(file)) is not None), None)
+    except EncodingError:  # (past the bound: a bomb, refused as unreadable)
+        return "unreadable"
+
+
+def archive_starts(text: bytes) -> list[int]:
+    """Where canonical `text` holds a compressed file's encoded start (the markers' pass
+    finds them where it runs: this is for data it did not read, each start by `find`,
+    where the C gate's one pass, `_STARTS`, says one is there)."""
+    if _STARTS is not None and not _STARTS.flags(text) & 0x42:  # (LITERAL, UNDECIDED)
+        return []
+    out = []
+    for marker in ARCHIVE_MARKERS:
+        at = text.find(marker)
+        while at >= 0:
+            out.append(at)
+            at = text.find(marker, at + 1)
+    return out
+
+
+def joined(data: bytes) -> list[bytes]:
+    """Each block of base64 lines in `data`, its breaks taken out."""
+    return [_BREAKS.sub(b"", data[lo:hi]) for lo, hi in _blocks(data)]
+
+
+def _blocks(data: bytes) -> list[tuple[int, int]]:
+    if _wrapped_blocks is not None:
+        found: list[tuple[int, int]] = _wrapped_blocks(data)
+        return found
+    out: list[tuple[int, int]] = []
+    for line in _LINE.finditer(data):
+        if out and line.start() < out[-1][1]:
+            continue  # (a line of the block before)
+        end = line.end()
+        while (more := _NEXT.match(data, end)) is not None:
+            end = more.end()
+        last = _REST.match(data, end)
+        assert last is not None
+        if end == line.end() and last.end() - end < 20 and (
+                len(_BREAKS.sub(b"", line.group())) % 4):
+            continue  # (a short line after a single one of a width no encoder writes)
+        out.append((line.start(), last.end()))
+    return out
+
+
+def open_start(window: bytes) -> int | None:
+    """Where a compressed file's run, or block of base64 lines, that reaches the end of
+    `window` starts (the stream's next bytes may be more of it); None if none does. The
+    window's last run and last block of lines, found from its end (`rstrip`, in C)."""
+    if not window or window[-1] not in LINED:
+        return None
+    run = len(window.rstrip(_ALPHABET))
+    if _HEAD.match(window, run):
+        return run
+    lined = len(window.rstrip(LINED))
+    blocks = _blocks(window[lined:])
+    if blocks and not window[lined + blocks[-1][1]:].strip(b"\r\n\\") and \
+            _HEAD.match(window, lined + blocks[-1][0]):
+        return lined + blocks[-1][0]
+    return None
+
+
+def unpacked(data: bytes, starts: list[int], allowance: Allowance) -> Iterator[bytes]:
+    """The files of each run in `data` (as sent, its case kept) from one of `starts`
+    (`archive_starts`' or the markers' pass's) that decodes to a compressed file; raises
+    EncodingError past `allowance`."""
+    for at in sorted(set(starts)):
+        if _HEAD.match(data, at) is None:
+            continue  # (a start of one case only: `canonical` lowercased it)
+        run = (_HEX_RUN if data[at:at + 1] in b"145fF" else _RUN).match(data, at)
+        decoded = _decoded(run.group()) if run is not None else None
+        kind = archive_kind(decoded[:6]) if decoded is not None else None
+        if decoded is None or kind is None:
+            continue
+        for _, file in Unpacker(kind, allowance).feed(decoded):
+            yield file
+
+
+def _decoded(text: bytes) -> bytes | None:
+    try:
+        if text[:1] in b"145fF":  # (hex: base64's start with `HUQ/_`)
+            return binascii.unhexlify(text[:len(text) // 2 * 2])
+        text = text.replace(b"-", b"+").replace(b"_", b"/")
+        return base64.b64decode(text[:len(text) // 4 * 4], validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
