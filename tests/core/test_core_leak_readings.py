@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 import pytest
 from helpers.archives import deflated_zip, tar_gz
+from helpers.lines import random_lines
 
 from gateway.core import archives, leak_readings
 from gateway.core.leak_forms import sensitive_markers, token_markers
@@ -114,14 +115,8 @@ def test_the_c_blocks_are_the_expressions_blocks() -> None:
     if leak_readings._wrapped_blocks is None:
         pytest.skip("the C gate is not built")
     r = random.Random(43)
-    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-"
     for _ in range(3000):
-        pieces = []
-        for _ in range(r.randint(1, 6)):
-            pieces.append("".join(r.choice(alphabet) for _ in range(r.choice(
-                [0, 3, 19, 20, 21, 40]))))
-            pieces.append(r.choice(["\n", "\r\n", "\\n", "\\r\\n", " ", "\\", "\\r", "\r"]))
-        data = "".join(pieces).encode()
+        data = random_lines(r, (0, 3, 19, 20, 21, 24, 40)).encode()
         native = leak_readings._blocks(data)
         monkey = leak_readings._wrapped_blocks
         leak_readings._wrapped_blocks = None

@@ -940,12 +940,143 @@ static PyObject *wrapped_blocks(PyObject *module, PyObject *arg) {
     return out;
 }
 
+/* -- key_blocks: the stretches and the blocks of lines among them, in one call ----------
+ * What `decoding.wrapped(text, stretches, escaped=True, joins)` finds, for a text whose
+ * stretches `key_runs` lists: a stretch touching a line break ("\n", "\r\n", or JSON's
+ * "\\n", "\\r\\n"), the whole lines of WRAP_LINE alphabet characters before it, and
+ * the lines after it while the one before is that long (a short line after a single
+ * line only where that line is a multiple of 4 long), none crossing into a view that
+ * starts at one of `joins`. Most texts: no stretch touches a break, nothing made in
+ * Python (tests/core/dlp/test_dlp_run_reading.py holds it to `wrapped`). */
+
+static int joined_at(const Py_ssize_t *joins, Py_ssize_t count, Py_ssize_t at) {
+    Py_ssize_t lo = 0, hi = count;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (joins[mid] < at)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < count && joins[lo] == at;
+}
+
+static int whole_line(const uint8_t *p, Py_ssize_t a, Py_ssize_t b) {
+    if (a >= b)
+        return 0;
+    for (Py_ssize_t i = a; i < b; i++)
+        if (!(key_class[p[i]] & K_ALPHA))
+            return 0;
+    return 1;
+}
+
+/* Where the line before a break ending at `start` starts (a whole line of WRAP_LINE or
+ * more after `reach`), or -1 (`decoding._line_before`). */
+static Py_ssize_t line_before(const uint8_t *p, Py_ssize_t start, Py_ssize_t reach) {
+    Py_ssize_t at = -1;
+    if (start >= 1 && p[start - 1] == '\n') {
+        at = start - 1;
+        if (at > reach && p[at - 1] == '\r')
+            at--;
+    } else if (start >= 2 && p[start - 2] == '\\' && p[start - 1] == 'n') {
+        at = start >= 4 && p[start - 4] == '\\' && p[start - 3] == 'r' ? start - 4 : start - 2;
+    }
+    if (at - WRAP_LINE < reach || !whole_line(p, at - WRAP_LINE, at))
+        return -1;
+    Py_ssize_t first = reach;  /* (after the last break before `at`: `line_start`) */
+    for (Py_ssize_t i = at - 1; i >= reach; i--) {
+        if (p[i] == '\n') {
+            first = i + 1;
+            break;
+        }
+        if (i + 1 < at && p[i] == '\\' && p[i + 1] == 'n') {
+            first = i + 2;
+            break;
+        }
+    }
+    return whole_line(p, first, at) ? first : -1;
+}
+
+static PyObject *key_blocks(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "key_blocks(text, joins)");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *seq = PySequence_Fast(args[1], "joins must be a sequence");
+    if (seq == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t *joins = count ? PyMem_Malloc((size_t)count * sizeof(Py_ssize_t)) : NULL;
+    PyObject *runs = PyList_New(0), *blocks = PyList_New(0), *out = NULL;
+    if ((count && joins == NULL) || runs == NULL || blocks == NULL)
+        goto done;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        joins[k] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, k));
+        if (joins[k] == -1 && PyErr_Occurred())
+            goto done;
+    }
+    const uint8_t *p = view.buf;
+    Py_ssize_t n = view.len, i = 0, s, e, reach = 0;
+    while (key_run_next(p, n, i, &s, &e)) {
+        if (append_bounds(runs, s, e) < 0)
+            goto done;
+        i = e + 1;
+        uint8_t before = s ? p[s - 1] : 0, after = e < n ? p[e] : 0;
+        if (after != '\r' && after != '\n' && after != '\\' && before != '\n' &&
+            before != '\\')
+            continue;  /* (most: no line break on either side) */
+        Py_ssize_t start = s;
+        if (before == '\\' && (p[s] == 'n' || p[s] == 'r'))
+            start++;  /* (an escaped break's letter is not the line's) */
+        if (start < reach)
+            continue;
+        int lines = 1;
+        Py_ssize_t first;
+        while (!joined_at(joins, count, start) && (first = line_before(p, start, reach)) >= 0) {
+            start = first;
+            lines = 2;
+        }
+        Py_ssize_t at = e, line = e - start, step;
+        while (line >= WRAP_LINE && (step = break_after(p, n, at)) > 0) {
+            Py_ssize_t next = line_end(p, n, at + step);
+            if (next == at + step || joined_at(joins, count, at + step))
+                break;
+            if (next - at - step < WRAP_LINE && lines == 1 && line % 4)
+                break;
+            line = next - at - step;
+            at = next;
+            lines++;
+        }
+        if (at > e) {
+            if (append_bounds(blocks, start, at) < 0)
+                goto done;
+            reach = at;
+        }
+    }
+    out = PyTuple_Pack(2, runs, blocks);
+done:
+    PyMem_Free(joins);
+    Py_XDECREF(runs);
+    Py_XDECREF(blocks);
+    Py_DECREF(seq);
+    PyBuffer_Release(&view);
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     {"key_run", key_run, METH_O,
      "key_run(text): whether a bytes-like text may hold a run decoding.runs decodes (see "
      "the comment above key_run_next in _gate.c)."},
     {"key_runs", key_runs, METH_O,
      "key_runs(text): [(start, end)] of every run decoding.runs may decode, in order."},
+    {"key_blocks", (PyCFunction)(void (*)(void))key_blocks, METH_FASTCALL,
+     "key_blocks(text, joins): (key_runs(text), the blocks of lines among them)."},
     {"wrapped_blocks", wrapped_blocks, METH_O,
      "wrapped_blocks(data): [(start, end)] of every block of base64 lines (see _gate.c)."},
     {NULL, NULL, 0, NULL},

@@ -19,18 +19,18 @@ from collections.abc import Iterator, Sequence
 
 from gateway.core.archives import FIRST_BYTES, archive_kind
 from gateway.core.dlp.decoding import (
+    MAX_SHIFTED,
     Run,
     Unreadable,
     decode_run,
     has_run,
-    line_start,
     padded_end,
     runs,
     runs_at,
     stretches,
-    wrapped,
 )
 from gateway.core.dlp.fastscan import SEGMENT
+from gateway.core.dlp.lines import line_start, stretches_and_blocks, wrapped
 from gateway.core.dlp.prefilter import Prefilter, holds_json_escape
 
 __all__ = ["CLEAN_RUN", "CLEAN_RUNS", "HELD_RUN", "MIN_DECODED", "RunReader", "stream_cut"]
@@ -57,18 +57,22 @@ class RunReader:
         anchor, a run to decode again, a compressed file), with that text. A block of
         lines is one run from its first line to its last (`Run`'s bounds in `text`);
         `joins`: where the views joined in `text` start (`decoding.wrapped`)."""
-        listed = stretches(text)
-        listed = listed if isinstance(listed, list) else list(listed)
+        # (lines: a block; its breaks as sent or JSON-escaped, as a JSON text in a
+        # string is: the blocks found with the stretches, one C call)
+        listed, blocks = stretches_and_blocks(text, joins)
         clean = self.clean
         for start, end in listed:
             # (what `runs_at` reads: the stretch and its padding, nothing around them)
             stretch = text[start:padded_end(text, end)]
             if stretch not in clean:  # (most: an id seen before, decoding to nothing)
                 yield from self._stretch(text, start, end, stretch)
-        if listed:  # (lines: a block; its breaks as sent or JSON-escaped, as a JSON
-            for lo, hi in wrapped(text, listed, True, joins):  # text in a string is)
-                flat = _BREAKS.sub("", text[lo:hi])
-                for run, inner in self._stretch(flat, 0, len(flat), flat):
+        for lo, hi in blocks:
+            flat = _BREAKS.sub("", text[lo:hi])
+            # (from each of its first 4 characters: a short first line, not read as the
+            # block's, puts its alignment anywhere; `runs_at` does it up to 1 KiB)
+            for shift in range(4 if len(flat) > MAX_SHIFTED else 1):
+                part = flat[shift:]
+                for run, inner in self._stretch(part, 0, len(part), part):
                     yield Run(lo, hi, run.kind), inner
 
     def _stretch(self, text: str, start: int, end: int, stretch: str

@@ -205,3 +205,4 @@ def test_json_codec_is_the_json_readers(body: bytes, codec: str) -> None:
     if body:
         assert json.detect_encoding(body).replace("utf-8-sig", "utf-8") == (
             "utf-8" if codec == "latin-1" else codec)
+

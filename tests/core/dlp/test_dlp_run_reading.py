@@ -23,7 +23,8 @@ from helpers.dlp_corpus import DEFAULT_CORPUS, fake
 
 from gateway.core import archives
 from gateway.core.dlp import DEFAULT, Location, Scanner, StreamScanner
-from gateway.core.dlp.decoding import Unreadable, stretches, wrapped
+from gateway.core.dlp.decoding import Unreadable, stretches
+from gateway.core.dlp.lines import wrapped
 from gateway.core.dlp.run_reading import CLEAN_RUN, CLEAN_RUNS
 from gateway.services.dlp.library import build
 
@@ -226,3 +227,20 @@ def test_a_streams_runs_share_one_bound_grown_as_it_comes(
     bombs = json.dumps({"pad": ["z" * 70_000 + " " + sparse for _ in range(12)]}).encode()
     _, unreadable = _streamed(bombs, 16_384)
     assert unreadable is not None and "times its size" in unreadable
+
+
+@pytest.mark.parametrize("first", [[1], [2], [3], [5], [2, 1]])
+def test_a_block_behind_short_lines_is_read_at_every_alignment(first: list[int]) -> None:
+    """A sender writes the base64 of a file with short first lines (a decoder that skips
+    breaks reads it whole): the block from its first long line, past 1 KiB, is decoded
+    from each of its first four characters, so one is the receiver's alignment."""
+    for pad in range(2_000, 2_060, 3):  # (the key cut by a break at many places)
+        data = b"x" * pad + b"KEY=" + fake("github").text.encode() + b"\n"
+        encoded = base64.b64encode(data).decode()
+        lines, at = [], 0
+        for size in first:
+            lines.append(encoded[at:at + size])
+            at += size
+        placed = "\n".join(lines + textwrap.wrap(encoded[at:], 76))
+        where, _ = _found(json.dumps({"content": placed}).encode())
+        assert where, (first, pad)
