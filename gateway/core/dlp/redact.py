@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 from urllib.parse import quote, quote_plus
 
+from gateway.core.dlp.archive_views import Sharing
 from gateway.core.dlp.decoding import (
     Unreadable,
     decode_content,
@@ -75,12 +76,16 @@ def _replace(text: str, forms: list[str], form_body: bool, depth: int) -> tuple[
 def redact_text(scanner: Scanner, text: str, where: Location) -> tuple[str, int] | None:
     """A header value or request target with its values replaced; None if a value is
     still found after (the caller refuses)."""
-    values = {h.value for h in scanner.text_hits(text, where)}
-    if not values:
-        return text, 0
-    forms = [f for v in sorted(values, key=len, reverse=True) for f in _forms(v)]
-    out, count = _replace(text, forms, False, scanner.depth)
-    if any(True for _ in scanner.text_hits(out, where)):
+    try:
+        with Sharing(len(text)):  # (its compressed runs: the bound of a request's head)
+            values = {h.value for h in scanner.text_hits(text, where)}
+            if not values:
+                return text, 0
+            forms = [f for v in sorted(values, key=len, reverse=True) for f in _forms(v)]
+            out, count = _replace(text, forms, False, scanner.depth)
+            if any(True for _ in scanner.text_hits(out, where)):
+                return None
+    except Unreadable:  # (a compressed run past its bound: not rewritten, refused)
         return None
     return out, count
 

@@ -89,3 +89,17 @@ def test_a_header_value() -> None:
     key = fake("openai").text
     assert redact_text(SCANNER, f"Bearer {key}", Location("header", "X")) == (
         f"Bearer {REDACTED}", 1)
+
+
+def test_a_credential_in_a_compressed_run_is_not_rewritten() -> None:
+    """A credential inside a compressed file in a base64 run (a header's value, a body's
+    string) cannot be replaced in the compressed bytes: the caller refuses; a run of a
+    very compressible file with none comes back as it was (the head's bound, not its
+    own size alone)."""
+    env = b"GITHUB_TOKEN=" + fake("github").text.encode() + b"\n"
+    packed = base64.b64encode(gzip.compress(env, mtime=0)).decode()
+    assert redact_text(SCANNER, packed, Location("header", "X-Blob")) is None
+    body = json.dumps({"content": packed}).encode()
+    assert redact_body(SCANNER, body, "application/json").body is None
+    sparse = base64.b64encode(gzip.compress(b"\0" * 100_000, mtime=0)).decode()
+    assert redact_text(SCANNER, sparse, Location("header", "X-Blob")) == (sparse, 0)
