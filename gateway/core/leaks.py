@@ -84,25 +84,22 @@ class LeakScan:
 
     def find(self, data: bytes, gate: Gate | None = None, allowance: Allowance | None = None,
              deeper: bool = True) -> str | None:
-        """`token`, `secret` or None for raw `data` (canonicalised here); a token
-        wins over a key found in the same data; `unreadable` for a compressed run past
-        its bound (below).
+        """`token`, `secret` or None for raw `data` (canonicalised here), a token
+        winning; `unreadable` for a compressed run past its bound (below).
 
         A body with no escape canonical form undoes (`%`, `\\u00`, `\\/`) reads as
-        itself lowercased, and lowercasing keeps every byte in or out of the base64
-        alphabets: where every marker is such a run (`_runs`) and the body holds no run
-        of `SEGMENT` of those characters, no marker is in it, and it is neither
-        lowercased nor searched (`_skipped`: one gate pass, `gate` being outbound
-        credential detection's when the request has it, which then takes the answer for
-        the same body), against 6 M instructions per MiB to lowercase and search.
+        itself lowercased, which keeps every byte in or out of the base64 alphabets:
+        where every marker is such a run (`_runs`) and the body holds no run of `SEGMENT`
+        of those characters, no marker is in it: it is neither lowercased nor searched
+        (`_skipped`: one gate pass, `gate` detection's when the request has it, which
+        takes the answer for the same body), against 6 M instructions a MiB.
 
-        Data holding a NUL is read again with its NULs out: UTF-16 or UTF-32 text (which
-        a receiver may read so, by its charset, its byte-order mark or a guess) holds
-        every ASCII marker that way, a NUL between its characters.
+        Data holding a NUL is read again with its NULs out: UTF-16 or UTF-32 text (read so
+        by its charset, byte-order mark or a guess) holds every ASCII marker that way.
 
         Where `deeper`, base64 written in lines is read joined and a run that is a
-        compressed file unpacked (`leak_readings.beyond`), bounded by `allowance` (the data's own
-        size's where None): `unreadable` past it."""
+        compressed file unpacked (`leak_readings.beyond`), bounded by `allowance` (the
+        data's own size's where None): `unreadable` past it."""
         if not data:
             return None
         found = self._read(data, gate, allowance, deeper)
@@ -150,11 +147,10 @@ class LeakScan:
 
 
 class _Markers:
-    """Tokens and keys found in one pass over a text. A body goes through Hyperscan's
-    literal matcher (the DLP prefilter's, `core/dlp/fastscan.py`), whose SIMD pass costs
-    a small fraction of an Aho-Corasick automaton's (the automaton was three quarters of
-    the CPU of a 1 MiB upload); a text under `SMALL` bytes (a head, a short body) goes
-    through the automaton, whose call costs less than setting up a Hyperscan scan."""
+    """Tokens and keys found in one pass over a text: Hyperscan's literal matcher (the
+    DLP prefilter's, `core/dlp/fastscan.py`; an Aho-Corasick automaton was three quarters
+    of a 1 MiB upload's CPU), or for a text under `SMALL` bytes (a head) the automaton,
+    whose call costs less than setting up a Hyperscan scan."""
 
     __slots__ = ("_automaton", "_kinds", "_literals", "_tokens")
     SMALL = 2048
@@ -260,16 +256,20 @@ class StreamScan:
     (`LeakScan.find`).
 
     A compressed file's run the window ends in is kept whole as the tail (`open_start`),
-    read again with its next `STEP` bytes or its end, not each chunk (of one byte)."""
+    held back (`held_back`), read again with its next `STEP` bytes or its end."""
 
     __slots__ = ("_allowance", "_held", "_plain", "_scan", "_tail")
 
     def __init__(self, scan: LeakScan) -> None:
-        self._scan = scan
+        self._scan, self._tail = scan, b""
         self._allowance = Allowance(0)  # (the stream's runs unpacked: one bound, grown)
-        self._tail = b""
         self._plain = True  # (the window before holds no escape: none yet)
         self._held = -1  # (bytes of a kept run's not read yet; -1: no run kept)
+
+    @property
+    def held_back(self) -> int:
+        """Bytes at the stream's end a kept compressed run holds (not to go on yet)."""
+        return len(self._tail) if self._held >= 0 else 0
 
     def feed(self, chunk: bytes, gate: Gate | None = None, run: bool | None = None,
              flags: int = 0) -> str | None:

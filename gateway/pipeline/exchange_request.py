@@ -186,7 +186,8 @@ class RequestSide:
                 raise _unreadable(exc) from None
             return b""
         self._check(scanner, chunk)
-        keep = self.ex.scan.keep if self.ex.scan is not None else 0
+        # (a compressed run not read whole yet, `leak_readings.open_start`: all of it)
+        keep = max(self.ex.scan.keep, scanner.held_back) if self.ex.scan is not None else 0
         if self._frames is not None:  # (a message's prefix or compressed bytes not read)
             keep += self._frames.pending + 5
         if self.ex.dlp is not None:  # (what the detection has not decided stays too)

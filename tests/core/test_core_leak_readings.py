@@ -181,3 +181,23 @@ def test_a_streams_runs_share_one_bound_grown_as_it_comes(
     stream = leaks.stream()
     one = json.dumps({"pad": "z" * 70_000 + " " + sparse}).encode()
     assert {stream.feed(one[i:i + 16_384]) for i in range(0, len(one), 16_384)} == {None}
+
+
+def test_a_kept_run_is_held_back_until_it_is_read(scan: tuple[LeakScan, str]) -> None:
+    """What of a compressed run a stream keeps is held back (`StreamScan.held_back`: the
+    request side does not send it on) until the run ends and is read whole: a token at
+    the end of its file is found before any of the run goes upstream."""
+    leaks, token = scan
+    r = random.Random(7)
+    words = b" ".join(r.choice([b"alpha", b"beta", b"gamma"]) + str(i).encode()
+                      for i in range(40_000))
+    run = base64.b64encode(gzip.compress(words + b"\nT=" + token.encode(), mtime=0))
+    body = b'{"content": "' + run + b'"}'
+    stream = leaks.stream()
+    sent = 0
+    for i in range(0, len(body), 4096):
+        found = stream.feed(body[i:i + 4096])
+        if found is not None:
+            break
+        sent = max(sent, i + 4096 - max(leaks.keep, stream.held_back))
+    assert found == "token" and sent <= body.index(b"H4sI")

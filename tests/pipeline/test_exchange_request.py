@@ -338,3 +338,25 @@ def test_a_multipart_part_head_past_its_bound_is_refused_not_raised(token: str) 
     with pytest.raises(Refusal) as refused:  # (its head still coming past the bound)
         side.feed(body[:18_000])
     assert refused.value.code == "bad_request" and "head is longer" in refused.value.reason
+
+
+def test_a_compressed_run_goes_upstream_only_once_read_whole(token: str) -> None:
+    """A base64 run of a gzip file, streamed (no `dlp:` on the rule): none of the run is
+    released upstream until it has ended and been read (the leak guard keeps it whole,
+    `StreamScan.held_back`), so a token at the end of its file is refused before any
+    of the compressed bytes holding it went on; a file without one goes through whole."""
+    words = b" ".join(b"entry %d ok" % i for i in range(30_000))
+    for tail, refused in ((b"\nT=" + token.encode(), True), (b"\n", False)):
+        run = base64.b64encode(gzip.compress(words + tail, mtime=0))
+        body = b'{"content": "' + run + b'", "n": 1}'
+        side = RequestSide(_exchange(token, "application/json", None, None))  # type: ignore[arg-type]
+        out = []
+        try:
+            for i in range(0, len(body), 8192):
+                out.append(side.feed(body[i:i + 8192]))
+            out.append(side.end(None))
+        except Refusal as refusal:
+            assert refused and refusal.code == "exfiltration_blocked"
+            assert b"".join(out) == b"" or body.index(run) >= len(b"".join(out))
+            continue
+        assert not refused and b"".join(out) == body
