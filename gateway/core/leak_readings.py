@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable, Iterator
 
 from gateway.core.archives import Allowance, Unpacker, archive_kind
+from gateway.core.dlp.fastscan import LITERAL, UNDECIDED
 from gateway.core.encodings import EncodingError
 
 __all__ = ["ARCHIVE_MARKERS", "HELD_RUN", "LINED", "STEP", "TILE", "archive_starts", "beyond",
@@ -33,6 +34,7 @@ __all__ = ["ARCHIVE_MARKERS", "HELD_RUN", "LINED", "STEP", "TILE", "archive_star
 HELD_RUN = 1024 * 1024  # bytes of a compressed run a stream keeps to read it whole
 STEP = 64 * 1024  # bytes of a kept run read again at a time (`leaks.StreamScan`)
 TILE = 8  # characters of a marker's tiles: any 16 of a marker in a row hold one
+_WRAP_LINE = 20  # characters a line of a block has, but its last (`_gate.c`'s WRAP_LINE)
 
 # The first characters of a compressed file's base64 (gzip `1f 8b 08`: `H4sI`; zip
 # `PK\3\4`: `UEsDB`; bzip2 `BZh`: `Qlpo`; xz `fd 37 7a 58 5a 00`: `/Td6WFoA`, `_` in the
@@ -84,7 +86,7 @@ def archive_starts(text: bytes) -> list[int]:
     """Where canonical `text` holds a compressed file's encoded start (the markers' pass
     finds them where it runs: this is for data it did not read, each start by `find`,
     where the C gate's one pass, `_STARTS`, says one is there)."""
-    if _STARTS is not None and not _STARTS.flags(text) & 0x42:  # (LITERAL, UNDECIDED)
+    if _STARTS is not None and not _STARTS.flags(text) & (LITERAL | UNDECIDED):
         return []
     out = []
     for marker in ARCHIVE_MARKERS:
@@ -101,6 +103,8 @@ def joined(data: bytes) -> list[bytes]:
 
 
 def _blocks(data: bytes) -> list[tuple[int, int]]:
+    """(start, end) of each block of base64 lines in `data` (`_gate.wrapped_blocks`; the
+    same by expressions where it is not built)."""
     if _wrapped_blocks is not None:
         found: list[tuple[int, int]] = _wrapped_blocks(data)
         return found
@@ -113,7 +117,7 @@ def _blocks(data: bytes) -> list[tuple[int, int]]:
             end = more.end()
         last = _REST.match(data, end)
         assert last is not None
-        if end == line.end() and last.end() - end < 20 and (
+        if end == line.end() and last.end() - end < _WRAP_LINE and (
                 len(_BREAKS.sub(b"", line.group())) % 4):
             continue  # (a short line after a single one of a width no encoder writes)
         out.append((line.start(), last.end()))
