@@ -142,8 +142,8 @@ class LeakScan:
         parts.append(b"".join(value for _, value in fields))
         return self.find(b"".join(parts))
 
-    def stream(self) -> StreamScan:
-        return StreamScan(self)
+    def stream(self, allowance: Allowance | None = None) -> StreamScan:
+        return StreamScan(self, allowance)
 
 
 class _Markers:
@@ -248,21 +248,21 @@ class StreamScan:
     check too (`fastscan.ChunkPass`, outbound credential detection's on a streamed body:
     one pass serving both): whether a run of `SEGMENT` base64 characters ends in the
     chunk. Where every marker is such a run (`LeakScan._runs`) and neither the window nor
-    the window before it holds an escape, a window in which no run ends in the chunk
-    holds no marker the window before did not hold (which was searched, and found
-    clean): a marker ending in the chunk is a run ending there, and one in the tail was
-    in the window before, unchanged (it read as itself lowercased there too). Such a
-    window is not made, nor searched; any other is, as without the answer
-    (`LeakScan.find`).
+    the one before holds an escape, a window in which no run ends in the chunk holds no
+    marker the window before did not (searched, clean): a marker ending in the chunk is
+    a run ending there, one in the tail was in the window before, read the same. Such a
+    window is not made, nor searched; any other is, as without the answer.
 
     A compressed file's run the window ends in is kept whole as the tail (`open_start`),
-    held back (`held_back`), read again with its next `STEP` bytes or its end."""
+    held back (`held_back`), read again with its next `STEP` bytes or its end. What runs
+    unpack to has one bound (`allowance`), grown as the stream comes; an archive's files
+    share their body's, not grown by what they unpack to."""
 
-    __slots__ = ("_allowance", "_held", "_plain", "_scan", "_tail")
+    __slots__ = ("_grows", "_held", "_plain", "_scan", "_tail", "allowance")
 
-    def __init__(self, scan: LeakScan) -> None:
+    def __init__(self, scan: LeakScan, allowance: Allowance | None = None) -> None:
         self._scan, self._tail = scan, b""
-        self._allowance = Allowance(0)  # (the stream's runs unpacked: one bound, grown)
+        self.allowance, self._grows = allowance or Allowance(0), allowance is None
         self._plain = True  # (the window before holds no escape: none yet)
         self._held = -1  # (bytes of a kept run's not read yet; -1: no run kept)
 
@@ -278,7 +278,7 @@ class StreamScan:
         see the class docstring)."""
         tail, scan = self._tail, self._scan
         keep = scan.keep
-        self._allowance.grow(len(chunk))
+        self.allowance.grow(len(chunk) if self._grows else 0)
         if self._held >= 0 and self._held + len(chunk) < readings.STEP and \
                 not chunk.strip(readings.LINED):  # (more of a kept run: read later)
             self._tail, self._held = tail + chunk, self._held + len(chunk)
@@ -290,7 +290,7 @@ class StreamScan:
             return None
         window = tail + chunk if tail else chunk
         self._plain = run is not None and _plain(window)  # (unknown: not asked)
-        found = scan.find(window, gate, self._allowance)
+        found = scan.find(window, gate, self.allowance)
         self._tail = window[-keep:] if len(window) > keep else window
         start = None if found is not None else readings.open_start(window)
         self._held = -1 if start is None else 0

@@ -144,7 +144,8 @@ class RequestSide:
             scan = self._files.get(number)
             if scan is None:
                 assert self.ex.scan is not None
-                self._files = {number: self.ex.scan.stream()}  # (the part before ended)
+                self._files = {number: self.ex.scan.stream(  # (the part before ended;
+                    self._scanner().allowance)}  # its runs: the body's bound, one level)
                 scan = self._files[number]
             found = scan.feed(piece)
             if found is not None:

@@ -360,3 +360,24 @@ def test_a_compressed_run_goes_upstream_only_once_read_whole(token: str) -> None
             assert b"".join(out) == b"" or body.index(run) >= len(b"".join(out))
             continue
         assert not refused and b"".join(out) == body
+
+
+def test_an_archives_files_runs_share_the_bodys_bound(
+        token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leak guard's reading of a streamed archive's files unpacks their compressed
+    runs within the body's allowance, not one grown by what the files unpack to."""
+    from gateway.core import archives
+
+    monkeypatch.setattr(archives, "FLOOR", 500_000)
+    monkeypatch.setattr(archives, "RATIO", 1)
+    r = random.Random(9)
+    words = " ".join(r.choice(["alpha", "beta", "gamma"]) + str(r.randrange(10**6))
+                     for _ in range(50_000)).encode()[:600_000]
+    sparse = base64.b64encode(gzip.compress(b"\0" * 200_000, mtime=0))
+    body = gzip.compress(words + b"\n" + b"\n".join([sparse] * 4) + b"\n", mtime=0)
+    side = RequestSide(_exchange(token, "application/gzip", None, None))  # type: ignore[arg-type]
+    with pytest.raises(Refusal) as refused:
+        for i in range(0, len(body), 16_384):
+            side.feed(body[i:i + 16_384])
+        side.end(None)
+    assert refused.value.code == "bad_request"

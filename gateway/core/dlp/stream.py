@@ -76,7 +76,7 @@ class StreamScanner:
 
     def __init__(self, scanner: Scanner, content_encoding: str | None = None,
                  where: str = "body", content_type: str | None = None,
-                 unpack: bool = False) -> None:
+                 unpack: bool = False, allowance: Allowance | None = None) -> None:
         """`unpack`: a request body, read unpacked too where it, or a multipart part
         of it, is an archive (`files.Files`; an answer is not)."""
         self._scanner = scanner
@@ -84,7 +84,9 @@ class StreamScanner:
         self.keep = max(MIN_KEEP, scanner.reach + 64)
         self._window = _Window()
         self._base = 0
-        self._allowance = Allowance(0)  # (what its runs may unpack to: `feed` grows it)
+        # (what its runs may unpack to: `feed` grows it; an archive's files share their
+        # body's, not grown by what they unpack to)
+        self._allowance, self._grows = allowance or Allowance(0), allowance is None
         self._due = 0  # (the window's length at which it is scanned next: a run kept
         # whole, `stream_cut`, is read again with STEP more characters, not every chunk)
         self._seen: set[tuple[str, str]] = set()
@@ -140,7 +142,7 @@ class StreamScanner:
         gate, with its escapes), None if not asked (see the module docstring)."""
         if self.unreadable is not None:
             return ScanResult((), self.unreadable)
-        self._allowance.grow(len(chunk))
+        self._allowance.grow(len(chunk) if self._grows else 0)
         try:
             pieces = list(self._decoder.feed(chunk)) if self._decoder else [chunk]
             if self._frames is not None:  # (a gRPC body: its messages)
@@ -212,7 +214,8 @@ class StreamScanner:
                 found += self._files_end()
                 reading = self._files_scan[number] = (StreamScanner(self._scanner, where=(
                     f"{self._where} part {number} unpacked" if number else
-                    f"{self._where} unpacked")), ChunkPass(self._scanner.prefilter.gate))
+                    f"{self._where} unpacked"), allowance=self._allowance), ChunkPass(
+                        self._scanner.prefilter.gate))
             scan, gate = reading  # (the gate's one pass says which windows to read)
             found += self._scanned(scan.feed(data, gate.flags(data, escapes=True)))
         return found + self._files_end() if final else found

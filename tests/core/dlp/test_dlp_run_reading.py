@@ -12,6 +12,7 @@ import bz2
 import gzip
 import json
 import lzma
+import random
 import textwrap
 import time
 from pathlib import Path
@@ -244,3 +245,24 @@ def test_a_block_behind_short_lines_is_read_at_every_alignment(first: list[int])
         placed = "\n".join(lines + textwrap.wrap(encoded[at:], 76))
         where, _ = _found(json.dumps({"content": placed}).encode())
         assert where, (first, pad)
+
+
+def _archive_of_bombs() -> bytes:
+    """A `.tar.gz` of 600 kB of random words (about 3x compressible) and four base64
+    runs of a gzip of 200 kB of zeros each."""
+    r = random.Random(9)
+    words = " ".join(r.choice(["alpha", "beta", "gamma", "delta"]) + str(r.randrange(10**6))
+                     for _ in range(50_000)).encode()[:600_000]
+    sparse = base64.b64encode(gzip.compress(b"\0" * 200_000, mtime=0))
+    return tar_gz({"log.txt": words, "blobs.txt": b"\n".join([sparse] * 4)})
+
+
+def test_an_archives_files_runs_share_the_bodys_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compressed runs in a streamed archive's files are bounded by the body's
+    allowance (its bytes as sent), not a new one grown by what the files unpack to: a
+    bound of a bound would let a small body inflate 64 times 64 times."""
+    monkeypatch.setattr(archives, "FLOOR", 500_000)
+    monkeypatch.setattr(archives, "RATIO", 1)
+    body = _archive_of_bombs()
+    _, unreadable = _streamed(body, 16_384, "application/gzip")
+    assert unreadable is not None and "times its size" in unreadable
