@@ -13,8 +13,8 @@ lines, and base64 or hex runs that are a compressed file.
   (`unpacked`), bounded by the body's `Allowance` (`core/archives.py`).
 
 One level each: what a run unpacks to is read for markers, not unpacked again. As data
-streams, a compressed run (or its block of lines) the window ends in is kept whole into
-the next window (`open_start`), up to `HELD_RUN` bytes: a longer one is unreadable.
+streams, a compressed run (or its block of lines) the window ends in (`open_start`) is
+followed from its start as it goes on (`leak_stream`, `streamed_runs.FollowedRun`).
 """
 
 from __future__ import annotations
@@ -28,11 +28,9 @@ from gateway.core.archives import Allowance, Unpacker, archive_kind
 from gateway.core.dlp.fastscan import LITERAL, UNDECIDED
 from gateway.core.encodings import EncodingError
 
-__all__ = ["ARCHIVE_MARKERS", "HELD_RUN", "LINED", "STEP", "TILE", "archive_starts", "beyond",
-           "joined", "open_start", "unpacked"]
+__all__ = ["ARCHIVE_MARKERS", "LINED", "TILE", "archive_starts", "beyond", "joined",
+           "open_start", "unpacked"]
 
-HELD_RUN = 1024 * 1024  # bytes of a compressed run a stream keeps to read it whole
-STEP = 64 * 1024  # bytes of a kept run read again at a time (`leaks.StreamScan`)
 TILE = 8  # characters of a marker's tiles: any 16 of a marker in a row hold one
 _WRAP_LINE = 20  # characters a line of a block has, but its last (`_gate.c`'s WRAP_LINE)
 

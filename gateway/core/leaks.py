@@ -34,15 +34,13 @@ import ahocorasick
 from gateway.core import leak_readings as readings
 from gateway.core.archives import Allowance
 from gateway.core.dlp.fastscan import (
-    BACKSLASH,
-    ESCAPES_KNOWN,
-    PERCENT,
     RUN,
     SEGMENT,
     Gate,
     Literals,
 )
 from gateway.core.leak_forms import undone
+from gateway.core.leak_stream import StreamScan, plain
 
 __all__ = ["REDACTED", "LeakScan", "Redactor", "StreamScan"]
 
@@ -66,7 +64,7 @@ class LeakScan:
     marker by marker (some twenty, a few µs per head), so a gateway serving many
     sandboxes holds no matcher per token."""
 
-    __slots__ = ("_automaton", "_runs", "keep", "own", "secrets", "tokens")
+    __slots__ = ("_automaton", "keep", "marker_runs", "own", "secrets", "tokens")
 
     def __init__(self, tokens: Iterable[bytes], secrets: Iterable[bytes] = (),
                  own: Iterable[bytes] = ()) -> None:
@@ -79,7 +77,7 @@ class LeakScan:
         # Every marker is a run of the base64 alphabets (lowercase: canonical form) of
         # `SEGMENT` characters or more, as a token's always are: then data without such
         # a run holds none (`find`).
-        self._runs = all(len(m) >= SEGMENT and _RUN_BYTES.issuperset(m)
+        self.marker_runs = all(len(m) >= SEGMENT and _RUN_BYTES.issuperset(m)
                          for m in (*self.tokens, *self.secrets, *self.own))
 
     def find(self, data: bytes, gate: Gate | None = None, allowance: Allowance | None = None,
@@ -89,7 +87,7 @@ class LeakScan:
 
         A body with no escape canonical form undoes (`%`, `\\u00`, `\\/`) reads as
         itself lowercased, which keeps every byte in or out of the base64 alphabets:
-        where every marker is such a run (`_runs`) and the body holds no run of `SEGMENT`
+        where every marker is such a run (`marker_runs`) and the body holds no run of `SEGMENT`
         of those characters, no marker is in it: it is neither lowercased nor searched
         (`_skipped`: one gate pass, `gate` detection's when the request has it, which
         takes the answer for the same body), against 6 M instructions a MiB.
@@ -109,7 +107,7 @@ class LeakScan:
 
     def _read(self, data: bytes, gate: Gate | None, allowance: Allowance | None,
               deeper: bool) -> str | None:
-        if self._runs and len(data) >= _GATED and _skipped(data, gate or _RUNS):
+        if self.marker_runs and len(data) >= _GATED and _skipped(data, gate or _RUNS):
             return None
         kept = undone(data)
         text = kept.lower()
@@ -119,7 +117,7 @@ class LeakScan:
                 return found
         else:  # (no shared markers: the compressed files' starts looked for here)
             found, starts, lined = None, readings.archive_starts(text), True
-        find = text.find  # (`find`, not `in`: see `_plain`)
+        find = text.find  # (`find`, not `in`: see `leak_stream.plain`)
         for marker in self.own:
             if find(marker) >= 0:
                 return "token"
@@ -143,6 +141,7 @@ class LeakScan:
         return self.find(b"".join(parts))
 
     def stream(self, allowance: Allowance | None = None) -> StreamScan:
+        """A scan of a stream of chunks with these markers (`leak_stream`)."""
         return StreamScan(self, allowance)
 
 
@@ -222,82 +221,8 @@ def _skipped(data: bytes, checker: Gate) -> bool:
     pass answers both; else the escapes' bytes are looked for first (memchr)."""
     if checker.native:
         flags = checker.flags(data, keep=True, escapes=True)
-        return not flags & RUN and _plain(data, flags)
-    return _plain(data) and not checker.flags(data, keep=True) & RUN
-
-
-def _plain(data: bytes, flags: int = 0) -> bool:
-    """Whether `data` holds no escape `canonical` undoes (it reads as itself lowercased):
-    as the C pass's `flags` say where they know (`ESCAPES_KNOWN`), else by `find` (not
-    `in`: CPython 3.12's tries the needle as an integer first: 0.45 µs a test)."""
-    if flags & ESCAPES_KNOWN:
-        return not flags & PERCENT and (not flags & BACKSLASH or _no_json_escape(data))
-    return data.find(b"%") < 0 and (data.find(b"\\") < 0 or _no_json_escape(data))
-
-
-def _no_json_escape(data: bytes) -> bool:
-    return data.find(b"\\u00") < 0 and data.find(b"\\/") < 0  # (`data` holds a backslash)
-
-
-class StreamScan:
-    """Scans a stream of chunks; a marker split across two chunks is still found. Each
-    chunk is searched with the tail of the chunks before it (`LeakScan.keep` bytes): the
-    window.
-
-    `feed(chunk, run=...)` takes the answer of a pass over the stream made for another
-    check too (`fastscan.ChunkPass`, outbound credential detection's on a streamed body:
-    one pass serving both): whether a run of `SEGMENT` base64 characters ends in the
-    chunk. Where every marker is such a run (`LeakScan._runs`) and neither the window nor
-    the one before holds an escape, a window in which no run ends in the chunk holds no
-    marker the window before did not (searched, clean): a marker ending in the chunk is
-    a run ending there, one in the tail was in the window before, read the same. Such a
-    window is not made, nor searched; any other is, as without the answer.
-
-    A compressed file's run the window ends in is kept whole as the tail (`open_start`),
-    held back (`held_back`), read again with its next `STEP` bytes or its end. What runs
-    unpack to has one bound (`allowance`), grown as the stream comes; an archive's files
-    share their body's, not grown by what they unpack to."""
-
-    __slots__ = ("_grows", "_held", "_plain", "_scan", "_tail", "allowance")
-
-    def __init__(self, scan: LeakScan, allowance: Allowance | None = None) -> None:
-        self._scan, self._tail = scan, b""
-        self.allowance, self._grows = allowance or Allowance(0), allowance is None
-        self._plain = True  # (the window before holds no escape: none yet)
-        self._held = -1  # (bytes of a kept run's not read yet; -1: no run kept)
-
-    @property
-    def held_back(self) -> int:
-        """Bytes at the stream's end a kept compressed run holds (not to go on yet)."""
-        return len(self._tail) if self._held >= 0 else 0
-
-    def feed(self, chunk: bytes, gate: Gate | None = None, run: bool | None = None,
-             flags: int = 0) -> str | None:
-        """`token`, `secret` or None for the window ending with `chunk` (`run`: whether
-        a run ends in `chunk`, None if not known, `flags` the C pass's for it if any;
-        see the class docstring)."""
-        tail, scan = self._tail, self._scan
-        keep = scan.keep
-        self.allowance.grow(len(chunk) if self._grows else 0)
-        if self._held >= 0 and self._held + len(chunk) < readings.STEP and \
-                not chunk.strip(readings.LINED):  # (more of a kept run: read later)
-            self._tail, self._held = tail + chunk, self._held + len(chunk)
-            return "unreadable" if len(self._tail) > readings.HELD_RUN else None
-        if run is False and self._plain and scan._runs and _plain(chunk, flags) \
-                and (not tail or _plain(tail[-3:] + chunk[:3])) \
-                and chunk.find(b"\x00") < 0:  # (a NUL: UTF-16 text, read by `find`)
-            self._tail = chunk[-keep:] if len(chunk) >= keep else (tail + chunk)[-keep:]
-            return None
-        window = tail + chunk if tail else chunk
-        self._plain = run is not None and _plain(window)  # (unknown: not asked)
-        found = scan.find(window, gate, self.allowance)
-        self._tail = window[-keep:] if len(window) > keep else window
-        start = None if found is not None else readings.open_start(window)
-        self._held = -1 if start is None else 0
-        if start is not None:  # (a compressed run going on: kept whole, `leak_readings`)
-            self._tail, self._plain = window[start:], False
-        return "unreadable" if start is not None and len(self._tail) > readings.HELD_RUN \
-            else found
+        return not flags & RUN and plain(data, flags)
+    return plain(data) and not checker.flags(data, keep=True) & RUN
 
 
 class _Secret:

@@ -144,6 +144,7 @@ class RequestSide:
             scan = self._files.get(number)
             if scan is None:
                 assert self.ex.scan is not None
+                self._ended(*self._files.values())
                 self._files = {number: self.ex.scan.stream(  # (the part before ended;
                     self._scanner().allowance)}  # its runs: the body's bound, one level)
                 scan = self._files[number]
@@ -151,9 +152,17 @@ class RequestSide:
             if found is not None:
                 raise self.ex.leak(found)
 
+    def _ended(self, *scans: StreamScan | None) -> None:
+        """The end of what `scans` read: a compressed run they follow, read to its end."""
+        for scan in scans:
+            found = scan.end() if scan is not None else None
+            if found is not None:
+                raise self.ex.leak(found)
+
     def _frames_end(self) -> None:
         if self._archives is not None:  # (a body of fewer bytes than a magic's, or an
             self._unpacked(self._archives, b"", final=True)  # archive's end)
+        self._ended(self._scan, *self._files.values())
         if self._frames is not None:
             try:
                 self._frames.end()

@@ -13,10 +13,11 @@ import json
 import lzma
 import random
 import textwrap
+import zlib
 from urllib.parse import quote
 
 import pytest
-from helpers.archives import deflated_zip, tar_gz
+from helpers.archives import deflated_zip, spaced_gzip, tar_gz
 from helpers.lines import random_lines
 
 from gateway.core import archives, leak_readings
@@ -151,21 +152,52 @@ def test_a_compressed_run_longer_than_a_window_is_read_whole_as_it_streams(
     assert len(stream._tail) < 20_000
 
 
-def test_a_compressed_run_past_the_held_bound_is_unreadable_as_it_streams(
+@pytest.mark.parametrize("how", ["base64", "lines", "escaped lines", "hex", "url-safe"])
+@pytest.mark.parametrize("kind", ["gzip", "zip", "bzip2", "xz"])
+def test_a_compressed_run_of_megabytes_is_followed_as_it_streams(
+        scan: tuple[LeakScan, str], kind: str, how: str) -> None:
+    """A run of a 1.5 MB file (2-3 MB of characters: refused as unreadable before the
+    twenty-first session, past 1 MiB) is read as it streams, once, from its start
+    (`streamed_runs.FollowedRun`): the token at its file's end is found, a file without
+    it passes, the run's bytes are not kept."""
+    leaks, token = scan
+    noise = random.Random(11).randbytes(1_500_000)
+    for tail, expect in ((b"\nT=" + token.encode() + b"\n", "token"), (b"\n", None)):
+        packed = _packed(kind, noise + tail)
+        if how in ("base64", "url-safe"):
+            run = (base64.b64encode if how == "base64" else base64.urlsafe_b64encode)(
+                packed).decode()
+        elif how == "hex":
+            run = packed.hex()
+        else:  # (lines of 76: JSON escapes the breaks, `\\n`; as sent in a text body)
+            run = _lines(packed)
+        body = (json.dumps({"content": run}) if how != "lines" else run + "\n--\n").encode()
+        assert len(body) > 2_000_000
+        stream = leaks.stream()
+        found = [stream.feed(body[i:i + 65_536]) for i in range(0, len(body), 65_536)]
+        found.append(stream.end())
+        assert set(found) <= {expect, None} and (expect in found), (kind, how)
+        assert len(stream._tail) <= leaks.keep
+
+
+def _packed(kind: str, data: bytes) -> bytes:
+    if kind == "zip":
+        return deflated_zip({"a/b.bin": data})
+    return {"gzip": lambda d: gzip.compress(d, mtime=0), "bzip2": bz2.compress,
+            "xz": lzma.compress}[kind](data)
+
+
+def test_a_run_that_gives_nothing_for_long_is_unreadable(
         scan: tuple[LeakScan, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose bytes give nothing for `HELD` bytes (empty deflate blocks spacing a
+    token's halves apart) is unreadable: its bytes would be held back without bound."""
     leaks, _ = scan
-    monkeypatch.setattr(leak_readings, "HELD_RUN", 50_000)
-    r = random.Random(6)
-    data = bytes(r.getrandbits(8) for _ in range(60_000))
-    body = json.dumps({"content": base64.b64encode(gzip.compress(data, mtime=0)).decode()})
+    monkeypatch.setattr("gateway.core.leak_stream.HELD", 200_000)
+    packed = spaced_gzip(b"#" * 64 + b"\nK=", KEY.encode(), b"\n", 40_000)
+    body = json.dumps({"content": base64.b64encode(packed).decode()}).encode()
     stream = leaks.stream()
-    assert "unreadable" in [stream.feed(body.encode()[i:i + 16384])
-                            for i in range(0, len(body), 16384)]
-    # (random base64 of the same length, no compressed file's start: read as it goes)
-    body = json.dumps({"content": base64.b64encode(b"\1" + data).decode()})
-    stream = leaks.stream()
-    assert {stream.feed(body.encode()[i:i + 16384]) for i in range(0, len(body), 16384)} \
-        == {None}
+    found = [stream.feed(body[i:i + 16_384]) for i in range(0, len(body), 16_384)]
+    assert next(f for f in found if f is not None) == "unreadable"
 
 
 def test_a_streams_runs_share_one_bound_grown_as_it_comes(
@@ -183,15 +215,19 @@ def test_a_streams_runs_share_one_bound_grown_as_it_comes(
     assert {stream.feed(one[i:i + 16_384]) for i in range(0, len(one), 16_384)} == {None}
 
 
-def test_a_kept_run_is_held_back_until_it_is_read(scan: tuple[LeakScan, str]) -> None:
-    """What of a compressed run a stream keeps is held back (`StreamScan.held_back`: the
-    request side does not send it on) until the run ends and is read whole: a token at
-    the end of its file is found before any of the run goes upstream."""
-    leaks, token = scan
+@pytest.mark.parametrize("empties", [0, 3_000])
+def test_a_followed_runs_bytes_go_on_only_once_what_they_unpack_to_is_read(
+        scan: tuple[LeakScan, str], empties: int) -> None:
+    """What of a followed run may go on (`StreamScan.held_back`: the request side holds
+    the rest) unpacks to none of a key: the compressed bytes of its first half are held
+    back until the key is found whole, even where the stream spaces the halves thousands
+    of empty deflate blocks apart."""
+    leaks, _ = scan
     r = random.Random(7)
     words = b" ".join(r.choice([b"alpha", b"beta", b"gamma"]) + str(i).encode()
-                      for i in range(40_000))
-    run = base64.b64encode(gzip.compress(words + b"\nT=" + token.encode(), mtime=0))
+                      for i in range(40_000)) + b"\nT="
+    packed = spaced_gzip(words, KEY.encode(), b"\n" + words, empties)
+    run = base64.b64encode(packed)
     body = b'{"content": "' + run + b'"}'
     stream = leaks.stream()
     sent = 0
@@ -200,4 +236,8 @@ def test_a_kept_run_is_held_back_until_it_is_read(scan: tuple[LeakScan, str]) ->
         if found is not None:
             break
         sent = max(sent, i + 4096 - max(leaks.keep, stream.held_back))
-    assert found == "token" and sent <= body.index(b"H4sI")
+    assert found == "secret"
+    went = body[body.index(run):sent]  # (the run's bytes that went on: what they unpack to)
+    reader = zlib.decompressobj(31)
+    shown = reader.decompress(base64.b64decode(went[:len(went) // 4 * 4]))
+    assert len(shown) <= len(words) and sent > 100_000

@@ -224,7 +224,7 @@ def test_the_run_gate_loses_nothing_against_the_canonical_search(token: str) -> 
                       own_token_markers(token)),
              LeakScan(constant_token_markers("sandbox-gateway"),
                       sensitive_markers(dotted.encode()), own_token_markers(token))]
-    assert scans[0]._runs and not scans[1]._runs
+    assert scans[0].marker_runs and not scans[1].marker_runs
     values = [token, KEY, dotted, *(f(token) for f in TOKEN_FORMS.values())]
     for _ in range(300):
         value = rng.choice(values)
@@ -234,7 +234,7 @@ def test_the_run_gate_loses_nothing_against_the_canonical_search(token: str) -> 
         data = f"{PROSE[:rng.randrange(300, 2400)]} {value} {PROSE[:200]}".encode()
         for scan in scans:
             old = LeakScan(scan.tokens, scan.secrets, scan.own)
-            old._runs = False
+            old.marker_runs = False
             for gate in _gates():
                 assert scan.find(data, gate) == old.find(data), (value, gate)
 

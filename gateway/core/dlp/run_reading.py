@@ -9,7 +9,8 @@ decode to a few random bytes, which one C call says (`Gate.runs_clean`); a stret
 gave nothing is remembered (`clean`: an agent resends its tool call ids every turn). A
 run that decodes to a compressed file or an archive is always read on: the scanner
 unpacks it (`archive_views.run_views`). A streamed window is cut where no run is read
-in two pieces it cannot be read from (`stream_cut`).
+in two pieces it cannot be read from, and a compressed file's run crossing the cut is
+followed as it streams (`stream_cut`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from gateway.core.archives import FIRST_BYTES, archive_kind
 from gateway.core.dlp.decoding import (
     MAX_SHIFTED,
     Run,
-    Unreadable,
     decode_run,
     has_run,
     padded_end,
@@ -33,12 +33,11 @@ from gateway.core.dlp.fastscan import SEGMENT
 from gateway.core.dlp.lines import line_start, stretches_and_blocks, wrapped
 from gateway.core.dlp.prefilter import Prefilter, holds_json_escape
 
-__all__ = ["CLEAN_RUN", "CLEAN_RUNS", "HELD_RUN", "MIN_DECODED", "RunReader", "stream_cut"]
+__all__ = ["CLEAN_RUN", "CLEAN_RUNS", "MIN_DECODED", "RunReader", "stream_cut"]
 
 MIN_DECODED = 12  # decoded runs shorter than this hold no key
 CLEAN_RUNS = 1024  # stretches remembered as decoding to nothing (`decoded`), at most
 CLEAN_RUN = 256  # characters: a longer stretch is decoded again each time
-HELD_RUN = 1024 * 1024  # characters of a compressed run a stream keeps to read it whole
 _BREAKS = re.compile(r"\\r\\n|\\n|\r?\n")  # (a block's line breaks, `wrapped`)
 _NOT_RUN = re.compile(r"\\[rn]|[^A-Za-z0-9+/_-]")  # (a block's breaks, as sent or escaped)
 
@@ -108,32 +107,29 @@ class RunReader:
 
 
 
-def stream_cut(text: str, cut: int) -> int:
+def stream_cut(text: str, cut: int) -> tuple[int, int | None]:
     """Where a streamed window's `text` is cut, near `cut`, so that a run crossing it is
-    read whole by the next window: a compressed file's run, or block of base64 lines,
-    is kept from its start (up to `HELD_RUN` characters: raises Unreadable past it);
-    another run is cut at a multiple of 4 of its characters from its start (a block's
-    line breaks, as sent or JSON-escaped, not counted), so the next window decodes it at
-    its own alignment."""
+    read whole by the next window: at a multiple of 4 of its characters from its start (a
+    block's line breaks, as sent or JSON-escaped, not counted), so the next window
+    decodes it at its own alignment; and where such a run (or block of base64 lines)
+    starts if it is a compressed file's (None if not): the caller follows it as it
+    streams (`streamed_runs.FollowedRun`)."""
     listed = list(stretches(text))
     for lo, hi in wrapped(text, listed, escaped=True) if text.find("n") >= 0 else ():
         if lo < cut < hi:
-            if _packed(text, lo):
-                return _held(text, lo)
             start = line_start(text, lo, cut, True)
             while (at := start + -len(_NOT_RUN.sub("", text[lo:start])) % 4) > cut:
                 start = line_start(text, lo, start - 2, True)  # (the line before)
-            return at
+            return at, lo if _packed(text, lo) else None
         if lo >= cut:
             break
     for run in runs(text):
         if run.start < cut < run.end:
-            if _packed(text, run.start):
-                return _held(text, run.start)
-            return run.start + (cut - run.start) // 4 * 4
+            return run.start + (cut - run.start) // 4 * 4, \
+                run.start if _packed(text, run.start) else None
         if run.start >= cut:
             break
-    return cut
+    return cut, None
 
 
 def _packed(text: str, start: int) -> bool:
@@ -145,10 +141,3 @@ def _packed(text: str, start: int) -> bool:
         if data and data[0] in FIRST_BYTES and archive_kind(data[:6]) is not None:
             return True
     return False
-
-
-def _held(text: str, start: int) -> int:
-    if len(text) - start > HELD_RUN:
-        raise Unreadable(f"a compressed file in a base64 or hex run of more than {HELD_RUN} "
-                         "characters, streamed: send it as a body of its own")
-    return start

@@ -39,7 +39,7 @@ from urllib.parse import unquote_plus
 
 from gateway.core import encodings
 from gateway.core.archives import Allowance
-from gateway.core.dlp.archive_views import Sharing
+from gateway.core.dlp.archive_views import UNPACKED, Sharing
 from gateway.core.dlp.decoding import Unreadable, body_kind, json_codec, text_codec
 from gateway.core.dlp.fastscan import (
     BACKSLASH,
@@ -58,7 +58,9 @@ from gateway.core.dlp.multipart import StreamedParts, boundary
 from gateway.core.dlp.prefilter import json_unescape
 from gateway.core.dlp.run_reading import stream_cut
 from gateway.core.dlp.scanner import Scanner
+from gateway.core.dlp.window import Window
 from gateway.core.framing import reader_for
+from gateway.core.streamed_runs import HELD, FollowedRun
 
 __all__ = ["StreamScanner"]
 
@@ -75,20 +77,23 @@ class StreamScanner:
     """Feed chunks, then `end()`; each call returns the findings new since the last."""
 
     def __init__(self, scanner: Scanner, content_encoding: str | None = None,
-                 where: str = "body", content_type: str | None = None,
+                 where: str | Location = "body", content_type: str | None = None,
                  unpack: bool = False, allowance: Allowance | None = None) -> None:
         """`unpack`: a request body, read unpacked too where it, or a multipart part
-        of it, is an archive (`files.Files`; an answer is not)."""
+        of it, is an archive (`files.Files`; an answer is not). `where`: the part
+        findings are in, or their place (a run's file: `_followed`)."""
         self._scanner = scanner
-        self._where = where
+        self._where = where if isinstance(where, Location) else Location(where)
         self.keep = max(MIN_KEEP, scanner.reach + 64)
-        self._window = _Window()
+        self._window = Window()
         self._base = 0
         # (what its runs may unpack to: `feed` grows it; an archive's files share their
         # body's, not grown by what they unpack to)
         self._allowance, self._grows = allowance or Allowance(0), allowance is None
-        self._due = 0  # (the window's length at which it is scanned next: a run kept
-        # whole, `stream_cut`, is read again with STEP more characters, not every chunk)
+        # (a compressed file's run crossing a cut, followed as it streams: its file's
+        # scanner and name; not within a run's file, one level)
+        self._follow: FollowedRun | None = None
+        self._run_file: tuple[str, StreamScanner] | None = None
         self._seen: set[tuple[str, str]] = set()
         self.unreadable: str | None = None
         self._decoder: encodings.Decoder | None = None
@@ -132,6 +137,7 @@ class StreamScanner:
         held = self._frames.pending + 5 if self._frames is not None else 0
         for scan, _ in self._files_scan.values():  # (an archive's files' window: unpacked
             held = max(held, scan.pending)  # bytes, more than the body's that made them)
+        held = max(held, self._run_held())
         if self._charset is None:
             return len(self._window) + len(self._early) + held
         return (len(self._window) + 4) * _WIDEST + held
@@ -168,13 +174,17 @@ class StreamScanner:
             if self.unreadable is not None:
                 return ScanResult((), self.unreadable)
             self._window.add(piece)
+            if self._follow is not None:
+                found += self._followed(piece)
+                if self.unreadable is not None:
+                    return ScanResult((), self.unreadable)
             if flags is None or self._decoder is not None or self._charset is not None \
                     or self._frames is not None:
                 self._hit = _NO_LIMIT  # (not the chunk's bytes: scanned as before)
             elif flags & FOUND or flags & _HIDING[self._kind] or not flags & ESCAPES_KNOWN:
                 # (a JSON or form body's escape may hide an anchor or a run: `_scan`)
                 self._hit = max(self._hit, self._base + len(self._window))
-            if len(self._window) >= max(self.keep + max(self.keep, STEP), self._due):
+            if len(self._window) >= self.keep + max(self.keep, STEP):
                 found += self._scan(final=False)
         return ScanResult(tuple(found), self.unreadable)
 
@@ -200,6 +210,8 @@ class StreamScanner:
         if self.unreadable is not None:
             return ScanResult((), self.unreadable)
         found += self._scan(final=True)
+        if self._follow is not None and self.unreadable is None:
+            found += self._followed(b"", final=True)
         return ScanResult(tuple(found), self.unreadable)
 
     def _unpacked(self, files: list[tuple[int, bytes]], final: bool = False
@@ -213,8 +225,8 @@ class StreamScanner:
             if reading is None:
                 found += self._files_end()
                 reading = self._files_scan[number] = (StreamScanner(self._scanner, where=(
-                    f"{self._where} part {number} unpacked" if number else
-                    f"{self._where} unpacked"), allowance=self._allowance), ChunkPass(
+                    f"{self._where.part} part {number} unpacked" if number else
+                    f"{self._where.part} unpacked"), allowance=self._allowance), ChunkPass(
                         self._scanner.prefilter.gate))
             scan, gate = reading  # (the gate's one pass says which windows to read)
             found += self._scanned(scan.feed(data, gate.flags(data, escapes=True)))
@@ -225,6 +237,18 @@ class StreamScanner:
         for number in list(self._files_scan):
             found += self._scanned(self._files_scan.pop(number)[0].end())
         return found
+
+    def _run_held(self) -> int:
+        """Characters of a followed run whose files' bytes are not decided yet."""
+        follow, file = self._follow, self._run_file
+        if follow is None:
+            return 0
+        return follow.held(follow.out - (file[1].pending if file is not None else 0))
+
+    def _run_end(self) -> list[Finding]:
+        """The end of the followed run's file being read."""
+        file, self._run_file = self._run_file, None
+        return list(self._scanned(file[1].end())) if file is not None else []
 
     def _scanned(self, result: ScanResult) -> tuple[Finding, ...]:
         if result.unreadable is not None:
@@ -274,14 +298,48 @@ class StreamScanner:
             self._base += cut
             return []
         text = window.read().decode("latin-1")
-        where = Location(self._where, offset=self._base)
+        where = self._where
+        where = Location(where.part, where.name, self._base, where.via)
+        start: int | None = None
         try:  # (read now: a text the scan gives up on is unreadable, `Rule.spans`)
             if not final and _near(text, cut):  # (a run carried over starts at 0)
-                cut = stream_cut(text, cut)
-            return self._found(text, where, cut)
+                cut, start = stream_cut(text, cut)
+            found = self._found(text, where, cut)
         except Unreadable as exc:
             self.unreadable = str(exc)
             return []
+        if start is not None and self._follow is None and UNPACKED not in where.via:
+            self._follow = FollowedRun(self._allowance)  # (its start is in the text kept)
+            found += self._followed(text[start:].encode("latin-1"))
+        return found
+
+    def _followed(self, data: bytes, final: bool = False) -> list[Finding]:
+        """The followed run's next characters (`data`): its files' bytes read, each file
+        by a scanner of its own (`body gzip file at offset N (in base64, archive)`: N in
+        the file), ended with the run."""
+        follow = self._follow
+        assert follow is not None
+        try:
+            files = follow.end() if final else follow.feed(data)
+        except encodings.EncodingError as exc:
+            self.unreadable = str(exc)
+            return []
+        found: list[Finding] = []
+        for name, piece in files:
+            if self._run_file is None or self._run_file[0] != name:
+                found += self._run_end()
+                at = self._where
+                self._run_file = (name, StreamScanner(self._scanner, where=Location(
+                    at.part, f"zip entry {name}" if name else f"{follow.kind} file", None,
+                    (*at.via, follow.encoding, UNPACKED)), allowance=self._allowance))
+            found += self._scanned(self._run_file[1].feed(piece))
+        if follow.ended:
+            found += self._run_end()
+            self._follow = None
+        elif self._run_held() > HELD:
+            self.unreadable = (f"a compressed file in a base64 or hex run that gives nothing "
+                               f"for {HELD} bytes")
+        return found
 
     def _found(self, text: str, where: Location, cut: int) -> list[Finding]:
         """The findings new in the window's text (those starting before `cut`), the
@@ -304,63 +362,7 @@ class StreamScanner:
                 out.append(finding)
         self._window.drop(cut)
         self._base += cut
-        self._due = len(self._window) + STEP
         return out
-
-
-class _Window:
-    """The window's bytes (latin-1: a byte is a character of the decoded text), kept as
-    the pieces came and joined only when read: the bytes of a window the shared pass
-    lets go unread (most of a large upload) are never copied. Pieces under `SMALL` bytes
-    are gathered in a buffer of its own (a stream of tiny pieces holds few objects); a
-    piece is never changed (the caller forwards it: a bytearray from the TLS reader)."""
-
-    __slots__ = ("_gather", "_parts", "_skip", "size")
-    SMALL = 4096
-
-    def __init__(self) -> None:
-        self._parts: list[bytes | bytearray] = []
-        self._gather = bytearray()  # (the small pieces' buffer, while it is the last part)
-        self._skip = 0  # bytes at the start of the first part dropped already
-        self.size = 0
-
-    def __len__(self) -> int:
-        return self.size
-
-    def add(self, piece: bytes) -> None:
-        parts = self._parts
-        if len(piece) >= self.SMALL:
-            parts.append(piece)
-        elif parts and parts[-1] is self._gather:
-            self._gather += piece
-        elif piece:
-            self._gather = bytearray(piece)
-            parts.append(self._gather)
-        self.size += len(piece)
-
-    def read(self) -> bytes | bytearray:
-        """The window's bytes, in one object."""
-        parts = self._parts
-        if len(parts) == 1 and not self._skip:
-            return parts[0]
-        if not parts:
-            return b""
-        with memoryview(parts[0]) as first:
-            joined = b"".join([first[self._skip:], *parts[1:]])
-        self._parts, self._skip = [joined], 0
-        return joined
-
-    def drop(self, n: int) -> None:
-        """Drop the first `n` bytes."""
-        self.size -= n
-        n += self._skip
-        parts = self._parts
-        whole = 0
-        while whole < len(parts) and len(parts[whole]) <= n:
-            n -= len(parts[whole])
-            whole += 1
-        del parts[:whole]
-        self._skip = n
 
 
 _HIDING = {"json": BACKSLASH, "form": PERCENT | PLUS,  # (a chunk's escapes, by kind)

@@ -15,11 +15,12 @@ import lzma
 import random
 import textwrap
 import time
+import zlib
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from helpers.archives import deflated_zip, tar_gz
+from helpers.archives import deflated_zip, spaced_gzip, tar_gz
 from helpers.dlp_corpus import DEFAULT_CORPUS, fake
 
 from gateway.core import archives
@@ -181,22 +182,72 @@ def test_a_compressed_run_longer_than_a_window_is_read_whole_as_it_streams(
     assert _streamed(clean, 16_384) == ([], None)
 
 
-def test_a_compressed_run_past_the_held_bound_is_unreadable_as_it_streams(
+@pytest.mark.parametrize("how", ["base64", "escaped lines", "hex"])
+@pytest.mark.parametrize("kind", ["gzip", "zip", "bzip2", "xz"])
+def test_a_compressed_run_of_megabytes_is_followed_as_it_streams(kind: str, how: str) -> None:
+    """A run of a 1.5 MB file (2-3 MB of characters: refused as unreadable before the
+    twenty-first session, past 1 MiB) is read once, as it streams, from where a window's
+    cut finds its start (`streamed_runs.FollowedRun`): the key at its file's end is found
+    (`body gzip file at offset N (in base64, archive)`, N in the file); a file without
+    one passes."""
+    noise = random.Random(11).randbytes(1_500_000)
+    for tail, expect in ((b"\n" + ENV, True), (b"\n", False)):
+        data = noise + tail
+        packed = deflated_zip({"a/.env": data}) if kind == "zip" else {
+            "gzip": lambda d: gzip.compress(d, mtime=0), "bzip2": bz2.compress,
+            "xz": lzma.compress}[kind](data)
+        run = packed.hex() if how == "hex" else _lines(packed, 76) if how != "base64" \
+            else base64.b64encode(packed).decode()
+        body = json.dumps({"message": "add", "content": run}).encode()
+        where, unreadable = _streamed(body, 65_536)
+        assert unreadable is None
+        said = "zip entry a/.env" if kind == "zip" else f"{kind} file"
+        encoding = "hex" if how == "hex" else "base64"
+        files = [w for w in where if w.endswith(f"(in {encoding}, archive)")]
+        assert [w.split(" at offset ")[0] for w in files] == ([f"body {said}"] if expect
+                                                             else []), (kind, how, where)
+        assert expect or where == []  # (a stored block's key: also in the run's bytes)
+
+
+def test_a_followed_run_that_gives_nothing_for_long_is_unreadable(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("gateway.core.dlp.run_reading.HELD_RUN", 100_000)
-    packed = gzip.compress(_log(60_000), mtime=0)
+    """A run whose bytes give nothing for `HELD` bytes (empty deflate blocks spacing a
+    key's halves apart) is unreadable: its bytes would be held back without bound."""
+    monkeypatch.setattr("gateway.core.dlp.stream.HELD", 200_000)
+    key = fake("github").text.encode()
+    packed = spaced_gzip(_log(30_000) + b"\nKEY=", key, b"\n", 40_000)
     body = json.dumps({"content": base64.b64encode(packed).decode()}).encode()
-    _, unreadable = _streamed(body, 16_384)
-    assert unreadable is not None and "compressed file in a base64 or hex run" in unreadable
-    # (the same length of base64 that is no compressed file: read in windows, as before)
-    body = json.dumps({"content": base64.b64encode(b"\1" + packed).decode()}).encode()
-    assert _streamed(body, 16_384) == ([], None)
+    where, unreadable = _streamed(body, 16_384)
+    assert where == [] and unreadable is not None and "gives nothing" in unreadable
 
 
-def test_a_run_kept_whole_is_read_again_per_window_not_per_chunk() -> None:
-    """A sender of a few bytes a chunk: the kept run is read again with each window's
-    new characters, not with each chunk (else a 300 kB run in 100-byte chunks is read
-    3,000 times)."""
+@pytest.mark.parametrize("empties", [0, 30_000])  # (30,000: 200 kB, past the window)
+def test_a_followed_runs_bytes_are_pending_until_what_they_unpack_to_is_read(
+        empties: int) -> None:
+    """What of a followed run a caller may send on (all but `pending`) unpacks to none
+    of the key it holds, found later: its halves' compressed bytes held until it is read
+    whole, even spaced apart by thousands of empty deflate blocks."""
+    key = fake("github").text.encode()
+    words = _log(40_000) + b"\nKEY="
+    run = base64.b64encode(spaced_gzip(words, key, b"\n" + _log(40_000), empties))
+    body = b'{"content": "' + run + b'"}'
+    stream = StreamScanner(SCANNER, content_type="application/json", unpack=True)
+    sent = 0
+    for i in range(0, len(body), 4096):
+        result = stream.feed(body[i:i + 4096])
+        if result.findings:
+            break
+        sent = max(sent, i + 4096 - stream.pending)
+    assert result.findings and result.unreadable is None
+    went = body[body.index(run):sent]
+    shown = zlib.decompressobj(31).decompress(base64.b64decode(went[:len(went) // 4 * 4]))
+    assert len(shown) <= len(words) and sent > 100_000
+
+
+def test_a_run_in_small_chunks_is_read_once() -> None:
+    """A sender of a few bytes a chunk: the followed run is read once (a 300 kB run in
+    100-byte chunks: before the twenty-first session a run kept whole was read again
+    with each window's new characters)."""
     packed = gzip.compress(_log(20_000) + b"\n" + ENV, mtime=0)
     body = json.dumps({"content": base64.b64encode(packed).decode()}).encode()
     started = time.perf_counter()

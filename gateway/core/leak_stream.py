@@ -1,0 +1,134 @@
+"""The leak guard over a stream of chunks (pure): a marker split across two chunks is
+still found, and a compressed file in a base64 or hex run of any length is read as it
+streams (`streamed_runs.FollowedRun`).
+
+Each chunk is searched with the tail of the chunks before it (`LeakScan.keep` bytes): the
+window. `feed(chunk, run=...)` takes the answer of a pass over the stream made for another
+check too (`fastscan.ChunkPass`, outbound credential detection's on a streamed body: one
+pass serving both): whether a run of `SEGMENT` base64 characters ends in the chunk. Where
+every marker is such a run (`Markers.marker_runs`) and neither the window nor the one
+before holds an escape, a window in which no run ends in the chunk holds no marker the
+window before did not (searched, clean): a marker ending in the chunk is a run ending
+there, one in the tail was in the window before, read the same. Such a window is not
+made, nor searched; any other is, as without the answer.
+
+A compressed file's run the window ends in (`leak_readings.open_start`) is followed from
+its start: its files are read by a scan of their own (markers, no deeper), the run's
+bytes held back (`held_back`) until what they unpack to is read. What runs unpack to has
+one bound (`allowance`), grown as the stream comes; an archive's files share their
+body's, not grown by what they unpack to.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from gateway.core import leak_readings as readings
+from gateway.core.archives import Allowance
+from gateway.core.dlp.fastscan import BACKSLASH, ESCAPES_KNOWN, PERCENT, Gate
+from gateway.core.encodings import EncodingError
+from gateway.core.streamed_runs import HELD, FollowedRun
+
+__all__ = ["Markers", "StreamScan", "plain"]
+
+
+class Markers(Protocol):
+    """What a stream scan asks of one request's markers (`leaks.LeakScan`)."""
+
+    keep: int  # (bytes of a window kept for the next: a marker's longest form)
+    marker_runs: bool  # (every marker is a run of the base64 alphabets)
+
+    def find(self, data: bytes, gate: Gate | None = None,
+             allowance: Allowance | None = None, deeper: bool = True) -> str | None: ...
+
+
+def plain(data: bytes, flags: int = 0) -> bool:
+    """Whether `data` holds no escape `canonical` undoes (it reads as itself lowercased):
+    as the C pass's `flags` say where they know (`ESCAPES_KNOWN`), else by `find` (not
+    `in`: CPython 3.12's tries the needle as an integer first: 0.45 µs a test)."""
+    if flags & ESCAPES_KNOWN:
+        return not flags & PERCENT and (not flags & BACKSLASH or _no_json_escape(data))
+    return data.find(b"%") < 0 and (data.find(b"\\") < 0 or _no_json_escape(data))
+
+
+def _no_json_escape(data: bytes) -> bool:
+    return data.find(b"\\u00") < 0 and data.find(b"\\/") < 0  # (`data` holds a backslash)
+
+
+class StreamScan:
+    """Scans a stream of chunks (`feed`, then `end`); see the module docstring."""
+
+    __slots__ = ("_deeper", "_file", "_files", "_follow", "_grows", "_plain", "_scan",
+                 "_tail", "allowance")
+
+    def __init__(self, scan: Markers, allowance: Allowance | None = None,
+                 deeper: bool = True) -> None:
+        """`deeper`: base64 lines and compressed runs read too (not in a followed run's
+        files: one level)."""
+        self._scan, self._tail, self._deeper = scan, b"", deeper
+        self.allowance, self._grows = allowance or Allowance(0), allowance is None
+        self._plain = True  # (the window before holds no escape: none yet)
+        self._follow: FollowedRun | None = None  # (a compressed run going on)
+        self._files: StreamScan | None = None  # (its file being read, and its name)
+        self._file = ""
+
+    @property
+    def held_back(self) -> int:
+        """Bytes at the stream's end a followed run holds (not to go on yet)."""
+        follow = self._follow
+        if follow is None:
+            return 0
+        files = self._files
+        return follow.held(follow.out - (len(files._tail) if files is not None else 0))
+
+    def feed(self, chunk: bytes, gate: Gate | None = None, run: bool | None = None,
+             flags: int = 0) -> str | None:
+        """`token`, `secret` or None for the window ending with `chunk` (`run`: whether
+        a run ends in `chunk`, None if not known, `flags` the C pass's for it if any;
+        see the module docstring); `unreadable` past the bound."""
+        tail, scan = self._tail, self._scan
+        keep = scan.keep
+        self.allowance.grow(len(chunk) if self._grows else 0)
+        if self._follow is not None and (found := self._followed(chunk)) is not None:
+            return found
+        if run is False and self._plain and scan.marker_runs and plain(chunk, flags) \
+                and (not tail or plain(tail[-3:] + chunk[:3])) \
+                and chunk.find(b"\x00") < 0:  # (a NUL: UTF-16 text, read by `find`)
+            self._tail = chunk[-keep:] if len(chunk) >= keep else (tail + chunk)[-keep:]
+            return None
+        window = tail + chunk if tail else chunk
+        self._plain = run is not None and plain(window)  # (unknown: not asked)
+        found = scan.find(window, gate, self.allowance, self._deeper)
+        self._tail = window[-keep:] if len(window) > keep else window
+        if found is None and self._follow is None and self._deeper:
+            start = readings.open_start(window)
+            if start is not None:  # (a compressed run going on: followed from its start)
+                self._follow = FollowedRun(self.allowance)
+                found = self._followed(window[start:])
+        return found
+
+    def end(self) -> str | None:
+        """The stream's end: a followed run's last characters read."""
+        return self._followed(b"", final=True) if self._follow is not None else None
+
+    def _followed(self, data: bytes, final: bool = False) -> str | None:
+        """The followed run's next bytes (in `data`): its files' bytes read, each file by
+        a scan of its own; the run let go where it ends; `unreadable` past the bound or
+        where it holds back too much."""
+        follow = self._follow
+        assert follow is not None
+        try:
+            files = follow.end() if final else follow.feed(data)
+        except EncodingError:  # (past the bound: a bomb, refused as unreadable)
+            return "unreadable"
+        for name, piece in files:
+            if self._files is None or name != self._file:
+                self._files, self._file = StreamScan(self._scan, self.allowance, False), name
+            found = self._files.feed(piece)
+            if found is not None:
+                return found
+        if follow.ended:
+            self._follow = self._files = None
+        elif self.held_back > HELD:
+            return "unreadable"
+        return None

@@ -1,0 +1,149 @@
+"""A compressed file in a base64 or hex run, read as the run streams (pure).
+
+A body streamed past the hold limit may carry a file in a string: GitHub's contents and
+blob APIs take base64, and a coding agent pushes a `.jar`, a `.whl` or a `.tar.gz` of
+megabytes that way. What the file holds is nowhere in the run's characters. From where a
+stream's check finds such a run start (the leak guard's `leak_readings.open_start`,
+detection's `run_reading.stream_cut`), a `FollowedRun` decodes its characters as they
+come into an `Unpacker` (`core/archives.py`), whose files the check reads with a stream
+scan of its own: a run of any length is read once, in pieces, as a decoder reads it.
+
+The run's characters are base64's (both alphabets) or hex's (said by its first: a
+compressed file's base64 starts `H4sI`, `UEsDB`, `Qlpo`, `/Td6`; its hex `1f8b`,
+`504b`, `425a`, `fd37`); line breaks, as sent or JSON-escaped (`\\n`, `\\r\\n`), are
+skipped as Go's, Python's, Node's and Ruby's decoders skip them, and a JSON `\\/` is a
+`/`. The run ends at the first other byte (a quote, `=` padding).
+
+What of the run may go on (`held`): the request side holds back the bytes whose files'
+bytes the check has not decided yet. A raw byte's bits may be decoded only with the next
+bytes (a deflate symbol across pieces, a bzip2 block of up to 900 kB), so the bytes of
+a piece go once the files' bytes of the next piece that gave any are decided. A run that
+gives nothing for `HELD` bytes (a deflate stream of empty blocks, spacing a key's halves
+apart) is unreadable: its bytes would be held without bound.
+"""
+
+from __future__ import annotations
+
+import binascii
+import re
+from collections import deque
+
+from gateway.core.archives import Allowance, Unpacker, archive_kind
+
+__all__ = ["HELD", "FollowedRun"]
+
+HELD = 4 * 1024 * 1024  # bytes of a run held back while they give nothing (a bzip2 block's
+# base64 is 1.2 MB at most)
+_BASE64 = re.compile(rb"[A-Za-z0-9+/_-]*+(?:(?:\\r\\n|\\n|\\/|\r?\n)[A-Za-z0-9+/_-]*+)*+")
+_HEX = re.compile(rb"[0-9a-fA-F]*+(?:(?:\\r\\n|\\n|\r?\n)[0-9a-fA-F]*+)*+")
+_SKIPPED = re.compile(rb"\\r\\n|\\n|\r?\n|\\(?=/)")  # (breaks; a `\/`'s backslash)
+_PARTIAL = frozenset((b"\r", b"\\", b"\\r", b"\\r\\"))  # (a break cut by a piece's end)
+_URLSAFE = bytes.maketrans(b"-_", b"+/")
+_HEX_FIRST = b"145fF"  # (a compressed file's hex; its base64 starts with none of these)
+_MAGIC = 6  # bytes that say what a compressed file is (`archive_kind`)
+
+
+class FollowedRun:
+    """One run, fed as it streams (`feed`, then `end` at the stream's end): the files'
+    bytes it unpacks to, by name (a zip entry's; "" in a compressed file), within the
+    stream's `allowance` (EncodingError past it). `ended`: the run (or the file) is over,
+    `taken` of the last piece's bytes were its."""
+
+    __slots__ = ("_allowance", "_carry", "_head", "_hex", "_marks", "_released",
+                 "_unpacker", "_waiting", "ended", "kind", "out", "raw", "taken")
+
+    def __init__(self, allowance: Allowance) -> None:
+        self._allowance = allowance
+        self._hex: bool | None = None  # (said by the run's first character)
+        self._carry = b""  # (characters of a group not whole yet; a break cut in two)
+        self._waiting = b""  # (a break's first bytes, at a piece's end)
+        self._head = bytearray()  # (the first decoded bytes, fewer than a magic's)
+        self._unpacker: Unpacker | None = None
+        self._marks: deque[tuple[int, int]] = deque()  # (raw, out) after a piece that gave
+        self._released = 0  # raw bytes that may go on
+        self.raw = 0  # bytes of the run read
+        self.out = 0  # bytes its files gave
+        self.ended = False
+        self.taken = 0
+        self.kind = ""  # (what compressed file: `archive_kind`, once its bytes say)
+
+    @property
+    def encoding(self) -> str:
+        """`base64` or `hex`."""
+        return "hex" if self._hex else "base64"
+
+    def feed(self, data: bytes) -> list[tuple[str, bytes]]:
+        """The files' bytes that `data`, the stream's next bytes, adds; `ended` once
+        the run stops in it (`taken`: its bytes that were the run's)."""
+        if self.ended:
+            self.taken = 0
+            return []
+        if self._hex is None and data:
+            self._hex = data[:1] in _HEX_FIRST
+        data = self._waiting + data if self._waiting else data
+        before = len(self._waiting)
+        match = (_HEX if self._hex else _BASE64).match(data)
+        assert match is not None  # (`*+`: matches the empty string)
+        end = match.end()
+        rest = data[end:]
+        self._waiting = rest if rest in _PARTIAL else b""
+        stopped = bool(rest) and not self._waiting
+        self.taken = end - before + len(self._waiting) if not stopped else max(end - before, 0)
+        self.raw += self.taken
+        chars = data[:end]
+        if b"\n" in chars or b"\\" in chars:
+            chars = _SKIPPED.sub(b"", chars)
+        files = self._decode(self._carry + chars, final=stopped)
+        if stopped:
+            self.ended = True
+        return files
+
+    def end(self) -> list[tuple[str, bytes]]:
+        """The stream ended: the run's last characters (padding taken as read)."""
+        if self.ended:
+            return []
+        self.ended = True
+        return self._decode(self._carry, final=True)
+
+    def held(self, decided: int) -> int:
+        """Bytes of the run (its last) not to go on yet, where the first `decided`
+        bytes its files gave are read (see the module docstring)."""
+        marks = self._marks
+        while len(marks) >= 2 and marks[1][1] <= decided:
+            self._released = marks.popleft()[0]
+        return self.raw - self._released
+
+    def _decode(self, chars: bytes, final: bool) -> list[tuple[str, bytes]]:
+        """`chars` decoded, whole groups (at the end all, padded as a decoder pads
+        them), and unpacked; the rest carried to the next piece."""
+        if self._hex:
+            whole = len(chars) // 2 * 2
+            data = binascii.unhexlify(chars[:whole])
+        else:
+            whole = len(chars) // 4 * 4
+            part = chars[:whole] if not final or len(chars) % 4 == 1 else chars
+            data = binascii.a2b_base64(part.translate(_URLSAFE) + b"=" * (-len(part) % 4))
+        self._carry = b"" if final else chars[whole:]
+        return self._unpacked(data, final)
+
+    def _unpacked(self, data: bytes, final: bool) -> list[tuple[str, bytes]]:
+        """What `data`, the run's next bytes, unpacks to (its first bytes say what
+        compressed file it is: `archive_kind`)."""
+        if self._unpacker is None:
+            self._head += data
+            if len(self._head) < _MAGIC and not final:
+                return []
+            kind = archive_kind(bytes(self._head[:_MAGIC]))
+            if kind is None:
+                self.ended = True  # (no compressed file: nothing to unpack)
+                return []
+            self._unpacker, self.kind = Unpacker(kind, self._allowance), kind
+            data, self._head = bytes(self._head), bytearray()
+        files = self._unpacker.feed(data) if data else []
+        given = sum(len(piece) for _, piece in files)
+        if given:
+            self.out += given
+            self._marks.append((self.raw, self.out))
+        if self._unpacker.done:
+            self.ended = True  # (the bytes stopped being the format: the rest not read)
+        return files
