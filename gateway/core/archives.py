@@ -26,12 +26,14 @@ import bz2
 import lzma
 import struct
 import zlib
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from gateway.core.encodings import EncodingError
 
-__all__ = ["FIRST_BYTES", "FLOOR", "RATIO", "Allowance", "Sniffed", "Unpacker", "archive_kind"]
+__all__ = ["FIRST_BYTES", "FLOOR", "RATIO", "Allowance", "Sniffed", "Undecided", "Unpacker",
+           "archive_kind"]
 
 FLOOR = 64 * 1024 * 1024  # bytes a body may unpack to whatever its size
 RATIO = 64  # and per byte of it
@@ -293,6 +295,52 @@ class Unpacker:
         else:
             self.done = True  # (no size to pass it over by: the rest is read as bytes)
         return memoryview(rest + bytes(view)) if rest else view
+
+
+class Undecided:
+    """Which of a stream's bytes may go on while what they unpack to is read: a caller
+    that forwards the stream holds back the last `held(decided)` bytes, `decided` the
+    bytes of the files it has read (a value starting before it is found or not there).
+
+    A piece's bytes may hold bits the unpacker decodes only with the next bytes (a
+    deflate symbol across pieces; a bzip2 block gives its bytes at its end), so the
+    bytes up to a piece that gave any go once the files' bytes of the next piece that
+    gave any are decided; bytes that give nothing (a deflate stream of empty blocks) are
+    held until such a piece. `settle`: what was fed gives nothing more (a part that is
+    no archive, an archive's end)."""
+
+    __slots__ = ("_last", "_marks", "_released", "out", "raw")
+
+    def __init__(self) -> None:
+        self._marks: deque[tuple[int, int]] = deque()  # (bytes that may go, once `out`
+        self._last = 0  # bytes up to the last piece that gave any     is decided)
+        self._released = 0
+        self.raw = 0  # bytes fed
+        self.out = 0  # bytes the files gave
+
+    def fed(self, raw: int, gave: int) -> None:
+        """`raw` more bytes fed, which gave `gave` bytes of files."""
+        self.raw += raw
+        if gave:
+            self.out += gave
+            self._marks.append((self._last, self.out))
+            self._last = self.raw
+
+    def settle(self) -> None:
+        """What was fed gives nothing more: it goes once what it gave is decided."""
+        marks = self._marks
+        if marks and marks[-1][1] == self.out:
+            marks[-1] = (self.raw, self.out)
+        else:
+            marks.append((self.raw, self.out))
+        self._last = self.raw
+
+    def held(self, decided: int) -> int:
+        """The last bytes fed not to go on yet, the files' first `decided` bytes read."""
+        marks = self._marks
+        while marks and marks[0][1] <= decided:
+            self._released = max(self._released, marks.popleft()[0])
+        return self.raw - self._released
 
 
 class Sniffed:

@@ -81,6 +81,12 @@ class StreamScan:
         files = self._files
         return follow.held(follow.out - (len(files._tail) if files is not None else 0))
 
+    @property
+    def pending(self) -> int:
+        """Bytes at the end of what it was fed not decided yet (a marker may start in
+        them): the window's tail, or a followed run's bytes held."""
+        return max(len(self._tail), self.held_back)
+
     def feed(self, chunk: bytes, gate: Gate | None = None, run: bool | None = None,
              flags: int = 0) -> str | None:
         """`token`, `secret` or None for the window ending with `chunk` (`run`: whether

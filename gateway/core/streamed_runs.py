@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import binascii
 import re
-from collections import deque
 
-from gateway.core.archives import Allowance, Unpacker, archive_kind
+from gateway.core.archives import Allowance, Undecided, Unpacker, archive_kind
 
 __all__ = ["HELD", "FollowedRun"]
 
@@ -49,8 +48,8 @@ class FollowedRun:
     stream's `allowance` (EncodingError past it). `ended`: the run (or the file) is over,
     `taken` of the last piece's bytes were its."""
 
-    __slots__ = ("_allowance", "_carry", "_head", "_hex", "_marks", "_released",
-                 "_unpacker", "_waiting", "ended", "kind", "out", "raw", "taken")
+    __slots__ = ("_allowance", "_carry", "_head", "_hex", "_unpacker", "_waiting", "ended",
+                 "kind", "taken", "undecided")
 
     def __init__(self, allowance: Allowance) -> None:
         self._allowance = allowance
@@ -59,13 +58,20 @@ class FollowedRun:
         self._waiting = b""  # (a break's first bytes, at a piece's end)
         self._head = bytearray()  # (the first decoded bytes, fewer than a magic's)
         self._unpacker: Unpacker | None = None
-        self._marks: deque[tuple[int, int]] = deque()  # (raw, out) after a piece that gave
-        self._released = 0  # raw bytes that may go on
-        self.raw = 0  # bytes of the run read
-        self.out = 0  # bytes its files gave
+        self.undecided = Undecided()  # (of the run's bytes: what may go on)
         self.ended = False
         self.taken = 0
         self.kind = ""  # (what compressed file: `archive_kind`, once its bytes say)
+
+    @property
+    def out(self) -> int:
+        """Bytes the run's files gave."""
+        return self.undecided.out
+
+    @property
+    def raw(self) -> int:
+        """Bytes of the run read."""
+        return self.undecided.raw
 
     @property
     def encoding(self) -> str:
@@ -89,11 +95,11 @@ class FollowedRun:
         self._waiting = rest if rest in _PARTIAL else b""
         stopped = bool(rest) and not self._waiting
         self.taken = end - before + len(self._waiting) if not stopped else max(end - before, 0)
-        self.raw += self.taken
         chars = data[:end]
         if b"\n" in chars or b"\\" in chars:
             chars = _SKIPPED.sub(b"", chars)
         files = self._decode(self._carry + chars, final=stopped)
+        self.undecided.fed(self.taken, sum(len(piece) for _, piece in files))
         if stopped:
             self.ended = True
         return files
@@ -103,15 +109,14 @@ class FollowedRun:
         if self.ended:
             return []
         self.ended = True
-        return self._decode(self._carry, final=True)
+        files = self._decode(self._carry, final=True)
+        self.undecided.fed(0, sum(len(piece) for _, piece in files))
+        return files
 
     def held(self, decided: int) -> int:
         """Bytes of the run (its last) not to go on yet, where the first `decided`
-        bytes its files gave are read (see the module docstring)."""
-        marks = self._marks
-        while len(marks) >= 2 and marks[1][1] <= decided:
-            self._released = marks.popleft()[0]
-        return self.raw - self._released
+        bytes its files gave are read (`archives.Undecided`)."""
+        return self.undecided.held(decided)
 
     def _decode(self, chars: bytes, final: bool) -> list[tuple[str, bytes]]:
         """`chars` decoded, whole groups (at the end all, padded as a decoder pads
@@ -140,10 +145,6 @@ class FollowedRun:
             self._unpacker, self.kind = Unpacker(kind, self._allowance), kind
             data, self._head = bytes(self._head), bytearray()
         files = self._unpacker.feed(data) if data else []
-        given = sum(len(piece) for _, piece in files)
-        if given:
-            self.out += given
-            self._marks.append((self.raw, self.out))
         if self._unpacker.done:
             self.ended = True  # (the bytes stopped being the format: the rest not read)
         return files

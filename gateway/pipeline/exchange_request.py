@@ -151,6 +151,19 @@ class RequestSide:
             found = scan.feed(piece)
             if found is not None:
                 raise self.ex.leak(found)
+        if archives.unpacking is None and self._files:  # (an archive ended: its
+            self._ended(*self._files.values())  # files' scans read to their end)
+            self._files = {}
+
+    def _archive_held(self) -> int:
+        """The last bytes of an archive body (or part) whose files are not read yet
+        (`archives.Undecided`: what the files' scan has not decided)."""
+        archives = self._archives
+        if archives is None:
+            return 0
+        undecided = archives.undecided
+        return undecided.held(undecided.out - max(
+            (scan.pending for scan in self._files.values()), default=0))
 
     def _ended(self, *scans: StreamScan | None) -> None:
         """The end of what `scans` read: a compressed run they follow, read to its end."""
@@ -196,8 +209,9 @@ class RequestSide:
                 raise _unreadable(exc) from None
             return b""
         self._check(scanner, chunk)
-        # (a compressed run not read whole yet, `leak_readings.open_start`: all of it)
-        keep = max(self.ex.scan.keep, scanner.held_back) if self.ex.scan is not None else 0
+        # (a compressed run's, or an archive's, bytes whose files are not read yet)
+        keep = max(self.ex.scan.keep, scanner.held_back, self._archive_held()) \
+            if self.ex.scan is not None else 0
         if self._frames is not None:  # (a message's prefix or compressed bytes not read)
             keep += self._frames.pending + 5
         if self.ex.dlp is not None:  # (what the detection has not decided stays too)

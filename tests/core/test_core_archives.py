@@ -17,7 +17,7 @@ import zipfile
 import pytest
 
 from gateway.core import archives
-from gateway.core.archives import FIRST_BYTES, Sniffed, Unpacker, archive_kind
+from gateway.core.archives import FIRST_BYTES, Sniffed, Undecided, Unpacker, archive_kind
 from gateway.core.encodings import EncodingError
 
 KEY = b"GITHUB_TOKEN=ghp_bbI3N2G46G3G8hLwqoiCabcdefghij0123456789\n"
@@ -165,3 +165,42 @@ def test_an_lzma_entry_asking_for_a_huge_dictionary_is_not_decoded() -> None:
     assert body[data + 2:data + 4] == b"\x05\x00"  # (5 bytes of properties)
     body[data + 5:data + 9] = b"\xff\xff\xff\xff"
     assert {n for n, _ in _unpack(bytes(body), 4096)} == {".env"}
+
+
+# Each step: ("fed", raw, gave) or ("settle",), then the held bytes asked with `decided`.
+_UNDECIDED = {
+    "nothing decided holds all": ([("fed", 100, 50), ("fed", 100, 50)], 0, 200),
+    # (a piece's bytes go once the next piece that gave any is decided)
+    "the first piece goes with the second's bytes read": (
+        [("fed", 100, 50), ("fed", 100, 50)], 100, 100),
+    "its own output read is not enough": ([("fed", 100, 50), ("fed", 100, 50)], 99, 200),
+    # (pieces giving nothing are held with the one before them)
+    "empty pieces are held": (
+        [("fed", 100, 50), ("fed", 500, 0), ("fed", 100, 50)], 100, 600),
+    "a settled stream goes once what it gave is read": (
+        [("fed", 100, 50), ("fed", 100, 0), ("settle",)], 50, 0),
+    "a settled stream waits for what it gave": (
+        [("fed", 100, 50), ("fed", 100, 0), ("settle",)], 49, 200),
+    "bytes after a settle that give nothing go on": (
+        [("fed", 100, 50), ("settle",), ("fed", 300, 0), ("settle",)], 50, 0),
+}
+
+
+@pytest.mark.parametrize("case", _UNDECIDED)
+def test_undecided_holds_what_the_next_giving_piece_has_not_decided(case: str) -> None:
+    steps, decided, held = _UNDECIDED[case]
+    undecided = Undecided()
+    for step in steps:
+        if step[0] == "fed":
+            undecided.fed(step[1], step[2])
+        else:
+            undecided.settle()
+    assert undecided.held(decided) == held
+
+
+def test_undecided_settles_in_one_mark_however_often() -> None:
+    undecided = Undecided()
+    for _ in range(10_000):
+        undecided.fed(10, 0)
+        undecided.settle()
+    assert len(undecided._marks) == 1 and undecided.held(0) == 0

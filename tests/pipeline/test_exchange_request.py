@@ -24,6 +24,7 @@ from urllib.parse import quote
 
 import brotli
 import pytest
+from helpers.archives import spaced_gzip
 from helpers.dlp_corpus import CORPUS, DEFAULT_CORPUS, Fake
 
 from gateway.core.client import Client
@@ -354,20 +355,28 @@ def test_a_compressed_runs_bytes_go_upstream_only_once_what_they_unpack_to_is_re
         plain = words + noise + tail
         run = base64.b64encode(gzip.compress(plain, mtime=0))
         body = b'{"content": "' + run + b'", "n": 1}' if ctype != "text/plain" else run
-        side = RequestSide(_exchange(token, ctype, None, None))  # type: ignore[arg-type]
-        out = []
-        try:
-            for i in range(0, len(body), 8192):
-                out.append(side.feed(body[i:i + 8192]))
-            out.append(side.end(None))
-        except Refusal as refusal:
-            assert refused and refusal.code == "exfiltration_blocked"
-            went = b"".join(out)[body.index(run):]
-            shown = zlib.decompressobj(31).decompress(
-                base64.b64decode(went[:len(went) // 4 * 4]))
-            assert len(shown) <= len(plain) - len(tail) and len(went) > 1_000_000
+        out, refusal = _sent(token, ctype, body, 8192)
+        if refusal is None:
+            assert not refused and b"".join(out) == body
             continue
-        assert not refused and b"".join(out) == body
+        assert refused and refusal.code == "exfiltration_blocked", refusal.reason
+        went = b"".join(out)[body.index(run):]
+        shown = zlib.decompressobj(31).decompress(base64.b64decode(went[:len(went) // 4 * 4]))
+        assert len(shown) <= len(plain) - len(tail) and len(went) > 1_000_000
+
+
+def _sent(token: str, ctype: str, body: bytes, step: int) -> tuple[list[bytes], Refusal | None]:
+    """What `RequestSide` let go upstream of `body` fed in pieces of `step` bytes (a
+    leak guard with no `dlp:`), and its refusal, if any."""
+    side = RequestSide(_exchange(token, ctype, None, None))  # type: ignore[arg-type]
+    out: list[bytes] = []
+    try:
+        for i in range(0, len(body), step):
+            out.append(side.feed(body[i:i + step]))
+        out.append(side.end(None))
+    except Refusal as refusal:
+        return out, refusal
+    return out, None
 
 
 def test_an_archives_files_runs_share_the_bodys_bound(
@@ -389,3 +398,29 @@ def test_an_archives_files_runs_share_the_bodys_bound(
             side.feed(body[i:i + 16_384])
         side.end(None)
     assert refused.value.code == "bad_request"
+
+
+@pytest.mark.parametrize("ctype", ["application/gzip", "multipart/form-data; boundary=b"])
+def test_an_archive_bodys_bytes_go_upstream_only_once_what_they_unpack_to_is_read(
+        token: str, ctype: str) -> None:
+    """A streamed `.gz` (or an upload form's gzip part) whose deflate stream spaces a
+    key's halves apart by thousands of empty blocks (giving nothing): what goes upstream
+    unpacks to none of the key (its first half's compressed bytes are held until the
+    key is read whole); a clean one goes whole, and the plain part after it is not held."""
+    words = b" ".join(b"entry %d ok" % i for i in range(30_000)) + b"\nK="
+    for secret, refused in ((KEY.encode(), True), (b"not-a-key-at-all-x", False)):
+        packed = spaced_gzip(words, secret, b"\n", 6_000)
+        head = b'--b\r\nContent-Type: application/gzip\r\n\r\n' if "multipart" in ctype else b""
+        tail = b"\r\n--b\r\nContent-Type: text/plain\r\n\r\n" + b"plain " * 500_000 + \
+            b"\r\n--b--\r\n" if head else b""
+        body = head + packed + tail
+        out, refusal = _sent(token, ctype, body, 4096)
+        if refusal is not None:
+            assert refused and refusal.code == "exfiltration_blocked", refusal.reason
+            went = b"".join(out)[len(head):]
+            shown = zlib.decompressobj(31).decompress(went)
+            assert len(shown) <= len(words) and len(went) > 50_000
+            continue
+        assert not refused and b"".join(out) == body
+        if tail:  # (the plain part after it: sent as it came, not held to the end)
+            assert len(b"".join(out[:-1])) > len(body) - 100_000

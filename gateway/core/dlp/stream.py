@@ -135,8 +135,10 @@ class StreamScanner:
         coding, characters are bytes; a transcoded one counts what the window's UTF-8
         may have come from, at most `_WIDEST` bytes a byte, and the decoder's tail)."""
         held = self._frames.pending + 5 if self._frames is not None else 0
-        for scan, _ in self._files_scan.values():  # (an archive's files' window: unpacked
-            held = max(held, scan.pending)  # bytes, more than the body's that made them)
+        if self._files is not None:  # (an archive's bytes whose files are not read yet)
+            undecided = self._files.undecided
+            held = max(held, undecided.held(undecided.out - max(
+                (scan.pending for scan, _ in self._files_scan.values()), default=0)))
         held = max(held, self._run_held())
         if self._charset is None:
             return len(self._window) + len(self._early) + held
@@ -230,7 +232,10 @@ class StreamScanner:
                         self._scanner.prefilter.gate))
             scan, gate = reading  # (the gate's one pass says which windows to read)
             found += self._scanned(scan.feed(data, gate.flags(data, escapes=True)))
-        return found + self._files_end() if final else found
+        # (an archive ended: its files read to their end now, not at the next one's, so
+        # that the body's bytes after it are not held back)
+        return found + self._files_end() if final or self._files is None or \
+            self._files.unpacking is None else found
 
     def _files_end(self) -> list[Finding]:
         found: list[Finding] = []

@@ -101,3 +101,33 @@ def test_a_multipart_parts_coded_head_is_still_unreadable_when_unpacking() -> No
     body = (b"--XyZ123\r\nContent-Disposition: form-data; name=\"f\"\r\n"
             b"Content-Encoding: gzip\r\n\r\n" + gzip.compress(ENV) + b"\r\n--XyZ123--\r\n")
     assert "content coding" in (_read(body, 7, MULTIPART)[1] or "")
+
+
+def test_an_archive_parts_files_are_read_when_it_ends_not_at_the_bodys_end() -> None:
+    """An upload form's gzip part, then 3 MB of a plain part: the part's file is read
+    to its end when the part ends (before the twenty-first session, at the next
+    archive's or the body's end: its last window was read after the plain part had
+    pushed the part's bytes out of what is held back, so the key's compressed bytes
+    went on first); what may go on is never past the part while it is undecided."""
+    packed = gzip.compress(README[:100_000] + b"\n" + ENV, mtime=0)
+    body = _form(("file", packed), ("notes", b"plain words " * 250_000))
+    stream = StreamScanner(SCANNER, content_type=MULTIPART, unpack=True)
+    sent, end = 0, body.index(packed) + len(packed)
+    for at in range(0, len(body), 4096):
+        result = stream.feed(body[at:at + 4096])
+        if result.findings:
+            break
+        sent = max(sent, at + 4096 - stream.pending)
+    assert result.findings and sent < end - 40 and at < end + 4096
+    assert str(result.findings[0].location).startswith("body part 1 unpacked")
+
+
+def test_files_say_which_part_is_being_unpacked_and_what_may_go_on() -> None:
+    files = Files(b"XyZ123")
+    body = _form(("a", gzip.compress(README, mtime=0)), ("b", b"x" * 10_000))
+    first = body.index(b"\x1f\x8b")
+    files.feed(body[:first + 2000])
+    assert files.unpacking == 1 and files.undecided.held(0) == files.undecided.raw
+    files.feed(body[first + 2000:])
+    assert files.unpacking is None
+    assert files.undecided.held(files.undecided.out) == 0  # (all decided: all may go)
