@@ -3,17 +3,18 @@
 A sandbox that uploads its workspace as `.tar.gz` or `.zip` to a host a rule allows (an
 object store, an artifact registry) sends every file in it deflated: a `.env` inside is
 not in the body's bytes. Whoever downloads it unpacks it, so the leak guard and outbound
-credential detection read a body that starts as a gzip, bzip2 or xz file, or a zip
-archive, also unpacked (`Unpacker`, fed as the body comes): a compressed file's every
+credential detection read a body that starts as a gzip, bzip2, xz or zstd file, or a
+zip archive, also unpacked (`Unpacker`, fed as the body comes): a compressed file's every
 stream (members, as `gunzip` reads them; a tar inside is plain bytes), a zip's entries
 one after another from its first local header (deflated, bzip2- or LZMA-compressed ones
-inflated; stored ones are the body's own bytes, read as they are). As `gunzip` and
-`unzip` do, it reads what decodes and stops where the bytes stop being the format (the
-rest is read as bytes, as every body is); an encrypted entry, a zip method or a zstd
-file it cannot undo are read as their bytes (what a cipher hides no reading finds). A
+inflated, zstd too; stored ones are the body's own bytes, read as they are). As
+`gunzip` and `unzip` do, it reads what decodes and stops where the bytes stop being the
+format (the rest is read as bytes, as every body is); an encrypted entry or a zip
+method it cannot undo are read as their bytes (what a cipher hides no reading finds). A
 body that inflates to more than `FLOOR` plus `RATIO` times its bytes (a bomb) is an
 `EncodingError`: the caller refuses it; an xz or LZMA stream whose decoder would take
-more than `MEMORY` is not read (a header asking 4 GiB is not allocated). What the body
+more than `MEMORY`, or a zstd frame whose window is larger, is not read (a header asking
+4 GiB is not allocated). What the body
 is must be said by its first bytes: an archive after other bytes is not looked for
 (every body would pay a search). What a gzip stream decoded before bad bytes is read
 (zlib's stream is copied before each call); a bzip2 or xz stream's failing call gives
@@ -30,7 +31,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from gateway.core.encodings import EncodingError
+from gateway.core.encodings import EncodingError, ZstdStream, zstd_frame_start
 
 __all__ = ["FIRST_BYTES", "FLOOR", "RATIO", "Allowance", "Sniffed", "Undecided", "Unpacker",
            "archive_kind"]
@@ -38,7 +39,7 @@ __all__ = ["FIRST_BYTES", "FLOOR", "RATIO", "Allowance", "Sniffed", "Undecided",
 FLOOR = 64 * 1024 * 1024  # bytes a body may unpack to whatever its size
 RATIO = 64  # and per byte of it
 _MAGIC = ((b"\x1f\x8b\x08", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"),
-          (b"PK\x03\x04", "zip"))
+          (b"PK\x03\x04", "zip"), (b"\x28\xb5\x2f\xfd", "zstd"))
 MEMORY = 128 * 1024 * 1024  # an xz or LZMA decoder's memory at most (xz -9 uses 65 MiB)
 FIRST_BYTES = frozenset(magic[0] for magic, _ in _MAGIC)  # (`body[0] in`: most bodies)
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")  # (a zip entry's local header: 30 bytes)
@@ -66,6 +67,8 @@ class _Stream(Protocol):
 def _starts(data: bytes, kind: str) -> bool:
     """Whether `data` may start a file of `kind` (it starts with its magic, or is the
     start of the magic: the rest may come with the next bytes)."""
+    if kind == "zstd":  # (a frame, or a skippable frame, follows)
+        return zstd_frame_start(data)
     magic = next(m for m, k in _MAGIC if k == kind)
     return data.startswith(magic) or magic.startswith(data)
 
@@ -75,10 +78,13 @@ def _decompressor(kind: str) -> _Stream:
         return zlib.decompressobj(31)
     if kind == "bzip2":
         return bz2.BZ2Decompressor()
+    if kind == "zstd":
+        return ZstdStream()
     return lzma.LZMADecompressor(lzma.FORMAT_XZ, memlimit=MEMORY)
 
 
-# (ValueError: properties no decoder takes; MemoryError: one it could not make)
+# (ValueError: properties no decoder takes, a zstd frame that does not decode, as
+# `EncodingError`; MemoryError: one it could not make)
 _ERRORS = (zlib.error, OSError, EOFError, lzma.LZMAError, ValueError, MemoryError)
 
 
@@ -139,10 +145,12 @@ class _ZipLzma:
         return self._inner.decompress(data, max_length)
 
 
-# (deflate, bzip2, LZMA: what unzip, 7-Zip and Python's zipfile read; deflate64, zstd
-# and others are read as their bytes)
+# (deflate, bzip2, LZMA, zstd: what unzip, 7-Zip and Python's zipfile read (zstd:
+# APPNOTE 6.3.8's method 93, as 7-Zip and Python 3.14's zipfile); deflate64 and others
+# are read as their bytes)
 _ZIP_METHODS: dict[int, Callable[[], _Stream]] = {
-    8: lambda: zlib.decompressobj(-15), 12: bz2.BZ2Decompressor, 14: _ZipLzma}
+    8: lambda: zlib.decompressobj(-15), 12: bz2.BZ2Decompressor, 14: _ZipLzma,
+    93: ZstdStream}
 
 
 class Allowance:

@@ -1,26 +1,34 @@
-"""Streaming content decoders (gzip, deflate, br), bounded.
+"""Streaming content decoders (gzip, deflate, br, zstd), bounded.
 
 The core decodes bodies it must read — request bodies for the leak scan, responses
 it must redact — as they stream, never holding more than a chunk. A body whose
 decoded size passes `limit` (a decompression bomb) or that does not decode raises
 `EncodingError`: the caller refuses it (fail closed), because a body it cannot read
-is a body it cannot check. zstd is not decoded (its frames can expand a few bytes
-into gigabytes before a bounded reader could stop): it counts as unknown.
+is a body it cannot check. Every decoder is asked for at most `_STEP` bytes a call
+(zstd's too: PEP 784's `ZstdDecompressor`, Python 3.14's `compression.zstd` or its
+backport, takes `max_length`; a zstd frame can expand a few bytes into gigabytes), and
+a zstd window larger than `ZSTD_WINDOW` is refused (its decoder allocates it whole).
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
+import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import brotli
 
-__all__ = ["Decoder", "EncodingError", "decoder_for", "encode", "known_encoding"]
+__all__ = ["ZSTD_FRAME", "ZSTD_WINDOW", "Decoder", "EncodingError", "ZstdStream", "decoder_for",
+           "encode", "known_encoding", "zstd_frame_start"]
 
 DEFAULT_LIMIT = 256 * 1024 * 1024
 _STEP = 256 * 1024  # decoded bytes produced per call into a decompressor
+ZSTD_WINDOW = 27  # log2 of the largest zstd window decoded (128 MiB: zstd's own default
+# limit, `--long` writes 27; an xz stream is bounded the same, `archives.MEMORY`)
+ZSTD_FRAME = b"\x28\xb5\x2f\xfd"  # (a zstd frame's magic, RFC 8878 3.1.1)
 
 
 class EncodingError(ValueError):
@@ -108,9 +116,89 @@ class _Brotli:
         return iter(())
 
 
+@functools.cache
+def _zstd() -> Any:
+    """PEP 784's zstd module, imported at the first zstd body (0.6 MiB a process that
+    never sees one)."""
+    if sys.version_info >= (3, 14):
+        from compression import zstd
+    else:
+        from backports import zstd
+    return zstd
+
+
+class ZstdStream:
+    """A decoder of one zstd frame (or skippable frame), its window bounded, as bz2's
+    and lzma's decoders are used (`decompress(data, max_length)`, `eof`, `unused_data`,
+    `needs_input`); a frame that does not decode raises `EncodingError`."""
+
+    __slots__ = ("_obj",)
+
+    def __init__(self) -> None:
+        zstd = _zstd()
+        self._obj = zstd.ZstdDecompressor(options={
+            zstd.DecompressionParameter.window_log_max: ZSTD_WINDOW})
+
+    @property
+    def eof(self) -> bool:
+        return bool(self._obj.eof)
+
+    @property
+    def needs_input(self) -> bool:
+        return bool(self._obj.needs_input)
+
+    @property
+    def unused_data(self) -> bytes:
+        return bytes(self._obj.unused_data)
+
+    def decompress(self, data: bytes, max_length: int = -1) -> bytes:
+        try:
+            return bytes(self._obj.decompress(data, max_length))
+        except _zstd().ZstdError as exc:
+            raise EncodingError(f"the body is not valid zstd ({exc})") from None
+
+
+def zstd_frame_start(data: bytes) -> bool:
+    """Whether `data` may start a zstd frame or a skippable frame (RFC 8878 3.1.2:
+    `0x184D2A5?`), or is the start of one's magic."""
+    return data.startswith(ZSTD_FRAME) or ZSTD_FRAME.startswith(data) or (
+        0x50 <= data[0] <= 0x5F and b"\x2a\x4d\x18".startswith(data[1:4]))
+
+
+class _Zstd:
+    """zstd (RFC 8878): its frames one after another, skippable frames among them, as
+    `zstd -d` reads them; bytes after a frame that start no frame are an error."""
+
+    def __init__(self) -> None:
+        self._obj = ZstdStream()
+        self._fed = False
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        self._fed = self._fed or bool(data)
+        while True:
+            if self._obj.eof:  # (a frame ended: what follows starts the next)
+                data = self._obj.unused_data + data
+                if not data:
+                    return
+                if not zstd_frame_start(data):
+                    raise EncodingError("the body has bytes after its zstd frames")
+                self._obj = ZstdStream()
+            out = self._obj.decompress(data, _STEP)
+            data = b""
+            if out:
+                yield out
+            if not self._obj.eof and self._obj.needs_input:
+                return
+
+    def end(self) -> Iterator[bytes]:
+        if self._fed and not self._obj.eof:
+            raise EncodingError("truncated zstd body")
+        return iter(())
+
+
 _STAGES: dict[str, Callable[[], _Stage]] = {
     "gzip": lambda: _Zlib(True), "x-gzip": lambda: _Zlib(True),
-    "deflate": lambda: _Zlib(False), "br": _Brotli}
+    "deflate": lambda: _Zlib(False), "br": _Brotli, "zstd": _Zstd}
 
 
 def known_encoding(header: str | None) -> bool:
@@ -165,7 +253,7 @@ def decoder_for(header: str | None, limit: int = DEFAULT_LIMIT) -> Decoder | Non
 
 _ENCODERS: dict[str, Callable[[bytes], bytes]] = {
     "gzip": gzip.compress, "x-gzip": gzip.compress, "deflate": zlib.compress,
-    "br": brotli.compress}
+    "br": brotli.compress, "zstd": lambda data: bytes(_zstd().compress(data))}
 
 
 def encode(header: str | None, data: bytes) -> bytes:

@@ -3,12 +3,12 @@
 A gRPC (and gRPC-Web) body is a run of length-prefixed messages: one byte saying whether
 the message is compressed (and, in gRPC-Web, whether it is the trailers), four giving
 its length, then the message. A compressed one is in the coding the call's
-`grpc-encoding` names (gzip or deflate; not a `Content-Encoding`: nothing else in the
+`grpc-encoding` names (gzip, deflate or zstd; not a `Content-Encoding`: nothing else in the
 head says so), so a key or a gateway token in it is not in the body's bytes: the leak
 guard and outbound credential detection read the messages instead (`Frames`), an
 uncompressed message as its bytes come (a streaming call is never held whole), a
 compressed one once whole (bounded), decompressed by what its bytes are. A coding the
-gateway cannot undo (snappy, zstd), a message flagged otherwise, or a body cut inside a
+gateway cannot undo (snappy), a message flagged otherwise, or a body cut inside a
 message is an `EncodingError`: the caller refuses it, as any body it cannot read.
 gRPC-Web's text form (`application/grpc-web-text`) is the same run in base64, each
 padded piece decoded as its readers decode it (`TextFrames`)."""
@@ -20,7 +20,7 @@ import re
 import struct
 import zlib
 
-from gateway.core.encodings import EncodingError
+from gateway.core.encodings import ZSTD_FRAME, EncodingError, decoder_for
 
 __all__ = ["COMPRESSED_LIMIT", "DECODED_LIMIT", "Frames", "TextFrames", "frames_for", "inflate",
            "is_grpc"]
@@ -177,8 +177,16 @@ _PIECES = re.compile(rb"[^=]*(?:=+|$)")  # (base64 up to and with its padding)
 
 def inflate(message: bytes) -> bytes:
     """A compressed message: gzip (every member, as Python's and Go's readers read it),
-    else deflate, zlib-wrapped or raw, whole (cut short, or bytes after its end: no
-    reader decodes it so) and at most `DECODED_LIMIT` bytes; raises EncodingError."""
+    zstd (its frames), else deflate, zlib-wrapped or raw, whole (cut short, or bytes
+    after its end: no reader decodes it so) and at most `DECODED_LIMIT` bytes; raises
+    EncodingError."""
+    if message[:4] == ZSTD_FRAME:
+        decoder = decoder_for("zstd", DECODED_LIMIT)
+        assert decoder is not None
+        try:
+            return b"".join([*decoder.feed(message), *decoder.end()])
+        except EncodingError as exc:
+            raise EncodingError(f"a compressed gRPC message: {exc}") from None
     gzip = message[:2] == b"\x1f\x8b"
     wrapped = len(message) > 1 and message[0] & 0x0F == 8 and \
         (message[0] << 8 | message[1]) % 31 == 0
@@ -203,4 +211,4 @@ def inflate(message: bytes) -> bytes:
 
 
 _UNREAD = ("a compressed gRPC message the gateway cannot read (a grpc-encoding other than "
-           "gzip or deflate, or cut short); send it uncompressed or with gzip")
+           "gzip, deflate or zstd, or cut short); send it uncompressed or with gzip")

@@ -6,7 +6,7 @@ lines, and base64 or hex runs that are a compressed file.
   (a token's or a key's base64) cut by a break is in no line. Each block of such lines
   (a line of 20 characters or more, a break, the next line, and on; the break as the
   bytes are or JSON-escaped, `\\n` or `\\r\\n`) is read again joined (`joined`).
-* **Compressed runs.** A run that decodes to a gzip, bzip2 or xz file or a zip archive (a
+* **Compressed runs.** A run that decodes to a gzip, bzip2, xz or zstd file or a zip archive (a
   file sent in a JSON string, as GitHub's contents API takes it) holds what it
   compresses nowhere in its bytes: where the markers' pass saw the start of one
   (`ARCHIVE_MARKERS`, found in the same pass), each such run is decoded and unpacked
@@ -36,12 +36,15 @@ _WRAP_LINE = 20  # characters a line of a block has, but its last (`_gate.c`'s W
 
 # The first characters of a compressed file's base64 (gzip `1f 8b 08`: `H4sI`; zip
 # `PK\3\4`: `UEsDB`; bzip2 `BZh`: `Qlpo`; xz `fd 37 7a 58 5a 00`: `/Td6WFoA`, `_` in the
-# URL alphabet) and hex, as the markers' canonical form has them (lowercased).
-ARCHIVE_MARKERS = (b"h4si", b"uesdb", b"qlpo", b"/td6wfo", b"_td6wfo", b"1f8b08", b"504b0304",
-                   b"425a68", b"fd377a585a00")
+# URL alphabet; zstd `28 b5 2f fd`: `KLUv/`) and hex, as the markers' canonical form has
+# them (lowercased).
+ARCHIVE_MARKERS = (b"h4si", b"uesdb", b"qlpo", b"/td6wfo", b"_td6wfo", b"kluv/", b"kluv_",
+                   b"1f8b08", b"504b0304", b"425a68", b"fd377a585a00", b"28b52ffd")
 _RUN = re.compile(rb"[A-Za-z0-9+/_-]+")
 _HEX_RUN = re.compile(rb"[0-9a-fA-F]+")
-_HEAD = re.compile(rb"H4sI|UEsDB|Qlpo|[/_]Td6WFo|(?i:1f8b08|504b0304|425a68|fd377a585a00)")
+_HEAD = re.compile(
+    rb"H4sI|UEsDB|Qlpo|[/_]Td6WFo|KLUv[/_]|(?i:1f8b08|504b0304|425a68|fd377a585a00|28b52ffd)")
+_HEX_FIRST = b"1245fF"  # (a compressed file's hex starts so; its base64 with none of these)
 _ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-"
 LINED = _ALPHABET + b"\r\n\\"  # (a run, or base64 lines)
 _BREAKS = re.compile(rb"\\r\\n|\\n|\r?\n")
@@ -146,7 +149,7 @@ def unpacked(data: bytes, starts: list[int], allowance: Allowance) -> Iterator[b
     for at in sorted(set(starts)):
         if _HEAD.match(data, at) is None:
             continue  # (a start of one case only: `canonical` lowercased it)
-        run = (_HEX_RUN if data[at:at + 1] in b"145fF" else _RUN).match(data, at)
+        run = (_HEX_RUN if data[at:at + 1] in _HEX_FIRST else _RUN).match(data, at)
         decoded = _decoded(run.group()) if run is not None else None
         kind = archive_kind(decoded[:6]) if decoded is not None else None
         if decoded is None or kind is None:
@@ -157,10 +160,13 @@ def unpacked(data: bytes, starts: list[int], allowance: Allowance) -> Iterator[b
 
 def _decoded(text: bytes) -> bytes | None:
     try:
-        if text[:1] in b"145fF":  # (hex: base64's start with `HUQ/_`)
+        if text[:1] in _HEX_FIRST:  # (hex: base64's start with `HUQ/_K`)
             return binascii.unhexlify(text[:len(text) // 2 * 2])
         text = text.replace(b"-", b"+").replace(b"_", b"/")
-        return base64.b64decode(text[:len(text) // 4 * 4], validate=True)
+        # (all of it, its last group padded as its `=` or a decoder pads it: a zstd
+        # block gives nothing until its last byte)
+        text = text[:-1] if len(text) % 4 == 1 else text
+        return base64.b64decode(text + b"=" * (-len(text) % 4), validate=True)
     except (binascii.Error, ValueError):
         return None
 

@@ -9,8 +9,8 @@ come into an `Unpacker` (`core/archives.py`), whose files the check reads with a
 scan of its own: a run of any length is read once, in pieces, as a decoder reads it.
 
 The run's characters are base64's (both alphabets) or hex's (said by its first: a
-compressed file's base64 starts `H4sI`, `UEsDB`, `Qlpo`, `/Td6`; its hex `1f8b`,
-`504b`, `425a`, `fd37`); line breaks, as sent or JSON-escaped (`\\n`, `\\r\\n`), are
+compressed file's base64 starts `H4sI`, `UEsDB`, `Qlpo`, `/Td6`, `KLUv`; its hex `1f8b`,
+`504b`, `425a`, `fd37`, `28b5`); line breaks, as sent or JSON-escaped (`\\n`, `\\r\\n`), are
 skipped as Go's, Python's, Node's and Ruby's decoders skip them, and a JSON `\\/` is a
 `/`. The run ends at the first other byte (a quote, `=` padding).
 
@@ -38,7 +38,7 @@ _HEX = re.compile(rb"[0-9a-fA-F]*+(?:(?:\\r\\n|\\n|\r?\n)[0-9a-fA-F]*+)*+")
 _SKIPPED = re.compile(rb"\\r\\n|\\n|\r?\n|\\(?=/)")  # (breaks; a `\/`'s backslash)
 _PARTIAL = frozenset((b"\r", b"\\", b"\\r", b"\\r\\"))  # (a break cut by a piece's end)
 _URLSAFE = bytes.maketrans(b"-_", b"+/")
-_HEX_FIRST = b"145fF"  # (a compressed file's hex; its base64 starts with none of these)
+_HEX_FIRST = b"1245fF"  # (a compressed file's hex; its base64 starts with none of these)
 _MAGIC = 6  # bytes that say what a compressed file is (`archive_kind`)
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import gzip
 import json
 import time
 import zlib
@@ -30,6 +29,7 @@ from helpers.parity_cases import CASES, PAD, POLICIES, Case, _fill, substitution
 from gateway.core import mcp
 from gateway.core.addresses import AddressPolicy
 from gateway.core.body_stage import NO_CALLS, mcp_stage
+from gateway.core.dlp.decoding import decode_content
 from gateway.core.evaluate import (
     UNSEEN,
     evaluate,
@@ -85,7 +85,7 @@ def _request(case: Case) -> tuple[str, str, bytes]:
     if "deflate" in codings:  # (the metering step reads a body decoded)
         raw = zlib.decompressobj().decompress(raw)
     elif codings:
-        raw = gzip.decompress(raw)
+        raw = decode_content(raw, ", ".join(codings), 1 << 30)
     return spec.get("method", "GET").upper(), url, raw
 
 

@@ -10,6 +10,7 @@ import struct
 import zlib
 
 import pytest
+from backports import zstd
 
 from gateway.core import grpc_frames
 from gateway.core.encodings import EncodingError
@@ -31,7 +32,8 @@ def _read(body: bytes, step: int) -> tuple[bytes, list[int]]:
 
 MESSAGES = [b"first message", b"", b"x" * 70_000, b"\x0a\x05hello"]
 CODINGS = [gzip.compress, zlib.compress, lambda m: zlib.compress(m)[2:-4],  # (raw deflate)
-           lambda m: gzip.compress(m[:3]) + b"\0\0" + gzip.compress(m[3:])]  # (two members)
+           lambda m: gzip.compress(m[:3]) + b"\0\0" + gzip.compress(m[3:]),  # (two members)
+           zstd.compress]  # (read since the twenty-first session: it could not be bounded)
 
 
 @pytest.mark.parametrize("step", [1, 2, 5, 6, 4096, 1 << 20])
@@ -49,6 +51,8 @@ def test_every_message_is_read_whole_and_in_order_at_any_cut(step: int) -> None:
     (frame(gzip.compress(b"x", mtime=0)[:-3], 1), "cannot read"),  # (cut short)
     (frame(zlib.compress(b"x") + b"more", 1), "cannot read"),  # (bytes after its end)
     (frame(gzip.compress(b"x", mtime=0) + b"junk", 1), "cannot read"),
+    (frame(zstd.compress(b"x" * 100)[:-2], 1), "truncated zstd"),
+    (frame(zstd.compress(b"x") + b"junk", 1), "after its zstd frames"),
     (frame(b"x", 2), "flagged 2"),
     (frame(b"x", 0x40), "flagged 64"),
     (frame(b"hello")[:-2], "ends inside a message"),
@@ -69,6 +73,9 @@ def test_a_compressed_message_is_bounded(monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(EncodingError, match="more than 1000"):
         inflate(gzip.compress(b"a" * 1001, mtime=0))
     assert inflate(gzip.compress(b"a" * 1000, mtime=0)) == b"a" * 1000
+    with pytest.raises(EncodingError, match="more than 1000"):
+        inflate(zstd.compress(b"a" * 1001))
+    assert inflate(zstd.compress(b"a" * 1000)) == b"a" * 1000
 
 
 @pytest.mark.parametrize(("ctype", "framed"), [

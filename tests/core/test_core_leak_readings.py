@@ -17,6 +17,7 @@ import zlib
 from urllib.parse import quote
 
 import pytest
+from backports import zstd
 from helpers.archives import deflated_zip, spaced_gzip, tar_gz
 from helpers.lines import random_lines
 
@@ -63,6 +64,7 @@ PACKED = {
     "gzip": lambda d: gzip.compress(d, mtime=0),
     "bzip2": bz2.compress,
     "xz": lzma.compress,
+    "zstd": zstd.compress,
     "zip": lambda d: deflated_zip({"README": b"notes\n", ".env": d}),
     "tar.gz": lambda d: tar_gz({".env": d}),
 }
@@ -153,7 +155,7 @@ def test_a_compressed_run_longer_than_a_window_is_read_whole_as_it_streams(
 
 
 @pytest.mark.parametrize("how", ["base64", "lines", "escaped lines", "hex", "url-safe"])
-@pytest.mark.parametrize("kind", ["gzip", "zip", "bzip2", "xz"])
+@pytest.mark.parametrize("kind", ["gzip", "zip", "bzip2", "xz", "zstd"])
 def test_a_compressed_run_of_megabytes_is_followed_as_it_streams(
         scan: tuple[LeakScan, str], kind: str, how: str) -> None:
     """A run of a 1.5 MB file (2-3 MB of characters: refused as unreadable before the
@@ -184,7 +186,7 @@ def _packed(kind: str, data: bytes) -> bytes:
     if kind == "zip":
         return deflated_zip({"a/b.bin": data})
     return {"gzip": lambda d: gzip.compress(d, mtime=0), "bzip2": bz2.compress,
-            "xz": lzma.compress}[kind](data)
+            "zstd": zstd.compress, "xz": lzma.compress}[kind](data)
 
 
 def test_a_run_that_gives_nothing_for_long_is_unreadable(

@@ -358,6 +358,14 @@ def _gz(text: str) -> str:
     return base64.b64encode(gzip.compress(text.encode())).decode()
 
 
+def _zst(text: str) -> str:
+    """`text` zstd-compressed, base64 (PEP 784's encoder: the gateway reads it since the
+    twenty-first session)."""
+    from backports import zstd
+
+    return base64.b64encode(zstd.compress(text.encode())).decode()
+
+
 def _grpc_gz(text: str) -> str:
     """A gRPC body of two messages, the second gzip-compressed holding `text`, base64."""
     return base64.b64encode(_grpc_messages(text)).decode()
@@ -472,13 +480,15 @@ def _b64(text: str, codec: str = "utf-8") -> str:
 def _json_file(text: str, how: str, filler: int = 0, inside: int = 0) -> str:
     """A JSON body sending a file in a string, as GitHub's contents API takes one
     (base64), the file holding `text`: gzipped (`gz`), or in base64 lines of 76 (`lines`,
-    `text` placed so a line break cuts it); `filler`: a string of random words before it
-    (past the hold limit: streamed); `inside`: random words in the file before `text`
-    (2 MiB: a run of 1.6 MB, past what a stream read kept whole before the twenty-first
-    session). Base64, for the spec."""
+    `text` placed so a line break cuts it), or zstd-compressed (`zst`); `filler`: a
+    string of random words before it (past the hold limit: streamed); `inside`: random
+    words in the file before `text` (2 MiB: a run of 1.6 MB, past what a stream read
+    kept whole before the twenty-first session). Base64, for the spec."""
     data = (_filler(inside) + "#" * 33 + "\n" + text).encode()
-    if how == "gz":
-        content = base64.b64encode(gzip.compress(data, mtime=0)).decode()
+    if how in ("gz", "zst"):
+        packed = gzip.compress(data, mtime=0) if how == "gz" else base64.b64decode(
+            _zst(data.decode()))
+        content = base64.b64encode(packed).decode()
     else:
         encoded = base64.b64encode(data).decode()
         content = "\n".join(encoded[i:i + 76] for i in range(0, len(encoded), 76))
@@ -776,6 +786,19 @@ CASES = [
     Case("F8 token in a gzip body",
          {"host": "unbound.test", "method": "POST", "target": "/gz", "body": "{GZ:{TOKEN}}",
           "headers": [["Content-Encoding", "gzip"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
+    # zstd (RFC 8878): refused unread as a coding the gateway could not undo, until the
+    # twenty-first session; now decoded, bounded, as gzip is.
+    Case("F8 token in a zstd body",
+         {"host": "unbound.test", "method": "POST", "target": "/zst", "body": "{ZST:{TOKEN}}",
+          "headers": [["Content-Encoding", "zstd"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
+    Case("F8 token in a zstd-compressed .env sent in a JSON string",
+         {"host": "unbound.test", "method": "PUT", "target": "/repos/o/r/contents/.env.zst",
+          "body": "{JSONZST:GATEWAY_TOKEN={TOKEN}\n}",
+          "headers": [["Content-Type", "application/json"]]},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
          check=_no_upstream),
     # A gRPC message compressed by its call's grpc-encoding (no Content-Encoding says
@@ -1093,6 +1116,13 @@ CASES = [
           "headers": [["Authorization", "Bearer {TOKEN}"], ["Accept-Encoding", "gzip"]]},
          ("response", 200, None), {"decision": "allow", "credential": "openai"},
          check=_no_key),
+    # (refused `upstream_failed` as a coding the gateway could not undo until the
+    # twenty-first session; decoded now, and redacted)
+    Case("F7 key echoed in a zstd body",
+         {"host": "api.openai.com", "target": "/echo-zstd/Authorization",
+          "headers": [["Authorization", "Bearer {TOKEN}"], ["Accept-Encoding", "zstd"]]},
+         ("response", 200, None), {"decision": "allow", "credential": "openai"},
+         check=_no_key),
     Case("F7 key echoed in the second member of a gzip answer",
          {"host": "api.openai.com", "target": "/echo-gzip-members/Authorization",
           "headers": [["Authorization", "Bearer {TOKEN}"], ["Accept-Encoding", "gzip"]]},
@@ -1319,6 +1349,20 @@ DLP = [
          _dlp_post("/dlp/gz", "{GZ:{\"note\": \"{GH}\"}}", _JSON,
                    ["Content-Encoding", "gzip"]),
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential in a zstd-compressed .env sent in a JSON string",
+         {**_dlp_post("/dlp/contents/.env.zst", "{JSONZST:GITHUB_TOKEN={GH}\n}", _JSON),
+          "method": "PUT"},
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a zstd-coded body reaches the upstream as sent",
+         {**_dlp_post("/dlp/s", "{ZST:{\"note\": \"the build passed\"}}", _JSON,
+                      ["Content-Encoding", "zstd"]), "chunked": True},
+         ("response", 200, None), {"decision": "allow", "error": None},
+         check=lambda result, seen: _upstream_exactly("POST", "/dlp/s", base64.b64decode(
+             _zst('{"note": "the build passed"}')))(result, seen)),
+    Case("DLP: a credential in a zstd-coded body",
+         _dlp_post("/dlp/zst", "{ZST:{\"note\": \"{GH}\"}}", _JSON,
+                   ["Content-Encoding", "zstd"]),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
     Case("DLP: a credential in a compressed gRPC message",
          _dlp_post("/dlp/g", "{GRPCGZ:deploy with {GH}}", ["Content-Type", "application/grpc"],
                    ["grpc-encoding", "gzip"]),
@@ -1459,6 +1503,11 @@ def _fill(value: Any, subs: dict[str, str]) -> Any:
     if isinstance(value, str):
         if value.startswith("{B64:") and value.endswith("}"):
             return _b64(_fill(value[5:-1], subs))
+        if value.startswith("{ZST:") and value.endswith("}"):
+            return _zst(_fill(value[5:-1], subs))
+        if value.startswith("{JSONZST:") and value.endswith("}"):  # (a .env.zst in JSON)
+            return _json_file(_fill(value[9:-1], subs), "zst", 0, 4000)  # (words before
+            # it: zstd codes the file's literals, else a short one is stored as it is)
         if value.startswith("{GZ:") and value.endswith("}"):
             return _gz(_fill(value[4:-1], subs))
         if value.startswith("{DEFLATE_TAIL:") and value.endswith("}"):  # (a clean deflate

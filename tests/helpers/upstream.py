@@ -191,6 +191,11 @@ class _Handler(BaseHTTPRequestHandler):
             value = self.headers.get(parts[1], "")
             return self._send(200, gzip.compress(json.dumps({"value": value}).encode()),
                               extra={"Content-Encoding": "gzip"})
+        if parts[0] == "echo-zstd" and len(parts) > 1:  # whatever Accept-Encoding says
+            from backports import zstd
+            value = self.headers.get(parts[1], "")
+            return self._send(200, zstd.compress(json.dumps({"value": value}).encode()),
+                              extra={"Content-Encoding": "zstd"})
         if parts[0] == "echo-utf16" and len(parts) > 1:  # the value as UTF-16 text
             value = self.headers.get(parts[1], "")
             return self._send(200, json.dumps({"value": value}).encode("utf-16-le"),
@@ -341,6 +346,8 @@ class _Handler(BaseHTTPRequestHandler):
             import zstandard
             return self._send(200, zstandard.ZstdCompressor().compress(doc),
                               extra={"Content-Encoding": "zstd"})
+        if shape == "compress":  # (a coding no reader here undoes)
+            return self._send(200, doc, extra={"Content-Encoding": "compress"})
         if shape in ("grpc-web", "grpc-web-text"):  # (a compressed message, then trailers)
             framed = b"".join(bytes([flag]) + len(m).to_bytes(4, "big") + m for flag, m in (
                 (1, gzip.compress(doc)), (0x80, b"grpc-status: 0\r\n")))

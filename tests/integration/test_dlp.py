@@ -433,7 +433,8 @@ SHAPES = [("github", "json", "answer body at offset"), ("aws", "gzip", "answer b
           ("github", "chunked", "answer body at offset"),
           ("github", "big", "answer body at offset"),
           ("github", "grpc-web", "answer body at offset"),
-          ("github", "grpc-web-text", "answer body at offset")]
+          ("github", "grpc-web-text", "answer body at offset"),
+          ("github", "zstd", "answer body at offset")]  # (read since the twenty-first)
 
 
 @pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
@@ -457,8 +458,8 @@ def test_answers_report_records_what_an_answer_holds_and_forwards_it(
         result = _send(gw, token, f"/dlp-answer/{detector}/{shape}")
         assert (result.status, result.code) == (200, None), (shape, result)
         got = result.headers.get("x-config-token", "") if shape == "header" else result.body
-        if shape == "gzip":  # (relayed as it came: coded)
-            assert result.headers.get("content-encoding") == "gzip", result.headers
+        if shape in ("gzip", "zstd"):  # (relayed as it came: coded)
+            assert result.headers.get("content-encoding") == shape, result.headers
         elif shape.startswith("grpc"):  # (relayed as it came: a compressed message)
             assert secret not in got and result.headers.get("grpc-encoding") == "gzip"
         else:
@@ -469,7 +470,7 @@ def test_answers_report_records_what_an_answer_holds_and_forwards_it(
         assert (found["detector"], found["action"]) == (detector, "report"), found
         assert found["where"].startswith(where), (shape, found)
         assert secret not in json.dumps(line) and len(found["fingerprint"]) == 16
-    assert _findings(gw, detector="github", action="report", engine=label) == counted + 6
+    assert _findings(gw, detector="github", action="report", engine=label) == counted + 7
     for host in ("allowed.test", "report.test"):  # (answers: off; github allowed there)
         before = len(gw.audit.records())
         assert _send(gw, token, "/dlp-answer/github/json", host=host).status == 200
@@ -483,8 +484,8 @@ def test_answers_report_records_what_an_answer_holds_and_forwards_it(
 @pytest.mark.parametrize("engine", ["fast", "mitmproxy"])
 def test_answers_report_says_what_it_could_not_read(make_gateway: GatewayFactory,
                                                      engine: str) -> None:
-    """An answer the scan cannot read - zstd-coded (a stream is not read with a bounded
-    window), two Content-Types that differ (the client may read it by either), more
+    """An answer the scan cannot read - in a coding it does not know (`compress`), two
+    Content-Types that differ (the client may read it by either), more
     anchors than the scan reads - is forwarded as every answer is, and its audit line
     says so (`detector: unreadable`, `where: answer body`, the reason), counted: a
     hostile upstream does not keep a credential out of the report by sending it so."""
@@ -492,7 +493,8 @@ def test_answers_report_says_what_it_could_not_read(make_gateway: GatewayFactory
     token = gw.mint("answers")
     label = "h1" if engine == "fast" else "mitmproxy"
     counted = _findings(gw, detector="unreadable", action="report", engine=label)
-    for shape, why in (("zstd", "zstd"), ("two-types", "more than one Content-Type"),
+    for shape, why in (("compress", "unknown content coding"),
+                       ("two-types", "more than one Content-Type"),
                        ("anchors", "more anchors")):
         before = len(gw.audit.records())
         result = _send(gw, token, f"/dlp-answer/github/{shape}")

@@ -89,8 +89,8 @@ PROXY_CORE = ("mitmproxy.proxy.layers.tls", "mitmproxy.options", "mitmproxy.conn
 
 # Imported at their first use (issue 41: 1.8 MiB of an idle worker): Hyperscan at the
 # first request whose tokens or keys the leak guard looks for (or the DLP detectors),
-# zstandard at the first zstd body.
-FIRST_USE = ("hyperscan", "zstandard")
+# zstandard and backports.zstd at the first zstd body.
+FIRST_USE = ("hyperscan", "zstandard", "backports")
 
 
 def test_a_plain_gateway_imports_no_optional_subsystem(tmp_path: Path) -> None:

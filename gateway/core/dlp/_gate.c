@@ -658,11 +658,12 @@ static int json_escape_in(const uint8_t *data, Py_ssize_t n) {
 }
 
 /* Whether data starts as a compressed file or an archive does (`archives.archive_kind`:
- * gzip, bzip2, xz, zip): a decoded run that is one is unpacked (`archive_views`). */
+ * gzip, bzip2, xz, zip, zstd): a decoded run that is one is unpacked (`archive_views`). */
 static int archive_start(const uint8_t *d, Py_ssize_t n) {
     return (n >= 3 && d[0] == 0x1f && d[1] == 0x8b && d[2] == 8) ||
            (n >= 3 && d[0] == 'B' && d[1] == 'Z' && d[2] == 'h') ||
            (n >= 4 && d[0] == 'P' && d[1] == 'K' && d[2] == 3 && d[3] == 4) ||
+           (n >= 4 && d[0] == 0x28 && d[1] == 0xb5 && d[2] == 0x2f && d[3] == 0xfd) ||
            (n >= 6 && memcmp(d, "\xfd" "7zXZ\0", 6) == 0);
 }
 

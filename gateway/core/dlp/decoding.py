@@ -2,13 +2,11 @@
 and hex runs inside a text decoded.
 
 `decode_content` undoes a Content-Encoding list (gzip, x-gzip, deflate, br, zstd, in any
-stack) on a held body. Its output is bounded by `limit` (the hold limit): a body that
-decodes to more, does not decode, or names a coding not listed here raises `Unreadable`,
-and the caller refuses it (a body the gateway cannot read is a body it cannot check).
-zstd is decoded here (not in `core/encodings.py`, whose streaming decoders cannot bound
-one zstd frame's output) by reading a bounded number of bytes from the frame reader, so
-a bomb stops at the limit. `encode_content` writes a rewritten body back in the same
-codings.
+stack) on a held body, with `core/encodings.py`'s decoders. Its output is bounded by
+`limit` (the hold limit): a body that decodes to more, does not decode, or names a
+coding not listed here raises `Unreadable`, and the caller refuses it (a body the
+gateway cannot read is a body it cannot check). `encode_content` writes a rewritten
+body back in the same codings.
 
 `runs` finds base64 (standard or URL-safe) and hex runs long enough to hold a key (a
 16-byte key is 22 base64 or 32 hex characters), and `decode_run` decodes one. A run is
@@ -21,7 +19,6 @@ from __future__ import annotations
 import base64
 import binascii
 import codecs
-import io
 import json
 import re
 from collections.abc import Iterable, Iterator
@@ -37,7 +34,6 @@ __all__ = ["MAX_SHIFTED", "MIN_BASE64", "Run", "Unreadable", "body_kind", "decod
 MIN_BASE64 = SEGMENT  # (20)
 MIN_HEX = 32
 MAX_SHIFTED = 1024  # runs up to this long are also decoded from their 2nd to 4th character
-_STEP = 256 * 1024
 _HEX = re.compile(r"(?:[0-9a-f]{2})+|(?:[0-9A-F]{2})+")
 _HEX_INSIDE = re.compile(r"[0-9a-f]{32,}|[0-9A-F]{32,}")  # (MIN_HEX)
 
@@ -51,28 +47,7 @@ def _codings(header: str | None) -> list[str]:
             if c.strip() and c.strip().lower() != "identity"]
 
 
-def _zstd(data: bytes, limit: int) -> bytes:
-    import zstandard  # (at the first zstd body: 0.3 MiB a process that never sees one)
-    out = bytearray()
-    try:
-        reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data),
-                                                            read_across_frames=True)
-        with reader:
-            while True:
-                piece = reader.read(_STEP)
-                if not piece:
-                    break
-                out += piece
-                if len(out) > limit:
-                    raise Unreadable(f"the body decodes to more than {limit} bytes")
-    except zstandard.ZstdError:
-        raise Unreadable("the body is not valid zstd") from None
-    return bytes(out)
-
-
 def _one(coding: str, data: bytes, limit: int) -> bytes:
-    if coding == "zstd":
-        return _zstd(data, limit)
     try:
         decoder = encodings.decoder_for(coding, limit)
         assert decoder is not None
@@ -99,14 +74,10 @@ def encode_content(data: bytes, content_encoding: str | None) -> bytes:
     """`data` in the codings of a Content-Encoding value, in order (a rewritten body
     goes out in the coding its head names)."""
     for coding in _codings(content_encoding):
-        if coding == "zstd":
-            import zstandard
-            data = zstandard.ZstdCompressor().compress(data)
-        else:
-            try:
-                data = encodings.encode(coding, data)
-            except encodings.EncodingError as exc:
-                raise Unreadable(str(exc)) from None
+        try:
+            data = encodings.encode(coding, data)
+        except encodings.EncodingError as exc:
+            raise Unreadable(str(exc)) from None
     return data
 
 

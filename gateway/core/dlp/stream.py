@@ -1,8 +1,8 @@
 """The scan of a body too large to hold: chunk by chunk, a window kept across chunks.
 
-Each chunk is decoded (gzip, deflate, br as they stream; zstd cannot be bounded while it
-streams, so a streamed zstd body is unreadable) and appended to the tail kept from the
-previous chunks. The window is scanned as one text; a value is reported by the window it
+Each chunk is decoded (gzip, deflate, br, zstd as they stream, `core/encodings.py`) and
+appended to the tail kept from the previous chunks. The window is scanned as one text;
+a value is reported by the window it
 starts in, provided at least `keep` characters follow it (the longest reach of any
 detector), else the next window reports it: a key split across two chunks, or across
 WebSocket fragments fed one by one, is found once and whole. Where a base64 or hex run
@@ -119,14 +119,10 @@ class StreamScanner:
                 self._frames is None else None
         except Unreadable as exc:
             self.unreadable = str(exc)
-        codings = [c.strip().lower() for c in (content_encoding or "").split(",") if c.strip()]
-        if "zstd" in codings:
-            self.unreadable = "a streamed zstd body cannot be read with a bounded window"
-        else:
-            try:
-                self._decoder = encodings.decoder_for(content_encoding, _NO_LIMIT)
-            except encodings.EncodingError as exc:
-                self.unreadable = str(exc)
+        try:
+            self._decoder = encodings.decoder_for(content_encoding, _NO_LIMIT)
+        except encodings.EncodingError as exc:
+            self.unreadable = str(exc)
 
     @property
     def pending(self) -> int:

@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+from backports import zstd
 from helpers.archives import deflated_zip, spaced_gzip, tar_gz
 from helpers.dlp_corpus import DEFAULT_CORPUS, fake
 
@@ -89,6 +90,7 @@ PACKED = {
     "gzip": gzip.compress(ENV, mtime=0),
     "bzip2": bz2.compress(ENV),
     "xz": lzma.compress(ENV),
+    "zstd": zstd.compress(ENV),
     "zip": deflated_zip({"README": b"notes\n", ".env": ENV}),
     "tar.gz": tar_gz({".env": ENV}),
 }
@@ -183,7 +185,7 @@ def test_a_compressed_run_longer_than_a_window_is_read_whole_as_it_streams(
 
 
 @pytest.mark.parametrize("how", ["base64", "escaped lines", "hex"])
-@pytest.mark.parametrize("kind", ["gzip", "zip", "bzip2", "xz"])
+@pytest.mark.parametrize("kind", ["gzip", "zip", "bzip2", "xz", "zstd"])
 def test_a_compressed_run_of_megabytes_is_followed_as_it_streams(kind: str, how: str) -> None:
     """A run of a 1.5 MB file (2-3 MB of characters: refused as unreadable before the
     twenty-first session, past 1 MiB) is read once, as it streams, from where a window's
@@ -195,7 +197,7 @@ def test_a_compressed_run_of_megabytes_is_followed_as_it_streams(kind: str, how:
         data = noise + tail
         packed = deflated_zip({"a/.env": data}) if kind == "zip" else {
             "gzip": lambda d: gzip.compress(d, mtime=0), "bzip2": bz2.compress,
-            "xz": lzma.compress}[kind](data)
+            "zstd": zstd.compress, "xz": lzma.compress}[kind](data)
         run = packed.hex() if how == "hex" else _lines(packed, 76) if how != "base64" \
             else base64.b64encode(packed).decode()
         body = json.dumps({"message": "add", "content": run}).encode()

@@ -125,8 +125,18 @@ def test_a_gzip_stream_is_decoded_as_it_comes() -> None:
     assert names == ["slack"]
 
 
+def test_a_zstd_stream_is_decoded_as_it_comes() -> None:
+    """(Unreadable before the twenty-first session: no bounded zstd decoder.)"""
+    from backports import zstd
+
+    key = fake("slack").text.encode()
+    data = zstd.compress(_filler(200_000, 6) + key + _filler(200_000, 7))
+    names, _ = _stream(data, list(range(1000, len(data), 1000)), "zstd")
+    assert names == ["slack"]
+
+
 def test_what_a_stream_cannot_read() -> None:
-    assert StreamScanner(SCANNER, "zstd").feed(b"x").unreadable is not None
+    assert StreamScanner(SCANNER, "zstd").feed(b"not zstd").unreadable is not None
     assert StreamScanner(SCANNER, "compress").feed(b"x").unreadable is not None
     bad = StreamScanner(SCANNER, "gzip")
     assert bad.feed(b"not gzip at all").unreadable is not None
