@@ -13,8 +13,8 @@ lines, and base64 or hex runs that are a compressed file.
   (`unpacked`), bounded by the body's `Allowance` (`core/archives.py`).
 
 One level each: what a run unpacks to is read for markers, not unpacked again. As data
-streams, a compressed run (or its block of lines) the window ends in (`open_start`) is
-followed from its start as it goes on (`leak_stream`, `streamed_runs.FollowedRun`).
+streams, a compressed run (or its block of lines) the window ends in is followed from
+its start as it goes on (`leak_stream`, `streamed_runs`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterator
 from gateway.core.archives import Allowance, Unpacker, archive_kind
 from gateway.core.dlp.fastscan import LITERAL, UNDECIDED
 from gateway.core.encodings import EncodingError
+from gateway.core.streamed_runs import HEAD, HEX_FIRST
 
-__all__ = ["ARCHIVE_MARKERS", "LINED", "TILE", "archive_starts", "beyond", "joined",
-           "open_start", "unpacked"]
+__all__ = ["ARCHIVE_MARKERS", "TILE", "archive_starts", "beyond", "joined", "unpacked"]
 
 TILE = 8  # characters of a marker's tiles: any 16 of a marker in a row hold one
 _WRAP_LINE = 20  # characters a line of a block has, but its last (`_gate.c`'s WRAP_LINE)
@@ -42,11 +42,6 @@ ARCHIVE_MARKERS = (b"h4si", b"uesdb", b"qlpo", b"/td6wfo", b"_td6wfo", b"kluv/",
                    b"1f8b08", b"504b0304", b"425a68", b"fd377a585a00", b"28b52ffd")
 _RUN = re.compile(rb"[A-Za-z0-9+/_-]+")
 _HEX_RUN = re.compile(rb"[0-9a-fA-F]+")
-_HEAD = re.compile(
-    rb"H4sI|UEsDB|Qlpo|[/_]Td6WFo|KLUv[/_]|(?i:1f8b08|504b0304|425a68|fd377a585a00|28b52ffd)")
-_HEX_FIRST = b"1245fF"  # (a compressed file's hex starts so; its base64 with none of these)
-_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-"
-LINED = _ALPHABET + b"\r\n\\"  # (a run, or base64 lines)
 _BREAKS = re.compile(rb"\\r\\n|\\n|\r?\n")
 _LINE = re.compile(  # (a line from its start, after a break or another byte: each run
     # tried once, `_blocks`; an escaped break's letter is not a line's)
@@ -125,31 +120,14 @@ def _blocks(data: bytes) -> list[tuple[int, int]]:
     return out
 
 
-def open_start(window: bytes) -> int | None:
-    """Where a compressed file's run, or block of base64 lines, that reaches the end of
-    `window` starts (the stream's next bytes may be more of it); None if none does. The
-    window's last run and last block of lines, found from its end (`rstrip`, in C)."""
-    if not window or window[-1] not in LINED:
-        return None
-    run = len(window.rstrip(_ALPHABET))
-    if _HEAD.match(window, run):
-        return run
-    lined = len(window.rstrip(LINED))
-    blocks = _blocks(window[lined:])
-    if blocks and not window[lined + blocks[-1][1]:].strip(b"\r\n\\") and \
-            _HEAD.match(window, lined + blocks[-1][0]):
-        return lined + blocks[-1][0]
-    return None
-
-
 def unpacked(data: bytes, starts: list[int], allowance: Allowance) -> Iterator[bytes]:
     """The files of each run in `data` (as sent, its case kept) from one of `starts`
     (`archive_starts`' or the markers' pass's) that decodes to a compressed file; raises
     EncodingError past `allowance`."""
     for at in sorted(set(starts)):
-        if _HEAD.match(data, at) is None:
+        if HEAD.match(data, at) is None:
             continue  # (a start of one case only: `canonical` lowercased it)
-        run = (_HEX_RUN if data[at:at + 1] in _HEX_FIRST else _RUN).match(data, at)
+        run = (_HEX_RUN if data[at:at + 1] in HEX_FIRST else _RUN).match(data, at)
         decoded = _decoded(run.group()) if run is not None else None
         kind = archive_kind(decoded[:6]) if decoded is not None else None
         if decoded is None or kind is None:
@@ -160,7 +138,7 @@ def unpacked(data: bytes, starts: list[int], allowance: Allowance) -> Iterator[b
 
 def _decoded(text: bytes) -> bytes | None:
     try:
-        if text[:1] in _HEX_FIRST:  # (hex: base64's start with `HUQ/_K`)
+        if text[:1] in HEX_FIRST:  # (hex: base64's start with `HUQ/_K`)
             return binascii.unhexlify(text[:len(text) // 2 * 2])
         text = text.replace(b"-", b"+").replace(b"_", b"/")
         # (all of it, its last group padded as its `=` or a decoder pads it: a zstd

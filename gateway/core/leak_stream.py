@@ -12,7 +12,7 @@ window before did not (searched, clean): a marker ending in the chunk is a run e
 there, one in the tail was in the window before, read the same. Such a window is not
 made, nor searched; any other is, as without the answer.
 
-A compressed file's run the window ends in (`leak_readings.open_start`) is followed from
+A compressed file's run the window ends in (`streamed_runs.open_run`) is followed from
 its start: its files are read by a scan of their own (markers, no deeper), the run's
 bytes held back (`held_back`) until what they unpack to is read. What runs unpack to has
 one bound (`allowance`), grown as the stream comes; an archive's files share their
@@ -23,13 +23,15 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gateway.core import leak_readings as readings
 from gateway.core.archives import Allowance
 from gateway.core.dlp.fastscan import BACKSLASH, ESCAPES_KNOWN, PERCENT, Gate
 from gateway.core.encodings import EncodingError
-from gateway.core.streamed_runs import HELD, FollowedRun
+from gateway.core.streamed_runs import HELD, FollowedRun, open_run
 
 __all__ = ["Markers", "StreamScan", "plain"]
+
+_SINCE = 64  # bytes at the tail's end a run's start is looked for in again (its first
+# characters cut by a chunk's end; a window that no run ends in is not searched)
 
 
 class Markers(Protocol):
@@ -107,8 +109,10 @@ class StreamScan:
         found = scan.find(window, gate, self.allowance, self._deeper)
         self._tail = window[-keep:] if len(window) > keep else window
         if found is None and self._follow is None and self._deeper:
-            start = readings.open_start(window)
-            if start is not None:  # (a compressed run going on: followed from its start)
+            # (a compressed run going on: followed from its start; one that started
+            # before the tail's last bytes was looked for in the window before)
+            start = open_run(window, max(0, len(tail) - _SINCE))
+            if start is not None:
                 self._follow = FollowedRun(self.allowance)
                 found = self._followed(window[start:])
         return found

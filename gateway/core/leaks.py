@@ -102,7 +102,8 @@ class LeakScan:
             return None
         found = self._read(data, gate, allowance, deeper)
         if found is None and data.find(b"\x00") >= 0:
-            found = self._read(data.replace(b"\x00", b""), None, allowance, deeper)
+            found = self._read(data.translate(None, b"\x00"), None, allowance, deeper)  # (a
+            # table pass: `replace` takes 17 ns a byte of NULs, 1 s for 60 MiB unpacked)
         return found
 
     def _read(self, data: bytes, gate: Gate | None, allowance: Allowance | None,

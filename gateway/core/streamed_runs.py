@@ -29,7 +29,7 @@ import re
 
 from gateway.core.archives import Allowance, Undecided, Unpacker, archive_kind
 
-__all__ = ["HELD", "FollowedRun"]
+__all__ = ["HEAD", "HELD", "HEX_FIRST", "FollowedRun", "open_run"]
 
 HELD = 4 * 1024 * 1024  # bytes of a run held back while they give nothing (a bzip2 block's
 # base64 is 1.2 MB at most)
@@ -37,9 +37,41 @@ _BASE64 = re.compile(rb"[A-Za-z0-9+/_-]*+(?:(?:\\r\\n|\\n|\\/|\r?\n)[A-Za-z0-9+/
 _HEX = re.compile(rb"[0-9a-fA-F]*+(?:(?:\\r\\n|\\n|\r?\n)[0-9a-fA-F]*+)*+")
 _SKIPPED = re.compile(rb"\\r\\n|\\n|\r?\n|\\(?=/)")  # (breaks; a `\/`'s backslash)
 _PARTIAL = frozenset((b"\r", b"\\", b"\\r", b"\\r\\"))  # (a break cut by a piece's end)
+# (a compressed file's first characters, base64 or hex: `leak_readings.ARCHIVE_MARKERS`)
+_STARTS = (rb"H4sI|UEsDB|Qlpo|(?:\\/|[/_])Td6WFo|KLUv(?:\\/|[/_])"  # (a `/` JSON-escaped too)
+           rb"|(?i:1f8b08|504b0304|425a68|fd377a585a00|28b52ffd)")
+HEAD = re.compile(_STARTS)
+_AFTER_BREAK = re.compile(rb"(?:\\r\\n|\\n|\r?\n)(?=" + _STARTS + rb")")
+_RUN_BYTES = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-\\\r\n"
 _URLSAFE = bytes.maketrans(b"-_", b"+/")
-_HEX_FIRST = b"1245fF"  # (a compressed file's hex; its base64 starts with none of these)
+HEX_FIRST = b"1245fF"  # (a compressed file's hex; its base64 starts with none of these)
 _MAGIC = 6  # bytes that say what a compressed file is (`archive_kind`)
+
+
+def open_run(data: bytes | bytearray, since: int = 0, cut: int | None = None) -> int | None:
+    """Where a compressed file's run in `data` that goes on past `cut` (to `data`'s end
+    where None: the stream may bring more of it) starts, if one does, at `since` or
+    after (a start before was looked for in the data before); None if none. Its
+    characters as `FollowedRun` reads them: base64 or hex, in lines or not, with JSON's
+    `\\/` (PHP's `json_encode` and Java's writers escape every `/`: a run read only as
+    the alphabet's characters in a row stopped at each)."""
+    end = len(data) if cut is None else min(cut, len(data))
+    if not end or data[end - 1] not in _RUN_BYTES:
+        return None
+    region = len(data[:end].rstrip(_RUN_BYTES))  # (the characters a run may have, to `end`)
+    # (a run starts where the characters do, after a quote, a comma, a space; or after a
+    # line break: a decoder reads a string from its start, not from inside a word)
+    starts = [region] if HEAD.match(data, region) else []
+    starts += [m.end() for m in _AFTER_BREAK.finditer(data, region, end)]
+    for start in starts:
+        if start < since or start >= end:
+            continue
+        match = _BASE64.match(data, start)  # (hex's characters are base64's)
+        assert match is not None
+        reach = match.end()
+        if reach > end or reach == len(data) or bytes(data[reach:]) in _PARTIAL:
+            return start
+    return None
 
 
 class FollowedRun:
@@ -85,7 +117,7 @@ class FollowedRun:
             self.taken = 0
             return []
         if self._hex is None and data:
-            self._hex = data[:1] in _HEX_FIRST
+            self._hex = data[:1] in HEX_FIRST
         data = self._waiting + data if self._waiting else data
         before = len(self._waiting)
         match = (_HEX if self._hex else _BASE64).match(data)

@@ -243,7 +243,8 @@ class Exchange(ExchangeState):
             self._no_unread_body(body)
         plain, encoded = self._request.whole(body, trailers, self.hold_limit)
         redacted = None
-        if self.dlp is not None:
+        if self.dlp is not None and (plain is not None or not encoded):
+            # (decoded past the hold limit: read as it decoded, `RequestSide.whole`)
             redacted = self.dlp.whole(plain, self.body_type)
             plain = redacted if redacted is not None else plain
         relayed = self._mcp.check(plain) if self._mcp is not None and self._mcp.reads \

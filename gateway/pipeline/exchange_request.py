@@ -269,7 +269,8 @@ class RequestSide:
     def whole(self, body: bytes, trailers: list[tuple[bytes, bytes]] | None,
               limit: int) -> tuple[bytes | None, bool]:
         """Scan a whole body (decoded if compressed): (the body as the receiver reads
-        it, or None when it decodes to more than `limit`: then it is only scanned; and
+        it, or None when it decodes to more than `limit`: then it is only scanned, by
+        outbound credential detection too, as a streamed body is, `_streamed`; and
         whether it was encoded)."""
         scanner = self._scanner()
         decoder = self._decoder
@@ -287,9 +288,25 @@ class RequestSide:
                     size += len(piece)
                     if size <= limit:
                         pieces.append(piece)
+                    else:  # (past the hold limit decoded: read as it decodes)
+                        self._streamed(pieces, piece)
+                        pieces = []
         except EncodingError as exc:
             raise _unreadable(exc) from None
         self._frames_end()
+        if size > limit and self.ex.dlp is not None:
+            self.ex.dlp.end()
         self._decoder, self._encoded = None, None
         self._trailers(trailers)
         return (b"".join(pieces) if size <= limit else None), True
+
+    def _streamed(self, before: list[bytes], piece: bytes) -> None:
+        """A held coded body that decodes past the hold limit: outbound credential
+        detection reads it as a streamed body's (on every engine: one that streamed
+        it read it so; until the twenty-first session HTTP/1, which held it, refused
+        it unread); `before`: its first pieces, not read yet."""
+        dlp = self.ex.dlp
+        if dlp is None:
+            return
+        for data in (*before, piece):
+            dlp.feed(data, self.ex.body_type, dlp.passed(data))

@@ -14,7 +14,7 @@ from helpers.archives import deflated_zip, spaced_gzip
 
 from gateway.core.archives import Allowance
 from gateway.core.encodings import EncodingError
-from gateway.core.streamed_runs import FollowedRun
+from gateway.core.streamed_runs import FollowedRun, open_run
 
 DATA = b"\n".join(b"line %d: %s" % (i, b"x" * (i % 50)) for i in range(20_000)) + b"\nEND"
 PACKED = gzip.compress(DATA, mtime=0)
@@ -130,3 +130,28 @@ def test_what_may_go_on_is_what_the_next_output_giving_piece_decided() -> None:
         held.append(follow.held(min(follow.out, len(DATA))))  # (the secret: undecided)
     gap = len(run) - len(base64.b64encode(spaced_gzip(DATA, secret, DATA, 0)))
     assert max(held) > gap  # (the empty blocks, and the secret's first half, held)
+
+
+_RUN = base64.b64encode(PACKED)[:5000]
+
+
+@pytest.mark.parametrize(("data", "since", "cut", "start"), [
+    (b'{"content": "' + _RUN, 0, None, 13),  # (to the end: the stream may bring more)
+    (b'{"content": "' + _RUN + b'"}', 0, None, None),  # (it ended)
+    (b'{"content": "' + _RUN + b'"}', 0, 3000, 13),  # (past the cut)
+    (b'{"content": "' + _RUN + b'"}', 0, 6000, None),
+    (b'{"content": "' + _RUN, 100, None, None),  # (looked for before)
+    (b'{"content": "' + _RUN.replace(b"/", b"\\/"), 0, None, 13),  # (PHP, Java: `\/`)
+    (b'"' + base64.b64encode(b"\xfd7zXZ\x00" + bytes(30)).replace(b"/", b"\\/"), 0, None, 1),
+    (b"notes\\n" + _RUN[:500] + b"\\n" + _RUN[500:1000], 0, None, 7),  # (after a break)
+    (b"notes\r\n" + _RUN[:500] + b"\r\n", 0, None, 7),
+    (b"fooH4sI" + _RUN[4:100], 0, None, None),  # (inside a word: no decoder reads it so)
+    (b'"' + PACKED.hex().encode()[:400], 0, None, 1),
+    (b'"' + _RUN[:100] + b"\\", 0, None, 1),  # (a break's first byte at the end)
+    (b'"' + _RUN[:100] + b"\\u00", 0, None, None),
+    (b'"' + base64.b64encode(b"just text, no compressed file")[:30], 0, None, None),
+    (b"", 0, None, None),
+])
+def test_open_run_finds_where_a_compressed_files_run_goes_on(
+        data: bytes, since: int, cut: int | None, start: int | None) -> None:
+    assert open_run(data, since, cut) == start

@@ -3,6 +3,7 @@ files), for the tests of the gateway's unpacking (`core/archives.py`)."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import tarfile
@@ -40,3 +41,23 @@ def spaced_gzip(before: bytes, secret: bytes, after: bytes, empties: int) -> byt
     out.append(b"\x00\x00\x00\xff\xff" * empties)  # (the stream is at a byte's start)
     out += [packer.compress(secret[half:] + after), packer.flush()]
     return b"".join(out)
+
+
+@functools.cache
+def packed_words(kind: str, tail: bytes) -> bytes:
+    """A 1.75 MB text of random hex words, then `tail`, compressed as `kind` (gzip, zip,
+    bzip2, xz, zstd): about 1 MB, 1.3 MB in base64, every compressor coding `tail`
+    (a key) with the text's codes (random bytes would be stored as they are, the key
+    readable in them); made once a process."""
+    import bz2
+    import lzma
+    import random
+
+    from backports import zstd
+
+    rng = random.Random(11)
+    data = b" ".join(b"%06x" % rng.getrandbits(24) for _ in range(250_000)) + tail
+    if kind == "zip":
+        return deflated_zip({"a/.env": data})
+    return {"gzip": lambda d: gzip.compress(d, mtime=0), "bzip2": bz2.compress,
+            "zstd": zstd.compress, "xz": lzma.compress}[kind](data)

@@ -181,6 +181,11 @@ def _no_upstream_body(result: Result, seen: list[Any]) -> None:
     assert all(s.body == b"" and "eyJ" not in json.dumps(s.headers) for s in seen), seen
 
 
+def _upstream_gunzips_to(data: bytes, seen: list[Any]) -> None:
+    """One request arrived, its body (gzip, as sent) `data` decoded."""
+    assert len(seen) == 1 and gzip.decompress(seen[0].body) == data, seen
+
+
 def _upstream_exactly(method: str, path: str, body: bytes) -> Callable[[Result, list[Any]], None]:
     def check(result: Result, seen: list[Any]) -> None:
         assert [(s.method, s.path, s.body) for s in seen] == [(method, path, body)], seen
@@ -1353,6 +1358,18 @@ DLP = [
          {**_dlp_post("/dlp/contents/.env.zst", "{JSONZST:GITHUB_TOKEN={GH}\n}", _JSON),
           "method": "PUT"},
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    # A coded body small as sent, 2 MiB decoded: the engines that stream it read it as
+    # it decodes; HTTP/1, which held it, refused it unread until the twenty-first.
+    Case("DLP: a gzip body that decodes past the hold limit reaches the upstream as sent",
+         {**_dlp_post("/dlp/s", "{GZ:{PROSE}{PROSE_END}}", ["Content-Encoding", "gzip"]),
+          "chunked": True},
+         ("response", 200, None), {"decision": "allow", "error": None},
+         check=lambda result, seen: _upstream_gunzips_to((_PROSE + _PROSE_END).encode(),
+                                                         seen)),
+    Case("DLP: a credential in a gzip body that decodes past the hold limit",
+         {**_dlp_post("/dlp/s", "{GZ:{PROSE}{GH} {PROSE_END}}", ["Content-Encoding", "gzip"]),
+          "chunked": True},
+         ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_upstream_body),
     Case("DLP: a zstd-coded body reaches the upstream as sent",
          {**_dlp_post("/dlp/s", "{ZST:{\"note\": \"the build passed\"}}", _JSON,
                       ["Content-Encoding", "zstd"]), "chunked": True},

@@ -9,8 +9,7 @@ decode to a few random bytes, which one C call says (`Gate.runs_clean`); a stret
 gave nothing is remembered (`clean`: an agent resends its tool call ids every turn). A
 run that decodes to a compressed file or an archive is always read on: the scanner
 unpacks it (`archive_views.run_views`). A streamed window is cut where no run is read
-in two pieces it cannot be read from, and a compressed file's run crossing the cut is
-followed as it streams (`stream_cut`).
+in two pieces it cannot be read from (`stream_cut`).
 """
 
 from __future__ import annotations
@@ -107,37 +106,24 @@ class RunReader:
 
 
 
-def stream_cut(text: str, cut: int) -> tuple[int, int | None]:
+def stream_cut(text: str, cut: int) -> int:
     """Where a streamed window's `text` is cut, near `cut`, so that a run crossing it is
     read whole by the next window: at a multiple of 4 of its characters from its start (a
     block's line breaks, as sent or JSON-escaped, not counted), so the next window
-    decodes it at its own alignment; and where such a run (or block of base64 lines)
-    starts if it is a compressed file's (None if not): the caller follows it as it
-    streams (`streamed_runs.FollowedRun`)."""
+    decodes it at its own alignment. (A compressed file's run crossing it is followed
+    as it streams: `streamed_runs.open_run`.)"""
     listed = list(stretches(text))
     for lo, hi in wrapped(text, listed, escaped=True) if text.find("n") >= 0 else ():
         if lo < cut < hi:
             start = line_start(text, lo, cut, True)
             while (at := start + -len(_NOT_RUN.sub("", text[lo:start])) % 4) > cut:
                 start = line_start(text, lo, start - 2, True)  # (the line before)
-            return at, lo if _packed(text, lo) else None
+            return at
         if lo >= cut:
             break
     for run in runs(text):
         if run.start < cut < run.end:
-            return run.start + (cut - run.start) // 4 * 4, \
-                run.start if _packed(text, run.start) else None
+            return run.start + (cut - run.start) // 4 * 4
         if run.start >= cut:
             break
-    return cut, None
-
-
-def _packed(text: str, start: int) -> bool:
-    """Whether the run (or block of lines) at `start` decodes to a compressed file (its
-    first 16 characters: a block's first line is longer)."""
-    head = text[start:start + 16]
-    for kind in ("base64", "hex"):
-        data = decode_run(head, Run(0, len(head), kind))
-        if data and data[0] in FIRST_BYTES and archive_kind(data[:6]) is not None:
-            return True
-    return False
+    return cut

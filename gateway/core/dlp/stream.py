@@ -60,7 +60,7 @@ from gateway.core.dlp.run_reading import stream_cut
 from gateway.core.dlp.scanner import Scanner
 from gateway.core.dlp.window import Window
 from gateway.core.framing import reader_for
-from gateway.core.streamed_runs import HELD, FollowedRun
+from gateway.core.streamed_runs import HELD, FollowedRun, open_run
 
 __all__ = ["StreamScanner"]
 
@@ -301,17 +301,20 @@ class StreamScanner:
         text = window.read().decode("latin-1")
         where = self._where
         where = Location(where.part, where.name, self._base, where.via)
-        start: int | None = None
+        raw = window.read()
+        # (a compressed file's run crossing the cut: followed as it streams)
+        start = open_run(raw, 0, cut) if not final and self._follow is None and \
+            UNPACKED not in where.via else None
         try:  # (read now: a text the scan gives up on is unreadable, `Rule.spans`)
             if not final and _near(text, cut):  # (a run carried over starts at 0)
-                cut, start = stream_cut(text, cut)
+                cut = stream_cut(text, cut)
             found = self._found(text, where, cut)
         except Unreadable as exc:
             self.unreadable = str(exc)
             return []
-        if start is not None and self._follow is None and UNPACKED not in where.via:
+        if start is not None:
             self._follow = FollowedRun(self._allowance)  # (its start is in the text kept)
-            found += self._followed(text[start:].encode("latin-1"))
+            found += self._followed(bytes(raw[start:]))
         return found
 
     def _followed(self, data: bytes, final: bool = False) -> list[Finding]:
