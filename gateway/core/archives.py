@@ -27,11 +27,11 @@ import bz2
 import lzma
 import struct
 import zlib
-from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from gateway.core.encodings import EncodingError, ZstdStream, zstd_frame_start
+from gateway.core.unpack_bounds import AMPLE, EXCESS, ExcessError, Undecided
 
 __all__ = ["FIRST_BYTES", "FLOOR", "RATIO", "Allowance", "Sniffed", "Undecided", "Unpacker",
            "archive_kind"]
@@ -173,8 +173,8 @@ class Unpacker:
     bytes each gives, in order, by name (a zip entry's). Bounded by its own bytes, or by
     a shared `allowance`."""
 
-    __slots__ = ("_allowance", "_buf", "_descriptor", "_entry", "_kind", "_left", "_raw",
-                 "_stream", "_unpacked", "done", "name")
+    __slots__ = ("_allowance", "_buf", "_charged", "_descriptor", "_entry", "_kind", "_left",
+                 "_raw", "_stream", "_unpacked", "done", "name")
 
     def __init__(self, kind: str, allowance: Allowance | None = None) -> None:
         self._kind = kind
@@ -184,7 +184,7 @@ class Unpacker:
         self._entry = -1  # (a zip entry's compressed bytes still to come; -1: to its end)
         self._left = 0  # (a zip entry's bytes to pass over unread)
         self._descriptor = False  # (a data descriptor follows the entry just read)
-        self._raw = self._unpacked = 0
+        self._raw = self._unpacked = self._charged = 0
         self.done = False  # (the bytes stopped being the format: the rest is not read)
         self.name = ""
 
@@ -229,6 +229,7 @@ class Unpacker:
         if self._allowed() < 0:
             raise EncodingError(f"a compressed file that unpacks to more than {RATIO} times "
                                 "its size; send it uncompressed or in parts")
+        self._charge()
         if got:
             if out and out[-1][0] == self.name:
                 out[-1] = (self.name, out[-1][1] + got)
@@ -251,6 +252,20 @@ class Unpacker:
         else:
             self.done = True
         return memoryview(rest)
+
+    def _charge(self) -> None:
+        """What it unpacked past `AMPLE` times its bytes, to its sandbox's `Excess`."""
+        excess = EXCESS.get()
+        over = self._unpacked - AMPLE * self._raw - self._charged
+        if excess is None or over <= 0:
+            return
+        self._charged += over
+        excess.left -= over
+        if excess.left < 0:
+            raise ExcessError(
+                f"this sandbox's compressed data unpacked to more than {AMPLE} times its size "
+                f"by over {excess.size / 2**20:.0f} MiB lately (refilled at "
+                f"{excess.rate / 2**20:.0f} MiB a second); send it uncompressed, or slower")
 
     def _allowed(self) -> int:
         """The bytes the files may still give (below 0: past the bound)."""
@@ -303,52 +318,6 @@ class Unpacker:
         else:
             self.done = True  # (no size to pass it over by: the rest is read as bytes)
         return memoryview(rest + bytes(view)) if rest else view
-
-
-class Undecided:
-    """Which of a stream's bytes may go on while what they unpack to is read: a caller
-    that forwards the stream holds back the last `held(decided)` bytes, `decided` the
-    bytes of the files it has read (a value starting before it is found or not there).
-
-    A piece's bytes may hold bits the unpacker decodes only with the next bytes (a
-    deflate symbol across pieces; a bzip2 block gives its bytes at its end), so the
-    bytes up to a piece that gave any go once the files' bytes of the next piece that
-    gave any are decided; bytes that give nothing (a deflate stream of empty blocks) are
-    held until such a piece. `settle`: what was fed gives nothing more (a part that is
-    no archive, an archive's end)."""
-
-    __slots__ = ("_last", "_marks", "_released", "out", "raw")
-
-    def __init__(self) -> None:
-        self._marks: deque[tuple[int, int]] = deque()  # (bytes that may go, once `out`
-        self._last = 0  # bytes up to the last piece that gave any     is decided)
-        self._released = 0
-        self.raw = 0  # bytes fed
-        self.out = 0  # bytes the files gave
-
-    def fed(self, raw: int, gave: int) -> None:
-        """`raw` more bytes fed, which gave `gave` bytes of files."""
-        self.raw += raw
-        if gave:
-            self.out += gave
-            self._marks.append((self._last, self.out))
-            self._last = self.raw
-
-    def settle(self) -> None:
-        """What was fed gives nothing more: it goes once what it gave is decided."""
-        marks = self._marks
-        if marks and marks[-1][1] == self.out:
-            marks[-1] = (self.raw, self.out)
-        else:
-            marks.append((self.raw, self.out))
-        self._last = self.raw
-
-    def held(self, decided: int) -> int:
-        """The last bytes fed not to go on yet, the files' first `decided` bytes read."""
-        marks = self._marks
-        while marks and marks[0][1] <= decided:
-            self._released = max(self._released, marks.popleft()[0])
-        return self.raw - self._released
 
 
 class Sniffed:

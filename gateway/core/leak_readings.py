@@ -28,6 +28,7 @@ from gateway.core.archives import Allowance, Unpacker, archive_kind
 from gateway.core.dlp.fastscan import LITERAL, UNDECIDED
 from gateway.core.encodings import EncodingError
 from gateway.core.streamed_runs import HEAD, HEX_FIRST
+from gateway.core.unpack_bounds import ExcessError
 
 __all__ = ["ARCHIVE_MARKERS", "TILE", "archive_starts", "beyond", "joined", "unpacked"]
 
@@ -74,6 +75,8 @@ def beyond(kept: bytes, blocks: list[bytes], starts: list[int], allowance: Allow
     try:
         return found or next((k for data, at in packed for file in unpacked(
             data, at, allowance) if (k := find(file)) is not None), None)
+    except ExcessError:  # (its sandbox's bucket spent: `unpack_bounds.Excess`)
+        return "excess"
     except EncodingError:  # (past the bound: a bomb, refused as unreadable)
         return "unreadable"
 

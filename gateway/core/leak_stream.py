@@ -27,6 +27,7 @@ from gateway.core.archives import Allowance
 from gateway.core.dlp.fastscan import BACKSLASH, ESCAPES_KNOWN, PERCENT, Gate
 from gateway.core.encodings import EncodingError
 from gateway.core.streamed_runs import HELD, FollowedRun, open_run
+from gateway.core.unpack_bounds import ExcessError
 
 __all__ = ["Markers", "StreamScan", "plain"]
 
@@ -129,6 +130,8 @@ class StreamScan:
         assert follow is not None
         try:
             files = follow.end() if final else follow.feed(data)
+        except ExcessError:  # (its sandbox's bucket spent: `unpack_bounds.Excess`)
+            return "excess"
         except EncodingError:  # (past the bound: a bomb, refused as unreadable)
             return "unreadable"
         for name, piece in files:

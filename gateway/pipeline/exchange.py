@@ -64,6 +64,7 @@ from gateway.pipeline.exchange_metering import Held, MeteredSteps
 from gateway.pipeline.exchange_request import ENCODED_LIMIT, RequestSide
 from gateway.pipeline.exchange_response import ResponseSide, no_body, upstream_refusal
 from gateway.pipeline.exchange_state import ExchangeState, leak_refusal, source_of
+from gateway.pipeline.unpacking import charged, charged_async
 
 log = logging.getLogger("sandbox_gateway")
 
@@ -185,6 +186,7 @@ class Exchange(ExchangeState):
 
     # -- request body ------------------------------------------------------------------------
 
+    @charged
     def request_data(self, chunk: bytes) -> bytes:
         """Scan a request body chunk; returns the bytes that may go upstream now."""
         self.streaming()
@@ -193,11 +195,13 @@ class Exchange(ExchangeState):
             self._no_unread_body(chunk)
         return self._request.feed(chunk)
 
+    @charged
     def request_end(self, trailers: list[tuple[bytes, bytes]] | None = None) -> bytes:
         """The end of the request body (and its trailers, scanned like headers);
         returns what was held back."""
         return self._request.end(trailers)
 
+    @charged
     def request_whole(self, body: bytes, trailers: list[tuple[bytes, bytes]] | None = None
                       ) -> bytes:
         """A buffered request body, checked whole (engines that read bodies at once);
@@ -206,6 +210,7 @@ class Exchange(ExchangeState):
         engine frames it by this length (`head_changed`: re-read the head, signed)."""
         return self._whole_out(body, *self._whole_checked(body, trailers))
 
+    @charged_async
     async def request_decided(self, body: bytes,
                               trailers: list[tuple[bytes, bytes]] | None = None) -> bytes:
         """`request_whole`, where a model the rule's allowlist refuses waits for a
@@ -279,10 +284,12 @@ class Exchange(ExchangeState):
         it."""
         return self._response.head(head, self._secret, self._mcp, self._metering)
 
+    @charged
     def response_data(self, chunk: bytes) -> bytes:
         """One response body chunk as it should reach the client."""
         return self._response.data(chunk, self._mcp, self._metering)
 
+    @charged
     def response_end(self) -> bytes:
         """What is still held back at the end of the response body."""
         return self._response.end(self._mcp, self._metering)
@@ -294,6 +301,7 @@ class Exchange(ExchangeState):
 
     # -- WebSocket messages ----------------------------------------------------------------
 
+    @charged
     def ws_message(self, from_client: bool, data: bytes) -> bytes:
         """A WebSocket message: from the client it must not leak, and on a rule with
         mcp: it is judged like a POST's body; from the upstream an echoed key is

@@ -20,6 +20,7 @@ from gateway.core.ports import Secrets
 from gateway.core.refusal import Refusal
 from gateway.core.target import Target
 from gateway.core.trail import Trail
+from gateway.core.unpack_bounds import AMPLE, Excess
 from gateway.pipeline.exchange_content import ContentCapture
 from gateway.pipeline.exchange_dlp import DlpCheck
 from gateway.pipeline.exchange_oauth import OAuthUse
@@ -55,6 +56,7 @@ class ExchangeState:
     dlp: DlpCheck | None = None  # outbound credential detection (a rule with dlp:)
     oauth: OAuthUse | None = None  # an MCP server's token the gateway holds (mcp.oauth)
     content: ContentCapture | None = None  # exported content (telemetry: {content: true})
+    excess: Excess | None = None  # what its sandbox's data may unpack to (`unpacking`)
     # the gateway's span as its `traceparent` sent upstream (telemetry.propagate), and the
     # sandbox's own header it replaced
     trace_sent: str | None = None
@@ -127,6 +129,11 @@ def leak_refusal(kind: str, host: str) -> Refusal:
         return Refusal("bad_request", "the request cannot be checked: a compressed file in "
                        f"it (in a base64 or hex run) unpacks to more than {RATIO} times its "
                        "size; send it uncompressed or in parts")
+    if kind == "excess":  # (`pipeline/unpacking.py`)
+        return Refusal("bad_request", "the request cannot be checked: this sandbox's "
+                       f"compressed data unpacked to more than {AMPLE} times its size by "
+                       "more than its limit lately (limits.unpacked_excess, refilled at "
+                       "limits.unpacked_excess_rate a second); send it uncompressed, or slower")
     what = "a gateway token" if kind == "token" else \
         "a real API key (or a provider-minted secret, or its alias)"
     return Refusal("exfiltration_blocked", f"the request carries {what} to {host}, which "

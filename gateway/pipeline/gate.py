@@ -61,6 +61,7 @@ from gateway.pipeline.requests import Requests
 from gateway.pipeline.signing import Signing
 from gateway.pipeline.sweep import Sweep
 from gateway.pipeline.tunnels import Tunnels
+from gateway.pipeline.unpacking import UnpackBudgets
 
 log = logging.getLogger("sandbox_gateway")
 
@@ -83,7 +84,8 @@ class Gate:
                  state_health: StateHealth | None = None,
                  capacity: Capacity | None = None,
                  detectors: Detectors | None = None,
-                 mcp_tokens: McpTokens | None = None) -> None:
+                 mcp_tokens: McpTokens | None = None,
+                 unpacking: UnpackBudgets | None = None) -> None:
         connections = Connections(per_sandbox=connections_per_sandbox,
                                   limit=max_connections, telemetry=telemetry,
                                   capacity=capacity)
@@ -97,6 +99,8 @@ class Gate:
             audit_health=audit_health, state_health=state_health, approvals=approvals,
             pins=pins, refusals_inside_tls=refusals_inside_tls, detectors=detectors,
             mcp_tokens=mcp_tokens)
+        if unpacking is not None:
+            self.parts.unpacking = unpacking
         self.parts.markers.oauth = mcp_tokens
         if resolve is not None:
             self.parts.resolve = resolve

@@ -38,6 +38,7 @@ from gateway.core.trail import Trail
 from gateway.pipeline.connections import Connections
 from gateway.pipeline.identify import Identifier
 from gateway.pipeline.markers import Markers
+from gateway.pipeline.unpacking import UNPACKED_EXCESS, UNPACKED_EXCESS_RATE, UnpackBudgets
 
 log = logging.getLogger("sandbox_gateway")
 
@@ -84,6 +85,9 @@ class Parts:
     mcp_tokens: McpTokens | None = None  # MCP servers' OAuth tokens (rules with mcp.oauth)
     refusals_inside_tls: bool = False
     mcp_sessions: mcp.Sessions = field(default_factory=mcp.Sessions)
+    # what each sandbox's compressed data may unpack to past ordinary archives' (`limits:`)
+    unpacking: UnpackBudgets = field(default_factory=lambda: UnpackBudgets(
+        UNPACKED_EXCESS, UNPACKED_EXCESS_RATE))
 
     def check_health(self) -> None:
         """New exchanges are refused while their audit lines cannot be written (the

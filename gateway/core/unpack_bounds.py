@@ -1,0 +1,83 @@
+"""What unpacking may cost, beyond one body's bound (`archives.Allowance`) (pure): one
+sandbox's `Excess` across its requests, and which of a stream's bytes may go on while
+what they unpack to is read (`Undecided`)."""
+
+from __future__ import annotations
+
+from collections import deque
+from contextvars import ContextVar
+
+from gateway.core.encodings import EncodingError
+
+__all__ = ["AMPLE", "EXCESS", "Excess", "ExcessError", "Undecided"]
+
+AMPLE = 16  # times its compressed bytes a file unpacks to before its sandbox is charged
+
+
+class Excess:
+    """What one sandbox's compressed data may still unpack to beyond `AMPLE` times its
+    own bytes (`left`), across its requests: a body of bombs costs a worker's CPU many
+    times what it costs to send (an 80 KB request unpacking to 60 MiB: half a second),
+    and a sandbox's connections (256 by default) could keep a worker busy with them. The
+    pipeline refills it as time passes and sets the one of the request in hand
+    (`EXCESS`: `pipeline/unpacking.py`); ordinary archives (text packs 3 to 10 times)
+    are never charged."""
+
+    __slots__ = ("left", "rate", "size")
+
+    def __init__(self, size: float, rate: float) -> None:
+        self.left = self.size = size  # (bytes; at most `size`)
+        self.rate = rate  # (bytes a second it is refilled with: said in the refusal)
+
+
+EXCESS: ContextVar[Excess | None] = ContextVar("excess", default=None)
+
+
+class ExcessError(EncodingError):
+    """A sandbox's `Excess` spent: its compressed data is refused until it refills."""
+
+
+class Undecided:
+    """Which of a stream's bytes may go on while what they unpack to is read: a caller
+    that forwards the stream holds back the last `held(decided)` bytes, `decided` the
+    bytes of the files it has read (a value starting before it is found or not there).
+
+    A piece's bytes may hold bits the unpacker decodes only with the next bytes (a
+    deflate symbol across pieces; a bzip2 block gives its bytes at its end), so the
+    bytes up to a piece that gave any go once the files' bytes of the next piece that
+    gave any are decided; bytes that give nothing (a deflate stream of empty blocks) are
+    held until such a piece. `settle`: what was fed gives nothing more (a part that is
+    no archive, an archive's end)."""
+
+    __slots__ = ("_last", "_marks", "_released", "out", "raw")
+
+    def __init__(self) -> None:
+        self._marks: deque[tuple[int, int]] = deque()  # (bytes that may go, once `out`
+        self._last = 0  # bytes up to the last piece that gave any     is decided)
+        self._released = 0
+        self.raw = 0  # bytes fed
+        self.out = 0  # bytes the files gave
+
+    def fed(self, raw: int, gave: int) -> None:
+        """`raw` more bytes fed, which gave `gave` bytes of files."""
+        self.raw += raw
+        if gave:
+            self.out += gave
+            self._marks.append((self._last, self.out))
+            self._last = self.raw
+
+    def settle(self) -> None:
+        """What was fed gives nothing more: it goes once what it gave is decided."""
+        marks = self._marks
+        if marks and marks[-1][1] == self.out:
+            marks[-1] = (self.raw, self.out)
+        else:
+            marks.append((self.raw, self.out))
+        self._last = self.raw
+
+    def held(self, decided: int) -> int:
+        """The last bytes fed not to go on yet, the files' first `decided` bytes read."""
+        marks = self._marks
+        while marks and marks[0][1] <= decided:
+            self._released = max(self._released, marks.popleft()[0])
+        return self.raw - self._released

@@ -1,0 +1,66 @@
+"""What unpacking may cost beyond one body's bound (`core/unpack_bounds.py`): a sandbox's
+`Excess` is charged what its compressed data unpacks to past `AMPLE` times its size,
+across its bodies, and refuses past it; ordinary archives are never charged. (What of a
+stream may go on, `Undecided`: tests/core/test_core_archives.py.)"""
+
+from __future__ import annotations
+
+import gzip
+import random
+
+import pytest
+from backports import zstd
+
+from gateway.core.archives import Unpacker
+from gateway.core.encodings import EncodingError
+from gateway.core.unpack_bounds import AMPLE, EXCESS, Excess
+
+_RNG = random.Random(3)
+WORDS = b" ".join(b"%06x" % _RNG.getrandbits(24) for _ in range(100_000))
+
+
+def _unpack(data: bytes, kind: str = "gzip") -> int:
+    return sum(len(piece) for _, piece in Unpacker(kind).feed(data))
+
+
+@pytest.mark.parametrize("kind", ["gzip", "zstd"])
+def test_bombs_are_charged_to_their_sandbox_across_bodies(kind: str) -> None:
+    """Each body is within its own bound (64 MiB and 64 times its size): the sandbox's
+    excess refuses the third."""
+    bomb = gzip.compress(b"\0" * (10 << 20), mtime=0) if kind == "gzip" else \
+        zstd.compress(b"\0" * (10 << 20))
+    excess = Excess(25 << 20, 1 << 20)
+    token = EXCESS.set(excess)
+    try:
+        assert _unpack(bomb, kind) == 10 << 20
+        assert _unpack(bomb, kind) == 10 << 20
+        with pytest.raises(EncodingError, match="this sandbox's compressed data"):
+            _unpack(bomb, kind)
+    finally:
+        EXCESS.reset(token)
+    assert excess.left < 0
+    assert _unpack(bomb, kind) == 10 << 20  # (no sandbox's excess set: its own bound)
+
+
+def test_ordinary_archives_are_not_charged() -> None:
+    packed = gzip.compress(WORDS, mtime=0)
+    assert len(WORDS) < AMPLE * len(packed)  # (text packs 3 to 10 times)
+    excess = Excess(1, 1)
+    token = EXCESS.set(excess)
+    try:
+        for _ in range(20):
+            assert _unpack(packed) == len(WORDS)
+    finally:
+        EXCESS.reset(token)
+    assert excess.left == 1
+
+
+def test_what_is_charged_is_the_part_past_ample_times_the_bytes() -> None:
+    bomb = gzip.compress(b"\0" * (4 << 20), mtime=0)
+    excess = Excess(1 << 30, 1)
+    token = EXCESS.set(excess)
+    try:
+        _unpack(bomb)
+    finally:
+        EXCESS.reset(token)
+    assert (1 << 30) - excess.left == (4 << 20) - AMPLE * len(bomb)
