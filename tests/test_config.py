@@ -125,7 +125,8 @@ network:
                    connect_to: address, check_ready: true}
   timeouts: {connect: 5s, read: 10m, client_idle: 20m, handshake: 15s}
 limits: {connections_per_sandbox: 64, max_header_bytes: 32k, max_websocket_message: 4m,
-         max_tunnel_lifetime: 12h, memory: 768MiB}
+         max_tunnel_lifetime: 12h, memory: 768MiB, unpacked_excess: 512m,
+         unpacked_excess_rate: 32m}
 shutdown: {drain: 45s}
 refusals: {inside_tls: false}
 dns: {ttl: 30s, rate: 2.5, burst: 8}
