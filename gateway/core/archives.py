@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from gateway.core.encodings import EncodingError, ZstdStream, zstd_frame_start
-from gateway.core.unpack_bounds import AMPLE, EXCESS, ExcessError, Undecided
+from gateway.core.unpack_bounds import AMPLE, ExcessError, Undecided, charged_to
 
 __all__ = ["FIRST_BYTES", "FLOOR", "RATIO", "Allowance", "Sniffed", "Undecided", "Unpacker",
            "archive_kind"]
@@ -255,9 +255,8 @@ class Unpacker:
 
     def _charge(self) -> None:
         """What it unpacked past `AMPLE` times its bytes, to its sandbox's `Excess`."""
-        excess = EXCESS.get()
         over = self._unpacked - AMPLE * self._raw - self._charged
-        if excess is None or over <= 0:
+        if over <= 0 or (excess := charged_to()) is None:
             return
         self._charged += over
         excess.left -= over

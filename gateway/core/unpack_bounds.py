@@ -5,11 +5,10 @@ what they unpack to is read (`Undecided`)."""
 from __future__ import annotations
 
 from collections import deque
-from contextvars import ContextVar
 
 from gateway.core.encodings import EncodingError
 
-__all__ = ["AMPLE", "EXCESS", "Excess", "ExcessError", "Undecided"]
+__all__ = ["AMPLE", "Excess", "ExcessError", "Undecided", "charge_to", "charged_to"]
 
 AMPLE = 16  # times its compressed bytes a file unpacks to before its sandbox is charged
 
@@ -30,7 +29,24 @@ class Excess:
         self.rate = rate  # (bytes a second it is refilled with: said in the refusal)
 
 
-EXCESS: ContextVar[Excess | None] = ContextVar("excess", default=None)
+_charged: Excess | None = None  # (the Excess of the request being read)
+
+
+def charge_to(excess: Excess | None) -> None:
+    """What is unpacked from now on is charged to `excess` (None: to no sandbox's). The
+    exchange in hand says so at each of its calls that read the request, and None when
+    it ends; requests are read on the gateway's one event-loop thread (mitmproxy's
+    hooks too, in tasks of their own: said at each call, not once a connection). A
+    module's name, not a ContextVar (set and reset around each call, those cost the
+    intercepted request 2 % of its instructions) nor a thread-local (the core imports
+    no threading)."""
+    global _charged
+    _charged = excess
+
+
+def charged_to() -> Excess | None:
+    """The `Excess` what is unpacked now is charged to."""
+    return _charged
 
 
 class ExcessError(EncodingError):

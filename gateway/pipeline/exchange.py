@@ -59,12 +59,12 @@ from gateway.core.ports import Metering, Signer
 from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal
 from gateway.core.secret_value import SecretValue
 from gateway.core.target import DEFAULT_PORTS
+from gateway.core.unpack_bounds import charge_to
 from gateway.pipeline.exchange_mcp import McpCalls
 from gateway.pipeline.exchange_metering import Held, MeteredSteps
 from gateway.pipeline.exchange_request import ENCODED_LIMIT, RequestSide
 from gateway.pipeline.exchange_response import ResponseSide, no_body, upstream_refusal
 from gateway.pipeline.exchange_state import ExchangeState, leak_refusal, source_of
-from gateway.pipeline.unpacking import charged, charged_async
 
 log = logging.getLogger("sandbox_gateway")
 
@@ -186,22 +186,21 @@ class Exchange(ExchangeState):
 
     # -- request body ------------------------------------------------------------------------
 
-    @charged
     def request_data(self, chunk: bytes) -> bytes:
         """Scan a request body chunk; returns the bytes that may go upstream now."""
+        charge_to(self.excess)  # (what its compressed data unpacks to: `unpacking`)
         self.streaming()
         self._admit(None)  # streamed: the body is not held (a models check refuses)
         if chunk:
             self._no_unread_body(chunk)
         return self._request.feed(chunk)
 
-    @charged
     def request_end(self, trailers: list[tuple[bytes, bytes]] | None = None) -> bytes:
         """The end of the request body (and its trailers, scanned like headers);
         returns what was held back."""
+        charge_to(self.excess)
         return self._request.end(trailers)
 
-    @charged
     def request_whole(self, body: bytes, trailers: list[tuple[bytes, bytes]] | None = None
                       ) -> bytes:
         """A buffered request body, checked whole (engines that read bodies at once);
@@ -210,7 +209,6 @@ class Exchange(ExchangeState):
         engine frames it by this length (`head_changed`: re-read the head, signed)."""
         return self._whole_out(body, *self._whole_checked(body, trailers))
 
-    @charged_async
     async def request_decided(self, body: bytes,
                               trailers: list[tuple[bytes, bytes]] | None = None) -> bytes:
         """`request_whole`, where a model the rule's allowlist refuses waits for a
@@ -244,6 +242,7 @@ class Exchange(ExchangeState):
         """The leak, credential detection and MCP checks of a whole body: (it decoded,
         redacted if dlp: says so; whether it was encoded; the body an MCP relay sends
         instead; whether it was redacted)."""
+        charge_to(self.excess)
         if body:
             self._no_unread_body(body)
         plain, encoded = self._request.whole(body, trailers, self.hold_limit)
@@ -284,12 +283,10 @@ class Exchange(ExchangeState):
         it."""
         return self._response.head(head, self._secret, self._mcp, self._metering)
 
-    @charged
     def response_data(self, chunk: bytes) -> bytes:
         """One response body chunk as it should reach the client."""
         return self._response.data(chunk, self._mcp, self._metering)
 
-    @charged
     def response_end(self) -> bytes:
         """What is still held back at the end of the response body."""
         return self._response.end(self._mcp, self._metering)
@@ -301,13 +298,13 @@ class Exchange(ExchangeState):
 
     # -- WebSocket messages ----------------------------------------------------------------
 
-    @charged
     def ws_message(self, from_client: bool, data: bytes) -> bytes:
         """A WebSocket message: from the client it must not leak, and on a rule with
         mcp: it is judged like a POST's body; from the upstream an echoed key is
         redacted, a metered session's events are metered and an MCP server's message is
         read like an answer. Raises Refusal, or MessageRefused for one message."""
         if from_client:
+            charge_to(self.excess)
             assert self.scan is not None
             found = self.scan.find(data, self.dlp.gate if self.dlp is not None else None)
             if found is not None:
@@ -367,6 +364,7 @@ class Exchange(ExchangeState):
         if self.done:
             return
         self.done = True
+        charge_to(None)  # (nothing more of it is read)
         self.trail.telemetry.count("bytes", "in", by=self.bytes_in)
         if self._metering is not None and self._metering.metered is not None:
             usage = self._complete()

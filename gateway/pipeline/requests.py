@@ -31,7 +31,7 @@ from gateway.core.policy.hosts import HostPattern
 from gateway.core.policy.model import records_only
 from gateway.core.refusal import GATEWAY_ERROR, Answer, Refusal
 from gateway.core.trail import rule_of
-from gateway.core.unpack_bounds import EXCESS
+from gateway.core.unpack_bounds import charge_to
 from gateway.pipeline.asking import Asking
 from gateway.pipeline.dlp_plans import Plans
 from gateway.pipeline.exchange import Exchange
@@ -88,11 +88,11 @@ class Requests:
             exchange = Exchange(parts.trail, parts.secrets, client, identity, head, tgt,
                                 routed.decision, pinned, started)
             exchange.excess = parts.unpacking.for_sandbox(identity.sandbox)
-            token = EXCESS.set(exchange.excess)  # (the head's compressed runs: `unpacking`)
+            charge_to(exchange.excess)  # (the head's compressed runs: `unpacking`)
             try:
                 await self._prepare(exchange, routed.credential)
             finally:
-                EXCESS.reset(token)
+                charge_to(None)
             return exchange
         except Exception as exc:
             refusal = exc if isinstance(exc, Refusal) else GATEWAY_ERROR

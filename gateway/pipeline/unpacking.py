@@ -6,22 +6,19 @@ costs to send; past its bucket a sandbox's next such body is refused, the others
 traffic untouched. Bounded: the buckets of sandboxes full again are dropped once more
 than `max_keys` exist.
 
-The exchange in hand sets its sandbox's bucket for the core to charge while it reads the
-request (`charged`): every engine calls the exchange's methods, and mitmproxy runs its
-hooks in tasks of their own, so the bucket is set around each call, not once a
-connection.
+The exchange in hand says its sandbox's bucket is the one to charge at each of its calls
+that read the request (`unpack_bounds.charge_to`), and that none is when it ends: every
+engine calls the exchange's methods.
 """
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, Concatenate, Protocol
+from collections.abc import Callable
 
-from gateway.core.unpack_bounds import EXCESS, Excess
+from gateway.core.unpack_bounds import Excess
 
-__all__ = ["UNPACKED_EXCESS", "UNPACKED_EXCESS_RATE", "UnpackBudgets", "charged", "charged_async"]
+__all__ = ["UNPACKED_EXCESS", "UNPACKED_EXCESS_RATE", "UnpackBudgets"]
 
 UNPACKED_EXCESS = 256 * 1024 * 1024  # bytes (`limits.unpacked_excess`)
 UNPACKED_EXCESS_RATE = 16 * 1024 * 1024  # bytes a second (`limits.unpacked_excess_rate`)
@@ -33,59 +30,36 @@ class UnpackBudgets:
     def __init__(self, size: int, rate: int, *, clock: Callable[[], float] = time.monotonic,
                  max_keys: int = 65536) -> None:
         self.size, self.rate, self.clock, self.max_keys = size, rate, clock, max_keys
-        self._buckets: dict[str, tuple[Excess, float]] = {}
+        self._buckets: dict[str, tuple[Excess, float | None]] = {}  # (None: full)
 
     def for_sandbox(self, sandbox: str) -> Excess:
         """`sandbox`'s bucket, refilled for the time since it was last asked."""
-        now = self.clock()
         held = self._buckets.get(sandbox)
+        if held is not None and held[0].left >= self.size:
+            # (full, as most requests find it: no clock read; spent by this request,
+            # it is refilled from the next one's time, never for the time it was full)
+            return held[0] if held[1] is None else self._stamp(sandbox, held[0], None)
+        now = self.clock()
         if held is None:
             if len(self._buckets) >= self.max_keys:
                 self._prune(now)
             excess = Excess(self.size, self.rate)
         else:
             excess, stamp = held
-            excess.left = min(float(self.size), excess.left + (now - stamp) * self.rate)
+            if stamp is not None:
+                excess.left = min(float(self.size), excess.left + (now - stamp) * self.rate)
+        return self._stamp(sandbox, excess, now)
+
+    def _stamp(self, sandbox: str, excess: Excess, now: float | None) -> Excess:
         self._buckets[sandbox] = (excess, now)
         return excess
 
     def _prune(self, now: float) -> None:
         """Forget the buckets full again (idle sandboxes); if none is, the oldest half."""
         full = [k for k, (e, t) in self._buckets.items()
-                if e.left + (now - t) * self.rate >= self.size]
+                if t is None or e.left + (now - t) * self.rate >= self.size]
         if not full:
-            by_age = sorted(self._buckets, key=lambda k: self._buckets[k][1])
+            by_age = sorted(self._buckets, key=lambda k: self._buckets[k][1] or 0.0)
             full = by_age[:len(by_age) // 2 or 1]
         for key in full:
             del self._buckets[key]
-
-
-class _Charged(Protocol):
-    excess: Excess | None
-
-
-def charged[S: _Charged, **P, R](method: Callable[Concatenate[S, P], R]
-                                 ) -> Callable[Concatenate[S, P], R]:
-    """`method` of an exchange, run with its sandbox's `Excess` set for the core."""
-    @functools.wraps(method)
-    def run(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        token = EXCESS.set(self.excess)
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            EXCESS.reset(token)
-    return run
-
-
-def charged_async[S: _Charged, **P, R](
-        method: Callable[Concatenate[S, P], Coroutine[Any, Any, R]]
-        ) -> Callable[Concatenate[S, P], Coroutine[Any, Any, R]]:
-    """`charged`, for a coroutine method."""
-    @functools.wraps(method)
-    async def run(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        token = EXCESS.set(self.excess)
-        try:
-            return await method(self, *args, **kwargs)
-        finally:
-            EXCESS.reset(token)
-    return run

@@ -13,7 +13,7 @@ from backports import zstd
 
 from gateway.core.archives import Unpacker
 from gateway.core.encodings import EncodingError
-from gateway.core.unpack_bounds import AMPLE, EXCESS, Excess
+from gateway.core.unpack_bounds import AMPLE, Excess, charge_to, charged_to
 
 _RNG = random.Random(3)
 WORDS = b" ".join(b"%06x" % _RNG.getrandbits(24) for _ in range(100_000))
@@ -30,14 +30,14 @@ def test_bombs_are_charged_to_their_sandbox_across_bodies(kind: str) -> None:
     bomb = gzip.compress(b"\0" * (10 << 20), mtime=0) if kind == "gzip" else \
         zstd.compress(b"\0" * (10 << 20))
     excess = Excess(25 << 20, 1 << 20)
-    token = EXCESS.set(excess)
+    charge_to(excess)
     try:
         assert _unpack(bomb, kind) == 10 << 20
         assert _unpack(bomb, kind) == 10 << 20
         with pytest.raises(EncodingError, match="this sandbox's compressed data"):
             _unpack(bomb, kind)
     finally:
-        EXCESS.reset(token)
+        charge_to(None)
     assert excess.left < 0
     assert _unpack(bomb, kind) == 10 << 20  # (no sandbox's excess set: its own bound)
 
@@ -46,21 +46,29 @@ def test_ordinary_archives_are_not_charged() -> None:
     packed = gzip.compress(WORDS, mtime=0)
     assert len(WORDS) < AMPLE * len(packed)  # (text packs 3 to 10 times)
     excess = Excess(1, 1)
-    token = EXCESS.set(excess)
+    charge_to(excess)
     try:
         for _ in range(20):
             assert _unpack(packed) == len(WORDS)
     finally:
-        EXCESS.reset(token)
+        charge_to(None)
     assert excess.left == 1
 
 
 def test_what_is_charged_is_the_part_past_ample_times_the_bytes() -> None:
     bomb = gzip.compress(b"\0" * (4 << 20), mtime=0)
     excess = Excess(1 << 30, 1)
-    token = EXCESS.set(excess)
+    charge_to(excess)
     try:
         _unpack(bomb)
     finally:
-        EXCESS.reset(token)
+        charge_to(None)
     assert (1 << 30) - excess.left == (4 << 20) - AMPLE * len(bomb)
+
+
+def test_what_is_charged_to_is_said_and_unsaid() -> None:
+    excess = Excess(1, 1)
+    charge_to(excess)
+    assert charged_to() is excess
+    charge_to(None)
+    assert charged_to() is None

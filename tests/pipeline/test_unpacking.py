@@ -1,13 +1,10 @@
 """Each sandbox's unpacking bucket (`pipeline/unpacking.py`): refilled by the clock up to
-its size, one per sandbox, bounded in number; an exchange's methods run with its
-sandbox's bucket set for the core, and reset after."""
+its size, one per sandbox, bounded in number, never for the time it sat full. (That
+the exchange's calls charge it, on each engine: tests/integration/test_unpack_budget.py.)"""
 
 from __future__ import annotations
 
-import asyncio
-
-from gateway.core.unpack_bounds import EXCESS, Excess
-from gateway.pipeline.unpacking import UnpackBudgets, charged, charged_async
+from gateway.pipeline.unpacking import UnpackBudgets
 
 
 class _Clock:
@@ -42,24 +39,16 @@ def test_buckets_are_bounded_in_number() -> None:
     assert spent.left < 1000  # (the newest spent one kept: not refilled whole)
 
 
-class _Exchange:
-    def __init__(self, excess: Excess | None) -> None:
-        self.excess = excess
-
-    @charged
-    def read(self) -> Excess | None:
-        return EXCESS.get()
-
-    @charged_async
-    async def decide(self) -> Excess | None:
-        await asyncio.sleep(0)
-        return EXCESS.get()
-
-
-def test_an_exchanges_methods_run_with_its_sandboxs_bucket() -> None:
-    excess = Excess(10, 1)
-    exchange = _Exchange(excess)
-    assert EXCESS.get() is None
-    assert exchange.read() is excess and EXCESS.get() is None
-    assert asyncio.run(exchange.decide()) is excess and EXCESS.get() is None
-    assert _Exchange(None).read() is None
+def test_a_bucket_spent_after_it_was_full_is_not_refilled_for_that_time() -> None:
+    """A full bucket is returned without reading the clock (most requests); once spent,
+    it is refilled from the next request's time, not for the time it sat full."""
+    clock = _Clock()
+    budgets = UnpackBudgets(1000, 100, clock=clock)
+    b = budgets.for_sandbox("b")
+    clock.now = 50.0
+    assert budgets.for_sandbox("b") is b and b.left == 1000
+    b.left -= 1000  # (spent by the request at 50 s)
+    clock.now = 51.0
+    assert budgets.for_sandbox("b").left == 0  # (not 1000: it was full until 50)
+    clock.now = 52.0
+    assert budgets.for_sandbox("b").left == 100
