@@ -41,16 +41,22 @@ RATIO = 64  # and per byte of it
 _MAGIC = ((b"\x1f\x8b\x08", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"),
           (b"PK\x03\x04", "zip"), (b"\x28\xb5\x2f\xfd", "zstd"))
 MEMORY = 128 * 1024 * 1024  # an xz or LZMA decoder's memory at most (xz -9 uses 65 MiB)
-FIRST_BYTES = frozenset(magic[0] for magic, _ in _MAGIC)  # (`body[0] in`: most bodies)
+# (a zstd file may start with a skippable frame, `0x184D2A5?` little-endian, as pzstd's
+# do; `zstd -d` reads past it)
+_SKIPPABLE = range(0x50, 0x60)
+FIRST_BYTES = frozenset(magic[0] for magic, _ in _MAGIC) | frozenset(_SKIPPABLE)  # (`body[0]
+# in`: most bodies)
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")  # (a zip entry's local header: 30 bytes)
 
 
 def archive_kind(head: bytes) -> str | None:
     """What a body starting with `head` (its first 6 bytes or more) is: `gzip`, `bzip2`,
-    `xz`, `zip`, or None."""
+    `xz`, `zip`, `zstd` (a frame or a skippable frame first), or None."""
     for magic, kind in _MAGIC:
         if head.startswith(magic):
             return kind
+    if head[:1] and head[0] in _SKIPPABLE and head[1:4] == b"\x2a\x4d\x18":
+        return "zstd"
     return None
 
 

@@ -37,10 +37,12 @@ _WRAP_LINE = 20  # characters a line of a block has, but its last (`_gate.c`'s W
 
 # The first characters of a compressed file's base64 (gzip `1f 8b 08`: `H4sI`; zip
 # `PK\3\4`: `UEsDB`; bzip2 `BZh`: `Qlpo`; xz `fd 37 7a 58 5a 00`: `/Td6WFoA`, `_` in the
-# URL alphabet; zstd `28 b5 2f fd`: `KLUv/`) and hex, as the markers' canonical form has
-# them (lowercased).
+# URL alphabet; zstd `28 b5 2f fd`: `KLUv/`, or a skippable frame first, `5? 2a 4d 18`:
+# `UCpNG` to `XypNG`) and hex, as the markers' canonical form has them (lowercased).
 ARCHIVE_MARKERS = (b"h4si", b"uesdb", b"qlpo", b"/td6wfo", b"_td6wfo", b"kluv/", b"kluv_",
-                   b"1f8b08", b"504b0304", b"425a68", b"fd377a585a00", b"28b52ffd")
+                   b"1f8b08", b"504b0304", b"425a68", b"fd377a585a00", b"28b52ffd",
+                   *(b"%c%cpng" % (first, second) for first in b"uvwx" for second in b"csiy"),
+                   *(b"5%x2a4d18" % low for low in range(16)))
 _RUN = re.compile(rb"[A-Za-z0-9+/_-]+")
 _HEX_RUN = re.compile(rb"[0-9a-fA-F]+")
 _BREAKS = re.compile(rb"\\r\\n|\\n|\r?\n")

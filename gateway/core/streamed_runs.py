@@ -39,7 +39,8 @@ _SKIPPED = re.compile(rb"\\r\\n|\\n|\r?\n|\\(?=/)")  # (breaks; a `\/`'s backsla
 _PARTIAL = frozenset((b"\r", b"\\", b"\\r", b"\\r\\"))  # (a break cut by a piece's end)
 # (a compressed file's first characters, base64 or hex: `leak_readings.ARCHIVE_MARKERS`)
 _STARTS = (rb"H4sI|UEsDB|Qlpo|(?:\\/|[/_])Td6WFo|KLUv(?:\\/|[/_])"  # (a `/` JSON-escaped too)
-           rb"|(?i:1f8b08|504b0304|425a68|fd377a585a00|28b52ffd)")
+           rb"|[UVWX][CSiy]pNG"  # (a zstd skippable frame)
+           rb"|(?i:1f8b08|504b0304|425a68|fd377a585a00|28b52ffd|5[0-9a-f]2a4d18)")
 HEAD = re.compile(_STARTS)
 _AFTER_BREAK = re.compile(rb"(?:\\r\\n|\\n|\r?\n)(?=" + _STARTS + rb")")
 _RUN_BYTES = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-\\\r\n"

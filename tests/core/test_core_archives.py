@@ -80,6 +80,10 @@ FORMATS = {
     # (frames one after another, a skippable frame among them: `zstd -d` reads them all)
     "zstd, frames": zstd.compress(README) + b"\x50\x2a\x4d\x18\x02\0\0\0hi" +
     zstd.compress(NOTES + KEY),
+    # (pzstd's: a skippable frame first, read past by `zstd -d`; not taken for zstd
+    # before the twenty-second session)
+    "zstd, a skippable frame first": b"\x5e\x2a\x4d\x18\x05\0\0\0hello" +
+    zstd.compress(NOTES + KEY),
     "tar.zst": zstd.compress(NOTES + gzip.decompress(_tar_gz())),
     "zip, zstd": _zip(zstd_zipfile.ZIP_ZSTANDARD),  # (its .env entry: the key as it is)
 }
@@ -161,6 +165,9 @@ def test_a_bomb_is_refused_as_it_unpacks(monkeypatch: pytest.MonkeyPatch) -> Non
 @pytest.mark.parametrize(("head", "kind"), [
     (b"\x1f\x8b\x08\0\0\0", "gzip"), (b"BZh91AY", "bzip2"), (b"\xfd7zXZ\0", "xz"),
     (b"PK\x03\x04\x14\0", "zip"), (b"PK\x05\x06\0\0", None),  # (an empty zip: nothing)
+    (b"\x28\xb5\x2f\xfd\x04\0", "zstd"), (b"\x50\x2a\x4d\x18\x04\0", "zstd"),
+    (b"\x5f\x2a\x4d\x18\0\0", "zstd"), (b"\x60\x2a\x4d\x18\0\0", None),
+    (b"\x50\x2a\x4d\x19\0\0", None), (b"[1, 2]", None), (b"P", None),
     (b"\x1f\x8b\x09", None), (b'{"a": 1}', None), (b"", None)])
 def test_what_a_body_is_is_said_by_its_first_bytes(head: bytes, kind: str | None) -> None:
     assert archive_kind(head) == kind

@@ -132,7 +132,9 @@ BINARY = {"DLP: a credential in a gzip part of a streamed multipart body",
           "DLP: a credential in a .env of a streamed .tar.gz upload",
           "F8 token in a .env of a zip an upload form sends",
           "F8 token in a .env of a zip a streamed upload form sends",
-          "DLP: a credential in a .env of a zip a streamed upload form sends"}
+          "DLP: a credential in a .env of a zip a streamed upload form sends",
+          "F8 token in an uploaded pzstd-compressed file",
+          "DLP: a credential in an uploaded pzstd-compressed file"}
 
 
 # Rows whose body holds a token the gateway issued: the proxy's leak guard refuses it

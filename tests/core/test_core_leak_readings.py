@@ -65,6 +65,10 @@ PACKED = {
     "bzip2": bz2.compress,
     "xz": lzma.compress,
     "zstd": zstd.compress,
+    # (a skippable frame first: pzstd's of 4 bytes; of 5, the frame's base64 at no
+    # group's start: not read before the twenty-second session)
+    "pzstd": lambda d: b"\x50\x2a\x4d\x18\x04\0\0\0\0\0\0\0" + zstd.compress(d),
+    "zstd, skippable 5": lambda d: b"\x5b\x2a\x4d\x18\x05\0\0\0hello" + zstd.compress(d),
     "zip": lambda d: deflated_zip({"README": b"notes\n", ".env": d}),
     "tar.gz": lambda d: tar_gz({".env": d}),
 }

@@ -147,6 +147,11 @@ _RUN = base64.b64encode(PACKED)[:5000]
     (b"notes\r\n" + _RUN[:500] + b"\r\n", 0, None, 7),
     (b"fooH4sI" + _RUN[4:100], 0, None, None),  # (inside a word: no decoder reads it so)
     (b'"' + PACKED.hex().encode()[:400], 0, None, 1),
+    # (a zstd file with a skippable frame first, as pzstd writes it, base64 and hex)
+    (b'"' + base64.b64encode(b"\x50\x2a\x4d\x18\x04\0\0\0" + bytes(40)), 0, None, 1),
+    (b'"' + base64.b64encode(b"\x5f\x2a\x4d\x18\x04\0\0\0" + bytes(40)), 0, None, 1),
+    (b'"' + (b"\x53\x2a\x4d\x18" + bytes(40)).hex().upper().encode(), 0, None, 1),
+    (b'"' + base64.b64encode(b"\x60\x2a\x4d\x18\x04\0\0\0" + bytes(40)), 0, None, None),
     (b'"' + _RUN[:100] + b"\\", 0, None, 1),  # (a break's first byte at the end)
     (b'"' + _RUN[:100] + b"\\u00", 0, None, None),
     (b'"' + base64.b64encode(b"just text, no compressed file")[:30], 0, None, None),

