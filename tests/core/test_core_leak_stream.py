@@ -10,6 +10,8 @@ import gzip
 import pytest
 from helpers.archives import deflated_zip
 
+from gateway.core.archives import Allowance
+from gateway.core.dlp.fastscan import RUN, ChunkPass, Gate
 from gateway.core.leak_forms import sensitive_markers
 from gateway.core.leak_stream import StreamScan, plain
 from gateway.core.leaks import LeakScan
@@ -50,3 +52,38 @@ def test_a_followed_run_is_let_go_where_it_ends() -> None:
     for piece in (b'{"c": "' + run[:3000], run[3000:], b'"}'):
         assert clean.feed(piece) is None
     assert clean.held_back == 0 and clean.end() is None
+
+
+class _Counted:
+    """The markers, counting the windows searched."""
+
+    def __init__(self) -> None:
+        self.keep, self.marker_runs, self.searched = LEAKS.keep, LEAKS.marker_runs, 0
+
+    def find(self, data: bytes, gate: Gate | None = None,
+             allowance: Allowance | None = None, deeper: bool = True) -> str | None:
+        self.searched += 1
+        return LEAKS.find(data, gate, allowance, deeper)
+
+
+def test_a_stream_fed_no_answer_makes_its_own_pass() -> None:
+    """A stream no other check's pass answers for (no `dlp:`) makes its own: a window
+    no run ends in is neither made nor searched (each 64 KiB piece of a 4 MiB upload
+    was copied into a window before the twenty-second session), and a key cut across
+    two pieces is still found, also where answers start coming part-way."""
+    counted = _Counted()
+    stream = StreamScan(counted)
+    prose = b"the build passed and the tests ran " * 2000
+    for _ in range(20):
+        assert stream.feed(prose) is None
+    assert counted.searched == 0
+    for cut in (1, 10, len(KEY) - 1):
+        body = prose + KEY.encode() + prose
+        at = len(prose) + cut
+        own = StreamScan(counted)
+        assert own.feed(body[:at]) is None and own.feed(body[at:]) == "secret"
+        mixed, passing = StreamScan(counted), ChunkPass(Gate())
+        assert mixed.feed(body[:at]) is None  # (its own pass, then the answers fed)
+        flags = passing.flags(body[:at], escapes=True)
+        flags = passing.flags(body[at:], escapes=True)
+        assert mixed.feed(body[at:], run=bool(flags & RUN), flags=flags) == "secret"
