@@ -43,8 +43,8 @@ class Markers(Protocol):
     keep: int  # (bytes of a window kept for the next: a marker's longest form)
     marker_runs: bool  # (every marker is a run of the base64 alphabets)
 
-    def find(self, data: bytes, gate: Gate | None = None,
-             allowance: Allowance | None = None, deeper: bool = True) -> str | None: ...
+    def find(self, data: bytes, gate: Gate | None = None, allowance: Allowance | None = None,
+             deeper: bool = True, run: bool = False) -> str | None: ...
 
 
 def plain(data: bytes, flags: int = 0) -> bool:
@@ -114,7 +114,7 @@ class StreamScan:
             return None
         window = tail + chunk if tail else chunk
         self._plain = run is not None and plain(window)  # (unknown: not asked)
-        found = scan.find(window, gate, self.allowance, self._deeper)
+        found = scan.find(window, gate, self.allowance, self._deeper, run is True)
         self._tail = window[-keep:] if len(window) > keep else window
         if found is None and self._follow is None and self._deeper:
             # (a compressed run going on: followed from its start; one that started

@@ -81,7 +81,7 @@ class LeakScan:
                          for m in (*self.tokens, *self.secrets, *self.own))
 
     def find(self, data: bytes, gate: Gate | None = None, allowance: Allowance | None = None,
-             deeper: bool = True) -> str | None:
+             deeper: bool = True, run: bool = False) -> str | None:
         """`token`, `secret` or None for raw `data` (canonicalised here), a token
         winning; `unreadable` for a compressed run past its bound (below).
 
@@ -97,18 +97,20 @@ class LeakScan:
 
         Where `deeper`, base64 written in lines is read joined and a run that is a
         compressed file unpacked (`leak_readings.beyond`), bounded by `allowance` (the
-        data's own size's where None): `unreadable` past it."""
+        data's own size's where None): `unreadable` past it. `run`: a pass made already
+        found a run in `data` (a stream's): no gate pass is made to find it again."""
         if not data:
             return None
-        found = self._read(data, gate, allowance, deeper)
+        found = self._read(data, None if run else gate, allowance, deeper, run)
         if found is None and data.find(b"\x00") >= 0:
             found = self._read(data.translate(None, b"\x00"), None, allowance, deeper)  # (a
             # table pass: `replace` takes 17 ns a byte of NULs, 1 s for 60 MiB unpacked)
         return found
 
     def _read(self, data: bytes, gate: Gate | None, allowance: Allowance | None,
-              deeper: bool) -> str | None:
-        if self.marker_runs and len(data) >= _GATED and _skipped(data, gate or _RUNS):
+              deeper: bool, run: bool = False) -> str | None:
+        if not run and self.marker_runs and len(data) >= _GATED and \
+                _skipped(data, gate or _RUNS):
             return None
         kept = undone(data)
         text = kept.lower()

@@ -60,10 +60,10 @@ class _Counted:
     def __init__(self) -> None:
         self.keep, self.marker_runs, self.searched = LEAKS.keep, LEAKS.marker_runs, 0
 
-    def find(self, data: bytes, gate: Gate | None = None,
-             allowance: Allowance | None = None, deeper: bool = True) -> str | None:
+    def find(self, data: bytes, gate: Gate | None = None, allowance: Allowance | None = None,
+             deeper: bool = True, run: bool = False) -> str | None:
         self.searched += 1
-        return LEAKS.find(data, gate, allowance, deeper)
+        return LEAKS.find(data, gate, allowance, deeper, run)
 
 
 def test_a_stream_fed_no_answer_makes_its_own_pass() -> None:
