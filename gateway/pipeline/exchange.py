@@ -303,8 +303,8 @@ class Exchange(ExchangeState):
         mcp: it is judged like a POST's body; from the upstream an echoed key is
         redacted, a metered session's events are metered and an MCP server's message is
         read like an answer. Raises Refusal, or MessageRefused for one message."""
+        charge_to(self.excess)  # (both ways: an answer's runs are its sandbox's too)
         if from_client:
-            charge_to(self.excess)
             assert self.scan is not None
             found = self.scan.find(data, self.dlp.gate if self.dlp is not None else None)
             if found is not None:

@@ -13,6 +13,7 @@ from gateway.core.messages import ResponseHead
 from gateway.core.metering.streams import streamed
 from gateway.core.refusal import Refusal
 from gateway.core.secret_value import SecretValue
+from gateway.core.unpack_bounds import charge_to
 from gateway.pipeline.exchange_mcp import McpCalls
 from gateway.pipeline.exchange_metering import MeteredSteps
 from gateway.pipeline.exchange_state import ExchangeState
@@ -68,6 +69,7 @@ class ResponseSide:
              mcp: McpCalls | None, metered: MeteredSteps | None) -> ResponseHead:
         """Check and adjust the response head (`secret`: the key injected, whose
         echoes are redacted; a 401 tells the secret store the key was rejected)."""
+        charge_to(self.ex.excess)  # (what the answer's runs unpack to: its sandbox's)
         head = self._head(head, secret, mcp, metered)
         dlp = self.ex.dlp
         if dlp is not None and dlp.answers:  # (the head as sent)
@@ -120,6 +122,7 @@ class ResponseSide:
     def data(self, chunk: bytes, mcp: McpCalls | None,
              metered: MeteredSteps | None) -> bytes:
         """One response body chunk as it should reach the client."""
+        charge_to(self.ex.excess)
         self.ex.bytes_in += len(chunk)
         if metered is not None and metered.first_chunk is None and chunk:
             metered.first_chunk = self.ex.trail.clock()  # (time to first token)
@@ -164,6 +167,7 @@ class ResponseSide:
 
     def end(self, mcp: McpCalls | None, metered: MeteredSteps | None) -> bytes:
         """What is still held back at the end of the response body."""
+        charge_to(self.ex.excess)
         out = self._end(mcp, metered)
         dlp = self.ex.dlp
         if dlp is not None and dlp.answers:

@@ -7,8 +7,10 @@ traffic untouched. Bounded: the buckets of sandboxes full again are dropped once
 than `max_keys` exist.
 
 The exchange in hand says its sandbox's bucket is the one to charge at each of its calls
-that read the request (`unpack_bounds.charge_to`), and that none is when it ends: every
-engine calls the exchange's methods.
+that read the request or the answer (`unpack_bounds.charge_to`; an answer's runs are read
+under `dlp: {answers: report}`), and that none is when it ends: every engine calls the
+exchange's methods. (Before the twenty-second session the answer's calls said nothing: an
+answer read while another exchange's request was in hand was charged to that sandbox.)
 """
 
 from __future__ import annotations

@@ -52,3 +52,52 @@ def test_a_bucket_spent_after_it_was_full_is_not_refilled_for_that_time() -> Non
     assert budgets.for_sandbox("b").left == 0  # (not 1000: it was full until 50)
     clock.now = 52.0
     assert budgets.for_sandbox("b").left == 100
+
+
+def _exchange(dlp: object, excess: object) -> object:
+    from gateway.core.client import Client
+    from gateway.core.messages import Headers, RequestHead, ResponseHead
+    from gateway.core.target import Target
+    from gateway.core.trail import Trail
+    from gateway.pipeline.exchange_state import ExchangeState
+
+    state = ExchangeState(
+        Trail(lambda line: None, lambda: None),  # type: ignore[arg-type,return-value]
+        None, Client(("127.0.0.1", 1)), None,  # type: ignore[arg-type]
+        RequestHead("GET", "/", Headers([])), Target("https", "up.test", 443, "/"),
+        None, None, 0.0, dlp=dlp, excess=excess)  # type: ignore[arg-type]
+    state.response_head = ResponseHead(200, "OK", Headers([("Content-Type", "text/plain")]))
+    return state
+
+
+def test_an_answers_runs_are_charged_to_its_own_sandbox() -> None:
+    """`dlp: {answers: report}` unpacks an answer's compressed runs: what they give past
+    16 times their size is charged to the bucket of the sandbox whose exchange it is,
+    even while another's request was the last one read (it was charged to that one
+    before the twenty-second session), and past it the answer is said unreadable, never
+    refused."""
+    import base64
+    import gzip
+
+    from gateway.core.dlp import DEFAULT, Dlp, Scanner
+    from gateway.core.unpack_bounds import Excess, charge_to
+    from gateway.pipeline.dlp_plans import Plan
+    from gateway.pipeline.exchange_dlp import DlpCheck
+    from gateway.pipeline.exchange_response import ResponseSide
+    from gateway.services.dlp.library import build
+
+    check = DlpCheck(Plan(Scanner(build(DEFAULT), b"salt"), Dlp(action="refuse", answers=True)),
+                     "up.test", "p.yaml:3")
+    mine, other = Excess(16 << 20, 1), Excess(40 << 20, 1)
+    side = ResponseSide(_exchange(check, mine))  # type: ignore[arg-type]
+    run = base64.b64encode(gzip.compress(b"\0" * (24 << 20), mtime=0))
+    charge_to(other)  # (another exchange's request read last, at each step)
+    side.data(b"log: " + run[:20_000], None, None)
+    charge_to(other)
+    side.data(run[20_000:] + b"\n", None, None)
+    charge_to(other)
+    side.end(None, None)
+    assert other.left == 40 << 20 and mine.left < 0
+    assert [f["detector"] for f in check.found] == ["unreadable"]
+    assert "this sandbox's compressed data" in check.found[0]["reason"]
+    charge_to(None)
