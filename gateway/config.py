@@ -166,7 +166,8 @@ class LimitsConfig(Section, frozen=True, kw_only=True):
     max_websocket_message: Annotated[int, SIZE] = 16 * 1024 * 1024
     max_tunnel_lifetime: Annotated[float, IDLE] = 0.0  # seconds; 0 = no cap
     # what a sandbox's compressed data may unpack to past 16 times its size, across its
-    # requests (a bucket of bytes, refilled at the rate a second): pipeline/unpacking.py
+    # requests (a bucket of bytes, refilled at the rate a second; the gateway's, split
+    # equally between its workers): pipeline/unpacking.py
     unpacked_excess: Annotated[int, SIZE] = 256 * 1024 * 1024
     unpacked_excess_rate: Annotated[int, SIZE] = 16 * 1024 * 1024
     # Each worker's memory ceiling (runtime/memory.py): bytes, or a percentage of the

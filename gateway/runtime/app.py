@@ -60,7 +60,6 @@ from gateway.observability import logs, metrics
 from gateway.observability.audit import Auditor
 from gateway.pipeline.exchange import BODY_HOLD_LIMIT
 from gateway.pipeline.gate import Gate
-from gateway.pipeline.unpacking import UnpackBudgets
 from gateway.runtime.admin_server import AdminServer
 from gateway.runtime.lifecycle import Lifecycle
 from gateway.runtime.memory import MemoryGuard
@@ -302,8 +301,7 @@ class Gateway(Lifecycle):
             audit_health=self.auditor, telemetry=metrics.TELEMETRY,
             refusals_inside_tls=cfg.refusals.inside_tls,
             connections_per_sandbox=cfg.limits.connections_per_sandbox,
-            unpacking=UnpackBudgets(cfg.limits.unpacked_excess,
-                                    cfg.limits.unpacked_excess_rate),
+            unpacking=self._unpacking(),
             max_connections=max(16, (self.fd_limit - FD_RESERVE - self.pool_limit) // 2),
             workloads=self.pods, approvals=self._build_approvals(overrides),
             pins=self._approvals().pins, state_health=self.state_health,

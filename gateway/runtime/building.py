@@ -20,6 +20,7 @@ from gateway.net.roots import public_roots, verifying_context
 from gateway.net.upstream_proxy import UpstreamProxy
 from gateway.observability import logs, metrics
 from gateway.observability.audit_spill import Spill
+from gateway.pipeline.unpacking import UnpackBudgets
 from gateway.runtime.memory import MemoryGuard, ceiling_for
 from gateway.runtime.parts import GatewayParts
 from gateway.runtime.relay_link import RelayLink
@@ -146,6 +147,16 @@ class Building(GatewayParts):
                 revocations.learn(jti, expires_at)
             self.relay.start(revocations.learn)
         revocations.start()
+
+    def _unpacking(self) -> UnpackBudgets:
+        """Each sandbox's unpacking bucket in this process: `limits.unpacked_excess` and
+        its rate are the gateway's, split equally between the workers (a sandbox's
+        connections spread over them; each worker held the whole before the
+        twenty-second session, N times it with N workers)."""
+        limits = self.config.limits
+        workers = max(1, self.config.workers) if self.worker is not None else 1
+        return UnpackBudgets(limits.unpacked_excess // workers,
+                             limits.unpacked_excess_rate // workers)
 
     def _memory_guard(self) -> MemoryGuard:
         """Memory given back after bursts, and the ceiling `limits.memory` (a share of

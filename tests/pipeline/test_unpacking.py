@@ -101,3 +101,19 @@ def test_an_answers_runs_are_charged_to_its_own_sandbox() -> None:
     assert [f["detector"] for f in check.found] == ["unreadable"]
     assert "this sandbox's compressed data" in check.found[0]["reason"]
     charge_to(None)
+
+
+def test_the_bucket_is_the_gateways_split_between_its_workers() -> None:
+    """`limits.unpacked_excess` and its rate bound what a sandbox costs the gateway: each
+    of N workers holds 1/N of both (each held the whole, N times it, before the
+    twenty-second session); one process holds all."""
+    from types import SimpleNamespace
+
+    from gateway.config import load_config
+    from gateway.runtime.building import Building
+
+    config = load_config(None, {"SANDBOX_GATEWAY_WORKERS": "4"})
+    for worker, share in ((None, 1), (0, 4), (3, 4)):
+        made = Building._unpacking(SimpleNamespace(  # type: ignore[arg-type]
+            config=config, worker=worker))
+        assert (made.size, made.rate) == (256 * 2**20 // share, 16 * 2**20 // share)
