@@ -344,18 +344,22 @@ class SqliteState(SqliteCounters, SqliteMints, SqliteRecords):
 
     async def log_append(self, entries: Sequence[LogEntry]) -> None:
         """One transaction in the request log's file: the entries in, the oldest beyond
-        its bounds out (a failure is the log's: StateUnavailable, the state is not)."""
-        self.requests.append(entries)
+        its bounds out (a failure is the log's: StateUnavailable, the state is not). In
+        a thread, as every use of the log's file: a batch takes milliseconds, a
+        checkpoint tens (sqlite3 lets go of the GIL while SQLite works), and on the
+        event loop every request of the process waited for it (`SqliteLog`)."""
+        await asyncio.to_thread(self.requests.append, entries)
 
     async def log_read(self, query: LogQuery, limit: int, *, before: str | None = None,
                        after: str | None = None) -> list[tuple[str, LogEntry]]:
-        return self.requests.read(query, limit, before=before, after=after)
+        return await asyncio.to_thread(self.requests.read, query, limit, before=before,
+                                       after=after)
 
     async def log_get(self, cursor: str) -> LogEntry | None:
-        return self.requests.get(cursor)
+        return await asyncio.to_thread(self.requests.get, cursor)
 
     async def log_last(self) -> str:
-        return self.requests.last()
+        return await asyncio.to_thread(self.requests.last)
 
     # -- counters -------------------------------------------------------------------------
     # -- housekeeping ---------------------------------------------------------------------

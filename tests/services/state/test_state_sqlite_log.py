@@ -197,3 +197,43 @@ def test_state_check_reports_the_sizes_and_the_room_left(
     assert "sizes: state " in out and " log " in out
     assert "request log: 300 lines in " in out
     assert "volume: " in out and " free of " in out and out.rstrip().endswith("OK")
+
+
+def test_a_batch_is_written_off_the_event_loop(tmp_path: Path) -> None:
+    """A batch of lines (3-5 ms for a few hundred, 25 at a checkpoint, measured) is
+    written in a thread: the event loop, which serves every request of the process,
+    goes on meanwhile (it waited for each before the twenty-second session); reads and
+    writes from several threads at once each use the connection whole."""
+    import asyncio
+    import threading
+
+    with opened(tmp_path / "gateway.db") as state:
+        log = state.requests
+        ticked, waited = threading.Event(), []
+        written = log.append
+
+        def slow(entries: list[LogEntry]) -> None:
+            waited.append(ticked.wait(3))  # (until the loop has run meanwhile, or not)
+            written(entries)
+
+        log.append = slow  # type: ignore[method-assign]
+
+        async def both() -> None:
+            writing = asyncio.ensure_future(state.log_append(_entries(0, 10)))
+            for _ in range(20):  # (the loop runs while the write waits)
+                await asyncio.sleep(0.001)
+            ticked.set()
+            await writing
+
+        run(both())
+        assert waited == [True]
+        del log.append
+        assert _newest(state, 10) == list(range(9, -1, -1))
+
+        async def crowd() -> None:
+            await asyncio.gather(*(state.log_append(_entries(100 + 50 * i, 50))
+                                   for i in range(8)),
+                                 *(state.log_read(LogQuery(), 20) for _ in range(8)))
+
+        run(crowd())
+        assert len(_newest(state, 1000)) == 410
