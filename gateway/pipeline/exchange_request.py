@@ -223,14 +223,15 @@ class RequestSide:
     def _release(self, chunk: bytes, keep: int) -> bytes:
         """`chunk` added to the held tail; what is now beyond the last `keep` bytes goes.
         The tail is kept as the chunks came (each byte copied once on its way out, not
-        once per chunk: detection may hold back tens of KiB)."""
+        once per chunk: detection may hold back tens of KiB); a chunk's part that goes is
+        joined from a view of it, not sliced first (a 256 KiB piece was copied twice)."""
         held = self._held
         held.append(chunk)
         self._held_size += len(chunk)
         release = self._held_size - keep
         if release <= 0:
             return b""
-        out: list[bytes] = []
+        out: list[bytes | memoryview] = []
         self._held_size = keep
         while release:
             first = held[0]
@@ -238,7 +239,7 @@ class RequestSide:
                 out.append(held.popleft())
                 release -= len(first)
             else:
-                out.append(first[:release])
+                out.append(memoryview(first)[:release])  # (released by the join below)
                 held[0] = first[release:]
                 release = 0
         return b"".join(out)
