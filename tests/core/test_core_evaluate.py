@@ -24,7 +24,7 @@ import pytest
 import yaml
 from helpers.parity_cases import _PROSE as PROSE
 from helpers.parity_cases import _PROSE_END as PROSE_END
-from helpers.parity_cases import CASES, PAD, POLICIES, Case, _fill, substitutions
+from helpers.parity_cases import CASES, PAD, POLICIES, Case, _fill, _filler, substitutions
 
 from gateway.core import mcp
 from gateway.core.addresses import AddressPolicy
@@ -193,11 +193,13 @@ def test_policy_test_gives_the_proxys_verdict(policy_set: PolicySet, case: Case)
     if case.name in BINARY:
         pytest.skip("a body of bytes that are no text: a policy test case's body is text")
     code = _expected(case, PIPELINE)
-    # (the 2 MiB pad, there for mitmproxy's own limit, and the 2 MiB of prose, there for
-    # a streaming engine's chunks, are as good short: the YAML case loader reads every
-    # character with its line numbers, 20-36 s a case; `evaluate` decides the bodies whole
-    # above, test_evaluate_gives_the_proxys_verdict)
+    # (the 2 MiB pad, there for mitmproxy's own limit, and the 2 MiB of prose or random
+    # words, there for a streaming engine's chunks, are as good short: the YAML case
+    # loader reads every character with its line numbers, 20-36 s a case; `evaluate`
+    # decides the bodies whole above, test_evaluate_gives_the_proxys_verdict)
     text = body.decode().replace(PAD, "x" * 1024).replace(PAD[:-20], "x" * 1024)
+    text = text.replace(_filler(2 << 20), _filler(1024)).replace(
+        PAD.encode("utf-16-le").decode(), ("x" * 1024).encode("utf-16-le").decode())
     text = text.replace(PROSE, PROSE[:1040]).replace(PROSE_END, PROSE_END[:1008])
     entry: dict[str, Any] = {"name": case.name, "policy": case.policy, "method": method,
                              "url": url, "expect": "deny" if code else (
