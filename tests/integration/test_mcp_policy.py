@@ -352,6 +352,7 @@ def test_a_tool_that_changes_its_description_is_flagged_or_pinned(
         gateway: GatewayThread, server: Server) -> None:
     steps: list[dict[str, Any]] = [{"list_tools": True}, {"call": "flip"},
                                    {"list_tools": True}, {"call": "evolving"}]
+    lines_before = len(gateway.audit.records())  # (the module's gateway: other tests' too)
     results = _client(gateway, steps)
     assert results[2] == {"tools": ["ask", "evolving", "flip", "get_issue", "search_issues"]}
     assert results[3] == {"is_error": False, "text": "sunny"}  # flagged, not refused
@@ -392,7 +393,10 @@ def test_a_tool_that_changes_its_description_is_flagged_or_pinned(
                                {"list_tools": True}], host="pinned.test")
     assert denied[0] == {"tools": ["flip"]} and "mcp_tool_changed" in denied[1]["error"]
     assert denied[3] == {"tools": ["evolving", "flip"]}  # (back to the pinned text)
-    lines = [r for r in gateway.audit.records() if r.get("error") == "mcp_tool_changed"]
+    # (its own lines only: the hostile-server and legacy tests' quarantines, run first on
+    # the same worker, are on the module's gateway too: 5 for 3 once in CI)
+    lines = [r for r in gateway.audit.records()[lines_before:]
+             if r.get("error") == "mcp_tool_changed" and r.get("host") == "pinned.test"]
     assert len(lines) == 3 and all(r["status"] == 200 and r["decision"] == "deny"
                                    for r in lines)
 
