@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -436,8 +436,8 @@ def test_cargo_fetch_from_a_registry(matrix: Matrix, rule: str, suffix: str) -> 
     out = _cargo_fetch(box, app, f"https://{host}/crates/{host}/index/")
     assert out.returncode == 0, out.stdout + out.stderr
     assert 'name = "gwcrate"' in (app / "Cargo.lock").read_text()
-    log = [ln for ln in (matrix.nginx.dir / "hdrs.log").read_text().splitlines()
-           if f"/crates/{host}/" in ln and ln.startswith(host + "|")]
+    log = _hdrs(matrix, lambda ln: f"/crates/{host}/" in ln and ln.startswith(host + "|"),
+                last="/dl/gwcrate/0.1.0/download")
     assert any("/dl/gwcrate/0.1.0/download" in ln for ln in log), log
     _check(matrix, name, host, rule, token, "\n".join(log), before)
 
@@ -493,12 +493,24 @@ def test_http_client(matrix: Matrix, client: str, rule: str, suffix: str) -> Non
     _nginx_saw(matrix, name, host, rule, token, before, client)
 
 
+def _hdrs(m: Matrix, keep: Callable[[str], bool], enough: int = 1, last: str = "") -> list[str]:
+    """nginx's header log lines that `keep` keeps, once there are `enough` of them and one
+    holds `last` (or after 5 s): nginx writes a request's access-log line after the
+    response's last byte went out, so a client may finish before its line is there."""
+    deadline = time.monotonic() + 5
+    while True:
+        lines = [ln for ln in (m.nginx.dir / "hdrs.log").read_text().splitlines() if keep(ln)]
+        done = len(lines) >= enough and any(last in ln for ln in lines)
+        if done or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.02)
+
+
 def _nginx_saw(m: Matrix, name: str, host: str, rule: str, token: str, before: int,
                client: str) -> None:
     """nginx served /small?client=CLIENT through the gateway (with the real key on the
     credential rule), and the audit lines say how."""
-    log = [ln for ln in (m.nginx.dir / "hdrs.log").read_text().splitlines()
-           if f"client={client} " in ln and ln.startswith(host + "|")]
+    log = _hdrs(m, lambda ln: f"client={client} " in ln and ln.startswith(host + "|"))
     assert log, "nginx saw no request"
     _check(m, name, host, rule, token, "\n".join(log), before)
     if rule == "intercept":
@@ -653,8 +665,7 @@ def test_java_keeps_the_credentials_on_a_kept_alive_http_connection(
     assert all(r["decision"] == "allow" and r["error"] is None for r in lines), lines
     assert len({r["client"] for r in lines}) == 1, "the requests took several connections"
     assert matrix.unauthenticated() == before
-    log = [ln for ln in (matrix.nginx.dir / "hdrs.log").read_text().splitlines()
-           if f"c={name}-" in ln]
+    log = _hdrs(matrix, lambda ln: f"c={name}-" in ln, enough=4)
     assert [ln.split("|")[1].split()[0] for ln in log] == ["GET", "POST", "POST", "GET"], log
     assert token not in "\n".join(log)
 
@@ -811,8 +822,8 @@ def test_composer(matrix: Matrix, rule: str, suffix: str) -> None:
                   timeout=120, COMPOSER_HOME=str(box.home / "composer"))
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert (project / "vendor" / "gw" / "pkg" / "src" / "Pkg.php").is_file()
-    log = [ln for ln in (matrix.nginx.dir / "hdrs.log").read_text().splitlines()
-           if f"/composer/{host}/" in ln and ln.startswith(host + "|")]
+    log = _hdrs(matrix, lambda ln: f"/composer/{host}/" in ln and ln.startswith(host + "|"),
+                last="gw-pkg-1.0.0.zip")
     assert any("gw-pkg-1.0.0.zip" in ln for ln in log), log
     _check(matrix, name, host, rule, token, "\n".join(log), before)
 
@@ -873,8 +884,8 @@ def test_maven(matrix: Matrix, rule: str, suffix: str) -> None:
     out = _maven_validate(box, f"https://{host}/maven")
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert (box.home / "m2" / "org" / "example" / "gw-ext" / "1.0" / "gw-ext-1.0.jar").is_file()
-    log = [ln for ln in (matrix.nginx.dir / "hdrs.log").read_text().splitlines()
-           if "/maven/org/example/gw-ext/" in ln and ln.startswith(host + "|")]
+    log = _hdrs(matrix, lambda ln: "/maven/org/example/gw-ext/" in ln
+                and ln.startswith(host + "|"), last=".jar")
     assert log, "nginx saw no request"
     _check(matrix, name, host, rule, token, "\n".join(log), before)
 
@@ -891,8 +902,8 @@ def test_maven_from_an_http_repository(matrix: Matrix) -> None:
     out = _maven_validate(box, "http://http.test/maven")
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert (box.home / "m2" / "org" / "example" / "gw-ext" / "1.0" / "gw-ext-1.0.jar").is_file()
-    log = [ln for ln in (matrix.nginx.dir / "hdrs.log").read_text().splitlines()
-           if "/maven/org/example/gw-ext/" in ln and ln.startswith("http.test|")]
+    log = _hdrs(matrix, lambda ln: "/maven/org/example/gw-ext/" in ln
+                and ln.startswith("http.test|"), enough=2, last=".jar")
     assert len(log) >= 2, log  # (at least the pom and the jar)
     assert token not in "\n".join(log)
     lines = matrix.lines(name, "http.test")
