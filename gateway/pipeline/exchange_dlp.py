@@ -182,11 +182,14 @@ class DlpCheck:
              flags: int | None = None) -> None:
         """A piece of the streamed body, decoded (`content_type`: the body's, read at
         the first piece; `flags`: `passed(piece)`, None if not asked)."""
-        if self._stream is None:  # (unpacked too where it, or a part, is an archive)
-            self._stream = StreamScanner(self.scanner, content_type=content_type,
-                                         unpack=True)
-        with Budget(len(piece) + self._stream.pending):
-            self._judge(self._stream.feed(piece, flags), _NOT_STREAMED)
+        stream = self._stream
+        if stream is None:  # (unpacked too where it, or a part, is an archive)
+            stream = self._stream = StreamScanner(self.scanner, content_type=content_type,
+                                                  unpack=True)
+        if flags is not None and stream.passes(piece, flags):
+            return  # (nothing in it the expressions need to read: most pieces)
+        with Budget(len(piece) + stream.pending):
+            self._judge(stream.feed(piece, flags), _NOT_STREAMED)
 
     @property
     def pending(self) -> int:

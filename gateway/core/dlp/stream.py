@@ -186,6 +186,30 @@ class StreamScanner:
                 found += self._scan(final=False)
         return ScanResult(tuple(found), self.unreadable)
 
+    def passes(self, chunk: bytes, flags: int) -> bool:
+        """`feed` for a piece the shared pass found nothing in (no anchor, run or escape
+        that may hide one; `flags` as `feed`'s), of a stream read as its bytes (no
+        coding, charset, framing, parts, archive or followed run) with nothing found
+        before it left to scan: the piece joins the window, which lets go of what it
+        need not keep, with no scan and no result made (most pieces of a large upload:
+        what `feed` would do for them, without its steps). False, having done nothing,
+        for any other piece: then `feed` it."""
+        if flags & FOUND or flags & _HIDING[self._kind] or not flags & ESCAPES_KNOWN \
+                or self._hit > self._base or not self._sniffed or self._early \
+                or self._decoder is not None or self._charset is not None \
+                or self._frames is not None or self._parts is not None \
+                or self._follow is not None or (self._files is not None
+                                                and not self._files.done):
+            return False
+        self._allowance.grow(len(chunk) if self._grows else 0)
+        window = self._window
+        window.add(chunk)
+        if len(window) >= self.keep + max(self.keep, STEP):
+            cut = len(window) - self.keep
+            window.drop(cut)
+            self._base += cut
+        return True
+
     def end(self) -> ScanResult:
         """Scan what is left at the end of the stream."""
         if self.unreadable is not None:

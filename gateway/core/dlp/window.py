@@ -59,3 +59,10 @@ class Window:
             whole += 1
         del parts[:whole]
         self._skip = n
+        if n and len(parts) == 1 and len(parts[0]) - n < n // 4:
+            # (what is kept of a large piece, copied out: the piece, a bytearray from the
+            # TLS reader, is let go now rather than at the next piece, and the reader's
+            # next buffer reuses its memory while it is still in the cache)
+            with memoryview(parts[0]) as rest:
+                parts[0] = bytes(rest[n:])
+            self._skip = 0

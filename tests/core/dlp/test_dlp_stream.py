@@ -13,7 +13,8 @@ from collections.abc import Callable
 import pytest
 from helpers.dlp_corpus import DEFAULT_CORPUS, Fake, fake
 
-from gateway.core.dlp import DEFAULT, Scanner, StreamScanner
+from gateway.core.dlp import DEFAULT, Finding, Scanner, StreamScanner
+from gateway.core.dlp.fastscan import BACKSLASH, ESCAPES_KNOWN, FOUND, PERCENT
 from gateway.core.dlp.stream import STEP
 from gateway.services.dlp.library import build
 
@@ -29,6 +30,20 @@ def _stream(data: bytes, cuts: list[int], coding: str | None = None) -> tuple[li
     found += stream.end().findings
     assert stream.unreadable is None
     return [f.detector for f in found], (found[0].location.offset or -1) if found else -1
+
+
+# A stream fed alone, with the gate's shared pass, or with it through `passes` first (as
+# outbound credential detection feeds a streamed body: `DlpCheck.feed`).
+SHARED, SHARED_IDS, PASSES = (0, 1, 2), ("alone", "shared-pass", "passes-first"), 2
+
+
+def _fed(stream: StreamScanner, chunk: bytes, flags: int | None,
+         passes: bool = False) -> list[Finding]:
+    """The findings of one piece: `passes` tried first where asked (it found nothing
+    then), else `feed`."""
+    if passes and flags is not None and stream.passes(chunk, flags):
+        return []
+    return list(stream.feed(chunk, flags).findings)
 
 
 def _filler(n: int, seed: int) -> bytes:
@@ -295,7 +310,7 @@ def test_a_stream_of_many_distinct_keys_holds_a_bounded_memory_of_them() -> None
     assert len(stream._seen) <= SEEN
 
 
-@pytest.mark.parametrize("shared", [False, True], ids=["alone", "shared-pass"])
+@pytest.mark.parametrize("shared", SHARED, ids=SHARED_IDS)
 @pytest.mark.parametrize(("detector", "spell"), [
     ("github", lambda k: f"\\u{ord(k[0]):04x}{k[1:]}"),
     ("github", lambda k: k[:3] + "\\u005f" + k[4:]),
@@ -303,7 +318,7 @@ def test_a_stream_of_many_distinct_keys_holds_a_bounded_memory_of_them() -> None
     ("slack", lambda k: "".join(f"\\u{ord(c):04x}" for c in k)),
 ])
 def test_a_streamed_json_body_is_read_with_its_escapes_undone(
-        detector: str, spell: Callable[[str], str], shared: bool) -> None:
+        detector: str, spell: Callable[[str], str], shared: int) -> None:
     """A JSON body streamed past the hold limit is read as its reader reads it, like a
     held one: a credential with `\\u` or `\\/` escapes is found, also where the gate's
     shared pass (`ChunkPass`) saw no run and no anchor in its chunk, only an escape (a
@@ -326,20 +341,20 @@ def test_a_streamed_json_body_is_read_with_its_escapes_undone(
         for at in range(0, len(data), 16_384):
             chunk = data[at:at + 16_384]
             flags = gate.flags(chunk, escapes=True) if shared else None
-            found += stream.feed(chunk, flags).findings
+            found += _fed(stream, chunk, flags, shared == PASSES)
         found += stream.end().findings
         names = [f.detector for f in found]
         assert names == [detector] if json_read else detector not in names, (ctype, names)
 
 
-@pytest.mark.parametrize("shared", [False, True], ids=["alone", "shared-pass"])
+@pytest.mark.parametrize("shared", SHARED, ids=SHARED_IDS)
 @pytest.mark.parametrize(("detector", "spell"), [
     ("github", lambda k: f"%{ord(k[0]):02X}{k[1:]}"),
     ("basic-auth", lambda k: k.replace(":", "%3A").replace("/", "%2F")),  # (no run)
     ("private-key", lambda k: k.replace(" ", "+").replace("\n", "%0A")),
 ])
 def test_a_streamed_form_body_is_read_with_its_escapes_undone(
-        detector: str, spell: Callable[[str], str], shared: bool) -> None:
+        detector: str, spell: Callable[[str], str], shared: int) -> None:
     """A form body streamed past the hold limit is read as its reader reads its fields,
     like a held one: `%XX` and `+` undone, also where the gate's shared pass saw only
     an escape in its chunk."""
@@ -353,7 +368,8 @@ def test_a_streamed_form_body_is_read_with_its_escapes_undone(
     found = []
     for at in range(0, len(data), 16_384):
         chunk = data[at:at + 16_384]
-        found += stream.feed(chunk, gate.flags(chunk, escapes=True) if shared else None).findings
+        found += _fed(stream, chunk, gate.flags(chunk, escapes=True) if shared else None,
+                      shared == PASSES)
     found += stream.end().findings
     assert [f.detector for f in found] == [detector]
 
@@ -433,3 +449,104 @@ def test_a_streamed_body_reads_json_inside_its_strings() -> None:
             found += stream.feed(body[at:at + piece]).findings
         found += stream.end().findings
         assert [f.detector for f in found] == ["github"], piece
+
+
+@pytest.mark.parametrize("fake", DEFAULT_CORPUS, ids=lambda f: f.detector)
+def test_passes_takes_clean_pieces_and_every_credential_is_still_found(fake: Fake) -> None:
+    """`passes` (the streamed body's way for a piece the shared pass found nothing in)
+    takes most pieces of a large body and never one that matters: each detector's fake
+    credential in a text, in a JSON string and escaped in one, cut at random offsets into
+    pieces of random sizes, is found at its offset, as `feed` alone finds it."""
+    from gateway.core.dlp.fastscan import ChunkPass
+
+    rng = random.Random(fake.detector)
+    secret = fake.text.encode()
+    escaped = json.dumps(fake.text)[1:-1].encode()
+    for ctype, body in (("text/plain", b"log: " + _filler(300_000, 1) + b"\n" + secret + b"\n"
+                         + _filler(200_000, 2)),
+                        ("application/json", b'{"a": "' + _filler(300_000, 3) + b'", "b": "'
+                         + escaped + b'", "c": "' + _filler(200_000, 4) + b'"}')):
+        answers = []
+        for passes in (False, True):
+            stream = StreamScanner(SCANNER, content_type=ctype)
+            gate = ChunkPass(SCANNER.prefilter.gate)
+            found: list[Finding] = []
+            taken = at = 0
+            cuts = random.Random(rng.random())
+            while at < len(body):
+                chunk = body[at:at + cuts.choice((1, 7, 300, 4096, 70_000, 140_000))]
+                at += len(chunk)
+                flags = gate.flags(chunk, escapes=True)
+                if passes and stream.passes(chunk, flags):
+                    taken += 1
+                    continue
+                found += stream.feed(chunk, flags).findings
+            found += stream.end().findings
+            answers.append([(f.detector, f.location.offset) for f in found])
+            # (a service account's JSON holds a private key: found as both in a text, as
+            # the key in a JSON string; each way finds the same)
+            assert found and (fake.detector in [f.detector for f in found]
+                              or fake.detector == "gcp-service-account"), (ctype, passes)
+            assert not passes or taken, ctype  # (it did take clean pieces)
+        assert answers[0] == answers[1], ctype
+
+
+def test_passes_takes_every_piece_of_a_clean_body_after_the_first() -> None:
+    """A clean 1 MiB text in 64 KiB pieces: the first is read by `feed` (its first bytes
+    say how the body is read), `passes` takes the fifteen after it, and the window keeps
+    only its tail (what `pending` holds back)."""
+    from gateway.core.dlp.fastscan import ChunkPass
+
+    stream = StreamScanner(SCANNER, content_type="text/plain", unpack=True)
+    gate = ChunkPass(SCANNER.prefilter.gate)
+    body = _filler(1 << 20, 5)
+    pieces = [body[at:at + 65_536] for at in range(0, len(body), 65_536)]
+    taken = [stream.passes(piece, gate.flags(piece, escapes=True)) or
+             bool(stream.feed(piece, gate.flags(piece, escapes=True)).findings) for piece in pieces]
+    assert taken == [False] + [True] * 15
+    assert stream.pending <= stream.keep + STEP
+    assert not stream.end().findings
+
+
+@pytest.mark.parametrize(("why", "ctype", "coding", "first", "flags"), [
+    ("an anchor or run found", "text/plain", None, b"hello world", FOUND | ESCAPES_KNOWN),
+    ("a JSON escape", "application/json", None, b'{"a": "b"}', BACKSLASH | ESCAPES_KNOWN),
+    ("a form escape", "application/x-www-form-urlencoded", None, b"a=b", PERCENT | ESCAPES_KNOWN),
+    ("escapes not looked for", "text/plain", None, b"hello world", 0),
+    ("the first bytes not read yet", "text/plain", None, b"", ESCAPES_KNOWN),
+    ("a content coding", "text/plain", "gzip", None, ESCAPES_KNOWN),
+    ("a charset", "text/plain; charset=utf-16", None, "hi".encode("utf-16"), ESCAPES_KNOWN),
+    ("a multipart body's parts", "multipart/form-data; boundary=xyz", None,
+     b"--xyz\r\ncontent-disposition: form-data; name=a\r\n\r\nhello", ESCAPES_KNOWN),
+    ("an archive's files", "application/octet-stream", None, b"\x1f\x8b\x08\x00",
+     ESCAPES_KNOWN),
+])
+def test_passes_declines_what_it_cannot_take(why: str, ctype: str, coding: str | None,
+                                             first: bytes | None, flags: int) -> None:
+    """`passes` does nothing and answers False for a piece `feed` must read: one the
+    shared pass found something in, or of a stream read through a coding, a charset,
+    parts or an archive's files, or before its first bytes were read."""
+    stream = StreamScanner(SCANNER, coding, content_type=ctype, unpack=True)
+    if first is None:
+        first = gzip.compress(b"hello world " * 100)
+    if first:
+        assert stream.feed(first, flags & ~FOUND).unreadable is None
+    before = stream.pending
+    assert not stream.passes(b"more plain words " * 100, flags), why
+    assert stream.pending == before  # (it did nothing)
+
+
+def test_passes_declines_after_a_piece_with_a_finding_to_scan() -> None:
+    """A piece the shared pass found something in makes the window due a scan: the
+    pieces after it go through `feed` until it is scanned (a key cut by a piece's end)."""
+    from gateway.core.dlp.fastscan import ChunkPass
+
+    stream = StreamScanner(SCANNER, content_type="text/plain")
+    gate = ChunkPass(SCANNER.prefilter.gate)
+    key = fake("github").text.encode()
+    head = b"notes " * 10 + key[:10]
+    assert not stream.feed(head, gate.flags(head, escapes=True)).findings
+    rest = key[10:] + b" and more words " * 10
+    assert not stream.passes(rest, gate.flags(rest, escapes=True))
+    found = stream.feed(rest, gate.flags(rest, escapes=True)).findings + stream.end().findings
+    assert [f.detector for f in found] == ["github"]

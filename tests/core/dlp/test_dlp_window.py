@@ -4,6 +4,7 @@ less those dropped, whatever the pieces' sizes; pieces are never changed."""
 from __future__ import annotations
 
 import random
+import sys
 
 import pytest
 
@@ -39,3 +40,22 @@ def test_a_piece_added_is_never_changed() -> None:
     window.drop(2)
     assert bytes(window.read()) == b"c" + b"x" * 5000 + b"defghi"
     assert small == b"abc" and large == b"x" * 5000
+
+
+@pytest.mark.parametrize(("size", "kept", "let_go"), [
+    (256 << 10, 4096, True), (256 << 10, 50_000, True), (256 << 10, 70_000, False),
+    (5000, 100, True), (5000, 2000, False)])
+def test_a_large_piece_mostly_dropped_is_let_go(size: int, kept: int, let_go: bool) -> None:
+    """What the window keeps of a piece it dropped most of (under a fifth of it kept,
+    as a streamed scan keeps a 256 KiB TLS read's last few KiB) is copied out, so that
+    the piece itself is freed now (its memory reused by the reader's next buffer while
+    it is still in the cache), not when the next piece comes."""
+    piece = bytearray(random.Random(size).randbytes(size))
+    window = Window()
+    window.add(piece)
+    alone = sys.getrefcount(piece) - 1  # (the window's reference)
+    window.drop(size - kept)
+    assert (sys.getrefcount(piece) == alone) is let_go
+    assert bytes(window.read()) == piece[-kept:]
+    window.add(b"more")
+    assert bytes(window.read()) == piece[-kept:] + b"more"
