@@ -18,6 +18,7 @@ import re
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterator
+from urllib.parse import unquote_plus
 
 from gateway.core.dlp.decoding import Unreadable
 from gateway.core.dlp.detector import Budget, Detector, Rule, Span, deadline
@@ -35,7 +36,7 @@ from gateway.core.dlp.fastscan import (
 )
 
 __all__ = ["ESCAPES", "JSON_ESCAPE", "NESTED", "Prefilter", "holds_json_escape", "json_string",
-           "json_unescape", "merged", "nested_json", "unescape"]
+           "json_unescape", "merged", "nested_json", "reader_texts", "unescape"]
 
 # What a reader of each kind of view undoes that could make an anchor or a base64 run
 # appear: a JSON reader `\uXXXX` and `\/` (its other escapes become characters that
@@ -321,3 +322,18 @@ def merged(windows: list[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             out.append((lo, hi))
     return out
+
+
+def reader_texts(text: str, kind: str) -> list[str]:
+    """A window's text as a JSON or form reader reads it, where that differs from the
+    text (escapes undone; `either`: a JSON document sent as a form, read both ways): what
+    the held body's reading undoes (`Scanner.body_views`), for a streamed window
+    (`stream.StreamScanner`)."""
+    out = []
+    if kind != "form" and ("\\u" in text or "\\/" in text):  # (memchr; a text: as a
+        # lenient JSON reader reads it)
+        out.append(json_unescape(text))
+    if kind in ("form", "either") and ("%" in text or "+" in text):
+        out.append(unquote_plus(text, encoding="latin-1"))
+    return out
+

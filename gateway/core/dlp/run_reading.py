@@ -28,11 +28,11 @@ from gateway.core.dlp.decoding import (
     runs_at,
     stretches,
 )
-from gateway.core.dlp.fastscan import SEGMENT
+from gateway.core.dlp.fastscan import MAP, SEGMENT, as_bytes
 from gateway.core.dlp.lines import line_start, stretches_and_blocks, wrapped
 from gateway.core.dlp.prefilter import Prefilter, holds_json_escape
 
-__all__ = ["CLEAN_RUN", "CLEAN_RUNS", "MIN_DECODED", "RunReader", "stream_cut"]
+__all__ = ["CLEAN_RUN", "CLEAN_RUNS", "MIN_DECODED", "RunReader", "near_cut", "stream_cut"]
 
 MIN_DECODED = 12  # decoded runs shorter than this hold no key
 CLEAN_RUNS = 1024  # stretches remembered as decoding to nothing (`decoded`), at most
@@ -104,6 +104,15 @@ class RunReader:
         return (run, inner) if self.prefilter.any(inner) or has_run(inner) or \
             holds_json_escape(inner) else None
 
+
+
+def near_cut(text: str, cut: int) -> bool:
+    """Whether a run may cross `cut` (the cheap check before `runs` over the window): a
+    run crossing it lies in `SEGMENT` or more base64 characters in a row holding
+    character cut-1 or cut-2 (a run's end takes up to two "=" of padding), so within
+    text[cut-2-SEGMENT:cut+SEGMENT]."""
+    near = as_bytes(text[max(0, cut - 2 - SEGMENT):cut + SEGMENT]).translate(MAP)
+    return b"a" * SEGMENT in near
 
 
 def stream_cut(text: str, cut: int) -> int:

@@ -16,7 +16,7 @@ own bytes in (its `Content-Type`'s charset, or a byte-order mark or a JSON reade
 sniffing of its first bytes: `decoding.text_codec`, `json_codec`) is transcoded to UTF-8
 as it streams, so the window holds what the receiver reads; a charset without a codec
 is unreadable. A JSON or form body's window holding an escape is also read with its
-escapes undone, as the held body's reading undoes them (`_read`).
+escapes undone, as the held body's reading undoes them (`prefilter.reader_texts`).
 
 The window is kept as bytes and scanned `STEP` new characters at a time: a window without
 an anchor and without 20 base64 characters in a row (most of a large upload) costs one
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import codecs
 from itertools import chain
-from urllib.parse import unquote_plus
 
 from gateway.core import encodings
 from gateway.core.archives import Allowance
@@ -45,18 +44,15 @@ from gateway.core.dlp.fastscan import (
     BACKSLASH,
     ESCAPES_KNOWN,
     FOUND,
-    MAP,
     PERCENT,
     PLUS,
-    SEGMENT,
     ChunkPass,
-    as_bytes,
 )
 from gateway.core.dlp.files import Files
 from gateway.core.dlp.findings import Finding, Location, ScanResult
 from gateway.core.dlp.multipart import StreamedParts, boundary
-from gateway.core.dlp.prefilter import json_unescape
-from gateway.core.dlp.run_reading import stream_cut
+from gateway.core.dlp.prefilter import reader_texts
+from gateway.core.dlp.run_reading import near_cut, stream_cut
 from gateway.core.dlp.scanner import Scanner
 from gateway.core.dlp.window import Window
 from gateway.core.framing import reader_for
@@ -296,7 +292,7 @@ class StreamScanner:
                 codec = text_codec(piece, self._ctype)
                 self._kind = body_kind(piece, self._ctype)
                 if self._kind == "form" and body_kind(piece, "") == "json":
-                    self._kind = "either"  # (a JSON document sent as a form: `_read`)
+                    self._kind = "either"  # (a JSON document sent as a form: `reader_texts`)
                 if codec == "latin-1" and self._kind == "json":
                     codec = json_codec(piece)
             except Unreadable as exc:
@@ -330,7 +326,7 @@ class StreamScanner:
         start = open_run(raw, 0, cut) if not final and self._follow is None and \
             UNPACKED not in where.via else None
         try:  # (read now: a text the scan gives up on is unreadable, `Rule.spans`)
-            if not final and _near(text, cut):  # (a run carried over starts at 0)
+            if not final and near_cut(text, cut):  # (a run carried over starts at 0)
                 cut = stream_cut(text, cut)
             found = self._found(text, where, cut)
         except Unreadable as exc:
@@ -373,7 +369,7 @@ class StreamScanner:
         """The findings new in the window's text (those starting before `cut`), the
         window then let go up to `cut`."""
         hits = self._scanner.text_hits(text, where)
-        for plain in _read(text, self._kind):
+        for plain in reader_texts(text, self._kind):
             # A JSON or form body as its reader reads it too: `\\u0067hp_...` and
             # `%67hp_...` are `ghp_...` (offsets in that text are at most the stream's: a
             # value reported early is reported once, by its fingerprint).
@@ -398,24 +394,3 @@ _HIDING = {"json": BACKSLASH, "form": PERCENT | PLUS,  # (a chunk's escapes, by 
 # (the readings a window is a candidate by: a text's JSON escapes are undone too)
 _KINDS = {"either": ("json", "form"), "text": ("text", "json")}
 
-
-def _read(text: str, kind: str) -> list[str]:
-    """A window's text as a JSON or form reader reads it, where that differs from the
-    text (escapes undone; `either`: a JSON document sent as a form, read both ways): what
-    the held body's reading undoes (`Scanner.body_views`)."""
-    out = []
-    if kind != "form" and ("\\u" in text or "\\/" in text):  # (memchr; a text: as a
-        # lenient JSON reader reads it)
-        out.append(json_unescape(text))
-    if kind in ("form", "either") and ("%" in text or "+" in text):
-        out.append(unquote_plus(text, encoding="latin-1"))
-    return out
-
-
-def _near(text: str, cut: int) -> bool:
-    """Whether a run may cross `cut` (the cheap check before `runs` over the window): a
-    run crossing it lies in `SEGMENT` or more base64 characters in a row holding
-    character cut-1 or cut-2 (a run's end takes up to two "=" of padding), so within
-    text[cut-2-SEGMENT:cut+SEGMENT]."""
-    near = as_bytes(text[max(0, cut - 2 - SEGMENT):cut + SEGMENT]).translate(MAP)
-    return b"a" * SEGMENT in near
