@@ -58,8 +58,10 @@ class Sizes:
     upload_bytes: int = 100 << 20  # the POST upload rows' one body (issue 43)
     otel_rounds: int = 6  # alternating rounds of export off / spans / spans + logs (c10)
     pass_rounds: int = 6  # alternating rounds of passthrough GETs, gateway / squid (c10)
-    dlp_rounds: int = 6  # alternating rounds of the POST rows' workloads, detection off / on
-    dlp_round_seconds: float = 3.0  # each run of a POST workload in a round
+    # alternating rounds of the POST rows' workloads, detection off / on: many short ones
+    # (a round's ratio spreads ±20 % on a busy 2-vCPU host: six could not tell 2 % from 8 %)
+    dlp_rounds: int = 16
+    dlp_round_seconds: float = 1.5  # each run of a POST workload in a round
     pass_round_seconds: float = 4.0
     otel_round_seconds: float = 4.0
     # seconds an OTLP gateway's CPU is read after its load: the worker's frames go every

@@ -58,6 +58,7 @@ class RequestSide:
         self._held_size = 0
         self._frames: MessageReader | None = None  # (gRPC, a git push: its messages)
         self._typed = False  # (whether the body's Content-Type was read for it)
+        self._type: str | None = None  # (the type it is read by, once read: `body_type`)
         # (a body, or a multipart body's parts, that are archives: their files, for a
         # leak scan of their own, by part; none for other bodies)
         self._archives: Files | None = None
@@ -85,6 +86,7 @@ class RequestSide:
         dlp = self.ex.dlp
         if not self._typed and data:  # (at the first bytes: a bodiless request never asks)
             self._typed = True
+            self._type = self.ex.body_type
             # (any of its types: a server may read the body by a second one)
             readers = set(map(framing, self.ex.body_types()))
             readers.discard(None)
@@ -108,7 +110,7 @@ class RequestSide:
         if self._archives is not None:
             self._unpacked(self._archives, data)
         if dlp is not None and streamed:
-            dlp.feed(data, self.ex.body_type, flags)
+            dlp.feed(data, self._type if self._typed else self.ex.body_type, flags)
         if streamed and self.ex.content is not None:
             self.ex.content.request(data, self.ex.head.headers.get("content-type"), whole=False)
 
@@ -126,7 +128,7 @@ class RequestSide:
             if found is not None:
                 raise self.ex.leak(found)
         if self.ex.dlp is not None and streamed:
-            self.ex.dlp.feed(data, self.ex.body_type)
+            self.ex.dlp.feed(data, self._type)  # (typed: its first bytes were)
         if streamed and self.ex.content is not None:
             self.ex.content.request(data, self.ex.head.headers.get("content-type"), whole=False)
 
@@ -310,4 +312,5 @@ class RequestSide:
         if dlp is None:
             return
         for data in (*before, piece):
-            dlp.feed(data, self.ex.body_type, dlp.passed(data))
+            dlp.feed(data, self._type if self._typed else self.ex.body_type,
+                     dlp.passed(data))

@@ -126,9 +126,13 @@ class StreamScanner:
         the stream as it goes holds back at least these (for a body with no content
         coding, characters are bytes; a transcoded one counts what the window's UTF-8
         may have come from, at most `_WIDEST` bytes a byte, and the decoder's tail)."""
+        files = self._files
+        if self._charset is None and self._frames is None and self._follow is None and (
+                files is None or (files.done and not self._files_scan)):
+            return self._window.size + len(self._early)  # (most streams: their window)
         held = self._frames.pending + 5 if self._frames is not None else 0
-        if self._files is not None:  # (an archive's bytes whose files are not read yet)
-            undecided = self._files.undecided
+        if files is not None:  # (an archive's bytes whose files are not read yet)
+            undecided = files.undecided
             held = max(held, undecided.held(undecided.out - max(
                 (scan.pending for scan, _ in self._files_scan.values()), default=0)))
         held = max(held, self._run_held())
@@ -200,8 +204,8 @@ class StreamScanner:
         self._allowance.grow(len(chunk) if self._grows else 0)
         window = self._window
         window.add(chunk)
-        if len(window) >= self.keep + max(self.keep, STEP):
-            cut = len(window) - self.keep
+        if window.size >= self.keep + max(self.keep, STEP):
+            cut = window.size - self.keep
             window.drop(cut)
             self._base += cut
         return True
