@@ -336,4 +336,3 @@ def reader_texts(text: str, kind: str) -> list[str]:
     if kind in ("form", "either") and ("%" in text or "+" in text):
         out.append(unquote_plus(text, encoding="latin-1"))
     return out
-

@@ -105,7 +105,6 @@ class RunReader:
             holds_json_escape(inner) else None
 
 
-
 def near_cut(text: str, cut: int) -> bool:
     """Whether a run may cross `cut` (the cheap check before `runs` over the window): a
     run crossing it lies in `SEGMENT` or more base64 characters in a row holding

@@ -397,4 +397,3 @@ _HIDING = {"json": BACKSLASH, "form": PERCENT | PLUS,  # (a chunk's escapes, by 
            "either": BACKSLASH | PERCENT | PLUS, "text": BACKSLASH}
 # (the readings a window is a candidate by: a text's JSON escapes are undone too)
 _KINDS = {"either": ("json", "form"), "text": ("text", "json")}
-
