@@ -58,7 +58,7 @@ class RequestSide:
         self._held_size = 0
         self._frames: MessageReader | None = None  # (gRPC, a git push: its messages)
         self._typed = False  # (whether the body's Content-Type was read for it)
-        self._type: str | None = None  # (the type it is read by, once read: `body_type`)
+        self._type: str | None = None  # (the type it is read by, once read: `_body_type`)
         # (a body, or a multipart body's parts, that are archives: their files, for a
         # leak scan of their own, by part; none for other bodies)
         self._archives: Files | None = None
@@ -110,9 +110,14 @@ class RequestSide:
         if self._archives is not None:
             self._unpacked(self._archives, data)
         if dlp is not None and streamed:
-            dlp.feed(data, self._type if self._typed else self.ex.body_type, flags)
+            dlp.feed(data, self._body_type(), flags)
         if streamed and self.ex.content is not None:
             self.ex.content.request(data, self.ex.head.headers.get("content-type"), whole=False)
+
+    def _body_type(self) -> str | None:
+        """The Content-Type the body is read by (`ExchangeState.body_type`), read once at
+        its first bytes rather than at every piece."""
+        return self._type if self._typed else self.ex.body_type
 
     def _messages(self, scanner: StreamScan, data: bytes, streamed: bool) -> None:
         """A piece of a body read by its messages (gRPC, a git push): the leak scan
@@ -128,7 +133,7 @@ class RequestSide:
             if found is not None:
                 raise self.ex.leak(found)
         if self.ex.dlp is not None and streamed:
-            self.ex.dlp.feed(data, self._type)  # (typed: its first bytes were)
+            self.ex.dlp.feed(data, self._body_type())
         if streamed and self.ex.content is not None:
             self.ex.content.request(data, self.ex.head.headers.get("content-type"), whole=False)
 
@@ -312,5 +317,4 @@ class RequestSide:
         if dlp is None:
             return
         for data in (*before, piece):
-            dlp.feed(data, self._type if self._typed else self.ex.body_type,
-                     dlp.passed(data))
+            dlp.feed(data, self._body_type(), dlp.passed(data))

@@ -126,11 +126,10 @@ class StreamScanner:
         the stream as it goes holds back at least these (for a body with no content
         coding, characters are bytes; a transcoded one counts what the window's UTF-8
         may have come from, at most `_WIDEST` bytes a byte, and the decoder's tail)."""
-        files = self._files
-        if self._charset is None and self._frames is None and self._follow is None and (
-                files is None or (files.done and not self._files_scan)):
+        if self._bare():
             return self._window.size + len(self._early)  # (most streams: their window)
         held = self._frames.pending + 5 if self._frames is not None else 0
+        files = self._files
         if files is not None:  # (an archive's bytes whose files are not read yet)
             undecided = files.undecided
             held = max(held, undecided.held(undecided.out - max(
@@ -186,20 +185,22 @@ class StreamScanner:
                 found += self._scan(final=False)
         return ScanResult(tuple(found), self.unreadable)
 
+    def _bare(self) -> bool:
+        """Read as its bytes past its decoder: no charset, framing, followed run, files."""
+        files = self._files
+        return self._charset is None and self._frames is None and self._follow is None \
+            and (files is None or (files.done and not self._files_scan))
+
     def passes(self, chunk: bytes, flags: int) -> bool:
         """`feed` for a piece the shared pass found nothing in (no anchor, run or escape
-        that may hide one; `flags` as `feed`'s), of a stream read as its bytes (no
-        coding, charset, framing, parts, archive or followed run) with nothing found
-        before it left to scan: the piece joins the window, which lets go of what it
-        need not keep, with no scan and no result made (most pieces of a large upload:
-        what `feed` would do for them, without its steps). False, having done nothing,
-        for any other piece: then `feed` it."""
+        that may hide one; `flags` as `feed`'s), of a stream read as its bytes (`_bare`,
+        no coding, no parts) with nothing found before it left to scan: the piece joins
+        the window, which lets go of what it need not keep, with no scan or result made
+        (most pieces of a large upload). False, having done nothing, for any other."""
         if flags & FOUND or flags & _HIDING[self._kind] or not flags & ESCAPES_KNOWN \
                 or self._hit > self._base or not self._sniffed or self._early \
-                or self._decoder is not None or self._charset is not None \
-                or self._frames is not None or self._parts is not None \
-                or self._follow is not None or (self._files is not None
-                                                and not self._files.done):
+                or self._decoder is not None or self._parts is not None \
+                or not self._bare():
             return False
         self._allowance.grow(len(chunk) if self._grows else 0)
         window = self._window
