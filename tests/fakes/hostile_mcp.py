@@ -19,6 +19,7 @@ Everything else it answers plainly: `initialize`, `tools/call` (the text `called
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from pathlib import Path
@@ -51,6 +52,9 @@ class HostileMcp(FakeServer):
         self.lists: dict[str, int] = {}  # tools/list answers per session
         self.calls: list[str] = []  # the tools called
         self._count = threading.Lock()
+        # (a session id never given twice: `id()` of a message, as it was, is reused once
+        # the message is freed, and a new session then read as an old one's second list)
+        self._sessions = itertools.count(1)
 
     def handle(self, request: Request) -> Reply:
         shape = request.path.rsplit("/", 1)[-1]
@@ -66,7 +70,8 @@ class HostileMcp(FakeServer):
                 "protocolVersion": message["params"]["protocolVersion"],
                 "capabilities": {"tools": {"listChanged": True}},
                 "serverInfo": {"name": "hostile", "version": "1"}}),
-                {"Content-Type": "application/json", "Mcp-Session-Id": f"s-{id(message)}"})
+                {"Content-Type": "application/json",
+                 "Mcp-Session-Id": f"s-{next(self._sessions)}"})
         if method == "tools/call":
             name = message["params"]["name"]
             with self._count:
