@@ -151,7 +151,7 @@ class ZstdStream:
     def unused_data(self) -> bytes:
         return bytes(self._obj.unused_data)
 
-    def decompress(self, data: bytes, max_length: int = -1) -> bytes:
+    def decompress(self, data: bytes | memoryview, max_length: int = -1) -> bytes:
         try:
             return bytes(self._obj.decompress(data, max_length))
         except _zstd().ZstdError as exc:

@@ -24,11 +24,12 @@ import binascii
 import re
 from collections.abc import Callable, Iterator
 
-from gateway.core.archives import Allowance, Unpacker, archive_kind
+from gateway.core.archives import Allowance, archive_kind
 from gateway.core.dlp.fastscan import LITERAL, UNDECIDED
 from gateway.core.encodings import EncodingError
 from gateway.core.streamed_runs import HEAD, HEX_FIRST
 from gateway.core.unpack_bounds import ExcessError
+from gateway.core.zip_entries import unpacked_files
 
 __all__ = ["ARCHIVE_MARKERS", "TILE", "archive_starts", "beyond", "joined", "unpacked"]
 
@@ -137,7 +138,7 @@ def unpacked(data: bytes, starts: list[int], allowance: Allowance) -> Iterator[b
         kind = archive_kind(decoded[:6]) if decoded is not None else None
         if decoded is None or kind is None:
             continue
-        for _, file in Unpacker(kind, allowance).feed(decoded):
+        for _, file in unpacked_files(decoded, allowance):
             yield file
 
 

@@ -63,7 +63,7 @@ def _no_json_escape(data: bytes) -> bool:
 class StreamScan:
     """Scans a stream of chunks (`feed`, then `end`); see the module docstring."""
 
-    __slots__ = ("_deeper", "_file", "_files", "_follow", "_grows", "_pass", "_plain",
+    __slots__ = ("_deeper", "_files", "_follow", "_grows", "_pass", "_plain",
                  "_scan", "_tail", "allowance")
 
     def __init__(self, scan: Markers, allowance: Allowance | None = None,
@@ -74,8 +74,7 @@ class StreamScan:
         self.allowance, self._grows = allowance or Allowance(0), allowance is None
         self._plain = True  # (the window before holds no escape: none yet)
         self._follow: FollowedRun | None = None  # (a compressed run going on)
-        self._files: StreamScan | None = None  # (its file being read, and its name)
-        self._file = ""
+        self._files: dict[int, StreamScan] = {}  # (its files being read, by number)
         # (its own pass where it is fed no answer: made at the first chunk, dropped for
         # good at a chunk fed with one, whose seam it did not see; False: none)
         self._pass: ChunkPass | bool | None = None
@@ -86,8 +85,7 @@ class StreamScan:
         follow = self._follow
         if follow is None:
             return 0
-        files = self._files
-        return follow.held(follow.out - (len(files._tail) if files is not None else 0))
+        return follow.held(follow.out - sum(len(scan._tail) for scan in self._files.values()))
 
     @property
     def pending(self) -> int:
@@ -156,14 +154,20 @@ class StreamScan:
             return "excess"
         except EncodingError:  # (past the bound: a bomb, refused as unreadable)
             return "unreadable"
-        for name, piece in files:
-            if self._files is None or name != self._file:
-                self._files, self._file = StreamScan(self._scan, self.allowance, False), name
-            found = self._files.feed(piece)
+        for number, _, piece in files:
+            scan = self._files.get(number)
+            if scan is None:
+                scan = self._files[number] = StreamScan(self._scan, self.allowance, False)
+            found = scan.feed(piece)
+            if found is not None:
+                return found
+        live = follow.live()
+        for number in [number for number in self._files if number not in live]:
+            found = self._files.pop(number).end()  # (a file ended: read to its end)
             if found is not None:
                 return found
         if follow.ended:
-            self._follow = self._files = None
+            self._follow = None
         elif self.held_back > HELD:
             return "unreadable"
         return None

@@ -5,8 +5,9 @@ blob APIs take base64, and a coding agent pushes a `.jar`, a `.whl` or a `.tar.g
 megabytes that way. What the file holds is nowhere in the run's characters. From where a
 stream's check finds such a run start (the leak guard's `leak_readings.open_start`,
 detection's `run_reading.stream_cut`), a `FollowedRun` decodes its characters as they
-come into an `Unpacker` (`core/archives.py`), whose files the check reads with a stream
-scan of its own: a run of any length is read once, in pieces, as a decoder reads it.
+come into a `Sniffed` (`core/zip_entries.py`: the compressed file it is, a zip's
+entries), whose files the check reads with a stream scan of its own each: a run of any
+length is read once, in pieces, as a decoder reads it.
 
 The run's characters are base64's (both alphabets) or hex's (said by its first: a
 compressed file's base64 starts `H4sI`, `UEsDB`, `Qlpo`, `/Td6`, `KLUv`; its hex `1f8b`,
@@ -27,9 +28,10 @@ from __future__ import annotations
 import binascii
 import re
 
-from gateway.core.archives import Allowance, Undecided, Unpacker, archive_kind
+from gateway.core.archives import Allowance, Undecided, archive_kind
+from gateway.core.zip_entries import Sniffed
 
-__all__ = ["HEAD", "HELD", "HEX_FIRST", "FollowedRun", "open_run"]
+__all__ = ["HEAD", "HELD", "HEX_FIRST", "File", "FollowedRun", "open_run"]
 
 HELD = 4 * 1024 * 1024  # bytes of a run held back while they give nothing (a bzip2 block's
 # base64 is 1.2 MB at most)
@@ -45,6 +47,7 @@ HEAD = re.compile(_STARTS)
 _AFTER_BREAK = re.compile(rb"(?:\\r\\n|\\n|\r?\n)(?=" + _STARTS + rb")")
 _RUN_BYTES = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-\\\r\n"
 _URLSAFE = bytes.maketrans(b"-_", b"+/")
+File = tuple[int, str, bytes]  # (a file's number, its name, its next bytes)
 HEX_FIRST = b"1245fF"  # (a compressed file's hex; its base64 starts with none of these)
 _MAGIC = 6  # bytes that say what a compressed file is (`archive_kind`)
 
@@ -77,11 +80,12 @@ def open_run(data: bytes | bytearray, since: int = 0, cut: int | None = None) ->
 
 class FollowedRun:
     """One run, fed as it streams (`feed`, then `end` at the stream's end): the files'
-    bytes it unpacks to, by name (a zip entry's; "" in a compressed file), within the
-    stream's `allowance` (EncodingError past it). `ended`: the run (or the file) is over,
-    `taken` of the last piece's bytes were its."""
+    bytes it unpacks to, each with its number and name (`Sniffed`: `gzip file`, `zip
+    entry .env`), within the stream's `allowance` (EncodingError past it). `ended`: the
+    run is over (or is no compressed file), `taken` of the last piece's bytes were its;
+    `live()`: the files still being read."""
 
-    __slots__ = ("_allowance", "_carry", "_head", "_hex", "_unpacker", "_waiting", "ended",
+    __slots__ = ("_allowance", "_carry", "_files", "_head", "_hex", "_waiting", "ended",
                  "kind", "taken", "undecided")
 
     def __init__(self, allowance: Allowance) -> None:
@@ -90,7 +94,7 @@ class FollowedRun:
         self._carry = b""  # (characters of a group not whole yet; a break cut in two)
         self._waiting = b""  # (a break's first bytes, at a piece's end)
         self._head = bytearray()  # (the first decoded bytes, fewer than a magic's)
-        self._unpacker: Unpacker | None = None
+        self._files: Sniffed | None = None
         self.undecided = Undecided()  # (of the run's bytes: what may go on)
         self.ended = False
         self.taken = 0
@@ -111,7 +115,12 @@ class FollowedRun:
         """`base64` or `hex`."""
         return "hex" if self._hex else "base64"
 
-    def feed(self, data: bytes) -> list[tuple[str, bytes]]:
+    def live(self) -> frozenset[int]:
+        """The numbers of the files still being read."""
+        return self._files.live() if self._files is not None and not self.ended \
+            else frozenset()
+
+    def feed(self, data: bytes) -> list[File]:
         """The files' bytes that `data`, the stream's next bytes, adds; `ended` once
         the run stops in it (`taken`: its bytes that were the run's)."""
         if self.ended:
@@ -132,18 +141,20 @@ class FollowedRun:
         if b"\n" in chars or b"\\" in chars:
             chars = _SKIPPED.sub(b"", chars)
         files = self._decode(self._carry + chars, final=stopped)
-        self.undecided.fed(self.taken, sum(len(piece) for _, piece in files))
+        self.undecided.fed(self.taken, sum(len(piece) for _, _, piece in files))
+        if self._files is not None and not self._files.reading:
+            self.undecided.settle()  # (no file being read: its bytes give no more)
         if stopped:
             self.ended = True
         return files
 
-    def end(self) -> list[tuple[str, bytes]]:
+    def end(self) -> list[File]:
         """The stream ended: the run's last characters (padding taken as read)."""
         if self.ended:
             return []
         self.ended = True
         files = self._decode(self._carry, final=True)
-        self.undecided.fed(0, sum(len(piece) for _, piece in files))
+        self.undecided.fed(0, sum(len(piece) for _, _, piece in files))
         return files
 
     def held(self, decided: int) -> int:
@@ -151,7 +162,7 @@ class FollowedRun:
         bytes its files gave are read (`archives.Undecided`)."""
         return self.undecided.held(decided)
 
-    def _decode(self, chars: bytes, final: bool) -> list[tuple[str, bytes]]:
+    def _decode(self, chars: bytes, final: bool) -> list[File]:
         """`chars` decoded, whole groups (at the end all, padded as a decoder pads
         them), and unpacked; the rest carried to the next piece."""
         if self._hex:
@@ -164,10 +175,11 @@ class FollowedRun:
         self._carry = b"" if final else chars[whole:]
         return self._unpacked(data, final)
 
-    def _unpacked(self, data: bytes, final: bool) -> list[tuple[str, bytes]]:
-        """What `data`, the run's next bytes, unpacks to (its first bytes say what
-        compressed file it is: `archive_kind`)."""
-        if self._unpacker is None:
+    def _unpacked(self, data: bytes, final: bool) -> list[File]:
+        """What `data`, the run's next bytes, unpacks to (its first bytes say whether it
+        is a compressed file: `archive_kind`; a zip's entries are read wherever they are
+        in it)."""
+        if self._files is None:
             self._head += data
             if len(self._head) < _MAGIC and not final:
                 return []
@@ -175,9 +187,8 @@ class FollowedRun:
             if kind is None:
                 self.ended = True  # (no compressed file: nothing to unpack)
                 return []
-            self._unpacker, self.kind = Unpacker(kind, self._allowance), kind
+            self._files, self.kind = Sniffed(self._allowance), kind
             data, self._head = bytes(self._head), bytearray()
-        files = self._unpacker.feed(data) if data else []
-        if self._unpacker.done:
-            self.ended = True  # (the bytes stopped being the format: the rest not read)
-        return files
+        files = self._files
+        return [(number, files.name(number), piece)
+                for number, piece in files.feed(data, final)] if data or final else []

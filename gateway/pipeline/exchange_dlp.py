@@ -44,6 +44,7 @@ from gateway.core.dlp.policy import Action
 from gateway.core.dlp.verdict import counted, records, refusal, unreadable
 from gateway.core.messages import Headers
 from gateway.core.ports import SILENT, Telemetry
+from gateway.core.zip_entries import NO_SIGNATURE, local_header
 from gateway.pipeline.dlp_plans import Plan
 
 __all__ = ["DlpCheck"]
@@ -173,10 +174,12 @@ class DlpCheck:
     def passed(self, piece: bytes) -> int:
         """The gate's pass over the next piece of the streamed body (`ChunkPass`): the
         leak guard takes its `RUN` and the escapes it saw (`leaks.StreamScan.feed`),
-        then `feed` the rest of the answer, one pass serving both."""
+        then `feed` the rest of the answer, one pass serving both; and `NO_SIGNATURE`
+        where no zip entry begins in it (`zip_entries`: both read a body's files)."""
         if self._pass is None:
             self._pass = ChunkPass(self.gate)
-        return self._pass.flags(piece, escapes=True)
+        flags: int = self._pass.flags(piece, escapes=True)
+        return flags | NO_SIGNATURE if local_header(piece) < 0 else flags
 
     def feed(self, piece: bytes, content_type: str | None = None,
              flags: int | None = None) -> None:

@@ -6,22 +6,23 @@ also goes through outbound credential detection (`exchange_dlp.DlpCheck`, a rule
 `dlp:`), which holds back what it has not decided yet; a whole one is detected by the
 exchange, once decoded. A gRPC body is read as its messages, a git push as its ref
 updates and objects (`core/framing.py`: a compressed message decompressed, an object
-inflated; its raw bytes held back until it is read); a body that is an archive (a
-`.tar.gz`, a `.zip`: `core/archives.py`) is read as it is and its files unpacked."""
+inflated; its raw bytes held back until it is read); a body that is a compressed file
+or holds a zip's entries (a `.tar.gz`, a `.zip`, an image that is also one:
+`core/archives.py`, `core/zip_entries.py`) is read as it is and its files unpacked."""
 
 from __future__ import annotations
 
 from collections import deque
 
-from gateway.core.archives import FIRST_BYTES
 from gateway.core.dlp.decoding import Unreadable
 from gateway.core.dlp.fastscan import RUN
-from gateway.core.dlp.files import Files
+from gateway.core.dlp.files import Files, Key
 from gateway.core.dlp.multipart import boundary
 from gateway.core.encodings import Decoder, EncodingError, decoder_for
 from gateway.core.framing import MessageReader, framing
 from gateway.core.leaks import StreamScan
 from gateway.core.refusal import Refusal
+from gateway.core.zip_entries import NO_SIGNATURE
 from gateway.pipeline.exchange_state import ExchangeState
 
 __all__ = ["ENCODED_LIMIT", "RequestSide"]
@@ -29,16 +30,14 @@ __all__ = ["ENCODED_LIMIT", "RequestSide"]
 ENCODED_LIMIT = 8 * 1024 * 1024  # a compressed request body is held whole up to this size
 
 
-def _archives(content_type: str | None, data: bytes) -> Files | None:
-    """What reads the files of a body whose first bytes are `data`: a multipart body's
-    parts, each maybe an archive; another body that may be one by its first byte."""
+def _archives(content_type: str | None) -> Files:
+    """What reads the files a body holds: a multipart body's parts', each maybe a
+    compressed file or holding a zip's entries; another body's (`dlp.files.Files`)."""
     try:
         delimiter = boundary(content_type) if content_type and \
             "multipart/" in content_type.lower() else None
     except Unreadable:  # (two boundaries: detection refuses it; the leak scan reads its
-        delimiter = None  # bytes, and the body as a whole where it is an archive)
-    if delimiter is None and len(data) >= 6 and data[0] not in FIRST_BYTES:
-        return None
+        delimiter = None  # bytes, and the files the body holds as a whole)
     return Files(delimiter)
 
 
@@ -59,10 +58,10 @@ class RequestSide:
         self._frames: MessageReader | None = None  # (gRPC, a git push: its messages)
         self._typed = False  # (whether the body's Content-Type was read for it)
         self._type: str | None = None  # (the type it is read by, once read: `_body_type`)
-        # (a body, or a multipart body's parts, that are archives: their files, for a
-        # leak scan of their own, by part; none for other bodies)
+        # (the files a body, or a multipart body's parts, hold: each read by a leak scan
+        # of its own)
         self._archives: Files | None = None
-        self._files: dict[int, StreamScan] = {}
+        self._files: dict[Key, StreamScan] = {}
 
     def _scanner(self) -> StreamScan:
         if self._scan is None:
@@ -97,8 +96,7 @@ class RequestSide:
             made = readers.pop() if readers else None
             self._frames = made() if made is not None else None
             if self._frames is None:  # (an archive's files read too: most bodies' first
-                self._archives = _archives(self.ex.head.headers.get(  # byte says none)
-                    "content-type"), data)
+                self._archives = _archives(self.ex.head.headers.get("content-type"))
         if self._frames is not None:  # (gRPC, a git push: the messages are read, `framing`)
             self._messages(scanner, data, streamed)
             return
@@ -107,7 +105,8 @@ class RequestSide:
                              None if flags is None else bool(flags & RUN), flags or 0)
         if found is not None:
             raise self.ex.leak(found)
-        if self._archives is not None:
+        if self._archives is not None and not self._archives.skips(
+                data, flags is not None and bool(flags & NO_SIGNATURE)):
             self._unpacked(self._archives, data)
         if dlp is not None and streamed:
             dlp.feed(data, self._body_type(), flags)
@@ -138,29 +137,25 @@ class RequestSide:
             self.ex.content.request(data, self.ex.head.headers.get("content-type"), whole=False)
 
     def _unpacked(self, archives: Files, data: bytes, final: bool = False) -> None:
-        """A body, or a multipart body's part, that is an archive (`core/archives.py`):
-        its files, unpacked, read by a leak scan of their own (a token in a `.env` of an
-        uploaded `.tar.gz`), a part's not across another's."""
+        """The files a body, or a multipart body's part, holds (`core/archives.py`,
+        `core/zip_entries.py`): each unpacked, read by a leak scan of its own (a token in
+        a `.env` of an uploaded `.tar.gz`), ended when it is."""
         try:
             files = archives.feed(data, final)
         except (EncodingError, Unreadable) as exc:  # (a bomb; a part head past its bound)
             raise _unreadable(EncodingError(str(exc))) from None
-        if archives.done:
-            self._archives = None  # (no archive: nothing more to look at)
-        for number, piece in files:
-            scan = self._files.get(number)
+        for key, piece in files:
+            scan = self._files.get(key)
             if scan is None:
                 assert self.ex.scan is not None
-                self._ended(*self._files.values())
-                self._files = {number: self.ex.scan.stream(  # (the part before ended;
-                    self._scanner().allowance)}  # its runs: the body's bound, one level)
-                scan = self._files[number]
+                scan = self._files[key] = self.ex.scan.stream(  # (its runs: the body's
+                    self._scanner().allowance)  # bound, one level)
             found = scan.feed(piece)
             if found is not None:
                 raise self.ex.leak(found)
-        if archives.unpacking is None and self._files:  # (an archive ended: its
-            self._ended(*self._files.values())  # files' scans read to their end)
-            self._files = {}
+        live = archives.live() if not final else set()
+        ended = [key for key in self._files if key not in live]
+        self._ended(*(self._files.pop(key) for key in ended))  # (read to their end)
 
     def _archive_held(self) -> int:
         """The last bytes of an archive body (or part) whose files are not read yet
@@ -169,8 +164,8 @@ class RequestSide:
         if archives is None:
             return 0
         undecided = archives.undecided
-        return undecided.held(undecided.out - max(
-            (scan.pending for scan in self._files.values()), default=0))
+        return undecided.held(undecided.out - sum(
+            scan.pending for scan in self._files.values()))
 
     def _ended(self, *scans: StreamScan | None) -> None:
         """The end of what `scans` read: a compressed run they follow, read to its end."""

@@ -107,7 +107,6 @@ PROXY_READS = {"DLP: a credential in a header", "DLP: a credential in a WebSocke
                # (gRPC is known by its Content-Type, a header's)
                "DLP: a credential in a compressed gRPC message",
                "DLP: a credential in a compressed gRPC-Web message in its text form",
-               "DLP: a credential in a .env of a zip a streamed upload form sends",
                # (the proxy undoes the coding: one it cannot is a bad request)
                "a deflate body with bytes after its end is refused unread",
                "DLP: a credential in an absolute-form plain HTTP request",
@@ -120,6 +119,11 @@ PROXY_READS = {"DLP: a credential in a header", "DLP: a credential in a WebSocke
 # Rows whose body is bytes that are no UTF-8 text (a gzip part), which a policy test
 # case (YAML) cannot hold.
 BINARY = {"DLP: a credential in a gzip part of a streamed multipart body",
+          "DLP: a credential in a .env of a zip a streamed upload form sends",
+          "DLP: a credential in a .env of a zip after an image's bytes",
+          "DLP: a credential in a .env of a zip after an image's bytes, streamed",
+          "F8 token in a .env of a zip after an image's bytes",
+          "F8 token in a .env of a zip after an image's bytes, streamed",
           "F8 token in a compressed gRPC message",
           "F8 token in a compressed gRPC message, gRPC the second Content-Type",
           "DLP: a credential in a compressed gRPC message",
@@ -132,7 +136,6 @@ BINARY = {"DLP: a credential in a gzip part of a streamed multipart body",
           "DLP: a credential in a .env of a streamed .tar.gz upload",
           "F8 token in a .env of a zip an upload form sends",
           "F8 token in a .env of a zip a streamed upload form sends",
-          "DLP: a credential in a .env of a zip a streamed upload form sends",
           "F8 token in an uploaded pzstd-compressed file",
           "DLP: a credential in an uploaded pzstd-compressed file"}
 

@@ -49,7 +49,7 @@ def _read(run: bytes, pieces: list[int]) -> tuple[bytes, FollowedRun, int]:
         out += follow.feed(run[at:at + size])
         at, i = at + size, i + 1
     out += follow.end()
-    return b"".join(piece for _, piece in out), follow, at
+    return b"".join(piece for _, _, piece in out), follow, at
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -98,8 +98,8 @@ def test_a_run_that_is_no_compressed_file_ends_at_once() -> None:
 def test_a_zips_entries_come_by_name() -> None:
     run = base64.b64encode(deflated_zip({"a.txt": b"first " * 1000, ".env": b"K=v\n"}))
     follow = FollowedRun(Allowance(0))
-    names = [name for name, _ in follow.feed(run + b'"')]
-    assert names[0] == "a.txt" and names[-1] == ".env" and follow.ended
+    names = [name for _, name, _ in follow.feed(run + b'"')]
+    assert names[0] == "zip entry a.txt" and names[-1] == "zip entry .env" and follow.ended
 
 
 def test_a_bomb_is_refused_at_the_streams_bound() -> None:

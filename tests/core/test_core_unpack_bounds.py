@@ -42,6 +42,27 @@ def test_bombs_are_charged_to_their_sandbox_across_bodies(kind: str) -> None:
     assert _unpack(bomb, kind) == 10 << 20  # (no sandbox's excess set: its own bound)
 
 
+def test_a_zip_entry_is_charged_by_its_own_bytes_not_the_bodys_after_it() -> None:
+    """A zip entry's stream is given the rest of the piece it starts in (its end is its
+    stream's): what it unpacks to is charged past `AMPLE` times the bytes it read, not
+    the piece's (a small bomb entry followed by 1 MiB of other bytes was charged
+    nothing: 16 MiB of room a piece)."""
+    import zlib
+
+    packer = zlib.compressobj(9, zlib.DEFLATED, -15)
+    bomb = packer.compress(b"\0" * (4 << 20)) + packer.flush()
+    charged = []
+    for after in (b"", bytes(1 << 20)):
+        excess = Excess(1 << 30, 1)
+        charge_to(excess)
+        try:
+            assert _unpack(bomb + after, "deflate") == 4 << 20
+        finally:
+            charge_to(None)
+        charged.append((1 << 30) - excess.left)
+    assert charged[0] == charged[1] == (4 << 20) - AMPLE * len(bomb)
+
+
 def test_ordinary_archives_are_not_charged() -> None:
     packed = gzip.compress(WORDS, mtime=0)
     assert len(WORDS) < AMPLE * len(packed)  # (text packs 3 to 10 times)

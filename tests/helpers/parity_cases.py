@@ -453,6 +453,13 @@ def _zip(text: str, filler: int = 0) -> str:
     return base64.b64encode(raw.getvalue()).decode()
 
 
+def _image_zip(text: str, filler: int = 0) -> str:
+    """An image that is also a zip (`_zip`'s, after a PNG's first bytes and 1,000 of
+    its data: `unzip` extracts it, warning of the bytes before), base64."""
+    return base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(range(250)) * 4 + base64.b64decode(
+        _zip(text, filler))).decode()
+
+
 def _upload_form(text: str, filler: int = 0) -> str:
     """An upload form (boundary `b`; an S3 presigned POST's shape): a `key` field, then
     the file, `_zip`'s archive, base64."""
@@ -905,6 +912,21 @@ CASES = [
          {"host": "unbound.test", "method": "POST", "target": "/bucket", "chunked": True,
           "body": "{FORMZIP3M:GATEWAY_TOKEN={TOKEN}\n}",
           "headers": [["Content-Type", "multipart/form-data; boundary=b"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         streamed=True, check=_no_upstream_body),
+    # An image that is also a zip: unzip and zipfile extract what follows other bytes
+    # (a self-extracting archive's layout); read from its first byte alone, before the
+    # twenty-fourth session, the gateway saw no zip in it.
+    Case("F8 token in a .env of a zip after an image's bytes",
+         {"host": "unbound.test", "method": "PUT", "target": "/bucket/cat.png",
+          "body": "{PNGZIP:GATEWAY_TOKEN={TOKEN}\n}",
+          "headers": [["Content-Type", "image/png"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
+    Case("F8 token in a .env of a zip after an image's bytes, streamed",
+         {"host": "unbound.test", "method": "PUT", "target": "/bucket/cat.png",
+          "chunked": True, "body": "{PNGZIP3M:GATEWAY_TOKEN={TOKEN}\n}",
+          "headers": [["Content-Type", "image/png"]]},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
          streamed=True, check=_no_upstream_body),
     Case("a body typed as gRPC-Web's binary and text forms both is refused unread",
@@ -1440,6 +1462,14 @@ DLP = [
     Case("DLP: a credential in a .env of an uploaded zip",
          {**_dlp_post("/dlp/ws.zip", "{ZIP:GITHUB_TOKEN={GH}\n}"), "method": "PUT"},
          ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential in a .env of a zip after an image's bytes",
+         {**_dlp_post("/dlp/cat.png", "{PNGZIP:GITHUB_TOKEN={GH}\n}",
+                      ["Content-Type", "image/png"]), "method": "PUT"},
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential in a .env of a zip after an image's bytes, streamed",
+         {**_dlp_post("/dlp/s", "{PNGZIP3M:GITHUB_TOKEN={GH}\n}",
+                      ["Content-Type", "image/png"]), "chunked": True},
+         ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_upstream_body),
     Case("DLP: a credential in a .env of a streamed .tar.gz upload",
          {**_dlp_post("/dlp/s", "{TGZ3M:GITHUB_TOKEN={GH}\n}"), "chunked": True},
          ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_upstream_body),
@@ -1588,6 +1618,10 @@ def _fill(value: Any, subs: dict[str, str]) -> Any:
             return _tar_gz(_fill(value[7:-1], subs), 3 * 1024 * 1024)
         if value.startswith("{ZIP:") and value.endswith("}"):
             return _zip(_fill(value[5:-1], subs))
+        if value.startswith("{PNGZIP:") and value.endswith("}"):  # (an image and a zip)
+            return _image_zip(_fill(value[8:-1], subs))
+        if value.startswith("{PNGZIP3M:") and value.endswith("}"):  # (streamed)
+            return _image_zip(_fill(value[10:-1], subs), 3 * 1024 * 1024)
         if value.startswith("{FORMZIP:") and value.endswith("}"):  # (a form's file part)
             return _upload_form(_fill(value[9:-1], subs))
         if value.startswith("{FORMZIP3M:") and value.endswith("}"):  # (streamed)

@@ -1157,6 +1157,98 @@ done:
     return out;
 }
 
+/* -- local_header: where a zip entry's local header is ------------------------------------
+ * `PK\3\4` is searched for in every request body (core/zip_entries.py: a zip read from
+ * wherever its entries are, as unzip reads one after other bytes), so it costs what a
+ * memchr does: 64 positions a step (128 with AVX-512), the first byte and the fourth
+ * compared at once (the rest where both agree: in prose never, in random bytes one
+ * position in 65,536).
+ * CPython's `bytes.find` takes 0.5-0.9 ms a MiB for it (a loop a byte). */
+
+static Py_ssize_t local_scalar(const uint8_t *p, Py_ssize_t n, Py_ssize_t i) {
+    for (; i + 4 <= n; i++)
+        if (p[i] == 'P' && p[i + 3] == 4 && p[i + 1] == 'K' && p[i + 2] == 3)
+            return i;
+    return -1;
+}
+
+__attribute__((target("avx2")))
+static Py_ssize_t local_avx2(const uint8_t *p, Py_ssize_t n, Py_ssize_t i) {
+    const __m256i first = _mm256_set1_epi8('P'), last = _mm256_set1_epi8(4);
+    for (; i + 67 <= n; i += 64) {  /* (64 positions a step: one test for both halves) */
+        __m256i a = _mm256_and_si256(
+            _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(p + i)), first),
+            _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(p + i + 3)), last));
+        __m256i b = _mm256_and_si256(
+            _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(p + i + 32)), first),
+            _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(p + i + 35)), last));
+        if (_mm256_testz_si256(_mm256_or_si256(a, b), _mm256_or_si256(a, b)))
+            continue;
+        uint64_t both = (uint32_t)_mm256_movemask_epi8(a) |
+                        (uint64_t)(uint32_t)_mm256_movemask_epi8(b) << 32;
+        while (both) {
+            int at = __builtin_ctzll(both);
+            if (p[i + at + 1] == 'K' && p[i + at + 2] == 3)
+                return i + at;
+            both &= both - 1;
+        }
+    }
+    return local_scalar(p, n, i);
+}
+
+__attribute__((target("avx512f,avx512bw")))
+static Py_ssize_t local_avx512(const uint8_t *p, Py_ssize_t n, Py_ssize_t i) {
+    const __m512i first = _mm512_set1_epi8('P'), last = _mm512_set1_epi8(4);
+    for (; i + 131 <= n; i += 128) {
+        __mmask64 a = _mm512_cmpeq_epi8_mask(_mm512_loadu_si512((const void *)(p + i)), first) &
+                      _mm512_cmpeq_epi8_mask(_mm512_loadu_si512((const void *)(p + i + 3)), last);
+        __mmask64 b = _mm512_cmpeq_epi8_mask(_mm512_loadu_si512((const void *)(p + i + 64)),
+                                             first) &
+                      _mm512_cmpeq_epi8_mask(_mm512_loadu_si512((const void *)(p + i + 67)),
+                                             last);
+        if (!(a | b))
+            continue;
+        for (int half = 0; half < 2; half++) {
+            uint64_t both = half ? b : a;
+            while (both) {
+                int at = __builtin_ctzll(both) + 64 * half;
+                if (p[i + at + 1] == 'K' && p[i + at + 2] == 3)
+                    return i + at;
+                both &= both - 1;
+            }
+        }
+    }
+    return local_avx2(p, n, i);
+}
+
+static PyObject *local_header(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    /* local_header(data, start=0, width=<the CPU's>): the first offset >= start of
+     * `PK\3\4`, or -1 (`width`: 64, 32 or 1 bytes a vector, for the tests). */
+    (void)module;
+    if (nargs < 1 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "local_header(data, start=0, width=None)");
+        return NULL;
+    }
+    Py_ssize_t start = 0, width = have_avx512 ? 64 : have_avx2 ? 32 : 1;
+    if (nargs >= 2 && (start = PyLong_AsSsize_t(args[1])) == -1 && PyErr_Occurred())
+        return NULL;
+    if (nargs == 3 && (width = PyLong_AsSsize_t(args[2])) == -1 && PyErr_Occurred())
+        return NULL;
+    if ((width == 64 && !have_avx512) || (width == 32 && !have_avx2)) {
+        PyErr_SetString(PyExc_ValueError, "this CPU has no such width");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const uint8_t *p = (const uint8_t *)view.buf;
+    Py_ssize_t at = start < 0 ? 0 : start;
+    at = width == 64 ? local_avx512(p, view.len, at)
+         : width == 32 ? local_avx2(p, view.len, at) : local_scalar(p, view.len, at);
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(at);
+}
+
 static PyMethodDef module_methods[] = {
     {"key_run", key_run, METH_O,
      "key_run(text): whether a bytes-like text may hold a run decoding.runs decodes (see "
@@ -1165,6 +1257,10 @@ static PyMethodDef module_methods[] = {
      "key_runs(text): [(start, end)] of every run decoding.runs may decode, in order."},
     {"key_blocks", (PyCFunction)(void (*)(void))key_blocks, METH_FASTCALL,
      "key_blocks(text, joins): (key_runs(text), the blocks of lines among them)."},
+    {"local_header", (PyCFunction)(void (*)(void))local_header, METH_FASTCALL,
+     "local_header(data, start=0, width=None): the first offset >= start of a zip local "
+     "header's "
+     "signature PK\\3\\4, or -1."},
     {"wrapped_blocks", wrapped_blocks, METH_O,
      "wrapped_blocks(data): [(start, end)] of every block of base64 lines (see _gate.c)."},
     {NULL, NULL, 0, NULL},

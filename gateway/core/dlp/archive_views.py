@@ -1,7 +1,8 @@
-"""The views a scanner reads of a held body that is a compressed file or an archive
-(`core/archives.py`): each file in it unpacked, read as a body of its own (`body gzip
-file`, `body zip entry .env`), beside the body's own bytes. Not within another
-archive's file (one level: a bomb's bound is of the body's size). Pure.
+"""The views a scanner reads of a held body that is a compressed file or holds a zip's
+entries (`core/archives.py`, `core/zip_entries.py`): each file in it unpacked, read as
+a body of its own (`body gzip file`, `body zip entry .env`), beside the body's own
+bytes. Not within another archive's file (one level: a bomb's bound is of the body's
+size). Pure.
 
 A base64 or hex run that decodes to one (a file sent in a JSON string, as GitHub's
 contents API takes it) is unpacked too (`run_views`). The runs of one body, or of one
@@ -14,11 +15,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextvars import ContextVar, Token
 
-from gateway.core.archives import FIRST_BYTES, Allowance, Unpacker, archive_kind
+from gateway.core.archives import FIRST_BYTES, Allowance, archive_kind
 from gateway.core.dlp.decoding import Unreadable
 from gateway.core.dlp.findings import Hit, Location
 from gateway.core.dlp.multipart import Reads
 from gateway.core.encodings import EncodingError
+from gateway.core.zip_entries import holds_files, unpacked_files
 
 __all__ = ["UNPACKED", "Sharing", "archive_views", "packed", "run_views", "unpacks"]
 
@@ -26,10 +28,9 @@ UNPACKED = "archive"  # (a location's `via`: read from an archive's file)
 
 
 def unpacks(body: bytes, where: Location) -> bool:
-    """Whether `body` (not empty) is read unpacked too (an archive, not in another's
-    file)."""
-    return body[0] in FIRST_BYTES and archive_kind(body[:6]) is not None and \
-        UNPACKED not in where.via
+    """Whether `body` (not empty) is read unpacked too (a compressed file, or holding a
+    zip's entries anywhere: `zip_entries.holds_files`; not in another's file)."""
+    return UNPACKED not in where.via and holds_files(body)
 
 
 _SHARED: ContextVar[Allowance | None] = ContextVar("unpacking", default=None)
@@ -74,16 +75,13 @@ def run_views(scan: Reads, text: str, where: Location) -> Iterator[Hit]:
 
 def archive_views(scan: Reads, body: bytes, where: Location, nested: int,
                   allowance: Allowance | None = None) -> Iterator[Hit]:
-    """The files of `body` (an archive: `unpacks`), each read by `scan`; raises
-    Unreadable for one that unpacks past its bound (its own, or `allowance`)."""
-    kind = archive_kind(body[:6])
-    assert kind is not None
+    """The files of `body` (`unpacks`), each read by `scan`; raises Unreadable for one
+    that unpacks past its bound (its own, or `allowance`)."""
     try:
-        files = Unpacker(kind, allowance).feed(body)
+        files = unpacked_files(body, allowance)
     except EncodingError as exc:
         raise Unreadable(str(exc)) from None
-    for name, data in files:
-        said = f"zip entry {name}" if kind == "zip" else f"{kind} file"
+    for said, data in files:
         yield from scan.body_views(data, "application/octet-stream", Location(
             where.part, f"{where.name} {said}" if where.name else said, None,
             (*where.via, UNPACKED)), nested=nested + 1)

@@ -1,79 +1,88 @@
-"""The files a request body is, as it comes (pure): where the body, or a part of a
-multipart body, is a compressed file or an archive (`core/archives.py`), what it
-unpacks to, by the part's number (0: the body itself). What reads a body as it comes
-(the stream scanner, the leak guard) reads each number's files with a scanner of its
-own: a part's files are not read across another's."""
+"""The files a request body holds, as it comes (pure): where the body, or a part of a
+multipart body, is a compressed file or holds a zip's entries (`core/archives.py`,
+`core/zip_entries.py`), what they unpack to, each by its key: the part's number (0: the
+body itself) and the file's within it. What reads a body as it comes (the stream
+scanner, the leak guard) reads each key's bytes with a scanner of its own: a file's
+bytes are not read across another's."""
 
 from __future__ import annotations
 
-from gateway.core.archives import FIRST_BYTES, Sniffed, Undecided
+from gateway.core.archives import Undecided
 from gateway.core.dlp.multipart import StreamedParts
+from gateway.core.zip_entries import Sniffed
 
-__all__ = ["Files"]
+Key = tuple[int, int]  # (a part's number, a file's in it)
+
+__all__ = ["Files", "Key"]
 
 
 class Files:
     """Feed the body's pieces (`feed`, the last with `final`): the files' bytes, each
-    with its part's number. A multipart body (`delimiter`) is read by its parts (the
-    heads checked where `check`, `multipart.StreamedParts`); any other by its first
-    bytes. `done`: nothing more can come of it (its first bytes say it is no archive).
-    `undecided`: which of the body's bytes may go on while the files' bytes are read
-    (`archives.Undecided`)."""
+    with its key. A multipart body (`delimiter`) is read by its parts (the heads checked
+    where `check`, `multipart.StreamedParts`), each part's files by a `Sniffed` of its
+    own; any other body by one. `live`: the keys still being read (a reader ends the
+    others' scans). `undecided`: which of the body's bytes may go on while the files'
+    bytes are read (`archives.Undecided`)."""
 
-    __slots__ = ("_fresh", "_part", "_parts", "done", "undecided")
+    __slots__ = ("_part", "_parts", "undecided")
 
     def __init__(self, delimiter: bytes | None, check: bool = False) -> None:
         self._parts = StreamedParts(delimiter, check) if delimiter is not None else None
         self._part: tuple[int, Sniffed] | None = None if delimiter is not None else (
-            0, Sniffed())
-        self.done = False
-        self._fresh = True  # (nothing of the body seen yet)
+            0, Sniffed(slots=True))
         self.undecided = Undecided()
 
-    def feed(self, data: bytes, final: bool = False) -> list[tuple[int, bytes]]:
-        """What `data` unpacks to, by part (raises EncodingError for a bomb, Unreadable
+    def feed(self, data: bytes, final: bool = False) -> list[tuple[Key, bytes]]:
+        """What `data` unpacks to, by key (raises EncodingError for a bomb, Unreadable
         for a part head the check refuses)."""
+        part = self._part
+        if not data and self._parts is None and part is not None and part[1].idle:
+            return []  # (the end of a body that held nothing: most)
         out = self._feed(data, final)
         self.undecided.fed(len(data), sum(len(piece) for _, piece in out))
-        if final or self.unpacking is None:
-            # (no archive being read, or its first bytes being sniffed, a magic's 6 at
-            # most, all header: its bytes give no more)
+        part = self._part
+        if final or part is None or not part[1].reading:
+            # (no file being read (the first bytes sniffed, a magic's 6 at most, and a
+            # zip's header are none): its bytes give no more)
             self.undecided.settle()
         return out
 
     @property
-    def unpacking(self) -> int | None:
-        """The number of the part whose archive is being read (None: none is, what was
-        read of one has ended)."""
+    def reading(self) -> bool:
+        """Whether a file is being read (`Sniffed.reading`; or multipart parts: always)."""
         part = self._part
-        unpacker = part[1].unpacker if part is not None else None
-        return part[0] if part is not None and unpacker is not None and not unpacker.done \
-            and not self.done else None
+        return self._parts is not None or part is None or part[1].reading
 
-    def _feed(self, data: bytes, final: bool) -> list[tuple[int, bytes]]:
+    def skips(self, data: bytes, searched: bool = False) -> bool:
+        """`feed` for `data` that adds no file's bytes (`Sniffed.skips`; not a multipart
+        body's; `searched`: no zip signature in it, found by the caller): True, its bytes
+        taken; False, having done nothing, for any other."""
+        part = self._part
+        if self._parts is not None or part is None or not part[1].skips(data, searched):
+            return False
+        self.undecided.fed(len(data), 0)
+        self.undecided.settle()
+        return True
+
+    def live(self) -> set[Key]:
+        """The keys whose files are still being read."""
+        part = self._part
+        return {(part[0], number) for number in part[1].live()} if part is not None else set()
+
+    def _feed(self, data: bytes, final: bool) -> list[tuple[Key, bytes]]:
         if self._parts is None:
             assert self._part is not None
-            sniffed = self._part[1]
-            if self.done:
-                return []
-            if self._fresh and len(data) >= 6 and data[0] not in FIRST_BYTES:
-                self.done = True  # (most bodies: one look at their first byte)
-                return []
-            self._fresh = self._fresh and not data  # (a first piece of a few bytes: the
-            # next ones are not the body's first: the sniff reads them together)
-            out = [(0, piece) for _, piece in sniffed.feed(data, final)]
-            self.done = sniffed.decided and sniffed.unpacker is None
-            return out
+            return [((0, number), piece) for number, piece in self._part[1].feed(data, final)]
         out = []
         for number, content in self._parts.feed(data):
             if self._part is None or self._part[0] != number:
                 out += self._close()
-                self._part = (number, Sniffed())
-            out += [(number, piece) for _, piece in self._part[1].feed(content)]
+                self._part = (number, Sniffed(slots=True))
+            out += [((number, file), piece) for file, piece in self._part[1].feed(content)]
         return out + self._close() if final else out
 
-    def _close(self) -> list[tuple[int, bytes]]:
+    def _close(self) -> list[tuple[Key, bytes]]:
         if self._part is None:
             return []
         number, sniffed = self._part
-        return [(number, piece) for _, piece in sniffed.feed(b"", final=True)]
+        return [((number, file), piece) for file, piece in sniffed.feed(b"", final=True)]

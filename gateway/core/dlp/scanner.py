@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import accumulate, chain
 from urllib.parse import parse_qsl, unquote_plus
 
-from gateway.core.archives import FIRST_BYTES
 from gateway.core.dlp import jsondoc
 from gateway.core.dlp.archive_views import Sharing, archive_views, packed, run_views, unpacks
 from gateway.core.dlp.clean import CleanBodies
@@ -269,7 +268,7 @@ class Scanner:
         if coding:
             where = Location(where.part, where.name, where.offset,
                              (*where.via, *(c.strip() for c in coding.split(",") if c.strip())))
-        if body[0] in FIRST_BYTES and unpacks(body, where):  # (a .tar.gz, a .zip: its files)
+        if unpacks(body, where):  # (a .tar.gz, a .zip, an image that is one too: its files)
             yield from archive_views(self, body, where, nested)
         if not gated and self.body_clean(body, ctype):
             # Most bodies: no anchor, no base64 run and no escape its reader undoes that

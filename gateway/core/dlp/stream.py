@@ -48,7 +48,7 @@ from gateway.core.dlp.fastscan import (
     PLUS,
     ChunkPass,
 )
-from gateway.core.dlp.files import Files
+from gateway.core.dlp.files import Files, Key
 from gateway.core.dlp.findings import Finding, Location, ScanResult
 from gateway.core.dlp.multipart import StreamedParts, boundary
 from gateway.core.dlp.prefilter import reader_texts
@@ -57,6 +57,7 @@ from gateway.core.dlp.scanner import Scanner
 from gateway.core.dlp.window import Window
 from gateway.core.framing import reader_for
 from gateway.core.streamed_runs import HELD, FollowedRun, open_run
+from gateway.core.zip_entries import NO_SIGNATURE
 
 __all__ = ["StreamScanner"]
 
@@ -89,7 +90,7 @@ class StreamScanner:
         # (a compressed file's run crossing a cut, followed as it streams: its file's
         # scanner and name; not within a run's file, one level)
         self._follow: FollowedRun | None = None
-        self._run_file: tuple[str, StreamScanner] | None = None
+        self._run_files: dict[int, StreamScanner] = {}
         self._seen: set[tuple[str, str]] = set()
         self.unreadable: str | None = None
         self._decoder: encodings.Decoder | None = None
@@ -101,7 +102,7 @@ class StreamScanner:
         # (a request body, or its parts, that are archives: their files, `files.Files`)
         self._files: Files | None = None
         # (the files being read, each number's with the gate's pass over them)
-        self._files_scan: dict[int, tuple[StreamScanner, ChunkPass]] = {}
+        self._files_scan: dict[Key, tuple[StreamScanner, ChunkPass]] = {}
         self._frames = reader_for(content_type)  # (gRPC, a git push: its messages)
         self._kind = "text"  # (a JSON or form body: its escapes undone too, `_scan`)
         # where, in the stream, the last chunk the shared pass found something in ends
@@ -132,8 +133,8 @@ class StreamScanner:
         files = self._files
         if files is not None:  # (an archive's bytes whose files are not read yet)
             undecided = files.undecided
-            held = max(held, undecided.held(undecided.out - max(
-                (scan.pending for scan, _ in self._files_scan.values()), default=0)))
+            held = max(held, undecided.held(undecided.out - sum(
+                scan.pending for scan, _ in self._files_scan.values())))
         held = max(held, self._run_held())
         if self._charset is None:
             return len(self._window) + len(self._early) + held
@@ -161,8 +162,8 @@ class StreamScanner:
                 except Unreadable as exc:
                     self.unreadable = str(exc)
                     return ScanResult((), self.unreadable)
-            if self._files is not None and not self._files.done:
-                try:  # (a body, or a part, that is an archive: its files, unpacked)
+            if self._files is not None and not self._files.skips(piece):
+                try:  # (a body, or a part, that holds files: unpacked)
                     found += self._unpacked(self._files.feed(piece))
                 except (Unreadable, encodings.EncodingError) as exc:
                     self.unreadable = str(exc)
@@ -189,7 +190,7 @@ class StreamScanner:
         """Read as its bytes past its decoder: no charset, framing, followed run, files."""
         files = self._files
         return self._charset is None and self._frames is None and self._follow is None \
-            and (files is None or (files.done and not self._files_scan))
+            and (files is None or (not files.reading and not self._files_scan))
 
     def passes(self, chunk: bytes, flags: int) -> bool:
         """`feed` for a piece the shared pass found nothing in (no anchor, run or escape
@@ -200,8 +201,9 @@ class StreamScanner:
         if flags & FOUND or flags & _HIDING[self._kind] or not flags & ESCAPES_KNOWN \
                 or self._hit > self._base or not self._sniffed or self._early \
                 or self._decoder is not None or self._parts is not None \
-                or not self._bare():
-            return False
+                or not self._bare() or (self._files is not None and not self._files.skips(
+                    chunk, bool(flags & NO_SIGNATURE))):
+            return False  # (`skips` last: it takes the chunk where it says True)
         self._allowance.grow(len(chunk) if self._grows else 0)
         window = self._window
         window.add(chunk)
@@ -237,44 +239,42 @@ class StreamScanner:
             found += self._followed(b"", final=True)
         return ScanResult(tuple(found), self.unreadable)
 
-    def _unpacked(self, files: list[tuple[int, bytes]], final: bool = False
+    def _unpacked(self, files: list[tuple[Key, bytes]], final: bool = False
                   ) -> list[Finding]:
-        """The files of the body (number 0) or of a multipart body's parts, each
-        number's read by a stream scanner of its own (`body unpacked at offset N`, `body
-        part 2 unpacked at offset N`), ended when the next number's begin."""
+        """The files of the body (part 0) or of a multipart body's parts, each file's
+        read by a stream scanner of its own (`body unpacked at offset N`, `body part 2
+        unpacked at offset N`), ended when it is."""
         found: list[Finding] = []
-        for number, data in files:
-            reading = self._files_scan.get(number)
+        for key, data in files:
+            reading = self._files_scan.get(key)
             if reading is None:
-                found += self._files_end()
-                reading = self._files_scan[number] = (StreamScanner(self._scanner, where=(
+                number = key[0]
+                reading = self._files_scan[key] = (StreamScanner(self._scanner, where=(
                     f"{self._where.part} part {number} unpacked" if number else
                     f"{self._where.part} unpacked"), allowance=self._allowance), ChunkPass(
                         self._scanner.prefilter.gate))
             scan, gate = reading  # (the gate's one pass says which windows to read)
             found += self._scanned(scan.feed(data, gate.flags(data, escapes=True)))
-        # (an archive ended: its files read to their end now, not at the next one's, so
-        # that the body's bytes after it are not held back)
-        return found + self._files_end() if final or self._files is None or \
-            self._files.unpacking is None else found
-
-    def _files_end(self) -> list[Finding]:
-        found: list[Finding] = []
-        for number in list(self._files_scan):
-            found += self._scanned(self._files_scan.pop(number)[0].end())
+        # (a file ended: read to its end now, not at the body's, so that the body's
+        # bytes after it are not held back)
+        live = self._files.live() if not final and self._files is not None else set()
+        for key in [key for key in self._files_scan if key not in live]:
+            found += self._scanned(self._files_scan.pop(key)[0].end())
         return found
 
     def _run_held(self) -> int:
         """Characters of a followed run whose files' bytes are not decided yet."""
-        follow, file = self._follow, self._run_file
+        follow = self._follow
         if follow is None:
             return 0
-        return follow.held(follow.out - (file[1].pending if file is not None else 0))
+        return follow.held(follow.out - sum(file.pending for file in self._run_files.values()))
 
-    def _run_end(self) -> list[Finding]:
-        """The end of the followed run's file being read."""
-        file, self._run_file = self._run_file, None
-        return list(self._scanned(file[1].end())) if file is not None else []
+    def _run_end(self, live: frozenset[int] = frozenset()) -> list[Finding]:
+        """The end of the followed run's files being read, but those still `live`."""
+        found: list[Finding] = []
+        for number in [number for number in self._run_files if number not in live]:
+            found += self._scanned(self._run_files.pop(number).end())
+        return found
 
     def _scanned(self, result: ScanResult) -> tuple[Finding, ...]:
         if result.unreadable is not None:
@@ -354,16 +354,16 @@ class StreamScanner:
             self.unreadable = str(exc)
             return []
         found: list[Finding] = []
-        for name, piece in files:
-            if self._run_file is None or self._run_file[0] != name:
-                found += self._run_end()
+        for number, name, piece in files:
+            file = self._run_files.get(number)
+            if file is None:
                 at = self._where
-                self._run_file = (name, StreamScanner(self._scanner, where=Location(
-                    at.part, f"zip entry {name}" if name else f"{follow.kind} file", None,
-                    (*at.via, follow.encoding, UNPACKED)), allowance=self._allowance))
-            found += self._scanned(self._run_file[1].feed(piece))
+                file = self._run_files[number] = StreamScanner(self._scanner, where=Location(
+                    at.part, name, None, (*at.via, follow.encoding, UNPACKED)),
+                    allowance=self._allowance)
+            found += self._scanned(file.feed(piece))
+        found += self._run_end(follow.live())
         if follow.ended:
-            found += self._run_end()
             self._follow = None
         elif self._run_held() > HELD:
             self.unreadable = (f"a compressed file in a base64 or hex run that gives nothing "

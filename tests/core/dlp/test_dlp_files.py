@@ -1,12 +1,14 @@
-"""The files a streamed request body is (`core/dlp/files.py`), and the stream scanner
+"""The files a streamed request body holds (`core/dlp/files.py`), and the stream scanner
 reading them (`StreamScanner(unpack=True)`): a body, or a multipart body's part, that is
-an archive is unpacked as it comes, each part's files by a scanner of its own, at any
-cut; a body that is none costs one look at its first bytes; answers are not unpacked."""
+a compressed file or holds a zip's entries is unpacked as it comes, each file by a
+scanner of its own, at any cut; a body that holds none costs one search a piece
+(`skips`); answers are not unpacked."""
 
 from __future__ import annotations
 
 import gzip
 import random
+from typing import Any
 
 import pytest
 from helpers.archives import deflated_zip, tar_gz
@@ -14,6 +16,7 @@ from helpers.dlp_corpus import fake
 
 from gateway.core import archives
 from gateway.core.dlp import DEFAULT, Scanner, StreamScanner
+from gateway.core.dlp import stream as stream_module
 from gateway.core.dlp.files import Files
 from gateway.services.dlp.library import build
 
@@ -76,7 +79,7 @@ def test_an_archive_whose_first_bytes_come_alone_is_still_unpacked() -> None:
     body = tar_gz({".env": ENV})
     files = Files(None)
     got = files.feed(body[:2]) + files.feed(body[2:]) + files.feed(b"", final=True)
-    assert ENV in b"".join(piece for _, piece in got) and not files.done
+    assert ENV in b"".join(piece for _, piece in got)
     assert [w.split(" at ")[0] for w in _read(body, 2)[0]] == ["body unpacked"]
 
 
@@ -84,9 +87,44 @@ def test_answers_and_bodies_that_are_no_archive_are_not_unpacked() -> None:
     body = tar_gz({".env": ENV})
     assert _read(body, 4096, unpack=False)[0] == []  # (an answer: a download)
     files = Files(None)
-    assert files.feed(b'{"model": "m", "messages": []}') == [] and files.done
-    later = Files(None)  # (an archive after other bytes: not looked for)
+    assert files.feed(b'{"model": "m", "messages": []}') == [] and not files.reading
+    assert files.skips(b'"more": 1}')
+    later = Files(None)  # (a compressed file after other bytes: gunzip reads none)
     assert later.feed(b"notes: ") == [] and later.feed(body) == []
+
+
+def test_a_zip_after_other_bytes_is_read_as_unzip_reads_it() -> None:
+    """An image that is also a zip (unzip extracts what follows the image's bytes):
+    its entries are read, by a scanner each, at any cut."""
+    body = b"\x89PNG\r\n\x1a\n" + README[:5000] + deflated_zip({"README": README, ".env": ENV})
+    for step in (1, 4096, 65536):
+        found, unreadable, _ = _read(body, step, "image/png")
+        assert unreadable is None and len(found) == 1, found
+        assert found[0].startswith("body unpacked at offset")
+
+
+def test_a_zips_many_entries_are_read_by_one_scanner_not_one_each(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entries one after another share a number (`ZipEntries(slots=True)`): a zip of a
+    workspace's 2,000 files makes a scanner a piece at most, not 2,000, and the key in
+    its last file is found."""
+    made = []
+
+    class Counted(StreamScanner):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            made.append(1)
+            super().__init__(*args, **kwargs)
+
+    files = {f"src/f{n}.py": b"print(%d)\n" % n * 20 for n in range(2000)} | {".env": ENV}
+    body = deflated_zip(files)
+    stream, found = StreamScanner(SCANNER, unpack=True), []
+    monkeypatch.setattr(stream_module, "StreamScanner", Counted)
+    pieces = range(0, len(body), 16384)
+    for at in pieces:
+        found += stream.feed(body[at:at + 16384]).findings
+    found += stream.end().findings
+    assert [str(f.location).split(" at ")[0] for f in found] == ["body unpacked"]
+    assert len(made) <= len(pieces) + 1 < 2000
 
 
 def test_a_streamed_bomb_is_unreadable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,7 +165,7 @@ def test_files_say_which_part_is_being_unpacked_and_what_may_go_on() -> None:
     body = _form(("a", gzip.compress(README, mtime=0)), ("b", b"x" * 10_000))
     first = body.index(b"\x1f\x8b")
     files.feed(body[:first + 2000])
-    assert files.unpacking == 1 and files.undecided.held(0) == files.undecided.raw
+    assert files.live() == {(1, 0)} and files.undecided.held(0) == files.undecided.raw
     files.feed(body[first + 2000:])
-    assert files.unpacking is None
+    assert files.live() == set()
     assert files.undecided.held(files.undecided.out) == 0  # (all decided: all may go)

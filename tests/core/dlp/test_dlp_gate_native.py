@@ -211,6 +211,10 @@ for pool in (b"ab :/AKCxoX-09\\x00\\xff", b"0123456789abcdefABCDEF-=_+/"):
                 gate.runs_clean(data)
             module.key_run(data)
             module.key_run(bytearray(data))
+            for width in (1, 32, 64)[:2 + module.AVX512]:
+                module.local_header(data, r.randrange(n + 2), width)
+                module.local_header(bytearray(data.replace(b"a", b"PK\\x03\\x04"[:1 + n %% 4])),
+                                    0, width)
 print("clean")
 """
 
@@ -223,6 +227,27 @@ def test_no_read_past_a_buffer_under_address_sanitizer(tmp_path: Path) -> None:
     source = Path(_gate.__file__).parents[0] / "_gate.c"
     script = _ASAN_RUN % (DEFAULT_LITERALS, _ALPHABET, SEGMENT)
     assert run_sanitized(source, tmp_path, script, timeout=120).strip() == "clean"
+
+
+@pytest.mark.parametrize("width", [1, 32, 64])
+def test_local_header_finds_what_bytes_find_finds(width: int) -> None:
+    """`local_header` (a zip entry's `PK\\3\\4`, `core/zip_entries.py`) at every offset
+    and length around its steps (64 and 128 bytes; 1: the scalar loop), with partial
+    signatures about, from every start: the offset `bytes.find` gives."""
+    if width == 64 and not _gate.AVX512:
+        pytest.skip("no AVX-512 BW")
+    rng = random.Random(9)
+    for n in [*range(300), *(rng.randrange(10_000) for _ in range(40))]:
+        for _ in range(6):
+            data = bytearray(rng.choice(b"PK\x03\x04x") for _ in range(n))
+            if n >= 4 and rng.random() < 0.7:
+                at = rng.randrange(n - 3)
+                data[at:at + 4] = b"PK\x03\x04"
+            text = bytes(data)
+            for start in {0, 1, n // 2, max(n - 4, 0), n, n + 3, -2}:
+                assert _gate.local_header(text, start, width) == text.find(
+                    b"PK\x03\x04", max(start, 0))
+            assert _gate.local_header(data, 0, width) == text.find(b"PK\x03\x04")
 
 
 CRAFTED = {  # texts that keep the prefilter busy without holding a literal or a run
