@@ -165,7 +165,7 @@ class ZipEntries:
         if len(whole) < need:
             return  # (the body ended in its header)
         name = whole[_HEAD + 0:need - int.from_bytes(whole[28:30], "little")]
-        first = min(max(int.from_bytes(whole[18:22], "little"), _FIRST), _STEP)
+        said = min(max(int.from_bytes(whole[18:22], "little"), _FIRST), _STEP)
         start = at + max(need - have, 0)  # (where its data begins in `data`)
         rest = data[start:] if have <= need else memoryview(bytes(head[need:]) + bytes(
             data[at:]))
@@ -179,7 +179,7 @@ class ZipEntries:
                 self._keys[number] = number
                 self.names[number] = name.decode("utf-8", "replace")
             unpacker = Unpacker(kind, self._allowance)
-            at, step = 0, first  # (steps doubling: what a stream ending early leaves,
+            at, step = 0, said  # (steps doubling: what a stream ending early leaves,
             while at < len(rest) and not unpacker.done:  # copied by its decoder, is
                 self._give(number, unpacker, rest[at:at + step], out)  # at most what
                 at, step = at + step, step * 2  # it read)
