@@ -9,8 +9,10 @@ lines, and base64 or hex runs that are a compressed file.
 * **Compressed runs.** A run that decodes to a gzip, bzip2, xz or zstd file or a zip archive (a
   file sent in a JSON string, as GitHub's contents API takes it) holds what it
   compresses nowhere in its bytes: where the markers' pass saw the start of one
-  (`ARCHIVE_MARKERS`, found in the same pass), each such run is decoded and unpacked
-  (`unpacked`), bounded by the body's `Allowance` (`core/archives.py`).
+  (`ARCHIVE_MARKERS`, found in the same pass), or a zip's local header inside a run (an
+  image that is also a zip, `streamed_runs.signed_start`), each such run is decoded
+  (from that header's group) and unpacked (`unpacked`), bounded by the body's
+  `Allowance` (`core/archives.py`, `core/zip_entries.py`).
 
 One level each: what a run unpacks to is read for markers, not unpacked again. As data
 streams, a compressed run (or its block of lines) the window ends in is followed from
@@ -24,12 +26,12 @@ import binascii
 import re
 from collections.abc import Callable, Iterator
 
-from gateway.core.archives import Allowance, archive_kind
+from gateway.core.archives import Allowance
 from gateway.core.dlp.fastscan import LITERAL, UNDECIDED
 from gateway.core.encodings import EncodingError
-from gateway.core.streamed_runs import HEAD, HEX_FIRST
+from gateway.core.streamed_runs import HEAD, HEX_HEAD, signed_start
 from gateway.core.unpack_bounds import ExcessError
-from gateway.core.zip_entries import unpacked_files
+from gateway.core.zip_entries import holds_files, unpacked_files
 
 __all__ = ["ARCHIVE_MARKERS", "TILE", "archive_starts", "beyond", "joined", "unpacked"]
 
@@ -43,7 +45,10 @@ _WRAP_LINE = 20  # characters a line of a block has, but its last (`_gate.c`'s W
 ARCHIVE_MARKERS = (b"h4si", b"uesdb", b"qlpo", b"/td6wfo", b"_td6wfo", b"kluv/", b"kluv_",
                    b"1f8b08", b"504b0304", b"425a68", b"fd377a585a00", b"28b52ffd",
                    *(b"%c%cpng" % (first, second) for first in b"uvwx" for second in b"csiy"),
-                   *(b"5%x2a4d18" % low for low in range(16)))
+                   *(b"5%x2a4d18" % low for low in range(16)),
+                   # (a zip's local header inside a run, from a group's second or third
+                   # byte: `streamed_runs.signed_start`; from its first, `uesdb`)
+                   b"fblaw", b"vblaw", b"lblaw", b"1blaw", b"qswme")
 _RUN = re.compile(rb"[A-Za-z0-9+/_-]+")
 _HEX_RUN = re.compile(rb"[0-9a-fA-F]+")
 _BREAKS = re.compile(rb"\\r\\n|\\n|\r?\n")
@@ -131,20 +136,23 @@ def unpacked(data: bytes, starts: list[int], allowance: Allowance) -> Iterator[b
     (`archive_starts`' or the markers' pass's) that decodes to a compressed file; raises
     EncodingError past `allowance`."""
     for at in sorted(set(starts)):
-        if HEAD.match(data, at) is None:
-            continue  # (a start of one case only: `canonical` lowercased it)
-        run = (_HEX_RUN if data[at:at + 1] in HEX_FIRST else _RUN).match(data, at)
-        decoded = _decoded(run.group()) if run is not None else None
-        kind = archive_kind(decoded[:6]) if decoded is not None else None
-        if decoded is None or kind is None:
+        if HEAD.match(data, at) is None:  # (a start of one case only: `canonical`
+            signed = signed_start(data, at)  # lowercased it; or a zip's local header
+            if signed is None:  # inside a run: read from its group)
+                continue
+            at = signed
+        hexed = HEX_HEAD.match(data, at) is not None
+        run = (_HEX_RUN if hexed else _RUN).match(data, at)
+        decoded = _decoded(run.group(), hexed) if run is not None else None
+        if decoded is None or not holds_files(decoded):
             continue
         for _, file in unpacked_files(decoded, allowance):
             yield file
 
 
-def _decoded(text: bytes) -> bytes | None:
+def _decoded(text: bytes, hexed: bool) -> bytes | None:
     try:
-        if text[:1] in HEX_FIRST:  # (hex: base64's start with `HUQ/_K`)
+        if hexed:
             return binascii.unhexlify(text[:len(text) // 2 * 2])
         text = text.replace(b"-", b"+").replace(b"_", b"/")
         # (all of it, its last group padded as its `=` or a decoder pads it: a zstd

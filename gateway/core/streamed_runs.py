@@ -29,9 +29,10 @@ import binascii
 import re
 
 from gateway.core.archives import Allowance, Undecided, archive_kind
-from gateway.core.zip_entries import Sniffed
+from gateway.core.zip_entries import Sniffed, local_header
 
-__all__ = ["HEAD", "HELD", "HEX_FIRST", "File", "FollowedRun", "open_run"]
+__all__ = ["HEAD", "HELD", "HEX_FIRST", "HEX_HEAD", "File", "FollowedRun", "open_run",
+           "signed_start"]
 
 HELD = 4 * 1024 * 1024  # bytes of a run held back while they give nothing (a bzip2 block's
 # base64 is 1.2 MB at most)
@@ -44,6 +45,12 @@ _STARTS = (rb"H4sI|UEsDB|Qlpo|(?:\\/|[/_])Td6WFo|KLUv(?:\\/|[/_])"  # (a `/` JSO
            rb"|[UVWX][CSiy]pNG"  # (a zstd skippable frame)
            rb"|(?i:1f8b08|504b0304|425a68|fd377a585a00|28b52ffd|5[0-9a-f]2a4d18)")
 HEAD = re.compile(_STARTS)
+HEX_HEAD = re.compile(rb"(?i:1f8b08|504b0304|425a68|fd377a585a00|28b52ffd|5[0-9a-f]2a4d18)")
+# (a zip's local header inside a run, after other bytes (`core/zip_entries.py`): its
+# base64 from a 3-byte group's first byte, second or third, the group beginning 0, 1 or
+# 3 characters before; its hex. A signature a line break cuts is not looked for here.)
+_SIGNED = re.compile(rb"UEsDB|[FVl1]BLAw[QRST]|QSwME|(?i:504b0304)")
+_HEXISH = re.compile(rb"[0-9a-fA-F]{1,11}")
 _AFTER_BREAK = re.compile(rb"(?:\\r\\n|\\n|\r?\n)(?=" + _STARTS + rb")")
 _RUN_BYTES = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-\\\r\n"
 _URLSAFE = bytes.maketrans(b"-_", b"+/")
@@ -52,10 +59,23 @@ HEX_FIRST = b"1245fF"  # (a compressed file's hex; its base64 starts with none o
 _MAGIC = 6  # bytes that say what a compressed file is (`archive_kind`)
 
 
+def signed_start(data: bytes | bytearray, at: int) -> int | None:
+    """Where the group of a run's characters holding a zip's local header whose encoded
+    signature is at `at` begins (`_SIGNED`), or None if none is there."""
+    match = _SIGNED.match(data, at)
+    if match is None:
+        return None
+    first = match.group()[:1]
+    back = 3 if first == b"Q" else 0 if first in b"U5" else 1
+    return at - back if at >= back else None
+
+
 def open_run(data: bytes | bytearray, since: int = 0, cut: int | None = None) -> int | None:
     """Where a compressed file's run in `data` that goes on past `cut` (to `data`'s end
     where None: the stream may bring more of it) starts, if one does, at `since` or
-    after (a start before was looked for in the data before); None if none. Its
+    after (a start before was looked for in the data before); None if none; or where
+    the group of it holding a zip's local header begins (`signed_start`: a run of an
+    image that is also a zip, read from there). Its
     characters as `FollowedRun` reads them: base64 or hex, in lines or not, with JSON's
     `\\/` (PHP's `json_encode` and Java's writers escape every `/`: a run read only as
     the alphabet's characters in a row stopped at each)."""
@@ -67,6 +87,8 @@ def open_run(data: bytes | bytearray, since: int = 0, cut: int | None = None) ->
     # line break: a decoder reads a string from its start, not from inside a word)
     starts = [region] if HEAD.match(data, region) else []
     starts += [m.end() for m in _AFTER_BREAK.finditer(data, region, end)]
+    starts += sorted(start for m in _SIGNED.finditer(data, region, end)
+                     if (start := signed_start(data, m.start())) is not None)
     for start in starts:
         if start < since or start >= end:
             continue
@@ -126,8 +148,9 @@ class FollowedRun:
         if self.ended:
             self.taken = 0
             return []
-        if self._hex is None and data:
-            self._hex = data[:1] in HEX_FIRST
+        if self._hex is None and data:  # (a start inside a run, `signed_start`, may be
+            self._hex = data[:1] in HEX_FIRST and (  # any character: its magic says)
+                HEX_HEAD.match(data) is not None or _HEXISH.fullmatch(data[:12]) is not None)
         data = self._waiting + data if self._waiting else data
         before = len(self._waiting)
         match = (_HEX if self._hex else _BASE64).match(data)
@@ -183,7 +206,8 @@ class FollowedRun:
             self._head += data
             if len(self._head) < _MAGIC and not final:
                 return []
-            kind = archive_kind(bytes(self._head[:_MAGIC]))
+            head = bytes(self._head[:_MAGIC])
+            kind = archive_kind(head) or ("zip" if local_header(head) >= 0 else None)
             if kind is None:
                 self.ended = True  # (no compressed file: nothing to unpack)
                 return []

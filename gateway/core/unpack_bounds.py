@@ -82,6 +82,16 @@ class Undecided:
             self._marks.append((self._last, self.out))
             self._last = self.raw
 
+    def passed(self, raw: int) -> None:
+        """`raw` more bytes fed, with no file being read: `fed` and `settle` at once (they
+        go once what came before is decided; at once where nothing is pending)."""
+        if self._marks:
+            self.fed(raw, 0)
+            self.settle()
+        else:
+            self.raw += raw
+            self._released = self._last = self.raw
+
     def settle(self) -> None:
         """What was fed gives nothing more: it goes once what it gave is decided."""
         marks = self._marks

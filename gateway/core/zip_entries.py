@@ -30,7 +30,7 @@ from gateway.core.archives import FIRST_BYTES, Allowance, Unpacker, archive_kind
 from gateway.core.encodings import EncodingError
 
 __all__ = ["LIVE", "NO_SIGNATURE", "Sniffed", "ZipEntries", "entry_kinds", "holds_files",
-           "local_header", "unpacked_files"]
+           "local_header", "quiet", "unpacked_files"]
 
 NO_SIGNATURE = 256  # (a bit beside `Gate.flags`' that `DlpCheck.passed` sets: no `PK\3\4`
 # in the piece, searched once for the leak guard's files and detection's)
@@ -104,6 +104,10 @@ class ZipEntries:
     def numbers(self) -> frozenset[int]:
         """The numbers of the entries still decoding."""
         return frozenset(self._keys[number] for number in self._live)
+
+    def after(self, tail: bytes) -> None:
+        """Begun after bytes that held no signature, ending with `tail` (3 at most)."""
+        self._tail = tail[-3:]
 
     def skips(self, data: bytes, searched: bool = False) -> bool:
         """`feed` for `data` that adds nothing (no entry or header being read, no
@@ -203,6 +207,18 @@ class ZipEntries:
                 "in a zip of their own")
 
 
+def quiet(data: bytes, tail: bytes, seen: int, searched: bool = False) -> bool:
+    """Whether `data`, after `seen` bytes of a body that held nothing ending with `tail`,
+    holds nothing either: the body's first bytes (6 at least) no compressed file's, no
+    zip signature in it (`searched`: the caller found none) or across the cut. A reader
+    of a body's files need not be made for it (most bodies: one piece)."""
+    if not seen and (len(data) < _SNIFF or data[0] in FIRST_BYTES):
+        return False
+    if not searched and local_header(data) >= 0:
+        return False
+    return not tail or not 0 <= (tail + data[:3]).find(_SIGNATURE) < len(tail)
+
+
 def holds_files(body: bytes) -> bool:
     """Whether a body (not empty) is, or holds, something to unpack: a compressed file
     by its first bytes, or a zip's local header anywhere."""
@@ -228,7 +244,10 @@ class Sniffed:
 
     __slots__ = ("_allowance", "_grow", "_head", "_kind", "_unpacker", "_zip", "decided")
 
-    def __init__(self, allowance: Allowance | None = None, slots: bool = False) -> None:
+    def __init__(self, allowance: Allowance | None = None, slots: bool = False,
+                 after: tuple[bytes, int] | None = None) -> None:
+        """`after`: the body's bytes so far held nothing (`quiet`): their last 3 and
+        their size."""
         self._grow = allowance is None  # (its own bound: grown by its bytes, one for all)
         self._allowance = Allowance(0) if allowance is None else allowance
         self._head = b""  # (the first bytes, while fewer than a magic's)
@@ -236,6 +255,11 @@ class Sniffed:
         self._kind = ""
         self._unpacker: Unpacker | None = None
         self._zip = ZipEntries(self._allowance, slots)
+        if after is not None:
+            self.decided = True
+            self._zip.after(after[0])
+            if self._grow:
+                self._allowance.grow(after[1])
 
     @property
     def idle(self) -> bool:

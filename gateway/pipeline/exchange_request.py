@@ -22,7 +22,7 @@ from gateway.core.encodings import Decoder, EncodingError, decoder_for
 from gateway.core.framing import MessageReader, framing
 from gateway.core.leaks import StreamScan
 from gateway.core.refusal import Refusal
-from gateway.core.zip_entries import NO_SIGNATURE
+from gateway.core.zip_entries import NO_SIGNATURE, quiet
 from gateway.pipeline.exchange_state import ExchangeState
 
 __all__ = ["ENCODED_LIMIT", "RequestSide"]
@@ -30,15 +30,16 @@ __all__ = ["ENCODED_LIMIT", "RequestSide"]
 ENCODED_LIMIT = 8 * 1024 * 1024  # a compressed request body is held whole up to this size
 
 
-def _archives(content_type: str | None) -> Files:
-    """What reads the files a body holds: a multipart body's parts', each maybe a
-    compressed file or holding a zip's entries; another body's (`dlp.files.Files`)."""
+def _archives(content_type: str | None) -> Files | None:
+    """What reads the files a multipart body's parts hold, each maybe a compressed file
+    or holding a zip's entries (`dlp.files.Files`); None for another body (read by a
+    `Files` made at its first piece that is not `zip_entries.quiet`)."""
     try:
         delimiter = boundary(content_type) if content_type and \
             "multipart/" in content_type.lower() else None
     except Unreadable:  # (two boundaries: detection refuses it; the leak scan reads its
         delimiter = None  # bytes, and the files the body holds as a whole)
-    return Files(delimiter)
+    return Files(delimiter) if delimiter is not None else None
 
 
 def _unreadable(exc: EncodingError) -> Refusal:
@@ -61,7 +62,8 @@ class RequestSide:
         # (the files a body, or a multipart body's parts, hold: each read by a leak scan
         # of its own)
         self._archives: Files | None = None
-        self._files: dict[Key, StreamScan] = {}
+        self._quiet: tuple[bytes, int] | None = None  # (a body read so far with none:
+        self._files: dict[Key, StreamScan] = {}  # its last 3 bytes and its size)
 
     def _scanner(self) -> StreamScan:
         if self._scan is None:
@@ -95,8 +97,9 @@ class RequestSide:
                     "a git push)"))
             made = readers.pop() if readers else None
             self._frames = made() if made is not None else None
-            if self._frames is None:  # (an archive's files read too: most bodies' first
+            if self._frames is None:  # (the files a body holds read too)
                 self._archives = _archives(self.ex.head.headers.get("content-type"))
+                self._quiet = (b"", 0) if self._archives is None else None
         if self._frames is not None:  # (gRPC, a git push: the messages are read, `framing`)
             self._messages(scanner, data, streamed)
             return
@@ -105,9 +108,24 @@ class RequestSide:
                              None if flags is None else bool(flags & RUN), flags or 0)
         if found is not None:
             raise self.ex.leak(found)
-        if self._archives is not None and not self._archives.skips(
-                data, flags is not None and bool(flags & NO_SIGNATURE)):
+        searched = flags is not None and bool(flags & NO_SIGNATURE)
+        quiet_so_far = self._quiet
+        if quiet_so_far is not None:  # (no reader of its files made yet: most bodies)
+            tail, seen = quiet_so_far
+            if quiet(data, tail, seen, searched):
+                self._quiet = ((tail + data)[-3:] if len(data) < 3 else data[-3:],
+                               seen + len(data))
+            else:  # (a piece that may hold one: its reader, begun after what held none)
+                self._archives = Files(None, after=quiet_so_far if seen else None)
+                self._quiet = None
+        if self._archives is not None and not self._archives.skips(data, searched):
             self._unpacked(self._archives, data)
+        self._detected(data, flags, streamed)
+
+    def _detected(self, data: bytes, flags: int | None, streamed: bool) -> None:
+        """A piece, read by the leak scan, to detection and the content export (a body
+        streamed)."""
+        dlp = self.ex.dlp
         if dlp is not None and streamed:
             dlp.feed(data, self._body_type(), flags)
         if streamed and self.ex.content is not None:
@@ -161,8 +179,8 @@ class RequestSide:
         """The last bytes of an archive body (or part) whose files are not read yet
         (`archives.Undecided`: what the files' scan has not decided)."""
         archives = self._archives
-        if archives is None:
-            return 0
+        if archives is None or archives.idle:
+            return 0  # (nothing being read: nothing held for it)
         undecided = archives.undecided
         return undecided.held(undecided.out - sum(
             scan.pending for scan in self._files.values()))
@@ -175,8 +193,9 @@ class RequestSide:
                 raise self.ex.leak(found)
 
     def _frames_end(self) -> None:
-        if self._archives is not None:  # (a body of fewer bytes than a magic's, or an
-            self._unpacked(self._archives, b"", final=True)  # archive's end)
+        if self._archives is not None and not self._archives.idle:  # (a body of fewer
+            self._unpacked(self._archives, b"", final=True)  # bytes than a magic's, or
+            # a file's end)
         self._ended(self._scan, *self._files.values())
         if self._frames is not None:
             try:

@@ -140,6 +140,10 @@ BINARY = {"DLP: a credential in a gzip part of a streamed multipart body",
           "DLP: a credential in an uploaded pzstd-compressed file"}
 
 
+# Rows whose base64 run is of an image 1.5 MB long before its zip (the run is what a
+# stream follows; shortened it would test nothing).
+LONG_RUNS = {"DLP: a credential in an image that is also a zip, sent in a JSON string, streamed",
+             "F8 token in an image that is also a zip, sent in a JSON string, streamed"}
 # Rows whose body holds a token the gateway issued: the proxy's leak guard refuses it
 # first (`exfiltration_blocked`: only the proxy knows the tokens it issued); the tools,
 # not knowing it, read a JWT, which the rule's `jwt` detector refuses (`secret_detected`).
@@ -195,6 +199,9 @@ def test_policy_test_gives_the_proxys_verdict(policy_set: PolicySet, case: Case)
     method, url, body = _request(case)
     if case.name in BINARY:
         pytest.skip("a body of bytes that are no text: a policy test case's body is text")
+    if case.name in LONG_RUNS:
+        pytest.skip("a 2 MB run no shortening keeps the reading of (the YAML loader: "
+                    "20-36 s); evaluate decides it whole above")
     code = _expected(case, PIPELINE)
     # (the 2 MiB pad, there for mitmproxy's own limit, and the 2 MiB of prose or random
     # words, there for a streaming engine's chunks, are as good short: the YAML case

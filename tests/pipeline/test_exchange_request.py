@@ -379,6 +379,41 @@ def _sent(token: str, ctype: str, body: bytes, step: int) -> tuple[list[bytes], 
     return out, None
 
 
+@pytest.mark.parametrize("dlp", [False, True], ids=["leak guard", "with dlp"])
+def test_a_zip_after_other_bytes_is_read_however_the_body_is_cut(token: str, dlp: bool) -> None:
+    """An image that is also a zip (unzip extracts it), the gateway token in its .env:
+    refused wherever the pieces cut it, its first pieces holding no file (no reader of
+    its files made for them: `zip_entries.quiet`) and its zip's signature cut between
+    two pieces included; without the token it goes through whole."""
+    import io
+    import zipfile
+
+    def image_zip(data: bytes) -> bytes:
+        raw = io.BytesIO()
+        with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
+            archive.writestr(".env", data)
+        return b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 40 + raw.getvalue()
+
+    check = Dlp(action="refuse", detectors=("github",))
+    body = image_zip(f"GATEWAY_TOKEN={token}\n".encode())
+    at = body.find(b"PK\x03\x04")
+    assert token.encode() not in body and at > 10_000
+    for cuts in ([3], [4000, 8000], *([at + k] for k in range(-3, 5)), [at + 30, at + 40],
+                 [7, at + 2, at + 200]):
+        chunks = [body[lo:hi] for lo, hi in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+        if dlp:
+            assert _shared(token, chunks, "image/png", None, check).leak is not None, cuts
+        else:
+            side = RequestSide(_exchange(token, "image/png", None, None))  # type: ignore[arg-type]
+            with pytest.raises(Refusal) as refused:
+                for chunk in chunks:
+                    side.feed(chunk)
+                side.end(None)
+            assert refused.value.code == "exfiltration_blocked", cuts
+    clean = image_zip(b"NOTES=1\n")
+    assert _shared(token, [clean[:at], clean[at:]], "image/png", None, check).leak is None
+
+
 def test_an_archives_files_runs_share_the_bodys_bound(
         token: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The leak guard's reading of a streamed archive's files unpacks their compressed

@@ -742,13 +742,16 @@ static int json_escape_in(const uint8_t *data, Py_ssize_t n) {
     return 0;
 }
 
-/* Whether data starts as a compressed file or an archive does (`archives.archive_kind`:
- * gzip, bzip2, xz, zip, zstd, or a zstd skippable frame): a decoded run that is one is
+static Py_ssize_t local_best(const uint8_t *p, Py_ssize_t n, Py_ssize_t i);
+
+/* Whether data starts as a compressed file does (`archives.archive_kind`: gzip, bzip2,
+ * xz, zstd, or a zstd skippable frame), or holds a zip's local header anywhere
+ * (`zip_entries.holds_files`: an image that is also a zip): a decoded run that does is
  * unpacked (`archive_views`). */
 static int archive_start(const uint8_t *d, Py_ssize_t n) {
-    return (n >= 3 && d[0] == 0x1f && d[1] == 0x8b && d[2] == 8) ||
+    return local_best(d, n, 0) >= 0 ||
+           (n >= 3 && d[0] == 0x1f && d[1] == 0x8b && d[2] == 8) ||
            (n >= 3 && d[0] == 'B' && d[1] == 'Z' && d[2] == 'h') ||
-           (n >= 4 && d[0] == 'P' && d[1] == 'K' && d[2] == 3 && d[3] == 4) ||
            (n >= 4 && d[0] == 0x28 && d[1] == 0xb5 && d[2] == 0x2f && d[3] == 0xfd) ||
            (n >= 4 && (d[0] & 0xf0) == 0x50 && d[1] == 0x2a && d[2] == 0x4d && d[3] == 0x18) ||
            (n >= 6 && memcmp(d, "\xfd" "7zXZ\0", 6) == 0);
@@ -1219,6 +1222,11 @@ static Py_ssize_t local_avx512(const uint8_t *p, Py_ssize_t n, Py_ssize_t i) {
         }
     }
     return local_avx2(p, n, i);
+}
+
+static Py_ssize_t local_best(const uint8_t *p, Py_ssize_t n, Py_ssize_t i) {
+    return have_avx512 ? local_avx512(p, n, i) : have_avx2 ? local_avx2(p, n, i)
+                                                           : local_scalar(p, n, i);
 }
 
 static PyObject *local_header(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextvars import ContextVar, Token
 
-from gateway.core.archives import FIRST_BYTES, Allowance, archive_kind
+from gateway.core.archives import Allowance
 from gateway.core.dlp.decoding import Unreadable
 from gateway.core.dlp.findings import Hit, Location
 from gateway.core.dlp.multipart import Reads
@@ -59,9 +59,9 @@ class Sharing:
 
 
 def packed(text: str, where: Location) -> bool:
-    """Whether a decoded run's text (latin-1) is a compressed file to unpack."""
-    return ord(text[0]) in FIRST_BYTES and UNPACKED not in where.via and \
-        archive_kind(text[:6].encode("latin-1")) is not None
+    """Whether a decoded run's text (latin-1) is a compressed file, or holds a zip's
+    entries, to unpack."""
+    return UNPACKED not in where.via and holds_files(text.encode("latin-1"))
 
 
 def run_views(scan: Reads, text: str, where: Location) -> Iterator[Hit]:

@@ -26,17 +26,19 @@ class Files:
 
     __slots__ = ("_part", "_parts", "undecided")
 
-    def __init__(self, delimiter: bytes | None, check: bool = False) -> None:
+    def __init__(self, delimiter: bytes | None, check: bool = False,
+                 after: tuple[bytes, int] | None = None) -> None:
+        """`after`: a body's bytes so far held nothing (`zip_entries.quiet`): their last
+        3 and their size (not a multipart body's)."""
         self._parts = StreamedParts(delimiter, check) if delimiter is not None else None
         self._part: tuple[int, Sniffed] | None = None if delimiter is not None else (
-            0, Sniffed(slots=True))
+            0, Sniffed(slots=True, after=after))
         self.undecided = Undecided()
 
     def feed(self, data: bytes, final: bool = False) -> list[tuple[Key, bytes]]:
         """What `data` unpacks to, by key (raises EncodingError for a bomb, Unreadable
         for a part head the check refuses)."""
-        part = self._part
-        if not data and self._parts is None and part is not None and part[1].idle:
+        if not data and self.idle:
             return []  # (the end of a body that held nothing: most)
         out = self._feed(data, final)
         self.undecided.fed(len(data), sum(len(piece) for _, piece in out))
@@ -60,9 +62,15 @@ class Files:
         part = self._part
         if self._parts is not None or part is None or not part[1].skips(data, searched):
             return False
-        self.undecided.fed(len(data), 0)
-        self.undecided.settle()
+        self.undecided.passed(len(data))
         return True
+
+    @property
+    def idle(self) -> bool:
+        """Whether nothing it was fed is being read, and its end gives nothing (a body
+        that held no file: most)."""
+        part = self._part
+        return self._parts is None and part is not None and part[1].idle
 
     def live(self) -> set[Key]:
         """The keys whose files are still being read."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 
-from gateway.core.archives import FIRST_BYTES, archive_kind
 from gateway.core.dlp.decoding import (
     MAX_SHIFTED,
     Run,
@@ -31,6 +30,7 @@ from gateway.core.dlp.decoding import (
 from gateway.core.dlp.fastscan import MAP, SEGMENT, as_bytes
 from gateway.core.dlp.lines import line_start, stretches_and_blocks, wrapped
 from gateway.core.dlp.prefilter import Prefilter, holds_json_escape
+from gateway.core.zip_entries import holds_files
 
 __all__ = ["CLEAN_RUN", "CLEAN_RUNS", "MIN_DECODED", "RunReader", "near_cut", "stream_cut"]
 
@@ -96,8 +96,8 @@ class RunReader:
         data = decode_run(text, run)
         if data is None or len(data) < MIN_DECODED:
             return None
-        if data[0] in FIRST_BYTES and archive_kind(data[:6]) is not None:
-            return run, data.decode("latin-1")  # (unpacked by the scanner)
+        if holds_files(data):  # (a compressed file, or a zip's entries anywhere in it:
+            return run, data.decode("latin-1")  # unpacked by the scanner)
         if len(data) < SEGMENT:  # (no run: only the gate's anchors count, asked in C)
             return (run, data.decode("latin-1")) if self.prefilter.candidate(data) else None
         inner = data.decode("latin-1")

@@ -5,8 +5,11 @@ again (a bomb's bound is of the body); a bomb is unreadable."""
 
 from __future__ import annotations
 
+import base64
 import gzip
 import io
+import json
+import random
 import zipfile
 
 import pytest
@@ -14,7 +17,7 @@ from helpers.archives import deflated_zip
 from helpers.dlp_corpus import fake
 
 from gateway.core import archives
-from gateway.core.dlp import DEFAULT, Scanner
+from gateway.core.dlp import DEFAULT, Scanner, StreamScanner
 from gateway.services.dlp.library import build
 
 SCANNER = Scanner(build(DEFAULT), b"test-salt")
@@ -51,3 +54,25 @@ def test_a_bomb_is_unreadable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(archives, "FLOOR", 10_000)
     result = SCANNER.scan_body(gzip.compress(b"\0" * 2_000_000, mtime=0))
     assert result.unreadable is not None and "64 times" in result.unreadable
+
+
+@pytest.mark.parametrize("at", [0, 1, 2])
+def test_a_credential_in_an_image_that_is_also_a_zip_in_a_json_string_is_found(
+        at: int) -> None:
+    """A file sent in a JSON string (GitHub's contents API) that is an image and a zip
+    (unzip reads it): its zip's entries, wherever the zip's header falls in a base64
+    group, held whole and streamed as a run 1.5 MB long before the zip."""
+    env = b"GITHUB_TOKEN=" + fake("github").text.encode() + b"\n"
+    for size in (1000 + at, 1_500_000 + at):
+        image = b"\x89PNG\r\n\x1a\n" + random.Random(size).randbytes(size)
+        packed = image + deflated_zip({"README": b"notes\n", ".env": env})
+        body = json.dumps({"message": "add", "content": base64.b64encode(packed).decode()})
+        if size < 10_000:
+            assert _where(body.encode(), "application/json") == [
+                "body $.content zip entry .env (in base64, archive)"]
+        stream, found = StreamScanner(SCANNER, content_type="application/json"), []
+        for i in range(0, len(body), 65_536):
+            found += stream.feed(body[i:i + 65_536].encode()).findings
+        found += stream.end().findings
+        assert [f.detector for f in found] == ["github"], (at, size)
+        assert "zip entry .env" in str(found[0].location)
