@@ -39,8 +39,11 @@ from gateway.core.dlp.fastscan import (
     Gate,
     Literals,
 )
+from gateway.core.encodings import EncodingError
 from gateway.core.leak_forms import undone
 from gateway.core.leak_stream import StreamScan, plain
+from gateway.core.unpack_bounds import ExcessError
+from gateway.core.zip_entries import holds_files, unpacked_files
 
 __all__ = ["REDACTED", "LeakScan", "Redactor", "StreamScan"]
 
@@ -106,6 +109,25 @@ class LeakScan:
             found = self._read(data.translate(None, b"\x00"), None, allowance, deeper)  # (a
             # table pass: `replace` takes 17 ns a byte of NULs, 1 s for 60 MiB unpacked)
         return found
+
+    def whole(self, data: bytes, gate: Gate | None = None) -> str | None:
+        """`find` for a message read whole (a WebSocket message): its bytes, then the
+        files it is or holds (a gzip file, a zip's entries anywhere: `zip_entries`),
+        each read as data is, within the message's bound (`unreadable` past it,
+        `excess` past its sandbox's). A request body's files are read by its request
+        side as it comes (`pipeline/exchange_request.py`)."""
+        found = self.find(data, gate)
+        if found is not None or not data or not holds_files(data):
+            return found
+        allowance = Allowance(len(data))
+        try:
+            files = unpacked_files(data, allowance)
+        except ExcessError:
+            return "excess"
+        except EncodingError:
+            return "unreadable"
+        return next((kind for _, file in files
+                     if (kind := self.find(file, allowance=allowance)) is not None), None)
 
     def _read(self, data: bytes, gate: Gate | None, allowance: Allowance | None,
               deeper: bool, run: bool = False) -> str | None:

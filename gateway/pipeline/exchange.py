@@ -306,7 +306,7 @@ class Exchange(ExchangeState):
         charge_to(self.excess)  # (both ways: an answer's runs are its sandbox's too)
         if from_client:
             assert self.scan is not None
-            found = self.scan.find(data, self.dlp.gate if self.dlp is not None else None)
+            found = self.scan.whole(data, self.dlp.gate if self.dlp is not None else None)
             if found is not None:
                 self.trail.telemetry.count("exfiltration_blocked", "websocket")
                 raise self.leak(found)

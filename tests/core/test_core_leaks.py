@@ -326,3 +326,27 @@ def test_nuls_are_taken_out_in_one_table_pass() -> None:
     assert leaks.find(body) is None
     assert time.process_time() - started < 0.6
     assert leaks.find(("x\0" * 100 + KEY).encode("utf-16-le")) == "secret"
+
+
+def test_a_message_read_whole_is_read_with_its_files(token: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """`LeakScan.whole` (a WebSocket message): its bytes, then the files it is or holds,
+    a gzip file or a zip's entries anywhere (the leak guard read a message's bytes only
+    until the twenty-fourth session: a gzip message carried a token past it); a bomb is
+    unreadable; a message without a file costs one search."""
+    import io
+    import zipfile
+
+    from gateway.core import archives
+
+    scan = LeakScan(token_markers(token, "sandbox-gateway"), sensitive_markers(KEY.encode()))
+    raw = io.BytesIO()
+    with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(".env", f"T={token}\nK={KEY}\n")
+    image_zip = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4 + raw.getvalue()
+    for message in (gzip.compress(f"T={token}\n".encode(), mtime=0), image_zip):
+        assert scan.find(message) is None and scan.whole(message) == "token"
+    assert scan.whole(gzip.compress(f"K={KEY}\n".encode(), mtime=0)) == "secret"
+    assert scan.whole(b'{"type": "input_text", "text": "hello"}') is None
+    monkeypatch.setattr(archives, "FLOOR", 10_000)
+    assert scan.whole(gzip.compress(b"\0" * 5_000_000, mtime=0)) == "unreadable"

@@ -214,16 +214,18 @@ def run(spec: Spec) -> Result:
 
 
 def _websocket(conn: Any, spec: Spec, headers: dict[str, str], rest: bytes) -> Result:
-    """Send each message as one masked text frame; collect what comes back within 1.5 s
+    """Send each message as one masked text (or binary) frame; collect what comes back within 1.5 s
     (an echo, or nothing: the gateway closed the connection or dropped the frame)."""
     import os
     import time
 
-    for text in spec.ws:
-        data, mask = text.encode(), os.urandom(4)
+    for text in spec.ws:  # ("bin:" and base64: a binary frame of those bytes)
+        binary = text.startswith("bin:")
+        data = base64.b64decode(text[4:]) if binary else text.encode()
+        mask = os.urandom(4)
         size = bytes([0x80 | len(data)]) if len(data) < 126 else \
             bytes([0x80 | 126]) + len(data).to_bytes(2, "big")
-        conn.sendall(b"\x81" + size + mask +
+        conn.sendall((b"\x82" if binary else b"\x81") + size + mask +
                      bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
     echoed: list[str] = []
     buf = rest

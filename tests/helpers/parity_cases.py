@@ -948,6 +948,18 @@ CASES = [
           "headers": [["Content-Type", "application/json"]]},
          ("response", 403, "exfiltration_blocked"), {**DENY, "error": "exfiltration_blocked"},
          streamed=True, check=_no_upstream_body),
+    Case("F8 token in a .env of a zip after an image's bytes, a WebSocket message",
+         {"host": "unbound.test", "target": "/ws", "headers": WS_UPGRADE,
+          "ws": ["{WSBIN:{PNGZIP:GATEWAY_TOKEN={TOKEN}\n}}"]},
+         ("ws-closed", 101, None), {**DENY, "error": "exfiltration_blocked"},
+         engines=("h1", "mitmproxy"), check=_no_ws_message),
+    # (the leak guard read a WebSocket message's bytes only, never its files, until the
+    # twenty-fourth session: a gzip message carried the token past it; detection read it)
+    Case("F8 token in a gzip WebSocket message",
+         {"host": "unbound.test", "target": "/ws", "headers": WS_UPGRADE,
+          "ws": ["{WSBIN:{GZ:GATEWAY_TOKEN={TOKEN}\n}}"]},
+         ("ws-closed", 101, None), {**DENY, "error": "exfiltration_blocked"},
+         engines=("h1", "mitmproxy"), check=_no_ws_message),
     Case("a body typed as gRPC-Web's binary and text forms both is refused unread",
          {"host": "unbound.test", "method": "POST", "target": "/svc/Put",
           "body": "{GRPCTEXT:hello}",
@@ -1597,6 +1609,11 @@ DLP = [
           "ws": ["deploy with {GH}"]},
          ("ws-closed", 101, None), _DLP, engines=("h1", "mitmproxy"),
          check=_no_ws_message),
+    Case("DLP: a credential in a .env of a zip after an image's bytes, a WebSocket message",
+         {"host": "other.test", "target": "/dlp/ws", "headers": WS_UPGRADE,
+          "ws": ["{WSBIN:{PNGZIP:GITHUB_TOKEN={GH}\n}}"]},
+         ("ws-closed", 101, None), _DLP, engines=("h1", "mitmproxy"),
+         check=_no_ws_message),
     Case("DLP: a credential in an absolute-form plain HTTP request",
          {"host": "other.test", "port": 80, "tls": False, "plain_proxy": True,
           "target": "http://other.test/dlp/p", "headers": [["X-Deploy", "{GH}"]]},
@@ -1645,6 +1662,8 @@ def _fill(value: Any, subs: dict[str, str]) -> Any:
             return _tar_gz(_fill(value[7:-1], subs), 3 * 1024 * 1024)
         if value.startswith("{ZIP:") and value.endswith("}"):
             return _zip(_fill(value[5:-1], subs))
+        if value.startswith("{WSBIN:") and value.endswith("}"):  # (a binary message)
+            return "bin:" + _fill(value[7:-1], subs)
         if value.startswith("{PNGZIP:") and value.endswith("}"):  # (an image and a zip)
             return _image_zip(_fill(value[8:-1], subs))
         if value.startswith("{PNGZIP3M:") and value.endswith("}"):  # (streamed)
