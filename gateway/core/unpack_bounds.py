@@ -8,7 +8,7 @@ from collections import deque
 
 from gateway.core.encodings import EncodingError
 
-__all__ = ["AMPLE", "Excess", "ExcessError", "Undecided", "charge_to", "charged_to"]
+__all__ = ["AMPLE", "Excess", "ExcessError", "Undecided", "charge_to", "charged_to", "spend"]
 
 AMPLE = 16  # times its compressed bytes a file unpacks to before its sandbox is charged
 
@@ -51,6 +51,20 @@ def charged_to() -> Excess | None:
 
 class ExcessError(EncodingError):
     """A sandbox's `Excess` spent: its compressed data is refused until it refills."""
+
+
+def spend(amount: int) -> None:
+    """`amount` bytes more past `AMPLE` times their bytes, to the `Excess` in hand (if
+    any); raises ExcessError once it is spent."""
+    excess = _charged
+    if excess is None or amount <= 0:
+        return
+    excess.left -= amount
+    if excess.left < 0:
+        raise ExcessError(
+            f"this sandbox's compressed data unpacked to more than {AMPLE} times its size "
+            f"by over {excess.size / 2**20:.0f} MiB lately (refilled at "
+            f"{excess.rate / 2**20:.0f} MiB a second); send it uncompressed, or slower")
 
 
 class Undecided:
