@@ -31,7 +31,7 @@ from gateway.core.encodings import EncodingError
 from gateway.core.unpack_bounds import AMPLE, charged_to, spend
 
 __all__ = ["LIVE", "NO_SIGNATURE", "Sniffed", "ZipEntries", "entry_kinds", "holds_files",
-           "local_header", "quiet", "unpacked_files"]
+           "last_bytes", "local_header", "quiet", "unpacked_files"]
 
 NO_SIGNATURE = 256  # (a bit beside `Gate.flags`' that `DlpCheck.passed` sets: no `PK\3\4`
 # in the piece, searched once for the leak guard's files and detection's)
@@ -140,12 +140,12 @@ class ZipEntries:
         if self._live or self._heads or (not searched and local_header(data) >= 0):
             return False
         tail = self._tail
-        if tail and 0 <= (tail + data[:3]).find(_SIGNATURE) < len(tail):
+        if _across(tail, data) >= 0:
             return False
         if self._grow:
             self._allowance.grow(len(data))
         self._seen += len(data)
-        self._tail = data[-3:] if len(data) >= 3 else (tail + data)[-3:]
+        self._tail = last_bytes(tail, data)
         return True
 
     def feed(self, data: bytes, final: bool = False) -> list[tuple[int, bytes]]:
@@ -161,16 +161,13 @@ class ZipEntries:
         for head in heads:  # (headers begun in a piece before: their bytes from this one)
             self._begin(head, memoryview(data), 0, final, out)
         tail = self._tail
-        if tail:  # (a signature across the pieces' cut)
-            edge = tail + data[:3]
-            at = edge.find(_SIGNATURE)
-            if 0 <= at < len(tail):
-                self._begin(bytearray(tail[at:]), memoryview(data), 0, final, out)
+        if (at := _across(tail, data)) >= 0:  # (a signature across the pieces' cut)
+            self._begin(bytearray(tail[at:]), memoryview(data), 0, final, out)
         at = local_header(data)
         while at >= 0:
             self._begin(bytearray(), memoryview(data), at, final, out)
             at = local_header(data, at + 1)
-        self._tail = data[-3:] if len(data) >= 3 else (tail + data)[-3:]
+        self._tail = last_bytes(tail, data)
         return out
 
     def _begin(self, head: bytearray, data: memoryview, at: int, final: bool,
@@ -247,7 +244,19 @@ def quiet(data: bytes, tail: bytes, seen: int, searched: bool = False) -> bool:
         return False
     if not searched and local_header(data) >= 0:
         return False
-    return not tail or not 0 <= (tail + data[:3]).find(_SIGNATURE) < len(tail)
+    return _across(tail, data) < 0
+
+
+def last_bytes(tail: bytes, data: bytes) -> bytes:
+    """The last 3 bytes of what ended with `tail` and goes on with `data`: where a
+    signature the next piece ends may begin."""
+    return data[-3:] if len(data) >= 3 else (tail + data)[-3:]
+
+
+def _across(tail: bytes, data: bytes) -> int:
+    """Where in `tail` (a piece's last bytes) a signature `data` ends begins, or -1."""
+    at = (tail + data[:3]).find(_SIGNATURE) if tail else -1
+    return at if at < len(tail) else -1
 
 
 def holds_files(body: bytes) -> bool:

@@ -22,7 +22,7 @@ from gateway.core.encodings import Decoder, EncodingError, decoder_for
 from gateway.core.framing import MessageReader, framing
 from gateway.core.leaks import StreamScan
 from gateway.core.refusal import Refusal
-from gateway.core.zip_entries import NO_SIGNATURE, quiet
+from gateway.core.zip_entries import NO_SIGNATURE, last_bytes, quiet
 from gateway.pipeline.exchange_state import ExchangeState
 
 __all__ = ["ENCODED_LIMIT", "RequestSide"]
@@ -113,8 +113,7 @@ class RequestSide:
         if quiet_so_far is not None:  # (no reader of its files made yet: most bodies)
             tail, seen = quiet_so_far
             if quiet(data, tail, seen, searched):
-                self._quiet = ((tail + data)[-3:] if len(data) < 3 else data[-3:],
-                               seen + len(data))
+                self._quiet = (last_bytes(tail, data), seen + len(data))
             else:  # (a piece that may hold one: its reader, begun after what held none)
                 self._archives = Files(None, after=quiet_so_far if seen else None)
                 self._quiet = None
