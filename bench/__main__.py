@@ -30,7 +30,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import dlp_rounds, metering, micro, otel_rounds, pass_rounds, report, targets
+from bench import (
+    dlp_instructions,
+    dlp_rounds,
+    metering,
+    micro,
+    otel_rounds,
+    pass_rounds,
+    report,
+    targets,
+)
 from bench.proxies import GatewayProxy, MitmdumpProxy, NginxProxy, Proxy, SquidProxy
 from bench.upstream import LocalCA, SSEServer, StaticUpstream, stop_process
 
@@ -62,6 +71,9 @@ class Sizes:
     # (a round's ratio spreads ±20 % on a busy 2-vCPU host: six could not tell 2 % from 8 %)
     dlp_rounds: int = 16
     dlp_round_seconds: float = 1.5  # each run of a POST workload in a round
+    # each count of the POST workloads' instructions under callgrind (bench/
+    # dlp_instructions.py); 0: not counted (--quick: valgrind is not a test tool)
+    dlp_instruction_seconds: float = 12.0
     pass_round_seconds: float = 4.0
     otel_round_seconds: float = 4.0
     # seconds an OTLP gateway's CPU is read after its load: the worker's frames go every
@@ -82,7 +94,7 @@ QUICK = Sizes(get_seconds=0.2, big_bytes=2_000_000, sse_streams=3, sse_events=5,
               policy_samples=2000, worker_concurrency=(10,), metering_requests=20,
               metering_rounds=2, dlp_stream_mib=2, upload_bytes=2 << 20,
               otel_rounds=2, otel_round_seconds=0.2, otel_settle=0.0, pass_rounds=2,
-              dlp_rounds=2, dlp_round_seconds=0.2,
+              dlp_rounds=2, dlp_round_seconds=0.2, dlp_instruction_seconds=0.0,
               pass_round_seconds=0.2, idle_settle=0.2)
 WORKER_COUNTS = (1, 2)  # `run --workers N` in the workers section
 IDLE_TIMEOUT = "2s"  # network.upstream_idle_timeout of the idle_after_timeout gateway
@@ -150,8 +162,8 @@ ROWS = (
 # moved off the gateway's core (to the client's), to tell its CPU from the worker's own
 OTEL_KINDS = {"gateway_otel": (False, 1.0), "gateway_otel_logs": (True, 1.0),
               "gateway_otel_sampled": (False, 0.1), "gateway_otel_apart": (False, 1.0)}
-SECTIONS = ("workers", "otel_rounds", "pass_rounds", "dlp_rounds", "policy", "secret",
-            "metering", "dlp")
+SECTIONS = ("workers", "otel_rounds", "pass_rounds", "dlp_rounds", "dlp_instructions",
+            "policy", "secret", "metering", "dlp")
 
 
 class ClientError(RuntimeError):
@@ -474,6 +486,25 @@ class Bench:
                   f"rounds, {min(found['ratios']):.2f} to {max(found['ratios']):.2f}x)",
                   file=sys.stderr)
 
+    def run_dlp_instructions(self) -> None:
+        """Detection on against off on the POST workloads, in instructions under
+        callgrind (bench/dlp_instructions.py: what the issue's target judges)."""
+        print("credential detection on vs off, instructions under callgrind ...",
+              file=sys.stderr)
+        pinned = os.sched_getaffinity(0)
+        if self.all_cpus:  # (counts do not depend on cores: the processes get them all)
+            os.sched_setaffinity(0, set(self.all_cpus))
+        try:
+            found = dlp_instructions.run(self.sizes.dlp_instruction_seconds)
+        finally:
+            os.sched_setaffinity(0, pinned)
+        self.results["dlp_instructions"] = found
+        for workload, _, _ in dlp_instructions.WORKLOADS:
+            part = found.get(workload) or {}
+            print(f"  {workload}: " + (f"on vs off {part['ratio']:.3f}x ({part['on']:,} vs "
+                                       f"{part['off']:,})" if "ratio" in part
+                                       else part.get("error", "?")), file=sys.stderr)
+
     def run_dlp_rounds(self) -> None:
         """Detection on against off on the POST rows' workloads, in alternating rounds
         (bench/dlp_rounds.py)."""
@@ -590,6 +621,8 @@ class Bench:
                     self.run_pass_rounds()
                 if self.wanted("dlp_rounds"):
                     self.run_dlp_rounds()
+            if self.wanted("dlp_instructions") and self.sizes.dlp_instruction_seconds:
+                self.run_dlp_instructions()
             if self.wanted("metering"):
                 print("metering overhead ...", file=sys.stderr)
                 ca = getattr(self, "ca", None) or LocalCA.create(self.workdir / "ca-metering")

