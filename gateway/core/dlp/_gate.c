@@ -66,7 +66,7 @@ typedef struct {
     int wide;  /* 64 bytes a vector (AVX-512 BW), else 32 (AVX2) */
     uint8_t cls_lo[16], cls_hi[16];  /* (lo[b & 15] & hi[b >> 4]): the escapes' bits and
                                       * above them the alphabet's (ALPHA_BITS) */
-    uint8_t lo[2][16], hi[2][16];  /* byte k of a pair of a literal of the bucket (`pair_in`) */
+    uint8_t lo[2][16], hi[2][16];  /* byte k of a pair of a literal of the bucket (`place_pairs`) */
     uint8_t at_offset[2];          /* the buckets with a literal whose pair is at 0, at 1 */
     uint8_t offset[MAX_LITERALS];  /* where the literal's pair is in it: 0 or 1 */
     uint8_t length[MAX_LITERALS];
@@ -201,8 +201,8 @@ static inline int finish(int flags, const uint8_t *seen, int size) {
  * (the block before's carried in), so that bit j of the block's answer is a pair that may
  * begin at j - 1, its literal there or one byte before ("Teddy", as Hyperscan's literal
  * matcher does it). Nothing is loaded twice and no nibble is taken twice. A third lookup
- * (the first three bytes, until session 25) cost more than the positions it drops: a
- * third of the literals' share of the pass on prose, on AVX2. */
+ * (the first three bytes, until session 25) cost more than the positions it drops: about
+ * half the literals' share of the pass on prose, on AVX2. */
 
 /* -- 32 bytes a vector (AVX2) ------------------------------------------------------------ */
 
@@ -315,7 +315,6 @@ static inline __m512i after512_1(__m512i prev, __m512i cur) {
     return _mm512_alignr_epi8(cur, _mm512_alignr_epi64(cur, prev, 6), 15);
 }
 
-
 __attribute__((target("avx512f,avx512bw"))) __attribute__((always_inline))
 static inline int pass_avx512(const GateObject *g, const uint8_t *data, Py_ssize_t n,
                             int segment, int teddy) {
@@ -410,8 +409,8 @@ static int partition(const uint8_t member[256], uint8_t lo[16], uint8_t hi[16]) 
  * lowercase): the prefilter looks for the rarer of a literal's two first pairs, so that
  * prose and code keep few positions (`eyJ`: `yJ`, not `ey` as in "they"). */
 static int commonness(uint8_t c) {
-    if ((c >= 'a' && c <= 'z') || strchr(" \n\",.:/_-=", c) != NULL)
-        return c ? 4 : 1;
+    if ((c >= 'a' && c <= 'z') || (c != 0 && strchr(" \n\",.:/_-=", c) != NULL))
+        return 4;
     return c >= '0' && c <= '9' ? 2 : 1;
 }
 
