@@ -154,6 +154,12 @@ class Relay:
                 wait.waiting.discard(index)
                 self._settle(ident)
 
+    def _drop(self, peer: _Peer) -> None:
+        """Detach `peer` if it is still its worker's link (a link replaced by `attach`
+        is already closed: its last read must not drop the new one)."""
+        if self.peers.get(peer.index) is peer:
+            self.detach(peer.index)
+
     def close(self) -> None:
         for index in list(self.peers):
             self.detach(index)
@@ -186,12 +192,12 @@ class Relay:
         except OSError:
             data = b""
         if not data:
-            self.detach(peer.index)
+            self._drop(peer)
             return
         try:
             messages = peer.lines.feed(data)
         except ValueError:
-            self.detach(peer.index)
+            self._drop(peer)
             return
         for message in messages:
             if self.peers.get(peer.index) is not peer:

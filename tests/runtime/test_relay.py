@@ -19,6 +19,11 @@ from gateway.runtime.relay_link import RelayLink
 FAR = time.time() + 3600
 
 
+# The supervisor is one thread: its pump and its `attach` never overlap. Here the pump
+# runs in a thread of its own, so the two take turns under this lock.
+SUPERVISOR = threading.Lock()
+
+
 @contextmanager
 def pumping(relay: Relay) -> Iterator[None]:
     """The supervisor's side served in a thread until the block ends."""
@@ -26,7 +31,9 @@ def pumping(relay: Relay) -> Iterator[None]:
 
     def run() -> None:
         while not stop.is_set():
-            relay.pump(0.02)
+            with SUPERVISOR:
+                relay.pump(0.0)
+            stop.wait(0.002)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -50,8 +57,14 @@ class Worker:
         return self
 
 
+def link(relay: Relay, index: int) -> int:
+    """A new link for worker `index`, made between two pumps (the worker's end's fd)."""
+    with SUPERVISOR:
+        return relay.attach(index).detach()
+
+
 async def attach(relay: Relay, index: int) -> Worker:
-    return Worker(await RelayLink.open(relay.attach(index).detach()))
+    return Worker(await RelayLink.open(link(relay, index)))
 
 
 def test_a_revocation_reaches_every_worker_before_it_is_answered() -> None:
@@ -100,7 +113,7 @@ def test_a_worker_still_starting_is_not_waited_for_and_learns_it_before_it_serve
 
     async def scenario() -> None:
         first = (await attach(relay, 0)).start()
-        starting = relay.attach(1).detach()  # (its process has not opened the link yet)
+        starting = link(relay, 1)  # (its process has not opened the link yet)
         try:
             began = time.monotonic()
             done = await first.link.broadcast("j1", FAR)
