@@ -186,10 +186,6 @@ LONG = {
 # still be over). Functions there are not bound yet.
 SIZED_MODULES = ("services", "runtime")
 LONG_MODULES = {
-    "gateway/services/state/redis.py": "not split yet: the Redis store's parts "
-    "(revocations and registrations with their pub/sub mirror, minted secrets, mints, "
-    "records, the request log) share one client and its reconnect; to be split per part "
-    "like sqlite.py",
     "gateway/services/state/counters_redis.py": "the Lua scripts of admission, "
     "settlement and the lease reap beside the Python that packs their arguments and "
     "reads their replies (a split would let a script and its caller disagree)",

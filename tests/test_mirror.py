@@ -636,6 +636,23 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/api/test_console_requests.py, tests/integration/test_console_log_workers.py",
         "the console's feed from the audit sink (batches, the hold); every worker's lines "
         "in one log on real processes"),
+    "gateway/services/state/redis_link.py": (
+        "tests/services/state/test_state_redis.py, tests/reliability/test_state_outage.py",
+        "RedisState's link on a real redis-server: the start that waits for Redis and the one "
+        "that gives up, events followed, a restart re-synced, calls bounded and refused "
+        "while it is away; Redis killed under a running gateway"),
+    "gateway/services/state/redis_log.py": (
+        "tests/services/state/test_state_contract.py",
+        "the store contract's request-log cases (append, filters, cursors, the bound) run "
+        "on a real redis-server"),
+    "gateway/services/state/redis_mints.py": (
+        "tests/services/state/test_state_contract.py",
+        "the store contract's mint share and refresh-token cases on a real redis-server (one "
+        "lease holder at a time, released only by its holder, a rotated token kept)"),
+    "gateway/services/state/redis_records.py": (
+        "tests/services/state/test_state_contract.py, tests/services/approvals/test_pins.py",
+        "the store contract's shared-record cases (versions, expiry, the change counter "
+        "and its wake-up) on a real redis-server; tool pins shared through it"),
     "gateway/services/state/sqlite_mints.py": (
         "tests/services/state/test_state_contract.py, "
         "tests/integration/test_worker_minting.py",

@@ -23,6 +23,13 @@ Layout in Redis (`prefix` defaults to `sandbox-gateway`):
   write and its event go in one MULTI/EXEC (a record's, in its script), so every
   replica sees changes in the order Redis applied them.
 
+**Its parts**, a module each, make one `RedisState`: `redis_link.py` (the two clients,
+the channel followed, reconnects, every call bounded), `redis_mints.py` (minted
+credentials and their leases, refresh tokens), `redis_records.py` (shared records),
+`redis_log.py` (the request log); this module is the mirror (revocations, sandboxes,
+provider-minted secrets: their writes, events and full re-syncs) and the whole's start
+and close.
+
 Counters (usage, budgets) are hashes `<prefix>:c:<table>` sent in batches by
 `gateway.services.state.counters_redis.RedisCounters` on its own beat; see that module.
 It also keeps each process's lease (`<prefix>:lease:<holder>`, listed in the hash
@@ -43,91 +50,46 @@ is 0 and the outage is logged once):
   Registrations are not applied locally on failure: Redis is their source of truth.
 """
 
+
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
-import logging
 import math
-import random
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis as syncredis
-import redis.asyncio as aioredis
-from redis.asyncio.client import PubSub
-from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
 from redis.retry import Retry as SyncRetry
 
 from gateway.core.secret_value import SecretValue
 from gateway.net.resolver import unguarded
 from gateway.observability import metrics
 from gateway.services.secrets.ephemeral import EphemeralKey, EphemeralKeys
-from gateway.services.state.base import SandboxAddress, SharedMint, StateUnavailable
+from gateway.services.state.base import SandboxAddress, StateUnavailable
 from gateway.services.state.counters import CountersOf
 from gateway.services.state.counters_redis import RedisCounters
-from gateway.services.state.log import RETAIN, LogEntry, LogQuery, entry_bytes
+from gateway.services.state.log import RETAIN
+from gateway.services.state.redis_link import log, redact_url
+from gateway.services.state.redis_log import RedisLog
+from gateway.services.state.redis_mints import RedisMints
+from gateway.services.state.redis_records import RedisRecords
 
-log = logging.getLogger("sandbox_gateway.state")
+__all__ = ["RedisState", "StateUnavailable", "redact_url"]
 
-_STORE = "redis"
 _SCAN_BATCH = 1000
-# A credential's mint lease: taken if free (or held by the same process: extended).
-_LOG_FIELDS = ("a", "s", "p", "h", "d", "c", "e", "l")
-_LOG_CHUNK = 1000
-_STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
-
-
-def _log_entry(values: dict[Any, Any]) -> LogEntry | None:
-    try:
-        at, *rest = (values[k] for k in _LOG_FIELDS)
-        return LogEntry(float(at), *(str(v) for v in rest))
-    except (KeyError, ValueError, TypeError):
-        metrics.STATE_STORE_ERRORS.labels(op="decode").inc()
-        return None
-
-
-_LEASE = ("local held = redis.call('get', KEYS[1]) "
-          "if held == false or held == ARGV[1] then "
-          "redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end return 0")
-# Given back only by its holder.
-_RELEASE = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
-            "return redis.call('del', KEYS[1]) end return 0")
-# A shared record ("<rev>|<json>") written if new (ARGV[1] -1) or at revision ARGV[1];
-# KEYS[2] indexes a kind's keys (ARGV[4]); ARGV[3]: its lifetime in milliseconds.
-_RECORD_PUT = ("local cur = redis.call('get', KEYS[1]) local want = tonumber(ARGV[1]) "
-               "if want < 0 then if cur then return 0 end else "
-               "if not cur then return 0 end "
-               "local bar = string.find(cur, '|', 1, true) "
-               "if tonumber(string.sub(cur, 1, bar - 1)) ~= want then return 0 end end "
-               "local rev = 1 if want >= 0 then rev = want + 1 end "
-               "redis.call('set', KEYS[1], rev .. '|' .. ARGV[2], 'PX', ARGV[3]) "
-               "redis.call('sadd', KEYS[2], ARGV[4]) "
-               "redis.call('publish', ARGV[5], ARGV[6]) return 1")
-
-
-def redact_url(url: str) -> str:
-    """`url` without its password, for logs and error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _glob_escape(text: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
-class RedisState(CountersOf):
+
+class RedisState(RedisMints, RedisRecords, RedisLog, CountersOf):
     """`StateStore` shared by every replica through Redis (see the module docstring)."""
 
     _counters: RedisCounters
@@ -172,9 +134,9 @@ class RedisState(CountersOf):
         self._record_versions: dict[str, int] = {}  # record writes heard of, by kind
         self._records_synced = 0  # full re-syncs (each may follow missed events)
         self._wakeup: asyncio.Event | None = None  # (record_wakeup)
-        self._redis: aioredis.Redis | None = None
-        self._sub_client: aioredis.Redis | None = None
-        self._pubsub: PubSub | None = None
+        self._redis = None
+        self._sub_client = None
+        self._pubsub = None
         self._task: asyncio.Task[None] | None = None
         self._up = False
         self._next_resync = 0.0
@@ -200,23 +162,6 @@ class RedisState(CountersOf):
     def sandboxes(self) -> list[SandboxAddress]:
         return list(self._sandboxes.values())
 
-    @property
-    def healthy(self) -> bool:
-        """True while connected to Redis and in sync (False = answering from the mirror)."""
-        return self._up
-
-    @property
-    def warning(self) -> str | None:
-        """(Redis's own memory and disk are watched by Redis's operators.)"""
-        return None
-
-    @property
-    def problem(self) -> str | None:
-        """Why this replica is not in sync with Redis (None: it is)."""
-        if self._up:
-            return None
-        return (f"Redis at {redact_url(self.url)} is unreachable: enforcing from the last "
-                "known revocations, sandboxes and this replica's counts")
 
     # -- changes ----------------------------------------------------------------------
 
@@ -290,244 +235,14 @@ class RedisState(CountersOf):
                                         SecretValue(alias) if isinstance(alias, str) and alias
                                         else None), shared=True)
 
-    async def _transaction(self, op: str, build: Callable[[Any], None],
-                           consequence: str) -> list[Any]:
-        if self._redis is None:
-            raise StateUnavailable(f"state store not started; {consequence}")
-        try:
-            with unguarded():
-                async with self._redis.pipeline(transaction=True) as pipe:
-                    build(pipe)
-                    return list(await pipe.execute())
-        except (RedisError, OSError) as exc:
-            metrics.STATE_STORE_ERRORS.labels(op=op).inc()
-            log.warning("state store: %s failed: %s", op, exc)
-            raise StateUnavailable(
-                f"shared state store (Redis at {redact_url(self.url)}) is unreachable: "
-                f"{exc}; {consequence}; retry when Redis is back") from None
-
-    # -- minted credentials (`MintShare`, see gateway.services.minting.shared) ------------------
-
-    async def _op(self, op: str, call: Callable[[Any], Awaitable[Any]]) -> Any:
-        """One Redis call for the mint share, bounded by `op_timeout`; StateUnavailable
-        when Redis cannot answer (the caller then mints for itself)."""
-        if self._redis is None:
-            raise StateUnavailable("state store not started")
-        try:
-            with unguarded():
-                return await asyncio.wait_for(call(self._redis), self.op_timeout)
-        except (RedisError, OSError, TimeoutError) as exc:
-            metrics.STATE_STORE_ERRORS.labels(op=op).inc()
-            raise StateUnavailable(f"Redis at {redact_url(self.url)} did not answer: "
-                                   f"{str(exc) or type(exc).__name__}") from None
-
-    async def read_mint(self, name: str) -> SharedMint | None:
-        raw = await self._op("mint", lambda r: r.get(self._mint_prefix + name))
-        if raw is None:
-            return None
-        try:
-            data = json.loads(str(raw))
-            return SharedMint(str(data["value"]), tuple(str(p) for p in data["parts"]),
-                              float(data["minted_at"]), None if data["expires_at"] is None
-                              else float(data["expires_at"]), float(data["due_at"]))
-        except (ValueError, KeyError, TypeError):
-            metrics.STATE_STORE_ERRORS.labels(op="decode").inc()
-            return None  # (minted anew and overwritten)
-
-    async def lease_mint(self, name: str, holder: str, until: float) -> bool:
-        ms = max(1, math.ceil((until - self.clock()) * 1000))
-        held = await self._op("mint", lambda r: r.eval(
-            _LEASE, 1, self._lease_prefix + name, holder, ms))
-        return bool(held)
-
-    async def write_mint(self, name: str, mint: SharedMint, holder: str) -> None:
-        data = json.dumps({"value": mint.value, "parts": list(mint.parts),
-                           "minted_at": mint.minted_at, "expires_at": mint.expires_at,
-                           "due_at": mint.due_at})
-        exat = None if mint.expires_at is None else math.ceil(mint.expires_at)
-
-        async def write(r: Any) -> None:
-            async with r.pipeline(transaction=True) as pipe:
-                pipe.set(self._mint_prefix + name, data, exat=exat)
-                pipe.eval(_RELEASE, 1, self._lease_prefix + name, holder)
-                await pipe.execute()
-
-        await self._op("mint", write)
-
-    async def release_mint(self, name: str, holder: str) -> None:
-        with contextlib.suppress(StateUnavailable):  # (the lease lapses by itself)
-            await self._op("mint", lambda r: r.eval(_RELEASE, 1, self._lease_prefix + name,
-                                                    holder))
-
-    # -- shared records (`Records`: approvals, grants) ------------------------------------
-
-    def _record_key(self, kind: str, key: str) -> str:
-        return f"{self.prefix}:record:{kind}:{key}"
-
-    @staticmethod
-    def _parse_record(raw: object) -> tuple[dict[str, Any], int] | None:
-        rev, _, doc = str(raw).partition("|")
-        try:
-            return json.loads(doc), int(rev)
-        except ValueError:
-            metrics.STATE_STORE_ERRORS.labels(op="decode").inc()
-            return None
-
-    async def record_get(self, kind: str, key: str) -> tuple[dict[str, Any], int] | None:
-        raw = await self._op("record", lambda r: r.get(self._record_key(kind, key)))
-        return None if raw is None else self._parse_record(raw)
-
-    async def record_list(self, kind: str) -> list[dict[str, Any]]:
-        index = f"{self.prefix}:records:{kind}"
-
-        async def read(r: Any) -> list[dict[str, Any]]:
-            keys = sorted(await r.smembers(index))
-            values = await r.mget([self._record_key(kind, k) for k in keys]) if keys else []
-            gone = [k for k, v in zip(keys, values, strict=True) if v is None]
-            if gone:
-                await r.srem(index, *gone)  # (expired: forgotten by the index too)
-            return [p[0] for v in values if v is not None
-                    and (p := self._parse_record(v)) is not None]
-
-        return list(await self._op("record", read))
-
-    async def record_put(self, kind: str, key: str, doc: dict[str, Any], expires_at: float,
-                         rev: int | None) -> bool:
-        ms = max(1, math.ceil((expires_at - self.clock()) * 1000))
-        event = json.dumps({"op": "record", "kind": kind})
-        written = await self._op("record", lambda r: r.eval(
-            _RECORD_PUT, 2, self._record_key(kind, key), f"{self.prefix}:records:{kind}",
-            -1 if rev is None else rev, json.dumps(doc, separators=(",", ":")), ms, key,
-            self.channel, event))
-        if written:
-            self._record_changed(kind)
-        return bool(written)
-
-    def record_version(self, kind: str) -> int:
-        """Raised by every record of `kind` written (the `record` events on the channel,
-        and this replica's own writes) and by every full re-sync (events may have been
-        missed meanwhile)."""
-        return self._records_synced + self._record_versions.get(kind, 0)
-
-    def _record_changed(self, kind: str) -> None:
-        self._record_versions[kind] = self._record_versions.get(kind, 0) + 1
-        if self._wakeup is not None:
-            self._wakeup.set()
-
-    def record_wakeup(self) -> asyncio.Event:
-        """Set by every record write this replica makes or hears on the channel, and by
-        every full re-sync."""
-        if self._wakeup is None:
-            self._wakeup = asyncio.Event()
-        return self._wakeup
-
-    async def read_refresh(self, key: str) -> tuple[str, str] | None:
-        raw = await self._op("refresh", lambda r: r.hget(self._refresh_key, key))
-        if raw is None:
-            return None
-        origin, value = json.loads(str(raw))
-        return str(origin), str(value)
-
-    async def write_refresh(self, key: str, origin: str, value: str) -> None:
-        await self._op("refresh", lambda r: r.hset(self._refresh_key, key,
-                                                   json.dumps([origin, value])))
-
-    # -- the request log (`state/log.py`): a stream capped near its bound ----------------
-
-    def _log_cap(self) -> int:
-        """The stream's length bound: `log_retain` entries and, for `log_retain_bytes`,
-        as many entries as fit at the mean size seen so far (so near, not exact)."""
-        caps = [self.log_retain] if self.log_retain else []
-        if self.log_retain_bytes:
-            caps.append(max(1, int(self.log_retain_bytes / (self._entry_bytes or 1024))))
-        return min(caps) if caps else RETAIN
-
-    async def log_append(self, entries: Sequence[LogEntry]) -> None:
-        if entries:
-            mean = sum(map(entry_bytes, entries)) / len(entries)
-            self._entry_bytes = mean if not self._entry_bytes else \
-                0.9 * self._entry_bytes + 0.1 * mean
-        cap = self._log_cap()
-
-        async def add(r: Any) -> None:
-            pipe = r.pipeline(transaction=False)
-            for e in entries:
-                pipe.xadd(self._log_key, dict(zip(_LOG_FIELDS, e, strict=True)),
-                          maxlen=cap, approximate=True)
-            await pipe.execute()
-
-        await self._op("log", add)
-
-    async def log_read(self, query: LogQuery, limit: int, *, before: str | None = None,
-                       after: str | None = None) -> list[tuple[str, LogEntry]]:
-        """Read in chunks, filtered here (a stream has no query language), at most the
-        retained entries."""
-        out: list[tuple[str, LogEntry]] = []
-        edge = f"({after}" if after is not None else f"({before}" if before else None
-        for _ in range(max(1, self._log_cap() // _LOG_CHUNK + 1)):
-            chunk = await self._op("log", functools.partial(self._log_chunk, edge,
-                                                            after is not None))
-            for ident, values in chunk:
-                entry = _log_entry(values)
-                if entry is not None and query.matches(entry):
-                    out.append((str(ident), entry))
-                    if len(out) >= limit:
-                        return out
-            if len(chunk) < _LOG_CHUNK:
-                break
-            edge = f"({chunk[-1][0]}"
-        return out
-
-    async def _log_chunk(self, edge: str | None, forward: bool, r: Any) -> Any:
-        if forward:
-            return await r.xrange(self._log_key, min=edge, max="+", count=_LOG_CHUNK)
-        return await r.xrevrange(self._log_key, max=edge or "+", min="-", count=_LOG_CHUNK)
-
-    async def log_get(self, cursor: str) -> LogEntry | None:
-        if not _STREAM_ID.fullmatch(cursor):
-            return None
-        found = await self._op("log", lambda r: r.xrange(self._log_key, min=cursor,
-                                                         max=cursor, count=1))
-        return _log_entry(found[0][1]) if found else None
-
-    async def log_last(self) -> str:
-        found = await self._op("log", lambda r: r.xrevrange(self._log_key, count=1))
-        return str(found[0][0]) if found else "0"
 
     # -- lifecycle --------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Connect, load the current state and follow changes; raise if Redis stays
-        unreachable for `start_timeout` seconds (a gateway must not start blind)."""
-        kwargs: dict[str, Any] = {
-            "decode_responses": True,
-            "socket_connect_timeout": self.op_timeout,
-            "socket_timeout": self.op_timeout,
-        }
-        # One immediate retry for commands (a pooled connection may be stale after a
-        # Redis restart); none for pub/sub, whose reconnects we handle with a re-sync.
-        self._redis = aioredis.from_url(self.url, retry=Retry(NoBackoff(), 1), **kwargs)
-        self._sub_client = aioredis.from_url(self.url, retry=Retry(NoBackoff(), 0), **kwargs)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.start_timeout
-        delay = self.backoff[0]
-        while True:
-            try:
-                with unguarded():
-                    await self._connect()
-                break
-            except (RedisError, OSError) as exc:
-                metrics.STATE_STORE_ERRORS.labels(op="connect").inc()
-                await self._drop_pubsub()
-                if loop.time() + delay >= deadline:
-                    await self._close_clients()
-                    raise StateUnavailable(
-                        f"cannot reach Redis at {redact_url(self.url)} (state.url): "
-                        f"{exc}") from None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.backoff[1])
-        with unguarded():
-            self._task = loop.create_task(self._follow(), name="state-redis")
+        """Connect, load the current state and follow changes (`RedisLink._open`), then
+        open budget admission's own connection."""
+        await self._open()
+        assert self._redis is not None
         # Budget admission's own connection: synchronous (the metering core is), short
         # timeouts (a request waits at most that long before its replica's view decides).
         admission = syncredis.Redis.from_url(
@@ -541,86 +256,7 @@ class RedisState(CountersOf):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(task, self.op_timeout)
         await self._counters.close()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        await self._drop_pubsub()
-        await self._close_clients()
-        if self._up:
-            self._up = False
-            metrics.STATE_STORE_UP.labels(store=_STORE).set(0)
-
-    async def _close_clients(self) -> None:
-        for client in (self._redis, self._sub_client):
-            if client is not None:
-                with contextlib.suppress(RedisError, OSError):
-                    await client.aclose()
-        self._redis = self._sub_client = None
-
-    async def _drop_pubsub(self) -> None:
-        if self._pubsub is not None:
-            with contextlib.suppress(RedisError, OSError):
-                await self._pubsub.aclose()  # type: ignore[no-untyped-call]
-            self._pubsub = None
-
-    async def _connect(self) -> None:
-        """Subscribe, then load a full snapshot: events published meanwhile are queued
-        on the subscription and replayed after it, so nothing falls in between."""
-        assert self._sub_client is not None
-        pubsub = self._sub_client.pubsub(ignore_subscribe_messages=True)
-        self._pubsub = pubsub
-        await pubsub.subscribe(self.channel)
-        await self.resync()
-        if not self._up:
-            self._up = True
-            metrics.STATE_STORE_UP.labels(store=_STORE).set(1)
-
-    def _mark_down(self, op: str, exc: BaseException) -> None:
-        metrics.STATE_STORE_ERRORS.labels(op=op).inc()
-        if self._up:
-            self._up = False
-            metrics.STATE_STORE_UP.labels(store=_STORE).set(0)
-            log.warning("state store: lost Redis at %s (%s); serving the last known "
-                        "revocations and sandboxes, refusing changes until it is back",
-                        redact_url(self.url), exc)
-
-    async def _follow(self) -> None:
-        """Apply events; re-sync periodically; reconnect and re-sync after an outage."""
-        delay = self.backoff[0]
-        while True:
-            try:
-                if self._pubsub is None:
-                    await self._connect()
-                    log.info("state store: reconnected to Redis at %s and re-synced",
-                             redact_url(self.url))
-                delay = self.backoff[0]
-                await self._pump()
-            except (RedisError, OSError) as exc:
-                self._mark_down("listen", exc)
-            except Exception as exc:  # a bug must not stop following changes for good
-                log.exception("state store: unexpected error while following Redis")
-                self._mark_down("listen", exc)
-            # _pump only returns by raising: drop the subscription, wait, reconnect.
-            await self._drop_pubsub()
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # noqa: S311
-            delay = min(delay * 2, self.backoff[1])
-
-    async def _pump(self) -> None:
-        assert self._pubsub is not None
-        loop = asyncio.get_running_loop()
-        while True:
-            message = await self._pubsub.get_message(ignore_subscribe_messages=True,
-                                                     timeout=min(1.0, self.resync_interval))
-            if message is not None and message.get("type") == "message":
-                self._apply_event(message.get("data"))
-            now = loop.time()
-            if now >= self._next_resync:
-                await self.resync()
-            if now >= self._next_prune:
-                self._prune()
-                self._next_prune = now + 1.0
+        await self._shut()
 
     # -- synchronisation --------------------------------------------------------------
 
