@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from gateway.api.probes import PATHS as PROBE_PATHS
 from gateway.config import load_config
 from gateway.net.ca import mitmproxy_confdir
-from gateway.services.identity.tokens import SigningKeys
+from gateway.services.identity.signing_keys import SigningKeys
 from gateway.services.policy.loader import load_policy_texts
 from gateway.services.secrets.factory import build_store
 from gateway.tools.config_check import listen_warnings

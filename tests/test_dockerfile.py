@@ -281,7 +281,7 @@ def test_certs_persist_on_a_volume(gateway: list[Instr], tmp_path: Path) -> None
     restarts: they live on the declared volume, the scratch dir does not."""
     from gateway.config import load_config
     from gateway.net import ca
-    from gateway.services.identity.tokens import SigningKeys
+    from gateway.services.identity.signing_keys import SigningKeys
 
     (volume,) = volumes(gateway)
     text = image_config_text(gateway)

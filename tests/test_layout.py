@@ -194,8 +194,6 @@ LONG_MODULES = {
     "step-up, revoke)",
     "gateway/services/approvals/__init__.py": "not split yet: ApprovalService, one class "
     "for ask mode's approvals, answers, grants and their watcher",
-    "gateway/services/identity/tokens.py": "not split yet: the signing keys and "
-    "TokenService (mint, verify, refresh, exchange, revoke) with the claim readers",
 }
 
 

@@ -443,6 +443,14 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/runtime/test_relay.py",
         "the worker's end of the revocation relay: the relay's tests import it and run "
         "both ends over real socketpairs"),
+    "gateway/services/identity/claims.py": (
+        "tests/services/identity/test_tokens.py",
+        "scope parsing and formatting, cidr and user bindings, refused claims and the "
+        "unverified read, table-driven beside the tokens they are part of"),
+    "gateway/services/identity/signing_keys.py": (
+        "tests/services/identity/test_tokens.py",
+        "loading, refusing a key that is not Ed25519, rotating and retiring the signing "
+        "keys with the tokens they sign, a watcher following the directory"),
     "gateway/services/state/health.py": (
         "tests/services/state/test_state.py, tests/reliability/test_state_outage.py",
         "state.unavailable read and validated (the config table), and the degraded "

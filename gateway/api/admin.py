@@ -37,7 +37,7 @@ from gateway.config import ConfigError, parse_duration
 from gateway.core.names import DestinationError, is_ip, normalize_host
 from gateway.net.resolver import DestinationGuard
 from gateway.observability import metrics
-from gateway.services.identity.tokens import TokenError, parse_scope
+from gateway.services.identity.claims import TokenError, parse_scope
 from gateway.services.metering import static_metering
 from gateway.services.state.base import SandboxAddress, StateUnavailable
 

@@ -20,7 +20,7 @@ import sys
 from gateway import __version__
 from gateway.config import ConfigError
 from gateway.net.ca import CAError
-from gateway.services.identity.tokens import TokenError
+from gateway.services.identity.claims import TokenError
 from gateway.services.policy import PolicyError
 
 __all__ = ["GROUPS", "build_parser", "main"]

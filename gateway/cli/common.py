@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 from gateway.config import Config, load_config
 from gateway.core.policy import PolicySet
-from gateway.services.identity.tokens import SigningKeys, TokenError
+from gateway.services.identity.claims import TokenError
+from gateway.services.identity.signing_keys import SigningKeys
 
 
 def config_of(args: argparse.Namespace) -> Config:

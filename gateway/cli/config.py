@@ -7,7 +7,8 @@ from pathlib import Path
 
 from gateway.cli.common import config_of
 from gateway.net import ca
-from gateway.services.identity.tokens import SigningKeys, TokenError
+from gateway.services.identity.claims import TokenError
+from gateway.services.identity.signing_keys import SigningKeys
 from gateway.services.policy import PolicyError, load_policy_dir
 
 

@@ -11,7 +11,8 @@ from gateway.cli.common import config_of, credentials_of
 from gateway.cli.token import mint_token
 from gateway.config import Config
 from gateway.core.policy.compiled import PolicySet
-from gateway.services.identity.tokens import SigningKeys, TokenService
+from gateway.services.identity.signing_keys import SigningKeys
+from gateway.services.identity.tokens import TokenService
 from gateway.services.policy import load_policy_dir
 from gateway.services.state.base import MemoryState
 
@@ -141,7 +142,7 @@ def _check_env_token(args: argparse.Namespace) -> bool:
 def _token_policy(args: argparse.Namespace) -> tuple[PolicySet, str]:
     """The gateway's policies (with --config, else the embedded defaults') and the name
     of the token's policy."""
-    from gateway.services.identity.tokens import unverified_claims
+    from gateway.services.identity.claims import unverified_claims
 
     return (load_policy_dir(config_of(args).policies),
             str(unverified_claims(args.token).get("pol") or ""))

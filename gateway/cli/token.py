@@ -12,7 +12,8 @@ from pathlib import Path
 
 from gateway.cli.common import config_of, credentials_of, signing_keys_of
 from gateway.config import Config, parse_duration
-from gateway.services.identity.tokens import MintedToken, TokenError, TokenService, parse_scope
+from gateway.services.identity.claims import TokenError, parse_scope
+from gateway.services.identity.tokens import MintedToken, TokenService
 from gateway.services.policy import load_policy_dir
 from gateway.services.state.base import MemoryState, StateUnavailable
 

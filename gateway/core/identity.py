@@ -1,6 +1,6 @@
 """Who a request comes from, as the core sees it: a verified token's claims (pure).
 
-`gateway/services/identity/tokens.py` mints and verifies tokens (JWT, signing keys, the
+`gateway/services/identity/tokens.py` mints and verifies tokens (JWT, `signing_keys.py`, the
 state store) and hands the core an `Identity`, or raises `TokenRefused`; the core needs
 nothing more of it. Kept here so that the core imports no token machinery (cryptography, PyJWT).
 """

@@ -69,9 +69,10 @@ from gateway.runtime.startup import FD_RESERVE, StartupError, bind, raise_fd_lim
 from gateway.runtime.sweeper import ConnectionSweeper
 from gateway.services.approvals import ApprovalService
 from gateway.services.dlp.detectors import SALT_FILE, LazyDetectors, ensure_salt
+from gateway.services.identity.claims import TokenError
 from gateway.services.identity.issued import IssuedTokens
 from gateway.services.identity.keywatch import SigningKeyWatcher
-from gateway.services.identity.tokens import TokenError, TokenService
+from gateway.services.identity.tokens import TokenService
 from gateway.services.mcp_oauth import McpOAuthService
 from gateway.services.metering import Metering, build_metering
 from gateway.services.minting import TokenHttp

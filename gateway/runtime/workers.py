@@ -39,7 +39,7 @@ from gateway.config import Config, HostPort, reach
 from gateway.net import ca
 from gateway.observability.audit_spill import adopt
 from gateway.runtime.allocator import without
-from gateway.services.identity.tokens import SigningKeys
+from gateway.services.identity.signing_keys import SigningKeys
 from gateway.services.policy import load_policy_dir
 from gateway.services.secrets import build_store
 from gateway.services.state.sqlite_schema import open_file

@@ -37,7 +37,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import yaml
 
-from gateway.services.identity.tokens import AUDIENCE, unverified_claims
+from gateway.services.identity.claims import unverified_claims
+from gateway.services.identity.tokens import AUDIENCE
 
 if TYPE_CHECKING:
     from gateway.core.policy.hosts import HostPattern

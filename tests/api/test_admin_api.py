@@ -18,7 +18,8 @@ from gateway.api.admin import AdminContext, build_admin_app
 from gateway.core.addresses import AddressPolicy
 from gateway.core.policy import PolicySet
 from gateway.net.resolver import DestinationGuard, StaticResolver
-from gateway.services.identity.tokens import SigningKeys, TokenRefused, TokenService
+from gateway.services.identity.signing_keys import SigningKeys
+from gateway.services.identity.tokens import TokenRefused, TokenService
 from gateway.services.policy import load_policy_texts
 from gateway.services.state.base import MemoryState
 

@@ -17,7 +17,8 @@ import yaml
 
 from gateway.cli import main
 from gateway.net import ca
-from gateway.services.identity.tokens import SigningKeys, TokenRefused, TokenService
+from gateway.services.identity.signing_keys import SigningKeys
+from gateway.services.identity.tokens import TokenRefused, TokenService
 from gateway.services.state.base import MemoryState
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,8 @@ from gateway.core.policy import Credential, Injection
 from gateway.core.refusal import Refusal
 from gateway.core.secret_value import SecretValue
 from gateway.core.target import Target
-from gateway.services.identity.tokens import SigningKeys, TokenService
+from gateway.services.identity.signing_keys import SigningKeys
+from gateway.services.identity.tokens import TokenService
 from gateway.services.state.base import MemoryState
 
 OPENAI = Credential(name="openai", secret="k", hosts=("api.openai.com",),

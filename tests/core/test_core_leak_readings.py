@@ -25,7 +25,8 @@ from helpers.lines import random_lines
 from gateway.core import archives, leak_readings
 from gateway.core.leak_forms import sensitive_markers, token_markers
 from gateway.core.leaks import LeakScan
-from gateway.services.identity.tokens import SigningKeys, TokenService
+from gateway.services.identity.signing_keys import SigningKeys
+from gateway.services.identity.tokens import TokenService
 from gateway.services.state.base import MemoryState
 
 KEY = "sk-live-0123456789abcdefghijklmnop"

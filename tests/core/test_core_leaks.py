@@ -23,7 +23,8 @@ from gateway.core.leak_forms import (
 )
 from gateway.core.leaks import LeakScan, Redactor
 from gateway.services.dlp.library import build
-from gateway.services.identity.tokens import SigningKeys, TokenService
+from gateway.services.identity.signing_keys import SigningKeys
+from gateway.services.identity.tokens import TokenService
 from gateway.services.state.base import MemoryState
 
 KEY = "sk-live-0123456789abcdefghijklmnop"

@@ -16,7 +16,8 @@ from gateway.core.policy import Credential, Decision
 from gateway.core.refusal import Refusal, answer
 from gateway.core.target import Target
 from gateway.pipeline.exchange import Exchange
-from gateway.services.identity.tokens import SigningKeys, TokenService
+from gateway.services.identity.signing_keys import SigningKeys
+from gateway.services.identity.tokens import TokenService
 from gateway.services.policy import load_policy_text
 from gateway.services.state.base import MemoryState
 

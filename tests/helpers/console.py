@@ -15,7 +15,8 @@ from starlette.testclient import TestClient
 from gateway.api.admin import build_admin_app
 from gateway.api.context import AdminContext
 from gateway.core.policy import PolicySet
-from gateway.services.identity.tokens import SigningKeys, TokenService
+from gateway.services.identity.signing_keys import SigningKeys
+from gateway.services.identity.tokens import TokenService
 from gateway.services.policy import load_policy_texts
 from gateway.services.state.base import StateStore
 

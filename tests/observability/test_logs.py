@@ -32,7 +32,8 @@ from gateway.observability.logs import (
     protect,
     token_claims,
 )
-from gateway.services.identity.tokens import SigningKeys, TokenService
+from gateway.services.identity.signing_keys import SigningKeys
+from gateway.services.identity.tokens import TokenService
 from gateway.services.secrets.base import SecretNotFound
 from gateway.services.secrets.cache import SecretCache
 from gateway.services.state.base import MemoryState

@@ -42,7 +42,8 @@ from gateway.pipeline.exchange_dlp import DlpCheck
 from gateway.pipeline.exchange_request import RequestSide
 from gateway.pipeline.exchange_state import ExchangeState
 from gateway.services.dlp.library import build
-from gateway.services.identity.tokens import SigningKeys, TokenService
+from gateway.services.identity.signing_keys import SigningKeys
+from gateway.services.identity.tokens import TokenService
 from gateway.services.state.base import MemoryState
 
 SCANNER = Scanner(build(tuple(DETECTORS)), b"test-salt")

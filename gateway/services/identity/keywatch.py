@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from gateway.observability.metrics import SIGNING_KEY_RELOADS
-from gateway.services.identity.tokens import SigningKeys, TokenError
+from gateway.services.identity.claims import TokenError
+from gateway.services.identity.signing_keys import SigningKeys
 from gateway.services.polling import Poller
 
 __all__ = ["INTERVAL", "PICKUP_SECONDS", "SigningKeyWatcher", "key_fingerprint"]

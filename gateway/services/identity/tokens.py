@@ -15,68 +15,36 @@ follows the directory (`gateway/services/identity/keywatch.py`): `TokenService.u
 swaps the set.
 """
 
+
 from __future__ import annotations
 
-import base64
-import ipaddress
-import json
-import os
-import re
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import jwt
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from gateway.core.identity import Identity as Identity
 from gateway.core.identity import Scope as Scope
 from gateway.core.identity import TokenRefused as TokenRefused
 from gateway.core.identity import Workload
-from gateway.net.ca import write_private
+from gateway.services.identity.claims import (
+    TokenError,
+    check_user,
+    format_scope,
+    parse_cidrs,
+    parse_scope,
+    read_user,
+    read_workload,
+)
 from gateway.services.identity.revocations import Revocation, Revocations
+from gateway.services.identity.signing_keys import SigningKeys
 from gateway.services.state.base import StateStore
 
 AUDIENCE = "sandbox-gateway"
-USER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}")  # a token's `user` (`usr` claim)
-RETIRED_DIR = "retired"  # <signing dir>/retired/<kid>.pem: kept for the record, never loaded
 _VERIFY_CACHE_MAX = 50_000
-
-
-class TokenError(ValueError):
-    """A token request is invalid (minting side)."""
-
-
-def parse_scope(text: str | Iterable[str] | None) -> dict[str, frozenset[str] | None]:
-    """Parse `openai anthropic:/v1/messages` into {credential: paths or None}."""
-    items = text.split() if isinstance(text, str) else [
-        part for chunk in (text or ()) for part in chunk.split()
-    ]
-    scope: dict[str, frozenset[str] | None] = {}
-    for item in items:
-        name, _, path = item.partition(":")
-        if not name:
-            raise TokenError(f"scope item {item!r} has no credential name")
-        if path and not path.startswith("/"):
-            raise TokenError(f"scope item {item!r}: a path must start with /")
-        if name in scope and scope[name] is None:
-            continue
-        if not path:
-            scope[name] = None
-        else:
-            scope[name] = (scope.get(name) or frozenset()) | {path}
-    return scope
-
-
-def format_scope(scope: Scope) -> str:
-    parts: list[str] = []
-    for name, paths in sorted(scope.items()):
-        parts.extend([name] if paths is None else [f"{name}:{p}" for p in sorted(paths)])
-    return " ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,85 +63,6 @@ class MintedToken:
     user: str | None = None  # the person named at mint (the `usr` claim)
 
 
-@dataclass
-class SigningKeys:
-    """The signing key directory, loaded once."""
-
-    directory: Path
-    private: dict[str, Ed25519PrivateKey] = field(default_factory=dict)
-    retired: frozenset[str] = frozenset()
-
-    @classmethod
-    def load(cls, directory: Path, retired: Iterable[str] = (), create: bool = True) -> SigningKeys:
-        """Load every `<kid>.pem`; create a first key if the directory has none."""
-        keys = cls(directory, retired=frozenset(retired))
-        paths = sorted(directory.glob("*.pem")) if directory.is_dir() else []
-        for path in paths:
-            try:
-                key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-            except (OSError, ValueError, TypeError) as exc:
-                raise TokenError(f"{path}: not a readable PEM private key ({exc})") from None
-            if not isinstance(key, Ed25519PrivateKey):
-                raise TokenError(f"{path}: not an Ed25519 private key")
-            keys.private[path.stem] = key
-        if not keys.active_kids():
-            if not create:
-                raise TokenError(f"no usable signing key in {directory}")
-            keys.add_new()
-        return keys
-
-    def active_kids(self) -> list[str]:
-        return sorted(k for k in self.private if k not in self.retired)
-
-    @property
-    def signing_kid(self) -> str:
-        return self.active_kids()[-1]
-
-    def add_new(self) -> str:
-        """Generate a new key; it becomes the signing key (kids sort by creation time)."""
-        # Microseconds, not random hex, after the second: keys made within one second
-        # must still sort in creation order, or the older one would keep signing.
-        now_us = time.time_ns() // 1000
-        kid = ("k" + time.strftime("%Y%m%dT%H%M%S", time.gmtime(now_us // 1_000_000))
-               + f"{now_us % 1_000_000:06d}")
-        key = Ed25519PrivateKey.generate()
-        # Written aside, then renamed: a gateway watching the directory never reads half a key.
-        tmp = self.directory / f".{kid}.pem.tmp"
-        write_private(tmp, key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ))
-        os.replace(tmp, self.directory / f"{kid}.pem")
-        self.private[kid] = key
-        return kid
-
-    def retire(self, kid: str) -> Path:
-        """Move `<kid>.pem` to `retired/`: tokens it signed stop verifying (a running
-        gateway notices within seconds). The signing key cannot be retired: rotate first."""
-        if kid not in self.private:
-            raise TokenError(f"no key {kid!r} in {self.directory}; "
-                             f"keys: {', '.join(sorted(self.private)) or 'none'}")
-        if kid == self.signing_kid:
-            raise TokenError(f"{kid} is the signing key; run `token rotate-key` first, then "
-                             "retire it")
-        target = self.directory / RETIRED_DIR / f"{kid}.pem"
-        target.parent.mkdir(mode=0o700, exist_ok=True)
-        os.replace(self.directory / f"{kid}.pem", target)
-        del self.private[kid]
-        return target
-
-    def public_keys(self) -> dict[str, Ed25519PublicKey]:
-        return {kid: self.private[kid].public_key() for kid in self.active_kids()}
-
-    def jwks(self) -> dict[str, Any]:
-        """The public keys as a JWK Set (RFC 8037 OKP keys)."""
-        out = []
-        for kid, pub in self.public_keys().items():
-            raw = pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-            x = base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-            out.append({"kty": "OKP", "crv": "Ed25519", "x": x, "kid": kid,
-                        "alg": "EdDSA", "use": "sig"})
-        return {"keys": out}
 
 
 class TokenService:
@@ -369,8 +258,8 @@ class TokenService:
                 lifetime_end=float(claims.get("lim", claims["exp"])),
                 family=str(claims.get("fam", claims["jti"])),
                 cidr=tuple(parse_cidrs(str(claims.get("cidr", "")).split())),
-                workload=_workload(claims.get("pod")),
-                user=_user(claims.get("usr")),
+                workload=read_workload(claims.get("pod")),
+                user=read_user(claims.get("usr")),
             )
         except (KeyError, TypeError, ValueError, TokenError):
             raise TokenRefused("token_invalid", "the token's claims are incomplete; "
@@ -390,56 +279,6 @@ class TokenService:
                          cidr=identity.cidr, workload=identity.workload, user=identity.user)
 
 
-def parse_cidrs(items: Iterable[str]) -> list[str]:
-    """Canonical network texts for a token's `cidr` binding (TokenError if invalid)."""
-    out: list[str] = []
-    for item in items:
-        for text in item.replace(",", " ").split():
-            try:
-                out.append(ipaddress.ip_network(text, strict=False).compressed)
-            except ValueError:
-                raise TokenError(
-                    f"cidr {text!r} is not an IP network (e.g. 10.0.0.5/32)") from None
-    return out
-
-
-def check_user(user: str | None) -> str | None:
-    """A token's `user` as given at mint (TokenError if it is not a person's name or
-    address: letters, digits and ``. _ @ + -``, at most 128 characters)."""
-    if user is None:
-        return None
-    if not USER.fullmatch(user):
-        raise TokenError("user must be a person's name or address: letters, digits and "
-                         "'.', '_', '@', '+', '-' (at most 128 characters)")
-    return user
-
-
-def _user(claim: Any) -> str | None:
-    """The `usr` claim (TypeError if present and not a name: the token is refused)."""
-    if claim is None:
-        return None
-    if not isinstance(claim, str) or not USER.fullmatch(claim):
-        raise TypeError("usr")
-    return claim
-
-
-def _workload(claim: Any) -> Workload | None:
-    """The `pod` claim (KeyError/TypeError if present and incomplete)."""
-    if claim is None:
-        return None
-    return Workload(str(claim["namespace"]), str(claim["pod"]), str(claim["uid"]),
-                    str(claim["service_account"]))
-
-
 def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
-
-def unverified_claims(token: str) -> dict[str, Any]:
-    """Decode claims without verifying (for `explain` output only, never for decisions)."""
-    try:
-        payload = token.split(".")[1]
-        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-    except (IndexError, ValueError):
-        return {}
-    return dict(claims) if isinstance(claims, dict) else {}

@@ -17,7 +17,8 @@ from gateway.api.admin import AdminContext, build_admin_app
 from gateway.cli import main
 from gateway.observability import metrics
 from gateway.services.identity.issued import KIND, Issued, IssuedTokens
-from gateway.services.identity.tokens import SigningKeys, TokenService
+from gateway.services.identity.signing_keys import SigningKeys
+from gateway.services.identity.tokens import TokenService
 from gateway.services.policy import load_policy_texts
 from gateway.services.state.base import MemoryState, StateUnavailable
 from gateway.services.state.sqlite import SqliteState

@@ -16,17 +16,14 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from gateway.services.identity.tokens import (
-    AUDIENCE,
-    Identity,
-    SigningKeys,
+from gateway.services.identity.claims import (
     TokenError,
-    TokenRefused,
-    TokenService,
     format_scope,
     parse_scope,
     unverified_claims,
 )
+from gateway.services.identity.signing_keys import SigningKeys
+from gateway.services.identity.tokens import AUDIENCE, Identity, TokenRefused, TokenService
 from gateway.services.state.base import MemoryState
 
 T0 = 1_700_000_000.0  # in the past, so nothing depends on the real clock by accident

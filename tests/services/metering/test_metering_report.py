@@ -14,7 +14,8 @@ from starlette.testclient import TestClient
 from gateway.api.admin import AdminContext, build_admin_app
 from gateway.core.metering import Usage
 from gateway.core.metering.pricing import Price, Pricing
-from gateway.services.identity.tokens import SigningKeys, TokenService
+from gateway.services.identity.signing_keys import SigningKeys
+from gateway.services.identity.tokens import TokenService
 from gateway.services.metering import Metering
 from gateway.services.metering.ledger import DAY, HOUR, UsageLedger
 from gateway.services.policy import load_policy_texts

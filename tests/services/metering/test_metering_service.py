@@ -24,7 +24,8 @@ from gateway.core.metering import ModelRefusal
 from gateway.core.metering.pricing import parse_pricing
 from gateway.core.policy import PolicySet
 from gateway.observability import metrics
-from gateway.services.identity.tokens import SigningKeys, TokenService
+from gateway.services.identity.signing_keys import SigningKeys
+from gateway.services.identity.tokens import TokenService
 from gateway.services.metering import BudgetExceeded, Exchange, Metered, Metering
 from gateway.services.metering.service import build_metering
 from gateway.services.policy import load_policy_texts

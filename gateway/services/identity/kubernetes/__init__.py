@@ -29,6 +29,7 @@ from gateway.core.claims import subject_refusal
 from gateway.core.identity import Identity, Workload
 from gateway.core.policy import PolicySet
 from gateway.core.refusal import Refusal
+from gateway.services.identity.claims import TokenError
 from gateway.services.identity.kubernetes.accounts import (
     AccountRefused,
     Claims,
@@ -37,7 +38,7 @@ from gateway.services.identity.kubernetes.accounts import (
 )
 from gateway.services.identity.kubernetes.pods import PodIndex, Policies
 from gateway.services.identity.kubernetes.watch import PodWatcher
-from gateway.services.identity.tokens import MintedToken, TokenError, TokenService
+from gateway.services.identity.tokens import MintedToken, TokenService
 
 __all__ = ["AccountRefused", "ExchangeRefused", "Exchanged", "PodIdentities"]
 
