@@ -13,7 +13,8 @@ The listening sockets are bound here, once, and handed to the listeners: a port
 another process serves is refused at start, never shared by accident.
 
 `Gateway` is `start` and its parts, a module each: `building.py` (the services built at
-start), `listening.py` (the DNS resolver, mitmproxy's master, the ports), `lifecycle.py`
+start), `listening.py` (the ports bound, the doors and engines on them, the DNS
+resolver, mitmproxy's master), `lifecycle.py`
 (readiness, the drain, the stop), over `parts.py` (what the gateway holds);
 `startup.py` binds the sockets and raises the open-files limit.
 """
@@ -24,7 +25,9 @@ import asyncio
 import functools
 import logging
 import math
+import socket
 import tempfile
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from uvicorn.config import Config as UvicornConfig
@@ -34,27 +37,15 @@ from gateway.api import probes
 from gateway.api.admin import AdminContext, build_admin_app
 from gateway.api.bounds import MAX_HEAD, Bounds
 from gateway.config import Config, ConfigError
-from gateway.core.addresses import AddressPolicy
 from gateway.core.policy import PolicySet
 from gateway.core.policy.hosts import compile_host_pattern
 from gateway.engines import patches
 from gateway.engines.door import Doors
-from gateway.engines.frontdoor import FrontDoor
-from gateway.engines.h1.pool import LIMIT as POOL_LIMIT
-from gateway.engines.h1.server import Engine, Limits, Timeouts
-from gateway.engines.splice import Splices
-from gateway.engines.transparent import TransparentDoor
 from gateway.net import ca
 from gateway.net.resolver import (
-    DestinationGuard,
     Resolver,
     SystemResolver,
-    install_backstop,
-    local_interface_addresses,
-    parse_overrides,
 )
-from gateway.net.roots import public_roots
-from gateway.net.tls import LeafContexts, upstream_context
 from gateway.net.upstream_proxy import UpstreamProxy
 from gateway.observability import logs, metrics
 from gateway.observability.audit import Auditor
@@ -65,13 +56,14 @@ from gateway.runtime.lifecycle import Lifecycle
 from gateway.runtime.memory import MemoryGuard
 from gateway.runtime.mitmproxy_engine import MitmproxyEngine
 from gateway.runtime.relay_link import RelayLink
-from gateway.runtime.startup import FD_RESERVE, StartupError, bind, raise_fd_limit
+from gateway.runtime.startup import FD_RESERVE, StartupError, bind
 from gateway.runtime.sweeper import ConnectionSweeper
 from gateway.services.approvals import ApprovalService
 from gateway.services.dlp.detectors import SALT_FILE, LazyDetectors, ensure_salt
 from gateway.services.identity.claims import TokenError
 from gateway.services.identity.issued import IssuedTokens
 from gateway.services.identity.keywatch import SigningKeyWatcher
+from gateway.services.identity.signing_keys import SigningKeys
 from gateway.services.identity.tokens import TokenService
 from gateway.services.mcp_oauth import McpOAuthService
 from gateway.services.metering import Metering, build_metering
@@ -164,10 +156,27 @@ class Gateway(Lifecycle):
                                        and policy_set.exports_content)
 
     async def start(self) -> None:
-        cfg = self.config
+        """Start every part, in the order each needs the ones before it: the CA and the
+        policies, identity (signing keys, the state store, tokens), the ports and the
+        destination guard, the audit sink, the gate with the services it calls, then the
+        engines on the ports and the admin API. A part that cannot start raises
+        `StartupError` saying which and why."""
         # mitmproxy runs the loop with asyncio's eager task factory; set here, the loop
         # behaves the same before mitmproxy starts (on demand) as after.
         asyncio.get_running_loop().set_task_factory(asyncio.eager_task_factory)
+        runtime, confdir = self._open_ca()
+        keys = self._load_policies_and_keys()
+        await self._open_identity(keys)
+        sockets, admin_sock, overrides, shared = self._bind_ports()
+        await self._open_audit()
+        await self._build_gate(overrides, shared)
+        await self._serve_engines(sockets, confdir, runtime, self._upstream_bundle(runtime))
+        await self._serve_admin(admin_sock)
+
+    def _open_ca(self) -> tuple[Path, Path]:
+        """The dependencies' versions checked, the CA (and mitmproxy's view of it), the
+        admin token; returns the runtime directory and mitmproxy's confdir."""
+        cfg = self.config
         try:
             patches.check_versions(aiohttp=cfg.network.upstream_proxy is not None)
         except RuntimeError as exc:
@@ -182,7 +191,11 @@ class Gateway(Lifecycle):
             self.admin_token = cfg.admin_token
         else:
             self.admin_token, self.admin_token_created = ca.ensure_admin_token(cfg.certs)
+        return runtime, confdir
 
+    def _load_policies_and_keys(self) -> SigningKeys:
+        """The policies (and the detectors they need), the signing keys."""
+        cfg = self.config
         self.reloader = PolicyReloader(cfg.policies, on_reload=self._on_reload,
                                        learn=cfg.learn)
         try:
@@ -202,6 +215,12 @@ class Gateway(Lifecycle):
             keys = self.key_watcher.load_now()
         except (TokenError, OSError) as exc:
             raise StartupError(f"signing keys: {exc}") from None
+        return keys
+
+    async def _open_identity(self, keys: SigningKeys) -> None:
+        """The state store and this process's lease in it, the token service, the
+        supervisor's revocation relay, the record of issued tokens."""
+        cfg = self.config
         try:
             self.state: StateStore = self._state or build_state(cfg.state)
             self.state_health = StoreHealth(self.state, unavailable_mode(cfg.state))
@@ -225,34 +244,10 @@ class Gateway(Lifecycle):
         self.issued = IssuedTokens(self.state, self.tokens.revocations.is_revoked)
         self.issued.start()  # (records the store could not take: retried)
 
-        self.fd_limit = raise_fd_limit()
-        # The upstream pool's descriptors come out of the connection cap (an eighth of
-        # the budget at most, engines/h1/pool.py LIMIT at most).
-        if cfg.network.intercept == "fast":
-            self.pool_limit = min(POOL_LIMIT, max(0, self.fd_limit - FD_RESERVE) // 8)
-        shared = self.worker is not None
-        proxy_sock = bind(cfg.listen.proxy, shared=shared)
-        self.proxy_address = proxy_sock.getsockname()[:2]
-        admin_sock = bind(cfg.listen.admin, shared=shared)
-        self.admin_address = admin_sock.getsockname()[:2]
-        sockets = {("regular", self.proxy_address[1]): proxy_sock}
-        if cfg.listen.transparent is not None:
-            transparent_sock = bind(cfg.listen.transparent, shared=shared)
-            self.transparent_address = transparent_sock.getsockname()[:2]
-            sockets[("transparent", self.transparent_address[1])] = transparent_sock
-
-        self.address_policy = AddressPolicy(
-            allow_cidrs=cfg.network.allow_cidrs, deny_cidrs=cfg.network.deny_cidrs,
-            own_addresses=[a for a in (self.proxy_address, self.admin_address,
-                                       self.transparent_address) if a is not None],
-            local_addresses=local_interface_addresses(),
-        )
-        try:
-            overrides = parse_overrides(cfg.network.resolve)
-        except ValueError as exc:
-            raise StartupError(str(exc)) from None
-        self.guard = DestinationGuard(self.address_policy, self.resolver, overrides=overrides)
-        install_backstop(self.address_policy, everywhere=False)
+    async def _open_audit(self) -> None:
+        """The audit sink (a previous run's spilled lines first), the console's request
+        log and the OTLP exporter it feeds."""
+        cfg = self.config
         try:
             self.auditor = Auditor.open(cfg.audit.path, self.audit_stream, worker=self.worker,
                                         on_failure=cfg.audit.on_failure,
@@ -275,6 +270,12 @@ class Gateway(Lifecycle):
                 log.warning("request log: %s; the console's request log is held and "
                             "retried (the audit trail is not affected)", exc)
         self.otel = self._otel_exporter()  # (taps the audit lines the sink writes)
+
+    async def _build_gate(self, overrides: dict[str, tuple[str, int]], shared: bool) -> None:
+        """The services the gate calls (the upstream proxy, secrets, metering,
+        credentials, pods, memory, ask mode, MCP OAuth), the gate, then what was granted
+        before a restart and the DNS resolver."""
+        cfg = self.config
         self.proxy = self._build_proxy()
         try:
             self.secrets: SecretCache = build_cache(
@@ -318,41 +319,13 @@ class Gateway(Lifecycle):
         await self._approvals().start()
         await self._start_dns(shared)
 
+    async def _serve_admin(self, admin_sock: socket.socket) -> None:
+        """The admin API (bounded like the proxy's ports), mitmproxy when it serves the
+        ports, and the loops that run until the stop; returns once every port listens."""
+        cfg = self.config
         t = cfg.network.timeouts
-        timeouts = Timeouts(connect=t.connect, read=t.read, client_idle=t.client_idle,
-                            handshake=t.handshake)
-        limits = Limits(max_header_bytes=cfg.limits.max_header_bytes,
-                        max_websocket_message=cfg.limits.max_websocket_message)
-        bundle = self._upstream_bundle(runtime)
-        self.handoffs: dict[tuple[str, int], Any] = {}
         loop = asyncio.get_running_loop()
-        if cfg.network.intercept == "fast":
-            self.leaves = LeafContexts.from_confdir(confdir, runtime)
-            roots = upstream_context(*public_roots(cfg.network.upstream_ca))
-            h1 = Engine(self.gate, self.leaves, roots, timeouts=timeouts,
-                        limits=limits, upstream_idle=cfg.network.upstream_idle_timeout,
-                        pool_limit=self.pool_limit, proxy=self.proxy)
-            splices = Splices(self.gate, idle=t.client_idle,
-                              lifetime=cfg.limits.max_tunnel_lifetime, connect=t.connect,
-                              proxy=self.proxy)
-            self.doors = doors = Doors(self.gate, h1, splices, timeouts, limits,
-                                       handoffs=self.handoffs)
-            servers: dict[tuple[str, int], asyncio.Server] = {}
-            self.mitmproxy = MitmproxyEngine(
-                lambda: self._build_master(confdir, bundle, servers=servers),
-                abandoned=self._abandoned)
-            for (mode, port), sock in sockets.items():
-                door = FrontDoor if mode == "regular" else TransparentDoor
-                handoff = self.mitmproxy.handoff(mode)
-                servers[(mode, port)] = await loop.create_server(
-                    lambda door=door, handoff=handoff: door(doors, handoff),  # type: ignore[misc]
-                    sock=sock)
-            self.listeners = list(servers.values())
-        else:
-            self.mitmproxy = MitmproxyEngine(
-                lambda: self._build_master(confdir, bundle, sockets=sockets),
-                abandoned=self._abandoned)
-
+        assert self.mitmproxy is not None and self.memory is not None  # (made before)
         # every wait of the admin listener bounded too; probes answered past its cap
         self.admin_bounds = bounds = Bounds(
             cfg.admin, probe=lambda path: probes.answer(path, self),

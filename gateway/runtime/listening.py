@@ -1,19 +1,36 @@
-"""The gateway's listeners: the policy-aware DNS resolver, mitmproxy's master with the
-gateway's adapter (on the ports' sockets, or taking the doors' servers), the
-addresses they listen on, and closing them."""
+"""The gateway's listeners: the ports bound (with the destination guard over the addresses
+they leave), the doors and engines serving them, the policy-aware DNS resolver,
+mitmproxy's master with the gateway's adapter (on the ports' sockets, or taking the doors'
+servers), the addresses they listen on, and closing them."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from gateway.core.addresses import AddressPolicy
 from gateway.core.phrases import error_phrase
 from gateway.engines import patches
+from gateway.engines.door import Doors
+from gateway.engines.frontdoor import FrontDoor
+from gateway.engines.h1.pool import LIMIT as POOL_LIMIT
+from gateway.engines.h1.server import Engine, Limits, Timeouts
+from gateway.engines.splice import Splices
+from gateway.engines.transparent import TransparentDoor
+from gateway.net.resolver import (
+    DestinationGuard,
+    install_backstop,
+    local_interface_addresses,
+    parse_overrides,
+)
+from gateway.net.roots import public_roots
+from gateway.net.tls import LeafContexts, upstream_context
 from gateway.observability import logs, metrics
+from gateway.runtime.mitmproxy_engine import MitmproxyEngine
 from gateway.runtime.parts import GatewayParts
-from gateway.runtime.startup import StartupError
+from gateway.runtime.startup import FD_RESERVE, StartupError, bind, raise_fd_limit
 
 if TYPE_CHECKING:
     from mitmproxy.master import Master
@@ -150,3 +167,79 @@ class Listening(GatewayParts):
         if self.mitmproxy is not None and self.mitmproxy.master is not None:
             # mitmproxy's Done hook leaves its listeners open: close them explicitly.
             await self.mitmproxy.master.addons.get("proxyserver").servers.update([])
+
+    def _bind_ports(self) -> tuple[dict[tuple[str, int], socket.socket], socket.socket,
+                                   dict[str, tuple[str, int]], bool]:
+        """The open-files limit and the connection budget, the ports bound, the
+        destination guard (and the loop's backstop) over the addresses they leave.
+        Returns the proxy ports' sockets, the admin socket, `network.resolve`'s
+        overrides, and whether the ports are shared with other workers."""
+        cfg = self.config
+        self.fd_limit = raise_fd_limit()
+        # The upstream pool's descriptors come out of the connection cap (an eighth of
+        # the budget at most, engines/h1/pool.py LIMIT at most).
+        if cfg.network.intercept == "fast":
+            self.pool_limit = min(POOL_LIMIT, max(0, self.fd_limit - FD_RESERVE) // 8)
+        shared = self.worker is not None
+        proxy_sock = bind(cfg.listen.proxy, shared=shared)
+        self.proxy_address = proxy_sock.getsockname()[:2]
+        admin_sock = bind(cfg.listen.admin, shared=shared)
+        self.admin_address = admin_sock.getsockname()[:2]
+        sockets = {("regular", self.proxy_address[1]): proxy_sock}
+        if cfg.listen.transparent is not None:
+            transparent_sock = bind(cfg.listen.transparent, shared=shared)
+            self.transparent_address = transparent_sock.getsockname()[:2]
+            sockets[("transparent", self.transparent_address[1])] = transparent_sock
+
+        self.address_policy = AddressPolicy(
+            allow_cidrs=cfg.network.allow_cidrs, deny_cidrs=cfg.network.deny_cidrs,
+            own_addresses=[a for a in (self.proxy_address, self.admin_address,
+                                       self.transparent_address) if a is not None],
+            local_addresses=local_interface_addresses(),
+        )
+        try:
+            overrides = parse_overrides(cfg.network.resolve)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
+        self.guard = DestinationGuard(self.address_policy, self.resolver, overrides=overrides)
+        install_backstop(self.address_policy, everywhere=False)
+        return sockets, admin_sock, overrides, shared
+
+    async def _serve_engines(self, sockets: dict[tuple[str, int], socket.socket],
+                             confdir: Path, runtime: Path, bundle: Path) -> None:
+        """The doors and engines on the ports (`network.intercept: fast`), or mitmproxy
+        serving them (`bundle`: the roots it verifies upstreams with)."""
+        cfg = self.config
+        t = cfg.network.timeouts
+        timeouts = Timeouts(connect=t.connect, read=t.read, client_idle=t.client_idle,
+                            handshake=t.handshake)
+        limits = Limits(max_header_bytes=cfg.limits.max_header_bytes,
+                        max_websocket_message=cfg.limits.max_websocket_message)
+        self.handoffs: dict[tuple[str, int], Any] = {}
+        loop = asyncio.get_running_loop()
+        if cfg.network.intercept == "fast":
+            self.leaves = LeafContexts.from_confdir(confdir, runtime)
+            roots = upstream_context(*public_roots(cfg.network.upstream_ca))
+            h1 = Engine(self.gate, self.leaves, roots, timeouts=timeouts,
+                        limits=limits, upstream_idle=cfg.network.upstream_idle_timeout,
+                        pool_limit=self.pool_limit, proxy=self.proxy)
+            splices = Splices(self.gate, idle=t.client_idle,
+                              lifetime=cfg.limits.max_tunnel_lifetime, connect=t.connect,
+                              proxy=self.proxy)
+            self.doors = doors = Doors(self.gate, h1, splices, timeouts, limits,
+                                       handoffs=self.handoffs)
+            servers: dict[tuple[str, int], asyncio.Server] = {}
+            self.mitmproxy = MitmproxyEngine(
+                lambda: self._build_master(confdir, bundle, servers=servers),
+                abandoned=self._abandoned)
+            for (mode, port), sock in sockets.items():
+                door = FrontDoor if mode == "regular" else TransparentDoor
+                handoff = self.mitmproxy.handoff(mode)
+                servers[(mode, port)] = await loop.create_server(
+                    lambda door=door, handoff=handoff: door(doors, handoff),  # type: ignore[misc]
+                    sock=sock)
+            self.listeners = list(servers.values())
+        else:
+            self.mitmproxy = MitmproxyEngine(
+                lambda: self._build_master(confdir, bundle, sockets=sockets),
+                abandoned=self._abandoned)
