@@ -216,6 +216,19 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/api/test_admin_api.py, tests/services/metering/test_metering_report.py",
         "imported: its test under another name, every route over Starlette's TestClient "
         "with a real TokenService and real policies"),
+    "gateway/api/explain.py": (
+        "tests/api/test_admin_api.py, tests/services/metering/test_metering_report.py",
+        "POST /v1/explain through the real app (the decision, resolve with the guard, "
+        "bodies and models, bad requests); GET /v1/usage's report, filters and series"),
+    "gateway/api/registrations.py": (
+        "tests/integration/test_transparent.py, tests/integration/test_worker_state.py",
+        "registrations made over the admin API of a real gateway and used by transparent "
+        "connections; kept across a restart and seen by every worker"),
+    "gateway/api/tokens.py": (
+        "tests/api/test_admin_api.py, tests/services/identity/test_issued.py, "
+        "tests/integration/test_kubernetes_identity.py",
+        "mint, list, revoke and the JWKS through the real app; every issued token "
+        "recorded; a pod's token exchanged on a real gateway"),
     "gateway/api/approvals.py": (
         "tests/integration/test_approvals.py, tests/integration/test_console_fuzz.py",
         "the approvals routes on a real gateway: answered through the API and the CLI, "

@@ -17,13 +17,14 @@ its answer takes no scope (approving pins the new text).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.api.context import Body, Handler
 from gateway.api.errors import error
 from gateway.core.approvals import Approval, Grant
 from gateway.services.approvals import ApprovalService, NotFound
@@ -31,8 +32,6 @@ from gateway.services.state.base import StateUnavailable
 
 __all__ = ["approval_doc", "grant_doc", "routes"]
 
-Handler = Callable[[Request], Awaitable[Response]]
-Body = Callable[[Request], Awaitable[dict[str, Any]]]
 
 
 def approval_doc(approval: Approval) -> dict[str, Any]:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from starlette.requests import Request
+from starlette.responses import Response
 
 from gateway.core.policy import PolicySet
 from gateway.services.identity.issued import IssuedTokens
@@ -20,7 +23,10 @@ if TYPE_CHECKING:
     from gateway.services.metering import Metering
     from gateway.services.state.log import LogLines
 
-__all__ = ["AdminContext", "Readiness"]
+__all__ = ["AdminContext", "Body", "Handler", "Readiness"]
+
+Handler = Callable[[Request], Awaitable[Response]]  # a route's endpoint
+Body = Callable[[Request], Awaitable[dict[str, Any]]]  # a request's JSON object (ValueError)
 
 
 class Readiness(Protocol):

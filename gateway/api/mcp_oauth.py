@@ -19,13 +19,14 @@ The callback answers a small HTML page saying what happened (never a token)."""
 from __future__ import annotations
 
 import html
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.api.context import Body, Handler
 from gateway.api.errors import error
 from gateway.services.state.base import StateUnavailable
 
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
 
 __all__ = ["routes"]
 
-Handler = Callable[[Request], Awaitable[Response]]
-Body = Callable[[Request], Awaitable[dict[str, Any]]]
 _PAGE = ("<!doctype html><html><head><meta charset=utf-8><title>{title}</title></head>"
          "<body><h1>{title}</h1><p>{text}</p></body></html>")
 

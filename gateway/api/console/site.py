@@ -17,6 +17,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from gateway.api.console.forwarded import DEFAULT_TRUSTED, TrustedProxies
 from gateway.api.console.session import COOKIE, Sessions
+from gateway.api.context import Handler
 from gateway.services.state.base import Records, StateUnavailable
 
 __all__ = ["HEADERS", "TEMPLATES", "Handler", "Page", "Site", "when"]
@@ -31,7 +32,6 @@ HEADERS = {
     "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
 }
-Handler = Callable[[Request], Awaitable[Response]]
 Page = Callable[[Request, str], Awaitable[Response]]  # a signed-in page: (request, nonce)
 
 
