@@ -31,6 +31,44 @@ from gateway.services.state.base import StateUnavailable
 __all__ = ["routes"]
 
 
+def _mint_args(data: dict[str, Any]) -> tuple[str, str, dict[str, frozenset[str] | None] | None]:
+    """`POST /v1/tokens`'s sandbox, policy and scope (ValueError, TokenError)."""
+    sandbox, policy_name = data.get("sandbox"), data.get("policy")
+    if not isinstance(sandbox, str) or not isinstance(policy_name, str):
+        raise ValueError("sandbox and policy are required strings")
+    raw_scope = data.get("scope")
+    scope = None
+    if isinstance(raw_scope, str | list):
+        scope = parse_scope(raw_scope)
+    elif raw_scope is not None:
+        raise ValueError("scope must be a space-separated string")
+    return sandbox, policy_name, scope
+
+
+def _mint_options(data: dict[str, Any]) -> dict[str, Any]:
+    """`POST /v1/tokens`'s ttl, lifetime, cidr and user (ValueError, ConfigError)."""
+    ttl = parse_duration(data["ttl"], "ttl") if data.get("ttl") is not None else None
+    lifetime = (parse_duration(data["lifetime"], "lifetime")
+                if data.get("lifetime") is not None else None)
+    cidr = data.get("cidr") or []
+    if isinstance(cidr, str):
+        cidr = [cidr]
+    if not isinstance(cidr, list) or not all(isinstance(c, str) for c in cidr):
+        raise ValueError("cidr must be a network or a list of networks")
+    user = data.get("user")
+    if user is not None and not isinstance(user, str):
+        raise ValueError("user must be a string (the person the token acts for)")
+    return {"ttl": ttl, "lifetime": lifetime, "cidr": cidr, "user": user}
+
+
+def _exchange_args(data: dict[str, Any]) -> tuple[str, float | None]:
+    """`POST /v1/tokens/exchange`'s pod token and ttl (ValueError, ConfigError)."""
+    sa_token = data.get("token")
+    if not isinstance(sa_token, str) or not sa_token:
+        raise ValueError("token (the pod's projected service-account token) is required")
+    ttl = parse_duration(data["ttl"], "ttl") if data.get("ttl") is not None else None
+    return sa_token, ttl
+
 
 def routes(ctx: AdminContext, protected: Callable[[Handler], Handler], body: Body
            ) -> list[Route]:
@@ -44,28 +82,7 @@ def routes(ctx: AdminContext, protected: Callable[[Handler], Handler], body: Bod
     async def mint(request: Request) -> Response:
         try:
             data = await body(request)
-            sandbox, policy_name = data.get("sandbox"), data.get("policy")
-            if not isinstance(sandbox, str) or not isinstance(policy_name, str):
-                raise ValueError("sandbox and policy are required strings")
-            raw_scope = data.get("scope")
-            scope = None
-            if isinstance(raw_scope, str | list):
-                scope = parse_scope(raw_scope)
-            elif raw_scope is not None:
-                raise ValueError("scope must be a space-separated string")
-            ttl = parse_duration(data["ttl"], "ttl") if data.get("ttl") is not None else None
-            lifetime = (parse_duration(data["lifetime"], "lifetime")
-                        if data.get("lifetime") is not None else None)
-            cidr = data.get("cidr") or []
-            if isinstance(cidr, str):
-                cidr = [cidr]
-            if not isinstance(cidr, list) or not all(isinstance(c, str) for c in cidr):
-                raise ValueError("cidr must be a network or a list of networks")
-            user = data.get("user")
-            if user is not None and not isinstance(user, str):
-                raise ValueError("user must be a string (the person the token acts for)")
-            minted = ctx.tokens.mint(sandbox, policy_name, scope, ttl=ttl, lifetime=lifetime,
-                                     cidr=cidr, user=user)
+            minted = ctx.tokens.mint(*_mint_args(data), **_mint_options(data))
         except (ValueError, TokenError, ConfigError) as exc:
             return _error(400, "bad_request", str(exc))
         metrics.TOKENS_ISSUED.labels(kind="mint").inc()
@@ -82,12 +99,7 @@ def routes(ctx: AdminContext, protected: Callable[[Handler], Handler], body: Bod
             return _error(404, "exchange_disabled", "token exchange needs "
                           "identity.kubernetes.enabled (and its exchange)")
         try:
-            data = await body(request)
-            sa_token = data.get("token")
-            if not isinstance(sa_token, str) or not sa_token:
-                raise ValueError("token (the pod's projected service-account token) is "
-                                 "required")
-            ttl = parse_duration(data["ttl"], "ttl") if data.get("ttl") is not None else None
+            sa_token, ttl = _exchange_args(await body(request))
         except (ValueError, ConfigError) as exc:
             return _error(400, "bad_request", str(exc))
         try:
