@@ -210,8 +210,6 @@ LONG = {
     "its buffer, back-pressure, the spill and its replay) is one object",
     "gateway/observability/metrics.py": "every Prometheus metric the gateway exports, "
     "defined in one place (names, labels and help text read together)",
-    "gateway/observability/otel.py": "not split yet: the OTLP export of audit lines "
-    "(spans, log records, the content capture and the metric reader) is one object",
     "gateway/api/console/requests.py:routes": "the request log's pages and live stream "
     "share their filters and the hold, defined together",
     "gateway/config.py": "the configuration as one typed schema (a msgspec structure a "

@@ -27,7 +27,8 @@ Spans and log records are encoded straight to OTLP protobuf bytes (`otel_encode.
 SDK's objects cost several times as much a line), a common line's from its cached shape
 (`otel_shape.py`: neither inference, nor MCP, nor content; the same bytes, for a fraction
 of the work), and sent in batches (`otel_send.py`);
-the SDK aggregates the metric histograms. This module, and with it the SDK, is imported only in
+the SDK aggregates the metric histograms; the content a policy opted into is read as
+attributes by `otel_content.py`. This module, and with it the SDK, is imported only in
 the exporter process (never in a worker), started only when `telemetry.endpoint` is set.
 """
 
@@ -46,6 +47,7 @@ from opentelemetry.sdk.resources import Resource
 
 from gateway.observability import otel_encode as otlp
 from gateway.observability import otel_shape
+from gateway.observability.otel_content import content_attributes, tool_calls
 from gateway.observability.otel_names import operation, request_model, span_name
 from gateway.observability.otel_send import Sender
 
@@ -80,10 +82,6 @@ _SPAN_FIELDS = (("decision", "sandbox_gateway.decision"), ("rule", "sandbox_gate
 # time to first token: the GenAI conventions' span attribute (seconds) and client metric
 TTFC = "gen_ai.response.time_to_first_chunk"
 TTFC_METRIC = "gen_ai.client.operation.time_to_first_chunk"
-# content a policy opted into (telemetry: {content: true}), by the conventions' names
-_CONTENT = {"input": "gen_ai.input.messages", "output": "gen_ai.output.messages"}
-_OTHER_CONTENT = {"input": "sandbox_gateway.request.content",
-                  "output": "sandbox_gateway.response.content"}
 
 
 class OtelExport:
@@ -258,7 +256,7 @@ class OtelExport:
         elif self._spans is not None and traced:
             own = otlp.span_id()
         if self._spans is not None and traced:
-            span_attrs = attrs if not content else {**attrs, **_content(content, op)}
+            span_attrs = attrs if not content else {**attrs, **content_attributes(content, op)}
             error = line.get("error")
             self._spans.add(otlp.span(span_name(line), otlp.SERVER, trace_id, own,
                                       parent[1] if parent else b"", start, end, span_attrs,
@@ -329,7 +327,7 @@ class OtelExport:
         calls = line.get("mcp")
         if not isinstance(calls, list) or self._spans is None:
             return
-        tools = _tool_calls(content) if content else {}
+        tools = tool_calls(content) if content else {}
         for call in calls:
             if not isinstance(call, Mapping) or call.get("method") != "tools/call":
                 continue
@@ -367,55 +365,6 @@ def _sent(trace_sent: Any) -> tuple[bytes, bytes] | None:
     if sent is None or len(sent[0]) != 16 or len(sent[1]) != 8:
         return None
     return sent[0], sent[1]
-
-
-def _content(content: Mapping[str, Any], op: str | None) -> dict[str, str]:
-    """The exchange's content attributes (as the worker redacted them): the GenAI
-    conventions' input and output messages on an inference call, else the request's and
-    answer's content."""
-    names = _CONTENT if op is not None else _OTHER_CONTENT
-    return {name: content[key] for key, name in names.items()
-            if isinstance(content.get(key), str)}
-
-
-def _messages(text: Any) -> list[Any]:
-    """JSON-RPC messages in a body: one object, a batch, or SSE ``data:`` lines."""
-    if not isinstance(text, str):
-        return []
-    try:
-        docs = [json.loads(text)]
-    except ValueError:
-        docs = []
-        for row in text.splitlines():
-            if row.startswith("data:"):
-                try:
-                    docs.append(json.loads(row[5:]))
-                except ValueError:
-                    continue
-    out: list[Any] = []
-    for doc in docs:
-        out.extend(doc if isinstance(doc, list) else [doc])
-    return [m for m in out if isinstance(m, dict)]
-
-
-def _tool_calls(content: Mapping[str, Any]) -> dict[str, dict[str, str]]:
-    """Each ``tools/call`` of the request's content by tool name: its arguments and the
-    answer's result (or error) of the same id, as JSON text."""
-    found: dict[str, dict[str, str]] = {}
-    ids: dict[str, str] = {}
-    for message in _messages(content.get("input")):
-        params = message.get("params")
-        if message.get("method") == "tools/call" and isinstance(params, dict) and \
-                isinstance(params.get("name"), str) and params["name"] not in found:
-            found[params["name"]] = {"gen_ai.tool.call.arguments": _ENCODE(
-                params.get("arguments"))}
-            ids[json.dumps(message.get("id"))] = params["name"]
-    for message in _messages(content.get("output")):
-        name = ids.get(json.dumps(message.get("id")))
-        if name is not None:
-            answer = message.get("result", message.get("error"))
-            found[name]["gen_ai.tool.call.result"] = _ENCODE(answer)
-    return found
 
 
 def _metric_exporter(protocol: str, endpoint: str, headers: dict[str, str]) -> Any:
