@@ -183,9 +183,6 @@ LONG = {
     "gateway/services/state/counters_redis.py": "the Lua scripts of admission, "
     "settlement and the lease reap beside the Python that packs their arguments and "
     "reads their replies (a split would let a script and its caller disagree)",
-    "gateway/services/mcp_oauth/__init__.py": "not split yet: McpOAuthService, one "
-    "class for a grant's life (lookup, refresh under a lease, consent, callback, "
-    "step-up, revoke)",
     "gateway/services/approvals/__init__.py": "not split yet: ApprovalService, one class "
     "for ask mode's approvals, answers, grants and their watcher",
     "gateway/services/metering/service.py:admit": "a call's admission in the order it "

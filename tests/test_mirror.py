@@ -464,6 +464,12 @@ COVERED_ELSEWHERE: dict[str, tuple[str, str]] = {
         "tests/services/identity/test_tokens.py",
         "loading, refusing a key that is not Ed25519, rotating and retiring the signing "
         "keys with the tokens they sign, a watcher following the directory"),
+    "gateway/services/mcp_oauth/flows.py": (
+        "tests/services/mcp_oauth/test_service_mcp_oauth.py, "
+        "tests/integration/test_mcp_oauth.py",
+        "a consent opened and completed between a held request's two reads (its grant "
+        "written before its approval closed); consents completed in a browser, declined, "
+        "timed out and shared by held requests on real gateways"),
     "gateway/services/state/health.py": (
         "tests/services/state/test_state.py, tests/reliability/test_state_outage.py",
         "state.unavailable read and validated (the config table), and the degraded "

@@ -17,6 +17,11 @@ A server that refuses the gateway's token (401) marks the grant stale (the next 
 refreshes it, or asks again); one that asks for more scopes (403 `insufficient_scope`)
 marks it for a step-up consent with the union of the scopes (`rejected`).
 
+Its parts: `grants.py` (the records, sealed), `clients.py` (the gateway's client at an
+authorization server), `flows.py` (a consent opened and completed by the callback),
+`discovery.py`, `tokens.py` (the OAuth requests), `seal.py`, `http.py`; this module holds
+a grant's life (read, refreshed under a lease, marked, revoked) and the held request.
+
 Audit lines (`engine: mcp_oauth`) name the grant (id, owner, resource, scopes), never a
 token: `grant` when a consent completes, `revoke` when one is revoked.
 """
@@ -25,14 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets as random
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeGuard
-from urllib.parse import urlsplit
 
-from gateway.core.approvals import Approval, Asked, new_id
-from gateway.core.audit import record
+from gateway.core.approvals import Approval, new_id
 from gateway.core.identity import Identity
 from gateway.core.mcp_oauth import Challenge, McpToken, grant_owner, oauth_failed
 from gateway.core.policy.ask_rule import Ask
@@ -41,20 +43,13 @@ from gateway.core.ports import Secrets
 from gateway.core.refusal import Refusal
 from gateway.core.secret_value import MintedValue, SecretValue
 from gateway.services.approvals import ApprovalService
+from gateway.services.mcp_oauth.clients import LEASE, OAuthClients
 from gateway.services.mcp_oauth.discovery import ServerInfo, discover
-from gateway.services.mcp_oauth.grants import CLIENT, FLOW, GRANT, KEEP, Grants, Stored
+from gateway.services.mcp_oauth.flows import ConsentFailed, ConsentFlows
+from gateway.services.mcp_oauth.grants import GRANT, KEEP, Grants, Stored, grant_line, kept_until
 from gateway.services.mcp_oauth.http import OAuthError, OAuthHttp
 from gateway.services.mcp_oauth.seal import Sealer
-from gateway.services.mcp_oauth.tokens import (
-    Client,
-    TokenSet,
-    authorization_url,
-    exchange,
-    pkce,
-    refresh,
-    register,
-    revoke,
-)
+from gateway.services.mcp_oauth.tokens import Client, refresh, revoke
 from gateway.services.state.base import Records
 
 __all__ = ["ConsentFailed", "McpOAuthService"]
@@ -63,11 +58,6 @@ log = logging.getLogger("sandbox_gateway.mcp_oauth")
 
 POLL = 0.2  # seconds between a held request's looks at its grant and approval
 AHEAD = 60.0  # an access token is refreshed this long before it expires (at most)
-LEASE = "mcp_oauth_lease"
-
-
-class ConsentFailed(Exception):
-    """The callback could not complete a consent (the message says why, for a person)."""
 
 
 class McpOAuthService:
@@ -82,13 +72,14 @@ class McpOAuthService:
         self.grants = Grants(store, sealer)
         self.approvals = approvals
         self.http = http
-        self.secrets = secrets
-        self.redirect_url = redirect_url
-        self.clients = dict(clients or {})
-        self.client_metadata_url = client_metadata_url
         self.audit = audit
         self.clock = clock
         self.holder = new_id("proc")
+        self.clients = OAuthClients(self.grants, http, secrets, redirect_url=redirect_url,
+                                    named=clients or {}, metadata_url=client_metadata_url,
+                                    holder=self.holder, clock=clock)
+        self.flows = ConsentFlows(self.grants, approvals, http, redirect_url=redirect_url,
+                                  audit=audit, clock=clock)
         self._live: dict[str, tuple[str, SecretValue]] = {}  # key -> (host, tokens)
         self._version = 0
         self._challenges: dict[str, Challenge] = {}  # key -> the server's last challenge
@@ -214,7 +205,7 @@ class McpOAuthService:
                "scopes": list(got.scopes)}
         written = await self.grants.put(GRANT, key, new, {**secret, "access": got.access,
                                                           "refresh": got.refresh},
-                                        self._until(got), stored.rev)
+                                        kept_until(got, self.clock()), stored.rev)
         return await self.grants.get(GRANT, key) if written else None
 
     async def _forget(self, key: str, why: str) -> Stored | None:
@@ -223,12 +214,6 @@ class McpOAuthService:
         await self.grants.remove(GRANT, key, self.clock())
         self._keep(key, "", None)
         return None
-
-    def _until(self, got: TokenSet) -> float:
-        """How long a grant's record is kept."""
-        if got.refresh:
-            return self.clock() + KEEP
-        return (got.expires_at or self.clock() + KEEP) + 60
 
     # -- the port: a server refused the token -------------------------------------------
 
@@ -286,50 +271,19 @@ class McpOAuthService:
                                            if current is not None else [])
         try:
             info = await discover(self.http, resource, self._challenges.get(key))
-            client = await self._client(info, oauth)
+            client = await self.clients.of(info, oauth)
         except OAuthError as exc:
             raise oauth_failed(str(exc), rule) from None
         unnamed = current is not None and current.doc.get("step_up") and \
             not current.doc.get("named")
         scopes = tuple(dict.fromkeys(
             wanted + list(info.scopes_supported if unnamed or not wanted else ())))
-        approval = await self._ask(identity, key, owner, resource, info, client, scopes, spec)
+        approval = await self.flows.open(identity, key, owner, resource, info, client,
+                                         scopes, spec)
         await self._wait(approval, key, rule)
         # (the grant was read from the store; this process's copy may predate it while
         # the notice of its write is on its way: `token` reads it again)
         self._read_cache.pop(key, None)
-
-    async def _ask(self, identity: Identity, key: str, owner: str, resource: str,
-                   info: ServerInfo, client: Client, scopes: tuple[str, ...], spec: Ask
-                   ) -> Approval:
-        state = random.token_urlsafe(32)
-        verifier, challenge = pkce()
-        url = authorization_url(info, client, self.redirect_url, scopes, state, challenge)
-        parts = urlsplit(resource)
-        flow = {"key": key, "owner": owner, "resource": resource, "host": parts.hostname,
-                "info": info.to_doc(), "client_id": client.client_id,
-                "auth_method": client.auth_method, "scopes": list(scopes),
-                "sandbox": identity.sandbox, "policy": identity.policy}
-        expires = self.clock() + spec.timeout
-        await self.grants.put(FLOW, state, flow, {"verifier": verifier,
-                                                  "client_secret": client.secret},
-                              expires, None)
-        asked = Asked("oauth", parts.hostname or "", parts.port or 443,
-                      path=parts.path or "/")
-        scope_text = " ".join(scopes) or "the server's default"
-        approval, opened = await self.approvals.open_consent(
-            identity, asked, f"the MCP server {resource} needs a person's OAuth consent "
-            f"for {owner} (scopes: {scope_text}): open consent.url and sign in", spec,
-            {"url": url, "resource": resource, "owner": owner, "issuer": info.issuer,
-             "scopes": list(scopes)}, f"{key}|{' '.join(sorted(scopes))}")
-        if not opened:  # (joined a consent already asked: its own URL and flow stand)
-            await self.grants.remove(FLOW, state, self.clock())
-            return approval
-        found = await self.grants.get(FLOW, state)
-        if found is not None and found.secret is not None:
-            await self.grants.put(FLOW, state, {**found.doc, "approval": approval.id},
-                                  found.secret, expires, found.rev)
-        return approval
 
     async def _wait(self, approval: Approval, key: str, rule: str | None) -> None:
         """Hold until the grant `approval` asks for is written (or one written since it
@@ -366,126 +320,16 @@ class McpOAuthService:
                                    rule)
             await asyncio.sleep(POLL)
 
-    async def _client(self, info: ServerInfo, oauth: McpOAuth) -> Client:
-        if oauth.client != "auto":
-            named = self.clients.get(oauth.client)
-            if named is None:
-                raise OAuthError(f"client {oauth.client!r} is not in the gateway's "
-                                 "mcp_oauth.clients")
-            client_id, secret_name = named
-            secret = None
-            if secret_name is not None:
-                try:
-                    secret = (await self.secrets.get(secret_name)).reveal()
-                except Exception:  # (SecretUnavailable, the store)
-                    raise OAuthError(f"the secret {secret_name!r} of client "
-                                     f"{oauth.client!r} could not be fetched") from None
-            method = "none" if secret is None else "client_secret_basic" \
-                if "client_secret_basic" in info.auth_methods else "client_secret_post"
-            return Client(client_id, secret, method)
-        if info.client_id_metadata and self.client_metadata_url:
-            return Client(self.client_metadata_url)
-        return await self._registered(info)
-
-    async def _registered(self, info: ServerInfo) -> Client:
-        """The client dynamic registration made at `info`'s authorization server: made
-        once (one process registers, under a lease, while requests held at the same
-        time, here or on another process, wait for its record), then kept."""
-        key = f"{info.issuer}|{self.redirect_url}"
-        lease = f"register|{key}"
-        for _ in range(150):
-            known = await self.grants.get(CLIENT, key)
-            if known is not None and known.secret is not None:
-                return Client(str(known.doc["client_id"]), known.secret.get("secret"),
-                              str(known.doc.get("auth_method", "none")))
-            if await self.grants.store.record_put(LEASE, lease, {"holder": self.holder},
-                                                  self.clock() + 20, None):
-                break
-            await asyncio.sleep(0.1)  # (another registers: its record is read next)
-        else:
-            raise OAuthError(f"the gateway's registration at {info.issuer} did not "
-                             "complete in time")
-        try:
-            known = await self.grants.get(CLIENT, key)
-            if known is not None and known.secret is not None:
-                return Client(str(known.doc["client_id"]), known.secret.get("secret"),
-                              str(known.doc.get("auth_method", "none")))
-            client = await register(self.http, info, self.redirect_url)
-            await self.grants.put(CLIENT, key, {"client_id": client.client_id,
-                                                "auth_method": client.auth_method},
-                                  {"secret": client.secret}, self.clock() + 365 * 86400.0,
-                                  None if known is None else known.rev)
-            return client
-        finally:
-            found = await self.grants.store.record_get(LEASE, lease)
-            if found is not None and found[0].get("holder") == self.holder:
-                await self.grants.store.record_put(LEASE, lease, found[0], self.clock(),
-                                                   found[1])
-
-    # -- the callback (admin listener) ---------------------------------------------------
+    # -- the callback and the metadata document (admin listener) -----------------------
 
     async def complete(self, state: str, code: str | None, error: str | None
                        ) -> dict[str, Any]:
-        """The authorization server sent the person back: the flow of `state` taken
-        (once), its code exchanged, the grant written and its approval closed. Returns
-        the grant's readable record; raises ConsentFailed."""
-        flow = await self.grants.take(FLOW, state, self.clock()) if state else None
-        if flow is None or flow.secret is None:
-            raise ConsentFailed("this consent link is unknown, was already used, or expired"
-                                "; ask again by retrying the request")
-        doc, secret = flow.doc, flow.secret
-        approval = doc.get("approval")
-        if error is not None or not code:
-            if isinstance(approval, str):
-                await self.approvals.answer(approval, "deny", by="authorization server",
-                                            note=f"the authorization server answered "
-                                            f"{_code(error)}")
-            raise ConsentFailed(f"the authorization server answered {_code(error)}; "
-                                "nothing was granted")
-        info = ServerInfo.from_doc(doc["info"])
-        client = Client(str(doc["client_id"]), secret.get("client_secret"),
-                        str(doc["auth_method"]))
-        try:
-            got = await exchange(self.http, info, client, code, str(secret["verifier"]),
-                                 self.redirect_url, tuple(doc["scopes"]))
-        except OAuthError as exc:
-            raise ConsentFailed(f"the code could not be exchanged: {exc}") from None
-        return await self._granted(doc, info, client, got, approval)
-
-    async def _granted(self, doc: dict[str, Any], info: ServerInfo, client: Client,
-                       got: TokenSet, approval: Any) -> dict[str, Any]:
-        key, now = str(doc["key"]), self.clock()
-        grant = {"id": new_id("og"), "owner": doc["owner"], "resource": info.audience,
-                 "server": doc["resource"], "host": doc["host"], "issuer": info.issuer,
-                 "client_id": client.client_id, "auth_method": client.auth_method,
-                 "scopes": list(got.scopes), "created": now, "issued": now,
-                 "expires_at": got.expires_at, "info": info.to_doc(),
-                 "approval": approval, "sandbox": doc["sandbox"], "policy": doc["policy"]}
-        secret = {"access": got.access, "refresh": got.refresh,
-                  "client_secret": client.secret}
-        for _ in range(5):
-            current = await self.grants.store.record_get(GRANT, key)
-            if await self.grants.put(GRANT, key, grant, secret, self._until(got),
-                                     None if current is None else current[1]):
-                break
-        else:
-            raise ConsentFailed("the grant could not be written (the state store is busy)")
-        if isinstance(approval, str):
-            await self.approvals.consented(approval, f"consent at {info.issuer}")
-        self._line(grant, "grant", f"MCP OAuth grant {grant['id']} for {grant['owner']} at "
-                   f"{grant['server']} (scopes: {' '.join(got.scopes) or 'none named'})")
-        return grant
+        """The callback: the consent of `state` completed (`flows.py`); raises
+        ConsentFailed."""
+        return await self.flows.complete(state, code, error)
 
     def client_metadata(self) -> dict[str, Any] | None:
-        """The gateway's client ID metadata document, for `mcp_oauth.client_metadata_url`
-        to publish (None: no such URL configured): a public client (PKCE) whose only
-        redirect URI is the gateway's callback."""
-        if not self.client_metadata_url:
-            return None
-        return {"client_id": self.client_metadata_url, "client_name": "sandbox-gateway",
-                "redirect_uris": [self.redirect_url],
-                "grant_types": ["authorization_code", "refresh_token"],
-                "response_types": ["code"], "token_endpoint_auth_method": "none"}
+        return self.clients.metadata()
 
     # -- listing and revoking (admin API, CLI, console) ---------------------------------
 
@@ -515,23 +359,12 @@ class McpOAuthService:
                 token = secret.get("refresh" if hint == "refresh_token" else "access")
                 if token:
                     told = await revoke(self.http, info, client, token, hint) or told
-            self._line(taken.doc, "revoke", f"MCP OAuth grant {grant} for "
-                       f"{taken.doc['owner']} at {taken.doc['server']} revoked by {by}"
-                       + ("" if told else " (the server was not told: no revocation "
-                          "endpoint, or it refused)"))
+            self.audit(grant_line(
+                taken.doc, "revoke", f"MCP OAuth grant {grant} for {taken.doc['owner']} at "
+                f"{taken.doc['server']} revoked by {by}" + ("" if told else " (the server "
+                "was not told: no revocation endpoint, or it refused)"), self.clock()))
             return {k: v for k, v in taken.doc.items() if k != "info"}
         raise KeyError(grant)
-
-    def _line(self, grant: dict[str, Any], decision: str, reason: str) -> None:
-        parts = urlsplit(str(grant.get("server", "")))
-        line = record(identity=None, client=None, listener="admin", method=None,
-                      scheme="https", host=parts.hostname, port=parts.port or 443,
-                      path=parts.path or "/", decision=decision, reason=reason,
-                      rule=f"mcp_oauth:{grant.get('id')}", status=None, error=None,
-                      bytes_in=None, bytes_out=None, started=self.clock(), path_taken=None,
-                      engine="mcp_oauth", credential=f"mcp-oauth:{grant.get('id')}")
-        line["sandbox"], line["policy"] = grant.get("sandbox"), grant.get("policy")
-        self.audit(line)
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -552,10 +385,3 @@ def _answers(stored: Stored | None, approval: Approval) -> bool:
     request held on it waits for?"""
     return stored is not None and not stored.doc.get("step_up") and \
         float(stored.doc.get("created", 0)) >= approval.created
-
-
-def _code(error: str | None) -> str:
-    """An OAuth error code as a reason shows it."""
-    if error and error.replace("_", "").isalnum() and len(error) <= 64:
-        return error
-    return "an error"

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
+from gateway.core.audit import record
 from gateway.services.mcp_oauth.seal import Sealer
+from gateway.services.mcp_oauth.tokens import TokenSet
 from gateway.services.state.base import Records
 
-__all__ = ["CLIENT", "FLOW", "GRANT", "Grants", "Stored"]
+__all__ = ["CLIENT", "FLOW", "GRANT", "Grants", "Stored", "grant_line", "kept_until"]
 
 GRANT, FLOW, CLIENT = "mcp_oauth_grant", "mcp_oauth_flow", "mcp_oauth_client"
 KEEP = 90 * 86400.0  # a grant with a refresh token is kept this long unused
@@ -80,3 +83,26 @@ class Grants:
 
     def version(self) -> int:
         return self.store.record_version(GRANT)
+
+
+def kept_until(got: TokenSet, now: float) -> float:
+    """Until when a grant's record is kept: `KEEP` with a refresh token, else a minute
+    past its access token's expiry."""
+    if got.refresh:
+        return now + KEEP
+    return (got.expires_at or now + KEEP) + 60
+
+
+def grant_line(grant: dict[str, Any], decision: str, reason: str, now: float
+               ) -> dict[str, Any]:
+    """The audit line of a grant made (`grant`) or revoked (`revoke`): it names the grant
+    (id, owner, server, scopes in `reason`), never a token."""
+    parts = urlsplit(str(grant.get("server", "")))
+    line = record(identity=None, client=None, listener="admin", method=None,
+                  scheme="https", host=parts.hostname, port=parts.port or 443,
+                  path=parts.path or "/", decision=decision, reason=reason,
+                  rule=f"mcp_oauth:{grant.get('id')}", status=None, error=None,
+                  bytes_in=None, bytes_out=None, started=now, path_taken=None,
+                  engine="mcp_oauth", credential=f"mcp-oauth:{grant.get('id')}")
+    line["sandbox"], line["policy"] = grant.get("sandbox"), grant.get("policy")
+    return line

@@ -122,10 +122,10 @@ def test_a_consent_completed_between_the_waiters_two_reads_lets_it_go_on(
         waiter_view, callback_view = Seen(shared), Seen(shared)
         waiter = _service(waiter_view, tmp_path)
         callback = _service(callback_view, tmp_path)
-        approval = await waiter._ask(_identity(), KEY, OWNER, RESOURCE, INFO,
+        approval = await waiter.flows.open(_identity(), KEY, OWNER, RESOURCE, INFO,
                                      Client("client-1"), ("mcp",), Ask(timeout=30))
         got = TokenSet("access-token-1", "refresh-token-1", time.time() + 3600, ("mcp",))
-        waiter_view.on_missing = lambda: callback._granted(FLOW, INFO, Client("client-1"),
+        waiter_view.on_missing = lambda: callback.flows.granted(FLOW, INFO, Client("client-1"),
                                                            got, approval.id)
         await asyncio.wait_for(waiter._wait(approval, KEY, None), 10)
         assert waiter_view.on_missing is None  # (the interleaving happened)
@@ -156,12 +156,12 @@ def test_a_grant_gone_or_changed_before_the_completed_approval_is_read_fails_clo
         shared = MemoryState()
         view = Seen(shared)
         service = _service(view, tmp_path)
-        approval = await service._ask(_identity(), KEY, OWNER, RESOURCE, INFO,
+        approval = await service.flows.open(_identity(), KEY, OWNER, RESOURCE, INFO,
                                       Client("client-1"), ("mcp",), Ask(timeout=30))
         got = TokenSet("access-token-2", None, time.time() + 3600, ("mcp",))
 
         async def granted_then_changed() -> None:
-            grant = await service._granted(FLOW, INFO, Client("client-1"), got, approval.id)
+            grant = await service.flows.granted(FLOW, INFO, Client("client-1"), got, approval.id)
             assert grant["owner"] == OWNER
             await then(service)
 
