@@ -183,8 +183,10 @@ LONG = {
     "gateway/services/state/counters_redis.py": "the Lua scripts of admission, "
     "settlement and the lease reap beside the Python that packs their arguments and "
     "reads their replies (a split would let a script and its caller disagree)",
-    "gateway/services/approvals/__init__.py": "not split yet: ApprovalService, one class "
-    "for ask mode's approvals, answers, grants and their watcher",
+    "gateway/services/approvals/__init__.py": "ask mode's one state (the grants this "
+    "process holds, the held asks' wake-ups, the approvals and their revisions) shared by "
+    "every kind of ask: a held request, an MCP server's consent, a tool's change; its "
+    "pure parts are modules (lines, proposal, pins, notify, watch)",
     "gateway/services/metering/service.py:admit": "a call's admission in the order it "
     "is decided (allowlist, budgets, worst case, reservation), each refusal beside its "
     "check; its parts are modules already (exchange, worst_case, refusing)",
@@ -195,16 +197,18 @@ LONG = {
     "uses, in the one module that is version-checked (the rule: nowhere else)",
     "gateway/engines/mitm.py": "the mitmproxy adapter: one addon translating every "
     "mitmproxy hook into the gate's calls, with its body streams",
-    "gateway/engines/h1/server.py": "not split yet: the HTTP/1 engine's connection and "
-    "its exchange (request, upstream, response) are one object on the hot path",
+    "gateway/engines/h1/server.py": "the HTTP/1 connection and its exchanges (request, "
+    "upstream, response) are one object on the hot path, where a split would add an "
+    "indirection per request; framing, sides, the pool and WebSockets are modules",
     "gateway/engines/h1/server.py:_relay_response": "the response of the hot path in one "
     "coroutine: the head (and the one retry), framing, body, trailers and the keep-alive "
     "decision; each part split off would be a coroutine more per request",
     "gateway/net/resolver.py": "the destination guard and the event loop's backstop that "
     "enforces it on every dial (pins, proxy hops, the unguarded store clients) share "
     "one state and must not drift apart",
-    "gateway/observability/audit.py": "not split yet: the audit sink (the writer thread, "
-    "its buffer, back-pressure, the spill and its replay) is one object",
+    "gateway/observability/audit.py": "the sink's one state machine: the held lines, the "
+    "spill journal and the target's health change together in each loop tick (the "
+    "targets and the journal are modules: audit_out, audit_spill)",
     "gateway/observability/metrics.py": "every Prometheus metric the gateway exports, "
     "defined in one place (names, labels and help text read together)",
     "gateway/api/console/requests.py:routes": "the request log's pages and live stream "

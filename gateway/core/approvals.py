@@ -163,6 +163,12 @@ class Approval(_Stored):
     change: dict[str, Any] | None = None  # kind tool: {"old": …, "new": …} (`mcp_pins`)
     consent: dict[str, Any] | None = None  # kind oauth: {"url": …, "resource": …, …}
 
+    def at(self, now: float) -> Approval:
+        """This approval as it stands at `now`: pending past its expiry is timed out
+        (whether or not a held request recorded it)."""
+        if self.state == "pending" and now >= self.expires:
+            return replace(self, state="timeout")
+        return self
 
 
 @dataclass(frozen=True, slots=True)

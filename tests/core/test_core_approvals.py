@@ -96,6 +96,18 @@ def test_answers_that_cannot_be_given(approval: Approval, decision: str, kw: dic
         approvals.answer(approval, decision, now=NOW, **kw)
 
 
+@pytest.mark.parametrize(("approval", "now", "state"), [
+    (_approval(), NOW, "pending"),
+    (_approval(), NOW + 55, "timeout"),  # (at its expiry: timed out)
+    (_approval(), NOW + 3600, "timeout"),
+    (_approval(state="approved", answered=NOW), NOW + 3600, "approved"),  # (answered: kept)
+    (_approval(state="denied", answered=NOW), NOW + 3600, "denied"),
+])
+def test_an_approval_as_it_stands(approval: Approval, now: float, state: str) -> None:
+    assert approval.at(now).state == state
+    assert (approval.at(now) is approval) == (state == approval.state)
+
+
 def test_records_round_trip() -> None:
     approval = _approval(asked=Asked("request", "h.test", 443, "GET", "/a"))
     assert Approval.from_doc(approval.to_doc()) == approval

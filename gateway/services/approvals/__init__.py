@@ -40,12 +40,12 @@ from typing import Any
 
 from gateway.core import approvals as core
 from gateway.core.approvals import Approval, Asked, Grant
-from gateway.core.audit import record
 from gateway.core.identity import Identity
 from gateway.core.mcp_pins import KIND as PIN_KIND
 from gateway.core.policy import PolicySet, Request
 from gateway.core.policy.ask_rule import Ask
 from gateway.core.ports import SILENT, Telemetry
+from gateway.services.approvals.lines import approval_line, revoked_line
 from gateway.services.approvals.notify import Webhooks
 from gateway.services.approvals.pins import ToolPinStore
 from gateway.services.approvals.proposal import Proposal, propose
@@ -63,13 +63,6 @@ _APPROVAL, _CLAIM, _GRANT = "approval", "asking", "grant"
 
 class NotFound(KeyError):
     """No such approval or grant (or it has expired)."""
-
-
-def _timed(approval: Approval, now: float) -> Approval:
-    """`approval` as it stands at `now`: pending past its expiry is timed out."""
-    if approval.state == "pending" and now >= approval.expires:
-        return replace(approval, state="timeout")
-    return approval
 
 
 class ApprovalService:
@@ -344,7 +337,7 @@ class ApprovalService:
         """Pending first, then the most recent (one no one answered in time: `timeout`,
         whether or not a held request wrote it)."""
         now = self.clock()
-        found = [_timed(Approval.from_doc(d), now)
+        found = [Approval.from_doc(d).at(now)
                  for d in await self.store.record_list(_APPROVAL)]
         return sorted(found, key=lambda a: (a.state != "pending", -a.created))
 
@@ -358,7 +351,7 @@ class ApprovalService:
         found = await self._read(ident)
         if found is None:
             raise NotFound(ident)
-        return _timed(found[0], self.clock())
+        return found[0].at(self.clock())
 
     # -- an MCP server's OAuth consent (`services/mcp_oauth`) ----------------------------
 
@@ -447,24 +440,8 @@ class ApprovalService:
 
     def _line(self, approval: Approval, decision: str, reason: str, *,
               identity: Identity | None = None, rule: str | None = None) -> None:
-        asked = approval.asked
-        line = record(identity=identity, client=None, listener="admin",
-                      method=asked.method or ("CONNECT" if asked.kind == "host" else None),
-                      scheme=None, host=asked.host, port=asked.port, path=asked.path,
-                      decision=decision, reason=f"approval {approval.id}: {reason}",
-                      rule=rule or f"approval:{approval.id}", status=None, error=None,
-                      bytes_in=None, bytes_out=None, started=self.clock(), path_taken=None,
-                      engine="approvals")
-        line["sandbox"], line["policy"] = approval.sandbox, approval.policy
-        self.audit(line)
+        self.audit(approval_line(approval, decision, reason, self.clock(),
+                                 identity=identity, rule=rule))
 
     def _line_grant(self, grant: Grant, by: str) -> None:
-        asked = grant.asked
-        line = record(identity=None, client=None, listener="admin", method=asked.method,
-                      scheme=None, host=asked.host, port=asked.port, path=asked.path,
-                      decision="revoke", reason=f"grant {grant.id} ({grant.scope}) revoked "
-                      f"by {by}", rule=grant.source, status=None, error=None, bytes_in=None,
-                      bytes_out=None, started=self.clock(), path_taken=None,
-                      engine="approvals")
-        line["sandbox"], line["policy"] = grant.sandbox, grant.policy
-        self.audit(line)
+        self.audit(revoked_line(grant, by, self.clock()))
