@@ -112,6 +112,10 @@ class Trail:
                    trace_sent=trace_sent)
         if refusal.code.startswith("token_") or refusal.code in _TOKEN_CODES:
             self.telemetry.count("tokens_refused", refusal.code)
+        # Audited: its traceback is of no more use. Kept, it would hold the frames that
+        # raised it, one of which usually holds the refusal itself (a decision's, a
+        # stage's): a reference cycle for every refusal, freed only by a collection.
+        refusal.__traceback__ = None
         return answered
 
     def render(self, refusal: Refusal, host: str | None, *, close: bool = True,

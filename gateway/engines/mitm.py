@@ -24,6 +24,7 @@ import inspect
 import logging
 import secrets
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -628,7 +629,7 @@ class _RequestStream:
 
     def __init__(self, ex: Exchange, flow: http.HTTPFlow, proxyserver: Any) -> None:
         self.ex = ex
-        self.flow = flow
+        self.flow: http.HTTPFlow = weakref.proxy(flow)  # (the flow holds this: no cycle)
         self.proxyserver = proxyserver
         self.started = False  # a chunk (or the end) went through
 
@@ -673,7 +674,7 @@ class _ResponseStream:
 
     def __init__(self, ex: Exchange, flow: http.HTTPFlow, proxyserver: Any) -> None:
         self.ex = ex
-        self.flow = flow
+        self.flow: http.HTTPFlow = weakref.proxy(flow)  # (the flow holds this: no cycle)
         self.proxyserver = proxyserver
 
     def __call__(self, chunk: bytes) -> list[bytes]:

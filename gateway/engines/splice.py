@@ -211,7 +211,9 @@ class Splice(asyncio.Protocol):
         # a tunnel holds two, as the connection cap derived from the descriptor limit
         # counts (runtime: limits); the sweep's `end` ends the relay instead.
         transport.set_protocol(asyncio.Protocol())
-        transport.abort()
+        # (its write buffer is empty, checked above: `close` ends it as `abort` would, and
+        # also drops the transport's callbacks to itself, a cycle `abort` leaves)
+        transport.close()
         self.transport = None
         self.client.end = self._end
         relay.start(client_ended=self.client_ended)
@@ -297,6 +299,11 @@ class Splice(asyncio.Protocol):
         bytes_out = self.bytes_out
         if relay is not None:
             bytes_in, bytes_out = relay.bytes_in, bytes_out + relay.bytes_out
+        # (no reference cycles left: the relay's callback and the client's `end` point back
+        # here, and would keep the tunnel's objects until a garbage collection)
+        self.relay = None
+        if self.client.end == self._end:
+            self.client.end = None
         try:
             self.owner.gate.tunnel_closed(self.client, bytes_in, bytes_out, self.error)
         finally:

@@ -199,7 +199,7 @@ class Requests:
         ex.meter(parts.metering, policy, credential.preset)
         if parts.approvals is not None and policy.ask is not None and \
                 policy.ask.models and not records_only(policy.mode):
-            ex.asks = functools.partial(self.asking.ask_model, ex, policy.ask)
+            ex.asks = functools.partial(self.asking.ask_model, ex.me, policy.ask)
 
 
 def _propagate(ex: Exchange, hosts: tuple[HostPattern, ...]) -> None:

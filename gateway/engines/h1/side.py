@@ -16,6 +16,7 @@ the hot path.
 from __future__ import annotations
 
 import asyncio
+import copy
 import ssl
 import time
 
@@ -121,7 +122,9 @@ class Side(asyncio.Protocol):
         first = not self.eof
         self.eof = True
         if exc is not None and self.error is None and not isinstance(exc, TlsClosed):
-            self.error = exc
+            # (kept without its traceback, whose frames hold this side: a reference
+            # cycle for every connection that ended on an error)
+            self.error = exc.with_traceback(None)
         self._wake()
         if first:
             self.on_eof()
@@ -256,7 +259,7 @@ class Upstream(Side):
                     async with asyncio.timeout(handshake):  # (no sweeper sees it yet)
                         while not side.tls.established:
                             if side.eof:
-                                raise side.error or ConnectionResetError(
+                                raise copy.copy(side.error) if side.error else ConnectionResetError(
                                     "the upstream closed the connection during the TLS "
                                     "handshake")
                             await side.more(handshake, "TLS handshake")
