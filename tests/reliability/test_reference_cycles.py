@@ -5,8 +5,8 @@ intercepted request's exchange and its parts, every passthrough tunnel and every
 refusal did (~35 objects a request, a keep-alive connection's until a full collection,
 a sawtooth of 30-40 MiB under the soak's load). Here the gateway runs in this process,
 the collector keeps what it finds unreachable (`gc.DEBUG_SAVEALL`) while real clients
-go through it to a real nginx, and no object of the gateway's (nor an asyncio transport)
-may be among it.
+go through it to a real nginx (plain and with a key swapped in), and no object of the
+gateway's (nor an asyncio transport) may be among it.
 """
 
 from __future__ import annotations
@@ -45,8 +45,13 @@ class Client:
             assert chunk, "closed mid-head"
             data += chunk
         head, _, body = data.partition(b"\r\n\r\n")
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length:"))
+        fields = [line.lower() for line in head.split(b"\r\n")[1:]]
+        if b"transfer-encoding: chunked" in fields:  # (a key swap's answer: re-framed)
+            while not body.endswith(b"0\r\n\r\n"):
+                body += tls.recv(65536)
+            return head
+        length = next(int(line.split(b":")[1]) for line in fields
+                      if line.startswith(b"content-length:"))
         while len(body) < length:
             body += tls.recv(65536)
         return head
@@ -56,6 +61,16 @@ class Client:
                                    server_hostname="inspect.test") as tls:
             for _ in range(5):
                 head = self.exchange(tls, b"GET /small HTTP/1.1\r\nHost: inspect.test\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 200"), head
+
+    def injected(self) -> None:
+        """The key swap (the token in the sandbox's key variable, the key sent on)."""
+        with self.mitm.wrap_socket(self.connect("inspect.test"),
+                                   server_hostname="inspect.test") as tls:
+            for _ in range(5):
+                head = self.exchange(tls, b"GET /small HTTP/1.1\r\nHost: inspect.test\r\n"
+                                          b"Authorization: Bearer " + self.token.encode()
+                                          + b"\r\n\r\n")
                 assert head.startswith(b"HTTP/1.1 200"), head
 
     def refused_request(self) -> None:
@@ -99,14 +114,30 @@ def _left_in_cycles(gw: GatewayThread, run: Callable[[], None], times: int) -> C
                     if k.startswith("gateway.") or k.startswith("asyncio.")})
 
 
-@pytest.mark.parametrize("kind", ["intercepted", "refused_request", "passthrough",
-                                  "refused_connect"])
+# The suite's policy with a key swapped on inspect.test (for requests carrying the token).
+KEYED = """
+version: v1
+name: agent
+egress:
+  - host: pass.test
+  - host: inspect.test
+    methods: [GET, HEAD, POST]
+    credential: key
+credentials:
+  key: {hosts: [inspect.test], secret: cycles-key, inject: {bearer: true}}
+"""
+
+
+@pytest.mark.parametrize("kind", ["intercepted", "injected", "refused_request",
+                                  "passthrough", "refused_connect"])
 def test_a_connection_leaves_no_reference_cycle(make_gateway: GatewayFactory, nginx: Nginx,
-                                                test_ca: LocalCA, kind: str) -> None:
+                                                test_ca: LocalCA, kind: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """On the gateway's own engines (the front door, the HTTP/1 engine, the splice).
     mitmproxy, which serves HTTP/2, keeps each connection's flows and layers in cycles of
     its own (~3,000 objects a connection, measured): not counted here."""
-    gw = make_gateway(nginx.port)
+    monkeypatch.setenv("SANDBOX_GATEWAY_SECRET_CYCLES_KEY", "sk-cycles-0123456789abcdef")
+    gw = make_gateway(nginx.port, *([KEYED] if kind == "injected" else []))
     client = Client(gw, test_ca)
     left = _left_in_cycles(gw, getattr(client, kind), 20)
     assert left == Counter(), left
