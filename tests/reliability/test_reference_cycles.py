@@ -5,8 +5,8 @@ intercepted request's exchange and its parts, every passthrough tunnel and every
 refusal did (~35 objects a request, a keep-alive connection's until a full collection,
 a sawtooth of 30-40 MiB under the soak's load). Here the gateway runs in this process,
 the collector keeps what it finds unreachable (`gc.DEBUG_SAVEALL`) while real clients
-go through it to a real nginx (plain and with a key swapped in), and no object of the
-gateway's (nor an asyncio transport) may be among it.
+go through it to a real nginx (plain and with a key swapped in, or leaving a download
+halfway), and no object of the gateway's (nor an asyncio transport) may be among it.
 """
 
 from __future__ import annotations
@@ -81,6 +81,13 @@ class Client:
                                           b"Host: inspect.test\r\n\r\n")
                 assert head.startswith(b"HTTP/1.1 403"), head
 
+    def abandoned(self) -> None:
+        """A download the client closes halfway (the gateway's writes then fail)."""
+        tls = self.mitm.wrap_socket(self.connect("inspect.test"), server_hostname="inspect.test")
+        tls.sendall(b"GET /big HTTP/1.1\r\nHost: inspect.test\r\n\r\n")
+        tls.recv(65536)
+        tls.close()
+
     def passthrough(self) -> None:
         with self.upstream.wrap_socket(self.connect("pass.test"),
                                        server_hostname="pass.test") as tls:
@@ -129,7 +136,7 @@ credentials:
 
 
 @pytest.mark.parametrize("kind", ["intercepted", "injected", "refused_request",
-                                  "passthrough", "refused_connect"])
+                                  "abandoned", "passthrough", "refused_connect"])
 def test_a_connection_leaves_no_reference_cycle(make_gateway: GatewayFactory, nginx: Nginx,
                                                 test_ca: LocalCA, kind: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:

@@ -103,6 +103,10 @@ class Side(asyncio.Protocol):
             # full garbage collection, which a burst of closed connections (their
             # OpenSSL buffers and all) may wait minutes for.
             self.tls.detach()
+        if self.transport is not None:
+            # (a transport ended by an error - a reset - keeps its callbacks to itself, a
+            # cycle; `close`, a no-op on an ended transport otherwise, drops them)
+            self.transport.close()
 
     def on_lost(self) -> None:
         """The connection is gone (the client side stops what waited on it)."""
