@@ -12,6 +12,7 @@ mirror is and does (`resync`, `_apply_event`, `_prune`) is `redis.py`'s.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import logging
@@ -47,8 +48,9 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-class RedisLink:
-    """The connection a `RedisState` keeps to Redis (see the module docstring)."""
+class RedisLink(abc.ABC):
+    """The connection a `RedisState` keeps to Redis (see the module docstring); what it
+    applies is the mirror's, declared here and defined by `RedisState`."""
 
     url: str
     channel: str
@@ -67,15 +69,17 @@ class RedisLink:
 
     # -- what the mirror does (`RedisState`) ---------------------------------------------
 
+    @abc.abstractmethod
     async def resync(self) -> None:
         """Replace the mirror with Redis's state (raises RedisError/OSError)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _apply_event(self, data: object) -> None:
-        raise NotImplementedError
+        """Apply one change a replica published on the channel."""
 
+    @abc.abstractmethod
     def _prune(self) -> None:
-        raise NotImplementedError
+        """Drop what has expired from the mirror."""
 
     # -- health ---------------------------------------------------------------------------
 
